@@ -1,0 +1,74 @@
+// Shared device helpers for every kernels_cu/*.cu file.
+//
+// The NVRTC wheel ships no cuda_bf16.h, so bf16 travels as raw 16-bit words
+// (unsigned short) and is widened/narrowed here. The same text is compiled by
+// the host backend against pykern's CUDA emulation header.
+#pragma once
+
+#define PK_FULL_MASK 0xffffffffu
+#define PK_NEG_INF (__int_as_float(0xff800000))
+
+// bf16 -> fp32 is exact: the bf16 word is the top half of the fp32 word.
+__device__ __forceinline__ float pk_bf16_to_float(unsigned short h) {
+    return __int_as_float(((int)h) << 16);
+}
+
+// fp32 -> bf16 with round-to-nearest-even; NaN stays a (quiet) NaN.
+__device__ __forceinline__ unsigned short pk_float_to_bf16(float f) {
+    unsigned int u = (unsigned int)__float_as_int(f);
+    if ((u & 0x7fffffffu) > 0x7f800000u) return (unsigned short)((u >> 16) | 0x0040u);
+    u += 0x7fffu + ((u >> 16) & 1u);
+    return (unsigned short)(u >> 16);
+}
+
+// Load/store traits so one templated kernel body serves f32 and bf16 I/O.
+template <typename T> struct PkIO;
+template <> struct PkIO<float> {
+    static __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
+    static __device__ __forceinline__ void store(float* p, long long i, float v) { p[i] = v; }
+};
+template <> struct PkIO<unsigned short> {
+    static __device__ __forceinline__ float load(const unsigned short* p, long long i) { return pk_bf16_to_float(p[i]); }
+    static __device__ __forceinline__ void store(unsigned short* p, long long i, float v) { p[i] = pk_float_to_bf16(v); }
+};
+
+__device__ __forceinline__ float pk_warp_sum(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(PK_FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ float pk_warp_max(float v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = fmaxf(v, __shfl_xor_sync(PK_FULL_MASK, v, off));
+    return v;
+}
+
+// Block-wide sum for blockDim.x a multiple of 32 (<= 1024), every thread of the
+// block must call it. `scratch` holds >= 32 floats of shared memory. The result
+// is returned to every thread. The trailing barrier is what makes it safe to
+// call again with the same scratch: without it a fast warp could overwrite
+// scratch[0] before a slow warp has read it (seed defect 1 in DESIGN.md).
+__device__ __forceinline__ float pk_block_sum(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_warps = (blockDim.x + 31) >> 5;
+    v = pk_warp_sum(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < n_warps) ? scratch[lane] : 0.0f;
+    v = pk_warp_sum(v);
+    __syncthreads();
+    return v;
+}
+
+__device__ __forceinline__ float pk_block_max(float v, float* scratch) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int n_warps = (blockDim.x + 31) >> 5;
+    v = pk_warp_max(v);
+    if (lane == 0) scratch[warp] = v;
+    __syncthreads();
+    v = (lane < n_warps) ? scratch[lane] : PK_NEG_INF;
+    v = pk_warp_max(v);
+    __syncthreads();
+    return v;
+}

@@ -1,0 +1,99 @@
+"""Array helpers for ops: dtype names, bf16, and allocating outputs next to the inputs."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .errors import ArgumentError, ArgumentTypeError
+
+
+def bfloat16() -> np.dtype:
+    """ml_dtypes.bfloat16 (imported on first use)."""
+    import ml_dtypes
+
+    return np.dtype(ml_dtypes.bfloat16)
+
+
+def dtype_name(a: Any) -> str:
+    """NumPy dtype name of a NumPy or CUDA-array-interface array ("float32", "bfloat16", ...)."""
+    if isinstance(a, np.ndarray):
+        return a.dtype.name
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        from .ctypes_ import TYPESTR
+
+        ts = cai["typestr"]
+        return TYPESTR.get(ts[1:], ts)
+    raise ArgumentTypeError(f"expected an array, got {type(a).__name__}")
+
+
+def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> str:
+    """"f32" or "bf16" for a float32 / bfloat16 array, else an error naming the argument."""
+    kinds = {"float32": "f32", "bfloat16": "bf16"}
+    k = kinds.get(dtype_name(a))
+    if k not in allowed:
+        want = " or ".join({"f32": "float32", "bf16": "bfloat16"}[x] for x in allowed)
+        raise ArgumentTypeError(f"{name}: expected dtype {want}, got {dtype_name(a)}")
+    return k
+
+
+def shape_of(a: Any) -> tuple[int, ...]:
+    if isinstance(a, np.ndarray):
+        return a.shape
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return tuple(cai["shape"])
+    raise ArgumentTypeError(f"expected an array, got {type(a).__name__}")
+
+
+def check_ndim(name: str, a: Any, ndims: tuple[int, ...]) -> tuple[int, ...]:
+    shp = shape_of(a)
+    if len(shp) not in ndims:
+        want = " or ".join(str(n) for n in ndims)
+        raise ArgumentError(f"{name}: expected {want} dimensions, got shape {shp}")
+    return shp
+
+
+def contiguous(a: Any) -> Any:
+    """A C-contiguous version of a NumPy array (device arrays are returned as given)."""
+    if isinstance(a, np.ndarray):
+        return np.ascontiguousarray(a)
+    return a
+
+
+def _resolve(dtype: Any) -> np.dtype:
+    if isinstance(dtype, str) and dtype in ("bf16", "bfloat16"):
+        return bfloat16()
+    if isinstance(dtype, str) and dtype == "f32":
+        return np.dtype(np.float32)
+    return np.dtype(dtype)
+
+
+def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
+    """Uninitialized output on the same kind of memory as `like` (NumPy, torch or CuPy)."""
+    dt = _resolve(dtype)
+    if like is None or isinstance(like, np.ndarray):
+        return np.empty(shape, dt)
+    mod = type(like).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        tdt = torch.bfloat16 if dt.name == "bfloat16" else getattr(torch, dt.name)
+        return torch.empty(shape, dtype=tdt, device=like.device)
+    if mod == "cupy":
+        import cupy
+
+        if dt.name == "bfloat16":
+            return cupy.empty(shape, dtype=cupy.uint16)
+        return cupy.empty(shape, dtype=dt)
+    raise ArgumentTypeError(f"cannot allocate an output like {type(like).__name__}; pass NumPy, torch or CuPy arrays")
+
+
+def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
+    out = empty(shape, dtype, like)
+    if isinstance(out, np.ndarray):
+        out.fill(0)
+    else:
+        out.zero_() if hasattr(out, "zero_") else out.fill(0)
+    return out

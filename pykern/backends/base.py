@@ -1,0 +1,24 @@
+"""What every backend provides to the launcher."""
+from __future__ import annotations
+
+from typing import Any, Protocol, Sequence
+
+from ..registry import KernelSpec
+
+
+class Backend(Protocol):
+    name: str
+
+    def available(self) -> tuple[bool, str]:
+        """(usable here, why not)."""
+
+    def launch(
+        self,
+        spec: KernelSpec,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        shared_mem: int,
+        stream: Any,
+    ) -> None:
+        """Run one launch; args are arrays (pointer params) and ctypes scalars (value params)."""

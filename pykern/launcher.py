@@ -1,0 +1,194 @@
+"""`pykern.launch`: check geometry and arguments against the kernel's spec, convert, hand to a backend."""
+from __future__ import annotations
+
+import math
+import numbers
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from . import registry
+from .ctypes_ import POINTEE_DTYPES, SCALARS, TYPESTR
+from .errors import ArgumentError, ArgumentTypeError
+from .registry import KernelSpec, Param
+
+GRID_MAX = (2**31 - 1, 65535, 65535)
+BLOCK_MAX = (1024, 1024, 64)
+MAX_THREADS_PER_BLOCK = 1024
+# The largest dynamic shared memory any supported arch grants a block (sm_90/sm_100 opt-in);
+# backends check the real device limit.
+MAX_SHARED_MEM = 227 * 1024
+
+Dim = "int | tuple[int, ...]"
+
+
+def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        dims: Sequence[Any] = (value,)
+    elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
+        dims = value
+    else:
+        raise ArgumentTypeError(f"{what}: expected an int or a tuple of 1 to 3 ints, got {value!r}")
+    out = []
+    for axis, (d, lim) in enumerate(zip(dims, limits)):
+        if not isinstance(d, (int, np.integer)) or isinstance(d, bool):
+            raise ArgumentTypeError(f"{what}[{axis}]: expected an int, got {type(d).__name__} {d!r}")
+        if not 1 <= d <= lim:
+            raise ArgumentError(f"{what}[{axis}]: expected 1 <= value <= {lim}, got {d}")
+        out.append(int(d))
+    while len(out) < 3:
+        out.append(1)
+    return out[0], out[1], out[2]
+
+
+def _dtype_name(a: Any) -> str:
+    return a.dtype.name
+
+
+def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]:
+    accepted = POINTEE_DTYPES[p.pointee]
+    label = f"{spec.name}: argument {i} ({p.ctype} {p.name})"
+    want = " or ".join(accepted)
+
+    def convert(a: Any) -> Any:
+        if type(a) is np.ndarray:
+            if a.dtype.name not in accepted:
+                raise ArgumentTypeError(f"{label}: expected a {want} array, got dtype {a.dtype.name}")
+            if not a.flags.c_contiguous:
+                raise ArgumentError(f"{label}: expected a C-contiguous array, got strides {a.strides}")
+            if not p.is_const and not a.flags.writeable:
+                raise ArgumentError(f"{label}: the kernel writes here but the array is read-only")
+            return a
+        cai = getattr(a, "__cuda_array_interface__", None)
+        if cai is not None:
+            return _check_cai(a, cai, label, accepted, want, p)
+        if isinstance(a, np.ndarray):  # subclasses
+            return convert(np.asarray(a))
+        if hasattr(a, "__dlpack__"):
+            try:
+                host = np.from_dlpack(a)
+            except Exception as e:  # a device tensor without the CUDA array interface
+                raise ArgumentTypeError(f"{label}: cannot view DLPack object {type(a).__name__} ({e})") from None
+            return convert(host)
+        raise ArgumentTypeError(
+            f"{label}: expected an array (NumPy, __cuda_array_interface__ or DLPack), got {type(a).__name__}"
+        )
+
+    return convert
+
+
+def _check_cai(a: Any, cai: dict, label: str, accepted: tuple[str, ...], want: str, p: Param) -> Any:
+    typestr = cai.get("typestr", "")
+    name = TYPESTR.get(typestr[1:], typestr)
+    if name not in accepted:
+        raise ArgumentTypeError(f"{label}: expected a {want} array, got typestr {typestr!r}")
+    shape, strides = tuple(cai.get("shape", ())), cai.get("strides")
+    if strides is not None:
+        itemsize = int(typestr[2:])
+        expect, step = [], itemsize
+        for n in reversed(shape):
+            expect.append(step)
+            step *= n
+        if tuple(s for s, n in zip(strides, shape) if n > 1) != tuple(
+            s for s, n in zip(reversed(expect), shape) if n > 1
+        ):
+            raise ArgumentError(f"{label}: expected a C-contiguous array, got strides {tuple(strides)}")
+    if not p.is_const and cai.get("data", (0, False))[1]:
+        raise ArgumentError(f"{label}: the kernel writes here but the array is read-only")
+    return a
+
+
+def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]:
+    st = SCALARS[p.ctype]
+    ct, lo, hi = st.ctype, st.lo, st.hi
+    label = f"{spec.name}: argument {i} ({p.ctype} {p.name})"
+
+    if st.kind == "int":
+
+        def convert(v: Any) -> Any:
+            if type(v) is not int:
+                if isinstance(v, bool) or not isinstance(v, (numbers.Integral, np.integer)):
+                    raise ArgumentTypeError(f"{label}: expected an integer, got {type(v).__name__} {v!r}")
+                v = int(v)
+            if not lo <= v <= hi:
+                raise ArgumentError(f"{label}: expected {lo} <= value <= {hi}, got {v}")
+            return ct(v)
+
+    elif st.kind == "float":
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, bool) or not isinstance(v, (numbers.Real, np.integer, np.floating)):
+                raise ArgumentTypeError(f"{label}: expected a real number, got {type(v).__name__} {v!r}")
+            v = float(v)
+            if math.isfinite(v) and not lo <= v <= hi:
+                raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
+            return ct(v)
+
+    else:
+
+        def convert(v: Any) -> Any:
+            if not isinstance(v, (bool, np.bool_)):
+                raise ArgumentTypeError(f"{label}: expected a bool, got {type(v).__name__} {v!r}")
+            return ct(bool(v))
+
+    return convert
+
+
+_plans: dict[KernelSpec, tuple[Callable[[Any], Any], ...]] = {}
+
+
+def converters(spec: KernelSpec) -> tuple[Callable[[Any], Any], ...]:
+    """One converter per parameter, built once per spec (the hot path only calls them)."""
+    plan = _plans.get(spec)
+    if plan is None:
+        plan = tuple(
+            _array_converter(spec, i, p) if p.is_pointer else _scalar_converter(spec, i, p)
+            for i, p in enumerate(spec.params)
+        )
+        _plans[spec] = plan
+    return plan
+
+
+def convert_args(spec: KernelSpec, args: Sequence[Any]) -> list[Any]:
+    plan = converters(spec)
+    if len(args) != len(plan):
+        sig = ", ".join(f"{p.ctype} {p.name}" for p in spec.params)
+        raise ArgumentTypeError(f"{spec.name}: expected {len(plan)} arguments ({sig}), got {len(args)}")
+    return [c(a) for c, a in zip(plan, args)]
+
+
+def check_geometry(
+    grid: Any, block: Any, shared_mem: Any
+) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
+    g = _dim3("grid", grid, GRID_MAX)
+    b = _dim3("block", block, BLOCK_MAX)
+    if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
+        raise ArgumentError(f"block: expected at most {MAX_THREADS_PER_BLOCK} threads, got {b} = {b[0] * b[1] * b[2]}")
+    if not isinstance(shared_mem, (int, np.integer)) or isinstance(shared_mem, bool):
+        raise ArgumentTypeError(f"shared_mem: expected an int, got {type(shared_mem).__name__}")
+    if not 0 <= shared_mem <= MAX_SHARED_MEM:
+        raise ArgumentError(f"shared_mem: expected 0 <= bytes <= {MAX_SHARED_MEM}, got {shared_mem}")
+    return g, b, int(shared_mem)
+
+
+def launch(
+    name: str,
+    grid: Any,
+    block: Any,
+    *args: Any,
+    shared_mem: int = 0,
+    stream: Any = None,
+    backend: str | None = None,
+) -> None:
+    """Launch kernel `name` with arguments in its parameter order (see `pykern.kernels()`).
+
+    Arrays go to pointer parameters (dtype and contiguity checked), Python or NumPy
+    numbers to value parameters (converted to the exact C type, range checked).
+    Nothing reaches a backend until every check passed.
+    """
+    from .backends import get_backend
+
+    spec = registry.get(name)
+    g, b, smem = check_geometry(grid, block, shared_mem)
+    converted = convert_args(spec, args)
+    get_backend(backend).launch(spec, g, b, converted, smem, stream)

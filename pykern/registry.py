@@ -1,0 +1,168 @@
+"""KernelSpecs parsed from the `extern "C" __global__` functions of the .cu sources: the one source of truth."""
+from __future__ import annotations
+
+import os
+import re
+from dataclasses import dataclass
+from pathlib import Path
+
+from .ctypes_ import ALIASES, POINTEE_DTYPES, SCALARS
+from .errors import KernelNotFound, RegistryError
+from .sources import KERNELS_DIR
+
+_KERNEL = re.compile(
+    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+'
+    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(([^)]*)\)"
+)
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+_QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile"}
+
+
+@dataclass(frozen=True)
+class Param:
+    name: str
+    ctype: str  # canonical: "const float*", "float*", "unsigned int", ...
+
+    @property
+    def is_pointer(self) -> bool:
+        return self.ctype.endswith("*")
+
+    @property
+    def pointee(self) -> str:
+        """Base type a pointer points to, without const ("float" for "const float*")."""
+        return self.ctype.rstrip("*").removeprefix("const ").strip()
+
+    @property
+    def is_const(self) -> bool:
+        return self.ctype.startswith("const ")
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    name: str
+    source: Path
+    line: int
+    params: tuple[Param, ...]
+
+    def __repr__(self) -> str:
+        sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
+        return f"<KernelSpec {self.name}({sig}) at {self.source.name}:{self.line}>"
+
+
+def _blank_comments(text: str) -> str:
+    # Keep newlines so match offsets still give the right line numbers.
+    return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def _parse_param(decl: str, where: str) -> Param:
+    toks = re.findall(r"[A-Za-z_]\w*|\*|&|\[|\]", decl)
+    toks = [t for t in toks if t not in _QUALIFIERS]
+    if len(toks) < 2 or not re.fullmatch(r"[A-Za-z_]\w*", toks[-1]) or "&" in toks or "[" in toks:
+        raise RegistryError(f"{where}: cannot type parameter {decl.strip()!r}")
+    name, typ = toks[-1], toks[:-1]
+    stars = typ.count("*")
+    if stars > 1:
+        raise RegistryError(f"{where}: parameter {name!r}: pointer-to-pointer {decl.strip()!r} is not supported")
+    first_star = typ.index("*") if stars else len(typ)
+    base_toks = typ[:first_star]  # const after the star is top-level: it does not change the ABI
+    const = "const" in base_toks
+    base = " ".join(t for t in base_toks if t != "const")
+    base = ALIASES.get(base, base)
+    if base not in SCALARS:
+        raise RegistryError(f"{where}: parameter {name!r} has unsupported type {decl.strip()!r}")
+    if stars:
+        if base not in POINTEE_DTYPES:
+            raise RegistryError(f"{where}: parameter {name!r}: no array dtype for {base}*")
+        return Param(name, f"{'const ' if const else ''}{base}*")
+    return Param(name, base)
+
+
+def parse_file(path: Path) -> list[KernelSpec]:
+    """Every `extern "C" __global__ void` kernel of one source file, in file order."""
+    text = _blank_comments(Path(path).read_text(encoding="utf-8"))
+    specs = []
+    for m in _KERNEL.finditer(text):
+        line = text.count("\n", 0, m.start()) + 1
+        where = f"{path}:{line}"
+        body = m.group(2).strip()
+        decls = [] if body in ("", "void") else body.split(",")
+        params = tuple(_parse_param(d, where) for d in decls)
+        names = [p.name for p in params]
+        if len(set(names)) != len(names):
+            raise RegistryError(f"{where}: kernel {m.group(1)!r} repeats a parameter name")
+        specs.append(KernelSpec(m.group(1), Path(path).resolve(), line, params))
+    return specs
+
+
+def kernel_dirs() -> list[Path]:
+    """kernels_cu/ then the folders of PYKERN_KERNEL_PATH (os.pathsep-separated)."""
+    dirs = [KERNELS_DIR]
+    for d in os.environ.get("PYKERN_KERNEL_PATH", "").split(os.pathsep):
+        if d.strip():
+            p = Path(d).expanduser().resolve()
+            if not p.is_dir():
+                raise RegistryError(f"PYKERN_KERNEL_PATH entry {d!r} is not a folder")
+            if p not in dirs:
+                dirs.append(p)
+    return dirs
+
+
+def source_files() -> list[Path]:
+    return [f for d in kernel_dirs() for f in sorted(d.glob("*.cu"))]
+
+
+_state: tuple[object, dict[str, KernelSpec]] | None = None
+
+
+def _stamp() -> object:
+    # The registry is rebuilt when the kernel path or any source changes (cheap stat calls).
+    files = source_files()
+    return (os.environ.get("PYKERN_KERNEL_PATH", ""), tuple((str(f), f.stat().st_mtime_ns) for f in files))
+
+
+def _load() -> dict[str, KernelSpec]:
+    global _state
+    stamp = _stamp()
+    if _state is not None and _state[0] == stamp:
+        return _state[1]
+    table: dict[str, KernelSpec] = {}
+    for f in source_files():
+        for spec in parse_file(f):
+            if spec.name in table:
+                old = table[spec.name]
+                raise RegistryError(
+                    f"kernel {spec.name!r} defined twice: {old.source}:{old.line} and {spec.source}:{spec.line}"
+                )
+            table[spec.name] = spec
+    _state = (stamp, table)
+    return table
+
+
+_fast: dict[str, KernelSpec] = {}
+_fast_key: str | None = None
+
+
+def get(name: str) -> KernelSpec:
+    """The spec of one kernel; fast path for the launcher (no file system access once loaded)."""
+    global _fast, _fast_key
+    key = os.environ.get("PYKERN_KERNEL_PATH", "")
+    if _fast_key != key:
+        _fast, _fast_key = _load(), key
+    spec = _fast.get(name)
+    if spec is None:
+        _fast, _fast_key = _load(), key  # a source may have been added since
+        spec = _fast.get(name)
+        if spec is None:
+            raise KernelNotFound(f"no kernel named {name!r}; known: {', '.join(sorted(_fast)) or '(none)'}")
+    return spec
+
+
+def refresh() -> None:
+    """Forget parsed specs (after editing sources in the same process)."""
+    global _state, _fast_key
+    _state, _fast_key = None, None
+
+
+def kernels() -> list[KernelSpec]:
+    """Every registered kernel, sorted by name."""
+    return sorted(_load().values(), key=lambda s: s.name)

@@ -1,0 +1,55 @@
+"""The one tolerance table: a result passes when |out - ref| <= atol + rtol * |ref|.
+
+Keyed by (op, dtype) where dtype names the I/O precision ("f32" or "bf16").
+References are NumPy float64 on the same (bf16-rounded) inputs. bf16 entries
+are bounded by bf16's own rounding of the output (2**-8 relative), not by the
+kernels' fp32 accumulation. Loosening an entry to make a test pass is a defect:
+find out why it fails instead.
+"""
+from __future__ import annotations
+
+from .errors import ArgumentError
+
+F32 = (1e-5, 1e-4)
+BF16 = (2e-2, 2e-2)
+
+TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
+    # training kernels
+    ("transpose_2d", "f32"): (0.0, 0.0),
+    ("transpose_2d", "bf16"): (0.0, 0.0),
+    ("softmax_backward", "f32"): F32,
+    ("softmax_backward", "bf16"): BF16,
+    ("rms_norm_backward", "f32"): F32,
+    ("rms_norm_backward", "bf16"): BF16,
+    ("embedding_backward", "f32"): F32,
+    ("embedding_backward", "bf16"): BF16,
+    ("cross_entropy_fwd_bwd", "f32"): F32,
+    ("cross_entropy_fwd_bwd", "bf16"): BF16,
+    ("attention_backward", "f32"): (1e-5, 1e-4),
+    ("attention_backward", "bf16"): BF16,
+    # forward / prefill kernels
+    ("embedding", "f32"): (0.0, 0.0),
+    ("embedding", "bf16"): (0.0, 0.0),
+    ("rope", "f32"): F32,
+    ("rope", "bf16"): BF16,
+    ("silu_gate", "f32"): F32,
+    ("silu_gate", "bf16"): BF16,
+    ("rms_norm", "f32"): F32,
+    ("rms_norm", "bf16"): BF16,
+    ("causal_attn_softmax", "f32"): F32,
+    ("flash_attention", "f32"): F32,
+    ("flash_attention", "bf16"): BF16,
+    # decode attention
+    ("decode_attention", "f32"): F32,
+    ("decode_attention", "bf16"): BF16,
+    ("batched_decode_attention", "f32"): F32,
+    ("batched_decode_attention", "bf16"): BF16,
+}
+
+
+def tolerance(op: str, dtype: str) -> tuple[float, float]:
+    """(atol, rtol) for an op and I/O dtype; an unknown pair is an error, never a default."""
+    try:
+        return TOLERANCES[(op, dtype)]
+    except KeyError:
+        raise ArgumentError(f"no tolerance for op={op!r} dtype={dtype!r}; add it to pykern/tolerance.py") from None
