@@ -1,0 +1,430 @@
+// Causal softmax attention backward (issue 5), scale = 1/sqrt(head_dim).
+//
+// Layouts (row-major, contiguous): q, out, grad_out, dq: [batch][seq][n_heads][head_dim];
+// k, v, dk, dv: [batch][seq][n_kv_heads][head_dim]; lse, delta: [batch][seq][n_heads]
+// float32. Query head h reads kv head h / (n_heads / n_kv_heads) (GQA).
+// lse is the natural-log logsumexp of the scaled scores; delta = rowsum(dO * O).
+//
+// Two paths:
+//  * naive: one block per (query, head) keeps the whole score row in shared
+//    memory (seq <= the op's limit) and scatters dk/dv with fp32 atomics.
+//  * flash: tiled over keys with no sequence limit and no atomics. A pre-pass
+//    gives lse and delta (attention_bwd_preprocess from `out`, or
+//    attention_bwd_lse by a sweep over the keys), then attention_backward_flash_dkdv
+//    (one block per key tile and kv head, looping over its queries and heads)
+//    and attention_backward_flash_dq (one block per query tile and head).
+//
+// In the flash kernels a group of G lanes (G = group_lanes, a power of two
+// <= 32) owns one key (or query) row; lane g holds dims g, g+G, ... in
+// registers (at most PK_ATT_MAXE of them, so head_dim <= 16 * G) and dot
+// products are finished with G-wide xor shuffles.
+#include "pk_common.cuh"
+
+#define PK_ATT_MAXE 16
+#define PK_ATT_STAGE 16  // rows of q/dO (dkdv) or k/v (dq, lse) staged in shared memory per step
+
+__device__ __forceinline__ float pk_group_sum(float v, unsigned int group) {
+    for (unsigned int off = group >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(PK_FULL_MASK, v, off);
+    return v;
+}
+
+// ---------------------------------------------------------------------------
+// Naive path. Dynamic shared memory: q_s[D], do_s[D], p[seq], ds[seq] floats.
+// dk_acc / dv_acc are fp32 and must be zero on entry.
+template <typename T>
+__device__ __forceinline__ void attention_naive_body(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+    T* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc, unsigned int seq,
+    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, float* smem,
+    float* scratch) {
+    const unsigned int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
+    const unsigned int kvh = h / (n_heads / n_kv_heads);
+    const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
+    const unsigned int n_warps = blockDim.x >> 5;
+    const long long D = head_dim;
+    float* q_s = smem;
+    float* do_s = smem + D;
+    float* p = smem + 2 * D;
+    float* ds = p + seq;
+    const long long q_row = (((long long)b * seq + i) * n_heads + h) * D;
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+        q_s[d] = PkIO<T>::load(q, q_row + d);
+        do_s[d] = PkIO<T>::load(dout, q_row + d);
+    }
+    __syncthreads();
+    const unsigned int n_keys = i + 1;  // causal
+    // Scores and dP = dO . v_j, one warp per key.
+    for (unsigned int j = warp; j < n_keys; j += n_warps) {
+        const long long kv_row = (((long long)b * seq + j) * n_kv_heads + kvh) * D;
+        float s = 0.0f, t = 0.0f;
+        for (long long d = lane; d < D; d += 32) {
+            s += q_s[d] * PkIO<T>::load(k, kv_row + d);
+            t += do_s[d] * PkIO<T>::load(v, kv_row + d);
+        }
+        s = pk_warp_sum(s);
+        t = pk_warp_sum(t);
+        if (lane == 0) {
+            p[j] = s * scale;
+            ds[j] = t;
+        }
+    }
+    __syncthreads();
+    float m = PK_NEG_INF;
+    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) m = fmaxf(m, p[j]);
+    m = pk_block_max(m, scratch);
+    float l = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+        const float e = expf(p[j] - m);
+        p[j] = e;
+        l += e;
+    }
+    l = pk_block_sum(l, scratch);
+    const float inv_l = 1.0f / l;
+    float delta = 0.0f;
+    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+        const float pj = p[j] * inv_l;
+        p[j] = pj;
+        delta += pj * ds[j];
+    }
+    delta = pk_block_sum(delta, scratch);
+    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) ds[j] = p[j] * (ds[j] - delta);
+    __syncthreads();
+    // dq[d] = scale * sum_j ds_j k_j[d]: threads over d, so each k row is read coalesced.
+    for (long long d = threadIdx.x; d < D; d += blockDim.x) {
+        float acc = 0.0f;
+        for (unsigned int j = 0; j < n_keys; ++j)
+            acc += ds[j] * PkIO<T>::load(k, (((long long)b * seq + j) * n_kv_heads + kvh) * D + d);
+        PkIO<T>::store(dq, q_row + d, acc * scale);
+    }
+    // dk_j += scale * ds_j q, dv_j += p_j dO: other (query, head) blocks add to the same rows.
+    for (unsigned int j = warp; j < n_keys; j += n_warps) {
+        const long long kv_row = (((long long)b * seq + j) * n_kv_heads + kvh) * D;
+        const float dsj = ds[j] * scale, pj = p[j];
+        for (long long d = lane; d < D; d += 32) {
+            atomicAdd(dk_acc + kv_row + d, dsj * q_s[d]);
+            atomicAdd(dv_acc + kv_row + d, pj * do_s[d]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, float* __restrict__ dq, float* __restrict__ dk_acc,
+    float* __restrict__ dv_acc, unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale) {
+    extern __shared__ float smem[];
+    __shared__ float scratch[32];
+    attention_naive_body<float>(q, k, v, grad_out, dq, dk_acc, dv_acc, seq, n_heads, n_kv_heads,
+                                head_dim, scale, smem, scratch);
+}
+
+extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
+    unsigned short* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
+    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
+    float scale) {
+    extern __shared__ float smem[];
+    __shared__ float scratch[32];
+    attention_naive_body<unsigned short>(q, k, v, grad_out, dq, dk_acc, dv_acc, seq, n_heads,
+                                         n_kv_heads, head_dim, scale, smem, scratch);
+}
+
+// ---------------------------------------------------------------------------
+// delta[r] = dot(dO[r], O[r]) for every (batch, query, head) row; one warp per row.
+template <typename T>
+__device__ __forceinline__ void attention_preprocess_body(const T* __restrict__ dout, const T* __restrict__ out,
+                                                          float* __restrict__ delta, long long n_rows,
+                                                          unsigned int head_dim) {
+    const unsigned int lane = threadIdx.x & 31u;
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= n_rows) return;  // whole warps leave together; no barrier follows
+    const long long base = row * head_dim;
+    float s = 0.0f;
+    for (long long d = lane; d < head_dim; d += 32) s += PkIO<T>::load(dout, base + d) * PkIO<T>::load(out, base + d);
+    s = pk_warp_sum(s);
+    if (lane == 0) delta[row] = s;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_preprocess(
+    const float* __restrict__ grad_out, const float* __restrict__ out, float* __restrict__ delta,
+    long long n_rows, unsigned int head_dim) {
+    attention_preprocess_body<float>(grad_out, out, delta, n_rows, head_dim);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_preprocess_bf16(
+    const unsigned short* __restrict__ grad_out, const unsigned short* __restrict__ out,
+    float* __restrict__ delta, long long n_rows, unsigned int head_dim) {
+    attention_preprocess_body<unsigned short>(grad_out, out, delta, n_rows, head_dim);
+}
+
+// ---------------------------------------------------------------------------
+// Shared pieces of the query-tiled kernels (lse pre-pass and dq): a block of
+// blockDim.x / G query rows of one head; k/v rows are staged PK_ATT_STAGE at a
+// time in dynamic shared memory: ks[STAGE][D], vs[STAGE][D].
+template <typename T>
+__device__ __forceinline__ void stage_kv(const T* __restrict__ k, const T* __restrict__ v, float* ks,
+                                         float* vs, unsigned int b, unsigned int j0, unsigned int n_rows,
+                                         unsigned int seq, unsigned int n_kv_heads, unsigned int kvh,
+                                         unsigned int head_dim) {
+    const unsigned int total = n_rows * head_dim;
+    for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+        const unsigned int r = idx / head_dim, d = idx - r * head_dim;
+        const long long src = (((long long)b * seq + j0 + r) * n_kv_heads + kvh) * head_dim + d;
+        ks[idx] = PkIO<T>::load(k, src);
+        vs[idx] = PkIO<T>::load(v, src);
+    }
+}
+
+// mode 0: lse pre-pass (writes lse and delta by an online sweep over keys);
+// mode 1: dq (reads lse and delta).
+template <typename T, int MODE>
+__device__ __forceinline__ void attention_query_tiled_body(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+    float* __restrict__ lse, float* __restrict__ delta, T* __restrict__ dq, unsigned int seq,
+    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    unsigned int group_lanes, float* smem) {
+    const unsigned int G = group_lanes;
+    const unsigned int rows_per_block = blockDim.x / G;
+    const unsigned int g = threadIdx.x % G;
+    const unsigned int i0 = blockIdx.x * rows_per_block;
+    const unsigned int i = i0 + threadIdx.x / G;
+    const unsigned int h = blockIdx.y, b = blockIdx.z;
+    const unsigned int kvh = h / (n_heads / n_kv_heads);
+    const bool valid = i < seq;
+    const long long D = head_dim;
+    const long long row = ((long long)b * seq + (valid ? i : 0)) * n_heads + h;  // lse/delta index
+    float qr[PK_ATT_MAXE], dor[PK_ATT_MAXE], acc[PK_ATT_MAXE];
+#pragma unroll
+    for (int e = 0; e < PK_ATT_MAXE; ++e) {
+        const long long d = g + (long long)G * e;
+        const bool ok = valid && d < D;
+        qr[e] = ok ? PkIO<T>::load(q, row * D + d) : 0.0f;
+        dor[e] = ok ? PkIO<T>::load(dout, row * D + d) : 0.0f;
+        acc[e] = 0.0f;
+    }
+    float m = PK_NEG_INF, l = 0.0f, t = 0.0f;  // MODE 0: online max, sum of exp, sum of exp * dP
+    float row_lse = 0.0f, row_delta = 0.0f;
+    if (MODE == 1 && valid) {
+        row_lse = lse[row];
+        row_delta = delta[row];
+    }
+    float* ks = smem;
+    float* vs = smem + PK_ATT_STAGE * D;
+    unsigned int last = i0 + rows_per_block;  // keys past the block's last query are masked for all
+    if (last > seq) last = seq;
+    for (unsigned int j0 = 0; j0 < last; j0 += PK_ATT_STAGE) {
+        const unsigned int n_stage = (last - j0 < PK_ATT_STAGE) ? last - j0 : PK_ATT_STAGE;
+        __syncthreads();  // the previous stage is fully consumed
+        stage_kv<T>(k, v, ks, vs, b, j0, n_stage, seq, n_kv_heads, kvh, head_dim);
+        __syncthreads();
+        for (unsigned int c = 0; c < n_stage; ++c) {
+            const float* kr = ks + c * D;
+            const float* vr = vs + c * D;
+            float s = 0.0f, dp = 0.0f;
+#pragma unroll
+            for (int e = 0; e < PK_ATT_MAXE; ++e) {
+                const long long d = g + (long long)G * e;
+                if (d < D) {
+                    s += qr[e] * kr[d];
+                    dp += dor[e] * vr[d];
+                }
+            }
+            s = pk_group_sum(s, G) * scale;
+            dp = pk_group_sum(dp, G);
+            const bool live = valid && j0 + c <= i;
+            if (MODE == 0) {
+                if (live) {
+                    if (s > m) {
+                        const float corr = expf(m - s);  // m = -inf: corr = 0
+                        l = l * corr + 1.0f;
+                        t = t * corr + dp;
+                        m = s;
+                    } else {
+                        const float e = expf(s - m);
+                        l += e;
+                        t += e * dp;
+                    }
+                }
+            } else {
+                const float p = live ? expf(s - row_lse) : 0.0f;
+                const float ds = p * (dp - row_delta);
+#pragma unroll
+                for (int e = 0; e < PK_ATT_MAXE; ++e) {
+                    const long long d = g + (long long)G * e;
+                    if (d < D) acc[e] += ds * kr[d];
+                }
+            }
+        }
+    }
+    if (!valid) return;  // after the last barrier
+    if (MODE == 0) {
+        if (g == 0) {
+            lse[row] = m + logf(l);
+            delta[row] = t / l;
+        }
+    } else {
+#pragma unroll
+        for (int e = 0; e < PK_ATT_MAXE; ++e) {
+            const long long d = g + (long long)G * e;
+            if (d < D) PkIO<T>::store(dq, row * D + d, acc[e] * scale);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta,
+    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
+    float scale, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<float, 0>(q, k, v, grad_out, lse, delta, (float*)0, seq, n_heads,
+                                         n_kv_heads, head_dim, scale, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
+    float* __restrict__ lse, float* __restrict__ delta, unsigned int seq, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<unsigned short, 0>(q, k, v, grad_out, lse, delta, (unsigned short*)0,
+                                                  seq, n_heads, n_kv_heads, head_dim, scale,
+                                                  group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dq, unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<float, 1>(q, k, v, grad_out, const_cast<float*>(lse),
+                                         const_cast<float*>(delta), dq, seq, n_heads, n_kv_heads,
+                                         head_dim, scale, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
+    const float* __restrict__ lse, const float* __restrict__ delta, unsigned short* __restrict__ dq,
+    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
+    float scale, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<unsigned short, 1>(q, k, v, grad_out, const_cast<float*>(lse),
+                                                  const_cast<float*>(delta), dq, seq, n_heads,
+                                                  n_kv_heads, head_dim, scale, group_lanes, smem);
+}
+
+// ---------------------------------------------------------------------------
+// dk/dv: a block owns blockDim.x / G keys of one kv head; it walks every query
+// head of the group and every query i >= its first key, staging q/dO rows (and
+// their lse/delta) PK_ATT_STAGE at a time. Accumulators stay in registers, so
+// each dk/dv element is written once (deterministic, no atomics).
+// Dynamic shared memory: qs[STAGE][D], dos[STAGE][D], lse_s[STAGE], delta_s[STAGE].
+template <typename T>
+__device__ __forceinline__ void attention_dkdv_body(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
+    const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    unsigned int group_lanes, float* smem) {
+    const unsigned int G = group_lanes;
+    const unsigned int keys_per_block = blockDim.x / G;
+    const unsigned int g = threadIdx.x % G;
+    const unsigned int j_first = blockIdx.x * keys_per_block;
+    const unsigned int j = j_first + threadIdx.x / G;
+    const unsigned int kvh = blockIdx.y, b = blockIdx.z;
+    const unsigned int rep = n_heads / n_kv_heads;
+    const bool valid = j < seq;
+    const long long D = head_dim;
+    const long long kv_row = ((long long)b * seq + (valid ? j : 0)) * n_kv_heads + kvh;
+    float kr[PK_ATT_MAXE], vr[PK_ATT_MAXE], dka[PK_ATT_MAXE], dva[PK_ATT_MAXE];
+#pragma unroll
+    for (int e = 0; e < PK_ATT_MAXE; ++e) {
+        const long long d = g + (long long)G * e;
+        const bool ok = valid && d < D;
+        kr[e] = ok ? PkIO<T>::load(k, kv_row * D + d) : 0.0f;
+        vr[e] = ok ? PkIO<T>::load(v, kv_row * D + d) : 0.0f;
+        dka[e] = 0.0f;
+        dva[e] = 0.0f;
+    }
+    float* qs = smem;
+    float* dos = smem + PK_ATT_STAGE * D;
+    float* lse_s = smem + 2 * PK_ATT_STAGE * D;
+    float* delta_s = lse_s + PK_ATT_STAGE;
+    for (unsigned int hh = 0; hh < rep; ++hh) {
+        const unsigned int h = kvh * rep + hh;
+        for (unsigned int i0 = j_first; i0 < seq; i0 += PK_ATT_STAGE) {
+            const unsigned int n_stage = (seq - i0 < PK_ATT_STAGE) ? seq - i0 : PK_ATT_STAGE;
+            __syncthreads();  // the previous stage is fully consumed
+            const unsigned int total = n_stage * head_dim;
+            for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
+                const unsigned int r = idx / head_dim, d = idx - r * head_dim;
+                const long long src = (((long long)b * seq + i0 + r) * n_heads + h) * D + d;
+                qs[idx] = PkIO<T>::load(q, src);
+                dos[idx] = PkIO<T>::load(dout, src);
+            }
+            for (unsigned int r = threadIdx.x; r < n_stage; r += blockDim.x) {
+                const long long src = ((long long)b * seq + i0 + r) * n_heads + h;
+                lse_s[r] = lse[src];
+                delta_s[r] = delta[src];
+            }
+            __syncthreads();
+            for (unsigned int r = 0; r < n_stage; ++r) {
+                const float* qrow = qs + r * D;
+                const float* dorow = dos + r * D;
+                float s = 0.0f, dp = 0.0f;
+#pragma unroll
+                for (int e = 0; e < PK_ATT_MAXE; ++e) {
+                    const long long d = g + (long long)G * e;
+                    if (d < D) {
+                        s += qrow[d] * kr[e];
+                        dp += dorow[d] * vr[e];
+                    }
+                }
+                s = pk_group_sum(s, G) * scale;
+                dp = pk_group_sum(dp, G);
+                const float p = (valid && j <= i0 + r) ? expf(s - lse_s[r]) : 0.0f;
+                const float ds = p * (dp - delta_s[r]);
+#pragma unroll
+                for (int e = 0; e < PK_ATT_MAXE; ++e) {
+                    const long long d = g + (long long)G * e;
+                    if (d < D) {
+                        dva[e] += p * dorow[d];
+                        dka[e] += ds * qrow[d];
+                    }
+                }
+            }
+        }
+    }
+    if (!valid) return;  // after the last barrier
+#pragma unroll
+    for (int e = 0; e < PK_ATT_MAXE; ++e) {
+        const long long d = g + (long long)G * e;
+        if (d < D) {
+            PkIO<T>::store(dk, kv_row * D + d, dka[e] * scale);
+            PkIO<T>::store(dv, kv_row * D + d, dva[e]);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dk, float* __restrict__ dv, unsigned int seq, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_dkdv_body<float>(q, k, v, grad_out, lse, delta, dk, dv, seq, n_heads, n_kv_heads,
+                               head_dim, scale, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
+    const float* __restrict__ lse, const float* __restrict__ delta, unsigned short* __restrict__ dk,
+    unsigned short* __restrict__ dv, unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_dkdv_body<unsigned short>(q, k, v, grad_out, lse, delta, dk, dv, seq, n_heads,
+                                        n_kv_heads, head_dim, scale, group_lanes, smem);
+}

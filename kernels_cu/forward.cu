@@ -1,0 +1,350 @@
+// Forward / prefill kernels: embedding lookup, RoPE, SiLU gate, RMSNorm and the
+// causal attention softmax (issue 6). FlashAttention lives in flash_attention.cu.
+//
+// Elementwise kernels move 16 bytes per access (float4, or 8 x bf16 as uint4)
+// when every pointer is 16-byte aligned and the row length allows it; the test
+// is uniform across the grid, so the fallback costs no divergence. Every loop is
+// grid-stride with 64-bit indices: the op may launch fewer blocks than elements.
+#include "pk_common.cuh"
+
+// 16-byte chunks of T widened to fp32: f32 moves as float4, bf16 as uint4 (8 words).
+template <typename T> struct FwdVec;
+template <> struct FwdVec<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void load(const float* p, float* f) {
+        const float4 v = *reinterpret_cast<const float4*>(p);
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+    }
+    static __device__ __forceinline__ void store(float* p, const float* f) {
+        float4 v;
+        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
+        *reinterpret_cast<float4*>(p) = v;
+    }
+};
+template <> struct FwdVec<unsigned short> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void load(const unsigned short* p, float* f) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p);
+        const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {  // little endian: the lower half is the earlier element
+            f[2 * i] = __int_as_float((int)(w[i] << 16));
+            f[2 * i + 1] = __int_as_float((int)(w[i] & 0xffff0000u));
+        }
+    }
+    static __device__ __forceinline__ void store(unsigned short* p, const float* f) {
+        unsigned int w[4];
+#pragma unroll
+        for (int i = 0; i < 4; ++i)
+            w[i] = (unsigned int)pk_float_to_bf16(f[2 * i]) | ((unsigned int)pk_float_to_bf16(f[2 * i + 1]) << 16);
+        uint4 u;
+        u.x = w[0]; u.y = w[1]; u.z = w[2]; u.w = w[3];
+        *reinterpret_cast<uint4*>(p) = u;
+    }
+};
+
+// Four consecutive elements: f32 as one float4, bf16 as one uint2 (RoPE works on groups of 4 pairs).
+template <typename T> struct FwdVec4;
+template <> struct FwdVec4<float> {
+    static __device__ __forceinline__ float4 load(const float* p) { return *reinterpret_cast<const float4*>(p); }
+    static __device__ __forceinline__ void store(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
+};
+template <> struct FwdVec4<unsigned short> {
+    static __device__ __forceinline__ float4 load(const unsigned short* p) {
+        const uint2 u = *reinterpret_cast<const uint2*>(p);
+        float4 v;
+        v.x = __int_as_float((int)(u.x << 16));
+        v.y = __int_as_float((int)(u.x & 0xffff0000u));
+        v.z = __int_as_float((int)(u.y << 16));
+        v.w = __int_as_float((int)(u.y & 0xffff0000u));
+        return v;
+    }
+    static __device__ __forceinline__ void store(unsigned short* p, float4 v) {
+        uint2 u;
+        u.x = (unsigned int)pk_float_to_bf16(v.x) | ((unsigned int)pk_float_to_bf16(v.y) << 16);
+        u.y = (unsigned int)pk_float_to_bf16(v.z) | ((unsigned int)pk_float_to_bf16(v.w) << 16);
+        *reinterpret_cast<uint2*>(p) = u;
+    }
+};
+
+__device__ __forceinline__ bool fwd_aligned16(const void* p) {
+    return (((unsigned long long)p) & 15ull) == 0ull;
+}
+
+__device__ __forceinline__ long long fwd_global_tid() {
+    return (long long)blockIdx.x * blockDim.x + threadIdx.x;
+}
+
+__device__ __forceinline__ long long fwd_grid_stride() {
+    return (long long)gridDim.x * blockDim.x;
+}
+
+// ---------------------------------------------------------------------------
+// embedding: out[t, :] = table[ids[t], :]. A pure copy, so both dtypes move raw
+// 16-byte chunks when rows are a multiple of 16 bytes. An id outside [0, vocab)
+// (the op rejects those before launch) yields a zero row instead of a wild read.
+// ---------------------------------------------------------------------------
+template <typename T>
+__device__ __forceinline__ void embedding_impl(const long long* __restrict__ ids, const T* __restrict__ table,
+                                               T* __restrict__ out, long long n_tokens, long long vocab,
+                                               unsigned int dim) {
+    const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
+    const long long row_bytes = (long long)dim * (long long)sizeof(T);
+    if (row_bytes % 16 == 0 && fwd_aligned16(table) && fwd_aligned16(out)) {
+        const long long cpr = row_bytes / 16;  // chunks per row
+        const uint4* src = reinterpret_cast<const uint4*>(table);
+        uint4* dst = reinterpret_cast<uint4*>(out);
+        for (long long i = tid; i < n_tokens * cpr; i += stride) {
+            const long long t = i / cpr, c = i - t * cpr;
+            const long long id = ids[t];
+            uint4 v;
+            v.x = 0u; v.y = 0u; v.z = 0u; v.w = 0u;
+            if (id >= 0 && id < vocab) v = src[id * cpr + c];
+            dst[i] = v;
+        }
+    } else {
+        for (long long i = tid; i < n_tokens * (long long)dim; i += stride) {
+            const long long t = i / dim, c = i - t * dim;
+            const long long id = ids[t];
+            out[i] = (id >= 0 && id < vocab) ? table[id * dim + c] : (T)0;
+        }
+    }
+}
+
+extern "C" __global__ void embedding(const long long* __restrict__ ids, const float* __restrict__ table,
+                                     float* __restrict__ out, long long n_tokens, long long vocab,
+                                     unsigned int dim) {
+    embedding_impl<float>(ids, table, out, n_tokens, vocab, dim);
+}
+
+extern "C" __global__ void embedding_bf16(const long long* __restrict__ ids, const unsigned short* __restrict__ table,
+                                          unsigned short* __restrict__ out, long long n_tokens, long long vocab,
+                                          unsigned int dim) {
+    embedding_impl<unsigned short>(ids, table, out, n_tokens, vocab, dim);
+}
+
+// ---------------------------------------------------------------------------
+// rope: rotate pairs of x by the angle of the token's position. `n_rows` counts
+// (batch, token, head) rows of head_dim elements; the token of a row is
+// (row / n_heads) % n_tokens and its position pos_offset + token.
+// style 0 ("interleaved") pairs (2i, 2i+1), style 1 ("half", HF LLaMA) pairs
+// (i, i + head_dim/2); both use cos/sin[pos, i]. x and out may be the same
+// buffer (in-place): each thread reads its pairs before writing them.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void fwd_rotate(float a, float b, float c, float s, float& ra, float& rb) {
+    ra = a * c - b * s;
+    rb = a * s + b * c;
+}
+
+template <typename T>
+__device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __restrict__ cos_t,
+                                          const float* __restrict__ sin_t, long long n_rows, unsigned int n_tokens,
+                                          unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset,
+                                          int style) {
+    const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
+    const unsigned int half = head_dim / 2;
+    const bool vec = (half % 4 == 0) && fwd_aligned16(x) && fwd_aligned16(out) && fwd_aligned16(cos_t) &&
+                     fwd_aligned16(sin_t);
+    if (vec) {  // one thread rotates 4 pairs
+        const long long gpr = half / 4;  // groups per row
+        for (long long u = tid; u < n_rows * gpr; u += stride) {
+            const long long row = u / gpr;
+            const unsigned int i = (unsigned int)(u - row * gpr) * 4u;
+            const long long pos = (long long)pos_offset + (row / n_heads) % n_tokens;
+            const float4 c = *reinterpret_cast<const float4*>(cos_t + pos * half + i);
+            const float4 s = *reinterpret_cast<const float4*>(sin_t + pos * half + i);
+            const long long base = row * head_dim;
+            float4 a, b, ra, rb;
+            if (style == 0) {  // 8 contiguous elements: pairs (a.x,a.y) (a.z,a.w) (b.x,b.y) (b.z,b.w)
+                a = FwdVec4<T>::load(x + base + 2 * i);
+                b = FwdVec4<T>::load(x + base + 2 * i + 4);
+                fwd_rotate(a.x, a.y, c.x, s.x, ra.x, ra.y);
+                fwd_rotate(a.z, a.w, c.y, s.y, ra.z, ra.w);
+                fwd_rotate(b.x, b.y, c.z, s.z, rb.x, rb.y);
+                fwd_rotate(b.z, b.w, c.w, s.w, rb.z, rb.w);
+                FwdVec4<T>::store(out + base + 2 * i, ra);
+                FwdVec4<T>::store(out + base + 2 * i + 4, rb);
+            } else {  // 4 elements of the first half against the 4 matching ones of the second
+                a = FwdVec4<T>::load(x + base + i);
+                b = FwdVec4<T>::load(x + base + half + i);
+                fwd_rotate(a.x, b.x, c.x, s.x, ra.x, rb.x);
+                fwd_rotate(a.y, b.y, c.y, s.y, ra.y, rb.y);
+                fwd_rotate(a.z, b.z, c.z, s.z, ra.z, rb.z);
+                fwd_rotate(a.w, b.w, c.w, s.w, ra.w, rb.w);
+                FwdVec4<T>::store(out + base + i, ra);
+                FwdVec4<T>::store(out + base + half + i, rb);
+            }
+        }
+    } else {  // one thread rotates one pair
+        for (long long u = tid; u < n_rows * (long long)half; u += stride) {
+            const long long row = u / half;
+            const unsigned int i = (unsigned int)(u - row * half);
+            const long long pos = (long long)pos_offset + (row / n_heads) % n_tokens;
+            const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
+            const long long ia = row * head_dim + (style == 0 ? 2 * i : i);
+            const long long ib = ia + (style == 0 ? 1 : half);
+            float ra, rb;
+            fwd_rotate(PkIO<T>::load(x, ia), PkIO<T>::load(x, ib), c, s, ra, rb);
+            PkIO<T>::store(out, ia, ra);
+            PkIO<T>::store(out, ib, rb);
+        }
+    }
+}
+
+extern "C" __global__ void rope(const float* x, float* out, const float* __restrict__ cos_table,
+                                const float* __restrict__ sin_table, long long n_rows, unsigned int n_tokens,
+                                unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset, int style) {
+    rope_impl<float>(x, out, cos_table, sin_table, n_rows, n_tokens, n_heads, head_dim, pos_offset, style);
+}
+
+extern "C" __global__ void rope_bf16(const unsigned short* x, unsigned short* out, const float* __restrict__ cos_table,
+                                     const float* __restrict__ sin_table, long long n_rows, unsigned int n_tokens,
+                                     unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset, int style) {
+    rope_impl<unsigned short>(x, out, cos_table, sin_table, n_rows, n_tokens, n_heads, head_dim, pos_offset, style);
+}
+
+// ---------------------------------------------------------------------------
+// silu_gate: out = gate * sigmoid(gate) * up. expf(-g) overflows to inf for
+// g < -88, and g / inf is the correct limit (-0), so no clamp is needed.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float fwd_silu_mul(float g, float u) {
+    return g / (1.0f + expf(-g)) * u;
+}
+
+template <typename T>
+__device__ __forceinline__ void silu_gate_impl(const T* __restrict__ gate, const T* __restrict__ up,
+                                               T* __restrict__ out, long long n) {
+    constexpr int N = FwdVec<T>::N;
+    const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
+    long long done = 0;
+    if (fwd_aligned16(gate) && fwd_aligned16(up) && fwd_aligned16(out)) {
+        const long long n_vec = n / N;
+        for (long long i = tid; i < n_vec; i += stride) {
+            float g[N], u[N];
+            FwdVec<T>::load(gate + i * N, g);
+            FwdVec<T>::load(up + i * N, u);
+#pragma unroll
+            for (int e = 0; e < N; ++e) g[e] = fwd_silu_mul(g[e], u[e]);
+            FwdVec<T>::store(out + i * N, g);
+        }
+        done = n_vec * N;
+    }
+    for (long long i = done + tid; i < n; i += stride)  // scalar tail (or everything when unaligned)
+        PkIO<T>::store(out, i, fwd_silu_mul(PkIO<T>::load(gate, i), PkIO<T>::load(up, i)));
+}
+
+extern "C" __global__ void silu_gate(const float* __restrict__ gate, const float* __restrict__ up,
+                                     float* __restrict__ out, long long n) {
+    silu_gate_impl<float>(gate, up, out, n);
+}
+
+extern "C" __global__ void silu_gate_bf16(const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
+                                          unsigned short* __restrict__ out, long long n) {
+    silu_gate_impl<unsigned short>(gate, up, out, n);
+}
+
+// ---------------------------------------------------------------------------
+// Row kernels (rms_norm, causal_attn_softmax) run in one of two shapes chosen
+// by the op: blockDim.x == 32 gives a warp per row (blockDim.y rows per block,
+// for short rows); blockDim.x > 32 (a multiple of 32, blockDim.y == 1) gives a
+// block per row. Either way a whole warp shares a row, so the full-mask
+// shuffles never see a retired lane.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ float fwd_row_sum(float v, float* scratch) {
+    return blockDim.x == 32 ? pk_warp_sum(v) : pk_block_sum(v, scratch);
+}
+
+__device__ __forceinline__ float fwd_row_max(float v, float* scratch) {
+    return blockDim.x == 32 ? pk_warp_max(v) : pk_block_max(v, scratch);
+}
+
+// rms_norm: out = x * rsqrt(mean(x^2) + eps) * weight, statistics in fp32.
+// The row is read twice; the second read is served by L1/L2 for rows up to
+// hundreds of KB, which is cheaper than a register cache sized for 64K columns.
+template <typename T>
+__device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* __restrict__ weight,
+                                              T* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
+    __shared__ float scratch[32];
+    constexpr int N = FwdVec<T>::N;
+    const bool vec = (dim % N == 0) && fwd_aligned16(x) && fwd_aligned16(weight) && fwd_aligned16(out);
+    const long long row_step = (long long)gridDim.x * blockDim.y;
+    for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
+        const T* xr = x + row * dim;
+        T* outr = out + row * dim;
+        float ss = 0.0f;
+        if (vec) {
+            for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
+                float f[N];
+                FwdVec<T>::load(xr + (long long)c * N, f);
+#pragma unroll
+                for (int e = 0; e < N; ++e) ss = fmaf(f[e], f[e], ss);
+            }
+        } else {
+            for (unsigned int c = threadIdx.x; c < dim; c += blockDim.x) {
+                const float f = PkIO<T>::load(xr, c);
+                ss = fmaf(f, f, ss);
+            }
+        }
+        ss = fwd_row_sum(ss, scratch);
+        const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+        if (vec) {
+            for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
+                float f[N], w[N];
+                FwdVec<T>::load(xr + (long long)c * N, f);
+                FwdVec<T>::load(weight + (long long)c * N, w);
+#pragma unroll
+                for (int e = 0; e < N; ++e) f[e] = f[e] * inv * w[e];
+                FwdVec<T>::store(outr + (long long)c * N, f);
+            }
+        } else {
+            for (unsigned int c = threadIdx.x; c < dim; c += blockDim.x)
+                PkIO<T>::store(outr, c, PkIO<T>::load(xr, c) * inv * PkIO<T>::load(weight, c));
+        }
+    }
+}
+
+extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ weight,
+                                    float* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
+    rms_norm_impl<float>(x, weight, out, n_rows, dim, eps);
+}
+
+extern "C" __global__ void rms_norm_bf16(const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
+                                         unsigned short* __restrict__ out, long long n_rows, unsigned int dim,
+                                         float eps) {
+    rms_norm_impl<unsigned short>(x, weight, out, n_rows, dim, eps);
+}
+
+// causal_attn_softmax: scores (n_q, n_heads, kv_len); row (q, h) keeps keys
+// j <= past_len + q and writes 0 to the masked tail. One read pass keeps an
+// online (max, sum) per thread; the threads' pairs are merged by rescaling each
+// sum to the row max, then a second pass writes exp(s - max) / sum.
+extern "C" __global__ void causal_attn_softmax(const float* __restrict__ scores, float* __restrict__ out,
+                                               long long n_rows, unsigned int n_heads, unsigned int kv_len,
+                                               unsigned int past_len) {
+    __shared__ float scratch[32];
+    const long long row_step = (long long)gridDim.x * blockDim.y;
+    for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
+        const long long q = row / n_heads;
+        const long long lim = (long long)past_len + q + 1;
+        const unsigned int visible = (unsigned int)(lim < (long long)kv_len ? lim : (long long)kv_len);
+        const float* sr = scores + row * kv_len;
+        float* outr = out + row * kv_len;
+        float m = PK_NEG_INF, s = 0.0f;
+        for (unsigned int j = threadIdx.x; j < visible; j += blockDim.x) {
+            const float v = sr[j];
+            if (v > m) {  // rescale the running sum to the new max; m = -inf gives exp(-inf) = 0
+                s = s * expf(m - v) + 1.0f;
+                m = v;
+            } else if (v != PK_NEG_INF) {  // -inf - -inf would be NaN
+                s += expf(v - m);
+            }
+        }
+        const float row_max = fwd_row_max(m, scratch);
+        // a row whose visible scores are all -inf has no finite max: its sum is 0 and it writes 0
+        const float mm = (row_max == PK_NEG_INF) ? 0.0f : row_max;
+        const float row_sum = fwd_row_sum(m == PK_NEG_INF ? 0.0f : s * expf(m - mm), scratch);
+        const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+        for (unsigned int j = threadIdx.x; j < kv_len; j += blockDim.x)
+            outr[j] = j < visible ? expf(sr[j] - mm) * inv : 0.0f;
+    }
+}

@@ -1,0 +1,450 @@
+// Training kernels (issue 5): transpose, softmax / RMSNorm / embedding backward,
+// fused cross-entropy forward+backward, and two small helpers the ops need.
+// Attention backward lives in attention_backward.cu.
+//
+// Every body is templated on the I/O type (float or unsigned short = bf16 bits)
+// and accumulates in fp32. Offsets are 64-bit. Rows are walked with grid-stride
+// loops so the ops may clamp grid sizes without losing rows.
+#include "pk_common.cuh"
+
+// Four bf16 words moved as one 8-byte access.
+struct alignas(8) PkBf16x4 {
+    unsigned short a, b, c, d;
+};
+
+// 4-wide vector access: float4 for fp32, one 8-byte word for bf16. Only used
+// when the caller has checked alignment and a row length divisible by 4.
+template <typename T> struct PkVec4;
+template <> struct PkVec4<float> {
+    static __device__ __forceinline__ float4 load(const float* p, long long i) {
+        return *reinterpret_cast<const float4*>(p + i);
+    }
+    static __device__ __forceinline__ void store(float* p, long long i, float4 v) {
+        *reinterpret_cast<float4*>(p + i) = v;
+    }
+};
+template <> struct PkVec4<unsigned short> {
+    static __device__ __forceinline__ float4 load(const unsigned short* p, long long i) {
+        const PkBf16x4 u = *reinterpret_cast<const PkBf16x4*>(p + i);
+        float4 v;
+        v.x = pk_bf16_to_float(u.a);
+        v.y = pk_bf16_to_float(u.b);
+        v.z = pk_bf16_to_float(u.c);
+        v.w = pk_bf16_to_float(u.d);
+        return v;
+    }
+    static __device__ __forceinline__ void store(unsigned short* p, long long i, float4 v) {
+        PkBf16x4 u;
+        u.a = pk_float_to_bf16(v.x);
+        u.b = pk_float_to_bf16(v.y);
+        u.c = pk_float_to_bf16(v.z);
+        u.d = pk_float_to_bf16(v.w);
+        *reinterpret_cast<PkBf16x4*>(p + i) = u;
+    }
+};
+
+// True when 4-element vectors starting at p are naturally aligned.
+template <typename T>
+__device__ __forceinline__ bool pk_vec_aligned(const T* p) {
+    return (((unsigned long long)p) & (unsigned long long)(4 * sizeof(T) - 1)) == 0ull;
+}
+
+// ---------------------------------------------------------------------------
+// transpose_2d: out[z][c][r] = in[z][r][c] through a 32x33 shared tile (the
+// extra column keeps the column-wise reads free of bank conflicts). Block is
+// (32, 8); grid x walks column tiles, y and z loop so rows/batches may exceed
+// the 65535 grid limit.
+template <typename T>
+__device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __restrict__ out,
+                                               unsigned int rows, unsigned int cols,
+                                               unsigned int batch, T (*tile)[33]) {
+    const long long plane = (long long)rows * cols;
+    const unsigned int row_tiles = (rows + 31u) / 32u;
+    const unsigned int c0 = blockIdx.x * 32u;
+    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
+    for (unsigned int z = blockIdx.z; z < batch; z += gridDim.z) {
+        const T* src = in + (long long)z * plane;
+        T* dst = out + (long long)z * plane;
+        for (unsigned int rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
+            const unsigned int r0 = rt * 32u;
+            for (unsigned int k = ty; k < 32u; k += blockDim.y) {
+                const unsigned int r = r0 + k, c = c0 + tx;
+                if (r < rows && c < cols) tile[k][tx] = src[(long long)r * cols + c];
+            }
+            __syncthreads();
+            for (unsigned int k = ty; k < 32u; k += blockDim.y) {
+                const unsigned int c = c0 + k, r = r0 + tx;
+                if (r < rows && c < cols) dst[(long long)c * rows + r] = tile[tx][k];
+            }
+            // The next tile overwrites `tile`; every thread must be done reading it.
+            __syncthreads();
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d(
+    const float* __restrict__ input, float* __restrict__ output,
+    unsigned int rows, unsigned int cols, unsigned int batch) {
+    __shared__ float tile[32][33];
+    transpose_body<float>(input, output, rows, cols, batch, tile);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d_bf16(
+    const unsigned short* __restrict__ input, unsigned short* __restrict__ output,
+    unsigned int rows, unsigned int cols, unsigned int batch) {
+    __shared__ unsigned short tile[32][33];
+    transpose_body<unsigned short>(input, output, rows, cols, batch, tile);
+}
+
+// ---------------------------------------------------------------------------
+// softmax_backward: grad_in = p * (g - sum(p * g)) per row. One block per row.
+template <typename T>
+__device__ __forceinline__ void softmax_backward_body(const T* __restrict__ probs,
+                                                      const T* __restrict__ grad_out,
+                                                      T* __restrict__ grad_in, long long n_rows,
+                                                      unsigned int row_len, float* scratch) {
+    const bool vec = (row_len % 4u == 0u) && pk_vec_aligned(probs) && pk_vec_aligned(grad_out) &&
+                     pk_vec_aligned(grad_in);
+    const long long n = row_len;
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const long long base = row * n;
+        float dot = 0.0f;
+        if (vec) {
+            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
+                const float4 p = PkVec4<T>::load(probs, base + i);
+                const float4 g = PkVec4<T>::load(grad_out, base + i);
+                dot += p.x * g.x + p.y * g.y + p.z * g.z + p.w * g.w;
+            }
+        } else {
+            for (long long i = threadIdx.x; i < n; i += blockDim.x)
+                dot += PkIO<T>::load(probs, base + i) * PkIO<T>::load(grad_out, base + i);
+        }
+        dot = pk_block_sum(dot, scratch);
+        if (vec) {
+            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
+                const float4 p = PkVec4<T>::load(probs, base + i);
+                const float4 g = PkVec4<T>::load(grad_out, base + i);
+                float4 r;
+                r.x = p.x * (g.x - dot);
+                r.y = p.y * (g.y - dot);
+                r.z = p.z * (g.z - dot);
+                r.w = p.w * (g.w - dot);
+                PkVec4<T>::store(grad_in, base + i, r);
+            }
+        } else {
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+                const float p = PkIO<T>::load(probs, base + i);
+                PkIO<T>::store(grad_in, base + i, p * (PkIO<T>::load(grad_out, base + i) - dot));
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward(
+    const float* __restrict__ probs, const float* __restrict__ grad_out, float* __restrict__ grad_in,
+    long long n_rows, unsigned int row_len) {
+    __shared__ float scratch[32];
+    softmax_backward_body<float>(probs, grad_out, grad_in, n_rows, row_len, scratch);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward_bf16(
+    const unsigned short* __restrict__ probs, const unsigned short* __restrict__ grad_out,
+    unsigned short* __restrict__ grad_in, long long n_rows, unsigned int row_len) {
+    __shared__ float scratch[32];
+    softmax_backward_body<unsigned short>(probs, grad_out, grad_in, n_rows, row_len, scratch);
+}
+
+// ---------------------------------------------------------------------------
+// rms_norm_backward, y = x * r * w with r = rsqrt(mean(x^2) + eps):
+//   grad_x = r * w * g - x * r^3 * sum(x * w * g) / dim
+// One block per row writes grad_x and r (inv_rms[row]); grad_weight is reduced
+// by rms_norm_backward_weight (+ rms_norm_grad_weight_reduce) in a fixed order,
+// so it is identical from run to run (no float atomics).
+template <typename T>
+__device__ __forceinline__ void rms_norm_backward_body(
+    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
+    float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps, float* scratch) {
+    const bool vec = (dim % 4u == 0u) && pk_vec_aligned(x) && pk_vec_aligned(w) &&
+                     pk_vec_aligned(g) && pk_vec_aligned(gx);
+    const long long n = dim;
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const long long base = row * n;
+        float ss = 0.0f, xwg = 0.0f;
+        if (vec) {
+            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
+                const float4 a = PkVec4<T>::load(x, base + i);
+                const float4 b = PkVec4<T>::load(w, i);
+                const float4 c = PkVec4<T>::load(g, base + i);
+                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
+                xwg += a.x * b.x * c.x + a.y * b.y * c.y + a.z * b.z * c.z + a.w * b.w * c.w;
+            }
+        } else {
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+                const float a = PkIO<T>::load(x, base + i);
+                ss += a * a;
+                xwg += a * PkIO<T>::load(w, i) * PkIO<T>::load(g, base + i);
+            }
+        }
+        ss = pk_block_sum(ss, scratch);
+        xwg = pk_block_sum(xwg, scratch);
+        const float r = rsqrtf(ss / (float)dim + eps);
+        const float coef = r * r * r * xwg / (float)dim;
+        if (threadIdx.x == 0) inv_rms[row] = r;
+        if (vec) {
+            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
+                const float4 a = PkVec4<T>::load(x, base + i);
+                const float4 b = PkVec4<T>::load(w, i);
+                const float4 c = PkVec4<T>::load(g, base + i);
+                float4 o;
+                o.x = r * b.x * c.x - a.x * coef;
+                o.y = r * b.y * c.y - a.y * coef;
+                o.z = r * b.z * c.z - a.z * coef;
+                o.w = r * b.w * c.w - a.w * coef;
+                PkVec4<T>::store(gx, base + i, o);
+            }
+        } else {
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+                const float a = PkIO<T>::load(x, base + i);
+                PkIO<T>::store(gx, base + i,
+                               r * PkIO<T>::load(w, i) * PkIO<T>::load(g, base + i) - a * coef);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward(
+    const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ grad_out,
+    float* __restrict__ grad_x, float* __restrict__ inv_rms, long long n_rows, unsigned int dim,
+    float eps) {
+    __shared__ float scratch[32];
+    rms_norm_backward_body<float>(x, weight, grad_out, grad_x, inv_rms, n_rows, dim, eps, scratch);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward_bf16(
+    const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
+    const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_x,
+    float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps) {
+    __shared__ float scratch[32];
+    rms_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, inv_rms, n_rows, dim, eps,
+                                           scratch);
+}
+
+// partial[chunk][c] = sum over rows of chunk of x[r][c] * inv_rms[r] * g[r][c].
+// Block (32, 8): 32 adjacent columns (coalesced), 8 row lanes summed in a fixed
+// order through shared memory. Grid (ceil(dim/32), n_chunks).
+template <typename T>
+__device__ __forceinline__ void rms_norm_weight_body(
+    const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ inv_rms,
+    float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk,
+    float (*red)[33]) {
+    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
+    const unsigned int col = blockIdx.x * 32u + tx;
+    const long long r0 = (long long)blockIdx.y * rows_per_chunk;
+    long long r1 = r0 + rows_per_chunk;
+    if (r1 > n_rows) r1 = n_rows;
+    float acc = 0.0f;
+    if (col < dim) {
+        for (long long r = r0 + ty; r < r1; r += blockDim.y) {
+            const long long i = r * dim + col;
+            acc += PkIO<T>::load(x, i) * inv_rms[r] * PkIO<T>::load(g, i);
+        }
+    }
+    red[ty][tx] = acc;
+    __syncthreads();
+    if (ty == 0 && col < dim) {
+        float s = 0.0f;
+        for (unsigned int k = 0; k < blockDim.y; ++k) s += red[k][tx];
+        partial[(long long)blockIdx.y * dim + col] = s;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_backward_weight(
+    const float* __restrict__ x, const float* __restrict__ grad_out, const float* __restrict__ inv_rms,
+    float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk) {
+    __shared__ float red[8][33];
+    rms_norm_weight_body<float>(x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk, red);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_backward_weight_bf16(
+    const unsigned short* __restrict__ x, const unsigned short* __restrict__ grad_out,
+    const float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
+    unsigned int dim, long long rows_per_chunk) {
+    __shared__ float red[8][33];
+    rms_norm_weight_body<unsigned short>(x, grad_out, inv_rms, partial, n_rows, dim,
+                                         rows_per_chunk, red);
+}
+
+// grad_weight[c] = sum_k partial[k][c], k ascending: one thread per column.
+extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_grad_weight_reduce(
+    const float* __restrict__ partial, float* __restrict__ grad_weight, unsigned int n_chunks,
+    unsigned int dim) {
+    const long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (col >= dim) return;
+    float s = 0.0f;
+    for (unsigned int k = 0; k < n_chunks; ++k) s += partial[(long long)k * dim + col];
+    grad_weight[col] = s;
+}
+
+// ---------------------------------------------------------------------------
+// embedding_backward without atomics: the op sorts token positions by id on the
+// host (stable), `offsets[v]..offsets[v+1]` are the positions of id v in
+// `order`. One block per vocab row sums its tokens in position order and writes
+// the row (zeros for unused ids), so the result is deterministic and the
+// output needs no separate zero fill.
+template <typename T>
+__device__ __forceinline__ void embedding_backward_body(
+    const T* __restrict__ grad_out, const int* __restrict__ order, const int* __restrict__ offsets,
+    float* __restrict__ grad_weight, unsigned int vocab_size, unsigned int dim) {
+    const bool vec = (dim % 4u == 0u) && pk_vec_aligned(grad_out) && pk_vec_aligned(grad_weight);
+    const long long n = dim;
+    for (long long v = blockIdx.x; v < vocab_size; v += gridDim.x) {
+        const int beg = offsets[v], end = offsets[v + 1];
+        float* dst = grad_weight + v * n;
+        if (vec) {
+            for (long long d = 4ll * threadIdx.x; d < n; d += 4ll * blockDim.x) {
+                float4 acc;
+                acc.x = acc.y = acc.z = acc.w = 0.0f;
+                for (int k = beg; k < end; ++k) {
+                    const float4 a = PkVec4<T>::load(grad_out, (long long)order[k] * n + d);
+                    acc.x += a.x;
+                    acc.y += a.y;
+                    acc.z += a.z;
+                    acc.w += a.w;
+                }
+                PkVec4<float>::store(dst, d, acc);
+            }
+        } else {
+            for (long long d = threadIdx.x; d < n; d += blockDim.x) {
+                float acc = 0.0f;
+                for (int k = beg; k < end; ++k) acc += PkIO<T>::load(grad_out, (long long)order[k] * n + d);
+                dst[d] = acc;
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) embedding_backward(
+    const float* __restrict__ grad_out, const int* __restrict__ order, const int* __restrict__ offsets,
+    float* __restrict__ grad_weight, unsigned int vocab_size, unsigned int dim) {
+    embedding_backward_body<float>(grad_out, order, offsets, grad_weight, vocab_size, dim);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) embedding_backward_bf16(
+    const unsigned short* __restrict__ grad_out, const int* __restrict__ order,
+    const int* __restrict__ offsets, float* __restrict__ grad_weight, unsigned int vocab_size,
+    unsigned int dim) {
+    embedding_backward_body<unsigned short>(grad_out, order, offsets, grad_weight, vocab_size, dim);
+}
+
+// ---------------------------------------------------------------------------
+// cross_entropy_fwd_bwd: one block per row. Sweep 1 keeps an online (max, sum
+// of exp) per thread, merged across the block; sweep 2 writes
+// grad = (softmax - onehot) * inv_count. row_loss[row] = logsumexp - x[target]
+// (0 for pad rows); cross_entropy_loss_mean reduces it in a fixed order.
+__device__ __forceinline__ void ce_online(float x, float& m, float& s) {
+    if (x > m) {
+        s = s * expf(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
+        m = x;
+    } else if (m != PK_NEG_INF) {
+        s += expf(x - m);  // both -inf would be NaN; such an x adds 0
+    }
+}
+
+template <typename T>
+__device__ __forceinline__ void cross_entropy_body(
+    const T* __restrict__ logits, const int* __restrict__ targets, T* __restrict__ grad,
+    float* __restrict__ row_loss, long long n_rows, unsigned int vocab, int pad_id, float inv_count,
+    float* scratch) {
+    const bool vec = (vocab % 4u == 0u) && pk_vec_aligned(logits) && pk_vec_aligned(grad);
+    const long long n = vocab;
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const long long base = row * n;
+        const int target = targets[row];
+        if (target == pad_id) {  // uniform across the block: no barrier is skipped by part of it
+            if (vec) {
+                float4 z;
+                z.x = z.y = z.z = z.w = 0.0f;
+                for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) PkVec4<T>::store(grad, base + i, z);
+            } else {
+                for (long long i = threadIdx.x; i < n; i += blockDim.x) PkIO<T>::store(grad, base + i, 0.0f);
+            }
+            if (threadIdx.x == 0) row_loss[row] = 0.0f;
+            continue;
+        }
+        float m = PK_NEG_INF, s = 0.0f;
+        if (vec) {
+            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
+                const float4 a = PkVec4<T>::load(logits, base + i);
+                ce_online(a.x, m, s);
+                ce_online(a.y, m, s);
+                ce_online(a.z, m, s);
+                ce_online(a.w, m, s);
+            }
+        } else {
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) ce_online(PkIO<T>::load(logits, base + i), m, s);
+        }
+        const float mx = pk_block_max(m, scratch);
+        const float sum = pk_block_sum(m == PK_NEG_INF ? 0.0f : s * expf(m - mx), scratch);
+        const float inv_sum = 1.0f / sum;
+        if (threadIdx.x == 0) row_loss[row] = (mx + logf(sum)) - PkIO<T>::load(logits, base + target);
+        const long long t = target;
+        if (vec) {
+            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
+                const float4 a = PkVec4<T>::load(logits, base + i);
+                float4 o;
+                o.x = (expf(a.x - mx) * inv_sum - (i == t ? 1.0f : 0.0f)) * inv_count;
+                o.y = (expf(a.y - mx) * inv_sum - (i + 1 == t ? 1.0f : 0.0f)) * inv_count;
+                o.z = (expf(a.z - mx) * inv_sum - (i + 2 == t ? 1.0f : 0.0f)) * inv_count;
+                o.w = (expf(a.w - mx) * inv_sum - (i + 3 == t ? 1.0f : 0.0f)) * inv_count;
+                PkVec4<T>::store(grad, base + i, o);
+            }
+        } else {
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+                const float p = expf(PkIO<T>::load(logits, base + i) - mx) * inv_sum;
+                PkIO<T>::store(grad, base + i, (p - (i == t ? 1.0f : 0.0f)) * inv_count);
+            }
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd(
+    const float* __restrict__ logits, const int* __restrict__ targets, float* __restrict__ grad,
+    float* __restrict__ row_loss, long long n_rows, unsigned int vocab, int pad_id, float inv_count) {
+    __shared__ float scratch[32];
+    cross_entropy_body<float>(logits, targets, grad, row_loss, n_rows, vocab, pad_id, inv_count, scratch);
+}
+
+extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd_bf16(
+    const unsigned short* __restrict__ logits, const int* __restrict__ targets,
+    unsigned short* __restrict__ grad, float* __restrict__ row_loss, long long n_rows,
+    unsigned int vocab, int pad_id, float inv_count) {
+    __shared__ float scratch[32];
+    cross_entropy_body<unsigned short>(logits, targets, grad, row_loss, n_rows, vocab, pad_id,
+                                       inv_count, scratch);
+}
+
+// loss[0] = inv_count * sum(row_loss): one block, fixed summation order.
+extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_loss_mean(
+    const float* __restrict__ row_loss, float* __restrict__ loss, long long n_rows, float inv_count) {
+    __shared__ float scratch[32];
+    float s = 0.0f;
+    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) s += row_loss[i];
+    s = pk_block_sum(s, scratch);
+    if (threadIdx.x == 0) loss[0] = s * inv_count;
+}
+
+// ---------------------------------------------------------------------------
+// Helpers for ops that accumulate in an fp32 scratch buffer (naive attention
+// backward): zero it on the device, narrow it to bf16 afterwards.
+extern "C" __global__ void __launch_bounds__(256, 1) training_zero_f32(float* __restrict__ buf, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        buf[i] = 0.0f;
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) training_f32_to_bf16(
+    const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
+         i += (long long)gridDim.x * blockDim.x)
+        dst[i] = pk_float_to_bf16(src[i]);
+}

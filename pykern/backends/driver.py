@@ -1,0 +1,176 @@
+"""The driver seam: the few CUDA driver calls the nvrtc backend makes, behind one small class.
+
+The backend only talks to a `Driver`; `CudaDriver` wraps `cuda.bindings.driver`, and the
+test suite substitutes a recording fake (tests/fake_driver.py), which is how the whole
+GPU path is exercised on machines without a GPU. Handles (context, module, function) are
+opaque to the backend; device pointers and stream handles are plain ints.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from ..errors import BackendUnavailable, PykernError
+
+# Beyond this much dynamic shared memory a kernel must opt in with a function attribute.
+DEFAULT_MAX_DYNAMIC_SHARED = 48 * 1024
+
+
+class DriverError(PykernError, RuntimeError):
+    """A CUDA driver call failed; names the call and the CUresult."""
+
+    def __init__(self, call: str, error: str, detail: str = "") -> None:
+        msg = f"{call} failed: {error}" + (f" ({detail})" if detail else "")
+        super().__init__(msg)
+        self.call = call
+        self.error = error
+
+
+class Driver(Protocol):
+    """What the nvrtc backend needs from the CUDA driver (and nothing more)."""
+
+    def init(self) -> None: ...
+    def device_count(self) -> int: ...
+    def compute_capability(self, device: int) -> tuple[int, int]: ...
+    def max_shared_per_block_optin(self, device: int) -> int: ...
+    def primary_context(self, device: int) -> Any:
+        """Retain the device's primary context (once per process) and return its handle."""
+    def set_current(self, ctx: Any) -> None: ...
+    def module_load_data(self, image: bytes) -> Any: ...
+    def module_get_function(self, module: Any, name: str) -> Any: ...
+    def set_max_dynamic_shared(self, func: Any, nbytes: int) -> None: ...
+    def mem_alloc(self, nbytes: int) -> int: ...
+    def mem_free(self, ptr: int) -> None: ...
+    def memcpy_htod_async(self, dst: int, src_host_addr: int, nbytes: int, stream: int) -> None: ...
+    def memcpy_dtoh_async(self, dst_host_addr: int, src: int, nbytes: int, stream: int) -> None: ...
+    def launch_kernel(
+        self,
+        func: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: int,
+        kernel_params: int,
+    ) -> None:
+        """`kernel_params` is the address of an array of pointers, one per kernel parameter."""
+    def stream_synchronize(self, stream: int) -> None: ...
+
+
+def arch_of(cc: tuple[int, int]) -> str:
+    """Compute capability (9, 0) -> "sm_90"."""
+    return f"sm_{cc[0]}{cc[1]}"
+
+
+class CudaDriver:
+    """`Driver` over `cuda.bindings.driver` (imported here, lazily, so `import pykern` stays cheap)."""
+
+    def __init__(self) -> None:
+        try:
+            from cuda.bindings import driver as cu
+        except Exception as e:  # not installed, or a broken install
+            raise BackendUnavailable(f"nvrtc backend: cuda.bindings is not importable ({type(e).__name__}: {e})") from e
+        self._cu = cu
+        self._ok = cu.CUresult.CUDA_SUCCESS
+        self._contexts: dict[int, Any] = {}
+
+    def _check(self, call: str, out: Any) -> Any:
+        # cuda.bindings returns (CUresult, *values); unwrap the single value when there is one.
+        if isinstance(out, tuple):
+            err, rest = out[0], out[1:]
+        else:
+            err, rest = out, ()
+        if err != self._ok:
+            raise DriverError(call, self._error_name(err))
+        if not rest:
+            return None
+        return rest[0] if len(rest) == 1 else rest
+
+    def _error_name(self, err: Any) -> str:
+        try:
+            res, name = self._cu.cuGetErrorName(err)
+            if res == self._ok and name:
+                return name.decode() if isinstance(name, bytes) else str(name)
+        except Exception:  # a failing error query must not hide the original error
+            pass
+        return getattr(err, "name", str(err))
+
+    def init(self) -> None:
+        try:
+            out = self._cu.cuInit(0)
+        except Exception as e:  # DynamicLibNotFoundError (no libcuda) and friends
+            raise BackendUnavailable(f"nvrtc backend: no CUDA driver ({type(e).__name__}: {e})") from e
+        if out[0] != self._ok:
+            raise BackendUnavailable(f"nvrtc backend: no usable CUDA driver (cuInit: {self._error_name(out[0])})")
+
+    def device_count(self) -> int:
+        return int(self._check("cuDeviceGetCount", self._cu.cuDeviceGetCount()))
+
+    def _device(self, device: int) -> Any:
+        return self._check("cuDeviceGet", self._cu.cuDeviceGet(device))
+
+    def _attribute(self, device: int, attr: str) -> int:
+        a = getattr(self._cu.CUdevice_attribute, attr)
+        return int(self._check("cuDeviceGetAttribute", self._cu.cuDeviceGetAttribute(a, self._device(device))))
+
+    def compute_capability(self, device: int) -> tuple[int, int]:
+        return (
+            self._attribute(device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR"),
+            self._attribute(device, "CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR"),
+        )
+
+    def max_shared_per_block_optin(self, device: int) -> int:
+        return self._attribute(device, "CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN")
+
+    def primary_context(self, device: int) -> Any:
+        ctx = self._contexts.get(device)
+        if ctx is None:
+            # Retained for the life of the process: the primary context is shared with torch/CuPy/numba.
+            ctx = self._check("cuDevicePrimaryCtxRetain", self._cu.cuDevicePrimaryCtxRetain(self._device(device)))
+            self._contexts[device] = ctx
+        return ctx
+
+    def set_current(self, ctx: Any) -> None:
+        # Called on every launch: skip the generic unwrapping.
+        (err,) = self._cu.cuCtxSetCurrent(ctx)
+        if err != self._ok:
+            raise DriverError("cuCtxSetCurrent", self._error_name(err))
+
+    def module_load_data(self, image: bytes) -> Any:
+        return self._check("cuModuleLoadData", self._cu.cuModuleLoadData(image))
+
+    def module_get_function(self, module: Any, name: str) -> Any:
+        return self._check("cuModuleGetFunction", self._cu.cuModuleGetFunction(module, name.encode()))
+
+    def set_max_dynamic_shared(self, func: Any, nbytes: int) -> None:
+        attr = self._cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        self._check("cuFuncSetAttribute", self._cu.cuFuncSetAttribute(func, attr, nbytes))
+
+    def mem_alloc(self, nbytes: int) -> int:
+        return int(self._check("cuMemAlloc", self._cu.cuMemAlloc(nbytes)))
+
+    def mem_free(self, ptr: int) -> None:
+        self._check("cuMemFree", self._cu.cuMemFree(ptr))
+
+    def memcpy_htod_async(self, dst: int, src_host_addr: int, nbytes: int, stream: int) -> None:
+        self._check("cuMemcpyHtoDAsync", self._cu.cuMemcpyHtoDAsync(dst, src_host_addr, nbytes, stream))
+
+    def memcpy_dtoh_async(self, dst_host_addr: int, src: int, nbytes: int, stream: int) -> None:
+        self._check("cuMemcpyDtoHAsync", self._cu.cuMemcpyDtoHAsync(dst_host_addr, src, nbytes, stream))
+
+    def launch_kernel(
+        self,
+        func: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: int,
+        kernel_params: int,
+    ) -> None:
+        # An int kernelParams is taken by cuda.bindings as the void** address itself (no repacking).
+        (err,) = self._cu.cuLaunchKernel(
+            func, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream, kernel_params, 0
+        )
+        if err != self._ok:
+            raise DriverError("cuLaunchKernel", self._error_name(err))
+
+    def stream_synchronize(self, stream: int) -> None:
+        self._check("cuStreamSynchronize", self._cu.cuStreamSynchronize(stream))

@@ -1,0 +1,255 @@
+"""The host backend: the kernels_cu/*.cu text compiled with the system C++ compiler and run on the CPU.
+
+Each `.cu` file becomes one shared library (see `pykern.host.build`) holding every kernel
+of the file plus the fiber runtime; a launch runs the grid's blocks one after another,
+each block's threads as fibers, in the order `PYKERN_HOST_SCHEDULE` names.
+
+`PYKERN_HOST_SANITIZE=1` builds with AddressSanitizer + UBSan and copies every array into
+an exactly-sized heap buffer for the launch, so an out-of-bounds access is reported. The
+ASan runtime must be loaded first: use `run_sanitized` (a subprocess with LD_PRELOAD).
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any, Sequence
+
+from ..errors import ArgumentError, ArgumentTypeError, BackendUnavailable, KernelExecutionError
+from ..registry import KernelSpec, parse_file
+
+SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}
+_STACK_BYTES = 128 << 10
+_SANITIZE_STACK_BYTES = 1 << 20  # ASan frames are several times larger
+
+
+class LaunchConfig(ctypes.Structure):
+    _fields_ = [
+        ("grid", ctypes.c_uint * 3),
+        ("block", ctypes.c_uint * 3),
+        ("shared_mem", ctypes.c_ulonglong),
+        ("schedule", ctypes.c_int),
+        ("reserved", ctypes.c_int),
+        ("seed", ctypes.c_ulonglong),
+        ("stack_bytes", ctypes.c_ulonglong),
+    ]
+
+
+def parse_schedule(value: str | None) -> tuple[int, int]:
+    """`forward` | `reverse` | `random:SEED` -> (mode, seed); ArgumentError naming the variable."""
+    text = (value or "forward").strip()
+    name, _, seed = text.partition(":")
+    if name in ("forward", "reverse") and not seed:
+        return SCHEDULES[name], 0
+    if name == "random":
+        try:
+            n = int(seed, 0)
+            if n < 0 or n >= 1 << 64:
+                raise ValueError
+            return SCHEDULES["random"], n
+        except ValueError:
+            pass
+    raise ArgumentError(
+        f"PYKERN_HOST_SCHEDULE: expected 'forward', 'reverse' or 'random:SEED' (SEED an integer >= 0), got {text!r}"
+    )
+
+
+def sanitize_enabled() -> bool:
+    return os.environ.get("PYKERN_HOST_SANITIZE", "").strip() not in ("", "0")
+
+
+def _asan_loaded() -> bool:
+    try:
+        return hasattr(ctypes.CDLL(None), "__asan_init")
+    except OSError:
+        return False
+
+
+class _Library:
+    """One loaded .so: the launch entry point of each kernel of its source file."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.dll = ctypes.CDLL(str(path))
+        self._fns: dict[str, Any] = {}
+        self.alloc = self.dll.pkrt_alloc
+        self.alloc.restype, self.alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
+        self.free = self.dll.pkrt_free
+        self.free.restype, self.free.argtypes = None, [ctypes.c_void_p]
+
+    def fn(self, name: str) -> Any:
+        f = self._fns.get(name)
+        if f is None:
+            f = getattr(self.dll, f"pk_launch_{name}")
+            f.restype = ctypes.c_int
+            f.argtypes = [ctypes.POINTER(LaunchConfig), ctypes.c_void_p, ctypes.c_char_p, ctypes.c_size_t]
+            self._fns[name] = f
+        return f
+
+
+class HostBackend:
+    name = "host"
+
+    def __init__(self) -> None:
+        self._libs: dict[tuple[str, str, bool], _Library] = {}
+
+    def available(self) -> tuple[bool, str]:
+        from ..host.build import find_compiler
+
+        try:
+            find_compiler()
+        except BackendUnavailable as e:
+            return False, str(e)
+        return True, ""
+
+    # ---- building ----------------------------------------------------------------
+    def library(self, source: Path, sanitize: bool | None = None) -> _Library:
+        """The loaded library for one `.cu` file (compiled on a cache miss)."""
+        from .. import sources
+        from ..host import build
+
+        sanitize = sanitize_enabled() if sanitize is None else sanitize
+        src = sources.load(source)
+        key = (str(src.path), src.digest(), sanitize)
+        lib = self._libs.get(key)
+        if lib is None:
+            if sanitize and not _asan_loaded():
+                raise BackendUnavailable(
+                    "host backend: PYKERN_HOST_SANITIZE=1 needs the AddressSanitizer runtime loaded first; "
+                    "run through pykern.backends.host.run_sanitized(...) or set LD_PRELOAD to "
+                    f"{sanitizer_preload() or 'libasan.so'}"
+                )
+            specs = parse_file(src.path)
+            path = build.build(
+                src.path, src.text, src.digest(), sources.include_dirs(src.path.parent), specs, sanitize
+            )
+            lib = _Library(path)
+            self._libs[key] = lib
+        return lib
+
+    # ---- launching ---------------------------------------------------------------
+    def launch(
+        self,
+        spec: KernelSpec,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        args: Sequence[Any],
+        shared_mem: int,
+        stream: Any = None,
+    ) -> None:
+        import numpy as np
+
+        sanitize = sanitize_enabled()
+        mode, seed = parse_schedule(os.environ.get("PYKERN_HOST_SCHEDULE"))
+        lib = self.library(spec.source, sanitize)
+        fn = lib.fn(spec.name)
+
+        n = len(spec.params)
+        ptrs = (ctypes.c_void_p * max(n, 1))()
+        argv = (ctypes.c_void_p * max(n, 1))()
+        copies: list[tuple[int, Any, int, bool]] = []  # (buffer, array, nbytes, write back)
+        try:
+            for i, (p, a) in enumerate(zip(spec.params, args)):
+                if p.is_pointer:
+                    if not isinstance(a, np.ndarray):
+                        raise ArgumentTypeError(
+                            f"{spec.name}: argument {i} ({p.ctype} {p.name}): the host backend takes NumPy arrays, "
+                            f"got {type(a).__name__}"
+                        )
+                    if not a.flags.c_contiguous:
+                        raise ArgumentError(
+                            f"{spec.name}: argument {i} ({p.ctype} {p.name}): expected a C-contiguous array, "
+                            f"got strides {a.strides}"
+                        )
+                    addr = a.ctypes.data
+                    if sanitize:
+                        # An exactly-sized heap copy puts ASan's redzone right after the last element.
+                        buf = lib.alloc(a.nbytes)
+                        ctypes.memmove(buf, addr, a.nbytes)
+                        copies.append((buf, a, a.nbytes, not p.is_const))
+                        addr = buf
+                    ptrs[i] = addr
+                    argv[i] = ctypes.addressof(ptrs) + i * ctypes.sizeof(ctypes.c_void_p)
+                else:
+                    argv[i] = ctypes.addressof(a)
+            cfg = LaunchConfig(
+                (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, 0, seed,
+                _SANITIZE_STACK_BYTES if sanitize else _STACK_BYTES,
+            )
+            err = ctypes.create_string_buffer(4096)
+            rc = fn(ctypes.byref(cfg), argv, err, len(err))
+            if rc != 0:
+                raise KernelExecutionError(err.value.decode("utf-8", "replace"))
+            for buf, a, nbytes, write_back in copies:
+                if write_back:
+                    ctypes.memmove(a.ctypes.data, buf, nbytes)
+        finally:
+            for buf, *_ in copies:
+                lib.free(buf)
+
+
+def create() -> HostBackend:
+    return HostBackend()
+
+
+# ---- sanitizer runs ------------------------------------------------------------------
+def sanitizer_preload() -> str | None:
+    """Path of the compiler's libasan.so (what LD_PRELOAD needs), or None if it has none."""
+    from ..host.build import find_compiler
+
+    import subprocess as sp
+
+    cc = find_compiler()
+    try:
+        out = sp.run([*cc.argv, "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=30)
+    except (OSError, sp.SubprocessError):
+        return None
+    path = out.stdout.strip()
+    return path if path and os.path.isabs(path) and os.path.exists(path) else None
+
+
+def sanitized_env(base: dict[str, str] | None = None) -> dict[str, str]:
+    """Environment for a child process that runs host launches under ASan + UBSan."""
+    env = dict(os.environ if base is None else base)
+    lib = sanitizer_preload()
+    if lib is None:
+        raise BackendUnavailable("host backend: the C++ compiler has no libasan.so; cannot run the sanitizer build")
+    env["LD_PRELOAD"] = (lib + " " + env.get("LD_PRELOAD", "")).strip()
+    env["PYKERN_HOST_SANITIZE"] = "1"
+    # Python itself leaks by design; halt on the first real error so it cannot be missed.
+    env.setdefault("ASAN_OPTIONS", "detect_leaks=0:halt_on_error=1:abort_on_error=0:exitcode=86")
+    env.setdefault("UBSAN_OPTIONS", "print_stacktrace=1:halt_on_error=1:exitcode=87")
+    return env
+
+
+def run_sanitized(
+    argv: Sequence[str] | None = None,
+    *,
+    code: str | None = None,
+    pytest_args: Sequence[str] | None = None,
+    env: dict[str, str] | None = None,
+    timeout: float | None = None,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run Python in a subprocess with the ASan runtime preloaded and PYKERN_HOST_SANITIZE=1.
+
+    Give exactly one of: `code` (a snippet for `python -c`), `pytest_args` (run
+    `python -m pytest ARGS`), or `argv` (arguments after `python`). Returns the completed
+    process (output captured as text); an ASan report exits 86, a UBSan one 87.
+    """
+    given = [x is not None for x in (argv, code, pytest_args)]
+    if sum(given) != 1:
+        raise ArgumentError(
+            f"run_sanitized: expected exactly one of argv, code, pytest_args, got {sum(given)}"
+        )
+    if code is not None:
+        args = ["-c", code]
+    elif pytest_args is not None:
+        args = ["-m", "pytest", *pytest_args]
+    else:
+        args = list(argv or ())
+    return subprocess.run(
+        [sys.executable, *args], env=sanitized_env(env), capture_output=True, text=True, timeout=timeout, cwd=cwd
+    )

@@ -1,0 +1,578 @@
+"""Content-addressed disk cache of compiled kernels, the read-only bundle folder, and `python -m pykern.cache`.
+
+Lookup order in `get_module`: the bundle (`PYKERN_CUBIN_DIR`), the cache folder (`PYKERN_CACHE_DIR`, else
+`$XDG_CACHE_HOME/pykern`, else `~/.cache/pykern`), this process's in-memory store (used only when the
+folder is not writable), then NVRTC — unless `PYKERN_DISABLE_JIT=1`, where a miss raises `CacheMiss`.
+
+One file per entry at `<root>/<key[:2]>/<key>.pkc`. An entry is a fixed header (magic, format version,
+payload length, SHA-256 of the payload) and a payload (u32 length + JSON metadata, then the image).
+Writers publish with a unique temp file in the same folder, fsync and one `os.replace`, so readers see
+either no entry or a whole one, and racing writers of one key (identical bytes) need no lock.
+"""
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import logging
+import os
+import secrets
+import struct
+import sys
+import time
+import warnings
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+from .errors import BackendUnavailable, CacheMiss, KernelNotFound, PykernError
+from .sources import Source
+from .sources import load as load_source
+
+FORMAT_VERSION = 1
+MAGIC = b"PYKERNC\0"
+_HEADER = struct.Struct("<8sIQ32s")  # magic, format version, payload length, sha256(payload)
+_META_LEN = struct.Struct("<I")
+SUFFIX = ".pkc"
+BUNDLE_MANIFEST = "manifest.json"
+# NVRTC version slot of a bundle key: a bundle must load where no NVRTC is installed at all.
+_BUNDLE_NVRTC = "bundle"
+
+log = logging.getLogger("pykern")
+
+
+class CacheWarning(UserWarning):
+    """The cache folder cannot be written; compiled kernels live in memory for this process only."""
+
+
+@dataclass(frozen=True)
+class CachedModule:
+    arch: str
+    kind: str  # "cubin" | "ptx"
+    image: bytes
+    resources: dict[str, Any]  # kernel name -> compiler.Resources (empty for PTX)
+    hit: bool  # True unless this call ran NVRTC
+    digest: str  # the cache key (SHA-256 hex)
+    origin: str  # "bundle" | "cache" | "memory" | "compiled"
+    kernels: tuple[str, ...] = ()
+    options: tuple[str, ...] = ()  # the portable options (what the key hashed)
+    nvrtc: str = ""
+    log: str = ""
+    path: Path | None = None  # the entry file, when there is one
+    seconds: float = 0.0  # compile time (0 for a hit)
+    meta: dict[str, Any] = field(default_factory=dict, repr=False)
+
+
+# --------------------------------------------------------------------------- locations and env
+
+
+def cache_dir() -> Path:
+    env = os.environ.get("PYKERN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "pykern"
+
+
+def bundle_dir() -> Path | None:
+    env = os.environ.get("PYKERN_CUBIN_DIR")
+    return Path(env).expanduser() if env else None
+
+
+def jit_disabled() -> bool:
+    return os.environ.get("PYKERN_DISABLE_JIT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def entry_path(root: Path, key: str) -> Path:
+    return Path(root) / key[:2] / f"{key}{SUFFIX}"
+
+
+# --------------------------------------------------------------------------- keys
+
+
+def make_key(source: Source, portable_options: Sequence[str], nvrtc: str) -> str:
+    """SHA-256 over format version, NVRTC version, options (arch and defines among them) and source+header bytes.
+
+    Header *bytes* are hashed, never their absolute paths, so the same tree in another folder shares keys.
+    """
+    doc = {
+        "format": FORMAT_VERSION,
+        "nvrtc": nvrtc,
+        "options": list(portable_options),
+        "source": source.digest(),
+    }
+    return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
+
+
+def _nvrtc_str() -> str:
+    from .compiler import nvrtc_version
+
+    return ".".join(map(str, nvrtc_version()))
+
+
+def key_for(
+    source_path: str | os.PathLike[str] | Source,
+    arch: str | int,
+    options: Sequence[str] = (),
+    defines: Mapping[str, Any] | None = None,
+    *,
+    bundle: bool = False,
+) -> str:
+    """The cache key (or, with bundle=True, the NVRTC-independent bundle key) of one compile."""
+    from .compiler import normalize_arch, portable_options
+
+    src = source_path if isinstance(source_path, Source) else load_source(source_path)
+    arch = normalize_arch(arch, check_supported=False)
+    return make_key(src, portable_options(arch, options, defines), _BUNDLE_NVRTC if bundle else _nvrtc_str())
+
+
+# --------------------------------------------------------------------------- entry encoding
+
+
+def encode_entry(meta: Mapping[str, Any], image: bytes) -> bytes:
+    m = json.dumps(meta, sort_keys=True).encode()
+    payload = _META_LEN.pack(len(m)) + m + image
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, len(payload), hashlib.sha256(payload).digest()) + payload
+
+
+class CorruptEntry(PykernError):
+    """A cache entry failed verification (internal: it is logged and rebuilt, never raised to users)."""
+
+
+def decode_entry(data: bytes, key: str | None = None) -> tuple[dict[str, Any], bytes]:
+    """(metadata, image) of a verified entry; CorruptEntry says what is wrong otherwise."""
+    if len(data) < _HEADER.size:
+        raise CorruptEntry(f"truncated: {len(data)} bytes, header needs {_HEADER.size}")
+    magic, version, length, digest = _HEADER.unpack_from(data)
+    if magic != MAGIC:
+        raise CorruptEntry(f"bad magic {magic!r}")
+    if version != FORMAT_VERSION:
+        raise CorruptEntry(f"format version {version}, expected {FORMAT_VERSION}")
+    payload = data[_HEADER.size:]
+    if len(payload) != length:
+        raise CorruptEntry(f"payload is {len(payload)} bytes, header says {length}")
+    if hashlib.sha256(payload).digest() != digest:
+        raise CorruptEntry("payload digest mismatch")
+    (mlen,) = _META_LEN.unpack_from(payload)
+    try:
+        meta = json.loads(payload[_META_LEN.size:_META_LEN.size + mlen])
+    except ValueError as e:
+        raise CorruptEntry(f"bad metadata: {e}") from None
+    if key is not None and meta.get("key") != key:
+        # A verified file under the wrong name would otherwise load the wrong kernel.
+        raise CorruptEntry(f"entry holds key {meta.get('key')!r}, expected {key!r}")
+    return meta, payload[_META_LEN.size + mlen:]
+
+
+def _to_module(meta: dict[str, Any], image: bytes, *, hit: bool, origin: str, path: Path | None,
+               seconds: float = 0.0) -> CachedModule:
+    from .compiler import Resources
+
+    return CachedModule(
+        arch=meta["arch"],
+        kind=meta["kind"],
+        image=image,
+        resources={k: Resources.from_dict(v) for k, v in meta.get("resources", {}).items()},
+        hit=hit,
+        digest=meta["key"],
+        origin=origin,
+        kernels=tuple(meta.get("kernels", ())),
+        options=tuple(meta.get("options", ())),
+        nvrtc=meta.get("nvrtc", ""),
+        log=meta.get("log", ""),
+        path=path,
+        seconds=seconds,
+        meta=meta,
+    )
+
+
+# --------------------------------------------------------------------------- read / write
+
+_logged_corrupt: set[str] = set()
+_warned_unwritable = False
+_memory: dict[str, tuple[dict[str, Any], bytes]] = {}
+
+
+def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
+    """A verified entry, or None when absent or corrupt (corruption is logged once per file)."""
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as e:
+        _log_corrupt(path, f"unreadable: {e}")
+        return None
+    try:
+        return decode_entry(data, key)
+    except CorruptEntry as e:
+        _log_corrupt(path, str(e))
+        return None
+
+
+def _log_corrupt(path: Path, why: str) -> None:
+    if str(path) not in _logged_corrupt:
+        _logged_corrupt.add(str(path))
+        log.warning("pykern cache: entry %s is corrupt (%s); recompiling and replacing it", path, why)
+
+
+def write_atomic(path: Path, data: bytes) -> None:
+    """Publish data at path with one os.replace of a fsynced temp file from the same folder."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.parent / f".{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"
+    try:
+        with open(tmp, "xb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
+    try:  # make the rename itself durable; not every file system allows fsync on a folder
+        fd = os.open(path.parent, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+    except OSError:
+        pass
+
+
+def _store(root: Path, key: str, meta: dict[str, Any], image: bytes) -> Path | None:
+    global _warned_unwritable
+    path = entry_path(root, key)
+    try:
+        write_atomic(path, encode_entry(meta, image))
+        return path
+    except OSError as e:
+        _memory[key] = (meta, image)
+        if not _warned_unwritable:
+            _warned_unwritable = True
+            warnings.warn(
+                f"pykern: cache folder {root} is not writable ({type(e).__name__}: {e}); "
+                "compiled kernels are kept in memory for this process only (set PYKERN_CACHE_DIR)",
+                CacheWarning,
+                stacklevel=3,
+            )
+        return None
+
+
+def _touch(path: Path) -> None:
+    # The mtime is the LRU clock of `prune`; a read-only cache simply keeps its old order.
+    try:
+        os.utime(path)
+    except OSError:
+        pass
+
+
+# --------------------------------------------------------------------------- the lookup
+
+
+def _meta_from(compiled: Any, key: str, source: Source, nvrtc: str, portable: Sequence[str],
+               seconds: float) -> dict[str, Any]:
+    return {
+        "key": key,
+        "arch": compiled.arch,
+        "kind": compiled.kind,
+        "kernels": list(compiled.kernels),
+        "resources": {k: r.to_dict() for k, r in compiled.resources.items()},
+        "options": list(portable),
+        "nvrtc": nvrtc,
+        "source": source.path.name,
+        "log": compiled.log,
+        "compile_seconds": round(seconds, 4),
+        "created": time.time(),
+    }
+
+
+def _check_kernel(mod: CachedModule, kernel: str | None, source: Source) -> CachedModule:
+    if kernel is not None and kernel not in mod.kernels:
+        raise KernelNotFound(
+            f"kernel {kernel!r} is not in {source.path.name}; it defines {', '.join(mod.kernels) or '(none)'}"
+        )
+    return mod
+
+
+def get_module(
+    source_path: str | os.PathLike[str] | Source,
+    arch: str | int,
+    options: Sequence[str] = (),
+    kernel: str | None = None,
+    defines: Mapping[str, Any] | None = None,
+    *,
+    cache_root: str | os.PathLike[str] | None = None,
+    use_bundle: bool = True,
+    jit: bool | None = None,
+) -> CachedModule:
+    """The compiled module of one source for one arch: bundle, then cache folder, then NVRTC (and store).
+
+    cache_root overrides the cache folder; use_bundle=False skips PYKERN_CUBIN_DIR; jit=False (default:
+    not PYKERN_DISABLE_JIT) turns a miss into CacheMiss. `kernel` only names the wanted kernel in errors
+    and is checked to be in the module.
+    """
+    if jit is None:
+        jit = not jit_disabled()
+    from .compiler import compile as nvrtc_compile
+    from .compiler import normalize_arch, portable_options
+
+    src = source_path if isinstance(source_path, Source) else load_source(source_path)
+    arch = normalize_arch(arch, check_supported=False)
+    portable = portable_options(arch, options, defines)
+    looked: list[str] = []
+
+    bundle = bundle_dir() if use_bundle else None
+    if bundle is not None:
+        bkey = make_key(src, portable, _BUNDLE_NVRTC)
+        bpath = entry_path(bundle, bkey)
+        looked.append(f"bundle {bundle}")
+        got = _read(bpath, bkey)
+        if got is not None:
+            return _check_kernel(_to_module(*got, hit=True, origin="bundle", path=bpath), kernel, src)
+
+    def miss(why: str) -> CacheMiss:
+        what = f"kernel {kernel!r}" if kernel else f"the kernels of {src.path.name}"
+        return CacheMiss(
+            f"PYKERN_DISABLE_JIT=1 and no compiled binary for {what} ({src.path.name}) for arch {arch}; "
+            f"looked in {', '.join(looked) or '(nothing)'}{why}. Run `python -m pykern.precompile --arch {arch}` "
+            "or unset PYKERN_DISABLE_JIT"
+        )
+
+    try:
+        nvrtc = _nvrtc_str()
+    except BackendUnavailable as e:
+        if not jit:
+            raise miss(f" (the cache folder needs the NVRTC version for its key: {e})") from None
+        raise
+    key = make_key(src, portable, nvrtc)
+    root = Path(cache_root) if cache_root is not None else cache_dir()
+    path = entry_path(root, key)
+    looked.append(f"cache {root}")
+    got = _read(path, key)
+    if got is not None:
+        _touch(path)
+        return _check_kernel(_to_module(*got, hit=True, origin="cache", path=path), kernel, src)
+    if key in _memory:
+        return _check_kernel(_to_module(*_memory[key], hit=True, origin="memory", path=None), kernel, src)
+    if not jit:
+        raise miss("")
+
+    t0 = time.perf_counter()
+    compiled = nvrtc_compile(src, arch, options, defines)  # raises: a failed compile is never stored
+    seconds = time.perf_counter() - t0
+    meta = _meta_from(compiled, key, src, nvrtc, portable, seconds)
+    stored = _store(root, key, meta, compiled.image)
+    mod = _to_module(meta, compiled.image, hit=False, origin="compiled", path=stored, seconds=seconds)
+    return _check_kernel(mod, kernel, src)
+
+
+def export_to_bundle(mod: CachedModule, source: Source, out_dir: str | os.PathLike[str]) -> Path:
+    """Write one module into a bundle folder under its NVRTC-independent key (used by precompile --out)."""
+    bkey = make_key(source, mod.options, _BUNDLE_NVRTC)
+    meta = dict(mod.meta, key=bkey, cache_key=mod.digest)
+    path = entry_path(Path(out_dir), bkey)
+    write_atomic(path, encode_entry(meta, mod.image))
+    return path
+
+
+# --------------------------------------------------------------------------- maintenance
+
+
+@dataclass(frozen=True)
+class EntryInfo:
+    path: Path
+    size: int
+    mtime: float
+
+
+def iter_entries(root: str | os.PathLike[str] | None = None) -> Iterator[EntryInfo]:
+    root = Path(root) if root is not None else cache_dir()
+    if not root.is_dir():
+        return
+    for sub in sorted(root.iterdir()):
+        if not sub.is_dir() or len(sub.name) != 2:
+            continue
+        for p in sorted(sub.iterdir()):
+            if p.suffix == SUFFIX and not p.name.startswith("."):
+                try:
+                    st = p.stat()
+                except OSError:
+                    continue
+                yield EntryInfo(p, st.st_size, st.st_mtime)
+
+
+def _stale_temps(root: Path, older_than: float) -> list[Path]:
+    now = time.time()
+    out = []
+    if root.is_dir():
+        for p in root.glob("??/.*.tmp"):
+            try:
+                if now - p.stat().st_mtime > older_than:
+                    out.append(p)
+            except OSError:
+                pass
+    return out
+
+
+def read_meta(path: Path) -> dict[str, Any] | None:
+    """Metadata of an entry without reading the image (None when the header or metadata is unreadable)."""
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size + _META_LEN.size)
+            if len(head) < _HEADER.size + _META_LEN.size or head[:8] != MAGIC:
+                return None
+            (mlen,) = _META_LEN.unpack_from(head, _HEADER.size)
+            return json.loads(f.read(mlen))
+    except (OSError, ValueError):
+        return None
+
+
+def info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
+    root = Path(root) if root is not None else cache_dir()
+    entries = list(iter_entries(root))
+    by_arch: dict[str, int] = {}
+    unreadable = 0
+    for e in entries:
+        meta = read_meta(e.path)
+        if meta is None:
+            unreadable += 1
+            continue
+        by_arch[meta.get("arch", "?")] = by_arch.get(meta.get("arch", "?"), 0) + 1
+    try:
+        nvrtc = _nvrtc_str()
+    except BackendUnavailable as e:
+        nvrtc = f"unavailable ({e})"
+    b = bundle_dir()
+    return {
+        "cache_dir": str(root),
+        "exists": root.is_dir(),
+        "writable": _writable(root),
+        "entries": len(entries),
+        "bytes": sum(e.size for e in entries),
+        "by_arch": dict(sorted(by_arch.items())),
+        "unreadable_entries": unreadable,
+        "temp_files": len(_stale_temps(root, 0)),
+        "oldest": min((e.mtime for e in entries), default=None),
+        "newest": max((e.mtime for e in entries), default=None),
+        "nvrtc": nvrtc,
+        "format_version": FORMAT_VERSION,
+        "bundle_dir": str(b) if b else None,
+        "jit_disabled": jit_disabled(),
+    }
+
+
+def _writable(root: Path) -> bool:
+    p = root
+    while not p.exists() and p != p.parent:
+        p = p.parent
+    return p.is_dir() and os.access(p, os.W_OK)
+
+
+def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+    """Delete every entry (and leftover temp file); returns (files removed, bytes freed)."""
+    root = Path(root) if root is not None else cache_dir()
+    n = freed = 0
+    for e in list(iter_entries(root)):
+        try:
+            e.path.unlink()
+            n, freed = n + 1, freed + e.size
+        except FileNotFoundError:
+            pass
+    for p in _stale_temps(root, 0):
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+    return n, freed
+
+
+def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
+    """Delete least recently used entries until the total size is <= max_size; returns (removed, freed)."""
+    if max_size < 0:
+        raise ValueError(f"max_size: expected >= 0 bytes, got {max_size}")
+    root = Path(root) if root is not None else cache_dir()
+    for p in _stale_temps(root, 3600.0):  # an hour-old temp file belongs to a writer that died
+        try:
+            p.unlink()
+        except FileNotFoundError:
+            pass
+    entries = sorted(iter_entries(root), key=lambda e: e.mtime)
+    total = sum(e.size for e in entries)
+    n = freed = 0
+    for e in entries:
+        if total <= max_size:
+            break
+        try:
+            e.path.unlink()
+        except FileNotFoundError:
+            continue
+        total -= e.size
+        n, freed = n + 1, freed + e.size
+    return n, freed
+
+
+_UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
+          "g": 1024**3, "gb": 1024**3, "gib": 1024**3, "t": 1024**4, "tb": 1024**4, "tib": 1024**4}
+
+
+def parse_size(text: str) -> int:
+    """'500M', '2G', '1.5GB', '4096' -> bytes (binary units)."""
+    import re
+
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
+    if not m or m.group(2).lower() not in _UNITS:
+        raise ValueError(f"size: expected a number with an optional unit K/M/G/T, got {text!r}")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _human(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(
+        prog="python -m pykern.cache",
+        description="Inspect and manage pykern's compiled-kernel cache "
+        "(PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern).",
+    )
+    ap.add_argument("--cache-dir", help="cache folder to act on (default: %(default)s)", default=str(cache_dir()))
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    p_info = sub.add_parser("info", help="show location, entry count, size and archs")
+    p_info.add_argument("--json", action="store_true", help="print JSON on stdout")
+    sub.add_parser("clear", help="delete every entry")
+    p_prune = sub.add_parser("prune", help="delete least recently used entries down to a size")
+    p_prune.add_argument("--max-size", required=True, type=parse_size, metavar="SIZE",
+                         help="size to keep, e.g. 500M, 2G, 0 (binary units)")
+    args = ap.parse_args(argv)
+    root = Path(args.cache_dir).expanduser()
+    if args.cmd == "info":
+        d = info(root)
+        if args.json:
+            print(json.dumps(d, indent=2))
+            return 0
+        print(f"cache folder : {d['cache_dir']}{'' if d['exists'] else ' (does not exist yet)'}")
+        print(f"writable     : {'yes' if d['writable'] else 'no'}")
+        print(f"entries      : {d['entries']} ({_human(d['bytes'])})")
+        for a, n in d["by_arch"].items():
+            print(f"  {a:<12} {n}")
+        if d["unreadable_entries"]:
+            print(f"unreadable   : {d['unreadable_entries']} (rebuilt on next use)")
+        print(f"nvrtc        : {d['nvrtc']}")
+        print(f"bundle       : {d['bundle_dir'] or '(PYKERN_CUBIN_DIR not set)'}")
+        print(f"jit          : {'disabled (PYKERN_DISABLE_JIT)' if d['jit_disabled'] else 'enabled'}")
+        return 0
+    if args.cmd == "clear":
+        n, freed = clear(root)
+        print(f"removed {n} entries ({_human(freed)}) from {root}")
+        return 0
+    n, freed = prune(args.max_size, root)
+    left = sum(e.size for e in iter_entries(root))
+    print(f"removed {n} least recently used entries ({_human(freed)}); {_human(left)} left in {root}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

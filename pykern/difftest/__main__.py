@@ -1,0 +1,118 @@
+"""`python -m pykern.difftest`: run every difftest case on two or more backends and the NumPy float64 reference.
+
+Exit status: 0 when every case passes, 1 when any case fails or errors, 2 for
+bad usage or a named backend that cannot run here.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from typing import Sequence
+
+from ..errors import PykernError
+from . import runner
+
+
+def _parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="python -m pykern.difftest",
+        description="Differential test of every registered kernel: backends vs each other and vs NumPy float64.",
+    )
+    p.add_argument("--backends", help="comma-separated: nvrtc, numba, host[:forward|:reverse|:random:SEED|:sanitize] "
+                   "(default: nvrtc,numba with a GPU, host,numba without)")
+    p.add_argument("--kernels", help="only cases launching a kernel that matches this glob (',' separates globs)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random case data (default 0)")
+    p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--extra", default=None,
+                   help=f"extra case/reference modules or .py files to load (also ${runner.EXTRA_ENV})")
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parser().parse_args(argv)
+    t0 = time.perf_counter()
+    try:
+        runner.load_extra()
+        if args.extra:
+            runner.load_extra(args.extra)
+        labels = runner.parse_labels(args.backends) if args.backends else runner.default_labels()
+        cases = runner.collect_cases(args.seed, args.kernels)
+    except PykernError as e:
+        print(f"difftest: {e}", file=sys.stderr)
+        return 2
+    if args.list:
+        for c in cases:
+            print(f"{c.id}  kernels={','.join(c.kernels)}")
+        return 0
+    if not cases:
+        print(f"difftest: no case matches --kernels {args.kernels!r}", file=sys.stderr)
+        return 2
+    problems = runner.check_available(labels)
+    if problems:
+        for m in problems:
+            print(f"difftest: {m}", file=sys.stderr)
+        return 2
+
+    out = sys.stdout
+    if not args.json:
+        from ..backends import get_backend
+
+        for lb in labels:
+            be = get_backend(lb.backend)
+            desc = be.describe() if hasattr(be, "describe") else lb.backend
+            env = " ".join(f"{k}={v}" for k, v in lb.env)
+            print(f"# {lb.text}: {desc}{' with ' + env if env else ''}", file=out)
+        print(f"# {len(cases)} cases, seed {args.seed}", file=out)
+    results = []
+    header_done = False
+    w = _widths(cases, labels)
+    for case in cases:
+        res = runner.run_case(case, labels)
+        results.append(res)
+        if not args.json:
+            if not header_done:
+                print(_line(runner.COLUMNS, w), file=out)
+                header_done = True
+            print(_line(runner.row(res), w), file=out, flush=True)
+    seconds = time.perf_counter() - t0
+    summary = runner.summarize(results)
+    if args.json:
+        print(runner.to_json(results, labels, seconds, args.seed), file=out)
+    else:
+        fails = [m for r in results for m in r.failures()]
+        if fails:
+            print("\nFailures:", file=out)
+            for m in fails:
+                print(f"  {m}", file=out)
+        print(f"\n{summary['passed']}/{summary['cases']} cases passed, {summary['failed']} failed, "
+              f"{summary['errors']} errors, {summary['skipped_backend_runs']} backend runs skipped; "
+              f"{summary['kernels']} kernels; backends {','.join(lb.text for lb in labels)}; "
+              f"{seconds:.1f} s", file=out)
+    return 0 if summary["passed"] == summary["cases"] else 1
+
+
+def _widths(cases: Sequence[runner.Case], labels: Sequence[runner.Label]) -> list[int]:
+    cols = runner.COLUMNS
+    w = [len(c) for c in cols]
+    for c in cases:
+        w[0] = max(w[0], len(c.id))
+        w[1] = max(w[1], min(len(",".join(c.kernels)), 41))
+        w[2] = max(w[2], len(c.shape))
+    w[3] = max(w[3], 4)
+    w[4] = max(w[4], len("|".join(lb.text for lb in labels)))
+    w[5] = w[6] = w[7] = 8
+    w[8] = max(w[8], 13)
+    return w
+
+
+def _line(values: Sequence[str], w: Sequence[int]) -> str:
+    vals = list(values)
+    if len(vals[1]) > 41:
+        vals[1] = vals[1][:40] + "…"
+    return "  ".join(v.ljust(n) for v, n in zip(vals[:-1], w)) + "  " + vals[-1]
+
+
+if __name__ == "__main__":
+    sys.exit(main())

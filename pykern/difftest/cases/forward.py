@@ -1,0 +1,268 @@
+"""Difftest cases for the forward / prefill kernels (forward.cu, flash_attention.cu) and their NumPy float64 references.
+
+Shape lists follow issue 6 value by value rather than as cross products:
+flash_attention sweeps (n_q, n_k) at one head config, head_dim at one length,
+GQA ratios at a short length, each causal and not; rms_norm covers dims 1, 8,
+769, 5125, 65536. Cases that would take the numba simulator minutes (n = 300,
+dim 65536, head_dim 256 at length 300) carry note="big".
+"""
+from __future__ import annotations
+
+import math
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..case import Case, register_cases
+
+# --------------------------------------------------------------------------- NumPy float64 references
+
+
+def _f64(a: Any) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def np_embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
+    return _f64(table)[np.asarray(ids, np.int64)]
+
+
+def np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos_offset: int = 0,
+            style: str = "interleaved") -> np.ndarray:
+    x = _f64(x)
+    n_tokens, half = x.shape[-3], x.shape[-1] // 2
+    c = _f64(cos)[pos_offset:pos_offset + n_tokens][:, None, :]  # (tokens, 1, half) broadcasts over heads/batch
+    s = _f64(sin)[pos_offset:pos_offset + n_tokens][:, None, :]
+    if style == "interleaved":
+        a, b = x[..., 0::2], x[..., 1::2]
+    else:
+        a, b = x[..., :half], x[..., half:]
+    ra, rb = a * c - b * s, a * s + b * c
+    out = np.empty_like(x)
+    if style == "interleaved":
+        out[..., 0::2], out[..., 1::2] = ra, rb
+    else:
+        out[..., :half], out[..., half:] = ra, rb
+    return out
+
+
+def np_silu_gate(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
+    g = _f64(gate)
+    return g / (1.0 + np.exp(-g)) * _f64(up)
+
+
+def np_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+    x = _f64(x)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * _f64(weight)
+
+
+def np_causal_attn_softmax(scores: np.ndarray, past_len: int = 0) -> np.ndarray:
+    s = _f64(scores)
+    n_q, _, kv_len = s.shape
+    visible = np.arange(kv_len)[None, :] <= past_len + np.arange(n_q)[:, None]  # (n_q, kv_len)
+    s = np.where(visible[:, None, :], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True)
+    m = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m)
+    den = p.sum(axis=-1, keepdims=True)
+    return np.divide(p, den, out=np.zeros_like(p), where=den > 0)
+
+
+def np_flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
+                       scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(out (B, n_q, H, Dv), lse (B, n_q, H)); rows that see no key give 0 and -inf."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    batch, n_q, n_heads, head_dim = q.shape
+    n_k, n_kv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    group = n_heads // n_kv
+    k = np.repeat(k, group, axis=2)  # (B, n_k, H, D)
+    v = np.repeat(v, group, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if causal:
+        vis = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+        s = np.where(vis[None, None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True) if n_k else np.full(s.shape[:-1] + (1,), -np.inf)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    den = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", np.divide(p, den, out=np.zeros_like(p), where=den > 0), v)
+    with np.errstate(divide="ignore"):
+        lse = (np.log(den) + m_safe)[..., 0]  # (B, H, n_q); log(0) = -inf for empty rows
+    return out, lse.transpose(0, 2, 1).copy()
+
+
+# --------------------------------------------------------------------------- input helpers
+
+
+def _cast(a: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "bf16":
+        from ...arrays import bfloat16
+
+        return a.astype(bfloat16())
+    return a.astype(np.float32)
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float = 1.0) -> np.ndarray:
+    return _cast(rng.standard_normal(shape) * scale, kind)
+
+
+def rope_tables(max_pos: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 cos/sin tables (max_pos, head_dim // 2) with the usual inverse-frequency spacing."""
+    inv = base ** (-np.arange(0, head_dim // 2, dtype=np.float64) * 2.0 / head_dim)
+    ang = np.arange(max_pos, dtype=np.float64)[:, None] * inv[None, :]
+    return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
+
+
+def _sfx(kind: str) -> str:
+    return "_bf16" if kind == "bf16" else ""
+
+
+def fa_kernel(head_dim: int, head_dim_v: int, kind: str) -> str:
+    bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
+    return f"flash_attention_d{bucket}{_sfx(kind)}"
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
+    from ... import ops
+
+    for kind, vocab, dim, n in (("f32", 50, 64, 9), ("f32", 37, 33, 5), ("f32", 11, 1, 4), ("bf16", 50, 64, 9),
+                                ("bf16", 20, 13, 3), ("f32", 50_000, 8, 6)):
+        table = _normal(rng, (vocab, dim), kind)
+        ids = rng.integers(0, vocab, size=n).astype(np.int64)
+        ids[0], ids[-1] = vocab - 1, 0
+        yield Case(op="embedding", dtype=kind, shape=f"{n}x{vocab}x{dim}", kernels=("embedding" + _sfx(kind),),
+                   run=lambda b, ids=ids, t=table: {"out": ops.embedding(ids, t, backend=b)},
+                   reference=lambda ids=ids, t=table: {"out": np_embedding(ids, t)})
+
+
+def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
+    from ... import ops
+
+    # (kind, x shape, pos_offset, style, inplace); head_dim 6 (half 3) and 10 take the scalar path
+    specs = (
+        ("f32", (5, 3, 64), 0, "interleaved", False),
+        ("f32", (5, 3, 64), 7, "half", False),
+        ("f32", (2, 4, 2, 80), 3, "half", False),
+        ("f32", (3, 2, 6), 1, "interleaved", False),
+        ("f32", (3, 2, 10), 0, "half", True),
+        ("f32", (1, 1, 128), 30, "interleaved", True),
+        ("bf16", (5, 3, 64), 2, "interleaved", False),
+        ("bf16", (2, 3, 2, 128), 0, "half", True),
+        ("bf16", (3, 2, 6), 0, "half", False),
+    )
+    for kind, shp, off, style, inplace in specs:
+        x = _normal(rng, shp, kind)
+        cos, sin = rope_tables(off + shp[-3] + 2, shp[-1])
+
+        def run(b: str, x=x, cos=cos, sin=sin, off=off, style=style, inplace=inplace) -> dict:
+            xx = x.copy()
+            out = ops.rope(xx, cos, sin, pos_offset=off, style=style, inplace=inplace, backend=b)
+            if inplace:
+                assert out is xx
+            return {"out": out}
+
+        yield Case(op="rope", dtype=kind, shape="x".join(map(str, shp)) + f"-{style}-off{off}" + ("-inplace" if inplace else ""),
+                   kernels=("rope" + _sfx(kind),), run=run,
+                   reference=lambda x=x, cos=cos, sin=sin, off=off, style=style: {"out": np_rope(x, cos, sin, off, style)})
+
+
+def _silu_cases(rng: np.random.Generator) -> Iterator[Case]:
+    from ... import ops
+
+    for kind, shp in (("f32", (1,)), ("f32", (7,)), ("f32", (3, 1003)), ("f32", (4, 1024)), ("bf16", (5,)),
+                      ("bf16", (3, 1003)), ("bf16", (2, 2048))):
+        gate = _normal(rng, shp, kind, 4.0)
+        gate.reshape(-1)[:1] = _cast(np.array([-100.0]), kind)  # exp overflow side
+        up = _normal(rng, shp, kind)
+        yield Case(op="silu_gate", dtype=kind, shape="x".join(map(str, shp)), kernels=("silu_gate" + _sfx(kind),),
+                   run=lambda b, g=gate, u=up: {"out": ops.silu_gate(g, u, backend=b)},
+                   reference=lambda g=gate, u=up: {"out": np_silu_gate(g, u)})
+
+
+def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
+    from ... import ops
+
+    specs = (("f32", (3, 1)), ("f32", (5, 8)), ("f32", (2, 3, 64)), ("f32", (3, 769)), ("f32", (2, 1024)),
+             ("f32", (2, 5125)), ("f32", (1, 65536)), ("bf16", (5, 8)), ("bf16", (3, 769)), ("bf16", (2, 4096)),
+             ("bf16", (2, 5125)), ("bf16", (1, 65536)))
+    for kind, shp in specs:
+        x = _normal(rng, shp, kind, 2.0)
+        w = _cast(1.0 + 0.1 * rng.standard_normal(shp[-1]), kind)
+        yield Case(op="rms_norm", dtype=kind, shape="x".join(map(str, shp)), kernels=("rms_norm" + _sfx(kind),),
+                   run=lambda b, x=x, w=w: {"out": ops.rms_norm(x, w, 1e-6, backend=b)},
+                   reference=lambda x=x, w=w: {"out": np_rms_norm(x, w, 1e-6)},
+                   note="big" if shp[-1] >= 65536 else "")
+
+
+def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
+    from ... import ops
+
+    # (n_q, n_heads, kv_len, past_len); the 1500-key rows take the block-per-row path
+    for n_q, h, kv, past in ((1, 2, 1, 0), (5, 3, 12, 7), (6, 2, 6, 0), (17, 2, 300, 283), (4, 1, 1500, 1496),
+                             (3, 2, 40, 0)):
+        s = (rng.standard_normal((n_q, h, kv)) * 5.0).astype(np.float32)
+        if kv > 4:
+            s[0, 0, 1] = -np.inf  # a masked-out-by-caller score stays 0, the rest stays finite
+        yield Case(op="causal_attn_softmax", dtype="f32", shape=f"{n_q}x{h}x{kv}-past{past}",
+                   kernels=("causal_attn_softmax",),
+                   run=lambda b, s=s, p=past: {"out": ops.causal_attn_softmax(s, p, backend=b)},
+                   reference=lambda s=s, p=past: {"out": np_causal_attn_softmax(s, p)})
+
+
+def fa_inputs(rng: np.random.Generator, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int, dv: int,
+              kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (_normal(rng, (batch, n_q, n_heads, d), kind), _normal(rng, (batch, n_k, n_kv, d), kind),
+            _normal(rng, (batch, n_k, n_kv, dv), kind))
+
+
+def _fa_case(rng: np.random.Generator, kind: str, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int,
+             dv: int, causal: bool, note: str = "") -> Case:
+    from ... import ops
+
+    q, k, v = fa_inputs(rng, batch, n_q, n_k, n_heads, n_kv, d, dv, kind)
+
+    def run(b: str) -> dict:
+        out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=b)
+        return {"out": out, "lse": lse}
+
+    def ref() -> dict:
+        out, lse = np_flash_attention(q, k, v, causal)
+        return {"out": out, "lse": lse}
+
+    shape = f"b{batch}-q{n_q}-k{n_k}-h{n_heads}/{n_kv}-d{d}" + (f"v{dv}" if dv != d else "") + ("-causal" if causal else "")
+    return Case(op="flash_attention", dtype=kind, shape=shape, kernels=(fa_kernel(d, dv, kind),), run=run,
+                reference=ref, note=note)
+
+
+def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for causal in (False, True):
+        # lengths at head_dim 64, GQA 2; n_q > n_k gives causal rows with no key
+        for n_q, n_k in ((1, 1), (17, 17), (64, 64), (65, 65), (1, 65), (17, 64), (65, 17), (64, 1), (1, 300),
+                         (300, 300), (65, 300), (300, 17)):
+            big = "big" if max(n_q, n_k) >= 300 and n_q * n_k > 300 else ""
+            yield _fa_case(rng, "f32", 1, n_q, n_k, 2, 1, 64, 64, causal, big)
+        # head_dim sweep (one length pair that crosses a key tile and a query tile)
+        for d in (32, 64, 80, 96, 128, 256):
+            yield _fa_case(rng, "f32", 1, 17, 40, 2, 2, d, d, causal)
+        # GQA ratios 1/2/4/8 and n_kv_heads = 1
+        for n_kv in (8, 4, 2, 1):
+            yield _fa_case(rng, "f32", 2, 17, 17, 8, n_kv, 32, 32, causal)
+        yield _fa_case(rng, "f32", 1, 17, 40, 4, 2, 96, 64, causal)   # head_dim_v != head_dim
+        yield _fa_case(rng, "f32", 1, 17, 33, 2, 1, 48, 130, causal)  # dv picks the bucket
+        yield _fa_case(rng, "f32", 1, 300, 300, 2, 1, 256, 256, causal, "big")
+        for d, n_k in ((64, 65), (128, 40), (256, 20)):
+            yield _fa_case(rng, "bf16", 2, 9, n_k, 2, 1, d, d, causal)
+        yield _fa_case(rng, "bf16", 1, 65, 300, 2, 2, 128, 128, causal, "big")
+
+
+@register_cases("forward")
+def cases(rng: np.random.Generator) -> Iterator[Case]:
+    yield from _embedding_cases(rng)
+    yield from _rope_cases(rng)
+    yield from _silu_cases(rng)
+    yield from _rms_cases(rng)
+    yield from _softmax_cases(rng)
+    yield from _fa_cases(rng)

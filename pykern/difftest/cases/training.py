@@ -1,0 +1,319 @@
+"""Difftest cases for the training family (kernels_cu/training.cu, attention_backward.cu)
+plus the NumPy float64 references of its ops.
+
+Shapes cover the edges of DESIGN.md and issue 5: sizes that are not multiples
+of a block or of 4 (scalar paths) next to multiples of 4 (vector paths), one
+row, vocab 1 .. 131072 with some / no / all rows padded, attention seq 1 .. 200
+(2049 for flash), head_dim 32/64/80/96/128/256, GQA 1/2/4/8 and n_kv_heads = 1,
+naive and flash methods, flash with and without a given out/lse. Cases that
+would take the numba simulator minutes carry note="big" (host vs NumPy only).
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..case import Case, register_cases
+
+# --------------------------------------------------------------------------- NumPy float64 references
+
+
+def f64(a: Any) -> np.ndarray:
+    return np.asarray(a, dtype=np.float64)
+
+
+def np_transpose_2d(x: Any) -> np.ndarray:
+    return np.ascontiguousarray(np.swapaxes(f64(x), -1, -2))
+
+
+def np_softmax_backward(probs: Any, grad_out: Any) -> np.ndarray:
+    p, g = f64(probs), f64(grad_out)
+    return p * (g - (p * g).sum(axis=-1, keepdims=True))
+
+
+def np_rms_norm_backward(x: Any, weight: Any, grad_out: Any, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+    x, w, g = f64(x), f64(weight), f64(grad_out)
+    dim = x.shape[-1]
+    r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
+    xwg = (x * w * g).sum(axis=-1, keepdims=True)
+    gx = r * w * g - x * r**3 * xwg / dim
+    gw = (x * r * g).reshape(-1, dim).sum(axis=0)
+    return gx, gw
+
+
+def np_embedding_backward(grad_out: Any, ids: Any, vocab_size: int) -> np.ndarray:
+    g = f64(grad_out)
+    dim = g.shape[-1]
+    out = np.zeros((vocab_size, dim), np.float64)
+    np.add.at(out, np.asarray(ids).reshape(-1), g.reshape(-1, dim))
+    return out
+
+
+def np_cross_entropy(logits: Any, targets: Any, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+    x = f64(logits)
+    vocab = x.shape[-1]
+    x2 = x.reshape(-1, vocab)
+    t = np.asarray(targets).reshape(-1)
+    live = t != pad_id
+    count = int(live.sum())
+    m = x2.max(axis=-1, keepdims=True)
+    e = np.exp(x2 - m)
+    s = e.sum(axis=-1, keepdims=True)
+    p = e / s
+    lse = (m + np.log(s))[:, 0]
+    rows = np.arange(x2.shape[0])
+    tt = np.where(live, t, 0)
+    nll = lse - x2[rows, tt]
+    grad = p.copy()
+    grad[rows, tt] -= 1.0
+    grad[~live] = 0.0
+    if count == 0:
+        return np.float64(0.0), np.zeros_like(x)
+    return np.float64(nll[live].sum() / count), (grad / count).reshape(x.shape)
+
+
+def _attn_split(q: Any, k: Any, v: Any):
+    q, k, v = f64(q), f64(k), f64(v)
+    batched = q.ndim == 4
+    if not batched:
+        q, k, v = q[None], k[None], v[None]
+    return q, k, v, batched
+
+
+def np_attention_forward(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
+    """(out like q, lse (..., seq, n_heads)) of causal attention, scale 1/sqrt(head_dim)."""
+    q, k, v, batched = _attn_split(q, k, v)
+    b, s, h, d = q.shape
+    rep = h // k.shape[2]
+    scale = 1.0 / np.sqrt(d)
+    mask = np.tril(np.ones((s, s), bool))
+    out = np.zeros_like(q)
+    lse = np.zeros((b, s, h))
+    for bi in range(b):
+        for hi in range(h):
+            sc = np.where(mask, q[bi, :, hi] @ k[bi, :, hi // rep].T * scale, -np.inf)
+            m = sc.max(axis=-1, keepdims=True)
+            e = np.exp(sc - m)
+            l = e.sum(axis=-1, keepdims=True)
+            out[bi, :, hi] = (e / l) @ v[bi, :, hi // rep]
+            lse[bi, :, hi] = (m + np.log(l))[:, 0]
+    return (out, lse) if batched else (out[0], lse[0])
+
+
+def np_attention_backward(q: Any, k: Any, v: Any, grad_out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    q, k, v, batched = _attn_split(q, k, v)
+    g = f64(grad_out) if batched else f64(grad_out)[None]
+    b, s, h, d = q.shape
+    rep = h // k.shape[2]
+    scale = 1.0 / np.sqrt(d)
+    mask = np.tril(np.ones((s, s), bool))
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // rep
+            qq, kk, vv, go = q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], g[bi, :, hi]
+            sc = np.where(mask, qq @ kk.T * scale, -np.inf)
+            p = np.exp(sc - sc.max(axis=-1, keepdims=True))
+            p /= p.sum(axis=-1, keepdims=True)
+            dp = go @ vv.T
+            ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+            dv[bi, :, kh] += p.T @ go
+            dq[bi, :, hi] = ds @ kk * scale
+            dk[bi, :, kh] += ds.T @ qq * scale
+    if not batched:
+        return dq[0], dk[0], dv[0]
+    return dq, dk, dv
+
+
+# --------------------------------------------------------------------------- input helpers
+
+
+def _cast(a: np.ndarray, kind: str) -> np.ndarray:
+    if kind == "bf16":
+        from ...arrays import bfloat16
+
+        return a.astype(bfloat16())
+    return a.astype(np.float32)
+
+
+def _ops():
+    from ... import ops
+
+    return ops
+
+
+def _np(a: Any) -> np.ndarray:
+    return np.asarray(a)
+
+
+# --------------------------------------------------------------------------- cases
+
+
+def _transpose_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for kind, shape in (("f32", (1, 1)), ("f32", (7, 33)), ("f32", (33, 65)), ("f32", (2, 3, 40, 17)),
+                        ("bf16", (7, 33)), ("bf16", (64, 32))):
+        x = _cast(rng.standard_normal(shape), kind)
+        yield Case(op="transpose_2d", dtype=kind, shape="x".join(map(str, shape)),
+                   kernels=("transpose_2d" + ("_bf16" if kind == "bf16" else ""),),
+                   run=lambda be, x=x: {"out": _np(_ops().transpose_2d(x, backend=be))},
+                   reference=lambda x=x: {"out": np_transpose_2d(x)})
+
+
+def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for kind, shape in (("f32", (1, 1)), ("f32", (7, 33)), ("f32", (5, 128)), ("f32", (2, 3, 1000)),
+                        ("bf16", (7, 33)), ("bf16", (4, 256))):
+        z = rng.standard_normal(shape)
+        p = np.exp(z - z.max(axis=-1, keepdims=True))
+        p = _cast(p / p.sum(axis=-1, keepdims=True), kind)
+        g = _cast(rng.standard_normal(shape), kind)
+        yield Case(op="softmax_backward", dtype=kind, shape="x".join(map(str, shape)),
+                   kernels=("softmax_backward" + ("_bf16" if kind == "bf16" else ""),),
+                   run=lambda be, p=p, g=g: {"grad_in": _np(_ops().softmax_backward(p, g, backend=be))},
+                   reference=lambda p=p, g=g: {"grad_in": np_softmax_backward(p, g)})
+
+
+def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
+    shapes = [("f32", (rows, dim), "") for dim in (1, 8, 769, 5125) for rows in (1, 7)]
+    shapes += [("f32", (83, 1), ""), ("f32", (83, 8), ""), ("f32", (83, 769), ""), ("f32", (83, 5125), "big"),
+               ("f32", (2, 300, 64), ""), ("bf16", (7, 769), ""), ("bf16", (83, 8), ""), ("bf16", (5, 1024), "")]
+    for kind, shape, note in shapes:
+        x = _cast(rng.standard_normal(shape), kind)
+        w = _cast(1.0 + 0.5 * rng.standard_normal(shape[-1]), kind)
+        g = _cast(rng.standard_normal(shape), kind)
+        sfx = "_bf16" if kind == "bf16" else ""
+        rows = int(np.prod(shape[:-1]))
+        kern = ("rms_norm_backward" + sfx, "rms_norm_backward_weight" + sfx)
+        if rows > 32:
+            kern += ("rms_norm_grad_weight_reduce",)
+
+        def run(be, x=x, w=w, g=g):
+            gx, gw = _ops().rms_norm_backward(x, w, g, 1e-6, backend=be)
+            return {"grad_x": _np(gx), "grad_weight": _np(gw)}
+
+        def ref(x=x, w=w, g=g):
+            gx, gw = np_rms_norm_backward(x, w, g, 1e-6)
+            return {"grad_x": gx, "grad_weight": gw}
+
+        yield Case(op="rms_norm_backward", dtype=kind, shape="x".join(map(str, shape)), kernels=kern,
+                   run=run, reference=ref, note=note)
+
+
+def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for kind, n_shape, dim, vocab in (("f32", (13,), 7, 11), ("f32", (2, 9), 64, 5), ("f32", (6,), 3, 1),
+                                      ("f32", (40,), 16, 1000), ("bf16", (13,), 7, 11), ("bf16", (3, 5), 32, 4)):
+        g = _cast(rng.standard_normal(n_shape + (dim,)), kind)
+        ids = rng.integers(0, vocab, size=n_shape).astype(np.int64)
+        yield Case(op="embedding_backward", dtype=kind, shape=f"{'x'.join(map(str, n_shape))}x{dim}-v{vocab}",
+                   kernels=("embedding_backward" + ("_bf16" if kind == "bf16" else ""),),
+                   run=lambda be, g=g, ids=ids, vocab=vocab: {
+                       "grad_weight": _np(_ops().embedding_backward(g, ids, vocab, backend=be))},
+                   reference=lambda g=g, ids=ids, vocab=vocab: {"grad_weight": np_embedding_backward(g, ids, vocab)})
+
+
+def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
+    specs = []
+    for vocab, rows, note in ((1, 4, ""), (255, 6, ""), (32000, 2, ""), (131072, 2, "big")):
+        for pad in ("some", "none", "all"):
+            specs.append(("f32", vocab, rows, pad, -100, note))
+    specs += [("f32", 256, 5, "some", 0, ""), ("f32", 64, 5, "some", 3, ""),
+              ("bf16", 255, 6, "some", -100, ""), ("bf16", 1000, 3, "none", -100, ""),
+              ("bf16", 32000, 2, "some", -100, "big")]
+    for kind, vocab, rows, pad, pad_id, note in specs:
+        logits = _cast(3.0 * rng.standard_normal((rows, vocab)), kind)
+        t = rng.integers(0, vocab, size=rows).astype(np.int64)
+        if pad == "all":
+            t[:] = pad_id
+        elif pad == "some":
+            t[::2] = pad_id
+        else:
+            t[t == pad_id] = (pad_id + 1) % vocab
+        sfx = "_bf16" if kind == "bf16" else ""
+
+        def run(be, x=logits, t=t, pad_id=pad_id):
+            loss, grad = _ops().cross_entropy_fwd_bwd(x, t, pad_id, backend=be)
+            return {"loss": _np(loss), "grad": _np(grad)}
+
+        def ref(x=logits, t=t, pad_id=pad_id):
+            loss, grad = np_cross_entropy(x, t, pad_id)
+            return {"loss": loss, "grad": grad}
+
+        yield Case(op="cross_entropy_fwd_bwd", dtype=kind, shape=f"{rows}x{vocab}-pad_{pad}{pad_id}",
+                   kernels=("cross_entropy_fwd_bwd" + sfx, "cross_entropy_loss_mean"),
+                   run=run, reference=ref, note=note)
+
+
+def attention_inputs(rng: np.random.Generator, batch: int | None, seq: int, heads: int, kv_heads: int,
+                     head_dim: int, kind: str) -> tuple[np.ndarray, ...]:
+    lead = () if batch is None else (batch,)
+    q = _cast(rng.standard_normal(lead + (seq, heads, head_dim)), kind)
+    k = _cast(rng.standard_normal(lead + (seq, kv_heads, head_dim)), kind)
+    v = _cast(rng.standard_normal(lead + (seq, kv_heads, head_dim)), kind)
+    g = _cast(rng.standard_normal(lead + (seq, heads, head_dim)), kind)
+    return q, k, v, g
+
+
+def _flash_kernels(sfx: str, given: bool) -> tuple[str, ...]:
+    pre = "attention_bwd_preprocess" if given else "attention_bwd_lse"
+    return (pre + sfx, "attention_backward_flash_dkdv" + sfx, "attention_backward_flash_dq" + sfx)
+
+
+def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # (kind, batch, seq, heads, kv_heads, head_dim, methods, note)
+    specs = [
+        ("f32", None, 1, 2, 1, 32, ("naive", "flash"), ""),
+        ("f32", None, 63, 1, 1, 32, ("naive", "flash"), ""),
+        ("f32", None, 64, 1, 1, 64, ("naive", "flash"), ""),
+        ("f32", None, 65, 2, 1, 32, ("naive", "flash"), ""),
+        ("f32", 2, 17, 2, 2, 32, ("naive", "flash"), ""),
+        ("f32", None, 9, 4, 2, 80, ("naive", "flash"), ""),
+        ("f32", None, 9, 8, 2, 32, ("naive", "flash"), ""),
+        ("f32", None, 9, 8, 1, 16, ("naive", "flash"), ""),
+        ("f32", None, 5, 3, 3, 96, ("naive", "flash"), ""),
+        ("f32", None, 12, 2, 1, 128, ("naive", "flash"), ""),
+        ("f32", None, 6, 1, 1, 256, ("naive", "flash"), ""),
+        ("f32", None, 200, 1, 1, 32, ("naive", "flash"), "big"),
+        ("f32", None, 70, 4, 1, 128, ("naive", "flash"), "big"),
+        ("f32", None, 2049, 1, 1, 32, ("flash",), "big"),
+        ("bf16", None, 33, 2, 1, 64, ("naive", "flash"), ""),
+        ("bf16", 2, 9, 4, 2, 80, ("naive", "flash"), ""),
+    ]
+    for kind, batch, seq, heads, kvh, hd, methods, note in specs:
+        q, k, v, g = attention_inputs(rng, batch, seq, heads, kvh, hd, kind)
+        sfx = "_bf16" if kind == "bf16" else ""
+        shape = f"{'' if batch is None else f'{batch}x'}s{seq}-h{heads}kv{kvh}-d{hd}"
+
+        def ref(q=q, k=k, v=v, g=g):
+            dq, dk, dv = np_attention_backward(q, k, v, g)
+            return {"dq": dq, "dk": dk, "dv": dv}
+
+        for method in methods:
+            def run(be, q=q, k=k, v=v, g=g, method=method):
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, method=method, backend=be)
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            kern = (("attention_backward_naive" + sfx, "training_zero_f32")
+                    + (("training_f32_to_bf16",) if kind == "bf16" else ())) if method == "naive" \
+                else _flash_kernels(sfx, False)
+            yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-{method}", kernels=kern,
+                       run=run, reference=ref, note=note)
+        if "flash" in methods and (seq in (1, 65, 2049) or kind == "bf16"):
+            out64, lse64 = np_attention_forward(q, k, v)
+            out, lse = _cast(out64, kind), lse64.astype(np.float32)
+
+            def run_given(be, q=q, k=k, v=v, g=g, out=out, lse=lse):
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, method="flash", backend=be)
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-flash_given_lse",
+                       kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
+
+
+@register_cases("training")
+def cases(rng: np.random.Generator) -> Iterator[Case]:
+    yield from _transpose_cases(rng)
+    yield from _softmax_cases(rng)
+    yield from _rms_cases(rng)
+    yield from _embedding_cases(rng)
+    yield from _ce_cases(rng)
+    yield from _attention_cases(rng)

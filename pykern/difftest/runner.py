@@ -1,0 +1,396 @@
+"""Run difftest cases on backends, compare with the NumPy float64 reference, format rows and JSON.
+
+A backend *label* is a backend name plus the environment it runs under:
+`host`, `host:reverse`, `host:random:7` (PYKERN_HOST_SCHEDULE), `host:sanitize`
+(PYKERN_HOST_SANITIZE=1), `nvrtc`, `numba`. Each label's outputs are checked
+against the reference with `tolerance(op, dtype)`; every pair of labels must also
+agree within the same bound (that is how two host schedules expose a race).
+"""
+from __future__ import annotations
+
+import fnmatch
+import importlib
+import importlib.util
+import json
+import os
+import sys
+import time
+import zlib
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Iterator, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import ArgumentError
+from ..tolerance import tolerance
+from .case import Case, families
+
+EXTRA_ENV = "PYKERN_DIFFTEST_EXTRA"
+
+
+# ----------------------------------------------------------------------------------------------- backends
+@dataclass(frozen=True)
+class Label:
+    """One column of a comparison: a backend name and the environment it runs under."""
+
+    text: str
+    backend: str
+    env: tuple[tuple[str, str], ...] = ()
+
+
+def parse_label(text: str) -> Label:
+    """`host[:forward|:reverse|:random:SEED|:sanitize]`, `nvrtc`, `numba`."""
+    from ..backends import NAMES
+
+    t = text.strip()
+    name, _, rest = t.partition(":")
+    if name not in NAMES:
+        raise ArgumentError(f"--backends: expected names from {', '.join(NAMES)} (host may take :SCHEDULE), got {t!r}")
+    if not rest:
+        return Label(t, name)
+    if name != "host":
+        raise ArgumentError(f"--backends: only host takes a ':' option (a schedule or sanitize), got {t!r}")
+    if rest == "sanitize":
+        return Label(t, name, (("PYKERN_HOST_SANITIZE", "1"),))
+    if rest in ("forward", "reverse") or (rest.startswith("random:") and rest[7:].isdigit()):
+        return Label(t, name, (("PYKERN_HOST_SCHEDULE", rest),))
+    raise ArgumentError(
+        f"--backends: host option must be forward, reverse, random:SEED or sanitize, got {rest!r} in {t!r}"
+    )
+
+
+def parse_labels(text: str) -> list[Label]:
+    labels = [parse_label(t) for t in text.split(",") if t.strip()]
+    if not labels:
+        raise ArgumentError(f"--backends: expected at least one backend, got {text!r}")
+    if len({lb.text for lb in labels}) != len(labels):
+        raise ArgumentError(f"--backends: a backend is listed twice in {text!r}")
+    return labels
+
+
+def default_labels() -> list[Label]:
+    """nvrtc,numba where a GPU is usable (the CI-on-GPU use), else host,numba."""
+    from ..backends import get_backend
+
+    ok, _ = get_backend("nvrtc").available()
+    return parse_labels("nvrtc,numba" if ok else "host,numba")
+
+
+def check_available(labels: Sequence[Label]) -> list[str]:
+    """One message per label whose backend cannot run here (empty when all can)."""
+    from ..backends import get_backend
+
+    problems = []
+    for lb in labels:
+        try:
+            ok, why = get_backend(lb.backend).available()
+        except Exception as e:  # e.g. a backend module that fails to import
+            ok, why = False, f"{type(e).__name__}: {e}"
+        if not ok:
+            problems.append(f"backend {lb.text!r} is unavailable: {why}")
+    return problems
+
+
+def is_simulator(label: Label) -> bool:
+    if label.backend != "numba":
+        return False
+    from ..backends import get_backend
+
+    return bool(getattr(get_backend("numba"), "simulator", False))
+
+
+@contextmanager
+def _environ(pairs: Sequence[tuple[str, str]]) -> Iterator[None]:
+    old = {k: os.environ.get(k) for k, _ in pairs}
+    os.environ.update(dict(pairs))
+    try:
+        yield
+    finally:
+        for k, v in old.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+# ----------------------------------------------------------------------------------------------- cases
+def load_extra(spec: str | None = None) -> list[str]:
+    """Import extra case/reference modules (test-only kernels): module names or .py paths, ',' or os.pathsep."""
+    spec = os.environ.get(EXTRA_ENV, "") if spec is None else spec
+    loaded = []
+    for item in spec.replace(os.pathsep, ",").split(","):
+        item = item.strip()
+        if not item:
+            continue
+        if item.endswith(".py"):
+            path = Path(item).expanduser().resolve()
+            if not path.is_file():
+                raise ArgumentError(f"{EXTRA_ENV}: expected a module name or an existing .py file, got {item!r}")
+            mod_name = "pykern_difftest_extra_" + path.stem + "_" + format(zlib.crc32(str(path).encode()), "x")
+            if mod_name not in sys.modules:  # loading twice would register its references twice
+                spec_ = importlib.util.spec_from_file_location(mod_name, path)
+                assert spec_ is not None and spec_.loader is not None
+                mod = importlib.util.module_from_spec(spec_)
+                sys.modules[mod_name] = mod
+                try:
+                    spec_.loader.exec_module(mod)
+                except BaseException:
+                    del sys.modules[mod_name]
+                    raise
+        else:
+            importlib.import_module(item)
+        loaded.append(item)
+    return loaded
+
+
+def family_rng(seed: int, family: str) -> np.random.Generator:
+    """Each family draws from its own stream, so --kernels filtering never changes a case's data."""
+    return np.random.default_rng([int(seed), zlib.crc32(family.encode())])
+
+
+def collect_cases(seed: int = 0, kernels: str | None = None) -> list[Case]:
+    """Every registered family's cases (sorted by family), filtered by a kernel glob (',' = or)."""
+    globs = [g.strip() for g in (kernels or "").split(",") if g.strip()]
+    out: list[Case] = []
+    for family, gen in sorted(families().items()):
+        for case in gen(family_rng(seed, family)):
+            if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
+                out.append(case)
+    return out
+
+
+# ----------------------------------------------------------------------------------------------- comparison
+@dataclass
+class Check:
+    """One output of one label against the reference."""
+
+    output: str
+    ok: bool
+    max_abs: float = 0.0
+    max_rel: float = 0.0
+    detail: str = ""
+
+
+def _as_f64(a: Any) -> np.ndarray:
+    return np.asarray(a).astype(np.float64)
+
+
+def compare(name: str, got: Any, ref: Any, atol: float, rtol: float) -> Check:
+    """|got - ref| <= atol + rtol*|ref| everywhere; a non-finite reference must be matched exactly."""
+    g, r = _as_f64(got), _as_f64(ref)
+    if g.shape != r.shape:
+        return Check(name, False, float("inf"), float("inf"), f"shape {g.shape} != reference shape {r.shape}")
+    if g.size == 0:
+        return Check(name, True)
+    fin = np.isfinite(r)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(g - r)
+        d = np.where(np.isnan(d) & fin, np.inf, d)  # NaN (or Inf) where the reference is finite
+        bad = fin & ~(d <= atol + rtol * np.abs(r))
+        bad |= ~fin & ~((np.isnan(r) & np.isnan(g)) | (g == r))
+        df = np.where(fin, d, 0.0)
+        rel = np.where(fin & (r != 0), df / np.where(r != 0, np.abs(r), 1.0), 0.0)
+    max_abs, max_rel = float(df.max()), float(rel.max())
+    if not bad.any():
+        return Check(name, True, max_abs, max_rel)
+    n_bad = int(bad.sum())
+    # Name the worst element: the largest excess over the bound; non-finite mismatches rank first.
+    excess = np.where(bad, np.where(fin, df - (atol + rtol * np.abs(r)), np.inf), -np.inf)
+    flat = int(np.argmax(excess))
+    idx = np.unravel_index(flat, r.shape)
+    where = tuple(int(i) for i in idx)
+    detail = (f"{n_bad}/{r.size} elements out of tolerance; worst at {where}: "
+              f"got {g[idx]!r}, reference {r[idx]!r}, bound {atol + rtol * abs(r[idx]):.3g}")
+    return Check(name, False, max_abs, max_rel, detail)
+
+
+def pair_diff(a: Any, b: Any, ref: Any, atol: float, rtol: float) -> tuple[float, bool]:
+    """Max |a - b| over finite reference entries, and whether it stays within the tolerance bound everywhere."""
+    x, y, r = _as_f64(a), _as_f64(b), _as_f64(ref)
+    if x.shape != y.shape or x.shape != r.shape:
+        return float("inf"), False
+    if x.size == 0:
+        return 0.0, True
+    fin = np.isfinite(r)
+    with np.errstate(invalid="ignore", over="ignore"):
+        d = np.abs(x - y)
+        same = (x == y) | (np.isnan(x) & np.isnan(y))
+        d = np.where(same, 0.0, np.where(np.isnan(d), np.inf, d))
+        ok = bool(np.all(~fin | (d <= atol + rtol * np.abs(r))) and np.all(fin | same))
+    return float(np.where(fin, d, 0.0).max()), ok
+
+
+# ----------------------------------------------------------------------------------------------- running
+@dataclass
+class LabelResult:
+    label: str
+    status: str  # "ok" | "fail" | "error" | "skip"
+    seconds: float = 0.0
+    checks: list[Check] = field(default_factory=list)
+    message: str = ""
+
+    @property
+    def max_abs(self) -> float:
+        return max((c.max_abs for c in self.checks), default=0.0)
+
+    @property
+    def max_rel(self) -> float:
+        return max((c.max_rel for c in self.checks), default=0.0)
+
+
+@dataclass
+class CaseResult:
+    case: Case
+    atol: float
+    rtol: float
+    labels: list[LabelResult]
+    pair_max: float = 0.0
+    pair_ok: bool = True
+    pair_detail: str = ""
+
+    @property
+    def ran(self) -> list[LabelResult]:
+        return [lr for lr in self.labels if lr.status != "skip"]
+
+    @property
+    def passed(self) -> bool:
+        return bool(self.ran) and all(lr.status == "ok" for lr in self.ran) and self.pair_ok
+
+    @property
+    def verdict(self) -> str:
+        if any(lr.status == "error" for lr in self.labels):
+            return "ERROR"
+        return "ok" if self.passed else "FAIL"
+
+    @property
+    def note(self) -> str:
+        return "; ".join(f"{lr.label} skipped: {lr.message}" for lr in self.labels if lr.status == "skip")
+
+    def failures(self) -> list[str]:
+        """Human-readable reasons, each naming the case."""
+        out = []
+        for lr in self.labels:
+            if lr.status == "error":
+                out.append(f"{self.case.id} on {lr.label}: {lr.message}")
+            for c in lr.checks:
+                if not c.ok:
+                    out.append(f"{self.case.id} on {lr.label}: output {c.output!r}: {c.detail}")
+        if not self.pair_ok:
+            out.append(f"{self.case.id}: backends disagree beyond tolerance: {self.pair_detail}")
+        if not self.ran:
+            out.append(f"{self.case.id}: no backend ran")
+        return out
+
+
+def run_on(case: Case, label: Label) -> Mapping[str, Any]:
+    with _environ(label.env):
+        outs = case.run(label.backend)
+    return {k: np.asarray(v) for k, v in outs.items()}
+
+
+def run_case(case: Case, labels: Sequence[Label], skip_big_simulator: bool = True) -> CaseResult:
+    """Run one case on every label; compare each with the reference and every pair with each other."""
+    atol, rtol = tolerance(case.op, case.dtype)
+    try:
+        ref = {k: _as_f64(v) for k, v in case.reference().items()}
+    except Exception as e:  # a broken NumPy reference is the case's failure, not the harness's
+        msg = f"NumPy reference raised {type(e).__name__}: {e}"
+        return CaseResult(case, atol, rtol, [LabelResult("reference", "error", message=msg)])
+    results: list[LabelResult] = []
+    outputs: dict[str, Mapping[str, Any]] = {}
+    for lb in labels:
+        if skip_big_simulator and case.note == "big" and is_simulator(lb):
+            results.append(LabelResult(lb.text, "skip", message="big case, numba simulator too slow"))
+            continue
+        t0 = time.perf_counter()
+        try:
+            outs = run_on(case, lb)
+        except Exception as e:
+            results.append(LabelResult(lb.text, "error", time.perf_counter() - t0,
+                                       message=f"{type(e).__name__}: {e}".strip()))
+            continue
+        dt = time.perf_counter() - t0
+        checks = []
+        for name in sorted(set(ref) | set(outs)):
+            if name not in outs:
+                checks.append(Check(name, False, float("inf"), float("inf"), "missing from the run's outputs"))
+            elif name not in ref:
+                checks.append(Check(name, False, float("inf"), float("inf"), "missing from the reference"))
+            else:
+                checks.append(compare(name, outs[name], ref[name], atol, rtol))
+        results.append(LabelResult(lb.text, "ok" if all(c.ok for c in checks) else "fail", dt, checks))
+        outputs[lb.text] = outs
+    res = CaseResult(case, atol, rtol, results)
+    names = list(outputs)
+    for i, a in enumerate(names):
+        for b in names[i + 1:]:
+            for out in ref:
+                if out in outputs[a] and out in outputs[b]:
+                    d, ok = pair_diff(outputs[a][out], outputs[b][out], ref[out], atol, rtol)
+                    res.pair_max = max(res.pair_max, d)
+                    if not ok:
+                        res.pair_ok = False
+                        res.pair_detail += f"{a} vs {b} on {out!r}: max |diff| {d:.3g}; "
+    return res
+
+
+# ----------------------------------------------------------------------------------------------- output
+COLUMNS = ("case", "kernels", "shape", "dtype", "backends", "max_abs", "max_rel", "pair_max", "atol/rtol", "verdict")
+
+
+def _num(x: float) -> str:
+    return "0" if x == 0 else f"{x:.2e}"
+
+
+def row(res: CaseResult) -> tuple[str, ...]:
+    c = res.case
+    ran = [lr.label for lr in res.ran]
+    backends = "|".join(ran) if ran else "-"
+    verdict = res.verdict + (f" ({res.note})" if res.note else "")
+    return (c.id, ",".join(c.kernels), c.shape, c.dtype, backends, _num(max((lr.max_abs for lr in res.ran), default=0)),
+            _num(max((lr.max_rel for lr in res.ran), default=0)), _num(res.pair_max),
+            f"{res.atol:g}/{res.rtol:g}", verdict)
+
+
+def format_table(results: Sequence[CaseResult]) -> str:
+    rows = [COLUMNS] + [row(r) for r in results]
+    # The kernels column can be long (a case may launch several); cap it so rows stay readable.
+    rows = [r[:1] + ((r[1][:40] + "…") if len(r[1]) > 41 else r[1],) + r[2:] for r in rows]
+    widths = [max(len(r[i]) for r in rows) for i in range(len(COLUMNS) - 1)]
+    return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
+
+
+def to_json(results: Sequence[CaseResult], labels: Sequence[Label], seconds: float, seed: int) -> str:
+    cases = []
+    for r in results:
+        cases.append({
+            "id": r.case.id, "op": r.case.op, "kernels": list(r.case.kernels), "shape": r.case.shape,
+            "dtype": r.case.dtype, "note": r.case.note, "atol": r.atol, "rtol": r.rtol, "verdict": r.verdict,
+            "pair_max": _finite(r.pair_max), "pair_ok": r.pair_ok,
+            "backends": [{"label": lr.label, "status": lr.status, "seconds": round(lr.seconds, 4),
+                          "max_abs": _finite(lr.max_abs), "max_rel": _finite(lr.max_rel), "message": lr.message,
+                          "outputs": [{"name": c.output, "ok": c.ok, "max_abs": _finite(c.max_abs),
+                                       "max_rel": _finite(c.max_rel), "detail": c.detail} for c in lr.checks]}
+                         for lr in r.labels],
+            "failures": r.failures(),
+        })
+    summary = summarize(results)
+    summary.update({"backends": [lb.text for lb in labels], "seconds": round(seconds, 2), "seed": seed})
+    return json.dumps({"summary": summary, "cases": cases}, indent=1)
+
+
+def _finite(x: float) -> float | str:
+    return x if np.isfinite(x) else str(x)
+
+
+def summarize(results: Sequence[CaseResult]) -> dict[str, Any]:
+    return {
+        "cases": len(results),
+        "passed": sum(r.passed for r in results),
+        "failed": sum(r.verdict == "FAIL" for r in results),
+        "errors": sum(r.verdict == "ERROR" for r in results),
+        "skipped_backend_runs": sum(lr.status == "skip" for r in results for lr in r.labels),
+        "kernels": len({k for r in results for k in r.case.kernels}),
+    }

@@ -1,0 +1,233 @@
+"""Build one kernels_cu/*.cu file into a shared library for the host backend, cached on disk.
+
+The translation unit is: the emulation header, the `.cu` text (under `#line` so the
+compiler's messages name the `.cu` file and line), then one generated launch stub per
+kernel, typed from the registry's KernelSpec params. It is compiled together with the
+fiber runtime into `<cache>/host/<stem>-<key>.so`, where the key hashes everything that
+can change the binary.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import warnings
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Sequence
+
+from ..errors import BackendUnavailable, CompileError
+from ..registry import KernelSpec
+
+HERE = Path(__file__).resolve().parent
+HEADER = HERE / "pk_cuda_host.h"
+RUNTIME = HERE / "pk_host_runtime.cpp"
+_BUILD_TAG = b"pykern-host-build-3"
+
+BASE_FLAGS = (
+    "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing",
+    "-Wno-unknown-pragmas", "-Wno-unused-result", "-pthread",
+)
+OPT_FLAGS = ("-O2",)
+# -O1 keeps AddressSanitizer reports readable; -g gives them .cu file:line.
+SANITIZE_FLAGS = (
+    "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
+    "-fno-sanitize-recover=undefined",
+)
+
+
+@dataclass(frozen=True)
+class Compiler:
+    argv: tuple[str, ...]  # CXX may carry arguments, e.g. "ccache g++"
+    version: str
+
+
+@lru_cache(maxsize=None)
+def _probe(cxx: str) -> Compiler | None:
+    argv = tuple(shlex.split(cxx))
+    if not argv or shutil.which(argv[0]) is None:
+        return None
+    try:
+        out = subprocess.run([*argv, "--version"], capture_output=True, text=True, timeout=30)
+        machine = subprocess.run([*argv, "-dumpmachine"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
+        return None
+    if out.returncode != 0:
+        return None
+    path = shutil.which(argv[0]) or argv[0]
+    return Compiler(argv, f"{path}\n{out.stdout.strip()}\n{machine.stdout.strip()}")
+
+
+def find_compiler() -> Compiler:
+    """$CXX, else g++, else clang++; BackendUnavailable saying what to install when none works."""
+    env = os.environ.get("CXX", "").strip()
+    if env:
+        c = _probe(env)
+        if c is None:
+            raise BackendUnavailable(f"host backend: CXX={env!r} is not a working C++ compiler")
+        return c
+    for name in ("g++", "clang++", "c++"):
+        c = _probe(name)
+        if c is not None:
+            return c
+    raise BackendUnavailable(
+        "host backend: no C++ compiler found (looked for $CXX, g++, clang++, c++); "
+        "install one (e.g. `apt-get install g++`) or set CXX"
+    )
+
+
+# ---- cache folder -------------------------------------------------------------------
+_fallback_dir: Path | None = None
+
+
+def cache_root() -> Path:
+    """$PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern."""
+    env = os.environ.get("PYKERN_CACHE_DIR")
+    if env:
+        return Path(env).expanduser()
+    xdg = os.environ.get("XDG_CACHE_HOME")
+    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "pykern"
+
+
+def host_cache_dir() -> Path:
+    """`<cache root>/host`, or a per-process temp folder (one warning) when that is not writable."""
+    global _fallback_dir
+    d = cache_root() / "host"
+    try:
+        d.mkdir(parents=True, exist_ok=True)
+        if not os.access(d, os.W_OK | os.X_OK):
+            raise PermissionError(f"{d} is not writable")
+        return d
+    except OSError as e:
+        if _fallback_dir is None:
+            _fallback_dir = Path(tempfile.mkdtemp(prefix="pykern-host-"))
+            warnings.warn(
+                f"pykern: host build cache {d} is unusable ({e}); using {_fallback_dir} for this process",
+                RuntimeWarning,
+                stacklevel=3,
+            )
+        return _fallback_dir
+
+
+# ---- source generation --------------------------------------------------------------
+_EXTERN_SHARED = re.compile(
+    r"\bextern\s+__shared__\s+((?:[^;\[\]{}()]|\([^()]*\))*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;"
+)
+_ALIGN = re.compile(r"__align__\s*\([^()]*\)")
+_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
+
+
+def rewrite_source(text: str) -> str:
+    """Turn each `extern __shared__ T name[];` into a pointer to the launch's dynamic buffer.
+
+    The replacement keeps the line count, so `#line` still maps every line to the `.cu`.
+    At function scope it is a local `T* const name`; at namespace scope (evaluated per use,
+    not at load time) an object that converts to `T*`.
+    """
+    blanked = _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    out, last = [], 0
+    for m in _EXTERN_SHARED.finditer(blanked):
+        typ = " ".join(_ALIGN.sub(" ", m.group(1)).split())
+        name = m.group(2)
+        depth = blanked.count("{", 0, m.start()) - blanked.count("}", 0, m.start())
+        if depth > 0:
+            repl = f"{typ}* const {name} = reinterpret_cast<{typ}*>(pk_dynamic_smem());"
+        else:
+            repl = f"static pk_dynamic_smem_ref<{typ}> {name};"
+        repl += "\n" * text.count("\n", m.start(), m.end())
+        out.append(text[last:m.start()])
+        out.append(repl)
+        last = m.end()
+    out.append(text[last:])
+    return "".join(out)
+
+
+def _c_string(s: str) -> str:
+    return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+
+def launch_stubs(specs: Sequence[KernelSpec]) -> str:
+    """`pk_launch_<name>(cfg, args, err, errlen)` for each kernel: args[i] points to the i-th value."""
+    parts = ['#line 1 "<pykern host launch stubs>"']
+    for s in specs:
+        call = ", ".join(f"*static_cast<{p.ctype}*>(a[{i}])" for i, p in enumerate(s.params))
+        parts.append(
+            f"static void pk_body_{s.name}(void* pv) {{ void** a = static_cast<void**>(pv); (void)a; {s.name}({call}); }}\n"
+            f"PK_EXPORT int pk_launch_{s.name}(const pk_launch_cfg* cfg, void** args, char* err, size_t errlen) {{\n"
+            f"    return pkrt_launch(cfg, {_c_string(s.name)}, &pk_body_{s.name}, args, err, errlen);\n}}"
+        )
+    return "\n".join(parts) + "\n"
+
+
+def translation_unit(path: Path, text: str, specs: Sequence[KernelSpec]) -> str:
+    return (
+        '#include "pk_cuda_host.h"\n'
+        f"#line 1 {_c_string(str(path))}\n"
+        f"{rewrite_source(text)}\n"
+        f"{launch_stubs(specs)}"
+    )
+
+
+# ---- build ----------------------------------------------------------------------------
+def flags(sanitize: bool) -> tuple[str, ...]:
+    extra: tuple[str, ...] = ()
+    # PYKERN_HOST_FIBER=ucontext selects the portable (slower: a syscall per switch) fibers.
+    if os.environ.get("PYKERN_HOST_FIBER", "").strip() == "ucontext":
+        extra = ("-DPK_FIBER_UCONTEXT=1",)
+    return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + extra
+
+
+_FIRST_ERROR = re.compile(r"^(.+?):(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)$", re.M)
+
+
+def build(
+    path: Path,
+    text: str,
+    digest: str,
+    include_dirs: Sequence[Path],
+    specs: Sequence[KernelSpec],
+    sanitize: bool = False,
+) -> Path:
+    """The cached library for one source (built now on a miss); safe under concurrent processes."""
+    cc = find_compiler()
+    tu = translation_unit(path, text, specs)
+    opts = flags(sanitize)
+    incs = [f"-I{HERE}", f"-I{path.parent}", *(f"-I{d}" for d in include_dirs)]
+    h = hashlib.sha256(_BUILD_TAG)
+    for part in (
+        tu.encode(), digest.encode(), HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(),
+        "\0".join(opts).encode(), "\0".join(incs).encode(),
+    ):
+        h.update(len(part).to_bytes(8, "little") + part)
+    key = h.hexdigest()[:24]
+    out_dir = host_cache_dir()
+    target = out_dir / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
+    if target.exists():
+        return target
+
+    with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
+        tu_path = Path(tmp) / f"{path.stem}.host.cpp"
+        tu_path.write_text(tu, encoding="utf-8")
+        # The temp file lives beside the target so os.replace is an atomic rename.
+        fd, tmp_out = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".so.tmp", dir=out_dir)
+        os.close(fd)
+        cmd = [*cc.argv, *opts, *incs, str(tu_path), str(RUNTIME), "-o", tmp_out]
+        try:
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                log = (proc.stderr + proc.stdout).replace(str(tu_path), "<pykern host stub>")
+                m = _FIRST_ERROR.search(log)
+                where = f" at {m.group(1)}:{m.group(2)}: {m.group(3)}" if m else ""
+                raise CompileError(
+                    f"host C++ compiler ({cc.argv[0]}) failed on {path}{where}", log=log, options=tuple(opts)
+                )
+            os.replace(tmp_out, target)
+        finally:
+            if os.path.exists(tmp_out):
+                os.unlink(tmp_out)
+    return target

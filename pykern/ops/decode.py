@@ -1,0 +1,322 @@
+"""Decode attention over a KV cache: one new query token per sequence (issue 7).
+
+Kernels in `kernels_cu/decode.cu`. Every method reads the sequence length from a
+uint32 device buffer and clamps it to max_seq_len, so an int `seq_len` is wrapped
+into a one-element array and both forms run the same kernel with the same launch
+geometry (the geometry depends on shapes only, never on the seq_len value), which
+makes them agree bit for bit and lets the array form be captured in a CUDA graph.
+
+Methods:
+  "warp"        one warp per query head; the heads of one kv group share a block,
+                so their K/V rows are read together (one launch).
+  "multi_warp"  `num_warps` warps per query head over interleaved positions,
+                combined in shared memory (one launch).
+  "split_k"     flash decoding: a chunk kernel writes partial (max, sum, output)
+                per `chunk_size` positions, a reduce kernel combines (two launches).
+  "auto"        by seq_len (the int's value, or max_seq_len for an array):
+                <= 256 -> "warp"; <= 2048 -> "multi_warp"; longer -> "split_k".
+
+seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
+(f32, f32), (bf16, bf16), (f32, bf16); accumulation is fp32.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..errors import ArgumentError, ArgumentTypeError
+
+__all__ = ["decode_attention", "batched_decode_attention", "decode_plan"]
+
+METHODS = ("auto", "warp", "multi_warp", "split_k")
+MAX_HEAD_DIM = 256
+_GRID_YZ_MAX = 65535
+# Kernels index positions in int and step a few hundred past the end before the
+# loop test; 2**30 leaves that headroom (cache offsets themselves are 64-bit).
+_MAX_SEQ = 2**30
+# split_k: aim for about this many warps in the chunk grid (enough loads in flight
+# to reach HBM bandwidth on an H100-class GPU), with chunks of at least 64 positions.
+_SPLIT_TARGET_WARPS = 2048
+_SPLIT_MIN_CHUNK = 64
+
+
+def _suffix(q_kind: str, kv_kind: str) -> str:
+    if q_kind == kv_kind:
+        return "" if q_kind == "f32" else "_bf16"
+    if q_kind == "f32" and kv_kind == "bf16":
+        return "_bf16kv"
+    raise ArgumentTypeError(
+        "q: a bfloat16 query needs bfloat16 caches (expected q float32 for float32 caches), "
+        f"got q bfloat16 with float32 caches"
+    )
+
+
+def _flat(a: Any) -> Any:
+    # The kernels index flat memory; NumPy arrays are passed as 1-D views so the numba
+    # references (which index flat) see the same layout. Device arrays go as they are.
+    return a.reshape(-1) if isinstance(a, np.ndarray) else a
+
+
+def _heads_per_block(group: int) -> int:
+    """Largest divisor of the GQA group size that is <= 8: one block holds heads of one kv head."""
+    for d in range(min(group, 8), 0, -1):
+        if group % d == 0:
+            return d
+    return 1
+
+
+def _default_warps(max_seq_len: int) -> int:
+    return int(min(8, max(1, max_seq_len // 128)))
+
+
+def _default_chunk(batch: int, num_heads: int, max_seq_len: int) -> int:
+    chunks = max(1, -(-_SPLIT_TARGET_WARPS // (batch * num_heads)))
+    c = max(_SPLIT_MIN_CHUNK, -(-max_seq_len // chunks))
+    return 1 << (c - 1).bit_length()
+
+
+def _auto(seq_hint: int) -> str:
+    if seq_hint <= 256:
+        return "warp"
+    if seq_hint <= 2048:
+        return "multi_warp"
+    return "split_k"
+
+
+def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ArgumentTypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    if not lo <= int(v) <= hi:
+        raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
+    return int(v)
+
+
+def _check_seq_array(name: str, a: Any, batch: int, max_seq_len: int) -> Any:
+    if arrays.dtype_name(a) != "uint32":
+        raise ArgumentTypeError(f"{name}: expected a uint32 array, got dtype {arrays.dtype_name(a)}")
+    shp = arrays.shape_of(a)
+    if shp != (batch,):
+        raise ArgumentError(f"{name}: expected shape ({batch},), got {shp}")
+    if isinstance(a, np.ndarray) and batch and int(a.max()) > max_seq_len:
+        # Host-visible lengths are checked; a device buffer is clamped by the kernel.
+        raise ArgumentError(f"{name}: expected every length <= max_seq_len={max_seq_len}, got {int(a.max())}")
+    return a
+
+
+def decode_plan(
+    batch: int,
+    num_heads: int,
+    num_kv_heads: int,
+    head_dim: int,
+    max_seq_len: int,
+    *,
+    method: str = "auto",
+    seq_hint: int | None = None,
+    num_warps: int | None = None,
+    chunk_size: int | None = None,
+) -> dict[str, Any]:
+    """The launches an op call makes: method, and per launch the kernel stem, grid, block, shared memory.
+
+    `seq_hint` is the int seq_len when known (it picks "auto" and bounds the split-K
+    grid); None means the array form, which launches for max_seq_len.
+    """
+    if method not in METHODS:
+        raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
+    if method == "auto":
+        method = _auto(max_seq_len if seq_hint is None else seq_hint)
+    if num_warps is not None and method != "multi_warp":
+        raise ArgumentError(f"num_warps: only used by method='multi_warp', got method={method!r}")
+    if chunk_size is not None and method != "split_k":
+        raise ArgumentError(f"chunk_size: only used by method='split_k', got method={method!r}")
+    group = num_heads // num_kv_heads
+    if method == "warp":
+        hpb = _heads_per_block(group)
+        return {"method": method, "launches": [("decode_attn_warp", (num_heads // hpb, batch), (32 * hpb,), 0)]}
+    if method == "multi_warp":
+        w = _default_warps(max_seq_len) if num_warps is None else _check_int("num_warps", num_warps, 1, 32)
+        smem = 4 * w * (head_dim + 2)
+        return {"method": method, "num_warps": w,
+                "launches": [("decode_attn_multi_warp", (num_heads, batch), (32 * w,), smem)]}
+    c = _default_chunk(batch, num_heads, max_seq_len) if chunk_size is None else _check_int(
+        "chunk_size", chunk_size, 1, 2**30)
+    max_chunks = max(1, -(-max_seq_len // c))
+    n_launch = max_chunks if seq_hint is None else max(1, min(max_chunks, -(-seq_hint // c)))
+    hpb = _heads_per_block(group)
+    red_block = 32 * (-(-head_dim // 32))
+    return {"method": method, "chunk_size": c, "max_chunks": max_chunks,
+            "launches": [("decode_attn_split_chunk", (n_launch, num_heads // hpb, batch), (32 * hpb,), 0),
+                         ("decode_attn_split_reduce", (num_heads, batch), (red_block,), 0)]}
+
+
+def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
+         max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str, seq_hint: int | None,
+         num_warps: int | None, chunk_size: int | None, backend: str | None) -> Any:
+    from ..launcher import launch
+
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
+            float(scale)):
+        raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
+    plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint,
+                       num_warps=num_warps, chunk_size=chunk_size)
+    suf = _suffix(q_kind, kv_kind)
+    out = arrays.empty((batch, num_heads, head_dim), "f32" if q_kind == "f32" else "bf16", like=q)
+    qf, kf, vf, of = _flat(q), _flat(k), _flat(v), _flat(out)
+    geom = (num_heads, num_kv_heads, head_dim, max_seq_len, float(scale))
+    if plan["method"] in ("warp", "multi_warp"):
+        stem, grid, block, smem = plan["launches"][0]
+        launch(stem + suf, grid, block, qf, kf, vf, of, seq_buf, *geom, shared_mem=smem, backend=backend)
+        return out
+    c, mc = plan["chunk_size"], plan["max_chunks"]
+    part_o = arrays.empty((batch, num_heads, mc, head_dim), "f32", like=q)
+    part_ml = arrays.empty((batch, num_heads, mc, 2), "f32", like=q)
+    (s1, g1, b1, _), (s2, g2, b2, _) = plan["launches"]
+    launch(s1 + suf, g1, b1, qf, kf, vf, _flat(part_o), _flat(part_ml), seq_buf, *geom, c, mc, backend=backend)
+    red = s2 + ("_bf16" if q_kind == "bf16" else "")
+    launch(red, g2, b2, _flat(part_o), _flat(part_ml), of, seq_buf, num_heads, head_dim, max_seq_len, c, mc,
+           backend=backend)
+    return out
+
+
+def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: tuple[int, ...], batch: int) -> None:
+    if kv_shape != v_shape:
+        raise ArgumentError(f"v_cache: expected the shape of k_cache {kv_shape}, got {v_shape}")
+    num_heads, head_dim = q_shape[-2], q_shape[-1]
+    num_kv_heads, max_seq_len, kv_dim = kv_shape[-3], kv_shape[-2], kv_shape[-1]
+    if not 1 <= head_dim <= MAX_HEAD_DIM:
+        raise ArgumentError(f"q: expected 1 <= head_dim <= {MAX_HEAD_DIM}, got {head_dim}")
+    if kv_dim != head_dim:
+        raise ArgumentError(f"k_cache: expected head_dim {head_dim} (from q), got {kv_dim}")
+    if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
+        raise ArgumentError(
+            f"k_cache: expected num_kv_heads dividing num_heads={num_heads}, got num_kv_heads={num_kv_heads}")
+    if not 1 <= max_seq_len <= _MAX_SEQ:
+        raise ArgumentError(f"k_cache: expected 1 <= max_seq_len <= 2**30, got {max_seq_len}")
+    if not 1 <= batch <= _GRID_YZ_MAX:
+        raise ArgumentError(f"q: expected 1 <= batch <= {_GRID_YZ_MAX} (grid y/z limit), got {batch}")
+
+
+def decode_attention(
+    q: Any,
+    k_cache: Any,
+    v_cache: Any,
+    seq_len: Any,
+    *,
+    scale: float | None = None,
+    method: str = "auto",
+    num_warps: int | None = None,
+    chunk_size: int | None = None,
+    backend: str | None = None,
+) -> Any:
+    """Attention of one query token per head over the first `seq_len` cache positions.
+
+    q: (num_heads, head_dim) float32 or bfloat16; k_cache, v_cache:
+    (num_kv_heads, max_seq_len, head_dim) float32 or bfloat16, num_heads a multiple
+    of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
+    head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) uint32 array
+    read by the kernel at run time (clamped to max_seq_len there; a NumPy array is
+    also checked here). scale defaults to 1/sqrt(head_dim). Returns
+    (num_heads, head_dim) in q's dtype; zeros when seq_len is 0. Cache slots past
+    seq_len are never read.
+    """
+    q_kind = arrays.io_kind("q", q)
+    kv_kind = arrays.io_kind("k_cache", k_cache)
+    if arrays.io_kind("v_cache", v_cache) != kv_kind:
+        raise ArgumentTypeError(f"v_cache: expected the dtype of k_cache ({arrays.dtype_name(k_cache)}), "
+                                f"got {arrays.dtype_name(v_cache)}")
+    q_shape = arrays.check_ndim("q", q, (2,))
+    kv_shape = arrays.check_ndim("k_cache", k_cache, (3,))
+    v_shape = arrays.check_ndim("v_cache", v_cache, (3,))
+    _check_common(q_shape, kv_shape, v_shape, 1)
+    num_heads, head_dim = q_shape
+    num_kv_heads, max_seq_len, _ = kv_shape
+    if isinstance(seq_len, (int, np.integer)) and not isinstance(seq_len, bool):
+        hint: int | None = _check_int("seq_len", seq_len, 0, max_seq_len)
+        seq_buf = np.array([hint], np.uint32)
+        if not isinstance(q, np.ndarray):
+            seq_buf = _to_device_like(seq_buf, q)
+    else:
+        if not hasattr(seq_len, "shape") and not hasattr(seq_len, "__cuda_array_interface__"):
+            raise ArgumentTypeError(f"seq_len: expected an int or a (1,) uint32 array, got {type(seq_len).__name__}")
+        seq_buf, hint = _check_seq_array("seq_len", seq_len, 1, max_seq_len), None
+    q, k_cache, v_cache = arrays.contiguous(q), arrays.contiguous(k_cache), arrays.contiguous(v_cache)
+    out = _run(q, k_cache, v_cache, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind, kv_kind,
+               scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
+               backend=backend)
+    return out.reshape(num_heads, head_dim)
+
+
+def batched_decode_attention(
+    q: Any,
+    k_caches: Any,
+    v_caches: Any,
+    seq_lens: Any,
+    *,
+    scale: float | None = None,
+    method: str = "auto",
+    num_warps: int | None = None,
+    chunk_size: int | None = None,
+    backend: str | None = None,
+) -> Any:
+    """Decode attention for M sequences in one launch (two for split_k).
+
+    q: (M, num_heads, head_dim). k_caches, v_caches: one stacked array
+    (M, num_kv_heads, max_seq_len, head_dim), or a list of M arrays
+    (num_kv_heads, max_seq_len, head_dim) which is stacked into a copy (NumPy only;
+    keep a stacked cache to avoid that copy per step). seq_lens: (M,) uint32 array
+    read by the kernel (each length clamped to max_seq_len there; a NumPy array is
+    also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
+    q's dtype; a sequence of length 0 gets zeros.
+    """
+    k_caches = _stack("k_caches", k_caches)
+    v_caches = _stack("v_caches", v_caches)
+    q_kind = arrays.io_kind("q", q)
+    kv_kind = arrays.io_kind("k_caches", k_caches)
+    if arrays.io_kind("v_caches", v_caches) != kv_kind:
+        raise ArgumentTypeError(f"v_caches: expected the dtype of k_caches ({arrays.dtype_name(k_caches)}), "
+                                f"got {arrays.dtype_name(v_caches)}")
+    q_shape = arrays.check_ndim("q", q, (3,))
+    kv_shape = arrays.check_ndim("k_caches", k_caches, (4,))
+    v_shape = arrays.check_ndim("v_caches", v_caches, (4,))
+    batch, num_heads, head_dim = q_shape
+    if kv_shape[0] != batch:
+        raise ArgumentError(f"k_caches: expected {batch} sequences (from q), got {kv_shape[0]}")
+    _check_common(q_shape, kv_shape, v_shape, batch)
+    _, num_kv_heads, max_seq_len, _ = kv_shape
+    if isinstance(seq_lens, (list, tuple)):
+        vals = [_check_int(f"seq_lens[{i}]", s, 0, max_seq_len) for i, s in enumerate(seq_lens)]
+        seq_lens = np.array(vals, np.uint32)
+        if not isinstance(q, np.ndarray):
+            seq_lens = _to_device_like(seq_lens, q)
+    seq_buf = _check_seq_array("seq_lens", seq_lens, batch, max_seq_len)
+    q, k_caches, v_caches = arrays.contiguous(q), arrays.contiguous(k_caches), arrays.contiguous(v_caches)
+    return _run(q, k_caches, v_caches, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
+                kv_kind, scale=scale, method=method, seq_hint=None, num_warps=num_warps, chunk_size=chunk_size,
+                backend=backend)
+
+
+def _stack(name: str, caches: Any) -> Any:
+    if isinstance(caches, (list, tuple)):
+        if not caches:
+            raise ArgumentError(f"{name}: expected at least one cache, got an empty sequence")
+        if not all(isinstance(c, np.ndarray) for c in caches):
+            raise ArgumentTypeError(f"{name}: a list of caches must hold NumPy arrays; pass one stacked device array")
+        shapes = {c.shape for c in caches}
+        if len(shapes) != 1:
+            raise ArgumentError(f"{name}: expected caches of one shape, got {sorted(shapes)}")
+        return np.stack(caches)
+    return caches
+
+
+def _to_device_like(host: np.ndarray, like: Any) -> Any:
+    """Copy a small host length buffer next to a CuPy query; other device arrays must bring their own."""
+    if type(like).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy.asarray(host)
+    raise ArgumentTypeError(
+        f"seq_len: with a {type(like).__name__} query pass the lengths as a uint32 device array, got an int")

@@ -1,0 +1,329 @@
+"""Forward / prefill ops: embedding, RoPE, SiLU gate, RMSNorm, causal softmax, FlashAttention.
+
+Kernels in kernels_cu/forward.cu and kernels_cu/flash_attention.cu. Every op
+validates shapes, dtypes and ranges before launching (ArgumentError /
+ArgumentTypeError naming the argument), allocates its outputs next to the
+inputs and accepts `backend=` ("nvrtc", "numba", "host" or None).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..errors import ArgumentError, ArgumentTypeError
+
+__all__ = ["embedding", "rope", "silu_gate", "rms_norm", "causal_attn_softmax", "flash_attention"]
+
+_THREADS = 256
+# Grid-stride kernels: a few waves of blocks on the largest GPUs is enough to
+# saturate bandwidth; more blocks only add scheduling (and host fibers).
+_MAX_BLOCKS = 4096
+_INT_MAX = 2**31 - 1
+_UINT_MAX = 2**32 - 1
+
+
+def _launch(name: str, grid: Any, block: Any, *args: Any, backend: str | None) -> None:
+    from ..launcher import launch
+
+    launch(name, grid, block, *args, backend=backend)
+
+
+def _suffix(kind: str) -> str:
+    return "_bf16" if kind == "bf16" else ""
+
+
+def _blocks(units: int) -> int:
+    return max(1, min(_MAX_BLOCKS, -(-units // _THREADS)))
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+def _check_u32(name: str, value: int) -> None:
+    if value > _UINT_MAX:
+        raise ArgumentError(f"{name}: expected at most {_UINT_MAX}, got {value}")
+
+
+def _same_dtype(name: str, a: Any, kind: str, ref_name: str) -> None:
+    k = arrays.io_kind(name, a)
+    if k != kind:
+        raise ArgumentTypeError(f"{name}: expected the dtype of {ref_name} ({kind}), got {k}")
+
+
+def _f32_table(name: str, t: Any) -> Any:
+    """RoPE tables are fp32 for every x dtype; NumPy tables of another float dtype are cast."""
+    if isinstance(t, np.ndarray):
+        if t.dtype.kind != "f" and arrays.dtype_name(t) != "bfloat16":
+            raise ArgumentTypeError(f"{name}: expected a float32 table, got dtype {t.dtype.name}")
+        return np.ascontiguousarray(t, dtype=np.float32)
+    arrays.io_kind(name, t, ("f32",))
+    return t
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+def embedding(ids: Any, table: Any, *, backend: str | None = None) -> Any:
+    """Rows `table[ids]`: ids (n,) integers in [0, vocab), table (vocab, dim) f32 or bf16 -> (n, dim).
+
+    ids are checked on the host before launch (an out-of-range id is an
+    ArgumentError); device id arrays must be int64 and are trusted, the kernel
+    writes a zero row for an id it cannot read.
+    """
+    kind = arrays.io_kind("table", table)
+    vocab, dim = arrays.check_ndim("table", table, (2,))
+    n = arrays.check_ndim("ids", ids, (1,))[0]
+    if isinstance(ids, np.ndarray):
+        if ids.dtype.kind not in "iu":
+            raise ArgumentTypeError(f"ids: expected an integer array, got dtype {ids.dtype.name}")
+        if n and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
+            bad = ids[(ids < 0) | (ids >= vocab)][0]
+            raise ArgumentError(f"ids: expected every id in [0, {vocab}), got {int(bad)}")
+        ids = np.ascontiguousarray(ids, dtype=np.int64)
+    elif arrays.dtype_name(ids) != "int64":
+        raise ArgumentTypeError(f"ids: expected an int64 device array, got {arrays.dtype_name(ids)}")
+    _check_u32("table.shape[1]", dim)
+    table = arrays.contiguous(table)
+    out = arrays.empty((n, dim), arrays.dtype_name(table), like=table)
+    if n == 0 or dim == 0:
+        return out
+    units = -(-n * dim // 4)
+    _launch("embedding" + _suffix(kind), _blocks(units), _THREADS, ids, table, out, n, vocab, dim, backend=backend)
+    return out
+
+
+# --------------------------------------------------------------------------- rope
+
+_STYLES = {"interleaved": 0, "half": 1}
+
+
+def rope(
+    x: Any,
+    cos: Any,
+    sin: Any,
+    *,
+    pos_offset: int = 0,
+    style: str = "interleaved",
+    inplace: bool = False,
+    backend: str | None = None,
+) -> Any:
+    """Rotary position embedding of x (n_tokens, n_heads, head_dim) or (batch, n_tokens, n_heads, head_dim).
+
+    Token t (of every batch row) sits at position pos_offset + t and is rotated
+    by cos/sin[pos] (tables (max_pos, head_dim // 2), fp32 for f32 and bf16 x).
+    style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
+    style="half" rotates (i, i + head_dim/2) like HF LLaMA's rotate_half.
+    inplace=True writes into x (which must then be C-contiguous) and returns it.
+    """
+    kind = arrays.io_kind("x", x)
+    shp = arrays.check_ndim("x", x, (3, 4))
+    if style not in _STYLES:
+        raise ArgumentError(f"style: expected 'interleaved' or 'half', got {style!r}")
+    n_tokens, n_heads, head_dim = shp[-3:]
+    if head_dim % 2:
+        raise ArgumentError(f"x: expected an even head_dim (last dimension), got {head_dim}")
+    half = head_dim // 2
+    cos, sin = _f32_table("cos", cos), _f32_table("sin", sin)
+    for name, t in (("cos", cos), ("sin", sin)):
+        ts = arrays.check_ndim(name, t, (2,))
+        if ts[1] != half:
+            raise ArgumentError(f"{name}: expected shape (max_pos, {half}) for head_dim {head_dim}, got {ts}")
+    max_pos = min(arrays.shape_of(cos)[0], arrays.shape_of(sin)[0])
+    if isinstance(pos_offset, bool) or not isinstance(pos_offset, (int, np.integer)) or pos_offset < 0:
+        raise ArgumentError(f"pos_offset: expected an integer >= 0, got {pos_offset!r}")
+    if pos_offset + n_tokens > max_pos:
+        raise ArgumentError(
+            f"pos_offset: positions {pos_offset}..{pos_offset + n_tokens - 1} need tables of at least "
+            f"{pos_offset + n_tokens} rows, got {max_pos}"
+        )
+    for name, v in (("x.shape[-3]", n_tokens), ("x.shape[-2]", n_heads), ("x.shape[-1]", head_dim)):
+        _check_u32(name, v)
+    if inplace:
+        if isinstance(x, np.ndarray) and (not x.flags.c_contiguous or not x.flags.writeable):
+            raise ArgumentError("x: inplace=True needs a C-contiguous, writeable array")
+        out = x
+    else:
+        x = arrays.contiguous(x)
+        out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+    n_rows = _size(shp[:-1])
+    if n_rows == 0 or half == 0:
+        return out
+    units = n_rows * max(1, half // 4)
+    _launch(
+        "rope" + _suffix(kind), _blocks(units), _THREADS,
+        x, out, cos, sin, n_rows, n_tokens, n_heads, head_dim, int(pos_offset), _STYLES[style],
+        backend=backend,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- silu_gate
+
+
+def silu_gate(gate: Any, up: Any, *, backend: str | None = None) -> Any:
+    """silu(gate) * up elementwise (SwiGLU), any shape, f32 or bf16 (fp32 math)."""
+    kind = arrays.io_kind("gate", gate)
+    _same_dtype("up", up, kind, "gate")
+    gs, us = arrays.shape_of(gate), arrays.shape_of(up)
+    if gs != us:
+        raise ArgumentError(f"up: expected the shape of gate {gs}, got {us}")
+    gate, up = arrays.contiguous(gate), arrays.contiguous(up)
+    out = arrays.empty(gs, arrays.dtype_name(gate), like=gate)
+    n = _size(gs)
+    if n == 0:
+        return out
+    _launch("silu_gate" + _suffix(kind), _blocks(-(-n // 4)), _THREADS, gate, up, out, n, backend=backend)
+    return out
+
+
+# --------------------------------------------------------------------------- row kernels
+
+
+def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int]]:
+    """Warp per row (8 rows a block) for short rows, else a block per row sized to the row."""
+    if row_len_chunks <= 64:
+        rows_per_block = 8
+        return max(1, min(65535, -(-n_rows // rows_per_block))), (32, rows_per_block)
+    threads = 128 if row_len_chunks <= 1024 else (256 if row_len_chunks <= 4096 else 1024)
+    return max(1, min(65535, n_rows)), (threads, 1)
+
+
+def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, backend: str | None = None) -> Any:
+    """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis; same dtype as x, statistics in fp32."""
+    kind = arrays.io_kind("x", x)
+    _same_dtype("weight", weight, kind, "x")
+    shp = arrays.shape_of(x)
+    if len(shp) < 1:
+        raise ArgumentError(f"x: expected at least 1 dimension, got shape {shp}")
+    dim = shp[-1]
+    if arrays.shape_of(weight) != (dim,):
+        raise ArgumentError(f"weight: expected shape ({dim},), got {arrays.shape_of(weight)}")
+    if not isinstance(eps, (int, float, np.floating)) or not eps >= 0 or not math.isfinite(eps):
+        raise ArgumentError(f"eps: expected a finite number >= 0, got {eps!r}")
+    _check_u32("x.shape[-1]", dim)
+    x, weight = arrays.contiguous(x), arrays.contiguous(weight)
+    out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+    n_rows = _size(shp[:-1])
+    if n_rows == 0 or dim == 0:
+        return out
+    grid, block = _row_geometry(n_rows, -(-dim // (8 if kind == "bf16" else 4)))
+    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps), backend=backend)
+    return out
+
+
+def causal_attn_softmax(scores: Any, past_len: int = 0, *, backend: str | None = None) -> Any:
+    """Causal softmax of attention scores (n_q, n_heads, kv_len), f32.
+
+    Query q sees keys j <= past_len + q (past_len tokens already in the cache);
+    masked entries are 0 in the result. Rows are max-shifted (numerically stable).
+    """
+    arrays.io_kind("scores", scores, ("f32",))
+    n_q, n_heads, kv_len = arrays.check_ndim("scores", scores, (3,))
+    if isinstance(past_len, bool) or not isinstance(past_len, (int, np.integer)) or past_len < 0:
+        raise ArgumentError(f"past_len: expected an integer >= 0, got {past_len!r}")
+    _check_u32("past_len", int(past_len))
+    _check_u32("scores.shape[1]", n_heads)
+    _check_u32("scores.shape[2]", kv_len)
+    scores = arrays.contiguous(scores)
+    out = arrays.empty((n_q, n_heads, kv_len), "float32", like=scores)
+    n_rows = n_q * n_heads
+    if n_rows == 0 or kv_len == 0:
+        return out
+    grid, block = _row_geometry(n_rows, -(-kv_len // 4))
+    _launch("causal_attn_softmax", grid, block, scores, out, n_rows, n_heads, kv_len, int(past_len), backend=backend)
+    return out
+
+
+# --------------------------------------------------------------------------- flash_attention
+
+# (bucket, query rows per block): the kernel gives DMAX/16 threads to a query row, 256 threads a block.
+_FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
+FA_THREADS = 256
+
+
+def flash_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    backend: str | None = None,
+) -> Any:
+    """softmax(scale * q k^T) v per (batch, head), without materialising the scores.
+
+    q (batch, n_q, n_heads, head_dim), k (batch, n_k, n_kv_heads, head_dim),
+    v (batch, n_k, n_kv_heads, head_dim_v); n_heads % n_kv_heads == 0 (query head
+    h uses kv head h // (n_heads // n_kv_heads)); head_dim, head_dim_v <= 256.
+    f32 or bf16 (all three alike), fp32 accumulation. scale defaults to
+    1/sqrt(head_dim).
+
+    causal=True aligns the mask bottom-right: query i sees keys
+    j <= i + n_k - n_q (with n_q == n_k the usual lower triangle; with n_q < n_k
+    the queries are the last n_q positions of the sequence). When n_q > n_k the
+    first n_q - n_k queries see no key: their output is 0 and their lse -inf.
+
+    Returns out (batch, n_q, n_heads, head_dim_v), or (out, lse) with
+    return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
+    log-sum-exp of the scaled scores over the visible keys, the input
+    `attention_backward(..., lse=)` expects.
+    """
+    kind = arrays.io_kind("q", q)
+    _same_dtype("k", k, kind, "q")
+    _same_dtype("v", v, kind, "q")
+    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,))
+    ks = arrays.check_ndim("k", k, (4,))
+    vs = arrays.check_ndim("v", v, (4,))
+    if ks[0] != batch or ks[3] != head_dim:
+        raise ArgumentError(f"k: expected shape ({batch}, n_k, n_kv_heads, {head_dim}), got {ks}")
+    n_k, n_kv_heads = ks[1], ks[2]
+    if vs[:3] != (batch, n_k, n_kv_heads):
+        raise ArgumentError(f"v: expected shape ({batch}, {n_k}, {n_kv_heads}, head_dim_v), got {vs}")
+    head_dim_v = vs[3]
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
+    for name, d in (("q.shape[3] (head_dim)", head_dim), ("v.shape[3] (head_dim_v)", head_dim_v)):
+        if not 1 <= d <= 256:
+            raise ArgumentError(f"{name}: expected 1 <= value <= 256, got {d}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    for name, val in (("q.shape[0]", batch), ("q.shape[1]", n_q), ("k.shape[1]", n_k), ("q.shape[2]", n_heads)):
+        if val > _INT_MAX:
+            raise ArgumentError(f"{name}: expected at most {_INT_MAX}, got {val}")
+    bucket, rows = next((b, r) for b, r in _FA_BUCKETS if max(head_dim, head_dim_v) <= b)
+    n_blocks = batch * n_heads * -(-n_q // rows)
+    if n_blocks > _INT_MAX:
+        raise ArgumentError(f"q: batch * n_heads * ceil(n_q / {rows}) = {n_blocks} blocks exceeds {_INT_MAX}")
+
+    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
+    out = arrays.empty((batch, n_q, n_heads, head_dim_v), arrays.dtype_name(q), like=q)
+    lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
+    if n_blocks == 0:
+        pass
+    elif n_k == 0:  # no key at all: every row is an empty softmax
+        _fill(out, 0.0)
+        _fill(lse, -math.inf)
+    else:
+        _launch(
+            f"flash_attention_d{bucket}{_suffix(kind)}", n_blocks, FA_THREADS,
+            q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
+            1 if causal else 0,
+            backend=backend,
+        )
+    return (out, lse) if return_lse else out
+
+
+def _fill(a: Any, value: float) -> None:
+    if isinstance(a, np.ndarray):
+        a.fill(value)
+    elif hasattr(a, "fill_"):
+        a.fill_(value)
+    else:
+        a.fill(value)

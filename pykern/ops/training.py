@@ -1,0 +1,339 @@
+"""Training ops: transpose, softmax / RMSNorm / embedding backward, fused cross-entropy.
+
+Kernels in kernels_cu/training.cu; attention backward is in `attention_backward.py`.
+Every op validates shapes, dtypes and ranges before launching (ArgumentError /
+ArgumentTypeError naming the argument), allocates outputs next to the inputs
+and takes `backend=` ("nvrtc", "numba", "host" or None). Leading batch dims are
+flattened into rows.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..errors import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "transpose_2d",
+    "softmax_backward",
+    "rms_norm_backward",
+    "embedding_backward",
+    "cross_entropy_fwd_bwd",
+]
+
+_UINT_MAX = 2**32 - 1
+_INT_MAX = 2**31 - 1
+_GRID_X_MAX = 2**31 - 1
+_GRID_YZ_MAX = 65535
+# Row kernels are compiled with __launch_bounds__(512): more threads per row
+# would cap registers low enough to spill on sm_100/sm_120.
+_ROW_THREADS_MAX = 512
+
+
+def _launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, backend: str | None) -> None:
+    from ..launcher import launch
+
+    launch(name, grid, block, *args, shared_mem=shared_mem, backend=backend)
+
+
+def _suffix(kind: str) -> str:
+    return "_bf16" if kind == "bf16" else ""
+
+
+def _size(shape: tuple[int, ...]) -> int:
+    return int(np.prod(shape, dtype=np.int64)) if shape else 1
+
+
+def _flat(a: Any) -> Any:
+    """A 1-D view of a contiguous array (NumPy, torch and CuPy all have reshape)."""
+    return a.reshape(-1)
+
+
+def _row_threads(row_len: int) -> int:
+    """Threads for a one-block-per-row kernel: enough for 4 elements each, a multiple of 32."""
+    per4 = -(-row_len // 4)
+    return max(32, min(_ROW_THREADS_MAX, -(-per4 // 32) * 32))
+
+
+def _check_u32(name: str, value: int) -> None:
+    if value > _UINT_MAX:
+        raise ArgumentError(f"{name}: expected at most {_UINT_MAX}, got {value}")
+
+
+def _same_kind(name: str, a: Any, kind: str, ref_name: str) -> None:
+    k = arrays.io_kind(name, a)
+    if k != kind:
+        raise ArgumentTypeError(f"{name}: expected the dtype of {ref_name} ({kind}), got {k}")
+
+
+def _same_shape(name: str, a: Any, shape: tuple[int, ...], ref_name: str) -> None:
+    s = arrays.shape_of(a)
+    if tuple(s) != tuple(shape):
+        raise ArgumentError(f"{name}: expected the shape of {ref_name} {tuple(shape)}, got {tuple(s)}")
+
+
+def host_ints(name: str, a: Any) -> np.ndarray:
+    """Integer index array as NumPy int64 on the host (indices are checked there before launch)."""
+    if isinstance(a, np.ndarray):
+        host = a
+    elif hasattr(a, "__cuda_array_interface__"):
+        if hasattr(a, "get"):  # CuPy
+            host = a.get()
+        elif hasattr(a, "cpu"):  # torch
+            host = a.cpu().numpy()
+        else:
+            host = a.copy_to_host()  # numba device array
+    else:
+        raise ArgumentTypeError(f"{name}: expected an integer array, got {type(a).__name__}")
+    if host.dtype.kind not in "iu":
+        raise ArgumentTypeError(f"{name}: expected an integer dtype, got {host.dtype.name}")
+    return host.astype(np.int64, copy=False)
+
+
+def _device_like(host: np.ndarray, like: Any) -> Any:
+    """`host` on the same kind of memory as `like` (NumPy stays NumPy; the nvrtc backend stages it)."""
+    if like is None or isinstance(like, np.ndarray):
+        return host
+    out = arrays.empty(host.shape, host.dtype, like)
+    mod = type(out).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        out.copy_(torch.from_numpy(host))
+    else:
+        out.set(host)  # CuPy
+    return out
+
+
+# --------------------------------------------------------------------------- transpose
+
+
+def transpose_2d(x: Any, *, backend: str | None = None) -> Any:
+    """Contiguous `x.T` of a 2-D array (f32 or bf16, bit-exact).
+
+    With leading batch dims (..., rows, cols) each trailing matrix is transposed:
+    the result is (..., cols, rows), i.e. `np.swapaxes(x, -1, -2)`.
+    """
+    kind = arrays.io_kind("x", x)
+    shape = tuple(arrays.shape_of(x))
+    if len(shape) < 2:
+        raise ArgumentError(f"x: expected at least 2 dimensions, got shape {shape}")
+    x = arrays.contiguous(x)
+    rows, cols = shape[-2], shape[-1]
+    batch = _size(shape[:-2])
+    _check_u32("x.shape[-2] (rows)", rows)
+    _check_u32("x.shape[-1] (cols)", cols)
+    _check_u32("x batch size", batch)
+    out = arrays.empty(shape[:-2] + (cols, rows), kind, like=x)
+    if rows * cols * batch == 0:
+        return out
+    col_tiles = -(-cols // 32)
+    if col_tiles > _GRID_X_MAX:
+        raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 32}, got {cols}")
+    grid = (col_tiles, min(-(-rows // 32), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
+    _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch, backend=backend)
+    return out
+
+
+# --------------------------------------------------------------------------- softmax backward
+
+
+def softmax_backward(probs: Any, grad_out: Any, *, backend: str | None = None) -> Any:
+    """grad_in = probs * (grad_out - rowsum(probs * grad_out)) over the last axis (f32 or bf16)."""
+    kind = arrays.io_kind("probs", probs)
+    _same_kind("grad_out", grad_out, kind, "probs")
+    shape = tuple(arrays.shape_of(probs))
+    if len(shape) < 1:
+        raise ArgumentError(f"probs: expected at least 1 dimension, got shape {shape}")
+    _same_shape("grad_out", grad_out, shape, "probs")
+    row_len = shape[-1]
+    _check_u32("probs.shape[-1]", row_len)
+    n_rows = _size(shape[:-1])
+    probs, grad_out = arrays.contiguous(probs), arrays.contiguous(grad_out)
+    out = arrays.empty(shape, kind, like=probs)
+    if n_rows * row_len == 0:
+        return out
+    _launch(
+        "softmax_backward" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(row_len),),
+        _flat(probs), _flat(grad_out), _flat(out), n_rows, row_len, backend=backend,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- RMSNorm backward
+
+
+def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
+    """(n_chunks, rows_per_chunk) for the grad_weight column reduction.
+
+    Enough row chunks that the (column tile x chunk) grid fills a large GPU
+    (~1024 blocks), but at least 32 rows per chunk so the final per-column sum
+    over chunks stays small. Depends only on the shape, so the summation order
+    (and the result) is the same on every run.
+    """
+    col_tiles = -(-dim // 32)
+    want = max(1, min(-(-n_rows // 32), -(-1024 // col_tiles), _GRID_YZ_MAX))
+    rows_per_chunk = -(-n_rows // want)
+    return -(-n_rows // rows_per_chunk), rows_per_chunk
+
+
+def rms_norm_backward(
+    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, backend: str | None = None
+) -> tuple[Any, Any]:
+    """Backward of y = x * rsqrt(mean(x^2, -1) + eps) * weight.
+
+    x, grad_out (..., dim) and weight (dim,) share one dtype (f32 or bf16).
+    Returns (grad_x like x, grad_weight float32 (dim,)); grad_weight is reduced
+    in fp32 in a fixed order (no atomics), so it is identical run to run.
+    """
+    kind = arrays.io_kind("x", x)
+    _same_kind("weight", weight, kind, "x")
+    _same_kind("grad_out", grad_out, kind, "x")
+    shape = tuple(arrays.shape_of(x))
+    if len(shape) < 1:
+        raise ArgumentError(f"x: expected at least 1 dimension, got shape {shape}")
+    dim = shape[-1]
+    _same_shape("weight", weight, (dim,), "x's last axis")
+    _same_shape("grad_out", grad_out, shape, "x")
+    if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0.0):
+        raise ArgumentError(f"eps: expected a number >= 0, got {eps!r}")
+    if dim < 1:
+        raise ArgumentError(f"x.shape[-1]: expected at least 1, got {dim}")
+    _check_u32("x.shape[-1]", dim)
+    n_rows = _size(shape[:-1])
+    x, weight, grad_out = arrays.contiguous(x), arrays.contiguous(weight), arrays.contiguous(grad_out)
+    grad_x = arrays.empty(shape, kind, like=x)
+    if n_rows == 0:
+        return grad_x, arrays.zeros((dim,), np.float32, like=x)
+    grad_w = arrays.empty((dim,), np.float32, like=x)
+    inv_rms = arrays.empty((n_rows,), np.float32, like=x)
+    sfx = _suffix(kind)
+    _launch(
+        "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),),
+        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps), backend=backend,
+    )
+    n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
+    partial = grad_w if n_chunks == 1 else arrays.empty((n_chunks * dim,), np.float32, like=x)
+    _launch(
+        "rms_norm_backward_weight" + sfx, (-(-dim // 32), n_chunks), (32, 8),
+        _flat(x), _flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk, backend=backend,
+    )
+    if n_chunks > 1:
+        _launch(
+            "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
+            backend=backend,
+        )
+    return grad_x, grad_w
+
+
+# --------------------------------------------------------------------------- embedding backward
+
+
+def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str | None = None) -> Any:
+    """grad_weight (vocab_size, dim) float32: row v = sum of grad_out rows whose id is v.
+
+    grad_out (..., dim) f32 or bf16, ids (...) integers in [0, vocab_size),
+    checked on the host before launch. The op sorts token positions by id
+    (stable) and the kernel sums each vocab row's tokens in position order, so
+    the result is deterministic (no atomics) and unused rows are written as 0.
+    """
+    kind = arrays.io_kind("grad_out", grad_out)
+    shape = tuple(arrays.shape_of(grad_out))
+    if len(shape) < 1:
+        raise ArgumentError(f"grad_out: expected at least 1 dimension, got shape {shape}")
+    if not isinstance(vocab_size, (int, np.integer)) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= _UINT_MAX:
+        raise ArgumentError(f"vocab_size: expected an integer in [1, {_UINT_MAX}], got {vocab_size!r}")
+    vocab_size = int(vocab_size)
+    dim = shape[-1]
+    _check_u32("grad_out.shape[-1]", dim)
+    ids_host = host_ints("ids", ids)
+    if tuple(ids_host.shape) != shape[:-1]:
+        raise ArgumentError(f"ids: expected shape {shape[:-1]} (grad_out without its last axis), got {tuple(ids_host.shape)}")
+    flat_ids = ids_host.reshape(-1)
+    n_tok = flat_ids.size
+    if n_tok > _INT_MAX:
+        raise ArgumentError(f"ids: expected at most {_INT_MAX} tokens, got {n_tok}")
+    if n_tok:
+        bad = np.flatnonzero((flat_ids < 0) | (flat_ids >= vocab_size))
+        if bad.size:
+            k = int(bad[0])
+            raise ArgumentError(
+                f"ids: expected values in [0, {vocab_size}), got {int(flat_ids[k])} at flat index {k}"
+            )
+    grad_out = arrays.contiguous(grad_out)
+    out = arrays.empty((vocab_size, dim), np.float32, like=grad_out)
+    if dim == 0:
+        return out
+    order = np.argsort(flat_ids, kind="stable").astype(np.int32)
+    offsets = np.zeros(vocab_size + 1, np.int32)
+    np.cumsum(np.bincount(flat_ids, minlength=vocab_size), out=offsets[1:])
+    if n_tok == 0:  # the kernel still writes the zero rows; give it a valid (unused) pointer
+        order = np.zeros(1, np.int32)
+    _launch(
+        "embedding_backward" + _suffix(kind), (vocab_size,), (_row_threads(dim),),
+        _flat(grad_out), _device_like(order, grad_out), _device_like(offsets, grad_out), _flat(out),
+        vocab_size, dim, backend=backend,
+    )
+    return out
+
+
+# --------------------------------------------------------------------------- cross-entropy
+
+
+def cross_entropy_fwd_bwd(
+    logits: Any, targets: Any, pad_id: int = -100, *, backend: str | None = None
+) -> tuple[Any, Any]:
+    """Mean negative log-likelihood over non-pad rows and its gradient, in one pass over the logits.
+
+    logits (..., vocab) f32 or bf16 (softmax and loss in fp32), targets (...)
+    integers; rows whose target equals `pad_id` are ignored (gradient 0). Any
+    other target must lie in [0, vocab) (checked before launch). Returns
+    (loss: float32 array of shape (), grad_logits like logits) with
+    grad = (softmax - onehot) / n_valid. A batch that is all padding gives
+    loss 0.0 and a zero gradient.
+    """
+    kind = arrays.io_kind("logits", logits)
+    shape = tuple(arrays.shape_of(logits))
+    if len(shape) < 1:
+        raise ArgumentError(f"logits: expected at least 1 dimension, got shape {shape}")
+    vocab = shape[-1]
+    if vocab < 1:
+        raise ArgumentError(f"logits.shape[-1] (vocab): expected at least 1, got {vocab}")
+    _check_u32("logits.shape[-1] (vocab)", vocab)
+    if not isinstance(pad_id, (int, np.integer)) or isinstance(pad_id, bool) or not -(2**31) <= pad_id <= _INT_MAX:
+        raise ArgumentError(f"pad_id: expected an int32 value, got {pad_id!r}")
+    pad_id = int(pad_id)
+    t = host_ints("targets", targets)
+    if tuple(t.shape) != shape[:-1]:
+        raise ArgumentError(f"targets: expected shape {shape[:-1]} (logits without its last axis), got {tuple(t.shape)}")
+    flat_t = t.reshape(-1)
+    live = flat_t != pad_id
+    bad = np.flatnonzero(live & ((flat_t < 0) | (flat_t >= vocab)))
+    if bad.size:
+        k = int(bad[0])
+        raise ArgumentError(
+            f"targets: expected values in [0, {vocab}) or pad_id={pad_id}, got {int(flat_t[k])} at flat index {k}"
+        )
+    n_rows = flat_t.size
+    count = int(live.sum())
+    inv_count = 1.0 / count if count else 0.0
+    logits = arrays.contiguous(logits)
+    grad = arrays.empty(shape, kind, like=logits)
+    loss = arrays.empty((), np.float32, like=logits)
+    if n_rows == 0:
+        if isinstance(loss, np.ndarray):
+            loss[()] = 0.0
+        else:
+            loss.fill(0)
+        return loss, grad
+    row_loss = arrays.empty((n_rows,), np.float32, like=logits)
+    _launch(
+        "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),
+        _flat(logits), _device_like(flat_t.astype(np.int32), logits), _flat(grad), row_loss,
+        n_rows, vocab, pad_id, inv_count, backend=backend,
+    )
+    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
+    _launch("cross_entropy_loss_mean", (1,), (threads,), row_loss, _flat(loss), n_rows, inv_count, backend=backend)
+    return loss, grad

@@ -1,0 +1,172 @@
+"""Causal softmax attention backward (kernels in kernels_cu/attention_backward.cu).
+
+q, grad_out, out: (seq, n_heads, head_dim) or (batch, seq, n_heads, head_dim);
+k, v: (seq, n_kv_heads, head_dim) (same leading batch dim); lse: (seq, n_heads)
+or (batch, seq, n_heads) float32, the natural-log logsumexp of the scaled
+scores (the convention of `flash_attention(..., return_lse=True)`).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..errors import ArgumentError
+from .training import _GRID_YZ_MAX, _check_u32, _flat, _launch, _same_kind, _same_shape, _size, _suffix
+
+__all__ = ["attention_backward"]
+
+MAX_HEAD_DIM = 256
+# The naive kernel keeps two floats per key in shared memory (2 * seq * 4 bytes
+# plus 2 * head_dim floats); 4096 keys stay well inside the 48 KiB a block gets
+# without an opt-in on every arch.
+NAIVE_MAX_SEQ = 4096
+_FLASH_THREADS = 256
+_STAGE = 16  # PK_ATT_STAGE in the .cu
+_NAIVE_THREADS = 128
+METHODS = ("auto", "naive", "flash")
+
+
+def group_lanes(head_dim: int) -> int:
+    """Lanes per key/query row in the flash kernels: each lane holds at most 16 dims in registers."""
+    return 4 if head_dim <= 64 else 8 if head_dim <= 128 else 16
+
+
+def _zero(buf: Any, n: int, backend: str | None) -> None:
+    _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, backend=backend)
+
+
+def _naive(q, k, v, g, kind, dims, scale, backend):
+    b, s, h, kvh, d = dims
+    if s > NAIVE_MAX_SEQ:
+        raise ArgumentError(
+            f"q: method='naive' handles seq_len <= {NAIVE_MAX_SEQ}, got {s}; use method='flash'"
+        )
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    kv_shape = tuple(arrays.shape_of(k))
+    n_kv = _size(kv_shape)
+    dk_acc = arrays.empty((n_kv,), np.float32, like=q)
+    dv_acc = arrays.empty((n_kv,), np.float32, like=q)
+    _zero(dk_acc, n_kv, backend)
+    _zero(dv_acc, n_kv, backend)
+    shared = (2 * d + 2 * s) * 4
+    _launch(
+        "attention_backward_naive" + _suffix(kind), (s, h, b), (_NAIVE_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, s, h, kvh, d, scale,
+        shared_mem=shared, backend=backend,
+    )
+    if kind == "f32":
+        return dq, dk_acc.reshape(kv_shape), dv_acc.reshape(kv_shape)
+    dk = arrays.empty(kv_shape, kind, like=q)
+    dv = arrays.empty(kv_shape, kind, like=q)
+    blocks = (max(1, min(-(-n_kv // 256), 4096)),)
+    _launch("training_f32_to_bf16", blocks, (256,), dk_acc, _flat(dk), n_kv, backend=backend)
+    _launch("training_f32_to_bf16", blocks, (256,), dv_acc, _flat(dv), n_kv, backend=backend)
+    return dq, dk, dv
+
+
+def _flash(q, k, v, g, out, lse, kind, dims, scale, backend):
+    b, s, h, kvh, d = dims
+    G = group_lanes(d)
+    rows = _FLASH_THREADS // G
+    sfx = _suffix(kind)
+    n_rows = b * s * h
+    if out is not None and lse is not None:
+        lse_buf = lse
+        delta = arrays.empty((n_rows,), np.float32, like=q)
+        _launch(
+            "attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+            _flat(g), _flat(out), delta, n_rows, d, backend=backend,
+        )
+    else:
+        lse_buf = arrays.empty((n_rows,), np.float32, like=q)
+        delta = arrays.empty((n_rows,), np.float32, like=q)
+        _launch(
+            "attention_bwd_lse" + sfx, (-(-s // rows), h, b), (_FLASH_THREADS,),
+            _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, s, h, kvh, d, scale, G,
+            shared_mem=2 * _STAGE * d * 4, backend=backend,
+        )
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    _launch(
+        "attention_backward_flash_dkdv" + sfx, (-(-s // rows), kvh, b), (_FLASH_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
+        s, h, kvh, d, scale, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, backend=backend,
+    )
+    _launch(
+        "attention_backward_flash_dq" + sfx, (-(-s // rows), h, b), (_FLASH_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
+        s, h, kvh, d, scale, G, shared_mem=2 * _STAGE * d * 4, backend=backend,
+    )
+    return dq, dk, dv
+
+
+def attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    grad_out: Any,
+    *,
+    out: Any = None,
+    lse: Any = None,
+    method: str = "auto",
+    backend: str | None = None,
+) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) of causal softmax attention with scale 1/sqrt(head_dim).
+
+    Grouped-query attention: n_heads % n_kv_heads == 0, query head h uses kv
+    head h // (n_heads // n_kv_heads). head_dim <= 256. Outputs have the
+    inputs' dtype (f32 or bf16), accumulation is fp32.
+
+    method="naive": one block per (query, head), seq_len <= NAIVE_MAX_SEQ;
+    dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
+    the last bits, may vary run to run); `out`/`lse` are not needed.
+    method="flash" (and "auto"): tiled over keys, any seq_len, deterministic.
+    It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
+    `lse` are given they are used, otherwise a pre-pass kernel computes both
+    from q, k, v and grad_out.
+    """
+    if method not in METHODS:
+        raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
+    kind = arrays.io_kind("q", q)
+    for name, a in (("k", k), ("v", v), ("grad_out", grad_out)):
+        _same_kind(name, a, kind, "q")
+    qs = tuple(arrays.check_ndim("q", q, (3, 4)))
+    ks = tuple(arrays.check_ndim("k", k, (len(qs),)))
+    batched = len(qs) == 4
+    b = qs[0] if batched else 1
+    s, h, d = qs[-3:]
+    if ks[:-2] != qs[:-2] or ks[-1] != d:
+        want = qs[:-2] + ("n_kv_heads", d)
+        raise ArgumentError(f"k: expected shape {want} (batch/seq/head_dim of q), got {ks}")
+    kvh = ks[-2]
+    _same_shape("v", v, ks, "k")
+    _same_shape("grad_out", grad_out, qs, "q")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ArgumentError(f"q.shape[-1] (head_dim): expected 1..{MAX_HEAD_DIM}, got {d}")
+    if h < 1 or kvh < 1 or h % kvh:
+        raise ArgumentError(f"k.shape[-2] (n_kv_heads): expected a divisor of n_heads={h}, got {kvh}")
+    if h > _GRID_YZ_MAX or b > _GRID_YZ_MAX:
+        raise ArgumentError(f"q: expected n_heads and batch <= {_GRID_YZ_MAX}, got n_heads={h}, batch={b}")
+    _check_u32("q.shape[-3] (seq_len)", s)
+    if out is not None:
+        _same_kind("out", out, kind, "q")
+        _same_shape("out", out, qs, "q")
+        out = arrays.contiguous(out)
+    if lse is not None:
+        arrays.io_kind("lse", lse, ("f32",))
+        ls = tuple(arrays.shape_of(lse))
+        if ls not in ((b, s, h), qs[:-1]):
+            raise ArgumentError(f"lse: expected shape {qs[:-1]} or {(b, s, h)} (float32), got {ls}")
+        lse = arrays.contiguous(lse)
+    q, k, v, grad_out = (arrays.contiguous(a) for a in (q, k, v, grad_out))
+    if b * s * h == 0:
+        return (arrays.empty(qs, kind, like=q), arrays.empty(ks, kind, like=q), arrays.empty(ks, kind, like=q))
+    scale = float(np.float32(1.0 / math.sqrt(d)))
+    dims = (b, s, h, kvh, d)
+    if method == "naive":
+        return _naive(q, k, v, grad_out, kind, dims, scale, backend)
+    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, backend)

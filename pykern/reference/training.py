@@ -1,0 +1,368 @@
+"""numba.cuda references for kernels_cu/training.cu and kernels_cu/attention_backward.cu.
+
+One thread per row (or output element), plain loops, no shuffles, no shared
+memory, no libdevice: obviously right rather than fast. Arrays arrive flat
+(the numba backend flattens them) and bf16 arrays arrive widened to float32,
+so one body serves each f32/bf16 twin. Parameters mirror the .cu kernels; the
+block/grid shape of the CUDA launch is ignored (`config` picks its own).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import reference
+
+_T = 64  # threads per block of every reference launch
+
+
+def _grid1(n: int) -> tuple[tuple[int], tuple[int]]:
+    return ((n + _T - 1) // _T,), (_T,)
+
+
+@reference("transpose_2d", "transpose_2d_bf16")
+def _transpose(cuda: Any):
+    @cuda.jit
+    def k(inp, out, rows, cols, batch):
+        t = cuda.grid(1)
+        if t < batch * rows * cols:
+            z = t // (rows * cols)
+            rc = t - z * rows * cols
+            r = rc // cols
+            c = rc - r * cols
+            out[z * rows * cols + c * rows + r] = inp[t]
+
+    return k, lambda a: _grid1(a[2] * a[3] * a[4])
+
+
+@reference("softmax_backward", "softmax_backward_bf16")
+def _softmax_backward(cuda: Any):
+    @cuda.jit
+    def k(probs, grad_out, grad_in, n_rows, row_len):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * row_len
+            dot = 0.0
+            for i in range(row_len):
+                dot += probs[base + i] * grad_out[base + i]
+            for i in range(row_len):
+                grad_in[base + i] = probs[base + i] * (grad_out[base + i] - dot)
+
+    return k, lambda a: _grid1(a[3])
+
+
+@reference("rms_norm_backward", "rms_norm_backward_bf16")
+def _rms_norm_backward(cuda: Any):
+    @cuda.jit
+    def k(x, w, g, gx, inv_rms, n_rows, dim, eps):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * dim
+            ss = 0.0
+            xwg = 0.0
+            for i in range(dim):
+                ss += x[base + i] * x[base + i]
+                xwg += x[base + i] * w[i] * g[base + i]
+            r = 1.0 / math.sqrt(ss / dim + eps)
+            inv_rms[row] = r
+            for i in range(dim):
+                gx[base + i] = r * w[i] * g[base + i] - x[base + i] * r * r * r * xwg / dim
+
+    return k, lambda a: _grid1(a[5])
+
+
+@reference("rms_norm_backward_weight", "rms_norm_backward_weight_bf16")
+def _rms_norm_backward_weight(cuda: Any):
+    @cuda.jit
+    def k(x, g, inv_rms, partial, n_rows, dim, rows_per_chunk):
+        t = cuda.grid(1)
+        n_chunks = (n_rows + rows_per_chunk - 1) // rows_per_chunk
+        if t < n_chunks * dim:
+            chunk = t // dim
+            col = t - chunk * dim
+            acc = 0.0
+            for r in range(chunk * rows_per_chunk, min(n_rows, (chunk + 1) * rows_per_chunk)):
+                acc += x[r * dim + col] * inv_rms[r] * g[r * dim + col]
+            partial[t] = acc
+
+    def config(a):
+        n_chunks = (a[4] + a[6] - 1) // a[6]
+        return _grid1(n_chunks * a[5])
+
+    return k, config
+
+
+@reference("rms_norm_grad_weight_reduce")
+def _rms_norm_grad_weight_reduce(cuda: Any):
+    @cuda.jit
+    def k(partial, grad_weight, n_chunks, dim):
+        col = cuda.grid(1)
+        if col < dim:
+            s = 0.0
+            for c in range(n_chunks):
+                s += partial[c * dim + col]
+            grad_weight[col] = s
+
+    return k, lambda a: _grid1(a[3])
+
+
+@reference("embedding_backward", "embedding_backward_bf16")
+def _embedding_backward(cuda: Any):
+    @cuda.jit
+    def k(grad_out, order, offsets, grad_weight, vocab_size, dim):
+        vrow = cuda.grid(1)
+        if vrow < vocab_size:
+            for d in range(dim):
+                acc = 0.0
+                for kk in range(offsets[vrow], offsets[vrow + 1]):
+                    acc += grad_out[order[kk] * dim + d]
+                grad_weight[vrow * dim + d] = acc
+
+    return k, lambda a: _grid1(a[4])
+
+
+@reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16")
+def _cross_entropy(cuda: Any):
+    @cuda.jit
+    def k(logits, targets, grad, row_loss, n_rows, vocab, pad_id, inv_count):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * vocab
+            t = targets[row]
+            if t == pad_id:
+                for i in range(vocab):
+                    grad[base + i] = 0.0
+                row_loss[row] = 0.0
+            else:
+                m = logits[base]
+                for i in range(vocab):
+                    m = max(m, logits[base + i])
+                s = 0.0
+                for i in range(vocab):
+                    s += math.exp(logits[base + i] - m)
+                row_loss[row] = m + math.log(s) - logits[base + t]
+                for i in range(vocab):
+                    onehot = 1.0 if i == t else 0.0
+                    grad[base + i] = (math.exp(logits[base + i] - m) / s - onehot) * inv_count
+
+    return k, lambda a: _grid1(a[4])
+
+
+@reference("cross_entropy_loss_mean")
+def _cross_entropy_loss_mean(cuda: Any):
+    @cuda.jit
+    def k(row_loss, loss, n_rows, inv_count):
+        if cuda.grid(1) == 0:
+            s = 0.0
+            for i in range(n_rows):
+                s += row_loss[i]
+            loss[0] = s * inv_count
+
+    return k, lambda a: ((1,), (1,))
+
+
+@reference("training_zero_f32")
+def _zero(cuda: Any):
+    @cuda.jit
+    def k(buf, n):
+        i = cuda.grid(1)
+        if i < n:
+            buf[i] = 0.0
+
+    return k, lambda a: _grid1(a[1])
+
+
+@reference("training_f32_to_bf16")
+def _to_bf16(cuda: Any):
+    # The numba backend narrows the (widened) bf16 output after the launch.
+    @cuda.jit
+    def k(src, dst, n):
+        i = cuda.grid(1)
+        if i < n:
+            dst[i] = src[i]
+
+    return k, lambda a: _grid1(a[2])
+
+
+# --------------------------------------------------------------------------- attention backward
+# Index helpers are inlined: q/dO/dq row (b, i, h) starts at ((b*seq + i)*H + h)*D,
+# k/v/dk/dv row (b, j, kvh) at ((b*seq + j)*KVH + kvh)*D, lse/delta at (b*seq + i)*H + h.
+
+
+def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
+    return a[0].size // (seq * heads * head_dim)
+
+
+@reference("attention_backward_naive", "attention_backward_naive_bf16")
+def _attention_naive(cuda: Any):
+    # One thread per (query, head): three passes over the keys (max, sum, delta),
+    # then dq directly and dk/dv with atomics (other query threads share rows).
+    @cuda.jit
+    def k(q, kk, v, dout, dq, dk_acc, dv_acc, seq, n_heads, n_kv_heads, head_dim, scale):
+        t = cuda.grid(1)
+        batch = q.size // (seq * n_heads * head_dim)
+        if t < batch * seq * n_heads:
+            h = t % n_heads
+            i = (t // n_heads) % seq
+            b = t // (n_heads * seq)
+            kvh = h // (n_heads // n_kv_heads)
+            qo = t * head_dim
+            m = -math.inf
+            for j in range(i + 1):
+                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                m = max(m, s * scale)
+            l = 0.0
+            delta = 0.0
+            for j in range(i + 1):
+                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                dp = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                    dp += dout[qo + d] * v[ko + d]
+                e = math.exp(s * scale - m)
+                l += e
+                delta += e * dp
+            delta = delta / l
+            for d in range(head_dim):
+                dq[qo + d] = 0.0
+            for j in range(i + 1):
+                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                dp = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                    dp += dout[qo + d] * v[ko + d]
+                p = math.exp(s * scale - m) / l
+                ds = p * (dp - delta)
+                for d in range(head_dim):
+                    dq[qo + d] += ds * kk[ko + d] * scale
+                    cuda.atomic.add(dk_acc, ko + d, ds * q[qo + d] * scale)
+                    cuda.atomic.add(dv_acc, ko + d, p * dout[qo + d])
+
+    def config(a):
+        return _grid1(_batch(a, a[7], a[8], a[10]) * a[7] * a[8])
+
+    return k, config
+
+
+@reference("attention_bwd_preprocess", "attention_bwd_preprocess_bf16")
+def _attention_preprocess(cuda: Any):
+    @cuda.jit
+    def k(dout, out, delta, n_rows, head_dim):
+        r = cuda.grid(1)
+        if r < n_rows:
+            s = 0.0
+            for d in range(head_dim):
+                s += dout[r * head_dim + d] * out[r * head_dim + d]
+            delta[r] = s
+
+    return k, lambda a: _grid1(a[3])
+
+
+@reference("attention_bwd_lse", "attention_bwd_lse_bf16")
+def _attention_lse(cuda: Any):
+    # lse and delta = sum_j p_j (dO . v_j) (equal to rowsum(dO * O)) by two passes.
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, seq, n_heads, n_kv_heads, head_dim, scale, group_lanes):
+        t = cuda.grid(1)
+        batch = q.size // (seq * n_heads * head_dim)
+        if t < batch * seq * n_heads:
+            h = t % n_heads
+            i = (t // n_heads) % seq
+            b = t // (n_heads * seq)
+            kvh = h // (n_heads // n_kv_heads)
+            qo = t * head_dim
+            m = -math.inf
+            for j in range(i + 1):
+                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                m = max(m, s * scale)
+            l = 0.0
+            acc = 0.0
+            for j in range(i + 1):
+                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                dp = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                    dp += dout[qo + d] * v[ko + d]
+                e = math.exp(s * scale - m)
+                l += e
+                acc += e * dp
+            lse[t] = m + math.log(l)
+            delta[t] = acc / l
+
+    return k, lambda a: _grid1(_batch(a, a[6], a[7], a[9]) * a[6] * a[7])
+
+
+@reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16")
+def _attention_dq(cuda: Any):
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dq, seq, n_heads, n_kv_heads, head_dim, scale, group_lanes):
+        t = cuda.grid(1)
+        batch = q.size // (seq * n_heads * head_dim)
+        if t < batch * seq * n_heads:
+            h = t % n_heads
+            i = (t // n_heads) % seq
+            b = t // (n_heads * seq)
+            kvh = h // (n_heads // n_kv_heads)
+            qo = t * head_dim
+            for d in range(head_dim):
+                dq[qo + d] = 0.0
+            for j in range(i + 1):
+                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                dp = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                    dp += dout[qo + d] * v[ko + d]
+                ds = math.exp(s * scale - lse[t]) * (dp - delta[t])
+                for d in range(head_dim):
+                    dq[qo + d] += ds * kk[ko + d] * scale
+
+    return k, lambda a: _grid1(_batch(a, a[7], a[8], a[10]) * a[7] * a[8])
+
+
+@reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16")
+def _attention_dkdv(cuda: Any):
+    # One thread per (key, kv head): sums over the group's query heads and queries i >= j.
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dk, dv, seq, n_heads, n_kv_heads, head_dim, scale, group_lanes):
+        t = cuda.grid(1)
+        batch = kk.size // (seq * n_kv_heads * head_dim)
+        if t < batch * seq * n_kv_heads:
+            kvh = t % n_kv_heads
+            j = (t // n_kv_heads) % seq
+            b = t // (n_kv_heads * seq)
+            rep = n_heads // n_kv_heads
+            ko = t * head_dim
+            for d in range(head_dim):
+                dk[ko + d] = 0.0
+                dv[ko + d] = 0.0
+            for hh in range(rep):
+                h = kvh * rep + hh
+                for i in range(j, seq):
+                    r = (b * seq + i) * n_heads + h
+                    qo = r * head_dim
+                    s = 0.0
+                    dp = 0.0
+                    for d in range(head_dim):
+                        s += q[qo + d] * kk[ko + d]
+                        dp += dout[qo + d] * v[ko + d]
+                    p = math.exp(s * scale - lse[r])
+                    ds = p * (dp - delta[r])
+                    for d in range(head_dim):
+                        dk[ko + d] += ds * q[qo + d] * scale
+                        dv[ko + d] += p * dout[qo + d]
+
+    def config(a):
+        seq, kvh, hd = a[8], a[10], a[11]
+        return _grid1((a[1].size // (seq * kvh * hd)) * seq * kvh)
+
+    return k, config

@@ -1,0 +1,368 @@
+"""A recording stand-in for the CUDA driver, so the nvrtc backend's whole path runs without a GPU.
+
+`FakeDriver` implements pykern.backends.driver.Driver: it records every call, keeps "device
+memory" in host bytearrays at fake device addresses, and at `launch_kernel` reads the
+kernelParams array the backend packed and checks every parameter against the kernel's PTX
+`.entry` list (count, size, alignment of the storage, and that pointers are live device
+addresses), decoding each value with the spec's C type. An optional per-kernel Python
+simulation then runs on the fake device memory, so copy-in, pointer passing and copy-back
+are checked end to end by the results.
+"""
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+from pykern import registry
+from pykern.backends.driver import DriverError
+from pykern.compiler import PtxParam, ptx_entries
+from pykern.ctypes_ import SCALARS, size_align
+
+ELF_MAGIC = b"\x7fELF"
+_DEVICE_BASE = 0x7F00_0000_0000  # far from any host address, so a host pointer never passes as a device one
+_ALLOC_ALIGN = 256  # cuMemAlloc's guarantee
+
+
+class FakeDriverError(AssertionError):
+    """The backend did something a real driver would reject or silently get wrong."""
+
+
+@dataclass
+class Launch:
+    name: str
+    grid: tuple[int, int, int]
+    block: tuple[int, int, int]
+    shared_mem: int
+    stream: int
+    values: list[Any]  # decoded per parameter: ints (pointers: device addresses), floats, bools
+
+
+@dataclass
+class _Module:
+    image: bytes
+    entries: dict[str, tuple[PtxParam, ...]]
+
+
+@dataclass
+class _Function:
+    module: int
+    name: str
+    params: tuple[PtxParam, ...]
+    max_dynamic_shared: int = 48 * 1024
+
+
+@dataclass
+class FakeDriver:
+    """Records calls in `calls` as (name, args) tuples; `images` maps a loaded image to its PTX."""
+
+    cc: tuple[int, int] = (8, 0)
+    devices: int = 1
+    max_shared_optin: int = 163 * 1024  # sm_80
+    images: dict[bytes, str] = field(default_factory=dict)
+    simulate: dict[str, Callable[..., None]] = field(default_factory=dict)
+    fail: dict[str, str] = field(default_factory=dict)  # call name -> CUresult name to raise
+    calls: list[tuple[str, tuple]] = field(default_factory=list)
+    launches: list[Launch] = field(default_factory=list)
+    memory: dict[int, bytearray] = field(default_factory=dict)
+    modules: dict[int, _Module] = field(default_factory=dict)
+    functions: dict[int, _Function] = field(default_factory=dict)
+    current: int | None = None
+    _next_addr: int = _DEVICE_BASE
+    _next_handle: int = 0x1000
+
+    # -- helpers for tests ------------------------------------------------------------
+
+    def register(self, image: bytes, ptx: str) -> None:
+        """Make `image` loadable; its kernels' layouts come from `ptx` (the same compile's PTX)."""
+        self.images[image] = ptx
+
+    def names(self) -> list[str]:
+        return [c[0] for c in self.calls]
+
+    def _handle(self) -> int:
+        self._next_handle += 0x10
+        return self._next_handle
+
+    def _call(self, name: str, *args: Any) -> None:
+        self.calls.append((name, args))
+        if name in self.fail:
+            raise DriverError(name, self.fail[name])
+
+    def _find(self, ptr: int, nbytes: int) -> tuple[bytearray, int]:
+        for base, buf in self.memory.items():
+            if base <= ptr and ptr + nbytes <= base + len(buf):
+                return buf, ptr - base
+        raise FakeDriverError(f"device range [{ptr:#x}, +{nbytes}) is not inside any live allocation")
+
+    def view(self, ptr: int, dtype: Any, count: int) -> np.ndarray:
+        """A NumPy view of fake device memory (what a simulated kernel reads and writes)."""
+        dt = np.dtype(dtype)
+        if count == 0:
+            return np.empty(0, dt)
+        buf, off = self._find(ptr, count * dt.itemsize)
+        return np.frombuffer(buf, dt, count, off)
+
+    def device_array(self, host: np.ndarray, stream: int | None = None, readonly: bool = False) -> "FakeDeviceArray":
+        """An allocation holding a copy of `host`, exposed through __cuda_array_interface__."""
+        ptr = self._alloc(max(host.nbytes, 1))
+        self.view(ptr, np.uint8, host.nbytes)[:] = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
+        return FakeDeviceArray(self, ptr, host.shape, host.dtype, stream, readonly)
+
+    def _alloc(self, nbytes: int) -> int:
+        ptr = self._next_addr
+        self.memory[ptr] = bytearray(nbytes)
+        self._next_addr += (nbytes + _ALLOC_ALIGN - 1) // _ALLOC_ALIGN * _ALLOC_ALIGN + _ALLOC_ALIGN
+        return ptr
+
+    # -- the Driver protocol ----------------------------------------------------------
+
+    def init(self) -> None:
+        self._call("init")
+
+    def device_count(self) -> int:
+        self._call("device_count")
+        return self.devices
+
+    def compute_capability(self, device: int) -> tuple[int, int]:
+        self._call("compute_capability", device)
+        return self.cc
+
+    def max_shared_per_block_optin(self, device: int) -> int:
+        self._call("max_shared_per_block_optin", device)
+        return self.max_shared_optin
+
+    def primary_context(self, device: int) -> int:
+        self._call("primary_context", device)
+        return 0xC0 + device
+
+    def set_current(self, ctx: Any) -> None:
+        self._call("set_current", ctx)
+        self.current = ctx
+
+    def _need_context(self, what: str) -> None:
+        if self.current is None:
+            raise FakeDriverError(f"{what} with no current context (set_current was never called)")
+
+    def module_load_data(self, image: bytes) -> int:
+        self._call("module_load_data", len(image))
+        self._need_context("module_load_data")
+        if image not in self.images:
+            raise FakeDriverError("module_load_data: image was never registered with the fake")
+        if not image.startswith(ELF_MAGIC):
+            raise FakeDriverError(f"module_load_data: expected a cubin (ELF), got {image[:8]!r}")
+        h = self._handle()
+        self.modules[h] = _Module(image, ptx_entries(self.images[image]))
+        return h
+
+    def module_get_function(self, module: Any, name: str) -> int:
+        self._call("module_get_function", module, name)
+        mod = self.modules.get(module)
+        if mod is None:
+            raise FakeDriverError(f"module_get_function: unknown module handle {module!r}")
+        if name not in mod.entries:
+            raise DriverError("cuModuleGetFunction", "CUDA_ERROR_NOT_FOUND")
+        h = self._handle()
+        self.functions[h] = _Function(module, name, mod.entries[name])
+        return h
+
+    def set_max_dynamic_shared(self, func: Any, nbytes: int) -> None:
+        self._call("set_max_dynamic_shared", func, nbytes)
+        if nbytes > self.max_shared_optin:
+            raise DriverError("cuFuncSetAttribute", "CUDA_ERROR_INVALID_VALUE")
+        self.functions[func].max_dynamic_shared = nbytes
+
+    def mem_alloc(self, nbytes: int) -> int:
+        self._call("mem_alloc", nbytes)
+        self._need_context("mem_alloc")
+        if nbytes <= 0:
+            raise DriverError("cuMemAlloc", "CUDA_ERROR_INVALID_VALUE")
+        return self._alloc(nbytes)
+
+    def mem_free(self, ptr: int) -> None:
+        self._call("mem_free", ptr)
+        if ptr not in self.memory:
+            raise FakeDriverError(f"mem_free of {ptr:#x}, which is not a live allocation base")
+        del self.memory[ptr]
+
+    def memcpy_htod_async(self, dst: int, src_host_addr: int, nbytes: int, stream: int) -> None:
+        self._call("memcpy_htod_async", dst, src_host_addr, nbytes, stream)
+        buf, off = self._find(dst, nbytes)
+        buf[off : off + nbytes] = ctypes.string_at(src_host_addr, nbytes)
+
+    def memcpy_dtoh_async(self, dst_host_addr: int, src: int, nbytes: int, stream: int) -> None:
+        self._call("memcpy_dtoh_async", dst_host_addr, src, nbytes, stream)
+        buf, off = self._find(src, nbytes)
+        ctypes.memmove(dst_host_addr, bytes(buf[off : off + nbytes]), nbytes)
+
+    def stream_synchronize(self, stream: int) -> None:
+        self._call("stream_synchronize", stream)
+
+    def launch_kernel(
+        self,
+        func: Any,
+        grid: tuple[int, int, int],
+        block: tuple[int, int, int],
+        shared_mem: int,
+        stream: int,
+        kernel_params: int,
+    ) -> None:
+        self._call("launch_kernel", func, grid, block, shared_mem, stream, kernel_params)
+        self._need_context("launch_kernel")
+        fn = self.functions.get(func)
+        if fn is None:
+            raise FakeDriverError(f"launch_kernel: unknown function handle {func!r}")
+        if shared_mem > fn.max_dynamic_shared:
+            # A real driver refuses this launch: more than 48 KB needs the opt-in attribute first.
+            raise DriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE")
+        values = decode_params(fn.name, fn.params, kernel_params, self)
+        self.launches.append(Launch(fn.name, tuple(grid), tuple(block), shared_mem, stream, values))
+        sim = self.simulate.get(fn.name)
+        if sim is not None:
+            sim(self, grid, block, shared_mem, *values)
+
+
+def decode_params(name: str, ptx: tuple[PtxParam, ...], kernel_params: int, fake: FakeDriver) -> list[Any]:
+    """Read kernelParams (void*[n]) and check each parameter against the PTX and the KernelSpec."""
+    spec = registry.get(name)
+    if len(spec.params) != len(ptx):
+        raise FakeDriverError(f"{name}: spec has {len(spec.params)} parameters, PTX .entry has {len(ptx)}")
+    if not kernel_params:
+        raise FakeDriverError(f"{name}: kernelParams is NULL but the kernel takes {len(ptx)} parameters")
+    slots = (ctypes.c_void_p * max(len(ptx), 1)).from_address(kernel_params)
+    values: list[Any] = []
+    for i, (p, q) in enumerate(zip(spec.params, ptx)):
+        addr = slots[i]
+        where = f"{name} parameter {i} ({p.ctype} {p.name}, PTX {q.type})"
+        if not addr:
+            raise FakeDriverError(f"{where}: kernelParams[{i}] is NULL")
+        if addr % q.align:
+            raise FakeDriverError(f"{where}: storage at {addr:#x} is not {q.align}-byte aligned")
+        if size_align(p.ctype) != (q.size, q.align):
+            raise FakeDriverError(f"{where}: spec says size/align {size_align(p.ctype)}, PTX {(q.size, q.align)}")
+        float_ptx = q.type.startswith(".f")
+        if p.is_pointer:
+            if float_ptx:
+                raise FakeDriverError(f"{where}: a pointer passed as a float parameter")
+            v = ctypes.c_uint64.from_address(addr).value
+            if v:
+                fake._find(v, 1)  # must be device memory, never a host address
+            values.append(v)
+            continue
+        st = SCALARS[p.ctype]
+        if float_ptx != (st.kind == "float"):
+            raise FakeDriverError(f"{where}: the spec's kind {st.kind} disagrees with the PTX type")
+        values.append(st.ctype.from_address(addr).value)
+    return values
+
+
+class FakeDeviceArray:
+    """A device array living in a FakeDriver, seen by pykern through __cuda_array_interface__ (v3)."""
+
+    def __init__(self, fake: FakeDriver, ptr: int, shape: tuple, dtype: np.dtype, stream: int | None,
+                 readonly: bool) -> None:
+        self.fake, self.ptr, self.shape, self.dtype = fake, ptr, tuple(shape), np.dtype(dtype)
+        self.stream, self.readonly = stream, readonly
+        typestr = "<V2" if self.dtype.name == "bfloat16" else self.dtype.str
+        self._cai = {"shape": self.shape, "typestr": typestr, "data": (ptr, readonly), "version": 3, "strides": None}
+        if stream is not None:
+            self._cai["stream"] = stream
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return dict(self._cai)  # a fresh dict per access, as CuPy and torch hand out
+
+    def copy_to_host(self) -> np.ndarray:
+        n = int(np.prod(self.shape, dtype=np.int64))
+        return self.fake.view(self.ptr, self.dtype, n).reshape(self.shape).copy()
+
+
+# -- simulations of the test kernels in tests/launch_cu (what the GPU would compute) ----
+
+
+def sim_axpy(fake: FakeDriver, grid: Any, block: Any, smem: int, y: int, x: int, a: float, n: int) -> None:
+    threads = grid[0] * block[0]
+    m = min(n, threads)  # threads past the grid never run: a too-small grid leaves the tail alone
+    yv, xv = fake.view(y, np.float32, n), fake.view(x, np.float32, n)
+    yv[:m] = np.float32(a) * xv[:m] + yv[:m]
+
+
+def sim_all_types(fake: FakeDriver, grid: Any, block: Any, smem: int, out: int, *vals: Any) -> None:
+    fake.view(out, np.float64, len(vals))[:] = [float(v) for v in vals]
+
+
+def sim_smem_reverse(fake: FakeDriver, grid: Any, block: Any, smem: int, out: int, inp: int, n: int) -> None:
+    b = block[0]
+    if smem < 4 * b:
+        raise FakeDriverError(f"pktest_smem_reverse needs {4 * b} bytes of dynamic shared memory, got {smem}")
+    src, dst = fake.view(inp, np.float32, n), fake.view(out, np.float32, n)
+    for blk in range(grid[0]):
+        tile = np.zeros(b, np.float32)
+        lo = blk * b
+        k = max(0, min(b, n - lo))
+        tile[:k] = src[lo : lo + k]
+        for t in range(b):
+            j = lo + b - 1 - t
+            if j < n:
+                dst[j] = tile[t]
+
+
+def sim_copy_u16(fake: FakeDriver, grid: Any, block: Any, smem: int, out: int, inp: int, n: int) -> None:
+    fake.view(out, np.uint16, n)[:] = fake.view(inp, np.uint16, n)
+
+
+SIMULATIONS = {
+    "pktest_axpy": sim_axpy,
+    "pktest_all_types": sim_all_types,
+    "pktest_smem_reverse": sim_smem_reverse,
+    "pktest_copy_u16": sim_copy_u16,
+}
+
+LAUNCH_CU = Path(__file__).resolve().parent / "launch_cu"
+TEST_SOURCE = LAUNCH_CU / "launch_test.cu"
+
+
+def compile_test_kernels(arch: str = "sm_80") -> Any:
+    """The test kernels compiled by pykern.compiler (cubin + its PTX); NVRTC needs no GPU."""
+    from pykern import compiler
+
+    return compiler.compile(TEST_SOURCE, arch)
+
+
+@dataclass(frozen=True)
+class StubModule:
+    """What pykern.cache.get_module returns, reduced to what the backend reads."""
+
+    image: bytes
+    digest: str
+    resources: dict = field(default_factory=dict)
+    hit: bool = False
+    kind: str = "cubin"
+
+
+def make_fake(compiled: Any = None, arch: str = "sm_80") -> tuple[FakeDriver, Any]:
+    """A FakeDriver that knows the test kernels, plus a get_module that serves their cubin."""
+    import hashlib
+
+    if compiled is None:
+        compiled = compile_test_kernels(arch)
+    arch = compiled.arch
+    major, minor = int(arch[3:-1]), int(arch[-1])
+    fake = FakeDriver(cc=(major, minor), simulate=dict(SIMULATIONS))
+    fake.register(compiled.image, compiled.ptx)
+    module = StubModule(compiled.image, hashlib.sha256(compiled.image).hexdigest())
+    requests: list[tuple[Path, str]] = []
+
+    def get_module(source: Any, want_arch: str, *args: Any, **kw: Any) -> StubModule:
+        requests.append((Path(source), want_arch))
+        if Path(source).resolve() != TEST_SOURCE:
+            raise FakeDriverError(f"get_module for {source}, only the test kernels are compiled here")
+        if want_arch != arch:
+            raise FakeDriverError(f"get_module asked for {want_arch}, the fake device is {arch}")
+        return module
+
+    get_module.requests = requests  # type: ignore[attr-defined]
+    return fake, get_module

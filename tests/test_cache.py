@@ -1,0 +1,318 @@
+"""Disk cache: keys, hits, corruption, concurrency, unwritable folders, PYKERN_DISABLE_JIT, bundles, the CLI."""
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import shutil
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import pytest
+
+from pykern import cache, compiler, precompile
+from pykern.errors import CacheMiss, CompileError, KernelNotFound
+
+CU = Path(__file__).parent / "cu"
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    """Private copies of the test sources and an empty cache folder; no bundle, JIT on."""
+    src = tmp_path / "src"
+    shutil.copytree(CU, src)
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("PYKERN_CUBIN_DIR", "PYKERN_DISABLE_JIT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cache, "_memory", {})
+    monkeypatch.setattr(cache, "_logged_corrupt", set())
+    monkeypatch.setattr(cache, "_warned_unwritable", False)
+    return src
+
+
+def _entries(root):
+    return [e.path for e in cache.iter_entries(root)]
+
+
+def test_miss_then_hit(env, tmp_path):
+    first = cache.get_module(env / "pkt_basic.cu", "sm_80", kernel="pkt_scale")
+    assert (first.hit, first.origin) == (False, "compiled")
+    assert first.path == cache.entry_path(tmp_path / "cache", first.digest)
+    assert first.path.parent.name == first.digest[:2]
+    assert _entries(tmp_path / "cache") == [first.path]
+    second = cache.get_module(env / "pkt_basic.cu", "sm_80", kernel="pkt_scale")
+    assert (second.hit, second.origin) == (True, "cache")
+    assert second.image == first.image and second.image[:4] == b"\x7fELF"
+    assert second.resources == first.resources and second.resources["pkt_mixed"].shared_bytes == 256
+    assert second.digest == first.digest and second.kernels == ("pkt_scale", "pkt_mixed")
+    meta, image = cache.decode_entry(first.path.read_bytes(), first.digest)
+    assert image == first.image and meta["arch"] == "sm_80" and meta["nvrtc"]
+
+
+def test_ptx_entry(env):
+    m = cache.get_module(env / "pkt_other.cu", "compute_90")
+    assert m.kind == "ptx" and b".entry pkt_fill" in m.image and m.resources == {}
+    assert cache.get_module(env / "pkt_other.cu", "compute_90").hit
+
+
+def test_key_covers_header_bytes_options_defines_arch(env, tmp_path):
+    src = env / "pkt_basic.cu"
+    k0 = cache.key_for(src, "sm_80")
+    assert cache.key_for(src, "sm_86") != k0
+    assert cache.key_for(src, "sm_80", ["-lineinfo"]) != k0
+    assert cache.key_for(src, "sm_80", defines={"X": 1}) != k0
+    assert cache.key_for(src, "80") == k0  # same arch, other spelling
+    # The same bytes elsewhere share the key: include paths are machine-specific, bytes are not.
+    other = tmp_path / "elsewhere"
+    shutil.copytree(env, other)
+    assert cache.key_for(other / "pkt_basic.cu", "sm_80") == k0
+
+    before = cache.get_module(src, "sm_80")
+    hdr = env / "pkt_header.cuh"
+    hdr.write_text(hdr.read_text().replace("2.0f", "3.0f"))
+    assert cache.key_for(src, "sm_80") != k0
+    after = cache.get_module(src, "sm_80")
+    assert not after.hit and after.digest != before.digest and after.image != before.image
+
+
+def test_bundle_key_does_not_depend_on_nvrtc(env, monkeypatch):
+    src = env / "pkt_basic.cu"
+    k = cache.key_for(src, "sm_80", bundle=True)
+    monkeypatch.setattr(cache, "_nvrtc_str", lambda: "99.9")
+    assert cache.key_for(src, "sm_80", bundle=True) == k
+    assert cache.key_for(src, "sm_80") != cache.key_for(src, "sm_80", bundle=True)
+
+
+def _corrupt_truncate(p: Path) -> None:
+    data = p.read_bytes()
+    p.write_bytes(data[: len(data) // 2])
+
+
+def _corrupt_bitflip(p: Path) -> None:
+    data = bytearray(p.read_bytes())
+    data[len(data) - 100] ^= 0x10  # inside the image
+    p.write_bytes(bytes(data))
+
+
+def _corrupt_empty(p: Path) -> None:
+    p.write_bytes(b"")
+
+
+@pytest.mark.parametrize("damage", [_corrupt_truncate, _corrupt_bitflip, _corrupt_empty], ids=["truncated",
+                                                                                                "bitflip", "empty"])
+def test_corrupt_entry_is_logged_once_recompiled_and_replaced(env, caplog, damage):
+    good = cache.get_module(env / "pkt_basic.cu", "sm_80")
+    damage(good.path)
+    with caplog.at_level(logging.WARNING, logger="pykern"):
+        again = cache.get_module(env / "pkt_basic.cu", "sm_80")
+        assert (again.hit, again.origin) == (False, "compiled")
+        assert again.image == good.image
+        cache.decode_entry(good.path.read_bytes(), good.digest)  # replaced by a valid entry
+        assert cache.get_module(env / "pkt_basic.cu", "sm_80").hit
+        damage(good.path)
+        assert not cache.get_module(env / "pkt_basic.cu", "sm_80").hit
+    records = [r for r in caplog.records if "corrupt" in r.getMessage()]
+    assert len(records) == 1 and str(good.path) in records[0].getMessage()
+
+
+def test_entry_under_the_wrong_name_is_never_loaded(env, caplog):
+    a = cache.get_module(env / "pkt_basic.cu", "sm_80")
+    b = cache.get_module(env / "pkt_other.cu", "sm_80")
+    shutil.copyfile(b.path, a.path)  # valid bytes, but another key's kernel
+    with caplog.at_level(logging.WARNING, logger="pykern"):
+        again = cache.get_module(env / "pkt_basic.cu", "sm_80", kernel="pkt_scale")
+    assert not again.hit and again.image == a.image and "pkt_scale" in again.kernels
+    assert any("expected" in r.getMessage() for r in caplog.records)
+
+
+def test_failed_compile_is_not_cached(env, tmp_path):
+    bad = env / "pkt_bad.cu"
+    bad.write_text('extern "C" __global__ void pkt_bad(float* y) { y[0] = nope; }\n')
+    for _ in range(2):
+        with pytest.raises(CompileError, match="nope"):
+            cache.get_module(bad, "sm_80")
+    assert _entries(tmp_path / "cache") == []
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def test_wrong_kernel_name(env):
+    with pytest.raises(KernelNotFound, match="pkt_nope"):
+        cache.get_module(env / "pkt_basic.cu", "sm_80", kernel="pkt_nope")
+
+
+_RACER = """
+import json, os, sys, time, hashlib
+from pathlib import Path
+go = Path(sys.argv[1])
+while not go.exists():
+    time.sleep(0.002)
+from pykern import cache
+m = cache.get_module(sys.argv[2], "sm_86", kernel="pkt_mixed")
+print(json.dumps({"digest": m.digest, "image": hashlib.sha256(m.image).hexdigest(), "hit": m.hit}))
+"""
+
+
+def test_many_processes_compiling_one_key(env, tmp_path):
+    go = tmp_path / "go"
+    procs = [
+        subprocess.Popen([sys.executable, "-c", _RACER, str(go), str(env / "pkt_basic.cu")], cwd=ROOT,
+                         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ.copy())
+        for _ in range(6)
+    ]
+    time.sleep(1.0)  # let every process import and reach the start line
+    go.touch()
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0] * 6, [e for _, e in outs]
+    results = [json.loads(o.strip().splitlines()[-1]) for o, _ in outs]
+    assert len({r["digest"] for r in results}) == 1 and len({r["image"] for r in results}) == 1
+    (path,) = _entries(tmp_path / "cache")
+    meta, image = cache.decode_entry(path.read_bytes(), results[0]["digest"])
+    assert hashlib.sha256(image).hexdigest() == results[0]["image"]
+    assert not list((tmp_path / "cache").rglob("*.tmp"))
+
+
+def _unwritable_dir(tmp_path) -> Path:
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    return blocker / "cache"  # mkdir fails even for root
+
+
+def test_unwritable_folder_degrades_to_memory_with_one_warning(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(_unwritable_dir(tmp_path)))
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        a = cache.get_module(env / "pkt_basic.cu", "sm_80")
+        b = cache.get_module(env / "pkt_basic.cu", "sm_80")
+        c = cache.get_module(env / "pkt_other.cu", "sm_80")
+    ours = [w for w in caught if issubclass(w.category, cache.CacheWarning)]
+    assert len(ours) == 1 and "not writable" in str(ours[0].message)
+    assert (a.hit, a.path) == (False, None)
+    assert (b.hit, b.origin) == (True, "memory") and b.image == a.image
+    assert not c.hit and c.image[:4] == b"\x7fELF"
+
+
+@pytest.mark.skipif(hasattr(os, "geteuid") and os.geteuid() == 0, reason="root ignores folder permissions")
+def test_read_only_folder(env, tmp_path, monkeypatch):
+    ro = tmp_path / "ro"
+    ro.mkdir()
+    ro.chmod(0o555)
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(ro))
+    try:
+        with pytest.warns(cache.CacheWarning):
+            assert not cache.get_module(env / "pkt_basic.cu", "sm_80").hit
+        assert cache.get_module(env / "pkt_basic.cu", "sm_80").origin == "memory"
+    finally:
+        ro.chmod(0o755)
+
+
+def test_read_only_populated_folder_still_serves_hits(env, monkeypatch):
+    first = cache.get_module(env / "pkt_basic.cu", "sm_80")
+
+    def read_only(*a, **k):
+        raise PermissionError(13, "Read-only file system")
+
+    monkeypatch.setattr(cache, "write_atomic", read_only)
+    monkeypatch.setattr(os, "utime", read_only)  # the LRU touch must not fail a hit either
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a hit writes nothing, so nothing to warn about
+        again = cache.get_module(env / "pkt_basic.cu", "sm_80")
+    assert again.hit and again.image == first.image
+    with pytest.warns(cache.CacheWarning, match="not writable"):
+        assert not cache.get_module(env / "pkt_basic.cu", "sm_86").hit
+
+
+def test_disable_jit_miss_names_kernel_and_arch(env, monkeypatch):
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+    with pytest.raises(CacheMiss) as e:
+        cache.get_module(env / "pkt_basic.cu", "sm_90a", kernel="pkt_mixed")
+    assert "pkt_mixed" in str(e.value) and "sm_90a" in str(e.value)
+    monkeypatch.delenv("PYKERN_DISABLE_JIT")
+    cache.get_module(env / "pkt_basic.cu", "sm_90a")
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+    assert cache.get_module(env / "pkt_basic.cu", "sm_90a", kernel="pkt_mixed").hit
+
+
+def test_bundle_folder_is_searched_first_and_needs_no_nvrtc(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(env))
+    bundle = tmp_path / "bundle"
+    rc = precompile.main(["--arch", "sm_80,compute_80", "--kernels", "pkt_*", "--jobs", "1", "--out", str(bundle)])
+    assert rc == 0
+    manifest = json.loads((bundle / cache.BUNDLE_MANIFEST).read_text())
+    assert {(e["source"], e["arch"]) for e in manifest["entries"]} == {
+        (f, a) for f in ("pkt_basic.cu", "pkt_other.cu") for a in ("sm_80", "compute_80")}
+    files_before = sorted(p.name for p in bundle.rglob("*"))
+
+    # A fresh machine: empty cache, no JIT, and NVRTC unusable.
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(bundle))
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+
+    def no_nvrtc():
+        raise compiler.BackendUnavailable("no NVRTC in this test")
+
+    monkeypatch.setattr(cache, "_nvrtc_str", no_nvrtc)
+    m = cache.get_module(env / "pkt_basic.cu", "sm_80", kernel="pkt_scale")
+    assert (m.hit, m.origin) == (True, "bundle") and m.image[:4] == b"\x7fELF"
+    assert m.resources["pkt_mixed"].shared_bytes == 256
+    assert cache.get_module(env / "pkt_other.cu", "compute_80").kind == "ptx"
+    with pytest.raises(CacheMiss) as e:
+        cache.get_module(env / "pkt_basic.cu", "sm_90", kernel="pkt_scale")
+    assert "pkt_scale" in str(e.value) and "sm_90" in str(e.value) and str(bundle) in str(e.value)
+    assert sorted(p.name for p in bundle.rglob("*")) == files_before  # never written to
+    assert not (tmp_path / "empty_cache").exists()
+
+
+def _fill(env, root, archs):
+    paths = []
+    for i, arch in enumerate(archs):
+        m = cache.get_module(env / "pkt_other.cu", arch, cache_root=root)
+        os.utime(m.path, (1_000_000 + i, 1_000_000 + i))  # older first
+        paths.append(m.path)
+    return paths
+
+
+def test_cli_info_prune_clear(env, tmp_path, capsys):
+    root = tmp_path / "cli_cache"
+    paths = _fill(env, root, ["sm_75", "sm_80", "sm_86"])
+    assert cache.main(["--cache-dir", str(root), "info", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["entries"] == 3 and d["by_arch"] == {"sm_75": 1, "sm_80": 1, "sm_86": 1}
+    assert d["bytes"] == sum(p.stat().st_size for p in paths)
+
+    cache.get_module(env / "pkt_other.cu", "sm_75", cache_root=root)  # a hit makes sm_75 most recent
+    keep = paths[0].stat().st_size + paths[2].stat().st_size
+    assert cache.main(["--cache-dir", str(root), "prune", "--max-size", str(keep)]) == 0
+    assert "removed 1" in capsys.readouterr().out
+    assert sorted(_entries(root)) == sorted([paths[0], paths[2]])  # sm_80 was least recently used
+
+    assert cache.main(["--cache-dir", str(root), "info"]) == 0
+    assert "entries      : 2" in capsys.readouterr().out
+    assert cache.main(["--cache-dir", str(root), "clear"]) == 0
+    assert _entries(root) == []
+
+
+@pytest.mark.parametrize("text, n", [("0", 0), ("4096", 4096), ("1K", 1024), ("500M", 500 * 2**20),
+                                     ("1.5GB", int(1.5 * 2**30)), ("2 gib", 2 * 2**30)])
+def test_parse_size(text, n):
+    assert cache.parse_size(text) == n
+
+
+@pytest.mark.parametrize("bad", ["", "M", "-1", "10X"])
+def test_parse_size_rejects(bad):
+    with pytest.raises(ValueError, match="size"):
+        cache.parse_size(bad)
+
+
+def test_cache_cli_runs_as_module(env, tmp_path):
+    out = subprocess.run([sys.executable, "-m", "pykern.cache", "--cache-dir", str(tmp_path / "c"), "info"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0, out.stderr
+    assert "entries      : 0" in out.stdout and str(tmp_path / "c") in out.stdout
+    bad = subprocess.run([sys.executable, "-m", "pykern.cache", "prune", "--max-size", "lots"],
+                         cwd=ROOT, capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "max-size" in bad.stderr

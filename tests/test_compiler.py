@@ -1,0 +1,197 @@
+"""NVRTC compiler: archs, cubin/PTX output, ptxas resources, compile errors, PTX .entry vs KernelSpec."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from pykern import compiler
+from pykern.errors import ArgumentError, CompileError, LayoutMismatch
+from pykern.registry import KernelSpec, Param, parse_file
+from pykern.sources import KERNELS_DIR
+
+CU = Path(__file__).parent / "cu"
+BASIC = CU / "pkt_basic.cu"
+ELF = b"\x7fELF"
+
+
+def test_version_and_archs():
+    major, minor = compiler.nvrtc_version()
+    assert major >= 12 and minor >= 0
+    archs = compiler.supported_archs()
+    assert "sm_80" in archs and "sm_90" in archs
+    assert all(a.startswith("sm_") for a in archs)
+
+
+@pytest.mark.parametrize(
+    "given, expected",
+    [("sm_80", "sm_80"), ("SM_90A", "sm_90a"), (86, "sm_86"), ("100", "sm_100"), ("sm_100f", "sm_100f"),
+     ("compute_80", "compute_80")],
+)
+def test_normalize_arch(given, expected):
+    assert compiler.normalize_arch(given) == expected
+
+
+@pytest.mark.parametrize("bad", ["sm80", "gfx90a", "sm_9", "compute_90x", ""])
+def test_bad_arch_spelling(bad):
+    with pytest.raises(ArgumentError, match="arch"):
+        compiler.normalize_arch(bad)
+
+
+def test_unsupported_arch_names_the_choices():
+    with pytest.raises(ArgumentError) as e:
+        compiler.normalize_arch("sm_99")
+    assert "sm_99" in str(e.value) and "sm_80" in str(e.value)
+
+
+def test_expand_all_and_dedup():
+    assert compiler.expand_archs(["all"]) == list(compiler.supported_archs())
+    assert compiler.expand_archs(["sm_80,sm_90a", "80", "compute_90"]) == ["sm_80", "sm_90a", "compute_90"]
+
+
+def test_cubin_with_resources():
+    m = compiler.compile(BASIC, "sm_80")
+    assert m.kind == "cubin" and m.arch == "sm_80"
+    assert m.image[:4] == ELF
+    assert ".entry pkt_scale(" in m.ptx and ".target sm_80" in m.ptx
+    assert set(m.resources) == {"pkt_scale", "pkt_mixed"} == set(m.kernels)
+    mixed = m.resources["pkt_mixed"]
+    assert mixed.shared_bytes == 64 * 4  # __shared__ float buf[64]
+    assert mixed.barriers == 1
+    assert m.resources["pkt_scale"].barriers == 0 and m.resources["pkt_scale"].shared_bytes == 0
+    for r in m.resources.values():
+        assert 0 < r.registers <= 255
+        assert r.spill_bytes == 0 and r.stack_bytes == 0
+    assert "--gpu-architecture=sm_80" in m.options and "-std=c++17" in m.options
+    assert f"--include-path={CU}" in m.options
+
+
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_100f", "sm_120"])
+def test_arch_specific_and_family_cubins(arch):
+    m = compiler.compile(BASIC, arch)
+    assert m.kind == "cubin" and m.image[:4] == ELF
+    assert set(m.resources) == {"pkt_scale", "pkt_mixed"}
+
+
+def test_compute_arch_gives_ptx_without_resources():
+    m = compiler.compile(BASIC, "compute_80")
+    assert m.kind == "ptx"
+    assert m.image.decode() == m.ptx and ".target sm_80" in m.ptx
+    assert m.resources == {}  # no ptxas ran: unknown, not zero
+    assert "-Xptxas" not in m.options
+
+
+def test_defines_reach_the_compile(tmp_path):
+    src = tmp_path / "d.cu"
+    src.write_text('extern "C" __global__ void d_k(float* y) {\n#ifdef PKT_ON\n y[0] = PKT_ON;\n#endif\n}\n')
+    off = compiler.compile(src, "sm_80")
+    on = compiler.compile(src, "sm_80", defines={"PKT_ON": "3.5f"})
+    assert "-DPKT_ON=3.5f" in on.options
+    assert "st.global" in on.ptx and "st.global" not in off.ptx
+
+
+def test_include_paths_and_arch_are_not_options():
+    with pytest.raises(ArgumentError, match="include"):
+        compiler.portable_options("sm_80", ["-I/somewhere"])
+    with pytest.raises(ArgumentError, match="arch"):
+        compiler.portable_options("sm_80", ["--gpu-architecture=sm_90"])
+    assert compiler.portable_options("sm_80", ["-std=c++20"]) == ["--gpu-architecture=sm_80", "-std=c++20"]
+
+
+def test_compile_error_has_file_line_log_and_options(tmp_path):
+    src = tmp_path / "broken.cu"
+    src.write_text('extern "C" __global__ void broken(float* y) {\n  y[0] = 1.0f;\n  y[1] = undefined_name;\n}\n')
+    with pytest.raises(CompileError) as e:
+        compiler.compile(src, "sm_80", options=["-lineinfo"])
+    err = e.value
+    assert f"{src}:3:" in str(err)  # first error, as file:line
+    assert f"{src}(3)" in err.log and "undefined_name" in err.log  # NVRTC's own log
+    assert "--gpu-architecture=sm_80" in err.options and "-lineinfo" in err.options
+    assert "-lineinfo" in str(err)
+
+
+def test_missing_header_is_a_compile_error(tmp_path):
+    src = tmp_path / "nohdr.cu"
+    src.write_text('#include "pkt_does_not_exist.cuh"\nextern "C" __global__ void nohdr(float* y) {}\n')
+    with pytest.raises(CompileError, match="pkt_does_not_exist.cuh"):
+        compiler.compile(src, "sm_80")
+
+
+def test_kernel_hidden_by_preprocessor_is_a_layout_mismatch(tmp_path):
+    src = tmp_path / "hidden.cu"
+    src.write_text('extern "C" __global__ void shown(float* y) { y[0] = 1.0f; }\n'
+                   '#if 0\nextern "C" __global__ void hidden(float* y) {}\n#endif\n')
+    with pytest.raises(LayoutMismatch, match="hidden"):
+        compiler.compile(src, "sm_80")
+
+
+def test_param_type_the_registry_misreads_is_a_layout_mismatch(tmp_path):
+    # The registry reads `float v`; the preprocessor turns it into a double (8 bytes, not 4).
+    src = tmp_path / "retyped.cu"
+    src.write_text('#define float double\nextern "C" __global__ void retyped(int* y, float v) { y[0] = (int)v; }\n')
+    with pytest.raises(LayoutMismatch) as e:
+        compiler.compile(src, "sm_80")
+    msg = str(e.value)
+    assert "retyped" in msg and "'v'" in msg and "size 4" in msg and "size 8" in msg
+
+
+def _spec(name, *ctypes):
+    return KernelSpec(name, Path("x.cu"), 1, tuple(Param(f"p{i}", c) for i, c in enumerate(ctypes)))
+
+
+def test_check_layout_counts_sizes_and_alignment():
+    ptx = (".visible .entry k(\n\t.param .u64 .ptr .global .align 4 k_param_0,\n\t.param .u32 k_param_1,\n"
+           "\t.param .align 8 .b8 k_param_2[16]\n)\n{\n\tret;\n}\n")
+    entries = compiler.ptx_entries(ptx)
+    assert [(p.size, p.align) for p in entries["k"]] == [(8, 8), (4, 4), (16, 8)]
+    with pytest.raises(LayoutMismatch, match="expected 2 parameters"):
+        compiler.check_layout(ptx, [_spec("k", "float*", "int")])
+    with pytest.raises(LayoutMismatch, match="parameter 2"):
+        compiler.check_layout(ptx, [_spec("k", "float*", "int", "double")])
+    with pytest.raises(LayoutMismatch, match="parameter 1"):
+        compiler.check_layout(ptx, [_spec("k", "float*", "unsigned short", "double")])
+
+
+def test_check_layout_accepts_every_param_kind_of_the_test_source():
+    m = compiler.compile(BASIC, "sm_75")
+    compiler.check_layout(m.ptx, parse_file(BASIC))  # compile() already did; this makes it explicit
+    sizes = [p.size for p in compiler.ptx_entries(m.ptx)["pkt_mixed"]]
+    assert sizes == [8, 8, 4, 2, 1, 1, 8, 4, 4, 8]
+
+
+def test_parse_resources_reads_every_field():
+    log = (
+        "ptxas info    : 0 bytes gmem\n"
+        "ptxas info    : Compiling entry function 'a' for 'sm_75'\n"
+        "ptxas info    : Function properties for a\n"
+        "ptxas         .     24 bytes stack frame, 20 bytes spill stores, 12 bytes spill loads\n"
+        "ptxas info    : Used 128 registers, used 1 barriers, 24 bytes cumulative stack size, "
+        "32768 bytes smem, 400 bytes cmem[0]\n"
+        "ptxas info    : Compile time = 1.0 ms\n"
+        "ptxas info    : Compiling entry function 'b' for 'sm_75'\n"
+        "ptxas info    : Function properties for b\n"
+        "ptxas         .     0 bytes stack frame, 0 bytes spill stores, 0 bytes spill loads\n"
+        "ptxas info    : Used 4 registers, used 0 barriers\n"
+    )
+    r = compiler.parse_resources(log)
+    assert r["a"] == compiler.Resources(128, 20, 12, 32768, 24, 1, 400)
+    assert r["a"].spill_bytes == 32
+    assert r["b"] == compiler.Resources(4, 0, 0, 0, 0, 0, 0)
+
+
+# ---------------------------------------------------------------- the real kernels
+
+REAL_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
+REAL_FILES = sorted(KERNELS_DIR.glob("*.cu"))
+
+
+@pytest.mark.skipif(not REAL_FILES, reason="kernels_cu has no .cu files yet")
+@pytest.mark.parametrize("arch", REAL_ARCHS)
+@pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
+def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch):
+    # compile() checks every kernel's PTX .entry against its KernelSpec and raises on a mismatch.
+    m = compiler.compile(path, arch)
+    specs = parse_file(path)
+    assert set(m.resources) == {s.name for s in specs}
+    spilling = {k: (r.spill_stores, r.spill_loads) for k, r in m.resources.items() if r.spill_bytes}
+    assert not spilling, f"{path.name} spills registers on {arch} (stores, loads bytes): {spilling}"

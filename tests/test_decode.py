@@ -1,0 +1,299 @@
+"""Decode attention (issue 7): NumPy reference, argument checks, launch plans, and the
+.cu kernels on the host backend (all methods, both schedules, int vs indirect seq_len),
+against the numba references where that backend is available."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pykern import ArgumentError, ArgumentTypeError
+from pykern.difftest.cases.decode import (
+    make_inputs,
+    np_batched_decode_attention,
+    np_decode_attention,
+)
+from pykern.ops.decode import batched_decode_attention, decode_attention, decode_plan
+from pykern.tolerance import tolerance
+
+METHODS = ("warp", "multi_warp", "split_k")
+
+
+def _backend_ok(name: str) -> tuple[bool, str]:
+    try:
+        from pykern.backends import get_backend
+
+        return get_backend(name).available()
+    except Exception as e:  # the backend module may not exist yet
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _need(name: str) -> None:
+    ok, why = _backend_ok(name)
+    if not ok:
+        pytest.skip(f"{name} backend unavailable: {why}")
+
+
+def _close(out: np.ndarray, ref: np.ndarray, op: str, dtype: str) -> None:
+    atol, rtol = tolerance(op, dtype)
+    out = np.asarray(out, np.float64)
+    assert not np.isnan(out).any()
+    err = np.abs(out - ref) - (atol + rtol * np.abs(ref))
+    assert err.max() <= 0, f"max excess {err.max():.3g}, max abs err {np.abs(out - ref).max():.3g}"
+
+
+# --------------------------------------------------------------------------- NumPy reference
+def test_numpy_reference_matches_explicit_softmax() -> None:
+    rng = np.random.default_rng(1)
+    q, k, v = make_inputs(rng, None, 4, 2, 8, 10, 7)
+    out = np_decode_attention(q, k, v, 7)
+    for h in range(4):
+        s = np.array([q[h].astype(np.float64) @ k[h // 2, t] for t in range(7)]) / np.sqrt(8)
+        p = np.exp(s) / np.exp(s).sum()
+        np.testing.assert_allclose(out[h], p @ v[h // 2, :7].astype(np.float64), rtol=1e-12)
+    assert not np.isnan(out).any()  # the NaN slots past seq_len are outside the window
+
+
+def test_numpy_reference_seq_len_zero_is_zero() -> None:
+    q, k, v = make_inputs(np.random.default_rng(2), None, 2, 1, 4, 3, 0)
+    assert np.isnan(k).all()
+    np.testing.assert_array_equal(np_decode_attention(q, k, v, 0), 0.0)
+
+
+def test_numpy_reference_single_position_returns_v() -> None:
+    q, k, v = make_inputs(np.random.default_rng(3), None, 4, 1, 16, 5, 1)
+    np.testing.assert_allclose(np_decode_attention(q, k, v, 1), np.repeat(v[:, 0], 4, axis=0), rtol=1e-12)
+
+
+# --------------------------------------------------------------------------- argument checks
+def _small(dtype_q: str = "f32", dtype_kv: str = "f32") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return make_inputs(np.random.default_rng(4), None, 4, 2, 32, 16, 16, dtype_q, dtype_kv)
+
+
+def test_seq_len_above_max_is_an_error_before_launch() -> None:
+    q, k, v = _small()
+    with pytest.raises(ArgumentError, match="seq_len.*16.*17"):
+        decode_attention(q, k, v, 17, backend="host")
+    with pytest.raises(ArgumentError, match="seq_len.*max_seq_len=16.*17"):
+        decode_attention(q, k, v, np.array([17], np.uint32), backend="host")
+    with pytest.raises(ArgumentError, match="seq_len"):
+        decode_attention(q, k, v, -1, backend="host")
+
+
+@pytest.mark.parametrize(
+    "mutate, err, pattern",
+    [
+        (lambda q, k, v: (q, k, v[:, :8]), ArgumentError, "v_cache"),
+        (lambda q, k, v: (q[:3], k, v), ArgumentError, "num_kv_heads"),
+        (lambda q, k, v: (q[:, :16], k, v), ArgumentError, "head_dim"),
+        (lambda q, k, v: (q.astype(np.float64), k, v), ArgumentTypeError, "q: expected dtype"),
+        (lambda q, k, v: (q, k, v.astype(np.float16)), ArgumentTypeError, "v_cache"),
+        (lambda q, k, v: (q[None], k, v), ArgumentError, "q: expected 2 dimensions"),
+    ],
+)
+def test_bad_arguments_name_the_argument(mutate, err, pattern) -> None:
+    q, k, v = mutate(*_small())
+    with pytest.raises(err, match=pattern):
+        decode_attention(q, k, v, 4, backend="host")
+
+
+def test_head_dim_above_256_rejected() -> None:
+    q, k, v = make_inputs(np.random.default_rng(5), None, 1, 1, 257, 2, 2)
+    with pytest.raises(ArgumentError, match="head_dim <= 256.*257"):
+        decode_attention(q, k, v, 1, backend="host")
+
+
+def test_bf16_query_with_f32_cache_rejected() -> None:
+    from pykern.arrays import bfloat16
+
+    q, k, v = _small()
+    with pytest.raises(ArgumentTypeError, match="q: a bfloat16 query"):
+        decode_attention(q.astype(bfloat16()), k, v, 4, backend="host")
+
+
+def test_seq_len_array_checks() -> None:
+    q, k, v = _small()
+    with pytest.raises(ArgumentTypeError, match="seq_len: expected a uint32"):
+        decode_attention(q, k, v, np.array([3], np.int32), backend="host")
+    with pytest.raises(ArgumentError, match=r"seq_len: expected shape \(1,\)"):
+        decode_attention(q, k, v, np.array([3, 3], np.uint32), backend="host")
+    qb = np.stack([q, q])
+    kb, vb = np.stack([k, k]), np.stack([v, v])
+    with pytest.raises(ArgumentError, match=r"seq_lens: expected shape \(2,\)"):
+        batched_decode_attention(qb, kb, vb, np.array([1], np.uint32), backend="host")
+    with pytest.raises(ArgumentError, match=r"seq_lens\[1\]"):
+        batched_decode_attention(qb, kb, vb, [1, 99], backend="host")
+    with pytest.raises(ArgumentError, match="k_caches: expected caches of one shape"):
+        batched_decode_attention(qb, [k, k[:, :8]], [v, v], [1, 1], backend="host")
+
+
+def test_method_knobs_checked() -> None:
+    q, k, v = _small()
+    with pytest.raises(ArgumentError, match="method: expected one of"):
+        decode_attention(q, k, v, 4, method="flash", backend="host")
+    with pytest.raises(ArgumentError, match="num_warps: only used by method='multi_warp'"):
+        decode_attention(q, k, v, 4, method="warp", num_warps=4, backend="host")
+    with pytest.raises(ArgumentError, match="chunk_size"):
+        decode_attention(q, k, v, 4, method="split_k", chunk_size=0, backend="host")
+    with pytest.raises(ArgumentError, match="num_warps"):
+        decode_attention(q, k, v, 4, method="multi_warp", num_warps=33, backend="host")
+
+
+# --------------------------------------------------------------------------- launch plans
+def test_llama8b_step_plans() -> None:
+    # 32 heads, 8 kv heads, head_dim 128, a 4096-long cache: the geometry the report quotes.
+    warp = decode_plan(1, 32, 8, 128, 4096, method="warp")
+    assert warp["launches"] == [("decode_attn_warp", (8, 1), (128,), 0)]  # 4 heads of a kv group per block
+    mw = decode_plan(1, 32, 8, 128, 4096, method="multi_warp")
+    assert mw["launches"] == [("decode_attn_multi_warp", (32, 1), (256,), 8 * 130 * 4)]
+    sk = decode_plan(1, 32, 8, 128, 4096, method="split_k")
+    assert sk["chunk_size"] == 64 and sk["max_chunks"] == 64
+    assert sk["launches"] == [("decode_attn_split_chunk", (64, 8, 1), (128,), 0),
+                              ("decode_attn_split_reduce", (32, 1), (128,), 0)]
+    assert decode_plan(1, 32, 8, 128, 4096, method="auto")["method"] == "split_k"
+    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=200)["method"] == "warp"
+    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=1000)["method"] == "multi_warp"
+
+
+def test_plans_respect_grid_limits_and_gqa_groups() -> None:
+    # heads per block always divide the group, so a block never straddles two kv heads
+    for heads, kv in ((32, 8), (12, 1), (6, 2), (7, 7), (48, 3)):
+        grid = decode_plan(1, heads, kv, 64, 100, method="warp")["launches"][0][1]
+        hpb = heads // grid[0]
+        assert heads % grid[0] == 0 and (heads // kv) % hpb == 0 and hpb <= 8
+    # the int form bounds the split-K grid by seq_len; the array form by max_seq_len
+    assert decode_plan(2, 4, 2, 64, 1000, method="split_k", chunk_size=100, seq_hint=250)["launches"][0][1] == (
+        3, 2, 2)
+    assert decode_plan(2, 4, 2, 64, 1000, method="split_k", chunk_size=100)["launches"][0][1] == (10, 2, 2)
+
+
+# --------------------------------------------------------------------------- kernels on the host
+@pytest.fixture
+def schedule(request, monkeypatch):
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", request.param)
+    return request.param
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse"], indirect=True)
+@pytest.mark.parametrize("method", METHODS)
+def test_methods_match_reference_and_each_other(method: str, schedule: str) -> None:
+    _need("host")
+    rng = np.random.default_rng(10)
+    # GQA 4, head_dim 80 (vector path with a partial last slot), lengths straddling warp multiples
+    q, k, v = make_inputs(rng, 3, 8, 2, 80, 140, [129, 0, 33])
+    out = batched_decode_attention(q, k, v, np.array([129, 0, 33], np.uint32), method=method, backend="host")
+    ref = np_batched_decode_attention(q, k, v, [129, 0, 33])
+    _close(out, ref, "batched_decode_attention", "f32")
+    np.testing.assert_array_equal(out[1], 0.0)
+    other = batched_decode_attention(q, k, v, [129, 0, 33], method="warp", backend="host")
+    np.testing.assert_allclose(out, other, rtol=1e-5, atol=1e-6)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_int_and_indirect_seq_len_agree_exactly(method: str) -> None:
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(11), None, 4, 1, 33, 100, 97)
+    a = decode_attention(q, k, v, 97, method=method, backend="host")
+    b = decode_attention(q, k, v, np.array([97], np.uint32), method=method, backend="host")
+    np.testing.assert_array_equal(a, b)
+    _close(a, np_decode_attention(q, k, v, 97), "decode_attention", "f32")
+
+
+@pytest.mark.parametrize("method", METHODS)
+@pytest.mark.parametrize("kinds", [("bf16", "bf16"), ("f32", "bf16")])
+def test_bf16_caches(method: str, kinds: tuple[str, str]) -> None:
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(12), None, 4, 2, 64, 70, 65, *kinds)
+    out = decode_attention(q, k, v, 65, method=method, backend="host")
+    assert out.dtype == q.dtype
+    ref = np_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 65)
+    _close(out.astype(np.float64), ref, "decode_attention", "bf16")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_kernel_clamps_seq_len_to_max(method: str) -> None:
+    # A device buffer is not checked by the op; the kernel must clamp. Launch directly
+    # with a length above max_seq_len and compare with seq_len == max_seq_len.
+    _need("host")
+    import pykern
+
+    q, k, v = make_inputs(np.random.default_rng(13), None, 2, 1, 32, 40, 40)
+    plan = decode_plan(1, 2, 1, 32, 40, method=method, chunk_size=16 if method == "split_k" else None)
+    big = np.array([1000], np.uint32)
+    out = np.full((2, 32), np.nan, np.float32)
+    geom = (2, 1, 32, 40, 1.0 / np.sqrt(32))
+    if method == "split_k":
+        mc = plan["max_chunks"]
+        po, pml = np.empty((2, mc, 32), np.float32), np.empty((2, mc, 2), np.float32)
+        (s1, g1, b1, _), (s2, g2, b2, _) = plan["launches"]
+        pykern.launch(s1, g1, b1, q, k, v, po, pml, big, *geom, 16, mc, backend="host")
+        pykern.launch(s2, g2, b2, po, pml, out, big, 2, 32, 40, 16, mc, backend="host")
+    else:
+        stem, grid, block, smem = plan["launches"][0]
+        pykern.launch(stem, grid, block, q, k, v, out, big, *geom, shared_mem=smem, backend="host")
+    _close(out, np_decode_attention(q, k, v, 40), "decode_attention", "f32")
+
+
+def test_multi_warp_and_split_knobs() -> None:
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(14), None, 4, 4, 96, 300, 257)
+    ref = np_decode_attention(q, k, v, 257)
+    for kw in ({"method": "multi_warp", "num_warps": 3}, {"method": "multi_warp", "num_warps": 32},
+               {"method": "split_k", "chunk_size": 37}, {"method": "split_k", "chunk_size": 1000}):
+        _close(decode_attention(q, k, v, 257, backend="host", **kw), ref, "decode_attention", "f32")
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_unaligned_cache_takes_the_scalar_path(method: str) -> None:
+    # head_dim 64 would use 16-byte loads; a cache starting 4 bytes into a buffer must not.
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(17), None, 4, 2, 64, 30, 29)
+    kb = np.empty(k.size + 1, np.float32)
+    vb = np.empty(v.size + 1, np.float32)
+    ku = kb[1:].reshape(k.shape)
+    vu = vb[1:].reshape(v.shape)
+    ku[...] = k
+    vu[...] = v
+    assert ku.ctypes.data % 16 and ku.flags.c_contiguous
+    out = decode_attention(q, ku, vu, 29, method=method, backend="host")
+    _close(out, np_decode_attention(q, k, v, 29), "decode_attention", "f32")
+
+
+def test_auto_method_runs_and_matches() -> None:
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(18), None, 2, 1, 32, 600, 300)
+    ref = np_decode_attention(q, k, v, 300)
+    a = decode_attention(q, k, v, 300, backend="host")  # int 300 -> multi_warp
+    b = decode_attention(q, k, v, np.array([300], np.uint32), backend="host")  # max_seq_len 600 -> multi_warp
+    _close(a, ref, "decode_attention", "f32")
+    np.testing.assert_array_equal(a, b)
+    c = decode_attention(q, k, v, 100, backend="host")  # int 100 -> warp
+    _close(c, np_decode_attention(q, k, v, 100), "decode_attention", "f32")
+
+
+@pytest.mark.parametrize("head_dim", [8, 20, 24, 40, 48, 136, 200])
+@pytest.mark.parametrize("kinds", [("f32", "f32"), ("bf16", "bf16")])
+def test_lane_layouts_for_odd_head_dims(head_dim: int, kinds: tuple[str, str]) -> None:
+    # Covers every lane layout: 8/16/32 lanes per cache row (several rows per warp
+    # step), partly idle row groups, two vectors per lane, and the scalar path.
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(head_dim), 2, 4, 2, head_dim, 45, [43, 9], *kinds)
+    ref = np_batched_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), [43, 9])
+    for method in METHODS:
+        out = batched_decode_attention(q, k, v, [43, 9], method=method, backend="host")
+        _close(out.astype(np.float64), ref, "batched_decode_attention", kinds[0])
+
+
+def test_list_of_caches_is_stacked() -> None:
+    _need("host")
+    q, k, v = make_inputs(np.random.default_rng(15), 3, 2, 1, 32, 20, [20, 1, 7])
+    a = batched_decode_attention(q, list(k), list(v), [20, 1, 7], method="warp", backend="host")
+    b = batched_decode_attention(q, k, v, np.array([20, 1, 7], np.uint32), method="warp", backend="host")
+    np.testing.assert_array_equal(a, b)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_numba_reference_agrees(method: str) -> None:
+    _need("numba")
+    q, k, v = make_inputs(np.random.default_rng(16), 2, 4, 2, 40, 50, [37, 0])
+    out = batched_decode_attention(q, k, v, [37, 0], method=method, backend="numba")
+    _close(out, np_batched_decode_attention(q, k, v, [37, 0]), "batched_decode_attention", "f32")

@@ -1,0 +1,139 @@
+"""The host backend's build: compiler errors with .cu file:line, the disk cache, source rewriting."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import warnings
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pykern
+from pykern.backends.host import HostBackend
+from pykern.errors import BackendUnavailable, CompileError
+from pykern.host import build
+
+REPO = Path(__file__).resolve().parent.parent
+
+GOOD = textwrap.dedent(
+    """\
+    #include "pk_common.cuh"
+    extern __shared__ float ns_smem[];  // namespace scope: read per use, not at load time
+
+    extern "C" __global__ void pk_b_scale(const float* __restrict__ x, float* y, float a, unsigned int n) {
+        extern __shared__ float smem[];
+        const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+        smem[threadIdx.x] = i < n ? x[i] : 0.0f;
+        __syncthreads();
+        if (i < n) y[i] = a * smem[threadIdx.x] + ns_smem[threadIdx.x] * 0.0f;
+    }
+    """
+)
+
+
+def _write(tmp: Path, name: str, text: str) -> Path:
+    tmp.mkdir(parents=True, exist_ok=True)
+    p = tmp / name
+    p.write_text(text)
+    return p
+
+
+def test_compile_error_names_cu_file_and_line(tmp_path: Path) -> None:
+    src = _write(tmp_path / "k", "broken.cu", GOOD.replace("a * smem", "a * undefined_name * smem"))
+    with pytest.raises(CompileError) as ei:
+        HostBackend().library(src)
+    e = ei.value
+    assert f"{src}:9" in str(e).splitlines()[0]
+    assert "undefined_name" in str(e)
+    assert "-O2" in e.options and "-fno-strict-aliasing" in e.options
+    assert f"{src}:9:" in e.log
+
+
+def test_no_compiler_is_backend_unavailable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CXX", "/nonexistent/g++")
+    be = HostBackend()
+    ok, why = be.available()
+    assert not ok and "CXX='/nonexistent/g++'" in why
+    with pytest.raises(BackendUnavailable, match="not a working C"):
+        build.find_compiler()
+
+
+def test_launch_through_pykern_with_rewritten_extern_shared(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    kdir = tmp_path / "k"
+    _write(kdir, "scale.cu", GOOD)
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(kdir))
+    x = np.arange(100, dtype=np.float32)
+    y = np.zeros_like(x)
+    pykern.launch("pk_b_scale", 4, 32, x, y, 2.5, 100, shared_mem=32 * 4, backend="host")
+    np.testing.assert_array_equal(y, 2.5 * x)
+
+
+def test_rewrite_keeps_line_numbers() -> None:
+    text = "a\nextern  __shared__ __align__(16)\n  unsigned char raw [ ];\nb\n"
+    out = build.rewrite_source("{" + text + "}")
+    assert out.count("\n") == text.count("\n")
+    assert "unsigned char* const raw = reinterpret_cast<unsigned char*>(pk_dynamic_smem());" in out
+
+
+def test_cache_hit_and_key_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    src = _write(tmp_path / "k", "scale.cu", GOOD)
+    lib1 = HostBackend().library(src)
+    assert lib1.path.parent == tmp_path / "cache" / "host"
+    mtime = lib1.path.stat().st_mtime_ns
+    lib2 = HostBackend().library(src)  # a fresh backend: found on disk, not rebuilt
+    assert lib2.path == lib1.path and lib2.path.stat().st_mtime_ns == mtime
+    src.write_text(GOOD + "\n// edited\n")
+    lib3 = HostBackend().library(src)
+    assert lib3.path != lib1.path
+    assert not [p for p in lib1.path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_concurrent_processes_build_one_library(tmp_path: Path) -> None:
+    src = _write(tmp_path / "k", "scale.cu", GOOD)
+    env = dict(os.environ, PYKERN_CACHE_DIR=str(tmp_path / "cache"))
+    code = (
+        "import sys; from pykern.backends.host import HostBackend; "
+        f"print(HostBackend().library({str(src)!r}).path)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    paths = {o[0].strip() for o in outs}
+    assert len(paths) == 1
+    files = sorted(p.name for p in (tmp_path / "cache" / "host").iterdir())
+    assert files == [Path(paths.pop()).name]
+
+
+def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    blocker = tmp_path / "file"
+    blocker.write_text("not a folder")
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(blocker / "cache"))
+    monkeypatch.setattr(build, "_fallback_dir", None)
+    src = _write(tmp_path / "k", "scale.cu", GOOD)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        lib = HostBackend().library(src)
+        HostBackend().library(src)
+    msgs = [str(x.message) for x in w if "host build cache" in str(x.message)]
+    assert len(msgs) == 1 and "unusable" in msgs[0]
+    assert lib.path.exists() and not str(lib.path).startswith(str(blocker))
+
+
+def test_every_kernels_cu_file_compiles() -> None:
+    from pykern.sources import KERNELS_DIR
+
+    be = HostBackend()
+    files = sorted(KERNELS_DIR.glob("*.cu"))
+    assert files
+    for f in files:
+        lib = be.library(f)
+        for spec in pykern.registry.parse_file(f):
+            assert lib.fn(spec.name) is not None

@@ -1,0 +1,403 @@
+"""The nvrtc backend end to end (load cubin -> get function -> pack params -> launch -> copy back)
+against a recording fake driver that checks every packed parameter against the PTX .entry layout."""
+from __future__ import annotations
+
+import ctypes
+import sys
+from pathlib import Path
+
+import ml_dtypes
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper modules beside this file
+
+import pykern  # noqa: E402
+from pykern import backends, registry  # noqa: E402
+from pykern.backends.driver import CudaDriver, DriverError, arch_of  # noqa: E402
+from pykern.backends.nvrtc import NvrtcBackend, stream_handle, target_arch  # noqa: E402
+from pykern.ctypes_ import SCALARS  # noqa: E402
+from pykern.errors import ArgumentError, ArgumentTypeError, BackendUnavailable  # noqa: E402
+
+from fake_driver import (  # noqa: E402
+    LAUNCH_CU,
+    FakeDriver,
+    FakeDriverError,
+    compile_test_kernels,
+    decode_params,
+    make_fake,
+)
+from gpu import requires_gpu  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def compiled():
+    return compile_test_kernels("sm_80")
+
+
+@pytest.fixture(autouse=True)
+def kernel_path(monkeypatch):
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(LAUNCH_CU))
+
+
+@pytest.fixture
+def fake(compiled, monkeypatch):
+    """A FakeDriver-backed nvrtc backend installed as the process's "nvrtc" backend."""
+    drv, get_module = make_fake(compiled)
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=get_module, supported_archs=lambda: ("sm_80",))
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    drv.backend = be
+    drv.get_module = get_module
+    return drv
+
+
+def _axpy_inputs(n=1000, seed=0):
+    rng = np.random.default_rng(seed)
+    return rng.standard_normal(n).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+
+
+def test_axpy_numpy_end_to_end(fake):
+    x, y = _axpy_inputs()
+    y0 = y.copy()
+    pykern.launch("pktest_axpy", (4,), (256,), y, x, 2.5, 1000, backend="nvrtc")
+    np.testing.assert_array_equal(y, np.float32(2.5) * x + y0)
+    # x is const: copied in, never back; everything allocated is freed after the sync.
+    names = fake.names()
+    start = names.index("module_get_function") + 1
+    assert names[start:] == [
+        "set_current",
+        "mem_alloc", "memcpy_htod_async", "mem_alloc", "memcpy_htod_async",
+        "launch_kernel", "memcpy_dtoh_async", "stream_synchronize", "mem_free", "mem_free",
+    ]
+    assert fake.memory == {}
+    (launch,) = fake.launches
+    assert launch.name == "pktest_axpy" and launch.grid == (4, 1, 1) and launch.block == (256, 1, 1)
+    assert launch.shared_mem == 0 and launch.stream == 0
+    allocs = [c[1][0] for c in fake.calls if c[0] == "memcpy_htod_async"]
+    assert launch.values[:2] == allocs  # y then x: the device copies, in parameter order
+    assert launch.values[2] == 2.5 and launch.values[3] == 1000
+    dtoh = [c[1] for c in fake.calls if c[0] == "memcpy_dtoh_async"]
+    assert dtoh == [(y.ctypes.data, allocs[0], y.nbytes, 0)]
+
+
+def test_same_array_twice_is_one_device_buffer(fake):
+    y, _ = _axpy_inputs(50)
+    y0 = y.copy()
+    pykern.launch("pktest_axpy", 1, 64, y, y, 2.0, 50, backend="nvrtc")  # y = 2*y + y, in place
+    np.testing.assert_array_equal(y, np.float32(2.0) * y0 + y0)
+    names = fake.names()
+    assert names.count("mem_alloc") == 1 and names.count("memcpy_htod_async") == 1
+    assert names.count("memcpy_dtoh_async") == 1 and names.count("mem_free") == 1
+    assert fake.launches[0].values[0] == fake.launches[0].values[1]
+
+
+def test_every_scalar_type_packed_at_its_extremes(fake):
+    out = np.zeros(12, np.float64)
+    vals = [-128, 255, -32768, 65535, -(2**31), 2**32 - 1, -(2**63), 2**64 - 1, 1.5, -2.25e300, True, -7]
+    pykern.launch("pktest_all_types", 1, 1, out, *vals, backend="nvrtc")
+    got = fake.launches[0].values[1:]
+    assert got == vals
+    assert out.tolist() == [float(v) for v in vals]
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data())
+def test_in_range_scalars_round_trip_exactly(compiled, data):
+    drv, get_module = make_fake(compiled)
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=get_module, supported_archs=lambda: ("sm_80",))
+    spec = registry.get("pktest_all_types")
+    vals = []
+    for p in spec.params[1:]:
+        s = SCALARS[p.ctype]
+        if s.kind == "int":
+            vals.append(data.draw(st.integers(int(s.lo), int(s.hi))))
+        elif s.kind == "bool":
+            vals.append(data.draw(st.booleans()))
+        elif p.ctype == "float":
+            vals.append(data.draw(st.floats(width=32, allow_nan=False)))
+        else:
+            vals.append(data.draw(st.floats(allow_nan=False)))
+    out = np.zeros(12, np.float64)
+    from pykern.launcher import convert_args
+
+    args = convert_args(spec, [out, *vals])
+    be.launch(spec, (1, 1, 1), (1, 1, 1), args, 0, None)
+    assert drv.launches[0].values[1:] == vals
+
+
+def test_numpy_scalars_and_bf16_arrays(fake):
+    src = np.arange(37, dtype=np.float32).astype(ml_dtypes.bfloat16)
+    dst = np.zeros(37, ml_dtypes.bfloat16)
+    pykern.launch("pktest_copy_u16", 1, 64, dst, src, np.int64(37), backend="nvrtc")
+    assert dst.view(np.uint16).tolist() == src.view(np.uint16).tolist()
+    x, y = _axpy_inputs(10)
+    y0 = y.copy()
+    pykern.launch("pktest_axpy", 1, 32, y, x, np.float32(-1.25), np.uint32(10), backend="nvrtc")
+    np.testing.assert_array_equal(y, np.float32(-1.25) * x + y0)
+
+
+def test_module_loaded_once_per_digest_and_function_once_per_name(fake):
+    x, y = _axpy_inputs(64)
+    for _ in range(3):
+        pykern.launch("pktest_axpy", 1, 64, y, x, 1.0, 64, backend="nvrtc")
+    pykern.launch("pktest_copy_u16", 1, 64, np.zeros(4, np.uint16), np.ones(4, np.uint16), 4, backend="nvrtc")
+    assert fake.names().count("module_load_data") == 1
+    assert [c[1][1] for c in fake.calls if c[0] == "module_get_function"] == ["pktest_axpy", "pktest_copy_u16"]
+    assert len(fake.get_module.requests) == 2  # once per spec, not per launch
+    assert len(fake.launches) == 4
+
+
+def test_refreshed_registry_asks_the_cache_again_but_reuses_the_module(fake):
+    x, y = _axpy_inputs(8)
+    pykern.launch("pktest_axpy", 1, 8, y, x, 1.0, 8, backend="nvrtc")
+    registry.refresh()
+    pykern.launch("pktest_axpy", 1, 8, y, x, 1.0, 8, backend="nvrtc")
+    assert len(fake.get_module.requests) == 2
+    assert fake.names().count("module_load_data") == 1  # same cubin digest, same context
+    assert fake.names().count("module_get_function") == 1
+
+
+def test_device_arrays_pass_their_pointers_without_copies(fake):
+    x, y = _axpy_inputs(100)
+    dx, dy = fake.device_array(x, readonly=True), fake.device_array(y)
+    pykern.launch("pktest_axpy", 1, 128, dy, dx, 3.0, 100, backend="nvrtc")
+    launch = fake.launches[0]
+    assert launch.values[:2] == [dy.ptr, dx.ptr]
+    assert not {"mem_alloc", "memcpy_htod_async", "memcpy_dtoh_async", "stream_synchronize"} & set(fake.names())
+    np.testing.assert_array_equal(dy.copy_to_host(), np.float32(3.0) * x + y)
+
+
+def test_device_array_on_another_stream_is_synchronized_first(fake):
+    x, y = _axpy_inputs(16)
+    dx = fake.device_array(x, stream=7)
+    dy = fake.device_array(y, stream=9)
+    pykern.launch("pktest_axpy", 1, 16, dy, dx, 1.0, 16, stream=9, backend="nvrtc")
+    names = fake.names()
+    syncs = [c[1][0] for c in fake.calls if c[0] == "stream_synchronize"]
+    assert syncs == [7]  # dy is on the launch stream already
+    assert names.index("stream_synchronize") < names.index("launch_kernel")
+    fake.calls.clear()
+    legacy = fake.device_array(y, stream=1)  # the legacy default stream is what stream 0 means
+    pykern.launch("pktest_axpy", 1, 16, legacy, fake.device_array(x), 1.0, 16, backend="nvrtc")
+    assert "stream_synchronize" not in fake.names()
+
+
+class _CoreStream:
+    def __cuda_stream__(self):
+        return (0, 99)
+
+
+class _TorchStream:
+    cuda_stream = 55
+
+
+def test_stream_forms(fake):
+    assert stream_handle(None) == 0
+    assert stream_handle(12) == 12
+    assert stream_handle(np.uint64(13)) == 13
+    assert stream_handle(_CoreStream()) == 99
+    assert stream_handle(_TorchStream()) == 55
+    with pytest.raises(ArgumentError, match=r"stream: expected a non-negative CUstream handle, got -1"):
+        stream_handle(-1)
+    with pytest.raises(ArgumentTypeError, match=r"stream: expected None, an int .* got str"):
+        stream_handle("default")
+    x, y = _axpy_inputs(8)
+    pykern.launch("pktest_axpy", 1, 8, y, x, 1.0, 8, stream=_CoreStream(), backend="nvrtc")
+    streams = {c[1][-1] for c in fake.calls if c[0] in ("memcpy_htod_async", "memcpy_dtoh_async")}
+    assert streams == {99}
+    assert fake.launches[0].stream == 99
+    assert ("stream_synchronize", (99,)) in fake.calls
+    with pytest.raises(ArgumentTypeError, match="stream"):
+        pykern.launch("pktest_axpy", 1, 8, y, x, 1.0, 8, stream=object(), backend="nvrtc")
+    assert fake.memory == {}
+
+
+def test_dynamic_shared_memory_opt_in_and_device_limit(fake):
+    n = 300
+    src = np.arange(n, dtype=np.float32)
+    out = np.zeros(n, np.float32)
+    pykern.launch("pktest_smem_reverse", 3, 128, out, src, n, shared_mem=512, backend="nvrtc")
+    expect = np.zeros(n, np.float32)
+    for b in range(3):
+        lo = b * 128
+        for t in range(128):
+            j = lo + 127 - t
+            if j < n:
+                expect[j] = src[lo + t] if lo + t < n else 0.0
+    np.testing.assert_array_equal(out, expect)
+    assert "set_max_dynamic_shared" not in fake.names()  # <= 48 KB needs no opt-in
+
+    big = 64 * 1024
+    pykern.launch("pktest_smem_reverse", 3, 128, out, src, n, shared_mem=big, backend="nvrtc")
+    pykern.launch("pktest_smem_reverse", 3, 128, out, src, n, shared_mem=big, backend="nvrtc")
+    opt = [c[1][1] for c in fake.calls if c[0] == "set_max_dynamic_shared"]
+    assert opt == [big]  # set once, remembered per function
+    assert fake.launches[-1].shared_mem == big
+
+    allocs = fake.names().count("mem_alloc")
+    too_big = fake.max_shared_optin + 16
+    with pytest.raises(ArgumentError, match=rf"shared_mem: expected at most {fake.max_shared_optin} bytes .*sm_80.* got {too_big}"):
+        pykern.launch("pktest_smem_reverse", 3, 128, out, src, n, shared_mem=too_big, backend="nvrtc")
+    assert fake.names().count("mem_alloc") == allocs  # rejected before anything was staged
+
+
+def test_empty_arrays_pass_null_and_copy_nothing(fake):
+    x = np.zeros(0, np.float32)
+    y = np.zeros(0, np.float32)
+    pykern.launch("pktest_axpy", 1, 32, y, x, 1.0, 0, backend="nvrtc")
+    assert fake.launches[0].values[:2] == [0, 0]
+    assert not {"mem_alloc", "memcpy_htod_async", "memcpy_dtoh_async", "mem_free"} & set(fake.names())
+
+
+def test_launch_failure_frees_and_names_the_call(fake):
+    fake.fail["launch_kernel"] = "CUDA_ERROR_LAUNCH_FAILED"
+    x, y = _axpy_inputs(32)
+    y0 = y.copy()
+    with pytest.raises(DriverError, match="launch_kernel failed: CUDA_ERROR_LAUNCH_FAILED") as ei:
+        pykern.launch("pktest_axpy", 1, 32, y, x, 1.0, 32, backend="nvrtc")
+    assert isinstance(ei.value, pykern.PykernError)
+    assert fake.memory == {} and fake.names().count("mem_free") == 2
+    np.testing.assert_array_equal(y, y0)
+
+
+def test_failed_copy_in_frees_what_was_allocated(fake):
+    fake.fail["memcpy_htod_async"] = "CUDA_ERROR_ILLEGAL_ADDRESS"
+    x, y = _axpy_inputs(32)
+    with pytest.raises(DriverError, match="CUDA_ERROR_ILLEGAL_ADDRESS"):
+        pykern.launch("pktest_axpy", 1, 32, y, x, 1.0, 32, backend="nvrtc")
+    assert fake.memory == {} and "launch_kernel" not in fake.names()
+
+
+# -- the fake's own checks bite (otherwise the tests above would prove little) -----------
+
+
+def _axpy_function(fake):
+    fake.backend.function(registry.get("pktest_axpy"))
+    return next(h for h, f in fake.functions.items() if f.name == "pktest_axpy")
+
+
+def _pack(*objs):
+    arr = (ctypes.c_void_p * len(objs))(*(ctypes.addressof(o) for o in objs))
+    arr.keep = objs  # the storage must outlive the pointer array
+    return arr
+
+
+def test_fake_rejects_misplaced_or_mistyped_parameters(fake):
+    func = _axpy_function(fake)
+    ptx = fake.functions[func].params
+    dev = fake._alloc(64)
+    y, x = ctypes.c_uint64(dev), ctypes.c_uint64(dev)
+    good = _pack(y, x, ctypes.c_float(2.0), ctypes.c_uint32(16))
+    assert decode_params("pktest_axpy", ptx, ctypes.addressof(good), fake) == [dev, dev, 2.0, 16]
+    # a float packed as a double arrives as garbage: the decoded value shows it
+    bad = _pack(y, x, ctypes.c_double(2.0), ctypes.c_uint32(16))
+    assert decode_params("pktest_axpy", ptx, ctypes.addressof(bad), fake)[2] != 2.0
+    # a host pointer where a device pointer belongs
+    host = np.zeros(4, np.float32)
+    with pytest.raises(FakeDriverError, match="not inside any live allocation"):
+        decode_params("pktest_axpy", ptx, ctypes.addressof(_pack(ctypes.c_uint64(host.ctypes.data), x,
+                                                                   ctypes.c_float(1), ctypes.c_uint32(1))), fake)
+    # storage that breaks the PTX alignment
+    raw = (ctypes.c_uint8 * 16)()
+    odd = ctypes.addressof(raw) | 1
+    n = ctypes.c_uint32(1)
+    arr = (ctypes.c_void_p * 4)(ctypes.addressof(y), ctypes.addressof(x), odd, ctypes.addressof(n))
+    with pytest.raises(FakeDriverError, match="not 4-byte aligned"):
+        decode_params("pktest_axpy", ptx, ctypes.addressof(arr), fake)
+    with pytest.raises(FakeDriverError, match="kernelParams is NULL"):
+        decode_params("pktest_axpy", ptx, 0, fake)
+
+
+def test_fake_refuses_big_shared_memory_without_opt_in(fake):
+    func = _axpy_function(fake)
+    with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_VALUE"):
+        fake.launch_kernel(func, (1, 1, 1), (1, 1, 1), 64 * 1024, 0, 0)
+
+
+# -- availability -----------------------------------------------------------------------
+
+
+def test_no_driver_is_backend_unavailable(monkeypatch):
+    be = NvrtcBackend()  # the real CudaDriver: there is no libcuda on the machines that run CI
+    ok, why = be.available()
+    if ok:
+        pytest.skip("a CUDA driver and GPU are present")
+    assert "nvrtc backend" in why and ("no CUDA driver" in why or "no GPU" in why)
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    x, y = _axpy_inputs(4)
+    with pytest.raises(BackendUnavailable, match="nvrtc backend"):
+        pykern.launch("pktest_axpy", 1, 4, y, x, 1.0, 4, backend="nvrtc")
+
+
+def test_unavailability_is_probed_once():
+    made = []
+
+    def factory():
+        made.append(1)
+        raise BackendUnavailable("nvrtc backend: no CUDA driver (test)")
+
+    be = NvrtcBackend(driver_factory=factory)
+    assert be.available() == (False, "nvrtc backend: no CUDA driver (test)")
+    assert be.available()[0] is False
+    assert len(made) == 1
+
+
+def test_no_gpu_and_bad_device():
+    be = NvrtcBackend(driver_factory=lambda: FakeDriver(devices=0))
+    assert be.available() == (False, "nvrtc backend: the CUDA driver reports no GPU")
+    be = NvrtcBackend(driver_factory=lambda: FakeDriver(devices=1), device=3)
+    assert be.available() == (False, "nvrtc backend: device 3 requested, 1 present")
+
+
+def test_driver_failing_at_init_is_unavailable():
+    fake = FakeDriver(fail={"init": "CUDA_ERROR_NO_DEVICE"})
+    ok, why = NvrtcBackend(driver_factory=lambda: fake).available()
+    assert not ok and "CUDA_ERROR_NO_DEVICE" in why
+
+
+def test_arch_choice():
+    assert arch_of((9, 0)) == "sm_90" and arch_of((12, 1)) == "sm_121"
+    supported = ("sm_75", "sm_80", "sm_86", "sm_90", "sm_120")
+    assert target_arch("sm_86", supported) == "sm_86"
+    assert target_arch("sm_89", supported) == "compute_86"  # PTX the driver JITs for the newer GPU
+    assert target_arch("sm_130", supported) == "compute_120"
+    with pytest.raises(BackendUnavailable, match="cannot target the GPU's sm_70"):
+        target_arch("sm_70", supported)
+
+
+def test_real_driver_error_names_call_and_result():
+    try:
+        drv = CudaDriver()
+    except BackendUnavailable:
+        pytest.skip("cuda.bindings is not importable")
+    from cuda.bindings import driver as cu
+
+    with pytest.raises(DriverError, match="cuMemAlloc failed: CUDA_ERROR_OUT_OF_MEMORY"):
+        drv._check("cuMemAlloc", (cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, 0))
+    assert drv._check("cuMemAlloc", (cu.CUresult.CUDA_SUCCESS, 1234)) == 1234
+    assert drv._check("cuMemFree", (cu.CUresult.CUDA_SUCCESS,)) is None
+
+
+# -- a real GPU -------------------------------------------------------------------------
+
+
+@requires_gpu
+def test_gpu_smoke_end_to_end(tmp_path, monkeypatch):
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path))
+    be = NvrtcBackend()
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    x, y = _axpy_inputs(5000)
+    y0 = y.copy()
+    pykern.launch("pktest_axpy", 20, 256, y, x, 0.5, 5000, backend="nvrtc")
+    np.testing.assert_allclose(y, np.float32(0.5) * x + y0, rtol=1e-6, atol=1e-6)
+    out = np.zeros(12, np.float64)
+    vals = [-128, 255, -32768, 65535, -(2**31), 2**32 - 1, -(2**53), 2**53, 1.5, -2.25e300, True, -7]
+    pykern.launch("pktest_all_types", 1, 32, out, *vals, backend="nvrtc")
+    assert out.tolist() == [float(v) for v in vals]
+    n = 1000
+    src = np.arange(n, dtype=np.float32)
+    rev = np.zeros(n, np.float32)
+    pykern.launch("pktest_smem_reverse", 4, 256, rev, src, n, shared_mem=64 * 1024, backend="nvrtc")
+    assert rev[:256].tolist() == src[:256][::-1].tolist()

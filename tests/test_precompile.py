@@ -1,0 +1,110 @@
+"""`python -m pykern.precompile`: parallel compile into the cache, table/JSON output, failures, warm reruns."""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from pykern import cache, precompile
+
+CU = Path(__file__).parent / "cu"
+ROOT = Path(__file__).resolve().parent.parent
+PKT = {"pkt_scale", "pkt_mixed", "pkt_fill"}
+
+
+@pytest.fixture
+def env(tmp_path, monkeypatch):
+    src = tmp_path / "src"
+    shutil.copytree(CU, src)
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(src))
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    for var in ("PYKERN_CUBIN_DIR", "PYKERN_DISABLE_JIT"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(cache, "_memory", {})
+    return src
+
+
+def _run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "pykern.precompile", *args], cwd=ROOT, capture_output=True,
+                          text=True, timeout=300, env={**os.environ, **(env_extra or {})})
+
+
+def test_help_tells_the_truth():
+    out = _run("--help")
+    assert out.returncode == 0
+    for flag in ("--arch", "--kernels", "--jobs", "--cache-dir", "--out", "--json", "compute_XX", "all"):
+        assert flag in out.stdout
+
+
+def test_cold_run_in_parallel_then_all_hits(env, tmp_path):
+    args = ["--arch", "sm_80", "--arch", "sm_90a,compute_90", "--kernels", "pkt_*", "--jobs", "2", "--json"]
+    cold = _run(*args)
+    assert cold.returncode == 0, cold.stderr
+    d = json.loads(cold.stdout)  # stdout is only the JSON; progress went to stderr
+    assert "[6/6]" in cold.stderr
+    assert (d["jobs"], d["hits"], d["compiled"], d["failures"]) == (6, 0, 6, [])
+    rows = {(r["kernel"], r["arch"]): r for r in d["results"]}
+    assert set(rows) == {(k, a) for k in PKT for a in ("sm_80", "sm_90a", "compute_90")}
+    mixed = rows[("pkt_mixed", "sm_80")]
+    assert mixed["kind"] == "cubin" and mixed["status"] == "compiled"
+    assert mixed["shared_bytes"] == 256 and mixed["barriers"] == 1 and mixed["registers"] > 0
+    assert mixed["spill_stores"] == mixed["spill_loads"] == 0
+    ptx = rows[("pkt_fill", "compute_90")]
+    assert ptx["kind"] == "ptx" and "registers" not in ptx  # unknown for PTX, not invented
+    assert len(list(cache.iter_entries(tmp_path / "cache"))) == 6
+
+    warm = _run(*args)
+    assert warm.returncode == 0, warm.stderr
+    w = json.loads(warm.stdout)
+    assert (w["hits"], w["compiled"]) == (6, 0)
+    assert all(r["status"] == "hit" for r in w["results"])
+    assert {(r["kernel"], r["arch"], r.get("registers")) for r in w["results"]} == {
+        (r["kernel"], r["arch"], r.get("registers")) for r in d["results"]}
+
+
+def test_table_on_stdout(env, capsys):
+    assert precompile.main(["--arch", "sm_86", "--kernels", "pkt_fill", "--jobs", "1"]) == 0
+    out, err = capsys.readouterr()
+    lines = out.splitlines()
+    assert lines[0].split() == ["kernel", "arch", "regs", "spill", "st/ld", "smem", "stack", "status", "time"]
+    row = next(ln for ln in lines if ln.startswith("pkt_fill"))
+    assert row.split()[1] == "sm_86" and row.split()[3] == "0/0" and "compiled" in row
+    assert "pkt_scale" not in out  # filtered out by --kernels
+    assert "[1/1] sm_86" in err and "pkt_other.cu" in err
+    assert precompile.main(["--arch", "sm_86", "--kernels", "pkt_fill", "--jobs", "1"]) == 0
+    assert "hit" in next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pkt_fill"))
+
+
+def test_cache_dir_option(env, tmp_path, capsys):
+    target = tmp_path / "explicit"
+    assert precompile.main(["--arch", "sm_80", "--kernels", "pkt_fill", "--jobs", "1", "--cache-dir",
+                            str(target)]) == 0
+    assert len(list(cache.iter_entries(target))) == 1
+    assert not (tmp_path / "cache").exists()
+
+
+def test_failure_exits_nonzero_with_log(env, capsys):
+    (env / "pkt_zbroken.cu").write_text(
+        'extern "C" __global__ void pkt_zbroken(float* y) {\n  y[0] = not_declared;\n}\n')
+    rc = precompile.main(["--arch", "sm_80", "--kernels", "pkt_*", "--jobs", "1"])
+    out, err = capsys.readouterr()
+    assert rc == 1
+    assert "FAILED pkt_zbroken.cu for sm_80" in err
+    assert "pkt_zbroken.cu(2)" in err and "not_declared" in err  # NVRTC's log with file(line)
+    assert "--gpu-architecture=sm_80" in err  # the options used
+    assert "pkt_fill" in out  # the sources that compiled are still reported
+
+
+def test_bad_arguments_exit_2(env, capsys):
+    assert precompile.main(["--arch", "sm_99", "--kernels", "pkt_*"]) == 2
+    assert "sm_99" in capsys.readouterr().err
+    assert precompile.main(["--arch", "sm_80", "--kernels", "no_such_kernel_*"]) == 2
+    assert "no_such_kernel_*" in capsys.readouterr().err
+    with pytest.raises(SystemExit) as e:
+        precompile.main(["--arch", "sm_80", "--cache-dir", "a", "--out", "b"])
+    assert e.value.code == 2
