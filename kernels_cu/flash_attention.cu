@@ -17,9 +17,10 @@
 // dims (q pre-scaled, and the output accumulator) in registers, as four float4
 // chunks strided by G so the G threads of a row read consecutive shared-memory
 // words. Keys and values stream through shared memory in tiles of BK rows
-// converted to fp32, zero-padded past head_dim / n_k. Per tile a thread forms
-// the BK scores of its row (partial dot + xor-shuffle inside the G-lane group),
-// rescales its accumulator once by the new running max, then adds p_j * v_j.
+// converted to fp32, zero-padded past head_dim / n_k. For every FA_SB keys of a
+// tile a thread forms the scores of its row (partial dot + xor-shuffle inside
+// the G-lane group), rescales its accumulator once by the new running max, then
+// adds p_j * v_j.
 // Softmax runs in base 2 (q carries scale * log2(e)), converted back for lse.
 // DMAX is a compile-time bucket (64/128/256 for max(head_dim, head_dim_v)) so
 // the per-thread register arrays have fixed size: 0 spills on every arch.
@@ -123,11 +124,8 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
 
     const int shift = n_k - n_q;  // causal: key j visible to query i iff j <= i + shift
     const int row_limit = causal ? row + shift : n_k - 1;
-    int kv_end = n_k;
-    if (causal) {
-        const int last = min(qt * ROWS + ROWS, n_q) - 1 + shift + 1;
-        kv_end = min(n_k, last);
-    }
+    // keys past what the block's last query sees are never staged (may be <= 0: no key at all)
+    const int kv_end = causal ? min(n_k, min(qt * ROWS + ROWS, n_q) + shift) : n_k;
     const long long k_base = ((long long)b * n_k * n_kv_heads + hk) * head_dim;
     const long long v_base = ((long long)b * n_k * n_kv_heads + hk) * head_dim_v;
     const bool k_vec = fa_vec_ok<T>(k, head_dim), v_vec = fa_vec_ok<T>(v, head_dim_v);
@@ -196,7 +194,8 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
             if (d < head_dim_v) PkIO<T>::store(out, o_off + d, acc[4 * c + e] * inv);
         }
     }
-    if (g == 0) lse[((long long)b * n_q + row) * n_heads + h] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : PK_NEG_INF;
+    if (g == 0)  // m is in log2 units: lse = ln(2) * (m + log2(l))
+        lse[((long long)b * n_q + row) * n_heads + h] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : PK_NEG_INF;
 }
 
 // One pair of extern "C" entry points per head-dim bucket (the op picks the

@@ -84,31 +84,44 @@ __device__ __forceinline__ long long fwd_grid_stride() {
 // 16-byte chunks when rows are a multiple of 16 bytes. An id outside [0, vocab)
 // (the op rejects those before launch) yields a zero row instead of a wild read.
 // ---------------------------------------------------------------------------
+// One flat loop over rows of `per_row` items of type V (a 16-byte chunk or one
+// element). I is the index type: 32-bit when the whole range fits, because a
+// 64-bit division costs several times a 32-bit one and this loop divides once
+// per item.
+template <typename V, typename I>
+__device__ __forceinline__ void embedding_loop(const long long* __restrict__ ids, const V* __restrict__ src,
+                                               V* __restrict__ dst, I total, I per_row, long long vocab) {
+    const I stride = (I)fwd_grid_stride();
+    for (I i = (I)fwd_global_tid(); i < total; i += stride) {
+        const I t = i / per_row, c = i - t * per_row;
+        const long long id = ids[t];
+        V v{};
+        if (id >= 0 && id < vocab) v = src[id * (long long)per_row + c];
+        dst[i] = v;
+    }
+}
+
+template <typename V>
+__device__ __forceinline__ void embedding_dispatch(const long long* __restrict__ ids, const V* __restrict__ src,
+                                                   V* __restrict__ dst, long long n_tokens, long long per_row,
+                                                   long long vocab) {
+    const long long total = n_tokens * per_row;
+    if (total < (1ll << 31))  // + grid stride (< 2^31 by the op's block cap) stays below 2^32
+        embedding_loop<V, unsigned int>(ids, src, dst, (unsigned int)total, (unsigned int)per_row, vocab);
+    else
+        embedding_loop<V, long long>(ids, src, dst, total, per_row, vocab);
+}
+
 template <typename T>
 __device__ __forceinline__ void embedding_impl(const long long* __restrict__ ids, const T* __restrict__ table,
                                                T* __restrict__ out, long long n_tokens, long long vocab,
                                                unsigned int dim) {
-    const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
     const long long row_bytes = (long long)dim * (long long)sizeof(T);
-    if (row_bytes % 16 == 0 && fwd_aligned16(table) && fwd_aligned16(out)) {
-        const long long cpr = row_bytes / 16;  // chunks per row
-        const uint4* src = reinterpret_cast<const uint4*>(table);
-        uint4* dst = reinterpret_cast<uint4*>(out);
-        for (long long i = tid; i < n_tokens * cpr; i += stride) {
-            const long long t = i / cpr, c = i - t * cpr;
-            const long long id = ids[t];
-            uint4 v;
-            v.x = 0u; v.y = 0u; v.z = 0u; v.w = 0u;
-            if (id >= 0 && id < vocab) v = src[id * cpr + c];
-            dst[i] = v;
-        }
-    } else {
-        for (long long i = tid; i < n_tokens * (long long)dim; i += stride) {
-            const long long t = i / dim, c = i - t * dim;
-            const long long id = ids[t];
-            out[i] = (id >= 0 && id < vocab) ? table[id * dim + c] : (T)0;
-        }
-    }
+    if (row_bytes % 16 == 0 && fwd_aligned16(table) && fwd_aligned16(out))
+        embedding_dispatch<uint4>(ids, reinterpret_cast<const uint4*>(table), reinterpret_cast<uint4*>(out), n_tokens,
+                                  row_bytes / 16, vocab);
+    else
+        embedding_dispatch<T>(ids, table, out, n_tokens, (long long)dim, vocab);
 }
 
 extern "C" __global__ void embedding(const long long* __restrict__ ids, const float* __restrict__ table,
@@ -136,24 +149,22 @@ __device__ __forceinline__ void fwd_rotate(float a, float b, float c, float s, f
     rb = a * s + b * c;
 }
 
-template <typename T>
-__device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __restrict__ cos_t,
-                                          const float* __restrict__ sin_t, long long n_rows, unsigned int n_tokens,
-                                          unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset,
-                                          int style) {
-    const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
-    const unsigned int half = head_dim / 2;
-    const bool vec = (half % 4 == 0) && fwd_aligned16(x) && fwd_aligned16(out) && fwd_aligned16(cos_t) &&
-                     fwd_aligned16(sin_t);
+// I is the index type (32-bit when n_rows * head_dim / 2 fits; see embedding_loop).
+template <typename T, typename I>
+__device__ __forceinline__ void rope_loop(const T* x, T* out, const float* __restrict__ cos_t,
+                                          const float* __restrict__ sin_t, I n_rows, I n_tokens, I n_heads,
+                                          I head_dim, long long pos_offset, int style, bool vec) {
+    const I tid = (I)fwd_global_tid(), stride = (I)fwd_grid_stride();
+    const I half = head_dim / 2;
     if (vec) {  // one thread rotates 4 pairs
-        const long long gpr = half / 4;  // groups per row
-        for (long long u = tid; u < n_rows * gpr; u += stride) {
-            const long long row = u / gpr;
-            const unsigned int i = (unsigned int)(u - row * gpr) * 4u;
-            const long long pos = (long long)pos_offset + (row / n_heads) % n_tokens;
+        const I gpr = half / 4;  // groups per row
+        for (I u = tid; u < n_rows * gpr; u += stride) {
+            const I row = u / gpr;
+            const I i = (u - row * gpr) * 4;
+            const long long pos = pos_offset + (row / n_heads) % n_tokens;
             const float4 c = *reinterpret_cast<const float4*>(cos_t + pos * half + i);
             const float4 s = *reinterpret_cast<const float4*>(sin_t + pos * half + i);
-            const long long base = row * head_dim;
+            const long long base = (long long)row * head_dim;
             float4 a, b, ra, rb;
             if (style == 0) {  // 8 contiguous elements: pairs (a.x,a.y) (a.z,a.w) (b.x,b.y) (b.z,b.w)
                 a = FwdVec4<T>::load(x + base + 2 * i);
@@ -176,12 +187,12 @@ __device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __res
             }
         }
     } else {  // one thread rotates one pair
-        for (long long u = tid; u < n_rows * (long long)half; u += stride) {
-            const long long row = u / half;
-            const unsigned int i = (unsigned int)(u - row * half);
-            const long long pos = (long long)pos_offset + (row / n_heads) % n_tokens;
+        for (I u = tid; u < n_rows * half; u += stride) {
+            const I row = u / half;
+            const I i = u - row * half;
+            const long long pos = pos_offset + (row / n_heads) % n_tokens;
             const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
-            const long long ia = row * head_dim + (style == 0 ? 2 * i : i);
+            const long long ia = (long long)row * head_dim + (style == 0 ? 2 * i : i);
             const long long ib = ia + (style == 0 ? 1 : half);
             float ra, rb;
             fwd_rotate(PkIO<T>::load(x, ia), PkIO<T>::load(x, ib), c, s, ra, rb);
@@ -189,6 +200,20 @@ __device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __res
             PkIO<T>::store(out, ib, rb);
         }
     }
+}
+
+template <typename T>
+__device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __restrict__ cos_t,
+                                          const float* __restrict__ sin_t, long long n_rows, unsigned int n_tokens,
+                                          unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset,
+                                          int style) {
+    const bool vec = (head_dim / 2) % 4 == 0 && fwd_aligned16(x) && fwd_aligned16(out) && fwd_aligned16(cos_t) &&
+                     fwd_aligned16(sin_t);
+    if (n_rows * (long long)(head_dim / 2) < (1ll << 31))
+        rope_loop<T, unsigned int>(x, out, cos_t, sin_t, (unsigned int)n_rows, n_tokens, n_heads, head_dim, pos_offset,
+                                   style, vec);
+    else
+        rope_loop<T, long long>(x, out, cos_t, sin_t, n_rows, n_tokens, n_heads, head_dim, pos_offset, style, vec);
 }
 
 extern "C" __global__ void rope(const float* x, float* out, const float* __restrict__ cos_table,

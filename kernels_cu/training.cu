@@ -50,14 +50,14 @@ __device__ __forceinline__ bool pk_vec_aligned(const T* p) {
 }
 
 // ---------------------------------------------------------------------------
-// transpose_2d: out[z][c][r] = in[z][r][c] through a 32x33 shared tile (the
-// extra column keeps the column-wise reads free of bank conflicts). Block is
-// (32, 8); grid x walks column tiles, y and z loop so rows/batches may exceed
-// the 65535 grid limit.
-template <typename T>
+// transpose_2d: out[z][c][r] = in[z][r][c] through a padded 32-wide shared tile
+// (W = 33 floats or 34 bf16 words per row, so the column-wise reads hit 32
+// different banks). Block is (32, 8); grid x walks column tiles, y and z loop
+// so rows/batches may exceed the 65535 grid limit.
+template <typename T, int W>
 __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __restrict__ out,
                                                unsigned int rows, unsigned int cols,
-                                               unsigned int batch, T (*tile)[33]) {
+                                               unsigned int batch, T (*tile)[W]) {
     const long long plane = (long long)rows * cols;
     const unsigned int row_tiles = (rows + 31u) / 32u;
     const unsigned int c0 = blockIdx.x * 32u;
@@ -86,14 +86,14 @@ extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d(
     const float* __restrict__ input, float* __restrict__ output,
     unsigned int rows, unsigned int cols, unsigned int batch) {
     __shared__ float tile[32][33];
-    transpose_body<float>(input, output, rows, cols, batch, tile);
+    transpose_body<float, 33>(input, output, rows, cols, batch, tile);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d_bf16(
     const unsigned short* __restrict__ input, unsigned short* __restrict__ output,
     unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ unsigned short tile[32][33];
-    transpose_body<unsigned short>(input, output, rows, cols, batch, tile);
+    __shared__ unsigned short tile[32][34];
+    transpose_body<unsigned short, 34>(input, output, rows, cols, batch, tile);
 }
 
 // ---------------------------------------------------------------------------

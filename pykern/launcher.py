@@ -8,6 +8,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import registry
+from .backends import get_backend
 from .ctypes_ import POINTEE_DTYPES, SCALARS, TYPESTR
 from .errors import ArgumentError, ArgumentTypeError
 from .registry import KernelSpec, Param
@@ -23,6 +24,8 @@ Dim = "int | tuple[int, ...]"
 
 
 def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int, int]:
+    if type(value) is tuple and len(value) == 3 and all(type(d) is int and 1 <= d <= m for d, m in zip(value, limits)):
+        return value  # the common, already valid form
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         dims: Sequence[Any] = (value,)
     elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
@@ -117,6 +120,10 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
     elif st.kind == "float":
 
         def convert(v: Any) -> Any:
+            if type(v) is float:
+                if lo <= v <= hi or v != v or v in (float("inf"), float("-inf")):
+                    return ct(v)
+                raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
             if isinstance(v, bool) or not isinstance(v, (numbers.Real, np.integer, np.floating)):
                 raise ArgumentTypeError(f"{label}: expected a real number, got {type(v).__name__} {v!r}")
             v = float(v)
@@ -134,19 +141,21 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
     return convert
 
 
-_plans: dict[KernelSpec, tuple[Callable[[Any], Any], ...]] = {}
+# Keyed by id(): hashing a frozen spec walks all its params on every launch. The
+# spec is kept in the entry so an id reused after garbage collection is detected.
+_plans: dict[int, tuple[KernelSpec, tuple[Callable[[Any], Any], ...]]] = {}
 
 
 def converters(spec: KernelSpec) -> tuple[Callable[[Any], Any], ...]:
     """One converter per parameter, built once per spec (the hot path only calls them)."""
-    plan = _plans.get(spec)
-    if plan is None:
+    entry = _plans.get(id(spec))
+    if entry is None or entry[0] is not spec:
         plan = tuple(
             _array_converter(spec, i, p) if p.is_pointer else _scalar_converter(spec, i, p)
             for i, p in enumerate(spec.params)
         )
-        _plans[spec] = plan
-    return plan
+        entry = _plans[id(spec)] = (spec, plan)
+    return entry[1]
 
 
 def convert_args(spec: KernelSpec, args: Sequence[Any]) -> list[Any]:
@@ -186,8 +195,6 @@ def launch(
     numbers to value parameters (converted to the exact C type, range checked).
     Nothing reaches a backend until every check passed.
     """
-    from .backends import get_backend
-
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
     converted = convert_args(spec, args)

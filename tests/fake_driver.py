@@ -152,8 +152,8 @@ class FakeDriver:
         self._need_context("module_load_data")
         if image not in self.images:
             raise FakeDriverError("module_load_data: image was never registered with the fake")
-        if not image.startswith(ELF_MAGIC):
-            raise FakeDriverError(f"module_load_data: expected a cubin (ELF), got {image[:8]!r}")
+        if not (image.startswith(ELF_MAGIC) or b".entry" in image[:1 << 20] and image.lstrip().startswith(b"//")):
+            raise FakeDriverError(f"module_load_data: expected a cubin (ELF) or PTX text, got {image[:8]!r}")
         h = self._handle()
         self.modules[h] = _Module(image, ptx_entries(self.images[image]))
         return h

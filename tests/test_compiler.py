@@ -1,11 +1,14 @@
 """NVRTC compiler: archs, cubin/PTX output, ptxas resources, compile errors, PTX .entry vs KernelSpec."""
 from __future__ import annotations
 
+import multiprocessing
+import os
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import pytest
 
-from pykern import compiler
+from pykern import compiler, precompile
 from pykern.errors import ArgumentError, CompileError, LayoutMismatch
 from pykern.registry import KernelSpec, Param, parse_file
 from pykern.sources import KERNELS_DIR
@@ -185,13 +188,36 @@ REAL_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 REAL_FILES = sorted(KERNELS_DIR.glob("*.cu"))
 
 
+@pytest.fixture(scope="module")
+def real_compiles(tmp_path_factory):
+    """Every (file, arch) compile started at once in worker processes; each test waits for its own.
+
+    Under pytest-xdist the tests are already spread over processes, so each compiles its own pair inline.
+    """
+    root = str(tmp_path_factory.mktemp("real_cache"))
+    if os.environ.get("PYTEST_XDIST_WORKER") or (os.cpu_count() or 1) < 2:
+        yield root, None
+        return
+    pool = ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn"))
+    futs = {(p, a): pool.submit(precompile._compile_job, str(p), a, (), None, root)
+            for p in REAL_FILES for a in REAL_ARCHS}
+    yield root, futs
+    pool.shutdown(cancel_futures=True)
+
+
 @pytest.mark.skipif(not REAL_FILES, reason="kernels_cu has no .cu files yet")
 @pytest.mark.parametrize("arch", REAL_ARCHS)
 @pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
-def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch):
-    # compile() checks every kernel's PTX .entry against its KernelSpec and raises on a mismatch.
-    m = compiler.compile(path, arch)
+def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch, real_compiles):
+    # compile() checks every kernel's PTX .entry against its KernelSpec and raises LayoutMismatch.
+    root, futs = real_compiles
+    if futs is None:
+        mod, err, _ = precompile._compile_job(str(path), arch, (), None, root)
+    else:
+        mod, err, _ = futs[(path, arch)].result(timeout=600)
+    assert not err, err
     specs = parse_file(path)
-    assert set(m.resources) == {s.name for s in specs}
-    spilling = {k: (r.spill_stores, r.spill_loads) for k, r in m.resources.items() if r.spill_bytes}
+    assert mod.kind == "cubin" and mod.image[:4] == ELF
+    assert set(mod.resources) == {s.name for s in specs}
+    spilling = {k: (r.spill_stores, r.spill_loads) for k, r in mod.resources.items() if r.spill_bytes}
     assert not spilling, f"{path.name} spills registers on {arch} (stores, loads bytes): {spilling}"

@@ -3,17 +3,23 @@
 against the numba references where that backend is available."""
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 
-from pykern import ArgumentError, ArgumentTypeError
-from pykern.difftest.cases.decode import (
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu.py beside this file
+
+from gpu import requires_gpu  # noqa: E402
+from pykern import ArgumentError, ArgumentTypeError  # noqa: E402
+from pykern.difftest.cases.decode import (  # noqa: E402
     make_inputs,
     np_batched_decode_attention,
     np_decode_attention,
 )
-from pykern.ops.decode import batched_decode_attention, decode_attention, decode_plan
-from pykern.tolerance import tolerance
+from pykern.ops.decode import batched_decode_attention, decode_attention, decode_plan  # noqa: E402
+from pykern.tolerance import tolerance  # noqa: E402
 
 METHODS = ("warp", "multi_warp", "split_k")
 
@@ -150,8 +156,9 @@ def test_llama8b_step_plans() -> None:
     assert sk["launches"] == [("decode_attn_split_chunk", (64, 8, 1), (128,), 0),
                               ("decode_attn_split_reduce", (32, 1), (128,), 0)]
     assert decode_plan(1, 32, 8, 128, 4096, method="auto")["method"] == "split_k"
-    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=200)["method"] == "warp"
+    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=100)["method"] == "warp"
     assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=1000)["method"] == "multi_warp"
+    assert decode_plan(64, 32, 8, 128, 4096, method="auto")["method"] == "warp"  # 2048 (sequence, head) pairs
 
 
 def test_plans_respect_grid_limits_and_gqa_groups() -> None:
@@ -297,3 +304,19 @@ def test_numba_reference_agrees(method: str) -> None:
     q, k, v = make_inputs(np.random.default_rng(16), 2, 4, 2, 40, 50, [37, 0])
     out = batched_decode_attention(q, k, v, [37, 0], method=method, backend="numba")
     _close(out, np_batched_decode_attention(q, k, v, [37, 0]), "batched_decode_attention", "f32")
+
+
+@requires_gpu
+@pytest.mark.parametrize("kinds", [("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16")])
+def test_gpu_methods_match_reference(kinds: tuple[str, str]) -> None:
+    # The same NaN-padded inputs on the real GPU: every method, int and indirect forms.
+    dtype = "f32" if kinds == ("f32", "f32") else "bf16"
+    for h, kvh, d, s, sl in ((32, 8, 128, 4100, 4097), (8, 1, 80, 300, 129), (4, 4, 33, 40, 0)):
+        q, k, v = make_inputs(np.random.default_rng(d), None, h, kvh, d, s, sl, *kinds)
+        ref = np_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), sl)
+        for method in METHODS:
+            a = decode_attention(q, k, v, sl, method=method, backend="nvrtc")
+            b = decode_attention(q, k, v, np.array([sl], np.uint32), method=method, backend="nvrtc")
+            np.testing.assert_array_equal(a, b)
+            _close(a.astype(np.float64), ref, "decode_attention", dtype)
+

@@ -156,6 +156,8 @@ def test_unaligned_inputs_take_the_scalar_path(kind: str) -> None:
     table = _misaligned(F._normal(rng, (10, 16), kind))
     ids = np.array([9, 0, 4])
     np.testing.assert_array_equal(ops.embedding(ids, table, backend="host"), table[ids])
+    np.testing.assert_array_equal(ops.embedding(ids.astype(np.int32), table, backend="host"), table[ids])
+    np.testing.assert_array_equal(ops.embedding([9, 1], table, backend="host"), table[[9, 1]])
     q, k, v = (_misaligned(a) for a in F.fa_inputs(rng, 1, 9, 40, 2, 1, 64, 64, kind))
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend="host")
     ro, rl = F.np_flash_attention(q, k, v, True)

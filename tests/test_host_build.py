@@ -109,7 +109,10 @@ def test_concurrent_processes_build_one_library(tmp_path: Path) -> None:
     paths = {o[0].strip() for o in outs}
     assert len(paths) == 1
     files = sorted(p.name for p in (tmp_path / "cache" / "host").iterdir())
-    assert files == [Path(paths.pop()).name]
+    libs = [f for f in files if f.endswith(".so")]
+    assert libs == [Path(paths.pop()).name]
+    assert not [f for f in files if f.endswith(".tmp")]
+    assert len([f for f in files if f.startswith("pk_host_runtime-") and f.endswith(".o")]) == 1
 
 
 def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

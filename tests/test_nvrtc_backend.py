@@ -28,6 +28,7 @@ from fake_driver import (  # noqa: E402
     compile_test_kernels,
     decode_params,
     make_fake,
+    sim_axpy,
 )
 from gpu import requires_gpu  # noqa: E402
 
@@ -91,6 +92,70 @@ def test_same_array_twice_is_one_device_buffer(fake):
     assert names.count("mem_alloc") == 1 and names.count("memcpy_htod_async") == 1
     assert names.count("memcpy_dtoh_async") == 1 and names.count("mem_free") == 1
     assert fake.launches[0].values[0] == fake.launches[0].values[1]
+
+
+def test_through_the_real_disk_cache(compiled, tmp_path, monkeypatch):
+    """The default path: pykern.cache compiles (then finds) the cubin the fake driver loads."""
+    from pykern import cache
+
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path))
+    seen = []
+    real_get_module = cache.get_module
+
+    def spy(*a, **kw):
+        mod = real_get_module(*a, **kw)
+        seen.append((mod.origin, mod.hit, kw.get("kernel")))
+        return mod
+
+    monkeypatch.setattr(cache, "get_module", spy)
+    for round_ in range(2):  # a fresh backend each round, as a new process would have
+        drv = FakeDriver(simulate={"pktest_axpy": sim_axpy})
+        drv.register(compiled.image, compiled.ptx)  # the cache's cubin is byte-identical
+        be = NvrtcBackend(driver_factory=lambda: drv)
+        monkeypatch.setitem(backends._instances, "nvrtc", be)
+        x, y = _axpy_inputs(40, seed=round_)
+        y0 = y.copy()
+        pykern.launch("pktest_axpy", 1, 64, y, x, -0.5, 40, backend="nvrtc")
+        np.testing.assert_array_equal(y, np.float32(-0.5) * x + y0)
+    assert seen == [("compiled", False, "pktest_axpy"), ("cache", True, "pktest_axpy")]
+
+
+def test_real_kernels_pack_to_their_ptx_layout(monkeypatch):
+    """Every kernel of a real kernels_cu family, launched with type-correct arguments: the fake checks
+    each packed parameter against the PTX NVRTC emits for it (PTX only: no ptxas, to stay fast)."""
+    import hashlib
+
+    from pykern import compiler
+    from pykern.ctypes_ import POINTEE_DTYPES
+    from pykern.sources import KERNELS_DIR
+
+    source = KERNELS_DIR / "training.cu"
+    mod = compiler.compile(source, "compute_80")
+    drv = FakeDriver()
+    drv.register(mod.image, mod.ptx)
+    stub = type("M", (), {"image": mod.image, "digest": hashlib.sha256(mod.image).hexdigest()})
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=lambda src, arch, kernel=None: stub,
+                      supported_archs=lambda: ("sm_75",))  # so the target is PTX (compute_75) for the sm_80 fake
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    specs = [k for k in pykern.kernels() if k.source == source.resolve()]
+    assert len(specs) == len(mod.kernels) > 0
+    for spec in specs:
+        args, want = [], []
+        for j, p in enumerate(spec.params):
+            if p.is_pointer:
+                args.append(np.zeros(3 + j, POINTEE_DTYPES[p.pointee][0]))
+                want.append(None)  # a device address, checked by the fake
+            else:
+                kind = SCALARS[p.ctype].kind
+                v = {"int": 7 + j, "float": 0.25 * j, "bool": True}[kind]
+                args.append(v)
+                want.append(v)
+        pykern.launch(spec.name, 2, 64, *args, backend="nvrtc")
+        got = drv.launches[-1]
+        assert got.name == spec.name
+        assert [g if w is not None else None for g, w in zip(got.values, want)] == want
+    assert len(drv.launches) == len(specs)
+    assert drv.memory == {}
 
 
 def test_every_scalar_type_packed_at_its_extremes(fake):
@@ -157,6 +222,7 @@ def test_refreshed_registry_asks_the_cache_again_but_reuses_the_module(fake):
     assert len(fake.get_module.requests) == 2
     assert fake.names().count("module_load_data") == 1  # same cubin digest, same context
     assert fake.names().count("module_get_function") == 1
+    assert len(fake.backend._plans) == 1  # the stale plan was dropped
 
 
 def test_device_arrays_pass_their_pointers_without_copies(fake):
@@ -238,9 +304,34 @@ def test_dynamic_shared_memory_opt_in_and_device_limit(fake):
 
     allocs = fake.names().count("mem_alloc")
     too_big = fake.max_shared_optin + 16
-    with pytest.raises(ArgumentError, match=rf"shared_mem: expected at most {fake.max_shared_optin} bytes .*sm_80.* got {too_big}"):
+    with pytest.raises(ArgumentError, match=rf"shared_mem: expected at most {fake.max_shared_optin} bytes for "
+                                            rf"pktest_smem_reverse on this device \(sm_80\), got {too_big}"):
         pykern.launch("pktest_smem_reverse", 3, 128, out, src, n, shared_mem=too_big, backend="nvrtc")
     assert fake.names().count("mem_alloc") == allocs  # rejected before anything was staged
+
+
+def test_static_shared_memory_counts_against_the_limit(compiled):
+    import hashlib
+
+    from pykern.compiler import Resources
+
+    drv = FakeDriver()
+    drv.register(compiled.image, compiled.ptx)
+    res = Resources(registers=12, spill_stores=0, spill_loads=0, shared_bytes=4096, stack_bytes=0, barriers=1)
+    stub = type("M", (), {"image": compiled.image, "digest": hashlib.sha256(compiled.image).hexdigest(),
+                          "resources": {"pktest_smem_reverse": res}})
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=lambda *a, **k: stub, supported_archs=lambda: ("sm_80",))
+    spec = registry.get("pktest_smem_reverse")
+    from pykern.launcher import convert_args
+
+    args = convert_args(spec, [np.zeros(8, np.float32), np.ones(8, np.float32), 8])
+    limit = drv.max_shared_optin - 4096
+    be.launch(spec, (1, 1, 1), (8, 1, 1), args, limit, None)
+    pattern = (rf"shared_mem: expected at most {limit} bytes for pktest_smem_reverse on this device \(sm_80\) "
+               rf"\(4096 of the {drv.max_shared_optin} go to static __shared__\), got {limit + 1}")
+    with pytest.raises(ArgumentError, match=pattern):
+        be.launch(spec, (1, 1, 1), (8, 1, 1), args, limit + 1, None)
+    assert len(drv.launches) == 1 and drv.memory == {}
 
 
 def test_empty_arrays_pass_null_and_copy_nothing(fake):
@@ -378,6 +469,97 @@ def test_real_driver_error_names_call_and_result():
         drv._check("cuMemAlloc", (cu.CUresult.CUDA_ERROR_OUT_OF_MEMORY, 0))
     assert drv._check("cuMemAlloc", (cu.CUresult.CUDA_SUCCESS, 1234)) == 1234
     assert drv._check("cuMemFree", (cu.CUresult.CUDA_SUCCESS,)) is None
+
+
+class _RecordingBindings:
+    """Stands in for cuda.bindings.driver inside CudaDriver: records calls, returns (SUCCESS, value)."""
+
+    def __init__(self, cu, values):
+        self._cu, self._values, self.calls = cu, values, []
+        self.CUresult, self.CUdevice_attribute = cu.CUresult, cu.CUdevice_attribute
+        self.CUfunction_attribute = cu.CUfunction_attribute
+
+    def __getattr__(self, name):
+        def call(*args):
+            self.calls.append((name, args))
+            v = self._values.get(name, ())
+            return (self._cu.CUresult.CUDA_SUCCESS, *(v if isinstance(v, tuple) else (v,)))
+
+        return call
+
+
+def test_cuda_driver_wrapper_calls_the_bindings_in_order():
+    try:
+        drv = CudaDriver()
+    except BackendUnavailable:
+        pytest.skip("cuda.bindings is not importable")
+    cu = drv._cu
+    attrs = {
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: 9,
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: 0,
+        cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
+    }
+    rec = _RecordingBindings(cu, {"cuDeviceGetCount": 2, "cuDeviceGet": "dev0", "cuDevicePrimaryCtxRetain": "ctx",
+                                  "cuModuleLoadData": "mod", "cuModuleGetFunction": "fn", "cuMemAlloc": 4096})
+    drv._cu = rec
+    rec.cuDeviceGetAttribute = lambda a, d: (rec.calls.append(("cuDeviceGetAttribute", (a, d))),
+                                             (cu.CUresult.CUDA_SUCCESS, attrs[a]))[1]
+    drv.init()
+    assert drv.device_count() == 2
+    assert drv.compute_capability(0) == (9, 0)
+    assert drv.max_shared_per_block_optin(0) == 232448
+    assert drv.primary_context(0) == "ctx" and drv.primary_context(0) == "ctx"  # retained once
+    drv.set_current("ctx")
+    assert drv.module_load_data(b"cubin") == "mod"
+    assert drv.module_get_function("mod", "k") == "fn"
+    drv.set_max_dynamic_shared("fn", 65536)
+    assert drv.mem_alloc(64) == 4096
+    drv.memcpy_htod_async(4096, 1234, 64, 5)
+    drv.launch_kernel("fn", (1, 2, 3), (4, 5, 6), 100, 5, 777)
+    drv.memcpy_dtoh_async(1234, 4096, 64, 5)
+    drv.stream_synchronize(5)
+    drv.mem_free(4096)
+    calls = [(n, a) for n, a in rec.calls if n != "cuDeviceGet"]
+    assert [n for n, _ in calls].count("cuDevicePrimaryCtxRetain") == 1
+    assert ("cuInit", (0,)) in calls
+    assert ("cuCtxSetCurrent", ("ctx",)) in calls
+    assert ("cuModuleLoadData", (b"cubin",)) in calls
+    assert ("cuModuleGetFunction", ("mod", b"k")) in calls
+    assert ("cuFuncSetAttribute", ("fn", cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                   65536)) in calls
+    assert ("cuMemcpyHtoDAsync", (4096, 1234, 64, 5)) in calls
+    assert ("cuLaunchKernel", ("fn", 1, 2, 3, 4, 5, 6, 100, 5, 777, 0)) in calls
+    assert ("cuMemcpyDtoHAsync", (1234, 4096, 64, 5)) in calls
+    assert calls[-2:] == [("cuStreamSynchronize", (5,)), ("cuMemFree", (4096,))]
+
+
+def test_real_bindings_accept_the_argument_types_we_pass():
+    """Without libcuda each binding converts its arguments, then fails to find the library: a
+    TypeError here would mean CudaDriver passes a type cuda.bindings does not take."""
+    try:
+        from cuda.bindings import driver as cu
+    except ImportError:
+        pytest.skip("cuda.bindings is not importable")
+    if NvrtcBackend().available()[0]:
+        pytest.skip("a driver is present: the calls would really run")
+    params = (ctypes.c_void_p * 2)()
+    attr = cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    calls = {
+        "cuLaunchKernel": lambda: cu.cuLaunchKernel(cu.CUfunction(1), 1, 1, 1, 32, 1, 1, 0, 7,
+                                                    ctypes.addressof(params), 0),
+        "cuMemcpyHtoDAsync": lambda: cu.cuMemcpyHtoDAsync(4096, 1234, 8, 7),
+        "cuMemcpyDtoHAsync": lambda: cu.cuMemcpyDtoHAsync(1234, 4096, 8, 7),
+        "cuMemFree": lambda: cu.cuMemFree(4096),
+        "cuStreamSynchronize": lambda: cu.cuStreamSynchronize(7),
+        "cuModuleGetFunction": lambda: cu.cuModuleGetFunction(cu.CUmodule(1), b"k"),
+        "cuModuleLoadData": lambda: cu.cuModuleLoadData(b"\x7fELF"),
+        "cuFuncSetAttribute": lambda: cu.cuFuncSetAttribute(cu.CUfunction(1), attr, 65536),
+        "cuCtxSetCurrent": lambda: cu.cuCtxSetCurrent(cu.CUcontext(1)),
+    }
+    for name, call in calls.items():
+        with pytest.raises(Exception) as ei:
+            call()
+        assert not isinstance(ei.value, TypeError), f"{name}: {ei.value}"
 
 
 # -- a real GPU -------------------------------------------------------------------------

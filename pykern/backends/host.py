@@ -14,6 +14,7 @@ import ctypes
 import os
 import subprocess
 import sys
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -67,6 +68,17 @@ def _asan_loaded() -> bool:
         return False
 
 
+def _stamps(files: Sequence[Path]) -> tuple[tuple[int, int], ...]:
+    out = []
+    for f in files:
+        try:
+            st = os.stat(f)
+        except OSError:
+            return ()
+        out.append((st.st_mtime_ns, st.st_size))
+    return tuple(out)
+
+
 class _Library:
     """One loaded .so: the launch entry point of each kernel of its source file."""
 
@@ -94,6 +106,8 @@ class HostBackend:
 
     def __init__(self) -> None:
         self._libs: dict[tuple[str, str, bool], _Library] = {}
+        # Per launch only stat() the source and its headers; re-hash when one changed.
+        self._fast: dict[tuple[Path, bool], tuple[tuple[Path, ...], tuple[tuple[int, int], ...], _Library]] = {}
 
     def available(self) -> tuple[bool, str]:
         from ..host.build import find_compiler
@@ -111,6 +125,9 @@ class HostBackend:
         from ..host import build
 
         sanitize = sanitize_enabled() if sanitize is None else sanitize
+        fast = self._fast.get((source, sanitize))
+        if fast is not None and _stamps(fast[0]) == fast[1]:
+            return fast[2]
         src = sources.load(source)
         key = (str(src.path), src.digest(), sanitize)
         lib = self._libs.get(key)
@@ -127,7 +144,25 @@ class HostBackend:
             )
             lib = _Library(path)
             self._libs[key] = lib
+        files = (src.path, *src.headers)
+        self._fast[(source, sanitize)] = (files, _stamps(files), lib)
         return lib
+
+    def prebuild(
+        self, files: Sequence[Path] | None = None, sanitize: bool | None = None, jobs: int | None = None
+    ) -> list[Path]:
+        """Build (or find cached) the library of each `.cu` file, `jobs` compilers at a time.
+
+        Default: every source the registry knows. Compile errors propagate (the first one).
+        """
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..registry import source_files
+
+        todo = list(source_files() if files is None else files)
+        workers = max(1, min(len(todo), jobs or os.cpu_count() or 1))
+        with ThreadPoolExecutor(workers) as pool:
+            return [lib.path for lib in pool.map(lambda f: self.library(Path(f), sanitize), todo)]
 
     # ---- launching ---------------------------------------------------------------
     def launch(
@@ -195,19 +230,25 @@ def create() -> HostBackend:
 
 
 # ---- sanitizer runs ------------------------------------------------------------------
-def sanitizer_preload() -> str | None:
-    """Path of the compiler's libasan.so (what LD_PRELOAD needs), or None if it has none."""
-    from ..host.build import find_compiler
-
-    import subprocess as sp
-
-    cc = find_compiler()
+@lru_cache(maxsize=None)
+def _preload_for(argv: tuple[str, ...]) -> str | None:
     try:
-        out = sp.run([*cc.argv, "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=30)
-    except (OSError, sp.SubprocessError):
+        out = subprocess.run([*argv, "-print-file-name=libasan.so"], capture_output=True, text=True, timeout=30)
+    except (OSError, subprocess.SubprocessError):
         return None
     path = out.stdout.strip()
     return path if path and os.path.isabs(path) and os.path.exists(path) else None
+
+
+def sanitizer_preload() -> str | None:
+    """Path of the compiler's libasan.so (what LD_PRELOAD needs), or None if there is none."""
+    from ..host.build import find_compiler
+
+    try:
+        cc = find_compiler()
+    except BackendUnavailable:
+        return None
+    return _preload_for(cc.argv)
 
 
 def sanitized_env(base: dict[str, str] | None = None) -> dict[str, str]:

@@ -18,7 +18,6 @@ from ..errors import ArgumentError, ArgumentTypeError, BackendUnavailable
 from ..registry import KernelSpec
 from .driver import DEFAULT_MAX_DYNAMIC_SHARED, CudaDriver, Driver, arch_of
 
-_c_void_p_size = ctypes.sizeof(ctypes.c_void_p)
 _addressof = ctypes.addressof
 _ndarray = np.ndarray
 
@@ -55,11 +54,13 @@ def stream_handle(stream: Any) -> int:
 class _Plan:
     """Per-spec launch data, built once: the function handle and how to pack each parameter."""
 
-    __slots__ = ("spec", "func", "n", "ptr_idx", "val_idx", "copy_back", "params_type", "storage_type", "smem_set")
+    __slots__ = ("spec", "func", "n", "ptr_idx", "val_idx", "copy_back", "params_type", "storage_type", "smem_set",
+                 "static_smem")
 
-    def __init__(self, spec: KernelSpec, func: Any) -> None:
+    def __init__(self, spec: KernelSpec, func: Any, static_smem: int = 0) -> None:
         self.spec = spec
         self.func = func
+        self.static_smem = static_smem  # __shared__ arrays: the block's dynamic share is what is left
         self.n = len(spec.params)
         self.ptr_idx = tuple(i for i, p in enumerate(spec.params) if p.is_pointer)
         self.val_idx = tuple(i for i, p in enumerate(spec.params) if not p.is_pointer)
@@ -108,6 +109,9 @@ class NvrtcBackend:
         get_module: Callable[..., Any] | None = None,
         supported_archs: Callable[[], Sequence[str]] = _supported_archs,
     ) -> None:
+        """driver_factory makes the `Driver` on first use (tests pass a fake); get_module(source, arch,
+        kernel=name) returns an object with `.image` and `.digest` (default: pykern.cache.get_module);
+        supported_archs lists what NVRTC can emit cubins for (default: pykern.compiler's)."""
         self._driver_factory = driver_factory
         self._device = device
         self._get_module = get_module or _default_get_module
@@ -182,8 +186,13 @@ class NvrtcBackend:
             if func is None:
                 func = drv.module_get_function(module, spec.name)
                 self._functions[fkey] = func
-            plan = _Plan(spec, func)
-            self._plans[id(spec)] = plan  # the plan holds `spec`, so its id is not reused meanwhile
+            res = (getattr(cached, "resources", None) or {}).get(spec.name)
+            plan = _Plan(spec, func, int(getattr(res, "shared_bytes", 0) or 0))
+            # The plan holds `spec`, so its id is not reused meanwhile; a stale plan of the same
+            # kernel (from before a registry refresh) is dropped so plans do not pile up.
+            for key in [k for k, p in self._plans.items() if p.spec.name == spec.name]:
+                del self._plans[key]
+            self._plans[id(spec)] = plan
             return plan
 
     def function(self, spec: KernelSpec) -> Any:
@@ -204,7 +213,7 @@ class NvrtcBackend:
         plan = self._plans.get(id(spec))
         if plan is None or plan.spec is not spec:
             plan = self._plan(spec)
-        drv = self._driver
+        drv: Driver = self._driver  # type: ignore[assignment]  # set by _plan
         h = 0 if stream is None else stream_handle(stream)
         drv.set_current(self._ctx)
         if shared_mem > plan.smem_set:
@@ -278,9 +287,14 @@ class NvrtcBackend:
             raise err
 
     def _opt_in_shared(self, plan: _Plan, shared_mem: int) -> None:
-        if shared_mem > self._max_smem:
+        limit = self._max_smem - plan.static_smem
+        if shared_mem > limit:
+            static = ""
+            if plan.static_smem:
+                static = f" ({plan.static_smem} of the {self._max_smem} go to static __shared__)"
             raise ArgumentError(
-                f"shared_mem: expected at most {self._max_smem} bytes on this device ({self.arch}), got {shared_mem}"
+                f"shared_mem: expected at most {limit} bytes for {plan.spec.name} on this device "
+                f"({self.arch}){static}, got {shared_mem}"
             )
         assert self._driver is not None
         self._driver.set_max_dynamic_shared(plan.func, shared_mem)

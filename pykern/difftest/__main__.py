@@ -6,6 +6,7 @@ bad usage or a named backend that cannot run here.
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 import time
 from typing import Sequence
@@ -24,6 +25,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--kernels", help="only cases launching a kernel that matches this glob (',' separates globs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random case data (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
+    p.add_argument("--no-big", action="store_true", help='leave out the cases marked note="big"')
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
     p.add_argument("--extra", default=None,
                    help=f"extra case/reference modules or .py files to load (also ${runner.EXTRA_ENV})")
@@ -38,7 +40,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         if args.extra:
             runner.load_extra(args.extra)
         labels = runner.parse_labels(args.backends) if args.backends else runner.default_labels()
-        cases = runner.collect_cases(args.seed, args.kernels)
+        cases = runner.collect_cases(args.seed, args.kernels, big=not args.no_big)
     except PykernError as e:
         print(f"difftest: {e}", file=sys.stderr)
         return 2
@@ -49,6 +51,10 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cases:
         print(f"difftest: no case matches --kernels {args.kernels!r}", file=sys.stderr)
         return 2
+    if any(("PYKERN_HOST_SANITIZE", "1") in lb.env for lb in labels) and "libasan" not in os.environ.get(
+        "LD_PRELOAD", ""
+    ):
+        return _reexec_sanitized(sys.argv[1:] if argv is None else list(argv))
     problems = runner.check_available(labels)
     if problems:
         for m in problems:
@@ -87,10 +93,31 @@ def main(argv: Sequence[str] | None = None) -> int:
             for m in fails:
                 print(f"  {m}", file=out)
         print(f"\n{summary['passed']}/{summary['cases']} cases passed, {summary['failed']} failed, "
-              f"{summary['errors']} errors, {summary['skipped_backend_runs']} backend runs skipped; "
+              f"{summary['errors']} errors, {summary['skipped']} skipped (no backend could run them), "
+              f"{summary['skipped_backend_runs']} backend runs skipped; "
               f"{summary['kernels']} kernels; backends {','.join(lb.text for lb in labels)}; "
               f"{seconds:.1f} s", file=out)
-    return 0 if summary["passed"] == summary["cases"] else 1
+    ok = summary["failed"] == summary["errors"] == 0 and summary["passed"] > 0
+    return 0 if ok else 1
+
+
+def _reexec_sanitized(argv: list[str]) -> int:
+    """host:sanitize needs the ASan runtime preloaded: run this command again in a child that has it."""
+    import subprocess
+
+    from ..backends.host import sanitized_env
+
+    if os.environ.get("PYKERN_DIFFTEST_REEXEC"):
+        print("difftest: LD_PRELOAD of libasan did not take effect in the child", file=sys.stderr)
+        return 2
+    try:
+        env = sanitized_env()
+    except PykernError as e:
+        print(f"difftest: {e}", file=sys.stderr)
+        return 2
+    env.pop("PYKERN_HOST_SANITIZE", None)  # only the host:sanitize label turns it on, per run
+    env["PYKERN_DIFFTEST_REEXEC"] = "1"
+    return subprocess.run([sys.executable, "-m", "pykern.difftest", *argv], env=env).returncode
 
 
 def _widths(cases: Sequence[runner.Case], labels: Sequence[runner.Label]) -> list[int]:

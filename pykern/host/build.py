@@ -27,7 +27,7 @@ from ..registry import KernelSpec
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "pk_cuda_host.h"
 RUNTIME = HERE / "pk_host_runtime.cpp"
-_BUILD_TAG = b"pykern-host-build-3"
+_BUILD_TAG = b"pykern-host-build-4"
 
 BASE_FLAGS = (
     "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing",
@@ -185,6 +185,42 @@ def flags(sanitize: bool) -> tuple[str, ...]:
 _FIRST_ERROR = re.compile(r"^(.+?):(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)$", re.M)
 
 
+def _publish(cmd: list[str], target: Path, what: str, cc: Compiler, opts: Sequence[str], rename: dict[str, str]) -> None:
+    """Run a compile writing to a temp file beside `target`, then rename it into place atomically."""
+    fd, tmp_out = tempfile.mkstemp(prefix=f".{target.stem}-", suffix=".tmp", dir=target.parent)
+    os.close(fd)
+    try:
+        proc = subprocess.run([*cmd, "-o", tmp_out], capture_output=True, text=True)
+        if proc.returncode != 0:
+            log = proc.stderr + proc.stdout
+            for old, new in rename.items():
+                log = log.replace(old, new)
+            m = _FIRST_ERROR.search(log)
+            where = f" at {m.group(1)}:{m.group(2)}: {m.group(3)}" if m else ""
+            raise CompileError(f"host C++ compiler ({cc.argv[0]}) failed on {what}{where}", log=log, options=tuple(opts))
+        os.replace(tmp_out, target)
+    finally:
+        if os.path.exists(tmp_out):
+            os.unlink(tmp_out)
+
+
+def _key(*parts: bytes) -> str:
+    h = hashlib.sha256(_BUILD_TAG)
+    for part in parts:
+        h.update(len(part).to_bytes(8, "little") + part)
+    return h.hexdigest()[:24]
+
+
+def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
+    """The fiber runtime compiled once per compiler and flag set (shared by every .cu's library)."""
+    copts = [o for o in opts if o != "-shared"]
+    key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(), "\0".join(copts).encode())
+    target = host_cache_dir() / f"pk_host_runtime-{key}.o"
+    if not target.exists():
+        _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
+    return target
+
+
 def build(
     path: Path,
     text: str,
@@ -198,36 +234,17 @@ def build(
     tu = translation_unit(path, text, specs)
     opts = flags(sanitize)
     incs = [f"-I{HERE}", f"-I{path.parent}", *(f"-I{d}" for d in include_dirs)]
-    h = hashlib.sha256(_BUILD_TAG)
-    for part in (
+    rt = runtime_object(cc, opts)
+    key = _key(
         tu.encode(), digest.encode(), HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(),
         "\0".join(opts).encode(), "\0".join(incs).encode(),
-    ):
-        h.update(len(part).to_bytes(8, "little") + part)
-    key = h.hexdigest()[:24]
-    out_dir = host_cache_dir()
-    target = out_dir / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
+    )
+    target = host_cache_dir() / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
     if target.exists():
         return target
-
     with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
         tu_path = Path(tmp) / f"{path.stem}.host.cpp"
         tu_path.write_text(tu, encoding="utf-8")
-        # The temp file lives beside the target so os.replace is an atomic rename.
-        fd, tmp_out = tempfile.mkstemp(prefix=f".{path.stem}-", suffix=".so.tmp", dir=out_dir)
-        os.close(fd)
-        cmd = [*cc.argv, *opts, *incs, str(tu_path), str(RUNTIME), "-o", tmp_out]
-        try:
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                log = (proc.stderr + proc.stdout).replace(str(tu_path), "<pykern host stub>")
-                m = _FIRST_ERROR.search(log)
-                where = f" at {m.group(1)}:{m.group(2)}: {m.group(3)}" if m else ""
-                raise CompileError(
-                    f"host C++ compiler ({cc.argv[0]}) failed on {path}{where}", log=log, options=tuple(opts)
-                )
-            os.replace(tmp_out, target)
-        finally:
-            if os.path.exists(tmp_out):
-                os.unlink(tmp_out)
+        cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
+        _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
     return target

@@ -13,8 +13,10 @@ Methods:
                 combined in shared memory (one launch).
   "split_k"     flash decoding: a chunk kernel writes partial (max, sum, output)
                 per `chunk_size` positions, a reduce kernel combines (two launches).
-  "auto"        by seq_len (the int's value, or max_seq_len for an array):
-                <= 256 -> "warp"; <= 2048 -> "multi_warp"; longer -> "split_k".
+  "auto"        by L = seq_len (the int's value, or max_seq_len for an array):
+                "warp" if L <= 128 or batch * num_heads >= 2048 (the batch alone
+                gives enough warps); else "multi_warp" if L <= 1024; else "split_k".
+                (Set from the launch shapes, not yet tuned on a GPU.)
 
 seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
 (f32, f32), (bf16, bf16), (f32, bf16); accumulation is fp32.
@@ -78,10 +80,13 @@ def _default_chunk(batch: int, num_heads: int, max_seq_len: int) -> int:
     return 1 << (c - 1).bit_length()
 
 
-def _auto(seq_hint: int) -> str:
-    if seq_hint <= 256:
+def _auto(seq_hint: int, batch: int, num_heads: int) -> str:
+    # One warp per head is enough once the batch alone fills the GPU or the walk is
+    # short; split-K pays a second launch and a partials round trip, worth it for
+    # long caches with few (sequence, head) pairs.
+    if seq_hint <= 128 or batch * num_heads >= _SPLIT_TARGET_WARPS:
         return "warp"
-    if seq_hint <= 2048:
+    if seq_hint <= 1024:
         return "multi_warp"
     return "split_k"
 
@@ -103,7 +108,7 @@ def _check_seq_array(name: str, a: Any, batch: int, max_seq_len: int) -> Any:
     if isinstance(a, np.ndarray) and batch and int(a.max()) > max_seq_len:
         # Host-visible lengths are checked; a device buffer is clamped by the kernel.
         raise ArgumentError(f"{name}: expected every length <= max_seq_len={max_seq_len}, got {int(a.max())}")
-    return a
+    return arrays.contiguous(a)
 
 
 def decode_plan(
@@ -126,7 +131,10 @@ def decode_plan(
     if method not in METHODS:
         raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
     if method == "auto":
-        method = _auto(max_seq_len if seq_hint is None else seq_hint)
+        # The knobs apply when auto picks their method and are ignored otherwise.
+        method = _auto(max_seq_len if seq_hint is None else seq_hint, batch, num_heads)
+        num_warps = num_warps if method == "multi_warp" else None
+        chunk_size = chunk_size if method == "split_k" else None
     if num_warps is not None and method != "multi_warp":
         raise ArgumentError(f"num_warps: only used by method='multi_warp', got method={method!r}")
     if chunk_size is not None and method != "split_k":
@@ -222,6 +230,12 @@ def decode_attention(
     also checked here). scale defaults to 1/sqrt(head_dim). Returns
     (num_heads, head_dim) in q's dtype; zeros when seq_len is 0. Cache slots past
     seq_len are never read.
+
+    method: "warp" | "multi_warp" | "split_k" | "auto" (see the module doc).
+    num_warps (multi_warp only, 1..32): warps per head, default min(8, max(1, max_seq_len // 128)).
+    chunk_size (split_k only): positions per chunk, default the power of two >= 64 that
+    gives about 2048 chunk warps. Both depend on shapes only, so the int and array
+    forms of seq_len launch the same grids and give identical results.
     """
     q_kind = arrays.io_kind("q", q)
     kv_kind = arrays.io_kind("k_cache", k_cache)

@@ -76,6 +76,8 @@ def embedding(ids: Any, table: Any, *, backend: str | None = None) -> Any:
     """
     kind = arrays.io_kind("table", table)
     vocab, dim = arrays.check_ndim("table", table, (2,))
+    if isinstance(ids, (list, tuple)):
+        ids = np.asarray(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
     n = arrays.check_ndim("ids", ids, (1,))[0]
     if isinstance(ids, np.ndarray):
         if ids.dtype.kind not in "iu":

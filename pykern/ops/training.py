@@ -123,8 +123,10 @@ def transpose_2d(x: Any, *, backend: str | None = None) -> Any:
     x = arrays.contiguous(x)
     rows, cols = shape[-2], shape[-1]
     batch = _size(shape[:-2])
-    _check_u32("x.shape[-2] (rows)", rows)
-    _check_u32("x.shape[-1] (cols)", cols)
+    # tile origins + 31 must not wrap the kernel's 32-bit row/column indices
+    for name, n in (("x.shape[-2] (rows)", rows), ("x.shape[-1] (cols)", cols)):
+        if n > _UINT_MAX - 32:
+            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 32}, got {n}")
     _check_u32("x batch size", batch)
     out = arrays.empty(shape[:-2] + (cols, rows), kind, like=x)
     if rows * cols * batch == 0:
@@ -201,7 +203,8 @@ def rms_norm_backward(
         raise ArgumentError(f"eps: expected a number >= 0, got {eps!r}")
     if dim < 1:
         raise ArgumentError(f"x.shape[-1]: expected at least 1, got {dim}")
-    _check_u32("x.shape[-1]", dim)
+    if dim > _UINT_MAX - 32:  # the grad_weight kernel's column tiles must not wrap 32 bits
+        raise ArgumentError(f"x.shape[-1]: expected at most {_UINT_MAX - 32}, got {dim}")
     n_rows = _size(shape[:-1])
     x, weight, grad_out = arrays.contiguous(x), arrays.contiguous(weight), arrays.contiguous(grad_out)
     grad_x = arrays.empty(shape, kind, like=x)
@@ -321,13 +324,9 @@ def cross_entropy_fwd_bwd(
     inv_count = 1.0 / count if count else 0.0
     logits = arrays.contiguous(logits)
     grad = arrays.empty(shape, kind, like=logits)
-    loss = arrays.empty((), np.float32, like=logits)
     if n_rows == 0:
-        if isinstance(loss, np.ndarray):
-            loss[()] = 0.0
-        else:
-            loss.fill(0)
-        return loss, grad
+        return arrays.zeros((), np.float32, like=logits), grad
+    loss = arrays.empty((), np.float32, like=logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
     _launch(
         "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),

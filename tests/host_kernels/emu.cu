@@ -244,3 +244,8 @@ extern "C" __global__ void pk_t_oob_smem(float* out) {
     __syncthreads();
     out[threadIdx.x] = smem[threadIdx.x + 1];
 }
+
+// Undefined behaviour UBSan must report: a shift by more than the width.
+extern "C" __global__ void pk_t_ub_shift(int* out, int s) {
+    out[threadIdx.x] = 1 << (s + (int)threadIdx.x);
+}

@@ -1,0 +1,209 @@
+"""The differential tests under pytest: every case on two host schedules (they must agree), on the numba
+simulator, and (with a GPU) on nvrtc; plus coverage of the registry and the harness's own failure path."""
+from __future__ import annotations
+
+import inspect
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pykern
+from pykern.difftest import runner
+from pykern.reference.base import references
+from pykern.tolerance import TOLERANCES
+
+ROOT = Path(__file__).resolve().parent.parent
+HERE = Path(__file__).resolve().parent
+CASES = runner.collect_cases(seed=0)
+IDS = [c.id for c in CASES]
+
+
+def _nvrtc_why() -> str:
+    from pykern.backends import get_backend
+
+    ok, why = get_backend("nvrtc").available()
+    return "" if ok else why
+
+
+def _check(res: runner.CaseResult) -> None:
+    assert res.passed, "\n".join(res.failures()) or f"{res.case.id}: verdict {res.verdict}"
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_host_schedules(case: runner.Case) -> None:
+    # forward and reverse each within tolerance of NumPy, and within tolerance of each other:
+    # a missing barrier shows up as a disagreement between the two orders.
+    _check(runner.run_case(case, runner.parse_labels("host:forward,host:reverse")))
+
+
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_numba(case: runner.Case) -> None:
+    if case.note == "big":
+        pytest.skip("big case: the numba simulator is too slow (host vs NumPy covers it)")
+    _check(runner.run_case(case, runner.parse_labels("numba")))
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=IDS)
+def test_nvrtc(case: runner.Case) -> None:
+    why = _nvrtc_why()
+    if why:
+        pytest.skip(f"needs a GPU: {why}")
+    _check(runner.run_case(case, runner.parse_labels("nvrtc,numba")))
+
+
+def test_every_kernel_has_reference_and_cases() -> None:
+    refs = references()
+    covered = {k for c in CASES for k in c.kernels}
+    names = [s.name for s in pykern.kernels()]
+    assert names, "the registry is empty"
+    assert [n for n in names if n not in refs] == [], "kernels without a numba reference"
+    assert [n for n in names if n not in covered] == [], "kernels no difftest case launches"
+
+
+def test_cases_are_well_formed() -> None:
+    assert len(set(IDS)) == len(IDS), sorted({i for i in IDS if IDS.count(i) > 1})
+    known = {s.name for s in pykern.kernels()}
+    for c in CASES:
+        assert (c.op, c.dtype) in TOLERANCES, c.id
+        assert set(c.kernels) <= known, (c.id, set(c.kernels) - known)
+
+
+def test_reference_signatures_match_specs() -> None:
+    from pykern.backends import get_backend
+
+    cuda = get_backend("numba").cuda_module()
+    refs = references()
+    for spec in pykern.kernels():
+        kernel, config = refs[spec.name].build(cuda)
+        params = list(inspect.signature(kernel.py_func).parameters)
+        assert len(params) == len(spec.params), (spec.name, params, [p.name for p in spec.params])
+        assert callable(config), spec.name
+
+
+_PTX_SCRIPT = r"""
+import sys, types
+import numpy as np, numba, numba.cuda as cuda
+import numba.cuda.dispatcher as dispatcher
+import pykern
+from pykern.reference.base import references
+assert not cuda.jit.__module__.startswith("numba.cuda.simulator")
+# Device functions ask the current device for its arch; there is none here, so name one.
+dispatcher.get_current_device = lambda: types.SimpleNamespace(compute_capability=(7, 5))
+DT = {"float": np.float32, "double": np.float64, "int": np.int32, "unsigned int": np.uint32,
+      "long long": np.int64, "unsigned long long": np.uint64, "unsigned char": np.uint8, "char": np.int8,
+      "signed char": np.int8, "short": np.int16, "bool": np.bool_}
+SC = {"float": numba.float32, "double": numba.float64, "bool": numba.boolean}
+def argtype(p):
+    if p.is_pointer:  # bf16 arrays reach references widened to float32
+        base = "float" if p.pointee == "unsigned short" else p.pointee
+        return numba.types.Array(numba.from_dtype(np.dtype(DT[base])), 1, "C")
+    return SC.get(p.ctype, numba.int64)  # integers arrive as Python ints
+done, bad = set(), []
+for spec in pykern.kernels():
+    ref = references()[spec.name]
+    if id(ref) in done:
+        continue
+    done.add(id(ref))
+    kernel, _ = ref.build(cuda)
+    try:
+        cuda.compile_ptx(kernel.py_func, tuple(argtype(p) for p in spec.params), cc=(7, 5))
+    except Exception as e:
+        bad.append(f"{spec.name}: {type(e).__name__}: {str(e)[:400]}")
+print("\n".join(bad) or f"ok {len(done)}")
+sys.exit(1 if bad else 0)
+"""
+
+
+def test_references_compile_for_a_real_gpu() -> None:
+    # The simulator runs plain Python; a GPU runs numba's typed compile. Compile every reference to
+    # PTX (numba-cuda with libNVVM, no device needed) so a GPU user's numba fallback works too.
+    probe = subprocess.run([sys.executable, "-c", "import numba.cuda.cudadrv.nvvm as n; n.NVVM()"],
+                           capture_output=True, text=True, cwd=ROOT, env=_env(NUMBA_ENABLE_CUDASIM="0"))
+    if probe.returncode != 0:
+        pytest.skip(f"libNVVM not found: {probe.stderr.strip().splitlines()[-1:]}")
+    r = subprocess.run([sys.executable, "-c", _PTX_SCRIPT], capture_output=True, text=True, cwd=ROOT,
+                       env=_env(NUMBA_ENABLE_CUDASIM="0"), timeout=300)
+    assert r.returncode == 0, r.stdout + r.stderr[-3000:]
+
+
+# ----------------------------------------------------------------------------------------------- the CLI
+def _env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("PYKERN_KERNEL_PATH", "PYKERN_DIFFTEST_EXTRA",
+                                                              "NUMBA_ENABLE_CUDASIM")}
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def _difftest(*args: str, **env: str) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "pykern.difftest", *args], capture_output=True, text=True,
+                          cwd=ROOT, env=_env(**env), timeout=300)
+
+
+def test_harness_catches_wrong_kernel() -> None:
+    # tests/wrong_cu holds pk_test_scale with an off-by-one bound; tests/difftest_extra/cu holds correct
+    # test kernels. Only the wrong one's case may fail, and the failure must name it.
+    path = os.pathsep.join([str(HERE / "difftest_extra" / "cu"), str(HERE / "wrong_cu")])
+    r = _difftest("--kernels", "pk_test*", "--backends", "host,numba",
+                  PYKERN_KERNEL_PATH=path, PYKERN_DIFFTEST_EXTRA=str(HERE / "difftest_extra" / "pk_test.py"))
+    assert r.returncode == 1, r.stdout + r.stderr
+    rows = {line.split()[0]: line for line in r.stdout.splitlines() if line.startswith("pk_test")}
+    assert rows["pk_test_scale[f32]100"].rstrip().endswith("FAIL"), r.stdout
+    assert [k for k, v in rows.items() if not v.rstrip().endswith("ok")] == ["pk_test_scale[f32]100"], r.stdout
+    failures = r.stdout.split("Failures:")[1]
+    assert "pk_test_scale[f32]100 on host: output 'y'" in failures and "worst at (99,)" in failures, failures
+    assert "on numba" not in failures  # the reference itself is right
+    assert "host vs numba on 'y'" in failures  # and the backends disagree
+
+
+def test_harness_passes_good_test_kernels_json() -> None:
+    r = _difftest("--kernels", "pk_test*", "--backends", "host:forward,host:reverse,numba", "--json",
+                  PYKERN_KERNEL_PATH=str(HERE / "difftest_extra" / "cu"),
+                  PYKERN_DIFFTEST_EXTRA=str(HERE / "difftest_extra" / "pk_test.py"))
+    assert r.returncode == 0, r.stdout + r.stderr
+    doc = json.loads(r.stdout)
+    assert doc["summary"]["cases"] == doc["summary"]["passed"] == 6
+    assert doc["summary"]["backends"] == ["host:forward", "host:reverse", "numba"]
+    bf16 = next(c for c in doc["cases"] if c["id"] == "pk_test_axpy[bf16]200")
+    assert [b["status"] for b in bf16["backends"]] == ["ok", "ok", "ok"]
+    assert 0 < bf16["backends"][0]["max_abs"] <= bf16["atol"] + bf16["rtol"] * 4  # bf16 rounding, not zero
+
+
+def test_cli_usage_errors() -> None:
+    r = _difftest("--kernels", "no_such_kernel_*")
+    assert r.returncode == 2 and "no case matches" in r.stderr
+    r = _difftest("--backends", "host,cuda")
+    assert r.returncode == 2 and "'cuda'" in r.stderr
+    r = _difftest("--backends", "host:sideways")
+    assert r.returncode == 2 and "sideways" in r.stderr
+
+
+# ----------------------------------------------------------------------------------------------- comparison
+def test_compare_flags_nan_inf_and_shape() -> None:
+    ref = np.array([1.0, -2.0, 0.0])
+    assert runner.compare("y", ref.astype(np.float32), ref, 1e-5, 1e-4).ok
+    bad = runner.compare("y", np.array([1.0, np.nan, 0.0]), ref, 1e-5, 1e-4)
+    assert not bad.ok and "(1,)" in bad.detail and bad.max_abs == np.inf
+    assert not runner.compare("y", np.array([1.0, -2.0, 1e-4]), ref, 1e-5, 1e-4).ok  # atol at ref = 0
+    assert runner.compare("y", np.array([np.inf, np.nan]), np.array([np.inf, np.nan]), 0, 0).ok
+    assert not runner.compare("y", np.array([-np.inf, 1.0]), np.array([np.inf, 1.0]), 0, 0).ok
+    assert not runner.compare("y", np.zeros((2, 3)), np.zeros(6), 0, 0).ok
+    assert runner.pair_diff(np.array([1.0, 2.0]), np.array([1.0, 2.0001]), np.array([1.0, 2.0]), 1e-5, 1e-4)[1]
+    assert not runner.pair_diff(np.array([1.0, 2.0]), np.array([1.0, 2.1]), np.array([1.0, 2.0]), 1e-5, 1e-4)[1]
+
+
+def test_labels() -> None:
+    lbs = runner.parse_labels("host:random:7,numba,host:sanitize")
+    assert [(lb.backend, lb.env) for lb in lbs] == [
+        ("host", (("PYKERN_HOST_SCHEDULE", "random:7"),)), ("numba", ()), ("host", (("PYKERN_HOST_SANITIZE", "1"),))
+    ]
+    with pytest.raises(pykern.ArgumentError, match="listed twice"):
+        runner.parse_labels("host,host")
+    with pytest.raises(pykern.ArgumentError, match="only host"):
+        runner.parse_labels("numba:reverse")

@@ -1,0 +1,345 @@
+"""Training kernels (issue 5): NumPy references, every difftest case on the host
+backend, flash vs naive attention backward under both host schedules, run-to-run
+determinism, unaligned (scalar) paths, argument checks before launch, NVRTC
+resources (0 spills), and flash_attention's lse feeding attention_backward."""
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pykern import ArgumentError, ArgumentTypeError, ops
+from pykern.difftest.cases import training as T
+from pykern.difftest.runner import compare
+from pykern.tolerance import tolerance
+
+ROOT = Path(__file__).resolve().parent.parent
+SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_backward.cu")
+
+
+def _backend_ok(name: str) -> tuple[bool, str]:
+    try:
+        from pykern.backends import get_backend
+
+        return get_backend(name).available()
+    except Exception as e:  # the backend may be missing on this checkout
+        return False, f"{type(e).__name__}: {e}"
+
+
+def _need(name: str) -> None:
+    ok, why = _backend_ok(name)
+    if not ok:
+        pytest.skip(f"{name} backend unavailable: {why}")
+
+
+def _check(got: dict, ref: dict, op: str, dtype: str) -> None:
+    atol, rtol = tolerance(op, dtype)
+    for name, r in ref.items():
+        c = compare(name, got[name], r, atol, rtol)
+        assert c.ok, f"{name}: {c.detail}"
+
+
+_CASES = list(T.cases(np.random.default_rng(0)))
+_SMALL = [c for c in _CASES if c.note != "big"]
+
+
+# --------------------------------------------------------------------------- NumPy references
+
+
+def test_np_attention_backward_matches_finite_differences() -> None:
+    rng = np.random.default_rng(1)
+    q, k, v, g = (a.astype(np.float64) for a in T.attention_inputs(rng, None, 5, 4, 2, 3, "f32"))
+
+    def loss(q_, k_, v_):
+        return float((T.np_attention_forward(q_, k_, v_)[0] * g).sum())
+
+    dq, dk, dv = T.np_attention_backward(q, k, v, g)
+    eps = 1e-6
+    for arr, grad, which in ((q, dq, 0), (k, dk, 1), (v, dv, 2)):
+        for idx in [(0, 0, 0), (3, 1, 2), (4, arr.shape[1] - 1, 1)]:
+            args = [q, k, v]
+            plus, minus = arr.copy(), arr.copy()
+            plus[idx] += eps
+            minus[idx] -= eps
+            args[which] = plus
+            lp = loss(*args)
+            args[which] = minus
+            lm = loss(*args)
+            assert abs((lp - lm) / (2 * eps) - grad[idx]) < 1e-6
+
+
+def test_np_lse_is_logsumexp_of_scaled_visible_scores() -> None:
+    rng = np.random.default_rng(2)
+    q, k, v, _ = T.attention_inputs(rng, None, 4, 2, 1, 8, "f32")
+    _, lse = T.np_attention_forward(q, k, v)
+    i, h = 2, 1
+    s = np.array([q[i, h].astype(np.float64) @ k[j, 0] for j in range(i + 1)]) / np.sqrt(8)
+    np.testing.assert_allclose(lse[i, h], np.log(np.exp(s).sum()))
+
+
+def test_np_cross_entropy_gradient_is_softmax_minus_onehot() -> None:
+    x = np.array([[1.0, 2.0, 3.0], [0.0, 0.0, 0.0]])
+    loss, grad = T.np_cross_entropy(x, np.array([2, -100]), -100)
+    p = np.exp(x[0]) / np.exp(x[0]).sum()
+    np.testing.assert_allclose(loss, -np.log(p[2]))
+    np.testing.assert_allclose(grad[0], p - [0, 0, 1])
+    assert not grad[1].any()
+
+
+# --------------------------------------------------------------------------- every case on the host backend
+
+
+@pytest.mark.parametrize("case", _SMALL, ids=[c.id for c in _SMALL])
+def test_case_host(case) -> None:
+    _need("host")
+    _check(case.run("host"), case.reference(), case.op, case.dtype)
+
+
+def test_every_kernel_has_a_case() -> None:
+    names = set()
+    for src in SOURCES:
+        names |= set(re.findall(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))? (\w+)\(', src.read_text()))
+    covered = {k for c in _CASES for k in c.kernels}
+    assert names and names <= covered, f"kernels without a case: {sorted(names - covered)}"
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse"])
+def test_flash_and_naive_attention_agree(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    _need("host")
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    rng = np.random.default_rng(7)
+    atol, rtol = tolerance("attention_backward", "f32")
+    for batch, seq, heads, kvh, hd in ((None, 65, 4, 2, 32), (2, 33, 8, 1, 80)):
+        q, k, v, g = T.attention_inputs(rng, batch, seq, heads, kvh, hd, "f32")
+        ref = T.np_attention_backward(q, k, v, g)
+        naive = ops.attention_backward(q, k, v, g, method="naive", backend="host")
+        flash = ops.attention_backward(q, k, v, g, method="flash", backend="host")
+        for n, a, b, r in zip(("dq", "dk", "dv"), naive, flash, ref):
+            assert compare(n, a, r, atol, rtol).ok
+            assert compare(n, b, r, atol, rtol).ok
+            assert compare(n, a, b, atol, rtol).ok  # each other, not only the reference
+
+
+def test_deterministic_kernels_are_bitwise_stable_across_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    """No float atomics in rms_norm grad_weight, embedding_backward, cross-entropy or flash backward."""
+    _need("host")
+    rng = np.random.default_rng(8)
+    x = rng.standard_normal((83, 769)).astype(np.float32)
+    w = rng.standard_normal(769).astype(np.float32)
+    g = rng.standard_normal((83, 769)).astype(np.float32)
+    ids = rng.integers(0, 5, size=83)
+    logits = rng.standard_normal((6, 300)).astype(np.float32)
+    tgt = rng.integers(0, 300, size=6)
+    tgt[1] = -100
+    q, k, v, go = T.attention_inputs(rng, None, 40, 2, 1, 32, "f32")
+    runs = []
+    for schedule in ("forward", "reverse", "random:5"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(
+            [ops.rms_norm_backward(x, w, g, backend="host")[1], ops.embedding_backward(g, ids, 5, backend="host")]
+            + list(ops.cross_entropy_fwd_bwd(logits, tgt, -100, backend="host"))
+            + list(ops.attention_backward(q, k, v, go, method="flash", backend="host"))
+        )
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert np.array_equal(np.asarray(a), np.asarray(b))
+
+
+# --------------------------------------------------------------------------- numba references (subset)
+
+
+def _numba_subset() -> list:
+    picked, seen = [], set()
+    for c in _SMALL:
+        key = (c.op, c.dtype, c.shape.split("-")[-1] if c.op == "attention_backward" else "")
+        if key not in seen:
+            seen.add(key)
+            picked.append(c)
+    return picked
+
+
+_NUMBA = _numba_subset()
+
+
+@pytest.mark.parametrize("case", _NUMBA, ids=[c.id for c in _NUMBA])
+def test_case_numba(case) -> None:
+    _need("numba")
+    _check(case.run("numba"), case.reference(), case.op, case.dtype)
+
+
+# --------------------------------------------------------------------------- unaligned (scalar) paths
+
+
+def _unaligned(rng: np.random.Generator, shape: tuple[int, ...]) -> np.ndarray:
+    """A C-contiguous float32 view whose data pointer is 4 bytes past a 16-byte boundary."""
+    n = int(np.prod(shape))
+    buf = np.empty(n + 8, np.float32)
+    off = next(o for o in range(4) if (buf.ctypes.data + 4 * o) % 16 == 4)
+    view = buf[off:off + n].reshape(shape)
+    view[...] = rng.standard_normal(shape)
+    assert view.flags.c_contiguous and view.ctypes.data % 16
+    return view
+
+
+def test_row_kernels_take_the_scalar_path_on_unaligned_rows() -> None:
+    _need("host")
+    rng = np.random.default_rng(9)
+    x, g = _unaligned(rng, (5, 16)), _unaligned(rng, (5, 16))
+    w = _unaligned(rng, (16,))
+    p = np.exp(x) / np.exp(x).sum(-1, keepdims=True)
+    pu = _unaligned(rng, (5, 16))
+    pu[...] = p
+    _check({"g": ops.softmax_backward(pu, g, backend="host")}, {"g": T.np_softmax_backward(pu, g)},
+           "softmax_backward", "f32")
+    gx, gw = ops.rms_norm_backward(x, w, g, backend="host")
+    rx, rw = T.np_rms_norm_backward(x, w, g)
+    _check({"gx": gx, "gw": gw}, {"gx": rx, "gw": rw}, "rms_norm_backward", "f32")
+    loss, grad = ops.cross_entropy_fwd_bwd(x, np.array([1, 2, -100, 15, 0]), -100, backend="host")
+    rl, rg = T.np_cross_entropy(x, np.array([1, 2, -100, 15, 0]), -100)
+    _check({"l": loss, "g": grad}, {"l": rl, "g": rg}, "cross_entropy_fwd_bwd", "f32")
+    ids = np.array([3, 0, 3, 1, 3])
+    _check({"e": ops.embedding_backward(g, ids, 4, backend="host")},
+           {"e": T.np_embedding_backward(g, ids, 4)}, "embedding_backward", "f32")
+
+
+# --------------------------------------------------------------------------- documented edges
+
+
+def test_all_padding_gives_zero_loss_and_zero_gradient() -> None:
+    _need("host")
+    logits = np.random.default_rng(10).standard_normal((3, 50)).astype(np.float32)
+    loss, grad = ops.cross_entropy_fwd_bwd(logits, np.full(3, 7), pad_id=7, backend="host")
+    assert loss.shape == () and loss.dtype == np.float32 and float(loss) == 0.0
+    assert grad.shape == logits.shape and not grad.any()
+
+
+def test_cross_entropy_vocab_262144() -> None:
+    _need("host")
+    rng = np.random.default_rng(11)
+    logits = (4 * rng.standard_normal((2, 262144))).astype(np.float32)
+    t = np.array([262143, -100])
+    loss, grad = ops.cross_entropy_fwd_bwd(logits, t, -100, backend="host")
+    rl, rg = T.np_cross_entropy(logits, t, -100)
+    _check({"loss": loss, "grad": grad}, {"loss": rl, "grad": rg}, "cross_entropy_fwd_bwd", "f32")
+
+
+def test_output_dtypes() -> None:
+    _need("host")
+    rng = np.random.default_rng(13)
+    x = T._cast(rng.standard_normal((3, 8)), "bf16")
+    gx, gw = ops.rms_norm_backward(x, x[0], x, backend="host")
+    assert gx.dtype == x.dtype and gw.dtype == np.float32 and gw.shape == (8,)
+    loss, grad = ops.cross_entropy_fwd_bwd(x, np.array([1, 2, 3]), backend="host")
+    assert loss.dtype == np.float32 and grad.dtype == x.dtype
+    assert ops.embedding_backward(x, np.array([0, 1, 0]), 2, backend="host").dtype == np.float32
+    q, k, v, g = T.attention_inputs(rng, None, 3, 2, 1, 8, "bf16")
+    for method in ("naive", "flash"):
+        dq, dk, dv = ops.attention_backward(q, k, v, g, method=method, backend="host")
+        assert dq.dtype == dk.dtype == dv.dtype == q.dtype and dk.shape == k.shape
+
+
+def test_transpose_batched_is_swapaxes() -> None:
+    _need("host")
+    x = np.arange(2 * 3 * 5, dtype=np.float32).reshape(2, 3, 5)
+    assert np.array_equal(ops.transpose_2d(x, backend="host"), np.swapaxes(x, -1, -2))
+
+
+def test_flash_attention_lse_feeds_attention_backward() -> None:
+    _need("host")
+    rng = np.random.default_rng(12)
+    q, k, v, g = T.attention_inputs(rng, 1, 37, 4, 2, 32, "f32")
+    try:
+        out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend="host")
+    except Exception as e:  # owned by the forward family; its failure is reported there
+        pytest.skip(f"flash_attention unavailable: {type(e).__name__}: {e}")
+    ref = T.np_attention_backward(q, k, v, g)
+    atol, rtol = tolerance("attention_backward", "f32")
+    for qq, kk, vv, gg, oo, ll, r in ((q, k, v, g, out, lse, ref),
+                                      (q[0], k[0], v[0], g[0], out[0], lse[0], [a[0] for a in ref])):
+        got = ops.attention_backward(qq, kk, vv, gg, out=oo, lse=ll, method="flash", backend="host")
+        for n, a, b in zip(("dq", "dk", "dv"), got, r):
+            c = compare(n, a, b, atol, rtol)
+            assert c.ok, c.detail
+
+
+# --------------------------------------------------------------------------- argument checks (nothing launches)
+
+
+@pytest.fixture
+def no_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    def boom(*a, **k):
+        raise AssertionError("a bad input reached launch")
+
+    monkeypatch.setattr("pykern.launcher.launch", boom)
+
+
+def test_bad_ids_and_targets_are_rejected_before_launch(no_launch) -> None:
+    g = np.zeros((3, 4), np.float32)
+    with pytest.raises(ArgumentError, match=r"ids: expected values in \[0, 5\), got 5"):
+        ops.embedding_backward(g, np.array([0, 5, 1]), 5)
+    with pytest.raises(ArgumentError, match="ids: .*got -1"):
+        ops.embedding_backward(g, np.array([0, -1, 1]), 5)
+    with pytest.raises(ArgumentTypeError, match="ids: expected an integer dtype"):
+        ops.embedding_backward(g, np.array([0.0, 1.0, 1.0]), 5)
+    with pytest.raises(ArgumentError, match="ids: expected shape"):
+        ops.embedding_backward(g, np.array([0, 1]), 5)
+    with pytest.raises(ArgumentError, match=r"targets: expected values in \[0, 4\) or pad_id=-100, got 4"):
+        ops.cross_entropy_fwd_bwd(g, np.array([0, 4, -100]), -100)
+    with pytest.raises(ArgumentError, match="targets: .*got -1"):
+        ops.cross_entropy_fwd_bwd(g, np.array([0, -1, 2]), -100)
+    with pytest.raises(ArgumentTypeError, match="logits: expected dtype"):
+        ops.cross_entropy_fwd_bwd(g.astype(np.float64), np.array([0, 1, 2]), -100)
+
+
+def test_bad_shapes_and_dtypes_are_rejected_before_launch(no_launch) -> None:
+    x = np.zeros((3, 8), np.float32)
+    with pytest.raises(ArgumentError, match="weight: expected the shape"):
+        ops.rms_norm_backward(x, np.zeros(7, np.float32), x)
+    with pytest.raises(ArgumentTypeError, match="grad_out: expected the dtype of x"):
+        ops.rms_norm_backward(x, np.zeros(8, np.float32), x.astype(T._cast(x, "bf16").dtype))
+    with pytest.raises(ArgumentError, match="grad_out: expected the shape of probs"):
+        ops.softmax_backward(x, x[:2])
+    with pytest.raises(ArgumentError, match="x: expected at least 2 dimensions"):
+        ops.transpose_2d(np.zeros(4, np.float32))
+
+
+def test_attention_arguments_are_checked_before_launch(no_launch) -> None:
+    q = np.zeros((5, 4, 8), np.float32)
+    k = np.zeros((5, 2, 8), np.float32)
+    with pytest.raises(ArgumentError, match="n_kv_heads"):
+        ops.attention_backward(q, np.zeros((5, 3, 8), np.float32), np.zeros((5, 3, 8), np.float32), q)
+    with pytest.raises(ArgumentError, match="head_dim"):
+        big = np.zeros((2, 1, 257), np.float32)
+        ops.attention_backward(big, big, big, big)
+    with pytest.raises(ArgumentError, match="method"):
+        ops.attention_backward(q, k, k, q, method="fast")
+    with pytest.raises(ArgumentError, match="lse: expected shape"):
+        ops.attention_backward(q, k, k, q, out=q, lse=np.zeros((5, 3), np.float32))
+    with pytest.raises(ArgumentTypeError, match="lse: expected dtype float32"):
+        ops.attention_backward(q, k, k, q, out=q, lse=np.zeros((5, 4), np.float64))
+    with pytest.raises(ArgumentError, match="v: expected the shape of k"):
+        ops.attention_backward(q, k, k[:4], q)
+    with pytest.raises(ArgumentError, match="method='naive' handles seq_len <= 4096, got 4097"):
+        long = np.zeros((4097, 1, 1), np.float32)
+        ops.attention_backward(long, long, long, long, method="naive")
+
+
+# --------------------------------------------------------------------------- NVRTC resources
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90", "sm_120"])
+def test_kernels_compile_without_spills(arch: str) -> None:
+    try:
+        from pykern import compiler
+
+        if arch not in compiler.supported_archs():
+            pytest.skip(f"NVRTC here does not support {arch}")
+    except Exception as e:
+        pytest.skip(f"NVRTC unavailable: {type(e).__name__}: {e}")
+    for src in SOURCES:
+        mod = compiler.compile(str(src), arch)
+        assert mod.resources, f"no resource report for {src.name}"
+        spills = {k: (r.spill_stores, r.spill_loads) for k, r in mod.resources.items() if r.spill_stores or r.spill_loads}
+        assert not spills, f"{src.name} {arch}: {spills}"
