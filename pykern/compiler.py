@@ -158,13 +158,17 @@ def _define_options(defines: Mapping[str, Any] | None) -> list[str]:
 
 def portable_options(arch: str, options: Sequence[str] = (), defines: Mapping[str, Any] | None = None) -> list[str]:
     """The options that decide the output, without machine-specific include paths: what a cache key hashes."""
+    if isinstance(options, (str, bytes)):
+        raise ArgumentError(f"options: expected a sequence of option strings, got the string {options!r}")
     opts = [str(o) for o in options]
     if any(o.startswith(("--gpu-architecture", "-arch")) for o in opts):
         raise ArgumentError(f"options: pass the arch as the arch argument, not in options {opts!r}")
     if any(o.startswith(("--include-path", "-I")) for o in opts):
         # The key hashes header bytes, not folders; an extra folder would make the key lie.
         raise ArgumentError(f"options: include paths are derived from the source's folder, got {opts!r}")
-    defaults = [d for d in DEFAULT_OPTIONS if not any(o.startswith(d.split("=")[0]) for o in opts)]
+    # "-std=c++20" or "--std=c++20" from the caller replaces the default "-std=c++17".
+    flag = lambda o: o.lstrip("-").split("=")[0]  # noqa: E731
+    defaults = [d for d in DEFAULT_OPTIONS if flag(d) not in {flag(o) for o in opts}]
     return [f"--gpu-architecture={arch}", *defaults, *_define_options(defines), *opts]
 
 

@@ -199,12 +199,14 @@ def compare(name: str, got: Any, ref: Any, atol: float, rtol: float) -> Check:
         return Check(name, True, max_abs, max_rel)
     n_bad = int(bad.sum())
     # Name the worst element: the largest excess over the bound; non-finite mismatches rank first.
-    excess = np.where(bad, np.where(fin, df - (atol + rtol * np.abs(r)), np.inf), -np.inf)
-    flat = int(np.argmax(excess))
-    idx = np.unravel_index(flat, r.shape)
+    with np.errstate(invalid="ignore", over="ignore"):
+        excess = np.where(bad, np.where(fin, df - (atol + rtol * np.abs(r)), np.inf), -np.inf)
+        flat = int(np.argmax(excess))
+        idx = np.unravel_index(flat, r.shape)
+        bound = atol + rtol * abs(r[idx]) if np.isfinite(r[idx]) else r[idx]
     where = tuple(int(i) for i in idx)
     detail = (f"{n_bad}/{r.size} elements out of tolerance; worst at {where}: "
-              f"got {g[idx]!r}, reference {r[idx]!r}, bound {atol + rtol * abs(r[idx]):.3g}")
+              f"got {g[idx]!r}, reference {r[idx]!r}, bound {bound:.3g}")
     return Check(name, False, max_abs, max_rel, detail)
 
 
