@@ -8,6 +8,8 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # gpu.py beside this file
 
@@ -304,6 +306,27 @@ def test_numba_reference_agrees(method: str) -> None:
     q, k, v = make_inputs(np.random.default_rng(16), 2, 4, 2, 40, 50, [37, 0])
     out = batched_decode_attention(q, k, v, [37, 0], method=method, backend="numba")
     _close(out, np_batched_decode_attention(q, k, v, [37, 0]), "batched_decode_attention", "f32")
+
+
+@settings(max_examples=25, deadline=None)
+@given(
+    group=st.sampled_from([1, 2, 3, 4, 8]),
+    num_kv_heads=st.integers(1, 3),
+    head_dim=st.integers(1, 256),
+    lens=st.lists(st.integers(0, 70), min_size=1, max_size=4),
+    extra=st.integers(0, 5),
+    method=st.sampled_from(METHODS),
+    kinds=st.sampled_from([("f32", "f32"), ("bf16", "bf16"), ("f32", "bf16")]),
+    seed=st.integers(0, 2**31),
+)
+def test_random_shapes_match_numpy(group, num_kv_heads, head_dim, lens, extra, method, kinds, seed) -> None:
+    _need("host")
+    s = max(lens) + extra or 1
+    q, k, v = make_inputs(np.random.default_rng(seed), len(lens), group * num_kv_heads, num_kv_heads, head_dim, s,
+                          lens, *kinds)
+    out = batched_decode_attention(q, k, v, lens, method=method, backend="host")
+    ref = np_batched_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), lens)
+    _close(out.astype(np.float64), ref, "batched_decode_attention", "f32" if kinds == ("f32", "f32") else "bf16")
 
 
 @requires_gpu

@@ -162,6 +162,19 @@ def test_harness_catches_wrong_kernel() -> None:
     assert "host vs numba on 'y'" in failures  # and the backends disagree
 
 
+def test_all_cases_under_sanitizer() -> None:
+    # Every (non-big) case through the AddressSanitizer + UBSan host build: out-of-bounds reads and
+    # writes, which the plain build may survive, fail here. The CLI re-runs itself with ASan preloaded.
+    from pykern.backends.host import sanitizer_preload
+
+    if sanitizer_preload() is None:
+        pytest.skip("the C++ compiler has no libasan.so")
+    r = _difftest("--backends", "host:sanitize", "--no-big", "--json")
+    assert r.returncode == 0, r.stdout[-5000:] + r.stderr[-5000:]
+    summary = json.loads(r.stdout)["summary"]
+    assert summary["cases"] == summary["passed"] == len([c for c in CASES if c.note != "big"]), summary
+
+
 def test_harness_passes_good_test_kernels_json() -> None:
     r = _difftest("--kernels", "pk_test*", "--backends", "host:forward,host:reverse,numba", "--json",
                   PYKERN_KERNEL_PATH=str(HERE / "difftest_extra" / "cu"),

@@ -13,7 +13,7 @@ import pytest
 
 import pykern
 from pykern.backends.host import HostBackend
-from pykern.errors import BackendUnavailable, CompileError
+from pykern.errors import BackendUnavailable, CacheMiss, CompileError
 from pykern.host import build
 
 REPO = Path(__file__).resolve().parent.parent
@@ -90,6 +90,14 @@ def test_cache_hit_and_key_changes(tmp_path: Path, monkeypatch: pytest.MonkeyPat
     lib3 = HostBackend().library(src)
     assert lib3.path != lib1.path
     assert not [p for p in lib1.path.parent.iterdir() if p.name.endswith(".tmp")]
+
+
+def test_disable_jit_turns_a_miss_into_cache_miss(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+    src = _write(tmp_path / "k", "scale.cu", GOOD)
+    with pytest.raises(CacheMiss, match="PYKERN_DISABLE_JIT=1"):
+        HostBackend().library(src)
 
 
 def test_concurrent_processes_build_one_library(tmp_path: Path) -> None:

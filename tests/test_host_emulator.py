@@ -277,6 +277,11 @@ def test_runtime_errors(kernel: str, pattern: str, schedule: str, monkeypatch: p
     assert "thread (" in msg
 
 
+def test_device_assert_is_an_error_not_an_abort() -> None:
+    with pytest.raises(KernelExecutionError, match=r"block \(0,0,0\): thread \(9,0,0\).*assertion `threadIdx.x != 9` failed"):
+        launch("pk_t_err_assert", 1, 32, np.zeros(32, np.float32))
+
+
 def test_trap_names_block_and_thread_and_the_next_launch_still_works() -> None:
     with pytest.raises(KernelExecutionError, match=r"kernel pk_t_err_trap: block \(1,0,0\): thread \(5,0,0\).*__trap"):
         launch("pk_t_err_trap", 3, 64, np.zeros(64, np.float32))

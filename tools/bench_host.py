@@ -25,6 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import numpy as np  # noqa: E402
 
+# Set by bench_numba_sim: the simulator swaps a kernel's *global* `cuda` for its fake module.
+cuda = None
+float32 = None
+
 KERNEL = r"""
 extern "C" __global__ void pk_bench_block_reduce(const float* __restrict__ x, float* __restrict__ out,
                                                  long long per_block) {
@@ -68,7 +72,6 @@ def bench_host(x: np.ndarray, blocks: int, threads: int, repeat: int) -> tuple[l
 
 
 def bench_numba_sim(x: np.ndarray, blocks: int, threads: int) -> tuple[float, np.ndarray]:
-    # The simulator swaps the kernel's *global* `cuda` for its fake module.
     import numba
     import numba.cuda
 

@@ -57,6 +57,20 @@ def parse_schedule(value: str | None) -> tuple[int, int]:
     )
 
 
+def stack_bytes(sanitize: bool) -> int:
+    """Per-thread fiber stack: $PYKERN_HOST_STACK_KB KiB, else 128 KiB (1 MiB under the sanitizer)."""
+    text = os.environ.get("PYKERN_HOST_STACK_KB", "").strip()
+    if not text:
+        return _SANITIZE_STACK_BYTES if sanitize else _STACK_BYTES
+    try:
+        kb = int(text)
+    except ValueError:
+        kb = 0
+    if not 16 <= kb <= 1 << 20:
+        raise ArgumentError(f"PYKERN_HOST_STACK_KB: expected an integer from 16 to {1 << 20}, got {text!r}")
+    return kb << 10
+
+
 def sanitize_enabled() -> bool:
     return os.environ.get("PYKERN_HOST_SANITIZE", "").strip() not in ("", "0")
 
@@ -184,7 +198,7 @@ class HostBackend:
         n = len(spec.params)
         ptrs = (ctypes.c_void_p * max(n, 1))()
         argv = (ctypes.c_void_p * max(n, 1))()
-        copies: list[tuple[int, Any, int, bool]] = []  # (buffer, array, nbytes, write back)
+        copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
         try:
             for i, (p, a) in enumerate(zip(spec.params, args)):
                 if p.is_pointer:
@@ -201,9 +215,16 @@ class HostBackend:
                     addr = a.ctypes.data
                     if sanitize:
                         # An exactly-sized heap copy puts ASan's redzone right after the last element.
-                        buf = lib.alloc(a.nbytes)
-                        ctypes.memmove(buf, addr, a.nbytes)
-                        copies.append((buf, a, a.nbytes, not p.is_const))
+                        # The same array passed twice (in-place ops) shares one copy.
+                        same = next((k for k, c in enumerate(copies) if c[4] == addr and c[2] == a.nbytes), None)
+                        if same is None:
+                            buf = lib.alloc(a.nbytes)
+                            ctypes.memmove(buf, addr, a.nbytes)
+                            copies.append((buf, a, a.nbytes, not p.is_const, addr))
+                        else:
+                            buf = copies[same][0]
+                            if not p.is_const:
+                                copies[same] = copies[same][:3] + (True, addr)
                         addr = buf
                     ptrs[i] = addr
                     argv[i] = ctypes.addressof(ptrs) + i * ctypes.sizeof(ctypes.c_void_p)
@@ -211,13 +232,13 @@ class HostBackend:
                     argv[i] = ctypes.addressof(a)
             cfg = LaunchConfig(
                 (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, 0, seed,
-                _SANITIZE_STACK_BYTES if sanitize else _STACK_BYTES,
+                stack_bytes(sanitize),
             )
             err = ctypes.create_string_buffer(4096)
             rc = fn(ctypes.byref(cfg), argv, err, len(err))
             if rc != 0:
                 raise KernelExecutionError(err.value.decode("utf-8", "replace"))
-            for buf, a, nbytes, write_back in copies:
+            for buf, a, nbytes, write_back, _ in copies:
                 if write_back:
                     ctypes.memmove(a.ctypes.data, buf, nbytes)
         finally:

@@ -21,7 +21,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
-from ..errors import BackendUnavailable, CompileError
+from ..errors import BackendUnavailable, CacheMiss, CompileError
 from ..registry import KernelSpec
 
 HERE = Path(__file__).resolve().parent
@@ -86,12 +86,10 @@ _fallback_dir: Path | None = None
 
 
 def cache_root() -> Path:
-    """$PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern."""
-    env = os.environ.get("PYKERN_CACHE_DIR")
-    if env:
-        return Path(env).expanduser()
-    xdg = os.environ.get("XDG_CACHE_HOME")
-    return (Path(xdg).expanduser() if xdg else Path.home() / ".cache") / "pykern"
+    """$PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern (shared with the cubin cache)."""
+    from ..cache import cache_dir
+
+    return cache_dir()
 
 
 def host_cache_dir() -> Path:
@@ -234,7 +232,6 @@ def build(
     tu = translation_unit(path, text, specs)
     opts = flags(sanitize)
     incs = [f"-I{HERE}", f"-I{path.parent}", *(f"-I{d}" for d in include_dirs)]
-    rt = runtime_object(cc, opts)
     key = _key(
         tu.encode(), digest.encode(), HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(),
         "\0".join(opts).encode(), "\0".join(incs).encode(),
@@ -242,6 +239,11 @@ def build(
     target = host_cache_dir() / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
     if target.exists():
         return target
+    from ..cache import jit_disabled
+
+    if jit_disabled():
+        raise CacheMiss(f"host backend: no cached build of {path} ({target.name}) and PYKERN_DISABLE_JIT=1")
+    rt = runtime_object(cc, opts)
     with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
         tu_path = Path(tmp) / f"{path.stem}.host.cpp"
         tu_path.write_text(tu, encoding="utf-8")

@@ -81,6 +81,7 @@ unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long long value,
                                 const char* file, int line);
 unsigned pkrt_activemask(void);
 void pkrt_trap(const char* file, int line);
+void pkrt_assert_fail(const char* expr, const char* file, int line);
 long long pkrt_clock64(void);
 }
 #define clock64() pkrt_clock64()
@@ -112,6 +113,9 @@ enum { PKRT_BAR_PLAIN = 0, PKRT_BAR_COUNT = 1, PKRT_BAR_AND = 2, PKRT_BAR_OR = 3
 #define __threadfence_system() ((void)0)
 #define __trap() pkrt_trap(__FILE__, __LINE__)
 #define __nanosleep(ns) ((void)(ns))
+// Device-side assert: a failed one is a KernelExecutionError naming the thread, not an abort().
+#undef assert
+#define assert(e) ((e) ? (void)0 : pkrt_assert_fail(#e, __FILE__, __LINE__))
 
 // ---- warp-level operations ---------------------------------------------------
 enum {

@@ -36,7 +36,7 @@
 #include <sanitizer/common_interface_defs.h>
 #endif
 
-#if defined(PK_FIBER_UCONTEXT) || !(defined(__x86_64__) || defined(__aarch64__))
+#if defined(PK_FIBER_UCONTEXT) || !defined(__ELF__) || !(defined(__x86_64__) || defined(__aarch64__))
 #define PK_USE_UCONTEXT 1
 #include <ucontext.h>
 #endif
@@ -635,6 +635,12 @@ extern "C" unsigned pkrt_activemask(void) {
 extern "C" void pkrt_trap(const char* file, int line) {
     char what[256];
     snprintf(what, sizeof what, "__trap() at %s:%d", file, line);
+    fail_simple(what);
+}
+
+extern "C" void pkrt_assert_fail(const char* expr, const char* file, int line) {
+    char what[512];
+    snprintf(what, sizeof what, "assertion `%s` failed at %s:%d", expr, file, line);
     fail_simple(what);
 }
 

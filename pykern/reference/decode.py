@@ -15,22 +15,11 @@ from .base import reference
 _MAX_HEAD_DIM = 256
 _NEG_INF = float("-inf")
 
-# Kernels below reach numba.cuda through this module global, not a closure: the
-# numba CUDA simulator swaps only module globals that are the cuda module for its
-# per-thread fake (cuda.grid, cuda.local), so a closure variable would not work there.
-cuda: Any = None
 
-
-def _bind(cuda_module: Any) -> Any:
-    global cuda
-    cuda = cuda_module
-    return cuda_module
-
-
-def _attend_factory(cuda_module: Any) -> Any:
+def _attend_factory(cuda: Any) -> Any:
     import math
 
-    @_bind(cuda_module).jit(device=True)
+    @cuda.jit(device=True)
     def attend(q, k, v, qo, kvo, head_dim, begin, end, scale, acc):
         # Returns (m, l) over positions [begin, end); acc[d] = sum exp(s - m) * v[d].
         for d in range(head_dim):
@@ -59,11 +48,10 @@ def _attend_factory(cuda_module: Any) -> Any:
 
 @reference("decode_attn_warp", "decode_attn_warp_bf16", "decode_attn_warp_bf16kv",
            "decode_attn_multi_warp", "decode_attn_multi_warp_bf16", "decode_attn_multi_warp_bf16kv")
-def _decode_attn(cuda_module: Any) -> Any:
-    _bind(cuda_module)
+def _decode_attn(cuda: Any) -> Any:
     import numba
 
-    attend = _attend_factory(cuda_module)
+    attend = _attend_factory(cuda)
 
     @cuda.jit
     def k(q, k_cache, v_cache, out, seq_lens, num_heads, num_kv_heads, head_dim, max_seq_len, scale):
@@ -92,11 +80,10 @@ def _decode_attn(cuda_module: Any) -> Any:
 
 
 @reference("decode_attn_split_chunk", "decode_attn_split_chunk_bf16", "decode_attn_split_chunk_bf16kv")
-def _decode_attn_split_chunk(cuda_module: Any) -> Any:
-    _bind(cuda_module)
+def _decode_attn_split_chunk(cuda: Any) -> Any:
     import numba
 
-    attend = _attend_factory(cuda_module)
+    attend = _attend_factory(cuda)
 
     @cuda.jit
     def k(q, k_cache, v_cache, part_o, part_ml, seq_lens, num_heads, num_kv_heads, head_dim, max_seq_len, scale,
@@ -133,8 +120,7 @@ def _decode_attn_split_chunk(cuda_module: Any) -> Any:
 
 
 @reference("decode_attn_split_reduce", "decode_attn_split_reduce_bf16")
-def _decode_attn_split_reduce(cuda_module: Any) -> Any:
-    _bind(cuda_module)
+def _decode_attn_split_reduce(cuda: Any) -> Any:
     import math
 
     @cuda.jit

@@ -249,3 +249,14 @@ extern "C" __global__ void pk_t_oob_smem(float* out) {
 extern "C" __global__ void pk_t_ub_shift(int* out, int s) {
     out[threadIdx.x] = 1 << (s + (int)threadIdx.x);
 }
+
+extern "C" __global__ void pk_t_err_assert(float* out) {
+    assert(threadIdx.x != 9);
+    out[threadIdx.x] = 1.0f;
+}
+
+// In-place use: y and x may be the same array; the second statement must see the first.
+extern "C" __global__ void pk_t_alias(const float* x, float* y) {
+    y[threadIdx.x] = 5.0f;
+    y[threadIdx.x] += x[threadIdx.x];
+}
