@@ -182,3 +182,19 @@ def test_default_falls_back_to_numba_on_gpu_with_one_warning() -> None:
         "assert len(msgs) == 1 and 'NVRTC library not found' in msgs[0], msgs\n"
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_gpu_user_is_never_switched_to_the_simulator() -> None:
+    # Pretend the driver probe found a GPU: numba.cuda must be imported in GPU mode, the env left alone.
+    r = _run(
+        "import os, sys\n"
+        "import pykern.backends.numba as nb\n"
+        "nb.probe_gpu = lambda: (True, '')\n"
+        "be = nb.create()\n"
+        "assert be.simulator is False\n"
+        "be.available()\n"
+        "import numba.cuda\n"
+        "assert not numba.cuda.jit.__module__.startswith('numba.cuda.simulator')\n"
+        "assert 'NUMBA_ENABLE_CUDASIM' not in os.environ\n"
+    )
+    assert r.returncode == 0, r.stderr

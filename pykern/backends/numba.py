@@ -11,6 +11,8 @@ The launch contract matches the .cu kernels: arrays arrive flat (a pointer sees
 no shape), `unsigned short*` (bf16/uint16) arrays are widened to float32 before
 the call and non-const ones narrowed back with round-to-nearest-even, and the
 caller's grid/block are ignored in favour of the reference's own `config(args)`.
+In the simulator, barrier-free references run thread after thread in one Python
+thread (see `_sequential_module`); the rest use numba's threaded simulator.
 """
 from __future__ import annotations
 
@@ -212,6 +214,16 @@ class NumbaBackend:
 
             self._ref_cuda = _SimulatorCuda(cuda, sim_kernel)
         else:
+            try:  # numba compiles through libNVVM, which a driver-only machine may lack
+                from numba.cuda.cudadrv.nvvm import NVVM
+
+                NVVM()
+            except Exception as e:
+                self._mode, self._why = "unavailable", (
+                    f"numba-cuda cannot load libNVVM ({type(e).__name__}: {e}); install a CUDA toolkit or the "
+                    "nvidia-cuda-nvcc wheel"
+                )
+                raise BackendUnavailable(f"numba backend: {self._why}") from e
             self._ref_cuda = cuda
         self._cuda = cuda
         return cuda
@@ -229,9 +241,12 @@ class NumbaBackend:
         return True, ""
 
     def on_gpu(self) -> bool:
-        """True when references would run on a real GPU; never imports numba (the default selection calls it)."""
+        """True when references can run on a real GPU (the default selection's fallback asks this).
+
+        Without a usable GPU this answers from the driver probe alone, never importing numba.
+        """
         self._decide()
-        return self._mode == "gpu"
+        return self._mode == "gpu" and self.available()[0]
 
     @property
     def simulator(self) -> bool:
