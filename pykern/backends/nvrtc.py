@@ -174,7 +174,11 @@ class NvrtcBackend:
             # A new spec object (registry refreshed): ask the cache again, which notices edited sources.
             drv.set_current(self._ctx)
             if not self._target:
-                self._target = target_arch(self.arch, tuple(self._supported_archs()))
+                try:
+                    supported = tuple(self._supported_archs())
+                except Exception:  # no NVRTC here: a precompiled bundle (PYKERN_CUBIN_DIR) may still serve
+                    supported = (self.arch,)
+                self._target = target_arch(self.arch, supported)
             cached = self._get_module(spec.source, self._target, kernel=spec.name)
             mkey = (int(self._ctx), cached.digest)
             module = self._modules.get(mkey)
