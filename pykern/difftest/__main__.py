@@ -68,6 +68,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         for lb in labels:
             be = get_backend(lb.backend)
             desc = be.describe() if hasattr(be, "describe") else lb.backend
+            if lb.backend == "host" and not any(k == "PYKERN_HOST_SCHEDULE" for k, _ in lb.env):
+                desc += f", schedule {os.environ.get('PYKERN_HOST_SCHEDULE') or 'forward (default)'}"
             env = " ".join(f"{k}={v}" for k, v in lb.env)
             print(f"# {lb.text}: {desc}{' with ' + env if env else ''}", file=out)
         print(f"# {len(cases)} cases, seed {args.seed}", file=out)

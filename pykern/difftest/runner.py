@@ -209,7 +209,7 @@ def compare(name: str, got: Any, ref: Any, atol: float, rtol: float) -> Check:
         bound = atol + rtol * abs(r[idx]) if np.isfinite(r[idx]) else r[idx]
     where = tuple(int(i) for i in idx)
     detail = (f"{n_bad}/{r.size} elements out of tolerance; worst at {where}: "
-              f"got {g[idx]!r}, reference {r[idx]!r}, bound {bound:.3g}")
+              f"got {float(g[idx]):.9g}, reference {float(r[idx]):.9g}, bound {float(bound):.3g}")
     return Check(name, False, max_abs, max_rel, detail)
 
 
