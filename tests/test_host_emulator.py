@@ -108,6 +108,25 @@ def test_votes(mask: int) -> None:
                 assert ballot[w * 32 + l] == 0 and anyv[w * 32 + l] == 0
 
 
+def test_match_and_reduce() -> None:
+    v = (np.arange(64, dtype=np.int32) * 7) % 5
+    v[32:] = 4  # warp 1: every lane holds the same value (even)
+    outs = [np.zeros(64, np.uint32), np.zeros(64, np.uint32), np.zeros(64, np.int32), np.zeros(64, np.uint32),
+            np.zeros(64, np.int32), np.zeros(64, np.uint32)]
+    launch("pk_t_match_reduce", 1, 64, v, *outs)
+    many, mall, pred, ssum, smin, uor = outs
+    for w in range(2):
+        lanes = v[w * 32 : (w + 1) * 32]
+        par = lanes & 1
+        for l in range(32):
+            t = w * 32 + l
+            assert many[t] == sum(1 << k for k in range(32) if lanes[k] == lanes[l])
+            same = bool((par == par[0]).all())
+            assert (mall[t], pred[t]) == ((0xFFFFFFFF, 1) if same else (0, 0))
+            assert ssum[t] == lanes.sum() and smin[t] == lanes.min() - 5
+            assert uor[t] == np.bitwise_or.reduce(np.uint32(1) << lanes.astype(np.uint32))
+
+
 def test_syncthreads_count_and_or() -> None:
     for pred in (np.zeros(96, np.int32), np.ones(96, np.int32), (np.arange(96) % 3 == 0).astype(np.int32)):
         count, alls, anys = (np.zeros(96, np.int32) for _ in range(3))
@@ -133,7 +152,7 @@ def test_every_atomic() -> None:
     n = blocks * threads
     ic = np.array([0, -5, 5, 0, 0, 0, 77], np.int32)
     uc = np.array([0, 0, 0xFFFFFFFF, 5, 0, 0xFFFFFFFF, 0], np.uint32)
-    fc = np.array([0.0, -1.0, 1.0, 0.0, 9.0], np.float32)
+    fc = np.array([0.0, -1.0, 1.0, 0.0, 9.0, 0.0, 0.0], np.float32)
     dc = np.array([1.0], np.float64)
     launch("pk_t_atomics", blocks, threads, ic, uc, fc, dc)
     assert ic[0] == n
@@ -152,6 +171,7 @@ def test_every_atomic() -> None:
     assert fc[1] == (n - 1) * 0.25
     assert fc[2] == -(n - 1) * 0.5
     assert fc[3] == 9.0 and fc[4] == 2.5
+    assert fc[5] == 1.0 and fc[6] == 1.0  # forward: thread 0 of block 0 wins the CAS, nobody else
     assert dc[0] == 1.0 + 0.125 * n
 
 
@@ -216,6 +236,31 @@ def test_vector_types() -> None:
     np.testing.assert_array_equal(uo.reshape(32, 2), np.stack([w[:, 0] ^ w[:, 1], w[:, 2] + w[:, 3]], 1))
 
 
+def test_three_dimensional_geometry() -> None:
+    grid, block = (2, 3, 2), (8, 4, 2)
+    nt, nb = 64, 12
+    out = np.zeros(nb * nt * 10, np.int32)
+    pykern.launch("pk_t_dims", grid, block, out, backend="host")
+    o = out.reshape(nb, nt, 10)
+    for bz in range(2):
+        for by in range(3):
+            for bx in range(2):
+                b = bx + 2 * (by + 3 * bz)
+                for tz in range(2):
+                    for ty in range(4):
+                        for tx in range(8):
+                            t = tx + 8 * (ty + 4 * tz)
+                            assert list(o[b, t]) == [tx, ty, tz, bx, by, bz, 80402, 20302, t - t % 32, 32]
+
+
+def test_device_arrays_are_refused_naming_the_argument() -> None:
+    class FakeDeviceArray:
+        __cuda_array_interface__ = {"shape": (32,), "typestr": "<f4", "data": (1 << 40, False), "version": 3}
+
+    with pytest.raises(TypeError, match=r"pk_t_inb: argument 0 \(float\* out\): the host backend takes NumPy arrays"):
+        launch("pk_t_inb", 1, 32, FakeDeviceArray(), 32)
+
+
 # ---- schedules ------------------------------------------------------------------
 def _race(fix: int, schedule: str, monkeypatch: pytest.MonkeyPatch) -> np.ndarray:
     """Per thread: the block sum of x and of x*x (pk_t_race), as one (2, 4, 256) array."""
@@ -247,6 +292,11 @@ def test_fixed_barrier_agrees_under_every_schedule(monkeypatch: pytest.MonkeyPat
 def test_random_schedule_exposes_the_race_too(monkeypatch: pytest.MonkeyPatch) -> None:
     exp = _race_expected()
     assert all(not np.allclose(_race(0, f"random:{s}", monkeypatch), exp, rtol=1e-3, atol=1e-3) for s in range(3))
+
+
+def test_random_schedule_is_reproducible(monkeypatch: pytest.MonkeyPatch) -> None:
+    # Even a racy kernel gives bit-identical results for the same seed.
+    np.testing.assert_array_equal(_race(0, "random:5", monkeypatch), _race(0, "random:5", monkeypatch))
 
 
 @pytest.mark.parametrize("bad", ["backwards", "random", "random:x", "random:-1", "forward:3"])

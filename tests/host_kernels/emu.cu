@@ -82,6 +82,7 @@ extern "C" __global__ void pk_t_atomics(int* ic, unsigned int* uc, float* fc, do
     atomicMin(&fc[2], -(float)g * 0.5f);
     if (g == 3) fc[3] = atomicExch(&fc[4], 2.5f);
     atomicAdd(&dc[0], 0.125);
+    if (atomicCAS(&fc[5], 0.0f, (float)(g + 1)) == 0.0f) atomicAdd(&fc[6], 1.0f);  // exactly one winner
 }
 
 // Dynamic shared memory: per-block buffer of the launch's size, reversed through it.
@@ -259,4 +260,31 @@ extern "C" __global__ void pk_t_err_assert(float* out) {
 extern "C" __global__ void pk_t_alias(const float* x, float* y) {
     y[threadIdx.x] = 5.0f;
     y[threadIdx.x] += x[threadIdx.x];
+}
+
+// 3-D geometry: every thread records its indices, dims and lane (warps follow the linear id).
+extern "C" __global__ void pk_t_dims(int* out) {
+    const int t = threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z);
+    const int b = blockIdx.x + gridDim.x * (blockIdx.y + gridDim.y * blockIdx.z);
+    const int nt = blockDim.x * blockDim.y * blockDim.z;
+    int* o = out + ((long long)b * nt + t) * 10;
+    o[0] = threadIdx.x; o[1] = threadIdx.y; o[2] = threadIdx.z;
+    o[3] = blockIdx.x; o[4] = blockIdx.y; o[5] = blockIdx.z;
+    o[6] = blockDim.x * 10000 + blockDim.y * 100 + blockDim.z;
+    o[7] = gridDim.x * 10000 + gridDim.y * 100 + gridDim.z;
+    o[8] = __shfl_sync(0xffffffffu, t, 0);  // lane 0 of this thread's warp
+    o[9] = warpSize;
+}
+
+// sm_70/80 warp intrinsics: match and reduce.
+extern "C" __global__ void pk_t_match_reduce(const int* v, unsigned int* match_any, unsigned int* match_all,
+                                             int* pred, unsigned int* sum, int* smin, unsigned int* uor) {
+    const int t = threadIdx.x;
+    int p = 0;
+    match_any[t] = __match_any_sync(0xffffffffu, v[t]);
+    match_all[t] = __match_all_sync(0x0000ffffu | (0xffffu << 16), v[t] & 1, &p);
+    pred[t] = p;
+    sum[t] = __reduce_add_sync(0xffffffffu, (unsigned)v[t]);
+    smin[t] = __reduce_min_sync(0xffffffffu, v[t] - 5);
+    uor[t] = __reduce_or_sync(0xffffffffu, 1u << (v[t] & 31));
 }
