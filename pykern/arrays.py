@@ -97,3 +97,32 @@ def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
     else:
         out.zero_() if hasattr(out, "zero_") else out.fill(0)
     return out
+
+
+UINT_MAX = 2**32 - 1
+
+
+def size(shape: tuple[int, ...]) -> int:
+    """Element count of a shape, in Python ints (no 32-bit overflow)."""
+    n = 1
+    for d in shape:
+        n *= int(d)
+    return n
+
+
+def check_u32(name: str, value: int) -> None:
+    """A size that reaches a kernel as `unsigned int` must fit in 32 bits."""
+    if value > UINT_MAX:
+        raise ArgumentError(f"{name}: expected at most {UINT_MAX}, got {value}")
+
+
+def same_kind(name: str, a: Any, kind: str, ref_name: str) -> None:
+    """`a` must have the same I/O dtype ("f32" | "bf16") as the argument `ref_name`."""
+    k = io_kind(name, a)
+    if k != kind:
+        raise ArgumentTypeError(f"{name}: expected the dtype of {ref_name} ({kind}), got {k}")
+
+
+def kernel_suffix(kind: str) -> str:
+    """Name suffix of a kernel's bf16 twin."""
+    return "_bf16" if kind == "bf16" else ""

@@ -1,7 +1,7 @@
 """One differential-test case: an op call on concrete inputs plus its NumPy float64 reference."""
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Iterator, Mapping
 
 import numpy as np

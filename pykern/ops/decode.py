@@ -52,7 +52,7 @@ def _suffix(q_kind: str, kv_kind: str) -> str:
         return "_bf16kv"
     raise ArgumentTypeError(
         "q: a bfloat16 query needs bfloat16 caches (expected q float32 for float32 caches), "
-        f"got q bfloat16 with float32 caches"
+        "got q bfloat16 with float32 caches"
     )
 
 

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
+from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["embedding", "rope", "silu_gate", "rms_norm", "causal_attn_softmax", "flash_attention"]
@@ -22,7 +23,6 @@ _THREADS = 256
 # saturate bandwidth; more blocks only add scheduling (and host fibers).
 _MAX_BLOCKS = 4096
 _INT_MAX = 2**31 - 1
-_UINT_MAX = 2**32 - 1
 
 
 def _launch(name: str, grid: Any, block: Any, *args: Any, backend: str | None) -> None:
@@ -31,27 +31,8 @@ def _launch(name: str, grid: Any, block: Any, *args: Any, backend: str | None) -
     launch(name, grid, block, *args, backend=backend)
 
 
-def _suffix(kind: str) -> str:
-    return "_bf16" if kind == "bf16" else ""
-
-
 def _blocks(units: int) -> int:
     return max(1, min(_MAX_BLOCKS, -(-units // _THREADS)))
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
-
-
-def _check_u32(name: str, value: int) -> None:
-    if value > _UINT_MAX:
-        raise ArgumentError(f"{name}: expected at most {_UINT_MAX}, got {value}")
-
-
-def _same_dtype(name: str, a: Any, kind: str, ref_name: str) -> None:
-    k = arrays.io_kind(name, a)
-    if k != kind:
-        raise ArgumentTypeError(f"{name}: expected the dtype of {ref_name} ({kind}), got {k}")
 
 
 def _f32_table(name: str, t: Any) -> Any:

@@ -13,6 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
+from ..arrays import UINT_MAX as _UINT_MAX, check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
@@ -23,7 +24,6 @@ __all__ = [
     "cross_entropy_fwd_bwd",
 ]
 
-_UINT_MAX = 2**32 - 1
 _INT_MAX = 2**31 - 1
 _GRID_X_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535
@@ -38,14 +38,6 @@ def _launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, b
     launch(name, grid, block, *args, shared_mem=shared_mem, backend=backend)
 
 
-def _suffix(kind: str) -> str:
-    return "_bf16" if kind == "bf16" else ""
-
-
-def _size(shape: tuple[int, ...]) -> int:
-    return int(np.prod(shape, dtype=np.int64)) if shape else 1
-
-
 def _flat(a: Any) -> Any:
     """A 1-D view of a contiguous array (NumPy, torch and CuPy all have reshape)."""
     return a.reshape(-1)
@@ -55,17 +47,6 @@ def _row_threads(row_len: int) -> int:
     """Threads for a one-block-per-row kernel: enough for 4 elements each, a multiple of 32."""
     per4 = -(-row_len // 4)
     return max(32, min(_ROW_THREADS_MAX, -(-per4 // 32) * 32))
-
-
-def _check_u32(name: str, value: int) -> None:
-    if value > _UINT_MAX:
-        raise ArgumentError(f"{name}: expected at most {_UINT_MAX}, got {value}")
-
-
-def _same_kind(name: str, a: Any, kind: str, ref_name: str) -> None:
-    k = arrays.io_kind(name, a)
-    if k != kind:
-        raise ArgumentTypeError(f"{name}: expected the dtype of {ref_name} ({kind}), got {k}")
 
 
 def _same_shape(name: str, a: Any, shape: tuple[int, ...], ref_name: str) -> None:
