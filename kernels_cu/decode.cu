@@ -21,6 +21,11 @@
 #define DEC_MAX_HEAD_DIM 256
 #define DEC_LOG2E 1.4426950408889634f
 #define DEC_UNROLL 4
+// __launch_bounds__ of the entry points, kept in step with pykern/ops/decode.py:
+// the warp and split-K kernels run 32 * hpb (hpb <= 8) threads, the split-K reduce
+// head_dim rounded up to 32 (<= 256): bound 256. multi_warp runs 32 * num_warps
+// threads; its ~128 registers a thread fit 16 warps in the 64K-register file (a
+// 1024-thread block of it cannot launch), so num_warps is capped at 16: bound 512.
 
 // Lane layout: a warp splits into R = 32/LPR row groups of LPR lanes; each group
 // works on its own cache row, so a step covers R rows (bf16 head_dim 128: two rows
@@ -363,7 +368,7 @@ __device__ __forceinline__ void dec_reduce(const float* __restrict__ part_o, con
 
 // Entry points. Suffixes: none = f32 q/out and f32 caches; _bf16 = bf16 q/out and
 // bf16 caches; _bf16kv = f32 q/out with bf16 caches.
-extern "C" __global__ void decode_attn_warp(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_warp(const float* __restrict__ q,
         const float* __restrict__ k_cache, const float* __restrict__ v_cache, float* __restrict__ out,
         const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads, int head_dim, int max_seq_len,
         float scale) {
@@ -371,7 +376,7 @@ extern "C" __global__ void decode_attn_warp(const float* __restrict__ q,
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_warp_bf16(const unsigned short* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_warp_bf16(const unsigned short* __restrict__ q,
         const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache, unsigned short* __restrict__ out,
         const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads, int head_dim, int max_seq_len,
         float scale) {
@@ -379,7 +384,7 @@ extern "C" __global__ void decode_attn_warp_bf16(const unsigned short* __restric
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_warp_bf16kv(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_warp_bf16kv(const float* __restrict__ q,
         const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache, float* __restrict__ out,
         const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads, int head_dim, int max_seq_len,
         float scale) {
@@ -387,7 +392,7 @@ extern "C" __global__ void decode_attn_warp_bf16kv(const float* __restrict__ q,
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_multi_warp(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(512) decode_attn_multi_warp(const float* __restrict__ q,
         const float* __restrict__ k_cache, const float* __restrict__ v_cache, float* __restrict__ out,
         const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads, int head_dim, int max_seq_len,
         float scale) {
@@ -397,7 +402,7 @@ extern "C" __global__ void decode_attn_multi_warp(const float* __restrict__ q,
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_multi_warp_bf16(const unsigned short* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(512) decode_attn_multi_warp_bf16(const unsigned short* __restrict__ q,
         const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache, unsigned short* __restrict__ out,
         const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads, int head_dim, int max_seq_len,
         float scale) {
@@ -407,7 +412,7 @@ extern "C" __global__ void decode_attn_multi_warp_bf16(const unsigned short* __r
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_multi_warp_bf16kv(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(512) decode_attn_multi_warp_bf16kv(const float* __restrict__ q,
         const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache, float* __restrict__ out,
         const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads, int head_dim, int max_seq_len,
         float scale) {
@@ -417,7 +422,7 @@ extern "C" __global__ void decode_attn_multi_warp_bf16kv(const float* __restrict
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_split_chunk(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_split_chunk(const float* __restrict__ q,
         const float* __restrict__ k_cache, const float* __restrict__ v_cache, float* __restrict__ part_o,
         float* __restrict__ part_ml, const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads,
         int head_dim, int max_seq_len, float scale, int chunk_size, int max_chunks) {
@@ -426,7 +431,7 @@ extern "C" __global__ void decode_attn_split_chunk(const float* __restrict__ q,
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_split_chunk_bf16(const unsigned short* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_split_chunk_bf16(const unsigned short* __restrict__ q,
         const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache, float* __restrict__ part_o,
         float* __restrict__ part_ml, const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads,
         int head_dim, int max_seq_len, float scale, int chunk_size, int max_chunks) {
@@ -435,7 +440,7 @@ extern "C" __global__ void decode_attn_split_chunk_bf16(const unsigned short* __
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_split_chunk_bf16kv(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_split_chunk_bf16kv(const float* __restrict__ q,
         const unsigned short* __restrict__ k_cache, const unsigned short* __restrict__ v_cache, float* __restrict__ part_o,
         float* __restrict__ part_ml, const unsigned int* __restrict__ seq_lens, int num_heads, int num_kv_heads,
         int head_dim, int max_seq_len, float scale, int chunk_size, int max_chunks) {
@@ -444,13 +449,13 @@ extern "C" __global__ void decode_attn_split_chunk_bf16kv(const float* __restric
     dec_dispatch(k_cache, v_cache, head_dim, f);
 }
 
-extern "C" __global__ void decode_attn_split_reduce(const float* __restrict__ part_o,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_split_reduce(const float* __restrict__ part_o,
         const float* __restrict__ part_ml, float* __restrict__ out, const unsigned int* __restrict__ seq_lens,
         int num_heads, int head_dim, int max_seq_len, int chunk_size, int max_chunks) {
     dec_reduce<float>(part_o, part_ml, out, seq_lens, num_heads, head_dim, max_seq_len, chunk_size, max_chunks);
 }
 
-extern "C" __global__ void decode_attn_split_reduce_bf16(const float* __restrict__ part_o,
+extern "C" __global__ void __launch_bounds__(256) decode_attn_split_reduce_bf16(const float* __restrict__ part_o,
         const float* __restrict__ part_ml, unsigned short* __restrict__ out, const unsigned int* __restrict__ seq_lens,
         int num_heads, int head_dim, int max_seq_len, int chunk_size, int max_chunks) {
     dec_reduce<unsigned short>(part_o, part_ml, out, seq_lens, num_heads, head_dim, max_seq_len, chunk_size, max_chunks);

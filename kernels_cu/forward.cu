@@ -124,13 +124,13 @@ __device__ __forceinline__ void embedding_impl(const long long* __restrict__ ids
         embedding_dispatch<T>(ids, table, out, n_tokens, (long long)dim, vocab);
 }
 
-extern "C" __global__ void embedding(const long long* __restrict__ ids, const float* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(256) embedding(const long long* __restrict__ ids, const float* __restrict__ table,
                                      float* __restrict__ out, long long n_tokens, long long vocab,
                                      unsigned int dim) {
     embedding_impl<float>(ids, table, out, n_tokens, vocab, dim);
 }
 
-extern "C" __global__ void embedding_bf16(const long long* __restrict__ ids, const unsigned short* __restrict__ table,
+extern "C" __global__ void __launch_bounds__(256) embedding_bf16(const long long* __restrict__ ids, const unsigned short* __restrict__ table,
                                           unsigned short* __restrict__ out, long long n_tokens, long long vocab,
                                           unsigned int dim) {
     embedding_impl<unsigned short>(ids, table, out, n_tokens, vocab, dim);
@@ -216,13 +216,13 @@ __device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __res
         rope_loop<T, long long>(x, out, cos_t, sin_t, n_rows, n_tokens, n_heads, head_dim, pos_offset, style, vec);
 }
 
-extern "C" __global__ void rope(const float* x, float* out, const float* __restrict__ cos_table,
+extern "C" __global__ void __launch_bounds__(256) rope(const float* x, float* out, const float* __restrict__ cos_table,
                                 const float* __restrict__ sin_table, long long n_rows, unsigned int n_tokens,
                                 unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset, int style) {
     rope_impl<float>(x, out, cos_table, sin_table, n_rows, n_tokens, n_heads, head_dim, pos_offset, style);
 }
 
-extern "C" __global__ void rope_bf16(const unsigned short* x, unsigned short* out, const float* __restrict__ cos_table,
+extern "C" __global__ void __launch_bounds__(256) rope_bf16(const unsigned short* x, unsigned short* out, const float* __restrict__ cos_table,
                                      const float* __restrict__ sin_table, long long n_rows, unsigned int n_tokens,
                                      unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset, int style) {
     rope_impl<unsigned short>(x, out, cos_table, sin_table, n_rows, n_tokens, n_heads, head_dim, pos_offset, style);
@@ -258,12 +258,12 @@ __device__ __forceinline__ void silu_gate_impl(const T* __restrict__ gate, const
         PkIO<T>::store(out, i, fwd_silu_mul(PkIO<T>::load(gate, i), PkIO<T>::load(up, i)));
 }
 
-extern "C" __global__ void silu_gate(const float* __restrict__ gate, const float* __restrict__ up,
+extern "C" __global__ void __launch_bounds__(256) silu_gate(const float* __restrict__ gate, const float* __restrict__ up,
                                      float* __restrict__ out, long long n) {
     silu_gate_impl<float>(gate, up, out, n);
 }
 
-extern "C" __global__ void silu_gate_bf16(const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
+extern "C" __global__ void __launch_bounds__(256) silu_gate_bf16(const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
                                           unsigned short* __restrict__ out, long long n) {
     silu_gate_impl<unsigned short>(gate, up, out, n);
 }
@@ -273,7 +273,9 @@ extern "C" __global__ void silu_gate_bf16(const unsigned short* __restrict__ gat
 // by the op: blockDim.x == 32 gives a warp per row (blockDim.y rows per block,
 // for short rows); blockDim.x > 32 (a multiple of 32, blockDim.y == 1) gives a
 // block per row. Either way a whole warp shares a row, so the full-mask
-// shuffles never see a retired lane.
+// shuffles never see a retired lane. Long rows get 1024 threads a block:
+// __launch_bounds__(1024) holds these kernels to the 64 registers a thread that
+// such a block can have (unbounded, sm_100/sm_120 came within a few of it).
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ float fwd_row_sum(float v, float* scratch) {
     return blockDim.x == 32 ? pk_warp_sum(v) : pk_block_sum(v, scratch);
@@ -328,12 +330,12 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
     }
 }
 
-extern "C" __global__ void rms_norm(const float* __restrict__ x, const float* __restrict__ weight,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* __restrict__ x, const float* __restrict__ weight,
                                     float* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
     rms_norm_impl<float>(x, weight, out, n_rows, dim, eps);
 }
 
-extern "C" __global__ void rms_norm_bf16(const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
+extern "C" __global__ void __launch_bounds__(1024) rms_norm_bf16(const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
                                          unsigned short* __restrict__ out, long long n_rows, unsigned int dim,
                                          float eps) {
     rms_norm_impl<unsigned short>(x, weight, out, n_rows, dim, eps);
@@ -343,7 +345,7 @@ extern "C" __global__ void rms_norm_bf16(const unsigned short* __restrict__ x, c
 // j <= past_len + q and writes 0 to the masked tail. One read pass keeps an
 // online (max, sum) per thread; the threads' pairs are merged by rescaling each
 // sum to the row max, then a second pass writes exp(s - max) / sum.
-extern "C" __global__ void causal_attn_softmax(const float* __restrict__ scores, float* __restrict__ out,
+extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const float* __restrict__ scores, float* __restrict__ out,
                                                long long n_rows, unsigned int n_heads, unsigned int kv_len,
                                                unsigned int past_len) {
     __shared__ float scratch[32];

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
-from .errors import BackendUnavailable, CacheMiss, KernelNotFound, PykernError
+from .errors import ArgumentError, BackendUnavailable, CacheMiss, KernelNotFound, PykernError
 from .sources import Source
 from .sources import load as load_source
 
@@ -400,11 +400,28 @@ def iter_entries(root: str | os.PathLike[str] | None = None) -> Iterator[EntryIn
                 yield EntryInfo(p, st.st_size, st.st_mtime)
 
 
+HOST_SUBDIR = "host"  # the host backend's libraries (pykern.host.build) share the cache folder
+
+
+def iter_host_builds(root: str | os.PathLike[str] | None = None) -> Iterator[EntryInfo]:
+    """The host backend's built libraries and runtime objects under `<root>/host/`."""
+    d = (Path(root) if root is not None else cache_dir()) / HOST_SUBDIR
+    if not d.is_dir():
+        return
+    for p in sorted(d.iterdir()):
+        if p.suffix in (".so", ".o") and not p.name.startswith("."):
+            try:
+                st = p.stat()
+            except OSError:
+                continue
+            yield EntryInfo(p, st.st_size, st.st_mtime)
+
+
 def _stale_temps(root: Path, older_than: float) -> list[Path]:
     now = time.time()
     out = []
     if root.is_dir():
-        for p in root.glob("??/.*.tmp"):
+        for p in [*root.glob("??/.*.tmp"), *root.glob(f"{HOST_SUBDIR}/.*.tmp")]:
             try:
                 if now - p.stat().st_mtime > older_than:
                     out.append(p)
@@ -442,6 +459,7 @@ def info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
     except BackendUnavailable as e:
         nvrtc = f"unavailable ({e})"
     b = bundle_dir()
+    host = list(iter_host_builds(root))
     return {
         "cache_dir": str(root),
         "exists": root.is_dir(),
@@ -450,6 +468,8 @@ def info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         "bytes": sum(e.size for e in entries),
         "by_arch": dict(sorted(by_arch.items())),
         "unreadable_entries": unreadable,
+        "host_builds": len(host),
+        "host_bytes": sum(e.size for e in host),
         "temp_files": len(_stale_temps(root, 0)),
         "oldest": min((e.mtime for e in entries), default=None),
         "newest": max((e.mtime for e in entries), default=None),
@@ -468,10 +488,10 @@ def _writable(root: Path) -> bool:
 
 
 def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
-    """Delete every entry (and leftover temp file); returns (files removed, bytes freed)."""
+    """Delete every entry, host backend build and leftover temp file; returns (files removed, bytes freed)."""
     root = Path(root) if root is not None else cache_dir()
     n = freed = 0
-    for e in list(iter_entries(root)):
+    for e in [*iter_entries(root), *iter_host_builds(root)]:
         try:
             e.path.unlink()
             n, freed = n + 1, freed + e.size
@@ -488,7 +508,7 @@ def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
 def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
     """Delete least recently used entries until the total size is <= max_size; returns (removed, freed)."""
     if max_size < 0:
-        raise ValueError(f"max_size: expected >= 0 bytes, got {max_size}")
+        raise ArgumentError(f"max_size: expected >= 0 bytes, got {max_size}")
     root = Path(root) if root is not None else cache_dir()
     for p in _stale_temps(root, 3600.0):  # an hour-old temp file belongs to a writer that died
         try:
@@ -520,8 +540,15 @@ def parse_size(text: str) -> int:
 
     m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([A-Za-z]*)\s*", str(text))
     if not m or m.group(2).lower() not in _UNITS:
-        raise ValueError(f"size: expected a number with an optional unit K/M/G/T, got {text!r}")
+        raise ArgumentError(f"size: expected a number with an optional unit K/M/G/T, got {text!r}")
     return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def _size_arg(text: str) -> int:
+    try:
+        return parse_size(text)
+    except ArgumentError as e:  # argparse prints an ArgumentTypeError's own message, not "invalid value"
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _human(n: float) -> str:
@@ -542,9 +569,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     sub = ap.add_subparsers(dest="cmd", required=True)
     p_info = sub.add_parser("info", help="show location, entry count, size and archs")
     p_info.add_argument("--json", action="store_true", help="print JSON on stdout")
-    sub.add_parser("clear", help="delete every entry")
+    sub.add_parser("clear", help="delete every entry (and the host backend's builds)")
     p_prune = sub.add_parser("prune", help="delete least recently used entries down to a size")
-    p_prune.add_argument("--max-size", required=True, type=parse_size, metavar="SIZE",
+    p_prune.add_argument("--max-size", required=True, type=_size_arg, metavar="SIZE",
                          help="size to keep, e.g. 500M, 2G, 0 (binary units)")
     args = ap.parse_args(argv)
     root = Path(args.cache_dir).expanduser()
@@ -558,6 +585,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"entries      : {d['entries']} ({_human(d['bytes'])})")
         for a, n in d["by_arch"].items():
             print(f"  {a:<12} {n}")
+        print(f"host builds  : {d['host_builds']} ({_human(d['host_bytes'])})")
         if d["unreadable_entries"]:
             print(f"unreadable   : {d['unreadable_entries']} (rebuilt on next use)")
         print(f"nvrtc        : {d['nvrtc']}")

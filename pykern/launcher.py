@@ -126,7 +126,13 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
                 raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
             if isinstance(v, bool) or not isinstance(v, (numbers.Real, np.integer, np.floating)):
                 raise ArgumentTypeError(f"{label}: expected a real number, got {type(v).__name__} {v!r}")
-            v = float(v)
+            try:
+                v = float(v)
+            except OverflowError:  # an int no double can hold
+                text = str(v)
+                text = text if len(text) <= 24 else f"{text[:12]}... ({len(text.lstrip('-'))} digits)"
+                want = f"{lo:.9g} <= value <= {hi:.9g}" if math.isfinite(lo) else f"a value a {p.ctype} can hold"
+                raise ArgumentError(f"{label}: expected {want}, got {text}") from None
             if math.isfinite(v) and not lo <= v <= hi:
                 raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
             return ct(v)

@@ -132,11 +132,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     t_start = time.perf_counter()
     try:
         archs = compiler.expand_archs(args.arch)
+        if not archs:
+            raise ArgumentError(f"--arch: expected at least one arch, got {args.arch!r}")
         if args.jobs < 1:
             raise ArgumentError(f"--jobs: expected >= 1, got {args.jobs}")
         defines = dict(_parse_define(d) for d in args.define) or None
         options = tuple(args.option)
+        for arch in archs:  # a bad --option/--define is a usage error, not one failure per source
+            compiler.portable_options(arch, options, defines)
         selected = _select(args.kernels)
+        if args.out:  # found out now, not as a traceback after every compile has run
+            try:
+                Path(args.out).mkdir(parents=True, exist_ok=True)
+                if not os.access(args.out, os.W_OK | os.X_OK):
+                    raise PermissionError("not writable")
+            except OSError as e:
+                raise ArgumentError(f"--out: cannot create the bundle folder {args.out!r} ({e})") from None
     except (PykernError, OSError) as e:
         print(f"precompile: {e}", file=err)
         return 2

@@ -111,22 +111,33 @@ def source_files() -> list[Path]:
     return [f for d in kernel_dirs() for f in sorted(d.glob("*.cu"))]
 
 
-_state: tuple[object, dict[str, KernelSpec]] | None = None
+def _file_stamp(path: str | os.PathLike[str]) -> tuple[int, int] | None:
+    try:
+        st = os.stat(path)
+    except OSError:  # removed since it was listed: the next load drops its kernels
+        return None
+    return st.st_mtime_ns, st.st_size
 
 
-def _stamp() -> object:
+# (stamp of the whole kernel path, name -> spec, resolved source path -> stamp when parsed)
+_state: tuple[object, dict[str, KernelSpec], dict[str, tuple[int, int] | None]] | None = None
+
+
+def _stamp(files: list[Path]) -> object:
     # The registry is rebuilt when the kernel path or any source changes (cheap stat calls).
-    files = source_files()
-    return (os.environ.get("PYKERN_KERNEL_PATH", ""), tuple((str(f), f.stat().st_mtime_ns) for f in files))
+    return (os.environ.get("PYKERN_KERNEL_PATH", ""), tuple((str(f), _file_stamp(f)) for f in files))
 
 
 def _load() -> dict[str, KernelSpec]:
     global _state
-    stamp = _stamp()
+    files = source_files()
+    stamp = _stamp(files)
     if _state is not None and _state[0] == stamp:
         return _state[1]
     table: dict[str, KernelSpec] = {}
-    for f in source_files():
+    # Stamped before parsing: an edit racing the parse shows up as a changed stamp next time.
+    per_file = {str(f.resolve()): s for f, (_, s) in zip(files, stamp[1])}  # type: ignore[index]
+    for f in files:
         for spec in parse_file(f):
             if spec.name in table:
                 old = table[spec.name]
@@ -134,31 +145,42 @@ def _load() -> dict[str, KernelSpec]:
                     f"kernel {spec.name!r} defined twice: {old.source}:{old.line} and {spec.source}:{spec.line}"
                 )
             table[spec.name] = spec
-    _state = (stamp, table)
+    _state = (stamp, table, per_file)
     return table
 
 
-_fast: dict[str, KernelSpec] = {}
+# The launcher's fast path: name -> (spec, its source as a str, the source's stamp when parsed).
+_fast: dict[str, tuple[KernelSpec, str, tuple[int, int] | None]] = {}
 _fast_key: str | None = None
 
 
+def _reload_fast() -> None:
+    global _fast
+    table = _load()
+    assert _state is not None
+    per_file = _state[2]
+    _fast = {n: (s, str(s.source), per_file.get(str(s.source))) for n, s in table.items()}
+
+
 def get(name: str) -> KernelSpec:
-    """The spec of one kernel; fast path for the launcher (no file system access once loaded)."""
-    global _fast, _fast_key
+    """The spec of one kernel; the launcher's fast path: one stat() of the kernel's own source per call,
+    so an edited signature (or a removed kernel) is noticed before its arguments are packed."""
+    global _fast_key
     key = os.environ.get("PYKERN_KERNEL_PATH", "")
     if _fast_key != key:
-        _fast, _fast_key = _load(), key
-    spec = _fast.get(name)
-    if spec is None:
-        _fast, _fast_key = _load(), key  # a source may have been added since
-        spec = _fast.get(name)
-        if spec is None:
+        _reload_fast()
+        _fast_key = key
+    entry = _fast.get(name)
+    if entry is None or _file_stamp(entry[1]) != entry[2]:
+        _reload_fast()  # a source was added, edited or removed since
+        entry = _fast.get(name)
+        if entry is None:
             raise KernelNotFound(f"no kernel named {name!r}; known: {', '.join(sorted(_fast)) or '(none)'}")
-    return spec
+    return entry[0]
 
 
 def refresh() -> None:
-    """Forget parsed specs (after editing sources in the same process)."""
+    """Forget parsed specs (not needed after an edit: `get` and `kernels` notice changed sources)."""
     global _state, _fast_key
     _state, _fast_key = None, None
 

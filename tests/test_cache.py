@@ -327,3 +327,38 @@ def test_cache_cli_runs_as_module(env, tmp_path):
     bad = subprocess.run([sys.executable, "-m", "pykern.cache", "prune", "--max-size", "lots"],
                          cwd=ROOT, capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "max-size" in bad.stderr
+    assert "expected a number with an optional unit K/M/G/T, got 'lots'" in bad.stderr  # not argparse's "invalid"
+
+
+def test_cache_folder_resolution(monkeypatch, tmp_path):
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "explicit"))
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    assert cache.cache_dir() == tmp_path / "explicit"
+    monkeypatch.delenv("PYKERN_CACHE_DIR")
+    assert cache.cache_dir() == tmp_path / "xdg" / "pykern"
+    monkeypatch.delenv("XDG_CACHE_HOME")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    assert cache.cache_dir() == tmp_path / "home" / ".cache" / "pykern"
+    from pykern.host import build
+
+    assert build.cache_root() == cache.cache_dir()  # one resolver for the cubin and host caches
+
+
+def test_clear_also_deletes_host_builds(env, tmp_path, monkeypatch, capsys):
+    # docs: `python -m pykern.cache clear` deletes everything; the host backend's libraries live in
+    # <cache>/host/ of the same folder.
+    from pykern.backends.host import HostBackend
+
+    root = tmp_path / "cache"
+    _fill(env, root, ["sm_80"])
+    kdir = tmp_path / "hk"
+    kdir.mkdir()
+    (kdir / "hk.cu").write_text('extern "C" __global__ void pk_hk(float* y) { y[threadIdx.x] = 1.0f; }\n')
+    lib = HostBackend().library(kdir / "hk.cu")
+    assert lib.path.parent == root / "host"
+    assert cache.main(["--cache-dir", str(root), "info", "--json"]) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["host_builds"] == 2 and d["host_bytes"] > 0  # the library and the fiber runtime object
+    assert cache.main(["--cache-dir", str(root), "clear"]) == 0
+    assert "removed 3 " in capsys.readouterr().out
+    assert _entries(root) == [] and list((root / "host").iterdir()) == []

@@ -3,6 +3,7 @@
 against the numba references where that backend is available."""
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -143,7 +144,7 @@ def test_method_knobs_checked() -> None:
     with pytest.raises(ArgumentError, match="chunk_size"):
         decode_attention(q, k, v, 4, method="split_k", chunk_size=0, backend="host")
     with pytest.raises(ArgumentError, match="num_warps"):
-        decode_attention(q, k, v, 4, method="multi_warp", num_warps=33, backend="host")
+        decode_attention(q, k, v, 4, method="multi_warp", num_warps=17, backend="host")
 
 
 # --------------------------------------------------------------------------- launch plans
@@ -246,7 +247,7 @@ def test_multi_warp_and_split_knobs() -> None:
     _need("host")
     q, k, v = make_inputs(np.random.default_rng(14), None, 4, 4, 96, 300, 257)
     ref = np_decode_attention(q, k, v, 257)
-    for kw in ({"method": "multi_warp", "num_warps": 3}, {"method": "multi_warp", "num_warps": 32},
+    for kw in ({"method": "multi_warp", "num_warps": 3}, {"method": "multi_warp", "num_warps": 16},
                {"method": "split_k", "chunk_size": 37}, {"method": "split_k", "chunk_size": 1000}):
         _close(decode_attention(q, k, v, 257, backend="host", **kw), ref, "decode_attention", "f32")
 
@@ -343,3 +344,49 @@ def test_gpu_methods_match_reference(kinds: tuple[str, str]) -> None:
             np.testing.assert_array_equal(a, b)
             _close(a.astype(np.float64), ref, "decode_attention", dtype)
 
+
+
+# --------------------------------------------------------------------------- launch bounds
+_BOUND = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)[^)]*\) )?(\w+)\(')
+
+
+def test_every_plan_block_fits_the_kernels_launch_bounds() -> None:
+    # A block with more threads than a kernel's __launch_bounds__ fails to launch on a GPU,
+    # and so does one that, without a bound, needs more than the SM's 64K registers:
+    # multi_warp uses ~128 registers a thread, so 32 warps (1024 threads) cannot start.
+    # The host backend has no register file, so read the bounds from the source.
+    from pykern.sources import KERNELS_DIR
+
+    found = _BOUND.findall((KERNELS_DIR / "decode.cu").read_text())
+    unbounded = sorted(name for bound, name in found if not bound)
+    assert not unbounded, f"decode kernels without __launch_bounds__: {unbounded}"
+    bounds = {name: int(bound) for bound, name in found}
+    checked = 0
+    for group in (1, 2, 3, 4, 8, 16):
+        for head_dim in (1, 64, 96, 256):
+            for method, knob in [("warp", {}), ("split_k", {})] + [
+                    ("multi_warp", {"num_warps": w}) for w in range(1, 33)]:
+                try:
+                    plan = decode_plan(2, 16 * group, 16, head_dim, 4096, method=method, **knob)
+                except ArgumentError:
+                    continue
+                for stem, _grid, block, _smem in plan["launches"]:
+                    for suffix in ("", "_bf16", "_bf16kv"):
+                        if stem + suffix in bounds:
+                            checked += 1
+                            assert block[0] <= bounds[stem + suffix], (stem + suffix, knob, block)
+    assert checked
+
+
+def test_split_k_heads_beyond_the_grid_y_limit_are_rejected_by_name() -> None:
+    # split_k puts head groups on grid y (<= 65535): 65536 heads of group size 1 need
+    # 65536 blocks there. The op must say which argument is too big, before any launch.
+    with pytest.raises(ArgumentError, match="num_heads"):
+        decode_plan(1, 65536, 65536, 4, 16, method="split_k")
+    for method in ("warp", "multi_warp"):  # these put heads on grid x: no such limit
+        for _stem, grid, _block, _smem in decode_plan(1, 65536, 65536, 4, 16, method=method)["launches"]:
+            assert all(g <= 65535 for g in grid[1:]), (method, grid)
+    q = np.zeros((65536, 4), np.float32)
+    k = np.zeros((65536, 16, 4), np.float32)
+    with pytest.raises(ArgumentError, match="num_heads"):
+        decode_attention(q, k, k, 3, method="split_k", backend="host")

@@ -216,6 +216,10 @@ def test_labels() -> None:
     assert [(lb.backend, lb.env) for lb in lbs] == [
         ("host", (("PYKERN_HOST_SCHEDULE", "random:7"),)), ("numba", ()), ("host", (("PYKERN_HOST_SANITIZE", "1"),))
     ]
+    # Any schedule PYKERN_HOST_SCHEDULE accepts is a valid label (one parser for both).
+    assert runner.parse_label("host:random:0x1f").env == (("PYKERN_HOST_SCHEDULE", "random:0x1f"),)
+    with pytest.raises(pykern.ArgumentError, match="random:SEED"):
+        runner.parse_label("host:random:-3")
     with pytest.raises(pykern.ArgumentError, match="listed twice"):
         runner.parse_labels("host,host")
     with pytest.raises(pykern.ArgumentError, match="only host"):

@@ -269,3 +269,54 @@ def test_lse_feeds_attention_backward(kind: str, s: int, h: int, kvh: int, d: in
     dq, dk, dv = ops.attention_backward(q, k, v, g, out=out, lse=lse, backend="host")
     rq, rk, rv = _np_attention_grads(q, k, v, g)
     _check({"dq": dq, "dk": dk, "dv": dv}, {"dq": rq, "dk": rk, "dv": rv}, "attention_backward", kind)
+
+
+# --------------------------------------------------------------------------- launch bounds
+def test_every_kernel_declares_launch_bounds_covering_the_ops_blocks() -> None:
+    # A block larger than a kernel can hold (its __launch_bounds__, or without one
+    # whatever its register count allows: the row kernels run 1024 threads, so 64
+    # registers at most) fails to launch on a GPU, which the host backend cannot show.
+    import re
+
+    from pykern.ops import forward as fwd
+    from pykern.sources import KERNELS_DIR
+
+    pat = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\w+)[^)]*\) )?(\w+)\(')
+    found = []
+    for name in ("forward.cu", "flash_attention.cu"):
+        text = (KERNELS_DIR / name).read_text()
+        defines = dict(re.findall(r"^#define (\w+) (\d+)\s*$", text, re.M))  # e.g. FA_THREADS
+        found += [(defines.get(b, b), k) for b, k in pat.findall(text)]
+    unbounded = sorted(k for b, k in found if not b)
+    assert not unbounded, f"kernels without __launch_bounds__: {unbounded}"
+    bounds = {k: int(b) for b, k in found}
+    assert len(bounds) == 15
+    row_blocks = [fwd._row_geometry(1, n)[1] for n in (1, 64, 65, 1024, 1025, 4096, 4097, 10**6)]
+    row_max = max(bx * by for bx, by in row_blocks)
+    for k, bound in bounds.items():
+        stem = k.removesuffix("_bf16")
+        if stem in ("rms_norm", "causal_attn_softmax"):
+            need = row_max
+        elif stem.startswith("flash_attention"):
+            need = fwd.FA_THREADS
+        else:
+            need = fwd._THREADS
+        assert need <= bound, (k, need, bound)
+
+
+def test_flash_attention_lengths_within_a_tile_of_int_max_are_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The kernel walks query and key tiles in int (q_tiles = n_q + ROWS - 1,
+    # k0 += BK, row + n_k - n_q): a length within a tile of 2^31 - 1 would overflow
+    # there, so the op must reject it from the shapes, before copying any input.
+    from pykern.ops import forward as fwd
+
+    def no_copy(a):
+        raise AssertionError("the op copied its inputs before validating their shapes")
+
+    monkeypatch.setattr(fwd.arrays, "contiguous", no_copy)
+    z = np.zeros((1, 1, 1, 4), np.float32)
+    big = np.broadcast_to(z, (1, 2**31 - 1, 1, 4))  # no memory behind it
+    with pytest.raises(ArgumentError, match=r"k\.shape\[1\]"):
+        fwd.flash_attention(z, big, big, backend="host")
+    with pytest.raises(ArgumentError, match=r"q\.shape\[1\]"):
+        fwd.flash_attention(big, z, z, causal=True, backend="host")

@@ -148,3 +148,20 @@ def test_every_kernels_cu_file_compiles() -> None:
         lib = be.library(f)
         for spec in pykern.registry.parse_file(f):
             assert lib.fn(spec.name) is not None
+
+
+def test_edited_kernel_is_picked_up_in_the_same_process(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Edit the body and the signature between two launches: the launcher must check the new
+    # signature and the backend run the new code (a stale spec would pack the old argument list).
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    kdir = tmp_path / "k"
+    src = _write(kdir, "edit.cu", GOOD)
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(kdir))
+    x = np.arange(100, dtype=np.float32)
+    y = np.zeros_like(x)
+    pykern.launch("pk_b_scale", 4, 32, x, y, 2.5, 100, shared_mem=32 * 4, backend="host")
+    np.testing.assert_array_equal(y, 2.5 * x)
+    src.write_text(GOOD.replace("float a, unsigned int n)", "float a, float b, unsigned int n)")
+                       .replace("y[i] = a * smem", "y[i] = b + a * smem"))
+    pykern.launch("pk_b_scale", 4, 32, x, y, 2.5, 1.0, 100, shared_mem=32 * 4, backend="host")
+    np.testing.assert_array_equal(y, 1.0 + 2.5 * x)

@@ -183,6 +183,9 @@ def test_negative_into_unsigned(fake):
                    r"got 18446744073709551616"),
         (11, -129, r"argument 12 \(signed char sc\): expected -128 <= value <= 127, got -129"),
         (8, 1e39, r"argument 9 \(float f\): 1e\+39 overflows float"),
+        # An int beyond any float: the launcher's error, not Python's OverflowError from float().
+        (8, 10**400, r"argument 9 \(float f\): expected -3.40\d*e\+38 <= value <= 3.40\d*e\+38, got 1000"),
+        (9, -(10**400), r"argument 10 \(double d\): expected a value a double can hold, got -1000"),
     ],
 )
 def test_out_of_range(fake, index, value, pattern):
@@ -275,3 +278,43 @@ def test_device_shared_limit_is_the_backends_check(fake):
     rejected(fake, ArgumentError,
              r"shared_mem: expected at most 166912 bytes for pktest_smem_reverse on this device \(sm_80\), got 200000",
              "pktest_smem_reverse", 1, 8, np.zeros(n, np.float32), np.ones(n, np.float32), n, shared_mem=200_000)
+
+
+# -- backend choice ---------------------------------------------------------------------
+
+
+def test_pykern_backend_env_picks_the_backend(fake, monkeypatch):
+    y, x = arrays()
+    monkeypatch.setenv("PYKERN_BACKEND", "nvrtc")
+    pykern.launch(AXPY, 1, 32, y, x, 2.0, 8)  # no backend=: the variable decides
+    assert len(fake.launches) == 1 and y.tolist() == [2.0] * 8
+    monkeypatch.setenv("PYKERN_BACKEND", "host")
+    assert backends.get_backend().name == "host"
+    assert backends.get_backend("nvrtc").name == "nvrtc"  # an explicit backend= wins over the variable
+
+
+def test_bad_pykern_backend_names_the_variable(fake, monkeypatch):
+    monkeypatch.setenv("PYKERN_BACKEND", "cuda")
+    y, x = arrays()
+    with pytest.raises(ArgumentError, match=r"^PYKERN_BACKEND: expected one of nvrtc, numba, host, got 'cuda'"):
+        pykern.launch(AXPY, 1, 32, y, x, 1.0, 8)
+    with pytest.raises(ArgumentError, match=r"^backend: expected one of nvrtc, numba, host, got 'gpu'"):
+        pykern.launch(AXPY, 1, 32, y, x, 1.0, 8, backend="gpu")
+    assert fake.launches == []
+
+
+def test_default_backend_without_a_gpu_is_host():
+    import subprocess
+
+    code = (
+        "import os; os.environ.pop('PYKERN_BACKEND', None)\n"
+        "from pykern.backends import get_backend, numba as nb\n"
+        "if nb.probe_gpu()[0]: print('gpu')\n"
+        "else: print(get_backend().name)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120,
+                         cwd=Path(__file__).resolve().parent.parent)
+    assert out.returncode == 0, out.stderr
+    if out.stdout.strip() == "gpu":
+        pytest.skip("a GPU is usable here")
+    assert out.stdout.strip() == "host"

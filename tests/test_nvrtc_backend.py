@@ -583,3 +583,20 @@ def test_gpu_smoke_end_to_end(tmp_path, monkeypatch):
     rev = np.zeros(n, np.float32)
     pykern.launch("pktest_smem_reverse", 4, 256, rev, src, n, shared_mem=64 * 1024, backend="nvrtc")
     assert rev[:256].tolist() == src[:256][::-1].tolist()
+
+
+def test_gpu_without_usable_nvrtc_is_not_available(compiled, monkeypatch):
+    # The default backend must not be nvrtc when nothing could compile its kernels (README: "picks
+    # nvrtc when a GPU, driver and NVRTC are usable; else numba on a GPU").
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    drv, get_module = make_fake(compiled)
+
+    def no_nvrtc():
+        raise BackendUnavailable("NVRTC is not available (libnvrtc.so.13: cannot open shared object file)")
+
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=get_module, supported_archs=no_nvrtc)
+    ok, why = be.available()
+    assert not ok and "libnvrtc.so.13" in why
+    # A precompiled bundle serves launches without NVRTC: then the GPU path is usable.
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", "/some/bundle")
+    assert be.available() == (True, "")

@@ -108,3 +108,26 @@ def test_bad_arguments_exit_2(env, capsys):
     with pytest.raises(SystemExit) as e:
         precompile.main(["--arch", "sm_80", "--cache-dir", "a", "--out", "b"])
     assert e.value.code == 2
+
+
+def test_bad_option_or_define_exits_2_before_any_compile(env, tmp_path, capsys):
+    # A usage error, not one "FAILED" per source and arch with exit status 1.
+    assert precompile.main(["--arch", "sm_80", "--kernels", "pkt_*", "--jobs", "1", "--define", "1bad=2"]) == 2
+    err = capsys.readouterr().err
+    assert "precompile: defines: expected C identifiers as names, got '1bad'" in err and "FAILED" not in err
+    assert precompile.main(["--arch", "sm_80", "--kernels", "pkt_*", "--jobs", "1", "--option=-arch=sm_90"]) == 2
+    err = capsys.readouterr().err
+    assert "precompile: options: pass the arch as the arch argument" in err and "FAILED" not in err
+    assert not (tmp_path / "cache").exists()
+    assert precompile.main(["--arch", ",", "--kernels", "pkt_*"]) == 2  # nothing to do is not a success
+    assert "--arch: expected at least one arch" in capsys.readouterr().err
+
+
+def test_unusable_out_folder_is_a_usage_error(env, tmp_path, capsys):
+    blocker = tmp_path / "a_file"
+    blocker.write_text("not a folder")
+    assert precompile.main(["--arch", "sm_80", "--kernels", "pkt_fill", "--jobs", "1", "--out",
+                            str(blocker / "bundle")]) == 2
+    err = capsys.readouterr().err
+    assert f"precompile: --out: cannot create the bundle folder {str(blocker / 'bundle')!r}" in err
+    assert not (tmp_path / "cache").exists()  # checked before any compile

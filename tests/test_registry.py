@@ -87,3 +87,31 @@ def test_import_is_lazy():
     code = "import sys, pykern; print(sorted(m for m in ('numpy','numba','cuda','ml_dtypes') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_get_picks_up_an_edited_signature(kpath, tmp_path):
+    # The launcher validates against registry.get(): a stale spec after an edit would pack the
+    # arguments of the old signature for the new kernel.
+    f = tmp_path / "edit.cu"
+    f.write_text('extern "C" __global__ void pk_edit(float* x) {}\n')
+    kpath(tmp_path)
+    first = registry.get("pk_edit")
+    assert [p.ctype for p in first.params] == ["float*"]
+    f.write_text('extern "C" __global__ void pk_edit(float* x, unsigned int n) {}\n')
+    assert [p.ctype for p in registry.get("pk_edit").params] == ["float*", "unsigned int"]
+    assert [p.ctype for p in next(k for k in pykern.kernels() if k.name == "pk_edit").params] == [
+        "float*", "unsigned int",
+    ]
+    # An unchanged source keeps its spec object (backends key their per-kernel plans on it).
+    assert registry.get("pk_edit") is registry.get("pk_edit")
+
+
+def test_get_forgets_a_removed_kernel(kpath, tmp_path):
+    f = tmp_path / "gone.cu"
+    f.write_text('extern "C" __global__ void pk_gone(float* x) {}\n')
+    kpath(tmp_path)
+    registry.get("pk_gone")
+    f.write_text('extern "C" __global__ void pk_renamed(float* x) {}\n')
+    with pytest.raises(KernelNotFound, match="pk_gone"):
+        registry.get("pk_gone")
+    assert registry.get("pk_renamed").params[0].name == "x"

@@ -343,3 +343,62 @@ def test_kernels_compile_without_spills(arch: str) -> None:
         assert mod.resources, f"no resource report for {src.name}"
         spills = {k: (r.spill_stores, r.spill_loads) for k, r in mod.resources.items() if r.spill_stores or r.spill_loads}
         assert not spills, f"{src.name} {arch}: {spills}"
+
+
+# --------------------------------------------------------------------------- launch bounds
+def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A block larger than a kernel's __launch_bounds__, or more than 48 KiB of shared
+    # memory without an opt-in, fails to launch on a GPU; the host backend cannot show
+    # it. Record the geometry every op picks at its largest shapes and check it
+    # against the bounds and static shared memory declared in the source.
+    from pykern.ops import training as tr, training_attention as ta
+    from pykern.sources import KERNELS_DIR
+
+    pat = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)[^)]*\) )?(\w+)\(')
+    bounds: dict[str, int] = {}
+    for name in ("training.cu", "attention_backward.cu"):
+        for b, k in pat.findall((KERNELS_DIR / name).read_text()):
+            assert b, f"{k} has no __launch_bounds__"
+            bounds[k] = int(b)
+    seen: list[tuple[str, int, int]] = []
+
+    def record(name, grid, block, *args, shared_mem=0, backend=None):
+        block = block if isinstance(block, tuple) else (block,)
+        seen.append((name, int(np.prod(block)), shared_mem))
+
+    monkeypatch.setattr(tr, "_launch", record)
+    monkeypatch.setattr(ta, "_launch", record)
+    rng = np.random.default_rng(0)
+    f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
+    tr.transpose_2d(f(3, 40, 70))
+    tr.softmax_backward(f(2, 5000), f(2, 5000))
+    tr.rms_norm_backward(f(70, 5000), f(5000), f(70, 5000))
+    tr.embedding_backward(f(3, 5000), np.array([0, 2, 2]), 3)
+    tr.cross_entropy_fwd_bwd(f(600, 4096), np.zeros(600, np.int64))
+    for d in (1, 64, 65, 128, 129, 256):
+        q, g = f(1, 4, d), f(1, 4, d)
+        ta.attention_backward(q, f(1, 1, d), f(1, 1, d), g, method="flash")
+        ta.attention_backward(q, f(1, 1, d), f(1, 1, d), g, out=f(1, 4, d), lse=f(1, 4), method="flash")
+    s, d = ta.NAIVE_MAX_SEQ, ta.MAX_HEAD_DIM
+    ta.attention_backward(f(s, 1, d), f(s, 1, d), f(s, 1, d), f(s, 1, d), method="naive")
+    assert {n for n, _, _ in seen} >= {"rms_norm_backward_weight", "rms_norm_grad_weight_reduce",
+                                       "attention_backward_naive", "attention_bwd_lse"}
+    static = 32 * 4  # kernels with dynamic shared memory declare at most scratch[32] floats statically
+    for name, threads, smem in seen:
+        assert threads <= bounds[name], (name, threads, bounds[name])
+        assert smem + static <= 48 * 1024, (name, smem)
+
+
+def test_attention_seq_len_within_a_tile_of_uint_max_is_rejected(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The flash kernels step query/key tiles in unsigned int (i0 + rows_per_block,
+    # j0 += 16): a seq_len within a tile of 2^32 - 1 would wrap there, so the op must
+    # reject it from the shapes, before copying any input.
+    from pykern.ops import training_attention as ta
+
+    def no_copy(a):
+        raise AssertionError("the op copied its inputs before validating their shapes")
+
+    monkeypatch.setattr(ta.arrays, "contiguous", no_copy)
+    big = np.broadcast_to(np.zeros((1, 1, 1), np.float32), (2**32 - 1, 1, 1))  # no memory behind it
+    with pytest.raises(ArgumentError, match="seq_len"):
+        ta.attention_backward(big, big, big, big, method="flash")

@@ -13,11 +13,11 @@ _instances: dict[str, Backend] = {}
 _default: str | None = None
 
 
-def _instance(name: str) -> Backend:
+def _instance(name: str, what: str = "backend") -> Backend:
     be = _instances.get(name)
     if be is None:
         if name not in NAMES:
-            raise ArgumentError(f"backend: expected one of {', '.join(NAMES)}, got {name!r}")
+            raise ArgumentError(f"{what}: expected one of {', '.join(NAMES)}, got {name!r}")
         be = importlib.import_module(f"{__name__}.{name}").create()
         _instances[name] = be
     return be
@@ -43,10 +43,13 @@ def default_backend_name() -> str:
 
 def get_backend(name: str | None = None) -> Backend:
     """The named backend, else $PYKERN_BACKEND, else the default; raises BackendUnavailable with the reason."""
-    if name is None:
-        name = os.environ.get("PYKERN_BACKEND") or default_backend_name()
-    be = _instances.get(name) or _instance(name)
-    return be
+    if name is not None:
+        return _instances.get(name) or _instance(name)
+    env = os.environ.get("PYKERN_BACKEND")
+    if env:
+        # Name the variable: the caller passed no backend, so "backend: ..." would point nowhere.
+        return _instances.get(env) or _instance(env, "PYKERN_BACKEND")
+    return _instance(default_backend_name())
 
 
 __all__ = ["Backend", "BackendUnavailable", "NAMES", "get_backend", "default_backend_name"]

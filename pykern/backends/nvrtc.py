@@ -163,6 +163,13 @@ class NvrtcBackend:
             self._start()
         except BackendUnavailable as e:
             return False, str(e)
+        from ..cache import bundle_dir
+
+        if bundle_dir() is None:  # a precompiled bundle serves launches without NVRTC
+            try:
+                self._supported_archs()
+            except Exception as e:  # BackendUnavailable, or a library that fails on first call
+                return False, f"nvrtc backend: a GPU is present but NVRTC is unusable ({e})"
         return True, ""
 
     def _plan(self, spec: KernelSpec) -> _Plan:

@@ -19,6 +19,8 @@ def _parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m pykern.difftest",
         description="Differential test of every registered kernel: backends vs each other and vs NumPy float64.",
+        epilog="Exit status: 0 when every case passes, 1 when any case fails or errors, 2 for bad usage "
+               "or a named backend that cannot run here.",
     )
     p.add_argument("--backends", help="comma-separated: nvrtc, numba, host[:forward|:reverse|:random:SEED|:sanitize] "
                    "(default: nvrtc,numba with a GPU, host,numba without)")

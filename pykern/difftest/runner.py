@@ -54,11 +54,15 @@ def parse_label(text: str) -> Label:
         raise ArgumentError(f"--backends: only host takes a ':' option (a schedule or sanitize), got {t!r}")
     if rest == "sanitize":
         return Label(t, name, (("PYKERN_HOST_SANITIZE", "1"),))
-    if rest in ("forward", "reverse") or (rest.startswith("random:") and rest[7:].isdigit()):
-        return Label(t, name, (("PYKERN_HOST_SCHEDULE", rest),))
-    raise ArgumentError(
-        f"--backends: host option must be forward, reverse, random:SEED or sanitize, got {rest!r} in {t!r}"
-    )
+    from ..backends.host import parse_schedule  # the parser PYKERN_HOST_SCHEDULE goes through
+
+    try:
+        parse_schedule(rest)
+    except ArgumentError:
+        raise ArgumentError(
+            f"--backends: host option must be forward, reverse, random:SEED or sanitize, got {rest!r} in {t!r}"
+        ) from None
+    return Label(t, name, (("PYKERN_HOST_SCHEDULE", rest),))
 
 
 def parse_labels(text: str) -> list[Label]:

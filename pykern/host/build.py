@@ -23,6 +23,7 @@ from typing import Sequence
 
 from ..errors import BackendUnavailable, CacheMiss, CompileError
 from ..registry import KernelSpec
+from ..registry import _blank_comments as blank_comments
 
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "pk_cuda_host.h"
@@ -95,7 +96,9 @@ def cache_root() -> Path:
 def host_cache_dir() -> Path:
     """`<cache root>/host`, or a per-process temp folder (one warning) when that is not writable."""
     global _fallback_dir
-    d = cache_root() / "host"
+    from ..cache import HOST_SUBDIR
+
+    d = cache_root() / HOST_SUBDIR
     try:
         d.mkdir(parents=True, exist_ok=True)
         if not os.access(d, os.W_OK | os.X_OK):
@@ -117,7 +120,6 @@ _EXTERN_SHARED = re.compile(
     r"\bextern\s+__shared__\s+((?:[^;\[\]{}()]|\([^()]*\))*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;"
 )
 _ALIGN = re.compile(r"__align__\s*\([^()]*\)")
-_COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 
 
 def rewrite_source(text: str) -> str:
@@ -127,7 +129,7 @@ def rewrite_source(text: str) -> str:
     At function scope it is a local `T* const name`; at namespace scope (evaluated per use,
     not at load time) an object that converts to `T*`.
     """
-    blanked = _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    blanked = blank_comments(text)  # the registry's comment stripping: the same kernels, the same rules
     out, last = [], 0
     for m in _EXTERN_SHARED.finditer(blanked):
         typ = " ".join(_ALIGN.sub(" ", m.group(1)).split())

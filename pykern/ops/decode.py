@@ -43,6 +43,10 @@ _MAX_SEQ = 2**30
 # to reach HBM bandwidth on an H100-class GPU), with chunks of at least 64 positions.
 _SPLIT_TARGET_WARPS = 2048
 _SPLIT_MIN_CHUNK = 64
+# multi_warp uses ~128 registers a thread (__launch_bounds__(512) in decode.cu): a
+# block of more than 16 warps would need more than the SM's 64K registers and fail
+# to launch on a GPU.
+_MAX_WARPS = 16
 
 
 def _suffix(q_kind: str, kv_kind: str) -> str:
@@ -144,7 +148,7 @@ def decode_plan(
         hpb = _heads_per_block(group)
         return {"method": method, "launches": [("decode_attn_warp", (num_heads // hpb, batch), (32 * hpb,), 0)]}
     if method == "multi_warp":
-        w = _default_warps(max_seq_len) if num_warps is None else _check_int("num_warps", num_warps, 1, 32)
+        w = _default_warps(max_seq_len) if num_warps is None else _check_int("num_warps", num_warps, 1, _MAX_WARPS)
         smem = 4 * w * (head_dim + 2)
         return {"method": method, "num_warps": w,
                 "launches": [("decode_attn_multi_warp", (num_heads, batch), (32 * w,), smem)]}
@@ -153,6 +157,10 @@ def decode_plan(
     max_chunks = max(1, -(-max_seq_len // c))
     n_launch = max_chunks if seq_hint is None else max(1, min(max_chunks, -(-seq_hint // c)))
     hpb = _heads_per_block(group)
+    if num_heads // hpb > _GRID_YZ_MAX:  # the chunk kernel's head groups are grid y
+        raise ArgumentError(
+            f"q: method='split_k' handles num_heads / {hpb} (heads per block) <= {_GRID_YZ_MAX}, got "
+            f"num_heads={num_heads}; use method='warp' or 'multi_warp'")
     red_block = 32 * (-(-head_dim // 32))
     return {"method": method, "chunk_size": c, "max_chunks": max_chunks,
             "launches": [("decode_attn_split_chunk", (n_launch, num_heads // hpb, batch), (32 * hpb,), 0),
@@ -232,7 +240,7 @@ def decode_attention(
     seq_len are never read.
 
     method: "warp" | "multi_warp" | "split_k" | "auto" (see the module doc).
-    num_warps (multi_warp only, 1..32): warps per head, default min(8, max(1, max_seq_len // 128)).
+    num_warps (multi_warp only, 1..16): warps per head, default min(8, max(1, max_seq_len // 128)).
     chunk_size (split_k only): positions per chunk, default the power of two >= 64 that
     gives about 2048 chunk warps. Both depend on shapes only, so the int and array
     forms of seq_len launch the same grids and give identical results.

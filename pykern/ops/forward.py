@@ -277,9 +277,12 @@ def flash_attention(
         scale = 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
         raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
-    for name, val in (("q.shape[0]", batch), ("q.shape[1]", n_q), ("k.shape[1]", n_k), ("q.shape[2]", n_heads)):
-        if val > _INT_MAX:
-            raise ArgumentError(f"{name}: expected at most {_INT_MAX}, got {val}")
+    # The kernel steps query/key tiles in int (n_q + ROWS - 1, k0 + BK, row + n_k - n_q):
+    # lengths keep a 256-element margin below 2^31 so those never overflow.
+    for name, val, lim in (("q.shape[0]", batch, _INT_MAX), ("q.shape[1]", n_q, _INT_MAX - 256),
+                           ("k.shape[1]", n_k, _INT_MAX - 256), ("q.shape[2]", n_heads, _INT_MAX)):
+        if val > lim:
+            raise ArgumentError(f"{name}: expected at most {lim}, got {val}")
     bucket, rows = next((b, r) for b, r in _FA_BUCKETS if max(head_dim, head_dim_v) <= b)
     n_blocks = batch * n_heads * -(-n_q // rows)
     if n_blocks > _INT_MAX:

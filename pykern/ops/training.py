@@ -256,7 +256,7 @@ def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str
     if n_tok == 0:  # the kernel still writes the zero rows; give it a valid (unused) pointer
         order = np.zeros(1, np.int32)
     _launch(
-        "embedding_backward" + _suffix(kind), (vocab_size,), (_row_threads(dim),),
+        "embedding_backward" + _suffix(kind), (min(vocab_size, _GRID_X_MAX),), (_row_threads(dim),),
         _flat(grad_out), _device_like(order, grad_out), _device_like(offsets, grad_out), _flat(out),
         vocab_size, dim, backend=backend,
     )

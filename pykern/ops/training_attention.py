@@ -14,7 +14,7 @@ import numpy as np
 
 from .. import arrays
 from ..errors import ArgumentError
-from .training import _GRID_YZ_MAX, _check_u32, _flat, _launch, _same_kind, _same_shape, _size, _suffix
+from .training import _GRID_YZ_MAX, _UINT_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
 
 __all__ = ["attention_backward"]
 
@@ -151,7 +151,10 @@ def attention_backward(
         raise ArgumentError(f"k.shape[-2] (n_kv_heads): expected a divisor of n_heads={h}, got {kvh}")
     if h > _GRID_YZ_MAX or b > _GRID_YZ_MAX:
         raise ArgumentError(f"q: expected n_heads and batch <= {_GRID_YZ_MAX}, got n_heads={h}, batch={b}")
-    _check_u32("q.shape[-3] (seq_len)", s)
+    # The kernels step query/key tiles in unsigned int (i0 + rows_per_block, j0 += 16):
+    # a 256-row margin below 2^32 keeps those from wrapping.
+    if s > _UINT_MAX - 256:
+        raise ArgumentError(f"q.shape[-3] (seq_len): expected at most {_UINT_MAX - 256}, got {s}")
     if out is not None:
         _same_kind("out", out, kind, "q")
         _same_shape("out", out, qs, "q")
