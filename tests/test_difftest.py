@@ -224,3 +224,13 @@ def test_labels() -> None:
         runner.parse_labels("host,host")
     with pytest.raises(pykern.ArgumentError, match="only host"):
         runner.parse_labels("numba:reverse")
+
+
+def test_missing_extra_module_is_a_usage_error(capsys) -> None:
+    from pykern.difftest.__main__ import main
+
+    with pytest.raises(pykern.ArgumentError, match=r"expected a module name or an existing \.py file, got "
+                                                     r"'no_such_mod_xyz'"):
+        runner.load_extra("no_such_mod_xyz")
+    assert main(["--extra", "no_such_mod_xyz", "--list"]) == 2  # not a traceback
+    assert "no_such_mod_xyz" in capsys.readouterr().err

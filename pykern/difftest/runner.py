@@ -144,7 +144,14 @@ def load_extra(spec: str | None = None) -> list[str]:
                     del sys.modules[mod_name]
                     raise
         else:
-            importlib.import_module(item)
+            try:
+                importlib.import_module(item)
+            except ModuleNotFoundError as e:
+                if e.name is None or not item.startswith(e.name):
+                    raise  # the module exists; something it imports is missing: show that error
+                raise ArgumentError(
+                    f"{EXTRA_ENV}/--extra: expected a module name or an existing .py file, got {item!r}"
+                ) from None
         loaded.append(item)
     return loaded
 
