@@ -20,8 +20,6 @@ MAX_THREADS_PER_BLOCK = 1024
 # backends check the real device limit.
 MAX_SHARED_MEM = 227 * 1024
 
-Dim = "int | tuple[int, ...]"
-
 
 def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int, int]:
     if type(value) is tuple and len(value) == 3 and all(type(d) is int and 1 <= d <= m for d, m in zip(value, limits)):
@@ -42,10 +40,6 @@ def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int
     while len(out) < 3:
         out.append(1)
     return out[0], out[1], out[2]
-
-
-def _dtype_name(a: Any) -> str:
-    return a.dtype.name
 
 
 def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]:

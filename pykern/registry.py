@@ -79,7 +79,10 @@ def _parse_param(decl: str, where: str) -> Param:
 
 def parse_file(path: Path) -> list[KernelSpec]:
     """Every `extern "C" __global__ void` kernel of one source file, in file order."""
-    text = _blank_comments(Path(path).read_text(encoding="utf-8"))
+    try:
+        text = _blank_comments(Path(path).read_text(encoding="utf-8"))
+    except UnicodeDecodeError as e:
+        raise RegistryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
     specs = []
     for m in _KERNEL.finditer(text):
         line = text.count("\n", 0, m.start()) + 1

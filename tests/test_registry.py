@@ -115,3 +115,10 @@ def test_get_forgets_a_removed_kernel(kpath, tmp_path):
     with pytest.raises(KernelNotFound, match="pk_gone"):
         registry.get("pk_gone")
     assert registry.get("pk_renamed").params[0].name == "x"
+
+
+def test_non_utf8_source_names_the_file(kpath, tmp_path):
+    (tmp_path / "latin.cu").write_bytes(b'// caf\xe9\nextern "C" __global__ void pk_latin(float* x) {}\n')
+    kpath(tmp_path)
+    with pytest.raises(RegistryError, match=r"latin\.cu: not UTF-8"):
+        pykern.kernels()
