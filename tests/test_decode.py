@@ -27,19 +27,7 @@ from pykern.tolerance import tolerance  # noqa: E402
 METHODS = ("warp", "multi_warp", "split_k")
 
 
-def _backend_ok(name: str) -> tuple[bool, str]:
-    try:
-        from pykern.backends import get_backend
-
-        return get_backend(name).available()
-    except Exception as e:  # the backend module may not exist yet
-        return False, f"{type(e).__name__}: {e}"
-
-
-def _need(name: str) -> None:
-    ok, why = _backend_ok(name)
-    if not ok:
-        pytest.skip(f"{name} backend unavailable: {why}")
+from family_helpers import need as _need  # noqa: E402
 
 
 def _close(out: np.ndarray, ref: np.ndarray, op: str, dtype: str) -> None:

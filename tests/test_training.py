@@ -19,26 +19,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_backward.cu")
 
 
-def _backend_ok(name: str) -> tuple[bool, str]:
-    try:
-        from pykern.backends import get_backend
-
-        return get_backend(name).available()
-    except Exception as e:  # the backend may be missing on this checkout
-        return False, f"{type(e).__name__}: {e}"
-
-
-def _need(name: str) -> None:
-    ok, why = _backend_ok(name)
-    if not ok:
-        pytest.skip(f"{name} backend unavailable: {why}")
-
-
-def _check(got: dict, ref: dict, op: str, dtype: str) -> None:
-    atol, rtol = tolerance(op, dtype)
-    for name, r in ref.items():
-        c = compare(name, got[name], r, atol, rtol)
-        assert c.ok, f"{name}: {c.detail}"
+from family_helpers import check as _check, need as _need
 
 
 _CASES = list(T.cases(np.random.default_rng(0)))
