@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from math import isfinite
 import numbers
 from typing import Any, Callable, Sequence
 
@@ -115,7 +116,7 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
 
         def convert(v: Any) -> Any:
             if type(v) is float:
-                if lo <= v <= hi or v != v or v in (float("inf"), float("-inf")):
+                if lo <= v <= hi or not isfinite(v):  # inf and nan pass through as C does
                     return ct(v)
                 raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
             if isinstance(v, bool) or not isinstance(v, (numbers.Real, np.integer, np.floating)):
