@@ -23,8 +23,15 @@ MAX_SHARED_MEM = 227 * 1024
 
 
 def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int, int]:
-    if type(value) is tuple and len(value) == 3 and all(type(d) is int and 1 <= d <= m for d, m in zip(value, limits)):
-        return value  # the common, already valid form
+    # Fast path for the common, valid spellings: an int or a tuple of 1 to 3 ints.
+    fast = (value,) if type(value) is int else value
+    if type(fast) is tuple and 1 <= len(fast) <= 3:
+        x, y, z = (fast + (1, 1))[:3]
+        if (
+            type(x) is int and type(y) is int and type(z) is int
+            and 1 <= x <= limits[0] and 1 <= y <= limits[1] and 1 <= z <= limits[2]
+        ):
+            return x, y, z
     if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
         dims: Sequence[Any] = (value,)
     elif isinstance(value, (tuple, list)) and 1 <= len(value) <= 3:
@@ -172,6 +179,8 @@ def check_geometry(
 ) -> tuple[tuple[int, int, int], tuple[int, int, int], int]:
     g = _dim3("grid", grid, GRID_MAX)
     b = _dim3("block", block, BLOCK_MAX)
+    if type(shared_mem) is int and 0 <= shared_mem <= MAX_SHARED_MEM and b[0] * b[1] * b[2] <= MAX_THREADS_PER_BLOCK:
+        return g, b, shared_mem
     if b[0] * b[1] * b[2] > MAX_THREADS_PER_BLOCK:
         raise ArgumentError(f"block: expected at most {MAX_THREADS_PER_BLOCK} threads, got {b} = {b[0] * b[1] * b[2]}")
     if not isinstance(shared_mem, (int, np.integer)) or isinstance(shared_mem, bool):
