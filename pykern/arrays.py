@@ -81,6 +81,10 @@ def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
 
         tdt = torch.bfloat16 if dt.name == "bfloat16" else getattr(torch, dt.name)
         return torch.empty(shape, dtype=tdt, device=like.device)
+    if mod == "numba":  # numba.cuda device arrays (GPU, or the simulator's stand-ins)
+        from numba import cuda
+
+        return cuda.device_array(shape, dtype=np.uint16 if dt.name == "bfloat16" else dt)
     if mod == "cupy":
         import cupy
 
@@ -91,6 +95,11 @@ def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
 
 
 def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
+    if like is not None and type(like).__module__.split(".")[0] == "numba":
+        from numba import cuda
+
+        host = np.zeros(shape, _resolve(dtype))
+        return cuda.to_device(host.view(np.uint16) if host.dtype.name == "bfloat16" else host)
     out = empty(shape, dtype, like)
     if isinstance(out, np.ndarray):
         out.fill(0)
