@@ -3,6 +3,8 @@
 Lookup order in `get_module`: the bundle (`PYKERN_CUBIN_DIR`), the cache folder (`PYKERN_CACHE_DIR`, else
 `$XDG_CACHE_HOME/pykern`, else `~/.cache/pykern`), this process's in-memory store (used only when the
 folder is not writable), then NVRTC — unless `PYKERN_DISABLE_JIT=1`, where a miss raises `CacheMiss`.
+With `compatible=True` (what the nvrtc backend asks for) a plain `sm_XY` that misses everywhere is looked
+up again as each older minor of the same major, newest first, before compiling (see `compatible_archs`).
 
 One file per entry at `<root>/<key[:2]>/<key>.pkc`. An entry is a fixed header (magic, format version,
 payload length, SHA-256 of the payload) and a payload (u32 length + JSON metadata, then the image).
@@ -53,7 +55,7 @@ class CachedModule:
     resources: dict[str, Any]  # kernel name -> compiler.Resources (empty for PTX)
     hit: bool  # True unless this call ran NVRTC
     digest: str  # the cache key (SHA-256 hex)
-    origin: str  # "bundle" | "cache" | "memory" | "compiled"
+    origin: str  # "bundle" | "cache" | "memory" | "compiled"; "bundle:sm_80" etc. for a compatible older minor
     kernels: tuple[str, ...] = ()
     options: tuple[str, ...] = ()  # the portable options (what the key hashed)
     nvrtc: str = ""
@@ -95,11 +97,15 @@ def make_key(source: Source, portable_options: Sequence[str], nvrtc: str) -> str
 
     Header *bytes* are hashed, never their absolute paths, so the same tree in another folder shares keys.
     """
+    return _key(source.digest(), portable_options, nvrtc)
+
+
+def _key(source_digest: str, portable_options: Sequence[str], nvrtc: str) -> str:
     doc = {
         "format": FORMAT_VERSION,
         "nvrtc": nvrtc,
         "options": list(portable_options),
-        "source": source.digest(),
+        "source": source_digest,
     }
     return hashlib.sha256(json.dumps(doc, sort_keys=True).encode()).hexdigest()
 
@@ -293,6 +299,20 @@ def _check_kernel(mod: CachedModule, kernel: str | None, source: Source) -> Cach
     return mod
 
 
+def compatible_archs(arch: str | int) -> tuple[str, ...]:
+    """The archs whose cubins run on a GPU of `arch`, the exact one first: for a plain sm_XY, sm_XY then
+    sm_X(Y-1) ... sm_X0 (a cubin runs on later minors of its major, never across majors); anything else
+    (sm_XXa, sm_XXf, compute_XX) only itself. Archs no GPU has (sm_85) cost a failed open, nothing more."""
+    from .compiler import normalize_arch, parse_arch
+
+    name = normalize_arch(arch, check_supported=False)
+    kind, num, suffix = parse_arch(name)
+    if kind != "sm" or suffix:
+        return (name,)
+    major, minor = divmod(num, 10)
+    return tuple(f"sm_{major * 10 + m}" for m in range(minor, -1, -1))
+
+
 def get_module(
     source_path: str | os.PathLike[str] | Source,
     arch: str | int,
@@ -303,12 +323,16 @@ def get_module(
     cache_root: str | os.PathLike[str] | None = None,
     use_bundle: bool = True,
     jit: bool | None = None,
+    compatible: bool = False,
 ) -> CachedModule:
     """The compiled module of one source for one arch: bundle, then cache folder, then NVRTC (and store).
 
     cache_root overrides the cache folder; use_bundle=False skips PYKERN_CUBIN_DIR; jit=False (default:
     not PYKERN_DISABLE_JIT) turns a miss into CacheMiss. `kernel` only names the wanted kernel in errors
-    and is checked to be in the module.
+    and is checked to be in the module. compatible=True means "a module that runs on a GPU of `arch`":
+    when the exact arch is in neither the bundle nor the cache, the newest entry of an older minor of the
+    same major (`compatible_archs`) is used before compiling; its origin then names that arch
+    ("bundle:sm_80"). Off by default, so that precompiling sm_86 never settles for an sm_80 entry.
     """
     if jit is None:
         jit = not jit_disabled()
@@ -317,45 +341,61 @@ def get_module(
 
     src = source_path if isinstance(source_path, Source) else load_source(source_path)
     arch = normalize_arch(arch, check_supported=False)
-    portable = portable_options(arch, options, defines)
-    looked: list[str] = []
-
+    archs = compatible_archs(arch) if compatible else (arch,)
+    sdigest = src.digest()
     bundle = bundle_dir() if use_bundle else None
-    if bundle is not None:
-        bkey = make_key(src, portable, _BUNDLE_NVRTC)
-        bpath = entry_path(bundle, bkey)
-        looked.append(f"bundle {bundle}")
-        got = _read(bpath, bkey)
-        if got is not None:
-            return _check_kernel(_to_module(*got, hit=True, origin="bundle", path=bpath), kernel, src)
+    root = Path(cache_root) if cache_root is not None else cache_dir()
+    nvrtc: str | None = None
+    no_nvrtc: BackendUnavailable | None = None
 
-    def miss(why: str) -> CacheMiss:
+    # Exact arch first in every store, then each older minor, newest first; within an arch the
+    # bundle, the cache folder, then memory. NVRTC is loaded only once the cache folder is consulted,
+    # so an exact bundle hit works where no NVRTC is installed.
+    for i, cand in enumerate(archs):
+        portable = portable_options(cand, options, defines)
+        suffix = "" if i == 0 else f":{cand}"
+        if bundle is not None:
+            bkey = _key(sdigest, portable, _BUNDLE_NVRTC)
+            bpath = entry_path(bundle, bkey)
+            got = _read(bpath, bkey)
+            if got is not None:
+                mod = _to_module(*got, hit=True, origin="bundle" + suffix, path=bpath)
+                return _check_kernel(mod, kernel, src)
+        if nvrtc is None and no_nvrtc is None:
+            try:
+                nvrtc = _nvrtc_str()
+            except BackendUnavailable as e:
+                no_nvrtc = e
+        if nvrtc is None:
+            continue  # no cache key without the NVRTC version; the bundle may still serve an older minor
+        key = _key(sdigest, portable, nvrtc)
+        path = entry_path(root, key)
+        got = _read(path, key)
+        if got is not None:
+            _touch(path)
+            return _check_kernel(_to_module(*got, hit=True, origin="cache" + suffix, path=path), kernel, src)
+        if key in _memory:
+            mod = _to_module(*_memory[key], hit=True, origin="memory" + suffix, path=None)
+            return _check_kernel(mod, kernel, src)
+
+    if jit and no_nvrtc is not None:
+        raise no_nvrtc
+    if not jit:
+        looked = [f"bundle {bundle}"] if bundle is not None else []
+        if no_nvrtc is None:
+            looked.append(f"cache {root}")
         what = f"kernel {kernel!r}" if kernel else f"the kernels of {src.path.name}"
-        return CacheMiss(
-            f"PYKERN_DISABLE_JIT=1 and no compiled binary for {what} ({src.path.name}) for arch {arch}; "
+        tried = f"arch {arch}" if len(archs) == 1 else f"arch {arch} (archs tried: {', '.join(archs)})"
+        why = "" if no_nvrtc is None else f" (the cache folder needs the NVRTC version for its key: {no_nvrtc})"
+        raise CacheMiss(
+            f"PYKERN_DISABLE_JIT=1 and no compiled binary for {what} ({src.path.name}) for {tried}; "
             f"looked in {', '.join(looked) or '(nothing)'}{why}. Run `python -m pykern.precompile --arch {arch}` "
             "or unset PYKERN_DISABLE_JIT"
         )
 
-    try:
-        nvrtc = _nvrtc_str()
-    except BackendUnavailable as e:
-        if not jit:
-            raise miss(f" (the cache folder needs the NVRTC version for its key: {e})") from None
-        raise
-    key = make_key(src, portable, nvrtc)
-    root = Path(cache_root) if cache_root is not None else cache_dir()
-    path = entry_path(root, key)
-    looked.append(f"cache {root}")
-    got = _read(path, key)
-    if got is not None:
-        _touch(path)
-        return _check_kernel(_to_module(*got, hit=True, origin="cache", path=path), kernel, src)
-    if key in _memory:
-        return _check_kernel(_to_module(*_memory[key], hit=True, origin="memory", path=None), kernel, src)
-    if not jit:
-        raise miss("")
-
+    assert nvrtc is not None
+    portable = portable_options(arch, options, defines)
+    key = _key(sdigest, portable, nvrtc)
     t0 = time.perf_counter()
     compiled = nvrtc_compile(src, arch, options, defines)  # raises: a failed compile is never stored
     seconds = time.perf_counter() - t0

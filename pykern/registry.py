@@ -183,7 +183,7 @@ def get(name: str) -> KernelSpec:
 
 
 def refresh() -> None:
-    """Forget parsed specs (not needed after an edit: `get` and `kernels` notice changed sources)."""
+    """Forget parsed specs. Needed after editing an included header in a running process; `.cu` edits are noticed by `get` and `kernels`."""
     global _state, _fast_key
     _state, _fast_key = None, None
 

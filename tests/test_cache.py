@@ -278,6 +278,100 @@ def test_bundle_folder_is_searched_first_and_needs_no_nvrtc(env, tmp_path, monke
     assert not (tmp_path / "empty_cache").exists()
 
 
+def _no_nvrtc(monkeypatch):
+    def no_nvrtc():
+        raise compiler.BackendUnavailable("no NVRTC in this test")
+
+    monkeypatch.setattr(cache, "_nvrtc_str", no_nvrtc)
+
+
+def test_compatible_archs():
+    assert cache.compatible_archs("sm_86") == ("sm_86", "sm_85", "sm_84", "sm_83", "sm_82", "sm_81", "sm_80")
+    assert cache.compatible_archs(89)[-1] == "sm_80" and len(cache.compatible_archs(89)) == 10
+    assert cache.compatible_archs("sm_121") == ("sm_121", "sm_120")
+    # Never across majors, never from a newer minor, nothing for arch-specific, family or PTX targets.
+    assert cache.compatible_archs("sm_90") == ("sm_90",)
+    assert cache.compatible_archs("sm_100") == ("sm_100",)
+    assert cache.compatible_archs("sm_90a") == ("sm_90a",)
+    assert cache.compatible_archs("sm_103f") == ("sm_103f",)
+    assert cache.compatible_archs("compute_86") == ("compute_86",)
+
+
+def test_bundle_serves_later_minors_of_its_major_only(env, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(env))
+    bundle = tmp_path / "bundle"
+    real_nvrtc_str = cache._nvrtc_str
+
+    def build(arch):  # on the build machine
+        monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "build_cache"))
+        monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+        monkeypatch.delenv("PYKERN_DISABLE_JIT", raising=False)
+        monkeypatch.setattr(cache, "_nvrtc_str", real_nvrtc_str)
+        assert precompile.main(["--arch", arch, "--kernels", "pkt_scale", "--jobs", "1", "--out", str(bundle)]) == 0
+        return cache.decode_entry(cache.entry_path(bundle, cache.key_for(src, arch, bundle=True)).read_bytes())[1]
+
+    def target():  # no NVRTC, no JIT, an empty cache
+        monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "empty_cache"))
+        monkeypatch.setenv("PYKERN_CUBIN_DIR", str(bundle))
+        monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+        _no_nvrtc(monkeypatch)
+
+    src = env / "pkt_basic.cu"
+    sm90 = build("sm_90")
+    target()
+    m = cache.get_module(src, "sm_90", kernel="pkt_scale", compatible=True)
+    assert (m.origin, m.arch, m.image) == ("bundle", "sm_90", sm90)
+    for newer_major in ("sm_100", "sm_120"):
+        with pytest.raises(CacheMiss) as e:
+            cache.get_module(src, newer_major, kernel="pkt_scale", compatible=True)
+        assert f"for arch {newer_major};" in str(e.value)  # nothing else to try
+    with pytest.raises(CacheMiss) as e:  # sm_90 is a newer minor than sm_89: never used for it
+        cache.get_module(src, "sm_89", kernel="pkt_scale", compatible=True)
+    tried = ", ".join(f"sm_8{m}" for m in range(9, -1, -1))
+    assert f"for arch sm_89 (archs tried: {tried});" in str(e.value) and str(bundle) in str(e.value)
+    with pytest.raises(CacheMiss):  # arch-specific: only an exact sm_90a entry would do
+        cache.get_module(src, "sm_90a", kernel="pkt_scale", compatible=True)
+
+    sm80 = build("sm_80")  # added to the same bundle
+    assert sm80 != sm90 and sm80[:4] == b"\x7fELF"
+    target()
+    for later in ("sm_86", "sm_87", "sm_89"):
+        m = cache.get_module(src, later, kernel="pkt_scale", compatible=True)
+        assert (m.hit, m.origin, m.arch, m.image) == (True, "bundle:sm_80", "sm_80", sm80)
+        assert m.resources["pkt_mixed"].shared_bytes == 256
+    assert cache.get_module(src, "sm_80", compatible=True).origin == "bundle"  # exact: no suffix
+    with pytest.raises(CacheMiss, match="for arch sm_86;"):  # the default asks for exactly sm_86
+        cache.get_module(src, "sm_86", kernel="pkt_scale")
+    assert not (tmp_path / "empty_cache").exists()
+
+
+def test_exact_arch_is_preferred_then_the_newest_older_minor(env, tmp_path, monkeypatch):
+    src = env / "pkt_basic.cu"
+    bundle = tmp_path / "bundle"
+    for arch in ("sm_80", "sm_86"):
+        cache.export_to_bundle(cache.get_module(src, arch), cache.load_source(src), bundle)
+    cache_86 = cache.get_module(src, "sm_86")  # also in the cache folder (a hit now)
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(bundle))
+    # Exact in the bundle beats exact in the cache, which beats an older minor anywhere.
+    m = cache.get_module(src, "sm_86", compatible=True)
+    assert (m.origin, m.arch, m.image) == ("bundle", "sm_86", cache_86.image)
+    (bundle_86,) = [p for p in bundle.rglob("*.pkc") if cache.decode_entry(p.read_bytes())[0]["arch"] == "sm_86"]
+    bundle_86.unlink()
+    m = cache.get_module(src, "sm_86", compatible=True)
+    assert (m.origin, m.arch) == ("cache", "sm_86")
+    # sm_87: nothing exact; the sm_86 entry of the cache beats the bundle's older sm_80.
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+    m = cache.get_module(src, "sm_87", kernel="pkt_scale", compatible=True)
+    assert (m.hit, m.origin, m.arch, m.image) == (True, "cache:sm_86", "sm_86", cache_86.image)
+    monkeypatch.delenv("PYKERN_DISABLE_JIT")
+    # With JIT on, a compatible entry still comes before compiling ...
+    assert cache.get_module(src, "sm_89", compatible=True).origin == "cache:sm_86"
+    # ... and without compatible= the exact arch is compiled (what precompile asks for).
+    m = cache.get_module(src, "sm_89")
+    assert (m.hit, m.origin, m.arch) == (False, "compiled", "sm_89")
+    assert cache.get_module(src, "sm_89", compatible=True).origin == "cache"
+
+
 def _fill(env, root, archs):
     paths = []
     for i, arch in enumerate(archs):

@@ -225,6 +225,101 @@ def test_refreshed_registry_asks_the_cache_again_but_reuses_the_module(fake):
     assert len(fake.backend._plans) == 1  # the stale plan was dropped
 
 
+def _launched_images(drv):
+    """The module image behind each launch_kernel call, in order."""
+    return [drv.modules[drv.functions[c[1][0]].module].image for c in drv.calls if c[0] == "launch_kernel"]
+
+
+def test_header_edit_is_picked_up_by_registry_refresh(tmp_path, monkeypatch):
+    # docs/precompile.md: a .cu edit is noticed by itself; an edited header needs registry.refresh(),
+    # so that launches never look at the file system beyond the one stat() of the kernel's source.
+    from pykern import compiler
+    from pykern.backends import nvrtc as nvrtc_backend
+
+    kdir = tmp_path / "kernels"
+    kdir.mkdir()
+    hdr = kdir / "pktest_hdr.cuh"
+    hdr.write_text("#define PKTEST_HDR_VALUE 1.0f\n")
+    (kdir / "pktest_hdr.cu").write_text(
+        '#include "pktest_hdr.cuh"\n'
+        'extern "C" __global__ void pktest_hdr_fill(float* y, unsigned int n) {\n'
+        "    unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;\n"
+        "    if (i < n) y[i] = PKTEST_HDR_VALUE;\n"
+        "}\n"
+    )
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(kdir))
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    monkeypatch.delenv("PYKERN_DISABLE_JIT", raising=False)
+    ptx = compiler.compile(kdir / "pktest_hdr.cu", "compute_80").ptx  # the fake's parameter layouts
+    drv = FakeDriver(cc=(8, 0))
+    served = []
+
+    def get_module(source, arch, kernel=None):  # the real default, plus registering its image with the fake
+        mod = nvrtc_backend._default_get_module(source, arch, kernel)
+        drv.register(mod.image, ptx)
+        served.append(mod)
+        return mod
+
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=get_module, supported_archs=lambda: ("sm_80",))
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    y = np.zeros(8, np.float32)
+    pykern.launch("pktest_hdr_fill", 1, 32, y, 8, backend="nvrtc")
+    hdr.write_text("#define PKTEST_HDR_VALUE 2.0f\n")
+    pykern.launch("pktest_hdr_fill", 1, 32, y, 8, backend="nvrtc")
+    assert len(served) == 1  # not noticed yet: the plan is reused without touching the header
+    registry.refresh()
+    pykern.launch("pktest_hdr_fill", 1, 32, y, 8, backend="nvrtc")
+    old, new = served
+    assert (old.origin, new.origin) == ("compiled", "compiled")  # the new header bytes: a new cache key
+    assert new.digest != old.digest and new.image != old.image and new.image[:4] == b"\x7fELF"
+    assert drv.names().count("module_load_data") == 2
+    assert _launched_images(drv) == [old.image, old.image, new.image]
+    assert len(be._plans) == 1
+
+
+def test_sm80_bundle_serves_an_sm86_gpu_without_nvrtc(compiled, tmp_path, monkeypatch):
+    from pykern import cache
+
+    from fake_driver import TEST_SOURCE
+
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "build_cache"))
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    monkeypatch.delenv("PYKERN_DISABLE_JIT", raising=False)
+    bundle = tmp_path / "bundle"
+    cache.export_to_bundle(cache.get_module(TEST_SOURCE, "sm_80"), cache.load_source(TEST_SOURCE), bundle)
+
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(bundle))
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+
+    def no_nvrtc(*_):
+        raise BackendUnavailable("NVRTC is not available (no libnvrtc in this test)")
+
+    monkeypatch.setattr(cache, "_nvrtc_str", no_nvrtc)
+    seen = []
+    real_get_module = cache.get_module
+
+    def spy(*a, **kw):
+        mod = real_get_module(*a, **kw)
+        seen.append((a[1], mod.origin, mod.arch))
+        return mod
+
+    monkeypatch.setattr(cache, "get_module", spy)
+    drv = FakeDriver(cc=(8, 6), simulate={"pktest_axpy": sim_axpy})  # an RTX 3090
+    drv.register(compiled.image, compiled.ptx)  # the bundle's sm_80 cubin is byte-identical
+    be = NvrtcBackend(driver_factory=lambda: drv, supported_archs=no_nvrtc)
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    assert be.available() == (True, "")
+    x, y = _axpy_inputs(40)
+    y0 = y.copy()
+    pykern.launch("pktest_axpy", 1, 64, y, x, 3.0, 40, backend="nvrtc")
+    np.testing.assert_array_equal(y, np.float32(3.0) * x + y0)
+    assert seen == [("sm_86", "bundle:sm_80", "sm_80")]
+    assert _launched_images(drv) == [compiled.image]
+    assert not (tmp_path / "empty_cache").exists()
+
+
 def test_device_arrays_pass_their_pointers_without_copies(fake):
     x, y = _axpy_inputs(100)
     dx, dy = fake.device_array(x, readonly=True), fake.device_array(y)
@@ -387,9 +482,10 @@ def test_fake_rejects_misplaced_or_mistyped_parameters(fake):
     assert decode_params("pktest_axpy", ptx, ctypes.addressof(bad), fake)[2] != 2.0
     # a host pointer where a device pointer belongs
     host = np.zeros(4, np.float32)
+    # Held in a local: an inline temporary could be freed (and its memory reused) before decode reads it.
+    host_args = _pack(ctypes.c_uint64(host.ctypes.data), x, ctypes.c_float(1), ctypes.c_uint32(1))
     with pytest.raises(FakeDriverError, match="not inside any live allocation"):
-        decode_params("pktest_axpy", ptx, ctypes.addressof(_pack(ctypes.c_uint64(host.ctypes.data), x,
-                                                                   ctypes.c_float(1), ctypes.c_uint32(1))), fake)
+        decode_params("pktest_axpy", ptx, ctypes.addressof(host_args), fake)
     # storage that breaks the PTX alignment
     raw = (ctypes.c_uint8 * 16)()
     odd = ctypes.addressof(raw) | 1

@@ -74,7 +74,8 @@ class _Plan:
 def _default_get_module(source: Any, arch: str, kernel: str | None = None) -> Any:
     from .. import cache  # compiles (or finds on disk) the cubin; heavy, so imported on first launch
 
-    return cache.get_module(source, arch, kernel=kernel)
+    # compatible: an sm_80 cubin in the bundle or cache runs on this sm_86 GPU, so use it before compiling.
+    return cache.get_module(source, arch, kernel=kernel, compatible=True)
 
 
 def target_arch(device_arch: str, supported: Sequence[str]) -> str:
