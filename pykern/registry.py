@@ -183,7 +183,8 @@ def get(name: str) -> KernelSpec:
 
 
 def refresh() -> None:
-    """Forget parsed specs. Needed after editing an included header in a running process; `.cu` edits are noticed by `get` and `kernels`."""
+    """Forget parsed specs. Needed after editing an included header in a running process
+    (`.cu` edits are noticed by `get` and `kernels` on their own)."""
     global _state, _fast_key
     _state, _fast_key = None, None
 
