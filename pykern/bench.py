@@ -189,6 +189,21 @@ def time_gpu(fn: Callable[[], Any], warmup: int = 3, repeats: int = 20, stream: 
     return EventTimer(driver if driver is not None else open_device(), stream).time(fn, warmup, repeats)
 
 
+def gpu_peaks(driver: Any, device: int = 0) -> DevicePeaks:
+    """The peaks of `device`, read through `driver` (for scripts: `gpu_peaks(open_device())`)."""
+    attrs = read_attributes(driver, device)
+    if "COMPUTE_CAPABILITY_MAJOR" not in attrs:
+        cc = driver.compute_capability(device)
+        attrs.update(COMPUTE_CAPABILITY_MAJOR=cc[0], COMPUTE_CAPABILITY_MINOR=cc[1])
+    return device_peaks(attrs)
+
+
+def pct_text(value: float, peak: float | None) -> str:
+    """"42.1 % of peak" or "" when the peak is unknown (a table line's last column)."""
+    p = percent(value, peak)
+    return "" if p is None else f"{p:5.1f} % of peak"
+
+
 def rate(amount: float, seconds: float) -> float:
     """amount per second (bytes -> B/s, FLOP -> FLOP/s); 0 for a zero time."""
     return amount / seconds if seconds > 0 else 0.0
@@ -207,4 +222,5 @@ def attention_flops(batch: int, heads: int, n_q: int, n_k: int, head_dim: int, c
 
 
 __all__ = ["DevicePeaks", "EventTimer", "FLOPS_PER_SM_CLOCK", "KNOWN_PARTS", "Timing", "attention_flops",
-           "device_peaks", "open_device", "peak_bandwidth", "percent", "rate", "read_attributes", "time_gpu"]
+           "device_peaks", "gpu_peaks", "open_device", "peak_bandwidth", "pct_text", "percent", "rate",
+           "read_attributes", "time_gpu"]

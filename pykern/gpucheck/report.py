@@ -64,7 +64,7 @@ def markdown(doc: dict[str, Any]) -> str:
                   if peaks.get("bf16_tensor") else None),
                  ("peak fp32", f"{peaks['fp32'] / 1e12:.1f} TFLOP/s" if peaks.get("fp32") else None),
                  ("peak note", " ".join(x for x in (peaks.get("part"), peaks.get("note")) if x))]
-    parts += [table(("property", "value"), rows), ""]
+    parts += [table(("property", "value"), [r for r in rows if r[1] not in (None, "", "0.0")]), ""]
     parts += ["## Backends", "", table(("backend", "usable", "why not"),
                                        [(b["backend"], "yes" if b["usable"] else "no", b["why"])
                                         for b in doc.get("backends", [])]), ""]
@@ -87,6 +87,8 @@ def markdown(doc: dict[str, Any]) -> str:
     dt = doc.get("difftest")
     if dt:
         parts += ["## Difftest (nvrtc vs numba vs float64)", "", f"{dt.get('status')}: {dt.get('message', '')}", ""]
+        if dt.get("note"):
+            parts += [dt["note"], ""]
         if dt.get("cases"):
             parts += [table(("case", "kernels", "backends", "max_abs", "max_rel", "verdict"),
                             [(c["id"], ",".join(c["kernels"]), "|".join(b["label"] for b in c["backends"]),
