@@ -282,7 +282,7 @@ def test_sanitizer_command_line_per_tool():
     assert sanitizer.command(cs, "memcheck", "rms_norm", python="/usr/bin/python3") == [
         *head, "memcheck", *common, *tail]
     assert sanitizer.command(cs, "racecheck", "rms_norm", python="/usr/bin/python3") == [
-        *head, "racecheck", *common, "--racecheck-report", "all", *tail]
+        *head, "racecheck", *common, *tail]
     assert sanitizer.command(cs, "initcheck", "rms_norm", python="/usr/bin/python3") == [
         *head, "initcheck", *common, *tail]
     assert sanitizer.command(cs, "synccheck", "rms_norm", python="/usr/bin/python3", big=False) == [
