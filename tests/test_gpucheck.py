@@ -473,6 +473,50 @@ def test_run_benchmarks_rates_and_percent_of_peak():
         "flash_attention", "torch"]["message"]
 
 
+def test_bench_step_end_to_end_on_the_fake_clock(tmp_path, monkeypatch, no_compile):
+    from pykern.gpucheck import benchmarks
+
+    fake = _fake(attributes=dict(H100_SXM_ATTRIBUTES), cc=(9, 0), max_shared_optin=227 * 1024)
+
+    def takes(ms):
+        def go():
+            fake.clock_ms += ms
+        return go
+
+    wl = [benchmarks.Workload("silu_gate", "8192x14336", "bf16", "memory", 3 * 8192 * 14336 * 2, [
+              benchmarks.Impl("pykern", takes(0.25)), benchmarks.Impl("torch", takes(0.5)),
+              benchmarks.Impl("flashinfer", None, "flashinfer not importable (ModuleNotFoundError)")]),
+          benchmarks.Workload("flash_attention", "b1 n4096 h32/8 d128 causal", "bf16", "compute",
+                              bench.attention_flops(1, 32, 4096, 4096, 128, True), [
+              benchmarks.Impl("pykern", lambda: (_ for _ in ()).throw(RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")))])]
+    monkeypatch.setattr(benchmarks, "torch_status", lambda: (True, ""))
+    monkeypatch.setattr(benchmarks, "setup", lambda quick: (wl, 0))
+    rc = cli.main(["--out", str(tmp_path), "--skip", "limits", "--skip", "difftest", "--skip", "pytest",
+                   "--skip", "sanitizer", "--repeats", "4"], driver_factory=lambda: fake)
+    assert rc == EXIT_FAILED  # the pykern attention errored
+    doc, md = _load(tmp_path)
+    rows = {(r["op"], r["impl"]): r for r in doc["bench"]["rows"]}
+    silu = rows["silu_gate", "pykern"]
+    # 704.6 MB in 0.25 ms = 2818.6 GB/s = 84.1 % of the H100 SXM peak 3352 GB/s
+    assert silu["median_us"] == pytest.approx(250.0) and silu["rate"] == pytest.approx(2818.6, rel=1e-4)
+    assert silu["pct_peak"] == pytest.approx(84.09, rel=1e-3)
+    assert rows["silu_gate", "torch"]["pct_peak"] == pytest.approx(42.05, rel=1e-3)
+    assert rows["silu_gate", "flashinfer"]["status"] == "skipped"
+    assert rows["flash_attention", "pykern"]["status"] == "error"
+    assert "bench: flash_attention b1 n4096 h32/8 d128 causal: RuntimeError: CUDA_ERROR_ILLEGAL_ADDRESS" in doc["failures"]
+    assert doc["bench"]["repeats"] == 4
+    assert "| silu_gate | 8192x14336 | bf16 | pykern | 250.00 | 2818.57 | GB/s | 84.08 | ok |" in md
+
+
+def test_bench_is_skipped_without_torch_cuda(tmp_path, no_compile):
+    fake = _fake()
+    rc = cli.main(["--out", str(tmp_path), "--skip", "limits", "--skip", "difftest", "--skip", "pytest",
+                   "--skip", "sanitizer"], driver_factory=lambda: fake)
+    assert rc == EXIT_OK
+    doc, _ = _load(tmp_path)
+    assert doc["bench"]["status"] == "skipped" and doc["bench"]["message"].startswith("needs torch with CUDA")
+
+
 def test_attention_flops():
     assert bench.attention_flops(1, 2, 3, 5, 4, False) == 4 * 1 * 2 * 3 * 5 * 4
     assert bench.attention_flops(1, 2, 8, 8, 4, True) == 2 * 1 * 2 * 8 * 8 * 4

@@ -82,6 +82,14 @@ def torch_status() -> tuple[bool, str]:
     return True, ""
 
 
+def setup(quick: bool) -> tuple[list[Workload], int]:
+    """(the workloads, the CUstream handle they run on: torch's current stream, which the ops use too)."""
+    import torch
+
+    torch.cuda.init()
+    return torch_workloads(quick), int(torch.cuda.current_stream().cuda_stream)
+
+
 def _optional(modname: str) -> tuple[Any, str]:
     import importlib
 

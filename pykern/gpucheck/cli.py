@@ -266,18 +266,15 @@ def step_bench(run: Run, drv: Any, peaks: Any) -> None:
     if not ok:
         run.doc["bench"] = {"status": "skipped", "message": f"needs torch with CUDA: {why}", "rows": []}
         return
-    import torch
-
-    torch.cuda.init()
     repeats = run.args.repeats or (5 if run.args.quick else 20)
     run.log("bench: building inputs")
     try:
-        workloads = benchmarks.torch_workloads(run.args.quick)
+        workloads, stream = benchmarks.setup(run.args.quick)
     except Exception as e:
         run.failures.append(f"bench: could not build the inputs: {type(e).__name__}: {e}")
         run.doc["bench"] = {"status": "FAIL", "message": str(e), "rows": []}
         return
-    timer = EventTimer(drv, torch.cuda.current_stream().cuda_stream)
+    timer = EventTimer(drv, stream)
     rows = benchmarks.run_benchmarks(workloads, timer, peaks, warmup=3, repeats=repeats, deadline=run.deadline - 5,
                                      log=run.log)
     bad = [r for r in rows if r["impl"] == "pykern" and r["status"] == "error"]
