@@ -359,6 +359,9 @@ def test_sanitizer_step_end_to_end_with_a_finding(tmp_path, monkeypatch, no_comp
         ("racecheck", "softmax_backward", first)] * 2
     assert f"| racecheck | softmax_backward | {first} | Error: Race reported between Write access" in md
     assert any(f.startswith("sanitizer racecheck: softmax_backward") for f in doc["failures"])
+    assert f"{2 * n - 1} runs clean" in md
+    log = (out / "sanitizer" / "racecheck-softmax_backward.log").read_text()
+    assert log.startswith(str(exe) + " --tool racecheck") and "RACECHECK SUMMARY: 2 hazards" in log
 
 
 def test_missing_sanitizer_skips_and_a_bad_path_fails(tmp_path, monkeypatch, no_compile):

@@ -244,6 +244,12 @@ def step_sanitizer(run: Run, runner: sanitizer.RunCommand | None = None) -> None
     run.log(f"sanitizer: {len(tools)} tools x {len(kernel_cases)} kernels with {exe}")
     runs = sanitizer.run_all(exe, tools, kernel_cases, run.by(0.8), jobs=run.args.jobs, big=big,
                              runner=runner or sanitizer.run_command, log=run.log)
+    logs = run.out / "sanitizer"
+    for r in runs:
+        if r.status in ("findings", "error"):  # clean runs' output is just the program's table
+            logs.mkdir(exist_ok=True)
+            r.message = (r.message + "; " if r.message else "") + f"log sanitizer/{r.tool}-{r.kernel}.log"
+            (logs / f"{r.tool}-{r.kernel}.log").write_text(" ".join(r.command) + "\n\n" + r.output)
     findings = [f for r in runs for f in r.findings]
     errors = [r for r in runs if r.status == "error"]
     skipped = [r for r in runs if r.status == "skipped"]

@@ -114,9 +114,14 @@ def markdown(doc: dict[str, Any]) -> str:
                                                                   if f.get("details") else ""))
                                                  for f in sz["findings"]]), ""]
         if sz.get("runs"):
-            parts += ["### Runs", "", table(("tool", "kernel", "case", "status", "seconds", "note"),
-                                            [(r["tool"], r["kernel"], r["case"], r["status"], r["seconds"],
-                                              r["message"]) for r in sz["runs"]]), ""]
+            clean = [r for r in sz["runs"] if r["status"] == "clean"]
+            other = [r for r in sz["runs"] if r["status"] != "clean"]
+            parts += [f"{len(clean)} runs clean; report.json lists every run's command.", ""]
+            if other:
+                parts += ["### Runs that were not clean", "",
+                          table(("tool", "kernel", "case", "status", "seconds", "note"),
+                                [(r["tool"], r["kernel"], r["case"], r["status"], r["seconds"], r["message"])
+                                 for r in other]), ""]
 
     bn = doc.get("bench")
     if bn:

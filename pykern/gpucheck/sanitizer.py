@@ -145,9 +145,11 @@ class Run:
     status: str = ""  # "clean" | "findings" | "error" | "skipped"
     message: str = ""
     findings: list[Finding] = field(default_factory=list)
+    output: str = field(default="", repr=False)  # the full sanitizer + program output (written as a log)
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
+        d.pop("output")
         d["findings"] = [f.to_dict() for f in self.findings]
         return d
 
@@ -171,6 +173,7 @@ def run_command(cmd: Sequence[str], timeout: float) -> tuple[int | None, str]:
 def judge(run: Run, rc: int | None, out: str) -> Run:
     """Fill status, message and findings of one finished run from its exit code and output."""
     run.returncode = rc
+    run.output = out
     run.findings = parse_output(out, run.tool, run.kernel, run.case)
     count = summary_count(out)
     if rc is None:
