@@ -520,6 +520,16 @@ def test_bench_is_skipped_without_torch_cuda(tmp_path, no_compile):
     assert doc["bench"]["status"] == "skipped" and doc["bench"]["message"].startswith("needs torch with CUDA")
 
 
+def test_importing_gpucheck_and_bench_stays_light():
+    import subprocess
+
+    code = ("import sys, pykern.gpucheck.cli, pykern.gpucheck.sanitizer, pykern.bench; "
+            "print(sorted(m for m in ('torch', 'numba', 'cuda.bindings.driver') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True,
+                         env=dict(os.environ)).stdout
+    assert out.strip() == "[]"
+
+
 def test_attention_flops():
     assert bench.attention_flops(1, 2, 3, 5, 4, False) == 4 * 1 * 2 * 3 * 5 * 4
     assert bench.attention_flops(1, 2, 8, 8, 4, True) == 2 * 1 * 2 * 8 * 8 * 4
