@@ -142,6 +142,16 @@ def test_driver_resources_come_from_the_loaded_cubin(monkeypatch):
     assert asked == {"NUM_REGS", "SHARED_SIZE_BYTES", "MAX_THREADS_PER_BLOCK"}
 
 
+def test_arch_override_compiles_for_that_arch_and_skips_the_device_load(tmp_path, monkeypatch, no_compile):
+    asked = []
+    monkeypatch.setattr(checks, "kernel_resources", lambda arch, jobs=0: (asked.append(arch), (_resources(), []))[1])
+    monkeypatch.setattr(checks, "driver_resources", lambda *a: pytest.fail("an sm_80 cubin cannot load on sm_90"))
+    fake = _fake(attributes=dict(H100_SXM_ATTRIBUTES), cc=(9, 0), max_shared_optin=227 * 1024)
+    assert cli.main(["--out", str(tmp_path), "--arch", "sm_80", *ALL_STEPS], driver_factory=lambda: fake) == EXIT_OK
+    doc, _ = _load(tmp_path)
+    assert asked == ["sm_80"] and doc["limits"]["arch"] == "sm_80" and doc["device"]["arch"] == "sm_90"
+
+
 def test_launch_bounds_resolve_macros_and_literals():
     root = Path(registry.__file__).resolve().parent.parent / "kernels_cu"
     fa = checks.launch_bounds(root / "flash_attention.cu")  # __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS)
@@ -215,6 +225,27 @@ def test_pytest_step_is_skipped_without_tests_folder(tmp_path, monkeypatch, no_c
     assert rc == EXIT_OK
     doc, md = _load(tmp_path)
     assert doc["pytest"]["status"] == "skipped" and "no tests folder" in doc["pytest"]["message"]
+
+
+def test_pytest_step_counts_and_failure(tmp_path, monkeypatch, no_compile):
+    seen = []
+
+    def fake_pytest(cmd, timeout, cwd):
+        seen.append(cmd)
+        junit = Path(next(a for a in cmd if a.startswith("--junitxml=")).split("=", 1)[1])
+        junit.write_text('<?xml version="1.0"?><testsuites><testsuite name="pytest" tests="8" failures="1" '
+                         'errors="0" skipped="2"/></testsuites>')
+        return 1, "1 failed, 5 passed, 2 skipped in 3.1s\n", ""
+
+    monkeypatch.setattr(cli, "run_pytest", fake_pytest)
+    fake = _fake()
+    rc = cli.main(["--out", str(tmp_path), "--skip", "limits", "--skip", "difftest", "--skip", "sanitizer",
+                   "--skip-bench"], driver_factory=lambda: fake)
+    assert rc == EXIT_FAILED
+    assert seen[0][1:6] == ["-m", "pytest", "-m", "gpu", "-q"] and seen[0][-1].endswith("tests")
+    doc, md = _load(tmp_path)
+    assert doc["pytest"]["counts"] == {"tests": 8, "failures": 1, "errors": 0, "skipped": 2}
+    assert "pytest -m gpu: 1 failed, 5 passed, 2 skipped in 3.1s" in doc["failures"]
 
 
 # ----------------------------------------------------------------------------------------------- sanitizer
@@ -362,6 +393,15 @@ def test_sanitizer_step_end_to_end_with_a_finding(tmp_path, monkeypatch, no_comp
     assert f"{2 * n - 1} runs clean" in md
     log = (out / "sanitizer" / "racecheck-softmax_backward.log").read_text()
     assert log.startswith(str(exe) + " --tool racecheck") and "RACECHECK SUMMARY: 2 hazards" in log
+
+
+def test_sanitizer_runs_past_the_budget_are_skipped():
+    import time
+
+    runs = sanitizer.run_all("cs", ["memcheck"], {"rms_norm": "c1", "embedding": "c2"}, time.monotonic() - 1,
+                             runner=lambda cmd, t: pytest.fail("nothing may start after the deadline"))
+    assert [(r.kernel, r.status, r.message) for r in runs] == [
+        ("embedding", "skipped", "time budget used up"), ("rms_norm", "skipped", "time budget used up")]
 
 
 def test_missing_sanitizer_skips_and_a_bad_path_fails(tmp_path, monkeypatch, no_compile):

@@ -103,6 +103,8 @@ def markdown(doc: dict[str, Any]) -> str:
     pt = doc.get("pytest")
     if pt:
         parts += ["## pytest -m gpu", "", f"{pt.get('status')}: {pt.get('message', '')}", ""]
+        if pt.get("counts"):
+            parts += [table(tuple(pt["counts"]), [tuple(pt["counts"].values())]), ""]
 
     sz = doc.get("sanitizer")
     if sz:
