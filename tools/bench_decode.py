@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import math
 import sys
-import time
 from pathlib import Path
 
 import numpy as np
@@ -48,8 +47,11 @@ def bench(args: argparse.Namespace) -> None:
     from numba import cuda
 
     import pykern
+    from pykern import bench
     from pykern.arrays import bfloat16
 
+    drv = bench.open_device()
+    peaks = bench.gpu_peaks(drv)
     m, h, kvh, d, s = args.batch, args.heads, args.kv_heads, args.head_dim, args.seq_len
     dt = np.float32 if args.dtype == "f32" else bfloat16()
     rng = np.random.default_rng(0)
@@ -81,14 +83,10 @@ def bench(args: argparse.Namespace) -> None:
             for name, grid, block, smem, a in calls:
                 pykern.launch(name, grid, block, *a, shared_mem=smem, backend="nvrtc")
 
-        step()
-        cuda.synchronize()
-        t0 = time.perf_counter()
-        for _ in range(args.iters):
-            step()
-        cuda.synchronize()
-        us = (time.perf_counter() - t0) / args.iters * 1e6
-        print(f"{method:10s} {us:9.2f} us/step  {kv_bytes / us / 1e3:8.1f} GB/s (K+V bytes / time)")
+        # CUDA-event median per step after warm-up (pykern.bench), on the stream the launches use (0).
+        us = bench.time_gpu(step, warmup=3, repeats=args.iters, driver=drv).median_ms * 1e3
+        print(f"{method:10s} {us:9.2f} us/step  {kv_bytes / us / 1e3:8.1f} GB/s (K+V bytes / time)  "
+              f"{bench.pct_text(kv_bytes / us * 1e6, peaks.bandwidth)}")
 
 
 def main() -> None:

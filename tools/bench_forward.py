@@ -8,13 +8,13 @@ Occupancy is the theoretical one at the block size the op launches with
 (ops/forward.py): registers are allocated per warp in units of 256, shared
 memory per block plus the 1 KB the driver reserves on sm_80+. --time reports
 effective bandwidth (bytes the op must move / time) for the memory-bound ops
-and GFLOP/s (4 * b * h * n_q * n_k * d, halved when causal) for flash_attention.
+and GFLOP/s (4 * b * h * n_q * n_k * d, halved when causal) for flash_attention,
+each with % of the device's peak; times are CUDA-event medians (pykern.bench).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 
@@ -71,16 +71,23 @@ def report(archs: list[str]) -> int:
     return bad
 
 
-def _time(fn, reps: int) -> float:
-    import torch
+_GPU: list = []  # (driver, peaks) once opened
 
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
+
+def _gpu():
+    from pykern import bench
+
+    if not _GPU:
+        drv = bench.open_device()
+        _GPU.append((drv, bench.gpu_peaks(drv)))
+    return _GPU[0]
+
+
+def _time(fn, reps: int) -> float:
+    """Median seconds per call: CUDA events around each call after 2 warm-up calls (pykern.bench)."""
+    from pykern import bench
+
+    return bench.time_gpu(fn, warmup=2, repeats=reps, driver=_gpu()[0]).seconds
 
 
 def timings(kind: str, reps: int) -> None:
@@ -125,8 +132,12 @@ def timings(kind: str, reps: int) -> None:
         flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
         rows.append(("flash_attention", f"b{b} n{n} h{h}/{kvh} d{d}{' causal' if causal else ''}", flops / t / 1e9,
                      "GFLOP/s", t))
+    from pykern.bench import pct_text
+
+    peaks = _gpu()[1]
     for name, shape, rate, unit, t in rows:
-        print(f"{name:22s} {shape:28s} {rate:10.1f} {unit:8s} {t * 1e6:10.1f} us")
+        peak = peaks.bandwidth if unit == "GB/s" else (peaks.bf16_tensor if kind == "bf16" else peaks.fp32)
+        print(f"{name:22s} {shape:28s} {rate:10.1f} {unit:8s} {t * 1e6:10.1f} us  {pct_text(rate * 1e9, peak)}")
 
 
 def main() -> None:

@@ -174,6 +174,35 @@ def collect_cases(seed: int = 0, kernels: str | None = None, big: bool = True) -
     return out
 
 
+def limit_cases(cases: Sequence[Case], per_kernel: int, kernels: str | None = None) -> list[Case]:
+    """At most `per_kernel` cases for each kernel (those matching the `kernels` globs, or all), in order.
+
+    A case is kept while one of its kernels still has room; `--kernels NAME --case-limit 1` is then
+    exactly the first case that launches NAME (what gpucheck runs under compute-sanitizer).
+    """
+    if per_kernel < 1:
+        raise ArgumentError(f"--case-limit: expected >= 1, got {per_kernel}")
+    globs = [g.strip() for g in (kernels or "").split(",") if g.strip()]
+    counts: dict[str, int] = {}
+    out: list[Case] = []
+    for case in cases:
+        ks = [k for k in case.kernels if not globs or any(fnmatch.fnmatchcase(k, g) for g in globs)]
+        if any(counts.get(k, 0) < per_kernel for k in ks):
+            out.append(case)
+            for k in ks:
+                counts[k] = counts.get(k, 0) + 1
+    return out
+
+
+def first_case_per_kernel(cases: Sequence[Case]) -> dict[str, Case]:
+    """kernel name -> the first case (in collection order) that launches it."""
+    out: dict[str, Case] = {}
+    for case in cases:
+        for k in case.kernels:
+            out.setdefault(k, case)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------- comparison
 @dataclass
 class Check:
