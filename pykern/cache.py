@@ -203,7 +203,7 @@ def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
     """A verified entry, or None when absent or corrupt (corruption is logged once per file)."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent, or the cache folder is not a folder at all
         return None
     except OSError as e:
         _log_corrupt(path, f"unreadable: {e}")
@@ -261,6 +261,166 @@ def _store(root: Path, key: str, meta: dict[str, Any], image: bytes) -> Path | N
                 stacklevel=3,
             )
         return None
+
+
+def unwritable_reason(root: str | os.PathLike[str]) -> str:
+    """Why entries cannot be saved under `root` ("" when they can): created if missing, then probed."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return ""
+
+
+# --------------------------------------------------------------------------- one compile per key across processes
+
+LOCK_SUFFIX = ".lock"
+
+
+def _lock_path(root: Path, key: str) -> Path:
+    return Path(root) / key[:2] / f".{key}{LOCK_SUFFIX}"
+
+
+def _lock_wait() -> float:
+    """Seconds to wait for another process's compile of the same key (PYKERN_LOCK_TIMEOUT, default 300)."""
+    try:
+        return max(0.0, float(os.environ.get("PYKERN_LOCK_TIMEOUT", "300")))
+    except ValueError:
+        return 300.0
+
+
+_HOST = None
+
+
+def _hostname() -> str:
+    global _HOST
+    if _HOST is None:
+        import socket
+
+        _HOST = socket.gethostname()
+    return _HOST
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _lock_stale(path: Path, max_age: float) -> str:
+    """Why the lock at `path` is stale ("" when its owner may still be compiling)."""
+    try:
+        text = path.read_text()
+        st = path.stat()
+    except OSError:
+        return ""  # gone meanwhile: the next O_EXCL attempt decides
+    parts = text.split()
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1] == _hostname() and not _pid_alive(int(parts[0])):
+        return f"its owner, process {parts[0]}, is gone"
+    age = time.time() - st.st_mtime
+    if age > max_age:
+        return f"it is {age:.0f} s old"
+    return ""
+
+
+class KeyLock:
+    """A lock file per cache key, so that processes sharing a cache compile each key once.
+
+    `acquire` returns True when this process owns the lock, False when it gave up waiting (the caller
+    compiles anyway: the lock saves work, correctness comes from the atomic publish of entries). A lock
+    whose owner died on this host, or older than the wait limit, is broken. `ready()` is polled while
+    waiting and ends the wait early (the entry appeared).
+    """
+
+    def __init__(self, root: Path, key: str) -> None:
+        self.path = _lock_path(root, key)
+        self.owned = False
+
+    def acquire(self, ready: Any = None, timeout: float | None = None) -> bool:
+        timeout = _lock_wait() if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        logged = False
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pass
+            except OSError:
+                return False  # an unwritable cache: nothing to share, nothing to wait for
+            else:
+                with os.fdopen(fd, "w") as f:
+                    f.write(f"{os.getpid()} {_hostname()} {time.time():.3f}\n")
+                self.owned = True
+                return True
+            why = _lock_stale(self.path, max(timeout, 1.0))
+            if why:
+                log.info("pykern cache: breaking stale lock %s (%s)", self.path, why)
+                try:
+                    self.path.unlink()
+                except OSError:
+                    pass
+                continue
+            if ready is not None and ready():
+                return False
+            if time.monotonic() >= deadline:
+                log.warning("pykern cache: gave up waiting %.0f s for lock %s; compiling without it",
+                            timeout, self.path)
+                return False
+            if not logged:
+                log.debug("pykern cache: waiting for another process compiling %s", self.path.name)
+                logged = True
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def release(self) -> None:
+        if self.owned:
+            self.owned = False
+            try:
+                self.path.unlink()
+            except OSError:
+                pass
+
+
+def remove_leftovers(root: str | os.PathLike[str], pids: Sequence[int]) -> int:
+    """Delete the temp files and lock files that the (killed) processes `pids` left under `root`."""
+    root = Path(root)
+    if not root.is_dir() or not pids:
+        return 0
+    wanted = {str(p) for p in pids}
+    n = 0
+    for p in root.glob("??/.*.tmp"):
+        parts = p.name.split(".")  # ".<name>.pkc.<pid>.<hex>.tmp"
+        if len(parts) >= 3 and parts[-3] in wanted:
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+    for p in root.glob(f"??/.*{LOCK_SUFFIX}"):
+        try:
+            owner = p.read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        if owner in wanted:
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+    return n
 
 
 def _touch(path: Path) -> None:
@@ -396,11 +556,24 @@ def get_module(
     assert nvrtc is not None
     portable = portable_options(arch, options, defines)
     key = _key(sdigest, portable, nvrtc)
-    t0 = time.perf_counter()
-    compiled = nvrtc_compile(src, arch, options, defines)  # raises: a failed compile is never stored
-    seconds = time.perf_counter() - t0
-    meta = _meta_from(compiled, key, src, nvrtc, portable, seconds)
-    stored = _store(root, key, meta, compiled.image)
+    path = entry_path(root, key)
+    lock = KeyLock(root, key)
+    # Another process compiling this key: wait for its entry instead of compiling it a second time.
+    lock.acquire(ready=path.exists)
+    try:
+        got = _read(path, key)
+        if got is not None:
+            log.debug("pykern cache: hit %s for %s (compiled by another process meanwhile)", src.path.name, arch)
+            return _check_kernel(_to_module(*got, hit=True, origin="cache", path=path), kernel, src)
+        log.debug("pykern cache: miss %s for %s (key %s); compiling", src.path.name, arch, key[:12])
+        t0 = time.perf_counter()
+        compiled = nvrtc_compile(src, arch, options, defines)  # raises: a failed compile is never stored
+        seconds = time.perf_counter() - t0
+        log.info("pykern: compiled %s for %s in %.2f s", src.path, arch, seconds)
+        meta = _meta_from(compiled, key, src, nvrtc, portable, seconds)
+        stored = _store(root, key, meta, compiled.image)
+    finally:
+        lock.release()
     mod = _to_module(meta, compiled.image, hit=False, origin="compiled", path=stored, seconds=seconds)
     return _check_kernel(mod, kernel, src)
 
