@@ -118,3 +118,97 @@ def test_unwritable_out_after_compiling_fails(env, tmp_path, monkeypatch, capsys
     err = capsys.readouterr().err
     assert rc == 1 and f"cannot write the bundle folder {out}" in err
     assert not (out / cache.BUNDLE_MANIFEST).exists()
+
+
+# ----------------------------------------------------------------------------- 6. registry isolation
+
+
+def test_untypable_kernel_is_skipped_beside_working_ones(tmp_path, monkeypatch):
+    from pykern import registry
+    from pykern.registry import RegistryWarning
+
+    extra = tmp_path / "extra"
+    extra.mkdir()
+    (extra / "ok.cu").write_text('extern "C" __global__ void pk_ok(float* y) { y[0] = 1.0f; }\n')
+    (extra / "odd.cu").write_text(
+        'extern "C" __global__ void pk_fine(const float2* a, float4 b, int2 c, uint4 d, bool e, char* f,\n'
+        '                                   const unsigned char* g, const __half* h, __nv_bfloat16* k) {}\n'
+        '\n'
+        'extern "C" __global__ void pk_odd(const MyThing* t, float* y) {}\n')
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(extra))
+    monkeypatch.delenv("PYKERN_STRICT", raising=False)
+    registry.refresh()
+    registry._warned.clear()
+    try:
+        with pytest.warns(RegistryWarning, match=r"pk_odd.*odd\.cu:4.*MyThing") as rec:
+            names = {k.name for k in registry.kernels()}
+        assert len([w for w in rec if issubclass(w.category, RegistryWarning)]) == 1
+        assert "pk_odd" not in names and {"pk_ok", "pk_fine", "rms_norm"} <= names
+        fine = registry.get("pk_fine")
+        assert [p.ctype for p in fine.params] == [
+            "const float2*", "float4", "int2", "uint4", "bool", "char*", "const unsigned char*",
+            "const unsigned short*", "unsigned short*"]
+        # The project's own ops still work (host backend, the CPU path of CI).
+        import numpy as np
+
+        import pykern.ops as ops
+
+        x = np.arange(6, dtype=np.float32).reshape(2, 3)
+        w = np.ones(3, dtype=np.float32)
+        got = ops.rms_norm(x, w, eps=1e-6, backend="host")
+        ref = x / np.sqrt((x.astype(np.float64) ** 2).mean(axis=1, keepdims=True) + 1e-6)
+        np.testing.assert_allclose(got, ref, rtol=1e-5, atol=1e-6)
+        # Strict mode makes the same kernel an error for everyone.
+        monkeypatch.setenv("PYKERN_STRICT", "1")
+        registry.refresh()
+        with pytest.raises(registry.RegistryError, match=r"odd\.cu:4"):
+            registry.kernels()
+    finally:
+        registry.refresh()
+
+
+def test_project_kernels_are_strict(monkeypatch):
+    from pykern import registry
+    from pykern.sources import KERNELS_DIR
+
+    for f in sorted(KERNELS_DIR.glob("*.cu")):  # every shipped kernel types without a skip
+        assert registry.parse_file(f) == registry.parse_file(f, strict=True)
+    assert registry._is_strict(KERNELS_DIR / "forward.cu")
+
+
+def test_vector_and_16bit_params_match_the_ptx(tmp_path):
+    # NVRTC's PTX .entry decides: sizes and alignments of the new types must agree with it.
+    from pykern import compiler
+
+    f = tmp_path / "vec.cu"
+    # No cuda_fp16.h without a toolkit: the 2-byte structs that header declares stand in for it.
+    f.write_text('struct __align__(2) __half { unsigned short x; };\n'
+                 'struct __align__(2) __nv_bfloat16 { unsigned short x; };\n'
+                 'extern "C" __global__ void pk_vec(const float2* a, float4 b, int2 c, uint4 d, bool e,\n'
+                 '    char* f, const unsigned char* g, const __half* h, __nv_bfloat16 k, float3 m, double2 n,\n'
+                 '    uchar4 o, short2 p) {}\n')
+    mod = compiler.compile(f, "sm_80")  # check_layout raises LayoutMismatch on any disagreement
+    assert mod.kernels == ("pk_vec",)
+
+
+def test_vector_argument_conversion():
+    from pykern import launcher
+    from pykern.errors import ArgumentTypeError
+    from pykern.registry import KernelSpec, Param
+
+    spec = KernelSpec("pk_v", Path("x.cu"), 1, (Param("b", "float4"), Param("c", "int2")))
+    b, c = launcher.convert_args(spec, [(1.0, 2.0, 3.0, 4.5), [7, -8]])
+    assert (b.x, b.y, b.z, b.w) == (1.0, 2.0, 3.0, 4.5) and (c.x, c.y) == (7, -8)
+    with pytest.raises(ArgumentTypeError, match="argument 1 .int2 c.: expected a sequence of 2 int"):
+        launcher.convert_args(spec, [(1.0, 2.0, 3.0, 4.0), 3])
+
+
+def test_kernel_not_found_suggests_the_closest_names():
+    from pykern import registry
+    from pykern.errors import KernelNotFound
+
+    with pytest.raises(KernelNotFound) as e:
+        registry.get("rms_norm_bf61")
+    msg = str(e.value)
+    assert "did you mean" in msg and "rms_norm_bf16" in msg
+    assert len(msg) < 300  # the closest names, not the whole registry
