@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import ArgumentError, BackendUnavailable, CacheMiss, KernelNotFound, PykernError
+from .log import configure as _log_configure
 from .sources import Source
 from .sources import load as load_source
 
@@ -41,6 +42,7 @@ BUNDLE_MANIFEST = "manifest.json"
 _BUNDLE_NVRTC = "bundle"
 
 log = logging.getLogger("pykern")
+_log_configure()
 
 
 class CacheWarning(UserWarning):
@@ -280,6 +282,8 @@ def unwritable_reason(root: str | os.PathLike[str]) -> str:
 # --------------------------------------------------------------------------- one compile per key across processes
 
 LOCK_SUFFIX = ".lock"
+# A lock this old is broken whoever holds it (a hung process, or one on another host sharing the folder).
+LOCK_STALE_AGE = 600.0
 
 
 def _lock_path(root: Path, key: str) -> Path:
@@ -346,6 +350,7 @@ class KeyLock:
     def __init__(self, root: Path, key: str) -> None:
         self.path = _lock_path(root, key)
         self.owned = False
+        self.token = ""
 
     def acquire(self, ready: Any = None, timeout: float | None = None) -> bool:
         timeout = _lock_wait() if timeout is None else timeout
@@ -361,11 +366,12 @@ class KeyLock:
             except OSError:
                 return False  # an unwritable cache: nothing to share, nothing to wait for
             else:
+                self.token = f"{os.getpid()} {_hostname()} {time.time():.6f}\n"
                 with os.fdopen(fd, "w") as f:
-                    f.write(f"{os.getpid()} {_hostname()} {time.time():.3f}\n")
+                    f.write(self.token)
                 self.owned = True
                 return True
-            why = _lock_stale(self.path, max(timeout, 1.0))
+            why = _lock_stale(self.path, LOCK_STALE_AGE)
             if why:
                 log.info("pykern cache: breaking stale lock %s (%s)", self.path, why)
                 try:
@@ -389,7 +395,8 @@ class KeyLock:
         if self.owned:
             self.owned = False
             try:
-                self.path.unlink()
+                if self.path.read_text() == self.token:  # not a lock someone took over as stale
+                    self.path.unlink()
             except OSError:
                 pass
 
@@ -519,6 +526,7 @@ def get_module(
             bpath = entry_path(bundle, bkey)
             got = _read(bpath, bkey)
             if got is not None:
+                log.debug("pykern cache: hit %s for %s in bundle %s", src.path.name, cand, bundle)
                 mod = _to_module(*got, hit=True, origin="bundle" + suffix, path=bpath)
                 return _check_kernel(mod, kernel, src)
         if nvrtc is None and no_nvrtc is None:
@@ -533,6 +541,7 @@ def get_module(
         got = _read(path, key)
         if got is not None:
             _touch(path)
+            log.debug("pykern cache: hit %s for %s in %s", src.path.name, cand, root)
             return _check_kernel(_to_module(*got, hit=True, origin="cache" + suffix, path=path), kernel, src)
         if key in _memory:
             mod = _to_module(*_memory[key], hit=True, origin="memory" + suffix, path=None)

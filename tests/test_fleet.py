@@ -212,3 +212,51 @@ def test_kernel_not_found_suggests_the_closest_names():
     msg = str(e.value)
     assert "did you mean" in msg and "rms_norm_bf16" in msg
     assert len(msg) < 300  # the closest names, not the whole registry
+
+
+# ----------------------------------------------------------------------------- 3. one compile per key
+
+
+def test_two_processes_compile_each_key_once(env, tmp_path):
+    args = [sys.executable, "-m", "pykern.precompile", "--arch", "sm_80,sm_86", "--kernels", "pkt_*",
+            "--jobs", "2", "--json"]
+    e = {**os.environ, "PYKERN_LOG_LEVEL": "debug"}
+    procs = [subprocess.Popen(args, cwd=ROOT, env=e, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for _ in range(2)]
+    outs = [p.communicate(timeout=120) for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], outs
+    docs = [json.loads(o) for o, _ in outs]
+    compiles = sum(err.count("pykern INFO: pykern: compiled ") for _, err in outs)
+    assert compiles == 4  # 2 sources x 2 archs, shared by both runs
+    assert sum(d["compiled"] for d in docs) == 4 and sum(d["hits"] for d in docs) == 4
+    assert _leftovers(tmp_path / "cache") == []
+
+
+def test_stale_lock_of_a_dead_process_is_broken(env, tmp_path):
+    root = tmp_path / "cache"
+    key = cache.key_for(env / "pkt_other.cu", "sm_80")
+    lock = cache._lock_path(root, key)
+    lock.parent.mkdir(parents=True)
+    dead = subprocess.run([sys.executable, "-c", "import os; print(os.getpid())"], capture_output=True,
+                          text=True).stdout.strip()
+    lock.write_text(f"{dead} {cache._hostname()} {time.time()}\n")
+    t0 = time.monotonic()
+    mod = cache.get_module(env / "pkt_other.cu", "sm_80", cache_root=root)
+    assert not mod.hit and mod.path is not None and time.monotonic() - t0 < 10
+    assert not lock.exists()
+
+
+def test_lock_of_a_live_process_is_waited_for_then_given_up(env, tmp_path, monkeypatch):
+    root = tmp_path / "cache"
+    key = cache.key_for(env / "pkt_other.cu", "sm_80")
+    lock = cache._lock_path(root, key)
+    lock.parent.mkdir(parents=True)
+    lock.write_text(f"{os.getppid()} {cache._hostname()} {time.time()}\n")  # alive, never finishes
+    monkeypatch.setenv("PYKERN_LOCK_TIMEOUT", "1")
+    t0 = time.monotonic()
+    mod = cache.get_module(env / "pkt_other.cu", "sm_80", cache_root=root)
+    waited = time.monotonic() - t0
+    assert not mod.hit and 1.0 <= waited < 10  # waited the limit, then compiled: never forever
+    # An old lock is stale whoever holds it.
+    os.utime(lock, (time.time() - 3600, time.time() - 3600))
+    assert "old" in cache._lock_stale(lock, 600)
