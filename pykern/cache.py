@@ -466,18 +466,33 @@ def _check_kernel(mod: CachedModule, kernel: str | None, source: Source) -> Cach
     return mod
 
 
+# Compute capabilities that exist (PTX targets); a PTX for compute_XX runs on every GPU of XX or later.
+KNOWN_COMPUTE = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 def compatible_archs(arch: str | int) -> tuple[str, ...]:
-    """The archs whose cubins run on a GPU of `arch`, the exact one first: for a plain sm_XY, sm_XY then
-    sm_X(Y-1) ... sm_X0 (a cubin runs on later minors of its major, never across majors); anything else
-    (sm_XXa, sm_XXf, compute_XX) only itself. Archs no GPU has (sm_85) cost a failed open, nothing more."""
+    """The archs whose images run on a GPU of `arch`, best first.
+
+    For a plain sm_XY: the cubins sm_XY, sm_XYa (arch-specific, runs on exactly XY), then sm_X(Y-1) ...
+    sm_X0 (a cubin runs on later minors of its major, never across majors), then PTX compute_XY and every
+    older compute_NN, newest first (the driver JIT-compiles PTX for any later GPU). For compute_XX: that
+    PTX, then older ones. sm_XXa / sm_XXf: only themselves. Archs no GPU has cost a failed open, nothing more.
+    """
     from .compiler import normalize_arch, parse_arch
 
     name = normalize_arch(arch, check_supported=False)
     kind, num, suffix = parse_arch(name)
-    if kind != "sm" or suffix:
+    if kind == "sm" and suffix:
         return (name,)
-    major, minor = divmod(num, 10)
-    return tuple(f"sm_{major * 10 + m}" for m in range(minor, -1, -1))
+    cubins: list[str] = []
+    if kind == "sm":
+        major, minor = divmod(num, 10)
+        cubins = [name, f"{name}a", *(f"sm_{major * 10 + m}" for m in range(minor - 1, -1, -1))]
+    ptx = [f"compute_{n}" for n in sorted({num, *(k for k in KNOWN_COMPUTE if k <= num)}, reverse=True)]
+    return tuple(cubins + ptx)
+
+
+_logged_ptx: set[tuple[str, str]] = set()
 
 
 def get_module(
@@ -496,10 +511,12 @@ def get_module(
 
     cache_root overrides the cache folder; use_bundle=False skips PYKERN_CUBIN_DIR; jit=False (default:
     not PYKERN_DISABLE_JIT) turns a miss into CacheMiss. `kernel` only names the wanted kernel in errors
-    and is checked to be in the module. compatible=True means "a module that runs on a GPU of `arch`":
-    when the exact arch is in neither the bundle nor the cache, the newest entry of an older minor of the
-    same major (`compatible_archs`) is used before compiling; its origin then names that arch
-    ("bundle:sm_80"). Off by default, so that precompiling sm_86 never settles for an sm_80 entry.
+    and is checked to be in the module. compatible=True means "a module that runs on a GPU of `arch`"
+    (`compatible_archs`): when the exact arch is in neither the bundle nor the cache, a compatible cubin
+    (sm_XYa, an older minor of the same major) is used before compiling; when no cubin can be had (JIT
+    disabled, or NVRTC cannot target the GPU) the newest compatible PTX is loaded, logged once. Its origin
+    then names that arch ("bundle:sm_80", "cache:compute_90"). Off by default, so that precompiling sm_86
+    never settles for an sm_80 entry.
     """
     if jit is None:
         jit = not jit_disabled()
@@ -509,42 +526,65 @@ def get_module(
     src = source_path if isinstance(source_path, Source) else load_source(source_path)
     arch = normalize_arch(arch, check_supported=False)
     archs = compatible_archs(arch) if compatible else (arch,)
+    # Cubins (and the exact arch) before compiling; PTX of an older arch only when nothing can compile.
+    first = [a for a in archs if a == arch or not a.startswith("compute_")]
+    fallback = [a for a in archs if a not in first]
     sdigest = src.digest()
     bundle = bundle_dir() if use_bundle else None
     root = Path(cache_root) if cache_root is not None else cache_dir()
     nvrtc: str | None = None
     no_nvrtc: BackendUnavailable | None = None
 
-    # Exact arch first in every store, then each older minor, newest first; within an arch the
-    # bundle, the cache folder, then memory. NVRTC is loaded only once the cache folder is consulted,
-    # so an exact bundle hit works where no NVRTC is installed.
-    for i, cand in enumerate(archs):
-        portable = portable_options(cand, options, defines)
-        suffix = "" if i == 0 else f":{cand}"
-        if bundle is not None:
-            bkey = _key(sdigest, portable, _BUNDLE_NVRTC)
-            bpath = entry_path(bundle, bkey)
-            got = _read(bpath, bkey)
+    def lookup(cands: Sequence[str]) -> CachedModule | None:
+        # Each arch in every store before the next arch; within an arch the bundle, the cache folder,
+        # then memory. NVRTC is loaded only once the cache folder is consulted, so a bundle hit works
+        # where no NVRTC is installed.
+        nonlocal nvrtc, no_nvrtc
+        for cand in cands:
+            portable = portable_options(cand, options, defines)
+            suffix = "" if cand == arch else f":{cand}"
+            if bundle is not None:
+                bkey = _key(sdigest, portable, _BUNDLE_NVRTC)
+                bpath = entry_path(bundle, bkey)
+                got = _read(bpath, bkey)
+                if got is not None:
+                    log.debug("pykern cache: hit %s for %s in bundle %s", src.path.name, cand, bundle)
+                    return _to_module(*got, hit=True, origin="bundle" + suffix, path=bpath)
+            if nvrtc is None and no_nvrtc is None:
+                try:
+                    nvrtc = _nvrtc_str()
+                except BackendUnavailable as e:
+                    no_nvrtc = e
+            if nvrtc is None:
+                continue  # no cache key without the NVRTC version; the bundle may still serve another arch
+            key = _key(sdigest, portable, nvrtc)
+            path = entry_path(root, key)
+            got = _read(path, key)
             if got is not None:
-                log.debug("pykern cache: hit %s for %s in bundle %s", src.path.name, cand, bundle)
-                mod = _to_module(*got, hit=True, origin="bundle" + suffix, path=bpath)
-                return _check_kernel(mod, kernel, src)
-        if nvrtc is None and no_nvrtc is None:
-            try:
-                nvrtc = _nvrtc_str()
-            except BackendUnavailable as e:
-                no_nvrtc = e
-        if nvrtc is None:
-            continue  # no cache key without the NVRTC version; the bundle may still serve an older minor
-        key = _key(sdigest, portable, nvrtc)
-        path = entry_path(root, key)
-        got = _read(path, key)
-        if got is not None:
-            _touch(path)
-            log.debug("pykern cache: hit %s for %s in %s", src.path.name, cand, root)
-            return _check_kernel(_to_module(*got, hit=True, origin="cache" + suffix, path=path), kernel, src)
-        if key in _memory:
-            mod = _to_module(*_memory[key], hit=True, origin="memory" + suffix, path=None)
+                _touch(path)
+                log.debug("pykern cache: hit %s for %s in %s", src.path.name, cand, root)
+                return _to_module(*got, hit=True, origin="cache" + suffix, path=path)
+            if key in _memory:
+                return _to_module(*_memory[key], hit=True, origin="memory" + suffix, path=None)
+        return None
+
+    mod = lookup(first)
+    if mod is not None:
+        return _check_kernel(mod, kernel, src)
+    can_compile = jit and no_nvrtc is None
+    if can_compile and fallback:
+        try:
+            normalize_arch(arch)  # can this NVRTC emit the GPU's own arch?
+        except (ArgumentError, BackendUnavailable):
+            can_compile = False
+    if not can_compile and fallback:
+        mod = lookup(fallback)
+        if mod is not None:
+            if (str(src.path), arch) not in _logged_ptx:
+                _logged_ptx.add((str(src.path), arch))
+                log.warning("pykern: no cubin of %s for this %s GPU%s; loading PTX %s (%s), which the CUDA "
+                            "driver JIT-compiles. Precompile `--arch %s` to skip the JIT", src.path.name, arch,
+                            " and JIT is disabled" if not jit else "", mod.arch, mod.origin.split(":")[0], arch)
             return _check_kernel(mod, kernel, src)
 
     if jit and no_nvrtc is not None:

@@ -260,3 +260,63 @@ def test_lock_of_a_live_process_is_waited_for_then_given_up(env, tmp_path, monke
     # An old lock is stale whoever holds it.
     os.utime(lock, (time.time() - 3600, time.time() - 3600))
     assert "old" in cache._lock_stale(lock, 600)
+
+
+# ----------------------------------------------------------------------------- 4. PTX fallback
+
+
+def test_arch_all_adds_the_newest_ptx():
+    from pykern import compiler
+
+    archs = compiler.expand_archs(["all"])
+    newest = max(int(a[3:]) for a in compiler.supported_archs())
+    assert archs[-1] == f"compute_{newest}" and archs[:-1] == list(compiler.supported_archs())
+
+
+def test_nvrtc_backend_loads_the_newest_compatible_ptx_once(tmp_path, monkeypatch, caplog):
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    import numpy as np
+
+    import pykern
+    from pykern import backends, registry
+    from pykern.backends.nvrtc import NvrtcBackend
+    from pykern.errors import BackendUnavailable
+
+    from fake_driver import LAUNCH_CU, TEST_SOURCE, FakeDriver, sim_axpy
+
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(LAUNCH_CU))
+    registry.refresh()
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "build_cache"))
+    for var in ("PYKERN_CUBIN_DIR", "PYKERN_DISABLE_JIT"):
+        monkeypatch.delenv(var, raising=False)
+    bundle = tmp_path / "bundle"
+    src = cache.load_source(TEST_SOURCE)
+    ptx = {}
+    for arch in ("compute_75", "compute_80", "sm_80"):  # the fleet bundle: an sm_80 cubin and two PTX
+        mod = cache.get_module(TEST_SOURCE, arch)
+        cache.export_to_bundle(mod, src, bundle)
+        ptx[arch] = mod.image
+    # The target: a GPU newer than every cubin (sm_120), no JIT, an empty cache.
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "empty_cache"))
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(bundle))
+    monkeypatch.setenv("PYKERN_DISABLE_JIT", "1")
+    monkeypatch.setattr(cache, "_logged_ptx", set())
+    drv = FakeDriver(cc=(12, 0), simulate={"pktest_axpy": sim_axpy})
+    compiled_ptx = ptx["compute_80"].decode()
+    drv.register(ptx["compute_80"], compiled_ptx)
+    be = NvrtcBackend(driver_factory=lambda: drv)
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(40).astype(np.float32), rng.standard_normal(40).astype(np.float32)
+    y0 = y.copy()
+    with caplog.at_level("INFO", logger="pykern"):
+        pykern.launch("pktest_axpy", 1, 64, y, x, 3.0, 40, backend="nvrtc")
+        pykern.launch("pktest_axpy", 1, 64, y, x, 3.0, 40, backend="nvrtc")
+        registry.refresh()  # a new spec object asks the cache again: still one log line
+        pykern.launch("pktest_axpy", 1, 64, y, x, 3.0, 40, backend="nvrtc")
+    np.testing.assert_allclose(y, y0 + 9.0 * x, rtol=1e-6)
+    loaded = [drv.modules[h].image for h in drv.modules]
+    assert loaded == [ptx["compute_80"]]  # the newest compatible PTX, not compute_75
+    lines = [r.getMessage() for r in caplog.records if "loading PTX" in r.getMessage()]
+    assert len(lines) == 1 and "compute_80" in lines[0] and "sm_120" in lines[0]
+    registry.refresh()
