@@ -728,7 +728,7 @@ def info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         "writable": _writable(root),
         "entries": len(entries),
         "bytes": sum(e.size for e in entries),
-        "by_arch": dict(sorted(by_arch.items())),
+        "by_arch": dict(sorted(by_arch.items(), key=lambda kv: _arch_order(kv[0]))),
         "unreadable_entries": unreadable,
         "host_builds": len(host),
         "host_bytes": sum(e.size for e in host),
@@ -759,7 +759,7 @@ def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
             n, freed = n + 1, freed + e.size
         except FileNotFoundError:
             pass
-    for p in _stale_temps(root, 0):
+    for p in [*_stale_temps(root, 0), *_stale_locks(root, 0)]:
         try:
             p.unlink()
         except FileNotFoundError:
@@ -768,16 +768,19 @@ def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
 
 
 def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
-    """Delete least recently used entries until the total size is <= max_size; returns (removed, freed)."""
+    """Delete least recently used files until the total size is <= max_size; returns (removed, freed).
+
+    Kernel entries and the host backend's builds count alike (one LRU order by mtime: a cache hit
+    touches its entry). Temp files and lock files older than an hour belong to a process that died."""
     if max_size < 0:
         raise ArgumentError(f"max_size: expected >= 0 bytes, got {max_size}")
     root = Path(root) if root is not None else cache_dir()
-    for p in _stale_temps(root, 3600.0):  # an hour-old temp file belongs to a writer that died
+    for p in [*_stale_temps(root, 3600.0), *_stale_locks(root, 3600.0)]:
         try:
             p.unlink()
         except FileNotFoundError:
             pass
-    entries = sorted(iter_entries(root), key=lambda e: e.mtime)
+    entries = sorted([*iter_entries(root), *iter_host_builds(root)], key=lambda e: e.mtime)
     total = sum(e.size for e in entries)
     n = freed = 0
     for e in entries:
@@ -790,6 +793,30 @@ def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[in
         total -= e.size
         n, freed = n + 1, freed + e.size
     return n, freed
+
+
+def _stale_locks(root: Path, older_than: float) -> list[Path]:
+    now = time.time()
+    out = []
+    if root.is_dir():
+        for p in root.glob(f"??/.*{LOCK_SUFFIX}"):
+            try:
+                if now - p.stat().st_mtime > older_than:
+                    out.append(p)
+            except OSError:
+                pass
+    return out
+
+
+def _arch_order(arch: str) -> tuple[int, int, str]:
+    # sm_75 before sm_100 (numeric), cubins before PTX of the same number.
+    try:
+        from .compiler import parse_arch
+
+        kind, num, suffix = parse_arch(arch)
+        return num, kind == "compute", suffix
+    except PykernError:
+        return 1 << 30, False, arch
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
@@ -822,21 +849,29 @@ def _human(n: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # --cache-dir works before or after the subcommand: on the main parser it sets the default, on each
+    # subparser it is SUPPRESSed unless given, so the later spelling wins without erasing the earlier.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="cache folder to act on (default: PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, "
+                             "else ~/.cache/pykern)")
     ap = argparse.ArgumentParser(
         prog="python -m pykern.cache",
         description="Inspect and manage pykern's compiled-kernel cache "
-        "(PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern).",
+        "(PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern): NVRTC entries and the "
+        "host backend's builds alike. Options may come before or after the subcommand.",
+        parents=[common],
     )
-    ap.add_argument("--cache-dir", help="cache folder to act on (default: %(default)s)", default=str(cache_dir()))
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p_info = sub.add_parser("info", help="show location, entry count, size and archs")
+    p_info = sub.add_parser("info", help="show location, entry count, size and archs", parents=[common])
     p_info.add_argument("--json", action="store_true", help="print JSON on stdout")
-    sub.add_parser("clear", help="delete every entry (and the host backend's builds)")
-    p_prune = sub.add_parser("prune", help="delete least recently used entries down to a size")
+    sub.add_parser("clear", help="delete every entry and host backend build", parents=[common])
+    p_prune = sub.add_parser("prune", help="delete least recently used entries and host builds down to a size",
+                             parents=[common])
     p_prune.add_argument("--max-size", required=True, type=_size_arg, metavar="SIZE",
                          help="size to keep, e.g. 500M, 2G, 0 (binary units)")
     args = ap.parse_args(argv)
-    root = Path(args.cache_dir).expanduser()
+    root = Path(getattr(args, "cache_dir", None) or cache_dir()).expanduser()
     if args.cmd == "info":
         d = info(root)
         if args.json:
@@ -856,11 +891,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.cmd == "clear":
         n, freed = clear(root)
-        print(f"removed {n} entries ({_human(freed)}) from {root}")
+        print(f"removed {n} files (kernel entries and host builds, {_human(freed)}) from {root}")
         return 0
     n, freed = prune(args.max_size, root)
-    left = sum(e.size for e in iter_entries(root))
-    print(f"removed {n} least recently used entries ({_human(freed)}); {_human(left)} left in {root}")
+    left = sum(e.size for e in [*iter_entries(root), *iter_host_builds(root)])
+    print(f"removed {n} least recently used files (kernel entries and host builds, {_human(freed)}); "
+          f"{_human(left)} left in {root}")
     return 0
 
 

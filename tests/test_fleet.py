@@ -320,3 +320,53 @@ def test_nvrtc_backend_loads_the_newest_compatible_ptx_once(tmp_path, monkeypatc
     lines = [r.getMessage() for r in caplog.records if "loading PTX" in r.getMessage()]
     assert len(lines) == 1 and "compute_80" in lines[0] and "sm_120" in lines[0]
     registry.refresh()
+
+
+# ----------------------------------------------------------------------------- 5. cache CLI
+
+
+def _fake_host_build(root: Path, name: str, size: int, age: float) -> Path:
+    p = root / cache.HOST_SUBDIR / name
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_bytes(b"\0" * size)
+    t = time.time() - age
+    os.utime(p, (t, t))
+    return p
+
+
+def test_prune_covers_host_builds_options_after_the_subcommand(env, tmp_path, capsys):
+    root = tmp_path / "elsewhere"
+    for arch in ("sm_80", "sm_100", "sm_75", "compute_90"):
+        cache.get_module(env / "pkt_other.cu", arch, cache_root=root)
+    old = _fake_host_build(root, "forward-0123456789abcdef01234567.so", 300_000, age=7200)
+    new = _fake_host_build(root, "pk_host_runtime-0123456789abcdef01234567.o", 2_000, age=0)
+    assert cache.main(["info", "--json", "--cache-dir", str(root)]) == 0  # option after the subcommand
+    d = json.loads(capsys.readouterr().out)
+    assert list(d["by_arch"]) == ["sm_75", "sm_80", "compute_90", "sm_100"]  # numeric, not text order
+    assert d["host_builds"] == 2 and d["host_bytes"] == 302_000
+    total = d["bytes"] + d["host_bytes"]
+    assert cache.main(["prune", "--max-size", str(total - 1), "--cache-dir", str(root)]) == 0
+    out = capsys.readouterr().out
+    assert "removed 1 " in out and not old.exists() and new.exists()  # the oldest file was the host build
+    assert cache.main(["--cache-dir", str(root), "prune", "--max-size", "0"]) == 0  # before still works
+    assert list(cache.iter_entries(root)) == [] and list(cache.iter_host_builds(root)) == []
+    assert cache.main(["--cache-dir", str(tmp_path / "x"), "info", "--cache-dir", str(root)]) == 0
+    assert str(root) in capsys.readouterr().out  # the later spelling wins
+
+
+def test_host_build_key_does_not_depend_on_the_checkout_path(tmp_path, monkeypatch):
+    from pykern import sources
+    from pykern.host import build
+    from pykern.registry import parse_file
+
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    monkeypatch.delenv("PYKERN_DISABLE_JIT", raising=False)
+    built = []
+    for checkout in ("ci-run-1", "ci-run-2"):
+        d = tmp_path / checkout / "cu"
+        shutil.copytree(CU, d)
+        src = sources.load(d / "pkt_other.cu")
+        built.append(build.build(src.path, src.text, src.digest(), sources.include_dirs(src.path.parent),
+                                 parse_file(src.path)))
+    assert built[0] == built[1] and built[0].exists()
+    assert len([p for p in cache.iter_host_builds(tmp_path / "cache") if p.path.suffix == ".so"]) == 1
