@@ -370,3 +370,61 @@ def test_host_build_key_does_not_depend_on_the_checkout_path(tmp_path, monkeypat
                                  parse_file(src.path)))
     assert built[0] == built[1] and built[0].exists()
     assert len([p for p in cache.iter_host_builds(tmp_path / "cache") if p.path.suffix == ".so"]) == 1
+
+
+# ----------------------------------------------------------------------------- 7. no silent CPU fallback
+
+_GPU_NO_NVRTC = r"""
+import sys, warnings, logging
+sys.path.insert(0, {tests!r})
+import numpy as np
+import pykern
+from pykern import backends
+from pykern.backends import nvrtc
+from pykern.errors import BackendUnavailable
+from fake_driver import FakeDriver
+
+def no_nvrtc():
+    raise BackendUnavailable("NVRTC is not available (libnvrtc.so.13: cannot open shared object file)")
+
+class NoNumbaGpu:  # the README's main install: numba absent, nothing else on the GPU
+    name = "numba"
+    def on_gpu(self): return False
+    def available(self): return False, "numba is not installed"
+
+from pykern import cache, compiler
+cache._nvrtc_str = no_nvrtc  # no libnvrtc anywhere in this process
+compiler._nvrtc = no_nvrtc
+backends._instances["nvrtc"] = nvrtc.NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(9, 0)), supported_archs=no_nvrtc)
+backends._instances["numba"] = NoNumbaGpu()
+mode = sys.argv[1]
+if mode == "default":
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert backends.default_backend_name() == "host"
+        assert backends.default_backend_name() == "host"
+    msgs = [str(x.message) for x in w if issubclass(x.category, backends.BackendWarning)]
+    assert len(msgs) == 1, msgs
+    print(msgs[0])
+else:  # PYKERN_BACKEND=nvrtc: an error, never a fallback
+    x = np.ones(4, np.float32)
+    try:
+        pykern.launch("pkt_scale", 1, 4, x, x.copy(), 4)
+    except BackendUnavailable as e:
+        print("raised:", e)
+"""
+
+
+def test_gpu_present_but_nvrtc_unusable_warns_once(env, tmp_path):
+    code = _GPU_NO_NVRTC.format(tests=str(Path(__file__).resolve().parent))
+    r = subprocess.run([sys.executable, "-c", code, "default"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYKERN_LOG_LEVEL": "info"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    msg = r.stdout.strip()
+    assert "a CUDA GPU (sm_90) is present but the nvrtc backend is unusable" in msg
+    assert "libnvrtc.so.13" in msg and "running on the host (the CPU emulator" in msg
+    assert "pykern INFO: pykern: backend host (nvrtc unusable: " in r.stderr  # PYKERN_LOG_LEVEL=info
+    r = subprocess.run([sys.executable, "-c", code, "strict"], cwd=ROOT, capture_output=True, text=True,
+                       env={**os.environ, "PYKERN_BACKEND": "nvrtc"}, timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert r.stdout.startswith("raised:") and "libnvrtc.so.13" in r.stdout
