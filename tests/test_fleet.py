@@ -428,3 +428,28 @@ def test_gpu_present_but_nvrtc_unusable_warns_once(env, tmp_path):
                        env={**os.environ, "PYKERN_BACKEND": "nvrtc"}, timeout=120)
     assert r.returncode == 0, r.stderr
     assert r.stdout.startswith("raised:") and "libnvrtc.so.13" in r.stdout
+
+
+# ----------------------------------------------------------------------------- 8. CLIs after the main install
+
+
+def test_clis_without_the_optional_packages(tmp_path):
+    # The README's main install has neither ml_dtypes nor numba: block both in every child process.
+    site = tmp_path / "site"
+    site.mkdir()
+    (site / "sitecustomize.py").write_text("import sys\nfor m in ('ml_dtypes', 'numba'):\n    sys.modules[m] = None\n")
+    e = {**os.environ, "PYTHONPATH": os.pathsep.join([str(ROOT), str(site)])}
+
+    def run(*args):
+        return subprocess.run([sys.executable, *args], cwd=ROOT, capture_output=True, text=True, env=e, timeout=300)
+
+    assert run("-c", "import ml_dtypes").returncode != 0  # the block works
+    for mod in ("pykern.difftest", "pykern.precompile", "pykern.cache"):
+        r = run("-m", mod, "--help")
+        assert r.returncode == 0 and "usage:" in r.stdout, (mod, r.stderr)
+    r = run("-m", "pykern.difftest", "--list")
+    assert r.returncode == 0, r.stderr
+    assert "transpose_2d[f32]" in r.stdout and "Traceback" not in r.stderr
+    assert "pip install 'pykern[test]'" in r.stderr  # the bf16 cases say what brings them back
+    r = run("-m", "pykern.difftest", "--kernels", "transpose_2d", "--no-big")
+    assert r.returncode == 2 and "pip install 'pykern[numba]'" in r.stderr and "--backends host" in r.stderr
