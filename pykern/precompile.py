@@ -154,13 +154,18 @@ def _build_parser() -> argparse.ArgumentParser:
             "Compile every kernel source (kernels_cu/*.cu and the folders in PYKERN_KERNEL_PATH) for every "
             "--arch with NVRTC, in parallel, into pykern's cache (or a bundle folder with --out). Progress "
             "goes to stderr; a table per kernel and arch (registers, spill bytes, shared memory, stack, hit "
-            "or compiled, time) ends the run. Exits 1 with the compiler log if any compile fails. "
+            "or compiled, time) ends the run. Exits 1 with the compiler log if any compile fails, or if "
+            "compiled modules could not be saved (cache folder or --out unwritable); 2 for bad usage; "
+            "130/143 on SIGINT/SIGTERM, which stop queued and running compiles and leave no temp files "
+            "or half bundle. Processes sharing a cache compile each key once (a lock file per key). "
             "A second run with the same arguments is all cache hits."
         ),
     )
     ap.add_argument("--arch", action="append", required=True, metavar="ARCH",
-                    help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report), "
-                         "or 'all' (every sm_XX this NVRTC supports). Repeat or comma-separate.")
+                    help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report; "
+                         "the driver JIT-compiles it for that GPU and every later one), or 'all' (every sm_XX "
+                         "this NVRTC supports plus PTX of the newest). Repeat or comma-separate. An H100 is "
+                         "sm_90 (sm_90a only for kernels using arch-specific instructions).")
     ap.add_argument("--kernels", metavar="GLOB", action="append",
                     help="only sources defining a kernel whose name matches GLOB (fnmatch, repeatable); "
                          "the table lists only matching kernels")
@@ -218,6 +223,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = [_fmt_row(head, widths), _fmt_row(["-" * w for w in widths], widths)]
     lines += [_fmt_row(b, widths) for b in body]
+    lines.append("(time: the source's compile or cache lookup, shown on its first kernel row; its kernels share it)")
     if any(r["kind"] == "ptx" for r in rows):
         lines.append("(compute_XX rows are PTX: registers and spills are decided by the driver's JIT, not known here)")
     return "\n".join(lines)
