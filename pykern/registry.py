@@ -1,7 +1,6 @@
 """KernelSpecs parsed from the `extern "C" __global__` functions of the .cu sources: the one source of truth."""
 from __future__ import annotations
 
-import difflib
 import os
 import re
 import warnings
@@ -47,6 +46,7 @@ def _skip(msg: str) -> None:
 
 def suggest(name: str, known: list[str] | tuple[str, ...] | set[str], n: int = 5) -> str:
     """'did you mean a, b?' for the names closest to `name`, else a short count of what exists."""
+    import difflib  # only on the error path: keeps `import pykern` lean
     close = difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
     if close:
         return "did you mean " + ", ".join(close) + "?"
