@@ -407,6 +407,14 @@ compiler._nvrtc = no_nvrtc
 backends._instances["nvrtc"] = nvrtc.NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(9, 0)), supported_archs=no_nvrtc)
 backends._instances["numba"] = NoNumbaGpu()
 mode = sys.argv[1]
+if mode == "old-driver":  # the kernel driver lists a GPU, the CUDA driver cannot initialize
+    from pykern.backends.driver import DriverError
+    class OldDriver(FakeDriver):
+        def init(self):
+            raise BackendUnavailable("nvrtc backend: no usable CUDA driver (cuInit: CUDA_ERROR_SYSTEM_DRIVER_MISMATCH)")
+    backends._instances["nvrtc"] = nvrtc.NvrtcBackend(driver_factory=OldDriver)
+    backends.nvidia_gpus_listed = lambda: 1
+    mode = "default"
 if mode == "default":
     with warnings.catch_warnings(record=True) as w:
         warnings.simplefilter("always")
@@ -433,6 +441,11 @@ def test_gpu_present_but_nvrtc_unusable_warns_once(env, tmp_path):
     assert "a CUDA GPU (sm_90) is present but the nvrtc backend is unusable" in msg
     assert "libnvrtc.so.13" in msg and "running on the host (the CPU emulator" in msg
     assert "pykern INFO: pykern: backend host (nvrtc unusable: " in r.stderr  # PYKERN_LOG_LEVEL=info
+    r = subprocess.run([sys.executable, "-c", code, "old-driver"], cwd=ROOT, capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "a CUDA GPU is present (listed in /proc/driver/nvidia/gpus) but the nvrtc backend" in r.stdout
+    assert "CUDA_ERROR_SYSTEM_DRIVER_MISMATCH" in r.stdout
     r = subprocess.run([sys.executable, "-c", code, "strict"], cwd=ROOT, capture_output=True, text=True,
                        env={**os.environ, "PYKERN_BACKEND": "nvrtc"}, timeout=120)
     assert r.returncode == 0, r.stderr

@@ -32,6 +32,15 @@ def _instance(name: str, what: str = "backend") -> Backend:
     return be
 
 
+def nvidia_gpus_listed() -> int:
+    """GPUs the NVIDIA kernel driver lists in /proc (Linux): present even when the CUDA user-space
+    driver is too old for the bindings, or fails to initialize. 0 where there is no such folder."""
+    try:
+        return sum(1 for _ in os.scandir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
 def default_backend_name() -> str:
     """The backend used when none is named (decided once per process).
 
@@ -48,14 +57,16 @@ def default_backend_name() -> str:
             log.info("pykern: backend nvrtc (GPU %s)", getattr(nv, "arch", "?"))
         else:
             gpu = getattr(nv, "arch", "")  # set once the driver has reported a device
+            listed = 0 if gpu else nvidia_gpus_listed()  # a GPU the CUDA driver could not even report
             numba_be = _instance("numba")
             on_gpu = getattr(numba_be, "on_gpu", lambda: False)()
             _default = "numba" if on_gpu else "host"
-            if gpu or on_gpu:
+            if gpu or listed or on_gpu:
                 where = ("numba (its numba.cuda reference kernels on the GPU)" if on_gpu
                          else "host (the CPU emulator: far slower than the GPU)")
                 warnings.warn(
-                    f"pykern: a CUDA GPU{f' ({gpu})' if gpu else ''} is present but the nvrtc backend is unusable "
+                    f"pykern: a CUDA GPU{f' ({gpu})' if gpu else ''} is present"
+                    f"{' (listed in /proc/driver/nvidia/gpus)' if listed else ''} but the nvrtc backend is unusable "
                     f"({why}); running on the {where} backend. Set PYKERN_BACKEND=nvrtc to make this an error",
                     BackendWarning, stacklevel=3,
                 )
