@@ -475,3 +475,17 @@ def test_clis_without_the_optional_packages(tmp_path):
     assert "pip install 'pykern[test]'" in r.stderr  # the bf16 cases say what brings them back
     r = run("-m", "pykern.difftest", "--kernels", "transpose_2d", "--no-big")
     assert r.returncode == 2 and "pip install 'pykern[numba]'" in r.stderr and "--backends host" in r.stderr
+
+
+def test_remove_leftovers_only_touches_the_given_processes(tmp_path):
+    root = tmp_path / "cache"
+    (root / "ab").mkdir(parents=True)
+    mine = [root / "ab" / ".abcd.pkc.4242.0123456789ab.tmp", root / "ab" / ".abce.lock"]
+    other = [root / "ab" / ".abcf.pkc.777.0123456789ab.tmp", root / "ab" / ".abd0.lock", root / "ab" / "abcd.pkc"]
+    mine[0].write_bytes(b"half")
+    mine[1].write_text("4242 host 1.0\n")
+    other[0].write_bytes(b"half")
+    other[1].write_text("777 host 1.0\n")
+    other[2].write_bytes(b"whole")
+    assert cache.remove_leftovers(root, [4242]) == 2
+    assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
