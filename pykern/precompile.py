@@ -170,7 +170,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="only sources defining a kernel whose name matches GLOB (fnmatch, repeatable); "
                          "the table lists only matching kernels")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, metavar="N",
-                    help="worker processes for the compiles (default: CPU count, %(default)s here)")
+                    help="worker processes for the compiles (default: CPU count, %(default)s here); 1 compiles "
+                         "in this process, where a signal waits for the compile in progress")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--cache-dir", metavar="DIR",
                        help="cache folder to fill (default: PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, "
@@ -317,11 +318,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
             return 1
         n_workers = min(args.jobs, len(misses))
         try:
-            if len(misses) == 1:  # one compile: a worker process would only add its start-up time
-                src, arch = misses[0]
-                mod, e, secs = _compile_job(str(src), arch, options, defines, str(root))
-                r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
-                report(r)
+            if n_workers == 1:
+                # In this process (no start-up cost; what --jobs 1 is for). A signal lands between two
+                # compiles: the one in progress finishes first (NVRTC holds the GIL), the rest are dropped.
+                for src, arch in misses:
+                    mod, e, secs = _compile_job(str(src), arch, options, defines, str(root))
+                    r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
+                    report(r)
             else:
                 pool = _Workers(n_workers)
                 try:

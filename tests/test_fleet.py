@@ -489,3 +489,17 @@ def test_remove_leftovers_only_touches_the_given_processes(tmp_path):
     other[2].write_bytes(b"whole")
     assert cache.remove_leftovers(root, [4242]) == 2
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
+
+
+def test_jobs_1_stops_after_the_compile_in_progress(env, tmp_path):
+    from pykern import compiler
+
+    total = 2 * len(compiler.expand_archs(["all"]))
+    proc = subprocess.Popen([sys.executable, "-m", "pykern.precompile", "--arch", "all", "--kernels", "pkt_*",
+                             "--jobs", "1"], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stderr.readline().startswith(f"[1/{total}]")
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=30)
+    assert proc.returncode == 130 and time.monotonic() - t0 < 5.0 and "Traceback" not in err
+    assert _leftovers(tmp_path / "cache") == []
