@@ -207,8 +207,11 @@ def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
         data = path.read_bytes()
     except (FileNotFoundError, NotADirectoryError):  # absent, or the cache folder is not a folder at all
         return None
-    except OSError as e:
-        _log_corrupt(path, f"unreadable: {e}")
+    except OSError as e:  # permissions, I/O error: not corruption, and not worth a rebuild message
+        if str(path) not in _logged_corrupt:
+            _logged_corrupt.add(str(path))
+            log.warning("pykern cache: cannot read entry %s (%s: %s); compiling instead", path,
+                        type(e).__name__, e.strerror or e)
         return None
     try:
         return decode_entry(data, key)
