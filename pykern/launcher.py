@@ -139,6 +139,15 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
                 raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
             return ct(v)
 
+    elif st.kind == "vector":  # float2, int4, ...: a sequence of its components
+        comp = _scalar_converter(spec, i, Param(p.name, st.component))
+        count = st.count
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) != count:
+                raise ArgumentTypeError(f"{label}: expected a sequence of {count} {st.component} values, got {v!r}")
+            return ct(*(comp(x).value for x in v))
+
     else:
 
         def convert(v: Any) -> Any:

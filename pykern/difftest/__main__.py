@@ -37,6 +37,15 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or blocked in sys.modules
+        return False
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     t0 = time.perf_counter()
@@ -51,6 +60,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     except PykernError as e:
         print(f"difftest: {e}", file=sys.stderr)
         return 2
+    for why in runner.SKIPPED:  # an optional package missing: say which extra brings those cases back
+        print(f"difftest: skipped {why}", file=sys.stderr)
     if args.list:
         for c in cases:
             print(f"{c.id}  kernels={','.join(c.kernels)}")
@@ -66,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         for m in problems:
             print(f"difftest: {m}", file=sys.stderr)
+        if any(lb.backend == "numba" for lb in labels) and not _importable("numba.cuda"):
+            print("difftest: the numba backend comes with an extra: pip install 'pykern[numba]' "
+                  "(or pip install 'pykern[test]'); or leave it out: --backends host", file=sys.stderr)
         return 2
 
     out = sys.stdout

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, MissingDependency
 from ..tolerance import tolerance
 from .case import Case, families
 
@@ -165,12 +165,16 @@ def collect_cases(seed: int = 0, kernels: str | None = None, big: bool = True) -
     """Every registered family's cases (sorted by family), filtered by a kernel glob (',' = or) and note="big"."""
     globs = [g.strip() for g in (kernels or "").split(",") if g.strip()]
     out: list[Case] = []
+    SKIPPED.clear()
     for family, gen in sorted(families().items()):
-        for case in gen(family_rng(seed, family)):
-            if not big and case.note == "big":
-                continue
-            if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
-                out.append(case)
+        try:
+            for case in gen(family_rng(seed, family)):
+                if not big and case.note == "big":
+                    continue
+                if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
+                    out.append(case)
+        except MissingDependency as e:  # e.g. bf16 data without ml_dtypes: the other families still run
+            SKIPPED.append(f"family {family}: its remaining cases, because {e}")
     return out
 
 
@@ -201,6 +205,10 @@ def first_case_per_kernel(cases: Sequence[Case]) -> dict[str, Case]:
         for k in case.kernels:
             out.setdefault(k, case)
     return out
+
+
+# Why cases were left out by the last collect_cases (the CLI prints these).
+SKIPPED: list[str] = []
 
 
 # ----------------------------------------------------------------------------------------------- comparison

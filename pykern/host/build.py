@@ -234,9 +234,13 @@ def build(
     tu = translation_unit(path, text, specs)
     opts = flags(sanitize)
     incs = [f"-I{HERE}", f"-I{path.parent}", *(f"-I{d}" for d in include_dirs)]
+    # The key must not depend on where the checkout lives (each CI checkout would add a set of
+    # libraries nothing removes): the TU is hashed with the source's folder written out, and the include
+    # folders are not hashed, since `digest` covers every included header by name and bytes. A library
+    # built in another checkout is reused as is; only its #line paths (in sanitizer reports) name it.
     key = _key(
-        tu.encode(), digest.encode(), HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(),
-        "\0".join(opts).encode(), "\0".join(incs).encode(),
+        tu.replace(_c_string(str(path)), _c_string(path.name)).encode(), digest.encode(), HEADER.read_bytes(),
+        RUNTIME.read_bytes(), cc.version.encode(), "\0".join(opts).encode(),
     )
     target = host_cache_dir() / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
     if target.exists():
