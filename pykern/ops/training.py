@@ -75,6 +75,7 @@ def _device_like(host: np.ndarray, like: Any) -> Any:
 # --------------------------------------------------------------------------- transpose
 
 
+@arrays.stream_scoped
 def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """Contiguous `x.T` of a 2-D array (f32 or bf16, bit-exact).
 
@@ -108,6 +109,7 @@ def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> A
 # --------------------------------------------------------------------------- softmax backward
 
 
+@arrays.stream_scoped
 def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """grad_in = probs * (grad_out - rowsum(probs * grad_out)) over the last axis (f32 or bf16)."""
     kind = arrays.io_kind("probs", probs)
@@ -148,6 +150,7 @@ def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
     return -(-n_rows // rows_per_chunk), rows_per_chunk
 
 
+@arrays.stream_scoped
 def rms_norm_backward(
     x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
@@ -204,6 +207,7 @@ def rms_norm_backward(
 # --------------------------------------------------------------------------- embedding backward
 
 
+@arrays.stream_scoped
 def embedding_backward(
     grad_out: Any, ids: Any, vocab_size: int, *, stream: Any = None, backend: str | None = None
 ) -> Any:
@@ -287,6 +291,7 @@ def _ids_like(ids: Any, like: Any) -> Any:
 # --------------------------------------------------------------------------- cross-entropy
 
 
+@arrays.stream_scoped
 def cross_entropy_fwd_bwd(
     logits: Any, targets: Any, pad_id: int = -100, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
