@@ -162,6 +162,28 @@ def test_inplace_rope_on_a_tensor_writes_it():
     np.testing.assert_array_equal(t.numpy(), ops.rope(x, cos, sin))
 
 
+class _DLPackOnly:
+    """A host array seen only through DLPack (as a JAX or other library array would be)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_inputs_give_numpy_outputs():
+    x, w = _f((3, 8), np.float32), _f((8,), np.float32)
+    got = ops.rms_norm(_DLPackOnly(x), _DLPackOnly(w))
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, ops.rms_norm(x, w))
+    ids = np.array([1, 0, 2])
+    np.testing.assert_array_equal(ops.embedding(_DLPackOnly(ids), _DLPackOnly(x)), x[ids])
+
+
 def test_not_an_array_is_named():
     w = torch.ones(4)
     with pytest.raises(ArgumentTypeError, match=r"^x: expected an array .* got list"):
