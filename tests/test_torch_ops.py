@@ -210,6 +210,8 @@ def test_launch_takes_tensors_directly():
         pykern.launch("silu_gate", 1, 32, strided(x), x, out, 8)
     with pytest.raises(ArgumentTypeError, match=r"float32 tensor, got dtype torch.float64"):
         pykern.launch("silu_gate", 1, 32, x.double(), x, out, 8)
+    with pytest.raises(ArgumentTypeError, match=r"argument 0 .*expected a CPU or CUDA tensor, got one on meta"):
+        pykern.launch("silu_gate", 1, 32, x.to("meta"), x, out, 8)
 
 
 # --------------------------------------------------------------------------- out=
