@@ -34,6 +34,8 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("rope", "bf16"): BF16,
     ("silu_gate", "f32"): F32,
     ("silu_gate", "bf16"): BF16,
+    ("silu_gate_backward", "f32"): F32,
+    ("silu_gate_backward", "bf16"): BF16,
     ("rms_norm", "f32"): F32,
     ("rms_norm", "bf16"): BF16,
     ("causal_attn_softmax", "f32"): F32,

@@ -89,7 +89,8 @@ def _numba_subset() -> list:
         if c.note == "big":
             continue
         key = (c.op, c.dtype)
-        edge = c.op == "flash_attention" and any(t in c.shape for t in ("q65-k17", "d48v130", "h8/1"))
+        edge = (c.op == "flash_attention" and any(t in c.shape for t in ("q65-k17", "d48v130", "h8/1"))) or (
+            c.op == "rope" and "pidb-hf-inv" in c.shape)
         if key not in seen or edge:
             seen.add(key)
             picked.append(c)
