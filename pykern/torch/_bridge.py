@@ -31,9 +31,11 @@ def _to_numpy(t: torch.Tensor) -> np.ndarray:
 
 def _to_torch(a: Any) -> Any:
     if isinstance(a, np.ndarray):
+        if not a.flags.c_contiguous:  # (np.ascontiguousarray would turn a 0-d array into 1-d)
+            a = a.copy(order="C")
         if a.dtype.name == "bfloat16":
-            return torch.from_numpy(np.ascontiguousarray(a).view(np.int16)).view(torch.bfloat16)
-        return torch.from_numpy(np.ascontiguousarray(a))
+            return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        return torch.from_numpy(a)
     if isinstance(a, tuple):
         return tuple(_to_torch(x) for x in a)
     if isinstance(a, list):

@@ -20,7 +20,7 @@ from torch import Tensor
 
 from ..errors import ArgumentError, ArgumentTypeError
 from .. import ops as _ops
-from ._bridge import call, has_op
+from ._bridge import call
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
 
@@ -94,12 +94,8 @@ def _(gate, up):
 
 @torch.library.custom_op(_lib + "swiglu_backward", mutates_args=())
 def _swiglu_backward(gate: Tensor, up: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
-    if has_op("silu_gate_backward"):
-        return tuple(call("silu_gate_backward", _c(gate), _c(up), _c(grad_out)))
-    # Until pykern.ops.silu_gate_backward exists: the same formula in torch, fp32 math.
-    g, u, go = gate.float(), up.float(), grad_out.float()
-    s = torch.sigmoid(g)
-    return (go * u * s * (1 + g * (1 - s))).to(gate.dtype), (go * g * s).to(up.dtype)
+    gg, gu = call("silu_gate_backward", _c(gate), _c(up), _c(grad_out))
+    return gg, gu
 
 
 @_swiglu_backward.register_fake
@@ -127,35 +123,36 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- rope
 
 
-@torch.library.custom_op(_lib + "rope_tokens", mutates_args=())
-def _rope_tokens(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor) -> tuple[Tensor, Tensor]:
-    # q (n_tok, hq, d), k (n_tok, hk, d); cos/sin (n_tok, d // 2) float32, one row per token.
-    return call("rope", _c(q), cos, sin, style="half"), call("rope", _c(k), cos, sin, style="half")
+@torch.library.custom_op(_lib + "rope", mutates_args=())
+def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+    # q (b, s, hq, d), k (b, s, hk, d); cos/sin (max_pos, d) float32 tables; position_ids (b or 1, s) int64.
+    kw = dict(position_ids=position_ids, style="half", inverse=inverse)
+    return call("rope", _c(q), cos, sin, **kw), call("rope", _c(k), cos, sin, **kw)
 
 
-@_rope_tokens.register_fake
-def _(q, k, cos, sin):
+@_rope.register_fake
+def _(q, k, cos, sin, position_ids, inverse):
     return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k)
 
 
 def _rope_setup(ctx, inputs, output):
-    ctx.save_for_backward(inputs[2], inputs[3])
+    ctx.save_for_backward(inputs[2], inputs[3], inputs[4])
+    ctx.inverse = inputs[5]
 
 
 def _rope_bwd(ctx, gq, gk):
-    cos, sin = ctx.saved_tensors
-    # The rotation by -theta is the transpose of the rotation by theta.
-    dq, dk = torch.ops.pykern.rope_tokens(gq, gk, cos, torch.neg(sin))
-    return dq, dk, None, None
+    cos, sin, pos = ctx.saved_tensors
+    # The rotation by -theta is the inverse and the transpose of the rotation by theta.
+    dq, dk = torch.ops.pykern.rope(gq, gk, cos, sin, pos, not ctx.inverse)
+    return dq, dk, None, None, None, None
 
 
-_rope_tokens.register_autograd(_rope_bwd, setup_context=_rope_setup)
+_rope.register_autograd(_rope_bwd, setup_context=_rope_setup)
 
 
-def _token_tables(cos: Tensor, sin: Tensor, batch: int, seq: int, head_dim: int,
-                  position_ids: Optional[Tensor]) -> tuple[Tensor, Tensor]:
-    """Per-token (batch * seq, head_dim // 2) float32 cos/sin rows from either HF table form."""
-    half = head_dim // 2
+def _tables(cos: Tensor, sin: Tensor, batch: int, seq: int, head_dim: int,
+            position_ids: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """(cos table, sin table, position_ids) in the form pykern.ops.rope takes, from either HF table form."""
     if cos.shape != sin.shape:
         raise ArgumentError(f"sin: expected the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
     if cos.shape[-1] != head_dim:
@@ -163,25 +160,27 @@ def _token_tables(cos: Tensor, sin: Tensor, batch: int, seq: int, head_dim: int,
     if cos.dim() == 2:  # HF (max_pos, head_dim) tables, indexed by position
         if position_ids is None:
             position_ids = torch.arange(seq, device=cos.device)
-        position_ids = position_ids.to(cos.device)
         if position_ids.dim() == 1:
             position_ids = position_ids.unsqueeze(0)
         if position_ids.dim() != 2 or position_ids.shape[-1] != seq or position_ids.shape[0] not in (1, batch):
             raise ArgumentError(
                 f"position_ids: expected shape ({batch}, {seq}) or ({seq},), got {tuple(position_ids.shape)}"
             )
-        idx = position_ids.expand(batch, seq).reshape(-1)
-        c, s = cos[idx, :half], sin[idx, :half]
-    elif cos.dim() == 3:  # HF rotary module output (batch or 1, seq, head_dim), one row per token
+        if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
+            raise ArgumentTypeError(f"position_ids: expected an integer tensor, got {position_ids.dtype}")
+        pos = position_ids.to(device=cos.device, dtype=torch.int64)
+        c, s = cos, sin
+    elif cos.dim() == 3:  # HF rotary module output (batch or 1, seq, head_dim): one table row per token
         if position_ids is not None:
             raise ArgumentError("position_ids: must be None when cos/sin are per-token (batch, seq, head_dim)")
         if cos.shape[1] != seq or cos.shape[0] not in (1, batch):
             raise ArgumentError(f"cos: expected shape ({batch} or 1, {seq}, {head_dim}), got {tuple(cos.shape)}")
-        c = cos[..., :half].expand(batch, seq, half).reshape(-1, half)
-        s = sin[..., :half].expand(batch, seq, half).reshape(-1, half)
+        c, s = cos.reshape(-1, head_dim), sin.reshape(-1, head_dim)
+        pos = torch.arange(c.shape[0], device=cos.device).view(cos.shape[0], seq)
     else:
         raise ArgumentError(f"cos: expected (max_pos, head_dim) or (batch, seq, head_dim), got {tuple(cos.shape)}")
-    return _c(c.detach().float()), _c(s.detach().float())
+    return _c(c.detach().float()), _c(s.detach().float()), _c(pos)
+
 
 
 def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
@@ -189,20 +188,19 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
 
     q (batch, seq, n_heads, head_dim), k (batch, seq, n_kv_heads, head_dim).
     cos/sin are HF tables, either (max_pos, head_dim) indexed by position_ids
-    ((batch, seq) or (seq,); default 0..seq-1), or the (batch or 1, seq,
-    head_dim) per-token rows HF's rotary module returns. As in HF the two
-    halves of a table row are equal (emb = cat(freqs, freqs)); the first half is
-    used. Gradients flow to q and k (cos/sin are constants).
+    ((batch, seq), (1, seq) or (seq,); default 0..seq-1), or the (batch or 1,
+    seq, head_dim) per-token rows HF's rotary module returns. As in HF the two
+    halves of a table row are equal (emb = cat(freqs, freqs)). Gradients flow
+    to q and k (cos/sin are constants, as in HF where they come from no_grad).
     """
     for name, t in (("q", q), ("k", k)):
         if t.dim() != 4:
             raise ArgumentError(f"{name}: expected (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
-    b, s, hq, d = q.shape
+    b, s, _, d = q.shape
     if k.shape[0] != b or k.shape[1] != s or k.shape[3] != d:
         raise ArgumentError(f"k: expected shape ({b}, {s}, n_kv_heads, {d}), got {tuple(k.shape)}")
-    c, sn = _token_tables(cos, sin, b, s, d, position_ids)
-    oq, ok = torch.ops.pykern.rope_tokens(q.reshape(b * s, hq, d), k.reshape(b * s, k.shape[2], d), c, sn)
-    return oq.view(b, s, hq, d), ok.view(b, s, k.shape[2], d)
+    c, sn, pos = _tables(cos, sin, b, s, d, position_ids)
+    return torch.ops.pykern.rope(q, k, c, sn, pos, False)
 
 
 # --------------------------------------------------------------------------- flash_attention
