@@ -35,11 +35,11 @@ def group_lanes(head_dim: int) -> int:
     return 4 if head_dim <= 64 else 8 if head_dim <= 128 else 16
 
 
-def _zero(buf: Any, n: int, backend: str | None) -> None:
-    _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, backend=backend)
+def _zero(buf: Any, n: int, backend: str | None, stream: Any = None) -> None:
+    _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, stream=stream, backend=backend)
 
 
-def _naive(q, k, v, g, kind, dims, scale, causal, backend):
+def _naive(q, k, v, g, kind, dims, scale, causal, backend, stream=None):
     b, n_q, n_k, h, kvh, d = dims
     if n_k > NAIVE_MAX_SEQ:
         raise ArgumentError(
@@ -53,25 +53,25 @@ def _naive(q, k, v, g, kind, dims, scale, causal, backend):
     n_kv = _size(kv_shape)
     dk_acc = arrays.empty((n_kv,), np.float32, like=q)
     dv_acc = arrays.empty((n_kv,), np.float32, like=q)
-    _zero(dk_acc, n_kv, backend)
-    _zero(dv_acc, n_kv, backend)
+    _zero(dk_acc, n_kv, backend, stream)
+    _zero(dv_acc, n_kv, backend, stream)
     shared = (2 * d + 2 * n_k) * 4
     _launch(
         "attention_backward_naive" + _suffix(kind), (n_q, h, b), (_NAIVE_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, n_q, n_k, h, kvh, d, scale,
-        1 if causal else 0, shared_mem=shared, backend=backend,
+        1 if causal else 0, shared_mem=shared, stream=stream, backend=backend,
     )
     if kind == "f32":
         return dq, dk_acc.reshape(kv_shape), dv_acc.reshape(kv_shape)
     dk = arrays.empty(kv_shape, kind, like=q)
     dv = arrays.empty(kv_shape, kind, like=q)
     blocks = (max(1, min(-(-n_kv // 256), 4096)),)
-    _launch("training_f32_to_bf16", blocks, (256,), dk_acc, _flat(dk), n_kv, backend=backend)
-    _launch("training_f32_to_bf16", blocks, (256,), dv_acc, _flat(dv), n_kv, backend=backend)
+    _launch("training_f32_to_bf16", blocks, (256,), dk_acc, _flat(dk), n_kv, stream=stream, backend=backend)
+    _launch("training_f32_to_bf16", blocks, (256,), dv_acc, _flat(dv), n_kv, stream=stream, backend=backend)
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend):
+def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None):
     b, n_q, n_k, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
@@ -83,7 +83,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend):
         delta = arrays.empty((n_rows,), np.float32, like=q)
         _launch(
             "attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
-            _flat(g), _flat(out), delta, n_rows, d, backend=backend,
+            _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend,
         )
     else:
         lse_buf = arrays.empty((n_rows,), np.float32, like=q)
@@ -91,7 +91,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend):
         _launch(
             "attention_bwd_lse" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
             _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, c, G,
-            shared_mem=2 * _STAGE * d * 4, backend=backend,
+            shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
@@ -99,12 +99,13 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend):
     _launch(
         "attention_backward_flash_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
-        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, backend=backend,
+        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream,
+        backend=backend,
     )
     _launch(
         "attention_backward_flash_dq" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
-        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=2 * _STAGE * d * 4, backend=backend,
+        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
     )
     return dq, dk, dv
 
@@ -120,6 +121,7 @@ def attention_backward(
     scale: float | None = None,
     causal: bool = True,
     method: str = "auto",
+    stream: Any = None,
     backend: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of out = softmax(scale * q k^T) v per (batch, head), given grad_out = dL/dout.
@@ -193,6 +195,7 @@ def attention_backward(
     if b * n_q * h == 0 or n_k == 0:  # nothing to launch: no query or no key gives zero gradients
         return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(ks, kind, like=q))
     dims = (b, n_q, n_k, h, kvh, d)
+    stream = arrays.launch_stream(stream, q)
     if method == "naive":
-        return _naive(q, k, v, grad_out, kind, dims, scale, causal, backend)
-    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, causal, backend)
+        return _naive(q, k, v, grad_out, kind, dims, scale, causal, backend, stream)
+    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, causal, backend, stream)
