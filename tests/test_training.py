@@ -134,8 +134,11 @@ def test_deterministic_kernels_are_bitwise_stable_across_schedules(monkeypatch: 
 def _numba_subset() -> list:
     picked, seen = [], set()
     for c in _SMALL:
-        key = (c.op, c.dtype, c.shape.split("-")[-1] if c.op == "attention_backward" else "")
-        if key not in seen:
+        # attention: one per method, and again for the issue-10 shapes (n_q != n_k, causal=False)
+        new = c.op == "attention_backward" and bool(re.search(r"q\d+k\d+|-full", c.shape))
+        key = (c.op, c.dtype, c.shape.split("-")[-1] if c.op == "attention_backward" else "", new)
+        edge = c.op == "attention_backward" and c.shape.startswith(("q17k5", "2xq9k23"))  # rows that see no key; GQA 4
+        if key not in seen or edge:
             seen.add(key)
             picked.append(c)
     return picked
@@ -343,7 +346,7 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
             bounds[k] = int(b)
     seen: list[tuple[str, int, int]] = []
 
-    def record(name, grid, block, *args, shared_mem=0, backend=None):
+    def record(name, grid, block, *args, shared_mem=0, stream=None, backend=None):
         block = block if isinstance(block, tuple) else (block,)
         seen.append((name, int(np.prod(block)), shared_mem))
 

@@ -23,12 +23,18 @@ _THREADS = 256
 # saturate bandwidth; more blocks only add scheduling (and host fibers).
 _MAX_BLOCKS = 4096
 _INT_MAX = 2**31 - 1
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
-def _launch(name: str, grid: Any, block: Any, *args: Any, backend: str | None) -> None:
+def _launch(name: str, grid: Any, block: Any, *args: Any, stream: Any = None, backend: str | None) -> None:
     from ..launcher import launch
 
-    launch(name, grid, block, *args, backend=backend)
+    launch(name, grid, block, *args, stream=stream, backend=backend)
+
+
+def _flat(a: Any) -> Any:
+    """A 1-D view of a contiguous array (NumPy, torch and CuPy all have reshape)."""
+    return a.reshape(-1)
 
 
 def _blocks(units: int) -> int:
@@ -41,41 +47,49 @@ def _f32_table(name: str, t: Any) -> Any:
         if t.dtype.kind != "f" and arrays.dtype_name(t) != "bfloat16":
             raise ArgumentTypeError(f"{name}: expected a float32 table, got dtype {t.dtype.name}")
         return np.ascontiguousarray(t, dtype=np.float32)
+    if arrays.is_torch(t) and arrays.dtype_name(t) in ("bfloat16", "float16", "float64"):
+        t = arrays.astype(t, "float32")  # on its own device
     arrays.io_kind(name, t, ("f32",))
-    return t
+    return arrays.contiguous(t)
 
 
 # --------------------------------------------------------------------------- embedding
 
 
-def embedding(ids: Any, table: Any, *, backend: str | None = None) -> Any:
-    """Rows `table[ids]`: ids (n,) integers in [0, vocab), table (vocab, dim) f32 or bf16 -> (n, dim).
+def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
+    """Rows `table[ids]`: ids (n,) or (batch, seq) integers in [0, vocab), table (vocab, dim) f32 or bf16
+    -> (n, dim) or (batch, seq, dim).
 
-    ids are checked on the host before launch (an out-of-range id is an
-    ArgumentError); device id arrays must be int64 and are trusted, the kernel
-    writes a zero row for an id it cannot read.
+    Host ids (NumPy, CPU tensors, lists) are checked before launch (an out-of-range id
+    is an ArgumentError). Device ids of any integer dtype are converted to int64 on
+    their device and trusted: the kernel writes a zero row for an id it cannot read.
     """
     kind = arrays.io_kind("table", table)
     vocab, dim = arrays.check_ndim("table", table, (2,))
     if isinstance(ids, (list, tuple)):
         ids = np.asarray(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
-    n = arrays.check_ndim("ids", ids, (1,))[0]
-    if isinstance(ids, np.ndarray):
-        if ids.dtype.kind not in "iu":
-            raise ArgumentTypeError(f"ids: expected an integer array, got dtype {ids.dtype.name}")
-        if n and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            bad = ids[(ids < 0) | (ids >= vocab)][0]
+    id_shape = tuple(arrays.check_ndim("ids", ids, (1, 2)))
+    n = _size(id_shape)
+    if arrays.dtype_name(ids, "ids") not in _INT_DTYPES:
+        raise ArgumentTypeError(f"ids: expected an integer array, got dtype {arrays.dtype_name(ids)}")
+    if arrays.is_host(ids):
+        h = arrays.host_view(ids)
+        if n and (int(h.min()) < 0 or int(h.max()) >= vocab):
+            bad = h[(h < 0) | (h >= vocab)].reshape(-1)[0]
             raise ArgumentError(f"ids: expected every id in [0, {vocab}), got {int(bad)}")
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-    elif arrays.dtype_name(ids) != "int64":
-        raise ArgumentTypeError(f"ids: expected an int64 device array, got {arrays.dtype_name(ids)}")
+    ids = arrays.contiguous(arrays.astype(ids, "int64"))
     _check_u32("table.shape[1]", dim)
     table = arrays.contiguous(table)
-    out = arrays.empty((n, dim), arrays.dtype_name(table), like=table)
+    shape = id_shape + (dim,)
+    if out is None:
+        out = arrays.empty(shape, arrays.dtype_name(table), like=table)
+    else:
+        out = arrays.check_out(out, shape, arrays.dtype_name(table), table)
     if n == 0 or dim == 0:
         return out
     units = -(-n * dim // 4)
-    _launch("embedding" + _suffix(kind), _blocks(units), _THREADS, ids, table, out, n, vocab, dim, backend=backend)
+    _launch("embedding" + _suffix(kind), _blocks(units), _THREADS, _flat(ids), table, _flat(out), n, vocab, dim,
+            stream=arrays.launch_stream(stream, table), backend=backend)
     return out
 
 
@@ -105,33 +119,34 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
     """(int64 positions for the kernel, n_pos, the host copy or None) from position_ids.
 
     (n_tokens,) and (1, n_tokens) are shared by every batch row; (batch, n_tokens)
-    gives each batch row its own. Host arrays of any integer dtype are checked
-    against [0, max_pos) here; device arrays must be int64 and are trusted (the
-    kernel writes zeros for a position it cannot read).
+    gives each batch row its own. Host arrays (NumPy, CPU tensors, lists) of any
+    integer dtype are checked against [0, max_pos) here; device arrays of any
+    integer dtype are converted to int64 on their device and trusted (the kernel
+    writes zeros for a position it cannot read).
     """
     n_tokens = x_shape[-3]
     batch = x_shape[0] if len(x_shape) == 4 else 1
     if isinstance(position_ids, (list, tuple)):
         position_ids = np.asarray(position_ids) if len(position_ids) else np.zeros(0, np.int64)
-    pshape = arrays.check_ndim("position_ids", position_ids, (1, 2))
+    pshape = tuple(arrays.check_ndim("position_ids", position_ids, (1, 2)))
     if pshape not in ((n_tokens,), (1, n_tokens), (batch, n_tokens)):
         want = f"({n_tokens},) or (1, {n_tokens})" + (f" or ({batch}, {n_tokens})" if batch > 1 else "")
         raise ArgumentError(f"position_ids: expected shape {want} for x of shape {tuple(x_shape)}, got {pshape}")
     n_pos = n_tokens * (batch if len(pshape) == 2 and pshape[0] == batch else 1)
-    if isinstance(position_ids, np.ndarray):
-        if position_ids.dtype.kind not in "iu":
-            raise ArgumentTypeError(f"position_ids: expected an integer array, got dtype {position_ids.dtype.name}")
-        if position_ids.size:
-            lo, hi = int(position_ids.min()), int(position_ids.max())
+    if arrays.dtype_name(position_ids, "position_ids") not in _INT_DTYPES:
+        raise ArgumentTypeError(f"position_ids: expected an integer array, got dtype {arrays.dtype_name(position_ids)}")
+    if arrays.is_host(position_ids):
+        h = arrays.host_view(position_ids)
+        if h.size:
+            lo, hi = int(h.min()), int(h.max())
             if lo < 0 or hi >= max_pos:
                 bad = lo if lo < 0 else hi
                 raise ArgumentError(f"position_ids: expected every position in [0, {max_pos}) (the tables' rows), "
                                     f"got {bad}")
-        host = np.ascontiguousarray(position_ids, dtype=np.int64).reshape(-1)
+        host = np.ascontiguousarray(h, dtype=np.int64).reshape(-1)
         return host, n_pos, host
-    if arrays.dtype_name(position_ids) != "int64":
-        raise ArgumentTypeError(f"position_ids: expected an int64 device array, got {arrays.dtype_name(position_ids)}")
-    return arrays.contiguous(position_ids), n_pos, None
+    # device ids: converted to int64 on their device, trusted (the kernel zeroes a row it cannot read)
+    return arrays.contiguous(arrays.astype(position_ids, "int64")), n_pos, None
 
 
 def rope(
@@ -144,15 +159,18 @@ def rope(
     style: str = "interleaved",
     inverse: bool = False,
     inplace: bool = False,
+    out: Any = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """Rotary position embedding of x (n_tokens, n_heads, head_dim) or (batch, n_tokens, n_heads, head_dim).
 
     Positions: token t (of every batch row) sits at position pos_offset + t, or
     at position_ids[t] / position_ids[b, t] when position_ids is given (integer
-    array (n_tokens,), (1, n_tokens) or (batch, n_tokens), each in [0, max_pos);
-    host arrays of any integer dtype are checked before launch, device arrays
-    must be int64). pos_offset and position_ids are exclusive.
+    array (n_tokens,), (1, n_tokens) or (batch, n_tokens) of any integer dtype,
+    each in [0, max_pos); host arrays are checked before launch, device arrays
+    are trusted and a row at a position outside the tables is written as zeros).
+    pos_offset and position_ids are exclusive.
 
     Tables (fp32 for f32 and bf16 x), one of two layouts, cos and sin alike:
     - (max_pos, head_dim // 2): pair i of position p rotates by the angle with
@@ -168,7 +186,8 @@ def rope(
     inverse=True rotates by the opposite angle (sin negated): the inverse and
     transpose of the rotation, so rope's backward is
     grad_x = rope(grad_y, cos, sin, ..., inverse=True) with the same positions.
-    inplace=True writes into x (which must then be C-contiguous) and returns it.
+    inplace=True writes into x (which must then be C-contiguous) and returns it;
+    out= writes into a given array (x's shape, dtype and kind) instead.
     """
     kind = arrays.io_kind("x", x)
     shp = arrays.check_ndim("x", x, (3, 4))
@@ -214,26 +233,34 @@ def rope(
         positions, n_pos, used = None, n_tokens, slice(int(pos_offset), int(pos_offset) + n_tokens)
     if full and used is not None:
         for name, t in (("cos", cos), ("sin", sin)):
-            if isinstance(t, np.ndarray):
-                _check_full_table(name, t, used, style, half)
+            if arrays.is_host(t):  # device tables are trusted
+                _check_full_table(name, arrays.host_view(t), used, style, half)
     if inplace:
+        if out is not None:
+            raise ArgumentError("out: not allowed with inplace=True (the result is written into x)")
         if isinstance(x, np.ndarray) and (not x.flags.c_contiguous or not x.flags.writeable):
             raise ArgumentError("x: inplace=True needs a C-contiguous, writeable array")
+        if arrays.is_torch(x) and not x.is_contiguous():
+            raise ArgumentError("x: inplace=True needs a contiguous tensor")
         out = x
     else:
         x = arrays.contiguous(x)
-        out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+        if out is None:
+            out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+        else:
+            out = arrays.check_out(out, shp, arrays.dtype_name(x), x)
     n_rows = _size(shp[:-1])
     if n_rows == 0 or half == 0:
         return out
     if positions is None:
-        positions = _NO_POSITIONS if isinstance(x, np.ndarray) else arrays.zeros((1,), "int64", like=x)
+        # never read when has_pos == 0: any int64 buffer on x's kind of memory will do
+        positions = _NO_POSITIONS if isinstance(x, np.ndarray) else arrays.empty((1,), "int64", like=x)
     units = n_rows * max(1, half // 4)
     _launch(
         "rope" + _suffix(kind), _blocks(units), _THREADS,
         x, out, cos, sin, positions, n_rows, n_pos, n_heads, head_dim, int(pos_offset), max_pos,
         0 if position_ids is None else 1, 1 if full else 0, _STYLES[style], 1 if inverse else 0,
-        backend=backend,
+        stream=arrays.launch_stream(stream, x), backend=backend,
     )
     return out
 
@@ -241,7 +268,7 @@ def rope(
 # --------------------------------------------------------------------------- silu_gate
 
 
-def silu_gate(gate: Any, up: Any, *, backend: str | None = None) -> Any:
+def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """silu(gate) * up elementwise (SwiGLU), any shape, f32 or bf16 (fp32 math)."""
     kind = arrays.io_kind("gate", gate)
     _same_dtype("up", up, kind, "gate")
@@ -249,15 +276,18 @@ def silu_gate(gate: Any, up: Any, *, backend: str | None = None) -> Any:
     if gs != us:
         raise ArgumentError(f"up: expected the shape of gate {gs}, got {us}")
     gate, up = arrays.contiguous(gate), arrays.contiguous(up)
-    out = arrays.empty(gs, arrays.dtype_name(gate), like=gate)
+    out = _out(out, gs, arrays.dtype_name(gate), gate)
     n = _size(gs)
     if n == 0:
         return out
-    _launch("silu_gate" + _suffix(kind), _blocks(-(-n // 4)), _THREADS, gate, up, out, n, backend=backend)
+    _launch("silu_gate" + _suffix(kind), _blocks(-(-n // 4)), _THREADS, gate, up, out, n,
+            stream=arrays.launch_stream(stream, gate), backend=backend)
     return out
 
 
-def silu_gate_backward(gate: Any, up: Any, grad_out: Any, *, backend: str | None = None) -> tuple[Any, Any]:
+def silu_gate_backward(
+    gate: Any, up: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None
+) -> tuple[Any, Any]:
     """(grad_gate, grad_up) of out = silu(gate) * up given grad_out = dL/dout.
 
     With s = sigmoid(gate): grad_up = grad_out * gate * s and
@@ -278,7 +308,7 @@ def silu_gate_backward(gate: Any, up: Any, grad_out: Any, *, backend: str | None
     if n == 0:
         return grad_gate, grad_up
     _launch("silu_gate_backward" + _suffix(kind), _blocks(-(-n // 4)), _THREADS,
-            gate, up, grad_out, grad_gate, grad_up, n, backend=backend)
+            gate, up, grad_out, grad_gate, grad_up, n, stream=arrays.launch_stream(stream, gate), backend=backend)
     return grad_gate, grad_up
 
 
@@ -294,7 +324,9 @@ def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int
     return max(1, min(65535, n_rows)), (threads, 1)
 
 
-def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, backend: str | None = None) -> Any:
+def rms_norm(
+    x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, stream: Any = None, backend: str | None = None
+) -> Any:
     """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis; same dtype as x, statistics in fp32."""
     kind = arrays.io_kind("x", x)
     _same_dtype("weight", weight, kind, "x")
@@ -308,16 +340,17 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, backend: str | None = No
         raise ArgumentError(f"eps: expected a finite number >= 0, got {eps!r}")
     _check_u32("x.shape[-1]", dim)
     x, weight = arrays.contiguous(x), arrays.contiguous(weight)
-    out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+    out = _out(out, shp, arrays.dtype_name(x), x)
     n_rows = _size(shp[:-1])
     if n_rows == 0 or dim == 0:
         return out
     grid, block = _row_geometry(n_rows, -(-dim // (8 if kind == "bf16" else 4)))
-    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps), backend=backend)
+    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps),
+            stream=arrays.launch_stream(stream, x), backend=backend)
     return out
 
 
-def causal_attn_softmax(scores: Any, past_len: int = 0, *, backend: str | None = None) -> Any:
+def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, backend: str | None = None) -> Any:
     """Causal softmax of attention scores (n_q, n_heads, kv_len), f32.
 
     Query q sees keys j <= past_len + q (past_len tokens already in the cache);
@@ -336,7 +369,8 @@ def causal_attn_softmax(scores: Any, past_len: int = 0, *, backend: str | None =
     if n_rows == 0 or kv_len == 0:
         return out
     grid, block = _row_geometry(n_rows, -(-kv_len // 4))
-    _launch("causal_attn_softmax", grid, block, scores, out, n_rows, n_heads, kv_len, int(past_len), backend=backend)
+    _launch("causal_attn_softmax", grid, block, scores, out, n_rows, n_heads, kv_len, int(past_len),
+            stream=arrays.launch_stream(stream, scores), backend=backend)
     return out
 
 
@@ -355,6 +389,8 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    out: Any = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """softmax(scale * q k^T) v per (batch, head), without materialising the scores.
@@ -370,7 +406,7 @@ def flash_attention(
     the queries are the last n_q positions of the sequence). When n_q > n_k the
     first n_q - n_k queries see no key: their output is 0 and their lse -inf.
 
-    Returns out (batch, n_q, n_heads, head_dim_v), or (out, lse) with
+    Returns out (batch, n_q, n_heads, head_dim_v) (written into `out=` when given), or (out, lse) with
     return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
     log-sum-exp of the scaled scores over the visible keys, the input
     `attention_backward(..., lse=)` expects.
@@ -408,27 +444,35 @@ def flash_attention(
         raise ArgumentError(f"q: batch * n_heads * ceil(n_q / {rows}) = {n_blocks} blocks exceeds {_INT_MAX}")
 
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
-    out = arrays.empty((batch, n_q, n_heads, head_dim_v), arrays.dtype_name(q), like=q)
+    out = _out(out, (batch, n_q, n_heads, head_dim_v), arrays.dtype_name(q), q)
     lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
+    stream = arrays.launch_stream(stream, q)
     if n_blocks == 0:
         pass
     elif n_k == 0:  # no key at all: every row is an empty softmax
-        _fill(out, 0.0)
-        _fill(lse, -math.inf)
+        _fill(out, 0.0, stream)
+        _fill(lse, -math.inf, stream)
     else:
         _launch(
             f"flash_attention_d{bucket}{_suffix(kind)}", n_blocks, FA_THREADS,
             q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
             1 if causal else 0,
-            backend=backend,
+            stream=stream, backend=backend,
         )
     return (out, lse) if return_lse else out
 
 
-def _fill(a: Any, value: float) -> None:
+def _fill(a: Any, value: float, stream: Any = None) -> None:
     if isinstance(a, np.ndarray):
         a.fill(value)
     elif hasattr(a, "fill_"):
-        a.fill_(value)
+        a.fill_(value)  # torch: on its current stream, which is the op's stream unless one was passed
     else:
         a.fill(value)
+
+
+def _out(out: Any, shape: tuple[int, ...], dtype: str, like: Any) -> Any:
+    """The op's output: a new array like `like`, or the caller's `out=` once validated."""
+    if out is None:
+        return arrays.empty(shape, dtype, like=like)
+    return arrays.check_out(out, shape, dtype, like)

@@ -32,10 +32,12 @@ _GRID_YZ_MAX = 65535
 _ROW_THREADS_MAX = 512
 
 
-def _launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, backend: str | None) -> None:
+def _launch(
+    name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None, backend: str | None
+) -> None:
     from ..launcher import launch
 
-    launch(name, grid, block, *args, shared_mem=shared_mem, backend=backend)
+    launch(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
 
 
 def _flat(a: Any) -> Any:
@@ -57,9 +59,14 @@ def _same_shape(name: str, a: Any, shape: tuple[int, ...], ref_name: str) -> Non
 
 def host_ints(name: str, a: Any) -> np.ndarray:
     """Integer index array as NumPy int64 on the host (indices are checked there before launch)."""
-    if isinstance(a, np.ndarray):
-        host = a
-    elif hasattr(a, "__cuda_array_interface__"):
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a, dtype=np.int64)
+    if arrays.is_host(a) and not isinstance(a, (list, tuple, int)):
+        try:
+            host = arrays.host_view(a)
+        except ArgumentTypeError:
+            raise ArgumentTypeError(f"{name}: expected an integer array, got {type(a).__name__}") from None
+    elif hasattr(a, "__cuda_array_interface__") or arrays.is_torch(a):
         if hasattr(a, "get"):  # CuPy
             host = a.get()
         elif hasattr(a, "cpu"):  # torch
@@ -91,7 +98,7 @@ def _device_like(host: np.ndarray, like: Any) -> Any:
 # --------------------------------------------------------------------------- transpose
 
 
-def transpose_2d(x: Any, *, backend: str | None = None) -> Any:
+def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """Contiguous `x.T` of a 2-D array (f32 or bf16, bit-exact).
 
     With leading batch dims (..., rows, cols) each trailing matrix is transposed:
@@ -116,14 +123,15 @@ def transpose_2d(x: Any, *, backend: str | None = None) -> Any:
     if col_tiles > _GRID_X_MAX:
         raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 32}, got {cols}")
     grid = (col_tiles, min(-(-rows // 32), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
-    _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch, backend=backend)
+    _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch,
+            stream=arrays.launch_stream(stream, x), backend=backend)
     return out
 
 
 # --------------------------------------------------------------------------- softmax backward
 
 
-def softmax_backward(probs: Any, grad_out: Any, *, backend: str | None = None) -> Any:
+def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """grad_in = probs * (grad_out - rowsum(probs * grad_out)) over the last axis (f32 or bf16)."""
     kind = arrays.io_kind("probs", probs)
     _same_kind("grad_out", grad_out, kind, "probs")
@@ -140,7 +148,8 @@ def softmax_backward(probs: Any, grad_out: Any, *, backend: str | None = None) -
         return out
     _launch(
         "softmax_backward" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(row_len),),
-        _flat(probs), _flat(grad_out), _flat(out), n_rows, row_len, backend=backend,
+        _flat(probs), _flat(grad_out), _flat(out), n_rows, row_len, stream=arrays.launch_stream(stream, probs),
+        backend=backend,
     )
     return out
 
@@ -163,7 +172,7 @@ def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
 
 
 def rms_norm_backward(
-    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, backend: str | None = None
+    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
     """Backward of y = x * rsqrt(mean(x^2, -1) + eps) * weight.
 
@@ -191,23 +200,26 @@ def rms_norm_backward(
     grad_x = arrays.empty(shape, kind, like=x)
     if n_rows == 0:
         return grad_x, arrays.zeros((dim,), np.float32, like=x)
+    stream = arrays.launch_stream(stream, x)
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
     _launch(
         "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),),
-        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps), backend=backend,
+        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps),
+        stream=stream, backend=backend,
     )
     n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
     partial = grad_w if n_chunks == 1 else arrays.empty((n_chunks * dim,), np.float32, like=x)
     _launch(
         "rms_norm_backward_weight" + sfx, (-(-dim // 32), n_chunks), (32, 8),
-        _flat(x), _flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk, backend=backend,
+        _flat(x), _flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk,
+        stream=stream, backend=backend,
     )
     if n_chunks > 1:
         _launch(
             "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
-            backend=backend,
+            stream=stream, backend=backend,
         )
     return grad_x, grad_w
 
@@ -215,7 +227,9 @@ def rms_norm_backward(
 # --------------------------------------------------------------------------- embedding backward
 
 
-def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str | None = None) -> Any:
+def embedding_backward(
+    grad_out: Any, ids: Any, vocab_size: int, *, stream: Any = None, backend: str | None = None
+) -> Any:
     """grad_weight (vocab_size, dim) float32: row v = sum of grad_out rows whose id is v.
 
     grad_out (..., dim) f32 or bf16, ids (...) integers in [0, vocab_size),
@@ -250,6 +264,7 @@ def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str
     out = arrays.empty((vocab_size, dim), np.float32, like=grad_out)
     if dim == 0:
         return out
+    stream = arrays.launch_stream(stream, grad_out)
     order = np.argsort(flat_ids, kind="stable").astype(np.int32)
     offsets = np.zeros(vocab_size + 1, np.int32)
     np.cumsum(np.bincount(flat_ids, minlength=vocab_size), out=offsets[1:])
@@ -258,7 +273,7 @@ def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str
     _launch(
         "embedding_backward" + _suffix(kind), (min(vocab_size, _GRID_X_MAX),), (_row_threads(dim),),
         _flat(grad_out), _device_like(order, grad_out), _device_like(offsets, grad_out), _flat(out),
-        vocab_size, dim, backend=backend,
+        vocab_size, dim, stream=stream, backend=backend,
     )
     return out
 
@@ -267,7 +282,7 @@ def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str
 
 
 def cross_entropy_fwd_bwd(
-    logits: Any, targets: Any, pad_id: int = -100, *, backend: str | None = None
+    logits: Any, targets: Any, pad_id: int = -100, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
     """Mean negative log-likelihood over non-pad rows and its gradient, in one pass over the logits.
 
@@ -307,13 +322,15 @@ def cross_entropy_fwd_bwd(
     grad = arrays.empty(shape, kind, like=logits)
     if n_rows == 0:
         return arrays.zeros((), np.float32, like=logits), grad
+    stream = arrays.launch_stream(stream, logits)
     loss = arrays.empty((), np.float32, like=logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
     _launch(
         "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),
         _flat(logits), _device_like(flat_t.astype(np.int32), logits), _flat(grad), row_loss,
-        n_rows, vocab, pad_id, inv_count, backend=backend,
+        n_rows, vocab, pad_id, inv_count, stream=stream, backend=backend,
     )
     threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
-    _launch("cross_entropy_loss_mean", (1,), (threads,), row_loss, _flat(loss), n_rows, inv_count, backend=backend)
+    _launch("cross_entropy_loss_mean", (1,), (threads,), row_loss, _flat(loss), n_rows, inv_count,
+            stream=stream, backend=backend)
     return loss, grad
