@@ -165,6 +165,27 @@ def test_apply_keeps_parameters_and_state_dict():
     assert isinstance(model.model.norm, pt.RMSNorm)
     assert isinstance(model.model.layers[1].mlp, pt.SwiGLUMLP)
     model.load_state_dict(ref.state_dict())
+    assert pt.apply(model) is model  # idempotent: nothing is wrapped twice
+    assert len(model.model.layers[0].self_attn._forward_pre_hooks) == 1
+
+
+def test_patched_model_compiles_fullgraph(spy):
+    calls, _ = spy
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    o = compiled(input_ids=ids, labels=labels)
+    o.loss.backward()
+    o_ref = ref(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    assert calls["rope"] and calls["flash_attention"] and calls["attention_backward"]
+    assert_close(o.logits, o_ref.logits, "compiled logits")
+    assert_close(o.loss, o_ref.loss, "compiled loss")
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"compiled grad {pname}")
 
 
 def test_unsupported_model_raises_naming_its_class():

@@ -15,6 +15,8 @@ from pykern import ops  # noqa: E402
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
 
+from gpu import requires_gpu  # noqa: E402
+
 F = torch.nn.functional
 
 
@@ -391,6 +393,25 @@ def test_torch_compile_fullgraph_matches_eager_with_backward():
     assert_close(closs, loss.double(), "cross_entropy_fwd_bwd")
     for a, b in zip(got, ref):
         assert_close(a, b.double(), "attention_backward")
+
+
+@requires_gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with CUDA")
+def test_cuda_tensors_match_cpu_forward_and_backward():
+    torch.manual_seed(0)
+    model = TinyBlock()
+    ids = torch.randint(0, 32, (2, 6))
+    targets = torch.randint(0, 32, (2, 6))
+    loss = model(ids, targets)
+    ref = torch.autograd.grad(loss, list(model.parameters()))
+    model = model.cuda()
+    with torch.cuda.stream(torch.cuda.Stream()):  # pykern launches on torch's current stream
+        closs = model(ids.cuda(), targets.cuda())
+        got = torch.autograd.grad(closs, list(model.parameters()))
+    torch.cuda.synchronize()
+    assert_close(closs.cpu(), loss.double(), "cross_entropy_fwd_bwd")
+    for a, b in zip(got, ref):
+        assert_close(a.cpu(), b.double(), "attention_backward")
 
 
 def test_custom_ops_pass_torch_library_opcheck():
