@@ -11,7 +11,6 @@ Supported dtypes are float32 and bfloat16 (fp32 accumulation inside).
 """
 from __future__ import annotations
 
-import inspect
 import math
 from typing import Optional
 
@@ -19,7 +18,6 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError, ArgumentTypeError
-from .. import ops as _ops
 from ._bridge import call
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
@@ -206,23 +204,6 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
 # --------------------------------------------------------------------------- flash_attention
 
 
-def _attention_backward(q, k, v, out, lse, grad, causal: bool, scale: float):
-    """pykern.ops.attention_backward with scale/causal when the op takes them."""
-    params = inspect.signature(_ops.attention_backward).parameters
-    kw = {}
-    if "scale" in params:
-        kw["scale"] = scale
-    elif abs(scale - 1.0 / math.sqrt(q.shape[-1])) > 1e-7 * scale:
-        raise ArgumentError(f"scale: this pykern build's attention_backward supports only 1/sqrt(head_dim), got {scale}")
-    if "causal" in params:
-        kw["causal"] = causal
-    elif not causal:
-        raise ArgumentError("causal: this pykern build's attention_backward supports only causal=True")
-    if "causal" not in params and q.shape[1] != k.shape[1]:
-        raise ArgumentError(f"k: this pykern build's attention_backward needs n_q == n_k, got {q.shape[1]} and {k.shape[1]}")
-    return call("attention_backward", q, k, v, grad, out=out, lse=lse, **kw)
-
-
 @torch.library.custom_op(_lib + "flash_attention", mutates_args=())
 def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
     out, lse = call("flash_attention", _c(q), _c(k), _c(v), causal=causal, scale=scale, return_lse=True)
@@ -238,7 +219,8 @@ def _(q, k, v, causal, scale):
 @torch.library.custom_op(_lib + "flash_attention_backward", mutates_args=())
 def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
                               causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
-    dq, dk, dv = _attention_backward(_c(q), _c(k), _c(v), _c(out), _c(lse), _c(grad_out), causal, scale)
+    dq, dk, dv = call("attention_backward", _c(q), _c(k), _c(v), _c(grad_out), out=_c(out), lse=_c(lse),
+                      scale=scale, causal=causal)
     return dq, dk, dv
 
 
