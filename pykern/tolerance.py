@@ -48,6 +48,7 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("batched_decode_attention", "bf16"): BF16,
     # pykern.torch.apply: a patched HF model against the unpatched one (logits, loss, gradients)
     ("torch_apply", "f32"): F32,
+    ("torch_apply", "bf16"): BF16,
     # test-only kernels (tests/difftest_extra/cu, tests/wrong_cu): never registered in kernels_cu/
     ("pk_test_axpy", "f32"): F32,
     ("pk_test_axpy", "bf16"): BF16,

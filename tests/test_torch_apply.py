@@ -43,8 +43,8 @@ def tiny(name: str, **extra):
     return model
 
 
-def assert_close(out, ref, what: str):
-    atol, rtol = tolerance("torch_apply", "f32")
+def assert_close(out, ref, what: str, dtype: str = "f32"):
+    atol, rtol = tolerance("torch_apply", dtype)
     out, ref = out.detach().double(), ref.detach().double()
     err = (out - ref).abs()
     assert bool((err <= atol + rtol * ref.abs()).all()), f"{what}: max err {err.max().item():.3g}"
@@ -115,6 +115,21 @@ def test_patched_model_greedy_generate_same_tokens(name, spy):
     assert got.tolist() == want.tolist()
     # prefill (6 queries, 6 keys) and KV-cached decode steps (1 query, 7.. keys) ran on pykern
     assert (6, 6) in shapes and (1, 7) in shapes and (1, 10) in shapes, shapes
+
+
+@pytest.mark.parametrize("name", ["Llama", "Qwen3"])
+def test_bf16_patched_model_matches_unpatched(name, spy):
+    calls, _ = spy
+    ref = tiny(name).to(torch.bfloat16)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
+    assert calls["rope"] and calls["flash_attention"] and calls["cross_entropy_fwd_bwd"]
+    assert o.logits.dtype == torch.bfloat16 and o.loss.dtype == torch.float32  # as HF: the loss is fp32
+    assert_close(o.logits, o_ref.logits, "bf16 logits", "bf16")
+    assert_close(o.loss, o_ref.loss, "bf16 loss", "bf16")
+    o.loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
 
 
 def test_num_items_in_batch_loss_matches_hf():

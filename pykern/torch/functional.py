@@ -268,7 +268,7 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 @torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
 def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> tuple[Tensor, Tensor]:
-    # The kernel returns the mean over non-ignored rows and its gradient
+    # The loss is float32 (the kernel's precision). The kernel returns the mean over non-ignored rows and its gradient
     # (softmax - onehot) / n_valid in one pass; "sum" and "none" rescale that
     # gradient by n_valid (a device tensor: no host synchronisation).
     mean, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index)
@@ -276,8 +276,7 @@ def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction
     count = valid.sum()
     if reduction == "mean":
         # torch returns NaN for a batch with no valid row (0 / 0); the kernel returns 0.
-        loss = torch.where(count > 0, mean, torch.full_like(mean, math.nan))
-        return loss.to(logits.dtype) if logits.dtype != torch.float32 else loss, grad
+        return torch.where(count > 0, mean, torch.full_like(mean, math.nan)), grad
     grad = (grad.float() * count.float()).to(grad.dtype) if grad.dtype != torch.float32 else grad * count
     if reduction == "sum":
         loss = mean * count
@@ -288,13 +287,13 @@ def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction
         safe = torch.where(valid, targets, torch.zeros_like(targets))
         row = torch.logsumexp(lf, dim=-1) - lf.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
         loss = torch.where(valid, row, torch.zeros_like(row))
-    return (loss.to(logits.dtype) if logits.dtype != torch.float32 else loss), grad
+    return loss, grad
 
 
 @_cross_entropy.register_fake
 def _(logits, targets, ignore_index, reduction):
     shape = (logits.shape[0],) if reduction == "none" else ()
-    return _new(shape, logits.dtype, logits), _new(logits.shape, logits.dtype, logits)
+    return _new(shape, torch.float32, logits), _new(logits.shape, logits.dtype, logits)
 
 
 def _ce_setup(ctx, inputs, output):
@@ -328,6 +327,12 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
         raise ArgumentError(f"targets: expected shape ({logits.shape[0]},), got {tuple(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ArgumentTypeError(f"targets: expected an integer tensor, got {targets.dtype}")
+    loss = cross_entropy_f32(logits, targets, ignore_index, reduction)
+    return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
+
+
+def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """cross_entropy with the loss kept in float32 whatever the logits' dtype (the kernel's own precision)."""
     loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction)
     return loss
 

@@ -183,8 +183,8 @@ def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ig
         logits = logits.float()
     shift_labels = shift_labels.reshape(-1).to(logits.device)
     if num_items_in_batch is None:
-        return F.cross_entropy(logits, shift_labels, ignore_index, "mean").float()
-    loss = F.cross_entropy(logits, shift_labels, ignore_index, "sum").float()
+        return F.cross_entropy_f32(logits, shift_labels, ignore_index, "mean")
+    loss = F.cross_entropy_f32(logits, shift_labels, ignore_index, "sum")
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
