@@ -268,9 +268,9 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 @torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
 def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> tuple[Tensor, Tensor]:
-    # The loss is float32 (the kernel's precision). The kernel returns the mean over non-ignored rows and its gradient
-    # (softmax - onehot) / n_valid in one pass; "sum" and "none" rescale that
-    # gradient by n_valid (a device tensor: no host synchronisation).
+    # The kernel returns the mean over non-ignored rows (fp32, the loss's dtype here)
+    # and its gradient (softmax - onehot) / n_valid in one pass; "sum" and "none"
+    # rescale that gradient by n_valid (a device tensor: no host synchronisation).
     mean, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index)
     valid = targets != ignore_index
     count = valid.sum()
