@@ -403,3 +403,22 @@ def test_attention_backward_arguments_are_checked_before_launch(no_launch) -> No
     with pytest.raises(ArgumentError, match=r"method='naive' handles seq_len <= 4096, got 4097"):
         long = np.zeros((4097, 1, 1), np.float32)
         ops.attention_backward(long[:3], long, long, long[:3], method="naive")
+
+
+def test_rope_with_hf_per_token_cos_sin_as_a_table() -> None:
+    # What an HF attention layer receives: cos/sin (batch, n_tokens, head_dim) for its
+    # position_ids. Flattened into a table indexed by arange(batch * n_tokens).
+    _need("host")
+    torch = pytest.importorskip("torch")
+    llama = pytest.importorskip("transformers.models.llama.modeling_llama")
+    from transformers import LlamaConfig
+
+    b, n, h, d = 2, 5, 3, 16
+    cfg = LlamaConfig(hidden_size=h * d, num_attention_heads=h, max_position_embeddings=64)
+    pid = torch.tensor([[3, 4, 5, 6, 7], [0, 1, 2, 9, 20]])
+    x = torch.from_numpy(np.random.default_rng(32).standard_normal((b, n, h, d)).astype(np.float32))
+    cos, sin = llama.LlamaRotaryEmbedding(cfg)(x, pid)
+    flat = torch.arange(b * n).reshape(b, n)
+    y = ops.rope(x, cos.reshape(b * n, d), sin.reshape(b * n, d), position_ids=flat, style="half", backend="host")
+    ref, _ = llama.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos, sin)
+    _ok("out", y.numpy().astype(np.float64), ref.transpose(1, 2).double().numpy(), "rope")

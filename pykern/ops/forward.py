@@ -183,9 +183,15 @@ def rope(
 
     style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
     style="half" rotates (i, i + head_dim/2) like HF LLaMA's rotate_half.
-    inverse=True rotates by the opposite angle (sin negated): the inverse and
-    transpose of the rotation, so rope's backward is
-    grad_x = rope(grad_y, cos, sin, ..., inverse=True) with the same positions.
+    inverse=True rotates by the opposite angle (sin negated): the transpose of
+    the rotation (its inverse too when cos^2 + sin^2 = 1), so rope's backward is
+    grad_x = rope(grad_y, cos, sin, ..., inverse=True) with the same tables and
+    positions, also for tables scaled like HF's attention_scaling.
+
+    HF attention layers receive per-token cos/sin of shape (batch, n_tokens,
+    head_dim) rather than a table: pass cos.reshape(batch * n_tokens, head_dim)
+    (and sin alike) with position_ids = arange(batch * n_tokens).reshape(batch,
+    n_tokens) (for batch 1, or shared positions, cos[0] with arange(n_tokens)).
     inplace=True writes into x (which must then be C-contiguous) and returns it;
     out= writes into a given array (x's shape, dtype and kind) instead.
     """
