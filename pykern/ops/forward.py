@@ -56,6 +56,7 @@ def _f32_table(name: str, t: Any) -> Any:
 # --------------------------------------------------------------------------- embedding
 
 
+@arrays.stream_scoped
 def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """Rows `table[ids]`: ids (n,) or (batch, seq) integers in [0, vocab), table (vocab, dim) f32 or bf16
     -> (n, dim) or (batch, seq, dim).
@@ -149,6 +150,7 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
     return arrays.contiguous(arrays.astype(position_ids, "int64")), n_pos, None
 
 
+@arrays.stream_scoped
 def rope(
     x: Any,
     cos: Any,
@@ -274,6 +276,7 @@ def rope(
 # --------------------------------------------------------------------------- silu_gate
 
 
+@arrays.stream_scoped
 def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """silu(gate) * up elementwise (SwiGLU), any shape, f32 or bf16 (fp32 math)."""
     kind = arrays.io_kind("gate", gate)
@@ -330,6 +333,7 @@ def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int
     return max(1, min(65535, n_rows)), (threads, 1)
 
 
+@arrays.stream_scoped
 def rms_norm(
     x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, stream: Any = None, backend: str | None = None
 ) -> Any:
@@ -356,6 +360,7 @@ def rms_norm(
     return out
 
 
+@arrays.stream_scoped
 def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, backend: str | None = None) -> Any:
     """Causal softmax of attention scores (n_q, n_heads, kv_len), f32.
 
@@ -387,6 +392,7 @@ _FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
 FA_THREADS = 256
 
 
+@arrays.stream_scoped
 def flash_attention(
     q: Any,
     k: Any,
