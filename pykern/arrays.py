@@ -177,6 +177,33 @@ def launch_stream(stream: Any, like: Any) -> Any:
     return None
 
 
+def stream_scoped(fn: Any) -> Any:
+    """Decorator of the ops: with torch CUDA tensors and an explicit `stream=` other than torch's
+    current one, run the whole op with that stream current, so its outputs and workspaces are
+    allocated for (and freed back to) the stream that uses them by torch's caching allocator, and
+    torch-side fills land on it too. Costs nothing when `stream` is None or torch is not loaded."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        stream = kw.get("stream")
+        torch = sys.modules.get("torch") if stream is not None else None
+        if torch is None:
+            return fn(*args, **kw)
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+        if dev is None:
+            return fn(*args, **kw)
+        from .backends.nvrtc import stream_handle
+
+        handle = stream_handle(stream)
+        if handle == torch.cuda.current_stream(dev).cuda_stream:
+            return fn(*args, **kw)
+        with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=dev)):
+            return fn(*args, **kw)
+
+    return wrapper
+
+
 class DeviceView:
     """A device buffer handed to a backend: pointer, shape and dtype, read once from a torch CUDA
     tensor via data_ptr() (torch refuses __cuda_array_interface__ on requires_grad tensors and on
@@ -215,7 +242,12 @@ def astype(a: Any, dtype: str) -> Any:
     if isinstance(a, np.ndarray):
         return a.astype(dtype)
     if is_torch(a):
-        return a.detach().to(getattr(sys.modules["torch"], dtype))
+        torch = sys.modules["torch"]
+        if dtype.startswith("uint") and dtype != "uint8":
+            # torch's uint16/32/64 have few kernels: convert to the signed twin (same bits for the
+            # values that fit) and reinterpret, which is metadata only.
+            return a.detach().to(getattr(torch, dtype[1:])).view(getattr(torch, dtype))
+        return a.detach().to(getattr(torch, dtype))
     if _module(a) == "cupy":
         return a.astype(dtype)
     host = _host_view(a)

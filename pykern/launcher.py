@@ -51,21 +51,20 @@ def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int
     return out[0], out[1], out[2]
 
 
-# Argument types the converters have classified: type -> "torch" | "other" (looked up per call
-# instead of an isinstance against torch, which may not even be imported).
-_type_kind: dict[type, str] = {}
+# Argument types the converters have classified (looked up per call instead of an isinstance
+# against torch, which may not even be imported): _OTHER (CAI, DLPack, ...), _TORCH, _VIEW.
+_OTHER, _TORCH, _VIEW = 0, 1, 2
+_type_kind: dict[type, int] = {DeviceView: _VIEW}
 # Set once a torch CUDA tensor reached a launch: only then does a launch without `stream`
 # look for one among its arguments (torch's current stream applies), so NumPy and CAI
 # launches never pay for that scan.
 _torch_cuda_seen = False
 
 
-def _kind_of(t: type) -> str:
-    k = _type_kind.get(t)
-    if k is None:
-        torch = arrays.torch_module()
-        # Final either way: a subclass of torch.Tensor cannot exist before torch is imported.
-        k = _type_kind[t] = "torch" if torch is not None and issubclass(t, torch.Tensor) else "other"
+def _kind_of(t: type) -> int:
+    torch = arrays.torch_module()
+    # Final either way: a subclass of torch.Tensor cannot exist before torch is imported.
+    k = _type_kind[t] = _TORCH if torch is not None and issubclass(t, torch.Tensor) else _OTHER
     return k
 
 
@@ -83,10 +82,11 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             if not p.is_const and not a.flags.writeable:
                 raise ArgumentError(f"{label}: the kernel writes here but the array is read-only")
             return a
-        if type(a) is DeviceView:
-            return a
-        if _kind_of(type(a)) == "torch":
-            return _convert_torch(a, label, accepted, want)
+        k = _type_kind.get(type(a))
+        if k is None:
+            k = _kind_of(type(a))
+        if k:
+            return a if k == _VIEW else _convert_torch(a, label, accepted, want)
         cai = getattr(a, "__cuda_array_interface__", None)
         if cai is not None:
             return _check_cai(a, cai, label, accepted, want, p)

@@ -324,3 +324,78 @@ def test_import_pykern_ops_does_not_import_torch():
     )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert r.returncode == 0 and r.stdout.strip() == "ok", r.stderr
+
+
+# --------------------------------------------------------------------------- GPU only (skip here)
+
+sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent))
+from gpu import requires_gpu  # noqa: E402
+
+needs_torch_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA build of torch and a GPU")
+
+
+def _cuda(a: np.ndarray, grad: bool = False) -> "torch.Tensor":
+    t = to_torch(a).cuda()
+    return t.requires_grad_() if grad and t.dtype.is_floating_point else t
+
+
+@requires_gpu
+@needs_torch_cuda
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("op", OPS)
+def test_torch_cuda_on_a_side_stream_equals_numpy(op, dt):
+    """Every op on CUDA tensors (strided, requires_grad) inside `torch.cuda.stream(side)`: the same
+    bits as the NumPy path, outputs are CUDA tensors, and the work ran on the side stream (the
+    default stream is busy with a long matmul chain that must not be waited for)."""
+    dtype = np.float32 if dt == "f32" else BF16
+    _, fn, args, float_idx = next(c for c in _cases(dtype) if c[0] == op)
+    ref = fn(*args)
+    side = torch.cuda.Stream()
+    big = torch.randn(2048, 2048, device="cuda")
+    with torch.cuda.stream(side):
+        targs = [strided(_cuda(a, i in float_idx)) if i in float_idx else _cuda(a) for i, a in enumerate(args)]
+        got = fn(*targs)
+    for _ in range(20):  # keeps the default stream busy meanwhile
+        big = big @ big / 2048
+    side.synchronize()
+    torch.cuda.synchronize()
+    got = got if isinstance(got, (tuple, list)) else [got]
+    ref = ref if isinstance(ref, (tuple, list)) else [ref]
+    for a, g in zip(ref, got):
+        assert g.is_cuda
+        b = arrays.host_view(g.cpu())
+        np.testing.assert_array_equal(a.view(np.uint16) if a.dtype == BF16 else a,
+                                      b.view(np.uint16) if b.dtype == BF16 else b)
+
+
+@requires_gpu
+@needs_torch_cuda
+@pytest.mark.parametrize("method", ["warp", "multi_warp", "split_k"])
+def test_cuda_graph_capture_and_replay_of_a_decode_step(method):
+    """A decode step (RMSNorm + batched decode attention with device seq_lens) captured in a CUDA
+    graph: replays follow new inputs written in place, and match the NumPy path."""
+    r = np.random.default_rng(5)
+    M, H, KVH, D, S = 3, 8, 2, 64, 600
+    q0 = r.standard_normal((M, H, D)).astype(np.float32)
+    w = r.standard_normal(D).astype(np.float32)
+    kc = r.standard_normal((M, KVH, S, D)).astype(np.float32)
+    vc = r.standard_normal((M, KVH, S, D)).astype(np.float32)
+    lens0 = np.array([1, 300, 600], np.int64)
+    q, wt, k, v, lens = (torch.from_numpy(a).cuda() for a in (q0, w, kc, vc, lens0))
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):  # warm up: compile/load the kernels outside the capture
+        ops.batched_decode_attention(ops.rms_norm(q, wt), k, v, lens, method=method)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        out = ops.batched_decode_attention(ops.rms_norm(q, wt), k, v, lens, method=method)
+    for step in range(3):
+        qn = r.standard_normal((M, H, D)).astype(np.float32)
+        ln = np.array([1 + step, 299 - step, 600 - 7 * step], np.int64)
+        q.copy_(torch.from_numpy(qn))
+        lens.copy_(torch.from_numpy(ln))
+        g.replay()
+        torch.cuda.synchronize()
+        want = ops.batched_decode_attention(ops.rms_norm(qn, w), kc, vc, ln.astype(np.uint32), method=method)
+        np.testing.assert_array_equal(out.cpu().numpy(), want)

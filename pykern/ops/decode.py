@@ -244,6 +244,7 @@ def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: 
         raise ArgumentError(f"q: expected 1 <= batch <= {_GRID_YZ_MAX} (grid y/z limit), got {batch}")
 
 
+@arrays.stream_scoped
 def decode_attention(
     q: Any,
     k_cache: Any,
@@ -304,6 +305,7 @@ def decode_attention(
     return out if out is not None else res.reshape(num_heads, head_dim)
 
 
+@arrays.stream_scoped
 def batched_decode_attention(
     q: Any,
     k_caches: Any,

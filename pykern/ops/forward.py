@@ -56,6 +56,7 @@ def _f32_table(name: str, t: Any) -> Any:
 # --------------------------------------------------------------------------- embedding
 
 
+@arrays.stream_scoped
 def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """Rows `table[ids]`: ids (n,) or (batch, seq) integers in [0, vocab), table (vocab, dim) f32 or bf16
     -> (n, dim) or (batch, seq, dim).
@@ -149,6 +150,7 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
     return arrays.contiguous(arrays.astype(position_ids, "int64")), n_pos, None
 
 
+@arrays.stream_scoped
 def rope(
     x: Any,
     cos: Any,
@@ -183,9 +185,15 @@ def rope(
 
     style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
     style="half" rotates (i, i + head_dim/2) like HF LLaMA's rotate_half.
-    inverse=True rotates by the opposite angle (sin negated): the inverse and
-    transpose of the rotation, so rope's backward is
-    grad_x = rope(grad_y, cos, sin, ..., inverse=True) with the same positions.
+    inverse=True rotates by the opposite angle (sin negated): the transpose of
+    the rotation (its inverse too when cos^2 + sin^2 = 1), so rope's backward is
+    grad_x = rope(grad_y, cos, sin, ..., inverse=True) with the same tables and
+    positions, also for tables scaled like HF's attention_scaling.
+
+    HF attention layers receive per-token cos/sin of shape (batch, n_tokens,
+    head_dim) rather than a table: pass cos.reshape(batch * n_tokens, head_dim)
+    (and sin alike) with position_ids = arange(batch * n_tokens).reshape(batch,
+    n_tokens) (for batch 1, or shared positions, cos[0] with arange(n_tokens)).
     inplace=True writes into x (which must then be C-contiguous) and returns it;
     out= writes into a given array (x's shape, dtype and kind) instead.
     """
@@ -268,6 +276,7 @@ def rope(
 # --------------------------------------------------------------------------- silu_gate
 
 
+@arrays.stream_scoped
 def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """silu(gate) * up elementwise (SwiGLU), any shape, f32 or bf16 (fp32 math)."""
     kind = arrays.io_kind("gate", gate)
@@ -324,6 +333,7 @@ def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int
     return max(1, min(65535, n_rows)), (threads, 1)
 
 
+@arrays.stream_scoped
 def rms_norm(
     x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, stream: Any = None, backend: str | None = None
 ) -> Any:
@@ -350,6 +360,7 @@ def rms_norm(
     return out
 
 
+@arrays.stream_scoped
 def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, backend: str | None = None) -> Any:
     """Causal softmax of attention scores (n_q, n_heads, kv_len), f32.
 
@@ -381,6 +392,7 @@ _FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
 FA_THREADS = 256
 
 
+@arrays.stream_scoped
 def flash_attention(
     q: Any,
     k: Any,

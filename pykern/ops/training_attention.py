@@ -110,6 +110,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None
     return dq, dk, dv
 
 
+@arrays.stream_scoped
 def attention_backward(
     q: Any,
     k: Any,
