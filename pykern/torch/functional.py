@@ -283,9 +283,13 @@ def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction
     else:
         # Per-row losses: the kernel keeps them internally; they are rebuilt here
         # with torch (logsumexp - logit[target]), a second read of the logits.
+        # A target outside [0, vocab) on the device gives a NaN row, as in the kernel
+        # (host targets were rejected by the op before launch).
         lf = logits.float()
-        safe = torch.where(valid, targets, torch.zeros_like(targets))
+        in_range = (targets >= 0) & (targets < logits.shape[-1])
+        safe = torch.where(valid & in_range, targets, torch.zeros_like(targets))
         row = torch.logsumexp(lf, dim=-1) - lf.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        row = torch.where(in_range, row, torch.full_like(row, math.nan))
         loss = torch.where(valid, row, torch.zeros_like(row))
     return loss, grad
 
