@@ -294,6 +294,7 @@ def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backen
     return out
 
 
+@arrays.stream_scoped
 def silu_gate_backward(
     gate: Any, up: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
