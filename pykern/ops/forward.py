@@ -180,7 +180,7 @@ def rope(
     - (max_pos, head_dim), Hugging Face's `rotary_emb` output: for style="half"
       columns i and i + head_dim/2 hold the same value (cat((freqs, freqs))), for
       style="interleaved" columns 2i and 2i+1 do (each frequency repeated per
-      pair). The kernel reads column i (half) or 2i (interleaved); NumPy tables
+      pair). The kernel reads column i (half) or 2i (interleaved); host tables
       are checked to repeat as described on the rows used.
 
     style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
