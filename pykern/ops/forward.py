@@ -78,7 +78,9 @@ def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, back
         if n and (int(h.min()) < 0 or int(h.max()) >= vocab):
             bad = h[(h < 0) | (h >= vocab)].reshape(-1)[0]
             raise ArgumentError(f"ids: expected every id in [0, {vocab}), got {int(bad)}")
-    ids = arrays.contiguous(arrays.astype(ids, "int64"))
+    from .training import _ids_like  # host ids for a device table: copied host-to-device by its library
+
+    ids = _ids_like(ids, table)
     _check_u32("table.shape[1]", dim)
     table = arrays.contiguous(table)
     shape = id_shape + (dim,)
