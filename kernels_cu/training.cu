@@ -537,16 +537,14 @@ extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd_bf16(
 // reciprocal is taken in double and rounded once, as the host would.
 extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_count(
     const long long* __restrict__ targets, float* __restrict__ inv_count, long long n_rows, int pad_id) {
-    __shared__ long long counts[512];
-    long long c = 0;
-    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) c += targets[i] != pad_id ? 1 : 0;
-    counts[threadIdx.x] = c;
+    __shared__ unsigned long long total;
+    if (threadIdx.x == 0) total = 0ull;
     __syncthreads();
-    if (threadIdx.x == 0) {
-        long long total = 0;
-        for (unsigned int k = 0; k < blockDim.x; ++k) total += counts[k];
-        inv_count[0] = total ? (float)(1.0 / (double)total) : 0.0f;
-    }
+    unsigned long long c = 0ull;
+    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) c += targets[i] != pad_id ? 1ull : 0ull;
+    atomicAdd(&total, c);  // integer: the sum does not depend on the order
+    __syncthreads();
+    if (threadIdx.x == 0) inv_count[0] = total ? (float)(1.0 / (double)total) : 0.0f;
 }
 
 // loss[0] = inv_count * sum(row_loss): one block, fixed summation order.
