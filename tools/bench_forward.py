@@ -35,7 +35,7 @@ ARCH = {
 # kernel -> the block sizes the op uses (threads); row kernels have a warp-per-row and a block-per-row shape
 BLOCKS = {
     "embedding": (256,), "embedding_bf16": (256,), "rope": (256,), "rope_bf16": (256,),
-    "silu_gate": (256,), "silu_gate_bf16": (256,),
+    "silu_gate": (256,), "silu_gate_bf16": (256,), "silu_gate_backward": (256,), "silu_gate_backward_bf16": (256,),
     "rms_norm": (256, 1024), "rms_norm_bf16": (256, 1024), "causal_attn_softmax": (256, 1024),
 }
 FA_THREADS = 256
@@ -112,6 +112,9 @@ def timings(kind: str, reps: int) -> None:
     g, u = dev((n_tok, 14336)), dev((n_tok, 14336))
     t = _time(lambda: ops.silu_gate(g, u, backend="nvrtc"), reps)
     rows.append(("silu_gate", f"{n_tok}x14336", 3 * g.numel() * es / t / 1e9, "GB/s", t))
+    dy = dev((n_tok, 14336))
+    t = _time(lambda: ops.silu_gate_backward(g, u, dy, backend="nvrtc"), reps)
+    rows.append(("silu_gate_backward", f"{n_tok}x14336", 5 * g.numel() * es / t / 1e9, "GB/s", t))
     table = dev((128256, dim))
     ids = torch.randint(0, 128256, (n_tok,), device="cuda", dtype=torch.int64)
     t = _time(lambda: ops.embedding(ids, table, backend="nvrtc"), reps)
@@ -121,6 +124,12 @@ def timings(kind: str, reps: int) -> None:
     for style in ("interleaved", "half"):
         t = _time(lambda: ops.rope(xq, cos, sin, style=style, inplace=True, backend="nvrtc"), reps)
         rows.append((f"rope[{style}]", f"{n_tok}x32x128", 2 * xq.numel() * es / t / 1e9, "GB/s", t))
+    # the backward as a LLaMA step runs it: HF (max_pos, head_dim) tables, per-token position_ids, inverse
+    hc, hs = (torch.cat([a, a], -1).contiguous() for a in (cos, sin))
+    pid = torch.arange(n_tok, device="cuda")
+    t = _time(lambda: ops.rope(xq, hc, hs, position_ids=pid, style="half", inverse=True, inplace=True,
+                               backend="nvrtc"), reps)
+    rows.append(("rope[half,hf,pid,inv]", f"{n_tok}x32x128", 2 * xq.numel() * es / t / 1e9, "GB/s", t))
     if kind == "f32":
         sc = dev((2048, 32, 2048))
         t = _time(lambda: ops.causal_attn_softmax(sc, 0, backend="nvrtc"), reps)
