@@ -22,8 +22,12 @@ from ..errors import ArgumentError, ArgumentTypeError, BackendUnavailable, Kerne
 from ..registry import KernelSpec, parse_file
 
 SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}
-_STACK_BYTES = 128 << 10
-_SANITIZE_STACK_BYTES = 1 << 20  # ASan frames are several times larger
+INTERLEAVE_BLOCKS = 4  # blocks resident at once under `interleave`
+# A GPU grants each thread up to 512 KiB of local memory; fiber stacks are that large
+# (reserved, not committed: only touched pages cost memory).
+_STACK_BYTES = 512 << 10
+_SANITIZE_STACK_BYTES = 2 << 20  # ASan frames are several times larger
+_WATCHDOG_S = 60.0
 
 
 class LaunchConfig(ctypes.Structure):
@@ -32,33 +36,63 @@ class LaunchConfig(ctypes.Structure):
         ("block", ctypes.c_uint * 3),
         ("shared_mem", ctypes.c_ulonglong),
         ("schedule", ctypes.c_int),
-        ("reserved", ctypes.c_int),
+        ("interleave", ctypes.c_int),
         ("seed", ctypes.c_ulonglong),
         ("stack_bytes", ctypes.c_ulonglong),
+        ("watchdog_ms", ctypes.c_ulonglong),
+        ("flags", ctypes.c_ulonglong),
     ]
 
 
-def parse_schedule(value: str | None) -> tuple[int, int]:
-    """`forward` | `reverse` | `random:SEED` -> (mode, seed); ArgumentError naming the variable."""
+def parse_schedule_full(value: str | None) -> tuple[int, int, int]:
+    """PYKERN_HOST_SCHEDULE -> (order, seed, resident blocks); ArgumentError naming the variable.
+
+    `forward` / `reverse`: blocks and threads in index order / both reversed; `random:SEED`:
+    both shuffled (seeded); `interleave` / `interleave:SEED`: several blocks resident at once,
+    their fibers interleaved (forward order / both shuffled), atomics and fences yield.
+    """
     text = (value or "forward").strip()
     name, _, seed = text.partition(":")
     if name in ("forward", "reverse") and not seed:
-        return SCHEDULES[name], 0
-    if name == "random":
+        return SCHEDULES[name], 0, 1
+    if name == "interleave" and not seed:
+        return SCHEDULES["forward"], 0, INTERLEAVE_BLOCKS
+    if name in ("random", "interleave"):
         try:
             n = int(seed, 0)
             if n < 0 or n >= 1 << 64:
                 raise ValueError
-            return SCHEDULES["random"], n
+            return SCHEDULES["random"], n, (INTERLEAVE_BLOCKS if name == "interleave" else 1)
         except ValueError:
             pass
     raise ArgumentError(
-        f"PYKERN_HOST_SCHEDULE: expected 'forward', 'reverse' or 'random:SEED' (SEED an integer >= 0), got {text!r}"
+        "PYKERN_HOST_SCHEDULE: expected 'forward', 'reverse', 'random:SEED', 'interleave' or 'interleave:SEED' "
+        f"(SEED an integer >= 0), got {text!r}"
     )
 
 
+def parse_schedule(value: str | None) -> tuple[int, int]:
+    """`forward` | `reverse` | `random:SEED` | `interleave[:SEED]` -> (order, seed)."""
+    mode, seed, _ = parse_schedule_full(value)
+    return mode, seed
+
+
+def watchdog_ms() -> int:
+    """$PYKERN_HOST_WATCHDOG_S (seconds, default 60; 0 turns the watchdog off) in ms."""
+    text = os.environ.get("PYKERN_HOST_WATCHDOG_S", "").strip()
+    if not text:
+        return int(_WATCHDOG_S * 1000)
+    try:
+        v = float(text)
+        if not (v >= 0 and v < 1e7):
+            raise ValueError
+    except ValueError:
+        raise ArgumentError(f"PYKERN_HOST_WATCHDOG_S: expected seconds >= 0 (0: off), got {text!r}") from None
+    return int(v * 1000)
+
+
 def stack_bytes(sanitize: bool) -> int:
-    """Per-thread fiber stack: $PYKERN_HOST_STACK_KB KiB, else 128 KiB (1 MiB under the sanitizer)."""
+    """Per-thread fiber stack: $PYKERN_HOST_STACK_KB KiB, else 512 KiB (2 MiB under the sanitizer)."""
     text = os.environ.get("PYKERN_HOST_STACK_KB", "").strip()
     if not text:
         return _SANITIZE_STACK_BYTES if sanitize else _STACK_BYTES
@@ -191,7 +225,7 @@ class HostBackend:
         import numpy as np
 
         sanitize = sanitize_enabled()
-        mode, seed = parse_schedule(os.environ.get("PYKERN_HOST_SCHEDULE"))
+        mode, seed, resident = parse_schedule_full(os.environ.get("PYKERN_HOST_SCHEDULE"))
         lib = self.library(spec.source, sanitize)
         fn = lib.fn(spec.name)
 
@@ -231,8 +265,8 @@ class HostBackend:
                 else:
                     argv[i] = ctypes.addressof(a)
             cfg = LaunchConfig(
-                (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, 0, seed,
-                stack_bytes(sanitize),
+                (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, resident, seed,
+                stack_bytes(sanitize), watchdog_ms(), 0,
             )
             err = ctypes.create_string_buffer(4096)
             rc = fn(ctypes.byref(cfg), argv, err, len(err))

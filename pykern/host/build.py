@@ -120,6 +120,11 @@ _EXTERN_SHARED = re.compile(
     r"\bextern\s+__shared__\s+((?:[^;\[\]{}()]|\([^()]*\))*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;"
 )
 _ALIGN = re.compile(r"__align__\s*\([^()]*\)")
+_STATIC_SHARED = re.compile(
+    r"(?<!extern)(?<!extern )\b__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)"
+    r"((?:[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?\s+)*?[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?)\s*"
+    r"([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)*);"
+)
 
 
 def rewrite_source(text: str) -> str:
@@ -143,6 +148,36 @@ def rewrite_source(text: str) -> str:
         out.append(text[last:m.start()])
         out.append(repl)
         last = m.end()
+    out.append(text[last:])
+    return _rewrite_static_shared("".join(out))
+
+
+def _rewrite_static_shared(text: str) -> str:
+    """Function-scope `__shared__ T name[dims];` -> a reference into the block's static arena.
+
+    Each block (and each resident block of the interleaved schedule) gets its own copy,
+    poisoned at the block's start, as on a GPU; a C++ `static` would be one zero-filled
+    instance shared by every block and launch. Namespace-scope ones stay `static`.
+    """
+    blanked = blank_comments(text)
+    out, last, n = [], 0, 0
+    for m in _STATIC_SHARED.finditer(blanked):
+        depth = blanked.count("{", 0, m.start()) - blanked.count("}", 0, m.start())
+        if depth <= 0:
+            continue
+        align_m = re.search(r"\d+", m.group(1) or "")
+        typ, name, dims = " ".join(m.group(2).split()), m.group(3), " ".join(m.group(4).split())
+        t = f"pk_smem_t{n}_"
+        align = f"(alignof({t}) > {align_m.group(0)} ? alignof({t}) : {align_m.group(0)})" if align_m else f"alignof({t})"
+        repl = (
+            f"typedef {typ} {t}{dims}; {t}& {name} = "
+            f"*static_cast<{t}*>(pkrt_static_smem({n}, sizeof({t}), {align}));"
+        )
+        repl += "\n" * text.count("\n", m.start(), m.end())
+        out.append(text[last:m.start()])
+        out.append(repl)
+        last = m.end()
+        n += 1
     out.append(text[last:])
     return "".join(out)
 

@@ -25,7 +25,9 @@
 #define __host__
 #define __constant__
 #define __managed__
-#define __shared__ static  // one instance per .so; blocks run one at a time
+// Function-scope `__shared__ T x[N];` is rewritten by pykern.host.build into a per-block
+// slot (pkrt_static_smem); what is left (namespace scope) is one instance per library.
+#define __shared__ static
 #define __restrict__ __restrict
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
@@ -76,10 +78,14 @@ extern uint3 pkrt_block_idx;
 extern dim3 pkrt_block_dim;
 extern dim3 pkrt_grid_dim;
 extern unsigned char* pkrt_dyn_smem;
+extern unsigned char* pkrt_static_smem_base;
+extern int pkrt_interleave;
+void pkrt_yield(void);
+void* pkrt_static_smem(int id, size_t size, size_t align);
+unsigned pkrt_activemask_at(const char* file, int line);
 int pkrt_barrier(int kind, int pred, const char* file, int line);
 unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long long value, int arg, int width,
                                 const char* file, int line);
-unsigned pkrt_activemask(void);
 void pkrt_trap(const char* file, int line);
 void pkrt_assert_fail(const char* expr, const char* file, int line);
 long long pkrt_clock64(void);
@@ -102,7 +108,10 @@ void pkrt_cp_async_wait(int n, int all);
 #define blockIdx (static_cast<const uint3&>(pkrt_block_idx))
 #define blockDim (static_cast<const dim3&>(pkrt_block_dim))
 #define gridDim (static_cast<const dim3&>(pkrt_grid_dim))
-#define warpSize 32
+// A constant, not a macro: a local variable may be called warpSize, as under NVCC.
+static constexpr int warpSize = 32;
+// In the interleaved schedule atomics and fences are where other blocks get to run.
+#define PKRT_YIELD() (pkrt_interleave ? pkrt_yield() : (void)0)
 
 // The one place a kernel's `extern __shared__ T name[];` points to (the source text
 // is rewritten to `T* const name = (T*)pk_dynamic_smem();` before compiling).
@@ -120,11 +129,11 @@ enum { PKRT_BAR_PLAIN = 0, PKRT_BAR_COUNT = 1, PKRT_BAR_AND = 2, PKRT_BAR_OR = 3
 #define __syncthreads_count(p) pkrt_barrier(PKRT_BAR_COUNT, (p) ? 1 : 0, __FILE__, __LINE__)
 #define __syncthreads_and(p) pkrt_barrier(PKRT_BAR_AND, (p) ? 1 : 0, __FILE__, __LINE__)
 #define __syncthreads_or(p) pkrt_barrier(PKRT_BAR_OR, (p) ? 1 : 0, __FILE__, __LINE__)
-#define __threadfence() ((void)0)
+#define __threadfence() PKRT_YIELD()
 #define __threadfence_block() ((void)0)
-#define __threadfence_system() ((void)0)
+#define __threadfence_system() PKRT_YIELD()
 #define __trap() pkrt_trap(__FILE__, __LINE__)
-#define __nanosleep(ns) ((void)(ns))
+#define __nanosleep(ns) ((void)(ns), PKRT_YIELD())
 // Device-side assert: a failed one is a KernelExecutionError naming the thread, not an abort().
 #undef assert
 #define assert(e) ((e) ? (void)0 : pkrt_assert_fail(#e, __FILE__, __LINE__))
@@ -196,34 +205,37 @@ PK_HOST_AI unsigned pkrt_mask_or_full(unsigned m) { return m; }
 #define __reduce_and_sync(m, v) pkrt_reduce(PKRT_REDUCE_AND, __FILE__, __LINE__, (m), (v), 0)
 #define __reduce_or_sync(m, v) pkrt_reduce(PKRT_REDUCE_OR, __FILE__, __LINE__, (m), (v), 0)
 #define __reduce_xor_sync(m, v) pkrt_reduce(PKRT_REDUCE_XOR, __FILE__, __LINE__, (m), (v), 0)
-#define __activemask() pkrt_activemask()
+#define __activemask() pkrt_activemask_at(__FILE__, __LINE__)
 
 // ---- atomics -----------------------------------------------------------------
-// Blocks of one launch run one after another on one OS thread and fibers only
-// switch at meeting points, so a plain read-modify-write is atomic here.
-template <typename T> PK_HOST_AI T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
-template <typename T> PK_HOST_AI T atomicSub(T* p, T v) { T o = *p; *p = o - v; return o; }
-template <typename T> PK_HOST_AI T atomicExch(T* p, T v) { T o = *p; *p = v; return o; }
+// All fibers run on one OS thread and only switch at meeting points (in the interleaved
+// schedule also here, before the access), so a plain read-modify-write is atomic.
+template <typename T> PK_HOST_AI T atomicAdd(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o + v; return o; }
+template <typename T> PK_HOST_AI T atomicSub(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o - v; return o; }
+template <typename T> PK_HOST_AI T atomicExch(T* p, T v) { PKRT_YIELD(); T o = *p; *p = v; return o; }
 template <typename T> PK_HOST_AI T atomicMax(T* p, T v) {
+    PKRT_YIELD();
     T o = *p;
     if constexpr (std::is_floating_point<T>::value) *p = std::fmax(o, v); else *p = o < v ? v : o;
     return o;
 }
 template <typename T> PK_HOST_AI T atomicMin(T* p, T v) {
+    PKRT_YIELD();
     T o = *p;
     if constexpr (std::is_floating_point<T>::value) *p = std::fmin(o, v); else *p = v < o ? v : o;
     return o;
 }
 template <typename T> PK_HOST_AI T atomicCAS(T* p, T cmp, T v) {
+    PKRT_YIELD();
     T o = *p;
     if (std::memcmp(&o, &cmp, sizeof(T)) == 0) *p = v;  // bitwise, as the hardware compares
     return o;
 }
-template <typename T> PK_HOST_AI T atomicAnd(T* p, T v) { T o = *p; *p = o & v; return o; }
-template <typename T> PK_HOST_AI T atomicOr(T* p, T v) { T o = *p; *p = o | v; return o; }
-template <typename T> PK_HOST_AI T atomicXor(T* p, T v) { T o = *p; *p = o ^ v; return o; }
-PK_HOST_AI unsigned atomicInc(unsigned* p, unsigned v) { unsigned o = *p; *p = (o >= v) ? 0u : o + 1u; return o; }
-PK_HOST_AI unsigned atomicDec(unsigned* p, unsigned v) { unsigned o = *p; *p = (o == 0u || o > v) ? v : o - 1u; return o; }
+template <typename T> PK_HOST_AI T atomicAnd(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o & v; return o; }
+template <typename T> PK_HOST_AI T atomicOr(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o | v; return o; }
+template <typename T> PK_HOST_AI T atomicXor(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o ^ v; return o; }
+PK_HOST_AI unsigned atomicInc(unsigned* p, unsigned v) { PKRT_YIELD(); unsigned o = *p; *p = (o >= v) ? 0u : o + 1u; return o; }
+PK_HOST_AI unsigned atomicDec(unsigned* p, unsigned v) { PKRT_YIELD(); unsigned o = *p; *p = (o == 0u || o > v) ? v : o - 1u; return o; }
 #define PK_SCOPED_ATOMIC(name) \
     template <typename... A> PK_HOST_AI auto name##_block(A... a) { return name(a...); } \
     template <typename... A> PK_HOST_AI auto name##_system(A... a) { return name(a...); }
@@ -401,10 +413,12 @@ struct pk_launch_cfg {
     unsigned grid[3];
     unsigned block[3];
     unsigned long long shared_mem;
-    int schedule;  // 0 forward, 1 reverse, 2 random
-    int reserved;
+    int schedule;    // 0 forward, 1 reverse, 2 random: blocks and threads
+    int interleave;  // blocks resident at once; 0/1: one block after another
     unsigned long long seed;
     unsigned long long stack_bytes;
+    unsigned long long watchdog_ms;  // 0: no watchdog
+    unsigned long long flags;        // reserved
 };
 extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*body)(void*), void* args,
                            char* err, size_t errlen);

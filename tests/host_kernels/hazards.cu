@@ -1,0 +1,123 @@
+// Planted CUDA hazards for tests/test_host_hazards.py: each kernel is either a real bug
+// that the host backend must expose, or legal code it must run.
+#include "pk_common.cuh"
+
+// ---- inter-block hazards (block schedules) ----------------------------------------
+// Bug: block 0 zeroes the accumulator the other blocks add into (no ordering between blocks).
+extern "C" __global__ void pk_h_zero_then_add(float* acc, const float* x) {
+    if (blockIdx.x == 0 && threadIdx.x == 0) acc[0] = 0.0f;
+    __syncthreads();
+    if (threadIdx.x == 0) atomicAdd(acc, x[blockIdx.x]);
+}
+
+// Bug: "the last block" chosen by blockIdx instead of an atomic ticket.
+extern "C" __global__ void pk_h_last_block_by_index(float* partial, float* out, const float* x) {
+    if (threadIdx.x == 0) partial[blockIdx.x] = x[blockIdx.x] * 2.0f;
+    __syncthreads();
+    if (blockIdx.x == gridDim.x - 1 && threadIdx.x == 0) {
+        float s = 0.0f;
+        for (unsigned b = 0; b < gridDim.x; b++) s += partial[b];
+        out[0] = s;
+    }
+}
+
+// Order-dependent float sum: each block adds one value (different magnitudes).
+extern "C" __global__ void pk_h_float_atomic_order(float* acc, const float* x) {
+    if (threadIdx.x == 0) atomicAdd(acc, x[blockIdx.x]);
+}
+
+// Block 1 spin-waits on a flag block 0 sets: finishes only if block 0 can run meanwhile.
+extern "C" __global__ void pk_h_cross_block_spin(int* flag, int* data, int* out) {
+    if (threadIdx.x != 0) return;
+    if (blockIdx.x == 0) {
+        data[0] = 42;
+        __threadfence();
+        atomicExch(flag, 1);
+    } else {
+        while (atomicAdd(flag, 0) == 0) {
+        }
+        __threadfence();
+        out[0] = data[0];
+    }
+}
+
+// Each block keeps its id in static shared memory across a barrier.
+extern "C" __global__ void pk_h_static_smem_per_block(int* out) {
+    __shared__ int mine[64];
+    mine[threadIdx.x] = (int)blockIdx.x * 1000 + (int)threadIdx.x;
+    __syncthreads();
+    atomicAdd(&out[0], 0);  // a yield point under the interleaved schedule
+    __syncthreads();
+    out[1 + blockIdx.x * blockDim.x + threadIdx.x] = mine[(threadIdx.x + 1) % blockDim.x];
+}
+
+// Bug: a static shared accumulator nobody initialises (0 only by luck of a C++ static).
+extern "C" __global__ void pk_h_uninit_static(const float* x, float* out) {
+    __shared__ float acc;
+    if (threadIdx.x == 0) acc += x[blockIdx.x];
+    __syncthreads();
+    if (threadIdx.x == 0) out[blockIdx.x] = acc;
+}
+
+// ---- legal code (no false alarms) ---------------------------------------------------
+// Warp-aggregated atomic: one atomicAdd per converged group, built on __activemask().
+extern "C" __global__ void pk_h_warp_aggregated(const int* pred, int* counter, int* slot, unsigned int* masks) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    const int lane = threadIdx.x & 31;
+    slot[t] = -1;
+    masks[t] = 0;
+    if (pred[t]) {
+        const unsigned m = __activemask();
+        const int leader = __ffs((int)m) - 1;
+        int base = 0;
+        if (lane == leader) base = atomicAdd(counter, __popc(m));
+        base = __shfl_sync(m, base, leader);
+        slot[t] = base + __popc(m & ((1u << lane) - 1u));
+        masks[t] = m;
+    }
+}
+
+// warpSize is a constant, and a local variable may take its name.
+extern "C" __global__ void pk_h_warpsize(int* out) {
+    const int w = warpSize;
+    {
+        int warpSize = 7;
+        out[1] = warpSize;
+    }
+    out[0] = w;
+}
+
+// ---- never a hang ---------------------------------------------------------------------
+extern "C" __global__ void pk_h_spin_forever(const int* flag, int* out) {
+    const volatile int* f = flag;
+    if (threadIdx.x == 3) {
+        while (f[0] == 0) {
+        }
+    }
+    out[threadIdx.x] = 1;
+}
+
+// ---- memory errors without a crash --------------------------------------------------------
+extern "C" __global__ void pk_h_null_store(float* out, long long addr) {
+    float* p = reinterpret_cast<float*>(addr);
+    if (blockIdx.x == 1 && threadIdx.x == 7) p[0] = 1.0f;
+    out[threadIdx.x] = 2.0f;
+}
+
+// n floats of per-thread local memory (a big local array, as a GPU kernel may have).
+extern "C" __global__ void pk_h_local_array(const float* x, float* out, int n) {
+    float buf[160 * 256];  // 160 KiB
+    const int m = n < 160 * 256 ? n : 160 * 256;
+    for (int i = 0; i < m; i++) buf[i] = x[i % 64] + (float)i;
+    float s = 0.0f;
+    for (int i = m - 1; i >= 0; i--) s += buf[i];
+    out[threadIdx.x] = s;
+}
+
+extern "C" __global__ void pk_h_huge_local_array(const float* x, float* out, int n) {
+    float buf[1024 * 1024];  // 4 MiB: more than a fiber stack holds
+    for (int i = 0; i < n; i++) buf[(long long)i * 997 % (1024 * 1024)] = x[i % 64];
+    float s = 0.0f;
+    for (int i = 0; i < n; i++) s += buf[(long long)i * 991 % (1024 * 1024)];
+    out[threadIdx.x] = s;
+}

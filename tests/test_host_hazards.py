@@ -1,0 +1,175 @@
+"""Host backend v2: planted CUDA hazards are exposed, legal code runs (tests/host_kernels/hazards.cu)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pykern
+from pykern.errors import KernelExecutionError
+
+HOST_KERNELS = Path(__file__).resolve().parent / "host_kernels"
+
+
+@pytest.fixture(autouse=True)
+def _host_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(HOST_KERNELS))
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "forward")
+
+
+def launch(name: str, grid: int, block: int, *args: object, shared_mem: int = 0) -> None:
+    pykern.launch(name, grid, block, *args, shared_mem=shared_mem, backend="host")
+
+
+def schedule(monkeypatch: pytest.MonkeyPatch, value: str) -> None:
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", value)
+
+
+# ---- 1. block schedules -----------------------------------------------------------------
+def test_accumulator_zeroed_by_block_0_is_an_inter_block_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.arange(1, 9, dtype=np.float32)
+    acc = np.full(1, 123.0, np.float32)
+    launch("pk_h_zero_then_add", 8, 32, acc, x)
+    assert acc[0] == x.sum()  # index order happens to work
+    schedule(monkeypatch, "reverse")
+    acc[:] = 123.0
+    launch("pk_h_zero_then_add", 8, 32, acc, x)
+    assert acc[0] == x[0]  # block 0 runs last and wipes everyone else's sum
+
+
+def test_last_block_chosen_by_index_is_exposed(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.arange(1, 7, dtype=np.float32)
+    partial, out = np.zeros(6, np.float32), np.zeros(1, np.float32)
+    launch("pk_h_last_block_by_index", 6, 32, partial, out, x)
+    assert out[0] == 2 * x.sum()
+    for sched in ("reverse", "random:3"):
+        schedule(monkeypatch, sched)
+        partial[:], out[:] = 0, 0
+        launch("pk_h_last_block_by_index", 6, 32, partial, out, x)
+        assert out[0] != 2 * x.sum(), sched
+
+
+def test_float_atomic_sum_depends_on_block_order(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.array([1e8, 1.0, -1e8, 3.0, 0.5, 7.0, -2.5, 1e-3] * 4, np.float32)
+    sums = set()
+    for seed in range(12):
+        schedule(monkeypatch, f"random:{seed}")
+        acc = np.zeros(1, np.float32)
+        launch("pk_h_float_atomic_order", x.size, 32, acc, x)
+        sums.add(float(acc[0]))
+    assert len(sums) > 1, sums
+
+
+def test_block_order_is_reproducible_per_seed(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.random.default_rng(0).standard_normal(64).astype(np.float32) * 1e4
+    out = []
+    for _ in range(2):
+        schedule(monkeypatch, "random:77")
+        acc = np.zeros(1, np.float32)
+        launch("pk_h_float_atomic_order", 64, 32, acc, x)
+        out.append(acc[0])
+    assert out[0] == out[1]
+
+
+def test_cross_block_spin_wait_finishes_when_interleaved(monkeypatch: pytest.MonkeyPatch) -> None:
+    for sched in ("interleave", "interleave:5", "forward"):
+        schedule(monkeypatch, sched)
+        flag, data, out = np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+        launch("pk_h_cross_block_spin", 2, 32, flag, data, out)
+        assert out[0] == 42, sched
+
+
+def test_cross_block_spin_wait_on_a_later_block_is_reported_not_hung(monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule(monkeypatch, "reverse")  # block 1 runs alone and waits for block 0 forever
+    monkeypatch.setenv("PYKERN_HOST_WATCHDOG_S", "0.3")
+    flag, data, out = np.zeros(1, np.int32), np.zeros(1, np.int32), np.zeros(1, np.int32)
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_h_cross_block_spin: block \(1,0,0\): thread \(0,0,0\).*PYKERN_HOST_WATCHDOG_S"):
+        launch("pk_h_cross_block_spin", 2, 32, flag, data, out)
+
+
+@pytest.mark.parametrize("sched", ["forward", "reverse", "random:9", "interleave", "interleave:2"])
+def test_static_shared_memory_is_per_block(sched: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule(monkeypatch, sched)
+    blocks, threads = 6, 64
+    out = np.zeros(1 + blocks * threads, np.int32)
+    launch("pk_h_static_smem_per_block", blocks, threads, out)
+    t = np.arange(threads)
+    exp = (np.arange(blocks)[:, None] * 1000 + (t[None, :] + 1) % threads).ravel()
+    np.testing.assert_array_equal(out[1:], exp)
+
+
+# ---- 5. static shared memory is poisoned at every block start ------------------------------
+def test_uninitialised_static_shared_reads_poison_every_launch() -> None:
+    x = np.ones(4, np.float32)
+    for _ in range(2):  # not 0 on the first launch, not a leftover on the second
+        out = np.zeros(4, np.float32)
+        launch("pk_h_uninit_static", 4, 32, x, out)
+        assert np.isnan(out).all()
+
+
+# ---- 6. legal code runs -----------------------------------------------------------------------
+def test_full_mask_shuffle_after_lanes_exited_is_legal() -> None:
+    out = np.full(128, -1.0, np.float32)
+    launch("pk_t_err_mask", 1, 128, out)
+    t = np.arange(128)
+    live = (t % 32) < 16
+    np.testing.assert_array_equal(out[live], (t + (t ^ 1))[live].astype(np.float32))
+    assert (out[~live] == -1).all()
+
+
+@pytest.mark.parametrize("sched", ["forward", "reverse", "random:4", "interleave:1"])
+def test_activemask_warp_aggregated_atomic(sched: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    schedule(monkeypatch, sched)
+    n = 128
+    pred = (np.random.default_rng(2).random(n) < 0.6).astype(np.int32)
+    pred[64:96] = 1  # one warp fully converged
+    counter, slot, masks = np.zeros(1, np.int32), np.zeros(n, np.int32), np.zeros(n, np.uint32)
+    launch("pk_h_warp_aggregated", 1, n, pred, counter, slot, masks)
+    k = int(pred.sum())
+    assert counter[0] == k
+    assert sorted(slot[pred == 1].tolist()) == list(range(k))  # every active thread got its own slot
+    for w in range(n // 32):
+        lanes = pred[w * 32 : (w + 1) * 32]
+        expect = sum(1 << l for l in range(32) if lanes[l])
+        assert all(masks[w * 32 + l] == expect for l in range(32) if lanes[l]), (w, sched)
+
+
+def test_warpsize_is_a_constant_not_a_macro() -> None:
+    out = np.zeros(2, np.int32)
+    launch("pk_h_warpsize", 1, 32, out)
+    assert list(out) == [32, 7]
+
+
+def test_spin_loop_without_meeting_point_is_reported_and_the_process_survives(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_WATCHDOG_S", "0.3")
+    flag, out = np.zeros(1, np.int32), np.zeros(64, np.int32)
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_h_spin_forever: block \(0,0,0\): thread \(3,0,0\).*ran for more than 0.3 s"):
+        launch("pk_h_spin_forever", 1, 64, flag, out)
+    flag[0] = 1
+    launch("pk_h_spin_forever", 1, 64, flag, out)
+    assert (out == 1).all()
+
+
+# ---- 4. faults are errors, not crashes ----------------------------------------------------------
+def test_null_pointer_store_names_block_and_thread() -> None:
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_h_null_store: block \(1,0,0\): thread \(7,0,0\).*segmentation fault at address \(nil\)|0x0"):
+        launch("pk_h_null_store", 2, 32, np.zeros(32, np.float32), 0)
+    out = np.zeros(32, np.float32)
+    launch("pk_h_null_store", 1, 32, out, 0)  # the process and the library still work
+    assert (out == 2).all()
+
+
+def test_160_kib_of_local_memory_fits() -> None:
+    x = np.arange(64, dtype=np.float32)
+    out = np.zeros(4, np.float32)
+    n = 160 * 256
+    launch("pk_h_local_array", 1, 4, x, out, n)
+    i = np.arange(n)
+    ref = (x[i % 64].astype(np.float64) + i).sum()
+    np.testing.assert_allclose(out, ref, rtol=1e-4)
+
+
+def test_stack_overflow_is_a_clear_error() -> None:
+    with pytest.raises(KernelExecutionError, match=r"thread \(0,0,0\).*stack overflow.*PYKERN_HOST_STACK_KB"):
+        launch("pk_h_huge_local_array", 1, 2, np.ones(64, np.float32), np.zeros(2, np.float32), 1 << 20)
