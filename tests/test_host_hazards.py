@@ -173,3 +173,32 @@ def test_160_kib_of_local_memory_fits() -> None:
 def test_stack_overflow_is_a_clear_error() -> None:
     with pytest.raises(KernelExecutionError, match=r"thread \(0,0,0\).*stack overflow.*PYKERN_HOST_STACK_KB"):
         launch("pk_h_huge_local_array", 1, 2, np.ones(64, np.float32), np.zeros(2, np.float32), 1 << 20)
+
+
+# ---- 5. launch limits ---------------------------------------------------------------------------
+def test_launch_bounds_is_enforced_before_launch() -> None:
+    from pykern import registry
+    from pykern.errors import ArgumentError
+
+    assert registry.get("pk_h_bounded").max_threads == 128
+    out = np.zeros(256, np.float32)
+    launch("pk_h_bounded", 1, 128, out)
+    assert (out[:128] == 1).all()
+    for backend in ("host", "numba", "nvrtc"):  # refused before any backend is reached
+        with pytest.raises(ArgumentError, match=r"__launch_bounds__\(128\).*256 threads"):
+            pykern.launch("pk_h_bounded", 1, 256, out, backend=backend)
+
+
+def test_static_shared_memory_limits(monkeypatch: pytest.MonkeyPatch) -> None:
+    out = np.zeros(64, np.float32)
+    launch("pk_h_big_static", 1, 64, out, shared_mem=16 << 10)
+    assert (out == 1).all()
+    with pytest.raises(KernelExecutionError, match=r"static __shared__ memory exceeds 49152 bytes"):
+        launch("pk_h_too_much_static", 1, 64, out)
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_75")  # 64 KiB per block
+    with pytest.raises(KernelExecutionError, match=r"static \(40960 bytes\) \+ dynamic \(32768 bytes\).*65536"):
+        launch("pk_h_big_static", 1, 64, out, shared_mem=32 << 10)
+    from pykern.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match="shared_mem.*65536"):
+        launch("pk_h_big_static", 1, 64, out, shared_mem=80 << 10)

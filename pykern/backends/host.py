@@ -41,7 +41,25 @@ class LaunchConfig(ctypes.Structure):
         ("stack_bytes", ctypes.c_ulonglong),
         ("watchdog_ms", ctypes.c_ulonglong),
         ("flags", ctypes.c_ulonglong),
+        ("smem_limit", ctypes.c_ulonglong),
     ]
+
+
+# Shared memory one block may use (static + dynamic, opt-in maximum) per arch, in KiB.
+SMEM_LIMIT_KB = {
+    "sm_75": 64, "sm_80": 163, "sm_86": 99, "sm_87": 163, "sm_88": 99, "sm_89": 99, "sm_90": 227,
+    "sm_100": 227, "sm_103": 227, "sm_107": 227, "sm_110": 227, "sm_120": 99, "sm_121": 99,
+}
+
+
+def smem_limit() -> int:
+    """Bytes of shared memory a block may use: $PYKERN_HOST_ARCH's limit, else the largest (227 KiB)."""
+    arch = os.environ.get("PYKERN_HOST_ARCH", "").strip()
+    if not arch:
+        return 227 << 10
+    if arch not in SMEM_LIMIT_KB:
+        raise ArgumentError(f"PYKERN_HOST_ARCH: expected one of {', '.join(SMEM_LIMIT_KB)}, got {arch!r}")
+    return SMEM_LIMIT_KB[arch] << 10
 
 
 def parse_schedule_full(value: str | None) -> tuple[int, int, int]:
@@ -226,6 +244,12 @@ class HostBackend:
 
         sanitize = sanitize_enabled()
         mode, seed, resident = parse_schedule_full(os.environ.get("PYKERN_HOST_SCHEDULE"))
+        limit = smem_limit()
+        if shared_mem > limit:
+            raise ArgumentError(
+                f"shared_mem: {spec.name} asks for {shared_mem} bytes of dynamic shared memory, more than the "
+                f"{limit} bytes a block may use (PYKERN_HOST_ARCH={os.environ.get('PYKERN_HOST_ARCH', '')!r})"
+            )
         lib = self.library(spec.source, sanitize)
         fn = lib.fn(spec.name)
 
@@ -266,7 +290,7 @@ class HostBackend:
                     argv[i] = ctypes.addressof(a)
             cfg = LaunchConfig(
                 (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, resident, seed,
-                stack_bytes(sanitize), watchdog_ms(), 0,
+                stack_bytes(sanitize), watchdog_ms(), 0, limit,
             )
             err = ctypes.create_string_buffer(4096)
             rc = fn(ctypes.byref(cfg), argv, err, len(err))

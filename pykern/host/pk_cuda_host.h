@@ -419,6 +419,7 @@ struct pk_launch_cfg {
     unsigned long long stack_bytes;
     unsigned long long watchdog_ms;  // 0: no watchdog
     unsigned long long flags;        // reserved
+    unsigned long long smem_limit;   // static + dynamic shared memory a block may use (0: 227 KiB)
 };
 extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*body)(void*), void* args,
                            char* err, size_t errlen);

@@ -125,6 +125,7 @@ struct Launch {
     unsigned long long seed;
     unsigned n;  // threads per block
     unsigned long long n_blocks;
+    unsigned long long shared_mem, smem_limit;
     bool failed;
     char err[2048];
 };
@@ -1011,6 +1012,14 @@ extern "C" void* pkrt_static_smem(int id, size_t size, size_t align) {
                      kStaticSmemMax, off + size);
             fail_simple(what);
         }
+        if (off + size + g.shared_mem > g.smem_limit) {
+            char what[320];
+            snprintf(what, sizeof what,
+                     "static (%zu bytes) + dynamic (%llu bytes) shared memory exceed the %llu bytes a block may use "
+                     "(PYKERN_HOST_ARCH)",
+                     off + size, g.shared_mem, g.smem_limit);
+            fail_simple(what);
+        }
         v.off = off;
         v.set = true;
         g_static_used = off + size;
@@ -1200,6 +1209,8 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     g.seed = cfg->seed;
     g.n = n;
     g.n_blocks = n_blocks;
+    g.shared_mem = cfg->shared_mem;
+    g.smem_limit = cfg->smem_limit ? cfg->smem_limit : (227ull << 10);
     pkrt_interleave = slots > 1;
     g_static_used = 0;
     for (int i = 0; i < kMaxStaticVars; i++) g_static_vars[i].set = false;

@@ -121,3 +121,20 @@ extern "C" __global__ void pk_h_huge_local_array(const float* x, float* out, int
     for (int i = 0; i < n; i++) s += buf[(long long)i * 991 % (1024 * 1024)];
     out[threadIdx.x] = s;
 }
+
+// ---- launch limits ---------------------------------------------------------------------------
+extern "C" __global__ void __launch_bounds__(128) pk_h_bounded(float* out) { out[threadIdx.x] = 1.0f; }
+
+// 40 KiB static + the launch's dynamic bytes.
+extern "C" __global__ void pk_h_big_static(float* out) {
+    __shared__ float big[10 * 1024];
+    big[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = big[threadIdx.x];
+}
+
+extern "C" __global__ void pk_h_too_much_static(float* out) {
+    __shared__ float huge[13 * 1024];  // 52 KiB > 48 KiB
+    huge[threadIdx.x] = 1.0f;
+    out[threadIdx.x] = huge[threadIdx.x];
+}
