@@ -202,3 +202,75 @@ def test_static_shared_memory_limits(monkeypatch: pytest.MonkeyPatch) -> None:
 
     with pytest.raises(ArgumentError, match="shared_mem.*65536"):
         launch("pk_h_big_static", 1, 64, out, shared_mem=80 << 10)
+
+
+# ---- 3. GPU numerics ------------------------------------------------------------------------------
+def _fma_on_this_machine() -> bool:
+    from pykern.host.build import fma_flags
+
+    return "-ffp-contract=fast" in fma_flags()
+
+
+def test_fma_contraction_like_nvrtc_and_off_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    rng = np.random.default_rng(4)
+    a = rng.standard_normal(256).astype(np.float32)
+    b = rng.standard_normal(256).astype(np.float32)
+    out = np.zeros(256, np.float32)
+    if not _fma_on_this_machine():
+        pytest.skip("no FMA instructions on this CPU")
+    launch("pk_h_fma_contract", 2, 128, a, b, a.copy(), b.copy(), out, 256)
+    exact = a.astype(np.float64) * b.astype(np.float64)
+    err = (exact - (a * b).astype(np.float64)).astype(np.float32)  # the rounding error of a*b
+    assert (out != 0).sum() > 200
+    assert np.array_equal(np.abs(out), np.abs(err))
+    monkeypatch.setenv("PYKERN_HOST_FMA", "0")
+    launch("pk_h_fma_contract", 2, 128, a, b, a.copy(), b.copy(), out, 256)
+    assert (out == 0).all()
+
+
+def test_fast_math_intrinsics_special_cases() -> None:
+    x = np.array([80.0, np.inf, 1e-40, 2.0, -1.0, 0.0, 3e9, np.nan], np.float32)
+    y = np.array([1e38, 2e38, 1.0, 1e-39, 1.0, 1.0, 1.0, 1.0], np.float32)
+    out = np.zeros(x.size * 6, np.float32)
+    launch("pk_h_fast_math", 1, 32, x, y, out, x.size)
+    o = out.reshape(-1, 6)
+    assert o[0, 0] == 0  # __fdividef(80, 1e38): 2^126 < |y| < 2^128 gives 0
+    assert np.isnan(o[1, 0])  # ... and NaN for an infinite x
+    assert o[2, 1] == 1 and o[2, 2] == -np.inf and o[2, 3] == np.inf  # subnormal input counts as 0
+    assert o[3, 0] == np.inf  # 2 / subnormal -> 2 * rcp(0) = inf
+    assert np.isnan(o[4, 2]) and np.isnan(o[4, 3])
+    assert o[5, 3] == np.inf and o[5, 4] == 0
+    assert o[6, 5] == 2147483647.0  # __float2int_rz saturates
+    assert o[7, 5] == 0  # NaN -> 0
+    np.testing.assert_allclose(o[4, 1], np.exp(-1.0), rtol=1e-6)
+
+
+def test_integer_division_by_zero_gives_the_gpu_result() -> None:
+    n = 6
+    a = np.array([7, -7, 5, -2147483648, 9, 0], np.int32)
+    b = np.array([2, 0, 0, -1, 3, 0], np.int32)
+    ua = np.array([7, 8, 4000000000, 1, 9, 0], np.uint32)
+    ub = np.array([2, 0, 0, 1, 0, 3], np.uint32)
+    la = np.array([7, 1 << 40, -5, 3, 9, 0], np.int64)
+    lb = np.array([2, 0, 0, 3, -9, 0], np.int64)
+    q, r, uq, lq = np.zeros(n, np.int32), np.zeros(n, np.int32), np.zeros(n, np.uint32), np.zeros(n, np.int64)
+    launch("pk_h_int_div", 1, 32, a, b, q, r, ua, ub, uq, la, lb, lq, n)
+    assert list(q) == [3, -1, -1, -2147483648, 3, -1]
+    assert list(r) == [1, -7, 5, 0, 0, 0]
+    assert list(uq) == [3, 0xFFFFFFFF, 0xFFFFFFFF, 1, 0xFFFFFFFF, 0]
+    assert list(lq) == [3, -1, -1, 1, -1, -1]
+
+
+def test_mul24_and_sad_have_no_undefined_behaviour() -> None:
+    a = np.array([0x7FFFFFFF, -0x80000000, 0x00800000, -5, 123456], np.int32)
+    b = np.array([-0x80000000, 0x7FFFFFFF, 0x00800000, 7, -654321], np.int32)
+    m, s = np.zeros(5, np.int32), np.zeros(5, np.uint32)
+    launch("pk_h_mul24_sad", 1, 32, a, b, m, s, 5)
+
+    def s24(v: int) -> int:
+        v &= 0xFFFFFF
+        return v - (1 << 24) if v & 0x800000 else v
+
+    exp_m = [np.int64(s24(int(x)) * s24(int(y))).astype(np.int64) & 0xFFFFFFFF for x, y in zip(a, b)]
+    assert [int(v) & 0xFFFFFFFF for v in m] == [int(v) for v in exp_m]
+    assert [int(v) for v in s] == [(abs(int(x) - int(y)) + 1) & 0xFFFFFFFF for x, y in zip(a, b)]

@@ -38,6 +38,8 @@ CASES = _small_cases()
 MODES = {
     "random": runner.Label("host:random:11", "host", (("PYKERN_HOST_SCHEDULE", "random:11"),)),
     "interleave": runner.Label("host:interleave:3", "host", (("PYKERN_HOST_SCHEDULE", "interleave:3"),)),
+    # FMA contraction is the default (as NVRTC); the forward/reverse runs cover it. Off:
+    "fma0": runner.Label("host:fma0", "host", (("PYKERN_HOST_FMA", "0"),)),
 }
 
 

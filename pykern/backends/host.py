@@ -171,9 +171,9 @@ class HostBackend:
     name = "host"
 
     def __init__(self) -> None:
-        self._libs: dict[tuple[str, str, bool], _Library] = {}
+        self._libs: dict[tuple[str, str, tuple[bool, ...]], _Library] = {}
         # Per launch only stat() the source and its headers; re-hash when one changed.
-        self._fast: dict[tuple[Path, bool], tuple[tuple[Path, ...], tuple[tuple[int, int], ...], _Library]] = {}
+        self._fast: dict[tuple[Path, tuple[bool, ...]], tuple[tuple[Path, ...], tuple[tuple[int, int], ...], _Library]] = {}
 
     def available(self) -> tuple[bool, str]:
         from ..host.build import find_compiler
@@ -190,12 +190,15 @@ class HostBackend:
         from .. import sources
         from ..host import build
 
+        from ..host.build import fma_enabled
+
         sanitize = sanitize_enabled() if sanitize is None else sanitize
-        fast = self._fast.get((source, sanitize))
+        flavor = (sanitize, fma_enabled())  # every build choice that changes the binary
+        fast = self._fast.get((source, flavor))
         if fast is not None and _stamps(fast[0]) == fast[1]:
             return fast[2]
         src = sources.load(source)
-        key = (str(src.path), src.digest(), sanitize)
+        key = (str(src.path), src.digest(), flavor)
         lib = self._libs.get(key)
         if lib is None:
             if sanitize and not _asan_loaded():
@@ -211,7 +214,7 @@ class HostBackend:
             lib = _Library(path)
             self._libs[key] = lib
         files = (src.path, *src.headers)
-        self._fast[(source, sanitize)] = (files, _stamps(files), lib)
+        self._fast[(source, flavor)] = (files, _stamps(files), lib)
         return lib
 
     def prebuild(

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -37,8 +38,8 @@ BASE_FLAGS = (
 OPT_FLAGS = ("-O2",)
 # -O1 keeps AddressSanitizer reports readable; -g gives them .cu file:line.
 SANITIZE_FLAGS = (
-    "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=undefined",
+    "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined,float-cast-overflow",
+    "-fno-sanitize-recover=undefined,float-cast-overflow",
 )
 
 
@@ -235,12 +236,45 @@ def translation_unit(path: Path, text: str, specs: Sequence[KernelSpec]) -> str:
 
 
 # ---- build ----------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _cpu_has_fma() -> bool:
+    """x86-64 needs -mfma for fused multiply-add instructions; only where the CPU has them."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True  # FMA is part of the base ISA (and the compiler's default)
+    if machine not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " fma " in f" {line.split(':', 1)[-1].strip()} "
+    except OSError:
+        pass
+    return False
+
+
+def fma_enabled() -> bool:
+    """PYKERN_HOST_FMA (default 1): contract a*b+c into FMA as NVRTC does by default."""
+    return os.environ.get("PYKERN_HOST_FMA", "1").strip() not in ("0", "off", "false", "no")
+
+
+def fma_flags() -> tuple[str, ...]:
+    # NVRTC contracts by default (--fmad=true): `a*b - c*d` becomes fma(a, b, -(c*d)).
+    # -std=c++17 alone means -ffp-contract=off in GCC; ask for contraction explicitly.
+    if not fma_enabled():
+        return ("-ffp-contract=off",)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ("-ffp-contract=fast", "-mfma") if _cpu_has_fma() else ("-ffp-contract=off",)
+    return ("-ffp-contract=fast",)
+
+
 def flags(sanitize: bool) -> tuple[str, ...]:
     extra: tuple[str, ...] = ()
     # PYKERN_HOST_FIBER=ucontext selects the portable (slower: a syscall per switch) fibers.
     if os.environ.get("PYKERN_HOST_FIBER", "").strip() == "ucontext":
         extra = ("-DPK_FIBER_UCONTEXT=1",)
-    return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + extra
+    return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + fma_flags() + extra
 
 
 _FIRST_ERROR = re.compile(r"^(.+?):(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)$", re.M)

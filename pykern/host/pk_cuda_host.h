@@ -297,21 +297,30 @@ PK_HOST_AI float __ull2float_rn(unsigned long long v) { return (float)v; }
 PK_HOST_AI float __double2float_rn(double v) { return (float)v; }
 
 // ---- float intrinsics (IEEE versions: results stay close to the GPU's) -----------
-PK_HOST_AI float pk_irsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// The approximate intrinsics are .ftz on the GPU: subnormal inputs count as zero and
+// subnormal results flush to zero; values stay the accurate ones (within the documented
+// ulp bounds), special cases are the hardware's.
+PK_HOST_AI float pk_ftz(float x) { return (x != 0.0f && std::fabs(x) < FLT_MIN) ? std::copysign(0.0f, x) : x; }
+PK_HOST_AI float pk_irsqrtf(float x) { return pk_ftz(1.0f / std::sqrt(pk_ftz(x))); }
 PK_HOST_AI double pk_irsqrt(double x) { return 1.0 / std::sqrt(x); }
 PK_HOST_AI float pk_ircbrtf(float x) { return 1.0f / std::cbrt(x); }
-PK_HOST_AI float pk_i__expf(float x) { return std::exp(x); }
-PK_HOST_AI float pk_i__exp10f(float x) { return std::pow(10.0f, x); }
-PK_HOST_AI float pk_i__logf(float x) { return std::log(x); }
-PK_HOST_AI float pk_i__log2f(float x) { return std::log2(x); }
-PK_HOST_AI float pk_i__log10f(float x) { return std::log10(x); }
-PK_HOST_AI float pk_i__powf(float x, float y) { return std::pow(x, y); }
-PK_HOST_AI float pk_i__sinf(float x) { return std::sin(x); }
-PK_HOST_AI float pk_i__cosf(float x) { return std::cos(x); }
-PK_HOST_AI float pk_i__tanf(float x) { return std::tan(x); }
-PK_HOST_AI void pk_i__sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
-PK_HOST_AI float pk_i__tanhf(float x) { return std::tanh(x); }
-PK_HOST_AI float pk_i__fdividef(float a, float b) { return a / b; }
+PK_HOST_AI float pk_i__expf(float x) { return pk_ftz(std::exp(pk_ftz(x))); }
+PK_HOST_AI float pk_i__exp10f(float x) { return pk_ftz(std::pow(10.0f, pk_ftz(x))); }
+PK_HOST_AI float pk_i__logf(float x) { return std::log(pk_ftz(x)); }
+PK_HOST_AI float pk_i__log2f(float x) { return std::log2(pk_ftz(x)); }
+PK_HOST_AI float pk_i__log10f(float x) { return std::log10(pk_ftz(x)); }
+// ex2(y * lg2(x)), as the GPU computes it: __powf(0, 0) and __powf(1, inf) are NaN.
+PK_HOST_AI float pk_i__powf(float x, float y) {
+    return pk_ftz(std::exp2(pk_ftz(y) * std::log2(pk_ftz(x))));
+}
+PK_HOST_AI float pk_i__sinf(float x) { return pk_ftz(std::sin(pk_ftz(x))); }
+PK_HOST_AI float pk_i__cosf(float x) { return pk_ftz(std::cos(pk_ftz(x))); }
+PK_HOST_AI float pk_i__tanf(float x) { return pk_ftz(std::sin(pk_ftz(x))) / pk_ftz(std::cos(pk_ftz(x))); }
+PK_HOST_AI void pk_i__sincosf(float x, float* s, float* c) { *s = pk_i__sinf(x); *c = pk_i__cosf(x); }
+PK_HOST_AI float pk_i__tanhf(float x) { return pk_ftz(std::tanh(pk_ftz(x))); }
+// x * rcp.approx.ftz(y): for 2^126 < |y| < 2^128 the reciprocal is subnormal and flushes to
+// zero, so the quotient is 0 (NaN when x is infinite), as CUDA documents.
+PK_HOST_AI float pk_i__fdividef(float a, float b) { return pk_ftz(a) * pk_ftz(1.0f / pk_ftz(b)); }
 PK_HOST_AI float pk_i__frcp_rn(float x) { return 1.0f / x; }
 PK_HOST_AI float pk_i__fsqrt_rn(float x) { return std::sqrt(x); }
 PK_HOST_AI float pk_i__frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
@@ -372,7 +381,9 @@ PK_HOST_AI unsigned __brev(unsigned x) {
     x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
     return (x >> 16) | (x << 16);
 }
-PK_HOST_AI int __mul24(int a, int b) { return (int)(((long long)(a << 8 >> 8)) * (b << 8 >> 8)); }
+// Low 24 bits, sign-extended, multiplied: no signed overflow or negative shift on any input.
+PK_HOST_AI int pkrt_sext24(int a) { unsigned u = (unsigned)a & 0xffffffu; return (int)(u ^ 0x800000u) - 0x800000; }
+PK_HOST_AI int __mul24(int a, int b) { return (int)(unsigned)((long long)pkrt_sext24(a) * pkrt_sext24(b)); }
 PK_HOST_AI unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
 PK_HOST_AI int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
 PK_HOST_AI unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
@@ -380,7 +391,11 @@ PK_HOST_AI long long __mul64hi(long long a, long long b) { return (long long)(((
 PK_HOST_AI unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
-PK_HOST_AI unsigned __sad(int a, int b, unsigned c) { return c + (unsigned)(a > b ? a - b : b - a); }
+// |a - b| computed in 64 bits: a - b can overflow int (UB) for valid inputs.
+PK_HOST_AI unsigned __sad(int a, int b, unsigned c) {
+    long long d = (long long)a - (long long)b;
+    return c + (unsigned)(d < 0 ? -d : d);
+}
 PK_HOST_AI unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned s) {
     unsigned long long v = ((unsigned long long)hi << 32) | lo;
     return (unsigned)((v << (s & 31)) >> 32);

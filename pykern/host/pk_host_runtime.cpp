@@ -811,6 +811,93 @@ bool stack_overflowed(const void* addr, const Thread* t, void* uctx) {
            sp >= reinterpret_cast<uintptr_t>(t->stack_lo) - (64u << 20);
 }
 
+#if defined(__x86_64__)
+// Integer division by zero does not trap on a GPU (and INT_MIN / -1 wraps): give the
+// GPU's results instead of SIGFPE. Decodes the faulting `div`/`idiv` r/m32|r/m64
+// (opcode F7 /6, /7), sets quotient = all ones (-1) and remainder = the dividend (for
+// x / 0), or quotient = the dividend and remainder 0 (for INT_MIN / -1), and steps over
+// the instruction. Anything else stays a SIGFPE error.
+bool fix_int_division(ucontext_t* uc) {
+    greg_t* r = uc->uc_mcontext.gregs;
+    const unsigned char* ip = reinterpret_cast<const unsigned char*>(r[REG_RIP]);
+    const unsigned char* p = ip;
+    bool wide = false;
+    while (*p == 0x2e || *p == 0x3e || *p == 0x26 || *p == 0x64 || *p == 0x65 || *p == 0x36) p++;
+    if (*p == 0x66) return false;  // 16-bit forms: not produced for int/long long division
+    unsigned rex = 0;
+    if ((*p & 0xf0) == 0x40) rex = *p++;
+    wide = rex & 8;
+    if (*p++ != 0xf7) return false;
+    unsigned modrm = *p++;
+    unsigned mod = modrm >> 6, reg = (modrm >> 3) & 7, rm = modrm & 7;
+    if (reg != 6 && reg != 7) return false;
+    static const int kRegs[16] = {REG_RAX, REG_RCX, REG_RDX, REG_RBX, REG_RSP, REG_RBP, REG_RSI, REG_RDI,
+                                  REG_R8,  REG_R9,  REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15};
+    long long divisor;
+    if (mod == 3) {
+        divisor = r[kRegs[rm | ((rex & 1) << 3)]];
+    } else {
+        long long addr = 0;
+        if (rm == 4) {  // SIB
+            unsigned sib = *p++;
+            unsigned scale = sib >> 6, index = ((sib >> 3) & 7) | ((rex & 2) << 2), base = (sib & 7) | ((rex & 1) << 3);
+            if (index != 4) addr += r[kRegs[index]] << scale;
+            if ((sib & 7) == 5 && mod == 0) {
+                int32_t d;
+                std::memcpy(&d, p, 4);
+                p += 4;
+                addr += d;
+            } else {
+                addr += r[kRegs[base]];
+            }
+        } else if (rm == 5 && mod == 0) {  // RIP-relative: from the instruction's end (no immediate follows)
+            int32_t d;
+            std::memcpy(&d, p, 4);
+            p += 4;
+            addr = reinterpret_cast<long long>(p) + d;
+        } else {
+            addr = r[kRegs[rm | ((rex & 1) << 3)]];
+        }
+        if (mod == 1) {
+            addr += static_cast<signed char>(*p);
+            p += 1;
+        } else if (mod == 2) {
+            int32_t d;
+            std::memcpy(&d, p, 4);
+            p += 4;
+            addr += d;
+        }
+        if (wide) {
+            std::memcpy(&divisor, reinterpret_cast<const void*>(addr), 8);
+        } else {
+            int32_t d;
+            std::memcpy(&d, reinterpret_cast<const void*>(addr), 4);
+            divisor = static_cast<uint32_t>(d);
+        }
+    }
+    if (!wide) divisor = static_cast<uint32_t>(divisor);
+    unsigned long long lo = static_cast<unsigned long long>(r[REG_RAX]);
+    unsigned long long q, rem;
+    if (divisor == 0) {
+        q = ~0ull;
+        rem = wide ? lo : (lo & 0xffffffffull);
+    } else if (reg == 7 && (wide ? divisor == -1 : static_cast<uint32_t>(divisor) == 0xffffffffu)) {
+        q = wide ? lo : (lo & 0xffffffffull);  // INT_MIN / -1 wraps to INT_MIN
+        rem = 0;
+    } else {
+        return false;
+    }
+    if (!wide) {
+        q &= 0xffffffffull;
+        rem &= 0xffffffffull;
+    }
+    r[REG_RAX] = static_cast<greg_t>(q);
+    r[REG_RDX] = static_cast<greg_t>(rem);
+    r[REG_RIP] = reinterpret_cast<greg_t>(p);
+    return true;
+}
+#endif
+
 // Only async-signal-safe work here: format into g.err, then jump.
 void on_fault(int sig, siginfo_t* info, void* uctx) {
     Thread* t = cur();
@@ -830,6 +917,11 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
         }
         return;
     }
+#if defined(__x86_64__)
+    if (sig == SIGFPE && (info->si_code == FPE_INTDIV || info->si_code == FPE_INTOVF) &&
+        fix_int_division(static_cast<ucontext_t*>(uctx)))
+        return;
+#endif
     Buf b{g.err, sizeof g.err};
     describe_where(b, t);
     if (sig == SIGSEGV && stack_overflowed(info->si_addr, t, uctx)) {

@@ -138,3 +138,41 @@ extern "C" __global__ void pk_h_too_much_static(float* out) {
     huge[threadIdx.x] = 1.0f;
     out[threadIdx.x] = huge[threadIdx.x];
 }
+
+// ---- GPU numerics -----------------------------------------------------------------------
+// a*b - c*d with a == c, b == d: NVRTC contracts to fma(a, b, -(c*d)), the rounding error of a*b.
+extern "C" __global__ void pk_h_fma_contract(const float* a, const float* b, const float* c, const float* d,
+                                             float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = a[i] * b[i] - c[i] * d[i];
+}
+
+extern "C" __global__ void pk_h_fast_math(const float* x, const float* y, float* out, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    out[i * 6 + 0] = __fdividef(x[i], y[i]);
+    out[i * 6 + 1] = __expf(x[i]);
+    out[i * 6 + 2] = __logf(x[i]);
+    out[i * 6 + 3] = rsqrtf(x[i]);
+    out[i * 6 + 4] = __sinf(x[i]);
+    out[i * 6 + 5] = (float)__float2int_rz(x[i] * y[i]);
+}
+
+// Integer division / remainder by a runtime divisor (0 in the planted case).
+extern "C" __global__ void pk_h_int_div(const int* a, const int* b, int* q, int* r, const unsigned int* ua,
+                                        const unsigned int* ub, unsigned int* uq, const long long* la,
+                                        const long long* lb, long long* lq, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    q[i] = a[i] / b[i];
+    r[i] = a[i] % b[i];
+    uq[i] = ua[i] / ub[i];
+    lq[i] = la[i] / lb[i];
+}
+
+extern "C" __global__ void pk_h_mul24_sad(const int* a, const int* b, int* m, unsigned int* s, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    m[i] = __mul24(a[i], b[i]);
+    s[i] = __sad(a[i], b[i], 1u);
+}
