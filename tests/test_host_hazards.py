@@ -274,3 +274,22 @@ def test_mul24_and_sad_have_no_undefined_behaviour() -> None:
     exp_m = [np.int64(s24(int(x)) * s24(int(y))).astype(np.int64) & 0xFFFFFFFF for x, y in zip(a, b)]
     assert [int(v) & 0xFFFFFFFF for v in m] == [int(v) for v in exp_m]
     assert [int(v) for v in s] == [(abs(int(x) - int(y)) + 1) & 0xFFFFFFFF for x, y in zip(a, b)]
+
+
+# ---- 4. memory errors on every run ---------------------------------------------------------------
+def test_out_of_bounds_write_is_caught_by_red_zones() -> None:
+    out = np.zeros(100, np.float32)
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_h_oob_write: out-of-bounds write past argument 0 \(float\* out, 400 bytes\): bytes \[400, 404\)"):
+        launch("pk_h_oob_write", 4, 32, out, 100)
+    ok = np.zeros(101, np.float32)
+    launch("pk_h_oob_write", 4, 32, ok, 100)
+    assert (ok == 1).all()
+
+
+def test_misaligned_float4_load_raises_at_the_access() -> None:
+    x = np.arange(4 * 33, dtype=np.float32)
+    out = np.zeros(4 * 32, np.float32)
+    launch("pk_h_misaligned_float4", 1, 32, x, out, 4)  # x + 4 floats: 16-byte aligned, fine
+    np.testing.assert_array_equal(out, x[4:])
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_h_misaligned_float4: block \(0,0,0\): thread \(0,0,0\).*misaligned"):
+        launch("pk_h_misaligned_float4", 1, 32, x, out, 1)

@@ -260,6 +260,8 @@ class HostBackend:
         ptrs = (ctypes.c_void_p * max(n, 1))()
         argv = (ctypes.c_void_p * max(n, 1))()
         copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
+        zones = _RedZones([(a.ctypes.data, a.nbytes) for p, a in zip(spec.params, args) if p.is_pointer
+                           and isinstance(a, np.ndarray)])
         try:
             for i, (p, a) in enumerate(zip(spec.params, args)):
                 if p.is_pointer:
@@ -274,7 +276,9 @@ class HostBackend:
                             f"got strides {a.strides}"
                         )
                     addr = a.ctypes.data
-                    if sanitize:
+                    if not sanitize and not p.is_const:
+                        addr = zones.guard(i, p, a, addr)
+                    elif sanitize:
                         # An exactly-sized heap copy puts ASan's redzone right after the last element.
                         # The same array passed twice (in-place ops) shares one copy.
                         same = next((k for k, c in enumerate(copies) if c[4] == addr and c[2] == a.nbytes), None)
@@ -299,12 +303,72 @@ class HostBackend:
             rc = fn(ctypes.byref(cfg), argv, err, len(err))
             if rc != 0:
                 raise KernelExecutionError(err.value.decode("utf-8", "replace"))
+            zones.check_and_copy_back(spec.name)
             for buf, a, nbytes, write_back, _ in copies:
                 if write_back:
                     ctypes.memmove(a.ctypes.data, buf, nbytes)
         finally:
             for buf, *_ in copies:
                 lib.free(buf)
+
+
+_RZ = 256  # red zone bytes each side; GPU allocations are 256-byte aligned too
+_RZ_PATTERN = bytes([0xFF, 0xFF, 0xBF, 0xFF])  # a NaN as float: an out-of-bounds read shows too
+
+
+class _RedZones:
+    """Writable array arguments run in a copy with red zones on both sides, checked after the launch.
+
+    An out-of-bounds write then is a KernelExecutionError naming the kernel, the argument and
+    the byte offsets, on every launch (the sanitizer build also names the thread and line).
+    Arguments whose memory overlaps another argument's (views of one buffer) run in place:
+    copying them would break the aliasing the kernel may rely on.
+    """
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = ranges
+        self.zones: list[tuple[int, Any, Any, Any]] = []  # (arg index, param, user array, padded copy)
+        self.by_addr: dict[tuple[int, int], int] = {}
+
+    def guard(self, i: int, p: Any, a: Any, addr: int) -> int:
+        import numpy as np
+
+        key = (addr, a.nbytes)
+        if key in self.by_addr:  # the same array passed twice (in-place ops): one copy
+            return self.by_addr[key]
+        lo, hi = addr, addr + a.nbytes
+        if any(r != key and r[0] < hi and lo < r[0] + r[1] for r in self.ranges):
+            return addr
+        n = a.nbytes
+        buf = np.empty(n + 2 * _RZ + 256, np.uint8)
+        off = (-buf.ctypes.data) % 256 + _RZ
+        pat = np.frombuffer(_RZ_PATTERN * (_RZ // 4), np.uint8)
+        buf[off - _RZ : off] = pat
+        buf[off + n : off + n + _RZ] = pat
+        if n:
+            buf[off : off + n] = a.reshape(-1).view(np.uint8)
+        self.zones.append((i, p, a, buf[off - _RZ : off + n + _RZ]))
+        new = buf.ctypes.data + off
+        self.by_addr[key] = new
+        return new
+
+    def check_and_copy_back(self, kernel: str) -> None:
+        import numpy as np
+
+        pat = np.frombuffer(_RZ_PATTERN * (_RZ // 4), np.uint8)
+        for i, p, a, z in self.zones:
+            n = a.nbytes
+            for side, zone, base in (("past", z[_RZ + n :], n), ("before", z[:_RZ], -_RZ)):
+                bad = np.flatnonzero(zone != pat)
+                if bad.size:
+                    first, last = int(bad[0]) + base, int(bad[-1]) + base + 1
+                    raise KernelExecutionError(
+                        f"kernel {kernel}: out-of-bounds write {side} argument {i} ({p.ctype} {p.name}, {n} bytes): "
+                        f"bytes [{first}, {last}) relative to its start were written (a GPU may corrupt other "
+                        "data or fault; PYKERN_HOST_SANITIZE=1 names the thread and line)"
+                    )
+            if n:
+                a.reshape(-1).view(np.uint8)[:] = z[_RZ : _RZ + n]
 
 
 def create() -> HostBackend:

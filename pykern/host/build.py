@@ -34,6 +34,9 @@ _BUILD_TAG = b"pykern-host-build-4"
 BASE_FLAGS = (
     "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing",
     "-Wno-unknown-pragmas", "-Wno-unused-result", "-pthread",
+    # A large local array must touch the guard page below a fiber stack first, not jump
+    # over it into the next stack or the heap: probe every page of big frames.
+    "-fstack-clash-protection",
 )
 OPT_FLAGS = ("-O2",)
 # -O1 keeps AddressSanitizer reports readable; -g gives them .cu file:line.

@@ -176,3 +176,17 @@ extern "C" __global__ void pk_h_mul24_sad(const int* a, const int* b, int* m, un
     m[i] = __mul24(a[i], b[i]);
     s[i] = __sad(a[i], b[i], 1u);
 }
+
+// ---- memory errors ------------------------------------------------------------------------
+// Bug: the last thread writes one element past the end of out (n elements).
+extern "C" __global__ void pk_h_oob_write(float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i <= n) out[i] = 1.0f;
+}
+
+// Bug: float4 loads from x + 1 (4-byte aligned, not 16): a misaligned address on a GPU.
+extern "C" __global__ void pk_h_misaligned_float4(const float* x, float* out, int shift) {
+    const float4* p = reinterpret_cast<const float4*>(x + shift);
+    float4 v = p[threadIdx.x];
+    reinterpret_cast<float4*>(out)[threadIdx.x] = v;
+}
