@@ -293,3 +293,81 @@ def test_misaligned_float4_load_raises_at_the_access() -> None:
     np.testing.assert_array_equal(out, x[4:])
     with pytest.raises(KernelExecutionError, match=r"kernel pk_h_misaligned_float4: block \(0,0,0\): thread \(0,0,0\).*misaligned"):
         launch("pk_h_misaligned_float4", 1, 32, x, out, 1)
+
+
+# ---- 2. racecheck ---------------------------------------------------------------------------------
+@pytest.fixture()
+def racecheck(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+
+
+LINE = r"hazards\.cu:\d+"
+
+
+def test_racecheck_lost_update_on_global(racecheck: None) -> None:
+    with pytest.raises(KernelExecutionError, match=(
+        rf"kernel pk_h_lost_update: racecheck: .*race on argument 0 \(int\* counter\) at byte offset 0: "
+        rf"block \(0,0,0\) thread \(\d+,0,0\) (wrote|read) at .*{LINE}, then block \(0,0,0\) thread \(\d+,0,0\) "
+        rf"(wrote|read) at .*{LINE} with no __syncthreads")):
+        launch("pk_h_lost_update", 1, 64, np.zeros(1, np.int32))
+
+
+def test_racecheck_lost_update_on_shared_and_check_then_act(racecheck: None) -> None:
+    with pytest.raises(KernelExecutionError, match=rf"racecheck: .*race on static __shared__ shared memory of block \(0,0,0\) at byte offset 0: .*{LINE}.*{LINE}"):
+        launch("pk_h_lost_update_shared", 2, 64, np.zeros(2, np.int32))
+    with pytest.raises(KernelExecutionError, match=rf"kernel pk_h_check_then_act: racecheck: .*{LINE}"):
+        launch("pk_h_check_then_act", 1, 64, np.arange(64, dtype=np.float32), np.zeros(1, np.float32))
+
+
+def test_racecheck_shuffle_is_not_a_memory_fence_but_syncwarp_is(racecheck: None) -> None:
+    out = np.zeros(32, np.float32)
+    with pytest.raises(KernelExecutionError, match=r"read-after-write race on static __shared__.*\(nor __syncwarp\(\)\)"):
+        launch("pk_h_shuffle_fence", 1, 32, out, 0)
+    launch("pk_h_shuffle_fence", 1, 32, out, 1)
+    np.testing.assert_array_equal(out, (np.arange(32) + 1) % 32)
+
+
+def test_racecheck_missing_barrier_in_reduction(racecheck: None) -> None:
+    x = np.zeros((4, 256), np.float32)
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_t_race: racecheck: .*emu\.cu:\d+"):
+        pykern.launch("pk_t_race", 4, 256, x, np.zeros_like(x), np.zeros_like(x), 0, backend="host")
+
+
+def test_racecheck_inter_block_race(racecheck: None) -> None:
+    x = np.arange(1, 7, dtype=np.float32)
+    with pytest.raises(KernelExecutionError, match=(
+        r"kernel pk_h_last_block_by_index: racecheck: read-after-write race on argument 0 \(float\* partial\) at "
+        r"byte offset 0: block \(0,0,0\) thread \(0,0,0\) wrote at .*, then block \(5,0,0\) thread \(0,0,0\) read at "
+        r".*two blocks of one launch")):
+        launch("pk_h_last_block_by_index", 6, 32, np.zeros(6, np.float32), np.zeros(1, np.float32), x)
+
+
+def test_racecheck_passes_correct_code_and_exempts_atomics(racecheck: None) -> None:
+    x = np.random.default_rng(0).standard_normal(4 * 64).astype(np.float32)
+    s = np.zeros(1, np.float32)
+    launch("pk_h_clean_reduce", 4, 64, x, s)
+    np.testing.assert_allclose(s[0], x.astype(np.float64).sum(), rtol=1e-5, atol=1e-5)
+    counter, slot, masks = np.zeros(1, np.int32), np.zeros(64, np.int32), np.zeros(64, np.uint32)
+    launch("pk_h_warp_aggregated", 1, 64, np.ones(64, np.int32), counter, slot, masks)
+    assert counter[0] == 64
+
+
+def test_racecheck_stress_shows_lost_updates(monkeypatch: pytest.MonkeyPatch) -> None:
+    counter = np.zeros(1, np.int32)
+    launch("pk_h_lost_update", 1, 64, counter)
+    assert counter[0] == 64  # one thread at a time: the intended value, the bug hidden
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "stress")
+    counter[0] = 0
+    launch("pk_h_lost_update", 1, 64, counter)
+    assert counter[0] < 64  # updates lost, as on a GPU
+    out = np.zeros(2, np.int32)
+    launch("pk_h_lost_update_shared", 2, 64, out)
+    assert (out < 64).all()
+
+
+def test_initcheck_uninitialised_shared_read(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_INITCHECK", "1")
+    with pytest.raises(KernelExecutionError, match=rf"kernel pk_h_uninit_read: block \(0,0,0\): thread \(62,0,0\).*initcheck: read of static __shared__ shared memory at byte offset 252 at .*{LINE}"):
+        launch("pk_h_uninit_read", 1, 64, np.zeros(64, np.float32))
+    out = np.zeros(64, np.float32)
+    launch("pk_h_clean_reduce", 1, 64, np.ones(64, np.float32), np.zeros(1, np.float32))

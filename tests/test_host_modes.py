@@ -40,6 +40,8 @@ MODES = {
     "interleave": runner.Label("host:interleave:3", "host", (("PYKERN_HOST_SCHEDULE", "interleave:3"),)),
     # FMA contraction is the default (as NVRTC); the forward/reverse runs cover it. Off:
     "fma0": runner.Label("host:fma0", "host", (("PYKERN_HOST_FMA", "0"),)),
+    "racecheck": runner.Label("host:racecheck", "host", (("PYKERN_HOST_RACECHECK", "1"),)),
+    "initcheck": runner.Label("host:initcheck", "host", (("PYKERN_HOST_INITCHECK", "1"),)),
 }
 
 

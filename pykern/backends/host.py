@@ -156,6 +156,8 @@ class _Library:
         self.alloc.restype, self.alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
         self.free = self.dll.pkrt_free
         self.free.restype, self.free.argtypes = None, [ctypes.c_void_p]
+        self.race_buffers = self.dll.pkrt_race_buffers
+        self.race_buffers.restype = None
 
     def fn(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -190,10 +192,10 @@ class HostBackend:
         from .. import sources
         from ..host import build
 
-        from ..host.build import fma_enabled
+        from ..host.build import checked_build, fma_enabled
 
         sanitize = sanitize_enabled() if sanitize is None else sanitize
-        flavor = (sanitize, fma_enabled())  # every build choice that changes the binary
+        flavor = (sanitize, fma_enabled(), checked_build() and not sanitize)  # what changes the binary
         fast = self._fast.get((source, flavor))
         if fast is not None and _stamps(fast[0]) == fast[1]:
             return fast[2]
@@ -299,10 +301,20 @@ class HostBackend:
                 (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, resident, seed,
                 stack_bytes(sanitize), watchdog_ms(), 0, limit,
             )
+            check_flags = _check_flags() if not sanitize else 0
+            cfg.flags = check_flags
+            if check_flags:
+                # Racecheck/initcheck shadow every word of every array argument.
+                bufs = [(ptrs[i], a.nbytes, f"argument {i} ({p.ctype} {p.name})".encode())
+                        for i, (p, a) in enumerate(zip(spec.params, args)) if p.is_pointer]
+                k = len(bufs)
+                names = (ctypes.c_char_p * max(k, 1))(*[b[2] for b in bufs])
+                lib.race_buffers(k, (ctypes.c_ulonglong * max(k, 1))(*[b[0] for b in bufs]),
+                                 (ctypes.c_ulonglong * max(k, 1))(*[b[1] for b in bufs]), names)
             err = ctypes.create_string_buffer(4096)
             rc = fn(ctypes.byref(cfg), argv, err, len(err))
             if rc != 0:
-                raise KernelExecutionError(err.value.decode("utf-8", "replace"))
+                raise KernelExecutionError(_resolve_pcs(err.value.decode("utf-8", "replace"), lib.path))
             zones.check_and_copy_back(spec.name)
             for buf, a, nbytes, write_back, _ in copies:
                 if write_back:
@@ -310,6 +322,35 @@ class HostBackend:
         finally:
             for buf, *_ in copies:
                 lib.free(buf)
+
+
+def _check_flags() -> int:
+    """Runtime checks of the checked build: 1 racecheck, 2 stress (yield at stores), 4 initcheck."""
+    from ..host.build import racecheck_mode
+
+    mode = racecheck_mode()
+    f = 1 if mode == "1" else 2 if mode == "stress" else 0
+    if os.environ.get("PYKERN_HOST_INITCHECK", "").strip() not in ("", "0"):
+        f |= 4
+    return f
+
+
+def _resolve_pcs(msg: str, lib: Path) -> str:
+    """Racecheck names code by offsets in the library (@@pc:HEX@@): turn them into .cu file:line."""
+    import re
+
+    offs = re.findall(r"@@pc:([0-9a-f]+)@@", msg)
+    if not offs:
+        return msg
+    where: dict[str, str] = {}
+    try:
+        out = subprocess.run(["addr2line", "-e", str(lib), *[f"0x{o}" for o in offs]], capture_output=True,
+                             text=True, timeout=30).stdout.split("\n")
+        for o, line in zip(offs, out):
+            where[o] = line.strip() if line.strip() and not line.startswith("??") else f"library offset 0x{o}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return re.sub(r"@@pc:([0-9a-f]+)@@", lambda m: where.get(m.group(1), f"library offset 0x{m.group(1)}"), msg)
 
 
 _RZ = 256  # red zone bytes each side; GPU allocations are 256-byte aligned too

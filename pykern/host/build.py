@@ -272,11 +272,33 @@ def fma_flags() -> tuple[str, ...]:
     return ("-ffp-contract=fast",)
 
 
+def racecheck_mode() -> str:
+    """PYKERN_HOST_RACECHECK: '' (off), '1' (report races), 'stress' (yield at plain stores)."""
+    v = os.environ.get("PYKERN_HOST_RACECHECK", "").strip().lower()
+    if v in ("", "0", "off", "false", "no"):
+        return ""
+    return "stress" if v == "stress" else "1"
+
+
+def checked_build() -> bool:
+    """Racecheck and initcheck need every load and store of the kernel to call the runtime."""
+    init = os.environ.get("PYKERN_HOST_INITCHECK", "").strip() not in ("", "0")
+    return bool(racecheck_mode()) or init
+
+
+# The checked build: GCC/Clang's ThreadSanitizer instrumentation (a call before every load
+# and store, with its size) compiled in, but pykern's own runtime (pk_host_runtime.cpp)
+# supplies the __tsan_* functions: shadow state per shared and argument word, not libtsan.
+CHECKED_FLAGS = ("-O1", "-g", "-fsanitize=thread", "-DPK_RACECHECK=1")
+
+
 def flags(sanitize: bool) -> tuple[str, ...]:
     extra: tuple[str, ...] = ()
     # PYKERN_HOST_FIBER=ucontext selects the portable (slower: a syscall per switch) fibers.
     if os.environ.get("PYKERN_HOST_FIBER", "").strip() == "ucontext":
         extra = ("-DPK_FIBER_UCONTEXT=1",)
+    if checked_build() and not sanitize:
+        return BASE_FLAGS + CHECKED_FLAGS + fma_flags() + extra
     return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + fma_flags() + extra
 
 
@@ -311,7 +333,7 @@ def _key(*parts: bytes) -> str:
 
 def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
     """The fiber runtime compiled once per compiler and flag set (shared by every .cu's library)."""
-    copts = [o for o in opts if o != "-shared"]
+    copts = [o for o in opts if o not in ("-shared", "-fsanitize=thread")]
     key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(), "\0".join(copts).encode())
     target = host_cache_dir() / f"pk_host_runtime-{key}.o"
     if not target.exists():
@@ -336,7 +358,8 @@ def build(
         tu.encode(), digest.encode(), HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(),
         "\0".join(opts).encode(), "\0".join(incs).encode(),
     )
-    target = host_cache_dir() / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
+    tag = "-asan" if sanitize else ("-checked" if "-fsanitize=thread" in opts else "")
+    target = host_cache_dir() / f"{path.stem}{tag}-{key}.so"
     if target.exists():
         return target
     from ..cache import jit_disabled
@@ -347,6 +370,15 @@ def build(
     with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
         tu_path = Path(tmp) / f"{path.stem}.host.cpp"
         tu_path.write_text(tu, encoding="utf-8")
-        cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
-        _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
+        if "-fsanitize=thread" in opts:
+            # Instrument the kernels only; link without libtsan (the runtime has the hooks).
+            obj = Path(tmp) / f"{path.stem}.host.o"
+            cflags = [o for o in opts if o != "-shared"]
+            _publish([*cc.argv, *cflags, *incs, "-c", str(tu_path)], obj, str(path), cc, opts,
+                     {str(tu_path): "<pykern host stub>"})
+            lflags = [o for o in opts if o != "-fsanitize=thread"]
+            _publish([*cc.argv, *lflags, str(obj), str(rt)], target, str(path), cc, opts, {})
+        else:
+            cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
+            _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
     return target

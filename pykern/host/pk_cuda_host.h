@@ -112,6 +112,20 @@ void pkrt_cp_async_wait(int n, int all);
 static constexpr int warpSize = 32;
 // In the interleaved schedule atomics and fences are where other blocks get to run.
 #define PKRT_YIELD() (pkrt_interleave ? pkrt_yield() : (void)0)
+#ifdef PK_RACECHECK
+// Racecheck sees every load and store; the ones inside an atomic are exempt.
+// Opaque calls: the optimizer must not drop or move them around the accesses.
+extern "C" int pkrt_in_atomic;
+extern "C" void pkrt_atomic_begin(void);
+extern "C" void pkrt_atomic_end(void);
+struct pkrt_atomic_scope {
+    pkrt_atomic_scope() { pkrt_atomic_begin(); }
+    ~pkrt_atomic_scope() { pkrt_atomic_end(); }
+};
+#define PKRT_ATOMIC_SCOPE pkrt_atomic_scope pkrt_atomic_scope_
+#else
+#define PKRT_ATOMIC_SCOPE (void)0
+#endif
 
 // The one place a kernel's `extern __shared__ T name[];` points to (the source text
 // is rewritten to `T* const name = (T*)pk_dynamic_smem();` before compiling).
@@ -210,32 +224,35 @@ PK_HOST_AI unsigned pkrt_mask_or_full(unsigned m) { return m; }
 // ---- atomics -----------------------------------------------------------------
 // All fibers run on one OS thread and only switch at meeting points (in the interleaved
 // schedule also here, before the access), so a plain read-modify-write is atomic.
-template <typename T> PK_HOST_AI T atomicAdd(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o + v; return o; }
-template <typename T> PK_HOST_AI T atomicSub(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o - v; return o; }
-template <typename T> PK_HOST_AI T atomicExch(T* p, T v) { PKRT_YIELD(); T o = *p; *p = v; return o; }
+template <typename T> PK_HOST_AI T atomicAdd(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o + v; return o; }
+template <typename T> PK_HOST_AI T atomicSub(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o - v; return o; }
+template <typename T> PK_HOST_AI T atomicExch(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = v; return o; }
 template <typename T> PK_HOST_AI T atomicMax(T* p, T v) {
     PKRT_YIELD();
+    PKRT_ATOMIC_SCOPE;
     T o = *p;
     if constexpr (std::is_floating_point<T>::value) *p = std::fmax(o, v); else *p = o < v ? v : o;
     return o;
 }
 template <typename T> PK_HOST_AI T atomicMin(T* p, T v) {
     PKRT_YIELD();
+    PKRT_ATOMIC_SCOPE;
     T o = *p;
     if constexpr (std::is_floating_point<T>::value) *p = std::fmin(o, v); else *p = v < o ? v : o;
     return o;
 }
 template <typename T> PK_HOST_AI T atomicCAS(T* p, T cmp, T v) {
     PKRT_YIELD();
+    PKRT_ATOMIC_SCOPE;
     T o = *p;
     if (std::memcmp(&o, &cmp, sizeof(T)) == 0) *p = v;  // bitwise, as the hardware compares
     return o;
 }
-template <typename T> PK_HOST_AI T atomicAnd(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o & v; return o; }
-template <typename T> PK_HOST_AI T atomicOr(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o | v; return o; }
-template <typename T> PK_HOST_AI T atomicXor(T* p, T v) { PKRT_YIELD(); T o = *p; *p = o ^ v; return o; }
-PK_HOST_AI unsigned atomicInc(unsigned* p, unsigned v) { PKRT_YIELD(); unsigned o = *p; *p = (o >= v) ? 0u : o + 1u; return o; }
-PK_HOST_AI unsigned atomicDec(unsigned* p, unsigned v) { PKRT_YIELD(); unsigned o = *p; *p = (o == 0u || o > v) ? v : o - 1u; return o; }
+template <typename T> PK_HOST_AI T atomicAnd(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o & v; return o; }
+template <typename T> PK_HOST_AI T atomicOr(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o | v; return o; }
+template <typename T> PK_HOST_AI T atomicXor(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o ^ v; return o; }
+PK_HOST_AI unsigned atomicInc(unsigned* p, unsigned v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; unsigned o = *p; *p = (o >= v) ? 0u : o + 1u; return o; }
+PK_HOST_AI unsigned atomicDec(unsigned* p, unsigned v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; unsigned o = *p; *p = (o == 0u || o > v) ? v : o - 1u; return o; }
 #define PK_SCOPED_ATOMIC(name) \
     template <typename... A> PK_HOST_AI auto name##_block(A... a) { return name(a...); } \
     template <typename... A> PK_HOST_AI auto name##_system(A... a) { return name(a...); }

@@ -24,6 +24,7 @@
 #include <csetjmp>
 #include <csignal>
 #include <pthread.h>
+#include <dlfcn.h>
 #include <ucontext.h>  // PK_SIGNALS_UCTX: the faulting stack pointer
 #include <sys/mman.h>
 #include <unistd.h>
@@ -88,6 +89,7 @@ struct Warp {
     unsigned waiting;     // lanes parked in some warp-level collective
     unsigned exited;      // lanes that returned from the kernel
     unsigned am_waiting;  // lanes parked in __activemask()
+    unsigned sync_epoch;  // completed __syncwarp()s: racecheck's intra-warp ordering
 };
 
 constexpr int kMaxThreads = 1024;
@@ -106,6 +108,7 @@ struct Block {
     int bar_line;
     Thread* bar_mismatch;  // a thread parked at another __syncthreads than bar_file:bar_line
     unsigned bar_pred_count;
+    unsigned bar_epoch;  // released __syncthreads()s: racecheck's intra-block ordering
     unsigned long long rng;
     Thread* threads;
     unsigned char* dyn_smem;
@@ -529,6 +532,7 @@ void release_barrier(Block* k) {
     k->bar_pred_count = 0;
     k->bar_mismatch = nullptr;
     k->bar_file = nullptr;
+    k->bar_epoch++;
 }
 
 // ---- warp collectives --------------------------------------------------------------
@@ -618,10 +622,225 @@ void complete_ptx(Thread* lanes, int op) {
     }
 }
 
+#ifdef PK_RACECHECK
+// ---- racecheck / initcheck: shadow state per 4-byte word -----------------------------
+// Every load and store of the kernel (ThreadSanitizer instrumentation, hooks below) that
+// falls in shared memory or an argument buffer is checked against the word's last writer
+// and last reader: same block, different threads, no __syncthreads (or, in one warp,
+// __syncwarp) between them and one a plain write -> a race; a different block and one a
+// plain write -> an inter-block race. Atomics are exempt.
+enum { RC_REPORT = 1, RC_STRESS = 2, RC_INIT = 4 };
+struct Shadow {
+    unsigned w_blk, w_tid, w_epoch, w_wepoch;  // w_blk: block linear + 1, 0: no write yet
+    unsigned r_blk, r_tid, r_epoch, r_wepoch;
+    uintptr_t w_pc, r_pc;
+    unsigned char w_mask, r_mask, init;  // bytes of the word: last write, last read, ever written
+};
+enum { REG_STATIC = 0, REG_DYN = 1, REG_GLOBAL = 2 };
+struct Region {
+    uintptr_t lo, hi;
+    Shadow* sh;
+    int kind, slot, arg;
+    const char* name;
+};
+constexpr int kMaxRegions = 2 * kMaxSlots + 64;
+Region g_regions[kMaxRegions];
+int g_nregions = 0;
+int g_rc = 0;
+Shadow* g_static_shadow[kMaxSlots];
+std::vector<Shadow> g_dyn_shadow[kMaxSlots];
+struct PendingBuf {
+    uintptr_t p;
+    size_t n;
+    const char* name;
+};
+std::vector<PendingBuf> g_pending_bufs;
+
+inline Region* rc_find(uintptr_t a) {
+    for (int i = 0; i < g_nregions; i++)
+        if (a - g_regions[i].lo < g_regions[i].hi - g_regions[i].lo) return &g_regions[i];
+    return nullptr;
+}
+
+// The access by thread t (of block k) is ordered after an earlier one by (blk, tid, epoch, wepoch).
+inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, const Thread* t, const Block* k) {
+    if (blk != static_cast<unsigned>(k->linear) + 1) return false;
+    if (tid == t->linear) return true;
+    if (epoch != k->bar_epoch) return true;
+    return (tid >> 5) == t->warp && wepoch != k->warps[t->warp].sync_epoch;
+}
+
+void rc_describe_thread(Buf& b, unsigned blk1, unsigned tid) {
+    unsigned long long bl = blk1 - 1;
+    unsigned bx = static_cast<unsigned>(bl % pkrt_grid_dim.x), by = static_cast<unsigned>((bl / pkrt_grid_dim.x) % pkrt_grid_dim.y),
+             bz = static_cast<unsigned>(bl / (1ull * pkrt_grid_dim.x * pkrt_grid_dim.y));
+    unsigned tx = tid % pkrt_block_dim.x, ty = (tid / pkrt_block_dim.x) % pkrt_block_dim.y,
+             tz = tid / (pkrt_block_dim.x * pkrt_block_dim.y);
+    b.add("block (%u,%u,%u) thread (%u,%u,%u)", bx, by, bz, tx, ty, tz);
+}
+
+void rc_pc(Buf& b, uintptr_t pc) {
+    Dl_info info;
+    if (pc && dladdr(reinterpret_cast<void*>(pc), &info) && info.dli_fbase)
+        b.add("@@pc:%lx@@", static_cast<unsigned long>(pc - 1 - reinterpret_cast<uintptr_t>(info.dli_fbase)));
+    else
+        b.add("an unknown line");
+}
+
+[[noreturn]] void rc_report(const Region* r, uintptr_t word, const char* kind, unsigned blk1, unsigned tid,
+                            const char* prev_what, uintptr_t prev_pc, const char* cur_what, uintptr_t pc) {
+    const Thread* t = cur();
+    const Block* k = t->blk;
+    Buf b{g.err, sizeof g.err};
+    b.add("kernel %s: racecheck: %s on ", g.kernel, kind);
+    if (r->kind == REG_GLOBAL) b.add("%s", r->name);
+    else b.add("%s shared memory of block (%u,%u,%u)", r->kind == REG_STATIC ? "static __shared__" : "dynamic",
+               k->idx.x, k->idx.y, k->idx.z);
+    b.add(" at byte offset %lu: ", static_cast<unsigned long>(word - r->lo));
+    rc_describe_thread(b, blk1, tid);
+    b.add(" %s at ", prev_what);
+    rc_pc(b, prev_pc);
+    b.add(", then ");
+    rc_describe_thread(b, static_cast<unsigned>(k->linear) + 1, t->linear);
+    b.add(" %s at ", cur_what);
+    rc_pc(b, pc);
+    if (blk1 != static_cast<unsigned>(k->linear) + 1)
+        b.add(" (two blocks of one launch: nothing orders them; use atomics or separate launches)");
+    else
+        b.add(" with no __syncthreads() between them%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "");
+    fail_from_fiber();
+}
+
+[[noreturn]] void rc_report_uninit(const Region* r, uintptr_t word, uintptr_t pc) {
+    const Thread* t = cur();
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": initcheck: read of %s shared memory at byte offset %lu at ",
+          r->kind == REG_STATIC ? "static __shared__" : "dynamic", static_cast<unsigned long>(word - r->lo));
+    rc_pc(b, pc);
+    b.add(" that no thread of the block has written (uninitialized on a GPU)");
+    fail_from_fiber();
+}
+
+void rc_stress_yield(Thread* self) {
+    // Another runnable thread of the block (the next in schedule order) runs first: a
+    // read-modify-write that is not atomic loses updates, as on a GPU.
+    Block* k = self->blk;
+    unsigned n = g.n, p = k->pos_of[self->linear];
+    for (unsigned j = 1; j < n; j++) {
+        unsigned q = (p + j) % n;
+        if (k->runnable[q >> 6] >> (q & 63) & 1) {
+            switch_to(self, &k->threads[k->order[q]], false);
+            return;
+        }
+    }
+}
+
+void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    if (!g_rc || pkrt_in_atomic || !pkrt_cur) return;
+    Region* r = rc_find(addr);
+    if (!r) return;
+    Thread* t = cur();
+    Block* k = t->blk;
+    if (r->kind != REG_GLOBAL && r->slot != static_cast<int>(k - g_blocks)) return;
+    if (write && (g_rc & RC_STRESS)) rc_stress_yield(t);
+    unsigned me = static_cast<unsigned>(k->linear) + 1;
+    unsigned wep = k->warps[t->warp].sync_epoch;
+    const uintptr_t a0 = addr - r->lo, a1 = a0 + size;
+    for (uintptr_t w = a0 & ~uintptr_t(3); w < a1; w += 4) {
+        Shadow& s = r->sh[w >> 2];
+        // Bytes of this word the access touches: 16-bit halves of one word are separate data.
+        const uintptr_t b0 = std::max(a0, w), b1 = std::min(a1, w + 4);
+        const unsigned char m = static_cast<unsigned char>(((1u << (b1 - b0)) - 1u) << (b0 - w));
+        if (!write) {
+            if ((g_rc & RC_INIT) && r->kind != REG_GLOBAL && (m & ~s.init)) rc_report_uninit(r, r->lo + w, pc);
+            if ((g_rc & RC_REPORT) && s.w_blk && (s.w_mask & m) &&
+                !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, t, k))
+                rc_report(r, r->lo + w, "read-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "read", pc);
+            if (!s.r_blk || s.r_tid == t->linear || !(s.r_mask & m) ||
+                rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, t, k)) {
+                s.r_mask = m;
+                s.r_blk = me;
+                s.r_tid = t->linear;
+                s.r_epoch = k->bar_epoch;
+                s.r_wepoch = wep;
+                s.r_pc = pc;
+            }
+        } else {
+            if (g_rc & RC_REPORT) {
+                if (s.w_blk && (s.w_mask & m) && !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, t, k))
+                    rc_report(r, r->lo + w, "write-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "wrote", pc);
+                if (s.r_blk && (s.r_mask & m) && !rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, t, k))
+                    rc_report(r, r->lo + w, "write-after-read race", s.r_blk, s.r_tid, "read", s.r_pc, "wrote", pc);
+            }
+            s.init |= m;
+            s.w_mask = m;
+            s.w_blk = me;
+            s.w_tid = t->linear;
+            s.w_epoch = k->bar_epoch;
+            s.w_wepoch = wep;
+            s.w_pc = pc;
+            s.r_blk = 0;
+        }
+    }
+}
+
+void rc_setup(const pk_launch_cfg* cfg, unsigned slots, unsigned char* const* dyn) {
+    g_rc = static_cast<int>(cfg->flags & 7);
+    g_nregions = 0;
+    if (!g_rc) {
+        g_pending_bufs.clear();
+        return;
+    }
+    for (unsigned s = 0; s < slots; s++) {
+        if (!g_static_shadow[s]) g_static_shadow[s] = static_cast<Shadow*>(calloc(kStaticSmemMax / 4, sizeof(Shadow)));
+        std::memset(g_static_shadow[s], 0, kStaticSmemMax / 4 * sizeof(Shadow));
+        Block* k = &g_blocks[s];
+        g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(k->static_smem),
+                                         reinterpret_cast<uintptr_t>(k->static_smem) + kStaticSmemMax,
+                                         g_static_shadow[s], REG_STATIC, static_cast<int>(s), -1, nullptr};
+        if (dyn[s]) {
+            g_dyn_shadow[s].assign((cfg->shared_mem + 3) / 4, Shadow{});
+            g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(dyn[s]),
+                                             reinterpret_cast<uintptr_t>(dyn[s]) + cfg->shared_mem,
+                                             g_dyn_shadow[s].data(), REG_DYN, static_cast<int>(s), -1, nullptr};
+        }
+    }
+    static std::vector<std::vector<Shadow>> global_shadow;
+    global_shadow.resize(g_pending_bufs.size());
+    for (size_t i = 0; i < g_pending_bufs.size() && g_nregions < kMaxRegions; i++) {
+        const PendingBuf& pb = g_pending_bufs[i];
+        if (!pb.n) continue;
+        global_shadow[i].assign((pb.n + 3) / 4, Shadow{});
+        g_regions[g_nregions++] = Region{pb.p, pb.p + pb.n, global_shadow[i].data(), REG_GLOBAL, -1,
+                                         static_cast<int>(i), pb.name};
+    }
+    g_pending_bufs.clear();
+}
+
+void rc_block_start(Block* k, const pk_launch_cfg* cfg) {
+    if (!g_rc) return;
+    unsigned s = static_cast<unsigned>(k - g_blocks);
+    std::memset(g_static_shadow[s], 0, ((g_static_used + 3) / 4) * sizeof(Shadow));
+    if (k->dyn_smem) std::memset(g_dyn_shadow[s].data(), 0, g_dyn_shadow[s].size() * sizeof(Shadow));
+    (void)cfg;
+}
+
+// cp.async lands through the runtime's memcpy: record it as the issuing thread's write.
+void rc_mark_write(Thread* t, void* dst, int bytes) {
+    if (!g_rc) return;
+    for (int o = 0; o < bytes; o += 4) rc_access(reinterpret_cast<uintptr_t>(dst) + o, 4, true, 0);
+    (void)t;
+}
+#endif
+
 void cp_async_perform(Thread* t, bool all, unsigned below_group) {
     size_t keep = 0;
     for (size_t i = 0; i < t->cp.size(); i++) {
         CpAsync& c = t->cp[i];
+#ifdef PK_RACECHECK
+        if (all || c.group < below_group) rc_mark_write(t, c.dst, c.bytes);
+#endif
         if (all || c.group < below_group) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
         else t->cp[keep++] = c;
     }
@@ -699,6 +918,7 @@ void complete_warp_op(Block* k, unsigned warp, unsigned need, const Thread* prot
         set_runnable(&t);
     }
     w.waiting &= ~live;
+    if (op == PKRT_SYNCWARP) w.sync_epoch++;
 }
 
 // Complete the collective that lane `l` of `warp` waits in, if every live lane it names is there.
@@ -1150,6 +1370,48 @@ extern "C" void pkrt_cp_async_wait(int n, int all) {
     cp_async_perform(t, all != 0, below);
 }
 
+#ifdef PK_RACECHECK
+extern "C" {
+int pkrt_in_atomic = 0;
+__attribute__((noinline)) void pkrt_atomic_begin(void) { pkrt_in_atomic++; }
+__attribute__((noinline)) void pkrt_atomic_end(void) { pkrt_in_atomic--; }
+// Argument buffers for the next launch (the host backend calls this right before it).
+__attribute__((visibility("default"))) void pkrt_race_buffers(int n, const unsigned long long* ptrs,
+                                                              const unsigned long long* sizes,
+                                                              const char* const* names) {
+    g_pending_bufs.clear();
+    for (int i = 0; i < n; i++) g_pending_bufs.push_back(PendingBuf{ptrs[i], sizes[i], names[i]});
+}
+void __tsan_init(void) {}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit(void) {}
+#define PK_TSAN_HOOKS(N)                                                                                        \
+    void __tsan_read##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_write##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_unaligned_read##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_unaligned_write##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); }
+PK_TSAN_HOOKS(1)
+PK_TSAN_HOOKS(2)
+PK_TSAN_HOOKS(4)
+PK_TSAN_HOOKS(8)
+PK_TSAN_HOOKS(16)
+#undef PK_TSAN_HOOKS
+void __tsan_read_range(void* a, unsigned long n) {
+    rc_access(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), false, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+}
+void __tsan_write_range(void* a, unsigned long n) {
+    rc_access(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), true, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_vptr_read(void**) {}
+}
+#else
+// Every build exports it, so the backend may call it unconditionally.
+extern "C" __attribute__((visibility("default"))) void pkrt_race_buffers(int, const unsigned long long*,
+                                                                         const unsigned long long*,
+                                                                         const char* const*) {}
+#endif
+
 extern "C" void pkrt_trap(const char* file, int line) {
     char what[256];
     snprintf(what, sizeof what, "__trap() at %s:%d", file, line);
@@ -1197,10 +1459,15 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
     k->rng = cfg->seed * 0x2545f4914f6cdd1dull + linear;
     make_order(k);
     k->n_done = k->n_bar = 0;
+    k->bar_epoch = 0;
     k->bar_pred_count = 0;
     k->bar_mismatch = nullptr;
     std::memset(k->runnable, 0, sizeof k->runnable);
-    for (unsigned w = 0; w < (g.n + 31) / 32; w++) k->warps[w].waiting = k->warps[w].exited = k->warps[w].am_waiting = 0;
+    for (unsigned w = 0; w < (g.n + 31) / 32; w++)
+        k->warps[w].waiting = k->warps[w].exited = k->warps[w].am_waiting = k->warps[w].sync_epoch = 0;
+#ifdef PK_RACECHECK
+    rc_block_start(k, cfg);
+#endif
     for (unsigned i = 0; i < g.n; i++) {
         Thread& t = k->threads[i];
         t.state = RUN;
@@ -1330,6 +1597,9 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
         }
     }
     gb = nullptr;
+#ifdef PK_RACECHECK
+    rc_setup(cfg, slots, dyn);
+#endif
 
 #ifdef PK_SIGNALS
     arm_signals(cfg->watchdog_ms / 1000.0);

@@ -190,3 +190,58 @@ extern "C" __global__ void pk_h_misaligned_float4(const float* x, float* out, in
     float4 v = p[threadIdx.x];
     reinterpret_cast<float4*>(out)[threadIdx.x] = v;
 }
+
+// ---- racecheck ------------------------------------------------------------------------------
+// Bug: every thread does counter += 1 (a lost update on a GPU).
+extern "C" __global__ void pk_h_lost_update(int* counter) { counter[0] += 1; }
+
+// Bug: the same on shared memory, then thread 0 publishes it.
+extern "C" __global__ void pk_h_lost_update_shared(int* out) {
+    __shared__ int c;
+    if (threadIdx.x == 0) c = 0;
+    __syncthreads();
+    c += 1;
+    __syncthreads();
+    if (threadIdx.x == 0) out[blockIdx.x] = c;
+}
+
+// Bug: check-then-act maximum in shared memory.
+extern "C" __global__ void pk_h_check_then_act(const float* x, float* out) {
+    __shared__ float m;
+    if (threadIdx.x == 0) m = -1e30f;
+    __syncthreads();
+    const float v = x[threadIdx.x];
+    if (v > m) m = v;
+    __syncthreads();
+    if (threadIdx.x == 0) out[0] = m;
+}
+
+// sync = 0: a shuffle used as a memory fence (a bug); 1: __syncwarp (correct).
+extern "C" __global__ void pk_h_shuffle_fence(float* out, int sync) {
+    __shared__ float s[32];
+    const int lane = threadIdx.x & 31;
+    s[lane] = (float)lane;
+    if (sync) __syncwarp();
+    else (void)__shfl_sync(0xffffffffu, 0, 0);
+    out[lane] = s[(lane + 1) & 31];
+}
+
+// Correct: shared-memory tree reduction with barriers, atomics into global.
+extern "C" __global__ void pk_h_clean_reduce(const float* x, float* sum) {
+    __shared__ float s[64];
+    s[threadIdx.x] = x[blockIdx.x * 64 + threadIdx.x];
+    __syncthreads();
+    for (int off = 32; off > 0; off >>= 1) {
+        if ((int)threadIdx.x < off) s[threadIdx.x] += s[threadIdx.x + off];
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) atomicAdd(sum, s[0]);
+}
+
+// Bug for initcheck: thread t reads s[t + 1], which nobody wrote for the last thread.
+extern "C" __global__ void pk_h_uninit_read(float* out) {
+    __shared__ float s[64];
+    if (threadIdx.x < 63) s[threadIdx.x] = 1.0f;
+    __syncthreads();
+    out[threadIdx.x] = s[(threadIdx.x + 1) & 63];
+}
