@@ -371,3 +371,11 @@ def test_initcheck_uninitialised_shared_read(monkeypatch: pytest.MonkeyPatch) ->
         launch("pk_h_uninit_read", 1, 64, np.zeros(64, np.float32))
     out = np.zeros(64, np.float32)
     launch("pk_h_clean_reduce", 1, 64, np.ones(64, np.float32), np.zeros(1, np.float32))
+
+
+def test_misaligned_float4_in_the_checked_build_names_the_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    x = np.arange(4 * 33, dtype=np.float32)
+    out = np.zeros(4 * 32, np.float32)
+    with pytest.raises(KernelExecutionError, match=rf"thread \(0,0,0\).*misaligned 16-byte load at address .* at .*{LINE}"):
+        launch("pk_h_misaligned_float4", 1, 32, x, out, 1)

@@ -736,8 +736,21 @@ void rc_stress_yield(Thread* self) {
     }
 }
 
+// A naturally aligned 8- or 16-byte access (float2, double, float4, uint4, ...) at an address
+// that is not a multiple of its size: a misaligned-address fault on a GPU.
+[[noreturn]] void rc_misaligned(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, cur());
+    b.add(": misaligned %u-byte %s at address %p at ", size, write ? "store" : "load", reinterpret_cast<void*>(addr));
+    rc_pc(b, pc);
+    b.add(" (a vector access must be %u-byte aligned: a misaligned address error on a GPU)", size);
+    fail_from_fiber();
+}
+
 void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
-    if (!g_rc || pkrt_in_atomic || !pkrt_cur) return;
+    if (!g_rc || !pkrt_cur) return;
+    if (size >= 8 && (addr & (size - 1)) && pc) rc_misaligned(addr, size, write, pc);
+    if (pkrt_in_atomic) return;
     Region* r = rc_find(addr);
     if (!r) return;
     Thread* t = cur();
@@ -783,6 +796,16 @@ void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
             s.r_blk = 0;
         }
     }
+}
+
+// Accesses the compiler knows may be unaligned (packed data): no alignment check.
+void rc_access_unaligned(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    if (size >= 8 && (addr & (size - 1))) {
+        // Split into bytes so the word checks still see it.
+        for (unsigned i = 0; i < size; i++) rc_access(addr + i, 1, write, pc);
+        return;
+    }
+    rc_access(addr, size, write, pc);
 }
 
 void rc_setup(const pk_launch_cfg* cfg, unsigned slots, unsigned char* const* dyn) {
@@ -1148,6 +1171,9 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
         b.add(": stack overflow: the thread's local memory (its C++ stack) outgrew %zu KiB; set "
               "PYKERN_HOST_STACK_KB higher (a GPU allows up to 512 KiB of local memory per thread)",
               t->stack_size >> 10);
+    } else if (sig == SIGSEGV && info->si_code == SI_KERNEL) {
+        b.add(": general protection fault: most likely a misaligned vector access (float4/uint4 need 16-byte, "
+              "float2/double 8-byte alignment; a misaligned address error on a GPU) or a non-canonical pointer");
     } else if (sig == SIGSEGV || sig == SIGBUS) {
         b.add(": %s at address %p: an invalid, unmapped or misaligned memory access (a GPU reports an "
               "illegal or misaligned address)", sig == SIGSEGV ? "segmentation fault" : "bus error", info->si_addr);
@@ -1388,8 +1414,8 @@ void __tsan_func_exit(void) {}
 #define PK_TSAN_HOOKS(N)                                                                                        \
     void __tsan_read##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
     void __tsan_write##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
-    void __tsan_unaligned_read##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
-    void __tsan_unaligned_write##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); }
+    void __tsan_unaligned_read##N(void* a) { rc_access_unaligned(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_unaligned_write##N(void* a) { rc_access_unaligned(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); }
 PK_TSAN_HOOKS(1)
 PK_TSAN_HOOKS(2)
 PK_TSAN_HOOKS(4)
