@@ -379,3 +379,35 @@ def test_misaligned_float4_in_the_checked_build_names_the_line(monkeypatch: pyte
     out = np.zeros(4 * 32, np.float32)
     with pytest.raises(KernelExecutionError, match=rf"thread \(0,0,0\).*misaligned 16-byte load at address .* at .*{LINE}"):
         launch("pk_h_misaligned_float4", 1, 32, x, out, 1)
+
+
+def test_global_scratch_shared_by_blocks(monkeypatch: pytest.MonkeyPatch) -> None:
+    x = np.arange(4 * 32, dtype=np.float32)
+    exp = (2 * x.reshape(4, 32)[:, (np.arange(32) + 1) % 32]).ravel()
+    out = np.zeros(4 * 32 + 1, np.float32)
+    launch("pk_h_shared_scratch", 4, 32, x, np.zeros(32, np.float32), out)
+    np.testing.assert_array_equal(out[:-1], exp)  # one block at a time hides it
+    schedule(monkeypatch, "interleave")
+    launch("pk_h_shared_scratch", 4, 32, x, np.zeros(32, np.float32), out)
+    assert not np.array_equal(out[:-1], exp)
+    schedule(monkeypatch, "forward")
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    with pytest.raises(KernelExecutionError, match=r"write-after-(write|read) race on argument 1 \(float\* scratch\).*two blocks"):
+        launch("pk_h_shared_scratch", 4, 32, x, np.zeros(32, np.float32), out)
+
+
+def test_inplace_op_reading_the_next_blocks_writes(monkeypatch: pytest.MonkeyPatch) -> None:
+    n = 4 * 32
+    base = np.arange(n, dtype=np.float32)
+    exp = np.append(base[1:], 0)
+    x = base.copy()
+    launch("pk_h_inplace_shift", 4, 32, x, n)
+    np.testing.assert_array_equal(x, exp)  # index order: each block reads before the next writes
+    schedule(monkeypatch, "reverse")
+    x = base.copy()
+    launch("pk_h_inplace_shift", 4, 32, x, n)
+    assert not np.array_equal(x, exp)
+    schedule(monkeypatch, "forward")
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    with pytest.raises(KernelExecutionError, match=r"write-after-read race on argument 0 \(float\* x\) at byte offset 128: block \(0,0,0\) thread \(31,0,0\) read.*block \(1,0,0\) thread \(0,0,0\) wrote.*two blocks"):
+        launch("pk_h_inplace_shift", 4, 32, base.copy(), n)

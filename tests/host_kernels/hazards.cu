@@ -245,3 +245,28 @@ extern "C" __global__ void pk_h_uninit_read(float* out) {
     __syncthreads();
     out[threadIdx.x] = s[(threadIdx.x + 1) & 63];
 }
+
+// A plain float -> int cast: saturating on a GPU, UB in C++ for 3e9 (the sanitizer reports it).
+extern "C" __global__ void pk_h_float_cast(const float* x, int* out, int n) {
+    const int i = threadIdx.x;
+    if (i < n) out[i] = (int)x[i];
+}
+
+// Bug: one global scratch buffer shared by every block.
+extern "C" __global__ void pk_h_shared_scratch(const float* x, float* scratch, float* out) {
+    const int t = threadIdx.x;
+    scratch[t] = x[blockIdx.x * blockDim.x + t] * 2.0f;
+    __syncthreads();
+    atomicAdd(&out[blockDim.x * gridDim.x], 0.0f);  // a yield point under `interleave`
+    __syncthreads();
+    out[blockIdx.x * blockDim.x + t] = scratch[(t + 1) % blockDim.x];
+}
+
+// Bug: in place, each element takes its right neighbour: a block reads what the next block writes.
+extern "C" __global__ void pk_h_inplace_shift(float* x, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    float v = 0.0f;
+    if (i + 1 < n) v = x[i + 1];
+    __syncthreads();
+    if (i < n) x[i] = v;
+}
