@@ -411,3 +411,9 @@ def test_inplace_op_reading_the_next_blocks_writes(monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
     with pytest.raises(KernelExecutionError, match=r"write-after-read race on argument 0 \(float\* x\) at byte offset 128: block \(0,0,0\) thread \(31,0,0\) read.*block \(1,0,0\) thread \(0,0,0\) wrote.*two blocks"):
         launch("pk_h_inplace_shift", 4, 32, base.copy(), n)
+
+
+def test_red_zone_copy_keeps_one_array_passed_twice_aliased() -> None:
+    y = np.ones(32, np.float32)
+    pykern.launch("pk_t_alias", 1, 32, y, y, backend="host")  # const x and y are one array
+    assert (y == 10).all(), y

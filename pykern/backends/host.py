@@ -264,6 +264,11 @@ class HostBackend:
         copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
         zones = _RedZones([(a.ctypes.data, a.nbytes) for p, a in zip(spec.params, args) if p.is_pointer
                            and isinstance(a, np.ndarray)])
+        if not sanitize:
+            # Writable arrays first: a const parameter given the same array must see the copy.
+            for i, (p, a) in enumerate(zip(spec.params, args)):
+                if p.is_pointer and not p.is_const and isinstance(a, np.ndarray) and a.flags.c_contiguous:
+                    zones.guard(i, p, a, a.ctypes.data)
         try:
             for i, (p, a) in enumerate(zip(spec.params, args)):
                 if p.is_pointer:
@@ -278,8 +283,8 @@ class HostBackend:
                             f"got strides {a.strides}"
                         )
                     addr = a.ctypes.data
-                    if not sanitize and not p.is_const:
-                        addr = zones.guard(i, p, a, addr)
+                    if not sanitize:
+                        addr = zones.by_addr.get((addr, a.nbytes), addr)
                     elif sanitize:
                         # An exactly-sized heap copy puts ASan's redzone right after the last element.
                         # The same array passed twice (in-place ops) shares one copy.
