@@ -417,3 +417,17 @@ def test_red_zone_copy_keeps_one_array_passed_twice_aliased() -> None:
     y = np.ones(32, np.float32)
     pykern.launch("pk_t_alias", 1, 32, y, y, backend="host")  # const x and y are one array
     assert (y == 10).all(), y
+
+
+def test_two_shared_variables_in_one_statement_is_a_clear_host_error(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from pykern.errors import CompileError
+
+    (tmp_path / "twoshared.cu").write_text(
+        'extern "C" __global__ void pk_t_twoshared(float* x) {\n'
+        "    __shared__ float a[4], b[4];\n"
+        "    a[0] = b[0] = 1.0f;\n    x[0] = a[0];\n}\n"
+    )
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
+    with pytest.raises(CompileError, match=r"twoshared\.cu: .*line 2.*one variable per statement"):
+        launch("pk_t_twoshared", 1, 1, np.zeros(1, np.float32))

@@ -125,7 +125,7 @@ _EXTERN_SHARED = re.compile(
 )
 _ALIGN = re.compile(r"__align__\s*\([^()]*\)")
 _STATIC_SHARED = re.compile(
-    r"(?<!extern)(?<!extern )\b__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)"
+    r"(?<!extern)(?<!extern )(?:\bstatic\s+)?\b__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)"
     r"((?:[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?\s+)*?[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?)\s*"
     r"([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)*);"
 )
@@ -183,7 +183,18 @@ def _rewrite_static_shared(text: str) -> str:
         last = m.end()
         n += 1
     out.append(text[last:])
-    return "".join(out)
+    result = "".join(out)
+    # What is left at function scope would silently be one instance for every block.
+    blanked = blank_comments(result)
+    for m in re.finditer(r"\b__shared__\b", blanked):
+        depth = blanked.count("{", 0, m.start()) - blanked.count("}", 0, m.start())
+        if depth > 0:
+            line = blanked.count("\n", 0, m.start()) + 1
+            raise CompileError(
+                f"host backend: cannot give the __shared__ declaration at source line {line} one copy per block: "
+                "declare one variable per statement, as `__shared__ [__align__(N)] T name[dims];`"
+            )
+    return result
 
 
 def _c_string(s: str) -> str:
@@ -229,11 +240,15 @@ def check_no_raw_asm(path: Path, text: str) -> None:
 
 def translation_unit(path: Path, text: str, specs: Sequence[KernelSpec]) -> str:
     check_no_raw_asm(path, text)
+    try:
+        body = rewrite_source(text)
+    except CompileError as e:
+        raise CompileError(f"{path}: {e.args[0]}") from None
     return (
         '#include "pk_cuda_host.h"\n'
         f"#define asm {_ASM_POISON}\n#define __asm__ {_ASM_POISON}\n#define __asm {_ASM_POISON}\n"
         f"#line 1 {_c_string(str(path))}\n"
-        f"{rewrite_source(text)}\n"
+        f"{body}\n"
         f"{launch_stubs(specs)}"
     )
 
