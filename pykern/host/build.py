@@ -164,9 +164,35 @@ def launch_stubs(specs: Sequence[KernelSpec]) -> str:
     return "\n".join(parts) + "\n"
 
 
+# Inline PTX cannot run on the CPU: a kernel reaches PTX only through kernels_cu/pk_ptx.cuh.
+PTX_WRAPPERS = (
+    "pk_cvt_bf16x2, pk_mma_m16n8k16_bf16, pk_ldmatrix_x4, pk_ldmatrix_x4_trans, pk_cp_async_16, "
+    "pk_cp_async_commit, pk_cp_async_wait<N>, pk_cp_async_wait_all, pk_ex2_approx"
+)
+_RAW_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b")
+# What a raw asm in an included header turns into: the compiler's error names this identifier.
+_ASM_POISON = "PK_RAW_ASM_IS_NOT_SUPPORTED_BY_THE_HOST_BACKEND_USE_THE_WRAPPERS_IN_PK_PTX_CUH"
+
+
+def check_no_raw_asm(path: Path, text: str) -> None:
+    """CompileError naming the .cu line and pk_ptx.cuh's wrappers for a raw `asm` in a kernel source."""
+    blanked = blank_comments(text)
+    m = _RAW_ASM.search(blanked)
+    if m is None:
+        return
+    line = blanked.count("\n", 0, m.start()) + 1
+    raise CompileError(
+        f"host backend: raw inline assembly ({m.group(0)}) at {path}:{line} cannot run on the CPU; "
+        f'reach PTX through the wrappers in kernels_cu/pk_ptx.cuh (#include "pk_ptx.cuh"): {PTX_WRAPPERS}, '
+        "or add a wrapper there with a host emulation"
+    )
+
+
 def translation_unit(path: Path, text: str, specs: Sequence[KernelSpec]) -> str:
+    check_no_raw_asm(path, text)
     return (
         '#include "pk_cuda_host.h"\n'
+        f"#define asm {_ASM_POISON}\n#define __asm__ {_ASM_POISON}\n#define __asm {_ASM_POISON}\n"
         f"#line 1 {_c_string(str(path))}\n"
         f"{rewrite_source(text)}\n"
         f"{launch_stubs(specs)}"

@@ -86,6 +86,18 @@ long long pkrt_clock64(void);
 }
 #define clock64() pkrt_clock64()
 
+// PTX wrappers (kernels_cu/pk_ptx.cuh): warp-wide instructions are meeting points that
+// hand the runtime a pointer to each lane's fragment; cp.async is queued per thread.
+enum { PKRT_PTX_MMA_BF16 = 32, PKRT_PTX_LDSM_X4 = 33, PKRT_PTX_LDSM_X4_T = 34 };
+struct pkrt_mma_frag { unsigned a[4]; unsigned b[2]; float c[4]; float d[4]; };
+struct pkrt_ldsm_frag { const void* row; unsigned r[4]; };
+extern "C" {
+void pkrt_ptx_warp(int op, void* frag, const char* file, int line);
+void pkrt_cp_async(void* dst, const void* src, int bytes, const char* file, int line);
+void pkrt_cp_async_commit(void);
+void pkrt_cp_async_wait(int n, int all);
+}
+
 #define threadIdx (*reinterpret_cast<const uint3*>(pkrt_cur))
 #define blockIdx (static_cast<const uint3&>(pkrt_block_idx))
 #define blockDim (static_cast<const dim3&>(pkrt_block_dim))

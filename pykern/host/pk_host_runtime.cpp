@@ -19,6 +19,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <vector>
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -45,6 +46,14 @@ namespace {
 
 enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3 };
 
+// One pending cp.async of a thread: performed by the wait that covers its group.
+struct CpAsync {
+    void* dst;
+    const void* src;
+    int bytes;
+    unsigned group;
+};
+
 struct Thread {
     uint3 tid;  // must stay first: threadIdx reads it through pkrt_cur
     unsigned linear, lane, warp;
@@ -58,6 +67,8 @@ struct Thread {
     void* sp;
     char* stack_lo;
     size_t stack_size;
+    std::vector<CpAsync> cp;  // cp.async copies not yet performed
+    unsigned cp_group;        // index of the group the next cp.async joins (= groups committed)
 #ifdef PK_USE_UCONTEXT
     ucontext_t uc;
 #endif
@@ -252,6 +263,9 @@ const char* op_name(int op) {
         case PKRT_ALL: return "__all_sync";
         case PKRT_MATCH_ANY: return "__match_any_sync";
         case PKRT_MATCH_ALL: return "__match_all_sync";
+        case PKRT_PTX_MMA_BF16: return "pk_mma_m16n8k16_bf16";
+        case PKRT_PTX_LDSM_X4: return "pk_ldmatrix_x4";
+        case PKRT_PTX_LDSM_X4_T: return "pk_ldmatrix_x4_trans";
         default: return "__reduce_*_sync";
     }
 }
@@ -448,12 +462,89 @@ int shfl_source(int op, unsigned lane, int arg, int width) {
     return ok ? j : static_cast<int>(lane);
 }
 
+// ---- PTX warp instructions (pk_ptx.cuh) -------------------------------------------
+[[noreturn]] void fail_lane(const Thread* t, const char* what) {
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": %s", what);
+    fail_from_fiber();
+}
+
+inline double bf16_value(unsigned bits) {
+    unsigned u = (bits & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// Layouts: see the table at the top of kernels_cu/pk_ptx.cuh (PTX ISA, cross-checked with CuTe).
+void complete_ptx(Thread* lanes, int op) {
+    if (op == PKRT_PTX_MMA_BF16) {
+        double A[16][16], B[16][8], C[16][8];
+        for (unsigned l = 0; l < 32; l++) {
+            const pkrt_mma_frag* f = reinterpret_cast<const pkrt_mma_frag*>(lanes[l].value);
+            unsigned gq = l >> 2, tq = l & 3;
+            for (unsigned v = 0; v < 8; v++)
+                A[gq + 8 * ((v >> 1) & 1)][2 * tq + (v & 1) + 8 * (v >> 2)] = bf16_value(f->a[v >> 1] >> (16 * (v & 1)));
+            for (unsigned v = 0; v < 4; v++) {
+                B[2 * tq + (v & 1) + 8 * (v >> 1)][gq] = bf16_value(f->b[v >> 1] >> (16 * (v & 1)));
+                C[gq + 8 * (v >> 1)][2 * tq + (v & 1)] = f->c[v];
+            }
+        }
+        // bf16 x bf16 products are exact in double; one rounding to fp32 at the end (the
+        // tensor core's internal order and precision are not specified, fp32 or better).
+        for (unsigned l = 0; l < 32; l++) {
+            pkrt_mma_frag* f = reinterpret_cast<pkrt_mma_frag*>(lanes[l].value);
+            unsigned gq = l >> 2, tq = l & 3;
+            for (unsigned v = 0; v < 4; v++) {
+                unsigned m = gq + 8 * (v >> 1), n = 2 * tq + (v & 1);
+                double s = C[m][n];
+                for (unsigned k = 0; k < 16; k++) s += A[m][k] * B[k][n];
+                f->d[v] = static_cast<float>(s);
+            }
+        }
+        return;
+    }
+    // ldmatrix .x4: lane 8i+r names row r of matrix i.
+    unsigned short M[4][8][8];
+    for (unsigned l = 0; l < 32; l++) {
+        const pkrt_ldsm_frag* f = reinterpret_cast<const pkrt_ldsm_frag*>(lanes[l].value);
+        if (reinterpret_cast<uintptr_t>(f->row) & 15u) {
+            char what[256];
+            snprintf(what, sizeof what, "%s at %s:%d: row address %p of matrix %u row %u is not 16-byte aligned",
+                     op_name(op), lanes[l].file, lanes[l].line, f->row, l >> 3, l & 7);
+            fail_lane(&lanes[l], what);
+        }
+        std::memcpy(M[l >> 3][l & 7], f->row, 16);
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        pkrt_ldsm_frag* f = reinterpret_cast<pkrt_ldsm_frag*>(lanes[l].value);
+        unsigned gq = l >> 2, tq = l & 3;
+        for (unsigned i = 0; i < 4; i++) {
+            if (op == PKRT_PTX_LDSM_X4) f->r[i] = M[i][gq][2 * tq] | (unsigned(M[i][gq][2 * tq + 1]) << 16);
+            else f->r[i] = M[i][2 * tq][gq] | (unsigned(M[i][2 * tq + 1][gq]) << 16);
+        }
+    }
+}
+
+void cp_async_perform(Thread* t, bool all, unsigned below_group) {
+    size_t keep = 0;
+    for (size_t i = 0; i < t->cp.size(); i++) {
+        CpAsync& c = t->cp[i];
+        if (all || c.group < below_group) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+        else t->cp[keep++] = c;
+    }
+    t->cp.resize(keep);
+}
+
 // Every lane of `need` is parked in the same op with the same mask: compute results.
 void complete_warp_op(unsigned warp, unsigned need, const Thread* proto) {
     Thread* lanes = &g_threads[warp * 32];
     int op = proto->op;
     unsigned long long agg = 0;
-    if (op == PKRT_BALLOT || op == PKRT_ANY || op == PKRT_ALL) {
+    if (op >= PKRT_PTX_MMA_BF16) {
+        complete_ptx(lanes, op);
+    } else if (op == PKRT_BALLOT || op == PKRT_ANY || op == PKRT_ALL) {
         unsigned ballot = 0;
         for (unsigned l = 0; l < 32; l++)
             if ((need >> l & 1) && lanes[l].value) ballot |= 1u << l;
@@ -523,6 +614,7 @@ void complete_warp_op(unsigned warp, unsigned need, const Thread* proto) {
 #endif
     g.body(g.args);
     Thread* t = cur();
+    cp_async_perform(t, true, 0);  // a GPU completes them even if nobody waits
     t->state = DONE;
     clear_runnable(t);
     g.n_done++;
@@ -620,6 +712,37 @@ extern "C" unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long 
     }
     reschedule(false);
     return t->result;
+}
+
+extern "C" void pkrt_ptx_warp(int op, void* frag, const char* file, int line) {
+    Thread* t = cur();
+    if (g.warps[t->warp].existing != 0xffffffffu) {
+        char what[256];
+        snprintf(what, sizeof what, "%s at %s:%d needs a full warp of 32 threads (the block has %u)", op_name(op),
+                 file, line, g.n);
+        fail_simple(what);
+    }
+    pkrt_warp_op(op, 0xffffffffu, reinterpret_cast<uintptr_t>(frag), 0, 32, file, line);
+}
+
+extern "C" void pkrt_cp_async(void* dst, const void* src, int bytes, const char* file, int line) {
+    Thread* t = cur();
+    if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & static_cast<uintptr_t>(bytes - 1)) {
+        char what[256];
+        snprintf(what, sizeof what, "pk_cp_async_16 at %s:%d: addresses %p <- %p are not %d-byte aligned", file, line,
+                 dst, src, bytes);
+        fail_simple(what);
+    }
+    t->cp.push_back(CpAsync{dst, src, bytes, t->cp_group});
+}
+
+extern "C" void pkrt_cp_async_commit(void) { cur()->cp_group++; }
+
+extern "C" void pkrt_cp_async_wait(int n, int all) {
+    Thread* t = cur();
+    unsigned committed = t->cp_group;
+    unsigned below = committed > static_cast<unsigned>(n) ? committed - static_cast<unsigned>(n) : 0;
+    cp_async_perform(t, all != 0, below);
 }
 
 extern "C" unsigned pkrt_activemask(void) {
@@ -735,6 +858,8 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
             t.state = RUN;
             t.op = -1;
             t.mask = 0;
+            t.cp.clear();
+            t.cp_group = 0;
             init_fiber(&t);
             set_runnable(&t);
         }
