@@ -21,10 +21,8 @@
 // padded lanes add exact zeros (keys past n_k are also masked to -inf).
 // Global -> shared copies use 16-byte cp.async when head_dim % 8 == 0 and the base is
 // 16-byte aligned, else element-wise loads (correct for any head_dim, slower).
-#include "pk_common.cuh"
-#include "pk_ptx.cuh"
+#include "pk_attention_tc.cuh"
 
-#define FATC_THREADS 128
 #define FATC_BR 64
 
 // BC: keys per tile; QREG: Q fragments live in registers for the whole CTA (D <= 128; for
@@ -39,30 +37,6 @@ template <> struct FatcCfg<256> { enum { BC = 32, QREG = 0, MINB = 1 }; };
 // Shared-memory bytes of one CTA (the op passes the same figure as dynamic shared memory).
 // With QREG the Q tile is staged in the second K buffer, which is free until tile 1 arrives.
 #define FATC_SMEM_BYTES(D, BC, QREG) ((((QREG) ? 0 : FATC_BR) + 4 * (BC)) * ((D) + 8) * 2)
-
-// Rows [r0, r0 + ROWS) of a strided bf16 matrix into s[ROWS][D + 8]: 16-byte cp.async
-// chunks when `vec`, else element by element; zeros past `dim` and past n_rows.
-template <int D, int ROWS>
-__device__ __forceinline__ void fatc_load_tile(unsigned short* s, const unsigned short* __restrict__ g,
-                                               long long base, long long row_stride, int r0, int n_rows, int dim,
-                                               bool vec) {
-    constexpr int CH = D / 8;  // 16-byte chunks per row
-    for (int c = threadIdx.x; c < ROWS * CH; c += FATC_THREADS) {
-        const int r = c / CH, d = (c % CH) * 8;
-        unsigned short* dst = s + r * (D + 8) + d;
-        const int row = r0 + r;
-        const long long off = base + (long long)row * row_stride + d;
-        if (vec && row < n_rows && d < dim) {  // vec implies dim % 8 == 0: the chunk is whole
-            pk_cp_async_16(dst, g + off);
-        } else {
-            unsigned int w[4] = {0u, 0u, 0u, 0u};  // fully unrolled: constant indices keep w in registers
-#pragma unroll
-            for (int e = 0; e < 8; e++)
-                if (row < n_rows && d + e < dim) w[e >> 1] |= (unsigned int)g[off + e] << (16 * (e & 1));
-            *reinterpret_cast<uint4*>(dst) = make_uint4(w[0], w[1], w[2], w[3]);
-        }
-    }
-}
 
 template <int D>
 __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
