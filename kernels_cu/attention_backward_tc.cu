@@ -11,26 +11,37 @@
 //     dV += P^T dO                  (P^T rounded to bf16 in registers, dO through ldmatrix.trans)
 //     dP^T = V dO^T, dS^T = P^T (dP^T - delta)
 //     dK += dS^T Q                  (dS^T rounded to bf16, Q through ldmatrix.trans)
-//   walking the query tiles (BR = 32) of every query head of the GQA group in a fixed order: the
+//   walking the query tiles (BR = 16) of every query head of the GQA group in a fixed order: the
 //   group's sum is accumulated in fp32 registers by one CTA, deterministic, no atomics.
 //   For D = 256 the two accumulators (2 x 128 floats a lane) do not fit: the _dv and _dk kernels
 //   run the same loop for one of them each (S is recomputed; dP only in the dK pass).
 // attention_backward_tc_dq_d{D}_bf16: a CTA per (batch, head, 64 queries), 4 warps of 16 rows,
-//   walking the key tiles: S = Q K^T, P, dP = dO V^T, dS, dQ += dS K (K through ldmatrix.trans).
+//   walking the key tiles (32 keys, 16 for D = 256): S = Q K^T, P, dP = dO V^T, dS, dQ += dS K (K through ldmatrix.trans).
 //   One writer per dQ element: deterministic.
 // dK and dQ carry the factor `scale` (d(scale q.k)/dq = scale k). Keys past n_k, queries past n_q
 // and masked pairs get P = 0, hence dS = 0: rows/keys that see nothing get zero gradients.
 // Tiles are single-buffered (cp.async, then wait): the forward is the double-buffered kernel.
+// The query/key steps are small (16 / 32) so that ptxas for sm_100 / sm_120, which takes far more
+// registers for the same code than for sm_80 / sm_90, fits 255 registers with 0 spills: one tile
+// shape for every arch, the one the host backend tests.
 #include "pk_attention_tc.cuh"
 
 #define ABTC_BC 64  // keys per dK/dV CTA (4 warps x 16)
-#define ABTC_BR 32  // queries per step of the dK/dV loop
+#define ABTC_BR 16  // queries per step of the dK/dV loop
 #define ABTC_QR 64  // queries per dQ CTA (4 warps x 16)
 #define ABTC_LOG2E 1.4426950408889634f
+// The head_dim loops of the S / dP products index no register array, so they may stay rolled. ptxas
+// for sm_100 / sm_120 hoists the loads of a fully unrolled one far ahead and runs out of registers
+// (spills); rolled there, each step's ldmatrix feeds its own mma.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+#define ABTC_KP_UNROLL _Pragma("unroll 1")
+#else
+#define ABTC_KP_UNROLL _Pragma("unroll")
+#endif
 
 // Shared memory (bytes) of the two kernels at compiled head_dim D; the op passes the same figures.
 #define ABTC_DKDV_SMEM(D) ((2 * ABTC_BC + 2 * ABTC_BR) * ((D) + 8) * 2 + 2 * ABTC_BR * 4)
-#define ABTC_DQ_BC(D) ((D) <= 128 ? 64 : 32)
+#define ABTC_DQ_BC(D) ((D) <= 128 ? 32 : 16)
 #define ABTC_DQ_SMEM(D) ((2 * ABTC_QR + 2 * ABTC_DQ_BC(D)) * ((D) + 8) * 2)
 
 // MODE: 1 = dV only, 2 = dK only, 3 = both.
@@ -106,7 +117,7 @@ __device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, 
             float s[NT][4];
 #pragma unroll
             for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
-#pragma unroll
+ABTC_KP_UNROLL
             for (int kp = 0; kp < D / 32; kp++) {
                 unsigned int a0[4], a1[4];
                 pk_ldmatrix_x4(a0, ks + a_row * SD + kp * 32 + a_col);
@@ -149,7 +160,7 @@ __device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, 
                 float dp[NT][4];
 #pragma unroll
                 for (int i = 0; i < NT; i++) dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
-#pragma unroll
+ABTC_KP_UNROLL
                 for (int kp = 0; kp < D / 32; kp++) {
                     unsigned int a0[4], a1[4];
                     pk_ldmatrix_x4(a0, vs + a_row * SD + kp * 32 + a_col);
@@ -289,7 +300,7 @@ __device__ __forceinline__ void abtc_dq(const unsigned short* __restrict__ q, co
             s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
             dp[i][0] = dp[i][1] = dp[i][2] = dp[i][3] = 0.0f;
         }
-#pragma unroll
+ABTC_KP_UNROLL
         for (int kp = 0; kp < D / 32; kp++) {
             unsigned int a0[4], a1[4], o0[4], o1[4];
             pk_ldmatrix_x4(a0, qs + a_row * SD + kp * 32 + a_col);

@@ -30,13 +30,13 @@ METHODS = ("auto", "naive", "flash", "tensor_cores")
 # Tensor-core kernels (kernels_cu/attention_backward_tc.cu): tiles as the .cu's ABTC_* constants.
 _TC_THREADS = 128
 _TC_BC = 64  # keys per dK/dV CTA
-_TC_BR = 32  # queries per dK/dV step
+_TC_BR = 16  # queries per dK/dV step
 _TC_QR = 64  # queries per dQ CTA
 
 
 def tc_backward_shared_bytes(d: int) -> tuple[int, int]:
     """(dK/dV kernel, dQ kernel) dynamic shared memory at compiled head_dim d (ABTC_*_SMEM in the .cu)."""
-    dq_bc = 64 if d <= 128 else 32
+    dq_bc = 32 if d <= 128 else 16
     return (2 * _TC_BC + 2 * _TC_BR) * (d + 8) * 2 + 2 * _TC_BR * 4, (2 * _TC_QR + 2 * dq_bc) * (d + 8) * 2
 _INT_MAX = 2**31 - 1
 
