@@ -124,17 +124,22 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None
 def _tensor_cores(q, k, v, g, out, lse, dims, scale, causal, backend, stream=None):
     """bf16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
     heads itself), one dQ kernel per query tile; every output element has one writer: deterministic."""
-    from .forward import flash_attention, tc_head_dim
+    from .forward import tc_head_dim
 
     b, n_q, n_k, h, kvh, d = dims
-    if out is None or lse is None:  # the forward on the same kernels gives the out and lse P is rebuilt from
-        out, lse = flash_attention(q.reshape((b, n_q, h, d)), k.reshape((b, n_k, kvh, d)),
-                                   v.reshape((b, n_k, kvh, d)), causal=bool(causal), scale=scale, return_lse=True,
-                                   tensor_cores=True, stream=stream, backend=backend)
     n_rows = b * n_q * h
     delta = arrays.empty((n_rows,), np.float32, like=q)
-    _launch("attention_bwd_preprocess_bf16", (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
-            _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+    if out is not None and lse is not None:  # the training flow: the forward's own out and lse
+        _launch("attention_bwd_preprocess_bf16", (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+                _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+    else:
+        # lse and delta = sum_j P_ij dP_ij in fp32 by the pre-pass kernel, not rowsum(dO * out) of a bf16
+        # out: that out's rounding would enter delta, and dK sums it over every query of the GQA group.
+        G = group_lanes(d)
+        lse = arrays.empty((n_rows,), np.float32, like=q)
+        _launch("attention_bwd_lse_bf16", (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, 1 if causal else 0,
+                G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
     D = tc_head_dim(d)
     dq = arrays.empty(arrays.shape_of(q), "bf16", like=q)
     dk = arrays.empty(arrays.shape_of(k), "bf16", like=q)
@@ -188,7 +193,8 @@ def attention_backward(
     method="tensor_cores" (and "auto" for bf16 where mma.sync bf16 runs: sm_80+ on nvrtc, the host
     backend, numba): FlashAttention-2 on tensor cores, deterministic (dK/dV summed over the GQA group
     inside one CTA, dQ by a second kernel; no atomics); head_dim compiled as 64/96/128/256 (others
-    padded). Without `out`/`lse` it runs `flash_attention(..., tensor_cores=True)` for them.
+    padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
+    (not on tensor cores) computes lse and D exactly, which costs about a forward.
     method="flash" (and "auto" otherwise): tiled over keys, any length, deterministic.
     It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
     `lse` are given (from `flash_attention(q, k, v, causal=, scale=,

@@ -360,8 +360,8 @@ def _tc_kernels(head_dim: int, given: bool) -> tuple[str, ...]:
     d = tc_head_dim(head_dim)
     kv = ((f"attention_backward_tc_dv_d{d}_bf16", f"attention_backward_tc_dk_d{d}_bf16") if d == 256
           else (f"attention_backward_tc_dkdv_d{d}_bf16",))
-    fwd = () if given else (f"flash_attention_tc_d{d}_bf16",)
-    return fwd + ("attention_bwd_preprocess_bf16",) + kv + (f"attention_backward_tc_dq_d{d}_bf16",)
+    pre = "attention_bwd_preprocess_bf16" if given else "attention_bwd_lse_bf16"
+    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}_bf16",)
 
 
 def _attention_tc_cases(rng: np.random.Generator) -> Iterator[Case]:
