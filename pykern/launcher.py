@@ -247,6 +247,11 @@ def launch(
     """
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
+    if spec.max_threads is not None and b[0] * b[1] * b[2] > spec.max_threads:
+        # A GPU refuses the launch (too many resources requested): so does every backend.
+        raise ArgumentError(
+            f"block: {name} is declared __launch_bounds__({spec.max_threads}), got {b} = {b[0] * b[1] * b[2]} threads"
+        )
     converted = convert_args(spec, args)
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)

@@ -43,6 +43,7 @@ class KernelSpec:
     source: Path
     line: int
     params: tuple[Param, ...]
+    max_threads: int | None = None  # __launch_bounds__(N): more threads per block is refused
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
@@ -93,8 +94,17 @@ def parse_file(path: Path) -> list[KernelSpec]:
         names = [p.name for p in params]
         if len(set(names)) != len(names):
             raise RegistryError(f"{where}: kernel {m.group(1)!r} repeats a parameter name")
-        specs.append(KernelSpec(m.group(1), Path(path).resolve(), line, params))
+        specs.append(KernelSpec(m.group(1), Path(path).resolve(), line, params, _launch_bounds(m.group(0))))
     return specs
+
+
+_BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(0[xX][0-9a-fA-F]+|\d+)[uU]?\s*[,)]")
+
+
+def _launch_bounds(head: str) -> int | None:
+    """maxThreadsPerBlock of a literal `__launch_bounds__(N[, ...])` in a kernel's signature."""
+    m = _BOUNDS.search(head)
+    return int(m.group(1), 0) if m else None
 
 
 def kernel_dirs() -> list[Path]:
