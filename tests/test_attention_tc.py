@@ -215,14 +215,23 @@ def test_every_bf16_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
 
 @pytest.mark.slow
 def test_no_spills_on_any_arch_nvrtc_offers() -> None:
-    out = subprocess.run([sys.executable, "-m", "pykern.precompile", "--arch", "all", "--kernels", "*_tc_*",
-                          "--json"], cwd=ROOT, capture_output=True, text=True, timeout=1800,
-                         env={**os.environ, "PYTHONPATH": str(ROOT)})
+    # tests/test_compiler.py already compiles every kernels_cu file for its REAL_ARCHS and fails on a
+    # spill; this covers every other arch `--arch all` offers (sm_87/88/89/103/107/110/121 today).
+    from pykern import compiler
+
+    from test_compiler import REAL_ARCHS
+
+    rest = [a for a in compiler.expand_archs(["all"]) if a not in REAL_ARCHS]
+    if not rest:
+        pytest.skip("this NVRTC offers no arch beyond tests/test_compiler.py's")
+    out = subprocess.run([sys.executable, "-m", "pykern.precompile", "--kernels", "*_tc_*", "--json",
+                          *(x for a in rest for x in ("--arch", a))], cwd=ROOT, capture_output=True, text=True,
+                         timeout=1800, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
     rows = [r for r in res["results"] if r["kind"] == "cubin"]
     assert {r["kernel"] for r in rows} == set(TC_FWD + TC_BWD)
-    assert {r["arch"] for r in rows} == set(res["archs"])
+    assert {r["arch"] for r in rows} == set(rest)
     bad = [(r["kernel"], r["arch"], r["spill_stores"], r["spill_loads"], r["stack_bytes"]) for r in rows
            if r["spill_stores"] or r["spill_loads"] or r["stack_bytes"]]
     assert not bad, bad
