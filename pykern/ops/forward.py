@@ -393,6 +393,36 @@ def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, b
 # (bucket, query rows per block): the kernel gives DMAX/16 threads to a query row, 256 threads a block.
 _FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
 FA_THREADS = 256
+# Tensor-core bf16 kernels (kernels_cu/flash_attention_tc.cu): compile-time head_dim D, other head_dims
+# padded up to the next D; (D, keys per tile, Q in registers) as the .cu's FatcCfg.
+TC_HEAD_DIMS = (64, 96, 128, 256)
+_TC_CFG = {64: (64, 1), 96: (64, 1), 128: (64, 1), 256: (32, 0)}
+TC_THREADS = 128
+TC_ROWS = 64  # queries per CTA (FATC_BR)
+
+
+def tc_head_dim(head_dim: int) -> int:
+    """The compiled head_dim the tensor-core kernels use for a head_dim (the next of 64/96/128/256)."""
+    return next(d for d in TC_HEAD_DIMS if head_dim <= d)
+
+
+def tc_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the tensor-core forward at compiled head_dim d (FATC_SMEM_BYTES)."""
+    bc, qreg = _TC_CFG[d]
+    return ((0 if qreg else TC_ROWS) + 4 * bc) * (d + 8) * 2
+
+
+def tensor_cores_available(backend: str | None = None) -> bool:
+    """Whether the bf16 tensor-core kernels can run on `backend`: mma.sync bf16 needs sm_80+ on the nvrtc
+    backend (sm_75 keeps the fp32-FMA kernels); the host backend emulates mma, numba runs the reference."""
+    from ..backends import get_backend
+
+    be = get_backend(backend)
+    if be.name != "nvrtc":
+        return True
+    ok, _ = be.available()
+    arch = getattr(be, "arch", "") or ""
+    return ok and arch.startswith("sm_") and int("".join(c for c in arch[3:] if c.isdigit())) >= 80
 
 
 @arrays.stream_scoped
@@ -405,6 +435,7 @@ def flash_attention(
     scale: float | None = None,
     return_lse: bool = False,
     out: Any = None,
+    tensor_cores: bool | None = None,
     stream: Any = None,
     backend: str | None = None,
 ) -> Any:
@@ -425,6 +456,13 @@ def flash_attention(
     return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
     log-sum-exp of the scaled scores over the visible keys, the input
     `attention_backward(..., lse=)` expects.
+
+    tensor_cores: bf16 only. None (default) runs the tensor-core kernels (mma.sync bf16, compiled
+    head_dim 64/96/128/256, others padded up) wherever they can run: the nvrtc backend on sm_80 and
+    newer, the host backend (emulated) and numba; sm_75 falls back to the fp32-FMA kernels. True
+    requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
+    tensor-core path rounds the softmax probabilities to bf16 for the P·V product, as
+    FlashAttention-2 does. f32 inputs always use the fp32 kernels.
     """
     kind = arrays.io_kind("q", q)
     _same_dtype("k", k, kind, "q")
@@ -453,7 +491,19 @@ def flash_attention(
                            ("k.shape[1]", n_k, _INT_MAX - 256), ("q.shape[2]", n_heads, _INT_MAX)):
         if val > lim:
             raise ArgumentError(f"{name}: expected at most {lim}, got {val}")
-    bucket, rows = next((b, r) for b, r in _FA_BUCKETS if max(head_dim, head_dim_v) <= b)
+    if tensor_cores not in (None, True, False):
+        raise ArgumentError(f"tensor_cores: expected None, True or False, got {tensor_cores!r}")
+    use_tc = False
+    if kind == "bf16" and tensor_cores is not False:
+        use_tc = tensor_cores_available(backend)
+        if tensor_cores and not use_tc:
+            raise ArgumentError("tensor_cores: True needs bf16 mma (sm_80 or newer); this device has none")
+    elif tensor_cores:
+        raise ArgumentError(f"tensor_cores: True needs bf16 inputs, got {arrays.dtype_name(q)}")
+    if use_tc:
+        bucket, rows = tc_head_dim(max(head_dim, head_dim_v)), TC_ROWS
+    else:
+        bucket, rows = next((b, r) for b, r in _FA_BUCKETS if max(head_dim, head_dim_v) <= b)
     n_blocks = batch * n_heads * -(-n_q // rows)
     if n_blocks > _INT_MAX:
         raise ArgumentError(f"q: batch * n_heads * ceil(n_q / {rows}) = {n_blocks} blocks exceeds {_INT_MAX}")
@@ -467,6 +517,15 @@ def flash_attention(
     elif n_k == 0:  # no key at all: every row is an empty softmax
         _fill(out, 0.0, stream)
         _fill(lse, -math.inf, stream)
+    elif use_tc:
+        from ..launcher import launch
+
+        launch(
+            f"flash_attention_tc_d{bucket}_bf16", n_blocks, TC_THREADS,
+            q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
+            1 if causal else 0,
+            shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend,
+        )
     else:
         _launch(
             f"flash_attention_d{bucket}{_suffix(kind)}", n_blocks, FA_THREADS,

@@ -26,7 +26,18 @@ NAIVE_MAX_SEQ = 4096
 _FLASH_THREADS = 256
 _STAGE = 16  # PK_ATT_STAGE in the .cu
 _NAIVE_THREADS = 128
-METHODS = ("auto", "naive", "flash")
+METHODS = ("auto", "naive", "flash", "tensor_cores")
+# Tensor-core kernels (kernels_cu/attention_backward_tc.cu): tiles as the .cu's ABTC_* constants.
+_TC_THREADS = 128
+_TC_BC = 64  # keys per dK/dV CTA
+_TC_BR = 16  # queries per dK/dV step
+_TC_QR = 64  # queries per dQ CTA
+
+
+def tc_backward_shared_bytes(d: int) -> tuple[int, int]:
+    """(dK/dV kernel, dQ kernel) dynamic shared memory at compiled head_dim d (ABTC_*_SMEM in the .cu)."""
+    dq_bc = 32 if d <= 128 else 16
+    return (2 * _TC_BC + 2 * _TC_BR) * (d + 8) * 2 + 2 * _TC_BR * 4, (2 * _TC_QR + 2 * dq_bc) * (d + 8) * 2
 _INT_MAX = 2**31 - 1
 
 
@@ -110,6 +121,44 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None
     return dq, dk, dv
 
 
+def _tensor_cores(q, k, v, g, out, lse, dims, scale, causal, backend, stream=None):
+    """bf16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
+    heads itself), one dQ kernel per query tile; every output element has one writer: deterministic."""
+    from .forward import tc_head_dim
+
+    b, n_q, n_k, h, kvh, d = dims
+    n_rows = b * n_q * h
+    delta = arrays.empty((n_rows,), np.float32, like=q)
+    if out is not None and lse is not None:  # the training flow: the forward's own out and lse
+        _launch("attention_bwd_preprocess_bf16", (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+                _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+    else:
+        # lse and delta = sum_j P_ij dP_ij in fp32 by the pre-pass kernel, not rowsum(dO * out) of a bf16
+        # out: that out's rounding would enter delta, and dK sums it over every query of the GQA group.
+        G = group_lanes(d)
+        lse = arrays.empty((n_rows,), np.float32, like=q)
+        _launch("attention_bwd_lse_bf16", (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, 1 if causal else 0,
+                G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+    D = tc_head_dim(d)
+    dq = arrays.empty(arrays.shape_of(q), "bf16", like=q)
+    dk = arrays.empty(arrays.shape_of(k), "bf16", like=q)
+    dv = arrays.empty(arrays.shape_of(v), "bf16", like=q)
+    smem_kv, smem_q = tc_backward_shared_bytes(D)
+    c = 1 if causal else 0
+    args = (_flat(q), _flat(k), _flat(v), _flat(g), _flat(lse), delta)
+    tail = (b, n_q, n_k, h, kvh, d, scale, c)
+    kv_grid = b * kvh * -(-n_k // _TC_BC)
+    names = ((f"attention_backward_tc_dv_d{D}_bf16", f"attention_backward_tc_dk_d{D}_bf16") if D == 256
+             else (f"attention_backward_tc_dkdv_d{D}_bf16",))
+    for name in names:
+        _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
+                stream=stream, backend=backend)
+    _launch(f"attention_backward_tc_dq_d{D}_bf16", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
+            *tail, shared_mem=smem_q, stream=stream, backend=backend)
+    return dq, dk, dv
+
+
 @arrays.stream_scoped
 def attention_backward(
     q: Any,
@@ -142,7 +191,12 @@ def attention_backward(
     method="naive": one block per (query, head), n_k <= NAIVE_MAX_SEQ;
     dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
     the last bits, may vary run to run); `out`/`lse` are not needed.
-    method="flash" (and "auto"): tiled over keys, any length, deterministic.
+    method="tensor_cores" (and "auto" for bf16 where mma.sync bf16 runs: sm_80+ on nvrtc, the host
+    backend, numba): FlashAttention-2 on tensor cores, deterministic (dK/dV summed over the GQA group
+    inside one CTA, dQ by a second kernel; no atomics); head_dim compiled as 64/96/128/256 (others
+    padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
+    (not on tensor cores) computes lse and D exactly, which costs about a forward.
+    method="flash" (and "auto" otherwise): tiled over keys, any length, deterministic.
     It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
     `lse` are given (from `flash_attention(q, k, v, causal=, scale=,
     return_lse=True)` with the same causal and scale) they are used, otherwise
@@ -199,4 +253,13 @@ def attention_backward(
     stream = arrays.launch_stream(stream, q)
     if method == "naive":
         return _naive(q, k, v, grad_out, kind, dims, scale, causal, backend, stream)
+    if method in ("auto", "tensor_cores") and kind == "bf16":
+        from .forward import tensor_cores_available
+
+        if tensor_cores_available(backend):
+            return _tensor_cores(q, k, v, grad_out, out, lse, dims, scale, causal, backend, stream)
+        if method == "tensor_cores":
+            raise ArgumentError("method: 'tensor_cores' needs bf16 mma (sm_80 or newer); this device has none")
+    elif method == "tensor_cores":
+        raise ArgumentError(f"method: 'tensor_cores' needs bf16 inputs, got {arrays.dtype_name(q)}")
     return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, causal, backend, stream)

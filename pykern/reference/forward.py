@@ -132,9 +132,12 @@ def _causal_attn_softmax(cuda):
 
 
 _FA_NAMES = tuple(f"flash_attention_d{d}{s}" for d in (64, 128, 256) for s in ("", "_bf16"))
+# The tensor-core kernels (flash_attention_tc.cu) take the same arguments and compute the same
+# function (their P rounding to bf16 is inside the tolerance): the same reference serves them.
+_FA_TC_NAMES = tuple(f"flash_attention_tc_d{d}_bf16" for d in (64, 96, 128, 256))
 
 
-@reference(*_FA_NAMES)
+@reference(*_FA_NAMES, *_FA_TC_NAMES)
 def _flash_attention(cuda):
     from numba import float32
 

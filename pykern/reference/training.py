@@ -420,3 +420,74 @@ def _attention_dkdv(cuda: Any):
         return _grid1((a[1].size // (n_k * kvh * hd)) * n_k * kvh)
 
     return k, config
+
+
+# Tensor-core backward (kernels_cu/attention_backward_tc.cu): the same math as the flash references
+# above, with the batch passed explicitly. The d256 pair (_dv / _dk) each writes one output on the GPU;
+# the reference writes both, which the op's second launch makes equal.
+_TC_DKDV = ("attention_backward_tc_dkdv_d64_bf16", "attention_backward_tc_dkdv_d96_bf16",
+            "attention_backward_tc_dkdv_d128_bf16", "attention_backward_tc_dv_d256_bf16",
+            "attention_backward_tc_dk_d256_bf16")
+_TC_DQ = tuple(f"attention_backward_tc_dq_d{d}_bf16" for d in (64, 96, 128, 256))
+
+
+@reference(*_TC_DKDV)
+def _attention_tc_dkdv(cuda: Any):
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+        t = cuda.grid(1)
+        if t < batch * n_k * n_kv_heads:
+            kvh = t % n_kv_heads
+            j = (t // n_kv_heads) % n_k
+            b = t // (n_kv_heads * n_k)
+            rep = n_heads // n_kv_heads
+            first = 0 if causal == 0 else max(0, j - (n_k - n_q))
+            ko = t * head_dim
+            for d in range(head_dim):
+                dk[ko + d] = 0.0
+                dv[ko + d] = 0.0
+            for hh in range(rep):
+                h = kvh * rep + hh
+                for i in range(first, n_q):
+                    r = (b * n_q + i) * n_heads + h
+                    qo = r * head_dim
+                    s = 0.0
+                    dp = 0.0
+                    for d in range(head_dim):
+                        s += q[qo + d] * kk[ko + d]
+                        dp += dout[qo + d] * v[ko + d]
+                    p = math.exp(s * scale - lse[r])
+                    ds = p * (dp - delta[r])
+                    for d in range(head_dim):
+                        dk[ko + d] += ds * q[qo + d] * scale
+                        dv[ko + d] += p * dout[qo + d]
+
+    return k, lambda a: _grid1(a[8] * a[10] * a[12])
+
+
+@reference(*_TC_DQ)
+def _attention_tc_dq(cuda: Any):
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+        t = cuda.grid(1)
+        if t < batch * n_q * n_heads:
+            h = t % n_heads
+            i = (t // n_heads) % n_q
+            b = t // (n_heads * n_q)
+            kvh = h // (n_heads // n_kv_heads)
+            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
+            qo = t * head_dim
+            for d in range(head_dim):
+                dq[qo + d] = 0.0
+            for j in range(nvis):
+                ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
+                s = 0.0
+                dp = 0.0
+                for d in range(head_dim):
+                    s += q[qo + d] * kk[ko + d]
+                    dp += dout[qo + d] * v[ko + d]
+                ds = math.exp(s * scale - lse[t]) * (dp - delta[t])
+                for d in range(head_dim):
+                    dq[qo + d] += ds * kk[ko + d] * scale
+
+    return k, lambda a: _grid1(a[7] * a[8] * a[10])

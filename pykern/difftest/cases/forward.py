@@ -152,7 +152,13 @@ def _sfx(kind: str) -> str:
     return "_bf16" if kind == "bf16" else ""
 
 
-def fa_kernel(head_dim: int, head_dim_v: int, kind: str) -> str:
+def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None) -> str:
+    """The kernel ops.flash_attention launches (bf16 defaults to the tensor-core kernels on every
+    backend difftest runs: host, numba, nvrtc on sm_80+)."""
+    if kind == "bf16" and tensor_cores is not False:
+        from ...ops.forward import tc_head_dim
+
+        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}_bf16"
     bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
     return f"flash_attention_d{bucket}{_sfx(kind)}"
 
@@ -329,22 +335,25 @@ def fa_inputs(rng: np.random.Generator, batch: int, n_q: int, n_k: int, n_heads:
 
 
 def _fa_case(rng: np.random.Generator, kind: str, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int,
-             dv: int, causal: bool, note: str = "") -> Case:
+             dv: int, causal: bool, note: str = "", tensor_cores: bool | None = None, scale: float | None = None) -> Case:
     from ... import ops
 
     q, k, v = fa_inputs(rng, batch, n_q, n_k, n_heads, n_kv, d, dv, kind)
 
     def run(b: str) -> dict:
-        out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=b)
+        out, lse = ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, backend=b,
+                                       **({} if tensor_cores is None else {"tensor_cores": tensor_cores}))
         return {"out": out, "lse": lse}
 
     def ref() -> dict:
-        out, lse = np_flash_attention(q, k, v, causal)
+        out, lse = np_flash_attention(q, k, v, causal, scale)
         return {"out": out, "lse": lse}
 
     shape = f"b{batch}-q{n_q}-k{n_k}-h{n_heads}/{n_kv}-d{d}" + (f"v{dv}" if dv != d else "") + ("-causal" if causal else "")
-    return Case(op="flash_attention", dtype=kind, shape=shape, kernels=(fa_kernel(d, dv, kind),), run=run,
-                reference=ref, note=note)
+    shape += "" if scale is None else f"-s{scale:g}"
+    shape += "" if tensor_cores is None else ("-tc" if tensor_cores else "-fma")
+    return Case(op="flash_attention", dtype=kind, shape=shape, kernels=(fa_kernel(d, dv, kind, tensor_cores),),
+                run=run, reference=ref, note=note)
 
 
 def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -363,9 +372,21 @@ def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _fa_case(rng, "f32", 1, 17, 40, 4, 2, 96, 64, causal)   # head_dim_v != head_dim
         yield _fa_case(rng, "f32", 1, 17, 33, 2, 1, 48, 130, causal)  # dv picks the bucket
         yield _fa_case(rng, "f32", 1, 300, 300, 2, 1, 256, 256, causal, "big")
+        # bf16 on the fp32-FMA kernels (what sm_75 runs)
         for d, n_k in ((64, 65), (128, 40), (256, 20)):
-            yield _fa_case(rng, "bf16", 2, 9, n_k, 2, 1, d, d, causal)
-        yield _fa_case(rng, "bf16", 1, 65, 300, 2, 2, 128, 128, causal, "big")
+            yield _fa_case(rng, "bf16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
+        yield _fa_case(rng, "bf16", 1, 65, 300, 2, 2, 128, 128, causal, "big", tensor_cores=False)
+        # bf16 on tensor cores: every compiled head_dim and padded ones (32 -> 64, 80 -> 96, 33: element-wise
+        # loads), lengths off every tile (BR = 64, BC = 64/32), length 1, n_q != n_k both ways, GQA 1/4/8
+        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (80, 70, 33),
+                            (33, 9, 20)):
+            yield _fa_case(rng, "bf16", 1, n_q, n_k, 2, 1, d, d, causal)
+        for n_kv in (8, 2, 1):
+            yield _fa_case(rng, "bf16", 1, 17, 17, 8, n_kv, 64, 64, causal)
+        yield _fa_case(rng, "bf16", 2, 1, 130, 4, 1, 128, 128, causal)
+        yield _fa_case(rng, "bf16", 1, 130, 1, 2, 2, 64, 64, causal)
+        yield _fa_case(rng, "bf16", 1, 17, 40, 4, 2, 96, 64, causal, scale=0.3)  # head_dim_v != head_dim
+        yield _fa_case(rng, "bf16", 1, 300, 260, 2, 1, 128, 128, causal, "big")
 
 
 @register_cases("forward")

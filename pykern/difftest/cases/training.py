@@ -357,6 +357,61 @@ def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
                        kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
 
 
+def _tc_kernels(head_dim: int, given: bool) -> tuple[str, ...]:
+    """What attention_backward(method='tensor_cores') launches at this head_dim."""
+    from ...ops.forward import tc_head_dim
+
+    d = tc_head_dim(head_dim)
+    kv = ((f"attention_backward_tc_dv_d{d}_bf16", f"attention_backward_tc_dk_d{d}_bf16") if d == 256
+          else (f"attention_backward_tc_dkdv_d{d}_bf16",))
+    pre = "attention_bwd_preprocess_bf16" if given else "attention_bwd_lse_bf16"
+    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}_bf16",)
+
+
+def _attention_tc_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # bf16 on tensor cores: every compiled head_dim (64/96/128/256) and padded ones (32, 80, 33: element-wise
+    # loads), GQA 1/4/8, causal and not, n_q != n_k both ways, lengths off every tile (64 keys, 32/64 queries)
+    # and length 1. (batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale, given out/lse, note)
+    specs = [
+        (None, 17, 40, 2, 1, 64, True, None, False, ""),
+        (2, 70, 33, 4, 1, 80, True, 0.2, False, ""),
+        (None, 33, 70, 8, 2, 96, False, None, False, ""),
+        (None, 65, 65, 8, 1, 128, True, None, True, ""),
+        (None, 40, 37, 2, 2, 256, True, None, False, ""),
+        (None, 9, 20, 2, 1, 256, False, 0.1, True, ""),
+        (None, 1, 1, 2, 1, 32, True, None, False, ""),
+        (None, 1, 70, 4, 1, 64, True, None, False, ""),
+        (None, 70, 1, 2, 2, 64, True, None, False, ""),
+        (None, 9, 20, 4, 4, 33, False, None, False, ""),
+        (None, 130, 140, 8, 2, 128, True, None, False, "big"),
+    ]
+    for batch, n_q, n_k, heads, kvh, hd, causal, scale, given, note in specs:
+        q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, "bf16", n_k)
+        lens = f"s{n_q}" if n_q == n_k else f"q{n_q}k{n_k}"
+        extra = ("" if causal else "-full") + ("" if scale is None else f"-scale{scale}")
+        shape = f"{'' if batch is None else f'{batch}x'}{lens}-h{heads}kv{kvh}-d{hd}{extra}-tc"
+        out = lse = None
+        if given:  # the forward's own out/lse, as a training step passes them
+            q4, k4, v4 = (a if batch is not None else a[None] for a in (q, k, v))
+            out, lse = _ops().flash_attention(q4, k4, v4, causal=causal, scale=scale, return_lse=True,
+                                              backend="host")
+            if batch is None:
+                out, lse = out[0], lse[0]
+            shape += "_given_lse"
+
+        def ref(q=q, k=k, v=v, g=g, causal=causal, scale=scale):
+            dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+            return {"dq": dq, "dk": dk, "dv": dv}
+
+        def run(be, q=q, k=k, v=v, g=g, causal=causal, scale=scale, out=out, lse=lse):
+            dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, scale=scale,
+                                                   method="tensor_cores", backend=be)
+            return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+        yield Case(op="attention_backward", dtype="bf16", shape=shape, kernels=_tc_kernels(hd, given), run=run,
+                   reference=ref, note=note)
+
+
 @register_cases("training")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _transpose_cases(rng)
@@ -365,3 +420,4 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _embedding_cases(rng)
     yield from _ce_cases(rng)
     yield from _attention_cases(rng)
+    yield from _attention_tc_cases(rng)

@@ -1,0 +1,260 @@
+// Tensor-core FlashAttention forward for bf16 (issue 12), one code path for sm_80 ... sm_120:
+// O = softmax(scale * Q K^T [+ causal mask]) V and the natural-log lse per row, with the same
+// layouts, GQA mapping, bottom-right causal mask and empty-row convention as
+// flash_attention.cu (rows that see no key: out = 0, lse = -inf).
+//
+// Work split (FlashAttention-2): a CTA of 4 warps owns BR = 64 consecutive queries of one
+// (batch, head); warp w owns query rows 16w..16w+15 of the tile, so the whole online
+// softmax of a row stays inside one warp (the 4 lanes of a quad share a row). Keys/values
+// stream in tiles of BC rows through shared memory, double-buffered with cp.async: the
+// copy of tile j+1 is issued before tile j is used and waited for after it.
+//   S = Q K_j^T : mma.m16n8k16 bf16 -> f32; Q as A (ldmatrix; kept in registers for
+//                 D <= 128), K as B (ldmatrix, non-transposed: K rows are B's columns).
+//   online softmax on the S accumulator fragments, in base 2: s * (scale * log2 e), one
+//                 rescale of O per tile, exp2 via ex2.approx.
+//   O += P V_j  : P rounded to bf16 in registers (cvt.rn.bf16x2) straight from the S
+//                 accumulator layout into the A layout (no shared-memory round trip),
+//                 V as B through ldmatrix.trans.
+// Shared rows are padded to D + 8 halves (16 bytes) so the 8 row addresses of an ldmatrix
+// phase fall in distinct banks. head_dim is a compile-time D (64/96/128/256); the op pads
+// other head_dims up, and tiles are zero-filled past head_dim / head_dim_v / n_q / n_k so
+// padded lanes add exact zeros (keys past n_k are also masked to -inf).
+// Global -> shared copies use 16-byte cp.async when head_dim % 8 == 0 and the base is
+// 16-byte aligned, else element-wise loads (correct for any head_dim, slower).
+#include "pk_attention_tc.cuh"
+
+#define FATC_BR 64
+
+// BC: keys per tile; QREG: Q fragments live in registers for the whole CTA (D <= 128; for
+// D = 256 the 128-float O accumulator leaves no room, so Q is re-read with ldmatrix);
+// MINB: CTAs per SM asked of ptxas (caps registers at 65536 / (128 * MINB)).
+template <int D> struct FatcCfg;
+template <> struct FatcCfg<64> { enum { BC = 64, QREG = 1, MINB = 3 }; };
+template <> struct FatcCfg<96> { enum { BC = 64, QREG = 1, MINB = 2 }; };
+template <> struct FatcCfg<128> { enum { BC = 64, QREG = 1, MINB = 2 }; };
+template <> struct FatcCfg<256> { enum { BC = 32, QREG = 0, MINB = 1 }; };
+
+// Shared-memory bytes of one CTA (the op passes the same figure as dynamic shared memory).
+// With QREG the Q tile is staged in the second K buffer, which is free until tile 1 arrives.
+#define FATC_SMEM_BYTES(D, BC, QREG) ((((QREG) ? 0 : FATC_BR) + 4 * (BC)) * ((D) + 8) * 2)
+
+template <int D>
+__device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
+                                             const unsigned short* __restrict__ v, unsigned short* __restrict__ out,
+                                             float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads,
+                                             int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
+    constexpr int BC = FatcCfg<D>::BC, QREG = FatcCfg<D>::QREG;
+    constexpr int SD = D + 8;    // padded shared row, in halves
+    constexpr int NT = BC / 8;   // S n-tiles per warp
+    constexpr int KS = D / 16;   // k-steps of Q K^T
+    constexpr int ON = D / 8;    // O n-tiles
+    extern __shared__ __align__(16) unsigned short fatc_smem[];
+    unsigned short* kbuf = fatc_smem;               // [2][BC][SD]
+    unsigned short* vbuf = fatc_smem + 2 * BC * SD;  // [2][BC][SD]
+    unsigned short* qs = QREG ? kbuf + BC * SD : fatc_smem + 4 * BC * SD;  // [BR][SD]
+
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const int g = lane >> 2, t = lane & 3;
+    const int n_qt = (n_q + FATC_BR - 1) / FATC_BR;
+    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
+    const int bh = blockIdx.x / n_qt;
+    const int qt = causal ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    const int b = bh / n_heads, h = bh % n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int q0 = qt * FATC_BR;
+    const int shift = n_k - n_q;  // causal: query i sees keys j <= i + shift
+
+    int n_kt = (n_k + BC - 1) / BC;
+    if (causal) {
+        const int last = min(q0 + FATC_BR, n_q) - 1 + shift;  // the tile's last row sees keys <= last
+        n_kt = last < 0 ? 0 : min(n_kt, last / BC + 1);
+    }
+    const long long q_stride = (long long)n_heads * head_dim, kv_stride = (long long)n_kv_heads * head_dim;
+    const long long v_stride = (long long)n_kv_heads * head_dim_v;
+    const long long q_base = (long long)b * n_q * q_stride + (long long)h * head_dim;
+    const long long k_base = (long long)b * n_k * kv_stride + (long long)kvh * head_dim;
+    const long long v_base = (long long)b * n_k * v_stride + (long long)kvh * head_dim_v;
+    const bool vq = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(q) & 15) == 0;
+    const bool vk = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(k) & 15) == 0;
+    const bool vv = (head_dim_v & 7) == 0 && (reinterpret_cast<unsigned long long>(v) & 15) == 0;
+
+    fatc_load_tile<D, FATC_BR>(qs, q, q_base, q_stride, q0, n_q, head_dim, vq);
+    if (n_kt > 0) {
+        fatc_load_tile<D, BC>(kbuf, k, k_base, kv_stride, 0, n_k, head_dim, vk);
+        fatc_load_tile<D, BC>(vbuf, v, v_base, v_stride, 0, n_k, head_dim_v, vv);
+    }
+    pk_cp_async_commit();
+    pk_cp_async_wait<0>();
+    __syncthreads();
+
+    // ldmatrix row addresses: lane -> (row, col) of the 4 8x8 matrices it addresses.
+    const int a_row = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);  // Q (A)
+    const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                                     // K (B)
+    const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);            // V (B, .trans)
+
+    unsigned int qa[QREG ? KS : 1][4];
+    if (QREG) {
+#pragma unroll
+        for (int ks = 0; ks < (QREG ? KS : 1); ks++) pk_ldmatrix_x4(qa[ks], qs + a_row * SD + ks * 16 + a_col);
+        __syncthreads();  // qs is the second K buffer: every warp has its Q before tile 1 lands there
+    }
+
+    float o[ON][4];
+#pragma unroll
+    for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 of the warp
+    const float sl2 = scale * 1.4426950408889634f;
+    const int row0 = q0 + warp * 16 + g;  // this lane's rows: row0, row0 + 8
+
+    for (int j = 0; j < n_kt; j++) {
+        const int k0 = j * BC;
+        if (j + 1 < n_kt) {  // prefetch tile j + 1 into the other buffer (freed by last iteration's barrier)
+            const int nb = (j + 1) & 1;
+            fatc_load_tile<D, BC>(kbuf + nb * BC * SD, k, k_base, kv_stride, k0 + BC, n_k, head_dim, vk);
+            fatc_load_tile<D, BC>(vbuf + nb * BC * SD, v, v_base, v_stride, k0 + BC, n_k, head_dim_v, vv);
+        }
+        pk_cp_async_commit();
+        const unsigned short* ks_ = kbuf + (j & 1) * BC * SD;
+        const unsigned short* vs_ = vbuf + (j & 1) * BC * SD;
+
+        float s[NT][4];
+#pragma unroll
+        for (int i = 0; i < NT; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kp = 0; kp < D / 32; kp++) {
+            unsigned int a0[4], a1[4];
+            if (QREG) {
+#pragma unroll
+                for (int i = 0; i < 4; i++) a0[i] = qa[QREG ? 2 * kp : 0][i], a1[i] = qa[QREG ? 2 * kp + 1 : 0][i];
+            } else {
+                pk_ldmatrix_x4(a0, qs + a_row * SD + kp * 32 + a_col);
+                pk_ldmatrix_x4(a1, qs + a_row * SD + kp * 32 + 16 + a_col);
+            }
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                unsigned int kb[4];  // b of k-step 2kp in kb[0..1], of 2kp + 1 in kb[2..3]
+                pk_ldmatrix_x4(kb, ks_ + (nt * 8 + kb_row) * SD + kp * 32 + kb_col);
+                pk_mma_m16n8k16_bf16(s[nt], a0, kb, s[nt]);
+                pk_mma_m16n8k16_bf16(s[nt], a1, kb + 2, s[nt]);
+            }
+        }
+
+        // Scale to base 2, mask (keys past n_k; causal), and the online softmax per row.
+        const bool need_mask = k0 + BC > n_k || (causal && k0 + BC - 1 > q0 + shift);
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+#pragma unroll
+            for (int e = 0; e < 4; e++) {
+                float x = s[nt][e] * sl2;
+                if (need_mask) {
+                    const int col = k0 + nt * 8 + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
+                    if (col >= n_k || (causal && col > row + shift)) x = PK_NEG_INF;
+                }
+                s[nt][e] = x;
+            }
+        }
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = m[r];
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+            const float base = mx == PK_NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0
+            const float alpha = pk_ex2_approx(m[r] - base);
+            m[r] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
+                s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
+#pragma unroll
+            for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+        }
+
+        // O += P V: the S accumulators of n-tiles 2kk, 2kk + 1 are exactly the A fragment of k-step kk.
+#pragma unroll
+        for (int kk = 0; kk < BC / 16; kk++) {
+            unsigned int pa[4];
+            pa[0] = pk_cvt_bf16x2(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = pk_cvt_bf16x2(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = pk_cvt_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = pk_cvt_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                unsigned int vb[4];  // b of O n-tile 2np in vb[0..1], of 2np + 1 in vb[2..3]
+                pk_ldmatrix_x4_trans(vb, vs_ + (kk * 16 + vb_row) * SD + np * 16 + vb_col);
+                pk_mma_m16n8k16_bf16(o[2 * np], pa, vb, o[2 * np]);
+                pk_mma_m16n8k16_bf16(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
+            }
+        }
+        pk_cp_async_wait<0>();
+        __syncthreads();  // tile j + 1 is in; every warp is done with buffer j & 1 before it is refilled
+    }
+
+    const bool vo = (head_dim_v & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+    const long long o_stride = (long long)n_heads * head_dim_v;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
+        const int row = row0 + 8 * r;
+        if (row >= n_q) continue;
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        const long long ob = ((long long)b * n_q + row) * o_stride + (long long)h * head_dim_v;
+#pragma unroll
+        for (int i = 0; i < ON; i++) {
+            const int col = i * 8 + 2 * t;
+            if (col >= head_dim_v) continue;
+            const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
+            if (vo) {
+                *reinterpret_cast<unsigned int*>(out + ob + col) = pk_cvt_bf16x2(x0, x1);
+            } else {
+                out[ob + col] = pk_float_to_bf16(x0);
+                if (col + 1 < head_dim_v) out[ob + col + 1] = pk_float_to_bf16(x1);
+            }
+        }
+        if (t == 0)  // m is in log2 units: lse = ln(2) * (m + log2(l))
+            lse[((long long)b * n_q + row) * n_heads + h] = lr > 0.0f ? (m[r] + log2f(lr)) * 0.6931471805599453f
+                                                                      : PK_NEG_INF;
+    }
+}
+
+// mma .bf16 needs sm_80: the sm_75 build of this file has entry points that trap (the op
+// never launches them there; it uses flash_attention_d*_bf16 instead).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define FATC_BODY(D) __trap();
+#else
+#define FATC_BODY(D)                                                                                          \
+    fatc_forward<D>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, causal);
+#endif
+
+// One entry point per compile-time head_dim (the registry reads these declarations as text).
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<64>::MINB) flash_attention_tc_d64_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int causal) {
+    FATC_BODY(64)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<96>::MINB) flash_attention_tc_d96_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int causal) {
+    FATC_BODY(96)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<128>::MINB) flash_attention_tc_d128_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int causal) {
+    FATC_BODY(128)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<256>::MINB) flash_attention_tc_d256_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int causal) {
+    FATC_BODY(256)
+}

@@ -1,0 +1,237 @@
+"""Tensor-core bf16 attention (kernels_cu/flash_attention_tc.cu, attention_backward_tc.cu) on the host backend.
+
+Forward and gradients against float64 NumPy over head_dim 64/80/96/128/256, GQA 1/4/8, causal and not,
+n_q != n_k both ways, lengths off every tile and length 1; how the ops choose the tensor-core path; that
+the backward is deterministic; and, from the cubins NVRTC makes (no GPU needed), that every kernel the
+ops launch for bf16 runs on tensor cores (HMMA; ldmatrix and cp.async) on sm_80 and sm_90 with no local
+memory, and spills on no arch NVRTC offers.
+"""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pykern import ops
+from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+from pykern.errors import ArgumentError
+from pykern.ops import forward as fwd_mod
+from pykern.tolerance import tolerance
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "host"
+TC_FWD = [f"flash_attention_tc_d{d}_bf16" for d in (64, 96, 128, 256)]
+TC_BWD = ([f"attention_backward_tc_dkdv_d{d}_bf16" for d in (64, 96, 128)]
+          + ["attention_backward_tc_dv_d256_bf16", "attention_backward_tc_dk_d256_bf16"]
+          + [f"attention_backward_tc_dq_d{d}_bf16" for d in (64, 96, 128, 256)])
+
+
+def _close(name: str, got, ref, op: str) -> None:
+    atol, rtol = tolerance(op, "bf16")
+    got = np.asarray(got).astype(np.float64)
+    assert got.shape == ref.shape, name
+    both_inf = np.isneginf(got) & np.isneginf(ref)
+    err = np.where(both_inf, 0.0, np.abs(got - ref))
+    bad = ~(err <= atol + rtol * np.abs(ref))
+    assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
+
+
+def _record(monkeypatch) -> list[str]:
+    """Kernel names every launch of this test asks for (the launches still run)."""
+    from pykern import launcher
+
+    names: list[str] = []
+    real = launcher.launch
+
+    def spy(name, *a, **kw):
+        names.append(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(launcher, "launch", spy)  # the ops import it at call time
+    return names
+
+
+# --------------------------------------------------------------------------- forward
+
+FWD_SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal)
+    (1, 65, 70, 2, 1, 64, True),
+    (1, 70, 33, 4, 1, 80, False),   # n_q > n_k, padded 80 -> 96
+    (1, 17, 129, 8, 2, 96, True),   # n_q < n_k, GQA 4
+    (2, 9, 40, 8, 1, 128, False),   # GQA 8
+    (1, 33, 37, 2, 2, 256, True),   # GQA 1
+    (1, 1, 1, 2, 1, 64, True),      # length 1
+    (1, 1, 70, 2, 1, 128, True),
+    (1, 70, 1, 2, 1, 128, True),    # most rows see no key
+]
+
+
+@pytest.mark.parametrize("shape", FWD_SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}".format(
+    *s[:6], "causal" if s[6] else "full"))
+def test_forward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, causal = shape
+    rng = np.random.default_rng(n_q * 1000 + n_k + d)
+    q, k, v = fa_inputs(rng, b, n_q, n_k, h, kvh, d, d, "bf16")
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=HOST)
+    assert names == [f"flash_attention_tc_d{fwd_mod.tc_head_dim(d)}_bf16"]
+    ref_out, ref_lse = np_flash_attention(q, k, v, causal)
+    _close("out", out, ref_out, "flash_attention")
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
+    fin = np.isfinite(ref_lse)
+    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) < 1e-4  # lse is fp32 from fp32 scores
+
+
+def test_forward_tensor_cores_and_fma_paths_agree_and_choice(monkeypatch) -> None:
+    rng = np.random.default_rng(3)
+    q, k, v = fa_inputs(rng, 1, 40, 50, 4, 2, 80, 80, "bf16")
+    names = _record(monkeypatch)
+    a = ops.flash_attention(q, k, v, causal=True, backend=HOST)
+    b = ops.flash_attention(q, k, v, causal=True, tensor_cores=False, backend=HOST)
+    assert names == ["flash_attention_tc_d96_bf16", "flash_attention_d128_bf16"]
+    ref, _ = np_flash_attention(q, k, v, True)
+    _close("tc", a, ref, "flash_attention")
+    _close("fma", b, ref, "flash_attention")
+    # f32 keeps the fp32 kernels; tensor cores cannot be asked for it
+    names.clear()
+    ops.flash_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), backend=HOST)
+    assert names == ["flash_attention_d128"]
+    with pytest.raises(ArgumentError, match="tensor_cores"):
+        ops.flash_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), tensor_cores=True,
+                            backend=HOST)
+    with pytest.raises(ArgumentError, match="tensor_cores"):
+        ops.flash_attention(q, k, v, tensor_cores="yes", backend=HOST)
+
+
+@pytest.mark.parametrize("arch,expect", [("sm_75", False), ("sm_80", True), ("sm_90", True), ("sm_120", True)])
+def test_tensor_cores_available_follows_the_device_arch(arch, expect, monkeypatch) -> None:
+    fake = types.SimpleNamespace(name="nvrtc", arch=arch, available=lambda: (True, ""))
+    monkeypatch.setattr("pykern.backends.get_backend", lambda name=None: fake)
+    assert fwd_mod.tensor_cores_available("nvrtc") is expect
+    dead = types.SimpleNamespace(name="nvrtc", arch="", available=lambda: (False, "no GPU"))
+    monkeypatch.setattr("pykern.backends.get_backend", lambda name=None: dead)
+    assert fwd_mod.tensor_cores_available("nvrtc") is False
+    assert fwd_mod.tensor_cores_available  # host/numba: emulated / reference
+    monkeypatch.undo()
+    assert fwd_mod.tensor_cores_available(HOST) is True
+
+
+def test_padded_head_dims_and_shared_memory_sizes() -> None:
+    assert [fwd_mod.tc_head_dim(d) for d in (1, 32, 64, 65, 80, 96, 97, 128, 129, 256)] == \
+        [64, 64, 64, 96, 96, 96, 128, 128, 256, 256]
+    # (0 or 64 Q rows + 4 K/V tiles) x (D + 8) halves: 2 CTAs of d128 fit sm_80's 164 KiB
+    assert fwd_mod.tc_shared_bytes(128) == 69632 and 2 * 69632 <= 164 * 1024
+    assert fwd_mod.tc_shared_bytes(256) == 101376 <= 227 * 1024
+
+
+# --------------------------------------------------------------------------- backward
+
+BWD_SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale)
+    (None, 17, 40, 2, 1, 64, True, None),
+    (None, 40, 17, 4, 1, 80, False, 0.3),   # n_q > n_k, padded
+    (2, 20, 33, 8, 2, 96, True, None),     # GQA 4
+    (None, 33, 20, 8, 1, 128, True, None),  # GQA 8, n_q > n_k causal: rows with no key
+    (None, 20, 19, 2, 2, 256, False, None),
+    (None, 1, 1, 2, 1, 64, True, None),
+]
+
+
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}-{}".format(
+    *s[1:6], "causal" if s[6] else "full"))
+def test_backward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, causal, scale = shape
+    rng = np.random.default_rng(n_q * 1000 + n_k + d)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, "bf16", n_k)
+    names = _record(monkeypatch)
+    dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, scale=scale, backend=HOST)  # method="auto"
+    D = fwd_mod.tc_head_dim(d)
+    assert names[0] == "attention_bwd_lse_bf16" and f"attention_backward_tc_dq_d{D}_bf16" in names
+    assert not any(n.startswith("attention_backward_flash") for n in names)
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+    _close("dq", dq, rq, "attention_backward")
+    _close("dk", dk, rk, "attention_backward")
+    _close("dv", dv, rv, "attention_backward")
+
+
+def test_backward_is_deterministic_and_uses_given_out_lse(monkeypatch) -> None:
+    rng = np.random.default_rng(11)
+    q, k, v, g = attention_inputs(rng, 1, 70, 8, 1, 64, "bf16", 70)
+    out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
+    names = _record(monkeypatch)
+    r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
+    assert names[0] == "attention_bwd_preprocess_bf16" and "attention_bwd_lse_bf16" not in names
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
+    r2 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, method="tensor_cores", backend=HOST)
+    for a, b in zip(r1, r2):  # same bits: one writer per element, fixed summation order
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=True)
+    _close("dk", r1[1], rk, "attention_backward")
+
+
+def test_backward_method_errors() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v, g = attention_inputs(rng, None, 4, 2, 1, 32, "f32", 4)
+    with pytest.raises(ArgumentError, match="tensor_cores"):
+        ops.attention_backward(q, k, v, g, method="tensor_cores", backend=HOST)
+
+
+# --------------------------------------------------------------------------- SASS and resources
+
+def _sass_report():
+    spec = importlib.util.spec_from_file_location("pk_sass_report_tc", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        mod.find_cuobjdump()
+    except mod.CuobjdumpUnavailable as e:
+        pytest.skip(str(e))
+    return mod
+
+
+def test_every_bf16_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
+    sr = _sass_report()
+    mix = sr.instruction_mix(TC_FWD + TC_BWD, ["sm_80", "sm_90"], with_resources=True)
+    assert set(mix) == set(TC_FWD + TC_BWD)
+    for name, per_arch in mix.items():
+        for arch in ("sm_80", "sm_90"):
+            row = per_arch[arch]
+            assert row["HMMA"] > 0, (name, arch, row)
+            assert row["LDSM"] > 0 and row["LDGSTS"] > 0, (name, arch, row)  # ldmatrix, cp.async
+            assert row["F2FP"] > 0, (name, arch, row)  # P / dS packed to bf16 in registers
+            assert row["LDL"] == row["STL"] == 0 and row["spill_stores"] == 0, (name, arch, row)
+    # the fp32 FMA kernels (sm_75's bf16 path) have no tensor-core instruction: the test can tell
+    old = sr.instruction_mix("flash_attention_d128_bf16", ["sm_80"])["flash_attention_d128_bf16"]["sm_80"]
+    assert old["HMMA"] == 0
+
+
+@pytest.mark.slow
+def test_no_spills_on_any_arch_nvrtc_offers() -> None:
+    # tests/test_compiler.py already compiles every kernels_cu file for its REAL_ARCHS and fails on a
+    # spill; this covers every other arch `--arch all` offers (sm_87/88/89/103/107/110/121 today).
+    from pykern import compiler
+
+    from test_compiler import REAL_ARCHS
+
+    rest = [a for a in compiler.expand_archs(["all"]) if a not in REAL_ARCHS]
+    if not rest:
+        pytest.skip("this NVRTC offers no arch beyond tests/test_compiler.py's")
+    out = subprocess.run([sys.executable, "-m", "pykern.precompile", "--kernels", "*_tc_*", "--json",
+                          *(x for a in rest for x in ("--arch", a))], cwd=ROOT, capture_output=True, text=True,
+                         timeout=1800, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    assert out.returncode == 0, out.stderr[-2000:]
+    res = json.loads(out.stdout)
+    rows = [r for r in res["results"] if r["kind"] == "cubin"]
+    assert {r["kernel"] for r in rows} == set(TC_FWD + TC_BWD)
+    assert {r["arch"] for r in rows} == set(rest)
+    bad = [(r["kernel"], r["arch"], r["spill_stores"], r["spill_loads"], r["stack_bytes"]) for r in rows
+           if r["spill_stores"] or r["spill_loads"] or r["stack_bytes"]]
+    assert not bad, bad

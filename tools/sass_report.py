@@ -1,0 +1,188 @@
+#!/usr/bin/env python
+"""SASS instruction mix of pykern's kernels, per kernel and arch, from `cuobjdump -sass` (no GPU needed).
+
+    python tools/sass_report.py --kernels 'flash_attention*' --arch sm_80 --arch sm_90 [--json]
+
+Each kernel source is compiled with pykern's own compiler (or read from its cache) for every arch, the
+cubin is disassembled with cuobjdump (the `nvidia-cuda-cuobjdump` wheel puts it in
+site-packages/nvidia/cu13/bin; a `cuobjdump` on PATH or $CUOBJDUMP also works), and the opcodes are
+counted into the groups that tell how a kernel will run on a GPU: tensor-core MMAs (HMMA, HGMMA),
+ldmatrix (LDSM), cp.async (LDGSTS), global loads and stores by width, hardware bf16 packing (F2FP),
+FFMA, MUFU (ex2, rcp...), barriers, shuffles and local memory (LDL/STL: spills or stack arrays).
+
+Tests load this file by path and call `instruction_mix(kernels, archs)`.
+"""
+from __future__ import annotations
+
+import argparse
+import fnmatch
+import glob
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from pathlib import Path
+from typing import Any, Iterable, Sequence
+
+# The columns of the table, in order; `total` is every instruction (NOPs excluded).
+COLUMNS = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "LDG32", "LDG64", "LDG128", "LDGsub", "STG32", "STG64", "STG128",
+           "STGsub", "F2FP", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL", "total")
+
+_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+_FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
+
+
+class CuobjdumpUnavailable(RuntimeError):
+    """No cuobjdump binary could be found (install the nvidia-cuda-cuobjdump wheel)."""
+
+
+def find_cuobjdump() -> str:
+    """Path of a cuobjdump binary: $CUOBJDUMP, PATH, then the nvidia-cuda-cuobjdump wheel's bin folder."""
+    env = os.environ.get("CUOBJDUMP")
+    if env and os.access(env, os.X_OK):
+        return env
+    found = shutil.which("cuobjdump")
+    if found:
+        return found
+    roots = []
+    try:
+        import nvidia  # the namespace package that the NVIDIA wheels install into
+
+        roots += list(getattr(nvidia, "__path__", []))
+    except ImportError:
+        pass
+    roots += [os.path.join(p, "nvidia") for p in sys.path if p]
+    for root in roots:
+        for cand in sorted(glob.glob(os.path.join(root, "*", "bin", "cuobjdump"))) + \
+                sorted(glob.glob(os.path.join(root, "cuda_cuobjdump", "bin", "cuobjdump"))):
+            if os.access(cand, os.X_OK):
+                return cand
+    raise CuobjdumpUnavailable("cuobjdump not found: pip install nvidia-cuda-cuobjdump (or set CUOBJDUMP)")
+
+
+def _width(mods: str) -> str:
+    """32 / 64 / 128 / 'sub' (8- or 16-bit) from an LDG/STG modifier string like '.E.128' or '.E.U16'."""
+    parts = mods.split(".")
+    if "128" in parts:
+        return "128"
+    if "64" in parts:
+        return "64"
+    if any(p in ("U8", "S8", "U16", "S16") for p in parts):
+        return "sub"
+    return "32"
+
+
+def classify(opcode: str, mods: str) -> str | None:
+    """The column one SASS instruction counts in (besides `total`), or None."""
+    if opcode in ("HMMA", "HGMMA", "LDSM", "LDGSTS", "F2FP", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL"):
+        return opcode
+    if opcode in ("LDG", "STG"):
+        return opcode + _width(mods)
+    return None
+
+
+def count_sass(text: str) -> dict[str, Counter]:
+    """{kernel: Counter(column -> count)} from cuobjdump -sass output of one cubin."""
+    out: dict[str, Counter] = {}
+    cur: Counter | None = None
+    for line in text.splitlines():
+        m = _FUNC.match(line)
+        if m:
+            cur = out.setdefault(m.group(1), Counter())
+            continue
+        if cur is None:
+            continue
+        m = _INSN.match(line)
+        if not m:
+            continue
+        op, mods = m.group(1), m.group(2)
+        if op == "NOP":
+            continue
+        cur["total"] += 1
+        col = classify(op, mods)
+        if col:
+            cur[col] += 1
+    return out
+
+
+def disassemble(image: bytes, cuobjdump: str | None = None) -> str:
+    tool = cuobjdump or find_cuobjdump()
+    with tempfile.TemporaryDirectory(prefix="pykern-sass-") as d:
+        p = Path(d) / "m.cubin"
+        p.write_bytes(image)
+        r = subprocess.run([tool, "-sass", str(p)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise RuntimeError(f"cuobjdump failed ({r.returncode}): {r.stderr.strip()}")
+    return r.stdout
+
+
+def instruction_mix(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm_80", "sm_90"),
+                    *, with_resources: bool = False) -> dict[str, dict[str, dict[str, Any]]]:
+    """{kernel: {arch: {column: count}}} for every registered kernel matching the glob(s).
+
+    Compiles through pykern's cache (a hit when already compiled). With with_resources, each entry
+    also carries the compiler's registers / spill_stores / spill_loads / shared_bytes.
+    """
+    from pykern import cache, compiler
+    from pykern.registry import parse_file, source_files
+
+    globs = [kernels] if isinstance(kernels, str) else list(kernels)
+    archs = compiler.expand_archs(list(archs))
+    tool = find_cuobjdump()
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for src in source_files():
+        names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
+        if not names:
+            continue
+        for arch in archs:
+            mod = cache.get_module(src, arch)
+            if mod.kind != "cubin":
+                continue
+            counts = count_sass(disassemble(mod.image, tool))
+            for k in names:
+                row: dict[str, Any] = {c: int(counts.get(k, Counter()).get(c, 0)) for c in COLUMNS}
+                if with_resources and k in mod.resources:
+                    res = mod.resources[k].to_dict()
+                    row.update({f: res.get(f) for f in ("registers", "spill_stores", "spill_loads",
+                                                        "shared_bytes")})
+                result.setdefault(k, {})[arch] = row
+    return result
+
+
+def _table(mix: dict[str, dict[str, dict[str, Any]]], columns: Sequence[str]) -> str:
+    head = ["kernel", "arch", *columns]
+    body = [[k, a, *(str(v.get(c, "")) for c in columns)] for k in sorted(mix) for a, v in mix[k].items()]
+    widths = [max(len(r[i]) for r in [head, *body]) for i in range(len(head))]
+    fmt = lambda r: "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in enumerate(zip(r, widths)))
+    return "\n".join([fmt(head), fmt(["-" * w for w in widths]), *map(fmt, body)])
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="tools/sass_report.py", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--kernels", action="append", metavar="GLOB", help="kernel name glob (repeatable; default *)")
+    ap.add_argument("--arch", action="append", metavar="ARCH", help="sm_XX or 'all' (repeatable; default sm_80, sm_90)")
+    ap.add_argument("--resources", action="store_true", help="add registers / spills / shared memory columns")
+    ap.add_argument("--json", action="store_true", help="print JSON {kernel: {arch: {column: n}}}")
+    args = ap.parse_args(argv)
+    try:
+        mix = instruction_mix(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"], with_resources=args.resources)
+    except CuobjdumpUnavailable as e:
+        print(f"sass_report: {e}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(mix, indent=2))
+    else:
+        cols = list(COLUMNS)
+        if args.resources:
+            cols = ["registers", "spill_stores", "shared_bytes", *cols]
+        print(_table(mix, cols))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+    sys.exit(main())
