@@ -392,7 +392,9 @@ class PagedDecodePlan:
             self.part_o = arrays.empty((self.num_splits * rows_total * self.head_dim,), "f32", like=like)
             self.part_lse = arrays.empty((self.num_splits * rows_total,), "f32", like=like)
         else:
-            self.part_o = self.part_lse = _flat(self.lse)
+            # Unused at one split; a buffer of its own (never the lse: backends that copy
+            # arguments back one by one would let the untouched copy win).
+            self.part_o = self.part_lse = arrays.empty((1,), "f32", like=like)
         self._out_flat, self._lse_flat = _flat(self.out), _flat(self.lse)
         self.dummy_idx = _device_like(np.zeros(1, np.int32), self.out)
         self.merge_grid = (-(-rows_total // (_NT // 32)),)
@@ -534,7 +536,7 @@ def paged_prefill_attention(
     out, lse = _prefill_out(total_q, h, d, qk, q, qh is not None)
     if total_q:
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k_pages), _flat(v_pages),
-               _flat(out), _flat(lse), _flat(lse), _flat(lse), qo, table.indptr, table.indices, table.last, h, kvh, d,
+               _flat(out), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, layout, 1, int(bool(causal)), rows, tile, 1, total_q, 1, sc, shared_mem=smem,
                backend=backend)
     return (out, lse) if return_lse else out
@@ -591,6 +593,6 @@ def flash_attention_varlen(
     if total_q:
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
-               _flat(lse), _flat(lse), _flat(lse), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
+               _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
                int(bool(causal)), rows, tile, 1, total_q, 1, sc, shared_mem=smem, backend=backend)
     return (out, lse) if return_lse else out
