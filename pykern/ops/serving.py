@@ -594,5 +594,5 @@ def flash_attention_varlen(
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
                _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
-               int(bool(causal)), rows, tile, 1, total_q, 1, sc, shared_mem=smem, backend=backend)
+               int(bool(causal)), rows, tile, 1, 0, total_q, 1, sc, shared_mem=smem, backend=backend)
     return (out, lse) if return_lse else out

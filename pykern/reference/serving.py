@@ -132,8 +132,8 @@ def _dense_attn(cuda: Any) -> Any:
 
     @cuda.jit
     def k(q, kk, vv, out, lse, part_o, part_lse, cu_seqlens_q, cu_seqlens_k, seq_lens, num_qo_heads, num_kv_heads,
-          head_dim, s_b, s_tok, s_head, max_len, q_mode, k_mode, causal, rows, tile, num_splits, total_q, write_lse,
-          scale):
+          head_dim, s_b, s_tok, s_head, max_len, q_mode, k_mode, causal, rows, tile, num_splits, chunk, total_q,
+          write_lse, scale):
         i = cuda.grid(1)
         rows_total = total_q * num_qo_heads
         if i >= num_splits * rows_total:
@@ -153,7 +153,11 @@ def _dense_attn(cuda: Any) -> Any:
         else:
             length = min(seq_lens[b], max_len)
             base0 = b * s_b + kvh * s_head
-        begin, end = split_range(length, num_splits, tile, split)
+        if chunk > 0:
+            begin = min(chunk * split, length)
+            end = min(begin + chunk, length)
+        else:
+            begin, end = split_range(length, num_splits, tile, split)
         if causal != 0:
             end = max(begin, min(end, length - qo_len + qi + 1))
         acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
@@ -178,7 +182,7 @@ def _dense_attn(cuda: Any) -> Any:
         finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse)
 
     def config(args: Any) -> Any:
-        n = args[22] * args[23] * args[10]
+        n = args[22] * args[24] * args[10]
         return ((n + 63) // 64,), (64,)
 
     return k, config
