@@ -1,6 +1,10 @@
-"""Array helpers for ops: dtype names, bf16, and allocating outputs next to the inputs."""
+"""Array helpers for ops: one place that knows the array kinds (NumPy, torch tensors, CuPy / numba
+device arrays, DLPack host objects): shapes, dtype names, bf16, contiguity, host views, the stream
+an op runs on, and allocating outputs next to the inputs. torch is never imported here: a tensor
+can only exist once the caller imported it."""
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -15,40 +19,93 @@ def bfloat16() -> np.dtype:
     return np.dtype(ml_dtypes.bfloat16)
 
 
-def dtype_name(a: Any) -> str:
-    """NumPy dtype name of a NumPy or CUDA-array-interface array ("float32", "bfloat16", ...)."""
+def torch_module() -> Any:
+    """torch if something already imported it, else None: a tensor can only exist once torch is loaded,
+    so asking sys.modules never imports torch on behalf of NumPy users."""
+    return sys.modules.get("torch")
+
+
+def is_torch(a: Any) -> bool:
+    """True for a torch.Tensor (or subclass, e.g. nn.Parameter)."""
+    t = sys.modules.get("torch")
+    return t is not None and isinstance(a, t.Tensor)
+
+
+def is_torch_cuda(a: Any) -> bool:
+    return is_torch(a) and a.device.type == "cuda"
+
+
+def _module(a: Any) -> str:
+    return type(a).__module__.split(".")[0]
+
+
+def torch_dtype_name(dt: Any) -> str:
+    """NumPy-style name of a torch dtype: torch.float32 -> "float32", torch.bfloat16 -> "bfloat16"."""
+    return str(dt).rpartition(".")[2]
+
+
+def _host_view(a: Any) -> np.ndarray | None:
+    """A NumPy view of a host array given as a foreign object (DLPack), else None."""
+    if hasattr(a, "__dlpack__") and not hasattr(a, "__cuda_array_interface__"):
+        try:
+            return np.from_dlpack(a)
+        except Exception:
+            return None
+    return None
+
+
+def _not_an_array(a: Any, name: str | None) -> ArgumentTypeError:
+    where = f"{name}: " if name else ""
+    return ArgumentTypeError(
+        f"{where}expected an array (NumPy, torch tensor, __cuda_array_interface__ or DLPack), got {type(a).__name__}"
+    )
+
+
+def dtype_name(a: Any, name: str | None = None) -> str:
+    """NumPy dtype name of an array of any supported kind ("float32", "bfloat16", "int64", ...)."""
     if isinstance(a, np.ndarray):
         return a.dtype.name
+    if is_torch(a):
+        return torch_dtype_name(a.dtype)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         from .ctypes_ import TYPESTR
 
         ts = cai["typestr"]
         return TYPESTR.get(ts[1:], ts)
-    raise ArgumentTypeError(f"expected an array, got {type(a).__name__}")
+    host = _host_view(a)
+    if host is not None:
+        return host.dtype.name
+    raise _not_an_array(a, name)
 
 
 def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> str:
     """"f32" or "bf16" for a float32 / bfloat16 array, else an error naming the argument."""
     kinds = {"float32": "f32", "bfloat16": "bf16"}
-    k = kinds.get(dtype_name(a))
+    dt = dtype_name(a, name)
+    k = kinds.get(dt)
     if k not in allowed:
         want = " or ".join({"f32": "float32", "bf16": "bfloat16"}[x] for x in allowed)
-        raise ArgumentTypeError(f"{name}: expected dtype {want}, got {dtype_name(a)}")
+        raise ArgumentTypeError(f"{name}: expected dtype {want}, got {dt}")
     return k
 
 
-def shape_of(a: Any) -> tuple[int, ...]:
+def shape_of(a: Any, name: str | None = None) -> tuple[int, ...]:
     if isinstance(a, np.ndarray):
         return a.shape
+    if is_torch(a):
+        return tuple(a.shape)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
         return tuple(cai["shape"])
-    raise ArgumentTypeError(f"expected an array, got {type(a).__name__}")
+    host = _host_view(a)
+    if host is not None:
+        return host.shape
+    raise _not_an_array(a, name)
 
 
 def check_ndim(name: str, a: Any, ndims: tuple[int, ...]) -> tuple[int, ...]:
-    shp = shape_of(a)
+    shp = shape_of(a, name)
     if len(shp) not in ndims:
         want = " or ".join(str(n) for n in ndims)
         raise ArgumentError(f"{name}: expected {want} dimensions, got shape {shp}")
@@ -56,10 +113,150 @@ def check_ndim(name: str, a: Any, ndims: tuple[int, ...]) -> tuple[int, ...]:
 
 
 def contiguous(a: Any) -> Any:
-    """A C-contiguous version of a NumPy array (device arrays are returned as given)."""
+    """A C-contiguous version of `a`, of the same kind (copied only when needed).
+
+    torch tensors are detached first: the ops treat `requires_grad` tensors as data
+    (autograd lives in pykern.torch). A DLPack host object becomes a NumPy view, so the
+    outputs allocated next to it are NumPy. Other device arrays are returned as given
+    (CuPy is copied when strided); the launcher rejects a strided one by name.
+    """
     if isinstance(a, np.ndarray):
         return np.ascontiguousarray(a)
+    if is_torch(a):
+        a = a.detach()
+        return a if a.is_contiguous() else a.contiguous()
+    if _module(a) == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(a)
+    host = _host_view(a)
+    if host is not None:
+        return np.ascontiguousarray(host)
     return a
+
+
+def is_host(a: Any) -> bool:
+    """True when the array's memory is host memory (NumPy, CPU torch tensors, host DLPack objects)."""
+    if isinstance(a, np.ndarray):
+        return True
+    if is_torch(a):
+        return a.device.type == "cpu"
+    return not hasattr(a, "__cuda_array_interface__")
+
+
+def host_view(a: Any) -> np.ndarray:
+    """A NumPy view (no copy) of a host array: NumPy itself, a CPU torch tensor (bf16 as
+    ml_dtypes.bfloat16 over the same bits), or a host DLPack object."""
+    if isinstance(a, np.ndarray):
+        return a
+    if is_torch(a):
+        t = a.detach()
+        if t.device.type != "cpu":
+            raise ArgumentTypeError(f"expected a host array, got a tensor on {t.device}")
+        torch = sys.modules["torch"]
+        if t.dtype == torch.bfloat16:
+            return t.view(torch.int16).numpy().view(bfloat16())
+        return t.numpy()
+    host = _host_view(a)
+    if host is None:
+        raise ArgumentTypeError(f"expected a host array, got {type(a).__name__}")
+    return host
+
+
+def launch_stream(stream: Any, like: Any) -> Any:
+    """The stream an op launches on: `stream` when given; else, for a torch CUDA tensor, torch's
+    current stream on its device; for a CuPy array, CuPy's current stream; else None (the
+    backend default). Resolved once per op call so every launch of the op shares it."""
+    if stream is not None:
+        return stream
+    if is_torch(like):
+        if like.device.type == "cuda":
+            return sys.modules["torch"].cuda.current_stream(like.device).cuda_stream
+        return None
+    if _module(like) == "cupy":
+        import cupy
+
+        return cupy.cuda.get_current_stream().ptr
+    return None
+
+
+def stream_scoped(fn: Any) -> Any:
+    """Decorator of the ops: with torch CUDA tensors and an explicit `stream=` other than torch's
+    current one, run the whole op with that stream current, so its outputs and workspaces are
+    allocated for (and freed back to) the stream that uses them by torch's caching allocator, and
+    torch-side fills land on it too. Costs nothing when `stream` is None or torch is not loaded."""
+    import functools
+
+    @functools.wraps(fn)
+    def wrapper(*args: Any, **kw: Any) -> Any:
+        stream = kw.get("stream")
+        torch = sys.modules.get("torch") if stream is not None else None
+        if torch is None:
+            return fn(*args, **kw)
+        dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
+        if dev is None:
+            return fn(*args, **kw)
+        from .backends.nvrtc import stream_handle
+
+        handle = stream_handle(stream)
+        if handle == torch.cuda.current_stream(dev).cuda_stream:
+            return fn(*args, **kw)
+        with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=dev)):
+            return fn(*args, **kw)
+
+    return wrapper
+
+
+class DeviceView:
+    """A device buffer handed to a backend: pointer, shape and dtype, read once from a torch CUDA
+    tensor via data_ptr() (torch refuses __cuda_array_interface__ on requires_grad tensors and on
+    bfloat16). Keeps the tensor alive for the launch. Exposes a CUDA array interface (v2, no
+    stream: the op chose the stream) for backends that consume that (numba)."""
+
+    __slots__ = ("ptr", "shape", "typestr", "owner")
+
+    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, owner: Any) -> None:
+        self.ptr, self.shape, self.typestr, self.owner = ptr, shape, typestr, owner
+
+    @property
+    def __cuda_array_interface__(self) -> dict:
+        return {"shape": self.shape, "typestr": self.typestr, "data": (self.ptr, False), "version": 2,
+                "strides": None}
+
+
+# typestr of the torch dtypes a kernel parameter may take (bf16 travels as raw 16-bit words)
+_TORCH_TYPESTR = {
+    "float32": "<f4", "float64": "<f8", "bfloat16": "<u2", "float16": "<f2", "int8": "|i1", "uint8": "|u1",
+    "int16": "<i2", "uint16": "<u2", "int32": "<i4", "uint32": "<u4", "int64": "<i8", "uint64": "<u8",
+    "bool": "|b1",
+}
+
+
+def device_view(t: Any) -> DeviceView:
+    """DeviceView of a (contiguous) torch CUDA tensor."""
+    dn = torch_dtype_name(t.dtype)
+    return DeviceView(t.data_ptr(), tuple(t.shape), _TORCH_TYPESTR.get(dn, dn), t)
+
+
+def astype(a: Any, dtype: str) -> Any:
+    """`a` converted to `dtype` ("int64", ...) with its own library, on its own device (no host trip)."""
+    if dtype_name(a) == dtype:
+        return a
+    if isinstance(a, np.ndarray):
+        return a.astype(dtype)
+    if is_torch(a):
+        torch = sys.modules["torch"]
+        if dtype.startswith("uint") and dtype != "uint8":
+            # torch's uint16/32/64 have few kernels: convert to the signed twin (same bits for the
+            # values that fit) and reinterpret, which is metadata only.
+            return a.detach().to(getattr(torch, dtype[1:])).view(getattr(torch, dtype))
+        return a.detach().to(getattr(torch, dtype))
+    if _module(a) == "cupy":
+        return a.astype(dtype)
+    host = _host_view(a)
+    if host is not None:
+        return host.astype(dtype)
+    raise ArgumentTypeError(f"cannot convert a {type(a).__name__} to {dtype}; pass a {dtype} array")
 
 
 def _resolve(dtype: Any) -> np.dtype:
@@ -71,16 +268,17 @@ def _resolve(dtype: Any) -> np.dtype:
 
 
 def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
-    """Uninitialized output on the same kind of memory as `like` (NumPy, torch or CuPy)."""
+    """Uninitialized output on the same kind of memory as `like` (NumPy, torch or CuPy).
+
+    torch outputs come from torch's allocator on `like`'s device (CUDA-graph capturable)."""
     dt = _resolve(dtype)
     if like is None or isinstance(like, np.ndarray):
         return np.empty(shape, dt)
-    mod = type(like).__module__.split(".")[0]
-    if mod == "torch":
-        import torch
-
+    if is_torch(like):
+        torch = sys.modules["torch"]
         tdt = torch.bfloat16 if dt.name == "bfloat16" else getattr(torch, dt.name)
         return torch.empty(shape, dtype=tdt, device=like.device)
+    mod = _module(like)
     if mod == "numba":  # numba.cuda device arrays (GPU, or the simulator's stand-ins)
         from numba import cuda
 
@@ -95,7 +293,7 @@ def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
 
 
 def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
-    if like is not None and type(like).__module__.split(".")[0] == "numba":
+    if like is not None and _module(like) == "numba":
         from numba import cuda
 
         host = np.zeros(shape, _resolve(dtype))
@@ -105,6 +303,38 @@ def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
         out.fill(0)
     else:
         out.zero_() if hasattr(out, "zero_") else out.fill(0)
+    return out
+
+
+def same_memory_kind(a: Any, like: Any) -> bool:
+    """True when `a` is the kind of array `empty(..., like=like)` makes, on the same device."""
+    if isinstance(like, np.ndarray) or like is None:
+        return isinstance(a, np.ndarray)
+    if is_torch(like):
+        return is_torch(a) and a.device == like.device
+    return _module(a) == _module(like) and not isinstance(a, np.ndarray)
+
+
+def check_out(out: Any, shape: tuple[int, ...], dtype: Any, like: Any, name: str = "out") -> Any:
+    """Validate a caller-provided output buffer: the shape, dtype and kind (and device) the op would
+    allocate, C-contiguous and writeable. Returns it."""
+    dt = _resolve(dtype).name
+    got = dtype_name(out, name)
+    if not same_memory_kind(out, like):
+        dev = f" on {like.device}" if is_torch(like) else ""
+        raise ArgumentTypeError(f"{name}: expected a {type(like).__name__}{dev} like the inputs, "
+                                f"got {type(out).__name__}" + (f" on {out.device}" if is_torch(out) else ""))
+    if tuple(shape_of(out)) != tuple(shape):
+        raise ArgumentError(f"{name}: expected shape {tuple(shape)}, got {tuple(shape_of(out))}")
+    if got != dt:
+        raise ArgumentTypeError(f"{name}: expected dtype {dt}, got {got}")
+    if isinstance(out, np.ndarray):
+        if not out.flags.c_contiguous or not out.flags.writeable:
+            raise ArgumentError(f"{name}: expected a C-contiguous, writeable array, got strides {out.strides}")
+        return out
+    if is_torch(out):
+        if not out.is_contiguous():
+            raise ArgumentError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
     return out
 
 

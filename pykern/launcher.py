@@ -8,7 +8,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from . import registry
+from . import arrays, registry
+from .arrays import DeviceView
 from .backends import get_backend
 from .ctypes_ import POINTEE_DTYPES, SCALARS, TYPESTR
 from .errors import ArgumentError, ArgumentTypeError
@@ -50,6 +51,23 @@ def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int
     return out[0], out[1], out[2]
 
 
+# Argument types the converters have classified (looked up per call instead of an isinstance
+# against torch, which may not even be imported): _OTHER (CAI, DLPack, ...), _TORCH, _VIEW.
+_OTHER, _TORCH, _VIEW = 0, 1, 2
+_type_kind: dict[type, int] = {DeviceView: _VIEW}
+# Set once a torch CUDA tensor reached a launch: only then does a launch without `stream`
+# look for one among its arguments (torch's current stream applies), so NumPy and CAI
+# launches never pay for that scan.
+_torch_cuda_seen = False
+
+
+def _kind_of(t: type) -> int:
+    torch = arrays.torch_module()
+    # Final either way: a subclass of torch.Tensor cannot exist before torch is imported.
+    k = _type_kind[t] = _TORCH if torch is not None and issubclass(t, torch.Tensor) else _OTHER
+    return k
+
+
 def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]:
     accepted = POINTEE_DTYPES[p.pointee]
     label = f"{spec.name}: argument {i} ({p.ctype} {p.name})"
@@ -64,6 +82,11 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             if not p.is_const and not a.flags.writeable:
                 raise ArgumentError(f"{label}: the kernel writes here but the array is read-only")
             return a
+        k = _type_kind.get(type(a))
+        if k is None:
+            k = _kind_of(type(a))
+        if k:
+            return a if k == _VIEW else _convert_torch(a, label, accepted, want)
         cai = getattr(a, "__cuda_array_interface__", None)
         if cai is not None:
             return _check_cai(a, cai, label, accepted, want, p)
@@ -76,8 +99,24 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
                 raise ArgumentTypeError(f"{label}: cannot view DLPack object {type(a).__name__} ({e})") from None
             return convert(host)
         raise ArgumentTypeError(
-            f"{label}: expected an array (NumPy, __cuda_array_interface__ or DLPack), got {type(a).__name__}"
+            f"{label}: expected an array (NumPy, torch, __cuda_array_interface__ or DLPack), got {type(a).__name__}"
         )
+
+    def _convert_torch(t: Any, label: str, accepted: tuple[str, ...], want: str) -> Any:
+        # requires_grad tensors are data here (autograd is pykern.torch's business): never touch
+        # __cuda_array_interface__, which torch refuses for them (and for bfloat16).
+        dn = arrays.torch_dtype_name(t.dtype)
+        if dn not in accepted:
+            raise ArgumentTypeError(f"{label}: expected a {want} tensor, got dtype {t.dtype}")
+        if not t.is_contiguous():
+            raise ArgumentError(f"{label}: expected a contiguous tensor, got strides {tuple(t.stride())}")
+        if t.device.type == "cpu":
+            return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
+        if t.device.type != "cuda":
+            raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}")
+        global _torch_cuda_seen
+        _torch_cuda_seen = True
+        return arrays.device_view(t)
 
     return convert
 
@@ -203,9 +242,22 @@ def launch(
 
     Arrays go to pointer parameters (dtype and contiguity checked), Python or NumPy
     numbers to value parameters (converted to the exact C type, range checked).
-    Nothing reaches a backend until every check passed.
+    Arrays: NumPy, torch tensors (CPU ones as zero-copy NumPy views; CUDA ones by
+    data_ptr(), so requires_grad and bfloat16 tensors work), __cuda_array_interface__
+    objects and host DLPack objects. With torch CUDA tensors and no `stream`, the launch
+    goes to torch.cuda.current_stream(). Nothing reaches a backend until every check passed.
     """
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
     converted = convert_args(spec, args)
+    if stream is None and _torch_cuda_seen:
+        stream = _torch_stream(converted)
     get_backend(backend).launch(spec, g, b, converted, smem, stream)
+
+
+def _torch_stream(converted: Sequence[Any]) -> Any:
+    """torch's current stream when a torch CUDA tensor is among the arguments, else None."""
+    for c in converted:
+        if type(c) is DeviceView and arrays.is_torch(c.owner):
+            return arrays.launch_stream(None, c.owner)
+    return None

@@ -109,8 +109,9 @@ def test_bf16_query_with_f32_cache_rejected() -> None:
 
 def test_seq_len_array_checks() -> None:
     q, k, v = _small()
-    with pytest.raises(ArgumentTypeError, match="seq_len: expected a uint32"):
-        decode_attention(q, k, v, np.array([3], np.int32), backend="host")
+    # any integer dtype is taken (issue 10 item 7); a float one is not
+    with pytest.raises(ArgumentTypeError, match="seq_len: expected an integer array, got dtype float32"):
+        decode_attention(q, k, v, np.array([3], np.float32), backend="host")
     with pytest.raises(ArgumentError, match=r"seq_len: expected shape \(1,\)"):
         decode_attention(q, k, v, np.array([3, 3], np.uint32), backend="host")
     qb = np.stack([q, q])

@@ -343,7 +343,7 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
             bounds[k] = int(b)
     seen: list[tuple[str, int, int]] = []
 
-    def record(name, grid, block, *args, shared_mem=0, backend=None):
+    def record(name, grid, block, *args, shared_mem=0, stream=None, backend=None):
         block = block if isinstance(block, tuple) else (block,)
         seen.append((name, int(np.prod(block)), shared_mem))
 

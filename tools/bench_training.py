@@ -138,29 +138,32 @@ def bench(args: argparse.Namespace) -> None:
 
     line("rms_norm_backward", f"{rows}x{d} {kind} ({nch} chunks)", _timed(env, rms, iters), 6 * rows * d * esz)
 
-    # embedding backward
+    # embedding backward: device bucketing of the ids (stable counting sort) + the gather
     ntok, d, vocab = (40, 64, 100) if small else (8192, 4096, 32000)
-    ids = rng.integers(0, vocab, size=ntok)
-    order = env.put(np.argsort(ids, kind="stable").astype(np.int32))
-    offs = np.zeros(vocab + 1, np.int32)
-    np.cumsum(np.bincount(ids, minlength=vocab), out=offs[1:])
-    offs_d, go, gwt = env.put(offs), env.put(rnd(ntok, d)), env.empty(vocab * d, np.float32)
-    t = _timed(env, lambda: launch("embedding_backward" + sfx, (vocab,), (_row_threads(d),), go, order, offs_d, gwt,
-                                   vocab, d), iters)
+    ids_d = env.put(rng.integers(0, vocab, size=ntok).astype(np.int64))
+    order, offs_d = env.empty(ntok, np.int32), env.empty(vocab + 1, np.int32)
+    go, gwt = env.put(rnd(ntok, d)), env.empty(vocab * d, np.float32)
+
+    def emb() -> None:
+        launch("embedding_backward_bucket", (-(-vocab // 2048),), (256,), ids_d, order, offs_d, ntok, vocab)
+        launch("embedding_backward" + sfx, (vocab,), (_row_threads(d),), go, order, offs_d, gwt, vocab, d)
+
+    t = _timed(env, emb, iters)
     line("embedding_backward", f"{ntok} tok x {d}, vocab {vocab} {kind}", t, ntok * d * esz + vocab * d * 4)
 
-    # cross-entropy
+    # cross-entropy: count of live rows on the device, fused fwd+bwd, mean
     rows, vocab = (4, 32000) if small else (4096, 128256)
     lg, gr = env.put(rnd(rows, vocab)), env.empty(rows * vocab, dt)
-    tg = rng.integers(0, vocab, size=rows).astype(np.int32)
+    tg = rng.integers(0, vocab, size=rows).astype(np.int64)
     tg[::7] = -100
     tg_d, rl, loss = env.put(tg), env.empty(rows, np.float32), env.empty(1, np.float32)
-    inv_count = 1.0 / int((tg != -100).sum())
+    inv_count = env.empty(1, np.float32)
 
     def ce() -> None:
-        launch("cross_entropy_fwd_bwd" + sfx, (rows,), (_row_threads(vocab),), lg, tg_d, gr, rl, rows, vocab, -100,
-               inv_count)
-        launch("cross_entropy_loss_mean", (1,), (512,), rl, loss, rows, inv_count)
+        launch("cross_entropy_count", (1,), (512,), tg_d, inv_count, rows, -100)
+        launch("cross_entropy_fwd_bwd" + sfx, (rows,), (_row_threads(vocab),), lg, tg_d, gr, rl, inv_count, rows,
+               vocab, -100)
+        launch("cross_entropy_loss_mean", (1,), (512,), rl, loss, inv_count, rows)
 
     line("cross_entropy_fwd_bwd", f"{rows}x{vocab} {kind}", _timed(env, ce, iters), 3 * rows * vocab * esz)
 

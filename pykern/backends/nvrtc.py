@@ -14,6 +14,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..arrays import DeviceView as _DeviceView
 from ..errors import ArgumentError, ArgumentTypeError, BackendUnavailable
 from ..registry import KernelSpec
 from .driver import DEFAULT_MAX_DYNAMIC_SHARED, CudaDriver, Driver, arch_of
@@ -245,6 +246,8 @@ class NvrtcBackend:
                     if staged is None:
                         staged = []
                     ptr = self._stage_in(drv, a, h, plan.copy_back[k], staged)
+                elif type(a) is _DeviceView:  # torch CUDA tensor: the op already chose the stream
+                    ptr = a.ptr
                 else:
                     cai = a.__cuda_array_interface__
                     ptr = cai["data"][0]

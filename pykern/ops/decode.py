@@ -61,9 +61,9 @@ def _suffix(q_kind: str, kv_kind: str) -> str:
 
 
 def _flat(a: Any) -> Any:
-    # The kernels index flat memory; NumPy arrays are passed as 1-D views so the numba
-    # references (which index flat) see the same layout. Device arrays go as they are.
-    return a.reshape(-1) if isinstance(a, np.ndarray) else a
+    # The kernels index flat memory; NumPy arrays (and tensors) are passed as 1-D views so the
+    # numba references (which index flat) see the same layout. Other device arrays go as they are.
+    return a.reshape(-1) if isinstance(a, np.ndarray) or arrays.is_torch(a) else a
 
 
 def _heads_per_block(group: int) -> int:
@@ -103,16 +103,27 @@ def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
     return int(v)
 
 
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
 def _check_seq_array(name: str, a: Any, batch: int, max_seq_len: int) -> Any:
-    if arrays.dtype_name(a) != "uint32":
-        raise ArgumentTypeError(f"{name}: expected a uint32 array, got dtype {arrays.dtype_name(a)}")
+    """Lengths of any integer dtype as the uint32 buffer the kernels read.
+
+    Host lengths (NumPy, CPU tensors) are checked against [0, max_seq_len]; device
+    lengths are converted on their device (no host round trip) and clamped by the kernel."""
+    dt = arrays.dtype_name(a, name)
+    if dt not in _INT_DTYPES:
+        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {dt}")
     shp = arrays.shape_of(a)
     if shp != (batch,):
         raise ArgumentError(f"{name}: expected shape ({batch},), got {shp}")
-    if isinstance(a, np.ndarray) and batch and int(a.max()) > max_seq_len:
-        # Host-visible lengths are checked; a device buffer is clamped by the kernel.
-        raise ArgumentError(f"{name}: expected every length <= max_seq_len={max_seq_len}, got {int(a.max())}")
-    return arrays.contiguous(a)
+    if arrays.is_host(a) and batch:
+        h = arrays.host_view(a)
+        lo, hi = int(h.min()), int(h.max())
+        if lo < 0 or hi > max_seq_len:
+            bad = lo if lo < 0 else hi
+            raise ArgumentError(f"{name}: expected every length in [0, max_seq_len={max_seq_len}], got {bad}")
+    return arrays.contiguous(arrays.astype(a, "uint32"))
 
 
 def decode_plan(
@@ -134,6 +145,17 @@ def decode_plan(
     """
     if method not in METHODS:
         raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
+    # Validate like the ops do, so a plan never divides by zero or describes an empty grid.
+    batch = _check_int("batch", batch, 1, _GRID_YZ_MAX)
+    num_heads = _check_int("num_heads", num_heads, 1, 2**31 - 1)
+    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1, num_heads)
+    if num_heads % num_kv_heads:
+        raise ArgumentError(
+            f"num_kv_heads: expected a divisor of num_heads={num_heads}, got num_kv_heads={num_kv_heads}")
+    head_dim = _check_int("head_dim", head_dim, 1, MAX_HEAD_DIM)
+    max_seq_len = _check_int("max_seq_len", max_seq_len, 1, _MAX_SEQ)
+    if seq_hint is not None:
+        seq_hint = _check_int("seq_hint", seq_hint, 0, max_seq_len)
     if method == "auto":
         # The knobs apply when auto picks their method and are ignored otherwise.
         method = _auto(max_seq_len if seq_hint is None else seq_hint, batch, num_heads)
@@ -169,7 +191,8 @@ def decode_plan(
 
 def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
          max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str, seq_hint: int | None,
-         num_warps: int | None, chunk_size: int | None, backend: str | None) -> Any:
+         num_warps: int | None, chunk_size: int | None, backend: str | None, out: Any = None,
+         stream: Any = None) -> Any:
     from ..launcher import launch
 
     if scale is None:
@@ -180,21 +203,26 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
     plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint,
                        num_warps=num_warps, chunk_size=chunk_size)
     suf = _suffix(q_kind, kv_kind)
-    out = arrays.empty((batch, num_heads, head_dim), "f32" if q_kind == "f32" else "bf16", like=q)
+    dt = "float32" if q_kind == "f32" else "bfloat16"
+    out = arrays.empty((batch, num_heads, head_dim), dt, like=q) if out is None else out
+    stream = arrays.launch_stream(stream, q)
     qf, kf, vf, of = _flat(q), _flat(k), _flat(v), _flat(out)
     geom = (num_heads, num_kv_heads, head_dim, max_seq_len, float(scale))
     if plan["method"] in ("warp", "multi_warp"):
         stem, grid, block, smem = plan["launches"][0]
-        launch(stem + suf, grid, block, qf, kf, vf, of, seq_buf, *geom, shared_mem=smem, backend=backend)
+        launch(stem + suf, grid, block, qf, kf, vf, of, seq_buf, *geom, shared_mem=smem, stream=stream,
+               backend=backend)
         return out
     c, mc = plan["chunk_size"], plan["max_chunks"]
     part_o = arrays.empty((batch, num_heads, mc, head_dim), "f32", like=q)
     part_ml = arrays.empty((batch, num_heads, mc, 2), "f32", like=q)
     (s1, g1, b1, _), (s2, g2, b2, _) = plan["launches"]
-    launch(s1 + suf, g1, b1, qf, kf, vf, _flat(part_o), _flat(part_ml), seq_buf, *geom, c, mc, backend=backend)
+    # The partials are workspaces of the caller's kind (torch: its allocator), on the same stream.
+    launch(s1 + suf, g1, b1, qf, kf, vf, _flat(part_o), _flat(part_ml), seq_buf, *geom, c, mc, stream=stream,
+           backend=backend)
     red = s2 + ("_bf16" if q_kind == "bf16" else "")
     launch(red, g2, b2, _flat(part_o), _flat(part_ml), of, seq_buf, num_heads, head_dim, max_seq_len, c, mc,
-           backend=backend)
+           stream=stream, backend=backend)
     return out
 
 
@@ -216,6 +244,7 @@ def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: 
         raise ArgumentError(f"q: expected 1 <= batch <= {_GRID_YZ_MAX} (grid y/z limit), got {batch}")
 
 
+@arrays.stream_scoped
 def decode_attention(
     q: Any,
     k_cache: Any,
@@ -226,6 +255,8 @@ def decode_attention(
     method: str = "auto",
     num_warps: int | None = None,
     chunk_size: int | None = None,
+    out: Any = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """Attention of one query token per head over the first `seq_len` cache positions.
@@ -233,7 +264,7 @@ def decode_attention(
     q: (num_heads, head_dim) float32 or bfloat16; k_cache, v_cache:
     (num_kv_heads, max_seq_len, head_dim) float32 or bfloat16, num_heads a multiple
     of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
-    head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) uint32 array
+    head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) integer array (any int dtype)
     read by the kernel at run time (clamped to max_seq_len there; a NumPy array is
     also checked here). scale defaults to 1/sqrt(head_dim). Returns
     (num_heads, head_dim) in q's dtype; zeros when seq_len is 0. Cache slots past
@@ -263,15 +294,18 @@ def decode_attention(
             seq_buf = _to_device_like(seq_buf, q)
     else:
         if not hasattr(seq_len, "shape") and not hasattr(seq_len, "__cuda_array_interface__"):
-            raise ArgumentTypeError(f"seq_len: expected an int or a (1,) uint32 array, got {type(seq_len).__name__}")
+            raise ArgumentTypeError(f"seq_len: expected an int or a (1,) integer array, got {type(seq_len).__name__}")
         seq_buf, hint = _check_seq_array("seq_len", seq_len, 1, max_seq_len), None
     q, k_cache, v_cache = arrays.contiguous(q), arrays.contiguous(k_cache), arrays.contiguous(v_cache)
-    out = _run(q, k_cache, v_cache, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind, kv_kind,
+    if out is not None:
+        out = arrays.check_out(out, (num_heads, head_dim), arrays.dtype_name(q), q)
+    res = _run(q, k_cache, v_cache, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind, kv_kind,
                scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
-               backend=backend)
-    return out.reshape(num_heads, head_dim)
+               backend=backend, out=None if out is None else out.reshape(1, num_heads, head_dim), stream=stream)
+    return out if out is not None else res.reshape(num_heads, head_dim)
 
 
+@arrays.stream_scoped
 def batched_decode_attention(
     q: Any,
     k_caches: Any,
@@ -282,6 +316,8 @@ def batched_decode_attention(
     method: str = "auto",
     num_warps: int | None = None,
     chunk_size: int | None = None,
+    out: Any = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """Decode attention for M sequences in one launch (two for split_k).
@@ -289,7 +325,7 @@ def batched_decode_attention(
     q: (M, num_heads, head_dim). k_caches, v_caches: one stacked array
     (M, num_kv_heads, max_seq_len, head_dim), or a list of M arrays
     (num_kv_heads, max_seq_len, head_dim) which is stacked into a copy (NumPy only;
-    keep a stacked cache to avoid that copy per step). seq_lens: (M,) uint32 array
+    keep a stacked cache to avoid that copy per step). seq_lens: (M,) integer array (any int dtype)
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
     also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
     q's dtype; a sequence of length 0 gets zeros.
@@ -307,18 +343,28 @@ def batched_decode_attention(
     batch, num_heads, head_dim = q_shape
     if kv_shape[0] != batch:
         raise ArgumentError(f"k_caches: expected {batch} sequences (from q), got {kv_shape[0]}")
-    _check_common(q_shape, kv_shape, v_shape, batch)
+    _check_common(q_shape, kv_shape, v_shape, max(batch, 1))
+    if batch == 0:  # no sequence: nothing to launch, an empty result of q's kind
+        if isinstance(seq_lens, (list, tuple)) and len(seq_lens):
+            raise ArgumentError(f"seq_lens: expected 0 lengths (from q), got {len(seq_lens)}")
+        if out is not None:
+            return arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
+        return arrays.empty(q_shape, arrays.dtype_name(q), like=q)
     _, num_kv_heads, max_seq_len, _ = kv_shape
     if isinstance(seq_lens, (list, tuple)):
+        if len(seq_lens) != batch:
+            raise ArgumentError(f"seq_lens: expected {batch} lengths (from q), got {len(seq_lens)}")
         vals = [_check_int(f"seq_lens[{i}]", s, 0, max_seq_len) for i, s in enumerate(seq_lens)]
         seq_lens = np.array(vals, np.uint32)
         if not isinstance(q, np.ndarray):
             seq_lens = _to_device_like(seq_lens, q)
     seq_buf = _check_seq_array("seq_lens", seq_lens, batch, max_seq_len)
     q, k_caches, v_caches = arrays.contiguous(q), arrays.contiguous(k_caches), arrays.contiguous(v_caches)
+    if out is not None:
+        out = arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
     return _run(q, k_caches, v_caches, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                 kv_kind, scale=scale, method=method, seq_hint=None, num_warps=num_warps, chunk_size=chunk_size,
-                backend=backend)
+                backend=backend, out=out, stream=stream)
 
 
 def _stack(name: str, caches: Any) -> Any:
@@ -335,10 +381,18 @@ def _stack(name: str, caches: Any) -> Any:
 
 
 def _to_device_like(host: np.ndarray, like: Any) -> Any:
-    """Copy a small host length buffer next to a CuPy query; other device arrays must bring their own."""
+    """Copy a small host length buffer next to a CuPy query or a tensor (a host-to-device copy, never
+    device-to-host; inside a CUDA graph pass the lengths as a device tensor instead)."""
     if type(like).__module__.split(".")[0] == "cupy":
         import cupy
 
         return cupy.asarray(host)
+    if arrays.is_torch(like):
+        torch = arrays.torch_module()
+        if like.device.type == "cpu":
+            return torch.from_numpy(host)
+        if host.size == 1:  # an int seq_len: a fill kernel on the op's stream (capturable, no copy)
+            return torch.full(host.shape, int(host[0]), dtype=torch.int32, device=like.device).view(torch.uint32)
+        return torch.from_numpy(host.astype(np.int32)).to(like.device).view(torch.uint32)
     raise ArgumentTypeError(
-        f"seq_len: with a {type(like).__name__} query pass the lengths as a uint32 device array, got an int")
+        f"seq_len: with a {type(like).__name__} query pass the lengths as an integer device array, got an int")

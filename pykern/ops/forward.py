@@ -23,12 +23,18 @@ _THREADS = 256
 # saturate bandwidth; more blocks only add scheduling (and host fibers).
 _MAX_BLOCKS = 4096
 _INT_MAX = 2**31 - 1
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
-def _launch(name: str, grid: Any, block: Any, *args: Any, backend: str | None) -> None:
+def _launch(name: str, grid: Any, block: Any, *args: Any, stream: Any = None, backend: str | None) -> None:
     from ..launcher import launch
 
-    launch(name, grid, block, *args, backend=backend)
+    launch(name, grid, block, *args, stream=stream, backend=backend)
+
+
+def _flat(a: Any) -> Any:
+    """A 1-D view of a contiguous array (NumPy, torch and CuPy all have reshape)."""
+    return a.reshape(-1)
 
 
 def _blocks(units: int) -> int:
@@ -41,41 +47,52 @@ def _f32_table(name: str, t: Any) -> Any:
         if t.dtype.kind != "f" and arrays.dtype_name(t) != "bfloat16":
             raise ArgumentTypeError(f"{name}: expected a float32 table, got dtype {t.dtype.name}")
         return np.ascontiguousarray(t, dtype=np.float32)
+    if arrays.is_torch(t) and arrays.dtype_name(t) in ("bfloat16", "float16", "float64"):
+        t = arrays.astype(t, "float32")  # on its own device
     arrays.io_kind(name, t, ("f32",))
-    return t
+    return arrays.contiguous(t)
 
 
 # --------------------------------------------------------------------------- embedding
 
 
-def embedding(ids: Any, table: Any, *, backend: str | None = None) -> Any:
-    """Rows `table[ids]`: ids (n,) integers in [0, vocab), table (vocab, dim) f32 or bf16 -> (n, dim).
+@arrays.stream_scoped
+def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
+    """Rows `table[ids]`: ids (n,) or (batch, seq) integers in [0, vocab), table (vocab, dim) f32 or bf16
+    -> (n, dim) or (batch, seq, dim).
 
-    ids are checked on the host before launch (an out-of-range id is an
-    ArgumentError); device id arrays must be int64 and are trusted, the kernel
-    writes a zero row for an id it cannot read.
+    Host ids (NumPy, CPU tensors, lists) are checked before launch (an out-of-range id
+    is an ArgumentError). Device ids of any integer dtype are converted to int64 on
+    their device and trusted: the kernel writes a zero row for an id it cannot read.
     """
     kind = arrays.io_kind("table", table)
     vocab, dim = arrays.check_ndim("table", table, (2,))
     if isinstance(ids, (list, tuple)):
         ids = np.asarray(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
-    n = arrays.check_ndim("ids", ids, (1,))[0]
-    if isinstance(ids, np.ndarray):
-        if ids.dtype.kind not in "iu":
-            raise ArgumentTypeError(f"ids: expected an integer array, got dtype {ids.dtype.name}")
-        if n and (int(ids.min()) < 0 or int(ids.max()) >= vocab):
-            bad = ids[(ids < 0) | (ids >= vocab)][0]
+    id_shape = tuple(arrays.check_ndim("ids", ids, (1, 2)))
+    n = _size(id_shape)
+    if arrays.dtype_name(ids, "ids") not in _INT_DTYPES:
+        raise ArgumentTypeError(f"ids: expected an integer array, got dtype {arrays.dtype_name(ids)}")
+    if arrays.is_host(ids):
+        h = arrays.host_view(ids)
+        if n and (int(h.min()) < 0 or int(h.max()) >= vocab):
+            bad = h[(h < 0) | (h >= vocab)].reshape(-1)[0]
             raise ArgumentError(f"ids: expected every id in [0, {vocab}), got {int(bad)}")
-        ids = np.ascontiguousarray(ids, dtype=np.int64)
-    elif arrays.dtype_name(ids) != "int64":
-        raise ArgumentTypeError(f"ids: expected an int64 device array, got {arrays.dtype_name(ids)}")
+    from .training import _ids_like  # host ids for a device table: copied host-to-device by its library
+
+    ids = _ids_like(ids, table)
     _check_u32("table.shape[1]", dim)
     table = arrays.contiguous(table)
-    out = arrays.empty((n, dim), arrays.dtype_name(table), like=table)
+    shape = id_shape + (dim,)
+    if out is None:
+        out = arrays.empty(shape, arrays.dtype_name(table), like=table)
+    else:
+        out = arrays.check_out(out, shape, arrays.dtype_name(table), table)
     if n == 0 or dim == 0:
         return out
     units = -(-n * dim // 4)
-    _launch("embedding" + _suffix(kind), _blocks(units), _THREADS, ids, table, out, n, vocab, dim, backend=backend)
+    _launch("embedding" + _suffix(kind), _blocks(units), _THREADS, _flat(ids), table, _flat(out), n, vocab, dim,
+            stream=arrays.launch_stream(stream, table), backend=backend)
     return out
 
 
@@ -84,6 +101,7 @@ def embedding(ids: Any, table: Any, *, backend: str | None = None) -> Any:
 _STYLES = {"interleaved": 0, "half": 1}
 
 
+@arrays.stream_scoped
 def rope(
     x: Any,
     cos: Any,
@@ -92,6 +110,8 @@ def rope(
     pos_offset: int = 0,
     style: str = "interleaved",
     inplace: bool = False,
+    out: Any = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """Rotary position embedding of x (n_tokens, n_heads, head_dim) or (batch, n_tokens, n_heads, head_dim).
@@ -100,7 +120,8 @@ def rope(
     by cos/sin[pos] (tables (max_pos, head_dim // 2), fp32 for f32 and bf16 x).
     style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
     style="half" rotates (i, i + head_dim/2) like HF LLaMA's rotate_half.
-    inplace=True writes into x (which must then be C-contiguous) and returns it.
+    inplace=True writes into x (which must then be C-contiguous) and returns it;
+    out= writes into a given array (x's shape, dtype and kind) instead.
     """
     kind = arrays.io_kind("x", x)
     shp = arrays.check_ndim("x", x, (3, 4))
@@ -126,12 +147,19 @@ def rope(
     for name, v in (("x.shape[-3]", n_tokens), ("x.shape[-2]", n_heads), ("x.shape[-1]", head_dim)):
         _check_u32(name, v)
     if inplace:
+        if out is not None:
+            raise ArgumentError("out: not allowed with inplace=True (the result is written into x)")
         if isinstance(x, np.ndarray) and (not x.flags.c_contiguous or not x.flags.writeable):
             raise ArgumentError("x: inplace=True needs a C-contiguous, writeable array")
+        if arrays.is_torch(x) and not x.is_contiguous():
+            raise ArgumentError("x: inplace=True needs a contiguous tensor")
         out = x
     else:
         x = arrays.contiguous(x)
-        out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+        if out is None:
+            out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+        else:
+            out = arrays.check_out(out, shp, arrays.dtype_name(x), x)
     n_rows = _size(shp[:-1])
     if n_rows == 0 or half == 0:
         return out
@@ -139,7 +167,7 @@ def rope(
     _launch(
         "rope" + _suffix(kind), _blocks(units), _THREADS,
         x, out, cos, sin, n_rows, n_tokens, n_heads, head_dim, int(pos_offset), _STYLES[style],
-        backend=backend,
+        stream=arrays.launch_stream(stream, x), backend=backend,
     )
     return out
 
@@ -147,7 +175,8 @@ def rope(
 # --------------------------------------------------------------------------- silu_gate
 
 
-def silu_gate(gate: Any, up: Any, *, backend: str | None = None) -> Any:
+@arrays.stream_scoped
+def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """silu(gate) * up elementwise (SwiGLU), any shape, f32 or bf16 (fp32 math)."""
     kind = arrays.io_kind("gate", gate)
     _same_dtype("up", up, kind, "gate")
@@ -155,11 +184,12 @@ def silu_gate(gate: Any, up: Any, *, backend: str | None = None) -> Any:
     if gs != us:
         raise ArgumentError(f"up: expected the shape of gate {gs}, got {us}")
     gate, up = arrays.contiguous(gate), arrays.contiguous(up)
-    out = arrays.empty(gs, arrays.dtype_name(gate), like=gate)
+    out = _out(out, gs, arrays.dtype_name(gate), gate)
     n = _size(gs)
     if n == 0:
         return out
-    _launch("silu_gate" + _suffix(kind), _blocks(-(-n // 4)), _THREADS, gate, up, out, n, backend=backend)
+    _launch("silu_gate" + _suffix(kind), _blocks(-(-n // 4)), _THREADS, gate, up, out, n,
+            stream=arrays.launch_stream(stream, gate), backend=backend)
     return out
 
 
@@ -175,7 +205,10 @@ def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int
     return max(1, min(65535, n_rows)), (threads, 1)
 
 
-def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, backend: str | None = None) -> Any:
+@arrays.stream_scoped
+def rms_norm(
+    x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, stream: Any = None, backend: str | None = None
+) -> Any:
     """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis; same dtype as x, statistics in fp32."""
     kind = arrays.io_kind("x", x)
     _same_dtype("weight", weight, kind, "x")
@@ -189,16 +222,18 @@ def rms_norm(x: Any, weight: Any, eps: float = 1e-6, *, backend: str | None = No
         raise ArgumentError(f"eps: expected a finite number >= 0, got {eps!r}")
     _check_u32("x.shape[-1]", dim)
     x, weight = arrays.contiguous(x), arrays.contiguous(weight)
-    out = arrays.empty(shp, arrays.dtype_name(x), like=x)
+    out = _out(out, shp, arrays.dtype_name(x), x)
     n_rows = _size(shp[:-1])
     if n_rows == 0 or dim == 0:
         return out
     grid, block = _row_geometry(n_rows, -(-dim // (8 if kind == "bf16" else 4)))
-    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps), backend=backend)
+    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps),
+            stream=arrays.launch_stream(stream, x), backend=backend)
     return out
 
 
-def causal_attn_softmax(scores: Any, past_len: int = 0, *, backend: str | None = None) -> Any:
+@arrays.stream_scoped
+def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, backend: str | None = None) -> Any:
     """Causal softmax of attention scores (n_q, n_heads, kv_len), f32.
 
     Query q sees keys j <= past_len + q (past_len tokens already in the cache);
@@ -217,7 +252,8 @@ def causal_attn_softmax(scores: Any, past_len: int = 0, *, backend: str | None =
     if n_rows == 0 or kv_len == 0:
         return out
     grid, block = _row_geometry(n_rows, -(-kv_len // 4))
-    _launch("causal_attn_softmax", grid, block, scores, out, n_rows, n_heads, kv_len, int(past_len), backend=backend)
+    _launch("causal_attn_softmax", grid, block, scores, out, n_rows, n_heads, kv_len, int(past_len),
+            stream=arrays.launch_stream(stream, scores), backend=backend)
     return out
 
 
@@ -228,6 +264,7 @@ _FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
 FA_THREADS = 256
 
 
+@arrays.stream_scoped
 def flash_attention(
     q: Any,
     k: Any,
@@ -236,6 +273,8 @@ def flash_attention(
     causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    out: Any = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """softmax(scale * q k^T) v per (batch, head), without materialising the scores.
@@ -251,7 +290,7 @@ def flash_attention(
     the queries are the last n_q positions of the sequence). When n_q > n_k the
     first n_q - n_k queries see no key: their output is 0 and their lse -inf.
 
-    Returns out (batch, n_q, n_heads, head_dim_v), or (out, lse) with
+    Returns out (batch, n_q, n_heads, head_dim_v) (written into `out=` when given), or (out, lse) with
     return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
     log-sum-exp of the scaled scores over the visible keys, the input
     `attention_backward(..., lse=)` expects.
@@ -289,27 +328,35 @@ def flash_attention(
         raise ArgumentError(f"q: batch * n_heads * ceil(n_q / {rows}) = {n_blocks} blocks exceeds {_INT_MAX}")
 
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
-    out = arrays.empty((batch, n_q, n_heads, head_dim_v), arrays.dtype_name(q), like=q)
+    out = _out(out, (batch, n_q, n_heads, head_dim_v), arrays.dtype_name(q), q)
     lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
+    stream = arrays.launch_stream(stream, q)
     if n_blocks == 0:
         pass
     elif n_k == 0:  # no key at all: every row is an empty softmax
-        _fill(out, 0.0)
-        _fill(lse, -math.inf)
+        _fill(out, 0.0, stream)
+        _fill(lse, -math.inf, stream)
     else:
         _launch(
             f"flash_attention_d{bucket}{_suffix(kind)}", n_blocks, FA_THREADS,
             q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
             1 if causal else 0,
-            backend=backend,
+            stream=stream, backend=backend,
         )
     return (out, lse) if return_lse else out
 
 
-def _fill(a: Any, value: float) -> None:
+def _fill(a: Any, value: float, stream: Any = None) -> None:
     if isinstance(a, np.ndarray):
         a.fill(value)
     elif hasattr(a, "fill_"):
-        a.fill_(value)
+        a.fill_(value)  # torch: on its current stream, which is the op's stream unless one was passed
     else:
         a.fill(value)
+
+
+def _out(out: Any, shape: tuple[int, ...], dtype: str, like: Any) -> Any:
+    """The op's output: a new array like `like`, or the caller's `out=` once validated."""
+    if out is None:
+        return arrays.empty(shape, dtype, like=like)
+    return arrays.check_out(out, shape, dtype, like)

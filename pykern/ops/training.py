@@ -32,10 +32,12 @@ _GRID_YZ_MAX = 65535
 _ROW_THREADS_MAX = 512
 
 
-def _launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, backend: str | None) -> None:
+def _launch(
+    name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None, backend: str | None
+) -> None:
     from ..launcher import launch
 
-    launch(name, grid, block, *args, shared_mem=shared_mem, backend=backend)
+    launch(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
 
 
 def _flat(a: Any) -> Any:
@@ -53,24 +55,6 @@ def _same_shape(name: str, a: Any, shape: tuple[int, ...], ref_name: str) -> Non
     s = arrays.shape_of(a)
     if tuple(s) != tuple(shape):
         raise ArgumentError(f"{name}: expected the shape of {ref_name} {tuple(shape)}, got {tuple(s)}")
-
-
-def host_ints(name: str, a: Any) -> np.ndarray:
-    """Integer index array as NumPy int64 on the host (indices are checked there before launch)."""
-    if isinstance(a, np.ndarray):
-        host = a
-    elif hasattr(a, "__cuda_array_interface__"):
-        if hasattr(a, "get"):  # CuPy
-            host = a.get()
-        elif hasattr(a, "cpu"):  # torch
-            host = a.cpu().numpy()
-        else:
-            host = a.copy_to_host()  # numba device array
-    else:
-        raise ArgumentTypeError(f"{name}: expected an integer array, got {type(a).__name__}")
-    if host.dtype.kind not in "iu":
-        raise ArgumentTypeError(f"{name}: expected an integer dtype, got {host.dtype.name}")
-    return host.astype(np.int64, copy=False)
 
 
 def _device_like(host: np.ndarray, like: Any) -> Any:
@@ -91,7 +75,8 @@ def _device_like(host: np.ndarray, like: Any) -> Any:
 # --------------------------------------------------------------------------- transpose
 
 
-def transpose_2d(x: Any, *, backend: str | None = None) -> Any:
+@arrays.stream_scoped
+def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """Contiguous `x.T` of a 2-D array (f32 or bf16, bit-exact).
 
     With leading batch dims (..., rows, cols) each trailing matrix is transposed:
@@ -116,14 +101,16 @@ def transpose_2d(x: Any, *, backend: str | None = None) -> Any:
     if col_tiles > _GRID_X_MAX:
         raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 32}, got {cols}")
     grid = (col_tiles, min(-(-rows // 32), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
-    _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch, backend=backend)
+    _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch,
+            stream=arrays.launch_stream(stream, x), backend=backend)
     return out
 
 
 # --------------------------------------------------------------------------- softmax backward
 
 
-def softmax_backward(probs: Any, grad_out: Any, *, backend: str | None = None) -> Any:
+@arrays.stream_scoped
+def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """grad_in = probs * (grad_out - rowsum(probs * grad_out)) over the last axis (f32 or bf16)."""
     kind = arrays.io_kind("probs", probs)
     _same_kind("grad_out", grad_out, kind, "probs")
@@ -140,7 +127,8 @@ def softmax_backward(probs: Any, grad_out: Any, *, backend: str | None = None) -
         return out
     _launch(
         "softmax_backward" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(row_len),),
-        _flat(probs), _flat(grad_out), _flat(out), n_rows, row_len, backend=backend,
+        _flat(probs), _flat(grad_out), _flat(out), n_rows, row_len, stream=arrays.launch_stream(stream, probs),
+        backend=backend,
     )
     return out
 
@@ -162,8 +150,9 @@ def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
     return -(-n_rows // rows_per_chunk), rows_per_chunk
 
 
+@arrays.stream_scoped
 def rms_norm_backward(
-    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, backend: str | None = None
+    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
     """Backward of y = x * rsqrt(mean(x^2, -1) + eps) * weight.
 
@@ -191,23 +180,26 @@ def rms_norm_backward(
     grad_x = arrays.empty(shape, kind, like=x)
     if n_rows == 0:
         return grad_x, arrays.zeros((dim,), np.float32, like=x)
+    stream = arrays.launch_stream(stream, x)
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
     _launch(
         "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),),
-        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps), backend=backend,
+        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps),
+        stream=stream, backend=backend,
     )
     n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
     partial = grad_w if n_chunks == 1 else arrays.empty((n_chunks * dim,), np.float32, like=x)
     _launch(
         "rms_norm_backward_weight" + sfx, (-(-dim // 32), n_chunks), (32, 8),
-        _flat(x), _flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk, backend=backend,
+        _flat(x), _flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk,
+        stream=stream, backend=backend,
     )
     if n_chunks > 1:
         _launch(
             "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
-            backend=backend,
+            stream=stream, backend=backend,
         )
     return grad_x, grad_w
 
@@ -215,31 +207,37 @@ def rms_norm_backward(
 # --------------------------------------------------------------------------- embedding backward
 
 
-def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str | None = None) -> Any:
+@arrays.stream_scoped
+def embedding_backward(
+    grad_out: Any, ids: Any, vocab_size: int, *, stream: Any = None, backend: str | None = None
+) -> Any:
     """grad_weight (vocab_size, dim) float32: row v = sum of grad_out rows whose id is v.
 
-    grad_out (..., dim) f32 or bf16, ids (...) integers in [0, vocab_size),
-    checked on the host before launch. The op sorts token positions by id
-    (stable) and the kernel sums each vocab row's tokens in position order, so
-    the result is deterministic (no atomics) and unused rows are written as 0.
+    grad_out (..., dim) f32 or bf16, ids (...) integers of any integer dtype in
+    [0, vocab_size). Host ids (NumPy, CPU tensors) are checked before launch;
+    device ids never travel to the host: an id outside the range is skipped on
+    the device. A bucketing kernel sorts token positions by id (stable, on the
+    device) and the gather kernel sums each vocab row's tokens in position order,
+    so the result is deterministic (no atomics) and unused rows are written as 0.
     """
     kind = arrays.io_kind("grad_out", grad_out)
     shape = tuple(arrays.shape_of(grad_out))
     if len(shape) < 1:
         raise ArgumentError(f"grad_out: expected at least 1 dimension, got shape {shape}")
-    if not isinstance(vocab_size, (int, np.integer)) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= _UINT_MAX:
-        raise ArgumentError(f"vocab_size: expected an integer in [1, {_UINT_MAX}], got {vocab_size!r}")
+    if not isinstance(vocab_size, (int, np.integer)) or isinstance(vocab_size, bool) or not 1 <= vocab_size <= _INT_MAX:
+        raise ArgumentError(f"vocab_size: expected an integer in [1, {_INT_MAX}], got {vocab_size!r}")
     vocab_size = int(vocab_size)
     dim = shape[-1]
     _check_u32("grad_out.shape[-1]", dim)
-    ids_host = host_ints("ids", ids)
-    if tuple(ids_host.shape) != shape[:-1]:
-        raise ArgumentError(f"ids: expected shape {shape[:-1]} (grad_out without its last axis), got {tuple(ids_host.shape)}")
-    flat_ids = ids_host.reshape(-1)
-    n_tok = flat_ids.size
+    ids = _int_array("ids", ids)
+    id_shape = tuple(arrays.shape_of(ids))
+    if id_shape != shape[:-1]:
+        raise ArgumentError(f"ids: expected shape {shape[:-1]} (grad_out without its last axis), got {id_shape}")
+    n_tok = _size(id_shape)
     if n_tok > _INT_MAX:
         raise ArgumentError(f"ids: expected at most {_INT_MAX} tokens, got {n_tok}")
-    if n_tok:
+    if n_tok and arrays.is_host(ids):
+        flat_ids = arrays.host_view(ids).reshape(-1)
         bad = np.flatnonzero((flat_ids < 0) | (flat_ids >= vocab_size))
         if bad.size:
             k = int(bad[0])
@@ -250,33 +248,64 @@ def embedding_backward(grad_out: Any, ids: Any, vocab_size: int, *, backend: str
     out = arrays.empty((vocab_size, dim), np.float32, like=grad_out)
     if dim == 0:
         return out
-    order = np.argsort(flat_ids, kind="stable").astype(np.int32)
-    offsets = np.zeros(vocab_size + 1, np.int32)
-    np.cumsum(np.bincount(flat_ids, minlength=vocab_size), out=offsets[1:])
-    if n_tok == 0:  # the kernel still writes the zero rows; give it a valid (unused) pointer
-        order = np.zeros(1, np.int32)
+    stream = arrays.launch_stream(stream, grad_out)
+    ids = _ids_like(ids, grad_out)
+    order = arrays.empty((max(1, n_tok),), "int32", like=grad_out)  # 1: a valid pointer when there is no token
+    offsets = arrays.empty((vocab_size + 1,), "int32", like=grad_out)
+    _launch(
+        "embedding_backward_bucket", (-(-vocab_size // EMB_ROWS_PER_BLOCK),), (EMB_TILE,),
+        _flat(ids), order, offsets, n_tok, vocab_size, stream=stream, backend=backend,
+    )
     _launch(
         "embedding_backward" + _suffix(kind), (min(vocab_size, _GRID_X_MAX),), (_row_threads(dim),),
-        _flat(grad_out), _device_like(order, grad_out), _device_like(offsets, grad_out), _flat(out),
-        vocab_size, dim, backend=backend,
+        _flat(grad_out), order, offsets, _flat(out), vocab_size, dim, stream=stream, backend=backend,
     )
     return out
+
+
+# PK_EMB_ROWS / PK_EMB_TILE in training.cu: vocab rows a bucketing block owns, its threads.
+EMB_ROWS_PER_BLOCK = 2048
+EMB_TILE = 256
+_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
+
+
+def _int_array(name: str, a: Any) -> Any:
+    """An integer array of any kind (lists become NumPy int64); the dtype is checked by name."""
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+    dt = arrays.dtype_name(a, name)
+    if dt not in _INT_DTYPES:
+        raise ArgumentTypeError(f"{name}: expected an integer dtype, got {dt}")
+    return a
+
+
+def _ids_like(ids: Any, like: Any) -> Any:
+    """Contiguous int64 indices next to `like`: converted on their own device; host indices for a
+    device op are copied host-to-device (never the other way)."""
+    ids = arrays.contiguous(arrays.astype(ids, "int64"))
+    if arrays.is_host(ids) and not arrays.is_host(like):
+        return _device_like(np.ascontiguousarray(arrays.host_view(ids)), like)
+    return ids
 
 
 # --------------------------------------------------------------------------- cross-entropy
 
 
+@arrays.stream_scoped
 def cross_entropy_fwd_bwd(
-    logits: Any, targets: Any, pad_id: int = -100, *, backend: str | None = None
+    logits: Any, targets: Any, pad_id: int = -100, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:
     """Mean negative log-likelihood over non-pad rows and its gradient, in one pass over the logits.
 
     logits (..., vocab) f32 or bf16 (softmax and loss in fp32), targets (...)
-    integers; rows whose target equals `pad_id` are ignored (gradient 0). Any
-    other target must lie in [0, vocab) (checked before launch). Returns
-    (loss: float32 array of shape (), grad_logits like logits) with
-    grad = (softmax - onehot) / n_valid. A batch that is all padding gives
-    loss 0.0 and a zero gradient.
+    integers of any integer dtype; rows whose target equals `pad_id` are ignored
+    (gradient 0). Any other target must lie in [0, vocab): host targets (NumPy,
+    CPU tensors) are checked before launch; device targets are checked in the
+    kernel, which gives a bad row a NaN loss and gradient (so the mean is NaN)
+    instead of reading out of bounds, and never copies them to the host. The
+    count of non-pad rows is taken on the device too. Returns (loss: float32
+    array of shape (), grad_logits like logits) with grad = (softmax - onehot) /
+    n_valid. A batch that is all padding gives loss 0.0 and a zero gradient.
     """
     kind = arrays.io_kind("logits", logits)
     shape = tuple(arrays.shape_of(logits))
@@ -289,31 +318,37 @@ def cross_entropy_fwd_bwd(
     if not isinstance(pad_id, (int, np.integer)) or isinstance(pad_id, bool) or not -(2**31) <= pad_id <= _INT_MAX:
         raise ArgumentError(f"pad_id: expected an int32 value, got {pad_id!r}")
     pad_id = int(pad_id)
-    t = host_ints("targets", targets)
-    if tuple(t.shape) != shape[:-1]:
-        raise ArgumentError(f"targets: expected shape {shape[:-1]} (logits without its last axis), got {tuple(t.shape)}")
-    flat_t = t.reshape(-1)
-    live = flat_t != pad_id
-    bad = np.flatnonzero(live & ((flat_t < 0) | (flat_t >= vocab)))
-    if bad.size:
-        k = int(bad[0])
-        raise ArgumentError(
-            f"targets: expected values in [0, {vocab}) or pad_id={pad_id}, got {int(flat_t[k])} at flat index {k}"
-        )
-    n_rows = flat_t.size
-    count = int(live.sum())
-    inv_count = 1.0 / count if count else 0.0
+    targets = _int_array("targets", targets)
+    t_shape = tuple(arrays.shape_of(targets))
+    if t_shape != shape[:-1]:
+        raise ArgumentError(f"targets: expected shape {shape[:-1]} (logits without its last axis), got {t_shape}")
+    n_rows = _size(t_shape)
+    if n_rows and arrays.is_host(targets):
+        flat_t = arrays.host_view(targets).reshape(-1).astype(np.int64, copy=False)
+        live = flat_t != pad_id
+        bad = np.flatnonzero(live & ((flat_t < 0) | (flat_t >= vocab)))
+        if bad.size:
+            k = int(bad[0])
+            raise ArgumentError(
+                f"targets: expected values in [0, {vocab}) or pad_id={pad_id}, got {int(flat_t[k])} at flat index {k}"
+            )
     logits = arrays.contiguous(logits)
     grad = arrays.empty(shape, kind, like=logits)
     if n_rows == 0:
         return arrays.zeros((), np.float32, like=logits), grad
+    stream = arrays.launch_stream(stream, logits)
+    targets = _ids_like(targets, logits)
     loss = arrays.empty((), np.float32, like=logits)
+    inv_count = arrays.empty((1,), np.float32, like=logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
+    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
+    _launch("cross_entropy_count", (1,), (threads,), _flat(targets), inv_count, n_rows, pad_id,
+            stream=stream, backend=backend)
     _launch(
         "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),
-        _flat(logits), _device_like(flat_t.astype(np.int32), logits), _flat(grad), row_loss,
-        n_rows, vocab, pad_id, inv_count, backend=backend,
+        _flat(logits), _flat(targets), _flat(grad), row_loss, inv_count, n_rows, vocab, pad_id,
+        stream=stream, backend=backend,
     )
-    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
-    _launch("cross_entropy_loss_mean", (1,), (threads,), row_loss, _flat(loss), n_rows, inv_count, backend=backend)
+    _launch("cross_entropy_loss_mean", (1,), (threads,), row_loss, _flat(loss), inv_count, n_rows,
+            stream=stream, backend=backend)
     return loss, grad

@@ -34,11 +34,11 @@ def group_lanes(head_dim: int) -> int:
     return 4 if head_dim <= 64 else 8 if head_dim <= 128 else 16
 
 
-def _zero(buf: Any, n: int, backend: str | None) -> None:
-    _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, backend=backend)
+def _zero(buf: Any, n: int, backend: str | None, stream: Any = None) -> None:
+    _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, stream=stream, backend=backend)
 
 
-def _naive(q, k, v, g, kind, dims, scale, backend):
+def _naive(q, k, v, g, kind, dims, scale, backend, stream=None):
     b, s, h, kvh, d = dims
     if s > NAIVE_MAX_SEQ:
         raise ArgumentError(
@@ -49,25 +49,25 @@ def _naive(q, k, v, g, kind, dims, scale, backend):
     n_kv = _size(kv_shape)
     dk_acc = arrays.empty((n_kv,), np.float32, like=q)
     dv_acc = arrays.empty((n_kv,), np.float32, like=q)
-    _zero(dk_acc, n_kv, backend)
-    _zero(dv_acc, n_kv, backend)
+    _zero(dk_acc, n_kv, backend, stream)
+    _zero(dv_acc, n_kv, backend, stream)
     shared = (2 * d + 2 * s) * 4
     _launch(
         "attention_backward_naive" + _suffix(kind), (s, h, b), (_NAIVE_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, s, h, kvh, d, scale,
-        shared_mem=shared, backend=backend,
+        shared_mem=shared, stream=stream, backend=backend,
     )
     if kind == "f32":
         return dq, dk_acc.reshape(kv_shape), dv_acc.reshape(kv_shape)
     dk = arrays.empty(kv_shape, kind, like=q)
     dv = arrays.empty(kv_shape, kind, like=q)
     blocks = (max(1, min(-(-n_kv // 256), 4096)),)
-    _launch("training_f32_to_bf16", blocks, (256,), dk_acc, _flat(dk), n_kv, backend=backend)
-    _launch("training_f32_to_bf16", blocks, (256,), dv_acc, _flat(dv), n_kv, backend=backend)
+    _launch("training_f32_to_bf16", blocks, (256,), dk_acc, _flat(dk), n_kv, stream=stream, backend=backend)
+    _launch("training_f32_to_bf16", blocks, (256,), dv_acc, _flat(dv), n_kv, stream=stream, backend=backend)
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, backend):
+def _flash(q, k, v, g, out, lse, kind, dims, scale, backend, stream=None):
     b, s, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
@@ -78,7 +78,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, backend):
         delta = arrays.empty((n_rows,), np.float32, like=q)
         _launch(
             "attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
-            _flat(g), _flat(out), delta, n_rows, d, backend=backend,
+            _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend,
         )
     else:
         lse_buf = arrays.empty((n_rows,), np.float32, like=q)
@@ -86,7 +86,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, backend):
         _launch(
             "attention_bwd_lse" + sfx, (-(-s // rows), h, b), (_FLASH_THREADS,),
             _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, s, h, kvh, d, scale, G,
-            shared_mem=2 * _STAGE * d * 4, backend=backend,
+            shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
@@ -94,16 +94,17 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, backend):
     _launch(
         "attention_backward_flash_dkdv" + sfx, (-(-s // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
-        s, h, kvh, d, scale, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, backend=backend,
+        s, h, kvh, d, scale, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream, backend=backend,
     )
     _launch(
         "attention_backward_flash_dq" + sfx, (-(-s // rows), h, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
-        s, h, kvh, d, scale, G, shared_mem=2 * _STAGE * d * 4, backend=backend,
+        s, h, kvh, d, scale, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
     )
     return dq, dk, dv
 
 
+@arrays.stream_scoped
 def attention_backward(
     q: Any,
     k: Any,
@@ -113,6 +114,7 @@ def attention_backward(
     out: Any = None,
     lse: Any = None,
     method: str = "auto",
+    stream: Any = None,
     backend: str | None = None,
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of causal softmax attention with scale 1/sqrt(head_dim).
@@ -170,6 +172,7 @@ def attention_backward(
         return (arrays.empty(qs, kind, like=q), arrays.empty(ks, kind, like=q), arrays.empty(ks, kind, like=q))
     scale = float(np.float32(1.0 / math.sqrt(d)))
     dims = (b, s, h, kvh, d)
+    stream = arrays.launch_stream(stream, q)
     if method == "naive":
-        return _naive(q, k, v, grad_out, kind, dims, scale, backend)
-    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, backend)
+        return _naive(q, k, v, grad_out, kind, dims, scale, backend, stream)
+    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, backend, stream)

@@ -121,15 +121,57 @@ def _embedding_backward(cuda: Any):
     return k, lambda a: _grid1(a[4])
 
 
+@reference("embedding_backward_bucket")
+def _embedding_backward_bucket(cuda: Any):
+    # One thread: a stable counting sort of positions by id (ids outside [0, vocab) skipped).
+    @cuda.jit
+    def k(ids, order, offsets, n_tok, vocab_size):
+        if cuda.grid(1) == 0:
+            for v in range(vocab_size + 1):
+                offsets[v] = 0
+            for i in range(n_tok):
+                if 0 <= ids[i] < vocab_size:
+                    offsets[ids[i] + 1] += 1
+            for v in range(vocab_size):
+                offsets[v + 1] += offsets[v]
+            for v in range(vocab_size):
+                slot = offsets[v]
+                for i in range(n_tok):
+                    if ids[i] == v:
+                        order[slot] = i
+                        slot += 1
+
+    return k, lambda a: ((1,), (1,))
+
+
+@reference("cross_entropy_count")
+def _cross_entropy_count(cuda: Any):
+    @cuda.jit
+    def k(targets, inv_count, n_rows, pad_id):
+        if cuda.grid(1) == 0:
+            c = 0
+            for i in range(n_rows):
+                if targets[i] != pad_id:
+                    c += 1
+            inv_count[0] = 1.0 / c if c > 0 else 0.0
+
+    return k, lambda a: ((1,), (1,))
+
+
 @reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16")
 def _cross_entropy(cuda: Any):
     @cuda.jit
-    def k(logits, targets, grad, row_loss, n_rows, vocab, pad_id, inv_count):
+    def k(logits, targets, grad, row_loss, inv_count_p, n_rows, vocab, pad_id):
         row = cuda.grid(1)
         if row < n_rows:
+            inv_count = inv_count_p[0]
             base = row * vocab
             t = targets[row]
-            if t == pad_id:
+            if t != pad_id and (t < 0 or t >= vocab):
+                for i in range(vocab):
+                    grad[base + i] = math.nan
+                row_loss[row] = math.nan
+            elif t == pad_id:
                 for i in range(vocab):
                     grad[base + i] = 0.0
                 row_loss[row] = 0.0
@@ -145,18 +187,18 @@ def _cross_entropy(cuda: Any):
                     onehot = 1.0 if i == t else 0.0
                     grad[base + i] = (math.exp(logits[base + i] - m) / s - onehot) * inv_count
 
-    return k, lambda a: _grid1(a[4])
+    return k, lambda a: _grid1(a[5])
 
 
 @reference("cross_entropy_loss_mean")
 def _cross_entropy_loss_mean(cuda: Any):
     @cuda.jit
-    def k(row_loss, loss, n_rows, inv_count):
+    def k(row_loss, loss, inv_count, n_rows):
         if cuda.grid(1) == 0:
             s = 0.0
             for i in range(n_rows):
                 s += row_loss[i]
-            loss[0] = s * inv_count
+            loss[0] = s * inv_count[0]
 
     return k, lambda a: ((1,), (1,))
 

@@ -201,11 +201,15 @@ def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind, n_shape, dim, vocab in (("f32", (13,), 7, 11), ("f32", (2, 9), 64, 5), ("f32", (6,), 3, 1),
-                                      ("f32", (40,), 16, 1000), ("bf16", (13,), 7, 11), ("bf16", (3, 5), 32, 4)):
+                                      ("f32", (40,), 16, 1000), ("bf16", (13,), 7, 11), ("bf16", (3, 5), 32, 4),
+                                      ("f32", (3, 100), 4, 4500)):
         g = _cast(rng.standard_normal(n_shape + (dim,)), kind)
         ids = rng.integers(0, vocab, size=n_shape).astype(np.int64)
+        if vocab > 2048:  # several bucketing blocks and id tiles: repeats on both sides of a block edge
+            ids.reshape(-1)[::3] = 2048
+            ids.reshape(-1)[1::7] = 2047
         yield Case(op="embedding_backward", dtype=kind, shape=f"{'x'.join(map(str, n_shape))}x{dim}-v{vocab}",
-                   kernels=("embedding_backward" + ("_bf16" if kind == "bf16" else ""),),
+                   kernels=("embedding_backward_bucket", "embedding_backward" + ("_bf16" if kind == "bf16" else "")),
                    run=lambda be, g=g, ids=ids, vocab=vocab: {
                        "grad_weight": _np(_ops().embedding_backward(g, ids, vocab, backend=be))},
                    reference=lambda g=g, ids=ids, vocab=vocab: {"grad_weight": np_embedding_backward(g, ids, vocab)})
@@ -239,7 +243,7 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
             return {"loss": loss, "grad": grad}
 
         yield Case(op="cross_entropy_fwd_bwd", dtype=kind, shape=f"{rows}x{vocab}-pad_{pad}{pad_id}",
-                   kernels=("cross_entropy_fwd_bwd" + sfx, "cross_entropy_loss_mean"),
+                   kernels=("cross_entropy_count", "cross_entropy_fwd_bwd" + sfx, "cross_entropy_loss_mean"),
                    run=run, reference=ref, note=note)
 
 
