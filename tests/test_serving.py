@@ -144,7 +144,8 @@ def test_head_dim_256_and_odd_head_dims() -> None:
 def test_default_plan_geometry() -> None:
     # LLaMA-8B heads: 4 query heads per kv head in one CTA; batch 1 splits to fill 132 SMs.
     p1 = ops.PagedDecodePlan(1, 32, 8, 128, 16, max_kv_len=4096)
-    assert p1.rows == 4 and p1.row_chunks == 1 and p1.grid == (8, 1, 16)  # min(33, 4096 / 256)
+    assert p1.rows == 4 and p1.row_chunks == 1 and p1.grid == (8, 1, 32)  # min(33 for 2 waves, cap 32)
+    assert ops.PagedDecodePlan(1, 32, 8, 128, 16, max_kv_len=100).num_splits == 2  # >= 64 positions a split
     assert [name for name, *_ in p1.launches()] == ["paged_attn", "paged_attn_merge"]
     p64 = ops.PagedDecodePlan(64, 32, 8, 128, 16, max_kv_len=4096)
     assert p64.grid == (512, 1, 1) and len(p64.launches()) == 1  # 512 CTAs: no split

@@ -49,6 +49,7 @@ _SMEM_LIMIT = 48 * 1024  # static opt-in free on every arch
 _MAX_LEN = 2**30
 _GRID_YZ_MAX = 65535
 H100_SMS = 132
+_MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
 _SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv"}
 
 
@@ -338,7 +339,7 @@ class PagedDecodePlan:
     by the next run.
 
     num_splits: KV splits a sequence (default: enough CTAs for two waves of `num_sms`
-    when batch * num_kv_heads CTAs would not, capped at 32 and at max_kv_len / 256).
+    when batch * num_kv_heads CTAs would not, capped at 32 and at max_kv_len / 64).
     max_kv_len: the longest sequence the plan will see (bounds the split count).
     """
 
@@ -376,7 +377,7 @@ class PagedDecodePlan:
         if num_splits is None:
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
             if max_kv_len is not None:
-                s = min(s, max(1, -(-int(max_kv_len) // 256)))
+                s = min(s, max(1, -(-int(max_kv_len) // _MIN_SPLIT)))
             num_splits = s
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:
