@@ -23,7 +23,8 @@
 // head and row chunk; decode has one chunk while G * head_dim <= 2048).
 // Split s of num_splits covers positions [s*per, (s+1)*per) with per = ceil(len / splits)
 // rounded up to the tile (dense_attn: per = chunk when chunk > 0); with num_splits > 1
-// the CTA writes a normalized partial output and its log2-domain lse to part_o [splits, total_q*H, D] / part_lse [splits, total_q*H],
+// the CTA writes a normalized partial output and its log2-domain lse to
+// part_o [splits, total_q*H, D] / part_lse [splits, total_q*H],
 // and paged_attn_merge combines them. Otherwise it writes out and (write_lse) the natural-log
 // lse [total_q, H] directly. Rows that see no key get zeros and lse -inf.
 //
@@ -44,8 +45,8 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn(const float* __re
         float scale) {
     extern __shared__ float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse, scale, 0,
-                num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, 0, num_splits > 1};
     pa_body<float, float, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -58,8 +59,8 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_bf16(const unsign
         float scale) {
     extern __shared__ float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse, scale, 0,
-                num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, 0, num_splits > 1};
     pa_body<unsigned short, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -72,8 +73,8 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_bf16kv(const floa
         float scale) {
     extern __shared__ float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse, scale, 0,
-                num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, 0, num_splits > 1};
     pa_body<float, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -86,8 +87,8 @@ extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn(const float* __re
         float scale) {
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse, scale, chunk,
-                num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, chunk, num_splits > 1};
     pa_body<float, float, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -100,8 +101,8 @@ extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn_bf16(const unsign
         float scale) {
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse, scale, chunk,
-                num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, chunk, num_splits > 1};
     pa_body<unsigned short, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -114,8 +115,8 @@ extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn_bf16kv(const floa
         float scale) {
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse, scale, chunk,
-                num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, chunk, num_splits > 1};
     pa_body<float, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 

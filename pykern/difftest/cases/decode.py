@@ -1,4 +1,4 @@
-"""Difftest cases for decode attention (the dense_attn kernels of kernels_cu/paged.cu), plus the NumPy float64 reference.
+"""Difftest cases for decode attention (dense_attn in kernels_cu/paged.cu), plus the NumPy float64 reference.
 
 Every cache slot at or past a sequence's length holds NaN, so a kernel that reads
 (or multiplies a zero probability by) a slot past the end fails the comparison.
