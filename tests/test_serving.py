@@ -456,3 +456,31 @@ def test_numba_references_agree() -> None:
     ro, rl = _ref_decode(pc, q)
     _close(out, ro, "paged_decode_attention", "f32")
     _close(lse, rl, "paged_decode_attention", "f32")
+
+
+# --------------------------------------------------------------------------- torch tensors
+def test_torch_cpu_tensors_in_and_out() -> None:
+    _need("host")
+    torch = pytest.importorskip("torch")
+    rng = np.random.default_rng(70)
+    pc = make_paged(rng, [11, 0, 6], 4, 2, 16, "NHD", "bf16")
+    q = make_q(rng, (3, 4, 16), "bf16")
+    tq = torch.from_numpy(q.view(np.int16)).view(torch.bfloat16)
+    tk = torch.from_numpy(pc["k_pages"].view(np.int16)).view(torch.bfloat16)
+    tv = torch.from_numpy(pc["v_pages"].view(np.int16)).view(torch.bfloat16)
+    out, lse = ops.paged_decode_attention(tq, tk, tv, torch.from_numpy(pc["kv_indptr"]).long(),
+                                          torch.from_numpy(pc["kv_indices"]), torch.from_numpy(pc["kv_last_page_len"]),
+                                          return_lse=True, backend="host")
+    assert isinstance(out, torch.Tensor) and out.dtype == torch.bfloat16 and isinstance(lse, torch.Tensor)
+    ro, rl = _ref_decode(pc, q)
+    _close(out.float().numpy(), ro, "paged_decode_attention", "bf16")
+    _close(lse.numpy(), rl, "paged_decode_attention", "bf16")
+    with pytest.raises(ArgumentError, match="kv_indptr: expected a non-decreasing"):
+        ops.paged_decode_attention(tq, tk, tv, torch.tensor([0, 3, 2, 4]), torch.from_numpy(pc["kv_indices"]),
+                                   torch.from_numpy(pc["kv_last_page_len"]), backend="host")
+    cu = torch.tensor([0, 5, 9])
+    qv, kv = torch.randn(9, 4, 16), torch.randn(9, 2, 16)
+    o = ops.flash_attention_varlen(qv, kv, kv, cu, cu, causal=True, backend="host")
+    ref, _ = np_ragged_attention(qv.double().numpy(), [0, 5, 9], [kv[:5].double().numpy(), kv[5:].double().numpy()],
+                                 [kv[:5].double().numpy(), kv[5:].double().numpy()], True)
+    _close(o.numpy(), ref, "flash_attention_varlen", "f32")

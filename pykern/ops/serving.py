@@ -80,7 +80,8 @@ def _suffix(q_kind: str, kv_kind: str) -> str:
 
 
 def _flat(a: Any) -> Any:
-    return a.reshape(-1) if isinstance(a, np.ndarray) else a
+    # Kernels index flat memory; NumPy arrays and tensors go as 1-D views (the numba references index flat).
+    return a.reshape(-1) if isinstance(a, np.ndarray) or arrays.is_torch(a) else a
 
 
 def _layout(kv_layout: Any) -> int:
@@ -99,12 +100,11 @@ def _scale(scale: Any, head_dim: int) -> float:
 
 
 def _host(a: Any) -> np.ndarray | None:
-    """A NumPy view of a host array (NumPy, or a CPU torch tensor), else None (device memory)."""
+    """A NumPy view of a host array (NumPy, a CPU torch tensor), else None (device memory)."""
     if isinstance(a, np.ndarray):
         return a
-    if type(a).__module__.split(".")[0] == "torch" and getattr(a, "device", None) is not None \
-            and a.device.type == "cpu":
-        return a.detach().numpy()
+    if arrays.is_torch(a) or hasattr(a, "__cuda_array_interface__"):
+        return arrays.host_view(a) if arrays.is_host(a) else None
     return None
 
 
@@ -249,6 +249,7 @@ def _device_like(host: np.ndarray, like: Any) -> Any:
 
 
 # --------------------------------------------------------------------------- append
+@arrays.stream_scoped
 def append_paged_kv_cache(
     k: Any,
     v: Any,
@@ -261,6 +262,7 @@ def append_paged_kv_cache(
     kv_last_page_len: Any,
     *,
     kv_layout: str = "NHD",
+    stream: Any = None,
     backend: str | None = None,
 ) -> None:
     """Write token t of k, v (nnz, num_kv_heads, head_dim) into the pages, in place (FlashInfer's append).
@@ -308,7 +310,7 @@ def append_paged_kv_cache(
     k, v = arrays.contiguous(k), arrays.contiguous(v)
     launch("paged_append_kv" + arrays.kernel_suffix(kind), (nnz,), (_NT,), _flat(k), _flat(v), bi, pos,
            _flat(k_pages), _flat(v_pages), table.indices, table.indptr, table.batch, kvh, d, page_size, layout,
-           backend=backend)
+           stream=arrays.launch_stream(stream, k), backend=backend)
 
 
 def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> tuple[np.ndarray, np.ndarray]:
@@ -409,7 +411,8 @@ class PagedDecodePlan:
         return ls
 
     def run(self, q: Any, k_pages: Any, v_pages: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *,
-            scale: float | None = None, return_lse: bool | None = None, backend: str | None = None) -> Any:
+            scale: float | None = None, return_lse: bool | None = None, stream: Any = None,
+            backend: str | None = None) -> Any:
         """One decode step: out (batch, num_qo_heads, head_dim), or (out, lse) with return_lse."""
         from ..launcher import launch
 
@@ -427,17 +430,19 @@ class PagedDecodePlan:
         want_lse = self.return_lse if return_lse is None else bool(return_lse)
         q = arrays.contiguous(q)
         split = self.num_splits > 1
+        stream = arrays.launch_stream(stream, q)
         launch("paged_attn" + self.suffix, self.grid, self.block, _flat(q), _flat(k_pages), _flat(v_pages),
                self._out_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
                table.indices, table.last, h, kvh, d, page_size, self.layout, 0, 0, self.rows, self.tile,
-               self.num_splits, self.batch, int(want_lse), sc, shared_mem=self.smem, backend=backend)
+               self.num_splits, self.batch, int(want_lse), sc, shared_mem=self.smem, stream=stream, backend=backend)
         if split:
             launch("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid, self.block,
                    self.part_o, self.part_lse, self._out_flat, self._lse_flat, self.batch * h, d,
-                   self.num_splits, int(want_lse), backend=backend)
+                   self.num_splits, int(want_lse), stream=stream, backend=backend)
         return (self.out, self.lse) if want_lse else self.out
 
 
+@arrays.stream_scoped
 def paged_decode_attention(
     q: Any,
     k_pages: Any,
@@ -450,6 +455,7 @@ def paged_decode_attention(
     scale: float | None = None,
     return_lse: bool = False,
     plan: PagedDecodePlan | None = None,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """Decode attention of q (batch, num_qo_heads, head_dim) over a paged KV cache.
@@ -471,7 +477,7 @@ def paged_decode_attention(
     elif kv_layout != plan.kv_layout:
         raise ArgumentError(f"kv_layout: expected the plan's {plan.kv_layout!r}, got {kv_layout!r}")
     return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale,
-                    return_lse=return_lse, backend=backend)
+                    return_lse=return_lse, stream=stream, backend=backend)
 
 
 # --------------------------------------------------------------------------- prefill
@@ -491,6 +497,7 @@ def _prefill_out(total_q: int, h: int, d: int, kind: str, like: Any, exact: bool
     return out, lse
 
 
+@arrays.stream_scoped
 def paged_prefill_attention(
     q: Any,
     qo_indptr: Any,
@@ -504,6 +511,7 @@ def paged_prefill_attention(
     kv_layout: str = "NHD",
     scale: float | None = None,
     return_lse: bool = False,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """Chunked prefill / append attention over a paged KV cache (FlashInfer's batch prefill).
@@ -539,10 +547,11 @@ def paged_prefill_attention(
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k_pages), _flat(v_pages),
                _flat(out), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, layout, 1, int(bool(causal)), rows, tile, 1, total_q, 1, sc, shared_mem=smem,
-               backend=backend)
+               stream=arrays.launch_stream(stream, q), backend=backend)
     return (out, lse) if return_lse else out
 
 
+@arrays.stream_scoped
 def flash_attention_varlen(
     q: Any,
     k: Any,
@@ -553,6 +562,7 @@ def flash_attention_varlen(
     causal: bool = False,
     scale: float | None = None,
     return_lse: bool = False,
+    stream: Any = None,
     backend: str | None = None,
 ) -> Any:
     """flash-attn's varlen attention: sequences packed without padding.
@@ -595,5 +605,6 @@ def flash_attention_varlen(
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
                _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
-               int(bool(causal)), rows, tile, 1, 0, total_q, 1, sc, shared_mem=smem, backend=backend)
+               int(bool(causal)), rows, tile, 1, 0, total_q, 1, sc, shared_mem=smem,
+               stream=arrays.launch_stream(stream, q), backend=backend)
     return (out, lse) if return_lse else out
