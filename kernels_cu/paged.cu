@@ -155,9 +155,12 @@ __device__ __forceinline__ void pa_append(const T* __restrict__ k, const T* __re
     const long long hd = head_dim;
     const long long n = (long long)num_kv_heads * hd;
     const long long base = page * page_size * n;
-    for (long long e = threadIdx.x; e < n; e += blockDim.x) {
-        const long long h = e / hd, d = e - h * hd;
-        const long long dst = kv_layout == 0 ? base + in_page * n + e : base + (h * page_size + in_page) * hd + d;
+    // 32-bit element index inside a token (num_kv_heads * head_dim < 2**31; 64-bit division
+    // would be a subroutine call); offsets stay 64-bit.
+    for (int e = threadIdx.x; e < (int)n; e += blockDim.x) {
+        const int h = e / head_dim, d = e - h * head_dim;
+        const long long dst = kv_layout == 0 ? base + in_page * n + e
+                                             : base + ((long long)h * page_size + in_page) * hd + d;
         k_pages[dst] = k[t * n + e];
         v_pages[dst] = v[t * n + e];
     }

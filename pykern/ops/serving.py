@@ -283,6 +283,8 @@ def append_paged_kv_cache(
     if arrays.shape_of(v) != ks:
         raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
     nnz = ks[0]
+    if kvh * d >= 2**31:
+        raise ArgumentError(f"k_pages: expected num_kv_heads * head_dim < 2**31, got {kvh * d}")
     table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, None, num_pages, page_size)
     bi, hb = _index("batch_indices", batch_indices, nnz)
     pos, hp = _index("positions", positions, nnz)
