@@ -423,3 +423,19 @@ def test_cuda_graph_capture_and_replay_of_a_decode_step(method):
         torch.cuda.synchronize()
         want = ops.batched_decode_attention(ops.rms_norm(qn, w), kc, vc, ln.astype(np.uint32), method=method)
         np.testing.assert_array_equal(out.cpu().numpy(), want)
+
+
+def test_cpu_tensors_are_viewed_not_copied():
+    for t in (torch.randn(3, 5), torch.randn(3, 5).bfloat16(), torch.arange(4), torch.randn(4, requires_grad=True)):
+        v = arrays.host_view(t)
+        assert v.ctypes.data == t.data_ptr() and v.shape == tuple(t.shape)
+    b = torch.randn(6).bfloat16()
+    assert arrays.host_view(b).dtype == BF16
+    np.testing.assert_array_equal(arrays.host_view(b).astype(np.float32), b.float().numpy())
+
+
+def test_numba_backend_takes_cpu_tensors():
+    g, u = _f((2, 9), np.float32), _f((2, 9), np.float32)
+    got = ops.silu_gate(torch.from_numpy(g), strided(torch.from_numpy(u)), backend="numba")
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(got.numpy(), ops.silu_gate(g, u, backend="numba"))
