@@ -134,8 +134,7 @@ def bench(args: argparse.Namespace) -> None:  # pragma: no cover - needs a GPU
                 vp = torch.randn_like(kp)
                 indptr = torch.arange(0, npages + 1, npages // batch, device=dev, dtype=torch.int32)
                 indices = torch.randperm(npages, device=dev, dtype=torch.int32)
-                last = torch.full((batch,), length - (length // ps - 1) * ps if length % ps else ps, device=dev,
-                                  dtype=torch.int32)
+                last = torch.full((batch,), length % ps or ps, device=dev, dtype=torch.int32)
                 minimum = step_model("warp", batch, h, kvh, d, length, args.dtype)["min"]
                 runs: dict[str, Any] = {
                     m: (lambda m=m: ops.batched_decode_attention(q, kc, vc, lens, method=m))
@@ -144,10 +143,13 @@ def bench(args: argparse.Namespace) -> None:  # pragma: no cover - needs a GPU
                                        kv_dtype=args.dtype, like=q)
                 runs["paged"] = lambda: plan.run(q, kp, vp, indptr, indices, last)
                 if flashinfer is not None:
-                    ws = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
-                    fw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
-                    fw.plan(indptr, indices, last, h, kvh, d, ps, q_data_type=tdt, kv_data_type=tdt)
-                    runs["flashinfer"] = lambda: fw.run(q, (kp, vp))
+                    try:
+                        ws = torch.empty(128 * 1024 * 1024, dtype=torch.uint8, device=dev)
+                        fw = flashinfer.BatchDecodeWithPagedKVCacheWrapper(ws, "NHD")
+                        fw.plan(indptr, indices, last, h, kvh, d, ps, q_data_type=tdt, kv_data_type=tdt)
+                        runs["flashinfer"] = lambda fw=fw: fw.run(q, (kp, vp))
+                    except Exception as e:  # noqa: BLE001 - an API drift must not stop our own figures
+                        print(f"flashinfer skipped: {type(e).__name__}: {e}")
                 for name, fn in runs.items():
                     t = timed(fn)
                     print(f"{model:10s} {batch:5d} {length:6d} {name:12s} {t * 1e6:8.1f} {minimum / t / 1e9:8.1f} "
