@@ -32,11 +32,14 @@
 #include "pk_attn_tile.cuh"
 
 #define PA_NT 128  // threads per CTA (4 warps); kept in step with pykern/ops/serving.py
+// An explicit minimum of 1 block an SM: with the thread bound alone ptxas aimed at a low
+// register count on sm_86/89/100 and spilled a few bytes (measured); with it, 0 spills everywhere.
+#define PA_MIN_BLOCKS 1
 
 // Entry points. Suffixes: none = f32 q/out and f32 K/V; _bf16 = bf16 everywhere;
 // _bf16kv = f32 q/out over bf16 K/V. Dynamic shared memory (floats):
 // tile*(2*head_dim+1) + rows*head_dim + rows*tile + 3*rows (pykern/ops/serving.py).
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn(const float* __restrict__ q,
         const float* __restrict__ k_pages, const float* __restrict__ v_pages, float* __restrict__ out,
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
@@ -50,7 +53,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn(const float* __re
     pa_body<float, float, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_bf16(const unsigned short* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16(const unsigned short* __restrict__ q,
         const unsigned short* __restrict__ k_pages, const unsigned short* __restrict__ v_pages, unsigned short* __restrict__ out,
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
@@ -64,7 +67,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_bf16(const unsign
     pa_body<unsigned short, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_bf16kv(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16kv(const float* __restrict__ q,
         const unsigned short* __restrict__ k_pages, const unsigned short* __restrict__ v_pages, float* __restrict__ out,
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
@@ -78,7 +81,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_bf16kv(const floa
     pa_body<float, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(const float* __restrict__ q,
         const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
         const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
@@ -92,7 +95,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn(const float* __re
     pa_body<float, float, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn_bf16(const unsigned short* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf16(const unsigned short* __restrict__ q,
         const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
         const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
@@ -106,7 +109,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn_bf16(const unsign
     pa_body<unsigned short, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
-extern "C" __global__ void __launch_bounds__(PA_NT) dense_attn_bf16kv(const float* __restrict__ q,
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf16kv(const float* __restrict__ q,
         const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
         float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
         const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
