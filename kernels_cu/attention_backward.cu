@@ -1,9 +1,13 @@
-// Causal softmax attention backward (issue 5), scale = 1/sqrt(head_dim).
+// Softmax attention backward (issues 5, 10): P = softmax(scale * Q K^T) per
+// (batch, head), optionally causal.
 //
-// Layouts (row-major, contiguous): q, out, grad_out, dq: [batch][seq][n_heads][head_dim];
-// k, v, dk, dv: [batch][seq][n_kv_heads][head_dim]; lse, delta: [batch][seq][n_heads]
+// Layouts (row-major, contiguous): q, out, grad_out, dq: [batch][n_q][n_heads][head_dim];
+// k, v, dk, dv: [batch][n_k][n_kv_heads][head_dim]; lse, delta: [batch][n_q][n_heads]
 // float32. Query head h reads kv head h / (n_heads / n_kv_heads) (GQA).
 // lse is the natural-log logsumexp of the scaled scores; delta = rowsum(dO * O).
+// causal != 0 aligns the mask bottom-right like flash_attention: query i sees
+// keys j <= i + n_k - n_q. A query that sees no key (n_q > n_k) has P = 0: its
+// dq row is 0 and it adds nothing to dk/dv (its lse is -inf and is never read).
 //
 // Two paths:
 //  * naive: one block per (query, head) keeps the whole score row in shared
@@ -28,15 +32,22 @@ __device__ __forceinline__ float pk_group_sum(float v, unsigned int group) {
     return v;
 }
 
+// Keys query i sees: [0, att_n_visible(i)). 64-bit: i + n_k - n_q may be negative or past 2^32.
+__device__ __forceinline__ unsigned int att_n_visible(long long i, unsigned int n_q, unsigned int n_k, int causal) {
+    if (!causal) return n_k;
+    const long long lim = i + (long long)n_k - (long long)n_q + 1;
+    return lim <= 0 ? 0u : (lim >= (long long)n_k ? n_k : (unsigned int)lim);
+}
+
 // ---------------------------------------------------------------------------
-// Naive path. Dynamic shared memory: q_s[D], do_s[D], p[seq], ds[seq] floats.
+// Naive path. Dynamic shared memory: q_s[D], do_s[D], p[n_k], ds[n_k] floats.
 // dk_acc / dv_acc are fp32 and must be zero on entry.
 template <typename T>
 __device__ __forceinline__ void attention_naive_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-    T* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc, unsigned int seq,
-    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, float* smem,
-    float* scratch) {
+    T* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc, unsigned int n_q,
+    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    int causal, float* smem, float* scratch) {
     const unsigned int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const unsigned int kvh = h / (n_heads / n_kv_heads);
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -45,17 +56,21 @@ __device__ __forceinline__ void attention_naive_body(
     float* q_s = smem;
     float* do_s = smem + D;
     float* p = smem + 2 * D;
-    float* ds = p + seq;
-    const long long q_row = (((long long)b * seq + i) * n_heads + h) * D;
+    float* ds = p + n_k;
+    const long long q_row = (((long long)b * n_q + i) * n_heads + h) * D;
+    const unsigned int n_keys = att_n_visible(i, n_q, n_k, causal);
+    if (n_keys == 0) {  // no visible key: P = 0, so dq = 0 and no dk/dv term (uniform per block, before any barrier)
+        for (long long d = threadIdx.x; d < D; d += blockDim.x) PkIO<T>::store(dq, q_row + d, 0.0f);
+        return;
+    }
     for (long long d = threadIdx.x; d < D; d += blockDim.x) {
         q_s[d] = PkIO<T>::load(q, q_row + d);
         do_s[d] = PkIO<T>::load(dout, q_row + d);
     }
     __syncthreads();
-    const unsigned int n_keys = i + 1;  // causal
     // Scores and dP = dO . v_j, one warp per key.
     for (unsigned int j = warp; j < n_keys; j += n_warps) {
-        const long long kv_row = (((long long)b * seq + j) * n_kv_heads + kvh) * D;
+        const long long kv_row = (((long long)b * n_k + j) * n_kv_heads + kvh) * D;
         float s = 0.0f, t = 0.0f;
         for (long long d = lane; d < D; d += 32) {
             s += q_s[d] * PkIO<T>::load(k, kv_row + d);
@@ -93,12 +108,12 @@ __device__ __forceinline__ void attention_naive_body(
     for (long long d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
         for (unsigned int j = 0; j < n_keys; ++j)
-            acc += ds[j] * PkIO<T>::load(k, (((long long)b * seq + j) * n_kv_heads + kvh) * D + d);
+            acc += ds[j] * PkIO<T>::load(k, (((long long)b * n_k + j) * n_kv_heads + kvh) * D + d);
         PkIO<T>::store(dq, q_row + d, acc * scale);
     }
     // dk_j += scale * ds_j q, dv_j += p_j dO: other (query, head) blocks add to the same rows.
     for (unsigned int j = warp; j < n_keys; j += n_warps) {
-        const long long kv_row = (((long long)b * seq + j) * n_kv_heads + kvh) * D;
+        const long long kv_row = (((long long)b * n_k + j) * n_kv_heads + kvh) * D;
         const float dsj = ds[j] * scale, pj = p[j];
         for (long long d = lane; d < D; d += 32) {
             atomicAdd(dk_acc + kv_row + d, dsj * q_s[d]);
@@ -110,24 +125,24 @@ __device__ __forceinline__ void attention_naive_body(
 extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, float* __restrict__ dq, float* __restrict__ dk_acc,
-    float* __restrict__ dv_acc, unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale) {
+    float* __restrict__ dv_acc, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal) {
     extern __shared__ float smem[];
     __shared__ float scratch[32];
-    attention_naive_body<float>(q, k, v, grad_out, dq, dk_acc, dv_acc, seq, n_heads, n_kv_heads,
-                                head_dim, scale, smem, scratch);
+    attention_naive_body<float>(q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads,
+                                head_dim, scale, causal, smem, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
     unsigned short* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
-    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale) {
+    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, int causal) {
     extern __shared__ float smem[];
     __shared__ float scratch[32];
-    attention_naive_body<unsigned short>(q, k, v, grad_out, dq, dk_acc, dv_acc, seq, n_heads,
-                                         n_kv_heads, head_dim, scale, smem, scratch);
+    attention_naive_body<unsigned short>(q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads,
+                                         n_kv_heads, head_dim, scale, causal, smem, scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -165,12 +180,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_preprocess_bf
 template <typename T>
 __device__ __forceinline__ void stage_kv(const T* __restrict__ k, const T* __restrict__ v, float* ks,
                                          float* vs, unsigned int b, unsigned int j0, unsigned int n_rows,
-                                         unsigned int seq, unsigned int n_kv_heads, unsigned int kvh,
+                                         unsigned int n_k, unsigned int n_kv_heads, unsigned int kvh,
                                          unsigned int head_dim) {
     const unsigned int total = n_rows * head_dim;
     for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
         const unsigned int r = idx / head_dim, d = idx - r * head_dim;
-        const long long src = (((long long)b * seq + j0 + r) * n_kv_heads + kvh) * head_dim + d;
+        const long long src = (((long long)b * n_k + j0 + r) * n_kv_heads + kvh) * head_dim + d;
         ks[idx] = PkIO<T>::load(k, src);
         vs[idx] = PkIO<T>::load(v, src);
     }
@@ -181,8 +196,8 @@ __device__ __forceinline__ void stage_kv(const T* __restrict__ k, const T* __res
 template <typename T, int MODE>
 __device__ __forceinline__ void attention_query_tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
-    float* __restrict__ lse, float* __restrict__ delta, T* __restrict__ dq, unsigned int seq,
-    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    float* __restrict__ lse, float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q, unsigned int n_k,
+    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal,
     unsigned int group_lanes, float* smem) {
     const unsigned int G = group_lanes;
     const unsigned int rows_per_block = blockDim.x / G;
@@ -191,9 +206,9 @@ __device__ __forceinline__ void attention_query_tiled_body(
     const unsigned int i = i0 + threadIdx.x / G;
     const unsigned int h = blockIdx.y, b = blockIdx.z;
     const unsigned int kvh = h / (n_heads / n_kv_heads);
-    const bool valid = i < seq;
+    const bool valid = i < n_q;
     const long long D = head_dim;
-    const long long row = ((long long)b * seq + (valid ? i : 0)) * n_heads + h;  // lse/delta index
+    const long long row = ((long long)b * n_q + (valid ? i : 0)) * n_heads + h;  // lse/delta index
     float qr[PK_ATT_MAXE], dor[PK_ATT_MAXE], acc[PK_ATT_MAXE];
 #pragma unroll
     for (int e = 0; e < PK_ATT_MAXE; ++e) {
@@ -209,14 +224,16 @@ __device__ __forceinline__ void attention_query_tiled_body(
         row_lse = lse[row];
         row_delta = delta[row];
     }
+    const unsigned int visible = valid ? att_n_visible(i, n_q, n_k, causal) : 0u;  // keys [0, visible)
     float* ks = smem;
     float* vs = smem + PK_ATT_STAGE * D;
-    unsigned int last = i0 + rows_per_block;  // keys past the block's last query are masked for all
-    if (last > seq) last = seq;
+    // keys past what the block's last query sees are masked for all its rows
+    const unsigned int i_last = (i0 + rows_per_block < n_q ? i0 + rows_per_block : n_q) - 1;
+    const unsigned int last = att_n_visible(i_last, n_q, n_k, causal);
     for (unsigned int j0 = 0; j0 < last; j0 += PK_ATT_STAGE) {
         const unsigned int n_stage = (last - j0 < PK_ATT_STAGE) ? last - j0 : PK_ATT_STAGE;
         __syncthreads();  // the previous stage is fully consumed
-        stage_kv<T>(k, v, ks, vs, b, j0, n_stage, seq, n_kv_heads, kvh, head_dim);
+        stage_kv<T>(k, v, ks, vs, b, j0, n_stage, n_k, n_kv_heads, kvh, head_dim);
         __syncthreads();
         for (unsigned int c = 0; c < n_stage; ++c) {
             const float* kr = ks + c * D;
@@ -232,7 +249,7 @@ __device__ __forceinline__ void attention_query_tiled_body(
             }
             s = pk_group_sum(s, G) * scale;
             dp = pk_group_sum(dp, G);
-            const bool live = valid && j0 + c <= i;
+            const bool live = j0 + c < visible;
             if (MODE == 0) {
                 if (live) {
                     if (s > m) {
@@ -247,8 +264,8 @@ __device__ __forceinline__ void attention_query_tiled_body(
                     }
                 }
             } else {
-                const float p = live ? expf(s - row_lse) : 0.0f;
-                const float ds = p * (dp - row_delta);
+                // masked keys contribute exactly 0 (row_lse may be -inf for a row that sees nothing)
+                const float ds = live ? expf(s - row_lse) * (dp - row_delta) : 0.0f;
 #pragma unroll
                 for (int e = 0; e < PK_ATT_MAXE; ++e) {
                     const long long d = g + (long long)G * e;
@@ -259,9 +276,9 @@ __device__ __forceinline__ void attention_query_tiled_body(
     }
     if (!valid) return;  // after the last barrier
     if (MODE == 0) {
-        if (g == 0) {
-            lse[row] = m + logf(l);
-            delta[row] = t / l;
+        if (g == 0) {  // a row that sees no key: lse = -inf (as flash_attention), delta = 0
+            lse[row] = l > 0.0f ? m + logf(l) : PK_NEG_INF;
+            delta[row] = l > 0.0f ? t / l : 0.0f;
         }
     } else {
 #pragma unroll
@@ -275,59 +292,60 @@ __device__ __forceinline__ void attention_query_tiled_body(
 extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta,
-    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, unsigned int group_lanes) {
+    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
+    float scale, int causal, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_query_tiled_body<float, 0>(q, k, v, grad_out, lse, delta, (float*)0, seq, n_heads,
-                                         n_kv_heads, head_dim, scale, group_lanes, smem);
+    attention_query_tiled_body<float, 0>(q, k, v, grad_out, lse, delta, (float*)0, n_q, n_k, n_heads,
+                                         n_kv_heads, head_dim, scale, causal, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
-    float* __restrict__ lse, float* __restrict__ delta, unsigned int seq, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, unsigned int group_lanes) {
+    float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
     extern __shared__ float smem[];
     attention_query_tiled_body<unsigned short, 0>(q, k, v, grad_out, lse, delta, (unsigned short*)0,
-                                                  seq, n_heads, n_kv_heads, head_dim, scale,
+                                                  n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal,
                                                   group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dq, unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, unsigned int group_lanes) {
+    float* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
     extern __shared__ float smem[];
     attention_query_tiled_body<float, 1>(q, k, v, grad_out, const_cast<float*>(lse),
-                                         const_cast<float*>(delta), dq, seq, n_heads, n_kv_heads,
-                                         head_dim, scale, group_lanes, smem);
+                                         const_cast<float*>(delta), dq, n_q, n_k, n_heads, n_kv_heads,
+                                         head_dim, scale, causal, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
     const float* __restrict__ lse, const float* __restrict__ delta, unsigned short* __restrict__ dq,
-    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, unsigned int group_lanes) {
+    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
+    float scale, int causal, unsigned int group_lanes) {
     extern __shared__ float smem[];
     attention_query_tiled_body<unsigned short, 1>(q, k, v, grad_out, const_cast<float*>(lse),
-                                                  const_cast<float*>(delta), dq, seq, n_heads,
-                                                  n_kv_heads, head_dim, scale, group_lanes, smem);
+                                                  const_cast<float*>(delta), dq, n_q, n_k, n_heads,
+                                                  n_kv_heads, head_dim, scale, causal, group_lanes, smem);
 }
 
 // ---------------------------------------------------------------------------
 // dk/dv: a block owns blockDim.x / G keys of one kv head; it walks every query
-// head of the group and every query i >= its first key, staging q/dO rows (and
-// their lse/delta) PK_ATT_STAGE at a time. Accumulators stay in registers, so
-// each dk/dv element is written once (deterministic, no atomics).
+// head of the group and every query that can see its first key (all queries
+// when not causal), staging q/dO rows (and their lse/delta) PK_ATT_STAGE at a
+// time. Accumulators stay in registers, so each dk/dv element is written once
+// (deterministic, no atomics).
 // Dynamic shared memory: qs[STAGE][D], dos[STAGE][D], lse_s[STAGE], delta_s[STAGE].
 template <typename T>
 __device__ __forceinline__ void attention_dkdv_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-    unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    unsigned int group_lanes, float* smem) {
+    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
+    float scale, int causal, unsigned int group_lanes, float* smem) {
     const unsigned int G = group_lanes;
     const unsigned int keys_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
@@ -335,9 +353,13 @@ __device__ __forceinline__ void attention_dkdv_body(
     const unsigned int j = j_first + threadIdx.x / G;
     const unsigned int kvh = blockIdx.y, b = blockIdx.z;
     const unsigned int rep = n_heads / n_kv_heads;
-    const bool valid = j < seq;
+    const bool valid = j < n_k;
     const long long D = head_dim;
-    const long long kv_row = ((long long)b * seq + (valid ? j : 0)) * n_kv_heads + kvh;
+    const long long kv_row = ((long long)b * n_k + (valid ? j : 0)) * n_kv_heads + kvh;
+    // query i sees key j iff i >= j - (n_k - n_q) (causal); the block's first key bounds its first query
+    const long long off = (long long)n_k - (long long)n_q;
+    const long long first_q = causal ? (long long)j_first - off : 0;
+    const unsigned int i_begin = first_q <= 0 ? 0u : (first_q >= (long long)n_q ? n_q : (unsigned int)first_q);
     float kr[PK_ATT_MAXE], vr[PK_ATT_MAXE], dka[PK_ATT_MAXE], dva[PK_ATT_MAXE];
 #pragma unroll
     for (int e = 0; e < PK_ATT_MAXE; ++e) {
@@ -354,18 +376,18 @@ __device__ __forceinline__ void attention_dkdv_body(
     float* delta_s = lse_s + PK_ATT_STAGE;
     for (unsigned int hh = 0; hh < rep; ++hh) {
         const unsigned int h = kvh * rep + hh;
-        for (unsigned int i0 = j_first; i0 < seq; i0 += PK_ATT_STAGE) {
-            const unsigned int n_stage = (seq - i0 < PK_ATT_STAGE) ? seq - i0 : PK_ATT_STAGE;
+        for (unsigned int i0 = i_begin; i0 < n_q; i0 += PK_ATT_STAGE) {
+            const unsigned int n_stage = (n_q - i0 < PK_ATT_STAGE) ? n_q - i0 : PK_ATT_STAGE;
             __syncthreads();  // the previous stage is fully consumed
             const unsigned int total = n_stage * head_dim;
             for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
                 const unsigned int r = idx / head_dim, d = idx - r * head_dim;
-                const long long src = (((long long)b * seq + i0 + r) * n_heads + h) * D + d;
+                const long long src = (((long long)b * n_q + i0 + r) * n_heads + h) * D + d;
                 qs[idx] = PkIO<T>::load(q, src);
                 dos[idx] = PkIO<T>::load(dout, src);
             }
             for (unsigned int r = threadIdx.x; r < n_stage; r += blockDim.x) {
-                const long long src = ((long long)b * seq + i0 + r) * n_heads + h;
+                const long long src = ((long long)b * n_q + i0 + r) * n_heads + h;
                 lse_s[r] = lse[src];
                 delta_s[r] = delta[src];
             }
@@ -384,8 +406,9 @@ __device__ __forceinline__ void attention_dkdv_body(
                 }
                 s = pk_group_sum(s, G) * scale;
                 dp = pk_group_sum(dp, G);
-                const float p = (valid && j <= i0 + r) ? expf(s - lse_s[r]) : 0.0f;
-                const float ds = p * (dp - delta_s[r]);
+                const bool live = valid && (!causal || (long long)j <= (long long)(i0 + r) + off);
+                const float p = live ? expf(s - lse_s[r]) : 0.0f;
+                const float ds = live ? p * (dp - delta_s[r]) : 0.0f;
 #pragma unroll
                 for (int e = 0; e < PK_ATT_MAXE; ++e) {
                     const long long d = g + (long long)G * e;
@@ -411,20 +434,20 @@ __device__ __forceinline__ void attention_dkdv_body(
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dk, float* __restrict__ dv, unsigned int seq, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, unsigned int group_lanes) {
+    float* __restrict__ dk, float* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_dkdv_body<float>(q, k, v, grad_out, lse, delta, dk, dv, seq, n_heads, n_kv_heads,
-                               head_dim, scale, group_lanes, smem);
+    attention_dkdv_body<float>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads,
+                               head_dim, scale, causal, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
     const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
     const float* __restrict__ lse, const float* __restrict__ delta, unsigned short* __restrict__ dk,
-    unsigned short* __restrict__ dv, unsigned int seq, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, unsigned int group_lanes) {
+    unsigned short* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_dkdv_body<unsigned short>(q, k, v, grad_out, lse, delta, dk, dv, seq, n_heads,
-                                        n_kv_heads, head_dim, scale, group_lanes, smem);
+    attention_dkdv_body<unsigned short>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads,
+                                        n_kv_heads, head_dim, scale, causal, group_lanes, smem);
 }

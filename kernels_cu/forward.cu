@@ -138,32 +138,71 @@ extern "C" __global__ void __launch_bounds__(256) embedding_bf16(const long long
 
 // ---------------------------------------------------------------------------
 // rope: rotate pairs of x by the angle of the token's position. `n_rows` counts
-// (batch, token, head) rows of head_dim elements; the token of a row is
-// (row / n_heads) % n_tokens and its position pos_offset + token.
+// (batch, token, head) rows of head_dim elements; row r belongs to token slot
+// tok = (r / n_heads) % n_pos. Its position is positions[tok] when has_pos
+// (the op passes n_pos = n_tokens for ids shared by every batch row, or
+// batch * n_tokens for per-row ids), else pos_offset + tok (n_pos = n_tokens).
+// A position outside [0, max_pos) can only come from a device position array
+// (the op checks host arrays before launch); its row is written as zeros
+// instead of reading outside the tables.
 // style 0 ("interleaved") pairs (2i, 2i+1), style 1 ("half", HF LLaMA) pairs
-// (i, i + head_dim/2); both use cos/sin[pos, i]. x and out may be the same
-// buffer (in-place): each thread reads its pairs before writing them.
+// (i, i + head_dim/2); both rotate by the angle in cos/sin[pos, i] of a compact
+// (max_pos, head_dim/2) table (full_table == 0). full_table == 1 reads HF's
+// (max_pos, head_dim) tables, whose pair i angle sits in column i for "half"
+// (columns i and i + head_dim/2 are equal) and in column 2i for "interleaved"
+// (columns 2i and 2i+1 are equal). inverse != 0 rotates by -angle (sin negated):
+// the transpose of the rotation, which is rope's backward. x and out may be the
+// same buffer (in-place): each thread reads its pairs before writing them.
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ void fwd_rotate(float a, float b, float c, float s, float& ra, float& rb) {
     ra = a * c - b * s;
     rb = a * s + b * c;
 }
 
+__device__ __forceinline__ float4 fwd_neg4(float4 v) {
+    v.x = -v.x; v.y = -v.y; v.z = -v.z; v.w = -v.w;
+    return v;
+}
+
+// The 4 table entries of pairs i..i+3 starting at p (16-byte aligned): contiguous,
+// or every other column of 8 (an HF interleaved table repeats each entry twice).
+__device__ __forceinline__ float4 fwd_table4(const float* __restrict__ p, bool every_other) {
+    const float4 a = *reinterpret_cast<const float4*>(p);
+    if (!every_other) return a;
+    const float4 b = *reinterpret_cast<const float4*>(p + 4);
+    float4 r;
+    r.x = a.x; r.y = a.z; r.z = b.x; r.w = b.z;
+    return r;
+}
+
 // I is the index type (32-bit when n_rows * head_dim / 2 fits; see embedding_loop).
 template <typename T, typename I>
 __device__ __forceinline__ void rope_loop(const T* x, T* out, const float* __restrict__ cos_t,
-                                          const float* __restrict__ sin_t, I n_rows, I n_tokens, I n_heads,
-                                          I head_dim, long long pos_offset, int style, bool vec) {
+                                          const float* __restrict__ sin_t, const long long* __restrict__ positions,
+                                          I n_rows, I n_pos, I n_heads, I head_dim, long long pos_offset,
+                                          long long max_pos, bool has_pos, bool full, int style, bool inverse,
+                                          bool vec) {
     const I tid = (I)fwd_global_tid(), stride = (I)fwd_grid_stride();
     const I half = head_dim / 2;
+    const long long tstride = full ? (long long)head_dim : (long long)half;  // table row length
+    const bool every_other = full && style == 0;
+    const long long tstep = every_other ? 2 : 1;
     if (vec) {  // one thread rotates 4 pairs
         const I gpr = half / 4;  // groups per row
         for (I u = tid; u < n_rows * gpr; u += stride) {
             const I row = u / gpr;
             const I i = (u - row * gpr) * 4;
-            const long long pos = pos_offset + (row / n_heads) % n_tokens;
-            const float4 c = *reinterpret_cast<const float4*>(cos_t + pos * half + i);
-            const float4 s = *reinterpret_cast<const float4*>(sin_t + pos * half + i);
+            const I tok = (row / n_heads) % n_pos;
+            const long long pos = has_pos ? positions[tok] : pos_offset + (long long)tok;
+            const bool ok = pos >= 0 && pos < max_pos;
+            const long long t = (ok ? pos : 0) * tstride + (long long)i * tstep;
+            float4 c = fwd_table4(cos_t + t, every_other);
+            float4 s = fwd_table4(sin_t + t, every_other);
+            if (inverse) s = fwd_neg4(s);
+            if (!ok) {  // zeros out: the rotation of anything by (0, 0)
+                c.x = c.y = c.z = c.w = 0.0f;
+                s = c;
+            }
             const long long base = (long long)row * head_dim;
             float4 a, b, ra, rb;
             if (style == 0) {  // 8 contiguous elements: pairs (a.x,a.y) (a.z,a.w) (b.x,b.y) (b.z,b.w)
@@ -190,10 +229,14 @@ __device__ __forceinline__ void rope_loop(const T* x, T* out, const float* __res
         for (I u = tid; u < n_rows * half; u += stride) {
             const I row = u / half;
             const I i = u - row * half;
-            const long long pos = pos_offset + (row / n_heads) % n_tokens;
-            const float c = cos_t[pos * half + i], s = sin_t[pos * half + i];
-            const long long ia = (long long)row * head_dim + (style == 0 ? 2 * i : i);
-            const long long ib = ia + (style == 0 ? 1 : half);
+            const I tok = (row / n_heads) % n_pos;
+            const long long pos = has_pos ? positions[tok] : pos_offset + (long long)tok;
+            const bool ok = pos >= 0 && pos < max_pos;
+            const long long t = (ok ? pos : 0) * tstride + (long long)i * tstep;
+            float c = ok ? cos_t[t] : 0.0f, s = ok ? sin_t[t] : 0.0f;
+            if (inverse) s = -s;
+            const long long ia = (long long)row * head_dim + (style == 0 ? 2 * (long long)i : (long long)i);
+            const long long ib = ia + (style == 0 ? 1 : (long long)half);
             float ra, rb;
             fwd_rotate(PkIO<T>::load(x, ia), PkIO<T>::load(x, ib), c, s, ra, rb);
             PkIO<T>::store(out, ia, ra);
@@ -204,28 +247,36 @@ __device__ __forceinline__ void rope_loop(const T* x, T* out, const float* __res
 
 template <typename T>
 __device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __restrict__ cos_t,
-                                          const float* __restrict__ sin_t, long long n_rows, unsigned int n_tokens,
-                                          unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset,
-                                          int style) {
+                                          const float* __restrict__ sin_t, const long long* __restrict__ positions,
+                                          long long n_rows, unsigned int n_pos, unsigned int n_heads,
+                                          unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos,
+                                          int has_pos, int full_table, int style, int inverse) {
     const bool vec = (head_dim / 2) % 4 == 0 && fwd_aligned16(x) && fwd_aligned16(out) && fwd_aligned16(cos_t) &&
                      fwd_aligned16(sin_t);
     if (n_rows * (long long)(head_dim / 2) < (1ll << 31))
-        rope_loop<T, unsigned int>(x, out, cos_t, sin_t, (unsigned int)n_rows, n_tokens, n_heads, head_dim, pos_offset,
-                                   style, vec);
+        rope_loop<T, unsigned int>(x, out, cos_t, sin_t, positions, (unsigned int)n_rows, n_pos, n_heads, head_dim,
+                                   pos_offset, max_pos, has_pos != 0, full_table != 0, style, inverse != 0, vec);
     else
-        rope_loop<T, long long>(x, out, cos_t, sin_t, n_rows, n_tokens, n_heads, head_dim, pos_offset, style, vec);
+        rope_loop<T, long long>(x, out, cos_t, sin_t, positions, n_rows, n_pos, n_heads, head_dim, pos_offset,
+                                max_pos, has_pos != 0, full_table != 0, style, inverse != 0, vec);
 }
 
 extern "C" __global__ void __launch_bounds__(256) rope(const float* x, float* out, const float* __restrict__ cos_table,
-                                const float* __restrict__ sin_table, long long n_rows, unsigned int n_tokens,
-                                unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset, int style) {
-    rope_impl<float>(x, out, cos_table, sin_table, n_rows, n_tokens, n_heads, head_dim, pos_offset, style);
+                                const float* __restrict__ sin_table, const long long* __restrict__ positions,
+                                long long n_rows, unsigned int n_pos, unsigned int n_heads, unsigned int head_dim,
+                                unsigned int pos_offset, unsigned int max_pos, int has_pos, int full_table,
+                                int style, int inverse) {
+    rope_impl<float>(x, out, cos_table, sin_table, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos,
+                     has_pos, full_table, style, inverse);
 }
 
 extern "C" __global__ void __launch_bounds__(256) rope_bf16(const unsigned short* x, unsigned short* out, const float* __restrict__ cos_table,
-                                     const float* __restrict__ sin_table, long long n_rows, unsigned int n_tokens,
-                                     unsigned int n_heads, unsigned int head_dim, unsigned int pos_offset, int style) {
-    rope_impl<unsigned short>(x, out, cos_table, sin_table, n_rows, n_tokens, n_heads, head_dim, pos_offset, style);
+                                     const float* __restrict__ sin_table, const long long* __restrict__ positions,
+                                     long long n_rows, unsigned int n_pos, unsigned int n_heads,
+                                     unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos,
+                                     int has_pos, int full_table, int style, int inverse) {
+    rope_impl<unsigned short>(x, out, cos_table, sin_table, positions, n_rows, n_pos, n_heads, head_dim, pos_offset,
+                              max_pos, has_pos, full_table, style, inverse);
 }
 
 // ---------------------------------------------------------------------------
@@ -266,6 +317,61 @@ extern "C" __global__ void __launch_bounds__(256) silu_gate(const float* __restr
 extern "C" __global__ void __launch_bounds__(256) silu_gate_bf16(const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
                                           unsigned short* __restrict__ out, long long n) {
     silu_gate_impl<unsigned short>(gate, up, out, n);
+}
+
+// ---------------------------------------------------------------------------
+// silu_gate_backward: for out = silu(g) * u with s = sigmoid(g),
+//   grad_up   = dy * g * s
+//   grad_gate = dy * u * s * (1 + g * (1 - s))      (d silu / dg = s + g s (1 - s))
+// For g < -88 expf(-g) is inf and s = 0: both gradients are (-)0, their limits.
+// ---------------------------------------------------------------------------
+__device__ __forceinline__ void fwd_silu_grad(float g, float u, float dy, float& dg, float& du) {
+    const float s = 1.0f / (1.0f + expf(-g));
+    du = dy * g * s;
+    dg = dy * u * s * fmaf(g, 1.0f - s, 1.0f);
+}
+
+template <typename T>
+__device__ __forceinline__ void silu_gate_backward_impl(const T* __restrict__ gate, const T* __restrict__ up,
+                                                        const T* __restrict__ grad_out, T* __restrict__ grad_gate,
+                                                        T* __restrict__ grad_up, long long n) {
+    constexpr int N = FwdVec<T>::N;
+    const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
+    long long done = 0;
+    if (fwd_aligned16(gate) && fwd_aligned16(up) && fwd_aligned16(grad_out) && fwd_aligned16(grad_gate) &&
+        fwd_aligned16(grad_up)) {
+        const long long n_vec = n / N;
+        for (long long i = tid; i < n_vec; i += stride) {
+            float g[N], u[N], dy[N];
+            FwdVec<T>::load(gate + i * N, g);
+            FwdVec<T>::load(up + i * N, u);
+            FwdVec<T>::load(grad_out + i * N, dy);
+#pragma unroll
+            for (int e = 0; e < N; ++e) fwd_silu_grad(g[e], u[e], dy[e], g[e], u[e]);
+            FwdVec<T>::store(grad_gate + i * N, g);
+            FwdVec<T>::store(grad_up + i * N, u);
+        }
+        done = n_vec * N;
+    }
+    for (long long i = done + tid; i < n; i += stride) {  // scalar tail (or everything when unaligned)
+        float dg, du;
+        fwd_silu_grad(PkIO<T>::load(gate, i), PkIO<T>::load(up, i), PkIO<T>::load(grad_out, i), dg, du);
+        PkIO<T>::store(grad_gate, i, dg);
+        PkIO<T>::store(grad_up, i, du);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) silu_gate_backward(
+    const float* __restrict__ gate, const float* __restrict__ up, const float* __restrict__ grad_out,
+    float* __restrict__ grad_gate, float* __restrict__ grad_up, long long n) {
+    silu_gate_backward_impl<float>(gate, up, grad_out, grad_gate, grad_up, n);
+}
+
+extern "C" __global__ void __launch_bounds__(256) silu_gate_backward_bf16(
+    const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
+    const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_gate,
+    unsigned short* __restrict__ grad_up, long long n) {
+    silu_gate_backward_impl<unsigned short>(gate, up, grad_out, grad_gate, grad_up, n);
 }
 
 // ---------------------------------------------------------------------------

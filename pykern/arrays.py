@@ -13,8 +13,13 @@ from .errors import ArgumentError, ArgumentTypeError
 
 
 def bfloat16() -> np.dtype:
-    """ml_dtypes.bfloat16 (imported on first use)."""
-    import ml_dtypes
+    """ml_dtypes.bfloat16 (imported on first use; MissingDependency names the extra when absent)."""
+    try:
+        import ml_dtypes
+    except ImportError:
+        from .errors import MissingDependency
+
+        raise MissingDependency("ml_dtypes", "test", "bfloat16 NumPy arrays") from None
 
     return np.dtype(ml_dtypes.bfloat16)
 

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
 from .errors import ArgumentError, BackendUnavailable, CacheMiss, KernelNotFound, PykernError
+from .log import configure as _log_configure
 from .sources import Source
 from .sources import load as load_source
 
@@ -41,6 +42,7 @@ BUNDLE_MANIFEST = "manifest.json"
 _BUNDLE_NVRTC = "bundle"
 
 log = logging.getLogger("pykern")
+_log_configure()
 
 
 class CacheWarning(UserWarning):
@@ -203,10 +205,13 @@ def _read(path: Path, key: str) -> tuple[dict[str, Any], bytes] | None:
     """A verified entry, or None when absent or corrupt (corruption is logged once per file)."""
     try:
         data = path.read_bytes()
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):  # absent, or the cache folder is not a folder at all
         return None
-    except OSError as e:
-        _log_corrupt(path, f"unreadable: {e}")
+    except OSError as e:  # permissions, I/O error: not corruption, and not worth a rebuild message
+        if str(path) not in _logged_corrupt:
+            _logged_corrupt.add(str(path))
+            log.warning("pykern cache: cannot read entry %s (%s: %s); compiling instead", path,
+                        type(e).__name__, e.strerror or e)
         return None
     try:
         return decode_entry(data, key)
@@ -263,6 +268,171 @@ def _store(root: Path, key: str, meta: dict[str, Any], image: bytes) -> Path | N
         return None
 
 
+def unwritable_reason(root: str | os.PathLike[str]) -> str:
+    """Why entries cannot be saved under `root` ("" when they can): created if missing, then probed."""
+    root = Path(root)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+        probe = root / f".probe.{os.getpid()}.{secrets.token_hex(4)}.tmp"
+        with open(probe, "xb"):
+            pass
+        probe.unlink()
+    except OSError as e:
+        return f"{type(e).__name__}: {e.strerror or e}"
+    return ""
+
+
+# --------------------------------------------------------------------------- one compile per key across processes
+
+LOCK_SUFFIX = ".lock"
+# A lock this old is broken whoever holds it (a hung process, or one on another host sharing the folder).
+LOCK_STALE_AGE = 600.0
+
+
+def _lock_path(root: Path, key: str) -> Path:
+    return Path(root) / key[:2] / f".{key}{LOCK_SUFFIX}"
+
+
+def _lock_wait() -> float:
+    """Seconds to wait for another process's compile of the same key (PYKERN_LOCK_TIMEOUT, default 300)."""
+    try:
+        return max(0.0, float(os.environ.get("PYKERN_LOCK_TIMEOUT", "300")))
+    except ValueError:
+        return 300.0
+
+
+_HOST = None
+
+
+def _hostname() -> str:
+    global _HOST
+    if _HOST is None:
+        import socket
+
+        _HOST = socket.gethostname()
+    return _HOST
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    except OSError:
+        return True
+    return True
+
+
+def _lock_stale(path: Path, max_age: float) -> str:
+    """Why the lock at `path` is stale ("" when its owner may still be compiling)."""
+    try:
+        text = path.read_text()
+        st = path.stat()
+    except OSError:
+        return ""  # gone meanwhile: the next O_EXCL attempt decides
+    parts = text.split()
+    if len(parts) >= 2 and parts[0].isdigit() and parts[1] == _hostname() and not _pid_alive(int(parts[0])):
+        return f"its owner, process {parts[0]}, is gone"
+    age = time.time() - st.st_mtime
+    if age > max_age:
+        return f"it is {age:.0f} s old"
+    return ""
+
+
+class KeyLock:
+    """A lock file per cache key, so that processes sharing a cache compile each key once.
+
+    `acquire` returns True when this process owns the lock, False when it gave up waiting (the caller
+    compiles anyway: the lock saves work, correctness comes from the atomic publish of entries). A lock
+    whose owner died on this host, or older than the wait limit, is broken. `ready()` is polled while
+    waiting and ends the wait early (the entry appeared).
+    """
+
+    def __init__(self, root: Path, key: str) -> None:
+        self.path = _lock_path(root, key)
+        self.owned = False
+        self.token = ""
+
+    def acquire(self, ready: Any = None, timeout: float | None = None) -> bool:
+        timeout = _lock_wait() if timeout is None else timeout
+        deadline = time.monotonic() + timeout
+        delay = 0.02
+        logged = False
+        while True:
+            try:
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                pass
+            except OSError:
+                return False  # an unwritable cache: nothing to share, nothing to wait for
+            else:
+                self.token = f"{os.getpid()} {_hostname()} {time.time():.6f}\n"
+                with os.fdopen(fd, "w") as f:
+                    f.write(self.token)
+                self.owned = True
+                return True
+            why = _lock_stale(self.path, LOCK_STALE_AGE)
+            if why:
+                log.info("pykern cache: breaking stale lock %s (%s)", self.path, why)
+                try:
+                    self.path.unlink()
+                except OSError:
+                    pass
+                continue
+            if ready is not None and ready():
+                return False
+            if time.monotonic() >= deadline:
+                log.warning("pykern cache: gave up waiting %.0f s for lock %s; compiling without it",
+                            timeout, self.path)
+                return False
+            if not logged:
+                log.debug("pykern cache: waiting for another process compiling %s", self.path.name)
+                logged = True
+            time.sleep(delay)
+            delay = min(delay * 1.5, 0.25)
+
+    def release(self) -> None:
+        if self.owned:
+            self.owned = False
+            try:
+                if self.path.read_text() == self.token:  # not a lock someone took over as stale
+                    self.path.unlink()
+            except OSError:
+                pass
+
+
+def remove_leftovers(root: str | os.PathLike[str], pids: Sequence[int]) -> int:
+    """Delete the temp files and lock files that the (killed) processes `pids` left under `root`."""
+    root = Path(root)
+    if not root.is_dir() or not pids:
+        return 0
+    wanted = {str(p) for p in pids}
+    n = 0
+    for p in root.glob("??/.*.tmp"):
+        parts = p.name.split(".")  # ".<name>.pkc.<pid>.<hex>.tmp"
+        if len(parts) >= 3 and parts[-3] in wanted:
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+    for p in root.glob(f"??/.*{LOCK_SUFFIX}"):
+        try:
+            owner = p.read_text().split()[0]
+        except (OSError, IndexError):
+            continue
+        if owner in wanted:
+            try:
+                p.unlink()
+                n += 1
+            except OSError:
+                pass
+    return n
+
+
 def _touch(path: Path) -> None:
     # The mtime is the LRU clock of `prune`; a read-only cache simply keeps its old order.
     try:
@@ -299,18 +469,33 @@ def _check_kernel(mod: CachedModule, kernel: str | None, source: Source) -> Cach
     return mod
 
 
+# Compute capabilities that exist (PTX targets); a PTX for compute_XX runs on every GPU of XX or later.
+KNOWN_COMPUTE = (50, 52, 53, 60, 61, 62, 70, 72, 75, 80, 86, 87, 88, 89, 90, 100, 101, 103, 110, 120, 121)
+
+
 def compatible_archs(arch: str | int) -> tuple[str, ...]:
-    """The archs whose cubins run on a GPU of `arch`, the exact one first: for a plain sm_XY, sm_XY then
-    sm_X(Y-1) ... sm_X0 (a cubin runs on later minors of its major, never across majors); anything else
-    (sm_XXa, sm_XXf, compute_XX) only itself. Archs no GPU has (sm_85) cost a failed open, nothing more."""
+    """The archs whose images run on a GPU of `arch`, best first.
+
+    For a plain sm_XY: the cubins sm_XY, sm_XYa (arch-specific, runs on exactly XY), then sm_X(Y-1) ...
+    sm_X0 (a cubin runs on later minors of its major, never across majors), then PTX compute_XY and every
+    older compute_NN, newest first (the driver JIT-compiles PTX for any later GPU). For compute_XX: that
+    PTX, then older ones. sm_XXa / sm_XXf: only themselves. Archs no GPU has cost a failed open, nothing more.
+    """
     from .compiler import normalize_arch, parse_arch
 
     name = normalize_arch(arch, check_supported=False)
     kind, num, suffix = parse_arch(name)
-    if kind != "sm" or suffix:
+    if kind == "sm" and suffix:
         return (name,)
-    major, minor = divmod(num, 10)
-    return tuple(f"sm_{major * 10 + m}" for m in range(minor, -1, -1))
+    cubins: list[str] = []
+    if kind == "sm":
+        major, minor = divmod(num, 10)
+        cubins = [name, f"{name}a", *(f"sm_{major * 10 + m}" for m in range(minor - 1, -1, -1))]
+    ptx = [f"compute_{n}" for n in sorted({num, *(k for k in KNOWN_COMPUTE if k <= num)}, reverse=True)]
+    return tuple(cubins + ptx)
+
+
+_logged_ptx: set[tuple[str, str]] = set()
 
 
 def get_module(
@@ -329,10 +514,12 @@ def get_module(
 
     cache_root overrides the cache folder; use_bundle=False skips PYKERN_CUBIN_DIR; jit=False (default:
     not PYKERN_DISABLE_JIT) turns a miss into CacheMiss. `kernel` only names the wanted kernel in errors
-    and is checked to be in the module. compatible=True means "a module that runs on a GPU of `arch`":
-    when the exact arch is in neither the bundle nor the cache, the newest entry of an older minor of the
-    same major (`compatible_archs`) is used before compiling; its origin then names that arch
-    ("bundle:sm_80"). Off by default, so that precompiling sm_86 never settles for an sm_80 entry.
+    and is checked to be in the module. compatible=True means "a module that runs on a GPU of `arch`"
+    (`compatible_archs`): when the exact arch is in neither the bundle nor the cache, a compatible cubin
+    (sm_XYa, an older minor of the same major) is used before compiling; when no cubin can be had (JIT
+    disabled, or NVRTC cannot target the GPU) the newest compatible PTX is loaded, logged once. Its origin
+    then names that arch ("bundle:sm_80", "cache:compute_90"). Off by default, so that precompiling sm_86
+    never settles for an sm_80 entry.
     """
     if jit is None:
         jit = not jit_disabled()
@@ -342,40 +529,65 @@ def get_module(
     src = source_path if isinstance(source_path, Source) else load_source(source_path)
     arch = normalize_arch(arch, check_supported=False)
     archs = compatible_archs(arch) if compatible else (arch,)
+    # Cubins (and the exact arch) before compiling; PTX of an older arch only when nothing can compile.
+    first = [a for a in archs if a == arch or not a.startswith("compute_")]
+    fallback = [a for a in archs if a not in first]
     sdigest = src.digest()
     bundle = bundle_dir() if use_bundle else None
     root = Path(cache_root) if cache_root is not None else cache_dir()
     nvrtc: str | None = None
     no_nvrtc: BackendUnavailable | None = None
 
-    # Exact arch first in every store, then each older minor, newest first; within an arch the
-    # bundle, the cache folder, then memory. NVRTC is loaded only once the cache folder is consulted,
-    # so an exact bundle hit works where no NVRTC is installed.
-    for i, cand in enumerate(archs):
-        portable = portable_options(cand, options, defines)
-        suffix = "" if i == 0 else f":{cand}"
-        if bundle is not None:
-            bkey = _key(sdigest, portable, _BUNDLE_NVRTC)
-            bpath = entry_path(bundle, bkey)
-            got = _read(bpath, bkey)
+    def lookup(cands: Sequence[str]) -> CachedModule | None:
+        # Each arch in every store before the next arch; within an arch the bundle, the cache folder,
+        # then memory. NVRTC is loaded only once the cache folder is consulted, so a bundle hit works
+        # where no NVRTC is installed.
+        nonlocal nvrtc, no_nvrtc
+        for cand in cands:
+            portable = portable_options(cand, options, defines)
+            suffix = "" if cand == arch else f":{cand}"
+            if bundle is not None:
+                bkey = _key(sdigest, portable, _BUNDLE_NVRTC)
+                bpath = entry_path(bundle, bkey)
+                got = _read(bpath, bkey)
+                if got is not None:
+                    log.debug("pykern cache: hit %s for %s in bundle %s", src.path.name, cand, bundle)
+                    return _to_module(*got, hit=True, origin="bundle" + suffix, path=bpath)
+            if nvrtc is None and no_nvrtc is None:
+                try:
+                    nvrtc = _nvrtc_str()
+                except BackendUnavailable as e:
+                    no_nvrtc = e
+            if nvrtc is None:
+                continue  # no cache key without the NVRTC version; the bundle may still serve another arch
+            key = _key(sdigest, portable, nvrtc)
+            path = entry_path(root, key)
+            got = _read(path, key)
             if got is not None:
-                mod = _to_module(*got, hit=True, origin="bundle" + suffix, path=bpath)
-                return _check_kernel(mod, kernel, src)
-        if nvrtc is None and no_nvrtc is None:
-            try:
-                nvrtc = _nvrtc_str()
-            except BackendUnavailable as e:
-                no_nvrtc = e
-        if nvrtc is None:
-            continue  # no cache key without the NVRTC version; the bundle may still serve an older minor
-        key = _key(sdigest, portable, nvrtc)
-        path = entry_path(root, key)
-        got = _read(path, key)
-        if got is not None:
-            _touch(path)
-            return _check_kernel(_to_module(*got, hit=True, origin="cache" + suffix, path=path), kernel, src)
-        if key in _memory:
-            mod = _to_module(*_memory[key], hit=True, origin="memory" + suffix, path=None)
+                _touch(path)
+                log.debug("pykern cache: hit %s for %s in %s", src.path.name, cand, root)
+                return _to_module(*got, hit=True, origin="cache" + suffix, path=path)
+            if key in _memory:
+                return _to_module(*_memory[key], hit=True, origin="memory" + suffix, path=None)
+        return None
+
+    mod = lookup(first)
+    if mod is not None:
+        return _check_kernel(mod, kernel, src)
+    can_compile = jit and no_nvrtc is None
+    if can_compile and fallback:
+        try:
+            normalize_arch(arch)  # can this NVRTC emit the GPU's own arch?
+        except (ArgumentError, BackendUnavailable):
+            can_compile = False
+    if not can_compile and fallback:
+        mod = lookup(fallback)
+        if mod is not None:
+            if (str(src.path), arch) not in _logged_ptx:
+                _logged_ptx.add((str(src.path), arch))
+                log.warning("pykern: no cubin of %s for this %s GPU%s; loading PTX %s (%s), which the CUDA "
+                            "driver JIT-compiles. Precompile `--arch %s` to skip the JIT", src.path.name, arch,
+                            " and JIT is disabled" if not jit else "", mod.arch, mod.origin.split(":")[0], arch)
             return _check_kernel(mod, kernel, src)
 
     if jit and no_nvrtc is not None:
@@ -396,11 +608,24 @@ def get_module(
     assert nvrtc is not None
     portable = portable_options(arch, options, defines)
     key = _key(sdigest, portable, nvrtc)
-    t0 = time.perf_counter()
-    compiled = nvrtc_compile(src, arch, options, defines)  # raises: a failed compile is never stored
-    seconds = time.perf_counter() - t0
-    meta = _meta_from(compiled, key, src, nvrtc, portable, seconds)
-    stored = _store(root, key, meta, compiled.image)
+    path = entry_path(root, key)
+    lock = KeyLock(root, key)
+    # Another process compiling this key: wait for its entry instead of compiling it a second time.
+    lock.acquire(ready=path.exists)
+    try:
+        got = _read(path, key)
+        if got is not None:
+            log.debug("pykern cache: hit %s for %s (compiled by another process meanwhile)", src.path.name, arch)
+            return _check_kernel(_to_module(*got, hit=True, origin="cache", path=path), kernel, src)
+        log.debug("pykern cache: miss %s for %s (key %s); compiling", src.path.name, arch, key[:12])
+        t0 = time.perf_counter()
+        compiled = nvrtc_compile(src, arch, options, defines)  # raises: a failed compile is never stored
+        seconds = time.perf_counter() - t0
+        log.info("pykern: compiled %s for %s in %.2f s", src.path, arch, seconds)
+        meta = _meta_from(compiled, key, src, nvrtc, portable, seconds)
+        stored = _store(root, key, meta, compiled.image)
+    finally:
+        lock.release()
     mod = _to_module(meta, compiled.image, hit=False, origin="compiled", path=stored, seconds=seconds)
     return _check_kernel(mod, kernel, src)
 
@@ -506,7 +731,7 @@ def info(root: str | os.PathLike[str] | None = None) -> dict[str, Any]:
         "writable": _writable(root),
         "entries": len(entries),
         "bytes": sum(e.size for e in entries),
-        "by_arch": dict(sorted(by_arch.items())),
+        "by_arch": dict(sorted(by_arch.items(), key=lambda kv: _arch_order(kv[0]))),
         "unreadable_entries": unreadable,
         "host_builds": len(host),
         "host_bytes": sum(e.size for e in host),
@@ -537,7 +762,7 @@ def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
             n, freed = n + 1, freed + e.size
         except FileNotFoundError:
             pass
-    for p in _stale_temps(root, 0):
+    for p in [*_stale_temps(root, 0), *_stale_locks(root, 0)]:
         try:
             p.unlink()
         except FileNotFoundError:
@@ -546,16 +771,19 @@ def clear(root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
 
 
 def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[int, int]:
-    """Delete least recently used entries until the total size is <= max_size; returns (removed, freed)."""
+    """Delete least recently used files until the total size is <= max_size; returns (removed, freed).
+
+    Kernel entries and the host backend's builds count alike (one LRU order by mtime: a cache hit
+    touches its entry). Temp files and lock files older than an hour belong to a process that died."""
     if max_size < 0:
         raise ArgumentError(f"max_size: expected >= 0 bytes, got {max_size}")
     root = Path(root) if root is not None else cache_dir()
-    for p in _stale_temps(root, 3600.0):  # an hour-old temp file belongs to a writer that died
+    for p in [*_stale_temps(root, 3600.0), *_stale_locks(root, 3600.0)]:
         try:
             p.unlink()
         except FileNotFoundError:
             pass
-    entries = sorted(iter_entries(root), key=lambda e: e.mtime)
+    entries = sorted([*iter_entries(root), *iter_host_builds(root)], key=lambda e: e.mtime)
     total = sum(e.size for e in entries)
     n = freed = 0
     for e in entries:
@@ -568,6 +796,30 @@ def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[in
         total -= e.size
         n, freed = n + 1, freed + e.size
     return n, freed
+
+
+def _stale_locks(root: Path, older_than: float) -> list[Path]:
+    now = time.time()
+    out = []
+    if root.is_dir():
+        for p in root.glob(f"??/.*{LOCK_SUFFIX}"):
+            try:
+                if now - p.stat().st_mtime > older_than:
+                    out.append(p)
+            except OSError:
+                pass
+    return out
+
+
+def _arch_order(arch: str) -> tuple[int, int, str]:
+    # sm_75 before sm_100 (numeric), cubins before PTX of the same number.
+    try:
+        from .compiler import parse_arch
+
+        kind, num, suffix = parse_arch(arch)
+        return num, kind == "compute", suffix
+    except PykernError:
+        return 1 << 30, False, arch
 
 
 _UNITS = {"": 1, "b": 1, "k": 1024, "kb": 1024, "kib": 1024, "m": 1024**2, "mb": 1024**2, "mib": 1024**2,
@@ -600,21 +852,29 @@ def _human(n: float) -> str:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    # --cache-dir works before or after the subcommand: on the main parser it sets the default, on each
+    # subparser it is SUPPRESSed unless given, so the later spelling wins without erasing the earlier.
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--cache-dir", default=argparse.SUPPRESS, metavar="DIR",
+                        help="cache folder to act on (default: PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, "
+                             "else ~/.cache/pykern)")
     ap = argparse.ArgumentParser(
         prog="python -m pykern.cache",
         description="Inspect and manage pykern's compiled-kernel cache "
-        "(PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern).",
+        "(PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, else ~/.cache/pykern): NVRTC entries and the "
+        "host backend's builds alike. Options may come before or after the subcommand.",
+        parents=[common],
     )
-    ap.add_argument("--cache-dir", help="cache folder to act on (default: %(default)s)", default=str(cache_dir()))
     sub = ap.add_subparsers(dest="cmd", required=True)
-    p_info = sub.add_parser("info", help="show location, entry count, size and archs")
+    p_info = sub.add_parser("info", help="show location, entry count, size and archs", parents=[common])
     p_info.add_argument("--json", action="store_true", help="print JSON on stdout")
-    sub.add_parser("clear", help="delete every entry (and the host backend's builds)")
-    p_prune = sub.add_parser("prune", help="delete least recently used entries down to a size")
+    sub.add_parser("clear", help="delete every entry and host backend build", parents=[common])
+    p_prune = sub.add_parser("prune", help="delete least recently used entries and host builds down to a size",
+                             parents=[common])
     p_prune.add_argument("--max-size", required=True, type=_size_arg, metavar="SIZE",
                          help="size to keep, e.g. 500M, 2G, 0 (binary units)")
     args = ap.parse_args(argv)
-    root = Path(args.cache_dir).expanduser()
+    root = Path(getattr(args, "cache_dir", None) or cache_dir()).expanduser()
     if args.cmd == "info":
         d = info(root)
         if args.json:
@@ -634,11 +894,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 0
     if args.cmd == "clear":
         n, freed = clear(root)
-        print(f"removed {n} entries ({_human(freed)}) from {root}")
+        print(f"removed {n} files (kernel entries and host builds, {_human(freed)}) from {root}")
         return 0
     n, freed = prune(args.max_size, root)
-    left = sum(e.size for e in iter_entries(root))
-    print(f"removed {n} least recently used entries ({_human(freed)}); {_human(left)} left in {root}")
+    left = sum(e.size for e in [*iter_entries(root), *iter_host_builds(root)])
+    print(f"removed {n} least recently used files (kernel entries and host builds, {_human(freed)}); "
+          f"{_human(left)} left in {root}")
     return 0
 
 

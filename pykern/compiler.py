@@ -132,14 +132,19 @@ def normalize_arch(arch: str | int, *, check_supported: bool = True) -> str:
 
 
 def expand_archs(archs: Iterable[str | int]) -> list[str]:
-    """Normalized, de-duplicated archs in the given order; "all" is every arch this NVRTC supports."""
+    """Normalized, de-duplicated archs in the given order; "all" is every sm_XX this NVRTC supports plus
+    compute_XX of the newest (PTX, which the driver JIT-compiles on later GPUs)."""
     out: list[str] = []
     for a in archs:
         for part in str(a).split(","):
             part = part.strip()
             if not part:
                 continue
-            names = supported_archs() if part.lower() == "all" else (normalize_arch(part),)
+            if part.lower() == "all":
+                # Every cubin, plus PTX of the newest arch: it serves GPUs newer than this NVRTC knows.
+                names = (*supported_archs(), f"compute_{max(_supported_numbers())}")
+            else:
+                names = (normalize_arch(part),)
             out.extend(n for n in names if n not in out)
     return out
 

@@ -9,13 +9,20 @@ from dataclasses import dataclass
 class ScalarType:
     name: str
     ctype: type
-    kind: str  # "int" | "float" | "bool"
+    kind: str  # "int" | "float" | "bool" | "vector"
     lo: float
     hi: float
+    align_: int = 0  # 0: the size (every scalar); CUDA's vector types set their own (float3: 12 bytes, align 4)
+    component: str = ""  # vector types: the C type of .x/.y/.z/.w
+    count: int = 1  # vector types: how many components
 
     @property
     def size(self) -> int:
         return ctypes.sizeof(self.ctype)
+
+    @property
+    def align(self) -> int:
+        return self.align_ or self.size
 
 
 def _int(name: str, ct: type, signed: bool) -> ScalarType:
@@ -40,6 +47,35 @@ SCALARS: dict[str, ScalarType] = {
     "unsigned long long": _int("unsigned long long", ctypes.c_uint64, False),
 }
 
+
+def _vector(name: str, comp: str, count: int, align: int) -> ScalarType:
+    # CUDA's vector_types.h: float2 is 8-byte aligned, float4/int4/uint4 16, float3/int3 only their
+    # component's alignment. By value the launcher passes a ctypes structure of the components.
+    base = SCALARS[comp]
+    fields = [(c, base.ctype) for c in "xyzw"[:count]]
+    struct = type(f"pk_{name}", (ctypes.Structure,), {"_fields_": fields})
+    return ScalarType(name, struct, "vector", base.lo, base.hi, align, comp, count)
+
+
+# (component, per-count alignment) as in CUDA's vector_types.h; 3-vectors align like their component.
+_VECTORS = {
+    "char": ("signed char", {1: 1, 2: 2, 3: 1, 4: 4}),
+    "uchar": ("unsigned char", {1: 1, 2: 2, 3: 1, 4: 4}),
+    "short": ("short", {1: 2, 2: 4, 3: 2, 4: 8}),
+    "ushort": ("unsigned short", {1: 2, 2: 4, 3: 2, 4: 8}),
+    "int": ("int", {1: 4, 2: 8, 3: 4, 4: 16}),
+    "uint": ("unsigned int", {1: 4, 2: 8, 3: 4, 4: 16}),
+    "float": ("float", {1: 4, 2: 8, 3: 4, 4: 16}),
+    "longlong": ("long long", {1: 8, 2: 16, 3: 8, 4: 16}),
+    "ulonglong": ("unsigned long long", {1: 8, 2: 16, 3: 8, 4: 16}),
+    "double": ("double", {1: 8, 2: 16, 3: 8, 4: 16}),
+}
+VECTORS: dict[str, ScalarType] = {
+    f"{stem}{n}": _vector(f"{stem}{n}", comp, n, aligns[n])
+    for stem, (comp, aligns) in _VECTORS.items() for n in (1, 2, 3, 4)
+}
+SCALARS.update(VECTORS)
+
 # Spellings that mean the same type; the registry canonicalizes to the key's value.
 ALIASES: dict[str, str] = {
     "unsigned": "unsigned int",
@@ -51,6 +87,19 @@ ALIASES: dict[str, str] = {
     "short int": "short",
     "unsigned short int": "unsigned short",
     "size_t": "unsigned long long",
+    "int8_t": "signed char",
+    "uint8_t": "unsigned char",
+    "int16_t": "short",
+    "uint16_t": "unsigned short",
+    "int32_t": "int",
+    "uint32_t": "unsigned int",
+    "int64_t": "long long",
+    "uint64_t": "unsigned long long",
+    # 16-bit floats travel as raw 16-bit words (as bf16 does): same size, alignment and ABI.
+    "__half": "unsigned short",
+    "half": "unsigned short",
+    "__nv_bfloat16": "unsigned short",
+    "nv_bfloat16": "unsigned short",
 }
 
 # Array dtypes (numpy dtype names) accepted for a pointer to each C type. bf16 travels
@@ -69,6 +118,8 @@ POINTEE_DTYPES: dict[str, tuple[str, ...]] = {
     "long long": ("int64",),
     "unsigned long long": ("uint64",),
 }
+# A pointer to a vector type takes an array of its component's dtype (float4* <- float32, 4 per element).
+POINTEE_DTYPES.update({name: POINTEE_DTYPES[v.component] for name, v in VECTORS.items()})
 
 # CUDA array interface typestr (without byte order) for each accepted dtype name.
 TYPESTR: dict[str, str] = {
@@ -84,5 +135,5 @@ def size_align(ctype: str) -> tuple[int, int]:
     """Size and alignment in bytes of a parameter of this (canonical) C type."""
     if ctype.endswith("*"):
         return POINTER_SIZE, POINTER_SIZE
-    s = SCALARS[ctype].size
-    return s, s
+    t = SCALARS[ctype]
+    return t.size, t.align

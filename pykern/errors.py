@@ -56,3 +56,16 @@ class BackendUnavailable(PykernError, RuntimeError):
 
 class KernelExecutionError(PykernError, RuntimeError):
     """The host backend found a deadlock, a barrier reached by part of a block, or a bad shuffle mask."""
+
+
+class MissingDependency(PykernError, ImportError):
+    """An optional package is needed for this feature; the message names the pip extra that installs it."""
+
+    def __init__(self, package: str, extra: str, purpose: str) -> None:
+        super().__init__(
+            f"{purpose} needs the optional package {package!r}, which is not installed: "
+            f"pip install 'pykern[{extra}]' (or pip install {package})"
+        )
+        self.name = package  # ImportError's attribute: which module is missing
+        self.package = package
+        self.extra = extra

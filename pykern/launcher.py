@@ -178,6 +178,15 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
                 raise ArgumentError(f"{label}: {v!r} overflows {p.ctype}")
             return ct(v)
 
+    elif st.kind == "vector":  # float2, int4, ...: a sequence of its components
+        comp = _scalar_converter(spec, i, Param(p.name, st.component))
+        count = st.count
+
+        def convert(v: Any) -> Any:
+            if isinstance(v, (str, bytes)) or not hasattr(v, "__len__") or len(v) != count:
+                raise ArgumentTypeError(f"{label}: expected a sequence of {count} {st.component} values, got {v!r}")
+            return ct(*(comp(x).value for x in v))
+
     else:
 
         def convert(v: Any) -> Any:
@@ -249,6 +258,11 @@ def launch(
     """
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
+    if spec.max_threads is not None and b[0] * b[1] * b[2] > spec.max_threads:
+        # A GPU refuses the launch (too many resources requested): so does every backend.
+        raise ArgumentError(
+            f"block: {name} is declared __launch_bounds__({spec.max_threads}), got {b} = {b[0] * b[1] * b[2]} threads"
+        )
     converted = convert_args(spec, args)
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)

@@ -12,7 +12,7 @@ import json
 import os
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor, as_completed
+import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Sequence
@@ -44,6 +44,104 @@ def _compile_job(source: str, arch: str, options: tuple[str, ...], defines: dict
         return None, f"{type(e).__name__}: {e}", time.perf_counter() - t0
 
 
+class _Interrupted(BaseException):
+    """SIGINT/SIGTERM reached the CLI: unwind to main, stop the workers, exit 128 + signal number."""
+
+    def __init__(self, signum: int) -> None:
+        super().__init__(signum)
+        self.signum = signum
+        self.name = signal.Signals(signum).name
+
+
+def _raise_interrupted(signum: int, frame: Any) -> None:
+    raise _Interrupted(signum)
+
+
+def _worker(tasks: Any, results: Any) -> None:
+    """A compile worker: takes (index, job args) until None; reports ("start", i, pid) then ("done", i, result).
+
+    SIGINT is ignored here: a terminal's Ctrl-C reaches the whole process group, and the parent decides
+    (it terminates the workers and cleans up after them). SIGTERM keeps its default: die at once, even
+    inside NVRTC.
+    """
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    while True:
+        item = tasks.get()
+        if item is None:
+            return
+        i, job = item
+        results.put(("start", i, os.getpid()))
+        results.put(("done", i, _compile_job(*job)))
+
+
+class _Workers:
+    """N spawned worker processes over a task queue: unlike a ProcessPoolExecutor, which waits for every
+    queued job on exit, these can be stopped mid-compile (terminate) and cleaned up after by pid."""
+
+    def __init__(self, n: int) -> None:
+        import multiprocessing
+
+        # spawn: a forked child would inherit whatever NVRTC/driver state the parent has loaded.
+        ctx = multiprocessing.get_context("spawn")
+        self.tasks = ctx.Queue()
+        self.results = ctx.Queue()
+        self.procs = [ctx.Process(target=_worker, args=(self.tasks, self.results), daemon=True) for _ in range(n)]
+        for p in self.procs:
+            p.start()
+
+    def run(self, jobs: list[tuple[Any, ...]]) -> Any:
+        """Yield (index, (module, error, seconds)) as compiles finish; a worker that dies fails its job."""
+        import queue
+
+        for i, job in enumerate(jobs):
+            self.tasks.put((i, job))
+        for _ in self.procs:
+            self.tasks.put(None)
+        pending = set(range(len(jobs)))
+        running: dict[int, int] = {}  # pid -> job index
+        while pending:
+            try:
+                kind, i, value = self.results.get(timeout=0.2)
+            except queue.Empty:
+                for p in self.procs:
+                    if p.exitcode not in (None, 0) and p.pid in running:
+                        j = running.pop(p.pid)
+                        pending.discard(j)
+                        yield j, (None, f"worker failed: process {p.pid} exited with {p.exitcode} "
+                                        "(out of memory, or a crash inside NVRTC)", 0.0)
+                if not any(p.is_alive() for p in self.procs) and self.results.empty():
+                    for j in sorted(pending):  # every worker is gone: nobody will take these
+                        yield j, (None, "worker failed: no worker process left", 0.0)
+                    return
+                continue
+            if kind == "start":
+                running[value] = i
+                continue
+            for pid, j in list(running.items()):
+                if j == i:
+                    del running[pid]
+            pending.discard(i)
+            yield i, value
+
+    def close(self, root: Path) -> None:
+        """Stop every worker (at once if still busy) and remove what a killed one left half-written."""
+        for p in self.procs:
+            if p.is_alive():
+                p.terminate()
+        deadline = time.monotonic() + 3.0
+        for p in self.procs:
+            p.join(max(0.0, deadline - time.monotonic()))
+            if p.is_alive():
+                p.kill()
+                p.join(1.0)
+        for q in (self.tasks, self.results):
+            q.cancel_join_thread()  # never block exit on a feeder thread whose reader is gone
+            q.close()
+        from . import cache
+
+        cache.remove_leftovers(root, [p.pid for p in self.procs if p.pid is not None])
+
+
 def _parse_define(text: str) -> tuple[str, str | None]:
     name, sep, value = text.partition("=")
     return name, (value if sep else None)
@@ -56,18 +154,24 @@ def _build_parser() -> argparse.ArgumentParser:
             "Compile every kernel source (kernels_cu/*.cu and the folders in PYKERN_KERNEL_PATH) for every "
             "--arch with NVRTC, in parallel, into pykern's cache (or a bundle folder with --out). Progress "
             "goes to stderr; a table per kernel and arch (registers, spill bytes, shared memory, stack, hit "
-            "or compiled, time) ends the run. Exits 1 with the compiler log if any compile fails. "
+            "or compiled, time) ends the run. Exits 1 with the compiler log if any compile fails, or if "
+            "compiled modules could not be saved (cache folder or --out unwritable); 2 for bad usage; "
+            "130/143 on SIGINT/SIGTERM, which stop queued and running compiles and leave no temp files "
+            "or half bundle. Processes sharing a cache compile each key once (a lock file per key). "
             "A second run with the same arguments is all cache hits."
         ),
     )
     ap.add_argument("--arch", action="append", required=True, metavar="ARCH",
-                    help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report), "
-                         "or 'all' (every sm_XX this NVRTC supports). Repeat or comma-separate.")
+                    help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report; "
+                         "the driver JIT-compiles it for that GPU and every later one), or 'all' (every sm_XX "
+                         "this NVRTC supports plus PTX of the newest). Repeat or comma-separate. An H100 is "
+                         "sm_90 (sm_90a only for kernels using arch-specific instructions).")
     ap.add_argument("--kernels", metavar="GLOB", action="append",
                     help="only sources defining a kernel whose name matches GLOB (fnmatch, repeatable); "
                          "the table lists only matching kernels")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, metavar="N",
-                    help="worker processes for the compiles (default: CPU count, %(default)s here)")
+                    help="worker processes for the compiles (default: CPU count, %(default)s here); 1 compiles "
+                         "in this process, where a signal waits for the compile in progress")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--cache-dir", metavar="DIR",
                        help="cache folder to fill (default: PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, "
@@ -114,16 +218,38 @@ def _table(rows: list[dict[str, Any]]) -> str:
         else:
             res = [str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}", str(r["shared_bytes"]),
                    str(r["stack_bytes"])]
-        body.append([r["kernel"], r["arch"], *res, r["status"], f"{r['seconds']:.2f}s"])
+        # A source's kernels share one compile: its time is shown on the group's first row only.
+        t = f"{r['seconds']:.2f}s" if r.get("file_row", True) else ""
+        body.append([r["kernel"], r["arch"], *res, r["status"], t])
     widths = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
     lines = [_fmt_row(head, widths), _fmt_row(["-" * w for w in widths], widths)]
     lines += [_fmt_row(b, widths) for b in body]
+    lines.append("(time: the source's compile or cache lookup, shown on its first kernel row; its kernels share it)")
     if any(r["kind"] == "ptx" for r in rows):
         lines.append("(compute_XX rows are PTX: registers and spills are decided by the driver's JIT, not known here)")
     return "\n".join(lines)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+    """The CLI. SIGINT/SIGTERM stop queued and running compiles and exit 130/143 with one line."""
+    import threading
+
+    if threading.current_thread() is not threading.main_thread():
+        return _main(argv)
+    # Installed even where SIGINT was inherited as ignored (a background job of a script): a CI
+    # runner's signal must stop the run, not let it finish and exit 0.
+    old = {s: signal.signal(s, _raise_interrupted) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        return _main(argv)
+    except _Interrupted as sig:
+        print(f"precompile: interrupted by {sig.name}; nothing half-written was left", file=sys.stderr, flush=True)
+        return 128 + sig.signum
+    finally:
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def _main(argv: Sequence[str] | None = None) -> int:
     from . import cache, compiler
     from .sources import load as load_source
 
@@ -185,80 +311,120 @@ def main(argv: Sequence[str] | None = None) -> int:
         report(r)
 
     if misses:
+        problem = cache.unwritable_reason(root)
+        if problem:  # a CI step must not pass with nothing saved: say so before compiling anything
+            print(f"precompile: cannot save to the cache folder {root} ({problem}); {len(misses)} compiles "
+                  "would be lost. Set PYKERN_CACHE_DIR or --cache-dir to a writable folder", file=err)
+            return 1
         n_workers = min(args.jobs, len(misses))
-        if n_workers == 1:
-            for src, arch in misses:
-                mod, e, secs = _compile_job(str(src), arch, options, defines, str(root))
-                r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
-                report(r)
-        else:
-            import multiprocessing
-
-            # spawn: a forked child would inherit whatever NVRTC/driver state the parent has loaded.
-            ctx = multiprocessing.get_context("spawn")
-            with ProcessPoolExecutor(max_workers=n_workers, mp_context=ctx) as pool:
-                futs = {pool.submit(_compile_job, str(src), arch, options, defines, str(root)): (src, arch)
-                        for src, arch in misses}
-                for fut in as_completed(futs):
-                    src, arch = futs[fut]
-                    try:
-                        mod, e, secs = fut.result()
-                    except Exception as exc:  # a worker that died (out of memory, a crash inside NVRTC)
-                        mod, e, secs = None, f"worker failed: {type(exc).__name__}: {exc}", 0.0
+        try:
+            if n_workers == 1:
+                # In this process (no start-up cost; what --jobs 1 is for). A signal lands between two
+                # compiles: the one in progress finishes first (NVRTC holds the GIL), the rest are dropped.
+                for src, arch in misses:
+                    mod, e, secs = _compile_job(str(src), arch, options, defines, str(root))
                     r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
                     report(r)
+            else:
+                pool = _Workers(n_workers)
+                try:
+                    todo = [(str(src), arch, options, defines, str(root)) for src, arch in misses]
+                    for i, (mod, e, secs) in pool.run(todo):
+                        src, arch = misses[i]
+                        r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
+                        report(r)
+                finally:
+                    pool.close(root)
+        except _Interrupted as sig:
+            queued = len(misses) - len([k for k in misses if k in results])
+            print(f"precompile: interrupted by {sig.name}; cancelled {queued} unfinished compiles, "
+                  "removed their temporary files (the cache keeps the finished ones)", file=err, flush=True)
+            return 128 + sig.signum
 
     rows: list[dict[str, Any]] = []
     failures: list[dict[str, str]] = []
     manifest: list[dict[str, Any]] = []
-    for src, arch in jobs:
-        r = results[(src, arch)]
-        if r.error:
-            failures.append({"source": str(src), "arch": arch, "error": r.error})
-            continue
-        mod = r.module
-        if args.out:
-            bpath = cache.export_to_bundle(mod, load_source(src), args.out)
-            manifest.append({"source": src.name, "arch": arch, "kind": mod.kind, "kernels": list(mod.kernels),
-                             "entry": str(bpath.relative_to(Path(args.out))), "cache_key": mod.digest})
-        for k in names[src]:
-            res = mod.resources.get(k)
-            row = {"kernel": k, "source": str(src), "arch": arch, "kind": mod.kind,
-                   "status": "hit" if mod.hit else "compiled", "seconds": round(r.seconds, 4), "key": mod.digest}
-            if res is not None:
-                row.update(res.to_dict())
-            elif mod.kind == "cubin":
-                row.update(registers=None, spill_stores=None, spill_loads=None, shared_bytes=None,
-                           stack_bytes=None, barriers=None)
-            rows.append(row)
-    rows.sort(key=lambda r: (r["kernel"], archs.index(r["arch"])))
+    written: list[Path] = []  # bundle entries new in this run: removed again if the run cannot finish
+    unsaved: list[str] = []
+    try:
+        for src, arch in jobs:
+            r = results[(src, arch)]
+            if r.error:
+                failures.append({"source": str(src), "arch": arch, "error": r.error})
+                continue
+            mod = r.module
+            if not mod.hit and mod.path is None:
+                unsaved.append(f"{src.name} for {arch}")
+            if args.out:
+                bpath = cache.entry_path(Path(args.out), cache.key_for(load_source(src), arch, options, defines,
+                                                                       bundle=True))
+                if not bpath.exists():  # listed before writing: a signal may land right after the rename
+                    written.append(bpath)
+                bpath = cache.export_to_bundle(mod, load_source(src), args.out)
+                manifest.append({"source": src.name, "arch": arch, "kind": mod.kind, "kernels": list(mod.kernels),
+                                 "entry": str(bpath.relative_to(Path(args.out))), "cache_key": mod.digest})
+            first = True  # the compile time belongs to the source: shown on its first kernel row only
+            for k in names[src]:
+                res = mod.resources.get(k)
+                row = {"kernel": k, "source": str(src), "arch": arch, "kind": mod.kind,
+                       "status": "hit" if mod.hit else "compiled", "seconds": round(r.seconds, 4),
+                       "key": mod.digest, "file_row": first}
+                first = False
+                if res is not None:
+                    row.update(res.to_dict())
+                elif mod.kind == "cubin":
+                    row.update(registers=None, spill_stores=None, spill_loads=None, shared_bytes=None,
+                               stack_bytes=None, barriers=None)
+                rows.append(row)
+        if args.out and not failures and not unsaved:
+            out = Path(args.out)
+            cache.write_atomic(out / cache.BUNDLE_MANIFEST, json.dumps({
+                "format": cache.FORMAT_VERSION, "nvrtc": ".".join(map(str, compiler.nvrtc_version())),
+                "options": list(options), "defines": defines or {}, "created": time.time(), "entries": manifest,
+            }, indent=2).encode())
+    except (_Interrupted, OSError) as e:
+        for p in written:  # no half bundle: what this run added goes again
+            try:
+                p.unlink()
+            except OSError:
+                pass
+        if isinstance(e, _Interrupted):
+            raise
+        print(f"precompile: cannot write the bundle folder {args.out} ({type(e).__name__}: {e}); "
+              "the entries of this run were removed from it", file=err)
+        return 1
+    # One group per source and arch (its kernels share one compile), kernels in file order.
+    order = {src: i for i, (src, _) in enumerate(selected)}
+    rows.sort(key=lambda r: (order[Path(r["source"])], archs.index(r["arch"])))
     spilling = [r for r in rows if (r.get("spill_stores") or 0) + (r.get("spill_loads") or 0) > 0]
-
-    if args.out and not failures:
-        out = Path(args.out)
-        cache.write_atomic(out / cache.BUNDLE_MANIFEST, json.dumps({
-            "format": cache.FORMAT_VERSION, "nvrtc": ".".join(map(str, compiler.nvrtc_version())),
-            "options": list(options), "defines": defines or {}, "created": time.time(), "entries": manifest,
-        }, indent=2).encode())
 
     wall = time.perf_counter() - t_start
     n_hits = sum(1 for r in results.values() if r.module is not None and r.module.hit)
     if args.json:
         print(json.dumps({
             "nvrtc": ".".join(map(str, compiler.nvrtc_version())), "archs": archs, "cache_dir": str(root),
-            "out": args.out, "options": list(options), "jobs": len(jobs), "hits": n_hits,
+            # "jobs" is the old name of "modules" (one module per source and arch), kept for scripts.
+            "out": args.out, "options": list(options), "modules": len(jobs), "jobs": len(jobs),
+            "kernel_rows": len(rows), "hits": n_hits,
             "compiled": len(jobs) - n_hits - len(failures), "wall_seconds": round(wall, 4),
             "results": rows, "failures": failures,
         }, indent=2))
     else:
         print(_table(rows))
-        print(f"{len(jobs)} compiles ({n_hits} cache hits, {len(jobs) - n_hits - len(failures)} compiled, "
-              f"{len(failures)} failed) in {wall:.2f}s; cache {root}" + (f"; bundle {args.out}" if args.out else ""))
+        print(f"{len(jobs)} modules ({len(selected)} sources x {len(archs)} archs): {n_hits} cache hits, "
+              f"{len(jobs) - n_hits - len(failures)} compiled, {len(failures)} failed; {len(rows)} kernel rows; "
+              f"{wall:.2f}s; cache {root}" + (f"; bundle {args.out}" if args.out else ""))
     for f in failures:
         print(f"\nFAILED {Path(f['source']).name} for {f['arch']}:\n{f['error']}", file=err)
     if spilling:
         print("\nspilling kernels: " + ", ".join(f"{r['kernel']}@{r['arch']}" for r in spilling), file=err)
-    if failures or (args.fail_on_spill and spilling):
+    if unsaved:
+        why = cache.unwritable_reason(root) or "see the warning above"
+        print(f"\nprecompile: {len(unsaved)} compiled modules could not be saved to the cache folder {root} "
+              f"({why}): {', '.join(unsaved)}", file=err)
+        if args.out:
+            print(f"precompile: no manifest was written to {args.out}", file=err)
+    if failures or unsaved or (args.fail_on_spill and spilling):
         return 1
     return 0
 

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import os
 import re
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -16,6 +17,40 @@ _KERNEL = re.compile(
 )
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile"}
+
+
+class RegistryWarning(UserWarning):
+    """A kernel (or source) outside kernels_cu/ was skipped because it cannot be typed; others keep working."""
+
+
+def strict() -> bool:
+    """PYKERN_STRICT=1: a kernel the registry cannot type is an error for every kernel, not a skip."""
+    return os.environ.get("PYKERN_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _is_strict(path: Path) -> bool:
+    # The project's own kernels are always strict: a broken signature there is a bug to fail on.
+    return strict() or Path(path).resolve().parent == KERNELS_DIR.resolve()
+
+
+_warned: set[str] = set()
+
+
+def _skip(msg: str) -> None:
+    """One warning per distinct problem per process (the registry is re-parsed after every edit)."""
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(f"pykern: skipped {msg} (set PYKERN_STRICT=1 to make this an error)", RegistryWarning,
+                      stacklevel=4)
+
+
+def suggest(name: str, known: list[str] | tuple[str, ...] | set[str], n: int = 5) -> str:
+    """'did you mean a, b?' for the names closest to `name`, else a short count of what exists."""
+    import difflib  # only on the error path: keeps `import pykern` lean
+    close = difflib.get_close_matches(name, list(known), n=n, cutoff=0.6)
+    if close:
+        return "did you mean " + ", ".join(close) + "?"
+    return f"{len(known)} kernels are registered (pykern.kernels() lists them)" if known else "no kernel is registered"
 
 
 @dataclass(frozen=True)
@@ -43,6 +78,7 @@ class KernelSpec:
     source: Path
     line: int
     params: tuple[Param, ...]
+    max_threads: int | None = None  # __launch_bounds__(N): more threads per block is refused
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
@@ -77,24 +113,48 @@ def _parse_param(decl: str, where: str) -> Param:
     return Param(name, base)
 
 
-def parse_file(path: Path) -> list[KernelSpec]:
-    """Every `extern "C" __global__ void` kernel of one source file, in file order."""
+def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
+    """Every `extern "C" __global__ void` kernel of one source file, in file order.
+
+    A kernel whose signature cannot be typed raises RegistryError when strict (PYKERN_STRICT=1, and
+    always for kernels_cu/), else it is left out with one RegistryWarning naming file:line and why.
+    """
+    strict = _is_strict(path) if strict is None else strict
     try:
         text = _blank_comments(Path(path).read_text(encoding="utf-8"))
     except UnicodeDecodeError as e:
-        raise RegistryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})") from None
+        err = RegistryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
+        if strict:
+            raise err from None
+        _skip(f"every kernel of {err}")
+        return []
     specs = []
     for m in _KERNEL.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         where = f"{path}:{line}"
         body = m.group(2).strip()
         decls = [] if body in ("", "void") else body.split(",")
-        params = tuple(_parse_param(d, where) for d in decls)
-        names = [p.name for p in params]
-        if len(set(names)) != len(names):
-            raise RegistryError(f"{where}: kernel {m.group(1)!r} repeats a parameter name")
-        specs.append(KernelSpec(m.group(1), Path(path).resolve(), line, params))
+        try:
+            params = tuple(_parse_param(d, where) for d in decls)
+            names = [p.name for p in params]
+            if len(set(names)) != len(names):
+                raise RegistryError(f"{where}: kernel {m.group(1)!r} repeats a parameter name")
+        except RegistryError as e:
+            if strict:
+                raise
+            _skip(f"kernel {m.group(1)!r}: {e}")
+            continue
+        specs.append(KernelSpec(m.group(1), Path(path).resolve(), line, params, _launch_bounds(m.group(0))))
     return specs
+
+
+_BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(0[xX][0-9a-fA-F]+|\d+)[uU]?\s*[,)]")
+
+
+def _launch_bounds(head: str) -> int | None:
+    """maxThreadsPerBlock of a literal `__launch_bounds__(N[, ...])` in a kernel's signature."""
+    m = _BOUNDS.search(head)
+    return int(m.group(1), 0) if m else None
 
 
 def kernel_dirs() -> list[Path]:
@@ -144,9 +204,13 @@ def _load() -> dict[str, KernelSpec]:
         for spec in parse_file(f):
             if spec.name in table:
                 old = table[spec.name]
-                raise RegistryError(
+                err = RegistryError(
                     f"kernel {spec.name!r} defined twice: {old.source}:{old.line} and {spec.source}:{spec.line}"
                 )
+                if _is_strict(f):
+                    raise err
+                _skip(f"the second definition: {err}; the first one is used")  # kernels_cu/ comes first
+                continue
             table[spec.name] = spec
     _state = (stamp, table, per_file)
     return table
@@ -178,7 +242,7 @@ def get(name: str) -> KernelSpec:
         _reload_fast()  # a source was added, edited or removed since
         entry = _fast.get(name)
         if entry is None:
-            raise KernelNotFound(f"no kernel named {name!r}; known: {', '.join(sorted(_fast)) or '(none)'}")
+            raise KernelNotFound(f"no kernel named {name!r}; {suggest(name, sorted(_fast))}")
     return entry[0]
 
 

@@ -34,6 +34,8 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("rope", "bf16"): BF16,
     ("silu_gate", "f32"): F32,
     ("silu_gate", "bf16"): BF16,
+    ("silu_gate_backward", "f32"): F32,
+    ("silu_gate_backward", "bf16"): BF16,
     ("rms_norm", "f32"): F32,
     ("rms_norm", "bf16"): BF16,
     ("causal_attn_softmax", "f32"): F32,
@@ -53,6 +55,9 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("flash_attention_varlen", "bf16"): BF16,
     ("append_paged_kv_cache", "f32"): (0.0, 0.0),
     ("append_paged_kv_cache", "bf16"): (0.0, 0.0),
+    # pykern.torch.apply: a patched HF model against the unpatched one (logits, loss, gradients)
+    ("torch_apply", "f32"): F32,
+    ("torch_apply", "bf16"): BF16,
     # test-only kernels (tests/difftest_extra/cu, tests/wrong_cu): never registered in kernels_cu/
     ("pk_test_axpy", "f32"): F32,
     ("pk_test_axpy", "bf16"): BF16,

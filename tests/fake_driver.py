@@ -55,9 +55,34 @@ class _Function:
     max_dynamic_shared: int = 48 * 1024
 
 
+# cuDeviceGetAttribute values of real parts (deviceQuery / cudaGetDeviceProperties), for the
+# attribute queries of pykern.gpucheck and pykern.bench. Clocks in kHz, bus width in bits.
+A100_SXM_ATTRIBUTES = {
+    "MULTIPROCESSOR_COUNT": 108, "CLOCK_RATE": 1410000, "MEMORY_CLOCK_RATE": 1215000,
+    "GLOBAL_MEMORY_BUS_WIDTH": 5120, "L2_CACHE_SIZE": 40 * 1024 * 1024, "MAX_THREADS_PER_BLOCK": 1024,
+    "MAX_THREADS_PER_MULTIPROCESSOR": 2048, "MAX_BLOCKS_PER_MULTIPROCESSOR": 32, "MAX_REGISTERS_PER_BLOCK": 65536,
+    "MAX_REGISTERS_PER_MULTIPROCESSOR": 65536, "MAX_SHARED_MEMORY_PER_BLOCK": 48 * 1024,
+    "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN": 163 * 1024, "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR": 164 * 1024,
+    "RESERVED_SHARED_MEMORY_PER_BLOCK": 1024, "WARP_SIZE": 32,
+    "COMPUTE_CAPABILITY_MAJOR": 8, "COMPUTE_CAPABILITY_MINOR": 0,
+}
+H100_SXM_ATTRIBUTES = dict(
+    A100_SXM_ATTRIBUTES, MULTIPROCESSOR_COUNT=132, CLOCK_RATE=1980000, MEMORY_CLOCK_RATE=2619000,
+    GLOBAL_MEMORY_BUS_WIDTH=5120, L2_CACHE_SIZE=50 * 1024 * 1024, MAX_SHARED_MEMORY_PER_BLOCK_OPTIN=227 * 1024,
+    MAX_SHARED_MEMORY_PER_MULTIPROCESSOR=228 * 1024, COMPUTE_CAPABILITY_MAJOR=9, COMPUTE_CAPABILITY_MINOR=0,
+)
+
+
 @dataclass
 class FakeDriver:
-    """Records calls in `calls` as (name, args) tuples; `images` maps a loaded image to its PTX."""
+    """Records calls in `calls` as (name, args) tuples; `images` maps a loaded image to its PTX.
+
+    Device attributes come from `attributes` (A100 values by default; cc and max_shared_optin
+    override theirs). Function attributes come from `func_attributes[kernel name]`, else the
+    neutral values a kernel without __launch_bounds__ has. Events read a virtual clock that
+    every launch advances by `launch_ms[kernel]` (default `default_launch_ms`), so timing code
+    gets exact, known elapsed times.
+    """
 
     cc: tuple[int, int] = (8, 0)
     devices: int = 1
@@ -71,6 +96,15 @@ class FakeDriver:
     modules: dict[int, _Module] = field(default_factory=dict)
     functions: dict[int, _Function] = field(default_factory=dict)
     current: int | None = None
+    attributes: dict[str, int] = field(default_factory=lambda: dict(A100_SXM_ATTRIBUTES))
+    func_attributes: dict[str, dict[str, int]] = field(default_factory=dict)
+    name: str = "Fake GPU"
+    memory_bytes: int = 80 * 1024**3
+    version: int = 12040
+    launch_ms: dict[str, float] = field(default_factory=dict)
+    default_launch_ms: float = 0.0
+    clock_ms: float = 0.0
+    events: dict[int, float | None] = field(default_factory=dict)
     _next_addr: int = _DEVICE_BASE
     _next_handle: int = 0x1000
 
@@ -220,9 +254,84 @@ class FakeDriver:
             raise DriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE")
         values = decode_params(fn.name, fn.params, kernel_params, self)
         self.launches.append(Launch(fn.name, tuple(grid), tuple(block), shared_mem, stream, values))
+        self.clock_ms += self.launch_ms.get(fn.name, self.default_launch_ms)
         sim = self.simulate.get(fn.name)
         if sim is not None:
             sim(self, grid, block, shared_mem, *values)
+
+    # -- device / function queries and events ------------------------------------------
+
+    def device_attribute(self, device: int, name: str) -> int:
+        self._call("device_attribute", device, name)
+        if name == "COMPUTE_CAPABILITY_MAJOR":
+            return self.cc[0]
+        if name == "COMPUTE_CAPABILITY_MINOR":
+            return self.cc[1]
+        if name == "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN":
+            return self.max_shared_optin
+        if name not in self.attributes:
+            raise DriverError("cuDeviceGetAttribute", "CUDA_ERROR_INVALID_VALUE")
+        return self.attributes[name]
+
+    def device_name(self, device: int) -> str:
+        self._call("device_name", device)
+        return self.name
+
+    def total_memory(self, device: int) -> int:
+        self._call("total_memory", device)
+        return self.memory_bytes
+
+    def driver_version(self) -> int:
+        self._call("driver_version")
+        return self.version
+
+    def func_attribute(self, func: Any, name: str) -> int:
+        self._call("func_attribute", func, name)
+        fn = self.functions.get(func)
+        if fn is None:
+            raise FakeDriverError(f"func_attribute: unknown function handle {func!r}")
+        given = self.func_attributes.get(fn.name, {})
+        if name in given:
+            return given[name]
+        neutral = {"MAX_THREADS_PER_BLOCK": 1024, "NUM_REGS": 32, "SHARED_SIZE_BYTES": 0, "LOCAL_SIZE_BYTES": 0,
+                   "MAX_DYNAMIC_SHARED_SIZE_BYTES": fn.max_dynamic_shared}
+        if name not in neutral:
+            raise DriverError("cuFuncGetAttribute", "CUDA_ERROR_INVALID_VALUE")
+        return neutral[name]
+
+    def event_create(self) -> int:
+        self._call("event_create")
+        self._need_context("event_create")
+        h = self._handle()
+        self.events[h] = None
+        return h
+
+    def _event(self, event: Any, what: str) -> None:
+        if event not in self.events:
+            raise FakeDriverError(f"{what}: unknown or destroyed event {event!r}")
+
+    def event_record(self, event: Any, stream: int) -> None:
+        self._call("event_record", event, stream)
+        self._event(event, "event_record")
+        self.events[event] = self.clock_ms
+
+    def event_synchronize(self, event: Any) -> None:
+        self._call("event_synchronize", event)
+        self._event(event, "event_synchronize")
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        self._call("event_elapsed_ms", start, end)
+        self._event(start, "event_elapsed_ms")
+        self._event(end, "event_elapsed_ms")
+        t0, t1 = self.events[start], self.events[end]
+        if t0 is None or t1 is None:
+            raise DriverError("cuEventElapsedTime", "CUDA_ERROR_INVALID_HANDLE")  # never recorded
+        return float(t1 - t0)
+
+    def event_destroy(self, event: Any) -> None:
+        self._call("event_destroy", event)
+        self._event(event, "event_destroy")
+        del self.events[event]
 
 
 def decode_params(name: str, ptx: tuple[PtxParam, ...], kernel_params: int, fake: FakeDriver) -> list[Any]:

@@ -89,7 +89,8 @@ def _numba_subset() -> list:
         if c.note == "big":
             continue
         key = (c.op, c.dtype)
-        edge = c.op == "flash_attention" and any(t in c.shape for t in ("q65-k17", "d48v130", "h8/1"))
+        edge = (c.op == "flash_attention" and any(t in c.shape for t in ("q65-k17", "d48v130", "h8/1"))) or (
+            c.op == "rope" and "pidb-hf-inv" in c.shape)
         if key not in seen or edge:
             seen.add(key)
             picked.append(c)
@@ -269,7 +270,7 @@ def test_every_kernel_declares_launch_bounds_covering_the_ops_blocks() -> None:
     unbounded = sorted(k for b, k in found if not b)
     assert not unbounded, f"kernels without __launch_bounds__: {unbounded}"
     bounds = {k: int(b) for b, k in found}
-    assert len(bounds) == 15
+    assert len(bounds) == 17  # issue 10 added silu_gate_backward and its bf16 twin
     row_blocks = [fwd._row_geometry(1, n)[1] for n in (1, 64, 65, 1024, 1025, 4096, 4097, 10**6)]
     row_max = max(bx * by for bx, by in row_blocks)
     for k, bound in bounds.items():

@@ -91,3 +91,22 @@ def test_in_process_sanitize_without_preload_says_how(monkeypatch: pytest.Monkey
         HostBackend().library(HOST_KERNELS / "emu.cu")
 
 # Every kernel's difftest cases under this build: tests/test_difftest.py::test_all_cases_under_sanitizer.
+
+
+def test_mul24_sad_are_clean_and_float_cast_overflow_is_caught() -> None:
+    rc, out, err = _run(
+        """
+        import numpy as np, pykern
+        a = np.array([0x7FFFFFFF, -0x80000000, 0x00800000, -5], np.int32)
+        b = np.array([-0x80000000, 0x7FFFFFFF, 0x00800000, 7], np.int32)
+        m, s = np.zeros(4, np.int32), np.zeros(4, np.uint32)
+        pykern.launch("pk_h_mul24_sad", 1, 32, a, b, m, s, 4, backend="host")
+        print("mul24/sad ok", flush=True)
+        pykern.launch("pk_h_float_cast", 1, 32, np.array([1.5, 3e9], np.float32), np.zeros(2, np.int32), 2,
+                      backend="host")
+        print("NOT caught", flush=True)
+        """
+    )
+    assert "mul24/sad ok" in out, err
+    assert rc != 0 and "NOT caught" not in out, err
+    assert "outside the range of representable values" in err and "hazards.cu:" in err, err

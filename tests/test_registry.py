@@ -50,7 +50,8 @@ def test_every_shipped_kernel_is_typed():
         assert s.params, f"{s.name} takes no parameters"
 
 
-def test_duplicate_kernel_names_file_and_line(kpath, tmp_path):
+def test_duplicate_kernel_names_file_and_line(kpath, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYKERN_STRICT", "1")
     (tmp_path / "a.cu").write_text('extern "C" __global__ void pk_dup(float* x) {}\n')
     (tmp_path / "b.cu").write_text('\n\nextern "C" __global__ void pk_dup(float* y) {}\n')
     kpath(tmp_path)
@@ -60,9 +61,10 @@ def test_duplicate_kernel_names_file_and_line(kpath, tmp_path):
 
 @pytest.mark.parametrize(
     "decl",
-    ["float** pp", "float& r", "half h", "MyStruct s", "float x[4]"],
+    ["float** pp", "float& r", "__half2 h", "MyStruct s", "float x[4]"],
 )
-def test_untypable_signature_names_file_and_line(kpath, tmp_path, decl):
+def test_untypable_signature_names_file_and_line(kpath, tmp_path, decl, monkeypatch):
+    monkeypatch.setenv("PYKERN_STRICT", "1")
     (tmp_path / "bad.cu").write_text(
         textwrap.dedent(f"""
         // line 2
@@ -117,7 +119,8 @@ def test_get_forgets_a_removed_kernel(kpath, tmp_path):
     assert registry.get("pk_renamed").params[0].name == "x"
 
 
-def test_non_utf8_source_names_the_file(kpath, tmp_path):
+def test_non_utf8_source_names_the_file(kpath, tmp_path, monkeypatch):
+    monkeypatch.setenv("PYKERN_STRICT", "1")
     (tmp_path / "latin.cu").write_bytes(b'// caf\xe9\nextern "C" __global__ void pk_latin(float* x) {}\n')
     kpath(tmp_path)
     with pytest.raises(RegistryError, match=r"latin\.cu: not UTF-8"):

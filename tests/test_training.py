@@ -134,8 +134,11 @@ def test_deterministic_kernels_are_bitwise_stable_across_schedules(monkeypatch: 
 def _numba_subset() -> list:
     picked, seen = [], set()
     for c in _SMALL:
-        key = (c.op, c.dtype, c.shape.split("-")[-1] if c.op == "attention_backward" else "")
-        if key not in seen:
+        # attention: one per method, and again for the issue-10 shapes (n_q != n_k, causal=False)
+        new = c.op == "attention_backward" and bool(re.search(r"q\d+k\d+|-full", c.shape))
+        key = (c.op, c.dtype, c.shape.split("-")[-1] if c.op == "attention_backward" else "", new)
+        edge = c.op == "attention_backward" and c.shape.startswith(("q17k5", "2xq9k23"))  # rows that see no key; GQA 4
+        if key not in seen or edge:
             seen.add(key)
             picked.append(c)
     return picked

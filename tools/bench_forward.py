@@ -8,13 +8,13 @@ Occupancy is the theoretical one at the block size the op launches with
 (ops/forward.py): registers are allocated per warp in units of 256, shared
 memory per block plus the 1 KB the driver reserves on sm_80+. --time reports
 effective bandwidth (bytes the op must move / time) for the memory-bound ops
-and GFLOP/s (4 * b * h * n_q * n_k * d, halved when causal) for flash_attention.
+and GFLOP/s (4 * b * h * n_q * n_k * d, halved when causal) for flash_attention,
+each with % of the device's peak; times are CUDA-event medians (pykern.bench).
 """
 from __future__ import annotations
 
 import argparse
 import sys
-import time
 from pathlib import Path
 
 
@@ -35,7 +35,7 @@ ARCH = {
 # kernel -> the block sizes the op uses (threads); row kernels have a warp-per-row and a block-per-row shape
 BLOCKS = {
     "embedding": (256,), "embedding_bf16": (256,), "rope": (256,), "rope_bf16": (256,),
-    "silu_gate": (256,), "silu_gate_bf16": (256,),
+    "silu_gate": (256,), "silu_gate_bf16": (256,), "silu_gate_backward": (256,), "silu_gate_backward_bf16": (256,),
     "rms_norm": (256, 1024), "rms_norm_bf16": (256, 1024), "causal_attn_softmax": (256, 1024),
 }
 FA_THREADS = 256
@@ -71,16 +71,23 @@ def report(archs: list[str]) -> int:
     return bad
 
 
-def _time(fn, reps: int) -> float:
-    import torch
+_GPU: list = []  # (driver, peaks) once opened
 
-    fn()
-    torch.cuda.synchronize()
-    t0 = time.perf_counter()
-    for _ in range(reps):
-        fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - t0) / reps
+
+def _gpu():
+    from pykern import bench
+
+    if not _GPU:
+        drv = bench.open_device()
+        _GPU.append((drv, bench.gpu_peaks(drv)))
+    return _GPU[0]
+
+
+def _time(fn, reps: int) -> float:
+    """Median seconds per call: CUDA events around each call after 2 warm-up calls (pykern.bench)."""
+    from pykern import bench
+
+    return bench.time_gpu(fn, warmup=2, repeats=reps, driver=_gpu()[0]).seconds
 
 
 def timings(kind: str, reps: int) -> None:
@@ -105,6 +112,9 @@ def timings(kind: str, reps: int) -> None:
     g, u = dev((n_tok, 14336)), dev((n_tok, 14336))
     t = _time(lambda: ops.silu_gate(g, u, backend="nvrtc"), reps)
     rows.append(("silu_gate", f"{n_tok}x14336", 3 * g.numel() * es / t / 1e9, "GB/s", t))
+    dy = dev((n_tok, 14336))
+    t = _time(lambda: ops.silu_gate_backward(g, u, dy, backend="nvrtc"), reps)
+    rows.append(("silu_gate_backward", f"{n_tok}x14336", 5 * g.numel() * es / t / 1e9, "GB/s", t))
     table = dev((128256, dim))
     ids = torch.randint(0, 128256, (n_tok,), device="cuda", dtype=torch.int64)
     t = _time(lambda: ops.embedding(ids, table, backend="nvrtc"), reps)
@@ -114,6 +124,12 @@ def timings(kind: str, reps: int) -> None:
     for style in ("interleaved", "half"):
         t = _time(lambda: ops.rope(xq, cos, sin, style=style, inplace=True, backend="nvrtc"), reps)
         rows.append((f"rope[{style}]", f"{n_tok}x32x128", 2 * xq.numel() * es / t / 1e9, "GB/s", t))
+    # the backward as a LLaMA step runs it: HF (max_pos, head_dim) tables, per-token position_ids, inverse
+    hc, hs = (torch.cat([a, a], -1).contiguous() for a in (cos, sin))
+    pid = torch.arange(n_tok, device="cuda")
+    t = _time(lambda: ops.rope(xq, hc, hs, position_ids=pid, style="half", inverse=True, inplace=True,
+                               backend="nvrtc"), reps)
+    rows.append(("rope[half,hf,pid,inv]", f"{n_tok}x32x128", 2 * xq.numel() * es / t / 1e9, "GB/s", t))
     if kind == "f32":
         sc = dev((2048, 32, 2048))
         t = _time(lambda: ops.causal_attn_softmax(sc, 0, backend="nvrtc"), reps)
@@ -125,8 +141,12 @@ def timings(kind: str, reps: int) -> None:
         flops = 4 * b * h * n * n * d * (0.5 if causal else 1.0)
         rows.append(("flash_attention", f"b{b} n{n} h{h}/{kvh} d{d}{' causal' if causal else ''}", flops / t / 1e9,
                      "GFLOP/s", t))
+    from pykern.bench import pct_text
+
+    peaks = _gpu()[1]
     for name, shape, rate, unit, t in rows:
-        print(f"{name:22s} {shape:28s} {rate:10.1f} {unit:8s} {t * 1e6:10.1f} us")
+        peak = peaks.bandwidth if unit == "GB/s" else (peaks.bf16_tensor if kind == "bf16" else peaks.fp32)
+        print(f"{name:22s} {shape:28s} {rate:10.1f} {unit:8s} {t * 1e6:10.1f} us  {pct_text(rate * 1e9, peak)}")
 
 
 def main() -> None:

@@ -6,7 +6,7 @@ side by side with the same computation on the numba CUDA simulator.
 The launch shape is the same on both (blocks x threads). The numba simulator has no warp
 shuffles, so its kernel does the warp stage as a shared-memory tree (same sums, same
 barrier count order of magnitude). Budget from the issue: host <= 20 ms per launch,
-simulator >= 100x slower.
+simulator >= 100x slower; PYKERN_HOST_RACECHECK=1 at most 10x the default mode.
 """
 from __future__ import annotations
 
@@ -111,6 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--per-thread", type=int, default=4, help="elements each thread sums")
     ap.add_argument("--repeat", type=int, default=20)
     ap.add_argument("--skip-numba", action="store_true")
+    ap.add_argument("--skip-racecheck", action="store_true", help="do not measure PYKERN_HOST_RACECHECK=1")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args(argv)
 
@@ -129,6 +130,21 @@ def main(argv: list[str] | None = None) -> int:
         "host_budget_ms": 20.0,
         "host_ok": host_ms <= 20.0,
     }
+    if not a.skip_racecheck:
+        # The checked build (every shared/global access goes through the race detector).
+        os.environ["PYKERN_HOST_RACECHECK"] = "1"
+        try:
+            rc_times, rc_out = bench_host(x, a.blocks, a.threads, a.repeat)
+        finally:
+            del os.environ["PYKERN_HOST_RACECHECK"]
+        rc_ms = statistics.median(rc_times) * 1e3
+        res.update(
+            racecheck_ms_median=round(rc_ms, 3),
+            racecheck_max_abs_err=float(np.abs(rc_out - expect).max()),
+            racecheck_overhead=round(rc_ms / host_ms, 2),
+            racecheck_budget=10.0,
+            racecheck_ok=rc_ms / host_ms <= 10.0,
+        )
     if not a.skip_numba:
         sim_s, sim_out = bench_numba_sim(x, a.blocks, a.threads)
         res.update(
@@ -142,7 +158,7 @@ def main(argv: list[str] | None = None) -> int:
     else:
         for k, v in res.items():
             print(f"{k:>18}: {v}")
-    ok = res["host_ok"] and res.get("speedup_ok", True)
+    ok = res["host_ok"] and res.get("speedup_ok", True) and res.get("racecheck_ok", True)
     return 0 if ok else 1
 
 

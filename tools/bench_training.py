@@ -74,8 +74,28 @@ class Env:
         if self.backend == "nvrtc":
             self.cuda.synchronize()
 
+    def time(self, step: Callable[[], None], iters: int) -> float:
+        from pykern import bench
+
+        if not hasattr(self, "drv"):
+            self.drv = bench.open_device()
+            self.peaks = bench.gpu_peaks(self.drv)
+        return bench.time_gpu(step, warmup=2, repeats=iters, driver=self.drv).seconds
+
+    def pct(self, value: float, kind: str) -> str:
+        """% of the device's peak (bandwidth for "bw", bf16 tensor FLOP/s for "flops"), GPU only."""
+        if self.backend != "nvrtc":
+            return ""
+        from pykern.bench import pct_text
+
+        return pct_text(value, self.peaks.bandwidth if kind == "bw" else self.peaks.bf16_tensor)
+
 
 def _timed(env: Env, step: Callable[[], None], iters: int) -> float:
+    """Seconds per step: on the GPU the CUDA-event median after warm-up (pykern.bench); on the host
+    backend wall time (there are no events on the CPU)."""
+    if env.backend == "nvrtc":
+        return env.time(step, iters)
     step()
     env.sync()
     t0 = time.perf_counter()
@@ -107,7 +127,8 @@ def bench(args: argparse.Namespace) -> None:
         return rng.standard_normal(shape).astype(np.float32).astype(dt)
 
     def line(op: str, shape: str, sec: float, nbytes: float) -> None:
-        print(f"{op:24s} {shape:34s} {sec * 1e6:10.1f} us  {nbytes / sec / 1e9:8.1f} GB/s")
+        print(f"{op:24s} {shape:34s} {sec * 1e6:10.1f} us  {nbytes / sec / 1e9:8.1f} GB/s  "
+              f"{env.pct(nbytes / sec, 'bw')}")
 
     # transpose
     r, c = (100, 70) if small else (8192, 8192)
@@ -179,16 +200,16 @@ def bench(args: argparse.Namespace) -> None:
 
     def attn() -> None:
         launch("attention_bwd_lse" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
-               s, h, kvh, hd, scale, G, smem=2 * 16 * hd * 4)
+               s, s, h, kvh, hd, scale, 1, G, smem=2 * 16 * hd * 4)
         launch("attention_backward_flash_dkdv" + sfx, (-(-s // rows_blk), kvh, b), (256,), q, k, v, gq, lse, delta,
-               dk, dv, s, h, kvh, hd, scale, G, smem=(2 * 16 * hd + 32) * 4)
+               dk, dv, s, s, h, kvh, hd, scale, 1, G, smem=(2 * 16 * hd + 32) * 4)
         launch("attention_backward_flash_dq" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
-               dq, s, h, kvh, hd, scale, G, smem=2 * 16 * hd * 4)
+               dq, s, s, h, kvh, hd, scale, 1, G, smem=2 * 16 * hd * 4)
 
     t = _timed(env, attn, max(1, iters // 20))
     flops = 5 * 2 * b * h * hd * s * (s + 1) / 2
     print(f"{'attention_backward':24s} {f'flash b{b} s{s} h{h}/{kvh} d{hd} {kind}':34s} {t * 1e6:10.1f} us  "
-          f"{flops / t / 1e12:8.2f} TFLOP/s")
+          f"{flops / t / 1e12:8.2f} TFLOP/s  {env.pct(flops / t, 'flops') if kind == 'bf16' else ''}")
 
 
 def main() -> None:

@@ -2,11 +2,20 @@
 from __future__ import annotations
 
 import importlib
+import logging
 import os
 import warnings
 
 from ..errors import ArgumentError, BackendUnavailable
+from ..log import configure as _log_configure
 from .base import Backend
+
+log = logging.getLogger("pykern")
+_log_configure()
+
+
+class BackendWarning(UserWarning):
+    """A GPU is present but pykern runs elsewhere (the nvrtc backend is unusable, and why)."""
 
 NAMES = ("nvrtc", "numba", "host")
 _instances: dict[str, Backend] = {}
@@ -23,21 +32,45 @@ def _instance(name: str, what: str = "backend") -> Backend:
     return be
 
 
+def nvidia_gpus_listed() -> int:
+    """GPUs the NVIDIA kernel driver lists in /proc (Linux): present even when the CUDA user-space
+    driver is too old for the bindings, or fails to initialize. 0 where there is no such folder."""
+    try:
+        return sum(1 for _ in os.scandir("/proc/driver/nvidia/gpus"))
+    except OSError:
+        return 0
+
+
 def default_backend_name() -> str:
-    """The backend used when none is named (decided once per process)."""
+    """The backend used when none is named (decided once per process).
+
+    A GPU that the CUDA driver reports while the nvrtc backend is unusable (NVRTC missing or too new
+    for the driver, ...) is never passed over silently: one BackendWarning names why and where the
+    kernels run instead. PYKERN_BACKEND=nvrtc turns that into an error at the first launch.
+    """
     global _default
     if _default is None:
-        ok, why = _instance("nvrtc").available()
+        nv = _instance("nvrtc")
+        ok, why = nv.available()
         if ok:
             _default = "nvrtc"
+            log.info("pykern: backend nvrtc (GPU %s)", getattr(nv, "arch", "?"))
         else:
+            gpu = getattr(nv, "arch", "")  # set once the driver has reported a device
+            listed = 0 if gpu else nvidia_gpus_listed()  # a GPU the CUDA driver could not even report
             numba_be = _instance("numba")
             on_gpu = getattr(numba_be, "on_gpu", lambda: False)()
-            if on_gpu:
-                warnings.warn(f"pykern: nvrtc backend unusable ({why}); falling back to numba", stacklevel=3)
-                _default = "numba"
-            else:
-                _default = "host"
+            _default = "numba" if on_gpu else "host"
+            if gpu or listed or on_gpu:
+                where = ("numba (its numba.cuda reference kernels on the GPU)" if on_gpu
+                         else "host (the CPU emulator: far slower than the GPU)")
+                warnings.warn(
+                    f"pykern: a CUDA GPU{f' ({gpu})' if gpu else ''} is present"
+                    f"{' (listed in /proc/driver/nvidia/gpus)' if listed else ''} but the nvrtc backend is unusable "
+                    f"({why}); running on the {where} backend. Set PYKERN_BACKEND=nvrtc to make this an error",
+                    BackendWarning, stacklevel=3,
+                )
+            log.info("pykern: backend %s (nvrtc unusable: %s)", _default, why)
     return _default
 
 
@@ -52,4 +85,4 @@ def get_backend(name: str | None = None) -> Backend:
     return _instance(default_backend_name())
 
 
-__all__ = ["Backend", "BackendUnavailable", "NAMES", "get_backend", "default_backend_name"]
+__all__ = ["Backend", "BackendUnavailable", "BackendWarning", "NAMES", "get_backend", "default_backend_name"]

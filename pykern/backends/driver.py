@@ -54,6 +54,43 @@ class Driver(Protocol):
         """`kernel_params` is the address of an array of pointers, one per kernel parameter."""
     def stream_synchronize(self, stream: int) -> None: ...
 
+    # -- used by pykern.gpucheck and pykern.bench (the launch path never calls these) --------
+    def device_attribute(self, device: int, name: str) -> int:
+        """cuDeviceGetAttribute by short name: "MULTIPROCESSOR_COUNT" is CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT."""
+    def device_name(self, device: int) -> str: ...
+    def total_memory(self, device: int) -> int: ...
+    def driver_version(self) -> int:
+        """cuDriverGetVersion: 12040 is CUDA 12.4."""
+    def func_attribute(self, func: Any, name: str) -> int:
+        """cuFuncGetAttribute by short name: "MAX_THREADS_PER_BLOCK", "NUM_REGS", "SHARED_SIZE_BYTES", ..."""
+    def event_create(self) -> Any: ...
+    def event_record(self, event: Any, stream: int) -> None: ...
+    def event_synchronize(self, event: Any) -> None: ...
+    def event_elapsed_ms(self, start: Any, end: Any) -> float: ...
+    def event_destroy(self, event: Any) -> None: ...
+
+
+# Device attributes pykern.gpucheck reads (short names, see Driver.device_attribute).
+DEVICE_ATTRIBUTES = (
+    "MULTIPROCESSOR_COUNT",
+    "CLOCK_RATE",  # kHz, the maximum (boost) SM clock
+    "MEMORY_CLOCK_RATE",  # kHz, the peak memory clock
+    "GLOBAL_MEMORY_BUS_WIDTH",  # bits
+    "L2_CACHE_SIZE",
+    "MAX_THREADS_PER_BLOCK",
+    "MAX_THREADS_PER_MULTIPROCESSOR",
+    "MAX_BLOCKS_PER_MULTIPROCESSOR",
+    "MAX_REGISTERS_PER_BLOCK",
+    "MAX_REGISTERS_PER_MULTIPROCESSOR",
+    "MAX_SHARED_MEMORY_PER_BLOCK",
+    "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN",
+    "MAX_SHARED_MEMORY_PER_MULTIPROCESSOR",
+    "RESERVED_SHARED_MEMORY_PER_BLOCK",
+    "WARP_SIZE",
+    "COMPUTE_CAPABILITY_MAJOR",
+    "COMPUTE_CAPABILITY_MINOR",
+)
+
 
 def arch_of(cc: tuple[int, int]) -> str:
     """Compute capability (9, 0) -> "sm_90"."""
@@ -174,3 +211,39 @@ class CudaDriver:
 
     def stream_synchronize(self, stream: int) -> None:
         self._check("cuStreamSynchronize", self._cu.cuStreamSynchronize(stream))
+
+    # -- device / function queries and events (gpucheck, bench) ---------------------------
+
+    def device_attribute(self, device: int, name: str) -> int:
+        return self._attribute(device, "CU_DEVICE_ATTRIBUTE_" + name)
+
+    def device_name(self, device: int) -> str:
+        raw = self._check("cuDeviceGetName", self._cu.cuDeviceGetName(256, self._device(device)))
+        text = raw.decode(errors="replace") if isinstance(raw, bytes) else str(raw)
+        return text.split("\0", 1)[0].strip()
+
+    def total_memory(self, device: int) -> int:
+        return int(self._check("cuDeviceTotalMem", self._cu.cuDeviceTotalMem(self._device(device))))
+
+    def driver_version(self) -> int:
+        return int(self._check("cuDriverGetVersion", self._cu.cuDriverGetVersion()))
+
+    def func_attribute(self, func: Any, name: str) -> int:
+        attr = getattr(self._cu.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_" + name)
+        return int(self._check("cuFuncGetAttribute", self._cu.cuFuncGetAttribute(attr, func)))
+
+    def event_create(self) -> Any:
+        # Default flags: timing enabled (CU_EVENT_DISABLE_TIMING would make ElapsedTime fail).
+        return self._check("cuEventCreate", self._cu.cuEventCreate(0))
+
+    def event_record(self, event: Any, stream: int) -> None:
+        self._check("cuEventRecord", self._cu.cuEventRecord(event, stream))
+
+    def event_synchronize(self, event: Any) -> None:
+        self._check("cuEventSynchronize", self._cu.cuEventSynchronize(event))
+
+    def event_elapsed_ms(self, start: Any, end: Any) -> float:
+        return float(self._check("cuEventElapsedTime", self._cu.cuEventElapsedTime(start, end)))
+
+    def event_destroy(self, event: Any) -> None:
+        self._check("cuEventDestroy", self._cu.cuEventDestroy(event))

@@ -22,8 +22,12 @@ from ..errors import ArgumentError, ArgumentTypeError, BackendUnavailable, Kerne
 from ..registry import KernelSpec, parse_file
 
 SCHEDULES = {"forward": 0, "reverse": 1, "random": 2}
-_STACK_BYTES = 128 << 10
-_SANITIZE_STACK_BYTES = 1 << 20  # ASan frames are several times larger
+INTERLEAVE_BLOCKS = 4  # blocks resident at once under `interleave`
+# A GPU grants each thread up to 512 KiB of local memory; fiber stacks are that large
+# (reserved, not committed: only touched pages cost memory).
+_STACK_BYTES = 512 << 10
+_SANITIZE_STACK_BYTES = 2 << 20  # ASan frames are several times larger
+_WATCHDOG_S = 60.0
 
 
 class LaunchConfig(ctypes.Structure):
@@ -32,33 +36,81 @@ class LaunchConfig(ctypes.Structure):
         ("block", ctypes.c_uint * 3),
         ("shared_mem", ctypes.c_ulonglong),
         ("schedule", ctypes.c_int),
-        ("reserved", ctypes.c_int),
+        ("interleave", ctypes.c_int),
         ("seed", ctypes.c_ulonglong),
         ("stack_bytes", ctypes.c_ulonglong),
+        ("watchdog_ms", ctypes.c_ulonglong),
+        ("flags", ctypes.c_ulonglong),
+        ("smem_limit", ctypes.c_ulonglong),
     ]
 
 
-def parse_schedule(value: str | None) -> tuple[int, int]:
-    """`forward` | `reverse` | `random:SEED` -> (mode, seed); ArgumentError naming the variable."""
+# Shared memory one block may use (static + dynamic, opt-in maximum) per arch, in KiB.
+SMEM_LIMIT_KB = {
+    "sm_75": 64, "sm_80": 163, "sm_86": 99, "sm_87": 163, "sm_88": 99, "sm_89": 99, "sm_90": 227,
+    "sm_100": 227, "sm_103": 227, "sm_107": 227, "sm_110": 227, "sm_120": 99, "sm_121": 99,
+}
+
+
+def smem_limit() -> int:
+    """Bytes of shared memory a block may use: $PYKERN_HOST_ARCH's limit, else the largest (227 KiB)."""
+    arch = os.environ.get("PYKERN_HOST_ARCH", "").strip()
+    if not arch:
+        return 227 << 10
+    if arch not in SMEM_LIMIT_KB:
+        raise ArgumentError(f"PYKERN_HOST_ARCH: expected one of {', '.join(SMEM_LIMIT_KB)}, got {arch!r}")
+    return SMEM_LIMIT_KB[arch] << 10
+
+
+def parse_schedule_full(value: str | None) -> tuple[int, int, int]:
+    """PYKERN_HOST_SCHEDULE -> (order, seed, resident blocks); ArgumentError naming the variable.
+
+    `forward` / `reverse`: blocks and threads in index order / both reversed; `random:SEED`:
+    both shuffled (seeded); `interleave` / `interleave:SEED`: several blocks resident at once,
+    their fibers interleaved (forward order / both shuffled), atomics and fences yield.
+    """
     text = (value or "forward").strip()
     name, _, seed = text.partition(":")
     if name in ("forward", "reverse") and not seed:
-        return SCHEDULES[name], 0
-    if name == "random":
+        return SCHEDULES[name], 0, 1
+    if name == "interleave" and not seed:
+        return SCHEDULES["forward"], 0, INTERLEAVE_BLOCKS
+    if name in ("random", "interleave"):
         try:
             n = int(seed, 0)
             if n < 0 or n >= 1 << 64:
                 raise ValueError
-            return SCHEDULES["random"], n
+            return SCHEDULES["random"], n, (INTERLEAVE_BLOCKS if name == "interleave" else 1)
         except ValueError:
             pass
     raise ArgumentError(
-        f"PYKERN_HOST_SCHEDULE: expected 'forward', 'reverse' or 'random:SEED' (SEED an integer >= 0), got {text!r}"
+        "PYKERN_HOST_SCHEDULE: expected 'forward', 'reverse', 'random:SEED', 'interleave' or 'interleave:SEED' "
+        f"(SEED an integer >= 0), got {text!r}"
     )
 
 
+def parse_schedule(value: str | None) -> tuple[int, int]:
+    """`forward` | `reverse` | `random:SEED` | `interleave[:SEED]` -> (order, seed)."""
+    mode, seed, _ = parse_schedule_full(value)
+    return mode, seed
+
+
+def watchdog_ms() -> int:
+    """$PYKERN_HOST_WATCHDOG_S (seconds, default 60; 0 turns the watchdog off) in ms."""
+    text = os.environ.get("PYKERN_HOST_WATCHDOG_S", "").strip()
+    if not text:
+        return int(_WATCHDOG_S * 1000)
+    try:
+        v = float(text)
+        if not (v >= 0 and v < 1e7):
+            raise ValueError
+    except ValueError:
+        raise ArgumentError(f"PYKERN_HOST_WATCHDOG_S: expected seconds >= 0 (0: off), got {text!r}") from None
+    return int(v * 1000)
+
+
 def stack_bytes(sanitize: bool) -> int:
-    """Per-thread fiber stack: $PYKERN_HOST_STACK_KB KiB, else 128 KiB (1 MiB under the sanitizer)."""
+    """Per-thread fiber stack: $PYKERN_HOST_STACK_KB KiB, else 512 KiB (2 MiB under the sanitizer)."""
     text = os.environ.get("PYKERN_HOST_STACK_KB", "").strip()
     if not text:
         return _SANITIZE_STACK_BYTES if sanitize else _STACK_BYTES
@@ -104,6 +156,8 @@ class _Library:
         self.alloc.restype, self.alloc.argtypes = ctypes.c_void_p, [ctypes.c_size_t]
         self.free = self.dll.pkrt_free
         self.free.restype, self.free.argtypes = None, [ctypes.c_void_p]
+        self.race_buffers = self.dll.pkrt_race_buffers
+        self.race_buffers.restype = None
 
     def fn(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -119,9 +173,9 @@ class HostBackend:
     name = "host"
 
     def __init__(self) -> None:
-        self._libs: dict[tuple[str, str, bool], _Library] = {}
+        self._libs: dict[tuple[str, str, tuple[bool, ...]], _Library] = {}
         # Per launch only stat() the source and its headers; re-hash when one changed.
-        self._fast: dict[tuple[Path, bool], tuple[tuple[Path, ...], tuple[tuple[int, int], ...], _Library]] = {}
+        self._fast: dict[tuple[Path, tuple[bool, ...]], tuple[tuple[Path, ...], tuple[tuple[int, int], ...], _Library]] = {}
 
     def available(self) -> tuple[bool, str]:
         from ..host.build import find_compiler
@@ -138,12 +192,15 @@ class HostBackend:
         from .. import sources
         from ..host import build
 
+        from ..host.build import checked_build, fma_enabled
+
         sanitize = sanitize_enabled() if sanitize is None else sanitize
-        fast = self._fast.get((source, sanitize))
+        flavor = (sanitize, fma_enabled(), checked_build() and not sanitize)  # what changes the binary
+        fast = self._fast.get((source, flavor))
         if fast is not None and _stamps(fast[0]) == fast[1]:
             return fast[2]
         src = sources.load(source)
-        key = (str(src.path), src.digest(), sanitize)
+        key = (str(src.path), src.digest(), flavor)
         lib = self._libs.get(key)
         if lib is None:
             if sanitize and not _asan_loaded():
@@ -159,7 +216,7 @@ class HostBackend:
             lib = _Library(path)
             self._libs[key] = lib
         files = (src.path, *src.headers)
-        self._fast[(source, sanitize)] = (files, _stamps(files), lib)
+        self._fast[(source, flavor)] = (files, _stamps(files), lib)
         return lib
 
     def prebuild(
@@ -191,7 +248,13 @@ class HostBackend:
         import numpy as np
 
         sanitize = sanitize_enabled()
-        mode, seed = parse_schedule(os.environ.get("PYKERN_HOST_SCHEDULE"))
+        mode, seed, resident = parse_schedule_full(os.environ.get("PYKERN_HOST_SCHEDULE"))
+        limit = smem_limit()
+        if shared_mem > limit:
+            raise ArgumentError(
+                f"shared_mem: {spec.name} asks for {shared_mem} bytes of dynamic shared memory, more than the "
+                f"{limit} bytes a block may use (PYKERN_HOST_ARCH={os.environ.get('PYKERN_HOST_ARCH', '')!r})"
+            )
         lib = self.library(spec.source, sanitize)
         fn = lib.fn(spec.name)
 
@@ -199,6 +262,13 @@ class HostBackend:
         ptrs = (ctypes.c_void_p * max(n, 1))()
         argv = (ctypes.c_void_p * max(n, 1))()
         copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
+        zones = _RedZones([(a.ctypes.data, a.nbytes) for p, a in zip(spec.params, args) if p.is_pointer
+                           and isinstance(a, np.ndarray)])
+        if not sanitize:
+            # Writable arrays first: a const parameter given the same array must see the copy.
+            for i, (p, a) in enumerate(zip(spec.params, args)):
+                if p.is_pointer and not p.is_const and isinstance(a, np.ndarray) and a.flags.c_contiguous:
+                    zones.guard(i, p, a, a.ctypes.data)
         try:
             for i, (p, a) in enumerate(zip(spec.params, args)):
                 if p.is_pointer:
@@ -213,7 +283,9 @@ class HostBackend:
                             f"got strides {a.strides}"
                         )
                     addr = a.ctypes.data
-                    if sanitize:
+                    if not sanitize:
+                        addr = zones.by_addr.get((addr, a.nbytes), addr)
+                    elif sanitize:
                         # An exactly-sized heap copy puts ASan's redzone right after the last element.
                         # The same array passed twice (in-place ops) shares one copy.
                         same = next((k for k, c in enumerate(copies) if c[4] == addr and c[2] == a.nbytes), None)
@@ -231,19 +303,118 @@ class HostBackend:
                 else:
                     argv[i] = ctypes.addressof(a)
             cfg = LaunchConfig(
-                (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, 0, seed,
-                stack_bytes(sanitize),
+                (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, resident, seed,
+                stack_bytes(sanitize), watchdog_ms(), 0, limit,
             )
+            check_flags = _check_flags() if not sanitize else 0
+            cfg.flags = check_flags
+            if check_flags:
+                # Racecheck/initcheck shadow every word of every array argument.
+                bufs = [(ptrs[i], a.nbytes, f"argument {i} ({p.ctype} {p.name})".encode())
+                        for i, (p, a) in enumerate(zip(spec.params, args)) if p.is_pointer]
+                k = len(bufs)
+                names = (ctypes.c_char_p * max(k, 1))(*[b[2] for b in bufs])
+                lib.race_buffers(k, (ctypes.c_ulonglong * max(k, 1))(*[b[0] for b in bufs]),
+                                 (ctypes.c_ulonglong * max(k, 1))(*[b[1] for b in bufs]), names)
             err = ctypes.create_string_buffer(4096)
             rc = fn(ctypes.byref(cfg), argv, err, len(err))
             if rc != 0:
-                raise KernelExecutionError(err.value.decode("utf-8", "replace"))
+                raise KernelExecutionError(_resolve_pcs(err.value.decode("utf-8", "replace"), lib.path))
+            zones.check_and_copy_back(spec.name)
             for buf, a, nbytes, write_back, _ in copies:
                 if write_back:
                     ctypes.memmove(a.ctypes.data, buf, nbytes)
         finally:
             for buf, *_ in copies:
                 lib.free(buf)
+
+
+def _check_flags() -> int:
+    """Runtime checks of the checked build: 1 racecheck, 2 stress (yield at stores), 4 initcheck."""
+    from ..host.build import racecheck_mode
+
+    mode = racecheck_mode()
+    f = 1 if mode == "1" else 2 if mode == "stress" else 0
+    if os.environ.get("PYKERN_HOST_INITCHECK", "").strip() not in ("", "0"):
+        f |= 4
+    return f
+
+
+def _resolve_pcs(msg: str, lib: Path) -> str:
+    """Racecheck names code by offsets in the library (@@pc:HEX@@): turn them into .cu file:line."""
+    import re
+
+    offs = re.findall(r"@@pc:([0-9a-f]+)@@", msg)
+    if not offs:
+        return msg
+    where: dict[str, str] = {}
+    try:
+        out = subprocess.run(["addr2line", "-e", str(lib), *[f"0x{o}" for o in offs]], capture_output=True,
+                             text=True, timeout=30).stdout.split("\n")
+        for o, line in zip(offs, out):
+            where[o] = line.strip() if line.strip() and not line.startswith("??") else f"library offset 0x{o}"
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return re.sub(r"@@pc:([0-9a-f]+)@@", lambda m: where.get(m.group(1), f"library offset 0x{m.group(1)}"), msg)
+
+
+_RZ = 256  # red zone bytes each side; GPU allocations are 256-byte aligned too
+_RZ_PATTERN = bytes([0xFF, 0xFF, 0xBF, 0xFF])  # a NaN as float: an out-of-bounds read shows too
+
+
+class _RedZones:
+    """Writable array arguments run in a copy with red zones on both sides, checked after the launch.
+
+    An out-of-bounds write then is a KernelExecutionError naming the kernel, the argument and
+    the byte offsets, on every launch (the sanitizer build also names the thread and line).
+    Arguments whose memory overlaps another argument's (views of one buffer) run in place:
+    copying them would break the aliasing the kernel may rely on.
+    """
+
+    def __init__(self, ranges: list[tuple[int, int]]) -> None:
+        self.ranges = ranges
+        self.zones: list[tuple[int, Any, Any, Any]] = []  # (arg index, param, user array, padded copy)
+        self.by_addr: dict[tuple[int, int], int] = {}
+
+    def guard(self, i: int, p: Any, a: Any, addr: int) -> int:
+        import numpy as np
+
+        key = (addr, a.nbytes)
+        if key in self.by_addr:  # the same array passed twice (in-place ops): one copy
+            return self.by_addr[key]
+        lo, hi = addr, addr + a.nbytes
+        if any(r != key and r[0] < hi and lo < r[0] + r[1] for r in self.ranges):
+            return addr
+        n = a.nbytes
+        buf = np.empty(n + 2 * _RZ + 256, np.uint8)
+        off = (-buf.ctypes.data) % 256 + _RZ
+        pat = np.frombuffer(_RZ_PATTERN * (_RZ // 4), np.uint8)
+        buf[off - _RZ : off] = pat
+        buf[off + n : off + n + _RZ] = pat
+        if n:
+            buf[off : off + n] = a.reshape(-1).view(np.uint8)
+        self.zones.append((i, p, a, buf[off - _RZ : off + n + _RZ]))
+        new = buf.ctypes.data + off
+        self.by_addr[key] = new
+        return new
+
+    def check_and_copy_back(self, kernel: str) -> None:
+        import numpy as np
+
+        pat = np.frombuffer(_RZ_PATTERN * (_RZ // 4), np.uint8)
+        for i, p, a, z in self.zones:
+            n = a.nbytes
+            for side, zone, base in (("past", z[_RZ + n :], n), ("before", z[:_RZ], -_RZ)):
+                bad = np.flatnonzero(zone != pat)
+                if bad.size:
+                    first, last = int(bad[0]) + base, int(bad[-1]) + base + 1
+                    raise KernelExecutionError(
+                        f"kernel {kernel}: out-of-bounds write {side} argument {i} ({p.ctype} {p.name}, {n} bytes): "
+                        f"bytes [{first}, {last}) relative to its start were written (a GPU may corrupt other "
+                        "data or fault; PYKERN_HOST_SANITIZE=1 names the thread and line)"
+                    )
+            if n:
+                a.reshape(-1).view(np.uint8)[:] = z[_RZ : _RZ + n]
 
 
 def create() -> HostBackend:

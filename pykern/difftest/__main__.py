@@ -29,9 +29,21 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--no-big", action="store_true", help='leave out the cases marked note="big"')
     p.add_argument("--list", action="store_true", help="list the selected cases and exit")
+    p.add_argument("--case-limit", type=int, default=None, metavar="N",
+                   help="at most N cases per kernel (of those --kernels selects), in collection order; "
+                        "--kernels NAME --case-limit 1 runs the first case launching NAME")
     p.add_argument("--extra", default=None,
                    help=f"extra case/reference modules or .py files to load (also ${runner.EXTRA_ENV})")
     return p
+
+
+def _importable(name: str) -> bool:
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or blocked in sys.modules
+        return False
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -43,9 +55,13 @@ def main(argv: Sequence[str] | None = None) -> int:
             runner.load_extra(args.extra)
         labels = runner.parse_labels(args.backends) if args.backends else runner.default_labels()
         cases = runner.collect_cases(args.seed, args.kernels, big=not args.no_big)
+        if args.case_limit is not None:
+            cases = runner.limit_cases(cases, args.case_limit, args.kernels)
     except PykernError as e:
         print(f"difftest: {e}", file=sys.stderr)
         return 2
+    for why in runner.SKIPPED:  # an optional package missing: say which extra brings those cases back
+        print(f"difftest: skipped {why}", file=sys.stderr)
     if args.list:
         for c in cases:
             print(f"{c.id}  kernels={','.join(c.kernels)}")
@@ -61,6 +77,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     if problems:
         for m in problems:
             print(f"difftest: {m}", file=sys.stderr)
+        if any(lb.backend == "numba" for lb in labels) and not _importable("numba.cuda"):
+            print("difftest: the numba backend comes with an extra: pip install 'pykern[numba]' "
+                  "(or pip install 'pykern[test]'); or leave it out: --backends host", file=sys.stderr)
         return 2
 
     out = sys.stdout

@@ -23,7 +23,7 @@ from typing import Any, Iterator, Mapping, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentError
+from ..errors import ArgumentError, MissingDependency
 from ..tolerance import tolerance
 from .case import Case, families
 
@@ -165,13 +165,50 @@ def collect_cases(seed: int = 0, kernels: str | None = None, big: bool = True) -
     """Every registered family's cases (sorted by family), filtered by a kernel glob (',' = or) and note="big"."""
     globs = [g.strip() for g in (kernels or "").split(",") if g.strip()]
     out: list[Case] = []
+    SKIPPED.clear()
     for family, gen in sorted(families().items()):
-        for case in gen(family_rng(seed, family)):
-            if not big and case.note == "big":
-                continue
-            if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
-                out.append(case)
+        try:
+            for case in gen(family_rng(seed, family)):
+                if not big and case.note == "big":
+                    continue
+                if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
+                    out.append(case)
+        except MissingDependency as e:  # e.g. bf16 data without ml_dtypes: the other families still run
+            SKIPPED.append(f"family {family}: its remaining cases, because {e}")
     return out
+
+
+def limit_cases(cases: Sequence[Case], per_kernel: int, kernels: str | None = None) -> list[Case]:
+    """At most `per_kernel` cases for each kernel (those matching the `kernels` globs, or all), in order.
+
+    A case is kept while one of its kernels still has room; `--kernels NAME --case-limit 1` is then
+    exactly the first case that launches NAME (what gpucheck runs under compute-sanitizer).
+    """
+    if per_kernel < 1:
+        raise ArgumentError(f"--case-limit: expected >= 1, got {per_kernel}")
+    globs = [g.strip() for g in (kernels or "").split(",") if g.strip()]
+    counts: dict[str, int] = {}
+    out: list[Case] = []
+    for case in cases:
+        ks = [k for k in case.kernels if not globs or any(fnmatch.fnmatchcase(k, g) for g in globs)]
+        if any(counts.get(k, 0) < per_kernel for k in ks):
+            out.append(case)
+            for k in ks:
+                counts[k] = counts.get(k, 0) + 1
+    return out
+
+
+def first_case_per_kernel(cases: Sequence[Case]) -> dict[str, Case]:
+    """kernel name -> the first case (in collection order) that launches it."""
+    out: dict[str, Case] = {}
+    for case in cases:
+        for k in case.kernels:
+            out.setdefault(k, case)
+    return out
+
+
+# Why cases were left out by the last collect_cases (the CLI prints these).
+SKIPPED: list[str] = []
 
 
 # ----------------------------------------------------------------------------------------------- comparison

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import platform
 import re
 import shlex
 import shutil
@@ -33,12 +34,15 @@ _BUILD_TAG = b"pykern-host-build-4"
 BASE_FLAGS = (
     "-std=c++17", "-fPIC", "-shared", "-fvisibility=hidden", "-fno-strict-aliasing",
     "-Wno-unknown-pragmas", "-Wno-unused-result", "-pthread",
+    # A large local array must touch the guard page below a fiber stack first, not jump
+    # over it into the next stack or the heap: probe every page of big frames.
+    "-fstack-clash-protection",
 )
 OPT_FLAGS = ("-O2",)
 # -O1 keeps AddressSanitizer reports readable; -g gives them .cu file:line.
 SANITIZE_FLAGS = (
-    "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined",
-    "-fno-sanitize-recover=undefined",
+    "-O1", "-g", "-fno-omit-frame-pointer", "-fsanitize=address,undefined,float-cast-overflow",
+    "-fno-sanitize-recover=undefined,float-cast-overflow",
 )
 
 
@@ -120,6 +124,11 @@ _EXTERN_SHARED = re.compile(
     r"\bextern\s+__shared__\s+((?:[^;\[\]{}()]|\([^()]*\))*?)\s*\b([A-Za-z_]\w*)\s*\[\s*\]\s*;"
 )
 _ALIGN = re.compile(r"__align__\s*\([^()]*\)")
+_STATIC_SHARED = re.compile(
+    r"(?<!extern)(?<!extern )(?:\bstatic\s+)?\b__shared__\s+((?:__align__\s*\(\s*\d+\s*\)\s*)?)"
+    r"((?:[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?\s+)*?[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?)\s*"
+    r"([A-Za-z_]\w*)\s*((?:\[[^\[\];]+\]\s*)*);"
+)
 
 
 def rewrite_source(text: str) -> str:
@@ -144,7 +153,48 @@ def rewrite_source(text: str) -> str:
         out.append(repl)
         last = m.end()
     out.append(text[last:])
-    return "".join(out)
+    return _rewrite_static_shared("".join(out))
+
+
+def _rewrite_static_shared(text: str) -> str:
+    """Function-scope `__shared__ T name[dims];` -> a reference into the block's static arena.
+
+    Each block (and each resident block of the interleaved schedule) gets its own copy,
+    poisoned at the block's start, as on a GPU; a C++ `static` would be one zero-filled
+    instance shared by every block and launch. Namespace-scope ones stay `static`.
+    """
+    blanked = blank_comments(text)
+    out, last, n = [], 0, 0
+    for m in _STATIC_SHARED.finditer(blanked):
+        depth = blanked.count("{", 0, m.start()) - blanked.count("}", 0, m.start())
+        if depth <= 0:
+            continue
+        align_m = re.search(r"\d+", m.group(1) or "")
+        typ, name, dims = " ".join(m.group(2).split()), m.group(3), " ".join(m.group(4).split())
+        t = f"pk_smem_t{n}_"
+        align = f"(alignof({t}) > {align_m.group(0)} ? alignof({t}) : {align_m.group(0)})" if align_m else f"alignof({t})"
+        repl = (
+            f"typedef {typ} {t}{dims}; {t}& {name} = "
+            f"*static_cast<{t}*>(pkrt_static_smem({n}, sizeof({t}), {align}));"
+        )
+        repl += "\n" * text.count("\n", m.start(), m.end())
+        out.append(text[last:m.start()])
+        out.append(repl)
+        last = m.end()
+        n += 1
+    out.append(text[last:])
+    result = "".join(out)
+    # What is left at function scope would silently be one instance for every block.
+    blanked = blank_comments(result)
+    for m in re.finditer(r"\b__shared__\b", blanked):
+        depth = blanked.count("{", 0, m.start()) - blanked.count("}", 0, m.start())
+        if depth > 0:
+            line = blanked.count("\n", 0, m.start()) + 1
+            raise CompileError(
+                f"host backend: cannot give the __shared__ declaration at source line {line} one copy per block: "
+                "declare one variable per statement, as `__shared__ [__align__(N)] T name[dims];`"
+            )
+    return result
 
 
 def _c_string(s: str) -> str:
@@ -164,22 +214,109 @@ def launch_stubs(specs: Sequence[KernelSpec]) -> str:
     return "\n".join(parts) + "\n"
 
 
+# Inline PTX cannot run on the CPU: a kernel reaches PTX only through kernels_cu/pk_ptx.cuh.
+PTX_WRAPPERS = (
+    "pk_cvt_bf16x2, pk_mma_m16n8k16_bf16, pk_ldmatrix_x4, pk_ldmatrix_x4_trans, pk_cp_async_16, "
+    "pk_cp_async_commit, pk_cp_async_wait<N>, pk_cp_async_wait_all, pk_ex2_approx"
+)
+_RAW_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b")
+# What a raw asm in an included header turns into: the compiler's error names this identifier.
+_ASM_POISON = "PK_RAW_ASM_IS_NOT_SUPPORTED_BY_THE_HOST_BACKEND_USE_THE_WRAPPERS_IN_PK_PTX_CUH"
+
+
+def check_no_raw_asm(path: Path, text: str) -> None:
+    """CompileError naming the .cu line and pk_ptx.cuh's wrappers for a raw `asm` in a kernel source."""
+    blanked = blank_comments(text)
+    m = _RAW_ASM.search(blanked)
+    if m is None:
+        return
+    line = blanked.count("\n", 0, m.start()) + 1
+    raise CompileError(
+        f"host backend: raw inline assembly ({m.group(0)}) at {path}:{line} cannot run on the CPU; "
+        f'reach PTX through the wrappers in kernels_cu/pk_ptx.cuh (#include "pk_ptx.cuh"): {PTX_WRAPPERS}, '
+        "or add a wrapper there with a host emulation"
+    )
+
+
 def translation_unit(path: Path, text: str, specs: Sequence[KernelSpec]) -> str:
+    check_no_raw_asm(path, text)
+    try:
+        body = rewrite_source(text)
+    except CompileError as e:
+        raise CompileError(f"{path}: {e.args[0]}") from None
     return (
         '#include "pk_cuda_host.h"\n'
+        f"#define asm {_ASM_POISON}\n#define __asm__ {_ASM_POISON}\n#define __asm {_ASM_POISON}\n"
         f"#line 1 {_c_string(str(path))}\n"
-        f"{rewrite_source(text)}\n"
+        f"{body}\n"
         f"{launch_stubs(specs)}"
     )
 
 
 # ---- build ----------------------------------------------------------------------------
+@lru_cache(maxsize=None)
+def _cpu_has_fma() -> bool:
+    """x86-64 needs -mfma for fused multiply-add instructions; only where the CPU has them."""
+    machine = platform.machine().lower()
+    if machine in ("aarch64", "arm64"):
+        return True  # FMA is part of the base ISA (and the compiler's default)
+    if machine not in ("x86_64", "amd64"):
+        return False
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8", errors="replace") as f:
+            for line in f:
+                if line.startswith("flags"):
+                    return " fma " in f" {line.split(':', 1)[-1].strip()} "
+    except OSError:
+        pass
+    return False
+
+
+def fma_enabled() -> bool:
+    """PYKERN_HOST_FMA (default 1): contract a*b+c into FMA as NVRTC does by default."""
+    return os.environ.get("PYKERN_HOST_FMA", "1").strip() not in ("0", "off", "false", "no")
+
+
+def fma_flags() -> tuple[str, ...]:
+    # NVRTC contracts by default (--fmad=true): `a*b - c*d` becomes fma(a, b, -(c*d)).
+    # -std=c++17 alone means -ffp-contract=off in GCC; ask for contraction explicitly.
+    if not fma_enabled():
+        return ("-ffp-contract=off",)
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ("-ffp-contract=fast", "-mfma") if _cpu_has_fma() else ("-ffp-contract=off",)
+    return ("-ffp-contract=fast",)
+
+
+def racecheck_mode() -> str:
+    """PYKERN_HOST_RACECHECK: '' (off), '1' (report races), 'stress' (yield at plain stores)."""
+    v = os.environ.get("PYKERN_HOST_RACECHECK", "").strip().lower()
+    if v in ("", "0", "off", "false", "no"):
+        return ""
+    return "stress" if v == "stress" else "1"
+
+
+def checked_build() -> bool:
+    """Racecheck and initcheck need every load and store of the kernel to call the runtime."""
+    init = os.environ.get("PYKERN_HOST_INITCHECK", "").strip() not in ("", "0")
+    return bool(racecheck_mode()) or init
+
+
+# The checked build: GCC/Clang's ThreadSanitizer instrumentation (a call before every load
+# and store, with its size) compiled in, but pykern's own runtime (pk_host_runtime.cpp)
+# supplies the __tsan_* functions: shadow state per shared and argument word, not libtsan.
+# -fno-tree-sra keeps a float4/uint4 copy one 16-byte access (so its alignment is checked)
+# instead of four scalar ones.
+CHECKED_FLAGS = ("-O1", "-g", "-fno-tree-sra", "-fsanitize=thread", "-DPK_RACECHECK=1")
+
+
 def flags(sanitize: bool) -> tuple[str, ...]:
     extra: tuple[str, ...] = ()
     # PYKERN_HOST_FIBER=ucontext selects the portable (slower: a syscall per switch) fibers.
     if os.environ.get("PYKERN_HOST_FIBER", "").strip() == "ucontext":
         extra = ("-DPK_FIBER_UCONTEXT=1",)
-    return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + extra
+    if checked_build() and not sanitize:
+        return BASE_FLAGS + CHECKED_FLAGS + fma_flags() + extra
+    return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + fma_flags() + extra
 
 
 _FIRST_ERROR = re.compile(r"^(.+?):(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)$", re.M)
@@ -213,7 +350,7 @@ def _key(*parts: bytes) -> str:
 
 def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
     """The fiber runtime compiled once per compiler and flag set (shared by every .cu's library)."""
-    copts = [o for o in opts if o != "-shared"]
+    copts = [o for o in opts if o not in ("-shared", "-fsanitize=thread")]
     key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(), "\0".join(copts).encode())
     target = host_cache_dir() / f"pk_host_runtime-{key}.o"
     if not target.exists():
@@ -234,11 +371,16 @@ def build(
     tu = translation_unit(path, text, specs)
     opts = flags(sanitize)
     incs = [f"-I{HERE}", f"-I{path.parent}", *(f"-I{d}" for d in include_dirs)]
+    # The key must not depend on where the checkout lives (each CI checkout would add a set of
+    # libraries nothing removes): the TU is hashed with the source's folder written out, and the include
+    # folders are not hashed, since `digest` covers every included header by name and bytes. A library
+    # built in another checkout is reused as is; only its #line paths (in sanitizer reports) name it.
     key = _key(
-        tu.encode(), digest.encode(), HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(),
-        "\0".join(opts).encode(), "\0".join(incs).encode(),
+        tu.replace(_c_string(str(path)), _c_string(path.name)).encode(), digest.encode(), HEADER.read_bytes(),
+        RUNTIME.read_bytes(), cc.version.encode(), "\0".join(opts).encode(),
     )
-    target = host_cache_dir() / f"{path.stem}{'-asan' if sanitize else ''}-{key}.so"
+    tag = "-asan" if sanitize else ("-checked" if "-fsanitize=thread" in opts else "")
+    target = host_cache_dir() / f"{path.stem}{tag}-{key}.so"
     if target.exists():
         return target
     from ..cache import jit_disabled
@@ -249,6 +391,15 @@ def build(
     with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
         tu_path = Path(tmp) / f"{path.stem}.host.cpp"
         tu_path.write_text(tu, encoding="utf-8")
-        cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
-        _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
+        if "-fsanitize=thread" in opts:
+            # Instrument the kernels only; link without libtsan (the runtime has the hooks).
+            obj = Path(tmp) / f"{path.stem}.host.o"
+            cflags = [o for o in opts if o != "-shared"]
+            _publish([*cc.argv, *cflags, *incs, "-c", str(tu_path)], obj, str(path), cc, opts,
+                     {str(tu_path): "<pykern host stub>"})
+            lflags = [o for o in opts if o != "-fsanitize=thread"]
+            _publish([*cc.argv, *lflags, str(obj), str(rt)], target, str(path), cc, opts, {})
+        else:
+            cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
+            _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
     return target

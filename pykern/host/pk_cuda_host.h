@@ -25,7 +25,9 @@
 #define __host__
 #define __constant__
 #define __managed__
-#define __shared__ static  // one instance per .so; blocks run one at a time
+// Function-scope `__shared__ T x[N];` is rewritten by pykern.host.build into a per-block
+// slot (pkrt_static_smem); what is left (namespace scope) is one instance per library.
+#define __shared__ static
 #define __restrict__ __restrict
 #define __forceinline__ inline __attribute__((always_inline))
 #define __noinline__ __attribute__((noinline))
@@ -76,21 +78,54 @@ extern uint3 pkrt_block_idx;
 extern dim3 pkrt_block_dim;
 extern dim3 pkrt_grid_dim;
 extern unsigned char* pkrt_dyn_smem;
+extern unsigned char* pkrt_static_smem_base;
+extern int pkrt_interleave;
+void pkrt_yield(void);
+void* pkrt_static_smem(int id, size_t size, size_t align);
+unsigned pkrt_activemask_at(const char* file, int line);
 int pkrt_barrier(int kind, int pred, const char* file, int line);
 unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long long value, int arg, int width,
                                 const char* file, int line);
-unsigned pkrt_activemask(void);
 void pkrt_trap(const char* file, int line);
 void pkrt_assert_fail(const char* expr, const char* file, int line);
 long long pkrt_clock64(void);
 }
 #define clock64() pkrt_clock64()
 
+// PTX wrappers (kernels_cu/pk_ptx.cuh): warp-wide instructions are meeting points that
+// hand the runtime a pointer to each lane's fragment; cp.async is queued per thread.
+enum { PKRT_PTX_MMA_BF16 = 32, PKRT_PTX_LDSM_X4 = 33, PKRT_PTX_LDSM_X4_T = 34 };
+struct pkrt_mma_frag { unsigned a[4]; unsigned b[2]; float c[4]; float d[4]; };
+struct pkrt_ldsm_frag { const void* row; unsigned r[4]; };
+extern "C" {
+void pkrt_ptx_warp(int op, void* frag, const char* file, int line);
+void pkrt_cp_async(void* dst, const void* src, int bytes, const char* file, int line);
+void pkrt_cp_async_commit(void);
+void pkrt_cp_async_wait(int n, int all);
+}
+
 #define threadIdx (*reinterpret_cast<const uint3*>(pkrt_cur))
 #define blockIdx (static_cast<const uint3&>(pkrt_block_idx))
 #define blockDim (static_cast<const dim3&>(pkrt_block_dim))
 #define gridDim (static_cast<const dim3&>(pkrt_grid_dim))
-#define warpSize 32
+// A constant, not a macro: a local variable may be called warpSize, as under NVCC.
+static constexpr int warpSize = 32;
+// In the interleaved schedule atomics and fences are where other blocks get to run.
+#define PKRT_YIELD() (pkrt_interleave ? pkrt_yield() : (void)0)
+#ifdef PK_RACECHECK
+// Racecheck sees every load and store; the ones inside an atomic are exempt.
+// Opaque calls: the optimizer must not drop or move them around the accesses.
+extern "C" int pkrt_in_atomic;
+extern "C" void pkrt_atomic_begin(void);
+extern "C" void pkrt_atomic_end(void);
+struct pkrt_atomic_scope {
+    pkrt_atomic_scope() { pkrt_atomic_begin(); }
+    ~pkrt_atomic_scope() { pkrt_atomic_end(); }
+};
+#define PKRT_ATOMIC_SCOPE pkrt_atomic_scope pkrt_atomic_scope_
+#else
+#define PKRT_ATOMIC_SCOPE (void)0
+#endif
 
 // The one place a kernel's `extern __shared__ T name[];` points to (the source text
 // is rewritten to `T* const name = (T*)pk_dynamic_smem();` before compiling).
@@ -108,11 +143,11 @@ enum { PKRT_BAR_PLAIN = 0, PKRT_BAR_COUNT = 1, PKRT_BAR_AND = 2, PKRT_BAR_OR = 3
 #define __syncthreads_count(p) pkrt_barrier(PKRT_BAR_COUNT, (p) ? 1 : 0, __FILE__, __LINE__)
 #define __syncthreads_and(p) pkrt_barrier(PKRT_BAR_AND, (p) ? 1 : 0, __FILE__, __LINE__)
 #define __syncthreads_or(p) pkrt_barrier(PKRT_BAR_OR, (p) ? 1 : 0, __FILE__, __LINE__)
-#define __threadfence() ((void)0)
+#define __threadfence() PKRT_YIELD()
 #define __threadfence_block() ((void)0)
-#define __threadfence_system() ((void)0)
+#define __threadfence_system() PKRT_YIELD()
 #define __trap() pkrt_trap(__FILE__, __LINE__)
-#define __nanosleep(ns) ((void)(ns))
+#define __nanosleep(ns) ((void)(ns), PKRT_YIELD())
 // Device-side assert: a failed one is a KernelExecutionError naming the thread, not an abort().
 #undef assert
 #define assert(e) ((e) ? (void)0 : pkrt_assert_fail(#e, __FILE__, __LINE__))
@@ -184,34 +219,40 @@ PK_HOST_AI unsigned pkrt_mask_or_full(unsigned m) { return m; }
 #define __reduce_and_sync(m, v) pkrt_reduce(PKRT_REDUCE_AND, __FILE__, __LINE__, (m), (v), 0)
 #define __reduce_or_sync(m, v) pkrt_reduce(PKRT_REDUCE_OR, __FILE__, __LINE__, (m), (v), 0)
 #define __reduce_xor_sync(m, v) pkrt_reduce(PKRT_REDUCE_XOR, __FILE__, __LINE__, (m), (v), 0)
-#define __activemask() pkrt_activemask()
+#define __activemask() pkrt_activemask_at(__FILE__, __LINE__)
 
 // ---- atomics -----------------------------------------------------------------
-// Blocks of one launch run one after another on one OS thread and fibers only
-// switch at meeting points, so a plain read-modify-write is atomic here.
-template <typename T> PK_HOST_AI T atomicAdd(T* p, T v) { T o = *p; *p = o + v; return o; }
-template <typename T> PK_HOST_AI T atomicSub(T* p, T v) { T o = *p; *p = o - v; return o; }
-template <typename T> PK_HOST_AI T atomicExch(T* p, T v) { T o = *p; *p = v; return o; }
+// All fibers run on one OS thread and only switch at meeting points (in the interleaved
+// schedule also here, before the access), so a plain read-modify-write is atomic.
+template <typename T> PK_HOST_AI T atomicAdd(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o + v; return o; }
+template <typename T> PK_HOST_AI T atomicSub(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o - v; return o; }
+template <typename T> PK_HOST_AI T atomicExch(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = v; return o; }
 template <typename T> PK_HOST_AI T atomicMax(T* p, T v) {
+    PKRT_YIELD();
+    PKRT_ATOMIC_SCOPE;
     T o = *p;
     if constexpr (std::is_floating_point<T>::value) *p = std::fmax(o, v); else *p = o < v ? v : o;
     return o;
 }
 template <typename T> PK_HOST_AI T atomicMin(T* p, T v) {
+    PKRT_YIELD();
+    PKRT_ATOMIC_SCOPE;
     T o = *p;
     if constexpr (std::is_floating_point<T>::value) *p = std::fmin(o, v); else *p = v < o ? v : o;
     return o;
 }
 template <typename T> PK_HOST_AI T atomicCAS(T* p, T cmp, T v) {
+    PKRT_YIELD();
+    PKRT_ATOMIC_SCOPE;
     T o = *p;
     if (std::memcmp(&o, &cmp, sizeof(T)) == 0) *p = v;  // bitwise, as the hardware compares
     return o;
 }
-template <typename T> PK_HOST_AI T atomicAnd(T* p, T v) { T o = *p; *p = o & v; return o; }
-template <typename T> PK_HOST_AI T atomicOr(T* p, T v) { T o = *p; *p = o | v; return o; }
-template <typename T> PK_HOST_AI T atomicXor(T* p, T v) { T o = *p; *p = o ^ v; return o; }
-PK_HOST_AI unsigned atomicInc(unsigned* p, unsigned v) { unsigned o = *p; *p = (o >= v) ? 0u : o + 1u; return o; }
-PK_HOST_AI unsigned atomicDec(unsigned* p, unsigned v) { unsigned o = *p; *p = (o == 0u || o > v) ? v : o - 1u; return o; }
+template <typename T> PK_HOST_AI T atomicAnd(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o & v; return o; }
+template <typename T> PK_HOST_AI T atomicOr(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o | v; return o; }
+template <typename T> PK_HOST_AI T atomicXor(T* p, T v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; T o = *p; *p = o ^ v; return o; }
+PK_HOST_AI unsigned atomicInc(unsigned* p, unsigned v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; unsigned o = *p; *p = (o >= v) ? 0u : o + 1u; return o; }
+PK_HOST_AI unsigned atomicDec(unsigned* p, unsigned v) { PKRT_YIELD(); PKRT_ATOMIC_SCOPE; unsigned o = *p; *p = (o == 0u || o > v) ? v : o - 1u; return o; }
 #define PK_SCOPED_ATOMIC(name) \
     template <typename... A> PK_HOST_AI auto name##_block(A... a) { return name(a...); } \
     template <typename... A> PK_HOST_AI auto name##_system(A... a) { return name(a...); }
@@ -273,21 +314,30 @@ PK_HOST_AI float __ull2float_rn(unsigned long long v) { return (float)v; }
 PK_HOST_AI float __double2float_rn(double v) { return (float)v; }
 
 // ---- float intrinsics (IEEE versions: results stay close to the GPU's) -----------
-PK_HOST_AI float pk_irsqrtf(float x) { return 1.0f / std::sqrt(x); }
+// The approximate intrinsics are .ftz on the GPU: subnormal inputs count as zero and
+// subnormal results flush to zero; values stay the accurate ones (within the documented
+// ulp bounds), special cases are the hardware's.
+PK_HOST_AI float pk_ftz(float x) { return (x != 0.0f && std::fabs(x) < FLT_MIN) ? std::copysign(0.0f, x) : x; }
+PK_HOST_AI float pk_irsqrtf(float x) { return pk_ftz(1.0f / std::sqrt(pk_ftz(x))); }
 PK_HOST_AI double pk_irsqrt(double x) { return 1.0 / std::sqrt(x); }
 PK_HOST_AI float pk_ircbrtf(float x) { return 1.0f / std::cbrt(x); }
-PK_HOST_AI float pk_i__expf(float x) { return std::exp(x); }
-PK_HOST_AI float pk_i__exp10f(float x) { return std::pow(10.0f, x); }
-PK_HOST_AI float pk_i__logf(float x) { return std::log(x); }
-PK_HOST_AI float pk_i__log2f(float x) { return std::log2(x); }
-PK_HOST_AI float pk_i__log10f(float x) { return std::log10(x); }
-PK_HOST_AI float pk_i__powf(float x, float y) { return std::pow(x, y); }
-PK_HOST_AI float pk_i__sinf(float x) { return std::sin(x); }
-PK_HOST_AI float pk_i__cosf(float x) { return std::cos(x); }
-PK_HOST_AI float pk_i__tanf(float x) { return std::tan(x); }
-PK_HOST_AI void pk_i__sincosf(float x, float* s, float* c) { *s = std::sin(x); *c = std::cos(x); }
-PK_HOST_AI float pk_i__tanhf(float x) { return std::tanh(x); }
-PK_HOST_AI float pk_i__fdividef(float a, float b) { return a / b; }
+PK_HOST_AI float pk_i__expf(float x) { return pk_ftz(std::exp(pk_ftz(x))); }
+PK_HOST_AI float pk_i__exp10f(float x) { return pk_ftz(std::pow(10.0f, pk_ftz(x))); }
+PK_HOST_AI float pk_i__logf(float x) { return std::log(pk_ftz(x)); }
+PK_HOST_AI float pk_i__log2f(float x) { return std::log2(pk_ftz(x)); }
+PK_HOST_AI float pk_i__log10f(float x) { return std::log10(pk_ftz(x)); }
+// ex2(y * lg2(x)), as the GPU computes it: __powf(0, 0) and __powf(1, inf) are NaN.
+PK_HOST_AI float pk_i__powf(float x, float y) {
+    return pk_ftz(std::exp2(pk_ftz(y) * std::log2(pk_ftz(x))));
+}
+PK_HOST_AI float pk_i__sinf(float x) { return pk_ftz(std::sin(pk_ftz(x))); }
+PK_HOST_AI float pk_i__cosf(float x) { return pk_ftz(std::cos(pk_ftz(x))); }
+PK_HOST_AI float pk_i__tanf(float x) { return pk_ftz(std::sin(pk_ftz(x))) / pk_ftz(std::cos(pk_ftz(x))); }
+PK_HOST_AI void pk_i__sincosf(float x, float* s, float* c) { *s = pk_i__sinf(x); *c = pk_i__cosf(x); }
+PK_HOST_AI float pk_i__tanhf(float x) { return pk_ftz(std::tanh(pk_ftz(x))); }
+// x * rcp.approx.ftz(y): for 2^126 < |y| < 2^128 the reciprocal is subnormal and flushes to
+// zero, so the quotient is 0 (NaN when x is infinite), as CUDA documents.
+PK_HOST_AI float pk_i__fdividef(float a, float b) { return pk_ftz(a) * pk_ftz(1.0f / pk_ftz(b)); }
 PK_HOST_AI float pk_i__frcp_rn(float x) { return 1.0f / x; }
 PK_HOST_AI float pk_i__fsqrt_rn(float x) { return std::sqrt(x); }
 PK_HOST_AI float pk_i__frsqrt_rn(float x) { return 1.0f / std::sqrt(x); }
@@ -348,7 +398,9 @@ PK_HOST_AI unsigned __brev(unsigned x) {
     x = ((x >> 8) & 0x00ff00ffu) | ((x & 0x00ff00ffu) << 8);
     return (x >> 16) | (x << 16);
 }
-PK_HOST_AI int __mul24(int a, int b) { return (int)(((long long)(a << 8 >> 8)) * (b << 8 >> 8)); }
+// Low 24 bits, sign-extended, multiplied: no signed overflow or negative shift on any input.
+PK_HOST_AI int pkrt_sext24(int a) { unsigned u = (unsigned)a & 0xffffffu; return (int)(u ^ 0x800000u) - 0x800000; }
+PK_HOST_AI int __mul24(int a, int b) { return (int)(unsigned)((long long)pkrt_sext24(a) * pkrt_sext24(b)); }
 PK_HOST_AI unsigned __umul24(unsigned a, unsigned b) { return (a & 0xffffffu) * (b & 0xffffffu); }
 PK_HOST_AI int __mulhi(int a, int b) { return (int)(((long long)a * b) >> 32); }
 PK_HOST_AI unsigned __umulhi(unsigned a, unsigned b) { return (unsigned)(((unsigned long long)a * b) >> 32); }
@@ -356,7 +408,11 @@ PK_HOST_AI long long __mul64hi(long long a, long long b) { return (long long)(((
 PK_HOST_AI unsigned long long __umul64hi(unsigned long long a, unsigned long long b) {
     return (unsigned long long)(((unsigned __int128)a * b) >> 64);
 }
-PK_HOST_AI unsigned __sad(int a, int b, unsigned c) { return c + (unsigned)(a > b ? a - b : b - a); }
+// |a - b| computed in 64 bits: a - b can overflow int (UB) for valid inputs.
+PK_HOST_AI unsigned __sad(int a, int b, unsigned c) {
+    long long d = (long long)a - (long long)b;
+    return c + (unsigned)(d < 0 ? -d : d);
+}
 PK_HOST_AI unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned s) {
     unsigned long long v = ((unsigned long long)hi << 32) | lo;
     return (unsigned)((v << (s & 31)) >> 32);
@@ -389,10 +445,13 @@ struct pk_launch_cfg {
     unsigned grid[3];
     unsigned block[3];
     unsigned long long shared_mem;
-    int schedule;  // 0 forward, 1 reverse, 2 random
-    int reserved;
+    int schedule;    // 0 forward, 1 reverse, 2 random: blocks and threads
+    int interleave;  // blocks resident at once; 0/1: one block after another
     unsigned long long seed;
     unsigned long long stack_bytes;
+    unsigned long long watchdog_ms;  // 0: no watchdog
+    unsigned long long flags;        // reserved
+    unsigned long long smem_limit;   // static + dynamic shared memory a block may use (0: 227 KiB)
 };
 extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*body)(void*), void* args,
                            char* err, size_t errlen);

@@ -19,6 +19,13 @@
 #include <cstdlib>
 #include <cstring>
 #include <mutex>
+#include <thread>
+#include <vector>
+#include <csetjmp>
+#include <csignal>
+#include <pthread.h>
+#include <dlfcn.h>
+#include <ucontext.h>  // PK_SIGNALS_UCTX: the faulting stack pointer
 #include <sys/mman.h>
 #include <unistd.h>
 
@@ -44,6 +51,17 @@
 namespace {
 
 enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3 };
+enum { PKRT_ACTIVEMASK = 64 };  // a warp meeting point of its own (not a collective)
+
+// One pending cp.async of a thread: performed by the wait that covers its group.
+struct CpAsync {
+    void* dst;
+    const void* src;
+    int bytes;
+    unsigned group;
+};
+
+struct Block;
 
 struct Thread {
     uint3 tid;  // must stay first: threadIdx reads it through pkrt_cur
@@ -58,44 +76,77 @@ struct Thread {
     void* sp;
     char* stack_lo;
     size_t stack_size;
+    Block* blk;
+    std::vector<CpAsync> cp;  // cp.async copies not yet performed
+    unsigned cp_group;        // index of the group the next cp.async joins (= groups committed)
 #ifdef PK_USE_UCONTEXT
     ucontext_t uc;
 #endif
 };
 
 struct Warp {
-    unsigned existing;  // lanes that exist in this block (a partial last warp has fewer)
-    unsigned waiting;   // lanes parked in some warp-level operation
+    unsigned existing;    // lanes that exist in this block (a partial last warp has fewer)
+    unsigned waiting;     // lanes parked in some warp-level collective
+    unsigned exited;      // lanes that returned from the kernel
+    unsigned am_waiting;  // lanes parked in __activemask()
+    unsigned sync_epoch;  // completed __syncwarp()s: racecheck's intra-warp ordering
 };
 
 constexpr int kMaxThreads = 1024;
+constexpr int kMaxSlots = 8;                      // blocks resident at once (interleaved schedule)
+constexpr size_t kStaticSmemMax = 48u << 10;     // static __shared__ per block, as on every GPU
+constexpr int kMaxStaticVars = 512;
 
-struct Launch {
-    const char* kernel;
-    void (*body)(void*);
-    void* args;
-    int schedule;
-    unsigned long long seed, rng;
-    unsigned n;  // threads per block
+// One resident block: its threads, scheduling order, barrier state and shared memory.
+struct Block {
+    uint3 idx;
+    unsigned long long linear;
+    bool active, finished;
     unsigned n_done, n_bar;
     int bar_kind;
     const char* bar_file;
     int bar_line;
     Thread* bar_mismatch;  // a thread parked at another __syncthreads than bar_file:bar_line
     unsigned bar_pred_count;
+    unsigned bar_epoch;  // released __syncthreads()s: racecheck's intra-block ordering
+    unsigned long long rng;
+    Thread* threads;
+    unsigned char* dyn_smem;
+    unsigned char* static_smem;
     unsigned order[kMaxThreads];
     unsigned pos_of[kMaxThreads];
     uint64_t runnable[kMaxThreads / 64];
     Warp warps[kMaxThreads / 32];
+};
+
+struct Launch {
+    const char* kernel;
+    void (*body)(void*);
+    void* args;
+    int schedule;
+    unsigned slots;  // resident blocks: 1 = one block after another
+    unsigned long long seed;
+    unsigned n;  // threads per block
+    unsigned long long n_blocks;
+    unsigned long long shared_mem, smem_limit;
     bool failed;
     char err[2048];
 };
 
 std::mutex g_mutex;  // one launch at a time per library: the state below is global
 Launch g;
-Thread g_threads[kMaxThreads];
+Block g_blocks[kMaxSlots];
+Thread g_threads[kMaxSlots * kMaxThreads];
+Block* gb = nullptr;  // the block of the running fiber
 size_t g_stack_size = 0;
 void* g_main_sp = nullptr;
+size_t g_static_used = 0;  // static __shared__ bytes laid out so far in this launch
+struct StaticVar {
+    size_t off;
+    bool set;
+};
+StaticVar g_static_vars[kMaxStaticVars];
+unsigned long long g_progress = 0;  // bumped at every switch: the watchdog's heartbeat
 #ifdef PK_USE_UCONTEXT
 ucontext_t g_main_uc;
 #endif
@@ -113,6 +164,8 @@ uint3 pkrt_block_idx = {0, 0, 0};
 dim3 pkrt_block_dim;
 dim3 pkrt_grid_dim;
 unsigned char* pkrt_dyn_smem = nullptr;
+unsigned char* pkrt_static_smem_base = nullptr;
+int pkrt_interleave = 0;
 }
 
 namespace {
@@ -228,7 +281,17 @@ inline void switch_to(Thread* from, Thread* to, bool from_finished) {
 #else
     (void)from_finished;
 #endif
+    g_progress++;
     pkrt_cur = reinterpret_cast<pkrt_thread*>(to);
+    if (to) {
+        Block* b = to->blk;
+        if (b != gb) {
+            gb = b;
+            pkrt_block_idx = b->idx;
+            pkrt_dyn_smem = b->dyn_smem;
+            pkrt_static_smem_base = b->static_smem;
+        }
+    }
 #ifdef PK_USE_UCONTEXT
     swapcontext(from ? &from->uc : &g_main_uc, to ? &to->uc : &g_main_uc);
 #else
@@ -252,6 +315,10 @@ const char* op_name(int op) {
         case PKRT_ALL: return "__all_sync";
         case PKRT_MATCH_ANY: return "__match_any_sync";
         case PKRT_MATCH_ALL: return "__match_all_sync";
+        case PKRT_PTX_MMA_BF16: return "pk_mma_m16n8k16_bf16";
+        case PKRT_PTX_LDSM_X4: return "pk_ldmatrix_x4";
+        case PKRT_PTX_LDSM_X4_T: return "pk_ldmatrix_x4_trans";
+        case PKRT_ACTIVEMASK: return "__activemask";
         default: return "__reduce_*_sync";
     }
 }
@@ -281,8 +348,9 @@ struct Buf {
 };
 
 void describe_where(Buf& b, const Thread* t) {
-    b.add("kernel %s: block (%u,%u,%u): thread (%u,%u,%u) [warp %u lane %u]", g.kernel, pkrt_block_idx.x,
-          pkrt_block_idx.y, pkrt_block_idx.z, t->tid.x, t->tid.y, t->tid.z, t->warp, t->lane);
+    const Block* k = t->blk;
+    b.add("kernel %s: block (%u,%u,%u): thread (%u,%u,%u) [warp %u lane %u]", g.kernel, k->idx.x, k->idx.y, k->idx.z,
+          t->tid.x, t->tid.y, t->tid.z, t->warp, t->lane);
 }
 
 void describe_state(Buf& b, const Thread* t) {
@@ -294,129 +362,177 @@ void describe_state(Buf& b, const Thread* t) {
     }
 }
 
-// Record the error and leave the block: control returns to pkrt_launch.
+// Record the error and leave the launch: control returns to pkrt_launch.
 [[noreturn]] void fail_from_fiber() {
     g.failed = true;
     switch_to(cur(), nullptr, true);
     __builtin_unreachable();
 }
 
-[[noreturn]] void fail_simple(const char* what) {
+[[noreturn]] void fail_lane(const Thread* t, const char* what) {
     Buf b{g.err, sizeof g.err};
-    describe_where(b, cur());
+    describe_where(b, t);
     b.add(": %s", what);
     fail_from_fiber();
 }
 
-// Nobody can run and not everyone has exited: explain who waits for whom.
-[[noreturn]] void fail_deadlock() {
+[[noreturn]] void fail_simple(const char* what) { fail_lane(cur(), what); }
+
+// Nobody of block `k` can run and not everyone has exited: explain who waits for whom.
+[[noreturn]] void fail_deadlock(Block* k) {
     Buf b{g.err, sizeof g.err};
     const Thread* waiter = nullptr;
     for (unsigned i = 0; i < g.n && !waiter; i++)
-        if (g_threads[i].state == WARP) waiter = &g_threads[i];
+        if (k->threads[i].state == WARP && k->threads[i].op != PKRT_ACTIVEMASK) waiter = &k->threads[i];
     if (waiter) {
         describe_where(b, waiter);
         b.add(": %s(mask 0x%08x) at %s:%d can never complete: ", op_name(waiter->op), waiter->mask, waiter->file,
               waiter->line);
-        const Warp& w = g.warps[waiter->warp];
-        unsigned need = waiter->mask & w.existing;
+        const Warp& w = k->warps[waiter->warp];
+        unsigned need = waiter->mask & w.existing & ~w.exited;
         for (unsigned l = 0; l < 32; l++) {
             if (!(need >> l & 1)) continue;
-            const Thread& o = g_threads[waiter->warp * 32 + l];
+            const Thread& o = k->threads[waiter->warp * 32 + l];
             if (o.state == WARP && o.op == waiter->op && o.mask == waiter->mask) continue;
             b.add("lane %u (thread (%u,%u,%u)) named in the mask ", l, o.tid.x, o.tid.y, o.tid.z);
-            if (o.state == DONE) b.add("exited without reaching it");
-            else describe_state(b, &o);
+            describe_state(b, &o);
             break;
         }
     } else {
-        b.add("kernel %s: block (%u,%u,%u): deadlock: no thread can run", g.kernel, pkrt_block_idx.x,
-              pkrt_block_idx.y, pkrt_block_idx.z);
+        b.add("kernel %s: block (%u,%u,%u): deadlock: no thread can run", g.kernel, k->idx.x, k->idx.y, k->idx.z);
     }
-    if (g.n_bar) {
-        b.add("; %u of %u threads wait at %s() at %s:%d", g.n_bar, g.n, bar_name(g.bar_kind), g.bar_file,
-              g.bar_line);
+    if (k->n_bar) {
+        b.add("; %u of %u threads wait at %s() at %s:%d", k->n_bar, g.n, bar_name(k->bar_kind), k->bar_file,
+              k->bar_line);
     }
     fail_from_fiber();
 }
 
 // ---- scheduling ------------------------------------------------------------------
 inline void set_runnable(const Thread* t) {
-    unsigned p = g.pos_of[t->linear];
-    g.runnable[p >> 6] |= uint64_t(1) << (p & 63);
+    Block* k = t->blk;
+    unsigned p = k->pos_of[t->linear];
+    k->runnable[p >> 6] |= uint64_t(1) << (p & 63);
 }
 inline void clear_runnable(const Thread* t) {
-    unsigned p = g.pos_of[t->linear];
-    g.runnable[p >> 6] &= ~(uint64_t(1) << (p & 63));
+    Block* k = t->blk;
+    unsigned p = k->pos_of[t->linear];
+    k->runnable[p >> 6] &= ~(uint64_t(1) << (p & 63));
 }
 
-inline unsigned long long next_rand() {  // splitmix64: small, seedable, good enough to permute
-    unsigned long long z = (g.rng += 0x9e3779b97f4a7c15ull);
+inline unsigned long long next_rand(unsigned long long& state) {  // splitmix64: small, seedable
+    unsigned long long z = (state += 0x9e3779b97f4a7c15ull);
     z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
     z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
     return z ^ (z >> 31);
 }
 
-void make_order() {
+void make_order(Block* k) {
     unsigned n = g.n;
-    for (unsigned i = 0; i < n; i++) g.order[i] = (g.schedule == 1) ? n - 1 - i : i;
+    for (unsigned i = 0; i < n; i++) k->order[i] = (g.schedule == 1) ? n - 1 - i : i;
     if (g.schedule == 2)
-        for (unsigned i = n - 1; i > 0; i--) std::swap(g.order[i], g.order[next_rand() % (i + 1)]);
-    for (unsigned i = 0; i < n; i++) g.pos_of[g.order[i]] = i;
+        for (unsigned i = n - 1; i > 0; i--) std::swap(k->order[i], k->order[next_rand(k->rng) % (i + 1)]);
+    for (unsigned i = 0; i < n; i++) k->pos_of[k->order[i]] = i;
 }
 
-// Called by a fiber that may no longer be runnable: continue the lowest-position
-// runnable thread (possibly itself), or leave the block when all are done.
+inline Thread* pick_in(Block* k) {
+    unsigned words = (g.n + 63) / 64;
+    for (unsigned w = 0; w < words; w++)
+        if (k->runnable[w])
+            return &k->threads[k->order[w * 64 + static_cast<unsigned>(__builtin_ctzll(k->runnable[w]))]];
+    return nullptr;
+}
+
+// Interleaved: the lowest runnable thread of the next resident block after `k` that has one.
+Thread* pick_other(Block* k) {
+    unsigned s = static_cast<unsigned>(k - g_blocks);
+    for (unsigned j = 1; j <= g.slots; j++) {
+        Block* c = &g_blocks[(s + j) % g.slots];
+        if (!c->active || c->finished) continue;
+        if (Thread* t = pick_in(c)) return t;
+    }
+    return nullptr;
+}
+
+// Called by a fiber that may no longer be runnable: continue another thread (possibly
+// itself), or go back to the launch loop when its block is done.
 void reschedule(bool finished) {
     Thread* self = cur();
-    unsigned words = (g.n + 63) / 64;
-    for (unsigned w = 0; w < words; w++) {
-        if (g.runnable[w]) {
-            unsigned p = w * 64 + static_cast<unsigned>(__builtin_ctzll(g.runnable[w]));
-            Thread* next = &g_threads[g.order[p]];
-            if (next != self) switch_to(self, next, finished);
-            return;
-        }
-    }
-    if (g.n_done == g.n) {
+    Block* k = self->blk;
+    if (k->n_done == g.n) {
+        k->finished = true;
         switch_to(self, nullptr, finished);
         return;
     }
-    fail_deadlock();
+    if (g.slots <= 1) {
+        Thread* next = pick_in(k);
+        if (!next) fail_deadlock(k);
+        if (next != self) switch_to(self, next, finished);
+        return;
+    }
+    if (!pick_in(k)) fail_deadlock(k);  // only its own threads can wake a block
+    Thread* next = pick_other(k);       // interleaved: rotate through the resident blocks
+    if (next != self) switch_to(self, next, finished);
+}
+
+// ---- __activemask: completes when no lane of the warp can run any more ---------------
+void try_activemask(Block* k, unsigned warp) {
+    Warp& w = k->warps[warp];
+    if (!w.am_waiting) return;
+    Thread* lanes = &k->threads[warp * 32];
+    for (unsigned l = 0; l < 32; l++)
+        if ((w.existing >> l & 1) && lanes[l].state == RUN) return;
+    // The lanes converged at one call site: the lowest waiting lane's.
+    const Thread* first = &lanes[__builtin_ctz(w.am_waiting)];
+    unsigned group = 0;
+    for (unsigned l = 0; l < 32; l++)
+        if ((w.am_waiting >> l & 1) && lanes[l].line == first->line && std::strcmp(lanes[l].file, first->file) == 0)
+            group |= 1u << l;
+    for (unsigned l = 0; l < 32; l++) {
+        if (!(group >> l & 1)) continue;
+        lanes[l].result = group;
+        lanes[l].state = RUN;
+        set_runnable(&lanes[l]);
+    }
+    w.am_waiting &= ~group;
 }
 
 // ---- barriers --------------------------------------------------------------------
-void release_barrier() {
-    if (g.bar_mismatch) {
+void release_barrier(Block* k) {
+    if (k->bar_mismatch) {
         Buf b{g.err, sizeof g.err};
-        const Thread* t = g.bar_mismatch;
+        const Thread* t = k->bar_mismatch;
         b.add("kernel %s: block (%u,%u,%u): %s() at %s:%d reached by only part of the block: thread (%u,%u,%u) ",
-              g.kernel, pkrt_block_idx.x, pkrt_block_idx.y, pkrt_block_idx.z, bar_name(g.bar_kind), g.bar_file,
-              g.bar_line, t->tid.x, t->tid.y, t->tid.z);
+              g.kernel, k->idx.x, k->idx.y, k->idx.z, bar_name(k->bar_kind), k->bar_file, k->bar_line, t->tid.x,
+              t->tid.y, t->tid.z);
         describe_state(b, t);
         b.add(" instead");
         fail_from_fiber();
     }
     int result;
-    switch (g.bar_kind) {
-        case PKRT_BAR_COUNT: result = static_cast<int>(g.bar_pred_count); break;
-        case PKRT_BAR_AND: result = g.bar_pred_count == g.n_bar; break;
-        case PKRT_BAR_OR: result = g.bar_pred_count != 0; break;
+    switch (k->bar_kind) {
+        case PKRT_BAR_COUNT: result = static_cast<int>(k->bar_pred_count); break;
+        case PKRT_BAR_AND: result = k->bar_pred_count == k->n_bar; break;
+        case PKRT_BAR_OR: result = k->bar_pred_count != 0; break;
         default: result = 0;
     }
-    if (g.schedule == 2) make_order();  // a fresh permutation for every phase
+    if (g.schedule == 2) make_order(k);  // a fresh permutation for every phase
     for (unsigned i = 0; i < g.n; i++) {
-        Thread& t = g_threads[i];
+        Thread& t = k->threads[i];
         if (t.state == BAR) {
             t.state = RUN;
             t.result = static_cast<unsigned long long>(result);
-            set_runnable(&t);
         }
     }
-    g.n_bar = 0;
-    g.bar_pred_count = 0;
-    g.bar_mismatch = nullptr;
-    g.bar_file = nullptr;
+    // Rebuild the runnable set: positions changed with the new order.
+    std::memset(k->runnable, 0, sizeof k->runnable);
+    for (unsigned i = 0; i < g.n; i++)
+        if (k->threads[i].state == RUN) set_runnable(&k->threads[i]);
+    k->n_bar = 0;
+    k->bar_pred_count = 0;
+    k->bar_mismatch = nullptr;
+    k->bar_file = nullptr;
+    k->bar_epoch++;
 }
 
 // ---- warp collectives --------------------------------------------------------------
@@ -448,22 +564,334 @@ int shfl_source(int op, unsigned lane, int arg, int width) {
     return ok ? j : static_cast<int>(lane);
 }
 
-// Every lane of `need` is parked in the same op with the same mask: compute results.
-void complete_warp_op(unsigned warp, unsigned need, const Thread* proto) {
-    Thread* lanes = &g_threads[warp * 32];
+// ---- PTX warp instructions (pk_ptx.cuh) -------------------------------------------
+inline double bf16_value(unsigned bits) {
+    unsigned u = (bits & 0xffffu) << 16;
+    float f;
+    std::memcpy(&f, &u, 4);
+    return f;
+}
+
+// Layouts: see the table at the top of kernels_cu/pk_ptx.cuh (PTX ISA, cross-checked with CuTe).
+void complete_ptx(Thread* lanes, int op) {
+    if (op == PKRT_PTX_MMA_BF16) {
+        double A[16][16], B[16][8], C[16][8];
+        for (unsigned l = 0; l < 32; l++) {
+            const pkrt_mma_frag* f = reinterpret_cast<const pkrt_mma_frag*>(lanes[l].value);
+            unsigned gq = l >> 2, tq = l & 3;
+            for (unsigned v = 0; v < 8; v++)
+                A[gq + 8 * ((v >> 1) & 1)][2 * tq + (v & 1) + 8 * (v >> 2)] = bf16_value(f->a[v >> 1] >> (16 * (v & 1)));
+            for (unsigned v = 0; v < 4; v++) {
+                B[2 * tq + (v & 1) + 8 * (v >> 1)][gq] = bf16_value(f->b[v >> 1] >> (16 * (v & 1)));
+                C[gq + 8 * (v >> 1)][2 * tq + (v & 1)] = f->c[v];
+            }
+        }
+        // bf16 x bf16 products are exact in double; one rounding to fp32 at the end (the
+        // tensor core's internal order and precision are not specified, fp32 or better).
+        for (unsigned l = 0; l < 32; l++) {
+            pkrt_mma_frag* f = reinterpret_cast<pkrt_mma_frag*>(lanes[l].value);
+            unsigned gq = l >> 2, tq = l & 3;
+            for (unsigned v = 0; v < 4; v++) {
+                unsigned m = gq + 8 * (v >> 1), n = 2 * tq + (v & 1);
+                double s = C[m][n];
+                for (unsigned k = 0; k < 16; k++) s += A[m][k] * B[k][n];
+                f->d[v] = static_cast<float>(s);
+            }
+        }
+        return;
+    }
+    // ldmatrix .x4: lane 8i+r names row r of matrix i.
+    unsigned short M[4][8][8];
+    for (unsigned l = 0; l < 32; l++) {
+        const pkrt_ldsm_frag* f = reinterpret_cast<const pkrt_ldsm_frag*>(lanes[l].value);
+        if (reinterpret_cast<uintptr_t>(f->row) & 15u) {
+            char what[256];
+            snprintf(what, sizeof what, "%s at %s:%d: row address %p of matrix %u row %u is not 16-byte aligned",
+                     op_name(op), lanes[l].file, lanes[l].line, f->row, l >> 3, l & 7);
+            fail_lane(&lanes[l], what);
+        }
+        std::memcpy(M[l >> 3][l & 7], f->row, 16);
+    }
+    for (unsigned l = 0; l < 32; l++) {
+        pkrt_ldsm_frag* f = reinterpret_cast<pkrt_ldsm_frag*>(lanes[l].value);
+        unsigned gq = l >> 2, tq = l & 3;
+        for (unsigned i = 0; i < 4; i++) {
+            if (op == PKRT_PTX_LDSM_X4) f->r[i] = M[i][gq][2 * tq] | (unsigned(M[i][gq][2 * tq + 1]) << 16);
+            else f->r[i] = M[i][2 * tq][gq] | (unsigned(M[i][2 * tq + 1][gq]) << 16);
+        }
+    }
+}
+
+#ifdef PK_RACECHECK
+// ---- racecheck / initcheck: shadow state per 4-byte word -----------------------------
+// Every load and store of the kernel (ThreadSanitizer instrumentation, hooks below) that
+// falls in shared memory or an argument buffer is checked against the word's last writer
+// and last reader: same block, different threads, no __syncthreads (or, in one warp,
+// __syncwarp) between them and one a plain write -> a race; a different block and one a
+// plain write -> an inter-block race. Atomics are exempt.
+enum { RC_REPORT = 1, RC_STRESS = 2, RC_INIT = 4 };
+struct Shadow {
+    unsigned w_blk, w_tid, w_epoch, w_wepoch;  // w_blk: block linear + 1, 0: no write yet
+    unsigned r_blk, r_tid, r_epoch, r_wepoch;
+    uintptr_t w_pc, r_pc;
+    unsigned char w_mask, r_mask, init;  // bytes of the word: last write, last read, ever written
+};
+enum { REG_STATIC = 0, REG_DYN = 1, REG_GLOBAL = 2 };
+struct Region {
+    uintptr_t lo, hi;
+    Shadow* sh;
+    int kind, slot, arg;
+    const char* name;
+};
+constexpr int kMaxRegions = 2 * kMaxSlots + 64;
+Region g_regions[kMaxRegions];
+int g_nregions = 0;
+int g_rc = 0;
+Shadow* g_static_shadow[kMaxSlots];
+std::vector<Shadow> g_dyn_shadow[kMaxSlots];
+struct PendingBuf {
+    uintptr_t p;
+    size_t n;
+    const char* name;
+};
+std::vector<PendingBuf> g_pending_bufs;
+
+inline Region* rc_find(uintptr_t a) {
+    for (int i = 0; i < g_nregions; i++)
+        if (a - g_regions[i].lo < g_regions[i].hi - g_regions[i].lo) return &g_regions[i];
+    return nullptr;
+}
+
+// The access by thread t (of block k) is ordered after an earlier one by (blk, tid, epoch, wepoch).
+inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, const Thread* t, const Block* k) {
+    if (blk != static_cast<unsigned>(k->linear) + 1) return false;
+    if (tid == t->linear) return true;
+    if (epoch != k->bar_epoch) return true;
+    return (tid >> 5) == t->warp && wepoch != k->warps[t->warp].sync_epoch;
+}
+
+void rc_describe_thread(Buf& b, unsigned blk1, unsigned tid) {
+    unsigned long long bl = blk1 - 1;
+    unsigned bx = static_cast<unsigned>(bl % pkrt_grid_dim.x), by = static_cast<unsigned>((bl / pkrt_grid_dim.x) % pkrt_grid_dim.y),
+             bz = static_cast<unsigned>(bl / (1ull * pkrt_grid_dim.x * pkrt_grid_dim.y));
+    unsigned tx = tid % pkrt_block_dim.x, ty = (tid / pkrt_block_dim.x) % pkrt_block_dim.y,
+             tz = tid / (pkrt_block_dim.x * pkrt_block_dim.y);
+    b.add("block (%u,%u,%u) thread (%u,%u,%u)", bx, by, bz, tx, ty, tz);
+}
+
+void rc_pc(Buf& b, uintptr_t pc) {
+    Dl_info info;
+    if (pc && dladdr(reinterpret_cast<void*>(pc), &info) && info.dli_fbase)
+        b.add("@@pc:%lx@@", static_cast<unsigned long>(pc - 1 - reinterpret_cast<uintptr_t>(info.dli_fbase)));
+    else
+        b.add("an unknown line");
+}
+
+[[noreturn]] void rc_report(const Region* r, uintptr_t word, const char* kind, unsigned blk1, unsigned tid,
+                            const char* prev_what, uintptr_t prev_pc, const char* cur_what, uintptr_t pc) {
+    const Thread* t = cur();
+    const Block* k = t->blk;
+    Buf b{g.err, sizeof g.err};
+    b.add("kernel %s: racecheck: %s on ", g.kernel, kind);
+    if (r->kind == REG_GLOBAL) b.add("%s", r->name);
+    else b.add("%s shared memory of block (%u,%u,%u)", r->kind == REG_STATIC ? "static __shared__" : "dynamic",
+               k->idx.x, k->idx.y, k->idx.z);
+    b.add(" at byte offset %lu: ", static_cast<unsigned long>(word - r->lo));
+    rc_describe_thread(b, blk1, tid);
+    b.add(" %s at ", prev_what);
+    rc_pc(b, prev_pc);
+    b.add(", then ");
+    rc_describe_thread(b, static_cast<unsigned>(k->linear) + 1, t->linear);
+    b.add(" %s at ", cur_what);
+    rc_pc(b, pc);
+    if (blk1 != static_cast<unsigned>(k->linear) + 1)
+        b.add(" (two blocks of one launch: nothing orders them; use atomics or separate launches)");
+    else
+        b.add(" with no __syncthreads() between them%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "");
+    fail_from_fiber();
+}
+
+[[noreturn]] void rc_report_uninit(const Region* r, uintptr_t word, uintptr_t pc) {
+    const Thread* t = cur();
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": initcheck: read of %s shared memory at byte offset %lu at ",
+          r->kind == REG_STATIC ? "static __shared__" : "dynamic", static_cast<unsigned long>(word - r->lo));
+    rc_pc(b, pc);
+    b.add(" that no thread of the block has written (uninitialized on a GPU)");
+    fail_from_fiber();
+}
+
+void rc_stress_yield(Thread* self) {
+    // Another runnable thread of the block (the next in schedule order) runs first: a
+    // read-modify-write that is not atomic loses updates, as on a GPU.
+    Block* k = self->blk;
+    unsigned n = g.n, p = k->pos_of[self->linear];
+    for (unsigned j = 1; j < n; j++) {
+        unsigned q = (p + j) % n;
+        if (k->runnable[q >> 6] >> (q & 63) & 1) {
+            switch_to(self, &k->threads[k->order[q]], false);
+            return;
+        }
+    }
+}
+
+// A naturally aligned 8- or 16-byte access (float2, double, float4, uint4, ...) at an address
+// that is not a multiple of its size: a misaligned-address fault on a GPU.
+[[noreturn]] void rc_misaligned(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, cur());
+    b.add(": misaligned %u-byte %s at address %p at ", size, write ? "store" : "load", reinterpret_cast<void*>(addr));
+    rc_pc(b, pc);
+    b.add(" (a vector access must be %u-byte aligned: a misaligned address error on a GPU)", size);
+    fail_from_fiber();
+}
+
+void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    if (!g_rc || !pkrt_cur) return;
+    if (size >= 8 && (addr & (size - 1)) && pc) rc_misaligned(addr, size, write, pc);
+    if (pkrt_in_atomic) return;
+    Region* r = rc_find(addr);
+    if (!r) return;
+    Thread* t = cur();
+    Block* k = t->blk;
+    if (r->kind != REG_GLOBAL && r->slot != static_cast<int>(k - g_blocks)) return;
+    if (write && (g_rc & RC_STRESS)) rc_stress_yield(t);
+    unsigned me = static_cast<unsigned>(k->linear) + 1;
+    unsigned wep = k->warps[t->warp].sync_epoch;
+    const uintptr_t a0 = addr - r->lo, a1 = a0 + size;
+    for (uintptr_t w = a0 & ~uintptr_t(3); w < a1; w += 4) {
+        Shadow& s = r->sh[w >> 2];
+        // Bytes of this word the access touches: 16-bit halves of one word are separate data.
+        const uintptr_t b0 = std::max(a0, w), b1 = std::min(a1, w + 4);
+        const unsigned char m = static_cast<unsigned char>(((1u << (b1 - b0)) - 1u) << (b0 - w));
+        if (!write) {
+            if ((g_rc & RC_INIT) && r->kind != REG_GLOBAL && (m & ~s.init)) rc_report_uninit(r, r->lo + w, pc);
+            if ((g_rc & RC_REPORT) && s.w_blk && (s.w_mask & m) &&
+                !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, t, k))
+                rc_report(r, r->lo + w, "read-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "read", pc);
+            if (!s.r_blk || s.r_tid == t->linear || !(s.r_mask & m) ||
+                rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, t, k)) {
+                s.r_mask = m;
+                s.r_blk = me;
+                s.r_tid = t->linear;
+                s.r_epoch = k->bar_epoch;
+                s.r_wepoch = wep;
+                s.r_pc = pc;
+            }
+        } else {
+            if (g_rc & RC_REPORT) {
+                if (s.w_blk && (s.w_mask & m) && !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, t, k))
+                    rc_report(r, r->lo + w, "write-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "wrote", pc);
+                if (s.r_blk && (s.r_mask & m) && !rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, t, k))
+                    rc_report(r, r->lo + w, "write-after-read race", s.r_blk, s.r_tid, "read", s.r_pc, "wrote", pc);
+            }
+            s.init |= m;
+            s.w_mask = m;
+            s.w_blk = me;
+            s.w_tid = t->linear;
+            s.w_epoch = k->bar_epoch;
+            s.w_wepoch = wep;
+            s.w_pc = pc;
+            s.r_blk = 0;
+        }
+    }
+}
+
+// Accesses the compiler knows may be unaligned (packed data): no alignment check.
+void rc_access_unaligned(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    if (size >= 8 && (addr & (size - 1))) {
+        // Split into bytes so the word checks still see it.
+        for (unsigned i = 0; i < size; i++) rc_access(addr + i, 1, write, pc);
+        return;
+    }
+    rc_access(addr, size, write, pc);
+}
+
+void rc_setup(const pk_launch_cfg* cfg, unsigned slots, unsigned char* const* dyn) {
+    g_rc = static_cast<int>(cfg->flags & 7);
+    g_nregions = 0;
+    if (!g_rc) {
+        g_pending_bufs.clear();
+        return;
+    }
+    for (unsigned s = 0; s < slots; s++) {
+        if (!g_static_shadow[s]) g_static_shadow[s] = static_cast<Shadow*>(calloc(kStaticSmemMax / 4, sizeof(Shadow)));
+        std::memset(g_static_shadow[s], 0, kStaticSmemMax / 4 * sizeof(Shadow));
+        Block* k = &g_blocks[s];
+        g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(k->static_smem),
+                                         reinterpret_cast<uintptr_t>(k->static_smem) + kStaticSmemMax,
+                                         g_static_shadow[s], REG_STATIC, static_cast<int>(s), -1, nullptr};
+        if (dyn[s]) {
+            g_dyn_shadow[s].assign((cfg->shared_mem + 3) / 4, Shadow{});
+            g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(dyn[s]),
+                                             reinterpret_cast<uintptr_t>(dyn[s]) + cfg->shared_mem,
+                                             g_dyn_shadow[s].data(), REG_DYN, static_cast<int>(s), -1, nullptr};
+        }
+    }
+    static std::vector<std::vector<Shadow>> global_shadow;
+    global_shadow.resize(g_pending_bufs.size());
+    for (size_t i = 0; i < g_pending_bufs.size() && g_nregions < kMaxRegions; i++) {
+        const PendingBuf& pb = g_pending_bufs[i];
+        if (!pb.n) continue;
+        global_shadow[i].assign((pb.n + 3) / 4, Shadow{});
+        g_regions[g_nregions++] = Region{pb.p, pb.p + pb.n, global_shadow[i].data(), REG_GLOBAL, -1,
+                                         static_cast<int>(i), pb.name};
+    }
+    g_pending_bufs.clear();
+}
+
+void rc_block_start(Block* k, const pk_launch_cfg* cfg) {
+    if (!g_rc) return;
+    unsigned s = static_cast<unsigned>(k - g_blocks);
+    std::memset(g_static_shadow[s], 0, ((g_static_used + 3) / 4) * sizeof(Shadow));
+    if (k->dyn_smem) std::memset(g_dyn_shadow[s].data(), 0, g_dyn_shadow[s].size() * sizeof(Shadow));
+    (void)cfg;
+}
+
+// cp.async lands through the runtime's memcpy: record it as the issuing thread's write.
+void rc_mark_write(Thread* t, void* dst, int bytes) {
+    if (!g_rc) return;
+    for (int o = 0; o < bytes; o += 4) rc_access(reinterpret_cast<uintptr_t>(dst) + o, 4, true, 0);
+    (void)t;
+}
+#endif
+
+void cp_async_perform(Thread* t, bool all, unsigned below_group) {
+    size_t keep = 0;
+    for (size_t i = 0; i < t->cp.size(); i++) {
+        CpAsync& c = t->cp[i];
+#ifdef PK_RACECHECK
+        if (all || c.group < below_group) rc_mark_write(t, c.dst, c.bytes);
+#endif
+        if (all || c.group < below_group) std::memcpy(c.dst, c.src, static_cast<size_t>(c.bytes));
+        else t->cp[keep++] = c;
+    }
+    t->cp.resize(keep);
+}
+
+// The live lanes of `need` (named, existing, not exited) are parked in the same op with
+// the same mask: compute results. Exited lanes count as arrived (as on sm_70+); reading
+// an exited lane's value is the error.
+void complete_warp_op(Block* k, unsigned warp, unsigned need, const Thread* proto) {
+    Thread* lanes = &k->threads[warp * 32];
+    Warp& w = k->warps[warp];
+    unsigned live = need & ~w.exited;
     int op = proto->op;
     unsigned long long agg = 0;
-    if (op == PKRT_BALLOT || op == PKRT_ANY || op == PKRT_ALL) {
+    if (op >= PKRT_PTX_MMA_BF16) {
+        complete_ptx(lanes, op);
+    } else if (op == PKRT_BALLOT || op == PKRT_ANY || op == PKRT_ALL) {
         unsigned ballot = 0;
         for (unsigned l = 0; l < 32; l++)
-            if ((need >> l & 1) && lanes[l].value) ballot |= 1u << l;
-        agg = op == PKRT_BALLOT ? ballot : op == PKRT_ANY ? (ballot != 0) : (ballot == need);
+            if ((live >> l & 1) && lanes[l].value) ballot |= 1u << l;
+        agg = op == PKRT_BALLOT ? ballot : op == PKRT_ANY ? (ballot != 0) : (ballot == live);
     } else if (op >= PKRT_REDUCE_ADD) {
         bool sgn = proto->arg != 0;
         bool first = true;
         unsigned acc = 0;
         for (unsigned l = 0; l < 32; l++) {
-            if (!(need >> l & 1)) continue;
+            if (!(live >> l & 1)) continue;
             unsigned v = static_cast<unsigned>(lanes[l].value);
             if (first) { acc = v; first = false; continue; }
             switch (op) {
@@ -484,21 +912,27 @@ void complete_warp_op(unsigned warp, unsigned need, const Thread* proto) {
     } else if (op == PKRT_MATCH_ALL) {
         bool same = true;
         for (unsigned l = 0; l < 32; l++)
-            if ((need >> l & 1) && lanes[l].value != proto->value) same = false;
-        agg = same ? (static_cast<unsigned long long>(1) << 32) | need : 0;
+            if ((live >> l & 1) && lanes[l].value != proto->value) same = false;
+        agg = same ? (static_cast<unsigned long long>(1) << 32) | live : 0;
     }
     for (unsigned l = 0; l < 32; l++) {
-        if (!(need >> l & 1)) continue;
+        if (!(live >> l & 1)) continue;
         Thread& t = lanes[l];
         if (op >= PKRT_SHFL_IDX && op <= PKRT_SHFL_XOR) {
             int src = shfl_source(op, l, t.arg, t.width);
+            if ((need >> src & 1) && (w.exited >> src & 1)) {
+                char what[320];
+                snprintf(what, sizeof what, "%s(mask 0x%08x) at %s:%d reads the value of lane %d, which has exited",
+                         op_name(op), t.mask, t.file, t.line, src);
+                fail_lane(&t, what);
+            }
             // Reading a lane that does not take part is undefined on a GPU: return
             // all-ones bits (NaN for floats) so such a read is visible in results.
             t.result = (need >> src & 1) ? lanes[src].value : ~0ull;
         } else if (op == PKRT_MATCH_ANY) {
             unsigned m = 0;
-            for (unsigned k = 0; k < 32; k++)
-                if ((need >> k & 1) && lanes[k].value == t.value) m |= 1u << k;
+            for (unsigned q = 0; q < 32; q++)
+                if ((live >> q & 1) && lanes[q].value == t.value) m |= 1u << q;
             t.result = m;
         } else {
             t.result = agg;
@@ -506,7 +940,21 @@ void complete_warp_op(unsigned warp, unsigned need, const Thread* proto) {
         t.state = RUN;
         set_runnable(&t);
     }
-    g.warps[warp].waiting &= ~need;
+    w.waiting &= ~live;
+    if (op == PKRT_SYNCWARP) w.sync_epoch++;
+}
+
+// Complete the collective that lane `l` of `warp` waits in, if every live lane it names is there.
+void try_complete(Block* k, unsigned warp, unsigned l) {
+    Warp& w = k->warps[warp];
+    const Thread* lanes = &k->threads[warp * 32];
+    const Thread* t = &lanes[l];
+    unsigned need = t->mask & w.existing;
+    unsigned live = need & ~w.exited;
+    if ((w.waiting & live) != live) return;
+    for (unsigned q = 0; q < 32; q++)
+        if ((live >> q & 1) && (lanes[q].op != t->op || lanes[q].mask != t->mask)) return;
+    complete_warp_op(k, warp, need, t);
 }
 
 [[noreturn]] void fiber_entry() {
@@ -523,19 +971,27 @@ void complete_warp_op(unsigned warp, unsigned need, const Thread* proto) {
 #endif
     g.body(g.args);
     Thread* t = cur();
+    Block* k = t->blk;
+    cp_async_perform(t, true, 0);  // a GPU completes them even if nobody waits
     t->state = DONE;
     clear_runnable(t);
-    g.n_done++;
+    k->n_done++;
+    Warp& w = k->warps[t->warp];
+    w.exited |= 1u << t->lane;
+    // Collectives that waited only for this lane can complete now.
+    for (unsigned l = 0; l < 32 && w.waiting; l++)
+        if ((w.waiting >> l & 1) && k->threads[t->warp * 32 + l].state == WARP) try_complete(k, t->warp, l);
+    try_activemask(k, t->warp);
     // Exited threads count as arrived at a barrier, as on the hardware (sm_70+).
-    if (g.n_bar && g.n_bar + g.n_done == g.n) release_barrier();
+    if (k->n_bar && k->n_bar + k->n_done == g.n) release_barrier(k);
     reschedule(true);
     __builtin_unreachable();
 }
 
 // ---- stacks ----------------------------------------------------------------------
-bool ensure_stacks(unsigned n, size_t stack_size, char* err, size_t errlen) {
+bool ensure_stacks(unsigned count, size_t stack_size, char* err, size_t errlen) {
     if (stack_size != g_stack_size) {
-        for (int i = 0; i < kMaxThreads; i++) {
+        for (int i = 0; i < kMaxSlots * kMaxThreads; i++) {
             Thread& t = g_threads[i];
             if (t.stack_lo) munmap(t.stack_lo - getpagesize(), t.stack_size + getpagesize());
             t.stack_lo = nullptr;
@@ -543,14 +999,14 @@ bool ensure_stacks(unsigned n, size_t stack_size, char* err, size_t errlen) {
         g_stack_size = stack_size;
     }
     size_t page = static_cast<size_t>(getpagesize());
-    for (unsigned i = 0; i < n; i++) {
-        Thread& t = g_threads[i];
+    for (unsigned s = 0; s < count; s++) {
+        Thread& t = g_threads[s];
         if (t.stack_lo) continue;
-        // One guard page below each stack turns a fiber stack overflow into a crash, not corruption.
+        // One guard page below each stack turns a fiber stack overflow into a fault, not corruption.
         void* m = mmap(nullptr, stack_size + page, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
                        -1, 0);
         if (m == MAP_FAILED) {
-            snprintf(err, errlen, "cannot map %zu bytes for fiber stacks: %s", stack_size, strerror(errno));
+            snprintf(err, errlen, "cannot map %zu bytes for a fiber stack: %s", stack_size, strerror(errno));
             return false;
         }
         mprotect(m, page, PROT_NONE);
@@ -560,26 +1016,269 @@ bool ensure_stacks(unsigned n, size_t stack_size, char* err, size_t errlen) {
     return true;
 }
 
+// ---- faults and the watchdog -------------------------------------------------------
+// A fault inside a kernel (SIGSEGV, SIGBUS, SIGFPE) or a fiber that runs past
+// PYKERN_HOST_WATCHDOG_S without reaching a meeting point leaves the fiber with
+// siglongjmp back to pkrt_launch: a KernelExecutionError, and the process lives on.
+#ifndef PK_ASAN
+#define PK_SIGNALS 1
+#endif
+
+#ifdef PK_SIGNALS
+sigjmp_buf g_jmp;
+volatile sig_atomic_t g_in_kernel = 0;
+pthread_t g_launch_thread;
+double g_watchdog_s = 60.0;
+volatile unsigned long long g_watch_seen = 0;
+std::chrono::steady_clock::time_point g_watch_since;
+int g_watch_sig = 0;
+struct sigaction g_old_watch;
+struct sigaction g_old[3];
+const int kFaultSigs[3] = {SIGSEGV, SIGBUS, SIGFPE};
+stack_t g_old_alt;
+char g_alt_stack[64 << 10];
+
+// A fault below the fiber's stack (the guard page, or a frame so large it jumped past
+// it), or with the stack pointer already below it, is a stack overflow.
+bool stack_overflowed(const void* addr, const Thread* t, void* uctx) {
+    if (!t || !t->stack_lo) return false;
+    const char* a = static_cast<const char*>(addr);
+    if (a < t->stack_lo && a >= t->stack_lo - (64u << 20)) return true;
+    uintptr_t sp = 0;
+#if defined(__x86_64__)
+    sp = static_cast<uintptr_t>(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
+#elif defined(__aarch64__)
+    sp = static_cast<uintptr_t>(static_cast<ucontext_t*>(uctx)->uc_mcontext.sp);
+#endif
+    return sp && sp < reinterpret_cast<uintptr_t>(t->stack_lo) &&
+           sp >= reinterpret_cast<uintptr_t>(t->stack_lo) - (64u << 20);
+}
+
+#if defined(__x86_64__)
+// Integer division by zero does not trap on a GPU (and INT_MIN / -1 wraps): give the
+// GPU's results instead of SIGFPE. Decodes the faulting `div`/`idiv` r/m32|r/m64
+// (opcode F7 /6, /7), sets quotient = all ones (-1) and remainder = the dividend (for
+// x / 0), or quotient = the dividend and remainder 0 (for INT_MIN / -1), and steps over
+// the instruction. Anything else stays a SIGFPE error.
+bool fix_int_division(ucontext_t* uc) {
+    greg_t* r = uc->uc_mcontext.gregs;
+    const unsigned char* ip = reinterpret_cast<const unsigned char*>(r[REG_RIP]);
+    const unsigned char* p = ip;
+    bool wide = false;
+    while (*p == 0x2e || *p == 0x3e || *p == 0x26 || *p == 0x64 || *p == 0x65 || *p == 0x36) p++;
+    if (*p == 0x66) return false;  // 16-bit forms: not produced for int/long long division
+    unsigned rex = 0;
+    if ((*p & 0xf0) == 0x40) rex = *p++;
+    wide = rex & 8;
+    if (*p++ != 0xf7) return false;
+    unsigned modrm = *p++;
+    unsigned mod = modrm >> 6, reg = (modrm >> 3) & 7, rm = modrm & 7;
+    if (reg != 6 && reg != 7) return false;
+    static const int kRegs[16] = {REG_RAX, REG_RCX, REG_RDX, REG_RBX, REG_RSP, REG_RBP, REG_RSI, REG_RDI,
+                                  REG_R8,  REG_R9,  REG_R10, REG_R11, REG_R12, REG_R13, REG_R14, REG_R15};
+    long long divisor;
+    if (mod == 3) {
+        divisor = r[kRegs[rm | ((rex & 1) << 3)]];
+    } else {
+        long long addr = 0;
+        if (rm == 4) {  // SIB
+            unsigned sib = *p++;
+            unsigned scale = sib >> 6, index = ((sib >> 3) & 7) | ((rex & 2) << 2), base = (sib & 7) | ((rex & 1) << 3);
+            if (index != 4) addr += r[kRegs[index]] << scale;
+            if ((sib & 7) == 5 && mod == 0) {
+                int32_t d;
+                std::memcpy(&d, p, 4);
+                p += 4;
+                addr += d;
+            } else {
+                addr += r[kRegs[base]];
+            }
+        } else if (rm == 5 && mod == 0) {  // RIP-relative: from the instruction's end (no immediate follows)
+            int32_t d;
+            std::memcpy(&d, p, 4);
+            p += 4;
+            addr = reinterpret_cast<long long>(p) + d;
+        } else {
+            addr = r[kRegs[rm | ((rex & 1) << 3)]];
+        }
+        if (mod == 1) {
+            addr += static_cast<signed char>(*p);
+            p += 1;
+        } else if (mod == 2) {
+            int32_t d;
+            std::memcpy(&d, p, 4);
+            p += 4;
+            addr += d;
+        }
+        if (wide) {
+            std::memcpy(&divisor, reinterpret_cast<const void*>(addr), 8);
+        } else {
+            int32_t d;
+            std::memcpy(&d, reinterpret_cast<const void*>(addr), 4);
+            divisor = static_cast<uint32_t>(d);
+        }
+    }
+    if (!wide) divisor = static_cast<uint32_t>(divisor);
+    unsigned long long lo = static_cast<unsigned long long>(r[REG_RAX]);
+    unsigned long long q, rem;
+    if (divisor == 0) {
+        q = ~0ull;
+        rem = wide ? lo : (lo & 0xffffffffull);
+    } else if (reg == 7 && (wide ? divisor == -1 : static_cast<uint32_t>(divisor) == 0xffffffffu)) {
+        q = wide ? lo : (lo & 0xffffffffull);  // INT_MIN / -1 wraps to INT_MIN
+        rem = 0;
+    } else {
+        return false;
+    }
+    if (!wide) {
+        q &= 0xffffffffull;
+        rem &= 0xffffffffull;
+    }
+    r[REG_RAX] = static_cast<greg_t>(q);
+    r[REG_RDX] = static_cast<greg_t>(rem);
+    r[REG_RIP] = reinterpret_cast<greg_t>(p);
+    return true;
+}
+#endif
+
+// Only async-signal-safe work here: format into g.err, then jump.
+void on_fault(int sig, siginfo_t* info, void* uctx) {
+    Thread* t = cur();
+    if (!g_in_kernel || !t) {
+        // Not ours: hand it to whoever was installed before (for faults, after restoring).
+        for (int i = 0; i < 3; i++) {
+            if (kFaultSigs[i] != sig) continue;
+            struct sigaction& o = g_old[i];
+            if (o.sa_flags & SA_SIGINFO) {
+                if (o.sa_sigaction) { o.sa_sigaction(sig, info, uctx); return; }
+            } else if (o.sa_handler != SIG_DFL && o.sa_handler != SIG_IGN) {
+                o.sa_handler(sig);
+                return;
+            }
+            sigaction(sig, &o, nullptr);
+            return;  // the faulting instruction runs again and gets the default action
+        }
+        return;
+    }
+#if defined(__x86_64__)
+    if (sig == SIGFPE && (info->si_code == FPE_INTDIV || info->si_code == FPE_INTOVF) &&
+        fix_int_division(static_cast<ucontext_t*>(uctx)))
+        return;
+#endif
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    if (sig == SIGSEGV && stack_overflowed(info->si_addr, t, uctx)) {
+        b.add(": stack overflow: the thread's local memory (its C++ stack) outgrew %zu KiB; set "
+              "PYKERN_HOST_STACK_KB higher (a GPU allows up to 512 KiB of local memory per thread)",
+              t->stack_size >> 10);
+    } else if (sig == SIGSEGV && info->si_code == SI_KERNEL) {
+        b.add(": general protection fault: most likely a misaligned vector access (float4/uint4 need 16-byte, "
+              "float2/double 8-byte alignment; a misaligned address error on a GPU) or a non-canonical pointer");
+    } else if (sig == SIGSEGV || sig == SIGBUS) {
+        b.add(": %s at address %p: an invalid, unmapped or misaligned memory access (a GPU reports an "
+              "illegal or misaligned address)", sig == SIGSEGV ? "segmentation fault" : "bus error", info->si_addr);
+    } else {
+        b.add(": arithmetic exception (SIGFPE, code %d)", info->si_code);
+    }
+    g.failed = true;
+    siglongjmp(g_jmp, 1);
+}
+
+void on_watchdog(int sig, siginfo_t* info, void* uctx) {
+    Thread* t = cur();
+    if (!g_in_kernel || !t) {
+        if ((g_old_watch.sa_flags & SA_SIGINFO) && g_old_watch.sa_sigaction) g_old_watch.sa_sigaction(sig, info, uctx);
+        return;
+    }
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": ran for more than %g s (PYKERN_HOST_WATCHDOG_S) without reaching a meeting point "
+          "(__syncthreads, a warp collective, an atomic in the interleaved schedule): an endless loop, or a "
+          "spin-wait on another thread or block that cannot make progress here",
+          g_watchdog_s);
+    g.failed = true;
+    siglongjmp(g_jmp, 1);
+}
+
+void watchdog_loop() {
+    for (;;) {
+        double limit = g_watchdog_s;
+        double step = std::min(0.25, std::max(0.01, limit / 8));
+        std::this_thread::sleep_for(std::chrono::duration<double>(step));
+        if (!g_in_kernel) continue;
+        unsigned long long p = g_progress;
+        auto now = std::chrono::steady_clock::now();
+        if (p != g_watch_seen) {
+            g_watch_seen = p;
+            g_watch_since = now;
+            continue;
+        }
+        if (std::chrono::duration<double>(now - g_watch_since).count() > limit) {
+            g_watch_since = now;
+            pthread_kill(g_launch_thread, g_watch_sig);
+        }
+    }
+}
+
+void arm_signals(double watchdog_s) {
+    static bool watch_started = false;
+    g_watchdog_s = watchdog_s;
+    if (!watch_started && watchdog_s > 0) {
+        g_watch_sig = SIGRTMIN + 6;
+        struct sigaction sa;
+        std::memset(&sa, 0, sizeof sa);
+        sa.sa_sigaction = on_watchdog;
+        sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+        sigemptyset(&sa.sa_mask);
+        sigaction(g_watch_sig, &sa, &g_old_watch);  // stays installed: a late signal must not kill us
+        std::thread(watchdog_loop).detach();
+        watch_started = true;
+    }
+    stack_t ss;
+    ss.ss_sp = g_alt_stack;
+    ss.ss_size = sizeof g_alt_stack;
+    ss.ss_flags = 0;
+    sigaltstack(&ss, &g_old_alt);
+    struct sigaction sa;
+    std::memset(&sa, 0, sizeof sa);
+    sa.sa_sigaction = on_fault;
+    sa.sa_flags = SA_SIGINFO | SA_ONSTACK | SA_NODEFER;
+    sigemptyset(&sa.sa_mask);
+    for (int i = 0; i < 3; i++) sigaction(kFaultSigs[i], &sa, &g_old[i]);
+    g_launch_thread = pthread_self();
+    g_watch_seen = g_progress;
+    g_watch_since = std::chrono::steady_clock::now();
+}
+
+void disarm_signals() {
+    for (int i = 0; i < 3; i++) sigaction(kFaultSigs[i], &g_old[i], nullptr);
+    if (!(g_old_alt.ss_flags & SS_ONSTACK)) sigaltstack(&g_old_alt, nullptr);
+}
+#endif
+
 }  // namespace
 
 // ---- entry points used by the emulation header ----------------------------------------
 extern "C" int pkrt_barrier(int kind, int pred, const char* file, int line) {
     Thread* t = cur();
+    Block* k = t->blk;
     t->state = BAR;
     t->op = kind;
     t->file = file;
     t->line = line;
     clear_runnable(t);
-    if (g.n_bar == 0) {
-        g.bar_kind = kind;
-        g.bar_file = file;
-        g.bar_line = line;
-    } else if (!g.bar_mismatch && (kind != g.bar_kind || line != g.bar_line || std::strcmp(file, g.bar_file) != 0)) {
-        g.bar_mismatch = t;
+    if (k->n_bar == 0) {
+        k->bar_kind = kind;
+        k->bar_file = file;
+        k->bar_line = line;
+    } else if (!k->bar_mismatch &&
+               (kind != k->bar_kind || line != k->bar_line || std::strcmp(file, k->bar_file) != 0)) {
+        k->bar_mismatch = t;
     }
-    g.n_bar++;
-    g.bar_pred_count += pred ? 1u : 0u;
-    if (g.n_bar + g.n_done == g.n) release_barrier();
+    k->n_bar++;
+    k->bar_pred_count += pred ? 1u : 0u;
+    if (k->n_bar + k->n_done == g.n) release_barrier(k);
+    else try_activemask(k, t->warp);
     reschedule(false);
     return static_cast<int>(t->result);
 }
@@ -587,6 +1286,7 @@ extern "C" int pkrt_barrier(int kind, int pred, const char* file, int line) {
 extern "C" unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long long value, int arg, int width,
                                            const char* file, int line) {
     Thread* t = cur();
+    Block* k = t->blk;
     if (!(mask >> t->lane & 1)) {
         char what[256];
         snprintf(what, sizeof what, "%s(mask 0x%08x) at %s:%d: the mask does not name the calling lane %u",
@@ -608,29 +1308,135 @@ extern "C" unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long 
     t->file = file;
     t->line = line;
     clear_runnable(t);
-    Warp& w = g.warps[t->warp];
-    w.waiting |= 1u << t->lane;
-    unsigned need = mask & w.existing;
-    if ((w.waiting & need) == need) {
-        bool match = true;
-        const Thread* lanes = &g_threads[t->warp * 32];
-        for (unsigned l = 0; l < 32 && match; l++)
-            if ((need >> l & 1) && (lanes[l].op != op || lanes[l].mask != mask)) match = false;
-        if (match) complete_warp_op(t->warp, need, t);
-    }
+    k->warps[t->warp].waiting |= 1u << t->lane;
+    try_complete(k, t->warp, t->lane);
+    if (t->state != RUN) try_activemask(k, t->warp);
     reschedule(false);
     return t->result;
 }
 
-extern "C" unsigned pkrt_activemask(void) {
+extern "C" unsigned pkrt_activemask_at(const char* file, int line) {
     Thread* t = cur();
-    unsigned m = 0;
-    for (unsigned l = 0; l < 32; l++) {
-        unsigned i = t->warp * 32 + l;
-        if (i < g.n && g_threads[i].state != DONE) m |= 1u << l;
-    }
-    return m;
+    Block* k = t->blk;
+    t->state = WARP;
+    t->op = PKRT_ACTIVEMASK;
+    t->mask = 0;
+    t->file = file;
+    t->line = line;
+    clear_runnable(t);
+    k->warps[t->warp].am_waiting |= 1u << t->lane;
+    try_activemask(k, t->warp);
+    reschedule(false);
+    return static_cast<unsigned>(t->result);
 }
+
+// Interleaved schedule: atomics and fences let other blocks run, so a spin-wait on a flag
+// another block sets can finish.
+extern "C" void pkrt_yield(void) {
+    if (g.slots <= 1) return;
+    Thread* self = cur();
+    Thread* next = pick_other(self->blk);
+    if (next && next != self) switch_to(self, next, false);
+}
+
+extern "C" void* pkrt_static_smem(int id, size_t size, size_t align) {
+    StaticVar& v = g_static_vars[id];
+    if (!v.set) {
+        size_t off = (g_static_used + align - 1) & ~(align - 1);
+        if (off + size > kStaticSmemMax) {
+            char what[256];
+            snprintf(what, sizeof what,
+                     "static __shared__ memory exceeds %zu bytes (48 KiB, the limit on every GPU): %zu bytes needed",
+                     kStaticSmemMax, off + size);
+            fail_simple(what);
+        }
+        if (off + size + g.shared_mem > g.smem_limit) {
+            char what[320];
+            snprintf(what, sizeof what,
+                     "static (%zu bytes) + dynamic (%llu bytes) shared memory exceed the %llu bytes a block may use "
+                     "(PYKERN_HOST_ARCH)",
+                     off + size, g.shared_mem, g.smem_limit);
+            fail_simple(what);
+        }
+        v.off = off;
+        v.set = true;
+        g_static_used = off + size;
+    }
+    return pkrt_static_smem_base + v.off;
+}
+
+extern "C" void pkrt_ptx_warp(int op, void* frag, const char* file, int line) {
+    Thread* t = cur();
+    if (t->blk->warps[t->warp].existing != 0xffffffffu) {
+        char what[256];
+        snprintf(what, sizeof what, "%s at %s:%d needs a full warp of 32 threads (the block has %u)", op_name(op),
+                 file, line, g.n);
+        fail_simple(what);
+    }
+    pkrt_warp_op(op, 0xffffffffu, reinterpret_cast<uintptr_t>(frag), 0, 32, file, line);
+}
+
+extern "C" void pkrt_cp_async(void* dst, const void* src, int bytes, const char* file, int line) {
+    Thread* t = cur();
+    if ((reinterpret_cast<uintptr_t>(dst) | reinterpret_cast<uintptr_t>(src)) & static_cast<uintptr_t>(bytes - 1)) {
+        char what[256];
+        snprintf(what, sizeof what, "pk_cp_async_16 at %s:%d: addresses %p <- %p are not %d-byte aligned", file, line,
+                 dst, src, bytes);
+        fail_simple(what);
+    }
+    t->cp.push_back(CpAsync{dst, src, bytes, t->cp_group});
+}
+
+extern "C" void pkrt_cp_async_commit(void) { cur()->cp_group++; }
+
+extern "C" void pkrt_cp_async_wait(int n, int all) {
+    Thread* t = cur();
+    unsigned committed = t->cp_group;
+    unsigned below = committed > static_cast<unsigned>(n) ? committed - static_cast<unsigned>(n) : 0;
+    cp_async_perform(t, all != 0, below);
+}
+
+#ifdef PK_RACECHECK
+extern "C" {
+int pkrt_in_atomic = 0;
+__attribute__((noinline)) void pkrt_atomic_begin(void) { pkrt_in_atomic++; }
+__attribute__((noinline)) void pkrt_atomic_end(void) { pkrt_in_atomic--; }
+// Argument buffers for the next launch (the host backend calls this right before it).
+__attribute__((visibility("default"))) void pkrt_race_buffers(int n, const unsigned long long* ptrs,
+                                                              const unsigned long long* sizes,
+                                                              const char* const* names) {
+    g_pending_bufs.clear();
+    for (int i = 0; i < n; i++) g_pending_bufs.push_back(PendingBuf{ptrs[i], sizes[i], names[i]});
+}
+void __tsan_init(void) {}
+void __tsan_func_entry(void*) {}
+void __tsan_func_exit(void) {}
+#define PK_TSAN_HOOKS(N)                                                                                        \
+    void __tsan_read##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_write##N(void* a) { rc_access(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_unaligned_read##N(void* a) { rc_access_unaligned(reinterpret_cast<uintptr_t>(a), N, false, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); } \
+    void __tsan_unaligned_write##N(void* a) { rc_access_unaligned(reinterpret_cast<uintptr_t>(a), N, true, reinterpret_cast<uintptr_t>(__builtin_return_address(0))); }
+PK_TSAN_HOOKS(1)
+PK_TSAN_HOOKS(2)
+PK_TSAN_HOOKS(4)
+PK_TSAN_HOOKS(8)
+PK_TSAN_HOOKS(16)
+#undef PK_TSAN_HOOKS
+void __tsan_read_range(void* a, unsigned long n) {
+    rc_access(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), false, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+}
+void __tsan_write_range(void* a, unsigned long n) {
+    rc_access(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), true, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+}
+void __tsan_vptr_update(void**, void*) {}
+void __tsan_vptr_read(void**) {}
+}
+#else
+// Every build exports it, so the backend may call it unconditionally.
+extern "C" __attribute__((visibility("default"))) void pkrt_race_buffers(int, const unsigned long long*,
+                                                                         const unsigned long long*,
+                                                                         const char* const*) {}
+#endif
 
 extern "C" void pkrt_trap(const char* file, int line) {
     char what[256];
@@ -653,12 +1459,95 @@ extern "C" long long pkrt_clock64(void) {
 static void report_context() {
     const Thread* t = cur();
     if (!g.kernel) return;
-    fprintf(stderr, "pykern host backend: the report above happened in kernel %s, block (%u,%u,%u)", g.kernel,
-            pkrt_block_idx.x, pkrt_block_idx.y, pkrt_block_idx.z);
-    if (t) fprintf(stderr, ", thread (%u,%u,%u)", t->tid.x, t->tid.y, t->tid.z);
-    fprintf(stderr, "\n");
+    if (t) {
+        fprintf(stderr, "pykern host backend: the report above happened in kernel %s, block (%u,%u,%u), thread (%u,%u,%u)\n",
+                g.kernel, t->blk->idx.x, t->blk->idx.y, t->blk->idx.z, t->tid.x, t->tid.y, t->tid.z);
+    } else {
+        fprintf(stderr, "pykern host backend: the report above happened in kernel %s\n", g.kernel);
+    }
 }
 #endif
+
+namespace {
+
+// Put block number `linear` (in grid order) into slot `k` with fresh fibers.
+void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) {
+    k->linear = linear;
+    k->idx.x = static_cast<unsigned>(linear % cfg->grid[0]);
+    k->idx.y = static_cast<unsigned>((linear / cfg->grid[0]) % cfg->grid[1]);
+    k->idx.z = static_cast<unsigned>(linear / (1ull * cfg->grid[0] * cfg->grid[1]));
+    k->active = true;
+    k->finished = false;
+    // A GPU leaves shared memory uninitialized: 0xff bytes (NaN floats, -1 integers) make
+    // a read before the first write visible in results.
+    if (k->dyn_smem) std::memset(k->dyn_smem, 0xff, cfg->shared_mem);
+    std::memset(k->static_smem, 0xff, g_static_used);
+    k->rng = cfg->seed * 0x2545f4914f6cdd1dull + linear;
+    make_order(k);
+    k->n_done = k->n_bar = 0;
+    k->bar_epoch = 0;
+    k->bar_pred_count = 0;
+    k->bar_mismatch = nullptr;
+    std::memset(k->runnable, 0, sizeof k->runnable);
+    for (unsigned w = 0; w < (g.n + 31) / 32; w++)
+        k->warps[w].waiting = k->warps[w].exited = k->warps[w].am_waiting = k->warps[w].sync_epoch = 0;
+#ifdef PK_RACECHECK
+    rc_block_start(k, cfg);
+#endif
+    for (unsigned i = 0; i < g.n; i++) {
+        Thread& t = k->threads[i];
+        t.state = RUN;
+        t.op = -1;
+        t.mask = 0;
+        t.cp.clear();
+        t.cp_group = 0;
+        init_fiber(&t);
+        set_runnable(&t);
+    }
+}
+
+// Block number `i` of the launch order (forward, reverse or a seeded permutation).
+struct BlockOrder {
+    int mode;
+    unsigned long long n;
+    std::vector<unsigned long long> perm;
+    BlockOrder(int schedule, unsigned long long n_blocks, unsigned long long seed) : mode(schedule), n(n_blocks) {
+        if (mode == 2) {
+            perm.resize(n);
+            for (unsigned long long i = 0; i < n; i++) perm[i] = i;
+            unsigned long long st = seed ^ 0x6a09e667f3bcc909ull;
+            for (unsigned long long i = n - 1; i > 0 && n > 1; i--) std::swap(perm[i], perm[next_rand(st) % (i + 1)]);
+        }
+    }
+    unsigned long long operator[](unsigned long long i) const {
+        return mode == 1 ? n - 1 - i : mode == 2 ? perm[i] : i;
+    }
+};
+
+void run_blocks(const pk_launch_cfg* cfg) {
+    BlockOrder order(g.schedule, g.n_blocks, g.seed);
+    unsigned long long next = 0;
+    for (unsigned s = 0; s < g.slots; s++) {
+        g_blocks[s].active = false;
+        if (next < g.n_blocks) start_block(&g_blocks[s], order[next++], cfg);
+    }
+    while (!g.failed) {
+        Thread* t = nullptr;
+        for (unsigned s = 0; s < g.slots && !t; s++)
+            if (g_blocks[s].active && !g_blocks[s].finished) t = pick_in(&g_blocks[s]);
+        if (!t) break;
+        gb = nullptr;
+        switch_to(nullptr, t, false);
+        for (unsigned s = 0; s < g.slots && !g.failed; s++) {
+            Block* k = &g_blocks[s];
+            if (!k->active || !k->finished) continue;
+            k->active = false;
+            if (next < g.n_blocks) start_block(k, order[next++], cfg);
+        }
+    }
+}
+
+}  // namespace
 
 extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*body)(void*), void* args, char* err,
                            size_t errlen) {
@@ -672,82 +1561,95 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
                  cfg->block[1], cfg->block[2], n, kMaxThreads);
         return 1;
     }
-    size_t stack = cfg->stack_bytes ? cfg->stack_bytes : (256u << 10);
+    unsigned long long n_blocks = 1ull * cfg->grid[0] * cfg->grid[1] * cfg->grid[2];
+    unsigned slots = cfg->interleave > 1 ? static_cast<unsigned>(std::min<int>(cfg->interleave, kMaxSlots)) : 1u;
+    if (slots > n_blocks) slots = static_cast<unsigned>(n_blocks);
+    size_t stack = cfg->stack_bytes ? cfg->stack_bytes : (512u << 10);
     stack = (stack + 4095) & ~size_t(4095);
-    if (!ensure_stacks(n, stack, err, errlen)) return 1;
+    if (!ensure_stacks(slots * n, stack, err, errlen)) return 1;
 
-    // The dynamic buffer is exactly as large as asked, so AddressSanitizer sees overruns;
-    // it is filled with 0xff (NaN) per block since a GPU leaves it uninitialized.
-    unsigned char* smem = nullptr;
-    if (cfg->shared_mem) {
-        smem = static_cast<unsigned char*>(aligned_alloc(128, (cfg->shared_mem + 127) & ~127ull));
-        if (!smem) {
-            snprintf(err, errlen, "kernel %s: cannot allocate %llu bytes of dynamic shared memory", kernel,
-                     cfg->shared_mem);
+    // Per resident block: dynamic shared memory exactly as large as asked (so ASan sees
+    // overruns) and the static __shared__ arena.
+    static unsigned char* static_arena[kMaxSlots];
+    unsigned char* dyn[kMaxSlots] = {};
+    for (unsigned s = 0; s < slots; s++) {
+        if (!static_arena[s]) static_arena[s] = static_cast<unsigned char*>(aligned_alloc(128, kStaticSmemMax));
+        if (cfg->shared_mem) dyn[s] = static_cast<unsigned char*>(aligned_alloc(128, (cfg->shared_mem + 127) & ~127ull));
+        if (!static_arena[s] || (cfg->shared_mem && !dyn[s])) {
+            snprintf(err, errlen, "kernel %s: cannot allocate shared memory", kernel);
+            for (unsigned q = 0; q <= s; q++) free(dyn[q]);
             return 1;
         }
 #ifdef PK_ASAN
-        // aligned_alloc rounded the size up: poison the tail so the real size is the limit.
-        ASAN_POISON_MEMORY_REGION(smem + cfg->shared_mem, ((cfg->shared_mem + 127) & ~127ull) - cfg->shared_mem);
+        if (dyn[s]) ASAN_POISON_MEMORY_REGION(dyn[s] + cfg->shared_mem, ((cfg->shared_mem + 127) & ~127ull) - cfg->shared_mem);
 #endif
     }
-    pkrt_dyn_smem = smem;
-
     std::memset(&g, 0, offsetof(Launch, err));
     g.err[0] = 0;
     g.kernel = kernel;
     g.body = body;
     g.args = args;
     g.schedule = cfg->schedule;
+    g.slots = slots;
+    g.seed = cfg->seed;
     g.n = n;
+    g.n_blocks = n_blocks;
+    g.shared_mem = cfg->shared_mem;
+    g.smem_limit = cfg->smem_limit ? cfg->smem_limit : (227ull << 10);
+    pkrt_interleave = slots > 1;
+    g_static_used = 0;
+    for (int i = 0; i < kMaxStaticVars; i++) g_static_vars[i].set = false;
     pkrt_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
     pkrt_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
-    for (unsigned i = 0; i < n; i++) {
-        Thread& t = g_threads[i];
-        t.linear = i;
-        t.lane = i & 31;
-        t.warp = i >> 5;
-        t.tid.x = i % cfg->block[0];
-        t.tid.y = (i / cfg->block[0]) % cfg->block[1];
-        t.tid.z = i / (cfg->block[0] * cfg->block[1]);
-    }
-    for (unsigned w = 0; w < (n + 31) / 32; w++) {
-        unsigned k = std::min(32u, n - w * 32);
-        g.warps[w].existing = k == 32 ? 0xffffffffu : ((1u << k) - 1u);
-    }
-
-    int rc = 0;
-    unsigned long long n_blocks = 1ull * cfg->grid[0] * cfg->grid[1] * cfg->grid[2];
-    for (unsigned long long b = 0; b < n_blocks && !g.failed; b++) {
-        pkrt_block_idx.x = static_cast<unsigned>(b % cfg->grid[0]);
-        pkrt_block_idx.y = static_cast<unsigned>((b / cfg->grid[0]) % cfg->grid[1]);
-        pkrt_block_idx.z = static_cast<unsigned>(b / (1ull * cfg->grid[0] * cfg->grid[1]));
-        if (smem) std::memset(smem, 0xff, cfg->shared_mem);
-        g.rng = cfg->seed * 0x2545f4914f6cdd1dull + b;
-        make_order();
-        g.n_done = g.n_bar = 0;
-        g.bar_pred_count = 0;
-        g.bar_mismatch = nullptr;
-        std::memset(g.runnable, 0, sizeof g.runnable);
-        for (unsigned w = 0; w < (n + 31) / 32; w++) g.warps[w].waiting = 0;
+    for (unsigned s = 0; s < slots; s++) {
+        Block* k = &g_blocks[s];
+        k->threads = &g_threads[s * n];
+        k->dyn_smem = dyn[s];
+        k->static_smem = static_arena[s];
+        std::memset(k->static_smem, 0xff, kStaticSmemMax);
         for (unsigned i = 0; i < n; i++) {
-            Thread& t = g_threads[i];
-            t.state = RUN;
-            t.op = -1;
-            t.mask = 0;
-            init_fiber(&t);
-            set_runnable(&t);
+            Thread& t = k->threads[i];
+            t.linear = i;
+            t.lane = i & 31;
+            t.warp = i >> 5;
+            t.blk = k;
+            t.tid.x = i % cfg->block[0];
+            t.tid.y = (i / cfg->block[0]) % cfg->block[1];
+            t.tid.z = i / (cfg->block[0] * cfg->block[1]);
         }
-        switch_to(nullptr, &g_threads[g.order[0]], false);
+        for (unsigned w = 0; w < (n + 31) / 32; w++) {
+            unsigned c = std::min(32u, n - w * 32);
+            k->warps[w].existing = c == 32 ? 0xffffffffu : ((1u << c) - 1u);
+        }
     }
+    gb = nullptr;
+#ifdef PK_RACECHECK
+    rc_setup(cfg, slots, dyn);
+#endif
+
+#ifdef PK_SIGNALS
+    arm_signals(cfg->watchdog_ms / 1000.0);
+    if (sigsetjmp(g_jmp, 1) == 0) {
+        g_in_kernel = 1;
+        run_blocks(cfg);
+    }
+    g_in_kernel = 0;
+    disarm_signals();
+#else
+    run_blocks(cfg);
+#endif
+    int rc = 0;
     if (g.failed) {
         snprintf(err, errlen, "%s", g.err);
         rc = 2;
     }
     pkrt_cur = nullptr;
     pkrt_dyn_smem = nullptr;
+    pkrt_static_smem_base = nullptr;
+    pkrt_interleave = 0;
+    gb = nullptr;
     g.kernel = nullptr;
-    free(smem);
+    for (unsigned s = 0; s < slots; s++) free(dyn[s]);
     return rc;
 }
 

@@ -16,7 +16,7 @@ from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["embedding", "rope", "silu_gate", "rms_norm", "causal_attn_softmax", "flash_attention"]
+__all__ = ["embedding", "rope", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax", "flash_attention"]
 
 _THREADS = 256
 # Grid-stride kernels: a few waves of blocks on the largest GPUs is enough to
@@ -99,6 +99,57 @@ def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, back
 # --------------------------------------------------------------------------- rope
 
 _STYLES = {"interleaved": 0, "half": 1}
+_NO_POSITIONS = np.zeros(1, np.int64)  # the kernel's positions argument when it uses pos_offset
+
+
+def _check_full_table(name: str, t: np.ndarray, rows: slice | np.ndarray, style: str, half: int) -> None:
+    """An HF (max_pos, head_dim) table must repeat each pair's angle where the kernel does not read it."""
+    used = t[rows]
+    if style == "half":
+        read, twin, how = used[:, :half], used[:, half:], f"columns i and i + {half} (HF's cat((freqs, freqs)))"
+    else:
+        read, twin, how = used[:, 0::2], used[:, 1::2], "columns 2i and 2i + 1 (each frequency repeated per pair)"
+    bad = np.nonzero(~((read == twin) | (np.isnan(read) & np.isnan(twin))).all(axis=1))[0]
+    if bad.size:
+        row = int(np.arange(t.shape[0])[rows][bad[0]])
+        raise ArgumentError(
+            f"{name}: a (max_pos, {2 * half}) table with style={style!r} must hold equal {how}; "
+            f"row {row} differs (pass a (max_pos, {half}) table for other layouts)"
+        )
+
+
+def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tuple[Any, int, np.ndarray | None]:
+    """(int64 positions for the kernel, n_pos, the host copy or None) from position_ids.
+
+    (n_tokens,) and (1, n_tokens) are shared by every batch row; (batch, n_tokens)
+    gives each batch row its own. Host arrays (NumPy, CPU tensors, lists) of any
+    integer dtype are checked against [0, max_pos) here; device arrays of any
+    integer dtype are converted to int64 on their device and trusted (the kernel
+    writes zeros for a position it cannot read).
+    """
+    n_tokens = x_shape[-3]
+    batch = x_shape[0] if len(x_shape) == 4 else 1
+    if isinstance(position_ids, (list, tuple)):
+        position_ids = np.asarray(position_ids) if len(position_ids) else np.zeros(0, np.int64)
+    pshape = tuple(arrays.check_ndim("position_ids", position_ids, (1, 2)))
+    if pshape not in ((n_tokens,), (1, n_tokens), (batch, n_tokens)):
+        want = f"({n_tokens},) or (1, {n_tokens})" + (f" or ({batch}, {n_tokens})" if batch > 1 else "")
+        raise ArgumentError(f"position_ids: expected shape {want} for x of shape {tuple(x_shape)}, got {pshape}")
+    n_pos = n_tokens * (batch if len(pshape) == 2 and pshape[0] == batch else 1)
+    if arrays.dtype_name(position_ids, "position_ids") not in _INT_DTYPES:
+        raise ArgumentTypeError(f"position_ids: expected an integer array, got dtype {arrays.dtype_name(position_ids)}")
+    if arrays.is_host(position_ids):
+        h = arrays.host_view(position_ids)
+        if h.size:
+            lo, hi = int(h.min()), int(h.max())
+            if lo < 0 or hi >= max_pos:
+                bad = lo if lo < 0 else hi
+                raise ArgumentError(f"position_ids: expected every position in [0, {max_pos}) (the tables' rows), "
+                                    f"got {bad}")
+        host = np.ascontiguousarray(h, dtype=np.int64).reshape(-1)
+        return host, n_pos, host
+    # device ids: converted to int64 on their device, trusted (the kernel zeroes a row it cannot read)
+    return arrays.contiguous(arrays.astype(position_ids, "int64")), n_pos, None
 
 
 @arrays.stream_scoped
@@ -108,7 +159,9 @@ def rope(
     sin: Any,
     *,
     pos_offset: int = 0,
+    position_ids: Any = None,
     style: str = "interleaved",
+    inverse: bool = False,
     inplace: bool = False,
     out: Any = None,
     stream: Any = None,
@@ -116,10 +169,33 @@ def rope(
 ) -> Any:
     """Rotary position embedding of x (n_tokens, n_heads, head_dim) or (batch, n_tokens, n_heads, head_dim).
 
-    Token t (of every batch row) sits at position pos_offset + t and is rotated
-    by cos/sin[pos] (tables (max_pos, head_dim // 2), fp32 for f32 and bf16 x).
+    Positions: token t (of every batch row) sits at position pos_offset + t, or
+    at position_ids[t] / position_ids[b, t] when position_ids is given (integer
+    array (n_tokens,), (1, n_tokens) or (batch, n_tokens) of any integer dtype,
+    each in [0, max_pos); host arrays are checked before launch, device arrays
+    are trusted and a row at a position outside the tables is written as zeros).
+    pos_offset and position_ids are exclusive.
+
+    Tables (fp32 for f32 and bf16 x), one of two layouts, cos and sin alike:
+    - (max_pos, head_dim // 2): pair i of position p rotates by the angle with
+      cos[p, i] / sin[p, i];
+    - (max_pos, head_dim), Hugging Face's `rotary_emb` output: for style="half"
+      columns i and i + head_dim/2 hold the same value (cat((freqs, freqs))), for
+      style="interleaved" columns 2i and 2i+1 do (each frequency repeated per
+      pair). The kernel reads column i (half) or 2i (interleaved); host tables
+      are checked to repeat as described on the rows used.
+
     style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
     style="half" rotates (i, i + head_dim/2) like HF LLaMA's rotate_half.
+    inverse=True rotates by the opposite angle (sin negated): the transpose of
+    the rotation (its inverse too when cos^2 + sin^2 = 1), so rope's backward is
+    grad_x = rope(grad_y, cos, sin, ..., inverse=True) with the same tables and
+    positions, also for tables scaled like HF's attention_scaling.
+
+    HF attention layers receive per-token cos/sin of shape (batch, n_tokens,
+    head_dim) rather than a table: pass cos.reshape(batch * n_tokens, head_dim)
+    (and sin alike) with position_ids = arange(batch * n_tokens).reshape(batch,
+    n_tokens) (for batch 1, or shared positions, cos[0] with arange(n_tokens)).
     inplace=True writes into x (which must then be C-contiguous) and returns it;
     out= writes into a given array (x's shape, dtype and kind) instead.
     """
@@ -127,25 +203,48 @@ def rope(
     shp = arrays.check_ndim("x", x, (3, 4))
     if style not in _STYLES:
         raise ArgumentError(f"style: expected 'interleaved' or 'half', got {style!r}")
+    if not isinstance(inverse, (bool, np.bool_)):
+        raise ArgumentTypeError(f"inverse: expected a bool, got {type(inverse).__name__} {inverse!r}")
     n_tokens, n_heads, head_dim = shp[-3:]
     if head_dim % 2:
         raise ArgumentError(f"x: expected an even head_dim (last dimension), got {head_dim}")
     half = head_dim // 2
     cos, sin = _f32_table("cos", cos), _f32_table("sin", sin)
+    widths = []
     for name, t in (("cos", cos), ("sin", sin)):
         ts = arrays.check_ndim(name, t, (2,))
-        if ts[1] != half:
-            raise ArgumentError(f"{name}: expected shape (max_pos, {half}) for head_dim {head_dim}, got {ts}")
+        if ts[1] not in (half, head_dim):
+            raise ArgumentError(
+                f"{name}: expected shape (max_pos, {half}) or (max_pos, {head_dim}) for head_dim {head_dim}, got {ts}"
+            )
+        widths.append(ts[1])
+    full = head_dim > 0 and widths[0] == head_dim
+    if widths[0] != widths[1]:
+        raise ArgumentError(f"sin: expected the layout of cos (width {widths[0]}), got width {widths[1]}")
     max_pos = min(arrays.shape_of(cos)[0], arrays.shape_of(sin)[0])
     if isinstance(pos_offset, bool) or not isinstance(pos_offset, (int, np.integer)) or pos_offset < 0:
         raise ArgumentError(f"pos_offset: expected an integer >= 0, got {pos_offset!r}")
-    if pos_offset + n_tokens > max_pos:
-        raise ArgumentError(
-            f"pos_offset: positions {pos_offset}..{pos_offset + n_tokens - 1} need tables of at least "
-            f"{pos_offset + n_tokens} rows, got {max_pos}"
-        )
-    for name, v in (("x.shape[-3]", n_tokens), ("x.shape[-2]", n_heads), ("x.shape[-1]", head_dim)):
+    for name, v in (("x.shape[-3]", n_tokens), ("x.shape[-2]", n_heads), ("x.shape[-1]", head_dim),
+                    ("cos.shape[0]", max_pos)):
         _check_u32(name, v)
+    if position_ids is not None:
+        if pos_offset:
+            raise ArgumentError(f"pos_offset: expected 0 when position_ids is given, got {pos_offset}")
+        positions, n_pos, host_pos = _positions(position_ids, shp, max_pos)
+        _check_u32("batch * n_tokens of position_ids", n_pos)
+        used: slice | np.ndarray | None = np.unique(host_pos) if host_pos is not None else None
+    else:
+        if pos_offset + n_tokens > max_pos:
+            raise ArgumentError(
+                f"pos_offset: positions {pos_offset}..{pos_offset + n_tokens - 1} need tables of at least "
+                f"{pos_offset + n_tokens} rows, got {max_pos}"
+            )
+        _check_u32("pos_offset", int(pos_offset))
+        positions, n_pos, used = None, n_tokens, slice(int(pos_offset), int(pos_offset) + n_tokens)
+    if full and used is not None:
+        for name, t in (("cos", cos), ("sin", sin)):
+            if arrays.is_host(t):  # device tables are trusted
+                _check_full_table(name, arrays.host_view(t), used, style, half)
     if inplace:
         if out is not None:
             raise ArgumentError("out: not allowed with inplace=True (the result is written into x)")
@@ -163,10 +262,14 @@ def rope(
     n_rows = _size(shp[:-1])
     if n_rows == 0 or half == 0:
         return out
+    if positions is None:
+        # never read when has_pos == 0: any int64 buffer on x's kind of memory will do
+        positions = _NO_POSITIONS if isinstance(x, np.ndarray) else arrays.empty((1,), "int64", like=x)
     units = n_rows * max(1, half // 4)
     _launch(
         "rope" + _suffix(kind), _blocks(units), _THREADS,
-        x, out, cos, sin, n_rows, n_tokens, n_heads, head_dim, int(pos_offset), _STYLES[style],
+        x, out, cos, sin, positions, n_rows, n_pos, n_heads, head_dim, int(pos_offset), max_pos,
+        0 if position_ids is None else 1, 1 if full else 0, _STYLES[style], 1 if inverse else 0,
         stream=arrays.launch_stream(stream, x), backend=backend,
     )
     return out
@@ -191,6 +294,34 @@ def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backen
     _launch("silu_gate" + _suffix(kind), _blocks(-(-n // 4)), _THREADS, gate, up, out, n,
             stream=arrays.launch_stream(stream, gate), backend=backend)
     return out
+
+
+@arrays.stream_scoped
+def silu_gate_backward(
+    gate: Any, up: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None
+) -> tuple[Any, Any]:
+    """(grad_gate, grad_up) of out = silu(gate) * up given grad_out = dL/dout.
+
+    With s = sigmoid(gate): grad_up = grad_out * gate * s and
+    grad_gate = grad_out * up * s * (1 + gate * (1 - s)). Any shape (all three
+    alike), f32 or bf16 (all three alike), fp32 math, outputs in the input dtype.
+    """
+    kind = arrays.io_kind("gate", gate)
+    _same_dtype("up", up, kind, "gate")
+    _same_dtype("grad_out", grad_out, kind, "gate")
+    gs = arrays.shape_of(gate)
+    for name, a in (("up", up), ("grad_out", grad_out)):
+        if arrays.shape_of(a) != gs:
+            raise ArgumentError(f"{name}: expected the shape of gate {gs}, got {arrays.shape_of(a)}")
+    gate, up, grad_out = arrays.contiguous(gate), arrays.contiguous(up), arrays.contiguous(grad_out)
+    grad_gate = arrays.empty(gs, arrays.dtype_name(gate), like=gate)
+    grad_up = arrays.empty(gs, arrays.dtype_name(gate), like=gate)
+    n = _size(gs)
+    if n == 0:
+        return grad_gate, grad_up
+    _launch("silu_gate_backward" + _suffix(kind), _blocks(-(-n // 4)), _THREADS,
+            gate, up, grad_out, grad_gate, grad_up, n, stream=arrays.launch_stream(stream, gate), backend=backend)
+    return grad_gate, grad_up
 
 
 # --------------------------------------------------------------------------- row kernels

@@ -1,8 +1,8 @@
-"""Causal softmax attention backward (kernels in kernels_cu/attention_backward.cu).
+"""Softmax attention backward (kernels in kernels_cu/attention_backward.cu).
 
-q, grad_out, out: (seq, n_heads, head_dim) or (batch, seq, n_heads, head_dim);
-k, v: (seq, n_kv_heads, head_dim) (same leading batch dim); lse: (seq, n_heads)
-or (batch, seq, n_heads) float32, the natural-log logsumexp of the scaled
+q, grad_out, out: (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim);
+k, v: (n_k, n_kv_heads, head_dim) (same leading batch dim); lse: (n_q, n_heads)
+or (batch, n_q, n_heads) float32, the natural-log logsumexp of the scaled
 scores (the convention of `flash_attention(..., return_lse=True)`).
 """
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError
 from .training import _GRID_YZ_MAX, _UINT_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
 
 __all__ = ["attention_backward"]
@@ -27,6 +27,7 @@ _FLASH_THREADS = 256
 _STAGE = 16  # PK_ATT_STAGE in the .cu
 _NAIVE_THREADS = 128
 METHODS = ("auto", "naive", "flash")
+_INT_MAX = 2**31 - 1
 
 
 def group_lanes(head_dim: int) -> int:
@@ -38,12 +39,15 @@ def _zero(buf: Any, n: int, backend: str | None, stream: Any = None) -> None:
     _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, stream=stream, backend=backend)
 
 
-def _naive(q, k, v, g, kind, dims, scale, backend, stream=None):
-    b, s, h, kvh, d = dims
-    if s > NAIVE_MAX_SEQ:
+def _naive(q, k, v, g, kind, dims, scale, causal, backend, stream=None):
+    b, n_q, n_k, h, kvh, d = dims
+    if n_k > NAIVE_MAX_SEQ:
         raise ArgumentError(
-            f"q: method='naive' handles seq_len <= {NAIVE_MAX_SEQ}, got {s}; use method='flash'"
+            f"k.shape[-3] (n_k): method='naive' handles seq_len <= {NAIVE_MAX_SEQ}, got {n_k}; use method='flash'"
         )
+    if n_q > _INT_MAX:
+        raise ArgumentError(f"q.shape[-3] (n_q): method='naive' launches a block per query, at most {_INT_MAX}, "
+                            f"got {n_q}; use method='flash'")
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     kv_shape = tuple(arrays.shape_of(k))
     n_kv = _size(kv_shape)
@@ -51,11 +55,11 @@ def _naive(q, k, v, g, kind, dims, scale, backend, stream=None):
     dv_acc = arrays.empty((n_kv,), np.float32, like=q)
     _zero(dk_acc, n_kv, backend, stream)
     _zero(dv_acc, n_kv, backend, stream)
-    shared = (2 * d + 2 * s) * 4
+    shared = (2 * d + 2 * n_k) * 4
     _launch(
-        "attention_backward_naive" + _suffix(kind), (s, h, b), (_NAIVE_THREADS,),
-        _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, s, h, kvh, d, scale,
-        shared_mem=shared, stream=stream, backend=backend,
+        "attention_backward_naive" + _suffix(kind), (n_q, h, b), (_NAIVE_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, n_q, n_k, h, kvh, d, scale,
+        1 if causal else 0, shared_mem=shared, stream=stream, backend=backend,
     )
     if kind == "f32":
         return dq, dk_acc.reshape(kv_shape), dv_acc.reshape(kv_shape)
@@ -67,12 +71,13 @@ def _naive(q, k, v, g, kind, dims, scale, backend, stream=None):
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, backend, stream=None):
-    b, s, h, kvh, d = dims
+def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None):
+    b, n_q, n_k, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
     sfx = _suffix(kind)
-    n_rows = b * s * h
+    n_rows = b * n_q * h
+    c = 1 if causal else 0
     if out is not None and lse is not None:
         lse_buf = lse
         delta = arrays.empty((n_rows,), np.float32, like=q)
@@ -84,22 +89,23 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, backend, stream=None):
         lse_buf = arrays.empty((n_rows,), np.float32, like=q)
         delta = arrays.empty((n_rows,), np.float32, like=q)
         _launch(
-            "attention_bwd_lse" + sfx, (-(-s // rows), h, b), (_FLASH_THREADS,),
-            _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, s, h, kvh, d, scale, G,
+            "attention_bwd_lse" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
+            _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, c, G,
             shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
     dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     _launch(
-        "attention_backward_flash_dkdv" + sfx, (-(-s // rows), kvh, b), (_FLASH_THREADS,),
+        "attention_backward_flash_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
-        s, h, kvh, d, scale, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream, backend=backend,
+        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream,
+        backend=backend,
     )
     _launch(
-        "attention_backward_flash_dq" + sfx, (-(-s // rows), h, b), (_FLASH_THREADS,),
+        "attention_backward_flash_dq" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
-        s, h, kvh, d, scale, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
+        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
     )
     return dq, dk, dv
 
@@ -113,26 +119,39 @@ def attention_backward(
     *,
     out: Any = None,
     lse: Any = None,
+    scale: float | None = None,
+    causal: bool = True,
     method: str = "auto",
     stream: Any = None,
     backend: str | None = None,
 ) -> tuple[Any, Any, Any]:
-    """(dq, dk, dv) of causal softmax attention with scale 1/sqrt(head_dim).
+    """(dq, dk, dv) of out = softmax(scale * q k^T) v per (batch, head), given grad_out = dL/dout.
 
+    q, grad_out (and out): (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim);
+    k, v: (n_k, n_kv_heads, head_dim) with the same leading batch dimension.
     Grouped-query attention: n_heads % n_kv_heads == 0, query head h uses kv
     head h // (n_heads // n_kv_heads). head_dim <= 256. Outputs have the
-    inputs' dtype (f32 or bf16), accumulation is fp32.
+    inputs' dtype (f32 or bf16), accumulation is fp32. scale defaults to
+    1/sqrt(head_dim), as in `flash_attention`.
 
-    method="naive": one block per (query, head), seq_len <= NAIVE_MAX_SEQ;
+    causal=True (the default) aligns the mask bottom-right exactly like
+    `flash_attention`: query i sees keys j <= i + n_k - n_q. When n_q > n_k the
+    first n_q - n_k queries see no key: their dq is 0 and they add nothing to
+    dk/dv. causal=False lets every query see every key.
+
+    method="naive": one block per (query, head), n_k <= NAIVE_MAX_SEQ;
     dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
     the last bits, may vary run to run); `out`/`lse` are not needed.
-    method="flash" (and "auto"): tiled over keys, any seq_len, deterministic.
+    method="flash" (and "auto"): tiled over keys, any length, deterministic.
     It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
-    `lse` are given they are used, otherwise a pre-pass kernel computes both
-    from q, k, v and grad_out.
+    `lse` are given (from `flash_attention(q, k, v, causal=, scale=,
+    return_lse=True)` with the same causal and scale) they are used, otherwise
+    a pre-pass kernel computes both from q, k, v and grad_out.
     """
     if method not in METHODS:
         raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
     kind = arrays.io_kind("q", q)
     for name, a in (("k", k), ("v", v), ("grad_out", grad_out)):
         _same_kind(name, a, kind, "q")
@@ -140,11 +159,11 @@ def attention_backward(
     ks = tuple(arrays.check_ndim("k", k, (len(qs),)))
     batched = len(qs) == 4
     b = qs[0] if batched else 1
-    s, h, d = qs[-3:]
-    if ks[:-2] != qs[:-2] or ks[-1] != d:
-        want = qs[:-2] + ("n_kv_heads", d)
-        raise ArgumentError(f"k: expected shape {want} (batch/seq/head_dim of q), got {ks}")
-    kvh = ks[-2]
+    n_q, h, d = qs[-3:]
+    if ks[:-3] != qs[:-3] or ks[-1] != d:
+        want = qs[:-3] + ("n_k", "n_kv_heads", d)
+        raise ArgumentError(f"k: expected shape {want} (batch/head_dim of q), got {ks}")
+    n_k, kvh = ks[-3], ks[-2]
     _same_shape("v", v, ks, "k")
     _same_shape("grad_out", grad_out, qs, "q")
     if not 1 <= d <= MAX_HEAD_DIM:
@@ -155,8 +174,14 @@ def attention_backward(
         raise ArgumentError(f"q: expected n_heads and batch <= {_GRID_YZ_MAX}, got n_heads={h}, batch={b}")
     # The kernels step query/key tiles in unsigned int (i0 + rows_per_block, j0 += 16):
     # a 256-row margin below 2^32 keeps those from wrapping.
-    if s > _UINT_MAX - 256:
-        raise ArgumentError(f"q.shape[-3] (seq_len): expected at most {_UINT_MAX - 256}, got {s}")
+    for name, n in (("q.shape[-3] (seq_len)", n_q), ("k.shape[-3] (seq_len)", n_k)):
+        if n > _UINT_MAX - 256:
+            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 256}, got {n}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    scale = float(np.float32(scale))
     if out is not None:
         _same_kind("out", out, kind, "q")
         _same_shape("out", out, qs, "q")
@@ -164,15 +189,14 @@ def attention_backward(
     if lse is not None:
         arrays.io_kind("lse", lse, ("f32",))
         ls = tuple(arrays.shape_of(lse))
-        if ls not in ((b, s, h), qs[:-1]):
-            raise ArgumentError(f"lse: expected shape {qs[:-1]} or {(b, s, h)} (float32), got {ls}")
+        if ls not in ((b, n_q, h), qs[:-1]):
+            raise ArgumentError(f"lse: expected shape {qs[:-1]} or {(b, n_q, h)} (float32), got {ls}")
         lse = arrays.contiguous(lse)
     q, k, v, grad_out = (arrays.contiguous(a) for a in (q, k, v, grad_out))
-    if b * s * h == 0:
-        return (arrays.empty(qs, kind, like=q), arrays.empty(ks, kind, like=q), arrays.empty(ks, kind, like=q))
-    scale = float(np.float32(1.0 / math.sqrt(d)))
-    dims = (b, s, h, kvh, d)
+    if b * n_q * h == 0 or n_k == 0:  # nothing to launch: no query or no key gives zero gradients
+        return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(ks, kind, like=q))
+    dims = (b, n_q, n_k, h, kvh, d)
     stream = arrays.launch_stream(stream, q)
     if method == "naive":
-        return _naive(q, k, v, grad_out, kind, dims, scale, backend, stream)
-    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, backend, stream)
+        return _naive(q, k, v, grad_out, kind, dims, scale, causal, backend, stream)
+    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, causal, backend, stream)

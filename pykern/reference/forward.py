@@ -32,14 +32,24 @@ def _embedding(cuda):
 @reference("rope", "rope_bf16")
 def _rope(cuda):
     @cuda.jit
-    def k(x, out, cos_t, sin_t, n_rows, n_tokens, n_heads, head_dim, pos_offset, style):
+    def k(x, out, cos_t, sin_t, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos, has_pos,
+          full_table, style, inverse):
         row = cuda.grid(1)
         if row < n_rows:
             half = head_dim // 2
-            pos = pos_offset + (row // n_heads) % n_tokens
+            tok = (row // n_heads) % n_pos
+            pos = positions[tok] if has_pos != 0 else pos_offset + tok
+            ok = 0 <= pos < max_pos
             for i in range(half):
-                c = cos_t[pos * half + i]
-                s = sin_t[pos * half + i]
+                # full tables (max_pos, head_dim): "half" reads column i, "interleaved" column 2i
+                if full_table != 0:
+                    t = pos * head_dim + (2 * i if style == 0 else i)
+                else:
+                    t = pos * half + i
+                c = cos_t[t] if ok else 0.0
+                s = sin_t[t] if ok else 0.0
+                if inverse != 0:
+                    s = -s
                 if style == 0:
                     ia = row * head_dim + 2 * i
                     ib = ia + 1
@@ -51,7 +61,7 @@ def _rope(cuda):
                 out[ia] = a * c - b * s
                 out[ib] = a * s + b * c
 
-    return k, lambda args: _grid(args[4])
+    return k, lambda args: _grid(args[5])
 
 
 @reference("silu_gate", "silu_gate_bf16")
@@ -65,6 +75,21 @@ def _silu_gate(cuda):
             out[i] = g / (1.0 + math.exp(-g)) * up[i] if g > -80.0 else 0.0
 
     return k, lambda args: _grid(args[3])
+
+
+@reference("silu_gate_backward", "silu_gate_backward_bf16")
+def _silu_gate_backward(cuda):
+    @cuda.jit
+    def k(gate, up, grad_out, grad_gate, grad_up, n):
+        i = cuda.grid(1)
+        if i < n:
+            g = gate[i]
+            # sigmoid(g) < 2e-35 below -80: both gradients are 0 within any tolerance
+            s = 1.0 / (1.0 + math.exp(-g)) if g > -80.0 else 0.0
+            grad_up[i] = grad_out[i] * g * s
+            grad_gate[i] = grad_out[i] * up[i] * (s + g * s * (1.0 - s))
+
+    return k, lambda args: _grid(args[5])
 
 
 @reference("rms_norm", "rms_norm_bf16")

@@ -227,8 +227,9 @@ def _to_bf16(cuda: Any):
 
 
 # --------------------------------------------------------------------------- attention backward
-# Index helpers are inlined: q/dO/dq row (b, i, h) starts at ((b*seq + i)*H + h)*D,
-# k/v/dk/dv row (b, j, kvh) at ((b*seq + j)*KVH + kvh)*D, lse/delta at (b*seq + i)*H + h.
+# Index helpers are inlined: q/dO/dq row (b, i, h) starts at ((b*n_q + i)*H + h)*D,
+# k/v/dk/dv row (b, j, kvh) at ((b*n_k + j)*KVH + kvh)*D, lse/delta at (b*n_q + i)*H + h.
+# causal: query i sees keys j < nvis = clamp(i + n_k - n_q + 1, 0, n_k); else all n_k.
 
 
 def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
@@ -237,56 +238,58 @@ def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
 
 @reference("attention_backward_naive", "attention_backward_naive_bf16")
 def _attention_naive(cuda: Any):
-    # One thread per (query, head): three passes over the keys (max, sum, delta),
+    # One thread per (query, head): three passes over the visible keys (max, sum, delta),
     # then dq directly and dk/dv with atomics (other query threads share rows).
     @cuda.jit
-    def k(q, kk, v, dout, dq, dk_acc, dv_acc, seq, n_heads, n_kv_heads, head_dim, scale):
+    def k(q, kk, v, dout, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
         t = cuda.grid(1)
-        batch = q.size // (seq * n_heads * head_dim)
-        if t < batch * seq * n_heads:
+        batch = q.size // (n_q * n_heads * head_dim)
+        if t < batch * n_q * n_heads:
             h = t % n_heads
-            i = (t // n_heads) % seq
-            b = t // (n_heads * seq)
+            i = (t // n_heads) % n_q
+            b = t // (n_heads * n_q)
             kvh = h // (n_heads // n_kv_heads)
+            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
             qo = t * head_dim
-            m = -math.inf
-            for j in range(i + 1):
-                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
-                s = 0.0
-                for d in range(head_dim):
-                    s += q[qo + d] * kk[ko + d]
-                m = max(m, s * scale)
-            l = 0.0
-            delta = 0.0
-            for j in range(i + 1):
-                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
-                s = 0.0
-                dp = 0.0
-                for d in range(head_dim):
-                    s += q[qo + d] * kk[ko + d]
-                    dp += dout[qo + d] * v[ko + d]
-                e = math.exp(s * scale - m)
-                l += e
-                delta += e * dp
-            delta = delta / l
             for d in range(head_dim):
                 dq[qo + d] = 0.0
-            for j in range(i + 1):
-                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
-                s = 0.0
-                dp = 0.0
-                for d in range(head_dim):
-                    s += q[qo + d] * kk[ko + d]
-                    dp += dout[qo + d] * v[ko + d]
-                p = math.exp(s * scale - m) / l
-                ds = p * (dp - delta)
-                for d in range(head_dim):
-                    dq[qo + d] += ds * kk[ko + d] * scale
-                    cuda.atomic.add(dk_acc, ko + d, ds * q[qo + d] * scale)
-                    cuda.atomic.add(dv_acc, ko + d, p * dout[qo + d])
+            if nvis > 0:
+                m = -math.inf
+                for j in range(nvis):
+                    ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
+                    s = 0.0
+                    for d in range(head_dim):
+                        s += q[qo + d] * kk[ko + d]
+                    m = max(m, s * scale)
+                l = 0.0
+                delta = 0.0
+                for j in range(nvis):
+                    ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
+                    s = 0.0
+                    dp = 0.0
+                    for d in range(head_dim):
+                        s += q[qo + d] * kk[ko + d]
+                        dp += dout[qo + d] * v[ko + d]
+                    e = math.exp(s * scale - m)
+                    l += e
+                    delta += e * dp
+                delta = delta / l
+                for j in range(nvis):
+                    ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
+                    s = 0.0
+                    dp = 0.0
+                    for d in range(head_dim):
+                        s += q[qo + d] * kk[ko + d]
+                        dp += dout[qo + d] * v[ko + d]
+                    p = math.exp(s * scale - m) / l
+                    ds = p * (dp - delta)
+                    for d in range(head_dim):
+                        dq[qo + d] += ds * kk[ko + d] * scale
+                        cuda.atomic.add(dk_acc, ko + d, ds * q[qo + d] * scale)
+                        cuda.atomic.add(dv_acc, ko + d, p * dout[qo + d])
 
     def config(a):
-        return _grid1(_batch(a, a[7], a[8], a[10]) * a[7] * a[8])
+        return _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
 
     return k, config
 
@@ -307,28 +310,30 @@ def _attention_preprocess(cuda: Any):
 
 @reference("attention_bwd_lse", "attention_bwd_lse_bf16")
 def _attention_lse(cuda: Any):
-    # lse and delta = sum_j p_j (dO . v_j) (equal to rowsum(dO * O)) by two passes.
+    # lse and delta = sum_j p_j (dO . v_j) (equal to rowsum(dO * O)) by two passes;
+    # a row that sees no key gets lse -inf and delta 0.
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, seq, n_heads, n_kv_heads, head_dim, scale, group_lanes):
+    def k(q, kk, v, dout, lse, delta, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal, group_lanes):
         t = cuda.grid(1)
-        batch = q.size // (seq * n_heads * head_dim)
-        if t < batch * seq * n_heads:
+        batch = q.size // (n_q * n_heads * head_dim)
+        if t < batch * n_q * n_heads:
             h = t % n_heads
-            i = (t // n_heads) % seq
-            b = t // (n_heads * seq)
+            i = (t // n_heads) % n_q
+            b = t // (n_heads * n_q)
             kvh = h // (n_heads // n_kv_heads)
+            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
             qo = t * head_dim
             m = -math.inf
-            for j in range(i + 1):
-                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+            for j in range(nvis):
+                ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                 s = 0.0
                 for d in range(head_dim):
                     s += q[qo + d] * kk[ko + d]
                 m = max(m, s * scale)
             l = 0.0
             acc = 0.0
-            for j in range(i + 1):
-                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+            for j in range(nvis):
+                ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                 s = 0.0
                 dp = 0.0
                 for d in range(head_dim):
@@ -337,28 +342,33 @@ def _attention_lse(cuda: Any):
                 e = math.exp(s * scale - m)
                 l += e
                 acc += e * dp
-            lse[t] = m + math.log(l)
-            delta[t] = acc / l
+            if nvis > 0:
+                lse[t] = m + math.log(l)
+                delta[t] = acc / l
+            else:
+                lse[t] = -math.inf
+                delta[t] = 0.0
 
-    return k, lambda a: _grid1(_batch(a, a[6], a[7], a[9]) * a[6] * a[7])
+    return k, lambda a: _grid1(_batch(a, a[6], a[8], a[10]) * a[6] * a[8])
 
 
 @reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16")
 def _attention_dq(cuda: Any):
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dq, seq, n_heads, n_kv_heads, head_dim, scale, group_lanes):
+    def k(q, kk, v, dout, lse, delta, dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal, group_lanes):
         t = cuda.grid(1)
-        batch = q.size // (seq * n_heads * head_dim)
-        if t < batch * seq * n_heads:
+        batch = q.size // (n_q * n_heads * head_dim)
+        if t < batch * n_q * n_heads:
             h = t % n_heads
-            i = (t // n_heads) % seq
-            b = t // (n_heads * seq)
+            i = (t // n_heads) % n_q
+            b = t // (n_heads * n_q)
             kvh = h // (n_heads // n_kv_heads)
+            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
             qo = t * head_dim
             for d in range(head_dim):
                 dq[qo + d] = 0.0
-            for j in range(i + 1):
-                ko = ((b * seq + j) * n_kv_heads + kvh) * head_dim
+            for j in range(nvis):
+                ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                 s = 0.0
                 dp = 0.0
                 for d in range(head_dim):
@@ -368,29 +378,31 @@ def _attention_dq(cuda: Any):
                 for d in range(head_dim):
                     dq[qo + d] += ds * kk[ko + d] * scale
 
-    return k, lambda a: _grid1(_batch(a, a[7], a[8], a[10]) * a[7] * a[8])
+    return k, lambda a: _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
 
 
 @reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16")
 def _attention_dkdv(cuda: Any):
-    # One thread per (key, kv head): sums over the group's query heads and queries i >= j.
+    # One thread per (key, kv head): sums over the group's query heads and the queries that see key j.
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dk, dv, seq, n_heads, n_kv_heads, head_dim, scale, group_lanes):
+    def k(q, kk, v, dout, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal,
+          group_lanes):
         t = cuda.grid(1)
-        batch = kk.size // (seq * n_kv_heads * head_dim)
-        if t < batch * seq * n_kv_heads:
+        batch = kk.size // (n_k * n_kv_heads * head_dim)
+        if t < batch * n_k * n_kv_heads:
             kvh = t % n_kv_heads
-            j = (t // n_kv_heads) % seq
-            b = t // (n_kv_heads * seq)
+            j = (t // n_kv_heads) % n_k
+            b = t // (n_kv_heads * n_k)
             rep = n_heads // n_kv_heads
+            first = 0 if causal == 0 else max(0, j - (n_k - n_q))
             ko = t * head_dim
             for d in range(head_dim):
                 dk[ko + d] = 0.0
                 dv[ko + d] = 0.0
             for hh in range(rep):
                 h = kvh * rep + hh
-                for i in range(j, seq):
-                    r = (b * seq + i) * n_heads + h
+                for i in range(first, n_q):
+                    r = (b * n_q + i) * n_heads + h
                     qo = r * head_dim
                     s = 0.0
                     dp = 0.0
@@ -404,7 +416,7 @@ def _attention_dkdv(cuda: Any):
                         dv[ko + d] += p * dout[qo + d]
 
     def config(a):
-        seq, kvh, hd = a[8], a[10], a[11]
-        return _grid1((a[1].size // (seq * kvh * hd)) * seq * kvh)
+        n_k, kvh, hd = a[9], a[11], a[12]
+        return _grid1((a[1].size // (n_k * kvh * hd)) * n_k * kvh)
 
     return k, config

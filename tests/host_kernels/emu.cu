@@ -194,10 +194,19 @@ extern "C" __global__ void pk_t_err_deadlock(float* out) {
 }
 
 // Lanes 16..31 return; lanes 0..15 shuffle with a mask that still names them.
+// Legal since sm_70: exited lanes count as arrived; lanes 0..15 only read lanes 0..15.
 extern "C" __global__ void pk_t_err_mask(float* out) {
     float v = (float)threadIdx.x;
     if ((threadIdx.x & 31) >= 16) return;
     v += __shfl_xor_sync(0xffffffffu, v, 1);
+    out[threadIdx.x] = v;
+}
+
+// The error: lanes 0..15 read lanes 16..31 (xor 16), which have exited.
+extern "C" __global__ void pk_t_err_exited_read(float* out) {
+    float v = (float)threadIdx.x;
+    if ((threadIdx.x & 31) >= 16) return;
+    v += __shfl_xor_sync(0xffffffffu, v, 16);
     out[threadIdx.x] = v;
 }
 

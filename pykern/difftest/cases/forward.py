@@ -27,11 +27,28 @@ def np_embedding(ids: np.ndarray, table: np.ndarray) -> np.ndarray:
 
 
 def np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos_offset: int = 0,
-            style: str = "interleaved") -> np.ndarray:
+            style: str = "interleaved", *, position_ids: Any = None, inverse: bool = False) -> np.ndarray:
+    """float64 RoPE. Tables (max_pos, head_dim/2), or HF (max_pos, head_dim) applied the HF way:
+    x * cos + rotate(x) * sin with rotate_half (style "half") or rotate_every_two ("interleaved")."""
     x = _f64(x)
     n_tokens, half = x.shape[-3], x.shape[-1] // 2
-    c = _f64(cos)[pos_offset:pos_offset + n_tokens][:, None, :]  # (tokens, 1, half) broadcasts over heads/batch
-    s = _f64(sin)[pos_offset:pos_offset + n_tokens][:, None, :]
+    if position_ids is None:
+        pos = np.arange(pos_offset, pos_offset + n_tokens)
+    else:
+        pos = np.asarray(position_ids).astype(np.int64)
+        if pos.ndim == 2 and pos.shape[0] == 1:
+            pos = pos[0]
+    # (tokens, 1, width) or (batch, tokens, 1, width): broadcasts over heads (and batch)
+    c, s = _f64(cos)[pos][..., None, :], _f64(sin)[pos][..., None, :]
+    if inverse:
+        s = -s
+    if _f64(cos).shape[-1] == x.shape[-1]:  # HF full tables
+        if style == "half":
+            rot = np.concatenate([-x[..., half:], x[..., :half]], axis=-1)
+        else:
+            rot = np.empty_like(x)
+            rot[..., 0::2], rot[..., 1::2] = -x[..., 1::2], x[..., 0::2]
+        return x * c + rot * s
     if style == "interleaved":
         a, b = x[..., 0::2], x[..., 1::2]
     else:
@@ -48,6 +65,14 @@ def np_rope(x: np.ndarray, cos: np.ndarray, sin: np.ndarray, pos_offset: int = 0
 def np_silu_gate(gate: np.ndarray, up: np.ndarray) -> np.ndarray:
     g = _f64(gate)
     return g / (1.0 + np.exp(-g)) * _f64(up)
+
+
+def np_silu_gate_backward(gate: np.ndarray, up: np.ndarray, grad_out: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(grad_gate, grad_up) of silu(gate) * up in float64."""
+    g, u, dy = _f64(gate), _f64(up), _f64(grad_out)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-g))
+    return dy * u * (s + g * s * (1.0 - s)), dy * g * s
 
 
 def np_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray:
@@ -113,6 +138,16 @@ def rope_tables(max_pos: int, head_dim: int, base: float = 10000.0) -> tuple[np.
     return np.cos(ang).astype(np.float32), np.sin(ang).astype(np.float32)
 
 
+def hf_rope_tables(max_pos: int, head_dim: int, style: str = "half",
+                   base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
+    """fp32 (max_pos, head_dim) tables as Hugging Face builds them: cat((freqs, freqs)) for style
+    "half", each frequency repeated per pair (repeat_interleave(2)) for "interleaved"."""
+    c, s = rope_tables(max_pos, head_dim, base)
+    if style == "half":
+        return np.concatenate([c, c], axis=-1), np.concatenate([s, s], axis=-1)
+    return np.repeat(c, 2, axis=-1), np.repeat(s, 2, axis=-1)
+
+
 def _sfx(kind: str) -> str:
     return "_bf16" if kind == "bf16" else ""
 
@@ -170,6 +205,48 @@ def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
                    kernels=("rope" + _sfx(kind),), run=run,
                    reference=lambda x=x, cos=cos, sin=sin, off=off, style=style: {"out": np_rope(x, cos, sin, off, style)})
 
+    # position_ids ("pid": 1-D shared, "pid1": (1, n) shared, "pidb": one row per batch), HF (max_pos, head_dim)
+    # tables ("hf") and inverse rotation; vector (half % 4 == 0) and scalar paths, f32 and bf16.
+    # (kind, x shape, style, positions, hf tables, inverse, pos_offset)
+    specs2 = (
+        ("f32", (5, 3, 64), "half", "pid", False, False, 0),
+        ("f32", (2, 5, 2, 64), "interleaved", "pidb", False, True, 0),
+        ("f32", (2, 3, 2, 10), "half", "pid1", True, False, 0),
+        ("f32", (4, 2, 64), "half", None, True, False, 3),
+        ("f32", (4, 2, 64), "interleaved", None, True, True, 1),
+        ("f32", (3, 2, 2, 6), "interleaved", "pidb", True, True, 0),
+        ("f32", (7, 1, 128), "half", None, False, True, 5),
+        ("f32", (2, 7, 2, 128), "half", "pidb", True, True, 0),
+        ("bf16", (2, 5, 2, 64), "half", "pidb", True, False, 0),
+        ("bf16", (5, 3, 64), "interleaved", "pid", True, True, 0),
+        ("bf16", (3, 2, 6), "interleaved", None, True, True, 2),
+    )
+    for kind, shp, style, pid, hf, inverse, off in specs2:
+        x = _normal(rng, shp, kind)
+        max_pos = 40
+        cos, sin = hf_rope_tables(max_pos, shp[-1], style) if hf else rope_tables(max_pos, shp[-1])
+        n = shp[-3]
+        if pid is None:
+            position_ids = None
+        elif pid == "pidb":
+            position_ids = rng.integers(0, max_pos, size=(shp[0], n)).astype(np.int32)
+            position_ids[0, 0] = max_pos - 1
+        else:
+            position_ids = rng.permutation(max_pos)[:n].astype(np.int64)
+            position_ids[-1] = 0
+            if pid == "pid1":
+                position_ids = position_ids[None]
+
+        def run(b: str, x=x, cos=cos, sin=sin, style=style, pids=position_ids, inverse=inverse, off=off) -> dict:
+            return {"out": ops.rope(x, cos, sin, pos_offset=off, position_ids=pids, style=style, inverse=inverse,
+                                    backend=b)}
+
+        tag = "-".join(t for t in (style, pid or f"off{off}", "hf" if hf else "", "inv" if inverse else "") if t)
+        yield Case(op="rope", dtype=kind, shape="x".join(map(str, shp)) + f"-{tag}",
+                   kernels=("rope" + _sfx(kind),), run=run,
+                   reference=lambda x=x, cos=cos, sin=sin, style=style, pids=position_ids, inverse=inverse, off=off:
+                   {"out": np_rope(x, cos, sin, off, style, position_ids=pids, inverse=inverse)})
+
 
 def _silu_cases(rng: np.random.Generator) -> Iterator[Case]:
     from ... import ops
@@ -182,6 +259,37 @@ def _silu_cases(rng: np.random.Generator) -> Iterator[Case]:
         yield Case(op="silu_gate", dtype=kind, shape="x".join(map(str, shp)), kernels=("silu_gate" + _sfx(kind),),
                    run=lambda b, g=gate, u=up: {"out": ops.silu_gate(g, u, backend=b)},
                    reference=lambda g=gate, u=up: {"out": np_silu_gate(g, u)})
+
+
+def _silu_backward_cases(rng: np.random.Generator) -> Iterator[Case]:
+    from ... import ops
+
+    # sizes below, at and past the 4 / 8-element vectors, a tail, and one of the three inputs unaligned
+    for kind, shp, unaligned in (("f32", (1,), False), ("f32", (7,), False), ("f32", (3, 1003), False),
+                                 ("f32", (4, 1024), False), ("f32", (2, 37), True), ("bf16", (5,), False),
+                                 ("bf16", (3, 1003), False), ("bf16", (2, 2048), False), ("bf16", (2, 37), True)):
+        gate = _normal(rng, shp, kind, 4.0)
+        flat = gate.reshape(-1)
+        flat[:1] = _cast(np.array([-100.0]), kind)  # exp overflow side
+        if flat.size > 2:
+            flat[1:3] = _cast(np.array([100.0, 0.0]), kind)
+        up = _normal(rng, shp, kind)
+        dy = _normal(rng, shp, kind)
+        if unaligned:  # the same values one element past an aligned start: the scalar path
+            buf = np.empty(dy.size + 1, dy.dtype)
+            buf[1:] = dy.reshape(-1)
+            dy = buf[1:].reshape(shp)
+
+        def run(b: str, g=gate, u=up, dy=dy) -> dict:
+            gg, gu = ops.silu_gate_backward(g, u, dy, backend=b)
+            return {"grad_gate": gg, "grad_up": gu}
+
+        def ref(g=gate, u=up, dy=dy) -> dict:
+            gg, gu = np_silu_gate_backward(g, u, dy)
+            return {"grad_gate": gg, "grad_up": gu}
+
+        yield Case(op="silu_gate_backward", dtype=kind, shape="x".join(map(str, shp)) + ("-unaligned" if unaligned else ""),
+                   kernels=("silu_gate_backward" + _sfx(kind),), run=run, reference=ref)
 
 
 def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -265,6 +373,7 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _embedding_cases(rng)
     yield from _rope_cases(rng)
     yield from _silu_cases(rng)
+    yield from _silu_backward_cases(rng)
     yield from _rms_cases(rng)
     yield from _softmax_cases(rng)
     yield from _fa_cases(rng)

@@ -81,41 +81,63 @@ def _attn_split(q: Any, k: Any, v: Any):
     return q, k, v, batched
 
 
-def np_attention_forward(q: Any, k: Any, v: Any) -> tuple[np.ndarray, np.ndarray]:
-    """(out like q, lse (..., seq, n_heads)) of causal attention, scale 1/sqrt(head_dim)."""
+def _attn_mask(n_q: int, n_k: int, causal: bool) -> np.ndarray:
+    """(n_q, n_k) visibility, causal aligned bottom-right: query i sees keys j <= i + n_k - n_q."""
+    if not causal:
+        return np.ones((n_q, n_k), bool)
+    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+
+
+def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+    """(P, lse) of one (batch, head); rows with no visible key give P = 0 and lse = -inf."""
+    sc = np.where(mask, qq @ kk.T * scale, -np.inf)
+    m = sc.max(axis=-1, keepdims=True) if sc.shape[-1] else np.full((sc.shape[0], 1), -np.inf)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(sc - m_safe)
+    l = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    with np.errstate(divide="ignore"):
+        lse = (m_safe + np.log(l))[:, 0]
+    return p, lse
+
+
+def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True,
+                         scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(out like q, lse (..., n_q, n_heads)) of softmax attention; scale defaults to 1/sqrt(head_dim).
+
+    causal aligns the mask bottom-right (flash_attention's convention); a query that sees no key
+    has out 0 and lse -inf."""
     q, k, v, batched = _attn_split(q, k, v)
-    b, s, h, d = q.shape
+    b, n_q, h, d = q.shape
+    n_k = k.shape[1]
     rep = h // k.shape[2]
-    scale = 1.0 / np.sqrt(d)
-    mask = np.tril(np.ones((s, s), bool))
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    mask = _attn_mask(n_q, n_k, causal)
     out = np.zeros_like(q)
-    lse = np.zeros((b, s, h))
+    lse = np.zeros((b, n_q, h))
     for bi in range(b):
         for hi in range(h):
-            sc = np.where(mask, q[bi, :, hi] @ k[bi, :, hi // rep].T * scale, -np.inf)
-            m = sc.max(axis=-1, keepdims=True)
-            e = np.exp(sc - m)
-            l = e.sum(axis=-1, keepdims=True)
-            out[bi, :, hi] = (e / l) @ v[bi, :, hi // rep]
-            lse[bi, :, hi] = (m + np.log(l))[:, 0]
+            p, lse[bi, :, hi] = _attn_probs(q[bi, :, hi], k[bi, :, hi // rep], mask, scale)
+            out[bi, :, hi] = p @ v[bi, :, hi // rep]
     return (out, lse) if batched else (out[0], lse[0])
 
 
-def np_attention_backward(q: Any, k: Any, v: Any, grad_out: Any) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+def np_attention_backward(q: Any, k: Any, v: Any, grad_out: Any, *, causal: bool = True,
+                          scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) in float64 of np_attention_forward's out, given grad_out."""
     q, k, v, batched = _attn_split(q, k, v)
     g = f64(grad_out) if batched else f64(grad_out)[None]
-    b, s, h, d = q.shape
+    b, n_q, h, d = q.shape
+    n_k = k.shape[1]
     rep = h // k.shape[2]
-    scale = 1.0 / np.sqrt(d)
-    mask = np.tril(np.ones((s, s), bool))
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    mask = _attn_mask(n_q, n_k, causal)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for bi in range(b):
         for hi in range(h):
             kh = hi // rep
             qq, kk, vv, go = q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], g[bi, :, hi]
-            sc = np.where(mask, qq @ kk.T * scale, -np.inf)
-            p = np.exp(sc - sc.max(axis=-1, keepdims=True))
-            p /= p.sum(axis=-1, keepdims=True)
+            p, _ = _attn_probs(qq, kk, mask, scale)
             dp = go @ vv.T
             ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
             dv[bi, :, kh] += p.T @ go
@@ -248,11 +270,13 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 
 def attention_inputs(rng: np.random.Generator, batch: int | None, seq: int, heads: int, kv_heads: int,
-                     head_dim: int, kind: str) -> tuple[np.ndarray, ...]:
+                     head_dim: int, kind: str, n_k: int | None = None) -> tuple[np.ndarray, ...]:
+    """q, k, v, grad_out; n_k (default seq) is the key length, seq the query length."""
     lead = () if batch is None else (batch,)
+    n_k = seq if n_k is None else n_k
     q = _cast(rng.standard_normal(lead + (seq, heads, head_dim)), kind)
-    k = _cast(rng.standard_normal(lead + (seq, kv_heads, head_dim)), kind)
-    v = _cast(rng.standard_normal(lead + (seq, kv_heads, head_dim)), kind)
+    k = _cast(rng.standard_normal(lead + (n_k, kv_heads, head_dim)), kind)
+    v = _cast(rng.standard_normal(lead + (n_k, kv_heads, head_dim)), kind)
     g = _cast(rng.standard_normal(lead + (seq, heads, head_dim)), kind)
     return q, k, v, g
 
@@ -263,37 +287,56 @@ def _flash_kernels(sfx: str, given: bool) -> tuple[str, ...]:
 
 
 def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
-    # (kind, batch, seq, heads, kv_heads, head_dim, methods, note)
+    # (kind, batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale, methods, note)
     specs = [
-        ("f32", None, 1, 2, 1, 32, ("naive", "flash"), ""),
-        ("f32", None, 63, 1, 1, 32, ("naive", "flash"), ""),
-        ("f32", None, 64, 1, 1, 64, ("naive", "flash"), ""),
-        ("f32", None, 65, 2, 1, 32, ("naive", "flash"), ""),
-        ("f32", 2, 17, 2, 2, 32, ("naive", "flash"), ""),
-        ("f32", None, 9, 4, 2, 80, ("naive", "flash"), ""),
-        ("f32", None, 9, 8, 2, 32, ("naive", "flash"), ""),
-        ("f32", None, 9, 8, 1, 16, ("naive", "flash"), ""),
-        ("f32", None, 5, 3, 3, 96, ("naive", "flash"), ""),
-        ("f32", None, 12, 2, 1, 128, ("naive", "flash"), ""),
-        ("f32", None, 6, 1, 1, 256, ("naive", "flash"), ""),
-        ("f32", None, 200, 1, 1, 32, ("naive", "flash"), "big"),
-        ("f32", None, 70, 4, 1, 128, ("naive", "flash"), "big"),
-        ("f32", None, 2049, 1, 1, 32, ("flash",), "big"),
-        ("bf16", None, 33, 2, 1, 64, ("naive", "flash"), ""),
-        ("bf16", 2, 9, 4, 2, 80, ("naive", "flash"), ""),
+        ("f32", None, 1, 1, 2, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 63, 63, 1, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 64, 64, 1, 1, 64, True, None, ("naive", "flash"), ""),
+        ("f32", None, 65, 65, 2, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", 2, 17, 17, 2, 2, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
+        ("f32", None, 9, 9, 8, 2, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 9, 9, 8, 1, 16, True, None, ("naive", "flash"), ""),
+        ("f32", None, 5, 5, 3, 3, 96, True, None, ("naive", "flash"), ""),
+        ("f32", None, 12, 12, 2, 1, 128, True, None, ("naive", "flash"), ""),
+        ("f32", None, 6, 6, 1, 1, 256, True, None, ("naive", "flash"), ""),
+        ("f32", None, 200, 200, 1, 1, 32, True, None, ("naive", "flash"), "big"),
+        ("f32", None, 70, 70, 4, 1, 128, True, None, ("naive", "flash"), "big"),
+        ("f32", None, 2049, 2049, 1, 1, 32, True, None, ("flash",), "big"),
+        ("bf16", None, 33, 33, 2, 1, 64, True, None, ("naive", "flash"), ""),
+        ("bf16", 2, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
+        # issue 10: causal=False, n_q != n_k (bottom-right causal mask), non-default scale
+        ("f32", None, 1, 1, 2, 1, 32, False, None, ("naive", "flash"), ""),
+        ("f32", None, 1, 9, 2, 2, 64, True, None, ("naive", "flash"), ""),
+        ("f32", None, 5, 17, 2, 1, 64, True, None, ("naive", "flash"), ""),
+        ("f32", None, 17, 5, 4, 2, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 3, 1, 2, 2, 32, True, 0.7, ("naive", "flash"), ""),
+        ("f32", 2, 9, 23, 4, 1, 80, False, 0.3, ("naive", "flash"), ""),
+        ("f32", None, 23, 9, 4, 4, 128, False, None, ("naive", "flash"), ""),
+        ("f32", None, 70, 33, 2, 1, 32, True, 0.2, ("naive", "flash"), ""),
+        ("f32", None, 12, 70, 4, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 12, 37, 2, 1, 128, False, 0.15, ("naive", "flash"), ""),
+        ("f32", None, 40, 2100, 1, 1, 32, True, None, ("flash",), "big"),
+        ("bf16", 2, 7, 19, 4, 2, 64, True, 0.2, ("naive", "flash"), ""),
+        ("bf16", None, 19, 7, 2, 1, 128, False, None, ("naive", "flash"), ""),
+        ("bf16", None, 12, 5, 2, 2, 80, True, None, ("naive", "flash"), ""),
     ]
-    for kind, batch, seq, heads, kvh, hd, methods, note in specs:
-        q, k, v, g = attention_inputs(rng, batch, seq, heads, kvh, hd, kind)
+    for kind, batch, n_q, n_k, heads, kvh, hd, causal, scale, methods, note in specs:
+        q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, kind, n_k)
         sfx = "_bf16" if kind == "bf16" else ""
-        shape = f"{'' if batch is None else f'{batch}x'}s{seq}-h{heads}kv{kvh}-d{hd}"
+        lens = f"s{n_q}" if n_q == n_k else f"q{n_q}k{n_k}"
+        extra = ("" if causal else "-full") + ("" if scale is None else f"-scale{scale}")
+        shape = f"{'' if batch is None else f'{batch}x'}{lens}-h{heads}kv{kvh}-d{hd}{extra}"
+        new = n_q != n_k or not causal or scale is not None
 
-        def ref(q=q, k=k, v=v, g=g):
-            dq, dk, dv = np_attention_backward(q, k, v, g)
+        def ref(q=q, k=k, v=v, g=g, causal=causal, scale=scale):
+            dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
             return {"dq": dq, "dk": dk, "dv": dv}
 
         for method in methods:
-            def run(be, q=q, k=k, v=v, g=g, method=method):
-                dq, dk, dv = _ops().attention_backward(q, k, v, g, method=method, backend=be)
+            def run(be, q=q, k=k, v=v, g=g, method=method, causal=causal, scale=scale):
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, causal=causal, scale=scale, method=method,
+                                                       backend=be)
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
             kern = (("attention_backward_naive" + sfx, "training_zero_f32")
@@ -301,12 +344,13 @@ def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
                 else _flash_kernels(sfx, False)
             yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-{method}", kernels=kern,
                        run=run, reference=ref, note=note)
-        if "flash" in methods and (seq in (1, 65, 2049) or kind == "bf16"):
-            out64, lse64 = np_attention_forward(q, k, v)
+        if "flash" in methods and (n_q in (1, 65, 2049) or kind == "bf16" or new):
+            out64, lse64 = np_attention_forward(q, k, v, causal=causal, scale=scale)
             out, lse = _cast(out64, kind), lse64.astype(np.float32)
 
-            def run_given(be, q=q, k=k, v=v, g=g, out=out, lse=lse):
-                dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, method="flash", backend=be)
+            def run_given(be, q=q, k=k, v=v, g=g, out=out, lse=lse, causal=causal, scale=scale):
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, scale=scale,
+                                                       method="flash", backend=be)
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
             yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-flash_given_lse",

@@ -1,0 +1,14 @@
+"""PyTorch integration: autograd-aware pykern kernels, nn.Modules and `apply(model)` for HF models.
+
+The only pykern package that imports torch (`import pykern` never does).
+"""
+from __future__ import annotations
+
+from .functional import cross_entropy, embedding, flash_attention, rms_norm, rope, swiglu
+from .hf import apply
+from .modules import CrossEntropyLoss, RMSNorm, SwiGLUMLP
+
+__all__ = [
+    "rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding",
+    "RMSNorm", "SwiGLUMLP", "CrossEntropyLoss", "apply",
+]

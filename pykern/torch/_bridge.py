@@ -1,0 +1,21 @@
+"""The one place where pykern.torch hands tensors to pykern.ops.
+
+pykern.ops accepts torch tensors (CPU: zero-copy views on the CPU backends;
+CUDA: the nvrtc backend, launched on torch.cuda.current_stream(), outputs from
+torch's allocator) and returns torch tensors, so a call is a plain op call.
+Every tensor is detached first: inside a custom op the inputs are plain data.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+from .. import ops
+
+
+def call(name: str, *args: Any, **kwargs: Any) -> Any:
+    """pykern.ops.<name>(*args, **kwargs) on torch tensors, returning torch tensors."""
+    fn = getattr(ops, name)
+    conv = lambda a: a.detach() if isinstance(a, torch.Tensor) else a  # noqa: E731
+    return fn(*(conv(a) for a in args), **{k: conv(v) for k, v in kwargs.items()})

@@ -1,0 +1,389 @@
+"""Autograd-aware pykern kernels for PyTorch.
+
+Each kernel is a `torch.library.custom_op` in the `pykern` namespace with a
+fake (meta) implementation and a registered autograd formula whose backward is
+itself a pykern custom op, so `torch.compile(fullgraph=True)` traces a model
+built from these functions without graph breaks, forward and backward.
+
+Layouts follow pykern.ops: attention tensors are (batch, seq, heads, head_dim),
+RoPE rotates q and k of that layout in HF LLaMA's rotate_half convention.
+Supported dtypes are float32 and bfloat16 (fp32 accumulation inside).
+"""
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..errors import ArgumentError, ArgumentTypeError
+from ._bridge import call
+
+__all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
+
+_lib = "pykern::"
+
+
+def _new(shape, dtype, like: Tensor) -> Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=like.device)
+
+
+def _c(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# --------------------------------------------------------------------------- rms_norm
+
+
+@torch.library.custom_op(_lib + "rms_norm", mutates_args=())
+def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
+    return call("rms_norm", _c(x), _c(weight), eps)
+
+
+@_rms_norm.register_fake
+def _(x, weight, eps):
+    return _new(x.shape, x.dtype, x)
+
+
+@torch.library.custom_op(_lib + "rms_norm_backward", mutates_args=())
+def _rms_norm_backward(x: Tensor, weight: Tensor, grad_out: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    gx, gw = call("rms_norm_backward", _c(x), _c(weight), _c(grad_out), eps)
+    return gx, gw.to(weight.dtype)
+
+
+@_rms_norm_backward.register_fake
+def _(x, weight, grad_out, eps):
+    return _new(x.shape, x.dtype, x), _new(weight.shape, weight.dtype, weight)
+
+
+def _rms_norm_setup(ctx, inputs, output):
+    x, weight, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps = eps
+
+
+def _rms_norm_bwd(ctx, grad):
+    x, weight = ctx.saved_tensors
+    gx, gw = torch.ops.pykern.rms_norm_backward(x, weight, grad, ctx.eps)
+    return gx, gw, None
+
+
+_rms_norm.register_autograd(_rms_norm_bwd, setup_context=_rms_norm_setup)
+
+
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
+    """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis (x and weight of one dtype)."""
+    return torch.ops.pykern.rms_norm(x, weight, float(eps))
+
+
+# --------------------------------------------------------------------------- swiglu
+
+
+@torch.library.custom_op(_lib + "swiglu", mutates_args=())
+def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    return call("silu_gate", _c(gate), _c(up))
+
+
+@_swiglu.register_fake
+def _(gate, up):
+    return _new(gate.shape, gate.dtype, gate)
+
+
+@torch.library.custom_op(_lib + "swiglu_backward", mutates_args=())
+def _swiglu_backward(gate: Tensor, up: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
+    gg, gu = call("silu_gate_backward", _c(gate), _c(up), _c(grad_out))
+    return gg, gu
+
+
+@_swiglu_backward.register_fake
+def _(gate, up, grad_out):
+    return _new(gate.shape, gate.dtype, gate), _new(up.shape, up.dtype, up)
+
+
+def _swiglu_setup(ctx, inputs, output):
+    ctx.save_for_backward(*inputs)
+
+
+def _swiglu_bwd(ctx, grad):
+    gate, up = ctx.saved_tensors
+    return torch.ops.pykern.swiglu_backward(gate, up, grad)
+
+
+_swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
+
+
+def swiglu(gate: Tensor, up: Tensor) -> Tensor:
+    """silu(gate) * up elementwise (same shape and dtype)."""
+    return torch.ops.pykern.swiglu(gate, up)
+
+
+# --------------------------------------------------------------------------- rope
+
+
+@torch.library.custom_op(_lib + "rope", mutates_args=())
+def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
+    # q (b, s, hq, d), k (b, s, hk, d); cos/sin (max_pos, d) float32 tables; position_ids (b or 1, s) int64.
+    kw = dict(position_ids=position_ids, style="half", inverse=inverse)
+    return call("rope", _c(q), cos, sin, **kw), call("rope", _c(k), cos, sin, **kw)
+
+
+@_rope.register_fake
+def _(q, k, cos, sin, position_ids, inverse):
+    return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k)
+
+
+def _rope_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[2], inputs[3], inputs[4])
+    ctx.inverse = inputs[5]
+
+
+def _rope_bwd(ctx, gq, gk):
+    cos, sin, pos = ctx.saved_tensors
+    # The rotation by -theta is the inverse and the transpose of the rotation by theta.
+    dq, dk = torch.ops.pykern.rope(gq, gk, cos, sin, pos, not ctx.inverse)
+    return dq, dk, None, None, None, None
+
+
+_rope.register_autograd(_rope_bwd, setup_context=_rope_setup)
+
+
+def _tables(cos: Tensor, sin: Tensor, batch: int, seq: int, head_dim: int,
+            position_ids: Optional[Tensor]) -> tuple[Tensor, Tensor, Tensor]:
+    """(cos table, sin table, position_ids) in the form pykern.ops.rope takes, from either HF table form."""
+    if cos.shape != sin.shape:
+        raise ArgumentError(f"sin: expected the shape of cos {tuple(cos.shape)}, got {tuple(sin.shape)}")
+    if cos.shape[-1] != head_dim:
+        raise ArgumentError(f"cos: expected a last dimension of head_dim={head_dim}, got shape {tuple(cos.shape)}")
+    if cos.dim() == 2:  # HF (max_pos, head_dim) tables, indexed by position
+        if position_ids is None:
+            position_ids = torch.arange(seq, device=cos.device)
+        if position_ids.dim() == 1:
+            position_ids = position_ids.unsqueeze(0)
+        if position_ids.dim() != 2 or position_ids.shape[-1] != seq or position_ids.shape[0] not in (1, batch):
+            raise ArgumentError(
+                f"position_ids: expected shape ({batch}, {seq}) or ({seq},), got {tuple(position_ids.shape)}"
+            )
+        if position_ids.dtype.is_floating_point or position_ids.dtype == torch.bool:
+            raise ArgumentTypeError(f"position_ids: expected an integer tensor, got {position_ids.dtype}")
+        pos = position_ids.to(device=cos.device, dtype=torch.int64)
+        c, s = cos, sin
+    elif cos.dim() == 3:  # HF rotary module output (batch or 1, seq, head_dim): one table row per token
+        if position_ids is not None:
+            raise ArgumentError("position_ids: must be None when cos/sin are per-token (batch, seq, head_dim)")
+        if cos.shape[1] != seq or cos.shape[0] not in (1, batch):
+            raise ArgumentError(f"cos: expected shape ({batch} or 1, {seq}, {head_dim}), got {tuple(cos.shape)}")
+        c, s = cos.reshape(-1, head_dim), sin.reshape(-1, head_dim)
+        pos = torch.arange(c.shape[0], device=cos.device).view(cos.shape[0], seq)
+    else:
+        raise ArgumentError(f"cos: expected (max_pos, head_dim) or (batch, seq, head_dim), got {tuple(cos.shape)}")
+    return _c(c.detach().float()), _c(s.detach().float()), _c(pos)
+
+
+
+def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
+    """Rotary embedding of q and k together, HF LLaMA rotate_half layout.
+
+    q (batch, seq, n_heads, head_dim), k (batch, seq, n_kv_heads, head_dim).
+    cos/sin are HF tables, either (max_pos, head_dim) indexed by position_ids
+    ((batch, seq), (1, seq) or (seq,); default 0..seq-1), or the (batch or 1,
+    seq, head_dim) per-token rows HF's rotary module returns. As in HF the two
+    halves of a table row are equal (emb = cat(freqs, freqs)). Gradients flow
+    to q and k (cos/sin are constants, as in HF where they come from no_grad).
+    """
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ArgumentError(f"{name}: expected (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
+    b, s, _, d = q.shape
+    if k.shape[0] != b or k.shape[1] != s or k.shape[3] != d:
+        raise ArgumentError(f"k: expected shape ({b}, {s}, n_kv_heads, {d}), got {tuple(k.shape)}")
+    c, sn, pos = _tables(cos, sin, b, s, d, position_ids)
+    return torch.ops.pykern.rope(q, k, c, sn, pos, False)
+
+
+# --------------------------------------------------------------------------- flash_attention
+
+
+@torch.library.custom_op(_lib + "flash_attention", mutates_args=())
+def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
+    out, lse = call("flash_attention", _c(q), _c(k), _c(v), causal=causal, scale=scale, return_lse=True)
+    return out, lse
+
+
+@_flash_attention.register_fake
+def _(q, k, v, causal, scale):
+    b, n_q, h, _ = q.shape
+    return _new((b, n_q, h, v.shape[3]), q.dtype, q), _new((b, n_q, h), torch.float32, q)
+
+
+@torch.library.custom_op(_lib + "flash_attention_backward", mutates_args=())
+def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
+                              causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = call("attention_backward", _c(q), _c(k), _c(v), _c(grad_out), out=_c(out), lse=_c(lse),
+                      scale=scale, causal=causal)
+    return dq, dk, dv
+
+
+@_flash_attention_backward.register_fake
+def _(q, k, v, out, lse, grad_out, causal, scale):
+    return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k), _new(v.shape, v.dtype, v)
+
+
+def _fa_setup(ctx, inputs, output):
+    q, k, v, causal, scale = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse)
+    ctx.causal, ctx.scale = causal, scale
+    ctx.mark_non_differentiable(lse)
+
+
+def _fa_bwd(ctx, grad_out, grad_lse):
+    q, k, v, out, lse = ctx.saved_tensors
+    dq, dk, dv = torch.ops.pykern.flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale)
+    return dq, dk, dv, None, None
+
+
+_flash_attention.register_autograd(_fa_bwd, setup_context=_fa_setup)
+
+
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None) -> Tensor:
+    """softmax(scale * q k^T) v; q (batch, n_q, heads, d), k/v (batch, n_k, kv_heads, d), GQA allowed.
+
+    causal=True aligns the mask bottom-right (query i sees keys j <= i + n_k - n_q),
+    as in a KV-cached decode step. The forward saves out and the log-sum-exp;
+    the backward is pykern's flash attention backward.
+    """
+    if q.dim() != 4:
+        raise ArgumentError(f"q: expected (batch, seq, heads, head_dim), got shape {tuple(q.shape)}")
+    if scale is None:
+        scale = 1.0 / math.sqrt(q.shape[-1])
+    out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale))
+    return out
+
+
+# --------------------------------------------------------------------------- cross_entropy
+
+_REDUCTIONS = ("mean", "sum", "none")
+
+
+@torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
+def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> tuple[Tensor, Tensor]:
+    # The kernel returns the mean over non-ignored rows (fp32, the loss's dtype here)
+    # and its gradient (softmax - onehot) / n_valid in one pass; "sum" and "none"
+    # rescale that gradient by n_valid (a device tensor: no host synchronisation).
+    mean, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index)
+    valid = targets != ignore_index
+    count = valid.sum()
+    if reduction == "mean":
+        # torch returns NaN for a batch with no valid row (0 / 0); the kernel returns 0.
+        return torch.where(count > 0, mean, torch.full_like(mean, math.nan)), grad
+    grad = (grad.float() * count.float()).to(grad.dtype) if grad.dtype != torch.float32 else grad * count
+    if reduction == "sum":
+        loss = mean * count
+    else:
+        # Per-row losses: the kernel keeps them internally; they are rebuilt here
+        # with torch (logsumexp - logit[target]), a second read of the logits.
+        # A target outside [0, vocab) on the device gives a NaN row, as in the kernel
+        # (host targets were rejected by the op before launch).
+        lf = logits.float()
+        in_range = (targets >= 0) & (targets < logits.shape[-1])
+        safe = torch.where(valid & in_range, targets, torch.zeros_like(targets))
+        row = torch.logsumexp(lf, dim=-1) - lf.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
+        row = torch.where(in_range, row, torch.full_like(row, math.nan))
+        loss = torch.where(valid, row, torch.zeros_like(row))
+    return loss, grad
+
+
+@_cross_entropy.register_fake
+def _(logits, targets, ignore_index, reduction):
+    shape = (logits.shape[0],) if reduction == "none" else ()
+    return _new(shape, torch.float32, logits), _new(logits.shape, logits.dtype, logits)
+
+
+def _ce_setup(ctx, inputs, output):
+    ctx.reduction = inputs[3]
+    ctx.save_for_backward(output[1])
+    ctx.mark_non_differentiable(output[1])
+
+
+def _ce_bwd(ctx, grad_loss, grad_grad):
+    (g,) = ctx.saved_tensors
+    scale = grad_loss.unsqueeze(-1) if ctx.reduction == "none" else grad_loss
+    return (g * scale).to(g.dtype), None, None, None
+
+
+_cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """torch.nn.functional.cross_entropy(logits, targets, ignore_index=, reduction=) on pykern's fused kernel.
+
+    logits (N, vocab) float32 or bfloat16, targets (N,) integers. The loss has
+    logits' dtype, like torch's; "mean" of a batch with every row ignored is NaN,
+    as in torch. reduction="none" computes the per-row losses with torch ops
+    (an extra pass over the logits); the gradient always comes from the kernel.
+    """
+    if reduction not in _REDUCTIONS:
+        raise ArgumentError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+    if logits.dim() != 2:
+        raise ArgumentError(f"logits: expected (N, vocab); reshape to 2-D first, got shape {tuple(logits.shape)}")
+    if targets.shape != logits.shape[:1]:
+        raise ArgumentError(f"targets: expected shape ({logits.shape[0]},), got {tuple(targets.shape)}")
+    if targets.dtype.is_floating_point or targets.dtype == torch.bool:
+        raise ArgumentTypeError(f"targets: expected an integer tensor, got {targets.dtype}")
+    loss = cross_entropy_f32(logits, targets, ignore_index, reduction)
+    return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
+
+
+def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+    """cross_entropy with the loss kept in float32 whatever the logits' dtype (the kernel's own precision)."""
+    loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction)
+    return loss
+
+
+# --------------------------------------------------------------------------- embedding
+
+
+@torch.library.custom_op(_lib + "embedding", mutates_args=())
+def _embedding(ids: Tensor, table: Tensor) -> Tensor:
+    out = call("embedding", _c(ids.reshape(-1)), _c(table))
+    return out.view(*ids.shape, table.shape[1])
+
+
+@_embedding.register_fake
+def _(ids, table):
+    return _new((*ids.shape, table.shape[1]), table.dtype, table)
+
+
+@torch.library.custom_op(_lib + "embedding_backward", mutates_args=())
+def _embedding_backward(grad_out: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
+    return call("embedding_backward", _c(grad_out), _c(ids), vocab_size)
+
+
+@_embedding_backward.register_fake
+def _(grad_out, ids, vocab_size):
+    return _new((vocab_size, grad_out.shape[-1]), torch.float32, grad_out)
+
+
+def _emb_setup(ctx, inputs, output):
+    ids, table = inputs
+    ctx.save_for_backward(ids)
+    ctx.vocab, ctx.dtype = table.shape[0], table.dtype
+
+
+def _emb_bwd(ctx, grad):
+    (ids,) = ctx.saved_tensors
+    g = torch.ops.pykern.embedding_backward(grad, ids, ctx.vocab)
+    return None, g.to(ctx.dtype)
+
+
+_embedding.register_autograd(_emb_bwd, setup_context=_emb_setup)
+
+
+def embedding(ids: Tensor, table: Tensor) -> Tensor:
+    """table[ids] for integer ids of any shape; the table's gradient sums the rows of each id."""
+    if table.dim() != 2:
+        raise ArgumentError(f"table: expected (vocab, dim), got shape {tuple(table.shape)}")
+    if ids.dtype.is_floating_point or ids.dtype == torch.bool:
+        raise ArgumentTypeError(f"ids: expected an integer tensor, got {ids.dtype}")
+    return torch.ops.pykern.embedding(ids.to(torch.int64), table)

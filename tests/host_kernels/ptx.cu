@@ -1,0 +1,63 @@
+// Test kernels for the PTX wrappers of kernels_cu/pk_ptx.cuh (tests/test_host_ptx.py).
+// Every kernel moves raw registers: the lane <-> matrix-element mapping is checked in
+// Python against the PTX ISA tables, not re-derived here.
+#include "pk_ptx.cuh"
+
+// out[i] = pk_cvt_bf16x2(lo[i], hi[i])
+extern "C" __global__ void pk_t_cvt_bf16x2(const float* lo, const float* hi, unsigned int* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = pk_cvt_bf16x2(lo[i], hi[i]);
+}
+
+extern "C" __global__ void pk_t_ex2(const float* x, float* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = pk_ex2_approx(x[i]);
+}
+
+// One mma per warp: a[lane*4+i], b[lane*2+i], c[lane*4+i] are the lane's registers.
+extern "C" __global__ void pk_t_mma(const unsigned int* a, const unsigned int* b, const float* c, float* d) {
+    const long long base = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int ra[4], rb[2];
+    float rc[4], rd[4];
+    for (int i = 0; i < 4; i++) ra[i] = a[base * 4 + i], rc[i] = c[base * 4 + i];
+    for (int i = 0; i < 2; i++) rb[i] = b[base * 2 + i];
+    pk_mma_m16n8k16_bf16(rd, ra, rb, rc);
+    for (int i = 0; i < 4; i++) d[base * 4 + i] = rd[i];
+}
+
+// tile: 32 rows x 8 bf16 (four 8x8 matrices, 16 bytes a row) copied to shared memory;
+// lane l passes the address of shared row rowsel[l]; out[lane*4+i] is register i.
+extern "C" __global__ void pk_t_ldmatrix(const unsigned short* tile, const int* rowsel, unsigned int* out,
+                                         int trans, int misalign) {
+    __shared__ __align__(16) unsigned short sm[32 * 8 + 8];
+    const int lane = threadIdx.x;
+    for (int i = lane; i < 32 * 8; i += 32) sm[i] = tile[i];
+    __syncthreads();
+    const unsigned short* row = sm + rowsel[lane] * 8 + ((misalign && lane == 5) ? 1 : 0);
+    unsigned int r[4];
+    if (trans) pk_ldmatrix_x4_trans(r, row);
+    else pk_ldmatrix_x4(r, row);
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}
+
+// Two cp.async groups of 16 bytes per thread into dynamic shared memory; snapshots of
+// the destination after wait<1> (group 0 must have landed; `early` reads group 1, which
+// may not have: a race on a GPU, the old bytes on the host) and after wait_all.
+extern "C" __global__ void pk_t_cp_async(const float* src_f, float* after_wait1, float* early, float* after_all) {
+    const float4* src = reinterpret_cast<const float4*>(src_f);
+    extern __shared__ __align__(16) float4 dst[];
+    const int t = threadIdx.x, n = blockDim.x;
+    pk_cp_async_16(&dst[t], &src[t]);
+    pk_cp_async_commit();
+    pk_cp_async_16(&dst[n + t], &src[n + t]);
+    pk_cp_async_commit();
+    pk_cp_async_wait<1>();
+    const float* f = reinterpret_cast<const float*>(&dst[t]);
+    const float* e = reinterpret_cast<const float*>(&dst[n + t]);
+    for (int i = 0; i < 4; i++) after_wait1[t * 4 + i] = f[i], early[t * 4 + i] = e[i];
+    pk_cp_async_wait_all();
+    for (int k = 0; k < 2; k++) {
+        const float* g = reinterpret_cast<const float*>(&dst[k * n + t]);
+        for (int i = 0; i < 4; i++) after_all[(k * n + t) * 4 + i] = g[i];
+    }
+}

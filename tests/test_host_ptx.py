@@ -1,0 +1,300 @@
+"""PTX wrappers (kernels_cu/pk_ptx.cuh): host emulation against the PTX ISA's lane tables, NVRTC + SASS."""
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import pykern
+from pykern.errors import CompileError, KernelExecutionError
+
+HOST_KERNELS = Path(__file__).resolve().parent / "host_kernels"
+
+
+@pytest.fixture(autouse=True)
+def _host_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(HOST_KERNELS))
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "forward")
+
+
+def launch(name: str, grid: int, block: int, *args: object, shared_mem: int = 0) -> None:
+    pykern.launch(name, grid, block, *args, shared_mem=shared_mem, backend="host")
+
+
+# ---- the PTX ISA's fragment tables, written out per register (g = lane // 4, t = lane % 4) ----
+def isa_a(lane: int) -> list[tuple[int, int]]:
+    """mma.m16n8k16 .bf16 A fragment: (row, col) of a0..a7."""
+    g, t = divmod(lane, 4)
+    return [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1),
+            (g, 2 * t + 8), (g, 2 * t + 9), (g + 8, 2 * t + 8), (g + 8, 2 * t + 9)]
+
+
+def isa_b(lane: int) -> list[tuple[int, int]]:
+    """B fragment: (k, n) of b0..b3."""
+    g, t = divmod(lane, 4)
+    return [(2 * t, g), (2 * t + 1, g), (2 * t + 8, g), (2 * t + 9, g)]
+
+
+def isa_c(lane: int) -> list[tuple[int, int]]:
+    """C/D fragment: (row, col) of c0..c3."""
+    g, t = divmod(lane, 4)
+    return [(g, 2 * t), (g, 2 * t + 1), (g + 8, 2 * t), (g + 8, 2 * t + 1)]
+
+
+def cute_layout(shape: list[int], stride: list[int], thr: int, val: int, n_thr_modes: int = 2) -> int:
+    """Evaluate a flat CuTe layout ((thr modes), (val modes)) -> linear index (colexicographic)."""
+    idx, coords = 0, []
+    for x, sizes in ((thr, shape[:n_thr_modes]), (val, shape[n_thr_modes:])):
+        for s in sizes:
+            coords.append(x % s)
+            x //= s
+    for c, d in zip(coords, stride):
+        idx += c * d
+    return idx
+
+
+def test_isa_tables_agree_with_cute_sm80_traits() -> None:
+    # CuTe SM80_16x8x16_F32BF16BF16F32_TN (mma_traits_sm80.hpp): (T32,V) -> column-major (M,K)/(N,K)/(M,N).
+    for lane in range(32):
+        for v in range(8):
+            i = cute_layout([4, 8, 2, 2, 2], [32, 1, 16, 8, 128], lane, v)
+            assert isa_a(lane)[v] == (i % 16, i // 16)
+        for v in range(4):
+            i = cute_layout([4, 8, 2, 2], [16, 1, 8, 64], lane, v)
+            k, n = isa_b(lane)[v]
+            assert (n, k) == (i % 8, i // 8)
+            i = cute_layout([4, 8, 2, 2], [32, 1, 16, 8], lane, v)
+            assert isa_c(lane)[v] == (i % 16, i // 16)
+
+
+def test_ldmatrix_table_agrees_with_cute_sm75_traits() -> None:
+    # SM75_U32x4_LDSM_N DstLayout (32,(32,4)):(32,(1,1024)) and SM75_U16x8_LDSM_T
+    # ((4,8),(16,2,4)):((256,16),(1,128,1024)), both over the bits of four 8x8 b16 matrices.
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for reg in range(4):
+            for half in range(2):
+                bit = cute_layout([32, 32, 4], [32, 1, 1024], lane, 16 * half + 32 * reg, n_thr_modes=1)
+                m, r, c = bit // 1024, (bit % 1024) // 128, (bit % 128) // 16
+                assert (m, r, c) == (reg, g, 2 * t + half)
+                bit = cute_layout([4, 8, 16, 2, 4], [256, 16, 1, 128, 1024], lane, 16 * half + 32 * reg)
+                m, r, c = bit // 1024, (bit % 1024) // 128, (bit % 128) // 16
+                assert (m, r, c) == (reg, 2 * t + half, g)  # .trans: the stored matrix's transpose
+
+
+# ---- cvt.rn.bf16x2.f32 -----------------------------------------------------------------------
+def bf16_rne(x: np.ndarray) -> np.ndarray:
+    """fp32 -> bf16 bits, round to nearest even, NaN -> canonical 0x7fff (PTX cvt)."""
+    out = []
+    for u in x.view(np.uint32).tolist():
+        if (u & 0x7FFFFFFF) > 0x7F800000:
+            out.append(0x7FFF)
+            continue
+        hi, lo = u >> 16, u & 0xFFFF
+        if lo > 0x8000 or (lo == 0x8000 and hi & 1):
+            hi += 1
+        out.append(hi & 0xFFFF)
+    return np.array(out, np.uint32)
+
+
+def test_cvt_bf16x2_bit_exact() -> None:
+    rng = np.random.default_rng(1)
+    specials = np.array(
+        [0.0, -0.0, 1.0, -1.0, np.inf, -np.inf, np.nan, 3.4e38, -3.4e38, 1e-40, -1e-45, 1.17549435e-38],
+        np.float32,
+    )
+    ties = (np.array([0x3F808000, 0x3F818000, 0x3F80C000, 0x3F807FFF, 0x7F7F8000, 0xFF7FFFFF, 0x7FC00001,
+                      0xFFFFFFFF, 0x7F800001, 0x00008000, 0x00018000], np.uint32)).view(np.float32)
+    lo = np.concatenate([specials, ties, rng.standard_normal(200).astype(np.float32) * 100])
+    hi = np.roll(lo, 7)
+    out = np.zeros(lo.size, np.uint32)
+    launch("pk_t_cvt_bf16x2", 2, 128, lo, hi, out, lo.size)
+    np.testing.assert_array_equal(out & 0xFFFF, bf16_rne(lo))
+    np.testing.assert_array_equal(out >> 16, bf16_rne(hi))
+    assert (out[6] & 0xFFFF) == 0x7FFF  # NaN -> canonical NaN in the low half
+
+
+# ---- ex2.approx.ftz.f32 ------------------------------------------------------------------------
+def test_ex2_approx_special_cases_and_accuracy() -> None:
+    x = np.concatenate([
+        np.array([0.0, -0.0, 1e-40, -1e-40, np.inf, -np.inf, np.nan, 128.0, -126.0, -127.5, -149.0, -200.0],
+                 np.float32),
+        np.linspace(-20, 20, 101, dtype=np.float32),
+    ])
+    out = np.zeros_like(x)
+    launch("pk_t_ex2", 1, 128, x, out, x.size)
+    assert out[0] == 1 and out[1] == 1
+    assert out[2] == 1 and out[3] == 1  # subnormal inputs count as zero (.ftz)
+    assert out[4] == np.inf and out[5] == 0 and np.isnan(out[6])
+    assert out[7] == np.inf
+    assert out[8] == np.float32(2.0**-126)
+    assert out[9] == 0 and out[10] == 0 and out[11] == 0  # subnormal results flush to +0
+    ref = np.exp2(x[12:].astype(np.float64))
+    np.testing.assert_allclose(out[12:], ref, rtol=2.0**-22)
+
+
+# ---- mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 ---------------------------------------
+def bf16_bits(m: np.ndarray) -> np.ndarray:
+    return (m.astype(np.float32).view(np.uint32) >> 16).astype(np.uint32)  # exact: inputs are bf16 values
+
+
+def pack_mma(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    a, b, c = np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32)
+    Ab, Bb = bf16_bits(A), bf16_bits(B)
+    for lane in range(32):
+        for v, (r, col) in enumerate(isa_a(lane)):
+            a[lane, v // 2] |= Ab[r, col] << (16 * (v % 2))  # lower index in the lower half
+        for v, (k, n) in enumerate(isa_b(lane)):
+            b[lane, v // 2] |= Bb[k, n] << (16 * (v % 2))
+        for v, (r, col) in enumerate(isa_c(lane)):
+            c[lane, v] = C[r, col]
+    return a, b, c
+
+
+def unpack_d(d: np.ndarray) -> np.ndarray:
+    D = np.full((16, 8), np.nan, np.float32)
+    for lane in range(32):
+        for v, (r, col) in enumerate(isa_c(lane)):
+            D[r, col] = d[lane, v]
+    return D
+
+
+def bf16_round(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float32)
+    return (bf16_rne(x.ravel()) << 16).astype(np.uint32).view(np.float32).reshape(x.shape)
+
+
+def test_mma_m16n8k16_bf16_layout_and_values() -> None:
+    rng = np.random.default_rng(5)
+    warps = 2
+    As = [bf16_round(rng.standard_normal((16, 16))).reshape(16, 16) for _ in range(warps)]
+    Bs = [bf16_round(rng.standard_normal((16, 8))).reshape(16, 8) for _ in range(warps)]
+    Cs = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(warps)]
+    # Warp 1 gets a structured A so a wrong row/column mapping cannot cancel out.
+    As[1] = bf16_round(np.arange(256, dtype=np.float64).reshape(16, 16) / 8 - 7)
+    packed = [pack_mma(A, B, C) for A, B, C in zip(As, Bs, Cs)]
+    a = np.concatenate([p[0] for p in packed]).ravel()
+    b = np.concatenate([p[1] for p in packed]).ravel()
+    c = np.concatenate([p[2] for p in packed]).ravel()
+    d = np.zeros(warps * 32 * 4, np.float32)
+    launch("pk_t_mma", 1, 32 * warps, a, b, c, d)
+    for w in range(warps):
+        D = unpack_d(d.reshape(warps, 32, 4)[w])
+        ref = As[w].astype(np.float64) @ Bs[w].astype(np.float64) + Cs[w]
+        np.testing.assert_allclose(D, ref, rtol=1e-6, atol=1e-6)
+
+
+def test_mma_needs_a_full_warp() -> None:
+    z4, z2 = np.zeros(48 * 4, np.uint32), np.zeros(48 * 2, np.uint32)
+    with pytest.raises(KernelExecutionError, match="pk_mma_m16n8k16_bf16.*full warp"):
+        launch("pk_t_mma", 1, 48, z4, z2, np.zeros(48 * 4, np.float32), np.zeros(48 * 4, np.float32))
+
+
+# ---- ldmatrix -----------------------------------------------------------------------------------
+@pytest.mark.parametrize("trans", [0, 1])
+def test_ldmatrix_x4_lane_mapping(trans: int) -> None:
+    tile = (np.arange(32 * 8, dtype=np.uint32) * 37 + 11).astype(np.uint16)  # shared rows 0..31, 8 b16 each
+    rowsel = np.random.default_rng(trans).permutation(32).astype(np.int32)  # lane l addresses shared row rowsel[l]
+    out = np.zeros(32 * 4, np.uint32)
+    launch("pk_t_ldmatrix", 1, 32, tile, rowsel, out, trans, 0)
+    rows = tile.reshape(32, 8)
+    # ISA: threads 8i..8i+7 give the addresses of rows 0..7 of matrix i.
+    mats = np.stack([np.stack([rows[rowsel[8 * i + r]] for r in range(8)]) for i in range(4)])
+    got = out.reshape(32, 4)
+    for lane in range(32):
+        g, t = divmod(lane, 4)
+        for i in range(4):
+            m = mats[i].T if trans else mats[i]
+            expect = int(m[g, 2 * t]) | (int(m[g, 2 * t + 1]) << 16)
+            assert got[lane, i] == expect, (lane, i)
+
+
+def test_ldmatrix_misaligned_row_is_an_error() -> None:
+    tile = np.zeros(32 * 8, np.uint16)
+    with pytest.raises(KernelExecutionError, match=r"thread \(5,0,0\).*pk_ldmatrix_x4.*16-byte aligned"):
+        launch("pk_t_ldmatrix", 1, 32, tile, np.arange(32, dtype=np.int32), np.zeros(128, np.uint32), 0, 1)
+
+
+# ---- cp.async ---------------------------------------------------------------------------------
+def test_cp_async_groups_complete_at_their_wait() -> None:
+    n = 64
+    src = np.arange(2 * n * 4, dtype=np.float32) + 0.5
+    w1, early, full = np.zeros(n * 4, np.float32), np.zeros(n * 4, np.float32), np.zeros(2 * n * 4, np.float32)
+    launch("pk_t_cp_async", 1, n, src, w1, early, full, shared_mem=2 * n * 16)
+    np.testing.assert_array_equal(w1, src[: n * 4])  # wait_group 1: the older group has landed
+    np.testing.assert_array_equal(full, src)
+    # The host completes a copy no earlier than the wait that covers it: group 1 still
+    # shows the poisoned (NaN) bytes of fresh shared memory, so a missing wait is visible.
+    assert np.isnan(early).all()
+
+
+# ---- raw asm on the host ------------------------------------------------------------------------
+def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    (tmp_path / "rawasm.cu").write_text(
+        'extern "C" __global__ void pk_t_rawasm(float* x) {\n'
+        '    float r;\n'
+        '    asm("ex2.approx.f32 %0, %1;" : "=f"(r) : "f"(x[0]));\n'
+        "    x[0] = r;\n}\n"
+    )
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
+    with pytest.raises(CompileError, match=r"rawasm.cu:3.*pk_ptx.cuh.*pk_mma_m16n8k16_bf16"):
+        launch("pk_t_rawasm", 1, 1, np.zeros(1, np.float32))
+
+
+# ---- NVRTC: every wrapper compiles for sm_80 / sm_90 to the expected SASS ------------------------
+def _cuobjdump() -> str | None:
+    exe = shutil.which("cuobjdump")
+    if exe:
+        return exe
+    for base in map(Path, sys.path):
+        for cand in (base / "nvidia" / "cu13" / "bin" / "cuobjdump", base / "nvidia" / "cuda_cuobjdump" / "bin" / "cuobjdump"):
+            if cand.is_file() and os.access(cand, os.X_OK):
+                return str(cand)
+    return None
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: Path) -> None:
+    from pykern import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as e:  # noqa: BLE001 - no NVRTC here is a skip, not a failure
+        pytest.skip(f"NVRTC unavailable: {e}")
+    mod = compiler.compile(HOST_KERNELS / "ptx.cu", arch)
+    for kernel, res in mod.resources.items():
+        assert res.spill_bytes == 0, (kernel, res)
+    ptx = mod.ptx
+    for instr in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+                  "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
+                  "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
+                  "ex2.approx.ftz.f32"):
+        assert instr in ptx, instr
+    tool = _cuobjdump()
+    if tool is None:
+        pytest.skip("cuobjdump not installed (pip package nvidia-cuda-cuobjdump): SASS not checked")
+    cubin = tmp_path / f"ptx_{arch}.cubin"
+    cubin.write_bytes(mod.image)
+    bindir = str(Path(tool).parent)
+    if not (Path(bindir) / "nvdisasm").exists() and shutil.which("nvdisasm") is None:
+        pytest.skip("nvdisasm not installed (pip package nvidia-cuda-nvdisasm): cuobjdump -sass needs it")
+    env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
+    for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2"):
+        assert op in sass, f"{op} missing from the {arch} SASS"
+
+
+def test_nvrtc_sm75_refuses_mma_clearly() -> None:
+    from pykern import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+    with pytest.raises(CompileError, match="needs sm_80"):
+        compiler.compile(HOST_KERNELS / "ptx.cu", "sm_75")

@@ -1,0 +1,266 @@
+"""pykern.torch.apply on tiny random-weight Hugging Face models (built from configs: nothing is downloaded).
+
+A patched model must match the unpatched one: logits, loss, every parameter's
+gradient, and greedy generation (prefill + KV-cached decode with n_q != n_k).
+"""
+from __future__ import annotations
+
+import copy
+from collections import Counter
+
+import pytest
+
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+import pykern.torch as pt  # noqa: E402
+import pykern.torch.functional as ptf  # noqa: E402
+from pykern.errors import ArgumentTypeError  # noqa: E402
+from pykern.tolerance import tolerance  # noqa: E402
+
+from gpu import requires_gpu  # noqa: E402
+
+MODELS = ["Llama", "Mistral", "Qwen2", "Qwen3"]
+
+
+def tiny(name: str, **extra):
+    kw = dict(
+        vocab_size=128, hidden_size=64, intermediate_size=96, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64,
+        tie_word_embeddings=False, rms_norm_eps=1e-5,
+    )
+    if name == "Qwen3":
+        kw["head_dim"] = 16
+    kw.update(extra)
+    cfg = getattr(transformers, name + "Config")(**kw)
+    torch.manual_seed(0)
+    model = getattr(transformers, name + "ForCausalLM")(cfg).float()
+    # random non-trivial norm weights, so a norm that drops its weight cannot pass
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "norm" in n:
+                p.copy_(1 + 0.3 * torch.randn_like(p))
+    return model
+
+
+def assert_close(out, ref, what: str, dtype: str = "f32"):
+    atol, rtol = tolerance("torch_apply", dtype)
+    out, ref = out.detach().double(), ref.detach().double()
+    err = (out - ref).abs()
+    assert bool((err <= atol + rtol * ref.abs()).all()), f"{what}: max err {err.max().item():.3g}"
+
+
+@pytest.fixture
+def spy(monkeypatch):
+    """Counts the pykern ops the torch layer runs (op name -> calls) and the flash-attention shapes."""
+    calls: Counter = Counter()
+    shapes: list = []
+    real = ptf.call
+
+    def call(name, *args, **kw):
+        calls[name] += 1
+        if name == "flash_attention":
+            shapes.append((args[0].shape[1], args[1].shape[1]))
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(ptf, "call", call)
+    return calls, shapes
+
+
+def batch():
+    g = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 128, (2, 9), generator=g)
+    labels = ids.clone()
+    labels[0, :3] = -100
+    return ids, labels
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_patched_model_matches_logits_loss_and_gradients(name, spy):
+    calls, _ = spy
+    ref = tiny(name)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    o_ref = ref(input_ids=ids, labels=labels)
+    assert not calls, "the unpatched model must not run pykern kernels"
+    o = model(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    o.loss.backward()
+    for op in ("rms_norm", "rope", "silu_gate", "flash_attention", "cross_entropy_fwd_bwd",
+               "rms_norm_backward", "silu_gate_backward", "attention_backward"):
+        assert calls[op] > 0, f"{op} did not run on pykern"
+    assert_close(o.logits, o_ref.logits, "logits")
+    assert_close(o.loss, o_ref.loss, "loss")
+    named_ref = dict(ref.named_parameters())
+    n = 0
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, pname
+        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}")
+        n += 1
+    assert n == len(named_ref)
+    if name == "Qwen3":  # q_norm / k_norm on the head dim are patched as well
+        attn = model.model.layers[0].self_attn
+        assert isinstance(attn.q_norm, pt.RMSNorm) and isinstance(attn.k_norm, pt.RMSNorm)
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_patched_model_greedy_generate_same_tokens(name, spy):
+    calls, shapes = spy
+    ref = tiny(name)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, _ = batch()
+    prompt = ids[:1, :6]
+    want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
+    got = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
+    assert got.tolist() == want.tolist()
+    # prefill (6 queries, 6 keys) and KV-cached decode steps (1 query, 7.. keys) ran on pykern
+    assert (6, 6) in shapes and (1, 7) in shapes and (1, 10) in shapes, shapes
+
+
+@pytest.mark.parametrize("name", ["Llama", "Qwen3"])
+def test_bf16_patched_model_matches_unpatched(name, spy):
+    calls, _ = spy
+    ref = tiny(name).to(torch.bfloat16)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
+    assert calls["rope"] and calls["flash_attention"] and calls["cross_entropy_fwd_bwd"]
+    assert o.logits.dtype == torch.bfloat16 and o.loss.dtype == torch.float32  # as HF: the loss is fp32
+    assert_close(o.logits, o_ref.logits, "bf16 logits", "bf16")
+    assert_close(o.loss, o_ref.loss, "bf16 loss", "bf16")
+    o.loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_chunked_prefill_after_cache_is_bottom_right(spy):
+    _, shapes = spy
+    ref = tiny("Qwen3")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, _ = batch()
+    outs = []
+    for m in (ref, model):
+        first = m(input_ids=ids[:, :6], use_cache=True)
+        outs.append(m(input_ids=ids[:, 6:], past_key_values=first.past_key_values, use_cache=True).logits)
+    assert (3, 9) in shapes, shapes  # 3 new queries over 9 keys ran on pykern
+    assert_close(outs[1], outs[0], "logits of a 3-token chunk after a 6-token cache")
+
+
+def test_gradient_checkpointing_matches(spy):
+    calls, _ = spy
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    enable = getattr(model, "activation_checkpointing_enable", None) or model.gradient_checkpointing_enable
+    enable()
+    model.train()
+    ref.train()
+    ids, labels = batch()
+    ref(input_ids=ids, labels=labels).loss.backward()
+    model(input_ids=ids, labels=labels).loss.backward()
+    assert calls["rope"] == 3 * 2 * 2  # q and k in the forward, the recomputed forward and the backward of 2 layers
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"grad {pname} (checkpointed)")
+
+
+def test_num_items_in_batch_loss_matches_hf():
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    n = torch.tensor(11)
+    assert_close(model(input_ids=ids, labels=labels, num_items_in_batch=n).loss,
+                 ref(input_ids=ids, labels=labels, num_items_in_batch=n).loss, "loss (sum / num_items)")
+
+
+def test_padding_mask_falls_back_and_stays_correct(spy):
+    calls, shapes = spy
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, _ = batch()
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0  # left padding of the second row
+    o_ref = ref(input_ids=ids, attention_mask=mask).logits
+    o = model(input_ids=ids, attention_mask=mask).logits
+    assert not shapes, "a padded batch must not reach the plain-causal pykern attention"
+    assert calls["rms_norm"] > 0
+    assert_close(o[0], o_ref[0], "logits row 0")
+    assert_close(o[1, 4:], o_ref[1, 4:], "logits row 1 (valid tokens)")
+    # an all-ones mask is the plain causal case again
+    o = model(input_ids=ids, attention_mask=torch.ones_like(ids)).logits
+    assert shapes == [(9, 9), (9, 9)]
+    assert_close(o, ref(input_ids=ids).logits, "logits, all-ones mask")
+
+
+def test_sliding_window_shorter_than_sequence_falls_back():
+    ref = tiny("Mistral", sliding_window=4)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, _ = batch()
+    assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, "logits with a 4-token window")
+
+
+def test_apply_keeps_parameters_and_state_dict():
+    ref = tiny("Qwen2")
+    model = copy.deepcopy(ref)
+    params = {n: p for n, p in model.named_parameters()}
+    keys = list(model.state_dict())
+    assert pt.apply(model) is model
+    assert list(model.state_dict()) == keys
+    for n, p in model.named_parameters():
+        assert p is params[n], n
+    assert model.config._attn_implementation == "pykern"
+    assert isinstance(model.model.norm, pt.RMSNorm)
+    assert isinstance(model.model.layers[1].mlp, pt.SwiGLUMLP)
+    model.load_state_dict(ref.state_dict())
+    assert pt.apply(model) is model  # idempotent: nothing is wrapped twice
+    assert len(model.model.layers[0].self_attn._forward_pre_hooks) == 1
+
+
+def test_patched_model_compiles_fullgraph(spy):
+    calls, _ = spy
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    torch._dynamo.reset()
+    compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
+    o = compiled(input_ids=ids, labels=labels)
+    o.loss.backward()
+    o_ref = ref(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    assert calls["rope"] and calls["flash_attention"] and calls["attention_backward"]
+    assert_close(o.logits, o_ref.logits, "compiled logits")
+    assert_close(o.loss, o_ref.loss, "compiled loss")
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"compiled grad {pname}")
+
+
+def test_unsupported_model_raises_naming_its_class():
+    cfg = transformers.GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    with pytest.raises(ArgumentTypeError, match="GPT2LMHeadModel"):
+        pt.apply(transformers.GPT2LMHeadModel(cfg))
+    with pytest.raises(ArgumentTypeError, match="Linear"):
+        pt.apply(torch.nn.Linear(2, 2))
+
+
+def test_unsupported_activation_raises():
+    with pytest.raises(ArgumentTypeError, match="hidden_act"):
+        pt.apply(tiny("Llama", hidden_act="gelu"))
+
+
+@requires_gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs torch with CUDA")
+@pytest.mark.parametrize("name", MODELS)
+def test_patched_model_on_cuda(name):
+    ref = tiny(name).cuda()
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = (t.cuda() for t in batch())
+    o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    o.loss.backward()
+    assert_close(o.logits, o_ref.logits, "logits")
+    assert_close(o.loss, o_ref.loss, "loss")
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}")
+    prompt = ids[:1, :6]
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
+    assert model.generate(prompt, **kw).tolist() == ref.generate(prompt, **kw).tolist()
