@@ -46,6 +46,15 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("decode_attention", "bf16"): BF16,
     ("batched_decode_attention", "f32"): F32,
     ("batched_decode_attention", "bf16"): BF16,
+    # serving attention (paged KV cache, varlen)
+    ("paged_decode_attention", "f32"): F32,
+    ("paged_decode_attention", "bf16"): BF16,
+    ("paged_prefill_attention", "f32"): F32,
+    ("paged_prefill_attention", "bf16"): BF16,
+    ("flash_attention_varlen", "f32"): F32,
+    ("flash_attention_varlen", "bf16"): BF16,
+    ("append_paged_kv_cache", "f32"): (0.0, 0.0),
+    ("append_paged_kv_cache", "bf16"): (0.0, 0.0),
     # pykern.torch.apply: a patched HF model against the unpatched one (logits, loss, gradients)
     ("torch_apply", "f32"): F32,
     ("torch_apply", "bf16"): BF16,

@@ -139,30 +139,37 @@ def test_method_knobs_checked() -> None:
 # --------------------------------------------------------------------------- launch plans
 def test_llama8b_step_plans() -> None:
     # 32 heads, 8 kv heads, head_dim 128, a 4096-long cache: the geometry the report quotes.
+    # One CTA per (sequence, kv head) holds the 4 query heads of its group (K/V read once).
+    smem = 4 * (32 * (2 * 128 + 1) + 4 * 128 + 4 * 32 + 3 * 4)
     warp = decode_plan(1, 32, 8, 128, 4096, method="warp")
-    assert warp["launches"] == [("decode_attn_warp", (8, 1), (128,), 0)]  # 4 heads of a kv group per block
+    assert warp["launches"] == [("dense_attn", (8, 1), (128,), smem)]
+    assert warp["rows"] == 4 and warp["tile"] == 32
     mw = decode_plan(1, 32, 8, 128, 4096, method="multi_warp")
-    assert mw["launches"] == [("decode_attn_multi_warp", (32, 1), (256,), 8 * 130 * 4)]
+    assert mw["launches"] == [("dense_attn", (8, 1, 8), (128,), smem), ("paged_attn_merge", (8,), (128,), 0)]
     sk = decode_plan(1, 32, 8, 128, 4096, method="split_k")
-    assert sk["chunk_size"] == 64 and sk["max_chunks"] == 64
-    assert sk["launches"] == [("decode_attn_split_chunk", (64, 8, 1), (128,), 0),
-                              ("decode_attn_split_reduce", (32, 1), (128,), 0)]
+    # 8 CTAs -> 33 chunks for two waves of 132 SMs -> chunks of 128 positions
+    assert sk["chunk_size"] == 128 and sk["max_chunks"] == 32
+    assert sk["launches"] == [("dense_attn", (8, 1, 32), (128,), smem), ("paged_attn_merge", (8,), (128,), 0)]
     assert decode_plan(1, 32, 8, 128, 4096, method="auto")["method"] == "split_k"
-    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=100)["method"] == "warp"
-    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=1000)["method"] == "multi_warp"
-    assert decode_plan(64, 32, 8, 128, 4096, method="auto")["method"] == "warp"  # 2048 (sequence, head) pairs
+    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=200)["method"] == "warp"
+    assert decode_plan(1, 32, 8, 128, 4096, method="auto", seq_hint=1000)["method"] == "split_k"  # not multi_warp
+    assert decode_plan(17, 32, 8, 128, 4096, method="auto")["method"] == "warp"  # 136 CTAs fill 132 SMs
+    assert decode_plan(16, 32, 8, 128, 4096, method="auto")["method"] == "split_k"
 
 
 def test_plans_respect_grid_limits_and_gqa_groups() -> None:
-    # heads per block always divide the group, so a block never straddles two kv heads
-    for heads, kv in ((32, 8), (12, 1), (6, 2), (7, 7), (48, 3)):
-        grid = decode_plan(1, heads, kv, 64, 100, method="warp")["launches"][0][1]
-        hpb = heads // grid[0]
-        assert heads % grid[0] == 0 and (heads // kv) % hpb == 0 and hpb <= 8
+    # all heads of a group in one CTA while group * head_dim <= 2048; else ceil(group / rows) CTAs
+    for heads, kv, d, chunks in ((32, 8, 64, 1), (12, 1, 128, 1), (64, 8, 128, 1), (64, 1, 128, 4),
+                                 (48, 3, 256, 2), (7, 7, 64, 1)):
+        plan = decode_plan(2, heads, kv, d, 100, method="warp")
+        assert plan["launches"][0][1] == (2 * kv, chunks)
+        assert plan["rows"] * d <= 2048 and plan["rows"] * chunks >= heads // kv
     # the int form bounds the split-K grid by seq_len; the array form by max_seq_len
     assert decode_plan(2, 4, 2, 64, 1000, method="split_k", chunk_size=100, seq_hint=250)["launches"][0][1] == (
-        3, 2, 2)
-    assert decode_plan(2, 4, 2, 64, 1000, method="split_k", chunk_size=100)["launches"][0][1] == (10, 2, 2)
+        4, 1, 3)
+    assert decode_plan(2, 4, 2, 64, 1000, method="split_k", chunk_size=100)["launches"][0][1] == (4, 1, 10)
+    # a single chunk needs no merge
+    assert len(decode_plan(2, 4, 2, 64, 1000, method="split_k", chunk_size=100, seq_hint=90)["launches"]) == 1
 
 
 # --------------------------------------------------------------------------- kernels on the host
@@ -216,19 +223,20 @@ def test_kernel_clamps_seq_len_to_max(method: str) -> None:
     import pykern
 
     q, k, v = make_inputs(np.random.default_rng(13), None, 2, 1, 32, 40, 40)
-    plan = decode_plan(1, 2, 1, 32, 40, method=method, chunk_size=16 if method == "split_k" else None)
+    plan = decode_plan(1, 2, 1, 32, 40, method=method, chunk_size=16 if method == "split_k" else None,
+                       num_warps=3 if method == "multi_warp" else None)
     big = np.array([1000], np.uint32)
     out = np.full((2, 32), np.nan, np.float32)
-    geom = (2, 1, 32, 40, 1.0 / np.sqrt(32))
-    if method == "split_k":
-        mc = plan["max_chunks"]
-        po, pml = np.empty((2, mc, 32), np.float32), np.empty((2, mc, 2), np.float32)
-        (s1, g1, b1, _), (s2, g2, b2, _) = plan["launches"]
-        pykern.launch(s1, g1, b1, q, k, v, po, pml, big, *geom, 16, mc, backend="host")
-        pykern.launch(s2, g2, b2, po, pml, out, big, 2, 32, 40, 16, mc, backend="host")
-    else:
-        stem, grid, block, smem = plan["launches"][0]
-        pykern.launch(stem, grid, block, q, k, v, out, big, *geom, shared_mem=smem, backend="host")
+    splits = plan["num_splits"]
+    po, pl = np.empty(max(1, splits * 2 * 32), np.float32), np.empty(max(1, splits * 2), np.float32)
+    idx, f1 = np.zeros(2, np.int32), np.zeros(1, np.float32)
+    stem, grid, block, smem = plan["launches"][0]
+    pykern.launch(stem, grid, block, q, k, v, out, f1, po, pl, idx, idx, big, 2, 1, 32, 40 * 32, 32, 40 * 32, 40,
+                  0, 1, 0, plan["rows"], plan["tile"], splits, plan["chunk_size"], 1, 0, 1.0 / np.sqrt(32),
+                  shared_mem=smem, backend="host")
+    if splits > 1:
+        s2, g2, b2, _ = plan["launches"][1]
+        pykern.launch(s2, g2, b2, po, pl, out, f1, 2, 32, splits, 0, backend="host")
     _close(out, np_decode_attention(q, k, v, 40), "decode_attention", "f32")
 
 
@@ -340,26 +348,24 @@ _BOUND = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\d+)[^)]
 
 
 def test_every_plan_block_fits_the_kernels_launch_bounds() -> None:
-    # A block with more threads than a kernel's __launch_bounds__ fails to launch on a GPU,
-    # and so does one that, without a bound, needs more than the SM's 64K registers:
-    # multi_warp uses ~128 registers a thread, so 32 warps (1024 threads) cannot start.
+    # A block with more threads than a kernel's __launch_bounds__ fails to launch on a GPU.
     # The host backend has no register file, so read the bounds from the source.
     from pykern.sources import KERNELS_DIR
 
-    found = _BOUND.findall((KERNELS_DIR / "decode.cu").read_text())
+    text = (KERNELS_DIR / "paged.cu").read_text()
+    nt = int(re.search(r"#define PA_NT (\d+)", text).group(1))
+    found = re.findall(r'extern "C" __global__ void (?:__launch_bounds__\((\w+)[^)]*\) )?(\w+)\(', text)
     unbounded = sorted(name for bound, name in found if not bound)
-    assert not unbounded, f"decode kernels without __launch_bounds__: {unbounded}"
-    bounds = {name: int(bound) for bound, name in found}
+    assert not unbounded, f"kernels without __launch_bounds__: {unbounded}"
+    bounds = {name: nt if bound == "PA_NT" else int(bound) for bound, name in found}
     checked = 0
     for group in (1, 2, 3, 4, 8, 16):
         for head_dim in (1, 64, 96, 256):
             for method, knob in [("warp", {}), ("split_k", {})] + [
-                    ("multi_warp", {"num_warps": w}) for w in range(1, 33)]:
-                try:
-                    plan = decode_plan(2, 16 * group, 16, head_dim, 4096, method=method, **knob)
-                except ArgumentError:
-                    continue
-                for stem, _grid, block, _smem in plan["launches"]:
+                    ("multi_warp", {"num_warps": w}) for w in range(1, 17)]:
+                plan = decode_plan(2, 16 * group, 16, head_dim, 4096, method=method, **knob)
+                for stem, _grid, block, smem in plan["launches"]:
+                    assert smem <= 48 * 1024  # no opt-in needed on any arch
                     for suffix in ("", "_bf16", "_bf16kv"):
                         if stem + suffix in bounds:
                             checked += 1
@@ -367,15 +373,10 @@ def test_every_plan_block_fits_the_kernels_launch_bounds() -> None:
     assert checked
 
 
-def test_split_k_heads_beyond_the_grid_y_limit_are_rejected_by_name() -> None:
-    # split_k puts head groups on grid y (<= 65535): 65536 heads of group size 1 need
-    # 65536 blocks there. The op must say which argument is too big, before any launch.
-    with pytest.raises(ArgumentError, match="num_heads"):
-        decode_plan(1, 65536, 65536, 4, 16, method="split_k")
-    for method in ("warp", "multi_warp"):  # these put heads on grid x: no such limit
+def test_split_k_chunks_beyond_the_grid_z_limit_are_rejected_by_name() -> None:
+    # split_k puts chunks on grid z (<= 65535); kv heads * batch go on grid x (no such limit).
+    with pytest.raises(ArgumentError, match="chunk_size"):
+        decode_plan(1, 4, 4, 4, 2**20, method="split_k", chunk_size=8)
+    for method in ("warp", "multi_warp", "split_k"):
         for _stem, grid, _block, _smem in decode_plan(1, 65536, 65536, 4, 16, method=method)["launches"]:
             assert all(g <= 65535 for g in grid[1:]), (method, grid)
-    q = np.zeros((65536, 4), np.float32)
-    k = np.zeros((65536, 16, 4), np.float32)
-    with pytest.raises(ArgumentError, match="num_heads"):
-        decode_attention(q, k, k, 3, method="split_k", backend="host")

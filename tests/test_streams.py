@@ -27,7 +27,7 @@ from fake_driver import FakeDriver  # noqa: E402
 
 CURRENT = 0x5000  # the fake CuPy's current stream
 SIDE = 0x7000  # a stream passed explicitly
-SOURCES = ("forward.cu", "flash_attention.cu", "decode.cu", "training.cu", "attention_backward.cu")
+SOURCES = ("forward.cu", "flash_attention.cu", "paged.cu", "training.cu", "attention_backward.cu")
 
 
 class _FakeCupyModule(types.ModuleType):
@@ -159,7 +159,7 @@ def _op_calls(drv):
                                                                stream=s)),
         ("batched_decode_split_k", 2, lambda s: ops.batched_decode_attention(bq, bk, bv, lens, method="split_k",
                                                                              stream=s)),
-        ("batched_decode_multi_warp", 1, lambda s: ops.batched_decode_attention(bq, bk, bv, lens,
+        ("batched_decode_multi_warp", 2, lambda s: ops.batched_decode_attention(bq, bk, bv, lens,
                                                                                 method="multi_warp", stream=s)),
         ("transpose_2d", 1, lambda s: ops.transpose_2d(f(2, 5, 33), stream=s)),
         ("softmax_backward", 1, lambda s: ops.softmax_backward(f(3, 10), f(3, 10), stream=s)),
@@ -233,8 +233,8 @@ def test_multi_launch_intermediates_are_shared_device_buffers(fake):
     pointers from the array library), so nothing is staged between the two launches."""
     _, calls, launches, _ = _run(fake, "batched_decode_split_k", None)
     chunk, red = launches
-    assert chunk.name.startswith("decode_attn_split_chunk") and red.name.startswith("decode_attn_split_reduce")
-    assert red.values[0] == chunk.values[3] and red.values[1] == chunk.values[4]  # part_o, part_ml
+    assert chunk.name.startswith("dense_attn") and red.name.startswith("paged_attn_merge")
+    assert red.values[0] == chunk.values[5] and red.values[1] == chunk.values[6]  # part_o, part_lse
     _, _, launches, _ = _run(fake, "embedding_backward", None)
     bucket, gather = launches
     assert bucket.name == "embedding_backward_bucket"

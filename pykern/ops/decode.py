@@ -1,22 +1,31 @@
-"""Decode attention over a KV cache: one new query token per sequence (issue 7).
+"""Decode attention over a KV cache: one new query token per sequence (issues 7 and 13).
 
-Kernels in `kernels_cu/decode.cu`. Every method reads the sequence length from a
+Kernels: `dense_attn*` and `paged_attn_merge*` in `kernels_cu/paged.cu` (the tile core of
+`kernels_cu/pk_attn_tile.cuh`, shared with the paged serving ops). Every method reads the sequence length from a
 uint32 device buffer and clamps it to max_seq_len, so an int `seq_len` is wrapped
 into a one-element array and both forms run the same kernel with the same launch
 geometry (the geometry depends on shapes only, never on the seq_len value), which
 makes them agree bit for bit and lets the array form be captured in a CUDA graph.
 
+Every method shares K/V across the GQA group: one CTA (4 warps) handles a (sequence, kv
+head) and all query heads of its group (up to 2048 // head_dim of them: a larger group
+takes ceil(group / rows) CTAs, each reading the K/V again). Each K/V tile is loaded from
+memory and converted to fp32 once, into shared memory, and serves every head of the group.
+
+Caches: kv_layout="HND" (default, as before): (num_kv_heads, max_seq_len, head_dim) per
+sequence; kv_layout="NHD": (max_seq_len, num_kv_heads, head_dim) per sequence (FlashInfer's
+and the model's natural (token, head, dim) order).
+
 Methods:
-  "warp"        one warp per query head; the heads of one kv group share a block,
-                so their K/V rows are read together (one launch).
-  "multi_warp"  `num_warps` warps per query head over interleaved positions,
-                combined in shared memory (one launch).
-  "split_k"     flash decoding: a chunk kernel writes partial (max, sum, output)
-                per `chunk_size` positions, a reduce kernel combines (two launches).
-  "auto"        by L = seq_len (the int's value, or max_seq_len for an array):
-                "warp" if L <= 128 or batch * num_heads >= 2048 (the batch alone
-                gives enough warps); else "multi_warp" if L <= 1024; else "split_k".
-                (Set from the launch shapes, not yet tuned on a GPU.)
+  "warp"        one CTA per (sequence, kv head) over the whole cache (one launch).
+  "multi_warp"  the cache split evenly `num_warps` ways, one CTA a part, merged by a
+                second launch (log-sum-exp merge of normalized partials); one part is "warp".
+  "split_k"     flash decoding: parts of `chunk_size` positions, the same merge (two
+                launches; one when a single chunk covers the cache).
+  "auto"        "warp" when the CTAs of one launch fill the GPU (batch * num_kv_heads
+                * row chunks >= 132, an H100's SMs) or L <= 256 (L = the int seq_len, or
+                max_seq_len for an array); else "split_k" with about two waves of CTAs.
+                (From the launch shapes and an H100 model, not yet timed on a GPU.)
 
 seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
 (f32, f32), (bf16, bf16), (f32, bf16); accumulation is fp32.
@@ -39,14 +48,15 @@ _GRID_YZ_MAX = 65535
 # Kernels index positions in int and step a few hundred past the end before the
 # loop test; 2**30 leaves that headroom (cache offsets themselves are 64-bit).
 _MAX_SEQ = 2**30
-# split_k: aim for about this many warps in the chunk grid (enough loads in flight
-# to reach HBM bandwidth on an H100-class GPU), with chunks of at least 64 positions.
-_SPLIT_TARGET_WARPS = 2048
+# split_k: aim for about two waves of CTAs on an H100 (132 SMs), chunks of >= 64 positions.
+_SMS = 132
+_SPLIT_TARGET_CTAS = 2 * _SMS
 _SPLIT_MIN_CHUNK = 64
-# multi_warp uses ~128 registers a thread (__launch_bounds__(512) in decode.cu): a
-# block of more than 16 warps would need more than the SM's 64K registers and fail
-# to launch on a GPU.
+_AUTO_SHORT = 256
+# multi_warp: parts of the cache (the name is historical: it used to be warps a head).
 _MAX_WARPS = 16
+_NT = 128  # threads a CTA (PA_NT in kernels_cu/paged.cu)
+LAYOUTS = ("HND", "NHD")
 
 
 def _suffix(q_kind: str, kv_kind: str) -> str:
@@ -66,33 +76,36 @@ def _flat(a: Any) -> Any:
     return a.reshape(-1) if isinstance(a, np.ndarray) or arrays.is_torch(a) else a
 
 
-def _heads_per_block(group: int) -> int:
-    """Largest divisor of the GQA group size that is <= 8: one block holds heads of one kv head."""
-    for d in range(min(group, 8), 0, -1):
-        if group % d == 0:
-            return d
-    return 1
-
-
 def _default_warps(max_seq_len: int) -> int:
     return int(min(8, max(1, max_seq_len // 128)))
 
 
-def _default_chunk(batch: int, num_heads: int, max_seq_len: int) -> int:
-    chunks = max(1, -(-_SPLIT_TARGET_WARPS // (batch * num_heads)))
+def _default_chunk(ctas: int, max_seq_len: int) -> int:
+    chunks = max(1, -(-_SPLIT_TARGET_CTAS // ctas))
     c = max(_SPLIT_MIN_CHUNK, -(-max_seq_len // chunks))
     return 1 << (c - 1).bit_length()
 
 
-def _auto(seq_hint: int, batch: int, num_heads: int) -> str:
-    # One warp per head is enough once the batch alone fills the GPU or the walk is
-    # short; split-K pays a second launch and a partials round trip, worth it for
-    # long caches with few (sequence, head) pairs.
-    if seq_hint <= 128 or batch * num_heads >= _SPLIT_TARGET_WARPS:
+def _auto(seq_hint: int, ctas: int) -> str:
+    # One CTA per (sequence, kv head) is enough once those CTAs fill the GPU or the walk
+    # is short; splitting pays a second (small) launch and a partials round trip.
+    if seq_hint <= _AUTO_SHORT or ctas >= _SMS:
         return "warp"
-    if seq_hint <= 1024:
-        return "multi_warp"
     return "split_k"
+
+
+def _tiling(head_dim: int, group: int) -> tuple[int, int, int, int]:
+    """(rows, tile, shared bytes, row chunks) of the tile kernel for one kv head's group."""
+    from .serving import attn_tiling
+
+    rows, tile, smem = attn_tiling(head_dim, group)
+    return rows, tile, smem, -(-group // rows)
+
+
+def _layout(kv_layout: Any) -> str:
+    if kv_layout not in LAYOUTS:
+        raise ArgumentError(f"kv_layout: expected one of {LAYOUTS}, got {kv_layout!r}")
+    return kv_layout
 
 
 def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
@@ -156,43 +169,41 @@ def decode_plan(
     max_seq_len = _check_int("max_seq_len", max_seq_len, 1, _MAX_SEQ)
     if seq_hint is not None:
         seq_hint = _check_int("seq_hint", seq_hint, 0, max_seq_len)
+    rows, tile, smem, chunks_r = _tiling(head_dim, num_heads // num_kv_heads)
+    ctas = batch * num_kv_heads * chunks_r
     if method == "auto":
         # The knobs apply when auto picks their method and are ignored otherwise.
-        method = _auto(max_seq_len if seq_hint is None else seq_hint, batch, num_heads)
+        method = _auto(max_seq_len if seq_hint is None else seq_hint, ctas)
         num_warps = num_warps if method == "multi_warp" else None
         chunk_size = chunk_size if method == "split_k" else None
     if num_warps is not None and method != "multi_warp":
         raise ArgumentError(f"num_warps: only used by method='multi_warp', got method={method!r}")
     if chunk_size is not None and method != "split_k":
         raise ArgumentError(f"chunk_size: only used by method='split_k', got method={method!r}")
-    group = num_heads // num_kv_heads
+    head = {"rows": rows, "tile": tile}
+    attn = ("dense_attn", (batch * num_kv_heads, chunks_r), (_NT,), smem)
+    merge = ("paged_attn_merge", (-(-batch * num_heads // (_NT // 32)),), (_NT,), 0)
     if method == "warp":
-        hpb = _heads_per_block(group)
-        return {"method": method, "launches": [("decode_attn_warp", (num_heads // hpb, batch), (32 * hpb,), 0)]}
+        return {"method": method, **head, "num_splits": 1, "chunk_size": 0, "launches": [attn]}
     if method == "multi_warp":
         w = _default_warps(max_seq_len) if num_warps is None else _check_int("num_warps", num_warps, 1, _MAX_WARPS)
-        smem = 4 * w * (head_dim + 2)
-        return {"method": method, "num_warps": w,
-                "launches": [("decode_attn_multi_warp", (num_heads, batch), (32 * w,), smem)]}
-    c = _default_chunk(batch, num_heads, max_seq_len) if chunk_size is None else _check_int(
-        "chunk_size", chunk_size, 1, 2**30)
+        launches = [(attn[0], attn[1] + (w,), attn[2], smem), merge] if w > 1 else [attn]
+        return {"method": method, "num_warps": w, **head, "num_splits": w, "chunk_size": 0, "launches": launches}
+    c = _default_chunk(ctas, max_seq_len) if chunk_size is None else _check_int("chunk_size", chunk_size, 1, 2**30)
     max_chunks = max(1, -(-max_seq_len // c))
     n_launch = max_chunks if seq_hint is None else max(1, min(max_chunks, -(-seq_hint // c)))
-    hpb = _heads_per_block(group)
-    if num_heads // hpb > _GRID_YZ_MAX:  # the chunk kernel's head groups are grid y
-        raise ArgumentError(
-            f"q: method='split_k' handles num_heads / {hpb} (heads per block) <= {_GRID_YZ_MAX}, got "
-            f"num_heads={num_heads}; use method='warp' or 'multi_warp'")
-    red_block = 32 * (-(-head_dim // 32))
-    return {"method": method, "chunk_size": c, "max_chunks": max_chunks,
-            "launches": [("decode_attn_split_chunk", (n_launch, num_heads // hpb, batch), (32 * hpb,), 0),
-                         ("decode_attn_split_reduce", (num_heads, batch), (red_block,), 0)]}
+    if n_launch > _GRID_YZ_MAX:  # chunks are grid z
+        raise ArgumentError(f"chunk_size: expected at most {_GRID_YZ_MAX} chunks (grid z limit), got "
+                            f"{n_launch} chunks of {c}; use a larger chunk_size")
+    launches = [(attn[0], attn[1] + (n_launch,), attn[2], smem), merge] if n_launch > 1 else [attn]
+    return {"method": method, "chunk_size": c, "max_chunks": max_chunks, **head, "num_splits": n_launch,
+            "launches": launches}
 
 
 def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
          max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str, seq_hint: int | None,
          num_warps: int | None, chunk_size: int | None, backend: str | None, out: Any = None,
-         stream: Any = None) -> Any:
+         stream: Any = None, kv_layout: str = "HND") -> Any:
     from ..launcher import launch
 
     if scale is None:
@@ -207,37 +218,53 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
     out = arrays.empty((batch, num_heads, head_dim), dt, like=q) if out is None else out
     stream = arrays.launch_stream(stream, q)
     qf, kf, vf, of = _flat(q), _flat(k), _flat(v), _flat(out)
-    geom = (num_heads, num_kv_heads, head_dim, max_seq_len, float(scale))
-    if plan["method"] in ("warp", "multi_warp"):
-        stem, grid, block, smem = plan["launches"][0]
-        launch(stem + suf, grid, block, qf, kf, vf, of, seq_buf, *geom, shared_mem=smem, stream=stream,
-               backend=backend)
-        return out
-    c, mc = plan["chunk_size"], plan["max_chunks"]
-    part_o = arrays.empty((batch, num_heads, mc, head_dim), "f32", like=q)
-    part_ml = arrays.empty((batch, num_heads, mc, 2), "f32", like=q)
-    (s1, g1, b1, _), (s2, g2, b2, _) = plan["launches"]
-    # The partials are workspaces of the caller's kind (torch: its allocator), on the same stream.
-    launch(s1 + suf, g1, b1, qf, kf, vf, _flat(part_o), _flat(part_ml), seq_buf, *geom, c, mc, stream=stream,
-           backend=backend)
-    red = s2 + ("_bf16" if q_kind == "bf16" else "")
-    launch(red, g2, b2, _flat(part_o), _flat(part_ml), of, seq_buf, num_heads, head_dim, max_seq_len, c, mc,
-           stream=stream, backend=backend)
+    # Element strides of (sequence, position, kv head) for the two layouts.
+    d, s_len = head_dim, max_seq_len
+    s_b = num_kv_heads * s_len * d
+    s_tok, s_head = (d, s_len * d) if kv_layout == "HND" else (num_kv_heads * d, d)
+    splits = plan["num_splits"]
+    # Workspaces of the caller's kind (torch: its allocator), on the op's stream. The
+    # cu_seqlens pointers are unused (k_mode 1 reads seq_buf) but must be valid arrays.
+    idx = arrays.empty((2,), "int32", like=q)
+    f1 = arrays.empty((1,), "f32", like=q)
+    if splits > 1:
+        part_o = arrays.empty((splits * batch * num_heads * head_dim,), "f32", like=q)
+        part_lse = arrays.empty((splits * batch * num_heads,), "f32", like=q)
+    else:
+        part_o, part_lse = f1, arrays.empty((1,), "f32", like=q)
+    stem, grid, block, smem = plan["launches"][0]
+    launch(stem + suf, grid, block, qf, kf, vf, of, f1, part_o, part_lse, idx, idx, seq_buf, num_heads, num_kv_heads,
+           head_dim, s_b, s_tok, s_head, max_seq_len, 0, 1, 0, plan["rows"], plan["tile"], splits,
+           plan["chunk_size"], batch, 0, float(scale), shared_mem=smem, stream=stream, backend=backend)
+    if splits > 1:
+        stem2, grid2, block2, _ = plan["launches"][1]
+        launch(stem2 + ("_bf16" if q_kind == "bf16" else ""), grid2, block2, part_o, part_lse, of, f1,
+               batch * num_heads, head_dim, splits, 0, stream=stream, backend=backend)
     return out
 
 
-def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: tuple[int, ...], batch: int) -> None:
+def _kv_dims(kv_shape: tuple[int, ...], kv_layout: str) -> tuple[int, int]:
+    """(num_kv_heads, max_seq_len) of a cache shape in the given layout."""
+    if kv_layout == "HND":
+        return kv_shape[-3], kv_shape[-2]
+    return kv_shape[-2], kv_shape[-3]
+
+
+def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: tuple[int, ...], batch: int,
+                  kv_layout: str = "HND") -> None:
     if kv_shape != v_shape:
         raise ArgumentError(f"v_cache: expected the shape of k_cache {kv_shape}, got {v_shape}")
     num_heads, head_dim = q_shape[-2], q_shape[-1]
-    num_kv_heads, max_seq_len, kv_dim = kv_shape[-3], kv_shape[-2], kv_shape[-1]
+    (num_kv_heads, max_seq_len), kv_dim = _kv_dims(kv_shape, kv_layout), kv_shape[-1]
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ArgumentError(f"q: expected 1 <= head_dim <= {MAX_HEAD_DIM}, got {head_dim}")
     if kv_dim != head_dim:
         raise ArgumentError(f"k_cache: expected head_dim {head_dim} (from q), got {kv_dim}")
     if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
+        other = "NHD" if kv_layout == "HND" else "HND"
         raise ArgumentError(
-            f"k_cache: expected num_kv_heads dividing num_heads={num_heads}, got num_kv_heads={num_kv_heads}")
+            f"k_cache: expected num_kv_heads dividing num_heads={num_heads}, got num_kv_heads={num_kv_heads} "
+            f"(kv_layout={kv_layout!r}; is the cache {other!r}?)")
     if not 1 <= max_seq_len <= _MAX_SEQ:
         raise ArgumentError(f"k_cache: expected 1 <= max_seq_len <= 2**30, got {max_seq_len}")
     if not 1 <= batch <= _GRID_YZ_MAX:
@@ -251,6 +278,7 @@ def decode_attention(
     v_cache: Any,
     seq_len: Any,
     *,
+    kv_layout: str = "HND",
     scale: float | None = None,
     method: str = "auto",
     num_warps: int | None = None,
@@ -262,7 +290,8 @@ def decode_attention(
     """Attention of one query token per head over the first `seq_len` cache positions.
 
     q: (num_heads, head_dim) float32 or bfloat16; k_cache, v_cache:
-    (num_kv_heads, max_seq_len, head_dim) float32 or bfloat16, num_heads a multiple
+    (num_kv_heads, max_seq_len, head_dim) for kv_layout="HND" (default) or
+    (max_seq_len, num_kv_heads, head_dim) for "NHD", float32 or bfloat16, num_heads a multiple
     of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
     head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) integer array (any int dtype)
     read by the kernel at run time (clamped to max_seq_len there; a NumPy array is
@@ -271,10 +300,10 @@ def decode_attention(
     seq_len are never read.
 
     method: "warp" | "multi_warp" | "split_k" | "auto" (see the module doc).
-    num_warps (multi_warp only, 1..16): warps per head, default min(8, max(1, max_seq_len // 128)).
+    num_warps (multi_warp only, 1..16): parts of the cache, default min(8, max(1, max_seq_len // 128)).
     chunk_size (split_k only): positions per chunk, default the power of two >= 64 that
-    gives about 2048 chunk warps. Both depend on shapes only, so the int and array
-    forms of seq_len launch the same grids and give identical results.
+    gives about two waves of CTAs on 132 SMs. Both depend on shapes only, so the int and
+    array forms of seq_len launch grids that give identical results.
     """
     q_kind = arrays.io_kind("q", q)
     kv_kind = arrays.io_kind("k_cache", k_cache)
@@ -284,9 +313,10 @@ def decode_attention(
     q_shape = arrays.check_ndim("q", q, (2,))
     kv_shape = arrays.check_ndim("k_cache", k_cache, (3,))
     v_shape = arrays.check_ndim("v_cache", v_cache, (3,))
-    _check_common(q_shape, kv_shape, v_shape, 1)
+    kv_layout = _layout(kv_layout)
+    _check_common(q_shape, kv_shape, v_shape, 1, kv_layout)
     num_heads, head_dim = q_shape
-    num_kv_heads, max_seq_len, _ = kv_shape
+    num_kv_heads, max_seq_len = _kv_dims(kv_shape, kv_layout)
     if isinstance(seq_len, (int, np.integer)) and not isinstance(seq_len, bool):
         hint: int | None = _check_int("seq_len", seq_len, 0, max_seq_len)
         seq_buf = np.array([hint], np.uint32)
@@ -301,7 +331,8 @@ def decode_attention(
         out = arrays.check_out(out, (num_heads, head_dim), arrays.dtype_name(q), q)
     res = _run(q, k_cache, v_cache, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind, kv_kind,
                scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
-               backend=backend, out=None if out is None else out.reshape(1, num_heads, head_dim), stream=stream)
+               backend=backend, out=None if out is None else out.reshape(1, num_heads, head_dim), stream=stream,
+               kv_layout=kv_layout)
     return out if out is not None else res.reshape(num_heads, head_dim)
 
 
@@ -312,6 +343,7 @@ def batched_decode_attention(
     v_caches: Any,
     seq_lens: Any,
     *,
+    kv_layout: str = "HND",
     scale: float | None = None,
     method: str = "auto",
     num_warps: int | None = None,
@@ -323,8 +355,9 @@ def batched_decode_attention(
     """Decode attention for M sequences in one launch (two for split_k).
 
     q: (M, num_heads, head_dim). k_caches, v_caches: one stacked array
-    (M, num_kv_heads, max_seq_len, head_dim), or a list of M arrays
-    (num_kv_heads, max_seq_len, head_dim) which is stacked into a copy (NumPy only;
+    (M, num_kv_heads, max_seq_len, head_dim) ("HND", default) or (M, max_seq_len,
+    num_kv_heads, head_dim) (kv_layout="NHD"), or a list of M per-sequence arrays
+    which is stacked into a copy (NumPy only;
     keep a stacked cache to avoid that copy per step). seq_lens: (M,) integer array (any int dtype)
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
     also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
@@ -343,14 +376,15 @@ def batched_decode_attention(
     batch, num_heads, head_dim = q_shape
     if kv_shape[0] != batch:
         raise ArgumentError(f"k_caches: expected {batch} sequences (from q), got {kv_shape[0]}")
-    _check_common(q_shape, kv_shape, v_shape, max(batch, 1))
+    kv_layout = _layout(kv_layout)
+    _check_common(q_shape, kv_shape, v_shape, max(batch, 1), kv_layout)
     if batch == 0:  # no sequence: nothing to launch, an empty result of q's kind
         if isinstance(seq_lens, (list, tuple)) and len(seq_lens):
             raise ArgumentError(f"seq_lens: expected 0 lengths (from q), got {len(seq_lens)}")
         if out is not None:
             return arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
         return arrays.empty(q_shape, arrays.dtype_name(q), like=q)
-    _, num_kv_heads, max_seq_len, _ = kv_shape
+    num_kv_heads, max_seq_len = _kv_dims(kv_shape, kv_layout)
     if isinstance(seq_lens, (list, tuple)):
         if len(seq_lens) != batch:
             raise ArgumentError(f"seq_lens: expected {batch} lengths (from q), got {len(seq_lens)}")
@@ -364,7 +398,7 @@ def batched_decode_attention(
         out = arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
     return _run(q, k_caches, v_caches, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                 kv_kind, scale=scale, method=method, seq_hint=None, num_warps=num_warps, chunk_size=chunk_size,
-                backend=backend, out=out, stream=stream)
+                backend=backend, out=out, stream=stream, kv_layout=kv_layout)
 
 
 def _stack(name: str, caches: Any) -> Any:

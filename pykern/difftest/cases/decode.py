@@ -1,4 +1,4 @@
-"""Difftest cases for decode attention (kernels_cu/decode.cu), plus the NumPy float64 reference.
+"""Difftest cases for decode attention (dense_attn in kernels_cu/paged.cu), plus the NumPy float64 reference.
 
 Every cache slot at or past a sequence's length holds NaN, so a kernel that reads
 (or multiplies a zero probability by) a slot past the end fails the comparison.
@@ -71,13 +71,12 @@ def make_inputs(rng: np.random.Generator, batch: int | None, num_heads: int, num
     return q, k, v
 
 
-def kernels_of(method: str, q_kind: str, kv_kind: str) -> tuple[str, ...]:
+def kernels_of(method: str, q_kind: str, kv_kind: str, split: bool = True) -> tuple[str, ...]:
+    """Kernels a call launches: the tile kernel, plus the merge when the cache is split."""
     suf = _SUFFIX[(q_kind, kv_kind)]
-    if method == "warp":
-        return (f"decode_attn_warp{suf}",)
-    if method == "multi_warp":
-        return (f"decode_attn_multi_warp{suf}",)
-    return (f"decode_attn_split_chunk{suf}", "decode_attn_split_reduce" + ("_bf16" if q_kind == "bf16" else ""))
+    if method == "warp" or not split:
+        return (f"dense_attn{suf}",)
+    return (f"dense_attn{suf}", "paged_attn_merge" + ("_bf16" if q_kind == "bf16" else ""))
 
 
 def _dtype_name(q_kind: str, kv_kind: str) -> str:
@@ -85,20 +84,35 @@ def _dtype_name(q_kind: str, kv_kind: str) -> str:
     return "bf16" if "bf16" in (q_kind, kv_kind) else "f32"
 
 
+def to_nhd(cache: np.ndarray) -> np.ndarray:
+    """An "HND" cache ((..., KVH, S, D)) as the same tokens in "NHD" order ((..., S, KVH, D))."""
+    return np.ascontiguousarray(np.swapaxes(cache, -3, -2))
+
+
+def _kernels(method: str, batch: int, num_heads: int, num_kv_heads: int, head_dim: int, max_seq_len: int,
+             seq_hint: int | None, q_kind: str, kv_kind: str, **kw: Any) -> tuple[str, ...]:
+    from ...ops.decode import decode_plan
+
+    plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint, **kw)
+    return kernels_of(method, q_kind, kv_kind, split=len(plan["launches"]) > 1)
+
+
 def _single(rng: np.random.Generator, method: str, num_heads: int, num_kv_heads: int, head_dim: int,
             max_seq_len: int, seq_len: int, q_kind: str = "f32", kv_kind: str = "f32", note: str = "",
-            indirect: bool = False, **kw: Any) -> Case:
+            indirect: bool = False, kv_layout: str = "HND", **kw: Any) -> Case:
     from ... import ops
 
     q, k, v = make_inputs(rng, None, num_heads, num_kv_heads, head_dim, max_seq_len, seq_len, q_kind, kv_kind)
+    kk, vv = (k, v) if kv_layout == "HND" else (to_nhd(k), to_nhd(v))
     sl: Any = np.array([seq_len], np.uint32) if indirect else seq_len
-    tag = f"{'ind' if indirect else 'int'}-{q_kind}q-{kv_kind}kv"
+    tag = f"{'ind' if indirect else 'int'}-{q_kind}q-{kv_kind}kv-{kv_layout}"
     return Case(
         op="decode_attention", dtype=_dtype_name(q_kind, kv_kind),
         shape=f"{method}-H{num_heads}-KV{num_kv_heads}-D{head_dim}-S{max_seq_len}-L{seq_len}-{tag}",
-        kernels=kernels_of(method, q_kind, kv_kind),
-        run=lambda backend: {"out": np.asarray(ops.decode_attention(q, k, v, sl, method=method, backend=backend,
-                                                                    **kw), np.float32)},
+        kernels=_kernels(method, 1, num_heads, num_kv_heads, head_dim, max_seq_len, None if indirect else seq_len,
+                         q_kind, kv_kind, **kw),
+        run=lambda backend: {"out": np.asarray(ops.decode_attention(q, kk, vv, sl, method=method, backend=backend,
+                                                                    kv_layout=kv_layout, **kw), np.float32)},
         reference=lambda: {"out": np_decode_attention(q.astype(np.float64), k.astype(np.float64),
                                                       v.astype(np.float64), seq_len)},
         note=note,
@@ -107,20 +121,22 @@ def _single(rng: np.random.Generator, method: str, num_heads: int, num_kv_heads:
 
 def _batched(rng: np.random.Generator, method: str, num_heads: int, num_kv_heads: int, head_dim: int,
              max_seq_len: int, seq_lens: list[int], q_kind: str = "f32", kv_kind: str = "f32",
-             note: str = "", as_list: bool = False) -> Case:
+             note: str = "", as_list: bool = False, kv_layout: str = "HND") -> Case:
     from ... import ops
 
     m = len(seq_lens)
     q, k, v = make_inputs(rng, m, num_heads, num_kv_heads, head_dim, max_seq_len, seq_lens, q_kind, kv_kind)
     lens = np.array(seq_lens, np.uint32)
-    kc: Any = list(k) if as_list else k
-    vc: Any = list(v) if as_list else v
+    kl, vl = (k, v) if kv_layout == "HND" else (to_nhd(k), to_nhd(v))
+    kc: Any = list(kl) if as_list else kl
+    vc: Any = list(vl) if as_list else vl
     return Case(
         op="batched_decode_attention", dtype=_dtype_name(q_kind, kv_kind),
         shape=f"{method}-M{m}-H{num_heads}-KV{num_kv_heads}-D{head_dim}-S{max_seq_len}-{q_kind}q-{kv_kind}kv"
-              + ("-list" if as_list else ""),
-        kernels=kernels_of(method, q_kind, kv_kind),
+              + ("-list" if as_list else "") + f"-{kv_layout}",
+        kernels=_kernels(method, m, num_heads, num_kv_heads, head_dim, max_seq_len, None, q_kind, kv_kind),
         run=lambda backend: {"out": np.asarray(ops.batched_decode_attention(q, kc, vc, lens, method=method,
+                                                                            kv_layout=kv_layout,
                                                                             backend=backend), np.float32)},
         reference=lambda: {"out": np_batched_decode_attention(q.astype(np.float64), k.astype(np.float64),
                                                               v.astype(np.float64), seq_lens)},
@@ -151,6 +167,10 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _batched(rng, method, 4, 2, 64, 50, [0, 50, 17], as_list=True)
         yield _batched(rng, method, 2, 1, 32, 40, [int(x) for x in rng.integers(0, 41, 17)])
         yield _batched(rng, method, 4, 2, 96, 70, [65, 0, 1], q_kind="bf16", kv_kind="bf16")
+        # kv_layout "NHD" ((S, KVH, D) per sequence), GQA 4 and 8.
+        yield _single(rng, method, 8, 2, 64, 300, 290, kv_layout="NHD")
+        yield _batched(rng, method, 8, 1, 32, 45, [44, 0, 9], kv_layout="NHD")
+        yield _batched(rng, method, 4, 1, 64, 40, [33, 7], q_kind="bf16", kv_kind="bf16", kv_layout="NHD")
     # non-default geometry knobs.
     yield _single(rng, "multi_warp", 4, 2, 64, 300, 257, num_warps=3)
     yield _single(rng, "split_k", 4, 2, 64, 300, 257, chunk_size=37)

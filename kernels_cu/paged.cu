@@ -1,0 +1,186 @@
+// Serving attention (issue 13): paged KV cache (FlashInfer conventions), KV append,
+// paged decode/prefill, varlen (flash-attn) prefill, split-KV merge.
+//
+// Paged cache, kv_layout 0 = "NHD": pages [num_pages, page_size, num_kv_heads, head_dim];
+//                 kv_layout 1 = "HND": pages [num_pages, num_kv_heads, page_size, head_dim].
+// A batch's pages in CSR form: sequence b owns pages kv_indices[kv_indptr[b] .. kv_indptr[b+1]),
+// the last of which holds kv_last_page_len[b] tokens (clamped to [0, page_size] here),
+// so its length is (n_pages - 1) * page_size + last_page_len (0 with no pages).
+// Dense K/V ("dense_attn", also pykern.ops.decode_attention's kernel): token t of sequence b, kv head h at
+//   base + s_b*b + s_tok*(start_b + t) + s_head*h   (64-bit element offsets), with
+//   k_mode 0: start_b = cu_k[b], len = cu_k[b+1] - cu_k[b]   (flash-attn varlen)
+//   k_mode 1: start_b = 0, len = min(seq_lens[b], max_len)     (padded contiguous caches)
+// Queries (and out): q_mode 0: one query per sequence, row b of q [batch, H, D] (decode);
+//                    q_mode 1: rows qo_indptr[b] .. qo_indptr[b+1] of q [total_q, H, D].
+// Query i of a sequence with qo_len queries and kv_len keys is the key position
+// kv_len - qo_len + i: with causal != 0 it sees keys j <= kv_len - qo_len + i (bottom-right).
+//
+// One CTA handles (sequence b, kv head, a chunk of `rows` packed query rows, split s).
+// A packed row is qi * G + g (query qi, head g of the GQA group of G = H / KVH heads), so
+// every query head of the group, and for prefill several queries, share each K/V tile:
+// a tile of `tile` positions is loaded from global memory and converted to fp32 once into
+// shared memory, then all rows of the CTA use it (each K/V element is read once per kv
+// head and row chunk; decode has one chunk while G * head_dim <= 2048).
+// Split s of num_splits covers positions [s*per, (s+1)*per) with per = ceil(len / splits)
+// rounded up to the tile (dense_attn: per = chunk when chunk > 0); with num_splits > 1
+// the CTA writes a normalized partial output and its log2-domain lse to
+// part_o [splits, total_q*H, D] / part_lse [splits, total_q*H],
+// and paged_attn_merge combines them. Otherwise it writes out and (write_lse) the natural-log
+// lse [total_q, H] directly. Rows that see no key get zeros and lse -inf.
+//
+// Scores are in the log2 domain (q pre-multiplied by scale * log2 e) so softmax uses exp2f.
+#include "pk_attn_tile.cuh"
+
+#define PA_NT 128  // threads per CTA (4 warps); kept in step with pykern/ops/serving.py
+// An explicit minimum of 1 block an SM: with the thread bound alone ptxas aimed at a low
+// register count on sm_86/89/100 and spilled a few bytes (measured); with it, 0 spills everywhere.
+#define PA_MIN_BLOCKS 1
+
+// Entry points. Suffixes: none = f32 q/out and f32 K/V; _bf16 = bf16 everywhere;
+// _bf16kv = f32 q/out over bf16 K/V. Dynamic shared memory (floats):
+// tile*(2*head_dim+1) + rows*head_dim + rows*tile + 3*rows (pykern/ops/serving.py).
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn(const float* __restrict__ q,
+        const float* __restrict__ k_pages, const float* __restrict__ v_pages, float* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        int kv_layout, int q_mode, int causal, int rows, int tile, int num_splits, int total_q, int write_lse,
+        float scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, 0, num_splits > 1};
+    pa_body<float, float, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k_pages, const unsigned short* __restrict__ v_pages, unsigned short* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        int kv_layout, int q_mode, int causal, int rows, int tile, int num_splits, int total_q, int write_lse,
+        float scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, 0, num_splits > 1};
+    pa_body<unsigned short, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16kv(const float* __restrict__ q,
+        const unsigned short* __restrict__ k_pages, const unsigned short* __restrict__ v_pages, float* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        int kv_layout, int q_mode, int causal, int rows, int tile, int num_splits, int total_q, int write_lse,
+        float scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, 0, num_splits > 1};
+    pa_body<float, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
+        const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
+        int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
+        int k_mode, int causal, int rows, int tile, int num_splits, int chunk, int total_q, int write_lse,
+        float scale) {
+    extern __shared__ float smem[];
+    DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, chunk, num_splits > 1};
+    pa_body<float, float, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
+        const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
+        int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
+        int k_mode, int causal, int rows, int tile, int num_splits, int chunk, int total_q, int write_lse,
+        float scale) {
+    extern __shared__ float smem[];
+    DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, chunk, num_splits > 1};
+    pa_body<unsigned short, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf16kv(const float* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
+        const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
+        int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
+        int k_mode, int causal, int rows, int tile, int num_splits, int chunk, int total_q, int write_lse,
+        float scale) {
+    extern __shared__ float smem[];
+    DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
+                write_lse, scale, chunk, num_splits > 1};
+    pa_body<float, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_merge(const float* __restrict__ part_o,
+        const float* __restrict__ part_lse, float* __restrict__ out, float* __restrict__ lse, long long total_rows,
+        int head_dim, int num_splits, int write_lse) {
+    pa_merge<float>(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_merge_bf16(const float* __restrict__ part_o,
+        const float* __restrict__ part_lse, unsigned short* __restrict__ out, float* __restrict__ lse,
+        long long total_rows, int head_dim, int num_splits, int write_lse) {
+    pa_merge<unsigned short>(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse);
+}
+
+// ---------------------------------------------------------------------------
+// KV append: token t of k, v [nnz, num_kv_heads, head_dim] goes to position
+// positions[t] of sequence batch_indices[t], i.e. slot positions[t] % page_size of
+// page kv_indices[kv_indptr[b] + positions[t] / page_size]. One block per token.
+// A token whose sequence or page is out of range is skipped (the op checks host arrays).
+template <typename T>
+__device__ __forceinline__ void pa_append(const T* __restrict__ k, const T* __restrict__ v,
+                                          const int* __restrict__ batch_indices, const int* __restrict__ positions,
+                                          T* __restrict__ k_pages, T* __restrict__ v_pages,
+                                          const int* __restrict__ kv_indices, const int* __restrict__ kv_indptr,
+                                          int batch, int num_kv_heads, int head_dim, int page_size, int kv_layout) {
+    const long long t = blockIdx.x;
+    const int b = batch_indices[t];
+    const int pos = positions[t];
+    if (b < 0 || b >= batch || pos < 0) return;
+    const int pi = pos / page_size;
+    const long long slot = (long long)kv_indptr[b] + pi;
+    if (slot >= kv_indptr[b + 1]) return;
+    const long long page = kv_indices[slot];
+    const int in_page = pos - pi * page_size;
+    const long long hd = head_dim;
+    const long long n = (long long)num_kv_heads * hd;
+    const long long base = page * page_size * n;
+    // 32-bit element index inside a token (num_kv_heads * head_dim < 2**31; 64-bit division
+    // would be a subroutine call); offsets stay 64-bit.
+    for (int e = threadIdx.x; e < (int)n; e += blockDim.x) {
+        const int h = e / head_dim, d = e - h * head_dim;
+        const long long dst = kv_layout == 0 ? base + in_page * n + e
+                                             : base + ((long long)h * page_size + in_page) * hd + d;
+        k_pages[dst] = k[t * n + e];
+        v_pages[dst] = v[t * n + e];
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv(const float* __restrict__ k,
+        const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
+        float* __restrict__ k_pages, float* __restrict__ v_pages, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, int kv_layout) {
+    pa_append<float>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch, num_kv_heads,
+                     head_dim, page_size, kv_layout);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16(const unsigned short* __restrict__ k,
+        const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
+        unsigned short* __restrict__ k_pages, unsigned short* __restrict__ v_pages, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, int kv_layout) {
+    pa_append<unsigned short>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, kv_layout);
+}

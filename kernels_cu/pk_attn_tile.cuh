@@ -1,0 +1,350 @@
+// Shared tile attention core of kernels_cu/paged.cu (issues 7 and 13: decode and serving attention).
+// See paged.cu for the conventions. One CTA (blockDim.x threads, a multiple of 32) handles
+// (sequence, kv head, chunk of packed query rows, split); the caller picks rows so that
+// rows * head_dim <= PA_MAX_ACC * blockDim.x.
+#pragma once
+#include "pk_common.cuh"
+
+
+#define PA_MAX_ACC 16  // accumulators a thread: rows * head_dim <= PA_MAX_ACC * blockDim.x
+#define PA_LOG2E 1.4426950408889634f
+#define PA_LN2 0.6931471805599453f
+
+struct PaArgs {
+    int num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse;
+    float scale;
+    int chunk;    // > 0: split s covers [s*chunk, (s+1)*chunk) instead of an even split
+    int partial;  // write normalized partials (part_o, log2 part_lse) instead of out / lse
+};
+
+// Paged addressing: the page of position pos is kv_indices[indptr[b] + pos / page_size].
+struct PagedKV {
+    const int* indptr; const int* indices; const int* last;
+    int page_size;
+    long long s_page, s_tok, s_head;
+    long long pbeg, hoff;
+    int len;
+    __device__ __forceinline__ void init(int b, int kvh) {
+        pbeg = indptr[b];
+        const long long np = (long long)indptr[b + 1] - pbeg;
+        int lst = last[b];
+        lst = lst < 0 ? 0 : (lst > page_size ? page_size : lst);
+        long long l = np > 0 ? (np - 1) * page_size + lst : 0;
+        len = l > (1ll << 30) ? (1 << 30) : (int)l;  // the op bounds lengths well below this
+        hoff = (long long)kvh * s_head;
+    }
+    __device__ __forceinline__ long long offset(int pos) const {
+        const int pi = pos / page_size;
+        const long long page = indices[pbeg + pi];
+        return page * s_page + (long long)(pos - pi * page_size) * s_tok + hoff;
+    }
+};
+
+// Contiguous addressing (varlen via cu_k, or a padded cache per sequence via seq_lens).
+struct DenseKV {
+    const int* cu; const unsigned int* lens;
+    int mode, max_len;
+    long long s_b, s_tok, s_head;
+    long long base;
+    int len;
+    __device__ __forceinline__ void init(int b, int kvh) {
+        if (mode == 0) {
+            const int st = cu[b];
+            const int l = cu[b + 1] - st;
+            len = l < 0 ? 0 : l;
+            base = (long long)st * s_tok;
+        } else {
+            const unsigned int l = lens[b];
+            len = l > (unsigned int)max_len ? max_len : (int)l;
+            base = (long long)b * s_b;
+        }
+        base += (long long)kvh * s_head;
+    }
+    __device__ __forceinline__ long long offset(int pos) const { return base + (long long)pos * s_tok; }
+};
+
+// VEC consecutive elements from p (aligned to VEC elements) widened to fp32.
+template <typename T, int VEC> struct PaLoad;
+template <> struct PaLoad<float, 1> {
+    static __device__ __forceinline__ void run(const float* p, float* o) { o[0] = p[0]; }
+};
+template <> struct PaLoad<float, 4> {
+    static __device__ __forceinline__ void run(const float* p, float* o) {
+        const float4 x = *reinterpret_cast<const float4*>(p);
+        o[0] = x.x; o[1] = x.y; o[2] = x.z; o[3] = x.w;
+    }
+};
+template <> struct PaLoad<unsigned short, 1> {
+    static __device__ __forceinline__ void run(const unsigned short* p, float* o) { o[0] = pk_bf16_to_float(p[0]); }
+};
+template <> struct PaLoad<unsigned short, 8> {
+    static __device__ __forceinline__ void run(const unsigned short* p, float* o) {
+        const uint4 x = *reinterpret_cast<const uint4*>(p);
+        const unsigned int w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            o[2 * i] = __int_as_float((int)(w[i] << 16));
+            o[2 * i + 1] = __int_as_float((int)(w[i] & 0xffff0000u));
+        }
+    }
+};
+template <typename T> struct PaVec;
+template <> struct PaVec<float> { static constexpr int V = 4; };
+template <> struct PaVec<unsigned short> { static constexpr int V = 8; };
+
+// K rows [t0, t0 + T) into Ks (row stride D + 1: the score loop's lanes walk rows
+// without bank conflicts), V rows into Vs (stride D); positions >= end become 0.
+template <typename TKV, int VEC, typename KV>
+__device__ __forceinline__ void pa_load_tile(const TKV* __restrict__ kp, const TKV* __restrict__ vp, const KV& kv,
+                                             int t0, int end, int T, int D, float* Ks, float* Vs) {
+    const int nvec = D / VEC;
+    const int total = T * nvec;
+#pragma unroll 2
+    for (int i = threadIdx.x; i < total; i += (int)blockDim.x) {
+        const int t = i / nvec, c = i - t * nvec;
+        const int pos = t0 + t;
+        float kf[VEC], vf[VEC];
+        if (pos < end) {
+            const long long o = kv.offset(pos) + (long long)c * VEC;
+            PaLoad<TKV, VEC>::run(kp + o, kf);
+            PaLoad<TKV, VEC>::run(vp + o, vf);
+        } else {
+#pragma unroll
+            for (int e = 0; e < VEC; ++e) { kf[e] = 0.0f; vf[e] = 0.0f; }
+        }
+#pragma unroll
+        for (int e = 0; e < VEC; ++e) {
+            Ks[t * (D + 1) + c * VEC + e] = kf[e];
+            Vs[t * D + c * VEC + e] = vf[e];
+        }
+    }
+}
+
+template <typename TQ, typename TKV, typename KV>
+__device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __restrict__ kp,
+                                        const TKV* __restrict__ vp, TQ* __restrict__ out, float* __restrict__ lse,
+                                        float* __restrict__ part_o, float* __restrict__ part_lse,
+                                        const int* __restrict__ qo_indptr, KV& kv, const PaArgs& a, float* smem) {
+    const int H = a.num_qo_heads, NKV = a.num_kv_heads, D = a.head_dim, R = a.rows, T = a.tile;
+    const int G = H / NKV;
+    const int b = blockIdx.x / NKV, kvh = blockIdx.x - b * NKV;
+    const int split = blockIdx.z;
+    int qo_start = b, qo_len = 1;
+    if (a.q_mode == 1) {
+        qo_start = qo_indptr[b];
+        qo_len = qo_indptr[b + 1] - qo_start;
+    }
+    const long long packed = (long long)qo_len * G;
+    // 32-bit row arithmetic (64-bit division is a slow subroutine call): blockIdx.y <= 65535, R <= 64.
+    const int row0 = (int)blockIdx.y * R;
+    if (row0 >= packed) return;  // CTA-uniform: before any barrier
+    const int nrows = packed - row0 < R ? (int)(packed - row0) : R;
+    kv.init(b, kvh);
+    const int L = kv.len;
+    int begin = 0, end = L;
+    if (a.num_splits > 1 || a.chunk > 0) {
+        int per = a.chunk;
+        if (per <= 0) {
+            per = L / a.num_splits + (L % a.num_splits != 0);
+            per = (per / T + (per % T != 0)) * T;
+        }
+        const long long bg = (long long)per * split;
+        begin = bg < L ? (int)bg : L;
+        end = L - begin > per ? begin + per : L;
+    }
+    // Causal: the CTA's last row sees positions < L - qo_len + qi_last + 1; skip tiles past it.
+    const long long diag = (long long)L - qo_len;  // query qi sees j <= diag + qi
+    if (a.causal) {
+        const long long vis = diag + (row0 + nrows - 1) / G + 1;  // 32-bit division
+        if (vis < end) end = vis < begin ? begin : (int)vis;
+    }
+
+    float* Ks = smem;
+    float* Vs = Ks + T * (D + 1);
+    float* Qs = Vs + T * D;
+    float* Ss = Qs + R * D;
+    float* Ms = Ss + R * T;
+    float* Ls = Ms + R;
+    float* Cs = Ls + R;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const float qscale = a.scale * PA_LOG2E;
+    for (int i = tid; i < R * D; i += (int)blockDim.x) {
+        const int r = i / D, d = i - r * D;
+        float x = 0.0f;
+        if (r < nrows) {
+            const int gr = row0 + r;
+            const int qi = gr / G;
+            const int h = kvh * G + (int)(gr - qi * G);
+            x = PkIO<TQ>::load(q, ((long long)(qo_start + qi) * H + h) * D + d) * qscale;
+        }
+        Qs[i] = x;
+    }
+    if (tid < R) {
+        Ms[tid] = PK_NEG_INF;
+        Ls[tid] = 0.0f;
+        Cs[tid] = 1.0f;
+    }
+    float acc[PA_MAX_ACC];
+#pragma unroll
+    for (int k = 0; k < PA_MAX_ACC; ++k) acc[k] = 0.0f;
+    const int nout = nrows * D;
+    constexpr int VEC = PaVec<TKV>::V;
+    const bool vec_ok = D % VEC == 0 && (((unsigned long long)kp | (unsigned long long)vp) & 15ull) == 0;
+    __syncthreads();
+
+    for (int t0 = begin; t0 < end; t0 += T) {
+        if (vec_ok)
+            pa_load_tile<TKV, VEC>(kp, vp, kv, t0, end, T, D, Ks, Vs);
+        else
+            pa_load_tile<TKV, 1>(kp, vp, kv, t0, end, T, D, Ks, Vs);
+        __syncthreads();
+        // Scores: thread pairs (r, t), consecutive lanes on consecutive positions.
+        for (int i = tid; i < R * T; i += (int)blockDim.x) {
+            const int r = i / T, t = i - r * T;
+            const int pos = t0 + t;
+            float s = PK_NEG_INF;
+            if (r < nrows && pos < end && (!a.causal || pos <= diag + (row0 + r) / G)) {
+                const float* qr = Qs + r * D;
+                const float* kr = Ks + t * (D + 1);
+                float d0 = 0.0f, d1 = 0.0f;
+                int d = 0;
+                for (; d + 1 < D; d += 2) {
+                    d0 = fmaf(qr[d], kr[d], d0);
+                    d1 = fmaf(qr[d + 1], kr[d + 1], d1);
+                }
+                if (d < D) d0 = fmaf(qr[d], kr[d], d0);
+                s = d0 + d1;
+            }
+            Ss[i] = s;
+        }
+        __syncthreads();
+        // Online softmax: one warp per row (loop bounds are warp-uniform).
+        for (int r = warp; r < nrows; r += (int)(blockDim.x >> 5)) {
+            float* sr = Ss + r * T;
+            float mt = PK_NEG_INF;
+            for (int t = lane; t < T; t += 32) mt = fmaxf(mt, sr[t]);
+            mt = pk_warp_max(mt);
+            const float mo = Ms[r];
+            const float mn = fmaxf(mo, mt);
+            float sum = 0.0f, corr = 1.0f;
+            if (mn == PK_NEG_INF) {  // nothing visible yet: exp2f(-inf - -inf) would be NaN
+                for (int t = lane; t < T; t += 32) sr[t] = 0.0f;
+            } else {
+                corr = exp2f(mo - mn);
+                for (int t = lane; t < T; t += 32) {
+                    const float p = exp2f(sr[t] - mn);
+                    sr[t] = p;
+                    sum += p;
+                }
+            }
+            sum = pk_warp_sum(sum);
+            if (lane == 0) {
+                Ls[r] = Ls[r] * corr + sum;
+                Ms[r] = mn;
+                Cs[r] = corr;
+            }
+        }
+        __syncthreads();
+        // P V: thread owns outputs (r, d) = tid + k * (int)blockDim.x; consecutive lanes, consecutive d.
+#pragma unroll
+        for (int k = 0; k < PA_MAX_ACC; ++k) {
+            const int i = tid + k * (int)blockDim.x;
+            if (i < nout) {
+                const int r = i / D, d = i - r * D;
+                const float* pr = Ss + r * T;
+                const float* vc = Vs + d;
+                float x = acc[k] * Cs[r];
+                for (int t = 0; t < T; ++t) x = fmaf(pr[t], vc[t * D], x);
+                acc[k] = x;
+            }
+        }
+        __syncthreads();  // the next tile overwrites Ks, Vs and Ss
+    }
+
+    // One reciprocal a row, with the fast intrinsic (2 ulp): IEEE division is a call to a
+    // slow-path subroutine whose call ABI costs spills. Cs is free after the loop's barrier.
+    for (int r = tid; r < nrows; r += (int)blockDim.x) Cs[r] = Ls[r] > 0.0f ? __fdividef(1.0f, Ls[r]) : 0.0f;
+    __syncthreads();
+    const long long rows_total = (long long)a.total_q * H;
+#pragma unroll
+    for (int k = 0; k < PA_MAX_ACC; ++k) {
+        const int i = tid + k * (int)blockDim.x;
+        if (i < nout) {
+            const int r = i / D, d = i - r * D;
+            const int gr = row0 + r;
+            const int qi = gr / G;
+            const int h = kvh * G + (int)(gr - qi * G);
+            const long long orow = (long long)(qo_start + qi) * H + h;
+            const float l = Ls[r];
+            const float o = acc[k] * Cs[r];
+            const float lse2 = l > 0.0f ? Ms[r] + __log2f(l) : PK_NEG_INF;
+            if (a.partial) {
+                const long long slot = (long long)split * rows_total + orow;
+                part_o[slot * D + d] = o;
+                if (d == 0) part_lse[slot] = lse2;
+            } else {
+                PkIO<TQ>::store(out, orow * D + d, o);
+                if (a.write_lse && d == 0) lse[orow] = lse2 == PK_NEG_INF ? lse2 : lse2 * PA_LN2;
+            }
+        }
+    }
+}
+
+__device__ __forceinline__ PagedKV pa_paged_kv(const int* indptr, const int* indices, const int* last,
+                                               int num_kv_heads, int head_dim, int page_size, int kv_layout) {
+    PagedKV kv;
+    kv.indptr = indptr;
+    kv.indices = indices;
+    kv.last = last;
+    kv.page_size = page_size;
+    const long long hd = head_dim;
+    kv.s_page = (long long)page_size * num_kv_heads * hd;
+    kv.s_tok = kv_layout == 0 ? num_kv_heads * hd : hd;
+    kv.s_head = kv_layout == 0 ? hd : (long long)page_size * hd;
+    return kv;
+}
+
+__device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int* lens, int mode, int max_len,
+                                               long long s_b, long long s_tok, long long s_head) {
+    DenseKV kv;
+    kv.cu = cu;
+    kv.lens = lens;
+    kv.mode = mode;
+    kv.max_len = max_len;
+    kv.s_b = s_b;
+    kv.s_tok = s_tok;
+    kv.s_head = s_head;
+    return kv;
+}
+
+// ---------------------------------------------------------------------------
+// Merge of split-KV partials: one warp per output row (total_rows = total_q * H),
+// out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), lse = (M + log2 sum) * ln 2.
+// Splits that saw no key (lse -inf) weigh 0; a row no split saw gets zeros, lse -inf.
+template <typename TO>
+__device__ __forceinline__ void pa_merge(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                                         TO* __restrict__ out, float* __restrict__ lse, long long total_rows,
+                                         int head_dim, int num_splits, int write_lse) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    const int lane = threadIdx.x & 31;
+    if (row >= total_rows) return;
+    float M = PK_NEG_INF;
+    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part_lse[s * total_rows + row]);
+    float W = 0.0f;
+    if (M != PK_NEG_INF)
+        for (int s = 0; s < num_splits; ++s) W += exp2f(part_lse[s * total_rows + row] - M);
+    const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
+    for (int d = lane; d < head_dim; d += 32) {
+        float o = 0.0f;
+        if (M != PK_NEG_INF) {
+            for (int s = 0; s < num_splits; ++s) {
+                const float ls = part_lse[s * total_rows + row];
+                if (ls != PK_NEG_INF) o = fmaf(exp2f(ls - M), part_o[(s * total_rows + row) * head_dim + d], o);
+            }
+            o *= inv_w;
+        }
+        PkIO<TO>::store(out, row * head_dim + d, o);
+    }
+    if (write_lse && lane == 0) lse[row] = M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
+}
+

@@ -1,0 +1,256 @@
+"""Difftest cases for serving attention (kernels_cu/paged.cu), plus the NumPy float64 references.
+
+Page tables are shuffled (sequences own non-contiguous, out-of-order pages) and every
+cache slot that no sequence owns (free pages, slots past kv_last_page_len) holds NaN,
+so a kernel that reads outside a sequence fails the comparison.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..case import Case, register_cases
+
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv"}
+
+
+# --------------------------------------------------------------------------- NumPy references
+def np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
+                 scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """float64 attention of one sequence: q (n, H, D), k, v (L, KVH, D) -> out (n, H, D), lse (n, H).
+
+    Bottom-right causal: query i sees keys j <= L - n + i. A query that sees no key
+    gets 0 and lse -inf."""
+    q = np.asarray(q, np.float64)
+    k = np.asarray(k, np.float64)
+    v = np.asarray(v, np.float64)
+    n, h, d = q.shape
+    length = k.shape[0]
+    group = h // k.shape[1]
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    out = np.zeros((n, h, d))
+    lse = np.full((n, h), -np.inf)
+    for i in range(n):
+        vis = length if not causal else max(0, min(length, length - n + i + 1))
+        if vis == 0:
+            continue
+        for hh in range(h):
+            s = k[:vis, hh // group] @ q[i, hh] * scale
+            m = s.max()
+            p = np.exp(s - m)
+            out[i, hh] = p @ v[:vis, hh // group] / p.sum()
+            lse[i, hh] = m + np.log(p.sum())
+    return out, lse
+
+
+def np_ragged_attention(q: np.ndarray, qo_indptr: Any, ks: list[np.ndarray], vs: list[np.ndarray],
+                        causal: bool = False, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """Per-sequence np_attention over q rows qo_indptr[b]:qo_indptr[b+1] (total_q, H, D)."""
+    outs, lses = [], []
+    for b in range(len(ks)):
+        o, l_ = np_attention(q[int(qo_indptr[b]):int(qo_indptr[b + 1])], ks[b], vs[b], causal, scale)
+        outs.append(o)
+        lses.append(l_)
+    return np.concatenate(outs), np.concatenate(lses)
+
+
+# --------------------------------------------------------------------------- inputs
+def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv_heads: int, head_dim: int,
+               kv_layout: str = "NHD", kind: str = "f32", free_pages: int = 3) -> dict[str, Any]:
+    """A shuffled paged cache holding sequences of the given lengths.
+
+    Returns k_pages, v_pages (NaN outside the sequences), kv_indptr, kv_indices,
+    kv_last_page_len (int32), and ks, vs: each sequence's tokens (L, KVH, D) as float64
+    of the values stored (bf16-rounded for bf16)."""
+    from ...arrays import bfloat16
+
+    npages = [-(-n // page_size) for n in lens]
+    total = sum(npages) + free_pages
+    perm = rng.permutation(total).astype(np.int32)
+    shape = (total, page_size, num_kv_heads, head_dim)
+    k_pages = np.full(shape, np.nan, np.float32)
+    v_pages = np.full(shape, np.nan, np.float32)
+    indptr = np.zeros(len(lens) + 1, np.int32)
+    indices, last, ks, vs = [], [], [], []
+    at = 0
+    for b, n in enumerate(lens):
+        pages = perm[at:at + npages[b]]
+        at += npages[b]
+        indices.extend(int(p) for p in pages)
+        indptr[b + 1] = indptr[b] + npages[b]
+        last.append(n - (npages[b] - 1) * page_size if n else int(rng.integers(0, page_size + 1)))
+        k = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
+        v = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
+        if kind == "bf16":
+            k = k.astype(bfloat16()).astype(np.float32)
+            v = v.astype(bfloat16()).astype(np.float32)
+        for t in range(n):
+            k_pages[pages[t // page_size], t % page_size] = k[t]
+            v_pages[pages[t // page_size], t % page_size] = v[t]
+        ks.append(k.astype(np.float64))
+        vs.append(v.astype(np.float64))
+    if kv_layout == "HND":
+        k_pages = np.ascontiguousarray(k_pages.transpose(0, 2, 1, 3))
+        v_pages = np.ascontiguousarray(v_pages.transpose(0, 2, 1, 3))
+    if kind == "bf16":
+        k_pages, v_pages = k_pages.astype(bfloat16()), v_pages.astype(bfloat16())
+    return {"k_pages": k_pages, "v_pages": v_pages, "kv_indptr": indptr,
+            "kv_indices": np.array(indices, np.int32), "kv_last_page_len": np.array(last, np.int32),
+            "ks": ks, "vs": vs}
+
+
+def make_q(rng: np.random.Generator, shape: tuple[int, ...], kind: str = "f32") -> np.ndarray:
+    from ...arrays import bfloat16
+
+    q = rng.standard_normal(shape).astype(np.float32)
+    return q.astype(bfloat16()) if kind == "bf16" else q
+
+
+def _dtype_name(q_kind: str, kv_kind: str) -> str:
+    return "bf16" if "bf16" in (q_kind, kv_kind) else "f32"
+
+
+# --------------------------------------------------------------------------- cases
+def _decode(rng: np.random.Generator, lens: list[int], page_size: int, h: int, kvh: int, d: int, layout: str = "NHD",
+            q_kind: str = "f32", kv_kind: str = "f32", num_splits: int | None = None, note: str = "") -> Case:
+    from ... import ops
+
+    pc = make_paged(rng, lens, page_size, kvh, d, layout, kv_kind)
+    q = make_q(rng, (len(lens), h, d), q_kind)
+    suf = _SUFFIX[(q_kind, kv_kind)]
+    split = num_splits is not None and num_splits > 1
+    kernels = ("paged_attn" + suf,) + (("paged_attn_merge" + ("_bf16" if q_kind == "bf16" else ""),) if split else ())
+
+    def run(backend: str) -> dict[str, Any]:
+        plan = ops.PagedDecodePlan(len(lens), h, kvh, d, page_size, kv_layout=layout, q_dtype=q_kind,
+                                   kv_dtype=kv_kind, num_splits=num_splits or 1, like=q)
+        out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
+                                              pc["kv_last_page_len"], kv_layout=layout, return_lse=True, plan=plan,
+                                              backend=backend)
+        return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
+
+    def ref() -> dict[str, Any]:
+        out, lse = np_ragged_attention(q.astype(np.float64), np.arange(len(lens) + 1), pc["ks"], pc["vs"])
+        return {"out": out, "lse": lse}
+
+    return Case(op="paged_decode_attention", dtype=_dtype_name(q_kind, kv_kind),
+                shape=f"B{len(lens)}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-S{num_splits or 1}-{q_kind}q-{kv_kind}kv",
+                kernels=kernels, run=run, reference=ref, note=note)
+
+
+def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], page_size: int, h: int, kvh: int,
+             d: int, layout: str = "NHD", kind: str = "f32", causal: bool = True, note: str = "") -> Case:
+    from ... import ops
+
+    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kind)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    q = make_q(rng, (int(qo_indptr[-1]), h, d), kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        out, lse = ops.paged_prefill_attention(q, qo_indptr, pc["k_pages"], pc["v_pages"], pc["kv_indptr"],
+                                               pc["kv_indices"], pc["kv_last_page_len"], causal=causal,
+                                               kv_layout=layout, return_lse=True, backend=backend)
+        return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
+
+    def ref() -> dict[str, Any]:
+        out, lse = np_ragged_attention(q.astype(np.float64), qo_indptr, pc["ks"], pc["vs"], causal)
+        return {"out": out, "lse": lse}
+
+    return Case(op="paged_prefill_attention", dtype=kind,
+                shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}",
+                kernels=("paged_attn" + _SUFFIX[(kind, kind)],), run=run, reference=ref, note=note)
+
+
+def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: int, kvh: int, d: int,
+            q_kind: str = "f32", kv_kind: str = "f32", causal: bool = False, note: str = "") -> Case:
+    from ... import ops
+    from ...arrays import bfloat16
+
+    cu_q = np.concatenate([[0], np.cumsum(q_lens)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(k_lens)]).astype(np.int32)
+    q = make_q(rng, (int(cu_q[-1]), h, d), q_kind)
+    k = make_q(rng, (int(cu_k[-1]), kvh, d), kv_kind)
+    v = make_q(rng, (int(cu_k[-1]), kvh, d), kv_kind)
+    del bfloat16
+
+    def run(backend: str) -> dict[str, Any]:
+        out, lse = ops.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True, backend=backend)
+        return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
+
+    def ref() -> dict[str, Any]:
+        kf, vf = k.astype(np.float64), v.astype(np.float64)
+        ks = [kf[cu_k[b]:cu_k[b + 1]] for b in range(len(k_lens))]
+        vs = [vf[cu_k[b]:cu_k[b + 1]] for b in range(len(k_lens))]
+        out, lse = np_ragged_attention(q.astype(np.float64), cu_q, ks, vs, causal)
+        return {"out": out, "lse": lse}
+
+    return Case(op="flash_attention_varlen", dtype=_dtype_name(q_kind, kv_kind),
+                shape=f"K{k_lens}-Q{q_lens}-H{h}-KV{kvh}-D{d}-c{int(causal)}-{q_kind}q-{kv_kind}kv",
+                kernels=("dense_attn" + _SUFFIX[(q_kind, kv_kind)],), run=run, reference=ref, note=note)
+
+
+def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], page_size: int, kvh: int, d: int,
+            layout: str = "NHD", kind: str = "f32") -> Case:
+    from ... import ops
+    from ...arrays import bfloat16
+
+    final = [o + n for o, n in zip(old_lens, new_lens)]
+    pc = make_paged(rng, final, page_size, kvh, d, layout, kind)
+    app_ptr = np.concatenate([[0], np.cumsum(new_lens)])
+    bi, pos = ops.get_batch_indices_positions(app_ptr, final, int(app_ptr[-1]))
+    k_new = np.concatenate([pc["ks"][b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
+    v_new = np.concatenate([pc["vs"][b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
+    if kind == "bf16":
+        k_new, v_new = k_new.astype(bfloat16()), v_new.astype(bfloat16())
+
+    def pages_view(p: np.ndarray) -> np.ndarray:
+        return p if layout == "NHD" else p.transpose(0, 2, 1, 3)
+
+    def run(backend: str) -> dict[str, Any]:
+        kp, vp = pc["k_pages"].copy(), pc["v_pages"].copy()
+        nhd_k, nhd_v = pages_view(kp), pages_view(vp)
+        # Blank the slots the append must fill (they held the final values).
+        for b, o in enumerate(old_lens):
+            for t in range(o, final[b]):
+                pg = pc["kv_indices"][pc["kv_indptr"][b] + t // page_size]
+                nhd_k[pg, t % page_size] = 0
+                nhd_v[pg, t % page_size] = 0
+        ops.append_paged_kv_cache(k_new, v_new, bi, pos, kp, vp, pc["kv_indices"], pc["kv_indptr"],
+                                  pc["kv_last_page_len"], kv_layout=layout, backend=backend)
+        return {"k": np.nan_to_num(np.asarray(kp, np.float32), nan=7.0),
+                "v": np.nan_to_num(np.asarray(vp, np.float32), nan=7.0)}
+
+    def ref() -> dict[str, Any]:
+        return {"k": np.nan_to_num(np.asarray(pc["k_pages"], np.float64), nan=7.0),
+                "v": np.nan_to_num(np.asarray(pc["v_pages"], np.float64), nan=7.0)}
+
+    return Case(op="append_paged_kv_cache", dtype=kind,
+                shape=f"old{old_lens}-new{new_lens}-P{page_size}-KV{kvh}-D{d}-{layout}",
+                kernels=("paged_append_kv" + ("_bf16" if kind == "bf16" else ""),), run=run, reference=ref)
+
+
+@register_cases("serving")
+def cases(rng: np.random.Generator) -> Iterator[Case]:
+    # decode: page sizes 1, 16 and 5; GQA 1/2/4/8; empty sequences; NHD and HND; splits.
+    for ps, layout in ((1, "NHD"), (16, "HND"), (5, "NHD"), (5, "HND")):
+        yield _decode(rng, [7, 0, 13], ps, 4, 2, 32, layout)
+    for h, kvh in ((2, 2), (4, 2), (8, 2), (8, 1)):
+        yield _decode(rng, [9, 20], 5, h, kvh, 64)
+    yield _decode(rng, [37, 0, 5, 16], 16, 8, 2, 64, num_splits=3)
+    yield _decode(rng, [30, 11], 5, 4, 1, 80, "HND", num_splits=4)
+    for qk, kk in (("bf16", "bf16"), ("f32", "bf16")):
+        yield _decode(rng, [21, 3], 16, 4, 2, 64, q_kind=qk, kv_kind=kk)
+        yield _decode(rng, [21, 0, 40], 5, 8, 1, 96, "HND", q_kind=qk, kv_kind=kk, num_splits=2)
+    yield _decode(rng, [70], 16, 8, 1, 256, note="big")
+    # paged prefill (chunked / append) and varlen.
+    yield _prefill(rng, [9, 0, 17], [3, 0, 17], 5, 4, 2, 32)
+    yield _prefill(rng, [20, 6], [4, 6], 16, 2, 1, 64, "HND", causal=False)
+    yield _prefill(rng, [12, 7], [5, 7], 1, 4, 4, 48, kind="bf16")
+    yield _varlen(rng, [10, 0, 23], [4, 0, 23], 4, 2, 32, causal=True)
+    yield _varlen(rng, [8, 19], [8, 3], 2, 1, 64)
+    yield _varlen(rng, [15, 5], [7, 5], 4, 2, 64, "bf16", "bf16", causal=True)
+    yield _varlen(rng, [15], [6], 2, 2, 40, "f32", "bf16", causal=True)
+    # append.
+    yield _append(rng, [3, 0, 16], [1, 5, 2], 5, 2, 32)
+    yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "bf16")

@@ -1,0 +1,612 @@
+"""Serving attention (issue 13): paged KV cache with FlashInfer's conventions, KV append,
+paged decode (plan/run), paged prefill (chunked prefill / append) and flash-attn varlen prefill.
+
+Kernels in `kernels_cu/paged.cu`. Conventions (see the README's "Serving" section):
+
+- Pages: `k_pages`, `v_pages` of shape (num_pages, page_size, num_kv_heads, head_dim) for
+  kv_layout="NHD" (default) or (num_pages, num_kv_heads, page_size, head_dim) for "HND".
+- A batch's pages in CSR form: sequence b owns pages kv_indices[kv_indptr[b]:kv_indptr[b+1]];
+  its last page holds kv_last_page_len[b] tokens (1..page_size), so its length is
+  (n_pages - 1) * page_size + kv_last_page_len[b]; a sequence with no pages has length 0.
+- Indices are int32 on the device; any integer dtype is accepted and converted (NumPy
+  index arrays are validated on the host: indptr monotone, indices in range,
+  last_page_len in [1, page_size] for non-empty sequences).
+- Causal masks are aligned bottom-right: the qo_len queries of a sequence are its last
+  qo_len tokens; query i sees keys j <= kv_len - qo_len + i.
+- lse (return_lse=True) is the natural-log log-sum-exp of the scaled scores, (total_q,
+  num_heads) float32, -inf for a row that sees no key (whose output is 0).
+  FlashInfer returns base-2 lse: multiply ours by log2(e) to compare.
+
+All query heads of a GQA group run in the CTA that loads their kv head's K/V tile, so each
+K/V element is read and converted to fp32 once per kv head (and row chunk: decode with
+group * head_dim > 2048 needs more than one chunk).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..errors import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "append_paged_kv_cache",
+    "paged_decode_attention",
+    "PagedDecodePlan",
+    "paged_prefill_attention",
+    "flash_attention_varlen",
+    "get_batch_indices_positions",
+    "attn_tiling",
+]
+
+LAYOUTS = ("NHD", "HND")
+MAX_HEAD_DIM = 256
+_NT = 128  # PA_NT in paged.cu
+_MAX_ACC = 16  # PA_MAX_ACC: rows * head_dim <= 2048
+_SMEM_LIMIT = 48 * 1024  # static opt-in free on every arch
+_MAX_LEN = 2**30
+_GRID_YZ_MAX = 65535
+H100_SMS = 132
+_MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv"}
+
+
+# --------------------------------------------------------------------------- shared helpers
+def attn_tiling(head_dim: int, packed_rows: int) -> tuple[int, int, int]:
+    """(rows, tile, shared bytes) of the tile kernel for head_dim and at most `packed_rows` rows a sequence.
+
+    rows * head_dim <= 2048 (16 fp32 accumulators a thread at 128 threads); the K/V tile
+    is the largest power of two <= 64 that keeps shared memory within 48 KiB.
+    """
+    rows = max(1, min(64, (_NT * _MAX_ACC) // head_dim, max(1, packed_rows)))
+    tile = 64
+    while tile > 1 and _smem_bytes(head_dim, rows, tile) > _SMEM_LIMIT:
+        tile //= 2
+    return rows, tile, _smem_bytes(head_dim, rows, tile)
+
+
+def _smem_bytes(d: int, rows: int, tile: int) -> int:
+    return 4 * (tile * (2 * d + 1) + rows * d + rows * tile + 3 * rows)
+
+
+def _suffix(q_kind: str, kv_kind: str) -> str:
+    try:
+        return _SUFFIX[(q_kind, kv_kind)]
+    except KeyError:
+        raise ArgumentTypeError("q: a bfloat16 query needs bfloat16 K/V (expected q float32 for float32 K/V), "
+                                "got q bfloat16 with float32 K/V") from None
+
+
+def _flat(a: Any) -> Any:
+    # Kernels index flat memory; NumPy arrays and tensors go as 1-D views (the numba references index flat).
+    return a.reshape(-1) if isinstance(a, np.ndarray) or arrays.is_torch(a) else a
+
+
+def _layout(kv_layout: Any) -> int:
+    if kv_layout not in LAYOUTS:
+        raise ArgumentError(f"kv_layout: expected one of {LAYOUTS}, got {kv_layout!r}")
+    return LAYOUTS.index(kv_layout)
+
+
+def _scale(scale: Any, head_dim: int) -> float:
+    if scale is None:
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
+            float(scale)):
+        raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
+    return float(scale)
+
+
+def _host(a: Any) -> np.ndarray | None:
+    """A NumPy view of a host array (NumPy, a CPU torch tensor), else None (device memory)."""
+    if isinstance(a, np.ndarray):
+        return a
+    if arrays.is_torch(a) or hasattr(a, "__cuda_array_interface__"):
+        return arrays.host_view(a) if arrays.is_host(a) else None
+    return None
+
+
+def _index(name: str, a: Any, length: int | None) -> tuple[Any, np.ndarray | None]:
+    """(int32 array for the kernel, host copy or None) of an integer index array of shape (length,)."""
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
+    h = _host(a)
+    if h is not None:
+        if h.dtype.kind not in "iu":
+            raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {h.dtype}")
+        if h.ndim != 1 or (length is not None and h.shape[0] != length):
+            want = f"({length},)" if length is not None else "1 dimension"
+            raise ArgumentError(f"{name}: expected shape {want}, got {h.shape}")
+        if h.size and (int(h.min()) < -2**31 or int(h.max()) >= 2**31):
+            raise ArgumentError(f"{name}: expected values that fit in int32, got range [{h.min()}, {h.max()}]")
+        if h.dtype != np.int32 or not h.flags.c_contiguous:
+            h = np.ascontiguousarray(h, np.int32)
+        return h, h
+    dt = arrays.dtype_name(a)
+    shp = arrays.shape_of(a)
+    if len(shp) != 1 or (length is not None and shp[0] != length):
+        raise ArgumentError(f"{name}: expected shape ({length},), got {shp}")
+    if dt == "int32":
+        return a, None
+    if not dt.startswith(("int", "uint")):
+        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {dt}")
+    mod = type(a).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        return a.to(torch.int32), None
+    if hasattr(a, "astype"):
+        return a.astype("int32"), None
+    raise ArgumentTypeError(f"{name}: expected an int32 device array, got dtype {dt}")
+
+
+def _check_indptr(name: str, h: np.ndarray | None, limit: int, limit_name: str, exact: bool = False) -> None:
+    if h is None:
+        return
+    if h.size and int(h[0]) < 0:
+        raise ArgumentError(f"{name}: expected {name}[0] >= 0, got {int(h[0])}")
+    if h.size > 1:
+        diff = np.diff(h.astype(np.int64))
+        if (diff < 0).any():
+            i = int(np.argmax(diff < 0))
+            raise ArgumentError(f"{name}: expected a non-decreasing array, got {name}[{i}]={int(h[i])} > "
+                                f"{name}[{i + 1}]={int(h[i + 1])}")
+    last = int(h[-1]) if h.size else 0
+    if exact and (last != limit or int(h[0]) != 0):
+        raise ArgumentError(f"{name}: expected {name}[0] == 0 and {name}[-1] == {limit_name}={limit}, "
+                            f"got {int(h[0])} and {last}")
+    if last > limit:
+        raise ArgumentError(f"{name}: expected {name}[-1] <= {limit_name}={limit}, got {last}")
+
+
+class _PageTable:
+    """Validated CSR page table: int32 device arrays and, for host arrays, the sequence lengths."""
+
+    def __init__(self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, batch: int | None, num_pages: int,
+                 page_size: int) -> None:
+        self.indptr, ip = _index("kv_indptr", kv_indptr, None if batch is None else batch + 1)
+        if batch is None:
+            batch = arrays.shape_of(self.indptr)[0] - 1
+            if batch < 0:
+                raise ArgumentError("kv_indptr: expected shape (batch + 1,), got (0,)")
+        self.batch = batch
+        self.indices, ii = _index("kv_indices", kv_indices, None)
+        self.last, il = _index("kv_last_page_len", kv_last_page_len, batch)
+        nnz = arrays.shape_of(self.indices)[0]
+        _check_indptr("kv_indptr", ip, nnz, "len(kv_indices)")
+        self.lens: np.ndarray | None = None
+        if ip is not None and ii is not None and il is not None:
+            used = ii[int(ip[0]):int(ip[-1])] if ip.size else ii[:0]
+            if used.size and (int(used.min()) < 0 or int(used.max()) >= num_pages):
+                bad = int(used[(used < 0) | (used >= num_pages)][0])
+                raise ArgumentError(f"kv_indices: expected page indices in [0, {num_pages}) (num_pages of "
+                                    f"k_pages), got {bad}")
+            npages = np.diff(ip.astype(np.int64))
+            nonempty = npages > 0
+            bad = nonempty & ((il < 1) | (il > page_size))
+            if bad.any():
+                b = int(np.argmax(bad))
+                raise ArgumentError(f"kv_last_page_len: expected 1 <= kv_last_page_len[b] <= page_size={page_size} "
+                                    f"for a sequence with pages, got kv_last_page_len[{b}]={int(il[b])}")
+            self.lens = np.where(nonempty, (npages - 1) * page_size + il, 0)
+            if self.lens.size and int(self.lens.max()) > _MAX_LEN:
+                raise ArgumentError(f"kv_indptr: expected sequences of at most 2**30 tokens, got "
+                                    f"{int(self.lens.max())}")
+
+
+def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int, int, int]:
+    kind = arrays.io_kind("k_pages", k_pages)
+    arrays.same_kind("v_pages", v_pages, kind, "k_pages")
+    ks = arrays.check_ndim("k_pages", k_pages, (4,))
+    vs = arrays.check_ndim("v_pages", v_pages, (4,))
+    if vs != ks:
+        raise ArgumentError(f"v_pages: expected the shape of k_pages {ks}, got {vs}")
+    if layout == 0:
+        num_pages, page_size, kvh, d = ks
+    else:
+        num_pages, kvh, page_size, d = ks
+    if page_size < 1 or kvh < 1 or not 1 <= d <= MAX_HEAD_DIM:
+        lay = "(num_pages, page_size, num_kv_heads, head_dim)" if layout == 0 else \
+            "(num_pages, num_kv_heads, page_size, head_dim)"
+        raise ArgumentError(f"k_pages: expected {lay} with head_dim in [1, {MAX_HEAD_DIM}], got {ks}")
+    return kind, num_pages, page_size, kvh, d
+
+
+def _check_q(q: Any, kvh: int, d: int, lead_name: str) -> tuple[str, int, int]:
+    kind = arrays.io_kind("q", q)
+    n, h, qd = arrays.check_ndim("q", q, (3,))
+    if qd != d:
+        raise ArgumentError(f"q: expected head_dim {d} (from the K/V), got {qd}")
+    if h < 1 or h % kvh:
+        raise ArgumentError(f"q: expected num_heads a multiple of num_kv_heads={kvh}, got num_heads={h}")
+    return kind, n, h
+
+
+def _dummy(like: Any, dtype: str = "f32") -> Any:
+    return arrays.empty((1,), dtype, like=like)
+
+
+def _device_like(host: np.ndarray, like: Any) -> Any:
+    """Copy a small host index array next to device inputs (NumPy inputs keep it on the host)."""
+    if isinstance(like, np.ndarray):
+        return host
+    mod = type(like).__module__.split(".")[0]
+    if mod == "torch":
+        import torch
+
+        return torch.as_tensor(host, device=like.device)
+    if mod == "cupy":
+        import cupy
+
+        return cupy.asarray(host)
+    if mod == "numba":
+        from numba import cuda
+
+        return cuda.to_device(host)
+    raise ArgumentTypeError(f"cannot place an index array next to a {type(like).__name__}")
+
+
+# --------------------------------------------------------------------------- append
+@arrays.stream_scoped
+def append_paged_kv_cache(
+    k: Any,
+    v: Any,
+    batch_indices: Any,
+    positions: Any,
+    k_pages: Any,
+    v_pages: Any,
+    kv_indices: Any,
+    kv_indptr: Any,
+    kv_last_page_len: Any,
+    *,
+    kv_layout: str = "NHD",
+    stream: Any = None,
+    backend: str | None = None,
+) -> None:
+    """Write token t of k, v (nnz, num_kv_heads, head_dim) into the pages, in place (FlashInfer's append).
+
+    Token t goes to position positions[t] of sequence batch_indices[t]: slot
+    positions[t] % page_size of page kv_indices[kv_indptr[b] + positions[t] // page_size].
+    The page table must already include the appended tokens (update kv_indptr,
+    kv_indices and kv_last_page_len first): with host index arrays every position is
+    checked to be below its sequence's length. k, v have the pages' dtype.
+    """
+    layout = _layout(kv_layout)
+    kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
+    arrays.same_kind("k", k, kind, "k_pages")
+    arrays.same_kind("v", v, kind, "k_pages")
+    ks = arrays.check_ndim("k", k, (3,))
+    if ks[1:] != (kvh, d):
+        raise ArgumentError(f"k: expected shape (nnz, {kvh}, {d}) (from k_pages), got {ks}")
+    if arrays.shape_of(v) != ks:
+        raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
+    nnz = ks[0]
+    if kvh * d >= 2**31:
+        raise ArgumentError(f"k_pages: expected num_kv_heads * head_dim < 2**31, got {kvh * d}")
+    table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, None, num_pages, page_size)
+    bi, hb = _index("batch_indices", batch_indices, nnz)
+    pos, hp = _index("positions", positions, nnz)
+    if hb is not None and nnz and (int(hb.min()) < 0 or int(hb.max()) >= table.batch):
+        raise ArgumentError(f"batch_indices: expected values in [0, {table.batch}) (batch from kv_indptr), got "
+                            f"range [{int(hb.min())}, {int(hb.max())}]")
+    if hp is not None and nnz:
+        if int(hp.min()) < 0:
+            raise ArgumentError(f"positions: expected values >= 0, got {int(hp.min())}")
+        if hb is not None and table.lens is not None:
+            over = hp >= table.lens[hb]
+            if over.any():
+                t = int(np.argmax(over))
+                raise ArgumentError(
+                    f"positions: expected positions[t] < the length of sequence batch_indices[t] (from the page "
+                    f"table), got positions[{t}]={int(hp[t])} for sequence {int(hb[t])} of length "
+                    f"{int(table.lens[hb[t]])}")
+    if nnz == 0:
+        return
+    from ..launcher import launch
+
+    if not (isinstance(k_pages, np.ndarray) and k_pages.flags.c_contiguous and isinstance(v_pages, np.ndarray)
+            and v_pages.flags.c_contiguous) and (isinstance(k_pages, np.ndarray) or isinstance(v_pages, np.ndarray)):
+        raise ArgumentError("k_pages: expected C-contiguous pages (written in place)")
+    k, v = arrays.contiguous(k), arrays.contiguous(v)
+    launch("paged_append_kv" + arrays.kernel_suffix(kind), (nnz,), (_NT,), _flat(k), _flat(v), bi, pos,
+           _flat(k_pages), _flat(v_pages), table.indices, table.indptr, table.batch, kvh, d, page_size, layout,
+           stream=arrays.launch_stream(stream, k), backend=backend)
+
+
+def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> tuple[np.ndarray, np.ndarray]:
+    """(batch_indices, positions) int32 of nnz appended tokens (FlashInfer's helper, on the host).
+
+    Sequence b appends append_indptr[b+1] - append_indptr[b] tokens that become the last
+    tokens of its seq_lens[b] (the length after the append).
+    """
+    ip = np.asarray(append_indptr, np.int64)
+    sl = np.asarray(seq_lens, np.int64)
+    bi = np.zeros(nnz, np.int32)
+    pos = np.zeros(nnz, np.int32)
+    for b in range(len(ip) - 1):
+        n = int(ip[b + 1] - ip[b])
+        bi[ip[b]:ip[b + 1]] = b
+        pos[ip[b]:ip[b + 1]] = np.arange(int(sl[b]) - n, int(sl[b]))
+    return bi, pos
+
+
+# --------------------------------------------------------------------------- decode
+class PagedDecodePlan:
+    """Launch geometry and workspaces for paged decode at a fixed batch shape (FlashInfer's plan/run).
+
+    The plan fixes the grid, the number of KV splits and allocates the output, lse and
+    split partials once, next to `like` (NumPy by default). `run(...)` then launches with
+    no allocation and no host work beyond argument checks, so a decode step can be
+    captured in a CUDA graph. The returned arrays are the plan's own and are overwritten
+    by the next run.
+
+    num_splits: KV splits a sequence (default: enough CTAs for two waves of `num_sms`
+    when batch * num_kv_heads CTAs would not, capped at 32 and at max_kv_len / 64).
+    max_kv_len: the longest sequence the plan will see (bounds the split count).
+    """
+
+    def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
+                 kv_layout: str = "NHD", q_dtype: str = "f32", kv_dtype: str | None = None,
+                 max_kv_len: int | None = None, num_splits: int | None = None, return_lse: bool = False,
+                 num_sms: int = H100_SMS, like: Any = None) -> None:
+        for name, val, lo in (("batch", batch, 1), ("num_qo_heads", num_qo_heads, 1), ("num_kv_heads", num_kv_heads, 1),
+                              ("head_dim", head_dim, 1), ("page_size", page_size, 1), ("num_sms", num_sms, 1)):
+            if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) < lo:
+                raise ArgumentError(f"{name}: expected an int >= {lo}, got {val!r}")
+        if head_dim > MAX_HEAD_DIM:
+            raise ArgumentError(f"head_dim: expected <= {MAX_HEAD_DIM}, got {head_dim}")
+        if num_qo_heads % num_kv_heads:
+            raise ArgumentError(f"num_kv_heads: expected a divisor of num_qo_heads={num_qo_heads}, got {num_kv_heads}")
+        self.layout = _layout(kv_layout)
+        self.kv_layout = kv_layout
+        kinds = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16"}
+        if q_dtype not in kinds:
+            raise ArgumentError(f"q_dtype: expected 'f32' or 'bf16', got {q_dtype!r}")
+        self.q_kind = kinds[q_dtype]
+        kvd = q_dtype if kv_dtype is None else kv_dtype
+        if kvd not in kinds:
+            raise ArgumentError(f"kv_dtype: expected 'f32' or 'bf16', got {kv_dtype!r}")
+        self.kv_kind = kinds[kvd]
+        self.suffix = _suffix(self.q_kind, self.kv_kind)
+        self.batch, self.num_qo_heads, self.num_kv_heads = int(batch), int(num_qo_heads), int(num_kv_heads)
+        self.head_dim, self.page_size = int(head_dim), int(page_size)
+        if self.batch * self.num_kv_heads >= 2**31:
+            raise ArgumentError(f"batch: expected batch * num_kv_heads < 2**31, got {self.batch * self.num_kv_heads}")
+        group = num_qo_heads // num_kv_heads
+        self.rows, self.tile, self.smem = attn_tiling(self.head_dim, group)
+        self.row_chunks = -(-group // self.rows)
+        ctas = self.batch * self.num_kv_heads * self.row_chunks
+        if num_splits is None:
+            s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
+            if max_kv_len is not None:
+                s = min(s, max(1, -(-int(max_kv_len) // _MIN_SPLIT)))
+            num_splits = s
+        elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
+                not 1 <= num_splits <= _GRID_YZ_MAX:
+            raise ArgumentError(f"num_splits: expected an int in [1, {_GRID_YZ_MAX}], got {num_splits!r}")
+        self.num_splits = int(num_splits)
+        self.return_lse = bool(return_lse)
+        self.grid = (self.batch * self.num_kv_heads, self.row_chunks, self.num_splits)
+        self.block = (_NT,)
+        rows_total = self.batch * self.num_qo_heads
+        self.out = arrays.empty((self.batch, self.num_qo_heads, self.head_dim), self.q_kind, like=like)
+        self.lse = arrays.empty((self.batch, self.num_qo_heads), "f32", like=like)
+        if self.num_splits > 1:
+            self.part_o = arrays.empty((self.num_splits * rows_total * self.head_dim,), "f32", like=like)
+            self.part_lse = arrays.empty((self.num_splits * rows_total,), "f32", like=like)
+        else:
+            # Unused at one split; a buffer of its own (never the lse: backends that copy
+            # arguments back one by one would let the untouched copy win).
+            self.part_o = self.part_lse = arrays.empty((1,), "f32", like=like)
+        self._out_flat, self._lse_flat = _flat(self.out), _flat(self.lse)
+        self.dummy_idx = _device_like(np.zeros(1, np.int32), self.out)
+        self.merge_grid = (-(-rows_total // (_NT // 32)),)
+
+    def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
+        """(kernel, grid, block, shared bytes) of each launch of a step."""
+        ls = [("paged_attn" + self.suffix, self.grid, self.block, self.smem)]
+        if self.num_splits > 1:
+            ls.append(("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid,
+                       self.block, 0))
+        return ls
+
+    def run(self, q: Any, k_pages: Any, v_pages: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *,
+            scale: float | None = None, return_lse: bool | None = None, stream: Any = None,
+            backend: str | None = None) -> Any:
+        """One decode step: out (batch, num_qo_heads, head_dim), or (out, lse) with return_lse."""
+        from ..launcher import launch
+
+        kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
+        if (kind, page_size, kvh, d) != (self.kv_kind, self.page_size, self.num_kv_heads, self.head_dim):
+            raise ArgumentError(f"k_pages: expected {self.kv_kind} pages with page_size={self.page_size}, "
+                                f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim} (the plan), got "
+                                f"{kind} {arrays.shape_of(k_pages)} ({self.kv_layout})")
+        qk, n, h = _check_q(q, kvh, d, "batch")
+        if (qk, n, h) != (self.q_kind, self.batch, self.num_qo_heads):
+            raise ArgumentError(f"q: expected {self.q_kind} ({self.batch}, {self.num_qo_heads}, {d}) (the plan), "
+                                f"got {qk} {arrays.shape_of(q)}")
+        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, self.batch, num_pages, page_size)
+        sc = _scale(scale, d)
+        want_lse = self.return_lse if return_lse is None else bool(return_lse)
+        q = arrays.contiguous(q)
+        split = self.num_splits > 1
+        stream = arrays.launch_stream(stream, q)
+        launch("paged_attn" + self.suffix, self.grid, self.block, _flat(q), _flat(k_pages), _flat(v_pages),
+               self._out_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
+               table.indices, table.last, h, kvh, d, page_size, self.layout, 0, 0, self.rows, self.tile,
+               self.num_splits, self.batch, int(want_lse), sc, shared_mem=self.smem, stream=stream, backend=backend)
+        if split:
+            launch("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid, self.block,
+                   self.part_o, self.part_lse, self._out_flat, self._lse_flat, self.batch * h, d,
+                   self.num_splits, int(want_lse), stream=stream, backend=backend)
+        return (self.out, self.lse) if want_lse else self.out
+
+
+@arrays.stream_scoped
+def paged_decode_attention(
+    q: Any,
+    k_pages: Any,
+    v_pages: Any,
+    kv_indptr: Any,
+    kv_indices: Any,
+    kv_last_page_len: Any,
+    *,
+    kv_layout: str = "NHD",
+    scale: float | None = None,
+    return_lse: bool = False,
+    plan: PagedDecodePlan | None = None,
+    stream: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """Decode attention of q (batch, num_qo_heads, head_dim) over a paged KV cache.
+
+    f32 or bf16 q with K/V of q's dtype (or bf16 K/V under f32 q); fp32 math. Returns
+    out (batch, num_qo_heads, head_dim) in q's dtype, or (out, lse). A sequence with no
+    pages gets zeros (lse -inf). Without `plan` a PagedDecodePlan is made for this call
+    (splits from the longest sequence when the index arrays are on the host); pass one
+    to reuse its geometry and workspaces (no allocation per step).
+    """
+    if plan is None:
+        layout = _layout(kv_layout)
+        kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
+        qk, n, h = _check_q(q, kvh, d, "batch")
+        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, n, num_pages, page_size)
+        max_len = int(table.lens.max()) if table.lens is not None and table.lens.size else None
+        plan = PagedDecodePlan(n, h, kvh, d, page_size, kv_layout=kv_layout, q_dtype=qk, kv_dtype=kind,
+                               max_kv_len=max_len, return_lse=return_lse, like=q)
+    elif kv_layout != plan.kv_layout:
+        raise ArgumentError(f"kv_layout: expected the plan's {plan.kv_layout!r}, got {kv_layout!r}")
+    return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale,
+                    return_lse=return_lse, stream=stream, backend=backend)
+
+
+# --------------------------------------------------------------------------- prefill
+def _row_chunks(name: str, max_qo: int, group: int, rows: int) -> int:
+    chunks = max(1, -(-(max_qo * group) // rows))
+    if chunks > _GRID_YZ_MAX:
+        raise ArgumentError(f"{name}: expected at most {_GRID_YZ_MAX * rows // group} queries a sequence "
+                            f"(grid y limit), got {max_qo}")
+    return chunks
+
+
+def _prefill_out(total_q: int, h: int, d: int, kind: str, like: Any, exact: bool) -> tuple[Any, Any]:
+    # Rows outside qo_indptr are never written: zero them when the indptr could not be checked.
+    alloc = arrays.empty if exact else arrays.zeros
+    out = alloc((total_q, h, d), kind, like=like)
+    lse = arrays.empty((total_q, h), "f32", like=like) if exact else arrays.zeros((total_q, h), "f32", like=like)
+    return out, lse
+
+
+@arrays.stream_scoped
+def paged_prefill_attention(
+    q: Any,
+    qo_indptr: Any,
+    k_pages: Any,
+    v_pages: Any,
+    kv_indptr: Any,
+    kv_indices: Any,
+    kv_last_page_len: Any,
+    *,
+    causal: bool = True,
+    kv_layout: str = "NHD",
+    scale: float | None = None,
+    return_lse: bool = False,
+    stream: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """Chunked prefill / append attention over a paged KV cache (FlashInfer's batch prefill).
+
+    q (total_q, num_qo_heads, head_dim); the queries of sequence b are rows
+    qo_indptr[b]:qo_indptr[b+1] and are its last qo_len KV tokens (append the new
+    tokens' K/V first). causal=True masks bottom-right: query i of a sequence sees
+    keys j <= kv_len - qo_len + i (a query that sees no key gets zeros, lse -inf).
+    Returns out (total_q, num_qo_heads, head_dim) in q's dtype, or (out, lse).
+    """
+    from ..launcher import launch
+
+    layout = _layout(kv_layout)
+    kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
+    qk, total_q, h = _check_q(q, kvh, d, "total_q")
+    suf = _suffix(qk, kind)
+    qo, qh = _index("qo_indptr", qo_indptr, None)
+    batch = arrays.shape_of(qo)[0] - 1
+    if batch < 1:
+        raise ArgumentError(f"qo_indptr: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(qo)}")
+    _check_indptr("qo_indptr", qh, total_q, "total_q", exact=True)
+    table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size)
+    sc = _scale(scale, d)
+    group = h // kvh
+    max_qo = int(np.diff(qh.astype(np.int64)).max()) if qh is not None else total_q
+    rows, tile, smem = attn_tiling(d, max_qo * group)
+    chunks = _row_chunks("qo_indptr", max_qo, group, rows)
+    if batch * kvh >= 2**31:
+        raise ArgumentError(f"qo_indptr: expected batch * num_kv_heads < 2**31, got {batch * kvh}")
+    q = arrays.contiguous(q)
+    out, lse = _prefill_out(total_q, h, d, qk, q, qh is not None)
+    if total_q:
+        launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k_pages), _flat(v_pages),
+               _flat(out), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
+               page_size, layout, 1, int(bool(causal)), rows, tile, 1, total_q, 1, sc, shared_mem=smem,
+               stream=arrays.launch_stream(stream, q), backend=backend)
+    return (out, lse) if return_lse else out
+
+
+@arrays.stream_scoped
+def flash_attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    return_lse: bool = False,
+    stream: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """flash-attn's varlen attention: sequences packed without padding.
+
+    q (total_q, num_heads, head_dim), k, v (total_k, num_kv_heads, head_dim); sequence b
+    is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against k/v rows
+    cu_seqlens_k[b]:cu_seqlens_k[b+1]. causal=True aligns the mask bottom-right per
+    sequence. Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
+    with lse (total_q, num_heads) natural-log float32.
+    """
+    from ..launcher import launch
+
+    kind = arrays.io_kind("k", k)
+    arrays.same_kind("v", v, kind, "k")
+    ks = arrays.check_ndim("k", k, (3,))
+    if arrays.shape_of(v) != ks:
+        raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
+    total_k, kvh, d = ks
+    if kvh < 1 or not 1 <= d <= MAX_HEAD_DIM:
+        raise ArgumentError(f"k: expected (total_k, num_kv_heads, head_dim) with head_dim <= {MAX_HEAD_DIM}, got {ks}")
+    qk, total_q, h = _check_q(q, kvh, d, "total_q")
+    suf = _suffix(qk, kind)
+    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
+    batch = arrays.shape_of(cq)[0] - 1
+    if batch < 1:
+        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
+    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1)
+    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
+    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
+    if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
+        raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
+    sc = _scale(scale, d)
+    group = h // kvh
+    max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
+    rows, tile, smem = attn_tiling(d, max_qo * group)
+    chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
+    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
+    out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
+    if total_q:
+        lens = _device_like(np.zeros(1, np.uint32), q)
+        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
+               _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
+               int(bool(causal)), rows, tile, 1, 0, total_q, 1, sc, shared_mem=smem,
+               stream=arrays.launch_stream(stream, q), backend=backend)
+    return (out, lse) if return_lse else out

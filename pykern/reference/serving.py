@@ -1,0 +1,254 @@
+"""numba.cuda references for kernels_cu/paged.cu: one thread per output row (or appended token).
+
+Arrays arrive flat; bf16 arrays arrive widened to float32 (the numba backend narrows
+outputs back). Attention is two passes over the visible keys (max, then exp-sum and
+weighted V) in natural exp; split partials store lse in the log2 domain, as the kernel
+does, over the same per-split ranges (ceil(len / splits) rounded up to the tile).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import reference
+
+_MAX_HEAD_DIM = 256
+_NEG_INF = float("-inf")
+_LOG2E = 1.4426950408889634
+
+
+def _helpers(cuda: Any) -> Any:
+    import math
+
+    @cuda.jit(device=True)
+    def find_row(qo_indptr, q_mode, row, batch):
+        # (sequence b, query index qi, qo_len) of global query row `row`; b = -1 when no sequence has it.
+        if q_mode == 0:
+            return row, 0, 1
+        for b in range(batch):
+            if qo_indptr[b] <= row < qo_indptr[b + 1]:
+                return b, row - qo_indptr[b], qo_indptr[b + 1] - qo_indptr[b]
+        return -1, 0, 0
+
+    @cuda.jit(device=True)
+    def split_range(length, num_splits, tile, split):
+        if num_splits <= 1:
+            return 0, length
+        per = (length + num_splits - 1) // num_splits
+        per = (per + tile - 1) // tile * tile
+        begin = min(per * split, length)
+        return begin, min(begin + per, length)
+
+    @cuda.jit(device=True)
+    def finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse):
+        if num_splits > 1:
+            slot = split * rows_total + orow
+            for d in range(head_dim):
+                part_o[slot * head_dim + d] = acc[d] / l if l > 0.0 else 0.0
+            part_lse[slot] = (m + math.log(l)) * _LOG2E if l > 0.0 else _NEG_INF
+        else:
+            for d in range(head_dim):
+                out[orow * head_dim + d] = acc[d] / l if l > 0.0 else 0.0
+            if write_lse != 0:
+                lse[orow] = m + math.log(l) if l > 0.0 else _NEG_INF
+
+    return find_row, split_range, finish
+
+
+@reference("paged_attn", "paged_attn_bf16", "paged_attn_bf16kv")
+def _paged_attn(cuda: Any) -> Any:
+    import math
+
+    import numba
+
+    find_row, split_range, finish = _helpers(cuda)
+
+    @cuda.jit
+    def k(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
+          num_qo_heads, num_kv_heads, head_dim, page_size, kv_layout, q_mode, causal, rows, tile, num_splits, total_q,
+          write_lse, scale):
+        i = cuda.grid(1)
+        rows_total = total_q * num_qo_heads
+        if i >= num_splits * rows_total:
+            return
+        split = i // rows_total
+        orow = i % rows_total
+        row = orow // num_qo_heads
+        h = orow % num_qo_heads
+        batch = kv_indptr.shape[0] - 1
+        b, qi, qo_len = find_row(qo_indptr, q_mode, row, batch)
+        if b < 0:
+            return
+        kvh = h // (num_qo_heads // num_kv_heads)
+        np_ = kv_indptr[b + 1] - kv_indptr[b]
+        last = min(max(kv_last_page_len[b], 0), page_size)
+        length = (np_ - 1) * page_size + last if np_ > 0 else 0
+        begin, end = split_range(length, num_splits, tile, split)
+        if causal != 0:
+            end = max(begin, min(end, length - qo_len + qi + 1))
+        if kv_layout == 0:
+            s_tok = num_kv_heads * head_dim
+            s_head = head_dim
+        else:
+            s_tok = head_dim
+            s_head = page_size * head_dim
+        s_page = page_size * num_kv_heads * head_dim
+        acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
+        for d in range(head_dim):
+            acc[d] = 0.0
+        qo = orow * head_dim
+        m = _NEG_INF
+        for pos in range(begin, end):
+            base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * k_pages[base + d]
+            m = max(m, s * scale)
+        l = 0.0
+        for pos in range(begin, end):
+            base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * k_pages[base + d]
+            p = math.exp(s * scale - m)
+            l += p
+            for d in range(head_dim):
+                acc[d] += p * v_pages[base + d]
+        finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse)
+
+    def config(args: Any) -> Any:
+        n = args[20] * args[21] * args[11]
+        return ((n + 63) // 64,), (64,)
+
+    return k, config
+
+
+@reference("dense_attn", "dense_attn_bf16", "dense_attn_bf16kv")
+def _dense_attn(cuda: Any) -> Any:
+    import math
+
+    import numba
+
+    find_row, split_range, finish = _helpers(cuda)
+
+    @cuda.jit
+    def k(q, kk, vv, out, lse, part_o, part_lse, cu_seqlens_q, cu_seqlens_k, seq_lens, num_qo_heads, num_kv_heads,
+          head_dim, s_b, s_tok, s_head, max_len, q_mode, k_mode, causal, rows, tile, num_splits, chunk, total_q,
+          write_lse, scale):
+        i = cuda.grid(1)
+        rows_total = total_q * num_qo_heads
+        if i >= num_splits * rows_total:
+            return
+        split = i // rows_total
+        orow = i % rows_total
+        row = orow // num_qo_heads
+        h = orow % num_qo_heads
+        batch = cu_seqlens_k.shape[0] - 1 if k_mode == 0 else seq_lens.shape[0]
+        b, qi, qo_len = find_row(cu_seqlens_q, q_mode, row, batch)
+        if b < 0:
+            return
+        kvh = h // (num_qo_heads // num_kv_heads)
+        if k_mode == 0:
+            length = max(cu_seqlens_k[b + 1] - cu_seqlens_k[b], 0)
+            base0 = cu_seqlens_k[b] * s_tok + kvh * s_head
+        else:
+            length = min(seq_lens[b], max_len)
+            base0 = b * s_b + kvh * s_head
+        if chunk > 0:
+            begin = min(chunk * split, length)
+            end = min(begin + chunk, length)
+        else:
+            begin, end = split_range(length, num_splits, tile, split)
+        if causal != 0:
+            end = max(begin, min(end, length - qo_len + qi + 1))
+        acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
+        for d in range(head_dim):
+            acc[d] = 0.0
+        qo = orow * head_dim
+        m = _NEG_INF
+        for pos in range(begin, end):
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * kk[base0 + pos * s_tok + d]
+            m = max(m, s * scale)
+        l = 0.0
+        for pos in range(begin, end):
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * kk[base0 + pos * s_tok + d]
+            p = math.exp(s * scale - m)
+            l += p
+            for d in range(head_dim):
+                acc[d] += p * vv[base0 + pos * s_tok + d]
+        finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse)
+
+    def config(args: Any) -> Any:
+        n = args[22] * args[24] * args[10]
+        return ((n + 63) // 64,), (64,)
+
+    return k, config
+
+
+@reference("paged_attn_merge", "paged_attn_merge_bf16")
+def _paged_attn_merge(cuda: Any) -> Any:
+    import math
+
+    @cuda.jit
+    def k(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse):
+        row = cuda.grid(1)
+        if row >= total_rows:
+            return
+        m = _NEG_INF
+        for s in range(num_splits):
+            m = max(m, part_lse[s * total_rows + row])
+        w = 0.0
+        for s in range(num_splits):
+            if part_lse[s * total_rows + row] > _NEG_INF:
+                w += 2.0 ** (part_lse[s * total_rows + row] - m)
+        for d in range(head_dim):
+            o = 0.0
+            for s in range(num_splits):
+                ls = part_lse[s * total_rows + row]
+                if ls > _NEG_INF:
+                    o += 2.0 ** (ls - m) * part_o[(s * total_rows + row) * head_dim + d]
+            out[row * head_dim + d] = o / w if w > 0.0 else 0.0
+        if write_lse != 0:
+            lse[row] = (m + math.log2(w)) / _LOG2E if w > 0.0 else _NEG_INF
+
+    def config(args: Any) -> Any:
+        n = args[4]
+        return ((n + 63) // 64,), (64,)
+
+    return k, config
+
+
+@reference("paged_append_kv", "paged_append_kv_bf16")
+def _paged_append_kv(cuda: Any) -> Any:
+    @cuda.jit
+    def k(kk, vv, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch, num_kv_heads, head_dim,
+          page_size, kv_layout):
+        t = cuda.grid(1)
+        if t >= batch_indices.shape[0]:
+            return
+        b = batch_indices[t]
+        pos = positions[t]
+        if b < 0 or b >= batch or pos < 0:
+            return
+        slot = kv_indptr[b] + pos // page_size
+        if slot >= kv_indptr[b + 1]:
+            return
+        page = kv_indices[slot]
+        n = num_kv_heads * head_dim
+        for h in range(num_kv_heads):
+            for d in range(head_dim):
+                if kv_layout == 0:
+                    dst = (page * page_size + pos % page_size) * n + h * head_dim + d
+                else:
+                    dst = ((page * num_kv_heads + h) * page_size + pos % page_size) * head_dim + d
+                k_pages[dst] = kk[t * n + h * head_dim + d]
+                v_pages[dst] = vv[t * n + h * head_dim + d]
+
+    def config(args: Any) -> Any:
+        n = args[2].shape[0]
+        return ((n + 63) // 64,), (64,)
+
+    return k, config
