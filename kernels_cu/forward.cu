@@ -36,7 +36,7 @@ template <> struct FwdVec<unsigned short> {
         unsigned int w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            w[i] = (unsigned int)pk_float_to_bf16(f[2 * i]) | ((unsigned int)pk_float_to_bf16(f[2 * i + 1]) << 16);
+            w[i] = pk_float2_to_bf16x2(f[2 * i], f[2 * i + 1]);
         uint4 u;
         u.x = w[0]; u.y = w[1]; u.z = w[2]; u.w = w[3];
         *reinterpret_cast<uint4*>(p) = u;
@@ -61,8 +61,8 @@ template <> struct FwdVec4<unsigned short> {
     }
     static __device__ __forceinline__ void store(unsigned short* p, float4 v) {
         uint2 u;
-        u.x = (unsigned int)pk_float_to_bf16(v.x) | ((unsigned int)pk_float_to_bf16(v.y) << 16);
-        u.y = (unsigned int)pk_float_to_bf16(v.z) | ((unsigned int)pk_float_to_bf16(v.w) << 16);
+        u.x = pk_float2_to_bf16x2(v.x, v.y);
+        u.y = pk_float2_to_bf16x2(v.z, v.w);
         *reinterpret_cast<uint2*>(p) = u;
     }
 };

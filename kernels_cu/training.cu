@@ -35,10 +35,11 @@ template <> struct PkVec4<unsigned short> {
     }
     static __device__ __forceinline__ void store(unsigned short* p, long long i, float4 v) {
         PkBf16x4 u;
-        u.a = pk_float_to_bf16(v.x);
-        u.b = pk_float_to_bf16(v.y);
-        u.c = pk_float_to_bf16(v.z);
-        u.d = pk_float_to_bf16(v.w);
+        const unsigned int lo = pk_float2_to_bf16x2(v.x, v.y), hi = pk_float2_to_bf16x2(v.z, v.w);
+        u.a = (unsigned short)(lo & 0xffffu);
+        u.b = (unsigned short)(lo >> 16);
+        u.c = (unsigned short)(hi & 0xffffu);
+        u.d = (unsigned short)(hi >> 16);
         *reinterpret_cast<PkBf16x4*>(p + i) = u;
     }
 };
