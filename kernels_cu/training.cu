@@ -51,31 +51,98 @@ __device__ __forceinline__ bool pk_vec_aligned(const T* p) {
 }
 
 // ---------------------------------------------------------------------------
-// transpose_2d: out[z][c][r] = in[z][r][c] through a padded 32-wide shared tile
-// (W = 33 floats or 34 bf16 words per row, so the column-wise reads hit 32
-// different banks). Block is (32, 8); grid x walks column tiles, y and z loop
-// so rows/batches may exceed the 65535 grid limit.
-template <typename T, int W>
+// transpose_2d: out[z][c][r] = in[z][r][c] through a padded 64 x 64 shared tile.
+// Block is 256 threads (the op launches (32, 8)); grid x walks 64-column tiles,
+// y and z loop so rows/batches may exceed the 65535 grid limit.
+// When rows and cols are multiples of V = 16 / sizeof(T) elements and both bases
+// are 16-byte aligned, global memory moves in 16-byte vectors on both sides: a
+// tile is 64 x (64 / V) vectors, i.e. 4 (f32) or 2 (bf16) independent 16-byte
+// loads per thread, all issued before the first shared store. Otherwise the same
+// tile moves element by element (coalesced 4- / 2-byte accesses).
+// Row pitch P = 64 + 1 (f32) / 64 + 2 (bf16): an odd number of 32-bit words, so
+// a warp gathering a column from consecutive rows spreads over the banks.
+#define TR_TILE 64
+template <typename T> struct TrVec;
+template <> struct TrVec<float> {
+    typedef float4 V;
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void unpack(const V& v, float* e) { e[0] = v.x; e[1] = v.y; e[2] = v.z; e[3] = v.w; }
+    static __device__ __forceinline__ V pack(const float* e) { V v; v.x = e[0]; v.y = e[1]; v.z = e[2]; v.w = e[3]; return v; }
+};
+template <> struct TrVec<unsigned short> {
+    typedef uint4 V;
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void unpack(const V& v, unsigned short* e) {
+        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) e[2 * i] = (unsigned short)(w[i] & 0xffffu), e[2 * i + 1] = (unsigned short)(w[i] >> 16);
+    }
+    static __device__ __forceinline__ V pack(const unsigned short* e) {
+        V v;
+        v.x = (unsigned int)e[0] | ((unsigned int)e[1] << 16);
+        v.y = (unsigned int)e[2] | ((unsigned int)e[3] << 16);
+        v.z = (unsigned int)e[4] | ((unsigned int)e[5] << 16);
+        v.w = (unsigned int)e[6] | ((unsigned int)e[7] << 16);
+        return v;
+    }
+};
+
+template <typename T, int P>
 __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __restrict__ out,
                                                unsigned int rows, unsigned int cols,
-                                               unsigned int batch, T (*tile)[W]) {
+                                               unsigned int batch, T (*tile)[P]) {
+    typedef typename TrVec<T>::V V;
+    constexpr int N = TrVec<T>::N;             // elements per 16-byte vector
+    constexpr int VPR = TR_TILE / N;           // vectors per tile row
+    constexpr int PER = TR_TILE * VPR / 256;   // vectors per thread per tile (4 f32, 2 bf16)
     const long long plane = (long long)rows * cols;
-    const unsigned int row_tiles = (rows + 31u) / 32u;
-    const unsigned int c0 = blockIdx.x * 32u;
-    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
+    const unsigned int row_tiles = (rows + TR_TILE - 1u) / TR_TILE;
+    const unsigned int c0 = blockIdx.x * TR_TILE;
+    const unsigned int t = threadIdx.y * blockDim.x + threadIdx.x;
+    const bool vec = rows % N == 0u && cols % N == 0u &&
+                     ((((unsigned long long)in) | ((unsigned long long)out)) & 15ull) == 0ull;
     for (unsigned int z = blockIdx.z; z < batch; z += gridDim.z) {
         const T* src = in + (long long)z * plane;
         T* dst = out + (long long)z * plane;
         for (unsigned int rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-            const unsigned int r0 = rt * 32u;
-            for (unsigned int k = ty; k < 32u; k += blockDim.y) {
-                const unsigned int r = r0 + k, c = c0 + tx;
-                if (r < rows && c < cols) tile[k][tx] = src[(long long)r * cols + c];
-            }
-            __syncthreads();
-            for (unsigned int k = ty; k < 32u; k += blockDim.y) {
-                const unsigned int c = c0 + k, r = r0 + tx;
-                if (r < rows && c < cols) dst[(long long)c * rows + r] = tile[tx][k];
+            const unsigned int r0 = rt * TR_TILE;
+            if (vec) {
+                V v[PER];
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {  // all loads first: PER 16-byte loads in flight
+                    const unsigned int i = t + 256u * k, r = r0 + i / VPR, c = c0 + (i % VPR) * N;
+                    if (r < rows && c < cols) v[k] = *reinterpret_cast<const V*>(src + (long long)r * cols + c);
+                }
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {
+                    const unsigned int i = t + 256u * k;
+                    T e[N];
+                    TrVec<T>::unpack(v[k], e);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) tile[i / VPR][(i % VPR) * N + j] = e[j];
+                }
+                __syncthreads();
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {  // output row c (a tile column), N consecutive r
+                    const unsigned int i = t + 256u * k, cc = i / VPR, rr = (i % VPR) * N;
+                    const unsigned int c = c0 + cc, r = r0 + rr;
+                    if (r < rows && c < cols) {
+                        T e[N];
+#pragma unroll
+                        for (int j = 0; j < N; ++j) e[j] = tile[rr + j][cc];
+                        *reinterpret_cast<V*>(dst + (long long)c * rows + r) = TrVec<T>::pack(e);
+                    }
+                }
+            } else {
+                for (unsigned int i = t; i < TR_TILE * TR_TILE; i += 256u) {
+                    const unsigned int r = r0 + i / TR_TILE, c = c0 + i % TR_TILE;
+                    if (r < rows && c < cols) tile[i / TR_TILE][i % TR_TILE] = src[(long long)r * cols + c];
+                }
+                __syncthreads();
+                for (unsigned int i = t; i < TR_TILE * TR_TILE; i += 256u) {
+                    const unsigned int c = c0 + i / TR_TILE, r = r0 + i % TR_TILE;
+                    if (r < rows && c < cols) dst[(long long)c * rows + r] = tile[i % TR_TILE][i / TR_TILE];
+                }
             }
             // The next tile overwrites `tile`; every thread must be done reading it.
             __syncthreads();
@@ -86,15 +153,15 @@ __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __re
 extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d(
     const float* __restrict__ input, float* __restrict__ output,
     unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ float tile[32][33];
-    transpose_body<float, 33>(input, output, rows, cols, batch, tile);
+    __shared__ float tile[TR_TILE][TR_TILE + 1];
+    transpose_body<float, TR_TILE + 1>(input, output, rows, cols, batch, tile);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d_bf16(
     const unsigned short* __restrict__ input, unsigned short* __restrict__ output,
     unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ unsigned short tile[32][34];
-    transpose_body<unsigned short, 34>(input, output, rows, cols, batch, tile);
+    __shared__ unsigned short tile[TR_TILE][TR_TILE + 2];
+    transpose_body<unsigned short, TR_TILE + 2>(input, output, rows, cols, batch, tile);
 }
 
 // ---------------------------------------------------------------------------

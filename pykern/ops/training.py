@@ -111,18 +111,19 @@ def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> A
     x = arrays.contiguous(x)
     rows, cols = shape[-2], shape[-1]
     batch = _size(shape[:-2])
-    # tile origins + 31 must not wrap the kernel's 32-bit row/column indices
+    # tile origins + 63 must not wrap the kernel's 32-bit row/column indices
     for name, n in (("x.shape[-2] (rows)", rows), ("x.shape[-1] (cols)", cols)):
-        if n > _UINT_MAX - 32:
-            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 32}, got {n}")
+        if n > _UINT_MAX - 64:
+            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 64}, got {n}")
     _check_u32("x batch size", batch)
     out = arrays.empty(shape[:-2] + (cols, rows), kind, like=x)
     if rows * cols * batch == 0:
         return out
-    col_tiles = -(-cols // 32)
+    # 64 x 64 tiles (the kernel moves them in 16-byte vectors when rows, cols and bases allow)
+    col_tiles = -(-cols // 64)
     if col_tiles > _GRID_X_MAX:
-        raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 32}, got {cols}")
-    grid = (col_tiles, min(-(-rows // 32), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
+        raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 64}, got {cols}")
+    grid = (col_tiles, min(-(-rows // 64), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
     _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch,
             stream=arrays.launch_stream(stream, x), backend=backend)
     return out

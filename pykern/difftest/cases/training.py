@@ -173,10 +173,16 @@ def _np(a: Any) -> np.ndarray:
 
 
 def _transpose_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in (("f32", (1, 1)), ("f32", (7, 33)), ("f32", (33, 65)), ("f32", (2, 3, 40, 17)),
-                        ("bf16", (7, 33)), ("bf16", (64, 32))):
+    # 16-byte path: rows and cols multiples of 4 (f32) / 8 (bf16) on aligned bases, partial 64-tiles included;
+    # element path: odd sizes, sizes not multiples of the vector width, a misaligned base
+    for kind, shape, mis in (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (33, 65), 0), ("f32", (2, 3, 40, 17), 0),
+                             ("bf16", (7, 33), 0), ("bf16", (64, 32), 0), ("f32", (68, 132), 0), ("f32", (2, 8, 200), 0),
+                             ("f32", (12, 6), 0), ("f32", (36, 20), 1), ("bf16", (72, 136), 0), ("bf16", (2, 16, 24), 0),
+                             ("bf16", (12, 20), 0), ("bf16", (40, 24), 1)):
         x = _cast(rng.standard_normal(shape), kind)
-        yield Case(op="transpose_2d", dtype=kind, shape="x".join(map(str, shape)),
+        if mis:  # same values, base one element past a 16-byte boundary
+            x = np.concatenate([x.ravel()[:1], x.ravel()])[1:].reshape(shape)
+        yield Case(op="transpose_2d", dtype=kind, shape="x".join(map(str, shape)) + ("-misaligned" if mis else ""),
                    kernels=("transpose_2d" + ("_bf16" if kind == "bf16" else ""),),
                    run=lambda be, x=x: {"out": _np(_ops().transpose_2d(x, backend=be))},
                    reference=lambda x=x: {"out": np_transpose_2d(x)})
