@@ -44,6 +44,44 @@ template <> struct PkVec4<unsigned short> {
     }
 };
 
+// 16-byte vectors widened to fp32: 4 floats or 8 bf16 (one LDG.128 / STG.128 each).
+template <typename T> struct PkVec16;
+template <> struct PkVec16<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void load(const float* p, long long i, float* f) {
+        const float4 v = *reinterpret_cast<const float4*>(p + i);
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+    }
+    static __device__ __forceinline__ void store(float* p, long long i, const float* f) {
+        float4 v;
+        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
+        *reinterpret_cast<float4*>(p + i) = v;
+    }
+};
+template <> struct PkVec16<unsigned short> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void load(const unsigned short* p, long long i, float* f) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p + i);
+        const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // little endian: the low half is the earlier element
+            f[2 * k] = __int_as_float((int)(w[k] << 16));
+            f[2 * k + 1] = __int_as_float((int)(w[k] & 0xffff0000u));
+        }
+    }
+    static __device__ __forceinline__ void store(unsigned short* p, long long i, const float* f) {
+        uint4 u;
+        u.x = pk_float2_to_bf16x2(f[0], f[1]);
+        u.y = pk_float2_to_bf16x2(f[2], f[3]);
+        u.z = pk_float2_to_bf16x2(f[4], f[5]);
+        u.w = pk_float2_to_bf16x2(f[6], f[7]);
+        *reinterpret_cast<uint4*>(p + i) = u;
+    }
+};
+
+// True when 16-byte vectors starting at p are aligned.
+__device__ __forceinline__ bool pk_aligned16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
+
 // True when 4-element vectors starting at p are naturally aligned.
 template <typename T>
 __device__ __forceinline__ bool pk_vec_aligned(const T* p) {
@@ -171,33 +209,37 @@ __device__ __forceinline__ void softmax_backward_body(const T* __restrict__ prob
                                                       const T* __restrict__ grad_out,
                                                       T* __restrict__ grad_in, long long n_rows,
                                                       unsigned int row_len, float* scratch) {
-    const bool vec = (row_len % 4u == 0u) && pk_vec_aligned(probs) && pk_vec_aligned(grad_out) &&
-                     pk_vec_aligned(grad_in);
+    // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width,
+    // two iterations unrolled: 4 independent 16-byte loads in flight per thread.
+    constexpr int N = PkVec16<T>::N;
+    const bool vec = (row_len % (unsigned int)N == 0u) && pk_aligned16(probs) && pk_aligned16(grad_out) &&
+                     pk_aligned16(grad_in);
     const long long n = row_len;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float dot = 0.0f;
         if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 p = PkVec4<T>::load(probs, base + i);
-                const float4 g = PkVec4<T>::load(grad_out, base + i);
-                dot += p.x * g.x + p.y * g.y + p.z * g.z + p.w * g.w;
+#pragma unroll 2
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float p[N], g[N];
+                PkVec16<T>::load(probs, base + i, p);
+                PkVec16<T>::load(grad_out, base + i, g);
+#pragma unroll
+                for (int k = 0; k < N; ++k) dot = fmaf(p[k], g[k], dot);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x)
                 dot += PkIO<T>::load(probs, base + i) * PkIO<T>::load(grad_out, base + i);
         }
         dot = pk_block_sum(dot, scratch);
-        if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 p = PkVec4<T>::load(probs, base + i);
-                const float4 g = PkVec4<T>::load(grad_out, base + i);
-                float4 r;
-                r.x = p.x * (g.x - dot);
-                r.y = p.y * (g.y - dot);
-                r.z = p.z * (g.z - dot);
-                r.w = p.w * (g.w - dot);
-                PkVec4<T>::store(grad_in, base + i, r);
+        if (vec) {  // (not unrolled: LLVM split the unrolled copy's 16-byte store into 4)
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float p[N], g[N];
+                PkVec16<T>::load(probs, base + i, p);
+                PkVec16<T>::load(grad_out, base + i, g);
+#pragma unroll
+                for (int k = 0; k < N; ++k) p[k] = p[k] * (g[k] - dot);
+                PkVec16<T>::store(grad_in, base + i, p);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -232,19 +274,25 @@ template <typename T>
 __device__ __forceinline__ void rms_norm_backward_body(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
     float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps, float* scratch) {
-    const bool vec = (dim % 4u == 0u) && pk_vec_aligned(x) && pk_vec_aligned(w) &&
-                     pk_vec_aligned(g) && pk_vec_aligned(gx);
+    // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width.
+    constexpr int N = PkVec16<T>::N;
+    const bool vec = (dim % (unsigned int)N == 0u) && pk_aligned16(x) && pk_aligned16(w) && pk_aligned16(g) &&
+                     pk_aligned16(gx);
     const long long n = dim;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, xwg = 0.0f;
         if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 a = PkVec4<T>::load(x, base + i);
-                const float4 b = PkVec4<T>::load(w, i);
-                const float4 c = PkVec4<T>::load(g, base + i);
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-                xwg += a.x * b.x * c.x + a.y * b.y * c.y + a.z * b.z * c.z + a.w * b.w * c.w;
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float a[N], b[N], c[N];
+                PkVec16<T>::load(x, base + i, a);
+                PkVec16<T>::load(w, i, b);
+                PkVec16<T>::load(g, base + i, c);
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    ss = fmaf(a[k], a[k], ss);
+                    xwg = fmaf(a[k] * b[k], c[k], xwg);
+                }
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -259,16 +307,14 @@ __device__ __forceinline__ void rms_norm_backward_body(
         const float coef = r * r * r * xwg / (float)dim;
         if (threadIdx.x == 0) inv_rms[row] = r;
         if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 a = PkVec4<T>::load(x, base + i);
-                const float4 b = PkVec4<T>::load(w, i);
-                const float4 c = PkVec4<T>::load(g, base + i);
-                float4 o;
-                o.x = r * b.x * c.x - a.x * coef;
-                o.y = r * b.y * c.y - a.y * coef;
-                o.z = r * b.z * c.z - a.z * coef;
-                o.w = r * b.w * c.w - a.w * coef;
-                PkVec4<T>::store(gx, base + i, o);
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float a[N], b[N], c[N];
+                PkVec16<T>::load(x, base + i, a);
+                PkVec16<T>::load(w, i, b);
+                PkVec16<T>::load(g, base + i, c);
+#pragma unroll
+                for (int k = 0; k < N; ++k) a[k] = r * b[k] * c[k] - a[k] * coef;
+                PkVec16<T>::store(gx, base + i, a);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {

@@ -189,13 +189,19 @@ def _transpose_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 
 def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in (("f32", (1, 1)), ("f32", (7, 33)), ("f32", (5, 128)), ("f32", (2, 3, 1000)),
-                        ("bf16", (7, 33)), ("bf16", (4, 256))):
+    # 16-byte path (rows of a multiple of 4 f32 / 8 bf16, aligned) and its edges: 12 bf16 (not a multiple
+    # of 8), 40 bf16 (5 vectors: the 2-way unroll's odd tail), a misaligned base
+    for kind, shape, mis in (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (5, 128), 0), ("f32", (2, 3, 1000), 0),
+                             ("bf16", (7, 33), 0), ("bf16", (4, 256), 0), ("bf16", (3, 12), 0), ("bf16", (3, 40), 0),
+                             ("f32", (3, 36), 1), ("bf16", (3, 48), 1)):
         z = rng.standard_normal(shape)
         p = np.exp(z - z.max(axis=-1, keepdims=True))
         p = _cast(p / p.sum(axis=-1, keepdims=True), kind)
         g = _cast(rng.standard_normal(shape), kind)
-        yield Case(op="softmax_backward", dtype=kind, shape="x".join(map(str, shape)),
+        if mis:  # same values, bases one element past a 16-byte boundary
+            p = np.concatenate([p.ravel()[:1], p.ravel()])[1:].reshape(shape)
+            g = np.concatenate([g.ravel()[:1], g.ravel()])[1:].reshape(shape)
+        yield Case(op="softmax_backward", dtype=kind, shape="x".join(map(str, shape)) + ("-misaligned" if mis else ""),
                    kernels=("softmax_backward" + ("_bf16" if kind == "bf16" else ""),),
                    run=lambda be, p=p, g=g: {"grad_in": _np(_ops().softmax_backward(p, g, backend=be))},
                    reference=lambda p=p, g=g: {"grad_in": np_softmax_backward(p, g)})
@@ -204,7 +210,8 @@ def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
 def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
     shapes = [("f32", (rows, dim), "") for dim in (1, 8, 769, 5125) for rows in (1, 7)]
     shapes += [("f32", (83, 1), ""), ("f32", (83, 8), ""), ("f32", (83, 769), ""), ("f32", (83, 5125), "big"),
-               ("f32", (2, 300, 64), ""), ("bf16", (7, 769), ""), ("bf16", (83, 8), ""), ("bf16", (5, 1024), "")]
+               ("f32", (2, 300, 64), ""), ("bf16", (7, 769), ""), ("bf16", (83, 8), ""), ("bf16", (5, 1024), ""),
+               ("bf16", (3, 12), ""), ("bf16", (4, 8200), "")]  # bf16 16-byte path edges: 12 % 8 != 0; > 1 vector/thread
     for kind, shape, note in shapes:
         x = _cast(rng.standard_normal(shape), kind)
         w = _cast(1.0 + 0.5 * rng.standard_normal(shape[-1]), kind)
