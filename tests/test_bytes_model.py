@@ -10,6 +10,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 spec = importlib.util.spec_from_file_location("pk_bytes_model", ROOT / "tools" / "bytes_model.py")
 bm = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bm  # dataclasses look their module up there
 spec.loader.exec_module(bm)
 
 
