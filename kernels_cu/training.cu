@@ -267,18 +267,29 @@ extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward_bf16(
 // ---------------------------------------------------------------------------
 // rms_norm_backward, y = x * r * w with r = rsqrt(mean(x^2) + eps):
 //   grad_x = r * w * g - x * r^3 * sum(x * w * g) / dim
-// One block per row writes grad_x and r (inv_rms[row]); grad_weight is reduced
-// by rms_norm_backward_weight (+ rms_norm_grad_weight_reduce) in a fixed order,
-// so it is identical from run to run (no float atomics).
+// Blocks walk rows (grid-stride) and write grad_x and r (inv_rms[row]).
+// Fused weight gradient (n_part != 0, gridDim.x == n_part, dim <= 16 *
+// blockDim.x): each thread owns at most 16 fixed columns and sums x * r * g
+// over its block's rows in registers during the output pass, then writes them
+// to partial[blockIdx.x][col]; rms_norm_grad_weight_reduce adds the n_part
+// rows in ascending order. x and g are read once from HBM (the second pass hits
+// L2): 3N bytes in all, and identical run to run (no float atomics).
+// Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
+#define RMSB_ACC 16
 template <typename T>
 __device__ __forceinline__ void rms_norm_backward_body(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
-    float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps, float* scratch) {
+    float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
+    unsigned int n_part, float* scratch) {
     // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width.
     constexpr int N = PkVec16<T>::N;
     const bool vec = (dim % (unsigned int)N == 0u) && pk_aligned16(x) && pk_aligned16(w) && pk_aligned16(g) &&
                      pk_aligned16(gx);
+    const bool fuse = n_part != 0u;
     const long long n = dim;
+    float acc[RMSB_ACC];  // fused: this thread's column sums over the block's rows
+#pragma unroll
+    for (int k = 0; k < RMSB_ACC; ++k) acc[k] = 0.0f;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, xwg = 0.0f;
@@ -306,7 +317,34 @@ __device__ __forceinline__ void rms_norm_backward_body(
         const float r = rsqrtf(ss / (float)dim + eps);
         const float coef = r * r * r * xwg / (float)dim;
         if (threadIdx.x == 0) inv_rms[row] = r;
-        if (vec) {
+        if (fuse && vec) {  // slot s: columns N * (threadIdx.x + s * blockDim.x) + [0, N)
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC / N; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    float a[N], b[N], c[N];
+                    PkVec16<T>::load(x, base + i, a);
+                    PkVec16<T>::load(w, i, b);
+                    PkVec16<T>::load(g, base + i, c);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        acc[sl * N + k] = fmaf(a[k] * r, c[k], acc[sl * N + k]);
+                        a[k] = r * b[k] * c[k] - a[k] * coef;
+                    }
+                    PkVec16<T>::store(gx, base + i, a);
+                }
+            }
+        } else if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC; ++sl) {
+                const long long i = threadIdx.x + (long long)sl * blockDim.x;
+                if (i < n) {
+                    const float a = PkIO<T>::load(x, base + i), c = PkIO<T>::load(g, base + i);
+                    acc[sl] = fmaf(a * r, c, acc[sl]);
+                    PkIO<T>::store(gx, base + i, r * PkIO<T>::load(w, i) * c - a * coef);
+                }
+            }
+        } else if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
                 PkVec16<T>::load(x, base + i, a);
@@ -324,23 +362,44 @@ __device__ __forceinline__ void rms_norm_backward_body(
             }
         }
     }
+    if (fuse) {
+        float* p = partial + (long long)blockIdx.x * n;
+        if (vec) {
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC / N; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) p[i + k] = acc[sl * N + k];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC; ++sl) {
+                const long long i = threadIdx.x + (long long)sl * blockDim.x;
+                if (i < n) p[i] = acc[sl];
+            }
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward(
     const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ grad_out,
-    float* __restrict__ grad_x, float* __restrict__ inv_rms, long long n_rows, unsigned int dim,
-    float eps) {
+    float* __restrict__ grad_x, float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
+    unsigned int dim, float eps, unsigned int n_part) {
     __shared__ float scratch[32];
-    rms_norm_backward_body<float>(x, weight, grad_out, grad_x, inv_rms, n_rows, dim, eps, scratch);
+    rms_norm_backward_body<float>(x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps, n_part,
+                                  scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward_bf16(
     const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
     const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_x,
-    float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps) {
+    float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
+    unsigned int n_part) {
     __shared__ float scratch[32];
-    rms_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, inv_rms, n_rows, dim, eps,
-                                           scratch);
+    rms_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps,
+                                           n_part, scratch);
 }
 
 // partial[chunk][c] = sum over rows of chunk of x[r][c] * inv_rms[r] * g[r][c].

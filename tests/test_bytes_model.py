@@ -27,7 +27,7 @@ def test_minimum_bytes_follow_the_op_definitions() -> None:
     n = bm.HIDDEN * bm.FFN
     assert t["transpose_2d"].min_bytes == 2 * n * 4 == t["transpose_2d"].hbm_bytes
     rb = t["rms_norm_backward"]
-    assert rb.hbm_bytes / rb.min_bytes > 1.6  # the unfused weight gradient re-reads x and grad_out
+    assert 1.0 < rb.hbm_bytes / rb.min_bytes < 1.1  # fused weight gradient: 3N + the blocks' partial rows
     for r in bm.rows("all", 2):
         assert r.min_bytes <= r.hbm_bytes <= r.issued_bytes, r
         assert abs(r.model_us - r.hbm_bytes / 3.35e12 * 1e6) < 1e-6

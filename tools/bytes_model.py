@@ -97,15 +97,17 @@ def training_rows(e: int) -> Iterator[Row]:
     hit = _reread_hits(2 * SEQ * e, H100_SMS)
     yield Row("softmax_backward", f"{SEQ * HEADS}x{SEQ}", dt, 3 * n * e, 5 * n * e, 3 * n * e + (0 if hit else 2 * n * e),
               "2nd pass from L2 (row fits)")
-    # rms_norm_backward: row kernel reads x, w, g twice (L2 hits) and writes gx; the weight kernel
-    # re-reads x and g from HBM (a separate launch: the rows are long gone from L2) and writes
-    # per-chunk fp32 partials that a third kernel reduces.
+    # rms_norm_backward, fused (dim <= 16 x 512): 512 blocks walk the rows; pass 1 reads x, w, g, pass 2
+    # re-reads them (L2 hits) and writes gx, summing x * r * g per column in registers; each block writes one
+    # fp32 partial row that rms_norm_grad_weight_reduce reads back. HBM: 3N + 2 x 512 x dim x 4 + inv_rms.
     n = t * h
-    chunks = 64
-    partials = chunks * h * 4
+    parts = min(t, 512)
+    partials = parts * h * 4
+    hit = _reread_hits(2 * h * e, H100_SMS)
     yield Row("rms_norm_backward", f"{t}x{h}", dt, 3 * n * e + 2 * h * e + t * 4,
-              5 * n * e + 2 * n * e + 2 * partials + t * 4 * 2 + 2 * h * e,
-              5 * n * e + 2 * partials + t * 4 * 2 + 2 * h * e, "weight grad re-reads x, g: 5N (fusion not done)")
+              5 * n * e + t * h * e + 2 * partials + t * 4 + h * 4,
+              3 * n * e + (0 if hit else 2 * n * e) + 2 * partials + t * 4 + h * 4,
+              "weight grad fused into the row kernel (512 partial rows)")
     # cross_entropy_fwd_bwd (i15-train's kernel): stats pass + gradient pass over 128K-wide rows
     n = t * VOCAB
     yield Row("cross_entropy_fwd_bwd", f"{t}x{VOCAB}", dt, 2 * n * e + t * 8, 3 * n * e + t * 8,

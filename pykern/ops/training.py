@@ -158,6 +158,19 @@ def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: 
 # --------------------------------------------------------------------------- RMSNorm backward
 
 
+# Fused rms_norm_backward: blocks of the row kernel (each a grad_weight partial row). Enough to fill a
+# large GPU; few enough that the partials (n_part x dim fp32) stay a few % of the 3N bytes.
+_RMS_BWD_PARTS = 512
+_RMS_BWD_ACC = 16  # columns a thread can hold (RMSB_ACC in training.cu)
+
+
+def rms_backward_partials(n_rows: int, dim: int) -> int:
+    """Blocks of the fused rms_norm_backward (0: row too long for the registers, use the weight kernel)."""
+    if dim > _RMS_BWD_ACC * _row_threads(dim):
+        return 0
+    return min(n_rows, _RMS_BWD_PARTS)
+
+
 def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
     """(n_chunks, rows_per_chunk) for the grad_weight column reduction.
 
@@ -205,9 +218,26 @@ def rms_norm_backward(
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
+    threads = _row_threads(dim)
+    n_part = rms_backward_partials(n_rows, dim)
+    if n_part:
+        # fused: the row kernel's n_part blocks each sum their rows' x * r * g per column in registers;
+        # the reduce kernel adds the n_part partial rows in order (deterministic, 3N bytes)
+        partial = grad_w if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=x)
+        _launch(
+            "rms_norm_backward" + sfx, (n_part,), (threads,),
+            _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, partial, n_rows, dim, float(eps), n_part,
+            stream=stream, backend=backend,
+        )
+        if n_part > 1:
+            _launch(
+                "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_part, dim,
+                stream=stream, backend=backend,
+            )
+        return grad_x, grad_w
     _launch(
-        "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),),
-        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps),
+        "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (threads,),
+        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, grad_w, n_rows, dim, float(eps), 0,
         stream=stream, backend=backend,
     )
     n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
