@@ -395,19 +395,53 @@ __device__ __forceinline__ float fwd_row_max(float v, float* scratch) {
 }
 
 // rms_norm: out = x * rsqrt(mean(x^2) + eps) * weight, statistics in fp32.
-// The row is read twice; the second read is served by L1/L2 for rows up to
-// hundreds of KB, which is cheaper than a register cache sized for 64K columns.
+// One read of x when the row fits in registers: on the 16-byte path, a row of
+// at most 2 vectors per thread (2 x blockDim.x x 16 bytes: 64 KB at 1024
+// threads) is kept in registers between the sum of squares and the output.
+// Longer rows are read twice; the second read is served by L1/L2 for rows up
+// to hundreds of KB, cheaper than a register cache sized for 64K columns.
+#define RMS_CACHE_VECS 2
 template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* __restrict__ weight,
                                               T* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
     __shared__ float scratch[32];
     constexpr int N = FwdVec<T>::N;
     const bool vec = (dim % N == 0) && fwd_aligned16(x) && fwd_aligned16(weight) && fwd_aligned16(out);
+    const bool cache = vec && dim / N <= RMS_CACHE_VECS * blockDim.x;
     const long long row_step = (long long)gridDim.x * blockDim.y;
     for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const T* xr = x + row * dim;
         T* outr = out + row * dim;
         float ss = 0.0f;
+        if (cache) {
+            float f[RMS_CACHE_VECS][N];
+#pragma unroll
+            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {  // both loads issued before the sums
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) FwdVec<T>::load(xr + (long long)c * N, f[sl]);
+            }
+#pragma unroll
+            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int e = 0; e < N; ++e) ss = fmaf(f[sl][e], f[sl][e], ss);
+                }
+            }
+            ss = fwd_row_sum(ss, scratch);
+            const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) {
+                    float w[N];
+                    FwdVec<T>::load(weight + (long long)c * N, w);
+#pragma unroll
+                    for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * w[e];
+                    FwdVec<T>::store(outr + (long long)c * N, f[sl]);
+                }
+            }
+            continue;
+        }
         if (vec) {
             for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
                 float f[N];

@@ -61,10 +61,14 @@ def forward_rows(e: int) -> Iterator[Row]:
     t, h = TOKENS, HIDDEN
     # rms_norm: pass 1 reads x (sum of squares), pass 2 reads x and weight, writes out. One row per
     # block (or warp); resident rows ~ SMs x 2 blocks of 1024 threads.
+    # rms_norm: a row of <= 2 x 1024 16-byte vectors is held in registers: x read once, weight per row (L1/L2)
     n = t * h
+    cached = h * e <= 2 * 1024 * 16
     row_hit = _reread_hits(h * e, H100_SMS * 2)
-    yield Row("rms_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 2 * n * e + h * e, 3 * n * e + t * h * e,
-              2 * n * e + h * e + (0 if row_hit else n * e), "2nd read of x from L2 (row fits)")
+    yield Row("rms_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 2 * n * e + h * e,
+              (2 if cached else 3) * n * e + t * h * e,
+              2 * n * e + h * e + (0 if cached or row_hit else n * e),
+              "one read (row in registers)" if cached else "2nd read of x from L2")
     # silu_gate: gate, up read once, out written once (16-byte vectors, grid-stride)
     n = t * FFN
     yield Row("silu_gate", f"{t}x{FFN}", "bf16" if e == 2 else "f32", 3 * n * e, 3 * n * e, 3 * n * e, "")

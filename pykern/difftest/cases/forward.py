@@ -303,7 +303,8 @@ def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
 
     specs = (("f32", (3, 1)), ("f32", (5, 8)), ("f32", (2, 3, 64)), ("f32", (3, 769)), ("f32", (2, 1024)),
              ("f32", (2, 5125)), ("f32", (1, 65536)), ("bf16", (5, 8)), ("bf16", (3, 769)), ("bf16", (2, 4096)),
-             ("bf16", (2, 5125)), ("bf16", (1, 65536)))
+             ("bf16", (2, 5125)), ("bf16", (1, 65536)),
+             ("f32", (3, 1000)), ("bf16", (2, 1000)), ("bf16", (2, 16384)))  # register-cached rows, partial 2nd slot
     for kind, shp in specs:
         x = _normal(rng, shp, kind, 2.0)
         w = _cast(1.0 + 0.1 * rng.standard_normal(shp[-1]), kind)
