@@ -515,7 +515,7 @@ extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const flo
         float m = PK_NEG_INF, s = 0.0f;
         if (vec) {
             const unsigned int n4 = (visible + 3u) / 4u;  // chunks holding a visible key
-#pragma unroll 4
+#pragma unroll 2
             for (unsigned int c = threadIdx.x; c < n4; c += blockDim.x) {
                 const float4 v = *reinterpret_cast<const float4*>(sr + 4ull * c);
                 const unsigned int j = 4u * c;
