@@ -36,7 +36,7 @@ template <> struct FwdVec<unsigned short> {
         unsigned int w[4];
 #pragma unroll
         for (int i = 0; i < 4; ++i)
-            w[i] = (unsigned int)pk_float_to_bf16(f[2 * i]) | ((unsigned int)pk_float_to_bf16(f[2 * i + 1]) << 16);
+            w[i] = pk_float2_to_bf16x2(f[2 * i], f[2 * i + 1]);
         uint4 u;
         u.x = w[0]; u.y = w[1]; u.z = w[2]; u.w = w[3];
         *reinterpret_cast<uint4*>(p) = u;
@@ -61,8 +61,8 @@ template <> struct FwdVec4<unsigned short> {
     }
     static __device__ __forceinline__ void store(unsigned short* p, float4 v) {
         uint2 u;
-        u.x = (unsigned int)pk_float_to_bf16(v.x) | ((unsigned int)pk_float_to_bf16(v.y) << 16);
-        u.y = (unsigned int)pk_float_to_bf16(v.z) | ((unsigned int)pk_float_to_bf16(v.w) << 16);
+        u.x = pk_float2_to_bf16x2(v.x, v.y);
+        u.y = pk_float2_to_bf16x2(v.z, v.w);
         *reinterpret_cast<uint2*>(p) = u;
     }
 };
@@ -280,11 +280,14 @@ extern "C" __global__ void __launch_bounds__(256) rope_bf16(const unsigned short
 }
 
 // ---------------------------------------------------------------------------
-// silu_gate: out = gate * sigmoid(gate) * up. expf(-g) overflows to inf for
+// silu_gate: out = gate * sigmoid(gate) * up. e^-g overflows to inf for
 // g < -88, and g / inf is the correct limit (-0), so no clamp is needed.
+// Fast math (MUFU.EX2 + __fdividef's MUFU.RCP): __fdividef returns 0 for a
+// divisor in (2^126, 2^128), i.e. g in (-88.7, -87.3), where the exact value
+// is below 1e-36: inside every tolerance, and the kernel stops being issue-bound.
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ float fwd_silu_mul(float g, float u) {
-    return g / (1.0f + expf(-g)) * u;
+    return __fdividef(g, 1.0f + pk_exp_fast(-g)) * u;
 }
 
 template <typename T>
@@ -326,7 +329,7 @@ extern "C" __global__ void __launch_bounds__(256) silu_gate_bf16(const unsigned 
 // For g < -88 expf(-g) is inf and s = 0: both gradients are (-)0, their limits.
 // ---------------------------------------------------------------------------
 __device__ __forceinline__ void fwd_silu_grad(float g, float u, float dy, float& dg, float& du) {
-    const float s = 1.0f / (1.0f + expf(-g));
+    const float s = __fdividef(1.0f, 1.0f + pk_exp_fast(-g));  // fast math: see fwd_silu_mul
     du = dy * g * s;
     dg = dy * u * s * fmaf(g, 1.0f - s, 1.0f);
 }
@@ -392,19 +395,53 @@ __device__ __forceinline__ float fwd_row_max(float v, float* scratch) {
 }
 
 // rms_norm: out = x * rsqrt(mean(x^2) + eps) * weight, statistics in fp32.
-// The row is read twice; the second read is served by L1/L2 for rows up to
-// hundreds of KB, which is cheaper than a register cache sized for 64K columns.
+// One read of x when the row fits in registers: on the 16-byte path, a row of
+// at most 2 vectors per thread (2 x blockDim.x x 16 bytes: 64 KB at 1024
+// threads) is kept in registers between the sum of squares and the output.
+// Longer rows are read twice; the second read is served by L1/L2 for rows up
+// to hundreds of KB, cheaper than a register cache sized for 64K columns.
+#define RMS_CACHE_VECS 2
 template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* __restrict__ weight,
                                               T* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
     __shared__ float scratch[32];
     constexpr int N = FwdVec<T>::N;
     const bool vec = (dim % N == 0) && fwd_aligned16(x) && fwd_aligned16(weight) && fwd_aligned16(out);
+    const bool cache = vec && dim / N <= RMS_CACHE_VECS * blockDim.x;
     const long long row_step = (long long)gridDim.x * blockDim.y;
     for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const T* xr = x + row * dim;
         T* outr = out + row * dim;
         float ss = 0.0f;
+        if (cache) {
+            float f[RMS_CACHE_VECS][N];
+#pragma unroll
+            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {  // both loads issued before the sums
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) FwdVec<T>::load(xr + (long long)c * N, f[sl]);
+            }
+#pragma unroll
+            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int e = 0; e < N; ++e) ss = fmaf(f[sl][e], f[sl][e], ss);
+                }
+            }
+            ss = fwd_row_sum(ss, scratch);
+            const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
+#pragma unroll
+            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) {
+                    float w[N];
+                    FwdVec<T>::load(weight + (long long)c * N, w);
+#pragma unroll
+                    for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * w[e];
+                    FwdVec<T>::store(outr + (long long)c * N, f[sl]);
+                }
+            }
+            continue;
+        }
         if (vec) {
             for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
                 float f[N];
@@ -451,10 +488,23 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_bf16(const unsigned 
 // j <= past_len + q and writes 0 to the masked tail. One read pass keeps an
 // online (max, sum) per thread; the threads' pairs are merged by rescaling each
 // sum to the row max, then a second pass writes exp(s - max) / sum.
+// Rows of a multiple of 4 floats on a 16-byte aligned base go 4 at a time
+// (float4 loads and stores, 4 chunks of a thread's stride in flight); other
+// shapes take the scalar loop. exp is MUFU.EX2 (pk_exp_fast).
+__device__ __forceinline__ void fwd_online_add(float& m, float& s, float v) {
+    if (v > m) {  // rescale the running sum to the new max; m = -inf gives exp(-inf) = 0
+        s = s * pk_exp_fast(m - v) + 1.0f;
+        m = v;
+    } else if (v != PK_NEG_INF) {  // -inf - -inf would be NaN
+        s += pk_exp_fast(v - m);
+    }
+}
+
 extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const float* __restrict__ scores, float* __restrict__ out,
                                                long long n_rows, unsigned int n_heads, unsigned int kv_len,
                                                unsigned int past_len) {
     __shared__ float scratch[32];
+    const bool vec = (kv_len % 4u == 0u) && fwd_aligned16(scores) && fwd_aligned16(out);
     const long long row_step = (long long)gridDim.x * blockDim.y;
     for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const long long q = row / n_heads;
@@ -463,21 +513,45 @@ extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const flo
         const float* sr = scores + row * kv_len;
         float* outr = out + row * kv_len;
         float m = PK_NEG_INF, s = 0.0f;
-        for (unsigned int j = threadIdx.x; j < visible; j += blockDim.x) {
-            const float v = sr[j];
-            if (v > m) {  // rescale the running sum to the new max; m = -inf gives exp(-inf) = 0
-                s = s * expf(m - v) + 1.0f;
-                m = v;
-            } else if (v != PK_NEG_INF) {  // -inf - -inf would be NaN
-                s += expf(v - m);
+        if (vec) {
+            const unsigned int n4 = (visible + 3u) / 4u;  // chunks holding a visible key
+#pragma unroll 2
+            for (unsigned int c = threadIdx.x; c < n4; c += blockDim.x) {
+                const float4 v = *reinterpret_cast<const float4*>(sr + 4ull * c);
+                const unsigned int j = 4u * c;
+                fwd_online_add(m, s, v.x);
+                if (j + 1u < visible) fwd_online_add(m, s, v.y);
+                if (j + 2u < visible) fwd_online_add(m, s, v.z);
+                if (j + 3u < visible) fwd_online_add(m, s, v.w);
             }
+        } else {
+            for (unsigned int j = threadIdx.x; j < visible; j += blockDim.x) fwd_online_add(m, s, sr[j]);
         }
         const float row_max = fwd_row_max(m, scratch);
         // a row whose visible scores are all -inf has no finite max: its sum is 0 and it writes 0
         const float mm = (row_max == PK_NEG_INF) ? 0.0f : row_max;
-        const float row_sum = fwd_row_sum(m == PK_NEG_INF ? 0.0f : s * expf(m - mm), scratch);
+        const float row_sum = fwd_row_sum(m == PK_NEG_INF ? 0.0f : s * pk_exp_fast(m - mm), scratch);
         const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
-        for (unsigned int j = threadIdx.x; j < kv_len; j += blockDim.x)
-            outr[j] = j < visible ? expf(sr[j] - mm) * inv : 0.0f;
+        if (vec) {
+            const unsigned int n4 = (visible + 3u) / 4u;
+            for (unsigned int c = threadIdx.x; c < kv_len / 4u; c += blockDim.x) {
+                const unsigned int j = 4u * c;
+                // the fully masked tail is written without reading it
+                float4 v;
+                if (c < n4) v = *reinterpret_cast<const float4*>(sr + j);
+                else v.x = v.y = v.z = v.w = PK_NEG_INF;
+                const float e[4] = {v.x, v.y, v.z, v.w};
+                float o[4];
+#pragma unroll
+                for (int k = 0; k < 4; ++k) {
+                    // masked keys go through ex2(-inf) = +0: no branch splits the 16-byte store
+                    o[k] = pk_exp_fast(j + (unsigned int)k < visible ? e[k] - mm : PK_NEG_INF) * inv;
+                }
+                FwdVec<float>::store(outr + 4ll * c, o);
+            }
+        } else {
+            for (unsigned int j = threadIdx.x; j < kv_len; j += blockDim.x)
+                outr[j] = j < visible ? pk_exp_fast(sr[j] - mm) * inv : 0.0f;
+        }
     }
 }

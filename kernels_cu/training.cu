@@ -35,13 +35,52 @@ template <> struct PkVec4<unsigned short> {
     }
     static __device__ __forceinline__ void store(unsigned short* p, long long i, float4 v) {
         PkBf16x4 u;
-        u.a = pk_float_to_bf16(v.x);
-        u.b = pk_float_to_bf16(v.y);
-        u.c = pk_float_to_bf16(v.z);
-        u.d = pk_float_to_bf16(v.w);
+        const unsigned int lo = pk_float2_to_bf16x2(v.x, v.y), hi = pk_float2_to_bf16x2(v.z, v.w);
+        u.a = (unsigned short)(lo & 0xffffu);
+        u.b = (unsigned short)(lo >> 16);
+        u.c = (unsigned short)(hi & 0xffffu);
+        u.d = (unsigned short)(hi >> 16);
         *reinterpret_cast<PkBf16x4*>(p + i) = u;
     }
 };
+
+// 16-byte vectors widened to fp32: 4 floats or 8 bf16 (one LDG.128 / STG.128 each).
+template <typename T> struct PkVec16;
+template <> struct PkVec16<float> {
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void load(const float* p, long long i, float* f) {
+        const float4 v = *reinterpret_cast<const float4*>(p + i);
+        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
+    }
+    static __device__ __forceinline__ void store(float* p, long long i, const float* f) {
+        float4 v;
+        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
+        *reinterpret_cast<float4*>(p + i) = v;
+    }
+};
+template <> struct PkVec16<unsigned short> {
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void load(const unsigned short* p, long long i, float* f) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p + i);
+        const unsigned int w[4] = {u.x, u.y, u.z, u.w};
+#pragma unroll
+        for (int k = 0; k < 4; ++k) {  // little endian: the low half is the earlier element
+            f[2 * k] = __int_as_float((int)(w[k] << 16));
+            f[2 * k + 1] = __int_as_float((int)(w[k] & 0xffff0000u));
+        }
+    }
+    static __device__ __forceinline__ void store(unsigned short* p, long long i, const float* f) {
+        uint4 u;
+        u.x = pk_float2_to_bf16x2(f[0], f[1]);
+        u.y = pk_float2_to_bf16x2(f[2], f[3]);
+        u.z = pk_float2_to_bf16x2(f[4], f[5]);
+        u.w = pk_float2_to_bf16x2(f[6], f[7]);
+        *reinterpret_cast<uint4*>(p + i) = u;
+    }
+};
+
+// True when 16-byte vectors starting at p are aligned.
+__device__ __forceinline__ bool pk_aligned16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
 
 // True when 4-element vectors starting at p are naturally aligned.
 template <typename T>
@@ -50,31 +89,98 @@ __device__ __forceinline__ bool pk_vec_aligned(const T* p) {
 }
 
 // ---------------------------------------------------------------------------
-// transpose_2d: out[z][c][r] = in[z][r][c] through a padded 32-wide shared tile
-// (W = 33 floats or 34 bf16 words per row, so the column-wise reads hit 32
-// different banks). Block is (32, 8); grid x walks column tiles, y and z loop
-// so rows/batches may exceed the 65535 grid limit.
-template <typename T, int W>
+// transpose_2d: out[z][c][r] = in[z][r][c] through a padded 64 x 64 shared tile.
+// Block is 256 threads (the op launches (32, 8)); grid x walks 64-column tiles,
+// y and z loop so rows/batches may exceed the 65535 grid limit.
+// When rows and cols are multiples of V = 16 / sizeof(T) elements and both bases
+// are 16-byte aligned, global memory moves in 16-byte vectors on both sides: a
+// tile is 64 x (64 / V) vectors, i.e. 4 (f32) or 2 (bf16) independent 16-byte
+// loads per thread, all issued before the first shared store. Otherwise the same
+// tile moves element by element (coalesced 4- / 2-byte accesses).
+// Row pitch P = 64 + 1 (f32) / 64 + 2 (bf16): an odd number of 32-bit words, so
+// a warp gathering a column from consecutive rows spreads over the banks.
+#define TR_TILE 64
+template <typename T> struct TrVec;
+template <> struct TrVec<float> {
+    typedef float4 V;
+    static constexpr int N = 4;
+    static __device__ __forceinline__ void unpack(const V& v, float* e) { e[0] = v.x; e[1] = v.y; e[2] = v.z; e[3] = v.w; }
+    static __device__ __forceinline__ V pack(const float* e) { V v; v.x = e[0]; v.y = e[1]; v.z = e[2]; v.w = e[3]; return v; }
+};
+template <> struct TrVec<unsigned short> {
+    typedef uint4 V;
+    static constexpr int N = 8;
+    static __device__ __forceinline__ void unpack(const V& v, unsigned short* e) {
+        const unsigned int w[4] = {v.x, v.y, v.z, v.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) e[2 * i] = (unsigned short)(w[i] & 0xffffu), e[2 * i + 1] = (unsigned short)(w[i] >> 16);
+    }
+    static __device__ __forceinline__ V pack(const unsigned short* e) {
+        V v;
+        v.x = (unsigned int)e[0] | ((unsigned int)e[1] << 16);
+        v.y = (unsigned int)e[2] | ((unsigned int)e[3] << 16);
+        v.z = (unsigned int)e[4] | ((unsigned int)e[5] << 16);
+        v.w = (unsigned int)e[6] | ((unsigned int)e[7] << 16);
+        return v;
+    }
+};
+
+template <typename T, int P>
 __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __restrict__ out,
                                                unsigned int rows, unsigned int cols,
-                                               unsigned int batch, T (*tile)[W]) {
+                                               unsigned int batch, T (*tile)[P]) {
+    typedef typename TrVec<T>::V V;
+    constexpr int N = TrVec<T>::N;             // elements per 16-byte vector
+    constexpr int VPR = TR_TILE / N;           // vectors per tile row
+    constexpr int PER = TR_TILE * VPR / 256;   // vectors per thread per tile (4 f32, 2 bf16)
     const long long plane = (long long)rows * cols;
-    const unsigned int row_tiles = (rows + 31u) / 32u;
-    const unsigned int c0 = blockIdx.x * 32u;
-    const unsigned int tx = threadIdx.x, ty = threadIdx.y;
+    const unsigned int row_tiles = (rows + TR_TILE - 1u) / TR_TILE;
+    const unsigned int c0 = blockIdx.x * TR_TILE;
+    const unsigned int t = threadIdx.y * blockDim.x + threadIdx.x;
+    const bool vec = rows % N == 0u && cols % N == 0u &&
+                     ((((unsigned long long)in) | ((unsigned long long)out)) & 15ull) == 0ull;
     for (unsigned int z = blockIdx.z; z < batch; z += gridDim.z) {
         const T* src = in + (long long)z * plane;
         T* dst = out + (long long)z * plane;
         for (unsigned int rt = blockIdx.y; rt < row_tiles; rt += gridDim.y) {
-            const unsigned int r0 = rt * 32u;
-            for (unsigned int k = ty; k < 32u; k += blockDim.y) {
-                const unsigned int r = r0 + k, c = c0 + tx;
-                if (r < rows && c < cols) tile[k][tx] = src[(long long)r * cols + c];
-            }
-            __syncthreads();
-            for (unsigned int k = ty; k < 32u; k += blockDim.y) {
-                const unsigned int c = c0 + k, r = r0 + tx;
-                if (r < rows && c < cols) dst[(long long)c * rows + r] = tile[tx][k];
+            const unsigned int r0 = rt * TR_TILE;
+            if (vec) {
+                V v[PER];
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {  // all loads first: PER 16-byte loads in flight
+                    const unsigned int i = t + 256u * k, r = r0 + i / VPR, c = c0 + (i % VPR) * N;
+                    if (r < rows && c < cols) v[k] = *reinterpret_cast<const V*>(src + (long long)r * cols + c);
+                }
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {
+                    const unsigned int i = t + 256u * k;
+                    T e[N];
+                    TrVec<T>::unpack(v[k], e);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) tile[i / VPR][(i % VPR) * N + j] = e[j];
+                }
+                __syncthreads();
+#pragma unroll
+                for (int k = 0; k < PER; ++k) {  // output row c (a tile column), N consecutive r
+                    const unsigned int i = t + 256u * k, cc = i / VPR, rr = (i % VPR) * N;
+                    const unsigned int c = c0 + cc, r = r0 + rr;
+                    if (r < rows && c < cols) {
+                        T e[N];
+#pragma unroll
+                        for (int j = 0; j < N; ++j) e[j] = tile[rr + j][cc];
+                        *reinterpret_cast<V*>(dst + (long long)c * rows + r) = TrVec<T>::pack(e);
+                    }
+                }
+            } else {
+                for (unsigned int i = t; i < TR_TILE * TR_TILE; i += 256u) {
+                    const unsigned int r = r0 + i / TR_TILE, c = c0 + i % TR_TILE;
+                    if (r < rows && c < cols) tile[i / TR_TILE][i % TR_TILE] = src[(long long)r * cols + c];
+                }
+                __syncthreads();
+                for (unsigned int i = t; i < TR_TILE * TR_TILE; i += 256u) {
+                    const unsigned int c = c0 + i / TR_TILE, r = r0 + i % TR_TILE;
+                    if (r < rows && c < cols) dst[(long long)c * rows + r] = tile[i % TR_TILE][i / TR_TILE];
+                }
             }
             // The next tile overwrites `tile`; every thread must be done reading it.
             __syncthreads();
@@ -85,15 +191,15 @@ __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __re
 extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d(
     const float* __restrict__ input, float* __restrict__ output,
     unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ float tile[32][33];
-    transpose_body<float, 33>(input, output, rows, cols, batch, tile);
+    __shared__ float tile[TR_TILE][TR_TILE + 1];
+    transpose_body<float, TR_TILE + 1>(input, output, rows, cols, batch, tile);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d_bf16(
     const unsigned short* __restrict__ input, unsigned short* __restrict__ output,
     unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ unsigned short tile[32][34];
-    transpose_body<unsigned short, 34>(input, output, rows, cols, batch, tile);
+    __shared__ unsigned short tile[TR_TILE][TR_TILE + 2];
+    transpose_body<unsigned short, TR_TILE + 2>(input, output, rows, cols, batch, tile);
 }
 
 // ---------------------------------------------------------------------------
@@ -103,33 +209,37 @@ __device__ __forceinline__ void softmax_backward_body(const T* __restrict__ prob
                                                       const T* __restrict__ grad_out,
                                                       T* __restrict__ grad_in, long long n_rows,
                                                       unsigned int row_len, float* scratch) {
-    const bool vec = (row_len % 4u == 0u) && pk_vec_aligned(probs) && pk_vec_aligned(grad_out) &&
-                     pk_vec_aligned(grad_in);
+    // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width,
+    // two iterations unrolled: 4 independent 16-byte loads in flight per thread.
+    constexpr int N = PkVec16<T>::N;
+    const bool vec = (row_len % (unsigned int)N == 0u) && pk_aligned16(probs) && pk_aligned16(grad_out) &&
+                     pk_aligned16(grad_in);
     const long long n = row_len;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float dot = 0.0f;
         if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 p = PkVec4<T>::load(probs, base + i);
-                const float4 g = PkVec4<T>::load(grad_out, base + i);
-                dot += p.x * g.x + p.y * g.y + p.z * g.z + p.w * g.w;
+#pragma unroll 2
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float p[N], g[N];
+                PkVec16<T>::load(probs, base + i, p);
+                PkVec16<T>::load(grad_out, base + i, g);
+#pragma unroll
+                for (int k = 0; k < N; ++k) dot = fmaf(p[k], g[k], dot);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x)
                 dot += PkIO<T>::load(probs, base + i) * PkIO<T>::load(grad_out, base + i);
         }
         dot = pk_block_sum(dot, scratch);
-        if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 p = PkVec4<T>::load(probs, base + i);
-                const float4 g = PkVec4<T>::load(grad_out, base + i);
-                float4 r;
-                r.x = p.x * (g.x - dot);
-                r.y = p.y * (g.y - dot);
-                r.z = p.z * (g.z - dot);
-                r.w = p.w * (g.w - dot);
-                PkVec4<T>::store(grad_in, base + i, r);
+        if (vec) {  // (not unrolled: LLVM split the unrolled copy's 16-byte store into 4)
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float p[N], g[N];
+                PkVec16<T>::load(probs, base + i, p);
+                PkVec16<T>::load(grad_out, base + i, g);
+#pragma unroll
+                for (int k = 0; k < N; ++k) p[k] = p[k] * (g[k] - dot);
+                PkVec16<T>::store(grad_in, base + i, p);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -157,26 +267,43 @@ extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward_bf16(
 // ---------------------------------------------------------------------------
 // rms_norm_backward, y = x * r * w with r = rsqrt(mean(x^2) + eps):
 //   grad_x = r * w * g - x * r^3 * sum(x * w * g) / dim
-// One block per row writes grad_x and r (inv_rms[row]); grad_weight is reduced
-// by rms_norm_backward_weight (+ rms_norm_grad_weight_reduce) in a fixed order,
-// so it is identical from run to run (no float atomics).
+// Blocks walk rows (grid-stride) and write grad_x and r (inv_rms[row]).
+// Fused weight gradient (n_part != 0, gridDim.x == n_part, dim <= 16 *
+// blockDim.x): each thread owns at most 16 fixed columns and sums x * r * g
+// over its block's rows in registers during the output pass, then writes them
+// to partial[blockIdx.x][col]; rms_norm_grad_weight_reduce adds the n_part
+// rows in ascending order. x and g are read once from HBM (the second pass hits
+// L2): 3N bytes in all, and identical run to run (no float atomics).
+// Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
+#define RMSB_ACC 16
 template <typename T>
 __device__ __forceinline__ void rms_norm_backward_body(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
-    float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps, float* scratch) {
-    const bool vec = (dim % 4u == 0u) && pk_vec_aligned(x) && pk_vec_aligned(w) &&
-                     pk_vec_aligned(g) && pk_vec_aligned(gx);
+    float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
+    unsigned int n_part, float* scratch) {
+    // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width.
+    constexpr int N = PkVec16<T>::N;
+    const bool vec = (dim % (unsigned int)N == 0u) && pk_aligned16(x) && pk_aligned16(w) && pk_aligned16(g) &&
+                     pk_aligned16(gx);
+    const bool fuse = n_part != 0u;
     const long long n = dim;
+    float acc[RMSB_ACC];  // fused: this thread's column sums over the block's rows
+#pragma unroll
+    for (int k = 0; k < RMSB_ACC; ++k) acc[k] = 0.0f;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, xwg = 0.0f;
         if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 a = PkVec4<T>::load(x, base + i);
-                const float4 b = PkVec4<T>::load(w, i);
-                const float4 c = PkVec4<T>::load(g, base + i);
-                ss += a.x * a.x + a.y * a.y + a.z * a.z + a.w * a.w;
-                xwg += a.x * b.x * c.x + a.y * b.y * c.y + a.z * b.z * c.z + a.w * b.w * c.w;
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float a[N], b[N], c[N];
+                PkVec16<T>::load(x, base + i, a);
+                PkVec16<T>::load(w, i, b);
+                PkVec16<T>::load(g, base + i, c);
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    ss = fmaf(a[k], a[k], ss);
+                    xwg = fmaf(a[k] * b[k], c[k], xwg);
+                }
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -190,17 +317,42 @@ __device__ __forceinline__ void rms_norm_backward_body(
         const float r = rsqrtf(ss / (float)dim + eps);
         const float coef = r * r * r * xwg / (float)dim;
         if (threadIdx.x == 0) inv_rms[row] = r;
-        if (vec) {
-            for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
-                const float4 a = PkVec4<T>::load(x, base + i);
-                const float4 b = PkVec4<T>::load(w, i);
-                const float4 c = PkVec4<T>::load(g, base + i);
-                float4 o;
-                o.x = r * b.x * c.x - a.x * coef;
-                o.y = r * b.y * c.y - a.y * coef;
-                o.z = r * b.z * c.z - a.z * coef;
-                o.w = r * b.w * c.w - a.w * coef;
-                PkVec4<T>::store(gx, base + i, o);
+        if (fuse && vec) {  // slot s: columns N * (threadIdx.x + s * blockDim.x) + [0, N)
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC / N; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    float a[N], b[N], c[N];
+                    PkVec16<T>::load(x, base + i, a);
+                    PkVec16<T>::load(w, i, b);
+                    PkVec16<T>::load(g, base + i, c);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        acc[sl * N + k] = fmaf(a[k] * r, c[k], acc[sl * N + k]);
+                        a[k] = r * b[k] * c[k] - a[k] * coef;
+                    }
+                    PkVec16<T>::store(gx, base + i, a);
+                }
+            }
+        } else if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC; ++sl) {
+                const long long i = threadIdx.x + (long long)sl * blockDim.x;
+                if (i < n) {
+                    const float a = PkIO<T>::load(x, base + i), c = PkIO<T>::load(g, base + i);
+                    acc[sl] = fmaf(a * r, c, acc[sl]);
+                    PkIO<T>::store(gx, base + i, r * PkIO<T>::load(w, i) * c - a * coef);
+                }
+            }
+        } else if (vec) {
+            for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
+                float a[N], b[N], c[N];
+                PkVec16<T>::load(x, base + i, a);
+                PkVec16<T>::load(w, i, b);
+                PkVec16<T>::load(g, base + i, c);
+#pragma unroll
+                for (int k = 0; k < N; ++k) a[k] = r * b[k] * c[k] - a[k] * coef;
+                PkVec16<T>::store(gx, base + i, a);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
@@ -210,23 +362,44 @@ __device__ __forceinline__ void rms_norm_backward_body(
             }
         }
     }
+    if (fuse) {
+        float* p = partial + (long long)blockIdx.x * n;
+        if (vec) {
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC / N; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) p[i + k] = acc[sl * N + k];
+                }
+            }
+        } else {
+#pragma unroll
+            for (int sl = 0; sl < RMSB_ACC; ++sl) {
+                const long long i = threadIdx.x + (long long)sl * blockDim.x;
+                if (i < n) p[i] = acc[sl];
+            }
+        }
+    }
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward(
     const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ grad_out,
-    float* __restrict__ grad_x, float* __restrict__ inv_rms, long long n_rows, unsigned int dim,
-    float eps) {
+    float* __restrict__ grad_x, float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
+    unsigned int dim, float eps, unsigned int n_part) {
     __shared__ float scratch[32];
-    rms_norm_backward_body<float>(x, weight, grad_out, grad_x, inv_rms, n_rows, dim, eps, scratch);
+    rms_norm_backward_body<float>(x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps, n_part,
+                                  scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward_bf16(
     const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
     const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_x,
-    float* __restrict__ inv_rms, long long n_rows, unsigned int dim, float eps) {
+    float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
+    unsigned int n_part) {
     __shared__ float scratch[32];
-    rms_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, inv_rms, n_rows, dim, eps,
-                                           scratch);
+    rms_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps,
+                                           n_part, scratch);
 }
 
 // partial[chunk][c] = sum over rows of chunk of x[r][c] * inv_rms[r] * g[r][c].

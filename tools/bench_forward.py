@@ -155,8 +155,17 @@ def main() -> None:
     ap.add_argument("--time", action="store_true", help="time the ops on the GPU (nvrtc backend)")
     ap.add_argument("--dtype", choices=("f32", "bf16"), default="f32")
     ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--json", action="store_true", help="print the bytes model (tools/bytes_model.py) as JSON and exit")
     args = ap.parse_args()
+    import bytes_model  # tools/: min / issued / HBM bytes per op at LLaMA-sized shapes, modelled H100 time
+
+    if args.json:
+        print(bytes_model.json.dumps([r.to_dict() for d in ("bf16", "f32")
+                                      for r in bytes_model.rows("forward", 2 if d == "bf16" else 4)], indent=2))
+        return
     bad = report(args.arch or ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"])
+    print()
+    print(bytes_model.table(bytes_model.rows("forward", 2 if args.dtype == "bf16" else 4)))
     if args.time:
         timings(args.dtype, args.reps)
     sys.exit(1 if bad else 0)

@@ -221,9 +221,18 @@ def main() -> None:
     p.add_argument("--iters", type=int, default=100)
     p.add_argument("--small", action="store_true", help="tiny shapes (to smoke-test --time on the host backend)")
     p.add_argument("--no-report", action="store_true")
+    p.add_argument("--json", action="store_true", help="print the bytes model (tools/bytes_model.py) as JSON and exit")
     args = p.parse_args()
+    import bytes_model  # tools/: min / issued / HBM bytes per op at LLaMA-sized shapes, modelled H100 time
+
+    if args.json:
+        print(bytes_model.json.dumps([r.to_dict() for d in ("bf16", "f32")
+                                      for r in bytes_model.rows("training", 2 if d == "bf16" else 4)], indent=2))
+        return
     if not args.no_report:
         report(args.arch or ["sm_80", "sm_90"])
+        print()
+        print(bytes_model.table(bytes_model.rows("training", 2 if args.dtype == "bf16" else 4)))
     if args.time:
         print()
         bench(args)

@@ -141,12 +141,12 @@ def widen_bf16(bits: np.ndarray) -> np.ndarray:
 
 
 def narrow_bf16(values: np.ndarray) -> np.ndarray:
-    """uint16 bf16 words of float32 values, round-to-nearest-even, NaN kept quiet (as pk_float_to_bf16)."""
+    """uint16 bf16 words of float32 values, round-to-nearest-even, any NaN -> canonical 0x7fff (as pk_float_to_bf16
+    and the hardware cvt.rn.bf16x2.f32)."""
     u = np.ascontiguousarray(values, dtype=np.float32).view(np.uint32)
     rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
-    quiet = (u >> np.uint32(16)) | np.uint32(0x0040)
-    return np.where(nan, quiet, rounded).astype(np.uint16)
+    return np.where(nan, np.uint32(0x7FFF), rounded).astype(np.uint16)
 
 
 class NumbaBackend:

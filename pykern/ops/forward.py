@@ -357,7 +357,10 @@ def rms_norm(
     n_rows = _size(shp[:-1])
     if n_rows == 0 or dim == 0:
         return out
-    grid, block = _row_geometry(n_rows, -(-dim // (8 if kind == "bf16" else 4)))
+    chunks = -(-dim // (8 if kind == "bf16" else 4))
+    grid, block = _row_geometry(n_rows, chunks)
+    if block[0] > 32:  # enough threads that the kernel keeps the row in registers (<= 2 vectors each): one read
+        block = (min(1024, max(block[0], -(-chunks // 64) * 32)), 1)
     _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps),
             stream=arrays.launch_stream(stream, x), backend=backend)
     return out

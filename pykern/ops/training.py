@@ -89,18 +89,19 @@ def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> A
     x = arrays.contiguous(x)
     rows, cols = shape[-2], shape[-1]
     batch = _size(shape[:-2])
-    # tile origins + 31 must not wrap the kernel's 32-bit row/column indices
+    # tile origins + 63 must not wrap the kernel's 32-bit row/column indices
     for name, n in (("x.shape[-2] (rows)", rows), ("x.shape[-1] (cols)", cols)):
-        if n > _UINT_MAX - 32:
-            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 32}, got {n}")
+        if n > _UINT_MAX - 64:
+            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 64}, got {n}")
     _check_u32("x batch size", batch)
     out = arrays.empty(shape[:-2] + (cols, rows), kind, like=x)
     if rows * cols * batch == 0:
         return out
-    col_tiles = -(-cols // 32)
+    # 64 x 64 tiles (the kernel moves them in 16-byte vectors when rows, cols and bases allow)
+    col_tiles = -(-cols // 64)
     if col_tiles > _GRID_X_MAX:
-        raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 32}, got {cols}")
-    grid = (col_tiles, min(-(-rows // 32), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
+        raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 64}, got {cols}")
+    grid = (col_tiles, min(-(-rows // 64), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
     _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch,
             stream=arrays.launch_stream(stream, x), backend=backend)
     return out
@@ -134,6 +135,19 @@ def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: 
 
 
 # --------------------------------------------------------------------------- RMSNorm backward
+
+
+# Fused rms_norm_backward: blocks of the row kernel (each a grad_weight partial row). Enough to fill a
+# large GPU; few enough that the partials (n_part x dim fp32) stay a few % of the 3N bytes.
+_RMS_BWD_PARTS = 512
+_RMS_BWD_ACC = 16  # columns a thread can hold (RMSB_ACC in training.cu)
+
+
+def rms_backward_partials(n_rows: int, dim: int) -> int:
+    """Blocks of the fused rms_norm_backward (0: row too long for the registers, use the weight kernel)."""
+    if dim > _RMS_BWD_ACC * _row_threads(dim):
+        return 0
+    return min(n_rows, _RMS_BWD_PARTS)
 
 
 def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
@@ -184,9 +198,26 @@ def rms_norm_backward(
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
+    threads = _row_threads(dim)
+    n_part = rms_backward_partials(n_rows, dim)
+    if n_part:
+        # fused: the row kernel's n_part blocks each sum their rows' x * r * g per column in registers;
+        # the reduce kernel adds the n_part partial rows in order (deterministic, 3N bytes)
+        partial = grad_w if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=x)
+        _launch(
+            "rms_norm_backward" + sfx, (n_part,), (threads,),
+            _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, partial, n_rows, dim, float(eps), n_part,
+            stream=stream, backend=backend,
+        )
+        if n_part > 1:
+            _launch(
+                "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_part, dim,
+                stream=stream, backend=backend,
+            )
+        return grad_x, grad_w
     _launch(
-        "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),),
-        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, n_rows, dim, float(eps),
+        "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (threads,),
+        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, grad_w, n_rows, dim, float(eps), 0,
         stream=stream, backend=backend,
     )
     n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)

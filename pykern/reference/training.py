@@ -54,9 +54,10 @@ def _softmax_backward(cuda: Any):
 @reference("rms_norm_backward", "rms_norm_backward_bf16")
 def _rms_norm_backward(cuda: Any):
     @cuda.jit
-    def k(x, w, g, gx, inv_rms, n_rows, dim, eps):
-        row = cuda.grid(1)
-        if row < n_rows:
+    def k(x, w, g, gx, inv_rms, partial, n_rows, dim, eps, n_part):
+        t = cuda.grid(1)
+        if t < n_rows:
+            row = t
             base = row * dim
             ss = 0.0
             xwg = 0.0
@@ -67,8 +68,18 @@ def _rms_norm_backward(cuda: Any):
             inv_rms[row] = r
             for i in range(dim):
                 gx[base + i] = r * w[i] * g[base + i] - x[base + i] * r * r * r * xwg / dim
+        if t < n_part:  # fused weight gradient: partial row t sums rows t, t + n_part, ... in that order
+            for col in range(dim):
+                partial[t * dim + col] = 0.0
+            for row in range(t, n_rows, n_part):
+                ss = 0.0
+                for i in range(dim):
+                    ss += x[row * dim + i] * x[row * dim + i]
+                r = 1.0 / math.sqrt(ss / dim + eps)
+                for col in range(dim):
+                    partial[t * dim + col] += x[row * dim + col] * r * g[row * dim + col]
 
-    return k, lambda a: _grid1(a[5])
+    return k, lambda a: _grid1(max(a[6], a[9]))
 
 
 @reference("rms_norm_backward_weight", "rms_norm_backward_weight_bf16")

@@ -303,7 +303,8 @@ def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
 
     specs = (("f32", (3, 1)), ("f32", (5, 8)), ("f32", (2, 3, 64)), ("f32", (3, 769)), ("f32", (2, 1024)),
              ("f32", (2, 5125)), ("f32", (1, 65536)), ("bf16", (5, 8)), ("bf16", (3, 769)), ("bf16", (2, 4096)),
-             ("bf16", (2, 5125)), ("bf16", (1, 65536)))
+             ("bf16", (2, 5125)), ("bf16", (1, 65536)),
+             ("f32", (3, 1000)), ("bf16", (2, 1000)), ("bf16", (2, 16384)))  # register-cached rows, partial 2nd slot
     for kind, shp in specs:
         x = _normal(rng, shp, kind, 2.0)
         w = _cast(1.0 + 0.1 * rng.standard_normal(shp[-1]), kind)
@@ -317,12 +318,17 @@ def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
     from ... import ops
 
     # (n_q, n_heads, kv_len, past_len); the 1500-key rows take the block-per-row path
-    for n_q, h, kv, past in ((1, 2, 1, 0), (5, 3, 12, 7), (6, 2, 6, 0), (17, 2, 300, 283), (4, 1, 1500, 1496),
-                             (3, 2, 40, 0)):
+    # + float4 path edges: kv % 4 != 0 (scalar), visible ends inside a chunk, a misaligned base (scalar)
+    for n_q, h, kv, past, misaligned in ((1, 2, 1, 0, 0), (5, 3, 12, 7, 0), (6, 2, 6, 0, 0), (17, 2, 300, 283, 0),
+                                         (4, 1, 1500, 1496, 0), (3, 2, 40, 0, 0), (9, 2, 7, 0, 0), (9, 2, 64, 1, 0),
+                                         (5, 1, 36, 2, 1), (3, 1, 1504, 1497, 1)):
         s = (rng.standard_normal((n_q, h, kv)) * 5.0).astype(np.float32)
+        if misaligned:  # same values, base 4 bytes past a 16-byte boundary
+            s = np.concatenate([np.zeros(1, np.float32), s.ravel()])[1:].reshape(s.shape)
         if kv > 4:
             s[0, 0, 1] = -np.inf  # a masked-out-by-caller score stays 0, the rest stays finite
-        yield Case(op="causal_attn_softmax", dtype="f32", shape=f"{n_q}x{h}x{kv}-past{past}",
+        yield Case(op="causal_attn_softmax", dtype="f32",
+                   shape=f"{n_q}x{h}x{kv}-past{past}" + ("-misaligned" if misaligned else ""),
                    kernels=("causal_attn_softmax",),
                    run=lambda b, s=s, p=past: {"out": ops.causal_attn_softmax(s, p, backend=b)},
                    reference=lambda s=s, p=past: {"out": np_causal_attn_softmax(s, p)})

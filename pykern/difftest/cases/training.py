@@ -173,23 +173,35 @@ def _np(a: Any) -> np.ndarray:
 
 
 def _transpose_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in (("f32", (1, 1)), ("f32", (7, 33)), ("f32", (33, 65)), ("f32", (2, 3, 40, 17)),
-                        ("bf16", (7, 33)), ("bf16", (64, 32))):
+    # 16-byte path: rows and cols multiples of 4 (f32) / 8 (bf16) on aligned bases, partial 64-tiles included;
+    # element path: odd sizes, sizes not multiples of the vector width, a misaligned base
+    for kind, shape, mis in (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (33, 65), 0), ("f32", (2, 3, 40, 17), 0),
+                             ("bf16", (7, 33), 0), ("bf16", (64, 32), 0), ("f32", (68, 132), 0), ("f32", (2, 8, 200), 0),
+                             ("f32", (12, 6), 0), ("f32", (36, 20), 1), ("bf16", (72, 136), 0), ("bf16", (2, 16, 24), 0),
+                             ("bf16", (12, 20), 0), ("bf16", (40, 24), 1)):
         x = _cast(rng.standard_normal(shape), kind)
-        yield Case(op="transpose_2d", dtype=kind, shape="x".join(map(str, shape)),
+        if mis:  # same values, base one element past a 16-byte boundary
+            x = np.concatenate([x.ravel()[:1], x.ravel()])[1:].reshape(shape)
+        yield Case(op="transpose_2d", dtype=kind, shape="x".join(map(str, shape)) + ("-misaligned" if mis else ""),
                    kernels=("transpose_2d" + ("_bf16" if kind == "bf16" else ""),),
                    run=lambda be, x=x: {"out": _np(_ops().transpose_2d(x, backend=be))},
                    reference=lambda x=x: {"out": np_transpose_2d(x)})
 
 
 def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in (("f32", (1, 1)), ("f32", (7, 33)), ("f32", (5, 128)), ("f32", (2, 3, 1000)),
-                        ("bf16", (7, 33)), ("bf16", (4, 256))):
+    # 16-byte path (rows of a multiple of 4 f32 / 8 bf16, aligned) and its edges: 12 bf16 (not a multiple
+    # of 8), 40 bf16 (5 vectors: the 2-way unroll's odd tail), a misaligned base
+    for kind, shape, mis in (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (5, 128), 0), ("f32", (2, 3, 1000), 0),
+                             ("bf16", (7, 33), 0), ("bf16", (4, 256), 0), ("bf16", (3, 12), 0), ("bf16", (3, 40), 0),
+                             ("f32", (3, 36), 1), ("bf16", (3, 48), 1)):
         z = rng.standard_normal(shape)
         p = np.exp(z - z.max(axis=-1, keepdims=True))
         p = _cast(p / p.sum(axis=-1, keepdims=True), kind)
         g = _cast(rng.standard_normal(shape), kind)
-        yield Case(op="softmax_backward", dtype=kind, shape="x".join(map(str, shape)),
+        if mis:  # same values, bases one element past a 16-byte boundary
+            p = np.concatenate([p.ravel()[:1], p.ravel()])[1:].reshape(shape)
+            g = np.concatenate([g.ravel()[:1], g.ravel()])[1:].reshape(shape)
+        yield Case(op="softmax_backward", dtype=kind, shape="x".join(map(str, shape)) + ("-misaligned" if mis else ""),
                    kernels=("softmax_backward" + ("_bf16" if kind == "bf16" else ""),),
                    run=lambda be, p=p, g=g: {"grad_in": _np(_ops().softmax_backward(p, g, backend=be))},
                    reference=lambda p=p, g=g: {"grad_in": np_softmax_backward(p, g)})
@@ -198,16 +210,22 @@ def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
 def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
     shapes = [("f32", (rows, dim), "") for dim in (1, 8, 769, 5125) for rows in (1, 7)]
     shapes += [("f32", (83, 1), ""), ("f32", (83, 8), ""), ("f32", (83, 769), ""), ("f32", (83, 5125), "big"),
-               ("f32", (2, 300, 64), ""), ("bf16", (7, 769), ""), ("bf16", (83, 8), ""), ("bf16", (5, 1024), "")]
+               ("f32", (2, 300, 64), ""), ("bf16", (7, 769), ""), ("bf16", (83, 8), ""), ("bf16", (5, 1024), ""),
+               ("bf16", (3, 12), ""), ("bf16", (4, 8200), ""), ("f32", (2, 8196), "")]  # bf16 16-byte path edges: 12 % 8 != 0; > 1 vector/thread
     for kind, shape, note in shapes:
         x = _cast(rng.standard_normal(shape), kind)
         w = _cast(1.0 + 0.5 * rng.standard_normal(shape[-1]), kind)
         g = _cast(rng.standard_normal(shape), kind)
         sfx = "_bf16" if kind == "bf16" else ""
         rows = int(np.prod(shape[:-1]))
-        kern = ("rms_norm_backward" + sfx, "rms_norm_backward_weight" + sfx)
-        if rows > 32:
-            kern += ("rms_norm_grad_weight_reduce",)
+        from ...ops.training import rms_backward_partials
+        n_part = rms_backward_partials(rows, shape[-1])
+        if n_part:  # fused weight gradient (+ the reduce of the blocks' partial rows)
+            kern = ("rms_norm_backward" + sfx,) + (("rms_norm_grad_weight_reduce",) if n_part > 1 else ())
+        else:
+            kern = ("rms_norm_backward" + sfx, "rms_norm_backward_weight" + sfx)
+            if rows > 32:
+                kern += ("rms_norm_grad_weight_reduce",)
 
         def run(be, x=x, w=w, g=g):
             gx, gw = _ops().rms_norm_backward(x, w, g, 1e-6, backend=be)

@@ -1,0 +1,41 @@
+"""tools/bytes_model.py: the per-op byte counts follow the ops' definitions, and the CLI's --json parses."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+spec = importlib.util.spec_from_file_location("pk_bytes_model", ROOT / "tools" / "bytes_model.py")
+bm = importlib.util.module_from_spec(spec)
+sys.modules[spec.name] = bm  # dataclasses look their module up there
+spec.loader.exec_module(bm)
+
+
+def by_op(group: str, e: int) -> dict:
+    return {r.op: r for r in bm.rows(group, e)}
+
+
+def test_minimum_bytes_follow_the_op_definitions() -> None:
+    f = by_op("forward", 2)
+    n = bm.TOKENS * bm.FFN
+    assert f["silu_gate"].min_bytes == 3 * n * 2 == f["silu_gate"].hbm_bytes
+    assert f["silu_gate_backward"].min_bytes == 5 * n * 2
+    t = by_op("training", 4)
+    n = bm.HIDDEN * bm.FFN
+    assert t["transpose_2d"].min_bytes == 2 * n * 4 == t["transpose_2d"].hbm_bytes
+    rb = t["rms_norm_backward"]
+    assert 1.0 < rb.hbm_bytes / rb.min_bytes < 1.1  # fused weight gradient: 3N + the blocks' partial rows
+    for r in bm.rows("all", 2):
+        assert r.min_bytes <= r.hbm_bytes <= r.issued_bytes, r
+        assert abs(r.model_us - r.hbm_bytes / 3.35e12 * 1e6) < 1e-6
+
+
+def test_cli_json() -> None:
+    out = subprocess.run([sys.executable, str(ROOT / "tools" / "bytes_model.py"), "--json", "--dtype", "f32"],
+                         capture_output=True, text=True, check=True).stdout
+    rows = json.loads(out)
+    assert {r["op"] for r in rows} >= {"rms_norm", "transpose_2d", "softmax_backward", "causal_attn_softmax"}
+    assert all(r["dtype"] in ("f32",) or r["op"] == "causal_attn_softmax" for r in rows)
