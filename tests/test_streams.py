@@ -289,10 +289,11 @@ def test_cross_entropy_kernel_marks_bad_device_targets_nan():
     row_loss = np.zeros(3, np.float32)
     inv = np.zeros(1, np.float32)
     loss = np.zeros(1, np.float32)
-    pykern.launch("cross_entropy_count", 1, 32, targets, inv, 3, -100, backend="host")
+    pykern.launch("cross_entropy_count", 1, 32, targets, inv, 3, -100, 1, backend="host")
     assert inv[0] == np.float32(0.5)
-    pykern.launch("cross_entropy_fwd_bwd", 3, 32, logits, targets, grad, row_loss, inv, 3, 5, -100, backend="host")
-    pykern.launch("cross_entropy_loss_mean", 1, 32, row_loss, loss, inv, 3, backend="host")
+    pykern.launch("cross_entropy_fwd_bwd", 3, 32, logits, targets, grad, row_loss, inv, 3, 5, -100, 0.0, 0.0, 0.0,
+                  backend="host")
+    pykern.launch("cross_entropy_loss_reduce", 1, 32, row_loss, loss, inv, 3, 3, 1, backend="host")
     assert np.isnan(row_loss[1]) and np.isnan(grad[1]).all() and np.isnan(loss[0])
     assert np.isfinite(grad[0]).all() and not grad[2].any() and row_loss[2] == 0
     lse = np.log(np.exp(logits[0].astype(np.float64)).sum())
