@@ -173,3 +173,216 @@ def test_pykern_torch_cross_entropy_options_autograd(dtype, reduction):
     mod = pt.CrossEntropyLoss(reduction=reduction, **opt)
     _close(mod(x.float(), t), torch_ce_ref(x.double(), t, reduction=reduction, **opt), "cross_entropy_fwd_bwd")
     assert torch.isnan(pt.cross_entropy(x.float(), torch.full((9,), -100), label_smoothing=0.1))
+
+
+# --------------------------------------------------------------------------- norms and GELU (pykern.torch autograd)
+
+
+def _kind(dtype):
+    return "f32" if dtype == torch.float32 else "bf16"
+
+
+def _leaf(t, dtype):
+    return t.to(dtype).detach().requires_grad_(True)
+
+
+def _grads(fn, inputs, ups):
+    out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    total = sum((o.float() * u.to(o.device).float()).sum() if o.dtype != torch.float64 else (o * u.double()).sum()
+                for o, u in zip(outs, ups))
+    return outs, torch.autograd.grad(total, [i for i in inputs if i is not None])
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_autograd_matches_torch_f64(dtype):
+    g = torch.Generator().manual_seed(11)
+    x, r, w = torch.randn(3, 5, 48, generator=g), torch.randn(3, 5, 48, generator=g), 1 + 0.3 * torch.randn(48, generator=g)
+    uy, uh = torch.randn(3, 5, 48, generator=g), torch.randn(3, 5, 48, generator=g)
+    eps = 1e-6
+
+    def ref(x, r, w):
+        h = x + r
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w, h
+
+    ins = [_leaf(t, dtype) for t in (x, r, w)]
+    outs, gr = _grads(lambda *a: pt.add_rms_norm(*a, eps=eps), ins, (uy, uh))
+    routs, rgr = _grads(ref, [_leaf(t.to(dtype), torch.float64) for t in (x, r, w)], (uy, uh))
+    k = _kind(dtype)
+    for o, ro in zip(outs, routs):
+        _close(o, ro, "add_rms_norm", k)
+    for gg, rg, nm in zip(gr, rgr, ("x", "residual", "weight")):
+        _close(gg, rg, "add_rms_norm_backward", k, nm)
+    assert torch.equal(gr[0], gr[1])  # one gradient path
+
+
+def test_add_rms_norm_inplace_and_deterministic_weight_grad():
+    rng = np.random.default_rng(12)
+    x, r = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
+    w = rng.standard_normal(33).astype(np.float32)
+    y0, h0 = ops.add_rms_norm(x, r, w, backend="host")
+    xi, ri = x.copy(), r.copy()
+    y1, h1 = ops.add_rms_norm(xi, ri, w, inplace=True, backend="host")
+    assert y1 is xi and h1 is ri and np.array_equal(y1, y0) and np.array_equal(h1, h0)
+    ry, rh = T.np_add_rms_norm(x, r, w) if hasattr(T, "np_add_rms_norm") else (None, None)
+    from pykern.difftest.cases import training_ext as E
+
+    ry, rh = E.np_add_rms_norm(x, r, w)
+    _close(y0, ry, "add_rms_norm")
+    g = rng.standard_normal((70, 33)).astype(np.float32)
+    a = ops.add_rms_norm_backward(h0, w, g, None, backend="host")
+    b = ops.add_rms_norm_backward(h0, w, g, None, backend="host")
+    assert a[1].tobytes() == b[1].tobytes()
+    _close(a[1], E.np_add_rms_norm_backward(h0, w, g)[1], "add_rms_norm_backward")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (False, False), (True, False), (False, True)])
+def test_layer_norm_autograd_matches_torch_f64(dtype, has_w, has_b):
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(4, 3, 40, generator=g) + 3.0
+    w, b = 1 + 0.3 * torch.randn(40, generator=g), 0.5 * torch.randn(40, generator=g)
+    up = torch.randn(4, 3, 40, generator=g)
+    xs = _leaf(x, dtype)
+    ws, bs = (_leaf(w, dtype) if has_w else None), (_leaf(b, dtype) if has_b else None)
+    (out,), gr = _grads(lambda x, w, b: pt.layer_norm(x, w, b, 1e-5), [xs, ws, bs], (up,))
+    xr = _leaf(x.to(dtype), torch.float64)
+    wr = _leaf(w.to(dtype), torch.float64) if has_w else None
+    br = _leaf(b.to(dtype), torch.float64) if has_b else None
+    (rout,), rgr = _grads(lambda x, w, b: F.layer_norm(x, (40,), w, b, 1e-5), [xr, wr, br], (up,))
+    k = _kind(dtype)
+    _close(out, rout, "layer_norm", k)
+    assert len(gr) == len(rgr)
+    for gg, rg in zip(gr, rgr):
+        _close(gg, rg, "layer_norm_backward", k)
+
+
+def test_layer_norm_one_row_dim_1_and_deterministic():
+    x = np.array([[2.5]], np.float32)
+    np.testing.assert_array_equal(ops.layer_norm(x, backend="host"), [[0.0]])
+    rng = np.random.default_rng(14)
+    x, g = rng.standard_normal((600, 17)).astype(np.float32), rng.standard_normal((600, 17)).astype(np.float32)
+    w = rng.standard_normal(17).astype(np.float32)
+    r1 = ops.layer_norm_backward(x, w, g, backend="host")
+    r2 = ops.layer_norm_backward(x, w, g, backend="host")
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(r1, r2))
+    from pykern.difftest.cases import training_ext as E
+
+    for out, ref, nm in zip(r1, E.np_layer_norm_backward(x, w, g), ("gx", "gw", "gb")):
+        _close(out, ref, "layer_norm_backward", "f32", nm)
+    assert ops.layer_norm_backward(x, None, g, bias=False, backend="host")[1:] == (None, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_gelu_gate_autograd_match_torch_f64(dtype, approximate):
+    g = torch.Generator().manual_seed(15)
+    a, u, up = (torch.randn(6, 45, generator=g) * 3 for _ in range(3))
+    k = _kind(dtype)
+    (out,), (ga,) = _grads(lambda a: pt.gelu(a, approximate), [_leaf(a, dtype)], (up,))
+    (rout,), (rga,) = _grads(lambda a: F.gelu(a, approximate=approximate), [_leaf(a.to(dtype), torch.float64)], (up,))
+    _close(out, rout, "gelu", k)
+    _close(ga, rga, "gelu_backward", k)
+    (out,), (gg, gu) = _grads(lambda a, u: pt.gelu_gate(a, u, approximate), [_leaf(a, dtype), _leaf(u, dtype)], (up,))
+    (rout,), (rgg, rgu) = _grads(lambda a, u: F.gelu(a, approximate=approximate) * u,
+                                 [_leaf(a.to(dtype), torch.float64), _leaf(u.to(dtype), torch.float64)], (up,))
+    _close(out, rout, "gelu_gate", k)
+    _close(gg, rgg, "gelu_gate_backward", k, "gate")
+    _close(gu, rgu, "gelu_gate_backward", k, "up")
+
+
+def test_new_ops_reject_bad_arguments():
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(ArgumentError, match="approximate"):
+        ops.gelu(x, "fast")
+    with pytest.raises(ArgumentError, match="up"):
+        ops.gelu_gate(x, np.zeros((2, 5), np.float32))
+    with pytest.raises(ArgumentError, match="weight"):
+        ops.layer_norm(x, np.zeros(5, np.float32))
+    with pytest.raises(ArgumentError, match="eps"):
+        ops.add_rms_norm(x, x, np.zeros(4, np.float32), -1.0)
+    with pytest.raises(ArgumentError, match="residual"):
+        ops.add_rms_norm(x, np.zeros((3, 4), np.float32), np.zeros(4, np.float32))
+
+
+# --------------------------------------------------------------------------- fused linear cross-entropy
+
+
+def _flce_ref(h, w, t, b=None, reduction="mean", **opt):
+    logits = h @ w.T + (b if b is not None else 0)
+    return torch_ce_ref(logits, t, reduction=reduction, **opt)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opt", OPTS[:1] + OPTS[-1:], ids=["plain", "all_options"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("frame", ["numpy", "torch"])
+def test_flce_op_matches_torch_f64_autograd(frame, dtype, opt, reduction):
+    g = torch.Generator().manual_seed(21)
+    n, hd, v = 11, 24, 37
+    h, w, b = torch.randn(n, hd, generator=g), torch.randn(v, hd, generator=g) * 0.5, torch.randn(v, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[[2, 5]] = -100
+    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    h, w, b = h.to(tdt), w.to(tdt), b.to(tdt)
+    conv = (lambda a: a) if frame == "torch" else (lambda a: a.float().numpy().astype(
+        np.float32 if dtype == "f32" else pykern.arrays.bfloat16()))
+    kw = dict(label_smoothing=opt.get("label_smoothing", 0.0), z_loss=opt.get("z_loss", 0.0),
+              softcap=opt.get("softcap"), reduction=reduction, chunk_size=4)
+    loss, gh, gw, gb = ops.fused_linear_cross_entropy(conv(h), conv(w), t if frame == "torch" else t.numpy(),
+                                                      conv(b), backend="host", **kw)
+    ins = [_leaf(a, torch.float64) for a in (h, w, b)]
+    ref = _flce_ref(*ins[:2], t, ins[2], reduction=reduction, **opt)
+    rgh, rgw, rgb = torch.autograd.grad(ref.sum(), ins)
+    atol, rtol = tolerance("fused_linear_cross_entropy", dtype)
+    _close(np.asarray(loss.float() if frame == "torch" else loss), ref, "fused_linear_cross_entropy", dtype, "loss")
+    for got, want, nm in ((gh, rgh, "grad_hidden"), (gw, rgw, "grad_weight"), (gb, rgb, "grad_bias")):
+        got = got.float() if frame == "torch" else np.asarray(got, np.float32)
+        _close(got, want, "fused_linear_cross_entropy", dtype, nm)
+
+
+def test_flce_edges_all_ignored_one_row_vocab_1_chunks():
+    rng = np.random.default_rng(22)
+    h, w = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((6, 8)).astype(np.float32)
+    loss, gh, gw, gb = ops.fused_linear_cross_entropy(h, w, np.full(5, -100), backend="host")
+    assert float(loss) == 0.0 and not gh.any() and not gw.any() and gb is None
+    for n, v, chunk in ((1, 9, None), (5, 1, 2), (7, 13, 1), (7, 13, 100)):
+        h = rng.standard_normal((n, 8)).astype(np.float32)
+        w = rng.standard_normal((v, 8)).astype(np.float32)
+        t = rng.integers(0, v, n)
+        loss, gh, gw, _ = ops.fused_linear_cross_entropy(h, w, t, z_loss=1e-2, chunk_size=chunk, backend="host")
+        ins = [torch.from_numpy(a).double().requires_grad_(True) for a in (h, w)]
+        ref = _flce_ref(*ins, torch.from_numpy(t), z_loss=1e-2)
+        rgh, rgw = torch.autograd.grad(ref, ins)
+        _close(loss, ref, "fused_linear_cross_entropy", "f32", f"{n}x{v} loss")
+        _close(gh, rgh, "fused_linear_cross_entropy", "f32", f"{n}x{v} gh")
+        _close(gw, rgw, "fused_linear_cross_entropy", "f32", f"{n}x{v} gw")
+    with pytest.raises(ArgumentError, match="targets"):
+        ops.fused_linear_cross_entropy(h, w, np.full(7, 13))
+    with pytest.raises(ArgumentError, match="chunk_size"):
+        ops.fused_linear_cross_entropy(h, w, t, chunk_size=0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pykern_torch_flce_autograd(dtype, reduction):
+    g = torch.Generator().manual_seed(23)
+    h, w, b = torch.randn(10, 16, generator=g), torch.randn(29, 16, generator=g) * 0.5, torch.randn(29, generator=g)
+    t = torch.randint(0, 29, (10,), generator=g)
+    t[3] = -100
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 8.0}
+    ins = [_leaf(a, dtype) for a in (h, w, b)]
+    loss = pt.fused_linear_cross_entropy(*ins[:2], t, ins[2], reduction=reduction, chunk_size=3, **opt)
+    gr = torch.autograd.grad(loss * 0.7, ins)
+    rins = [_leaf(a.to(dtype), torch.float64) for a in (h, w, b)]
+    ref = _flce_ref(*rins[:2], t, rins[2], reduction=reduction, **opt)
+    rgr = torch.autograd.grad(ref * 0.7, rins)
+    k = _kind(dtype)
+    _close(loss, ref, "fused_linear_cross_entropy", k, "loss")
+    for a, r, nm in zip(gr, rgr, ("hidden", "weight", "bias")):
+        assert a.dtype == dtype
+        _close(a, r, "fused_linear_cross_entropy", k, nm)
+    assert torch.isnan(pt.fused_linear_cross_entropy(ins[0], ins[1], torch.full((10,), -100)))

@@ -334,6 +334,12 @@ def flce_chunk_rows(n_rows: int, vocab: int, hidden: int) -> int:
     return 1 << (c - 1).bit_length()
 
 
+def torch_inv_count(count: Any) -> Any:
+    """1 / count (0 when count is 0) as a float32 torch tensor on count's device (no sync)."""
+    c = count.to(dtype=__import__("torch").float64)
+    return (1.0 / c.clamp(min=1.0) * (c > 0)).float()
+
+
 class _Frame:
     """The caller's array framework (NumPy, torch or CuPy): matmuls and small element ops run there,
     on the caller's device and stream; only the cross-entropy itself is a pykern kernel."""
@@ -483,9 +489,10 @@ def fused_linear_cross_entropy(
             loss = rows.sum()
             if reduction == "mean":
                 count = (targets != ignore_index).sum()  # on the device: no synchronisation
-                inv = fw.xp.where(count > 0, 1.0 / fw.xp.maximum(count, 1), 0.0)
-                inv = inv.float() if fw.kind == "torch" else np.float32(inv) if fw.kind == "numpy" else \
-                    inv.astype(np.float32)
+                if fw.kind == "torch":
+                    inv = torch_inv_count(count)
+                else:
+                    inv = fw.xp.where(count > 0, 1.0 / fw.xp.maximum(count, 1), 0.0).astype(np.float32)
                 loss = loss * inv
                 gh *= inv
                 gw *= inv
