@@ -583,23 +583,18 @@ extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd_bf16(
 }
 
 // scale[0] = 1 / (rows whose target is not pad_id) when `mean` (0 when there is
-// none), else 1: one block, integer counts summed by a fixed tree (exact), so
+// none), else 1: one block, integer counts (exact, whatever the order), so
 // nothing travels to the host. The reciprocal is taken in double and rounded once.
 extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_count(
     const long long* __restrict__ targets, float* __restrict__ scale, long long n_rows, int pad_id, int mean) {
-    __shared__ long long counts[512];
-    long long c = 0;
-    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) c += targets[i] != pad_id ? 1 : 0;
-    counts[threadIdx.x] = c;
+    __shared__ unsigned long long total;
+    if (threadIdx.x == 0) total = 0ull;
     __syncthreads();
-    for (unsigned int half = blockDim.x >> 1; half > 0; half >>= 1) {  // blockDim.x is a power of two
-        if (threadIdx.x < half) counts[threadIdx.x] += counts[threadIdx.x + half];
-        __syncthreads();
-    }
-    if (threadIdx.x == 0) {
-        const long long total = counts[0];
-        scale[0] = mean ? (total ? (float)(1.0 / (double)total) : 0.0f) : 1.0f;
-    }
+    unsigned long long c = 0ull;
+    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) c += targets[i] != pad_id ? 1ull : 0ull;
+    atomicAdd(&total, c);  // integer: the sum does not depend on the order
+    __syncthreads();
+    if (threadIdx.x == 0) scale[0] = mean ? (total ? (float)(1.0 / (double)total) : 0.0f) : 1.0f;
 }
 
 // out[b] = sum(in[b * per_block .. (b + 1) * per_block)) (* scale[0] when

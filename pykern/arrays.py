@@ -1,4 +1,7 @@
-"""Array helpers for ops: dtype names, bf16, and allocating outputs next to the inputs."""
+"""Array helpers for ops: one place that knows the array kinds (NumPy, torch tensors, CuPy / numba
+device arrays, DLPack host objects): shapes, dtype names, bf16, contiguity, host views, the stream
+an op runs on, and allocating outputs next to the inputs. torch is never imported here: a tensor
+can only exist once the caller imported it."""
 from __future__ import annotations
 
 import sys
@@ -29,7 +32,7 @@ def is_torch(a: Any) -> bool:
 
 
 def is_torch_cuda(a: Any) -> bool:
-    return is_torch(a) and a.device.type != "cpu"
+    return is_torch(a) and a.device.type == "cuda"
 
 
 def _module(a: Any) -> str:

@@ -112,6 +112,8 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             raise ArgumentError(f"{label}: expected a contiguous tensor, got strides {tuple(t.stride())}")
         if t.device.type == "cpu":
             return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
+        if t.device.type != "cuda":
+            raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}")
         global _torch_cuda_seen
         _torch_cuda_seen = True
         return arrays.device_view(t)

@@ -17,6 +17,7 @@ from pykern.difftest.runner import compare
 from pykern.tolerance import tolerance
 
 from family_helpers import need as _need
+from test_streams import compiled, fake  # noqa: F401  (fake-driver fixtures, used by the stream test)
 
 
 def _ok(name: str, got, ref, op: str, dtype: str = "f32") -> None:
@@ -422,3 +423,46 @@ def test_rope_with_hf_per_token_cos_sin_as_a_table() -> None:
     y = ops.rope(x, cos.reshape(b * n, d), sin.reshape(b * n, d), position_ids=flat, style="half", backend="host")
     ref, _ = llama.apply_rotary_pos_emb(x.transpose(1, 2), x.transpose(1, 2), cos, sin)
     _ok("out", y.numpy().astype(np.float64), ref.transpose(1, 2).double().numpy(), "rope")
+
+
+# --------------------------------------------------------------------------- streams (fake driver, nvrtc backend)
+
+
+def _stream_cases(drv):
+    from test_streams import _dev
+
+    r = np.random.default_rng(33)
+    f = lambda *s: _dev(drv, r.standard_normal(s).astype(np.float32))  # noqa: E731
+    hc, hs = (_dev(drv, t) for t in F.hf_rope_tables(8, 8, "half"))
+    pid32 = _dev(drv, np.array([[1, 7, 0], [2, 2, 5]], np.int32))  # device ids of another int dtype
+    q, k, v, g = f(1, 5, 4, 16), f(1, 7, 2, 16), f(1, 7, 2, 16), f(1, 5, 4, 16)
+    return [
+        (1, lambda s: ops.silu_gate_backward(f(3, 7), f(3, 7), f(3, 7), stream=s)),
+        (1, lambda s: ops.rope(f(2, 3, 2, 8), hc, hs, position_ids=pid32, style="half", inverse=True, stream=s)),
+        (1, lambda s: ops.rope(f(2, 3, 2, 8), hc, hs, pos_offset=2, style="half", stream=s)),
+        (3, lambda s: ops.attention_backward(q, k, v, g, causal=False, scale=0.3, stream=s)),
+        (3, lambda s: ops.attention_backward(q, k, v, g, out=f(1, 5, 4, 16), lse=f(1, 5, 4), stream=s)),
+        (3, lambda s: ops.attention_backward(q, k, v, g, method="naive", stream=s)),
+    ]
+
+
+def test_new_ops_launch_on_the_callers_stream_without_host_copies(request) -> None:
+    """Device (CUDA-array-interface) inputs: every launch on stream= (else the library's current
+    stream), no device-to-host copy, no driver allocation, no synchronization beyond CAI v3's wait
+    for the inputs' producer stream; the fake driver also
+    checks each packed argument against the kernel's PTX signature."""
+    fake = request.getfixturevalue("fake")
+    from test_streams import CURRENT, SIDE, _calls_since
+
+    for stream, want in ((None, CURRENT), (SIDE, SIDE)):
+        for n_launch, fn in _stream_cases(fake):
+            start, first = len(fake.calls), len(fake.launches)
+            fn(stream)
+            launches, calls = fake.launches[first:], _calls_since(fake, start)
+            assert len(launches) == n_launch, [x.name for x in launches]
+            assert {x.stream for x in launches} == {want}
+            for bad in ("memcpy_dtoh_async", "mem_alloc"):
+                assert bad not in calls, (bad, calls)
+            # the inputs' CAI v3 says they were produced on CURRENT: a side stream may wait for it, nothing else
+            syncs = {c[1][0] for c in fake.calls[start:] if c[0] == "stream_synchronize"}
+            assert syncs <= ({CURRENT} if stream == SIDE else set()), syncs

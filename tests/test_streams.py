@@ -252,6 +252,16 @@ def test_host_ids_for_a_device_op_go_host_to_device_only(fake):
     assert "memcpy_dtoh_async" not in calls and "stream_synchronize" not in calls
 
 
+def test_host_ids_for_a_device_table_go_host_to_device_only(fake):
+    tab = _dev(fake, np.ones((11, 4), np.float32))
+    start = len(fake.calls)
+    out = ops.embedding(np.array([[1, 2], [0, 10]]), tab)
+    calls = _calls_since(fake, start)
+    assert type(out).__module__ == "cupy" and out.shape == (2, 2, 4)
+    assert "memcpy_dtoh_async" not in calls and "stream_synchronize" not in calls
+    assert {x.stream for x in fake.launches} == {CURRENT}
+
+
 def test_numpy_inputs_keep_staging_and_synchronizing(fake):
     """NumPy in, NumPy out: the nvrtc backend still stages (copy in, launch, copy out, sync)."""
     start = len(fake.calls)

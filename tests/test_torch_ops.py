@@ -162,6 +162,28 @@ def test_inplace_rope_on_a_tensor_writes_it():
     np.testing.assert_array_equal(t.numpy(), ops.rope(x, cos, sin))
 
 
+class _DLPackOnly:
+    """A host array seen only through DLPack (as a JAX or other library array would be)."""
+
+    def __init__(self, a: np.ndarray) -> None:
+        self._a = a
+
+    def __dlpack__(self, **kw):
+        return self._a.__dlpack__(**kw)
+
+    def __dlpack_device__(self):
+        return self._a.__dlpack_device__()
+
+
+def test_dlpack_inputs_give_numpy_outputs():
+    x, w = _f((3, 8), np.float32), _f((8,), np.float32)
+    got = ops.rms_norm(_DLPackOnly(x), _DLPackOnly(w))
+    assert isinstance(got, np.ndarray)
+    np.testing.assert_array_equal(got, ops.rms_norm(x, w))
+    ids = np.array([1, 0, 2])
+    np.testing.assert_array_equal(ops.embedding(_DLPackOnly(ids), _DLPackOnly(x)), x[ids])
+
+
 def test_not_an_array_is_named():
     w = torch.ones(4)
     with pytest.raises(ArgumentTypeError, match=r"^x: expected an array .* got list"):
@@ -188,6 +210,8 @@ def test_launch_takes_tensors_directly():
         pykern.launch("silu_gate", 1, 32, strided(x), x, out, 8)
     with pytest.raises(ArgumentTypeError, match=r"float32 tensor, got dtype torch.float64"):
         pykern.launch("silu_gate", 1, 32, x.double(), x, out, 8)
+    with pytest.raises(ArgumentTypeError, match=r"argument 0 .*expected a CPU or CUDA tensor, got one on meta"):
+        pykern.launch("silu_gate", 1, 32, x.to("meta"), x, out, 8)
 
 
 # --------------------------------------------------------------------------- out=
@@ -399,3 +423,19 @@ def test_cuda_graph_capture_and_replay_of_a_decode_step(method):
         torch.cuda.synchronize()
         want = ops.batched_decode_attention(ops.rms_norm(qn, w), kc, vc, ln.astype(np.uint32), method=method)
         np.testing.assert_array_equal(out.cpu().numpy(), want)
+
+
+def test_cpu_tensors_are_viewed_not_copied():
+    for t in (torch.randn(3, 5), torch.randn(3, 5).bfloat16(), torch.arange(4), torch.randn(4, requires_grad=True)):
+        v = arrays.host_view(t)
+        assert v.ctypes.data == t.data_ptr() and v.shape == tuple(t.shape)
+    b = torch.randn(6).bfloat16()
+    assert arrays.host_view(b).dtype == BF16
+    np.testing.assert_array_equal(arrays.host_view(b).astype(np.float32), b.float().numpy())
+
+
+def test_numba_backend_takes_cpu_tensors():
+    g, u = _f((2, 9), np.float32), _f((2, 9), np.float32)
+    got = ops.silu_gate(torch.from_numpy(g), strided(torch.from_numpy(u)), backend="numba")
+    assert isinstance(got, torch.Tensor)
+    np.testing.assert_array_equal(got.numpy(), ops.silu_gate(g, u, backend="numba"))

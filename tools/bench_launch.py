@@ -82,6 +82,9 @@ def main(argv: list[str] | None = None) -> int:
             return (0, 7)
 
     core = CoreStream()
+    from pykern.arrays import DeviceView
+
+    vx, vy = DeviceView(dx.ptr, (n,), "<f4", dx), DeviceView(dy.ptr, (n,), "<f4", dy)
     reps = args.repeats
     results = {
         "launch_axpy_device_arrays_us": _time(
@@ -90,6 +93,9 @@ def main(argv: list[str] | None = None) -> int:
             lambda: launch("pktest_all_types", 1, 1, out, *scalars, backend="nvrtc"), args.n, reps),
         "launch_axpy_cuda_stream_obj_us": _time(
             lambda: launch("pktest_axpy", grid, block, dy, dx, 2.0, n, stream=core, backend="nvrtc"), args.n, reps),
+        # What a torch CUDA tensor becomes in the launcher (its data_ptr(), no CAI dict per launch).
+        "launch_axpy_device_view_us": _time(
+            lambda: launch("pktest_axpy", grid, block, vy, vx, 2.0, n, stream=0, backend="nvrtc"), args.n, reps),
         "backend_only_axpy_us": _time(bare_backend, args.n, reps),
         "launcher_checks_only_axpy_us": _time(
             lambda: (launcher.check_geometry(grid, block, 0), launcher.convert_args(axpy, (dy, dx, 2.0, n))),

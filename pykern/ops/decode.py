@@ -388,7 +388,11 @@ def _to_device_like(host: np.ndarray, like: Any) -> Any:
 
         return cupy.asarray(host)
     if arrays.is_torch(like):
-        t = arrays.torch_module().from_numpy(host)
-        return t if like.device.type == "cpu" else t.to(like.device, non_blocking=False)
+        torch = arrays.torch_module()
+        if like.device.type == "cpu":
+            return torch.from_numpy(host)
+        if host.size == 1:  # an int seq_len: a fill kernel on the op's stream (capturable, no copy)
+            return torch.full(host.shape, int(host[0]), dtype=torch.int32, device=like.device).view(torch.uint32)
+        return torch.from_numpy(host.astype(np.int32)).to(like.device).view(torch.uint32)
     raise ArgumentTypeError(
         f"seq_len: with a {type(like).__name__} query pass the lengths as an integer device array, got an int")

@@ -78,7 +78,9 @@ def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, back
         if n and (int(h.min()) < 0 or int(h.max()) >= vocab):
             bad = h[(h < 0) | (h >= vocab)].reshape(-1)[0]
             raise ArgumentError(f"ids: expected every id in [0, {vocab}), got {int(bad)}")
-    ids = arrays.contiguous(arrays.astype(ids, "int64"))
+    from .training import _ids_like  # host ids for a device table: copied host-to-device by its library
+
+    ids = _ids_like(ids, table)
     _check_u32("table.shape[1]", dim)
     table = arrays.contiguous(table)
     shape = id_shape + (dim,)
@@ -180,7 +182,7 @@ def rope(
     - (max_pos, head_dim), Hugging Face's `rotary_emb` output: for style="half"
       columns i and i + head_dim/2 hold the same value (cat((freqs, freqs))), for
       style="interleaved" columns 2i and 2i+1 do (each frequency repeated per
-      pair). The kernel reads column i (half) or 2i (interleaved); NumPy tables
+      pair). The kernel reads column i (half) or 2i (interleaved); host tables
       are checked to repeat as described on the rows used.
 
     style="interleaved" rotates pairs (2i, 2i+1) (Meta / GPT-J layout),
@@ -294,6 +296,7 @@ def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backen
     return out
 
 
+@arrays.stream_scoped
 def silu_gate_backward(
     gate: Any, up: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None
 ) -> tuple[Any, Any]:

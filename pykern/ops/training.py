@@ -407,9 +407,7 @@ def cross_entropy_fwd_bwd(
     targets = _ids_like(targets, logits)
     scale = arrays.empty((1,), np.float32, like=logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
-    threads = 32
-    while threads < min(n_rows, _ROW_THREADS_MAX):  # a power of two: the count kernel's tree needs it
-        threads *= 2
+    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
     _launch("cross_entropy_count", (1,), (threads,), _flat(targets), scale, n_rows, pad_id,
             1 if reduction == "mean" else 0, stream=stream, backend=backend)
     _launch(

@@ -218,7 +218,7 @@ def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
         ("f32", (7, 1, 128), "half", None, False, True, 5),
         ("f32", (2, 7, 2, 128), "half", "pidb", True, True, 0),
         ("bf16", (2, 5, 2, 64), "half", "pidb", True, False, 0),
-        ("bf16", (5, 3, 64), "interleaved", "pid", False, True, 0),
+        ("bf16", (5, 3, 64), "interleaved", "pid", True, True, 0),
         ("bf16", (3, 2, 6), "interleaved", None, True, True, 2),
     )
     for kind, shp, style, pid, hf, inverse, off in specs2:
