@@ -386,3 +386,18 @@ def test_pykern_torch_flce_autograd(dtype, reduction):
         assert a.dtype == dtype
         _close(a, r, "fused_linear_cross_entropy", k, nm)
     assert torch.isnan(pt.fused_linear_cross_entropy(ins[0], ins[1], torch.full((10,), -100)))
+
+
+def test_new_custom_ops_pass_torch_library_opcheck():
+    g = torch.Generator().manual_seed(31)
+    r = lambda *s: torch.randn(*s, generator=g, requires_grad=True)  # noqa: E731
+    torch.library.opcheck(torch.ops.pykern.cross_entropy.default,
+                          (r(5, 7), torch.tensor([1, -100, 6, 0, 2]), -100, "mean", 0.1, 1e-3, 4.0))
+    torch.library.opcheck(torch.ops.pykern.add_rms_norm.default, (r(3, 8), r(3, 8), r(8), 1e-6))
+    torch.library.opcheck(torch.ops.pykern.layer_norm.default, (r(3, 8), r(8), r(8), 1e-5))
+    torch.library.opcheck(torch.ops.pykern.layer_norm.default, (r(3, 8), None, None, 1e-5))
+    torch.library.opcheck(torch.ops.pykern.gelu.default, (r(3, 8), "tanh"))
+    torch.library.opcheck(torch.ops.pykern.gelu_gate.default, (r(3, 8), r(3, 8), "none"))
+    torch.library.opcheck(torch.ops.pykern.fused_linear_cross_entropy.default,
+                          (r(6, 8), r(11, 8), torch.tensor([1, -100, 6, 0, 2, 10]), r(11), -100, 0.1, 1e-3, 0.0,
+                           "mean", 4))

@@ -267,8 +267,8 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 @torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
-def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, label_smoothing: float,
-                   z_loss: float, softcap: float) -> tuple[Tensor, Tensor]:
+def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, label_smoothing: float = 0.0,
+                   z_loss: float = 0.0, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     # One kernel pass gives the loss of the chosen reduction (fp32, the loss's dtype
     # here) and its gradient; "none" gives per-row losses (0 on ignored rows).
     loss, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index,
@@ -283,7 +283,7 @@ def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction
 
 
 @_cross_entropy.register_fake
-def _(logits, targets, ignore_index, reduction, label_smoothing, z_loss, softcap):
+def _(logits, targets, ignore_index, reduction, label_smoothing=0.0, z_loss=0.0, softcap=0.0):
     shape = tuple(targets.shape) if reduction == "none" else ()
     return _new(shape, torch.float32, logits), _new(logits.shape, logits.dtype, logits)
 
