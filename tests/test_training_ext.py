@@ -401,3 +401,63 @@ def test_new_custom_ops_pass_torch_library_opcheck():
     torch.library.opcheck(torch.ops.pykern.fused_linear_cross_entropy.default,
                           (r(6, 8), r(11, 8), torch.tensor([1, -100, 6, 0, 2, 10]), r(11), -100, 0.1, 1e-3, 0.0,
                            "mean", 4))
+
+
+# --------------------------------------------------------------------------- torch tensors in, torch tensors out
+
+
+def _tensor_cases(dt):
+    from test_torch_ops import _f
+
+    f = lambda *s: _f(s, dt)  # noqa: E731
+    t = np.array([[3, -100, 0], [12, 5, -100]], np.int64)
+    return [
+        ("cross_entropy_opts", lambda x, t: ops.cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, z_loss=1e-3,
+                                                                      softcap=5.0, reduction="none"),
+         [f(2, 3, 13), t], [0]),
+        ("add_rms_norm", lambda x, r, w: ops.add_rms_norm(x, r, w), [f(3, 40), f(3, 40), f(40)], [0, 1, 2]),
+        ("add_rms_norm_backward", lambda h, w, g, gr: ops.add_rms_norm_backward(h, w, g, gr),
+         [f(70, 9), f(9), f(70, 9), f(70, 9)], [0, 1, 2, 3]),
+        ("layer_norm", lambda x, w, b: ops.layer_norm(x, w, b), [f(3, 40), f(40), f(40)], [0, 1, 2]),
+        ("layer_norm_backward", lambda x, w, g: ops.layer_norm_backward(x, w, g), [f(70, 9), f(9), f(70, 9)],
+         [0, 1, 2]),
+        ("gelu", lambda x: ops.gelu(x), [f(3, 7)], [0]),
+        ("gelu_backward", lambda x, g: ops.gelu_backward(x, g, "tanh"), [f(3, 7), f(3, 7)], [0, 1]),
+        ("gelu_gate", lambda a, b: ops.gelu_gate(a, b, "tanh"), [f(3, 7), f(3, 7)], [0, 1]),
+        ("gelu_gate_backward", lambda a, b, g: ops.gelu_gate_backward(a, b, g), [f(3, 7), f(3, 7), f(3, 7)],
+         [0, 1, 2]),
+        ("fused_linear_cross_entropy", lambda h, w, t, b: ops.fused_linear_cross_entropy(h, w, t, b, chunk_size=2),
+         [f(6, 8), f(13, 8), t.reshape(-1), f(13)], [0, 1, 3]),
+    ]
+
+
+@pytest.mark.parametrize("how", ["plain", "strided_grad"])
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("op", [c[0] for c in _tensor_cases(np.float32)])
+def test_new_ops_torch_cpu_equal_numpy(op, dt, how):
+    """Each new op on torch CPU tensors (also strided, requires_grad) returns torch tensors with the
+    same bits as on NumPy, and never writes its inputs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_torch_ops import BF16, as_np, kinds, to_torch, variant
+
+    dtype = np.float32 if dt == "f32" else BF16
+    _, fn, args, float_idx = next(c for c in _tensor_cases(dtype) if c[0] == op)
+    ref = fn(*args)
+    targs = [variant(a, how) if i in float_idx else to_torch(a) for i, a in enumerate(args)]
+    snapshot = [x.detach().clone() for x in targs]
+    got = fn(*targs)
+    assert all(k is torch.Tensor for k in kinds(got) if k is not type(None)), kinds(got)
+    r, g = (ref, as_np(got)) if isinstance(ref, (tuple, list)) else ([ref], [as_np(got)])
+    for a, b in zip(r, g):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+        if op == "fused_linear_cross_entropy":  # the matmuls are each framework's own: not bit-equal
+            _close(b.astype(np.float64), a.astype(np.float64), op, dt)
+            continue
+        np.testing.assert_array_equal(a.view(np.uint16) if a.dtype == BF16 else a,
+                                      b.view(np.uint16) if b.dtype == BF16 else b)
+    for x, s in zip(targs, snapshot):
+        assert torch.equal(x.detach(), s)
