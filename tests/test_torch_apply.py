@@ -301,3 +301,19 @@ def test_fused_linear_cross_entropy_loss_and_gradients_match_unpatched(dtype, mo
     o = model(input_ids=ids, labels=labels)
     assert o.logits is not None and used["fused_linear_cross_entropy"] == 2
     assert_close(o.loss, ref.eval()(input_ids=ids, labels=labels).loss, "eval loss", dtype)
+
+
+def test_fused_linear_cross_entropy_model_compiles_fullgraph():
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    torch._dynamo.reset()
+    o = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, labels=labels)
+    assert o.logits is None
+    o.loss.backward()
+    o_ref = ref(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    assert_close(o.loss, o_ref.loss, "compiled fused loss")
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"compiled fused grad {pname}")
