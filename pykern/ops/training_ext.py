@@ -256,7 +256,10 @@ def _approx(a: Any) -> int:
 
 
 def _ew(name: str, kind: str, n: int, *args: Any, stream: Any, backend: str | None) -> None:
-    blocks = min(-(-n // _EW_THREADS), _EW_BLOCKS_MAX)
+    # n % 4 == 0: the kernels take 4 elements per thread when the pointers are aligned (grid-stride
+    # loops keep a misaligned launch correct with the same grid)
+    per_thread = 4 if n % 4 == 0 else 1
+    blocks = min(-(-n // (_EW_THREADS * per_thread)), _EW_BLOCKS_MAX)
     _launch(name + _suffix(kind), (blocks,), (_EW_THREADS,), *args, stream=stream, backend=backend)
 
 
