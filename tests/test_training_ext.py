@@ -461,3 +461,19 @@ def test_new_ops_torch_cpu_equal_numpy(op, dt, how):
                                       b.view(np.uint16) if b.dtype == BF16 else b)
     for x, s in zip(targs, snapshot):
         assert torch.equal(x.detach(), s)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_flce_vocab_262144(dtype):
+    g = torch.Generator().manual_seed(41)
+    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    h, w = torch.randn(3, 4, generator=g).to(tdt), torch.randn(262144, 4, generator=g).to(tdt)
+    t = torch.tensor([262143, -100, 7])
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 15.0}
+    loss, gh, gw, _ = ops.fused_linear_cross_entropy(h, w, t, chunk_size=2, backend="host", **opt)
+    ins = [_leaf(a, torch.float64) for a in (h, w)]
+    ref = _flce_ref(*ins, t, **opt)
+    rgh, rgw = torch.autograd.grad(ref, ins)
+    _close(loss, ref, "fused_linear_cross_entropy", dtype, "loss")
+    _close(gh.float(), rgh, "fused_linear_cross_entropy", dtype, "grad_hidden")
+    _close(gw.float(), rgw, "fused_linear_cross_entropy", dtype, "grad_weight")
