@@ -607,10 +607,18 @@ extern "C" __global__ void __launch_bounds__(512, 1) embedding_backward_bf16(
 }
 
 // ---------------------------------------------------------------------------
-// cross_entropy_fwd_bwd: one block per row. Sweep 1 keeps an online (max, sum
-// of exp) per thread, merged across the block; sweep 2 writes
-// grad = (softmax - onehot) * inv_count. row_loss[row] = logsumexp - x[target]
-// (0 for pad rows); cross_entropy_loss_mean reduces it in a fixed order.
+// cross_entropy_fwd_bwd: one block per row, two reads of the row.
+// Read 1 keeps an online (max, sum of exp) per thread plus the sum of the
+// (soft-capped) logits for label smoothing, merged across the block: max, lse and
+// the loss come out of one pass. Read 2 writes the gradient, possibly over the
+// logits themselves (grad may alias logits: the in-place option, so neither
+// pointer is __restrict__). With z = softcap * tanh(x / softcap) (z = x when
+// softcap <= 0), p = softmax(z), lse = logsumexp(z), eps = label_smoothing:
+//   row_loss = lse - (1 - eps) * z[t] - eps / V * sum(z) + z_loss * lse^2
+//   dL/dz_i  = p_i * (1 + 2 * z_loss * lse) - (1 - eps) * [i == t] - eps / V
+//   dL/dx_i  = dL/dz_i * (1 - tanh^2) * scale          (scale: 1/count for "mean")
+// row_loss is 0 for pad rows; cross_entropy_loss_reduce sums it in parallel in a
+// fixed order (deterministic).
 __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     if (x > m) {
         s = s * expf(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
@@ -620,18 +628,47 @@ __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     }
 }
 
-// inv_count lives in device memory (written by cross_entropy_count), so nothing
+// Per-row constants of the gradient sweep.
+struct PkCeRow {
+    float mx, a, hit, eps_v, scale, cap, inv_cap;
+    long long t;
+};
+
+__device__ __forceinline__ float ce_cap(float x, float cap, float inv_cap) {
+    return cap > 0.0f ? cap * tanhf(x * inv_cap) : x;
+}
+
+__device__ __forceinline__ float ce_grad(float x, long long i, const PkCeRow& r) {
+    float z = x, d = 1.0f;
+    if (r.cap > 0.0f) {
+        const float th = tanhf(x * r.inv_cap);
+        z = r.cap * th;
+        d = 1.0f - th * th;
+    }
+    const float g = expf(z - r.mx) * r.a - (i == r.t ? r.hit : 0.0f) - r.eps_v;
+    return g * d * r.scale;
+}
+
+__device__ __forceinline__ void ce_acc(float x, const float cap, const float inv_cap, float& m, float& s, float& sz) {
+    const float z = ce_cap(x, cap, inv_cap);
+    ce_online(z, m, s);
+    sz += z;
+}
+
+// scale lives in device memory (written by cross_entropy_count), so nothing
 // about the targets travels to the host. A target that is neither pad_id nor in
 // [0, vocab) is reported in the data: its row's loss and gradient are NaN (so the
 // mean loss is NaN), as no error can be raised from the device without a sync.
 template <typename T>
 __device__ __forceinline__ void cross_entropy_body(
-    const T* __restrict__ logits, const long long* __restrict__ targets, T* __restrict__ grad,
-    float* __restrict__ row_loss, const float* __restrict__ inv_count_p, long long n_rows,
-    unsigned int vocab, int pad_id, float* scratch) {
+    const T* logits, const long long* __restrict__ targets, T* grad, float* __restrict__ row_loss,
+    const float* __restrict__ scale_p, long long n_rows, unsigned int vocab, int pad_id, float smoothing,
+    float z_loss, float softcap, float* scratch) {
     const bool vec = (vocab % 4u == 0u) && pk_vec_aligned(logits) && pk_vec_aligned(grad);
     const long long n = vocab;
-    const float inv_count = inv_count_p[0];
+    const float scale = scale_p[0];
+    const float cap = softcap > 0.0f ? softcap : 0.0f;
+    const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         const long long target = targets[row];
@@ -652,64 +689,77 @@ __device__ __forceinline__ void cross_entropy_body(
             if (threadIdx.x == 0) row_loss[row] = 0.0f;
             continue;
         }
-        float m = PK_NEG_INF, s = 0.0f;
+        // z[target] is read before the barriers of the block reductions below, so an
+        // in-place gradient sweep can never have overwritten it yet.
+        const float zt = threadIdx.x == 0 ? ce_cap(PkIO<T>::load(logits, base + target), cap, inv_cap) : 0.0f;
+        float m = PK_NEG_INF, s = 0.0f, sz = 0.0f;
         if (vec) {
             for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
                 const float4 a = PkVec4<T>::load(logits, base + i);
-                ce_online(a.x, m, s);
-                ce_online(a.y, m, s);
-                ce_online(a.z, m, s);
-                ce_online(a.w, m, s);
+                ce_acc(a.x, cap, inv_cap, m, s, sz);
+                ce_acc(a.y, cap, inv_cap, m, s, sz);
+                ce_acc(a.z, cap, inv_cap, m, s, sz);
+                ce_acc(a.w, cap, inv_cap, m, s, sz);
             }
         } else {
-            for (long long i = threadIdx.x; i < n; i += blockDim.x) ce_online(PkIO<T>::load(logits, base + i), m, s);
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) ce_acc(PkIO<T>::load(logits, base + i), cap, inv_cap, m, s, sz);
         }
         const float mx = pk_block_max(m, scratch);
         const float sum = pk_block_sum(m == PK_NEG_INF ? 0.0f : s * expf(m - mx), scratch);
-        const float inv_sum = 1.0f / sum;
-        if (threadIdx.x == 0) row_loss[row] = (mx + logf(sum)) - PkIO<T>::load(logits, base + target);
-        const long long t = target;
+        const float zsum = smoothing != 0.0f ? pk_block_sum(sz, scratch) : 0.0f;  // uniform branch
+        const float lse = mx + logf(sum);
+        const float eps_v = smoothing / (float)n;
+        if (threadIdx.x == 0) row_loss[row] = lse - (1.0f - smoothing) * zt - eps_v * zsum + z_loss * lse * lse;
+        PkCeRow r;
+        r.mx = mx;
+        r.a = (1.0f + 2.0f * z_loss * lse) / sum;
+        r.hit = 1.0f - smoothing;
+        r.eps_v = eps_v;
+        r.scale = scale;
+        r.cap = cap;
+        r.inv_cap = inv_cap;
+        r.t = target;
         if (vec) {
             for (long long i = 4ll * threadIdx.x; i < n; i += 4ll * blockDim.x) {
                 const float4 a = PkVec4<T>::load(logits, base + i);
                 float4 o;
-                o.x = (expf(a.x - mx) * inv_sum - (i == t ? 1.0f : 0.0f)) * inv_count;
-                o.y = (expf(a.y - mx) * inv_sum - (i + 1 == t ? 1.0f : 0.0f)) * inv_count;
-                o.z = (expf(a.z - mx) * inv_sum - (i + 2 == t ? 1.0f : 0.0f)) * inv_count;
-                o.w = (expf(a.w - mx) * inv_sum - (i + 3 == t ? 1.0f : 0.0f)) * inv_count;
+                o.x = ce_grad(a.x, i, r);
+                o.y = ce_grad(a.y, i + 1, r);
+                o.z = ce_grad(a.z, i + 2, r);
+                o.w = ce_grad(a.w, i + 3, r);
                 PkVec4<T>::store(grad, base + i, o);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-                const float p = expf(PkIO<T>::load(logits, base + i) - mx) * inv_sum;
-                PkIO<T>::store(grad, base + i, (p - (i == t ? 1.0f : 0.0f)) * inv_count);
+                PkIO<T>::store(grad, base + i, ce_grad(PkIO<T>::load(logits, base + i), i, r));
             }
         }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd(
-    const float* __restrict__ logits, const long long* __restrict__ targets, float* __restrict__ grad,
-    float* __restrict__ row_loss, const float* __restrict__ inv_count, long long n_rows, unsigned int vocab,
-    int pad_id) {
+    const float* logits, const long long* __restrict__ targets, float* grad, float* __restrict__ row_loss,
+    const float* __restrict__ scale, long long n_rows, unsigned int vocab, int pad_id, float label_smoothing,
+    float z_loss, float softcap) {
     __shared__ float scratch[32];
-    cross_entropy_body<float>(logits, targets, grad, row_loss, inv_count, n_rows, vocab, pad_id, scratch);
+    cross_entropy_body<float>(logits, targets, grad, row_loss, scale, n_rows, vocab, pad_id, label_smoothing,
+                              z_loss, softcap, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd_bf16(
-    const unsigned short* __restrict__ logits, const long long* __restrict__ targets,
-    unsigned short* __restrict__ grad, float* __restrict__ row_loss, const float* __restrict__ inv_count,
-    long long n_rows, unsigned int vocab, int pad_id) {
+    const unsigned short* logits, const long long* __restrict__ targets, unsigned short* grad,
+    float* __restrict__ row_loss, const float* __restrict__ scale, long long n_rows, unsigned int vocab,
+    int pad_id, float label_smoothing, float z_loss, float softcap) {
     __shared__ float scratch[32];
-    cross_entropy_body<unsigned short>(logits, targets, grad, row_loss, inv_count, n_rows, vocab, pad_id,
-                                       scratch);
+    cross_entropy_body<unsigned short>(logits, targets, grad, row_loss, scale, n_rows, vocab, pad_id,
+                                       label_smoothing, z_loss, softcap, scratch);
 }
 
-// inv_count[0] = 1 / (rows whose target is not pad_id), 0 when there is none: one
-// block, integer counts (exact), so the mean needs no host round trip. The
-// reciprocal is taken in double and rounded once, as the host would.
+// scale[0] = 1 / (rows whose target is not pad_id) when `mean` (0 when there is
+// none), else 1: one block, integer counts (exact, whatever the order), so
+// nothing travels to the host. The reciprocal is taken in double and rounded once.
 extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_count(
-    const long long* __restrict__ targets, float* __restrict__ inv_count, long long n_rows, int pad_id) {
+    const long long* __restrict__ targets, float* __restrict__ scale, long long n_rows, int pad_id, int mean) {
     __shared__ unsigned long long total;
     if (threadIdx.x == 0) total = 0ull;
     __syncthreads();
@@ -717,18 +767,23 @@ extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_count(
     for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) c += targets[i] != pad_id ? 1ull : 0ull;
     atomicAdd(&total, c);  // integer: the sum does not depend on the order
     __syncthreads();
-    if (threadIdx.x == 0) inv_count[0] = total ? (float)(1.0 / (double)total) : 0.0f;
+    if (threadIdx.x == 0) scale[0] = mean ? (total ? (float)(1.0 / (double)total) : 0.0f) : 1.0f;
 }
 
-// loss[0] = inv_count * sum(row_loss): one block, fixed summation order.
-extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_loss_mean(
-    const float* __restrict__ row_loss, float* __restrict__ loss, const float* __restrict__ inv_count,
-    long long n_rows) {
+// out[b] = sum(in[b * per_block .. (b + 1) * per_block)) (* scale[0] when
+// apply_scale): each block sums its own slice with a fixed thread assignment and
+// tree, so the result is the same every run. The op calls it once (one block) for
+// few rows, else twice: many blocks to partial sums, then one block over those.
+extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_loss_reduce(
+    const float* __restrict__ in, float* __restrict__ out, const float* __restrict__ scale, long long n,
+    long long per_block, int apply_scale) {
     __shared__ float scratch[32];
+    const long long lo = (long long)blockIdx.x * per_block;
+    const long long hi = lo + per_block < n ? lo + per_block : n;
     float s = 0.0f;
-    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) s += row_loss[i];
+    for (long long i = lo + threadIdx.x; i < hi; i += blockDim.x) s += in[i];
     s = pk_block_sum(s, scratch);
-    if (threadIdx.x == 0) loss[0] = s * inv_count[0];
+    if (threadIdx.x == 0) out[blockIdx.x] = apply_scale ? s * scale[0] : s;
 }
 
 // ---------------------------------------------------------------------------

@@ -27,7 +27,7 @@ from fake_driver import FakeDriver  # noqa: E402
 
 CURRENT = 0x5000  # the fake CuPy's current stream
 SIDE = 0x7000  # a stream passed explicitly
-SOURCES = ("forward.cu", "flash_attention.cu", "paged.cu", "training.cu", "attention_backward.cu")
+SOURCES = ("forward.cu", "flash_attention.cu", "paged.cu", "training.cu", "attention_backward.cu", "training_ext.cu")
 
 
 class _FakeCupyModule(types.ModuleType):
@@ -166,6 +166,17 @@ def _op_calls(drv):
         ("rms_norm_backward", 3, lambda s: ops.rms_norm_backward(x, w, f(70, 9), stream=s)),
         ("embedding_backward", 2, lambda s: ops.embedding_backward(f(2, 3, 5), ids, 11, stream=s)),
         ("cross_entropy_fwd_bwd", 3, lambda s: ops.cross_entropy_fwd_bwd(f(2, 3, 13), targets, stream=s)),
+        ("cross_entropy_fwd_bwd_none", 2, lambda s: ops.cross_entropy_fwd_bwd(
+            f(2, 3, 13), targets, label_smoothing=0.1, z_loss=1e-3, softcap=5.0, reduction="none", stream=s)),
+        ("add_rms_norm", 1, lambda s: ops.add_rms_norm(f(3, 40), f(3, 40), f(40), stream=s)),
+        ("add_rms_norm_backward", 2, lambda s: ops.add_rms_norm_backward(f(3, 40), f(40), f(3, 40), f(3, 40),
+                                                                         stream=s)),
+        ("layer_norm", 1, lambda s: ops.layer_norm(f(3, 40), f(40), f(40), stream=s)),
+        ("layer_norm_backward", 2, lambda s: ops.layer_norm_backward(f(3, 40), f(40), f(3, 40), stream=s)),
+        ("gelu", 1, lambda s: ops.gelu(f(3, 40), "tanh", stream=s)),
+        ("gelu_backward", 1, lambda s: ops.gelu_backward(f(3, 40), f(3, 40), stream=s)),
+        ("gelu_gate", 1, lambda s: ops.gelu_gate(f(3, 40), f(3, 40), stream=s)),
+        ("gelu_gate_backward", 1, lambda s: ops.gelu_gate_backward(f(3, 40), f(3, 40), f(3, 40), stream=s)),
         ("attention_backward_flash", 3, lambda s: ops.attention_backward(aq, ak, av, ag, stream=s)),
         ("attention_backward_flash_out_lse", 3,
          lambda s: ops.attention_backward(aq, ak, av, ag, out=ao, lse=alse, stream=s)),
@@ -299,10 +310,11 @@ def test_cross_entropy_kernel_marks_bad_device_targets_nan():
     row_loss = np.zeros(3, np.float32)
     inv = np.zeros(1, np.float32)
     loss = np.zeros(1, np.float32)
-    pykern.launch("cross_entropy_count", 1, 32, targets, inv, 3, -100, backend="host")
+    pykern.launch("cross_entropy_count", 1, 32, targets, inv, 3, -100, 1, backend="host")
     assert inv[0] == np.float32(0.5)
-    pykern.launch("cross_entropy_fwd_bwd", 3, 32, logits, targets, grad, row_loss, inv, 3, 5, -100, backend="host")
-    pykern.launch("cross_entropy_loss_mean", 1, 32, row_loss, loss, inv, 3, backend="host")
+    pykern.launch("cross_entropy_fwd_bwd", 3, 32, logits, targets, grad, row_loss, inv, 3, 5, -100, 0.0, 0.0, 0.0,
+                  backend="host")
+    pykern.launch("cross_entropy_loss_reduce", 1, 32, row_loss, loss, inv, 3, 3, 1, backend="host")
     assert np.isnan(row_loss[1]) and np.isnan(grad[1]).all() and np.isnan(loss[0])
     assert np.isfinite(grad[0]).all() and not grad[2].any() and row_loss[2] == 0
     lse = np.log(np.exp(logits[0].astype(np.float64)).sum())

@@ -79,7 +79,7 @@ def batch():
 def test_patched_model_matches_logits_loss_and_gradients(name, spy):
     calls, _ = spy
     ref = tiny(name)
-    model = pt.apply(copy.deepcopy(ref))
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     o_ref = ref(input_ids=ids, labels=labels)
     assert not calls, "the unpatched model must not run pykern kernels"
@@ -121,7 +121,7 @@ def test_patched_model_greedy_generate_same_tokens(name, spy):
 def test_bf16_patched_model_matches_unpatched(name, spy):
     calls, _ = spy
     ref = tiny(name).to(torch.bfloat16)
-    model = pt.apply(copy.deepcopy(ref))
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
     assert calls["rope"] and calls["flash_attention"] and calls["cross_entropy_fwd_bwd"]
@@ -217,7 +217,7 @@ def test_apply_keeps_parameters_and_state_dict():
 def test_patched_model_compiles_fullgraph(spy):
     calls, _ = spy
     ref = tiny("Llama")
-    model = pt.apply(copy.deepcopy(ref))
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
@@ -251,7 +251,7 @@ def test_unsupported_activation_raises():
 @pytest.mark.parametrize("name", MODELS)
 def test_patched_model_on_cuda(name):
     ref = tiny(name).cuda()
-    model = pt.apply(copy.deepcopy(ref))
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = (t.cuda() for t in batch())
     o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
     o_ref.loss.backward()
@@ -264,3 +264,56 @@ def test_patched_model_on_cuda(name):
     prompt = ids[:1, :6]
     kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
     assert model.generate(prompt, **kw).tolist() == ref.generate(prompt, **kw).tolist()
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_fused_linear_cross_entropy_loss_and_gradients_match_unpatched(dtype, monkeypatch):
+    """In training with labels the patched Llama takes its loss from the fused linear cross-entropy
+    (no logits); the loss and every parameter's gradient still match the unpatched model."""
+    import pykern.torch.training as ptt
+
+    used = Counter()
+    real = ptt.call
+
+    def call(name, *args, **kw):
+        used[name] += 1
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(ptt, "call", call)
+    ref = tiny("Llama")
+    if dtype == "bf16":
+        ref = ref.to(torch.bfloat16)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
+    assert used["fused_linear_cross_entropy"] == 1 and o.logits is None
+    o_ref.loss.backward()
+    o.loss.backward()
+    assert_close(o.loss, o_ref.loss, "loss", dtype)
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert p.grad is not None, pname
+        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}", dtype)
+    n = torch.tensor(11)
+    assert_close(model(input_ids=ids, labels=labels, num_items_in_batch=n).loss,
+                 ref(input_ids=ids, labels=labels, num_items_in_batch=n).loss, "loss (sum / num_items)", dtype)
+    model.eval()  # eval mode: logits are returned again, the loss from the cross-entropy kernel
+    o = model(input_ids=ids, labels=labels)
+    assert o.logits is not None and used["fused_linear_cross_entropy"] == 2
+    assert_close(o.loss, ref.eval()(input_ids=ids, labels=labels).loss, "eval loss", dtype)
+
+
+def test_fused_linear_cross_entropy_model_compiles_fullgraph():
+    ref = tiny("Llama")
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    torch._dynamo.reset()
+    o = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, labels=labels)
+    assert o.logits is None
+    o.loss.backward()
+    o_ref = ref(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    assert_close(o.loss, o_ref.loss, "compiled fused loss")
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"compiled fused grad {pname}")

@@ -8,6 +8,7 @@ flattened into rows.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -322,21 +323,74 @@ def _ids_like(ids: Any, like: Any) -> Any:
 # --------------------------------------------------------------------------- cross-entropy
 
 
+_CE_REDUCTIONS = ("mean", "sum", "none")
+# Rows one cross_entropy_loss_reduce block sums; more rows than this take two launches
+# (per-block partial sums, then one block over the partials): a parallel, fixed-order mean.
+CE_REDUCE_ROWS = 8192
+
+
+def _finite_float(name: str, v: Any, lo: float, hi: float | None = None, lo_open: bool = False) -> float:
+    ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+    f = float(v) if ok else math.nan
+    if not (math.isfinite(f) and (f > lo if lo_open else f >= lo) and (hi is None or f <= hi)):
+        rng = f"({lo}" if lo_open else f"[{lo}"
+        rng += f", {hi}]" if hi is not None else ", inf)"
+        raise ArgumentError(f"{name}: expected a finite number in {rng}, got {v!r}")
+    return f
+
+
+def check_ce_options(label_smoothing: Any, z_loss: Any, softcap: Any, reduction: Any) -> tuple[float, float, float]:
+    """Validated (label_smoothing, z_loss, softcap) of the cross-entropy ops; softcap None is 0.0 (off)."""
+    if reduction not in _CE_REDUCTIONS:
+        raise ArgumentError(f"reduction: expected one of {_CE_REDUCTIONS}, got {reduction!r}")
+    eps = _finite_float("label_smoothing", label_smoothing, 0.0, 1.0)
+    zl = _finite_float("z_loss", z_loss, 0.0)
+    cap = 0.0 if softcap is None else _finite_float("softcap", softcap, 0.0, lo_open=True)
+    return eps, zl, cap
+
+
+def ce_reduce(row_loss: Any, scale: Any, n_rows: int, out: Any, *, stream: Any, backend: str | None) -> None:
+    """out[()] = sum(row_loss) * scale[0], deterministic: one block for few rows, else
+    partial sums over CE_REDUCE_ROWS-row slices in parallel and one block over them."""
+    threads = 512 if n_rows >= 512 else max(32, -(-n_rows // 32) * 32)
+    if n_rows <= CE_REDUCE_ROWS:
+        _launch("cross_entropy_loss_reduce", (1,), (threads,), row_loss, out, scale, n_rows, n_rows, 1,
+                stream=stream, backend=backend)
+        return
+    blocks = -(-n_rows // CE_REDUCE_ROWS)
+    partial = arrays.empty((blocks,), np.float32, like=row_loss)
+    _launch("cross_entropy_loss_reduce", (blocks,), (threads,), row_loss, partial, scale, n_rows,
+            CE_REDUCE_ROWS, 0, stream=stream, backend=backend)
+    t2 = 512 if blocks >= 512 else max(32, -(-blocks // 32) * 32)
+    _launch("cross_entropy_loss_reduce", (1,), (t2,), partial, out, scale, blocks, blocks, 1,
+            stream=stream, backend=backend)
+
+
 @arrays.stream_scoped
 def cross_entropy_fwd_bwd(
-    logits: Any, targets: Any, pad_id: int = -100, *, stream: Any = None, backend: str | None = None
+    logits: Any, targets: Any, pad_id: int = -100, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
+    softcap: float | None = None, reduction: str = "mean", inplace: bool = False, stream: Any = None,
+    backend: str | None = None,
 ) -> tuple[Any, Any]:
-    """Mean negative log-likelihood over non-pad rows and its gradient, in one pass over the logits.
+    """Cross-entropy loss over non-pad rows and its gradient, in one launch over the logits.
 
     logits (..., vocab) f32 or bf16 (softmax and loss in fp32), targets (...)
     integers of any integer dtype; rows whose target equals `pad_id` are ignored
-    (gradient 0). Any other target must lie in [0, vocab): host targets (NumPy,
-    CPU tensors) are checked before launch; device targets are checked in the
-    kernel, which gives a bad row a NaN loss and gradient (so the mean is NaN)
-    instead of reading out of bounds, and never copies them to the host. The
-    count of non-pad rows is taken on the device too. Returns (loss: float32
-    array of shape (), grad_logits like logits) with grad = (softmax - onehot) /
-    n_valid. A batch that is all padding gives loss 0.0 and a zero gradient.
+    (loss 0, gradient 0). Options, as torch.nn.functional.cross_entropy:
+    `label_smoothing` in [0, 1]; `z_loss` adds z_loss * lse**2 per non-ignored row;
+    `softcap` (> 0) replaces the logits by softcap * tanh(logits / softcap) first
+    (the gradient flows through the tanh); `reduction` "mean" (over non-ignored
+    rows), "sum" or "none" (float32 per-row losses of targets' shape, 0 on ignored
+    rows). The gradient is that of the chosen reduction ("none": of the sum).
+    `inplace=True` writes the gradient over `logits` (which must then be a
+    contiguous, writeable array) and returns it.
+
+    Any target other than pad_id must lie in [0, vocab): host targets (NumPy, CPU
+    tensors) are checked before launch; device targets are checked in the kernel,
+    which gives a bad row a NaN loss and gradient instead of reading out of bounds,
+    and never copies them to the host. The count of non-pad rows is taken on the
+    device too. Returns (loss float32, grad like logits). A batch that is all
+    padding gives loss 0.0 and a zero gradient.
     """
     kind = arrays.io_kind("logits", logits)
     shape = tuple(arrays.shape_of(logits))
@@ -349,6 +403,9 @@ def cross_entropy_fwd_bwd(
     if not isinstance(pad_id, (int, np.integer)) or isinstance(pad_id, bool) or not -(2**31) <= pad_id <= _INT_MAX:
         raise ArgumentError(f"pad_id: expected an int32 value, got {pad_id!r}")
     pad_id = int(pad_id)
+    eps, zl, cap = check_ce_options(label_smoothing, z_loss, softcap, reduction)
+    if not isinstance(inplace, bool):
+        raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
     targets = _int_array("targets", targets)
     t_shape = tuple(arrays.shape_of(targets))
     if t_shape != shape[:-1]:
@@ -363,23 +420,34 @@ def cross_entropy_fwd_bwd(
             raise ArgumentError(
                 f"targets: expected values in [0, {vocab}) or pad_id={pad_id}, got {int(flat_t[k])} at flat index {k}"
             )
-    logits = arrays.contiguous(logits)
-    grad = arrays.empty(shape, kind, like=logits)
+    if inplace:
+        c = arrays.contiguous(logits)
+        if c is not logits and not (arrays.is_torch(logits) and c.data_ptr() == logits.data_ptr()):
+            raise ArgumentError("logits: inplace=True needs a contiguous array (the gradient is written into it)")
+        if isinstance(logits, np.ndarray) and not logits.flags.writeable:
+            raise ArgumentError("logits: inplace=True needs a writeable array")
+        logits = c
+        grad = logits
+    else:
+        logits = arrays.contiguous(logits)
+        grad = arrays.empty(shape, kind, like=logits)
+    loss_shape = t_shape if reduction == "none" else ()
     if n_rows == 0:
-        return arrays.zeros((), np.float32, like=logits), grad
+        return arrays.zeros(loss_shape, np.float32, like=logits), grad
     stream = arrays.launch_stream(stream, logits)
     targets = _ids_like(targets, logits)
-    loss = arrays.empty((), np.float32, like=logits)
-    inv_count = arrays.empty((1,), np.float32, like=logits)
+    scale = arrays.empty((1,), np.float32, like=logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
     threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
-    _launch("cross_entropy_count", (1,), (threads,), _flat(targets), inv_count, n_rows, pad_id,
-            stream=stream, backend=backend)
+    _launch("cross_entropy_count", (1,), (threads,), _flat(targets), scale, n_rows, pad_id,
+            1 if reduction == "mean" else 0, stream=stream, backend=backend)
     _launch(
         "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),
-        _flat(logits), _flat(targets), _flat(grad), row_loss, inv_count, n_rows, vocab, pad_id,
+        _flat(logits), _flat(targets), _flat(grad), row_loss, scale, n_rows, vocab, pad_id, eps, zl, cap,
         stream=stream, backend=backend,
     )
-    _launch("cross_entropy_loss_mean", (1,), (threads,), row_loss, _flat(loss), inv_count, n_rows,
-            stream=stream, backend=backend)
+    if reduction == "none":
+        return row_loss.reshape(t_shape), grad
+    loss = arrays.empty((), np.float32, like=logits)
+    ce_reduce(row_loss, scale, n_rows, _flat(loss), stream=stream, backend=backend)
     return loss, grad

@@ -158,13 +158,16 @@ def _embedding_backward_bucket(cuda: Any):
 @reference("cross_entropy_count")
 def _cross_entropy_count(cuda: Any):
     @cuda.jit
-    def k(targets, inv_count, n_rows, pad_id):
+    def k(targets, scale, n_rows, pad_id, mean):
         if cuda.grid(1) == 0:
             c = 0
             for i in range(n_rows):
                 if targets[i] != pad_id:
                     c += 1
-            inv_count[0] = 1.0 / c if c > 0 else 0.0
+            if mean:
+                scale[0] = 1.0 / c if c > 0 else 0.0
+            else:
+                scale[0] = 1.0
 
     return k, lambda a: ((1,), (1,))
 
@@ -172,10 +175,10 @@ def _cross_entropy_count(cuda: Any):
 @reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16")
 def _cross_entropy(cuda: Any):
     @cuda.jit
-    def k(logits, targets, grad, row_loss, inv_count_p, n_rows, vocab, pad_id):
+    def k(logits, targets, grad, row_loss, scale_p, n_rows, vocab, pad_id, eps, z_loss, cap):
         row = cuda.grid(1)
         if row < n_rows:
-            inv_count = inv_count_p[0]
+            scale = scale_p[0]
             base = row * vocab
             t = targets[row]
             if t != pad_id and (t < 0 or t >= vocab):
@@ -187,31 +190,56 @@ def _cross_entropy(cuda: Any):
                     grad[base + i] = 0.0
                 row_loss[row] = 0.0
             else:
-                m = logits[base]
+                # z = cap * tanh(x / cap) when cap > 0; read every logit before writing
+                # any gradient (grad may be the logits buffer itself)
+                m = -math.inf
+                zsum = 0.0
                 for i in range(vocab):
-                    m = max(m, logits[base + i])
+                    z = logits[base + i]
+                    if cap > 0:
+                        z = cap * math.tanh(z / cap)
+                    m = max(m, z)
+                    zsum += z
+                zt = logits[base + t]
+                if cap > 0:
+                    zt = cap * math.tanh(zt / cap)
                 s = 0.0
                 for i in range(vocab):
-                    s += math.exp(logits[base + i] - m)
-                row_loss[row] = m + math.log(s) - logits[base + t]
+                    z = logits[base + i]
+                    if cap > 0:
+                        z = cap * math.tanh(z / cap)
+                    s += math.exp(z - m)
+                lse = m + math.log(s)
+                row_loss[row] = lse - (1.0 - eps) * zt - eps / vocab * zsum + z_loss * lse * lse
                 for i in range(vocab):
-                    onehot = 1.0 if i == t else 0.0
-                    grad[base + i] = (math.exp(logits[base + i] - m) / s - onehot) * inv_count
+                    x = logits[base + i]
+                    z = x
+                    d = 1.0
+                    if cap > 0:
+                        th = math.tanh(x / cap)
+                        z = cap * th
+                        d = 1.0 - th * th
+                    onehot = 1.0 - eps if i == t else 0.0
+                    p = math.exp(z - m) / s
+                    grad[base + i] = (p * (1.0 + 2.0 * z_loss * lse) - onehot - eps / vocab) * d * scale
 
     return k, lambda a: _grid1(a[5])
 
 
-@reference("cross_entropy_loss_mean")
-def _cross_entropy_loss_mean(cuda: Any):
+@reference("cross_entropy_loss_reduce")
+def _cross_entropy_loss_reduce(cuda: Any):
     @cuda.jit
-    def k(row_loss, loss, inv_count, n_rows):
-        if cuda.grid(1) == 0:
+    def k(inp, out, scale, n, per_block, apply_scale):
+        b = cuda.grid(1)
+        lo = b * per_block
+        if lo < n:
+            hi = min(lo + per_block, n)
             s = 0.0
-            for i in range(n_rows):
-                s += row_loss[i]
-            loss[0] = s * inv_count[0]
+            for i in range(lo, hi):
+                s += inp[i]
+            out[b] = s * scale[0] if apply_scale else s
 
-    return k, lambda a: ((1,), (1,))
+    return k, lambda a: _grid1(-(-a[3] // a[4]))
 
 
 @reference("training_zero_f32")

@@ -6,9 +6,11 @@ from __future__ import annotations
 
 from .functional import cross_entropy, embedding, flash_attention, rms_norm, rope, swiglu
 from .hf import apply
+from .training import add_rms_norm, fused_linear_cross_entropy, gelu, gelu_gate, layer_norm
 from .modules import CrossEntropyLoss, RMSNorm, SwiGLUMLP
 
 __all__ = [
     "rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding",
     "RMSNorm", "SwiGLUMLP", "CrossEntropyLoss", "apply",
+    "add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy",
 ]

@@ -267,36 +267,24 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 
 @torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
-def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str) -> tuple[Tensor, Tensor]:
-    # The kernel returns the mean over non-ignored rows (fp32, the loss's dtype here)
-    # and its gradient (softmax - onehot) / n_valid in one pass; "sum" and "none"
-    # rescale that gradient by n_valid (a device tensor: no host synchronisation).
-    mean, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index)
-    valid = targets != ignore_index
-    count = valid.sum()
+def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, label_smoothing: float = 0.0,
+                   z_loss: float = 0.0, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    # One kernel pass gives the loss of the chosen reduction (fp32, the loss's dtype
+    # here) and its gradient; "none" gives per-row losses (0 on ignored rows).
+    loss, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index,
+                      label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap if softcap > 0 else None,
+                      reduction=reduction)
     if reduction == "mean":
         # torch returns NaN for a batch with no valid row (0 / 0); the kernel returns 0.
-        return torch.where(count > 0, mean, torch.full_like(mean, math.nan)), grad
-    grad = (grad.float() * count.float()).to(grad.dtype) if grad.dtype != torch.float32 else grad * count
-    if reduction == "sum":
-        loss = mean * count
-    else:
-        # Per-row losses: the kernel keeps them internally; they are rebuilt here
-        # with torch (logsumexp - logit[target]), a second read of the logits.
-        # A target outside [0, vocab) on the device gives a NaN row, as in the kernel
-        # (host targets were rejected by the op before launch).
-        lf = logits.float()
-        in_range = (targets >= 0) & (targets < logits.shape[-1])
-        safe = torch.where(valid & in_range, targets, torch.zeros_like(targets))
-        row = torch.logsumexp(lf, dim=-1) - lf.gather(-1, safe.unsqueeze(-1)).squeeze(-1)
-        row = torch.where(in_range, row, torch.full_like(row, math.nan))
-        loss = torch.where(valid, row, torch.zeros_like(row))
+        # The count stays on the device: no host synchronisation.
+        count = (targets != ignore_index).sum()
+        loss = torch.where(count > 0, loss, torch.full_like(loss, math.nan))
     return loss, grad
 
 
 @_cross_entropy.register_fake
-def _(logits, targets, ignore_index, reduction):
-    shape = (logits.shape[0],) if reduction == "none" else ()
+def _(logits, targets, ignore_index, reduction, label_smoothing=0.0, z_loss=0.0, softcap=0.0):
+    shape = tuple(targets.shape) if reduction == "none" else ()
     return _new(shape, torch.float32, logits), _new(logits.shape, logits.dtype, logits)
 
 
@@ -309,35 +297,47 @@ def _ce_setup(ctx, inputs, output):
 def _ce_bwd(ctx, grad_loss, grad_grad):
     (g,) = ctx.saved_tensors
     scale = grad_loss.unsqueeze(-1) if ctx.reduction == "none" else grad_loss
-    return (g * scale).to(g.dtype), None, None, None
+    return (g * scale).to(g.dtype), None, None, None, None, None, None
 
 
 _cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
 
 
-def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
-    """torch.nn.functional.cross_entropy(logits, targets, ignore_index=, reduction=) on pykern's fused kernel.
+def _check_ce_args(logits: Tensor, targets: Tensor, reduction: str, label_smoothing: float, z_loss: float,
+                   softcap: Optional[float]) -> tuple[float, float, float]:
+    from ..ops.training import check_ce_options
 
-    logits (N, vocab) float32 or bfloat16, targets (N,) integers. The loss has
-    logits' dtype, like torch's; "mean" of a batch with every row ignored is NaN,
-    as in torch. reduction="none" computes the per-row losses with torch ops
-    (an extra pass over the logits); the gradient always comes from the kernel.
-    """
-    if reduction not in _REDUCTIONS:
-        raise ArgumentError(f"reduction: expected one of {_REDUCTIONS}, got {reduction!r}")
+    eps, zl, cap = check_ce_options(label_smoothing, z_loss, softcap, reduction)
     if logits.dim() != 2:
         raise ArgumentError(f"logits: expected (N, vocab); reshape to 2-D first, got shape {tuple(logits.shape)}")
     if targets.shape != logits.shape[:1]:
         raise ArgumentError(f"targets: expected shape ({logits.shape[0]},), got {tuple(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ArgumentTypeError(f"targets: expected an integer tensor, got {targets.dtype}")
-    loss = cross_entropy_f32(logits, targets, ignore_index, reduction)
+    return eps, zl, cap
+
+
+def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean", *,
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None) -> Tensor:
+    """torch.nn.functional.cross_entropy(logits, targets, ignore_index=, reduction=, label_smoothing=)
+    on pykern's fused kernel, plus z_loss (z_loss * logsumexp**2 per non-ignored row) and softcap
+    (logits -> softcap * tanh(logits / softcap) first, Gemma-style).
+
+    logits (N, vocab) float32 or bfloat16, targets (N,) integers. The loss has
+    logits' dtype, like torch's; "mean" of a batch with every row ignored is NaN,
+    as in torch. Loss and gradient come from one kernel pass for every reduction.
+    """
+    loss = cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing=label_smoothing,
+                             z_loss=z_loss, softcap=softcap)
     return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
 
 
-def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean") -> Tensor:
+def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean", *,
+                      label_smoothing: float = 0.0, z_loss: float = 0.0,
+                      softcap: Optional[float] = None) -> Tensor:
     """cross_entropy with the loss kept in float32 whatever the logits' dtype (the kernel's own precision)."""
-    loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction)
+    eps, zl, cap = _check_ce_args(logits, targets, reduction, label_smoothing, z_loss, softcap)
+    loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction, eps, zl, cap)
     return loss
 
 

@@ -20,6 +20,7 @@ to transformers' SDPA implementation, never approximated.
 from __future__ import annotations
 
 import sys
+import types
 import threading
 from typing import Any, Optional
 
@@ -190,6 +191,48 @@ def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ig
     return loss / num_items_in_batch
 
 
+def _flce_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index: int = -100, shift_labels=None):
+    """_causal_lm_loss on the last hidden states through the fused linear cross-entropy: the
+    (tokens, vocab) logits are never materialised (row chunks, gradients computed in the forward)."""
+    from .training import fused_linear_cross_entropy
+
+    if shift_labels is None:
+        labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
+        shift_labels = labels[..., 1:].contiguous()
+    h = hidden.reshape(-1, hidden.shape[-1])
+    shift_labels = shift_labels.reshape(-1).to(h.device)
+    w, b = lm_head.weight, lm_head.bias
+    if h.dtype != w.dtype:
+        h = h.to(w.dtype)
+    if num_items_in_batch is None:
+        return fused_linear_cross_entropy(h, w, shift_labels, b, ignore_index=ignore_index, reduction="mean")
+    loss = fused_linear_cross_entropy(h, w, shift_labels, b, ignore_index=ignore_index, reduction="sum")
+    if torch.is_tensor(num_items_in_batch):
+        num_items_in_batch = num_items_in_batch.to(loss.device)
+    return loss / num_items_in_batch
+
+
+def _flce_forward(self, input_ids=None, attention_mask=None, position_ids=None, past_key_values=None,
+                  inputs_embeds=None, labels=None, use_cache=None, logits_to_keep=0, **kwargs):
+    """The causal LM's forward, except in training with labels: the loss comes from the fused linear
+    cross-entropy on the last hidden states and `logits` is None (as Liger-Kernel's patched models)."""
+    if labels is None or not self.training:
+        return type(self).forward(self, input_ids=input_ids, attention_mask=attention_mask,
+                                  position_ids=position_ids, past_key_values=past_key_values,
+                                  inputs_embeds=inputs_embeds, labels=labels, use_cache=use_cache,
+                                  logits_to_keep=logits_to_keep, **kwargs)
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    outputs = self.model(input_ids=input_ids, attention_mask=attention_mask, position_ids=position_ids,
+                         past_key_values=past_key_values, inputs_embeds=inputs_embeds, use_cache=use_cache,
+                         **kwargs)
+    loss = _flce_loss(outputs.last_hidden_state, self.lm_head, labels,
+                      num_items_in_batch=kwargs.get("num_items_in_batch"),
+                      ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"))
+    return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
+                                  hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
 # --------------------------------------------------------------------------- apply
 
 
@@ -204,7 +247,8 @@ def _swap(model: nn.Module, pred, make) -> int:
 
 
 def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
-          attention: bool = True, cross_entropy: bool = True) -> nn.Module:
+          attention: bool = True, cross_entropy: bool = True,
+          fused_linear_cross_entropy: bool = True) -> nn.Module:
     """Patch a transformers LLaMA-family causal LM in place to run on pykern kernels; returns the model.
 
     Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
@@ -212,6 +256,12 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     model raises ArgumentTypeError naming its class. The keyword flags turn
     single replacements off. Parameters are kept (not copied), so a model can be
     patched before or after building its optimizer.
+
+    fused_linear_cross_entropy (with cross_entropy): a model in training mode
+    called with labels computes its loss from the last hidden states with
+    pykern's fused linear cross-entropy and returns logits=None (the (tokens,
+    vocab) logits are never materialised); in eval mode, or without labels, it
+    returns logits as usual (and the loss through the fused cross-entropy kernel).
     """
     try:
         import transformers
@@ -263,5 +313,7 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
             raise RuntimeError(f"pykern.torch.apply: {type(model).__name__} refused attn_implementation='pykern'")
     if cross_entropy:
         model.loss_function = _causal_lm_loss
+        if fused_linear_cross_entropy:
+            model.forward = types.MethodType(_flce_forward, model)
     model._pykern_patched = True
     return model

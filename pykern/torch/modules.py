@@ -64,11 +64,15 @@ class SwiGLUMLP(nn.Module):
 
 
 class CrossEntropyLoss(nn.Module):
-    """torch.nn.CrossEntropyLoss(ignore_index=, reduction=) on pykern's fused kernel; input (N, vocab)."""
+    """torch.nn.CrossEntropyLoss(ignore_index=, reduction=, label_smoothing=) on pykern's fused kernel,
+    plus z_loss and softcap (see pykern.torch.cross_entropy); input (N, vocab)."""
 
-    def __init__(self, ignore_index: int = -100, reduction: str = "mean") -> None:
+    def __init__(self, ignore_index: int = -100, reduction: str = "mean", label_smoothing: float = 0.0,
+                 z_loss: float = 0.0, softcap: float | None = None) -> None:
         super().__init__()
         self.ignore_index, self.reduction = ignore_index, reduction
+        self.label_smoothing, self.z_loss, self.softcap = label_smoothing, z_loss, softcap
 
     def forward(self, logits: Tensor, targets: Tensor) -> Tensor:
-        return F.cross_entropy(logits, targets, self.ignore_index, self.reduction)
+        return F.cross_entropy(logits, targets, self.ignore_index, self.reduction,
+                               label_smoothing=self.label_smoothing, z_loss=self.z_loss, softcap=self.softcap)

@@ -50,27 +50,42 @@ def np_embedding_backward(grad_out: Any, ids: Any, vocab_size: int) -> np.ndarra
     return out
 
 
-def np_cross_entropy(logits: Any, targets: Any, pad_id: int) -> tuple[np.ndarray, np.ndarray]:
+def np_cross_entropy(logits: Any, targets: Any, pad_id: int = -100, *, label_smoothing: float = 0.0,
+                     z_loss: float = 0.0, softcap: float | None = None,
+                     reduction: str = "mean") -> tuple[np.ndarray, np.ndarray]:
+    """float64 (loss, grad) of ops.cross_entropy_fwd_bwd with every option (torch's definitions)."""
     x = f64(logits)
     vocab = x.shape[-1]
     x2 = x.reshape(-1, vocab)
     t = np.asarray(targets).reshape(-1)
     live = t != pad_id
     count = int(live.sum())
-    m = x2.max(axis=-1, keepdims=True)
-    e = np.exp(x2 - m)
+    d = np.ones_like(x2)
+    z = x2
+    if softcap:
+        th = np.tanh(x2 / softcap)
+        z, d = softcap * th, 1.0 - th * th
+    m = z.max(axis=-1, keepdims=True)
+    e = np.exp(z - m)
     s = e.sum(axis=-1, keepdims=True)
     p = e / s
     lse = (m + np.log(s))[:, 0]
     rows = np.arange(x2.shape[0])
     tt = np.where(live, t, 0)
-    nll = lse - x2[rows, tt]
-    grad = p.copy()
-    grad[rows, tt] -= 1.0
-    grad[~live] = 0.0
+    eps = label_smoothing
+    row = (1 - eps) * (lse - z[rows, tt]) + eps * (lse - z.mean(axis=-1)) + z_loss * lse * lse
+    row = np.where(live, row, 0.0)
+    gz = p * (1 + 2 * z_loss * lse)[:, None] - eps / vocab
+    gz[rows, tt] -= 1.0 - eps
+    g = gz * d
+    g[~live] = 0.0
+    if reduction == "none":
+        return row.reshape(x.shape[:-1]), g.reshape(x.shape)
+    if reduction == "sum":
+        return np.float64(row.sum()), g.reshape(x.shape)
     if count == 0:
         return np.float64(0.0), np.zeros_like(x)
-    return np.float64(nll[live].sum() / count), (grad / count).reshape(x.shape)
+    return np.float64(row.sum() / count), (g / count).reshape(x.shape)
 
 
 def _attn_split(q: Any, k: Any, v: Any):
@@ -259,11 +274,26 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
     specs = []
     for vocab, rows, note in ((1, 4, ""), (255, 6, ""), (32000, 2, ""), (131072, 2, "big")):
         for pad in ("some", "none", "all"):
-            specs.append(("f32", vocab, rows, pad, -100, note))
-    specs += [("f32", 256, 5, "some", 0, ""), ("f32", 64, 5, "some", 3, ""),
-              ("bf16", 255, 6, "some", -100, ""), ("bf16", 1000, 3, "none", -100, ""),
-              ("bf16", 32000, 2, "some", -100, "big")]
-    for kind, vocab, rows, pad, pad_id, note in specs:
+            specs.append(("f32", vocab, rows, pad, -100, note, {}))
+    specs += [("f32", 256, 5, "some", 0, "", {}), ("f32", 64, 5, "some", 3, "", {}),
+              ("bf16", 255, 6, "some", -100, "", {}), ("bf16", 1000, 3, "none", -100, "", {}),
+              ("bf16", 32000, 2, "some", -100, "big", {})]
+    # options (issue 15): label smoothing, z-loss, soft-capping, reductions, alone and together
+    opts = [{"label_smoothing": 0.1}, {"z_loss": 1e-3}, {"softcap": 5.0}, {"reduction": "sum"},
+            {"reduction": "none"},
+            {"label_smoothing": 0.2, "z_loss": 1e-2, "softcap": 3.0, "reduction": "mean"}]
+    for o in opts:
+        for kind, vocab, rows in (("f32", 257, 5), ("f32", 64, 3), ("bf16", 255, 4)):
+            specs.append((kind, vocab, rows, "some", -100, "", o))
+    all_opts = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 30.0}
+    specs += [("f32", 1, 3, "some", -100, "", all_opts), ("f32", 100, 1, "none", -100, "", all_opts),
+              ("f32", 64, 4, "all", -100, "", dict(all_opts, reduction="sum")),
+              ("f32", 64, 4, "all", -100, "", dict(all_opts, reduction="none")),
+              ("bf16", 64, 4, "all", -100, "", all_opts),
+              ("f32", 300, 9000, "some", -100, "big", {}),  # two-level (parallel) mean: 9000 > 8192 rows
+              ("f32", 262144, 2, "some", -100, "big", all_opts),
+              ("bf16", 262144, 2, "none", -100, "big", dict(all_opts, reduction="sum"))]
+    for kind, vocab, rows, pad, pad_id, note, o in specs:
         logits = _cast(3.0 * rng.standard_normal((rows, vocab)), kind)
         t = rng.integers(0, vocab, size=rows).astype(np.int64)
         if pad == "all":
@@ -274,16 +304,18 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
             t[t == pad_id] = (pad_id + 1) % vocab
         sfx = "_bf16" if kind == "bf16" else ""
 
-        def run(be, x=logits, t=t, pad_id=pad_id):
-            loss, grad = _ops().cross_entropy_fwd_bwd(x, t, pad_id, backend=be)
+        def run(be, x=logits, t=t, pad_id=pad_id, o=o):
+            loss, grad = _ops().cross_entropy_fwd_bwd(x, t, pad_id, backend=be, **o)
             return {"loss": _np(loss), "grad": _np(grad)}
 
-        def ref(x=logits, t=t, pad_id=pad_id):
-            loss, grad = np_cross_entropy(x, t, pad_id)
+        def ref(x=logits, t=t, pad_id=pad_id, o=o):
+            loss, grad = np_cross_entropy(x, t, pad_id, **o)
             return {"loss": loss, "grad": grad}
 
-        yield Case(op="cross_entropy_fwd_bwd", dtype=kind, shape=f"{rows}x{vocab}-pad_{pad}{pad_id}",
-                   kernels=("cross_entropy_count", "cross_entropy_fwd_bwd" + sfx, "cross_entropy_loss_mean"),
+        tag = "".join(f"-{k}{v}" for k, v in o.items())
+        red = () if o.get("reduction") == "none" else ("cross_entropy_loss_reduce",)
+        yield Case(op="cross_entropy_fwd_bwd", dtype=kind, shape=f"{rows}x{vocab}-pad_{pad}{pad_id}{tag}",
+                   kernels=("cross_entropy_count", "cross_entropy_fwd_bwd" + sfx) + red,
                    run=run, reference=ref, note=note)
 
 

@@ -1,0 +1,506 @@
+"""Training ops beyond the seeds (issue 15): fused residual-add RMSNorm, LayerNorm, GELU / GeGLU,
+forward and backward, and the fused linear cross-entropy.
+
+Kernels in kernels_cu/training_ext.cu (the cross-entropy kernel is training.cu's).
+Every op validates its arguments before launching (ArgumentError /
+ArgumentTypeError naming the argument), takes NumPy arrays, torch tensors (CPU
+or CUDA) or CuPy arrays, allocates outputs next to the inputs, and takes
+`stream=` and `backend=` like the other ops. Leading batch dims are rows.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
+from ..errors import ArgumentError
+from .training import _GRID_X_MAX, _flat, _launch, _row_threads, _same_shape, _weight_chunks
+
+__all__ = [
+    "add_rms_norm",
+    "add_rms_norm_backward",
+    "layer_norm",
+    "layer_norm_backward",
+    "gelu",
+    "gelu_backward",
+    "gelu_gate",
+    "gelu_gate_backward",
+    "fused_linear_cross_entropy",
+]
+
+_UINT_MAX = 2**32 - 1
+_EW_THREADS = 256
+_EW_BLOCKS_MAX = 65535 * 8  # elementwise kernels are grid-stride: a cap only bounds the launch
+
+
+def _eps(v: Any, name: str = "eps") -> float:
+    ok = isinstance(v, (int, float, np.floating, np.integer)) and not isinstance(v, bool)
+    f = float(v) if ok else math.nan
+    if not (math.isfinite(f) and f >= 0.0):
+        raise ArgumentError(f"{name}: expected a finite number >= 0, got {v!r}")
+    return f
+
+
+def _rows(name: str, x: Any) -> tuple[tuple[int, ...], int, int]:
+    shape = tuple(arrays.shape_of(x))
+    if len(shape) < 1:
+        raise ArgumentError(f"{name}: expected at least 1 dimension, got shape {shape}")
+    dim = shape[-1]
+    if dim < 1:
+        raise ArgumentError(f"{name}.shape[-1]: expected at least 1, got {dim}")
+    if dim > _UINT_MAX - 32:  # column tiles of the weight-gradient kernel must not wrap 32 bits
+        raise ArgumentError(f"{name}.shape[-1]: expected at most {_UINT_MAX - 32}, got {dim}")
+    return shape, dim, _size(shape[:-1])
+
+
+def _row_grid(n_rows: int, dim: int) -> tuple[tuple[int], tuple[int]]:
+    return (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),)
+
+
+def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: int, kind: str, want_bias: bool,
+                      *, stream: Any, backend: str | None) -> tuple[Any, Any]:
+    """Deterministic float32 (grad_weight, grad_bias or None): per-chunk column partial sums, then a
+    fixed-order sum over chunks (no float atomics)."""
+    n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
+    gw = arrays.empty((dim,), np.float32, like=x)
+    gb = arrays.empty((dim,), np.float32, like=x) if want_bias else None
+    # pb is never written without want_bias, but it gets its own 1-element buffer: aliasing pw would
+    # make a backend that copies arguments (numba) copy the unwritten pb back over pw
+    dummy = None if want_bias else arrays.empty((1,), np.float32, like=x)
+    if n_chunks == 1:
+        pw, pb = gw, (gb if want_bias else dummy)
+    else:
+        pw = arrays.empty((n_chunks * dim,), np.float32, like=x)
+        pb = arrays.empty((n_chunks * dim,), np.float32, like=x) if want_bias else dummy
+    has_mean = mean is not None
+    _launch("norm_weight_grad" + _suffix(kind), (-(-dim // 32), n_chunks), (32, 8), _flat(x), _flat(g),
+            mean if has_mean else rstd, rstd, pw, pb, n_rows, dim, rows_per_chunk, int(has_mean), int(want_bias),
+            stream=stream, backend=backend)
+    if n_chunks > 1:
+        grid = (min(-(-dim // 256), _GRID_X_MAX),)
+        _launch("norm_grad_reduce", grid, (256,), pw, gw, n_chunks, dim, stream=stream, backend=backend)
+        if want_bias:
+            _launch("norm_grad_reduce", grid, (256,), pb, gb, n_chunks, dim, stream=stream, backend=backend)
+    return gw, gb
+
+
+# --------------------------------------------------------------------------- add_rms_norm
+
+
+@arrays.stream_scoped
+def add_rms_norm(
+    x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, inplace: bool = False, stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, Any]:
+    """(y, new_residual) with new_residual = x + residual and y = rms_norm(new_residual) * weight, one pass.
+
+    x, residual (..., dim) and weight (dim,) share one dtype (f32 or bf16; math
+    in fp32; new_residual is stored in that dtype and y is computed from the
+    stored value, as the unfused add then norm would). `inplace=True` writes y
+    into x and new_residual into residual (both must be contiguous and
+    writeable) and returns (x, residual).
+    """
+    kind = arrays.io_kind("x", x)
+    _same_kind("residual", residual, kind, "x")
+    _same_kind("weight", weight, kind, "x")
+    shape, dim, n_rows = _rows("x", x)
+    _same_shape("residual", residual, shape, "x")
+    _same_shape("weight", weight, (dim,), "x's last axis")
+    eps = _eps(eps)
+    if not isinstance(inplace, bool):
+        raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
+    weight = arrays.contiguous(weight)
+    if inplace:
+        for name, a in (("x", x), ("residual", residual)):
+            c = arrays.contiguous(a)
+            if c is not a and not (arrays.is_torch(a) and c.data_ptr() == a.data_ptr()):
+                raise ArgumentError(f"{name}: inplace=True needs a contiguous array (the result is written into it)")
+            if isinstance(a, np.ndarray) and not a.flags.writeable:
+                raise ArgumentError(f"{name}: inplace=True needs a writeable array")
+        x, residual = arrays.contiguous(x), arrays.contiguous(residual)
+        y, new_res = x, residual
+    else:
+        x, residual = arrays.contiguous(x), arrays.contiguous(residual)
+        y, new_res = arrays.empty(shape, kind, like=x), arrays.empty(shape, kind, like=x)
+    if n_rows == 0:
+        return y, new_res
+    grid, block = _row_grid(n_rows, dim)
+    _launch("add_rms_norm" + _suffix(kind), grid, block, _flat(x), _flat(residual), weight, _flat(y),
+            _flat(new_res), n_rows, dim, eps, stream=arrays.launch_stream(stream, x), backend=backend)
+    return y, new_res
+
+
+@arrays.stream_scoped
+def add_rms_norm_backward(
+    new_residual: Any, weight: Any, grad_y: Any, grad_new_residual: Any = None, eps: float = 1e-6, *,
+    stream: Any = None, backend: str | None = None,
+) -> tuple[Any, Any]:
+    """Backward of add_rms_norm: (grad_h, grad_weight float32 (dim,)).
+
+    grad_h = rms_norm_backward(new_residual, weight, grad_y) + grad_new_residual
+    is the gradient of both x and residual (one path: new_residual = x + residual).
+    grad_new_residual may be None (no gradient reaches new_residual). grad_weight
+    is reduced in a fixed order without atomics (identical run to run).
+    """
+    kind = arrays.io_kind("new_residual", new_residual)
+    _same_kind("weight", weight, kind, "new_residual")
+    _same_kind("grad_y", grad_y, kind, "new_residual")
+    shape, dim, n_rows = _rows("new_residual", new_residual)
+    _same_shape("weight", weight, (dim,), "new_residual's last axis")
+    _same_shape("grad_y", grad_y, shape, "new_residual")
+    if grad_new_residual is not None:
+        _same_kind("grad_new_residual", grad_new_residual, kind, "new_residual")
+        _same_shape("grad_new_residual", grad_new_residual, shape, "new_residual")
+        grad_new_residual = arrays.contiguous(grad_new_residual)
+    eps = _eps(eps)
+    h, weight, grad_y = arrays.contiguous(new_residual), arrays.contiguous(weight), arrays.contiguous(grad_y)
+    gh = arrays.empty(shape, kind, like=h)
+    if n_rows == 0:
+        return gh, arrays.zeros((dim,), np.float32, like=h)
+    stream = arrays.launch_stream(stream, h)
+    rstd = arrays.empty((n_rows,), np.float32, like=h)
+    gres = grad_y if grad_new_residual is None else grad_new_residual
+    grid, block = _row_grid(n_rows, dim)
+    _launch("add_rms_norm_backward" + _suffix(kind), grid, block, _flat(h), weight, _flat(grad_y), _flat(gres),
+            _flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), stream=stream, backend=backend)
+    gw, _ = _norm_param_grads(h, grad_y, None, rstd, n_rows, dim, kind, False, stream=stream, backend=backend)
+    return gh, gw
+
+
+# --------------------------------------------------------------------------- layer_norm
+
+
+def _optional_param(name: str, p: Any, kind: str, dim: int) -> Any:
+    if p is None:
+        return None
+    _same_kind(name, p, kind, "x")
+    _same_shape(name, p, (dim,), "x's last axis")
+    return arrays.contiguous(p)
+
+
+@arrays.stream_scoped
+def layer_norm(
+    x: Any, weight: Any = None, bias: Any = None, eps: float = 1e-5, *, stream: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """torch.nn.functional.layer_norm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias.
+
+    x (..., dim), weight / bias (dim,) of x's dtype (f32 or bf16) or None;
+    statistics in fp32 (biased variance, as torch).
+    """
+    kind = arrays.io_kind("x", x)
+    shape, dim, n_rows = _rows("x", x)
+    weight, bias = _optional_param("weight", weight, kind, dim), _optional_param("bias", bias, kind, dim)
+    eps = _eps(eps)
+    x = arrays.contiguous(x)
+    y = arrays.empty(shape, kind, like=x)
+    if n_rows == 0:
+        return y
+    grid, block = _row_grid(n_rows, dim)
+    _launch("layer_norm" + _suffix(kind), grid, block, _flat(x), x if weight is None else weight,
+            x if bias is None else bias, _flat(y), n_rows, dim, eps, int(weight is not None), int(bias is not None),
+            stream=arrays.launch_stream(stream, x), backend=backend)
+    return y
+
+
+@arrays.stream_scoped
+def layer_norm_backward(
+    x: Any, weight: Any, grad_out: Any, eps: float = 1e-5, *, bias: bool = True, stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, Any, Any]:
+    """(grad_x like x, grad_weight float32 (dim,) or None, grad_bias float32 (dim,) or None) of layer_norm.
+
+    weight None: the forward had no weight (grad_weight is None). `bias=False`:
+    skip grad_bias (returned as None). Weight and bias gradients are per-chunk
+    partial sums reduced in a fixed order (no float atomics): identical run to run.
+    """
+    kind = arrays.io_kind("x", x)
+    _same_kind("grad_out", grad_out, kind, "x")
+    shape, dim, n_rows = _rows("x", x)
+    _same_shape("grad_out", grad_out, shape, "x")
+    weight = _optional_param("weight", weight, kind, dim)
+    eps = _eps(eps)
+    if not isinstance(bias, bool):
+        raise ArgumentError(f"bias: expected a bool (compute grad_bias or not), got {bias!r}")
+    x, grad_out = arrays.contiguous(x), arrays.contiguous(grad_out)
+    gx = arrays.empty(shape, kind, like=x)
+    if n_rows == 0:
+        z = lambda: arrays.zeros((dim,), np.float32, like=x)  # noqa: E731
+        return gx, (z() if weight is not None else None), (z() if bias else None)
+    stream = arrays.launch_stream(stream, x)
+    mean = arrays.empty((n_rows,), np.float32, like=x)
+    rstd = arrays.empty((n_rows,), np.float32, like=x)
+    grid, block = _row_grid(n_rows, dim)
+    _launch("layer_norm_backward" + _suffix(kind), grid, block, _flat(x), x if weight is None else weight,
+            _flat(grad_out), _flat(gx), mean, rstd, n_rows, dim, eps, int(weight is not None),
+            stream=stream, backend=backend)
+    gw = gb = None
+    if weight is not None or bias:
+        gw, gb = _norm_param_grads(x, grad_out, mean, rstd, n_rows, dim, kind, bias, stream=stream,
+                                   backend=backend)
+    return gx, (gw if weight is not None else None), gb
+
+
+# --------------------------------------------------------------------------- GELU / GeGLU
+
+_APPROX = {"none": 0, "tanh": 1}
+
+
+def _approx(a: Any) -> int:
+    if a not in _APPROX:
+        raise ArgumentError(f"approximate: expected 'none' or 'tanh', got {a!r}")
+    return _APPROX[a]
+
+
+def _ew(name: str, kind: str, n: int, *args: Any, stream: Any, backend: str | None) -> None:
+    # n % 4 == 0: the kernels take 4 elements per thread when the pointers are aligned (grid-stride
+    # loops keep a misaligned launch correct with the same grid)
+    per_thread = 4 if n % 4 == 0 else 1
+    blocks = min(-(-n // (_EW_THREADS * per_thread)), _EW_BLOCKS_MAX)
+    _launch(name + _suffix(kind), (blocks,), (_EW_THREADS,), *args, stream=stream, backend=backend)
+
+
+def _same_inputs(names: tuple[str, ...], arrs: tuple[Any, ...]) -> tuple[str, tuple[int, ...], list[Any]]:
+    kind = arrays.io_kind(names[0], arrs[0])
+    shape = tuple(arrays.shape_of(arrs[0]))
+    for nm, a in zip(names[1:], arrs[1:]):
+        _same_kind(nm, a, kind, names[0])
+        _same_shape(nm, a, shape, names[0])
+    return kind, shape, [arrays.contiguous(a) for a in arrs]
+
+
+@arrays.stream_scoped
+def gelu(x: Any, approximate: str = "none", *, stream: Any = None, backend: str | None = None) -> Any:
+    """torch.nn.functional.gelu(x, approximate=) elementwise (f32 or bf16, fp32 math)."""
+    ap = _approx(approximate)
+    kind, shape, (x,) = _same_inputs(("x",), (x,))
+    y = arrays.empty(shape, kind, like=x)
+    n = _size(shape)
+    if n:
+        _ew("gelu", kind, n, _flat(x), _flat(y), n, ap, stream=arrays.launch_stream(stream, x), backend=backend)
+    return y
+
+
+@arrays.stream_scoped
+def gelu_backward(x: Any, grad_out: Any, approximate: str = "none", *, stream: Any = None,
+                  backend: str | None = None) -> Any:
+    """grad_x = grad_out * gelu'(x) (f32 or bf16, fp32 math)."""
+    ap = _approx(approximate)
+    kind, shape, (x, grad_out) = _same_inputs(("x", "grad_out"), (x, grad_out))
+    gx = arrays.empty(shape, kind, like=x)
+    n = _size(shape)
+    if n:
+        _ew("gelu_backward", kind, n, _flat(x), _flat(grad_out), _flat(gx), n, ap,
+            stream=arrays.launch_stream(stream, x), backend=backend)
+    return gx
+
+
+@arrays.stream_scoped
+def gelu_gate(gate: Any, up: Any, approximate: str = "none", *, stream: Any = None,
+              backend: str | None = None) -> Any:
+    """GeGLU: gelu(gate, approximate=) * up elementwise (f32 or bf16, fp32 math)."""
+    ap = _approx(approximate)
+    kind, shape, (gate, up) = _same_inputs(("gate", "up"), (gate, up))
+    out = arrays.empty(shape, kind, like=gate)
+    n = _size(shape)
+    if n:
+        _ew("gelu_gate", kind, n, _flat(gate), _flat(up), _flat(out), n, ap,
+            stream=arrays.launch_stream(stream, gate), backend=backend)
+    return out
+
+
+@arrays.stream_scoped
+def gelu_gate_backward(gate: Any, up: Any, grad_out: Any, approximate: str = "none", *, stream: Any = None,
+                       backend: str | None = None) -> tuple[Any, Any]:
+    """(grad_gate, grad_up) of gelu_gate: grad_out * up * gelu'(gate) and grad_out * gelu(gate)."""
+    ap = _approx(approximate)
+    kind, shape, (gate, up, grad_out) = _same_inputs(("gate", "up", "grad_out"), (gate, up, grad_out))
+    gg, gu = arrays.empty(shape, kind, like=gate), arrays.empty(shape, kind, like=gate)
+    n = _size(shape)
+    if n:
+        _ew("gelu_gate_backward", kind, n, _flat(gate), _flat(up), _flat(grad_out), _flat(gg), _flat(gu), n, ap,
+            stream=arrays.launch_stream(stream, gate), backend=backend)
+    return gg, gu
+
+
+# --------------------------------------------------------------------------- fused linear cross-entropy
+
+
+def flce_chunk_rows(n_rows: int, vocab: int, hidden: int) -> int:
+    """Default row chunk of fused_linear_cross_entropy (Liger's rule): the (chunk, vocab) logits block
+    about the size of the (rows, hidden) input, rounded up to a power of two."""
+    per = max(1, -(-vocab // max(1, hidden)))
+    c = max(1, -(-n_rows // per))
+    return 1 << (c - 1).bit_length()
+
+
+def torch_inv_count(count: Any) -> Any:
+    """1 / count (0 when count is 0) as a float32 torch tensor on count's device (no sync)."""
+    c = count.to(dtype=__import__("torch").float64)
+    return (1.0 / c.clamp(min=1.0) * (c > 0)).float()
+
+
+class _Frame:
+    """The caller's array framework (NumPy, torch or CuPy): matmuls and small element ops run there,
+    on the caller's device and stream; only the cross-entropy itself is a pykern kernel."""
+
+    def __init__(self, like: Any, stream: Any) -> None:
+        self.kind = "torch" if arrays.is_torch(like) else ("numpy" if isinstance(like, np.ndarray) else "cupy")
+        self.stream = stream
+        if self.kind == "torch":
+            import torch
+
+            self.xp = torch
+        elif self.kind == "cupy":
+            import cupy
+
+            self.xp = cupy
+        else:
+            self.xp = np
+
+    def scope(self) -> Any:
+        """CuPy with an explicit stream: run CuPy's own work there too (torch's is handled by
+        arrays.stream_scoped, NumPy has no stream)."""
+        import contextlib
+
+        if self.kind == "cupy" and self.stream is not None:
+            from ..backends.nvrtc import stream_handle
+
+            return self.xp.cuda.ExternalStream(stream_handle(self.stream))
+        return contextlib.nullcontext()
+
+    def f32(self, a: Any) -> Any:
+        return a.float() if self.kind == "torch" else a.astype(np.float32, copy=False)
+
+    def cast(self, a: Any, like: Any) -> Any:
+        if self.kind == "torch":
+            return a.to(like.dtype)
+        return a.astype(like.dtype, copy=False)
+
+    def zeros(self, shape: tuple[int, ...], like: Any) -> Any:
+        return arrays.zeros(shape, np.float32, like=like)
+
+    def addmm(self, acc: Any, a: Any, b: Any) -> None:
+        """acc += a @ b in float32 (torch: in place, no temporary of acc's size)."""
+        if self.kind == "torch":
+            acc.addmm_(a, b)
+        else:
+            acc += a @ b
+
+
+@arrays.stream_scoped
+def fused_linear_cross_entropy(
+    hidden: Any, weight: Any, targets: Any, bias: Any = None, *, ignore_index: int = -100,
+    label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None, reduction: str = "mean",
+    chunk_size: int | None = None, stream: Any = None, backend: str | None = None,
+) -> tuple[Any, Any, Any, Any]:
+    """Cross-entropy of `hidden @ weight.T (+ bias)` and its gradients without the (N, vocab) logits.
+
+    hidden (N, H), weight (V, H), bias (V,) or None, one dtype (f32 or bf16);
+    targets (N,) integers. Walks rows in chunks of `chunk_size` (default
+    flce_chunk_rows): each chunk's logits come from the caller's framework matmul
+    (NumPy @, torch.matmul, CuPy; on the caller's stream), then the cross-entropy
+    kernel writes the gradient in place over them, and grad_hidden /
+    grad_weight / grad_bias accumulate in float32. Peak extra memory is
+    O(chunk x V) plus the float32 gradient accumulators. Options and reductions
+    as cross_entropy_fwd_bwd ("none": per-row losses; gradients of their sum).
+    Returns (loss float32, grad_hidden like hidden, grad_weight like weight,
+    grad_bias like bias or None). A batch with no live row gives loss 0 and zero
+    gradients ("mean").
+    """
+    from .training import _int_array, check_ce_options, cross_entropy_fwd_bwd
+
+    kind = arrays.io_kind("hidden", hidden)
+    _same_kind("weight", weight, kind, "hidden")
+    n, h = arrays.check_ndim("hidden", hidden, (2,))
+    v, h2 = arrays.check_ndim("weight", weight, (2,))
+    if h2 != h:
+        raise ArgumentError(f"weight: expected shape (vocab, {h}) (hidden's last axis), got {(v, h2)}")
+    if v < 1:
+        raise ArgumentError(f"weight.shape[0] (vocab): expected at least 1, got {v}")
+    _check_u32("weight.shape[0] (vocab)", v)
+    if bias is not None:
+        _same_kind("bias", bias, kind, "hidden")
+        _same_shape("bias", bias, (v,), "(vocab,)")
+    check_ce_options(label_smoothing, z_loss, softcap, reduction)
+    if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool) \
+            or not -(2**31) <= ignore_index < 2**31:
+        raise ArgumentError(f"ignore_index: expected an int32 value, got {ignore_index!r}")
+    ignore_index = int(ignore_index)
+    targets = _int_array("targets", targets)
+    if tuple(arrays.shape_of(targets)) != (n,):
+        raise ArgumentError(f"targets: expected shape ({n},), got {tuple(arrays.shape_of(targets))}")
+    if chunk_size is None:
+        chunk_size = flce_chunk_rows(n, v, h)
+    if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
+        raise ArgumentError(f"chunk_size: expected an integer >= 1, got {chunk_size!r}")
+    if n and arrays.is_host(targets):  # all rows checked up front: no partial work on a bad batch
+        t = arrays.host_view(targets).astype(np.int64, copy=False)
+        bad = np.flatnonzero((t != ignore_index) & ((t < 0) | (t >= v)))
+        if bad.size:
+            k = int(bad[0])
+            raise ArgumentError(f"targets: expected values in [0, {v}) or ignore_index={ignore_index}, "
+                                f"got {int(t[k])} at index {k}")
+    hidden, weight = arrays.contiguous(hidden), arrays.contiguous(weight)
+    bias = None if bias is None else arrays.contiguous(bias)
+    fw = _Frame(hidden, stream)
+    if fw.kind == "torch" and not arrays.is_torch(targets):
+        targets = fw.xp.as_tensor(np.ascontiguousarray(arrays.host_view(targets)), device=hidden.device)
+    elif fw.kind == "cupy" and arrays.is_host(targets):
+        targets = fw.xp.asarray(arrays.host_view(targets))
+    elif fw.kind == "numpy":
+        targets = arrays.host_view(targets)
+    with fw.scope():
+        gh = fw.zeros((n, h), hidden)
+        gw = fw.zeros((v, h), hidden)
+        gb = fw.zeros((v,), hidden) if bias is not None else None
+        rows = fw.zeros((n,), hidden)
+        w32 = None
+        for s in range(0, n, int(chunk_size)):
+            e = min(n, s + int(chunk_size))
+            hc = hidden[s:e]
+            if fw.kind == "numpy" and kind == "bf16":  # ml_dtypes has no fast matmul: fp32, then narrow
+                w32 = weight.astype(np.float32) if w32 is None else w32
+                logits = hc.astype(np.float32) @ w32.T
+                if bias is not None:
+                    logits += bias.astype(np.float32)
+                logits = logits.astype(hidden.dtype)
+            else:
+                logits = hc @ weight.T
+                if bias is not None:
+                    logits += bias
+                logits = arrays.contiguous(logits)
+            rl, g = cross_entropy_fwd_bwd(logits, targets[s:e], ignore_index, label_smoothing=label_smoothing,
+                                          z_loss=z_loss, softcap=softcap, reduction="none", inplace=True,
+                                          stream=stream, backend=backend)
+            rows[s:e] = rl
+            g32 = fw.f32(g)
+            if fw.kind == "numpy":
+                gh[s:e] = g32 @ (w32 if w32 is not None else weight)
+            else:  # torch / CuPy: the native-dtype matmul (fp32 accumulation inside), no fp32 weight copy
+                gh[s:e] = fw.f32(g @ weight)
+            fw.addmm(gw, g32.T, fw.f32(hc))
+            if gb is not None:
+                gb += g32.sum(0)
+            del logits, g, g32
+        if reduction == "none":
+            loss = rows
+        else:
+            loss = rows.sum()
+            if reduction == "mean":
+                count = (targets != ignore_index).sum()  # on the device: no synchronisation
+                if fw.kind == "torch":
+                    inv = torch_inv_count(count)
+                else:
+                    inv = fw.xp.where(count > 0, 1.0 / fw.xp.maximum(count, 1), 0.0).astype(np.float32)
+                loss = loss * inv
+                gh *= inv
+                gw *= inv
+                if gb is not None:
+                    gb *= inv
+            if fw.kind == "numpy":
+                loss = np.asarray(loss, np.float32)
+        return (loss, fw.cast(gh, hidden), fw.cast(gw, weight), None if gb is None else fw.cast(gb, bias))

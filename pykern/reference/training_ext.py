@@ -1,0 +1,221 @@
+"""numba.cuda references for kernels_cu/training_ext.cu: one thread per row (or element, or
+column), plain loops, float64 Python math. Arrays arrive flat, bf16 widened to float32."""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from .base import reference
+
+_T = 64
+
+
+def _grid1(n: int) -> tuple[tuple[int], tuple[int]]:
+    return ((n + _T - 1) // _T,), (_T,)
+
+
+@reference("add_rms_norm", "add_rms_norm_bf16")
+def _add_rms_norm(cuda: Any):
+    @cuda.jit
+    def k(x, res, w, y, new_res, n_rows, dim, eps):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * dim
+            ss = 0.0
+            for i in range(dim):
+                new_res[base + i] = x[base + i] + res[base + i]
+                ss += new_res[base + i] * new_res[base + i]
+            r = 1.0 / math.sqrt(ss / dim + eps)
+            for i in range(dim):
+                y[base + i] = new_res[base + i] * r * w[i]
+
+    return k, lambda a: _grid1(a[5])
+
+
+@reference("add_rms_norm_backward", "add_rms_norm_backward_bf16")
+def _add_rms_norm_backward(cuda: Any):
+    @cuda.jit
+    def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * dim
+            ss = 0.0
+            dot = 0.0
+            for i in range(dim):
+                ss += h[base + i] * h[base + i]
+                dot += h[base + i] * w[i] * gy[base + i]
+            r = 1.0 / math.sqrt(ss / dim + eps)
+            rstd[row] = r
+            for i in range(dim):
+                g = r * w[i] * gy[base + i] - h[base + i] * r * r * r * dot / dim
+                if has_gres:
+                    g += gres[base + i]
+                gh[base + i] = g
+
+    return k, lambda a: _grid1(a[6])
+
+
+@reference("layer_norm", "layer_norm_bf16")
+def _layer_norm(cuda: Any):
+    @cuda.jit
+    def k(x, w, b, y, n_rows, dim, eps, has_w, has_b):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * dim
+            s = 0.0
+            for i in range(dim):
+                s += x[base + i]
+            mean = s / dim
+            v = 0.0
+            for i in range(dim):
+                v += (x[base + i] - mean) * (x[base + i] - mean)
+            rstd = 1.0 / math.sqrt(v / dim + eps)
+            for i in range(dim):
+                o = (x[base + i] - mean) * rstd
+                if has_w:
+                    o *= w[i]
+                if has_b:
+                    o += b[i]
+                y[base + i] = o
+
+    return k, lambda a: _grid1(a[4])
+
+
+@reference("layer_norm_backward", "layer_norm_backward_bf16")
+def _layer_norm_backward(cuda: Any):
+    @cuda.jit
+    def k(x, w, g, gx, mean_out, rstd_out, n_rows, dim, eps, has_w):
+        row = cuda.grid(1)
+        if row < n_rows:
+            base = row * dim
+            s = 0.0
+            for i in range(dim):
+                s += x[base + i]
+            mean = s / dim
+            v = 0.0
+            for i in range(dim):
+                v += (x[base + i] - mean) * (x[base + i] - mean)
+            rstd = 1.0 / math.sqrt(v / dim + eps)
+            mean_out[row] = mean
+            rstd_out[row] = rstd
+            sg = 0.0
+            sgx = 0.0
+            for i in range(dim):
+                gh = g[base + i] * (w[i] if has_w else 1.0)
+                sg += gh
+                sgx += gh * (x[base + i] - mean) * rstd
+            for i in range(dim):
+                gh = g[base + i] * (w[i] if has_w else 1.0)
+                xh = (x[base + i] - mean) * rstd
+                gx[base + i] = rstd * (gh - sg / dim - xh * sgx / dim)
+
+    return k, lambda a: _grid1(a[6])
+
+
+@reference("norm_weight_grad", "norm_weight_grad_bf16")
+def _norm_weight_grad(cuda: Any):
+    @cuda.jit
+    def k(x, g, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean, want_bias):
+        t = cuda.grid(1)
+        n_chunks = (n_rows + rows_per_chunk - 1) // rows_per_chunk
+        if t < n_chunks * dim:
+            chunk = t // dim
+            c = t - chunk * dim
+            aw = 0.0
+            ab = 0.0
+            for r in range(chunk * rows_per_chunk, min(n_rows, (chunk + 1) * rows_per_chunk)):
+                xv = x[r * dim + c] - (mean[r] if has_mean else 0.0)
+                aw += xv * rstd[r] * g[r * dim + c]
+                ab += g[r * dim + c]
+            pw[t] = aw
+            if want_bias:
+                pb[t] = ab
+
+    return k, lambda a: _grid1(((a[6] + a[8] - 1) // a[8]) * a[7])
+
+
+@reference("norm_grad_reduce")
+def _norm_grad_reduce(cuda: Any):
+    @cuda.jit
+    def k(partial, out, n_chunks, dim):
+        c = cuda.grid(1)
+        if c < dim:
+            s = 0.0
+            for j in range(n_chunks):
+                s += partial[j * dim + c]
+            out[c] = s
+
+    return k, lambda a: _grid1(a[3])
+
+
+_S2PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu_fns(cuda: Any):
+    @cuda.jit(device=True)
+    def f(x, approx):
+        if approx:
+            return 0.5 * x * (1.0 + math.tanh(_S2PI * (x + 0.044715 * x * x * x)))
+        return 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+    @cuda.jit(device=True)
+    def d(x, approx):
+        if approx:
+            t = math.tanh(_S2PI * (x + 0.044715 * x * x * x))
+            return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _S2PI * (1.0 + 3.0 * 0.044715 * x * x)
+        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) + x * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+    return f, d
+
+
+@reference("gelu", "gelu_bf16")
+def _gelu(cuda: Any):
+    f, _ = _gelu_fns(cuda)
+
+    @cuda.jit
+    def k(x, y, n, approx):
+        i = cuda.grid(1)
+        if i < n:
+            y[i] = f(x[i], approx)
+
+    return k, lambda a: _grid1(a[2])
+
+
+@reference("gelu_backward", "gelu_backward_bf16")
+def _gelu_backward(cuda: Any):
+    _, d = _gelu_fns(cuda)
+
+    @cuda.jit
+    def k(x, g, gx, n, approx):
+        i = cuda.grid(1)
+        if i < n:
+            gx[i] = g[i] * d(x[i], approx)
+
+    return k, lambda a: _grid1(a[3])
+
+
+@reference("gelu_gate", "gelu_gate_bf16")
+def _gelu_gate(cuda: Any):
+    f, _ = _gelu_fns(cuda)
+
+    @cuda.jit
+    def k(gate, up, out, n, approx):
+        i = cuda.grid(1)
+        if i < n:
+            out[i] = f(gate[i], approx) * up[i]
+
+    return k, lambda a: _grid1(a[3])
+
+
+@reference("gelu_gate_backward", "gelu_gate_backward_bf16")
+def _gelu_gate_backward(cuda: Any):
+    f, d = _gelu_fns(cuda)
+
+    @cuda.jit
+    def k(gate, up, g, gg, gu, n, approx):
+        i = cuda.grid(1)
+        if i < n:
+            gg[i] = g[i] * up[i] * d(gate[i], approx)
+            gu[i] = g[i] * f(gate[i], approx)
+
+    return k, lambda a: _grid1(a[5])

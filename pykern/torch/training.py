@@ -1,0 +1,271 @@
+"""Autograd-aware pykern training ops of issue 15 for PyTorch: fused residual RMSNorm, LayerNorm,
+GELU / GeGLU and the fused linear cross-entropy.
+
+Like pykern.torch.functional: each op is a `torch.library.custom_op` in the
+`pykern` namespace with a fake implementation and a registered autograd formula
+whose backward is a pykern custom op too (torch.compile traces them whole).
+"""
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+from torch import Tensor
+
+from ..errors import ArgumentError
+from ._bridge import call
+
+__all__ = ["add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy"]
+
+_lib = "pykern::"
+
+
+def _new(shape, dtype, like: Tensor) -> Tensor:
+    return torch.empty(tuple(shape), dtype=dtype, device=like.device)
+
+
+def _c(t: Tensor) -> Tensor:
+    return t if t.is_contiguous() else t.contiguous()
+
+
+# --------------------------------------------------------------------------- add_rms_norm
+
+
+@torch.library.custom_op(_lib + "add_rms_norm", mutates_args=())
+def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
+    y, h = call("add_rms_norm", _c(x), _c(residual), _c(weight), eps)
+    return y, h
+
+
+@_add_rms_norm.register_fake
+def _(x, residual, weight, eps):
+    return _new(x.shape, x.dtype, x), _new(x.shape, x.dtype, x)
+
+
+@torch.library.custom_op(_lib + "add_rms_norm_backward", mutates_args=())
+def _add_rms_norm_backward(h: Tensor, weight: Tensor, grad_y: Tensor, grad_h: Optional[Tensor],
+                           eps: float) -> tuple[Tensor, Tensor]:
+    gh, gw = call("add_rms_norm_backward", _c(h), _c(weight), _c(grad_y), None if grad_h is None else _c(grad_h), eps)
+    return gh, gw.to(weight.dtype)
+
+
+@_add_rms_norm_backward.register_fake
+def _(h, weight, grad_y, grad_h, eps):
+    return _new(h.shape, h.dtype, h), _new(weight.shape, weight.dtype, weight)
+
+
+def _arn_setup(ctx, inputs, output):
+    ctx.save_for_backward(output[1], inputs[2])
+    ctx.eps = inputs[3]
+
+
+def _arn_bwd(ctx, grad_y, grad_h):
+    h, weight = ctx.saved_tensors
+    if grad_y is None:
+        grad_y = torch.zeros_like(h)
+    gh, gw = torch.ops.pykern.add_rms_norm_backward(h, weight, grad_y, grad_h, ctx.eps)
+    return gh, gh, gw, None  # x and residual share the one gradient path
+
+
+_add_rms_norm.register_autograd(_arn_bwd, setup_context=_arn_setup)
+
+
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
+    """(rms_norm(x + residual) * weight, x + residual) in one pass (x, residual, weight of one dtype)."""
+    return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps))
+
+
+# --------------------------------------------------------------------------- layer_norm
+
+
+@torch.library.custom_op(_lib + "layer_norm", mutates_args=())
+def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
+    return call("layer_norm", _c(x), None if weight is None else _c(weight), None if bias is None else _c(bias), eps)
+
+
+@_layer_norm.register_fake
+def _(x, weight, bias, eps):
+    return _new(x.shape, x.dtype, x)
+
+
+@torch.library.custom_op(_lib + "layer_norm_backward", mutates_args=())
+def _layer_norm_backward(x: Tensor, weight: Optional[Tensor], grad_out: Tensor, eps: float,
+                         has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
+    gx, gw, gb = call("layer_norm_backward", _c(x), None if weight is None else _c(weight), _c(grad_out), eps,
+                      bias=has_bias)
+    # custom ops return tensors only: an absent gradient is an empty placeholder (dropped by the caller)
+    return (gx, (x.new_empty((0,)) if gw is None else gw.to(weight.dtype)),
+            (x.new_empty((0,)) if gb is None else gb.to(x.dtype)))
+
+
+@_layer_norm_backward.register_fake
+def _(x, weight, grad_out, eps, has_bias):
+    dim = x.shape[-1]
+    return (_new(x.shape, x.dtype, x), _new((dim,) if weight is not None else (0,), x.dtype, x),
+            _new((dim,) if has_bias else (0,), x.dtype, x))
+
+
+def _ln_setup(ctx, inputs, output):
+    x, weight, bias, eps = inputs
+    ctx.save_for_backward(x, weight)
+    ctx.eps, ctx.has_w, ctx.has_b = eps, weight is not None, bias is not None
+
+
+def _ln_bwd(ctx, grad):
+    x, weight = ctx.saved_tensors
+    gx, gw, gb = torch.ops.pykern.layer_norm_backward(x, weight if ctx.has_w else None, grad, ctx.eps, ctx.has_b)
+    return gx, (gw.to(weight.dtype) if ctx.has_w else None), (gb if ctx.has_b else None), None
+
+
+_layer_norm.register_autograd(_ln_bwd, setup_context=_ln_setup)
+
+
+def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
+               eps: float = 1e-5) -> Tensor:
+    """torch.nn.functional.layer_norm over the last axis (weight / bias (dim,) of x's dtype, or None)."""
+    return torch.ops.pykern.layer_norm(x, weight, bias, float(eps))
+
+
+# --------------------------------------------------------------------------- gelu / gelu_gate
+
+
+@torch.library.custom_op(_lib + "gelu", mutates_args=())
+def _gelu(x: Tensor, approximate: str) -> Tensor:
+    return call("gelu", _c(x), approximate)
+
+
+@_gelu.register_fake
+def _(x, approximate):
+    return _new(x.shape, x.dtype, x)
+
+
+@torch.library.custom_op(_lib + "gelu_backward", mutates_args=())
+def _gelu_backward(x: Tensor, grad_out: Tensor, approximate: str) -> Tensor:
+    return call("gelu_backward", _c(x), _c(grad_out), approximate)
+
+
+@_gelu_backward.register_fake
+def _(x, grad_out, approximate):
+    return _new(x.shape, x.dtype, x)
+
+
+def _gelu_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0])
+    ctx.approximate = inputs[1]
+
+
+def _gelu_bwd(ctx, grad):
+    (x,) = ctx.saved_tensors
+    return torch.ops.pykern.gelu_backward(x, grad, ctx.approximate), None
+
+
+_gelu.register_autograd(_gelu_bwd, setup_context=_gelu_setup)
+
+
+def gelu(x: Tensor, approximate: str = "none") -> Tensor:
+    """torch.nn.functional.gelu(x, approximate=) ("none": erf, "tanh")."""
+    return torch.ops.pykern.gelu(x, approximate)
+
+
+@torch.library.custom_op(_lib + "gelu_gate", mutates_args=())
+def _gelu_gate(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
+    return call("gelu_gate", _c(gate), _c(up), approximate)
+
+
+@_gelu_gate.register_fake
+def _(gate, up, approximate):
+    return _new(gate.shape, gate.dtype, gate)
+
+
+@torch.library.custom_op(_lib + "gelu_gate_backward", mutates_args=())
+def _gelu_gate_backward(gate: Tensor, up: Tensor, grad_out: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
+    gg, gu = call("gelu_gate_backward", _c(gate), _c(up), _c(grad_out), approximate)
+    return gg, gu
+
+
+@_gelu_gate_backward.register_fake
+def _(gate, up, grad_out, approximate):
+    return _new(gate.shape, gate.dtype, gate), _new(up.shape, up.dtype, up)
+
+
+def _gg_setup(ctx, inputs, output):
+    ctx.save_for_backward(inputs[0], inputs[1])
+    ctx.approximate = inputs[2]
+
+
+def _gg_bwd(ctx, grad):
+    gate, up = ctx.saved_tensors
+    gg, gu = torch.ops.pykern.gelu_gate_backward(gate, up, grad, ctx.approximate)
+    return gg, gu, None
+
+
+_gelu_gate.register_autograd(_gg_bwd, setup_context=_gg_setup)
+
+
+def gelu_gate(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
+    """GeGLU: gelu(gate, approximate=) * up elementwise."""
+    return torch.ops.pykern.gelu_gate(gate, up, approximate)
+
+
+# --------------------------------------------------------------------------- fused linear cross-entropy
+
+
+@torch.library.custom_op(_lib + "fused_linear_cross_entropy", mutates_args=())
+def _flce(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
+          label_smoothing: float, z_loss: float, softcap: float, reduction: str,
+          chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    loss, gh, gw, gb = call("fused_linear_cross_entropy", _c(hidden), _c(weight), _c(targets),
+                            None if bias is None else _c(bias), ignore_index=ignore_index,
+                            label_smoothing=label_smoothing, z_loss=z_loss,
+                            softcap=softcap if softcap > 0 else None, reduction=reduction,
+                            chunk_size=chunk_size if chunk_size > 0 else None)
+    if reduction == "mean":  # torch: NaN for a batch with no valid row (0 / 0); the op returns 0
+        count = (targets != ignore_index).sum()
+        loss = torch.where(count > 0, loss, torch.full_like(loss, float("nan")))
+    return loss, gh, gw, (hidden.new_empty((0,)) if gb is None else gb)
+
+
+@_flce.register_fake
+def _(hidden, weight, targets, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_size):
+    return (_new((), torch.float32, hidden), _new(hidden.shape, hidden.dtype, hidden),
+            _new(weight.shape, weight.dtype, weight),
+            _new((0,) if bias is None else bias.shape, hidden.dtype, hidden))
+
+
+def _flce_setup(ctx, inputs, output):
+    ctx.has_bias = inputs[3] is not None
+    ctx.save_for_backward(output[1], output[2], output[3])
+    ctx.mark_non_differentiable(output[1], output[2], output[3])
+
+
+def _flce_bwd(ctx, grad_loss, *_):
+    gh, gw, gb = ctx.saved_tensors
+    s = grad_loss.to(torch.float32)
+    return ((gh * s).to(gh.dtype), (gw * s).to(gw.dtype), None, (gb * s).to(gb.dtype) if ctx.has_bias else None,
+            None, None, None, None, None, None)
+
+
+_flce.register_autograd(_flce_bwd, setup_context=_flce_setup)
+
+
+def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor] = None, *,
+                               ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0,
+                               softcap: Optional[float] = None, reduction: str = "mean",
+                               chunk_size: Optional[int] = None) -> Tensor:
+    """cross_entropy(hidden @ weight.T + bias, targets) without materialising the (N, vocab) logits.
+
+    hidden (N, H), weight (V, H), bias (V,) or None; reduction "mean" or "sum"
+    (a float32 scalar). The forward computes the loss and the gradients chunk by
+    chunk (pykern.ops.fused_linear_cross_entropy) and keeps the gradients; the
+    backward only scales them by the incoming gradient. "mean" of a batch with
+    every row ignored is NaN, as in torch.
+    """
+    if reduction not in ("mean", "sum"):
+        raise ArgumentError(f"reduction: expected 'mean' or 'sum' (the gradients are computed in the forward), "
+                            f"got {reduction!r}")
+    if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
+        raise ArgumentError(f"chunk_size: expected an integer >= 1 or None, got {chunk_size!r}")
+    loss, _, _, _ = torch.ops.pykern.fused_linear_cross_entropy(
+        hidden, weight, targets, bias, int(ignore_index), float(label_smoothing), float(z_loss),
+        0.0 if softcap is None else float(softcap), reduction, 0 if chunk_size is None else int(chunk_size))
+    return loss

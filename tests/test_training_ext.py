@@ -1,0 +1,479 @@
+"""Issue 15 training ops against torch float64 autograd (and float64 NumPy): cross-entropy options
+(label smoothing, z-loss, soft-capping, reductions, in-place gradient, parallel mean), through
+pykern.ops on NumPy / torch CPU tensors and through pykern.torch's autograd functions."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import pykern
+from pykern import ops
+from pykern.difftest.cases import training as T
+from pykern.errors import ArgumentError
+from pykern.tolerance import tolerance
+
+torch = pytest.importorskip("torch")
+import pykern.torch as pt  # noqa: E402
+
+F = torch.nn.functional
+
+
+def _close(out, ref, op: str, dtype: str = "f32", what: str = "") -> None:
+    atol, rtol = tolerance(op, dtype)
+    out = np.asarray(out.detach().double() if torch.is_tensor(out) else out, np.float64)
+    ref = np.asarray(ref.detach().double() if torch.is_tensor(ref) else ref, np.float64)
+    assert out.shape == ref.shape, (what, out.shape, ref.shape)
+    assert np.isfinite(out).all(), f"{op} {what}: non-finite"
+    err = np.abs(out - ref)
+    bad = err > atol + rtol * np.abs(ref)
+    assert not bad.any(), f"{op}/{dtype} {what}: max err {err.max():.3g} at {np.argwhere(bad)[:3].tolist()}"
+
+
+# --------------------------------------------------------------------------- cross-entropy
+
+
+def torch_ce_ref(x, t, ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, reduction="mean"):
+    """torch float64 reference: F.cross_entropy on soft-capped logits + z_loss * lse^2 per live row."""
+    z = softcap * torch.tanh(x / softcap) if softcap else x
+    live = t != ignore_index
+    rows = F.cross_entropy(z, t, ignore_index=ignore_index, reduction="none", label_smoothing=label_smoothing)
+    rows = rows + z_loss * torch.logsumexp(z, -1).pow(2) * live
+    if reduction == "none":
+        return rows
+    if reduction == "sum":
+        return rows.sum()
+    return rows.sum() / live.sum()
+
+
+OPTS = [
+    {},
+    {"label_smoothing": 0.1},
+    {"z_loss": 1e-3},
+    {"softcap": 4.0},
+    {"label_smoothing": 0.25, "z_loss": 2e-2, "softcap": 2.5},
+]
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opt", OPTS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()) or "plain")
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_ce_op_matches_torch_f64_autograd(dtype, opt, reduction):
+    g = torch.Generator().manual_seed(1)
+    x = torch.randn(7, 37, generator=g) * 3
+    if dtype == "bf16":
+        x = x.bfloat16()
+    t = torch.randint(0, 37, (7,), generator=g)
+    t[[0, 3]] = -100
+    loss, grad = ops.cross_entropy_fwd_bwd(x, t, label_smoothing=opt.get("label_smoothing", 0.0),
+                                           z_loss=opt.get("z_loss", 0.0), softcap=opt.get("softcap"),
+                                           reduction=reduction, backend="host")
+    xr = x.double().requires_grad_(True)
+    ref = torch_ce_ref(xr, t, reduction=reduction, **opt)
+    (rg,) = torch.autograd.grad(ref.sum(), xr)  # "none": the gradient of the sum, as documented
+    assert loss.dtype == torch.float32 and grad.dtype == x.dtype and tuple(loss.shape) == tuple(ref.shape)
+    _close(loss, ref, "cross_entropy_fwd_bwd", dtype, "loss")
+    _close(grad, rg, "cross_entropy_fwd_bwd", dtype, "grad")
+    assert float(grad[0].abs().sum()) == 0.0 and (reduction != "none" or float(loss[3]) == 0.0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+def test_ce_all_ignored_one_row_vocab_1(reduction):
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-2, "softcap": 3.0}
+    x = np.random.default_rng(2).standard_normal((4, 9)).astype(np.float32)
+    loss, grad = ops.cross_entropy_fwd_bwd(x, np.full(4, -100), reduction=reduction, backend="host", **opt)
+    assert not np.asarray(loss).any() and not grad.any()
+    for shape, tgt in (((1, 50), [7]), ((5, 1), [0, -100, 0, 0, -100])):
+        x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+        t = np.array(tgt)
+        loss, grad = ops.cross_entropy_fwd_bwd(x, t, reduction=reduction, backend="host", **opt)
+        xr = torch.from_numpy(x).double().requires_grad_(True)
+        ref = torch_ce_ref(xr, torch.from_numpy(t), reduction=reduction, **opt)
+        (rg,) = torch.autograd.grad(ref.sum(), xr)
+        _close(loss, ref, "cross_entropy_fwd_bwd", "f32", f"{shape} loss")
+        _close(grad, rg, "cross_entropy_fwd_bwd", "f32", f"{shape} grad")
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_ce_vocab_262144_with_options(dtype):
+    rng = np.random.default_rng(4)
+    x = (4.0 * rng.standard_normal((2, 262144))).astype(np.float32)
+    if dtype == "bf16":
+        x = x.astype(pykern.arrays.bfloat16())
+    t = np.array([262143, 5])
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 15.0}
+    loss, grad = ops.cross_entropy_fwd_bwd(x, t, backend="host", **opt)
+    rl, rg = T.np_cross_entropy(x, t, -100, **opt)
+    _close(loss, rl, "cross_entropy_fwd_bwd", dtype, "loss")
+    _close(grad.astype(np.float64), rg, "cross_entropy_fwd_bwd", dtype, "grad")
+
+
+def test_ce_inplace_writes_the_gradient_over_the_logits():
+    rng = np.random.default_rng(5)
+    for shape in ((6, 40), (3, 41)):  # vector and scalar paths
+        x = (3 * rng.standard_normal(shape)).astype(np.float32)
+        t = rng.integers(0, shape[1], shape[0])
+        t[1] = -100
+        loss0, grad0 = ops.cross_entropy_fwd_bwd(x, t, softcap=5.0, label_smoothing=0.1, backend="host")
+        buf = x.copy()
+        loss1, grad1 = ops.cross_entropy_fwd_bwd(buf, t, softcap=5.0, label_smoothing=0.1, inplace=True,
+                                                 backend="host")
+        assert grad1 is buf and np.array_equal(grad1, grad0) and float(loss1) == float(loss0)
+    tx = torch.randn(4, 16)
+    tt = torch.tensor([1, 2, -100, 3])
+    ref = ops.cross_entropy_fwd_bwd(tx.clone(), tt, backend="host")
+    _, g = ops.cross_entropy_fwd_bwd(tx, tt, inplace=True, backend="host")
+    assert g.data_ptr() == tx.data_ptr() and torch.equal(tx, ref[1])
+    with pytest.raises(ArgumentError, match="contiguous"):
+        ops.cross_entropy_fwd_bwd(np.zeros((8, 4), np.float32)[::2], np.zeros(4, np.int64), inplace=True)
+
+
+def test_ce_parallel_mean_two_levels_is_deterministic():
+    """More rows than one reduce block sums: partial sums then one block, same bits every run."""
+    rng = np.random.default_rng(6)
+    n = 2 * ops.training.CE_REDUCE_ROWS + 37
+    x = (2 * rng.standard_normal((n, 3))).astype(np.float32)
+    t = rng.integers(0, 3, n)
+    t[::3] = -100
+    l1, g1 = ops.cross_entropy_fwd_bwd(x, t, z_loss=1e-3, backend="host")
+    l2, _ = ops.cross_entropy_fwd_bwd(x, t, z_loss=1e-3, backend="host")
+    rl, rg = T.np_cross_entropy(x, t, -100, z_loss=1e-3)
+    assert np.asarray(l1).tobytes() == np.asarray(l2).tobytes()
+    _close(l1, rl, "cross_entropy_fwd_bwd", "f32", "loss")
+    _close(g1, rg, "cross_entropy_fwd_bwd", "f32", "grad")
+
+
+def test_ce_rejects_bad_options():
+    x, t = np.zeros((2, 3), np.float32), np.zeros(2, np.int64)
+    for kw, word in (({"label_smoothing": 1.5}, "label_smoothing"), ({"label_smoothing": -0.1}, "label_smoothing"),
+                     ({"z_loss": -1.0}, "z_loss"), ({"z_loss": float("nan")}, "z_loss"),
+                     ({"softcap": 0.0}, "softcap"), ({"softcap": -2.0}, "softcap"),
+                     ({"reduction": "avg"}, "reduction"), ({"inplace": 1}, "inplace")):
+        with pytest.raises(ArgumentError, match=word):
+            ops.cross_entropy_fwd_bwd(x, t, **kw)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_pykern_torch_cross_entropy_options_autograd(dtype, reduction):
+    g = torch.Generator().manual_seed(7)
+    x = (torch.randn(9, 53, generator=g) * 4).to(dtype)
+    t = torch.randint(0, 53, (9,), generator=g)
+    t[[1, 4]] = -100
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 6.0}
+    up = torch.randn(9, generator=g) if reduction == "none" else torch.tensor(0.7)
+    xl = x.detach().requires_grad_(True)
+    out = pt.functional.cross_entropy_f32(xl, t, -100, reduction, **opt)
+    (gl,) = torch.autograd.grad((out * up).sum(), xl)
+    xr = x.double().requires_grad_(True)
+    ref = torch_ce_ref(xr, t, reduction=reduction, **opt)
+    (rg,) = torch.autograd.grad((ref * up.double()).sum(), xr)
+    kind = "f32" if dtype == torch.float32 else "bf16"
+    _close(out, ref, "cross_entropy_fwd_bwd", kind, "loss")
+    _close(gl, rg, "cross_entropy_fwd_bwd", kind, "grad")
+    mod = pt.CrossEntropyLoss(reduction=reduction, **opt)
+    _close(mod(x.float(), t), torch_ce_ref(x.double(), t, reduction=reduction, **opt), "cross_entropy_fwd_bwd")
+    assert torch.isnan(pt.cross_entropy(x.float(), torch.full((9,), -100), label_smoothing=0.1))
+
+
+# --------------------------------------------------------------------------- norms and GELU (pykern.torch autograd)
+
+
+def _kind(dtype):
+    return "f32" if dtype == torch.float32 else "bf16"
+
+
+def _leaf(t, dtype):
+    return t.to(dtype).detach().requires_grad_(True)
+
+
+def _grads(fn, inputs, ups):
+    out = fn(*inputs)
+    outs = out if isinstance(out, tuple) else (out,)
+    total = sum((o.float() * u.to(o.device).float()).sum() if o.dtype != torch.float64 else (o * u.double()).sum()
+                for o, u in zip(outs, ups))
+    return outs, torch.autograd.grad(total, [i for i in inputs if i is not None])
+
+
+DTYPES = [torch.float32, torch.bfloat16]
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_add_rms_norm_autograd_matches_torch_f64(dtype):
+    g = torch.Generator().manual_seed(11)
+    x, r, w = torch.randn(3, 5, 48, generator=g), torch.randn(3, 5, 48, generator=g), 1 + 0.3 * torch.randn(48, generator=g)
+    uy, uh = torch.randn(3, 5, 48, generator=g), torch.randn(3, 5, 48, generator=g)
+    eps = 1e-6
+
+    def ref(x, r, w):
+        h = x + r
+        return h * torch.rsqrt(h.pow(2).mean(-1, keepdim=True) + eps) * w, h
+
+    ins = [_leaf(t, dtype) for t in (x, r, w)]
+    outs, gr = _grads(lambda *a: pt.add_rms_norm(*a, eps=eps), ins, (uy, uh))
+    routs, rgr = _grads(ref, [_leaf(t.to(dtype), torch.float64) for t in (x, r, w)], (uy, uh))
+    k = _kind(dtype)
+    for o, ro in zip(outs, routs):
+        _close(o, ro, "add_rms_norm", k)
+    for gg, rg, nm in zip(gr, rgr, ("x", "residual", "weight")):
+        _close(gg, rg, "add_rms_norm_backward", k, nm)
+    assert torch.equal(gr[0], gr[1])  # one gradient path
+
+
+def test_add_rms_norm_inplace_and_deterministic_weight_grad():
+    rng = np.random.default_rng(12)
+    x, r = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((70, 33)).astype(np.float32)
+    w = rng.standard_normal(33).astype(np.float32)
+    y0, h0 = ops.add_rms_norm(x, r, w, backend="host")
+    xi, ri = x.copy(), r.copy()
+    y1, h1 = ops.add_rms_norm(xi, ri, w, inplace=True, backend="host")
+    assert y1 is xi and h1 is ri and np.array_equal(y1, y0) and np.array_equal(h1, h0)
+    ry, rh = T.np_add_rms_norm(x, r, w) if hasattr(T, "np_add_rms_norm") else (None, None)
+    from pykern.difftest.cases import training_ext as E
+
+    ry, rh = E.np_add_rms_norm(x, r, w)
+    _close(y0, ry, "add_rms_norm")
+    g = rng.standard_normal((70, 33)).astype(np.float32)
+    a = ops.add_rms_norm_backward(h0, w, g, None, backend="host")
+    b = ops.add_rms_norm_backward(h0, w, g, None, backend="host")
+    assert a[1].tobytes() == b[1].tobytes()
+    _close(a[1], E.np_add_rms_norm_backward(h0, w, g)[1], "add_rms_norm_backward")
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("has_w,has_b", [(True, True), (False, False), (True, False), (False, True)])
+def test_layer_norm_autograd_matches_torch_f64(dtype, has_w, has_b):
+    g = torch.Generator().manual_seed(13)
+    x = torch.randn(4, 3, 40, generator=g) + 3.0
+    w, b = 1 + 0.3 * torch.randn(40, generator=g), 0.5 * torch.randn(40, generator=g)
+    up = torch.randn(4, 3, 40, generator=g)
+    xs = _leaf(x, dtype)
+    ws, bs = (_leaf(w, dtype) if has_w else None), (_leaf(b, dtype) if has_b else None)
+    (out,), gr = _grads(lambda x, w, b: pt.layer_norm(x, w, b, 1e-5), [xs, ws, bs], (up,))
+    xr = _leaf(x.to(dtype), torch.float64)
+    wr = _leaf(w.to(dtype), torch.float64) if has_w else None
+    br = _leaf(b.to(dtype), torch.float64) if has_b else None
+    (rout,), rgr = _grads(lambda x, w, b: F.layer_norm(x, (40,), w, b, 1e-5), [xr, wr, br], (up,))
+    k = _kind(dtype)
+    _close(out, rout, "layer_norm", k)
+    assert len(gr) == len(rgr)
+    for gg, rg in zip(gr, rgr):
+        _close(gg, rg, "layer_norm_backward", k)
+
+
+def test_layer_norm_one_row_dim_1_and_deterministic():
+    x = np.array([[2.5]], np.float32)
+    np.testing.assert_array_equal(ops.layer_norm(x, backend="host"), [[0.0]])
+    rng = np.random.default_rng(14)
+    x, g = rng.standard_normal((600, 17)).astype(np.float32), rng.standard_normal((600, 17)).astype(np.float32)
+    w = rng.standard_normal(17).astype(np.float32)
+    r1 = ops.layer_norm_backward(x, w, g, backend="host")
+    r2 = ops.layer_norm_backward(x, w, g, backend="host")
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(r1, r2))
+    from pykern.difftest.cases import training_ext as E
+
+    for out, ref, nm in zip(r1, E.np_layer_norm_backward(x, w, g), ("gx", "gw", "gb")):
+        _close(out, ref, "layer_norm_backward", "f32", nm)
+    assert ops.layer_norm_backward(x, None, g, bias=False, backend="host")[1:] == (None, None)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+def test_gelu_and_gelu_gate_autograd_match_torch_f64(dtype, approximate):
+    g = torch.Generator().manual_seed(15)
+    a, u, up = (torch.randn(6, 45, generator=g) * 3 for _ in range(3))
+    k = _kind(dtype)
+    (out,), (ga,) = _grads(lambda a: pt.gelu(a, approximate), [_leaf(a, dtype)], (up,))
+    (rout,), (rga,) = _grads(lambda a: F.gelu(a, approximate=approximate), [_leaf(a.to(dtype), torch.float64)], (up,))
+    _close(out, rout, "gelu", k)
+    _close(ga, rga, "gelu_backward", k)
+    (out,), (gg, gu) = _grads(lambda a, u: pt.gelu_gate(a, u, approximate), [_leaf(a, dtype), _leaf(u, dtype)], (up,))
+    (rout,), (rgg, rgu) = _grads(lambda a, u: F.gelu(a, approximate=approximate) * u,
+                                 [_leaf(a.to(dtype), torch.float64), _leaf(u.to(dtype), torch.float64)], (up,))
+    _close(out, rout, "gelu_gate", k)
+    _close(gg, rgg, "gelu_gate_backward", k, "gate")
+    _close(gu, rgu, "gelu_gate_backward", k, "up")
+
+
+def test_new_ops_reject_bad_arguments():
+    x = np.zeros((2, 4), np.float32)
+    with pytest.raises(ArgumentError, match="approximate"):
+        ops.gelu(x, "fast")
+    with pytest.raises(ArgumentError, match="up"):
+        ops.gelu_gate(x, np.zeros((2, 5), np.float32))
+    with pytest.raises(ArgumentError, match="weight"):
+        ops.layer_norm(x, np.zeros(5, np.float32))
+    with pytest.raises(ArgumentError, match="eps"):
+        ops.add_rms_norm(x, x, np.zeros(4, np.float32), -1.0)
+    with pytest.raises(ArgumentError, match="residual"):
+        ops.add_rms_norm(x, np.zeros((3, 4), np.float32), np.zeros(4, np.float32))
+
+
+# --------------------------------------------------------------------------- fused linear cross-entropy
+
+
+def _flce_ref(h, w, t, b=None, reduction="mean", **opt):
+    logits = h @ w.T + (b if b is not None else 0)
+    return torch_ce_ref(logits, t, reduction=reduction, **opt)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
+@pytest.mark.parametrize("opt", OPTS[:1] + OPTS[-1:], ids=["plain", "all_options"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("frame", ["numpy", "torch"])
+def test_flce_op_matches_torch_f64_autograd(frame, dtype, opt, reduction):
+    g = torch.Generator().manual_seed(21)
+    n, hd, v = 11, 24, 37
+    h, w, b = torch.randn(n, hd, generator=g), torch.randn(v, hd, generator=g) * 0.5, torch.randn(v, generator=g)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[[2, 5]] = -100
+    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    h, w, b = h.to(tdt), w.to(tdt), b.to(tdt)
+    conv = (lambda a: a) if frame == "torch" else (lambda a: a.float().numpy().astype(
+        np.float32 if dtype == "f32" else pykern.arrays.bfloat16()))
+    kw = dict(label_smoothing=opt.get("label_smoothing", 0.0), z_loss=opt.get("z_loss", 0.0),
+              softcap=opt.get("softcap"), reduction=reduction, chunk_size=4)
+    loss, gh, gw, gb = ops.fused_linear_cross_entropy(conv(h), conv(w), t if frame == "torch" else t.numpy(),
+                                                      conv(b), backend="host", **kw)
+    ins = [_leaf(a, torch.float64) for a in (h, w, b)]
+    ref = _flce_ref(*ins[:2], t, ins[2], reduction=reduction, **opt)
+    rgh, rgw, rgb = torch.autograd.grad(ref.sum(), ins)
+    atol, rtol = tolerance("fused_linear_cross_entropy", dtype)
+    _close(np.asarray(loss.float() if frame == "torch" else loss), ref, "fused_linear_cross_entropy", dtype, "loss")
+    for got, want, nm in ((gh, rgh, "grad_hidden"), (gw, rgw, "grad_weight"), (gb, rgb, "grad_bias")):
+        got = got.float() if frame == "torch" else np.asarray(got, np.float32)
+        _close(got, want, "fused_linear_cross_entropy", dtype, nm)
+
+
+def test_flce_edges_all_ignored_one_row_vocab_1_chunks():
+    rng = np.random.default_rng(22)
+    h, w = rng.standard_normal((5, 8)).astype(np.float32), rng.standard_normal((6, 8)).astype(np.float32)
+    loss, gh, gw, gb = ops.fused_linear_cross_entropy(h, w, np.full(5, -100), backend="host")
+    assert float(loss) == 0.0 and not gh.any() and not gw.any() and gb is None
+    for n, v, chunk in ((1, 9, None), (5, 1, 2), (7, 13, 1), (7, 13, 100)):
+        h = rng.standard_normal((n, 8)).astype(np.float32)
+        w = rng.standard_normal((v, 8)).astype(np.float32)
+        t = rng.integers(0, v, n)
+        loss, gh, gw, _ = ops.fused_linear_cross_entropy(h, w, t, z_loss=1e-2, chunk_size=chunk, backend="host")
+        ins = [torch.from_numpy(a).double().requires_grad_(True) for a in (h, w)]
+        ref = _flce_ref(*ins, torch.from_numpy(t), z_loss=1e-2)
+        rgh, rgw = torch.autograd.grad(ref, ins)
+        _close(loss, ref, "fused_linear_cross_entropy", "f32", f"{n}x{v} loss")
+        _close(gh, rgh, "fused_linear_cross_entropy", "f32", f"{n}x{v} gh")
+        _close(gw, rgw, "fused_linear_cross_entropy", "f32", f"{n}x{v} gw")
+    with pytest.raises(ArgumentError, match="targets"):
+        ops.fused_linear_cross_entropy(h, w, np.full(7, 13))
+    with pytest.raises(ArgumentError, match="chunk_size"):
+        ops.fused_linear_cross_entropy(h, w, t, chunk_size=0)
+
+
+@pytest.mark.parametrize("reduction", ["mean", "sum"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_pykern_torch_flce_autograd(dtype, reduction):
+    g = torch.Generator().manual_seed(23)
+    h, w, b = torch.randn(10, 16, generator=g), torch.randn(29, 16, generator=g) * 0.5, torch.randn(29, generator=g)
+    t = torch.randint(0, 29, (10,), generator=g)
+    t[3] = -100
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 8.0}
+    ins = [_leaf(a, dtype) for a in (h, w, b)]
+    loss = pt.fused_linear_cross_entropy(*ins[:2], t, ins[2], reduction=reduction, chunk_size=3, **opt)
+    gr = torch.autograd.grad(loss * 0.7, ins)
+    rins = [_leaf(a.to(dtype), torch.float64) for a in (h, w, b)]
+    ref = _flce_ref(*rins[:2], t, rins[2], reduction=reduction, **opt)
+    rgr = torch.autograd.grad(ref * 0.7, rins)
+    k = _kind(dtype)
+    _close(loss, ref, "fused_linear_cross_entropy", k, "loss")
+    for a, r, nm in zip(gr, rgr, ("hidden", "weight", "bias")):
+        assert a.dtype == dtype
+        _close(a, r, "fused_linear_cross_entropy", k, nm)
+    assert torch.isnan(pt.fused_linear_cross_entropy(ins[0], ins[1], torch.full((10,), -100)))
+
+
+def test_new_custom_ops_pass_torch_library_opcheck():
+    g = torch.Generator().manual_seed(31)
+    r = lambda *s: torch.randn(*s, generator=g, requires_grad=True)  # noqa: E731
+    torch.library.opcheck(torch.ops.pykern.cross_entropy.default,
+                          (r(5, 7), torch.tensor([1, -100, 6, 0, 2]), -100, "mean", 0.1, 1e-3, 4.0))
+    torch.library.opcheck(torch.ops.pykern.add_rms_norm.default, (r(3, 8), r(3, 8), r(8), 1e-6))
+    torch.library.opcheck(torch.ops.pykern.layer_norm.default, (r(3, 8), r(8), r(8), 1e-5))
+    torch.library.opcheck(torch.ops.pykern.layer_norm.default, (r(3, 8), None, None, 1e-5))
+    torch.library.opcheck(torch.ops.pykern.gelu.default, (r(3, 8), "tanh"))
+    torch.library.opcheck(torch.ops.pykern.gelu_gate.default, (r(3, 8), r(3, 8), "none"))
+    torch.library.opcheck(torch.ops.pykern.fused_linear_cross_entropy.default,
+                          (r(6, 8), r(11, 8), torch.tensor([1, -100, 6, 0, 2, 10]), r(11), -100, 0.1, 1e-3, 0.0,
+                           "mean", 4))
+
+
+# --------------------------------------------------------------------------- torch tensors in, torch tensors out
+
+
+def _tensor_cases(dt):
+    from test_torch_ops import _f
+
+    f = lambda *s: _f(s, dt)  # noqa: E731
+    t = np.array([[3, -100, 0], [12, 5, -100]], np.int64)
+    return [
+        ("cross_entropy_opts", lambda x, t: ops.cross_entropy_fwd_bwd(x, t, label_smoothing=0.1, z_loss=1e-3,
+                                                                      softcap=5.0, reduction="none"),
+         [f(2, 3, 13), t], [0]),
+        ("add_rms_norm", lambda x, r, w: ops.add_rms_norm(x, r, w), [f(3, 40), f(3, 40), f(40)], [0, 1, 2]),
+        ("add_rms_norm_backward", lambda h, w, g, gr: ops.add_rms_norm_backward(h, w, g, gr),
+         [f(70, 9), f(9), f(70, 9), f(70, 9)], [0, 1, 2, 3]),
+        ("layer_norm", lambda x, w, b: ops.layer_norm(x, w, b), [f(3, 40), f(40), f(40)], [0, 1, 2]),
+        ("layer_norm_backward", lambda x, w, g: ops.layer_norm_backward(x, w, g), [f(70, 9), f(9), f(70, 9)],
+         [0, 1, 2]),
+        ("gelu", lambda x: ops.gelu(x), [f(3, 7)], [0]),
+        ("gelu_backward", lambda x, g: ops.gelu_backward(x, g, "tanh"), [f(3, 7), f(3, 7)], [0, 1]),
+        ("gelu_gate", lambda a, b: ops.gelu_gate(a, b, "tanh"), [f(3, 7), f(3, 7)], [0, 1]),
+        ("gelu_gate_backward", lambda a, b, g: ops.gelu_gate_backward(a, b, g), [f(3, 7), f(3, 7), f(3, 7)],
+         [0, 1, 2]),
+        ("fused_linear_cross_entropy", lambda h, w, t, b: ops.fused_linear_cross_entropy(h, w, t, b, chunk_size=2),
+         [f(6, 8), f(13, 8), t.reshape(-1), f(13)], [0, 1, 3]),
+    ]
+
+
+@pytest.mark.parametrize("how", ["plain", "strided_grad"])
+@pytest.mark.parametrize("dt", ["f32", "bf16"])
+@pytest.mark.parametrize("op", [c[0] for c in _tensor_cases(np.float32)])
+def test_new_ops_torch_cpu_equal_numpy(op, dt, how):
+    """Each new op on torch CPU tensors (also strided, requires_grad) returns torch tensors with the
+    same bits as on NumPy, and never writes its inputs."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parent))
+    from test_torch_ops import BF16, as_np, kinds, to_torch, variant
+
+    dtype = np.float32 if dt == "f32" else BF16
+    _, fn, args, float_idx = next(c for c in _tensor_cases(dtype) if c[0] == op)
+    ref = fn(*args)
+    targs = [variant(a, how) if i in float_idx else to_torch(a) for i, a in enumerate(args)]
+    snapshot = [x.detach().clone() for x in targs]
+    got = fn(*targs)
+    assert all(k is torch.Tensor for k in kinds(got) if k is not type(None)), kinds(got)
+    r, g = (ref, as_np(got)) if isinstance(ref, (tuple, list)) else ([ref], [as_np(got)])
+    for a, b in zip(r, g):
+        a, b = np.asarray(a), np.asarray(b)
+        assert a.shape == b.shape and a.dtype == b.dtype, (a.shape, b.shape, a.dtype, b.dtype)
+        if op == "fused_linear_cross_entropy":  # the matmuls are each framework's own: not bit-equal
+            _close(b.astype(np.float64), a.astype(np.float64), op, dt)
+            continue
+        np.testing.assert_array_equal(a.view(np.uint16) if a.dtype == BF16 else a,
+                                      b.view(np.uint16) if b.dtype == BF16 else b)
+    for x, s in zip(targs, snapshot):
+        assert torch.equal(x.detach(), s)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_flce_vocab_262144(dtype):
+    g = torch.Generator().manual_seed(41)
+    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    h, w = torch.randn(3, 4, generator=g).to(tdt), torch.randn(262144, 4, generator=g).to(tdt)
+    t = torch.tensor([262143, -100, 7])
+    opt = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 15.0}
+    loss, gh, gw, _ = ops.fused_linear_cross_entropy(h, w, t, chunk_size=2, backend="host", **opt)
+    ins = [_leaf(a, torch.float64) for a in (h, w)]
+    ref = _flce_ref(*ins, t, **opt)
+    rgh, rgw = torch.autograd.grad(ref, ins)
+    _close(loss, ref, "fused_linear_cross_entropy", dtype, "loss")
+    _close(gh.float(), rgh, "fused_linear_cross_entropy", dtype, "grad_hidden")
+    _close(gw.float(), rgw, "fused_linear_cross_entropy", dtype, "grad_weight")
