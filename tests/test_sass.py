@@ -39,8 +39,6 @@ WIDE_LOADS = {
     "rms_norm_backward": "LDG128", "rms_norm_backward_bf16": "LDG128",
     "cross_entropy_fwd_bwd": "LDG128", "cross_entropy_fwd_bwd_bf16": "LDG128",
 }
-# cross-entropy's kernel is being rewritten on another branch (i15-train); its bf16 path loads 8 bytes today.
-OWNED_ELSEWHERE = {"cross_entropy_fwd_bwd_bf16": "owned by i15-train"}
 
 
 def _load_report() -> Any:
@@ -90,10 +88,6 @@ def test_non_narrowing_list_is_honest() -> None:
 
 @pytest.mark.parametrize("kernel", sorted(WIDE_LOADS))
 def test_aligned_path_issues_wide_loads(kernel: str) -> None:
-    if kernel in OWNED_ELSEWHERE:
-        m = mix()
-        if any(m[kernel][a][WIDE_LOADS[kernel]] == 0 for a in ARCHS):
-            pytest.xfail(OWNED_ELSEWHERE[kernel])
     m = mix()
     want = WIDE_LOADS[kernel]
     widths = ("LDG128",) if want == "LDG128" else ("LDG64", "LDG128")

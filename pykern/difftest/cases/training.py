@@ -290,6 +290,8 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
               ("f32", 64, 4, "all", -100, "", dict(all_opts, reduction="sum")),
               ("f32", 64, 4, "all", -100, "", dict(all_opts, reduction="none")),
               ("bf16", 64, 4, "all", -100, "", all_opts),
+              # bf16 takes 16-byte vectors (8 elements) when vocab % 8 == 0: one row length each side
+              ("bf16", 1004, 3, "some", -100, "", {}), ("bf16", 264, 4, "some", -100, "", all_opts),
               ("f32", 300, 9000, "some", -100, "big", {}),  # two-level (parallel) mean: 9000 > 8192 rows
               ("f32", 262144, 2, "some", -100, "big", all_opts),
               ("bf16", 262144, 2, "none", -100, "big", dict(all_opts, reduction="sum"))]
