@@ -221,7 +221,9 @@ def test_no_spills_on_any_arch_nvrtc_offers() -> None:
 
     from test_compiler import REAL_ARCHS
 
-    rest = [a for a in compiler.expand_archs(["all"]) if a not in REAL_ARCHS]
+    # `--arch all` also names the newest PTX (compute_XY): nothing is register-allocated there, so only
+    # the cubin archs can spill.
+    rest = [a for a in compiler.expand_archs(["all"]) if a.startswith("sm_") and a not in REAL_ARCHS]
     if not rest:
         pytest.skip("this NVRTC offers no arch beyond tests/test_compiler.py's")
     out = subprocess.run([sys.executable, "-m", "pykern.precompile", "--kernels", "*_tc_*", "--json",
