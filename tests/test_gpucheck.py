@@ -94,9 +94,11 @@ def test_fake_device_whose_limits_reject_kernels_is_reported(tmp_path, no_compil
     fa = rows["flash_attention_d128"]
     assert fa["status"] == "FAIL"
     assert "0 dynamic = 32768 bytes of shared memory per block > device limit 16384" in fa["problems"][0]
-    # rms_norm launches 1024-thread blocks for long rows: 30 regs -> 32 per thread after per-warp
-    # rounding (960 -> 1024 per warp), 32 warps x 1024 = 32768 > 16384
+    # rms_norm sizes its blocks to the row (672 threads for a one-read row, 1024 for long rows): 30 regs ->
+    # 32 per thread after per-warp rounding (960 -> 1024 per warp); 21 warps x 1024 = 21504 and
+    # 32 warps x 1024 = 32768, both > 16384
     assert [p for p in rows["rms_norm"]["problems"] if "registers" in p] == [
+        "30 registers x 672 threads = 21504 registers per block (per-warp allocation) > device limit 16384",
         "30 registers x 1024 threads = 32768 registers per block (per-warp allocation) > device limit 16384"]
     # the flash backward's dynamic shared memory (2*16*d*4 bytes: 32768 at head_dim 256) is recorded from the ops
     assert any("32768 dynamic" in p for p in rows["attention_backward_flash_dq"]["problems"])

@@ -163,7 +163,7 @@ def _op_calls(drv):
                                                                                 method="multi_warp", stream=s)),
         ("transpose_2d", 1, lambda s: ops.transpose_2d(f(2, 5, 33), stream=s)),
         ("softmax_backward", 1, lambda s: ops.softmax_backward(f(3, 10), f(3, 10), stream=s)),
-        ("rms_norm_backward", 3, lambda s: ops.rms_norm_backward(x, w, f(70, 9), stream=s)),
+        ("rms_norm_backward", 2, lambda s: ops.rms_norm_backward(x, w, f(70, 9), stream=s)),  # row kernel + fused dw reduce
         ("embedding_backward", 2, lambda s: ops.embedding_backward(f(2, 3, 5), ids, 11, stream=s)),
         ("cross_entropy_fwd_bwd", 3, lambda s: ops.cross_entropy_fwd_bwd(f(2, 3, 13), targets, stream=s)),
         ("cross_entropy_fwd_bwd_none", 2, lambda s: ops.cross_entropy_fwd_bwd(
