@@ -1,0 +1,59 @@
+// Plain C++ float-to-int conversions and shifts by >= the width: the host backend must give the
+// GPU's results (cvt.rzi saturation, clamped shl/shr), not x86's (tests/test_host_gpu_conversions.py).
+#include "pk_common.cuh"
+#include "gpuconv.cuh"
+
+#define PK_G_TWICE(v) ((v) * 2)
+
+extern "C" __global__ void pk_g_casts(const float* x, const double* xd, int* oi, unsigned* ou, long long* oll,
+                                      unsigned long long* oull, int* oimp, int* ostat, int* ofunc, int* ohdr,
+                                      long long* odbl, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    oi[i] = (int)x[i];
+    ou[i] = (unsigned)x[i];
+    oll[i] = (long long)x[i];
+    oull[i] = static_cast<unsigned long long>(x[i]);
+    int j = x[i];  // implicit
+    oimp[i] = j;
+    ostat[i] = static_cast<int>(PK_G_TWICE(x[i]) / 2.0f);  // contains a whole macro invocation
+    ofunc[i] = int(x[i]);
+    ohdr[i] = pk_g_header_cast(x[i]);
+    odbl[i] = (long long)xd[i];
+}
+
+template <typename T> __device__ T pk_g_shl_t(T a, int s) { return a << s; }
+
+extern "C" __global__ void pk_g_shifts(const int* a, const unsigned* u, const long long* al, const int* s,
+                                       int* oshl, unsigned* oshru, int* oshrs, long long* oshl64, int* ocomp,
+                                       unsigned* ocompu, int* olit, unsigned* olitu, int* olits, int* otmpl,
+                                       int* oconst, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    oshl[i] = a[i] << s[i];
+    oshru[i] = u[i] >> s[i];
+    oshrs[i] = a[i] >> s[i];
+    oshl64[i] = al[i] << s[i];
+    int c = a[i];
+    c <<= s[i];
+    ocomp[i] = c;
+    unsigned cu = u[i];
+    cu >>= s[i];
+    ocompu[i] = cu;
+    olit[i] = a[i] << 32;
+    olitu[i] = u[i] >> 40;
+    olits[i] = a[i] >> 40;
+    otmpl[i] = pk_g_shl_t(a[i], s[i]);
+    // Constant expressions in a function body still compile (the helpers are constexpr).
+    constexpr unsigned k = 3;
+    constexpr unsigned m = 1u << k;
+    static_assert((1u << k) == 8u, "constexpr shift");
+    int buf[2 << k];  // a non-literal count in an array bound
+    for (unsigned t = 0; t < (m << 1); t++) buf[t] = (int)t << 1;
+    int v = 0;
+    switch (s[i] & 7) {
+        case 1 << 1: v = buf[m + 1]; break;
+        default: v = buf[3 << 1]; break;
+    }
+    oconst[i] = v;
+}
