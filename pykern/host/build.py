@@ -427,6 +427,18 @@ def build(
     if jit_disabled():
         raise CacheMiss(f"host backend: no cached build of {path} ({target.name}) and PYKERN_DISABLE_JIT=1")
     rt = runtime_object(cc, opts)
+    gpu_conv.flush_warnings(False)
+    ok = False
+    try:
+        _build_tu(path, tu, incs, opts, cc, rt, target, rewrite, include_dirs)
+        ok = True
+    finally:
+        gpu_conv.flush_warnings(ok)
+    return target
+
+
+def _build_tu(path: Path, tu: str, incs: list[str], opts: Sequence[str], cc: Compiler, rt: Path, target: Path,
+              rewrite: bool, include_dirs: Sequence[Path]) -> None:
     with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
         tu_path = Path(tmp) / f"{path.stem}.host.cpp"
         tu_path.write_text(tu, encoding="utf-8")
@@ -443,4 +455,3 @@ def build(
         else:
             cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
             _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
-    return target

@@ -21,6 +21,7 @@ from __future__ import annotations
 import hashlib
 import os
 import subprocess
+import threading
 import warnings
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -38,6 +39,10 @@ _SHIFT_WIDTH_KINDS = {
 }
 
 _warned: set[str] = set()
+# Warnings of the build under way: issued by the build only once its compile succeeded (a source
+# that g++ rejects too needs the compiler's error, not a note that libclang could not parse it).
+# Per thread: HostBackend.prebuild builds several sources at once.
+_pending = threading.local()
 
 
 def enabled() -> bool:
@@ -46,9 +51,18 @@ def enabled() -> bool:
 
 
 def _warn_once(key: str, msg: str) -> None:
-    if key not in _warned:
-        _warned.add(key)
-        warnings.warn(msg, RuntimeWarning, stacklevel=4)
+    if not hasattr(_pending, "items"):
+        _pending.items = []
+    _pending.items.append((key, msg))
+
+
+def flush_warnings(ok: bool) -> None:
+    """Issue the pending warnings (once per key and process) when the build succeeded; drop them otherwise."""
+    items, _pending.items = getattr(_pending, "items", []), []
+    for key, msg in items if ok else ():
+        if key not in _warned:
+            _warned.add(key)
+            warnings.warn(msg, RuntimeWarning, stacklevel=3)
 
 
 @lru_cache(maxsize=None)
