@@ -18,6 +18,8 @@ cannot parse a source, the build goes on un-rewritten after one warning.
 """
 from __future__ import annotations
 
+import bisect
+import ctypes
 import hashlib
 import os
 import subprocess
@@ -201,15 +203,24 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
         # An expression from a macro expansion (body or argument) lies within the invocation or
         # starts or ends inside it; one that contains a whole invocation has text of its own.
         so, eo = s.offset, e.offset
-        for ms, me in macro_spans.get(name, ()):
-            if (ms <= so and eo <= me) or ms < so < me or ms < eo < me:
-                return None
-        return name, s.offset, e.offset
+        spans = macro_spans.get(name)
+        if spans:  # sorted, non-overlapping: only the invocations around so and eo matter
+            for j in {bisect.bisect_right(spans, (so, 1 << 62)) - 1, bisect.bisect_right(spans, (eo, 1 << 62)) - 1}:
+                if j >= 0:
+                    ms, me = spans[j]
+                    if (ms <= so and eo <= me) or ms < so < me or ms < eo < me:
+                        return None
+        return name, so, eo
 
     top = list(tu.cursor.get_children())  # preprocessing cursors are the TU's own children
     for c in top:
-        if c.kind == K.MACRO_INSTANTIATION and c.location.file is not None:
-            macro_spans.setdefault(c.location.file.name, []).append((c.extent.start.offset, c.extent.end.offset))
+        if c.kind == K.MACRO_INSTANTIATION:
+            f = c.location.file
+            if f is not None and file_ok(f.name):
+                macro_spans.setdefault(f.name, []).append((c.extent.start.offset, c.extent.end.offset))
+    for v in macro_spans.values():
+        v.sort()
+    shift_ops = _shift_opcodes(ci)
 
     texts: dict[str, bytes] = {tu_key: tu_text.encode()}
 
@@ -225,17 +236,19 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
         if kind in (K.FUNCTION_DECL, K.CXX_METHOD, K.FUNCTION_TEMPLATE, K.CONSTRUCTOR, K.DESTRUCTOR,
                     K.CONVERSION_FUNCTION, K.LAMBDA_EXPR):
             in_body = True
-        elif kind in (K.STATIC_ASSERT, K.ENUM_DECL, K.CASE_STMT, K.TEMPLATE_REF, K.TYPE_REF):
+        elif kind in (K.STATIC_ASSERT, K.ENUM_DECL, K.TEMPLATE_REF, K.TYPE_REF):
             in_body = False
         kids = list(c.get_children())
         if in_body:
             if kind == K.CASE_STMT:
                 # the label is a constant expression; the statement after it is not
-                for k in kids[1:]:
-                    visit(k, True)
+                for k in kids[:-1]:
+                    visit(k, False)
+                visit(kids[-1], True)
                 return
             if kind in (K.BINARY_OPERATOR, K.COMPOUND_ASSIGNMENT_OPERATOR) and len(kids) == 2:
-                count += _shift(c, kids)
+                if shift_ops is None or shift_ops(c):
+                    count += _shift(c, kids)
             elif kind in (K.CSTYLE_CAST_EXPR, K.CXX_STATIC_CAST_EXPR, K.CXX_FUNCTIONAL_CAST_EXPR,
                           K.UNEXPOSED_EXPR) and kids:
                 count += _conv(c, kids[-1])
@@ -310,6 +323,32 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
         t = text_of(name)
         headers[p] = (edits[name].apply(t) if name in edits else t).decode("utf-8", "surrogateescape")
     return Result(new_tu, headers, count)
+
+
+@lru_cache(maxsize=None)
+def _shift_opcodes(ci):
+    """A fast test `cursor is <<, >>, <<= or >>=` (clang_getCursorBinaryOperatorKind, libclang >= 17), or None.
+
+    The opcodes are read off a parsed snippet rather than assumed from the C enum.
+    """
+    try:
+        kind_of = ci.conf.lib.clang_getCursorBinaryOperatorKind
+        kind_of.argtypes, kind_of.restype = [ci.Cursor], ctypes.c_int
+        snippet = "void f(int a, int b) { a <<= b; a >>= b; a = (a << b) + (a >> b) * (a < b); }\n"
+        tu = ci.Index.create().parse("pk_snippet.cpp", args=["-x", "c++"], unsaved_files=[("pk_snippet.cpp", snippet)])
+        K = ci.CursorKind
+        found: dict[str, int] = {}
+        for c in tu.cursor.walk_preorder():
+            if c.kind in (K.BINARY_OPERATOR, K.COMPOUND_ASSIGNMENT_OPERATOR):
+                kids = list(c.get_children())
+                op = snippet[kids[0].extent.end.offset:kids[1].extent.start.offset].strip()
+                found[op] = kind_of(c)
+        wanted = {found[o] for o in ("<<", ">>", "<<=", ">>=")}
+        if len(wanted) != 4 or found.get("<", -1) in wanted or found.get("=", -1) in wanted:
+            return None
+    except Exception:  # noqa: BLE001 -- older libclang: the text test alone
+        return None
+    return lambda c: kind_of(c) in wanted
 
 
 def _literal(c, K):
