@@ -116,7 +116,9 @@ def test_shifts_by_the_width_or_more_clamp_like_shl_shr() -> None:
     assert o["oshl"][2] == 0 and a[2] == 7 and s[2] == 33  # a runtime count of 33
     assert o["olits"][1] == -1 and a[1] == -8
     # Constant expressions in the kernel still compile and evaluate (2 << k, 1u << k, case labels).
-    assert o["oconst"].tolist() == [2 * 9 if c & 7 == 2 else 2 * 6 for c in si]  # buf[t] = t << 1
+    # buf[t] = t << 1; under `case 2` (s in 2, 10, 18, 26) a shift by s + 30 >= 32.
+    assert o["oconst"].tolist() == [0 if c & 7 == 2 else 2 * 6 for c in si]
+    assert any(c & 7 == 2 for c in si)
 
 
 def test_off_switch_gives_x86_results(monkeypatch: pytest.MonkeyPatch) -> None:

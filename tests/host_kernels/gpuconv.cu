@@ -52,7 +52,7 @@ extern "C" __global__ void pk_g_shifts(const int* a, const unsigned* u, const lo
     for (unsigned t = 0; t < (m << 1); t++) buf[t] = (int)t << 1;
     int v = 0;
     switch (s[i] & 7) {
-        case 1 << 1: v = buf[m + 1]; break;
+        case 1 << 1: v = buf[m + 1] << (s[i] + 30); break;  // the label stays, the statement is rewritten
         default: v = buf[3 << 1]; break;
     }
     oconst[i] = v;
