@@ -121,6 +121,12 @@ def test_shifts_by_the_width_or_more_clamp_like_shl_shr() -> None:
     assert any(c & 7 == 2 for c in si)
 
 
+def test_default_argument_and_macro_argument_still_build() -> None:
+    o = np.zeros(2, np.int32)
+    pykern.launch("pk_g_misc", 1, 32, np.array([3e9, 1.5], np.float32), o, 2, backend="host")
+    assert o.tolist() == [2, 2]
+
+
 def test_off_switch_gives_x86_results(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_GPU_CONVERSIONS", "0")
     o = _casts(CAST_X[:3])

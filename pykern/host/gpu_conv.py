@@ -110,7 +110,13 @@ class _Edits:
     inserts: list[tuple[int, int, int, str]] = field(default_factory=list)  # (offset, phase, order, text)
     replaces: list[tuple[int, int, str]] = field(default_factory=list)  # (start, end, text)
 
+    seen: set[tuple[int, int, str]] = field(default_factory=set)
+
     def wrap(self, start: int, end: int, prefix: str, suffix: str) -> None:
+        # One expression reached twice (e.g. a default argument seen from a call) is wrapped once.
+        if (start, end, prefix) in self.seen:
+            return
+        self.seen.add((start, end, prefix))
         n = end - start
         # At one offset: closing suffixes first (inner before outer), then opening prefixes (outer first).
         self.inserts.append((start, 2, -n, prefix))
@@ -249,8 +255,8 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
             if kind in (K.BINARY_OPERATOR, K.COMPOUND_ASSIGNMENT_OPERATOR) and len(kids) == 2:
                 if shift_ops is None or shift_ops(c):
                     count += _shift(c, kids)
-            elif kind in (K.CSTYLE_CAST_EXPR, K.CXX_STATIC_CAST_EXPR, K.CXX_FUNCTIONAL_CAST_EXPR,
-                          K.UNEXPOSED_EXPR) and kids:
+            elif (kind in (K.CSTYLE_CAST_EXPR, K.CXX_STATIC_CAST_EXPR, K.CXX_FUNCTIONAL_CAST_EXPR) and kids) or (
+                    kind == K.UNEXPOSED_EXPR and len(kids) == 1):  # an implicit conversion has one operand
                 count += _conv(c, kids[-1])
         for k in kids:
             visit(k, in_body)
@@ -288,6 +294,8 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
                 return 0
         helper = {"<<": "__pk_shl", ">>": "__pk_shr", "<<=": "__pk_shl_eq", ">>=": "__pk_shr_eq"}[op]
         ed = edits.setdefault(name, _Edits())
+        if (ec[1], ec[2], f"{helper}(") in ed.seen:
+            return 0
         ed.wrap(ec[1], ec[2], f"{helper}(", ")")
         # the operator token itself becomes the argument separator
         i = src.index(op.encode(), ea[2], eb[1])

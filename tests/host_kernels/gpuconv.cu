@@ -57,3 +57,12 @@ extern "C" __global__ void pk_g_shifts(const int* a, const unsigned* u, const lo
     }
     oconst[i] = v;
 }
+
+// A default argument (rewritten) and a cast and shift inside a macro argument (not): valid code either way.
+__device__ inline int pk_g_default(int v = 2.5f) { return v; }
+#define PK_G_ID(v) (v)
+extern "C" __global__ void pk_g_misc(const float* x, int* o, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    o[i] = pk_g_default() + PK_G_ID((int)x[i] << n) * 0;  // inside a macro argument: left as written
+}
