@@ -121,6 +121,19 @@ def test_shifts_by_the_width_or_more_clamp_like_shl_shr() -> None:
     assert any(c & 7 == 2 for c in si)
 
 
+def test_explicit_casts_with_template_dependent_types() -> None:
+    x = CAST_X
+    n = x.size
+    k = np.arange(-6, n - 6, dtype=np.int32)
+    o, oto, ofrom, oi = (np.zeros(n, np.int32) for _ in range(4))
+    ol = np.zeros(n, np.int64)
+    pykern.launch("pk_g_template_casts", 1, 32, x, k, o, ol, oto, ofrom, oi, n, backend="host")
+    i32 = [cvt_rzi(float(v), INT_MIN, INT_MAX) for v in x]
+    assert o.tolist() == i32 and oto.tolist() == i32 and ofrom.tolist() == i32
+    assert ol.tolist() == [cvt_rzi(float(v), LL_MIN, LL_MAX) for v in x]
+    assert oi.tolist() == (2 * k).tolist()
+
+
 def test_default_argument_and_macro_argument_still_build() -> None:
     o = np.zeros(2, np.int32)
     pykern.launch("pk_g_misc", 1, 32, np.array([3e9, 1.5], np.float32), o, 2, backend="host")

@@ -11,7 +11,9 @@ expression is wrapped in a helper of pk_cuda_host.h: `__pk_f2i<To>(e)`, `__pk_sh
 edit keeps the line count, and the helpers are constexpr, so a rewritten constant expression
 still compiles. What is skipped: expressions inside macro expansions, shifts by an integer
 literal below the width (nothing to change), compound assignments to bit-fields, and
-conversions whose types are only known at template instantiation.
+implicit conversions whose types are only known at template instantiation (`int i = t;` with
+t of type T: clang has no conversion node in the template's pattern). Explicit casts and shifts
+with dependent types are wrapped; the helpers fall back to the plain operation for other types.
 
 Off with PYKERN_HOST_GPU_CONVERSIONS=0; without libclang (the `libclang` wheel) or when it
 cannot parse a source, the build goes on un-rewritten after one warning.
@@ -22,6 +24,7 @@ import bisect
 import ctypes
 import hashlib
 import os
+import re
 import subprocess
 import threading
 import warnings
@@ -39,6 +42,9 @@ _SHIFT_WIDTH_KINDS = {
     "CHAR_S": 32, "SCHAR": 32, "UCHAR": 32, "SHORT": 32, "USHORT": 32, "CHAR_U": 32, "BOOL": 32,
     "CHAR16": 32, "CHAR32": 32, "WCHAR": 32,
 }
+
+_DEPENDENT = {"UNEXPOSED", "DEPENDENT"}  # a template parameter's type, or an expression of one
+_IDENT = re.compile(r"[A-Za-z_]\w*")
 
 _warned: set[str] = set()
 # Warnings of the build under way: issued by the build only once its compile succeeded (a source
@@ -304,14 +310,21 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
 
     def _conv(c, child) -> int:
         to, frm = _kind(c.type), _kind(child.type)
-        if to not in _INT_KINDS or frm not in _FLOAT_KINDS:
+        explicit = c.kind != K.UNEXPOSED_EXPR
+        if to in _INT_KINDS and frm in _FLOAT_KINDS:
+            spelled = c.type.get_canonical().spelling
+        elif explicit and to in _INT_KINDS and frm in _DEPENDENT:
+            spelled = c.type.get_canonical().spelling  # `(int)v` with v of type T: the helper decides
+        elif explicit and to in _DEPENDENT and (frm in _FLOAT_KINDS or frm in _DEPENDENT) and \
+                _IDENT.fullmatch(c.type.spelling):
+            spelled = c.type.spelling  # `(T)f`, `(T)v`: T is in scope where the cast is
+        else:
             return 0
         ek = extent(child)
         if ek is None:
             return 0
-        if c.kind != K.UNEXPOSED_EXPR and extent(c) is None:
+        if explicit and extent(c) is None:
             return 0
-        spelled = c.type.get_canonical().spelling
         edits.setdefault(ek[0], _Edits()).wrap(ek[1], ek[2], f"__pk_f2i<{spelled}>(", ")")
         return 1
 

@@ -265,7 +265,8 @@ PK_SCOPED_ATOMIC(atomicAnd) PK_SCOPED_ATOMIC(atomicOr) PK_SCOPED_ATOMIC(atomicXo
 // GPU results for C++ float-to-int conversions and shifts: pykern/host/gpu_conv.py rewrites
 // them in kernel sources into these calls (default and checked builds; not the sanitizer build,
 // which reports them as C++ UB). cvt.rzi: truncate, saturate to the destination range, NaN -> 0.
-template <typename To, typename From> constexpr __attribute__((always_inline)) To __pk_f2i(From x) {
+// Other types (a template's cast whose types were dependent when rewritten): the C cast as written.
+template <typename To, typename From> constexpr __attribute__((always_inline)) To __pk_f2i(From&& x) {
     if constexpr (std::is_floating_point<std::remove_cv_t<std::remove_reference_t<From>>>::value &&
                   std::is_integral<To>::value && !std::is_same<To, bool>::value) {
         using F = std::remove_cv_t<std::remove_reference_t<From>>;
@@ -277,7 +278,7 @@ template <typename To, typename From> constexpr __attribute__((always_inline)) T
             return std::numeric_limits<To>::min();
         return static_cast<To>(x);
     } else {
-        return static_cast<To>(x);
+        return (To)static_cast<From&&>(x);
     }
 }
 // shl / shr with the count taken as a 32-bit unsigned register and clamped: >= width gives 0

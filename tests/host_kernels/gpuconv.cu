@@ -66,3 +66,18 @@ extern "C" __global__ void pk_g_misc(const float* x, int* o, int n) {
     if (i >= n) return;
     o[i] = pk_g_default() + PK_G_ID((int)x[i] << n) * 0;  // inside a macro argument: left as written
 }
+
+// Explicit casts with dependent types in a template: saturate where they turn out float -> int.
+template <typename T, typename I> __device__ I pk_g_cast_t(T v) { return (I)v; }        // both dependent
+template <typename I> __device__ I pk_g_cast_to(float f) { return (I)f; }               // dependent target
+template <typename T> __device__ int pk_g_cast_from(T v) { return static_cast<int>(v); }  // dependent source
+extern "C" __global__ void pk_g_template_casts(const float* x, const int* k, int* o, long long* ol, int* oto,
+                                               int* ofrom, int* oi, int n) {
+    const int i = threadIdx.x;
+    if (i >= n) return;
+    o[i] = pk_g_cast_t<float, int>(x[i]);
+    ol[i] = pk_g_cast_t<float, long long>(x[i]);
+    oto[i] = pk_g_cast_to<int>(x[i]);
+    ofrom[i] = pk_g_cast_from(x[i]);
+    oi[i] = pk_g_cast_t<int, int>(k[i]) + pk_g_cast_from(k[i]);  // int -> int: unchanged
+}
