@@ -151,18 +151,28 @@ def test_off_switch_gives_x86_results(monkeypatch: pytest.MonkeyPatch) -> None:
 
 USER = textwrap.dedent(
     """\
+    #include "pk_common.cuh"
+    #include "sub/conv_a.cuh"
     extern "C" __global__ void pk_u_conv(const float* x, const int* s, int* o, int* t, int n) {
         const int i = threadIdx.x;
-        if (i < n) { o[i] = (int)x[i]; t[i] = 1 << s[i]; }
+        if (i < n) { o[i] = (int)x[i]; t[i] = pk_u_shl(1, s[i]); }
     }
     """
 )
+# A header in a subfolder that includes its neighbour, which holds the shift.
+USER_HEADERS = {
+    "sub/conv_a.cuh": '#pragma once\n#include "conv_b.cuh"\n',
+    "sub/conv_b.cuh": "#pragma once\n__device__ inline int pk_u_shl(int a, int s) { return a << s; }\n",
+}
 
 
 def _user_launch(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> tuple[list[int], list[int], list[str]]:
     kdir = tmp_path / "k"
     kdir.mkdir()
     (kdir / "conv.cu").write_text(USER)
+    for name, text in USER_HEADERS.items():
+        (kdir / name).parent.mkdir(exist_ok=True)
+        (kdir / name).write_text(text)
     monkeypatch.setenv("PYKERN_KERNEL_PATH", str(kdir))
     monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setattr(gpu_conv, "_warned", set())

@@ -353,9 +353,9 @@ def _gpu_rewrite(path: Path, tu: str, tu_path: Path, incs: list[str], roots: Seq
                  opts: Sequence[str]) -> tuple[str, list[str]]:
     """The TU and include flags after gpu_conv's rewrite; unchanged when it cannot be done (one warning).
 
-    Rewritten kernel headers go to an overlay folder (the TU's own, searched first for quoted
-    includes, and first among the -I folders), every included kernel header copied there so that
-    no header comes from both places; `#line 1` keeps their messages on the original files.
+    Every kernel header the TU includes (rewritten or not, so that no header comes from two
+    places) is copied under an overlay folder per include root, searched just before that root;
+    `#line 1` keeps their messages on the original files.
     """
     marker = f"#line 1 {_c_string(str(path))}\n"
     body_start = len(tu[: tu.index(marker) + len(marker)].encode())
@@ -363,24 +363,22 @@ def _gpu_rewrite(path: Path, tu: str, tu_path: Path, incs: list[str], roots: Seq
     res = gpu_conv.rewrite(tu_path, tu, body_start, roots, args, cc.argv, str(path))
     if res is None or res.edits == 0:
         return tu, incs
-    overlay = tu_path.parent
-    rels: dict[Path, Path] = {}
-    for hdr in res.headers:
-        for r in roots:
-            if hdr.is_relative_to(r.resolve()):
-                rel = hdr.relative_to(r.resolve())
-                break
-        if rel in rels.values() or rel.name == tu_path.name:
-            gpu_conv._warn_once(str(path), f"pykern host backend: two kernel headers named {rel} under {path}'s "
-                                           "include folders; building it without the GPU conversion/shift rewrite")
-            return tu, incs
-        rels[hdr] = rel
+    resolved = [r.resolve() for r in roots]
+    overlays = [tu_path.parent / f"pk_overlay{i}" for i in range(len(roots))]
     for hdr, text in res.headers.items():
-        dst = overlay / rels[hdr]
-        dst.parent.mkdir(parents=True, exist_ok=True)
-        dst.write_text(f"#line 1 {_c_string(str(hdr))}\n{text}", encoding="utf-8", errors="surrogateescape")
+        for r, ov in zip(resolved, overlays):
+            if hdr.is_relative_to(r):
+                dst = ov / hdr.relative_to(r)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(f"#line 1 {_c_string(str(hdr))}\n{text}", encoding="utf-8", errors="surrogateescape")
     tu_path.write_text(res.tu, encoding="utf-8")
-    return res.tu, [f"-I{overlay}", *incs]
+    root_flags = {f"-I{r}": f"-I{ov}" for r, ov in zip(roots, overlays)}
+    out: list[str] = []
+    for flag in incs:
+        if flag in root_flags:
+            out.append(root_flags[flag])
+        out.append(flag)
+    return res.tu, out
 
 
 def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:

@@ -181,12 +181,15 @@ def rewrite(tu_path: Path, tu_text: str, body_start: int, roots: Sequence[Path],
         return None
 
     roots = [r.resolve() for r in roots]
+    here = Path(__file__).resolve().parent  # the emulation header is never a kernel source
     tu_key = str(tu_path)
 
     def in_roots(name: str) -> Path | None:
         p = Path(name).resolve()
+        if p.is_relative_to(here):
+            return None
         for r in roots:
-            if p.is_relative_to(r) and p.suffix in (".cuh", ".h", ".hpp", ".cu", ".inc", ".inl"):
+            if p.is_relative_to(r):
                 return p
         return None
 
