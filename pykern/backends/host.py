@@ -192,10 +192,12 @@ class HostBackend:
         from .. import sources
         from ..host import build
 
+        from ..host import gpu_conv
         from ..host.build import checked_build, fma_enabled
 
         sanitize = sanitize_enabled() if sanitize is None else sanitize
-        flavor = (sanitize, fma_enabled(), checked_build() and not sanitize)  # what changes the binary
+        # what changes the binary
+        flavor = (sanitize, fma_enabled(), checked_build() and not sanitize, gpu_conv.enabled())
         fast = self._fast.get((source, flavor))
         if fast is not None and _stamps(fast[0]) == fast[1]:
             return fast[2]

@@ -22,6 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Sequence
 
+from . import gpu_conv
 from ..errors import BackendUnavailable, CacheMiss, CompileError
 from ..registry import KernelSpec
 from ..registry import _blank_comments as blank_comments
@@ -348,6 +349,38 @@ def _key(*parts: bytes) -> str:
     return h.hexdigest()[:24]
 
 
+def _gpu_rewrite(path: Path, tu: str, tu_path: Path, incs: list[str], roots: Sequence[Path], cc: Compiler,
+                 opts: Sequence[str]) -> tuple[str, list[str]]:
+    """The TU and include flags after gpu_conv's rewrite; unchanged when it cannot be done (one warning).
+
+    Every kernel header the TU includes (rewritten or not, so that no header comes from two
+    places) is copied under an overlay folder per include root, searched just before that root;
+    `#line 1` keeps their messages on the original files.
+    """
+    marker = f"#line 1 {_c_string(str(path))}\n"
+    body_start = len(tu[: tu.index(marker) + len(marker)].encode())
+    args = [*incs, *(o for o in opts if o.startswith("-D"))]
+    res = gpu_conv.rewrite(tu_path, tu, body_start, roots, args, cc.argv, str(path))
+    if res is None or res.edits == 0:
+        return tu, incs
+    resolved = [r.resolve() for r in roots]
+    overlays = [tu_path.parent / f"pk_overlay{i}" for i in range(len(roots))]
+    for hdr, text in res.headers.items():
+        for r, ov in zip(resolved, overlays):
+            if hdr.is_relative_to(r):
+                dst = ov / hdr.relative_to(r)
+                dst.parent.mkdir(parents=True, exist_ok=True)
+                dst.write_text(f"#line 1 {_c_string(str(hdr))}\n{text}", encoding="utf-8", errors="surrogateescape")
+    tu_path.write_text(res.tu, encoding="utf-8")
+    root_flags = {f"-I{r}": f"-I{ov}" for r, ov in zip(roots, overlays)}
+    out: list[str] = []
+    for flag in incs:
+        if flag in root_flags:
+            out.append(root_flags[flag])
+        out.append(flag)
+    return res.tu, out
+
+
 def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
     """The fiber runtime compiled once per compiler and flag set (shared by every .cu's library)."""
     copts = [o for o in opts if o not in ("-shared", "-fsanitize=thread")]
@@ -375,9 +408,13 @@ def build(
     # libraries nothing removes): the TU is hashed with the source's folder written out, and the include
     # folders are not hashed, since `digest` covers every included header by name and bytes. A library
     # built in another checkout is reused as is; only its #line paths (in sanitizer reports) name it.
+    # The GPU conversion/shift rewrite is a function of the TU, the headers (digest) and the
+    # rewriter's own code and libclang version (its tag): keyed without parsing on a cache hit.
+    rewrite = gpu_conv.enabled() and not sanitize  # the sanitizer build reports them as C++ UB instead
     key = _key(
         tu.replace(_c_string(str(path)), _c_string(path.name)).encode(), digest.encode(), HEADER.read_bytes(),
         RUNTIME.read_bytes(), cc.version.encode(), "\0".join(opts).encode(),
+        gpu_conv.tag() if rewrite else b"gpu-conv-off",
     )
     tag = "-asan" if sanitize else ("-checked" if "-fsanitize=thread" in opts else "")
     target = host_cache_dir() / f"{path.stem}{tag}-{key}.so"
@@ -388,9 +425,23 @@ def build(
     if jit_disabled():
         raise CacheMiss(f"host backend: no cached build of {path} ({target.name}) and PYKERN_DISABLE_JIT=1")
     rt = runtime_object(cc, opts)
+    gpu_conv.flush_warnings(False)
+    ok = False
+    try:
+        _build_tu(path, tu, incs, opts, cc, rt, target, rewrite, include_dirs)
+        ok = True
+    finally:
+        gpu_conv.flush_warnings(ok)
+    return target
+
+
+def _build_tu(path: Path, tu: str, incs: list[str], opts: Sequence[str], cc: Compiler, rt: Path, target: Path,
+              rewrite: bool, include_dirs: Sequence[Path]) -> None:
     with tempfile.TemporaryDirectory(prefix="pykern-host-build-") as tmp:
         tu_path = Path(tmp) / f"{path.stem}.host.cpp"
         tu_path.write_text(tu, encoding="utf-8")
+        if rewrite:
+            tu, incs = _gpu_rewrite(path, tu, tu_path, incs, [path.parent, *include_dirs], cc, opts)
         if "-fsanitize=thread" in opts:
             # Instrument the kernels only; link without libtsan (the runtime has the hooks).
             obj = Path(tmp) / f"{path.stem}.host.o"
@@ -402,4 +453,3 @@ def build(
         else:
             cmd = [*cc.argv, *opts, *incs, str(tu_path), str(rt)]
             _publish(cmd, target, str(path), cc, opts, {str(tu_path): "<pykern host stub>"})
-    return target

@@ -262,6 +262,54 @@ PK_SCOPED_ATOMIC(atomicAnd) PK_SCOPED_ATOMIC(atomicOr) PK_SCOPED_ATOMIC(atomicXo
 #undef PK_SCOPED_ATOMIC
 
 // ---- loads/stores with cache hints ---------------------------------------------
+// GPU results for C++ float-to-int conversions and shifts: pykern/host/gpu_conv.py rewrites
+// them in kernel sources into these calls (default and checked builds; not the sanitizer build,
+// which reports them as C++ UB). cvt.rzi: truncate, saturate to the destination range, NaN -> 0.
+// Other types (a template's cast whose types were dependent when rewritten): the C cast as written.
+template <typename To, typename From> constexpr __attribute__((always_inline)) To __pk_f2i(From&& x) {
+    if constexpr (std::is_floating_point<std::remove_cv_t<std::remove_reference_t<From>>>::value &&
+                  std::is_integral<To>::value && !std::is_same<To, bool>::value) {
+        using F = std::remove_cv_t<std::remove_reference_t<From>>;
+        if (x != x) return To(0);
+        // hi = max + 1 (a power of two, exact in F); the signed minimum is -hi.
+        constexpr F hi = F(2) * F(std::numeric_limits<To>::max() / 2 + 1);
+        if (x >= hi) return std::numeric_limits<To>::max();
+        if (std::is_signed<To>::value ? x < -hi : x <= F(-1))
+            return std::numeric_limits<To>::min();
+        return static_cast<To>(x);
+    } else {
+        return (To)static_cast<From&&>(x);
+    }
+}
+// shl / shr with the count taken as a 32-bit unsigned register and clamped: >= width gives 0
+// (sign fill for a signed >>), where x86 masks the count. Other operand types: the plain operator.
+template <typename A, typename B> constexpr __attribute__((always_inline)) auto __pk_shl(A a, B b) -> decltype(a << b) {
+    if constexpr (std::is_integral<A>::value && std::is_integral<B>::value) {
+        using R = decltype(a << b);
+        if (static_cast<unsigned>(b) >= sizeof(R) * 8u) return R(0);
+        return a << static_cast<unsigned>(b);
+    } else {
+        return a << b;
+    }
+}
+template <typename A, typename B> constexpr __attribute__((always_inline)) auto __pk_shr(A a, B b) -> decltype(a >> b) {
+    if constexpr (std::is_integral<A>::value && std::is_integral<B>::value) {
+        using R = decltype(a >> b);
+        if (static_cast<unsigned>(b) >= sizeof(R) * 8u) return R(std::is_signed<R>::value && R(a) < R(0) ? R(-1) : R(0));
+        return a >> static_cast<unsigned>(b);
+    } else {
+        return a >> b;
+    }
+}
+template <typename A, typename B> constexpr __attribute__((always_inline)) A& __pk_shl_eq(A& a, B b) {
+    a = static_cast<A>(__pk_shl(+a, b));
+    return a;
+}
+template <typename A, typename B> constexpr __attribute__((always_inline)) A& __pk_shr_eq(A& a, B b) {
+    a = static_cast<A>(__pk_shr(+a, b));
+    return a;
+}
+
 template <typename T> PK_HOST_AI T __ldg(const T* p) { return *p; }
 template <typename T> PK_HOST_AI T __ldcg(const T* p) { return *p; }
 template <typename T> PK_HOST_AI T __ldca(const T* p) { return *p; }
