@@ -8,47 +8,7 @@
 // are reduced without float atomics: per-(row chunk, column) partial sums in a
 // fixed order, then a fixed-order sum over chunks (norm_grad_reduce), so they
 // are identical from run to run.
-#include "pk_common.cuh"
-
-// 4-wide vector access: float4 for fp32 (16 bytes), one 8-byte word for bf16. Used
-// by the elementwise kernels when every pointer is aligned and n % 4 == 0 (a
-// grid-uniform test, so the fallback costs no divergence).
-struct alignas(8) PkBf16x4 {
-    unsigned short a, b, c, d;
-};
-template <typename T> struct PkVec4;
-template <> struct PkVec4<float> {
-    static __device__ __forceinline__ float4 load(const float* p, long long i) {
-        return *reinterpret_cast<const float4*>(p + i);
-    }
-    static __device__ __forceinline__ void store(float* p, long long i, float4 v) {
-        *reinterpret_cast<float4*>(p + i) = v;
-    }
-};
-template <> struct PkVec4<unsigned short> {
-    static __device__ __forceinline__ float4 load(const unsigned short* p, long long i) {
-        const PkBf16x4 u = *reinterpret_cast<const PkBf16x4*>(p + i);
-        float4 v;
-        v.x = pk_bf16_to_float(u.a);
-        v.y = pk_bf16_to_float(u.b);
-        v.z = pk_bf16_to_float(u.c);
-        v.w = pk_bf16_to_float(u.d);
-        return v;
-    }
-    static __device__ __forceinline__ void store(unsigned short* p, long long i, float4 v) {
-        PkBf16x4 u;
-        u.a = pk_float_to_bf16(v.x);
-        u.b = pk_float_to_bf16(v.y);
-        u.c = pk_float_to_bf16(v.z);
-        u.d = pk_float_to_bf16(v.w);
-        *reinterpret_cast<PkBf16x4*>(p + i) = u;
-    }
-};
-
-template <typename T>
-__device__ __forceinline__ bool pk_vec_aligned(const T* p) {
-    return (((unsigned long long)p) & (unsigned long long)(4 * sizeof(T) - 1)) == 0ull;
-}
+#include "pk_vec.cuh"
 
 // ---------------------------------------------------------------------------
 // add_rms_norm: h = x + residual (narrowed to T, as the unfused add would store
