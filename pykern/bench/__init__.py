@@ -21,7 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 # Compute capability -> (dense bf16 tensor-core FLOP per SM per clock with fp32 accumulation,
 # fp32 FMA FLOP per SM per clock). None: no bf16 tensor cores (Turing has fp16 only).
@@ -93,7 +93,7 @@ def device_peaks(attrs: Mapping[str, int]) -> DevicePeaks:
 
 def read_attributes(driver: Any, device: int = 0) -> dict[str, int]:
     """Every attribute in DEVICE_ATTRIBUTES the driver answers (an attribute it refuses is left out)."""
-    from .backends.driver import DEVICE_ATTRIBUTES
+    from ..backends.driver import DEVICE_ATTRIBUTES
 
     out: dict[str, int] = {}
     for name in DEVICE_ATTRIBUTES:
@@ -172,8 +172,8 @@ class EventTimer:
 def open_device(device: int = 0, driver_factory: Callable[[], Any] | None = None) -> Any:
     """A driver with the device's primary context current (the one torch, CuPy, numba and the nvrtc
     backend share), for timing. Raises BackendUnavailable without a GPU."""
-    from .backends.driver import CudaDriver
-    from .errors import BackendUnavailable
+    from ..backends.driver import CudaDriver
+    from ..errors import BackendUnavailable
 
     drv = (driver_factory or CudaDriver)()
     drv.init()
