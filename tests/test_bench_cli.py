@@ -235,3 +235,20 @@ def test_torch_eager_expression_matches_the_pykern_op(name):
     for g, w in zip(got, want):
         assert np.isfinite(_np(w)).all() and np.abs(_np(w)).max() > 0, name
         np.testing.assert_allclose(_np(g), _np(w), rtol=rtol, atol=atol, err_msg=name)
+
+
+def test_gpucheck_times_the_same_table():
+    """gpucheck's bench step draws its memory-bound rows from pykern.bench.suite (bf16), built one at a time;
+    inputs that cannot be built (no CUDA here) are error rows, never an exception."""
+    pytest.importorskip("torch")
+    from pykern.gpucheck import benchmarks
+
+    wl = list(benchmarks.torch_workloads(quick=True))
+    names = [w.op for w in wl]
+    assert names == [c.name for c, _ in suite.select((), ("bf16",))] + ["attention"]
+    assert all(w.dtype == "bf16" for w in wl)
+    first = wl[0].impls[0]
+    with pytest.raises(RuntimeError, match="building the inputs failed"):
+        first.fn()
+    with pytest.raises(RuntimeError, match="building the attention inputs failed"):
+        wl[-1].impls[0].fn()

@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
             "  5. with compute-sanitizer (on PATH or --sanitizer), re-runs the first case of every kernel\n"
             "     under memcheck, racecheck, initcheck and synccheck and lists each finding;\n"
             "  6. times the ops with CUDA events (warm-up, median of repeats): GB/s or TFLOP/s and % of the\n"
-            "     device's peak, beside torch eager/SDPA, Liger-Kernel and FlashInfer when importable.\n"
+            "     device's peak, beside torch eager/SDPA, Liger-Kernel, FlashInfer and QuACK when importable\n"
+            "     (the memory-bound ops are `python -m pykern.bench`'s table, in bf16).\n"
             "Writes OUT/report.md and OUT/report.json. Stays within --budget seconds (default 540)."
         ),
         epilog=(
