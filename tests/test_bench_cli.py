@@ -252,3 +252,10 @@ def test_gpucheck_times_the_same_table():
         first.fn()
     with pytest.raises(RuntimeError, match="building the attention inputs failed"):
         wl[-1].impls[0].fn()
+
+
+def test_the_cli_modules_import_no_torch():
+    code = ("import sys, pykern.bench.cli, pykern.bench.suite, pykern.bench.runner, pykern.bench.bytes_model; "
+            "print(sorted(m for m in ('torch', 'numba', 'cuda.bindings.driver') if m in sys.modules))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

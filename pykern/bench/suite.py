@@ -195,7 +195,7 @@ class Context:
         return [Impl("pykern", self.k("rms_norm", x, w, eps)), Impl("torch", lambda: self._rms_ref(x, w)),
                 self.peer("liger", "liger_kernel.ops.rms_norm", "LigerRMSNormFunction", lambda f: lambda: f.apply(x, w, eps)),
                 self.peer("flashinfer", "flashinfer", "norm.rmsnorm", lambda f: lambda: f(x, w, eps)),
-                self.peer("quack", "quack.rmsnorm", "rmsnorm", lambda f: lambda: f(x, w, eps=eps))]
+                self.peer("quack", "quack.rmsnorm", "rmsnorm", lambda f: lambda: f(x, w, eps))]
 
     def _rms_norm_backward(self, d: dict[str, int], dt: Any) -> list[Impl]:
         x, w, g = self.randn(d["T"], d["H"], dtype=dt), self.randn(d["H"], dtype=dt), self.randn(d["T"], d["H"], dtype=dt)
