@@ -259,3 +259,58 @@ def test_the_cli_modules_import_no_torch():
             "print(sorted(m for m in ('torch', 'numba', 'cuda.bindings.driver') if m in sys.modules))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_l2_flush_runs_before_every_timed_call_and_is_not_timed(capsys):
+    fake = _h100()
+    sizes, calls = [], []
+
+    def flush(nbytes):
+        sizes.append(nbytes)
+
+        def go():
+            calls.append(1)
+            fake.clock_ms += 100.0  # a slow flush must not leak into the op's time
+        return go
+
+    build = _clock_builder(fake, {"pykern": 0.25, "torch": 0.5})
+    assert cli.main(["--ops", "gelu", "--dtype", "bf16", "--repeats", "4", "--warmup", "2", "--json"],
+                    driver_factory=lambda: fake, build=build, flush=flush) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert sizes == [2 * 50 * 2**20] and doc["options"]["flush_l2_bytes"] == 2 * 50 * 2**20  # 2 x H100's L2
+    assert len(calls) == 2 * 4  # pykern and torch, once per timed repeat (not per warm-up call)
+    rows = {r["impl"]: r for r in doc["rows"]}
+    assert rows["pykern"]["median_us"] == pytest.approx(250.0) and rows["torch"]["median_us"] == pytest.approx(500.0)
+    calls.clear()
+    assert cli.main(["--ops", "gelu", "--dtype", "bf16", "--no-flush-l2", "--json"], driver_factory=lambda: fake,
+                    build=build, flush=flush) == 0
+    assert calls == [] and json.loads(capsys.readouterr().out)["options"]["flush_l2_bytes"] == 0
+
+
+def test_gpucheck_bench_step_flushes_l2_too(tmp_path, monkeypatch):
+    from pykern.gpucheck import benchmarks
+    from pykern.gpucheck import cli as gcli
+
+    fake = _h100()
+    calls = []
+
+    def takes(ms):
+        def go():
+            fake.clock_ms += ms
+        return go
+
+    def flush(nbytes, device):
+        calls.append((nbytes, device))
+        return takes(50.0)
+
+    wl = [benchmarks.Workload("rms_norm", "8192x4096", "bf16", "memory", 1e9, [benchmarks.Impl("pykern", takes(1.0))])]
+    monkeypatch.setattr(benchmarks, "torch_status", lambda: (True, ""))
+    monkeypatch.setattr(benchmarks, "setup", lambda quick: (wl, 0))
+    monkeypatch.setattr(benchmarks, "l2_flush", flush)
+    rc = gcli.main(["--out", str(tmp_path), "--skip", "limits", "--skip", "difftest", "--skip", "pytest",
+                    "--skip", "sanitizer", "--repeats", "3"], driver_factory=lambda: fake)
+    assert rc == 0
+    doc = json.loads((tmp_path / "report.json").read_text())
+    assert calls == [(2 * 50 * 2**20, 0)] and doc["bench"]["flush_l2_bytes"] == 2 * 50 * 2**20
+    assert doc["bench"]["rows"][0]["median_us"] == pytest.approx(1000.0)  # the flush is outside the events
+    assert doc["bench"]["rows"][0]["rate"] == pytest.approx(1000.0)  # 1 GB in 1 ms

@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 
 from . import EventTimer, device_peaks, open_device, read_attributes
 from . import suite
-from .runner import run_benchmarks, torch_status
+from .runner import l2_flush, run_benchmarks, torch_status
 
 EXIT_OK = 0  # every pykern row ran (peers may have errored or been skipped)
 EXIT_FAILED = 1  # a pykern row errored
@@ -24,7 +24,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m pykern.bench",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "Times every memory-bound pykern op on the first CUDA GPU (nvrtc backend, torch CUDA tensors) at\n"
+            "Times every memory-bound pykern op on a CUDA GPU (--device; nvrtc backend, torch CUDA tensors) at\n"
             "LLaMA-3-8B-sized shapes (8192 tokens, hidden 4096, FFN 14336, 32 heads of 128, vocabulary 128256;\n"
             "the shapes of pykern.bench.bytes_model), side by side with the equivalent torch eager expression\n"
             "and with Liger-Kernel, FlashInfer and QuACK where they are importable and have the op.\n"
@@ -32,7 +32,9 @@ def _parser() -> argparse.ArgumentParser:
             "(each input read once, each output written once; the same figure for every implementation) and\n"
             "its % of the device's peak DRAM bandwidth, computed from the device's attributes\n"
             "(MEMORY_CLOCK_RATE x GLOBAL_MEMORY_BUS_WIDTH x 2 / 8). A peer that is missing is a 'skipped'\n"
-            "row and one that fails is an 'error' row; neither fails the run.\n\n"
+            "row and one that fails is an 'error' row; neither fails the run. Every timed call starts from a\n"
+            "cold L2: a buffer of twice the device's L2_CACHE_SIZE is zeroed before it, outside the timed\n"
+            "events (--no-flush-l2 keeps the cache warm).\n\n"
             f"ops: {names}.\n"
             "Needs a CUDA GPU and torch with CUDA; there is no CPU fallback."
         ),
@@ -52,6 +54,10 @@ def _parser() -> argparse.ArgumentParser:
                    help=f"smaller shapes ({suite.QUICK['T']} tokens, {suite.QUICK['S']}-long score rows) and 5 repeats")
     p.add_argument("--json", action="store_true", help="print one JSON document (for dashboards) instead of the table")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+    p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
+                   help="do not overwrite a buffer of twice the L2 size before each timed call (by default every "
+                        "call starts from a cold L2, so inputs smaller than L2, e.g. with --quick, are read from "
+                        "DRAM and %% of HBM peak stays meaningful)")
     p.add_argument("--list", action="store_true", help="list the ops, shapes and minimum bytes and exit (no GPU needed)")
     return p
 
@@ -61,9 +67,11 @@ def _patterns(raw: Sequence[str]) -> list[str]:
 
 
 def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | None = None,
-         build: suite.Builder | None = None, stream: int | None = None) -> int:
-    """Run the benchmark. The tests pass a fake driver, a builder of implementations and a stream; on a GPU
-    the builder is suite.Context (torch CUDA tensors, nvrtc backend) on torch's current stream."""
+         build: suite.Builder | None = None, stream: int | None = None,
+         flush: Callable[[int], Callable[[], Any]] | None = None) -> int:
+    """Run the benchmark. The tests pass a fake driver, a builder of implementations, a stream and `flush`
+    (L2 size in bytes -> the call that evicts it); on a GPU the builder is suite.Context (torch CUDA tensors,
+    nvrtc backend) on torch's current stream and the flush zeroes a torch buffer of twice the L2 size."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
     dtypes = suite.BF16_F32 if args.dtype == "all" else (args.dtype,)
@@ -95,6 +103,8 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
         torch.cuda.set_device(args.device)
         build = suite.Context(f"cuda:{args.device}")
         stream = int(torch.cuda.current_stream().cuda_stream)
+        if flush is None:
+            flush = lambda n: l2_flush(n, args.device)  # noqa: E731
     attrs = read_attributes(drv, args.device)
     cc = drv.compute_capability(args.device)
     attrs.update(COMPUTE_CAPABILITY_MAJOR=cc[0], COMPUTE_CAPABILITY_MINOR=cc[1])
@@ -104,15 +114,17 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
               "sms": attrs.get("MULTIPROCESSOR_COUNT")}
     t0 = time.monotonic()
     log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    l2 = int(attrs.get("L2_CACHE_SIZE", 0)) or 64 * 2**20  # an attribute the driver refused: 64 MB covers H100/A100
+    before = flush(2 * l2) if args.flush_l2 and flush is not None else None
     rows = run_benchmarks(suite.workloads(selected, dims, build), EventTimer(drv, stream or 0), peaks,
-                          args.warmup, repeats, deadline=float("inf"), log=log)
+                          args.warmup, repeats, deadline=float("inf"), log=log, before=before)
     _annotate(rows, selected, dims)
     bad = [r for r in rows if r["impl"] == "pykern" and r["status"] == "error"]
     code = EXIT_FAILED if bad else EXIT_OK
     doc = {"version": JSON_VERSION, "tool": "pykern.bench", "status": "FAIL" if bad else "ok", "exit_code": code,
            "device": device, "peaks": peaks.to_dict(),
            "options": {"ops": _patterns(args.ops), "dtypes": list(dtypes), "quick": args.quick, "repeats": repeats,
-                       "warmup": args.warmup, "dims": dims},
+                       "warmup": args.warmup, "dims": dims, "flush_l2_bytes": 2 * l2 if before else 0},
            "seconds": round(time.monotonic() - t0, 2), "rows": rows}
     print(json.dumps(doc, indent=1) if args.json else table(doc))
     return code
@@ -154,8 +166,9 @@ def table(doc: dict[str, Any]) -> str:
     fmt = lambda x: "  ".join([*(c.ljust(w[i]) if i < 4 else c.rjust(w[i]) for i, c in enumerate(x[:-1])), x[-1]])  # noqa: E731
     return "\n".join([
         f"pykern.bench on {dev['name']} ({dev['arch']}): peak DRAM bandwidth {bw} (device attributes); "
-        f"median of {doc['options']['repeats']} after {doc['options']['warmup']} warm-up calls; GB/s of the minimum "
-        "bytes; vs pykern = time / pykern's time",
+        f"median of {doc['options']['repeats']} after {doc['options']['warmup']} warm-up calls"
+        + (", L2 flushed before each" if doc["options"]["flush_l2_bytes"] else ", L2 not flushed")
+        + "; GB/s of the minimum bytes; vs pykern = time / pykern's time",
         fmt(head), fmt(["-" * n for n in w] + ["------"]), *map(fmt, body)])
 
 

@@ -31,8 +31,9 @@ class Workload:
 
 
 def run_benchmarks(workloads: Iterable[Workload], timer: EventTimer, peaks: DevicePeaks, warmup: int, repeats: int,
-                   deadline: float, log: Callable[[str], None] | None = None) -> list[dict[str, Any]]:
-    """One row per (workload, implementation). A failing implementation is an "error" row, never an exception
+                   deadline: float, log: Callable[[str], None] | None = None,
+                   before: Callable[[], Any] | None = None) -> list[dict[str, Any]]:
+    """One row per (workload, implementation); `before` runs ahead of each timed call, untimed (an L2 flush). A failing implementation is an "error" row, never an exception
     (the caller decides which errors fail the run: only pykern's do). `workloads` may be a generator, so each
     op's inputs are built just before it is timed and dropped after."""
     rows = []
@@ -48,7 +49,7 @@ def run_benchmarks(workloads: Iterable[Workload], timer: EventTimer, peaks: Devi
                 row.update(status="skipped", message="time budget used up")
             else:
                 try:
-                    t = timer.time(impl.fn, warmup, repeats)
+                    t = timer.time(impl.fn, warmup, repeats, before)
                 except Exception as e:  # one failing implementation must not end the table
                     row.update(status="error", message=f"{type(e).__name__}: {str(e)[:200]}")
                 else:
@@ -80,6 +81,15 @@ def torch_status() -> tuple[bool, str]:
     return True, ""
 
 
+def l2_flush(nbytes: int, device: int | str = "cuda") -> Callable[[], Any]:
+    """The call that evicts L2 before a timed call: zeroing a torch buffer of `nbytes` (twice the L2 size) is one
+    memset kernel on torch's current stream, so it completes before the start event that follows it."""
+    import torch
+
+    buf = torch.empty(int(nbytes), dtype=torch.uint8, device=device if isinstance(device, str) else f"cuda:{device}")
+    return buf.zero_
+
+
 def optional(modname: str) -> tuple[Any, str]:
     """(the module, "") or (None, why): a peer library that is missing or fails to import is skipped."""
     try:
@@ -100,4 +110,4 @@ def lookup(mod: Any, why: str, path: str, what: str) -> tuple[Any, str]:
     return obj, ""
 
 
-__all__ = ["Impl", "Workload", "lookup", "optional", "run_benchmarks", "torch_status"]
+__all__ = ["Impl", "Workload", "l2_flush", "lookup", "optional", "run_benchmarks", "torch_status"]

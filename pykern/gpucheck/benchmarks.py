@@ -11,7 +11,7 @@ from __future__ import annotations
 from typing import Any, Callable, Iterator
 
 from ..bench import attention_flops
-from ..bench.runner import Impl, Workload, lookup, optional, run_benchmarks, torch_status
+from ..bench.runner import Impl, Workload, l2_flush, lookup, optional, run_benchmarks, torch_status
 
 _optional = optional  # the name this module used before the runner moved to pykern.bench
 
@@ -89,4 +89,4 @@ def _attention_workloads(quick: bool) -> Iterator[Workload]:
                        "compute", attention_flops(b, h, n, n, d, causal), impls)
 
 
-__all__ = ["Impl", "Workload", "run_benchmarks", "setup", "torch_status", "torch_workloads"]
+__all__ = ["Impl", "Workload", "l2_flush", "run_benchmarks", "setup", "torch_status", "torch_workloads"]

@@ -282,12 +282,20 @@ def step_bench(run: Run, drv: Any, peaks: Any) -> None:
         run.doc["bench"] = {"status": "FAIL", "message": str(e), "rows": []}
         return
     timer = EventTimer(drv, stream)
+    before, flush_bytes = None, 0
+    try:  # every timed call from a cold L2, as python -m pykern.bench does (the quick shapes fit in L2)
+        flush_bytes = 2 * (int(drv.device_attribute(run.args.device, "L2_CACHE_SIZE")) or 64 * 2**20)
+        before = benchmarks.l2_flush(flush_bytes, run.args.device)
+    except Exception as e:
+        flush_bytes = 0
+        run.log(f"bench: L2 not flushed between calls ({type(e).__name__}: {str(e)[:120]})")
     rows = benchmarks.run_benchmarks(workloads, timer, peaks, warmup=3, repeats=repeats, deadline=run.deadline - 5,
-                                     log=run.log)
+                                     log=run.log, before=before)
     bad = [r for r in rows if r["impl"] == "pykern" and r["status"] == "error"]
     for r in bad:
         run.failures.append(f"bench: {r['op']} {r['shape']}: {r['message']}")
     run.doc["bench"] = {"status": "FAIL" if bad else "ok", "repeats": repeats, "warmup": 3, "rows": rows,
+                        "flush_l2_bytes": flush_bytes,
                         "message": f"{len(rows)} timings, median of {repeats} repeats after 3 warm-up calls"}
 
 
