@@ -169,6 +169,7 @@ def test_no_gpu_torch_without_cuda_and_usage_errors(capsys, monkeypatch):
     assert runner.torch_status()[0] is False  # the real check, on this CPU-only machine
     assert cli.main(["--ops", "no_such_op*"]) == cli.EXIT_USAGE
     assert cli.main(["--repeats", "0"]) == cli.EXIT_USAGE
+    assert cli.main(["--warmup", "-1"]) == cli.EXIT_USAGE
 
 
 def test_help_and_the_real_no_gpu_path():

@@ -83,6 +83,9 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
     if args.repeats is not None and args.repeats < 1:
         print(f"pykern.bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
         return EXIT_USAGE
+    if args.warmup < 0:
+        print(f"pykern.bench: --warmup must be >= 0, got {args.warmup}", file=sys.stderr)
+        return EXIT_USAGE
     dims = suite.QUICK if args.quick else suite.FULL
     if args.list:
         for case, dt in selected:
@@ -115,7 +118,12 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
     t0 = time.monotonic()
     log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
     l2 = int(attrs.get("L2_CACHE_SIZE", 0)) or 64 * 2**20  # an attribute the driver refused: 64 MB covers H100/A100
-    before = flush(2 * l2) if args.flush_l2 and flush is not None else None
+    before = None
+    if args.flush_l2 and flush is not None:
+        try:
+            before = flush(2 * l2)
+        except Exception as e:  # out of memory for the buffer: time with a warm L2 and say so
+            print(f"pykern.bench: L2 not flushed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
     rows = run_benchmarks(suite.workloads(selected, dims, build), EventTimer(drv, stream or 0), peaks,
                           args.warmup, repeats, deadline=float("inf"), log=log, before=before)
     _annotate(rows, selected, dims)
