@@ -8,7 +8,8 @@ Steps (each one's result is a section of report.md / report.json):
 3. difftest: every case on nvrtc vs numba vs the float64 NumPy reference (a subprocess);
 4. pytest -m gpu (a subprocess), when pytest and the tests/ folder are present;
 5. sanitizer: one case per kernel under compute-sanitizer memcheck / racecheck / initcheck / synccheck;
-6. bench: CUDA-event timings, GB/s or TFLOP/s and % of the device's peak, beside torch / Liger / FlashInfer.
+6. bench: CUDA-event timings, GB/s or TFLOP/s and % of the device's peak, beside torch / Liger / FlashInfer /
+   QuACK (the memory-bound ops: `python -m pykern.bench`'s table, pykern.bench.suite).
 
 Exit status: see EXIT_* below (also in --help and docs/gpu-ci.md).
 """

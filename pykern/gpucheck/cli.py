@@ -33,7 +33,8 @@ def _parser() -> argparse.ArgumentParser:
             "  5. with compute-sanitizer (on PATH or --sanitizer), re-runs the first case of every kernel\n"
             "     under memcheck, racecheck, initcheck and synccheck and lists each finding;\n"
             "  6. times the ops with CUDA events (warm-up, median of repeats): GB/s or TFLOP/s and % of the\n"
-            "     device's peak, beside torch eager/SDPA, Liger-Kernel and FlashInfer when importable.\n"
+            "     device's peak, beside torch eager/SDPA, Liger-Kernel, FlashInfer and QuACK when importable\n"
+            "     (the memory-bound ops are `python -m pykern.bench`'s table, in bf16).\n"
             "Writes OUT/report.md and OUT/report.json. Stays within --budget seconds (default 540)."
         ),
         epilog=(
@@ -281,12 +282,20 @@ def step_bench(run: Run, drv: Any, peaks: Any) -> None:
         run.doc["bench"] = {"status": "FAIL", "message": str(e), "rows": []}
         return
     timer = EventTimer(drv, stream)
+    before, flush_bytes = None, 0
+    try:  # every timed call from a cold L2, as python -m pykern.bench does (the quick shapes fit in L2)
+        flush_bytes = 2 * (int(drv.device_attribute(run.args.device, "L2_CACHE_SIZE")) or 64 * 2**20)
+        before = benchmarks.l2_flush(flush_bytes, run.args.device)
+    except Exception as e:
+        flush_bytes = 0
+        run.log(f"bench: L2 not flushed between calls ({type(e).__name__}: {str(e)[:120]})")
     rows = benchmarks.run_benchmarks(workloads, timer, peaks, warmup=3, repeats=repeats, deadline=run.deadline - 5,
-                                     log=run.log)
+                                     log=run.log, before=before)
     bad = [r for r in rows if r["impl"] == "pykern" and r["status"] == "error"]
     for r in bad:
         run.failures.append(f"bench: {r['op']} {r['shape']}: {r['message']}")
     run.doc["bench"] = {"status": "FAIL" if bad else "ok", "repeats": repeats, "warmup": 3, "rows": rows,
+                        "flush_l2_bytes": flush_bytes,
                         "message": f"{len(rows)} timings, median of {repeats} repeats after 3 warm-up calls"}
 
 

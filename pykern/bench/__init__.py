@@ -21,7 +21,7 @@ import statistics
 from dataclasses import asdict, dataclass, field
 from typing import Any, Callable, Mapping
 
-from .errors import ArgumentError
+from ..errors import ArgumentError
 
 # Compute capability -> (dense bf16 tensor-core FLOP per SM per clock with fp32 accumulation,
 # fp32 FMA FLOP per SM per clock). None: no bf16 tensor cores (Turing has fp16 only).
@@ -93,7 +93,7 @@ def device_peaks(attrs: Mapping[str, int]) -> DevicePeaks:
 
 def read_attributes(driver: Any, device: int = 0) -> dict[str, int]:
     """Every attribute in DEVICE_ATTRIBUTES the driver answers (an attribute it refuses is left out)."""
-    from .backends.driver import DEVICE_ATTRIBUTES
+    from ..backends.driver import DEVICE_ATTRIBUTES
 
     out: dict[str, int] = {}
     for name in DEVICE_ATTRIBUTES:
@@ -143,7 +143,9 @@ class EventTimer:
         self.driver = driver
         self.stream = int(stream)
 
-    def time(self, fn: Callable[[], Any], warmup: int = 3, repeats: int = 20) -> Timing:
+    def time(self, fn: Callable[[], Any], warmup: int = 3, repeats: int = 20,
+             before: Callable[[], Any] | None = None) -> Timing:
+        """`before` (e.g. an L2 flush) runs on the stream ahead of every timed call, outside its event pair."""
         if repeats < 1:
             raise ArgumentError(f"repeats: expected >= 1, got {repeats}")
         if warmup < 0:
@@ -154,6 +156,8 @@ class EventTimer:
         events = [(drv.event_create(), drv.event_create()) for _ in range(repeats)]
         try:
             for start, end in events:
+                if before is not None:
+                    before()
                 drv.event_record(start, self.stream)
                 fn()
                 drv.event_record(end, self.stream)
@@ -172,8 +176,8 @@ class EventTimer:
 def open_device(device: int = 0, driver_factory: Callable[[], Any] | None = None) -> Any:
     """A driver with the device's primary context current (the one torch, CuPy, numba and the nvrtc
     backend share), for timing. Raises BackendUnavailable without a GPU."""
-    from .backends.driver import CudaDriver
-    from .errors import BackendUnavailable
+    from ..backends.driver import CudaDriver
+    from ..errors import BackendUnavailable
 
     drv = (driver_factory or CudaDriver)()
     drv.init()

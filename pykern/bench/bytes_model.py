@@ -1,0 +1,154 @@
+"""Bytes model of pykern's memory-bound ops at LLaMA-sized shapes (no GPU needed).
+
+    python tools/bytes_model.py [--group forward|training] [--dtype bf16|f32] [--json]
+
+(tools/bytes_model.py is a thin wrapper around this module; `python -m pykern.bench` uses its shapes and
+puts the modelled HBM bytes beside the measured times.)
+
+Per op and shape: the minimum bytes the op must move (each input read once, each output written once),
+the bytes the kernels *issue* (every global load/store of their access pattern and launch geometry, re-reads
+included), the bytes that reach HBM (issued minus the re-reads that the model counts as L2 hits: a row
+re-read by the same block while the resident blocks' rows fit in half of L2), and the modelled H100 time
+at 3.35 TB/s for both. tools/bench_forward.py and tools/bench_training.py print the table of their ops.
+
+Shapes: LLaMA-3-8B-like, 8192 tokens (4 x 2048), hidden 4096, FFN 14336, 32 query / 8 KV heads of 128,
+vocabulary 128256. The models follow kernels_cu/forward.cu and training.cu as of this commit.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import asdict, dataclass
+from typing import Iterator
+
+H100_BW = 3.35e12  # bytes/s, H100 SXM HBM3
+H100_L2 = 50 * 2**20
+H100_SMS = 132
+
+TOKENS, HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB, SEQ = 8192, 4096, 14336, 32, 8, 128, 128256, 2048
+
+
+@dataclass
+class Row:
+    op: str
+    shape: str
+    dtype: str
+    min_bytes: int
+    issued_bytes: int
+    hbm_bytes: int
+    note: str
+
+    @property
+    def roofline_us(self) -> float:
+        return self.min_bytes / H100_BW * 1e6
+
+    @property
+    def model_us(self) -> float:
+        return self.hbm_bytes / H100_BW * 1e6
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d.update(roofline_us=round(self.roofline_us, 2), model_us=round(self.model_us, 2),
+                 hbm_over_min=round(self.hbm_bytes / self.min_bytes, 3))
+        return d
+
+
+def _reread_hits(row_bytes: int, rows_resident: int) -> bool:
+    """Does a block's second pass over its row(s) find them in L2? (all resident rows in half of L2)."""
+    return row_bytes * rows_resident <= H100_L2 // 2
+
+
+def forward_rows(e: int) -> Iterator[Row]:
+    t, h = TOKENS, HIDDEN
+    # rms_norm: pass 1 reads x (sum of squares), pass 2 reads x and weight, writes out. One row per
+    # block (or warp); resident rows ~ SMs x 2 blocks of 1024 threads.
+    # rms_norm: a row of <= 2 x 1024 16-byte vectors is held in registers: x read once, weight per row (L1/L2)
+    n = t * h
+    cached = h * e <= 2 * 1024 * 16
+    row_hit = _reread_hits(h * e, H100_SMS * 2)
+    yield Row("rms_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 2 * n * e + h * e,
+              (2 if cached else 3) * n * e + t * h * e,
+              2 * n * e + h * e + (0 if cached or row_hit else n * e),
+              "one read (row in registers)" if cached else "2nd read of x from L2")
+    # silu_gate: gate, up read once, out written once (16-byte vectors, grid-stride)
+    n = t * FFN
+    yield Row("silu_gate", f"{t}x{FFN}", "bf16" if e == 2 else "f32", 3 * n * e, 3 * n * e, 3 * n * e, "")
+    yield Row("silu_gate_backward", f"{t}x{FFN}", "bf16" if e == 2 else "f32", 5 * n * e, 5 * n * e, 5 * n * e, "")
+    # rope on q and k: x read, out written, compact fp32 cos/sin tables (T x D/2 each) read per head
+    for name, heads in (("q", HEADS), ("k", KV_HEADS)):
+        n = t * heads * HEAD_DIM
+        tab = 2 * t * (HEAD_DIM // 2) * 4
+        yield Row(f"rope ({name})", f"{t}x{heads}x{HEAD_DIM}", "bf16" if e == 2 else "f32", 2 * n * e + tab,
+                  2 * n * e + heads * tab, 2 * n * e + tab, "tables re-read per head from L2")
+    # causal_attn_softmax (f32 scores, one sequence of SEQ): reads the visible half twice, writes all
+    n = SEQ * HEADS * SEQ
+    vis = HEADS * SEQ * (SEQ + 1) // 2
+    hit = _reread_hits(SEQ * 4, H100_SMS * 2)
+    yield Row("causal_attn_softmax", f"{SEQ}x{HEADS}x{SEQ}", "f32", (vis + n) * 4, (2 * vis + n) * 4,
+              (vis + n) * 4 + (0 if hit else vis * 4), "masked tail written, never read")
+    # embedding: ids (8 B each) + gathered rows + output rows
+    yield Row("embedding", f"{t} ids, {VOCAB}x{h}", "bf16" if e == 2 else "f32", t * 8 + 2 * t * h * e,
+              t * 8 + 2 * t * h * e, t * 8 + 2 * t * h * e, "")
+
+
+def training_rows(e: int) -> Iterator[Row]:
+    t, h = TOKENS, HIDDEN
+    dt = "bf16" if e == 2 else "f32"
+    n = h * FFN
+    yield Row("transpose_2d", f"{h}x{FFN}", dt, 2 * n * e, 2 * n * e, 2 * n * e,
+              "64x64 tiles, 16-byte vectors both sides")
+    # softmax_backward over attention-prob rows: p, g read twice (dot pass, output pass), grad_in written
+    n = SEQ * HEADS * SEQ
+    hit = _reread_hits(2 * SEQ * e, H100_SMS)
+    yield Row("softmax_backward", f"{SEQ * HEADS}x{SEQ}", dt, 3 * n * e, 5 * n * e, 3 * n * e + (0 if hit else 2 * n * e),
+              "2nd pass from L2 (row fits)")
+    # rms_norm_backward, fused (dim <= 16 x 512): 512 blocks walk the rows; pass 1 reads x, w, g, pass 2
+    # re-reads them (L2 hits) and writes gx, summing x * r * g per column in registers; each block writes one
+    # fp32 partial row that rms_norm_grad_weight_reduce reads back. HBM: 3N + 2 x 512 x dim x 4 + inv_rms.
+    n = t * h
+    parts = min(t, 512)
+    partials = parts * h * 4
+    hit = _reread_hits(2 * h * e, H100_SMS)
+    yield Row("rms_norm_backward", f"{t}x{h}", dt, 3 * n * e + 2 * h * e + t * 4,
+              5 * n * e + t * h * e + 2 * partials + t * 4 + h * 4,
+              3 * n * e + (0 if hit else 2 * n * e) + 2 * partials + t * 4 + h * 4,
+              "weight grad fused into the row kernel (512 partial rows)")
+    # cross_entropy_fwd_bwd (i15-train's kernel): stats pass + gradient pass over 128K-wide rows
+    n = t * VOCAB
+    yield Row("cross_entropy_fwd_bwd", f"{t}x{VOCAB}", dt, 2 * n * e + t * 8, 3 * n * e + t * 8,
+              3 * n * e + t * 8, "rows of 256 KB evicted between passes (issue 14); owned by i15-train")
+
+
+def rows(group: str, e: int) -> list[Row]:
+    if group == "forward":
+        return list(forward_rows(e))
+    if group == "training":
+        return list(training_rows(e))
+    return list(forward_rows(e)) + list(training_rows(e))
+
+
+def table(rs: list[Row]) -> str:
+    head = ["op", "shape", "dtype", "min MB", "issued MB", "HBM MB", "HBM/min", "roofline us", "model us", "note"]
+    body = [[r.op, r.shape, r.dtype, f"{r.min_bytes / 1e6:.1f}", f"{r.issued_bytes / 1e6:.1f}",
+             f"{r.hbm_bytes / 1e6:.1f}", f"{r.hbm_bytes / r.min_bytes:.2f}", f"{r.roofline_us:.1f}",
+             f"{r.model_us:.1f}", r.note] for r in rs]
+    w = [max(len(x[i]) for x in [head, *body]) for i in range(len(head))]
+    fmt = lambda x: "  ".join(c.ljust(w[i]) if i in (0, 1, 2, 9) else c.rjust(w[i]) for i, c in enumerate(x))
+    return "\n".join([f"bytes model, H100 at {H100_BW / 1e12:.2f} TB/s (modelled, no GPU):", fmt(head),
+                      fmt(["-" * x for x in w]), *map(fmt, body)])
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--group", choices=("forward", "training", "all"), default="all")
+    ap.add_argument("--dtype", choices=("bf16", "f32"), default="bf16")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    rs = rows(a.group, 2 if a.dtype == "bf16" else 4)
+    print(json.dumps([r.to_dict() for r in rs], indent=2) if a.json else table(rs))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,183 @@
+"""`python -m pykern.bench`: every memory-bound op on the GPU beside torch eager and the peers, in one run."""
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from typing import Any, Callable, Sequence
+
+from . import EventTimer, device_peaks, open_device, read_attributes
+from . import suite
+from .runner import l2_flush, run_benchmarks, torch_status
+
+EXIT_OK = 0  # every pykern row ran (peers may have errored or been skipped)
+EXIT_FAILED = 1  # a pykern row errored
+EXIT_USAGE = 2  # bad command line (argparse), or --ops matched nothing
+EXIT_NO_GPU = 3  # no CUDA driver, no CUDA device, or torch sees no CUDA device: nothing was timed
+JSON_VERSION = 1
+
+
+def _parser() -> argparse.ArgumentParser:
+    names = ", ".join(c.name for c in suite.CASES)
+    p = argparse.ArgumentParser(
+        prog="python -m pykern.bench",
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+        description=(
+            "Times every memory-bound pykern op on a CUDA GPU (--device; nvrtc backend, torch CUDA tensors) at\n"
+            "LLaMA-3-8B-sized shapes (8192 tokens, hidden 4096, FFN 14336, 32 heads of 128, vocabulary 128256;\n"
+            "the shapes of pykern.bench.bytes_model), side by side with the equivalent torch eager expression\n"
+            "and with Liger-Kernel, FlashInfer and QuACK where they are importable and have the op.\n"
+            "Per row: the CUDA-event median after warm-up calls, the achieved GB/s of the op's MINIMUM bytes\n"
+            "(each input read once, each output written once; the same figure for every implementation) and\n"
+            "its % of the device's peak DRAM bandwidth, computed from the device's attributes\n"
+            "(MEMORY_CLOCK_RATE x GLOBAL_MEMORY_BUS_WIDTH x 2 / 8). A peer that is missing is a 'skipped'\n"
+            "row and one that fails is an 'error' row; neither fails the run. Every timed call starts from a\n"
+            "cold L2: a buffer of twice the device's L2_CACHE_SIZE is zeroed before it, outside the timed\n"
+            "events (--no-flush-l2 keeps the cache warm).\n\n"
+            f"ops: {names}.\n"
+            "Needs a CUDA GPU and torch with CUDA; there is no CPU fallback."
+        ),
+        epilog=(f"Exit status: {EXIT_OK} every pykern row ran; {EXIT_FAILED} a pykern row errored; {EXIT_USAGE} bad "
+                f"usage or --ops matched no op; {EXIT_NO_GPU} needs a CUDA GPU: no CUDA driver, no device, or torch "
+                "without CUDA (nothing was timed)."),
+    )
+    p.add_argument("--ops", action="append", default=[], metavar="GLOB",
+                   help="only the ops whose name matches this shell glob (e.g. 'rms_norm*'); repeatable, or "
+                        "comma-separated; default all")
+    p.add_argument("--dtype", choices=("bf16", "f32", "all"), default="all",
+                   help="element type (default all: bf16 and f32 where the op supports it)")
+    p.add_argument("--repeats", type=int, default=None, metavar="N",
+                   help="timed calls per row, the median is reported (default 20, --quick 5)")
+    p.add_argument("--warmup", type=int, default=3, metavar="N", help="untimed calls first (default 3)")
+    p.add_argument("--quick", action="store_true",
+                   help=f"smaller shapes ({suite.QUICK['T']} tokens, {suite.QUICK['S']}-long score rows) and 5 repeats")
+    p.add_argument("--json", action="store_true", help="print one JSON document (for dashboards) instead of the table")
+    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+    p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
+                   help="do not overwrite a buffer of twice the L2 size before each timed call (by default every "
+                        "call starts from a cold L2, so inputs smaller than L2, e.g. with --quick, are read from "
+                        "DRAM and %% of HBM peak stays meaningful)")
+    p.add_argument("--list", action="store_true", help="list the ops, shapes and minimum bytes and exit (no GPU needed)")
+    return p
+
+
+def _patterns(raw: Sequence[str]) -> list[str]:
+    return [p.strip() for r in raw for p in r.split(",") if p.strip()]
+
+
+def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | None = None,
+         build: suite.Builder | None = None, stream: int | None = None,
+         flush: Callable[[int], Callable[[], Any]] | None = None) -> int:
+    """Run the benchmark. The tests pass a fake driver, a builder of implementations, a stream and `flush`
+    (L2 size in bytes -> the call that evicts it); on a GPU the builder is suite.Context (torch CUDA tensors,
+    nvrtc backend) on torch's current stream and the flush zeroes a torch buffer of twice the L2 size."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    args = _parser().parse_args(argv)
+    dtypes = suite.BF16_F32 if args.dtype == "all" else (args.dtype,)
+    selected = suite.select(_patterns(args.ops), dtypes)
+    if not selected:
+        print(f"pykern.bench: --ops {','.join(_patterns(args.ops))} --dtype {args.dtype} matches no op "
+              f"(ops: {', '.join(c.name for c in suite.CASES)})", file=sys.stderr)
+        return EXIT_USAGE
+    if args.repeats is not None and args.repeats < 1:
+        print(f"pykern.bench: --repeats must be >= 1, got {args.repeats}", file=sys.stderr)
+        return EXIT_USAGE
+    if args.warmup < 0:
+        print(f"pykern.bench: --warmup must be >= 0, got {args.warmup}", file=sys.stderr)
+        return EXIT_USAGE
+    dims = suite.QUICK if args.quick else suite.FULL
+    if args.list:
+        for case, dt in selected:
+            print(f"{case.name:24s} {dt:5s} {case.shape(dims):32s} {case.min_bytes(dims, 2 if dt == 'bf16' else 4) / 1e6:10.1f} MB")
+        return EXIT_OK
+    repeats = args.repeats or (5 if args.quick else 20)
+
+    try:
+        drv = open_device(args.device, driver_factory)
+    except Exception as e:  # no libcuda, CUDA_ERROR_NO_DEVICE, no such ordinal
+        return _no_gpu(args, f"{type(e).__name__}: {e}")
+    if build is None:
+        ok, why = torch_status()
+        if not ok:
+            return _no_gpu(args, why)
+        import torch
+
+        torch.cuda.set_device(args.device)
+        build = suite.Context(f"cuda:{args.device}")
+        stream = int(torch.cuda.current_stream().cuda_stream)
+        if flush is None:
+            flush = lambda n: l2_flush(n, args.device)  # noqa: E731
+    attrs = read_attributes(drv, args.device)
+    cc = drv.compute_capability(args.device)
+    attrs.update(COMPUTE_CAPABILITY_MAJOR=cc[0], COMPUTE_CAPABILITY_MINOR=cc[1])
+    peaks = device_peaks(attrs)
+    device = {"index": args.device, "name": drv.device_name(args.device), "arch": f"sm_{cc[0]}{cc[1]}",
+              "memory_clock_khz": attrs.get("MEMORY_CLOCK_RATE"), "bus_width_bits": attrs.get("GLOBAL_MEMORY_BUS_WIDTH"),
+              "sms": attrs.get("MULTIPROCESSOR_COUNT")}
+    t0 = time.monotonic()
+    log = None if args.json else (lambda m: print(m, file=sys.stderr, flush=True))
+    l2 = int(attrs.get("L2_CACHE_SIZE", 0)) or 64 * 2**20  # an attribute the driver refused: 64 MB covers H100/A100
+    before = None
+    if args.flush_l2 and flush is not None:
+        try:
+            before = flush(2 * l2)
+        except Exception as e:  # out of memory for the buffer: time with a warm L2 and say so
+            print(f"pykern.bench: L2 not flushed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
+    rows = run_benchmarks(suite.workloads(selected, dims, build), EventTimer(drv, stream or 0), peaks,
+                          args.warmup, repeats, deadline=float("inf"), log=log, before=before)
+    _annotate(rows, selected, dims)
+    bad = [r for r in rows if r["impl"] == "pykern" and r["status"] == "error"]
+    code = EXIT_FAILED if bad else EXIT_OK
+    doc = {"version": JSON_VERSION, "tool": "pykern.bench", "status": "FAIL" if bad else "ok", "exit_code": code,
+           "device": device, "peaks": peaks.to_dict(),
+           "options": {"ops": _patterns(args.ops), "dtypes": list(dtypes), "quick": args.quick, "repeats": repeats,
+                       "warmup": args.warmup, "dims": dims, "flush_l2_bytes": 2 * l2 if before else 0},
+           "seconds": round(time.monotonic() - t0, 2), "rows": rows}
+    print(json.dumps(doc, indent=1) if args.json else table(doc))
+    return code
+
+
+def _annotate(rows: list[dict[str, Any]], selected: Sequence[tuple[suite.Case, str]], dims: dict[str, int]) -> None:
+    """vs_pykern (an implementation's median / pykern's: > 1 means pykern is faster) and, on pykern's rows at the
+    full shapes, the bytes model's HBM bytes (`model_hbm_bytes`) and what time they take at the device's peak."""
+    cases = {(c.name, dt): c for c, dt in selected}
+    base = {(r["op"], r["dtype"]): r["median_us"] for r in rows if r["impl"] == "pykern"}
+    for r in rows:
+        p = base.get((r["op"], r["dtype"]))
+        r["vs_pykern"] = r["median_us"] / p if p and r["median_us"] else None
+        case = cases.get((r["op"], r["dtype"]))
+        r["model_hbm_bytes"] = (suite.model_hbm_bytes(case, r["dtype"], dims)
+                                if case is not None and r["impl"] == "pykern" else None)
+
+
+def _no_gpu(args: argparse.Namespace, why: str) -> int:
+    msg = f"pykern.bench needs a CUDA GPU (and torch with CUDA): {why}"
+    if args.json:
+        print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "status": "NO GPU",
+                          "exit_code": EXIT_NO_GPU, "reason": why, "rows": []}, indent=1))
+    print(msg, file=sys.stderr)
+    return EXIT_NO_GPU
+
+
+def table(doc: dict[str, Any]) -> str:
+    dev, pk = doc["device"], doc["peaks"]
+    bw = f"{pk['bandwidth'] / 1e9:.0f} GB/s" if pk.get("bandwidth") else "unknown"
+    head = ["op", "shape", "dtype", "impl", "median us", "GB/s", "% peak", "vs pykern", "status"]
+    body = []
+    for r in doc["rows"]:
+        f = lambda v, fmt: "" if v is None else format(v, fmt)  # noqa: E731
+        status = r["status"] if r["status"] == "ok" else f"{r['status']}: {r['message']}"
+        body.append([r["op"], r["shape"], r["dtype"], r["impl"], f(r["median_us"], ".1f"), f(r["rate"], ".0f"),
+                     f(r["pct_peak"], ".1f"), f(r["vs_pykern"], ".2f"), status])
+    w = [max(len(x[i]) for x in [head, *body]) for i in range(len(head) - 1)]
+    fmt = lambda x: "  ".join([*(c.ljust(w[i]) if i < 4 else c.rjust(w[i]) for i, c in enumerate(x[:-1])), x[-1]])  # noqa: E731
+    return "\n".join([
+        f"pykern.bench on {dev['name']} ({dev['arch']}): peak DRAM bandwidth {bw} (device attributes); "
+        f"median of {doc['options']['repeats']} after {doc['options']['warmup']} warm-up calls"
+        + (", L2 flushed before each" if doc["options"]["flush_l2_bytes"] else ", L2 not flushed")
+        + "; GB/s of the minimum bytes; vs pykern = time / pykern's time",
+        fmt(head), fmt(["-" * n for n in w] + ["------"]), *map(fmt, body)])
+
+
+__all__ = ["EXIT_FAILED", "EXIT_NO_GPU", "EXIT_OK", "EXIT_USAGE", "main", "table"]
