@@ -468,7 +468,7 @@ def _flce_numpy(hidden: np.ndarray, weight: np.ndarray, bias: Any, chunk: int, c
             gw[vs:ve] += np.matmul(gblk.T, hc, out=gwbuf[:b * h].reshape(b, h))
             if gb is not None:
                 gb[vs:ve] += gblk.sum(0)
-        del logits, g
+        del logits, g, gblk  # gblk may view g: the next chunk's logits must not meet this one's
 
 
 @arrays.stream_scoped
