@@ -373,6 +373,24 @@ def test_flce_grad_dtype_input_casts_the_float32_gradients(frame, dtype):
         ops.fused_linear_cross_entropy(*ins[:2], t, grad_dtype="bf16")
 
 
+def test_flce_blocked_accumulation_matches_the_product():
+    """The row-block accumulation CuPy shares with NumPy (acc += a @ b through one (block, cols)
+    buffer), run here with NumPy: every block size, ragged last block, transposed operand."""
+    from pykern.ops.training_ext import _Frame, flce_block_rows
+
+    rng = np.random.default_rng(26)
+    g, hc = rng.standard_normal((5, 23)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    fw = _Frame(g, None)
+    fw.kind = "cupy"  # the CuPy branch, with NumPy as its array module
+    for block in (1, 4, 22, 23, 64):
+        acc = rng.standard_normal((23, 7)).astype(np.float32)
+        want = acc.astype(np.float64) + g.T.astype(np.float64) @ hc
+        fw.addmm(acc, g.T, hc, block)
+        np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
+    assert flce_block_rows(8, 1000, 256) == 32 and flce_block_rows(256, 128256, 4096) == 8016
+    assert flce_block_rows(1, 5, 4096) == 5
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_flce_numpy_peak_extra_memory_is_chunk_by_vocab(dtype):
     """tracemalloc over the NumPy path: beyond its float32 outputs the call allocates O(chunk x V) +
