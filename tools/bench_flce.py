@@ -17,7 +17,7 @@ gradient outputs, at N=8192, V=128256, H=4096 (chunk from flce_chunk_rows):
           logits/gradient block, (C, H) fp32 hidden and grad_hidden buffers, bias (V, 4).
 The gradient outputs are float32 for f32 and bf16 inputs (the accumulators are the
 outputs). Against bf16 gradients they are (N*H + V*H)*2 bytes larger; grad_dtype="input"
-returns bf16 ones but holds both copies at the final cast ((N*H + V*H)*4 transient); the
+returns bf16 ones, casting one gradient at a time (max(N*H*4 + V*H*2, V*H*4) transient); the
 pykern.torch autograd op keeps the float32 ones from its forward to its backward.
 Measured: NumPy on the CPU (host backend) under tracemalloc at a scaled-down size,
 peak bytes allocated during the call beyond its inputs and outputs, fused (f32, bf16)
@@ -54,7 +54,7 @@ def model_bytes(n: int, v: int, h: int, esz: int, chunk: int) -> dict:
     return {"chunk": chunk, "block_rows": blk, "unfused_extra": unfused, "fused_extra_torch": torch_chunk,
             "fused_extra_numpy": numpy_chunk, "ratio_torch": unfused / torch_chunk,
             "float32_grads": grads32, "float32_grads_over_input_dtype": grads32 - grads32 * esz // 4,
-            "grad_dtype_input_transient": grads32 if bf16 else 0,
+            "grad_dtype_input_transient": max(n * h * 4 + v * h * 2, v * h * 4) if bf16 else 0,
             "old_fp32_accumulators_on_top": grads32 if bf16 else 0}
 
 

@@ -492,9 +492,9 @@ def fused_linear_cross_entropy(
     Returns (loss float32, grad_hidden, grad_weight, grad_bias or None). The
     gradients are float32 for f32 and bf16 inputs alike (as rms_norm_backward's
     grad_weight): for bf16 the float32 accumulators ARE the outputs.
-    grad_dtype="input" casts them to the inputs' dtype at the end instead, which
-    for bf16 holds both copies at that moment: (N*H + V*H + V) * 2 bytes more
-    than the float32 outputs alone. A batch with no live row gives loss 0 and zero
+    grad_dtype="input" casts them to the inputs' dtype at the end instead, one
+    at a time; for bf16 the casts hold max(N*H*4 + V*H*2, V*H*4) (+ V*2 with a
+    bias) bytes beyond the bf16 outputs at their peak. A batch with no live row gives loss 0 and zero
     gradients ("mean").
     """
     from .training import _int_array, check_ce_options, cross_entropy_fwd_bwd
@@ -587,6 +587,8 @@ def fused_linear_cross_entropy(
                     gb *= inv
             if fw.kind == "numpy":
                 loss = np.asarray(loss, np.float32)
-        if grad_dtype == "input" and kind != "f32":
-            gh, gw, gb = fw.cast(gh, hidden), fw.cast(gw, weight), None if gb is None else fw.cast(gb, bias)
+        if grad_dtype == "input" and kind != "f32":  # one at a time: each float32 buffer dies at its cast
+            gh = fw.cast(gh, hidden)
+            gw = fw.cast(gw, weight)
+            gb = None if gb is None else fw.cast(gb, bias)
         return loss, gh, gw, gb
