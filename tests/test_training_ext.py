@@ -427,6 +427,17 @@ def test_flce_numpy_peak_extra_memory_is_chunk_by_vocab(dtype):
     ref = _flce_ref(*(torch.from_numpy(np.asarray(a, np.float64)) for a in (h, w)), torch.from_numpy(t),
                     torch.from_numpy(np.asarray(b, np.float64)))
     _close(out[0], ref, "fused_linear_cross_entropy", dtype, "loss")
+    if dtype == "bf16":  # grad_dtype="input" casts one gradient at a time: its float32 copy is the peak
+        tracemalloc.start()
+        try:
+            out = ops.fused_linear_cross_entropy(h, w, t, b, chunk_size=chunk, backend="host", grad_dtype="input")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        outputs = sum(np.asarray(a).nbytes for a in out)
+        assert outputs == (n * hd + v * hd + v) * 2 + 4
+        cast_peak = max(n * hd * 4 + v * hd * 2, v * hd * 4) + v * 2
+        assert peak - outputs <= max(bound, cast_peak + 32 * 1024), (peak - outputs, cast_peak)
 
 
 def test_flce_edges_all_ignored_one_row_vocab_1_chunks():
