@@ -130,9 +130,11 @@ def main() -> None:
         print(f"  {dt}: unfused extra {gib(m['unfused_extra'])}  fused extra: torch {gib(m['fused_extra_torch'])}"
               f" ({m['ratio_torch']:.0f}x less), NumPy {gib(m['fused_extra_numpy'])} (block {m['block_rows']} rows)")
         if dt == "bf16":
-            print(f"        float32 gradient outputs {gib(m['float32_grads'])} (+{gib(m['float32_grads_over_input_dtype'])}"
+            over = gib(m['float32_grads_over_input_dtype'])
+            print(f"        float32 gradient outputs {gib(m['float32_grads'])} (+{over}"
                   f" over bf16 ones); grad_dtype='input': {gib(m['grad_dtype_input_transient'])} transient at the"
-                  f" cast; before this change the fp32 accumulators came on top: +{gib(m['old_fp32_accumulators_on_top'])}")
+                  f" cast; before this change the fp32 accumulators came on top: "
+                  f"+{gib(m['old_fp32_accumulators_on_top'])}")
     for dt, m in rep["measured"].items():
         print(f"measured (NumPy, tracemalloc, {a.backend} backend), N={a.n} V={a.v} H={a.h} {dt}, chunk {chunk}:")
         for k in ("unfused", "fused"):
@@ -141,7 +143,8 @@ def main() -> None:
                       f"extra {mib(m[k]['peak_extra_bytes'])}  {m[k]['seconds']} s")
         mm = m["model"]
         print(f"  model at this size: fused NumPy extra {mib(mm['fused_extra_numpy'])} + the host backend's staged "
-              f"logits {mib(chunk * a.v * (4 if dt == 'f32' else 2))}; one (V, H) float32 temporary would be {mib(a.v * a.h * 4)}")
+              f"logits {mib(chunk * a.v * (4 if dt == 'f32' else 2))}; one (V, H) float32 temporary would be "
+              f"{mib(a.v * a.h * 4)}")
         if "max_abs_diff_loss" in m:
             print(f"  |loss fused - unfused| {m['max_abs_diff_loss']:.3g}, max |grad_weight diff| "
                   f"{m['max_abs_diff_grad_weight']:.3g}")
