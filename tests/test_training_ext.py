@@ -340,8 +340,104 @@ def test_flce_op_matches_torch_f64_autograd(frame, dtype, opt, reduction):
     atol, rtol = tolerance("fused_linear_cross_entropy", dtype)
     _close(np.asarray(loss.float() if frame == "torch" else loss), ref, "fused_linear_cross_entropy", dtype, "loss")
     for got, want, nm in ((gh, rgh, "grad_hidden"), (gw, rgw, "grad_weight"), (gb, rgb, "grad_bias")):
-        got = got.float() if frame == "torch" else np.asarray(got, np.float32)
+        # the float32 accumulators are the outputs, for bf16 inputs too
+        assert got.dtype == (torch.float32 if frame == "torch" else np.float32), (nm, got.dtype)
         _close(got, want, "fused_linear_cross_entropy", dtype, nm)
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("frame", ["numpy", "torch"])
+def test_flce_grad_dtype_input_casts_the_float32_gradients(frame, dtype):
+    g = torch.Generator().manual_seed(24)
+    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    h, w, b = torch.randn(9, 16, generator=g), torch.randn(21, 16, generator=g) * 0.5, torch.randn(21, generator=g)
+    t = torch.randint(0, 21, (9,), generator=g)
+    t[4] = -100
+    ins = [a.to(tdt) for a in (h, w, b)]
+    if frame == "numpy":
+        ins = [a.float().numpy().astype(np.float32 if dtype == "f32" else pykern.arrays.bfloat16()) for a in ins]
+        t = t.numpy()
+    kw = dict(z_loss=1e-3, chunk_size=4, backend="host")
+    loss32, *g32 = ops.fused_linear_cross_entropy(*ins[:2], t, ins[2], **kw)
+    loss_in, *g_in = ops.fused_linear_cross_entropy(*ins[:2], t, ins[2], grad_dtype="input", **kw)
+    assert float(loss32) == float(loss_in)
+    for a32, a_in, x in zip(g32, g_in, (ins[0], ins[1], ins[2])):
+        assert a_in.dtype == x.dtype and a32.dtype == (torch.float32 if frame == "torch" else np.float32)
+        # "input" is exactly the float32 result rounded once at the end (nothing accumulated in bf16)
+        want = a32.to(x.dtype) if frame == "torch" else a32.astype(x.dtype)
+        if frame == "torch":
+            assert torch.equal(a_in, want)
+        else:
+            np.testing.assert_array_equal(np.asarray(a_in, np.float32), np.asarray(want, np.float32))
+    with pytest.raises(ArgumentError, match="grad_dtype"):
+        ops.fused_linear_cross_entropy(*ins[:2], t, grad_dtype="bf16")
+
+
+def test_flce_blocked_accumulation_matches_the_product():
+    """The row-block accumulation CuPy shares with NumPy (acc += a @ b through one (block, cols)
+    buffer), run here with NumPy: every block size, ragged last block, transposed operand."""
+    from pykern.ops.training_ext import _Frame, flce_block_rows
+
+    rng = np.random.default_rng(26)
+    g, hc = rng.standard_normal((5, 23)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
+    fw = _Frame(g, None)
+    fw.kind = "cupy"  # the CuPy branch, with NumPy as its array module
+    for block in (1, 4, 22, 23, 64):
+        acc = rng.standard_normal((23, 7)).astype(np.float32)
+        want = acc.astype(np.float64) + g.T.astype(np.float64) @ hc
+        fw.addmm(acc, g.T, hc, block)
+        np.testing.assert_allclose(acc, want, rtol=1e-5, atol=1e-5)
+    assert flce_block_rows(8, 1000, 256) == 32 and flce_block_rows(256, 128256, 4096) == 8016
+    assert flce_block_rows(1, 5, 4096) == 5
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_flce_numpy_peak_extra_memory_is_chunk_by_vocab(dtype):
+    """tracemalloc over the NumPy path: beyond its float32 outputs the call allocates O(chunk x V) +
+    O(chunk x H), not a (V, H) temporary (the shape makes V x H 32x chunk x V)."""
+    import tracemalloc
+
+    from pykern.ops.training_ext import flce_block_rows
+
+    n, hd, v, chunk = 64, 256, 1000, 8
+    rng = np.random.default_rng(25)
+    npdt = np.float32 if dtype == "f32" else pykern.arrays.bfloat16()
+    h = rng.standard_normal((n, hd)).astype(npdt)
+    w = (rng.standard_normal((v, hd)) / 16).astype(npdt)
+    b = rng.standard_normal(v).astype(npdt)
+    t = rng.integers(0, v, n)
+    t[::3] = -100
+    run = lambda: ops.fused_linear_cross_entropy(h, w, t, b, chunk_size=chunk, backend="host")  # noqa: E731
+    run()  # kernel build and caches are not the op's memory
+    tracemalloc.start()
+    try:
+        out = run()
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    outputs = sum(np.asarray(a).nbytes for a in out)
+    assert outputs == (n * hd + v * hd + v) * 4 + 4
+    blk = flce_block_rows(chunk, v, hd)
+    assert blk * hd <= max(chunk * v, 32 * hd)
+    # logits (chunk, V) + the host backend's staging of them + one float32 (chunk, V) block, two
+    # (block, H) and four (chunk, H) float32 buffers, per-row losses and targets, 32 KiB of bookkeeping
+    bound = 3 * chunk * v * 4 + 2 * blk * hd * 4 + 4 * chunk * hd * 4 + n * 16 + 32 * 1024
+    assert peak - outputs <= bound, (peak - outputs, bound)
+    assert bound < v * hd * 4 / 3  # the bound is far below one (V, H) float32 temporary
+    ref = _flce_ref(*(torch.from_numpy(np.asarray(a, np.float64)) for a in (h, w)), torch.from_numpy(t),
+                    torch.from_numpy(np.asarray(b, np.float64)))
+    _close(out[0], ref, "fused_linear_cross_entropy", dtype, "loss")
+    if dtype == "bf16":  # grad_dtype="input" casts one gradient at a time: its float32 copy is the peak
+        tracemalloc.start()
+        try:
+            out = ops.fused_linear_cross_entropy(h, w, t, b, chunk_size=chunk, backend="host", grad_dtype="input")
+            _, peak = tracemalloc.get_traced_memory()
+        finally:
+            tracemalloc.stop()
+        outputs = sum(np.asarray(a).nbytes for a in out)
+        assert outputs == (n * hd + v * hd + v) * 2 + 4
+        cast_peak = max(n * hd * 4 + v * hd * 2, v * hd * 4) + v * 2
+        assert peak - outputs <= max(bound, cast_peak + 32 * 1024), (peak - outputs, cast_peak)
 
 
 def test_flce_edges_all_ignored_one_row_vocab_1_chunks():

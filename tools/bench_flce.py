@@ -3,21 +3,27 @@
     python tools/bench_flce.py                     # model at N=8192, V=128256, H=4096 + a CPU measurement
     python tools/bench_flce.py --n 1024 --v 16032 --h 512 --json   # (CPU host backend: ~1-2 min)
 
-Computed (from the chunking, no allocation): peak extra bytes, beyond the inputs and
-the gradient outputs every path returns (grad_hidden (N, H), grad_weight (V, H)):
+Computed (from the chunking, no allocation): peak extra bytes beyond the inputs and the
+gradient outputs, at N=8192, V=128256, H=4096 (chunk from flce_chunk_rows):
   unfused (torch eager / HF): logits (N, V) + fp32 log-softmax kept for backward
           (N, V, 4 bytes) + grad_logits (N, V)
-  fused:  one chunk's logits, overwritten in place by their gradient (C, V), its
-          fp32 copy for the fp32 accumulation when the dtype is bf16 (C, V, 4),
-          the chunk's hidden rows in fp32 (C, H, 4), per-row losses (N, 4), and, for
-          bf16, the fp32 gradient accumulators (N, H, 4) + (V, H, 4) (cast to bf16 at the
-          end; for f32 they are the outputs themselves)
+  fused, torch path: one chunk's logits, overwritten in place by their gradient (C, V),
+          for bf16 its fp32 copy (C, V, 4), the chunk's hidden rows in fp32 (C, H, 4) and
+          the chunk's bf16 grad_hidden (C, H, 2); per-row losses (N, 4). grad_weight
+          accumulates with addmm_ into its float32 output: no (V, H) temporary.
+  fused, NumPy path: logits (C, V) + weight blocks of B = flce_block_rows vocab rows:
+          a (B, H) fp32 buffer for grad_weight[block] += G[:, block].T @ h (NumPy has no
+          accumulating matmul), and for bf16 a (B, H) widened weight block, a (C, B) fp32
+          logits/gradient block, (C, H) fp32 hidden and grad_hidden buffers, bias (V, 4).
+The gradient outputs are float32 for f32 and bf16 inputs (the accumulators are the
+outputs). Against bf16 gradients they are (N*H + V*H)*2 bytes larger; grad_dtype="input"
+returns bf16 ones, casting one gradient at a time (max(N*H*4 + V*H*2, V*H*4) transient); the
+pykern.torch autograd op keeps the float32 ones from its forward to its backward.
 Measured: NumPy on the CPU (host backend) under tracemalloc at a scaled-down size,
-peak bytes allocated during the call beyond its inputs, fused vs unfused
-(logits = h @ W.T, ops.cross_entropy_fwd_bwd, then the two gradient matmuls). NumPy
-has no accumulate-in-place matmul, so the fused NumPy path also holds one (V, H)
-temporary per chunk for grad_weight += G.T @ h (torch uses addmm_ in place); the
-computed model above is the torch one.
+peak bytes allocated during the call beyond its inputs and outputs, fused (f32, bf16)
+vs unfused f32 (logits = h @ W.T, ops.cross_entropy_fwd_bwd, then the two gradient
+matmuls). The host backend stages a copy of each launch's logits (C, V, 4 more bytes),
+which a GPU launch does not.
 """
 from __future__ import annotations
 
@@ -35,21 +41,30 @@ sys.path.insert(0, str(ROOT))
 
 
 def model_bytes(n: int, v: int, h: int, esz: int, chunk: int) -> dict:
+    from pykern.ops.training_ext import flce_block_rows
+
+    bf16 = esz != 4
+    blk = flce_block_rows(chunk, v, h)
     unfused = n * v * esz + n * v * 4 + n * v * esz
-    upcast = chunk * v * 4 if esz != 4 else 0
-    fused_chunk = chunk * v * esz + upcast + chunk * h * 4 + n * 4
-    acc = (n * h + v * h) * 4 if esz != 4 else 0  # f32: the accumulators are the outputs themselves
-    return {"chunk": chunk, "unfused_extra": unfused, "fused_extra_chunk": fused_chunk,
-            "fused_extra_with_fp32_accumulators": fused_chunk + acc, "ratio_chunk": unfused / fused_chunk,
-            "ratio_with_accumulators": unfused / (fused_chunk + acc)}
+    torch_chunk = chunk * v * esz + (chunk * v * 4 + chunk * h * 4 + chunk * h * 2 if bf16 else 0) + n * 4
+    numpy_chunk = chunk * v * esz + blk * h * 4 + n * 4
+    if bf16:
+        numpy_chunk += blk * h * 4 + chunk * blk * 4 + 2 * chunk * h * 4 + v * 4
+    grads32 = (n * h + v * h) * 4
+    return {"chunk": chunk, "block_rows": blk, "unfused_extra": unfused, "fused_extra_torch": torch_chunk,
+            "fused_extra_numpy": numpy_chunk, "ratio_torch": unfused / torch_chunk,
+            "float32_grads": grads32, "float32_grads_over_input_dtype": grads32 - grads32 * esz // 4,
+            "grad_dtype_input_transient": max(n * h * 4 + v * h * 2, v * h * 4) if bf16 else 0,
+            "old_fp32_accumulators_on_top": grads32 if bf16 else 0}
 
 
-def measure(n: int, v: int, h: int, chunk: int | None, backend: str) -> dict:
-    from pykern import ops
+def measure(n: int, v: int, h: int, chunk: int | None, backend: str, dtype: str, unfused_too: bool) -> dict:
+    from pykern import arrays, ops
 
     rng = np.random.default_rng(0)
-    hid = rng.standard_normal((n, h)).astype(np.float32)
-    w = (rng.standard_normal((v, h)) / np.sqrt(h)).astype(np.float32)
+    npdt = np.float32 if dtype == "f32" else arrays.bfloat16()
+    hid = rng.standard_normal((n, h)).astype(npdt)
+    w = (rng.standard_normal((v, h)) / np.sqrt(h)).astype(npdt)
     t = rng.integers(0, v, n)
     t[::5] = -100
 
@@ -65,6 +80,8 @@ def measure(n: int, v: int, h: int, chunk: int | None, backend: str) -> dict:
     out = {}
     results = {}
     for name, fn in (("unfused", unfused), ("fused", fused)):
+        if name == "unfused" and not unfused_too:
+            continue
         fn()  # warm-up: kernel builds and caches are not the op's memory
         tracemalloc.start()
         t0 = time.perf_counter()
@@ -76,8 +93,9 @@ def measure(n: int, v: int, h: int, chunk: int | None, backend: str) -> dict:
         out[name] = {"peak_bytes": peak, "outputs_bytes": outputs, "peak_extra_bytes": peak - outputs,
                      "seconds": round(dt, 3)}
         results[name] = res
-    out["max_abs_diff_loss"] = float(abs(np.float64(results["fused"][0]) - np.float64(results["unfused"][0])))
-    out["max_abs_diff_grad_weight"] = float(np.abs(results["fused"][2] - results["unfused"][2]).max())
+    if unfused_too:
+        out["max_abs_diff_loss"] = float(abs(np.float64(results["fused"][0]) - np.float64(results["unfused"][0])))
+        out["max_abs_diff_grad_weight"] = float(np.abs(results["fused"][2] - results["unfused"][2]).max())
     return out
 
 
@@ -98,9 +116,10 @@ def main() -> None:
     for dt, esz in (("bf16", 2), ("f32", 4)):
         rep["model"][dt] = dict(big, **model_bytes(big["N"], big["V"], big["H"], esz, c))
     chunk = a.chunk or flce_chunk_rows(a.n, a.v, a.h)
-    rep["measured"] = dict({"N": a.n, "V": a.v, "H": a.h, "chunk": chunk, "dtype": "f32"},
-                           **measure(a.n, a.v, a.h, chunk, a.backend))
-    rep["measured"]["model_f32"] = model_bytes(a.n, a.v, a.h, 4, chunk)
+    for dt, esz in (("f32", 4), ("bf16", 2)):
+        rep["measured"][dt] = dict({"N": a.n, "V": a.v, "H": a.h, "chunk": chunk},
+                                   **measure(a.n, a.v, a.h, chunk, a.backend, dt, dt == "f32"))
+        rep["measured"][dt]["model"] = model_bytes(a.n, a.v, a.h, esz, chunk)
     if a.json:
         print(json.dumps(rep, indent=1))
         return
@@ -108,20 +127,27 @@ def main() -> None:
     mib = lambda b: f"{b / 2**20:8.2f} MiB"  # noqa: E731
     print(f"computed, N={big['N']} V={big['V']} H={big['H']}, chunk {c} rows:")
     for dt, m in rep["model"].items():
-        print(f"  {dt}: unfused extra {gib(m['unfused_extra'])}  fused extra (chunk) {gib(m['fused_extra_chunk'])}"
-              f"  (+ fp32 accumulators {gib(m['fused_extra_with_fp32_accumulators'])})  ratio {m['ratio_chunk']:.0f}x"
-              f" ({m['ratio_with_accumulators']:.1f}x with accumulators)")
-    m = rep["measured"]
-    print(f"measured (NumPy, tracemalloc, {a.backend} backend), N={a.n} V={a.v} H={a.h} f32, chunk {chunk}:")
-    for k in ("unfused", "fused"):
-        print(f"  {k:8s} peak {mib(m[k]['peak_bytes'])}  outputs {mib(m[k]['outputs_bytes'])}  "
-              f"extra {mib(m[k]['peak_extra_bytes'])}  {m[k]['seconds']} s")
-    mm = m["model_f32"]
-    print(f"  model at this size: unfused extra {mib(mm['unfused_extra'] - a.n * a.v * 4)} (no fp32 log-softmax copy in "
-          f"this NumPy path), fused extra {mib(mm['fused_extra_with_fp32_accumulators'])} + one (V, H) temporary "
-          f"{mib(a.v * a.h * 4)}")
-    print(f"  |loss fused - unfused| {m['max_abs_diff_loss']:.3g}, max |grad_weight diff| "
-          f"{m['max_abs_diff_grad_weight']:.3g}")
+        print(f"  {dt}: unfused extra {gib(m['unfused_extra'])}  fused extra: torch {gib(m['fused_extra_torch'])}"
+              f" ({m['ratio_torch']:.0f}x less), NumPy {gib(m['fused_extra_numpy'])} (block {m['block_rows']} rows)")
+        if dt == "bf16":
+            over = gib(m['float32_grads_over_input_dtype'])
+            print(f"        float32 gradient outputs {gib(m['float32_grads'])} (+{over}"
+                  f" over bf16 ones); grad_dtype='input': {gib(m['grad_dtype_input_transient'])} transient at the"
+                  f" cast; before this change the fp32 accumulators came on top: "
+                  f"+{gib(m['old_fp32_accumulators_on_top'])}")
+    for dt, m in rep["measured"].items():
+        print(f"measured (NumPy, tracemalloc, {a.backend} backend), N={a.n} V={a.v} H={a.h} {dt}, chunk {chunk}:")
+        for k in ("unfused", "fused"):
+            if k in m:
+                print(f"  {k:8s} peak {mib(m[k]['peak_bytes'])}  outputs {mib(m[k]['outputs_bytes'])}  "
+                      f"extra {mib(m[k]['peak_extra_bytes'])}  {m[k]['seconds']} s")
+        mm = m["model"]
+        print(f"  model at this size: fused NumPy extra {mib(mm['fused_extra_numpy'])} + the host backend's staged "
+              f"logits {mib(chunk * a.v * (4 if dt == 'f32' else 2))}; one (V, H) float32 temporary would be "
+              f"{mib(a.v * a.h * 4)}")
+        if "max_abs_diff_loss" in m:
+            print(f"  |loss fused - unfused| {m['max_abs_diff_loss']:.3g}, max |grad_weight diff| "
+                  f"{m['max_abs_diff_grad_weight']:.3g}")
 
 
 if __name__ == "__main__":

@@ -383,19 +383,99 @@ class _Frame:
     def zeros(self, shape: tuple[int, ...], like: Any) -> Any:
         return arrays.zeros(shape, np.float32, like=like)
 
-    def addmm(self, acc: Any, a: Any, b: Any) -> None:
-        """acc += a @ b in float32 (torch: in place, no temporary of acc's size)."""
+    def addmm(self, acc: Any, a: Any, b: Any, block: int) -> None:
+        """acc += a @ b in float32 with no temporary of acc's size: torch accumulates in place
+        (addmm_); CuPy has no accumulating matmul, so acc's rows go by blocks of `block` through
+        one (block, cols) buffer."""
         if self.kind == "torch":
             acc.addmm_(a, b)
+            return
+        buf = self.xp.empty((min(block, acc.shape[0]) * acc.shape[1],), np.float32)
+        for vs in range(0, acc.shape[0], block):
+            ve = min(acc.shape[0], vs + block)
+            tmp = buf[:(ve - vs) * acc.shape[1]].reshape(ve - vs, acc.shape[1])
+            self.xp.matmul(a[vs:ve], b, out=tmp)
+            acc[vs:ve] += tmp
+
+
+def flce_block_rows(chunk: int, vocab: int, hidden: int) -> int:
+    """Vocab rows per block where the NumPy/CuPy paths of fused_linear_cross_entropy walk the
+    weight: a (block, hidden) float32 buffer no larger than the (chunk, vocab) logits, but at
+    least 32 rows so every matmul stays BLAS-sized, and at most vocab."""
+    return max(1, min(vocab, max(32, chunk * vocab // max(1, hidden))))
+
+
+def _bf16_f32(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """bfloat16 -> float32 into a preallocated buffer (exact: the bf16 bits are the top half of the
+    float32's); ml_dtypes' astype would allocate."""
+    u = out.view(np.uint32)
+    u[...] = a.view(np.uint16)
+    u <<= 16
+    return out
+
+
+def _flce_numpy(hidden: np.ndarray, weight: np.ndarray, bias: Any, chunk: int, ce: Any, gh: np.ndarray,
+                gw: np.ndarray, gb: Any, rows: np.ndarray) -> None:
+    """The NumPy loop of fused_linear_cross_entropy, with extra memory O(chunk x V) + O(chunk x H).
+
+    NumPy has neither an accumulating matmul nor a fast bf16 one, so the weight is walked in
+    blocks of flce_block_rows vocab rows through preallocated float32 buffers: grad_weight[block]
+    += G[:, block].T @ hidden_chunk goes through one (block, H) buffer (never a (V, H)
+    temporary), and for bf16 each weight block is widened into a (block, H) buffer twice per
+    chunk (logits, then grad_hidden) instead of holding a float32 copy of the whole weight."""
+    n, h = hidden.shape
+    v = weight.shape[0]
+    bf16 = hidden.dtype != np.float32
+    c_max = min(chunk, n)
+    blk = flce_block_rows(c_max, v, h)
+    gwbuf = np.empty((blk * h,), np.float32)
+    if bf16:
+        wbuf = np.empty((blk * h,), np.float32)
+        lbuf = np.empty((c_max * blk,), np.float32)  # a logits / gradient block in float32
+        hbuf = np.empty((c_max * h,), np.float32)
+        ghbuf = np.empty((c_max * h,), np.float32)
+        b32 = None if bias is None else bias.astype(np.float32)
+    for s in range(0, n, chunk):
+        e = min(n, s + chunk)
+        c = e - s
+        if bf16:
+            hc = _bf16_f32(hidden[s:e], hbuf[:c * h].reshape(c, h))
+            logits = np.empty((c, v), hidden.dtype)
+            for vs in range(0, v, blk):
+                ve = min(v, vs + blk)
+                wb = _bf16_f32(weight[vs:ve], wbuf[:(ve - vs) * h].reshape(ve - vs, h))
+                lb = np.matmul(hc, wb.T, out=lbuf[:c * (ve - vs)].reshape(c, ve - vs))
+                if b32 is not None:
+                    lb += b32[vs:ve]
+                logits[:, vs:ve] = lb  # rounds to bf16, as a bf16 matmul's output would
         else:
-            acc += a @ b
+            hc = hidden[s:e]
+            logits = hc @ weight.T
+            if bias is not None:
+                logits += bias
+        rows[s:e], g = ce(logits, s, e)  # g is logits, overwritten by the unscaled gradient
+        if not bf16:
+            np.matmul(g, weight, out=gh[s:e])
+        for vs in range(0, v, blk):
+            ve = min(v, vs + blk)
+            b = ve - vs
+            if bf16:
+                gblk = _bf16_f32(g[:, vs:ve], lbuf[:c * b].reshape(c, b))
+                wb = _bf16_f32(weight[vs:ve], wbuf[:b * h].reshape(b, h))
+                gh[s:e] += np.matmul(gblk, wb, out=ghbuf[:c * h].reshape(c, h))
+            else:
+                gblk = g[:, vs:ve]
+            gw[vs:ve] += np.matmul(gblk.T, hc, out=gwbuf[:b * h].reshape(b, h))
+            if gb is not None:
+                gb[vs:ve] += gblk.sum(0)
+        del logits, g, gblk  # gblk may view g: the next chunk's logits must not meet this one's
 
 
 @arrays.stream_scoped
 def fused_linear_cross_entropy(
     hidden: Any, weight: Any, targets: Any, bias: Any = None, *, ignore_index: int = -100,
     label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None, reduction: str = "mean",
-    chunk_size: int | None = None, stream: Any = None, backend: str | None = None,
+    chunk_size: int | None = None, grad_dtype: str = "float32", stream: Any = None, backend: str | None = None,
 ) -> tuple[Any, Any, Any, Any]:
     """Cross-entropy of `hidden @ weight.T (+ bias)` and its gradients without the (N, vocab) logits.
 
@@ -404,11 +484,17 @@ def fused_linear_cross_entropy(
     flce_chunk_rows): each chunk's logits come from the caller's framework matmul
     (NumPy @, torch.matmul, CuPy; on the caller's stream), then the cross-entropy
     kernel writes the gradient in place over them, and grad_hidden /
-    grad_weight / grad_bias accumulate in float32. Peak extra memory is
-    O(chunk x V) plus the float32 gradient accumulators. Options and reductions
-    as cross_entropy_fwd_bwd ("none": per-row losses; gradients of their sum).
-    Returns (loss float32, grad_hidden like hidden, grad_weight like weight,
-    grad_bias like bias or None). A batch with no live row gives loss 0 and zero
+    grad_weight / grad_bias accumulate in float32 buffers that are the outputs:
+    peak extra memory is O(chunk x V) + O(chunk x H) (tools/bench_flce.py; NumPy
+    walks the weight in blocks of flce_block_rows vocab rows, torch accumulates
+    with addmm_). Options and reductions as cross_entropy_fwd_bwd ("none": per-row
+    losses; gradients of their sum).
+    Returns (loss float32, grad_hidden, grad_weight, grad_bias or None). The
+    gradients are float32 for f32 and bf16 inputs alike (as rms_norm_backward's
+    grad_weight): for bf16 the float32 accumulators ARE the outputs.
+    grad_dtype="input" casts them to the inputs' dtype at the end instead, one
+    at a time; for bf16 the casts hold max(N*H*4 + V*H*2, V*H*4) (+ V*2 with a
+    bias) bytes beyond the bf16 outputs at their peak. A batch with no live row gives loss 0 and zero
     gradients ("mean").
     """
     from .training import _int_array, check_ce_options, cross_entropy_fwd_bwd
@@ -433,6 +519,8 @@ def fused_linear_cross_entropy(
     targets = _int_array("targets", targets)
     if tuple(arrays.shape_of(targets)) != (n,):
         raise ArgumentError(f"targets: expected shape ({n},), got {tuple(arrays.shape_of(targets))}")
+    if grad_dtype not in ("float32", "input"):
+        raise ArgumentError(f"grad_dtype: expected 'float32' or 'input', got {grad_dtype!r}")
     if chunk_size is None:
         chunk_size = flce_chunk_rows(n, v, h)
     if isinstance(chunk_size, bool) or not isinstance(chunk_size, (int, np.integer)) or chunk_size < 1:
@@ -458,31 +546,27 @@ def fused_linear_cross_entropy(
         gw = fw.zeros((v, h), hidden)
         gb = fw.zeros((v,), hidden) if bias is not None else None
         rows = fw.zeros((n,), hidden)
-        w32 = None
-        for s in range(0, n, int(chunk_size)):
-            e = min(n, s + int(chunk_size))
+        def ce(logits: Any, s: int, e: int) -> tuple[Any, Any]:
+            return cross_entropy_fwd_bwd(logits, targets[s:e], ignore_index, label_smoothing=label_smoothing,
+                                         z_loss=z_loss, softcap=softcap, reduction="none", inplace=True,
+                                         stream=stream, backend=backend)
+
+        chunk_size = int(chunk_size)
+        if fw.kind == "numpy":
+            _flce_numpy(hidden, weight, bias, chunk_size, ce, gh, gw, gb, rows)
+        for s in range(0, n if fw.kind != "numpy" else 0, chunk_size):
+            e = min(n, s + chunk_size)
             hc = hidden[s:e]
-            if fw.kind == "numpy" and kind == "bf16":  # ml_dtypes has no fast matmul: fp32, then narrow
-                w32 = weight.astype(np.float32) if w32 is None else w32
-                logits = hc.astype(np.float32) @ w32.T
-                if bias is not None:
-                    logits += bias.astype(np.float32)
-                logits = logits.astype(hidden.dtype)
-            else:
-                logits = hc @ weight.T
-                if bias is not None:
-                    logits += bias
-                logits = arrays.contiguous(logits)
-            rl, g = cross_entropy_fwd_bwd(logits, targets[s:e], ignore_index, label_smoothing=label_smoothing,
-                                          z_loss=z_loss, softcap=softcap, reduction="none", inplace=True,
-                                          stream=stream, backend=backend)
-            rows[s:e] = rl
+            logits = hc @ weight.T
+            if bias is not None:
+                logits += bias
+            rows[s:e], g = ce(arrays.contiguous(logits), s, e)
+            if kind == "f32":
+                fw.xp.matmul(g, weight, out=gh[s:e])
+            else:  # the native-dtype matmul (fp32 accumulation inside), no fp32 weight copy
+                gh[s:e] = g @ weight
             g32 = fw.f32(g)
-            if fw.kind == "numpy":
-                gh[s:e] = g32 @ (w32 if w32 is not None else weight)
-            else:  # torch / CuPy: the native-dtype matmul (fp32 accumulation inside), no fp32 weight copy
-                gh[s:e] = fw.f32(g @ weight)
-            fw.addmm(gw, g32.T, fw.f32(hc))
+            fw.addmm(gw, g32.T, fw.f32(hc), flce_block_rows(chunk_size, v, h))
             if gb is not None:
                 gb += g32.sum(0)
             del logits, g, g32
@@ -503,4 +587,8 @@ def fused_linear_cross_entropy(
                     gb *= inv
             if fw.kind == "numpy":
                 loss = np.asarray(loss, np.float32)
-        return (loss, fw.cast(gh, hidden), fw.cast(gw, weight), None if gb is None else fw.cast(gb, bias))
+        if grad_dtype == "input" and kind != "f32":  # one at a time: each float32 buffer dies at its cast
+            gh = fw.cast(gh, hidden)
+            gw = fw.cast(gw, weight)
+            gb = None if gb is None else fw.cast(gb, bias)
+        return loss, gh, gw, gb

@@ -222,26 +222,37 @@ def _flce(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor
     if reduction == "mean":  # torch: NaN for a batch with no valid row (0 / 0); the op returns 0
         count = (targets != ignore_index).sum()
         loss = torch.where(count > 0, loss, torch.full_like(loss, float("nan")))
-    return loss, gh, gw, (hidden.new_empty((0,)) if gb is None else gb)
+    return loss, gh, gw, (hidden.new_empty((0,), dtype=torch.float32) if gb is None else gb)
 
 
 @_flce.register_fake
 def _(hidden, weight, targets, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_size):
-    return (_new((), torch.float32, hidden), _new(hidden.shape, hidden.dtype, hidden),
-            _new(weight.shape, weight.dtype, weight),
-            _new((0,) if bias is None else bias.shape, hidden.dtype, hidden))
+    # the gradients are the op's float32 accumulators, whatever the input dtype
+    return (_new((), torch.float32, hidden), _new(hidden.shape, torch.float32, hidden),
+            _new(weight.shape, torch.float32, weight),
+            _new((0,) if bias is None else bias.shape, torch.float32, hidden))
 
 
 def _flce_setup(ctx, inputs, output):
     ctx.has_bias = inputs[3] is not None
+    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype, inputs[3].dtype if ctx.has_bias else None)
     ctx.save_for_backward(output[1], output[2], output[3])
     ctx.mark_non_differentiable(output[1], output[2], output[3])
+
+
+def _scaled(g: Tensor, s: Tensor, dtype: torch.dtype) -> Tensor:
+    """g * s (float32 math) in the input's dtype; out= writes the cast product in one pass (on CUDA no
+    float32 temporary; torch's CPU kernels stage one)."""
+    if dtype == g.dtype:
+        return g * s
+    return torch.mul(g, s, out=torch.empty_like(g, dtype=dtype))
 
 
 def _flce_bwd(ctx, grad_loss, *_):
     gh, gw, gb = ctx.saved_tensors
     s = grad_loss.to(torch.float32)
-    return ((gh * s).to(gh.dtype), (gw * s).to(gw.dtype), None, (gb * s).to(gb.dtype) if ctx.has_bias else None,
+    dh, dw, db = ctx.dtypes
+    return (_scaled(gh, s, dh), _scaled(gw, s, dw), None, _scaled(gb, s, db) if ctx.has_bias else None,
             None, None, None, None, None, None)
 
 
@@ -259,6 +270,12 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
     chunk (pykern.ops.fused_linear_cross_entropy) and keeps the gradients; the
     backward only scales them by the incoming gradient. "mean" of a batch with
     every row ignored is NaN, as in torch.
+
+    The gradients returned to autograd have the inputs' dtype. For bf16 the op
+    keeps its float32 accumulators from the forward to the backward ((N*H + V*H)
+    * 4 bytes, twice bf16 gradients; the backward runs right after this last op of
+    the forward) and the backward writes the scaled bf16 gradients from them in one
+    pass, so the bf16 gradients are rounded once, after the scale.
     """
     if reduction not in ("mean", "sum"):
         raise ArgumentError(f"reduction: expected 'mean' or 'sum' (the gradients are computed in the forward), "
