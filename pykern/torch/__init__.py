@@ -4,6 +4,15 @@ The only pykern package that imports torch (`import pykern` never does).
 """
 from __future__ import annotations
 
+try:
+    import torch as _torch  # noqa: F401  (checked here so a missing torch names the extra to install)
+except ModuleNotFoundError as e:
+    if e.name != "torch":
+        raise
+    from ..errors import MissingDependency
+
+    raise MissingDependency("torch", "torch", "pykern.torch") from None
+
 from .functional import cross_entropy, embedding, flash_attention, rms_norm, rope, swiglu
 from .hf import apply
 from .training import add_rms_norm, fused_linear_cross_entropy, gelu, gelu_gate, layer_norm
