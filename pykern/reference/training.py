@@ -391,12 +391,10 @@ def _attention_lse(cuda: Any):
     return k, lambda a: _grid1(_batch(a, a[6], a[8], a[10]) * a[6] * a[8])
 
 
-@reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16")
-def _attention_dq(cuda: Any):
-    @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal, group_lanes):
-        t = cuda.grid(1)
-        batch = q.size // (n_q * n_heads * head_dim)
+def _dq_body(cuda: Any):
+    # dQ of one (batch, query, head) row t; shared by the flash and tensor-core references (same math).
+    @cuda.jit(device=True)
+    def body(t, q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
         if t < batch * n_q * n_heads:
             h = t % n_heads
             i = (t // n_heads) % n_q
@@ -417,17 +415,14 @@ def _attention_dq(cuda: Any):
                 for d in range(head_dim):
                     dq[qo + d] += ds * kk[ko + d] * scale
 
-    return k, lambda a: _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
+    return body
 
 
-@reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16")
-def _attention_dkdv(cuda: Any):
-    # One thread per (key, kv head): sums over the group's query heads and the queries that see key j.
-    @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal,
-          group_lanes):
-        t = cuda.grid(1)
-        batch = kk.size // (n_k * n_kv_heads * head_dim)
+def _dkdv_body(cuda: Any):
+    # dK, dV of one (batch, key, kv head) t: sums over the group's query heads and the queries that see
+    # key j. Shared by the flash and tensor-core references.
+    @cuda.jit(device=True)
+    def body(t, q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
         if t < batch * n_k * n_kv_heads:
             kvh = t % n_kv_heads
             j = (t // n_kv_heads) % n_k
@@ -453,6 +448,33 @@ def _attention_dkdv(cuda: Any):
                     for d in range(head_dim):
                         dk[ko + d] += ds * q[qo + d] * scale
                         dv[ko + d] += p * dout[qo + d]
+
+    return body
+
+
+@reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16")
+def _attention_dq(cuda: Any):
+    body = _dq_body(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal, group_lanes):
+        batch = q.size // (n_q * n_heads * head_dim)
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+             causal)
+
+    return k, lambda a: _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
+
+
+@reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16")
+def _attention_dkdv(cuda: Any):
+    body = _dkdv_body(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal,
+          group_lanes):
+        batch = kk.size // (n_k * n_kv_heads * head_dim)
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
+             scale, causal)
 
     def config(a):
         n_k, kvh, hd = a[9], a[11], a[12]
@@ -472,61 +494,23 @@ _TC_DQ = tuple(f"attention_backward_tc_dq_d{d}_bf16" for d in (64, 96, 128, 256)
 
 @reference(*_TC_DKDV)
 def _attention_tc_dkdv(cuda: Any):
+    body = _dkdv_body(cuda)
+
     @cuda.jit
     def k(q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
-        t = cuda.grid(1)
-        if t < batch * n_k * n_kv_heads:
-            kvh = t % n_kv_heads
-            j = (t // n_kv_heads) % n_k
-            b = t // (n_kv_heads * n_k)
-            rep = n_heads // n_kv_heads
-            first = 0 if causal == 0 else max(0, j - (n_k - n_q))
-            ko = t * head_dim
-            for d in range(head_dim):
-                dk[ko + d] = 0.0
-                dv[ko + d] = 0.0
-            for hh in range(rep):
-                h = kvh * rep + hh
-                for i in range(first, n_q):
-                    r = (b * n_q + i) * n_heads + h
-                    qo = r * head_dim
-                    s = 0.0
-                    dp = 0.0
-                    for d in range(head_dim):
-                        s += q[qo + d] * kk[ko + d]
-                        dp += dout[qo + d] * v[ko + d]
-                    p = math.exp(s * scale - lse[r])
-                    ds = p * (dp - delta[r])
-                    for d in range(head_dim):
-                        dk[ko + d] += ds * q[qo + d] * scale
-                        dv[ko + d] += p * dout[qo + d]
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
+             scale, causal)
 
     return k, lambda a: _grid1(a[8] * a[10] * a[12])
 
 
 @reference(*_TC_DQ)
 def _attention_tc_dq(cuda: Any):
+    body = _dq_body(cuda)
+
     @cuda.jit
     def k(q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
-        t = cuda.grid(1)
-        if t < batch * n_q * n_heads:
-            h = t % n_heads
-            i = (t // n_heads) % n_q
-            b = t // (n_heads * n_q)
-            kvh = h // (n_heads // n_kv_heads)
-            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
-            qo = t * head_dim
-            for d in range(head_dim):
-                dq[qo + d] = 0.0
-            for j in range(nvis):
-                ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
-                s = 0.0
-                dp = 0.0
-                for d in range(head_dim):
-                    s += q[qo + d] * kk[ko + d]
-                    dp += dout[qo + d] * v[ko + d]
-                ds = math.exp(s * scale - lse[t]) * (dp - delta[t])
-                for d in range(head_dim):
-                    dq[qo + d] += ds * kk[ko + d] * scale
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+             causal)
 
     return k, lambda a: _grid1(a[7] * a[8] * a[10])
