@@ -9,7 +9,9 @@ Layouts follow pykern.ops: attention tensors are (batch, seq, heads, head_dim),
 RoPE rotates q and k of that layout in HF LLaMA's rotate_half convention.
 Supported dtypes are float32 and bfloat16 (fp32 accumulation inside).
 DTensor arguments (tensor parallelism) run on the local shards where that is
-exact and are gathered explicitly otherwise (see pykern.torch._dtensor).
+exact and are gathered explicitly otherwise (see pykern.torch._dtensor). Under
+torch.autocast each function follows its torch counterpart's autocast policy
+(see pykern.torch._amp).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError, ArgumentTypeError
-from . import _dtensor as _dt
+from . import _amp, _dtensor as _dt
 from ._bridge import call
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
@@ -80,6 +82,9 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     if _dt.active(x, weight):
         return _dt.run("rms_norm", lambda x, w: rms_norm(x, w, eps), (x, weight), ("data", "param"),
                        local_ok=_dt.rows_only(x.dim()))
+    amp = _amp.autocast_dtype(x)
+    if amp is not None:
+        return _amp.norm(lambda x, w: rms_norm(x, w, eps), x, (x, weight), amp)
     return torch.ops.pykern.rms_norm(x, weight, float(eps))
 
 
@@ -123,6 +128,8 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up elementwise (same shape and dtype)."""
     if _dt.active(gate, up):
         return _dt.run("swiglu", swiglu, (gate, up), ("data", "data"), local_ok=_dt.anything)
+    if _amp.autocast_dtype(gate) is not None:
+        return _amp.elementwise(swiglu, (gate, up))
     return torch.ops.pykern.swiglu(gate, up)
 
 
@@ -206,6 +213,12 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
         return _dt.run("rope", rope, (q, k, cos, sin, position_ids), ("data", "data", "const", "const", "const"),
                        local_ok=lambda n: set(n) <= ({0, 2} if batch_free else {2}),
                        out_shapes=lambda a: (a[0].shape, a[1].shape))
+    if _amp.autocast_dtype(q) is not None:
+        # elementwise in torch (q * cos + rotate_half(q) * sin): each output promotes with the tables
+        dq, dk = _amp.promoted(q, cos, sin), _amp.promoted(k, cos, sin)
+        if not (q.dtype == dq == k.dtype == dk and _amp.plain(q, k)):
+            return _amp.run(lambda q, k: rope(q, k, cos, sin, position_ids), (q, k),
+                            torch.promote_types(dq, dk), (dq, dk))
     for name, t in (("q", q), ("k", k)):
         if t.dim() != 4:
             raise ArgumentError(f"{name}: expected (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
@@ -279,6 +292,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
         return _dt.run("flash_attention", lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v),
                        ("data", "data", "data"), local_ok=heads_ok,
                        out_shapes=lambda a: ((*a[0].shape[:3], a[2].shape[3]),))
+    amp = _amp.autocast_dtype(q)
+    if amp is not None:  # scaled_dot_product_attention is on torch's lower-precision list
+        return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v), amp, amp)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale))
@@ -353,6 +369,8 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
     """
     loss = cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing=label_smoothing,
                              z_loss=z_loss, softcap=softcap)
+    if _amp.autocast_dtype(logits) is not None:
+        return loss  # cross_entropy is on torch's float32 autocast list: a float32 loss
     return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
 
 
@@ -364,6 +382,11 @@ def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100,
         fn = lambda lg, t: cross_entropy_f32(lg, t, ignore_index, reduction, label_smoothing=label_smoothing,  # noqa: E731
                                              z_loss=z_loss, softcap=softcap)
         return _dt.run("cross_entropy", fn, (logits, targets), ("data", "data"), local_ok=_dt.never)
+    if _amp.autocast_dtype(logits) is not None and logits.dtype not in _amp.KERNEL_DTYPES:
+        # float32 autocast policy; bf16 logits go in as they are (the kernel widens them exactly)
+        return _amp.run(lambda lg: cross_entropy_f32(lg, targets, ignore_index, reduction,
+                                                     label_smoothing=label_smoothing, z_loss=z_loss,
+                                                     softcap=softcap), (logits,), torch.float32, torch.float32)
     eps, zl, cap = _check_ce_args(logits, targets, reduction, label_smoothing, z_loss, softcap)
     loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction, eps, zl, cap)
     return loss

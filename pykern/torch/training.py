@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from . import _dtensor as _dt
+from . import _amp, _dtensor as _dt
 from ._bridge import call
 
 __all__ = ["add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy"]
@@ -76,6 +76,11 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6)
     if _dt.active(x, residual, weight):
         return _dt.run("add_rms_norm", lambda x, r, w: add_rms_norm(x, r, w, eps), (x, residual, weight),
                        ("data", "data", "param"), local_ok=_dt.rows_only(x.dim()))
+    amp = _amp.autocast_dtype(x)
+    if amp is not None:  # torch: h = x + residual (promotion), then the norm's policy on h
+        hd = _amp.promoted(x, residual)
+        return _amp.norm(lambda x, r, w: add_rms_norm(x, r, w, eps), x, (x, residual, weight), amp,
+                         out_dtypes=(torch.float32 if x.device.type == "cuda" else hd, hd))
     return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps))
 
 
@@ -130,6 +135,9 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     if _dt.active(x, weight, bias):
         return _dt.run("layer_norm", lambda x, w, b: layer_norm(x, w, b, eps), (x, weight, bias),
                        ("data", "param", "param"), local_ok=_dt.rows_only(x.dim()))
+    amp = _amp.autocast_dtype(x)
+    if amp is not None:
+        return _amp.norm(lambda x, w, b: layer_norm(x, w, b, eps), x, (x, weight, bias), amp)
     return torch.ops.pykern.layer_norm(x, weight, bias, float(eps))
 
 
@@ -173,6 +181,8 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """torch.nn.functional.gelu(x, approximate=) ("none": erf, "tanh")."""
     if _dt.active(x):
         return _dt.run("gelu", lambda x: gelu(x, approximate), (x,), ("data",), local_ok=_dt.anything)
+    if _amp.autocast_dtype(x) is not None:
+        return _amp.elementwise(lambda x: gelu(x, approximate), (x,))
     return torch.ops.pykern.gelu(x, approximate)
 
 
@@ -216,6 +226,8 @@ def gelu_gate(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     if _dt.active(gate, up):
         return _dt.run("gelu_gate", lambda g, u: gelu_gate(g, u, approximate), (gate, up), ("data", "data"),
                        local_ok=_dt.anything)
+    if _amp.autocast_dtype(gate) is not None:
+        return _amp.elementwise(lambda g, u: gelu_gate(g, u, approximate), (gate, up))
     return torch.ops.pykern.gelu_gate(gate, up, approximate)
 
 
@@ -299,6 +311,16 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
                                               chunk_size=chunk_size)
         return _dt.run("fused_linear_cross_entropy", fn, (hidden, weight, targets, bias),
                        ("data", "param", "data", "param"), local_ok=_dt.never)
+    amp = _amp.autocast_dtype(hidden)
+    if amp is not None:
+        # torch: linear on the lower-precision list (hidden, weight, bias in the autocast dtype), then
+        # cross_entropy on the float32 list: the loss is float32, the gradients come back in the
+        # inputs' dtypes through the casts
+        def fn(h, w, b):
+            return fused_linear_cross_entropy(h, w, targets, b, ignore_index=ignore_index,
+                                              label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                                              reduction=reduction, chunk_size=chunk_size)
+        return _amp.run(fn, (hidden, weight, bias), amp, torch.float32)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ArgumentError(f"chunk_size: expected an integer >= 1 or None, got {chunk_size!r}")
     loss, _, _, _ = torch.ops.pykern.fused_linear_cross_entropy(
