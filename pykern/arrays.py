@@ -149,19 +149,73 @@ def is_host(a: Any) -> bool:
     return not hasattr(a, "__cuda_array_interface__")
 
 
+class _TensorMemory:
+    """NumPy's `__array_interface__` over a CPU tensor's memory, holding the tensor.
+
+    `Tensor.numpy()` marks the tensor's storage non-resizable for as long as torch lives,
+    which breaks code that frees storage by resizing it to 0 (FSDP2's parameter
+    resharding). A view built from data_ptr() leaves the storage as it was; the array's
+    `.base` is this object, which keeps the tensor (and so its storage) alive."""
+
+    __slots__ = ("__array_interface__", "tensor")
+
+    def __init__(self, t: Any, typestr: str) -> None:
+        item = t.element_size()
+        self.tensor = t
+        self.__array_interface__ = {
+            "shape": tuple(t.shape), "typestr": typestr, "version": 3,
+            # torch strides count elements; NumPy's count bytes. data_ptr() includes the storage offset.
+            "strides": tuple(s * item for s in t.stride()),
+            "data": (t.data_ptr(), False),  # writeable, as Tensor.numpy() is
+        }
+
+
+# typestr of the host view of each torch dtype; 16- and 8-bit floats NumPy lacks travel as raw
+# words and are reinterpreted as their ml_dtypes type (same bits).
+_HOST_TYPESTR = {
+    "float64": "<f8", "float32": "<f4", "float16": "<f2", "int64": "<i8", "int32": "<i4", "int16": "<i2",
+    "int8": "|i1", "uint8": "|u1", "uint16": "<u2", "uint32": "<u4", "uint64": "<u8", "bool": "|b1",
+    "complex64": "<c8", "complex128": "<c16",
+    "bfloat16": "<u2", "float8_e4m3fn": "|u1", "float8_e5m2": "|u1",
+}
+
+
+def _ml_dtype(name: str) -> np.dtype:
+    if name == "bfloat16":
+        return bfloat16()
+    import ml_dtypes  # float8: ml_dtypes is already loaded by whoever made such a tensor's reference data
+
+    return np.dtype(getattr(ml_dtypes, name))
+
+
+def _tensor_host_view(t: Any) -> np.ndarray:
+    if t.device.type != "cpu":
+        raise ArgumentTypeError(f"expected a host array, got a tensor on {t.device}")
+    if type(t).__name__ == "DTensor" or not t.layout == sys.modules["torch"].strided:
+        # a DTensor's data_ptr() is not its data: the caller decides between the local shard and the full tensor
+        raise ArgumentTypeError(f"expected a plain strided CPU tensor, got a {type(t).__name__} "
+                                f"with layout {t.layout}; pass t.to_local() or t.full_tensor() for a DTensor")
+    if t.is_conj() or t.is_neg():
+        raise ArgumentTypeError("expected a tensor without a lazy conjugate/negative bit; call resolve_conj() / "
+                                "resolve_neg() first")
+    name = torch_dtype_name(t.dtype)
+    ts = _HOST_TYPESTR.get(name)
+    if ts is None:
+        raise ArgumentTypeError(f"expected a tensor of a NumPy-representable dtype, got {t.dtype}")
+    view = np.asarray(_TensorMemory(t, ts))
+    return view.view(_ml_dtype(name)) if name in ("bfloat16", "float8_e4m3fn", "float8_e5m2") else view
+
+
 def host_view(a: Any) -> np.ndarray:
     """A NumPy view (no copy) of a host array: NumPy itself, a CPU torch tensor (bf16 as
-    ml_dtypes.bfloat16 over the same bits), or a host DLPack object."""
+    ml_dtypes.bfloat16 over the same bits, strides kept, writeable), or a host DLPack object.
+
+    A tensor's view comes from data_ptr(), not Tensor.numpy(): the tensor's storage stays
+    resizable (FSDP2 frees parameters by resizing their storage to 0)."""
     if isinstance(a, np.ndarray):
         return a
     if is_torch(a):
-        t = a.detach()
-        if t.device.type != "cpu":
-            raise ArgumentTypeError(f"expected a host array, got a tensor on {t.device}")
-        torch = sys.modules["torch"]
-        if t.dtype == torch.bfloat16:
-            return t.view(torch.int16).numpy().view(bfloat16())
-        return t.numpy()
+        return _tensor_host_view(a.detach())
     host = _host_view(a)
     if host is None:
         raise ArgumentTypeError(f"expected a host array, got {type(a).__name__}")

@@ -8,6 +8,10 @@ built from these functions without graph breaks, forward and backward.
 Layouts follow pykern.ops: attention tensors are (batch, seq, heads, head_dim),
 RoPE rotates q and k of that layout in HF LLaMA's rotate_half convention.
 Supported dtypes are float32 and bfloat16 (fp32 accumulation inside).
+DTensor arguments (tensor parallelism) run on the local shards where that is
+exact and are gathered explicitly otherwise (see pykern.torch._dtensor). Under
+torch.autocast each function follows its torch counterpart's autocast policy
+(see pykern.torch._amp).
 """
 from __future__ import annotations
 
@@ -18,6 +22,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError, ArgumentTypeError
+from . import _amp, _dtensor as _dt
 from ._bridge import call
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
@@ -74,6 +79,12 @@ _rms_norm.register_autograd(_rms_norm_bwd, setup_context=_rms_norm_setup)
 
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
     """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis (x and weight of one dtype)."""
+    if _dt.active(x, weight):
+        return _dt.run("rms_norm", lambda x, w: rms_norm(x, w, eps), (x, weight), ("data", "param"),
+                       local_ok=_dt.rows_only(x.dim()))
+    amp = _amp.autocast_dtype(x)
+    if amp is not None:
+        return _amp.norm(lambda x, w: rms_norm(x, w, eps), x, (x, weight), amp)
     return torch.ops.pykern.rms_norm(x, weight, float(eps))
 
 
@@ -115,6 +126,10 @@ _swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
 
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up elementwise (same shape and dtype)."""
+    if _dt.active(gate, up):
+        return _dt.run("swiglu", swiglu, (gate, up), ("data", "data"), local_ok=_dt.anything)
+    if _amp.autocast_dtype(gate) is not None:
+        return _amp.elementwise(swiglu, (gate, up))
     return torch.ops.pykern.swiglu(gate, up)
 
 
@@ -191,6 +206,19 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
     halves of a table row are equal (emb = cat(freqs, freqs)). Gradients flow
     to q and k (cos/sin are constants, as in HF where they come from no_grad).
     """
+    if _dt.active(q, k, cos, sin, position_ids):
+        # heads are independent; batch rows too when every row uses the same table rows
+        batch_free = (cos.dim() == 2 and (position_ids is None or position_ids.dim() == 1
+                                          or position_ids.shape[0] == 1)) or (cos.dim() == 3 and cos.shape[0] == 1)
+        return _dt.run("rope", rope, (q, k, cos, sin, position_ids), ("data", "data", "const", "const", "const"),
+                       local_ok=lambda n: set(n) <= ({0, 2} if batch_free else {2}),
+                       out_shapes=lambda a: (a[0].shape, a[1].shape))
+    if _amp.autocast_dtype(q) is not None:
+        # elementwise in torch (q * cos + rotate_half(q) * sin): each output promotes with the tables
+        dq, dk = _amp.promoted(q, cos, sin), _amp.promoted(k, cos, sin)
+        if not (q.dtype == dq == k.dtype == dk and _amp.plain(q, k)):
+            return _amp.run(lambda q, k: rope(q, k, cos, sin, position_ids), (q, k),
+                            torch.promote_types(dq, dk), (dq, dk))
     for name, t in (("q", q), ("k", k)):
         if t.dim() != 4:
             raise ArgumentError(f"{name}: expected (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
@@ -255,6 +283,18 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
     """
     if q.dim() != 4:
         raise ArgumentError(f"q: expected (batch, seq, heads, head_dim), got shape {tuple(q.shape)}")
+    if _dt.active(q, k, v):
+        # Sharded on heads: exact when each rank holds whole GQA groups (both head counts divide
+        # evenly, so local query head i still maps to local kv head i // group). Batch rows are free.
+        def heads_ok(n: dict[int, int]) -> bool:
+            return set(n) <= {0, 2} and (2 not in n or (q.shape[2] % n[2] == 0 and k.shape[2] % n[2] == 0))
+
+        return _dt.run("flash_attention", lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v),
+                       ("data", "data", "data"), local_ok=heads_ok,
+                       out_shapes=lambda a: ((*a[0].shape[:3], a[2].shape[3]),))
+    amp = _amp.autocast_dtype(q)
+    if amp is not None:  # scaled_dot_product_attention is on torch's lower-precision list
+        return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v), amp, amp)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale))
@@ -329,6 +369,8 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
     """
     loss = cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing=label_smoothing,
                              z_loss=z_loss, softcap=softcap)
+    if _amp.autocast_dtype(logits) is not None:
+        return loss  # cross_entropy is on torch's float32 autocast list: a float32 loss
     return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
 
 
@@ -336,6 +378,15 @@ def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100,
                       label_smoothing: float = 0.0, z_loss: float = 0.0,
                       softcap: Optional[float] = None) -> Tensor:
     """cross_entropy with the loss kept in float32 whatever the logits' dtype (the kernel's own precision)."""
+    if _dt.active(logits, targets):  # a mean over rows / a logsumexp over the vocab: needs everything
+        fn = lambda lg, t: cross_entropy_f32(lg, t, ignore_index, reduction, label_smoothing=label_smoothing,  # noqa: E731
+                                             z_loss=z_loss, softcap=softcap)
+        return _dt.run("cross_entropy", fn, (logits, targets), ("data", "data"), local_ok=_dt.never)
+    if _amp.autocast_dtype(logits) is not None and logits.dtype not in _amp.KERNEL_DTYPES:
+        # float32 autocast policy; bf16 logits go in as they are (the kernel widens them exactly)
+        return _amp.run(lambda lg: cross_entropy_f32(lg, targets, ignore_index, reduction,
+                                                     label_smoothing=label_smoothing, z_loss=z_loss,
+                                                     softcap=softcap), (logits,), torch.float32, torch.float32)
     eps, zl, cap = _check_ce_args(logits, targets, reduction, label_smoothing, z_loss, softcap)
     loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction, eps, zl, cap)
     return loss
@@ -382,6 +433,8 @@ _embedding.register_autograd(_emb_bwd, setup_context=_emb_setup)
 
 def embedding(ids: Tensor, table: Tensor) -> Tensor:
     """table[ids] for integer ids of any shape; the table's gradient sums the rows of each id."""
+    if _dt.active(ids, table):  # a vocab-sharded table needs masking and a sum: gathered instead
+        return _dt.run("embedding", embedding, (ids, table), ("data", "param"), local_ok=_dt.never)
     if table.dim() != 2:
         raise ArgumentError(f"table: expected (vocab, dim), got shape {tuple(table.shape)}")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:

@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentTypeError
-from . import functional as F
+from . import _amp, functional as F
 from .modules import RMSNorm, SwiGLUMLP
 
 __all__ = ["apply", "SUPPORTED_MODELS"]
@@ -103,8 +103,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         and not (dropout and module.training)
         and kwargs.get("softcap") is None
         and not kwargs.get("output_attentions", False)
-        and query.dtype in (torch.float32, torch.bfloat16)
-        and key.dtype == query.dtype == value.dtype
+        and _attention_dtypes_ok(query, key, value)
         and max(query.shape[-1], value.shape[-1]) <= 256
     )
     if attention_mask is None and window is not None and key.shape[2] > window:
@@ -120,6 +119,14 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
     out = F.flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                             causal=True, scale=scaling)
     return out, None
+
+
+def _attention_dtypes_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
+    """q, k, v of one kernel dtype; or any floating dtypes under autocast, which casts all three to
+    its dtype as it does for scaled_dot_product_attention (see pykern.torch._amp)."""
+    if _amp.autocast_dtype(query) is not None:
+        return all(t.is_floating_point() for t in (query, key, value))
+    return query.dtype in (torch.float32, torch.bfloat16) and key.dtype == query.dtype == value.dtype
 
 
 def _register_attention() -> None:

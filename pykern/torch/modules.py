@@ -6,7 +6,7 @@ from typing import Optional
 import torch
 from torch import Tensor, nn
 
-from . import functional as F
+from . import _amp, functional as F
 
 __all__ = ["RMSNorm", "SwiGLUMLP", "CrossEntropyLoss"]
 
@@ -30,12 +30,18 @@ class RMSNorm(nn.Module):
         return cls(module.weight.shape[0], module.variance_epsilon, weight=module.weight)
 
     def forward(self, x: Tensor) -> Tensor:
-        if x.dtype == self.weight.dtype and x.dtype in (torch.float32, torch.bfloat16):
-            return F.rms_norm(x, self.weight, self.variance_epsilon)
-        ones = torch.ones_like(self.weight, dtype=x.dtype) if x.dtype in (torch.float32, torch.bfloat16) else None
-        if ones is None:
-            raise TypeError(f"pykern RMSNorm: x must be float32 or bfloat16, got {x.dtype}")
-        return self.weight * F.rms_norm(x, ones, self.variance_epsilon)
+        # HF's RMSNorm does its own casting, which autocast leaves alone (no autocast-listed op in it):
+        # so the norm runs with autocast off and the promotion below is HF's
+        with _amp.disabled(x):
+            if x.dtype == self.weight.dtype and x.dtype in _amp.KERNEL_DTYPES:
+                return F.rms_norm(x, self.weight, self.variance_epsilon)
+            if x.dtype in _amp.KERNEL_DTYPES:
+                return self.weight * F.rms_norm(x, torch.ones_like(self.weight, dtype=x.dtype), self.variance_epsilon)
+            if not x.is_floating_point():
+                raise TypeError(f"pykern RMSNorm: x must be a floating tensor, got {x.dtype}")
+            # float16 (the kernels take float32 and bfloat16): HF normalises in float32 and casts back
+            ones = torch.ones_like(self.weight, dtype=torch.float32)
+            return self.weight * F.rms_norm(x.float(), ones, self.variance_epsilon).to(x.dtype)
 
     def extra_repr(self) -> str:
         return f"{tuple(self.weight.shape)}, eps={self.variance_epsilon}, pykern"

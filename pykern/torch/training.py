@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
+from . import _amp, _dtensor as _dt
 from ._bridge import call
 
 __all__ = ["add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy"]
@@ -72,6 +73,14 @@ _add_rms_norm.register_autograd(_arn_bwd, setup_context=_arn_setup)
 
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
     """(rms_norm(x + residual) * weight, x + residual) in one pass (x, residual, weight of one dtype)."""
+    if _dt.active(x, residual, weight):
+        return _dt.run("add_rms_norm", lambda x, r, w: add_rms_norm(x, r, w, eps), (x, residual, weight),
+                       ("data", "data", "param"), local_ok=_dt.rows_only(x.dim()))
+    amp = _amp.autocast_dtype(x)
+    if amp is not None:  # torch: h = x + residual (promotion), then the norm's policy on h
+        hd = _amp.promoted(x, residual)
+        return _amp.norm(lambda x, r, w: add_rms_norm(x, r, w, eps), x, (x, residual, weight), amp,
+                         out_dtypes=(torch.float32 if x.device.type == "cuda" else hd, hd))
     return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps))
 
 
@@ -123,6 +132,12 @@ _layer_norm.register_autograd(_ln_bwd, setup_context=_ln_setup)
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Tensor:
     """torch.nn.functional.layer_norm over the last axis (weight / bias (dim,) of x's dtype, or None)."""
+    if _dt.active(x, weight, bias):
+        return _dt.run("layer_norm", lambda x, w, b: layer_norm(x, w, b, eps), (x, weight, bias),
+                       ("data", "param", "param"), local_ok=_dt.rows_only(x.dim()))
+    amp = _amp.autocast_dtype(x)
+    if amp is not None:
+        return _amp.norm(lambda x, w, b: layer_norm(x, w, b, eps), x, (x, weight, bias), amp)
     return torch.ops.pykern.layer_norm(x, weight, bias, float(eps))
 
 
@@ -164,6 +179,10 @@ _gelu.register_autograd(_gelu_bwd, setup_context=_gelu_setup)
 
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """torch.nn.functional.gelu(x, approximate=) ("none": erf, "tanh")."""
+    if _dt.active(x):
+        return _dt.run("gelu", lambda x: gelu(x, approximate), (x,), ("data",), local_ok=_dt.anything)
+    if _amp.autocast_dtype(x) is not None:
+        return _amp.elementwise(lambda x: gelu(x, approximate), (x,))
     return torch.ops.pykern.gelu(x, approximate)
 
 
@@ -204,6 +223,11 @@ _gelu_gate.register_autograd(_gg_bwd, setup_context=_gg_setup)
 
 def gelu_gate(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     """GeGLU: gelu(gate, approximate=) * up elementwise."""
+    if _dt.active(gate, up):
+        return _dt.run("gelu_gate", lambda g, u: gelu_gate(g, u, approximate), (gate, up), ("data", "data"),
+                       local_ok=_dt.anything)
+    if _amp.autocast_dtype(gate) is not None:
+        return _amp.elementwise(lambda g, u: gelu_gate(g, u, approximate), (gate, up))
     return torch.ops.pykern.gelu_gate(gate, up, approximate)
 
 
@@ -280,6 +304,23 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
     if reduction not in ("mean", "sum"):
         raise ArgumentError(f"reduction: expected 'mean' or 'sum' (the gradients are computed in the forward), "
                             f"got {reduction!r}")
+    if _dt.active(hidden, weight, targets, bias):  # needs every row and the whole vocabulary: gathered
+        def fn(h, w, t, b):
+            return fused_linear_cross_entropy(h, w, t, b, ignore_index=ignore_index, label_smoothing=label_smoothing,
+                                              z_loss=z_loss, softcap=softcap, reduction=reduction,
+                                              chunk_size=chunk_size)
+        return _dt.run("fused_linear_cross_entropy", fn, (hidden, weight, targets, bias),
+                       ("data", "param", "data", "param"), local_ok=_dt.never)
+    amp = _amp.autocast_dtype(hidden)
+    if amp is not None:
+        # torch: linear on the lower-precision list (hidden, weight, bias in the autocast dtype), then
+        # cross_entropy on the float32 list: the loss is float32, the gradients come back in the
+        # inputs' dtypes through the casts
+        def fn(h, w, b):
+            return fused_linear_cross_entropy(h, w, targets, b, ignore_index=ignore_index,
+                                              label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
+                                              reduction=reduction, chunk_size=chunk_size)
+        return _amp.run(fn, (hidden, weight, bias), amp, torch.float32)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ArgumentError(f"chunk_size: expected an integer >= 1 or None, got {chunk_size!r}")
     loss, _, _, _ = torch.ops.pykern.fused_linear_cross_entropy(

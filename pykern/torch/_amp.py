@@ -1,0 +1,105 @@
+"""torch.autocast for the pykern.torch functions: each behaves as its torch counterpart does under
+autocast, because a custom op is not on any of torch's autocast lists (it would run on whatever
+dtypes it is handed, with autocast still on inside it).
+
+The policies, from torch's own lists (aten ops with an AutocastCPU / AutocastCUDA kernel):
+- lower precision (linear, scaled_dot_product_attention): flash_attention and the matmul of
+  fused_linear_cross_entropy cast their floating inputs to the autocast dtype;
+- float32 (cross_entropy on CPU and CUDA; rms_norm and layer_norm on CUDA): the loss is float32,
+  the CUDA norms compute and return float32;
+- none (silu, gelu, mul, embedding; the norms on CPU): the inputs' dtypes, with torch's type
+  promotion for elementwise ops and the input's dtype for the CPU norms (mixed with a float32
+  weight they compute in float32, as torch does).
+
+The kernels take float32 and bfloat16. Where the policy gives float16 (float16 autocast, or
+float16 inputs), the inputs are rounded to float16 exactly where torch rounds them, the kernel
+runs in float32 on those values, and the outputs are cast to float16: torch's float16 results up
+to float32-vs-float16 arithmetic inside the op.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Optional, Sequence, Union
+
+import torch
+from torch import Tensor
+
+KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+_AUTOCAST_DEVICES = ("cpu", "cuda")
+
+
+def autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
+    """The autocast dtype active for t's device type, or None when autocast is off there."""
+    dev = t.device.type
+    if dev in _AUTOCAST_DEVICES and torch.is_autocast_enabled(dev):
+        return torch.get_autocast_dtype(dev)
+    return None
+
+
+def disabled(t: Any) -> Any:
+    """A context with autocast off for t's device type (the kernels dictate precision inside an op)."""
+    dev = t.device.type if isinstance(t, Tensor) else "cpu"
+    return torch.autocast(dev if dev in _AUTOCAST_DEVICES else "cpu", enabled=False)
+
+
+def _floating(a: Any) -> bool:
+    return isinstance(a, Tensor) and a.is_floating_point()
+
+
+def promoted(*ts: Any) -> torch.dtype:
+    """torch's result dtype of an elementwise op over the floating tensors ts."""
+    out = None
+    for t in ts:
+        if _floating(t):
+            out = t.dtype if out is None else torch.promote_types(out, t.dtype)
+    return out if out is not None else torch.float32
+
+
+def run(fn: Callable[..., Any], args: Sequence[Any], cast_to: torch.dtype,
+        out_dtypes: Union[torch.dtype, Sequence[Optional[torch.dtype]]], *, cast: Sequence[bool] = ()) -> Any:
+    """fn(*args) with the floating tensor args (those marked in `cast`, default all) cast to `cast_to`
+    (rounded there first, then widened to float32 when the kernels lack `cast_to`), autocast off
+    inside, and the floating outputs cast to `out_dtypes` (one per output; None keeps it)."""
+    compute = cast_to if cast_to in KERNEL_DTYPES else torch.float32
+    flags = list(cast) or [True] * len(args)
+
+    def conv(a: Any, on: bool) -> Any:
+        if not (on and _floating(a)) or a.dtype == compute:
+            return a
+        return a.to(cast_to).to(compute)
+
+    call_args = [conv(a, on) for a, on in zip(args, flags)]
+    first = next((a for a in args if isinstance(a, Tensor)), None)
+    with disabled(first):
+        out = fn(*call_args)
+    outs = out if isinstance(out, tuple) else (out,)
+    dts = [out_dtypes] * len(outs) if isinstance(out_dtypes, torch.dtype) else list(out_dtypes)
+    res = tuple(o.to(d) if (d is not None and _floating(o) and o.dtype != d) else o for o, d in zip(outs, dts))
+    return res if isinstance(out, tuple) else res[0]
+
+
+def plain(*ts: Any) -> bool:
+    """Whether the floating tensors ts share one dtype the kernels take (nothing to cast)."""
+    dts = {t.dtype for t in ts if _floating(t)}
+    return len(dts) <= 1 and dts <= set(KERNEL_DTYPES)
+
+
+def norm(fn: Callable[..., Any], x: Tensor, args: Sequence[Any], amp: torch.dtype,
+         out_dtypes: Optional[Sequence[torch.dtype]] = None) -> Any:
+    """A norm under autocast: float32 on CUDA (torch's fp32 list); on CPU x's dtype, computed in
+    float32 when the dtypes are mixed or not a kernel dtype (torch's mixed-dtype CPU norms)."""
+    if x.device.type == "cuda":
+        return run(fn, args, torch.float32, out_dtypes or torch.float32)
+    if plain(*args):
+        with disabled(x):
+            return fn(*args)
+    return run(fn, args, torch.float32, out_dtypes or x.dtype)
+
+
+def elementwise(fn: Callable[..., Any], args: Sequence[Any],
+                out_dtypes: Optional[Sequence[torch.dtype]] = None) -> Any:
+    """An elementwise op under autocast (no autocast entry in torch): type promotion."""
+    d = promoted(*args)
+    if plain(*args):
+        with disabled(next(a for a in args if isinstance(a, Tensor))):
+            return fn(*args)
+    return run(fn, args, d, out_dtypes or d)
