@@ -68,10 +68,14 @@ def test_axpy_numpy_end_to_end(fake):
     names = fake.names()
     start = names.index("module_get_function") + 1
     assert names[start:] == [
-        "set_current",
+        "func_attribute",  # the module has no compiler resources: its static shared memory from the driver
         "mem_alloc", "memcpy_htod_async", "mem_alloc", "memcpy_htod_async",
         "launch_kernel", "memcpy_dtoh_async", "stream_synchronize", "mem_free", "mem_free",
+        "set_current",  # no context was current before the launch: none is after it
     ]
+    before = names[:names.index("module_load_data")]
+    assert before[-1] == "set_current" and "current_context" in before
+    assert fake.current is None
     assert fake.memory == {}
     (launch,) = fake.launches
     assert launch.name == "pktest_axpy" and launch.grid == (4, 1, 1) and launch.block == (256, 1, 1)
@@ -222,7 +226,7 @@ def test_refreshed_registry_asks_the_cache_again_but_reuses_the_module(fake):
     assert len(fake.get_module.requests) == 2
     assert fake.names().count("module_load_data") == 1  # same cubin digest, same context
     assert fake.names().count("module_get_function") == 1
-    assert len(fake.backend._plans) == 1  # the stale plan was dropped
+    assert len(fake.backend._devs[0].plans) == 1  # the stale plan was dropped
 
 
 def _launched_images(drv):
@@ -275,7 +279,7 @@ def test_header_edit_is_picked_up_by_registry_refresh(tmp_path, monkeypatch):
     assert new.digest != old.digest and new.image != old.image and new.image[:4] == b"\x7fELF"
     assert drv.names().count("module_load_data") == 2
     assert _launched_images(drv) == [old.image, old.image, new.image]
-    assert len(be._plans) == 1
+    assert len(be._devs[0].plans) == 1
 
 
 def test_sm80_bundle_serves_an_sm86_gpu_without_nvrtc(compiled, tmp_path, monkeypatch):
@@ -499,6 +503,7 @@ def test_fake_rejects_misplaced_or_mistyped_parameters(fake):
 
 def test_fake_refuses_big_shared_memory_without_opt_in(fake):
     func = _axpy_function(fake)
+    fake.set_current(fake.primary_context(0))
     with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_VALUE"):
         fake.launch_kernel(func, (1, 1, 1), (1, 1, 1), 64 * 1024, 0, 0)
 
