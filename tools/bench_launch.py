@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     fake, get_module = make_fake()
     fake.launch_kernel = lambda *a: None  # type: ignore[method-assign]  # time pykern, not the fake's checks
     fake.set_current = lambda ctx: setattr(fake, "current", ctx)  # type: ignore[method-assign]
+    fake.current_context = lambda: fake.current  # type: ignore[method-assign]
     be = NvrtcBackend(driver_factory=lambda: fake, get_module=get_module, supported_archs=lambda: ("sm_80",))
     backends._instances["nvrtc"] = be
     launch = pykern.launch
