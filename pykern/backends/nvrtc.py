@@ -147,6 +147,7 @@ class NvrtcBackend:
         self._count = 0
         self._multi = False  # more than one GPU: only then are devices looked up per launch
         self._devs: list[_Device | None] = []
+        self._single: _Device | None = None  # the only GPU's state, once opened: the hot path reads it directly
         self._ctx_ordinal: dict[Any, int] = {}  # primary context -> its device
         self._ptr_idx: dict[int, tuple[KernelSpec, tuple[int, ...]]] = {}  # id(spec) -> pointer parameters
         self.arch = ""  # the (first judged) GPU's arch, for messages
@@ -199,6 +200,8 @@ class NvrtcBackend:
                 raise BackendUnavailable(
                     f"nvrtc backend: device {ordinal} unusable ({type(e).__name__}: {e})") from e
             dev = self._devs[ordinal] = _Device(ordinal, ctx, arch, max_smem)
+            if ordinal == 0 and not self._multi:
+                self._single = dev
             self._ctx_ordinal[ctx] = ordinal
             if not self.arch:
                 self.arch = arch
@@ -396,35 +399,29 @@ class NvrtcBackend:
             drv = self._start()
         h = 0 if stream is None else stream_handle(stream)
         prev = drv.current_context()
-        ordinal = self._launch_device(spec, args, device, prev) if self._multi or device is not None else 0
-        dev = self._devs[ordinal] or self._open(ordinal)
+        dev = self._single if device is None else None
+        if dev is None:
+            ordinal = self._launch_device(spec, args, device, prev) if self._multi or device is not None else 0
+            dev = self._devs[ordinal] or self._open(ordinal)
         ctx = dev.ctx
         # The caller's context (torch's, CuPy's, none) is put back afterwards; the same primary context
         # (the usual case: torch on this device) costs no switch at all.
         switch = prev != ctx
         if switch:
             drv.set_current(ctx)
+        # kernelParams[i] points at argument i's bytes: the ctypes scalar the launcher made for a
+        # value, a slot of `storage` holding the device address for a pointer. Both stay referenced
+        # by locals until cuLaunchKernel has copied them.
+        staged: list[list[Any]] | None = None  # [array, device pointer, copy back]
         try:
             plan = dev.plans.get(id(spec))
             if plan is None or plan.spec is not spec:
                 plan = self._plan(dev, spec)
             if shared_mem > plan.smem_set:
                 self._opt_in_shared(dev, plan, shared_mem)
-            self._run(drv, plan, grid, block, args, shared_mem, h)
-        finally:
-            if switch:
-                drv.set_current(prev)
-
-    def _run(self, drv: Driver, plan: _Plan, grid: tuple[int, int, int], block: tuple[int, int, int],
-             args: Sequence[Any], shared_mem: int, h: int) -> None:
-        # kernelParams[i] points at argument i's bytes: the ctypes scalar the launcher made for a
-        # value, a slot of `storage` holding the device address for a pointer. Both stay referenced
-        # by locals until cuLaunchKernel has copied them.
-        params = plan.params_type()
-        storage = plan.storage_type()
-        base = _addressof(storage)
-        staged: list[list[Any]] | None = None  # [array, device pointer, copy back]
-        try:
+            params = plan.params_type()
+            storage = plan.storage_type()
+            base = _addressof(storage)
             for k, i in enumerate(plan.ptr_idx):
                 a = args[i]
                 if type(a) is _ndarray:
@@ -453,9 +450,17 @@ class NvrtcBackend:
         except BaseException:
             if staged:
                 self._free(drv, staged, quiet=True)  # the launch error is the one to report
+            if switch:
+                drv.set_current(prev)
             raise
         if staged:
-            self._free(drv, staged)
+            try:
+                self._free(drv, staged)
+            finally:
+                if switch:
+                    drv.set_current(prev)
+        elif switch:
+            drv.set_current(prev)
 
     @staticmethod
     def _stage_in(drv: Driver, a: np.ndarray, h: int, back: bool, staged: list) -> int:
