@@ -261,8 +261,9 @@ class FakeDriver:
 
     def _same_context(self, what: str, ctx: Any) -> None:
         if ctx != self.current:
-            raise FakeDriverError(f"{what}: loaded in context {ctx!r} (device {self.ctx_device(ctx)}), used with "
-                                  f"context {self.current!r} current (device {self.current_device()})")
+            cur = "no" if self.current is None else f"{self.current:#x}"
+            raise FakeDriverError(f"{what}: loaded in context {ctx:#x} (device {self.ctx_device(ctx)}), used with "
+                                  f"{cur} context current (device {self.current_device()})")
 
     def _need_context(self, what: str) -> None:
         if self.current is None:
