@@ -701,3 +701,104 @@ def test_gpu_without_usable_nvrtc_is_not_available(compiled, monkeypatch):
     # A precompiled bundle serves launches without NVRTC: then the GPU path is usable.
     monkeypatch.setenv("PYKERN_CUBIN_DIR", "/some/bundle")
     assert be.available() == (True, "")
+
+
+# -- shared memory: static bytes count against the 48 KB a block has without the opt-in ---------
+
+
+@pytest.mark.parametrize("resources", [True, False], ids=["cubin-resources", "driver-attribute"])
+def test_static_shared_memory_lowers_the_no_opt_in_limit(compiled, monkeypatch, resources):
+    """S static bytes leave 48 KB - S of dynamic shared memory before the opt-in: a launch with
+    48 KB - S < dynamic <= 48 KB must set MAX_DYNAMIC_SHARED_SIZE_BYTES first, or a GPU refuses it."""
+    import hashlib
+
+    from pykern.compiler import Resources
+
+    from fake_driver import StubModule, sim_smem_reverse
+
+    static = 8 * 1024
+    drv = FakeDriver(func_attributes={"pktest_smem_reverse": {"SHARED_SIZE_BYTES": static}},
+                     simulate={"pktest_smem_reverse": sim_smem_reverse})
+    drv.register(compiled.image, compiled.ptx)
+    res = Resources(registers=12, spill_stores=0, spill_loads=0, shared_bytes=static, stack_bytes=0, barriers=1)
+    # A cubin's module carries the compiler's resources; a PTX module does not (the driver is asked).
+    stub = StubModule(compiled.image, hashlib.sha256(compiled.image).hexdigest(),
+                      {"pktest_smem_reverse": res} if resources else {})
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=lambda *a, **k: stub, supported_archs=lambda: ("sm_80",))
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    src, out = np.arange(256, dtype=np.float32), np.zeros(256, np.float32)
+    fits = 48 * 1024 - static
+    pykern.launch("pktest_smem_reverse", 2, 128, out, src, 256, shared_mem=fits, backend="nvrtc")
+    assert "set_max_dynamic_shared" not in drv.names()  # static + dynamic = 48 KB: no opt-in needed
+    over = 44 * 1024  # <= 48 KB, yet 8 KB static + 44 KB > 48 KB
+    pykern.launch("pktest_smem_reverse", 2, 128, out, src, 256, shared_mem=over, backend="nvrtc")
+    assert [c[1][1] for c in drv.calls if c[0] == "set_max_dynamic_shared"] == [over]
+    assert out[:128].tolist() == src[:128][::-1].tolist() and drv.launches[-1].shared_mem == over
+    # the fake models the rule: without the attribute that launch is refused
+    func = next(h for h, f in drv.functions.items() if f.name == "pktest_smem_reverse")
+    drv.functions[func].max_dynamic_shared = fits
+    drv.set_current(drv.primary_context(0))
+    with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_VALUE"):
+        drv.launch_kernel(func, (1, 1, 1), (128, 1, 1), over, 0, 0)
+
+
+# -- availability: a GPU this NVRTC cannot target --------------------------------------------
+
+
+NVRTC13 = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")  # no sm_70 any more
+
+
+def _bundle(tmp_path, *archs):
+    import json
+
+    root = tmp_path / ("bundle_" + "_".join(archs))
+    root.mkdir()
+    (root / "manifest.json").write_text(json.dumps({"entries": [{"source": "forward.cu", "arch": a} for a in archs]}))
+    return root
+
+
+def test_gpu_that_nvrtc_cannot_target_is_not_available(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    be = NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(7, 0)), supported_archs=lambda: NVRTC13)
+    ok, why = be.available()
+    assert not ok and "cannot target the GPU's sm_70" in why and be.arch == "sm_70"
+    # a precompiled bundle with sm_70 images serves it; one with only newer archs does not
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(_bundle(tmp_path, "sm_70")))
+    assert be.available() == (True, "")
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(_bundle(tmp_path, "sm_80", "sm_90")))
+    ok, why = be.available()
+    assert not ok and "sm_70" in why
+    # a newer GPU is fine (PTX of the newest older arch), and one unservable GPU of several is named
+    assert NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(12, 1)), supported_archs=lambda: NVRTC13).available() \
+        == (True, "")
+    monkeypatch.delenv("PYKERN_CUBIN_DIR")
+    two = NvrtcBackend(driver_factory=lambda: FakeDriver(devices=2, device_cc={1: (7, 0)}),
+                       supported_archs=lambda: NVRTC13)
+    ok, why = two.available()
+    assert not ok and why.endswith("(device 1)")
+    judged = NvrtcBackend(driver_factory=lambda: FakeDriver(devices=2, device_cc={1: (7, 0)}),
+                          supported_archs=lambda: NVRTC13, device=0)
+    assert judged.available() == (True, "")
+
+
+def test_untargetable_gpu_falls_back_to_another_backend(monkeypatch):
+    import warnings
+
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    monkeypatch.delenv("PYKERN_BACKEND", raising=False)
+    be = NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(7, 0)), supported_archs=lambda: NVRTC13)
+
+    class NoNumbaGpu:
+        name = "numba"
+
+        def on_gpu(self):
+            return False
+
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    monkeypatch.setitem(backends._instances, "numba", NoNumbaGpu())
+    monkeypatch.setattr(backends, "_default", None)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert backends.default_backend_name() == "host"
+    msgs = [str(x.message) for x in w if issubclass(x.category, backends.BackendWarning)]
+    assert len(msgs) == 1 and "(sm_70)" in msgs[0] and "cannot target the GPU's sm_70" in msgs[0]
