@@ -327,6 +327,13 @@ def _cuda_tensor_type(torch, index: int):
         def device(self):  # noqa: D401
             return torch.device("cuda", index)
 
+        @property
+        def is_cuda(self):
+            return True
+
+        def get_device(self):
+            return index
+
     return CudaLike
 
 
@@ -557,3 +564,16 @@ def test_gpu_mixed_devices_raise_and_numpy_follows_the_current_device():
         out = ops.silu_gate(np.ones(8, np.float32), np.ones(8, np.float32), backend="nvrtc")
         assert _current_context() == ctx
     np.testing.assert_allclose(out, np.ones(8) / (1 + np.exp(-1.0)), rtol=1e-6)
+
+
+def test_array_device_of_each_kind(monkeypatch):
+    torch = pytest.importorskip("torch")
+    monkeypatch.setitem(sys.modules, "cupy", types.ModuleType("cupy"))
+    assert devices.array_device(np.zeros(2)) == devices.HOST
+    assert devices.array_device(torch.zeros(2)) == devices.HOST
+    assert devices.array_device(torch.zeros(2, device="meta")) == devices.META
+    assert devices.array_device(torch.zeros(2).as_subclass(_cuda_tensor_type(torch, 4))) == 4
+    assert devices.array_device(_CupyArray(6)) == 6
+    plain = types.SimpleNamespace(__cuda_array_interface__={"data": (0x10, False)})
+    assert devices.array_device(plain) is None  # only the driver can tell
+    assert [devices.where(d) for d in (devices.HOST, devices.META, 2)] == ["the host", "meta", "cuda:2"]

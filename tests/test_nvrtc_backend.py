@@ -579,6 +579,7 @@ class _RecordingBindings:
         self._cu, self._values, self.calls = cu, values, []
         self.CUresult, self.CUdevice_attribute = cu.CUresult, cu.CUdevice_attribute
         self.CUfunction_attribute = cu.CUfunction_attribute
+        self.CUpointer_attribute = cu.CUpointer_attribute
 
     def __getattr__(self, name):
         def call(*args):
@@ -601,7 +602,8 @@ def test_cuda_driver_wrapper_calls_the_bindings_in_order():
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
     }
     rec = _RecordingBindings(cu, {"cuDeviceGetCount": 2, "cuDeviceGet": "dev0", "cuDevicePrimaryCtxRetain": "ctx",
-                                  "cuModuleLoadData": "mod", "cuModuleGetFunction": "fn", "cuMemAlloc": 4096})
+                                  "cuModuleLoadData": "mod", "cuModuleGetFunction": "fn", "cuMemAlloc": 4096,
+                                  "cuCtxGetCurrent": "torch-ctx", "cuCtxGetDevice": 1, "cuPointerGetAttribute": 1})
     drv._cu = rec
     rec.cuDeviceGetAttribute = lambda a, d: (rec.calls.append(("cuDeviceGetAttribute", (a, d))),
                                              (cu.CUresult.CUDA_SUCCESS, attrs[a]))[1]
@@ -610,6 +612,8 @@ def test_cuda_driver_wrapper_calls_the_bindings_in_order():
     assert drv.compute_capability(0) == (9, 0)
     assert drv.max_shared_per_block_optin(0) == 232448
     assert drv.primary_context(0) == "ctx" and drv.primary_context(0) == "ctx"  # retained once
+    assert drv.current_context() == "torch-ctx" and drv.context_device() == 1
+    assert drv.pointer_device(4096) == 1
     drv.set_current("ctx")
     assert drv.module_load_data(b"cubin") == "mod"
     assert drv.module_get_function("mod", "k") == "fn"
@@ -624,6 +628,8 @@ def test_cuda_driver_wrapper_calls_the_bindings_in_order():
     assert [n for n, _ in calls].count("cuDevicePrimaryCtxRetain") == 1
     assert ("cuInit", (0,)) in calls
     assert ("cuCtxSetCurrent", ("ctx",)) in calls
+    assert ("cuCtxGetCurrent", ()) in calls and ("cuCtxGetDevice", ()) in calls
+    assert ("cuPointerGetAttribute", (cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 4096)) in calls
     assert ("cuModuleLoadData", (b"cubin",)) in calls
     assert ("cuModuleGetFunction", ("mod", b"k")) in calls
     assert ("cuFuncSetAttribute", ("fn", cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -656,6 +662,11 @@ def test_real_bindings_accept_the_argument_types_we_pass():
         "cuModuleLoadData": lambda: cu.cuModuleLoadData(b"\x7fELF"),
         "cuFuncSetAttribute": lambda: cu.cuFuncSetAttribute(cu.CUfunction(1), attr, 65536),
         "cuCtxSetCurrent": lambda: cu.cuCtxSetCurrent(cu.CUcontext(1)),
+        "cuCtxSetCurrent(null)": lambda: cu.cuCtxSetCurrent(cu.CUcontext(0)),
+        "cuCtxGetCurrent": lambda: cu.cuCtxGetCurrent(),
+        "cuCtxGetDevice": lambda: cu.cuCtxGetDevice(),
+        "cuPointerGetAttribute": lambda: cu.cuPointerGetAttribute(
+            cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 4096),
     }
     for name, call in calls.items():
         with pytest.raises(Exception) as ei:

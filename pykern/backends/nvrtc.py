@@ -23,7 +23,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..arrays import DeviceView as _DeviceView
-from ..devices import array_device as _array_device
+from ..devices import cupy_device
 from ..devices import current_device, stream_handle
 from ..errors import ArgumentError, BackendUnavailable
 from ..registry import KernelSpec
@@ -338,15 +338,13 @@ class NvrtcBackend:
                     get = getattr(a.owner, "get_device", None)  # a torch tensor: its index, no driver call
                     d = get() if get is not None else self._pointer_device(drv, spec, i, a.ptr)
                     a.device = d
-            else:
-                d = _array_device(a)
+            else:  # a __cuda_array_interface__ object: CuPy says its device, others are asked of the driver
+                d = cupy_device(a) if type(a).__module__.startswith("cupy") else None
                 if d is None:
                     ptr = a.__cuda_array_interface__["data"][0]
                     if not ptr:
                         continue  # an empty array: no memory, on no device
                     d = self._pointer_device(drv, spec, i, ptr)
-                elif d < 0:
-                    continue  # not device memory (the launcher stages host arrays as NumPy)
             if found < 0:
                 found, first = d, i
             elif d != found:
