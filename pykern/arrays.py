@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from . import devices
 from .errors import ArgumentError, ArgumentTypeError
 
 
@@ -224,8 +225,8 @@ def host_view(a: Any) -> np.ndarray:
 
 def launch_stream(stream: Any, like: Any) -> Any:
     """The stream an op launches on: `stream` when given; else, for a torch CUDA tensor, torch's
-    current stream on its device; for a CuPy array, CuPy's current stream; else None (the
-    backend default). Resolved once per op call so every launch of the op shares it."""
+    current stream on the tensor's own device; for a CuPy array, CuPy's current stream on the array's
+    device; else None (the backend default). Resolved once per op call so every launch of the op shares it."""
     if stream is not None:
         return stream
     if is_torch(like):
@@ -235,29 +236,39 @@ def launch_stream(stream: Any, like: Any) -> Any:
     if _module(like) == "cupy":
         import cupy
 
-        return cupy.cuda.get_current_stream().ptr
+        dev = getattr(like, "device", None)
+        if dev is None:
+            return cupy.cuda.get_current_stream().ptr
+        try:
+            return cupy.cuda.get_current_stream(int(dev.id)).ptr
+        except TypeError:  # an old CuPy without the device argument: make the array's device current
+            with dev:
+                return cupy.cuda.get_current_stream().ptr
     return None
 
 
 def stream_scoped(fn: Any) -> Any:
-    """Decorator of the ops: with torch CUDA tensors and an explicit `stream=` other than torch's
-    current one, run the whole op with that stream current, so its outputs and workspaces are
-    allocated for (and freed back to) the stream that uses them by torch's caching allocator, and
-    torch-side fills land on it too. Costs nothing when `stream` is None or torch is not loaded."""
+    """Decorator of the ops. With torch or CuPy loaded it first checks the devices of every array
+    argument, positional or keyword (devices.op_device): a meta tensor, or arrays on two CUDA devices,
+    raise naming the arguments before anything is allocated. Then, with torch CUDA tensors and an
+    explicit `stream=` other than torch's current one on their device, it runs the whole op with that
+    stream current, so its outputs and workspaces are allocated for (and freed back to) the stream that
+    uses them by torch's caching allocator, and torch-side fills land on it too. Costs a dict lookup
+    when neither torch nor CuPy is loaded."""
     import functools
+
+    modules = sys.modules
 
     @functools.wraps(fn)
     def wrapper(*args: Any, **kw: Any) -> Any:
+        if "torch" not in modules and "cupy" not in modules:
+            return fn(*args, **kw)
+        dev = devices.op_device(fn, args, kw)
         stream = kw.get("stream")
-        torch = sys.modules.get("torch") if stream is not None else None
-        if torch is None:
+        if stream is None or dev is None:
             return fn(*args, **kw)
-        dev = next((a.device for a in args if isinstance(a, torch.Tensor) and a.device.type == "cuda"), None)
-        if dev is None:
-            return fn(*args, **kw)
-        from .backends.nvrtc import stream_handle
-
-        handle = stream_handle(stream)
+        torch = modules["torch"]
+        handle = devices.stream_handle(stream)
         if handle == torch.cuda.current_stream(dev).cuda_stream:
             return fn(*args, **kw)
         with torch.cuda.stream(torch.cuda.ExternalStream(handle, device=dev)):
@@ -270,12 +281,14 @@ class DeviceView:
     """A device buffer handed to a backend: pointer, shape and dtype, read once from a torch CUDA
     tensor via data_ptr() (torch refuses __cuda_array_interface__ on requires_grad tensors and on
     bfloat16). Keeps the tensor alive for the launch. Exposes a CUDA array interface (v2, no
-    stream: the op chose the stream) for backends that consume that (numba)."""
+    stream: the op chose the stream) for backends that consume that (numba). `device` is the CUDA
+    ordinal when known (None: the nvrtc backend reads it from the owner, or the pointer, when the
+    machine has more than one GPU)."""
 
-    __slots__ = ("ptr", "shape", "typestr", "owner")
+    __slots__ = ("ptr", "shape", "typestr", "owner", "device")
 
-    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, owner: Any) -> None:
-        self.ptr, self.shape, self.typestr, self.owner = ptr, shape, typestr, owner
+    def __init__(self, ptr: int, shape: tuple[int, ...], typestr: str, owner: Any, device: int | None = None) -> None:
+        self.ptr, self.shape, self.typestr, self.owner, self.device = ptr, shape, typestr, owner, device
 
     @property
     def __cuda_array_interface__(self) -> dict:

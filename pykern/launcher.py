@@ -113,7 +113,8 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
         if t.device.type == "cpu":
             return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
         if t.device.type != "cuda":
-            raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}")
+            what = " (a meta tensor has no data to compute on)" if t.device.type == "meta" else ""
+            raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}{what}")
         global _torch_cuda_seen
         _torch_cuda_seen = True
         return arrays.device_view(t)
@@ -246,6 +247,7 @@ def launch(
     shared_mem: int = 0,
     stream: Any = None,
     backend: str | None = None,
+    device: int | None = None,
 ) -> None:
     """Launch kernel `name` with arguments in its parameter order (see `pykern.kernels()`).
 
@@ -254,7 +256,11 @@ def launch(
     Arrays: NumPy, torch tensors (CPU ones as zero-copy NumPy views; CUDA ones by
     data_ptr(), so requires_grad and bfloat16 tensors work), __cuda_array_interface__
     objects and host DLPack objects. With torch CUDA tensors and no `stream`, the launch
-    goes to torch.cuda.current_stream(). Nothing reaches a backend until every check passed.
+    goes to torch.cuda.current_stream() of their device. Nothing reaches a backend until every check passed.
+
+    Device (nvrtc backend): the one holding the device arrays (all must share it); with only host
+    arrays, `device` when given, else the caller's current device (torch's, else the current CUDA
+    context's), else 0. A `device` that contradicts the arrays raises.
     """
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
@@ -266,7 +272,10 @@ def launch(
     converted = convert_args(spec, args)
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)
-    get_backend(backend).launch(spec, g, b, converted, smem, stream)
+    if device is None:
+        get_backend(backend).launch(spec, g, b, converted, smem, stream)
+    else:
+        get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device)
 
 
 def _torch_stream(converted: Sequence[Any]) -> Any:

@@ -7,6 +7,13 @@ kernelParams array the backend packed and checks every parameter against the ker
 addresses), decoding each value with the spec's C type. An optional per-kernel Python
 simulation then runs on the fake device memory, so copy-in, pointer passing and copy-back
 are checked end to end by the results.
+
+Several devices (`devices=8`, per-device `device_cc` / `device_attributes` / `device_max_shared`):
+each has its own primary context (0xC0 + ordinal); every call records the context current at
+the time (`call_contexts`, parallel to `calls`); allocations belong to the device of the context
+current at mem_alloc; a module or function used in another context than the one it was loaded
+in, a launch whose pointers live on another device, or a cubin of an arch the current device
+cannot run raises FakeDriverError, as a real driver would fail (or silently misbehave).
 """
 from __future__ import annotations
 
@@ -45,6 +52,7 @@ class Launch:
 class _Module:
     image: bytes
     entries: dict[str, tuple[PtxParam, ...]]
+    ctx: Any = None  # the context it was loaded in
 
 
 @dataclass
@@ -53,6 +61,11 @@ class _Function:
     name: str
     params: tuple[PtxParam, ...]
     max_dynamic_shared: int = 48 * 1024
+    ctx: Any = None
+    static_smem: int = 0  # SHARED_SIZE_BYTES: counts against the 48 KB a block gets without the opt-in
+
+
+_CTX_BASE = 0xC0  # primary context handle of device d: 0xC0 + d
 
 
 # cuDeviceGetAttribute values of real parts (deviceQuery / cudaGetDeviceProperties), for the
@@ -87,7 +100,15 @@ class FakeDriver:
     cc: tuple[int, int] = (8, 0)
     devices: int = 1
     max_shared_optin: int = 163 * 1024  # sm_80
+    # Per-device overrides of cc / attributes / max_shared_optin (ordinal -> value).
+    device_cc: dict[int, tuple[int, int]] = field(default_factory=dict)
+    device_attributes: dict[int, dict[str, int]] = field(default_factory=dict)
+    device_max_shared: dict[int, int] = field(default_factory=dict)
     images: dict[bytes, str] = field(default_factory=dict)
+    image_arch: dict[bytes, str] = field(default_factory=dict)  # image -> "sm_80" / "compute_80" when known
+    call_contexts: list[Any] = field(default_factory=list)  # the current context at each call in `calls`
+    alloc_device: dict[int, int] = field(default_factory=dict)  # allocation base -> device
+    stream_device: dict[int, int] = field(default_factory=dict)  # stream handles known to belong to a device
     simulate: dict[str, Callable[..., None]] = field(default_factory=dict)
     fail: dict[str, str] = field(default_factory=dict)  # call name -> CUresult name to raise
     calls: list[tuple[str, tuple]] = field(default_factory=list)
@@ -110,9 +131,40 @@ class FakeDriver:
 
     # -- helpers for tests ------------------------------------------------------------
 
-    def register(self, image: bytes, ptx: str) -> None:
-        """Make `image` loadable; its kernels' layouts come from `ptx` (the same compile's PTX)."""
+    def register(self, image: bytes, ptx: str, arch: str | None = None) -> None:
+        """Make `image` loadable; its kernels' layouts come from `ptx` (the same compile's PTX). With `arch`
+        the fake refuses to load it on a device that cannot run that arch."""
         self.images[image] = ptx
+        if arch is not None:
+            self.image_arch[image] = arch
+
+    def cc_of(self, device: int) -> tuple[int, int]:
+        return self.device_cc.get(device, self.cc)
+
+    def optin_of(self, device: int) -> int:
+        return self.device_max_shared.get(device, self.max_shared_optin)
+
+    def ctx_device(self, ctx: Any) -> int:
+        """The device of a primary context handle."""
+        d = (ctx or 0) - _CTX_BASE
+        if not 0 <= d < self.devices:
+            raise FakeDriverError(f"{ctx!r} is not a context of this fake")
+        return d
+
+    def current_device(self) -> int | None:
+        return None if self.current is None else self.ctx_device(self.current)
+
+    def device_of(self, ptr: int) -> int:
+        """The device an allocation containing `ptr` lives on."""
+        for base, buf in self.memory.items():
+            if base <= ptr < base + max(len(buf), 1):
+                return self.alloc_device.get(base, 0)
+        raise FakeDriverError(f"device pointer {ptr:#x} is not inside any live allocation")
+
+    def calls_on(self, device: int) -> list[str]:
+        """Names of the calls made while device's primary context was current."""
+        ctx = _CTX_BASE + device
+        return [c[0] for c, cur in zip(self.calls, self.call_contexts) if cur == ctx]
 
     def names(self) -> list[str]:
         return [c[0] for c in self.calls]
@@ -123,6 +175,7 @@ class FakeDriver:
 
     def _call(self, name: str, *args: Any) -> None:
         self.calls.append((name, args))
+        self.call_contexts.append(self.current)
         if name in self.fail:
             raise DriverError(name, self.fail[name])
 
@@ -140,15 +193,20 @@ class FakeDriver:
         buf, off = self._find(ptr, count * dt.itemsize)
         return np.frombuffer(buf, dt, count, off)
 
-    def device_array(self, host: np.ndarray, stream: int | None = None, readonly: bool = False) -> "FakeDeviceArray":
-        """An allocation holding a copy of `host`, exposed through __cuda_array_interface__."""
-        ptr = self._alloc(max(host.nbytes, 1))
+    def device_array(self, host: np.ndarray, stream: int | None = None, readonly: bool = False,
+                     device: int | None = None) -> "FakeDeviceArray":
+        """An allocation holding a copy of `host` on `device` (default: the current context's, else 0),
+        exposed through __cuda_array_interface__."""
+        if device is None:
+            device = self.current_device() or 0
+        ptr = self._alloc(max(host.nbytes, 1), device)
         self.view(ptr, np.uint8, host.nbytes)[:] = np.ascontiguousarray(host).view(np.uint8).reshape(-1)
         return FakeDeviceArray(self, ptr, host.shape, host.dtype, stream, readonly)
 
-    def _alloc(self, nbytes: int) -> int:
+    def _alloc(self, nbytes: int, device: int = 0) -> int:
         ptr = self._next_addr
         self.memory[ptr] = bytearray(nbytes)
+        self.alloc_device[ptr] = device
         self._next_addr += (nbytes + _ALLOC_ALIGN - 1) // _ALLOC_ALIGN * _ALLOC_ALIGN + _ALLOC_ALIGN
         return ptr
 
@@ -161,21 +219,51 @@ class FakeDriver:
         self._call("device_count")
         return self.devices
 
+    def _device(self, call: str, device: int) -> None:
+        if not 0 <= device < self.devices:
+            raise DriverError(call, "CUDA_ERROR_INVALID_DEVICE")
+
     def compute_capability(self, device: int) -> tuple[int, int]:
         self._call("compute_capability", device)
-        return self.cc
+        self._device("cuDeviceGetAttribute", device)
+        return self.cc_of(device)
 
     def max_shared_per_block_optin(self, device: int) -> int:
         self._call("max_shared_per_block_optin", device)
-        return self.max_shared_optin
+        self._device("cuDeviceGetAttribute", device)
+        return self.optin_of(device)
 
     def primary_context(self, device: int) -> int:
         self._call("primary_context", device)
-        return 0xC0 + device
+        self._device("cuDevicePrimaryCtxRetain", device)
+        return _CTX_BASE + device
 
     def set_current(self, ctx: Any) -> None:
         self._call("set_current", ctx)
+        if ctx is not None:
+            self.ctx_device(ctx)  # a handle of this fake
         self.current = ctx
+
+    def current_context(self) -> Any:
+        self._call("current_context")
+        return self.current
+
+    def context_device(self) -> int | None:
+        self._call("context_device")
+        return self.current_device()
+
+    def pointer_device(self, ptr: int) -> int:
+        self._call("pointer_device", ptr)
+        try:
+            return self.device_of(ptr)
+        except FakeDriverError:
+            raise DriverError("cuPointerGetAttribute", "CUDA_ERROR_INVALID_VALUE") from None
+
+    def _same_context(self, what: str, ctx: Any) -> None:
+        if ctx != self.current:
+            cur = "no" if self.current is None else f"{self.current:#x}"
+            raise FakeDriverError(f"{what}: loaded in context {ctx:#x} (device {self.ctx_device(ctx)}), used with "
+                                  f"{cur} context current (device {self.current_device()})")
 
     def _need_context(self, what: str) -> None:
         if self.current is None:
@@ -186,10 +274,18 @@ class FakeDriver:
         self._need_context("module_load_data")
         if image not in self.images:
             raise FakeDriverError("module_load_data: image was never registered with the fake")
+        arch = self.image_arch.get(image)
+        if arch is not None:
+            dev = self.current_device()
+            major, minor = self.cc_of(dev)
+            kind, num = arch.split("_")[0], int(arch.split("_")[1].rstrip("af"))
+            runs = num // 10 == major and num % 10 <= minor if kind == "sm" else num <= major * 10 + minor
+            if not runs:
+                raise DriverError("cuModuleLoadData", "CUDA_ERROR_NO_BINARY_FOR_GPU")
         if not (image.startswith(ELF_MAGIC) or b".entry" in image[:1 << 20] and image.lstrip().startswith(b"//")):
             raise FakeDriverError(f"module_load_data: expected a cubin (ELF) or PTX text, got {image[:8]!r}")
         h = self._handle()
-        self.modules[h] = _Module(image, ptx_entries(self.images[image]))
+        self.modules[h] = _Module(image, ptx_entries(self.images[image]), self.current)
         return h
 
     def module_get_function(self, module: Any, name: str) -> int:
@@ -197,30 +293,35 @@ class FakeDriver:
         mod = self.modules.get(module)
         if mod is None:
             raise FakeDriverError(f"module_get_function: unknown module handle {module!r}")
+        self._same_context("module_get_function", mod.ctx)
         if name not in mod.entries:
             raise DriverError("cuModuleGetFunction", "CUDA_ERROR_NOT_FOUND")
         h = self._handle()
-        self.functions[h] = _Function(module, name, mod.entries[name])
+        static = int(self.func_attributes.get(name, {}).get("SHARED_SIZE_BYTES", 0))
+        # Without the opt-in a block has 48 KB of shared memory in all: the static part comes off the top.
+        self.functions[h] = _Function(module, name, mod.entries[name], max(0, 48 * 1024 - static), mod.ctx, static)
         return h
 
     def set_max_dynamic_shared(self, func: Any, nbytes: int) -> None:
         self._call("set_max_dynamic_shared", func, nbytes)
-        if nbytes > self.max_shared_optin:
+        fn = self.functions[func]
+        if nbytes + fn.static_smem > self.optin_of(self.ctx_device(fn.ctx)):
             raise DriverError("cuFuncSetAttribute", "CUDA_ERROR_INVALID_VALUE")
-        self.functions[func].max_dynamic_shared = nbytes
+        fn.max_dynamic_shared = nbytes
 
     def mem_alloc(self, nbytes: int) -> int:
         self._call("mem_alloc", nbytes)
         self._need_context("mem_alloc")
         if nbytes <= 0:
             raise DriverError("cuMemAlloc", "CUDA_ERROR_INVALID_VALUE")
-        return self._alloc(nbytes)
+        return self._alloc(nbytes, self.current_device())
 
     def mem_free(self, ptr: int) -> None:
         self._call("mem_free", ptr)
         if ptr not in self.memory:
             raise FakeDriverError(f"mem_free of {ptr:#x}, which is not a live allocation base")
         del self.memory[ptr]
+        self.alloc_device.pop(ptr, None)
 
     def memcpy_htod_async(self, dst: int, src_host_addr: int, nbytes: int, stream: int) -> None:
         self._call("memcpy_htod_async", dst, src_host_addr, nbytes, stream)
@@ -249,8 +350,12 @@ class FakeDriver:
         fn = self.functions.get(func)
         if fn is None:
             raise FakeDriverError(f"launch_kernel: unknown function handle {func!r}")
+        self._same_context(f"launch_kernel of {fn.name}", fn.ctx)
+        if stream in self.stream_device and self.stream_device[stream] != self.current_device():
+            raise FakeDriverError(f"launch_kernel of {fn.name}: stream {stream:#x} belongs to device "
+                                  f"{self.stream_device[stream]}, the current context to {self.current_device()}")
         if shared_mem > fn.max_dynamic_shared:
-            # A real driver refuses this launch: more than 48 KB needs the opt-in attribute first.
+            # A real driver refuses this launch: more than 48 KB (static included) needs the opt-in first.
             raise DriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE")
         values = decode_params(fn.name, fn.params, kernel_params, self)
         self.launches.append(Launch(fn.name, tuple(grid), tuple(block), shared_mem, stream, values))
@@ -263,22 +368,26 @@ class FakeDriver:
 
     def device_attribute(self, device: int, name: str) -> int:
         self._call("device_attribute", device, name)
+        self._device("cuDeviceGetAttribute", device)
         if name == "COMPUTE_CAPABILITY_MAJOR":
-            return self.cc[0]
+            return self.cc_of(device)[0]
         if name == "COMPUTE_CAPABILITY_MINOR":
-            return self.cc[1]
+            return self.cc_of(device)[1]
         if name == "MAX_SHARED_MEMORY_PER_BLOCK_OPTIN":
-            return self.max_shared_optin
-        if name not in self.attributes:
+            return self.optin_of(device)
+        attrs = self.device_attributes.get(device, self.attributes)
+        if name not in attrs:
             raise DriverError("cuDeviceGetAttribute", "CUDA_ERROR_INVALID_VALUE")
-        return self.attributes[name]
+        return attrs[name]
 
     def device_name(self, device: int) -> str:
         self._call("device_name", device)
+        self._device("cuDeviceGetName", device)
         return self.name
 
     def total_memory(self, device: int) -> int:
         self._call("total_memory", device)
+        self._device("cuDeviceTotalMem", device)
         return self.memory_bytes
 
     def driver_version(self) -> int:
@@ -359,6 +468,9 @@ def decode_params(name: str, ptx: tuple[PtxParam, ...], kernel_params: int, fake
             v = ctypes.c_uint64.from_address(addr).value
             if v:
                 fake._find(v, 1)  # must be device memory, never a host address
+                on, cur = fake.device_of(v), fake.current_device()
+                if cur is not None and on != cur:  # (None: decoded by a test outside any launch)
+                    raise FakeDriverError(f"{where}: {v:#x} lives on device {on}, the launch runs on device {cur}")
             values.append(v)
             continue
         st = SCALARS[p.ctype]
@@ -452,16 +564,17 @@ class StubModule:
     kind: str = "cubin"
 
 
-def make_fake(compiled: Any = None, arch: str = "sm_80") -> tuple[FakeDriver, Any]:
-    """A FakeDriver that knows the test kernels, plus a get_module that serves their cubin."""
+def make_fake(compiled: Any = None, arch: str = "sm_80", devices: int = 1) -> tuple[FakeDriver, Any]:
+    """A FakeDriver (of `devices` identical GPUs) that knows the test kernels, plus a get_module that
+    serves their cubin."""
     import hashlib
 
     if compiled is None:
         compiled = compile_test_kernels(arch)
     arch = compiled.arch
     major, minor = int(arch[3:-1]), int(arch[-1])
-    fake = FakeDriver(cc=(major, minor), simulate=dict(SIMULATIONS))
-    fake.register(compiled.image, compiled.ptx)
+    fake = FakeDriver(cc=(major, minor), devices=devices, simulate=dict(SIMULATIONS))
+    fake.register(compiled.image, compiled.ptx, arch)
     module = StubModule(compiled.image, hashlib.sha256(compiled.image).hexdigest())
     requests: list[tuple[Path, str]] = []
 

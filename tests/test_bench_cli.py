@@ -307,7 +307,7 @@ def test_gpucheck_bench_step_flushes_l2_too(tmp_path, monkeypatch):
 
     wl = [benchmarks.Workload("rms_norm", "8192x4096", "bf16", "memory", 1e9, [benchmarks.Impl("pykern", takes(1.0))])]
     monkeypatch.setattr(benchmarks, "torch_status", lambda: (True, ""))
-    monkeypatch.setattr(benchmarks, "setup", lambda quick: (wl, 0))
+    monkeypatch.setattr(benchmarks, "setup", lambda quick, device=0: (wl, 0))
     monkeypatch.setattr(benchmarks, "l2_flush", flush)
     rc = gcli.main(["--out", str(tmp_path), "--skip", "limits", "--skip", "difftest", "--skip", "pytest",
                     "--skip", "sanitizer", "--repeats", "3"], driver_factory=lambda: fake)

@@ -535,7 +535,7 @@ def test_bench_step_end_to_end_on_the_fake_clock(tmp_path, monkeypatch, no_compi
                               bench.attention_flops(1, 32, 4096, 4096, 128, True), [
               benchmarks.Impl("pykern", lambda: (_ for _ in ()).throw(RuntimeError("CUDA_ERROR_ILLEGAL_ADDRESS")))])]
     monkeypatch.setattr(benchmarks, "torch_status", lambda: (True, ""))
-    monkeypatch.setattr(benchmarks, "setup", lambda quick: (wl, 0))
+    monkeypatch.setattr(benchmarks, "setup", lambda quick, device=0: (wl, 0))
     rc = cli.main(["--out", str(tmp_path), "--skip", "limits", "--skip", "difftest", "--skip", "pytest",
                    "--skip", "sanitizer", "--repeats", "4"], driver_factory=lambda: fake)
     assert rc == EXIT_FAILED  # the pykern attention errored

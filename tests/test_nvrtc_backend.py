@@ -68,10 +68,14 @@ def test_axpy_numpy_end_to_end(fake):
     names = fake.names()
     start = names.index("module_get_function") + 1
     assert names[start:] == [
-        "set_current",
+        "func_attribute",  # the module has no compiler resources: its static shared memory from the driver
         "mem_alloc", "memcpy_htod_async", "mem_alloc", "memcpy_htod_async",
         "launch_kernel", "memcpy_dtoh_async", "stream_synchronize", "mem_free", "mem_free",
+        "set_current",  # no context was current before the launch: none is after it
     ]
+    before = names[:names.index("module_load_data")]
+    assert before[-1] == "set_current" and "current_context" in before
+    assert fake.current is None
     assert fake.memory == {}
     (launch,) = fake.launches
     assert launch.name == "pktest_axpy" and launch.grid == (4, 1, 1) and launch.block == (256, 1, 1)
@@ -222,7 +226,7 @@ def test_refreshed_registry_asks_the_cache_again_but_reuses_the_module(fake):
     assert len(fake.get_module.requests) == 2
     assert fake.names().count("module_load_data") == 1  # same cubin digest, same context
     assert fake.names().count("module_get_function") == 1
-    assert len(fake.backend._plans) == 1  # the stale plan was dropped
+    assert len(fake.backend._devs[0].plans) == 1  # the stale plan was dropped
 
 
 def _launched_images(drv):
@@ -275,7 +279,7 @@ def test_header_edit_is_picked_up_by_registry_refresh(tmp_path, monkeypatch):
     assert new.digest != old.digest and new.image != old.image and new.image[:4] == b"\x7fELF"
     assert drv.names().count("module_load_data") == 2
     assert _launched_images(drv) == [old.image, old.image, new.image]
-    assert len(be._plans) == 1
+    assert len(be._devs[0].plans) == 1
 
 
 def test_sm80_bundle_serves_an_sm86_gpu_without_nvrtc(compiled, tmp_path, monkeypatch):
@@ -499,6 +503,7 @@ def test_fake_rejects_misplaced_or_mistyped_parameters(fake):
 
 def test_fake_refuses_big_shared_memory_without_opt_in(fake):
     func = _axpy_function(fake)
+    fake.set_current(fake.primary_context(0))
     with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_VALUE"):
         fake.launch_kernel(func, (1, 1, 1), (1, 1, 1), 64 * 1024, 0, 0)
 
@@ -574,6 +579,7 @@ class _RecordingBindings:
         self._cu, self._values, self.calls = cu, values, []
         self.CUresult, self.CUdevice_attribute = cu.CUresult, cu.CUdevice_attribute
         self.CUfunction_attribute = cu.CUfunction_attribute
+        self.CUpointer_attribute = cu.CUpointer_attribute
 
     def __getattr__(self, name):
         def call(*args):
@@ -596,7 +602,8 @@ def test_cuda_driver_wrapper_calls_the_bindings_in_order():
         cu.CUdevice_attribute.CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK_OPTIN: 232448,
     }
     rec = _RecordingBindings(cu, {"cuDeviceGetCount": 2, "cuDeviceGet": "dev0", "cuDevicePrimaryCtxRetain": "ctx",
-                                  "cuModuleLoadData": "mod", "cuModuleGetFunction": "fn", "cuMemAlloc": 4096})
+                                  "cuModuleLoadData": "mod", "cuModuleGetFunction": "fn", "cuMemAlloc": 4096,
+                                  "cuCtxGetCurrent": "torch-ctx", "cuCtxGetDevice": 1, "cuPointerGetAttribute": 1})
     drv._cu = rec
     rec.cuDeviceGetAttribute = lambda a, d: (rec.calls.append(("cuDeviceGetAttribute", (a, d))),
                                              (cu.CUresult.CUDA_SUCCESS, attrs[a]))[1]
@@ -605,6 +612,8 @@ def test_cuda_driver_wrapper_calls_the_bindings_in_order():
     assert drv.compute_capability(0) == (9, 0)
     assert drv.max_shared_per_block_optin(0) == 232448
     assert drv.primary_context(0) == "ctx" and drv.primary_context(0) == "ctx"  # retained once
+    assert drv.current_context() == "torch-ctx" and drv.context_device() == 1
+    assert drv.pointer_device(4096) == 1
     drv.set_current("ctx")
     assert drv.module_load_data(b"cubin") == "mod"
     assert drv.module_get_function("mod", "k") == "fn"
@@ -619,6 +628,8 @@ def test_cuda_driver_wrapper_calls_the_bindings_in_order():
     assert [n for n, _ in calls].count("cuDevicePrimaryCtxRetain") == 1
     assert ("cuInit", (0,)) in calls
     assert ("cuCtxSetCurrent", ("ctx",)) in calls
+    assert ("cuCtxGetCurrent", ()) in calls and ("cuCtxGetDevice", ()) in calls
+    assert ("cuPointerGetAttribute", (cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 4096)) in calls
     assert ("cuModuleLoadData", (b"cubin",)) in calls
     assert ("cuModuleGetFunction", ("mod", b"k")) in calls
     assert ("cuFuncSetAttribute", ("fn", cu.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
@@ -651,6 +662,11 @@ def test_real_bindings_accept_the_argument_types_we_pass():
         "cuModuleLoadData": lambda: cu.cuModuleLoadData(b"\x7fELF"),
         "cuFuncSetAttribute": lambda: cu.cuFuncSetAttribute(cu.CUfunction(1), attr, 65536),
         "cuCtxSetCurrent": lambda: cu.cuCtxSetCurrent(cu.CUcontext(1)),
+        "cuCtxSetCurrent(null)": lambda: cu.cuCtxSetCurrent(cu.CUcontext(0)),
+        "cuCtxGetCurrent": lambda: cu.cuCtxGetCurrent(),
+        "cuCtxGetDevice": lambda: cu.cuCtxGetDevice(),
+        "cuPointerGetAttribute": lambda: cu.cuPointerGetAttribute(
+            cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL, 4096),
     }
     for name, call in calls.items():
         with pytest.raises(Exception) as ei:
@@ -696,3 +712,104 @@ def test_gpu_without_usable_nvrtc_is_not_available(compiled, monkeypatch):
     # A precompiled bundle serves launches without NVRTC: then the GPU path is usable.
     monkeypatch.setenv("PYKERN_CUBIN_DIR", "/some/bundle")
     assert be.available() == (True, "")
+
+
+# -- shared memory: static bytes count against the 48 KB a block has without the opt-in ---------
+
+
+@pytest.mark.parametrize("resources", [True, False], ids=["cubin-resources", "driver-attribute"])
+def test_static_shared_memory_lowers_the_no_opt_in_limit(compiled, monkeypatch, resources):
+    """S static bytes leave 48 KB - S of dynamic shared memory before the opt-in: a launch with
+    48 KB - S < dynamic <= 48 KB must set MAX_DYNAMIC_SHARED_SIZE_BYTES first, or a GPU refuses it."""
+    import hashlib
+
+    from pykern.compiler import Resources
+
+    from fake_driver import StubModule, sim_smem_reverse
+
+    static = 8 * 1024
+    drv = FakeDriver(func_attributes={"pktest_smem_reverse": {"SHARED_SIZE_BYTES": static}},
+                     simulate={"pktest_smem_reverse": sim_smem_reverse})
+    drv.register(compiled.image, compiled.ptx)
+    res = Resources(registers=12, spill_stores=0, spill_loads=0, shared_bytes=static, stack_bytes=0, barriers=1)
+    # A cubin's module carries the compiler's resources; a PTX module does not (the driver is asked).
+    stub = StubModule(compiled.image, hashlib.sha256(compiled.image).hexdigest(),
+                      {"pktest_smem_reverse": res} if resources else {})
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=lambda *a, **k: stub, supported_archs=lambda: ("sm_80",))
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    src, out = np.arange(256, dtype=np.float32), np.zeros(256, np.float32)
+    fits = 48 * 1024 - static
+    pykern.launch("pktest_smem_reverse", 2, 128, out, src, 256, shared_mem=fits, backend="nvrtc")
+    assert "set_max_dynamic_shared" not in drv.names()  # static + dynamic = 48 KB: no opt-in needed
+    over = 44 * 1024  # <= 48 KB, yet 8 KB static + 44 KB > 48 KB
+    pykern.launch("pktest_smem_reverse", 2, 128, out, src, 256, shared_mem=over, backend="nvrtc")
+    assert [c[1][1] for c in drv.calls if c[0] == "set_max_dynamic_shared"] == [over]
+    assert out[:128].tolist() == src[:128][::-1].tolist() and drv.launches[-1].shared_mem == over
+    # the fake models the rule: without the attribute that launch is refused
+    func = next(h for h, f in drv.functions.items() if f.name == "pktest_smem_reverse")
+    drv.functions[func].max_dynamic_shared = fits
+    drv.set_current(drv.primary_context(0))
+    with pytest.raises(DriverError, match="CUDA_ERROR_INVALID_VALUE"):
+        drv.launch_kernel(func, (1, 1, 1), (128, 1, 1), over, 0, 0)
+
+
+# -- availability: a GPU this NVRTC cannot target --------------------------------------------
+
+
+NVRTC13 = ("sm_75", "sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")  # no sm_70 any more
+
+
+def _bundle(tmp_path, *archs):
+    import json
+
+    root = tmp_path / ("bundle_" + "_".join(archs))
+    root.mkdir()
+    (root / "manifest.json").write_text(json.dumps({"entries": [{"source": "forward.cu", "arch": a} for a in archs]}))
+    return root
+
+
+def test_gpu_that_nvrtc_cannot_target_is_not_available(tmp_path, monkeypatch):
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    be = NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(7, 0)), supported_archs=lambda: NVRTC13)
+    ok, why = be.available()
+    assert not ok and "cannot target the GPU's sm_70" in why and be.arch == "sm_70"
+    # a precompiled bundle with sm_70 images serves it; one with only newer archs does not
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(_bundle(tmp_path, "sm_70")))
+    assert be.available() == (True, "")
+    monkeypatch.setenv("PYKERN_CUBIN_DIR", str(_bundle(tmp_path, "sm_80", "sm_90")))
+    ok, why = be.available()
+    assert not ok and "sm_70" in why
+    # a newer GPU is fine (PTX of the newest older arch), and one unservable GPU of several is named
+    assert NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(12, 1)), supported_archs=lambda: NVRTC13).available() \
+        == (True, "")
+    monkeypatch.delenv("PYKERN_CUBIN_DIR")
+    two = NvrtcBackend(driver_factory=lambda: FakeDriver(devices=2, device_cc={1: (7, 0)}),
+                       supported_archs=lambda: NVRTC13)
+    ok, why = two.available()
+    assert not ok and why.endswith("(device 1)")
+    judged = NvrtcBackend(driver_factory=lambda: FakeDriver(devices=2, device_cc={1: (7, 0)}),
+                          supported_archs=lambda: NVRTC13, device=0)
+    assert judged.available() == (True, "")
+
+
+def test_untargetable_gpu_falls_back_to_another_backend(monkeypatch):
+    import warnings
+
+    monkeypatch.delenv("PYKERN_CUBIN_DIR", raising=False)
+    monkeypatch.delenv("PYKERN_BACKEND", raising=False)
+    be = NvrtcBackend(driver_factory=lambda: FakeDriver(cc=(7, 0)), supported_archs=lambda: NVRTC13)
+
+    class NoNumbaGpu:
+        name = "numba"
+
+        def on_gpu(self):
+            return False
+
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    monkeypatch.setitem(backends._instances, "numba", NoNumbaGpu())
+    monkeypatch.setattr(backends, "_default", None)
+    with warnings.catch_warnings(record=True) as w:
+        warnings.simplefilter("always")
+        assert backends.default_backend_name() == "host"
+    msgs = [str(x.message) for x in w if issubclass(x.category, backends.BackendWarning)]
+    assert len(msgs) == 1 and "(sm_70)" in msgs[0] and "cannot target the GPU's sm_70" in msgs[0]

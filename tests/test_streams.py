@@ -36,7 +36,7 @@ class _FakeCupyModule(types.ModuleType):
         self.drv = drv
         self.current = CURRENT
         self.uint16 = np.uint16
-        self.cuda = types.SimpleNamespace(get_current_stream=lambda: types.SimpleNamespace(ptr=self.current))
+        self.cuda = types.SimpleNamespace(get_current_stream=lambda device_id=-1: types.SimpleNamespace(ptr=self.current))
 
     def empty(self, shape, dtype=np.float32):
         shape = (shape,) if isinstance(shape, int) else tuple(shape)
@@ -59,6 +59,7 @@ class ndarray:  # noqa: N801  (named as CuPy's)
 
     def __init__(self, mod: _FakeCupyModule, ptr: int, shape: tuple, dtype: np.dtype) -> None:
         self.mod, self.ptr, self.shape, self.dtype = mod, ptr, tuple(shape), np.dtype(dtype)
+        self.device = types.SimpleNamespace(id=0)  # cupy.cuda.Device(0)
 
     @property
     def size(self) -> int:
@@ -279,7 +280,8 @@ def test_numpy_inputs_keep_staging_and_synchronizing(fake):
     out = ops.silu_gate(np.ones(8, np.float32), np.ones(8, np.float32))
     assert isinstance(out, np.ndarray)
     calls = _calls_since(fake, start)
-    assert "memcpy_dtoh_async" in calls and calls[-1] == "mem_free" and "stream_synchronize" in calls
+    assert "memcpy_dtoh_async" in calls and calls[-2:] == ["mem_free", "set_current"] and "stream_synchronize" in calls
+    assert fake.current is None  # the caller had no context current: none is left behind
     assert {x.stream for x in fake.launches} == {0}
 
 

@@ -59,6 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     fake, get_module = make_fake()
     fake.launch_kernel = lambda *a: None  # type: ignore[method-assign]  # time pykern, not the fake's checks
     fake.set_current = lambda ctx: setattr(fake, "current", ctx)  # type: ignore[method-assign]
+    fake.current_context = lambda: fake.current  # type: ignore[method-assign]
     be = NvrtcBackend(driver_factory=lambda: fake, get_module=get_module, supported_archs=lambda: ("sm_80",))
     backends._instances["nvrtc"] = be
     launch = pykern.launch
@@ -103,6 +104,19 @@ def main(argv: list[str] | None = None) -> int:
         "launch_axpy_numpy_256_us (alloc+copies on the fake)": _time(
             lambda: launch("pktest_axpy", 1, 256, small_y, small_x, 2.0, 256, backend="nvrtc"), args.n // 4, reps),
     }
+    # Several GPUs: each launch also finds its device (here a plain CAI pointer: one driver query per array).
+    fake8, get_module8 = make_fake(devices=8)
+    fake8.launch_kernel = lambda *a: None  # type: ignore[method-assign]
+    fake8.set_current = lambda ctx: setattr(fake8, "current", ctx)  # type: ignore[method-assign]
+    fake8.current_context = lambda: fake8.current  # type: ignore[method-assign]
+    be8 = NvrtcBackend(driver_factory=lambda: fake8, get_module=get_module8, supported_archs=lambda: ("sm_80",))
+    d8x, d8y = fake8.device_array(x, readonly=True, device=3), fake8.device_array(y, device=3)
+    owner = fake8.alloc_device
+    fake8.pointer_device = lambda p: owner[p]  # type: ignore[method-assign]  # a dict lookup, not the fake's scan
+    fake8.set_current(0xC3)  # the caller's context is the arrays' device's (the usual torch case)
+    conv8 = launcher.convert_args(axpy, (d8y, d8x, 2.0, n))
+    results["backend_only_axpy_8_gpus_us"] = _time(
+        lambda: be8.launch(axpy, (256, 1, 1), (256, 1, 1), conv8, 0, None), args.n, reps)
     noop = lambda: None  # noqa: E731
     results["calibration_empty_call_us"] = _time(noop, args.n * 10, args.repeats)
     results["budget_us"] = BUDGET_US

@@ -20,5 +20,7 @@ class Backend(Protocol):
         args: Sequence[Any],
         shared_mem: int,
         stream: Any,
+        device: int | None = None,
     ) -> None:
-        """Run one launch; args are arrays (pointer params) and ctypes scalars (value params)."""
+        """Run one launch; args are arrays (pointer params) and ctypes scalars (value params). `device` is
+        passed only when the caller named one (pykern.launch(device=...)); backends without devices ignore it."""

@@ -34,7 +34,16 @@ class Driver(Protocol):
     def max_shared_per_block_optin(self, device: int) -> int: ...
     def primary_context(self, device: int) -> Any:
         """Retain the device's primary context (once per process) and return its handle."""
-    def set_current(self, ctx: Any) -> None: ...
+    def set_current(self, ctx: Any) -> None:
+        """Bind `ctx` to the calling thread (None, or a null handle, unbinds)."""
+    def current_context(self) -> Any:
+        """The context bound to the calling thread: a handle comparing equal (==) to primary_context()'s for
+        the same context; None or a null handle when there is none (cuCtxGetCurrent)."""
+    def context_device(self) -> int | None:
+        """The device ordinal of the current context; None when no context is current (cuCtxGetDevice)."""
+    def pointer_device(self, ptr: int) -> int:
+        """The device ordinal holding device pointer `ptr` (CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL); raises
+        DriverError for memory the driver does not know."""
     def module_load_data(self, image: bytes) -> Any: ...
     def module_get_function(self, module: Any, name: str) -> Any: ...
     def set_max_dynamic_shared(self, func: Any, nbytes: int) -> None: ...
@@ -170,6 +179,25 @@ class CudaDriver:
         (err,) = self._cu.cuCtxSetCurrent(ctx)
         if err != self._ok:
             raise DriverError("cuCtxSetCurrent", self._error_name(err))
+
+    def current_context(self) -> Any:
+        # Called on every launch: skip the generic unwrapping. A null CUcontext means none is current.
+        err, ctx = self._cu.cuCtxGetCurrent()
+        if err != self._ok:
+            raise DriverError("cuCtxGetCurrent", self._error_name(err))
+        return ctx
+
+    def context_device(self) -> int | None:
+        err, dev = self._cu.cuCtxGetDevice()
+        if err == self._cu.CUresult.CUDA_ERROR_INVALID_CONTEXT:
+            return None
+        if err != self._ok:
+            raise DriverError("cuCtxGetDevice", self._error_name(err))
+        return int(dev)
+
+    def pointer_device(self, ptr: int) -> int:
+        attr = self._cu.CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
+        return int(self._check("cuPointerGetAttribute", self._cu.cuPointerGetAttribute(attr, ptr)))
 
     def module_load_data(self, image: bytes) -> Any:
         return self._check("cuModuleLoadData", self._cu.cuModuleLoadData(image))

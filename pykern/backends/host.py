@@ -246,6 +246,7 @@ class HostBackend:
         args: Sequence[Any],
         shared_mem: int,
         stream: Any = None,
+        device: int | None = None,  # the CPU is the one device here
     ) -> None:
         import numpy as np
 

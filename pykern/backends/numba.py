@@ -280,12 +280,17 @@ class NumbaBackend:
         args: Sequence[Any],
         shared_mem: int,
         stream: Any,
+        device: int | None = None,
     ) -> None:
+        """`device` (pykern.launch(device=...)) selects the GPU for host-array launches; the simulator has one."""
         cuda = self._import()
         kernel, config = self.build(spec.name)
         with self._lock:
             if self._mode == "simulator":
                 self._launch_simulated(spec, kernel, config, args)
+            elif device is not None:
+                with cuda.gpus[device]:
+                    self._launch_gpu(cuda, spec, kernel, config, args, stream)
             else:
                 self._launch_gpu(cuda, spec, kernel, config, args, stream)
 

@@ -16,37 +16,39 @@ from ..bench.runner import Impl, Workload, l2_flush, lookup, optional, run_bench
 _optional = optional  # the name this module used before the runner moved to pykern.bench
 
 
-def setup(quick: bool) -> tuple[Iterator[Workload], int]:
-    """(the workloads, built one at a time as they are timed; the CUstream handle they run on: torch's current
-    stream, which the ops use too)."""
+def setup(quick: bool, device: int = 0) -> tuple[Iterator[Workload], int]:
+    """(the workloads on cuda:`device`, built one at a time as they are timed; the CUstream handle they run on:
+    torch's current stream of that device, which the ops use too). Makes `device` torch's current device, so
+    the events the timer records (in the current context) are that device's."""
     import torch
 
     torch.cuda.init()
-    return torch_workloads(quick), int(torch.cuda.current_stream().cuda_stream)
+    torch.cuda.set_device(device)
+    return torch_workloads(quick, device), int(torch.cuda.current_stream(device).cuda_stream)
 
 
-def torch_workloads(quick: bool) -> Iterator[Workload]:
-    """The benchmark set on CUDA tensors (bf16; LLaMA-8B-like sizes, smaller with quick): pykern.bench's
-    memory-bound table, then decode and flash attention."""
+def torch_workloads(quick: bool, device: int = 0) -> Iterator[Workload]:
+    """The benchmark set on CUDA tensors of `device` (bf16; LLaMA-8B-like sizes, smaller with quick):
+    pykern.bench's memory-bound table, then decode and flash attention."""
     from ..bench import suite
 
     dims = suite.QUICK if quick else suite.FULL
-    yield from suite.workloads(suite.select((), ("bf16",)), dims, suite.Context("cuda"))
+    yield from suite.workloads(suite.select((), ("bf16",)), dims, suite.Context(f"cuda:{device}"))
     try:
-        yield from _attention_workloads(quick)
+        yield from _attention_workloads(quick, device)
     except Exception as e:  # inputs that cannot be built (out of memory): one error row, the table goes on
         msg = f"building the attention inputs failed: {type(e).__name__}: {e}"
         yield Workload("attention", "-", "bf16", "compute", 0.0, [Impl("pykern", suite._raiser(msg))])
 
 
-def _attention_workloads(quick: bool) -> Iterator[Workload]:
+def _attention_workloads(quick: bool, device: int = 0) -> Iterator[Workload]:
     import torch
     import torch.nn.functional as F
 
     from .. import ops
 
     torch.manual_seed(0)
-    dev, bf = "cuda", torch.bfloat16
+    dev, bf = f"cuda:{device}", torch.bfloat16
     es = 2
     heads, hd = 32, 128
     fi, why_fi = optional("flashinfer")

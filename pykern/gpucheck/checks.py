@@ -83,16 +83,18 @@ def probe_device(driver_factory: Callable[[], Any], device: int = 0) -> tuple[De
     return info, drv
 
 
-def backend_status(driver_factory: Callable[[], Any] | None) -> list[dict[str, Any]]:
-    """Usable or not (and why) for every backend; nvrtc is probed with `driver_factory` when given."""
+def backend_status(driver_factory: Callable[[], Any] | None, device: int | None = None) -> list[dict[str, Any]]:
+    """Usable or not (and why) for every backend; nvrtc is probed with `driver_factory` when given, and
+    judged on `device` alone when given."""
     from .. import backends
+    from ..backends.driver import CudaDriver
     from ..backends.nvrtc import NvrtcBackend
 
     rows = []
     for name in backends.NAMES:
         try:
-            if name == "nvrtc" and driver_factory is not None:
-                ok, why = NvrtcBackend(driver_factory=driver_factory).available()
+            if name == "nvrtc" and (driver_factory is not None or device is not None):
+                ok, why = NvrtcBackend(driver_factory=driver_factory or CudaDriver, device=device).available()
             else:
                 be = backends.get_backend(name)
                 ok, why = be.available()

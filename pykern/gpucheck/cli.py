@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
         prog="python -m pykern.gpucheck",
         formatter_class=argparse.RawDescriptionHelpFormatter,
         description=(
-            "The GPU check in one command. On the machine's first CUDA device it:\n"
+            "The GPU check in one command. On the machine's first CUDA device (or --device N) it:\n"
             "  1. prints the device, driver, NVRTC, compile arch and which backends are usable (and why not);\n"
             "  2. compiles every kernel for the device's arch (or loads the PYKERN_CUBIN_DIR bundle) and\n"
             "     reports any kernel whose registers x block size or shared memory cannot launch on it, at\n"
@@ -56,7 +56,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--arch", metavar="ARCH",
                    help="compile and check for this arch instead of the device's (e.g. sm_90); the device's "
                         "limits still apply")
-    p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
+    p.add_argument("--device", type=int, default=None, metavar="N",
+                   help="CUDA device ordinal (default 0). Given, every step runs on device N alone: the probe, "
+                        "limits and benchmarks here, and the difftest, pytest and sanitizer subprocesses with "
+                        "CUDA_VISIBLE_DEVICES naming only N (where they see it as their device 0)")
     p.add_argument("--jobs", type=int, default=min(8, os.cpu_count() or 1), metavar="N",
                    help="parallel compiles and sanitizer runs (default %(default)s)")
     p.add_argument("--budget", type=float, default=540.0, metavar="SECONDS",
@@ -94,6 +97,24 @@ class Run:
     def skipped(self, step: str) -> bool:
         return step in self.args.skip or (step == "bench" and self.args.skip_bench)
 
+    @property
+    def device(self) -> int:
+        return 0 if self.args.device is None else self.args.device
+
+    def child_env(self) -> dict[str, str] | None:
+        """The environment of the subprocesses: with --device N, CUDA_VISIBLE_DEVICES naming only device N
+        (the N-th entry of an existing CUDA_VISIBLE_DEVICES: ordinals count the devices it leaves visible);
+        None (inherit) without --device."""
+        if self.args.device is None:
+            return None
+        visible = os.environ.get("CUDA_VISIBLE_DEVICES")
+        entries = [e.strip() for e in visible.split(",")] if visible is not None else None
+        if entries is not None and self.device < len(entries):
+            chosen = entries[self.device]
+        else:
+            chosen = str(self.device)
+        return dict(os.environ, CUDA_VISIBLE_DEVICES=chosen)
+
 
 # --------------------------------------------------------------------------------------------- steps
 
@@ -126,19 +147,26 @@ def step_limits(run: Run, info: checks.DeviceInfo, drv: Any) -> None:
                          "failed": len(failed), "errors": errors, "notes": notes}
 
 
-def _subprocess(cmd: Sequence[str], timeout: float, cwd: Path | None = None) -> tuple[int | None, str, str]:
+def _subprocess(cmd: Sequence[str], timeout: float, cwd: Path | None = None,
+                env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
     try:
         p = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                           timeout=max(1.0, timeout), cwd=cwd)
+                           timeout=max(1.0, timeout), cwd=cwd, env=env)
     except subprocess.TimeoutExpired as e:
         dec = lambda b: b if isinstance(b, str) else (b or b"").decode(errors="replace")  # noqa: E731
         return None, dec(e.stdout), dec(e.stderr)
     return p.returncode, p.stdout, p.stderr
 
 
-def run_difftest(cmd: Sequence[str], timeout: float) -> tuple[int | None, str, str]:
+def run_difftest(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
     """(returncode, stdout, stderr) of the difftest subprocess (a hook the tests replace)."""
-    return _subprocess(cmd, timeout)
+    return _subprocess(cmd, timeout, env=env)
+
+
+def _env_kw(run: Run) -> dict[str, Any]:
+    # Hooks are called with env= only under --device: a replacement hook without it keeps working.
+    env = run.child_env()
+    return {} if env is None else {"env": env}
 
 
 def step_difftest(run: Run) -> None:
@@ -151,7 +179,7 @@ def step_difftest(run: Run) -> None:
     if run.args.quick:
         cmd.append("--no-big")
     run.log("difftest: " + " ".join(cmd[1:]))
-    rc, out, err = run_difftest(cmd, run.by(0.45) - time.monotonic())
+    rc, out, err = run_difftest(cmd, run.by(0.45) - time.monotonic(), **_env_kw(run))
     (run.out / "difftest.log").write_text(err)
     doc: dict[str, Any] = {"command": " ".join(cmd), "returncode": rc, "cases": [], "failures": []}
     try:
@@ -179,8 +207,9 @@ def step_difftest(run: Run) -> None:
     run.doc["difftest"] = doc
 
 
-def run_pytest(cmd: Sequence[str], timeout: float, cwd: Path) -> tuple[int | None, str, str]:
-    return _subprocess(cmd, timeout, cwd)
+def run_pytest(cmd: Sequence[str], timeout: float, cwd: Path,
+               env: dict[str, str] | None = None) -> tuple[int | None, str, str]:
+    return _subprocess(cmd, timeout, cwd, env)
 
 
 def step_pytest(run: Run) -> None:
@@ -195,7 +224,7 @@ def step_pytest(run: Run) -> None:
     cmd = [sys.executable, "-m", "pytest", "-m", "gpu", "-q", "-p", "no:cacheprovider", f"--junitxml={junit}",
            str(tests)]
     run.log("pytest -m gpu")
-    rc, out, err = run_pytest(cmd, run.by(0.6) - time.monotonic(), REPO_ROOT)
+    rc, out, err = run_pytest(cmd, run.by(0.6) - time.monotonic(), REPO_ROOT, **_env_kw(run))
     (run.out / "pytest-gpu.log").write_text(out + err)
     counts = _junit_counts(junit)
     tail = " | ".join(out.strip().splitlines()[-1:])
@@ -244,7 +273,7 @@ def step_sanitizer(run: Run, runner: sanitizer.RunCommand | None = None) -> None
     kernel_cases = {k: c.id for k, c in firsts.items()}
     run.log(f"sanitizer: {len(tools)} tools x {len(kernel_cases)} kernels with {exe}")
     runs = sanitizer.run_all(exe, tools, kernel_cases, run.by(0.8), jobs=run.args.jobs, big=big,
-                             runner=runner or sanitizer.run_command, log=run.log)
+                             runner=runner or sanitizer.run_command, log=run.log, env=run.child_env())
     logs = run.out / "sanitizer"
     for r in runs:
         if r.status in ("findings", "error"):  # clean runs' output is just the program's table
@@ -276,7 +305,7 @@ def step_bench(run: Run, drv: Any, peaks: Any) -> None:
     repeats = run.args.repeats or (5 if run.args.quick else 20)
     run.log("bench: building inputs")
     try:
-        workloads, stream = benchmarks.setup(run.args.quick)
+        workloads, stream = benchmarks.setup(run.args.quick, run.device)
     except Exception as e:
         run.failures.append(f"bench: could not build the inputs: {type(e).__name__}: {e}")
         run.doc["bench"] = {"status": "FAIL", "message": str(e), "rows": []}
@@ -284,8 +313,8 @@ def step_bench(run: Run, drv: Any, peaks: Any) -> None:
     timer = EventTimer(drv, stream)
     before, flush_bytes = None, 0
     try:  # every timed call from a cold L2, as python -m pykern.bench does (the quick shapes fit in L2)
-        flush_bytes = 2 * (int(drv.device_attribute(run.args.device, "L2_CACHE_SIZE")) or 64 * 2**20)
-        before = benchmarks.l2_flush(flush_bytes, run.args.device)
+        flush_bytes = 2 * (int(drv.device_attribute(run.device, "L2_CACHE_SIZE")) or 64 * 2**20)
+        before = benchmarks.l2_flush(flush_bytes, run.device)
     except Exception as e:
         flush_bytes = 0
         run.log(f"bench: L2 not flushed between calls ({type(e).__name__}: {str(e)[:120]})")
@@ -312,11 +341,11 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
     args = _parser().parse_args(argv)
     run = Run(args, argv)
     run.out.mkdir(parents=True, exist_ok=True)
-    info, drv = checks.probe_device(driver_factory or CudaDriver, args.device)
-    run.doc["device"] = info.to_dict()
-    run.doc["backends"] = checks.backend_status(driver_factory)
+    info, drv = checks.probe_device(driver_factory or CudaDriver, run.device)
+    run.doc["device"] = dict(info.to_dict(), index=run.device)
+    run.doc["backends"] = checks.backend_status(driver_factory, run.device)
     if info.gpu:
-        run.log(f"device {args.device}: {info.name}, {info.arch}, driver {info.driver_version}, NVRTC {info.nvrtc}")
+        run.log(f"device {run.device}: {info.name}, {info.arch}, driver {info.driver_version}, NVRTC {info.nvrtc}")
     else:
         run.log(f"no GPU: {info.reason}")
     for b in run.doc["backends"]:

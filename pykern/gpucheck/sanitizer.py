@@ -154,14 +154,15 @@ class Run:
         return d
 
 
-RunCommand = Callable[[Sequence[str], float], "tuple[int | None, str]"]
+RunCommand = Callable[..., "tuple[int | None, str]"]  # (cmd, timeout[, env=...])
 
 
-def run_command(cmd: Sequence[str], timeout: float) -> tuple[int | None, str]:
-    """(returncode, combined stdout+stderr); returncode None when it ran past `timeout` seconds."""
+def run_command(cmd: Sequence[str], timeout: float, env: dict[str, str] | None = None) -> tuple[int | None, str]:
+    """(returncode, combined stdout+stderr); returncode None when it ran past `timeout` seconds. `env`
+    replaces the environment (gpucheck --device: CUDA_VISIBLE_DEVICES naming one device)."""
     try:
         p = subprocess.run(list(cmd), stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                           timeout=max(1.0, timeout))
+                           timeout=max(1.0, timeout), env=env)
     except subprocess.TimeoutExpired as e:
         out = e.stdout if isinstance(e.stdout, str) else (e.stdout or b"").decode(errors="replace")
         return None, out
@@ -196,9 +197,10 @@ def judge(run: Run, rc: int | None, out: str) -> Run:
 
 def run_all(sanitizer: str, tools: Sequence[str], kernel_cases: dict[str, str], deadline: float, jobs: int = 4,
             big: bool = True, runner: RunCommand = run_command, per_run_timeout: float = 120.0,
-            log: Callable[[str], None] | None = None) -> list[Run]:
+            log: Callable[[str], None] | None = None, env: dict[str, str] | None = None) -> list[Run]:
     """Every (tool, kernel) run, in parallel; pairs that would start after `deadline` (time.monotonic)
-    are reported as skipped."""
+    are reported as skipped. `env` (when given) is passed to `runner` as env=."""
+    extra = {} if env is None else {"env": env}
     pending = [Run(tool, k, kernel_cases[k], command(sanitizer, tool, k, big=big))
                for tool in tools for k in sorted(kernel_cases)]
 
@@ -208,7 +210,7 @@ def run_all(sanitizer: str, tools: Sequence[str], kernel_cases: dict[str, str], 
             run.status, run.message = "skipped", "time budget used up"
             return run
         t0 = time.monotonic()
-        rc, out = runner(run.command, min(per_run_timeout, left))
+        rc, out = runner(run.command, min(per_run_timeout, left), **extra)
         run.seconds = round(time.monotonic() - t0, 2)
         judge(run, rc, out)
         if log:

@@ -367,7 +367,7 @@ class _Frame:
         import contextlib
 
         if self.kind == "cupy" and self.stream is not None:
-            from ..backends.nvrtc import stream_handle
+            from ..devices import stream_handle
 
             return self.xp.cuda.ExternalStream(stream_handle(self.stream))
         return contextlib.nullcontext()
