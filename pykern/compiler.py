@@ -333,18 +333,24 @@ def _first_error(log: str) -> str:
     return lines[0] if lines else "(empty log)"
 
 
-def _log_text(nvrtc: Any, prog: Any) -> str:
-    n = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * n
-    _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-    return buf.rstrip(b"\0").decode("utf-8", "replace")
+def _buffer(nvrtc: Any, prog: Any, size_fn: str, get_fn: str) -> bytes:
+    """One NVRTC output (log, PTX, cubin) copied out through a fresh writable buffer.
 
-
-def _blob(nvrtc: Any, prog: Any, size_fn: str, get_fn: str) -> bytes:
-    n = _check(getattr(nvrtc, size_fn)(prog), size_fn)
-    buf = b" " * n
+    Never `b" " * n`: NVRTC writes into the buffer it is given, and for n <= 1 CPython hands back
+    its shared one-byte `b" "` (or the empty bytes) object, so an empty log (size 1, the NUL) would
+    turn every `b" "` of the process into `b"\\x00"`.
+    """
+    n = int(_check(getattr(nvrtc, size_fn)(prog), size_fn))
+    if n <= 0:
+        return b""
+    buf = bytearray(n)
     _check(getattr(nvrtc, get_fn)(prog, buf), get_fn)
-    return buf
+    return bytes(buf)
+
+
+def _log_text(nvrtc: Any, prog: Any) -> str:
+    log = _buffer(nvrtc, prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog")
+    return log.rstrip(b"\0").decode("utf-8", "replace")
 
 
 def compile(  # noqa: A001 - the name is the contract
@@ -373,8 +379,8 @@ def compile(  # noqa: A001 - the name is the contract
                     log,
                     tuple(full),
                 )
-            ptx_bytes = _blob(nvrtc, prog, "nvrtcGetPTXSize", "nvrtcGetPTX")
-            cubin = _blob(nvrtc, prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN") if arch.startswith("sm_") else b""
+            ptx_bytes = _buffer(nvrtc, prog, "nvrtcGetPTXSize", "nvrtcGetPTX")
+            cubin = _buffer(nvrtc, prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN") if arch.startswith("sm_") else b""
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
     ptx = ptx_bytes.rstrip(b"\0").decode("utf-8")

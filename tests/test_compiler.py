@@ -85,6 +85,47 @@ def test_compute_arch_gives_ptx_without_resources():
     assert "-Xptxas" not in m.options
 
 
+_EMPTY_LOG_PROBE = r"""
+import sys
+from pykern import compiler
+m = compiler.compile(sys.argv[1], "compute_80")
+assert m.log == "", repr(m.log)  # the case that matters: the log is empty, its buffer is 1 byte
+# bytes([32]) is CPython's shared one-byte object, the same one `b" " * 1` returns: NVRTC writing the
+# log's NUL into it showed up as b"\x00" here and a split on spaces that found none.
+print(bytes([32])[0], (b" " * 1)[0], b"a b".split(bytes([32])))
+"""
+
+
+def test_empty_log_leaves_the_shared_space_bytes_intact():
+    # In a child process: the defect corrupts an interpreter-wide object, which would poison this one.
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(compiler.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", _EMPTY_LOG_PROBE, str(BASIC)], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "32 32 [b'a', b'b']"
+
+
+def test_nvrtc_outputs_are_read_through_fresh_buffers():
+    # Sizes 0 and 1 are the ones CPython would serve from shared singletons.
+    class FakeNvrtc:
+        seen: list = []
+
+        def nvrtcGetProgramLogSize(self, prog):
+            return (0, prog)
+
+        def nvrtcGetProgramLog(self, prog, buf):
+            self.seen.append(buf)
+            buf[:] = b"\0" * len(buf)
+            return (0,)
+
+    fake = FakeNvrtc()
+    assert compiler._log_text(fake, 1) == "" and compiler._log_text(fake, 0) == ""
+    assert len(fake.seen) == 1 and isinstance(fake.seen[0], bytearray)  # size 0: no call at all
+    assert bytes([32])[0] == 32
+
+
 def test_defines_reach_the_compile(tmp_path):
     src = tmp_path / "d.cu"
     src.write_text('extern "C" __global__ void d_k(float* y) {\n#ifdef PKT_ON\n y[0] = PKT_ON;\n#endif\n}\n')
