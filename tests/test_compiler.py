@@ -126,6 +126,60 @@ def test_nvrtc_outputs_are_read_through_fresh_buffers():
     assert bytes([32])[0] == 32
 
 
+def cubin_max_threads(image: bytes) -> dict[str, int | None]:
+    """Threads-per-block limit of each kernel in a cubin, read from its ELF `.nv.info.<kernel>` section
+    (EIATTR_MAX_THREADS, what `cuobjdump -elf` prints): independent of NVRTC's PTX and of the registry."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", image, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
+    names_at = secs[shstrndx][4]
+    out: dict[str, int | None] = {}
+    for sec in secs:
+        start = names_at + sec[0]
+        name = image[start:image.index(b"\0", start)].decode()
+        if not name.startswith(".nv.info."):
+            continue
+        data, i, limit = image[sec[4]:sec[4] + sec[5]], 0, None
+        while i + 4 <= len(data):
+            fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
+            if fmt == 0x04:  # EIFMT_SVAL: u16 size, then the value
+                if attr == 0x05:  # EIATTR_MAX_THREADS: x, y, z
+                    x, y, z = struct.unpack_from("<III", data, i + 4)
+                    limit = x * y * z
+                i += 4 + size
+            else:  # EIFMT_NVAL / BVAL / HVAL: the value fits the 4-byte record
+                i += 4
+        out[name[len(".nv.info."):]] = limit
+    return out
+
+
+_BOUNDED = """#define PKT_NT 128
+extern "C" __global__ void __launch_bounds__(PKT_NT, 2) pkt_lb(float* y) { y[threadIdx.x] = 1.0f; }
+extern "C" __global__ void pkt_free(float* y) { y[0] = 2.0f; }
+"""
+
+
+def test_ptx_and_cubin_carry_the_launch_bounds_the_registry_reads(tmp_path):
+    src = tmp_path / "lb.cu"
+    src.write_text(_BOUNDED)
+    assert {s.name: s.max_threads for s in parse_file(src)} == {"pkt_lb": 128, "pkt_free": None}
+    m = compiler.compile(src, "sm_80")
+    assert compiler.ptx_max_threads(m.ptx) == {"pkt_lb": 128, "pkt_free": None}
+    assert cubin_max_threads(m.image) == {"pkt_lb": 128, "pkt_free": None}
+
+
+def test_a_define_that_changes_a_launch_bound_is_a_layout_mismatch(tmp_path):
+    # The registry reads the source's default (128) and cannot know a -D given to one compile; the PTX
+    # check catches it, else launches would be checked against the wrong limit.
+    src = tmp_path / "lb.cu"
+    src.write_text(_BOUNDED.replace("#define PKT_NT 128", "#ifndef PKT_NT\n#define PKT_NT 128\n#endif"))
+    assert compiler.compile(src, "compute_80").kernels == ("pkt_lb", "pkt_free")
+    with pytest.raises(LayoutMismatch, match=r"pkt_lb.*registry read __launch_bounds__ as 128.*applied 64"):
+        compiler.compile(src, "compute_80", defines={"PKT_NT": 64})
+
+
 def test_defines_reach_the_compile(tmp_path):
     src = tmp_path / "d.cu"
     src.write_text('extern "C" __global__ void d_k(float* y) {\n#ifdef PKT_ON\n y[0] = PKT_ON;\n#endif\n}\n')
@@ -264,5 +318,8 @@ def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch, real_com
     specs = parse_file(path)
     assert mod.kind == "cubin" and mod.image[:4] == ELF
     assert set(mod.resources) == {s.name for s in specs}
+    # The thread limit the launcher checks is the one in the cubin (EIATTR_MAX_THREADS): a
+    # __launch_bounds__ spelled through macros must not be lost or misread by the registry.
+    assert cubin_max_threads(mod.image) == {s.name: s.max_threads for s in specs}
     spilling = {k: (r.spill_stores, r.spill_loads) for k, r in mod.resources.items() if r.spill_bytes}
     assert not spilling, f"{path.name} spills registers on {arch} (stores, loads bytes): {spilling}"
