@@ -16,7 +16,7 @@ from .sources import load as load_source
 # Balanced parentheses three levels deep: `__launch_bounds__((4 * 32), 1)`, `PK_BOUNDS(X(1), 2)`.
 _ARGS = r"\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
 # Words between `__global__` and the name: `__launch_bounds__(...)` or macros that may expand to it.
-_ATTRS = rf"(?:[A-Za-z_]\w*\b\s*(?:{_ARGS})?\s*)*?"
+_ATTRS = rf"(?:[A-Za-z_]\w*\b\s*(?:{_ARGS}\s*)?)*?"
 _KERNEL = re.compile(
     rf'extern\s+"C"\s+__global__\s+({_ATTRS})void\s+({_ATTRS})'
     # The name is the word whose parenthesized list is followed by the body (or `;`): a macro call
