@@ -527,8 +527,9 @@ def _host_job(src: Path) -> tuple[str, Path | None, str, float]:
         s = sources.load(src)
         args = (s.path, s.text, s.digest(), sources.include_dirs(s.path.parent), parse_file(s.path))
         sanitize = os.environ.get("PYKERN_HOST_SANITIZE", "").strip() not in ("", "0")
-        if build.library_path(*args, sanitize=sanitize).exists():
-            return "hit", build.library_path(*args, sanitize=sanitize), "", time.perf_counter() - t0
+        lib = build.library_path(*args, sanitize=sanitize)
+        if lib.exists():
+            return "hit", lib, "", time.perf_counter() - t0
         path = build.build(*args, sanitize=sanitize, announce=False)
         return "built", path, "", time.perf_counter() - t0
     except (PykernError, OSError) as e:
