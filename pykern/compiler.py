@@ -290,9 +290,24 @@ def ptx_entries(ptx: str) -> dict[str, tuple[PtxParam, ...]]:
     return out
 
 
+_PTX_MAXNTID = re.compile(r"\.entry\s+([A-Za-z_$][\w$]*)\s*\([^)]*\)([^{;]*)\{")
+
+
+def ptx_max_threads(ptx: str) -> dict[str, int | None]:
+    """Threads per block each `.entry` is limited to by `.maxntid` (what `__launch_bounds__` becomes),
+    None for an entry without one."""
+    out: dict[str, int | None] = {}
+    for m in _PTX_MAXNTID.finditer(ptx):
+        d = re.search(r"\.maxntid\s+(\d+)(?:\s*,\s*(\d+))?(?:\s*,\s*(\d+))?", m.group(2))
+        out[m.group(1)] = None if d is None else int(d.group(1)) * int(d.group(2) or 1) * int(d.group(3) or 1)
+    return out
+
+
 def check_layout(ptx: str, specs: Sequence[Any]) -> None:
-    """Raise LayoutMismatch unless every spec's parameters match its PTX .entry in count, size and alignment."""
+    """Raise LayoutMismatch unless every spec's parameters match its PTX .entry in count, size and alignment,
+    and the thread limit the registry read from `__launch_bounds__` is the one the compiler applied."""
     entries = ptx_entries(ptx)
+    bounds = ptx_max_threads(ptx)
     problems = []
     for spec in specs:
         where = f"{Path(spec.source).name}:{spec.line}"
@@ -300,6 +315,15 @@ def check_layout(ptx: str, specs: Sequence[Any]) -> None:
         if got is None:
             problems.append(f"kernel {spec.name!r} ({where}): no .entry in the PTX (inside #if, or not extern \"C\"?)")
             continue
+        limit = getattr(spec, "max_threads", None)
+        # A registry value of None for a bounded kernel is allowed only where the registry already
+        # warned that it could not read it (sources outside kernels_cu/, not strict).
+        if bounds.get(spec.name) != limit and (limit is not None or _strict_source(spec.source)):
+            problems.append(
+                f"kernel {spec.name!r} ({where}): the registry read __launch_bounds__ as {limit} threads, "
+                f"the compiler applied {bounds.get(spec.name)} (.maxntid); launches would be checked against "
+                f"the wrong limit"
+            )
         if len(got) != len(spec.params):
             problems.append(
                 f"kernel {spec.name!r} ({where}): expected {len(spec.params)} parameters from the source, "
@@ -315,6 +339,12 @@ def check_layout(ptx: str, specs: Sequence[Any]) -> None:
                 )
     if problems:
         raise LayoutMismatch("\n".join(problems))
+
+
+def _strict_source(path: Any) -> bool:
+    from .registry import _is_strict
+
+    return _is_strict(Path(path))
 
 
 # --------------------------------------------------------------------------- compile
@@ -333,18 +363,24 @@ def _first_error(log: str) -> str:
     return lines[0] if lines else "(empty log)"
 
 
-def _log_text(nvrtc: Any, prog: Any) -> str:
-    n = _check(nvrtc.nvrtcGetProgramLogSize(prog), "nvrtcGetProgramLogSize")
-    buf = b" " * n
-    _check(nvrtc.nvrtcGetProgramLog(prog, buf), "nvrtcGetProgramLog")
-    return buf.rstrip(b"\0").decode("utf-8", "replace")
+def _buffer(nvrtc: Any, prog: Any, size_fn: str, get_fn: str) -> bytes:
+    """One NVRTC output (log, PTX, cubin) copied out through a fresh writable buffer.
 
-
-def _blob(nvrtc: Any, prog: Any, size_fn: str, get_fn: str) -> bytes:
-    n = _check(getattr(nvrtc, size_fn)(prog), size_fn)
-    buf = b" " * n
+    Never `b" " * n`: NVRTC writes into the buffer it is given, and for n <= 1 CPython hands back
+    its shared one-byte `b" "` (or the empty bytes) object, so an empty log (size 1, the NUL) would
+    turn every `b" "` of the process into `b"\\x00"`.
+    """
+    n = int(_check(getattr(nvrtc, size_fn)(prog), size_fn))
+    if n <= 0:
+        return b""
+    buf = bytearray(n)
     _check(getattr(nvrtc, get_fn)(prog, buf), get_fn)
-    return buf
+    return bytes(buf)
+
+
+def _log_text(nvrtc: Any, prog: Any) -> str:
+    log = _buffer(nvrtc, prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog")
+    return log.rstrip(b"\0").decode("utf-8", "replace")
 
 
 def compile(  # noqa: A001 - the name is the contract
@@ -373,8 +409,8 @@ def compile(  # noqa: A001 - the name is the contract
                     log,
                     tuple(full),
                 )
-            ptx_bytes = _blob(nvrtc, prog, "nvrtcGetPTXSize", "nvrtcGetPTX")
-            cubin = _blob(nvrtc, prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN") if arch.startswith("sm_") else b""
+            ptx_bytes = _buffer(nvrtc, prog, "nvrtcGetPTXSize", "nvrtcGetPTX")
+            cubin = _buffer(nvrtc, prog, "nvrtcGetCUBINSize", "nvrtcGetCUBIN") if arch.startswith("sm_") else b""
         finally:
             nvrtc.nvrtcDestroyProgram(prog)
     ptx = ptx_bytes.rstrip(b"\0").decode("utf-8")

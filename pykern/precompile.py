@@ -1,5 +1,8 @@
 """`python -m pykern.precompile`: compile every kernel source for every requested arch, in parallel, into the cache.
 
+With --host it also (or only) builds every source for the host backend (the system C++ compiler), so
+the first launch on the CPU does not stop to compile.
+
 Cache hits are found in this process first (cheap), only misses go to worker processes: NVRTC holds the
 GIL for most of a compile, so threads would not overlap. With --out DIR the results are also written
 as a read-only bundle for PYKERN_CUBIN_DIR.
@@ -158,27 +161,34 @@ def _build_parser() -> argparse.ArgumentParser:
             "compiled modules could not be saved (cache folder or --out unwritable); 2 for bad usage; "
             "130/143 on SIGINT/SIGTERM, which stop queued and running compiles and leave no temp files "
             "or half bundle. Processes sharing a cache compile each key once (a lock file per key). "
-            "A second run with the same arguments is all cache hits."
+            "A second run with the same arguments is all cache hits. --host builds every source for the "
+            "host backend (CPU execution with the system C++ compiler) into the same cache folder instead of, "
+            "or as well as, the NVRTC compiles; at least one of --arch and --host is needed."
         ),
     )
-    ap.add_argument("--arch", action="append", required=True, metavar="ARCH",
+    ap.add_argument("--host", action="store_true",
+                    help="build each source's host-backend library (g++/clang++ or $CXX, the flags the host "
+                         "backend uses now, e.g. PYKERN_HOST_SANITIZE) into <cache>/host, --jobs at a time; "
+                         "a progress bar on a terminal, one line per source otherwise")
+    ap.add_argument("--arch", action="append", metavar="ARCH",
                     help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report; "
                          "the driver JIT-compiles it for that GPU and every later one), or 'all' (every sm_XX "
                          "this NVRTC supports plus PTX of the newest). Repeat or comma-separate. An H100 is "
                          "sm_90 (sm_90a only for kernels using arch-specific instructions).")
     ap.add_argument("--kernels", metavar="GLOB", action="append",
                     help="only sources defining a kernel whose name matches GLOB (fnmatch, repeatable); "
-                         "the table lists only matching kernels")
+                         "the table lists only matching kernels (--host: only those sources are built)")
     ap.add_argument("--jobs", "-j", type=int, default=os.cpu_count() or 1, metavar="N",
-                    help="worker processes for the compiles (default: CPU count, %(default)s here); 1 compiles "
-                         "in this process, where a signal waits for the compile in progress")
+                    help="worker processes for the NVRTC compiles, and C++ compilers at a time for --host "
+                         "(default: CPU count, %(default)s here); 1 compiles in this process, where a signal "
+                         "waits for the compile in progress")
     where = ap.add_mutually_exclusive_group()
     where.add_argument("--cache-dir", metavar="DIR",
                        help="cache folder to fill (default: PYKERN_CACHE_DIR, else $XDG_CACHE_HOME/pykern, "
                             "else ~/.cache/pykern)")
     where.add_argument("--out", metavar="DIR",
                        help="also write a self-contained bundle folder to use as PYKERN_CUBIN_DIR "
-                            "(compiles still go through the default cache)")
+                            "(compiles still go through the default cache; NVRTC modules only, not --host)")
     ap.add_argument("--option", action="append", default=[], metavar="OPT",
                     help="extra NVRTC option, part of the cache key; write it as --option=-lineinfo. "
                          "The library looks up modules with the options its backend uses (none by default), "
@@ -256,6 +266,18 @@ def _main(argv: Sequence[str] | None = None) -> int:
     args = _build_parser().parse_args(argv)
     err = sys.stderr
     t_start = time.perf_counter()
+    if not args.arch:
+        if not args.host:
+            print("precompile: expected --arch ARCH (NVRTC) and/or --host (the host backend's C++ build)", file=err)
+            return 2
+        if args.out or args.option or args.define:
+            print("precompile: --out, --option and --define apply to the NVRTC compiles: add --arch", file=err)
+            return 2
+        return _host_main(args, t_start)
+    if args.host:  # both: the host builds first (their progress), then the NVRTC run and its table
+        rc = _host_main(args, t_start)
+        if rc != 0:
+            return rc
     try:
         archs = compiler.expand_archs(args.arch)
         if not archs:
@@ -427,6 +449,179 @@ def _main(argv: Sequence[str] | None = None) -> int:
     if failures or unsaved or (args.fail_on_spill and spilling):
         return 1
     return 0
+
+
+# --------------------------------------------------------------------------- --host
+
+
+class _Progress:
+    """Progress of N items on stderr: a redrawn bar on a terminal, else one line per finished item."""
+
+    def __init__(self, total: int, what: str, stream: Any = None) -> None:
+        import threading
+
+        self.total, self.what, self.done = total, what, 0
+        self.stream = sys.stderr if stream is None else stream
+        try:
+            self.tty = bool(self.stream.isatty())
+        except (AttributeError, ValueError):
+            self.tty = False
+        self.running: dict[str, float] = {}
+        self.t0 = time.perf_counter()
+        self._lock = threading.Lock()
+        self._stop = threading.Event()
+        self._ticker = threading.Thread(target=self._tick, daemon=True) if self.tty else None
+        if self._ticker is not None:
+            self._ticker.start()
+
+    def _tick(self) -> None:
+        while not self._stop.wait(0.5):  # the elapsed time moves while a long compile runs
+            with self._lock:
+                self._draw()
+
+    def _draw(self) -> None:
+        width = 24
+        fill = width * self.done // max(1, self.total)
+        names = ", ".join(sorted(self.running))
+        line = (f"\r\033[K{self.what} [{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} "
+                f"{time.perf_counter() - self.t0:.0f}s" + (f"  building {names}" if names else ""))
+        self.stream.write(line)
+        self.stream.flush()
+
+    def start(self, name: str) -> None:
+        with self._lock:
+            self.running[name] = time.perf_counter()
+            if self.tty:
+                self._draw()
+
+    def finish(self, name: str, status: str, seconds: float) -> None:
+        with self._lock:
+            self.running.pop(name, None)
+            self.done += 1
+            if self.tty:
+                if status == "FAILED":  # keep failures on screen above the bar
+                    self.stream.write(f"\r\033[K{self.what}: {name} FAILED ({seconds:.2f}s)\n")
+                self._draw()
+            else:
+                self.stream.write(f"[{self.done}/{self.total}] {self.what:<10} {name:<24} {status} ({seconds:.2f}s)\n")
+                self.stream.flush()
+
+    def close(self) -> None:
+        self._stop.set()
+        if self._ticker is not None:
+            self._ticker.join(1.0)
+        if self.tty:
+            with self._lock:
+                self.stream.write("\r\033[K")
+                self.stream.flush()
+
+
+def _host_job(src: Path) -> tuple[str, Path | None, str, float]:
+    """Build (or find) one source's host library: (status "hit" | "built" | "FAILED", path, error, seconds)."""
+    from . import sources
+    from .host import build
+    from .registry import parse_file
+
+    t0 = time.perf_counter()
+    try:
+        s = sources.load(src)
+        args = (s.path, s.text, s.digest(), sources.include_dirs(s.path.parent), parse_file(s.path))
+        sanitize = os.environ.get("PYKERN_HOST_SANITIZE", "").strip() not in ("", "0")
+        lib = build.library_path(*args, sanitize=sanitize)
+        if lib.exists():
+            return "hit", lib, "", time.perf_counter() - t0
+        path = build.build(*args, sanitize=sanitize, announce=False)
+        return "built", path, "", time.perf_counter() - t0
+    except (PykernError, OSError) as e:
+        log = getattr(e, "log", "") or ""
+        return "FAILED", None, f"{type(e).__name__}: {e}" + (f"\n{log}" if log else ""), time.perf_counter() - t0
+
+
+def _host_main(args: argparse.Namespace, t_start: float) -> int:
+    """--host: every selected source's host-backend library, --jobs compilers at a time, with progress."""
+    from concurrent.futures import ThreadPoolExecutor, as_completed
+
+    from . import cache
+    from .host.build import find_compiler
+
+    err = sys.stderr
+    if args.jobs < 1:
+        print(f"precompile: --jobs: expected >= 1, got {args.jobs}", file=err)
+        return 2
+    try:
+        selected = _select(args.kernels)
+    except PykernError as e:
+        print(f"precompile: {e}", file=err)
+        return 2
+    if not selected:
+        print(f"precompile: no kernel sources{' match ' + repr(args.kernels) if args.kernels else ' found'}",
+              file=err)
+        return 2
+    old_dir = os.environ.get("PYKERN_CACHE_DIR")
+    if args.cache_dir:  # the host build finds its folder through the environment, as the library does
+        os.environ["PYKERN_CACHE_DIR"] = str(Path(args.cache_dir).expanduser())
+    try:
+        root = cache.cache_dir()
+        problem = cache.unwritable_reason(root)
+        if problem:
+            print(f"precompile: cannot save to the cache folder {root} ({problem}); set PYKERN_CACHE_DIR or "
+                  "--cache-dir to a writable folder", file=err)
+            return 1
+        try:
+            cc = find_compiler()
+        except PykernError as e:
+            print(f"precompile: --host: {e}", file=err)
+            return 1
+        srcs = [src for src, _ in selected]
+        progress = _Progress(len(srcs), "host", err)
+        results: dict[Path, tuple[str, Path | None, str, float]] = {}
+        pool = ThreadPoolExecutor(max(1, min(args.jobs, len(srcs))))
+
+        def job(src: Path) -> tuple[str, Path | None, str, float]:
+            progress.start(src.name)  # when a compiler is free for it, not when queued
+            return _host_job(src)
+
+        try:
+            futs = {pool.submit(job, src): src for src in srcs}
+            for fut in as_completed(futs):
+                src = futs[fut]
+                results[src] = fut.result()
+                progress.finish(src.name, results[src][0], results[src][3])
+        except _Interrupted:
+            pool.shutdown(wait=False, cancel_futures=True)
+            progress.close()
+            print("precompile: interrupted; builds already running finish and are kept (each is published "
+                  "whole or not at all), queued ones were cancelled", file=err, flush=True)
+            raise
+        finally:
+            pool.shutdown(wait=True)
+        progress.close()
+    finally:
+        if args.cache_dir:
+            if old_dir is None:
+                os.environ.pop("PYKERN_CACHE_DIR", None)
+            else:
+                os.environ["PYKERN_CACHE_DIR"] = old_dir
+    failed = [(src, r) for src, r in results.items() if r[0] == "FAILED"]
+    n_hits = sum(r[0] == "hit" for r in results.values())
+    wall = time.perf_counter() - t_start
+    rows = [{"source": str(src), "status": results[src][0], "seconds": round(results[src][3], 4),
+             "library": None if results[src][1] is None else str(results[src][1])} for src in srcs]
+    compiler_name = cc.version.splitlines()[1] if len(cc.version.splitlines()) > 1 else cc.argv[0]
+    if args.json and not args.arch:
+        print(json.dumps({"host": {"compiler": compiler_name, "cache_dir": str(root / cache.HOST_SUBDIR),
+                                   "sources": len(srcs), "hits": n_hits, "built": len(srcs) - n_hits - len(failed),
+                                   "failed": len(failed), "wall_seconds": round(wall, 4), "results": rows}},
+                         indent=2))
+    elif not args.json:
+        width = max(len(src.name) for src in srcs)
+        for r in rows:
+            print(f"{Path(r['source']).name:<{width}}  host  {r['status']:<6}  {r['seconds']:7.2f}s")
+        print(f"{len(srcs)} host builds ({compiler_name}): {n_hits} cache hits, {len(srcs) - n_hits - len(failed)} "
+              f"built, {len(failed)} failed; {wall:.2f}s; cache {root / cache.HOST_SUBDIR}")
+    for src, r in failed:
+        print(f"\nFAILED {src.name} for the host backend:\n{r[2]}", file=err)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

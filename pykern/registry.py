@@ -7,13 +7,21 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from . import cmacros
 from .ctypes_ import ALIASES, POINTEE_DTYPES, SCALARS
 from .errors import KernelNotFound, RegistryError
 from .sources import KERNELS_DIR
+from .sources import load as load_source
 
+# Balanced parentheses three levels deep: `__launch_bounds__((4 * 32), 1)`, `PK_BOUNDS(X(1), 2)`.
+_ARGS = r"\((?:[^()]|\((?:[^()]|\([^()]*\))*\))*\)"
+# Words between `__global__` and the name: `__launch_bounds__(...)` or macros that may expand to it.
+_ATTRS = rf"(?:[A-Za-z_]\w*\b\s*(?:{_ARGS}\s*)?)*?"
 _KERNEL = re.compile(
-    r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+'
-    r"(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*\(([^)]*)\)"
+    rf'extern\s+"C"\s+__global__\s+({_ATTRS})void\s+({_ATTRS})'
+    # The name is the word whose parenthesized list is followed by the body (or `;`): a macro call
+    # such as `PK_BOUNDS(128, 1)` before it is an attribute, not the kernel.
+    r"([A-Za-z_]\w*)\s*\(([^)]*)\)(?=\s*[{;])"
 )
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile"}
@@ -129,32 +137,58 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
         _skip(f"every kernel of {err}")
         return []
     specs = []
+    macros: dict[str, cmacros.Macro] | None = None
     for m in _KERNEL.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
         where = f"{path}:{line}"
-        body = m.group(2).strip()
+        name, attrs, body = m.group(3), f"{m.group(1)} {m.group(2)}".strip(), m.group(4).strip()
         decls = [] if body in ("", "void") else body.split(",")
         try:
             params = tuple(_parse_param(d, where) for d in decls)
             names = [p.name for p in params]
             if len(set(names)) != len(names):
-                raise RegistryError(f"{where}: kernel {m.group(1)!r} repeats a parameter name")
+                raise RegistryError(f"{where}: kernel {name!r} repeats a parameter name")
         except RegistryError as e:
             if strict:
                 raise
-            _skip(f"kernel {m.group(1)!r}: {e}")
+            _skip(f"kernel {name!r}: {e}")
             continue
-        specs.append(KernelSpec(m.group(1), Path(path).resolve(), line, params, _launch_bounds(m.group(0))))
+        max_threads = None
+        if attrs:
+            if macros is None and not _LITERAL_BOUNDS.fullmatch(attrs):
+                macros = _macros(path, text)
+            try:
+                max_threads = cmacros.launch_bounds(attrs, macros or {})
+                if max_threads is not None and max_threads <= 0:
+                    raise cmacros.Unresolved(f"it evaluates to {max_threads}")
+            except cmacros.Unresolved as e:
+                err = RegistryError(f"{where}: kernel {name!r}: cannot read __launch_bounds__ from {attrs!r}: {e}")
+                if strict:
+                    raise err from None
+                _unbounded(f"{err}; its thread limit is not checked before launch")
+                max_threads = None
+        specs.append(KernelSpec(name, Path(path).resolve(), line, params, max_threads))
     return specs
 
 
-_BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(0[xX][0-9a-fA-F]+|\d+)[uU]?\s*[,)]")
+# The common case needs no macro table: a literal first argument.
+_LITERAL_BOUNDS = re.compile(r"__launch_bounds__\s*\(\s*(0[xX][0-9a-fA-F]+|\d+)[uU]?\s*(?:,[^()]*)?\)\s*")
 
 
-def _launch_bounds(head: str) -> int | None:
-    """maxThreadsPerBlock of a literal `__launch_bounds__(N[, ...])` in a kernel's signature."""
-    m = _BOUNDS.search(head)
-    return int(m.group(1), 0) if m else None
+def _macros(path: Path, text: str) -> dict[str, cmacros.Macro]:
+    """The #defines of a source (comments already blanked) and of every header it includes."""
+    texts = [text]
+    try:
+        texts += [h.decode("utf-8", "replace") for h in load_source(path).headers.values()]
+    except (OSError, UnicodeDecodeError):  # headers are the compiler's to complain about
+        pass
+    return cmacros.collect(texts)
+
+
+def _unbounded(msg: str) -> None:
+    if msg not in _warned:
+        _warned.add(msg)
+        warnings.warn(f"pykern: {msg} (set PYKERN_STRICT=1 to make this an error)", RegistryWarning, stacklevel=4)
 
 
 def kernel_dirs() -> list[Path]:

@@ -85,6 +85,101 @@ def test_compute_arch_gives_ptx_without_resources():
     assert "-Xptxas" not in m.options
 
 
+_EMPTY_LOG_PROBE = r"""
+import sys
+from pykern import compiler
+m = compiler.compile(sys.argv[1], "compute_80")
+assert m.log == "", repr(m.log)  # the case that matters: the log is empty, its buffer is 1 byte
+# bytes([32]) is CPython's shared one-byte object, the same one `b" " * 1` returns: NVRTC writing the
+# log's NUL into it showed up as b"\x00" here and a split on spaces that found none.
+print(bytes([32])[0], (b" " * 1)[0], b"a b".split(bytes([32])))
+"""
+
+
+def test_empty_log_leaves_the_shared_space_bytes_intact():
+    # In a child process: the defect corrupts an interpreter-wide object, which would poison this one.
+    import subprocess
+    import sys
+
+    env = {**os.environ, "PYTHONPATH": str(Path(compiler.__file__).resolve().parents[1])}
+    out = subprocess.run([sys.executable, "-c", _EMPTY_LOG_PROBE, str(BASIC)], env=env, capture_output=True,
+                         text=True, check=True).stdout.strip()
+    assert out == "32 32 [b'a', b'b']"
+
+
+def test_nvrtc_outputs_are_read_through_fresh_buffers():
+    # Sizes 0 and 1 are the ones CPython would serve from shared singletons.
+    class FakeNvrtc:
+        seen: list = []
+
+        def nvrtcGetProgramLogSize(self, prog):
+            return (0, prog)
+
+        def nvrtcGetProgramLog(self, prog, buf):
+            self.seen.append(buf)
+            buf[:] = b"\0" * len(buf)
+            return (0,)
+
+    fake = FakeNvrtc()
+    assert compiler._log_text(fake, 1) == "" and compiler._log_text(fake, 0) == ""
+    assert len(fake.seen) == 1 and isinstance(fake.seen[0], bytearray)  # size 0: no call at all
+    assert bytes([32])[0] == 32
+
+
+def cubin_max_threads(image: bytes) -> dict[str, int | None]:
+    """Threads-per-block limit of each kernel in a cubin, read from its ELF `.nv.info.<kernel>` section
+    (EIATTR_MAX_THREADS, what `cuobjdump -elf` prints): independent of NVRTC's PTX and of the registry."""
+    import struct
+
+    shoff = struct.unpack_from("<Q", image, 0x28)[0]
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", image, 0x3A)
+    secs = [struct.unpack_from("<IIQQQQIIQQ", image, shoff + i * shentsize) for i in range(shnum)]
+    names_at = secs[shstrndx][4]
+    out: dict[str, int | None] = {}
+    for sec in secs:
+        start = names_at + sec[0]
+        name = image[start:image.index(b"\0", start)].decode()
+        if not name.startswith(".nv.info."):
+            continue
+        data, i, limit = image[sec[4]:sec[4] + sec[5]], 0, None
+        while i + 4 <= len(data):
+            fmt, attr, size = data[i], data[i + 1], struct.unpack_from("<H", data, i + 2)[0]
+            if fmt == 0x04:  # EIFMT_SVAL: u16 size, then the value
+                if attr == 0x05:  # EIATTR_MAX_THREADS: x, y, z
+                    x, y, z = struct.unpack_from("<III", data, i + 4)
+                    limit = x * y * z
+                i += 4 + size
+            else:  # EIFMT_NVAL / BVAL / HVAL: the value fits the 4-byte record
+                i += 4
+        out[name[len(".nv.info."):]] = limit
+    return out
+
+
+_BOUNDED = """#define PKT_NT 128
+extern "C" __global__ void __launch_bounds__(PKT_NT, 2) pkt_lb(float* y) { y[threadIdx.x] = 1.0f; }
+extern "C" __global__ void pkt_free(float* y) { y[0] = 2.0f; }
+"""
+
+
+def test_ptx_and_cubin_carry_the_launch_bounds_the_registry_reads(tmp_path):
+    src = tmp_path / "lb.cu"
+    src.write_text(_BOUNDED)
+    assert {s.name: s.max_threads for s in parse_file(src)} == {"pkt_lb": 128, "pkt_free": None}
+    m = compiler.compile(src, "sm_80")
+    assert compiler.ptx_max_threads(m.ptx) == {"pkt_lb": 128, "pkt_free": None}
+    assert cubin_max_threads(m.image) == {"pkt_lb": 128, "pkt_free": None}
+
+
+def test_a_define_that_changes_a_launch_bound_is_a_layout_mismatch(tmp_path):
+    # The registry reads the source's default (128) and cannot know a -D given to one compile; the PTX
+    # check catches it, else launches would be checked against the wrong limit.
+    src = tmp_path / "lb.cu"
+    src.write_text(_BOUNDED.replace("#define PKT_NT 128", "#ifndef PKT_NT\n#define PKT_NT 128\n#endif"))
+    assert compiler.compile(src, "compute_80").kernels == ("pkt_lb", "pkt_free")
+    with pytest.raises(LayoutMismatch, match=r"pkt_lb.*registry read __launch_bounds__ as 128.*applied 64"):
+        compiler.compile(src, "compute_80", defines={"PKT_NT": 64})
+
+
 def test_defines_reach_the_compile(tmp_path):
     src = tmp_path / "d.cu"
     src.write_text('extern "C" __global__ void d_k(float* y) {\n#ifdef PKT_ON\n y[0] = PKT_ON;\n#endif\n}\n')
@@ -223,5 +318,8 @@ def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch, real_com
     specs = parse_file(path)
     assert mod.kind == "cubin" and mod.image[:4] == ELF
     assert set(mod.resources) == {s.name for s in specs}
+    # The thread limit the launcher checks is the one in the cubin (EIATTR_MAX_THREADS): a
+    # __launch_bounds__ spelled through macros must not be lost or misread by the registry.
+    assert cubin_max_threads(mod.image) == {s.name: s.max_threads for s in specs}
     spilling = {k: (r.spill_stores, r.spill_loads) for k, r in mod.resources.items() if r.spill_bytes}
     assert not spilling, f"{path.name} spills registers on {arch} (stores, loads bytes): {spilling}"

@@ -258,3 +258,103 @@ def test_missing_extra_module_is_a_usage_error(capsys) -> None:
         runner.load_extra("no_such_mod_xyz")
     assert main(["--extra", "no_such_mod_xyz", "--list"]) == 2  # not a traceback
     assert "no_such_mod_xyz" in capsys.readouterr().err
+
+
+# ----------------------------------------------------------------------------------------------- summary
+def _summary_block(stdout: str) -> str:
+    return stdout.split("\nSummary: ", 1)[1]
+
+
+def test_cli_summary_names_each_backend_and_what_did_not_run() -> None:
+    r = _difftest("--kernels", "transpose_2d", "--backends", "host,numba")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    block = _summary_block(r.stdout)
+    assert block.startswith("8 cases\n"), block
+    assert "  host   ran 8: 8 passed, 0 failed, 0 errors\n" in block, block
+    assert "  numba  ran 8: 8 passed, 0 failed, 0 errors" in block, block
+
+
+def test_cli_bare_install_runs_what_it_can_and_says_why_not_the_rest(monkeypatch, capsys) -> None:
+    # After the main install neither ml_dtypes nor numba is there: the default run goes on with host,
+    # runs the f32 cases, and names what skipped the rest and which extra brings it back.
+    from pykern import arrays
+    from pykern.backends import get_backend
+    from pykern.difftest.__main__ import main
+    from pykern.errors import MissingDependency
+
+    def no_ml_dtypes():
+        raise MissingDependency("ml_dtypes", "test", "bfloat16 NumPy arrays")
+
+    monkeypatch.setattr(arrays, "bfloat16", no_ml_dtypes)
+    monkeypatch.setattr(get_backend("numba"), "available", lambda: (False, "numba backend: numba-cuda is not importable"))
+    monkeypatch.setattr(runner, "importable", lambda name: name != "numba.cuda")
+    nvrtc_ok = not _nvrtc_why()
+    assert main(["--kernels", "transpose_2d*", "--backends", "host"] if nvrtc_ok else
+                ["--kernels", "transpose_2d*"]) == 0
+    cap = capsys.readouterr()
+    assert "difftest: 6 of the 14 selected cases will be skipped: missing ml_dtypes: pip install 'pykern[test]'" \
+        in cap.err
+    block = _summary_block(cap.out)
+    assert "  host   ran 8: 8 passed, 0 failed, 0 errors; skipped 6\n" in block, block
+    assert "6 skipped: missing ml_dtypes: pip install 'pykern[test]'" in block, block
+    if not nvrtc_ok:
+        assert "numba  not run: numba backend: numba-cuda is not importable (pip install 'pykern[numba]')" in block
+        assert "nvrtc  not run: " in block and "(needs a CUDA GPU and driver)" in block
+    rows = [ln for ln in cap.out.splitlines() if ln.startswith("transpose_2d[bf16]")]
+    assert len(rows) == 6 and all(ln.endswith("skip (host skipped: missing ml_dtypes: pip install 'pykern[test]')")
+                                  for ln in rows), rows
+    # A backend named on the command line that cannot run stays a usage error.
+    assert main(["--kernels", "transpose_2d*", "--backends", "host,numba"]) == 2
+    assert "pip install 'pykern[numba]'" in capsys.readouterr().err
+
+
+def test_without_ml_dtypes_every_case_is_collected_and_the_runnable_ones_keep_their_data(monkeypatch) -> None:
+    # bf16 data is drawn as float32 stand-ins so the random streams stay those of a full install: a case
+    # that still runs must see exactly the data (and so the reference) it sees with ml_dtypes.
+    from pykern import arrays
+    from pykern.errors import MissingDependency
+
+    full = {c.id: c for c in CASES}
+
+    def no_ml_dtypes():
+        raise MissingDependency("ml_dtypes", "test", "bfloat16 NumPy arrays")
+
+    monkeypatch.setattr(arrays, "bfloat16", no_ml_dtypes)
+    bare = runner.collect_cases(seed=0)
+    assert [c.id for c in bare] == IDS and not runner.SKIPPED
+    pending = runner.pending_skips(bare)
+    assert pending == {"missing ml_dtypes: pip install 'pykern[test]'": sum(c.dtype == "bf16" for c in CASES)}
+    runnable = [c for c in bare if not getattr(c.run, "skip_reason", None)]
+    assert len(runnable) == sum(c.dtype == "f32" for c in CASES) > 300
+    for c in runnable:
+        got, want = c.reference(), full[c.id].reference()
+        assert set(got) == set(want)
+        for k in want:
+            np.testing.assert_array_equal(np.asarray(got[k]), np.asarray(want[k]), err_msg=f"{c.id} {k}")
+    res = runner.run_case(next(c for c in bare if c.dtype == "bf16"), runner.parse_labels("host:forward,numba"))
+    assert res.verdict == "skip" and [lr.status for lr in res.labels] == ["skip", "skip"]
+    assert res.labels[0].message == "missing ml_dtypes: pip install 'pykern[test]'"
+
+
+def test_summary_groups_skip_reasons_per_backend() -> None:
+    case = CASES[0]
+    big = runner.LabelResult("numba", "skip", message=runner.BIG_SIMULATOR)
+    results = [
+        runner.CaseResult(case, 0, 0, [runner.LabelResult("host", "ok"), big]),
+        runner.CaseResult(case, 0, 0, [runner.LabelResult("host", "fail"), runner.LabelResult("numba", "ok")]),
+        runner.CaseResult(case, 0, 0, [runner.LabelResult("host", "error"), big]),
+    ]
+    per = runner.by_backend(results)
+    assert per["host"] == {"ran": 3, "passed": 1, "failed": 1, "errors": 1, "skipped": 0, "skip_reasons": {}}
+    assert per["numba"] == {"ran": 1, "passed": 1, "failed": 0, "errors": 0, "skipped": 2,
+                            "skip_reasons": {runner.BIG_SIMULATOR: 2}}
+    text = runner.format_summary(results, runner.parse_labels("host,numba"), {"nvrtc": "no GPU (needs a CUDA GPU)"},
+                                 ["family x: its remaining cases, because y"])
+    assert text.splitlines() == [
+        "Summary: 3 cases",
+        "  host   ran 3: 1 passed, 1 failed, 1 errors",
+        "  numba  ran 1: 1 passed, 0 failed, 0 errors; skipped 2",
+        f"           2 skipped: {runner.BIG_SIMULATOR}",
+        "  nvrtc  not run: no GPU (needs a CUDA GPU)",
+        "  not collected: family x: its remaining cases, because y",
+    ]

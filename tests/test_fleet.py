@@ -473,7 +473,15 @@ def test_clis_without_the_optional_packages(tmp_path):
     assert r.returncode == 0, r.stderr
     assert "transpose_2d[f32]" in r.stdout and "Traceback" not in r.stderr
     assert "pip install 'pykern[test]'" in r.stderr  # the bf16 cases say what brings them back
-    r = run("-m", "pykern.difftest", "--kernels", "transpose_2d", "--no-big")
+    # The default run goes on with what runs here (host) and its summary names what did not and why.
+    r = run("-m", "pykern.difftest", "--kernels", "transpose_2d*", "--no-big")
+    assert r.returncode == 0, r.stdout[-3000:] + r.stderr
+    summary = r.stdout.split("\nSummary: ", 1)[1]
+    assert "  host   ran 8: 8 passed, 0 failed, 0 errors; skipped 6\n" in summary, summary
+    assert "6 skipped: missing ml_dtypes: pip install 'pykern[test]'" in summary, summary
+    assert "numba  not run: " in summary and "(pip install 'pykern[numba]')" in summary, summary
+    # Naming a backend that cannot run stays a usage error, with the extra and the way around it.
+    r = run("-m", "pykern.difftest", "--kernels", "transpose_2d", "--backends", "host,numba")
     assert r.returncode == 2 and "pip install 'pykern[numba]'" in r.stderr and "--backends host" in r.stderr
 
 

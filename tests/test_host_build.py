@@ -165,3 +165,55 @@ def test_edited_kernel_is_picked_up_in_the_same_process(tmp_path: Path, monkeypa
                        .replace("y[i] = a * smem", "y[i] = b + a * smem"))
     pykern.launch("pk_b_scale", 4, 32, x, y, 2.5, 1.0, 100, shared_mem=32 * 4, backend="host")
     np.testing.assert_array_equal(y, 1.0 + 2.5 * x)
+
+
+class _Tty:
+    """A stderr that says it is a terminal and keeps what was written."""
+
+    def __init__(self, tty: bool = True) -> None:
+        self.parts: list[str] = []
+        self.tty = tty
+
+    def write(self, s: str) -> int:
+        self.parts.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return self.tty
+
+    @property
+    def text(self) -> str:
+        return "".join(self.parts)
+
+
+@pytest.mark.parametrize("tty", [True, False])
+def test_first_build_on_a_terminal_says_so_and_clears_the_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               tty: bool) -> None:
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    src = _write(tmp_path / "k", "first_use.cu", GOOD.replace("pk_b_scale", "pk_b_first_use"))
+    err = _Tty(tty)
+    monkeypatch.setattr(sys, "stderr", err)
+    lib = HostBackend().library(src)
+    assert lib.path.is_file() and lib.path.parent == tmp_path / "cache" / "host"
+    if tty:
+        assert err.parts[0] == ("pykern: compiling first_use.cu for the host backend (first use of this source; "
+                                "`python -m pykern.precompile --host` builds every source ahead of time)...")
+        assert err.parts[-1] == "\r\033[K"  # cleared once the library is there
+    else:
+        assert err.text == ""  # logs and pipes stay clean
+    err.parts.clear()
+    HostBackend().library(src)  # a cache hit in a fresh backend: nothing to say
+    assert err.text == ""
+
+
+def test_failed_first_build_on_a_terminal_ends_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
+    src = _write(tmp_path / "k", "first_bad.cu", GOOD.replace("a * smem", "a * undefined_name * smem"))
+    err = _Tty()
+    monkeypatch.setattr(sys, "stderr", err)
+    with pytest.raises(CompileError):
+        HostBackend().library(src)
+    assert err.text.startswith("pykern: compiling first_bad.cu") and err.text.endswith(" failed\n")

@@ -34,3 +34,28 @@ def test_pykern_torch_without_torch_names_the_extra() -> None:
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=ROOT)
     assert r.returncode == 0, r.stderr
     assert "pip install 'pykern[torch]'" in r.stdout, r.stdout
+
+
+def _install_section() -> str:
+    readme = (ROOT / "README.md").read_text()
+    return readme.split("\n## Install\n", 1)[1].split("\n## ", 1)[0]
+
+
+def test_readme_install_section_names_every_extra_and_what_it_adds() -> None:
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]+) \|", _install_section(), re.M)}
+    assert set(rows) == set(extras), f"README's extras table vs pyproject: {sorted(rows)} != {sorted(extras)}"
+    for name, reqs in extras.items():
+        for req in reqs:  # each requirement's distribution is named in its row (nvidia-cuda-X as X)
+            dist = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
+            short = dist.removeprefix("nvidia-cuda-")
+            assert dist in rows[name].lower() or short in rows[name].lower(), (name, req, rows[name])
+
+
+def test_cpu_torch_path_is_consistent() -> None:
+    # The test extra pins the CPU wheel CI carries; the torch/hf extras never pin (an installed torch,
+    # CPU or CUDA, is kept), and the README tells a CPU machine to install that version first.
+    extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
+    assert "torch==2.13.0" in extras["test"]
+    assert [r for r in extras["torch"] + extras["hf"] if r.startswith("torch")] == ["torch>=2.5", "torch>=2.5"]
+    assert "pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>" in _install_section()

@@ -37,7 +37,7 @@ def _run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProce
 def test_help_tells_the_truth():
     out = _run("--help")
     assert out.returncode == 0
-    for flag in ("--arch", "--kernels", "--jobs", "--cache-dir", "--out", "--json", "compute_XX", "all"):
+    for flag in ("--arch", "--kernels", "--jobs", "--cache-dir", "--out", "--json", "compute_XX", "all", "--host"):
         assert flag in out.stdout
 
 
@@ -131,3 +131,87 @@ def test_unusable_out_folder_is_a_usage_error(env, tmp_path, capsys):
     err = capsys.readouterr().err
     assert f"precompile: --out: cannot create the bundle folder {str(blocker / 'bundle')!r}" in err
     assert not (tmp_path / "cache").exists()  # checked before any compile
+
+
+# ---- --host: the host backend's C++ builds ------------------------------------------------------------
+class _Tty:
+    def __init__(self) -> None:
+        self.parts: list[str] = []
+
+    def write(self, s: str) -> int:
+        self.parts.append(s)
+        return len(s)
+
+    def flush(self) -> None:
+        pass
+
+    def isatty(self) -> bool:
+        return True
+
+
+def _host_library(src: Path) -> Path:
+    from pykern import sources
+    from pykern.host import build
+    from pykern.registry import parse_file
+
+    s = sources.load(src)
+    return build.library_path(s.path, s.text, s.digest(), sources.include_dirs(s.path.parent), parse_file(s.path))
+
+
+def test_host_builds_the_selected_source_then_hits(env, tmp_path, capsys):
+    lib = _host_library(env / "pkt_other.cu")  # the only source defining pkt_fill
+    assert lib.parent == tmp_path / "cache" / "host" and not lib.exists()
+    assert precompile.main(["--host", "--kernels", "pkt_fill", "--jobs", "2"]) == 0
+    out, err = capsys.readouterr()
+    assert lib.is_file()  # the very library the host backend will load
+    assert err.startswith("[1/1] host       pkt_other.cu             built (") and "\r" not in err  # one line per item
+    assert out.splitlines()[0].split()[:3] == ["pkt_other.cu", "host", "built"]
+    assert "1 host builds (" in out and "0 cache hits, 1 built, 0 failed" in out
+    from pykern.backends.host import HostBackend
+
+    assert HostBackend().library(env / "pkt_other.cu").path == lib  # found, not rebuilt
+
+    assert precompile.main(["--host", "--kernels", "pkt_fill", "--json"]) == 0
+    out, err = capsys.readouterr()
+    doc = json.loads(out)["host"]
+    assert (doc["sources"], doc["hits"], doc["built"], doc["failed"]) == (1, 1, 0, 0)
+    assert doc["results"] == [{"source": str((env / "pkt_other.cu").resolve()), "status": "hit",
+                               "seconds": doc["results"][0]["seconds"], "library": str(lib)}]
+    assert "[1/1] host       pkt_other.cu             hit (" in err
+
+
+def test_host_progress_bar_on_a_terminal(env, tmp_path, monkeypatch, capsys):
+    tty = _Tty()
+    monkeypatch.setattr(sys, "stderr", tty)
+    assert precompile.main(["--host", "--kernels", "pkt_*", "--jobs", "1"]) == 0
+    text = "".join(tty.parts)
+    assert "\r\033[Khost [........................] 0/2 " in text and "building pkt_" in text
+    assert "\r\033[Khost [############............] 1/2 " in text
+    assert "\r\033[Khost [########################] 2/2 " in text
+    assert text.endswith("\r\033[K")  # the bar is cleared; the table follows on stdout
+    assert "[1/2]" not in text  # no per-item lines on a terminal
+    assert "2 host builds (" in capsys.readouterr().out
+
+
+def test_host_failure_and_usage(env, tmp_path, capsys):
+    (env / "pkt_zbroken.cu").write_text('extern "C" __global__ void pkt_zbroken(float* y) {\n  y[0] = nope;\n}\n')
+    assert precompile.main(["--host", "--kernels", "pkt_zbroken", "--jobs", "1"]) == 1
+    out, err = capsys.readouterr()
+    assert "FAILED pkt_zbroken.cu for the host backend" in err and f"{env / 'pkt_zbroken.cu'}:2" in err
+    assert "nope" in err and "0 built, 1 failed" in out
+    assert precompile.main(["--kernels", "pkt_fill"]) == 2
+    assert "expected --arch ARCH (NVRTC) and/or --host" in capsys.readouterr().err
+    assert precompile.main(["--host", "--out", str(tmp_path / "b")]) == 2
+    assert "--out, --option and --define apply to the NVRTC compiles" in capsys.readouterr().err
+    assert precompile.main(["--host", "--jobs", "0"]) == 2
+
+
+def test_host_and_arch_together(env, tmp_path, capsys):
+    assert precompile.main(["--host", "--arch", "sm_80", "--kernels", "pkt_fill", "--jobs", "1",
+                            "--cache-dir", str(tmp_path / "both")]) == 0
+    out, err = capsys.readouterr()
+    assert "[1/1] host" in err and "[1/1] sm_80" in err
+    assert any(ln.startswith("pkt_fill") and "sm_80" in ln for ln in out.splitlines())
+    assert list((tmp_path / "both" / "host").glob("pkt_other-*.so"))
+    assert len(list(cache.iter_entries(tmp_path / "both"))) == 1
+    assert not (tmp_path / "cache").exists()  # --cache-dir holds both kinds

@@ -125,3 +125,93 @@ def test_non_utf8_source_names_the_file(kpath, tmp_path, monkeypatch):
     kpath(tmp_path)
     with pytest.raises(RegistryError, match=r"latin\.cu: not UTF-8"):
         pykern.kernels()
+
+
+# ---- __launch_bounds__ through macros ------------------------------------------------------------
+# Hand-computed from kernels_cu: FA_THREADS 256 (flash_attention.cu), FATC_THREADS 128
+# (pk_attention_tc.cuh, included), PA_NT 128 (paged.cu).
+_MACRO_BOUNDS = {
+    "flash_attention_d64": 256, "flash_attention_d128_bf16": 256, "flash_attention_d256": 256,
+    "flash_attention_tc_d64_bf16": 128, "flash_attention_tc_d256_bf16": 128,
+    "attention_backward_tc_dkdv_d64_bf16": 128, "attention_backward_tc_dq_d256_bf16": 128,
+    "paged_attn": 128, "dense_attn_bf16kv": 128, "paged_attn_merge": 128, "paged_append_kv_bf16": 128,
+}
+
+
+def test_macro_launch_bounds_of_the_shipped_kernels():
+    got = {s.name: s.max_threads for s in pykern.kernels()}
+    assert {k: got[k] for k in _MACRO_BOUNDS} == _MACRO_BOUNDS
+
+
+def test_every_shipped_kernel_with_launch_bounds_has_its_limit():
+    import re
+
+    from pykern.sources import KERNELS_DIR
+
+    bounded = set()
+    for cu in KERNELS_DIR.glob("*.cu"):
+        bounded |= set(re.findall(r'__global__ void __launch_bounds__\([^\n]*?\)\s+(\w+)\(', cu.read_text()))
+    assert len(bounded) > 80
+    missing = sorted(s.name for s in pykern.kernels() if s.name in bounded and s.max_threads is None)
+    assert not missing
+
+
+def _write(tmp_path, text, name="lb.cu"):
+    (tmp_path / name).write_text(textwrap.dedent(text))
+
+
+def test_launch_bounds_forms(kpath, tmp_path):
+    (tmp_path / "lb_defs.cuh").write_text("#pragma once\n#define LB_WARPS 4\n#define LB_THREADS (LB_WARPS * 32)\n")
+    _write(tmp_path, """\
+        #include "lb_defs.cuh"
+        #define LB_BIG (1 << 9)   /* 512 */
+        #define PK_BOUNDS(n, m) __launch_bounds__(n, m)
+        #define PK_B256 __launch_bounds__(0x100u)
+        #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900
+        #define LB_MINB 1
+        #else
+        #define LB_MINB 2
+        #endif
+        extern "C" __global__ void __launch_bounds__(LB_THREADS, LB_MINB) lb_hdr(float* x) {}
+        extern "C" __global__ void __launch_bounds__((4 * 32) + 64) lb_expr(float* x) {}
+        extern "C" __global__ void PK_BOUNDS(LB_BIG, 1) lb_fn(float* x) {}
+        extern "C" __global__ void PK_B256 lb_obj(float* x) {}
+        extern "C" __global__ void lb_none(float* x) {}
+        extern "C" __global__ void __launch_bounds__(\\
+            LB_THREADS / 2) lb_split(float* x) {}
+        """)
+    kpath(tmp_path)
+    got = {n: registry.get(n).max_threads for n in ("lb_hdr", "lb_expr", "lb_fn", "lb_obj", "lb_none", "lb_split")}
+    assert got == {"lb_hdr": 128, "lb_expr": 192, "lb_fn": 512, "lb_obj": 256, "lb_none": None, "lb_split": 64}
+    assert [p.name for p in registry.get("lb_fn").params] == ["x"]  # PK_BOUNDS(...) is not the kernel
+
+
+def test_launch_bounds_the_registry_cannot_read(kpath, tmp_path, monkeypatch):
+    # Defined twice with different values (under #if): unknown, never a guess.
+    _write(tmp_path, """\
+        #ifdef BIG
+        #define LB_T 512
+        #else
+        #define LB_T 128
+        #endif
+        extern "C" __global__ void __launch_bounds__(LB_T) lb_amb(float* x) {}
+        """)
+    kpath(tmp_path)
+    with pytest.warns(registry.RegistryWarning, match=r"lb_amb.*cannot read __launch_bounds__.*LB_T"):
+        assert registry.get("lb_amb").max_threads is None
+    monkeypatch.setenv("PYKERN_STRICT", "1")
+    registry.refresh()
+    with pytest.raises(RegistryError, match=r"lb\.cu:6: kernel 'lb_amb': cannot read __launch_bounds__"):
+        registry.get("lb_amb")
+
+
+def test_too_many_threads_for_a_macro_bound_raises_before_launch():
+    import numpy as np
+
+    from pykern.errors import ArgumentError
+
+    spec = registry.get("paged_attn_merge")  # __launch_bounds__(PA_NT): 128
+    args = [np.zeros(4, np.float32) if p.is_pointer else 1 for p in spec.params]
+    for backend in ("host", "numba"):
+        with pytest.raises(ArgumentError, match=r"block: paged_attn_merge is declared __launch_bounds__\(128\).*256 threads"):
+            pykern.launch("paged_attn_merge", 1, 256, *args, backend=backend)

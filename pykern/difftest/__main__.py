@@ -23,7 +23,8 @@ def _parser() -> argparse.ArgumentParser:
                "or a named backend that cannot run here.",
     )
     p.add_argument("--backends", help="comma-separated: nvrtc, numba, host[:forward|:reverse|:random:SEED|:sanitize] "
-                   "(default: nvrtc,numba with a GPU, host,numba without)")
+                   "(default: nvrtc,numba with a GPU, host,numba without; a default one that cannot run here "
+                   "is left out and named in the summary, a named one is an error)")
     p.add_argument("--kernels", help="only cases launching a kernel that matches this glob (',' separates globs)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random case data (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
@@ -37,15 +38,6 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
-def _importable(name: str) -> bool:
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(name) is not None
-    except (ImportError, ValueError):  # a parent package missing, or blocked in sys.modules
-        return False
-
-
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
     t0 = time.perf_counter()
@@ -53,7 +45,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         runner.load_extra()
         if args.extra:
             runner.load_extra(args.extra)
-        labels = runner.parse_labels(args.backends) if args.backends else runner.default_labels()
+        not_run: dict[str, str] = {}
+        if args.backends:
+            labels = runner.parse_labels(args.backends)
+        else:
+            labels, not_run = runner.usable_default_labels()
         cases = runner.collect_cases(args.seed, args.kernels, big=not args.no_big)
         if args.case_limit is not None:
             cases = runner.limit_cases(cases, args.case_limit, args.kernels)
@@ -62,6 +58,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     for why in runner.SKIPPED:  # an optional package missing: say which extra brings those cases back
         print(f"difftest: skipped {why}", file=sys.stderr)
+    for why, n in runner.pending_skips(cases).items():
+        print(f"difftest: {n} of the {len(cases)} selected cases will be skipped: {why}", file=sys.stderr)
     if args.list:
         for c in cases:
             print(f"{c.id}  kernels={','.join(c.kernels)}")
@@ -73,11 +71,15 @@ def main(argv: Sequence[str] | None = None) -> int:
         "LD_PRELOAD", ""
     ):
         return _reexec_sanitized(sys.argv[1:] if argv is None else list(argv))
+    if not labels:  # the default run and no backend can run here
+        for name, why in not_run.items():
+            print(f"difftest: backend {name!r} is unavailable: {why}", file=sys.stderr)
+        return 2
     problems = runner.check_available(labels)
     if problems:
         for m in problems:
             print(f"difftest: {m}", file=sys.stderr)
-        if any(lb.backend == "numba" for lb in labels) and not _importable("numba.cuda"):
+        if any(m.startswith("backend 'numba'") for m in problems) and not runner.importable("numba.cuda"):
             print("difftest: the numba backend comes with an extra: pip install 'pykern[numba]' "
                   "(or pip install 'pykern[test]'); or leave it out: --backends host", file=sys.stderr)
         return 2
@@ -93,6 +95,9 @@ def main(argv: Sequence[str] | None = None) -> int:
                 desc += f", schedule {os.environ.get('PYKERN_HOST_SCHEDULE') or 'forward (default)'}"
             env = " ".join(f"{k}={v}" for k, v in lb.env)
             print(f"# {lb.text}: {desc}{' with ' + env if env else ''}", file=out)
+        for name, why in not_run.items():
+            if not any(lb.backend == name for lb in labels):
+                print(f"# {name}: not run: {why}", file=out)
         print(f"# {len(cases)} cases, seed {args.seed}", file=out)
     results = []
     header_done = False
@@ -108,7 +113,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     seconds = time.perf_counter() - t0
     summary = runner.summarize(results)
     if args.json:
-        print(runner.to_json(results, labels, seconds, args.seed), file=out)
+        print(runner.to_json(results, labels, seconds, args.seed, not_run=not_run, not_collected=runner.SKIPPED),
+              file=out)
     else:
         fails = [m for r in results for m in r.failures()]
         if fails:
@@ -120,6 +126,7 @@ def main(argv: Sequence[str] | None = None) -> int:
               f"{summary['skipped_backend_runs']} backend runs skipped; "
               f"{summary['kernels']} kernels; backends {','.join(lb.text for lb in labels)}; "
               f"{seconds:.1f} s", file=out)
+        print(runner.format_summary(results, labels, not_run, runner.SKIPPED), file=out)
     ok = summary["failed"] == summary["errors"] == 0 and summary["passed"] > 0
     return 0 if ok else 1
 

@@ -17,7 +17,7 @@ import sys
 import time
 import zlib
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterator, Mapping, Sequence
 
@@ -80,6 +80,45 @@ def default_labels() -> list[Label]:
 
     ok, _ = get_backend("nvrtc").available()
     return parse_labels("nvrtc,numba" if ok else "host,numba")
+
+
+def importable(name: str) -> bool:
+    try:
+        return importlib.util.find_spec(name) is not None
+    except (ImportError, ValueError):  # a parent package missing, or blocked in sys.modules
+        return False
+
+
+def _hint(backend: str) -> str:
+    """What brings an unavailable backend back (named in the CLI's summary)."""
+    if backend == "numba":
+        return "pip install 'pykern[numba]'" if not importable("numba.cuda") else ""
+    return {"nvrtc": "needs a CUDA GPU and driver", "host": "needs a C++17 compiler (g++ or clang++)"}.get(backend, "")
+
+
+def usable_default_labels() -> tuple[list[Label], dict[str, str]]:
+    """The default labels that can run here, and {backend: why it does not run} for every other backend.
+
+    Without --backends the CLI runs what it can (after the main install: host alone) and says what it
+    left out and what brings it back, instead of refusing; a backend named on the command line that
+    cannot run stays an error.
+    """
+    from ..backends import NAMES, get_backend
+
+    labels, not_run = [], {}
+    for name in NAMES:
+        try:
+            ok, why = get_backend(name).available()
+        except Exception as e:  # e.g. a backend module that fails to import
+            ok, why = False, f"{type(e).__name__}: {e}"
+        if not ok:
+            hint = _hint(name)
+            not_run[name] = f"{why} ({hint})" if hint else why
+    for lb in default_labels():
+        if lb.backend in not_run:
+            continue
+        labels.append(lb)
+    return labels, not_run
 
 
 def check_available(labels: Sequence[Label]) -> list[str]:
@@ -162,20 +201,88 @@ def family_rng(seed: int, family: str) -> np.random.Generator:
 
 
 def collect_cases(seed: int = 0, kernels: str | None = None, big: bool = True) -> list[Case]:
-    """Every registered family's cases (sorted by family), filtered by a kernel glob (',' = or) and note="big"."""
+    """Every registered family's cases (sorted by family), filtered by a kernel glob (',' = or) and note="big".
+
+    Without ml_dtypes the cases are still all collected: bf16 data is drawn as float32 stand-ins (the
+    random streams stay those of a full install), and a case whose data needed bf16 is replaced by
+    one that raises MissingDependency, which `run_case` reports as skipped with the extra to install.
+    """
     globs = [g.strip() for g in (kernels or "").split(",") if g.strip()]
     out: list[Case] = []
     SKIPPED.clear()
+    missing = _missing_bf16()
     for family, gen in sorted(families().items()):
+        used = [False]
         try:
-            for case in gen(family_rng(seed, family)):
-                if not big and case.note == "big":
-                    continue
-                if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
-                    out.append(case)
-        except MissingDependency as e:  # e.g. bf16 data without ml_dtypes: the other families still run
+            with _bf16_stand_in(missing, used):
+                for case in gen(family_rng(seed, family)):
+                    # A bf16 case needs bf16 arrays even when its generator fetched the dtype once for
+                    # several cases; any other case that asked for bf16 while being built does too.
+                    if missing is not None and (used[0] or case.dtype == "bf16"):
+                        case, used[0] = _needs(case, missing), False
+                    if not big and case.note == "big":
+                        continue
+                    if not globs or any(fnmatch.fnmatchcase(k, g) for k in case.kernels for g in globs):
+                        out.append(case)
+        except MissingDependency as e:  # another optional package: the other families still run
             SKIPPED.append(f"family {family}: its remaining cases, because {e}")
     return out
+
+
+def _missing_bf16() -> MissingDependency | None:
+    from ..arrays import bfloat16
+
+    try:
+        bfloat16()
+    except MissingDependency as e:
+        return e
+    return None
+
+
+@contextmanager
+def _bf16_stand_in(missing: MissingDependency | None, used: list[bool]) -> Iterator[None]:
+    """While a family generates its cases without ml_dtypes: `arrays.bfloat16()` is float32, and `used`
+    records that the case being generated asked for it (the case modules look it up at call time)."""
+    if missing is None:
+        yield
+        return
+    from .. import arrays
+
+    real = arrays.bfloat16
+
+    def stand_in() -> np.dtype:
+        used[0] = True
+        return np.dtype(np.float32)
+
+    arrays.bfloat16 = stand_in  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        arrays.bfloat16 = real  # type: ignore[assignment]
+
+
+def _needs(case: Case, missing: MissingDependency) -> Case:
+    """The case with its data discarded: running it (or its reference) raises `missing`."""
+    def unavailable(*_: Any) -> Any:
+        raise missing
+
+    unavailable.skip_reason = skip_reason(missing)  # type: ignore[attr-defined]
+    return replace(case, run=unavailable, reference=unavailable)
+
+
+def pending_skips(cases: Sequence[Case]) -> dict[str, int]:
+    """{reason: count} of the cases that will skip because an optional package is missing."""
+    out: dict[str, int] = {}
+    for c in cases:
+        why = getattr(c.run, "skip_reason", None)
+        if why:
+            out[why] = out.get(why, 0) + 1
+    return out
+
+
+def skip_reason(e: MissingDependency) -> str:
+    """One line per missing package, the same for every case it skips (the summary groups by it)."""
+    return f"missing {e.package}: pip install 'pykern[{e.extra}]'"
 
 
 def limit_cases(cases: Sequence[Case], per_kernel: int, kernels: str | None = None) -> list[Case]:
@@ -345,11 +452,16 @@ def run_on(case: Case, label: Label) -> Mapping[str, Any]:
     return {k: np.asarray(v) for k, v in outs.items()}
 
 
+BIG_SIMULATOR = "big case, numba simulator too slow"
+
+
 def run_case(case: Case, labels: Sequence[Label], skip_big_simulator: bool = True) -> CaseResult:
     """Run one case on every label; compare each with the reference and every pair with each other."""
     atol, rtol = tolerance(case.op, case.dtype)
     try:
         ref = {k: _as_f64(v) for k, v in case.reference().items()}
+    except MissingDependency as e:  # the environment's, not the case's: every backend skips it
+        return CaseResult(case, atol, rtol, [LabelResult(lb.text, "skip", message=skip_reason(e)) for lb in labels])
     except Exception as e:  # a broken NumPy reference is the case's failure, not the harness's
         msg = f"NumPy reference raised {type(e).__name__}: {e}"
         return CaseResult(case, atol, rtol, [LabelResult("reference", "error", message=msg)])
@@ -357,11 +469,14 @@ def run_case(case: Case, labels: Sequence[Label], skip_big_simulator: bool = Tru
     outputs: dict[str, Mapping[str, Any]] = {}
     for lb in labels:
         if skip_big_simulator and case.note == "big" and is_simulator(lb):
-            results.append(LabelResult(lb.text, "skip", message="big case, numba simulator too slow"))
+            results.append(LabelResult(lb.text, "skip", message=BIG_SIMULATOR))
             continue
         t0 = time.perf_counter()
         try:
             outs = run_on(case, lb)
+        except MissingDependency as e:
+            results.append(LabelResult(lb.text, "skip", message=skip_reason(e)))
+            continue
         except Exception as e:
             results.append(LabelResult(lb.text, "error", time.perf_counter() - t0,
                                        message=f"{type(e).__name__}: {e}".strip()))
@@ -417,7 +532,8 @@ def format_table(results: Sequence[CaseResult]) -> str:
     return "\n".join("  ".join(v.ljust(w) for v, w in zip(r, widths)) + "  " + r[-1] for r in rows)
 
 
-def to_json(results: Sequence[CaseResult], labels: Sequence[Label], seconds: float, seed: int) -> str:
+def to_json(results: Sequence[CaseResult], labels: Sequence[Label], seconds: float, seed: int,
+            not_run: Mapping[str, str] | None = None, not_collected: Sequence[str] = ()) -> str:
     cases = []
     for r in results:
         cases.append({
@@ -432,7 +548,9 @@ def to_json(results: Sequence[CaseResult], labels: Sequence[Label], seconds: flo
             "failures": r.failures(),
         })
     summary = summarize(results)
-    summary.update({"backends": [lb.text for lb in labels], "seconds": round(seconds, 2), "seed": seed})
+    summary.update({"backends": [lb.text for lb in labels], "seconds": round(seconds, 2), "seed": seed,
+                    "not_run": {k: v for k, v in (not_run or {}).items() if not any(lb.backend == k for lb in labels)},
+                    "not_collected": list(not_collected)})
     return json.dumps({"summary": summary, "cases": cases}, indent=1)
 
 
@@ -449,4 +567,44 @@ def summarize(results: Sequence[CaseResult]) -> dict[str, Any]:
         "skipped": sum(r.verdict == "skip" for r in results),
         "skipped_backend_runs": sum(lr.status == "skip" for r in results for lr in r.labels),
         "kernels": len({k for r in results for k in r.case.kernels}),
+        "by_backend": by_backend(results),
     }
+
+
+def by_backend(results: Sequence[CaseResult]) -> dict[str, dict[str, Any]]:
+    """Per label: cases it ran, passed (within tolerance of the reference), failed, errors, and the cases
+    it skipped, counted per reason (a reason names what brings the cases back)."""
+    out: dict[str, dict[str, Any]] = {}
+    for r in results:
+        for lr in r.labels:
+            d = out.setdefault(lr.label, {"ran": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0,
+                                          "skip_reasons": {}})
+            if lr.status == "skip":
+                d["skipped"] += 1
+                d["skip_reasons"][lr.message] = d["skip_reasons"].get(lr.message, 0) + 1
+                continue
+            d["ran"] += 1
+            d[{"ok": "passed", "fail": "failed", "error": "errors"}[lr.status]] += 1
+    return out
+
+
+def format_summary(results: Sequence[CaseResult], labels: Sequence[Label], not_run: Mapping[str, str],
+                   not_collected: Sequence[str] = ()) -> str:
+    """The CLI's closing block: per backend what ran, what passed, what was skipped and why."""
+    per = by_backend(results)
+    lines = [f"Summary: {len(results)} cases"]
+    width = max([len(lb.text) for lb in labels] + [len(n) for n in not_run] + [1])
+    for lb in labels:
+        d = per.get(lb.text, {"ran": 0, "passed": 0, "failed": 0, "errors": 0, "skipped": 0, "skip_reasons": {}})
+        line = f"  {lb.text.ljust(width)}  ran {d['ran']}: {d['passed']} passed, {d['failed']} failed, {d['errors']} errors"
+        if d["skipped"]:
+            line += f"; skipped {d['skipped']}"
+        lines.append(line)
+        for why, n in sorted(d["skip_reasons"].items(), key=lambda kv: -kv[1]):
+            lines.append(f"  {' ' * width}    {n} skipped: {why}")
+    for name, why in not_run.items():
+        if not any(lb.backend == name for lb in labels):
+            lines.append(f"  {name.ljust(width)}  not run: {why}")
+    for why in not_collected:
+        lines.append(f"  not collected: {why}")
+    return "\n".join(lines)

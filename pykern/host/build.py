@@ -15,12 +15,15 @@ import re
 import shlex
 import shutil
 import subprocess
+import sys
 import tempfile
+import threading
 import warnings
+from contextlib import contextmanager
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Sequence
+from typing import Iterator, Sequence
 
 from . import gpu_conv
 from ..errors import BackendUnavailable, CacheMiss, CompileError
@@ -391,15 +394,18 @@ def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
     return target
 
 
-def build(
-    path: Path,
-    text: str,
-    digest: str,
-    include_dirs: Sequence[Path],
-    specs: Sequence[KernelSpec],
-    sanitize: bool = False,
-) -> Path:
-    """The cached library for one source (built now on a miss); safe under concurrent processes."""
+@dataclass(frozen=True)
+class _Plan:
+    cc: Compiler
+    tu: str
+    opts: tuple[str, ...]
+    incs: list[str]
+    rewrite: bool
+    target: Path
+
+
+def _plan(path: Path, text: str, digest: str, include_dirs: Sequence[Path], specs: Sequence[KernelSpec],
+          sanitize: bool) -> _Plan:
     cc = find_compiler()
     tu = translation_unit(path, text, specs)
     opts = flags(sanitize)
@@ -417,22 +423,88 @@ def build(
         gpu_conv.tag() if rewrite else b"gpu-conv-off",
     )
     tag = "-asan" if sanitize else ("-checked" if "-fsanitize=thread" in opts else "")
-    target = host_cache_dir() / f"{path.stem}{tag}-{key}.so"
-    if target.exists():
-        return target
+    return _Plan(cc, tu, opts, incs, rewrite, host_cache_dir() / f"{path.stem}{tag}-{key}.so")
+
+
+def library_path(path: Path, text: str, digest: str, include_dirs: Sequence[Path], specs: Sequence[KernelSpec],
+                 sanitize: bool = False) -> Path:
+    """Where `build` keeps (or will keep) this source's library: it exists exactly when the build is cached."""
+    return _plan(path, text, digest, include_dirs, specs, sanitize).target
+
+
+def build(
+    path: Path,
+    text: str,
+    digest: str,
+    include_dirs: Sequence[Path],
+    specs: Sequence[KernelSpec],
+    sanitize: bool = False,
+    announce: bool = True,
+) -> Path:
+    """The cached library for one source (built now on a miss); safe under concurrent processes.
+
+    A build on a miss takes seconds per source: with `announce` and stderr a terminal, one line says
+    so while it runs (cleared when done); `python -m pykern.precompile --host` builds them ahead of time.
+    """
+    plan = _plan(path, text, digest, include_dirs, specs, sanitize)
+    if plan.target.exists():
+        return plan.target
     from ..cache import jit_disabled
 
     if jit_disabled():
-        raise CacheMiss(f"host backend: no cached build of {path} ({target.name}) and PYKERN_DISABLE_JIT=1")
-    rt = runtime_object(cc, opts)
+        raise CacheMiss(f"host backend: no cached build of {path} ({plan.target.name}) and PYKERN_DISABLE_JIT=1")
     gpu_conv.flush_warnings(False)
     ok = False
     try:
-        _build_tu(path, tu, incs, opts, cc, rt, target, rewrite, include_dirs)
+        with _first_use_notice(path, announce):
+            rt = runtime_object(plan.cc, plan.opts)
+            _build_tu(path, plan.tu, plan.incs, plan.opts, plan.cc, rt, plan.target, plan.rewrite, include_dirs)
         ok = True
     finally:
         gpu_conv.flush_warnings(ok)
-    return target
+    return plan.target
+
+
+# ---- first-use notice -------------------------------------------------------------------
+_notice_lock = threading.Lock()
+_notice_open: list[object] = []  # the token of the build whose line is on screen, if any
+
+
+def _stderr_is_tty() -> bool:
+    try:
+        return sys.stderr.isatty()
+    except (AttributeError, ValueError):  # replaced by an object without isatty, or closed
+        return False
+
+
+@contextmanager
+def _first_use_notice(path: Path, enabled: bool) -> Iterator[None]:
+    """On a terminal: "pykern: compiling X for the host backend ..." while the build runs, then the line is
+    cleared (or ends in "failed"; the exception says why). Never on a pipe or file: logs stay clean."""
+    if not enabled or not _stderr_is_tty():
+        yield
+        return
+    token = object()
+    msg = (f"pykern: compiling {path.name} for the host backend (first use of this source; "
+           "`python -m pykern.precompile --host` builds every source ahead of time)...")
+    with _notice_lock:
+        if _notice_open:  # another thread's build line is open: keep it, start ours below it
+            sys.stderr.write("\n")
+        sys.stderr.write(msg)
+        sys.stderr.flush()
+        _notice_open[:] = [token]
+    ok = False
+    try:
+        yield
+        ok = True
+    finally:
+        with _notice_lock:
+            if _notice_open and _notice_open[0] is token:
+                sys.stderr.write("\r\033[K" if ok else " failed\n")
+                _notice_open.clear()
+            elif not ok:
+                sys.stderr.write(f"pykern: compiling {path.name} for the host backend failed\n")
+            sys.stderr.flush()
 
 
 def _build_tu(path: Path, tu: str, incs: list[str], opts: Sequence[str], cc: Compiler, rt: Path, target: Path,
