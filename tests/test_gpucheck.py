@@ -160,6 +160,8 @@ def test_launch_bounds_resolve_macros_and_literals():
     assert fa["flash_attention_d128"] == 256
     tr = checks.launch_bounds(root / "training.cu")
     assert tr["transpose_2d"] == 256 and tr["softmax_backward"] == 512
+    # one table with the launcher: the kernels the registry bounds, with the registry's values
+    assert fa == {s.name: s.max_threads for s in registry.kernels() if s.source.name == "flash_attention.cu"}
 
 
 def test_recorded_launches_cover_every_kernel_with_the_ops_geometry():

@@ -5,7 +5,6 @@ tests run these steps against tests/fake_driver.py.
 """
 from __future__ import annotations
 
-import re
 from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -170,28 +169,12 @@ def recorded_launches(cases: Sequence[Any] | None = None) -> tuple[dict[str, set
 
 # --------------------------------------------------------------------------------------------- resources
 
-_LB = re.compile(r"__launch_bounds__\s*\(\s*([A-Za-z_]\w*|\d+)[^)]*\)\s*([A-Za-z_]\w*)\s*\(")
-_DEFINE = re.compile(r"^\s*#\s*define\s+([A-Za-z_]\w*)\s+\(?\s*(\d+)\s*\)?\s*$", re.M)
-
-
 def launch_bounds(source_path: str | Path) -> dict[str, int]:
-    """kernel -> max threads per block from `__launch_bounds__(N, ...)` (N a literal or a #define in
-    the source or its headers); kernels without one are absent."""
-    from ..sources import load
+    """kernel -> max threads per block from its `__launch_bounds__` (literal, macro or expression:
+    the registry resolves them); kernels without one are absent."""
+    from .. import registry
 
-    src = load(source_path)
-    texts = [src.text, *(b.decode("utf-8", "replace") for b in src.headers.values())]
-    defines: dict[str, int] = {}
-    for t in texts:
-        for name, value in _DEFINE.findall(t):
-            defines.setdefault(name, int(value))
-    out = {}
-    for m in _LB.finditer(src.text):
-        tok, kernel = m.group(1), m.group(2)
-        n = int(tok) if tok.isdigit() else defines.get(tok)
-        if n is not None:
-            out[kernel] = n
-    return out
+    return {s.name: s.max_threads for s in registry.parse_file(Path(source_path)) if s.max_threads is not None}
 
 
 @dataclass
