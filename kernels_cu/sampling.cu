@@ -541,12 +541,12 @@ __device__ void sp_mask(const T* __restrict__ logits, T* __restrict__ out, const
 }
 
 // flags: SRF_K_ARR. Keeps the entries >= the k-th largest logit, the rest become -inf.
-extern "C" __global__ void __launch_bounds__(SP_NT) top_k_mask_logits(const float* __restrict__ logits,
+extern "C" __global__ void __launch_bounds__(SP_NT) sampling_top_k_mask_logits(const float* __restrict__ logits,
         float* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
     sp_mask<float>(logits, out, top_k_arr, vocab, flags, top_k_val);
 }
 
-extern "C" __global__ void __launch_bounds__(SP_NT) top_k_mask_logits_bf16(const unsigned short* __restrict__ logits,
+extern "C" __global__ void __launch_bounds__(SP_NT) sampling_top_k_mask_logits_bf16(const unsigned short* __restrict__ logits,
         unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
     sp_mask<unsigned short>(logits, out, top_k_arr, vocab, flags, top_k_val);
 }

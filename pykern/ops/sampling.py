@@ -333,7 +333,7 @@ def _renorm(name: str, x: Any, top_k: Any, top_p: Any, stream: Any, backend: str
     if batch:
         stream = arrays.launch_stream(stream, x)
         if name == "logits":
-            launch("top_k_mask_logits" + arrays.kernel_suffix(kind), (batch,), (NT,), x.reshape(-1), out.reshape(-1),
+            launch("sampling_top_k_mask_logits" + arrays.kernel_suffix(kind), (batch,), (NT,), x.reshape(-1), out.reshape(-1),
                    k_arr, vocab, flags & _R_K_ARR, int(k_val), stream=stream, backend=backend)
         else:
             launch("sampling_renorm_probs" + arrays.kernel_suffix(kind), (batch,), (NT,), x.reshape(-1),

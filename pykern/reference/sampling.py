@@ -283,7 +283,7 @@ def _renorm(cuda: Any) -> Any:
     return k, config
 
 
-@reference("top_k_mask_logits", "top_k_mask_logits_bf16")
+@reference("sampling_top_k_mask_logits", "sampling_top_k_mask_logits_bf16")
 def _mask(cuda: Any) -> Any:
     import math
 
