@@ -408,7 +408,7 @@ __device__ void sp_sample(const T* __restrict__ probs, int* __restrict__ out, un
 
 // flags: SPF_* above. Per-row parameter arrays are indexed by the output row; seed_arr and
 // offset_arr hold (lo, hi) 32-bit word pairs per row. Absent arrays are 1-element dummies.
-extern "C" __global__ void __launch_bounds__(SP_NT) sampling_from_probs(const float* __restrict__ probs,
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_from_probs(const float* __restrict__ probs,
         int* __restrict__ out, unsigned char* __restrict__ valid, const int* __restrict__ indices,
         const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
         const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
@@ -418,7 +418,7 @@ extern "C" __global__ void __launch_bounds__(SP_NT) sampling_from_probs(const fl
     sp_sample<float>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, a);
 }
 
-extern "C" __global__ void __launch_bounds__(SP_NT) sampling_from_probs_bf16(const unsigned short* __restrict__ probs,
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_from_probs_bf16(const unsigned short* __restrict__ probs,
         int* __restrict__ out, unsigned char* __restrict__ valid, const int* __restrict__ indices,
         const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
         const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
@@ -514,13 +514,13 @@ __device__ void sp_renorm(const T* __restrict__ probs, T* __restrict__ out, cons
 }
 
 // flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR.
-extern "C" __global__ void __launch_bounds__(SP_NT) sampling_renorm_probs(const float* __restrict__ probs,
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_renorm_probs(const float* __restrict__ probs,
         float* __restrict__ out, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab,
         int flags, int top_k_val, float top_p_val) {
     sp_renorm<float>(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val);
 }
 
-extern "C" __global__ void __launch_bounds__(SP_NT) sampling_renorm_probs_bf16(const unsigned short* __restrict__ probs,
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_renorm_probs_bf16(const unsigned short* __restrict__ probs,
         unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,
         int vocab, int flags, int top_k_val, float top_p_val) {
     sp_renorm<unsigned short>(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val);
@@ -541,12 +541,12 @@ __device__ void sp_mask(const T* __restrict__ logits, T* __restrict__ out, const
 }
 
 // flags: SRF_K_ARR. Keeps the entries >= the k-th largest logit, the rest become -inf.
-extern "C" __global__ void __launch_bounds__(SP_NT) sampling_top_k_mask_logits(const float* __restrict__ logits,
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_top_k_mask_logits(const float* __restrict__ logits,
         float* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
     sp_mask<float>(logits, out, top_k_arr, vocab, flags, top_k_val);
 }
 
-extern "C" __global__ void __launch_bounds__(SP_NT) sampling_top_k_mask_logits_bf16(const unsigned short* __restrict__ logits,
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_top_k_mask_logits_bf16(const unsigned short* __restrict__ logits,
         unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
     sp_mask<unsigned short>(logits, out, top_k_arr, vocab, flags, top_k_val);
 }
