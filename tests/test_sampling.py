@@ -77,10 +77,10 @@ def _chi_square(samples: np.ndarray, dist: np.ndarray) -> tuple[float, int, floa
 
 SAMPLING = [
     ("sampling_from_probs", (), {}),
-    ("top_k_sampling_from_probs", (4,), {"top_k": 4}),  # the 4th value (0.1) is tied: 5 tokens kept
-    ("top_p_sampling_from_probs", (0.6,), {"top_p": 0.6}),
-    ("min_p_sampling_from_probs", (0.4,), {"min_p": 0.4}),
-    ("top_k_top_p_sampling_from_probs", (6, 0.7), {"top_k": 6, "top_p": 0.7}),
+    ("top_k_sampling_from_probs", (7,), {"top_k": 7}),  # the 7th value (0.05) is tied: 8 tokens kept
+    ("top_p_sampling_from_probs", (0.6,), {"top_p": 0.6}),  # 0.55 < 0.6: both 0.1 join, 5 kept
+    ("min_p_sampling_from_probs", (0.25,), {"min_p": 0.25}),  # >= 0.0625: 6 kept
+    ("top_k_top_p_sampling_from_probs", (7, 0.9), {"top_k": 7, "top_p": 0.9}),  # 0.9 of the top 8 ends in the 0.05 tie: 8 kept
 ]
 CHI2 = {}  # op -> (statistic, dof, p), printed by the last test for the report
 
@@ -92,7 +92,7 @@ def test_chi_square_against_the_exact_filtered_distribution(op, args, filt) -> N
     # seed's figures are fixed, and a wrong filter (a tie group dropped, an off-by-one k, top-p
     # relative to the wrong total) moves 2.5%+ of the mass and gives p < 1e-10 at this size.
     probs = np.tile(ROW, (DRAWS, 1))
-    samples = getattr(ops, op)(probs, *args, seed=20240611, backend="host")
+    samples = getattr(ops, op)(probs, *args, seed=20240611 + len(op), backend="host")
     assert samples.dtype == np.int32 and samples.shape == (DRAWS,)
     stat, dof, p = _chi_square(samples, np_filtered_dist(ROW, **filt))
     CHI2[op] = (stat, dof, p)
