@@ -37,6 +37,14 @@ EXEMPT: dict[str, str] = {
     "attn_tiling": "a helper, not a kernel",
     "decode_plan": "a helper, not a kernel",
     "get_batch_indices_positions": "a host helper, not a kernel",
+    "sampling_from_probs": "sampling: one CTA per row, latency-bound at decode batch sizes (tests/test_sampling.py)",
+    "top_k_sampling_from_probs": "sampling: one CTA per row (see sampling_from_probs)",
+    "top_p_sampling_from_probs": "sampling: one CTA per row (see sampling_from_probs)",
+    "min_p_sampling_from_probs": "sampling: one CTA per row (see sampling_from_probs)",
+    "top_k_top_p_sampling_from_probs": "sampling: one CTA per row (see sampling_from_probs)",
+    "top_k_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
+    "top_p_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
+    "top_k_mask_logits": "sampling: multi-pass radix select per row (see sampling_from_probs)",
 }
 
 BF16_F32 = ("bf16", "f32")

@@ -1,0 +1,552 @@
+// Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
+// (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization and top-k logit
+// masking. One CTA per row; pykern/ops/sampling.py documents the user-facing contract.
+//
+// Everything that decides WHICH token comes out is integer arithmetic, so the result is a
+// deterministic function of (the row, the parameters, one Philox draw): the same on every
+// backend, every block size and every reduction order, and the numba reference
+// (pykern/reference/sampling.py) reproduces it bit for bit with a one-thread loop.
+//
+// - Keys: the fp32 bits of a value order like the value: probs are sanitized first (NaN,
+//   negative and inf count as 0), so their bits order as unsigned ints; logits use the usual
+//   sign-flip mapping (NaN lowest, -0 == +0).
+// - Mass: a probability p becomes the integer floor(p * 2^(SP_F - e)), where 2^(e-1) <= max < 2^e
+//   is the row maximum's binade: at most 2^SP_F per entry, sums of up to 2^22 entries fit in
+//   64 bits, no overflow and no rounding; sums are associative, so any reduction order agrees.
+// - Thresholds: every filter keeps the entries with key >= T (ties at the boundary all kept, as
+//   FlashInfer's pivot search does). T comes from a radix select over the 32-bit keys
+//   (4 passes of 8 bits, histograms in shared memory): by count for top-k (T = the k-th largest
+//   value), by mass for top-p (T = the largest value whose "mass at or above" reaches
+//   top_p * total); min-p's T is the key of min_p * max. No sort of the vocabulary.
+// - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
+//   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
+//   mass: a block scan over the row in vocabulary order, stopping at the chunk that holds it.
+//
+// Rows are read in 16-byte vectors (4 f32 or 8 bf16) when the row length is a multiple of the
+// vector and the pointers are aligned, else one element per thread; offsets are 64-bit.
+#include "pk_vec.cuh"
+
+#define SP_NT 512            // threads per CTA; kept in step with pykern/ops/sampling.py
+#define SP_NW (SP_NT / 32)
+#define SP_F 40              // fixed-point bits of mass below the row maximum's binade
+#define SP_POS_INF (__int_as_float(0x7f800000))
+
+// flags of sampling_from_probs
+#define SPF_INDICES 1
+#define SPF_TOP_K 2
+#define SPF_TOP_P 4
+#define SPF_MIN_P 8
+#define SPF_TOP_K_FIRST 16
+#define SPF_K_ARR 32
+#define SPF_P_ARR 64
+#define SPF_MINP_ARR 128
+#define SPF_SEED_ARR 256
+#define SPF_OFFSET_ARR 512
+// flags of sampling_renorm_probs / top_k_mask_logits
+#define SRF_TOP_K 1
+#define SRF_K_ARR 2
+#define SRF_P_ARR 4
+
+struct SpShared {
+    unsigned long long hist[256];
+    unsigned long long red[SP_NW];
+    unsigned long long sel_above;
+    unsigned int sel_bin;
+    int found;
+};
+
+// ------------------------------------------------------------------------------ Philox4x32-10
+__device__ __forceinline__ void sp_philox(unsigned int c[4], unsigned int k0, unsigned int k1) {
+#pragma unroll
+    for (int r = 0; r < 10; ++r) {
+        if (r) { k0 += 0x9E3779B9u; k1 += 0xBB67AE85u; }
+        const unsigned int lo0 = 0xD2511F53u * c[0], hi0 = __umulhi(0xD2511F53u, c[0]);
+        const unsigned int lo1 = 0xCD9E8D57u * c[2], hi1 = __umulhi(0xCD9E8D57u, c[2]);
+        const unsigned int n0 = hi1 ^ c[1] ^ k0, n2 = hi0 ^ c[3] ^ k1;
+        c[0] = n0; c[1] = lo1; c[2] = n2; c[3] = lo0;
+    }
+}
+
+// Word 0 of Philox4x32-10 with key (seed_lo, seed_hi) at counter (offset_lo, offset_hi, row, 0).
+extern "C" __global__ void __launch_bounds__(256) sampling_philox(unsigned int* out, int n, unsigned int seed_lo,
+        unsigned int seed_hi, unsigned int offset_lo, unsigned int offset_hi) {
+    // The generator alone, for the known-answer tests: out[4*i .. 4*i+3] is the block at row i.
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    unsigned int c[4] = {offset_lo, offset_hi, (unsigned int)i, 0u};
+    sp_philox(c, seed_lo, seed_hi);
+    for (int j = 0; j < 4; ++j) out[4 * (long long)i + j] = c[j];
+}
+
+// ------------------------------------------------------------------------------ keys and mass
+__device__ __forceinline__ unsigned int sp_prob_key(float p) {
+    // NaN fails the first test, inf the second: both count as 0, as negative values do.
+    return (p > 0.0f && p < SP_POS_INF) ? __float_as_uint(p) : 0u;
+}
+
+__device__ __forceinline__ unsigned int sp_logit_key(float x) {
+    if (x != x) return 0u;          // NaN: below every number
+    if (x == 0.0f) return 0x80000000u;  // -0 == +0
+    const unsigned int b = __float_as_uint(x);
+    return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
+}
+
+// floor(p * 2^sh) of the sanitized probability with bits `key`, exactly (integer shifts only).
+__device__ __forceinline__ unsigned long long sp_mass(unsigned int key, int sh) {
+    if (key == 0u) return 0ull;
+    const unsigned int e = key >> 23;
+    const unsigned int m = e ? ((key & 0x7fffffu) | 0x800000u) : key;
+    const int k = (e ? (int)e - 150 : -149) + sh;
+    if (k >= 0) return (unsigned long long)m << k;
+    return k <= -24 ? 0ull : (unsigned long long)(m >> (-k));
+}
+
+// SP_F - e for the row maximum's key (2^(e-1) <= max < 2^e); mkey > 0.
+__device__ __forceinline__ int sp_shift(unsigned int mkey) {
+    const unsigned int e = mkey >> 23;
+    const int ex = e ? (int)e - 126 : (32 - __clz((int)mkey)) - 149;
+    return SP_F - ex;
+}
+
+// floor(a * b / 2^32) for a < 2^62, b < 2^32 (no 128-bit type needed).
+__device__ __forceinline__ unsigned long long sp_mul_frac(unsigned long long a, unsigned int b) {
+    return (a >> 32) * b + __umul64hi((a & 0xffffffffull) << 32, (unsigned long long)b);
+}
+
+// ------------------------------------------------------------------------------ block primitives
+__device__ __forceinline__ unsigned long long sp_warp_sum(unsigned long long v) {
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v += __shfl_xor_sync(PK_FULL_MASK, v, off);
+    return v;
+}
+
+__device__ __forceinline__ unsigned long long sp_block_sum(unsigned long long v, SpShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    v = sp_warp_sum(v);
+    if (lane == 0) s.red[warp] = v;
+    __syncthreads();
+    v = lane < SP_NW ? s.red[lane] : 0ull;
+    v = sp_warp_sum(v);
+    __syncthreads();  // the scratch may be reused right away
+    return v;
+}
+
+__device__ __forceinline__ unsigned int sp_block_max(unsigned int v, SpShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(PK_FULL_MASK, v, off));
+    if (lane == 0) s.red[warp] = v;
+    __syncthreads();
+    v = lane < SP_NW ? (unsigned int)s.red[lane] : 0u;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(PK_FULL_MASK, v, off));
+    __syncthreads();
+    return v;
+}
+
+// Exclusive prefix of v over the block's threads; *total gets the block's sum.
+__device__ __forceinline__ unsigned long long sp_block_exclusive(unsigned long long v, unsigned long long* total,
+                                                                 SpShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned long long inc = v;
+#pragma unroll
+    for (int off = 1; off < 32; off <<= 1) {
+        const unsigned long long o = __shfl_up_sync(PK_FULL_MASK, inc, off);
+        if (lane >= off) inc += o;
+    }
+    if (lane == 31) s.red[warp] = inc;
+    __syncthreads();
+    unsigned long long before = 0ull, all = 0ull;
+    for (int w = 0; w < SP_NW; ++w) {
+        const unsigned long long t = s.red[w];
+        before += w < warp ? t : 0ull;
+        all += t;
+    }
+    __syncthreads();
+    *total = all;
+    return before + inc - v;
+}
+
+// ------------------------------------------------------------------------------ row access
+// A row read in groups of VEC elements per thread: group g of chunk c starts at
+// (c * SP_NT + threadIdx.x) * VEC. VEC > 1 only when the row length is a multiple of VEC.
+template <typename T, int VEC>
+__device__ __forceinline__ void sp_load(const T* row, long long n, long long i, float* f) {
+    if constexpr (VEC > 1) {
+        if (i < n) {
+            PkVec16<T>::load(row, i, f);
+        } else {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) f[j] = 0.0f;
+        }
+    } else {
+        f[0] = i < n ? PkIO<T>::load(row, i) : 0.0f;
+    }
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ long long sp_chunks(long long n) {
+    return (n + (long long)SP_NT * VEC - 1) / ((long long)SP_NT * VEC);
+}
+
+template <bool LOGITS>
+__device__ __forceinline__ unsigned int sp_key(float x) {
+    if constexpr (LOGITS) return sp_logit_key(x);
+    else return sp_prob_key(x);
+}
+
+// Largest key over the row (0 for an empty or all-zero probability row).
+template <typename T, int VEC, bool LOGITS>
+__device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s) {
+    unsigned int m = 0u;
+    const long long nc = sp_chunks<T, VEC>(n);
+    for (long long c = 0; c < nc; ++c) {
+        const long long i = (c * SP_NT + threadIdx.x) * VEC;
+        float f[VEC];
+        sp_load<T, VEC>(row, n, i, f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            if (i + j < n) m = max(m, sp_key<LOGITS>(f[j]));
+    }
+    return sp_block_max(m, s);
+}
+
+// Mass of the entries with key >= lo.
+template <typename T, int VEC>
+__device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned int lo, int sh, SpShared& s) {
+    unsigned long long acc = 0ull;
+    const long long nc = sp_chunks<T, VEC>(n);
+    for (long long c = 0; c < nc; ++c) {
+        const long long i = (c * SP_NT + threadIdx.x) * VEC;
+        float f[VEC];
+        sp_load<T, VEC>(row, n, i, f);
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const unsigned int key = sp_prob_key(f[j]);
+            if (key >= lo) acc += sp_mass(key, sh);  // out-of-range lanes load 0: no mass
+        }
+    }
+    return sp_block_sum(acc, s);
+}
+
+// Radix select over the keys >= base. by_mass = false: the `need`-th largest key (counting
+// ties; need <= the number of such entries). by_mass = true: the largest key v whose mass at or
+// above v reaches `need` (need <= their total mass). Four passes of 8 bits, most significant
+// first; warp 0 picks each pass's bin with a suffix scan of the 256-bin histogram.
+template <typename T, int VEC, bool LOGITS>
+__device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int base, bool by_mass,
+                                        unsigned long long need, int sh, SpShared& s) {
+    unsigned int prefix = 0u, pmask = 0u;
+    unsigned long long above = 0ull;  // count / mass strictly above the current prefix range
+    const long long nc = sp_chunks<T, VEC>(n);
+    const int lane = threadIdx.x & 31;
+    for (int pass = 0; pass < 4; ++pass) {
+        const int shift = 24 - 8 * pass;
+        for (int b = threadIdx.x; b < 256; b += SP_NT) s.hist[b] = 0ull;
+        __syncthreads();
+        for (long long c = 0; c < nc; ++c) {
+            const long long i = (c * SP_NT + threadIdx.x) * VEC;
+            float f[VEC];
+            sp_load<T, VEC>(row, n, i, f);
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                const unsigned int key = sp_key<LOGITS>(f[j]);
+                if (i + j < n && key >= base && (key & pmask) == prefix) {
+                    const unsigned long long w = by_mass ? sp_mass(key, sh) : 1ull;
+                    if (w) atomicAdd(&s.hist[(key >> shift) & 255u], w);
+                }
+            }
+        }
+        __syncthreads();
+        if (threadIdx.x < 32) {
+            // lane l owns bins 255-8l .. 248-8l, scanned from the top
+            unsigned long long own = 0ull;
+#pragma unroll
+            for (int j = 0; j < 8; ++j) own += s.hist[255 - 8 * lane - j];
+            unsigned long long inc = own;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const unsigned long long o = __shfl_up_sync(PK_FULL_MASK, inc, off);
+                if (lane >= off) inc += o;
+            }
+            const unsigned int hit = __ballot_sync(PK_FULL_MASK, above + inc >= need);
+            const int first = hit ? __ffs((int)hit) - 1 : 31;
+            if (lane == first) {
+                unsigned long long acc = above + inc - own;
+                unsigned int bin = (unsigned int)(255 - 8 * lane - 7);
+                for (int j = 0; j < 8; ++j) {
+                    const unsigned long long h = s.hist[255 - 8 * lane - j];
+                    if (acc + h >= need) { bin = (unsigned int)(255 - 8 * lane - j); break; }
+                    acc += h;
+                }
+                s.sel_bin = bin;
+                s.sel_above = acc;
+            }
+        }
+        __syncthreads();
+        prefix |= s.sel_bin << shift;
+        pmask |= 255u << shift;
+        above = s.sel_above;
+        __syncthreads();  // everyone has read sel_* before the next pass resets the histogram
+    }
+    return prefix;
+}
+
+// ceil(top_p * S): top_p as P / 2^32 (P < 2^32, >= 1).
+__device__ __forceinline__ unsigned long long sp_target(unsigned long long S, unsigned int P) {
+    const unsigned long long lo = sp_mul_frac(S, P);
+    // exact remainder test: (S * P) mod 2^32 != 0
+    const unsigned long long rem = ((S & 0xffffffffull) * (unsigned long long)P) & 0xffffffffull;
+    return lo + (rem != 0ull);
+}
+
+// top_p as the integer P = floor(top_p * 2^32); 0 means "keep all" (top_p >= 1), never 0 otherwise.
+__device__ __forceinline__ unsigned int sp_top_p_int(float p) {
+    if (!(p < 1.0f)) return 0u;  // also NaN: no filter
+    const float s = p * 4294967296.0f;  // exact: a power of two
+    const unsigned int v = s >= 1.0f ? (unsigned int)s : 1u;
+    return v;
+}
+
+// ------------------------------------------------------------------------------ sampling
+struct SpArgs {
+    int flags, top_k_val;
+    float top_p_val, min_p_val;
+    unsigned int seed_lo, seed_hi, offset_lo, offset_hi;
+};
+
+template <typename T, int VEC>
+__device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int* __restrict__ out,
+                              unsigned char* __restrict__ valid, const int* __restrict__ top_k_arr,
+                              const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+                              const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
+                              const SpArgs& a, SpShared& s) {
+    const unsigned int mkey = sp_row_max_key<T, VEC, false>(row, n, s);
+    if (mkey == 0u) {  // no mass at all
+        if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
+        return;
+    }
+    const int sh = sp_shift(mkey);
+    unsigned int lo = 1u;  // keep entries with key >= lo (key 0: no mass)
+    if (a.flags & SPF_MIN_P) {
+        float mp = (a.flags & SPF_MINP_ARR) ? min_p_arr[b] : a.min_p_val;
+        mp = mp < 1.0f ? mp : 1.0f;  // NaN or > 1: as 1 (only the maximum survives)
+        lo = max(lo, sp_prob_key(__uint_as_float(mkey) * mp));
+    }
+    if (a.flags & SPF_TOP_K) {
+        const int k = (a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val;
+        if (k > 0 && (long long)k < n) lo = max(lo, sp_radix_select<T, VEC, false>(row, n, 0u, false, k, sh, s));
+    }
+    if (a.flags & SPF_TOP_P) {
+        const unsigned int P = sp_top_p_int((a.flags & SPF_P_ARR) ? top_p_arr[b] : a.top_p_val);
+        if (P) {
+            const unsigned int base = (a.flags & SPF_TOP_K_FIRST) ? lo : 1u;
+            const unsigned long long need = sp_target(sp_row_mass<T, VEC>(row, n, base, sh, s), P);
+            lo = max(lo, sp_radix_select<T, VEC, false>(row, n, base, true, need, sh, s));
+        }
+    }
+    const unsigned long long S = sp_row_mass<T, VEC>(row, n, lo, sh, s);  // >= the maximum's mass > 0
+    unsigned int c[4];
+    c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
+    c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
+    c[2] = (unsigned int)b;
+    c[3] = 0u;
+    sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
+              (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
+    const unsigned long long t = sp_mul_frac(S, c[0]);  // in [0, S)
+    // first kept index whose inclusive prefix mass exceeds t
+    if (threadIdx.x == 0) s.found = -1;
+    unsigned long long run = 0ull;
+    const long long nc = sp_chunks<T, VEC>(n);
+    for (long long ch = 0; ch < nc; ++ch) {
+        const long long i = (ch * SP_NT + threadIdx.x) * VEC;
+        float f[VEC];
+        sp_load<T, VEC>(row, n, i, f);
+        unsigned long long w[VEC], own = 0ull;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const unsigned int key = sp_prob_key(f[j]);
+            w[j] = key >= lo ? sp_mass(key, sh) : 0ull;
+            own += w[j];
+        }
+        unsigned long long total;
+        const unsigned long long before = run + sp_block_exclusive(own, &total, s);
+        if (run + total > t) {  // block-uniform: the chunk that holds the draw
+            if (before <= t && t < before + own) {
+                unsigned long long acc = before;
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    acc += w[j];
+                    if (acc > t) { s.found = (int)(i + j); break; }
+                }
+            }
+            __syncthreads();
+            break;
+        }
+        run += total;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) { out[b] = s.found >= 0 ? s.found : 0; valid[b] = s.found >= 0; }
+}
+
+template <typename T>
+__device__ void sp_sample(const T* __restrict__ probs, int* __restrict__ out, unsigned char* __restrict__ valid,
+                          const int* __restrict__ indices, const int* __restrict__ top_k_arr,
+                          const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+                          const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
+                          int vocab, const SpArgs& a) {
+    __shared__ SpShared s;
+    const int b = blockIdx.x;
+    const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
+    const T* row = probs + r * (long long)vocab;
+    constexpr int N = PkVec16<T>::N;
+    if (vocab % N == 0 && pk_aligned16(probs))
+        sp_sample_row<T, N>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, a, s);
+    else
+        sp_sample_row<T, 1>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, a, s);
+}
+
+// flags: SPF_* above. Per-row parameter arrays are indexed by the output row; seed_arr and
+// offset_arr hold (lo, hi) 32-bit word pairs per row. Absent arrays are 1-element dummies.
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_from_probs(const float* __restrict__ probs,
+        int* __restrict__ out, unsigned char* __restrict__ valid, const int* __restrict__ indices,
+        const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
+        int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int offset_lo, unsigned int offset_hi) {
+    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi};
+    sp_sample<float>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, a);
+}
+
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_from_probs_bf16(const unsigned short* __restrict__ probs,
+        int* __restrict__ out, unsigned char* __restrict__ valid, const int* __restrict__ indices,
+        const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
+        int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int offset_lo, unsigned int offset_hi) {
+    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi};
+    sp_sample<unsigned short>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr,
+                              vocab, a);
+}
+
+// ------------------------------------------------------------------------------ renorm / mask
+template <typename T, int VEC>
+__device__ void sp_write(T* __restrict__ orow, long long i, long long n, const float* f) {
+    if constexpr (VEC > 1) {
+        if (i < n) PkVec16<T>::store(orow, i, f);
+    } else {
+        if (i < n) PkIO<T>::store(orow, i, f[0]);
+    }
+}
+
+template <typename T, int VEC>
+__device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, long long n, int b,
+                              const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int flags,
+                              int top_k_val, float top_p_val, SpShared& s) {
+    const long long nc = sp_chunks<T, VEC>(n);
+    unsigned int lo = 0u;  // 0: copy the row unchanged (top-k disabled, as FlashInfer for k >= vocab)
+    int sh = 0;
+    const unsigned int mkey = sp_row_max_key<T, VEC, false>(row, n, s);
+    if (mkey) {
+        sh = sp_shift(mkey);
+        if (flags & SRF_TOP_K) {
+            const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
+            if (k > 0 && (long long)k < n) lo = max(1u, sp_radix_select<T, VEC, false>(row, n, 0u, false, k, sh, s));
+        } else {
+            lo = 1u;
+            const unsigned int P = sp_top_p_int((flags & SRF_P_ARR) ? top_p_arr[b] : top_p_val);
+            if (P) lo = max(lo, sp_radix_select<T, VEC, false>(row, n, 1u, true,
+                                                               sp_target(sp_row_mass<T, VEC>(row, n, 1u, sh, s), P),
+                                                               sh, s));
+        }
+    } else if (!(flags & SRF_TOP_K)) {
+        lo = 1u;  // top-p of a row without mass: all zeros
+    }
+    float scale = 1.0f;
+    if (lo) {
+        const unsigned long long S = mkey ? sp_row_mass<T, VEC>(row, n, lo, sh, s) : 0ull;
+        // S * 2^-sh as a float; 1/S scales the kept entries (a row without mass stays 0)
+        scale = S ? 1.0f / ldexpf((float)S, -sh) : 0.0f;
+    }
+    for (long long c = 0; c < nc; ++c) {
+        const long long i = (c * SP_NT + threadIdx.x) * VEC;
+        float f[VEC];
+        sp_load<T, VEC>(row, n, i, f);
+        if (lo) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                const unsigned int key = sp_prob_key(f[j]);
+                f[j] = key >= lo ? __uint_as_float(key) * scale : 0.0f;
+            }
+        }
+        sp_write<T, VEC>(orow, i, n, f);
+    }
+}
+
+template <typename T, int VEC>
+__device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, long long n, int k, SpShared& s) {
+    const long long nc = sp_chunks<T, VEC>(n);
+    const bool filter = k > 0 && (long long)k < n;
+    const unsigned int lo = filter ? sp_radix_select<T, VEC, true>(row, n, 0u, false, k, 0, s) : 0u;
+    for (long long c = 0; c < nc; ++c) {
+        const long long i = (c * SP_NT + threadIdx.x) * VEC;
+        float f[VEC];
+        sp_load<T, VEC>(row, n, i, f);
+        if (filter) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) f[j] = sp_logit_key(f[j]) >= lo ? f[j] : PK_NEG_INF;
+        }
+        sp_write<T, VEC>(orow, i, n, f);
+    }
+}
+
+template <typename T>
+__device__ void sp_renorm(const T* __restrict__ probs, T* __restrict__ out, const int* __restrict__ top_k_arr,
+                          const float* __restrict__ top_p_arr, int vocab, int flags, int top_k_val, float top_p_val) {
+    __shared__ SpShared s;
+    const int b = blockIdx.x;
+    const long long off = (long long)b * vocab;
+    constexpr int N = PkVec16<T>::N;
+    if (vocab % N == 0 && pk_aligned16(probs) && pk_aligned16(out))
+        sp_renorm_row<T, N>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
+    else
+        sp_renorm_row<T, 1>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
+}
+
+// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR.
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_renorm_probs(const float* __restrict__ probs,
+        float* __restrict__ out, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab,
+        int flags, int top_k_val, float top_p_val) {
+    sp_renorm<float>(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val);
+}
+
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_renorm_probs_bf16(const unsigned short* __restrict__ probs,
+        unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,
+        int vocab, int flags, int top_k_val, float top_p_val) {
+    sp_renorm<unsigned short>(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val);
+}
+
+template <typename T>
+__device__ void sp_mask(const T* __restrict__ logits, T* __restrict__ out, const int* __restrict__ top_k_arr,
+                        int vocab, int flags, int top_k_val) {
+    __shared__ SpShared s;
+    const int b = blockIdx.x;
+    const long long off = (long long)b * vocab;
+    const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
+    constexpr int N = PkVec16<T>::N;
+    if (vocab % N == 0 && pk_aligned16(logits) && pk_aligned16(out))
+        sp_mask_row<T, N>(logits + off, out + off, vocab, k, s);
+    else
+        sp_mask_row<T, 1>(logits + off, out + off, vocab, k, s);
+}
+
+// flags: SRF_K_ARR. Keeps the entries >= the k-th largest logit, the rest become -inf.
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_top_k_mask_logits(const float* __restrict__ logits,
+        float* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
+    sp_mask<float>(logits, out, top_k_arr, vocab, flags, top_k_val);
+}
+
+extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_top_k_mask_logits_bf16(const unsigned short* __restrict__ logits,
+        unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
+    sp_mask<unsigned short>(logits, out, top_k_arr, vocab, flags, top_k_val);
+}

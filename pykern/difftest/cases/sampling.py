@@ -1,0 +1,263 @@
+"""Difftest cases for kernels_cu/sampling.cu, plus the NumPy references (float64 / exact integers).
+
+Samples are compared exactly (tolerance 0): the NumPy reference draws the same Philox word and
+applies the documented rule (fixed-point mass, thresholds on values, inverse CDF) with sorting,
+an independent third implementation. Renorm / mask outputs are compared in float64.
+"""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..case import Case, register_cases
+
+F = 40
+_M32 = np.uint64(0xFFFFFFFF)
+
+
+# --------------------------------------------------------------------------- NumPy references
+def np_philox(seed: Any, offset: Any, rows: np.ndarray) -> np.ndarray:
+    """(n, 4) uint32 Philox4x32-10 blocks: key (seed lo, hi), counter (offset lo, hi, row, 0); seed / offset
+    scalars or per-row arrays."""
+    rows = np.asarray(rows, np.uint64)
+    s = np.broadcast_to(np.asarray(seed, dtype=np.uint64) if not isinstance(seed, int) else np.uint64(seed % 2**64),
+                        rows.shape)
+    o = np.broadcast_to(np.asarray(offset, dtype=np.uint64) if not isinstance(offset, int)
+                        else np.uint64(offset % 2**64), rows.shape)
+    k0, k1 = s & _M32, s >> np.uint64(32)
+    c = [o & _M32, o >> np.uint64(32), rows & _M32, np.zeros_like(rows)]
+    for r in range(10):
+        if r:
+            k0 = (k0 + np.uint64(0x9E3779B9)) & _M32
+            k1 = (k1 + np.uint64(0xBB67AE85)) & _M32
+        p0 = np.uint64(0xD2511F53) * c[0]
+        p1 = np.uint64(0xCD9E8D57) * c[2]
+        c = [(p1 >> np.uint64(32)) ^ c[1] ^ k0, p1 & _M32, (p0 >> np.uint64(32)) ^ c[3] ^ k1, p0 & _M32]
+    return np.stack(c, 1).astype(np.uint32)
+
+
+def _clean(x: np.ndarray) -> np.ndarray:
+    x = np.asarray(x, np.float64)
+    return np.where((x > 0) & np.isfinite(x), x, 0.0)
+
+
+def np_mass(row: np.ndarray) -> np.ndarray:
+    """Fixed-point mass floor(p * 2^(40 - e)) of a cleaned row (2^(e-1) <= max < 2^e), as Python-exact int64."""
+    m = row.max()
+    if m == 0:
+        return np.zeros(row.shape, np.int64)
+    e = int(np.frexp(m)[1])  # m = f * 2^e, f in [0.5, 1)
+    return np.floor(np.ldexp(row, F - e)).astype(np.int64)
+
+
+def _kth(vals: np.ndarray, k: int) -> float:
+    return float(np.sort(vals)[::-1][k - 1])
+
+
+def _top_p_value(row: np.ndarray, q: np.ndarray, base: float, p: float) -> float:
+    """Largest value v >= base (v > 0) with mass(row >= v, row >= base) >= ceil(floor(p 2^32) S / 2^32)."""
+    sel = (row >= base) & (row > 0)
+    total = int(q[sel].sum())
+    big = max(1, int(np.floor(np.float64(np.float32(p)) * 2.0**32)))
+    need = -(-(total * big) // 2**32)
+    for v in np.unique(row[sel])[::-1]:
+        if int(q[sel & (row >= v)].sum()) >= need:
+            return float(v)
+    return base
+
+
+def np_sample(probs: np.ndarray, seed: Any, offset: Any = 0, *, top_k: Any = None, top_p: Any = None,
+              min_p: Any = None, order: str = "top_k_first", indices: Any = None) -> tuple[np.ndarray, np.ndarray]:
+    """(samples int32, valid bool) by the documented rule, for every output row."""
+    probs = np.asarray(probs, np.float32)
+    n = probs.shape[0] if indices is None else len(indices)
+    idx = np.arange(n) if indices is None else np.asarray(indices)
+    words = np_philox(seed, offset, np.arange(n))[:, 0].astype(np.int64)
+    per = lambda v, b: None if v is None else (v[b] if np.ndim(v) else v)  # noqa: E731
+    out, valid = np.zeros(n, np.int32), np.zeros(n, bool)
+    for b in range(n):
+        row = _clean(probs[idx[b]])
+        if row.max() == 0:
+            continue
+        q = np_mass(row)
+        lo = 0.0
+        mp = per(min_p, b)
+        if mp is not None:
+            lo = max(lo, float(np.float32(np.float32(row.max()) * np.float32(min(float(np.float32(mp)), 1.0)))))
+        k = per(top_k, b)
+        if k is not None and 0 < int(k) < row.size:
+            lo = max(lo, _kth(row, int(k)))
+        p = per(top_p, b)
+        if p is not None and np.float32(p) < 1:
+            base = lo if order == "top_k_first" else 0.0
+            lo = max(lo, _top_p_value(row, q, base, float(p)))
+        keep = (row >= lo) & (row > 0)
+        w = np.where(keep, q, 0)
+        t = (int(w.sum()) * int(words[b])) >> 32
+        i = int(np.argmax(np.cumsum(w) > t))
+        out[b], valid[b] = i, True
+    return out, valid
+
+
+def np_filtered_dist(row: np.ndarray, *, top_k: int | None = None, top_p: float | None = None,
+                     min_p: float | None = None, order: str = "top_k_first") -> np.ndarray:
+    """float64 distribution the sampling ops draw from (the exact filter, no fixed point)."""
+    r = _clean(row)
+    keep = r > 0
+    if min_p is not None:
+        keep &= r >= min_p * r.max()
+    if top_k is not None and 0 < top_k < r.size:
+        keep &= r >= _kth(r, top_k)
+    if top_p is not None and top_p < 1:
+        base = keep.copy() if order == "top_k_first" else (r > 0)
+        total = r[base].sum()
+        for v in np.unique(r[base])[::-1]:
+            if r[base & (r >= v)].sum() >= top_p * total * (1 - 1e-12):
+                keep &= r >= v
+                break
+    d = np.where(keep, r, 0.0)
+    return d / d.sum()
+
+
+def np_top_k_renorm(probs: np.ndarray, top_k: Any) -> np.ndarray:
+    probs = np.asarray(probs, np.float64)
+    out = np.empty_like(probs)
+    for b, row in enumerate(probs):
+        k = int(top_k[b]) if np.ndim(top_k) else int(top_k)
+        r = _clean(row)
+        if k <= 0 or k >= r.size or r.max() == 0:
+            out[b] = row
+            continue
+        keep = (r >= _kth(r, k)) & (r > 0)
+        out[b] = np.where(keep, r, 0.0) / r[keep].sum()
+    return out
+
+
+def np_top_p_renorm(probs: np.ndarray, top_p: Any) -> np.ndarray:
+    probs = np.asarray(probs, np.float64)
+    out = np.zeros_like(probs)
+    for b, row in enumerate(probs):
+        p = float(top_p[b]) if np.ndim(top_p) else float(top_p)
+        r = _clean(row)
+        if r.max() == 0:
+            continue
+        d = np_filtered_dist(r, top_p=p)
+        out[b] = d
+    return out
+
+
+def np_top_k_mask(logits: np.ndarray, top_k: Any) -> np.ndarray:
+    x = np.asarray(logits, np.float64)
+    out = x.copy()
+    for b, row in enumerate(x):
+        k = int(top_k[b]) if np.ndim(top_k) else int(top_k)
+        num = row[~np.isnan(row)]
+        if k <= 0 or k >= row.size or num.size < k:
+            continue
+        v = _kth(num, k)
+        out[b] = np.where(row >= v, row, -np.inf)
+    return out
+
+
+# --------------------------------------------------------------------------- inputs and cases
+def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f32", ties: bool = False,
+               zeros: int = 2) -> np.ndarray:
+    from ...arrays import bfloat16
+
+    x = rng.random((batch, vocab)) ** 3
+    if ties:
+        x = np.round(x * 6) / 6
+    for b in range(batch):
+        x[b, rng.integers(0, vocab, zeros)] = 0
+    x = x / x.sum(1, keepdims=True)
+    return x.astype(bfloat16() if kind == "bf16" else np.float32)
+
+
+def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
+                   note: str = "", **params: Any) -> Case:
+    from ... import ops
+
+    probs = make_probs(rng, batch, vocab, kind, ties)
+    seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
+    fn = getattr(ops, op)
+    args = [params[k] for k in ("top_k", "top_p", "min_p") if k in params]
+    order = params.get("filter_apply_order", "top_k_first")
+    extra = {"filter_apply_order": order} if op == "top_k_top_p_sampling_from_probs" else {}
+
+    def run(backend: str) -> dict[str, Any]:
+        s, v = fn(probs, *args, seed=seed, offset=offset, return_valid=True, backend=backend, **extra)
+        return {"samples": np.asarray(s), "valid": np.asarray(v).astype(np.int32)}
+
+    def ref() -> dict[str, Any]:
+        s, v = np_sample(np.asarray(probs, np.float32), seed, offset, top_k=params.get("top_k"),
+                         top_p=params.get("top_p"), min_p=params.get("min_p"), order=order)
+        return {"samples": s, "valid": v.astype(np.int32)}
+
+    shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items())
+    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else ""),
+                kernels=("sampling_from_probs" + ("_bf16" if kind == "bf16" else ""),), run=run, reference=ref,
+                note=note)
+
+
+def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, param: Any,
+                 ties: bool = False, note: str = "") -> Case:
+    from ... import ops
+
+    probs = make_probs(rng, batch, vocab, kind, ties)
+    if op == "top_k_mask_logits":
+        with np.errstate(divide="ignore"):
+            x = np.log(np.asarray(probs, np.float32)).astype(probs.dtype)
+        kernel, refn = "sampling_top_k_mask_logits", np_top_k_mask
+    else:
+        x = probs
+        kernel = "sampling_renorm_probs"
+        refn = np_top_k_renorm if op == "top_k_renorm_probs" else np_top_p_renorm
+
+    def run(backend: str) -> dict[str, Any]:
+        return {"out": np.asarray(getattr(ops, op)(x, param, backend=backend), np.float32)}
+
+    def ref() -> dict[str, Any]:
+        return {"out": refn(np.asarray(x, np.float32), param)}
+
+    return Case(op=op, dtype=kind, shape=f"B{batch}-V{vocab}-{'arr' if np.ndim(param) else param}"
+                + ("-ties" if ties else ""), kernels=(kernel + ("_bf16" if kind == "bf16" else ""),), run=run,
+                reference=ref, note=note)
+
+
+def _philox_case() -> Case:
+    from ...launcher import launch
+
+    def run(backend: str) -> dict[str, Any]:
+        out = np.zeros(4 * 37, np.uint32)
+        launch("sampling_philox", (1,), (256,), out, 37, 0x12345678, 0x9ABCDEF0, 7, 1, backend=backend)
+        return {"words": out.reshape(37, 4).astype(np.int64)}
+
+    def ref() -> dict[str, Any]:
+        return {"words": np_philox(0x9ABCDEF012345678, (1 << 32) + 7, np.arange(37)).astype(np.int64)}
+
+    return Case(op="sampling_philox", dtype="f32", shape="n37", kernels=("sampling_philox",), run=run, reference=ref)
+
+
+@register_cases("sampling")
+def cases(rng: np.random.Generator) -> Iterator[Case]:
+    yield _philox_case()
+    for kind in ("f32", "bf16"):
+        # vocab 37 (odd: the one-element path), 64 and 96 (16-byte vectors), ties at thresholds
+        yield _sampling_case(rng, "sampling_from_probs", kind, 5, 37)
+        yield _sampling_case(rng, "top_k_sampling_from_probs", kind, 5, 64, top_k=np.array([1, 3, 5, 64, 0]))
+        yield _sampling_case(rng, "top_k_sampling_from_probs", kind, 4, 96, ties=True, top_k=7)
+        yield _sampling_case(rng, "top_p_sampling_from_probs", kind, 5, 37, top_p=0.6)
+        yield _sampling_case(rng, "top_p_sampling_from_probs", kind, 4, 64, ties=True,
+                             top_p=np.array([0.1, 0.5, 0.9, 1.0], np.float32))
+        yield _sampling_case(rng, "min_p_sampling_from_probs", kind, 4, 40, min_p=0.2)
+        yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", kind, 4, 64, top_k=9, top_p=0.5)
+        yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", kind, 4, 37, ties=True, top_k=6, top_p=0.4,
+                             filter_apply_order="joint")
+        yield _renorm_case(rng, "top_k_renorm_probs", kind, 4, 64, 5)
+        yield _renorm_case(rng, "top_k_renorm_probs", kind, 3, 37, np.array([2, 0, 37]), ties=True)
+        yield _renorm_case(rng, "top_p_renorm_probs", kind, 4, 64, 0.7)
+        yield _renorm_case(rng, "top_p_renorm_probs", kind, 3, 37, np.array([0.3, 1.0, 0.55], np.float32), ties=True)
+        yield _renorm_case(rng, "top_k_mask_logits", kind, 4, 64, 6)
+        yield _renorm_case(rng, "top_k_mask_logits", kind, 3, 37, np.array([1, 0, 12]), ties=True)
+    yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")

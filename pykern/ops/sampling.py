@@ -1,0 +1,366 @@
+"""Sampling from probabilities with FlashInfer's names and semantics (kernels in kernels_cu/sampling.cu).
+
+Ops: `sampling_from_probs`, `top_k_sampling_from_probs`, `top_p_sampling_from_probs`,
+`min_p_sampling_from_probs`, `top_k_top_p_sampling_from_probs` (one int32 token per row),
+`top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities) and
+`top_k_mask_logits` (the other logits set to -inf). probs / logits are (batch, vocab) float32 or
+bfloat16, fp32 math; vocab up to 2**22.
+
+Semantics (FlashInfer's, with the choices where it leaves room spelled out):
+- Filters keep whole tie groups: top-k keeps every entry >= the k-th largest value (so more than
+  k entries when the k-th value is tied), as FlashInfer's pivot search does. top_k = 0 or
+  top_k >= vocab disables the filter (top_k_renorm_probs / top_k_mask_logits then return the
+  input unchanged, as FlashInfer does for k >= vocab); top_k < 0 is an error.
+- top-p keeps the largest values whose mass reaches top_p times the row's total mass: the
+  smallest set of whole tie groups, taken from the top, with mass >= top_p * total (top_p in
+  (0, 1]; 1 keeps everything). For normalized rows this is FlashInfer's threshold.
+- min-p keeps p >= min_p * max(p) (min_p in [0, 1]).
+- top_k_top_p: filter_apply_order="top_k_first" (default) applies top-p to the top-k
+  renormalized distribution; "joint" keeps the entries that pass both filters on the raw row.
+- NaN, negative and infinite probabilities count as 0. A row without mass gets token 0 and
+  valid=False (return_valid=True returns the flags).
+- Per-row parameters: a scalar or an array of shape (batch,) (indexed by output row).
+
+Reproducibility: every sampling op draws one 32-bit uniform per output row b from
+Philox4x32-10 with key `seed` (64-bit) and counter (offset, b): the same (probs, parameters,
+seed, offset) give the same tokens on every backend (the decision is integer arithmetic; see
+kernels_cu/sampling.cu). Without `seed` one is drawn from `generator` (a NumPy Generator or a
+torch.Generator; torch CUDA generators are read and advanced like FlashInfer does, with no
+device work) or from fresh OS entropy. seed / offset may be per-row arrays (int64 / uint64,
+length 1 or batch) for CUDA-graph capture. No host synchronisation: device parameter arrays are
+trusted (a per-row top_k < 0 acts as 0, top_p outside (0, 1) and min_p > 1 as 1).
+"""
+from __future__ import annotations
+
+import math
+import os
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..errors import ArgumentError, ArgumentTypeError
+
+__all__ = [
+    "sampling_from_probs",
+    "top_k_sampling_from_probs",
+    "top_p_sampling_from_probs",
+    "min_p_sampling_from_probs",
+    "top_k_top_p_sampling_from_probs",
+    "top_k_renorm_probs",
+    "top_p_renorm_probs",
+    "top_k_mask_logits",
+]
+
+NT = 512  # SP_NT in sampling.cu
+MAX_VOCAB = 2**22  # 2^22 entries of at most 2^40 fixed-point mass fit in 64 bits
+_INT_MAX = 2**31 - 1
+_U64 = 2**64
+
+# flags (kernels_cu/sampling.cu)
+_INDICES, _TOP_K, _TOP_P, _MIN_P, _TOP_K_FIRST = 1, 2, 4, 8, 16
+_K_ARR, _P_ARR, _MINP_ARR, _SEED_ARR, _OFFSET_ARR = 32, 64, 128, 256, 512
+_R_TOP_K, _R_K_ARR, _R_P_ARR = 1, 2, 4
+
+
+# --------------------------------------------------------------------------- argument helpers
+def _matrix(name: str, a: Any) -> tuple[Any, str, int, int]:
+    kind = arrays.io_kind(name, a)
+    shp = arrays.check_ndim(name, a, (2,))
+    batch, vocab = shp
+    if vocab < 1:
+        raise ArgumentError(f"{name}: expected at least one column (vocab >= 1), got shape {shp}")
+    if vocab > MAX_VOCAB:
+        raise ArgumentError(f"{name}: expected vocab <= {MAX_VOCAB}, got {vocab}")
+    if batch > _INT_MAX:
+        raise ArgumentError(f"{name}: expected at most {_INT_MAX} rows, got {batch}")
+    return arrays.contiguous(a), kind, batch, vocab
+
+
+def _like(host: np.ndarray, like: Any) -> Any:
+    """A small host array placed next to `like` (NumPy stays NumPy)."""
+    from .serving import _device_like
+
+    return _device_like(host, like)
+
+
+def _is_scalar(x: Any) -> bool:
+    return isinstance(x, (int, float, np.integer, np.floating)) and not isinstance(x, bool)
+
+
+def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: float, hi: float,
+           lo_open: bool = False) -> tuple[Any, float | int, bool]:
+    """(array for the kernel or a dummy, scalar value, is_array) of a scalar-or-per-row parameter.
+
+    Host values are checked against [lo, hi] (lo excluded with lo_open); device arrays are trusted."""
+    want = f"{'(' if lo_open else '['}{lo:g}, {hi:g}]"
+    kind = "int" if integer else "float"
+    if isinstance(value, (list, tuple)):
+        value = np.asarray(value)
+    if _is_scalar(value):
+        if integer and not isinstance(value, (int, np.integer)):
+            raise ArgumentTypeError(f"{name}: expected an int or an integer array of shape ({batch},), got {value!r}")
+        v = float(value)
+        if math.isnan(v) or v < lo or v > hi or (lo_open and v == lo):
+            raise ArgumentError(f"{name}: expected a {kind} in {want}, got {value!r}")
+        dummy = _like(np.zeros(1, np.int32 if integer else np.float32), like)
+        return dummy, (int(value) if integer else float(value)), False
+    try:
+        dt = arrays.dtype_name(value, name)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"{name}: expected a {kind} or an array of shape ({batch},), got "
+                                f"{type(value).__name__}") from None
+    shp = arrays.shape_of(value)
+    if shp != (batch,):
+        raise ArgumentError(f"{name}: expected a {kind} or an array of shape ({batch},), got shape {shp}")
+    if integer and not dt.startswith(("int", "uint")):
+        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {dt}")
+    if not integer and not dt.startswith(("float", "bfloat")):
+        raise ArgumentTypeError(f"{name}: expected a float array, got dtype {dt}")
+    if arrays.is_host(value):
+        h = np.asarray(arrays.host_view(value), np.float64)
+        bad = np.isnan(h) | (h < lo) | (h > hi) | ((h == lo) if lo_open else False)
+        if bad.any():
+            i = int(np.argmax(bad))
+            raise ArgumentError(f"{name}: expected every value in {want}, got {name}[{i}]={h[i]:g}")
+        if integer and h.size and h.max() > _INT_MAX:
+            raise ArgumentError(f"{name}: expected values < 2**31, got {h.max():g}")
+        host = np.ascontiguousarray(arrays.host_view(value), np.int32 if integer else np.float32)
+        return (host if arrays.same_memory_kind(host, like) else _like(host, like)), 0, True
+    return arrays.contiguous(arrays.astype(value, "int32" if integer else "float32")), 0, True
+
+
+def _words(name: str, value: Any, batch: int, like: Any) -> tuple[Any, int, bool]:
+    """(uint32 (lo, hi) word pairs per row or a dummy, scalar value, is_array) of seed / offset."""
+    if isinstance(value, (int, np.integer)) and not isinstance(value, bool):
+        v = int(value)
+        if not -2**63 <= v < _U64:
+            raise ArgumentError(f"{name}: expected an int in [-2**63, 2**64), got {v}")
+        return _like(np.zeros(2, np.uint32), like), v % _U64, False
+    try:
+        dt = arrays.dtype_name(value, name)
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"{name}: expected an int or an int64 / uint64 array, got "
+                                f"{type(value).__name__}") from None
+    if dt not in ("int64", "uint64"):
+        raise ArgumentTypeError(f"{name}: expected an int64 or uint64 array, got dtype {dt}")
+    shp = arrays.shape_of(value)
+    if len(shp) != 1 or shp[0] not in (1, batch):
+        raise ArgumentError(f"{name}: expected shape (1,) or ({batch},), got {shp}")
+    if arrays.is_host(value):
+        h = np.ascontiguousarray(arrays.host_view(value)).view(np.uint64)
+        if h.shape[0] != batch:
+            h = np.repeat(h, batch)
+        w = np.ascontiguousarray(h).view(np.uint32).copy()
+        return (w if arrays.same_memory_kind(w, like) else _like(w, like)), 0, True
+    v = arrays.contiguous(value)
+    if shp[0] != batch:
+        v = v.expand(batch).contiguous() if arrays.is_torch(v) else v.repeat(batch)
+    if arrays.is_torch(v):
+        import torch
+
+        return v.view(torch.int32), 0, True  # (lo, hi) pairs: little endian
+    return v.view("uint32"), 0, True
+
+
+def _seed_offset(seed: Any, offset: Any, generator: Any, like: Any) -> tuple[Any, Any]:
+    """(seed, offset) with FlashInfer's defaults: both given, or drawn from `generator` / OS entropy."""
+    if seed is not None and offset is not None:
+        return seed, offset
+    if seed is not None:
+        return seed, 0
+    if offset is not None:
+        raise ArgumentError("offset: expected seed as well (offset alone does not make a stream)")
+    if generator is None:
+        return int.from_bytes(os.urandom(8), "little"), 0
+    if isinstance(generator, np.random.Generator):
+        return int(generator.integers(0, _U64, dtype=np.uint64)), 0
+    torch = arrays.torch_module()
+    if torch is not None and isinstance(generator, torch.Generator):
+        if generator.device.type == "cuda":
+            # Philox state (seed, offset) on the host, advanced as FlashInfer does: no device work.
+            state = generator.get_state()
+            s, o = (int(x) for x in state.view(torch.int64)[:2])
+            generator.set_state(torch.tensor([s, o + 4], dtype=torch.int64).view(torch.uint8))
+            return s % _U64, o
+        return int(torch.randint(0, 2**63 - 1, (1,), generator=generator)), 0
+    raise ArgumentTypeError(f"generator: expected a numpy.random.Generator or a torch.Generator, got "
+                            f"{type(generator).__name__}")
+
+
+def _indices(indices: Any, rows: int, like: Any) -> tuple[Any, int]:
+    """(int32 indices for the kernel or a dummy, output batch)."""
+    if indices is None:
+        return _like(np.zeros(1, np.int32), like), rows
+    from .serving import _index
+
+    idx, h = _index("indices", indices, None)
+    n = arrays.shape_of(idx)[0]
+    if h is not None and n and (int(h.min()) < 0 or int(h.max()) >= rows):
+        raise ArgumentError(f"indices: expected rows of probs in [0, {rows}), got range [{int(h.min())}, "
+                            f"{int(h.max())}]")
+    if h is not None and not arrays.same_memory_kind(h, like):
+        idx = _like(h, like)
+    return idx, n
+
+
+def _check_nan(name: str, a: Any) -> None:
+    if arrays.is_host(a):
+        h = arrays.host_view(a)
+        if np.isnan(np.asarray(h, np.float32)).any():
+            raise ArgumentError(f"{name}: contains NaN (check_nan=True)")
+
+
+def _as_bool(valid: Any) -> Any:
+    if isinstance(valid, np.ndarray):
+        return valid.view(np.bool_)
+    if arrays.is_torch(valid):
+        import torch
+
+        return valid.view(torch.bool)
+    return valid
+
+
+# --------------------------------------------------------------------------- sampling
+def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = None, top_k_first: bool = False,
+            indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
+            offset: Any = None, return_valid: bool = False, stream: Any = None, backend: str | None = None) -> Any:
+    from ..launcher import launch
+
+    probs, kind, rows, vocab = _matrix("probs", probs)
+    if check_nan:
+        _check_nan("probs", probs)
+    idx, batch = _indices(indices, rows, probs)
+    flags = _INDICES if indices is not None else 0
+    k_arr, k_val, k_is = _param("top_k", 0 if top_k is None else top_k, batch, probs, True, 0, _INT_MAX)
+    p_arr, p_val, p_is = _param("top_p", 1.0 if top_p is None else top_p, batch, probs, False, 0.0, 1.0, True)
+    m_arr, m_val, m_is = _param("min_p", 0.0 if min_p is None else min_p, batch, probs, False, 0.0, 1.0)
+    flags |= (_TOP_K if top_k is not None else 0) | (_TOP_P if top_p is not None else 0)
+    flags |= (_MIN_P if min_p is not None else 0) | (_TOP_K_FIRST if top_k_first else 0)
+    flags |= (_K_ARR if k_is else 0) | (_P_ARR if p_is else 0) | (_MINP_ARR if m_is else 0)
+    s, o = _seed_offset(seed, offset, generator, probs)
+    s_arr, s_val, s_is = _words("seed", s, batch, probs)
+    o_arr, o_val, o_is = _words("offset", o, batch, probs)
+    flags |= (_SEED_ARR if s_is else 0) | (_OFFSET_ARR if o_is else 0)
+    out = arrays.empty((batch,), "int32", like=probs)
+    valid = arrays.empty((batch,), "uint8", like=probs)
+    if batch:
+        launch("sampling_from_probs" + arrays.kernel_suffix(kind), (batch,), (NT,), probs.reshape(-1), out, valid,
+               idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
+               s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
+               stream=arrays.launch_stream(stream, probs), backend=backend)
+    return (out, _as_bool(valid)) if return_valid else out
+
+
+def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
+                        check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
+                        *, stream: Any = None, backend: str | None = None) -> Any:
+    """One token per row of probs (batch, vocab), drawn with probability p / sum(p): int32 (batch,).
+
+    indices (n,) maps output i to row indices[i] of probs. deterministic is accepted for
+    FlashInfer compatibility (the kernel is always deterministic). check_nan checks host probs.
+    Returns samples, or (samples, valid) with return_valid (valid False for a row without mass).
+    """
+    del deterministic
+    return _sample(probs, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                   return_valid=return_valid, stream=stream, backend=backend)
+
+
+def top_k_sampling_from_probs(probs: Any, top_k: Any, indices: Any = None, deterministic: bool = True,
+                              generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
+                              return_valid: bool = False, *, stream: Any = None, backend: str | None = None) -> Any:
+    """Sampling restricted to the entries >= the k-th largest of the row (top_k: int or (batch,) array)."""
+    del deterministic
+    if top_k is None:
+        raise ArgumentError("top_k: expected an int or an integer array, got None")
+    return _sample(probs, top_k=top_k, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
+                   offset=offset, return_valid=return_valid, stream=stream, backend=backend)
+
+
+def top_p_sampling_from_probs(probs: Any, top_p: Any, indices: Any = None, deterministic: bool = True,
+                              generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
+                              return_valid: bool = False, *, stream: Any = None, backend: str | None = None) -> Any:
+    """Nucleus sampling: restricted to the largest entries whose mass reaches top_p (in (0, 1]) of the row's."""
+    del deterministic
+    if top_p is None:
+        raise ArgumentError("top_p: expected a float or a float array, got None")
+    return _sample(probs, top_p=top_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
+                   offset=offset, return_valid=return_valid, stream=stream, backend=backend)
+
+
+def min_p_sampling_from_probs(probs: Any, min_p: Any, indices: Any = None, deterministic: bool = True,
+                              generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
+                              return_valid: bool = False, *, stream: Any = None, backend: str | None = None) -> Any:
+    """Sampling restricted to p >= min_p * max(p) (min_p in [0, 1])."""
+    del deterministic
+    if min_p is None:
+        raise ArgumentError("min_p: expected a float or a float array, got None")
+    return _sample(probs, min_p=min_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
+                   offset=offset, return_valid=return_valid, stream=stream, backend=backend)
+
+
+def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices: Any = None,
+                                    filter_apply_order: str = "top_k_first", deterministic: bool = True,
+                                    generator: Any = None, check_nan: bool = False, seed: Any = None,
+                                    offset: Any = None, return_valid: bool = False, *, stream: Any = None,
+                                    backend: str | None = None) -> Any:
+    """Top-k then top-p ("top_k_first": top-p of the top-k renormalized distribution) or both at once
+    on the raw row ("joint"), in one kernel."""
+    del deterministic
+    if filter_apply_order not in ("top_k_first", "joint"):
+        raise ArgumentError(f"filter_apply_order: expected 'top_k_first' or 'joint', got {filter_apply_order!r}")
+    if top_k is None or top_p is None:
+        raise ArgumentError(f"{'top_k' if top_k is None else 'top_p'}: expected a value, got None")
+    return _sample(probs, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
+                   indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                   return_valid=return_valid, stream=stream, backend=backend)
+
+
+# --------------------------------------------------------------------------- renorm / mask
+def _renorm(name: str, x: Any, top_k: Any, top_p: Any, stream: Any, backend: str | None) -> Any:
+    from ..launcher import launch
+
+    x, kind, batch, vocab = _matrix(name, x)
+    if top_k is not None:
+        k_arr, k_val, k_is = _param("top_k", top_k, batch, x, True, 0, _INT_MAX)
+        p_arr, p_val, p_is = _like(np.zeros(1, np.float32), x), 1.0, False
+        flags = _R_TOP_K | (_R_K_ARR if k_is else 0)
+    else:
+        p_arr, p_val, p_is = _param("top_p", top_p, batch, x, False, 0.0, 1.0, True)
+        k_arr, k_val = _like(np.zeros(1, np.int32), x), 0
+        flags = _R_P_ARR if p_is else 0
+    out = arrays.empty((batch, vocab), kind, like=x)
+    if batch:
+        stream = arrays.launch_stream(stream, x)
+        if name == "logits":
+            launch("sampling_top_k_mask_logits" + arrays.kernel_suffix(kind), (batch,), (NT,), x.reshape(-1), out.reshape(-1),
+                   k_arr, vocab, flags & _R_K_ARR, int(k_val), stream=stream, backend=backend)
+        else:
+            launch("sampling_renorm_probs" + arrays.kernel_suffix(kind), (batch,), (NT,), x.reshape(-1),
+                   out.reshape(-1), k_arr, p_arr, vocab, flags, int(k_val), float(p_val), stream=stream,
+                   backend=backend)
+    return out
+
+
+def top_k_renorm_probs(probs: Any, top_k: Any, is_deterministic: bool = False, *, stream: Any = None,
+                       backend: str | None = None) -> Any:
+    """probs with the entries below the k-th largest set to 0 and the rest divided by their sum.
+
+    Ties with the k-th largest value are all kept. top_k = 0 or >= vocab returns probs unchanged.
+    is_deterministic is accepted for FlashInfer compatibility (always deterministic)."""
+    del is_deterministic
+    return _renorm("probs", probs, top_k, None, stream, backend)
+
+
+def top_p_renorm_probs(probs: Any, top_p: Any, is_deterministic: bool = False, *, stream: Any = None,
+                       backend: str | None = None) -> Any:
+    """probs restricted to the largest entries (whole tie groups) whose mass reaches top_p of the row's,
+    renormalized; the rest 0."""
+    del is_deterministic
+    return _renorm("probs", probs, None, top_p, stream, backend)
+
+
+def top_k_mask_logits(logits: Any, top_k: Any, *, stream: Any = None, backend: str | None = None) -> Any:
+    """logits with the entries below the k-th largest set to -inf (ties kept; top_k = 0 or >= vocab:
+    unchanged). softmax of the result equals top_k_renorm_probs of softmax(logits)."""
+    return _renorm("logits", logits, top_k, None, stream, backend)

@@ -1,0 +1,312 @@
+"""numba.cuda references for kernels_cu/sampling.cu: one thread per row, plain loops over values.
+
+The kernels decide with integers (fixed-point mass, Philox words), so the references compute
+the same integers the simple way and agree token for token:
+- mass q = floor(p * 2^(40 - e)) with 2^(e-1) <= max(p) < 2^e, in float64 (exact: a float32
+  times a power of two) and floor;
+- thresholds by walking the distinct values from the top (no radix select): the k-th largest
+  value with ties, the largest value whose mass at or above reaches the top-p target;
+- Philox4x32-10 with 16-bit limb products, so every intermediate fits in int64 (the simulator's
+  Python ints, NumPy int64 and numba's int64 all give the same bits).
+Arrays arrive flat; bf16 arrays widened to float32.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from .base import reference
+
+_F = 40
+_M32 = 0xFFFFFFFF
+
+
+def _helpers(cuda: Any) -> Any:
+    import math
+
+    import numba
+
+    @cuda.jit(device=True)
+    def mul32(a, b):
+        # (hi, lo) 32-bit words of a * b for a, b < 2^32, without a product above 2^48.
+        a0 = a & 0xFFFF
+        a1 = a >> 16
+        b0 = b & 0xFFFF
+        b1 = b >> 16
+        p00 = a0 * b0
+        mid = a1 * b0 + a0 * b1 + (p00 >> 16)  # < 2^34
+        lo = ((mid & 0xFFFF) << 16) | (p00 & 0xFFFF)
+        hi = a1 * b1 + (mid >> 16)
+        return hi & _M32, lo & _M32
+
+    @cuda.jit(device=True)
+    def philox_word0(k0, k1, c0, c1, c2, c3):
+        for r in range(10):
+            if r > 0:
+                k0 = (k0 + 0x9E3779B9) & _M32
+                k1 = (k1 + 0xBB67AE85) & _M32
+            hi0, lo0 = mul32(0xD2511F53, c0)
+            hi1, lo1 = mul32(0xCD9E8D57, c2)
+            n0 = hi1 ^ c1 ^ k0
+            n2 = hi0 ^ c3 ^ k1
+            c0, c1, c2, c3 = n0, lo1, n2, lo0
+        return c0, c1, c2, c3
+
+    @cuda.jit(device=True)
+    def mul_frac(a, b):
+        # floor(a * b / 2^32) for a < 2^62, b < 2^32
+        hi, lo = mul32(a & _M32, b)
+        return (a >> 32) * b + hi
+
+    @cuda.jit(device=True)
+    def clean(x):
+        # NaN, negative and inf count as 0
+        if x > 0.0 and x < math.inf:
+            return x
+        return 0.0
+
+    @cuda.jit(device=True)
+    def row_scale(probs, base, n):
+        # (max, 2^(40 - e)) with 2^(e-1) <= max < 2^e; max 0 for a row without mass
+        m = 0.0
+        for i in range(n):
+            m = max(m, clean(probs[base + i]))
+        if m == 0.0:
+            return 0.0, 0.0
+        s = 1.0  # 2^e
+        e = 0
+        while m >= s:
+            s *= 2.0
+            e += 1
+        while m < s * 0.5:
+            s *= 0.5
+            e -= 1
+        scale = 1.0
+        for _ in range(abs(_F - e)):
+            scale = scale * 2.0 if _F - e > 0 else scale * 0.5
+        return m, scale
+
+    @cuda.jit(device=True)
+    def mass(x, scale):
+        return numba.int64(math.floor(clean(x) * scale))
+
+    @cuda.jit(device=True)
+    def kth_largest(vals, base, n, k, logits):
+        # the k-th largest value counting ties (value NaN sorts lowest for logits)
+        hi = math.inf
+        first = True
+        while True:
+            v = -math.inf
+            found = False
+            for i in range(n):
+                x = vals[base + i] if logits else clean(vals[base + i])
+                if x == x and (first or x < hi) and (not found or x > v):
+                    v = x
+                    found = True
+            if not found:
+                return -math.inf, False  # fewer than k numbers: NaNs are reached
+            c = 0
+            for i in range(n):
+                x = vals[base + i] if logits else clean(vals[base + i])
+                if x >= v:
+                    c += 1
+            if c >= k:
+                return v, True
+            hi = v
+            first = False
+
+    @cuda.jit(device=True)
+    def top_p_value(probs, base, n, lo_v, target, scale):
+        # the largest value v >= lo_v whose mass at or above v (among values >= lo_v) reaches target
+        hi = math.inf
+        while True:
+            v = -1.0
+            for i in range(n):
+                x = clean(probs[base + i])
+                if x >= lo_v and x < hi and x > 0.0 and x > v:
+                    v = x
+            if v < 0.0:
+                return lo_v
+            acc = 0
+            for i in range(n):
+                x = clean(probs[base + i])
+                if x >= v:
+                    acc += mass(x, scale)
+            if acc >= target:
+                return v
+            hi = v
+
+    @cuda.jit(device=True)
+    def kept_mass(probs, base, n, lo_v, scale):
+        acc = 0
+        for i in range(n):
+            x = clean(probs[base + i])
+            if x >= lo_v and x > 0.0:
+                acc += mass(x, scale)
+        return acc
+
+    @cuda.jit(device=True)
+    def target(total, p):
+        # ceil(top_p * total) with top_p = P / 2^32, P = floor(top_p * 2^32) >= 1
+        big = numba.int64(math.floor(numba.float64(p) * 4294967296.0))
+        if big < 1:
+            big = 1
+        hi, lo = mul32(total & _M32, big)
+        return (total >> 32) * big + hi + (1 if lo != 0 else 0)
+
+    return philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target
+
+
+@reference("sampling_philox")
+def _philox(cuda: Any) -> Any:
+    philox_word0 = _helpers(cuda)[0]
+
+    @cuda.jit
+    def k(out, n, seed_lo, seed_hi, offset_lo, offset_hi):
+        i = cuda.grid(1)
+        if i >= n:
+            return
+        c0, c1, c2, c3 = philox_word0(seed_lo, seed_hi, offset_lo, offset_hi, i, 0)
+        out[4 * i] = c0
+        out[4 * i + 1] = c1
+        out[4 * i + 2] = c2
+        out[4 * i + 3] = c3
+
+    def config(args: Any) -> Any:
+        return ((args[1] + 63) // 64,), (64,)
+
+    return k, config
+
+
+@reference("sampling_from_probs", "sampling_from_probs_bf16")
+def _sampling(cuda: Any) -> Any:
+    import numba
+
+    philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target = _helpers(cuda)
+
+    @cuda.jit
+    def k(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
+          top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi):
+        b = cuda.grid(1)
+        if b >= out.shape[0]:
+            return
+        r = indices[b] if flags & 1 else b
+        base = r * vocab
+        m, scale = row_scale(probs, base, vocab)
+        out[b] = 0
+        valid[b] = 0
+        if m == 0.0:
+            return
+        lo_v = 0.0  # keep x >= lo_v with x > 0
+        if flags & 8:
+            mp = numba.float32(min_p_arr[b] if flags & 128 else min_p_val)  # the kernel's C float
+            if not mp < 1.0:
+                mp = 1.0
+            lo_v = max(lo_v, numba.float32(numba.float32(m) * numba.float32(mp)))
+        if flags & 2:
+            kk = top_k_arr[b] if flags & 32 else top_k_val
+            if kk > 0 and kk < vocab:
+                v, ok = kth_largest(probs, base, vocab, kk, False)
+                lo_v = max(lo_v, v)
+        if flags & 4:
+            p = numba.float32(top_p_arr[b] if flags & 64 else top_p_val)
+            if p < 1.0:
+                b_v = lo_v if flags & 16 else 0.0
+                need = target(kept_mass(probs, base, vocab, b_v, scale), p)
+                lo_v = max(lo_v, top_p_value(probs, base, vocab, b_v, need, scale))
+        total = kept_mass(probs, base, vocab, lo_v, scale)
+        s0 = numba.int64(seed_arr[2 * b]) if flags & 256 else seed_lo
+        s1 = numba.int64(seed_arr[2 * b + 1]) if flags & 256 else seed_hi
+        o0 = numba.int64(offset_arr[2 * b]) if flags & 512 else offset_lo
+        o1 = numba.int64(offset_arr[2 * b + 1]) if flags & 512 else offset_hi
+        u, _, _, _ = philox_word0(s0, s1, o0, o1, b, 0)
+        t = mul_frac(total, u)
+        acc = 0
+        for i in range(vocab):
+            x = clean(probs[base + i])
+            if x >= lo_v and x > 0.0:
+                acc += mass(x, scale)
+                if acc > t:
+                    out[b] = i
+                    valid[b] = 1
+                    return
+
+    def config(args: Any) -> Any:
+        n = args[1].shape[0]
+        return ((n + 31) // 32,), (32,)
+
+    return k, config
+
+
+@reference("sampling_renorm_probs", "sampling_renorm_probs_bf16")
+def _renorm(cuda: Any) -> Any:
+    import numba
+
+    philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target = _helpers(cuda)
+
+    @cuda.jit
+    def k(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val):
+        b = cuda.grid(1)
+        if b * vocab >= out.shape[0]:
+            return
+        base = b * vocab
+        m, scale = row_scale(probs, base, vocab)
+        copy = False
+        lo_v = 0.0
+        if flags & 1:
+            kk = top_k_arr[b] if flags & 2 else top_k_val
+            if m == 0.0 or kk <= 0 or kk >= vocab:
+                copy = True
+            else:
+                v, ok = kth_largest(probs, base, vocab, kk, False)
+                lo_v = v
+        elif m > 0.0:
+            p = numba.float32(top_p_arr[b] if flags & 4 else top_p_val)
+            if p < 1.0:
+                lo_v = top_p_value(probs, base, vocab, 0.0, target(kept_mass(probs, base, vocab, 0.0, scale), p),
+                                   scale)
+        if copy:
+            for i in range(vocab):
+                out[base + i] = probs[base + i]
+            return
+        total = kept_mass(probs, base, vocab, lo_v, scale) if m > 0.0 else 0
+        inv = numba.float32(0.0)
+        if total > 0:
+            inv = numba.float32(1.0) / numba.float32(numba.float64(total) / scale)
+        for i in range(vocab):
+            x = clean(probs[base + i])
+            out[base + i] = numba.float32(x) * inv if (x >= lo_v and x > 0.0) else 0.0
+
+    def config(args: Any) -> Any:
+        n = args[1].shape[0] // max(1, args[4])
+        return ((n + 31) // 32,), (32,)
+
+    return k, config
+
+
+@reference("sampling_top_k_mask_logits", "sampling_top_k_mask_logits_bf16")
+def _mask(cuda: Any) -> Any:
+    import math
+
+    kth_largest = _helpers(cuda)[5]
+
+    @cuda.jit
+    def k(logits, out, top_k_arr, vocab, flags, top_k_val):
+        b = cuda.grid(1)
+        if b * vocab >= out.shape[0]:
+            return
+        base = b * vocab
+        kk = top_k_arr[b] if flags & 2 else top_k_val
+        keep_all = kk <= 0 or kk >= vocab
+        v = -math.inf
+        if not keep_all:
+            v, ok = kth_largest(logits, base, vocab, kk, True)
+            keep_all = not ok  # fewer than k numbers: the NaNs are in the top k too
+        for i in range(vocab):
+            x = logits[base + i]
+            out[base + i] = x if (keep_all or x >= v) else -math.inf
+
+    def config(args: Any) -> Any:
+        n = args[1].shape[0] // max(1, args[3])
+        return ((n + 31) // 32,), (32,)
+
+    return k, config
