@@ -491,11 +491,17 @@ extern "C" __global__ void __launch_bounds__(1024) rms_norm_bf16(const unsigned 
 // Rows of a multiple of 4 floats on a 16-byte aligned base go 4 at a time
 // (float4 loads and stores, 4 chunks of a thread's stride in flight); other
 // shapes take the scalar loop. exp is MUFU.EX2 (pk_exp_fast).
+// Non-finite scores, as torch's attention softmax (SDPA's _safe_softmax of the masked
+// scores): a NaN or a +inf among a row's visible scores makes the whole row NaN, masked
+// tail included; a -inf score gets probability 0; a row whose visible scores are all -inf
+// is 0. NaN travels in the running sum s (a NaN v lands in the else branch and sticks),
+// never in the max, so the row max stays fmaxf; +inf turns the sum NaN through
+// exp(inf - inf) in the merge. A NaN sum gives inv = NaN and every output NaN.
 __device__ __forceinline__ void fwd_online_add(float& m, float& s, float v) {
     if (v > m) {  // rescale the running sum to the new max; m = -inf gives exp(-inf) = 0
         s = s * pk_exp_fast(m - v) + 1.0f;
         m = v;
-    } else if (v != PK_NEG_INF) {  // -inf - -inf would be NaN
+    } else if (v != PK_NEG_INF) {  // -inf - -inf would be NaN; a NaN v makes s NaN
         s += pk_exp_fast(v - m);
     }
 }
@@ -528,10 +534,11 @@ extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const flo
             for (unsigned int j = threadIdx.x; j < visible; j += blockDim.x) fwd_online_add(m, s, sr[j]);
         }
         const float row_max = fwd_row_max(m, scratch);
-        // a row whose visible scores are all -inf has no finite max: its sum is 0 and it writes 0
+        // a row whose visible scores are all -inf has no finite max: its sum is 0 and it writes 0;
+        // a thread whose m is still -inf holds s = 0, or NaN from a NaN score: passed on as is
         const float mm = (row_max == PK_NEG_INF) ? 0.0f : row_max;
-        const float row_sum = fwd_row_sum(m == PK_NEG_INF ? 0.0f : s * pk_exp_fast(m - mm), scratch);
-        const float inv = row_sum > 0.0f ? 1.0f / row_sum : 0.0f;
+        const float row_sum = fwd_row_sum(m == PK_NEG_INF ? s : s * pk_exp_fast(m - mm), scratch);
+        const float inv = row_sum != 0.0f ? 1.0f / row_sum : 0.0f;  // NaN sum: NaN row
         if (vec) {
             const unsigned int n4 = (visible + 3u) / 4u;
             for (unsigned int c = threadIdx.x; c < kv_len / 4u; c += blockDim.x) {
@@ -551,7 +558,7 @@ extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const flo
             }
         } else {
             for (unsigned int j = threadIdx.x; j < kv_len; j += blockDim.x)
-                outr[j] = j < visible ? pk_exp_fast(sr[j] - mm) * inv : 0.0f;
+                outr[j] = pk_exp_fast(j < visible ? sr[j] - mm : PK_NEG_INF) * inv;  // 0, or NaN as the row
         }
     }
 }

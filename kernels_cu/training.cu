@@ -540,12 +540,21 @@ extern "C" __global__ void __launch_bounds__(512, 1) embedding_backward_bf16(
 // row_loss is 0 for pad rows; cross_entropy_loss_reduce sums it in parallel in a
 // fixed order (deterministic). Every exp has an argument <= 0 (z - running max), so
 // pk_exp_fast (one MUFU.EX2, ~2^-22 relative) stays far inside the f32 table.
+//
+// Non-finite logits, as torch: a NaN or a +inf in a live row makes its loss and its
+// whole gradient row NaN; a -inf logit has probability 0 (loss +inf when it is the
+// target, or with label smoothing); a row of -inf only is NaN. NaN travels in the running
+// sum s, never in the max: x = NaN fails `x > m` and lands in the else branch, where
+// exp(NaN - m) = NaN sticks in s for good (s * 0 + 1 and s + e keep a NaN s). So the
+// max reductions may stay fmaxf (FMNMX, which drops NaN), and a thread whose m is still
+// -inf holds s = 0, or NaN if it saw one: the merge passes its s through as is. A +inf
+// reaches NaN through exp(inf - inf) in that merge (or in s, for a second +inf).
 __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     if (x > m) {
         s = s * pk_exp_fast(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
         m = x;
-    } else if (m != PK_NEG_INF) {
-        s += pk_exp_fast(x - m);  // both -inf would be NaN; such an x adds 0
+    } else if (x != PK_NEG_INF) {
+        s += pk_exp_fast(x - m);  // x = -inf adds 0 (and -inf - -inf would be NaN); NaN x: NaN
     }
 }
 
@@ -628,7 +637,8 @@ __device__ __forceinline__ void cross_entropy_body(
             for (long long i = threadIdx.x; i < n; i += blockDim.x) ce_acc(PkIO<T>::load(logits, base + i), cap, inv_cap, m, s, sz);
         }
         const float mx = pk_block_max(m, scratch);
-        const float sum = pk_block_sum(m == PK_NEG_INF ? 0.0f : s * pk_exp_fast(m - mx), scratch);
+        // m = -inf: s is 0, or NaN from a NaN logit (see ce_online); either way pass it on
+        const float sum = pk_block_sum(m == PK_NEG_INF ? s : s * pk_exp_fast(m - mx), scratch);
         const float zsum = smoothing != 0.0f ? pk_block_sum(sz, scratch) : 0.0f;  // uniform branch
         const float lse = mx + logf(sum);
         const float eps_v = smoothing / (float)n;

@@ -171,8 +171,13 @@ __device__ __forceinline__ void layer_norm_backward_body(
             sg += gh;
             sgx += gh * (PkIO<T>::load(x, base + i) - mean) * rstd;
         }
-        const float mg = pk_block_sum(sg, scratch) / (float)n;
+        // An inf in g * w makes mg and mgx infinite, and then the row's grad_x a data-dependent
+        // mix of +-inf and NaN (torch's fused CPU and CUDA kernels give two different mixes).
+        // Like torch's autograd of the layer_norm formula, the whole row is NaN instead:
+        // (v - v) is 0 for finite v and NaN for +-inf / NaN, two FADDs a row.
+        float mg = pk_block_sum(sg, scratch) / (float)n;
         const float mgx = pk_block_sum(sgx, scratch) / (float)n;
+        mg += (mg - mg) + (mgx - mgx);
         if (threadIdx.x == 0) {
             mean_out[row] = mean;
             rstd_out[row] = rstd;

@@ -125,8 +125,15 @@ def _causal_attn_softmax(cuda):
             s = 0.0
             for j in range(visible):
                 s += math.exp(scores[base + j] - m)
+            # s is 0 for a row of -inf only (it writes 0), NaN when a visible score is NaN or
+            # +inf (exp(NaN - m), exp(inf - inf)): then every entry, masked ones too, is NaN
             for j in range(kv_len):
-                out[base + j] = math.exp(scores[base + j] - m) / s if j < visible and s > 0.0 else 0.0
+                if s == 0.0:
+                    out[base + j] = 0.0
+                elif j < visible:
+                    out[base + j] = math.exp(scores[base + j] - m) / s
+                else:
+                    out[base + j] = 0.0 / s
 
     return k, lambda args: _grid(args[2])
 

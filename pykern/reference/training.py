@@ -209,8 +209,11 @@ def _cross_entropy(cuda: Any):
                     if cap > 0:
                         z = cap * math.tanh(z / cap)
                     s += math.exp(z - m)
-                lse = m + math.log(s)
-                row_loss[row] = lse - (1.0 - eps) * zt - eps / vocab * zsum + z_loss * lse * lse
+                lse = m + math.log(s)  # a NaN or +inf logit has made s NaN through exp
+                loss = lse - (1.0 - eps) * zt + z_loss * lse * lse
+                if eps != 0.0:  # 0 * (a sum holding -inf) would be NaN where torch's loss is finite
+                    loss -= eps / vocab * zsum
+                row_loss[row] = loss
                 for i in range(vocab):
                     x = logits[base + i]
                     z = x

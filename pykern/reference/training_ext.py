@@ -104,10 +104,13 @@ def _layer_norm_backward(cuda: Any):
                 gh = g[base + i] * (w[i] if has_w else 1.0)
                 sg += gh
                 sgx += gh * (x[base + i] - mean) * rstd
+            mg = sg / dim
+            mgx = sgx / dim
+            mg += (mg - mg) + (mgx - mgx)  # an infinite statistic makes the whole row NaN (as the .cu)
             for i in range(dim):
                 gh = g[base + i] * (w[i] if has_w else 1.0)
                 xh = (x[base + i] - mean) * rstd
-                gx[base + i] = rstd * (gh - sg / dim - xh * sgx / dim)
+                gx[base + i] = rstd * (gh - mg - xh * mgx)
 
     return k, lambda a: _grid1(a[6])
 

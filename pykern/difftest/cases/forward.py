@@ -85,11 +85,13 @@ def np_causal_attn_softmax(scores: np.ndarray, past_len: int = 0) -> np.ndarray:
     n_q, _, kv_len = s.shape
     visible = np.arange(kv_len)[None, :] <= past_len + np.arange(n_q)[:, None]  # (n_q, kv_len)
     s = np.where(visible[:, None, :], s, -np.inf)
-    m = s.max(axis=-1, keepdims=True)
-    m = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m)
-    den = p.sum(axis=-1, keepdims=True)
-    return np.divide(p, den, out=np.zeros_like(p), where=den > 0)
+    m = s.max(axis=-1, keepdims=True)  # NaN when a visible score is NaN
+    m = np.where(m == -np.inf, 0.0, m)
+    with np.errstate(invalid="ignore"):
+        p = np.exp(s - m)  # +inf - +inf: NaN, as torch
+        den = p.sum(axis=-1, keepdims=True)
+        # torch's attention softmax: a row of -inf only is 0; a NaN / +inf score makes the row NaN
+        return np.where(den == 0.0, 0.0, p / np.where(den == 0.0, 1.0, den))
 
 
 def np_flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,

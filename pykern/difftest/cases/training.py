@@ -73,7 +73,9 @@ def np_cross_entropy(logits: Any, targets: Any, pad_id: int = -100, *, label_smo
     rows = np.arange(x2.shape[0])
     tt = np.where(live, t, 0)
     eps = label_smoothing
-    row = (1 - eps) * (lse - z[rows, tt]) + eps * (lse - z.mean(axis=-1)) + z_loss * lse * lse
+    row = (1 - eps) * (lse - z[rows, tt]) + z_loss * lse * lse
+    if eps:  # 0 * (a mean holding -inf) would be NaN where torch's loss is finite
+        row = row + eps * (lse - z.mean(axis=-1))
     row = np.where(live, row, 0.0)
     gz = p * (1 + 2 * z_loss * lse)[:, None] - eps / vocab
     gz[rows, tt] -= 1.0 - eps

@@ -50,7 +50,10 @@ def np_layer_norm_backward(x: Any, weight: Any, g: Any, eps: float = 1e-5) -> tu
     rstd = 1.0 / np.sqrt(((x - mu) ** 2).mean(-1, keepdims=True) + eps)
     xh = (x - mu) * rstd
     gh = g * (f64(weight) if weight is not None else 1.0)
-    gx = rstd * (gh - gh.mean(-1, keepdims=True) - xh * (gh * xh).mean(-1, keepdims=True))
+    mg, mgx = gh.mean(-1, keepdims=True), (gh * xh).mean(-1, keepdims=True)
+    with np.errstate(invalid="ignore"):
+        mg = mg + (mg - mg) + (mgx - mgx)  # an infinite statistic: the whole row NaN, as the kernel
+        gx = rstd * (gh - mg - xh * mgx)
     return gx, (xh * g).reshape(-1, dim).sum(0), g.reshape(-1, dim).sum(0)
 
 
