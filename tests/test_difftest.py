@@ -358,3 +358,20 @@ def test_summary_groups_skip_reasons_per_backend() -> None:
         "  nvrtc  not run: no GPU (needs a CUDA GPU)",
         "  not collected: family x: its remaining cases, because y",
     ]
+
+
+def test_repeated_kernels_option_selects_every_glob() -> None:
+    # `--kernels a --kernels b` selects both, as `--kernels a,b` does (argparse would keep only the last)
+    from pykern.difftest.__main__ import main
+    import contextlib
+    import io
+
+    def listed(*argv: str) -> set[str]:
+        buf = io.StringIO()
+        with contextlib.redirect_stdout(buf):
+            assert main(["--list", *argv]) == 0
+        return {line.split()[0] for line in buf.getvalue().splitlines() if "kernels=" in line}
+
+    both = listed("--kernels", "transpose_2d", "--kernels", "softmax_backward")
+    assert both == listed("--kernels", "transpose_2d,softmax_backward")
+    assert both > listed("--kernels", "softmax_backward") and both > listed("--kernels", "transpose_2d")

@@ -25,7 +25,9 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--backends", help="comma-separated: nvrtc, numba, host[:forward|:reverse|:random:SEED|:sanitize] "
                    "(default: nvrtc,numba with a GPU, host,numba without; a default one that cannot run here "
                    "is left out and named in the summary, a named one is an error)")
-    p.add_argument("--kernels", help="only cases launching a kernel that matches this glob (',' separates globs)")
+    p.add_argument("--kernels", action="append",
+                   help="only cases launching a kernel that matches this glob (',' separates globs; "
+                        "the option may be repeated)")
     p.add_argument("--seed", type=int, default=0, help="seed of the random case data (default 0)")
     p.add_argument("--json", action="store_true", help="print one JSON document instead of the table")
     p.add_argument("--no-big", action="store_true", help='leave out the cases marked note="big"')
@@ -40,6 +42,8 @@ def _parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser().parse_args(argv)
+    if args.kernels:  # repeated --kernels: every glob counts, as with one comma-separated list
+        args.kernels = ",".join(args.kernels)
     t0 = time.perf_counter()
     try:
         runner.load_extra()
