@@ -502,6 +502,8 @@ extern "C" __global__ void __launch_bounds__(256) grouped_gemm_wgrad(
 #define GG_STAGE (2 * GG_TILE)
 #define GG_SMEM_BYTES (GG_ST * GG_STAGE * 2)
 
+// The tensor-core code exists for sm_80+ only (sm_75 has no mma .bf16: its entry points trap).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define GG_STAGE_B (GG_STAGE * 2)
 #define GG_TILE_B (GG_TILE * 2)
 #define GG_ROW32_B (32 * GG_SR * 2)
@@ -716,6 +718,8 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
             }
     }
 }
+
+#endif  // sm_80+
 
 // mma .bf16 needs sm_80: the sm_75 build has entry points that trap (the ops use grouped_gemm_simt_bf16).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800

@@ -37,6 +37,11 @@ EXEMPT: dict[str, str] = {
     "attn_tiling": "a helper, not a kernel",
     "decode_plan": "a helper, not a kernel",
     "get_batch_indices_positions": "a host helper, not a kernel",
+    "grouped_gemm": "compute-bound (tensor-core grouped GEMM; tools/bench_moe.py)",
+    "moe_experts": "compute-bound (two grouped GEMMs; tools/bench_moe.py)",
+    "moe_experts_backward": "compute-bound (grouped GEMMs; tools/bench_moe.py)",
+    "moe_route": "T x E router logits, a few hundred bytes per token: latency-bound (tools/bench_moe.py)",
+    "moe_align": "integer bookkeeping of the routing: latency-bound, part of moe_experts",
 }
 
 BF16_F32 = ("bf16", "f32")
