@@ -88,6 +88,17 @@ template <int N> __device__ __forceinline__ void pk_cp_async_wait() {
 }
 __device__ __forceinline__ void pk_cp_async_wait_all() { pkrt_cp_async_wait(0, 1); }
 
+// Shared-memory addressing as a base plus a 32-bit byte offset (see the NVRTC versions below).
+__device__ __forceinline__ void pk_ldmatrix_x4_at(unsigned int* r, const void* smem_base, unsigned int byte_off) {
+    pk_ldmatrix_x4(r, static_cast<const char*>(smem_base) + byte_off);
+}
+__device__ __forceinline__ void pk_ldmatrix_x4_trans_at(unsigned int* r, const void* smem_base, unsigned int byte_off) {
+    pk_ldmatrix_x4_trans(r, static_cast<const char*>(smem_base) + byte_off);
+}
+__device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
+    pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
+}
+
 // 2^x with ex2.approx.ftz.f32's special cases: subnormal inputs count as 0 (result 1),
 // subnormal results flush to +0, -inf -> +0, +inf -> +inf, NaN -> NaN.
 __device__ __forceinline__ float pk_ex2_approx(float x) {
@@ -157,11 +168,33 @@ __device__ __forceinline__ void pk_ldmatrix_x4_trans(unsigned int* r, const void
                  : "memory");
 }
 
+// Base + 32-bit byte offset: the base's cvta is loop-invariant (the asm is not volatile, so it is
+// hoisted and shared), and the offsets stay 32-bit shared-window arithmetic that folds into the
+// instructions' immediates; a generic pointer per access costs 64-bit address math in hot loops.
+__device__ __forceinline__ void pk_ldmatrix_x4_at(unsigned int* r, const void* smem_base, unsigned int byte_off) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(pk_cvta_shared(smem_base) + byte_off)
+                 : "memory");
+}
+__device__ __forceinline__ void pk_ldmatrix_x4_trans_at(unsigned int* r, const void* smem_base, unsigned int byte_off) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(pk_cvta_shared(smem_base) + byte_off)
+                 : "memory");
+}
+
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 __device__ __forceinline__ void pk_cp_async_16(void* smem_dst, const void* gmem_src) {
     unsigned long long g;
     asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(gmem_src));
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(pk_cvta_shared(smem_dst)), "l"(g) : "memory");
+}
+__device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(gmem_src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(pk_cvta_shared(smem_base) + byte_off), "l"(g)
+                 : "memory");
 }
 __device__ __forceinline__ void pk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {
@@ -173,6 +206,9 @@ __device__ __forceinline__ void pk_cp_async_wait_all() { asm volatile("cp.async.
 // sm_75: no cp.async; a synchronous copy is a legal (if slower) completion of it.
 __device__ __forceinline__ void pk_cp_async_16(void* smem_dst, const void* gmem_src) {
     *reinterpret_cast<uint4*>(smem_dst) = *reinterpret_cast<const uint4*>(gmem_src);
+}
+__device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
+    pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
 }
 __device__ __forceinline__ void pk_cp_async_commit() {}
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {}

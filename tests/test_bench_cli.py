@@ -25,6 +25,7 @@ EXPECTED_EXEMPT = {
     "append_paged_kv_cache", "PagedDecodePlan", "attn_tiling", "decode_plan", "get_batch_indices_positions",
     "sampling_from_probs", "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs", "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits",
+    "grouped_gemm", "moe_experts", "moe_experts_backward", "moe_route", "moe_align",
 }
 
 

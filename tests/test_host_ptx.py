@@ -214,6 +214,17 @@ def test_ldmatrix_x4_lane_mapping(trans: int) -> None:
             assert got[lane, i] == expect, (lane, i)
 
 
+@pytest.mark.parametrize("trans", [0, 1])
+def test_ldmatrix_and_cp_async_at_byte_offsets_match_the_pointer_forms(trans: int) -> None:
+    tile = (np.arange(32 * 8, dtype=np.uint32) * 53 + 7).astype(np.uint16)
+    rowsel = np.random.default_rng(10 + trans).permutation(32).astype(np.int32)
+    want, got = np.zeros(32 * 4, np.uint32), np.zeros(32 * 4, np.uint32)
+    launch("pk_t_ldmatrix", 1, 32, tile, rowsel, want, trans, 0)
+    launch("pk_t_ldmatrix_at", 1, 32, tile, rowsel, got, trans)
+    assert want.any()
+    np.testing.assert_array_equal(got, want)
+
+
 def test_ldmatrix_misaligned_row_is_an_error() -> None:
     tile = np.zeros(32 * 8, np.uint16)
     with pytest.raises(KernelExecutionError, match=r"thread \(5,0,0\).*pk_ldmatrix_x4.*16-byte aligned"):

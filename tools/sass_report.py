@@ -11,6 +11,11 @@ ldmatrix (LDSM), cp.async (LDGSTS), global loads and stores by width, hardware b
 FFMA, MUFU (ex2, rcp...), barriers, shuffles and local memory (LDL/STL: spills or stack arrays).
 
 Tests load this file by path and call `instruction_mix(kernels, archs)`.
+
+`--loops` prints, per kernel and arch, the steady-state loop metric of matmul-shaped kernels (see
+DESIGN.md "Judging GPU performance without a GPU"): among the backward branches whose body holds
+MMAs and no inner loop, the one with the most MMAs; its warp-instructions (NOPs excluded) per
+m16n8k16-equivalent MMA (HMMA.16816 counts 1, HMMA.1688 1/2, HGMMA m64nNk16 N/8).
 """
 from __future__ import annotations
 
@@ -109,6 +114,90 @@ def count_sass(text: str) -> dict[str, Counter]:
     return out
 
 
+_ADDR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?);")
+_BRA = re.compile(r"(?:@!?U?P[T0-9]+\s+)?BRA(?:\.[A-Z.]+)?\s+(?:`?\(?\.?L?_?[^ ]*\)?\s*)?(0x[0-9a-f]+)")
+
+
+def _mma_weight(op: str, mods: str) -> float:
+    """m16n8k16-equivalents of one tensor-core instruction (0 for anything else)."""
+    if op == "HMMA":
+        if ".16816" in mods:
+            return 1.0
+        if ".1688" in mods:
+            return 0.5
+        return 1.0
+    if op == "HGMMA":
+        m = re.search(r"\.64x(\d+)x16", mods)
+        return int(m.group(1)) / 8 if m else 0.0
+    return 0.0
+
+
+def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
+    """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
+    the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
+    loop), the one with the most MMAs if several. Kernels without such a loop are absent."""
+    funcs: dict[str, list[tuple[int, str, str, str]]] = {}
+    cur: list | None = None
+    for line in text.splitlines():
+        m = _FUNC.match(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        if cur is None:
+            continue
+        a = _ADDR.match(line)
+        i = _INSN.match(line)
+        if a and i:
+            cur.append((int(a.group(1), 16), i.group(1), i.group(2), a.group(2)))
+    out: dict[str, dict[str, Any]] = {}
+    for name, insns in funcs.items():
+        backs = []
+        for addr, op, _mods, body in insns:
+            if op == "BRA":
+                b = _BRA.search(body)
+                if b and int(b.group(1), 16) <= addr:
+                    backs.append((int(b.group(1), 16), addr))
+        best = None
+        for lo, hi in backs:
+            if any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in backs):
+                continue  # holds an inner loop
+            body = [x for x in insns if lo <= x[0] <= hi and x[1] != "NOP"]
+            mma = sum(_mma_weight(op, mods) for _, op, mods, _ in body)
+            if mma and (best is None or mma > best["mma"]):
+                best = {"insns": len(body), "mma": mma, "per_mma": round(len(body) / mma, 3),
+                        "start": hex(lo), "end": hex(hi),
+                        "ldsm": sum(op == "LDSM" for _, op, _, _ in body),
+                        "ldgsts": sum(op == "LDGSTS" for _, op, _, _ in body),
+                        "bar": sum(op == "BAR" for _, op, _, _ in body)}
+        if best:
+            out[name] = best
+    return out
+
+
+def loop_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm_80", "sm_90")
+                 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """{kernel: {arch: steady_state_loops row}} for the registered kernels matching the glob(s)."""
+    from pykern import cache, compiler
+    from pykern.registry import parse_file, source_files
+
+    globs = [kernels] if isinstance(kernels, str) else list(kernels)
+    tool = find_cuobjdump()
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for src in source_files():
+        names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
+        if not names:
+            continue
+        for arch in compiler.expand_archs(list(archs)):
+            mod = cache.get_module(src, arch)
+            if mod.kind != "cubin":
+                continue
+            loops = steady_state_loops(disassemble(mod.image, tool))
+            for k in names:
+                if k in loops:
+                    result.setdefault(k, {})[arch] = loops[k]
+    return result
+
+
 def disassemble(image: bytes, cuobjdump: str | None = None) -> str:
     tool = cuobjdump or find_cuobjdump()
     with tempfile.TemporaryDirectory(prefix="pykern-sass-") as d:
@@ -167,7 +256,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--arch", action="append", metavar="ARCH", help="sm_XX or 'all' (repeatable; default sm_80, sm_90)")
     ap.add_argument("--resources", action="store_true", help="add registers / spills / shared memory columns")
     ap.add_argument("--json", action="store_true", help="print JSON {kernel: {arch: {column: n}}}")
+    ap.add_argument("--loops", action="store_true",
+                    help="steady-state loop metric: warp-instructions per m16n8k16 MMA of the MMA loop")
     args = ap.parse_args(argv)
+    if args.loops:
+        try:
+            loops = loop_metrics(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"])
+        except CuobjdumpUnavailable as e:
+            print(f"sass_report: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(loops, indent=2))
+        else:
+            print(_table(loops, ("insns", "mma", "per_mma", "ldsm", "ldgsts", "bar", "start", "end")))
+        return 0
     try:
         mix = instruction_mix(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"], with_resources=args.resources)
     except CuobjdumpUnavailable as e:

@@ -45,6 +45,11 @@ EXEMPT: dict[str, str] = {
     "top_k_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
     "top_p_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
     "top_k_mask_logits": "sampling: multi-pass radix select per row (see sampling_from_probs)",
+    "grouped_gemm": "compute-bound (tensor-core grouped GEMM; its loop metric: tools/sass_report.py --loops)",
+    "moe_experts": "compute-bound (two grouped GEMMs)",
+    "moe_experts_backward": "compute-bound (grouped GEMMs)",
+    "moe_route": "T x E router logits, a few hundred bytes per token: latency-bound",
+    "moe_align": "integer bookkeeping of the routing: latency-bound, part of moe_experts",
 }
 
 BF16_F32 = ("bf16", "f32")

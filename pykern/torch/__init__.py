@@ -15,11 +15,13 @@ except ModuleNotFoundError as e:
 
 from .functional import cross_entropy, embedding, flash_attention, rms_norm, rope, swiglu
 from .hf import apply
+from . import moe
+from .moe import moe_experts, moe_route
 from .training import add_rms_norm, fused_linear_cross_entropy, gelu, gelu_gate, layer_norm
 from .modules import CrossEntropyLoss, RMSNorm, SwiGLUMLP
 
 __all__ = [
     "rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding",
     "RMSNorm", "SwiGLUMLP", "CrossEntropyLoss", "apply",
-    "add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy",
+    "add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy", "moe_route", "moe_experts",
 ]

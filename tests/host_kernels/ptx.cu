@@ -61,3 +61,19 @@ extern "C" __global__ void pk_t_cp_async(const float* src_f, float* after_wait1,
         for (int i = 0; i < 4; i++) after_all[(k * n + t) * 4 + i] = g[i];
     }
 }
+
+// The base + byte-offset forms: the tile reaches shared memory through pk_cp_async_16_at and is read
+// back with pk_ldmatrix_x4[_trans]_at; the result must equal pk_t_ldmatrix's.
+extern "C" __global__ void pk_t_ldmatrix_at(const unsigned short* tile, const int* rowsel, unsigned int* out,
+                                            int trans) {
+    __shared__ __align__(16) unsigned short sm[32 * 8];
+    const int lane = threadIdx.x;
+    pk_cp_async_16_at(sm, lane * 16, tile + lane * 8);
+    pk_cp_async_commit();
+    pk_cp_async_wait_all();
+    __syncthreads();
+    unsigned int r[4];
+    if (trans) pk_ldmatrix_x4_trans_at(r, sm, rowsel[lane] * 16);
+    else pk_ldmatrix_x4_at(r, sm, rowsel[lane] * 16);
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}

@@ -1,0 +1,740 @@
+// Mixture of experts: routing, grouped GEMMs and the permute / combine around them.
+//
+//   moe_route            softmax (fp32) or sigmoid(+bias for choosing) over experts, top-k (ties to the
+//                        lower index), optional renormalisation; one warp per token.
+//   moe_count/_scan/_place  vLLM's moe_align_block_size as three deterministic launches: per-chunk
+//                        expert histograms, a scan to padded group offsets, then each slot's position
+//                        (stable: slots of one expert keep their token order). No float atomics anywhere.
+//   moe_gather           permuted rows x_perm[pos] = x[slot / k] (* w[slot]); padding rows are zero.
+//   grouped_gemm_tc_bf16 tensor-core grouped GEMM (mma.sync m16n8k16, ldmatrix, 4-stage cp.async):
+//                        rows offsets[e]..offsets[e+1] of out = a[rows] @ b[e]^T; moe_gemm_act_tc_bf16 is
+//                        the same main loop with act(gate) * up fused into the epilogue.
+//   grouped_gemm_simt    fp32 FMA grouped GEMM with a strided B (NT and NN), the f32 path and the sm_75 /
+//                        backward path; grouped_gemm_wgrad: per-expert a_e^T b_e (dW, ragged K), one CTA
+//                        per output tile, so no atomics.
+//   moe_combine          out[t] = sum_j w[t, j] * y[pos(t, j)] in a fixed order (deterministic).
+//   moe_act(_backward), moe_weight_grad: the elementwise pieces of the backward. The backward runs in
+//   fp32 (bf16 inputs are widened by the op): bf16 intermediates lose too much to cancellation.
+//
+// Grouped-GEMM tile scheduling happens on the device: the grid covers an upper bound of the row tiles
+// (sum_e ceil(m_e / BM) <= M / BM + E) on blockIdx.x (column tiles on blockIdx.y) and each CTA finds
+// its group by a warp scan of `offsets`;
+// CTAs past the last tile exit. The offsets may live on the device: the host never reads them.
+// Ids outside [0, E) (-1: a dropped token) contribute nothing.
+#include "pk_common.cuh"
+
+// ------------------------------------------------------------------------------------------ helpers
+
+#define MOE_ACT_SILU 0
+#define MOE_ACT_GELU_TANH 1
+
+__device__ __forceinline__ float moe_act_f(float g, int act) {
+    if (act == MOE_ACT_GELU_TANH) {
+        const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        return 0.5f * g * (1.0f + tanhf(u));
+    }
+    return g / (1.0f + expf(-g));
+}
+
+// d act(g) / dg
+__device__ __forceinline__ float moe_act_grad(float g, int act) {
+    if (act == MOE_ACT_GELU_TANH) {
+        const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
+        const float th = tanhf(u);
+        return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 0.134145f * g * g);
+    }
+    const float s = 1.0f / (1.0f + expf(-g));
+    return s * (1.0f + g * (1.0f - s));
+}
+
+// The group of row tile `tile` (tiles of `bm` rows, counted group by group): e (or -1 past the last
+// tile), the tile's first row and the group's end row. Called by one whole warp; the result is the
+// same in every lane. Negative group sizes (offsets that decrease) count as empty.
+__device__ __forceinline__ void moe_find_tile(const int* __restrict__ offsets, int n_groups, int bm, int tile,
+                                              int* e_out, int* m0_out, int* mend_out) {
+    const int lane = threadIdx.x & 31;
+    int rem = tile;
+    *e_out = -1;
+    *m0_out = 0;
+    *mend_out = 0;
+    for (int base = 0; base < n_groups; base += 32) {
+        const int e = base + lane;
+        int start = 0, end = 0, cnt = 0;
+        if (e < n_groups) {
+            start = offsets[e];
+            end = offsets[e + 1];
+            cnt = end > start ? (end - start + bm - 1) / bm : 0;
+        }
+        int inc = cnt;  // inclusive scan of the tile counts over the lanes
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int v = __shfl_up_sync(PK_FULL_MASK, inc, d);
+            if (lane >= d) inc += v;
+        }
+        const unsigned hit = __ballot_sync(PK_FULL_MASK, inc > rem);
+        if (hit) {
+            const int L = __ffs((int)hit) - 1;
+            const int excl = __shfl_sync(PK_FULL_MASK, inc - cnt, L);
+            const int st = __shfl_sync(PK_FULL_MASK, start, L), en = __shfl_sync(PK_FULL_MASK, end, L);
+            *e_out = base + L;
+            *m0_out = st + (rem - excl) * bm;
+            *mend_out = en;
+            return;
+        }
+        rem -= __shfl_sync(PK_FULL_MASK, inc, 31);
+    }
+}
+
+// Warp 0 finds the CTA's tile and shares it through `info` (3 ints of shared memory).
+__device__ __forceinline__ void moe_cta_tile(const int* __restrict__ offsets, int n_groups, int bm, int tile,
+                                             int* info) {
+    if (threadIdx.x < 32) {
+        int e, m0, mend;
+        moe_find_tile(offsets, n_groups, bm, tile, &e, &m0, &mend);
+        if (threadIdx.x == 0) info[0] = e, info[1] = m0, info[2] = mend;
+    }
+    __syncthreads();
+}
+
+// ------------------------------------------------------------------------------------------ routing
+
+// One warp per token; `s` holds the warp's E choice scores in shared memory.
+template <typename T>
+__device__ __forceinline__ void moe_route_body(const T* __restrict__ logits, const float* __restrict__ bias,
+                                               float* __restrict__ w_out, int* __restrict__ id_out,
+                                               long long n_tok, int n_exp, int top_k, int renorm, int sigm,
+                                               int has_bias, float* smem) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
+    float* s = smem + (long long)warp * n_exp;
+    for (long long t = (long long)blockIdx.x * nw + warp; t < n_tok; t += (long long)gridDim.x * nw) {
+        const long long row = t * n_exp;
+        if (!sigm) {
+            float mx = PK_NEG_INF;
+            for (int e = lane; e < n_exp; e += 32) mx = fmaxf(mx, PkIO<T>::load(logits, row + e));
+            mx = pk_warp_max(mx);
+            float sum = 0.0f;
+            for (int e = lane; e < n_exp; e += 32) {
+                const float x = expf(PkIO<T>::load(logits, row + e) - mx);
+                s[e] = x;
+                sum += x;
+            }
+            sum = pk_warp_sum(sum);
+            for (int e = lane; e < n_exp; e += 32) s[e] = s[e] / sum;  // the probabilities (this lane's own)
+        } else {
+            for (int e = lane; e < n_exp; e += 32) {
+                const float sc = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + e)));
+                s[e] = has_bias ? sc + bias[e] : sc;
+            }
+        }
+        __syncwarp();
+        float my_w = 0.0f;
+        int my_id = -1;
+        for (int j = 0; j < top_k; j++) {
+            float best = PK_NEG_INF;
+            int bi = 0x7fffffff;
+            for (int e = lane; e < n_exp; e += 32) {
+                const float v = s[e];
+                if (v > best || (v == best && e < bi)) best = v, bi = e;
+            }
+#pragma unroll
+            for (int off = 16; off > 0; off >>= 1) {
+                const float ov = __shfl_xor_sync(PK_FULL_MASK, best, off);
+                const int oi = __shfl_xor_sync(PK_FULL_MASK, bi, off);
+                if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
+            }
+            if (bi >= n_exp) bi = 0;  // every score -inf: fall back to expert 0 (never for finite logits)
+            float wv = best;
+            if (sigm) wv = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + bi)));  // the bias only chooses
+            if (lane == (bi & 31)) s[bi] = PK_NEG_INF;  // the lane that reads s[bi] marks it taken
+            __syncwarp();
+            if (lane == j) my_w = wv, my_id = bi;
+        }
+        if (renorm) {
+            const float tot = pk_warp_sum(lane < top_k ? my_w : 0.0f);
+            my_w = sigm ? my_w / (tot + 1e-20f) : my_w / tot;
+        }
+        if (lane < top_k) {
+            w_out[t * top_k + lane] = my_w;
+            id_out[t * top_k + lane] = my_id;
+        }
+        __syncwarp();  // every lane is done with s before the next token overwrites it
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(128) moe_route(
+    const float* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ topk_weights,
+    int* __restrict__ topk_ids, long long n_tok, int n_exp, int top_k, int renorm, int sigm, int has_bias) {
+    extern __shared__ float moe_route_smem[];
+    moe_route_body<float>(logits, bias, topk_weights, topk_ids, n_tok, n_exp, top_k, renorm, sigm, has_bias,
+                          moe_route_smem);
+}
+extern "C" __global__ void __launch_bounds__(128) moe_route_bf16(
+    const unsigned short* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ topk_weights,
+    int* __restrict__ topk_ids, long long n_tok, int n_exp, int top_k, int renorm, int sigm, int has_bias) {
+    extern __shared__ float moe_route_smem[];
+    moe_route_body<unsigned short>(logits, bias, topk_weights, topk_ids, n_tok, n_exp, top_k, renorm, sigm,
+                                   has_bias, moe_route_smem);
+}
+
+// ------------------------------------------------------------------------------------------ align
+// moe_align_block_size in three launches over chunks of MOE_CHUNK slots (slot = t * k + j):
+//   moe_count: chunk_counts[c][e] = slots of chunk c routed to e (block-local int histogram, stored
+//              without atomics); also fills sorted_slot with -1 (padding rows).
+//   moe_scan:  one CTA: chunk_counts becomes each chunk's exclusive start within its expert; counts[e];
+//              offsets[e + 1] = offsets[e] + counts[e] rounded up to `block` (the GEMM's row tile).
+//   moe_place: each slot's position = offsets[e] + its chunk's start + its rank among the earlier
+//              slots of the chunk with the same expert: stable, hence deterministic.
+#define MOE_CHUNK 256
+
+extern "C" __global__ void __launch_bounds__(MOE_CHUNK) moe_count(
+    const int* __restrict__ topk_ids, int* __restrict__ chunk_counts, int* __restrict__ sorted_slot,
+    long long n_slots, int n_exp, long long max_rows) {
+    extern __shared__ int moe_hist[];
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) moe_hist[e] = 0;
+    __syncthreads();
+    const long long s = (long long)blockIdx.x * MOE_CHUNK + threadIdx.x;
+    if (s < n_slots) {
+        const int id = topk_ids[s];
+        if (id >= 0 && id < n_exp) atomicAdd(&moe_hist[id], 1);  // integer: the result is exact
+    }
+    __syncthreads();
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x)
+        chunk_counts[(long long)blockIdx.x * n_exp + e] = moe_hist[e];
+    for (long long r = (long long)blockIdx.x * blockDim.x + threadIdx.x; r < max_rows;
+         r += (long long)gridDim.x * blockDim.x)
+        sorted_slot[r] = -1;
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_scan(int* __restrict__ chunk_counts,
+                                                            int* __restrict__ counts, int* __restrict__ offsets,
+                                                            int n_chunks, int n_exp, int block) {
+    for (int e = threadIdx.x; e < n_exp; e += blockDim.x) {
+        int run = 0;
+        for (int c = 0; c < n_chunks; c++) {
+            const long long i = (long long)c * n_exp + e;
+            const int v = chunk_counts[i];
+            chunk_counts[i] = run;
+            run += v;
+        }
+        counts[e] = run;
+    }
+    __syncthreads();
+    if (threadIdx.x == 0) {
+        int acc = 0;
+        offsets[0] = 0;
+        for (int e = 0; e < n_exp; e++) {
+            acc += (counts[e] + block - 1) / block * block;
+            offsets[e + 1] = acc;
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(MOE_CHUNK) moe_place(
+    const int* __restrict__ topk_ids, const int* __restrict__ chunk_counts, const int* __restrict__ offsets,
+    int* __restrict__ sorted_slot, int* __restrict__ slot_pos, long long n_slots, int n_exp) {
+    __shared__ int ids[MOE_CHUNK];
+    const long long s = (long long)blockIdx.x * MOE_CHUNK + threadIdx.x;
+    int id = s < n_slots ? topk_ids[s] : -1;
+    if (id >= n_exp || id < 0) id = -1;
+    ids[threadIdx.x] = id;
+    __syncthreads();
+    if (s >= n_slots) return;
+    if (id < 0) {
+        slot_pos[s] = -1;
+        return;
+    }
+    int rank = 0;
+    for (int j = 0; j < (int)threadIdx.x; j++) rank += ids[j] == id;
+    const int pos = offsets[id] + chunk_counts[(long long)blockIdx.x * n_exp + id] + rank;
+    sorted_slot[pos] = (int)s;
+    slot_pos[s] = pos;
+}
+
+// ------------------------------------------------------------------------------------------ gather / combine
+
+// dst[r] = src[sorted_slot[r] / k] (* w[sorted_slot[r]] when has_w); zero for padding rows. Rows past
+// offsets[n_exp] (the used part of the buffer) are left alone. One CTA per row, grid-stride.
+template <typename T>
+__device__ __forceinline__ void moe_gather_body(const T* __restrict__ src, const int* __restrict__ sorted_slot,
+                                                const float* __restrict__ w, const int* __restrict__ offsets,
+                                                T* __restrict__ dst, long long max_rows, int dim, int top_k,
+                                                int n_exp, int has_w) {
+    const long long rows = min((long long)offsets[n_exp], max_rows);
+    for (long long r = blockIdx.x; r < rows; r += gridDim.x) {
+        const int slot = sorted_slot[r];
+        const float sc = slot < 0 ? 0.0f : (has_w ? w[slot] : 1.0f);
+        const long long sb = slot < 0 ? 0 : (long long)(slot / top_k) * dim;
+        for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+            const float v = slot < 0 ? 0.0f : PkIO<T>::load(src, sb + c) * sc;
+            PkIO<T>::store(dst, r * dim + c, v);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_gather(
+    const float* __restrict__ src, const int* __restrict__ sorted_slot, const float* __restrict__ w,
+    const int* __restrict__ offsets, float* __restrict__ dst, long long max_rows, int dim, int top_k, int n_exp,
+    int has_w) {
+    moe_gather_body<float>(src, sorted_slot, w, offsets, dst, max_rows, dim, top_k, n_exp, has_w);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_gather_bf16(
+    const unsigned short* __restrict__ src, const int* __restrict__ sorted_slot, const float* __restrict__ w,
+    const int* __restrict__ offsets, unsigned short* __restrict__ dst, long long max_rows, int dim, int top_k,
+    int n_exp, int has_w) {
+    moe_gather_body<unsigned short>(src, sorted_slot, w, offsets, dst, max_rows, dim, top_k, n_exp, has_w);
+}
+
+// out[t] = sum_j (w[t, j] or 1) * y[slot_pos[t * k + j]], j in order (dropped slots add nothing): the
+// deterministic unpermute. One CTA per token, grid-stride.
+template <typename T>
+__device__ __forceinline__ void moe_combine_body(const T* __restrict__ y, const int* __restrict__ slot_pos,
+                                                 const float* __restrict__ w, T* __restrict__ out, long long n_tok,
+                                                 int dim, int top_k, int has_w) {
+    for (long long t = blockIdx.x; t < n_tok; t += gridDim.x) {
+        for (int c = threadIdx.x; c < dim; c += blockDim.x) {
+            float acc = 0.0f;
+            for (int j = 0; j < top_k; j++) {
+                const int pos = slot_pos[t * top_k + j];
+                if (pos >= 0) acc += (has_w ? w[t * top_k + j] : 1.0f) * PkIO<T>::load(y, (long long)pos * dim + c);
+            }
+            PkIO<T>::store(out, t * dim + c, acc);
+        }
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_combine(
+    const float* __restrict__ y, const int* __restrict__ slot_pos, const float* __restrict__ w,
+    float* __restrict__ out, long long n_tok, int dim, int top_k, int has_w) {
+    moe_combine_body<float>(y, slot_pos, w, out, n_tok, dim, top_k, has_w);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_combine_bf16(
+    const unsigned short* __restrict__ y, const int* __restrict__ slot_pos, const float* __restrict__ w,
+    unsigned short* __restrict__ out, long long n_tok, int dim, int top_k, int has_w) {
+    moe_combine_body<unsigned short>(y, slot_pos, w, out, n_tok, dim, top_k, has_w);
+}
+
+// dw[t, j] = <dy[t], y[slot_pos[t, j]]> (0 for a dropped slot). One warp per slot.
+template <typename T>
+__device__ __forceinline__ void moe_weight_grad_body(const T* __restrict__ dy, const T* __restrict__ y,
+                                                     const int* __restrict__ slot_pos, float* __restrict__ dw,
+                                                     long long n_slots, int dim, int top_k) {
+    const int lane = threadIdx.x & 31, nw = blockDim.x >> 5;
+    for (long long s = (long long)blockIdx.x * nw + (threadIdx.x >> 5); s < n_slots; s += (long long)gridDim.x * nw) {
+        const int pos = slot_pos[s];
+        float acc = 0.0f;
+        if (pos >= 0) {
+            const long long tb = (s / top_k) * dim, yb = (long long)pos * dim;
+            for (int c = lane; c < dim; c += 32) acc += PkIO<T>::load(dy, tb + c) * PkIO<T>::load(y, yb + c);
+        }
+        acc = pk_warp_sum(acc);
+        if (lane == 0) dw[s] = acc;
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_weight_grad(
+    const float* __restrict__ dy, const float* __restrict__ y, const int* __restrict__ slot_pos,
+    float* __restrict__ dw, long long n_slots, int dim, int top_k) {
+    moe_weight_grad_body<float>(dy, y, slot_pos, dw, n_slots, dim, top_k);
+}
+
+// ------------------------------------------------------------------------------------------ activation
+// gu [rows, 2I] (gate columns first, then up) -> h [rows, I] = act(gate) * up; the backward gives
+// dgu = [dh * up * act'(gate), dh * act(gate)]. Rows past offsets[n_exp] are skipped.
+template <typename T>
+__device__ __forceinline__ void moe_act_body(const T* __restrict__ gu, T* __restrict__ h,
+                                             const int* __restrict__ offsets, long long max_rows, int inter,
+                                             int n_exp, int act) {
+    const long long n = min((long long)offsets[n_exp], max_rows) * inter;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / inter, c = i % inter;
+        const float g = PkIO<T>::load(gu, r * 2 * inter + c), u = PkIO<T>::load(gu, r * 2 * inter + inter + c);
+        PkIO<T>::store(h, i, moe_act_f(g, act) * u);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_act(const float* __restrict__ gu, float* __restrict__ h,
+                                                           const int* __restrict__ offsets, long long max_rows,
+                                                           int inter, int n_exp, int act) {
+    moe_act_body<float>(gu, h, offsets, max_rows, inter, n_exp, act);
+}
+extern "C" __global__ void __launch_bounds__(256) moe_act_bf16(
+    const unsigned short* __restrict__ gu, unsigned short* __restrict__ h, const int* __restrict__ offsets,
+    long long max_rows, int inter, int n_exp, int act) {
+    moe_act_body<unsigned short>(gu, h, offsets, max_rows, inter, n_exp, act);
+}
+
+template <typename T>
+__device__ __forceinline__ void moe_act_backward_body(const T* __restrict__ gu, const T* __restrict__ dh,
+                                                      T* __restrict__ dgu, const int* __restrict__ offsets,
+                                                      long long max_rows, int inter, int n_exp, int act) {
+    const long long n = min((long long)offsets[n_exp], max_rows) * inter;
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const long long r = i / inter, c = i % inter;
+        const long long gi = r * 2 * inter + c;
+        const float g = PkIO<T>::load(gu, gi), u = PkIO<T>::load(gu, gi + inter), d = PkIO<T>::load(dh, i);
+        PkIO<T>::store(dgu, gi, d * u * moe_act_grad(g, act));
+        PkIO<T>::store(dgu, gi + inter, d * moe_act_f(g, act));
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) moe_act_backward(
+    const float* __restrict__ gu, const float* __restrict__ dh, float* __restrict__ dgu,
+    const int* __restrict__ offsets, long long max_rows, int inter, int n_exp, int act) {
+    moe_act_backward_body<float>(gu, dh, dgu, offsets, max_rows, inter, n_exp, act);
+}
+
+// ------------------------------------------------------------------------------------------ SIMT grouped GEMM
+// out[m, n] = sum_k a[m, k] * b[e][n * sbn + k * sbk] for the rows m of group e: sbn = K, sbk = 1 is
+// a @ b[e]^T with b [E, N, K]; sbn = 1, sbk = N is a @ b[e] with b [E, K, N]. 32 x 32 tiles, 256
+// threads with 4 outputs each, fp32 accumulation. The f32 path, the sm_75 bf16 path and the backward.
+#define GGS_T 32
+
+template <typename T>
+__device__ __forceinline__ void gg_simt_body(const T* __restrict__ a, const T* __restrict__ b,
+                                             const int* __restrict__ offsets, T* __restrict__ out, int M, int N,
+                                             int K, int n_groups, long long sbn, long long sbk) {
+    __shared__ float sa[GGS_T][GGS_T + 1];
+    __shared__ float sb[GGS_T][GGS_T + 1];
+    __shared__ int info[3];
+    moe_cta_tile(offsets, n_groups, GGS_T, blockIdx.x, info);
+    const int e = info[0], m0 = info[1], mend = min(info[2], M);
+    if (e < 0) return;
+    const int n0 = blockIdx.y * GGS_T, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    const long long sbe = (long long)N * K;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = 0; k0 < K; k0 += GGS_T) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int r = ty + 8 * i, k = k0 + tx;
+            const int m = m0 + r, n = n0 + r;
+            sa[r][tx] = (m < mend && k < K) ? PkIO<T>::load(a, (long long)m * K + k) : 0.0f;
+            sb[r][tx] = (n < N && k < K) ? PkIO<T>::load(b, e * sbe + n * sbn + k * sbk) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GGS_T; kk++) {
+            const float bv = sb[tx][kk];
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] += sa[ty + 8 * i][kk] * bv;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int m = m0 + ty + 8 * i, n = n0 + tx;
+        if (m < mend && n < N) PkIO<T>::store(out, (long long)m * N + n, acc[i]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) grouped_gemm_simt(
+    const float* __restrict__ a, const float* __restrict__ b, const int* __restrict__ offsets,
+    float* __restrict__ out, int M, int N, int K, int n_groups, long long sbn, long long sbk) {
+    gg_simt_body<float>(a, b, offsets, out, M, N, K, n_groups, sbn, sbk);
+}
+extern "C" __global__ void __launch_bounds__(256) grouped_gemm_simt_bf16(
+    const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const int* __restrict__ offsets,
+    unsigned short* __restrict__ out, int M, int N, int K, int n_groups, long long sbn, long long sbk) {
+    gg_simt_body<unsigned short>(a, b, offsets, out, M, N, K, n_groups, sbn, sbk);
+}
+
+// dW: out[e][i, j] = sum over the rows m of group e of a[m, i] * b[m, j] (a [M, N1], b [M, N2], out
+// [E, N1, N2]). Grid (N2 tiles, N1 tiles, E): each output tile is one CTA's, written once, so the
+// weight gradient needs no atomics; an empty group writes zeros.
+template <typename T>
+__device__ __forceinline__ void gg_wgrad_body(const T* __restrict__ a, const T* __restrict__ b,
+                                              const int* __restrict__ offsets, T* __restrict__ out, int M, int N1,
+                                              int N2) {
+    __shared__ float sa[GGS_T][GGS_T + 1];
+    __shared__ float sb[GGS_T][GGS_T + 1];
+    const int e = blockIdx.z;
+    const int ms = max(0, offsets[e]), me = min(offsets[e + 1], M);
+    const int i0 = blockIdx.y * GGS_T, j0 = blockIdx.x * GGS_T, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
+    float acc[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+    for (int k0 = ms; k0 < me; k0 += GGS_T) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            const int kk = ty + 8 * i, m = k0 + kk;  // row of the group; tx walks the (contiguous) columns
+            sa[tx][kk] = (m < me && i0 + tx < N1) ? PkIO<T>::load(a, (long long)m * N1 + i0 + tx) : 0.0f;
+            sb[tx][kk] = (m < me && j0 + tx < N2) ? PkIO<T>::load(b, (long long)m * N2 + j0 + tx) : 0.0f;
+        }
+        __syncthreads();
+#pragma unroll 8
+        for (int kk = 0; kk < GGS_T; kk++) {
+            const float bv = sb[tx][kk];
+#pragma unroll
+            for (int i = 0; i < 4; i++) acc[i] += sa[ty + 8 * i][kk] * bv;
+        }
+        __syncthreads();
+    }
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = i0 + ty + 8 * i, c = j0 + tx;
+        if (r < N1 && c < N2) PkIO<T>::store(out, ((long long)e * N1 + r) * N2 + c, acc[i]);
+    }
+}
+
+extern "C" __global__ void __launch_bounds__(256) grouped_gemm_wgrad(
+    const float* __restrict__ a, const float* __restrict__ b, const int* __restrict__ offsets,
+    float* __restrict__ out, int M, int N1, int N2) {
+    gg_wgrad_body<float>(a, b, offsets, out, M, N1, N2);
+}
+
+// ------------------------------------------------------------------------------------------ tensor-core grouped GEMM
+// CUTLASS's sm_80 shape: CTA tile 128 x 128 x 32, 4 warps of 64 x 64, 4 cp.async stages; per warp and
+// k-tile 64 mma.m16n8k16, 16 ldmatrix.x4 and (per thread) 8 cp.async of 16 bytes. Shared rows are
+// padded to 40 halves (80 bytes), so the 8 row addresses of an ldmatrix phase hit distinct banks.
+//
+// Rows past a group's end inside the last tile of a group are read (they belong to the next group, or
+// are clamped to row M - 1) and their results are not stored; B rows past N are clamped likewise. So
+// the steady-state loop runs full k-tiles with no predicates at all; only a K remainder (K % 32), or
+// K % 8 != 0 / unaligned bases (no 16-byte copies), go through the element-wise zero-filling path.
+//
+// EPI: 0 stores out = a @ b^T ([M, N], bf16). 1 is the experts' first GEMM with the activation fused:
+// b is gate_up [E, 2I, H], the CTA's 128 B rows are gate rows c..c+31 then up rows c..c+31 for each
+// warp column, so one lane holds gate and up of the same (row, column) and stores
+// h = act(gate) * up ([M, I], bf16) straight from the accumulators.
+#define GG_BM 128
+#define GG_BK 32
+#define GG_ST 4
+#define GG_THREADS 128
+#define GG_SR 40
+#define GG_TILE (GG_BM * GG_SR)
+#define GG_STAGE (2 * GG_TILE)
+#define GG_SMEM_BYTES (GG_ST * GG_STAGE * 2)
+
+// The tensor-core code exists for sm_80+ only (sm_75 has no mma .bf16: its entry points trap).
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+#define GG_STAGE_B (GG_STAGE * 2)
+#define GG_TILE_B (GG_TILE * 2)
+#define GG_ROW32_B (32 * GG_SR * 2)
+
+// One k-tile from shared memory: 2 k-steps of 4 A (ldmatrix.x4) and 4 B fragments (ldmatrix.x4, two
+// n8 tiles each) feeding 32 MMAs. Addresses are the shared base plus 32-bit byte offsets: a_off /
+// b_off per lane, the rest immediates.
+__device__ __forceinline__ void gg_tc_ktile(const unsigned short* smem, unsigned int a_off, unsigned int b_off,
+                                            float (&acc)[4][8][4]) {
+#pragma unroll
+    for (int ks = 0; ks < 2; ks++) {
+        unsigned int af[4][4], bfr[4][4];
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++) pk_ldmatrix_x4_at(af[mt], smem, a_off + (mt * 16 * GG_SR + ks * 16) * 2);
+#pragma unroll
+        for (int np = 0; np < 4; np++) pk_ldmatrix_x4_at(bfr[np], smem, b_off + (np * 16 * GG_SR + ks * 16) * 2);
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                pk_mma_m16n8k16_bf16(acc[mt][nt], af[mt], &bfr[nt >> 1][(nt & 1) * 2], acc[mt][nt]);
+    }
+}
+
+// This thread's 8 cp.async of one k-tile (A rows pa[i], B rows pb[i], k offset kk halves) into a stage.
+__device__ __forceinline__ void gg_tc_copy(unsigned short* smem, unsigned int st_off,
+                                           const unsigned short* const (&pa)[4], const unsigned short* const (&pb)[4],
+                                           int kk) {
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        pk_cp_async_16_at(smem, st_off + i * GG_ROW32_B, pa[i] + kk);
+        pk_cp_async_16_at(smem, st_off + GG_TILE_B + i * GG_ROW32_B, pb[i] + kk);
+    }
+}
+
+// Four k-tiles kt..kt+3 (kt a multiple of 4, so tile kt+u sits in stage u and its refill, tile kt+u+3,
+// goes to stage (u+3)%4): every shared address is an immediate. GUARD: refills past the last full tile
+// are skipped (the drain); without it the loop body has no branch but its own.
+template <bool GUARD>
+__device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int st_off, unsigned int a_ld,
+                                             unsigned int b_ld, const unsigned short* const (&pa)[4],
+                                             const unsigned short* const (&pb)[4], int kt, int nk_full,
+                                             float (&acc)[4][8][4]) {
+#pragma unroll
+    for (int u = 0; u < 4; u++) {
+        pk_cp_async_wait<GG_ST - 2>();
+        __syncthreads();  // tile kt+u visible to all; every warp is done with stage (u+3)%4 (tile kt+u-1)
+        if (!GUARD || kt + u + GG_ST - 1 < nk_full)
+            gg_tc_copy(smem, st_off + ((u + GG_ST - 1) & (GG_ST - 1)) * GG_STAGE_B, pa, pb, (u + GG_ST - 1) * GG_BK);
+        pk_cp_async_commit();
+        gg_tc_ktile(smem, a_ld + u * GG_STAGE_B, b_ld + u * GG_STAGE_B, acc);
+    }
+}
+
+template <int EPI>
+__device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b,
+                                           const int* __restrict__ offsets, unsigned short* __restrict__ out,
+                                           int M, int N, int K, int n_groups, int act) {
+    extern __shared__ __align__(16) unsigned short gg_smem[];
+    __shared__ int info[3];
+    moe_cta_tile(offsets, n_groups, GG_BM, blockIdx.x, info);
+    const int e = info[0], m0 = info[1], mend = min(info[2], M);
+    if (e < 0) return;
+
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int wm = warp >> 1, wn = warp & 1;
+    // EPI 1: N is 2I; this CTA covers h columns [64 * blockIdx.y, + 64).
+    const int inter = N >> 1;
+    const int n0 = EPI ? blockIdx.y * 64 : blockIdx.y * 128;
+    const unsigned short* be = b + (long long)e * N * K;
+
+    // This thread's copy rows: (tid >> 2) + 32 i, 16-byte chunk (tid & 3) of the 32-wide k-tile.
+    const int lr = tid >> 2, lc = (tid & 3) * 8;
+    const unsigned short* pa[4];
+    const unsigned short* pb[4];
+#pragma unroll
+    for (int i = 0; i < 4; i++) {
+        const int r = lr + 32 * i;
+        pa[i] = a + (long long)min(m0 + r, M - 1) * K + lc;
+        int brow;
+        if (EPI) {  // tile row r: warp column r >> 6, gate (bit 5 clear) or up, h column c
+            const int c = min(n0 + ((r >> 6) << 5) + (r & 31), inter - 1);
+            brow = (r & 32) ? inter + c : c;
+        } else {
+            brow = min(n0 + r, N - 1);
+        }
+        pb[i] = be + (long long)brow * K + lc;
+    }
+    const int st_off = lr * GG_SR + lc;  // halves; + 32 i * GG_SR for copy row i
+
+    // ldmatrix row addresses within a stage (see pk_ptx.cuh): A as in flash_attention_tc; B's x4 holds
+    // two n8 tiles (matrices 0, 1: n 0-7, k 0-7 / 8-15; matrices 2, 3: n 8-15).
+    const int a_ld = (wm * 64 + (lane & 7) + 8 * ((lane >> 3) & 1)) * GG_SR + 8 * (lane >> 4);
+    const int b_ld = GG_TILE + (wn * 64 + (lane & 7) + ((lane >> 4) << 3)) * GG_SR + 8 * ((lane >> 3) & 1);
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+    const bool vec = (K & 7) == 0 && (reinterpret_cast<unsigned long long>(a) & 15) == 0 &&
+                     (reinterpret_cast<unsigned long long>(b) & 15) == 0;
+    const int nk_full = vec ? K / GG_BK : 0;
+    if (nk_full > 0) {
+#pragma unroll
+        for (int s = 0; s < GG_ST - 1; s++) {
+            if (s < nk_full) gg_tc_copy(gg_smem, st_off * 2 + s * GG_STAGE_B, pa, pb, s * GG_BK);
+            pk_cp_async_commit();
+        }
+        int kt = 0;
+        // The steady-state loop: four k-tiles per trip, no refill guard (tile kt + 6 exists).
+        for (; kt + 4 + GG_ST - 1 <= nk_full; kt += 4) {
+            gg_tc_4tiles<false>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
+#pragma unroll
+            for (int i = 0; i < 4; i++) pa[i] += 4 * GG_BK, pb[i] += 4 * GG_BK;
+        }
+        // Drain: whole groups of four with the guard, then single tiles (no refills remain).
+        for (; kt + 4 <= nk_full; kt += 4) {
+            gg_tc_4tiles<true>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
+#pragma unroll
+            for (int i = 0; i < 4; i++) pa[i] += 4 * GG_BK, pb[i] += 4 * GG_BK;
+        }
+        for (; kt < nk_full; kt++) {
+            pk_cp_async_wait<GG_ST - 2>();
+            __syncthreads();
+            pk_cp_async_commit();
+            const unsigned int so = (kt & (GG_ST - 1)) * GG_STAGE_B;
+            gg_tc_ktile(gg_smem, a_ld * 2 + so, b_ld * 2 + so, acc);
+        }
+        pk_cp_async_wait_all();
+        __syncthreads();  // stage 0 is free for the remainder
+    }
+    const unsigned int a_ldb = a_ld * 2, b_ldb = b_ld * 2;
+    // Remainder k-tiles (K % 32, or everything without 16-byte copies): element-wise, zero past K.
+    for (int k0 = nk_full * GG_BK; k0 < K; k0 += GG_BK) {
+#pragma unroll
+        for (int i = 0; i < 4; i++) {
+            unsigned int wa[4] = {0u, 0u, 0u, 0u}, wb[4] = {0u, 0u, 0u, 0u};
+            const long long ra = (long long)min(m0 + lr + 32 * i, M - 1) * K;
+            int brow;
+            {
+                const int r = lr + 32 * i;
+                if (EPI) {
+                    const int c = min(n0 + ((r >> 6) << 5) + (r & 31), inter - 1);
+                    brow = (r & 32) ? inter + c : c;
+                } else {
+                    brow = min(n0 + r, N - 1);
+                }
+            }
+            const long long rb = (long long)brow * K;
+#pragma unroll
+            for (int x = 0; x < 8; x++) {
+                const int k = k0 + lc + x;
+                if (k < K) {
+                    wa[x >> 1] |= (unsigned int)a[ra + k] << (16 * (x & 1));
+                    wb[x >> 1] |= (unsigned int)be[rb + k] << (16 * (x & 1));
+                }
+            }
+            *reinterpret_cast<uint4*>(gg_smem + st_off + i * 32 * GG_SR) = make_uint4(wa[0], wa[1], wa[2], wa[3]);
+            *reinterpret_cast<uint4*>(gg_smem + GG_TILE + st_off + i * 32 * GG_SR) =
+                make_uint4(wb[0], wb[1], wb[2], wb[3]);
+        }
+        __syncthreads();
+        gg_tc_ktile(gg_smem, a_ldb, b_ldb, acc);
+        __syncthreads();
+    }
+
+    // Epilogue: accumulator (mt, nt, v) is tile row wm*64 + mt*16 + g + 8*(v>>1), column nt*8 + 2t + (v&1)
+    // of the warp's 64 columns.
+    const int g = lane >> 2, t = lane & 3;
+    if (EPI == 0) {
+        const bool pair = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = m0 + wm * 64 + mt * 16 + g + 8 * h;
+                if (m >= mend) continue;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++) {
+                    const int n = n0 + wn * 64 + nt * 8 + 2 * t;
+                    const float x0 = acc[mt][nt][2 * h], x1 = acc[mt][nt][2 * h + 1];
+                    if (pair && n + 1 < N) {
+                        *reinterpret_cast<unsigned int*>(out + (long long)m * N + n) = pk_float2_to_bf16x2(x0, x1);
+                    } else {
+                        if (n < N) out[(long long)m * N + n] = pk_float_to_bf16(x0);
+                        if (n + 1 < N) out[(long long)m * N + n + 1] = pk_float_to_bf16(x1);
+                    }
+                }
+            }
+    } else {
+        const bool pair = (inter & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = m0 + wm * 64 + mt * 16 + g + 8 * h;
+                if (m >= mend) continue;
+#pragma unroll
+                for (int nt = 0; nt < 4; nt++) {
+                    const int n = n0 + wn * 32 + nt * 8 + 2 * t;
+                    const float x0 = moe_act_f(acc[mt][nt][2 * h], act) * acc[mt][nt + 4][2 * h];
+                    const float x1 = moe_act_f(acc[mt][nt][2 * h + 1], act) * acc[mt][nt + 4][2 * h + 1];
+                    if (pair && n + 1 < inter) {
+                        *reinterpret_cast<unsigned int*>(out + (long long)m * inter + n) = pk_float2_to_bf16x2(x0, x1);
+                    } else {
+                        if (n < inter) out[(long long)m * inter + n] = pk_float_to_bf16(x0);
+                        if (n + 1 < inter) out[(long long)m * inter + n + 1] = pk_float_to_bf16(x1);
+                    }
+                }
+            }
+    }
+}
+
+#endif  // sm_80+
+
+// mma .bf16 needs sm_80: the sm_75 build has entry points that trap (the ops use grouped_gemm_simt_bf16).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define GG_TC_BODY(EPI, ACT) __trap();
+#else
+#define GG_TC_BODY(EPI, ACT) gg_tc_body<EPI>(a, b, offsets, out, M, N, K, n_groups, ACT);
+#endif
+
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) grouped_gemm_tc_bf16(
+    const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const int* __restrict__ offsets,
+    unsigned short* __restrict__ out, int M, int N, int K, int n_groups) {
+    GG_TC_BODY(0, 0)
+}
+extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) moe_gemm_act_tc_bf16(
+    const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const int* __restrict__ offsets,
+    unsigned short* __restrict__ out, int M, int N, int K, int n_groups, int act) {
+    GG_TC_BODY(1, act)
+}

@@ -1,0 +1,252 @@
+"""Mixture-of-experts ops (kernels_cu/moe.cu) on the host backend: routing, grouped GEMM, the experts
+block forward and backward against float64 NumPy; bad inputs; determinism; and from the cubins NVRTC
+makes (no GPU needed) that the tensor-core grouped GEMM's steady-state loop is lean and spill-free."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pykern import ops
+from pykern.arrays import bfloat16
+from pykern.difftest.cases.moe import (np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route,
+                                       _experts_inputs)
+from pykern.errors import ArgumentError, ArgumentTypeError
+from pykern.tolerance import tolerance
+
+ROOT = Path(__file__).resolve().parent.parent
+HOST = "host"
+
+
+def _close(got, ref, op: str, kind: str) -> None:
+    atol, rtol = tolerance(op, kind)
+    got = np.asarray(got).astype(np.float64)
+    assert got.shape == ref.shape
+    err = np.abs(got - ref)
+    bad = ~(err <= atol + rtol * np.abs(ref))
+    assert not bad.any(), f"{bad.sum()} of {bad.size} off, max err {err.max():.3g}"
+
+
+# --------------------------------------------------------------------------- routing
+
+
+def test_route_softmax_ties_go_to_the_lower_index() -> None:
+    x = np.zeros((2, 8), np.float32)
+    x[0, [6, 2, 4]] = 3.0  # a three-way tie for the top: 2, 4, 6 in that order
+    x[1] = np.arange(8)[::-1]
+    w, ids = ops.moe_route(x, 3, backend=HOST)
+    assert ids.dtype == np.int32 and w.dtype == np.float32
+    assert ids[0].tolist() == [2, 4, 6] and ids[1].tolist() == [0, 1, 2]
+    np.testing.assert_allclose(w[0], [1 / 3] * 3, rtol=1e-6)
+    rw, rids = np_moe_route(x, 3)
+    np.testing.assert_array_equal(ids, rids)
+    _close(w, rw, "moe_route", "f32")
+
+
+def test_route_sigmoid_bias_chooses_but_does_not_weigh() -> None:
+    x = np.array([[0.0, 1.0, 2.0, -1.0]], np.float32)
+    bias = np.array([5.0, 0.0, 0.0, 0.0], np.float32)
+    w, ids = ops.moe_route(x, 2, renormalize=False, scoring="sigmoid", bias=bias, backend=HOST)
+    assert ids[0].tolist() == [0, 2]
+    np.testing.assert_allclose(w[0], 1 / (1 + np.exp(-np.array([0.0, 2.0]))), rtol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_route_matches_float64(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((70, 130)).astype(bfloat16() if kind == "bf16" else np.float32)
+    w, ids = ops.moe_route(x, 8, backend=HOST)
+    rw, rids = np_moe_route(x, 8)
+    np.testing.assert_array_equal(ids, rids)
+    _close(w, rw, "moe_route", kind)
+    np.testing.assert_allclose(w.sum(1), 1.0, rtol=1e-5)
+
+
+def test_route_bad_inputs_name_the_argument() -> None:
+    x = np.zeros((3, 4), np.float32)
+    with pytest.raises(ArgumentError, match="top_k"):
+        ops.moe_route(x, 5, backend=HOST)
+    with pytest.raises(ArgumentError, match="scoring"):
+        ops.moe_route(x, 2, scoring="topk", backend=HOST)
+    with pytest.raises(ArgumentError, match="bias"):
+        ops.moe_route(x, 2, scoring="sigmoid", bias=np.zeros(3, np.float32), backend=HOST)
+    with pytest.raises(ArgumentTypeError, match="router_logits"):
+        ops.moe_route(x.astype(np.float64), 2, backend=HOST)
+
+
+# --------------------------------------------------------------------------- grouped GEMM
+
+GEMM_SHAPES = [  # (group sizes, N, K)
+    ([130, 0, 5, 200], 136, 72),
+    ([0, 0], 8, 8),
+    ([1], 3, 5),
+    ([64, 70, 0], 130, 32 * 8 + 16),  # steady state, drain, K remainder
+    ([129], 256, 32 * 9),             # 9 full k-tiles, 2 column tiles
+]
+
+
+@pytest.mark.parametrize("kind,tc", [("f32", None), ("bf16", True), ("bf16", False)])
+@pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: f"{'-'.join(map(str, s[0]))}x{s[1]}x{s[2]}")
+def test_grouped_gemm_vs_float64(shape, kind, tc, monkeypatch) -> None:
+    sizes, n, k = shape
+    rng = np.random.default_rng(sum(sizes) + n + k)
+    dt = bfloat16() if kind == "bf16" else np.float32
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a = rng.standard_normal((int(off[-1]), k)).astype(dt)
+    b = (rng.standard_normal((len(sizes), n, k)) / np.sqrt(k)).astype(dt)
+    ref = np_grouped_gemm(a, b, off)
+    for sched in ("forward", "reverse"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+        out = ops.grouped_gemm(a, b, off, tensor_cores=tc, backend=HOST)
+        assert out.dtype == dt and out.shape == (off[-1], n)
+        _close(out, ref, "grouped_gemm", kind)
+
+
+def test_grouped_gemm_misaligned_base_takes_the_element_path() -> None:
+    rng = np.random.default_rng(3)
+    buf = rng.standard_normal(70 * 64 + 1).astype(bfloat16())
+    a = buf[1:].reshape(70, 64)  # 2-byte offset: no 16-byte copies
+    assert a.ctypes.data % 16
+    b = rng.standard_normal((2, 40, 64)).astype(bfloat16())
+    off = np.array([0, 30, 70], np.int32)
+    _close(ops.grouped_gemm(a, b, off, backend=HOST), np_grouped_gemm(a, b, off), "grouped_gemm", "bf16")
+
+
+def test_grouped_gemm_bad_offsets_and_shapes_name_the_argument() -> None:
+    a = np.zeros((10, 8), np.float32)
+    b = np.zeros((2, 4, 8), np.float32)
+    with pytest.raises(ArgumentError, match=r"offsets: expected offsets\[0\] == 0 and offsets\[-1\] == 10"):
+        ops.grouped_gemm(a, b, np.array([0, 5, 9], np.int32), backend=HOST)
+    with pytest.raises(ArgumentError, match="non-decreasing"):
+        ops.grouped_gemm(a, b, np.array([0, 11, 10], np.int32), backend=HOST)
+    with pytest.raises(ArgumentError, match=r"offsets: expected shape \(3,\)"):
+        ops.grouped_gemm(a, b, np.array([0, 10], np.int32), backend=HOST)
+    with pytest.raises(ArgumentTypeError, match="offsets: expected dtype int32"):
+        ops.grouped_gemm(a, b, np.array([0, 5, 10], np.int64), backend=HOST)
+    with pytest.raises(ArgumentError, match="b: expected shape"):
+        ops.grouped_gemm(a, np.zeros((2, 4, 7), np.float32), np.array([0, 5, 10], np.int32), backend=HOST)
+    with pytest.raises(ArgumentTypeError, match="b: expected the dtype of a"):
+        ops.grouped_gemm(a, b.astype(bfloat16()), np.array([0, 5, 10], np.int32), backend=HOST)
+
+
+# --------------------------------------------------------------------------- experts block
+
+
+@pytest.mark.parametrize("kind,act,tc", [("f32", "silu", None), ("bf16", "silu", True), ("bf16", "gelu_tanh", True),
+                                         ("bf16", "silu", False)])
+def test_experts_forward_vs_float64(kind, act, tc) -> None:
+    rng = np.random.default_rng(5)
+    x, gu, dn, ids, w, _ = _experts_inputs(rng, kind, 150, 64, 48, 5, 2)
+    out = ops.moe_experts(x, gu, dn, ids, w, act, tensor_cores=tc, backend=HOST)
+    _close(out, np_moe_experts(x, gu, dn, ids, w, act), "moe_experts", kind)
+
+
+def test_experts_dropped_tokens_contribute_nothing_and_int64_ids_work() -> None:
+    rng = np.random.default_rng(6)
+    x, gu, dn, ids, w, _ = _experts_inputs(rng, "f32", 9, 16, 8, 3, 2)
+    ids[4] = -1
+    out = ops.moe_experts(x, gu, dn, ids.astype(np.int64), w, backend=HOST)
+    assert np.all(out[4] == 0.0)
+    _close(out, np_moe_experts(x, gu, dn, ids, w), "moe_experts", "f32")
+
+
+def test_experts_are_deterministic() -> None:
+    rng = np.random.default_rng(7)
+    x, gu, dn, ids, w, dy = _experts_inputs(rng, "bf16", 80, 32, 24, 4, 3)
+    a = ops.moe_experts(x, gu, dn, ids, w, backend=HOST)
+    b = ops.moe_experts(x, gu, dn, ids, w, backend=HOST)
+    np.testing.assert_array_equal(a.view(np.uint16), b.view(np.uint16))
+    g1 = ops.moe_experts_backward(dy, x, gu, dn, ids, w, backend=HOST)
+    g2 = ops.moe_experts_backward(dy, x, gu, dn, ids, w, backend=HOST)
+    for p, q in zip(g1, g2):
+        np.testing.assert_array_equal(np.asarray(p).view(np.uint8), np.asarray(q).view(np.uint8))
+
+
+@pytest.mark.parametrize("kind,act", [("f32", "silu"), ("f32", "gelu_tanh"), ("bf16", "silu")])
+def test_experts_backward_vs_float64(kind, act) -> None:
+    rng = np.random.default_rng(8)
+    x, gu, dn, ids, w, dy = _experts_inputs(rng, kind, 40, 32, 24, 4, 2)
+    got = ops.moe_experts_backward(dy, x, gu, dn, ids, w, act, backend=HOST)
+    ref = np_moe_experts_backward(dy, x, gu, dn, ids, w, act)
+    for g, r in zip(got, ref):
+        _close(g, r, "moe_experts_backward", kind)
+    assert got[3].dtype == np.float32 and np.all(got[3][2, 1] == 0.0)  # the dropped slot
+
+
+def test_align_pads_groups_and_keeps_slot_order() -> None:
+    ids = np.array([[2, 0], [2, 1], [0, 2], [-1, 2]], np.int32)
+    sorted_slot, slot_pos, offsets, counts = ops.moe_align(ids, 4, 4, backend=HOST)
+    assert counts.tolist() == [2, 1, 4, 0]
+    assert offsets.tolist() == [0, 4, 8, 12, 12]
+    assert sorted_slot[:12].tolist() == [1, 4, -1, -1, 3, -1, -1, -1, 0, 2, 5, 7]
+    assert slot_pos.tolist() == [8, 0, 9, 4, 1, 10, -1, 11]
+
+
+def test_experts_bad_inputs_name_the_argument() -> None:
+    rng = np.random.default_rng(9)
+    x, gu, dn, ids, w, _ = _experts_inputs(rng, "f32", 6, 16, 8, 3, 2)
+    bad = ids.copy()
+    bad[1, 0] = 3
+    with pytest.raises(ArgumentError, match=r"topk_ids: expected expert ids in \[0, 3\)"):
+        ops.moe_experts(x, gu, dn, bad, w, backend=HOST)
+    with pytest.raises(ArgumentError, match="down_proj: expected shape"):
+        ops.moe_experts(x, gu, dn[:, :, :7], ids, w, backend=HOST)
+    with pytest.raises(ArgumentError, match="gate_up_proj: expected shape"):
+        ops.moe_experts(x, gu[:, :, :15], dn, ids, w, backend=HOST)
+    with pytest.raises(ArgumentError, match="topk_weights: expected the shape of topk_ids"):
+        ops.moe_experts(x, gu, dn, ids, w[:, :1], backend=HOST)
+    with pytest.raises(ArgumentError, match="activation"):
+        ops.moe_experts(x, gu, dn, ids, w, "relu", backend=HOST)
+
+
+# --------------------------------------------------------------------------- SASS (no GPU needed)
+
+
+def _sass_report():
+    spec = importlib.util.spec_from_file_location("pk_sass_report_moe", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        mod.find_cuobjdump()
+    except mod.CuobjdumpUnavailable as e:
+        pytest.skip(str(e))
+    return mod
+
+
+TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16"]
+
+
+def test_tensor_core_grouped_gemm_steady_state_loop() -> None:
+    # CUTLASS's grouped GEMM 128x128x32 (warp 64x64) issues 2.50-2.62 warp-instructions per MMA in its
+    # steady-state loop; the bar here is 2.6, on sm_80 and sm_90.
+    sr = _sass_report()
+    loops = sr.loop_metrics(TC_KERNELS, ["sm_80", "sm_90"])
+    for k in TC_KERNELS:
+        for arch in ("sm_80", "sm_90"):
+            row = loops[k][arch]
+            assert row["per_mma"] <= 2.6, (k, arch, row)
+            # per k-tile and warp: 64 MMAs, 16 ldmatrix.x4, 8 cp.async, one barrier
+            tiles = row["mma"] / 64
+            assert row["ldsm"] == 16 * tiles and row["ldgsts"] == 8 * tiles and row["bar"] == tiles, row
+    mix = sr.instruction_mix(TC_KERNELS, ["sm_80", "sm_90"], with_resources=True)
+    for k, per in mix.items():
+        for arch, row in per.items():
+            assert row["LDL"] == row["STL"] == 0 and row["spill_stores"] == 0, (k, arch, row)
+
+
+def test_loop_metric_counts_a_known_loop() -> None:
+    sr = _sass_report()
+    text = "\n".join([
+        "Function : k",
+        "        /*0000*/                   MOV R1, c[0x0][0x28] ;",
+        "        /*0010*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;",
+        "        /*0020*/                   LDSM.16.M88.4 R8, [R2] ;",
+        "        /*0030*/                   HMMA.16816.F32.BF16 R4, R8, R12, R4 ;",
+        "        /*0040*/                   NOP ;",
+        "        /*0050*/               @P0 BRA 0x10 ;",
+        "        /*0060*/                   EXIT ;",
+    ])
+    row = sr.steady_state_loops(text)["k"]
+    assert (row["insns"], row["mma"], row["per_mma"], row["ldsm"]) == (4, 2.0, 2.0, 1)
