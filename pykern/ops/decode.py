@@ -38,7 +38,11 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
-from . import attn_window
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_left as _check_window_left,
+    normalize_serving as _normalize_serving,
+)
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["decode_attention", "batched_decode_attention", "decode_plan"]
@@ -212,8 +216,8 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
     elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
             float(scale)):
         raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
-    wl, wr = attn_window.normalize_serving(attn_window.check_window_left(window_left), -1, True)
-    cap = attn_window.check_softcap(logits_soft_cap, "logits_soft_cap")
+    wl, wr = _normalize_serving(_check_window_left(window_left), -1, True)
+    cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
     plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint,
                        num_warps=num_warps, chunk_size=chunk_size)
     suf = _suffix(q_kind, kv_kind)

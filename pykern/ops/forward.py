@@ -15,7 +15,11 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
-from . import attn_window
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_size as _check_window_size,
+    normalize as _normalize,
+)
 
 __all__ = ["embedding", "rope", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax", "flash_attention"]
 
@@ -495,8 +499,8 @@ def flash_attention(
     for name, d in (("q.shape[3] (head_dim)", head_dim), ("v.shape[3] (head_dim_v)", head_dim_v)):
         if not 1 <= d <= 256:
             raise ArgumentError(f"{name}: expected 1 <= value <= 256, got {d}")
-    left, right = attn_window.check_window_size(window_size)
-    softcap = attn_window.check_softcap(softcap)
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
@@ -516,7 +520,7 @@ def flash_attention(
             raise ArgumentError("tensor_cores: True needs bf16 mma (sm_80 or newer); this device has none")
     elif tensor_cores:
         raise ArgumentError(f"tensor_cores: True needs bf16 inputs, got {arrays.dtype_name(q)}")
-    wl, wr = attn_window.normalize(left, right, bool(causal), n_q, n_k)
+    wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
     cap = "_softcap" if softcap > 0.0 else ""
     if use_tc:
         bucket, rows = tc_head_dim(max(head_dim, head_dim_v)), TC_ROWS

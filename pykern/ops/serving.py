@@ -33,7 +33,12 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
-from . import attn_window
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_left as _check_window_left,
+    check_window_size as _check_window_size,
+    normalize_serving as _normalize_serving,
+)
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
@@ -370,9 +375,9 @@ class PagedDecodePlan:
             raise ArgumentError(f"num_kv_heads: expected a divisor of num_qo_heads={num_qo_heads}, got {num_kv_heads}")
         self.layout = _layout(kv_layout)
         self.kv_layout = kv_layout
-        self.window_left = attn_window.check_window_left(window_left)
-        self.logits_soft_cap = attn_window.check_softcap(logits_soft_cap, "logits_soft_cap")
-        self._wl, self._wr = attn_window.normalize_serving(self.window_left, -1, True)
+        self.window_left = _check_window_left(window_left)
+        self.logits_soft_cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
+        self._wl, self._wr = _normalize_serving(self.window_left, -1, True)
         kinds = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16"}
         if q_dtype not in kinds:
             raise ArgumentError(f"q_dtype: expected 'f32' or 'bf16', got {q_dtype!r}")
@@ -500,10 +505,10 @@ def paged_decode_attention(
     else:
         if kv_layout != plan.kv_layout:
             raise ArgumentError(f"kv_layout: expected the plan's {plan.kv_layout!r}, got {kv_layout!r}")
-        if window_left is not None and attn_window.check_window_left(window_left) != plan.window_left:
+        if window_left is not None and _check_window_left(window_left) != plan.window_left:
             raise ArgumentError(f"window_left: expected the plan's {plan.window_left}, got {window_left!r}")
         if logits_soft_cap is not None and \
-                attn_window.check_softcap(logits_soft_cap, "logits_soft_cap") != plan.logits_soft_cap:
+                _check_softcap(logits_soft_cap, "logits_soft_cap") != plan.logits_soft_cap:
             raise ArgumentError(f"logits_soft_cap: expected the plan's {plan.logits_soft_cap}, got {logits_soft_cap!r}")
     return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale,
                     return_lse=return_lse, stream=stream, backend=backend)
@@ -569,8 +574,8 @@ def paged_prefill_attention(
     _check_indptr("qo_indptr", qh, total_q, "total_q", exact=True)
     table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size)
     sc = _scale(scale, d)
-    wl, wr = attn_window.normalize_serving(attn_window.check_window_left(window_left), -1, bool(causal))
-    cap = attn_window.check_softcap(logits_soft_cap, "logits_soft_cap")
+    wl, wr = _normalize_serving(_check_window_left(window_left), -1, bool(causal))
+    cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
     group = h // kvh
     max_qo = int(np.diff(qh.astype(np.int64)).max()) if qh is not None else total_q
     rows, tile, smem = attn_tiling(d, max_qo * group)
@@ -634,9 +639,9 @@ def flash_attention_varlen(
     if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
         raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
     sc = _scale(scale, d)
-    left, right = attn_window.check_window_size(window_size)
-    wl, wr = attn_window.normalize_serving(left, right, bool(causal))
-    cap = attn_window.check_softcap(softcap)
+    left, right = _check_window_size(window_size)
+    wl, wr = _normalize_serving(left, right, bool(causal))
+    cap = _check_softcap(softcap)
     group = h // kvh
     max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
     rows, tile, smem = attn_tiling(d, max_qo * group)

@@ -13,7 +13,11 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
-from . import attn_window
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_size as _check_window_size,
+    normalize as _normalize,
+)
 from ..errors import ArgumentError, ArgumentTypeError
 from .training import _GRID_YZ_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
 
@@ -248,8 +252,8 @@ def attention_backward(
     for name, n in (("q.shape[-3] (seq_len)", n_q), ("k.shape[-3] (seq_len)", n_k)):
         if n > _INT_MAX - 256:
             raise ArgumentError(f"{name}: expected at most {_INT_MAX - 256}, got {n}")
-    left, right = attn_window.check_window_size(window_size)
-    softcap = attn_window.check_softcap(softcap)
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
@@ -269,7 +273,7 @@ def attention_backward(
     if b * n_q * h == 0 or n_k == 0:  # nothing to launch: no query or no key gives zero gradients
         return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(ks, kind, like=q))
     dims = (b, n_q, n_k, h, kvh, d)
-    win = (*attn_window.normalize(left, right, bool(causal), n_q, n_k), softcap)
+    win = (*_normalize(left, right, bool(causal), n_q, n_k), softcap)
     stream = arrays.launch_stream(stream, q)
     if method == "naive":
         return _naive(q, k, v, grad_out, kind, dims, scale, win, backend, stream)
