@@ -57,9 +57,11 @@ def _helpers(cuda: Any) -> Any:
     @cuda.jit(device=True)
     def window_range(length, qo_len, qi, window_left, window_right, num_splits, tile, chunk, split):
         # [begin, end) of this split inside the row's window (the kernel's CTA range, split alike)
-        p = length - qo_len + qi
-        lo = min(max(p - window_left, 0), length)
-        hi = max(lo, min(p + window_right + 1, length))
+        # 64-bit: lengths may arrive as uint32 and the unbounded sides are 2^30
+        n = int(length)
+        p = n - int(qo_len) + int(qi)
+        lo = min(max(p - int(window_left), 0), n)
+        hi = max(lo, min(p + int(window_right) + 1, n))
         if chunk > 0:
             begin = min(lo + chunk * split, hi)
             return begin, min(begin + chunk, hi)
