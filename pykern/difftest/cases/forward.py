@@ -416,6 +416,10 @@ def _fa_window_cases(rng: np.random.Generator) -> Iterator[Case]:
                                               (130, 180, True, (40, -1), 2.0, 64)):
             yield _fa_case(rng, kind, 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
                            window_size=win, softcap=cap)
+    # every softcap kernel: each head-dim bucket of each path
+    for kind, tc, dims in (("bf16", None, (32, 96, 256)), ("f32", None, (256,)), ("bf16", False, (128, 256))):
+        for d in dims:
+            yield _fa_case(rng, kind, 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)
 
 
 @register_cases("forward")

@@ -458,6 +458,10 @@ def _attention_window_cases(rng: np.random.Generator) -> Iterator[Case]:
         ("bf16", 70, 70, 4, 1, 64, True, (20, -1), 0.0),
         ("bf16", 40, 90, 2, 1, 80, False, (30, 10), 4.0),
         ("bf16", 130, 100, 4, 2, 128, True, (0, -1), 0.0),
+        # the other tensor-core softcap kernels (head_dim 64, 128, 256)
+        ("bf16", 30, 40, 2, 1, 64, True, (-1, -1), 2.0),
+        ("bf16", 40, 30, 2, 2, 128, False, (6, 6), 1.0),
+        ("bf16", 20, 25, 2, 1, 256, True, (10, -1), 3.0),
     ]
     for kind, n_q, n_k, heads, kvh, hd, causal, win, cap in specs:
         q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
