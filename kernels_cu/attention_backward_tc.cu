@@ -100,9 +100,9 @@ __device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, 
     // Only the query tiles that see a key of ours (the window); the queries each of this lane's keys sees.
     const PkAttnSpan span = pk_attn_k_span(k0, min(k0 + BC, n_k) - 1, n_q, n_k, window_left, window_right);
     const int i_start = span.lo / BR, i_end = span.hi < span.lo ? i_start : span.hi / BR + 1;
-    int ilo[2], ihi[2];
-    pk_attn_k_row(key0, n_q, n_k, window_left, window_right, ilo[0], ihi[0]);
-    pk_attn_k_row(key0 + 8, n_q, n_k, window_left, window_right, ilo[1], ihi[1]);
+    // query col sees key iff dlo <= key - col <= dhi: two CTA-uniform bounds rather than per-lane query
+    // ranges (registers: the d256 dK kernel has none to spare on sm_103 / sm_110).
+    const int dlo = n_k - n_q - window_left, dhi = n_k - n_q + window_right;
 
     for (int hh = 0; hh < group; hh++) {
         const int h = kh * group + hh;
@@ -143,8 +143,9 @@ ABTC_KP_UNROLL
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
-                    const int c = nt * 8 + 2 * t + (e & 1), col = q0 + c;
-                    const bool ok = col >= ilo[e >> 1] && col <= ihi[e >> 1];
+                    const int c = nt * 8 + 2 * t + (e & 1), col = q0 + c, key = key0 + 8 * (e >> 1);
+                    const int dk_ = key - col;
+                    const bool ok = col < n_q && key < n_k && dk_ >= dlo && dk_ <= dhi;
                     float x = s[nt][e];
                     if (SC) {
                         x = __tanhf(x * pre);
@@ -303,9 +304,8 @@ __device__ __forceinline__ void abtc_dq(const unsigned short* __restrict__ q, co
     for (int i = 0; i < ON; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
     const float sl2 = SC ? softcap * ABTC_LOG2E : scale * ABTC_LOG2E;  // softcap: applied to tanh(s * pre)
     const float pre = SC ? scale / softcap : 0.0f;
-    int rlo[2], rhi[2];  // keys [rlo, rhi] this lane's rows see
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    // key col is seen by query row iff dlo <= col - row <= dhi (CTA-uniform bounds, as in the dK/dV kernel)
+    const int dlo = n_k - n_q - window_left, dhi = n_k - n_q + window_right;
 
     for (int j = kt0; j < kt1; j++) {
         const int k0 = j * BC;
@@ -343,8 +343,9 @@ ABTC_KP_UNROLL
         for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                const int col = k0 + nt * 8 + 2 * t + (e & 1);
-                const bool ok = col >= rlo[e >> 1] && col <= rhi[e >> 1];
+                const int col = k0 + nt * 8 + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
+                const int d_ = col - row;
+                const bool ok = row < n_q && col < n_k && d_ >= dlo && d_ <= dhi;
                 const float x = SC ? __tanhf(s[nt][e] * pre) : s[nt][e];
                 const float p = ok ? pk_ex2_approx(x * sl2 - lse2[e >> 1]) : 0.0f;
                 float d = p * (dp[nt][e] - del[e >> 1]);
