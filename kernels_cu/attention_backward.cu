@@ -5,9 +5,13 @@
 // k, v, dk, dv: [batch][n_k][n_kv_heads][head_dim]; lse, delta: [batch][n_q][n_heads]
 // float32. Query head h reads kv head h / (n_heads / n_kv_heads) (GQA).
 // lse is the natural-log logsumexp of the scaled scores; delta = rowsum(dO * O).
-// causal != 0 aligns the mask bottom-right like flash_attention: query i sees
-// keys j <= i + n_k - n_q. A query that sees no key (n_q > n_k) has P = 0: its
-// dq row is 0 and it adds nothing to dk/dv (its lse is -inf and is never read).
+// The mask is flash_attention's window, aligned bottom-right: query i sees keys
+// i + s - window_left <= j <= i + s + window_right, s = n_k - n_q, with the sides
+// normalized by the op (causal is window_right = 0; pk_attn_window.cuh). A query
+// that sees no key has P = 0: its dq row is 0 and it adds nothing to dk/dv (its
+// lse is -inf and is never read). Every loop runs over the window only.
+// Softcap c > 0 (naive: a runtime value; flash: the _softcap entry points): scores
+// y = c * tanh(scale * q.k / c), and dS is multiplied by dy/dx = 1 - tanh^2.
 //
 // Two paths:
 //  * naive: one block per (query, head) keeps the whole score row in shared
@@ -23,6 +27,7 @@
 // registers (at most PK_ATT_MAXE of them, so head_dim <= 16 * G) and dot
 // products are finished with G-wide xor shuffles.
 #include "pk_common.cuh"
+#include "pk_attn_window.cuh"
 
 #define PK_ATT_MAXE 16
 #define PK_ATT_STAGE 16  // rows of q/dO (dkdv) or k/v (dq, lse) staged in shared memory per step
@@ -32,22 +37,15 @@ __device__ __forceinline__ float pk_group_sum(float v, unsigned int group) {
     return v;
 }
 
-// Keys query i sees: [0, att_n_visible(i)). 64-bit: i + n_k - n_q may be negative or past 2^32.
-__device__ __forceinline__ unsigned int att_n_visible(long long i, unsigned int n_q, unsigned int n_k, int causal) {
-    if (!causal) return n_k;
-    const long long lim = i + (long long)n_k - (long long)n_q + 1;
-    return lim <= 0 ? 0u : (lim >= (long long)n_k ? n_k : (unsigned int)lim);
-}
-
 // ---------------------------------------------------------------------------
-// Naive path. Dynamic shared memory: q_s[D], do_s[D], p[n_k], ds[n_k] floats.
-// dk_acc / dv_acc are fp32 and must be zero on entry.
+// Naive path. Dynamic shared memory: q_s[D], do_s[D], p[n_k], ds[n_k] floats, and with a
+// softcap th[n_k] (the tanh of each score). dk_acc / dv_acc are fp32 and must be zero on entry.
 template <typename T>
 __device__ __forceinline__ void attention_naive_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     T* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc, unsigned int n_q,
     unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    int causal, float* smem, float* scratch) {
+    int window_left, int window_right, float softcap, float* smem, float* scratch) {
     const unsigned int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const unsigned int kvh = h / (n_heads / n_kv_heads);
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -57,9 +55,13 @@ __device__ __forceinline__ void attention_naive_body(
     float* do_s = smem + D;
     float* p = smem + 2 * D;
     float* ds = p + n_k;
+    float* th = ds + n_k;  // softcap > 0 only
     const long long q_row = (((long long)b * n_q + i) * n_heads + h) * D;
-    const unsigned int n_keys = att_n_visible(i, n_q, n_k, causal);
-    if (n_keys == 0) {  // no visible key: P = 0, so dq = 0 and no dk/dv term (uniform per block, before any barrier)
+    int lo_, hi_;
+    pk_attn_q_row((int)i, (int)n_q, (int)n_k, window_left, window_right, lo_, hi_);
+    const unsigned int j_lo = (unsigned int)lo_;  // keys [j_lo, j_end)
+    const unsigned int j_end = hi_ < lo_ ? j_lo : (unsigned int)hi_ + 1u;
+    if (j_end == j_lo) {  // no visible key: P = 0, so dq = 0 and no dk/dv term (uniform per block, before any barrier)
         for (long long d = threadIdx.x; d < D; d += blockDim.x) PkIO<T>::store(dq, q_row + d, 0.0f);
         return;
     }
@@ -69,7 +71,7 @@ __device__ __forceinline__ void attention_naive_body(
     }
     __syncthreads();
     // Scores and dP = dO . v_j, one warp per key.
-    for (unsigned int j = warp; j < n_keys; j += n_warps) {
+    for (unsigned int j = j_lo + warp; j < j_end; j += n_warps) {
         const long long kv_row = (((long long)b * n_k + j) * n_kv_heads + kvh) * D;
         float s = 0.0f, t = 0.0f;
         for (long long d = lane; d < D; d += 32) {
@@ -79,16 +81,22 @@ __device__ __forceinline__ void attention_naive_body(
         s = pk_warp_sum(s);
         t = pk_warp_sum(t);
         if (lane == 0) {
-            p[j] = s * scale;
+            s *= scale;
+            if (softcap > 0.0f) {
+                const float x = tanhf(s / softcap);
+                th[j] = x;
+                s = softcap * x;
+            }
+            p[j] = s;
             ds[j] = t;
         }
     }
     __syncthreads();
     float m = PK_NEG_INF;
-    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) m = fmaxf(m, p[j]);
+    for (unsigned int j = j_lo + threadIdx.x; j < j_end; j += blockDim.x) m = fmaxf(m, p[j]);
     m = pk_block_max(m, scratch);
     float l = 0.0f;
-    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+    for (unsigned int j = j_lo + threadIdx.x; j < j_end; j += blockDim.x) {
         const float e = expf(p[j] - m);
         p[j] = e;
         l += e;
@@ -96,23 +104,24 @@ __device__ __forceinline__ void attention_naive_body(
     l = pk_block_sum(l, scratch);
     const float inv_l = 1.0f / l;
     float delta = 0.0f;
-    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) {
+    for (unsigned int j = j_lo + threadIdx.x; j < j_end; j += blockDim.x) {
         const float pj = p[j] * inv_l;
         p[j] = pj;
         delta += pj * ds[j];
     }
     delta = pk_block_sum(delta, scratch);
-    for (unsigned int j = threadIdx.x; j < n_keys; j += blockDim.x) ds[j] = p[j] * (ds[j] - delta);
+    for (unsigned int j = j_lo + threadIdx.x; j < j_end; j += blockDim.x)
+        ds[j] = p[j] * (ds[j] - delta) * (softcap > 0.0f ? 1.0f - th[j] * th[j] : 1.0f);
     __syncthreads();
     // dq[d] = scale * sum_j ds_j k_j[d]: threads over d, so each k row is read coalesced.
     for (long long d = threadIdx.x; d < D; d += blockDim.x) {
         float acc = 0.0f;
-        for (unsigned int j = 0; j < n_keys; ++j)
+        for (unsigned int j = j_lo; j < j_end; ++j)
             acc += ds[j] * PkIO<T>::load(k, (((long long)b * n_k + j) * n_kv_heads + kvh) * D + d);
         PkIO<T>::store(dq, q_row + d, acc * scale);
     }
     // dk_j += scale * ds_j q, dv_j += p_j dO: other (query, head) blocks add to the same rows.
-    for (unsigned int j = warp; j < n_keys; j += n_warps) {
+    for (unsigned int j = j_lo + warp; j < j_end; j += n_warps) {
         const long long kv_row = (((long long)b * n_k + j) * n_kv_heads + kvh) * D;
         const float dsj = ds[j] * scale, pj = p[j];
         for (long long d = lane; d < D; d += 32) {
@@ -126,11 +135,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, float* __restrict__ dq, float* __restrict__ dk_acc,
     float* __restrict__ dv_acc, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal) {
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right,
+    float softcap) {
     extern __shared__ float smem[];
     __shared__ float scratch[32];
     attention_naive_body<float>(q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads,
-                                head_dim, scale, causal, smem, scratch);
+                                head_dim, scale, window_left, window_right, softcap, smem, scratch);
 }
 
 extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive_bf16(
@@ -138,11 +148,12 @@ extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive_bf
     const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
     unsigned short* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
     unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int causal) {
+    unsigned int head_dim, float scale, int window_left, int window_right, float softcap) {
     extern __shared__ float smem[];
     __shared__ float scratch[32];
     attention_naive_body<unsigned short>(q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads,
-                                         n_kv_heads, head_dim, scale, causal, smem, scratch);
+                                         n_kv_heads, head_dim, scale, window_left, window_right, softcap, smem,
+                                         scratch);
 }
 
 // ---------------------------------------------------------------------------
@@ -193,12 +204,12 @@ __device__ __forceinline__ void stage_kv(const T* __restrict__ k, const T* __res
 
 // mode 0: lse pre-pass (writes lse and delta by an online sweep over keys);
 // mode 1: dq (reads lse and delta).
-template <typename T, int MODE>
+template <typename T, int MODE, bool SC>
 __device__ __forceinline__ void attention_query_tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     float* __restrict__ lse, float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q, unsigned int n_k,
-    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal,
-    unsigned int group_lanes, float* smem) {
+    unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left,
+    int window_right, float softcap, unsigned int group_lanes, float* smem) {
     const unsigned int G = group_lanes;
     const unsigned int rows_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
@@ -224,13 +235,15 @@ __device__ __forceinline__ void attention_query_tiled_body(
         row_lse = lse[row];
         row_delta = delta[row];
     }
-    const unsigned int visible = valid ? att_n_visible(i, n_q, n_k, causal) : 0u;  // keys [0, visible)
+    int rlo, rhi;  // keys [rlo, rhi] this row sees (none for an invalid row)
+    pk_attn_q_row((int)i, (int)n_q, (int)n_k, window_left, window_right, rlo, rhi);
     float* ks = smem;
     float* vs = smem + PK_ATT_STAGE * D;
-    // keys past what the block's last query sees are masked for all its rows
+    // only the keys some row of the block sees are staged: [span.lo, last)
     const unsigned int i_last = (i0 + rows_per_block < n_q ? i0 + rows_per_block : n_q) - 1;
-    const unsigned int last = att_n_visible(i_last, n_q, n_k, causal);
-    for (unsigned int j0 = 0; j0 < last; j0 += PK_ATT_STAGE) {
+    const PkAttnSpan span = pk_attn_q_span((int)i0, (int)i_last, (int)n_q, (int)n_k, window_left, window_right);
+    const unsigned int last = (unsigned int)(span.hi + 1);
+    for (unsigned int j0 = (unsigned int)span.lo; j0 < last; j0 += PK_ATT_STAGE) {
         const unsigned int n_stage = (last - j0 < PK_ATT_STAGE) ? last - j0 : PK_ATT_STAGE;
         __syncthreads();  // the previous stage is fully consumed
         stage_kv<T>(k, v, ks, vs, b, j0, n_stage, n_k, n_kv_heads, kvh, head_dim);
@@ -249,7 +262,13 @@ __device__ __forceinline__ void attention_query_tiled_body(
             }
             s = pk_group_sum(s, G) * scale;
             dp = pk_group_sum(dp, G);
-            const bool live = j0 + c < visible;
+            float th = 0.0f;
+            if (SC) {
+                th = tanhf(s / softcap);
+                s = softcap * th;
+            }
+            const int jj = (int)(j0 + c);
+            const bool live = jj >= rlo && jj <= rhi;
             if (MODE == 0) {
                 if (live) {
                     if (s > m) {
@@ -265,7 +284,8 @@ __device__ __forceinline__ void attention_query_tiled_body(
                 }
             } else {
                 // masked keys contribute exactly 0 (row_lse may be -inf for a row that sees nothing)
-                const float ds = live ? expf(s - row_lse) * (dp - row_delta) : 0.0f;
+                float ds = live ? expf(s - row_lse) * (dp - row_delta) : 0.0f;
+                if (SC) ds *= 1.0f - th * th;
 #pragma unroll
                 for (int e = 0; e < PK_ATT_MAXE; ++e) {
                     const long long d = g + (long long)G * e;
@@ -291,46 +311,82 @@ __device__ __forceinline__ void attention_query_tiled_body(
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta,
-    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, int causal, unsigned int group_lanes) {
+    const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
+    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    int window_left, int window_right, float softcap, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_query_tiled_body<float, 0>(q, k, v, grad_out, lse, delta, (float*)0, n_q, n_k, n_heads,
-                                         n_kv_heads, head_dim, scale, causal, group_lanes, smem);
+    attention_query_tiled_body<float, 0, false>(q, k, v, grad_out, lse, delta, (float*)0, n_q, n_k, n_heads, n_kv_heads,
+        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
-    float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
+    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    int window_left, int window_right, float softcap, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_query_tiled_body<unsigned short, 0>(q, k, v, grad_out, lse, delta, (unsigned short*)0,
-                                                  n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal,
-                                                  group_lanes, smem);
+    attention_query_tiled_body<unsigned short, 0, false>(q, k, v, grad_out, lse, delta, (unsigned short*)0, n_q, n_k, n_heads, n_kv_heads,
+        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_softcap(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
+    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    int window_left, int window_right, float softcap, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<float, 0, true>(q, k, v, grad_out, lse, delta, (float*)0, n_q, n_k, n_heads, n_kv_heads,
+        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
+    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+    int window_left, int window_right, float softcap, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<unsigned short, 0, true>(q, k, v, grad_out, lse, delta, (unsigned short*)0, n_q, n_k, n_heads, n_kv_heads,
+        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq(
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     float* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
+    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_query_tiled_body<float, 1>(q, k, v, grad_out, const_cast<float*>(lse),
-                                         const_cast<float*>(delta), dq, n_q, n_k, n_heads, n_kv_heads,
-                                         head_dim, scale, causal, group_lanes, smem);
+    attention_query_tiled_body<float, 1, false>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
+        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
-    const float* __restrict__ lse, const float* __restrict__ delta, unsigned short* __restrict__ dq,
-    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, int causal, unsigned int group_lanes) {
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_query_tiled_body<unsigned short, 1>(q, k, v, grad_out, const_cast<float*>(lse),
-                                                  const_cast<float*>(delta), dq, n_q, n_k, n_heads,
-                                                  n_kv_heads, head_dim, scale, causal, group_lanes, smem);
+    attention_query_tiled_body<unsigned short, 1, false>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
+        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_softcap(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<float, 1, true>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
+        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_query_tiled_body<unsigned short, 1, true>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
+        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
 }
 
 // ---------------------------------------------------------------------------
@@ -340,12 +396,12 @@ extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq
 // time. Accumulators stay in registers, so each dk/dv element is written once
 // (deterministic, no atomics).
 // Dynamic shared memory: qs[STAGE][D], dos[STAGE][D], lse_s[STAGE], delta_s[STAGE].
-template <typename T>
+template <typename T, bool SC>
 __device__ __forceinline__ void attention_dkdv_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
     unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, int causal, unsigned int group_lanes, float* smem) {
+    float scale, int window_left, int window_right, float softcap, unsigned int group_lanes, float* smem) {
     const unsigned int G = group_lanes;
     const unsigned int keys_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
@@ -356,10 +412,12 @@ __device__ __forceinline__ void attention_dkdv_body(
     const bool valid = j < n_k;
     const long long D = head_dim;
     const long long kv_row = ((long long)b * n_k + (valid ? j : 0)) * n_kv_heads + kvh;
-    // query i sees key j iff i >= j - (n_k - n_q) (causal); the block's first key bounds its first query
-    const long long off = (long long)n_k - (long long)n_q;
-    const long long first_q = causal ? (long long)j_first - off : 0;
-    const unsigned int i_begin = first_q <= 0 ? 0u : (first_q >= (long long)n_q ? n_q : (unsigned int)first_q);
+    // only the queries that see some key of the block: [span.lo, i_end); this key is seen by [ilo, ihi]
+    const unsigned int j_last = (j_first + keys_per_block < n_k ? j_first + keys_per_block : n_k) - 1;
+    const PkAttnSpan span = pk_attn_k_span((int)j_first, (int)j_last, (int)n_q, (int)n_k, window_left, window_right);
+    const unsigned int i_begin = (unsigned int)span.lo, i_end = (unsigned int)(span.hi + 1);
+    int ilo, ihi;
+    pk_attn_k_row((int)j, (int)n_q, (int)n_k, window_left, window_right, ilo, ihi);
     float kr[PK_ATT_MAXE], vr[PK_ATT_MAXE], dka[PK_ATT_MAXE], dva[PK_ATT_MAXE];
 #pragma unroll
     for (int e = 0; e < PK_ATT_MAXE; ++e) {
@@ -376,8 +434,8 @@ __device__ __forceinline__ void attention_dkdv_body(
     float* delta_s = lse_s + PK_ATT_STAGE;
     for (unsigned int hh = 0; hh < rep; ++hh) {
         const unsigned int h = kvh * rep + hh;
-        for (unsigned int i0 = i_begin; i0 < n_q; i0 += PK_ATT_STAGE) {
-            const unsigned int n_stage = (n_q - i0 < PK_ATT_STAGE) ? n_q - i0 : PK_ATT_STAGE;
+        for (unsigned int i0 = i_begin; i0 < i_end; i0 += PK_ATT_STAGE) {
+            const unsigned int n_stage = (i_end - i0 < PK_ATT_STAGE) ? i_end - i0 : PK_ATT_STAGE;
             __syncthreads();  // the previous stage is fully consumed
             const unsigned int total = n_stage * head_dim;
             for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
@@ -406,9 +464,16 @@ __device__ __forceinline__ void attention_dkdv_body(
                 }
                 s = pk_group_sum(s, G) * scale;
                 dp = pk_group_sum(dp, G);
-                const bool live = valid && (!causal || (long long)j <= (long long)(i0 + r) + off);
+                float th = 0.0f;
+                if (SC) {
+                    th = tanhf(s / softcap);
+                    s = softcap * th;
+                }
+                const int ii = (int)(i0 + r);
+                const bool live = ii >= ilo && ii <= ihi;  // none for a key past n_k
                 const float p = live ? expf(s - lse_s[r]) : 0.0f;
-                const float ds = live ? p * (dp - delta_s[r]) : 0.0f;
+                float ds = live ? p * (dp - delta_s[r]) : 0.0f;
+                if (SC) ds *= 1.0f - th * th;
 #pragma unroll
                 for (int e = 0; e < PK_ATT_MAXE; ++e) {
                     const long long d = g + (long long)G * e;
@@ -435,19 +500,42 @@ extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dk
     const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
     const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     float* __restrict__ dk, float* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
+    unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_dkdv_body<float>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads,
-                               head_dim, scale, causal, group_lanes, smem);
+    attention_dkdv_body<float, false>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
+        scale, window_left, window_right, softcap, group_lanes, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
-    const float* __restrict__ lse, const float* __restrict__ delta, unsigned short* __restrict__ dk,
-    unsigned short* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int causal, unsigned int group_lanes) {
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
+    unsigned int group_lanes) {
     extern __shared__ float smem[];
-    attention_dkdv_body<unsigned short>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads,
-                                        n_kv_heads, head_dim, scale, causal, group_lanes, smem);
+    attention_dkdv_body<unsigned short, false>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
+        scale, window_left, window_right, softcap, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_softcap(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dk, float* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
+    unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_dkdv_body<float, true>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
+        scale, window_left, window_right, softcap, group_lanes, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
+    unsigned int group_lanes) {
+    extern __shared__ float smem[];
+    attention_dkdv_body<unsigned short, true>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
+        scale, window_left, window_right, softcap, group_lanes, smem);
 }

@@ -1,8 +1,11 @@
 // Tensor-core attention backward for bf16 (issue 12), FlashAttention-2 style, sm_80 ... sm_120.
 // Inputs as attention_backward.cu: q, grad_out (batch, n_q, n_heads, head_dim), k, v (batch, n_k,
 // n_kv_heads, head_dim), lse (batch, n_q, n_heads) natural-log of the scaled scores (the forward's),
-// delta = rowsum(grad_out * out) (attention_bwd_preprocess_bf16). Same mask (bottom-right causal),
-// GQA mapping and scale; P is recomputed as exp(scale * q.k - lse), never stored.
+// delta = rowsum(grad_out * out) (attention_bwd_preprocess_bf16). Same mask (bottom-right window,
+// normalized by the op as in flash_attention_tc.cu: causal is window_right = 0), GQA mapping and
+// scale; P is recomputed as exp(scale * q.k - lse), never stored. The _softcap entry points use
+// scores c * tanh(scale * q.k / c) and multiply dS by the tanh's derivative 1 - tanh^2.
+// Each CTA walks only the tiles its window reaches (pk_attn_window.cuh).
 //
 // attention_backward_tc_dkdv_d{D}_bf16: a CTA per (batch, kv head, BC = 64 keys); warp w owns keys
 //   16w..16w+15 and works in the transposed domain, so its keys are the MMA's M rows and the
@@ -45,13 +48,14 @@
 #define ABTC_DQ_SMEM(D) ((2 * ABTC_QR + 2 * ABTC_DQ_BC(D)) * ((D) + 8) * 2)
 
 // MODE: 1 = dV only, 2 = dK only, 3 = both.
-template <int D, int MODE>
+template <int D, int MODE, bool SC>
 __device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
                                           const unsigned short* __restrict__ v,
                                           const unsigned short* __restrict__ grad_out, const float* __restrict__ lse,
                                           const float* __restrict__ delta, unsigned short* __restrict__ dk,
                                           unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-                                          int n_kv_heads, int head_dim, float scale, int causal) {
+                                          int n_kv_heads, int head_dim, float scale, int window_left,
+                                          int window_right, float softcap) {
     constexpr int BC = ABTC_BC, BR = ABTC_BR, SD = D + 8, NT = BR / 8, ON = D / 8;
     constexpr bool DO_DV = (MODE & 1) != 0, DO_DK = (MODE & 2) != 0;
     extern __shared__ __align__(16) unsigned short abtc_smem[];
@@ -68,7 +72,7 @@ __device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, 
     const int bh = blockIdx.x / n_kt, kt = blockIdx.x % n_kt;
     const int b = bh / n_kv_heads, kh = bh % n_kv_heads;
     const int group = n_heads / n_kv_heads;
-    const int k0 = kt * BC, shift = n_k - n_q;
+    const int k0 = kt * BC;
     const long long kv_stride = (long long)n_kv_heads * head_dim, q_stride = (long long)n_heads * head_dim;
     const long long k_base = (long long)b * n_k * kv_stride + (long long)kh * head_dim;
     const bool vq = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(q) & 15) == 0;
@@ -90,16 +94,20 @@ __device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, 
     for (int i = 0; i < (DO_DV ? ON : 1); i++) acc_dv[i][0] = acc_dv[i][1] = acc_dv[i][2] = acc_dv[i][3] = 0.0f;
 #pragma unroll
     for (int i = 0; i < (DO_DK ? ON : 1); i++) acc_dk[i][0] = acc_dk[i][1] = acc_dk[i][2] = acc_dk[i][3] = 0.0f;
-    const float sl2 = scale * ABTC_LOG2E;
+    const float sl2 = SC ? softcap * ABTC_LOG2E : scale * ABTC_LOG2E;  // softcap: applied to tanh(s * pre)
+    const float pre = SC ? scale / softcap : 0.0f;
     const int key0 = k0 + warp * 16 + g;  // this lane's keys: key0, key0 + 8
-    const int n_qt = (n_q + BR - 1) / BR;
-    int i_start = 0;  // causal: query i sees key j iff i >= j - shift; earlier query tiles see none of ours
-    if (causal && k0 - shift > 0) i_start = (k0 - shift) / BR;
+    // Only the query tiles that see a key of ours (the window); the queries each of this lane's keys sees.
+    const PkAttnSpan span = pk_attn_k_span(k0, min(k0 + BC, n_k) - 1, n_q, n_k, window_left, window_right);
+    const int i_start = span.lo / BR, i_end = span.hi < span.lo ? i_start : span.hi / BR + 1;
+    // query col sees key iff dlo <= key - col <= dhi: two CTA-uniform bounds rather than per-lane query
+    // ranges (registers: the d256 dK kernel has none to spare on sm_103 / sm_110).
+    const int dlo = n_k - n_q - window_left, dhi = n_k - n_q + window_right;
 
     for (int hh = 0; hh < group; hh++) {
         const int h = kh * group + hh;
         const long long q_base = (long long)b * n_q * q_stride + (long long)h * head_dim;
-        for (int it = i_start; it < n_qt; it++) {
+        for (int it = i_start; it < i_end; it++) {
             const int q0 = it * BR;
             fatc_load_tile<D, BR>(qs, q, q_base, q_stride, q0, n_q, head_dim, vq);
             fatc_load_tile<D, BR>(dos, grad_out, q_base, q_stride, q0, n_q, head_dim, vg);
@@ -130,13 +138,20 @@ ABTC_KP_UNROLL
                     pk_mma_m16n8k16_bf16(s[nt], a1, qb + 2, s[nt]);
                 }
             }
+            float th[SC ? NT : 1][4];  // softcap: tanh(s * pre), for dS's factor 1 - tanh^2
 #pragma unroll
             for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
                 for (int e = 0; e < 4; e++) {
                     const int c = nt * 8 + 2 * t + (e & 1), col = q0 + c, key = key0 + 8 * (e >> 1);
-                    const bool ok = col < n_q && key < n_k && (!causal || key <= col + shift);
-                    s[nt][e] = ok ? pk_ex2_approx(s[nt][e] * sl2 - lse_s[c]) : 0.0f;
+                    const int dk_ = key - col;
+                    const bool ok = col < n_q && key < n_k && dk_ >= dlo && dk_ <= dhi;
+                    float x = s[nt][e];
+                    if (SC) {
+                        x = __tanhf(x * pre);
+                        th[SC ? nt : 0][e] = x;
+                    }
+                    s[nt][e] = ok ? pk_ex2_approx(x * sl2 - lse_s[c]) : 0.0f;
                 }
             }
             if (DO_DV) {  // dV += P^T dO
@@ -176,7 +191,11 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
-                    for (int e = 0; e < 4; e++) dp[nt][e] = s[nt][e] * (dp[nt][e] - del_s[nt * 8 + 2 * t + (e & 1)]);
+                    for (int e = 0; e < 4; e++) {
+                        float d = s[nt][e] * (dp[nt][e] - del_s[nt * 8 + 2 * t + (e & 1)]);
+                        if (SC) d *= 1.0f - th[SC ? nt : 0][e] * th[SC ? nt : 0][e];
+                        dp[nt][e] = d;
+                    }
                 }
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
@@ -231,12 +250,13 @@ ABTC_KP_UNROLL
     }
 }
 
-template <int D>
+template <int D, bool SC>
 __device__ __forceinline__ void abtc_dq(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
                                         const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
                                         const float* __restrict__ lse, const float* __restrict__ delta,
                                         unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads,
-                                        int n_kv_heads, int head_dim, float scale, int causal) {
+                                        int n_kv_heads, int head_dim, float scale, int window_left,
+                                        int window_right, float softcap) {
     constexpr int BR = ABTC_QR, BC = ABTC_DQ_BC(D), SD = D + 8, NT = BC / 8, ON = D / 8;
     extern __shared__ __align__(16) unsigned short abtc_smem[];
     unsigned short* qs = abtc_smem;      // [BR][SD]
@@ -248,15 +268,13 @@ __device__ __forceinline__ void abtc_dq(const unsigned short* __restrict__ q, co
     const int g = lane >> 2, t = lane & 3;
     const int n_qt = (n_q + BR - 1) / BR;
     const int bh = blockIdx.x / n_qt;
-    const int qt = causal ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
     const int b = bh / n_heads, h = bh % n_heads;
     const int kh = h / (n_heads / n_kv_heads);
-    const int q0 = qt * BR, shift = n_k - n_q;
-    int n_kt = (n_k + BC - 1) / BC;
-    if (causal) {
-        const int last = min(q0 + BR, n_q) - 1 + shift;
-        n_kt = last < 0 ? 0 : min(n_kt, last / BC + 1);
-    }
+    const int q0 = qt * BR;
+    // Only the key tiles the window of some row of ours reaches.
+    const PkAttnSpan span = pk_attn_q_span(q0, min(q0 + BR, n_q) - 1, n_q, n_k, window_left, window_right);
+    const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
     const long long q_stride = (long long)n_heads * head_dim, kv_stride = (long long)n_kv_heads * head_dim;
     const long long q_base = (long long)b * n_q * q_stride + (long long)h * head_dim;
     const long long k_base = (long long)b * n_k * kv_stride + (long long)kh * head_dim;
@@ -284,9 +302,12 @@ __device__ __forceinline__ void abtc_dq(const unsigned short* __restrict__ q, co
     float acc[ON][4];
 #pragma unroll
     for (int i = 0; i < ON; i++) acc[i][0] = acc[i][1] = acc[i][2] = acc[i][3] = 0.0f;
-    const float sl2 = scale * ABTC_LOG2E;
+    const float sl2 = SC ? softcap * ABTC_LOG2E : scale * ABTC_LOG2E;  // softcap: applied to tanh(s * pre)
+    const float pre = SC ? scale / softcap : 0.0f;
+    // key col is seen by query row iff dlo <= col - row <= dhi (CTA-uniform bounds, as in the dK/dV kernel)
+    const int dlo = n_k - n_q - window_left, dhi = n_k - n_q + window_right;
 
-    for (int j = 0; j < n_kt; j++) {
+    for (int j = kt0; j < kt1; j++) {
         const int k0 = j * BC;
         fatc_load_tile<D, BC>(ks, k, k_base, kv_stride, k0, n_k, head_dim, vk);
         fatc_load_tile<D, BC>(vs, v, k_base, kv_stride, k0, n_k, head_dim, vv);
@@ -323,9 +344,13 @@ ABTC_KP_UNROLL
 #pragma unroll
             for (int e = 0; e < 4; e++) {
                 const int col = k0 + nt * 8 + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
-                const bool ok = row < n_q && col < n_k && (!causal || col <= row + shift);
-                const float p = ok ? pk_ex2_approx(s[nt][e] * sl2 - lse2[e >> 1]) : 0.0f;
-                dp[nt][e] = p * (dp[nt][e] - del[e >> 1]);
+                const int d_ = col - row;
+                const bool ok = row < n_q && col < n_k && d_ >= dlo && d_ <= dhi;
+                const float x = SC ? __tanhf(s[nt][e] * pre) : s[nt][e];
+                const float p = ok ? pk_ex2_approx(x * sl2 - lse2[e >> 1]) : 0.0f;
+                float d = p * (dp[nt][e] - del[e >> 1]);
+                if (SC) d *= 1.0f - x * x;
+                dp[nt][e] = d;
             }
         }
 #pragma unroll
@@ -370,77 +395,141 @@ ABTC_KP_UNROLL
 
 // mma .bf16 needs sm_80: the sm_75 build has entry points that trap (never launched there).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define ABTC_DKDV(D, MODE) __trap();
-#define ABTC_DQ(D) __trap();
+#define ABTC_DKDV(D, MODE, SC) __trap();
+#define ABTC_DQ(D, SC) __trap();
 #else
-#define ABTC_DKDV(D, MODE)                                                                                     \
-    abtc_dkdv<D, MODE>(q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, \
-                       scale, causal);
-#define ABTC_DQ(D) \
-    abtc_dq<D>(q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal);
+#define ABTC_DKDV(D, MODE, SC)                                                                                     \
+    abtc_dkdv<D, MODE, SC>(q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, \
+                           scale, window_left, window_right, softcap);
+#define ABTC_DQ(D, SC)                                                                                 \
+    abtc_dq<D, SC>(q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, \
+                   window_left, window_right, softcap);
 #endif
 
-// Entry points, one per compiled head_dim (the registry reads these declarations as text).
+// Entry points, one per compiled head_dim and softcap flag (the registry reads these declarations as text).
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dkdv_d64_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int causal) {
-    ABTC_DKDV(64, 3)
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(64, 3, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d96_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int causal) {
-    ABTC_DKDV(96, 3)
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(96, 3, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d128_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int causal) {
-    ABTC_DKDV(128, 3)
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(128, 3, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dv_d256_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int causal) {
-    ABTC_DKDV(256, 1)
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(256, 1, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dk_d256_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int causal) {
-    ABTC_DKDV(256, 2)
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(256, 2, false)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dkdv_d64_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(64, 3, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d96_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(96, 3, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d128_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(128, 3, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dv_d256_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(256, 1, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dk_d256_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
+    ABTC_DKDV(256, 2, true)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d64_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int causal) {
-    ABTC_DQ(64)
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(64, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d96_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int causal) {
-    ABTC_DQ(96)
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(96, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d128_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int causal) {
-    ABTC_DQ(128)
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(128, false)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dq_d256_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
     unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int causal) {
-    ABTC_DQ(256)
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(256, false)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d64_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(64, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d96_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(96, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d128_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(128, true)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dq_d256_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+    float scale, int window_left, int window_right, float softcap) {
+    ABTC_DQ(256, true)
 }

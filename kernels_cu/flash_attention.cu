@@ -8,8 +8,13 @@
 // kv head h / (n_heads / n_kv_heads) (grouped-query attention).
 //
 // Causal mask is aligned bottom-right: query i sees key j iff j <= i + n_k - n_q,
-// so the last query sees every key. A row that sees no key (n_q > n_k) gets
-// out = 0 and lse = -inf.
+// so the last query sees every key. Windows (flash-attn's window_size) likewise:
+// query i sees keys i + s - window_left <= j <= i + s + window_right, s = n_k - n_q;
+// the op normalizes them (causal is window_right = 0; see pk_attn_window.cuh) and
+// a block stages only the key tiles its rows' windows reach. A row that sees no
+// key gets out = 0 and lse = -inf.
+// Softcap (the _softcap entry points, a template flag): scores become
+// c * tanh(scale * q.k / c) before the mask and softmax (Gemma 2, flash-attn).
 // lse is the natural-log log-sum-exp of the *scaled* scores over visible keys.
 //
 // Work split: a block of 256 threads owns ROWS consecutive queries of one
@@ -25,6 +30,7 @@
 // DMAX is a compile-time bucket (64/128/256 for max(head_dim, head_dim_v)) so
 // the per-thread register arrays have fixed size: 0 spills on every arch.
 #include "pk_common.cuh"
+#include "pk_attn_window.cuh"
 
 #define FA_THREADS 256
 // Scores held in registers per online-softmax step (one accumulator rescale per
@@ -84,12 +90,13 @@ __device__ __forceinline__ bool fa_vec_ok(const T* p, int dim) {
     return dim % 4 == 0 && (((unsigned long long)p) & need) == 0ull;
 }
 
-template <typename T, int DMAX, int BK, int SB>
+template <typename T, int DMAX, int BK, int SB, bool SC>
 __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, const T* __restrict__ k,
                                                      const T* __restrict__ v, T* __restrict__ out,
                                                      float* __restrict__ lse, int batch, int n_q, int n_k,
                                                      int n_heads, int n_kv_heads, int head_dim, int head_dim_v,
-                                                     float scale, int causal) {
+                                                     float scale, int window_left, int window_right,
+                                                     float softcap) {
     constexpr int G = DMAX / 16;            // threads per query row
     constexpr int ROWS = FA_THREADS / G;    // query rows per block
     __shared__ __align__(16) float ks[BK * DMAX];
@@ -107,8 +114,9 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
     const int row = qt * ROWS + (int)threadIdx.x / G;
     const bool row_ok = row < n_q;
 
-    // q slice, pre-scaled into the base-2 domain
-    const float qscale = scale * 1.4426950408889634f;
+    // q slice, pre-scaled into the base-2 domain (softcap: by scale / c, the tanh's argument)
+    const float qscale = SC ? scale / softcap : scale * 1.4426950408889634f;
+    const float post = SC ? softcap * 1.4426950408889634f : 1.0f;
     const long long q_off = (((long long)b * n_q + (row_ok ? row : 0)) * n_heads + h) * head_dim;
     float qr[16], acc[16];
 #pragma unroll
@@ -122,25 +130,44 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
     }
     float m = PK_NEG_INF, l = 0.0f;
 
-    const int shift = n_k - n_q;  // causal: key j visible to query i iff j <= i + shift
-    const int row_limit = causal ? row + shift : n_k - 1;
-    // keys past what the block's last query sees are never staged (may be <= 0: no key at all)
-    const int kv_end = causal ? min(n_k, min(qt * ROWS + ROWS, n_q) + shift) : n_k;
+    // The block stages only the key tiles of [span.lo, span.hi]; tiles inside [full_lo, full_hi] need no mask.
+    const PkAttnSpan span = pk_attn_q_span(qt * ROWS, min(qt * ROWS + ROWS, n_q) - 1, n_q, n_k, window_left,
+                                           window_right);
+    const int kv_begin = span.lo - span.lo % BK, kv_end = span.hi + 1;  // kv_end <= kv_begin: no key at all
+    // [full_lo, full_hi] and each row's keys [lo, hi] go through shared memory, read after the loop's
+    // barrier (only in edge tiles for the rows): held in registers across the loop they would cost the
+    // registers this kernel does not have (0 spills at 2 blocks/SM).
+    __shared__ int full_span[3];
+    __shared__ int row_span[ROWS][2];
+    __shared__ long long row_out[ROWS];  // (b * n_q + row) * n_heads + h, for the epilogue (same reason)
+    if (threadIdx.x == 0) {
+        full_span[0] = span.full_lo;
+        full_span[1] = span.full_hi;
+        full_span[2] = kv_end;
+    }
+    if (g == 0) {
+        pk_attn_q_row(row, n_q, n_k, window_left, window_right, row_span[threadIdx.x / G][0],
+                      row_span[threadIdx.x / G][1]);
+        row_out[threadIdx.x / G] = ((long long)b * n_q + row) * n_heads + h;
+    }
     const long long k_base = ((long long)b * n_k * n_kv_heads + hk) * head_dim;
     const long long v_base = ((long long)b * n_k * n_kv_heads + hk) * head_dim_v;
     const bool k_vec = fa_vec_ok<T>(k, head_dim), v_vec = fa_vec_ok<T>(v, head_dim_v);
 
-    for (int k0 = 0; k0 < kv_end; k0 += BK) {
+    __syncthreads();
+    for (int k0 = kv_begin; k0 < full_span[2]; k0 += BK) {  // kv_end: full_span[2]
         __syncthreads();  // every thread is done with the previous tile
         fa_stage_tile<T, DMAX, BK>(ks, k, k_base, (long long)n_kv_heads * head_dim, k0, n_k, head_dim, k_vec);
         fa_stage_tile<T, DMAX, BK>(vs, v, v_base, (long long)n_kv_heads * head_dim_v, k0, n_k, head_dim_v, v_vec);
         __syncthreads();
+        // Edge tile: some key is outside some row's window (or past n_k). The row's bounds are
+        // recomputed there rather than kept live in registers across the loop (0 spills at 2 blocks/SM).
+        const bool edge = k0 < full_span[0] || k0 + BK - 1 > full_span[1];
 
         // scores live in registers SB at a time: one rescale per SB keys, SB bounded for 0 spills
 #pragma unroll 1
         for (int j0 = 0; j0 < BK; j0 += SB) {
             float s[SB];
-            float tmax = m;
 #pragma unroll
             for (int j = 0; j < SB; ++j) {
                 const float4* kr = reinterpret_cast<const float4*>(ks + (j0 + j) * DMAX);
@@ -155,10 +182,19 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
                 }
 #pragma unroll
                 for (int off = G / 2; off > 0; off >>= 1) part += __shfl_xor_sync(PK_FULL_MASK, part, off);
-                const int kj = k0 + j0 + j;
-                s[j] = (kj < n_k && kj <= row_limit) ? part : PK_NEG_INF;
-                tmax = fmaxf(tmax, s[j]);
+                s[j] = SC ? tanhf(part) * post : part;
             }
+            if (edge) {
+                const int rlo = row_span[threadIdx.x / G][0], rhi = row_span[threadIdx.x / G][1];  // this row's keys
+#pragma unroll
+                for (int j = 0; j < SB; ++j) {
+                    const int kj = k0 + j0 + j;
+                    if (kj < rlo || kj > rhi) s[j] = PK_NEG_INF;
+                }
+            }
+            float tmax = m;
+#pragma unroll
+            for (int j = 0; j < SB; ++j) tmax = fmaxf(tmax, s[j]);
             if (tmax != PK_NEG_INF) {  // else nothing visible to this row yet: state stays (m=-inf, l=0, acc=0)
                 const float alpha = exp2f(m - tmax);  // m = -inf -> 0
                 l *= alpha;
@@ -185,7 +221,8 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
 
     if (!row_ok) return;  // after the last barrier
     const float inv = l > 0.0f ? 1.0f / l : 0.0f;
-    const long long o_off = (((long long)b * n_q + row) * n_heads + h) * head_dim_v;
+    const long long o_row = row_out[threadIdx.x / G];  // written before the loop's barriers
+    const long long o_off = o_row * head_dim_v;
 #pragma unroll
     for (int c = 0; c < 4; ++c) {
 #pragma unroll
@@ -195,50 +232,104 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
         }
     }
     if (g == 0)  // m is in log2 units: lse = ln(2) * (m + log2(l))
-        lse[((long long)b * n_q + row) * n_heads + h] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : PK_NEG_INF;
+        lse[o_row] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : PK_NEG_INF;
 }
 
-// One pair of extern "C" entry points per head-dim bucket (the op picks the
+// Entry points per head-dim bucket, softcap flag and dtype (the op picks the
 // smallest bucket holding max(head_dim, head_dim_v)). The d256 bucket halves the
 // key tile so K + V tiles stay at 32 KB of static shared memory.
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64(const float* __restrict__ q, const float* __restrict__ k,
-        const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
-        int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
-    flash_attention_impl<float, 64, 32, FA_SB>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-                                         head_dim_v, scale, causal);
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<float, 64, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
 }
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_bf16(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-        const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
-        int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
-    flash_attention_impl<unsigned short, 64, 32, FA_SB>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-                                         head_dim_v, scale, causal);
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<unsigned short, 64, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
 }
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128(const float* __restrict__ q, const float* __restrict__ k,
-        const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
-        int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
-    flash_attention_impl<float, 128, 32, FA_SB>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-                                         head_dim_v, scale, causal);
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_softcap(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<float, 64, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
 }
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_bf16(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-        const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
-        int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
-    flash_attention_impl<unsigned short, 128, 32, FA_SB>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-                                         head_dim_v, scale, causal);
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_softcap_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<unsigned short, 64, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
 }
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256(const float* __restrict__ q, const float* __restrict__ k,
-        const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
-        int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
-    flash_attention_impl<float, 256, 16, FA_SB>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-                                         head_dim_v, scale, causal);
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<float, 128, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
 }
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_bf16(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-        const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
-        int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
-    flash_attention_impl<unsigned short, 256, 16, FA_SB>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-                                         head_dim_v, scale, causal);
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<unsigned short, 128, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_softcap(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<float, 128, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_softcap_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<unsigned short, 128, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<float, 256, 16, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<unsigned short, 256, 16, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_softcap(const float* __restrict__ q,
+        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<float, 256, 16, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
+}
+
+extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_softcap_bf16(const unsigned short* __restrict__ q,
+        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
+        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+        int window_left, int window_right, float softcap) {
+    flash_attention_impl<unsigned short, 256, 16, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
+        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
 }

@@ -1,7 +1,14 @@
 // Tensor-core FlashAttention forward for bf16 (issue 12), one code path for sm_80 ... sm_120:
-// O = softmax(scale * Q K^T [+ causal mask]) V and the natural-log lse per row, with the same
-// layouts, GQA mapping, bottom-right causal mask and empty-row convention as
+// O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with the same
+// layouts, GQA mapping, bottom-right window / causal mask, softcap and empty-row convention as
 // flash_attention.cu (rows that see no key: out = 0, lse = -inf).
+//
+// Window: query i sees keys j with i + s - window_left <= j <= i + s + window_right, s = n_k - n_q
+// (the op normalizes: causal is window_right = 0, unbounded sides are n_k / n_q). The CTA loops
+// only over the key tiles its rows can see, so the cost follows the window; the mask is applied
+// only in tiles that some row sees partly (a runtime test per tile, as the causal mask was).
+// Softcap (the _softcap entry points, a template flag so the others carry no tanh): scores
+// become softcap * tanh(scale * q.k / softcap), via tanh.approx (one MUFU op a score).
 //
 // Work split (FlashAttention-2): a CTA of 4 warps owns BR = 64 consecutive queries of one
 // (batch, head); warp w owns query rows 16w..16w+15 of the tile, so the whole online
@@ -38,11 +45,12 @@ template <> struct FatcCfg<256> { enum { BC = 32, QREG = 0, MINB = 1 }; };
 // With QREG the Q tile is staged in the second K buffer, which is free until tile 1 arrives.
 #define FATC_SMEM_BYTES(D, BC, QREG) ((((QREG) ? 0 : FATC_BR) + 4 * (BC)) * ((D) + 8) * 2)
 
-template <int D>
+template <int D, bool SC>
 __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
                                              const unsigned short* __restrict__ v, unsigned short* __restrict__ out,
                                              float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads,
-                                             int n_kv_heads, int head_dim, int head_dim_v, float scale, int causal) {
+                                             int n_kv_heads, int head_dim, int head_dim_v, float scale,
+                                             int window_left, int window_right, float softcap) {
     constexpr int BC = FatcCfg<D>::BC, QREG = FatcCfg<D>::QREG;
     constexpr int SD = D + 8;    // padded shared row, in halves
     constexpr int NT = BC / 8;   // S n-tiles per warp
@@ -58,17 +66,15 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
     const int n_qt = (n_q + FATC_BR - 1) / FATC_BR;
     // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
     const int bh = blockIdx.x / n_qt;
-    const int qt = causal ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
     const int b = bh / n_heads, h = bh % n_heads;
     const int kvh = h / (n_heads / n_kv_heads);
     const int q0 = qt * FATC_BR;
-    const int shift = n_k - n_q;  // causal: query i sees keys j <= i + shift
-
-    int n_kt = (n_k + BC - 1) / BC;
-    if (causal) {
-        const int last = min(q0 + FATC_BR, n_q) - 1 + shift;  // the tile's last row sees keys <= last
-        n_kt = last < 0 ? 0 : min(n_kt, last / BC + 1);
-    }
+    const int q_last = min(q0 + FATC_BR, n_q) - 1;
+    // Key tiles [kt0, kt1) hold every key some row of the tile sees; keys in [full_lo, full_hi]
+    // are seen by every row (tiles inside need no mask).
+    const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
+    const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
     const long long q_stride = (long long)n_heads * head_dim, kv_stride = (long long)n_kv_heads * head_dim;
     const long long v_stride = (long long)n_kv_heads * head_dim_v;
     const long long q_base = (long long)b * n_q * q_stride + (long long)h * head_dim;
@@ -79,9 +85,9 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
     const bool vv = (head_dim_v & 7) == 0 && (reinterpret_cast<unsigned long long>(v) & 15) == 0;
 
     fatc_load_tile<D, FATC_BR>(qs, q, q_base, q_stride, q0, n_q, head_dim, vq);
-    if (n_kt > 0) {
-        fatc_load_tile<D, BC>(kbuf, k, k_base, kv_stride, 0, n_k, head_dim, vk);
-        fatc_load_tile<D, BC>(vbuf, v, v_base, v_stride, 0, n_k, head_dim_v, vv);
+    if (kt1 > kt0) {
+        fatc_load_tile<D, BC>(kbuf, k, k_base, kv_stride, kt0 * BC, n_k, head_dim, vk);
+        fatc_load_tile<D, BC>(vbuf, v, v_base, v_stride, kt0 * BC, n_k, head_dim_v, vv);
     }
     pk_cp_async_commit();
     pk_cp_async_wait<0>();
@@ -103,19 +109,24 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
 #pragma unroll
     for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 of the warp
-    const float sl2 = scale * 1.4426950408889634f;
+    // Base-2 scores: s * scale * log2 e, or with softcap c: tanh(s * scale / c) * c * log2 e.
+    const float sl2 = SC ? softcap * 1.4426950408889634f : scale * 1.4426950408889634f;
+    const float pre = SC ? scale / softcap : 0.0f;
     const int row0 = q0 + warp * 16 + g;  // this lane's rows: row0, row0 + 8
+    int rlo[2], rhi[2];  // keys [rlo, rhi] visible to this lane's rows
+    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
+    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
 
-    for (int j = 0; j < n_kt; j++) {
+    for (int j = kt0; j < kt1; j++) {
         const int k0 = j * BC;
-        if (j + 1 < n_kt) {  // prefetch tile j + 1 into the other buffer (freed by last iteration's barrier)
-            const int nb = (j + 1) & 1;
+        if (j + 1 < kt1) {  // prefetch tile j + 1 into the other buffer (freed by last iteration's barrier)
+            const int nb = (j + 1 - kt0) & 1;
             fatc_load_tile<D, BC>(kbuf + nb * BC * SD, k, k_base, kv_stride, k0 + BC, n_k, head_dim, vk);
             fatc_load_tile<D, BC>(vbuf + nb * BC * SD, v, v_base, v_stride, k0 + BC, n_k, head_dim_v, vv);
         }
         pk_cp_async_commit();
-        const unsigned short* ks_ = kbuf + (j & 1) * BC * SD;
-        const unsigned short* vs_ = vbuf + (j & 1) * BC * SD;
+        const unsigned short* ks_ = kbuf + ((j - kt0) & 1) * BC * SD;
+        const unsigned short* vs_ = vbuf + ((j - kt0) & 1) * BC * SD;
 
         float s[NT][4];
 #pragma unroll
@@ -139,16 +150,16 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
             }
         }
 
-        // Scale to base 2, mask (keys past n_k; causal), and the online softmax per row.
-        const bool need_mask = k0 + BC > n_k || (causal && k0 + BC - 1 > q0 + shift);
+        // Scale to base 2 (through the softcap), mask (keys past n_k; the window), and the online softmax per row.
+        const bool need_mask = k0 < span.full_lo || k0 + BC - 1 > span.full_hi;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
 #pragma unroll
             for (int e = 0; e < 4; e++) {
-                float x = s[nt][e] * sl2;
+                float x = SC ? __tanhf(s[nt][e] * pre) * sl2 : s[nt][e] * sl2;
                 if (need_mask) {
-                    const int col = k0 + nt * 8 + 2 * t + (e & 1), row = row0 + 8 * (e >> 1);
-                    if (col >= n_k || (causal && col > row + shift)) x = PK_NEG_INF;
+                    const int col = k0 + nt * 8 + 2 * t + (e & 1);
+                    if (col < rlo[e >> 1] || col > rhi[e >> 1]) x = PK_NEG_INF;
                 }
                 s[nt][e] = x;
             }
@@ -227,34 +238,59 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
 // mma .bf16 needs sm_80: the sm_75 build of this file has entry points that trap (the op
 // never launches them there; it uses flash_attention_d*_bf16 instead).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define FATC_BODY(D) __trap();
+#define FATC_BODY(D, SC) __trap();
 #else
-#define FATC_BODY(D)                                                                                          \
-    fatc_forward<D>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, causal);
+#define FATC_BODY(D, SC)                                                                                      \
+    fatc_forward<D, SC>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, \
+                        window_left, window_right, softcap);
 #endif
 
-// One entry point per compile-time head_dim (the registry reads these declarations as text).
+// One entry point per compile-time head_dim and softcap flag (the registry reads these declarations as text).
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<64>::MINB) flash_attention_tc_d64_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int causal) {
-    FATC_BODY(64)
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(64, false)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<64>::MINB) flash_attention_tc_d64_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(64, true)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<96>::MINB) flash_attention_tc_d96_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int causal) {
-    FATC_BODY(96)
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(96, false)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<96>::MINB) flash_attention_tc_d96_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(96, true)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<128>::MINB) flash_attention_tc_d128_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int causal) {
-    FATC_BODY(128)
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(128, false)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<128>::MINB) flash_attention_tc_d128_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(128, true)
 }
 extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<256>::MINB) flash_attention_tc_d256_bf16(
     const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
     unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int causal) {
-    FATC_BODY(256)
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(256, false)
+}
+extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<256>::MINB) flash_attention_tc_d256_softcap_bf16(
+    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
+    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
+    FATC_BODY(256, true)
 }

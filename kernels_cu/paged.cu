@@ -13,7 +13,10 @@
 // Queries (and out): q_mode 0: one query per sequence, row b of q [batch, H, D] (decode);
 //                    q_mode 1: rows qo_indptr[b] .. qo_indptr[b+1] of q [total_q, H, D].
 // Query i of a sequence with qo_len queries and kv_len keys is the key position
-// kv_len - qo_len + i: with causal != 0 it sees keys j <= kv_len - qo_len + i (bottom-right).
+// p = kv_len - qo_len + i (bottom-right): it sees keys p - window_left <= j <= p + window_right
+// (the op passes causal as window_right = 0 and an unbounded side as 2^30). Only the positions
+// some row of a CTA sees are read, so the cost follows the window. softcap > 0: scores become
+// softcap * tanh(scale * q.k / softcap) (FlashInfer's logits_soft_cap).
 //
 // One CTA handles (sequence b, kv head, a chunk of `rows` packed query rows, split s).
 // A packed row is qi * G + g (query qi, head g of the GQA group of G = H / KVH heads), so
@@ -44,12 +47,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn(co
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        int kv_layout, int q_mode, int causal, int rows, int tile, int num_splits, int total_q, int write_lse,
-        float scale) {
+        int kv_layout, int q_mode, int window_left, int window_right, int rows, int tile, int num_splits,
+        int total_q, int write_lse, float scale, float softcap) {
     extern __shared__ float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
-                write_lse, scale, 0, num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1};
     pa_body<float, float, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -58,12 +61,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        int kv_layout, int q_mode, int causal, int rows, int tile, int num_splits, int total_q, int write_lse,
-        float scale) {
+        int kv_layout, int q_mode, int window_left, int window_right, int rows, int tile, int num_splits,
+        int total_q, int write_lse, float scale, float softcap) {
     extern __shared__ float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
-                write_lse, scale, 0, num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1};
     pa_body<unsigned short, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -72,12 +75,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        int kv_layout, int q_mode, int causal, int rows, int tile, int num_splits, int total_q, int write_lse,
-        float scale) {
+        int kv_layout, int q_mode, int window_left, int window_right, int rows, int tile, int num_splits,
+        int total_q, int write_lse, float scale, float softcap) {
     extern __shared__ float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
-                write_lse, scale, 0, num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1};
     pa_body<float, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -86,12 +89,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(co
         float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
         const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
         int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
-        int k_mode, int causal, int rows, int tile, int num_splits, int chunk, int total_q, int write_lse,
-        float scale) {
+        int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
+        int write_lse, float scale, float softcap) {
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
-                write_lse, scale, chunk, num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, chunk, num_splits > 1};
     pa_body<float, float, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -100,12 +103,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf
         float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
         const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
         int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
-        int k_mode, int causal, int rows, int tile, int num_splits, int chunk, int total_q, int write_lse,
-        float scale) {
+        int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
+        int write_lse, float scale, float softcap) {
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
-                write_lse, scale, chunk, num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, chunk, num_splits > 1};
     pa_body<unsigned short, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -114,12 +117,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf
         float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
         const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
         int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
-        int k_mode, int causal, int rows, int tile, int num_splits, int chunk, int total_q, int write_lse,
-        float scale) {
+        int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
+        int write_lse, float scale, float softcap) {
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q,
-                write_lse, scale, chunk, num_splits > 1};
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, chunk, num_splits > 1};
     pa_body<float, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 

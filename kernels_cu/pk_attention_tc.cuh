@@ -4,6 +4,7 @@
 #pragma once
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
+#include "pk_attn_window.cuh"
 
 #define FATC_THREADS 128
 

@@ -11,8 +11,12 @@
 #define PA_LN2 0.6931471805599453f
 
 struct PaArgs {
-    int num_qo_heads, num_kv_heads, head_dim, q_mode, causal, rows, tile, num_splits, total_q, write_lse;
+    // window_left / window_right in [0, 2^30] (the op maps unbounded to 2^30 and causal to window_right 0):
+    // query qi sees positions diag + qi - window_left .. diag + qi + window_right.
+    int num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits, total_q,
+        write_lse;
     float scale;
+    float softcap;  // > 0: scores c * tanh(scale * q.k / c)
     int chunk;    // > 0: split s covers [s*chunk, (s+1)*chunk) instead of an even split
     int partial;  // write normalized partials (part_o, log2 part_lse) instead of out / lse
 };
@@ -141,22 +145,24 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     const int nrows = packed - row0 < R ? (int)(packed - row0) : R;
     kv.init(b, kvh);
     const int L = kv.len;
-    int begin = 0, end = L;
+    // The window: query qi sees [diag + qi - wl, diag + qi + wr]. The CTA reads only positions some of
+    // its rows see, [begin, end): the cost follows the window; splits divide that range.
+    const long long diag = (long long)L - qo_len;
+    const long long vlo = diag + row0 / G - a.window_left;                    // 32-bit divisions
+    const long long vhi = diag + (row0 + nrows - 1) / G + a.window_right + 1;
+    int begin = vlo < 0 ? 0 : (vlo > L ? L : (int)vlo);
+    int end = vhi < begin ? begin : (vhi > L ? L : (int)vhi);
     if (a.num_splits > 1 || a.chunk > 0) {
+        const int span = end - begin;
         int per = a.chunk;
         if (per <= 0) {
-            per = L / a.num_splits + (L % a.num_splits != 0);
+            per = span / a.num_splits + (span % a.num_splits != 0);
             per = (per / T + (per % T != 0)) * T;
         }
         const long long bg = (long long)per * split;
-        begin = bg < L ? (int)bg : L;
-        end = L - begin > per ? begin + per : L;
-    }
-    // Causal: the CTA's last row sees positions < L - qo_len + qi_last + 1; skip tiles past it.
-    const long long diag = (long long)L - qo_len;  // query qi sees j <= diag + qi
-    if (a.causal) {
-        const long long vis = diag + (row0 + nrows - 1) / G + 1;  // 32-bit division
-        if (vis < end) end = vis < begin ? begin : (int)vis;
+        const int b0 = begin;
+        begin = bg < span ? b0 + (int)bg : end;
+        end = end - begin > per ? begin + per : end;
     }
 
     float* Ks = smem;
@@ -167,7 +173,10 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     float* Ls = Ms + R;
     float* Cs = Ls + R;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
-    const float qscale = a.scale * PA_LOG2E;
+    // Base-2 scores: q carries scale * log2 e; with a softcap, scale / c, and the score is tanh(.) * c * log2 e.
+    const bool capped = a.softcap > 0.0f;
+    const float qscale = capped ? a.scale / a.softcap : a.scale * PA_LOG2E;
+    const float post = a.softcap * PA_LOG2E;
     for (int i = tid; i < R * D; i += (int)blockDim.x) {
         const int r = i / D, d = i - r * D;
         float x = 0.0f;
@@ -203,7 +212,8 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
             const int r = i / T, t = i - r * T;
             const int pos = t0 + t;
             float s = PK_NEG_INF;
-            if (r < nrows && pos < end && (!a.causal || pos <= diag + (row0 + r) / G)) {
+            const long long c = diag + (row0 + r) / G;
+            if (r < nrows && pos < end && pos >= c - a.window_left && pos <= c + a.window_right) {
                 const float* qr = Qs + r * D;
                 const float* kr = Ks + t * (D + 1);
                 float d0 = 0.0f, d1 = 0.0f;
@@ -214,6 +224,7 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
                 }
                 if (d < D) d0 = fmaf(qr[d], kr[d], d0);
                 s = d0 + d1;
+                if (capped) s = tanhf(s) * post;
             }
             Ss[i] = s;
         }

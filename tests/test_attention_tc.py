@@ -28,10 +28,10 @@ from pykern.tolerance import tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
-TC_FWD = [f"flash_attention_tc_d{d}_bf16" for d in (64, 96, 128, 256)]
-TC_BWD = ([f"attention_backward_tc_dkdv_d{d}_bf16" for d in (64, 96, 128)]
-          + ["attention_backward_tc_dv_d256_bf16", "attention_backward_tc_dk_d256_bf16"]
-          + [f"attention_backward_tc_dq_d{d}_bf16" for d in (64, 96, 128, 256)])
+TC_FWD = [f"flash_attention_tc_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap")]
+TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}_bf16" for d in (64, 96, 128) for c in ("", "_softcap")]
+          + [f"attention_backward_tc_{n}_d256{c}_bf16" for n in ("dv", "dk") for c in ("", "_softcap")]
+          + [f"attention_backward_tc_dq_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap")])
 
 
 def _close(name: str, got, ref, op: str) -> None:

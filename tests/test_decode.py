@@ -232,8 +232,8 @@ def test_kernel_clamps_seq_len_to_max(method: str) -> None:
     idx, f1 = np.zeros(2, np.int32), np.zeros(1, np.float32)
     stem, grid, block, smem = plan["launches"][0]
     pykern.launch(stem, grid, block, q, k, v, out, f1, po, pl, idx, idx, big, 2, 1, 32, 40 * 32, 32, 40 * 32, 40,
-                  0, 1, 0, plan["rows"], plan["tile"], splits, plan["chunk_size"], 1, 0, 1.0 / np.sqrt(32),
-                  shared_mem=smem, backend="host")
+                  0, 1, 2**30, 2**30, plan["rows"], plan["tile"], splits, plan["chunk_size"], 1, 0,
+                  1.0 / np.sqrt(32), 0.0, shared_mem=smem, backend="host")  # unbounded window, no softcap
     if splits > 1:
         s2, g2, b2, _ = plan["launches"][1]
         pykern.launch(s2, g2, b2, po, pl, out, f1, 2, 32, splits, 0, backend="host")

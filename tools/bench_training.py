@@ -200,11 +200,11 @@ def bench(args: argparse.Namespace) -> None:
 
     def attn() -> None:
         launch("attention_bwd_lse" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
-               s, s, h, kvh, hd, scale, 1, G, smem=2 * 16 * hd * 4)
+               s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=2 * 16 * hd * 4)
         launch("attention_backward_flash_dkdv" + sfx, (-(-s // rows_blk), kvh, b), (256,), q, k, v, gq, lse, delta,
-               dk, dv, s, s, h, kvh, hd, scale, 1, G, smem=(2 * 16 * hd + 32) * 4)
+               dk, dv, s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=(2 * 16 * hd + 32) * 4)
         launch("attention_backward_flash_dq" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
-               dq, s, s, h, kvh, hd, scale, 1, G, smem=2 * 16 * hd * 4)
+               dq, s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=2 * 16 * hd * 4)
 
     t = _timed(env, attn, max(1, iters // 20))
     flops = 5 * 2 * b * h * hd * s * (s + 1) / 2

@@ -38,6 +38,11 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_left as _check_window_left,
+    normalize_serving as _normalize_serving,
+)
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = ["decode_attention", "batched_decode_attention", "decode_plan"]
@@ -203,7 +208,7 @@ def decode_plan(
 def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
          max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str, seq_hint: int | None,
          num_warps: int | None, chunk_size: int | None, backend: str | None, out: Any = None,
-         stream: Any = None, kv_layout: str = "HND") -> Any:
+         stream: Any = None, kv_layout: str = "HND", window_left: int = -1, logits_soft_cap: float = 0.0) -> Any:
     from ..launcher import launch
 
     if scale is None:
@@ -211,6 +216,8 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
     elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
             float(scale)):
         raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
+    wl, wr = _normalize_serving(_check_window_left(window_left), -1, True)
+    cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
     plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint,
                        num_warps=num_warps, chunk_size=chunk_size)
     suf = _suffix(q_kind, kv_kind)
@@ -234,8 +241,8 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
         part_o, part_lse = f1, arrays.empty((1,), "f32", like=q)
     stem, grid, block, smem = plan["launches"][0]
     launch(stem + suf, grid, block, qf, kf, vf, of, f1, part_o, part_lse, idx, idx, seq_buf, num_heads, num_kv_heads,
-           head_dim, s_b, s_tok, s_head, max_seq_len, 0, 1, 0, plan["rows"], plan["tile"], splits,
-           plan["chunk_size"], batch, 0, float(scale), shared_mem=smem, stream=stream, backend=backend)
+           head_dim, s_b, s_tok, s_head, max_seq_len, 0, 1, wl, wr, plan["rows"], plan["tile"], splits,
+           plan["chunk_size"], batch, 0, float(scale), cap, shared_mem=smem, stream=stream, backend=backend)
     if splits > 1:
         stem2, grid2, block2, _ = plan["launches"][1]
         launch(stem2 + ("_bf16" if q_kind == "bf16" else ""), grid2, block2, part_o, part_lse, of, f1,
@@ -280,6 +287,8 @@ def decode_attention(
     *,
     kv_layout: str = "HND",
     scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
     method: str = "auto",
     num_warps: int | None = None,
     chunk_size: int | None = None,
@@ -304,6 +313,10 @@ def decode_attention(
     chunk_size (split_k only): positions per chunk, default the power of two >= 64 that
     gives about two waves of CTAs on 132 SMs. Both depend on shapes only, so the int and
     array forms of seq_len launch grids that give identical results.
+
+    window_left (FlashInfer's; -1 = unbounded): the query (position seq_len - 1) sees keys
+    seq_len - 1 - window_left .. seq_len - 1; only those are read. logits_soft_cap c > 0:
+    scores c * tanh(scale * q.k / c). Both as paged_decode_attention.
     """
     q_kind = arrays.io_kind("q", q)
     kv_kind = arrays.io_kind("k_cache", k_cache)
@@ -332,7 +345,7 @@ def decode_attention(
     res = _run(q, k_cache, v_cache, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind, kv_kind,
                scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
                backend=backend, out=None if out is None else out.reshape(1, num_heads, head_dim), stream=stream,
-               kv_layout=kv_layout)
+               kv_layout=kv_layout, window_left=window_left, logits_soft_cap=logits_soft_cap)
     return out if out is not None else res.reshape(num_heads, head_dim)
 
 
@@ -345,6 +358,8 @@ def batched_decode_attention(
     *,
     kv_layout: str = "HND",
     scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
     method: str = "auto",
     num_warps: int | None = None,
     chunk_size: int | None = None,
@@ -361,7 +376,8 @@ def batched_decode_attention(
     keep a stacked cache to avoid that copy per step). seq_lens: (M,) integer array (any int dtype)
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
     also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
-    q's dtype; a sequence of length 0 gets zeros.
+    q's dtype; a sequence of length 0 gets zeros. window_left and logits_soft_cap as
+    decode_attention.
     """
     k_caches = _stack("k_caches", k_caches)
     v_caches = _stack("v_caches", v_caches)
@@ -398,7 +414,8 @@ def batched_decode_attention(
         out = arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
     return _run(q, k_caches, v_caches, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                 kv_kind, scale=scale, method=method, seq_hint=None, num_warps=num_warps, chunk_size=chunk_size,
-                backend=backend, out=out, stream=stream, kv_layout=kv_layout)
+                backend=backend, out=out, stream=stream, kv_layout=kv_layout, window_left=window_left,
+                logits_soft_cap=logits_soft_cap)
 
 
 def _stack(name: str, caches: Any) -> Any:

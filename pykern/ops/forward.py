@@ -15,6 +15,11 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_size as _check_window_size,
+    normalize as _normalize,
+)
 
 __all__ = ["embedding", "rope", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax", "flash_attention"]
 
@@ -436,6 +441,8 @@ def flash_attention(
     *,
     causal: bool = False,
     scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
     return_lse: bool = False,
     out: Any = None,
     tensor_cores: bool | None = None,
@@ -454,6 +461,14 @@ def flash_attention(
     j <= i + n_k - n_q (with n_q == n_k the usual lower triangle; with n_q < n_k
     the queries are the last n_q positions of the sequence). When n_q > n_k the
     first n_q - n_k queries see no key: their output is 0 and their lse -inf.
+
+    window_size=(left, right) (flash-attn's sliding window; -1 = unbounded on that side):
+    query i sees keys i' - left <= j <= i' + right, i' = i + n_k - n_q (aligned bottom-right
+    like the causal mask); causal=True sets right to 0. Key tiles wholly outside every window
+    of a query tile are skipped (never read), so the cost follows the window. A row whose
+    window holds no key gets out 0 and lse -inf. softcap=c > 0 (Gemma 2's attention logit
+    softcapping): scores become c * tanh(scale * q.k / c) before the mask and softmax (separate
+    kernels, so softcap=0 pays nothing for it); lse is then over the capped scores.
 
     Returns out (batch, n_q, n_heads, head_dim_v) (written into `out=` when given), or (out, lse) with
     return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
@@ -484,6 +499,8 @@ def flash_attention(
     for name, d in (("q.shape[3] (head_dim)", head_dim), ("v.shape[3] (head_dim_v)", head_dim_v)):
         if not 1 <= d <= 256:
             raise ArgumentError(f"{name}: expected 1 <= value <= 256, got {d}")
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
@@ -503,6 +520,8 @@ def flash_attention(
             raise ArgumentError("tensor_cores: True needs bf16 mma (sm_80 or newer); this device has none")
     elif tensor_cores:
         raise ArgumentError(f"tensor_cores: True needs bf16 inputs, got {arrays.dtype_name(q)}")
+    wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
+    cap = "_softcap" if softcap > 0.0 else ""
     if use_tc:
         bucket, rows = tc_head_dim(max(head_dim, head_dim_v)), TC_ROWS
     else:
@@ -524,16 +543,16 @@ def flash_attention(
         from ..launcher import launch
 
         launch(
-            f"flash_attention_tc_d{bucket}_bf16", n_blocks, TC_THREADS,
+            f"flash_attention_tc_d{bucket}{cap}_bf16", n_blocks, TC_THREADS,
             q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
-            1 if causal else 0,
+            wl, wr, softcap,
             shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend,
         )
     else:
         _launch(
-            f"flash_attention_d{bucket}{_suffix(kind)}", n_blocks, FA_THREADS,
+            f"flash_attention_d{bucket}{cap}{_suffix(kind)}", n_blocks, FA_THREADS,
             q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
-            1 if causal else 0,
+            wl, wr, softcap,
             stream=stream, backend=backend,
         )
     return (out, lse) if return_lse else out

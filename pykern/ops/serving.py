@@ -13,6 +13,10 @@ Kernels in `kernels_cu/paged.cu`. Conventions (see the README's "Serving" sectio
   last_page_len in [1, page_size] for non-empty sequences).
 - Causal masks are aligned bottom-right: the qo_len queries of a sequence are its last
   qo_len tokens; query i sees keys j <= kv_len - qo_len + i.
+- Sliding windows and logit softcapping: FlashInfer's window_left / logits_soft_cap on the
+  paged ops (query p = kv_len - qo_len + i sees keys p - window_left .. p, or .. the end when
+  not causal), flash-attn's window_size=(left, right) / softcap on flash_attention_varlen.
+  Only positions some row of a CTA sees are read: the cost follows the window.
 - lse (return_lse=True) is the natural-log log-sum-exp of the scaled scores, (total_q,
   num_heads) float32, -inf for a row that sees no key (whose output is 0).
   FlashInfer returns base-2 lse: multiply ours by log2(e) to compare.
@@ -29,6 +33,12 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_left as _check_window_left,
+    check_window_size as _check_window_size,
+    normalize_serving as _normalize_serving,
+)
 from ..errors import ArgumentError, ArgumentTypeError
 
 __all__ = [
@@ -345,12 +355,16 @@ class PagedDecodePlan:
     num_splits: KV splits a sequence (default: enough CTAs for two waves of `num_sms`
     when batch * num_kv_heads CTAs would not, capped at 32 and at max_kv_len / 64).
     max_kv_len: the longest sequence the plan will see (bounds the split count).
+    window_left (FlashInfer's name; -1 = unbounded): the query, the last position p of its
+    sequence, sees keys p - window_left .. p; only those are read (splits divide that range).
+    logits_soft_cap c > 0: scores become c * tanh(scale * q.k / c) (0 = off).
     """
 
     def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  kv_layout: str = "NHD", q_dtype: str = "f32", kv_dtype: str | None = None,
                  max_kv_len: int | None = None, num_splits: int | None = None, return_lse: bool = False,
-                 num_sms: int = H100_SMS, like: Any = None) -> None:
+                 num_sms: int = H100_SMS, window_left: int = -1, logits_soft_cap: float = 0.0,
+                 like: Any = None) -> None:
         for name, val, lo in (("batch", batch, 1), ("num_qo_heads", num_qo_heads, 1), ("num_kv_heads", num_kv_heads, 1),
                               ("head_dim", head_dim, 1), ("page_size", page_size, 1), ("num_sms", num_sms, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) < lo:
@@ -361,6 +375,9 @@ class PagedDecodePlan:
             raise ArgumentError(f"num_kv_heads: expected a divisor of num_qo_heads={num_qo_heads}, got {num_kv_heads}")
         self.layout = _layout(kv_layout)
         self.kv_layout = kv_layout
+        self.window_left = _check_window_left(window_left)
+        self.logits_soft_cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
+        self._wl, self._wr = _normalize_serving(self.window_left, -1, True)
         kinds = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16"}
         if q_dtype not in kinds:
             raise ArgumentError(f"q_dtype: expected 'f32' or 'bf16', got {q_dtype!r}")
@@ -381,7 +398,8 @@ class PagedDecodePlan:
         if num_splits is None:
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
             if max_kv_len is not None:
-                s = min(s, max(1, -(-int(max_kv_len) // _MIN_SPLIT)))
+                span = int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1)
+                s = min(s, max(1, -(-span // _MIN_SPLIT)))
             num_splits = s
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:
@@ -435,8 +453,8 @@ class PagedDecodePlan:
         stream = arrays.launch_stream(stream, q)
         launch("paged_attn" + self.suffix, self.grid, self.block, _flat(q), _flat(k_pages), _flat(v_pages),
                self._out_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
-               table.indices, table.last, h, kvh, d, page_size, self.layout, 0, 0, self.rows, self.tile,
-               self.num_splits, self.batch, int(want_lse), sc, shared_mem=self.smem, stream=stream, backend=backend)
+               table.indices, table.last, h, kvh, d, page_size, self.layout, 0, self._wl, self._wr, self.rows,
+               self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, shared_mem=self.smem, stream=stream, backend=backend)
         if split:
             launch("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid, self.block,
                    self.part_o, self.part_lse, self._out_flat, self._lse_flat, self.batch * h, d,
@@ -455,6 +473,8 @@ def paged_decode_attention(
     *,
     kv_layout: str = "NHD",
     scale: float | None = None,
+    window_left: int | None = None,
+    logits_soft_cap: float | None = None,
     return_lse: bool = False,
     plan: PagedDecodePlan | None = None,
     stream: Any = None,
@@ -467,6 +487,10 @@ def paged_decode_attention(
     pages gets zeros (lse -inf). Without `plan` a PagedDecodePlan is made for this call
     (splits from the longest sequence when the index arrays are on the host); pass one
     to reuse its geometry and workspaces (no allocation per step).
+
+    window_left (-1 = unbounded) and logits_soft_cap (0 = off) as FlashInfer's plan(): the
+    query sees the last window_left + 1 keys of its sequence, and only those are read. With
+    `plan`, they are the plan's (None, the default, takes them; other values must match).
     """
     if plan is None:
         layout = _layout(kv_layout)
@@ -475,9 +499,17 @@ def paged_decode_attention(
         table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, n, num_pages, page_size)
         max_len = int(table.lens.max()) if table.lens is not None and table.lens.size else None
         plan = PagedDecodePlan(n, h, kvh, d, page_size, kv_layout=kv_layout, q_dtype=qk, kv_dtype=kind,
-                               max_kv_len=max_len, return_lse=return_lse, like=q)
-    elif kv_layout != plan.kv_layout:
-        raise ArgumentError(f"kv_layout: expected the plan's {plan.kv_layout!r}, got {kv_layout!r}")
+                               max_kv_len=max_len, return_lse=return_lse,
+                               window_left=-1 if window_left is None else window_left,
+                               logits_soft_cap=0.0 if logits_soft_cap is None else logits_soft_cap, like=q)
+    else:
+        if kv_layout != plan.kv_layout:
+            raise ArgumentError(f"kv_layout: expected the plan's {plan.kv_layout!r}, got {kv_layout!r}")
+        if window_left is not None and _check_window_left(window_left) != plan.window_left:
+            raise ArgumentError(f"window_left: expected the plan's {plan.window_left}, got {window_left!r}")
+        if logits_soft_cap is not None and \
+                _check_softcap(logits_soft_cap, "logits_soft_cap") != plan.logits_soft_cap:
+            raise ArgumentError(f"logits_soft_cap: expected the plan's {plan.logits_soft_cap}, got {logits_soft_cap!r}")
     return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale,
                     return_lse=return_lse, stream=stream, backend=backend)
 
@@ -512,6 +544,8 @@ def paged_prefill_attention(
     causal: bool = True,
     kv_layout: str = "NHD",
     scale: float | None = None,
+    window_left: int = -1,
+    logits_soft_cap: float = 0.0,
     return_lse: bool = False,
     stream: Any = None,
     backend: str | None = None,
@@ -522,6 +556,9 @@ def paged_prefill_attention(
     qo_indptr[b]:qo_indptr[b+1] and are its last qo_len KV tokens (append the new
     tokens' K/V first). causal=True masks bottom-right: query i of a sequence sees
     keys j <= kv_len - qo_len + i (a query that sees no key gets zeros, lse -inf).
+    window_left (FlashInfer's; -1 = unbounded) also hides keys j < kv_len - qo_len + i - window_left;
+    logits_soft_cap c > 0 makes scores c * tanh(scale * q.k / c). Only the positions some query
+    of a CTA sees are read, so the cost follows the window.
     Returns out (total_q, num_qo_heads, head_dim) in q's dtype, or (out, lse).
     """
     from ..launcher import launch
@@ -537,6 +574,8 @@ def paged_prefill_attention(
     _check_indptr("qo_indptr", qh, total_q, "total_q", exact=True)
     table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size)
     sc = _scale(scale, d)
+    wl, wr = _normalize_serving(_check_window_left(window_left), -1, bool(causal))
+    cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
     group = h // kvh
     max_qo = int(np.diff(qh.astype(np.int64)).max()) if qh is not None else total_q
     rows, tile, smem = attn_tiling(d, max_qo * group)
@@ -548,7 +587,7 @@ def paged_prefill_attention(
     if total_q:
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k_pages), _flat(v_pages),
                _flat(out), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
-               page_size, layout, 1, int(bool(causal)), rows, tile, 1, total_q, 1, sc, shared_mem=smem,
+               page_size, layout, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, shared_mem=smem,
                stream=arrays.launch_stream(stream, q), backend=backend)
     return (out, lse) if return_lse else out
 
@@ -563,6 +602,8 @@ def flash_attention_varlen(
     *,
     causal: bool = False,
     scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
     return_lse: bool = False,
     stream: Any = None,
     backend: str | None = None,
@@ -572,7 +613,8 @@ def flash_attention_varlen(
     q (total_q, num_heads, head_dim), k, v (total_k, num_kv_heads, head_dim); sequence b
     is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against k/v rows
     cu_seqlens_k[b]:cu_seqlens_k[b+1]. causal=True aligns the mask bottom-right per
-    sequence. Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
+    sequence. window_size=(left, right) and softcap as `flash_attention` (flash-attn's
+    semantics, per sequence; positions outside every window of a CTA are never read). Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
     with lse (total_q, num_heads) natural-log float32.
     """
     from ..launcher import launch
@@ -597,6 +639,9 @@ def flash_attention_varlen(
     if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
         raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
     sc = _scale(scale, d)
+    left, right = _check_window_size(window_size)
+    wl, wr = _normalize_serving(left, right, bool(causal))
+    cap = _check_softcap(softcap)
     group = h // kvh
     max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
     rows, tile, smem = attn_tiling(d, max_qo * group)
@@ -607,6 +652,6 @@ def flash_attention_varlen(
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
                _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
-               int(bool(causal)), rows, tile, 1, 0, total_q, 1, sc, shared_mem=smem,
+               wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
                stream=arrays.launch_stream(stream, q), backend=backend)
     return (out, lse) if return_lse else out

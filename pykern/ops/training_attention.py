@@ -13,8 +13,13 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_size as _check_window_size,
+    normalize as _normalize,
+)
 from ..errors import ArgumentError, ArgumentTypeError
-from .training import _GRID_YZ_MAX, _UINT_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
+from .training import _GRID_YZ_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
 
 __all__ = ["attention_backward"]
 
@@ -26,6 +31,7 @@ NAIVE_MAX_SEQ = 4096
 _FLASH_THREADS = 256
 _STAGE = 16  # PK_ATT_STAGE in the .cu
 _NAIVE_THREADS = 128
+_NAIVE_SMEM = 48 * 1024  # dynamic shared memory a block gets without an opt-in
 METHODS = ("auto", "naive", "flash", "tensor_cores")
 # Tensor-core kernels (kernels_cu/attention_backward_tc.cu): tiles as the .cu's ABTC_* constants.
 _TC_THREADS = 128
@@ -50,11 +56,21 @@ def _zero(buf: Any, n: int, backend: str | None, stream: Any = None) -> None:
     _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, stream=stream, backend=backend)
 
 
-def _naive(q, k, v, g, kind, dims, scale, causal, backend, stream=None):
+def naive_max_seq(head_dim: int, softcap: float) -> int:
+    """Keys the naive kernel holds in shared memory: NAIVE_MAX_SEQ, fewer with a softcap (a third float a key)."""
+    if softcap <= 0.0:
+        return NAIVE_MAX_SEQ
+    return min(NAIVE_MAX_SEQ, (_NAIVE_SMEM - 8 * head_dim) // 12)
+
+
+def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
     b, n_q, n_k, h, kvh, d = dims
-    if n_k > NAIVE_MAX_SEQ:
+    wl, wr, softcap = win
+    limit = naive_max_seq(d, softcap)
+    if n_k > limit:
         raise ArgumentError(
-            f"k.shape[-3] (n_k): method='naive' handles seq_len <= {NAIVE_MAX_SEQ}, got {n_k}; use method='flash'"
+            f"k.shape[-3] (n_k): method='naive' handles seq_len <= {limit}"
+            f"{' with a softcap' if softcap > 0 else ''}, got {n_k}; use method='flash'"
         )
     if n_q > _INT_MAX:
         raise ArgumentError(f"q.shape[-3] (n_q): method='naive' launches a block per query, at most {_INT_MAX}, "
@@ -66,11 +82,11 @@ def _naive(q, k, v, g, kind, dims, scale, causal, backend, stream=None):
     dv_acc = arrays.empty((n_kv,), np.float32, like=q)
     _zero(dk_acc, n_kv, backend, stream)
     _zero(dv_acc, n_kv, backend, stream)
-    shared = (2 * d + 2 * n_k) * 4
+    shared = (2 * d + (3 if softcap > 0 else 2) * n_k) * 4
     _launch(
         "attention_backward_naive" + _suffix(kind), (n_q, h, b), (_NAIVE_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, n_q, n_k, h, kvh, d, scale,
-        1 if causal else 0, shared_mem=shared, stream=stream, backend=backend,
+        wl, wr, softcap, shared_mem=shared, stream=stream, backend=backend,
     )
     if kind == "f32":
         return dq, dk_acc.reshape(kv_shape), dv_acc.reshape(kv_shape)
@@ -82,18 +98,17 @@ def _naive(q, k, v, g, kind, dims, scale, causal, backend, stream=None):
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None):
+def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
     b, n_q, n_k, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
-    sfx = _suffix(kind)
+    sfx = ("_softcap" if win[2] > 0 else "") + _suffix(kind)
     n_rows = b * n_q * h
-    c = 1 if causal else 0
     if out is not None and lse is not None:
         lse_buf = lse
         delta = arrays.empty((n_rows,), np.float32, like=q)
         _launch(
-            "attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+            "attention_bwd_preprocess" + _suffix(kind), (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
             _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend,
         )
     else:
@@ -101,7 +116,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None
         delta = arrays.empty((n_rows,), np.float32, like=q)
         _launch(
             "attention_bwd_lse" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
-            _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, c, G,
+            _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, *win, G,
             shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
@@ -110,23 +125,24 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, causal, backend, stream=None
     _launch(
         "attention_backward_flash_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
-        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream,
+        n_q, n_k, h, kvh, d, scale, *win, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream,
         backend=backend,
     )
     _launch(
         "attention_backward_flash_dq" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
-        n_q, n_k, h, kvh, d, scale, c, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
+        n_q, n_k, h, kvh, d, scale, *win, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
     )
     return dq, dk, dv
 
 
-def _tensor_cores(q, k, v, g, out, lse, dims, scale, causal, backend, stream=None):
+def _tensor_cores(q, k, v, g, out, lse, dims, scale, win, backend, stream=None):
     """bf16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
     heads itself), one dQ kernel per query tile; every output element has one writer: deterministic."""
     from .forward import tc_head_dim
 
     b, n_q, n_k, h, kvh, d = dims
+    cap = "_softcap" if win[2] > 0 else ""
     n_rows = b * n_q * h
     delta = arrays.empty((n_rows,), np.float32, like=q)
     if out is not None and lse is not None:  # the training flow: the forward's own out and lse
@@ -137,24 +153,23 @@ def _tensor_cores(q, k, v, g, out, lse, dims, scale, causal, backend, stream=Non
         # out: that out's rounding would enter delta, and dK sums it over every query of the GQA group.
         G = group_lanes(d)
         lse = arrays.empty((n_rows,), np.float32, like=q)
-        _launch("attention_bwd_lse_bf16", (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
-                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, 1 if causal else 0,
+        _launch("attention_bwd_lse" + cap + "_bf16", (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
                 G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
     D = tc_head_dim(d)
     dq = arrays.empty(arrays.shape_of(q), "bf16", like=q)
     dk = arrays.empty(arrays.shape_of(k), "bf16", like=q)
     dv = arrays.empty(arrays.shape_of(v), "bf16", like=q)
     smem_kv, smem_q = tc_backward_shared_bytes(D)
-    c = 1 if causal else 0
     args = (_flat(q), _flat(k), _flat(v), _flat(g), _flat(lse), delta)
-    tail = (b, n_q, n_k, h, kvh, d, scale, c)
+    tail = (b, n_q, n_k, h, kvh, d, scale, *win)
     kv_grid = b * kvh * -(-n_k // _TC_BC)
-    names = ((f"attention_backward_tc_dv_d{D}_bf16", f"attention_backward_tc_dk_d{D}_bf16") if D == 256
-             else (f"attention_backward_tc_dkdv_d{D}_bf16",))
+    names = ((f"attention_backward_tc_dv_d{D}{cap}_bf16", f"attention_backward_tc_dk_d{D}{cap}_bf16") if D == 256
+             else (f"attention_backward_tc_dkdv_d{D}{cap}_bf16",))
     for name in names:
         _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
                 stream=stream, backend=backend)
-    _launch(f"attention_backward_tc_dq_d{D}_bf16", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
+    _launch(f"attention_backward_tc_dq_d{D}{cap}_bf16", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
             *tail, shared_mem=smem_q, stream=stream, backend=backend)
     return dq, dk, dv
 
@@ -170,6 +185,8 @@ def attention_backward(
     lse: Any = None,
     scale: float | None = None,
     causal: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
     method: str = "auto",
     stream: Any = None,
     backend: str | None = None,
@@ -187,6 +204,10 @@ def attention_backward(
     `flash_attention`: query i sees keys j <= i + n_k - n_q. When n_q > n_k the
     first n_q - n_k queries see no key: their dq is 0 and they add nothing to
     dk/dv. causal=False lets every query see every key.
+
+    window_size=(left, right) and softcap: as `flash_attention` (flash-attn's semantics; pass the
+    forward's values). Every kernel walks only the tiles the window reaches. With softcap c the
+    gradient flows through c * tanh(x / c): dS is multiplied by 1 - tanh^2.
 
     method="naive": one block per (query, head), n_k <= NAIVE_MAX_SEQ;
     dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
@@ -226,11 +247,13 @@ def attention_backward(
         raise ArgumentError(f"k.shape[-2] (n_kv_heads): expected a divisor of n_heads={h}, got {kvh}")
     if h > _GRID_YZ_MAX or b > _GRID_YZ_MAX:
         raise ArgumentError(f"q: expected n_heads and batch <= {_GRID_YZ_MAX}, got n_heads={h}, batch={b}")
-    # The kernels step query/key tiles in unsigned int (i0 + rows_per_block, j0 += 16):
-    # a 256-row margin below 2^32 keeps those from wrapping.
+    # The kernels step query/key tiles in unsigned int (i0 + rows_per_block, j0 += 16) and take
+    # window bounds in int: a 256-row margin below 2^31 keeps those from wrapping.
     for name, n in (("q.shape[-3] (seq_len)", n_q), ("k.shape[-3] (seq_len)", n_k)):
-        if n > _UINT_MAX - 256:
-            raise ArgumentError(f"{name}: expected at most {_UINT_MAX - 256}, got {n}")
+        if n > _INT_MAX - 256:
+            raise ArgumentError(f"{name}: expected at most {_INT_MAX - 256}, got {n}")
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
     if scale is None:
         scale = 1.0 / math.sqrt(d)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
@@ -250,16 +273,17 @@ def attention_backward(
     if b * n_q * h == 0 or n_k == 0:  # nothing to launch: no query or no key gives zero gradients
         return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(ks, kind, like=q))
     dims = (b, n_q, n_k, h, kvh, d)
+    win = (*_normalize(left, right, bool(causal), n_q, n_k), softcap)
     stream = arrays.launch_stream(stream, q)
     if method == "naive":
-        return _naive(q, k, v, grad_out, kind, dims, scale, causal, backend, stream)
+        return _naive(q, k, v, grad_out, kind, dims, scale, win, backend, stream)
     if method in ("auto", "tensor_cores") and kind == "bf16":
         from .forward import tensor_cores_available
 
         if tensor_cores_available(backend):
-            return _tensor_cores(q, k, v, grad_out, out, lse, dims, scale, causal, backend, stream)
+            return _tensor_cores(q, k, v, grad_out, out, lse, dims, scale, win, backend, stream)
         if method == "tensor_cores":
             raise ArgumentError("method: 'tensor_cores' needs bf16 mma (sm_80 or newer); this device has none")
     elif method == "tensor_cores":
         raise ArgumentError(f"method: 'tensor_cores' needs bf16 inputs, got {arrays.dtype_name(q)}")
-    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, causal, backend, stream)
+    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)

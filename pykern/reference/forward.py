@@ -138,10 +138,11 @@ def _causal_attn_softmax(cuda):
     return k, lambda args: _grid(args[2])
 
 
-_FA_NAMES = tuple(f"flash_attention_d{d}{s}" for d in (64, 128, 256) for s in ("", "_bf16"))
+_FA_NAMES = tuple(f"flash_attention_d{d}{c}{s}" for d in (64, 128, 256) for c in ("", "_softcap")
+                  for s in ("", "_bf16"))
 # The tensor-core kernels (flash_attention_tc.cu) take the same arguments and compute the same
 # function (their P rounding to bf16 is inside the tolerance): the same reference serves them.
-_FA_TC_NAMES = tuple(f"flash_attention_tc_d{d}_bf16" for d in (64, 96, 128, 256))
+_FA_TC_NAMES = tuple(f"flash_attention_tc_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap"))
 
 
 @reference(*_FA_NAMES, *_FA_TC_NAMES)
@@ -149,34 +150,44 @@ def _flash_attention(cuda):
     from numba import float32
 
     @cuda.jit
-    def k(q, kk, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, causal):
-        # one thread per (batch, query, head) row: max pass, then exp-weighted sum pass
+    def k(q, kk, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+          window_right, softcap):
+        # one thread per (batch, query, head) row: max pass, then exp-weighted sum pass over the keys
+        # [first, last] of the row's window (normalized sides: causal is window_right = 0);
+        # softcap > 0: scores softcap * tanh(scale * q.k / softcap)
         r = cuda.grid(1)
         if r < batch * n_q * n_heads:
             h = r % n_heads
             i = (r // n_heads) % n_q
             b = r // (n_heads * n_q)
             hk = h // (n_heads // n_kv_heads)
-            last = min(n_k - 1, i + n_k - n_q) if causal != 0 else n_k - 1
+            first = max(0, i + n_k - n_q - window_left)
+            last = min(n_k - 1, i + n_k - n_q + window_right)
             q_off = r * head_dim
             m = -math.inf
-            for j in range(last + 1):
+            for j in range(first, last + 1):
                 k_off = ((b * n_k + j) * n_kv_heads + hk) * head_dim
                 dot = 0.0
                 for d in range(head_dim):
                     dot += q[q_off + d] * kk[k_off + d]
-                m = max(m, dot * scale)
+                x = dot * scale
+                if softcap > 0.0:
+                    x = softcap * math.tanh(x / softcap)
+                m = max(m, x)
             acc = cuda.local.array(256, float32)
             for d in range(head_dim_v):
                 acc[d] = 0.0
             l = 0.0
-            for j in range(last + 1):
+            for j in range(first, last + 1):
                 k_off = ((b * n_k + j) * n_kv_heads + hk) * head_dim
                 v_off = ((b * n_k + j) * n_kv_heads + hk) * head_dim_v
                 dot = 0.0
                 for d in range(head_dim):
                     dot += q[q_off + d] * kk[k_off + d]
-                p = math.exp(dot * scale - m)
+                x = dot * scale
+                if softcap > 0.0:
+                    x = softcap * math.tanh(x / softcap)
+                p = math.exp(x - m)
                 l += p
                 for d in range(head_dim_v):
                     acc[d] += p * v[v_off + d]

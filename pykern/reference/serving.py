@@ -4,6 +4,9 @@ Arrays arrive flat; bf16 arrays arrive widened to float32 (the numba backend nar
 outputs back). Attention is two passes over the visible keys (max, then exp-sum and
 weighted V) in natural exp; split partials store lse in the log2 domain, as the kernel
 does, over the same per-split ranges (ceil(len / splits) rounded up to the tile).
+Windows (normalized sides: causal is window_right = 0, unbounded is 2^30): a row sees
+positions [p - window_left, p + window_right], p = len - qo_len + qi, and splits divide
+that range as the kernel's do; softcap > 0 makes scores softcap * tanh(scale * q.k / softcap).
 """
 from __future__ import annotations
 
@@ -51,7 +54,28 @@ def _helpers(cuda: Any) -> Any:
             if write_lse != 0:
                 lse[orow] = m + math.log(l) if l > 0.0 else _NEG_INF
 
-    return find_row, split_range, finish
+    @cuda.jit(device=True)
+    def window_range(length, qo_len, qi, window_left, window_right, num_splits, tile, chunk, split):
+        # [begin, end) of this split inside the row's window (the kernel's CTA range, split alike)
+        # 64-bit: lengths may arrive as uint32 and the unbounded sides are 2^30
+        n = int(length)
+        p = n - int(qo_len) + int(qi)
+        lo = min(max(p - int(window_left), 0), n)
+        hi = max(lo, min(p + int(window_right) + 1, n))
+        if chunk > 0:
+            begin = min(lo + chunk * split, hi)
+            return begin, min(begin + chunk, hi)
+        begin, end = split_range(hi - lo, num_splits, tile, split)
+        return lo + begin, lo + end
+
+    @cuda.jit(device=True)
+    def score(s, scale, softcap):
+        x = s * scale
+        if softcap > 0.0:
+            x = softcap * math.tanh(x / softcap)
+        return x
+
+    return find_row, window_range, score, finish
 
 
 @reference("paged_attn", "paged_attn_bf16", "paged_attn_bf16kv")
@@ -60,12 +84,12 @@ def _paged_attn(cuda: Any) -> Any:
 
     import numba
 
-    find_row, split_range, finish = _helpers(cuda)
+    find_row, window_range, score, finish = _helpers(cuda)
 
     @cuda.jit
     def k(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-          num_qo_heads, num_kv_heads, head_dim, page_size, kv_layout, q_mode, causal, rows, tile, num_splits, total_q,
-          write_lse, scale):
+          num_qo_heads, num_kv_heads, head_dim, page_size, kv_layout, q_mode, window_left, window_right, rows, tile,
+          num_splits, total_q, write_lse, scale, softcap):
         i = cuda.grid(1)
         rows_total = total_q * num_qo_heads
         if i >= num_splits * rows_total:
@@ -82,9 +106,7 @@ def _paged_attn(cuda: Any) -> Any:
         np_ = kv_indptr[b + 1] - kv_indptr[b]
         last = min(max(kv_last_page_len[b], 0), page_size)
         length = (np_ - 1) * page_size + last if np_ > 0 else 0
-        begin, end = split_range(length, num_splits, tile, split)
-        if causal != 0:
-            end = max(begin, min(end, length - qo_len + qi + 1))
+        begin, end = window_range(length, qo_len, qi, window_left, window_right, num_splits, tile, 0, split)
         if kv_layout == 0:
             s_tok = num_kv_heads * head_dim
             s_head = head_dim
@@ -102,21 +124,21 @@ def _paged_attn(cuda: Any) -> Any:
             s = 0.0
             for d in range(head_dim):
                 s += q[qo + d] * k_pages[base + d]
-            m = max(m, s * scale)
+            m = max(m, score(s, scale, softcap))
         l = 0.0
         for pos in range(begin, end):
             base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
             s = 0.0
             for d in range(head_dim):
                 s += q[qo + d] * k_pages[base + d]
-            p = math.exp(s * scale - m)
+            p = math.exp(score(s, scale, softcap) - m)
             l += p
             for d in range(head_dim):
                 acc[d] += p * v_pages[base + d]
         finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse)
 
     def config(args: Any) -> Any:
-        n = args[20] * args[21] * args[11]
+        n = args[21] * args[22] * args[11]
         return ((n + 63) // 64,), (64,)
 
     return k, config
@@ -128,12 +150,12 @@ def _dense_attn(cuda: Any) -> Any:
 
     import numba
 
-    find_row, split_range, finish = _helpers(cuda)
+    find_row, window_range, score, finish = _helpers(cuda)
 
     @cuda.jit
     def k(q, kk, vv, out, lse, part_o, part_lse, cu_seqlens_q, cu_seqlens_k, seq_lens, num_qo_heads, num_kv_heads,
-          head_dim, s_b, s_tok, s_head, max_len, q_mode, k_mode, causal, rows, tile, num_splits, chunk, total_q,
-          write_lse, scale):
+          head_dim, s_b, s_tok, s_head, max_len, q_mode, k_mode, window_left, window_right, rows, tile, num_splits,
+          chunk, total_q, write_lse, scale, softcap):
         i = cuda.grid(1)
         rows_total = total_q * num_qo_heads
         if i >= num_splits * rows_total:
@@ -153,13 +175,7 @@ def _dense_attn(cuda: Any) -> Any:
         else:
             length = min(seq_lens[b], max_len)
             base0 = b * s_b + kvh * s_head
-        if chunk > 0:
-            begin = min(chunk * split, length)
-            end = min(begin + chunk, length)
-        else:
-            begin, end = split_range(length, num_splits, tile, split)
-        if causal != 0:
-            end = max(begin, min(end, length - qo_len + qi + 1))
+        begin, end = window_range(length, qo_len, qi, window_left, window_right, num_splits, tile, chunk, split)
         acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
         for d in range(head_dim):
             acc[d] = 0.0
@@ -169,20 +185,20 @@ def _dense_attn(cuda: Any) -> Any:
             s = 0.0
             for d in range(head_dim):
                 s += q[qo + d] * kk[base0 + pos * s_tok + d]
-            m = max(m, s * scale)
+            m = max(m, score(s, scale, softcap))
         l = 0.0
         for pos in range(begin, end):
             s = 0.0
             for d in range(head_dim):
                 s += q[qo + d] * kk[base0 + pos * s_tok + d]
-            p = math.exp(s * scale - m)
+            p = math.exp(score(s, scale, softcap) - m)
             l += p
             for d in range(head_dim):
                 acc[d] += p * vv[base0 + pos * s_tok + d]
         finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse)
 
     def config(args: Any) -> Any:
-        n = args[22] * args[24] * args[10]
+        n = args[23] * args[25] * args[10]
         return ((n + 63) // 64,), (64,)
 
     return k, config

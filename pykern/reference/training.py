@@ -271,7 +271,31 @@ def _to_bf16(cuda: Any):
 # --------------------------------------------------------------------------- attention backward
 # Index helpers are inlined: q/dO/dq row (b, i, h) starts at ((b*n_q + i)*H + h)*D,
 # k/v/dk/dv row (b, j, kvh) at ((b*n_k + j)*KVH + kvh)*D, lse/delta at (b*n_q + i)*H + h.
-# causal: query i sees keys j < nvis = clamp(i + n_k - n_q + 1, 0, n_k); else all n_k.
+# Windows (normalized sides, causal is window_right = 0): query i sees keys
+# [max(0, i + n_k - n_q - wl), min(n_k - 1, i + n_k - n_q + wr)]. softcap > 0: scores
+# y = c * tanh(scale * q.k / c), and dS gets the factor dy/dx = 1 - (y / c)^2.
+
+
+def _score_helpers(cuda: Any):
+    @cuda.jit(device=True)
+    def score(s, scale, softcap):
+        x = s * scale
+        if softcap > 0.0:
+            x = softcap * math.tanh(x / softcap)
+        return x
+
+    @cuda.jit(device=True)
+    def dcap(y, softcap):
+        if softcap > 0.0:
+            t = y / softcap
+            return 1.0 - t * t
+        return 1.0
+
+    @cuda.jit(device=True)
+    def keys(i, n_q, n_k, wl, wr):
+        return max(0, i + n_k - n_q - wl), min(n_k - 1, i + n_k - n_q + wr)
+
+    return score, dcap, keys
 
 
 def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
@@ -282,8 +306,10 @@ def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
 def _attention_naive(cuda: Any):
     # One thread per (query, head): three passes over the visible keys (max, sum, delta),
     # then dq directly and dk/dv with atomics (other query threads share rows).
+    score, dcap, keys = _score_helpers(cuda)
+
     @cuda.jit
-    def k(q, kk, v, dout, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+    def k(q, kk, v, dout, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr, softcap):
         t = cuda.grid(1)
         batch = q.size // (n_q * n_heads * head_dim)
         if t < batch * n_q * n_heads:
@@ -291,40 +317,41 @@ def _attention_naive(cuda: Any):
             i = (t // n_heads) % n_q
             b = t // (n_heads * n_q)
             kvh = h // (n_heads // n_kv_heads)
-            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
+            j0, j1 = keys(i, n_q, n_k, wl, wr)
             qo = t * head_dim
             for d in range(head_dim):
                 dq[qo + d] = 0.0
-            if nvis > 0:
+            if j1 >= j0:
                 m = -math.inf
-                for j in range(nvis):
+                for j in range(j0, j1 + 1):
                     ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                     s = 0.0
                     for d in range(head_dim):
                         s += q[qo + d] * kk[ko + d]
-                    m = max(m, s * scale)
+                    m = max(m, score(s, scale, softcap))
                 l = 0.0
                 delta = 0.0
-                for j in range(nvis):
+                for j in range(j0, j1 + 1):
                     ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                     s = 0.0
                     dp = 0.0
                     for d in range(head_dim):
                         s += q[qo + d] * kk[ko + d]
                         dp += dout[qo + d] * v[ko + d]
-                    e = math.exp(s * scale - m)
+                    e = math.exp(score(s, scale, softcap) - m)
                     l += e
                     delta += e * dp
                 delta = delta / l
-                for j in range(nvis):
+                for j in range(j0, j1 + 1):
                     ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                     s = 0.0
                     dp = 0.0
                     for d in range(head_dim):
                         s += q[qo + d] * kk[ko + d]
                         dp += dout[qo + d] * v[ko + d]
-                    p = math.exp(s * scale - m) / l
-                    ds = p * (dp - delta)
+                    y = score(s, scale, softcap)
+                    p = math.exp(y - m) / l
+                    ds = p * (dp - delta) * dcap(y, softcap)
                     for d in range(head_dim):
                         dq[qo + d] += ds * kk[ko + d] * scale
                         cuda.atomic.add(dk_acc, ko + d, ds * q[qo + d] * scale)
@@ -350,12 +377,14 @@ def _attention_preprocess(cuda: Any):
     return k, lambda a: _grid1(a[3])
 
 
-@reference("attention_bwd_lse", "attention_bwd_lse_bf16")
+@reference("attention_bwd_lse", "attention_bwd_lse_bf16", "attention_bwd_lse_softcap", "attention_bwd_lse_softcap_bf16")
 def _attention_lse(cuda: Any):
     # lse and delta = sum_j p_j (dO . v_j) (equal to rowsum(dO * O)) by two passes;
     # a row that sees no key gets lse -inf and delta 0.
+    score, dcap, keys = _score_helpers(cuda)
+
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal, group_lanes):
+    def k(q, kk, v, dout, lse, delta, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr, softcap, group_lanes):
         t = cuda.grid(1)
         batch = q.size // (n_q * n_heads * head_dim)
         if t < batch * n_q * n_heads:
@@ -363,28 +392,28 @@ def _attention_lse(cuda: Any):
             i = (t // n_heads) % n_q
             b = t // (n_heads * n_q)
             kvh = h // (n_heads // n_kv_heads)
-            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
+            j0, j1 = keys(i, n_q, n_k, wl, wr)
             qo = t * head_dim
             m = -math.inf
-            for j in range(nvis):
+            for j in range(j0, j1 + 1):
                 ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                 s = 0.0
                 for d in range(head_dim):
                     s += q[qo + d] * kk[ko + d]
-                m = max(m, s * scale)
+                m = max(m, score(s, scale, softcap))
             l = 0.0
             acc = 0.0
-            for j in range(nvis):
+            for j in range(j0, j1 + 1):
                 ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                 s = 0.0
                 dp = 0.0
                 for d in range(head_dim):
                     s += q[qo + d] * kk[ko + d]
                     dp += dout[qo + d] * v[ko + d]
-                e = math.exp(s * scale - m)
+                e = math.exp(score(s, scale, softcap) - m)
                 l += e
                 acc += e * dp
-            if nvis > 0:
+            if j1 >= j0:
                 lse[t] = m + math.log(l)
                 delta[t] = acc / l
             else:
@@ -396,25 +425,29 @@ def _attention_lse(cuda: Any):
 
 def _dq_body(cuda: Any):
     # dQ of one (batch, query, head) row t; shared by the flash and tensor-core references (same math).
+    score, dcap, keys = _score_helpers(cuda)
+
     @cuda.jit(device=True)
-    def body(t, q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+    def body(t, q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr,
+             softcap):
         if t < batch * n_q * n_heads:
             h = t % n_heads
             i = (t // n_heads) % n_q
             b = t // (n_heads * n_q)
             kvh = h // (n_heads // n_kv_heads)
-            nvis = n_k if causal == 0 else min(n_k, max(0, i + n_k - n_q + 1))
+            j0, j1 = keys(i, n_q, n_k, wl, wr)
             qo = t * head_dim
             for d in range(head_dim):
                 dq[qo + d] = 0.0
-            for j in range(nvis):
+            for j in range(j0, j1 + 1):
                 ko = ((b * n_k + j) * n_kv_heads + kvh) * head_dim
                 s = 0.0
                 dp = 0.0
                 for d in range(head_dim):
                     s += q[qo + d] * kk[ko + d]
                     dp += dout[qo + d] * v[ko + d]
-                ds = math.exp(s * scale - lse[t]) * (dp - delta[t])
+                y = score(s, scale, softcap)
+                ds = math.exp(y - lse[t]) * (dp - delta[t]) * dcap(y, softcap)
                 for d in range(head_dim):
                     dq[qo + d] += ds * kk[ko + d] * scale
 
@@ -424,21 +457,25 @@ def _dq_body(cuda: Any):
 def _dkdv_body(cuda: Any):
     # dK, dV of one (batch, key, kv head) t: sums over the group's query heads and the queries that see
     # key j. Shared by the flash and tensor-core references.
+    score, dcap, keys = _score_helpers(cuda)
+
     @cuda.jit(device=True)
-    def body(t, q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+    def body(t, q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr,
+             softcap):
         if t < batch * n_k * n_kv_heads:
             kvh = t % n_kv_heads
             j = (t // n_kv_heads) % n_k
             b = t // (n_kv_heads * n_k)
             rep = n_heads // n_kv_heads
-            first = 0 if causal == 0 else max(0, j - (n_k - n_q))
+            first = max(0, j - (n_k - n_q) - wr)  # the queries that see key j
+            last = min(n_q - 1, j - (n_k - n_q) + wl)
             ko = t * head_dim
             for d in range(head_dim):
                 dk[ko + d] = 0.0
                 dv[ko + d] = 0.0
             for hh in range(rep):
                 h = kvh * rep + hh
-                for i in range(first, n_q):
+                for i in range(first, last + 1):
                     r = (b * n_q + i) * n_heads + h
                     qo = r * head_dim
                     s = 0.0
@@ -446,8 +483,9 @@ def _dkdv_body(cuda: Any):
                     for d in range(head_dim):
                         s += q[qo + d] * kk[ko + d]
                         dp += dout[qo + d] * v[ko + d]
-                    p = math.exp(s * scale - lse[r])
-                    ds = p * (dp - delta[r])
+                    y = score(s, scale, softcap)
+                    p = math.exp(y - lse[r])
+                    ds = p * (dp - delta[r]) * dcap(y, softcap)
                     for d in range(head_dim):
                         dk[ko + d] += ds * q[qo + d] * scale
                         dv[ko + d] += p * dout[qo + d]
@@ -455,29 +493,32 @@ def _dkdv_body(cuda: Any):
     return body
 
 
-@reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16")
+@reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16", "attention_backward_flash_dq_softcap",
+           "attention_backward_flash_dq_softcap_bf16")
 def _attention_dq(cuda: Any):
     body = _dq_body(cuda)
 
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal, group_lanes):
+    def k(q, kk, v, dout, lse, delta, dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr, softcap,
+          group_lanes):
         batch = q.size // (n_q * n_heads * head_dim)
         body(cuda.grid(1), q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-             causal)
+             wl, wr, softcap)
 
     return k, lambda a: _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
 
 
-@reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16")
+@reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16",
+           "attention_backward_flash_dkdv_softcap", "attention_backward_flash_dkdv_softcap_bf16")
 def _attention_dkdv(cuda: Any):
     body = _dkdv_body(cuda)
 
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal,
+    def k(q, kk, v, dout, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr, softcap,
           group_lanes):
         batch = kk.size // (n_k * n_kv_heads * head_dim)
         body(cuda.grid(1), q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-             scale, causal)
+             scale, wl, wr, softcap)
 
     def config(a):
         n_k, kvh, hd = a[9], a[11], a[12]
@@ -489,10 +530,9 @@ def _attention_dkdv(cuda: Any):
 # Tensor-core backward (kernels_cu/attention_backward_tc.cu): the same math as the flash references
 # above, with the batch passed explicitly. The d256 pair (_dv / _dk) each writes one output on the GPU;
 # the reference writes both, which the op's second launch makes equal.
-_TC_DKDV = ("attention_backward_tc_dkdv_d64_bf16", "attention_backward_tc_dkdv_d96_bf16",
-            "attention_backward_tc_dkdv_d128_bf16", "attention_backward_tc_dv_d256_bf16",
-            "attention_backward_tc_dk_d256_bf16")
-_TC_DQ = tuple(f"attention_backward_tc_dq_d{d}_bf16" for d in (64, 96, 128, 256))
+_TC_DKDV = tuple(f"attention_backward_tc_{n}{c}_bf16" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256", "dk_d256")
+                 for c in ("", "_softcap"))
+_TC_DQ = tuple(f"attention_backward_tc_dq_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap"))
 
 
 @reference(*_TC_DKDV)
@@ -500,9 +540,10 @@ def _attention_tc_dkdv(cuda: Any):
     body = _dkdv_body(cuda)
 
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+    def k(q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr,
+          softcap):
         body(cuda.grid(1), q, kk, v, dout, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim,
-             scale, causal)
+             scale, wl, wr, softcap)
 
     return k, lambda a: _grid1(a[8] * a[10] * a[12])
 
@@ -512,8 +553,8 @@ def _attention_tc_dq(cuda: Any):
     body = _dq_body(cuda)
 
     @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, causal):
+    def k(q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, wl, wr, softcap):
         body(cuda.grid(1), q, kk, v, dout, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-             causal)
+             wl, wr, softcap)
 
     return k, lambda a: _grid1(a[7] * a[8] * a[10])

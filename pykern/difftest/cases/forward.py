@@ -95,8 +95,10 @@ def np_causal_attn_softmax(scores: np.ndarray, past_len: int = 0) -> np.ndarray:
 
 
 def np_flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
-                       scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """(out (B, n_q, H, Dv), lse (B, n_q, H)); rows that see no key give 0 and -inf."""
+                       scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                       softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(out (B, n_q, H, Dv), lse (B, n_q, H)); rows that see no key give 0 and -inf.
+    window_size / softcap: flash-attn's sliding window (bottom-right) and logit softcap."""
     q, k, v = _f64(q), _f64(k), _f64(v)
     batch, n_q, n_heads, head_dim = q.shape
     n_k, n_kv = k.shape[1], k.shape[2]
@@ -105,9 +107,11 @@ def np_flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool
     k = np.repeat(k, group, axis=2)  # (B, n_k, H, D)
     v = np.repeat(v, group, axis=2)
     s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if causal:
-        vis = np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
-        s = np.where(vis[None, None], s, -np.inf)
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    from .training import window_mask
+
+    s = np.where(window_mask(n_q, n_k, causal, window_size)[None, None], s, -np.inf)
     m = s.max(axis=-1, keepdims=True) if n_k else np.full(s.shape[:-1] + (1,), -np.inf)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     p = np.exp(s - m_safe)
@@ -154,15 +158,17 @@ def _sfx(kind: str) -> str:
     return "_bf16" if kind == "bf16" else ""
 
 
-def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None) -> str:
+def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None,
+              softcap: float = 0.0) -> str:
     """The kernel ops.flash_attention launches (bf16 defaults to the tensor-core kernels on every
-    backend difftest runs: host, numba, nvrtc on sm_80+)."""
+    backend difftest runs: host, numba, nvrtc on sm_80+; softcap > 0 picks the _softcap kernels)."""
+    cap = "_softcap" if softcap > 0 else ""
     if kind == "bf16" and tensor_cores is not False:
         from ...ops.forward import tc_head_dim
 
-        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}_bf16"
+        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}{cap}_bf16"
     bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
-    return f"flash_attention_d{bucket}{_sfx(kind)}"
+    return f"flash_attention_d{bucket}{cap}{_sfx(kind)}"
 
 
 # --------------------------------------------------------------------------- cases
@@ -343,24 +349,29 @@ def fa_inputs(rng: np.random.Generator, batch: int, n_q: int, n_k: int, n_heads:
 
 
 def _fa_case(rng: np.random.Generator, kind: str, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int,
-             dv: int, causal: bool, note: str = "", tensor_cores: bool | None = None, scale: float | None = None) -> Case:
+             dv: int, causal: bool, note: str = "", tensor_cores: bool | None = None, scale: float | None = None,
+             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
     from ... import ops
 
     q, k, v = fa_inputs(rng, batch, n_q, n_k, n_heads, n_kv, d, dv, kind)
+    win = {} if window_size == (-1, -1) and not softcap else {"window_size": window_size, "softcap": softcap}
 
     def run(b: str) -> dict:
-        out, lse = ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, backend=b,
+        out, lse = ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, backend=b, **win,
                                        **({} if tensor_cores is None else {"tensor_cores": tensor_cores}))
         return {"out": out, "lse": lse}
 
     def ref() -> dict:
-        out, lse = np_flash_attention(q, k, v, causal, scale)
+        out, lse = np_flash_attention(q, k, v, causal, scale, window_size, softcap)
         return {"out": out, "lse": lse}
 
     shape = f"b{batch}-q{n_q}-k{n_k}-h{n_heads}/{n_kv}-d{d}" + (f"v{dv}" if dv != d else "") + ("-causal" if causal else "")
     shape += "" if scale is None else f"-s{scale:g}"
     shape += "" if tensor_cores is None else ("-tc" if tensor_cores else "-fma")
-    return Case(op="flash_attention", dtype=kind, shape=shape, kernels=(fa_kernel(d, dv, kind, tensor_cores),),
+    shape += "" if window_size == (-1, -1) else f"-w{window_size[0]},{window_size[1]}"
+    shape += f"-cap{softcap:g}" if softcap else ""
+    return Case(op="flash_attention", dtype=kind, shape=shape,
+                kernels=(fa_kernel(d, dv, kind, tensor_cores, softcap),),
                 run=run, reference=ref, note=note)
 
 
@@ -397,6 +408,22 @@ def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _fa_case(rng, "bf16", 1, 300, 260, 2, 1, 128, 128, causal, "big")
 
 
+def _fa_window_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # Sliding windows (left only, right only, both, 0, wider than the sequence) and softcap, with and
+    # without causal, n_q != n_k both ways; lengths cross several key tiles so some are skipped.
+    for kind, tc in (("f32", None), ("bf16", None), ("bf16", False)):
+        for n_q, n_k, causal, win, cap, d in ((150, 150, True, (20, -1), 0.0, 64), (70, 200, False, (-1, 9), 0.0, 128),
+                                              (200, 70, False, (30, 30), 0.0, 64), (90, 90, True, (0, -1), 0.0, 80),
+                                              (40, 40, False, (500, 500), 0.0, 64), (64, 64, False, (-1, -1), 5.0, 128),
+                                              (130, 180, True, (40, -1), 2.0, 64)):
+            yield _fa_case(rng, kind, 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
+                           window_size=win, softcap=cap)
+    # every softcap kernel: each head-dim bucket of each path
+    for kind, tc, dims in (("bf16", None, (32, 96, 256)), ("f32", None, (256,)), ("bf16", False, (128, 256))):
+        for d in dims:
+            yield _fa_case(rng, kind, 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)
+
+
 @register_cases("forward")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _embedding_cases(rng)
@@ -406,3 +433,4 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _rms_cases(rng)
     yield from _softmax_cases(rng)
     yield from _fa_cases(rng)
+    yield from _fa_window_cases(rng)

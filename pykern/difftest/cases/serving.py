@@ -17,11 +17,13 @@ _SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf1
 
 # --------------------------------------------------------------------------- NumPy references
 def np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
-                 scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                 scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                 softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """float64 attention of one sequence: q (n, H, D), k, v (L, KVH, D) -> out (n, H, D), lse (n, H).
 
     Bottom-right causal: query i sees keys j <= L - n + i. A query that sees no key
-    gets 0 and lse -inf."""
+    gets 0 and lse -inf. window_size=(left, right) (-1 = unbounded): keys L - n + i - left ..
+    L - n + i + right (FlashInfer's window_left is the left side); softcap: c * tanh(x / c)."""
     q = np.asarray(q, np.float64)
     k = np.asarray(k, np.float64)
     v = np.asarray(v, np.float64)
@@ -31,25 +33,34 @@ def np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = Fal
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     out = np.zeros((n, h, d))
     lse = np.full((n, h), -np.inf)
+    left, right = window_size
+    if causal:
+        right = 0
     for i in range(n):
-        vis = length if not causal else max(0, min(length, length - n + i + 1))
-        if vis == 0:
+        pos = length - n + i
+        lo = 0 if left < 0 else max(0, pos - left)
+        hi = length if right < 0 else max(0, min(length, pos + right + 1))
+        if hi <= lo:
             continue
         for hh in range(h):
-            s = k[:vis, hh // group] @ q[i, hh] * scale
+            s = k[lo:hi, hh // group] @ q[i, hh] * scale
+            if softcap > 0:
+                s = softcap * np.tanh(s / softcap)
             m = s.max()
             p = np.exp(s - m)
-            out[i, hh] = p @ v[:vis, hh // group] / p.sum()
+            out[i, hh] = p @ v[lo:hi, hh // group] / p.sum()
             lse[i, hh] = m + np.log(p.sum())
     return out, lse
 
 
 def np_ragged_attention(q: np.ndarray, qo_indptr: Any, ks: list[np.ndarray], vs: list[np.ndarray],
-                        causal: bool = False, scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+                        causal: bool = False, scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                        softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """Per-sequence np_attention over q rows qo_indptr[b]:qo_indptr[b+1] (total_q, H, D)."""
     outs, lses = [], []
     for b in range(len(ks)):
-        o, l_ = np_attention(q[int(qo_indptr[b]):int(qo_indptr[b + 1])], ks[b], vs[b], causal, scale)
+        o, l_ = np_attention(q[int(qo_indptr[b]):int(qo_indptr[b + 1])], ks[b], vs[b], causal, scale,
+                             window_size, softcap)
         outs.append(o)
         lses.append(l_)
     return np.concatenate(outs), np.concatenate(lses)
@@ -113,7 +124,8 @@ def _dtype_name(q_kind: str, kv_kind: str) -> str:
 
 # --------------------------------------------------------------------------- cases
 def _decode(rng: np.random.Generator, lens: list[int], page_size: int, h: int, kvh: int, d: int, layout: str = "NHD",
-            q_kind: str = "f32", kv_kind: str = "f32", num_splits: int | None = None, note: str = "") -> Case:
+            q_kind: str = "f32", kv_kind: str = "f32", num_splits: int | None = None, note: str = "",
+            window_left: int = -1, logits_soft_cap: float = 0.0) -> Case:
     from ... import ops
 
     pc = make_paged(rng, lens, page_size, kvh, d, layout, kv_kind)
@@ -124,23 +136,28 @@ def _decode(rng: np.random.Generator, lens: list[int], page_size: int, h: int, k
 
     def run(backend: str) -> dict[str, Any]:
         plan = ops.PagedDecodePlan(len(lens), h, kvh, d, page_size, kv_layout=layout, q_dtype=q_kind,
-                                   kv_dtype=kv_kind, num_splits=num_splits or 1, like=q)
+                                   kv_dtype=kv_kind, num_splits=num_splits or 1, window_left=window_left,
+                                   logits_soft_cap=logits_soft_cap, like=q)
         out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                                               pc["kv_last_page_len"], kv_layout=layout, return_lse=True, plan=plan,
                                               backend=backend)
         return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
 
     def ref() -> dict[str, Any]:
-        out, lse = np_ragged_attention(q.astype(np.float64), np.arange(len(lens) + 1), pc["ks"], pc["vs"])
+        out, lse = np_ragged_attention(q.astype(np.float64), np.arange(len(lens) + 1), pc["ks"], pc["vs"],
+                                       window_size=(window_left, -1), softcap=logits_soft_cap)
         return {"out": out, "lse": lse}
 
+    win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
     return Case(op="paged_decode_attention", dtype=_dtype_name(q_kind, kv_kind),
-                shape=f"B{len(lens)}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-S{num_splits or 1}-{q_kind}q-{kv_kind}kv",
+                shape=f"B{len(lens)}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-S{num_splits or 1}-{q_kind}q-{kv_kind}kv"
+                      + win,
                 kernels=kernels, run=run, reference=ref, note=note)
 
 
 def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], page_size: int, h: int, kvh: int,
-             d: int, layout: str = "NHD", kind: str = "f32", causal: bool = True, note: str = "") -> Case:
+             d: int, layout: str = "NHD", kind: str = "f32", causal: bool = True, note: str = "",
+             window_left: int = -1, logits_soft_cap: float = 0.0) -> Case:
     from ... import ops
 
     pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kind)
@@ -150,20 +167,24 @@ def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], p
     def run(backend: str) -> dict[str, Any]:
         out, lse = ops.paged_prefill_attention(q, qo_indptr, pc["k_pages"], pc["v_pages"], pc["kv_indptr"],
                                                pc["kv_indices"], pc["kv_last_page_len"], causal=causal,
-                                               kv_layout=layout, return_lse=True, backend=backend)
+                                               kv_layout=layout, window_left=window_left,
+                                               logits_soft_cap=logits_soft_cap, return_lse=True, backend=backend)
         return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
 
     def ref() -> dict[str, Any]:
-        out, lse = np_ragged_attention(q.astype(np.float64), qo_indptr, pc["ks"], pc["vs"], causal)
+        out, lse = np_ragged_attention(q.astype(np.float64), qo_indptr, pc["ks"], pc["vs"], causal,
+                                       window_size=(window_left, -1), softcap=logits_soft_cap)
         return {"out": out, "lse": lse}
 
+    win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
     return Case(op="paged_prefill_attention", dtype=kind,
-                shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}",
+                shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}" + win,
                 kernels=("paged_attn" + _SUFFIX[(kind, kind)],), run=run, reference=ref, note=note)
 
 
 def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: int, kvh: int, d: int,
-            q_kind: str = "f32", kv_kind: str = "f32", causal: bool = False, note: str = "") -> Case:
+            q_kind: str = "f32", kv_kind: str = "f32", causal: bool = False, note: str = "",
+            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
     from ... import ops
     from ...arrays import bfloat16
 
@@ -175,18 +196,22 @@ def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: i
     del bfloat16
 
     def run(backend: str) -> dict[str, Any]:
-        out, lse = ops.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, return_lse=True, backend=backend)
+        out, lse = ops.flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=window_size,
+                                              softcap=softcap, return_lse=True, backend=backend)
         return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
 
     def ref() -> dict[str, Any]:
         kf, vf = k.astype(np.float64), v.astype(np.float64)
         ks = [kf[cu_k[b]:cu_k[b + 1]] for b in range(len(k_lens))]
         vs = [vf[cu_k[b]:cu_k[b + 1]] for b in range(len(k_lens))]
-        out, lse = np_ragged_attention(q.astype(np.float64), cu_q, ks, vs, causal)
+        out, lse = np_ragged_attention(q.astype(np.float64), cu_q, ks, vs, causal, window_size=window_size,
+                                       softcap=softcap)
         return {"out": out, "lse": lse}
 
+    win = (f"-w{window_size[0]},{window_size[1]}" if window_size != (-1, -1) else "") + (
+        f"-cap{softcap:g}" if softcap else "")
     return Case(op="flash_attention_varlen", dtype=_dtype_name(q_kind, kv_kind),
-                shape=f"K{k_lens}-Q{q_lens}-H{h}-KV{kvh}-D{d}-c{int(causal)}-{q_kind}q-{kv_kind}kv",
+                shape=f"K{k_lens}-Q{q_lens}-H{h}-KV{kvh}-D{d}-c{int(causal)}-{q_kind}q-{kv_kind}kv" + win,
                 kernels=("dense_attn" + _SUFFIX[(q_kind, kv_kind)],), run=run, reference=ref, note=note)
 
 
@@ -246,6 +271,17 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     # paged prefill (chunked / append) and varlen.
     yield _prefill(rng, [9, 0, 17], [3, 0, 17], 5, 4, 2, 32)
     yield _prefill(rng, [20, 6], [4, 6], 16, 2, 1, 64, "HND", causal=False)
+    # sliding windows (FlashInfer's window_left on the paged ops, flash-attn's window_size on varlen) and softcap
+    yield _decode(rng, [90, 3, 0, 40], 16, 8, 2, 64, window_left=20)
+    yield _decode(rng, [150, 33], 5, 4, 1, 32, "HND", num_splits=3, window_left=0, logits_soft_cap=2.0)
+    yield _decode(rng, [100, 9], 16, 4, 2, 64, q_kind="bf16", kv_kind="bf16", num_splits=2, window_left=50,
+                  logits_soft_cap=5.0)
+    yield _prefill(rng, [90, 0, 40], [30, 0, 40], 16, 4, 2, 32, window_left=15)
+    yield _prefill(rng, [70, 20], [10, 20], 5, 2, 1, 64, "HND", causal=False, window_left=8, logits_soft_cap=3.0)
+    yield _prefill(rng, [60], [60], 16, 4, 4, 64, kind="bf16", window_left=10, logits_soft_cap=1.5)
+    yield _varlen(rng, [80, 30, 50], [80, 40, 10], 4, 2, 32, causal=True, window_size=(12, -1))
+    yield _varlen(rng, [60, 25], [20, 25], 2, 1, 64, window_size=(5, 7), softcap=4.0)
+    yield _varlen(rng, [70], [90], 4, 4, 48, q_kind="bf16", kv_kind="bf16", window_size=(-1, 3))
     yield _prefill(rng, [12, 7], [5, 7], 1, 4, 4, 48, kind="bf16")
     yield _varlen(rng, [10, 0, 23], [4, 0, 23], 4, 2, 32, causal=True)
     yield _varlen(rng, [8, 19], [8, 3], 2, 1, 64)

@@ -98,16 +98,34 @@ def _attn_split(q: Any, k: Any, v: Any):
     return q, k, v, batched
 
 
-def _attn_mask(n_q: int, n_k: int, causal: bool) -> np.ndarray:
-    """(n_q, n_k) visibility, causal aligned bottom-right: query i sees keys j <= i + n_k - n_q."""
-    if not causal:
-        return np.ones((n_q, n_k), bool)
-    return np.arange(n_k)[None, :] <= np.arange(n_q)[:, None] + (n_k - n_q)
+def window_mask(n_q: int, n_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    """(n_q, n_k) visibility with flash-attn's semantics, aligned bottom-right: query i sees keys
+    i' - left <= j <= i' + right, i' = i + n_k - n_q; -1 = unbounded; causal sets right to 0."""
+    left, right = window_size
+    if causal:
+        right = 0
+    rel = np.arange(n_k)[None, :] - (np.arange(n_q)[:, None] + (n_k - n_q))  # j - i'
+    vis = np.ones((n_q, n_k), bool)
+    if left >= 0:
+        vis &= rel >= -left
+    if right >= 0:
+        vis &= rel <= right
+    return vis
 
 
-def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float) -> tuple[np.ndarray, np.ndarray]:
+def _attn_mask(n_q: int, n_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    return window_mask(n_q, n_k, causal, window_size)
+
+
+def softcap_scores(x: np.ndarray, softcap: float) -> np.ndarray:
+    """Gemma 2 / flash-attn logit softcapping of scaled scores x: c * tanh(x / c) (c = 0: x)."""
+    return softcap * np.tanh(x / softcap) if softcap > 0 else x
+
+
+def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float,
+                softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(P, lse) of one (batch, head); rows with no visible key give P = 0 and lse = -inf."""
-    sc = np.where(mask, qq @ kk.T * scale, -np.inf)
+    sc = np.where(mask, softcap_scores(qq @ kk.T * scale, softcap), -np.inf)
     m = sc.max(axis=-1, keepdims=True) if sc.shape[-1] else np.full((sc.shape[0], 1), -np.inf)
     m_safe = np.where(np.isfinite(m), m, 0.0)
     e = np.exp(sc - m_safe)
@@ -118,45 +136,50 @@ def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float) 
     return p, lse
 
 
-def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True,
-                         scale: float | None = None) -> tuple[np.ndarray, np.ndarray]:
+def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True, scale: float | None = None,
+                         window_size: tuple[int, int] = (-1, -1),
+                         softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     """(out like q, lse (..., n_q, n_heads)) of softmax attention; scale defaults to 1/sqrt(head_dim).
 
     causal aligns the mask bottom-right (flash_attention's convention); a query that sees no key
-    has out 0 and lse -inf."""
+    has out 0 and lse -inf. window_size / softcap: flash-attn's sliding window and logit softcap."""
     q, k, v, batched = _attn_split(q, k, v)
     b, n_q, h, d = q.shape
     n_k = k.shape[1]
     rep = h // k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    mask = _attn_mask(n_q, n_k, causal)
+    mask = _attn_mask(n_q, n_k, causal, window_size)
     out = np.zeros_like(q)
     lse = np.zeros((b, n_q, h))
     for bi in range(b):
         for hi in range(h):
-            p, lse[bi, :, hi] = _attn_probs(q[bi, :, hi], k[bi, :, hi // rep], mask, scale)
+            p, lse[bi, :, hi] = _attn_probs(q[bi, :, hi], k[bi, :, hi // rep], mask, scale, softcap)
             out[bi, :, hi] = p @ v[bi, :, hi // rep]
     return (out, lse) if batched else (out[0], lse[0])
 
 
 def np_attention_backward(q: Any, k: Any, v: Any, grad_out: Any, *, causal: bool = True,
-                          scale: float | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """(dq, dk, dv) in float64 of np_attention_forward's out, given grad_out."""
+                          scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                          softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) in float64 of np_attention_forward's out, given grad_out (through the softcap's
+    tanh: dS is multiplied by 1 - tanh^2)."""
     q, k, v, batched = _attn_split(q, k, v)
     g = f64(grad_out) if batched else f64(grad_out)[None]
     b, n_q, h, d = q.shape
     n_k = k.shape[1]
     rep = h // k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    mask = _attn_mask(n_q, n_k, causal)
+    mask = _attn_mask(n_q, n_k, causal, window_size)
     dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
     for bi in range(b):
         for hi in range(h):
             kh = hi // rep
             qq, kk, vv, go = q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], g[bi, :, hi]
-            p, _ = _attn_probs(qq, kk, mask, scale)
+            p, _ = _attn_probs(qq, kk, mask, scale, softcap)
             dp = go @ vv.T
             ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+            if softcap > 0:
+                ds = ds * (1.0 - np.tanh(qq @ kk.T * scale / softcap) ** 2)
             dv[bi, :, kh] += p.T @ go
             dq[bi, :, hi] = ds @ kk * scale
             dk[bi, :, kh] += ds.T @ qq * scale
@@ -335,9 +358,10 @@ def attention_inputs(rng: np.random.Generator, batch: int | None, seq: int, head
     return q, k, v, g
 
 
-def _flash_kernels(sfx: str, given: bool) -> tuple[str, ...]:
-    pre = "attention_bwd_preprocess" if given else "attention_bwd_lse"
-    return (pre + sfx, "attention_backward_flash_dkdv" + sfx, "attention_backward_flash_dq" + sfx)
+def _flash_kernels(sfx: str, given: bool, softcap: float = 0.0) -> tuple[str, ...]:
+    cap = "_softcap" if softcap > 0 else ""
+    pre = "attention_bwd_preprocess" + sfx if given else "attention_bwd_lse" + cap + sfx
+    return (pre, "attention_backward_flash_dkdv" + cap + sfx, "attention_backward_flash_dq" + cap + sfx)
 
 
 def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -411,15 +435,66 @@ def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
                        kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
 
 
-def _tc_kernels(head_dim: int, given: bool) -> tuple[str, ...]:
+def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0) -> tuple[str, ...]:
     """What attention_backward(method='tensor_cores') launches at this head_dim."""
     from ...ops.forward import tc_head_dim
 
     d = tc_head_dim(head_dim)
-    kv = ((f"attention_backward_tc_dv_d{d}_bf16", f"attention_backward_tc_dk_d{d}_bf16") if d == 256
-          else (f"attention_backward_tc_dkdv_d{d}_bf16",))
-    pre = "attention_bwd_preprocess_bf16" if given else "attention_bwd_lse_bf16"
-    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}_bf16",)
+    c = "_softcap" if softcap > 0 else ""
+    kv = ((f"attention_backward_tc_dv_d{d}{c}_bf16", f"attention_backward_tc_dk_d{d}{c}_bf16") if d == 256
+          else (f"attention_backward_tc_dkdv_d{d}{c}_bf16",))
+    pre = "attention_bwd_preprocess_bf16" if given else f"attention_bwd_lse{c}_bf16"
+    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}{c}_bf16",)
+
+
+def _attention_window_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # Sliding windows and softcap through every backward path (naive, flash with and without the
+    # forward's out/lse, tensor cores): left/right/both windows, causal and not, n_q != n_k both ways.
+    # (kind, n_q, n_k, heads, kv_heads, head_dim, causal, window_size, softcap)
+    specs = [
+        ("f32", 70, 70, 2, 1, 32, True, (9, -1), 0.0),
+        ("f32", 40, 90, 4, 1, 64, False, (-1, 5), 0.0),
+        ("f32", 90, 40, 2, 2, 64, False, (12, 12), 0.0),
+        ("f32", 33, 33, 2, 1, 128, True, (-1, -1), 3.0),
+        ("f32", 50, 60, 4, 4, 80, True, (16, -1), 1.5),
+        ("bf16", 70, 70, 4, 1, 64, True, (20, -1), 0.0),
+        ("bf16", 40, 90, 2, 1, 80, False, (30, 10), 4.0),
+        ("bf16", 130, 100, 4, 2, 128, True, (0, -1), 0.0),
+        # the other tensor-core softcap kernels (head_dim 64, 128, 256)
+        ("bf16", 30, 40, 2, 1, 64, True, (-1, -1), 2.0),
+        ("bf16", 40, 30, 2, 2, 128, False, (6, 6), 1.0),
+        ("bf16", 20, 25, 2, 1, 256, True, (10, -1), 3.0),
+    ]
+    for kind, n_q, n_k, heads, kvh, hd, causal, win, cap in specs:
+        q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
+        sfx = "_bf16" if kind == "bf16" else ""
+        shape = (f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}{'' if causal else '-full'}-w{win[0]},{win[1]}"
+                 + (f"-cap{cap:g}" if cap else ""))
+        kw = {"causal": causal, "window_size": win, "softcap": cap}
+
+        def ref(q=q, k=k, v=v, g=g, kw=kw):
+            dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
+            return {"dq": dq, "dk": dk, "dv": dv}
+
+        out64, lse64 = np_attention_forward(q, k, v, **kw)
+        out, lse = _cast(out64, kind), lse64.astype(np.float32)
+        methods = [("naive", False), ("flash", False), ("flash", True)] + ([("tensor_cores", True)] if kind == "bf16"
+                                                                           else [])
+        for method, given in methods:
+            def run(be, q=q, k=k, v=v, g=g, kw=kw, method=method, given=given, out=out, lse=lse):
+                extra = {"out": out, "lse": lse} if given else {}
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, method=method, backend=be, **kw, **extra)
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            if method == "naive":
+                kern = ("attention_backward_naive" + sfx, "training_zero_f32") + (
+                    ("training_f32_to_bf16",) if kind == "bf16" else ())
+            elif method == "flash":
+                kern = _flash_kernels(sfx, given, cap)
+            else:
+                kern = _tc_kernels(hd, given, cap)
+            yield Case(op="attention_backward", dtype=kind,
+                       shape=f"{shape}-{method}{'_given_lse' if given else ''}", kernels=kern, run=run, reference=ref)
 
 
 def _attention_tc_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -475,3 +550,4 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _ce_cases(rng)
     yield from _attention_cases(rng)
     yield from _attention_tc_cases(rng)
+    yield from _attention_window_cases(rng)
