@@ -160,13 +160,38 @@ def rewrite_source(text: str) -> str:
     return _rewrite_static_shared("".join(out))
 
 
+# `__shared__ T a[4], b[8];`: several declarators in one statement (split into one statement each).
+_MULTI_SHARED = re.compile(
+    r"((?:\bstatic\s+)?\b__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?"
+    r"(?:[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?\s+)*?[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?)\s+"
+    r"([A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)*(?:,\s*[A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)*)+);"
+)
+_DECLARATOR = re.compile(r"\s*([A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)*),?")
+
+
+def _split_multi_shared(text: str) -> str:
+    """`__shared__ float a[32], b[32];` -> `__shared__ float a[32]; __shared__ float b[32];`, line count kept."""
+    blanked = blank_comments(text)
+    out, last = [], 0
+    for m in _MULTI_SHARED.finditer(blanked):
+        head = " ".join(text[m.start(1):m.end(1)].split())
+        decls = [" ".join(d.group(1).split()) for d in _DECLARATOR.finditer(text[m.start(2):m.end(2)])]
+        out.append(text[last:m.start()])
+        out.append(" ".join(f"{head} {d};" for d in decls) + "\n" * text.count("\n", m.start(), m.end()))
+        last = m.end()
+    out.append(text[last:])
+    return "".join(out)
+
+
 def _rewrite_static_shared(text: str) -> str:
     """Function-scope `__shared__ T name[dims];` -> a reference into the block's static arena.
 
     Each block (and each resident block of the interleaved schedule) gets its own copy,
     poisoned at the block's start, as on a GPU; a C++ `static` would be one zero-filled
-    instance shared by every block and launch. Namespace-scope ones stay `static`.
+    instance shared by every block and launch. Namespace-scope ones stay `static`. Several
+    declarators in one statement (`__shared__ float a[32], b[32];`) are split first.
     """
+    text = _split_multi_shared(text)
     blanked = blank_comments(text)
     out, last, n = [], 0, 0
     for m in _STATIC_SHARED.finditer(blanked):
