@@ -33,6 +33,8 @@ from ..registry import _blank_comments as blank_comments
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "pk_cuda_host.h"
 RUNTIME = HERE / "pk_host_runtime.cpp"
+# The Hopper emulation: a header pk_cuda_host.h includes and a part of the runtime's translation unit.
+SM90_FILES = (HERE / "pk_host_sm90.h", HERE / "pk_host_sm90.cpp")
 _BUILD_TAG = b"pykern-host-build-4"
 
 BASE_FLAGS = (
@@ -412,7 +414,8 @@ def _gpu_rewrite(path: Path, tu: str, tu_path: Path, incs: list[str], roots: Seq
 def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
     """The fiber runtime compiled once per compiler and flag set (shared by every .cu's library)."""
     copts = [o for o in opts if o not in ("-shared", "-fsanitize=thread")]
-    key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(), "\0".join(copts).encode())
+    key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), *(f.read_bytes() for f in SM90_FILES), cc.version.encode(),
+               "\0".join(copts).encode())
     target = host_cache_dir() / f"pk_host_runtime-{key}.o"
     if not target.exists():
         _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
@@ -444,7 +447,7 @@ def _plan(path: Path, text: str, digest: str, include_dirs: Sequence[Path], spec
     rewrite = gpu_conv.enabled() and not sanitize  # the sanitizer build reports them as C++ UB instead
     key = _key(
         tu.replace(_c_string(str(path)), _c_string(path.name)).encode(), digest.encode(), HEADER.read_bytes(),
-        RUNTIME.read_bytes(), cc.version.encode(), "\0".join(opts).encode(),
+        RUNTIME.read_bytes(), *(f.read_bytes() for f in SM90_FILES), cc.version.encode(), "\0".join(opts).encode(),
         gpu_conv.tag() if rewrite else b"gpu-conv-off",
     )
     tag = "-asan" if sanitize else ("-checked" if "-fsanitize=thread" in opts else "")
