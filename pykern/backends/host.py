@@ -195,6 +195,12 @@ class HostBackend:
             return False, str(e)
         return True, ""
 
+    def arch_features(self, device: int = 0) -> tuple[str, ...]:
+        """("sm_90a",) when PYKERN_HOST_ARCH=sm_90a (likewise sm_100a): the ops then choose the arch-specific
+        kernels, which the host runs through its emulation of wgmma/TMA/mbarrier; () otherwise."""
+        arch = host_arch()
+        return (arch,) if arch.endswith("a") else ()
+
     # ---- building ----------------------------------------------------------------
     def library(self, source: Path, sanitize: bool | None = None) -> _Library:
         """The loaded library for one `.cu` file (compiled on a cache miss)."""
