@@ -222,3 +222,303 @@ __device__ __forceinline__ float pk_ex2_approx(float x) {
 }
 
 #endif
+
+// =================================================================================
+// Hopper (sm_90a): wgmma, TMA, mbarrier and friends.
+//
+// Availability: mbarrier (with expect_tx), cp.async.bulk.tensor (TMA), fence.proxy.async and
+// elect.sync exist from sm_90; wgmma.* and setmaxnreg only on the arch-specific sm_90a target
+// (__CUDA_ARCH_FEAT_SM90_ALL). On other targets the wrappers are templates that fail with a
+// static_assert only in a kernel that calls them. A kernel source that uses wgmma opts in to
+// its target with a `// pykern: arch sm_90a` line (pykern.registry / pykern.precompile).
+//
+// wgmma m64nNk16 (a warpgroup = 4 consecutive warps, 128 threads, warpgroup w = threads
+// 128w..128w+127; warp q = (thread / 32) % 4 of the group owns rows 16q..16q+15),
+// lane = thread % 32, g = lane / 4, t = lane % 4 (PTX ISA "Register Fragments and Shared
+// Memory Matrix Layouts" for wgmma):
+//   D (64xN fp32), N/2 floats d[0..N/2): d[4j + v]: row = 16q + g + 8*(v>>1), col = 8j + 2t + (v&1)
+//   A from registers (RS, 64x16 bf16/f16), 4 x .b32: a_v (v = 0..7, a[v/2] low half first):
+//     row = 16q + g + 8*((v>>1)&1), col = 2t + (v&1) + 8*(v>>2)   (mma.m16n8k16's A per warp)
+//   A (64x16) / B (Nx16, i.e. K x N "col") from shared memory through a 64-bit descriptor:
+//     bits 0-13 start address >> 4, 16-29 leading byte offset >> 4, 32-45 stride byte offset >> 4,
+//     49-51 base offset, 62-63 layout: 0 none (interleave), 1 128B, 2 64B, 3 32B swizzle.
+//   Canonical layouts in 16-byte units (T = "transposed" = MN-major, else K-major), W = 1/2/4/8 for
+//   none/32B/64B/128B; the swizzle XORs byte-address bits [4, 4+log2 W) with bits [7, 7+log2 W):
+//     K-major  none: ((8,n),2):((1,SBO),LBO)     swizzled: ((8,n),2):((W,SBO),1)
+//     MN-major none: ((1,n),(8,k)):((-,SBO),(1,LBO))  swizzled: ((W,n),(8,k)):((1,LBO),(W,SBO))
+// Cross-checked (read, not copied) against CUTLASS/CuTe: cute/arch/mma_sm90_desc.hpp (GmmaDescriptor
+// bit fields and LayoutType codes), cute/atom/mma_traits_sm90_gmma.hpp (make_gmma_desc's canonical
+// K/MN layouts above; CLayout_64xN = ((4,8,4),(2,2,N/8)):((128,1,16),(64,8,512)) and ALayout_64x16
+// = ((4,8,4),(2,2,2)):((128,1,16),(64,8,512)), which decode to the D and A tables above), and
+// cute/swizzle.hpp Swizzle<B,4,3> (B = 3/2/1 for 128B/64B/32B).
+//
+// TMA: a CUtensorMap (128 bytes, 64-byte aligned; pykern.tensormap.make_tensor_map) passed to the
+// kernel as `const __grid_constant__ CUtensorMap name` and used by address. Coordinates are element
+// indices, innermost dimension first; out-of-bounds elements of a load are zeros. A load completes
+// its bytes on an mbarrier (expect them with pk_mbarrier_arrive_expect_tx); a store is a bulk group
+// (pk_tma_store_commit, then pk_tma_store_wait_read<N> before the shared source is reused).
+//
+// Host backend: see pykern/host/pk_host_sm90.cpp: the copy lands when a thread waits on the
+// mbarrier (the latest a GPU may land it), wgmma is a warpgroup meeting point whose results reach
+// the accumulators at the wgmma wait that covers them (NaN until then), mbarrier phases count
+// arrivals and transaction bytes as on the GPU.
+
+enum { PK_SWIZZLE_NONE = 0, PK_SWIZZLE_128B = 1, PK_SWIZZLE_64B = 2, PK_SWIZZLE_32B = 3 };
+enum { PK_WGMMA_BF16 = 0, PK_WGMMA_F16 = 1 };
+
+// Byte offset -> swizzled byte offset inside a 1024-byte-aligned region (the hardware XORs
+// address bits [4, 4+b) with bits [7, 7+b), b = 3/2/1 for 128B/64B/32B).
+__device__ __forceinline__ unsigned pk_swizzle_offset(unsigned off, int swizzle) {
+    unsigned mask = swizzle == PK_SWIZZLE_128B ? 7u : swizzle == PK_SWIZZLE_64B ? 3u : swizzle == PK_SWIZZLE_32B ? 1u : 0u;
+    return off ^ (((off >> 7) & mask) << 4);
+}
+
+// The descriptor from a shared-window byte address (pk_wgmma_desc computes it from a pointer).
+__device__ __forceinline__ unsigned long long pk_wgmma_desc_encode(unsigned smem_addr, unsigned lbo_bytes,
+                                                                   unsigned sbo_bytes, int swizzle,
+                                                                   unsigned base_offset) {
+    return (unsigned long long)((smem_addr & 0x3ffffu) >> 4) |
+           ((unsigned long long)((lbo_bytes >> 4) & 0x3fffu) << 16) |
+           ((unsigned long long)((sbo_bytes >> 4) & 0x3fffu) << 32) |
+           ((unsigned long long)(base_offset & 7u) << 49) | ((unsigned long long)(swizzle & 3) << 62);
+}
+// The same descriptor `bytes` further on (a k-step inside a swizzle atom): the start address field.
+__device__ __forceinline__ unsigned long long pk_wgmma_desc_advance(unsigned long long desc, unsigned bytes) {
+    return desc + (unsigned long long)(bytes >> 4);
+}
+
+#if defined(PYKERN_HOST)
+// ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
+__device__ __forceinline__ unsigned long long pk_wgmma_desc(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes,
+                                                            int swizzle, unsigned base_offset = 0, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pk_wgmma_desc_encode(pkrt_smem_window(smem, file, line), lbo_bytes, sbo_bytes, swizzle, base_offset);
+}
+__device__ __forceinline__ void pk_wgmma_fence() { pkrt_wgmma_fence(); }
+__device__ __forceinline__ void pk_wgmma_commit(const char* file = __builtin_FILE(), int line = __builtin_LINE()) { pkrt_wgmma_commit(file, line); }
+template <int N> __device__ __forceinline__ void pk_wgmma_wait(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    static_assert(N >= 0 && N <= 7, "pk_wgmma_wait<N>: N is 0..7");
+    pkrt_wgmma_wait(N, file, line);
+}
+template <int N, int DT, int TA = 0, int TB = 0>
+__device__ __forceinline__ void pk_wgmma_m64nNk16_ss(float* d, unsigned long long desc_a, unsigned long long desc_b,
+                                                    int scale_d, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk16: N is 8..256 in steps of 8");
+    static_assert(DT == PK_WGMMA_BF16 || DT == PK_WGMMA_F16, "wgmma: DT is PK_WGMMA_BF16 or PK_WGMMA_F16");
+    pkrt_wgmma_op op{d, nullptr, desc_a, desc_b, N, DT, TA, TB, scale_d, 0};
+    pkrt_wgmma_issue(&op, file, line);
+}
+template <int N, int DT, int TB = 0>
+__device__ __forceinline__ void pk_wgmma_m64nNk16_rs(float* d, const unsigned* a, unsigned long long desc_b,
+                                                    int scale_d, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk16: N is 8..256 in steps of 8");
+    static_assert(DT == PK_WGMMA_BF16 || DT == PK_WGMMA_F16, "wgmma: DT is PK_WGMMA_BF16 or PK_WGMMA_F16");
+    pkrt_wgmma_op op{d, a, 0, desc_b, N, DT, 0, TB, scale_d, 0};
+    pkrt_wgmma_issue(&op, file, line);
+}
+template <int R> __device__ __forceinline__ void pk_setmaxnreg_inc() {
+    static_assert(R >= 24 && R <= 256 && R % 8 == 0, "setmaxnreg: 24..256 in steps of 8");
+}
+template <int R> __device__ __forceinline__ void pk_setmaxnreg_dec() {
+    static_assert(R >= 24 && R <= 256 && R % 8 == 0, "setmaxnreg: 24..256 in steps of 8");
+}
+__device__ __forceinline__ bool pk_elect_one(unsigned mask = 0xffffffffu) {
+    unsigned b = __ballot_sync(mask, 1);
+    return (threadIdx.x + blockDim.x * (threadIdx.y + blockDim.y * threadIdx.z)) % 32 == (unsigned)(__ffs((int)b) - 1);
+}
+// Orders this thread's generic-proxy shared-memory writes before later async-proxy (TMA, wgmma)
+// reads: nothing to do on the CPU (no proxies), kept so the kernel text is the GPU's.
+__device__ __forceinline__ void pk_fence_proxy_async_shared() {}
+__device__ __forceinline__ void pk_fence_mbarrier_init() {}
+
+__device__ __forceinline__ void pk_mbarrier_init(unsigned long long* bar, unsigned count, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    pkrt_mbar_init(bar, count, file, line);
+}
+__device__ __forceinline__ void pk_mbarrier_inval(unsigned long long* bar, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { pkrt_mbar_inval(bar, file, line); }
+__device__ __forceinline__ unsigned long long pk_mbarrier_arrive(unsigned long long* bar, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_mbar_arrive(bar, 0, 1, file, line);
+}
+__device__ __forceinline__ unsigned long long pk_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_mbar_arrive(bar, bytes, 1, file, line);
+}
+__device__ __forceinline__ void pk_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    (void)pkrt_mbar_arrive(bar, bytes, 0, file, line);
+}
+__device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_mbar_wait(bar, parity, 0, file, line) != 0;
+}
+__device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    (void)pkrt_mbar_wait(bar, parity, 1, file, line);
+}
+
+#define PK_TMA_LOAD_HOST(R, ...)                                                                         \
+    int c[5] = {__VA_ARGS__};                                                                            \
+    pkrt_tma_load(dst, map, bar, R, c, file, line)
+__device__ __forceinline__ void pk_tma_load_2d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_LOAD_HOST(2, c0, c1); }
+__device__ __forceinline__ void pk_tma_load_3d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, int c2, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_LOAD_HOST(3, c0, c1, c2); }
+__device__ __forceinline__ void pk_tma_load_4d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, int c2, int c3, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_LOAD_HOST(4, c0, c1, c2, c3); }
+__device__ __forceinline__ void pk_tma_load_5d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, int c2, int c3, int c4, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_LOAD_HOST(5, c0, c1, c2, c3, c4); }
+#undef PK_TMA_LOAD_HOST
+#define PK_TMA_STORE_HOST(R, ...)                                                                        \
+    int c[5] = {__VA_ARGS__};                                                                            \
+    pkrt_tma_store(map, src, R, c, file, line)
+__device__ __forceinline__ void pk_tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_STORE_HOST(2, c0, c1); }
+__device__ __forceinline__ void pk_tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_STORE_HOST(3, c0, c1, c2); }
+__device__ __forceinline__ void pk_tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_STORE_HOST(4, c0, c1, c2, c3); }
+__device__ __forceinline__ void pk_tma_store_5d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3, int c4, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_STORE_HOST(5, c0, c1, c2, c3, c4); }
+#undef PK_TMA_STORE_HOST
+__device__ __forceinline__ void pk_tma_store_commit() { pkrt_tma_store_commit(); }
+template <int N> __device__ __forceinline__ void pk_tma_store_wait_read() { pkrt_tma_store_wait(N); }
+template <int N> __device__ __forceinline__ void pk_tma_store_wait() { pkrt_tma_store_wait(N); }
+__device__ __forceinline__ void pk_tma_prefetch_desc(const CUtensorMap*) {}
+
+#else
+// ---- NVRTC ---------------------------------------------------------------------------------
+#ifndef PK_CUTENSORMAP_DEFINED
+#define PK_CUTENSORMAP_DEFINED
+#if !defined(CU_TENSOR_MAP_NUM_QWORDS)  // cuda.h's definition when it is included, else ours (same ABI)
+typedef struct alignas(64) CUtensorMap_st { unsigned long long opaque[16]; } CUtensorMap;
+#endif
+#endif
+
+__device__ __forceinline__ unsigned long long pk_wgmma_desc(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes,
+                                                            int swizzle, unsigned base_offset = 0) {
+    return pk_wgmma_desc_encode(pk_cvta_shared(smem), lbo_bytes, sbo_bytes, swizzle, base_offset);
+}
+
+template <int N, int DT, int TA, int TB> struct pk_wgmma_ss_impl;
+template <int N, int DT, int TB> struct pk_wgmma_rs_impl;
+
+#if defined(__CUDA_ARCH_FEAT_SM90_ALL)
+#include "pk_wgmma.cuh"
+__device__ __forceinline__ void pk_wgmma_fence() { asm volatile("wgmma.fence.sync.aligned;" ::: "memory"); }
+__device__ __forceinline__ void pk_wgmma_commit() { asm volatile("wgmma.commit_group.sync.aligned;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void pk_wgmma_wait() {
+    static_assert(N >= 0 && N <= 7, "pk_wgmma_wait<N>: N is 0..7");
+    asm volatile("wgmma.wait_group.sync.aligned %0;" ::"n"(N) : "memory");
+}
+template <int N, int DT, int TA = 0, int TB = 0>
+__device__ __forceinline__ void pk_wgmma_m64nNk16_ss(float* d, unsigned long long desc_a, unsigned long long desc_b,
+                                                    int scale_d) {
+    static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk16: N is 8..256 in steps of 8");
+    pk_wgmma_ss_impl<N, DT, TA, TB>::run(d, desc_a, desc_b, scale_d);
+}
+template <int N, int DT, int TB = 0>
+__device__ __forceinline__ void pk_wgmma_m64nNk16_rs(float* d, const unsigned* a, unsigned long long desc_b,
+                                                    int scale_d) {
+    static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk16: N is 8..256 in steps of 8");
+    pk_wgmma_rs_impl<N, DT, TB>::run(d, a, desc_b, scale_d);
+}
+template <int R> __device__ __forceinline__ void pk_setmaxnreg_inc() {
+    static_assert(R >= 24 && R <= 256 && R % 8 == 0, "setmaxnreg: 24..256 in steps of 8");
+    asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
+}
+template <int R> __device__ __forceinline__ void pk_setmaxnreg_dec() {
+    static_assert(R >= 24 && R <= 256 && R % 8 == 0, "setmaxnreg: 24..256 in steps of 8");
+    asm volatile("setmaxnreg.dec.sync.aligned.u32 %0;" ::"n"(R));
+}
+#else
+// Not an sm_90a compile: a kernel that calls these fails here, with the reason.
+template <typename...> struct pk_sm90a_only { static constexpr bool value = false; };
+template <auto...> struct pk_sm90a_only_v { static constexpr bool value = false; };
+#define PK_NEEDS_SM90A_MSG "wgmma / setmaxnreg need the sm_90a target: add the line '// pykern: arch sm_90a' to the kernel source and compile it for sm_90a"
+template <typename PkArchT = void> __device__ __forceinline__ void pk_wgmma_fence() { static_assert(pk_sm90a_only<PkArchT>::value, PK_NEEDS_SM90A_MSG); }
+template <typename PkArchT = void> __device__ __forceinline__ void pk_wgmma_commit() { static_assert(pk_sm90a_only<PkArchT>::value, PK_NEEDS_SM90A_MSG); }
+template <int N> __device__ __forceinline__ void pk_wgmma_wait() { static_assert(pk_sm90a_only_v<N>::value, PK_NEEDS_SM90A_MSG); }
+template <int N, int DT, int TA = 0, int TB = 0>
+__device__ __forceinline__ void pk_wgmma_m64nNk16_ss(float*, unsigned long long, unsigned long long, int) {
+    static_assert(pk_sm90a_only_v<N, DT, TA, TB>::value, PK_NEEDS_SM90A_MSG);
+}
+template <int N, int DT, int TB = 0>
+__device__ __forceinline__ void pk_wgmma_m64nNk16_rs(float*, const unsigned*, unsigned long long, int) {
+    static_assert(pk_sm90a_only_v<N, DT, TB>::value, PK_NEEDS_SM90A_MSG);
+}
+template <int R> __device__ __forceinline__ void pk_setmaxnreg_inc() { static_assert(pk_sm90a_only_v<R>::value, PK_NEEDS_SM90A_MSG); }
+template <int R> __device__ __forceinline__ void pk_setmaxnreg_dec() { static_assert(pk_sm90a_only_v<R>::value, PK_NEEDS_SM90A_MSG); }
+#undef PK_NEEDS_SM90A_MSG
+#endif
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 900
+__device__ __forceinline__ bool pk_elect_one(unsigned mask = 0xffffffffu) {
+    unsigned p;
+    asm volatile("{ .reg .b32 r; .reg .pred q; elect.sync r|q, %1; selp.u32 %0, 1, 0, q; }" : "=r"(p) : "r"(mask));
+    return p != 0;
+}
+__device__ __forceinline__ void pk_fence_proxy_async_shared() { asm volatile("fence.proxy.async.shared::cta;" ::: "memory"); }
+__device__ __forceinline__ void pk_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
+
+__device__ __forceinline__ void pk_mbarrier_init(unsigned long long* bar, unsigned count) {
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(pk_cvta_shared(bar)), "r"(count) : "memory");
+}
+__device__ __forceinline__ void pk_mbarrier_inval(unsigned long long* bar) {
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(pk_cvta_shared(bar)) : "memory");
+}
+__device__ __forceinline__ unsigned long long pk_mbarrier_arrive(unsigned long long* bar) {
+    unsigned long long s;
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_cvta_shared(bar)) : "memory");
+    return s;
+}
+__device__ __forceinline__ unsigned long long pk_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
+    unsigned long long s;
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(s) : "r"(pk_cvta_shared(bar)), "r"(bytes) : "memory");
+    return s;
+}
+__device__ __forceinline__ void pk_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(pk_cvta_shared(bar)), "r"(bytes) : "memory");
+}
+__device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity) {
+    unsigned ok;
+    asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                 : "=r"(ok) : "r"(pk_cvta_shared(bar)), "r"(parity) : "memory");
+    return ok != 0;
+}
+__device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity) {
+    while (!pk_mbarrier_try_wait_parity(bar, parity)) {
+    }
+}
+
+__device__ __forceinline__ void pk_tma_load_2d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3}], [%4];"
+                 ::"r"(pk_cvta_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(pk_cvta_shared(bar)) : "memory");
+}
+__device__ __forceinline__ void pk_tma_load_3d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4}], [%5];"
+                 ::"r"(pk_cvta_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(pk_cvta_shared(bar)) : "memory");
+}
+__device__ __forceinline__ void pk_tma_load_4d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5}], [%6];"
+                 ::"r"(pk_cvta_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(pk_cvta_shared(bar)) : "memory");
+}
+__device__ __forceinline__ void pk_tma_load_5d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile("cp.async.bulk.tensor.5d.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1, {%2, %3, %4, %5, %6}], [%7];"
+                 ::"r"(pk_cvta_shared(dst)), "l"(map), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4), "r"(pk_cvta_shared(bar)) : "memory");
+}
+__device__ __forceinline__ void pk_tma_store_2d(const CUtensorMap* map, const void* src, int c0, int c1) {
+    asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];"
+                 ::"l"(map), "r"(pk_cvta_shared(src)), "r"(c0), "r"(c1) : "memory");
+}
+__device__ __forceinline__ void pk_tma_store_3d(const CUtensorMap* map, const void* src, int c0, int c1, int c2) {
+    asm volatile("cp.async.bulk.tensor.3d.global.shared::cta.bulk_group [%0, {%2, %3, %4}], [%1];"
+                 ::"l"(map), "r"(pk_cvta_shared(src)), "r"(c0), "r"(c1), "r"(c2) : "memory");
+}
+__device__ __forceinline__ void pk_tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3) {
+    asm volatile("cp.async.bulk.tensor.4d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5}], [%1];"
+                 ::"l"(map), "r"(pk_cvta_shared(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3) : "memory");
+}
+__device__ __forceinline__ void pk_tma_store_5d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3, int c4) {
+    asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
+                 ::"l"(map), "r"(pk_cvta_shared(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
+__device__ __forceinline__ void pk_tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+template <int N> __device__ __forceinline__ void pk_tma_store_wait_read() {
+    asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+template <int N> __device__ __forceinline__ void pk_tma_store_wait() {
+    asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+__device__ __forceinline__ void pk_tma_prefetch_desc(const CUtensorMap* map) {
+    asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+#endif  // sm_90+
+
+#endif  // PYKERN_HOST / NVRTC
+// ================================= end of the Hopper section =====================================

@@ -76,6 +76,16 @@ VECTORS: dict[str, ScalarType] = {
 }
 SCALARS.update(VECTORS)
 
+
+class TensorMapBytes(ctypes.Structure):
+    """A CUtensorMap by value: 128 opaque bytes (the kernel's `const __grid_constant__ CUtensorMap`)."""
+
+    _fields_ = [("opaque", ctypes.c_uint64 * 16)]
+
+
+# TMA descriptors travel by value: 128 bytes, 64-byte aligned (pykern.tensormap makes them).
+SCALARS["CUtensorMap"] = ScalarType("CUtensorMap", TensorMapBytes, "tensormap", 0, 0, 64)
+
 # Spellings that mean the same type; the registry canonicalizes to the key's value.
 ALIASES: dict[str, str] = {
     "unsigned": "unsigned int",

@@ -188,6 +188,15 @@ def _scalar_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any
                 raise ArgumentTypeError(f"{label}: expected a sequence of {count} {st.component} values, got {v!r}")
             return ct(*(comp(x).value for x in v))
 
+    elif st.kind == "tensormap":  # a pykern.tensormap.TensorMap: its 128 bytes, 64-byte aligned
+
+        def convert(v: Any) -> Any:
+            c = getattr(v, "cvalue", None)
+            if not isinstance(c, ct):
+                raise ArgumentTypeError(
+                    f"{label}: expected a tensor map from pykern.tensormap.make_tensor_map, got {type(v).__name__}")
+            return c
+
     else:
 
         def convert(v: Any) -> Any:

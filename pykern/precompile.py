@@ -33,6 +33,15 @@ class JobResult:
     kernels: tuple[str, ...] = field(default_factory=tuple)
 
 
+def builds_for(source: Path, arch: str) -> bool:
+    """Whether `source` is compiled for `arch`: a source with `// pykern: arch sm_90a` only for the targets it
+    names (never sm_80, sm_90, PTX...); every other source for every arch asked, `a` targets included."""
+    from .registry import source_archs
+
+    archs = source_archs(Path(source).read_text(encoding="utf-8", errors="replace"), str(source))
+    return arch in archs if archs else True
+
+
 def _compile_job(source: str, arch: str, options: tuple[str, ...], defines: dict[str, str] | None,
                  cache_root: str) -> tuple[Any, str, float]:
     """Worker body (also run inline): (CachedModule or None, error text, seconds)."""
@@ -174,7 +183,8 @@ def _build_parser() -> argparse.ArgumentParser:
                     help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report; "
                          "the driver JIT-compiles it for that GPU and every later one), or 'all' (every sm_XX "
                          "this NVRTC supports plus PTX of the newest). Repeat or comma-separate. An H100 is "
-                         "sm_90 (sm_90a only for kernels using arch-specific instructions).")
+                         "sm_90; add sm_90a for the Hopper kernels (sources with a `// pykern: arch sm_90a` line, built only "
+                         "for the `a` targets they name). sm_100a is accepted.")
     ap.add_argument("--kernels", metavar="GLOB", action="append",
                     help="only sources defining a kernel whose name matches GLOB (fnmatch, repeatable); "
                          "the table lists only matching kernels (--host: only those sources are built)")
@@ -304,7 +314,11 @@ def _main(argv: Sequence[str] | None = None) -> int:
               file=err)
         return 2
     root = Path(args.cache_dir).expanduser() if args.cache_dir else cache.cache_dir()
-    jobs = [(src, arch) for src, _ in selected for arch in archs]
+    jobs = [(src, arch) for src, _ in selected for arch in archs if builds_for(src, arch)]
+    if not jobs:
+        print(f"precompile: no selected source is built for {', '.join(archs)} (a source with a "
+              "`// pykern: arch sm_XXa` line is built only for the targets it names)", file=err)
+        return 2
     names = dict(selected)
     results: dict[tuple[Path, str], JobResult] = {}
     done = 0

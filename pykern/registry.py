@@ -24,7 +24,9 @@ _KERNEL = re.compile(
     r"([A-Za-z_]\w*)\s*\(([^)]*)\)(?=\s*[{;])"
 )
 _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
-_QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile"}
+_QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile", "__grid_constant__"}
+# `// pykern: arch sm_90a[, sm_100a]` in a source: its kernels are built only for these (arch-specific) targets.
+_ARCH_PRAGMA = re.compile(r"^[ \t]*//[ \t]*pykern:[ \t]*archs?[ \t]+([^\n]+)$", re.M)
 
 
 class RegistryWarning(UserWarning):
@@ -87,6 +89,7 @@ class KernelSpec:
     line: int
     params: tuple[Param, ...]
     max_threads: int | None = None  # __launch_bounds__(N): more threads per block is refused
+    archs: tuple[str, ...] = ()  # `// pykern: arch sm_90a`: the only targets it is built for; () = every arch
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
@@ -96,6 +99,26 @@ class KernelSpec:
 def _blank_comments(text: str) -> str:
     # Keep newlines so match offsets still give the right line numbers.
     return _COMMENT.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+
+
+def source_archs(text: str, where: str = "") -> tuple[str, ...]:
+    """The targets a source opts in to with `// pykern: arch sm_90a[, sm_100a]` lines (() when none).
+
+    Only arch-specific `a` targets may be named: such a source is compiled for them and nothing else,
+    while every other source is compiled for whatever arch is asked.
+    """
+    out: list[str] = []
+    for m in _ARCH_PRAGMA.finditer(text):
+        for part in re.split(r"[,\s]+", m.group(1).strip()):
+            if not part:
+                continue
+            a = part.lower()
+            if not re.fullmatch(r"sm_\d+a", a):
+                raise RegistryError(f"{where}: `// pykern: arch` names arch-specific targets (sm_90a, sm_100a, ...), "
+                                    f"got {part!r}")
+            if a not in out:
+                out.append(a)
+    return tuple(out)
 
 
 def _parse_param(decl: str, where: str) -> Param:
@@ -129,7 +152,8 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
     """
     strict = _is_strict(path) if strict is None else strict
     try:
-        text = _blank_comments(Path(path).read_text(encoding="utf-8"))
+        raw = Path(path).read_text(encoding="utf-8")
+        text = _blank_comments(raw)
     except UnicodeDecodeError as e:
         err = RegistryError(f"{path}: not UTF-8 text ({e.reason} at byte {e.start})")
         if strict:
@@ -137,6 +161,13 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
         _skip(f"every kernel of {err}")
         return []
     specs = []
+    try:
+        archs = source_archs(raw, str(path))
+    except RegistryError as e:
+        if strict:
+            raise
+        _skip(f"every kernel of {e}")
+        return []
     macros: dict[str, cmacros.Macro] | None = None
     for m in _KERNEL.finditer(text):
         line = text.count("\n", 0, m.start()) + 1
@@ -167,7 +198,7 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
                     raise err from None
                 _unbounded(f"{err}; its thread limit is not checked before launch")
                 max_threads = None
-        specs.append(KernelSpec(name, Path(path).resolve(), line, params, max_threads))
+        specs.append(KernelSpec(name, Path(path).resolve(), line, params, max_threads, archs))
     return specs
 
 

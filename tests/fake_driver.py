@@ -18,6 +18,7 @@ cannot run raises FakeDriverError, as a real driver would fail (or silently misb
 from __future__ import annotations
 
 import ctypes
+import struct
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -280,6 +281,8 @@ class FakeDriver:
             major, minor = self.cc_of(dev)
             kind, num = arch.split("_")[0], int(arch.split("_")[1].rstrip("af"))
             runs = num // 10 == major and num % 10 <= minor if kind == "sm" else num <= major * 10 + minor
+            if kind == "sm" and arch.endswith("a"):  # arch-specific: exactly that compute capability
+                runs = num == major * 10 + minor
             if not runs:
                 raise DriverError("cuModuleLoadData", "CUDA_ERROR_NO_BINARY_FOR_GPU")
         if not (image.startswith(ELF_MAGIC) or b".entry" in image[:1 << 20] and image.lstrip().startswith(b"//")):
@@ -408,6 +411,43 @@ class FakeDriver:
             raise DriverError("cuFuncGetAttribute", "CUDA_ERROR_INVALID_VALUE")
         return neutral[name]
 
+    def tensor_map_encode_tiled(self, dtype: str, rank: int, address: int, dims: Any, strides: Any, box: Any,
+                                element_strides: Any, swizzle: int, oob_nan: bool) -> bytes:
+        """Checks what cuTensorMapEncodeTiled checks (CUDA_ERROR_INVALID_VALUE otherwise); the 128 bytes
+        returned record the arguments (magic "FKTM", then rank, swizzle, address, dims, strides, box)."""
+        self._call("tensor_map_encode_tiled", dtype, rank, address, tuple(dims), tuple(strides), tuple(box),
+                   tuple(element_strides), swizzle, oob_nan)
+        elem = {"uint8": 1, "uint16": 2, "float16": 2, "bfloat16": 2, "uint32": 4, "int32": 4, "float32": 4,
+                "uint64": 8, "int64": 8, "float64": 8}.get(dtype)
+        problems = []
+        if elem is None:
+            problems.append(f"data type {dtype!r}")
+        if not 1 <= rank <= 5 or not len(dims) == len(box) == len(element_strides) == rank or len(strides) != rank - 1:
+            problems.append(f"rank {rank} with {len(dims)} dims, {len(strides)} strides, {len(box)} box sizes")
+        if address % 16:
+            problems.append(f"global address {address:#x} not 16-byte aligned")
+        else:
+            self._find(address, 1)  # device memory of this fake
+        if any(not 1 <= d <= 1 << 32 for d in dims):
+            problems.append(f"dims {dims}")
+        if any(st % 16 or not 0 < st < 1 << 40 for st in strides):
+            problems.append(f"strides {strides} (multiples of 16 below 2^40)")
+        if any(not 1 <= b <= 256 for b in box):
+            problems.append(f"box {box} (1..256)")
+        if elem and box and (box[0] * elem) % 16:
+            problems.append(f"inner box {box[0]} x {elem} bytes not a multiple of 16")
+        if swizzle not in (0, 32, 64, 128):
+            problems.append(f"swizzle {swizzle}")
+        elif elem and box and swizzle and box[0] * elem > swizzle:
+            problems.append(f"inner box {box[0] * elem} bytes > swizzle span {swizzle}")
+        if any(not 1 <= e <= 8 for e in element_strides):
+            problems.append(f"element strides {element_strides}")
+        if problems:
+            raise DriverError("cuTensorMapEncodeTiled", "CUDA_ERROR_INVALID_VALUE", "; ".join(problems))
+        pad = lambda v, n: list(v) + [0] * (n - len(v))  # noqa: E731
+        return struct.pack("<4sBBHQ5Q4Q5H", b"FKTM", rank, swizzle, 0, address, *pad(dims, 5), *pad(strides, 4),
+                           *pad(box, 5)).ljust(128, b"\0")
+
     def event_create(self) -> int:
         self._call("event_create")
         self._need_context("event_create")
@@ -474,6 +514,9 @@ def decode_params(name: str, ptx: tuple[PtxParam, ...], kernel_params: int, fake
             values.append(v)
             continue
         st = SCALARS[p.ctype]
+        if st.kind == "tensormap":  # 128 bytes by value (.param .align 64 .b8 name[128])
+            values.append(bytes(ctypes.string_at(addr, 128)))
+            continue
         if float_ptx != (st.kind == "float"):
             raise FakeDriverError(f"{where}: the spec's kind {st.kind} disagrees with the PTX type")
         values.append(st.ctype.from_address(addr).value)

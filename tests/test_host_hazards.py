@@ -419,15 +419,38 @@ def test_red_zone_copy_keeps_one_array_passed_twice_aliased() -> None:
     assert (y == 10).all(), y
 
 
-def test_two_shared_variables_in_one_statement_is_a_clear_host_error(tmp_path: Path,
-                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from pykern.errors import CompileError
-
+def test_two_shared_variables_in_one_statement_get_one_copy_per_block_each(tmp_path: Path,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    # `__shared__ float a[32], b[32];` is split into two per-block arrays (it was a host build error).
     (tmp_path / "twoshared.cu").write_text(
         'extern "C" __global__ void pk_t_twoshared(float* x) {\n'
-        "    __shared__ float a[4], b[4];\n"
-        "    a[0] = b[0] = 1.0f;\n    x[0] = a[0];\n}\n"
+        "    __shared__ float a[32], b[32];\n"
+        "    __shared__ __align__(16) int c[2][4],\n"
+        "        d[3];\n"
+        "    unsigned t = threadIdx.x;\n"
+        "    a[t] = 1.0f + t; b[t] = 100.0f * (blockIdx.x + 1);\n"
+        "    if (t < 8) c[t / 4][t % 4] = (int)t; if (t < 3) d[t] = 7;\n"
+        "    __syncthreads();\n"
+        "    x[blockIdx.x * 32 + t] = a[31 - t] + b[t] + c[t % 2][t % 4] + d[t % 3];\n}\n"
     )
     monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
-    with pytest.raises(CompileError, match=r"twoshared\.cu: .*line 2.*one variable per statement"):
-        launch("pk_t_twoshared", 1, 1, np.zeros(1, np.float32))
+    x = np.zeros(64, np.float32)
+    launch("pk_t_twoshared", 2, 32, x)
+    t = np.arange(32)
+    c = np.arange(8).reshape(2, 4)
+    exp = np.concatenate([(32 - t) + 100.0 * (b + 1) + c[t % 2, t % 4] + 7 for b in (0, 1)])
+    np.testing.assert_array_equal(x, exp.astype(np.float32))
+
+
+def test_shared_declaration_the_host_cannot_split_is_a_clear_host_error(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    from pykern.errors import CompileError
+
+    (tmp_path / "ptrshared.cu").write_text(
+        'extern "C" __global__ void pk_t_ptrshared(float* x) {\n'
+        "    __shared__ float *p, q;\n"
+        "    q = 1.0f; p = &q;\n    x[0] = *p;\n}\n"
+    )
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
+    with pytest.raises(CompileError, match=r"ptrshared\.cu: .*line 2.*__shared__"):
+        launch("pk_t_ptrshared", 1, 1, np.zeros(1, np.float32))

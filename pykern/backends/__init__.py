@@ -86,3 +86,17 @@ def get_backend(name: str | None = None) -> Backend:
 
 
 __all__ = ["Backend", "BackendUnavailable", "BackendWarning", "NAMES", "get_backend", "default_backend_name"]
+
+
+def arch_features(backend: str | None = None, device: int = 0) -> tuple[str, ...]:
+    """The arch-specific (`a`) targets whose kernels can run on `backend` (default: the default one) and
+    `device`: ("sm_90a",) on an H100/H200 with the nvrtc backend or with PYKERN_HOST_ARCH=sm_90a on the host
+    backend, () elsewhere (numba, other GPUs). Ops call it to pick the Hopper kernels over the mma.sync ones."""
+    be = get_backend(backend)
+    fn = getattr(be, "arch_features", None)
+    return tuple(fn(device)) if fn is not None else ()
+
+
+def kernel_variant(arch: str = "sm_90a", backend: str | None = None, device: int = 0) -> bool:
+    """True when kernels built for the arch-specific target `arch` are usable now (see arch_features)."""
+    return arch in arch_features(backend, device)

@@ -7,7 +7,7 @@ opaque to the backend; device pointers and stream handles are plain ints.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from typing import Any, Protocol, Sequence
 
 from ..errors import BackendUnavailable, PykernError
 
@@ -72,6 +72,12 @@ class Driver(Protocol):
         """cuDriverGetVersion: 12040 is CUDA 12.4."""
     def func_attribute(self, func: Any, name: str) -> int:
         """cuFuncGetAttribute by short name: "MAX_THREADS_PER_BLOCK", "NUM_REGS", "SHARED_SIZE_BYTES", ..."""
+    def tensor_map_encode_tiled(self, dtype: str, rank: int, address: int, dims: Sequence[int],
+                                strides: Sequence[int], box: Sequence[int], element_strides: Sequence[int],
+                                swizzle: int, oob_nan: bool) -> bytes:
+        """cuTensorMapEncodeTiled: the 128-byte CUtensorMap. dtype "bfloat16"/"float16"/"float32"/...;
+        dims and box innermost first; strides: bytes of dims 1..rank-1; swizzle: span in bytes (0/32/64/128)."""
+        ...
     def event_create(self) -> Any: ...
     def event_record(self, event: Any, stream: int) -> None: ...
     def event_synchronize(self, event: Any) -> None: ...
@@ -259,6 +265,31 @@ class CudaDriver:
     def func_attribute(self, func: Any, name: str) -> int:
         attr = getattr(self._cu.CUfunction_attribute, "CU_FUNC_ATTRIBUTE_" + name)
         return int(self._check("cuFuncGetAttribute", self._cu.cuFuncGetAttribute(attr, func)))
+
+    # CUtensorMapDataType names per dtype, CUtensorMapSwizzle per span in bytes.
+    _TMAP_DTYPES = {"uint8": "UINT8", "uint16": "UINT16", "uint32": "UINT32", "int32": "INT32", "uint64": "UINT64",
+                    "int64": "INT64", "float16": "FLOAT16", "float32": "FLOAT32", "float64": "FLOAT64",
+                    "bfloat16": "BFLOAT16"}
+    _TMAP_SWIZZLE = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+
+    def tensor_map_encode_tiled(self, dtype: str, rank: int, address: int, dims: Sequence[int],
+                                strides: Sequence[int], box: Sequence[int], element_strides: Sequence[int],
+                                swizzle: int, oob_nan: bool) -> bytes:
+        import struct
+
+        cu = self._cu
+        out = cu.cuTensorMapEncodeTiled(
+            getattr(cu.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{self._TMAP_DTYPES[dtype]}"), rank, address,
+            [cu.cuuint64_t(int(d)) for d in dims], [cu.cuuint64_t(int(x)) for x in strides],
+            [cu.cuuint32_t(int(b)) for b in box], [cu.cuuint32_t(int(e)) for e in element_strides],
+            cu.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+            getattr(cu.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{self._TMAP_SWIZZLE[swizzle]}"),
+            cu.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_128B,
+            cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NAN_REQUEST_ZERO_FMA if oob_nan
+            else cu.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        )
+        tm = self._check("cuTensorMapEncodeTiled", out)
+        return struct.pack("<16Q", *(int(x) for x in tm.opaque))
 
     def event_create(self) -> Any:
         # Default flags: timing enabled (CU_EVENT_DISABLE_TIMING would make ElapsedTime fail).

@@ -49,7 +49,16 @@ class LaunchConfig(ctypes.Structure):
 SMEM_LIMIT_KB = {
     "sm_75": 64, "sm_80": 163, "sm_86": 99, "sm_87": 163, "sm_88": 99, "sm_89": 99, "sm_90": 227,
     "sm_100": 227, "sm_103": 227, "sm_107": 227, "sm_110": 227, "sm_120": 99, "sm_121": 99,
+    "sm_90a": 227, "sm_100a": 227,  # arch-specific targets: PYKERN_HOST_ARCH=sm_90a selects the Hopper kernels
 }
+
+
+def host_arch() -> str:
+    """$PYKERN_HOST_ARCH ('' when unset: the host runs every kernel, arch-specific ones included)."""
+    arch = os.environ.get("PYKERN_HOST_ARCH", "").strip()
+    if arch and arch not in SMEM_LIMIT_KB:
+        raise ArgumentError(f"PYKERN_HOST_ARCH: expected one of {', '.join(SMEM_LIMIT_KB)}, got {arch!r}")
+    return arch
 
 
 def smem_limit() -> int:
@@ -186,6 +195,12 @@ class HostBackend:
             return False, str(e)
         return True, ""
 
+    def arch_features(self, device: int = 0) -> tuple[str, ...]:
+        """("sm_90a",) when PYKERN_HOST_ARCH=sm_90a (likewise sm_100a): the ops then choose the arch-specific
+        kernels, which the host runs through its emulation of wgmma/TMA/mbarrier; () otherwise."""
+        arch = host_arch()
+        return (arch,) if arch.endswith("a") else ()
+
     # ---- building ----------------------------------------------------------------
     def library(self, source: Path, sanitize: bool | None = None) -> _Library:
         """The loaded library for one `.cu` file (compiled on a cache miss)."""
@@ -257,6 +272,12 @@ class HostBackend:
             raise ArgumentError(
                 f"shared_mem: {spec.name} asks for {shared_mem} bytes of dynamic shared memory, more than the "
                 f"{limit} bytes a block may use (PYKERN_HOST_ARCH={os.environ.get('PYKERN_HOST_ARCH', '')!r})"
+            )
+        arch = host_arch()
+        if spec.archs and arch and arch not in spec.archs:
+            raise ArgumentError(
+                f"{spec.name}: built only for {', '.join(spec.archs)} ({spec.source.name}'s `// pykern: arch` line); "
+                f"PYKERN_HOST_ARCH={arch!r} is not one of them"
             )
         lib = self.library(spec.source, sanitize)
         fn = lib.fn(spec.name)

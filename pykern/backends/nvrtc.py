@@ -266,7 +266,14 @@ class NvrtcBackend:
             # A new spec object (registry refreshed): ask the cache again, which notices edited sources.
             if not dev.target:
                 dev.target = self._target_for(dev)
-            cached = self._get_module(spec.source, dev.target, kernel=spec.name)
+            target = dev.target
+            if spec.archs:  # `// pykern: arch sm_90a`: only that cubin, and only on its exact GPU
+                target = f"{dev.arch}a"
+                if target not in spec.archs:
+                    raise ArgumentError(
+                        f"{spec.name}: built only for {', '.join(spec.archs)} ({spec.source.name}'s `// pykern: arch` "
+                        f"line); this GPU is {dev.arch} (ask pykern.backends.arch_features() before choosing it)")
+            cached = self._get_module(spec.source, target, kernel=spec.name)
             mkey = (int(dev.ctx), cached.digest)
             module = self._modules.get(mkey)
             if module is None:
@@ -292,6 +299,13 @@ class NvrtcBackend:
                 del dev.plans[key]
             dev.plans[id(spec)] = plan
             return plan
+
+    def arch_features(self, device: int = 0) -> tuple[str, ...]:
+        """The arch-specific targets whose kernels run on `device`: ("sm_90a",) on a cc 9.0 GPU (an sm_90a
+        cubin runs on exactly that), ("sm_100a",) on cc 10.0, () elsewhere."""
+        self._driver or self._start()
+        dev = self._device_state(device, "device")
+        return (f"{dev.arch}a",) if dev.arch in ("sm_90", "sm_100") else ()
 
     def function(self, spec: KernelSpec, device: int = 0) -> Any:
         """The driver function handle of `spec` on `device` (loading its module on first use)."""

@@ -33,6 +33,8 @@ from ..registry import _blank_comments as blank_comments
 HERE = Path(__file__).resolve().parent
 HEADER = HERE / "pk_cuda_host.h"
 RUNTIME = HERE / "pk_host_runtime.cpp"
+# The Hopper emulation: a header pk_cuda_host.h includes and a part of the runtime's translation unit.
+SM90_FILES = (HERE / "pk_host_sm90.h", HERE / "pk_host_sm90.cpp")
 _BUILD_TAG = b"pykern-host-build-4"
 
 BASE_FLAGS = (
@@ -160,13 +162,38 @@ def rewrite_source(text: str) -> str:
     return _rewrite_static_shared("".join(out))
 
 
+# `__shared__ T a[4], b[8];`: several declarators in one statement (split into one statement each).
+_MULTI_SHARED = re.compile(
+    r"((?:\bstatic\s+)?\b__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?"
+    r"(?:[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?\s+)*?[A-Za-z_][\w:]*(?:\s*<[^;{}<>]*>)?)\s+"
+    r"([A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)*(?:,\s*[A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)*)+);"
+)
+_DECLARATOR = re.compile(r"\s*([A-Za-z_]\w*\s*(?:\[[^\[\];]+\]\s*)*),?")
+
+
+def _split_multi_shared(text: str) -> str:
+    """`__shared__ float a[32], b[32];` -> `__shared__ float a[32]; __shared__ float b[32];`, line count kept."""
+    blanked = blank_comments(text)
+    out, last = [], 0
+    for m in _MULTI_SHARED.finditer(blanked):
+        head = " ".join(text[m.start(1):m.end(1)].split())
+        decls = [" ".join(d.group(1).split()) for d in _DECLARATOR.finditer(text[m.start(2):m.end(2)])]
+        out.append(text[last:m.start()])
+        out.append(" ".join(f"{head} {d};" for d in decls) + "\n" * text.count("\n", m.start(), m.end()))
+        last = m.end()
+    out.append(text[last:])
+    return "".join(out)
+
+
 def _rewrite_static_shared(text: str) -> str:
     """Function-scope `__shared__ T name[dims];` -> a reference into the block's static arena.
 
     Each block (and each resident block of the interleaved schedule) gets its own copy,
     poisoned at the block's start, as on a GPU; a C++ `static` would be one zero-filled
-    instance shared by every block and launch. Namespace-scope ones stay `static`.
+    instance shared by every block and launch. Namespace-scope ones stay `static`. Several
+    declarators in one statement (`__shared__ float a[32], b[32];`) are split first.
     """
+    text = _split_multi_shared(text)
     blanked = blank_comments(text)
     out, last, n = [], 0, 0
     for m in _STATIC_SHARED.finditer(blanked):
@@ -387,7 +414,8 @@ def _gpu_rewrite(path: Path, tu: str, tu_path: Path, incs: list[str], roots: Seq
 def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
     """The fiber runtime compiled once per compiler and flag set (shared by every .cu's library)."""
     copts = [o for o in opts if o not in ("-shared", "-fsanitize=thread")]
-    key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), cc.version.encode(), "\0".join(copts).encode())
+    key = _key(HEADER.read_bytes(), RUNTIME.read_bytes(), *(f.read_bytes() for f in SM90_FILES), cc.version.encode(),
+               "\0".join(copts).encode())
     target = host_cache_dir() / f"pk_host_runtime-{key}.o"
     if not target.exists():
         _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
@@ -419,7 +447,7 @@ def _plan(path: Path, text: str, digest: str, include_dirs: Sequence[Path], spec
     rewrite = gpu_conv.enabled() and not sanitize  # the sanitizer build reports them as C++ UB instead
     key = _key(
         tu.replace(_c_string(str(path)), _c_string(path.name)).encode(), digest.encode(), HEADER.read_bytes(),
-        RUNTIME.read_bytes(), cc.version.encode(), "\0".join(opts).encode(),
+        RUNTIME.read_bytes(), *(f.read_bytes() for f in SM90_FILES), cc.version.encode(), "\0".join(opts).encode(),
         gpu_conv.tag() if rewrite else b"gpu-conv-off",
     )
     tag = "-asan" if sanitize else ("-checked" if "-fsanitize=thread" in opts else "")

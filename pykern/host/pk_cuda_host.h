@@ -504,3 +504,4 @@ struct pk_launch_cfg {
 extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*body)(void*), void* args,
                            char* err, size_t errlen);
 #define PK_EXPORT extern "C" __attribute__((visibility("default")))
+#include "pk_host_sm90.h"  // Hopper (sm_90a): wgmma, TMA, mbarrier

@@ -50,7 +50,7 @@
 
 namespace {
 
-enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3 };
+enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
 enum { PKRT_ACTIVEMASK = 64 };  // a warp meeting point of its own (not a collective)
 
 // One pending cp.async of a thread: performed by the wait that covers its group.
@@ -347,6 +347,12 @@ struct Buf {
     }
 };
 
+// Hopper emulation hooks (pk_host_sm90.cpp, included below).
+void sm90_describe_park(Buf& b, const Thread* t);
+void sm90_block_start(Block* k);
+void sm90_thread_exit(Thread* t);
+void sm90_block_end(Block* k);
+
 void describe_where(Buf& b, const Thread* t) {
     const Block* k = t->blk;
     b.add("kernel %s: block (%u,%u,%u): thread (%u,%u,%u) [warp %u lane %u]", g.kernel, k->idx.x, k->idx.y, k->idx.z,
@@ -358,6 +364,7 @@ void describe_state(Buf& b, const Thread* t) {
         case DONE: b.add("has exited"); break;
         case BAR: b.add("waits at %s() at %s:%d", bar_name(t->op), t->file, t->line); break;
         case WARP: b.add("waits in %s(mask 0x%08x) at %s:%d", op_name(t->op), t->mask, t->file, t->line); break;
+        case PARK: sm90_describe_park(b, t); break;
         default: b.add("is runnable"); break;
     }
 }
@@ -400,6 +407,12 @@ void describe_state(Buf& b, const Thread* t) {
         }
     } else {
         b.add("kernel %s: block (%u,%u,%u): deadlock: no thread can run", g.kernel, k->idx.x, k->idx.y, k->idx.z);
+        for (unsigned i = 0; i < g.n; i++)
+            if (k->threads[i].state == PARK) {
+                b.add(": thread (%u,%u,%u) ", k->threads[i].tid.x, k->threads[i].tid.y, k->threads[i].tid.z);
+                describe_state(b, &k->threads[i]);
+                break;
+            }
     }
     if (k->n_bar) {
         b.add("; %u of %u threads wait at %s() at %s:%d", k->n_bar, g.n, bar_name(k->bar_kind), k->bar_file,
@@ -957,6 +970,8 @@ void try_complete(Block* k, unsigned warp, unsigned l) {
     complete_warp_op(k, warp, need, t);
 }
 
+#include "pk_host_sm90.cpp"  // Hopper: wgmma, TMA, mbarrier (inside this anonymous namespace)
+
 [[noreturn]] void fiber_entry() {
 #ifdef PK_ASAN
     // First arrival on this stack: when coming from the launching context, learn its
@@ -973,9 +988,11 @@ void try_complete(Block* k, unsigned warp, unsigned l) {
     Thread* t = cur();
     Block* k = t->blk;
     cp_async_perform(t, true, 0);  // a GPU completes them even if nobody waits
+    sm90_thread_exit(t);
     t->state = DONE;
     clear_runnable(t);
     k->n_done++;
+    if (k->n_done == g.n) sm90_block_end(k);
     Warp& w = k->warps[t->warp];
     w.exited |= 1u << t->lane;
     // Collectives that waited only for this lane can complete now.
@@ -1494,6 +1511,7 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
 #ifdef PK_RACECHECK
     rc_block_start(k, cfg);
 #endif
+    sm90_block_start(k);
     for (unsigned i = 0; i < g.n; i++) {
         Thread& t = k->threads[i];
         t.state = RUN;
@@ -1573,15 +1591,15 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     static unsigned char* static_arena[kMaxSlots];
     unsigned char* dyn[kMaxSlots] = {};
     for (unsigned s = 0; s < slots; s++) {
-        if (!static_arena[s]) static_arena[s] = static_cast<unsigned char*>(aligned_alloc(128, kStaticSmemMax));
-        if (cfg->shared_mem) dyn[s] = static_cast<unsigned char*>(aligned_alloc(128, (cfg->shared_mem + 127) & ~127ull));
+        if (!static_arena[s]) static_arena[s] = static_cast<unsigned char*>(aligned_alloc(1024, kStaticSmemMax));
+        if (cfg->shared_mem) dyn[s] = static_cast<unsigned char*>(aligned_alloc(1024, (cfg->shared_mem + 1023) & ~1023ull));
         if (!static_arena[s] || (cfg->shared_mem && !dyn[s])) {
             snprintf(err, errlen, "kernel %s: cannot allocate shared memory", kernel);
             for (unsigned q = 0; q <= s; q++) free(dyn[q]);
             return 1;
         }
 #ifdef PK_ASAN
-        if (dyn[s]) ASAN_POISON_MEMORY_REGION(dyn[s] + cfg->shared_mem, ((cfg->shared_mem + 127) & ~127ull) - cfg->shared_mem);
+        if (dyn[s]) ASAN_POISON_MEMORY_REGION(dyn[s] + cfg->shared_mem, ((cfg->shared_mem + 1023) & ~1023ull) - cfg->shared_mem);
 #endif
     }
     std::memset(&g, 0, offsetof(Launch, err));

@@ -1,0 +1,632 @@
+// pykern host backend: the Hopper (sm_90a) async proxy, emulated. Included by pk_host_runtime.cpp
+// inside its anonymous namespace (it uses the fiber runtime's Thread / Block / reschedule).
+//
+// - mbarrier: arrival count, transaction bytes and a phase counter per barrier (a side table keyed
+//   by its shared-memory address, reset at each block start). A phase completes when its pending
+//   arrivals and transaction bytes both reach zero; waiters of that parity are woken. A wait
+//   (try_wait too: the CPU never times out) parks the thread until then; one that can never end is
+//   a deadlock error naming the barrier, its pending arrivals and bytes.
+// - TMA loads are queued on their mbarrier and land (box written with the swizzle applied, bytes
+//   completed on the barrier) when a thread waits on that barrier: the latest a GPU may land them,
+//   so a read before the wait sees the old bytes. One never waited for is an error at block end.
+// - TMA stores read shared memory and write global memory at the bulk wait that covers them (or
+//   the thread's exit): a shared source reused before pk_tma_store_wait_read shows in the output.
+// - wgmma: a warpgroup (128 threads) meeting point. Descriptors, A registers and C are captured
+//   there; the product is computed from shared memory at the first wgmma wait that covers it, and
+//   each thread's accumulators get their values at its own covering wait (NaN until then). An
+//   mma_async without pk_wgmma_fence() since the thread's start or last wait, or a thread that
+//   exits with wgmma results it never waited for, is an error.
+// Layouts and encodings: kernels_cu/pk_ptx.cuh (Hopper section), cross-checked against CuTe.
+
+constexpr int kSm90Park = PARK;
+constexpr int kWgmmaBf16 = 0;  // PK_WGMMA_BF16 of pk_ptx.cuh
+enum { PARK_WGMMA = 1, PARK_MBAR = 2 };
+
+struct WgPending {
+    unsigned op, group;
+    float* d;
+};
+struct BulkStore {
+    pkrt_tmap map;
+    unsigned src;  // shared window address
+    int c[5];
+    unsigned group;
+};
+struct Sm90Thread {
+    bool fenced;
+    unsigned wg_group;
+    std::vector<WgPending> wg;
+    unsigned bulk_group;
+    std::vector<BulkStore> stores;
+    int park;  // PARK_* while parked
+    pkrt_wgmma_op* op;
+    unsigned long long* bar;
+    unsigned parity;
+    const char* file;
+    int line;
+};
+struct WgOp {
+    int n, dt, ta, tb, scale_d;
+    bool rs, done;
+    unsigned long long da, db;
+    unsigned first;  // linear index of the warpgroup's thread 0
+    std::vector<float> c, result;  // [128][n/2]
+    std::vector<int> c_from;       // [128]: the op whose result is this thread's C, or -1
+    std::vector<unsigned> a;       // [128][4] (RS)
+    const char* file;
+    int line;
+};
+struct MBar {
+    unsigned expected, pending;
+    long long tx;
+    unsigned long long phase;
+    const char* file;
+    int line;
+};
+struct TmaLoad {
+    unsigned long long* bar;
+    unsigned dst;  // shared window address
+    pkrt_tmap map;
+    int c[5];
+    unsigned long long bytes;
+    const char* file;
+    int line;
+    unsigned thread;
+};
+struct Sm90Block {
+    unsigned wg_arrived[kMaxThreads / 128];
+    std::vector<WgOp> ops;
+    std::vector<std::pair<uintptr_t, MBar>> bars;
+    std::vector<TmaLoad> loads;
+};
+Sm90Thread g_sm90_threads[kMaxSlots * kMaxThreads];
+Sm90Block g_sm90_blocks[kMaxSlots];
+
+inline Sm90Thread& st_of(const Thread* t) { return g_sm90_threads[t - g_threads]; }
+inline Sm90Block& sb_of(const Block* k) { return g_sm90_blocks[k - g_blocks]; }
+
+[[noreturn]] void sm90_fail(const Thread* t, const char* fmt, ...) __attribute__((format(printf, 2, 3)));
+[[noreturn]] void sm90_fail(const Thread* t, const char* fmt, ...) {
+    char what[1024];
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(what, sizeof what, fmt, ap);
+    va_end(ap);
+    fail_lane(t, what);
+}
+
+// ---- the shared window: dynamic at [0, shared_mem), static from the next 1024-byte boundary ----
+inline unsigned long long static_window_base() { return (g.shared_mem + 1023) & ~1023ull; }
+
+bool window_of(const Block* k, const void* p, unsigned* out) {
+    uintptr_t a = reinterpret_cast<uintptr_t>(p);
+    uintptr_t d = reinterpret_cast<uintptr_t>(k->dyn_smem), s = reinterpret_cast<uintptr_t>(k->static_smem);
+    if (k->dyn_smem && a - d < g.shared_mem) {
+        *out = static_cast<unsigned>(a - d);
+        return true;
+    }
+    if (a - s < kStaticSmemMax) {
+        *out = static_cast<unsigned>(static_window_base() + (a - s));
+        return true;
+    }
+    return false;
+}
+
+// Host pointer of `bytes` bytes at window address `w`, or nullptr when not inside one region.
+unsigned char* window_ptr(const Block* k, unsigned long long w, unsigned long long bytes) {
+    if (w + bytes <= g.shared_mem) return k->dyn_smem + w;
+    unsigned long long sb = static_window_base();
+    if (w >= sb && w - sb + bytes <= g_static_used) return k->static_smem + (w - sb);
+    return nullptr;
+}
+
+inline unsigned long long swz(unsigned long long addr, unsigned units) {
+    return units ? addr ^ (((addr >> 7) & (units - 1)) << 4) : addr;
+}
+
+MBar* find_bar(Block* k, unsigned long long* bar) {
+    for (auto& e : sb_of(k).bars)
+        if (e.first == reinterpret_cast<uintptr_t>(bar)) return &e.second;
+    return nullptr;
+}
+
+MBar* need_bar(Thread* t, unsigned long long* bar, const char* what, const char* file, int line) {
+    MBar* m = find_bar(t->blk, bar);
+    if (!m) {
+        unsigned w = 0;
+        if (!window_of(t->blk, bar, &w))
+            sm90_fail(t, "%s at %s:%d: mbarrier address %p is not in the block's shared memory", what, file, line,
+                      static_cast<void*>(bar));
+        sm90_fail(t, "%s at %s:%d: the mbarrier at shared byte %u was not initialized (pk_mbarrier_init) or was "
+                  "invalidated", what, file, line, w);
+    }
+    return m;
+}
+
+// Phase completed: wake the threads parked on it for the parity that just completed.
+void bar_complete(Block* k, unsigned long long* bar, MBar* m) {
+    unsigned done = static_cast<unsigned>(m->phase & 1);
+    m->phase++;
+    m->pending = m->expected;
+    m->tx = 0;
+    for (unsigned i = 0; i < g.n; i++) {
+        Thread& o = k->threads[i];
+        Sm90Thread& s = st_of(&o);
+        if (o.state == kSm90Park && s.park == PARK_MBAR && s.bar == bar && s.parity == done) {
+            s.park = 0;
+            o.state = RUN;
+            set_runnable(&o);
+        }
+    }
+}
+
+void bar_check(Block* k, unsigned long long* bar, MBar* m) {
+    if (m->pending == 0 && m->tx == 0) bar_complete(k, bar, m);
+}
+
+unsigned long long tmap_bytes(const pkrt_tmap& m) {
+    unsigned long long n = m.elem_bytes;
+    for (int d = 0; d < m.rank; d++) n *= m.box[d];
+    return n;
+}
+
+// Every element of the box: global element address (or null when out of bounds) and its shared offset.
+template <typename F> void for_box(const pkrt_tmap& m, const int* c, F f) {
+    unsigned b[5] = {1, 1, 1, 1, 1};
+    for (int d = 0; d < m.rank; d++) b[d] = m.box[d];
+    unsigned long long lin = 0;
+    for (unsigned i4 = 0; i4 < b[4]; i4++)
+        for (unsigned i3 = 0; i3 < b[3]; i3++)
+            for (unsigned i2 = 0; i2 < b[2]; i2++)
+                for (unsigned i1 = 0; i1 < b[1]; i1++)
+                    for (unsigned i0 = 0; i0 < b[0]; i0++, lin += m.elem_bytes) {
+                        unsigned idx[5] = {i0, i1, i2, i3, i4};
+                        bool in = true;
+                        unsigned long long addr = m.base;
+                        for (int d = 0; d < m.rank; d++) {
+                            long long x = static_cast<long long>(c[d]) + idx[d];
+                            if (x < 0 || static_cast<unsigned long long>(x) >= m.dims[d]) in = false;
+                            else addr += static_cast<unsigned long long>(x) * (d ? m.strides[d] : m.elem_bytes);
+                        }
+                        f(in ? reinterpret_cast<unsigned char*>(addr) : nullptr, lin);
+                    }
+}
+
+#ifdef PK_RACECHECK
+// Bytes the async proxy wrote: written (initcheck), and no thread is their last writer or reader,
+// since the mbarrier wait orders them before every reader.
+void rc_async_written(Block* k, unsigned w, unsigned long long bytes) {
+    if (!g_rc) return;
+    unsigned char* p = window_ptr(k, w, bytes);
+    if (!p) return;
+    for (unsigned long long o = 0; o < bytes; o += 4) {
+        Region* r = rc_find(reinterpret_cast<uintptr_t>(p + o));
+        if (!r) continue;
+        Shadow& sh = r->sh[(reinterpret_cast<uintptr_t>(p + o) - r->lo) >> 2];
+        sh.init = 0xf;
+        sh.w_blk = sh.r_blk = 0;
+    }
+}
+#endif
+
+void land_load(Block* k, const TmaLoad& L) {
+    for_box(L.map, L.c, [&](unsigned char* src, unsigned long long off) {
+        unsigned char* dst = window_ptr(k, swz(L.dst + off, L.map.swizzle), L.map.elem_bytes);
+        if (src) std::memcpy(dst, src, L.map.elem_bytes);
+        else if (L.map.oob_nan && L.map.elem_bytes == 4) { unsigned v = 0x7fffffffu; std::memcpy(dst, &v, 4); }
+        else if (L.map.oob_nan && L.map.elem_bytes == 2) { unsigned short v = 0x7fff; std::memcpy(dst, &v, 2); }
+        else std::memset(dst, 0, L.map.elem_bytes);
+    });
+#ifdef PK_RACECHECK
+    // The async proxy wrote these bytes: no thread is their writer (the mbarrier orders them).
+    rc_async_written(k, L.dst, tmap_bytes(L.map));
+#endif
+}
+
+// Land every queued load of `bar` (in issue order) and complete their bytes on it.
+void land_loads_of(Block* k, unsigned long long* bar) {
+    Sm90Block& sb = sb_of(k);
+    std::vector<TmaLoad> keep;
+    std::vector<TmaLoad> now;
+    for (auto& L : sb.loads) (L.bar == bar ? now : keep).push_back(L);
+    sb.loads.swap(keep);
+    for (auto& L : now) {
+        land_load(k, L);
+        MBar* m = find_bar(k, bar);
+        if (!m) continue;
+        m->tx -= static_cast<long long>(L.bytes);
+        bar_check(k, bar, m);
+    }
+}
+
+void perform_store(Block* k, const BulkStore& S) {
+    for_box(S.map, S.c, [&](unsigned char* dst, unsigned long long off) {
+        if (!dst) return;  // out-of-bounds elements are not written
+        const unsigned char* src = window_ptr(k, swz(S.src + off, S.map.swizzle), S.map.elem_bytes);
+        std::memcpy(dst, src, S.map.elem_bytes);
+    });
+}
+
+void stores_perform(Thread* t, bool all, unsigned below) {
+    Sm90Thread& s = st_of(t);
+    size_t keep = 0;
+    for (size_t i = 0; i < s.stores.size(); i++) {
+        if (all || s.stores[i].group < below) perform_store(t->blk, s.stores[i]);
+        else s.stores[keep++] = s.stores[i];
+    }
+    s.stores.resize(keep);
+}
+
+const pkrt_tmap& check_map(Thread* t, const CUtensorMap* map, int rank, const char* what, const char* file, int line) {
+    const pkrt_tmap* m = reinterpret_cast<const pkrt_tmap*>(map);
+    if (m->magic != PKRT_TMAP_MAGIC)
+        sm90_fail(t, "%s at %s:%d: the CUtensorMap was not made for the host backend "
+                  "(pykern.tensormap.make_tensor_map(..., backend='host'))", what, file, line);
+    if (m->rank != rank)
+        sm90_fail(t, "%s at %s:%d: a %dD copy with a tensor map of rank %d", what, file, line, rank, m->rank);
+    return *m;
+}
+
+unsigned check_smem(Thread* t, const void* p, unsigned long long bytes, unsigned align, const char* what,
+                    const char* file, int line) {
+    unsigned w = 0;
+    if (!window_of(t->blk, p, &w) || !window_ptr(t->blk, w, bytes))
+        sm90_fail(t, "%s at %s:%d: %llu bytes at %p are not inside the block's shared memory", what, file, line, bytes, p);
+    if (w % align)
+        sm90_fail(t, "%s at %s:%d: the shared-memory address (byte %u) is not %u-byte aligned", what, file, line, w,
+                  align);
+    return w;
+}
+
+// ---- wgmma --------------------------------------------------------------------------------------
+inline double f16_value(unsigned h) {
+    h &= 0xffffu;
+    unsigned e = (h >> 10) & 31u, f = h & 1023u;
+    double v = e == 0 ? std::ldexp(static_cast<double>(f), -24)
+               : e == 31 ? (f ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
+                         : std::ldexp(static_cast<double>(f | 1024u), static_cast<int>(e) - 25);
+    return (h & 0x8000u) ? -v : v;
+}
+
+// Shared window byte address of element (mn, k) of a 16-bit operand (PTX ISA canonical layouts,
+// as CuTe's make_gmma_desc reads them).
+unsigned long long desc_addr(unsigned long long desc, unsigned mn, unsigned k, bool mn_major) {
+    unsigned long long start = (desc & 0x3fffull) << 4, lbo = ((desc >> 16) & 0x3fffull) << 4,
+                       sbo = ((desc >> 32) & 0x3fffull) << 4;
+    unsigned layout = static_cast<unsigned>(desc >> 62);
+    unsigned W = layout == 1 ? 8 : layout == 2 ? 4 : layout == 3 ? 2 : 1;  // 16-byte units
+    unsigned long long off;
+    if (!mn_major) {
+        unsigned m0 = mn % 8, m1 = mn / 8, kc = k / 8, e = k % 8;
+        off = layout == 0 ? m0 * 16ull + m1 * sbo + kc * lbo + e * 2 : m0 * W * 16ull + m1 * sbo + kc * 16ull + e * 2;
+    } else {
+        unsigned c = mn / 8, e = mn % 8, k0 = k % 8, k1 = k / 8;
+        off = layout == 0 ? c * sbo + k0 * 16ull + k1 * lbo + e * 2
+                          : (c % W) * 16ull + (c / W) * lbo + k0 * W * 16ull + k1 * sbo + e * 2;
+    }
+    return swz(start + off, layout ? W : 0);
+}
+
+void wg_compute(Block* k, unsigned id);
+
+double operand(Block* k, const WgOp& op, unsigned long long desc, unsigned mn, unsigned kk, bool mn_major) {
+    unsigned long long w = desc_addr(desc, mn, kk, mn_major);
+    const unsigned char* p = window_ptr(k, w, 2);
+    if (!p) {
+        Buf b{g.err, sizeof g.err};
+        b.add("kernel %s: block (%u,%u,%u): wgmma at %s:%d: its descriptor 0x%016llx addresses shared byte %llu "
+              "(element %u, k %u), outside the block's shared memory", g.kernel, k->idx.x, k->idx.y, k->idx.z,
+              op.file, op.line, desc, w, mn, kk);
+        fail_from_fiber();
+    }
+    unsigned short h;
+    std::memcpy(&h, p, 2);
+    return op.dt == kWgmmaBf16 ? bf16_value(h) : f16_value(h);
+}
+
+void wg_compute(Block* k, unsigned id) {
+    WgOp& op = sb_of(k).ops[id];
+    if (op.done) return;
+    for (unsigned i = 0; i < 128; i++)
+        if (op.c_from[i] >= 0) wg_compute(k, static_cast<unsigned>(op.c_from[i]));
+    const unsigned n = static_cast<unsigned>(op.n), h = n / 2;
+    for (unsigned long long d : {op.da, op.db})
+        if (((d >> 49) & 7) != 0 && !(op.rs && d == op.da)) {
+            Buf b{g.err, sizeof g.err};
+            b.add("kernel %s: wgmma at %s:%d: descriptor base offset %llu is not emulated (keep swizzled tiles "
+                  "aligned to their pattern: 1024/512/256 bytes)", g.kernel, op.file, op.line, (d >> 49) & 7);
+            fail_from_fiber();
+        }
+    std::vector<double> A(64 * 16), B(static_cast<size_t>(n) * 16);
+    if (op.rs) {
+        for (unsigned i = 0; i < 128; i++) {
+            unsigned q = i / 32, lane = i % 32, gq = lane >> 2, tq = lane & 3;
+            for (unsigned v = 0; v < 8; v++) {
+                unsigned bits = op.a[i * 4 + v / 2] >> (16 * (v & 1));
+                A[(16 * q + gq + 8 * ((v >> 1) & 1)) * 16 + 2 * tq + (v & 1) + 8 * (v >> 2)] =
+                    op.dt == kWgmmaBf16 ? bf16_value(bits) : f16_value(bits);
+            }
+        }
+    } else {
+        for (unsigned m = 0; m < 64; m++)
+            for (unsigned kk = 0; kk < 16; kk++) A[m * 16 + kk] = operand(k, op, op.da, m, kk, op.ta != 0);
+    }
+    for (unsigned nn = 0; nn < n; nn++)
+        for (unsigned kk = 0; kk < 16; kk++) B[nn * 16 + kk] = operand(k, op, op.db, nn, kk, op.tb != 0);
+    op.result.assign(static_cast<size_t>(128) * h, 0.0f);
+    for (unsigned i = 0; i < 128; i++) {
+        unsigned q = i / 32, lane = i % 32, gq = lane >> 2, tq = lane & 3;
+        const float* c = op.c_from[i] >= 0 ? &sb_of(k).ops[static_cast<size_t>(op.c_from[i])].result[i * h] : &op.c[i * h];
+        for (unsigned r = 0; r < h; r++) {
+            unsigned j = r / 4, v = r % 4;
+            unsigned m = 16 * q + gq + 8 * (v >> 1), nn = 8 * j + 2 * tq + (v & 1);
+            // Exact products in double, one rounding to fp32 (the tensor core's order is unspecified).
+            double s = op.scale_d ? c[r] : 0.0;
+            for (unsigned kk = 0; kk < 16; kk++) s += A[m * 16 + kk] * B[nn * 16 + kk];
+            op.result[i * h + r] = static_cast<float>(s);
+        }
+    }
+    op.done = true;
+}
+
+void wg_complete(Block* k, unsigned wg) {
+    Sm90Block& sb = sb_of(k);
+    Thread* ts = &k->threads[wg * 128];
+    const pkrt_wgmma_op* p0 = st_of(&ts[0]).op;
+    for (unsigned i = 1; i < 128; i++) {
+        const pkrt_wgmma_op* p = st_of(&ts[i]).op;
+        if (p->n != p0->n || p->dt != p0->dt || p->ta != p0->ta || p->tb != p0->tb || (p->a == nullptr) != (p0->a == nullptr) ||
+            p->desc_b != p0->desc_b || (!p0->a && p->desc_a != p0->desc_a) || (p->scale_d != 0) != (p0->scale_d != 0) ||
+            st_of(&ts[i]).line != st_of(&ts[0]).line)
+            sm90_fail(&ts[i], "wgmma at %s:%d: the warpgroup's threads disagree (shape, type, descriptors or scale-d "
+                      "differ from thread %u's at %s:%d): one wgmma.mma_async is issued by all 128 threads alike",
+                      st_of(&ts[i]).file, st_of(&ts[i]).line, ts[0].linear, st_of(&ts[0]).file, st_of(&ts[0]).line);
+    }
+    WgOp op;
+    op.n = p0->n, op.dt = p0->dt, op.ta = p0->ta, op.tb = p0->tb, op.scale_d = p0->scale_d != 0;
+    op.rs = p0->a != nullptr, op.done = false, op.da = p0->desc_a, op.db = p0->desc_b, op.first = wg * 128;
+    op.file = st_of(&ts[0]).file, op.line = st_of(&ts[0]).line;
+    unsigned h = static_cast<unsigned>(op.n) / 2;
+    op.c.assign(static_cast<size_t>(128) * h, 0.0f);
+    op.c_from.assign(128, -1);
+    if (op.rs) op.a.assign(128 * 4, 0);
+    unsigned id = static_cast<unsigned>(sb.ops.size());
+    for (unsigned i = 0; i < 128; i++) {
+        Sm90Thread& s = st_of(&ts[i]);
+        const pkrt_wgmma_op* p = s.op;
+        for (auto it = s.wg.rbegin(); it != s.wg.rend(); ++it)
+            if (it->d == p->d) {
+                op.c_from[i] = static_cast<int>(it->op);  // chained on the same accumulators
+                break;
+            }
+        if (op.c_from[i] < 0) std::memcpy(&op.c[i * h], p->d, h * sizeof(float));
+        if (op.rs) std::memcpy(&op.a[i * 4], p->a, 4 * sizeof(unsigned));
+    }
+    sb.ops.push_back(std::move(op));
+    const float nan = std::numeric_limits<float>::quiet_NaN();
+    for (unsigned i = 0; i < 128; i++) {
+        Sm90Thread& s = st_of(&ts[i]);
+        s.wg.push_back(WgPending{id, s.wg_group, s.op->d});
+        for (unsigned r = 0; r < h; r++) s.op->d[r] = nan;  // undefined until the wgmma wait
+        s.park = 0;
+        s.op = nullptr;
+        ts[i].state = RUN;
+        set_runnable(&ts[i]);
+    }
+    sb.wg_arrived[wg] = 0;
+}
+
+}  // namespace
+
+// ---- entry points (pk_ptx.cuh's host part) --------------------------------------------------------
+extern "C" unsigned pkrt_smem_window(const void* p, const char* file, int line) {
+    unsigned w = 0;
+    if (!window_of(cur()->blk, p, &w))
+        sm90_fail(cur(), "pk_wgmma_desc at %s:%d: %p is not in the block's shared memory", file, line, p);
+    return w;
+}
+
+extern "C" void pkrt_wgmma_fence(void) { st_of(cur()).fenced = true; }
+
+extern "C" void pkrt_wgmma_commit(const char*, int) { st_of(cur()).wg_group++; }
+
+extern "C" void pkrt_wgmma_wait(int n, const char*, int) {
+    Thread* t = cur();
+    Sm90Thread& s = st_of(t);
+    unsigned below = s.wg_group > static_cast<unsigned>(n) ? s.wg_group - static_cast<unsigned>(n) : 0;
+    size_t keep = 0;
+    for (size_t i = 0; i < s.wg.size(); i++) {
+        WgPending p = s.wg[i];
+        if (p.group < below) {
+            wg_compute(t->blk, p.op);
+            const WgOp& op = sb_of(t->blk).ops[p.op];
+            unsigned h = static_cast<unsigned>(op.n) / 2;
+            std::memcpy(p.d, &op.result[(t->linear - op.first) * h], h * sizeof(float));
+        } else {
+            s.wg[keep++] = p;
+        }
+    }
+    s.wg.resize(keep);
+    s.fenced = false;  // the accumulators may be touched now: the next mma_async needs a fence
+}
+
+extern "C" void pkrt_wgmma_issue(pkrt_wgmma_op* op, const char* file, int line) {
+    Thread* t = cur();
+    Block* k = t->blk;
+    Sm90Thread& s = st_of(t);
+    unsigned wg = t->linear / 128;
+    if ((wg + 1) * 128 > g.n)
+        sm90_fail(t, "wgmma at %s:%d needs a whole warpgroup (128 threads; the block has %u)", file, line, g.n);
+    if (!s.fenced)
+        sm90_fail(t, "wgmma.mma_async at %s:%d without pk_wgmma_fence() since the thread's start or its last "
+                  "pk_wgmma_wait: the accumulators (and A registers) must be fenced before the async proxy reads them",
+                  file, line);
+    s.op = op;
+    s.file = file;
+    s.line = line;
+    s.park = PARK_WGMMA;
+    t->state = kSm90Park;
+    t->file = file;
+    t->line = line;
+    clear_runnable(t);
+    Sm90Block& sb = sb_of(k);
+    if (++sb.wg_arrived[wg] == 128) wg_complete(k, wg);
+    reschedule(false);
+}
+
+extern "C" void pkrt_mbar_init(unsigned long long* bar, unsigned count, const char* file, int line) {
+    Thread* t = cur();
+    check_smem(t, bar, 8, 8, "pk_mbarrier_init", file, line);
+    if (count < 1 || count > (1u << 20) - 1)
+        sm90_fail(t, "pk_mbarrier_init at %s:%d: expected an arrival count of 1..%u, got %u", file, line,
+                  (1u << 20) - 1, count);
+    MBar m{count, count, 0, 0, file, line};
+    if (MBar* old = find_bar(t->blk, bar)) *old = m;
+    else sb_of(t->blk).bars.emplace_back(reinterpret_cast<uintptr_t>(bar), m);
+    *bar = 0;  // the word is the barrier's: keep it initialized for initcheck-like readers
+}
+
+extern "C" void pkrt_mbar_inval(unsigned long long* bar, const char* file, int line) {
+    Thread* t = cur();
+    need_bar(t, bar, "pk_mbarrier_inval", file, line);
+    auto& v = sb_of(t->blk).bars;
+    for (size_t i = 0; i < v.size(); i++)
+        if (v[i].first == reinterpret_cast<uintptr_t>(bar)) {
+            v.erase(v.begin() + static_cast<long>(i));
+            break;
+        }
+}
+
+extern "C" unsigned long long pkrt_mbar_arrive(unsigned long long* bar, unsigned tx, int arrive, const char* file,
+                                               int line) {
+    Thread* t = cur();
+    MBar* m = need_bar(t, bar, arrive ? "pk_mbarrier_arrive" : "pk_mbarrier_expect_tx", file, line);
+    unsigned long long token = m->phase;
+    m->tx += tx;
+    if (arrive) {
+        if (m->pending == 0)
+            sm90_fail(t, "pk_mbarrier_arrive at %s:%d: more arrivals than the %u the mbarrier (initialized at %s:%d) "
+                      "expects in this phase", file, line, m->expected, m->file, m->line);
+        m->pending--;
+        bar_check(t->blk, bar, m);
+    }
+    PKRT_YIELD();
+    return token;
+}
+
+extern "C" int pkrt_mbar_wait(unsigned long long* bar, unsigned parity, int, const char* file, int line) {
+    Thread* t = cur();
+    Block* k = t->blk;
+    MBar* m = need_bar(t, bar, "pk_mbarrier_wait_parity", file, line);
+    parity &= 1;
+    if ((m->phase & 1) != parity) return 1;
+    land_loads_of(k, bar);  // the async copies it waits for land now, completing their bytes
+    m = find_bar(k, bar);
+    if (!m || (m->phase & 1) != parity) return 1;
+    Sm90Thread& s = st_of(t);
+    s.park = PARK_MBAR;
+    s.bar = bar;
+    s.parity = parity;
+    s.file = file;
+    s.line = line;
+    t->state = kSm90Park;
+    t->file = file;
+    t->line = line;
+    clear_runnable(t);
+    reschedule(false);
+    return 1;
+}
+
+extern "C" void pkrt_tma_load(void* dst, const CUtensorMap* map, unsigned long long* bar, int rank, const int* c,
+                              const char* file, int line) {
+    Thread* t = cur();
+    const pkrt_tmap& m = check_map(t, map, rank, "pk_tma_load", file, line);
+    unsigned w = check_smem(t, dst, tmap_bytes(m), m.swizzle ? 16u * m.swizzle * 8u : 128u, "pk_tma_load", file, line);
+    need_bar(t, bar, "pk_tma_load", file, line);
+    TmaLoad L{bar, w, m, {0, 0, 0, 0, 0}, tmap_bytes(m), file, line, t->linear};
+    for (int d = 0; d < rank; d++) L.c[d] = c[d];
+    sb_of(t->blk).loads.push_back(L);
+}
+
+extern "C" void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank, const int* c, const char* file,
+                               int line) {
+    Thread* t = cur();
+    const pkrt_tmap& m = check_map(t, map, rank, "pk_tma_store", file, line);
+    unsigned w = check_smem(t, src, tmap_bytes(m), m.swizzle ? 16u * m.swizzle * 8u : 128u, "pk_tma_store", file, line);
+    Sm90Thread& s = st_of(t);
+    BulkStore S{m, w, {0, 0, 0, 0, 0}, s.bulk_group};
+    for (int d = 0; d < rank; d++) S.c[d] = c[d];
+    s.stores.push_back(S);
+}
+
+extern "C" void pkrt_tma_store_commit(void) { st_of(cur()).bulk_group++; }
+
+extern "C" void pkrt_tma_store_wait(int n) {
+    Thread* t = cur();
+    Sm90Thread& s = st_of(t);
+    unsigned below = s.bulk_group > static_cast<unsigned>(n) ? s.bulk_group - static_cast<unsigned>(n) : 0;
+    stores_perform(t, false, below);
+}
+
+namespace {
+
+// ---- hooks called by the fiber runtime ------------------------------------------------------------
+void sm90_describe_park(Buf& b, const Thread* t) {
+    const Sm90Thread& s = st_of(t);
+    if (s.park == PARK_WGMMA) {
+        b.add("waits in a wgmma at %s:%d for the rest of its warpgroup (threads %u..%u)", s.file, s.line,
+              t->linear / 128 * 128, t->linear / 128 * 128 + 127);
+    } else if (s.park == PARK_MBAR) {
+        const MBar* m = find_bar(t->blk, s.bar);
+        unsigned w = 0;
+        window_of(t->blk, s.bar, &w);
+        if (m)
+            b.add("waits at %s:%d on the mbarrier at shared byte %u (parity %u) whose phase never completes: %u of "
+                  "%u arrivals and %lld transaction bytes missing", s.file, s.line, w, s.parity, m->pending, m->expected,
+                  m->tx);
+        else
+            b.add("waits at %s:%d on the invalidated mbarrier at shared byte %u", s.file, s.line, w);
+    } else {
+        b.add("is parked");
+    }
+}
+
+void sm90_block_start(Block* k) {
+    Sm90Block& sb = sb_of(k);
+    std::memset(sb.wg_arrived, 0, sizeof sb.wg_arrived);
+    sb.ops.clear();
+    sb.bars.clear();
+    sb.loads.clear();
+    for (unsigned i = 0; i < g.n; i++) {
+        Sm90Thread& s = st_of(&k->threads[i]);
+        s.fenced = false;
+        s.wg_group = s.bulk_group = 0;
+        s.wg.clear();
+        s.stores.clear();
+        s.park = 0;
+        s.op = nullptr;
+    }
+}
+
+void sm90_thread_exit(Thread* t) {
+    Sm90Thread& s = st_of(t);
+    if (!s.wg.empty()) {
+        const WgOp& op = sb_of(t->blk).ops[s.wg.front().op];
+        sm90_fail(t, "exits with the results of the wgmma at %s:%d never waited for (pk_wgmma_commit, then "
+                  "pk_wgmma_wait<N>): its accumulators are undefined on a GPU", op.file, op.line);
+    }
+    stores_perform(t, true, 0);  // a GPU completes bulk stores even if nobody waits
+}
+
+void sm90_block_end(Block* k) {
+    Sm90Block& sb = sb_of(k);
+    if (!sb.loads.empty()) {
+        const TmaLoad& L = sb.loads.front();
+        Thread* t = &k->threads[L.thread];
+        Buf b{g.err, sizeof g.err};
+        describe_where(b, t);
+        b.add(": the TMA load it issued at %s:%d was never waited for (no pk_mbarrier_wait_parity on its "
+              "mbarrier): its data is not ordered before any read", L.file, L.line);
+        fail_from_fiber();
+    }
+}
