@@ -100,8 +100,8 @@ DT = {"float": np.float32, "double": np.float64, "int": np.int32, "unsigned int"
       "signed char": np.int8, "short": np.int16, "bool": np.bool_}
 SC = {"float": numba.float32, "double": numba.float64, "bool": numba.boolean}
 def argtype(p):
-    if p.is_pointer:  # bf16 arrays reach references widened to float32
-        base = "float" if p.pointee == "unsigned short" else p.pointee
+    if p.is_pointer:  # bf16 / f16 arrays reach references widened to float32
+        base = "float" if p.pointee in ("unsigned short", "__nv_bfloat16", "__half") else p.pointee
         return numba.types.Array(numba.from_dtype(np.dtype(DT[base])), 1, "C")
     return SC.get(p.ctype, numba.int64)  # integers arrive as Python ints
 done, bad = set(), []
