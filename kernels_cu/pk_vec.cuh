@@ -79,3 +79,51 @@ template <typename T>
 __device__ __forceinline__ bool pk_vec_aligned(const T* p) {
     return (((unsigned long long)p) & (unsigned long long)(4 * sizeof(T) - 1)) == 0ull;
 }
+
+// ---------------------------------------------------------------------------------------------------------
+// Chunked loops whose body is written once for the 16-byte path and the element path. The body is a generic
+// lambda `[&](long long i, auto w)` with W = decltype(w)::value elements starting at i: W = PkVec16<T>::N
+// (one LDG.128 / STG.128 per array) on the vector path, 1 on the element path. pk_load / pk_store move W
+// elements of T widened to / narrowed from fp32.
+template <int W> struct PkWidth {
+    static constexpr int value = W;
+};
+
+template <typename T, int W>
+__device__ __forceinline__ void pk_load(const T* p, long long i, float* f) {
+    if constexpr (W == 1) f[0] = PkIO<T>::load(p, i);
+    else PkVec16<T>::load(p, i, f);
+}
+
+template <typename T, int W>
+__device__ __forceinline__ void pk_store(T* p, long long i, const float* f) {
+    if constexpr (W == 1) PkIO<T>::store(p, i, f[0]);
+    else PkVec16<T>::store(p, i, f);
+}
+
+// This thread's chunks of a row [0, n) shared by the block's blockDim.x threads: 16-byte chunks when `vec`
+// (n a multiple of PkVec16<T>::N and every row base 16-byte aligned: the caller checks), else elements.
+template <typename T, typename F>
+__device__ __forceinline__ void pk_row_chunks(bool vec, long long n, F&& body) {
+    constexpr int N = PkVec16<T>::N;
+    if (vec) {
+        for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) body(i, PkWidth<N>());
+    } else {
+        for (long long i = threadIdx.x; i < n; i += blockDim.x) body(i, PkWidth<1>());
+    }
+}
+
+// Grid-stride elementwise loop over [0, n): 16-byte chunks when `vec` (every base 16-byte aligned), then
+// the scalar tail past the last whole chunk (everything when not `vec`).
+template <typename T, typename F>
+__device__ __forceinline__ void pk_grid_chunks(bool vec, long long n, F&& body) {
+    constexpr int N = PkVec16<T>::N;
+    const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
+    long long done = 0;
+    if (vec) {
+        const long long n_vec = n / N;
+        for (long long v = t0; v < n_vec; v += step) body(v * N, PkWidth<N>());
+        done = n_vec * N;
+    }
+    for (long long i = done + t0; i < n; i += step) body(i, PkWidth<1>());
+}
