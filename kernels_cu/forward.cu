@@ -1,71 +1,13 @@
 // Forward / prefill kernels: embedding lookup, RoPE, SiLU gate, RMSNorm and the
 // causal attention softmax (issue 6). FlashAttention lives in flash_attention.cu.
 //
-// Elementwise kernels move 16 bytes per access (float4, or 8 x bf16 as uint4)
+// Each family is one template over its I/O element type (float, bf16, f16: see
+// pk_common.cuh's PK_IO_KERNELS), fp32 math throughout.
+// Elementwise kernels move 16 bytes per access (float4, or 8 x bf16/f16 as uint4)
 // when every pointer is 16-byte aligned and the row length allows it; the test
 // is uniform across the grid, so the fallback costs no divergence. Every loop is
 // grid-stride with 64-bit indices: the op may launch fewer blocks than elements.
-#include "pk_common.cuh"
-
-// 16-byte chunks of T widened to fp32: f32 moves as float4, bf16 as uint4 (8 words).
-template <typename T> struct FwdVec;
-template <> struct FwdVec<float> {
-    static constexpr int N = 4;
-    static __device__ __forceinline__ void load(const float* p, float* f) {
-        const float4 v = *reinterpret_cast<const float4*>(p);
-        f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;
-    }
-    static __device__ __forceinline__ void store(float* p, const float* f) {
-        float4 v;
-        v.x = f[0]; v.y = f[1]; v.z = f[2]; v.w = f[3];
-        *reinterpret_cast<float4*>(p) = v;
-    }
-};
-template <> struct FwdVec<unsigned short> {
-    static constexpr int N = 8;
-    static __device__ __forceinline__ void load(const unsigned short* p, float* f) {
-        const uint4 u = *reinterpret_cast<const uint4*>(p);
-        const unsigned int w[4] = {u.x, u.y, u.z, u.w};
-#pragma unroll
-        for (int i = 0; i < 4; ++i) {  // little endian: the lower half is the earlier element
-            f[2 * i] = __int_as_float((int)(w[i] << 16));
-            f[2 * i + 1] = __int_as_float((int)(w[i] & 0xffff0000u));
-        }
-    }
-    static __device__ __forceinline__ void store(unsigned short* p, const float* f) {
-        unsigned int w[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i)
-            w[i] = pk_float2_to_bf16x2(f[2 * i], f[2 * i + 1]);
-        uint4 u;
-        u.x = w[0]; u.y = w[1]; u.z = w[2]; u.w = w[3];
-        *reinterpret_cast<uint4*>(p) = u;
-    }
-};
-
-// Four consecutive elements: f32 as one float4, bf16 as one uint2 (RoPE works on groups of 4 pairs).
-template <typename T> struct FwdVec4;
-template <> struct FwdVec4<float> {
-    static __device__ __forceinline__ float4 load(const float* p) { return *reinterpret_cast<const float4*>(p); }
-    static __device__ __forceinline__ void store(float* p, float4 v) { *reinterpret_cast<float4*>(p) = v; }
-};
-template <> struct FwdVec4<unsigned short> {
-    static __device__ __forceinline__ float4 load(const unsigned short* p) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        float4 v;
-        v.x = __int_as_float((int)(u.x << 16));
-        v.y = __int_as_float((int)(u.x & 0xffff0000u));
-        v.z = __int_as_float((int)(u.y << 16));
-        v.w = __int_as_float((int)(u.y & 0xffff0000u));
-        return v;
-    }
-    static __device__ __forceinline__ void store(unsigned short* p, float4 v) {
-        uint2 u;
-        u.x = pk_float2_to_bf16x2(v.x, v.y);
-        u.y = pk_float2_to_bf16x2(v.z, v.w);
-        *reinterpret_cast<uint2*>(p) = u;
-    }
-};
+#include "pk_vec.cuh"
 
 __device__ __forceinline__ bool fwd_aligned16(const void* p) {
     return (((unsigned long long)p) & 15ull) == 0ull;
@@ -124,17 +66,10 @@ __device__ __forceinline__ void embedding_impl(const long long* __restrict__ ids
         embedding_dispatch<T>(ids, table, out, n_tokens, (long long)dim, vocab);
 }
 
-extern "C" __global__ void __launch_bounds__(256) embedding(const long long* __restrict__ ids, const float* __restrict__ table,
-                                     float* __restrict__ out, long long n_tokens, long long vocab,
-                                     unsigned int dim) {
-    embedding_impl<float>(ids, table, out, n_tokens, vocab, dim);
-}
-
-extern "C" __global__ void __launch_bounds__(256) embedding_bf16(const long long* __restrict__ ids, const unsigned short* __restrict__ table,
-                                          unsigned short* __restrict__ out, long long n_tokens, long long vocab,
-                                          unsigned int dim) {
-    embedding_impl<unsigned short>(ids, table, out, n_tokens, vocab, dim);
-}
+PK_IO_KERNELS(embedding, (256),
+              (const long long* __restrict__ ids, const T* __restrict__ table, T* __restrict__ out,
+               long long n_tokens, long long vocab, unsigned int dim),
+              (ids, table, out, n_tokens, vocab, dim))
 
 // ---------------------------------------------------------------------------
 // rope: rotate pairs of x by the angle of the token's position. `n_rows` counts
@@ -206,23 +141,23 @@ __device__ __forceinline__ void rope_loop(const T* x, T* out, const float* __res
             const long long base = (long long)row * head_dim;
             float4 a, b, ra, rb;
             if (style == 0) {  // 8 contiguous elements: pairs (a.x,a.y) (a.z,a.w) (b.x,b.y) (b.z,b.w)
-                a = FwdVec4<T>::load(x + base + 2 * i);
-                b = FwdVec4<T>::load(x + base + 2 * i + 4);
+                a = PkVec4<T>::load(x + base + 2 * i);
+                b = PkVec4<T>::load(x + base + 2 * i + 4);
                 fwd_rotate(a.x, a.y, c.x, s.x, ra.x, ra.y);
                 fwd_rotate(a.z, a.w, c.y, s.y, ra.z, ra.w);
                 fwd_rotate(b.x, b.y, c.z, s.z, rb.x, rb.y);
                 fwd_rotate(b.z, b.w, c.w, s.w, rb.z, rb.w);
-                FwdVec4<T>::store(out + base + 2 * i, ra);
-                FwdVec4<T>::store(out + base + 2 * i + 4, rb);
+                PkVec4<T>::store(out + base + 2 * i, ra);
+                PkVec4<T>::store(out + base + 2 * i + 4, rb);
             } else {  // 4 elements of the first half against the 4 matching ones of the second
-                a = FwdVec4<T>::load(x + base + i);
-                b = FwdVec4<T>::load(x + base + half + i);
+                a = PkVec4<T>::load(x + base + i);
+                b = PkVec4<T>::load(x + base + half + i);
                 fwd_rotate(a.x, b.x, c.x, s.x, ra.x, rb.x);
                 fwd_rotate(a.y, b.y, c.y, s.y, ra.y, rb.y);
                 fwd_rotate(a.z, b.z, c.z, s.z, ra.z, rb.z);
                 fwd_rotate(a.w, b.w, c.w, s.w, ra.w, rb.w);
-                FwdVec4<T>::store(out + base + i, ra);
-                FwdVec4<T>::store(out + base + half + i, rb);
+                PkVec4<T>::store(out + base + i, ra);
+                PkVec4<T>::store(out + base + half + i, rb);
             }
         }
     } else {  // one thread rotates one pair
@@ -261,23 +196,12 @@ __device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __res
                                 max_pos, has_pos != 0, full_table != 0, style, inverse != 0, vec);
 }
 
-extern "C" __global__ void __launch_bounds__(256) rope(const float* x, float* out, const float* __restrict__ cos_table,
-                                const float* __restrict__ sin_table, const long long* __restrict__ positions,
-                                long long n_rows, unsigned int n_pos, unsigned int n_heads, unsigned int head_dim,
-                                unsigned int pos_offset, unsigned int max_pos, int has_pos, int full_table,
-                                int style, int inverse) {
-    rope_impl<float>(x, out, cos_table, sin_table, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos,
-                     has_pos, full_table, style, inverse);
-}
-
-extern "C" __global__ void __launch_bounds__(256) rope_bf16(const unsigned short* x, unsigned short* out, const float* __restrict__ cos_table,
-                                     const float* __restrict__ sin_table, const long long* __restrict__ positions,
-                                     long long n_rows, unsigned int n_pos, unsigned int n_heads,
-                                     unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos,
-                                     int has_pos, int full_table, int style, int inverse) {
-    rope_impl<unsigned short>(x, out, cos_table, sin_table, positions, n_rows, n_pos, n_heads, head_dim, pos_offset,
-                              max_pos, has_pos, full_table, style, inverse);
-}
+PK_IO_KERNELS(rope, (256),
+              (const T* x, T* out, const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+               const long long* __restrict__ positions, long long n_rows, unsigned int n_pos, unsigned int n_heads,
+               unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos, int has_pos, int full_table,
+               int style, int inverse),
+              (x, out, cos_table, sin_table, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos, has_pos, full_table, style, inverse))
 
 // ---------------------------------------------------------------------------
 // silu_gate: out = gate * sigmoid(gate) * up. e^-g overflows to inf for
@@ -293,18 +217,18 @@ __device__ __forceinline__ float fwd_silu_mul(float g, float u) {
 template <typename T>
 __device__ __forceinline__ void silu_gate_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                T* __restrict__ out, long long n) {
-    constexpr int N = FwdVec<T>::N;
+    constexpr int N = PkVec16<T>::N;
     const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
     long long done = 0;
     if (fwd_aligned16(gate) && fwd_aligned16(up) && fwd_aligned16(out)) {
         const long long n_vec = n / N;
         for (long long i = tid; i < n_vec; i += stride) {
             float g[N], u[N];
-            FwdVec<T>::load(gate + i * N, g);
-            FwdVec<T>::load(up + i * N, u);
+            PkVec16<T>::load(gate + i * N, g);
+            PkVec16<T>::load(up + i * N, u);
 #pragma unroll
             for (int e = 0; e < N; ++e) g[e] = fwd_silu_mul(g[e], u[e]);
-            FwdVec<T>::store(out + i * N, g);
+            PkVec16<T>::store(out + i * N, g);
         }
         done = n_vec * N;
     }
@@ -312,15 +236,9 @@ __device__ __forceinline__ void silu_gate_impl(const T* __restrict__ gate, const
         PkIO<T>::store(out, i, fwd_silu_mul(PkIO<T>::load(gate, i), PkIO<T>::load(up, i)));
 }
 
-extern "C" __global__ void __launch_bounds__(256) silu_gate(const float* __restrict__ gate, const float* __restrict__ up,
-                                     float* __restrict__ out, long long n) {
-    silu_gate_impl<float>(gate, up, out, n);
-}
-
-extern "C" __global__ void __launch_bounds__(256) silu_gate_bf16(const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
-                                          unsigned short* __restrict__ out, long long n) {
-    silu_gate_impl<unsigned short>(gate, up, out, n);
-}
+PK_IO_KERNELS(silu_gate, (256),
+              (const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, long long n),
+              (gate, up, out, n))
 
 // ---------------------------------------------------------------------------
 // silu_gate_backward: for out = silu(g) * u with s = sigmoid(g),
@@ -338,7 +256,7 @@ template <typename T>
 __device__ __forceinline__ void silu_gate_backward_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                         const T* __restrict__ grad_out, T* __restrict__ grad_gate,
                                                         T* __restrict__ grad_up, long long n) {
-    constexpr int N = FwdVec<T>::N;
+    constexpr int N = PkVec16<T>::N;
     const long long tid = fwd_global_tid(), stride = fwd_grid_stride();
     long long done = 0;
     if (fwd_aligned16(gate) && fwd_aligned16(up) && fwd_aligned16(grad_out) && fwd_aligned16(grad_gate) &&
@@ -346,13 +264,13 @@ __device__ __forceinline__ void silu_gate_backward_impl(const T* __restrict__ ga
         const long long n_vec = n / N;
         for (long long i = tid; i < n_vec; i += stride) {
             float g[N], u[N], dy[N];
-            FwdVec<T>::load(gate + i * N, g);
-            FwdVec<T>::load(up + i * N, u);
-            FwdVec<T>::load(grad_out + i * N, dy);
+            PkVec16<T>::load(gate + i * N, g);
+            PkVec16<T>::load(up + i * N, u);
+            PkVec16<T>::load(grad_out + i * N, dy);
 #pragma unroll
             for (int e = 0; e < N; ++e) fwd_silu_grad(g[e], u[e], dy[e], g[e], u[e]);
-            FwdVec<T>::store(grad_gate + i * N, g);
-            FwdVec<T>::store(grad_up + i * N, u);
+            PkVec16<T>::store(grad_gate + i * N, g);
+            PkVec16<T>::store(grad_up + i * N, u);
         }
         done = n_vec * N;
     }
@@ -364,18 +282,10 @@ __device__ __forceinline__ void silu_gate_backward_impl(const T* __restrict__ ga
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) silu_gate_backward(
-    const float* __restrict__ gate, const float* __restrict__ up, const float* __restrict__ grad_out,
-    float* __restrict__ grad_gate, float* __restrict__ grad_up, long long n) {
-    silu_gate_backward_impl<float>(gate, up, grad_out, grad_gate, grad_up, n);
-}
-
-extern "C" __global__ void __launch_bounds__(256) silu_gate_backward_bf16(
-    const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
-    const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_gate,
-    unsigned short* __restrict__ grad_up, long long n) {
-    silu_gate_backward_impl<unsigned short>(gate, up, grad_out, grad_gate, grad_up, n);
-}
+PK_IO_KERNELS(silu_gate_backward, (256),
+              (const T* __restrict__ gate, const T* __restrict__ up, const T* __restrict__ grad_out,
+               T* __restrict__ grad_gate, T* __restrict__ grad_up, long long n),
+              (gate, up, grad_out, grad_gate, grad_up, n))
 
 // ---------------------------------------------------------------------------
 // Row kernels (rms_norm, causal_attn_softmax) run in one of two shapes chosen
@@ -405,7 +315,7 @@ template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* __restrict__ weight,
                                               T* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
     __shared__ float scratch[32];
-    constexpr int N = FwdVec<T>::N;
+    constexpr int N = PkVec16<T>::N;
     const bool vec = (dim % N == 0) && fwd_aligned16(x) && fwd_aligned16(weight) && fwd_aligned16(out);
     const bool cache = vec && dim / N <= RMS_CACHE_VECS * blockDim.x;
     const long long row_step = (long long)gridDim.x * blockDim.y;
@@ -418,7 +328,7 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
 #pragma unroll
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {  // both loads issued before the sums
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
-                if (c < dim / N) FwdVec<T>::load(xr + (long long)c * N, f[sl]);
+                if (c < dim / N) PkVec16<T>::load(xr + (long long)c * N, f[sl]);
             }
 #pragma unroll
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
@@ -434,10 +344,10 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
                 if (c < dim / N) {
                     float w[N];
-                    FwdVec<T>::load(weight + (long long)c * N, w);
+                    PkVec16<T>::load(weight + (long long)c * N, w);
 #pragma unroll
                     for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * w[e];
-                    FwdVec<T>::store(outr + (long long)c * N, f[sl]);
+                    PkVec16<T>::store(outr + (long long)c * N, f[sl]);
                 }
             }
             continue;
@@ -445,7 +355,7 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
         if (vec) {
             for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
                 float f[N];
-                FwdVec<T>::load(xr + (long long)c * N, f);
+                PkVec16<T>::load(xr + (long long)c * N, f);
 #pragma unroll
                 for (int e = 0; e < N; ++e) ss = fmaf(f[e], f[e], ss);
             }
@@ -460,11 +370,11 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
         if (vec) {
             for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
                 float f[N], w[N];
-                FwdVec<T>::load(xr + (long long)c * N, f);
-                FwdVec<T>::load(weight + (long long)c * N, w);
+                PkVec16<T>::load(xr + (long long)c * N, f);
+                PkVec16<T>::load(weight + (long long)c * N, w);
 #pragma unroll
                 for (int e = 0; e < N; ++e) f[e] = f[e] * inv * w[e];
-                FwdVec<T>::store(outr + (long long)c * N, f);
+                PkVec16<T>::store(outr + (long long)c * N, f);
             }
         } else {
             for (unsigned int c = threadIdx.x; c < dim; c += blockDim.x)
@@ -473,16 +383,10 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(1024) rms_norm(const float* __restrict__ x, const float* __restrict__ weight,
-                                    float* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
-    rms_norm_impl<float>(x, weight, out, n_rows, dim, eps);
-}
-
-extern "C" __global__ void __launch_bounds__(1024) rms_norm_bf16(const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
-                                         unsigned short* __restrict__ out, long long n_rows, unsigned int dim,
-                                         float eps) {
-    rms_norm_impl<unsigned short>(x, weight, out, n_rows, dim, eps);
-}
+PK_IO_KERNELS(rms_norm, (1024),
+              (const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out, long long n_rows,
+               unsigned int dim, float eps),
+              (x, weight, out, n_rows, dim, eps))
 
 // causal_attn_softmax: scores (n_q, n_heads, kv_len); row (q, h) keeps keys
 // j <= past_len + q and writes 0 to the masked tail. One read pass keeps an
@@ -554,7 +458,7 @@ extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const flo
                     // masked keys go through ex2(-inf) = +0: no branch splits the 16-byte store
                     o[k] = pk_exp_fast(j + (unsigned int)k < visible ? e[k] - mm : PK_NEG_INF) * inv;
                 }
-                FwdVec<float>::store(outr + 4ll * c, o);
+                PkVec16<float>::store(outr + 4ll * c, o);
             }
         } else {
             for (unsigned int j = threadIdx.x; j < kv_len; j += blockDim.x)

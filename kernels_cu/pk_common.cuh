@@ -1,10 +1,53 @@
 // Shared device helpers for every kernels_cu/*.cu file.
 //
-// The NVRTC wheel ships no cuda_bf16.h, so bf16 travels as raw 16-bit words
-// (unsigned short) and is widened/narrowed here. The same text is compiled by
-// the host backend against pykern's CUDA emulation header.
+// The NVRTC wheel ships no cuda_bf16.h / cuda_fp16.h, so the 16-bit floats travel as raw 16-bit words and
+// are widened/narrowed here (hardware conversions through pk_ptx.cuh). The same text is compiled by the
+// host backend against pykern's CUDA emulation header.
 #pragma once
 #include "pk_ptx.cuh"
+
+// ---------------------------------------------------------------------------------------------------------
+// One source per kernel family, three element types.
+//
+// A family's body is a `template <typename T> __device__` function `<name>_impl`, where T is the I/O element
+// type: float, __nv_bfloat16 or __half. Those two are 2-byte structs of raw bits defined here (the names
+// CUDA's headers use, so the registry's C types and a reader's expectations match; no cuda_fp16.h exists
+// to clash with). They are distinct types, so templates specialize on them and a pointer to one is not a
+// pointer to the other: pykern.ctypes_ lets a `__half*` take float16 (or uint16) arrays only and a
+// `__nv_bfloat16*` bfloat16 (or uint16) only. Older kernels that spell bf16 as `unsigned short` still work:
+// the traits below treat `unsigned short` as bf16 words.
+//
+// The entry points stay `extern "C"` symbols, because the registry, the host backend, the fake driver,
+// precompile and the SASS tools all key on symbol names and typed signatures. One macro call per family
+// makes them:
+//     PK_IO_KERNELS(rms_norm, (1024), (const T* x, const T* weight, T* out, ...), (x, weight, out, ...))
+// defines rms_norm (T = float), rms_norm_bf16 (T = __nv_bfloat16) and rms_norm_f16 (T = __half), each a
+// kernel with those parameters that calls rms_norm_impl<T>(x, weight, out, ...); PK_IO16_KERNELS makes only
+// the two 16-bit ones. Each kernel sits in its own namespace where T names its element type (an extern "C"
+// function keeps its plain symbol name inside a namespace) and a using-declaration brings it back to the
+// global scope. pykern/registry.py reads these calls (IO_INSTANTIATIONS there lists the same suffixes and
+// types): keep the call on one logical statement starting a line, with the four arguments parenthesized.
+// Accumulation is fp32 for every T.
+// ---------------------------------------------------------------------------------------------------------
+struct alignas(2) __nv_bfloat16 {
+    unsigned short bits;
+};
+struct alignas(2) __half {
+    unsigned short bits;
+};
+
+#define PK_IO_KERNEL_ONE(name, sym, TT, bounds, params, args)                                     \
+    namespace pk_io_##sym {                                                                        \
+    typedef TT T;                                                                                  \
+    extern "C" __global__ void __launch_bounds__ bounds sym params { name##_impl<T> args; }        \
+    }                                                                                              \
+    using pk_io_##sym::sym;
+#define PK_IO16_KERNELS(name, bounds, params, args)                                                \
+    PK_IO_KERNEL_ONE(name, name##_bf16, __nv_bfloat16, bounds, params, args)                       \
+    PK_IO_KERNEL_ONE(name, name##_f16, __half, bounds, params, args)
+#define PK_IO_KERNELS(name, bounds, params, args)                                                  \
+    PK_IO_KERNEL_ONE(name, name, float, bounds, params, args)                                      \
+    PK_IO16_KERNELS(name, bounds, params, args)
 
 #define PK_FULL_MASK 0xffffffffu
 #define PK_NEG_INF (__int_as_float(0xff800000))
@@ -60,15 +103,49 @@ __device__ __forceinline__ float pk_exp_fast(float x) {
 #endif
 }
 
-// Load/store traits so one templated kernel body serves f32 and bf16 I/O.
-template <typename T> struct PkIO;
+// f16 <-> fp32: hardware conversions (cvt.f32.f16 -> HADD2.F32; cvt.rn.f16x2.f32 -> F2FP.F16.F32.PACK_AB
+// on sm_80+); the host backend emulates them bit for bit (tests/test_f16_narrow.py).
+__device__ __forceinline__ float pk_f16_to_float(unsigned short h) { return pk_cvt_f32_f16(h); }
+__device__ __forceinline__ unsigned int pk_float2_to_f16x2(float lo, float hi) { return pk_cvt_f16x2(lo, hi); }
+__device__ __forceinline__ unsigned short pk_float_to_f16(float f) {
+    return (unsigned short)(pk_cvt_f16x2(f, 0.0f) & 0xffffu);
+}
+
+// Raw-word traits of the 16-bit element types: widen one word, widen the two halves of a 32-bit word
+// (little endian: the low half is the earlier element), narrow one value, narrow a pair into one word.
+template <typename T> struct Pk16;
+template <> struct Pk16<unsigned short> {  // bf16 as raw words (the older kernels' spelling)
+    static __device__ __forceinline__ float widen(unsigned short h) { return pk_bf16_to_float(h); }
+    static __device__ __forceinline__ void widen2(unsigned int w, float& lo, float& hi) {
+        lo = __int_as_float((int)(w << 16));
+        hi = __int_as_float((int)(w & 0xffff0000u));
+    }
+    static __device__ __forceinline__ unsigned short narrow(float f) { return pk_float_to_bf16(f); }
+    static __device__ __forceinline__ unsigned int narrow2(float lo, float hi) { return pk_float2_to_bf16x2(lo, hi); }
+};
+template <> struct Pk16<__nv_bfloat16> : Pk16<unsigned short> {};
+template <> struct Pk16<__half> {
+    static __device__ __forceinline__ float widen(unsigned short h) { return pk_f16_to_float(h); }
+    static __device__ __forceinline__ void widen2(unsigned int w, float& lo, float& hi) {
+        lo = pk_f16_to_float((unsigned short)(w & 0xffffu));
+        hi = pk_f16_to_float((unsigned short)(w >> 16));
+    }
+    static __device__ __forceinline__ unsigned short narrow(float f) { return pk_float_to_f16(f); }
+    static __device__ __forceinline__ unsigned int narrow2(float lo, float hi) { return pk_float2_to_f16x2(lo, hi); }
+};
+
+// Element load/store widened to fp32, so one templated kernel body serves every element type.
+template <typename T> struct PkIO {
+    static __device__ __forceinline__ float load(const T* p, long long i) {
+        return Pk16<T>::widen(reinterpret_cast<const unsigned short*>(p)[i]);
+    }
+    static __device__ __forceinline__ void store(T* p, long long i, float v) {
+        reinterpret_cast<unsigned short*>(p)[i] = Pk16<T>::narrow(v);
+    }
+};
 template <> struct PkIO<float> {
     static __device__ __forceinline__ float load(const float* p, long long i) { return p[i]; }
     static __device__ __forceinline__ void store(float* p, long long i, float v) { p[i] = v; }
-};
-template <> struct PkIO<unsigned short> {
-    static __device__ __forceinline__ float load(const unsigned short* p, long long i) { return pk_bf16_to_float(p[i]); }
-    static __device__ __forceinline__ void store(unsigned short* p, long long i, float v) { p[i] = pk_float_to_bf16(v); }
 };
 
 __device__ __forceinline__ float pk_warp_sum(float v) {

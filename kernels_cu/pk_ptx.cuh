@@ -27,8 +27,8 @@
 // SM75_U16x8_LDSM_T. Decoding their (thread, value) -> column-major index layouts gives
 // exactly the tables above: the PTX ISA and CuTe agree.
 //
-// Architectures: ldmatrix and ex2.approx exist from sm_75; mma .bf16, cvt .bf16x2 and
-// cp.async need sm_80. On sm_75 cvt and cp.async fall back to plain code (cp.async
+// Architectures: ldmatrix, ex2.approx and cvt .f16 exist from sm_75; mma .bf16, cvt .bf16x2, cvt .f16x2
+// and cp.async need sm_80. On sm_75 cvt and cp.async fall back to plain code (cp.async
 // becomes a synchronous 16-byte copy) and pk_mma_m16n8k16_bf16 is a compile error.
 #pragma once
 
@@ -49,6 +49,50 @@ __device__ __forceinline__ unsigned short pk_host_cvt_bf16_rn(float f) {
 // {hi, lo} packed: `lo` in bits 0..15, `hi` in bits 16..31 (cvt's operand a is hi).
 __device__ __forceinline__ unsigned int pk_cvt_bf16x2(float lo, float hi) {
     return (unsigned int)pk_host_cvt_bf16_rn(lo) | ((unsigned int)pk_host_cvt_bf16_rn(hi) << 16);
+}
+
+// fp32 -> f16, round to nearest even, as cvt.rn.f16x2.f32 / cvt.rn.f16.f32: beyond 65504 (from 65520,
+// the tie above the largest finite value) to +-inf, subnormals kept (no .ftz), any NaN -> the canonical
+// NaN 0x7fff (what the hardware and CUDA's own host emulation in cuda_fp16.hpp produce).
+__device__ __forceinline__ unsigned short pk_host_cvt_f16_rn(float f) {
+    unsigned int x;
+    memcpy(&x, &f, 4);
+    const unsigned int sign = (x >> 16) & 0x8000u, u = x & 0x7fffffffu;
+    if (u > 0x7f800000u) return 0x7fffu;
+    if (u >= 0x477ff000u) return (unsigned short)(sign | 0x7c00u);  // >= 65520 (and inf): inf
+    if (u >= 0x38800000u) {  // normal f16: rebias the exponent, round away 13 mantissa bits
+        const unsigned int v = u - 0x38000000u;
+        return (unsigned short)(sign | ((v + 0xfffu + ((v >> 13) & 1u)) >> 13));
+    }
+    if (u <= 0x33000000u) return (unsigned short)sign;  // <= 2^-25 (a tie with 0): +-0
+    // subnormal f16: the value in units of 2^-24, rounded to nearest even
+    const unsigned int shift = 126u - (u >> 23), m = (u & 0x7fffffu) | 0x800000u;
+    unsigned int r = m >> shift;
+    const unsigned int rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1u);
+    if (rem > half || (rem == half && (r & 1u))) ++r;  // may carry into the smallest normal: right
+    return (unsigned short)(sign | r);
+}
+
+// {hi, lo} packed: `lo` in bits 0..15, `hi` in bits 16..31 (cvt's operand a is hi).
+__device__ __forceinline__ unsigned int pk_cvt_f16x2(float lo, float hi) {
+    return (unsigned int)pk_host_cvt_f16_rn(lo) | ((unsigned int)pk_host_cvt_f16_rn(hi) << 16);
+}
+
+// f16 -> fp32, exact (cvt.f32.f16); a NaN widens to the canonical 0x7fffffff, as cuda_fp16.hpp's host
+// emulation does (no output depends on a NaN's payload: every narrowing makes it 0x7fff again).
+__device__ __forceinline__ float pk_cvt_f32_f16(unsigned short h) {
+    const unsigned int sign = ((unsigned int)h & 0x8000u) << 16, e = (h >> 10) & 0x1fu, m = h & 0x3ffu;
+    unsigned int x;
+    if (e == 31u) x = m ? 0x7fffffffu : (sign | 0x7f800000u);
+    else if (e != 0u) x = sign | ((e + 112u) << 23) | (m << 13);
+    else {  // zero or subnormal: m * 2^-24 is exact in fp32
+        float f = (float)m * 5.9604644775390625e-8f;
+        memcpy(&x, &f, 4);
+        x |= sign;
+    }
+    float f;
+    memcpy(&f, &x, 4);
+    return f;
 }
 
 // D = A * B + C for one warp (every lane of the warp must call it, as on the GPU).
@@ -134,6 +178,28 @@ __device__ __forceinline__ unsigned int pk_cvt_bf16x2(float lo, float hi) {
     uh = ((uh & 0x7fffffffu) > 0x7f800000u) ? 0x7fffu : ((uh + 0x7fffu + ((uh >> 16) & 1u)) >> 16);
     return ul | (uh << 16);
 #endif
+}
+
+// fp32 pair -> two f16 in one word (round to nearest even, inf beyond 65504, subnormals kept, NaN ->
+// 0x7fff): one cvt.rn.f16x2.f32 (F2FP.F16.F32.PACK_AB) on sm_80+, two cvt.rn.f16.f32 on sm_75.
+__device__ __forceinline__ unsigned int pk_cvt_f16x2(float lo, float hi) {
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+    unsigned int d;
+    asm("cvt.rn.f16x2.f32 %0, %1, %2;" : "=r"(d) : "f"(hi), "f"(lo));
+    return d;
+#else
+    unsigned short l, h;
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(l) : "f"(lo));
+    asm("cvt.rn.f16.f32 %0, %1;" : "=h"(h) : "f"(hi));
+    return (unsigned int)l | ((unsigned int)h << 16);
+#endif
+}
+
+// f16 -> fp32, exact: cvt.f32.f16 (HADD2.F32 on sm_80+).
+__device__ __forceinline__ float pk_cvt_f32_f16(unsigned short h) {
+    float f;
+    asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+    return f;
 }
 
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800

@@ -2,8 +2,8 @@
 // fused cross-entropy forward+backward, and two small helpers the ops need.
 // Attention backward lives in attention_backward.cu.
 //
-// Every body is templated on the I/O type (float or unsigned short = bf16 bits)
-// and accumulates in fp32. Offsets are 64-bit. Rows are walked with grid-stride
+// Every family is one template over its I/O element type (float, __nv_bfloat16,
+// __half: see PK_IO_KERNELS in pk_common.cuh) and accumulates in fp32. Offsets are 64-bit. Rows are walked with grid-stride
 // loops so the ops may clamp grid sizes without losing rows.
 #include "pk_common.cuh"
 #include "pk_vec.cuh"
@@ -14,28 +14,24 @@
 // y and z loop so rows/batches may exceed the 65535 grid limit.
 // When rows and cols are multiples of V = 16 / sizeof(T) elements and both bases
 // are 16-byte aligned, global memory moves in 16-byte vectors on both sides: a
-// tile is 64 x (64 / V) vectors, i.e. 4 (f32) or 2 (bf16) independent 16-byte
+// tile is 64 x (64 / V) vectors, i.e. 4 (f32) or 2 (bf16, f16) independent 16-byte
 // loads per thread, all issued before the first shared store. Otherwise the same
 // tile moves element by element (coalesced 4- / 2-byte accesses).
-// Row pitch P = 64 + 1 (f32) / 64 + 2 (bf16): an odd number of 32-bit words, so
+// Row pitch P = 64 + 1 (f32) / 64 + 2 (16-bit): an odd number of 32-bit words, so
 // a warp gathering a column from consecutive rows spreads over the banks.
 #define TR_TILE 64
-template <typename T> struct TrVec;
-template <> struct TrVec<float> {
-    typedef float4 V;
-    static constexpr int N = 4;
-    static __device__ __forceinline__ void unpack(const V& v, float* e) { e[0] = v.x; e[1] = v.y; e[2] = v.z; e[3] = v.w; }
-    static __device__ __forceinline__ V pack(const float* e) { V v; v.x = e[0]; v.y = e[1]; v.z = e[2]; v.w = e[3]; return v; }
-};
-template <> struct TrVec<unsigned short> {
+// A pure copy: 16-bit elements move as their raw words (R = unsigned short), so one
+// instantiation of the body serves bf16 and f16.
+template <typename T> struct TrElem {
+    typedef unsigned short R;
     typedef uint4 V;
-    static constexpr int N = 8;
-    static __device__ __forceinline__ void unpack(const V& v, unsigned short* e) {
+    static constexpr int N = 8, P = TR_TILE + 2;
+    static __device__ __forceinline__ void unpack(const V& v, R* e) {
         const unsigned int w[4] = {v.x, v.y, v.z, v.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) e[2 * i] = (unsigned short)(w[i] & 0xffffu), e[2 * i + 1] = (unsigned short)(w[i] >> 16);
+        for (int i = 0; i < 4; ++i) e[2 * i] = (R)(w[i] & 0xffffu), e[2 * i + 1] = (R)(w[i] >> 16);
     }
-    static __device__ __forceinline__ V pack(const unsigned short* e) {
+    static __device__ __forceinline__ V pack(const R* e) {
         V v;
         v.x = (unsigned int)e[0] | ((unsigned int)e[1] << 16);
         v.y = (unsigned int)e[2] | ((unsigned int)e[3] << 16);
@@ -44,15 +40,22 @@ template <> struct TrVec<unsigned short> {
         return v;
     }
 };
+template <> struct TrElem<float> {
+    typedef float R;
+    typedef float4 V;
+    static constexpr int N = 4, P = TR_TILE + 1;
+    static __device__ __forceinline__ void unpack(const V& v, float* e) { e[0] = v.x; e[1] = v.y; e[2] = v.z; e[3] = v.w; }
+    static __device__ __forceinline__ V pack(const float* e) { V v; v.x = e[0]; v.y = e[1]; v.z = e[2]; v.w = e[3]; return v; }
+};
 
 template <typename T, int P>
 __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __restrict__ out,
                                                unsigned int rows, unsigned int cols,
                                                unsigned int batch, T (*tile)[P]) {
-    typedef typename TrVec<T>::V V;
-    constexpr int N = TrVec<T>::N;             // elements per 16-byte vector
+    typedef typename TrElem<T>::V V;
+    constexpr int N = TrElem<T>::N;            // elements per 16-byte vector
     constexpr int VPR = TR_TILE / N;           // vectors per tile row
-    constexpr int PER = TR_TILE * VPR / 256;   // vectors per thread per tile (4 f32, 2 bf16)
+    constexpr int PER = TR_TILE * VPR / 256;   // vectors per thread per tile (4 f32, 2 bf16 / f16)
     const long long plane = (long long)rows * cols;
     const unsigned int row_tiles = (rows + TR_TILE - 1u) / TR_TILE;
     const unsigned int c0 = blockIdx.x * TR_TILE;
@@ -75,7 +78,7 @@ __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __re
                 for (int k = 0; k < PER; ++k) {
                     const unsigned int i = t + 256u * k;
                     T e[N];
-                    TrVec<T>::unpack(v[k], e);
+                    TrElem<T>::unpack(v[k], e);
 #pragma unroll
                     for (int j = 0; j < N; ++j) tile[i / VPR][(i % VPR) * N + j] = e[j];
                 }
@@ -88,7 +91,7 @@ __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __re
                         T e[N];
 #pragma unroll
                         for (int j = 0; j < N; ++j) e[j] = tile[rr + j][cc];
-                        *reinterpret_cast<V*>(dst + (long long)c * rows + r) = TrVec<T>::pack(e);
+                        *reinterpret_cast<V*>(dst + (long long)c * rows + r) = TrElem<T>::pack(e);
                     }
                 }
             } else {
@@ -108,28 +111,29 @@ __device__ __forceinline__ void transpose_body(const T* __restrict__ in, T* __re
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d(
-    const float* __restrict__ input, float* __restrict__ output,
-    unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ float tile[TR_TILE][TR_TILE + 1];
-    transpose_body<float, TR_TILE + 1>(input, output, rows, cols, batch, tile);
+template <typename T>
+__device__ __forceinline__ void transpose_2d_impl(const T* __restrict__ input, T* __restrict__ output,
+                                                  unsigned int rows, unsigned int cols, unsigned int batch) {
+    typedef typename TrElem<T>::R R;
+    __shared__ R tile[TR_TILE][TrElem<T>::P];
+    transpose_body<R, TrElem<T>::P>(reinterpret_cast<const R*>(input), reinterpret_cast<R*>(output), rows, cols,
+                                    batch, tile);
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) transpose_2d_bf16(
-    const unsigned short* __restrict__ input, unsigned short* __restrict__ output,
-    unsigned int rows, unsigned int cols, unsigned int batch) {
-    __shared__ unsigned short tile[TR_TILE][TR_TILE + 2];
-    transpose_body<unsigned short, TR_TILE + 2>(input, output, rows, cols, batch, tile);
-}
+PK_IO_KERNELS(transpose_2d, (256, 1),
+              (const T* __restrict__ input, T* __restrict__ output, unsigned int rows, unsigned int cols,
+               unsigned int batch),
+              (input, output, rows, cols, batch))
 
 // ---------------------------------------------------------------------------
 // softmax_backward: grad_in = p * (g - sum(p * g)) per row. One block per row.
 template <typename T>
-__device__ __forceinline__ void softmax_backward_body(const T* __restrict__ probs,
+__device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ probs,
                                                       const T* __restrict__ grad_out,
                                                       T* __restrict__ grad_in, long long n_rows,
-                                                      unsigned int row_len, float* scratch) {
-    // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width,
+                                                      unsigned int row_len) {
+    __shared__ float scratch[32];
+    // 16-byte vectors (4 f32 / 8 bf16 / f16) on aligned rows of a multiple of that width,
     // two iterations unrolled: 4 independent 16-byte loads in flight per thread.
     constexpr int N = PkVec16<T>::N;
     const bool vec = (row_len % (unsigned int)N == 0u) && pk_aligned16(probs) && pk_aligned16(grad_out) &&
@@ -170,19 +174,10 @@ __device__ __forceinline__ void softmax_backward_body(const T* __restrict__ prob
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward(
-    const float* __restrict__ probs, const float* __restrict__ grad_out, float* __restrict__ grad_in,
-    long long n_rows, unsigned int row_len) {
-    __shared__ float scratch[32];
-    softmax_backward_body<float>(probs, grad_out, grad_in, n_rows, row_len, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward_bf16(
-    const unsigned short* __restrict__ probs, const unsigned short* __restrict__ grad_out,
-    unsigned short* __restrict__ grad_in, long long n_rows, unsigned int row_len) {
-    __shared__ float scratch[32];
-    softmax_backward_body<unsigned short>(probs, grad_out, grad_in, n_rows, row_len, scratch);
-}
+PK_IO_KERNELS(softmax_backward, (512, 1),
+              (const T* __restrict__ probs, const T* __restrict__ grad_out, T* __restrict__ grad_in,
+               long long n_rows, unsigned int row_len),
+              (probs, grad_out, grad_in, n_rows, row_len))
 
 // ---------------------------------------------------------------------------
 // rms_norm_backward, y = x * r * w with r = rsqrt(mean(x^2) + eps):
@@ -197,11 +192,12 @@ extern "C" __global__ void __launch_bounds__(512, 1) softmax_backward_bf16(
 // Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
 #define RMSB_ACC 16
 template <typename T>
-__device__ __forceinline__ void rms_norm_backward_body(
+__device__ __forceinline__ void rms_norm_backward_impl(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
     float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
-    unsigned int n_part, float* scratch) {
-    // 16-byte vectors (4 f32 / 8 bf16) on aligned rows of a multiple of that width.
+    unsigned int n_part) {
+    __shared__ float scratch[32];
+    // 16-byte vectors (4 f32 / 8 bf16 / f16) on aligned rows of a multiple of that width.
     constexpr int N = PkVec16<T>::N;
     const bool vec = (dim % (unsigned int)N == 0u) && pk_aligned16(x) && pk_aligned16(w) && pk_aligned16(g) &&
                      pk_aligned16(gx);
@@ -303,33 +299,20 @@ __device__ __forceinline__ void rms_norm_backward_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward(
-    const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ grad_out,
-    float* __restrict__ grad_x, float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
-    unsigned int dim, float eps, unsigned int n_part) {
-    __shared__ float scratch[32];
-    rms_norm_backward_body<float>(x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps, n_part,
-                                  scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) rms_norm_backward_bf16(
-    const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
-    const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_x,
-    float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
-    unsigned int n_part) {
-    __shared__ float scratch[32];
-    rms_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps,
-                                           n_part, scratch);
-}
+PK_IO_KERNELS(rms_norm_backward, (512, 1),
+              (const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ grad_out,
+               T* __restrict__ grad_x, float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
+               unsigned int dim, float eps, unsigned int n_part),
+              (x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps, n_part))
 
 // partial[chunk][c] = sum over rows of chunk of x[r][c] * inv_rms[r] * g[r][c].
 // Block (32, 8): 32 adjacent columns (coalesced), 8 row lanes summed in a fixed
 // order through shared memory. Grid (ceil(dim/32), n_chunks).
 template <typename T>
-__device__ __forceinline__ void rms_norm_weight_body(
+__device__ __forceinline__ void rms_norm_backward_weight_impl(
     const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ inv_rms,
-    float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk,
-    float (*red)[33]) {
+    float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk) {
+    __shared__ float red[8][33];
     const unsigned int tx = threadIdx.x, ty = threadIdx.y;
     const unsigned int col = blockIdx.x * 32u + tx;
     const long long r0 = (long long)blockIdx.y * rows_per_chunk;
@@ -351,21 +334,10 @@ __device__ __forceinline__ void rms_norm_weight_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_backward_weight(
-    const float* __restrict__ x, const float* __restrict__ grad_out, const float* __restrict__ inv_rms,
-    float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk) {
-    __shared__ float red[8][33];
-    rms_norm_weight_body<float>(x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk, red);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_backward_weight_bf16(
-    const unsigned short* __restrict__ x, const unsigned short* __restrict__ grad_out,
-    const float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
-    unsigned int dim, long long rows_per_chunk) {
-    __shared__ float red[8][33];
-    rms_norm_weight_body<unsigned short>(x, grad_out, inv_rms, partial, n_rows, dim,
-                                         rows_per_chunk, red);
-}
+PK_IO_KERNELS(rms_norm_backward_weight, (256, 1),
+              (const T* __restrict__ x, const T* __restrict__ grad_out, const float* __restrict__ inv_rms,
+               float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk),
+              (x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk))
 
 // grad_weight[c] = sum_k partial[k][c], k ascending: one thread per column.
 extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_grad_weight_reduce(
@@ -482,7 +454,7 @@ extern "C" __global__ void __launch_bounds__(256, 1) embedding_backward_bucket( 
 // the row (zeros for unused ids), so the result is deterministic and the
 // output needs no separate zero fill.
 template <typename T>
-__device__ __forceinline__ void embedding_backward_body(
+__device__ __forceinline__ void embedding_backward_impl(
     const T* __restrict__ grad_out, const int* __restrict__ order, const int* __restrict__ offsets,
     float* __restrict__ grad_weight, unsigned int vocab_size, unsigned int dim) {
     const bool vec = (dim % 4u == 0u) && pk_vec_aligned(grad_out) && pk_vec_aligned(grad_weight);
@@ -513,18 +485,10 @@ __device__ __forceinline__ void embedding_backward_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) embedding_backward(
-    const float* __restrict__ grad_out, const int* __restrict__ order, const int* __restrict__ offsets,
-    float* __restrict__ grad_weight, unsigned int vocab_size, unsigned int dim) {
-    embedding_backward_body<float>(grad_out, order, offsets, grad_weight, vocab_size, dim);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) embedding_backward_bf16(
-    const unsigned short* __restrict__ grad_out, const int* __restrict__ order,
-    const int* __restrict__ offsets, float* __restrict__ grad_weight, unsigned int vocab_size,
-    unsigned int dim) {
-    embedding_backward_body<unsigned short>(grad_out, order, offsets, grad_weight, vocab_size, dim);
-}
+PK_IO_KERNELS(embedding_backward, (512, 1),
+              (const T* __restrict__ grad_out, const int* __restrict__ order, const int* __restrict__ offsets,
+               float* __restrict__ grad_weight, unsigned int vocab_size, unsigned int dim),
+              (grad_out, order, offsets, grad_weight, vocab_size, dim))
 
 // ---------------------------------------------------------------------------
 // cross_entropy_fwd_bwd: one block per row, two reads of the row.
@@ -590,11 +554,12 @@ __device__ __forceinline__ void ce_acc(float x, const float cap, const float inv
 // [0, vocab) is reported in the data: its row's loss and gradient are NaN (so the
 // mean loss is NaN), as no error can be raised from the device without a sync.
 template <typename T>
-__device__ __forceinline__ void cross_entropy_body(
+__device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
     const T* logits, const long long* __restrict__ targets, T* grad, float* __restrict__ row_loss,
     const float* __restrict__ scale_p, long long n_rows, unsigned int vocab, int pad_id, float smoothing,
-    float z_loss, float softcap, float* scratch) {
-    // 16-byte accesses (4 floats or 8 bf16: LDG.128 / STG.128) when every row starts aligned.
+    float z_loss, float softcap) {
+    __shared__ float scratch[32];
+    // 16-byte accesses (4 floats or 8 bf16 / f16: LDG.128 / STG.128) when every row starts aligned.
     constexpr int V = PkVec16<T>::N;
     const bool vec = (vocab % (unsigned int)V == 0u) && pk_aligned16(logits) && pk_aligned16(grad);
     const long long n = vocab;
@@ -668,23 +633,11 @@ __device__ __forceinline__ void cross_entropy_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd(
-    const float* logits, const long long* __restrict__ targets, float* grad, float* __restrict__ row_loss,
-    const float* __restrict__ scale, long long n_rows, unsigned int vocab, int pad_id, float label_smoothing,
-    float z_loss, float softcap) {
-    __shared__ float scratch[32];
-    cross_entropy_body<float>(logits, targets, grad, row_loss, scale, n_rows, vocab, pad_id, label_smoothing,
-                              z_loss, softcap, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_fwd_bwd_bf16(
-    const unsigned short* logits, const long long* __restrict__ targets, unsigned short* grad,
-    float* __restrict__ row_loss, const float* __restrict__ scale, long long n_rows, unsigned int vocab,
-    int pad_id, float label_smoothing, float z_loss, float softcap) {
-    __shared__ float scratch[32];
-    cross_entropy_body<unsigned short>(logits, targets, grad, row_loss, scale, n_rows, vocab, pad_id,
-                                       label_smoothing, z_loss, softcap, scratch);
-}
+PK_IO_KERNELS(cross_entropy_fwd_bwd, (512, 1),
+              (const T* logits, const long long* __restrict__ targets, T* grad, float* __restrict__ row_loss,
+               const float* __restrict__ scale, long long n_rows, unsigned int vocab, int pad_id,
+               float label_smoothing, float z_loss, float softcap),
+              (logits, targets, grad, row_loss, scale, n_rows, vocab, pad_id, label_smoothing, z_loss, softcap))
 
 // scale[0] = 1 / (rows whose target is not pad_id) when `mean` (0 when there is
 // none), else 1: one block, integer counts (exact, whatever the order), so
@@ -719,16 +672,21 @@ extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_loss_reduce(
 
 // ---------------------------------------------------------------------------
 // Helpers for ops that accumulate in an fp32 scratch buffer (naive attention
-// backward): zero it on the device, narrow it to bf16 afterwards.
+// backward): zero it on the device, narrow it to bf16 / f16 afterwards.
 extern "C" __global__ void __launch_bounds__(256, 1) training_zero_f32(float* __restrict__ buf, long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
         buf[i] = 0.0f;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) training_f32_to_bf16(
-    const float* __restrict__ src, unsigned short* __restrict__ dst, long long n) {
+// fp32 -> bf16 / f16 (training_f32_to_bf16, training_f32_to_f16).
+template <typename T>
+__device__ __forceinline__ void training_f32_to_impl(const float* __restrict__ src, T* __restrict__ dst,
+                                                     long long n) {
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
          i += (long long)gridDim.x * blockDim.x)
-        dst[i] = pk_float_to_bf16(src[i]);
+        PkIO<T>::store(dst, i, src[i]);
 }
+
+PK_IO16_KERNELS(training_f32_to, (256, 1), (const float* __restrict__ src, T* __restrict__ dst, long long n),
+                (src, dst, n))

@@ -1,14 +1,24 @@
-// Training ops beyond the seeds (issue 15): fused residual-add + RMSNorm, LayerNorm,
-// GELU / GeGLU, each forward and backward.
+// Training ops beyond the seeds: fused residual-add + RMSNorm, LayerNorm, GELU / GeGLU, each forward and
+// backward.
 //
-// Every body is templated on the I/O type (float or unsigned short = bf16 bits)
-// and computes in fp32. Offsets are 64-bit; rows and elements are walked with
-// grid-stride loops so the ops may clamp grid sizes. Row kernels run one block
-// per row (blockDim.x a multiple of 32, <= 512). Norm weight / bias gradients
-// are reduced without float atomics: per-(row chunk, column) partial sums in a
-// fixed order, then a fixed-order sum over chunks (norm_grad_reduce), so they
-// are identical from run to run.
+// Every family is one template over its I/O element type (float, __nv_bfloat16, __half: PK_IO_KERNELS in
+// pk_common.cuh) and computes in fp32. Offsets are 64-bit; rows and elements are walked with grid-stride
+// loops so the ops may clamp grid sizes. Row kernels run one block per row (blockDim.x a multiple of 32,
+// <= 512). Rows of a multiple of 16 bytes on 16-byte aligned bases, and elementwise arrays on aligned
+// bases, move in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop
+// body for both widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
+// reduced without float atomics: per-(row chunk, column) partial sums in a fixed order, then a fixed-order
+// sum over chunks (norm_grad_reduce), so they are identical from run to run.
 #include "pk_vec.cuh"
+
+// True when rows of `dim` elements of T on these bases can move in 16-byte vectors.
+template <typename T>
+__device__ __forceinline__ bool ext_vec_rows(unsigned int dim, const void* a, const void* b = nullptr,
+                                             const void* c = nullptr, const void* d = nullptr,
+                                             const void* e = nullptr) {
+    return dim % (unsigned int)PkVec16<T>::N == 0u && pk_aligned16(a) && pk_aligned16(b) && pk_aligned16(c) &&
+           pk_aligned16(d) && pk_aligned16(e);
+}
 
 // ---------------------------------------------------------------------------
 // add_rms_norm: h = x + residual (narrowed to T, as the unfused add would store
@@ -16,39 +26,45 @@
 // row: pass 1 writes new_residual and sums h^2, pass 2 re-reads new_residual
 // (this thread's own writes: L1/L2-hot) and writes y. In place, y may alias x
 // and new_residual alias residual (each element is read and written by the
-// same thread, reads first), so those pointers are not __restrict__.
+// same thread, reads first, on both paths), so those pointers are not __restrict__.
 template <typename T>
-__device__ __forceinline__ void add_rms_norm_body(const T* x, const T* residual, const T* __restrict__ weight,
-                                                  T* y, T* new_res, long long n_rows, unsigned int dim, float eps,
-                                                  float* scratch) {
+__device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual, const T* __restrict__ weight,
+                                                  T* y, T* new_res, long long n_rows, unsigned int dim, float eps) {
+    __shared__ float scratch[32];
     const long long n = dim;
+    const bool vec = ext_vec_rows<T>(dim, x, residual, weight, y, new_res);
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            PkIO<T>::store(new_res, base + i, PkIO<T>::load(x, base + i) + PkIO<T>::load(residual, base + i));
-            const float h = PkIO<T>::load(new_res, base + i);
-            ss += h * h;
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W], b[W];
+            pk_load<T, W>(x, base + i, a);
+            pk_load<T, W>(residual, base + i, b);
+#pragma unroll
+            for (int k = 0; k < W; ++k) a[k] += b[k];
+            pk_store<T, W>(new_res, base + i, a);
+            pk_load<T, W>(new_res, base + i, a);  // h as stored (rounded to T)
+#pragma unroll
+            for (int k = 0; k < W; ++k) ss += a[k] * a[k];
+        });
         const float r = rsqrtf(pk_block_sum(ss, scratch) / (float)n + eps);
-        for (long long i = threadIdx.x; i < n; i += blockDim.x)
-            PkIO<T>::store(y, base + i, PkIO<T>::load(new_res, base + i) * r * PkIO<T>::load(weight, i));
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float h[W], wt[W];
+            pk_load<T, W>(new_res, base + i, h);
+            pk_load<T, W>(weight, i, wt);
+#pragma unroll
+            for (int k = 0; k < W; ++k) h[k] = h[k] * r * wt[k];
+            pk_store<T, W>(y, base + i, h);
+        });
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) add_rms_norm(
-    const float* x, const float* residual, const float* __restrict__ weight, float* y, float* new_residual,
-    long long n_rows, unsigned int dim, float eps) {
-    __shared__ float scratch[32];
-    add_rms_norm_body<float>(x, residual, weight, y, new_residual, n_rows, dim, eps, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) add_rms_norm_bf16(
-    const unsigned short* x, const unsigned short* residual, const unsigned short* __restrict__ weight,
-    unsigned short* y, unsigned short* new_residual, long long n_rows, unsigned int dim, float eps) {
-    __shared__ float scratch[32];
-    add_rms_norm_body<unsigned short>(x, residual, weight, y, new_residual, n_rows, dim, eps, scratch);
-}
+PK_IO_KERNELS(add_rms_norm, (512, 1),
+              (const T* x, const T* residual, const T* __restrict__ weight, T* y, T* new_residual, long long n_rows,
+               unsigned int dim, float eps),
+              (x, residual, weight, y, new_residual, n_rows, dim, eps))
 
 // ---------------------------------------------------------------------------
 // add_rms_norm_backward: with h = new_residual, r = rsqrt(mean(h^2) + eps),
@@ -57,47 +73,54 @@ extern "C" __global__ void __launch_bounds__(512, 1) add_rms_norm_bf16(
 // the weight gradient (norm_weight_grad). has_gres = 0: no grad_new_residual
 // (gres is then any valid pointer and is not read).
 template <typename T>
-__device__ __forceinline__ void add_rms_norm_backward_body(
+__device__ __forceinline__ void add_rms_norm_backward_impl(
     const T* __restrict__ h, const T* __restrict__ weight, const T* __restrict__ gy, const T* __restrict__ gres,
-    T* __restrict__ gh, float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_gres,
-    float* scratch) {
+    T* __restrict__ gh, float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_gres) {
+    __shared__ float scratch[32];
     const long long n = dim;
+    const bool vec = ext_vec_rows<T>(dim, h, weight, gy, gh, has_gres ? gres : h);
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, dot = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            const float hv = PkIO<T>::load(h, base + i);
-            ss += hv * hv;
-            dot += hv * PkIO<T>::load(weight, i) * PkIO<T>::load(gy, base + i);
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float hv[W], wt[W], g[W];
+            pk_load<T, W>(h, base + i, hv);
+            pk_load<T, W>(weight, i, wt);
+            pk_load<T, W>(gy, base + i, g);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                ss += hv[k] * hv[k];
+                dot += hv[k] * wt[k] * g[k];
+            }
+        });
         ss = pk_block_sum(ss, scratch);
         dot = pk_block_sum(dot, scratch);
         const float r = rsqrtf(ss / (float)n + eps);
         const float c = r * r * r * dot / (float)n;
         if (threadIdx.x == 0) rstd[row] = r;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            float g = r * PkIO<T>::load(weight, i) * PkIO<T>::load(gy, base + i) - PkIO<T>::load(h, base + i) * c;
-            if (has_gres) g += PkIO<T>::load(gres, base + i);
-            PkIO<T>::store(gh, base + i, g);
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float hv[W], wt[W], g[W], gr[W];
+            pk_load<T, W>(h, base + i, hv);
+            pk_load<T, W>(weight, i, wt);
+            pk_load<T, W>(gy, base + i, g);
+            if (has_gres) pk_load<T, W>(gres, base + i, gr);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                g[k] = r * wt[k] * g[k] - hv[k] * c;
+                if (has_gres) g[k] += gr[k];
+            }
+            pk_store<T, W>(gh, base + i, g);
+        });
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) add_rms_norm_backward(
-    const float* __restrict__ h, const float* __restrict__ weight, const float* __restrict__ gy,
-    const float* __restrict__ gres, float* __restrict__ gh, float* __restrict__ rstd, long long n_rows,
-    unsigned int dim, float eps, int has_gres) {
-    __shared__ float scratch[32];
-    add_rms_norm_backward_body<float>(h, weight, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) add_rms_norm_backward_bf16(
-    const unsigned short* __restrict__ h, const unsigned short* __restrict__ weight,
-    const unsigned short* __restrict__ gy, const unsigned short* __restrict__ gres, unsigned short* __restrict__ gh,
-    float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_gres) {
-    __shared__ float scratch[32];
-    add_rms_norm_backward_body<unsigned short>(h, weight, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, scratch);
-}
+PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
+              (const T* __restrict__ h, const T* __restrict__ weight, const T* __restrict__ gy,
+               const T* __restrict__ gres, T* __restrict__ gh, float* __restrict__ rstd, long long n_rows,
+               unsigned int dim, float eps, int has_gres),
+              (h, weight, gy, gres, gh, rstd, n_rows, dim, eps, has_gres))
 
 // ---------------------------------------------------------------------------
 // layer_norm: y = (x - mean) * rstd * w + b, rstd = rsqrt(var + eps) with the
@@ -105,72 +128,108 @@ extern "C" __global__ void __launch_bounds__(512, 1) add_rms_norm_backward_bf16(
 // deviations) for accuracy on rows with a large mean. has_w / has_b = 0: no
 // weight / bias (the pointer is any valid one and is not read).
 template <typename T>
-__device__ __forceinline__ void layer_norm_body(const T* __restrict__ x, const T* __restrict__ w,
+__device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T* __restrict__ wt,
                                                 const T* __restrict__ b, T* __restrict__ y, long long n_rows,
-                                                unsigned int dim, float eps, int has_w, int has_b, float* scratch) {
+                                                unsigned int dim, float eps, int has_w, int has_b) {
+    __shared__ float scratch[32];
     const long long n = dim;
+    const bool vec = ext_vec_rows<T>(dim, x, y, has_w ? wt : x, has_b ? b : x);
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float s = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) s += PkIO<T>::load(x, base + i);
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W];
+            pk_load<T, W>(x, base + i, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) s += a[k];
+        });
         const float mean = pk_block_sum(s, scratch) / (float)n;
         float v = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            const float d = PkIO<T>::load(x, base + i) - mean;
-            v += d * d;
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W];
+            pk_load<T, W>(x, base + i, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) v += (a[k] - mean) * (a[k] - mean);
+        });
         const float rstd = rsqrtf(pk_block_sum(v, scratch) / (float)n + eps);
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            float o = (PkIO<T>::load(x, base + i) - mean) * rstd;
-            if (has_w) o *= PkIO<T>::load(w, i);
-            if (has_b) o += PkIO<T>::load(b, i);
-            PkIO<T>::store(y, base + i, o);
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W], ww[W], bb[W];
+            pk_load<T, W>(x, base + i, a);
+            if (has_w) pk_load<T, W>(wt, i, ww);
+            if (has_b) pk_load<T, W>(b, i, bb);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                a[k] = (a[k] - mean) * rstd;
+                if (has_w) a[k] *= ww[k];
+                if (has_b) a[k] += bb[k];
+            }
+            pk_store<T, W>(y, base + i, a);
+        });
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) layer_norm(
-    const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ bias,
-    float* __restrict__ y, long long n_rows, unsigned int dim, float eps, int has_w, int has_b) {
-    __shared__ float scratch[32];
-    layer_norm_body<float>(x, weight, bias, y, n_rows, dim, eps, has_w, has_b, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) layer_norm_bf16(
-    const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
-    const unsigned short* __restrict__ bias, unsigned short* __restrict__ y, long long n_rows, unsigned int dim,
-    float eps, int has_w, int has_b) {
-    __shared__ float scratch[32];
-    layer_norm_body<unsigned short>(x, weight, bias, y, n_rows, dim, eps, has_w, has_b, scratch);
-}
+PK_IO_KERNELS(layer_norm, (512, 1),
+              (const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ y,
+               long long n_rows, unsigned int dim, float eps, int has_w, int has_b),
+              (x, weight, bias, y, n_rows, dim, eps, has_w, has_b))
 
 // layer_norm_backward row kernel: xhat = (x - mean) * rstd, gxhat = g * w,
 //   grad_x = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
 // mean[row] and rstd[row] feed the weight / bias gradients (norm_weight_grad).
 template <typename T>
-__device__ __forceinline__ void layer_norm_backward_body(
-    const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
+__device__ __forceinline__ void layer_norm_backward_impl(
+    const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ g, T* __restrict__ gx,
     float* __restrict__ mean_out, float* __restrict__ rstd_out, long long n_rows, unsigned int dim, float eps,
-    int has_w, float* scratch) {
+    int has_w) {
+    __shared__ float scratch[32];
     const long long n = dim;
+    const bool vec = ext_vec_rows<T>(dim, x, g, gx, has_w ? wt : x);
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float s = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) s += PkIO<T>::load(x, base + i);
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W];
+            pk_load<T, W>(x, base + i, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) s += a[k];
+        });
         const float mean = pk_block_sum(s, scratch) / (float)n;
         float v = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            const float d = PkIO<T>::load(x, base + i) - mean;
-            v += d * d;
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W];
+            pk_load<T, W>(x, base + i, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) v += (a[k] - mean) * (a[k] - mean);
+        });
         const float rstd = rsqrtf(pk_block_sum(v, scratch) / (float)n + eps);
+        // gxhat = g * w (g alone without a weight) for W elements at i
+        auto gxhat = [&](long long i, auto w, float* gh) {
+            constexpr int W = decltype(w)::value;
+            pk_load<T, W>(g, base + i, gh);
+            if (has_w) {
+                float ww[W];
+                pk_load<T, W>(wt, i, ww);
+#pragma unroll
+                for (int k = 0; k < W; ++k) gh[k] *= ww[k];
+            }
+        };
         float sg = 0.0f, sgx = 0.0f;
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            float gh = PkIO<T>::load(g, base + i);
-            if (has_w) gh *= PkIO<T>::load(w, i);
-            sg += gh;
-            sgx += gh * (PkIO<T>::load(x, base + i) - mean) * rstd;
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W], gh[W];
+            pk_load<T, W>(x, base + i, a);
+            gxhat(i, w, gh);
+#pragma unroll
+            for (int k = 0; k < W; ++k) {
+                sg += gh[k];
+                sgx += gh[k] * (a[k] - mean) * rstd;
+            }
+        });
         // An inf in g * w makes mg and mgx infinite, and then the row's grad_x a data-dependent
         // mix of +-inf and NaN (torch's fused CPU and CUDA kernels give two different mixes).
         // Like torch's autograd of the layer_norm formula, the whole row is NaN instead:
@@ -182,31 +241,23 @@ __device__ __forceinline__ void layer_norm_backward_body(
             mean_out[row] = mean;
             rstd_out[row] = rstd;
         }
-        for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-            float gh = PkIO<T>::load(g, base + i);
-            if (has_w) gh *= PkIO<T>::load(w, i);
-            const float xh = (PkIO<T>::load(x, base + i) - mean) * rstd;
-            PkIO<T>::store(gx, base + i, rstd * (gh - mg - xh * mgx));
-        }
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W], gh[W];
+            pk_load<T, W>(x, base + i, a);
+            gxhat(i, w, gh);
+#pragma unroll
+            for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - (a[k] - mean) * rstd * mgx);
+            pk_store<T, W>(gx, base + i, a);
+        });
     }
 }
 
-extern "C" __global__ void __launch_bounds__(512, 1) layer_norm_backward(
-    const float* __restrict__ x, const float* __restrict__ weight, const float* __restrict__ grad_out,
-    float* __restrict__ grad_x, float* __restrict__ mean, float* __restrict__ rstd, long long n_rows,
-    unsigned int dim, float eps, int has_w) {
-    __shared__ float scratch[32];
-    layer_norm_backward_body<float>(x, weight, grad_out, grad_x, mean, rstd, n_rows, dim, eps, has_w, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(512, 1) layer_norm_backward_bf16(
-    const unsigned short* __restrict__ x, const unsigned short* __restrict__ weight,
-    const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_x, float* __restrict__ mean,
-    float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_w) {
-    __shared__ float scratch[32];
-    layer_norm_backward_body<unsigned short>(x, weight, grad_out, grad_x, mean, rstd, n_rows, dim, eps, has_w,
-                                             scratch);
-}
+PK_IO_KERNELS(layer_norm_backward, (512, 1),
+              (const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ grad_out,
+               T* __restrict__ grad_x, float* __restrict__ mean, float* __restrict__ rstd, long long n_rows,
+               unsigned int dim, float eps, int has_w),
+              (x, weight, grad_out, grad_x, mean, rstd, n_rows, dim, eps, has_w))
 
 // ---------------------------------------------------------------------------
 // norm_weight_grad: per row chunk k and column c,
@@ -216,7 +267,7 @@ extern "C" __global__ void __launch_bounds__(512, 1) layer_norm_backward_bf16(
 // Block (32, 8): 32 adjacent columns (coalesced), 8 row lanes summed in a fixed
 // order through shared memory. Grid (ceil(dim / 32), n_chunks).
 template <typename T>
-__device__ __forceinline__ void norm_weight_grad_body(
+__device__ __forceinline__ void norm_weight_grad_impl(
     const T* __restrict__ x, const T* __restrict__ g, const float* __restrict__ mean, const float* __restrict__ rstd,
     float* __restrict__ pw, float* __restrict__ pb, long long n_rows, unsigned int dim, long long rows_per_chunk,
     int has_mean, int want_bias) {
@@ -250,20 +301,11 @@ __device__ __forceinline__ void norm_weight_grad_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) norm_weight_grad(
-    const float* __restrict__ x, const float* __restrict__ grad_out, const float* __restrict__ mean,
-    const float* __restrict__ rstd, float* __restrict__ pw, float* __restrict__ pb, long long n_rows,
-    unsigned int dim, long long rows_per_chunk, int has_mean, int want_bias) {
-    norm_weight_grad_body<float>(x, grad_out, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean, want_bias);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) norm_weight_grad_bf16(
-    const unsigned short* __restrict__ x, const unsigned short* __restrict__ grad_out,
-    const float* __restrict__ mean, const float* __restrict__ rstd, float* __restrict__ pw, float* __restrict__ pb,
-    long long n_rows, unsigned int dim, long long rows_per_chunk, int has_mean, int want_bias) {
-    norm_weight_grad_body<unsigned short>(x, grad_out, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean,
-                                          want_bias);
-}
+PK_IO_KERNELS(norm_weight_grad, (256, 1),
+              (const T* __restrict__ x, const T* __restrict__ grad_out, const float* __restrict__ mean,
+               const float* __restrict__ rstd, float* __restrict__ pw, float* __restrict__ pb, long long n_rows,
+               unsigned int dim, long long rows_per_chunk, int has_mean, int want_bias),
+              (x, grad_out, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean, want_bias))
 
 // out[c] = sum_k partial[k][c], k ascending: one thread per column.
 extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
@@ -303,120 +345,84 @@ __device__ __forceinline__ float pk_gelu_grad(float x, int approx) {
     return 0.5f * (1.0f + erff(x * PK_SQRT1_2)) + x * expf(-0.5f * x * x) * PK_INV_SQRT_2PI;
 }
 
+// Elementwise families: 16-byte vectors when every base is aligned, then a scalar tail.
 template <typename T>
-__device__ __forceinline__ void gelu_body(const T* __restrict__ x, T* __restrict__ y, long long n, int approx) {
-    const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
-    if (n % 4 == 0 && pk_vec_aligned(x) && pk_vec_aligned(y)) {
-        for (long long i = 4 * t0; i < n; i += 4 * step) {
-            float4 v = PkVec4<T>::load(x, i);
-            v.x = pk_gelu(v.x, approx);
-            v.y = pk_gelu(v.y, approx);
-            v.z = pk_gelu(v.z, approx);
-            v.w = pk_gelu(v.w, approx);
-            PkVec4<T>::store(y, i, v);
-        }
-        return;
-    }
-    for (long long i = t0; i < n; i += step) PkIO<T>::store(y, i, pk_gelu(PkIO<T>::load(x, i), approx));
+__device__ __forceinline__ void gelu_impl(const T* __restrict__ x, T* __restrict__ y, long long n, int approx) {
+    pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(y), n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W];
+        pk_load<T, W>(x, i, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] = pk_gelu(a[k], approx);
+        pk_store<T, W>(y, i, a);
+    });
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) gelu(const float* __restrict__ x, float* __restrict__ y,
-                                                          long long n, int approx) {
-    gelu_body<float>(x, y, n, approx);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_bf16(const unsigned short* __restrict__ x,
-                                                               unsigned short* __restrict__ y, long long n, int approx) {
-    gelu_body<unsigned short>(x, y, n, approx);
-}
+PK_IO_KERNELS(gelu, (256, 1), (const T* __restrict__ x, T* __restrict__ y, long long n, int approx),
+              (x, y, n, approx))
 
 // grad_x = grad_out * gelu'(x)
 template <typename T>
-__device__ __forceinline__ void gelu_backward_body(const T* __restrict__ x, const T* __restrict__ g,
+__device__ __forceinline__ void gelu_backward_impl(const T* __restrict__ x, const T* __restrict__ g,
                                                    T* __restrict__ gx, long long n, int approx) {
-    const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
-    if (n % 4 == 0 && pk_vec_aligned(x) && pk_vec_aligned(g) && pk_vec_aligned(gx)) {
-        for (long long i = 4 * t0; i < n; i += 4 * step) {
-            const float4 a = PkVec4<T>::load(x, i), b = PkVec4<T>::load(g, i);
-            float4 o;
-            o.x = b.x * pk_gelu_grad(a.x, approx);
-            o.y = b.y * pk_gelu_grad(a.y, approx);
-            o.z = b.z * pk_gelu_grad(a.z, approx);
-            o.w = b.w * pk_gelu_grad(a.w, approx);
-            PkVec4<T>::store(gx, i, o);
-        }
-        return;
-    }
-    for (long long i = t0; i < n; i += step)
-        PkIO<T>::store(gx, i, PkIO<T>::load(g, i) * pk_gelu_grad(PkIO<T>::load(x, i), approx));
+    pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(g) && pk_aligned16(gx), n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W], b[W];
+        pk_load<T, W>(x, i, a);
+        pk_load<T, W>(g, i, b);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] = b[k] * pk_gelu_grad(a[k], approx);
+        pk_store<T, W>(gx, i, a);
+    });
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_backward(
-    const float* __restrict__ x, const float* __restrict__ grad_out, float* __restrict__ grad_x, long long n,
-    int approx) {
-    gelu_backward_body<float>(x, grad_out, grad_x, n, approx);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_backward_bf16(
-    const unsigned short* __restrict__ x, const unsigned short* __restrict__ grad_out,
-    unsigned short* __restrict__ grad_x, long long n, int approx) {
-    gelu_backward_body<unsigned short>(x, grad_out, grad_x, n, approx);
-}
+PK_IO_KERNELS(gelu_backward, (256, 1),
+              (const T* __restrict__ x, const T* __restrict__ grad_out, T* __restrict__ grad_x, long long n,
+               int approx),
+              (x, grad_out, grad_x, n, approx))
 
 // GeGLU: out = gelu(gate) * up
 template <typename T>
-__device__ __forceinline__ void gelu_gate_body(const T* __restrict__ gate, const T* __restrict__ up,
+__device__ __forceinline__ void gelu_gate_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                T* __restrict__ out, long long n, int approx) {
-    const long long t0 = (long long)blockIdx.x * blockDim.x + threadIdx.x, step = (long long)gridDim.x * blockDim.x;
-    if (n % 4 == 0 && pk_vec_aligned(gate) && pk_vec_aligned(up) && pk_vec_aligned(out)) {
-        for (long long i = 4 * t0; i < n; i += 4 * step) {
-            const float4 a = PkVec4<T>::load(gate, i), u = PkVec4<T>::load(up, i);
-            float4 o;
-            o.x = pk_gelu(a.x, approx) * u.x;
-            o.y = pk_gelu(a.y, approx) * u.y;
-            o.z = pk_gelu(a.z, approx) * u.z;
-            o.w = pk_gelu(a.w, approx) * u.w;
-            PkVec4<T>::store(out, i, o);
-        }
-        return;
-    }
-    for (long long i = t0; i < n; i += step)
-        PkIO<T>::store(out, i, pk_gelu(PkIO<T>::load(gate, i), approx) * PkIO<T>::load(up, i));
+    pk_grid_chunks<T>(pk_aligned16(gate) && pk_aligned16(up) && pk_aligned16(out), n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W], u[W];
+        pk_load<T, W>(gate, i, a);
+        pk_load<T, W>(up, i, u);
+#pragma unroll
+        for (int k = 0; k < W; ++k) a[k] = pk_gelu(a[k], approx) * u[k];
+        pk_store<T, W>(out, i, a);
+    });
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_gate(
-    const float* __restrict__ gate, const float* __restrict__ up, float* __restrict__ out, long long n, int approx) {
-    gelu_gate_body<float>(gate, up, out, n, approx);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_gate_bf16(
-    const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up, unsigned short* __restrict__ out,
-    long long n, int approx) {
-    gelu_gate_body<unsigned short>(gate, up, out, n, approx);
-}
+PK_IO_KERNELS(gelu_gate, (256, 1),
+              (const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, long long n, int approx),
+              (gate, up, out, n, approx))
 
 // grad_gate = grad_out * up * gelu'(gate), grad_up = grad_out * gelu(gate)
 template <typename T>
-__device__ __forceinline__ void gelu_gate_backward_body(const T* __restrict__ gate, const T* __restrict__ up,
+__device__ __forceinline__ void gelu_gate_backward_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                         const T* __restrict__ g, T* __restrict__ gg,
                                                         T* __restrict__ gu, long long n, int approx) {
-    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n;
-         i += (long long)gridDim.x * blockDim.x) {
-        const float a = PkIO<T>::load(gate, i), gv = PkIO<T>::load(g, i);
-        PkIO<T>::store(gg, i, gv * PkIO<T>::load(up, i) * pk_gelu_grad(a, approx));
-        PkIO<T>::store(gu, i, gv * pk_gelu(a, approx));
-    }
+    const bool vec = pk_aligned16(gate) && pk_aligned16(up) && pk_aligned16(g) && pk_aligned16(gg) && pk_aligned16(gu);
+    pk_grid_chunks<T>(vec, n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W], u[W], gv[W];
+        pk_load<T, W>(gate, i, a);
+        pk_load<T, W>(up, i, u);
+        pk_load<T, W>(g, i, gv);
+#pragma unroll
+        for (int k = 0; k < W; ++k) {
+            u[k] = gv[k] * u[k] * pk_gelu_grad(a[k], approx);
+            a[k] = gv[k] * pk_gelu(a[k], approx);
+        }
+        pk_store<T, W>(gg, i, u);
+        pk_store<T, W>(gu, i, a);
+    });
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_gate_backward(
-    const float* __restrict__ gate, const float* __restrict__ up, const float* __restrict__ grad_out,
-    float* __restrict__ grad_gate, float* __restrict__ grad_up, long long n, int approx) {
-    gelu_gate_backward_body<float>(gate, up, grad_out, grad_gate, grad_up, n, approx);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) gelu_gate_backward_bf16(
-    const unsigned short* __restrict__ gate, const unsigned short* __restrict__ up,
-    const unsigned short* __restrict__ grad_out, unsigned short* __restrict__ grad_gate,
-    unsigned short* __restrict__ grad_up, long long n, int approx) {
-    gelu_gate_backward_body<unsigned short>(gate, up, grad_out, grad_gate, grad_up, n, approx);
-}
+PK_IO_KERNELS(gelu_gate_backward, (256, 1),
+              (const T* __restrict__ gate, const T* __restrict__ up, const T* __restrict__ grad_out,
+               T* __restrict__ grad_gate, T* __restrict__ grad_up, long long n, int approx),
+              (gate, up, grad_out, grad_gate, grad_up, n, approx))

@@ -85,13 +85,23 @@ def dtype_name(a: Any, name: str | None = None) -> str:
     raise _not_an_array(a, name)
 
 
+# The I/O element types of the kernel families (kernels_cu/pk_common.cuh's PK_IO_KERNELS): kind, NumPy dtype
+# name, kernel-name suffix.
+IO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
+IO_KINDS: tuple[str, ...] = tuple(IO_DTYPES)
+_IO_SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}
+
+
 def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> str:
-    """"f32" or "bf16" for a float32 / bfloat16 array, else an error naming the argument."""
-    kinds = {"float32": "f32", "bfloat16": "bf16"}
+    """"f32", "bf16" or "f16" for a float32 / bfloat16 / float16 array, else an error naming the argument.
+
+    `allowed` lists the kinds the caller's kernels exist for (IO_KINDS for the families written once over
+    the element type)."""
+    kinds = {v: k for k, v in IO_DTYPES.items()}
     dt = dtype_name(a, name)
     k = kinds.get(dt)
     if k not in allowed:
-        want = " or ".join({"f32": "float32", "bf16": "bfloat16"}[x] for x in allowed)
+        want = " or ".join(IO_DTYPES[x] for x in allowed)
         raise ArgumentTypeError(f"{name}: expected dtype {want}, got {dt}")
     return k
 
@@ -334,8 +344,8 @@ def astype(a: Any, dtype: str) -> Any:
 def _resolve(dtype: Any) -> np.dtype:
     if isinstance(dtype, str) and dtype in ("bf16", "bfloat16"):
         return bfloat16()
-    if isinstance(dtype, str) and dtype == "f32":
-        return np.dtype(np.float32)
+    if isinstance(dtype, str) and dtype in IO_DTYPES:
+        return np.dtype(IO_DTYPES[dtype])
     return np.dtype(dtype)
 
 
@@ -428,12 +438,12 @@ def check_u32(name: str, value: int) -> None:
 
 
 def same_kind(name: str, a: Any, kind: str, ref_name: str) -> None:
-    """`a` must have the same I/O dtype ("f32" | "bf16") as the argument `ref_name`."""
-    k = io_kind(name, a)
+    """`a` must have the same I/O dtype ("f32" | "bf16" | "f16") as the argument `ref_name`."""
+    k = io_kind(name, a, IO_KINDS)
     if k != kind:
         raise ArgumentTypeError(f"{name}: expected the dtype of {ref_name} ({kind}), got {k}")
 
 
 def kernel_suffix(kind: str) -> str:
-    """Name suffix of a kernel's bf16 twin."""
-    return "_bf16" if kind == "bf16" else ""
+    """Name suffix of a kernel's instantiation for an I/O kind: "" (f32), "_bf16", "_f16"."""
+    return _IO_SUFFIX[kind]

@@ -75,6 +75,11 @@ VECTORS: dict[str, ScalarType] = {
     for stem, (comp, aligns) in _VECTORS.items() for n in (1, 2, 3, 4)
 }
 SCALARS.update(VECTORS)
+# The 16-bit floats are distinct C types (2-byte structs of raw bits, see kernels_cu/pk_common.cuh): a
+# pointer to one takes only its own dtype, so a bf16 array never reaches an f16 kernel. By value they
+# travel as their raw 16-bit word, as they always have.
+SCALARS["__half"] = ScalarType("__half", ctypes.c_uint16, "int", 0, 0xFFFF)
+SCALARS["__nv_bfloat16"] = ScalarType("__nv_bfloat16", ctypes.c_uint16, "int", 0, 0xFFFF)
 
 
 class TensorMapBytes(ctypes.Structure):
@@ -105,15 +110,13 @@ ALIASES: dict[str, str] = {
     "uint32_t": "unsigned int",
     "int64_t": "long long",
     "uint64_t": "unsigned long long",
-    # 16-bit floats travel as raw 16-bit words (as bf16 does): same size, alignment and ABI.
-    "__half": "unsigned short",
-    "half": "unsigned short",
-    "__nv_bfloat16": "unsigned short",
-    "nv_bfloat16": "unsigned short",
+    "half": "__half",
+    "nv_bfloat16": "__nv_bfloat16",
 }
 
-# Array dtypes (numpy dtype names) accepted for a pointer to each C type. bf16 travels
-# as raw 16-bit words, so `unsigned short*` also takes ml_dtypes.bfloat16.
+# Array dtypes (numpy dtype names) accepted for a pointer to each C type. The 16-bit floats take their
+# own dtype or raw uint16 words; `unsigned short*` (the raw-word spelling of bf16 that older kernels
+# use) takes uint16 and ml_dtypes.bfloat16, as it always has.
 POINTEE_DTYPES: dict[str, tuple[str, ...]] = {
     "float": ("float32",),
     "double": ("float64",),
@@ -123,6 +126,8 @@ POINTEE_DTYPES: dict[str, tuple[str, ...]] = {
     "unsigned char": ("uint8",),
     "short": ("int16",),
     "unsigned short": ("uint16", "bfloat16"),
+    "__half": ("float16", "uint16"),
+    "__nv_bfloat16": ("bfloat16", "uint16"),
     "int": ("int32",),
     "unsigned int": ("uint32",),
     "long long": ("int64",),
@@ -135,7 +140,7 @@ POINTEE_DTYPES.update({name: POINTEE_DTYPES[v.component] for name, v in VECTORS.
 TYPESTR: dict[str, str] = {
     "f4": "float32", "f8": "float64", "b1": "bool", "i1": "int8", "u1": "uint8",
     "i2": "int16", "u2": "uint16", "i4": "int32", "u4": "uint32", "i8": "int64", "u8": "uint64",
-    "V2": "bfloat16",
+    "f2": "float16", "V2": "bfloat16",
 }
 
 POINTER_SIZE = 8

@@ -27,6 +27,19 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile", "__grid_constant__"}
 # `// pykern: arch sm_90a[, sm_100a]` in a source: its kernels are built only for these (arch-specific) targets.
 _ARCH_PRAGMA = re.compile(r"^[ \t]*//[ \t]*pykern:[ \t]*archs?[ \t]+([^\n]+)$", re.M)
+# A #define (with its continuation lines): the instantiation macros' own bodies are not kernels.
+_DEFINE = re.compile(r"^[ \t]*#[ \t]*define\b(?:[^\n]*\\\n)*[^\n]*", re.M)
+
+# The kernel families written once over their I/O element type T (kernels_cu/pk_common.cuh):
+#   PK_IO_KERNELS(name, (bounds), (params using T), (args))    -> name, name_bf16, name_f16
+#   PK_IO16_KERNELS(name, (bounds), (params using T), (args))  -> name_bf16, name_f16
+# Each instantiation is an extern "C" kernel whose parameters are `params` with T replaced by its type.
+# This table and the macros in pk_common.cuh must agree (tests/test_registry.py checks the compiled names).
+IO_INSTANTIATIONS: dict[str, tuple[tuple[str, str], ...]] = {
+    "PK_IO_KERNELS": (("", "float"), ("_bf16", "__nv_bfloat16"), ("_f16", "__half")),
+    "PK_IO16_KERNELS": (("_bf16", "__nv_bfloat16"), ("_f16", "__half")),
+}
+_IO_CALL = re.compile(r"^[ \t]*(" + "|".join(IO_INSTANTIATIONS) + r")\s*\(", re.M)
 
 
 class RegistryWarning(UserWarning):
@@ -144,6 +157,44 @@ def _parse_param(decl: str, where: str) -> Param:
     return Param(name, base)
 
 
+def _split_call(text: str, open_at: int) -> tuple[list[str], int]:
+    """Top-level comma-separated arguments of the call whose "(" is text[open_at], and the index after ")"."""
+    depth, args, start = 0, [], open_at + 1
+    for i in range(open_at, len(text)):
+        c = text[i]
+        if c == "(":
+            depth += 1
+        elif c == ")":
+            depth -= 1
+            if depth == 0:
+                args.append(text[start:i].strip())
+                return args, i + 1
+        elif c == "," and depth == 1:
+            args.append(text[start:i].strip())
+            start = i + 1
+    raise RegistryError("unbalanced parentheses")
+
+
+def _io_kernels(text: str) -> list[tuple[int, str, str, str]]:
+    """(offset, name, attrs, parameter list) of every instantiation of the PK_IO*_KERNELS calls in `text`."""
+    out = []
+    for m in _IO_CALL.finditer(text):
+        macro = m.group(1)
+        line = text.count("\n", 0, m.start()) + 1
+        try:
+            args, _ = _split_call(text, m.end() - 1)
+        except RegistryError:
+            raise RegistryError(f"line {line}: {macro}: unbalanced parentheses") from None
+        if len(args) != 4 or not re.fullmatch(r"[A-Za-z_]\w*", args[0]) or not all(
+                a.startswith("(") and a.endswith(")") for a in args[1:]):
+            raise RegistryError(f"line {line}: expected {macro}(name, (bounds), (params), (args)), got "
+                                f"{macro}({', '.join(args)})")
+        name, bounds, params = args[0], args[1], args[2][1:-1]
+        for suffix, ctype in IO_INSTANTIATIONS[macro]:
+            out.append((m.start(), name + suffix, f"__launch_bounds__{bounds}", re.sub(r"\bT\b", ctype, params)))
+    return out
+
+
 def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
     """Every `extern "C" __global__ void` kernel of one source file, in file order.
 
@@ -169,10 +220,19 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
         _skip(f"every kernel of {e}")
         return []
     macros: dict[str, cmacros.Macro] | None = None
-    for m in _KERNEL.finditer(text):
-        line = text.count("\n", 0, m.start()) + 1
+    defines = text  # what _macros reads; the scan below must not see kernels inside macro bodies
+    text = _DEFINE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
+    found = [(m.start(), m.group(3), f"{m.group(1)} {m.group(2)}".strip(), m.group(4)) for m in _KERNEL.finditer(text)]
+    try:
+        found += _io_kernels(text)
+    except RegistryError as e:
+        if strict:
+            raise RegistryError(f"{path}: {e}") from None
+        _skip(f"kernels of {path}: {e}")
+    for start, name, attrs, body in sorted(found, key=lambda f: f[0]):
+        line = text.count("\n", 0, start) + 1
         where = f"{path}:{line}"
-        name, attrs, body = m.group(3), f"{m.group(1)} {m.group(2)}".strip(), m.group(4).strip()
+        body = body.strip()
         decls = [] if body in ("", "void") else body.split(",")
         try:
             params = tuple(_parse_param(d, where) for d in decls)
@@ -187,7 +247,7 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
         max_threads = None
         if attrs:
             if macros is None and not _LITERAL_BOUNDS.fullmatch(attrs):
-                macros = _macros(path, text)
+                macros = _macros(path, defines)
             try:
                 max_threads = cmacros.launch_bounds(attrs, macros or {})
                 if max_threads is not None and max_threads <= 0:

@@ -100,8 +100,8 @@ DT = {"float": np.float32, "double": np.float64, "int": np.int32, "unsigned int"
       "signed char": np.int8, "short": np.int16, "bool": np.bool_}
 SC = {"float": numba.float32, "double": numba.float64, "bool": numba.boolean}
 def argtype(p):
-    if p.is_pointer:  # bf16 arrays reach references widened to float32
-        base = "float" if p.pointee == "unsigned short" else p.pointee
+    if p.is_pointer:  # bf16 / f16 arrays reach references widened to float32
+        base = "float" if p.pointee in ("unsigned short", "__nv_bfloat16", "__half") else p.pointee
         return numba.types.Array(numba.from_dtype(np.dtype(DT[base])), 1, "C")
     return SC.get(p.ctype, numba.int64)  # integers arrive as Python ints
 done, bad = set(), []
@@ -276,7 +276,7 @@ def test_cli_summary_names_each_backend_and_what_did_not_run() -> None:
 
 def test_cli_bare_install_runs_what_it_can_and_says_why_not_the_rest(monkeypatch, capsys) -> None:
     # After the main install neither ml_dtypes nor numba is there: the default run goes on with host,
-    # runs the f32 cases, and names what skipped the rest and which extra brings it back.
+    # runs the f32 and f16 cases, and names what skipped the rest and which extra brings it back.
     from pykern import arrays
     from pykern.backends import get_backend
     from pykern.difftest.__main__ import main
@@ -292,10 +292,10 @@ def test_cli_bare_install_runs_what_it_can_and_says_why_not_the_rest(monkeypatch
     assert main(["--kernels", "transpose_2d*", "--backends", "host"] if nvrtc_ok else
                 ["--kernels", "transpose_2d*"]) == 0
     cap = capsys.readouterr()
-    assert "difftest: 6 of the 14 selected cases will be skipped: missing ml_dtypes: pip install 'pykern[test]'" \
+    assert "difftest: 6 of the 18 selected cases will be skipped: missing ml_dtypes: pip install 'pykern[test]'" \
         in cap.err
     block = _summary_block(cap.out)
-    assert "  host   ran 8: 8 passed, 0 failed, 0 errors; skipped 6\n" in block, block
+    assert "  host   ran 12: 12 passed, 0 failed, 0 errors; skipped 6\n" in block, block  # f32 and f16
     assert "6 skipped: missing ml_dtypes: pip install 'pykern[test]'" in block, block
     if not nvrtc_ok:
         assert "numba  not run: numba backend: numba-cuda is not importable (pip install 'pykern[numba]')" in block
@@ -325,7 +325,7 @@ def test_without_ml_dtypes_every_case_is_collected_and_the_runnable_ones_keep_th
     pending = runner.pending_skips(bare)
     assert pending == {"missing ml_dtypes: pip install 'pykern[test]'": sum(c.dtype == "bf16" for c in CASES)}
     runnable = [c for c in bare if not getattr(c.run, "skip_reason", None)]
-    assert len(runnable) == sum(c.dtype == "f32" for c in CASES) > 300
+    assert len(runnable) == sum(c.dtype in ("f32", "f16") for c in CASES) > 300  # f16 is NumPy's own
     for c in runnable:
         got, want = c.reference(), full[c.id].reference()
         assert set(got) == set(want)

@@ -256,25 +256,21 @@ def test_every_kernel_declares_launch_bounds_covering_the_ops_blocks() -> None:
     # A block larger than a kernel can hold (its __launch_bounds__, or without one
     # whatever its register count allows: the row kernels run 1024 threads, so 64
     # registers at most) fails to launch on a GPU, which the host backend cannot show.
-    import re
-
     from pykern.ops import forward as fwd
+    from pykern.registry import parse_file
     from pykern.sources import KERNELS_DIR
 
-    pat = re.compile(r'extern "C" __global__ void (?:__launch_bounds__\((\w+)[^)]*\) )?(\w+)\(')
-    found = []
-    for name in ("forward.cu", "flash_attention.cu"):
-        text = (KERNELS_DIR / name).read_text()
-        defines = dict(re.findall(r"^#define (\w+) (\d+)\s*$", text, re.M))  # e.g. FA_THREADS
-        found += [(defines.get(b, b), k) for b, k in pat.findall(text)]
-    unbounded = sorted(k for b, k in found if not b)
+    # the registry reads __launch_bounds__ also through macros (FA_THREADS) and PK_IO_KERNELS calls
+    specs = {name: parse_file(KERNELS_DIR / name) for name in ("forward.cu", "flash_attention.cu")}
+    unbounded = sorted(s.name for ss in specs.values() for s in ss if s.max_threads is None)
     assert not unbounded, f"kernels without __launch_bounds__: {unbounded}"
-    bounds = {k: int(b) for b, k in found}
-    assert len(bounds) == 17  # issue 10 added silu_gate_backward and its bf16 twin
+    bounds = {s.name: s.max_threads for ss in specs.values() for s in ss}
+    # 5 families in f32, bf16 and f16, plus causal_attn_softmax (f32)
+    assert len(specs["forward.cu"]) == 16 and "silu_gate_backward_f16" in bounds
     row_blocks = [fwd._row_geometry(1, n)[1] for n in (1, 64, 65, 1024, 1025, 4096, 4097, 10**6)]
     row_max = max(bx * by for bx, by in row_blocks)
     for k, bound in bounds.items():
-        stem = k.removesuffix("_bf16")
+        stem = k.removesuffix("_bf16").removesuffix("_f16")
         if stem in ("rms_norm", "causal_attn_softmax"):
             need = row_max
         elif stem.startswith("flash_attention"):

@@ -150,7 +150,11 @@ def test_every_shipped_kernel_with_launch_bounds_has_its_limit():
 
     bounded = set()
     for cu in KERNELS_DIR.glob("*.cu"):
-        bounded |= set(re.findall(r'__global__ void __launch_bounds__\([^\n]*?\)\s+(\w+)\(', cu.read_text()))
+        text = cu.read_text()
+        bounded |= set(re.findall(r'__global__ void __launch_bounds__\([^\n]*?\)\s+(\w+)\(', text))
+        # a PK_IO_KERNELS / PK_IO16_KERNELS call always passes its bounds: each instantiation has them
+        for macro, name in re.findall(r"^(PK_IO(?:16)?_KERNELS)\((\w+),", text, re.M):
+            bounded |= {name + sfx for sfx, _ in registry.IO_INSTANTIATIONS[macro]}
     assert len(bounded) > 80
     missing = sorted(s.name for s in pykern.kernels() if s.name in bounded and s.max_threads is None)
     assert not missing
@@ -215,3 +219,70 @@ def test_too_many_threads_for_a_macro_bound_raises_before_launch():
     for backend in ("host", "numba"):
         with pytest.raises(ArgumentError, match=r"block: paged_attn_merge is declared __launch_bounds__\(128\).*256 threads"):
             pykern.launch("paged_attn_merge", 1, 256, *args, backend=backend)
+
+
+# --------------------------------------------------------------------------- element-type instantiations
+
+
+def test_io_kernel_macros_yield_one_typed_kernel_per_element_type(kpath, tmp_path):
+    (tmp_path / "io.cu").write_text(textwrap.dedent('''\
+        #include "pk_common.cuh"
+        template <typename T> __device__ void pk_io_a_impl(const T* x, T* y, float* s, long long n) {}
+        template <typename T> __device__ void pk_io_b_impl(const T* x, unsigned int n) {}
+        // PK_IO_KERNELS(pk_io_commented, (64), (const T* x), (x))
+        PK_IO_KERNELS(pk_io_a, (256, 1),
+                      (const T* __restrict__ x, T* y, float* s, long long n),
+                      (x, y, s, n))
+
+        PK_IO16_KERNELS(pk_io_b, (128), (const T* x, unsigned int n), (x, n))
+    '''))
+    kpath(tmp_path)
+    got = {s.name: s for s in registry.parse_file(tmp_path / "io.cu")}
+    assert list(got) == ["pk_io_a", "pk_io_a_bf16", "pk_io_a_f16", "pk_io_b_bf16", "pk_io_b_f16"]
+    assert [p.ctype for p in got["pk_io_a"].params] == ["const float*", "float*", "float*", "long long"]
+    assert [p.ctype for p in got["pk_io_a_bf16"].params] == [
+        "const __nv_bfloat16*", "__nv_bfloat16*", "float*", "long long"]
+    assert [p.ctype for p in got["pk_io_a_f16"].params] == ["const __half*", "__half*", "float*", "long long"]
+    assert [p.ctype for p in got["pk_io_b_f16"].params] == ["const __half*", "unsigned int"]
+    assert {s.max_threads for n, s in got.items() if n.startswith("pk_io_a")} == {256}
+    assert got["pk_io_b_f16"].max_threads == 128 and got["pk_io_a_f16"].line == 5
+
+
+def test_malformed_io_kernel_macro_names_the_file(kpath, tmp_path):
+    (tmp_path / "bad.cu").write_text('PK_IO_KERNELS(pk_bad, 256, (const T* x), (x))\n')
+    with pytest.raises(RegistryError, match=r"bad\.cu.*line 1.*PK_IO_KERNELS\(name, \(bounds\)"):
+        registry.parse_file(tmp_path / "bad.cu", strict=True)
+
+
+def test_compiled_symbols_are_the_registry_names():
+    # The macros in pk_common.cuh and registry.IO_INSTANTIATIONS must agree: NVRTC's module (and the
+    # host backend's library) export exactly the names the registry lists.
+    from pykern import compiler
+    from pykern.errors import PykernError
+    from pykern.sources import KERNELS_DIR
+
+    src = KERNELS_DIR / "forward.cu"
+    try:
+        mod = compiler.compile(src, "sm_80")
+    except PykernError as e:
+        pytest.skip(f"NVRTC unavailable: {e}")
+    assert sorted(mod.kernels) == sorted(s.name for s in registry.parse_file(src))
+    assert "rms_norm_f16" in mod.kernels and "rms_norm_bf16" in mod.kernels
+
+
+def test_16bit_float_pointers_take_only_their_own_dtype():
+    import numpy as np
+
+    from pykern.arrays import bfloat16
+    from pykern.errors import ArgumentTypeError
+
+    x16 = np.ones((2, 8), np.float16)
+    xb = np.ones((2, 8), bfloat16())
+    with pytest.raises(ArgumentTypeError, match=r"x.*float16"):
+        pykern.launch("rms_norm_f16", 1, 32, xb, xb[0], np.empty_like(xb), 2, 8, 1e-6, backend="host")
+    with pytest.raises(ArgumentTypeError, match=r"x.*bfloat16"):
+        pykern.launch("rms_norm_bf16", 1, 32, x16, x16[0], np.empty_like(x16), 2, 8, 1e-6, backend="host")
+    out = np.empty((2, 8), np.uint16)  # raw 16-bit words are still accepted
+    pykern.launch("rms_norm_f16", 1, (32, 2), x16.view(np.uint16), x16[0].view(np.uint16), out, 2, 8, 0.0,
+                  backend="host")
+    np.testing.assert_array_equal(out.view(np.float16), x16)

@@ -317,3 +317,51 @@ def test_fused_linear_cross_entropy_model_compiles_fullgraph():
     named_ref = dict(ref.named_parameters())
     for pname, p in model.named_parameters():
         assert_close(p.grad, named_ref[pname].grad, f"compiled fused grad {pname}")
+
+
+@pytest.mark.parametrize("name", MODELS)
+def test_f16_patched_model_matches_unpatched(name, spy):
+    calls, _ = spy
+    ref = tiny(name).to(torch.float16)
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
+    ids, labels = batch()
+    o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
+    for op in ("rms_norm", "rope", "silu_gate", "cross_entropy_fwd_bwd"):  # the f16 kernels
+        assert calls[op] > 0, f"{op} did not run on pykern"
+    assert o.logits.dtype == torch.float16 and o.loss.dtype == torch.float32
+    assert_close(o.logits, o_ref.logits, "f16 logits", "f16")
+    assert_close(o.loss, o_ref.loss, "f16 loss", "f16")
+    o.loss.backward()
+    assert calls["rms_norm_backward"] and calls["silu_gate_backward"]
+    assert all(p.grad is not None and p.grad.dtype == torch.float16 and torch.isfinite(p.grad).all()
+               for p in model.parameters())
+
+
+@pytest.mark.parametrize("name", ["Llama", "Qwen2"])
+def test_trains_under_f16_autocast_with_grad_scaler(name, spy):
+    # mixed precision the float16 way: fp32 master weights, float16 autocast, a loss scale that
+    # GradScaler unscales before the step; the patched model follows the unpatched one step for step
+    calls, _ = spy
+    ref = tiny(name)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, labels = batch()
+    losses = {}
+    for tag, m in (("ref", ref), ("pykern", model)):
+        m.train()
+        opt = torch.optim.SGD(m.parameters(), lr=0.05)
+        scaler = torch.amp.GradScaler("cpu", init_scale=2.0 ** 12)
+        seen = []
+        for _ in range(3):
+            opt.zero_grad()
+            with torch.autocast("cpu", dtype=torch.float16):
+                loss = m(input_ids=ids, labels=labels).loss
+            scaler.scale(loss).backward()
+            scaler.step(opt)
+            scaler.update()
+            seen.append(loss.item())
+        assert scaler.get_scale() == 2.0 ** 12, "a step overflowed and was skipped"
+        losses[tag] = seen
+    assert calls["rms_norm_backward"] and calls["silu_gate"] and calls["silu_gate_backward"]
+    assert losses["pykern"][-1] < losses["pykern"][0]  # it learns
+    for a, b in zip(losses["pykern"], losses["ref"]):
+        assert abs(a - b) <= 2e-2 * abs(b) + 2e-2, (losses["pykern"], losses["ref"])

@@ -14,6 +14,7 @@ torch = pytest.importorskip("torch")
 
 from pykern import arrays, ops  # noqa: E402
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
+from pykern.tolerance import tolerance  # noqa: E402
 
 BF16 = np.dtype(ml_dtypes.bfloat16)
 RNG = np.random.default_rng(1234)
@@ -194,9 +195,19 @@ def test_not_an_array_is_named():
         ops.flash_attention({}, w, w)
 
 
-def test_float16_tensor_rejected_by_name():
-    with pytest.raises(ArgumentTypeError, match=r"x: expected dtype float32 or bfloat16, got float16"):
-        ops.rms_norm(torch.ones(2, 4, dtype=torch.float16), torch.ones(4, dtype=torch.float16))
+def test_float16_tensor_runs_the_f16_kernel_and_other_dtypes_are_rejected_by_name():
+    x = torch.randn(3, 40, dtype=torch.float64).to(torch.float16)
+    w = (1 + 0.3 * torch.randn(40, dtype=torch.float64)).to(torch.float16)
+    out = ops.rms_norm(x, w)
+    assert out.dtype == torch.float16
+    xd, wd = x.double(), w.double()
+    ref = xd * torch.rsqrt(xd.pow(2).mean(-1, keepdim=True) + 1e-6) * wd
+    atol, rtol = tolerance("rms_norm", "f16")
+    assert ((out.double() - ref).abs() <= atol + rtol * ref.abs()).all()
+    with pytest.raises(ArgumentTypeError, match=r"x: expected dtype float32 or bfloat16 or float16, got float64"):
+        ops.rms_norm(x.double(), w.double())
+    with pytest.raises(ArgumentTypeError, match=r"weight: expected the dtype of x \(f16\), got bf16"):
+        ops.rms_norm(x, w.bfloat16())
 
 
 def test_launch_takes_tensors_directly():

@@ -16,6 +16,12 @@ torch = pytest.importorskip("torch")
 import pykern.torch as pt  # noqa: E402
 
 F = torch.nn.functional
+TORCH_DTYPE = {"f32": torch.float32, "bf16": torch.bfloat16, "f16": torch.float16}
+NP_DTYPE = {"f32": np.float32, "bf16": None, "f16": np.float16}  # bf16: ml_dtypes, looked up when used
+
+
+def _np_dtype(kind):
+    return pykern.arrays.bfloat16() if kind == "bf16" else NP_DTYPE[kind]
 
 
 def _close(out, ref, op: str, dtype: str = "f32", what: str = "") -> None:
@@ -56,12 +62,12 @@ OPTS = [
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("opt", OPTS, ids=lambda o: "-".join(f"{k}{v}" for k, v in o.items()) or "plain")
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 def test_ce_op_matches_torch_f64_autograd(dtype, opt, reduction):
     g = torch.Generator().manual_seed(1)
     x = torch.randn(7, 37, generator=g) * 3
-    if dtype == "bf16":
-        x = x.bfloat16()
+    if dtype != "f32":
+        x = x.to(TORCH_DTYPE[dtype])
     t = torch.randint(0, 37, (7,), generator=g)
     t[[0, 3]] = -100
     loss, grad = ops.cross_entropy_fwd_bwd(x, t, label_smoothing=opt.get("label_smoothing", 0.0),
@@ -153,7 +159,7 @@ def test_ce_rejects_bad_options():
 
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
-@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16, torch.float16])
 def test_pykern_torch_cross_entropy_options_autograd(dtype, reduction):
     g = torch.Generator().manual_seed(7)
     x = (torch.randn(9, 53, generator=g) * 4).to(dtype)
@@ -167,7 +173,7 @@ def test_pykern_torch_cross_entropy_options_autograd(dtype, reduction):
     xr = x.double().requires_grad_(True)
     ref = torch_ce_ref(xr, t, reduction=reduction, **opt)
     (rg,) = torch.autograd.grad((ref * up.double()).sum(), xr)
-    kind = "f32" if dtype == torch.float32 else "bf16"
+    kind = _kind(dtype)
     _close(out, ref, "cross_entropy_fwd_bwd", kind, "loss")
     _close(gl, rg, "cross_entropy_fwd_bwd", kind, "grad")
     mod = pt.CrossEntropyLoss(reduction=reduction, **opt)
@@ -179,7 +185,7 @@ def test_pykern_torch_cross_entropy_options_autograd(dtype, reduction):
 
 
 def _kind(dtype):
-    return "f32" if dtype == torch.float32 else "bf16"
+    return {torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16"}[dtype]
 
 
 def _leaf(t, dtype):
@@ -194,7 +200,7 @@ def _grads(fn, inputs, ups):
     return outs, torch.autograd.grad(total, [i for i in inputs if i is not None])
 
 
-DTYPES = [torch.float32, torch.bfloat16]
+DTYPES = [torch.float32, torch.bfloat16, torch.float16]
 
 
 @pytest.mark.parametrize("dtype", DTYPES)
@@ -318,7 +324,7 @@ def _flce_ref(h, w, t, b=None, reduction="mean", **opt):
 
 @pytest.mark.parametrize("reduction", ["mean", "sum", "none"])
 @pytest.mark.parametrize("opt", OPTS[:1] + OPTS[-1:], ids=["plain", "all_options"])
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("frame", ["numpy", "torch"])
 def test_flce_op_matches_torch_f64_autograd(frame, dtype, opt, reduction):
     g = torch.Generator().manual_seed(21)
@@ -326,10 +332,9 @@ def test_flce_op_matches_torch_f64_autograd(frame, dtype, opt, reduction):
     h, w, b = torch.randn(n, hd, generator=g), torch.randn(v, hd, generator=g) * 0.5, torch.randn(v, generator=g)
     t = torch.randint(0, v, (n,), generator=g)
     t[[2, 5]] = -100
-    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    tdt = TORCH_DTYPE[dtype]
     h, w, b = h.to(tdt), w.to(tdt), b.to(tdt)
-    conv = (lambda a: a) if frame == "torch" else (lambda a: a.float().numpy().astype(
-        np.float32 if dtype == "f32" else pykern.arrays.bfloat16()))
+    conv = (lambda a: a) if frame == "torch" else (lambda a: a.float().numpy().astype(_np_dtype(dtype)))
     kw = dict(label_smoothing=opt.get("label_smoothing", 0.0), z_loss=opt.get("z_loss", 0.0),
               softcap=opt.get("softcap"), reduction=reduction, chunk_size=4)
     loss, gh, gw, gb = ops.fused_linear_cross_entropy(conv(h), conv(w), t if frame == "torch" else t.numpy(),
@@ -345,17 +350,17 @@ def test_flce_op_matches_torch_f64_autograd(frame, dtype, opt, reduction):
         _close(got, want, "fused_linear_cross_entropy", dtype, nm)
 
 
-@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+@pytest.mark.parametrize("dtype", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("frame", ["numpy", "torch"])
 def test_flce_grad_dtype_input_casts_the_float32_gradients(frame, dtype):
     g = torch.Generator().manual_seed(24)
-    tdt = torch.float32 if dtype == "f32" else torch.bfloat16
+    tdt = TORCH_DTYPE[dtype]
     h, w, b = torch.randn(9, 16, generator=g), torch.randn(21, 16, generator=g) * 0.5, torch.randn(21, generator=g)
     t = torch.randint(0, 21, (9,), generator=g)
     t[4] = -100
     ins = [a.to(tdt) for a in (h, w, b)]
     if frame == "numpy":
-        ins = [a.float().numpy().astype(np.float32 if dtype == "f32" else pykern.arrays.bfloat16()) for a in ins]
+        ins = [a.float().numpy().astype(_np_dtype(dtype)) for a in ins]
         t = t.numpy()
     kw = dict(z_loss=1e-3, chunk_size=4, backend="host")
     loss32, *g32 = ops.fused_linear_cross_entropy(*ins[:2], t, ins[2], **kw)

@@ -8,8 +8,8 @@ imported numba.cuda in GPU mode on a machine without a GPU gets a
 BackendUnavailable saying so (numba cannot switch after the import).
 
 The launch contract matches the .cu kernels: arrays arrive flat (a pointer sees
-no shape), `unsigned short*` (bf16/uint16) arrays are widened to float32 before
-the call and non-const ones narrowed back with round-to-nearest-even, and the
+no shape), 16-bit float arrays (`__nv_bfloat16*`, `__half*`, and `unsigned short*` as bf16 words) are
+widened to float32 before the call and non-const ones narrowed back with round-to-nearest-even, and the
 caller's grid/block are ignored in favour of the reference's own `config(args)`.
 In the simulator, barrier-free references run thread after thread in one Python
 thread (see `_sequential_module`); the rest use numba's threaded simulator.
@@ -147,6 +147,25 @@ def narrow_bf16(values: np.ndarray) -> np.ndarray:
     rounded = (u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16)
     nan = (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000)
     return np.where(nan, np.uint32(0x7FFF), rounded).astype(np.uint16)
+
+
+def widen_f16(bits: np.ndarray) -> np.ndarray:
+    """float32 array with the values of 16-bit f16 words (exact)."""
+    return bits.view(np.float16).astype(np.float32)
+
+
+def narrow_f16(values: np.ndarray) -> np.ndarray:
+    """uint16 f16 words of float32 values as cvt.rn.f16x2.f32 makes them: round to nearest even, inf beyond
+    65504, subnormals kept, any NaN -> canonical 0x7fff."""
+    v = np.ascontiguousarray(values, dtype=np.float32)
+    with np.errstate(over="ignore", invalid="ignore"):
+        bits = v.astype(np.float16).view(np.uint16)
+    return np.where(np.isnan(v), np.uint16(0x7FFF), bits).astype(np.uint16)
+
+
+# pointee C type -> (widen, narrow) of the 16-bit float types the references see as float32
+_WIDEN = {"unsigned short": (widen_bf16, narrow_bf16), "__nv_bfloat16": (widen_bf16, narrow_bf16),
+          "__half": (widen_f16, narrow_f16)}
 
 
 class NumbaBackend:
@@ -331,9 +350,9 @@ class NumbaBackend:
                     f"got {type(a).__name__}"
                 )
             flat = a.reshape(-1)
-            widen = p.pointee == "unsigned short"
+            widen = _WIDEN.get(p.pointee)
             # A private copy, like device memory: the caller's array changes only at write-back.
-            host = widen_bf16(flat) if widen else flat.copy()
+            host = widen[0](flat) if widen else flat.copy()
             if not p.is_const:
                 writeback.append((flat, host, widen))
             kargs.append(host)
@@ -401,7 +420,7 @@ class NumbaBackend:
     def _write_back(writeback: list[Any]) -> None:
         for target, res, widened in writeback:
             if widened:
-                target.view(np.uint16)[...] = narrow_bf16(res)
+                target.view(np.uint16)[...] = widened[1](res)
             else:
                 target[...] = res
 
@@ -417,10 +436,10 @@ class NumbaBackend:
                 kargs.append(k)
                 cargs.append(c)
                 continue
-            widen = p.pointee == "unsigned short"
+            widen = _WIDEN.get(p.pointee)
             if isinstance(a, np.ndarray):
                 flat = a.reshape(-1)
-                dev = cuda.to_device(widen_bf16(flat) if widen else flat)
+                dev = cuda.to_device(widen[0](flat) if widen else flat)
                 if not p.is_const:
                     writeback.append((flat, dev, widen))
             else:
@@ -445,13 +464,13 @@ class NumbaBackend:
             res = dev.copy_to_host()
             if isinstance(target, np.ndarray):
                 if widened:
-                    target.view(np.uint16)[...] = narrow_bf16(res)
+                    target.view(np.uint16)[...] = widened[1](res)
                 else:
                     target[...] = res
-            else:  # a caller's device array holding bf16: narrowed on the host, copied back
-                target.copy_to_device(narrow_bf16(res))
+            else:  # a caller's device array holding 16-bit floats: narrowed on the host, copied back
+                target.copy_to_device(widened[1](res).view(target.dtype))
 
-    def _device_arg(self, cuda: Any, spec: KernelSpec, i: int, p: Any, a: Any, widen: bool) -> tuple[Any, Any]:
+    def _device_arg(self, cuda: Any, spec: KernelSpec, i: int, p: Any, a: Any, widen: Any) -> tuple[Any, Any]:
         label = f"{spec.name}: argument {i} ({p.ctype} {p.name})"
         try:
             dev = cuda.as_cuda_array(a).reshape(-1)
@@ -459,8 +478,8 @@ class NumbaBackend:
             raise ArgumentTypeError(f"{label}: numba cannot view {type(a).__name__} as a device array ({e})") from e
         if not widen:
             return dev, None  # numba writes straight into the caller's memory
-        wide = cuda.to_device(widen_bf16(dev.copy_to_host()))
-        return wide, (None if p.is_const else (dev, wide, True))
+        wide = cuda.to_device(widen[0](dev.copy_to_host()))
+        return wide, (None if p.is_const else (dev, wide, widen))
 
     @staticmethod
     def _stream(cuda: Any, stream: Any) -> Any:

@@ -247,7 +247,7 @@ def launch_stubs(specs: Sequence[KernelSpec]) -> str:
 
 # Inline PTX cannot run on the CPU: a kernel reaches PTX only through kernels_cu/pk_ptx.cuh.
 PTX_WRAPPERS = (
-    "pk_cvt_bf16x2, pk_mma_m16n8k16_bf16, pk_ldmatrix_x4, pk_ldmatrix_x4_trans, pk_cp_async_16, "
+    "pk_cvt_bf16x2, pk_cvt_f16x2, pk_cvt_f32_f16, pk_mma_m16n8k16_bf16, pk_ldmatrix_x4, pk_ldmatrix_x4_trans, pk_cp_async_16, "
     "pk_cp_async_commit, pk_cp_async_wait<N>, pk_cp_async_wait_all, pk_ex2_approx"
 )
 _RAW_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b")

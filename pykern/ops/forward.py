@@ -63,14 +63,14 @@ def _f32_table(name: str, t: Any) -> Any:
 
 @arrays.stream_scoped
 def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
-    """Rows `table[ids]`: ids (n,) or (batch, seq) integers in [0, vocab), table (vocab, dim) f32 or bf16
+    """Rows `table[ids]`: ids (n,) or (batch, seq) integers in [0, vocab), table (vocab, dim) f32, bf16 or f16
     -> (n, dim) or (batch, seq, dim).
 
     Host ids (NumPy, CPU tensors, lists) are checked before launch (an out-of-range id
     is an ArgumentError). Device ids of any integer dtype are converted to int64 on
     their device and trusted: the kernel writes a zero row for an id it cannot read.
     """
-    kind = arrays.io_kind("table", table)
+    kind = arrays.io_kind("table", table, arrays.IO_KINDS)
     vocab, dim = arrays.check_ndim("table", table, (2,))
     if isinstance(ids, (list, tuple)):
         ids = np.asarray(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
@@ -204,7 +204,7 @@ def rope(
     inplace=True writes into x (which must then be C-contiguous) and returns it;
     out= writes into a given array (x's shape, dtype and kind) instead.
     """
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     shp = arrays.check_ndim("x", x, (3, 4))
     if style not in _STYLES:
         raise ArgumentError(f"style: expected 'interleaved' or 'half', got {style!r}")
@@ -285,8 +285,8 @@ def rope(
 
 @arrays.stream_scoped
 def silu_gate(gate: Any, up: Any, *, out: Any = None, stream: Any = None, backend: str | None = None) -> Any:
-    """silu(gate) * up elementwise (SwiGLU), any shape, f32 or bf16 (fp32 math)."""
-    kind = arrays.io_kind("gate", gate)
+    """silu(gate) * up elementwise (SwiGLU), any shape, f32, bf16 or f16 (fp32 math)."""
+    kind = arrays.io_kind("gate", gate, arrays.IO_KINDS)
     _same_dtype("up", up, kind, "gate")
     gs, us = arrays.shape_of(gate), arrays.shape_of(up)
     if gs != us:
@@ -309,9 +309,9 @@ def silu_gate_backward(
 
     With s = sigmoid(gate): grad_up = grad_out * gate * s and
     grad_gate = grad_out * up * s * (1 + gate * (1 - s)). Any shape (all three
-    alike), f32 or bf16 (all three alike), fp32 math, outputs in the input dtype.
+    alike), f32, bf16 or f16 (all three alike), fp32 math, outputs in the input dtype.
     """
-    kind = arrays.io_kind("gate", gate)
+    kind = arrays.io_kind("gate", gate, arrays.IO_KINDS)
     _same_dtype("up", up, kind, "gate")
     _same_dtype("grad_out", grad_out, kind, "gate")
     gs = arrays.shape_of(gate)
@@ -346,7 +346,7 @@ def rms_norm(
     x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, stream: Any = None, backend: str | None = None
 ) -> Any:
     """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis; same dtype as x, statistics in fp32."""
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_dtype("weight", weight, kind, "x")
     shp = arrays.shape_of(x)
     if len(shp) < 1:
@@ -362,7 +362,7 @@ def rms_norm(
     n_rows = _size(shp[:-1])
     if n_rows == 0 or dim == 0:
         return out
-    chunks = -(-dim // (8 if kind == "bf16" else 4))
+    chunks = -(-dim // (4 if kind == "f32" else 8))
     grid, block = _row_geometry(n_rows, chunks)
     if block[0] > 32:  # enough threads that the kernel keeps the row in registers (<= 2 vectors each): one read
         block = (min(1024, max(block[0], -(-chunks // 64) * 32)), 1)

@@ -78,12 +78,12 @@ def _device_like(host: np.ndarray, like: Any) -> Any:
 
 @arrays.stream_scoped
 def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> Any:
-    """Contiguous `x.T` of a 2-D array (f32 or bf16, bit-exact).
+    """Contiguous `x.T` of a 2-D array (f32, bf16 or f16, bit-exact).
 
     With leading batch dims (..., rows, cols) each trailing matrix is transposed:
     the result is (..., cols, rows), i.e. `np.swapaxes(x, -1, -2)`.
     """
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     shape = tuple(arrays.shape_of(x))
     if len(shape) < 2:
         raise ArgumentError(f"x: expected at least 2 dimensions, got shape {shape}")
@@ -113,8 +113,8 @@ def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> A
 
 @arrays.stream_scoped
 def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None) -> Any:
-    """grad_in = probs * (grad_out - rowsum(probs * grad_out)) over the last axis (f32 or bf16)."""
-    kind = arrays.io_kind("probs", probs)
+    """grad_in = probs * (grad_out - rowsum(probs * grad_out)) over the last axis (f32, bf16 or f16)."""
+    kind = arrays.io_kind("probs", probs, arrays.IO_KINDS)
     _same_kind("grad_out", grad_out, kind, "probs")
     shape = tuple(arrays.shape_of(probs))
     if len(shape) < 1:
@@ -171,11 +171,11 @@ def rms_norm_backward(
 ) -> tuple[Any, Any]:
     """Backward of y = x * rsqrt(mean(x^2, -1) + eps) * weight.
 
-    x, grad_out (..., dim) and weight (dim,) share one dtype (f32 or bf16).
+    x, grad_out (..., dim) and weight (dim,) share one dtype (f32, bf16 or f16).
     Returns (grad_x like x, grad_weight float32 (dim,)); grad_weight is reduced
     in fp32 in a fixed order (no atomics), so it is identical run to run.
     """
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "x")
     _same_kind("grad_out", grad_out, kind, "x")
     shape = tuple(arrays.shape_of(x))
@@ -245,14 +245,14 @@ def embedding_backward(
 ) -> Any:
     """grad_weight (vocab_size, dim) float32: row v = sum of grad_out rows whose id is v.
 
-    grad_out (..., dim) f32 or bf16, ids (...) integers of any integer dtype in
+    grad_out (..., dim) f32, bf16 or f16, ids (...) integers of any integer dtype in
     [0, vocab_size). Host ids (NumPy, CPU tensors) are checked before launch;
     device ids never travel to the host: an id outside the range is skipped on
     the device. A bucketing kernel sorts token positions by id (stable, on the
     device) and the gather kernel sums each vocab row's tokens in position order,
     so the result is deterministic (no atomics) and unused rows are written as 0.
     """
-    kind = arrays.io_kind("grad_out", grad_out)
+    kind = arrays.io_kind("grad_out", grad_out, arrays.IO_KINDS)
     shape = tuple(arrays.shape_of(grad_out))
     if len(shape) < 1:
         raise ArgumentError(f"grad_out: expected at least 1 dimension, got shape {shape}")
@@ -374,7 +374,7 @@ def cross_entropy_fwd_bwd(
 ) -> tuple[Any, Any]:
     """Cross-entropy loss over non-pad rows and its gradient, in one launch over the logits.
 
-    logits (..., vocab) f32 or bf16 (softmax and loss in fp32), targets (...)
+    logits (..., vocab) f32, bf16 or f16 (softmax and loss in fp32), targets (...)
     integers of any integer dtype; rows whose target equals `pad_id` are ignored
     (loss 0, gradient 0). Options, as torch.nn.functional.cross_entropy:
     `label_smoothing` in [0, 1]; `z_loss` adds z_loss * lse**2 per non-ignored row;
@@ -392,7 +392,7 @@ def cross_entropy_fwd_bwd(
     device too. Returns (loss float32, grad like logits). A batch that is all
     padding gives loss 0.0 and a zero gradient.
     """
-    kind = arrays.io_kind("logits", logits)
+    kind = arrays.io_kind("logits", logits, arrays.IO_KINDS)
     shape = tuple(arrays.shape_of(logits))
     if len(shape) < 1:
         raise ArgumentError(f"logits: expected at least 1 dimension, got shape {shape}")

@@ -97,13 +97,13 @@ def add_rms_norm(
 ) -> tuple[Any, Any]:
     """(y, new_residual) with new_residual = x + residual and y = rms_norm(new_residual) * weight, one pass.
 
-    x, residual (..., dim) and weight (dim,) share one dtype (f32 or bf16; math
+    x, residual (..., dim) and weight (dim,) share one dtype (f32, bf16 or f16; math
     in fp32; new_residual is stored in that dtype and y is computed from the
     stored value, as the unfused add then norm would). `inplace=True` writes y
     into x and new_residual into residual (both must be contiguous and
     writeable) and returns (x, residual).
     """
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("residual", residual, kind, "x")
     _same_kind("weight", weight, kind, "x")
     shape, dim, n_rows = _rows("x", x)
@@ -145,7 +145,7 @@ def add_rms_norm_backward(
     grad_new_residual may be None (no gradient reaches new_residual). grad_weight
     is reduced in a fixed order without atomics (identical run to run).
     """
-    kind = arrays.io_kind("new_residual", new_residual)
+    kind = arrays.io_kind("new_residual", new_residual, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "new_residual")
     _same_kind("grad_y", grad_y, kind, "new_residual")
     shape, dim, n_rows = _rows("new_residual", new_residual)
@@ -188,10 +188,10 @@ def layer_norm(
 ) -> Any:
     """torch.nn.functional.layer_norm over the last axis: (x - mean) / sqrt(var + eps) * weight + bias.
 
-    x (..., dim), weight / bias (dim,) of x's dtype (f32 or bf16) or None;
+    x (..., dim), weight / bias (dim,) of x's dtype (f32, bf16 or f16) or None;
     statistics in fp32 (biased variance, as torch).
     """
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     shape, dim, n_rows = _rows("x", x)
     weight, bias = _optional_param("weight", weight, kind, dim), _optional_param("bias", bias, kind, dim)
     eps = _eps(eps)
@@ -217,7 +217,7 @@ def layer_norm_backward(
     skip grad_bias (returned as None). Weight and bias gradients are per-chunk
     partial sums reduced in a fixed order (no float atomics): identical run to run.
     """
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("grad_out", grad_out, kind, "x")
     shape, dim, n_rows = _rows("x", x)
     _same_shape("grad_out", grad_out, shape, "x")
@@ -256,15 +256,15 @@ def _approx(a: Any) -> int:
 
 
 def _ew(name: str, kind: str, n: int, *args: Any, stream: Any, backend: str | None) -> None:
-    # n % 4 == 0: the kernels take 4 elements per thread when the pointers are aligned (grid-stride
-    # loops keep a misaligned launch correct with the same grid)
-    per_thread = 4 if n % 4 == 0 else 1
+    # the kernels take one 16-byte vector per thread (4 f32, 8 bf16 / f16) when the pointers are aligned,
+    # then a scalar tail (grid-stride loops keep a misaligned launch correct with the same grid)
+    per_thread = 4 if kind == "f32" else 8
     blocks = min(-(-n // (_EW_THREADS * per_thread)), _EW_BLOCKS_MAX)
     _launch(name + _suffix(kind), (blocks,), (_EW_THREADS,), *args, stream=stream, backend=backend)
 
 
 def _same_inputs(names: tuple[str, ...], arrs: tuple[Any, ...]) -> tuple[str, tuple[int, ...], list[Any]]:
-    kind = arrays.io_kind(names[0], arrs[0])
+    kind = arrays.io_kind(names[0], arrs[0], arrays.IO_KINDS)
     shape = tuple(arrays.shape_of(arrs[0]))
     for nm, a in zip(names[1:], arrs[1:]):
         _same_kind(nm, a, kind, names[0])
@@ -274,7 +274,7 @@ def _same_inputs(names: tuple[str, ...], arrs: tuple[Any, ...]) -> tuple[str, tu
 
 @arrays.stream_scoped
 def gelu(x: Any, approximate: str = "none", *, stream: Any = None, backend: str | None = None) -> Any:
-    """torch.nn.functional.gelu(x, approximate=) elementwise (f32 or bf16, fp32 math)."""
+    """torch.nn.functional.gelu(x, approximate=) elementwise (f32, bf16 or f16, fp32 math)."""
     ap = _approx(approximate)
     kind, shape, (x,) = _same_inputs(("x",), (x,))
     y = arrays.empty(shape, kind, like=x)
@@ -287,7 +287,7 @@ def gelu(x: Any, approximate: str = "none", *, stream: Any = None, backend: str 
 @arrays.stream_scoped
 def gelu_backward(x: Any, grad_out: Any, approximate: str = "none", *, stream: Any = None,
                   backend: str | None = None) -> Any:
-    """grad_x = grad_out * gelu'(x) (f32 or bf16, fp32 math)."""
+    """grad_x = grad_out * gelu'(x) (f32, bf16 or f16, fp32 math)."""
     ap = _approx(approximate)
     kind, shape, (x, grad_out) = _same_inputs(("x", "grad_out"), (x, grad_out))
     gx = arrays.empty(shape, kind, like=x)
@@ -301,7 +301,7 @@ def gelu_backward(x: Any, grad_out: Any, approximate: str = "none", *, stream: A
 @arrays.stream_scoped
 def gelu_gate(gate: Any, up: Any, approximate: str = "none", *, stream: Any = None,
               backend: str | None = None) -> Any:
-    """GeGLU: gelu(gate, approximate=) * up elementwise (f32 or bf16, fp32 math)."""
+    """GeGLU: gelu(gate, approximate=) * up elementwise (f32, bf16 or f16, fp32 math)."""
     ap = _approx(approximate)
     kind, shape, (gate, up) = _same_inputs(("gate", "up"), (gate, up))
     out = arrays.empty(shape, kind, like=gate)
@@ -406,8 +406,11 @@ def flce_block_rows(chunk: int, vocab: int, hidden: int) -> int:
 
 
 def _bf16_f32(a: np.ndarray, out: np.ndarray) -> np.ndarray:
-    """bfloat16 -> float32 into a preallocated buffer (exact: the bf16 bits are the top half of the
-    float32's); ml_dtypes' astype would allocate."""
+    """bfloat16 or float16 -> float32 into a preallocated buffer (exact). For bf16 the bits are the top
+    half of the float32's (ml_dtypes' astype would allocate); float16 is NumPy's own cast."""
+    if a.dtype == np.float16:
+        out[...] = a
+        return out
     u = out.view(np.uint32)
     u[...] = a.view(np.uint16)
     u <<= 16
@@ -447,7 +450,7 @@ def _flce_numpy(hidden: np.ndarray, weight: np.ndarray, bias: Any, chunk: int, c
                 lb = np.matmul(hc, wb.T, out=lbuf[:c * (ve - vs)].reshape(c, ve - vs))
                 if b32 is not None:
                     lb += b32[vs:ve]
-                logits[:, vs:ve] = lb  # rounds to bf16, as a bf16 matmul's output would
+                logits[:, vs:ve] = lb  # rounds to bf16 / f16, as a bf16 / f16 matmul's output would
         else:
             hc = hidden[s:e]
             logits = hc @ weight.T
@@ -479,7 +482,7 @@ def fused_linear_cross_entropy(
 ) -> tuple[Any, Any, Any, Any]:
     """Cross-entropy of `hidden @ weight.T (+ bias)` and its gradients without the (N, vocab) logits.
 
-    hidden (N, H), weight (V, H), bias (V,) or None, one dtype (f32 or bf16);
+    hidden (N, H), weight (V, H), bias (V,) or None, one dtype (f32, bf16 or f16);
     targets (N,) integers. Walks rows in chunks of `chunk_size` (default
     flce_chunk_rows): each chunk's logits come from the caller's framework matmul
     (NumPy @, torch.matmul, CuPy; on the caller's stream), then the cross-entropy
@@ -490,7 +493,7 @@ def fused_linear_cross_entropy(
     with addmm_). Options and reductions as cross_entropy_fwd_bwd ("none": per-row
     losses; gradients of their sum).
     Returns (loss float32, grad_hidden, grad_weight, grad_bias or None). The
-    gradients are float32 for f32 and bf16 inputs alike (as rms_norm_backward's
+    gradients are float32 for f32, bf16 and f16 inputs alike (as rms_norm_backward's
     grad_weight): for bf16 the float32 accumulators ARE the outputs.
     grad_dtype="input" casts them to the inputs' dtype at the end instead, one
     at a time; for bf16 the casts hold max(N*H*4 + V*H*2, V*H*4) (+ V*2 with a
@@ -499,7 +502,7 @@ def fused_linear_cross_entropy(
     """
     from .training import _int_array, check_ce_options, cross_entropy_fwd_bwd
 
-    kind = arrays.io_kind("hidden", hidden)
+    kind = arrays.io_kind("hidden", hidden, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "hidden")
     n, h = arrays.check_ndim("hidden", hidden, (2,))
     v, h2 = arrays.check_ndim("weight", weight, (2,))

@@ -16,7 +16,7 @@ def _grid(n: int) -> tuple[tuple[int], tuple[int]]:
     return (max(1, (int(n) + _BLOCK - 1) // _BLOCK),), (_BLOCK,)
 
 
-@reference("embedding", "embedding_bf16")
+@reference("embedding", "embedding_bf16", "embedding_f16")
 def _embedding(cuda):
     @cuda.jit
     def k(ids, table, out, n_tokens, vocab, dim):
@@ -29,7 +29,7 @@ def _embedding(cuda):
     return k, lambda args: _grid(args[3])
 
 
-@reference("rope", "rope_bf16")
+@reference("rope", "rope_bf16", "rope_f16")
 def _rope(cuda):
     @cuda.jit
     def k(x, out, cos_t, sin_t, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos, has_pos,
@@ -64,7 +64,7 @@ def _rope(cuda):
     return k, lambda args: _grid(args[5])
 
 
-@reference("silu_gate", "silu_gate_bf16")
+@reference("silu_gate", "silu_gate_bf16", "silu_gate_f16")
 def _silu_gate(cuda):
     @cuda.jit
     def k(gate, up, out, n):
@@ -77,7 +77,7 @@ def _silu_gate(cuda):
     return k, lambda args: _grid(args[3])
 
 
-@reference("silu_gate_backward", "silu_gate_backward_bf16")
+@reference("silu_gate_backward", "silu_gate_backward_bf16", "silu_gate_backward_f16")
 def _silu_gate_backward(cuda):
     @cuda.jit
     def k(gate, up, grad_out, grad_gate, grad_up, n):
@@ -92,7 +92,7 @@ def _silu_gate_backward(cuda):
     return k, lambda args: _grid(args[5])
 
 
-@reference("rms_norm", "rms_norm_bf16")
+@reference("rms_norm", "rms_norm_bf16", "rms_norm_f16")
 def _rms_norm(cuda):
     @cuda.jit
     def k(x, weight, out, n_rows, dim, eps):

@@ -20,7 +20,7 @@ def _grid1(n: int) -> tuple[tuple[int], tuple[int]]:
     return ((n + _T - 1) // _T,), (_T,)
 
 
-@reference("transpose_2d", "transpose_2d_bf16")
+@reference("transpose_2d", "transpose_2d_bf16", "transpose_2d_f16")
 def _transpose(cuda: Any):
     @cuda.jit
     def k(inp, out, rows, cols, batch):
@@ -35,7 +35,7 @@ def _transpose(cuda: Any):
     return k, lambda a: _grid1(a[2] * a[3] * a[4])
 
 
-@reference("softmax_backward", "softmax_backward_bf16")
+@reference("softmax_backward", "softmax_backward_bf16", "softmax_backward_f16")
 def _softmax_backward(cuda: Any):
     @cuda.jit
     def k(probs, grad_out, grad_in, n_rows, row_len):
@@ -51,7 +51,7 @@ def _softmax_backward(cuda: Any):
     return k, lambda a: _grid1(a[3])
 
 
-@reference("rms_norm_backward", "rms_norm_backward_bf16")
+@reference("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16")
 def _rms_norm_backward(cuda: Any):
     @cuda.jit
     def k(x, w, g, gx, inv_rms, partial, n_rows, dim, eps, n_part):
@@ -82,7 +82,7 @@ def _rms_norm_backward(cuda: Any):
     return k, lambda a: _grid1(max(a[6], a[9]))
 
 
-@reference("rms_norm_backward_weight", "rms_norm_backward_weight_bf16")
+@reference("rms_norm_backward_weight", "rms_norm_backward_weight_bf16", "rms_norm_backward_weight_f16")
 def _rms_norm_backward_weight(cuda: Any):
     @cuda.jit
     def k(x, g, inv_rms, partial, n_rows, dim, rows_per_chunk):
@@ -117,7 +117,7 @@ def _rms_norm_grad_weight_reduce(cuda: Any):
     return k, lambda a: _grid1(a[3])
 
 
-@reference("embedding_backward", "embedding_backward_bf16")
+@reference("embedding_backward", "embedding_backward_bf16", "embedding_backward_f16")
 def _embedding_backward(cuda: Any):
     @cuda.jit
     def k(grad_out, order, offsets, grad_weight, vocab_size, dim):
@@ -172,7 +172,7 @@ def _cross_entropy_count(cuda: Any):
     return k, lambda a: ((1,), (1,))
 
 
-@reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16")
+@reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16", "cross_entropy_fwd_bwd_f16")
 def _cross_entropy(cuda: Any):
     @cuda.jit
     def k(logits, targets, grad, row_loss, scale_p, n_rows, vocab, pad_id, eps, z_loss, cap):
@@ -256,7 +256,7 @@ def _zero(cuda: Any):
     return k, lambda a: _grid1(a[1])
 
 
-@reference("training_f32_to_bf16")
+@reference("training_f32_to_bf16", "training_f32_to_f16")
 def _to_bf16(cuda: Any):
     # The numba backend narrows the (widened) bf16 output after the launch.
     @cuda.jit

@@ -14,7 +14,7 @@ def _grid1(n: int) -> tuple[tuple[int], tuple[int]]:
     return ((n + _T - 1) // _T,), (_T,)
 
 
-@reference("add_rms_norm", "add_rms_norm_bf16")
+@reference("add_rms_norm", "add_rms_norm_bf16", "add_rms_norm_f16")
 def _add_rms_norm(cuda: Any):
     @cuda.jit
     def k(x, res, w, y, new_res, n_rows, dim, eps):
@@ -32,7 +32,7 @@ def _add_rms_norm(cuda: Any):
     return k, lambda a: _grid1(a[5])
 
 
-@reference("add_rms_norm_backward", "add_rms_norm_backward_bf16")
+@reference("add_rms_norm_backward", "add_rms_norm_backward_bf16", "add_rms_norm_backward_f16")
 def _add_rms_norm_backward(cuda: Any):
     @cuda.jit
     def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres):
@@ -55,7 +55,7 @@ def _add_rms_norm_backward(cuda: Any):
     return k, lambda a: _grid1(a[6])
 
 
-@reference("layer_norm", "layer_norm_bf16")
+@reference("layer_norm", "layer_norm_bf16", "layer_norm_f16")
 def _layer_norm(cuda: Any):
     @cuda.jit
     def k(x, w, b, y, n_rows, dim, eps, has_w, has_b):
@@ -81,7 +81,7 @@ def _layer_norm(cuda: Any):
     return k, lambda a: _grid1(a[4])
 
 
-@reference("layer_norm_backward", "layer_norm_backward_bf16")
+@reference("layer_norm_backward", "layer_norm_backward_bf16", "layer_norm_backward_f16")
 def _layer_norm_backward(cuda: Any):
     @cuda.jit
     def k(x, w, g, gx, mean_out, rstd_out, n_rows, dim, eps, has_w):
@@ -115,7 +115,7 @@ def _layer_norm_backward(cuda: Any):
     return k, lambda a: _grid1(a[6])
 
 
-@reference("norm_weight_grad", "norm_weight_grad_bf16")
+@reference("norm_weight_grad", "norm_weight_grad_bf16", "norm_weight_grad_f16")
 def _norm_weight_grad(cuda: Any):
     @cuda.jit
     def k(x, g, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean, want_bias):
@@ -171,7 +171,7 @@ def _gelu_fns(cuda: Any):
     return f, d
 
 
-@reference("gelu", "gelu_bf16")
+@reference("gelu", "gelu_bf16", "gelu_f16")
 def _gelu(cuda: Any):
     f, _ = _gelu_fns(cuda)
 
@@ -184,7 +184,7 @@ def _gelu(cuda: Any):
     return k, lambda a: _grid1(a[2])
 
 
-@reference("gelu_backward", "gelu_backward_bf16")
+@reference("gelu_backward", "gelu_backward_bf16", "gelu_backward_f16")
 def _gelu_backward(cuda: Any):
     _, d = _gelu_fns(cuda)
 
@@ -197,7 +197,7 @@ def _gelu_backward(cuda: Any):
     return k, lambda a: _grid1(a[3])
 
 
-@reference("gelu_gate", "gelu_gate_bf16")
+@reference("gelu_gate", "gelu_gate_bf16", "gelu_gate_f16")
 def _gelu_gate(cuda: Any):
     f, _ = _gelu_fns(cuda)
 
@@ -210,7 +210,7 @@ def _gelu_gate(cuda: Any):
     return k, lambda a: _grid1(a[3])
 
 
-@reference("gelu_gate_backward", "gelu_gate_backward_bf16")
+@reference("gelu_gate_backward", "gelu_gate_backward_bf16", "gelu_gate_backward_f16")
 def _gelu_gate_backward(cuda: Any):
     f, d = _gelu_fns(cuda)
 

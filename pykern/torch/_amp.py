@@ -11,10 +11,10 @@ The policies, from torch's own lists (aten ops with an AutocastCPU / AutocastCUD
   promotion for elementwise ops and the input's dtype for the CPU norms (mixed with a float32
   weight they compute in float32, as torch does).
 
-The kernels take float32 and bfloat16. Where the policy gives float16 (float16 autocast, or
-float16 inputs), the inputs are rounded to float16 exactly where torch rounds them, the kernel
-runs in float32 on those values, and the outputs are cast to float16: torch's float16 results up
-to float32-vs-float16 arithmetic inside the op.
+The kernels take float32, bfloat16 and float16 (fp32 accumulation inside), except attention
+(ATTENTION_DTYPES: float32 and bfloat16). Where the policy gives a dtype an op's kernels lack, the
+inputs are rounded to it exactly where torch rounds them, the kernel runs in float32 on those
+values, and the outputs are cast back: torch's results up to float32-vs-16-bit arithmetic inside.
 """
 from __future__ import annotations
 
@@ -23,7 +23,8 @@ from typing import Any, Callable, Optional, Sequence, Union
 import torch
 from torch import Tensor
 
-KERNEL_DTYPES = (torch.float32, torch.bfloat16)
+KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
+ATTENTION_DTYPES = (torch.float32, torch.bfloat16)  # the attention kernels' (float16 comes with theirs)
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
@@ -55,11 +56,12 @@ def promoted(*ts: Any) -> torch.dtype:
 
 
 def run(fn: Callable[..., Any], args: Sequence[Any], cast_to: torch.dtype,
-        out_dtypes: Union[torch.dtype, Sequence[Optional[torch.dtype]]], *, cast: Sequence[bool] = ()) -> Any:
+        out_dtypes: Union[torch.dtype, Sequence[Optional[torch.dtype]]], *, cast: Sequence[bool] = (),
+        kernel_dtypes: Sequence[torch.dtype] = KERNEL_DTYPES) -> Any:
     """fn(*args) with the floating tensor args (those marked in `cast`, default all) cast to `cast_to`
     (rounded there first, then widened to float32 when the kernels lack `cast_to`), autocast off
     inside, and the floating outputs cast to `out_dtypes` (one per output; None keeps it)."""
-    compute = cast_to if cast_to in KERNEL_DTYPES else torch.float32
+    compute = cast_to if cast_to in kernel_dtypes else torch.float32
     flags = list(cast) or [True] * len(args)
 
     def conv(a: Any, on: bool) -> Any:

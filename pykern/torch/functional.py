@@ -7,7 +7,8 @@ built from these functions without graph breaks, forward and backward.
 
 Layouts follow pykern.ops: attention tensors are (batch, seq, heads, head_dim),
 RoPE rotates q and k of that layout in HF LLaMA's rotate_half convention.
-Supported dtypes are float32 and bfloat16 (fp32 accumulation inside).
+Supported dtypes are float32, bfloat16 and float16 (fp32 accumulation inside); attention takes
+float32 and bfloat16.
 DTensor arguments (tensor parallelism) run on the local shards where that is
 exact and are gathered explicitly otherwise (see pykern.torch._dtensor). Under
 torch.autocast each function follows its torch counterpart's autocast policy
@@ -294,7 +295,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale:
                        out_shapes=lambda a: ((*a[0].shape[:3], a[2].shape[3]),))
     amp = _amp.autocast_dtype(q)
     if amp is not None:  # scaled_dot_product_attention is on torch's lower-precision list
-        return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v), amp, amp)
+        return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v), amp, amp,
+                        kernel_dtypes=_amp.ATTENTION_DTYPES)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
     out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale))
@@ -363,7 +365,7 @@ def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, red
     on pykern's fused kernel, plus z_loss (z_loss * logsumexp**2 per non-ignored row) and softcap
     (logits -> softcap * tanh(logits / softcap) first, Gemma-style).
 
-    logits (N, vocab) float32 or bfloat16, targets (N,) integers. The loss has
+    logits (N, vocab) float32, bfloat16 or float16, targets (N,) integers. The loss has
     logits' dtype, like torch's; "mean" of a batch with every row ignored is NaN,
     as in torch. Loss and gradient come from one kernel pass for every reduction.
     """

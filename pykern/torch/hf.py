@@ -126,7 +126,7 @@ def _attention_dtypes_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Te
     its dtype as it does for scaled_dot_product_attention (see pykern.torch._amp)."""
     if _amp.autocast_dtype(query) is not None:
         return all(t.is_floating_point() for t in (query, key, value))
-    return query.dtype in (torch.float32, torch.bfloat16) and key.dtype == query.dtype == value.dtype
+    return query.dtype in _amp.ATTENTION_DTYPES and key.dtype == query.dtype == value.dtype
 
 
 def _register_attention() -> None:
@@ -162,7 +162,7 @@ def _wrap_rotary(modeling: Any) -> None:
         if (
             _rope_active()
             and unsqueeze_dim == 1
-            and q.dtype in (torch.float32, torch.bfloat16)
+            and q.dtype in _amp.KERNEL_DTYPES
             and k.dtype == q.dtype
             and q.dim() == 4
             and cos.dim() == 3
@@ -187,7 +187,7 @@ def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ig
         labels = nn.functional.pad(labels, (0, 1), value=ignore_index)
         shift_labels = labels[..., 1:].contiguous()
     logits = logits.reshape(-1, vocab_size)
-    if logits.dtype not in (torch.float32, torch.bfloat16):
+    if logits.dtype not in _amp.KERNEL_DTYPES:
         logits = logits.float()
     shift_labels = shift_labels.reshape(-1).to(logits.device)
     if num_items_in_batch is None:
@@ -259,7 +259,8 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     """Patch a transformers LLaMA-family causal LM in place to run on pykern kernels; returns the model.
 
     Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-    Qwen3ForCausalLM (subclasses too), float32 or bfloat16 weights. Any other
+    Qwen3ForCausalLM (subclasses too), float32, bfloat16 or float16 weights (float16 attention runs
+    transformers' own until the attention kernels take float16). Any other
     model raises ArgumentTypeError naming its class. The keyword flags turn
     single replacements off. Parameters are kept (not copied), so a model can be
     patched before or after building its optimizer.
@@ -286,9 +287,9 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
             f"model: pykern.torch.apply supports {', '.join(SUPPORTED_MODELS)}; got {type(model).__name__}"
         )
     dtypes = {p.dtype for p in model.parameters() if p.is_floating_point()}
-    if not dtypes <= {torch.float32, torch.bfloat16}:
+    if not dtypes <= set(_amp.KERNEL_DTYPES):
         raise ArgumentTypeError(
-            f"model: pykern kernels run float32 or bfloat16 weights, got {sorted(str(d) for d in dtypes)}"
+            f"model: pykern kernels run float32, bfloat16 or float16 weights, got {sorted(str(d) for d in dtypes)}"
         )
     modeling = sys.modules[f"transformers.models.{family}.modeling_{family}"]
     prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]

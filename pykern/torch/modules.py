@@ -39,7 +39,7 @@ class RMSNorm(nn.Module):
                 return self.weight * F.rms_norm(x, torch.ones_like(self.weight, dtype=x.dtype), self.variance_epsilon)
             if not x.is_floating_point():
                 raise TypeError(f"pykern RMSNorm: x must be a floating tensor, got {x.dtype}")
-            # float16 (the kernels take float32 and bfloat16): HF normalises in float32 and casts back
+            # a dtype the kernels lack (float64): HF normalises in float32 and casts back
             ones = torch.ones_like(self.weight, dtype=torch.float32)
             return self.weight * F.rms_norm(x.float(), ones, self.variance_epsilon).to(x.dtype)
 

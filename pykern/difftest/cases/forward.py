@@ -130,7 +130,7 @@ def _cast(a: np.ndarray, kind: str) -> np.ndarray:
         from ...arrays import bfloat16
 
         return a.astype(bfloat16())
-    return a.astype(np.float32)
+    return a.astype(np.float16 if kind == "f16" else np.float32)
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float = 1.0) -> np.ndarray:
@@ -155,7 +155,9 @@ def hf_rope_tables(max_pos: int, head_dim: int, style: str = "half",
 
 
 def _sfx(kind: str) -> str:
-    return "_bf16" if kind == "bf16" else ""
+    from ...arrays import kernel_suffix
+
+    return kernel_suffix(kind)
 
 
 def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None,
@@ -174,11 +176,11 @@ def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | No
 # --------------------------------------------------------------------------- cases
 
 
-def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _embedding_cases(rng: np.random.Generator, specs: Any = None) -> Iterator[Case]:
     from ... import ops
 
-    for kind, vocab, dim, n in (("f32", 50, 64, 9), ("f32", 37, 33, 5), ("f32", 11, 1, 4), ("bf16", 50, 64, 9),
-                                ("bf16", 20, 13, 3), ("f32", 50_000, 8, 6)):
+    for kind, vocab, dim, n in specs or (("f32", 50, 64, 9), ("f32", 37, 33, 5), ("f32", 11, 1, 4),
+                                         ("bf16", 50, 64, 9), ("bf16", 20, 13, 3), ("f32", 50_000, 8, 6)):
         table = _normal(rng, (vocab, dim), kind)
         ids = rng.integers(0, vocab, size=n).astype(np.int64)
         ids[0], ids[-1] = vocab - 1, 0
@@ -189,7 +191,7 @@ def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
                    reference=lambda ids=ids, t=table: {"out": np_embedding(ids, t)})
 
 
-def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _rope_cases(rng: np.random.Generator, specs1: Any = None, specs2: Any = None) -> Iterator[Case]:
     from ... import ops
 
     # (kind, x shape, pos_offset, style, inplace); head_dim 6 (half 3) and 10 take the scalar path
@@ -204,7 +206,7 @@ def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
         ("bf16", (2, 3, 2, 128), 0, "half", True),
         ("bf16", (3, 2, 6), 0, "half", False),
     )
-    for kind, shp, off, style, inplace in specs:
+    for kind, shp, off, style, inplace in specs1 or specs:
         x = _normal(rng, shp, kind)
         cos, sin = rope_tables(off + shp[-3] + 2, shp[-1])
 
@@ -222,7 +224,7 @@ def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
     # position_ids ("pid": 1-D shared, "pid1": (1, n) shared, "pidb": one row per batch), HF (max_pos, head_dim)
     # tables ("hf") and inverse rotation; vector (half % 4 == 0) and scalar paths, f32 and bf16.
     # (kind, x shape, style, positions, hf tables, inverse, pos_offset)
-    specs2 = (
+    default2 = (
         ("f32", (5, 3, 64), "half", "pid", False, False, 0),
         ("f32", (2, 5, 2, 64), "interleaved", "pidb", False, True, 0),
         ("f32", (2, 3, 2, 10), "half", "pid1", True, False, 0),
@@ -235,7 +237,7 @@ def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
         ("bf16", (5, 3, 64), "interleaved", "pid", True, True, 0),
         ("bf16", (3, 2, 6), "interleaved", None, True, True, 2),
     )
-    for kind, shp, style, pid, hf, inverse, off in specs2:
+    for kind, shp, style, pid, hf, inverse, off in specs2 or default2:
         x = _normal(rng, shp, kind)
         max_pos = 40
         cos, sin = hf_rope_tables(max_pos, shp[-1], style) if hf else rope_tables(max_pos, shp[-1])
@@ -262,11 +264,11 @@ def _rope_cases(rng: np.random.Generator) -> Iterator[Case]:
                    {"out": np_rope(x, cos, sin, off, style, position_ids=pids, inverse=inverse)})
 
 
-def _silu_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _silu_cases(rng: np.random.Generator, specs: Any = None) -> Iterator[Case]:
     from ... import ops
 
-    for kind, shp in (("f32", (1,)), ("f32", (7,)), ("f32", (3, 1003)), ("f32", (4, 1024)), ("bf16", (5,)),
-                      ("bf16", (3, 1003)), ("bf16", (2, 2048))):
+    for kind, shp in specs or (("f32", (1,)), ("f32", (7,)), ("f32", (3, 1003)), ("f32", (4, 1024)), ("bf16", (5,)),
+                               ("bf16", (3, 1003)), ("bf16", (2, 2048))):
         gate = _normal(rng, shp, kind, 4.0)
         gate.reshape(-1)[:1] = _cast(np.array([-100.0]), kind)  # exp overflow side
         up = _normal(rng, shp, kind)
@@ -275,11 +277,11 @@ def _silu_cases(rng: np.random.Generator) -> Iterator[Case]:
                    reference=lambda g=gate, u=up: {"out": np_silu_gate(g, u)})
 
 
-def _silu_backward_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _silu_backward_cases(rng: np.random.Generator, specs: Any = None) -> Iterator[Case]:
     from ... import ops
 
     # sizes below, at and past the 4 / 8-element vectors, a tail, and one of the three inputs unaligned
-    for kind, shp, unaligned in (("f32", (1,), False), ("f32", (7,), False), ("f32", (3, 1003), False),
+    for kind, shp, unaligned in specs or (("f32", (1,), False), ("f32", (7,), False), ("f32", (3, 1003), False),
                                  ("f32", (4, 1024), False), ("f32", (2, 37), True), ("bf16", (5,), False),
                                  ("bf16", (3, 1003), False), ("bf16", (2, 2048), False), ("bf16", (2, 37), True)):
         gate = _normal(rng, shp, kind, 4.0)
@@ -306,10 +308,10 @@ def _silu_backward_cases(rng: np.random.Generator) -> Iterator[Case]:
                    kernels=("silu_gate_backward" + _sfx(kind),), run=run, reference=ref)
 
 
-def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     from ... import ops
 
-    specs = (("f32", (3, 1)), ("f32", (5, 8)), ("f32", (2, 3, 64)), ("f32", (3, 769)), ("f32", (2, 1024)),
+    specs = only or (("f32", (3, 1)), ("f32", (5, 8)), ("f32", (2, 3, 64)), ("f32", (3, 769)), ("f32", (2, 1024)),
              ("f32", (2, 5125)), ("f32", (1, 65536)), ("bf16", (5, 8)), ("bf16", (3, 769)), ("bf16", (2, 4096)),
              ("bf16", (2, 5125)), ("bf16", (1, 65536)),
              ("f32", (3, 1000)), ("bf16", (2, 1000)), ("bf16", (2, 16384)))  # register-cached rows, partial 2nd slot
@@ -434,3 +436,18 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _softmax_cases(rng)
     yield from _fa_cases(rng)
     yield from _fa_window_cases(rng)
+    yield from _f16_cases(rng)
+
+
+def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """float16 I/O: the bf16 shapes that reach each path (vector, scalar tail, unaligned, register-cached
+    rows, block per row). Drawn after every other case, so the f32/bf16 cases keep their data."""
+    yield from _embedding_cases(rng, (("f16", 50, 64, 9), ("f16", 20, 13, 3)))
+    yield from _rope_cases(rng, (("f16", (5, 3, 64), 2, "interleaved", False), ("f16", (2, 3, 2, 128), 0, "half", True),
+                                 ("f16", (3, 2, 6), 0, "half", False)),
+                           (("f16", (2, 5, 2, 64), "half", "pidb", True, False, 0),
+                            ("f16", (3, 2, 6), "interleaved", None, True, True, 2)))
+    yield from _silu_cases(rng, (("f16", (5,)), ("f16", (3, 1003)), ("f16", (2, 2048))))
+    yield from _silu_backward_cases(rng, (("f16", (5,), False), ("f16", (3, 1003), False), ("f16", (2, 37), True)))
+    yield from _rms_cases(rng, (("f16", (5, 8)), ("f16", (3, 769)), ("f16", (2, 1000)), ("f16", (2, 4096)),
+                                ("f16", (2, 16384)), ("f16", (1, 65536))))

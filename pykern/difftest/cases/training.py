@@ -196,7 +196,13 @@ def _cast(a: np.ndarray, kind: str) -> np.ndarray:
         from ...arrays import bfloat16
 
         return a.astype(bfloat16())
-    return a.astype(np.float32)
+    return a.astype(np.float16 if kind == "f16" else np.float32)
+
+
+def _sfx(kind: str) -> str:
+    from ...arrays import kernel_suffix
+
+    return kernel_suffix(kind)
 
 
 def _ops():
@@ -212,10 +218,10 @@ def _np(a: Any) -> np.ndarray:
 # --------------------------------------------------------------------------- cases
 
 
-def _transpose_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _transpose_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     # 16-byte path: rows and cols multiples of 4 (f32) / 8 (bf16) on aligned bases, partial 64-tiles included;
     # element path: odd sizes, sizes not multiples of the vector width, a misaligned base
-    for kind, shape, mis in (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (33, 65), 0), ("f32", (2, 3, 40, 17), 0),
+    for kind, shape, mis in only or (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (33, 65), 0), ("f32", (2, 3, 40, 17), 0),
                              ("bf16", (7, 33), 0), ("bf16", (64, 32), 0), ("f32", (68, 132), 0), ("f32", (2, 8, 200), 0),
                              ("f32", (12, 6), 0), ("f32", (36, 20), 1), ("bf16", (72, 136), 0), ("bf16", (2, 16, 24), 0),
                              ("bf16", (12, 20), 0), ("bf16", (40, 24), 1)):
@@ -223,15 +229,15 @@ def _transpose_cases(rng: np.random.Generator) -> Iterator[Case]:
         if mis:  # same values, base one element past a 16-byte boundary
             x = np.concatenate([x.ravel()[:1], x.ravel()])[1:].reshape(shape)
         yield Case(op="transpose_2d", dtype=kind, shape="x".join(map(str, shape)) + ("-misaligned" if mis else ""),
-                   kernels=("transpose_2d" + ("_bf16" if kind == "bf16" else ""),),
+                   kernels=("transpose_2d" + _sfx(kind),),
                    run=lambda be, x=x: {"out": _np(_ops().transpose_2d(x, backend=be))},
                    reference=lambda x=x: {"out": np_transpose_2d(x)})
 
 
-def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _softmax_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     # 16-byte path (rows of a multiple of 4 f32 / 8 bf16, aligned) and its edges: 12 bf16 (not a multiple
     # of 8), 40 bf16 (5 vectors: the 2-way unroll's odd tail), a misaligned base
-    for kind, shape, mis in (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (5, 128), 0), ("f32", (2, 3, 1000), 0),
+    for kind, shape, mis in only or (("f32", (1, 1), 0), ("f32", (7, 33), 0), ("f32", (5, 128), 0), ("f32", (2, 3, 1000), 0),
                              ("bf16", (7, 33), 0), ("bf16", (4, 256), 0), ("bf16", (3, 12), 0), ("bf16", (3, 40), 0),
                              ("f32", (3, 36), 1), ("bf16", (3, 48), 1)):
         z = rng.standard_normal(shape)
@@ -242,21 +248,21 @@ def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
             p = np.concatenate([p.ravel()[:1], p.ravel()])[1:].reshape(shape)
             g = np.concatenate([g.ravel()[:1], g.ravel()])[1:].reshape(shape)
         yield Case(op="softmax_backward", dtype=kind, shape="x".join(map(str, shape)) + ("-misaligned" if mis else ""),
-                   kernels=("softmax_backward" + ("_bf16" if kind == "bf16" else ""),),
+                   kernels=("softmax_backward" + _sfx(kind),),
                    run=lambda be, p=p, g=g: {"grad_in": _np(_ops().softmax_backward(p, g, backend=be))},
                    reference=lambda p=p, g=g: {"grad_in": np_softmax_backward(p, g)})
 
 
-def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     shapes = [("f32", (rows, dim), "") for dim in (1, 8, 769, 5125) for rows in (1, 7)]
     shapes += [("f32", (83, 1), ""), ("f32", (83, 8), ""), ("f32", (83, 769), ""), ("f32", (83, 5125), "big"),
                ("f32", (2, 300, 64), ""), ("bf16", (7, 769), ""), ("bf16", (83, 8), ""), ("bf16", (5, 1024), ""),
                ("bf16", (3, 12), ""), ("bf16", (4, 8200), ""), ("f32", (2, 8196), "")]  # bf16 16-byte path edges: 12 % 8 != 0; > 1 vector/thread
-    for kind, shape, note in shapes:
+    for kind, shape, note in only or shapes:
         x = _cast(rng.standard_normal(shape), kind)
         w = _cast(1.0 + 0.5 * rng.standard_normal(shape[-1]), kind)
         g = _cast(rng.standard_normal(shape), kind)
-        sfx = "_bf16" if kind == "bf16" else ""
+        sfx = _sfx(kind)
         rows = int(np.prod(shape[:-1]))
         from ...ops.training import rms_backward_partials
         n_part = rms_backward_partials(rows, shape[-1])
@@ -279,8 +285,8 @@ def _rms_cases(rng: np.random.Generator) -> Iterator[Case]:
                    run=run, reference=ref, note=note)
 
 
-def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, n_shape, dim, vocab in (("f32", (13,), 7, 11), ("f32", (2, 9), 64, 5), ("f32", (6,), 3, 1),
+def _embedding_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+    for kind, n_shape, dim, vocab in only or (("f32", (13,), 7, 11), ("f32", (2, 9), 64, 5), ("f32", (6,), 3, 1),
                                       ("f32", (40,), 16, 1000), ("bf16", (13,), 7, 11), ("bf16", (3, 5), 32, 4),
                                       ("f32", (3, 100), 4, 4500)):
         g = _cast(rng.standard_normal(n_shape + (dim,)), kind)
@@ -289,13 +295,13 @@ def _embedding_cases(rng: np.random.Generator) -> Iterator[Case]:
             ids.reshape(-1)[::3] = 2048
             ids.reshape(-1)[1::7] = 2047
         yield Case(op="embedding_backward", dtype=kind, shape=f"{'x'.join(map(str, n_shape))}x{dim}-v{vocab}",
-                   kernels=("embedding_backward_bucket", "embedding_backward" + ("_bf16" if kind == "bf16" else "")),
+                   kernels=("embedding_backward_bucket", "embedding_backward" + _sfx(kind)),
                    run=lambda be, g=g, ids=ids, vocab=vocab: {
                        "grad_weight": _np(_ops().embedding_backward(g, ids, vocab, backend=be))},
                    reference=lambda g=g, ids=ids, vocab=vocab: {"grad_weight": np_embedding_backward(g, ids, vocab)})
 
 
-def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _ce_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     specs = []
     for vocab, rows, note in ((1, 4, ""), (255, 6, ""), (32000, 2, ""), (131072, 2, "big")):
         for pad in ("some", "none", "all"):
@@ -320,7 +326,7 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
               ("f32", 300, 9000, "some", -100, "big", {}),  # two-level (parallel) mean: 9000 > 8192 rows
               ("f32", 262144, 2, "some", -100, "big", all_opts),
               ("bf16", 262144, 2, "none", -100, "big", dict(all_opts, reduction="sum"))]
-    for kind, vocab, rows, pad, pad_id, note, o in specs:
+    for kind, vocab, rows, pad, pad_id, note, o in only or specs:
         logits = _cast(3.0 * rng.standard_normal((rows, vocab)), kind)
         t = rng.integers(0, vocab, size=rows).astype(np.int64)
         if pad == "all":
@@ -329,7 +335,7 @@ def _ce_cases(rng: np.random.Generator) -> Iterator[Case]:
             t[::2] = pad_id
         else:
             t[t == pad_id] = (pad_id + 1) % vocab
-        sfx = "_bf16" if kind == "bf16" else ""
+        sfx = _sfx(kind)
 
         def run(be, x=logits, t=t, pad_id=pad_id, o=o):
             loss, grad = _ops().cross_entropy_fwd_bwd(x, t, pad_id, backend=be, **o)
@@ -551,3 +557,39 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _attention_cases(rng)
     yield from _attention_tc_cases(rng)
     yield from _attention_window_cases(rng)
+    yield from _f16_cases(rng)
+
+
+def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """float16 I/O on the bf16 shapes that reach each path (16-byte vectors, tails, misaligned bases, the
+    fused and unfused weight gradients). Drawn after every other case, so those keep their data."""
+    yield from _transpose_cases(rng, (("f16", (7, 33), 0), ("f16", (72, 136), 0), ("f16", (2, 16, 24), 0),
+                                      ("f16", (40, 24), 1)))
+    yield from _softmax_cases(rng, (("f16", (7, 33), 0), ("f16", (4, 256), 0), ("f16", (3, 40), 0),
+                                    ("f16", (3, 48), 1)))
+    yield from _rms_cases(rng, (("f16", (7, 769), ""), ("f16", (83, 8), ""), ("f16", (3, 12), ""),
+                                ("f16", (4, 8200), "")))
+    yield from _embedding_cases(rng, (("f16", (13,), 7, 11), ("f16", (3, 5), 32, 4)))
+    all_opts = {"label_smoothing": 0.1, "z_loss": 1e-3, "softcap": 30.0}
+    yield from _ce_cases(rng, (("f16", 255, 6, "some", -100, "", {}), ("f16", 1004, 3, "none", -100, "", {}),
+                               ("f16", 264, 4, "some", -100, "", all_opts), ("f16", 64, 4, "all", -100, "", all_opts),
+                               ("f16", 255, 4, "some", -100, "", {"reduction": "none", "softcap": 5.0})))
+    yield from _f32_to_16_cases(rng)
+
+
+def _f32_to_16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """training_f32_to_bf16 / _f16 on their own (the naive attention backward narrows its fp32 sums with
+    them): finite values only, the conversions' specials are tests/test_*_narrow.py's."""
+    import pykern
+
+    for kind, n in (("bf16", 1000), ("f16", 1000), ("f16", 7)):
+        src = (rng.standard_normal(n) * 100.0).astype(np.float32)
+
+        def run(be, src=src, kind=kind):
+            dst = np.zeros(src.size, _cast(np.zeros(1), kind).dtype)
+            pykern.launch("training_f32_to" + _sfx(kind), (src.size + 255) // 256, 256, src, dst, src.size,
+                          backend=be)
+            return {"out": dst}
+
+        yield Case(op="training_f32_to", dtype=kind, shape=f"{n}", kernels=("training_f32_to" + _sfx(kind),),
+                   run=run, reference=lambda src=src, kind=kind: {"out": f64(_cast(src, kind))})

@@ -83,7 +83,9 @@ _NORM_SHAPES = (("f32", (1, 1)), ("f32", (1, 33)), ("f32", (5, 64)), ("f32", (3,
 
 
 def _sfx(kind: str) -> str:
-    return "_bf16" if kind == "bf16" else ""
+    from ...arrays import kernel_suffix
+
+    return kernel_suffix(kind)
 
 
 def _wchunks(n_rows: int, dim: int) -> bool:
@@ -92,8 +94,8 @@ def _wchunks(n_rows: int, dim: int) -> bool:
     return _weight_chunks(n_rows, dim)[0] > 1
 
 
-def _add_rms_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in _NORM_SHAPES:
+def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+    for kind, shape in only or _NORM_SHAPES:
         x, r, g, gr = (_cast(rng.standard_normal(shape), kind) for _ in range(4))
         w = _cast(1.0 + 0.3 * rng.standard_normal(shape[-1]), kind)
         s = _sfx(kind)
@@ -127,8 +129,8 @@ def _add_rms_cases(rng: np.random.Generator) -> Iterator[Case]:
                        reference=ref_b)
 
 
-def _layer_norm_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in _NORM_SHAPES:
+def _layer_norm_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+    for kind, shape in only or _NORM_SHAPES:
         x = _cast(rng.standard_normal(shape) + 2.0, kind)  # a row mean far from 0: the two-pass variance
         g = _cast(rng.standard_normal(shape), kind)
         w = _cast(1.0 + 0.3 * rng.standard_normal(shape[-1]), kind)
@@ -170,8 +172,8 @@ def _layer_norm_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield Case(op="layer_norm_backward", dtype=kind, shape=tag, kernels=kern, run=run_b, reference=ref_b)
 
 
-def _gelu_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, shape in (("f32", (1,)), ("f32", (7, 33)), ("f32", (2, 3, 300)), ("bf16", (5, 77)),
+def _gelu_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+    for kind, shape in only or (("f32", (1,)), ("f32", (7, 33)), ("f32", (2, 3, 300)), ("bf16", (5, 77)),
                         ("bf16", (1000,))):
         x, up, g = (_cast(2.5 * rng.standard_normal(shape), kind) for _ in range(3))
         s = _sfx(kind)
@@ -221,3 +223,9 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _add_rms_cases(rng)
     yield from _layer_norm_cases(rng)
     yield from _gelu_cases(rng)
+    # float16 (drawn last, so the cases above keep their data): 16-byte rows (40, 256: 8-element vectors),
+    # element rows (129), and elementwise sizes with a scalar tail (385) or none (1000)
+    f16_norm = (("f16", (3, 40)), ("f16", (2, 129)), ("f16", (4, 256)))
+    yield from _add_rms_cases(rng, f16_norm)
+    yield from _layer_norm_cases(rng, f16_norm)
+    yield from _gelu_cases(rng, (("f16", (5, 77)), ("f16", (1000,))))
