@@ -210,3 +210,22 @@ def test_bf16_mixtral_matches_unpatched(spy):
     assert_close(o.loss, o_ref.loss, "bf16 loss", "bf16")
     o.loss.backward()
     assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
+
+
+def test_patched_moe_model_compiles_fullgraph(spy):
+    """torch.compile(fullgraph=True) traces the swapped routers and the registry's experts (custom ops).
+    (Router-logit capture itself does not trace: transformers installs its hooks under a lock, patched
+    or not.)"""
+    ref = tiny("Qwen3Moe")
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
+    ids, labels = batch()
+    torch._dynamo.reset()
+    o = torch.compile(model, fullgraph=True, backend="aot_eager")(input_ids=ids, labels=labels)
+    o.loss.backward()
+    o_ref = ref(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    assert spy["moe_experts"] == spy["moe_route"] == spy["moe_experts_backward"] == LAYERS
+    assert_close(o.logits, o_ref.logits, "compiled logits")
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"compiled grad {pname}")
