@@ -9,7 +9,8 @@ Uses transformers' own extension points rather than copies of its modeling code:
   its attention layers call) is wrapped once; the wrapper runs pykern's RoPE
   only inside the forward of an attention layer of a patched model (forward
   hooks), and HF's own function everywhere else;
-- causal-LM loss: `model.loss_function` set to pykern's fused cross-entropy.
+- causal-LM loss: `model.loss_function` set to pykern's fused cross-entropy;
+- mixture-of-experts families: the experts and routers as hf_moe describes.
 
 Attention runs on pykern when the mask is a plain bottom-right causal mask over
 the whole cache (prefill, chunked prefill and KV-cached decode with a dynamic
@@ -28,7 +29,7 @@ import torch
 from torch import nn
 
 from ..errors import ArgumentTypeError
-from . import _amp, functional as F
+from . import _amp, functional as F, hf_moe
 from .modules import RMSNorm, SwiGLUMLP
 
 __all__ = ["apply", "SUPPORTED_MODELS"]
@@ -39,7 +40,15 @@ SUPPORTED_MODELS = {
     "MistralForCausalLM": "mistral",
     "Qwen2ForCausalLM": "qwen2",
     "Qwen3ForCausalLM": "qwen3",
+    # mixture of experts (experts and routers: see hf_moe)
+    "MixtralForCausalLM": "mixtral",
+    "Qwen2MoeForCausalLM": "qwen2_moe",
+    "Qwen3MoeForCausalLM": "qwen3_moe",
+    "OlmoeForCausalLM": "olmoe",
 }
+# modeling module -> class-name prefix of its RMSNorm / MLP / Attention
+_PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
+             "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}
 _ATTN_NAME = "pykern"
 _state = threading.local()  # depth of patched attention forwards on this thread
 
@@ -255,12 +264,13 @@ def _swap(model: nn.Module, pred, make) -> int:
 
 def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
           attention: bool = True, cross_entropy: bool = True,
-          fused_linear_cross_entropy: bool = True) -> nn.Module:
+          fused_linear_cross_entropy: bool = True, experts: bool = True, router: bool = True) -> nn.Module:
     """Patch a transformers LLaMA-family causal LM in place to run on pykern kernels; returns the model.
 
     Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-    Qwen3ForCausalLM (subclasses too), float32, bfloat16 or float16 weights (float16 attention runs
-    transformers' own until the attention kernels take float16). Any other
+    Qwen3ForCausalLM, and the mixture-of-experts MixtralForCausalLM, Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM, OlmoeForCausalLM (subclasses too), float32, bfloat16 or float16 weights
+    (float16 attention and experts run transformers' own until those kernels take float16). Any other
     model raises ArgumentTypeError naming its class. The keyword flags turn
     single replacements off. Parameters are kept (not copied), so a model can be
     patched before or after building its optimizer.
@@ -270,6 +280,10 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     pykern's fused linear cross-entropy and returns logits=None (the (tokens,
     vocab) logits are never materialised); in eval mode, or without labels, it
     returns logits as usual (and the loss through the fused cross-entropy kernel).
+    With router logits requested, an MoE model adds its load-balancing loss as transformers does.
+
+    experts (MoE families): transformers' experts implementation "pykern" (pykern.torch.moe_experts);
+    router (MoE families): top-k routing on pykern.torch.moe_route.
     """
     try:
         import transformers
@@ -292,15 +306,15 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
             f"model: pykern kernels run float32, bfloat16 or float16 weights, got {sorted(str(d) for d in dtypes)}"
         )
     modeling = sys.modules[f"transformers.models.{family}.modeling_{family}"]
-    prefix = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3"}[family]
+    prefix = _PREFIXES[family]
     norm_cls = getattr(modeling, f"{prefix}RMSNorm")
-    mlp_cls = getattr(modeling, f"{prefix}MLP")
+    mlp_cls = getattr(modeling, f"{prefix}MLP", None)  # Mixtral has none (experts only)
     attn_cls = getattr(modeling, f"{prefix}Attention")
     config = model.config
 
     if rms_norm:
         _swap(model, lambda m: type(m) is norm_cls, RMSNorm.from_module)
-    if swiglu:
+    if swiglu and mlp_cls is not None:
         act = getattr(config, "hidden_act", None)
         if act not in ("silu", "swish"):
             raise ArgumentTypeError(f"model: config.hidden_act: pykern's SwiGLU MLP needs 'silu', got {act!r}; "
@@ -319,9 +333,13 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
         model.set_attn_implementation(_ATTN_NAME)
         if config._attn_implementation != _ATTN_NAME:
             raise RuntimeError(f"pykern.torch.apply: {type(model).__name__} refused attn_implementation='pykern'")
+    moe = family in hf_moe.FAMILIES
+    if moe:
+        hf_moe.patch(model, modeling, family, experts=experts, router=router)
     if cross_entropy:
         model.loss_function = _causal_lm_loss
         if fused_linear_cross_entropy:
-            model.forward = types.MethodType(_flce_forward, model)
+            fwd = hf_moe.flce_forward(modeling) if moe else _flce_forward
+            model.forward = types.MethodType(fwd, model)
     model._pykern_patched = True
     return model
