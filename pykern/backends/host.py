@@ -258,6 +258,8 @@ class HostBackend:
                 f"shared_mem: {spec.name} asks for {shared_mem} bytes of dynamic shared memory, more than the "
                 f"{limit} bytes a block may use (PYKERN_HOST_ARCH={os.environ.get('PYKERN_HOST_ARCH', '')!r})"
             )
+        import numpy as np
+
         lib = self.library(spec.source, sanitize)
         fn = lib.fn(spec.name)
 
@@ -265,6 +267,7 @@ class HostBackend:
         ptrs = (ctypes.c_void_p * max(n, 1))()
         argv = (ctypes.c_void_p * max(n, 1))()
         copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
+        before: dict[int, Any] = {}  # buffer -> its bytes at the copy (sanitize: changed bytes are written back)
         zones = _RedZones([(a.ctypes.data, a.nbytes) for p, a in zip(spec.params, args) if p.is_pointer
                            and isinstance(a, np.ndarray)])
         if not sanitize:
@@ -296,10 +299,13 @@ class HostBackend:
                             buf = lib.alloc(a.nbytes)
                             ctypes.memmove(buf, addr, a.nbytes)
                             copies.append((buf, a, a.nbytes, not p.is_const, addr))
+                            if not p.is_const:
+                                before[buf] = np.frombuffer(ctypes.string_at(addr, a.nbytes), np.uint8)
                         else:
                             buf = copies[same][0]
                             if not p.is_const:
                                 copies[same] = copies[same][:3] + (True, addr)
+                                before.setdefault(buf, np.frombuffer(ctypes.string_at(addr, a.nbytes), np.uint8))
                         addr = buf
                     ptrs[i] = addr
                     argv[i] = ctypes.addressof(ptrs) + i * ctypes.sizeof(ctypes.c_void_p)
@@ -325,8 +331,12 @@ class HostBackend:
                 raise KernelExecutionError(_resolve_pcs(err.value.decode("utf-8", "replace"), lib.path))
             zones.check_and_copy_back(spec.name)
             for buf, a, nbytes, write_back, _ in copies:
-                if write_back:
-                    ctypes.memmove(a.ctypes.data, buf, nbytes)
+                if write_back and nbytes:
+                    # Only the bytes the kernel changed: two outputs may view overlapping memory (the K and V
+                    # views of one combined KV cache); a whole copy-back of one would undo the other's writes.
+                    new = np.frombuffer(ctypes.string_at(buf, nbytes), np.uint8)
+                    changed = new != before[buf]
+                    a.reshape(-1).view(np.uint8)[changed] = new[changed]
         finally:
             for buf, *_ in copies:
                 lib.free(buf)
