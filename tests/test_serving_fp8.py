@@ -214,3 +214,22 @@ def test_sm90_converts_fp8_in_hardware_and_sm80_does_not() -> None:
         assert "E4M3" not in s80[name] and "E5M2" not in s80[name], f"{name} sm_80 has an fp8 instruction"
     for name in ("paged_attn_e4m3kv", "paged_attn_bf16_e5m2kv"):  # 16-byte loads of the fp8 pages
         assert "LDG.E.128" in s90[name] and "LDG.E.128" in s80[name]
+
+
+def test_docs_serving_snippets_run_on_the_host() -> None:
+    """Every python block of docs/serving.md runs (host backend) and samples tokens."""
+    import os
+    import re
+    import subprocess
+
+    _need("host")
+    text = (ROOT / "docs" / "serving.md").read_text()
+    blocks = re.findall(r"```python\n(.*?)```", text, re.S)
+    assert len(blocks) == 2
+    env = dict(os.environ, PYKERN_BACKEND="host", PYTHONPATH=str(ROOT))
+    for code in blocks:
+        if "import torch" in code:
+            pytest.importorskip("torch")
+        r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=600)
+        assert r.returncode == 0, r.stderr[-3000:]
+        assert re.search(r"\d", r.stdout), r.stdout
