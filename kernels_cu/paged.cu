@@ -40,19 +40,24 @@
 #define PA_MIN_BLOCKS 1
 
 // Entry points. Suffixes: none = f32 q/out and f32 K/V; _bf16 = bf16 everywhere;
-// _bf16kv = f32 q/out over bf16 K/V. Dynamic shared memory (floats):
+// _bf16kv = f32 q/out over bf16 K/V; _e4m3kv / _e5m2kv = f32 q/out over an FP8 cache,
+// _bf16_e4m3kv / _bf16_e5m2kv = bf16 q/out over an FP8 cache. K/V element (page, token, head, d)
+// is at page * s_page + token * s_tok + head * s_head + d (64-bit element strides: the op passes a
+// view's own strides, so FlashInfer's combined (pages, 2, ...) cache is read through cache[:, 0]
+// and cache[:, 1] without a copy). K and V count as k_scale * K and v_scale * V (FP8 scales).
+// Dynamic shared memory (floats):
 // tile*(2*head_dim+1) + rows*head_dim + rows*tile + 3*rows (pykern/ops/serving.py).
 extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn(const float* __restrict__ q,
         const float* __restrict__ k_pages, const float* __restrict__ v_pages, float* __restrict__ out,
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        int kv_layout, int q_mode, int window_left, int window_right, int rows, int tile, int num_splits,
-        int total_q, int write_lse, float scale, float softcap) {
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
     extern __shared__ float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1};
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
     pa_body<float, float, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -61,12 +66,12 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        int kv_layout, int q_mode, int window_left, int window_right, int rows, int tile, int num_splits,
-        int total_q, int write_lse, float scale, float softcap) {
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
     extern __shared__ float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1};
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
     pa_body<unsigned short, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
@@ -75,13 +80,69 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
         const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        int kv_layout, int q_mode, int window_left, int window_right, int rows, int tile, int num_splits,
-        int total_q, int write_lse, float scale, float softcap) {
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
     extern __shared__ float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, num_kv_heads, head_dim, page_size, kv_layout);
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1};
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
     pa_body<float, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_e4m3kv(const float* __restrict__ q,
+        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, float* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
+    pa_body<float, PkE4M3, PagedKV>(q, reinterpret_cast<const PkE4M3*>(k_pages), reinterpret_cast<const PkE4M3*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_e5m2kv(const float* __restrict__ q,
+        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, float* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
+    pa_body<float, PkE5M2, PagedKV>(q, reinterpret_cast<const PkE5M2*>(k_pages), reinterpret_cast<const PkE5M2*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16_e4m3kv(const unsigned short* __restrict__ q,
+        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, unsigned short* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
+    pa_body<unsigned short, PkE4M3, PagedKV>(q, reinterpret_cast<const PkE4M3*>(k_pages), reinterpret_cast<const PkE4M3*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16_e5m2kv(const unsigned short* __restrict__ q,
+        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, unsigned short* __restrict__ out,
+        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
+        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
+        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
+        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
+    extern __shared__ float smem[];
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
+    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
+                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
+    pa_body<unsigned short, PkE5M2, PagedKV>(q, reinterpret_cast<const PkE5M2*>(k_pages), reinterpret_cast<const PkE5M2*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
 }
 
 extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(const float* __restrict__ q,
@@ -94,7 +155,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(co
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, chunk, num_splits > 1};
+                total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
     pa_body<float, float, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -108,7 +169,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, chunk, num_splits > 1};
+                total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
     pa_body<unsigned short, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -122,7 +183,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf
     extern __shared__ float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, chunk, num_splits > 1};
+                total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
     pa_body<float, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
 
@@ -141,14 +202,53 @@ extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_merge_bf16(const 
 // ---------------------------------------------------------------------------
 // KV append: token t of k, v [nnz, num_kv_heads, head_dim] goes to position
 // positions[t] of sequence batch_indices[t], i.e. slot positions[t] % page_size of
-// page kv_indices[kv_indptr[b] + positions[t] / page_size]. One block per token.
+// page kv_indices[kv_indptr[b] + positions[t] / page_size], at element strides (s_page, s_tok,
+// s_head) of the pages (the caller's view: writes go through it). One block per token.
 // A token whose sequence or page is out of range is skipped (the op checks host arrays).
-template <typename T>
-__device__ __forceinline__ void pa_append(const T* __restrict__ k, const T* __restrict__ v,
+// FP8 caches store fp8(x / scale) (round to nearest even, saturated to the finite range; NaN stays
+// NaN), two elements a conversion (cvt.rn.satfinite.<fp8>x2.f32 on sm_89+).
+template <typename TC> struct PaStore {  // same-type caches: a bit copy (scale unused)
+    template <typename TI> static __device__ __forceinline__ void pair(TC* p, long long o0, long long o1, const TI* s,
+                                                                        long long i, float) {
+        p[o0] = s[i];
+        p[o1] = s[i + 1];
+    }
+    template <typename TI> static __device__ __forceinline__ void one(TC* p, long long o0, const TI* s, long long i,
+                                                                       float) {
+        p[o0] = s[i];
+    }
+};
+template <int EB> struct PaFp8Narrow;
+template <> struct PaFp8Narrow<4> {
+    static __device__ __forceinline__ unsigned short x2(float lo, float hi) { return pk_cvt_e4m3x2(lo, hi); }
+};
+template <> struct PaFp8Narrow<5> {
+    static __device__ __forceinline__ unsigned short x2(float lo, float hi) { return pk_cvt_e5m2x2(lo, hi); }
+};
+template <typename TF> struct PaStoreFp8 {
+    template <typename TI> static __device__ __forceinline__ void pair(unsigned char* p, long long o0, long long o1,
+                                                                        const TI* s, long long i, float scale) {
+        const unsigned short w = PaFp8Narrow<PaFp8Bits<TF>::EB>::x2(PkIO<TI>::load(s, i) / scale,
+                                                                    PkIO<TI>::load(s, i + 1) / scale);
+        p[o0] = (unsigned char)(w & 0xffu);
+        p[o1] = (unsigned char)(w >> 8);
+    }
+    template <typename TI> static __device__ __forceinline__ void one(unsigned char* p, long long o0, const TI* s,
+                                                                       long long i, float scale) {
+        p[o0] = (unsigned char)(PaFp8Narrow<PaFp8Bits<TF>::EB>::x2(PkIO<TI>::load(s, i) / scale, 0.0f) & 0xffu);
+    }
+};
+template <> struct PaStore<PkE4M3> : PaStoreFp8<PkE4M3> {};
+template <> struct PaStore<PkE5M2> : PaStoreFp8<PkE5M2> {};
+
+// TI: the appended values' type; TC: the cache element tag (TP: its pointer type).
+template <typename TI, typename TC, typename TP>
+__device__ __forceinline__ void pa_append(const TI* __restrict__ k, const TI* __restrict__ v,
                                           const int* __restrict__ batch_indices, const int* __restrict__ positions,
-                                          T* __restrict__ k_pages, T* __restrict__ v_pages,
+                                          TP* __restrict__ k_pages, TP* __restrict__ v_pages,
                                           const int* __restrict__ kv_indices, const int* __restrict__ kv_indptr,
-                                          int batch, int num_kv_heads, int head_dim, int page_size, int kv_layout) {
+                                          int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+                                          long long s_tok, long long s_head, float k_scale, float v_scale) {
     const long long t = blockIdx.x;
     const int b = batch_indices[t];
     const int pos = positions[t];
@@ -158,32 +258,77 @@ __device__ __forceinline__ void pa_append(const T* __restrict__ k, const T* __re
     if (slot >= kv_indptr[b + 1]) return;
     const long long page = kv_indices[slot];
     const int in_page = pos - pi * page_size;
-    const long long hd = head_dim;
-    const long long n = (long long)num_kv_heads * hd;
-    const long long base = page * page_size * n;
+    const long long n = (long long)num_kv_heads * head_dim;
+    const long long base = page * s_page + (long long)in_page * s_tok;
     // 32-bit element index inside a token (num_kv_heads * head_dim < 2**31; 64-bit division
-    // would be a subroutine call); offsets stay 64-bit.
-    for (int e = threadIdx.x; e < (int)n; e += blockDim.x) {
-        const int h = e / head_dim, d = e - h * head_dim;
-        const long long dst = kv_layout == 0 ? base + in_page * n + e
-                                             : base + ((long long)h * page_size + in_page) * hd + d;
-        k_pages[dst] = k[t * n + e];
-        v_pages[dst] = v[t * n + e];
+    // would be a subroutine call); offsets stay 64-bit. Pairs (d, d + 1) of one head: one x2 conversion.
+    if ((head_dim & 1) == 0) {
+        for (int e = 2 * threadIdx.x; e < (int)n; e += 2 * blockDim.x) {
+            const int h = e / head_dim, d = e - h * head_dim;
+            const long long dst = base + h * s_head + d;
+            PaStore<TC>::pair(k_pages, dst, dst + 1, k, t * n + e, k_scale);
+            PaStore<TC>::pair(v_pages, dst, dst + 1, v, t * n + e, v_scale);
+        }
+    } else {
+        for (int e = threadIdx.x; e < (int)n; e += blockDim.x) {
+            const int h = e / head_dim, d = e - h * head_dim;
+            const long long dst = base + h * s_head + d;
+            PaStore<TC>::one(k_pages, dst, k, t * n + e, k_scale);
+            PaStore<TC>::one(v_pages, dst, v, t * n + e, v_scale);
+        }
     }
 }
 
 extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv(const float* __restrict__ k,
         const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
         float* __restrict__ k_pages, float* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, int kv_layout) {
-    pa_append<float>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch, num_kv_heads,
-                     head_dim, page_size, kv_layout);
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+        long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pa_append<float, float, float>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
 }
 
 extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16(const unsigned short* __restrict__ k,
         const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
         unsigned short* __restrict__ k_pages, unsigned short* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, int kv_layout) {
-    pa_append<unsigned short>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, kv_layout);
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+        long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pa_append<unsigned short, unsigned short, unsigned short>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_e4m3(const float* __restrict__ k,
+        const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
+        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+        long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pa_append<float, PkE4M3, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_e5m2(const float* __restrict__ k,
+        const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
+        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+        long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pa_append<float, PkE5M2, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16_e4m3(const unsigned short* __restrict__ k,
+        const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
+        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+        long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pa_append<unsigned short, PkE4M3, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
+}
+
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16_e5m2(const unsigned short* __restrict__ k,
+        const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
+        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
+        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
+        long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pa_append<unsigned short, PkE5M2, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
+                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
 }

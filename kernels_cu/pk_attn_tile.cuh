@@ -19,9 +19,18 @@ struct PaArgs {
     float softcap;  // > 0: scores c * tanh(scale * q.k / c)
     int chunk;    // > 0: split s covers [s*chunk, (s+1)*chunk) instead of an even split
     int partial;  // write normalized partials (part_o, log2 part_lse) instead of out / lse
+    // K and V are k_scale * K, v_scale * V (FP8 caches; 1 otherwise): k_scale joins q's scale,
+    // v_scale the final normalization, so the dequantization costs nothing per element.
+    float k_scale, v_scale;
 };
 
+// FP8 cache elements (one byte; the kernels' parameters are unsigned char, cast to these tags).
+struct PkE4M3 { unsigned char b; };
+struct PkE5M2 { unsigned char b; };
+
 // Paged addressing: the page of position pos is kv_indices[indptr[b] + pos / page_size].
+// Element strides of (page, token, kv head), 64-bit: any view whose head_dim is unit-stride,
+// e.g. FlashInfer's combined cache (pages, 2, ...)[:, 0] (page stride twice the page's size).
 struct PagedKV {
     const int* indptr; const int* indices; const int* last;
     int page_size;
@@ -42,6 +51,7 @@ struct PagedKV {
         const long long page = indices[pbeg + pi];
         return page * s_page + (long long)(pos - pi * page_size) * s_tok + hoff;
     }
+    __device__ __forceinline__ bool aligned(int vec) const { return ((s_page | s_tok | s_head) % vec) == 0; }
 };
 
 // Contiguous addressing (varlen via cu_k, or a padded cache per sequence via seq_lens).
@@ -65,6 +75,7 @@ struct DenseKV {
         base += (long long)kvh * s_head;
     }
     __device__ __forceinline__ long long offset(int pos) const { return base + (long long)pos * s_tok; }
+    __device__ __forceinline__ bool aligned(int vec) const { return ((s_b | s_tok | s_head) % vec) == 0; }
 };
 
 // VEC consecutive elements from p (aligned to VEC elements) widened to fp32.
@@ -92,9 +103,49 @@ template <> struct PaLoad<unsigned short, 8> {
         }
     }
 };
+// FP8: 16 elements a 16-byte load, widened two at a time (cvt.rn.f16x2.<fp8>x2 on sm_89+).
+template <int EB> struct PaFp8Cvt;
+template <> struct PaFp8Cvt<4> {
+    static __device__ __forceinline__ void x2(unsigned short v, float& lo, float& hi) { pk_cvt_f32x2_e4m3x2(v, lo, hi); }
+    static __device__ __forceinline__ float x1(unsigned char v) { return pk_fp8_sw_to_f32<4, 3>(v); }
+};
+template <> struct PaFp8Cvt<5> {
+    static __device__ __forceinline__ void x2(unsigned short v, float& lo, float& hi) { pk_cvt_f32x2_e5m2x2(v, lo, hi); }
+    static __device__ __forceinline__ float x1(unsigned char v) { return pk_fp8_sw_to_f32<5, 2>(v); }
+};
+template <typename T> struct PaFp8Bits;
+template <> struct PaFp8Bits<PkE4M3> { static constexpr int EB = 4; };
+template <> struct PaFp8Bits<PkE5M2> { static constexpr int EB = 5; };
+template <typename T> struct PaLoadFp8 {
+    static __device__ __forceinline__ void run1(const T* p, float* o) { o[0] = PaFp8Cvt<PaFp8Bits<T>::EB>::x1(p->b); }
+    static __device__ __forceinline__ void run16(const T* p, float* o) {
+        const uint4 x = *reinterpret_cast<const uint4*>(p);
+        const unsigned int w[4] = {x.x, x.y, x.z, x.w};
+#pragma unroll
+        for (int i = 0; i < 4; ++i) {
+            PaFp8Cvt<PaFp8Bits<T>::EB>::x2((unsigned short)(w[i] & 0xffffu), o[4 * i], o[4 * i + 1]);
+            PaFp8Cvt<PaFp8Bits<T>::EB>::x2((unsigned short)(w[i] >> 16), o[4 * i + 2], o[4 * i + 3]);
+        }
+    }
+};
+template <> struct PaLoad<PkE4M3, 1> {
+    static __device__ __forceinline__ void run(const PkE4M3* p, float* o) { PaLoadFp8<PkE4M3>::run1(p, o); }
+};
+template <> struct PaLoad<PkE4M3, 16> {
+    static __device__ __forceinline__ void run(const PkE4M3* p, float* o) { PaLoadFp8<PkE4M3>::run16(p, o); }
+};
+template <> struct PaLoad<PkE5M2, 1> {
+    static __device__ __forceinline__ void run(const PkE5M2* p, float* o) { PaLoadFp8<PkE5M2>::run1(p, o); }
+};
+template <> struct PaLoad<PkE5M2, 16> {
+    static __device__ __forceinline__ void run(const PkE5M2* p, float* o) { PaLoadFp8<PkE5M2>::run16(p, o); }
+};
+
 template <typename T> struct PaVec;
 template <> struct PaVec<float> { static constexpr int V = 4; };
 template <> struct PaVec<unsigned short> { static constexpr int V = 8; };
+template <> struct PaVec<PkE4M3> { static constexpr int V = 16; };
+template <> struct PaVec<PkE5M2> { static constexpr int V = 16; };
 
 // K rows [t0, t0 + T) into Ks (row stride D + 1: the score loop's lanes walk rows
 // without bank conflicts), V rows into Vs (stride D); positions >= end become 0.
@@ -175,7 +226,7 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     // Base-2 scores: q carries scale * log2 e; with a softcap, scale / c, and the score is tanh(.) * c * log2 e.
     const bool capped = a.softcap > 0.0f;
-    const float qscale = capped ? a.scale / a.softcap : a.scale * PA_LOG2E;
+    const float qscale = (capped ? a.scale / a.softcap : a.scale * PA_LOG2E) * a.k_scale;
     const float post = a.softcap * PA_LOG2E;
     for (int i = tid; i < R * D; i += (int)blockDim.x) {
         const int r = i / D, d = i - r * D;
@@ -198,7 +249,8 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     for (int k = 0; k < PA_MAX_ACC; ++k) acc[k] = 0.0f;
     const int nout = nrows * D;
     constexpr int VEC = PaVec<TKV>::V;
-    const bool vec_ok = D % VEC == 0 && (((unsigned long long)kp | (unsigned long long)vp) & 15ull) == 0;
+    const bool vec_ok = D % VEC == 0 && kv.aligned(VEC) &&
+                        (((unsigned long long)kp | (unsigned long long)vp) & 15ull) == 0;
     __syncthreads();
 
     for (int t0 = begin; t0 < end; t0 += T) {
@@ -274,7 +326,7 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
 
     // One reciprocal a row, with the fast intrinsic (2 ulp): IEEE division is a call to a
     // slow-path subroutine whose call ABI costs spills. Cs is free after the loop's barrier.
-    for (int r = tid; r < nrows; r += (int)blockDim.x) Cs[r] = Ls[r] > 0.0f ? __fdividef(1.0f, Ls[r]) : 0.0f;
+    for (int r = tid; r < nrows; r += (int)blockDim.x) Cs[r] = Ls[r] > 0.0f ? __fdividef(a.v_scale, Ls[r]) : 0.0f;
     __syncthreads();
     const long long rows_total = (long long)a.total_q * H;
 #pragma unroll
@@ -301,17 +353,16 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     }
 }
 
-__device__ __forceinline__ PagedKV pa_paged_kv(const int* indptr, const int* indices, const int* last,
-                                               int num_kv_heads, int head_dim, int page_size, int kv_layout) {
+__device__ __forceinline__ PagedKV pa_paged_kv(const int* indptr, const int* indices, const int* last, int page_size,
+                                               long long s_page, long long s_tok, long long s_head) {
     PagedKV kv;
     kv.indptr = indptr;
     kv.indices = indices;
     kv.last = last;
     kv.page_size = page_size;
-    const long long hd = head_dim;
-    kv.s_page = (long long)page_size * num_kv_heads * hd;
-    kv.s_tok = kv_layout == 0 ? num_kv_heads * hd : hd;
-    kv.s_head = kv_layout == 0 ? hd : (long long)page_size * hd;
+    kv.s_page = s_page;
+    kv.s_tok = s_tok;
+    kv.s_head = s_head;
     return kv;
 }
 

@@ -289,6 +289,101 @@ __device__ __forceinline__ float pk_ex2_approx(float x) {
 
 #endif
 
+// ---------------------------------------------------------------------------------
+// FP8 (float8_e4m3fn, float8_e5m2) conversions, the KV-cache formats (vLLM's semantics).
+//
+// Narrowing: round to nearest even and saturate to the finite range (e4m3fn max 448, e5m2
+// max 57344; inf saturates too); NaN stays NaN (e4m3fn 0x7f, e5m2 0x7e | the top 2 mantissa
+// bits, with its sign), as cvt.rn.satfinite.{e4m3x2,e5m2x2}.f32 and CUDA's cuda_fp8.hpp do,
+// and as ml_dtypes does on an input already clipped to the finite range.
+// Widening is exact (every fp8 value is an fp16 and an fp32 value).
+// Hardware: cvt.rn.satfinite.<f8x2>.f32 (a -> upper byte, b -> lower byte) and
+// cvt.rn.f16x2.<f8x2> exist from sm_89 (PTX ISA 7.8). Below that, and on the host, the
+// integer code here (pk_fp8_sw_*) is the conversion: the host runs the same text the sm_80
+// cubin runs. EB/MB: exponent / mantissa bits (4/3 = e4m3fn, 5/2 = e5m2).
+template <int EB, int MB>
+__device__ __forceinline__ unsigned int pk_fp8_sw_from_f32(float x) {
+    const unsigned int u = __float_as_uint(x);
+    const unsigned int sign = (u >> 24) & 0x80u;
+    const unsigned int a = u & 0x7fffffffu;
+    constexpr int BIAS = (1 << (EB - 1)) - 1;
+    if (a > 0x7f800000u) return sign | (EB == 4 ? 0x7fu : (0x7eu | ((u >> 21) & 3u)));
+    // Saturation: e4m3fn above 448 + half an ulp (464; 464 itself rounds to even 448),
+    // e5m2 from 57344 + half an ulp (61440: the tie would round to odd-free 2^16 = inf).
+    if (EB == 4 ? a > 0x43e80000u : a >= 0x47700000u) return sign | (EB == 4 ? 0x7eu : 0x7bu);
+    const int e = (int)(a >> 23) - 127 + BIAS;  // the target's biased exponent
+    unsigned int m = a & 0x7fffffu;
+    int shift = 23 - MB;
+    unsigned int r;
+    if (e >= 1) {
+        r = ((unsigned int)e << MB) | (m >> shift);
+    } else {  // subnormal target (and zero): the implicit bit joins the shifted-out part
+        if ((a >> 23) == 0) return sign;  // fp32 zero / subnormal: far below half the smallest fp8
+        m |= 0x800000u;
+        shift += 1 - e;
+        if (shift > 24) return sign;  // below half the smallest subnormal
+        r = m >> shift;
+    }
+    const unsigned int rem = m & ((1u << shift) - 1u), half = 1u << (shift - 1);
+    if (rem > half || (rem == half && (r & 1u))) ++r;  // a carry into the exponent is right
+    return sign | r;
+}
+
+template <int EB, int MB>
+__device__ __forceinline__ float pk_fp8_sw_to_f32(unsigned int b) {
+    constexpr int BIAS = (1 << (EB - 1)) - 1;
+    const unsigned int s = (b & 0x80u) << 24, m = b & 0x7fu;
+    unsigned int u;
+    if (EB == 4 && m == 0x7fu) {
+        u = s | 0x7fc00000u;  // the e4m3fn NaN
+    } else if (EB == 5 && m >= 0x7cu) {
+        u = s | (m == 0x7cu ? 0x7f800000u : 0x7fc00000u);  // e5m2 inf / NaN
+    } else if (m >= (1u << MB)) {  // normal: rebias the exponent
+        u = s | ((m << (23 - MB)) + ((unsigned int)(127 - BIAS) << 23));
+    } else {  // subnormal: m * 2^(1 - BIAS - MB), exact in fp32
+        u = s | __float_as_uint((float)m * (EB == 4 ? 0.001953125f : 1.52587890625e-05f));
+    }
+    return __uint_as_float(u);
+}
+
+#if defined(PYKERN_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890)
+// Two values packed as cvt packs them: lo in bits 0..7, hi in bits 8..15.
+__device__ __forceinline__ unsigned short pk_cvt_e4m3x2(float lo, float hi) {
+    return (unsigned short)(pk_fp8_sw_from_f32<4, 3>(lo) | (pk_fp8_sw_from_f32<4, 3>(hi) << 8));
+}
+__device__ __forceinline__ unsigned short pk_cvt_e5m2x2(float lo, float hi) {
+    return (unsigned short)(pk_fp8_sw_from_f32<5, 2>(lo) | (pk_fp8_sw_from_f32<5, 2>(hi) << 8));
+}
+__device__ __forceinline__ void pk_cvt_f32x2_e4m3x2(unsigned short v, float& lo, float& hi) {
+    lo = pk_fp8_sw_to_f32<4, 3>(v & 0xffu);
+    hi = pk_fp8_sw_to_f32<4, 3>(v >> 8);
+}
+__device__ __forceinline__ void pk_cvt_f32x2_e5m2x2(unsigned short v, float& lo, float& hi) {
+    lo = pk_fp8_sw_to_f32<5, 2>(v & 0xffu);
+    hi = pk_fp8_sw_to_f32<5, 2>(v >> 8);
+}
+#else
+__device__ __forceinline__ unsigned short pk_cvt_e4m3x2(float lo, float hi) {
+    unsigned short d;
+    asm("cvt.rn.satfinite.e4m3x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+__device__ __forceinline__ unsigned short pk_cvt_e5m2x2(float lo, float hi) {
+    unsigned short d;
+    asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
+    return d;
+}
+// fp8x2 -> f16x2 (one instruction), then each half to fp32 (exact).
+__device__ __forceinline__ void pk_cvt_f32x2_e4m3x2(unsigned short v, float& lo, float& hi) {
+    asm("{ .reg .b32 h; .reg .b16 l, u; cvt.rn.f16x2.e4m3x2 h, %2; mov.b32 {l, u}, h; "
+        "cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }" : "=f"(lo), "=f"(hi) : "h"(v));
+}
+__device__ __forceinline__ void pk_cvt_f32x2_e5m2x2(unsigned short v, float& lo, float& hi) {
+    asm("{ .reg .b32 h; .reg .b16 l, u; cvt.rn.f16x2.e5m2x2 h, %2; mov.b32 {l, u}, h; "
+        "cvt.f32.f16 %0, l; cvt.f32.f16 %1, u; }" : "=f"(lo), "=f"(hi) : "h"(v));
+}
+#endif
+
 // =================================================================================
 // Hopper (sm_90a): wgmma, TMA, mbarrier and friends.
 //

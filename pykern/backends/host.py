@@ -279,6 +279,8 @@ class HostBackend:
                 f"{spec.name}: built only for {', '.join(spec.archs)} ({spec.source.name}'s `// pykern: arch` line); "
                 f"PYKERN_HOST_ARCH={arch!r} is not one of them"
             )
+        import numpy as np
+
         lib = self.library(spec.source, sanitize)
         fn = lib.fn(spec.name)
 
@@ -286,6 +288,7 @@ class HostBackend:
         ptrs = (ctypes.c_void_p * max(n, 1))()
         argv = (ctypes.c_void_p * max(n, 1))()
         copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
+        before: dict[int, Any] = {}  # buffer -> its bytes at the copy (sanitize: changed bytes are written back)
         zones = _RedZones([(a.ctypes.data, a.nbytes) for p, a in zip(spec.params, args) if p.is_pointer
                            and isinstance(a, np.ndarray)])
         if not sanitize:
@@ -317,10 +320,13 @@ class HostBackend:
                             buf = lib.alloc(a.nbytes)
                             ctypes.memmove(buf, addr, a.nbytes)
                             copies.append((buf, a, a.nbytes, not p.is_const, addr))
+                            if not p.is_const:
+                                before[buf] = np.frombuffer(ctypes.string_at(addr, a.nbytes), np.uint8)
                         else:
                             buf = copies[same][0]
                             if not p.is_const:
                                 copies[same] = copies[same][:3] + (True, addr)
+                                before.setdefault(buf, np.frombuffer(ctypes.string_at(addr, a.nbytes), np.uint8))
                         addr = buf
                     ptrs[i] = addr
                     argv[i] = ctypes.addressof(ptrs) + i * ctypes.sizeof(ctypes.c_void_p)
@@ -346,8 +352,12 @@ class HostBackend:
                 raise KernelExecutionError(_resolve_pcs(err.value.decode("utf-8", "replace"), lib.path))
             zones.check_and_copy_back(spec.name)
             for buf, a, nbytes, write_back, _ in copies:
-                if write_back:
-                    ctypes.memmove(a.ctypes.data, buf, nbytes)
+                if write_back and nbytes:
+                    # Only the bytes the kernel changed: two outputs may view overlapping memory (the K and V
+                    # views of one combined KV cache); a whole copy-back of one would undo the other's writes.
+                    new = np.frombuffer(ctypes.string_at(buf, nbytes), np.uint8)
+                    changed = new != before[buf]
+                    a.reshape(-1).view(np.uint8)[changed] = new[changed]
         finally:
             for buf, *_ in copies:
                 lib.free(buf)

@@ -354,7 +354,7 @@ class NumbaBackend:
             # A private copy, like device memory: the caller's array changes only at write-back.
             host = widen[0](flat) if widen else flat.copy()
             if not p.is_const:
-                writeback.append((flat, host, widen))
+                writeback.append((flat, host, widen, _raw(flat).copy()))
             kargs.append(host)
             cargs.append(host)
         return kargs, cargs, writeback
@@ -418,11 +418,8 @@ class NumbaBackend:
 
     @staticmethod
     def _write_back(writeback: list[Any]) -> None:
-        for target, res, widened in writeback:
-            if widened:
-                target.view(np.uint16)[...] = widened[1](res)
-            else:
-                target[...] = res
+        for target, res, widened, orig in writeback:
+            _store_changed(target, widened[1](res) if widened else res, orig)
 
     # -- GPU ----------------------------------------------------------------------------------------------------
     def _launch_gpu(self, cuda: Any, spec: KernelSpec, kernel: Any, config: Any, args: Sequence[Any],
@@ -441,7 +438,7 @@ class NumbaBackend:
                 flat = a.reshape(-1)
                 dev = cuda.to_device(widen[0](flat) if widen else flat)
                 if not p.is_const:
-                    writeback.append((flat, dev, widen))
+                    writeback.append((flat, dev, widen, _raw(flat).copy()))
             else:
                 dev, wb = self._device_arg(cuda, spec, i, p, a, widen)
                 if wb is not None:
@@ -460,13 +457,10 @@ class NumbaBackend:
                 kernel[geo[0], geo[1]](*kargs)
         except Exception as e:
             raise self._fail(spec, geo, e) from e
-        for target, dev, widened in writeback:
+        for target, dev, widened, *orig in writeback:
             res = dev.copy_to_host()
             if isinstance(target, np.ndarray):
-                if widened:
-                    target.view(np.uint16)[...] = widened[1](res)
-                else:
-                    target[...] = res
+                _store_changed(target, widened[1](res) if widened else res, orig[0])
             else:  # a caller's device array holding 16-bit floats: narrowed on the host, copied back
                 target.copy_to_device(widened[1](res).view(target.dtype))
 
@@ -502,3 +496,16 @@ def create() -> NumbaBackend:
     if _instance is None:
         _instance = NumbaBackend()
     return _instance
+
+
+def _raw(a: np.ndarray) -> np.ndarray:
+    return a.view(f"u{a.dtype.itemsize}")
+
+
+def _store_changed(target: np.ndarray, new: np.ndarray, orig: np.ndarray) -> None:
+    """Write back the elements the kernel changed (bitwise) only: two output arguments may view
+    overlapping memory (the K and V views of one combined KV cache), and a whole-array write-back of
+    one would undo the other's writes with its stale copy."""
+    t, n = _raw(target), _raw(np.asarray(new).reshape(target.shape))
+    changed = n != orig
+    t[changed] = n[changed]

@@ -40,6 +40,16 @@ from ._window import (
     normalize_serving as _normalize_serving,
 )
 from ..errors import ArgumentError, ArgumentTypeError
+from ._kvcache import (
+    FP8 as _FP8,
+    KV_DTYPE_NAMES as _KV_DTYPE_NAMES,
+    check_scale as _check_scale,
+    is_combined as _is_combined,
+    kv_kind as _kv_kind,
+    page_view as _page_view,
+    shift_combined as _shift_combined,
+    split_cache as _split_cache,
+)
 
 __all__ = [
     "append_paged_kv_cache",
@@ -60,7 +70,9 @@ _MAX_LEN = 2**30
 _GRID_YZ_MAX = 65535
 H100_SMS = 132
 _MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
-_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv"}
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv",
+           ("f32", "e4m3"): "_e4m3kv", ("f32", "e5m2"): "_e5m2kv",
+           ("bf16", "e4m3"): "_bf16_e4m3kv", ("bf16", "e5m2"): "_bf16_e5m2kv"}
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -207,8 +219,10 @@ class _PageTable:
 
 
 def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int, int, int]:
-    kind = arrays.io_kind("k_pages", k_pages)
-    arrays.same_kind("v_pages", v_pages, kind, "k_pages")
+    kind = _kv_kind("k_pages", k_pages)
+    if _kv_kind("v_pages", v_pages) != kind:
+        raise ArgumentTypeError(f"v_pages: expected the dtype of k_pages ({arrays.dtype_name(k_pages)}), got "
+                                f"{arrays.dtype_name(v_pages)}")
     ks = arrays.check_ndim("k_pages", k_pages, (4,))
     vs = arrays.check_ndim("v_pages", v_pages, (4,))
     if vs != ks:
@@ -222,6 +236,27 @@ def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int
             "(num_pages, num_kv_heads, page_size, head_dim)"
         raise ArgumentError(f"k_pages: expected {lay} with head_dim in [1, {MAX_HEAD_DIM}], got {ks}")
     return kind, num_pages, page_size, kvh, d
+
+
+def _pages_views(k_pages: Any, v_pages: Any, layout: int, kind: str, writes: bool = False) -> tuple[Any, Any, tuple]:
+    """Flat arrays over the pages' memory and their (s_page, s_tok, s_head) element strides (views as they are)."""
+    raw = kind in _FP8
+    kf, ks = _page_view("k_pages", k_pages, layout, raw, writes)
+    vf, vs = _page_view("v_pages", v_pages, layout, raw, writes)
+    if vs != ks:
+        raise ArgumentError(f"v_pages: expected the strides of k_pages (page, token, head) {ks}, got {vs}")
+    return kf, vf, ks
+
+
+def _cache_positional(k_pages: Any, v_pages: Any, rest: tuple[Any, ...], kv_layout: Any, last_name: str) -> tuple:
+    """(k_pages, v_pages, *rest) with FlashInfer's single paged_kv_cache form unpacked."""
+    if not _is_combined(k_pages):
+        if v_pages is None or rest[-1] is None:
+            raise ArgumentError(f"{last_name}: missing (pass k_pages, v_pages or one paged_kv_cache)")
+        return (k_pages, v_pages) + tuple(rest)
+    k, v = _split_cache(k_pages, kv_layout if kv_layout in LAYOUTS else "NHD")
+    a, b, tail = _shift_combined(k_pages, (v_pages,) + tuple(rest), last_name)
+    return (k, v, a, b) + tuple(tail)
 
 
 def _check_q(q: Any, kvh: int, d: int, lead_name: str) -> tuple[str, int, int]:
@@ -266,12 +301,14 @@ def append_paged_kv_cache(
     batch_indices: Any,
     positions: Any,
     k_pages: Any,
-    v_pages: Any,
-    kv_indices: Any,
-    kv_indptr: Any,
-    kv_last_page_len: Any,
+    v_pages: Any = None,
+    kv_indices: Any = None,
+    kv_indptr: Any = None,
+    kv_last_page_len: Any = None,
     *,
     kv_layout: str = "NHD",
+    k_scale: float | None = None,
+    v_scale: float | None = None,
     stream: Any = None,
     backend: str | None = None,
 ) -> None:
@@ -281,12 +318,33 @@ def append_paged_kv_cache(
     positions[t] % page_size of page kv_indices[kv_indptr[b] + positions[t] // page_size].
     The page table must already include the appended tokens (update kv_indptr,
     kv_indices and kv_last_page_len first): with host index arrays every position is
-    checked to be below its sequence's length. k, v have the pages' dtype.
+    checked to be below its sequence's length.
+
+    The pages: k_pages and v_pages, or FlashInfer's single `paged_kv_cache` in k_pages's place
+    (a (k, v) pair, or one (pages, 2, ...) array whose [:, 0] / [:, 1] are K / V), followed
+    directly by kv_indices, kv_indptr, kv_last_page_len. Views are written through (their
+    strides reach the kernel); head_dim must be unit-stride.
+    f32 / bf16 pages take k, v of their dtype (a bit copy). FP8 pages (float8_e4m3fn,
+    float8_e5m2) take f32 or bf16 k, v and store fp8(k / k_scale), fp8(v / v_scale) (vLLM's
+    semantics: round to nearest even, saturate to the finite range, NaN stays NaN); the scales
+    default to 1 and apply only to FP8 pages.
     """
+    k_pages, v_pages, kv_indices, kv_indptr, kv_last_page_len = _cache_positional(
+        k_pages, v_pages, (kv_indices, kv_indptr, kv_last_page_len), kv_layout, "kv_last_page_len")
     layout = _layout(kv_layout)
     kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
-    arrays.same_kind("k", k, kind, "k_pages")
-    arrays.same_kind("v", v, kind, "k_pages")
+    if kind in _FP8:
+        in_kind = arrays.io_kind("k", k)
+        arrays.same_kind("v", v, in_kind, "k")
+        name = "paged_append_kv" + ("_bf16" if in_kind == "bf16" else "") + "_" + kind
+    else:
+        arrays.same_kind("k", k, kind, "k_pages")
+        arrays.same_kind("v", v, kind, "k_pages")
+        name = "paged_append_kv" + arrays.kernel_suffix(kind)
+        for nm, sc in (("k_scale", k_scale), ("v_scale", v_scale)):
+            if sc is not None and _check_scale(nm, sc) != 1.0:
+                raise ArgumentError(f"{nm}: scales apply to FP8 pages only; got {sc!r} for {kind} pages")
+    ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
     ks = arrays.check_ndim("k", k, (3,))
     if ks[1:] != (kvh, d):
         raise ArgumentError(f"k: expected shape (nnz, {kvh}, {d}) (from k_pages), got {ks}")
@@ -312,17 +370,15 @@ def append_paged_kv_cache(
                     f"positions: expected positions[t] < the length of sequence batch_indices[t] (from the page "
                     f"table), got positions[{t}]={int(hp[t])} for sequence {int(hb[t])} of length "
                     f"{int(table.lens[hb[t]])}")
+    # The destination views (checked before anything is launched; written through, never copied).
+    kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, layout, kind, writes=True)
     if nnz == 0:
         return
     from ..launcher import launch
 
-    if not (isinstance(k_pages, np.ndarray) and k_pages.flags.c_contiguous and isinstance(v_pages, np.ndarray)
-            and v_pages.flags.c_contiguous) and (isinstance(k_pages, np.ndarray) or isinstance(v_pages, np.ndarray)):
-        raise ArgumentError("k_pages: expected C-contiguous pages (written in place)")
     k, v = arrays.contiguous(k), arrays.contiguous(v)
-    launch("paged_append_kv" + arrays.kernel_suffix(kind), (nnz,), (_NT,), _flat(k), _flat(v), bi, pos,
-           _flat(k_pages), _flat(v_pages), table.indices, table.indptr, table.batch, kvh, d, page_size, layout,
-           stream=arrays.launch_stream(stream, k), backend=backend)
+    launch(name, (nnz,), (_NT,), _flat(k), _flat(v), bi, pos, kf, vf, table.indices, table.indptr, table.batch, kvh,
+           d, page_size, s_page, s_tok, s_head, ksc, vsc, stream=arrays.launch_stream(stream, k), backend=backend)
 
 
 def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> tuple[np.ndarray, np.ndarray]:
@@ -383,9 +439,9 @@ class PagedDecodePlan:
             raise ArgumentError(f"q_dtype: expected 'f32' or 'bf16', got {q_dtype!r}")
         self.q_kind = kinds[q_dtype]
         kvd = q_dtype if kv_dtype is None else kv_dtype
-        if kvd not in kinds:
-            raise ArgumentError(f"kv_dtype: expected 'f32' or 'bf16', got {kv_dtype!r}")
-        self.kv_kind = kinds[kvd]
+        if kvd not in _KV_DTYPE_NAMES:
+            raise ArgumentError(f"kv_dtype: expected 'f32', 'bf16', 'float8_e4m3fn' or 'float8_e5m2', got {kv_dtype!r}")
+        self.kv_kind = _KV_DTYPE_NAMES[kvd]
         self.suffix = _suffix(self.q_kind, self.kv_kind)
         self.batch, self.num_qo_heads, self.num_kv_heads = int(batch), int(num_qo_heads), int(num_kv_heads)
         self.head_dim, self.page_size = int(head_dim), int(page_size)
@@ -430,12 +486,21 @@ class PagedDecodePlan:
                        self.block, 0))
         return ls
 
-    def run(self, q: Any, k_pages: Any, v_pages: Any, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, *,
-            scale: float | None = None, return_lse: bool | None = None, stream: Any = None,
+    def run(self, q: Any, k_pages: Any, v_pages: Any = None, kv_indptr: Any = None, kv_indices: Any = None,
+            kv_last_page_len: Any = None, *, scale: float | None = None, k_scale: float | None = None,
+            v_scale: float | None = None, return_lse: bool | None = None, out: Any = None, stream: Any = None,
             backend: str | None = None) -> Any:
-        """One decode step: out (batch, num_qo_heads, head_dim), or (out, lse) with return_lse."""
+        """One decode step: out (batch, num_qo_heads, head_dim), or (out, lse) with return_lse.
+
+        k_pages, v_pages or FlashInfer's single paged_kv_cache (see append_paged_kv_cache); views are
+        read through their strides, never copied. K and V count as k_scale * K, v_scale * V (FP8
+        caches' dequantization, applied in registers; default 1). out: a contiguous output to write
+        instead of the plan's own.
+        """
         from ..launcher import launch
 
+        k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
+            k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), self.kv_layout, "kv_last_page_len")
         kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
         if (kind, page_size, kvh, d) != (self.kv_kind, self.page_size, self.num_kv_heads, self.head_dim):
             raise ArgumentError(f"k_pages: expected {self.kv_kind} pages with page_size={self.page_size}, "
@@ -447,35 +512,45 @@ class PagedDecodePlan:
                                 f"got {qk} {arrays.shape_of(q)}")
         table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, self.batch, num_pages, page_size)
         sc = _scale(scale, d)
+        ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
         want_lse = self.return_lse if return_lse is None else bool(return_lse)
+        res, res_flat = self.out, self._out_flat
+        if out is not None:
+            res = arrays.check_out(out, (self.batch, self.num_qo_heads, self.head_dim), self.q_kind, q)
+            res_flat = _flat(res)
+        kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
         q = arrays.contiguous(q)
         split = self.num_splits > 1
         stream = arrays.launch_stream(stream, q)
-        launch("paged_attn" + self.suffix, self.grid, self.block, _flat(q), _flat(k_pages), _flat(v_pages),
-               self._out_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
-               table.indices, table.last, h, kvh, d, page_size, self.layout, 0, self._wl, self._wr, self.rows,
-               self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, shared_mem=self.smem, stream=stream, backend=backend)
+        launch("paged_attn" + self.suffix, self.grid, self.block, _flat(q), kf, vf,
+               res_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
+               table.indices, table.last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
+               self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc, vsc,
+               shared_mem=self.smem, stream=stream, backend=backend)
         if split:
             launch("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid, self.block,
-                   self.part_o, self.part_lse, self._out_flat, self._lse_flat, self.batch * h, d,
+                   self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
                    self.num_splits, int(want_lse), stream=stream, backend=backend)
-        return (self.out, self.lse) if want_lse else self.out
+        return (res, self.lse) if want_lse else res
 
 
 @arrays.stream_scoped
 def paged_decode_attention(
     q: Any,
     k_pages: Any,
-    v_pages: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
+    v_pages: Any = None,
+    kv_indptr: Any = None,
+    kv_indices: Any = None,
+    kv_last_page_len: Any = None,
     *,
     kv_layout: str = "NHD",
     scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
     window_left: int | None = None,
     logits_soft_cap: float | None = None,
     return_lse: bool = False,
+    out: Any = None,
     plan: PagedDecodePlan | None = None,
     stream: Any = None,
     backend: str | None = None,
@@ -491,7 +566,15 @@ def paged_decode_attention(
     window_left (-1 = unbounded) and logits_soft_cap (0 = off) as FlashInfer's plan(): the
     query sees the last window_left + 1 keys of its sequence, and only those are read. With
     `plan`, they are the plan's (None, the default, takes them; other values must match).
+
+    Pages: k_pages, v_pages, or FlashInfer's single paged_kv_cache in k_pages's place (a (k, v)
+    pair or one (pages, 2, ...) array) followed by the index arrays; views are read through their
+    strides, never copied. FP8 pages (float8_e4m3fn / float8_e5m2) are dequantized in registers:
+    K and V count as k_scale * K and v_scale * V (FlashInfer's / vLLM's names; default 1, any
+    cache dtype). out: a contiguous output array to write (else one is allocated).
     """
+    k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
+        k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), kv_layout, "kv_last_page_len")
     if plan is None:
         layout = _layout(kv_layout)
         kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
@@ -510,8 +593,8 @@ def paged_decode_attention(
         if logits_soft_cap is not None and \
                 _check_softcap(logits_soft_cap, "logits_soft_cap") != plan.logits_soft_cap:
             raise ArgumentError(f"logits_soft_cap: expected the plan's {plan.logits_soft_cap}, got {logits_soft_cap!r}")
-    return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale,
-                    return_lse=return_lse, stream=stream, backend=backend)
+    return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale, k_scale=k_scale,
+                    v_scale=v_scale, return_lse=return_lse, out=out, stream=stream, backend=backend)
 
 
 # --------------------------------------------------------------------------- prefill
@@ -536,17 +619,20 @@ def paged_prefill_attention(
     q: Any,
     qo_indptr: Any,
     k_pages: Any,
-    v_pages: Any,
-    kv_indptr: Any,
-    kv_indices: Any,
-    kv_last_page_len: Any,
+    v_pages: Any = None,
+    kv_indptr: Any = None,
+    kv_indices: Any = None,
+    kv_last_page_len: Any = None,
     *,
     causal: bool = True,
     kv_layout: str = "NHD",
     scale: float | None = None,
+    k_scale: float | None = None,
+    v_scale: float | None = None,
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
     return_lse: bool = False,
+    out: Any = None,
     stream: Any = None,
     backend: str | None = None,
 ) -> Any:
@@ -560,9 +646,12 @@ def paged_prefill_attention(
     logits_soft_cap c > 0 makes scores c * tanh(scale * q.k / c). Only the positions some query
     of a CTA sees are read, so the cost follows the window.
     Returns out (total_q, num_qo_heads, head_dim) in q's dtype, or (out, lse).
+    Pages, k_scale / v_scale (FP8 caches) and out= as paged_decode_attention.
     """
     from ..launcher import launch
 
+    k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
+        k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), kv_layout, "kv_last_page_len")
     layout = _layout(kv_layout)
     kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
     qk, total_q, h = _check_q(q, kvh, d, "total_q")
@@ -582,14 +671,20 @@ def paged_prefill_attention(
     chunks = _row_chunks("qo_indptr", max_qo, group, rows)
     if batch * kvh >= 2**31:
         raise ArgumentError(f"qo_indptr: expected batch * num_kv_heads < 2**31, got {batch * kvh}")
+    ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
+    kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, layout, kind)
     q = arrays.contiguous(q)
-    out, lse = _prefill_out(total_q, h, d, qk, q, qh is not None)
+    res, lse = _prefill_out(total_q, h, d, qk, q, qh is not None)
+    if out is not None:
+        res = arrays.check_out(out, (total_q, h, d), qk, q)
+        if qh is None:  # rows outside qo_indptr are never written
+            res[...] = 0
     if total_q:
-        launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k_pages), _flat(v_pages),
-               _flat(out), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
-               page_size, layout, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, shared_mem=smem,
-               stream=arrays.launch_stream(stream, q), backend=backend)
-    return (out, lse) if return_lse else out
+        launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), kf, vf,
+               _flat(res), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
+               page_size, s_page, s_tok, s_head, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, ksc, vsc,
+               shared_mem=smem, stream=arrays.launch_stream(stream, q), backend=backend)
+    return (res, lse) if return_lse else res
 
 
 @arrays.stream_scoped

@@ -78,18 +78,81 @@ def _helpers(cuda: Any) -> Any:
     return find_row, window_range, score, finish
 
 
-@reference("paged_attn", "paged_attn_bf16", "paged_attn_bf16kv")
-def _paged_attn(cuda: Any) -> Any:
+def _fp8(cuda: Any, eb: int) -> Any:
+    """Element readers: eb 0 = the value itself; 4 / 5 = an e4m3fn / e5m2 byte decoded by its definition."""
+    import math
+
+    if eb == 0:
+        @cuda.jit(device=True)
+        def load(a, i):
+            return a[i]
+        return load
+
+    mb = 7 - eb
+    bias = (1 << (eb - 1)) - 1
+
+    @cuda.jit(device=True)
+    def load8(a, i):
+        b = int(a[i])
+        sgn = -1.0 if b & 0x80 else 1.0
+        m = b & 0x7F
+        if eb == 4 and m == 0x7F:
+            return math.nan
+        if eb == 5 and m >= 0x7C:
+            return sgn * math.inf if m == 0x7C else math.nan
+        e = m >> mb
+        f = m & ((1 << mb) - 1)
+        if e == 0:
+            return sgn * f * 2.0 ** (1 - bias - mb)
+        return sgn * (1.0 + f / (1 << mb)) * 2.0 ** (e - bias)
+
+    return load8
+
+
+def _fp8_encode(cuda: Any, eb: int) -> Any:
+    """fp8 byte of x: the nearest finite value (ties to the even code), saturated; NaN -> 0x7f / 0x7e."""
+    import math
+
+    load8 = _fp8(cuda, eb)
+    top = 0x7E if eb == 4 else 0x7B
+
+    @cuda.jit(device=True)
+    def enc(x, table):
+        neg = x < 0.0 or (x == 0.0 and math.copysign(1.0, x) < 0.0)
+        sgn = 0x80 if neg else 0
+        if x != x:
+            return sgn | (0x7F if eb == 4 else 0x7E)
+        a = abs(x)
+        best = 0
+        bd = math.inf
+        for c in range(top + 1):
+            table[0] = c
+            dv = abs(load8(table, 0) - a)
+            if dv < bd or (dv == bd and c % 2 == 0):
+                best = c
+                bd = dv
+        return sgn | best
+
+    return enc
+
+
+_PAGED_NAMES = {0: ("paged_attn", "paged_attn_bf16", "paged_attn_bf16kv"),
+                4: ("paged_attn_e4m3kv", "paged_attn_bf16_e4m3kv"),
+                5: ("paged_attn_e5m2kv", "paged_attn_bf16_e5m2kv")}
+
+
+def _paged_attn_ref(cuda: Any, eb: int) -> Any:
     import math
 
     import numba
 
     find_row, window_range, score, finish = _helpers(cuda)
+    kvload = _fp8(cuda, eb)
 
     @cuda.jit
     def k(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,
-          num_qo_heads, num_kv_heads, head_dim, page_size, kv_layout, q_mode, window_left, window_right, rows, tile,
-          num_splits, total_q, write_lse, scale, softcap):
+          num_qo_heads, num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, q_mode, window_left, window_right,
+          rows, tile, num_splits, total_q, write_lse, scale, softcap, k_scale, v_scale):
         i = cuda.grid(1)
         rows_total = total_q * num_qo_heads
         if i >= num_splits * rows_total:
@@ -107,13 +170,6 @@ def _paged_attn(cuda: Any) -> Any:
         last = min(max(kv_last_page_len[b], 0), page_size)
         length = (np_ - 1) * page_size + last if np_ > 0 else 0
         begin, end = window_range(length, qo_len, qi, window_left, window_right, num_splits, tile, 0, split)
-        if kv_layout == 0:
-            s_tok = num_kv_heads * head_dim
-            s_head = head_dim
-        else:
-            s_tok = head_dim
-            s_head = page_size * head_dim
-        s_page = page_size * num_kv_heads * head_dim
         acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
         for d in range(head_dim):
             acc[d] = 0.0
@@ -123,25 +179,29 @@ def _paged_attn(cuda: Any) -> Any:
             base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
             s = 0.0
             for d in range(head_dim):
-                s += q[qo + d] * k_pages[base + d]
+                s += q[qo + d] * kvload(k_pages, base + d) * k_scale
             m = max(m, score(s, scale, softcap))
         l = 0.0
         for pos in range(begin, end):
             base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
             s = 0.0
             for d in range(head_dim):
-                s += q[qo + d] * k_pages[base + d]
+                s += q[qo + d] * kvload(k_pages, base + d) * k_scale
             p = math.exp(score(s, scale, softcap) - m)
             l += p
             for d in range(head_dim):
-                acc[d] += p * v_pages[base + d]
+                acc[d] += p * kvload(v_pages, base + d) * v_scale
         finish(out, lse, part_o, part_lse, acc, m, l, orow, head_dim, split, num_splits, rows_total, write_lse)
 
     def config(args: Any) -> Any:
-        n = args[21] * args[22] * args[11]
+        n = args[23] * args[24] * args[11]
         return ((n + 63) // 64,), (64,)
 
     return k, config
+
+
+for _eb, _names in _PAGED_NAMES.items():
+    reference(*_names)(lambda cuda, _eb=_eb: _paged_attn_ref(cuda, _eb))
 
 
 @reference("dense_attn", "dense_attn_bf16", "dense_attn_bf16kv")
@@ -237,11 +297,19 @@ def _paged_attn_merge(cuda: Any) -> Any:
     return k, config
 
 
-@reference("paged_append_kv", "paged_append_kv_bf16")
-def _paged_append_kv(cuda: Any) -> Any:
+def _append_ref(cuda: Any, eb: int) -> Any:
+    import numba
+
+    if eb:
+        enc = _fp8_encode(cuda, eb)
+    else:
+        @cuda.jit(device=True)
+        def enc(x, table):
+            return x
+
     @cuda.jit
     def k(kk, vv, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch, num_kv_heads, head_dim,
-          page_size, kv_layout):
+          page_size, s_page, s_tok, s_head, k_scale, v_scale):
         t = cuda.grid(1)
         if t >= batch_indices.shape[0]:
             return
@@ -254,17 +322,21 @@ def _paged_append_kv(cuda: Any) -> Any:
             return
         page = kv_indices[slot]
         n = num_kv_heads * head_dim
+        table = cuda.local.array(1, numba.uint8)
         for h in range(num_kv_heads):
             for d in range(head_dim):
-                if kv_layout == 0:
-                    dst = (page * page_size + pos % page_size) * n + h * head_dim + d
-                else:
-                    dst = ((page * num_kv_heads + h) * page_size + pos % page_size) * head_dim + d
-                k_pages[dst] = kk[t * n + h * head_dim + d]
-                v_pages[dst] = vv[t * n + h * head_dim + d]
+                dst = page * s_page + (pos % page_size) * s_tok + h * s_head + d
+                k_pages[dst] = enc(kk[t * n + h * head_dim + d] / k_scale, table)
+                v_pages[dst] = enc(vv[t * n + h * head_dim + d] / v_scale, table)
 
     def config(args: Any) -> Any:
         n = args[2].shape[0]
         return ((n + 63) // 64,), (64,)
 
     return k, config
+
+
+for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16"),
+                    4: ("paged_append_kv_e4m3", "paged_append_kv_bf16_e4m3"),
+                    5: ("paged_append_kv_e5m2", "paged_append_kv_bf16_e5m2")}.items():
+    reference(*_names)(lambda cuda, _eb=_eb: _append_ref(cuda, _eb))

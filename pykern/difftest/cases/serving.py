@@ -12,7 +12,28 @@ import numpy as np
 
 from ..case import Case, register_cases
 
-_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv"}
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv",
+           ("f32", "e4m3"): "_e4m3kv", ("f32", "e5m2"): "_e5m2kv",
+           ("bf16", "e4m3"): "_bf16_e4m3kv", ("bf16", "e5m2"): "_bf16_e5m2kv"}
+_FP8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
+# Power-of-two FP8 scales: x / scale is exact, so every backend's quantization matches ml_dtypes' bit for bit.
+FP8_SCALES = (0.5, 0.25)
+
+
+def fp8_dtype(kind: str) -> np.dtype:
+    import ml_dtypes
+
+    return np.dtype(getattr(ml_dtypes, _FP8_DTYPES[kind]))
+
+
+def fp8_quantize(x: np.ndarray, kind: str, scale: float) -> np.ndarray:
+    """vLLM's fp8(x / scale): round to nearest even, saturated to the finite range, NaN stays NaN."""
+    dt = fp8_dtype(kind)
+    y = np.asarray(x, np.float32) / np.float32(scale)
+    import ml_dtypes
+
+    m = float(ml_dtypes.finfo(dt).max)
+    return np.clip(y, -m, m).astype(dt)
 
 
 # --------------------------------------------------------------------------- NumPy references
@@ -68,12 +89,15 @@ def np_ragged_attention(q: np.ndarray, qo_indptr: Any, ks: list[np.ndarray], vs:
 
 # --------------------------------------------------------------------------- inputs
 def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv_heads: int, head_dim: int,
-               kv_layout: str = "NHD", kind: str = "f32", free_pages: int = 3) -> dict[str, Any]:
+               kv_layout: str = "NHD", kind: str = "f32", free_pages: int = 3, raw_bf16: bool = False,
+               scales: tuple[float, float] = FP8_SCALES) -> dict[str, Any]:
     """A shuffled paged cache holding sequences of the given lengths.
 
     Returns k_pages, v_pages (NaN outside the sequences), kv_indptr, kv_indices,
     kv_last_page_len (int32), and ks, vs: each sequence's tokens (L, KVH, D) as float64
-    of the values stored (bf16-rounded for bf16)."""
+    of the values stored (bf16-rounded for bf16; for FP8 kinds "e4m3" / "e5m2", fp8(x / scale) * scale
+    with scales (k_scale, v_scale)), and ks_raw, vs_raw: the float32 values before FP8 quantization
+    (bf16-rounded with raw_bf16)."""
     from ...arrays import bfloat16
 
     npages = [-(-n // page_size) for n in lens]
@@ -83,7 +107,7 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
     k_pages = np.full(shape, np.nan, np.float32)
     v_pages = np.full(shape, np.nan, np.float32)
     indptr = np.zeros(len(lens) + 1, np.int32)
-    indices, last, ks, vs = [], [], [], []
+    indices, last, ks, vs, ks_raw, vs_raw = [], [], [], [], [], []
     at = 0
     for b, n in enumerate(lens):
         pages = perm[at:at + npages[b]]
@@ -93,9 +117,14 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
         last.append(n - (npages[b] - 1) * page_size if n else int(rng.integers(0, page_size + 1)))
         k = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
         v = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
-        if kind == "bf16":
+        if kind == "bf16" or raw_bf16:
             k = k.astype(bfloat16()).astype(np.float32)
             v = v.astype(bfloat16()).astype(np.float32)
+        ks_raw.append(k)
+        vs_raw.append(v)
+        if kind in _FP8_DTYPES:
+            k = fp8_quantize(k, kind, scales[0]).astype(np.float32) * np.float32(scales[0])
+            v = fp8_quantize(v, kind, scales[1]).astype(np.float32) * np.float32(scales[1])
         for t in range(n):
             k_pages[pages[t // page_size], t % page_size] = k[t]
             v_pages[pages[t // page_size], t % page_size] = v[t]
@@ -106,9 +135,12 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
         v_pages = np.ascontiguousarray(v_pages.transpose(0, 2, 1, 3))
     if kind == "bf16":
         k_pages, v_pages = k_pages.astype(bfloat16()), v_pages.astype(bfloat16())
+    elif kind in _FP8_DTYPES:  # exact: the pages hold fp8 values times the scale (NaN stays NaN)
+        k_pages = (k_pages / np.float32(scales[0])).astype(fp8_dtype(kind))
+        v_pages = (v_pages / np.float32(scales[1])).astype(fp8_dtype(kind))
     return {"k_pages": k_pages, "v_pages": v_pages, "kv_indptr": indptr,
             "kv_indices": np.array(indices, np.int32), "kv_last_page_len": np.array(last, np.int32),
-            "ks": ks, "vs": vs}
+            "ks": ks, "vs": vs, "ks_raw": ks_raw, "vs_raw": vs_raw, "scales": scales}
 
 
 def make_q(rng: np.random.Generator, shape: tuple[int, ...], kind: str = "f32") -> np.ndarray:
@@ -119,7 +151,9 @@ def make_q(rng: np.random.Generator, shape: tuple[int, ...], kind: str = "f32") 
 
 
 def _dtype_name(q_kind: str, kv_kind: str) -> str:
-    return "bf16" if "bf16" in (q_kind, kv_kind) else "f32"
+    if q_kind == "bf16" or kv_kind == "bf16":
+        return "bf16"
+    return "fp8" if kv_kind in _FP8_DTYPES else "f32"
 
 
 # --------------------------------------------------------------------------- cases
@@ -140,7 +174,7 @@ def _decode(rng: np.random.Generator, lens: list[int], page_size: int, h: int, k
                                    logits_soft_cap=logits_soft_cap, like=q)
         out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                                               pc["kv_last_page_len"], kv_layout=layout, return_lse=True, plan=plan,
-                                              backend=backend)
+                                              backend=backend, **_scales(kv_kind, pc))
         return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
 
     def ref() -> dict[str, Any]:
@@ -155,20 +189,26 @@ def _decode(rng: np.random.Generator, lens: list[int], page_size: int, h: int, k
                 kernels=kernels, run=run, reference=ref, note=note)
 
 
+def _scales(kv_kind: str, pc: dict[str, Any]) -> dict[str, float]:
+    return {"k_scale": pc["scales"][0], "v_scale": pc["scales"][1]} if kv_kind in _FP8_DTYPES else {}
+
+
 def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], page_size: int, h: int, kvh: int,
              d: int, layout: str = "NHD", kind: str = "f32", causal: bool = True, note: str = "",
-             window_left: int = -1, logits_soft_cap: float = 0.0) -> Case:
+             window_left: int = -1, logits_soft_cap: float = 0.0, q_kind: str | None = None) -> Case:
     from ... import ops
 
     pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kind)
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
-    q = make_q(rng, (int(qo_indptr[-1]), h, d), kind)
+    q_kind = q_kind or kind
+    q = make_q(rng, (int(qo_indptr[-1]), h, d), q_kind)
 
     def run(backend: str) -> dict[str, Any]:
         out, lse = ops.paged_prefill_attention(q, qo_indptr, pc["k_pages"], pc["v_pages"], pc["kv_indptr"],
                                                pc["kv_indices"], pc["kv_last_page_len"], causal=causal,
                                                kv_layout=layout, window_left=window_left,
-                                               logits_soft_cap=logits_soft_cap, return_lse=True, backend=backend)
+                                               logits_soft_cap=logits_soft_cap, return_lse=True, backend=backend,
+                                               **_scales(kind, pc))
         return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
 
     def ref() -> dict[str, Any]:
@@ -177,9 +217,10 @@ def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], p
         return {"out": out, "lse": lse}
 
     win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
-    return Case(op="paged_prefill_attention", dtype=kind,
-                shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}" + win,
-                kernels=("paged_attn" + _SUFFIX[(kind, kind)],), run=run, reference=ref, note=note)
+    return Case(op="paged_prefill_attention", dtype=_dtype_name(q_kind, kind),
+                shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}" + win
+                      + (f"-{q_kind}q-{kind}kv" if q_kind != kind else ""),
+                kernels=("paged_attn" + _SUFFIX[(q_kind, kind)],), run=run, reference=ref, note=note)
 
 
 def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: int, kvh: int, d: int,
@@ -216,21 +257,30 @@ def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: i
 
 
 def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], page_size: int, kvh: int, d: int,
-            layout: str = "NHD", kind: str = "f32") -> Case:
+            layout: str = "NHD", kind: str = "f32", in_kind: str | None = None, combined: bool = False) -> Case:
+    """Append the last new_lens tokens of each sequence into its blanked slots. FP8 pages take f32 or bf16
+    (in_kind) inputs quantized by the kernel; the expected pages are make_paged's (ml_dtypes'). combined:
+    the pages live in FlashInfer's one (pages, 2, ...) array, written through its [:, 0] / [:, 1] views."""
     from ... import ops
     from ...arrays import bfloat16
 
+    in_kind = in_kind or kind
+    fp8 = kind in _FP8_DTYPES
     final = [o + n for o, n in zip(old_lens, new_lens)]
-    pc = make_paged(rng, final, page_size, kvh, d, layout, kind)
+    pc = make_paged(rng, final, page_size, kvh, d, layout, kind, raw_bf16=in_kind == "bf16")
     app_ptr = np.concatenate([[0], np.cumsum(new_lens)])
     bi, pos = ops.get_batch_indices_positions(app_ptr, final, int(app_ptr[-1]))
-    k_new = np.concatenate([pc["ks"][b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
-    v_new = np.concatenate([pc["vs"][b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
-    if kind == "bf16":
+    src_k, src_v = (pc["ks_raw"], pc["vs_raw"]) if fp8 else (pc["ks"], pc["vs"])
+    k_new = np.concatenate([src_k[b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
+    v_new = np.concatenate([src_v[b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
+    if in_kind == "bf16":
         k_new, v_new = k_new.astype(bfloat16()), v_new.astype(bfloat16())
 
     def pages_view(p: np.ndarray) -> np.ndarray:
         return p if layout == "NHD" else p.transpose(0, 2, 1, 3)
+
+    def as_f32(p: np.ndarray) -> np.ndarray:
+        return np.nan_to_num(np.asarray(p).astype(np.float32), nan=7.0)
 
     def run(backend: str) -> dict[str, Any]:
         kp, vp = pc["k_pages"].copy(), pc["v_pages"].copy()
@@ -241,18 +291,24 @@ def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], 
                 pg = pc["kv_indices"][pc["kv_indptr"][b] + t // page_size]
                 nhd_k[pg, t % page_size] = 0
                 nhd_v[pg, t % page_size] = 0
+        if combined:
+            cache = np.stack([kp, vp], axis=1)
+            kp, vp = cache[:, 0], cache[:, 1]
         ops.append_paged_kv_cache(k_new, v_new, bi, pos, kp, vp, pc["kv_indices"], pc["kv_indptr"],
-                                  pc["kv_last_page_len"], kv_layout=layout, backend=backend)
-        return {"k": np.nan_to_num(np.asarray(kp, np.float32), nan=7.0),
-                "v": np.nan_to_num(np.asarray(vp, np.float32), nan=7.0)}
+                                  pc["kv_last_page_len"], kv_layout=layout, backend=backend, **_scales(kind, pc))
+        return {"k": as_f32(kp), "v": as_f32(vp)}
 
     def ref() -> dict[str, Any]:
-        return {"k": np.nan_to_num(np.asarray(pc["k_pages"], np.float64), nan=7.0),
-                "v": np.nan_to_num(np.asarray(pc["v_pages"], np.float64), nan=7.0)}
+        return {"k": as_f32(pc["k_pages"]).astype(np.float64), "v": as_f32(pc["v_pages"]).astype(np.float64)}
 
-    return Case(op="append_paged_kv_cache", dtype=kind,
-                shape=f"old{old_lens}-new{new_lens}-P{page_size}-KV{kvh}-D{d}-{layout}",
-                kernels=("paged_append_kv" + ("_bf16" if kind == "bf16" else ""),), run=run, reference=ref)
+    if fp8:
+        name = "paged_append_kv" + ("_bf16" if in_kind == "bf16" else "") + "_" + kind
+    else:
+        name = "paged_append_kv" + ("_bf16" if kind == "bf16" else "")
+    return Case(op="append_paged_kv_cache", dtype="fp8" if fp8 else kind,
+                shape=f"old{old_lens}-new{new_lens}-P{page_size}-KV{kvh}-D{d}-{layout}"
+                      + (f"-{in_kind}in-{kind}" if in_kind != kind or fp8 else "") + ("-combined" if combined else ""),
+                kernels=(name,), run=run, reference=ref)
 
 
 @register_cases("serving")
@@ -290,3 +346,14 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     # append.
     yield _append(rng, [3, 0, 16], [1, 5, 2], 5, 2, 32)
     yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "bf16")
+    # FlashInfer's combined (pages, 2, ...) cache, written through its views
+    yield _append(rng, [2, 7], [3, 1], 4, 2, 32, "NHD", combined=True)
+    yield _append(rng, [5, 0], [1, 6], 4, 2, 48, "HND", "bf16", combined=True)
+    # FP8 KV caches: append quantizes (f32 and bf16 inputs), attention dequantizes in registers
+    for fk in ("e4m3", "e5m2"):
+        yield _append(rng, [3, 0, 10], [2, 5, 1], 5, 2, 32, "NHD", fk)
+        yield _append(rng, [4, 9], [1, 3], 16, 2, 40, "HND", fk, in_kind="bf16", combined=True)
+        yield _decode(rng, [37, 0, 5], 16, 8, 2, 64, kv_kind=fk)
+        yield _decode(rng, [30, 11], 5, 4, 1, 48, "HND", q_kind="bf16", kv_kind=fk, num_splits=3)
+        yield _prefill(rng, [20, 9], [6, 9], 5, 4, 2, 32, kind=fk, q_kind="f32")
+        yield _prefill(rng, [12], [12], 16, 2, 1, 16, "HND", kind=fk, q_kind="bf16", window_left=4)
