@@ -304,7 +304,8 @@ __device__ __forceinline__ float fwd_row_max(float v, float* scratch) {
     return blockDim.x == 32 ? pk_warp_max(v) : pk_block_max(v, scratch);
 }
 
-// rms_norm: out = x * rsqrt(mean(x^2) + eps) * weight, statistics in fp32.
+// rms_norm: out = x * rsqrt(mean(x^2) + eps) * (offset + weight), statistics in fp32
+// (offset 0: LLaMA; 1: Gemma's x * (1 + w), the sum taken in fp32 as Gemma does).
 // One read of x when the row fits in registers: on the 16-byte path, a row of
 // at most 2 vectors per thread (2 x blockDim.x x 16 bytes: 64 KB at 1024
 // threads) is kept in registers between the sum of squares and the output.
@@ -313,7 +314,8 @@ __device__ __forceinline__ float fwd_row_max(float v, float* scratch) {
 #define RMS_CACHE_VECS 2
 template <typename T>
 __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* __restrict__ weight,
-                                              T* __restrict__ out, long long n_rows, unsigned int dim, float eps) {
+                                              T* __restrict__ out, long long n_rows, unsigned int dim, float eps,
+                                              float offset) {
     __shared__ float scratch[32];
     constexpr int N = PkVec16<T>::N;
     const bool vec = (dim % N == 0) && fwd_aligned16(x) && fwd_aligned16(weight) && fwd_aligned16(out);
@@ -346,7 +348,7 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
                     float w[N];
                     PkVec16<T>::load(weight + (long long)c * N, w);
 #pragma unroll
-                    for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * w[e];
+                    for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * (offset + w[e]);
                     PkVec16<T>::store(outr + (long long)c * N, f[sl]);
                 }
             }
@@ -373,20 +375,20 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
                 PkVec16<T>::load(xr + (long long)c * N, f);
                 PkVec16<T>::load(weight + (long long)c * N, w);
 #pragma unroll
-                for (int e = 0; e < N; ++e) f[e] = f[e] * inv * w[e];
+                for (int e = 0; e < N; ++e) f[e] = f[e] * inv * (offset + w[e]);
                 PkVec16<T>::store(outr + (long long)c * N, f);
             }
         } else {
             for (unsigned int c = threadIdx.x; c < dim; c += blockDim.x)
-                PkIO<T>::store(outr, c, PkIO<T>::load(xr, c) * inv * PkIO<T>::load(weight, c));
+                PkIO<T>::store(outr, c, PkIO<T>::load(xr, c) * inv * (offset + PkIO<T>::load(weight, c)));
         }
     }
 }
 
 PK_IO_KERNELS(rms_norm, (1024),
               (const T* __restrict__ x, const T* __restrict__ weight, T* __restrict__ out, long long n_rows,
-               unsigned int dim, float eps),
-              (x, weight, out, n_rows, dim, eps))
+               unsigned int dim, float eps, float offset),
+              (x, weight, out, n_rows, dim, eps, offset))
 
 // causal_attn_softmax: scores (n_q, n_heads, kv_len); row (q, h) keeps keys
 // j <= past_len + q and writes 0 to the masked tail. One read pass keeps an

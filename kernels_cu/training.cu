@@ -180,7 +180,8 @@ PK_IO_KERNELS(softmax_backward, (512, 1),
               (probs, grad_out, grad_in, n_rows, row_len))
 
 // ---------------------------------------------------------------------------
-// rms_norm_backward, y = x * r * w with r = rsqrt(mean(x^2) + eps):
+// rms_norm_backward, y = x * r * w with r = rsqrt(mean(x^2) + eps) and w = offset + weight
+// (offset 1: Gemma's (1 + weight); the weight gradient is sum(x * r * g) either way):
 //   grad_x = r * w * g - x * r^3 * sum(x * w * g) / dim
 // Blocks walk rows (grid-stride) and write grad_x and r (inv_rms[row]).
 // Fused weight gradient (n_part != 0, gridDim.x == n_part, dim <= 16 *
@@ -195,7 +196,7 @@ template <typename T>
 __device__ __forceinline__ void rms_norm_backward_impl(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
     float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows, unsigned int dim, float eps,
-    unsigned int n_part) {
+    unsigned int n_part, float offset) {
     __shared__ float scratch[32];
     // 16-byte vectors (4 f32 / 8 bf16 / f16) on aligned rows of a multiple of that width.
     constexpr int N = PkVec16<T>::N;
@@ -214,6 +215,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                 float a[N], b[N], c[N];
                 PkVec16<T>::load(x, base + i, a);
                 PkVec16<T>::load(w, i, b);
+                for (int k = 0; k < N; ++k) b[k] += offset;
                 PkVec16<T>::load(g, base + i, c);
 #pragma unroll
                 for (int k = 0; k < N; ++k) {
@@ -225,7 +227,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 const float a = PkIO<T>::load(x, base + i);
                 ss += a * a;
-                xwg += a * PkIO<T>::load(w, i) * PkIO<T>::load(g, base + i);
+                xwg += a * (offset + PkIO<T>::load(w, i)) * PkIO<T>::load(g, base + i);
             }
         }
         ss = pk_block_sum(ss, scratch);
@@ -241,6 +243,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                     float a[N], b[N], c[N];
                     PkVec16<T>::load(x, base + i, a);
                     PkVec16<T>::load(w, i, b);
+                for (int k = 0; k < N; ++k) b[k] += offset;
                     PkVec16<T>::load(g, base + i, c);
 #pragma unroll
                     for (int k = 0; k < N; ++k) {
@@ -257,7 +260,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                 if (i < n) {
                     const float a = PkIO<T>::load(x, base + i), c = PkIO<T>::load(g, base + i);
                     acc[sl] = fmaf(a * r, c, acc[sl]);
-                    PkIO<T>::store(gx, base + i, r * PkIO<T>::load(w, i) * c - a * coef);
+                    PkIO<T>::store(gx, base + i, r * (offset + PkIO<T>::load(w, i)) * c - a * coef);
                 }
             }
         } else if (vec) {
@@ -265,6 +268,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                 float a[N], b[N], c[N];
                 PkVec16<T>::load(x, base + i, a);
                 PkVec16<T>::load(w, i, b);
+                for (int k = 0; k < N; ++k) b[k] += offset;
                 PkVec16<T>::load(g, base + i, c);
 #pragma unroll
                 for (int k = 0; k < N; ++k) a[k] = r * b[k] * c[k] - a[k] * coef;
@@ -274,7 +278,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 const float a = PkIO<T>::load(x, base + i);
                 PkIO<T>::store(gx, base + i,
-                               r * PkIO<T>::load(w, i) * PkIO<T>::load(g, base + i) - a * coef);
+                               r * (offset + PkIO<T>::load(w, i)) * PkIO<T>::load(g, base + i) - a * coef);
             }
         }
     }
@@ -302,8 +306,8 @@ __device__ __forceinline__ void rms_norm_backward_impl(
 PK_IO_KERNELS(rms_norm_backward, (512, 1),
               (const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ grad_out,
                T* __restrict__ grad_x, float* __restrict__ inv_rms, float* __restrict__ partial, long long n_rows,
-               unsigned int dim, float eps, unsigned int n_part),
-              (x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps, n_part))
+               unsigned int dim, float eps, unsigned int n_part, float offset),
+              (x, weight, grad_out, grad_x, inv_rms, partial, n_rows, dim, eps, n_part, offset))
 
 // partial[chunk][c] = sum over rows of chunk of x[r][c] * inv_rms[r] * g[r][c].
 // Block (32, 8): 32 adjacent columns (coalesced), 8 row lanes summed in a fixed
@@ -492,15 +496,25 @@ PK_IO_KERNELS(embedding_backward, (512, 1),
 
 // ---------------------------------------------------------------------------
 // cross_entropy_fwd_bwd: one block per row, two reads of the row.
-// Read 1 keeps an online (max, sum of exp) per thread plus the sum of the
-// (soft-capped) logits for label smoothing, merged across the block: max, lse and
-// the loss come out of one pass. Read 2 writes the gradient, possibly over the
+// Read 1 keeps an online (max, sum of exp) per thread plus the (class-weighted) sum
+// of the (soft-capped) logits for label smoothing, merged across the block: max, lse
+// and the loss come out of one pass. Read 2 writes the gradient, possibly over the
 // logits themselves (grad may alias logits: the in-place option, so neither
 // pointer is __restrict__). With z = softcap * tanh(x / softcap) (z = x when
-// softcap <= 0), p = softmax(z), lse = logsumexp(z), eps = label_smoothing:
-//   row_loss = lse - (1 - eps) * z[t] - eps / V * sum(z) + z_loss * lse^2
-//   dL/dz_i  = p_i * (1 + 2 * z_loss * lse) - (1 - eps) * [i == t] - eps / V
-//   dL/dx_i  = dL/dz_i * (1 - tanh^2) * scale          (scale: 1/count for "mean")
+// softcap <= 0), p = softmax(z), lse = logsumexp(z), eps = label_smoothing, class
+// weights c (all 1 without CE_OPT_WEIGHT), w = c[t], W = sum(c), as torch's
+// F.cross_entropy(weight=, label_smoothing=) defines them:
+//   ce     = w * (1 - eps) * (lse - z[t]) + eps / V * (W * lse - sum(c * z))
+//   zl     = z_loss * lse^2                  (Liger's z-loss: never class-weighted)
+//   row_loss = ce * scale[0] + zl * scale[1]
+//   dL/dz_i = (p_i * (scale[0] * (w (1 - eps) + eps W / V) + scale[1] * 2 z_loss lse)
+//              - scale[0] * ((1 - eps) w [i == t] + eps / V * c_i)) * gr
+//   dL/dx_i = dL/dz_i * (1 - tanh^2)
+// scale = (1 / sum of w over live rows, 1 / live rows) for "mean" (torch divides the
+// weighted loss by the sum of the targets' weights, Liger the z-loss by the count),
+// (1, 1) otherwise; gr = grad_rows[row] with CE_OPT_GRAD_ROWS (per-row upstream
+// gradients, reduction "none"), else 1. CE_OPT_Z_ROW also writes zl * scale[1] to
+// z_row[row]. Without weights ce is lse - (1 - eps) z[t] - eps / V * sum(z), as before.
 // row_loss is 0 for pad rows; cross_entropy_loss_reduce sums it in parallel in a
 // fixed order (deterministic). Every exp has an argument <= 0 (z - running max), so
 // pk_exp_fast (one MUFU.EX2, ~2^-22 relative) stays far inside the f32 table.
@@ -513,6 +527,9 @@ PK_IO_KERNELS(embedding_backward, (512, 1),
 // max reductions may stay fmaxf (FMNMX, which drops NaN), and a thread whose m is still
 // -inf holds s = 0, or NaN if it saw one: the merge passes its s through as is. A +inf
 // reaches NaN through exp(inf - inf) in that merge (or in s, for a second +inf).
+#define CE_OPT_WEIGHT 1
+#define CE_OPT_GRAD_ROWS 2
+#define CE_OPT_Z_ROW 4
 __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     if (x > m) {
         s = s * pk_exp_fast(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
@@ -524,7 +541,7 @@ __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
 
 // Per-row constants of the gradient sweep.
 struct PkCeRow {
-    float mx, a, hit, eps_v, scale, cap, inv_cap;
+    float mx, a, hit, eps_v, cap, inv_cap;
     long long t;
 };
 
@@ -532,38 +549,44 @@ __device__ __forceinline__ float ce_cap(float x, float cap, float inv_cap) {
     return cap > 0.0f ? cap * tanhf(x * inv_cap) : x;
 }
 
-__device__ __forceinline__ float ce_grad(float x, long long i, const PkCeRow& r) {
+// c: the class weight of column i (1 without weights); eps_v already holds the row's scales.
+__device__ __forceinline__ float ce_grad(float x, long long i, float c, const PkCeRow& r) {
     float z = x, d = 1.0f;
     if (r.cap > 0.0f) {
         const float th = tanhf(x * r.inv_cap);
         z = r.cap * th;
         d = 1.0f - th * th;
     }
-    const float g = pk_exp_fast(z - r.mx) * r.a - (i == r.t ? r.hit : 0.0f) - r.eps_v;
-    return g * d * r.scale;
+    const float g = pk_exp_fast(z - r.mx) * r.a - (i == r.t ? r.hit : 0.0f) - r.eps_v * c;
+    return g * d;
 }
 
-__device__ __forceinline__ void ce_acc(float x, const float cap, const float inv_cap, float& m, float& s, float& sz) {
+__device__ __forceinline__ void ce_acc(float x, float c, const float cap, const float inv_cap, float& m, float& s,
+                                       float& sz) {
     const float z = ce_cap(x, cap, inv_cap);
     ce_online(z, m, s);
-    sz += z;
+    sz += c * z;
 }
 
 // scale lives in device memory (written by cross_entropy_count), so nothing
 // about the targets travels to the host. A target that is neither pad_id nor in
 // [0, vocab) is reported in the data: its row's loss and gradient are NaN (so the
 // mean loss is NaN), as no error can be raised from the device without a sync.
+// class_weight (vocab floats) and grad_rows / z_row (n_rows floats) are read or
+// written only under their CE_OPT_ bit (otherwise any valid pointer).
 template <typename T>
 __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
     const T* logits, const long long* __restrict__ targets, T* grad, float* __restrict__ row_loss,
-    const float* __restrict__ scale_p, long long n_rows, unsigned int vocab, int pad_id, float smoothing,
-    float z_loss, float softcap) {
+    float* __restrict__ z_row, const float* __restrict__ scale_p, const float* __restrict__ class_weight,
+    const float* __restrict__ grad_rows, long long n_rows, unsigned int vocab, int pad_id, float smoothing,
+    float z_loss, float softcap, int opts) {
     __shared__ float scratch[32];
     // 16-byte accesses (4 floats or 8 bf16 / f16: LDG.128 / STG.128) when every row starts aligned.
     constexpr int V = PkVec16<T>::N;
     const bool vec = (vocab % (unsigned int)V == 0u) && pk_aligned16(logits) && pk_aligned16(grad);
+    const bool has_w = (opts & CE_OPT_WEIGHT) != 0;
     const long long n = vocab;
-    const float scale = scale_p[0];
+    const float s_ce = scale_p[0], s_z = scale_p[1];
     const float cap = softcap > 0.0f ? softcap : 0.0f;
     const float inv_cap = cap > 0.0f ? 1.0f / cap : 0.0f;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
@@ -572,7 +595,10 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
         if (target != pad_id && (target < 0 || target >= n)) {  // uniform across the block
             const float bad = __int_as_float(0x7fc00000);
             for (long long i = threadIdx.x; i < n; i += blockDim.x) PkIO<T>::store(grad, base + i, bad);
-            if (threadIdx.x == 0) row_loss[row] = bad;
+            if (threadIdx.x == 0) {
+                row_loss[row] = bad;
+                if (opts & CE_OPT_Z_ROW) z_row[row] = bad;
+            }
             continue;
         }
         if (target == pad_id) {  // uniform across the block: no barrier is skipped by part of it
@@ -584,36 +610,62 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
             } else {
                 for (long long i = threadIdx.x; i < n; i += blockDim.x) PkIO<T>::store(grad, base + i, 0.0f);
             }
-            if (threadIdx.x == 0) row_loss[row] = 0.0f;
+            if (threadIdx.x == 0) {
+                row_loss[row] = 0.0f;
+                if (opts & CE_OPT_Z_ROW) z_row[row] = 0.0f;
+            }
             continue;
         }
         // z[target] is read before the barriers of the block reductions below, so an
         // in-place gradient sweep can never have overwritten it yet.
         const float zt = threadIdx.x == 0 ? ce_cap(PkIO<T>::load(logits, base + target), cap, inv_cap) : 0.0f;
-        float m = PK_NEG_INF, s = 0.0f, sz = 0.0f;
+        float m = PK_NEG_INF, s = 0.0f, sz = 0.0f, sw = 0.0f;
         if (vec) {
             for (long long i = (long long)V * threadIdx.x; i < n; i += (long long)V * blockDim.x) {
                 float a[V];
                 PkVec16<T>::load(logits, base + i, a);
 #pragma unroll
-                for (int k = 0; k < V; ++k) ce_acc(a[k], cap, inv_cap, m, s, sz);
+                for (int k = 0; k < V; ++k) {
+                    const float c = has_w ? class_weight[i + k] : 1.0f;
+                    sw += c;
+                    ce_acc(a[k], c, cap, inv_cap, m, s, sz);
+                }
             }
         } else {
-            for (long long i = threadIdx.x; i < n; i += blockDim.x) ce_acc(PkIO<T>::load(logits, base + i), cap, inv_cap, m, s, sz);
+            for (long long i = threadIdx.x; i < n; i += blockDim.x) {
+                const float c = has_w ? class_weight[i] : 1.0f;
+                sw += c;
+                ce_acc(PkIO<T>::load(logits, base + i), c, cap, inv_cap, m, s, sz);
+            }
         }
         const float mx = pk_block_max(m, scratch);
         // m = -inf: s is 0, or NaN from a NaN logit (see ce_online); either way pass it on
         const float sum = pk_block_sum(m == PK_NEG_INF ? s : s * pk_exp_fast(m - mx), scratch);
         const float zsum = smoothing != 0.0f ? pk_block_sum(sz, scratch) : 0.0f;  // uniform branch
+        const float wsum = (smoothing != 0.0f && has_w) ? pk_block_sum(sw, scratch) : (float)n;
         const float lse = mx + logf(sum);
         const float eps_v = smoothing / (float)n;
-        if (threadIdx.x == 0) row_loss[row] = lse - (1.0f - smoothing) * zt - eps_v * zsum + z_loss * lse * lse;
+        const float wt = has_w ? class_weight[target] : 1.0f;
+        const float gr = (opts & CE_OPT_GRAD_ROWS) ? grad_rows[row] : 1.0f;
+        const float zl = z_loss * lse * lse;
+        if (threadIdx.x == 0) {
+            float ce;
+            if (has_w) {
+                ce = wt * (1.0f - smoothing) * (lse - zt);
+                // 0 * (a sum holding -inf) would be NaN where torch's loss is finite
+                if (smoothing != 0.0f) ce += eps_v * (wsum * lse - zsum);
+            } else {
+                ce = lse - (1.0f - smoothing) * zt - eps_v * zsum;
+            }
+            row_loss[row] = ce * s_ce + zl * s_z;
+            if (opts & CE_OPT_Z_ROW) z_row[row] = zl * s_z;
+        }
+        const float main = has_w ? wt * (1.0f - smoothing) + eps_v * wsum : 1.0f;
         PkCeRow r;
         r.mx = mx;
-        r.a = (1.0f + 2.0f * z_loss * lse) / sum;
-        r.hit = 1.0f - smoothing;
-        r.eps_v = eps_v;
-        r.scale = scale;
+        r.a = (s_ce * main + s_z * 2.0f * z_loss * lse) * gr / sum;
+        r.hit = s_ce * wt * (1.0f - smoothing) * gr;
+        r.eps_v = s_ce * eps_v * gr;
         r.cap = cap;
         r.inv_cap = inv_cap;
         r.t = target;
@@ -622,12 +674,13 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
                 float a[V];
                 PkVec16<T>::load(logits, base + i, a);
 #pragma unroll
-                for (int k = 0; k < V; ++k) a[k] = ce_grad(a[k], i + k, r);
+                for (int k = 0; k < V; ++k) a[k] = ce_grad(a[k], i + k, has_w ? class_weight[i + k] : 1.0f, r);
                 PkVec16<T>::store(grad, base + i, a);
             }
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
-                PkIO<T>::store(grad, base + i, ce_grad(PkIO<T>::load(logits, base + i), i, r));
+                PkIO<T>::store(grad, base + i,
+                               ce_grad(PkIO<T>::load(logits, base + i), i, has_w ? class_weight[i] : 1.0f, r));
             }
         }
     }
@@ -635,23 +688,43 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
 
 PK_IO_KERNELS(cross_entropy_fwd_bwd, (512, 1),
               (const T* logits, const long long* __restrict__ targets, T* grad, float* __restrict__ row_loss,
-               const float* __restrict__ scale, long long n_rows, unsigned int vocab, int pad_id,
-               float label_smoothing, float z_loss, float softcap),
-              (logits, targets, grad, row_loss, scale, n_rows, vocab, pad_id, label_smoothing, z_loss, softcap))
+               float* __restrict__ z_row, const float* __restrict__ scale, const float* __restrict__ class_weight,
+               const float* __restrict__ grad_rows, long long n_rows, unsigned int vocab, int pad_id,
+               float label_smoothing, float z_loss, float softcap, int opts),
+              (logits, targets, grad, row_loss, z_row, scale, class_weight, grad_rows, n_rows, vocab, pad_id,
+               label_smoothing, z_loss, softcap, opts))
 
-// scale[0] = 1 / (rows whose target is not pad_id) when `mean` (0 when there is
-// none), else 1: one block, integer counts (exact, whatever the order), so
-// nothing travels to the host. The reciprocal is taken in double and rounded once.
+// scale[0] = 1 / (sum of class_weight[t] over rows whose target is not pad_id, or their
+// count without weights), scale[1] = 1 / (their count), each 0 when it is 0, when `mean`;
+// else (1, 1). One block: integer counts (exact, whatever the order) and a fixed-order
+// float sum of the weights (thread-strided partials, then the block tree): nothing
+// travels to the host and the result is the same every run. The reciprocals are taken
+// in double and rounded once. A target outside [0, vocab) adds no weight (its row is NaN).
 extern "C" __global__ void __launch_bounds__(512, 1) cross_entropy_count(
-    const long long* __restrict__ targets, float* __restrict__ scale, long long n_rows, int pad_id, int mean) {
+    const long long* __restrict__ targets, const float* __restrict__ class_weight, float* __restrict__ scale,
+    long long n_rows, unsigned int vocab, int pad_id, int mean, int has_weight) {
     __shared__ unsigned long long total;
+    __shared__ float scratch[32];
     if (threadIdx.x == 0) total = 0ull;
     __syncthreads();
     unsigned long long c = 0ull;
-    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) c += targets[i] != pad_id ? 1ull : 0ull;
+    float w = 0.0f;
+    for (long long i = threadIdx.x; i < n_rows; i += blockDim.x) {
+        const long long t = targets[i];
+        if (t != pad_id) {
+            c += 1ull;
+            if (has_weight && t >= 0 && t < (long long)vocab) w += class_weight[t];
+        }
+    }
     atomicAdd(&total, c);  // integer: the sum does not depend on the order
-    __syncthreads();
-    if (threadIdx.x == 0) scale[0] = mean ? (total ? (float)(1.0 / (double)total) : 0.0f) : 1.0f;
+    w = has_weight ? pk_block_sum(w, scratch) : 0.0f;  // also the barrier before total is read
+    if (!has_weight) __syncthreads();
+    if (threadIdx.x == 0) {
+        const float inv_n = total ? (float)(1.0 / (double)total) : 0.0f;
+        const float inv_w = has_weight ? (w != 0.0f ? (float)(1.0 / (double)w) : 0.0f) : inv_n;
+        scale[0] = mean ? inv_w : 1.0f;
+        scale[1] = mean ? inv_n : 1.0f;
+    }
 }
 
 // out[b] = sum(in[b * per_block .. (b + 1) * per_block)) (* scale[0] when

@@ -22,14 +22,16 @@ __device__ __forceinline__ bool ext_vec_rows(unsigned int dim, const void* a, co
 
 // ---------------------------------------------------------------------------
 // add_rms_norm: h = x + residual (narrowed to T, as the unfused add would store
-// it), new_residual = h, y = h * rsqrt(mean(h^2) + eps) * weight. One block per
+// it), new_residual = h, y = h * rsqrt(mean(h^2) + eps) * (offset + weight) (offset 1:
+// Gemma's (1 + weight), summed in fp32). One block per
 // row: pass 1 writes new_residual and sums h^2, pass 2 re-reads new_residual
 // (this thread's own writes: L1/L2-hot) and writes y. In place, y may alias x
 // and new_residual alias residual (each element is read and written by the
 // same thread, reads first, on both paths), so those pointers are not __restrict__.
 template <typename T>
 __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual, const T* __restrict__ weight,
-                                                  T* y, T* new_res, long long n_rows, unsigned int dim, float eps) {
+                                                  T* y, T* new_res, long long n_rows, unsigned int dim, float eps,
+                                                  float offset) {
     __shared__ float scratch[32];
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, x, residual, weight, y, new_res);
@@ -55,7 +57,7 @@ __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual,
             pk_load<T, W>(new_res, base + i, h);
             pk_load<T, W>(weight, i, wt);
 #pragma unroll
-            for (int k = 0; k < W; ++k) h[k] = h[k] * r * wt[k];
+            for (int k = 0; k < W; ++k) h[k] = h[k] * r * (offset + wt[k]);
             pk_store<T, W>(y, base + i, h);
         });
     }
@@ -63,11 +65,11 @@ __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual,
 
 PK_IO_KERNELS(add_rms_norm, (512, 1),
               (const T* x, const T* residual, const T* __restrict__ weight, T* y, T* new_residual, long long n_rows,
-               unsigned int dim, float eps),
-              (x, residual, weight, y, new_residual, n_rows, dim, eps))
+               unsigned int dim, float eps, float offset),
+              (x, residual, weight, y, new_residual, n_rows, dim, eps, offset))
 
 // ---------------------------------------------------------------------------
-// add_rms_norm_backward: with h = new_residual, r = rsqrt(mean(h^2) + eps),
+// add_rms_norm_backward: with h = new_residual, r = rsqrt(mean(h^2) + eps), w = offset + weight,
 //   grad_h = r * w * gy - h * r^3 * sum(h * w * gy) / dim  (+ grad_new_residual)
 // and grad_x = grad_residual = grad_h (one gradient path). rstd[row] = r feeds
 // the weight gradient (norm_weight_grad). has_gres = 0: no grad_new_residual
@@ -75,7 +77,8 @@ PK_IO_KERNELS(add_rms_norm, (512, 1),
 template <typename T>
 __device__ __forceinline__ void add_rms_norm_backward_impl(
     const T* __restrict__ h, const T* __restrict__ weight, const T* __restrict__ gy, const T* __restrict__ gres,
-    T* __restrict__ gh, float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_gres) {
+    T* __restrict__ gh, float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_gres,
+    float offset) {
     __shared__ float scratch[32];
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, h, weight, gy, gh, has_gres ? gres : h);
@@ -87,6 +90,8 @@ __device__ __forceinline__ void add_rms_norm_backward_impl(
             float hv[W], wt[W], g[W];
             pk_load<T, W>(h, base + i, hv);
             pk_load<T, W>(weight, i, wt);
+#pragma unroll
+            for (int k = 0; k < W; ++k) wt[k] += offset;
             pk_load<T, W>(gy, base + i, g);
 #pragma unroll
             for (int k = 0; k < W; ++k) {
@@ -104,6 +109,8 @@ __device__ __forceinline__ void add_rms_norm_backward_impl(
             float hv[W], wt[W], g[W], gr[W];
             pk_load<T, W>(h, base + i, hv);
             pk_load<T, W>(weight, i, wt);
+#pragma unroll
+            for (int k = 0; k < W; ++k) wt[k] += offset;
             pk_load<T, W>(gy, base + i, g);
             if (has_gres) pk_load<T, W>(gres, base + i, gr);
 #pragma unroll
@@ -119,8 +126,8 @@ __device__ __forceinline__ void add_rms_norm_backward_impl(
 PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
               (const T* __restrict__ h, const T* __restrict__ weight, const T* __restrict__ gy,
                const T* __restrict__ gres, T* __restrict__ gh, float* __restrict__ rstd, long long n_rows,
-               unsigned int dim, float eps, int has_gres),
-              (h, weight, gy, gres, gh, rstd, n_rows, dim, eps, has_gres))
+               unsigned int dim, float eps, int has_gres, float offset),
+              (h, weight, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset))
 
 // ---------------------------------------------------------------------------
 // layer_norm: y = (x - mean) * rstd * w + b, rstd = rsqrt(var + eps) with the

@@ -158,7 +158,7 @@ def test_numba_cuda_imported_in_gpu_mode_without_gpu_is_unavailable() -> None:
         "assert not ok and 'NUMBA_ENABLE_CUDASIM=1' in why and 'imported in GPU mode' in why, why\n"
         "try:\n"
         "    pykern.launch('rms_norm', 1, 1, np.zeros(4, np.float32), np.ones(4, np.float32),\n"
-        "                  np.zeros(4, np.float32), 1, 4, 1e-6, backend='numba')\n"
+        "                  np.zeros(4, np.float32), 1, 4, 1e-6, 0.0, backend='numba')\n"
         "except pykern.BackendUnavailable as e:\n"
         "    print('raised', e)\n"
     )

@@ -279,10 +279,10 @@ def test_16bit_float_pointers_take_only_their_own_dtype():
     x16 = np.ones((2, 8), np.float16)
     xb = np.ones((2, 8), bfloat16())
     with pytest.raises(ArgumentTypeError, match=r"x.*float16"):
-        pykern.launch("rms_norm_f16", 1, 32, xb, xb[0], np.empty_like(xb), 2, 8, 1e-6, backend="host")
+        pykern.launch("rms_norm_f16", 1, 32, xb, xb[0], np.empty_like(xb), 2, 8, 1e-6, 0.0, backend="host")
     with pytest.raises(ArgumentTypeError, match=r"x.*bfloat16"):
-        pykern.launch("rms_norm_bf16", 1, 32, x16, x16[0], np.empty_like(x16), 2, 8, 1e-6, backend="host")
+        pykern.launch("rms_norm_bf16", 1, 32, x16, x16[0], np.empty_like(x16), 2, 8, 1e-6, 0.0, backend="host")
     out = np.empty((2, 8), np.uint16)  # raw 16-bit words are still accepted
-    pykern.launch("rms_norm_f16", 1, (32, 2), x16.view(np.uint16), x16[0].view(np.uint16), out, 2, 8, 0.0,
+    pykern.launch("rms_norm_f16", 1, (32, 2), x16.view(np.uint16), x16[0].view(np.uint16), out, 2, 8, 0.0, 0.0,
                   backend="host")
     np.testing.assert_array_equal(out.view(np.float16), x16)

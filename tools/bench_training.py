@@ -151,7 +151,7 @@ def bench(args: argparse.Namespace) -> None:
     part = env.empty(nch * d, np.float32)
 
     def rms() -> None:
-        launch("rms_norm_backward" + sfx, (rows,), (_row_threads(d),), xx, w, gg, gx, inv, rows, d, 1e-6)
+        launch("rms_norm_backward" + sfx, (rows,), (_row_threads(d),), xx, w, gg, gx, inv, gw, rows, d, 1e-6, 0, 0.0)
         launch("rms_norm_backward_weight" + sfx, (-(-d // 32), nch), (32, 8), xx, gg, inv,
                part if nch > 1 else gw, rows, d, rpc)
         if nch > 1:
@@ -178,13 +178,13 @@ def bench(args: argparse.Namespace) -> None:
     tg = rng.integers(0, vocab, size=rows).astype(np.int64)
     tg[::7] = -100
     tg_d, rl, loss = env.put(tg), env.empty(rows, np.float32), env.empty(1, np.float32)
-    inv_count = env.empty(1, np.float32)
+    inv_count = env.empty(2, np.float32)  # (1 / weight sum, 1 / count)
 
     def ce() -> None:
-        launch("cross_entropy_count", (1,), (512,), tg_d, inv_count, rows, -100, 1)
-        launch("cross_entropy_fwd_bwd" + sfx, (rows,), (_row_threads(vocab),), lg, tg_d, gr, rl, inv_count, rows,
-               vocab, -100, 0.0, 0.0, 0.0)
-        launch("cross_entropy_loss_reduce", (1,), (512,), rl, loss, inv_count, rows, rows, 1)
+        launch("cross_entropy_count", (1,), (512,), tg_d, inv_count, inv_count, rows, vocab, -100, 1, 0)
+        launch("cross_entropy_fwd_bwd" + sfx, (rows,), (_row_threads(vocab),), lg, tg_d, gr, rl, rl, inv_count,
+               inv_count, rl, rows, vocab, -100, 0.0, 0.0, 0.0, 0)
+        launch("cross_entropy_loss_reduce", (1,), (512,), rl, loss, inv_count, rows, rows, 0)
 
     line("cross_entropy_fwd_bwd", f"{rows}x{vocab} {kind}", _timed(env, ce, iters), 3 * rows * vocab * esz)
 

@@ -341,11 +341,21 @@ def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int
     return max(1, min(65535, n_rows)), (threads, 1)
 
 
+def norm_offset(offset: Any) -> float:
+    """The validated `offset` of the RMSNorm ops (a finite number: 0 LLaMA, 1 Gemma)."""
+    ok = isinstance(offset, (int, float, np.floating, np.integer)) and not isinstance(offset, bool)
+    if not ok or not math.isfinite(float(offset)):
+        raise ArgumentError(f"offset: expected a finite number, got {offset!r}")
+    return float(offset)
+
+
 @arrays.stream_scoped
 def rms_norm(
-    x: Any, weight: Any, eps: float = 1e-6, *, out: Any = None, stream: Any = None, backend: str | None = None
+    x: Any, weight: Any, eps: float = 1e-6, *, offset: float = 0.0, out: Any = None, stream: Any = None,
+    backend: str | None = None,
 ) -> Any:
-    """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis; same dtype as x, statistics in fp32."""
+    """x / sqrt(mean(x^2, -1) + eps) * (offset + weight) over the last axis; same dtype as x, statistics
+    in fp32. offset=1.0 is Gemma's RMSNorm (x * (1 + w), the sum taken in fp32)."""
     kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_dtype("weight", weight, kind, "x")
     shp = arrays.shape_of(x)
@@ -356,6 +366,7 @@ def rms_norm(
         raise ArgumentError(f"weight: expected shape ({dim},), got {arrays.shape_of(weight)}")
     if not isinstance(eps, (int, float, np.floating)) or not eps >= 0 or not math.isfinite(eps):
         raise ArgumentError(f"eps: expected a finite number >= 0, got {eps!r}")
+    offset = norm_offset(offset)
     _check_u32("x.shape[-1]", dim)
     x, weight = arrays.contiguous(x), arrays.contiguous(weight)
     out = _out(out, shp, arrays.dtype_name(x), x)
@@ -366,7 +377,7 @@ def rms_norm(
     grid, block = _row_geometry(n_rows, chunks)
     if block[0] > 32:  # enough threads that the kernel keeps the row in registers (<= 2 vectors each): one read
         block = (min(1024, max(block[0], -(-chunks // 64) * 32)), 1)
-    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps),
+    _launch("rms_norm" + _suffix(kind), grid, block, x, weight, out, n_rows, dim, float(eps), offset,
             stream=arrays.launch_stream(stream, x), backend=backend)
     return out
 

@@ -167,9 +167,10 @@ def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
 
 @arrays.stream_scoped
 def rms_norm_backward(
-    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, stream: Any = None, backend: str | None = None
+    x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, offset: float = 0.0, stream: Any = None,
+    backend: str | None = None,
 ) -> tuple[Any, Any]:
-    """Backward of y = x * rsqrt(mean(x^2, -1) + eps) * weight.
+    """Backward of y = x * rsqrt(mean(x^2, -1) + eps) * (offset + weight) (offset 1: Gemma).
 
     x, grad_out (..., dim) and weight (dim,) share one dtype (f32, bf16 or f16).
     Returns (grad_x like x, grad_weight float32 (dim,)); grad_weight is reduced
@@ -186,6 +187,9 @@ def rms_norm_backward(
     _same_shape("grad_out", grad_out, shape, "x")
     if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0.0):
         raise ArgumentError(f"eps: expected a number >= 0, got {eps!r}")
+    from .forward import norm_offset
+
+    offset = norm_offset(offset)
     if dim < 1:
         raise ArgumentError(f"x.shape[-1]: expected at least 1, got {dim}")
     if dim > _UINT_MAX - 32:  # the grad_weight kernel's column tiles must not wrap 32 bits
@@ -207,7 +211,7 @@ def rms_norm_backward(
         partial = grad_w if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=x)
         _launch(
             "rms_norm_backward" + sfx, (n_part,), (threads,),
-            _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, partial, n_rows, dim, float(eps), n_part,
+            _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, partial, n_rows, dim, float(eps), n_part, offset,
             stream=stream, backend=backend,
         )
         if n_part > 1:
@@ -218,7 +222,7 @@ def rms_norm_backward(
         return grad_x, grad_w
     _launch(
         "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (threads,),
-        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, grad_w, n_rows, dim, float(eps), 0,
+        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, grad_w, n_rows, dim, float(eps), 0, offset,
         stream=stream, backend=backend,
     )
     n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
@@ -339,6 +343,16 @@ def _finite_float(name: str, v: Any, lo: float, hi: float | None = None, lo_open
     return f
 
 
+def ce_z_loss(z_loss: Any, lse_square_scale: Any) -> Any:
+    """z_loss, or Liger's name for it (lse_square_scale); both given and different is an error."""
+    if lse_square_scale is None:
+        return z_loss
+    if z_loss not in (0, 0.0) and z_loss != lse_square_scale:
+        raise ArgumentError(f"lse_square_scale: {lse_square_scale!r} contradicts z_loss={z_loss!r} (the same "
+                            "option under Liger-Kernel's name); give one of them")
+    return lse_square_scale
+
+
 def check_ce_options(label_smoothing: Any, z_loss: Any, softcap: Any, reduction: Any) -> tuple[float, float, float]:
     """Validated (label_smoothing, z_loss, softcap) of the cross-entropy ops; softcap None is 0.0 (off)."""
     if reduction not in _CE_REDUCTIONS:
@@ -350,11 +364,11 @@ def check_ce_options(label_smoothing: Any, z_loss: Any, softcap: Any, reduction:
 
 
 def ce_reduce(row_loss: Any, scale: Any, n_rows: int, out: Any, *, stream: Any, backend: str | None) -> None:
-    """out[()] = sum(row_loss) * scale[0], deterministic: one block for few rows, else
+    """out[()] = sum(row_loss) (the rows carry the mean's scales already), deterministic: one block for few rows, else
     partial sums over CE_REDUCE_ROWS-row slices in parallel and one block over them."""
     threads = 512 if n_rows >= 512 else max(32, -(-n_rows // 32) * 32)
     if n_rows <= CE_REDUCE_ROWS:
-        _launch("cross_entropy_loss_reduce", (1,), (threads,), row_loss, out, scale, n_rows, n_rows, 1,
+        _launch("cross_entropy_loss_reduce", (1,), (threads,), row_loss, out, scale, n_rows, n_rows, 0,
                 stream=stream, backend=backend)
         return
     blocks = -(-n_rows // CE_REDUCE_ROWS)
@@ -362,16 +376,63 @@ def ce_reduce(row_loss: Any, scale: Any, n_rows: int, out: Any, *, stream: Any, 
     _launch("cross_entropy_loss_reduce", (blocks,), (threads,), row_loss, partial, scale, n_rows,
             CE_REDUCE_ROWS, 0, stream=stream, backend=backend)
     t2 = 512 if blocks >= 512 else max(32, -(-blocks // 32) * 32)
-    _launch("cross_entropy_loss_reduce", (1,), (t2,), partial, out, scale, blocks, blocks, 1,
+    _launch("cross_entropy_loss_reduce", (1,), (t2,), partial, out, scale, blocks, blocks, 0,
             stream=stream, backend=backend)
+
+
+def _f32_like(name: str, a: Any, like: Any) -> Any:
+    """A floating array as contiguous float32 (flat) next to `like` (host data is copied host-to-device)."""
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a, np.float64)
+    dt = arrays.dtype_name(a, name)
+    if dt not in ("float16", "bfloat16", "float32", "float64"):
+        raise ArgumentTypeError(f"{name}: expected a floating array, got {dt}")
+    f = arrays.contiguous(arrays.astype(a, "float32"))
+    f = f.reshape(-1)
+    if arrays.is_host(f) and not arrays.is_host(like):
+        return _device_like(np.ascontiguousarray(arrays.host_view(f)), like)
+    return f
+
+
+def ce_class_weight(weight: Any, vocab: int, like: Any) -> Any:
+    """The validated class weights (vocab,) of the cross-entropy ops as float32 beside `like`, or None."""
+    if weight is None:
+        return None
+    shape = tuple(arrays.shape_of(weight))
+    if shape != (vocab,):
+        raise ArgumentError(f"weight: expected class weights of shape ({vocab},) (vocab,), got {shape}")
+    return _f32_like("weight", weight, like)
+
+
+def ce_row_grads(grad_output: Any, shape: tuple[int, ...], like: Any) -> Any:
+    """The per-row upstream gradients of reduction "none" as float32 (n_rows,) beside `like`."""
+    got = tuple(arrays.shape_of(grad_output))
+    if got != tuple(shape):
+        raise ArgumentError(f"grad_output: expected the per-row loss shape {tuple(shape)}, got {got}")
+    return _f32_like("grad_output", grad_output, like)
+
+
+def ce_scales(targets_flat: Any, weight: Any, n_rows: int, vocab: int, pad_id: int, mean: bool, like: Any, *,
+              stream: Any, backend: str | None) -> Any:
+    """The (2,) float32 device scales of cross_entropy_fwd_bwd's kernel: (1 / sum of the live targets'
+    class weights (their count without weights), 1 / live count) for "mean", else (1, 1)."""
+    scale = arrays.empty((2,), np.float32, like=like)
+    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
+    # an unused pointer gets its own 1-float buffer: the numba backend copies arguments in and out by
+    # their constness, so an alias of an output would be written back stale
+    unused = arrays.zeros((1,), np.float32, like=like) if weight is None else weight
+    _launch("cross_entropy_count", (1,), (threads,), targets_flat, unused, scale,
+            n_rows, vocab, pad_id, int(mean), int(weight is not None), stream=stream, backend=backend)
+    return scale
 
 
 @arrays.stream_scoped
 def cross_entropy_fwd_bwd(
     logits: Any, targets: Any, pad_id: int = -100, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
-    softcap: float | None = None, reduction: str = "mean", inplace: bool = False, stream: Any = None,
-    backend: str | None = None,
-) -> tuple[Any, Any]:
+    softcap: float | None = None, reduction: str = "mean", inplace: bool = False, weight: Any = None,
+    grad_output: Any = None, return_z_loss: bool = False, lse_square_scale: float | None = None,
+    ignore_index: int | None = None, _scale: Any = None, stream: Any = None, backend: str | None = None,
+) -> tuple[Any, ...]:
     """Cross-entropy loss over non-pad rows and its gradient, in one launch over the logits.
 
     logits (..., vocab) f32, bf16 or f16 (softmax and loss in fp32), targets (...)
@@ -384,6 +445,19 @@ def cross_entropy_fwd_bwd(
     rows). The gradient is that of the chosen reduction ("none": of the sum).
     `inplace=True` writes the gradient over `logits` (which must then be a
     contiguous, writeable array) and returns it.
+
+    Liger-Kernel / torch options: `weight` (vocab,) class weights, as
+    F.cross_entropy(weight=): a row's loss is w[t] * (1 - eps) * nll + eps / V *
+    sum_c w[c] * (-log p_c), and "mean" divides by the sum of w[t] over non-ignored
+    rows (torch's weighted mean). The z-loss is never weighted and "mean" divides it
+    by the count of non-ignored rows (Liger's definition). `lse_square_scale` is
+    Liger's name for z_loss (give one of them) and `ignore_index` torch's for pad_id.
+    `return_z_loss=True` returns (loss, grad, z_loss): the z-loss part of `loss`
+    (same reduction), for logging. `grad_output` (reduction "none" only): the
+    per-row upstream gradients dL/dloss_r, of the per-row losses' shape; the
+    gradient returned is then d(sum_r grad_output[r] * loss_r)/dlogits, each row
+    scaled in the kernel (what autograd's backward of "none" needs; without it the
+    gradient of "none" is that of the plain sum).
 
     Any target other than pad_id must lie in [0, vocab): host targets (NumPy, CPU
     tensors) are checked before launch; device targets are checked in the kernel,
@@ -403,7 +477,20 @@ def cross_entropy_fwd_bwd(
     if not isinstance(pad_id, (int, np.integer)) or isinstance(pad_id, bool) or not -(2**31) <= pad_id <= _INT_MAX:
         raise ArgumentError(f"pad_id: expected an int32 value, got {pad_id!r}")
     pad_id = int(pad_id)
+    if ignore_index is not None:
+        if pad_id != -100 and pad_id != ignore_index:
+            raise ArgumentError(f"ignore_index: {ignore_index!r} contradicts pad_id={pad_id}; give one of them")
+        if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool) \
+                or not -(2**31) <= ignore_index <= _INT_MAX:
+            raise ArgumentError(f"ignore_index: expected an int32 value, got {ignore_index!r}")
+        pad_id = int(ignore_index)
+    z_loss = ce_z_loss(z_loss, lse_square_scale)
     eps, zl, cap = check_ce_options(label_smoothing, z_loss, softcap, reduction)
+    if grad_output is not None and reduction != "none":
+        raise ArgumentError(f"grad_output: per-row upstream gradients go with reduction='none', got {reduction!r} "
+                            "(scale the gradient of a scalar loss instead)")
+    if not isinstance(return_z_loss, bool):
+        raise ArgumentError(f"return_z_loss: expected a bool, got {return_z_loss!r}")
     if not isinstance(inplace, bool):
         raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
     targets = _int_array("targets", targets)
@@ -432,22 +519,38 @@ def cross_entropy_fwd_bwd(
         logits = arrays.contiguous(logits)
         grad = arrays.empty(shape, kind, like=logits)
     loss_shape = t_shape if reduction == "none" else ()
+    cw = ce_class_weight(weight, vocab, logits)
+    gro = None if grad_output is None else ce_row_grads(grad_output, t_shape, logits)
     if n_rows == 0:
-        return arrays.zeros(loss_shape, np.float32, like=logits), grad
+        zero = arrays.zeros(loss_shape, np.float32, like=logits)
+        return (zero, grad, arrays.zeros(loss_shape, np.float32, like=logits)) if return_z_loss else (zero, grad)
     stream = arrays.launch_stream(stream, logits)
     targets = _ids_like(targets, logits)
-    scale = arrays.empty((1,), np.float32, like=logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
-    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
-    _launch("cross_entropy_count", (1,), (threads,), _flat(targets), scale, n_rows, pad_id,
-            1 if reduction == "mean" else 0, stream=stream, backend=backend)
+    # pointers an option leaves unused get one float each (never an alias of an output: see ce_scales)
+    unused = arrays.zeros((1,), np.float32, like=logits) if cw is None or gro is None or not return_z_loss else None
+    z_row = arrays.empty((n_rows,), np.float32, like=logits) if return_z_loss else arrays.zeros((1,), np.float32,
+                                                                                             like=logits)
+    # _scale: the (2,) scales of a caller that reduces over more rows than these (the fused linear
+    # cross-entropy's chunks); else they come from these targets
+    scale = _scale if _scale is not None else ce_scales(_flat(targets), cw, n_rows, vocab, pad_id,
+                                                        reduction == "mean", logits, stream=stream, backend=backend)
+    opts = (1 if cw is not None else 0) | (2 if gro is not None else 0) | (4 if return_z_loss else 0)
     _launch(
         "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),
-        _flat(logits), _flat(targets), _flat(grad), row_loss, scale, n_rows, vocab, pad_id, eps, zl, cap,
+        _flat(logits), _flat(targets), _flat(grad), row_loss, z_row, scale, unused if cw is None else cw,
+        unused if gro is None else gro, n_rows, vocab, pad_id, eps, zl, cap, opts,
         stream=stream, backend=backend,
     )
     if reduction == "none":
+        if return_z_loss:
+            return row_loss.reshape(t_shape), grad, z_row.reshape(t_shape)
         return row_loss.reshape(t_shape), grad
+    # the kernel has applied the mean's scales to each row: the reduction is a plain sum
     loss = arrays.empty((), np.float32, like=logits)
     ce_reduce(row_loss, scale, n_rows, _flat(loss), stream=stream, backend=backend)
+    if return_z_loss:
+        zsum = arrays.empty((), np.float32, like=logits)
+        ce_reduce(z_row, scale, n_rows, _flat(zsum), stream=stream, backend=backend)
+        return loss, grad, zsum
     return loss, grad

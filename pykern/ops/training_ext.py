@@ -92,10 +92,11 @@ def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: in
 
 @arrays.stream_scoped
 def add_rms_norm(
-    x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, inplace: bool = False, stream: Any = None,
-    backend: str | None = None,
+    x: Any, residual: Any, weight: Any, eps: float = 1e-6, *, offset: float = 0.0, inplace: bool = False,
+    stream: Any = None, backend: str | None = None,
 ) -> tuple[Any, Any]:
-    """(y, new_residual) with new_residual = x + residual and y = rms_norm(new_residual) * weight, one pass.
+    """(y, new_residual) with new_residual = x + residual and y = rms_norm(new_residual) * (offset + weight),
+    one pass (offset 1: Gemma's (1 + weight)).
 
     x, residual (..., dim) and weight (dim,) share one dtype (f32, bf16 or f16; math
     in fp32; new_residual is stored in that dtype and y is computed from the
@@ -110,6 +111,9 @@ def add_rms_norm(
     _same_shape("residual", residual, shape, "x")
     _same_shape("weight", weight, (dim,), "x's last axis")
     eps = _eps(eps)
+    from .forward import norm_offset
+
+    offset = norm_offset(offset)
     if not isinstance(inplace, bool):
         raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
     weight = arrays.contiguous(weight)
@@ -129,16 +133,16 @@ def add_rms_norm(
         return y, new_res
     grid, block = _row_grid(n_rows, dim)
     _launch("add_rms_norm" + _suffix(kind), grid, block, _flat(x), _flat(residual), weight, _flat(y),
-            _flat(new_res), n_rows, dim, eps, stream=arrays.launch_stream(stream, x), backend=backend)
+            _flat(new_res), n_rows, dim, eps, offset, stream=arrays.launch_stream(stream, x), backend=backend)
     return y, new_res
 
 
 @arrays.stream_scoped
 def add_rms_norm_backward(
     new_residual: Any, weight: Any, grad_y: Any, grad_new_residual: Any = None, eps: float = 1e-6, *,
-    stream: Any = None, backend: str | None = None,
+    offset: float = 0.0, stream: Any = None, backend: str | None = None,
 ) -> tuple[Any, Any]:
-    """Backward of add_rms_norm: (grad_h, grad_weight float32 (dim,)).
+    """Backward of add_rms_norm (with the same `offset`): (grad_h, grad_weight float32 (dim,)).
 
     grad_h = rms_norm_backward(new_residual, weight, grad_y) + grad_new_residual
     is the gradient of both x and residual (one path: new_residual = x + residual).
@@ -156,6 +160,9 @@ def add_rms_norm_backward(
         _same_shape("grad_new_residual", grad_new_residual, shape, "new_residual")
         grad_new_residual = arrays.contiguous(grad_new_residual)
     eps = _eps(eps)
+    from .forward import norm_offset
+
+    offset = norm_offset(offset)
     h, weight, grad_y = arrays.contiguous(new_residual), arrays.contiguous(weight), arrays.contiguous(grad_y)
     gh = arrays.empty(shape, kind, like=h)
     if n_rows == 0:
@@ -165,7 +172,7 @@ def add_rms_norm_backward(
     gres = grad_y if grad_new_residual is None else grad_new_residual
     grid, block = _row_grid(n_rows, dim)
     _launch("add_rms_norm_backward" + _suffix(kind), grid, block, _flat(h), weight, _flat(grad_y), _flat(gres),
-            _flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), stream=stream, backend=backend)
+            _flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), offset, stream=stream, backend=backend)
     gw, _ = _norm_param_grads(h, grad_y, None, rstd, n_rows, dim, kind, False, stream=stream, backend=backend)
     return gh, gw
 
@@ -337,12 +344,6 @@ def flce_chunk_rows(n_rows: int, vocab: int, hidden: int) -> int:
     return 1 << (c - 1).bit_length()
 
 
-def torch_inv_count(count: Any) -> Any:
-    """1 / count (0 when count is 0) as a float32 torch tensor on count's device (no sync)."""
-    c = count.to(dtype=__import__("torch").float64)
-    return (1.0 / c.clamp(min=1.0) * (c > 0)).float()
-
-
 class _Frame:
     """The caller's array framework (NumPy, torch or CuPy): matmuls and small element ops run there,
     on the caller's device and stream; only the cross-entropy itself is a pykern kernel."""
@@ -478,8 +479,10 @@ def _flce_numpy(hidden: np.ndarray, weight: np.ndarray, bias: Any, chunk: int, c
 def fused_linear_cross_entropy(
     hidden: Any, weight: Any, targets: Any, bias: Any = None, *, ignore_index: int = -100,
     label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: float | None = None, reduction: str = "mean",
-    chunk_size: int | None = None, grad_dtype: str = "float32", stream: Any = None, backend: str | None = None,
-) -> tuple[Any, Any, Any, Any]:
+    chunk_size: int | None = None, grad_dtype: str = "float32", ce_weight: Any = None, grad_output: Any = None,
+    return_z_loss: bool = False, lse_square_scale: float | None = None, stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, ...]:
     """Cross-entropy of `hidden @ weight.T (+ bias)` and its gradients without the (N, vocab) logits.
 
     hidden (N, H), weight (V, H), bias (V,) or None, one dtype (f32, bf16 or f16);
@@ -499,8 +502,17 @@ def fused_linear_cross_entropy(
     at a time; for bf16 the casts hold max(N*H*4 + V*H*2, V*H*4) (+ V*2 with a
     bias) bytes beyond the bf16 outputs at their peak. A batch with no live row gives loss 0 and zero
     gradients ("mean").
+
+    Liger-Kernel's options, as cross_entropy_fwd_bwd defines them: `ce_weight` (vocab,) class
+    weights (Liger's name; torch's weighted mean), `lse_square_scale` (= z_loss),
+    `return_z_loss=True` (returns (loss, grad_hidden, grad_weight, grad_bias, z_loss)), and
+    `softcap` for a final-logit softcap (Gemma 2). With reduction "none" the loss is per row and
+    `grad_output` (N,) gives each row's upstream gradient: the gradients returned are then those of
+    sum_r grad_output[r] * loss_r (the rows are scaled before the matmuls, since grad_weight mixes
+    rows); without it they are those of the plain sum.
     """
-    from .training import _int_array, check_ce_options, cross_entropy_fwd_bwd
+    from .training import (_ids_like, _int_array, ce_class_weight, ce_row_grads, ce_scales, ce_z_loss,
+                           check_ce_options, cross_entropy_fwd_bwd)
 
     kind = arrays.io_kind("hidden", hidden, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "hidden")
@@ -514,7 +526,12 @@ def fused_linear_cross_entropy(
     if bias is not None:
         _same_kind("bias", bias, kind, "hidden")
         _same_shape("bias", bias, (v,), "(vocab,)")
+    z_loss = ce_z_loss(z_loss, lse_square_scale)
     check_ce_options(label_smoothing, z_loss, softcap, reduction)
+    if grad_output is not None and reduction != "none":
+        raise ArgumentError(f"grad_output: per-row upstream gradients go with reduction='none', got {reduction!r}")
+    if not isinstance(return_z_loss, bool):
+        raise ArgumentError(f"return_z_loss: expected a bool, got {return_z_loss!r}")
     if not isinstance(ignore_index, (int, np.integer)) or isinstance(ignore_index, bool) \
             or not -(2**31) <= ignore_index < 2**31:
         raise ArgumentError(f"ignore_index: expected an int32 value, got {ignore_index!r}")
@@ -549,10 +566,24 @@ def fused_linear_cross_entropy(
         gw = fw.zeros((v, h), hidden)
         gb = fw.zeros((v,), hidden) if bias is not None else None
         rows = fw.zeros((n,), hidden)
+        zrows = fw.zeros((n,), hidden) if return_z_loss else None
+        cw = ce_class_weight(ce_weight, v, hidden)
+        gro = None if grad_output is None else ce_row_grads(grad_output, (n,), hidden)
+        # the mean's two scales (1 / the live targets' weight sum, 1 / the live count) over the whole
+        # batch, on the device: each chunk's rows and gradients come out already scaled
+        scale = None
+        if n:
+            scale = ce_scales(_ids_like(targets, hidden), cw, n, v, ignore_index, reduction == "mean", hidden,
+                              stream=arrays.launch_stream(stream, hidden), backend=backend)
+
         def ce(logits: Any, s: int, e: int) -> tuple[Any, Any]:
-            return cross_entropy_fwd_bwd(logits, targets[s:e], ignore_index, label_smoothing=label_smoothing,
-                                         z_loss=z_loss, softcap=softcap, reduction="none", inplace=True,
-                                         stream=stream, backend=backend)
+            out = cross_entropy_fwd_bwd(logits, targets[s:e], ignore_index, label_smoothing=label_smoothing,
+                                        z_loss=z_loss, softcap=softcap, reduction="none", inplace=True,
+                                        weight=cw, grad_output=None if gro is None else gro[s:e],
+                                        return_z_loss=return_z_loss, _scale=scale, stream=stream, backend=backend)
+            if return_z_loss:
+                zrows[s:e] = out[2]
+            return out[0], out[1]
 
         chunk_size = int(chunk_size)
         if fw.kind == "numpy":
@@ -573,25 +604,19 @@ def fused_linear_cross_entropy(
             if gb is not None:
                 gb += g32.sum(0)
             del logits, g, g32
+        zl = zrows
         if reduction == "none":
             loss = rows
-        else:
+        else:  # the rows carry the mean's scales already
             loss = rows.sum()
-            if reduction == "mean":
-                count = (targets != ignore_index).sum()  # on the device: no synchronisation
-                if fw.kind == "torch":
-                    inv = torch_inv_count(count)
-                else:
-                    inv = fw.xp.where(count > 0, 1.0 / fw.xp.maximum(count, 1), 0.0).astype(np.float32)
-                loss = loss * inv
-                gh *= inv
-                gw *= inv
-                if gb is not None:
-                    gb *= inv
+            zl = None if zrows is None else zrows.sum()
             if fw.kind == "numpy":
                 loss = np.asarray(loss, np.float32)
+                zl = None if zl is None else np.asarray(zl, np.float32)
         if grad_dtype == "input" and kind != "f32":  # one at a time: each float32 buffer dies at its cast
             gh = fw.cast(gh, hidden)
             gw = fw.cast(gw, weight)
             gb = None if gb is None else fw.cast(gb, bias)
+        if return_z_loss:
+            return loss, gh, gw, gb, zl
         return loss, gh, gw, gb

@@ -95,7 +95,7 @@ def _silu_gate_backward(cuda):
 @reference("rms_norm", "rms_norm_bf16", "rms_norm_f16")
 def _rms_norm(cuda):
     @cuda.jit
-    def k(x, weight, out, n_rows, dim, eps):
+    def k(x, weight, out, n_rows, dim, eps, offset):
         row = cuda.grid(1)
         if row < n_rows:
             ss = 0.0
@@ -104,7 +104,7 @@ def _rms_norm(cuda):
                 ss += v * v
             inv = 1.0 / math.sqrt(ss / dim + eps)
             for c in range(dim):
-                out[row * dim + c] = x[row * dim + c] * inv * weight[c]
+                out[row * dim + c] = x[row * dim + c] * inv * (offset + weight[c])
 
     return k, lambda args: _grid(args[3])
 

@@ -54,7 +54,7 @@ def _softmax_backward(cuda: Any):
 @reference("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16")
 def _rms_norm_backward(cuda: Any):
     @cuda.jit
-    def k(x, w, g, gx, inv_rms, partial, n_rows, dim, eps, n_part):
+    def k(x, w, g, gx, inv_rms, partial, n_rows, dim, eps, n_part, offset):
         t = cuda.grid(1)
         if t < n_rows:
             row = t
@@ -63,11 +63,11 @@ def _rms_norm_backward(cuda: Any):
             xwg = 0.0
             for i in range(dim):
                 ss += x[base + i] * x[base + i]
-                xwg += x[base + i] * w[i] * g[base + i]
+                xwg += x[base + i] * (offset + w[i]) * g[base + i]
             r = 1.0 / math.sqrt(ss / dim + eps)
             inv_rms[row] = r
             for i in range(dim):
-                gx[base + i] = r * w[i] * g[base + i] - x[base + i] * r * r * r * xwg / dim
+                gx[base + i] = r * (offset + w[i]) * g[base + i] - x[base + i] * r * r * r * xwg / dim
         if t < n_part:  # fused weight gradient: partial row t sums rows t, t + n_part, ... in that order
             for col in range(dim):
                 partial[t * dim + col] = 0.0
@@ -158,16 +158,26 @@ def _embedding_backward_bucket(cuda: Any):
 @reference("cross_entropy_count")
 def _cross_entropy_count(cuda: Any):
     @cuda.jit
-    def k(targets, scale, n_rows, pad_id, mean):
+    def k(targets, class_weight, scale, n_rows, vocab, pad_id, mean, has_weight):
         if cuda.grid(1) == 0:
             c = 0
+            w = 0.0
             for i in range(n_rows):
-                if targets[i] != pad_id:
+                t = targets[i]
+                if t != pad_id:
                     c += 1
+                    if has_weight and t >= 0 and t < vocab:
+                        w += class_weight[t]
+            inv_n = 1.0 / c if c > 0 else 0.0
+            inv_w = inv_n
+            if has_weight:
+                inv_w = 1.0 / w if w != 0.0 else 0.0
             if mean:
-                scale[0] = 1.0 / c if c > 0 else 0.0
+                scale[0] = inv_w
+                scale[1] = inv_n
             else:
                 scale[0] = 1.0
+                scale[1] = 1.0
 
     return k, lambda a: ((1,), (1,))
 
@@ -175,31 +185,41 @@ def _cross_entropy_count(cuda: Any):
 @reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16", "cross_entropy_fwd_bwd_f16")
 def _cross_entropy(cuda: Any):
     @cuda.jit
-    def k(logits, targets, grad, row_loss, scale_p, n_rows, vocab, pad_id, eps, z_loss, cap):
+    def k(logits, targets, grad, row_loss, z_row, scale_p, cw, grad_rows, n_rows, vocab, pad_id, eps, z_loss, cap,
+          opts):
         row = cuda.grid(1)
         if row < n_rows:
-            scale = scale_p[0]
+            has_w = (opts & 1) != 0
+            s_ce = scale_p[0]
+            s_z = scale_p[1]
             base = row * vocab
             t = targets[row]
             if t != pad_id and (t < 0 or t >= vocab):
                 for i in range(vocab):
                     grad[base + i] = math.nan
                 row_loss[row] = math.nan
+                if opts & 4:
+                    z_row[row] = math.nan
             elif t == pad_id:
                 for i in range(vocab):
                     grad[base + i] = 0.0
                 row_loss[row] = 0.0
+                if opts & 4:
+                    z_row[row] = 0.0
             else:
                 # z = cap * tanh(x / cap) when cap > 0; read every logit before writing
                 # any gradient (grad may be the logits buffer itself)
                 m = -math.inf
                 zsum = 0.0
+                wsum = 0.0
                 for i in range(vocab):
                     z = logits[base + i]
                     if cap > 0:
                         z = cap * math.tanh(z / cap)
                     m = max(m, z)
-                    zsum += z
+                    c = cw[i] if has_w else 1.0
+                    zsum += c * z
+                    wsum += c
                 zt = logits[base + t]
                 if cap > 0:
                     zt = cap * math.tanh(zt / cap)
@@ -210,10 +230,15 @@ def _cross_entropy(cuda: Any):
                         z = cap * math.tanh(z / cap)
                     s += math.exp(z - m)
                 lse = m + math.log(s)  # a NaN or +inf logit has made s NaN through exp
-                loss = lse - (1.0 - eps) * zt + z_loss * lse * lse
+                wt = cw[t] if has_w else 1.0
+                ce = wt * (1.0 - eps) * (lse - zt)
                 if eps != 0.0:  # 0 * (a sum holding -inf) would be NaN where torch's loss is finite
-                    loss -= eps / vocab * zsum
-                row_loss[row] = loss
+                    ce += eps / vocab * (wsum * lse - zsum)
+                zl = z_loss * lse * lse
+                row_loss[row] = ce * s_ce + zl * s_z
+                if opts & 4:
+                    z_row[row] = zl * s_z
+                gr = grad_rows[row] if opts & 2 else 1.0
                 for i in range(vocab):
                     x = logits[base + i]
                     z = x
@@ -222,11 +247,14 @@ def _cross_entropy(cuda: Any):
                         th = math.tanh(x / cap)
                         z = cap * th
                         d = 1.0 - th * th
-                    onehot = 1.0 - eps if i == t else 0.0
+                    c = cw[i] if has_w else 1.0
+                    onehot = wt * (1.0 - eps) if i == t else 0.0
                     p = math.exp(z - m) / s
-                    grad[base + i] = (p * (1.0 + 2.0 * z_loss * lse) - onehot - eps / vocab) * d * scale
+                    gz = s_ce * (p * (wt * (1.0 - eps) + eps / vocab * wsum) - onehot - eps / vocab * c)
+                    gz += s_z * 2.0 * z_loss * lse * p
+                    grad[base + i] = gz * gr * d
 
-    return k, lambda a: _grid1(a[5])
+    return k, lambda a: _grid1(a[8])
 
 
 @reference("cross_entropy_loss_reduce")

@@ -17,7 +17,7 @@ def _grid1(n: int) -> tuple[tuple[int], tuple[int]]:
 @reference("add_rms_norm", "add_rms_norm_bf16", "add_rms_norm_f16")
 def _add_rms_norm(cuda: Any):
     @cuda.jit
-    def k(x, res, w, y, new_res, n_rows, dim, eps):
+    def k(x, res, w, y, new_res, n_rows, dim, eps, offset):
         row = cuda.grid(1)
         if row < n_rows:
             base = row * dim
@@ -27,7 +27,7 @@ def _add_rms_norm(cuda: Any):
                 ss += new_res[base + i] * new_res[base + i]
             r = 1.0 / math.sqrt(ss / dim + eps)
             for i in range(dim):
-                y[base + i] = new_res[base + i] * r * w[i]
+                y[base + i] = new_res[base + i] * r * (offset + w[i])
 
     return k, lambda a: _grid1(a[5])
 
@@ -35,7 +35,7 @@ def _add_rms_norm(cuda: Any):
 @reference("add_rms_norm_backward", "add_rms_norm_backward_bf16", "add_rms_norm_backward_f16")
 def _add_rms_norm_backward(cuda: Any):
     @cuda.jit
-    def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres):
+    def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset):
         row = cuda.grid(1)
         if row < n_rows:
             base = row * dim
@@ -43,11 +43,11 @@ def _add_rms_norm_backward(cuda: Any):
             dot = 0.0
             for i in range(dim):
                 ss += h[base + i] * h[base + i]
-                dot += h[base + i] * w[i] * gy[base + i]
+                dot += h[base + i] * (offset + w[i]) * gy[base + i]
             r = 1.0 / math.sqrt(ss / dim + eps)
             rstd[row] = r
             for i in range(dim):
-                g = r * w[i] * gy[base + i] - h[base + i] * r * r * r * dot / dim
+                g = r * (offset + w[i]) * gy[base + i] - h[base + i] * r * r * r * dot / dim
                 if has_gres:
                     g += gres[base + i]
                 gh[base + i] = g

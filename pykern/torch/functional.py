@@ -43,50 +43,54 @@ def _c(t: Tensor) -> Tensor:
 
 
 @torch.library.custom_op(_lib + "rms_norm", mutates_args=())
-def _rms_norm(x: Tensor, weight: Tensor, eps: float) -> Tensor:
-    return call("rms_norm", _c(x), _c(weight), eps)
+def _rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
+    return call("rms_norm", _c(x), _c(weight), eps, offset=offset)
 
 
 @_rms_norm.register_fake
-def _(x, weight, eps):
+def _(x, weight, eps, offset=0.0):
     return _new(x.shape, x.dtype, x)
 
 
 @torch.library.custom_op(_lib + "rms_norm_backward", mutates_args=())
-def _rms_norm_backward(x: Tensor, weight: Tensor, grad_out: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    gx, gw = call("rms_norm_backward", _c(x), _c(weight), _c(grad_out), eps)
+def _rms_norm_backward(x: Tensor, weight: Tensor, grad_out: Tensor, eps: float,
+                       offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    gx, gw = call("rms_norm_backward", _c(x), _c(weight), _c(grad_out), eps, offset=offset)
     return gx, gw.to(weight.dtype)
 
 
 @_rms_norm_backward.register_fake
-def _(x, weight, grad_out, eps):
+def _(x, weight, grad_out, eps, offset=0.0):
     return _new(x.shape, x.dtype, x), _new(weight.shape, weight.dtype, weight)
 
 
 def _rms_norm_setup(ctx, inputs, output):
-    x, weight, eps = inputs
+    x, weight, eps, offset = inputs
     ctx.save_for_backward(x, weight)
-    ctx.eps = eps
+    ctx.eps, ctx.offset = eps, offset
 
 
 def _rms_norm_bwd(ctx, grad):
     x, weight = ctx.saved_tensors
-    gx, gw = torch.ops.pykern.rms_norm_backward(x, weight, grad, ctx.eps)
-    return gx, gw, None
+    gx, gw = torch.ops.pykern.rms_norm_backward(x, weight, grad, ctx.eps, ctx.offset)
+    return gx, gw, None, None
 
 
 _rms_norm.register_autograd(_rms_norm_bwd, setup_context=_rms_norm_setup)
 
 
-def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6) -> Tensor:
-    """x / sqrt(mean(x^2, -1) + eps) * weight over the last axis (x and weight of one dtype)."""
+def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
+    """x / sqrt(mean(x^2, -1) + eps) * (offset + weight) over the last axis (x and weight of one dtype).
+
+    offset=1.0 is Gemma's RMSNorm, x * (1 + weight) with the sum taken in float32 (as Gemma does);
+    the weight's gradient is the same either way."""
     if _dt.active(x, weight):
-        return _dt.run("rms_norm", lambda x, w: rms_norm(x, w, eps), (x, weight), ("data", "param"),
+        return _dt.run("rms_norm", lambda x, w: rms_norm(x, w, eps, offset), (x, weight), ("data", "param"),
                        local_ok=_dt.rows_only(x.dim()))
     amp = _amp.autocast_dtype(x)
     if amp is not None:
-        return _amp.norm(lambda x, w: rms_norm(x, w, eps), x, (x, weight), amp)
-    return torch.ops.pykern.rms_norm(x, weight, float(eps))
+        return _amp.norm(lambda x, w: rms_norm(x, w, eps, offset), x, (x, weight), amp)
+    return torch.ops.pykern.rms_norm(x, weight, float(eps), float(offset))
 
 
 # --------------------------------------------------------------------------- swiglu
@@ -234,72 +238,86 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
 
 
 @torch.library.custom_op(_lib + "flash_attention", mutates_args=())
-def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float) -> tuple[Tensor, Tensor]:
-    out, lse = call("flash_attention", _c(q), _c(k), _c(v), causal=causal, scale=scale, return_lse=True)
+def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
+                     window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    out, lse = call("flash_attention", _c(q), _c(k), _c(v), causal=causal, scale=scale, return_lse=True,
+                    window_size=(window_left, window_right), softcap=softcap)
     return out, lse
 
 
 @_flash_attention.register_fake
-def _(q, k, v, causal, scale):
+def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     b, n_q, h, _ = q.shape
     return _new((b, n_q, h, v.shape[3]), q.dtype, q), _new((b, n_q, h), torch.float32, q)
 
 
 @torch.library.custom_op(_lib + "flash_attention_backward", mutates_args=())
 def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
-                              causal: bool, scale: float) -> tuple[Tensor, Tensor, Tensor]:
+                              causal: bool, scale: float, window_left: int = -1, window_right: int = -1,
+                              softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = call("attention_backward", _c(q), _c(k), _c(v), _c(grad_out), out=_c(out), lse=_c(lse),
-                      scale=scale, causal=causal)
+                      scale=scale, causal=causal, window_size=(window_left, window_right), softcap=softcap)
     return dq, dk, dv
 
 
 @_flash_attention_backward.register_fake
-def _(q, k, v, out, lse, grad_out, causal, scale):
+def _(q, k, v, out, lse, grad_out, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k), _new(v.shape, v.dtype, v)
 
 
 def _fa_setup(ctx, inputs, output):
-    q, k, v, causal, scale = inputs
+    q, k, v, causal, scale, wl, wr, cap = inputs
     out, lse = output
     ctx.save_for_backward(q, k, v, out, lse)
-    ctx.causal, ctx.scale = causal, scale
+    ctx.causal, ctx.scale, ctx.window, ctx.softcap = causal, scale, (wl, wr), cap
     ctx.mark_non_differentiable(lse)
 
 
 def _fa_bwd(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
-    dq, dk, dv = torch.ops.pykern.flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale)
-    return dq, dk, dv, None, None
+    dq, dk, dv = torch.ops.pykern.flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale,
+                                                           ctx.window[0], ctx.window[1], ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None
 
 
 _flash_attention.register_autograd(_fa_bwd, setup_context=_fa_setup)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None) -> Tensor:
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None, *,
+                    window_size: tuple[int, int] = (-1, -1), softcap: Optional[float] = None) -> Tensor:
     """softmax(scale * q k^T) v; q (batch, n_q, heads, d), k/v (batch, n_k, kv_heads, d), GQA allowed.
 
     causal=True aligns the mask bottom-right (query i sees keys j <= i + n_k - n_q),
-    as in a KV-cached decode step. The forward saves out and the log-sum-exp;
-    the backward is pykern's flash attention backward.
+    as in a KV-cached decode step. window_size=(left, right) is flash-attn's sliding window
+    (-1 = unbounded on that side; query i' = i + n_k - n_q sees keys i' - left <= j <= i' + right;
+    causal sets right to 0): transformers' sliding_window=W is window_size=(W - 1, 0) with causal.
+    softcap=c > 0 (Gemma 2 / 3's attn_logit_softcapping) turns the scores into c * tanh(scores / c)
+    before the mask and the softmax. The forward saves out and the log-sum-exp; the backward is
+    pykern's flash attention backward with the same window and softcap.
     """
+    from ..ops._window import check_softcap, check_window_size
+
     if q.dim() != 4:
         raise ArgumentError(f"q: expected (batch, seq, heads, head_dim), got shape {tuple(q.shape)}")
+    wl, wr = check_window_size(window_size)
+    cap = 0.0 if softcap is None else check_softcap(softcap)
     if _dt.active(q, k, v):
         # Sharded on heads: exact when each rank holds whole GQA groups (both head counts divide
         # evenly, so local query head i still maps to local kv head i // group). Batch rows are free.
         def heads_ok(n: dict[int, int]) -> bool:
             return set(n) <= {0, 2} and (2 not in n or (q.shape[2] % n[2] == 0 and k.shape[2] % n[2] == 0))
 
-        return _dt.run("flash_attention", lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v),
-                       ("data", "data", "data"), local_ok=heads_ok,
+        return _dt.run("flash_attention",
+                       lambda q, k, v: flash_attention(q, k, v, causal, scale, window_size=(wl, wr), softcap=cap),
+                       (q, k, v), ("data", "data", "data"), local_ok=heads_ok,
                        out_shapes=lambda a: ((*a[0].shape[:3], a[2].shape[3]),))
     amp = _amp.autocast_dtype(q)
     if amp is not None:  # scaled_dot_product_attention is on torch's lower-precision list
-        return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale), (q, k, v), amp, amp,
-                        kernel_dtypes=_amp.ATTENTION_DTYPES)
+        return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale, window_size=(wl, wr), softcap=cap),
+                        (q, k, v), amp, amp, kernel_dtypes=_amp.ATTENTION_DTYPES)
     if scale is None:
         scale = 1.0 / math.sqrt(q.shape[-1])
-    out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale))
+    out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale), wl, wr, cap)
     return out
 
 
@@ -310,43 +328,50 @@ _REDUCTIONS = ("mean", "sum", "none")
 
 @torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
 def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, label_smoothing: float = 0.0,
-                   z_loss: float = 0.0, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+                   z_loss: float = 0.0, softcap: float = 0.0,
+                   weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     # One kernel pass gives the loss of the chosen reduction (fp32, the loss's dtype
-    # here) and its gradient; "none" gives per-row losses (0 on ignored rows).
-    loss, grad = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index,
-                      label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap if softcap > 0 else None,
-                      reduction=reduction)
+    # here), its gradient and the z-loss part of the loss; "none" gives per-row losses (0 on ignored rows).
+    loss, grad, zl = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index,
+                          label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap if softcap > 0 else None,
+                          reduction=reduction, weight=weight, return_z_loss=True)
     if reduction == "mean":
-        # torch returns NaN for a batch with no valid row (0 / 0); the kernel returns 0.
-        # The count stays on the device: no host synchronisation.
-        count = (targets != ignore_index).sum()
-        loss = torch.where(count > 0, loss, torch.full_like(loss, math.nan))
-    return loss, grad
+        # torch returns NaN for a batch with no valid row (0 / 0; with class weights: a zero sum of the
+        # targets' weights); the kernel returns 0. The count stays on the device: no host synchronisation.
+        live = targets != ignore_index
+        if weight is None:
+            den = live.sum()
+        else:
+            den = torch.where(live, weight.float()[targets.clamp(0, logits.shape[-1] - 1)], 0.0).sum()
+        loss = torch.where(den != 0, loss, torch.full_like(loss, math.nan))
+    return loss, grad, zl
 
 
 @_cross_entropy.register_fake
-def _(logits, targets, ignore_index, reduction, label_smoothing=0.0, z_loss=0.0, softcap=0.0):
+def _(logits, targets, ignore_index, reduction, label_smoothing=0.0, z_loss=0.0, softcap=0.0, weight=None):
     shape = tuple(targets.shape) if reduction == "none" else ()
-    return _new(shape, torch.float32, logits), _new(logits.shape, logits.dtype, logits)
+    return (_new(shape, torch.float32, logits), _new(logits.shape, logits.dtype, logits),
+            _new(shape, torch.float32, logits))
 
 
 def _ce_setup(ctx, inputs, output):
     ctx.reduction = inputs[3]
     ctx.save_for_backward(output[1])
-    ctx.mark_non_differentiable(output[1])
+    ctx.mark_non_differentiable(output[1], output[2])
 
 
-def _ce_bwd(ctx, grad_loss, grad_grad):
+def _ce_bwd(ctx, grad_loss, grad_grad, grad_z):
+    # grad_z is dropped: the z-loss output is for logging (its gradient is in the loss's), as in Liger
     (g,) = ctx.saved_tensors
     scale = grad_loss.unsqueeze(-1) if ctx.reduction == "none" else grad_loss
-    return (g * scale).to(g.dtype), None, None, None, None, None, None
+    return (g * scale).to(g.dtype), None, None, None, None, None, None, None
 
 
 _cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
 
 
 def _check_ce_args(logits: Tensor, targets: Tensor, reduction: str, label_smoothing: float, z_loss: float,
-                   softcap: Optional[float]) -> tuple[float, float, float]:
+                   softcap: Optional[float], weight: Optional[Tensor] = None) -> tuple[float, float, float]:
     from ..ops.training import check_ce_options
 
     eps, zl, cap = check_ce_options(label_smoothing, z_loss, softcap, reduction)
@@ -356,42 +381,69 @@ def _check_ce_args(logits: Tensor, targets: Tensor, reduction: str, label_smooth
         raise ArgumentError(f"targets: expected shape ({logits.shape[0]},), got {tuple(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ArgumentTypeError(f"targets: expected an integer tensor, got {targets.dtype}")
+    if weight is not None:
+        if not isinstance(weight, Tensor) or not weight.is_floating_point():
+            raise ArgumentTypeError(f"weight: expected a floating tensor of class weights, got {weight!r}")
+        if tuple(weight.shape) != (logits.shape[1],):
+            raise ArgumentError(f"weight: expected shape ({logits.shape[1]},) (vocab,), got {tuple(weight.shape)}")
     return eps, zl, cap
 
 
 def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean", *,
-                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None) -> Tensor:
-    """torch.nn.functional.cross_entropy(logits, targets, ignore_index=, reduction=, label_smoothing=)
-    on pykern's fused kernel, plus z_loss (z_loss * logsumexp**2 per non-ignored row) and softcap
-    (logits -> softcap * tanh(logits / softcap) first, Gemma-style).
+                  label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None,
+                  weight: Optional[Tensor] = None, lse_square_scale: Optional[float] = None,
+                  return_z_loss: bool = False):
+    """torch.nn.functional.cross_entropy(logits, targets, weight=, ignore_index=, reduction=,
+    label_smoothing=) on pykern's fused kernel, plus z_loss (z_loss * logsumexp**2 per non-ignored
+    row; Liger-Kernel's name lse_square_scale is accepted too) and softcap (logits -> softcap *
+    tanh(logits / softcap) first, Gemma-style).
 
-    logits (N, vocab) float32, bfloat16 or float16, targets (N,) integers. The loss has
-    logits' dtype, like torch's; "mean" of a batch with every row ignored is NaN,
-    as in torch. Loss and gradient come from one kernel pass for every reduction.
+    logits (N, vocab) float32, bfloat16 or float16, targets (N,) integers, weight (vocab,) class
+    weights or None. As torch: with weights a row's loss is w[t] * (1 - eps) * nll + eps / V *
+    sum_c w[c] * (-log p_c), and "mean" divides by the sum of w[t] over non-ignored rows. The
+    z-loss is never weighted and its "mean" divides by the non-ignored count (Liger's definition).
+    "none" gives per-row losses whose gradients take any per-row upstream gradient. The loss has
+    logits' dtype, like torch's; "mean" of a batch with every row ignored is NaN, as in torch.
+    return_z_loss=True returns (loss, z_loss), the z-loss part of the loss for logging (its
+    gradient flows through loss only), as LigerCrossEntropyLoss does. Loss and gradient come
+    from one kernel pass for every reduction.
     """
-    loss = cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing=label_smoothing,
-                             z_loss=z_loss, softcap=softcap)
-    if _amp.autocast_dtype(logits) is not None:
-        return loss  # cross_entropy is on torch's float32 autocast list: a float32 loss
-    return loss if logits.dtype == torch.float32 else loss.to(logits.dtype)
+    loss, zl = _cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing, z_loss, softcap,
+                                  weight, lse_square_scale)
+    if not (_amp.autocast_dtype(logits) is not None or logits.dtype == torch.float32):
+        # cross_entropy is on torch's float32 autocast list: a float32 loss under autocast
+        loss, zl = loss.to(logits.dtype), zl.to(logits.dtype)
+    return (loss, zl) if return_z_loss else loss
 
 
 def cross_entropy_f32(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean", *,
                       label_smoothing: float = 0.0, z_loss: float = 0.0,
-                      softcap: Optional[float] = None) -> Tensor:
+                      softcap: Optional[float] = None, weight: Optional[Tensor] = None,
+                      lse_square_scale: Optional[float] = None) -> Tensor:
     """cross_entropy with the loss kept in float32 whatever the logits' dtype (the kernel's own precision)."""
-    if _dt.active(logits, targets):  # a mean over rows / a logsumexp over the vocab: needs everything
-        fn = lambda lg, t: cross_entropy_f32(lg, t, ignore_index, reduction, label_smoothing=label_smoothing,  # noqa: E731
-                                             z_loss=z_loss, softcap=softcap)
-        return _dt.run("cross_entropy", fn, (logits, targets), ("data", "data"), local_ok=_dt.never)
+    return _cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing, z_loss, softcap, weight,
+                              lse_square_scale)[0]
+
+
+def _cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing, z_loss, softcap, weight,
+                       lse_square_scale) -> tuple[Tensor, Tensor]:
+    from ..ops.training import ce_z_loss
+
+    z_loss = ce_z_loss(z_loss, lse_square_scale)
+    if _dt.active(logits, targets, weight):  # a mean over rows / a logsumexp over the vocab: needs everything
+        fn = lambda lg, t, w: _cross_entropy_f32(lg, t, ignore_index, reduction, label_smoothing,  # noqa: E731
+                                                 z_loss, softcap, w, None)
+        return _dt.run("cross_entropy", fn, (logits, targets, weight), ("data", "data", "param"),
+                       local_ok=_dt.never)
     if _amp.autocast_dtype(logits) is not None and logits.dtype not in _amp.KERNEL_DTYPES:
         # float32 autocast policy; bf16 logits go in as they are (the kernel widens them exactly)
-        return _amp.run(lambda lg: cross_entropy_f32(lg, targets, ignore_index, reduction,
-                                                     label_smoothing=label_smoothing, z_loss=z_loss,
-                                                     softcap=softcap), (logits,), torch.float32, torch.float32)
-    eps, zl, cap = _check_ce_args(logits, targets, reduction, label_smoothing, z_loss, softcap)
-    loss, _ = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction, eps, zl, cap)
-    return loss
+        return _amp.run(lambda lg: _cross_entropy_f32(lg, targets, ignore_index, reduction, label_smoothing,
+                                                      z_loss, softcap, weight, None),
+                        (logits,), torch.float32, (torch.float32, torch.float32))
+    eps, zl, cap = _check_ce_args(logits, targets, reduction, label_smoothing, z_loss, softcap, weight)
+    loss, _, zpart = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction, eps, zl, cap,
+                                                    None if weight is None else weight.detach())
+    return loss, zpart
 
 
 # --------------------------------------------------------------------------- embedding

@@ -12,11 +12,15 @@ Uses transformers' own extension points rather than copies of its modeling code:
 - causal-LM loss: `model.loss_function` set to pykern's fused cross-entropy;
 - mixture-of-experts families: the experts and routers as hf_moe describes.
 
-Attention runs on pykern when the mask is a plain bottom-right causal mask over
-the whole cache (prefill, chunked prefill and KV-cached decode with a dynamic
-cache, no padding); any other mask (padding, static-cache slots, packed
-sequences, sliding windows shorter than the cache) is materialised and handed
-to transformers' SDPA implementation, never approximated.
+Attention runs on pykern when the mask is a plain bottom-right causal mask, or
+that mask cut to the layer's causal sliding window (Mistral's sliding_window,
+Qwen2/3 window layers, Gemma 2/3 local layers: window_size=(W - 1, 0) on the
+kernel, with the attention softcap where the model has one), over the whole
+cache (prefill, chunked prefill and KV-cached decode with a dynamic cache, whose
+sliding layers keep the last W - 1 tokens, no padding); any other mask (padding,
+static-cache slots, packed sequences) is materialised and handed to
+transformers' SDPA implementation (the eager formula when the layer has an
+attention softcap, which SDPA lacks), never approximated.
 """
 from __future__ import annotations
 
@@ -49,6 +53,16 @@ SUPPORTED_MODELS = {
 # modeling module -> class-name prefix of its RMSNorm / MLP / Attention
 _PREFIXES = {"llama": "Llama", "mistral": "Mistral", "qwen2": "Qwen2", "qwen3": "Qwen3", "mixtral": "Mixtral",
              "qwen2_moe": "Qwen2Moe", "qwen3_moe": "Qwen3Moe", "olmoe": "Olmoe"}
+# Families past LLaMA's layout: class name -> (modeling module, class prefix, RMSNorm kind ("llama":
+# w * x, "gemma": x * (1 + w)), MLP kind ("split": gate/up/down Linears, "fused": Phi-3's gate_up_proj),
+# config attribute naming the MLP activation, rope only with default rope_parameters)
+_FAMILIES = {
+    "GemmaForCausalLM": ("gemma", "Gemma", "gemma", "split", "hidden_act", False),
+    "Gemma2ForCausalLM": ("gemma2", "Gemma2", "gemma", "split", "hidden_activation", False),
+    "Gemma3ForCausalLM": ("gemma3", "Gemma3", "gemma", "split", "hidden_activation", False),
+    "Phi3ForCausalLM": ("phi3", "Phi3", "llama", "fused", "hidden_act", True),
+}
+SUPPORTED_MODELS.update({name: spec[0] for name, spec in _FAMILIES.items()})
 _ATTN_NAME = "pykern"
 _state = threading.local()  # depth of patched attention forwards on this thread
 
@@ -57,7 +71,9 @@ _state = threading.local()  # depth of patched attention forwards on this thread
 
 
 def _plain_causal(kw: dict[str, Any]) -> bool:
-    """Whether the mask HF asks for is the bottom-right causal mask over the whole key range."""
+    """Whether the mask HF asks for is the bottom-right causal mask over the whole key range, or that
+    mask cut to a causal sliding window of `local_size` tokens (transformers' sliding_window=W: query p
+    sees keys p - W < k <= p, which the attention applies as window_size=(W - 1, 0))."""
     import transformers.masking_utils as mu
 
     if not kw.get("allow_is_causal_skip", True):
@@ -66,8 +82,8 @@ def _plain_causal(kw: dict[str, Any]) -> bool:
     q_off, kv_off = kw.get("q_offset", 0), kw.get("kv_offset", 0)
     if isinstance(q_off, torch.Tensor) or isinstance(kv_off, torch.Tensor):
         return False  # static caches: positions are device data
-    if kv_off != 0 or q_off + q_len != kv_len:
-        return False  # sliding-window caches, static-cache slots: not the plain layout
+    if q_off + q_len != kv_off + kv_len:
+        return False  # static-cache slots: the newest key is not the newest query
     pad = kw.get("attention_mask")
     if pad is not None:
         if mu.is_tracing(pad):
@@ -76,20 +92,31 @@ def _plain_causal(kw: dict[str, Any]) -> bool:
         if not bool(mu.fast_all(pad)):
             return False  # padding
     fn = kw.get("mask_function", mu.causal_mask_function)
-    if fn is not mu.causal_mask_function:
-        # Sliding-window / chunked causal functions are monotone: the plain mask holds
-        # iff the newest query cannot see a key after it and the farthest pair is visible.
-        t = lambda i: torch.tensor(i)  # noqa: E731
-        z = t(0)
-        if q_len > 1 and bool(fn(z, z, t(q_off), t(q_off + 1))):
-            return False
-        if not bool(fn(z, z, t(kv_len - 1), t(0))) or not bool(fn(z, z, t(q_off), t(0))):
-            return False
+    if fn is mu.causal_mask_function:
+        return True
+    return _causal_window_probe(fn, q_off, q_len, kv_off, kv_len, kw.get("local_size"))
+
+
+def _causal_window_probe(fn, q_off: int, q_len: int, kv_off: int, kv_len: int, window: Optional[int]) -> bool:
+    """Whether the mask function (absolute query / key positions) is causal, cut to `window` keys
+    (None: unbounded), over these positions. Causal and sliding-window functions are monotone in the
+    key, so the edges decide: for the oldest and the newest query, the newest key it may see, the one
+    after, and the oldest key it may see and the one before, within the cache's key range."""
+    t = lambda i: torch.tensor(i)  # noqa: E731
+    z = t(0)
+    lo, hi = kv_off, kv_off + kv_len - 1
+    for p in {q_off, q_off + q_len - 1}:
+        first = lo if window is None else max(lo, p - window + 1)
+        want = {p: True, p + 1: False, first: True, first - 1: False}
+        for k, visible in want.items():
+            if lo <= k <= hi and bool(fn(z, z, t(p), t(k))) != visible:
+                return False
     return True
 
 
 def _mask(**kw: Any) -> Optional[torch.Tensor]:
-    """AttentionMaskInterface entry: None for a plain causal mask, else SDPA's full boolean mask."""
+    """AttentionMaskInterface entry: None for a plain causal or causal sliding-window mask (the attention
+    applies the window it is given), else SDPA's full boolean mask."""
     import transformers.masking_utils as mu
 
     if _plain_causal(kw):
@@ -101,33 +128,60 @@ def _mask(**kw: Any) -> Optional[torch.Tensor]:
 def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value: torch.Tensor,
                attention_mask: Optional[torch.Tensor], dropout: float = 0.0, scaling: Optional[float] = None,
                **kwargs: Any) -> tuple[torch.Tensor, None]:
-    """AttentionInterface entry. query (b, heads, n_q, d), key/value (b, kv_heads, n_k, d) -> (b, n_q, heads, d)."""
-    from transformers.integrations.sdpa_attention import sdpa_attention_forward
+    """AttentionInterface entry. query (b, heads, n_q, d), key/value (b, kv_heads, n_k, d) -> (b, n_q, heads, d).
 
+    With no mask (plain causal, or causal sliding window: see _mask) it runs pykern's flash attention
+    with the layer's sliding_window (as window_size=(W - 1, 0)) and softcap; a materialised mask
+    (padding, static caches) goes to transformers' SDPA, or, with a softcap SDPA lacks, to the eager
+    formula."""
     is_causal = kwargs.get("is_causal", getattr(module, "is_causal", True))
     window = kwargs.get("sliding_window")
+    softcap = kwargs.get("softcap")
     supported = (
         attention_mask is None
         and is_causal
         and not (dropout and module.training)
-        and kwargs.get("softcap") is None
         and not kwargs.get("output_attentions", False)
         and _attention_dtypes_ok(query, key, value)
         and max(query.shape[-1], value.shape[-1]) <= 256
     )
-    if attention_mask is None and window is not None and key.shape[2] > window:
-        raise RuntimeError(
-            f"pykern attention: got no mask for {key.shape[2]} keys with sliding_window={window}; "
-            "refusing to attend outside the window"
-        )
     if not supported:
         if attention_mask is None and query.shape[2] > 1 and key.shape[2] != query.shape[2]:
             raise RuntimeError("pykern attention: a bottom-right causal fallback needs a mask; got None")
-        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
-                                      scaling=scaling, **kwargs)
+        return _fallback(module, query, key, value, attention_mask, dropout, scaling, window, softcap, is_causal,
+                         kwargs)
     out = F.flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
-                            causal=True, scale=scaling)
+                            causal=True, scale=scaling, window_size=(-1 if window is None else int(window) - 1, 0),
+                            softcap=softcap)
     return out, None
+
+
+def _fallback(module, query, key, value, mask, dropout, scaling, window, softcap, is_causal, kwargs):
+    """transformers' SDPA path; with a softcap or a sliding window and no mask (which SDPA cannot take),
+    the eager formula of Gemma 2: scores * scaling, softcap, mask, float32 softmax, dropout, @ value."""
+    from transformers.integrations.sdpa_attention import repeat_kv, sdpa_attention_forward
+
+    if softcap is None and (window is None or mask is not None):
+        return sdpa_attention_forward(module, query, key, value, mask, dropout=dropout, scaling=scaling, **kwargs)
+    groups = query.shape[1] // key.shape[1]
+    k, v = repeat_kv(key, groups), repeat_kv(value, groups)
+    scale = scaling if scaling is not None else query.shape[-1] ** -0.5
+    w = torch.matmul(query, k.transpose(2, 3)) * scale
+    if softcap is not None:
+        w = torch.tanh(w / softcap) * softcap
+    n_q, n_k = query.shape[2], key.shape[2]
+    if mask is not None:
+        # the eager path's additive min (not -inf): a fully padded query row stays finite, as in HF
+        w = w.masked_fill(~mask, torch.finfo(w.dtype).min) if mask.dtype == torch.bool else w + mask[..., :n_k]
+    elif is_causal:  # bottom-right causal, cut to the window
+        i = torch.arange(n_q, device=w.device)[:, None] + (n_k - n_q)
+        j = torch.arange(n_k, device=w.device)[None, :]
+        keep = (j <= i) & ((j > i - window) if window is not None else True)
+        w = w.masked_fill(~keep, float("-inf"))
+    w = nn.functional.softmax(w, dim=-1, dtype=torch.float32).to(query.dtype)
+    w = nn.functional.dropout(w, p=dropout, training=module.training)
+    out = torch.matmul(w, v).transpose(1, 2).contiguous()
+    return out, w
 
 
 def _attention_dtypes_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor) -> bool:
@@ -175,6 +229,7 @@ def _wrap_rotary(modeling: Any) -> None:
             and k.dtype == q.dtype
             and q.dim() == 4
             and cos.dim() == 3
+            and cos.shape[-1] == q.shape[-1] == k.shape[-1]  # partial rotary (Phi-3's option): HF's
         ):
             # HF passes q/k as (b, heads, seq, d) views of (b, seq, heads, d) projections.
             oq, ok = F.rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin)
@@ -207,7 +262,8 @@ def _causal_lm_loss(logits, labels, vocab_size: int, num_items_in_batch=None, ig
     return loss / num_items_in_batch
 
 
-def _flce_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index: int = -100, shift_labels=None):
+def _flce_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index: int = -100, shift_labels=None,
+               softcap=None):
     """_causal_lm_loss on the last hidden states through the fused linear cross-entropy: the
     (tokens, vocab) logits are never materialised (row chunks, gradients computed in the forward)."""
     from .training import fused_linear_cross_entropy
@@ -221,8 +277,10 @@ def _flce_loss(hidden, lm_head, labels, num_items_in_batch=None, ignore_index: i
     if h.dtype != w.dtype:
         h = h.to(w.dtype)
     if num_items_in_batch is None:
-        return fused_linear_cross_entropy(h, w, shift_labels, b, ignore_index=ignore_index, reduction="mean")
-    loss = fused_linear_cross_entropy(h, w, shift_labels, b, ignore_index=ignore_index, reduction="sum")
+        return fused_linear_cross_entropy(h, w, shift_labels, b, ignore_index=ignore_index, reduction="mean",
+                                          softcap=softcap)
+    loss = fused_linear_cross_entropy(h, w, shift_labels, b, ignore_index=ignore_index, reduction="sum",
+                                      softcap=softcap)
     if torch.is_tensor(num_items_in_batch):
         num_items_in_batch = num_items_in_batch.to(loss.device)
     return loss / num_items_in_batch
@@ -244,9 +302,40 @@ def _flce_forward(self, input_ids=None, attention_mask=None, position_ids=None, 
                          **kwargs)
     loss = _flce_loss(outputs.last_hidden_state, self.lm_head, labels,
                       num_items_in_batch=kwargs.get("num_items_in_batch"),
-                      ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"))
+                      ignore_index=kwargs.get("ignore_index", -100), shift_labels=kwargs.get("shift_labels"),
+                      softcap=getattr(self.config, "final_logit_softcapping", None))  # Gemma 2 / 3
     return CausalLMOutputWithPast(loss=loss, logits=None, past_key_values=outputs.past_key_values,
                                   hidden_states=outputs.hidden_states, attentions=outputs.attentions)
+
+
+# --------------------------------------------------------------------------- families past LLaMA's layout
+
+
+def _patch_family(model: nn.Module, spec: tuple, norm_cls: type, mlp_cls: type, *, rms_norm: bool,
+                  swiglu: bool) -> None:
+    """RMSNorm and MLP swaps of a _FAMILIES model (Gemma 1/2/3, Phi-3). `swiglu` turns the gated-MLP
+    swap off or on, whatever the activation (GeGLU for Gemma)."""
+    from .modules import GATE_ACTIVATIONS, FusedGateUpMLP, GatedMLP
+
+    _, _, norm_kind, mlp_kind, act_attr, _ = spec
+    if rms_norm:
+        make = RMSNorm.from_gemma if norm_kind == "gemma" else RMSNorm.from_module
+        _swap(model, lambda m: type(m) is norm_cls, make)
+    if swiglu:
+        act = getattr(model.config, act_attr, None)
+        if act not in GATE_ACTIVATIONS:
+            raise ArgumentTypeError(f"model: config.{act_attr}: pykern's gated MLP takes {sorted(GATE_ACTIVATIONS)}, "
+                                    f"got {act!r}; pass swiglu=False")
+        wrap = FusedGateUpMLP if mlp_kind == "fused" else GatedMLP
+        _swap(model, lambda m: type(m) is mlp_cls, lambda m: wrap.from_module(m, act))
+
+
+def _default_rope(config: Any) -> bool:
+    """Whether every rope_parameters entry (or the legacy rope_scaling) is plain rope: other rope types
+    (Phi-3's longrope, su, yarn) stay transformers' own."""
+    params = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    entries = params.values() if params and all(isinstance(v, dict) for v in params.values()) else [params]
+    return all((e or {}).get("rope_type", (e or {}).get("type", "default")) == "default" for e in entries)
 
 
 # --------------------------------------------------------------------------- apply
@@ -268,9 +357,12 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     """Patch a transformers LLaMA-family causal LM in place to run on pykern kernels; returns the model.
 
     Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-    Qwen3ForCausalLM, and the mixture-of-experts MixtralForCausalLM, Qwen2MoeForCausalLM,
-    Qwen3MoeForCausalLM, OlmoeForCausalLM (subclasses too), float32, bfloat16 or float16 weights
-    (float16 attention and experts run transformers' own until those kernels take float16). Any other
+    Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text),
+    Phi3ForCausalLM, and the mixture-of-experts MixtralForCausalLM, Qwen2MoeForCausalLM,
+    Qwen3MoeForCausalLM, OlmoeForCausalLM (subclasses too; docs/torch.md and docs/moe.md have what is
+    patched in each), float32, bfloat16 or float16 weights (float16 attention and experts run
+    transformers' own until those kernels take float16). Sliding-window layers and attention softcaps
+    run on pykern's kernels. Any other
     model raises ArgumentTypeError naming its class. The keyword flags turn
     single replacements off. Parameters are kept (not copied), so a model can be
     patched before or after building its optimizer.
@@ -306,15 +398,19 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
             f"model: pykern kernels run float32, bfloat16 or float16 weights, got {sorted(str(d) for d in dtypes)}"
         )
     modeling = sys.modules[f"transformers.models.{family}.modeling_{family}"]
-    prefix = _PREFIXES[family]
+    spec = next((v for k, v in _FAMILIES.items() if v[0] == family), None)
+    prefix = spec[1] if spec else _PREFIXES[family]
     norm_cls = getattr(modeling, f"{prefix}RMSNorm")
     mlp_cls = getattr(modeling, f"{prefix}MLP", None)  # Mixtral has none (experts only)
     attn_cls = getattr(modeling, f"{prefix}Attention")
     config = model.config
 
-    if rms_norm:
+    if spec is not None:
+        _patch_family(model, spec, norm_cls, mlp_cls, rms_norm=rms_norm, swiglu=swiglu)
+        rope = rope and (not spec[5] or _default_rope(config))
+    elif rms_norm:
         _swap(model, lambda m: type(m) is norm_cls, RMSNorm.from_module)
-    if swiglu and mlp_cls is not None:
+    if swiglu and spec is None and mlp_cls is not None:
         act = getattr(config, "hidden_act", None)
         if act not in ("silu", "swish"):
             raise ArgumentTypeError(f"model: config.hidden_act: pykern's SwiGLU MLP needs 'silu', got {act!r}; "

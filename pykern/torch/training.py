@@ -33,55 +33,59 @@ def _c(t: Tensor) -> Tensor:
 
 
 @torch.library.custom_op(_lib + "add_rms_norm", mutates_args=())
-def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float) -> tuple[Tensor, Tensor]:
-    y, h = call("add_rms_norm", _c(x), _c(residual), _c(weight), eps)
+def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
+                  offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    y, h = call("add_rms_norm", _c(x), _c(residual), _c(weight), eps, offset=offset)
     return y, h
 
 
 @_add_rms_norm.register_fake
-def _(x, residual, weight, eps):
+def _(x, residual, weight, eps, offset=0.0):
     return _new(x.shape, x.dtype, x), _new(x.shape, x.dtype, x)
 
 
 @torch.library.custom_op(_lib + "add_rms_norm_backward", mutates_args=())
 def _add_rms_norm_backward(h: Tensor, weight: Tensor, grad_y: Tensor, grad_h: Optional[Tensor],
-                           eps: float) -> tuple[Tensor, Tensor]:
-    gh, gw = call("add_rms_norm_backward", _c(h), _c(weight), _c(grad_y), None if grad_h is None else _c(grad_h), eps)
+                           eps: float, offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    gh, gw = call("add_rms_norm_backward", _c(h), _c(weight), _c(grad_y), None if grad_h is None else _c(grad_h), eps,
+                  offset=offset)
     return gh, gw.to(weight.dtype)
 
 
 @_add_rms_norm_backward.register_fake
-def _(h, weight, grad_y, grad_h, eps):
+def _(h, weight, grad_y, grad_h, eps, offset=0.0):
     return _new(h.shape, h.dtype, h), _new(weight.shape, weight.dtype, weight)
 
 
 def _arn_setup(ctx, inputs, output):
     ctx.save_for_backward(output[1], inputs[2])
-    ctx.eps = inputs[3]
+    ctx.eps, ctx.offset = inputs[3], inputs[4]
 
 
 def _arn_bwd(ctx, grad_y, grad_h):
     h, weight = ctx.saved_tensors
     if grad_y is None:
         grad_y = torch.zeros_like(h)
-    gh, gw = torch.ops.pykern.add_rms_norm_backward(h, weight, grad_y, grad_h, ctx.eps)
-    return gh, gh, gw, None  # x and residual share the one gradient path
+    gh, gw = torch.ops.pykern.add_rms_norm_backward(h, weight, grad_y, grad_h, ctx.eps, ctx.offset)
+    return gh, gh, gw, None, None  # x and residual share the one gradient path
 
 
 _add_rms_norm.register_autograd(_arn_bwd, setup_context=_arn_setup)
 
 
-def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6) -> tuple[Tensor, Tensor]:
-    """(rms_norm(x + residual) * weight, x + residual) in one pass (x, residual, weight of one dtype)."""
+def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
+                 offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    """(rms_norm(x + residual) * (offset + weight), x + residual) in one pass (x, residual, weight of one
+    dtype; offset=1.0 is Gemma's (1 + weight))."""
     if _dt.active(x, residual, weight):
-        return _dt.run("add_rms_norm", lambda x, r, w: add_rms_norm(x, r, w, eps), (x, residual, weight),
+        return _dt.run("add_rms_norm", lambda x, r, w: add_rms_norm(x, r, w, eps, offset), (x, residual, weight),
                        ("data", "data", "param"), local_ok=_dt.rows_only(x.dim()))
     amp = _amp.autocast_dtype(x)
     if amp is not None:  # torch: h = x + residual (promotion), then the norm's policy on h
         hd = _amp.promoted(x, residual)
-        return _amp.norm(lambda x, r, w: add_rms_norm(x, r, w, eps), x, (x, residual, weight), amp,
+        return _amp.norm(lambda x, r, w: add_rms_norm(x, r, w, eps, offset), x, (x, residual, weight), amp,
                          out_dtypes=(torch.float32 if x.device.type == "cuda" else hd, hd))
-    return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps))
+    return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps), float(offset))
 
 
 # --------------------------------------------------------------------------- layer_norm
@@ -237,31 +241,74 @@ def gelu_gate(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
 @torch.library.custom_op(_lib + "fused_linear_cross_entropy", mutates_args=())
 def _flce(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
           label_smoothing: float, z_loss: float, softcap: float, reduction: str,
-          chunk_size: int) -> tuple[Tensor, Tensor, Tensor, Tensor]:
-    loss, gh, gw, gb = call("fused_linear_cross_entropy", _c(hidden), _c(weight), _c(targets),
-                            None if bias is None else _c(bias), ignore_index=ignore_index,
-                            label_smoothing=label_smoothing, z_loss=z_loss,
-                            softcap=softcap if softcap > 0 else None, reduction=reduction,
-                            chunk_size=chunk_size if chunk_size > 0 else None)
+          chunk_size: int, ce_weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
+    # (loss, grad_hidden, grad_weight, grad_bias, z_loss part). "none": the gradients depend on the
+    # per-row upstream gradients, known only in the backward (fused_linear_cross_entropy_backward):
+    # empty placeholders here
+    loss, gh, gw, gb, zl = call("fused_linear_cross_entropy", _c(hidden), _c(weight), _c(targets),
+                                None if bias is None else _c(bias), ignore_index=ignore_index,
+                                label_smoothing=label_smoothing, z_loss=z_loss,
+                                softcap=softcap if softcap > 0 else None, reduction=reduction,
+                                chunk_size=chunk_size if chunk_size > 0 else None, ce_weight=ce_weight,
+                                return_z_loss=True)
     if reduction == "mean":  # torch: NaN for a batch with no valid row (0 / 0); the op returns 0
-        count = (targets != ignore_index).sum()
-        loss = torch.where(count > 0, loss, torch.full_like(loss, float("nan")))
-    return loss, gh, gw, (hidden.new_empty((0,), dtype=torch.float32) if gb is None else gb)
+        live = targets != ignore_index
+        if ce_weight is None:
+            den = live.sum()
+        else:
+            den = torch.where(live, ce_weight.float()[targets.clamp(0, weight.shape[0] - 1)], 0.0).sum()
+        loss = torch.where(den != 0, loss, torch.full_like(loss, float("nan")))
+    empty = hidden.new_empty((0,), dtype=torch.float32)
+    if reduction == "none":
+        return loss, empty, empty.clone(), empty.clone(), zl
+    return loss, gh, gw, (empty if gb is None else gb), zl
 
 
 @_flce.register_fake
-def _(hidden, weight, targets, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_size):
+def _(hidden, weight, targets, bias, ignore_index, label_smoothing, z_loss, softcap, reduction, chunk_size,
+      ce_weight=None):
     # the gradients are the op's float32 accumulators, whatever the input dtype
-    return (_new((), torch.float32, hidden), _new(hidden.shape, torch.float32, hidden),
-            _new(weight.shape, torch.float32, weight),
+    shape = tuple(targets.shape) if reduction == "none" else ()
+    if reduction == "none":
+        grads = tuple(_new((0,), torch.float32, hidden) for _ in range(3))
+    else:
+        grads = (_new(hidden.shape, torch.float32, hidden), _new(weight.shape, torch.float32, weight),
+                 _new((0,) if bias is None else bias.shape, torch.float32, hidden))
+    return (_new(shape, torch.float32, hidden), *grads, _new(shape, torch.float32, hidden))
+
+
+@torch.library.custom_op(_lib + "fused_linear_cross_entropy_backward", mutates_args=())
+def _flce_backward(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], grad_rows: Tensor,
+                   ignore_index: int, label_smoothing: float, z_loss: float, softcap: float, chunk_size: int,
+                   ce_weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
+    """The gradients of sum_r grad_rows[r] * loss_r (reduction "none"): the chunks run again with each
+    row's gradient scaled in the cross-entropy kernel before the matmuls."""
+    _, gh, gw, gb = call("fused_linear_cross_entropy", _c(hidden), _c(weight), _c(targets),
+                         None if bias is None else _c(bias), ignore_index=ignore_index,
+                         label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap if softcap > 0 else None,
+                         reduction="none", chunk_size=chunk_size if chunk_size > 0 else None, ce_weight=ce_weight,
+                         grad_output=_c(grad_rows))
+    return gh, gw, (hidden.new_empty((0,), dtype=torch.float32) if gb is None else gb)
+
+
+@_flce_backward.register_fake
+def _(hidden, weight, targets, bias, grad_rows, ignore_index, label_smoothing, z_loss, softcap, chunk_size,
+      ce_weight=None):
+    return (_new(hidden.shape, torch.float32, hidden), _new(weight.shape, torch.float32, weight),
             _new((0,) if bias is None else bias.shape, torch.float32, hidden))
 
 
 def _flce_setup(ctx, inputs, output):
-    ctx.has_bias = inputs[3] is not None
-    ctx.dtypes = (inputs[0].dtype, inputs[1].dtype, inputs[3].dtype if ctx.has_bias else None)
-    ctx.save_for_backward(output[1], output[2], output[3])
-    ctx.mark_non_differentiable(output[1], output[2], output[3])
+    hidden, weight, targets, bias = inputs[:4]
+    ctx.has_bias = bias is not None
+    ctx.dtypes = (hidden.dtype, weight.dtype, bias.dtype if ctx.has_bias else None)
+    ctx.reduction = inputs[8]
+    ctx.opts = (inputs[4], inputs[5], inputs[6], inputs[7], inputs[9])
+    if ctx.reduction == "none":  # the backward reruns the chunks with the per-row gradients
+        ctx.save_for_backward(hidden, weight, targets, bias, inputs[10])
+    else:
+        ctx.save_for_backward(output[1], output[2], output[3])
+    ctx.mark_non_differentiable(output[1], output[2], output[3], output[4])
 
 
 def _scaled(g: Tensor, s: Tensor, dtype: torch.dtype) -> Tensor:
@@ -273,11 +320,19 @@ def _scaled(g: Tensor, s: Tensor, dtype: torch.dtype) -> Tensor:
 
 
 def _flce_bwd(ctx, grad_loss, *_):
+    # the z-loss output's gradient is dropped: it is for logging, its gradient is in the loss's (Liger)
+    dh, dw, db = ctx.dtypes
+    if ctx.reduction == "none":
+        hidden, weight, targets, bias, ce_weight = ctx.saved_tensors
+        gh, gw, gb = torch.ops.pykern.fused_linear_cross_entropy_backward(
+            hidden, weight, targets, bias, grad_loss.to(torch.float32), *ctx.opts, ce_weight)
+        one = grad_loss.new_ones((), dtype=torch.float32)
+        return (_scaled(gh, one, dh), _scaled(gw, one, dw), None, _scaled(gb, one, db) if ctx.has_bias else None,
+                None, None, None, None, None, None, None)
     gh, gw, gb = ctx.saved_tensors
     s = grad_loss.to(torch.float32)
-    dh, dw, db = ctx.dtypes
     return (_scaled(gh, s, dh), _scaled(gw, s, dw), None, _scaled(gb, s, db) if ctx.has_bias else None,
-            None, None, None, None, None, None)
+            None, None, None, None, None, None, None)
 
 
 _flce.register_autograd(_flce_bwd, setup_context=_flce_setup)
@@ -286,14 +341,21 @@ _flce.register_autograd(_flce_bwd, setup_context=_flce_setup)
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor] = None, *,
                                ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0,
                                softcap: Optional[float] = None, reduction: str = "mean",
-                               chunk_size: Optional[int] = None) -> Tensor:
+                               chunk_size: Optional[int] = None, ce_weight: Optional[Tensor] = None,
+                               lse_square_scale: Optional[float] = None, return_z_loss: bool = False):
     """cross_entropy(hidden @ weight.T + bias, targets) without materialising the (N, vocab) logits.
 
     hidden (N, H), weight (V, H), bias (V,) or None; reduction "mean" or "sum"
-    (a float32 scalar). The forward computes the loss and the gradients chunk by
-    chunk (pykern.ops.fused_linear_cross_entropy) and keeps the gradients; the
-    backward only scales them by the incoming gradient. "mean" of a batch with
-    every row ignored is NaN, as in torch.
+    (a float32 scalar) or "none" (float32 per-row losses). The options are
+    pykern.torch.cross_entropy's, under Liger-Kernel's names where they differ:
+    ce_weight (class weights, torch's weighted mean), lse_square_scale (= z_loss),
+    return_z_loss (returns (loss, z_loss), the z-loss part for logging), softcap
+    (Gemma 2's final-logit softcap, applied to hidden @ weight.T + bias). For "mean" / "sum" the forward
+    computes the loss and the gradients chunk by chunk (pykern.ops.fused_linear_cross_entropy) and
+    keeps the gradients; the backward only scales them by the incoming gradient. For "none" the
+    backward receives one upstream gradient per row, and since the weight's gradient mixes rows it
+    runs the chunks again with each row's logit gradient scaled by its upstream gradient before the
+    matmuls (so "none" costs a second pass). "mean" of a batch with every row ignored is NaN, as in torch.
 
     The gradients returned to autograd have the inputs' dtype. For bf16 the op
     keeps its float32 accumulators from the forward to the backward ((N*H + V*H)
@@ -301,14 +363,20 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
     the forward) and the backward writes the scaled bf16 gradients from them in one
     pass, so the bf16 gradients are rounded once, after the scale.
     """
-    if reduction not in ("mean", "sum"):
-        raise ArgumentError(f"reduction: expected 'mean' or 'sum' (the gradients are computed in the forward), "
-                            f"got {reduction!r}")
+    from ..ops.training import ce_z_loss
+
+    z_loss = ce_z_loss(z_loss, lse_square_scale)
+    if reduction not in ("mean", "sum", "none"):
+        raise ArgumentError(f"reduction: expected 'mean', 'sum' or 'none', got {reduction!r}")
+    if ce_weight is not None and (not isinstance(ce_weight, Tensor) or tuple(ce_weight.shape) != (weight.shape[0],)):
+        raise ArgumentError(f"ce_weight: expected class weights of shape ({weight.shape[0]},), got "
+                            f"{tuple(ce_weight.shape) if isinstance(ce_weight, Tensor) else ce_weight!r}")
     if _dt.active(hidden, weight, targets, bias):  # needs every row and the whole vocabulary: gathered
         def fn(h, w, t, b):
             return fused_linear_cross_entropy(h, w, t, b, ignore_index=ignore_index, label_smoothing=label_smoothing,
                                               z_loss=z_loss, softcap=softcap, reduction=reduction,
-                                              chunk_size=chunk_size)
+                                              chunk_size=chunk_size, ce_weight=ce_weight,
+                                              return_z_loss=return_z_loss)
         return _dt.run("fused_linear_cross_entropy", fn, (hidden, weight, targets, bias),
                        ("data", "param", "data", "param"), local_ok=_dt.never)
     amp = _amp.autocast_dtype(hidden)
@@ -319,11 +387,13 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
         def fn(h, w, b):
             return fused_linear_cross_entropy(h, w, targets, b, ignore_index=ignore_index,
                                               label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap,
-                                              reduction=reduction, chunk_size=chunk_size)
+                                              reduction=reduction, chunk_size=chunk_size, ce_weight=ce_weight,
+                                              return_z_loss=return_z_loss)
         return _amp.run(fn, (hidden, weight, bias), amp, torch.float32)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ArgumentError(f"chunk_size: expected an integer >= 1 or None, got {chunk_size!r}")
-    loss, _, _, _ = torch.ops.pykern.fused_linear_cross_entropy(
+    loss, _, _, _, zl = torch.ops.pykern.fused_linear_cross_entropy(
         hidden, weight, targets, bias, int(ignore_index), float(label_smoothing), float(z_loss),
-        0.0 if softcap is None else float(softcap), reduction, 0 if chunk_size is None else int(chunk_size))
-    return loss
+        0.0 if softcap is None else float(softcap), reduction, 0 if chunk_size is None else int(chunk_size),
+        None if ce_weight is None else ce_weight.detach())
+    return (loss, zl) if return_z_loss else loss

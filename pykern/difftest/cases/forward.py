@@ -75,9 +75,9 @@ def np_silu_gate_backward(gate: np.ndarray, up: np.ndarray, grad_out: np.ndarray
     return dy * u * (s + g * s * (1.0 - s)), dy * g * s
 
 
-def np_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6) -> np.ndarray:
+def np_rms_norm(x: np.ndarray, weight: np.ndarray, eps: float = 1e-6, offset: float = 0.0) -> np.ndarray:
     x = _f64(x)
-    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * _f64(weight)
+    return x / np.sqrt(np.mean(x * x, axis=-1, keepdims=True) + eps) * (offset + _f64(weight))
 
 
 def np_causal_attn_softmax(scores: np.ndarray, past_len: int = 0) -> np.ndarray:
@@ -322,6 +322,15 @@ def _rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
                    run=lambda b, x=x, w=w: {"out": ops.rms_norm(x, w, 1e-6, backend=b)},
                    reference=lambda x=x, w=w: {"out": np_rms_norm(x, w, 1e-6)},
                    note="big" if shp[-1] >= 65536 else "")
+    if only is None:  # Gemma: x * (1 + w) with w near 0, both paths (16-byte and scalar) in each dtype
+        for kind, shp in (("f32", (3, 64)), ("f32", (2, 13)), ("bf16", (3, 64)), ("bf16", (2, 13)),
+                          ("f16", (3, 64)), ("f16", (2, 13))):
+            x = _normal(rng, shp, kind, 2.0)
+            w = _cast(0.1 * rng.standard_normal(shp[-1]), kind)
+            yield Case(op="rms_norm", dtype=kind, shape="x".join(map(str, shp)) + "-offset1",
+                       kernels=("rms_norm" + _sfx(kind),),
+                       run=lambda b, x=x, w=w: {"out": ops.rms_norm(x, w, 1e-6, offset=1.0, backend=b)},
+                       reference=lambda x=x, w=w: {"out": np_rms_norm(x, w, 1e-6, offset=1.0)})
 
 
 def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:

@@ -32,8 +32,9 @@ def np_softmax_backward(probs: Any, grad_out: Any) -> np.ndarray:
     return p * (g - (p * g).sum(axis=-1, keepdims=True))
 
 
-def np_rms_norm_backward(x: Any, weight: Any, grad_out: Any, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    x, w, g = f64(x), f64(weight), f64(grad_out)
+def np_rms_norm_backward(x: Any, weight: Any, grad_out: Any, eps: float = 1e-6,
+                         offset: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    x, w, g = f64(x), offset + f64(weight), f64(grad_out)
     dim = x.shape[-1]
     r = 1.0 / np.sqrt((x * x).mean(axis=-1, keepdims=True) + eps)
     xwg = (x * w * g).sum(axis=-1, keepdims=True)
@@ -51,15 +52,18 @@ def np_embedding_backward(grad_out: Any, ids: Any, vocab_size: int) -> np.ndarra
 
 
 def np_cross_entropy(logits: Any, targets: Any, pad_id: int = -100, *, label_smoothing: float = 0.0,
-                     z_loss: float = 0.0, softcap: float | None = None,
-                     reduction: str = "mean") -> tuple[np.ndarray, np.ndarray]:
-    """float64 (loss, grad) of ops.cross_entropy_fwd_bwd with every option (torch's definitions)."""
+                     z_loss: float = 0.0, softcap: float | None = None, reduction: str = "mean",
+                     weight: Any = None, grad_output: Any = None, return_z_loss: bool = False) -> tuple:
+    """float64 (loss, grad[, z_loss]) of ops.cross_entropy_fwd_bwd with every option: torch's
+    F.cross_entropy(weight=, label_smoothing=) definitions (the weighted mean divides by the sum of
+    the targets' weights) plus Liger's z-loss (never weighted; its mean divides by the count)."""
     x = f64(logits)
     vocab = x.shape[-1]
     x2 = x.reshape(-1, vocab)
     t = np.asarray(targets).reshape(-1)
     live = t != pad_id
     count = int(live.sum())
+    c = np.ones(vocab) if weight is None else f64(weight).reshape(-1)
     d = np.ones_like(x2)
     z = x2
     if softcap:
@@ -72,22 +76,31 @@ def np_cross_entropy(logits: Any, targets: Any, pad_id: int = -100, *, label_smo
     lse = (m + np.log(s))[:, 0]
     rows = np.arange(x2.shape[0])
     tt = np.where(live, t, 0)
+    wt = np.where(live, c[tt], 0.0)
     eps = label_smoothing
-    row = (1 - eps) * (lse - z[rows, tt]) + z_loss * lse * lse
-    if eps:  # 0 * (a mean holding -inf) would be NaN where torch's loss is finite
-        row = row + eps * (lse - z.mean(axis=-1))
-    row = np.where(live, row, 0.0)
-    gz = p * (1 + 2 * z_loss * lse)[:, None] - eps / vocab
-    gz[rows, tt] -= 1.0 - eps
+    ce = (1 - eps) * wt * (lse - z[rows, tt])
+    if eps:  # 0 * (a sum holding -inf) would be NaN where torch's loss is finite
+        ce = ce + eps / vocab * (c * (lse[:, None] - z)).sum(-1)
+    zl = z_loss * lse * lse
+    ce, zl = np.where(live, ce, 0.0), np.where(live, zl, 0.0)
+    s_ce = s_z = 1.0
+    if reduction == "mean":
+        wsum = wt.sum()
+        s_ce = 1.0 / wsum if wsum != 0 else 0.0
+        s_z = 1.0 / count if count else 0.0
+    gz = (p * ((1 - eps) * wt + eps / vocab * c.sum())[:, None] - eps / vocab * c[None, :]) * s_ce
+    gz[rows, tt] -= (1.0 - eps) * wt * s_ce
+    gz += p * (2 * z_loss * lse)[:, None] * s_z
     g = gz * d
     g[~live] = 0.0
+    if grad_output is not None:
+        g = g * f64(grad_output).reshape(-1, 1)
+    row = ce * s_ce + zl * s_z
     if reduction == "none":
-        return row.reshape(x.shape[:-1]), g.reshape(x.shape)
-    if reduction == "sum":
-        return np.float64(row.sum()), g.reshape(x.shape)
-    if count == 0:
-        return np.float64(0.0), np.zeros_like(x)
-    return np.float64(row.sum() / count), (g / count).reshape(x.shape)
+        out = (row.reshape(x.shape[:-1]), g.reshape(x.shape), (zl * s_z).reshape(x.shape[:-1]))
+    else:
+        out = (np.float64(row.sum()), g.reshape(x.shape), np.float64((zl * s_z).sum()))
+    return out if return_z_loss else out[:2]
 
 
 def _attn_split(q: Any, k: Any, v: Any):
@@ -283,6 +296,27 @@ def _rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
 
         yield Case(op="rms_norm_backward", dtype=kind, shape="x".join(map(str, shape)), kernels=kern,
                    run=run, reference=ref, note=note)
+    if only is None:  # Gemma's (1 + w): fused and unfused weight gradients, each dtype
+        for kind, shape in (("f32", (7, 64)), ("f32", (3, 8200)), ("bf16", (7, 64)), ("f16", (7, 13)),
+                            ("f16", (3, 8200))):
+            x, g = (_cast(rng.standard_normal(shape), kind) for _ in range(2))
+            w = _cast(0.1 * rng.standard_normal(shape[-1]), kind)
+            from ...ops.training import rms_backward_partials
+            rows = int(np.prod(shape[:-1]))
+            sfx = _sfx(kind)
+            kern = (("rms_norm_backward" + sfx,) if rms_backward_partials(rows, shape[-1])
+                    else ("rms_norm_backward" + sfx, "rms_norm_backward_weight" + sfx))
+
+            def run(be, x=x, w=w, g=g):
+                gx, gw = _ops().rms_norm_backward(x, w, g, 1e-6, offset=1.0, backend=be)
+                return {"grad_x": _np(gx), "grad_weight": _np(gw)}
+
+            def ref(x=x, w=w, g=g):
+                gx, gw = np_rms_norm_backward(x, w, g, 1e-6, offset=1.0)
+                return {"grad_x": gx, "grad_weight": gw}
+
+            yield Case(op="rms_norm_backward", dtype=kind, shape="x".join(map(str, shape)) + "-offset1",
+                       kernels=kern, run=run, reference=ref)
 
 
 def _embedding_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
@@ -326,6 +360,18 @@ def _ce_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
               ("f32", 300, 9000, "some", -100, "big", {}),  # two-level (parallel) mean: 9000 > 8192 rows
               ("f32", 262144, 2, "some", -100, "big", all_opts),
               ("bf16", 262144, 2, "none", -100, "big", dict(all_opts, reduction="sum"))]
+    # Liger-Kernel's options: class weights with every reduction and with label smoothing, per-row
+    # upstream gradients ("none"), the z-loss returned on its own; 16-byte and scalar rows
+    for kind, vocab in (("f32", 257), ("f32", 64), ("bf16", 264), ("f16", 255)):
+        for red in ("mean", "sum", "none"):
+            specs.append((kind, vocab, 6, "some", -100, "", {"weight": "rand", "reduction": red}))
+            specs.append((kind, vocab, 6, "some", -100, "", {"weight": "rand", "reduction": red,
+                                                             "label_smoothing": 0.1, "z_loss": 1e-2,
+                                                             "return_z_loss": True}))
+    specs += [("f32", 64, 4, "all", -100, "", {"weight": "rand", "label_smoothing": 0.1}),
+              ("f32", 300, 9000, "some", -100, "big", {"weight": "rand", "z_loss": 1e-3, "return_z_loss": True}),
+              ("f32", 64, 5, "some", -100, "", {"reduction": "none", "z_loss": 1e-3, "softcap": 5.0,
+                                                "return_z_loss": True})]
     for kind, vocab, rows, pad, pad_id, note, o in only or specs:
         logits = _cast(3.0 * rng.standard_normal((rows, vocab)), kind)
         t = rng.integers(0, vocab, size=rows).astype(np.int64)
@@ -336,16 +382,20 @@ def _ce_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
         else:
             t[t == pad_id] = (pad_id + 1) % vocab
         sfx = _sfx(kind)
+        tag = "".join(f"-{k}{v}" for k, v in o.items())
+        if o.get("weight") == "rand":  # class weights (and per-row upstream gradients for "none")
+            o = dict(o, weight=rng.uniform(0.25, 2.0, vocab).astype(np.float32))
+            if o.get("reduction") == "none":
+                o["grad_output"] = rng.standard_normal(rows).astype(np.float32)
 
         def run(be, x=logits, t=t, pad_id=pad_id, o=o):
-            loss, grad = _ops().cross_entropy_fwd_bwd(x, t, pad_id, backend=be, **o)
-            return {"loss": _np(loss), "grad": _np(grad)}
+            out = _ops().cross_entropy_fwd_bwd(x, t, pad_id, backend=be, **o)
+            return {"loss": _np(out[0]), "grad": _np(out[1]), **({"z_loss": _np(out[2])} if len(out) > 2 else {})}
 
         def ref(x=logits, t=t, pad_id=pad_id, o=o):
-            loss, grad = np_cross_entropy(x, t, pad_id, **o)
-            return {"loss": loss, "grad": grad}
+            out = np_cross_entropy(x, t, pad_id, **o)
+            return {"loss": out[0], "grad": out[1], **({"z_loss": out[2]} if len(out) > 2 else {})}
 
-        tag = "".join(f"-{k}{v}" for k, v in o.items())
         red = () if o.get("reduction") == "none" else ("cross_entropy_loss_reduce",)
         yield Case(op="cross_entropy_fwd_bwd", dtype=kind, shape=f"{rows}x{vocab}-pad_{pad}{pad_id}{tag}",
                    kernels=("cross_entropy_count", "cross_entropy_fwd_bwd" + sfx) + red,

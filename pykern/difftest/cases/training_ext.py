@@ -15,15 +15,16 @@ from .training import _cast, _np, _ops, f64
 # --------------------------------------------------------------------------- NumPy float64 references
 
 
-def np_add_rms_norm(x: Any, residual: Any, weight: Any, eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
+def np_add_rms_norm(x: Any, residual: Any, weight: Any, eps: float = 1e-6,
+                    offset: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
     h = f64(x) + f64(residual)
     r = 1.0 / np.sqrt((h * h).mean(-1, keepdims=True) + eps)
-    return h * r * f64(weight), h
+    return h * r * (offset + f64(weight)), h
 
 
 def np_add_rms_norm_backward(h: Any, weight: Any, gy: Any, gres: Any = None,
-                             eps: float = 1e-6) -> tuple[np.ndarray, np.ndarray]:
-    h, w, g = f64(h), f64(weight), f64(gy)
+                             eps: float = 1e-6, offset: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    h, w, g = f64(h), offset + f64(weight), f64(gy)
     dim = h.shape[-1]
     r = 1.0 / np.sqrt((h * h).mean(-1, keepdims=True) + eps)
     gh = r * w * g - h * r**3 * (h * w * g).sum(-1, keepdims=True) / dim
@@ -127,6 +128,35 @@ def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]
                        shape="x".join(map(str, shape)) + ("-gres" if with_gres else ""),
                        kernels=("add_rms_norm_backward" + s, "norm_weight_grad" + s) + red, run=run_b,
                        reference=ref_b)
+    if only is None:  # Gemma's (1 + w), forward and backward, each dtype
+        for kind, shape in (("f32", (5, 64)), ("bf16", (5, 64)), ("f16", (3, 13))):
+            x, r, g = (_cast(rng.standard_normal(shape), kind) for _ in range(3))
+            w = _cast(0.1 * rng.standard_normal(shape[-1]), kind)
+            s = _sfx(kind)
+            tag = "x".join(map(str, shape)) + "-offset1"
+
+            def run(be, x=x, r=r, w=w):
+                y, h = _ops().add_rms_norm(x, r, w, 1e-6, offset=1.0, backend=be)
+                return {"y": _np(y), "new_residual": _np(h)}
+
+            def ref(x=x, r=r, w=w):
+                y, h = np_add_rms_norm(x, r, w, 1e-6, offset=1.0)
+                return {"y": y, "new_residual": h}
+
+            yield Case(op="add_rms_norm", dtype=kind, shape=tag, kernels=("add_rms_norm" + s,), run=run,
+                       reference=ref)
+            h = _cast(f64(x) + f64(r), kind)
+
+            def run_b(be, h=h, w=w, g=g):
+                gh, gw = _ops().add_rms_norm_backward(h, w, g, None, 1e-6, offset=1.0, backend=be)
+                return {"grad_h": _np(gh), "grad_weight": _np(gw)}
+
+            def ref_b(h=h, w=w, g=g):
+                gh, gw = np_add_rms_norm_backward(h, w, g, None, 1e-6, offset=1.0)
+                return {"grad_h": gh, "grad_weight": gw}
+
+            yield Case(op="add_rms_norm_backward", dtype=kind, shape=tag,
+                       kernels=("add_rms_norm_backward" + s, "norm_weight_grad" + s), run=run_b, reference=ref_b)
 
 
 def _layer_norm_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
