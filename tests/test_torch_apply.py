@@ -190,11 +190,13 @@ def test_padding_mask_falls_back_and_stays_correct(spy):
     assert_close(o, ref(input_ids=ids).logits, "logits, all-ones mask")
 
 
-def test_sliding_window_shorter_than_sequence_falls_back():
+def test_sliding_window_shorter_than_sequence_runs_on_pykern(spy):
+    calls, _ = spy
     ref = tiny("Mistral", sliding_window=4)
     model = pt.apply(copy.deepcopy(ref))
     ids, _ = batch()
     assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, "logits with a 4-token window")
+    assert calls["flash_attention"] == ref.config.num_hidden_layers  # the window runs on pykern, not SDPA
 
 
 def test_apply_keeps_parameters_and_state_dict():
