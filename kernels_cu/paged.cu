@@ -54,7 +54,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn(co
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -68,7 +68,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -82,7 +82,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -96,7 +96,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_e4
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -110,7 +110,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_e5
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -124,7 +124,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -138,7 +138,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf
         const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
         long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
         int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
@@ -152,7 +152,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(co
         int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
         int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
         int write_lse, float scale, float softcap) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
@@ -166,7 +166,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf
         int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
         int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
         int write_lse, float scale, float softcap) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
@@ -180,7 +180,7 @@ extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf
         int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
         int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
         int write_lse, float scale, float softcap) {
-    extern __shared__ float smem[];
+    extern __shared__ __align__(16) float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};

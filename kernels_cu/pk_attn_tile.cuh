@@ -147,30 +147,74 @@ template <> struct PaVec<unsigned short> { static constexpr int V = 8; };
 template <> struct PaVec<PkE4M3> { static constexpr int V = 16; };
 template <> struct PaVec<PkE5M2> { static constexpr int V = 16; };
 
-// K rows [t0, t0 + T) into Ks (row stride D + 1: the score loop's lanes walk rows
-// without bank conflicts), V rows into Vs (stride D); positions >= end become 0.
-template <typename TKV, int VEC, typename KV>
-__device__ __forceinline__ void pa_load_tile(const TKV* __restrict__ kp, const TKV* __restrict__ vp, const KV& kv,
-                                             int t0, int end, int T, int D, float* Ks, float* Vs) {
-    const int nvec = D / VEC;
-    const int total = T * nvec;
-#pragma unroll 2
-    for (int i = threadIdx.x; i < total; i += (int)blockDim.x) {
-        const int t = i / nvec, c = i - t * nvec;
-        const int pos = t0 + t;
-        float kf[VEC], vf[VEC];
-        if (pos < end) {
-            const long long o = kv.offset(pos) + (long long)c * VEC;
-            PaLoad<TKV, VEC>::run(kp + o, kf);
-            PaLoad<TKV, VEC>::run(vp + o, vf);
-        } else {
-#pragma unroll
-            for (int e = 0; e < VEC; ++e) { kf[e] = 0.0f; vf[e] = 0.0f; }
+// K/V stay in their cache type in shared memory (bf16 stays bf16, fp8 stays fp8) and are widened
+// to fp32 when read into registers. A ring of PA_STAGES slots, each K then V: T rows of PA_RS(D)
+// bytes, the row padded by 16 bytes so that the score loop's 16-byte reads (a quarter warp on 8
+// consecutive rows) hit 8 disjoint 4-bank groups. The host sizes it (pykern/ops/serving.py _smem_bytes).
+#define PA_STAGES 2
+__host__ __device__ __forceinline__ int pa_row_bytes(int d, int eb) { return ((d * eb + 15) / 16) * 16 + 16; }
+
+// One element of a shared-memory row, widened.
+template <typename T> struct PaElem;
+template <> struct PaElem<float> {
+    static __device__ __forceinline__ float get(const unsigned char* r, int d) { return reinterpret_cast<const float*>(r)[d]; }
+};
+template <> struct PaElem<unsigned short> {
+    static __device__ __forceinline__ float get(const unsigned char* r, int d) {
+        return __int_as_float((int)((unsigned int)reinterpret_cast<const unsigned short*>(r)[d] << 16));
+    }
+};
+// FP8: the pair conversion with a zero high byte (one cvt on sm_89+; the software x1 path cost ~20
+// instructions an element in the P V loop, measured in the SASS).
+template <int EB> struct PaElemFp8 {
+    static __device__ __forceinline__ float get(const unsigned char* r, int d) {
+        float lo, hi;
+        PaFp8Cvt<EB>::x2((unsigned short)r[d], lo, hi);
+        return lo;
+    }
+};
+template <> struct PaElem<PkE4M3> : PaElemFp8<4> {};
+template <> struct PaElem<PkE5M2> : PaElemFp8<5> {};
+
+// K/V rows [t0, t0 + T) into ring slot (Kst, Vst); positions >= end become 0 (P is 0 there, but
+// 0 * NaN garbage would not be). ASYNC: 16-byte cp.async (the caller checked 16-byte aligned rows,
+// strides and bases; the data lands at the wait covering the caller's commit). Otherwise an
+// element copy (unaligned views, head_dim * element bytes not a multiple of 16).
+template <typename TKV, bool ASYNC, typename KV>
+__device__ __forceinline__ void pa_fill(const TKV* __restrict__ kp, const TKV* __restrict__ vp, const KV& kv, int t0,
+                                        int end, int T, int D, int RS, unsigned char* Kst, unsigned char* Vst) {
+    if (ASYNC) {
+        const int nch = (D * (int)sizeof(TKV)) >> 4;
+        const int total = T * nch;
+        for (int i = threadIdx.x; i < total; i += (int)blockDim.x) {
+            const int t = i / nch, c = i - t * nch;
+            const int pos = t0 + t;
+            const unsigned int off = (unsigned int)(t * RS + c * 16);
+            if (pos < end) {
+                const long long o = kv.offset(pos);
+                pk_cp_async_16_at(Kst, off, reinterpret_cast<const char*>(kp + o) + c * 16);
+                pk_cp_async_16_at(Vst, off, reinterpret_cast<const char*>(vp + o) + c * 16);
+            } else {
+                *reinterpret_cast<uint4*>(Kst + off) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4*>(Vst + off) = make_uint4(0u, 0u, 0u, 0u);
+            }
         }
-#pragma unroll
-        for (int e = 0; e < VEC; ++e) {
-            Ks[t * (D + 1) + c * VEC + e] = kf[e];
-            Vs[t * D + c * VEC + e] = vf[e];
+    } else {
+        const int total = T * D;
+        for (int i = threadIdx.x; i < total; i += (int)blockDim.x) {
+            const int t = i / D, d = i - t * D;
+            const int pos = t0 + t;
+            TKV* kr = reinterpret_cast<TKV*>(Kst + t * RS);
+            TKV* vr = reinterpret_cast<TKV*>(Vst + t * RS);
+            if (pos < end) {
+                const long long o = kv.offset(pos) + d;
+                kr[d] = kp[o];
+                vr[d] = vp[o];
+            } else {
+                const TKV z{};
+                kr[d] = z;
+                vr[d] = z;
+            }
         }
     }
 }
@@ -216,9 +260,10 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
         end = end - begin > per ? begin + per : end;
     }
 
-    float* Ks = smem;
-    float* Vs = Ks + T * (D + 1);
-    float* Qs = Vs + T * D;
+    const int RS = pa_row_bytes(D, (int)sizeof(TKV));
+    unsigned char* ring = reinterpret_cast<unsigned char*>(smem);
+    const int slot_bytes = 2 * T * RS;  // K rows then V rows
+    float* Qs = reinterpret_cast<float*>(ring + PA_STAGES * slot_bytes);
     float* Ss = Qs + R * D;
     float* Ms = Ss + R * T;
     float* Ls = Ms + R;
@@ -249,16 +294,33 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     for (int k = 0; k < PA_MAX_ACC; ++k) acc[k] = 0.0f;
     const int nout = nrows * D;
     constexpr int VEC = PaVec<TKV>::V;
-    const bool vec_ok = D % VEC == 0 && kv.aligned(VEC) &&
-                        (((unsigned long long)kp | (unsigned long long)vp) & 15ull) == 0;
+    const bool dvec = D % VEC == 0;  // rows are whole 16-byte chunks (shared rows are 16-byte aligned)
+    const bool vec_ok = dvec && kv.aligned(VEC) && (((unsigned long long)kp | (unsigned long long)vp) & 15ull) == 0;
     __syncthreads();
 
+    // The ring: tile it + 1 streams in (cp.async) while tile it is computed. Every thread commits
+    // one group an iteration (empty past the end) so wait<1> always means "tile it has landed".
+    if (begin < end) {
+        if (vec_ok) pa_fill<TKV, true>(kp, vp, kv, begin, end, T, D, RS, ring, ring + T * RS);
+        else pa_fill<TKV, false>(kp, vp, kv, begin, end, T, D, RS, ring, ring + T * RS);
+    }
+    pk_cp_async_commit();
+    int stage = 0;
     for (int t0 = begin; t0 < end; t0 += T) {
-        if (vec_ok)
-            pa_load_tile<TKV, VEC>(kp, vp, kv, t0, end, T, D, Ks, Vs);
-        else
-            pa_load_tile<TKV, 1>(kp, vp, kv, t0, end, T, D, Ks, Vs);
+        const int nt0 = t0 + T;
+        const int nstage = stage + 1 == PA_STAGES ? 0 : stage + 1;
+        // Slot nstage was last read in the previous iteration, before its closing barrier.
+        if (nt0 < end) {
+            unsigned char* nk = ring + nstage * slot_bytes;
+            if (vec_ok) pa_fill<TKV, true>(kp, vp, kv, nt0, end, T, D, RS, nk, nk + T * RS);
+            else pa_fill<TKV, false>(kp, vp, kv, nt0, end, T, D, RS, nk, nk + T * RS);
+        }
+        pk_cp_async_commit();
+        pk_cp_async_wait<1>();
         __syncthreads();
+        const unsigned char* Ks = ring + stage * slot_bytes;
+        const unsigned char* Vs = Ks + T * RS;
+        stage = nstage;
         // Scores: thread pairs (r, t), consecutive lanes on consecutive positions.
         for (int i = tid; i < R * T; i += (int)blockDim.x) {
             const int r = i / T, t = i - r * T;
@@ -267,14 +329,21 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
             const long long c = diag + (row0 + r) / G;
             if (r < nrows && pos < end && pos >= c - a.window_left && pos <= c + a.window_right) {
                 const float* qr = Qs + r * D;
-                const float* kr = Ks + t * (D + 1);
+                const unsigned char* kr = Ks + t * RS;
                 float d0 = 0.0f, d1 = 0.0f;
-                int d = 0;
-                for (; d + 1 < D; d += 2) {
-                    d0 = fmaf(qr[d], kr[d], d0);
-                    d1 = fmaf(qr[d + 1], kr[d + 1], d1);
+                if (dvec) {  // 16-byte reads of the row, widened in registers
+                    for (int d = 0; d < D; d += VEC) {
+                        float kf[VEC];
+                        PaLoad<TKV, VEC>::run(reinterpret_cast<const TKV*>(kr) + d, kf);
+#pragma unroll
+                        for (int e = 0; e < VEC; e += 2) {
+                            d0 = fmaf(qr[d + e], kf[e], d0);
+                            d1 = fmaf(qr[d + e + 1], kf[e + 1], d1);
+                        }
+                    }
+                } else {
+                    for (int d = 0; d < D; ++d) d0 = fmaf(qr[d], PaElem<TKV>::get(kr, d), d0);
                 }
-                if (d < D) d0 = fmaf(qr[d], kr[d], d0);
                 s = d0 + d1;
                 if (capped) s = tanhf(s) * post;
             }
@@ -315,14 +384,14 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
             if (i < nout) {
                 const int r = i / D, d = i - r * D;
                 const float* pr = Ss + r * T;
-                const float* vc = Vs + d;
                 float x = acc[k] * Cs[r];
-                for (int t = 0; t < T; ++t) x = fmaf(pr[t], vc[t * D], x);
+                for (int t = 0; t < T; ++t) x = fmaf(pr[t], PaElem<TKV>::get(Vs + t * RS, d), x);
                 acc[k] = x;
             }
         }
-        __syncthreads();  // the next tile overwrites Ks, Vs and Ss
+        __syncthreads();  // the next iteration refills this slot's neighbour and Ss: all reads of them are done
     }
+    pk_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
 
     // One reciprocal a row, with the fast intrinsic (2 ulp): IEEE division is a call to a
     // slow-path subroutine whose call ABI costs spills. Cs is free after the loop's barrier.

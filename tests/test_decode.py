@@ -140,10 +140,12 @@ def test_method_knobs_checked() -> None:
 def test_llama8b_step_plans() -> None:
     # 32 heads, 8 kv heads, head_dim 128, a 4096-long cache: the geometry the report quotes.
     # One CTA per (sequence, kv head) holds the 4 query heads of its group (K/V read once).
-    smem = 4 * (32 * (2 * 128 + 1) + 4 * 128 + 4 * 32 + 3 * 4)
+    # Shared memory: a 2-slot cp.async ring of K and V tiles in the cache type (f32 rows of
+    # 128 * 4 bytes + 16 padding) plus fp32 q rows, scores and 3 row statistics.
+    smem = 2 * 2 * 16 * (128 * 4 + 16) + 4 * (4 * 128 + 4 * 16 + 3 * 4)
     warp = decode_plan(1, 32, 8, 128, 4096, method="warp")
     assert warp["launches"] == [("dense_attn", (8, 1), (128,), smem)]
-    assert warp["rows"] == 4 and warp["tile"] == 32
+    assert warp["rows"] == 4 and warp["tile"] == 16
     mw = decode_plan(1, 32, 8, 128, 4096, method="multi_warp")
     assert mw["launches"] == [("dense_attn", (8, 1, 8), (128,), smem), ("paged_attn_merge", (8,), (128,), 0)]
     sk = decode_plan(1, 32, 8, 128, 4096, method="split_k")

@@ -212,8 +212,8 @@ def test_sm90_converts_fp8_in_hardware_and_sm80_does_not() -> None:
         want = f"F2FP.SATFINITE.{fmt}.F32" if "append" in name else f"F2FP.F16.{fmt}.UNPACK_B"
         assert want in s90[name], f"{name} sm_90: no {want}"
         assert "E4M3" not in s80[name] and "E5M2" not in s80[name], f"{name} sm_80 has an fp8 instruction"
-    for name in ("paged_attn_e4m3kv", "paged_attn_bf16_e5m2kv"):  # 16-byte loads of the fp8 pages
-        assert "LDG.E.128" in s90[name] and "LDG.E.128" in s80[name]
+    for name in ("paged_attn_e4m3kv", "paged_attn_bf16_e5m2kv"):  # fp8 pages stream by 16-byte cp.async
+        assert "LDGSTS.E.BYPASS.128" in s90[name] and "LDGSTS.E.BYPASS.128" in s80[name]
 
 
 def test_docs_serving_snippets_run_on_the_host() -> None:

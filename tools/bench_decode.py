@@ -3,6 +3,7 @@
     python tools/bench_decode.py                        # model: every method x LLaMA-8B/70B x batch x length
     python tools/bench_decode.py --resources            # also ptxas registers/spills of the kernels per arch
     python tools/bench_decode.py --time --dtype bf16    # also time each method on the GPU (needs torch + CUDA)
+    python tools/bench_decode.py --roofline             # roofline of paged decode from OUR SASS (no GPU)
 
 Per (model, batch, length, method) the report prints: launches per decode step, CTAs of
 the attention launch vs the SM count (132 on an H100), bytes read vs the minimum (K and V
@@ -79,6 +80,155 @@ def report(args: argparse.Namespace) -> None:
                     print(f"{model:10s} {batch:5d} {length:6d} {method:12s} {r['launches']:6d} {r['ctas']:6d} "
                           f"{r['ctas'] / H100_SMS:6.2f} {r['splits']:6d} {r['read'] / 1e6:9.2f} "
                           f"{r['read'] / r['min']:6.3f} {r['model_us']:9.1f} {100 * r['model_bw'] / H100_BW:6.1f}%")
+
+
+# --------------------------------------------------------------------------- roofline from our SASS
+# H100 SXM: 132 SMs, 3.35 TB/s, 4 warp schedulers an SM issuing one warp-instruction a cycle each,
+# at 1.755 GHz (sustained boost); HBM latency 700 ns (the middle of 600-800 ns); 228 KiB shared an SM.
+# Nothing here is calibrated from a measured speed: the per-CTA instruction counts are the kernel's own
+# SASS loop bodies (tools/sass_report.py inner_loops), the bytes the plan's.
+CLOCK = 1.755e9
+ISSUE = 4
+HBM_LAT = 700e-9
+SMEM_SM = 228 * 1024
+KV_ELEM = {"bf16": 2, "e4m3": 1}
+GQA = (1, 4, 8)
+RF_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
+RF_LENGTHS = (1024, 4096, 16384, 32768)
+
+
+def sass_costs(kernel: str, arch: str = "sm_90") -> dict[str, Any]:
+    """Warp-instructions of the tile kernel's pieces, read from its SASS:
+    fill: per 16-byte K+V chunk pair (the cp.async loop's body / its LDGSTS pairs);
+    score: per 16-byte K chunk of one (row, position) dot product (LDS.128 loop body / its LDS.128);
+    pv: per (output, position) FMA (the P V loop body / its FFMAs, the unrolled copy with the most FFMAs);
+    tile: straight-line instructions of the tile loop outside its innermost loops, per warp and tile
+    (all of it counted as executed: an upper bound, the unrolled accumulator guards included);
+    registers (occupancy)."""
+    import importlib.util
+
+    from pykern import cache
+    from pykern.registry import source_files
+
+    spec = importlib.util.spec_from_file_location("pk_sass_report_bd", ROOT / "tools" / "sass_report.py")
+    sr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sr)
+    src = next(s for s in source_files() if s.name == "paged.cu")
+    mod = cache.get_module(src, arch)
+    text = sr.disassemble(mod.image)
+    loops = sr.inner_loops(text)[kernel]
+    outer = sr.inner_loops(text, innermost=False)[kernel]
+
+    def ops(r: dict, prefix: str) -> int:
+        return sum(v for k, v in r["ops"].items() if k.startswith(prefix))
+
+    fill = max((r for r in loops if ops(r, "LDGSTS")), key=lambda r: ops(r, "LDGSTS"))
+    score = max((r for r in loops if ops(r, "LDS.128") and ops(r, "FFMA")), key=lambda r: ops(r, "FFMA"))
+    pv = max((r for r in loops if ops(r, "FFMA") and not ops(r, "LDS.128") and r is not score),
+             key=lambda r: ops(r, "FFMA"))
+    tile = max(outer, key=lambda r: r["bar"])
+    # The P V block is unrolled PA_MAX_ACC times (one per accumulator, guarded by i < nout): the
+    # straight-line code of one copy is the gap between consecutive copies' main loops less the loop
+    # bodies in it (16-byte SASS instructions); only the copies a row chunk uses run.
+    mains = sorted(int(r["start"], 16) for r in loops if ops(r, "FFMA") == ops(pv, "FFMA") and r is not score)
+    per_k = 0.0
+    if len(mains) > 1:
+        gaps = []
+        for a, b in zip(mains, mains[1:]):
+            inside = sum(r["insns"] for r in loops if a <= int(r["start"], 16) < b)
+            gaps.append((b - a) // 16 - inside)
+        per_k = sorted(gaps)[len(gaps) // 2]
+    return {"fill": fill["insns"] / (ops(fill, "LDGSTS") / 2), "score": score["insns"] / ops(score, "LDS.128"),
+            "pv": pv["insns"] / ops(pv, "FFMA"), "tile": tile["insns"] - tile["inner"], "per_k": per_k,
+            "copies": len(mains), "registers": mod.resources[kernel].registers}
+
+
+def roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
+                 head_dim: int = 128, page_size: int = 16) -> dict[str, Any]:
+    """Modelled H100 time of one paged decode step (bf16 q/out) and its binding term."""
+    from pykern.ops.serving import PA_STAGES
+
+    heads = kv_heads * group
+    kvd = "bf16" if kv == "bf16" else "float8_e4m3fn"
+    plan = PagedDecodePlan(batch, heads, kv_heads, head_dim, page_size, max_kv_len=length, q_dtype="bf16",
+                           kv_dtype=kvd)
+    eb = KV_ELEM[kv]
+    ctas = math.prod(plan.launches()[0][1])
+    per_cta_pos = -(-length // plan.num_splits)
+    T, R = plan.tile, plan.rows
+    tiles = -(-per_cta_pos // T)
+    nch = head_dim * eb // 16
+    nout = min(R, group) * head_dim
+    warps = _NT_WARPS
+    # warp-instructions a CTA issues
+    fill = warps * -(-T * nch // (32 * warps)) * costs["fill"]
+    score = -(-R * T // 32) * nch * costs["score"]
+    pv = -(-nout // 32) * T * costs["pv"]
+    # straight-line code a warp runs a tile: all of it less the accumulator copies this chunk skips
+    active_k = -(-nout // (32 * warps))
+    straight = costs["tile"] - max(0, costs["copies"] - active_k) * costs["per_k"]
+    per_cta = tiles * (fill + score + pv + warps * straight)
+    per_cta_lo = tiles * (fill + score + pv)  # no straight-line code: the issue term's lower bound
+    # bytes
+    kv_min = 2 * batch * kv_heads * length * head_dim * eb
+    qo = 2 * batch * heads * head_dim * 2
+    table = batch * (-(-length // page_size)) * 4 * plan.row_chunks
+    partials = 2 * plan.num_splits * batch * heads * (head_dim + 1) * 4 if plan.num_splits > 1 else 0
+    read = kv_min * plan.row_chunks + qo + table + partials
+    # occupancy: CTAs an SM by registers (rounded to 8 a thread, 256 a warp) and shared memory
+    regs = -(-costs["registers"] // 8) * 8
+    occ = max(1, min(65536 // (regs * 32 * warps), SMEM_SM // (plan.smem + 1024), 32))
+    resident = min(occ, -(-ctas // H100_SMS))  # CTAs an SM holds at once
+    waves = -(-ctas // (H100_SMS * occ))
+    active_sms = min(H100_SMS, ctas)
+    t_hbm = read / H100_BW
+    t_issue = waves * resident * per_cta / (ISSUE * CLOCK)
+    t_issue_lo = waves * resident * per_cta_lo / (ISSUE * CLOCK)
+    # Little's law: an SM needs BW/SMs * latency bytes in flight; the ring keeps (stages - 1) tiles a CTA
+    need = H100_BW / H100_SMS * HBM_LAT
+    have = resident * (PA_STAGES - 1) * T * 2 * head_dim * eb
+    bw_lat = min(H100_BW / H100_SMS, have / HBM_LAT) * active_sms
+    t_lat = read / bw_lat
+    launch = LAUNCH_S * (len(plan.launches()) - 1)
+    terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat}
+    bind = max(terms, key=terms.get)
+    t = terms[bind] + launch
+    return {"ctas": ctas, "splits": plan.num_splits, "tile": T, "rows": R, "occ": occ, "need_kb": need / 1024,
+            "have_kb": have / 1024, "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue,
+            "t_lat": t_lat, "t": t, "bind": bind, "pct": 100 * (kv_min + qo) / t / H100_BW,
+            "t_issue_lo": t_issue_lo,
+            "pct_hi": 100 * (kv_min + qo) / (max(t_hbm, t_issue_lo, t_lat) + launch) / H100_BW}
+
+
+_NT_WARPS = 4  # PA_NT / 32
+
+
+def roofline(args: argparse.Namespace) -> None:
+    for kv in args.kv:
+        kern = "paged_attn_bf16" if kv == "bf16" else "paged_attn_bf16_e4m3kv"
+        c = sass_costs(kern)
+        print(f"\npaged decode roofline, bf16 q/out, {kv} KV, kv_heads 8, head_dim 128, page 16; H100 "
+              f"{H100_SMS} SMs {H100_BW / 1e12:.2f} TB/s, {ISSUE} issue/clk/SM at {CLOCK / 1e9:.3f} GHz, HBM "
+              f"latency {HBM_LAT * 1e9:.0f} ns")
+        print(f"{kern} sm_90 SASS: regs {c['registers']}, warp-instructions per 16-B K+V fill chunk "
+              f"{c['fill']:.1f}, per 16-B score chunk {c['score']:.1f}, per P.V FMA {c['pv']:.2f}, "
+              f"tile straight-line {c['tile']} ({c['copies']} P.V copies of {c['per_k']} each, only those a "
+              f"row chunk uses counted)")
+        print("issue us counts the tile loop's straight-line code as all executed (upper bound); issue lo "
+              "leaves it out, and % hi is the % of HBM with that lower bound")
+        hdr = (f"{'GQA':>3s} {'batch':>5s} {'len':>6s} {'CTAs':>6s} {'splt':>4s} {'T':>3s} {'occ':>3s} "
+               f"{'need KB':>7s} {'ring KB':>7s} {'x min':>6s} {'HBM us':>8s} {'issue us':>8s} {'lat us':>8s} "
+               f"{'bound':>7s} {'% HBM':>6s} {'issue lo':>8s} {'% hi':>6s}")
+        print(hdr)
+        print("-" * len(hdr))
+        for g in args.gqa:
+            for b in args.rf_batch:
+                for n in args.rf_length:
+                    r = roofline_row(b, g, n, kv, c)
+                    print(f"{g:3d} {b:5d} {n:6d} {r['ctas']:6d} {r['splits']:4d} {r['tile']:3d} {r['occ']:3d} "
+                          f"{r['need_kb']:7.1f} {r['have_kb']:7.1f} {r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} "
+                          f"{r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} {r['bind']:>7s} {r['pct']:5.1f}% "
+                          f"{r['t_issue_lo'] * 1e6:8.1f} {r['pct_hi']:5.1f}%")
 
 
 def resources(args: argparse.Namespace) -> None:
@@ -165,7 +315,15 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--resources", action="store_true", help="ptxas registers / spills of kernels_cu/paged.cu")
     ap.add_argument("--arch", action="append", help="arch for --resources (repeatable; default sm_80, sm_90)")
     ap.add_argument("--time", action="store_true", help="time each method on the GPU (torch + CUDA)")
+    ap.add_argument("--roofline", action="store_true", help="paged decode roofline from our SASS (only that)")
+    ap.add_argument("--kv", nargs="+", choices=sorted(KV_ELEM), default=["bf16"], help="--roofline KV dtypes")
+    ap.add_argument("--gqa", nargs="+", type=int, default=list(GQA), help="--roofline query heads a kv head")
+    ap.add_argument("--rf-batch", nargs="+", type=int, default=list(RF_BATCHES))
+    ap.add_argument("--rf-length", nargs="+", type=int, default=list(RF_LENGTHS))
     args = ap.parse_args(argv)
+    if args.roofline:
+        roofline(args)
+        return
     report(args)
     if args.resources:
         resources(args)

@@ -294,3 +294,47 @@ def main(argv: Sequence[str] | None = None) -> int:
 if __name__ == "__main__":
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     sys.exit(main())
+
+
+def inner_loops(text: str, innermost: bool = True) -> dict[str, list[dict[str, Any]]]:
+    """{kernel: [{start, end, insns, ops}]} of each innermost loop (a backward branch whose body
+    [target, branch] holds no other backward branch), NOPs left out; ops counts opcodes with their
+    modifiers (e.g. 'LDS.128', 'LDGSTS.E.BYPASS.128'). For loops without MMAs (decode attention), where
+    steady_state_loops finds nothing: tools/bench_decode.py models per-CTA issue from these bodies.
+    innermost=False lists every loop (outer ones too), each with "bar" (barriers) and "inner" (the
+    instructions of the innermost loops it holds)."""
+    funcs: dict[str, list[tuple[int, str, str, str]]] = {}
+    cur: list | None = None
+    for line in text.splitlines():
+        m = _FUNC.match(line)
+        if m:
+            cur = funcs.setdefault(m.group(1), [])
+            continue
+        if cur is None:
+            continue
+        a = _ADDR.match(line)
+        i = _INSN.match(line)
+        if a and i:
+            cur.append((int(a.group(1), 16), i.group(1), i.group(2), a.group(2)))
+    out: dict[str, list[dict[str, Any]]] = {}
+    for name, insns in funcs.items():
+        backs = []
+        for addr, op, _mods, body in insns:
+            if op == "BRA":
+                b = _BRA.search(body)
+                if b and int(b.group(1), 16) <= addr:
+                    backs.append((int(b.group(1), 16), addr))
+        rows = []
+        leaves = [(lo, hi) for lo, hi in backs
+                  if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in backs)]
+        for lo, hi in (leaves if innermost else backs):
+            body = [x for x in insns if lo <= x[0] <= hi and x[1] != "NOP"]
+            row = {"start": hex(lo), "end": hex(hi), "insns": len(body),
+                   "ops": dict(Counter(op + mods for _, op, mods, _ in body))}
+            if not innermost:
+                row["bar"] = sum(op == "BAR" for _, op, _, _ in body)
+                row["inner"] = sum(sum(1 for x in body if l2 <= x[0] <= h2) for l2, h2 in leaves
+                                   if lo <= l2 and h2 <= hi)
+            rows.append(row)
+        out[name] = rows
+    return out

@@ -70,27 +70,38 @@ _MAX_LEN = 2**30
 _GRID_YZ_MAX = 65535
 H100_SMS = 132
 _MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
+_KV_BYTES = {"f32": 4, "bf16": 2, "e4m3": 1, "e5m2": 1}
 _SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv",
            ("f32", "e4m3"): "_e4m3kv", ("f32", "e5m2"): "_e5m2kv",
            ("bf16", "e4m3"): "_bf16_e4m3kv", ("bf16", "e5m2"): "_bf16_e5m2kv"}
 
 
 # --------------------------------------------------------------------------- shared helpers
-def attn_tiling(head_dim: int, packed_rows: int) -> tuple[int, int, int]:
-    """(rows, tile, shared bytes) of the tile kernel for head_dim and at most `packed_rows` rows a sequence.
+def attn_tiling(head_dim: int, packed_rows: int, kv_bytes: int = 4) -> tuple[int, int, int]:
+    """(rows, tile, shared bytes) of the tile kernel for head_dim, at most `packed_rows` rows a sequence
+    and K/V elements of kv_bytes (4 f32, 2 bf16, 1 fp8; 4, the default, bounds the others).
 
     rows * head_dim <= 2048 (16 fp32 accumulators a thread at 128 threads); the K/V tile
     is the largest power of two <= 64 that keeps shared memory within 48 KiB.
     """
     rows = max(1, min(64, (_NT * _MAX_ACC) // head_dim, max(1, packed_rows)))
     tile = 64
-    while tile > 1 and _smem_bytes(head_dim, rows, tile) > _SMEM_LIMIT:
+    while tile > 1 and _smem_bytes(head_dim, rows, tile, kv_bytes) > _SMEM_LIMIT:
         tile //= 2
-    return rows, tile, _smem_bytes(head_dim, rows, tile)
+    return rows, tile, _smem_bytes(head_dim, rows, tile, kv_bytes)
 
 
-def _smem_bytes(d: int, rows: int, tile: int) -> int:
-    return 4 * (tile * (2 * d + 1) + rows * d + rows * tile + 3 * rows)
+PA_STAGES = 2  # PA_STAGES in kernels_cu/pk_attn_tile.cuh: slots of the K/V cp.async ring
+
+
+def _row_bytes(d: int, kv_bytes: int) -> int:
+    """pa_row_bytes: a K/V row in shared memory, in its cache type, padded to 16 bytes plus 16."""
+    return (d * kv_bytes + 15) // 16 * 16 + 16
+
+
+def _smem_bytes(d: int, rows: int, tile: int, kv_bytes: int = 4) -> int:
+    ring = PA_STAGES * 2 * tile * _row_bytes(d, kv_bytes)
+    return ring + 4 * (rows * d + rows * tile + 3 * rows)
 
 
 def _suffix(q_kind: str, kv_kind: str) -> str:
@@ -448,7 +459,7 @@ class PagedDecodePlan:
         if self.batch * self.num_kv_heads >= 2**31:
             raise ArgumentError(f"batch: expected batch * num_kv_heads < 2**31, got {self.batch * self.num_kv_heads}")
         group = num_qo_heads // num_kv_heads
-        self.rows, self.tile, self.smem = attn_tiling(self.head_dim, group)
+        self.rows, self.tile, self.smem = attn_tiling(self.head_dim, group, _KV_BYTES[self.kv_kind])
         self.row_chunks = -(-group // self.rows)
         ctas = self.batch * self.num_kv_heads * self.row_chunks
         if num_splits is None:

@@ -1,0 +1,82 @@
+"""SASS of the decode / serving attention kernels (kernels_cu/paged.cu), from the sm_80 and sm_90 cubins
+with cuobjdump (no GPU needed), in the style of tests/test_sass.py:
+
+- K/V tiles stream into shared memory by 16-byte cp.async (LDGSTS.E.BYPASS.128) in every paged_attn* and
+  dense_attn* kernel, with commit/wait (LDGDEPBAR / DEPBAR) and no 16-byte register load of K/V left;
+- no spills and no local memory in any paged.cu kernel.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("sm_80", "sm_90")
+
+
+def _load_report() -> Any:
+    spec = importlib.util.spec_from_file_location("pk_sass_report_decode", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sr = _load_report()
+
+
+def _kernels() -> list[str]:
+    from pykern.registry import parse_file, source_files
+
+    return [s.name for src in source_files() if src.name == "paged.cu" for s in parse_file(src)]
+
+
+@lru_cache(maxsize=None)
+def mix() -> dict[str, dict[str, dict[str, Any]]]:
+    try:
+        sr.find_cuobjdump()
+    except sr.CuobjdumpUnavailable as e:
+        pytest.skip(f"no cuobjdump: {e}")
+    try:
+        return sr.instruction_mix(_kernels(), ARCHS, with_resources=True)
+    except Exception as e:  # no NVRTC in this environment
+        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
+            pytest.skip(f"NVRTC unavailable: {e}")
+        raise
+
+
+ATTN = [k for k in _kernels() if k.startswith(("paged_attn", "dense_attn")) and "merge" not in k]
+
+
+def test_attention_kernels_are_listed() -> None:
+    assert len(ATTN) == 10, ATTN  # 7 paged (f32, bf16, bf16kv, 4 fp8) + 3 dense
+
+
+@pytest.mark.parametrize("kernel", ATTN)
+def test_kv_streams_by_16_byte_cp_async(kernel: str) -> None:
+    m = mix()
+    for a in ARCHS:
+        row = m[kernel][a]
+        # K and V: one LDGSTS each in the async fill (the fill loop may be unrolled: >= 2)
+        assert row["LDGSTS"] >= 2, f"{kernel} {a}: no cp.async: {row}"
+        # K/V no longer pass through registers as 16-byte loads (q and indices are narrower)
+        assert row["LDG128"] == 0, f"{kernel} {a}: a 16-byte register load is left: {row}"
+
+
+def test_cp_async_is_16_bytes_with_commit_and_wait() -> None:
+    from pykern import cache
+
+    src = next(s for s in __import__("pykern.registry", fromlist=["source_files"]).source_files()
+               if s.name == "paged.cu")
+    text = sr.disassemble(cache.get_module(src, "sm_90").image)
+    assert "LDGSTS.E.BYPASS.128" in text and "LDGDEPBAR" in text and "DEPBAR.LE SB0" in text
+
+
+def test_no_spills() -> None:
+    m = mix()
+    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
+           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    assert not bad, bad
