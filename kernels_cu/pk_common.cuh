@@ -28,6 +28,10 @@
 // global scope. pykern/registry.py reads these calls (IO_INSTANTIATIONS there lists the same suffixes and
 // types): keep the call on one logical statement starting a line, with the four arguments parenthesized.
 // Accumulation is fp32 for every T.
+// A family with compile-time variants (a head_dim bucket, a softcap flag) names each variant's impl with
+//     PK_IO_VARIANT(flash_attention_d64_softcap, flash_attention_body, 64, 32, true)
+// (flash_attention_d64_softcap_impl<T>(args...) calls flash_attention_body<T, 64, 32, true>(args...)), then
+// instantiates it with PK_IO_KERNELS(flash_attention_d64_softcap, ...) as above.
 // ---------------------------------------------------------------------------------------------------------
 struct alignas(2) __nv_bfloat16 {
     unsigned short bits;
@@ -48,6 +52,9 @@ struct alignas(2) __half {
 #define PK_IO_KERNELS(name, bounds, params, args)                                                  \
     PK_IO_KERNEL_ONE(name, name, float, bounds, params, args)                                      \
     PK_IO16_KERNELS(name, bounds, params, args)
+#define PK_IO_VARIANT(name, body, ...)                                                             \
+    template <typename T, typename... PkA>                                                         \
+    __device__ __forceinline__ void name##_impl(PkA... a) { body<T, __VA_ARGS__>(a...); }
 
 #define PK_FULL_MASK 0xffffffffu
 #define PK_NEG_INF (__int_as_float(0xff800000))
