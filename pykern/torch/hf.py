@@ -259,8 +259,7 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     """Patch a transformers LLaMA-family causal LM in place to run on pykern kernels; returns the model.
 
     Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
-    Qwen3ForCausalLM (subclasses too), float32, bfloat16 or float16 weights (float16 attention runs
-    transformers' own until the attention kernels take float16). Any other
+    Qwen3ForCausalLM (subclasses too), float32, bfloat16 or float16 weights (attention included). Any other
     model raises ArgumentTypeError naming its class. The keyword flags turn
     single replacements off. Parameters are kept (not copied), so a model can be
     patched before or after building its optimizer.
