@@ -337,7 +337,8 @@ def test_no_spills_on_any_arch_nvrtc_offers() -> None:
                          timeout=1800, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
-    rows = [r for r in res["results"] if r["kind"] == "cubin"]
+    # '*_tc_*' also names the MoE tensor-core GEMMs (moe.cu): this test is about the attention ones
+    rows = [r for r in res["results"] if r["kind"] == "cubin" and "attention" in r["kernel"]]
     assert {r["kernel"] for r in rows} == set(TC_FWD + TC_BWD)
     assert {r["arch"] for r in rows} == set(rest)
     bad = [(r["kernel"], r["arch"], r["spill_stores"], r["spill_loads"], r["stack_bytes"]) for r in rows
