@@ -470,6 +470,6 @@ def _fa_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
                                               (130, 180, True, (40, -1), 2.0, 64)):
             yield _fa_case(rng, "f16", 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
                            window_size=win, softcap=cap)
-    for tc, dims in ((None, (32, 96, 256)), (False, (128, 256))):
+    for tc, dims in ((None, (32, 96, 128, 256)), (False, (128, 256))):
         for d in dims:
             yield _fa_case(rng, "f16", 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)

@@ -592,7 +592,9 @@ def _attention_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
                                                 (None, 9, 20, 4, 4, 33, False, None, False, "")))
     yield from _attention_window_cases(rng, (("f16", 70, 70, 4, 1, 64, True, (20, -1), 0.0),
                                              ("f16", 40, 90, 2, 1, 80, False, (30, 10), 4.0),
-                                             ("f16", 20, 25, 2, 1, 256, True, (10, -1), 3.0)))
+                                             ("f16", 20, 25, 2, 1, 256, True, (10, -1), 3.0),
+                                             ("f16", 30, 40, 2, 1, 64, True, (-1, -1), 2.0),
+                                             ("f16", 40, 30, 2, 2, 128, False, (6, 6), 1.0)))
 
 
 def _f32_to_16_cases(rng: np.random.Generator) -> Iterator[Case]:
