@@ -26,6 +26,8 @@
 // <= 32) owns one key (or query) row; lane g holds dims g, g+G, ... in
 // registers (at most PK_ATT_MAXE of them, so head_dim <= 16 * G) and dot
 // products are finished with G-wide xor shuffles.
+// Every kernel is one body over the I/O element type T (float, __nv_bfloat16, __half: PK_IO_KERNELS in
+// pk_common.cuh); lse, delta and the naive path's dk/dv accumulators are fp32 in every dtype.
 #include "pk_common.cuh"
 #include "pk_attn_window.cuh"
 
@@ -41,11 +43,13 @@ __device__ __forceinline__ float pk_group_sum(float v, unsigned int group) {
 // Naive path. Dynamic shared memory: q_s[D], do_s[D], p[n_k], ds[n_k] floats, and with a
 // softcap th[n_k] (the tanh of each score). dk_acc / dv_acc are fp32 and must be zero on entry.
 template <typename T>
-__device__ __forceinline__ void attention_naive_body(
+__device__ __forceinline__ void attention_backward_naive_impl(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     T* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc, unsigned int n_q,
     unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    int window_left, int window_right, float softcap, float* smem, float* scratch) {
+    int window_left, int window_right, float softcap) {
+    extern __shared__ float smem[];
+    __shared__ float scratch[32];
     const unsigned int i = blockIdx.x, h = blockIdx.y, b = blockIdx.z;
     const unsigned int kvh = h / (n_heads / n_kv_heads);
     const unsigned int lane = threadIdx.x & 31u, warp = threadIdx.x >> 5;
@@ -131,35 +135,19 @@ __device__ __forceinline__ void attention_naive_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, float* __restrict__ dq, float* __restrict__ dk_acc,
-    float* __restrict__ dv_acc, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right,
-    float softcap) {
-    extern __shared__ float smem[];
-    __shared__ float scratch[32];
-    attention_naive_body<float>(q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads,
-                                head_dim, scale, window_left, window_right, softcap, smem, scratch);
-}
-
-extern "C" __global__ void __launch_bounds__(128, 1) attention_backward_naive_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-    const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
-    unsigned short* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc,
-    unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int window_left, int window_right, float softcap) {
-    extern __shared__ float smem[];
-    __shared__ float scratch[32];
-    attention_naive_body<unsigned short>(q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads,
-                                         n_kv_heads, head_dim, scale, window_left, window_right, softcap, smem,
-                                         scratch);
-}
+PK_IO_KERNELS(attention_backward_naive, (128, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+               const T* __restrict__ grad_out, T* __restrict__ dq, float* __restrict__ dk_acc,
+               float* __restrict__ dv_acc, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
+               unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right,
+               float softcap),
+              (q, k, v, grad_out, dq, dk_acc, dv_acc, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
+               window_right, softcap))
 
 // ---------------------------------------------------------------------------
 // delta[r] = dot(dO[r], O[r]) for every (batch, query, head) row; one warp per row.
 template <typename T>
-__device__ __forceinline__ void attention_preprocess_body(const T* __restrict__ dout, const T* __restrict__ out,
+__device__ __forceinline__ void attention_bwd_preprocess_impl(const T* __restrict__ dout, const T* __restrict__ out,
                                                           float* __restrict__ delta, long long n_rows,
                                                           unsigned int head_dim) {
     const unsigned int lane = threadIdx.x & 31u;
@@ -172,17 +160,10 @@ __device__ __forceinline__ void attention_preprocess_body(const T* __restrict__ 
     if (lane == 0) delta[row] = s;
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_preprocess(
-    const float* __restrict__ grad_out, const float* __restrict__ out, float* __restrict__ delta,
-    long long n_rows, unsigned int head_dim) {
-    attention_preprocess_body<float>(grad_out, out, delta, n_rows, head_dim);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_preprocess_bf16(
-    const unsigned short* __restrict__ grad_out, const unsigned short* __restrict__ out,
-    float* __restrict__ delta, long long n_rows, unsigned int head_dim) {
-    attention_preprocess_body<unsigned short>(grad_out, out, delta, n_rows, head_dim);
-}
+PK_IO_KERNELS(attention_bwd_preprocess, (256, 1),
+              (const T* __restrict__ grad_out, const T* __restrict__ out, float* __restrict__ delta,
+               long long n_rows, unsigned int head_dim),
+              (grad_out, out, delta, n_rows, head_dim))
 
 // ---------------------------------------------------------------------------
 // Shared pieces of the query-tiled kernels (lse pre-pass and dq): a block of
@@ -209,7 +190,8 @@ __device__ __forceinline__ void attention_query_tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     float* __restrict__ lse, float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q, unsigned int n_k,
     unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left,
-    int window_right, float softcap, unsigned int group_lanes, float* smem) {
+    int window_right, float softcap, unsigned int group_lanes) {
+    extern __shared__ float smem[];
     const unsigned int G = group_lanes;
     const unsigned int rows_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
@@ -309,85 +291,43 @@ __device__ __forceinline__ void attention_query_tiled_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
-    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<float, 0, false>(q, k, v, grad_out, lse, delta, (float*)0, n_q, n_k, n_heads, n_kv_heads,
-        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
+// Entry points: the lse pre-pass (MODE 0) and dq (MODE 1), each with and without softcap.
+PK_IO_VARIANT(attention_bwd_lse, attention_query_tiled_body, 0, false)
+PK_IO_VARIANT(attention_bwd_lse_softcap, attention_query_tiled_body, 0, true)
+PK_IO_VARIANT(attention_backward_flash_dq, attention_query_tiled_body, 1, false)
+PK_IO_VARIANT(attention_backward_flash_dq_softcap, attention_query_tiled_body, 1, true)
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
-    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<unsigned short, 0, false>(q, k, v, grad_out, lse, delta, (unsigned short*)0, n_q, n_k, n_heads, n_kv_heads,
-        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_KERNELS(attention_bwd_lse, (256, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+               float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q, unsigned int n_k,
+               unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left,
+               int window_right, float softcap, unsigned int group_lanes),
+              (q, k, v, grad_out, lse, delta, (T*)0, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
+               window_right, softcap, group_lanes))
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_softcap(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
-    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<float, 0, true>(q, k, v, grad_out, lse, delta, (float*)0, n_q, n_k, n_heads, n_kv_heads,
-        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_KERNELS(attention_bwd_lse_softcap, (256, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+               float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q, unsigned int n_k,
+               unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left,
+               int window_right, float softcap, unsigned int group_lanes),
+              (q, k, v, grad_out, lse, delta, (T*)0, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
+               window_right, softcap, group_lanes))
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_lse_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, float* __restrict__ lse, float* __restrict__ delta, unsigned int n_q,
-    unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
-    int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<unsigned short, 0, true>(q, k, v, grad_out, lse, delta, (unsigned short*)0, n_q, n_k, n_heads, n_kv_heads,
-        head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_KERNELS(attention_backward_flash_dq, (256, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+               const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q,
+               unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+               int window_left, int window_right, float softcap, unsigned int group_lanes),
+              (q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta), dq, n_q, n_k, n_heads,
+               n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes))
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<float, 1, false>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
-        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<unsigned short, 1, false>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
-        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_softcap(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<float, 1, true>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
-        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dq_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
-    unsigned int head_dim, float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_query_tiled_body<unsigned short, 1, true>(q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta),
-        dq, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_KERNELS(attention_backward_flash_dq_softcap, (256, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+               const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q,
+               unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
+               int window_left, int window_right, float softcap, unsigned int group_lanes),
+              (q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta), dq, n_q, n_k, n_heads,
+               n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes))
 
 // ---------------------------------------------------------------------------
 // dk/dv: a block owns blockDim.x / G keys of one kv head; it walks every query
@@ -401,7 +341,8 @@ __device__ __forceinline__ void attention_dkdv_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
     unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, int window_left, int window_right, float softcap, unsigned int group_lanes, float* smem) {
+    float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
+    extern __shared__ float smem[];
     const unsigned int G = group_lanes;
     const unsigned int keys_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
@@ -496,46 +437,23 @@ __device__ __forceinline__ void attention_dkdv_body(
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dk, float* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
-    unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_dkdv_body<float, false>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
-        scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_VARIANT(attention_backward_flash_dkdv, attention_dkdv_body, false)
+PK_IO_VARIANT(attention_backward_flash_dkdv_softcap, attention_dkdv_body, true)
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
-    unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_dkdv_body<unsigned short, false>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
-        scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_KERNELS(attention_backward_flash_dkdv, (256, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+               const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+               unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+               unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
+               unsigned int group_lanes),
+              (q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
+               window_right, softcap, group_lanes))
 
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_softcap(
-    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
-    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    float* __restrict__ dk, float* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
-    unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_dkdv_body<float, true>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
-        scale, window_left, window_right, softcap, group_lanes, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(256, 1) attention_backward_flash_dkdv_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
-    unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
-    unsigned int group_lanes) {
-    extern __shared__ float smem[];
-    attention_dkdv_body<unsigned short, true>(q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim,
-        scale, window_left, window_right, softcap, group_lanes, smem);
-}
+PK_IO_KERNELS(attention_backward_flash_dkdv_softcap, (256, 1),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+               const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+               unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
+               unsigned int head_dim, float scale, int window_left, int window_right, float softcap,
+               unsigned int group_lanes),
+              (q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
+               window_right, softcap, group_lanes))

@@ -1,24 +1,25 @@
-// Tensor-core attention backward for bf16 (issue 12), FlashAttention-2 style, sm_80 ... sm_120.
+// Tensor-core attention backward for bf16 and f16 (one template over the element type T),
+// FlashAttention-2 style, sm_80 ... sm_120.
 // Inputs as attention_backward.cu: q, grad_out (batch, n_q, n_heads, head_dim), k, v (batch, n_k,
 // n_kv_heads, head_dim), lse (batch, n_q, n_heads) natural-log of the scaled scores (the forward's),
-// delta = rowsum(grad_out * out) (attention_bwd_preprocess_bf16). Same mask (bottom-right window,
+// delta = rowsum(grad_out * out) (attention_bwd_preprocess_bf16 / _f16). Same mask (bottom-right window,
 // normalized by the op as in flash_attention_tc.cu: causal is window_right = 0), GQA mapping and
 // scale; P is recomputed as exp(scale * q.k - lse), never stored. The _softcap entry points use
 // scores c * tanh(scale * q.k / c) and multiply dS by the tanh's derivative 1 - tanh^2.
 // Each CTA walks only the tiles its window reaches (pk_attn_window.cuh).
 //
-// attention_backward_tc_dkdv_d{D}_bf16: a CTA per (batch, kv head, BC = 64 keys); warp w owns keys
+// attention_backward_tc_dkdv_d{D}_{bf16,f16}: a CTA per (batch, kv head, BC = 64 keys); warp w owns keys
 //   16w..16w+15 and works in the transposed domain, so its keys are the MMA's M rows and the
 //   reductions over queries are the MMA's K dimension:
 //     S^T = K Q^T, P^T = exp2(S^T * scale * log2e - lse * log2e)
-//     dV += P^T dO                  (P^T rounded to bf16 in registers, dO through ldmatrix.trans)
+//     dV += P^T dO                  (P^T rounded to T in registers, dO through ldmatrix.trans)
 //     dP^T = V dO^T, dS^T = P^T (dP^T - delta)
-//     dK += dS^T Q                  (dS^T rounded to bf16, Q through ldmatrix.trans)
+//     dK += dS^T Q                  (dS^T rounded to T, Q through ldmatrix.trans)
 //   walking the query tiles (BR = 16) of every query head of the GQA group in a fixed order: the
 //   group's sum is accumulated in fp32 registers by one CTA, deterministic, no atomics.
 //   For D = 256 the two accumulators (2 x 128 floats a lane) do not fit: the _dv and _dk kernels
 //   run the same loop for one of them each (S is recomputed; dP only in the dK pass).
-// attention_backward_tc_dq_d{D}_bf16: a CTA per (batch, head, 64 queries), 4 warps of 16 rows,
+// attention_backward_tc_dq_d{D}_{bf16,f16}: a CTA per (batch, head, 64 queries), 4 warps of 16 rows,
 //   walking the key tiles (32 keys, 16 for D = 256): S = Q K^T, P, dP = dO V^T, dS, dQ += dS K (K through ldmatrix.trans).
 //   One writer per dQ element: deterministic.
 // dK and dQ carry the factor `scale` (d(scale q.k)/dq = scale k). Keys past n_k, queries past n_q
@@ -48,14 +49,12 @@
 #define ABTC_DQ_SMEM(D) ((2 * ABTC_QR + 2 * ABTC_DQ_BC(D)) * ((D) + 8) * 2)
 
 // MODE: 1 = dV only, 2 = dK only, 3 = both.
-template <int D, int MODE, bool SC>
-__device__ __forceinline__ void abtc_dkdv(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-                                          const unsigned short* __restrict__ v,
-                                          const unsigned short* __restrict__ grad_out, const float* __restrict__ lse,
-                                          const float* __restrict__ delta, unsigned short* __restrict__ dk,
-                                          unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-                                          int n_kv_heads, int head_dim, float scale, int window_left,
-                                          int window_right, float softcap) {
+template <typename T, int D, int MODE, bool SC>
+__device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                          const T* __restrict__ grad_out, const float* __restrict__ lse,
+                                          const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                                          int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                                          float scale, int window_left, int window_right, float softcap) {
     constexpr int BC = ABTC_BC, BR = ABTC_BR, SD = D + 8, NT = BR / 8, ON = D / 8;
     constexpr bool DO_DV = (MODE & 1) != 0, DO_DK = (MODE & 2) != 0;
     extern __shared__ __align__(16) unsigned short abtc_smem[];
@@ -134,8 +133,8 @@ ABTC_KP_UNROLL
                 for (int nt = 0; nt < NT; nt++) {
                     unsigned int qb[4];
                     pk_ldmatrix_x4(qb, qs + (nt * 8 + b_row) * SD + kp * 32 + b_col);
-                    pk_mma_m16n8k16_bf16(s[nt], a0, qb, s[nt]);
-                    pk_mma_m16n8k16_bf16(s[nt], a1, qb + 2, s[nt]);
+                    pk_mma_m16n8k16<T>(s[nt], a0, qb, s[nt]);
+                    pk_mma_m16n8k16<T>(s[nt], a1, qb + 2, s[nt]);
                 }
             }
             float th[SC ? NT : 1][4];  // softcap: tanh(s * pre), for dS's factor 1 - tanh^2
@@ -158,16 +157,16 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
                     unsigned int pa[4];
-                    pa[0] = pk_cvt_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-                    pa[1] = pk_cvt_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-                    pa[2] = pk_cvt_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pa[3] = pk_cvt_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
+                    pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
+                    pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+                    pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         unsigned int ob[4];
                         pk_ldmatrix_x4_trans(ob, dos + (kk * 16 + t_row) * SD + np * 16 + t_col);
-                        pk_mma_m16n8k16_bf16(acc_dv[DO_DV ? 2 * np : 0], pa, ob, acc_dv[DO_DV ? 2 * np : 0]);
-                        pk_mma_m16n8k16_bf16(acc_dv[DO_DV ? 2 * np + 1 : 0], pa, ob + 2, acc_dv[DO_DV ? 2 * np + 1 : 0]);
+                        pk_mma_m16n8k16<T>(acc_dv[DO_DV ? 2 * np : 0], pa, ob, acc_dv[DO_DV ? 2 * np : 0]);
+                        pk_mma_m16n8k16<T>(acc_dv[DO_DV ? 2 * np + 1 : 0], pa, ob + 2, acc_dv[DO_DV ? 2 * np + 1 : 0]);
                     }
                 }
             }
@@ -184,8 +183,8 @@ ABTC_KP_UNROLL
                     for (int nt = 0; nt < NT; nt++) {
                         unsigned int ob[4];
                         pk_ldmatrix_x4(ob, dos + (nt * 8 + b_row) * SD + kp * 32 + b_col);
-                        pk_mma_m16n8k16_bf16(dp[nt], a0, ob, dp[nt]);
-                        pk_mma_m16n8k16_bf16(dp[nt], a1, ob + 2, dp[nt]);
+                        pk_mma_m16n8k16<T>(dp[nt], a0, ob, dp[nt]);
+                        pk_mma_m16n8k16<T>(dp[nt], a1, ob + 2, dp[nt]);
                     }
                 }
 #pragma unroll
@@ -200,16 +199,16 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
                     unsigned int da[4];
-                    da[0] = pk_cvt_bf16x2(dp[2 * kk][0], dp[2 * kk][1]);
-                    da[1] = pk_cvt_bf16x2(dp[2 * kk][2], dp[2 * kk][3]);
-                    da[2] = pk_cvt_bf16x2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-                    da[3] = pk_cvt_bf16x2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+                    da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
+                    da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
+                    da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+                    da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         unsigned int qb[4];
                         pk_ldmatrix_x4_trans(qb, qs + (kk * 16 + t_row) * SD + np * 16 + t_col);
-                        pk_mma_m16n8k16_bf16(acc_dk[DO_DK ? 2 * np : 0], da, qb, acc_dk[DO_DK ? 2 * np : 0]);
-                        pk_mma_m16n8k16_bf16(acc_dk[DO_DK ? 2 * np + 1 : 0], da, qb + 2, acc_dk[DO_DK ? 2 * np + 1 : 0]);
+                        pk_mma_m16n8k16<T>(acc_dk[DO_DK ? 2 * np : 0], da, qb, acc_dk[DO_DK ? 2 * np : 0]);
+                        pk_mma_m16n8k16<T>(acc_dk[DO_DK ? 2 * np + 1 : 0], da, qb + 2, acc_dk[DO_DK ? 2 * np + 1 : 0]);
                     }
                 }
             }
@@ -231,32 +230,31 @@ ABTC_KP_UNROLL
             if (DO_DV) {
                 const float x0 = acc_dv[DO_DV ? i : 0][2 * r], x1 = acc_dv[DO_DV ? i : 0][2 * r + 1];
                 if (vo) {
-                    *reinterpret_cast<unsigned int*>(dv + ob + col) = pk_cvt_bf16x2(x0, x1);
+                    *reinterpret_cast<unsigned int*>(dv + ob + col) = Pk16<T>::narrow2(x0, x1);
                 } else {
-                    dv[ob + col] = pk_float_to_bf16(x0);
-                    if (col + 1 < head_dim) dv[ob + col + 1] = pk_float_to_bf16(x1);
+                    PkIO<T>::store(dv, ob + col, x0);
+                    if (col + 1 < head_dim) PkIO<T>::store(dv, ob + col + 1, x1);
                 }
             }
             if (DO_DK) {
                 const float x0 = acc_dk[DO_DK ? i : 0][2 * r] * scale, x1 = acc_dk[DO_DK ? i : 0][2 * r + 1] * scale;
                 if (vo) {
-                    *reinterpret_cast<unsigned int*>(dk + ob + col) = pk_cvt_bf16x2(x0, x1);
+                    *reinterpret_cast<unsigned int*>(dk + ob + col) = Pk16<T>::narrow2(x0, x1);
                 } else {
-                    dk[ob + col] = pk_float_to_bf16(x0);
-                    if (col + 1 < head_dim) dk[ob + col + 1] = pk_float_to_bf16(x1);
+                    PkIO<T>::store(dk, ob + col, x0);
+                    if (col + 1 < head_dim) PkIO<T>::store(dk, ob + col + 1, x1);
                 }
             }
         }
     }
 }
 
-template <int D, bool SC>
-__device__ __forceinline__ void abtc_dq(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-                                        const unsigned short* __restrict__ v, const unsigned short* __restrict__ grad_out,
-                                        const float* __restrict__ lse, const float* __restrict__ delta,
-                                        unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads,
-                                        int n_kv_heads, int head_dim, float scale, int window_left,
-                                        int window_right, float softcap) {
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                        const T* __restrict__ grad_out, const float* __restrict__ lse,
+                                        const float* __restrict__ delta, T* __restrict__ dq, int batch, int n_q,
+                                        int n_k, int n_heads, int n_kv_heads, int head_dim, float scale,
+                                        int window_left, int window_right, float softcap) {
     constexpr int BR = ABTC_QR, BC = ABTC_DQ_BC(D), SD = D + 8, NT = BC / 8, ON = D / 8;
     extern __shared__ __align__(16) unsigned short abtc_smem[];
     unsigned short* qs = abtc_smem;      // [BR][SD]
@@ -332,11 +330,11 @@ ABTC_KP_UNROLL
             for (int nt = 0; nt < NT; nt++) {
                 unsigned int kb[4], vb[4];
                 pk_ldmatrix_x4(kb, ks + (nt * 8 + b_row) * SD + kp * 32 + b_col);
-                pk_mma_m16n8k16_bf16(s[nt], a0, kb, s[nt]);
-                pk_mma_m16n8k16_bf16(s[nt], a1, kb + 2, s[nt]);
+                pk_mma_m16n8k16<T>(s[nt], a0, kb, s[nt]);
+                pk_mma_m16n8k16<T>(s[nt], a1, kb + 2, s[nt]);
                 pk_ldmatrix_x4(vb, vs + (nt * 8 + b_row) * SD + kp * 32 + b_col);
-                pk_mma_m16n8k16_bf16(dp[nt], o0, vb, dp[nt]);
-                pk_mma_m16n8k16_bf16(dp[nt], o1, vb + 2, dp[nt]);
+                pk_mma_m16n8k16<T>(dp[nt], o0, vb, dp[nt]);
+                pk_mma_m16n8k16<T>(dp[nt], o1, vb + 2, dp[nt]);
             }
         }
 #pragma unroll
@@ -356,16 +354,16 @@ ABTC_KP_UNROLL
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {  // dQ += dS K
             unsigned int da[4];
-            da[0] = pk_cvt_bf16x2(dp[2 * kk][0], dp[2 * kk][1]);
-            da[1] = pk_cvt_bf16x2(dp[2 * kk][2], dp[2 * kk][3]);
-            da[2] = pk_cvt_bf16x2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-            da[3] = pk_cvt_bf16x2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
+            da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
+            da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
+            da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned int kb[4];
                 pk_ldmatrix_x4_trans(kb, ks + (kk * 16 + t_row) * SD + np * 16 + t_col);
-                pk_mma_m16n8k16_bf16(acc[2 * np], da, kb, acc[2 * np]);
-                pk_mma_m16n8k16_bf16(acc[2 * np + 1], da, kb + 2, acc[2 * np + 1]);
+                pk_mma_m16n8k16<T>(acc[2 * np], da, kb, acc[2 * np]);
+                pk_mma_m16n8k16<T>(acc[2 * np + 1], da, kb + 2, acc[2 * np + 1]);
             }
         }
         __syncthreads();  // every warp is done with ks / vs before the next tile
@@ -384,152 +382,178 @@ ABTC_KP_UNROLL
             if (col >= head_dim) continue;
             const float x0 = acc[i][2 * r] * scale, x1 = acc[i][2 * r + 1] * scale;
             if (vo) {
-                *reinterpret_cast<unsigned int*>(dq + ob + col) = pk_cvt_bf16x2(x0, x1);
+                *reinterpret_cast<unsigned int*>(dq + ob + col) = Pk16<T>::narrow2(x0, x1);
             } else {
-                dq[ob + col] = pk_float_to_bf16(x0);
-                if (col + 1 < head_dim) dq[ob + col + 1] = pk_float_to_bf16(x1);
+                PkIO<T>::store(dq, ob + col, x0);
+                if (col + 1 < head_dim) PkIO<T>::store(dq, ob + col + 1, x1);
             }
         }
     }
 }
 
-// mma .bf16 needs sm_80: the sm_75 build has entry points that trap (never launched there).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define ABTC_DKDV(D, MODE, SC) __trap();
-#define ABTC_DQ(D, SC) __trap();
-#else
-#define ABTC_DKDV(D, MODE, SC)                                                                                     \
-    abtc_dkdv<D, MODE, SC>(q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, \
-                           scale, window_left, window_right, softcap);
-#define ABTC_DQ(D, SC)                                                                                 \
-    abtc_dq<D, SC>(q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, \
-                   window_left, window_right, softcap);
-#endif
+// Entry points, one per compiled head_dim and softcap flag, in bf16 and f16 (the sm_75 build traps: never
+// launched there). MODE of the dK/dV kernels: 3 both, 1 dV only, 2 dK only (D = 256).
+PK_ATTN_TC_ENTRY(abtc_dkdv_entry, abtc_dkdv)
+PK_ATTN_TC_ENTRY(abtc_dq_entry, abtc_dq)
+PK_IO_VARIANT(attention_backward_tc_dkdv_d64, abtc_dkdv_entry, 64, 3, false)
+PK_IO_VARIANT(attention_backward_tc_dkdv_d96, abtc_dkdv_entry, 96, 3, false)
+PK_IO_VARIANT(attention_backward_tc_dkdv_d128, abtc_dkdv_entry, 128, 3, false)
+PK_IO_VARIANT(attention_backward_tc_dv_d256, abtc_dkdv_entry, 256, 1, false)
+PK_IO_VARIANT(attention_backward_tc_dk_d256, abtc_dkdv_entry, 256, 2, false)
+PK_IO_VARIANT(attention_backward_tc_dkdv_d64_softcap, abtc_dkdv_entry, 64, 3, true)
+PK_IO_VARIANT(attention_backward_tc_dkdv_d96_softcap, abtc_dkdv_entry, 96, 3, true)
+PK_IO_VARIANT(attention_backward_tc_dkdv_d128_softcap, abtc_dkdv_entry, 128, 3, true)
+PK_IO_VARIANT(attention_backward_tc_dv_d256_softcap, abtc_dkdv_entry, 256, 1, true)
+PK_IO_VARIANT(attention_backward_tc_dk_d256_softcap, abtc_dkdv_entry, 256, 2, true)
+PK_IO_VARIANT(attention_backward_tc_dq_d64, abtc_dq_entry, 64, false)
+PK_IO_VARIANT(attention_backward_tc_dq_d96, abtc_dq_entry, 96, false)
+PK_IO_VARIANT(attention_backward_tc_dq_d128, abtc_dq_entry, 128, false)
+PK_IO_VARIANT(attention_backward_tc_dq_d256, abtc_dq_entry, 256, false)
+PK_IO_VARIANT(attention_backward_tc_dq_d64_softcap, abtc_dq_entry, 64, true)
+PK_IO_VARIANT(attention_backward_tc_dq_d96_softcap, abtc_dq_entry, 96, true)
+PK_IO_VARIANT(attention_backward_tc_dq_d128_softcap, abtc_dq_entry, 128, true)
+PK_IO_VARIANT(attention_backward_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
 
-// Entry points, one per compiled head_dim and softcap flag (the registry reads these declarations as text).
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dkdv_d64_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(64, 3, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d96_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(96, 3, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d128_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(128, 3, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dv_d256_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(256, 1, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dk_d256_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(256, 2, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dkdv_d64_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(64, 3, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d96_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(96, 3, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dkdv_d128_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(128, 3, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dv_d256_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(256, 1, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dk_d256_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dk, unsigned short* __restrict__ dv, int batch, int n_q, int n_k, int n_heads,
-    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap) {
-    ABTC_DKDV(256, 2, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d64_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(64, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d96_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(96, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d128_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(128, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dq_d256_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(256, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d64_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(64, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d96_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(96, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 2) attention_backward_tc_dq_d128_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(128, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, 1) attention_backward_tc_dq_d256_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    const unsigned short* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
-    unsigned short* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-    float scale, int window_left, int window_right, float softcap) {
-    ABTC_DQ(256, true)
-}
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d64, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d96, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d128, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dv_d256, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dk_d256, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d64_softcap, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d96_softcap, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d128_softcap, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dv_d256_softcap, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dk_d256_softcap, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
+                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d64, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d96, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d128, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d256, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d64_softcap, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d96_softcap, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d128_softcap, (FATC_THREADS, 2),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))
+
+PK_IO16_KERNELS(attention_backward_tc_dq_d256_softcap, (FATC_THREADS, 1),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
+                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+                 int window_right, float softcap),
+                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
+                 window_left, window_right, softcap))

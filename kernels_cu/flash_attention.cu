@@ -29,7 +29,8 @@
 // Softmax runs in base 2 (q carries scale * log2(e)), converted back for lse.
 // DMAX is a compile-time bucket (64/128/256 for max(head_dim, head_dim_v)) so
 // the per-thread register arrays have fixed size: 0 spills on every arch.
-#include "pk_common.cuh"
+// One body over the I/O element type T (float, __nv_bfloat16, __half: PK_IO_KERNELS), fp32 math.
+#include "pk_vec.cuh"
 #include "pk_attn_window.cuh"
 
 #define FA_THREADS 256
@@ -44,22 +45,6 @@
 #define FA_MIN_BLOCKS 2
 #endif
 
-template <typename T> struct FaLoad4;
-template <> struct FaLoad4<float> {
-    static __device__ __forceinline__ float4 load(const float* p) { return *reinterpret_cast<const float4*>(p); }
-};
-template <> struct FaLoad4<unsigned short> {
-    static __device__ __forceinline__ float4 load(const unsigned short* p) {
-        const uint2 u = *reinterpret_cast<const uint2*>(p);
-        float4 f;
-        f.x = __int_as_float((int)(u.x << 16));
-        f.y = __int_as_float((int)(u.x & 0xffff0000u));
-        f.z = __int_as_float((int)(u.y << 16));
-        f.w = __int_as_float((int)(u.y & 0xffff0000u));
-        return f;
-    }
-};
-
 // Stage rows [k0, k0 + BK) of one kv head into smem tile[BK][DMAX] as fp32,
 // zeros past `dim` and past n_k (so padded lanes contribute exact zeros). With
 // dim % 4 == 0 and an aligned base every global row offset is a multiple of 4
@@ -72,7 +57,7 @@ __device__ __forceinline__ void fa_stage_tile(float* tile, const T* __restrict__
             const int j = (e * 4) / DMAX, d = (e * 4) % DMAX;
             float4 f;
             f.x = 0.0f; f.y = 0.0f; f.z = 0.0f; f.w = 0.0f;
-            if (k0 + j < n_k && d < dim) f = FaLoad4<T>::load(src + row0_off + (long long)(k0 + j) * row_stride + d);
+            if (k0 + j < n_k && d < dim) f = PkVec4<T>::load(src, row0_off + (long long)(k0 + j) * row_stride + d);
             *reinterpret_cast<float4*>(tile + e * 4) = f;
         }
     } else {
@@ -91,7 +76,7 @@ __device__ __forceinline__ bool fa_vec_ok(const T* p, int dim) {
 }
 
 template <typename T, int DMAX, int BK, int SB, bool SC>
-__device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, const T* __restrict__ k,
+__device__ __forceinline__ void flash_attention_body(const T* __restrict__ q, const T* __restrict__ k,
                                                      const T* __restrict__ v, T* __restrict__ out,
                                                      float* __restrict__ lse, int batch, int n_q, int n_k,
                                                      int n_heads, int n_kv_heads, int head_dim, int head_dim_v,
@@ -235,101 +220,54 @@ __device__ __forceinline__ void flash_attention_impl(const T* __restrict__ q, co
         lse[o_row] = l > 0.0f ? (m + log2f(l)) * 0.6931471805599453f : PK_NEG_INF;
 }
 
-// Entry points per head-dim bucket, softcap flag and dtype (the op picks the
-// smallest bucket holding max(head_dim, head_dim_v)). The d256 bucket halves the
-// key tile so K + V tiles stay at 32 KB of static shared memory.
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<float, 64, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+// Entry points per head-dim bucket and softcap flag, each in f32, bf16 and f16 (the op picks the
+// smallest bucket holding max(head_dim, head_dim_v)). The d256 bucket halves the key tile so K + V tiles
+// stay at 32 KB of static shared memory.
+PK_IO_VARIANT(flash_attention_d64, flash_attention_body, 64, 32, FA_SB, false)
+PK_IO_VARIANT(flash_attention_d64_softcap, flash_attention_body, 64, 32, FA_SB, true)
+PK_IO_VARIANT(flash_attention_d128, flash_attention_body, 128, 32, FA_SB, false)
+PK_IO_VARIANT(flash_attention_d128_softcap, flash_attention_body, 128, 32, FA_SB, true)
+PK_IO_VARIANT(flash_attention_d256, flash_attention_body, 256, 16, FA_SB, false)
+PK_IO_VARIANT(flash_attention_d256_softcap, flash_attention_body, 256, 16, FA_SB, true)
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<unsigned short, 64, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+PK_IO_KERNELS(flash_attention_d64, (FA_THREADS, FA_MIN_BLOCKS),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+               int head_dim_v, float scale, int window_left, int window_right, float softcap),
+              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+               window_right, softcap))
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_softcap(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<float, 64, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+PK_IO_KERNELS(flash_attention_d64_softcap, (FA_THREADS, FA_MIN_BLOCKS),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+               int head_dim_v, float scale, int window_left, int window_right, float softcap),
+              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+               window_right, softcap))
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d64_softcap_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<unsigned short, 64, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+PK_IO_KERNELS(flash_attention_d128, (FA_THREADS, FA_MIN_BLOCKS),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+               int head_dim_v, float scale, int window_left, int window_right, float softcap),
+              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+               window_right, softcap))
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<float, 128, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+PK_IO_KERNELS(flash_attention_d128_softcap, (FA_THREADS, FA_MIN_BLOCKS),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+               int head_dim_v, float scale, int window_left, int window_right, float softcap),
+              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+               window_right, softcap))
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<unsigned short, 128, 32, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+PK_IO_KERNELS(flash_attention_d256, (FA_THREADS, FA_MIN_BLOCKS),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+               int head_dim_v, float scale, int window_left, int window_right, float softcap),
+              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+               window_right, softcap))
 
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_softcap(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<float, 128, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d128_softcap_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<unsigned short, 128, 32, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<float, 256, 16, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<unsigned short, 256, 16, FA_SB, false>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_softcap(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<float, 256, 16, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
-
-extern "C" __global__ void __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS) flash_attention_d256_softcap_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
-        int window_left, int window_right, float softcap) {
-    flash_attention_impl<unsigned short, 256, 16, FA_SB, true>(q, k, v, out, lse, batch, n_q, n_k, n_heads,
-        n_kv_heads, head_dim, head_dim_v, scale, window_left, window_right, softcap);
-}
+PK_IO_KERNELS(flash_attention_d256_softcap, (FA_THREADS, FA_MIN_BLOCKS),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+               int head_dim_v, float scale, int window_left, int window_right, float softcap),
+              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+               window_right, softcap))

@@ -1,4 +1,5 @@
-// Tensor-core FlashAttention forward for bf16 (issue 12), one code path for sm_80 ... sm_120:
+// Tensor-core FlashAttention forward for bf16 and f16 (one template over the element type T), one code
+// path for sm_80 ... sm_120:
 // O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with the same
 // layouts, GQA mapping, bottom-right window / causal mask, softcap and empty-row convention as
 // flash_attention.cu (rows that see no key: out = 0, lse = -inf).
@@ -15,11 +16,11 @@
 // softmax of a row stays inside one warp (the 4 lanes of a quad share a row). Keys/values
 // stream in tiles of BC rows through shared memory, double-buffered with cp.async: the
 // copy of tile j+1 is issued before tile j is used and waited for after it.
-//   S = Q K_j^T : mma.m16n8k16 bf16 -> f32; Q as A (ldmatrix; kept in registers for
+//   S = Q K_j^T : mma.m16n8k16 bf16 / f16 -> f32; Q as A (ldmatrix; kept in registers for
 //                 D <= 128), K as B (ldmatrix, non-transposed: K rows are B's columns).
 //   online softmax on the S accumulator fragments, in base 2: s * (scale * log2 e), one
 //                 rescale of O per tile, exp2 via ex2.approx.
-//   O += P V_j  : P rounded to bf16 in registers (cvt.rn.bf16x2) straight from the S
+//   O += P V_j  : P rounded to T in registers (cvt.rn.bf16x2 / .f16x2) straight from the S
 //                 accumulator layout into the A layout (no shared-memory round trip),
 //                 V as B through ldmatrix.trans.
 // Shared rows are padded to D + 8 halves (16 bytes) so the 8 row addresses of an ldmatrix
@@ -45,12 +46,11 @@ template <> struct FatcCfg<256> { enum { BC = 32, QREG = 0, MINB = 1 }; };
 // With QREG the Q tile is staged in the second K buffer, which is free until tile 1 arrives.
 #define FATC_SMEM_BYTES(D, BC, QREG) ((((QREG) ? 0 : FATC_BR) + 4 * (BC)) * ((D) + 8) * 2)
 
-template <int D, bool SC>
-__device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ q, const unsigned short* __restrict__ k,
-                                             const unsigned short* __restrict__ v, unsigned short* __restrict__ out,
-                                             float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads,
-                                             int n_kv_heads, int head_dim, int head_dim_v, float scale,
-                                             int window_left, int window_right, float softcap) {
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                             T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,
+                                             int n_k, int n_heads, int n_kv_heads, int head_dim, int head_dim_v,
+                                             float scale, int window_left, int window_right, float softcap) {
     constexpr int BC = FatcCfg<D>::BC, QREG = FatcCfg<D>::QREG;
     constexpr int SD = D + 8;    // padded shared row, in halves
     constexpr int NT = BC / 8;   // S n-tiles per warp
@@ -145,8 +145,8 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
             for (int nt = 0; nt < NT; nt++) {
                 unsigned int kb[4];  // b of k-step 2kp in kb[0..1], of 2kp + 1 in kb[2..3]
                 pk_ldmatrix_x4(kb, ks_ + (nt * 8 + kb_row) * SD + kp * 32 + kb_col);
-                pk_mma_m16n8k16_bf16(s[nt], a0, kb, s[nt]);
-                pk_mma_m16n8k16_bf16(s[nt], a1, kb + 2, s[nt]);
+                pk_mma_m16n8k16<T>(s[nt], a0, kb, s[nt]);
+                pk_mma_m16n8k16<T>(s[nt], a1, kb + 2, s[nt]);
             }
         }
 
@@ -190,16 +190,16 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
             unsigned int pa[4];
-            pa[0] = pk_cvt_bf16x2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = pk_cvt_bf16x2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = pk_cvt_bf16x2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = pk_cvt_bf16x2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
+            pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
+            pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+            pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned int vb[4];  // b of O n-tile 2np in vb[0..1], of 2np + 1 in vb[2..3]
                 pk_ldmatrix_x4_trans(vb, vs_ + (kk * 16 + vb_row) * SD + np * 16 + vb_col);
-                pk_mma_m16n8k16_bf16(o[2 * np], pa, vb, o[2 * np]);
-                pk_mma_m16n8k16_bf16(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
+                pk_mma_m16n8k16<T>(o[2 * np], pa, vb, o[2 * np]);
+                pk_mma_m16n8k16<T>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
             }
         }
         pk_cp_async_wait<0>();
@@ -223,10 +223,10 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
             if (col >= head_dim_v) continue;
             const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
             if (vo) {
-                *reinterpret_cast<unsigned int*>(out + ob + col) = pk_cvt_bf16x2(x0, x1);
+                *reinterpret_cast<unsigned int*>(out + ob + col) = Pk16<T>::narrow2(x0, x1);
             } else {
-                out[ob + col] = pk_float_to_bf16(x0);
-                if (col + 1 < head_dim_v) out[ob + col + 1] = pk_float_to_bf16(x1);
+                PkIO<T>::store(out, ob + col, x0);
+                if (col + 1 < head_dim_v) PkIO<T>::store(out, ob + col + 1, x1);
             }
         }
         if (t == 0)  // m is in log2 units: lse = ln(2) * (m + log2(l))
@@ -235,62 +235,70 @@ __device__ __forceinline__ void fatc_forward(const unsigned short* __restrict__ 
     }
 }
 
-// mma .bf16 needs sm_80: the sm_75 build of this file has entry points that trap (the op
-// never launches them there; it uses flash_attention_d*_bf16 instead).
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define FATC_BODY(D, SC) __trap();
-#else
-#define FATC_BODY(D, SC)                                                                                      \
-    fatc_forward<D, SC>(q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, \
-                        window_left, window_right, softcap);
-#endif
+// Entry points per compiled head_dim and softcap flag, in bf16 and f16 (the sm_75 build traps: the op
+// uses flash_attention_d*_bf16 / _f16 there).
+PK_ATTN_TC_ENTRY(fatc_entry, fatc_forward)
+PK_IO_VARIANT(flash_attention_tc_d64, fatc_entry, 64, false)
+PK_IO_VARIANT(flash_attention_tc_d64_softcap, fatc_entry, 64, true)
+PK_IO_VARIANT(flash_attention_tc_d96, fatc_entry, 96, false)
+PK_IO_VARIANT(flash_attention_tc_d96_softcap, fatc_entry, 96, true)
+PK_IO_VARIANT(flash_attention_tc_d128, fatc_entry, 128, false)
+PK_IO_VARIANT(flash_attention_tc_d128_softcap, fatc_entry, 128, true)
+PK_IO_VARIANT(flash_attention_tc_d256, fatc_entry, 256, false)
+PK_IO_VARIANT(flash_attention_tc_d256_softcap, fatc_entry, 256, true)
 
-// One entry point per compile-time head_dim and softcap flag (the registry reads these declarations as text).
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<64>::MINB) flash_attention_tc_d64_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(64, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<64>::MINB) flash_attention_tc_d64_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(64, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<96>::MINB) flash_attention_tc_d96_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(96, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<96>::MINB) flash_attention_tc_d96_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(96, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<128>::MINB) flash_attention_tc_d128_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(128, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<128>::MINB) flash_attention_tc_d128_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(128, true)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<256>::MINB) flash_attention_tc_d256_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(256, false)
-}
-extern "C" __global__ void __launch_bounds__(FATC_THREADS, FatcCfg<256>::MINB) flash_attention_tc_d256_softcap_bf16(
-    const unsigned short* __restrict__ q, const unsigned short* __restrict__ k, const unsigned short* __restrict__ v,
-    unsigned short* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    int head_dim, int head_dim_v, float scale, int window_left, int window_right, float softcap) {
-    FATC_BODY(256, true)
-}
+PK_IO16_KERNELS(flash_attention_tc_d64, (FATC_THREADS, FatcCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d96, (FATC_THREADS, FatcCfg<96>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d128, (FATC_THREADS, FatcCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d256, (FATC_THREADS, FatcCfg<256>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))

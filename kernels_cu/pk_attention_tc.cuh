@@ -1,6 +1,7 @@
 // Shared pieces of the tensor-core attention kernels (flash_attention_tc.cu, attention_backward_tc.cu):
-// CTAs of 4 warps, bf16 tiles in shared memory with rows padded to D + 8 halves (16 bytes) so the 8
-// row addresses of one ldmatrix phase fall in distinct banks.
+// CTAs of 4 warps, 16-bit tiles (bf16 or f16: the kernels are templates over the element type T) in shared
+// memory as raw words, rows padded to D + 8 halves (16 bytes) so the 8 row addresses of one ldmatrix phase
+// fall in distinct banks.
 #pragma once
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
@@ -8,12 +9,13 @@
 
 #define FATC_THREADS 128
 
-// Rows [r0, r0 + ROWS) of a strided bf16 matrix into s[ROWS][D + 8]: 16-byte cp.async
+// Rows [r0, r0 + ROWS) of a strided matrix of 16-bit T into s[ROWS][D + 8] (raw words): 16-byte cp.async
 // chunks when `vec`, else element by element; zeros past `dim` and past n_rows.
-template <int D, int ROWS>
-__device__ __forceinline__ void fatc_load_tile(unsigned short* s, const unsigned short* __restrict__ g,
-                                               long long base, long long row_stride, int r0, int n_rows, int dim,
-                                               bool vec) {
+template <int D, int ROWS, typename T>
+__device__ __forceinline__ void fatc_load_tile(unsigned short* s, const T* __restrict__ gt, long long base,
+                                               long long row_stride, int r0, int n_rows, int dim, bool vec) {
+    static_assert(sizeof(T) == 2, "fatc_load_tile: 16-bit elements");
+    const unsigned short* __restrict__ g = reinterpret_cast<const unsigned short*>(gt);
     constexpr int CH = D / 8;  // 16-byte chunks per row
     for (int c = threadIdx.x; c < ROWS * CH; c += FATC_THREADS) {
         const int r = c / CH, d = (c % CH) * 8;
@@ -32,3 +34,15 @@ __device__ __forceinline__ void fatc_load_tile(unsigned short* s, const unsigned
     }
 }
 
+// PK_ATTN_TC_ENTRY(entry, body) defines entry<T, P...>(args...) as body<T, P...>(args...) on sm_80+ and as
+// a trap on sm_75 (mma.m16n8k16 needs sm_80; the ops never launch these there, and body is never
+// instantiated): PK_IO_VARIANT(name, entry, P...) then names a variant.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define PK_ATTN_TC_ENTRY(entry, body)                                                              \
+    template <typename T, auto... P, typename... A>                                                \
+    __device__ __forceinline__ void entry(A...) { __trap(); }
+#else
+#define PK_ATTN_TC_ENTRY(entry, body)                                                              \
+    template <typename T, auto... P, typename... A>                                                \
+    __device__ __forceinline__ void entry(A... a) { body<T, P...>(a...); }
+#endif

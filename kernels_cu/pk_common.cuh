@@ -28,6 +28,10 @@
 // global scope. pykern/registry.py reads these calls (IO_INSTANTIATIONS there lists the same suffixes and
 // types): keep the call on one logical statement starting a line, with the four arguments parenthesized.
 // Accumulation is fp32 for every T.
+// A family with compile-time variants (a head_dim bucket, a softcap flag) names each variant's impl with
+//     PK_IO_VARIANT(flash_attention_d64_softcap, flash_attention_body, 64, 32, true)
+// (flash_attention_d64_softcap_impl<T>(args...) calls flash_attention_body<T, 64, 32, true>(args...)), then
+// instantiates it with PK_IO_KERNELS(flash_attention_d64_softcap, ...) as above.
 // ---------------------------------------------------------------------------------------------------------
 struct alignas(2) __nv_bfloat16 {
     unsigned short bits;
@@ -48,6 +52,9 @@ struct alignas(2) __half {
 #define PK_IO_KERNELS(name, bounds, params, args)                                                  \
     PK_IO_KERNEL_ONE(name, name, float, bounds, params, args)                                      \
     PK_IO16_KERNELS(name, bounds, params, args)
+#define PK_IO_VARIANT(name, body, ...)                                                             \
+    template <typename T, typename... PkA>                                                         \
+    __device__ __forceinline__ void name##_impl(PkA... a) { body<T, __VA_ARGS__>(a...); }
 
 #define PK_FULL_MASK 0xffffffffu
 #define PK_NEG_INF (__int_as_float(0xff800000))
@@ -115,6 +122,7 @@ __device__ __forceinline__ unsigned short pk_float_to_f16(float f) {
 // (little endian: the low half is the earlier element), narrow one value, narrow a pair into one word.
 template <typename T> struct Pk16;
 template <> struct Pk16<unsigned short> {  // bf16 as raw words (the older kernels' spelling)
+    static constexpr bool is_f16 = false;
     static __device__ __forceinline__ float widen(unsigned short h) { return pk_bf16_to_float(h); }
     static __device__ __forceinline__ void widen2(unsigned int w, float& lo, float& hi) {
         lo = __int_as_float((int)(w << 16));
@@ -125,6 +133,7 @@ template <> struct Pk16<unsigned short> {  // bf16 as raw words (the older kerne
 };
 template <> struct Pk16<__nv_bfloat16> : Pk16<unsigned short> {};
 template <> struct Pk16<__half> {
+    static constexpr bool is_f16 = true;
     static __device__ __forceinline__ float widen(unsigned short h) { return pk_f16_to_float(h); }
     static __device__ __forceinline__ void widen2(unsigned int w, float& lo, float& hi) {
         lo = pk_f16_to_float((unsigned short)(w & 0xffffu));
@@ -133,6 +142,16 @@ template <> struct Pk16<__half> {
     static __device__ __forceinline__ unsigned short narrow(float f) { return pk_float_to_f16(f); }
     static __device__ __forceinline__ unsigned int narrow2(float lo, float hi) { return pk_float2_to_f16x2(lo, hi); }
 };
+
+// mma.sync m16n8k16, fp32 accumulation, on 16-bit elements of type T (__nv_bfloat16, __half, or bf16 as
+// unsigned short): pk_mma_m16n8k16_bf16 / _f16 of pk_ptx.cuh, which share one fragment layout, so a
+// tensor-core kernel is written once over T. Only a kernel that calls it needs sm_80.
+template <typename T>
+__device__ __forceinline__ void pk_mma_m16n8k16(float* d, const unsigned int* a, const unsigned int* b,
+                                                const float* c) {
+    if constexpr (Pk16<T>::is_f16) pk_mma_m16n8k16_f16(d, a, b, c);
+    else pk_mma_m16n8k16_bf16(d, a, b, c);
+}
 
 // Element load/store widened to fp32, so one templated kernel body serves every element type.
 template <typename T> struct PkIO {

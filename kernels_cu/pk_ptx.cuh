@@ -11,7 +11,7 @@
 // Fragment layouts (lane = threadIdx.x % 32, g = lane / 4, t = lane % 4), from the
 // PTX ISA ("Matrix Fragments for mma.m16n8k16 with floating point type" and
 // "Warp-level matrix load instruction: ldmatrix"):
-//   A (16x16, row-major), 4 x .b32 = 8 bf16 a0..a7, a[2i] in the low half of reg i:
+//   A (16x16, row-major), 4 x .b32 = 8 bf16 (or f16) a0..a7, a[2i] in the low half of reg i:
 //     a_v: row = g + 8*((v>>1)&1), col = 2*t + (v&1) + 8*(v>>2)
 //   B (16x8, K x N, "col"), 2 x .b32 = 4 bf16 b0..b3:
 //     b_v: k = 2*t + (v&1) + 8*(v>>1), n = g
@@ -26,10 +26,15 @@
 // SM80_16x8_Row CLayout), and cute/atom/copy_traits_sm75.hpp SM75_U32x4_LDSM_N /
 // SM75_U16x8_LDSM_T. Decoding their (thread, value) -> column-major index layouts gives
 // exactly the tables above: the PTX ISA and CuTe agree.
+// .f16 inputs (pk_mma_m16n8k16_f16) use the same fragments: the PTX ISA gives one table for .f16 and
+// .bf16 in "Matrix Fragments for mma.m16n8k16 with floating point type" (.f16x2 or .b32 registers of two
+// elements each), and CuTe's SM80_16x8x16_F32F16F16F32_TN and SM80_16x8x16_F32BF16BF16F32_TN both take
+// their layouts from MMA_Traits<SM80_16x8x16_F16F16F16F16_TN> (tests/test_host_ptx.py checks both).
 //
 // Architectures: ldmatrix, ex2.approx and cvt .f16 exist from sm_75; mma .bf16, cvt .bf16x2, cvt .f16x2
 // and cp.async need sm_80. On sm_75 cvt and cp.async fall back to plain code (cp.async
-// becomes a synchronous 16-byte copy) and pk_mma_m16n8k16_bf16 is a compile error.
+// becomes a synchronous 16-byte copy) and pk_mma_m16n8k16_bf16 / _f16 are compile errors (sm_75 has
+// mma.m16n8k8 .f16 only; the kernels keep one m16n8k16 shape and use fp32-FMA kernels there).
 #pragma once
 
 #if defined(PYKERN_HOST)
@@ -103,6 +108,17 @@ __device__ __forceinline__ void pk_mma_m16n8k16_bf16(float* d, const unsigned in
     f.b[0] = b[0];
     f.b[1] = b[1];
     pkrt_ptx_warp(PKRT_PTX_MMA_BF16, &f, __FILE__, __LINE__);
+    for (int i = 0; i < 4; i++) d[i] = f.d[i];
+}
+
+// The same with f16 inputs (widened exactly, fp32 accumulation).
+__device__ __forceinline__ void pk_mma_m16n8k16_f16(float* d, const unsigned int* a, const unsigned int* b,
+                                                    const float* c) {
+    pkrt_mma_frag f;
+    for (int i = 0; i < 4; i++) f.a[i] = a[i], f.c[i] = c[i];
+    f.b[0] = b[0];
+    f.b[1] = b[1];
+    pkrt_ptx_warp(PKRT_PTX_MMA_F16, &f, __FILE__, __LINE__);
     for (int i = 0; i < 4; i++) d[i] = f.d[i];
 }
 
@@ -212,11 +228,24 @@ __device__ __forceinline__ void pk_mma_m16n8k16_bf16(float* d, const unsigned in
         : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
           "f"(c[3]));
 }
+__device__ __forceinline__ void pk_mma_m16n8k16_f16(float* d, const unsigned int* a, const unsigned int* b,
+                                                    const float* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+}
 #else
-// A template so that only a kernel that calls it fails to compile for sm_75.
+// Templates so that only a kernel that calls one fails to compile for sm_75.
 template <typename PkArchT = void>
 __device__ __forceinline__ void pk_mma_m16n8k16_bf16(float*, const unsigned int*, const unsigned int*, const float*) {
     static_assert(sizeof(PkArchT) == 0, "pk_mma_m16n8k16_bf16 (mma .bf16) needs sm_80 or newer");
+}
+template <typename PkArchT = void>
+__device__ __forceinline__ void pk_mma_m16n8k16_f16(float*, const unsigned int*, const unsigned int*, const float*) {
+    static_assert(sizeof(PkArchT) == 0, "pk_mma_m16n8k16_f16 (mma.m16n8k16 .f16) needs sm_80 or newer");
 }
 #endif
 

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
+from pykern.difftest.cases import forward as fwd_cases
 from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
 from pykern.difftest.cases.training import attention_inputs, np_attention_backward
 from pykern.errors import ArgumentError
@@ -28,14 +29,24 @@ from pykern.tolerance import tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
-TC_FWD = [f"flash_attention_tc_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap")]
-TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}_bf16" for d in (64, 96, 128) for c in ("", "_softcap")]
-          + [f"attention_backward_tc_{n}_d256{c}_bf16" for n in ("dv", "dk") for c in ("", "_softcap")]
-          + [f"attention_backward_tc_dq_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap")])
+TC_FWD = [f"flash_attention_tc_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+          for s in ("_bf16", "_f16")]
+TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c in ("", "_softcap")
+           for s in ("_bf16", "_f16")]
+          + [f"attention_backward_tc_{n}_d256{c}{s}" for n in ("dv", "dk") for c in ("", "_softcap")
+             for s in ("_bf16", "_f16")]
+          + [f"attention_backward_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+             for s in ("_bf16", "_f16")])
+# The fp32-FMA f16 kernels (flash_attention.cu, attention_backward.cu) that narrow fp32 -> f16 (the others
+# write fp32 lse / delta only)
+F16_FMA_NARROWING = ([f"flash_attention_d{d}{c}_f16" for d in (64, 128, 256) for c in ("", "_softcap")]
+                     + ["attention_backward_naive_f16"]
+                     + [f"attention_backward_flash_{n}{c}_f16" for n in ("dq", "dkdv") for c in ("", "_softcap")])
+F16_FMA_WIDEN_ONLY = ["attention_bwd_preprocess_f16", "attention_bwd_lse_f16", "attention_bwd_lse_softcap_f16"]
 
 
-def _close(name: str, got, ref, op: str) -> None:
-    atol, rtol = tolerance(op, "bf16")
+def _close(name: str, got, ref, op: str, dtype: str = "bf16") -> None:
+    atol, rtol = tolerance(op, dtype)
     got = np.asarray(got).astype(np.float64)
     assert got.shape == ref.shape, name
     both_inf = np.isneginf(got) & np.isneginf(ref)
@@ -177,6 +188,81 @@ def test_backward_is_deterministic_and_uses_given_out_lse(monkeypatch) -> None:
     _close("dk", r1[1], rk, "attention_backward")
 
 
+# --------------------------------------------------------------------------- float16
+
+F16_SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal)
+    (1, 65, 70, 2, 1, 64, True),
+    (1, 70, 33, 4, 1, 80, False),   # padded 80 -> 96
+    (2, 9, 40, 8, 1, 128, True),    # GQA 8
+    (1, 33, 37, 2, 2, 256, True),   # the d256 _dv / _dk pair
+]
+
+
+@pytest.mark.parametrize("shape", F16_SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}".format(
+    *s[:6], "causal" if s[6] else "full"))
+def test_f16_forward_and_backward_on_tensor_cores_vs_float64(shape, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, causal = shape
+    D = fwd_mod.tc_head_dim(d)
+    rng = np.random.default_rng(n_q * 1000 + n_k + d + 7)
+    q, k, v = fa_inputs(rng, b, n_q, n_k, h, kvh, d, d, "f16")
+    g = rng.standard_normal(q.shape).astype(np.float16)
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=HOST)
+    dq, dk, dv = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, backend=HOST)
+    kv = ([f"attention_backward_tc_dv_d{D}_f16", f"attention_backward_tc_dk_d{D}_f16"] if D == 256
+          else [f"attention_backward_tc_dkdv_d{D}_f16"])
+    assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
+                     f"attention_backward_tc_dq_d{D}_f16"]
+    assert out.dtype == dq.dtype == dk.dtype == dv.dtype == np.float16 and lse.dtype == np.float32
+    ref_out, ref_lse = np_flash_attention(q, k, v, causal)
+    _close("out", out, ref_out, "flash_attention", "f16")
+    _close("lse", lse, ref_lse, "flash_attention", "f16")
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal)
+    for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        _close(name, got, ref, "attention_backward", "f16")
+
+
+def test_f16_finer_than_bf16_on_tensor_cores() -> None:
+    # The f16 kernels must keep f16's 3 extra mantissa bits end to end (the mma reads f16, P is packed to
+    # f16): their error is far below what the same inputs give through the bf16 kernels.
+    rng = np.random.default_rng(21)
+    q, k, v = fa_inputs(rng, 1, 64, 64, 2, 1, 64, 64, "f16")
+    ref, _ = np_flash_attention(q, k, v, True)
+    e16 = np.abs(ops.flash_attention(q, k, v, causal=True, backend=HOST).astype(np.float64) - ref).max()
+    bf = [fwd_cases._cast(a.astype(np.float32), "bf16") for a in (q, k, v)]
+    refb, _ = np_flash_attention(*bf, True)
+    e_bf = np.abs(ops.flash_attention(*bf, causal=True, backend=HOST).astype(np.float64) - refb).max()
+    assert e16 < e_bf / 4, (e16, e_bf)
+
+
+@pytest.mark.parametrize("method", ["naive", "flash", "tensor_cores"])
+def test_f16_gradients_overflow_to_inf_beyond_65504(method: str) -> None:
+    # Two queries see only key 0 (P = 1): dV = dO_0 + dO_1 = 80000 > 65504 -> inf in f16, as on the GPU;
+    # dS = P (dP - delta) = 0, so dq and dk stay 0.
+    q = np.ones((2, 1, 16), np.float16)
+    k = np.ones((1, 1, 16), np.float16)
+    v = np.ones((1, 1, 16), np.float16)
+    g = np.full((2, 1, 16), 40000.0, np.float16)
+    dq, dk, dv = ops.attention_backward(q, k, v, g, causal=False, method=method, backend=HOST)
+    assert dv.dtype == np.float16 and np.isposinf(dv).all(), dv
+    assert (dq == 0).all() and (dk == 0).all()
+    dq, dk, dv = ops.attention_backward(q, k, v, g / 4, causal=False, method=method, backend=HOST)
+    assert (dv == 20000).all()  # 20000 is an f16 value: exact, finite
+
+
+def test_f16_fma_path_on_request(monkeypatch) -> None:
+    rng = np.random.default_rng(5)
+    q, k, v = fa_inputs(rng, 1, 40, 50, 4, 2, 80, 80, "f16")
+    names = _record(monkeypatch)
+    a = ops.flash_attention(q, k, v, causal=True, backend=HOST)
+    b = ops.flash_attention(q, k, v, causal=True, tensor_cores=False, backend=HOST)
+    assert names == ["flash_attention_tc_d96_f16", "flash_attention_d128_f16"]
+    ref, _ = np_flash_attention(q, k, v, True)
+    _close("tc", a, ref, "flash_attention", "f16")
+    _close("fma", b, ref, "flash_attention", "f16")
+
+
 def test_backward_method_errors() -> None:
     rng = np.random.default_rng(0)
     q, k, v, g = attention_inputs(rng, None, 4, 2, 1, 32, "f32", 4)
@@ -197,20 +283,40 @@ def _sass_report():
     return mod
 
 
-def test_every_bf16_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
+def test_every_16bit_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
     sr = _sass_report()
     mix = sr.instruction_mix(TC_FWD + TC_BWD, ["sm_80", "sm_90"], with_resources=True)
     assert set(mix) == set(TC_FWD + TC_BWD)
     for name, per_arch in mix.items():
+        f16 = name.endswith("_f16")
         for arch in ("sm_80", "sm_90"):
             row = per_arch[arch]
             assert row["HMMA"] > 0, (name, arch, row)
+            # bf16: every MMA is HMMA.16816.F32.BF16; f16: HMMA.16816.F32 (f16 x f16 -> f32), no .BF16
+            assert row["HMMA_BF16"] == (0 if f16 else row["HMMA"]), (name, arch, row)
             assert row["LDSM"] > 0 and row["LDGSTS"] > 0, (name, arch, row)  # ldmatrix, cp.async
-            assert row["F2FP"] > 0, (name, arch, row)  # P / dS packed to bf16 in registers
+            # P / dS packed to the element type in registers: F2FP.F16.F32.PACK_AB for f16, the bf16 pack else
+            assert row["F2FP"] > 0, (name, arch, row)
+            assert (row["F2FP_F16"] == row["F2FP"]) if f16 else (row["F2FP_F16"] == 0), (name, arch, row)
             assert row["LDL"] == row["STL"] == 0 and row["spill_stores"] == 0, (name, arch, row)
     # the fp32 FMA kernels (sm_75's bf16 path) have no tensor-core instruction: the test can tell
     old = sr.instruction_mix("flash_attention_d128_bf16", ["sm_80"])["flash_attention_d128_bf16"]["sm_80"]
     assert old["HMMA"] == 0
+
+
+def test_f16_fma_attention_kernels_convert_in_hardware() -> None:
+    # sm_75's f16 path (and tensor_cores=False): f16 -> fp32 by HADD2.F32 (cvt.f32.f16), fp32 -> f16 by
+    # F2FP.F16.F32.PACK_AB (cvt.rn.f16x2.f32), no bf16 conversion, no spills
+    sr = _sass_report()
+    names = F16_FMA_NARROWING + F16_FMA_WIDEN_ONLY
+    mix = sr.instruction_mix(names, ["sm_80", "sm_90"], with_resources=True)
+    assert set(mix) == set(names)
+    for name, per_arch in mix.items():
+        for arch, row in per_arch.items():
+            assert row["HADD2_F32"] > 0 and row["HMMA"] == 0, (name, arch, row)
+            assert row["F2FP"] == row["F2FP_F16"], (name, arch, row)  # no bf16 pack
+            assert (row["F2FP_F16"] > 0) == (name in F16_FMA_NARROWING), (name, arch, row)
+            assert row["LDL"] == row["STL"] == 0 and row["spill_stores"] == 0, (name, arch, row)
 
 
 @pytest.mark.slow
@@ -231,7 +337,8 @@ def test_no_spills_on_any_arch_nvrtc_offers() -> None:
                          timeout=1800, env={**os.environ, "PYTHONPATH": str(ROOT)})
     assert out.returncode == 0, out.stderr[-2000:]
     res = json.loads(out.stdout)
-    rows = [r for r in res["results"] if r["kind"] == "cubin"]
+    # '*_tc_*' also names the MoE tensor-core GEMMs (moe.cu): this test is about the attention ones
+    rows = [r for r in res["results"] if r["kind"] == "cubin" and "attention" in r["kernel"]]
     assert {r["kernel"] for r in rows} == set(TC_FWD + TC_BWD)
     assert {r["arch"] for r in rows} == set(rest)
     bad = [(r["kernel"], r["arch"], r["spill_stores"], r["spill_loads"], r["stack_bytes"]) for r in rows

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -189,6 +190,63 @@ def test_mma_m16n8k16_bf16_layout_and_values() -> None:
         np.testing.assert_allclose(D, ref, rtol=1e-6, atol=1e-6)
 
 
+def pack_mma_f16(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """The PTX ISA's m16n8k16 fragments with .f16 elements: the same lane tables as .bf16 (isa_a / isa_b /
+    isa_c), each .f16x2 register holding the lower-indexed element in its low half."""
+    a, b, c = np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32)
+    Ah, Bh = (m.astype(np.float16).view(np.uint16).astype(np.uint32) for m in (A, B))
+    for lane in range(32):
+        for v, (r, col) in enumerate(isa_a(lane)):
+            a[lane, v // 2] |= Ah[r, col] << (16 * (v % 2))
+        for v, (k, n) in enumerate(isa_b(lane)):
+            b[lane, v // 2] |= Bh[k, n] << (16 * (v % 2))
+        for v, (r, col) in enumerate(isa_c(lane)):
+            c[lane, v] = C[r, col]
+    return a, b, c
+
+
+def test_f16_fragments_are_the_bf16_tables_in_cute_too() -> None:
+    # CuTe mma_traits_sm80.hpp: MMA_Traits<SM80_16x8x16_F32F16F16F32_TN> and <..._F32BF16BF16F32_TN> both
+    # derive from MMA_Traits<SM80_16x8x16_F16F16F16F16_TN> (ALayout ((4,8),(2,2,2)):((32,1),(16,8,128)),
+    # BLayout ((4,8),(2,2)):((16,1),(8,64)), CLayout SM80_16x8_Row): the layouts checked above serve .f16.
+    # Here the .f16 packing itself: f16 bits of a known matrix land where isa_a / isa_b say.
+    A = np.arange(256, dtype=np.float64).reshape(16, 16) / 4 - 30
+    a, _, _ = pack_mma_f16(A, np.zeros((16, 8)), np.zeros((16, 8)))
+    for lane in range(32):
+        for v, (r, col) in enumerate(isa_a(lane)):
+            half = (int(a[lane, v // 2]) >> (16 * (v % 2))) & 0xFFFF
+            assert np.uint16(half).view(np.float16) == A[r, col]
+
+
+@pytest.mark.parametrize("warps", [1, 2])
+def test_mma_m16n8k16_f16_layout_and_values(warps: int) -> None:
+    rng = np.random.default_rng(7)
+    As = [rng.standard_normal((16, 16)).astype(np.float16).astype(np.float64) for _ in range(warps)]
+    Bs = [rng.standard_normal((16, 8)).astype(np.float16).astype(np.float64) for _ in range(warps)]
+    Cs = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(warps)]
+    # Warp 0: a structured A (a wrong row/column mapping cannot cancel out), f16 values that bf16 cannot
+    # hold (11 significant bits: read as bf16 words they would be different numbers), a subnormal and
+    # 65504 (f16's largest finite value) times a small B entry.
+    As[0] = (np.arange(256, dtype=np.float64).reshape(16, 16) / 8 - 7) * (1 + 2.0**-10)
+    As[0][3, 5], As[0][12, 9] = 2.0**-24 * 3, 65504.0
+    Bs[0][9, 2] = 2.0**-10
+    As[0] = As[0].astype(np.float16).astype(np.float64)
+    packed = [pack_mma_f16(A, B, C) for A, B, C in zip(As, Bs, Cs)]
+    a = np.concatenate([p[0] for p in packed]).ravel()
+    b = np.concatenate([p[1] for p in packed]).ravel()
+    c = np.concatenate([p[2] for p in packed]).ravel()
+    d = np.zeros(warps * 32 * 4, np.float32)
+    launch("pk_t_mma_t", 1, 32 * warps, a, b, c, d, 1)
+    for w in range(warps):
+        D = unpack_d(d.reshape(warps, 32, 4)[w])
+        ref = As[w] @ Bs[w] + Cs[w]  # f16 products are exact in float64; one fp32 rounding
+        np.testing.assert_allclose(D, ref.astype(np.float32), rtol=1e-6, atol=1e-6)
+    # the template's bf16 branch is the bf16 instruction: the same words read as bf16 differ
+    d_bf = np.zeros_like(d)
+    launch("pk_t_mma_t", 1, 32 * warps, a, b, c, d_bf, 0)
+    assert not np.allclose(d_bf, d)
+
+
 def test_mma_needs_a_full_warp() -> None:
     z4, z2 = np.zeros(48 * 4, np.uint32), np.zeros(48 * 2, np.uint32)
     with pytest.raises(KernelExecutionError, match="pk_mma_m16n8k16_bf16.*full warp"):
@@ -281,7 +339,8 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
     for kernel, res in mod.resources.items():
         assert res.spill_bytes == 0, (kernel, res)
     ptx = mod.ptx
-    for instr in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
+    for instr in ("mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32",
+                  "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
                   "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
                   "ex2.approx.ftz.f32"):
@@ -298,6 +357,8 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
     for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2"):
         assert op in sass, f"{op} missing from the {arch} SASS"
+    # mma .f16 (pk_t_mma_t): HMMA.16816.F32 with no .BF16 suffix
+    assert re.search(r"HMMA\.16816\.F32 ", sass), f"HMMA.16816.F32 (f16) missing from the {arch} SASS"
 
 
 def test_nvrtc_sm75_refuses_mma_clearly() -> None:

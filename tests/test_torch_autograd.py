@@ -297,6 +297,33 @@ def test_bf16_forwards_match_f64_on_rounded_inputs():
     assert torch.equal(pt.embedding(torch.tensor([6, 0, 3]), table), table[[6, 0, 3]])
 
 
+def test_f16_attention_runs_the_f16_kernels_forward_and_backward(monkeypatch):
+    from pykern import launcher
+
+    names, real = [], launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: (names.append(name), real(name, *a, **kw))[1])
+    g = gen(13)
+    q = leaf(torch.randn(1, 9, 4, 32, generator=g), torch.float16)
+    k = leaf(torch.randn(1, 9, 2, 32, generator=g), torch.float16)
+    v = leaf(torch.randn(1, 9, 2, 32, generator=g), torch.float16)
+    up = torch.randn(1, 9, 4, 32, generator=g).half()
+    out, (gq, gk, gv) = grads(lambda q, k, v: pt.flash_attention(q, k, v, causal=True), (q, k, v), up)
+    assert out.dtype == gq.dtype == gk.dtype == gv.dtype == torch.float16
+    assert names == ["flash_attention_tc_d64_f16", "attention_bwd_preprocess_f16", "attention_backward_tc_dkdv_d64_f16",
+                     "attention_backward_tc_dq_d64_f16"]
+    qd, kd, vd = (leaf(t.detach(), torch.float64) for t in (q, k, v))
+    ref, (rq, rk, rv) = grads(lambda q, k, v: attention_ref(q, k, v, True, 32 ** -0.5), (qd, kd, vd), up.double())
+    assert_close(out, ref, "flash_attention", "f16")
+    for got, want in ((gq, rq), (gk, rk), (gv, rv)):
+        assert_close(got, want, "attention_backward", "f16")
+    # autocast float16 (SDPA's policy: inputs cast to f16) runs the same f16 kernels, no f32 stand-in
+    names.clear()
+    with torch.autocast("cpu", dtype=torch.float16):
+        o = pt.flash_attention(q.detach().float(), k.detach().float(), v.detach().float(), causal=True)
+    assert o.dtype == torch.float16 and names == ["flash_attention_tc_d64_f16"]
+    assert torch.equal(o, out.detach())
+
+
 def test_bf16_backward_runs_in_bf16():
     g = gen(11)
     x, w = leaf(torch.randn(3, 32, generator=g), torch.bfloat16), leaf(torch.randn(32, generator=g), torch.bfloat16)

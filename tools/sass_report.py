@@ -6,7 +6,8 @@
 Each kernel source is compiled with pykern's own compiler (or read from its cache) for every arch, the
 cubin is disassembled with cuobjdump (the `nvidia-cuda-cuobjdump` wheel puts it in
 site-packages/nvidia/cu13/bin; a `cuobjdump` on PATH or $CUOBJDUMP also works), and the opcodes are
-counted into the groups that tell how a kernel will run on a GPU: tensor-core MMAs (HMMA, HGMMA),
+counted into the groups that tell how a kernel will run on a GPU: tensor-core MMAs (HMMA, of which
+HMMA_BF16 take bf16 inputs: HMMA.16816.F32.BF16, the rest f16 ones; HGMMA),
 ldmatrix (LDSM), cp.async (LDGSTS), global loads and stores by width, hardware bf16/f16 packing (F2FP, of
 which F2FP_F16 are the f16 ones: F2FP.F16.F32.PACK_AB, printed F2FP.PACK_AB on sm_80), f16 -> fp32
 widening (HADD2_F32: HADD2.F32),
@@ -36,7 +37,7 @@ from pathlib import Path
 from typing import Any, Iterable, Sequence
 
 # The columns of the table, in order; `total` is every instruction (NOPs excluded).
-COLUMNS = ("HMMA", "HGMMA", "LDSM", "LDGSTS", "LDG32", "LDG64", "LDG128", "LDGsub", "STG32", "STG64", "STG128",
+COLUMNS = ("HMMA", "HMMA_BF16", "HGMMA", "LDSM", "LDGSTS", "LDG32", "LDG64", "LDG128", "LDGsub", "STG32", "STG64", "STG128",
            "STGsub", "F2FP", "F2FP_F16", "HADD2_F32", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL", "total")
 
 _INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
@@ -113,7 +114,9 @@ def count_sass(text: str) -> dict[str, Counter]:
         col = classify(op, mods)
         if col:
             cur[col] += 1
-        if op == "F2FP" and ".PACK_AB" in mods and ".BF16" not in mods:  # the f16 pack (no .BF16)
+        if op == "HMMA" and ".BF16" in mods:  # bf16 inputs; HMMA.16816.F32 alone is f16 x f16 -> f32
+            cur["HMMA_BF16"] += 1
+        elif op == "F2FP" and ".PACK_AB" in mods and ".BF16" not in mods:  # the f16 pack (no .BF16)
             cur["F2FP_F16"] += 1
         elif op == "HADD2" and mods.startswith(".F32"):
             cur["HADD2_F32"] += 1

@@ -316,6 +316,7 @@ const char* op_name(int op) {
         case PKRT_MATCH_ANY: return "__match_any_sync";
         case PKRT_MATCH_ALL: return "__match_all_sync";
         case PKRT_PTX_MMA_BF16: return "pk_mma_m16n8k16_bf16";
+        case PKRT_PTX_MMA_F16: return "pk_mma_m16n8k16_f16";
         case PKRT_PTX_LDSM_X4: return "pk_ldmatrix_x4";
         case PKRT_PTX_LDSM_X4_T: return "pk_ldmatrix_x4_trans";
         case PKRT_ACTIVEMASK: return "__activemask";
@@ -585,21 +586,33 @@ inline double bf16_value(unsigned bits) {
     return f;
 }
 
+// f16 bits -> value, exact (also the wgmma emulation's, pk_host_sm90.cpp).
+inline double f16_value(unsigned h) {
+    h &= 0xffffu;
+    unsigned e = (h >> 10) & 31u, f = h & 1023u;
+    double v = e == 0 ? std::ldexp(static_cast<double>(f), -24)
+               : e == 31 ? (f ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
+                         : std::ldexp(static_cast<double>(f | 1024u), static_cast<int>(e) - 25);
+    return (h & 0x8000u) ? -v : v;
+}
+
 // Layouts: see the table at the top of kernels_cu/pk_ptx.cuh (PTX ISA, cross-checked with CuTe).
 void complete_ptx(Thread* lanes, int op) {
-    if (op == PKRT_PTX_MMA_BF16) {
+    if (op == PKRT_PTX_MMA_BF16 || op == PKRT_PTX_MMA_F16) {
+        // .bf16 and .f16 share the fragment layout; only the widening of the 16-bit words differs
+        double (*value)(unsigned) = op == PKRT_PTX_MMA_F16 ? f16_value : bf16_value;
         double A[16][16], B[16][8], C[16][8];
         for (unsigned l = 0; l < 32; l++) {
             const pkrt_mma_frag* f = reinterpret_cast<const pkrt_mma_frag*>(lanes[l].value);
             unsigned gq = l >> 2, tq = l & 3;
             for (unsigned v = 0; v < 8; v++)
-                A[gq + 8 * ((v >> 1) & 1)][2 * tq + (v & 1) + 8 * (v >> 2)] = bf16_value(f->a[v >> 1] >> (16 * (v & 1)));
+                A[gq + 8 * ((v >> 1) & 1)][2 * tq + (v & 1) + 8 * (v >> 2)] = value(f->a[v >> 1] >> (16 * (v & 1)));
             for (unsigned v = 0; v < 4; v++) {
-                B[2 * tq + (v & 1) + 8 * (v >> 1)][gq] = bf16_value(f->b[v >> 1] >> (16 * (v & 1)));
+                B[2 * tq + (v & 1) + 8 * (v >> 1)][gq] = value(f->b[v >> 1] >> (16 * (v & 1)));
                 C[gq + 8 * (v >> 1)][2 * tq + (v & 1)] = f->c[v];
             }
         }
-        // bf16 x bf16 products are exact in double; one rounding to fp32 at the end (the
+        // bf16 x bf16 and f16 x f16 products are exact in double; one rounding to fp32 at the end (the
         // tensor core's internal order and precision are not specified, fp32 or better).
         for (unsigned l = 0; l < 32; l++) {
             pkrt_mma_frag* f = reinterpret_cast<pkrt_mma_frag*>(lanes[l].value);

@@ -279,15 +279,6 @@ unsigned check_smem(Thread* t, const void* p, unsigned long long bytes, unsigned
 }
 
 // ---- wgmma --------------------------------------------------------------------------------------
-inline double f16_value(unsigned h) {
-    h &= 0xffffu;
-    unsigned e = (h >> 10) & 31u, f = h & 1023u;
-    double v = e == 0 ? std::ldexp(static_cast<double>(f), -24)
-               : e == 31 ? (f ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity())
-                         : std::ldexp(static_cast<double>(f | 1024u), static_cast<int>(e) - 25);
-    return (h & 0x8000u) ? -v : v;
-}
-
 // Shared window byte address of element (mn, k) of a 16-bit operand (PTX ISA canonical layouts,
 // as CuTe's make_gmma_desc reads them).
 unsigned long long desc_addr(unsigned long long desc, unsigned mn, unsigned k, bool mn_major) {

@@ -412,7 +412,7 @@ def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, b
 # (bucket, query rows per block): the kernel gives DMAX/16 threads to a query row, 256 threads a block.
 _FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
 FA_THREADS = 256
-# Tensor-core bf16 kernels (kernels_cu/flash_attention_tc.cu): compile-time head_dim D, other head_dims
+# Tensor-core bf16 / f16 kernels (kernels_cu/flash_attention_tc.cu): compile-time head_dim D, other head_dims
 # padded up to the next D; (D, keys per tile, Q in registers) as the .cu's FatcCfg.
 TC_HEAD_DIMS = (64, 96, 128, 256)
 _TC_CFG = {64: (64, 1), 96: (64, 1), 128: (64, 1), 256: (32, 0)}
@@ -432,8 +432,8 @@ def tc_shared_bytes(d: int) -> int:
 
 
 def tensor_cores_available(backend: str | None = None) -> bool:
-    """Whether the bf16 tensor-core kernels can run on `backend`: mma.sync bf16 needs sm_80+ on the nvrtc
-    backend (sm_75 keeps the fp32-FMA kernels); the host backend emulates mma, numba runs the reference."""
+    """Whether the bf16 / f16 tensor-core kernels can run on `backend`: mma.sync m16n8k16 needs sm_80+ on the
+    nvrtc backend (sm_75 keeps the fp32-FMA kernels); the host backend emulates mma, numba runs the reference."""
     from ..backends import get_backend
 
     be = get_backend(backend)
@@ -465,7 +465,7 @@ def flash_attention(
     q (batch, n_q, n_heads, head_dim), k (batch, n_k, n_kv_heads, head_dim),
     v (batch, n_k, n_kv_heads, head_dim_v); n_heads % n_kv_heads == 0 (query head
     h uses kv head h // (n_heads // n_kv_heads)); head_dim, head_dim_v <= 256.
-    f32 or bf16 (all three alike), fp32 accumulation. scale defaults to
+    f32, bf16 or f16 (all three alike; out in the same dtype), fp32 accumulation. scale defaults to
     1/sqrt(head_dim).
 
     causal=True aligns the mask bottom-right: query i sees keys
@@ -486,14 +486,15 @@ def flash_attention(
     log-sum-exp of the scaled scores over the visible keys, the input
     `attention_backward(..., lse=)` expects.
 
-    tensor_cores: bf16 only. None (default) runs the tensor-core kernels (mma.sync bf16, compiled
+    tensor_cores: bf16 and f16. None (default) runs the tensor-core kernels (mma.sync bf16 / f16, compiled
     head_dim 64/96/128/256, others padded up) wherever they can run: the nvrtc backend on sm_80 and
     newer, the host backend (emulated) and numba; sm_75 falls back to the fp32-FMA kernels. True
     requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
-    tensor-core path rounds the softmax probabilities to bf16 for the P·V product, as
-    FlashAttention-2 does. f32 inputs always use the fp32 kernels.
+    tensor-core path rounds the softmax probabilities to the input dtype for the P·V product, as
+    FlashAttention-2 does. f32 inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
+    65504, as on the GPU.
     """
-    kind = arrays.io_kind("q", q)
+    kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     _same_dtype("k", k, kind, "q")
     _same_dtype("v", v, kind, "q")
     batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,))
@@ -525,12 +526,12 @@ def flash_attention(
     if tensor_cores not in (None, True, False):
         raise ArgumentError(f"tensor_cores: expected None, True or False, got {tensor_cores!r}")
     use_tc = False
-    if kind == "bf16" and tensor_cores is not False:
+    if kind != "f32" and tensor_cores is not False:
         use_tc = tensor_cores_available(backend)
         if tensor_cores and not use_tc:
-            raise ArgumentError("tensor_cores: True needs bf16 mma (sm_80 or newer); this device has none")
+            raise ArgumentError(f"tensor_cores: True needs {kind} mma (sm_80 or newer); this device has none")
     elif tensor_cores:
-        raise ArgumentError(f"tensor_cores: True needs bf16 inputs, got {arrays.dtype_name(q)}")
+        raise ArgumentError(f"tensor_cores: True needs bf16 or f16 inputs, got {arrays.dtype_name(q)}")
     wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
     cap = "_softcap" if softcap > 0.0 else ""
     if use_tc:
@@ -554,7 +555,7 @@ def flash_attention(
         from ..launcher import launch
 
         launch(
-            f"flash_attention_tc_d{bucket}{cap}_bf16", n_blocks, TC_THREADS,
+            f"flash_attention_tc_d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS,
             q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
             wl, wr, softcap,
             shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend,

@@ -93,8 +93,8 @@ def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
     dk = arrays.empty(kv_shape, kind, like=q)
     dv = arrays.empty(kv_shape, kind, like=q)
     blocks = (max(1, min(-(-n_kv // 256), 4096)),)
-    _launch("training_f32_to_bf16", blocks, (256,), dk_acc, _flat(dk), n_kv, stream=stream, backend=backend)
-    _launch("training_f32_to_bf16", blocks, (256,), dv_acc, _flat(dv), n_kv, stream=stream, backend=backend)
+    _launch("training_f32_to" + _suffix(kind), blocks, (256,), dk_acc, _flat(dk), n_kv, stream=stream, backend=backend)
+    _launch("training_f32_to" + _suffix(kind), blocks, (256,), dv_acc, _flat(dv), n_kv, stream=stream, backend=backend)
     return dq, dk, dv
 
 
@@ -136,40 +136,41 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
     return dq, dk, dv
 
 
-def _tensor_cores(q, k, v, g, out, lse, dims, scale, win, backend, stream=None):
-    """bf16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
+def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
+    """bf16 / f16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
     heads itself), one dQ kernel per query tile; every output element has one writer: deterministic."""
     from .forward import tc_head_dim
 
     b, n_q, n_k, h, kvh, d = dims
     cap = "_softcap" if win[2] > 0 else ""
+    sfx = _suffix(kind)
     n_rows = b * n_q * h
     delta = arrays.empty((n_rows,), np.float32, like=q)
     if out is not None and lse is not None:  # the training flow: the forward's own out and lse
-        _launch("attention_bwd_preprocess_bf16", (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+        _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
                 _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
     else:
-        # lse and delta = sum_j P_ij dP_ij in fp32 by the pre-pass kernel, not rowsum(dO * out) of a bf16
+        # lse and delta = sum_j P_ij dP_ij in fp32 by the pre-pass kernel, not rowsum(dO * out) of a 16-bit
         # out: that out's rounding would enter delta, and dK sums it over every query of the GQA group.
         G = group_lanes(d)
         lse = arrays.empty((n_rows,), np.float32, like=q)
-        _launch("attention_bwd_lse" + cap + "_bf16", (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+        _launch("attention_bwd_lse" + cap + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
                 _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
                 G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
     D = tc_head_dim(d)
-    dq = arrays.empty(arrays.shape_of(q), "bf16", like=q)
-    dk = arrays.empty(arrays.shape_of(k), "bf16", like=q)
-    dv = arrays.empty(arrays.shape_of(v), "bf16", like=q)
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     smem_kv, smem_q = tc_backward_shared_bytes(D)
     args = (_flat(q), _flat(k), _flat(v), _flat(g), _flat(lse), delta)
     tail = (b, n_q, n_k, h, kvh, d, scale, *win)
     kv_grid = b * kvh * -(-n_k // _TC_BC)
-    names = ((f"attention_backward_tc_dv_d{D}{cap}_bf16", f"attention_backward_tc_dk_d{D}{cap}_bf16") if D == 256
-             else (f"attention_backward_tc_dkdv_d{D}{cap}_bf16",))
+    names = ((f"attention_backward_tc_dv_d{D}{cap}{sfx}", f"attention_backward_tc_dk_d{D}{cap}{sfx}") if D == 256
+             else (f"attention_backward_tc_dkdv_d{D}{cap}{sfx}",))
     for name in names:
         _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
                 stream=stream, backend=backend)
-    _launch(f"attention_backward_tc_dq_d{D}{cap}_bf16", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
+    _launch(f"attention_backward_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
             *tail, shared_mem=smem_q, stream=stream, backend=backend)
     return dq, dk, dv
 
@@ -197,7 +198,7 @@ def attention_backward(
     k, v: (n_k, n_kv_heads, head_dim) with the same leading batch dimension.
     Grouped-query attention: n_heads % n_kv_heads == 0, query head h uses kv
     head h // (n_heads // n_kv_heads). head_dim <= 256. Outputs have the
-    inputs' dtype (f32 or bf16), accumulation is fp32. scale defaults to
+    inputs' dtype (f32, bf16 or f16), accumulation is fp32. scale defaults to
     1/sqrt(head_dim), as in `flash_attention`.
 
     causal=True (the default) aligns the mask bottom-right exactly like
@@ -212,7 +213,7 @@ def attention_backward(
     method="naive": one block per (query, head), n_k <= NAIVE_MAX_SEQ;
     dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
     the last bits, may vary run to run); `out`/`lse` are not needed.
-    method="tensor_cores" (and "auto" for bf16 where mma.sync bf16 runs: sm_80+ on nvrtc, the host
+    method="tensor_cores" (and "auto" for bf16 / f16 where mma.sync runs: sm_80+ on nvrtc, the host
     backend, numba): FlashAttention-2 on tensor cores, deterministic (dK/dV summed over the GQA group
     inside one CTA, dQ by a second kernel; no atomics); head_dim compiled as 64/96/128/256 (others
     padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
@@ -227,7 +228,7 @@ def attention_backward(
         raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
     if not isinstance(causal, (bool, np.bool_)):
         raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
-    kind = arrays.io_kind("q", q)
+    kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     for name, a in (("k", k), ("v", v), ("grad_out", grad_out)):
         _same_kind(name, a, kind, "q")
     qs = tuple(arrays.check_ndim("q", q, (3, 4)))
@@ -277,13 +278,13 @@ def attention_backward(
     stream = arrays.launch_stream(stream, q)
     if method == "naive":
         return _naive(q, k, v, grad_out, kind, dims, scale, win, backend, stream)
-    if method in ("auto", "tensor_cores") and kind == "bf16":
+    if method in ("auto", "tensor_cores") and kind != "f32":
         from .forward import tensor_cores_available
 
         if tensor_cores_available(backend):
-            return _tensor_cores(q, k, v, grad_out, out, lse, dims, scale, win, backend, stream)
+            return _tensor_cores(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
         if method == "tensor_cores":
-            raise ArgumentError("method: 'tensor_cores' needs bf16 mma (sm_80 or newer); this device has none")
+            raise ArgumentError(f"method: 'tensor_cores' needs {kind} mma (sm_80 or newer); this device has none")
     elif method == "tensor_cores":
-        raise ArgumentError(f"method: 'tensor_cores' needs bf16 inputs, got {arrays.dtype_name(q)}")
+        raise ArgumentError(f"method: 'tensor_cores' needs bf16 or f16 inputs, got {arrays.dtype_name(q)}")
     return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)

@@ -330,7 +330,7 @@ def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
     return a[0].size // (seq * heads * head_dim)
 
 
-@reference("attention_backward_naive", "attention_backward_naive_bf16")
+@reference("attention_backward_naive", "attention_backward_naive_bf16", "attention_backward_naive_f16")
 def _attention_naive(cuda: Any):
     # One thread per (query, head): three passes over the visible keys (max, sum, delta),
     # then dq directly and dk/dv with atomics (other query threads share rows).
@@ -391,7 +391,7 @@ def _attention_naive(cuda: Any):
     return k, config
 
 
-@reference("attention_bwd_preprocess", "attention_bwd_preprocess_bf16")
+@reference("attention_bwd_preprocess", "attention_bwd_preprocess_bf16", "attention_bwd_preprocess_f16")
 def _attention_preprocess(cuda: Any):
     @cuda.jit
     def k(dout, out, delta, n_rows, head_dim):
@@ -405,7 +405,7 @@ def _attention_preprocess(cuda: Any):
     return k, lambda a: _grid1(a[3])
 
 
-@reference("attention_bwd_lse", "attention_bwd_lse_bf16", "attention_bwd_lse_softcap", "attention_bwd_lse_softcap_bf16")
+@reference(*(f"attention_bwd_lse{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
 def _attention_lse(cuda: Any):
     # lse and delta = sum_j p_j (dO . v_j) (equal to rowsum(dO * O)) by two passes;
     # a row that sees no key gets lse -inf and delta 0.
@@ -521,8 +521,7 @@ def _dkdv_body(cuda: Any):
     return body
 
 
-@reference("attention_backward_flash_dq", "attention_backward_flash_dq_bf16", "attention_backward_flash_dq_softcap",
-           "attention_backward_flash_dq_softcap_bf16")
+@reference(*(f"attention_backward_flash_dq{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
 def _attention_dq(cuda: Any):
     body = _dq_body(cuda)
 
@@ -536,8 +535,7 @@ def _attention_dq(cuda: Any):
     return k, lambda a: _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
 
 
-@reference("attention_backward_flash_dkdv", "attention_backward_flash_dkdv_bf16",
-           "attention_backward_flash_dkdv_softcap", "attention_backward_flash_dkdv_softcap_bf16")
+@reference(*(f"attention_backward_flash_dkdv{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
 def _attention_dkdv(cuda: Any):
     body = _dkdv_body(cuda)
 
@@ -558,9 +556,10 @@ def _attention_dkdv(cuda: Any):
 # Tensor-core backward (kernels_cu/attention_backward_tc.cu): the same math as the flash references
 # above, with the batch passed explicitly. The d256 pair (_dv / _dk) each writes one output on the GPU;
 # the reference writes both, which the op's second launch makes equal.
-_TC_DKDV = tuple(f"attention_backward_tc_{n}{c}_bf16" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256", "dk_d256")
-                 for c in ("", "_softcap"))
-_TC_DQ = tuple(f"attention_backward_tc_dq_d{d}{c}_bf16" for d in (64, 96, 128, 256) for c in ("", "_softcap"))
+_TC_DKDV = tuple(f"attention_backward_tc_{n}{c}{s}" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256", "dk_d256")
+                 for c in ("", "_softcap") for s in ("_bf16", "_f16"))
+_TC_DQ = tuple(f"attention_backward_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+               for s in ("_bf16", "_f16"))
 
 
 @reference(*_TC_DKDV)

@@ -11,8 +11,8 @@ The policies, from torch's own lists (aten ops with an AutocastCPU / AutocastCUD
   promotion for elementwise ops and the input's dtype for the CPU norms (mixed with a float32
   weight they compute in float32, as torch does).
 
-The kernels take float32, bfloat16 and float16 (fp32 accumulation inside), except attention
-(ATTENTION_DTYPES: float32 and bfloat16). Where the policy gives a dtype an op's kernels lack, the
+The kernels take float32, bfloat16 and float16 (fp32 accumulation inside), attention too
+(ATTENTION_DTYPES). Where the policy gives a dtype an op's kernels lack, the
 inputs are rounded to it exactly where torch rounds them, the kernel runs in float32 on those
 values, and the outputs are cast back: torch's results up to float32-vs-16-bit arithmetic inside.
 """
@@ -24,7 +24,7 @@ import torch
 from torch import Tensor
 
 KERNEL_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
-ATTENTION_DTYPES = (torch.float32, torch.bfloat16)  # the attention kernels' (float16 comes with theirs)
+ATTENTION_DTYPES = KERNEL_DTYPES  # flash_attention / attention_backward: f32, bf16, f16 (tensor cores for 16-bit)
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 

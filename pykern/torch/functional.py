@@ -7,8 +7,7 @@ built from these functions without graph breaks, forward and backward.
 
 Layouts follow pykern.ops: attention tensors are (batch, seq, heads, head_dim),
 RoPE rotates q and k of that layout in HF LLaMA's rotate_half convention.
-Supported dtypes are float32, bfloat16 and float16 (fp32 accumulation inside); attention takes
-float32 and bfloat16.
+Supported dtypes are float32, bfloat16 and float16 (fp32 accumulation inside), attention included.
 DTensor arguments (tensor parallelism) run on the local shards where that is
 exact and are gathered explicitly otherwise (see pykern.torch._dtensor). Under
 torch.autocast each function follows its torch counterpart's autocast policy

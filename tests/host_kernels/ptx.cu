@@ -1,7 +1,7 @@
 // Test kernels for the PTX wrappers of kernels_cu/pk_ptx.cuh (tests/test_host_ptx.py).
 // Every kernel moves raw registers: the lane <-> matrix-element mapping is checked in
 // Python against the PTX ISA tables, not re-derived here.
-#include "pk_ptx.cuh"
+#include "pk_common.cuh"  // pk_ptx.cuh, and pk_mma_m16n8k16<T> over the element type
 
 // out[i] = pk_cvt_bf16x2(lo[i], hi[i])
 extern "C" __global__ void pk_t_cvt_bf16x2(const float* lo, const float* hi, unsigned int* out, int n) {
@@ -22,6 +22,19 @@ extern "C" __global__ void pk_t_mma(const unsigned int* a, const unsigned int* b
     for (int i = 0; i < 4; i++) ra[i] = a[base * 4 + i], rc[i] = c[base * 4 + i];
     for (int i = 0; i < 2; i++) rb[i] = b[base * 2 + i];
     pk_mma_m16n8k16_bf16(rd, ra, rb, rc);
+    for (int i = 0; i < 4; i++) d[base * 4 + i] = rd[i];
+}
+
+// The same through the element-type template: f16 != 0 runs pk_mma_m16n8k16<__half> (mma .f16), else
+// pk_mma_m16n8k16<__nv_bfloat16> (the branch is warp-uniform).
+extern "C" __global__ void pk_t_mma_t(const unsigned int* a, const unsigned int* b, const float* c, float* d, int f16) {
+    const long long base = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    unsigned int ra[4], rb[2];
+    float rc[4], rd[4];
+    for (int i = 0; i < 4; i++) ra[i] = a[base * 4 + i], rc[i] = c[base * 4 + i];
+    for (int i = 0; i < 2; i++) rb[i] = b[base * 2 + i];
+    if (f16) pk_mma_m16n8k16<__half>(rd, ra, rb, rc);
+    else pk_mma_m16n8k16<__nv_bfloat16>(rd, ra, rb, rc);
     for (int i = 0; i < 4; i++) d[base * 4 + i] = rd[i];
 }
 

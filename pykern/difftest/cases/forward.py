@@ -162,13 +162,13 @@ def _sfx(kind: str) -> str:
 
 def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None,
               softcap: float = 0.0) -> str:
-    """The kernel ops.flash_attention launches (bf16 defaults to the tensor-core kernels on every
+    """The kernel ops.flash_attention launches (bf16 and f16 default to the tensor-core kernels on every
     backend difftest runs: host, numba, nvrtc on sm_80+; softcap > 0 picks the _softcap kernels)."""
     cap = "_softcap" if softcap > 0 else ""
-    if kind == "bf16" and tensor_cores is not False:
+    if kind != "f32" and tensor_cores is not False:
         from ...ops.forward import tc_head_dim
 
-        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}{cap}_bf16"
+        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}{cap}{_sfx(kind)}"
     bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
     return f"flash_attention_d{bucket}{cap}{_sfx(kind)}"
 
@@ -460,3 +460,25 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _silu_backward_cases(rng, (("f16", (5,), False), ("f16", (3, 1003), False), ("f16", (2, 37), True)))
     yield from _rms_cases(rng, (("f16", (5, 8)), ("f16", (3, 769)), ("f16", (2, 1000)), ("f16", (2, 4096)),
                                 ("f16", (2, 16384)), ("f16", (1, 65536))))
+    yield from _fa_f16_cases(rng)
+
+
+def _fa_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """float16 flash_attention: the fp32-FMA kernels at every bucket, the tensor-core kernels at every compiled
+    head_dim and padded ones (element-wise loads at 33), GQA, n_q != n_k both ways, windows and softcap."""
+    for causal in (False, True):
+        for d, n_k in ((64, 65), (128, 40), (256, 20)):
+            yield _fa_case(rng, "f16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
+        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (33, 9, 20)):
+            yield _fa_case(rng, "f16", 1, n_q, n_k, 2, 1, d, d, causal)
+        yield _fa_case(rng, "f16", 1, 17, 17, 8, 2, 64, 64, causal)
+        yield _fa_case(rng, "f16", 1, 130, 1, 2, 2, 64, 64, causal)
+        yield _fa_case(rng, "f16", 1, 17, 40, 4, 2, 96, 64, causal, scale=0.3)  # head_dim_v != head_dim
+    for tc in (None, False):
+        for n_q, n_k, causal, win, cap, d in ((150, 150, True, (20, -1), 0.0, 64), (70, 200, False, (-1, 9), 0.0, 128),
+                                              (130, 180, True, (40, -1), 2.0, 64)):
+            yield _fa_case(rng, "f16", 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
+                           window_size=win, softcap=cap)
+    for tc, dims in ((None, (32, 96, 128, 256)), (False, (128, 256))):
+        for d in dims:
+            yield _fa_case(rng, "f16", 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)

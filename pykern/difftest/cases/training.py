@@ -420,9 +420,9 @@ def _flash_kernels(sfx: str, given: bool, softcap: float = 0.0) -> tuple[str, ..
     return (pre, "attention_backward_flash_dkdv" + cap + sfx, "attention_backward_flash_dq" + cap + sfx)
 
 
-def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     # (kind, batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale, methods, note)
-    specs = [
+    specs = only or [
         ("f32", None, 1, 1, 2, 1, 32, True, None, ("naive", "flash"), ""),
         ("f32", None, 63, 63, 1, 1, 32, True, None, ("naive", "flash"), ""),
         ("f32", None, 64, 64, 1, 1, 64, True, None, ("naive", "flash"), ""),
@@ -457,7 +457,7 @@ def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
     ]
     for kind, batch, n_q, n_k, heads, kvh, hd, causal, scale, methods, note in specs:
         q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, kind, n_k)
-        sfx = "_bf16" if kind == "bf16" else ""
+        sfx = _sfx(kind)
         lens = f"s{n_q}" if n_q == n_k else f"q{n_q}k{n_k}"
         extra = ("" if causal else "-full") + ("" if scale is None else f"-scale{scale}")
         shape = f"{'' if batch is None else f'{batch}x'}{lens}-h{heads}kv{kvh}-d{hd}{extra}"
@@ -474,11 +474,11 @@ def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
             kern = (("attention_backward_naive" + sfx, "training_zero_f32")
-                    + (("training_f32_to_bf16",) if kind == "bf16" else ())) if method == "naive" \
+                    + (("training_f32_to" + sfx,) if kind != "f32" else ())) if method == "naive" \
                 else _flash_kernels(sfx, False)
             yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-{method}", kernels=kern,
                        run=run, reference=ref, note=note)
-        if "flash" in methods and (n_q in (1, 65, 2049) or kind == "bf16" or new):
+        if "flash" in methods and (n_q in (1, 65, 2049) or kind != "f32" or new):
             out64, lse64 = np_attention_forward(q, k, v, causal=causal, scale=scale)
             out, lse = _cast(out64, kind), lse64.astype(np.float32)
 
@@ -491,23 +491,23 @@ def _attention_cases(rng: np.random.Generator) -> Iterator[Case]:
                        kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
 
 
-def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0) -> tuple[str, ...]:
+def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "bf16") -> tuple[str, ...]:
     """What attention_backward(method='tensor_cores') launches at this head_dim."""
     from ...ops.forward import tc_head_dim
 
-    d = tc_head_dim(head_dim)
+    d, s = tc_head_dim(head_dim), _sfx(kind)
     c = "_softcap" if softcap > 0 else ""
-    kv = ((f"attention_backward_tc_dv_d{d}{c}_bf16", f"attention_backward_tc_dk_d{d}{c}_bf16") if d == 256
-          else (f"attention_backward_tc_dkdv_d{d}{c}_bf16",))
-    pre = "attention_bwd_preprocess_bf16" if given else f"attention_bwd_lse{c}_bf16"
-    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}{c}_bf16",)
+    kv = ((f"attention_backward_tc_dv_d{d}{c}{s}", f"attention_backward_tc_dk_d{d}{c}{s}") if d == 256
+          else (f"attention_backward_tc_dkdv_d{d}{c}{s}",))
+    pre = "attention_bwd_preprocess" + s if given else f"attention_bwd_lse{c}{s}"
+    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}{c}{s}",)
 
 
-def _attention_window_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _attention_window_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     # Sliding windows and softcap through every backward path (naive, flash with and without the
     # forward's out/lse, tensor cores): left/right/both windows, causal and not, n_q != n_k both ways.
     # (kind, n_q, n_k, heads, kv_heads, head_dim, causal, window_size, softcap)
-    specs = [
+    specs = only or [
         ("f32", 70, 70, 2, 1, 32, True, (9, -1), 0.0),
         ("f32", 40, 90, 4, 1, 64, False, (-1, 5), 0.0),
         ("f32", 90, 40, 2, 2, 64, False, (12, 12), 0.0),
@@ -523,7 +523,7 @@ def _attention_window_cases(rng: np.random.Generator) -> Iterator[Case]:
     ]
     for kind, n_q, n_k, heads, kvh, hd, causal, win, cap in specs:
         q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
-        sfx = "_bf16" if kind == "bf16" else ""
+        sfx = _sfx(kind)
         shape = (f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}{'' if causal else '-full'}-w{win[0]},{win[1]}"
                  + (f"-cap{cap:g}" if cap else ""))
         kw = {"causal": causal, "window_size": win, "softcap": cap}
@@ -534,7 +534,7 @@ def _attention_window_cases(rng: np.random.Generator) -> Iterator[Case]:
 
         out64, lse64 = np_attention_forward(q, k, v, **kw)
         out, lse = _cast(out64, kind), lse64.astype(np.float32)
-        methods = [("naive", False), ("flash", False), ("flash", True)] + ([("tensor_cores", True)] if kind == "bf16"
+        methods = [("naive", False), ("flash", False), ("flash", True)] + ([("tensor_cores", True)] if kind != "f32"
                                                                            else [])
         for method, given in methods:
             def run(be, q=q, k=k, v=v, g=g, kw=kw, method=method, given=given, out=out, lse=lse):
@@ -544,20 +544,20 @@ def _attention_window_cases(rng: np.random.Generator) -> Iterator[Case]:
 
             if method == "naive":
                 kern = ("attention_backward_naive" + sfx, "training_zero_f32") + (
-                    ("training_f32_to_bf16",) if kind == "bf16" else ())
+                    ("training_f32_to" + sfx,) if kind != "f32" else ())
             elif method == "flash":
                 kern = _flash_kernels(sfx, given, cap)
             else:
-                kern = _tc_kernels(hd, given, cap)
+                kern = _tc_kernels(hd, given, cap, kind)
             yield Case(op="attention_backward", dtype=kind,
                        shape=f"{shape}-{method}{'_given_lse' if given else ''}", kernels=kern, run=run, reference=ref)
 
 
-def _attention_tc_cases(rng: np.random.Generator) -> Iterator[Case]:
+def _attention_tc_cases(rng: np.random.Generator, kind: str = "bf16", only: Any = None) -> Iterator[Case]:
     # bf16 on tensor cores: every compiled head_dim (64/96/128/256) and padded ones (32, 80, 33: element-wise
     # loads), GQA 1/4/8, causal and not, n_q != n_k both ways, lengths off every tile (64 keys, 32/64 queries)
     # and length 1. (batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale, given out/lse, note)
-    specs = [
+    specs = only or [
         (None, 17, 40, 2, 1, 64, True, None, False, ""),
         (2, 70, 33, 4, 1, 80, True, 0.2, False, ""),
         (None, 33, 70, 8, 2, 96, False, None, False, ""),
@@ -571,7 +571,7 @@ def _attention_tc_cases(rng: np.random.Generator) -> Iterator[Case]:
         (None, 130, 140, 8, 2, 128, True, None, False, "big"),
     ]
     for batch, n_q, n_k, heads, kvh, hd, causal, scale, given, note in specs:
-        q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, "bf16", n_k)
+        q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, kind, n_k)
         lens = f"s{n_q}" if n_q == n_k else f"q{n_q}k{n_k}"
         extra = ("" if causal else "-full") + ("" if scale is None else f"-scale{scale}")
         shape = f"{'' if batch is None else f'{batch}x'}{lens}-h{heads}kv{kvh}-d{hd}{extra}-tc"
@@ -593,8 +593,8 @@ def _attention_tc_cases(rng: np.random.Generator) -> Iterator[Case]:
                                                    method="tensor_cores", backend=be)
             return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
-        yield Case(op="attention_backward", dtype="bf16", shape=shape, kernels=_tc_kernels(hd, given), run=run,
-                   reference=ref, note=note)
+        yield Case(op="attention_backward", dtype=kind, shape=shape, kernels=_tc_kernels(hd, given, kind=kind),
+                   run=run, reference=ref, note=note)
 
 
 @register_cases("training")
@@ -625,6 +625,26 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
                                ("f16", 264, 4, "some", -100, "", all_opts), ("f16", 64, 4, "all", -100, "", all_opts),
                                ("f16", 255, 4, "some", -100, "", {"reduction": "none", "softcap": 5.0})))
     yield from _f32_to_16_cases(rng)
+    yield from _attention_f16_cases(rng)
+
+
+def _attention_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """float16 attention backward on the bf16 shapes of every path: naive, flash (with and without the
+    forward's out/lse), tensor cores at every compiled head_dim and a padded one, windows and softcap."""
+    yield from _attention_cases(rng, (("f16", None, 33, 33, 2, 1, 64, True, None, ("naive", "flash"), ""),
+                                      ("f16", 2, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
+                                      ("f16", 2, 7, 19, 4, 2, 64, True, 0.2, ("naive", "flash"), ""),
+                                      ("f16", None, 19, 7, 2, 1, 128, False, None, ("naive", "flash"), "")))
+    yield from _attention_tc_cases(rng, "f16", ((None, 17, 40, 2, 1, 64, True, None, False, ""),
+                                                (2, 70, 33, 4, 1, 80, True, 0.2, False, ""),
+                                                (None, 65, 65, 8, 1, 128, True, None, True, ""),
+                                                (None, 9, 20, 2, 1, 256, False, 0.1, True, ""),
+                                                (None, 9, 20, 4, 4, 33, False, None, False, "")))
+    yield from _attention_window_cases(rng, (("f16", 70, 70, 4, 1, 64, True, (20, -1), 0.0),
+                                             ("f16", 40, 90, 2, 1, 80, False, (30, 10), 4.0),
+                                             ("f16", 20, 25, 2, 1, 256, True, (10, -1), 3.0),
+                                             ("f16", 30, 40, 2, 1, 64, True, (-1, -1), 2.0),
+                                             ("f16", 40, 30, 2, 2, 128, False, (6, 6), 1.0)))
 
 
 def _f32_to_16_cases(rng: np.random.Generator) -> Iterator[Case]:
