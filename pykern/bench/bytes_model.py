@@ -114,10 +114,10 @@ def training_rows(e: int) -> Iterator[Row]:
               5 * n * e + t * h * e + 2 * partials + t * 4 + h * 4,
               3 * n * e + (0 if hit else 2 * n * e) + 2 * partials + t * 4 + h * 4,
               "weight grad fused into the row kernel (512 partial rows)")
-    # cross_entropy_fwd_bwd (i15-train's kernel): stats pass + gradient pass over 128K-wide rows
+    # cross_entropy_fwd_bwd: stats pass + gradient pass over 128K-wide rows
     n = t * VOCAB
     yield Row("cross_entropy_fwd_bwd", f"{t}x{VOCAB}", dt, 2 * n * e + t * 8, 3 * n * e + t * 8,
-              3 * n * e + t * 8, "rows of 256 KB evicted between passes (issue 14); owned by i15-train")
+              3 * n * e + t * 8, "rows of 256 KB evicted between passes (two reads and one write by design)")
 
 
 def rows(group: str, e: int) -> list[Row]:
