@@ -18,7 +18,7 @@ import pykern.torch as pt  # noqa: E402
 import pykern.torch.functional as ptf  # noqa: E402
 import pykern.torch.hf as hf  # noqa: E402
 import pykern.torch.training as ptt  # noqa: E402
-from pykern.tolerance import tolerance  # noqa: E402
+from test_torch_apply import assert_close  # the one comparison against the torch_apply tolerance row
 
 W = 4  # sliding window (tokens, the current one included): shorter than the 9-token batch
 
@@ -60,12 +60,6 @@ def tiny(name: str):
 def rel_diff(out, ref) -> float:
     return float((out.double() - ref.double()).abs().max() / ref.double().abs().max())
 
-
-def assert_close(out, ref, what: str):
-    atol, rtol = tolerance("torch_apply", "f32")
-    out, ref = out.detach().double(), ref.detach().double()
-    err = (out - ref).abs()
-    assert bool((err <= atol + rtol * ref.abs()).all()), f"{what}: max err {err.max().item():.3g}"
 
 
 @pytest.fixture

@@ -19,7 +19,7 @@ import pykern.torch as pt  # noqa: E402
 import pykern.torch.functional as ptf  # noqa: E402
 import pykern.torch.moe as ptm  # noqa: E402
 import pykern.torch.training as ptt  # noqa: E402
-from pykern.tolerance import tolerance  # noqa: E402
+from test_torch_apply import assert_close  # the one comparison against the torch_apply tolerance row
 
 FAMILIES = ["Mixtral", "Qwen2Moe", "Qwen3Moe", "Olmoe"]
 LAYERS = 2
@@ -52,12 +52,6 @@ def tiny(name: str, **extra):
                 p.normal_(0.0, 0.5)
     return model
 
-
-def assert_close(out, ref, what: str, dtype: str = "f32"):
-    atol, rtol = tolerance("torch_apply", dtype)
-    out, ref = out.detach().double(), ref.detach().double()
-    err = (out - ref).abs()
-    assert bool((err <= atol + rtol * ref.abs()).all()), f"{what}: max err {err.max().item():.3g}"
 
 
 @pytest.fixture
