@@ -141,10 +141,8 @@ def _mma_weight(op: str, mods: str) -> float:
     return 0.0
 
 
-def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
-    """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
-    the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
-    loop), the one with the most MMAs if several. Kernels without such a loop are absent."""
+def _instructions(text: str) -> dict[str, list[tuple[int, str, str, str]]]:
+    """{kernel: [(address, opcode, operands, raw text)]} of a cuobjdump -sass listing, in address order."""
     funcs: dict[str, list[tuple[int, str, str, str]]] = {}
     cur: list | None = None
     for line in text.splitlines():
@@ -158,6 +156,14 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
         i = _INSN.match(line)
         if a and i:
             cur.append((int(a.group(1), 16), i.group(1), i.group(2), a.group(2)))
+    return funcs
+
+
+def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
+    """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
+    the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
+    loop), the one with the most MMAs if several. Kernels without such a loop are absent."""
+    funcs = _instructions(text)
     out: dict[str, dict[str, Any]] = {}
     for name, insns in funcs.items():
         backs = []
@@ -306,19 +312,7 @@ def inner_loops(text: str, innermost: bool = True) -> dict[str, list[dict[str, A
     steady_state_loops finds nothing: tools/bench_decode.py models per-CTA issue from these bodies.
     innermost=False lists every loop (outer ones too), each with "bar" (barriers) and "inner" (the
     instructions of the innermost loops it holds)."""
-    funcs: dict[str, list[tuple[int, str, str, str]]] = {}
-    cur: list | None = None
-    for line in text.splitlines():
-        m = _FUNC.match(line)
-        if m:
-            cur = funcs.setdefault(m.group(1), [])
-            continue
-        if cur is None:
-            continue
-        a = _ADDR.match(line)
-        i = _INSN.match(line)
-        if a and i:
-            cur.append((int(a.group(1), 16), i.group(1), i.group(2), a.group(2)))
+    funcs = _instructions(text)
     out: dict[str, list[dict[str, Any]]] = {}
     for name, insns in funcs.items():
         backs = []
