@@ -341,6 +341,37 @@ def _lock_stale(path: Path, max_age: float) -> str:
     return ""
 
 
+def _create_lock(path: Path, token: str) -> bool:
+    """Create the lock file at `path` holding `token`; False when it exists already.
+
+    The token is written to a temp file first and hard-linked into place, so the lock never exists
+    without its owner's pid: a worker killed between an O_EXCL create and its write would leave an
+    empty lock that nobody can attribute (and `remove_leftovers` could not clean). The temp file
+    carries the pid in its name, like every temp file of the cache. File systems without hard links
+    get the O_EXCL create."""
+    tmp = path.parent / f"{path.name}.{os.getpid()}.{secrets.token_hex(6)}.tmp"  # path.name starts with "."
+    try:
+        with open(tmp, "x") as f:
+            f.write(token)
+        try:
+            os.link(tmp, path)
+        except FileExistsError:
+            return False
+        except OSError:
+            try:
+                fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+            except FileExistsError:
+                return False
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+        return True
+    finally:
+        try:
+            tmp.unlink()
+        except OSError:
+            pass
+
+
 class KeyLock:
     """A lock file per cache key, so that processes sharing a cache compile each key once.
 
@@ -361,17 +392,14 @@ class KeyLock:
         delay = 0.02
         logged = False
         while True:
+            token = f"{os.getpid()} {_hostname()} {time.time():.6f}\n"
             try:
                 self.path.parent.mkdir(parents=True, exist_ok=True)
-                fd = os.open(self.path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-            except FileExistsError:
-                pass
+                created = _create_lock(self.path, token)
             except OSError:
                 return False  # an unwritable cache: nothing to share, nothing to wait for
-            else:
-                self.token = f"{os.getpid()} {_hostname()} {time.time():.6f}\n"
-                with os.fdopen(fd, "w") as f:
-                    f.write(self.token)
+            if created:
+                self.token = token
                 self.owned = True
                 return True
             why = _lock_stale(self.path, LOCK_STALE_AGE)

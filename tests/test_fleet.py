@@ -499,6 +499,39 @@ def test_remove_leftovers_only_touches_the_given_processes(tmp_path):
     assert not any(p.exists() for p in mine) and all(p.exists() for p in other)
 
 
+_KILLED_TAKING_A_LOCK = """
+import os, signal, sys
+from pathlib import Path
+from pykern import cache
+real_link, where = os.link, sys.argv[2]
+def link(src, dst):
+    if where == "before":
+        os.kill(os.getpid(), signal.SIGKILL)
+    real_link(src, dst)
+    os.kill(os.getpid(), signal.SIGKILL)
+os.link = link
+cache.KeyLock(Path(sys.argv[1]), "ab" + "0" * 62).acquire()
+"""
+
+
+@pytest.mark.parametrize("where", ["before", "after"])
+def test_a_worker_killed_while_taking_a_lock_leaves_nothing_remove_leftovers_cannot_name(tmp_path, where):
+    # A worker is terminated at any instruction; whatever it left must carry its pid, so that the
+    # parent's remove_leftovers(pid) cleans it. (An O_EXCL create followed by a write once left an empty,
+    # ownerless lock when the kill fell between the two.)
+    root = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", _KILLED_TAKING_A_LOCK, str(root), where], cwd=ROOT)
+    assert proc.returncode == -signal.SIGKILL
+    left = _leftovers(root)
+    assert left and all(p.startswith("ab/.ab") for p in left), left
+    if where == "after":
+        assert (root / "ab" / f".ab{'0' * 62}.lock").read_text().split()[0].isdigit()
+    assert cache.remove_leftovers(root, [12345]) == 0  # another process's pid touches nothing
+    pids = {int(p.split(".")[-3]) for p in left if p.endswith(".tmp")}
+    assert cache.remove_leftovers(root, sorted(pids)) == len(left)
+    assert _leftovers(root) == []
+
+
 def test_jobs_1_stops_after_the_compile_in_progress(env, tmp_path):
     from pykern import compiler
 
