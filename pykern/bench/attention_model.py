@@ -443,8 +443,9 @@ def makespan(costs: Sequence[float], slots: int) -> float:
 def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     """Per-term times (s) of one launch and the modelled bound. Each CTA's cost in SM clocks:
     issue (MMAs x instr/MMA + warps x straight-line) / 4; shared memory MMAs x bytes/MMA / 128; tensor MMAs x
-    4096 / (FLOP per clock x pipe fraction); a slot (one of CTAs/SM) runs at 1/(CTAs/SM) of the SM, so a CTA
-    holds its slot for CTAs/SM x its cost."""
+    4096 / (FLOP per clock x pipe fraction); a slot (one of the r CTAs resident on an SM, r = CTAs/SM, fewer
+    when the grid does not fill every SM that deep) runs at 1/r of the SM, so a CTA holds its slot for r x its
+    cost (a tail CTA keeps that share: pessimistic for the last wave)."""
     loop = k.loop
     warps = -(-lau.threads // 32)
     occ = occupancy(k.regs, lau.threads, lau.smem + k.static_smem, hw)
@@ -452,7 +453,11 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
         raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
     frac = 1.0 if loop.wgmma else hw.mma_sync_fraction
     per_pair_mma = 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP
-    slots = hw.sms * occ.ctas
+    # the block scheduler spreads CTAs over the SMs first: a grid smaller than SMs x CTAs/SM leaves fewer
+    # CTAs on each SM (each then gets a larger share of its SM)
+    n_ctas = len(lau.ctas) * lau.groups
+    resident = max(1, min(occ.ctas, -(-n_ctas // hw.sms)))
+    slots = hw.sms * resident
     terms_clk: dict[str, Callable[[float], float]] = {
         "issue": lambda m: (m * loop.per_mma + warps * loop.straight) / hw.issue_clk,
         "smem": lambda m: m * loop.smem_per_mma / hw.smem_bytes_clk,
@@ -460,7 +465,7 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     }
     # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
     group_mma = [p * per_pair_mma for p in lau.ctas]
-    per_term = {name: [occ.ctas * f(m) for m in group_mma] for name, f in terms_clk.items()}
+    per_term = {name: [resident * f(m) for m in group_mma] for name, f in terms_clk.items()}
     worst = [max(c) for c in zip(*per_term.values())]
     times: dict[str, float] = {name: makespan(c * lau.groups, slots) / hw.clock_hz for name, c in per_term.items()}
     combined = makespan(worst * lau.groups, slots) / hw.clock_hz
@@ -468,9 +473,9 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     times["hbm"] = lau.hbm_bytes / hw.hbm_bytes_s
     t = max(combined, times["hbm"])
     bind = max(times, key=lambda n: times[n])
-    n_ctas = len(group_mma) * lau.groups
     return {"kernel": lau.kernel, "time_s": t, "binding": bind, "terms_s": times, "ctas": n_ctas,
-            "ctas_per_sm": occ.ctas, "occupancy_limiter": occ.limiter, "waves": n_ctas / slots,
+            "ctas_per_sm": occ.ctas, "resident_per_sm": resident, "occupancy_limiter": occ.limiter,
+            "waves": n_ctas / (hw.sms * occ.ctas),
             "tail_efficiency": ideal / combined if combined else 1.0, "executed_flops": lau.executed_flops,
             "tensor": "wgmma" if loop.wgmma else "mma.sync", "pipe_fraction": frac}
 
