@@ -255,7 +255,7 @@ def occupancy(regs: int, threads: int, smem: int, hw: Hardware) -> Occupancy:
     warps = -(-threads // 32)
     regs_warp = -(-(max(regs, 1) * 32) // 256) * 256
     limits = {"registers": hw.regs_per_sm // (regs_warp * warps),
-              "shared memory": hw.smem_per_sm // (smem + hw.smem_reserved_cta) if smem else hw.max_ctas_sm,
+              "shared memory": hw.smem_per_sm // (smem + hw.smem_reserved_cta) if smem else 1 << 30,
               "CTA limit": hw.max_ctas_sm, "warp limit": hw.max_warps_sm // warps}
     lim = min(limits, key=lambda k: (limits[k], k != "registers"))
     return Occupancy(max(0, limits[lim]), lim)
