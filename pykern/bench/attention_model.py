@@ -113,17 +113,41 @@ def hardware(arch: str) -> Hardware:
 
 # ------------------------------------------------------------------------------------------- SASS inputs
 @dataclass(frozen=True)
+class LoaderLoop:
+    """An MMA-free loop inside the MMA loop that holds cp.async (LDGSTS): a tile loader. Its trip count is not
+    in the SASS; the launch geometry gives it (the bytes a step writes to shared memory)."""
+
+    insns: int  # static body, every path once
+    smem: float  # static body's shared-memory bytes
+    fast_insns: int  # the shortest head-to-back-branch path through its LDGSTS (the 16-byte path)
+    fast_smem: float  # shared-memory bytes on that path (the LDGSTS)
+
+
+@dataclass(frozen=True)
 class LoopInputs:
     """What the model reads from one kernel's SASS (per warp)."""
 
-    loop: str  # "flat" (steady_state_loops) or "inner" (innermost MMA loop, MMA-free inner loops counted once)
-    insns: int  # warp-instructions of the loop body
+    loop: str  # "flat" (steady_state_loops) or "inner" (innermost MMA loop; its MMA-free loops inside it)
+    insns: int  # warp-instructions of the loop body, every path once, inner loops once
     mma: float  # m16n8k16-equivalents in the body
     ldsm: int  # LDSM instructions in the body
-    smem_bytes: float  # shared-memory bytes the body moves (per warp)
+    smem_bytes: float  # shared-memory bytes the body moves (per warp), inner loops once
     straight: int  # warp-instructions outside every loop (once per warp and CTA)
     wgmma: bool = False  # HGMMA in the loop: the tensor pipe runs at the full dense rate
     inner_insns: int = 0  # of insns, those in MMA-free loops inside the body
+    loaders: tuple[LoaderLoop, ...] = ()
+
+    def per_step(self, fill_per_warp: float = 0.0) -> tuple[float, float, float]:
+        """(warp-instructions, shared bytes, loader trips) of one loop iteration: each loader loop runs
+        `trips` times its fast path, trips = the cp.async bytes a warp writes per step / the LDGSTS bytes of one
+        trip of every loader; everything else in the body once. Without loaders or fill: the static body."""
+        if not self.loaders or fill_per_warp <= 0:
+            return float(self.insns), self.smem_bytes, 0.0
+        per_trip = sum(ld.fast_smem for ld in self.loaders)
+        trips = fill_per_warp / per_trip if per_trip else 0.0
+        insns = self.insns - sum(ld.insns for ld in self.loaders) + trips * sum(ld.fast_insns for ld in self.loaders)
+        smem = self.smem_bytes - sum(ld.smem for ld in self.loaders) + trips * per_trip
+        return insns, smem, trips
 
     @property
     def per_mma(self) -> float:
@@ -138,8 +162,8 @@ class LoopInputs:
         return self.smem_bytes / self.mma
 
     def to_dict(self) -> dict[str, Any]:
-        return {**asdict(self), "per_mma": round(self.per_mma, 3), "ldsm_per_mma": round(self.ldsm_per_mma, 3),
-                "smem_per_mma": round(self.smem_per_mma, 1)}
+        return {**asdict(self), "static_per_mma": round(self.per_mma, 3), "ldsm_per_mma": round(self.ldsm_per_mma, 3),
+                "static_smem_per_mma": round(self.smem_per_mma, 1)}
 
 
 def _width_bytes(mods: str) -> int:
@@ -199,6 +223,66 @@ def _operands(raw: str, op: str) -> str:
     return ""
 
 
+def _insn_smem(x: tuple[int, str, str, str]) -> float:
+    """smem_bytes of one listed instruction; 0 for one predicated off for good (@!PT: issued, never executed,
+    as ptxas pads cp.async sequences)."""
+    _a, op, mods, raw = x
+    if raw.lstrip().startswith("@!PT"):
+        return 0.0
+    return smem_bytes(op, mods, _operands(raw, op))
+
+
+def _fast_path(body: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") -> tuple[int, float] | None:
+    """(instructions, shared bytes) of the shortest path from a loop's head to its back branch (the last
+    instruction of `body`, NOPs left out) that passes an LDGSTS; None when none does."""
+    n = len(body)
+    addrs = [x[0] for x in body]
+
+    def succ(i: int) -> list[int]:
+        _a, op, _m, raw = body[i]
+        cond = raw.lstrip().startswith("@")
+        if op == "BRA":
+            out = [i + 1] if cond and i + 1 < n else []
+            b = bra.search(raw)
+            if b:
+                t = int(b.group(1), 16)
+                j = next((k for k, a in enumerate(addrs) if a >= t), None)
+                if j is not None and addrs[0] <= t <= addrs[-1]:
+                    out.append(j)
+            return out
+        if op in ("EXIT", "RET") and not cond:
+            return []
+        return [i + 1] if i + 1 < n else []
+
+    def bfs(src: int) -> dict[int, int]:
+        par, todo = {src: -1}, [src]
+        for i in todo:
+            for j in succ(i):
+                if j not in par:
+                    par[j] = i
+                    todo.append(j)
+        return par
+
+    def path(par: dict[int, int], dst: int) -> list[int]:
+        out = [dst]
+        while par[out[-1]] != -1:
+            out.append(par[out[-1]])
+        return out[::-1]
+
+    head = bfs(0)
+    best = None
+    for L in (i for i, x in enumerate(body) if x[1] == "LDGSTS" and i in head):
+        tail = bfs(L)
+        if n - 1 not in tail:
+            continue
+        p = path(head, L) + path(tail, n - 1)[1:]
+        if best is None or len(p) < len(best):
+            best = p
+    if best is None:
+        return None
+    return len(best), sum(_insn_smem(body[i]) for i in best)
+
+
 def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict] | None = None
                 ) -> LoopInputs | None:
     """The model's SASS inputs of `kernel` from a cuobjdump -sass listing; None when it has no MMA loop.
@@ -229,14 +313,25 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
         lo, hi = max(leaves, key=lambda r: (mma(within(*r)), -(r[1] - r[0])))
         kind = "inner"
     body = within(lo, hi)
-    inner = {id(x) for l2, h2 in loops if lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for x in within(l2, h2)}
+    inside = [(l2, h2) for l2, h2 in loops if lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi)]
+    inner = {id(x) for l2, h2 in inside for x in within(l2, h2)}
     in_loop = {id(x) for l2, h2 in loops for x in within(l2, h2)}
-    ops = [(op, mods, _operands(raw, op)) for _, op, mods, raw in body]
+
+    def sbytes(xs: Iterable[tuple[int, str, str, str]]) -> float:
+        return sum(_insn_smem(x) for x in xs)
+
+    loaders = []
+    for l2, h2 in inside:  # outermost inner loops only (a loader nested in another inner loop counts once)
+        if any(l3 <= l2 and h2 <= h3 and (l3, h3) != (l2, h2) for l3, h3 in inside):
+            continue
+        ib = within(l2, h2)
+        fast = _fast_path(ib, sr._BRA)
+        if fast is not None:
+            loaders.append(LoaderLoop(len(ib), sbytes(ib), fast[0], fast[1]))
     return LoopInputs(
-        loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for op, _, _ in ops),
-        smem_bytes=sum(smem_bytes(op, mods, rest) for op, mods, rest in ops),
-        straight=sum(id(x) not in in_loop for x in live), wgmma=any(op == "HGMMA" for op, _, _ in ops),
-        inner_insns=len(inner))
+        loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for _, op, _, _ in body),
+        smem_bytes=sbytes(body), straight=sum(id(x) not in in_loop for x in live),
+        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders))
 
 
 # ------------------------------------------------------------------------------------------- occupancy
@@ -279,6 +374,7 @@ class Launch:
     matmuls: int
     hbm_bytes: int
     step: tuple[int, int]  # (rows, keys) one loop iteration covers, per CTA (checked against the SASS)
+    fill: int = 0  # bytes a CTA writes to shared memory with cp.async per loop iteration (the tile loads)
 
     @property
     def executed_flops(self) -> float:
@@ -360,7 +456,7 @@ def launches(phase: str, s: Shape) -> list[Launch]:
         ctas = _tiles(s.seq, s.seq, s.causal, fw.TC_ROWS, bc, True)
         return [Launch(f"flash_attention_tc_d{D}_bf16", "flash_attention_tc.cu", "", fw.TC_THREADS,
                        fw.tc_shared_bytes(D), tuple(ctas), s.batch * s.heads, D, 2,
-                       2 * b["q"] + 2 * b["kv"] + b["row"], (fw.TC_ROWS, bc))]
+                       2 * b["q"] + 2 * b["kv"] + b["row"], (fw.TC_ROWS, bc), 2 * bc * D * 2)]
     if phase != "bwd":
         raise ArgumentError(f"phase: expected 'fwd' or 'bwd', got {phase!r}")
     smem_kv, smem_q = ta.tc_backward_shared_bytes(D)
@@ -370,11 +466,12 @@ def launches(phase: str, s: Shape) -> list[Launch]:
     kv_ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, ta._TC_BC, ta._TC_BR, group))
     kv = [(f"attention_backward_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_backward_tc_dk_d{D}_bf16", 3, b["kv"])] \
         if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
+    # cp.async per step: the dK/dV loop loads a Q and a dO tile of BR rows, the dQ loop a K and a V tile
     out = [Launch(n, "attention_backward_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
-                  reads + w, (ta._TC_BR, ta._TC_BC)) for n, mm, w in kv]
+                  reads + w, (ta._TC_BR, ta._TC_BC), 2 * ta._TC_BR * D * 2) for n, mm, w in kv]
     out.append(Launch(f"attention_backward_tc_dq_d{D}_bf16", "attention_backward_tc.cu", "", ta._TC_THREADS, smem_q,
                       tuple(_tiles(s.seq, s.seq, s.causal, ta._TC_QR, dq_bc, True)), s.batch * s.heads, D, 3,
-                      reads + b["q"], (ta._TC_QR, dq_bc)))
+                      reads + b["q"], (ta._TC_QR, dq_bc), 2 * dq_bc * D * 2))
     return out
 
 
@@ -452,6 +549,8 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     if occ.ctas == 0:
         raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
     frac = 1.0 if loop.wgmma else hw.mma_sync_fraction
+    insns_step, smem_step, trips = loop.per_step(lau.fill / warps)
+    per_mma, smem_per_mma = insns_step / loop.mma, smem_step / loop.mma
     per_pair_mma = 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP
     # the block scheduler spreads CTAs over the SMs first: a grid smaller than SMs x CTAs/SM leaves fewer
     # CTAs on each SM (each then gets a larger share of its SM)
@@ -459,8 +558,8 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     resident = max(1, min(occ.ctas, -(-n_ctas // hw.sms)))
     slots = hw.sms * resident
     terms_clk: dict[str, Callable[[float], float]] = {
-        "issue": lambda m: (m * loop.per_mma + warps * loop.straight) / hw.issue_clk,
-        "smem": lambda m: m * loop.smem_per_mma / hw.smem_bytes_clk,
+        "issue": lambda m: (m * per_mma + warps * loop.straight) / hw.issue_clk,
+        "smem": lambda m: m * smem_per_mma / hw.smem_bytes_clk,
         "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac),
     }
     # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
@@ -477,7 +576,8 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
             "ctas_per_sm": occ.ctas, "resident_per_sm": resident, "occupancy_limiter": occ.limiter,
             "waves": n_ctas / (hw.sms * occ.ctas),
             "tail_efficiency": ideal / combined if combined else 1.0, "executed_flops": lau.executed_flops,
-            "tensor": "wgmma" if loop.wgmma else "mma.sync", "pipe_fraction": frac}
+            "tensor": "wgmma" if loop.wgmma else "mma.sync", "pipe_fraction": frac, "per_mma": per_mma,
+            "smem_per_mma": smem_per_mma, "loader_trips": trips}
 
 
 # ------------------------------------------------------------------------------------------- SASS access
@@ -583,7 +683,8 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
         k = sass.inputs(lau.kernel, lau.arch or hw.arch)
         r = kernel_bound(lau, k, hw)
         rows.append(r)
-        inputs.append({**k.to_dict(), "threads": lau.threads, "smem": lau.smem + k.static_smem,
+        inputs.append({**k.to_dict(), "per_mma": r["per_mma"], "smem_per_mma": r["smem_per_mma"],
+                       "loader_trips": r["loader_trips"], "threads": lau.threads, "smem": lau.smem + k.static_smem,
                        "ctas_per_sm": r["ctas_per_sm"], "occupancy_limiter": r["occupancy_limiter"],
                        "step": list(lau.step)})
         t += r["time_s"]
@@ -650,14 +751,15 @@ def format_table(doc: dict[str, Any]) -> str:
             if key not in seen:
                 seen.add(key)
                 inp.append((p["arch"], i))
-    lines += ["", "SASS inputs (per warp; loop 'inner' = no flat loop: the innermost MMA loop, its MMA-free inner "
-              "loops counted once):",
-              f"{'arch':6s} {'kernel':40s} {'loop':5s} {'instr/MMA':>9s} {'ldsm/MMA':>8s} {'smemB/MMA':>9s} "
-              f"{'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
+    lines += ["", "SASS inputs per warp. loop 'inner': no flat loop, so the innermost loop holding MMAs, every path of its",
+              "body once, its cp.async tile-loader loops at 'trips' x their 16-byte path (trips from the launch",
+              "geometry), other loops inside it once; 'static' = the body with every inner loop once.",
+              f"{'arch':6s} {'kernel':40s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
+              f"{'smemB/MMA':>9s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
     for a, i in inp:
-        lines.append(f"{a:6s} {i['kernel']:40s} {i['loop']:5s} {i['per_mma']:9.2f} {i['ldsm_per_mma']:8.3f} "
-                     f"{i['smem_per_mma']:9.1f} {i['straight']:8d} {i['regs']:4d} {i['smem']:7d} "
-                     f"{i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
+        lines.append(f"{a:6s} {i['kernel']:40s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
+                     f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} {i['straight']:8d} "
+                     f"{i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention's count), batch = 16384 / seq, "
               "hidden 2048:",
               f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
