@@ -97,6 +97,45 @@ def test_no_flat_loop_falls_back_to_the_innermost_mma_loop_with_its_inner_loops_
     assert li.smem_bytes == 4 * 512 + 512  # the inner loop's STS.128 counted once
 
 
+def _raw_listing(kernel: str, insns: list[str]) -> str:
+    """Instructions at 0x0, 0x10, ... (branch targets written as addresses by the caller)."""
+    return "\n".join([f"\t\tFunction : {kernel}"] + [f"        /*{16 * i:04x}*/                   {t} ;"
+                                                      for i, t in enumerate(insns)]) + "\n"
+
+
+def test_a_cp_async_loader_loop_runs_trips_times_its_16_byte_path():
+    # MMA loop 0x00..0x120: 4 HMMA, a loader loop 0x40..0xf0 (vector path: 4 instructions + LDGSTS; element path:
+    # 6 instructions + STS.128), 2 more instructions, the back branch.
+    ins = ["HMMA.16816.F32.BF16 R4, R8, R12, R4"] * 4  # 0x00-0x30
+    ins += ["IMAD R1, R2, R3, R4",                     # 0x40 loader head
+            "@P0 BRA 0xc0",                            # 0x50 to the vector path
+            "LDG.E.U16 R5, desc[UR4][R6.64]",          # 0x60 element path
+            "LDG.E.U16 R7, desc[UR4][R6.64+0x2]",      # 0x70
+            "LOP3.LUT R5, R5, R7, RZ, 0xfc, !PT",      # 0x80
+            "STS.128 [R9], R4",                        # 0x90
+            "BRA 0xe0",                                # 0xa0
+            "NOP",                                     # 0xb0
+            "LDGSTS.E.BYPASS.128 [R9], desc[UR4][R6.64]",  # 0xc0 vector path
+            "@!PT LDS RZ, [RZ]",                       # 0xd0 padding: issued, moves nothing
+            "@P1 BRA 0x40",                            # 0xe0 loader back branch
+            "FFMA R1, R2, R3, R1", "FFMA R1, R2, R3, R1",  # 0xf0, 0x100
+            "@P2 BRA 0x0",                             # 0x110 MMA loop back branch
+            "EXIT"]
+    li = am.loop_inputs(_raw_listing("k", ins), "k")
+    assert li is not None and li.loop == "inner" and li.mma == 4
+    assert li.insns == 17 and li.inner_insns == 10  # NOP left out
+    ld, = li.loaders
+    # head, @P0 BRA, LDGSTS, @!PT LDS, back branch: 5 instructions, 512 shared bytes (the LDS is predicated off)
+    assert (ld.insns, ld.fast_insns, ld.fast_smem, ld.smem) == (10, 5, 512, 1024)
+    assert li.per_step(0.0) == (17.0, 1024.0, 0.0)  # no geometry: every inner loop once
+    # a step writes 4 KiB per warp with cp.async: 8 trips of 512 bytes
+    insns, smem, trips = li.per_step(4096.0)
+    assert trips == 8 and insns == 17 - 10 + 8 * 5 and smem == 8 * 512
+    lau = am.Launch("k", "", "", 128, 0, (64 * 64,), 1, 64, 2, 0, (64, 64), fill=4 * 4096)
+    r = am.kernel_bound(lau, am.KernelInputs("k", "sm_90", li, 64, 0), H100)
+    assert r["loader_trips"] == 8 and r["per_mma"] == pytest.approx(47 / 4) and r["smem_per_mma"] == 1024
+
+
 def test_wgmma_loop_counts_n_over_8_mmas_and_runs_the_tensor_pipe_at_the_full_rate():
     body = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24, gsb0"] * 4 + ["FFMA R1, R2, R3, R1"] * 63
     li = am.loop_inputs(listing("k", body), "k")
