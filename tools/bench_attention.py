@@ -41,7 +41,7 @@ SEQS = (1024, 2048, 4096, 8192, 16384)
 # FlashAttention-2's published figures, for comparison beside the model (never an input to it):
 FA2_PUBLISHED = (
     "FA2's published numbers (comparison only, not a model input): forward d128 on H100 SXM 335-370 TFLOP/s "
-    "(FlashAttention-3 paper, fig. of FA2 baselines); on A100 50-73 % of the 312 TFLOP/s peak "
+    "(the FA2 baseline in the FlashAttention-3 paper); on A100 50-73 % of the 312 TFLOP/s peak "
     "(FlashAttention-2 paper, abstract)."
 )
 
@@ -81,11 +81,16 @@ def resources(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> list[dict[str, Any
 
 # --------------------------------------------------------------------------- the model
 
+_SASS: Any = None
+
 def model(name: str, n: int, causal: bool = True, batch: int = 1, arch: str = "sm_90",
           sass: Any = None) -> dict[str, Any]:
     """Modelled bound (pykern.bench.attention_model) of one LLaMA shape on the part of `arch`."""
     from pykern.bench import attention_model as am
 
+    global _SASS
+    if sass is None:  # one disassembly per (source, arch) for every call of this process
+        sass = _SASS = _SASS or am.SassSource()
     h, kvh, d = MODELS[name]
     shape = am.Shape(batch, h, n, d, causal, kvh)
     out: dict[str, Any] = {"model": name, "seq": n, "batch": batch, "causal": causal, "heads": h, "kv_heads": kvh,
