@@ -293,7 +293,7 @@ def sass():
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_real_kernels_loop_matches_the_launch_geometry(sass, arch, d):
     """The SASS loop's MMAs per iteration x warps x 4096 = the FLOP of one step of the ops' geometry: if a
     kernel's tile changes and the ops' constants do not (or the other way round), this fails."""
