@@ -5,10 +5,12 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
 
 * instr/MMA: warp-instructions (NOPs excluded) per m16n8k16-equivalent MMA (HMMA.16816 = 1, HGMMA m64nNk16
   = N/8). The loop is the flat steady-state loop (`steady_state_loops`: MMAs, no inner loop) when the kernel
-  has one; otherwise the innermost loop that holds MMAs (`inner_loops(innermost=False)`), every instruction
-  of its body counted once, the bodies of the MMA-free loops inside it included (one trip: today these are
-  the element-wise fallback loads and one-iteration row loads) -- static counts, every path once, so the
-  issue term over-counts a loop whose steady state skips code (fallback loads, diagonal-tile masks);
+  has one; otherwise (today's kernels: their tile loads are loops inside the MMA loop) the innermost loop that
+  holds MMAs, every instruction of its body counted once -- every path, so the issue term over-counts code
+  the steady state skips (fallback loads, diagonal-tile masks) -- except its cp.async tile-loader loops,
+  which count `trips` x their shortest path through the 16-byte LDGSTS, trips = the bytes the launch
+  geometry says a step writes to shared memory / the loaders' LDGSTS bytes per trip; other loops inside
+  it (one-iteration row loads) count once;
 * shared-memory bytes/MMA: LDSM (.x4 = 512 B a warp), LDS/STS (by width, at least one 128-byte wavefront),
   LDGSTS (the bytes it writes to shared memory), HGMMA operands read through descriptors (B: 32 N bytes;
   A: 2 KiB when it is a descriptor too);
@@ -33,7 +35,8 @@ scheduled over the GPU:
 
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
-(no faster than this), not a forecast of a measurement. Launch overheads are left out.
+(no faster than this, under these counts: the issue term's all-paths count can exceed what the steady state
+issues), not a forecast of a measurement. Launch overheads are left out.
 
 `import pykern.bench.attention_model` imports nothing heavy; the SASS is read (through pykern's compile
 cache and cuobjdump) only when a prediction needs it.
@@ -42,7 +45,6 @@ from __future__ import annotations
 
 import heapq
 import importlib.util
-import math
 import re
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
