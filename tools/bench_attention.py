@@ -1,8 +1,9 @@
 #!/usr/bin/env python
-"""Tensor-core FlashAttention (bf16) report, H100 model and GPU benchmark, forward and backward.
+"""Tensor-core FlashAttention (bf16) report, modelled bound and GPU benchmark, forward and backward.
 
-    python tools/bench_attention.py                    # resources per kernel + modelled H100 table
+    python tools/bench_attention.py                    # resources per kernel + modelled H100 / A100 bound
     python tools/bench_attention.py --json
+    python tools/bench_attention.py --table            # the full model table (python -m pykern.bench --attention-model)
     python tools/bench_attention.py --time             # on a GPU: measured TFLOP/s beside torch SDPA
                                                        # (and flash-attn / FlashInfer when importable)
     python tools/bench_attention.py --time --backend host --small   # smoke-test the timing path on the CPU
@@ -11,21 +12,16 @@ Shapes: LLaMA-3-8B (32 query / 8 kv heads, head_dim 128) and 70B (64 / 8, 128), 
 1K..16K tokens (n_q = n_k).
 
 FLOPs: "useful" FLOPs as FlashAttention reports them: forward 4 * n_visible_pairs * d per head
-(QK^T and PV), backward 2.5x that (5 matmuls). The kernels execute more: whole 64x64 tiles on the
-causal diagonal, and the backward recomputes S in the dQ kernel (7 matmuls; 8 for d256).
-Bytes: the minimum a call must move (q, k, v, out, lse; backward also dO, dq, dk, dv, delta).
+(QK^T and PV), backward 2.5x that (5 matmuls). The kernels execute more: whole tiles on the causal
+diagonal, and the backward recomputes S in the dQ kernel (7 matmuls; 8 for d256).
 
-Model (H100 SXM, 132 SMs, 990 TFLOP/s dense bf16, 3.35 TB/s), stated so it can be checked:
-  * mma.sync (not wgmma) issues at most 2/3 of the Hopper tensor peak (FlashAttention-3 paper, s.1),
-  * of which an FA2-style loop keeps MMA_SHARE = 0.55 busy (exp2, max/sum shuffles, ldmatrix and
-    barriers in between; FA2 measures 335-370 TFLOP/s forward at d128 on H100, 0.66*990*0.55 = 360),
-  * times occupancy: min(1, resident warps per SM / 8) (8 warps keep the 4 tensor cores fed, one
-    MMA chain per warp),
-  * times the tail wave: (CTAs / slots) / ceil(CTAs / slots), slots = 132 * CTAs per SM,
-  * time = max(executed FLOPs / that rate, minimum bytes / 3.35 TB/s).
-Registers and shared memory come from the compiler (ptxas) and the ops' launch sizes; CTAs/SM from
-65536 registers (allocated per warp in units of 256), shared memory (sm_80: 164 KiB, sm_90: 228 KiB per
-SM, 1 KiB reserved per CTA), 16 CTAs and 64 warps per SM.
+Model: pykern.bench.attention_model (see its docstring and docs/attention_tc.md, "Performance model"): per
+kernel the steady-state loop of its own SASS (instructions, shared-memory bytes and MMAs per iteration),
+registers and shared memory (CTAs per SM), the ops' launch geometry (grid, rows and keys per step), and the
+published per-SM rates (4 issue slots, 128 B/clk shared memory, the tensor pipe: mma.sync at 2/3 of Hopper's
+dense peak, the full rate on A100) and HBM bandwidth; waves and tail by scheduling the CTAs over the SMs.
+Every figure is a modelled bound with its binding term. Nothing is calibrated from a measured speed; FA2's
+published figures are printed beside it, labelled, for comparison only.
 """
 from __future__ import annotations
 
@@ -40,39 +36,29 @@ from typing import Any, Callable
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-H100 = {"sms": 132, "peak": 990e12, "bw": 3.35e12}
-MMA_SYNC_FRACTION = 2.0 / 3.0
-MMA_SHARE = 0.55
-SMEM_PER_SM = {"sm_80": 164 * 1024, "sm_90": 228 * 1024}
 MODELS = {"llama3-8b": (32, 8, 128), "llama3-70b": (64, 8, 128)}
 SEQS = (1024, 2048, 4096, 8192, 16384)
+# FlashAttention-2's published figures, for comparison beside the model (never an input to it):
+FA2_PUBLISHED = (
+    "FA2's published numbers (comparison only, not a model input): forward d128 on H100 SXM 335-370 TFLOP/s "
+    "(the FA2 baseline in the FlashAttention-3 paper); on A100 50-73 % of the 312 TFLOP/s peak "
+    "(FlashAttention-2 paper, abstract)."
+)
 
 
 # --------------------------------------------------------------------------- kernels and resources
 
 def kernels_for(d: int) -> dict[str, list[tuple[str, int, int]]]:
     """{"fwd"|"bwd": [(kernel, threads, dynamic smem)]} as the ops launch them at head_dim d."""
-    from pykern.ops.forward import TC_THREADS, tc_head_dim, tc_shared_bytes
-    from pykern.ops.training_attention import tc_backward_shared_bytes
+    from pykern.bench import attention_model as am
 
-    D = tc_head_dim(d)
-    kv, dq = tc_backward_shared_bytes(D)
-    bwd = ([(f"attention_backward_tc_dv_d{D}_bf16", TC_THREADS, kv), (f"attention_backward_tc_dk_d{D}_bf16", TC_THREADS, kv)]
-           if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", TC_THREADS, kv)])
-    bwd.append((f"attention_backward_tc_dq_d{D}_bf16", TC_THREADS, dq))
-    return {"fwd": [(f"flash_attention_tc_d{D}_bf16", TC_THREADS, tc_shared_bytes(D))], "bwd": bwd}
-
-
-def ctas_per_sm(regs: int, threads: int, smem: int, arch: str) -> int:
-    warps = -(-threads // 32)
-    regs_per_warp = -(-(max(regs, 1) * 32) // 256) * 256
-    by_regs = 65536 // (regs_per_warp * warps)
-    by_smem = SMEM_PER_SM[arch] // (smem + 1024) if smem else 16
-    return max(0, min(by_regs, by_smem, 16, 64 // warps))
+    return {ph: [(la.kernel, la.threads, la.smem) for la in am.launches(ph, am.Shape(1, 1, 64, d, False))]
+            for ph in ("fwd", "bwd")}
 
 
 def resources(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> list[dict[str, Any]]:
     from pykern import cache
+    from pykern.bench import attention_model as am
 
     rows = []
     seen = set()
@@ -86,86 +72,35 @@ def resources(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> list[dict[str, Any
                 row: dict[str, Any] = {"kernel": name, "threads": threads, "smem": smem}
                 for a in archs:
                     res = cache.get_module(src, a).resources[name]
+                    occ = am.occupancy(res.registers, threads, smem + res.shared_bytes, am.hardware(a))
                     row[a] = {"regs": res.registers, "spill": res.spill_stores + res.spill_loads,
-                              "ctas_per_sm": ctas_per_sm(res.registers, threads, smem, a)}
+                              "ctas_per_sm": occ.ctas}
                 rows.append(row)
     return rows
 
 
-# --------------------------------------------------------------------------- FLOPs, bytes, model
+# --------------------------------------------------------------------------- the model
 
-def visible_pairs(n_q: int, n_k: int, causal: bool) -> int:
-    if not causal:
-        return n_q * n_k
-    shift = n_k - n_q  # query i sees keys j <= i + shift
-    return sum(max(0, min(n_k, i + shift + 1)) for i in range(n_q)) if n_q < 4096 else \
-        _pairs_closed(n_q, n_k, shift)
+_SASS: Any = None
 
+def model(name: str, n: int, causal: bool = True, batch: int = 1, arch: str = "sm_90",
+          sass: Any = None) -> dict[str, Any]:
+    """Modelled bound (pykern.bench.attention_model) of one LLaMA shape on the part of `arch`."""
+    from pykern.bench import attention_model as am
 
-def _pairs_closed(n_q: int, n_k: int, shift: int) -> int:
-    # rows with 0 < i + shift + 1 <= n_k contribute i + shift + 1; later rows n_k
-    lo = max(0, -shift)  # first row that sees a key
-    hi = min(n_q, n_k - shift)  # rows below see fewer than n_k
-    s = 0
-    if hi > lo:
-        a, b = lo + shift + 1, hi - 1 + shift + 1
-        s += (a + b) * (hi - lo) // 2
-    s += max(0, n_q - max(hi, lo)) * n_k
-    return s
-
-
-def executed_tile_pairs(n_q: int, n_k: int, causal: bool, br: int, bc: int) -> int:
-    """Query-key pairs the forward computes: whole tiles up to the causal diagonal."""
-    shift, tot = n_k - n_q, 0
-    n_kt = -(-n_k // bc)
-    for qt in range(-(-n_q // br)):
-        kt = n_kt
-        if causal:
-            last = min(qt * br + br, n_q) - 1 + shift
-            kt = 0 if last < 0 else min(n_kt, last // bc + 1)
-        tot += kt * br * bc
-    return tot
-
-
-def model(name: str, n: int, causal: bool = True, batch: int = 1) -> dict[str, Any]:
-    from pykern.ops.forward import _TC_CFG, tc_head_dim
-
+    global _SASS
+    if sass is None:  # one disassembly per (source, arch) for every call of this process
+        sass = _SASS = _SASS or am.SassSource()
     h, kvh, d = MODELS[name]
-    D = tc_head_dim(d)
-    pairs = visible_pairs(n, n, causal) * batch * h
-    fwd_flops = 4 * pairs * d
-    bwd_flops = 2.5 * fwd_flops
-    bc = _TC_CFG[D][0]
-    exec_pairs = executed_tile_pairs(n, n, causal, 64, bc) * batch * h
-    fwd_exec = 4 * exec_pairs * D
-    bwd_exec = (8 if D == 256 else 7) * 2 * exec_pairs * D
-    el = 2  # bf16
-    q_b = batch * n * h * d * el
-    kv_b = batch * n * kvh * d * el
-    fwd_bytes = q_b + 2 * kv_b + q_b + batch * n * h * 4
-    bwd_bytes = 3 * q_b + 2 * kv_b + q_b + 2 * kv_b + 2 * batch * n * h * 4  # q dO out | k v | dq | dk dv | lse D
-    res = {r["kernel"]: r for r in resources(("sm_90",))}
+    shape = am.Shape(batch, h, n, d, causal, kvh)
     out: dict[str, Any] = {"model": name, "seq": n, "batch": batch, "causal": causal, "heads": h, "kv_heads": kvh,
-                           "head_dim": d}
-    for phase, flops, exe, nbytes in (("fwd", fwd_flops, fwd_exec, fwd_bytes), ("bwd", bwd_flops, bwd_exec, bwd_bytes)):
-        t = 0.0
-        ks = kernels_for(d)[phase]
-        for kname, threads, smem in ks:
-            cps = res[kname]["sm_90"]["ctas_per_sm"]
-            if "dq" in kname or phase == "fwd":
-                n_ctas, share = batch * h * -(-n // 64), (3 if "dq" in kname else 1)
-            else:
-                n_ctas, share = batch * kvh * -(-n // 64), 4 if D < 256 else (2 if "dv" in kname else 3)
-            work = exe * share / (7 if phase == "bwd" and D < 256 else 8 if phase == "bwd" else 1)
-            occ = min(1.0, cps * threads / 32 / 8)
-            slots = H100["sms"] * cps
-            waves = n_ctas / slots
-            wave_eff = waves / math.ceil(waves) if waves > 0 else 1.0
-            rate = H100["peak"] * MMA_SYNC_FRACTION * MMA_SHARE * occ * wave_eff
-            t += work / rate
-        t = max(t, nbytes / H100["bw"])
-        out[phase] = {"flops": flops, "executed_flops": exe, "bytes": nbytes, "model_ms": t * 1e3,
-                      "model_tflops": flops / t / 1e12, "model_pct_peak": 100 * flops / t / H100["peak"]}
+                           "head_dim": d, "arch": arch}
+    for phase in ("fwd", "bwd"):
+        p = am.predict(arch, phase, shape, sass)
+        out[phase] = {"flops": am.useful_flops(shape, phase),
+                      "executed_flops": sum(k.get("executed_flops", 0.0) for k in p.kernels),
+                      "model_ms": p.time_s * 1e3, "model_tflops": p.tflops, "model_pct_peak": p.pct_peak,
+                      "binding": p.binding}
     return out
 
 
@@ -258,24 +193,39 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--backend", default=None, help="with --time: 'host' smoke-tests the timing path on the CPU")
     ap.add_argument("--small", action="store_true", help="tiny shapes")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--table", action="store_true",
+                    help="print the model table of pykern.bench.attention_model (FA2's benchmark shapes) and exit")
     args = ap.parse_args(argv)
+    from pykern.bench import attention_model as am
+
+    if args.table:
+        doc = am.table_rows()
+        print(json.dumps(doc, indent=1) if args.json else am.format_table(doc))
+        if not args.json:
+            print("\n" + FA2_PUBLISHED)
+        return 0
+    sass = am.SassSource()
     res = resources()
-    models = [model(nm, n) for nm in MODELS for n in SEQS]
+    models = [model(nm, n, arch=a, sass=sass) for a in ("sm_90", "sm_80") for nm in MODELS for n in SEQS]
     timed = bench(args) if args.time else None
     if args.json:
-        print(json.dumps({"resources": res, "model": models, "timed": timed}, indent=2))
+        print(json.dumps({"resources": res, "model": models, "timed": timed, "fa2_published": FA2_PUBLISHED},
+                         indent=2))
         return 0
     print("kernel                                threads  smem(B)  regs sm_80/sm_90  spills  CTAs/SM sm_80/sm_90")
     for r in res:
         print(f"{r['kernel']:<38s}{r['threads']:>7d}{r['smem']:>9d}  {r['sm_80']['regs']:>8d}/{r['sm_90']['regs']:<5d}"
               f"  {r['sm_80']['spill'] + r['sm_90']['spill']:>6d}  {r['sm_80']['ctas_per_sm']:>10d}/{r['sm_90']['ctas_per_sm']}")
-    print(f"\nmodelled H100 (causal, batch 1; mma.sync {MMA_SYNC_FRACTION:.2f} x MMA share {MMA_SHARE} x occupancy x tail):")
-    print("model        seq    fwd GFLOP  fwd ms  fwd TFLOP/s (%peak)   bwd GFLOP  bwd ms  bwd TFLOP/s (%peak)")
+    print("\nmodelled bound (pykern.bench.attention_model: our SASS, launch geometry, published rates), causal, batch 1:")
+    print("arch   model        seq   fwd GFLOP  fwd ms  fwd TFLOP/s (%peak) binding       bwd GFLOP  bwd ms  "
+          "bwd TFLOP/s (%peak) binding")
     for m in models:
         f, b = m["fwd"], m["bwd"]
-        print(f"{m['model']:<12s}{m['seq']:>6d}{f['flops'] / 1e9:>12.1f}{f['model_ms']:>8.3f}{f['model_tflops']:>10.0f} "
-              f"({f['model_pct_peak']:>4.1f}%){b['flops'] / 1e9:>13.1f}{b['model_ms']:>8.3f}{b['model_tflops']:>10.0f} "
-              f"({b['model_pct_peak']:>4.1f}%)")
+        print(f"{m['arch']:<7s}{m['model']:<12s}{m['seq']:>6d}{f['flops'] / 1e9:>11.1f}{f['model_ms']:>8.3f}"
+              f"{f['model_tflops']:>10.0f} ({f['model_pct_peak']:>4.1f}%) {f['binding']:<13s}"
+              f"{b['flops'] / 1e9:>10.1f}{b['model_ms']:>8.3f}{b['model_tflops']:>10.0f} ({b['model_pct_peak']:>4.1f}%) "
+              f"{b['binding']}")
+    print("\n" + FA2_PUBLISHED)
     if timed:
         print("\nmeasured:")
         for t in timed:

@@ -40,7 +40,8 @@ from typing import Any, Iterable, Sequence
 COLUMNS = ("HMMA", "HMMA_BF16", "HGMMA", "LDSM", "LDGSTS", "LDG32", "LDG64", "LDG128", "LDGsub", "STG32", "STG64", "STG128",
            "STGsub", "F2FP", "F2FP_F16", "HADD2_F32", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL", "total")
 
-_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+# Modifiers may hold lower case: HGMMA.64x128x16.F32.BF16 (its shape must reach _mma_weight whole).
+_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)")
 _FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
 
 

@@ -36,9 +36,16 @@ def _parser() -> argparse.ArgumentParser:
             "cold L2: a buffer of twice the device's L2_CACHE_SIZE is zeroed before it, outside the timed\n"
             "events (--no-flush-l2 keeps the cache warm).\n\n"
             f"ops: {names}.\n"
-            "Needs a CUDA GPU and torch with CUDA; there is no CPU fallback."
+            "Needs a CUDA GPU and torch with CUDA; there is no CPU fallback.\n\n"
+            "--attention-model instead prints, without a GPU, the modelled bound of the bf16 tensor-core attention\n"
+            "(forward and backward, head_dim 64 and 128, 1K-16K tokens, causal and not, on H100 SXM and A100 SXM):\n"
+            "per kernel its SASS inputs (instructions and ldmatrix per MMA of its loop, registers, shared memory,\n"
+            "CTAs per SM) and per shape the predicted TFLOP/s with the binding term (issue, shared memory, tensor\n"
+            "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; nothing in it is\n"
+            "calibrated from a measured speed)."
         ),
-        epilog=(f"Exit status: {EXIT_OK} every pykern row ran; {EXIT_FAILED} a pykern row errored; {EXIT_USAGE} bad "
+        epilog=(f"Exit status: {EXIT_OK} every pykern row ran (or the model was printed); {EXIT_FAILED} a pykern row "
+                f"errored, or --attention-model could not read the kernels' SASS; {EXIT_USAGE} bad "
                 f"usage or --ops matched no op; {EXIT_NO_GPU} needs a CUDA GPU: no CUDA driver, no device, or torch "
                 "without CUDA (nothing was timed)."),
     )
@@ -59,6 +66,10 @@ def _parser() -> argparse.ArgumentParser:
                         "call starts from a cold L2, so inputs smaller than L2, e.g. with --quick, are read from "
                         "DRAM and %% of HBM peak stays meaningful)")
     p.add_argument("--list", action="store_true", help="list the ops, shapes and minimum bytes and exit (no GPU needed)")
+    p.add_argument("--attention-model", action="store_true",
+                   help="print the modelled bound of the tensor-core attention (H100 and A100, fwd/bwd, d64/d128, "
+                        "seq 1K-16K, causal and not; binding term and SASS inputs) and exit; no GPU needed; "
+                        "--ops/--dtype do not apply, --json prints it as JSON")
     return p
 
 
@@ -74,6 +85,8 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
     nvrtc backend) on torch's current stream and the flush zeroes a torch buffer of twice the L2 size."""
     argv = list(sys.argv[1:] if argv is None else argv)
     args = _parser().parse_args(argv)
+    if args.attention_model:
+        return _attention_model(args)
     dtypes = suite.BF16_F32 if args.dtype == "all" else (args.dtype,)
     selected = suite.select(_patterns(args.ops), dtypes)
     if not selected:
@@ -149,6 +162,21 @@ def _annotate(rows: list[dict[str, Any]], selected: Sequence[tuple[suite.Case, s
         case = cases.get((r["op"], r["dtype"]))
         r["model_hbm_bytes"] = (suite.model_hbm_bytes(case, r["dtype"], dims)
                                 if case is not None and r["impl"] == "pykern" else None)
+
+
+def _attention_model(args: argparse.Namespace) -> int:
+    from . import attention_model as am
+
+    try:
+        doc = am.table_rows()
+    except Exception as e:  # no cuobjdump, no NVRTC: the SASS cannot be read here
+        print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
+        return EXIT_FAILED
+    if args.json:
+        print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": "attention", **doc}, indent=1))
+    else:
+        print(am.format_table(doc))
+    return EXIT_OK
 
 
 def _no_gpu(args: argparse.Namespace, why: str) -> int:

@@ -1,0 +1,782 @@
+"""Performance model of the tensor-core attention kernels, from their own SASS, launch geometry and the
+hardware's published rates. Nothing in it is calibrated from a measured speed (ours or a peer's).
+
+Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
+
+* instr/MMA: warp-instructions (NOPs excluded) per m16n8k16-equivalent MMA (HMMA.16816 = 1, HGMMA m64nNk16
+  = N/8). The loop is the flat steady-state loop (`steady_state_loops`: MMAs, no inner loop) when the kernel
+  has one; otherwise (today's kernels: their tile loads are loops inside the MMA loop) the innermost loop that
+  holds MMAs, every instruction of its body counted once -- every path, so the issue term over-counts code
+  the steady state skips (fallback loads, diagonal-tile masks) -- except its cp.async tile-loader loops,
+  which count `trips` x their shortest path through the 16-byte LDGSTS, trips = the bytes the launch
+  geometry says a step writes to shared memory / the loaders' LDGSTS bytes per trip; other loops inside
+  it (one-iteration row loads) count once;
+* shared-memory bytes/MMA: LDSM (.x4 = 512 B a warp), LDS/STS (by width, at least one 128-byte wavefront),
+  LDGSTS (the bytes it writes to shared memory), HGMMA operands read through descriptors (B: 32 N bytes;
+  A: 2 KiB when it is a descriptor too);
+* straight-line warp-instructions outside every loop, issued once per warp and CTA;
+* registers and static shared memory from the compiler's resources.
+
+The launch geometry (threads, rows per CTA, keys per step, dynamic shared memory, grid) is read from the ops
+modules at call time (pykern.ops.forward, pykern.ops.training_attention), so the model follows the kernels
+the ops launch today. Per kernel and shape, lower bounds on the time, each in SM clocks per CTA and then
+scheduled over the GPU:
+
+* issue: 4 schedulers per SM, one warp-instruction per clock each;
+* shared memory: 128 bytes per clock per SM;
+* tensor pipe: dense bf16 FLOP per clock per SM times the pipe fraction (mma.sync on sm_90: 2/3 of Hopper's
+  dense peak; wgmma on sm_90a and mma.sync on sm_80: the full dense rate);
+* occupancy: CTAs per SM from registers (per warp, units of 256), shared memory (+1 KiB reserved per CTA),
+  the 32-CTA and 64-warp limits; co-resident CTAs share their SM's rates;
+* waves and tail: CTAs dispatched in launch order (the kernels' own block-to-tile order) to the first free of
+  SMs x CTAs/SM slots, each CTA's cost the max of its three SM terms; the makespan is the compute time;
+* HBM: the minimum bytes the kernel must move (each input read once, each output written once) at the
+  published bandwidth.
+
+The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
+the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
+(no faster than this, under these counts: the issue term's all-paths count can exceed what the steady state
+issues), not a forecast of a measurement. Launch overheads are left out.
+
+`import pykern.bench.attention_model` imports nothing heavy; the SASS is read (through pykern's compile
+cache and cuobjdump) only when a prediction needs it.
+"""
+from __future__ import annotations
+
+import heapq
+import importlib.util
+import re
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterable, Sequence
+
+from ..errors import ArgumentError, BackendUnavailable
+from . import FLOPS_PER_SM_CLOCK, KNOWN_PARTS
+
+MMA_FLOP = 2 * 16 * 8 * 16  # one m16n8k16 MMA: 4096 FLOP
+
+
+# ------------------------------------------------------------------------------------------- hardware
+@dataclass(frozen=True)
+class Hardware:
+    """Published per-SM rates of one part. The dense bf16 tensor FLOP per SM per clock and the tensor clock
+    come from pykern.bench (FLOPS_PER_SM_CLOCK, KNOWN_PARTS: the NVIDIA whitepapers' peaks divided by SMs and
+    clock); the rest from the whitepapers and the CUDA programming guide's compute-capability tables."""
+
+    part: str
+    arch: str
+    sms: int
+    clock_hz: float
+    tensor_flop_clk: int  # dense bf16, fp32 accumulate, per SM per clock
+    mma_sync_fraction: float  # share of tensor_flop_clk that mma.sync (HMMA) reaches
+    hbm_bytes_s: float
+    smem_per_sm: int  # shared memory an SM can give its CTAs (bytes)
+    smem_reserved_cta: int = 1024  # reserved per CTA (CUDA guide, cc 8.x / 9.0)
+    regs_per_sm: int = 65536
+    max_ctas_sm: int = 32
+    max_warps_sm: int = 64
+    issue_clk: int = 4  # warp schedulers per SM, one warp-instruction per clock each
+    smem_bytes_clk: int = 128  # 32 banks x 4 bytes per clock per SM
+
+    @property
+    def peak(self) -> float:
+        """Dense bf16 tensor peak, FLOP/s."""
+        return self.sms * self.clock_hz * self.tensor_flop_clk
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "peak": self.peak}
+
+
+def _hw(part: str, arch: str, cc: tuple[int, int], sms: int, **kw: Any) -> Hardware:
+    _name, mhz = KNOWN_PARTS[(*cc, sms)]
+    flop = FLOPS_PER_SM_CLOCK[cc][0]
+    assert flop is not None
+    return Hardware(part, arch, sms, mhz * 1e6, flop, **kw)
+
+
+# A100 SXM4 80 GB: 108 SMs, 1410 MHz, 312 TFLOP/s dense bf16, 2039 GB/s, 164 KiB shared per SM (A100 whitepaper,
+# datasheet). H100 SXM5: 132 SMs, 1830 MHz tensor boost, 989 TFLOP/s dense bf16, 3.35 TB/s, 228 KiB shared per SM
+# (H100 whitepaper, datasheet). mma.sync reaches about 2/3 of Hopper's dense peak (FlashAttention-3 paper, s.1;
+# only wgmma issues at the full rate); on Ampere mma.sync is the tensor-core instruction and reaches the full rate.
+HARDWARE: dict[str, Hardware] = {
+    "sm_80": _hw("A100 SXM4 80GB", "sm_80", (8, 0), 108, mma_sync_fraction=1.0, hbm_bytes_s=2.039e12,
+                 smem_per_sm=164 * 1024),
+    "sm_90": _hw("H100 SXM5", "sm_90", (9, 0), 132, mma_sync_fraction=2.0 / 3.0, hbm_bytes_s=3.35e12,
+                 smem_per_sm=228 * 1024),
+}
+
+
+def hardware(arch: str) -> Hardware:
+    a = arch[:-1] if arch.endswith("a") else arch
+    if a not in HARDWARE:
+        raise ArgumentError(f"arch: expected one of {sorted(HARDWARE)} (or sm_90a), got {arch!r}")
+    return HARDWARE[a]
+
+
+# ------------------------------------------------------------------------------------------- SASS inputs
+@dataclass(frozen=True)
+class LoaderLoop:
+    """An MMA-free loop inside the MMA loop that holds cp.async (LDGSTS): a tile loader. Its trip count is not
+    in the SASS; the launch geometry gives it (the bytes a step writes to shared memory)."""
+
+    insns: int  # static body, every path once
+    smem: float  # static body's shared-memory bytes
+    fast_insns: int  # the shortest head-to-back-branch path through its LDGSTS (the 16-byte path)
+    fast_smem: float  # shared-memory bytes on that path (the LDGSTS)
+
+
+@dataclass(frozen=True)
+class LoopInputs:
+    """What the model reads from one kernel's SASS (per warp)."""
+
+    loop: str  # "flat" (steady_state_loops) or "inner" (innermost MMA loop; its MMA-free loops inside it)
+    insns: int  # warp-instructions of the loop body, every path once, inner loops once
+    mma: float  # m16n8k16-equivalents in the body
+    ldsm: int  # LDSM instructions in the body
+    smem_bytes: float  # shared-memory bytes the body moves (per warp), inner loops once
+    straight: int  # warp-instructions outside every loop (once per warp and CTA)
+    wgmma: bool = False  # HGMMA in the loop: the tensor pipe runs at the full dense rate
+    inner_insns: int = 0  # of insns, those in MMA-free loops inside the body
+    loaders: tuple[LoaderLoop, ...] = ()
+
+    def per_step(self, fill_per_warp: float = 0.0) -> tuple[float, float, float]:
+        """(warp-instructions, shared bytes, loader trips) of one loop iteration: each loader loop runs
+        `trips` times its fast path, trips = the cp.async bytes a warp writes per step / the LDGSTS bytes of one
+        trip of every loader; everything else in the body once. Without loaders or fill: the static body."""
+        if not self.loaders or fill_per_warp <= 0:
+            return float(self.insns), self.smem_bytes, 0.0
+        per_trip = sum(ld.fast_smem for ld in self.loaders)
+        trips = fill_per_warp / per_trip if per_trip else 0.0
+        insns = self.insns - sum(ld.insns for ld in self.loaders) + trips * sum(ld.fast_insns for ld in self.loaders)
+        smem = self.smem_bytes - sum(ld.smem for ld in self.loaders) + trips * per_trip
+        return insns, smem, trips
+
+    @property
+    def per_mma(self) -> float:
+        return self.insns / self.mma
+
+    @property
+    def ldsm_per_mma(self) -> float:
+        return self.ldsm / self.mma
+
+    @property
+    def smem_per_mma(self) -> float:
+        return self.smem_bytes / self.mma
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**asdict(self), "static_per_mma": round(self.per_mma, 3), "ldsm_per_mma": round(self.ldsm_per_mma, 3),
+                "static_smem_per_mma": round(self.smem_per_mma, 1)}
+
+
+def _width_bytes(mods: str) -> int:
+    parts = mods.split(".")
+    if "128" in parts:
+        return 16
+    if "64" in parts:
+        return 8
+    return 4  # 32-bit and narrower: one wavefront all the same
+
+
+def smem_bytes(op: str, mods: str, operands: str = "") -> float:
+    """Shared-memory bytes one warp-instruction moves (0 for an instruction that does not touch it).
+    LDS/STS/LDGSTS: 32 lanes x width, at least one 128-byte wavefront; LDSM: 128 bytes per 8x8 matrix;
+    HGMMA m64nNk16: B (N x 16 x 2 bytes) through its descriptor, A (64 x 16 x 2) too unless in registers."""
+    if op in ("LDS", "STS", "LDGSTS"):
+        return 32 * _width_bytes(mods)
+    if op == "LDSM":
+        n = 4 if ".4" in mods else 2 if ".2" in mods else 1
+        return 128 * n
+    if op == "HGMMA":
+        m = re.search(r"\.64x(\d+)x16", mods)
+        if not m:
+            return 0.0
+        ops = [o.strip() for o in operands.split(",")]
+        a_desc = len(ops) > 1 and ops[1].startswith("gdesc")
+        return 32 * int(m.group(1)) + (2048 if a_desc else 0)
+    return 0.0
+
+
+def _sass_report() -> Any:
+    path = Path(__file__).resolve().parents[2] / "tools" / "sass_report.py"
+    if not path.exists():
+        raise BackendUnavailable(f"the attention model reads SASS through {path}, which this install lacks")
+    spec = importlib.util.spec_from_file_location("pk_sass_report_am", path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def _loops(insns: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") -> list[tuple[int, int]]:
+    out = []
+    for addr, op, _mods, body in insns:
+        if op == "BRA":
+            b = bra.search(body)
+            if b and int(b.group(1), 16) <= addr:
+                out.append((int(b.group(1), 16), addr))
+    return out
+
+
+def _operands(raw: str, op: str) -> str:
+    """The operand text of one SASS instruction ("@P0 HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24" -> "R24, ...")."""
+    for i, tok in enumerate(raw.split()):
+        if tok.startswith(op):
+            return " ".join(raw.split()[i + 1:])
+    return ""
+
+
+def _insn_smem(x: tuple[int, str, str, str]) -> float:
+    """smem_bytes of one listed instruction; 0 for one predicated off for good (@!PT: issued, never executed,
+    as ptxas pads cp.async sequences)."""
+    _a, op, mods, raw = x
+    if raw.lstrip().startswith("@!PT"):
+        return 0.0
+    return smem_bytes(op, mods, _operands(raw, op))
+
+
+def _fast_path(body: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") -> tuple[int, float] | None:
+    """(instructions, shared bytes) of the shortest path from a loop's head to its back branch (the last
+    instruction of `body`, NOPs left out) that passes an LDGSTS; None when none does."""
+    n = len(body)
+    addrs = [x[0] for x in body]
+
+    def succ(i: int) -> list[int]:
+        _a, op, _m, raw = body[i]
+        cond = raw.lstrip().startswith("@")
+        if op == "BRA":
+            out = [i + 1] if cond and i + 1 < n else []
+            b = bra.search(raw)
+            if b:
+                t = int(b.group(1), 16)
+                j = next((k for k, a in enumerate(addrs) if a >= t), None)
+                if j is not None and addrs[0] <= t <= addrs[-1]:
+                    out.append(j)
+            return out
+        if op in ("EXIT", "RET") and not cond:
+            return []
+        return [i + 1] if i + 1 < n else []
+
+    def bfs(src: int) -> dict[int, int]:
+        par, todo = {src: -1}, [src]
+        for i in todo:
+            for j in succ(i):
+                if j not in par:
+                    par[j] = i
+                    todo.append(j)
+        return par
+
+    def path(par: dict[int, int], dst: int) -> list[int]:
+        out = [dst]
+        while par[out[-1]] != -1:
+            out.append(par[out[-1]])
+        return out[::-1]
+
+    head = bfs(0)
+    best = None
+    for L in (i for i, x in enumerate(body) if x[1] == "LDGSTS" and i in head):
+        tail = bfs(L)
+        if n - 1 not in tail:
+            continue
+        p = path(head, L) + path(tail, n - 1)[1:]
+        if best is None or len(p) < len(best):
+            best = p
+    if best is None:
+        return None
+    return len(best), sum(_insn_smem(body[i]) for i in best)
+
+
+def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict] | None = None
+                ) -> LoopInputs | None:
+    """The model's SASS inputs of `kernel` from a cuobjdump -sass listing; None when it has no MMA loop.
+    `parsed`: (sr._instructions(text), sr.steady_state_loops(text)) when the caller already has them."""
+    sr = sr or _sass_report()
+    funcs, flats = parsed if parsed is not None else (sr._instructions(text), sr.steady_state_loops(text))
+    insns = funcs.get(kernel)
+    if not insns:
+        return None
+    live = [x for x in insns if x[1] != "NOP"]
+    loops = _loops(insns, sr._BRA)
+
+    def within(lo: int, hi: int) -> list[tuple[int, str, str, str]]:
+        return [x for x in live if lo <= x[0] <= hi]
+
+    def mma(body: Iterable[tuple[int, str, str, str]]) -> float:
+        return sum(sr._mma_weight(op, mods) for _, op, mods, _ in body)
+
+    flat = flats.get(kernel)
+    if flat is not None:
+        lo, hi, kind = int(flat["start"], 16), int(flat["end"], 16), "flat"
+    else:
+        mloops = [(lo, hi) for lo, hi in loops if mma(within(lo, hi))]
+        leaves = [(lo, hi) for lo, hi in mloops
+                  if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in mloops)]
+        if not leaves:
+            return None
+        lo, hi = max(leaves, key=lambda r: (mma(within(*r)), -(r[1] - r[0])))
+        kind = "inner"
+    body = within(lo, hi)
+    inside = [(l2, h2) for l2, h2 in loops if lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi)]
+    inner = {id(x) for l2, h2 in inside for x in within(l2, h2)}
+    in_loop = {id(x) for l2, h2 in loops for x in within(l2, h2)}
+
+    def sbytes(xs: Iterable[tuple[int, str, str, str]]) -> float:
+        return sum(_insn_smem(x) for x in xs)
+
+    loaders = []
+    for l2, h2 in inside:  # outermost inner loops only (a loader nested in another inner loop counts once)
+        if any(l3 <= l2 and h2 <= h3 and (l3, h3) != (l2, h2) for l3, h3 in inside):
+            continue
+        ib = within(l2, h2)
+        fast = _fast_path(ib, sr._BRA)
+        if fast is not None:
+            loaders.append(LoaderLoop(len(ib), sbytes(ib), fast[0], fast[1]))
+    return LoopInputs(
+        loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for _, op, _, _ in body),
+        smem_bytes=sbytes(body), straight=sum(id(x) not in in_loop for x in live),
+        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders))
+
+
+# ------------------------------------------------------------------------------------------- occupancy
+@dataclass(frozen=True)
+class Occupancy:
+    ctas: int  # CTAs per SM
+    limiter: str  # "registers" | "shared memory" | "CTA limit" | "warp limit"
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def occupancy(regs: int, threads: int, smem: int, hw: Hardware) -> Occupancy:
+    """CTAs per SM from registers (a warp's registers are allocated in units of 256), shared memory (plus the
+    per-CTA reservation), and the CTA and warp limits. 0 when one CTA does not fit."""
+    warps = -(-threads // 32)
+    regs_warp = -(-(max(regs, 1) * 32) // 256) * 256
+    limits = {"registers": hw.regs_per_sm // (regs_warp * warps),
+              "shared memory": hw.smem_per_sm // (smem + hw.smem_reserved_cta) if smem else 1 << 30,
+              "CTA limit": hw.max_ctas_sm, "warp limit": hw.max_warps_sm // warps}
+    lim = min(limits, key=lambda k: (limits[k], k != "registers"))
+    return Occupancy(max(0, limits[lim]), lim)
+
+
+# ------------------------------------------------------------------------------------------- geometry
+@dataclass(frozen=True)
+class Launch:
+    """One kernel launch as the op makes it: `ctas` lists, in dispatch order, the query-key pairs each CTA of
+    one group computes (whole tiles: the causal diagonal tile counts in full); the grid is `groups` copies.
+    Executed FLOP per pair = 2 * head_dim * matmuls."""
+
+    kernel: str
+    source: str  # kernels_cu file name
+    arch: str  # compile target (sm_90a for wgmma kernels)
+    threads: int
+    smem: int  # dynamic shared memory
+    ctas: tuple[int, ...]
+    groups: int
+    head_dim: int  # compiled head_dim
+    matmuls: int
+    hbm_bytes: int
+    step: tuple[int, int]  # (rows, keys) one loop iteration covers, per CTA (checked against the SASS)
+    fill: int = 0  # bytes a CTA writes to shared memory with cp.async per loop iteration (the tile loads)
+
+    @property
+    def executed_flops(self) -> float:
+        return 2.0 * self.head_dim * self.matmuls * sum(self.ctas) * self.groups
+
+
+def _tiles(n_q: int, n_k: int, causal: bool, rows: int, keys: int, longest_first: bool) -> list[int]:
+    """Pairs per query tile of `rows` queries stepping `keys` keys (bottom-right causal, as pk_attn_q_span)."""
+    shift, n_kt, out = n_k - n_q, -(-n_k // keys), []
+    for qt in range(-(-n_q // rows)):
+        kt = n_kt
+        if causal:
+            last = min(qt * rows + rows, n_q) - 1 + shift
+            kt = 0 if last < 0 else min(n_kt, last // keys + 1)
+        out.append(kt * rows * keys)
+    return out[::-1] if causal and longest_first else out
+
+
+def _key_tiles(n_q: int, n_k: int, causal: bool, keys: int, rows: int, group: int) -> list[int]:
+    """Pairs per key tile of `keys` keys stepping `rows` queries over `group` query heads (pk_attn_k_span)."""
+    shift, n_it, out = n_k - n_q, -(-n_q // rows), []
+    for kt in range(-(-n_k // keys)):
+        it0 = 0
+        if causal:
+            first = kt * keys - shift  # the first query that sees key kt*keys
+            it0 = min(n_it, max(0, first) // rows)
+        out.append(group * (n_it - it0) * rows * keys)
+    return out
+
+
+@dataclass(frozen=True)
+class Shape:
+    batch: int
+    heads: int
+    seq: int
+    head_dim: int
+    causal: bool
+    kv_heads: int | None = None
+
+    @property
+    def kvh(self) -> int:
+        return self.heads if self.kv_heads is None else self.kv_heads
+
+    def check(self) -> None:
+        for name in ("batch", "heads", "seq", "head_dim", "kvh"):
+            if getattr(self, name) < 1:
+                raise ArgumentError(f"{name}: expected >= 1, got {getattr(self, name)}")
+        if self.heads % self.kvh:
+            raise ArgumentError(f"kv_heads: must divide heads ({self.heads}), got {self.kvh}")
+        if self.head_dim > 256:
+            raise ArgumentError(f"head_dim: the tensor-core kernels take at most 256, got {self.head_dim}")
+
+
+def useful_flops(s: Shape, phase: str) -> float:
+    """FLOP as FlashAttention reports them: forward 4 * visible pairs * d, backward 2.5x that."""
+    n = s.seq
+    pairs = n * (n + 1) // 2 if s.causal else n * n
+    f = 4.0 * pairs * s.head_dim * s.batch * s.heads
+    return f if phase == "fwd" else 2.5 * f
+
+
+def _bytes(s: Shape) -> dict[str, int]:
+    q = s.batch * s.seq * s.heads * s.head_dim * 2
+    kv = s.batch * s.seq * s.kvh * s.head_dim * 2
+    row = s.batch * s.seq * s.heads * 4  # one fp32 per query row (lse, delta)
+    return {"q": q, "kv": kv, "row": row}
+
+
+def launches(phase: str, s: Shape) -> list[Launch]:
+    """The tensor-core launches of `phase` ("fwd" | "bwd") at shape s, as pykern.ops makes them (bf16)."""
+    from ..ops import forward as fw
+    from ..ops import training_attention as ta
+
+    D = fw.tc_head_dim(s.head_dim)
+    b = _bytes(s)
+    group = s.heads // s.kvh
+    if phase == "fwd":
+        bc = fw._TC_CFG[D][0]
+        ctas = _tiles(s.seq, s.seq, s.causal, fw.TC_ROWS, bc, True)
+        return [Launch(f"flash_attention_tc_d{D}_bf16", "flash_attention_tc.cu", "", fw.TC_THREADS,
+                       fw.tc_shared_bytes(D), tuple(ctas), s.batch * s.heads, D, 2,
+                       2 * b["q"] + 2 * b["kv"] + b["row"], (fw.TC_ROWS, bc), 2 * bc * D * 2)]
+    if phase != "bwd":
+        raise ArgumentError(f"phase: expected 'fwd' or 'bwd', got {phase!r}")
+    smem_kv, smem_q = ta.tc_backward_shared_bytes(D)
+    # the dQ kernel's key step: the .cu's ABTC_DQ_BC, recovered from its shared-memory size (2 QR + 2 BC rows)
+    dq_bc = (smem_q // ((D + 8) * 2) - 2 * ta._TC_QR) // 2
+    reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]  # q, dO, k, v, lse, delta
+    kv_ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, ta._TC_BC, ta._TC_BR, group))
+    kv = [(f"attention_backward_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_backward_tc_dk_d{D}_bf16", 3, b["kv"])] \
+        if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
+    # cp.async per step: the dK/dV loop loads a Q and a dO tile of BR rows, the dQ loop a K and a V tile
+    out = [Launch(n, "attention_backward_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
+                  reads + w, (ta._TC_BR, ta._TC_BC), 2 * ta._TC_BR * D * 2) for n, mm, w in kv]
+    out.append(Launch(f"attention_backward_tc_dq_d{D}_bf16", "attention_backward_tc.cu", "", ta._TC_THREADS, smem_q,
+                      tuple(_tiles(s.seq, s.seq, s.causal, ta._TC_QR, dq_bc, True)), s.batch * s.heads, D, 3,
+                      reads + b["q"], (ta._TC_QR, dq_bc), 2 * dq_bc * D * 2))
+    return out
+
+
+def preprocess_bytes(s: Shape) -> int:
+    """attention_bwd_preprocess: dO and out read, delta written (memory-bound; modelled by its HBM bytes)."""
+    b = _bytes(s)
+    return 2 * b["q"] + b["row"]
+
+
+# Geometry of Hopper (sm_90a, wgmma) forward kernels: pykern.ops.forward attributes read when such kernels
+# exist. A kernel family without them is listed as skipped, with the reason.
+SM90_GEOMETRY_ATTRS = ("SM90_THREADS", "SM90_ROWS", "SM90_BC", "sm90_shared_bytes")
+
+
+def sm90_launch(s: Shape, kernels: Sequence[str]) -> tuple[Launch | None, str]:
+    """The sm_90a forward launch at shape s when a flash_attention_sm90* kernel for its head_dim exists and
+    pykern.ops.forward describes its geometry; else (None, why)."""
+    from ..ops import forward as fw
+
+    D = fw.tc_head_dim(s.head_dim)
+    cands = [k for k in kernels if re.fullmatch(rf"flash_attention_sm90\w*_d{D}_bf16", k) and "softcap" not in k]
+    if not cands:
+        return None, f"no flash_attention_sm90*_d{D}_bf16 kernel"
+    missing = [a for a in SM90_GEOMETRY_ATTRS if not hasattr(fw, a)]
+    if missing:
+        return None, f"{cands[0]}: pykern.ops.forward lacks {', '.join(missing)} (its launch geometry)"
+    threads, rows, bc = fw.SM90_THREADS, fw.SM90_ROWS, fw.SM90_BC
+    bc = bc[D] if isinstance(bc, dict) else bc
+    b = _bytes(s)
+    return Launch(cands[0], "", "sm_90a", threads, fw.sm90_shared_bytes(D),
+                  tuple(_tiles(s.seq, s.seq, s.causal, rows, bc, True)), s.batch * s.heads, D, 2,
+                  2 * b["q"] + 2 * b["kv"] + b["row"], (rows, bc)), ""
+
+
+# ------------------------------------------------------------------------------------------- the terms
+@dataclass
+class KernelInputs:
+    """SASS loop inputs and compiler resources of one kernel on one arch."""
+
+    kernel: str
+    arch: str
+    loop: LoopInputs
+    regs: int
+    static_smem: int
+    spills: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"kernel": self.kernel, "arch": self.arch, "regs": self.regs, "static_smem": self.static_smem,
+                "spills": self.spills, **self.loop.to_dict()}
+
+
+def makespan(costs: Sequence[float], slots: int) -> float:
+    """Greedy list scheduling: each cost, in order, goes to the first free of `slots` slots (as the block
+    scheduler hands CTAs to free SM slots); the time the last one ends."""
+    if slots <= 0:
+        raise ArgumentError(f"slots: expected >= 1, got {slots}")
+    if len(costs) <= slots:
+        return max(costs, default=0.0)
+    heap = [0.0] * slots
+    for c in costs:
+        t = heapq.heappop(heap)
+        heapq.heappush(heap, t + c)
+    return max(heap)
+
+
+def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
+    """Per-term times (s) of one launch and the modelled bound. Each CTA's cost in SM clocks:
+    issue (MMAs x instr/MMA + warps x straight-line) / 4; shared memory MMAs x bytes/MMA / 128; tensor MMAs x
+    4096 / (FLOP per clock x pipe fraction); a slot (one of the r CTAs resident on an SM, r = CTAs/SM, fewer
+    when the grid does not fill every SM that deep) runs at 1/r of the SM, so a CTA holds its slot for r x its
+    cost (a tail CTA keeps that share: pessimistic for the last wave)."""
+    loop = k.loop
+    warps = -(-lau.threads // 32)
+    occ = occupancy(k.regs, lau.threads, lau.smem + k.static_smem, hw)
+    if occ.ctas == 0:
+        raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
+    frac = 1.0 if loop.wgmma else hw.mma_sync_fraction
+    insns_step, smem_step, trips = loop.per_step(lau.fill / warps)
+    per_mma, smem_per_mma = insns_step / loop.mma, smem_step / loop.mma
+    per_pair_mma = 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP
+    # the block scheduler spreads CTAs over the SMs first: a grid smaller than SMs x CTAs/SM leaves fewer
+    # CTAs on each SM (each then gets a larger share of its SM)
+    n_ctas = len(lau.ctas) * lau.groups
+    resident = max(1, min(occ.ctas, -(-n_ctas // hw.sms)))
+    slots = hw.sms * resident
+    terms_clk: dict[str, Callable[[float], float]] = {
+        "issue": lambda m: (m * per_mma + warps * loop.straight) / hw.issue_clk,
+        "smem": lambda m: m * smem_per_mma / hw.smem_bytes_clk,
+        "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac),
+    }
+    # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
+    group_mma = [p * per_pair_mma for p in lau.ctas]
+    per_term = {name: [resident * f(m) for m in group_mma] for name, f in terms_clk.items()}
+    worst = [max(c) for c in zip(*per_term.values())]
+    times: dict[str, float] = {name: makespan(c * lau.groups, slots) / hw.clock_hz for name, c in per_term.items()}
+    combined = makespan(worst * lau.groups, slots) / hw.clock_hz
+    ideal = sum(worst) * lau.groups / slots / hw.clock_hz
+    times["hbm"] = lau.hbm_bytes / hw.hbm_bytes_s
+    t = max(combined, times["hbm"])
+    bind = max(times, key=lambda n: times[n])
+    return {"kernel": lau.kernel, "time_s": t, "binding": bind, "terms_s": times, "ctas": n_ctas,
+            "ctas_per_sm": occ.ctas, "resident_per_sm": resident, "occupancy_limiter": occ.limiter,
+            "waves": n_ctas / (hw.sms * occ.ctas),
+            "tail_efficiency": ideal / combined if combined else 1.0, "executed_flops": lau.executed_flops,
+            "tensor": "wgmma" if loop.wgmma else "mma.sync", "pipe_fraction": frac, "per_mma": per_mma,
+            "smem_per_mma": smem_per_mma, "loader_trips": trips}
+
+
+# ------------------------------------------------------------------------------------------- SASS access
+class SassSource:
+    """Loop inputs and resources per (kernel, arch), from pykern's compile cache and cuobjdump (each
+    (source file, arch) disassembled once)."""
+
+    def __init__(self) -> None:
+        self._sr: Any = None
+        self._text: dict[tuple[str, str], tuple[str, Any, tuple[dict, dict]]] = {}
+        self._inputs: dict[tuple[str, str], KernelInputs] = {}
+        self._where: dict[str, Path] | None = None
+
+    def kernels(self) -> dict[str, Path]:
+        if self._where is None:
+            from ..registry import parse_file, source_files
+
+            self._where = {}
+            for src in source_files():
+                if "attention" not in src.name:
+                    continue
+                for spec in parse_file(src):
+                    self._where.setdefault(spec.name, src)
+        return self._where
+
+    def _listing(self, src: Path, arch: str) -> tuple[str, Any, tuple[dict, dict]]:
+        key = (str(src), arch)
+        if key not in self._text:
+            from .. import cache
+
+            if self._sr is None:
+                self._sr = _sass_report()
+            mod = cache.get_module(src, arch)
+            if mod.kind != "cubin":
+                raise BackendUnavailable(f"{src.name} for {arch}: no cubin to disassemble (got {mod.kind})")
+            text = self._sr.disassemble(mod.image)
+            self._text[key] = (text, mod.resources, (self._sr._instructions(text), self._sr.steady_state_loops(text)))
+        return self._text[key]
+
+    def inputs(self, kernel: str, arch: str) -> KernelInputs:
+        if (kernel, arch) in self._inputs:
+            return self._inputs[(kernel, arch)]
+        where = self.kernels()
+        if kernel not in where:
+            raise ArgumentError(f"kernel: {kernel!r} is not a registered attention kernel")
+        text, res, parsed = self._listing(where[kernel], arch)
+        loop = loop_inputs(text, kernel, self._sr, parsed)
+        if loop is None:
+            raise ArgumentError(f"kernel: {kernel} has no MMA loop in its {arch} SASS")
+        r = res[kernel]
+        out = KernelInputs(kernel, arch, loop, r.registers, r.shared_bytes, r.spill_stores + r.spill_loads)
+        self._inputs[(kernel, arch)] = out
+        return out
+
+
+# ------------------------------------------------------------------------------------------- predictions
+@dataclass
+class Prediction:
+    arch: str
+    part: str
+    phase: str
+    shape: Shape
+    variant: str  # "mma.sync" (the tc kernels) or "wgmma" (sm_90a)
+    time_s: float
+    tflops: float  # useful FLOP / time
+    pct_peak: float
+    binding: str  # the largest term of the launch that takes longest ("issue (dq)", "hbm", ...)
+    kernels: list[dict[str, Any]] = field(default_factory=list)
+    inputs: list[dict[str, Any]] = field(default_factory=list)
+    loop_note: str = ""
+
+    def to_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["shape"] = asdict(self.shape)
+        return d
+
+
+def _short(kernel: str) -> str:
+    m = re.search(r"_(dkdv|dq|dk|dv)_d\d+", kernel)
+    return m.group(1) if m else ("wgmma fwd" if "sm90" in kernel else "fwd")
+
+
+def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None, variant: str = "mma.sync"
+            ) -> Prediction:
+    """Modelled bound of the bf16 tensor-core attention op `phase` at `shape` on the part of `arch`."""
+    shape.check()
+    hw = hardware(arch)
+    sass = sass or SassSource()
+    if variant == "wgmma":
+        if phase != "fwd" or hw.arch != "sm_90":
+            raise ArgumentError(f"variant: wgmma kernels are sm_90a forward kernels, not {phase} on {arch}")
+        lau, why = sm90_launch(shape, list(sass.kernels()))
+        if lau is None:
+            raise ArgumentError(f"variant: wgmma: {why}")
+        lts = [lau]
+    elif variant == "mma.sync":
+        lts = launches(phase, shape)
+    else:
+        raise ArgumentError(f"variant: expected 'mma.sync' or 'wgmma', got {variant!r}")
+    rows, inputs = [], []
+    t = 0.0
+    for lau in lts:
+        k = sass.inputs(lau.kernel, lau.arch or hw.arch)
+        r = kernel_bound(lau, k, hw)
+        rows.append(r)
+        inputs.append({**k.to_dict(), "per_mma": r["per_mma"], "smem_per_mma": r["smem_per_mma"],
+                       "loader_trips": r["loader_trips"], "threads": lau.threads, "smem": lau.smem + k.static_smem,
+                       "ctas_per_sm": r["ctas_per_sm"], "occupancy_limiter": r["occupancy_limiter"],
+                       "step": list(lau.step)})
+        t += r["time_s"]
+    if phase == "bwd":
+        tp = preprocess_bytes(shape) / hw.hbm_bytes_s
+        rows.append({"kernel": "attention_bwd_preprocess_bf16", "time_s": tp, "binding": "hbm",
+                     "terms_s": {"hbm": tp}})
+        t += tp
+    top = max(rows, key=lambda r: r["time_s"])
+    binding = top["binding"] + (f" ({_short(top['kernel'])})" if len(rows) > 1 else "")
+    fl = useful_flops(shape, phase)
+    note = "; ".join(sorted({f"{_short(i['kernel'])}: {'flat loop' if i['loop'] == 'flat' else 'no flat loop, innermost MMA loop'}"
+                             for i in inputs}))
+    return Prediction(hw.arch, hw.part, phase, shape, variant, t, fl / t / 1e12, 100 * fl / t / hw.peak, binding,
+                      rows, inputs, note)
+
+
+# The table's shapes: FlashAttention-2's benchmark setting (batch x seq = 16k tokens, hidden 2048, so 32 heads
+# of 64 or 16 heads of 128), which is also where FA2's published figures were measured.
+SEQS = (1024, 2048, 4096, 8192, 16384)
+HEAD_DIMS = (64, 128)
+TOKENS = 16384
+HIDDEN = 2048
+
+
+def default_shapes(seqs: Sequence[int] = SEQS, head_dims: Sequence[int] = HEAD_DIMS,
+                   causal: Sequence[bool] = (False, True)) -> list[Shape]:
+    return [Shape(max(1, TOKENS // n), HIDDEN // d, n, d, c) for d in head_dims for c in causal for n in seqs]
+
+
+def table_rows(archs: Sequence[str] = ("sm_90", "sm_80"), phases: Sequence[str] = ("fwd", "bwd"),
+               shapes: Sequence[Shape] | None = None, sass: SassSource | None = None) -> dict[str, Any]:
+    """Every prediction (and the wgmma forward where such kernels exist) plus the skipped variants with why."""
+    sass = sass or SassSource()
+    shapes = list(shapes) if shapes is not None else default_shapes()
+    preds, skipped = [], {}
+    for arch in archs:
+        for phase in phases:
+            for s in shapes:
+                preds.append(predict(arch, phase, s, sass))
+                if phase == "fwd" and hardware(arch).arch == "sm_90":
+                    lau, why = sm90_launch(s, list(sass.kernels()))
+                    if lau is None:
+                        skipped.setdefault(f"wgmma fwd d{s.head_dim}", why)
+                    else:
+                        preds.append(predict(arch, phase, s, sass, "wgmma"))
+    return {"hardware": {a: hardware(a).to_dict() for a in archs}, "predictions": [p.to_dict() for p in preds],
+            "skipped": skipped}
+
+
+def format_table(doc: dict[str, Any]) -> str:
+    """The text table: per kernel and arch the SASS inputs, then per shape the modelled bound."""
+    lines = ["Modelled bound of pykern's bf16 tensor-core attention (no faster than this; from our SASS, the ops'",
+             "launch geometry and published rates; nothing calibrated from a measured speed).", ""]
+    for a, hw in doc["hardware"].items():
+        lines.append(f"{a}: {hw['part']}, {hw['sms']} SMs at {hw['clock_hz'] / 1e6:.0f} MHz, "
+                     f"{hw['peak'] / 1e12:.0f} TFLOP/s dense bf16 (mma.sync at {hw['mma_sync_fraction']:.2f} of it), "
+                     f"{hw['hbm_bytes_s'] / 1e12:.2f} TB/s, {hw['issue_clk']} issue/clk/SM, "
+                     f"{hw['smem_bytes_clk']} B/clk/SM shared")
+    seen, inp = set(), []
+    for p in doc["predictions"]:
+        for i in p["inputs"]:
+            key = (i["kernel"], p["arch"])
+            if key not in seen:
+                seen.add(key)
+                inp.append((p["arch"], i))
+    lines += ["", "SASS inputs per warp. loop 'inner': no flat loop, so the innermost loop holding MMAs, every path of its",
+              "body once, its cp.async tile-loader loops at 'trips' x their 16-byte path (trips from the launch",
+              "geometry), other loops inside it once; 'static' = the body with every inner loop once.",
+              f"{'arch':6s} {'kernel':40s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
+              f"{'smemB/MMA':>9s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
+    for a, i in inp:
+        lines.append(f"{a:6s} {i['kernel']:40s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
+                     f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} {i['straight']:8d} "
+                     f"{i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
+    lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention's count), batch = 16384 / seq, "
+              "hidden 2048:",
+              f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
+              f"{'ms':>8s} {'TFLOP/s':>8s} {'% peak':>6s}  binding term"]
+    for p in doc["predictions"]:
+        s = p["shape"]
+        ph = p["phase"] + (" wgmma" if p["variant"] == "wgmma" else "")
+        lines.append(f"{p['arch']:6s} {ph:9s} {s['head_dim']:4d} {str(s['causal']):>6s} {s['seq']:6d} "
+                     f"{s['batch']:5d} {s['heads']:5d} {p['time_s'] * 1e3:8.3f} {p['tflops']:8.0f} "
+                     f"{p['pct_peak']:6.1f}  {p['binding']}")
+    for k, why in doc.get("skipped", {}).items():
+        lines.append(f"skipped {k}: {why}")
+    return "\n".join(lines)
+
+
+__all__ = ["HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
+           "Shape", "default_shapes", "format_table", "hardware", "kernel_bound", "launches", "loop_inputs",
+           "makespan", "occupancy", "predict", "smem_bytes", "table_rows", "useful_flops"]

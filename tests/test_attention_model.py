@@ -1,0 +1,343 @@
+"""pykern.bench.attention_model: each term of the tensor-core attention model on synthetic SASS and launches,
+computed by hand; the binding term switching where it should; occupancy from registers and shared memory;
+waves and tail; and the model on the current kernels' own SASS (cached NVRTC compiles + cuobjdump)."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+
+from pykern.bench import attention_model as am
+from pykern.errors import ArgumentError
+
+H100, A100 = am.HARDWARE["sm_90"], am.HARDWARE["sm_80"]
+
+
+def listing(kernel: str, body: list[str], before: int = 0, after: int = 0, inner: list[str] | None = None) -> str:
+    """A cuobjdump -sass-shaped listing: `before` straight-line instructions, a loop of `body` (with an MMA-free
+    inner loop of `inner` in the middle when given) closed by a backward BRA, then `after` more."""
+    lines, addr = [f"\t\tFunction : {kernel}"], 0
+
+    def emit(text: str) -> int:
+        nonlocal addr
+        lines.append(f"        /*{addr:04x}*/                   {text} ;                /* 0x0000000000000000 */")
+        addr += 0x10
+        return addr - 0x10
+
+    for _ in range(before):
+        emit("IMAD.MOV.U32 R1, RZ, RZ, R2")
+    top = addr
+    half = len(body) // 2
+    for t in body[:half]:
+        emit(t)
+    if inner:
+        itop = addr
+        for t in inner:
+            emit(t)
+        emit(f"@P1 BRA 0x{itop:x}")
+    for t in body[half:]:
+        emit(t)
+    emit(f"@P0 BRA 0x{top:x}")
+    emit("NOP")  # NOPs are not counted
+    for _ in range(after):
+        emit("MOV R3, R4")
+    emit("EXIT")
+    return "\n".join(lines) + "\n"
+
+
+def loop_body(n_insns: int, n_mma: int, n_ldsm: int = 0) -> list[str]:
+    """n_insns instructions in all (the closing BRA included): n_mma HMMA.16816, n_ldsm LDSM.x4, FFMAs."""
+    fill = n_insns - 1 - n_mma - n_ldsm
+    assert fill >= 0
+    return (["HMMA.16816.F32.BF16 R4, R8, R12, R4"] * n_mma + ["LDSM.16.M88.4 R16, [R20]"] * n_ldsm
+            + ["FFMA R1, R2, R3, R1"] * fill)
+
+
+# ------------------------------------------------------------------------------------------- SASS inputs
+def test_smem_bytes_per_warp_instruction():
+    assert am.smem_bytes("LDSM", ".16.M88.4") == 512  # four 8x8 matrices of 16-byte rows
+    assert am.smem_bytes("LDSM", ".16.MT88.2") == 256
+    assert am.smem_bytes("LDSM", ".16.M88") == 128
+    assert am.smem_bytes("LDS", ".128") == 512
+    assert am.smem_bytes("LDS", ".64") == 256
+    assert am.smem_bytes("LDS", "") == 128
+    assert am.smem_bytes("LDS", ".U16") == 128  # narrower than 32 bits: still one 128-byte wavefront
+    assert am.smem_bytes("STS", ".128") == 512
+    assert am.smem_bytes("LDGSTS", ".E.BYPASS.128") == 512
+    assert am.smem_bytes("HMMA", ".16816.F32.BF16") == 0
+    assert am.smem_bytes("FFMA", "") == 0
+    # HGMMA m64n128k16: B (128 x 16 bf16 = 4 KiB) through its descriptor; A (64 x 16 = 2 KiB) too when a descriptor
+    assert am.smem_bytes("HGMMA", ".64x128x16.F32.BF16", "R24, gdesc[UR4], R24, gsb0") == 4096 + 2048
+    assert am.smem_bytes("HGMMA", ".64x128x16.F32.BF16", "R24, R120, gdesc[UR8], R24") == 4096
+
+
+def test_flat_loop_inputs_are_counted_from_the_listing():
+    text = listing("k", loop_body(87, 20, 6), before=30, after=10)
+    li = am.loop_inputs(text, "k")
+    assert li is not None and li.loop == "flat"
+    assert (li.insns, li.mma, li.ldsm) == (87, 20, 6)
+    assert li.per_mma == pytest.approx(4.35)
+    assert li.ldsm_per_mma == pytest.approx(0.3)
+    assert li.smem_per_mma == pytest.approx(6 * 512 / 20)
+    assert li.straight == 30 + 10 + 1  # EXIT included, the NOP not
+    assert not li.wgmma and li.inner_insns == 0
+    assert am.loop_inputs(text, "other") is None
+    assert am.loop_inputs(listing("k", ["FFMA R1, R2, R3, R1"] * 9), "k") is None  # no MMA loop
+
+
+def test_no_flat_loop_falls_back_to_the_innermost_mma_loop_with_its_inner_loops_once():
+    inner = ["LDG.E.U16 R1, [R2.64]", "STS.128 [R3], R4", "IADD3 R5, R5, 0x1, RZ"]
+    text = listing("k", loop_body(64, 16, 4), inner=inner)
+    li = am.loop_inputs(text, "k")
+    assert li is not None and li.loop == "inner"
+    assert li.inner_insns == len(inner) + 1  # the inner loop's own BRA
+    assert li.insns == 64 + len(inner) + 1
+    assert li.mma == 16 and li.per_mma == pytest.approx((64 + 4) / 16)
+    assert li.smem_bytes == 4 * 512 + 512  # the inner loop's STS.128 counted once
+
+
+def _raw_listing(kernel: str, insns: list[str]) -> str:
+    """Instructions at 0x0, 0x10, ... (branch targets written as addresses by the caller)."""
+    return "\n".join([f"\t\tFunction : {kernel}"] + [f"        /*{16 * i:04x}*/                   {t} ;"
+                                                      for i, t in enumerate(insns)]) + "\n"
+
+
+def test_a_cp_async_loader_loop_runs_trips_times_its_16_byte_path():
+    # MMA loop 0x00..0x120: 4 HMMA, a loader loop 0x40..0xf0 (vector path: 4 instructions + LDGSTS; element path:
+    # 6 instructions + STS.128), 2 more instructions, the back branch.
+    ins = ["HMMA.16816.F32.BF16 R4, R8, R12, R4"] * 4  # 0x00-0x30
+    ins += ["IMAD R1, R2, R3, R4",                     # 0x40 loader head
+            "@P0 BRA 0xc0",                            # 0x50 to the vector path
+            "LDG.E.U16 R5, desc[UR4][R6.64]",          # 0x60 element path
+            "LDG.E.U16 R7, desc[UR4][R6.64+0x2]",      # 0x70
+            "LOP3.LUT R5, R5, R7, RZ, 0xfc, !PT",      # 0x80
+            "STS.128 [R9], R4",                        # 0x90
+            "BRA 0xe0",                                # 0xa0
+            "NOP",                                     # 0xb0
+            "LDGSTS.E.BYPASS.128 [R9], desc[UR4][R6.64]",  # 0xc0 vector path
+            "@!PT LDS RZ, [RZ]",                       # 0xd0 padding: issued, moves nothing
+            "@P1 BRA 0x40",                            # 0xe0 loader back branch
+            "FFMA R1, R2, R3, R1", "FFMA R1, R2, R3, R1",  # 0xf0, 0x100
+            "@P2 BRA 0x0",                             # 0x110 MMA loop back branch
+            "EXIT"]
+    li = am.loop_inputs(_raw_listing("k", ins), "k")
+    assert li is not None and li.loop == "inner" and li.mma == 4
+    assert li.insns == 17 and li.inner_insns == 10  # NOP left out
+    ld, = li.loaders
+    # head, @P0 BRA, LDGSTS, @!PT LDS, back branch: 5 instructions, 512 shared bytes (the LDS is predicated off)
+    assert (ld.insns, ld.fast_insns, ld.fast_smem, ld.smem) == (10, 5, 512, 1024)
+    assert li.per_step(0.0) == (17.0, 1024.0, 0.0)  # no geometry: every inner loop once
+    # a step writes 4 KiB per warp with cp.async: 8 trips of 512 bytes
+    insns, smem, trips = li.per_step(4096.0)
+    assert trips == 8 and insns == 17 - 10 + 8 * 5 and smem == 8 * 512
+    lau = am.Launch("k", "", "", 128, 0, (64 * 64,), 1, 64, 2, 0, (64, 64), fill=4 * 4096)
+    r = am.kernel_bound(lau, am.KernelInputs("k", "sm_90", li, 64, 0), H100)
+    assert r["loader_trips"] == 8 and r["per_mma"] == pytest.approx(47 / 4) and r["smem_per_mma"] == 1024
+
+
+def test_wgmma_loop_counts_n_over_8_mmas_and_runs_the_tensor_pipe_at_the_full_rate():
+    body = ["HGMMA.64x128x16.F32.BF16 R24, gdesc[UR4], R24, gsb0"] * 4 + ["FFMA R1, R2, R3, R1"] * 63
+    li = am.loop_inputs(listing("k", body), "k")
+    assert li is not None and li.wgmma and li.mma == 4 * 16
+    assert li.per_mma == pytest.approx(68 / 64)
+    # tensor term: 64 MMA-equivalents at 4096 FLOP / (4096 FLOP/clk/SM x 1.0) on H100, not x 2/3
+    lau = am.Launch("k", "", "sm_90a", 128, 0, (64 * 64 * 16,), 1, 128, 2, 0, (64, 64))
+    r = am.kernel_bound(lau, am.KernelInputs("k", "sm_90a", li, 64, 0), H100)
+    assert r["pipe_fraction"] == 1.0 and r["tensor"] == "wgmma"
+    assert r["terms_s"]["tensor"] == pytest.approx(64 * 64 * 16 * 2 * 128 * 2 / 4096 / H100.clock_hz)
+
+
+# ------------------------------------------------------------------------------------------- occupancy
+@pytest.mark.parametrize("regs,threads,smem,hw,want", [
+    (168, 128, 36864, H100, (3, "registers")),      # 168 x 32 = 5376 a warp, x 4 warps: 65536 // 21504 = 3
+    (169, 128, 36864, H100, (2, "registers")),      # 5408 rounds up to 5632 a warp: 65536 // 22528 = 2
+    (64, 128, 69632, H100, (3, "shared memory")),   # 233472 // (69632 + 1024) = 3
+    (64, 128, 69632, A100, (2, "shared memory")),   # 167936 // 70656 = 2
+    (255, 256, 0, H100, (1, "registers")),          # 8160 -> 8192 a warp x 8 warps = the whole file
+    (32, 32, 0, H100, (32, "CTA limit")),
+    (32, 1024, 0, A100, (2, "registers")),          # 65536 // 32768 = 2 (the 64-warp limit also says 2)
+    (200, 128, 240 * 1024, H100, (0, "shared memory")),
+])
+def test_occupancy_from_registers_and_shared_memory(regs, threads, smem, hw, want):
+    o = am.occupancy(regs, threads, smem, hw)
+    assert (o.ctas, o.limiter) == want
+
+
+# ------------------------------------------------------------------------------------------- the terms
+def _inputs(per_mma: float, smem_per_mma: float = 0.0, regs: int = 234, straight: int = 0) -> am.KernelInputs:
+    mma = 100.0
+    li = am.LoopInputs("flat", round(per_mma * mma), mma, 0, smem_per_mma * mma, straight)
+    return am.KernelInputs("k", "sm_90", li, regs, 0)
+
+
+def _launch(n_ctas: int, pairs: int = 64 * 64 * 32, hbm: int = 0, threads: int = 128) -> am.Launch:
+    # d128, 2 matmuls: 2 * 128 * 2 / 4096 = 1/8 MMA per pair -> 16384 MMAs per CTA of 131072 pairs
+    return am.Launch("k", "", "", threads, 69632, (pairs,) * n_ctas, 1, 128, 2, hbm, (64, 64))
+
+
+def test_issue_bound_by_hand():
+    # 4.35 instr/MMA, 4 warps/CTA: the SM issues 4 warp-instructions a clock, so an MMA costs 4.35 / 4 clocks of
+    # the SM; 16384 MMAs a CTA; 2 CTAs/SM (234 registers): one full wave of 264 CTAs, each slot at half an SM.
+    r = am.kernel_bound(_launch(264), _inputs(4.35), H100)
+    assert r["ctas_per_sm"] == 2 and r["waves"] == 1.0
+    clk = 2 * 16384 * 4.35 / 4
+    assert r["terms_s"]["issue"] == pytest.approx(clk / 1.83e9)
+    issue_tflops = 264 * 16384 * 4096 / r["terms_s"]["issue"] / 1e12
+    assert issue_tflops == pytest.approx(4 * 4096 / 4.35 * 132 * 1.83e9 / 1e12)  # 909.9 TFLOP/s
+    assert issue_tflops == pytest.approx(909.9, abs=0.1)
+    # mma.sync on H100: 2/3 x 4096 FLOP/clk/SM -> 1.5 clocks an MMA: 659.6 TFLOP/s, tighter than issue
+    tensor_tflops = 264 * 16384 * 4096 / r["terms_s"]["tensor"] / 1e12
+    assert tensor_tflops == pytest.approx(989.4 * 2 / 3, abs=0.2)
+    assert r["binding"] == "tensor"
+    assert r["time_s"] == pytest.approx(r["terms_s"]["tensor"])
+
+
+def test_the_binding_term_switches():
+    # H100 mma.sync: tensor 1.5 clk/MMA; issue binds above 6 instr/MMA, shared memory above 192 B/MMA
+    assert am.kernel_bound(_launch(264), _inputs(5.9), H100)["binding"] == "tensor"
+    assert am.kernel_bound(_launch(264), _inputs(6.1), H100)["binding"] == "issue"
+    assert am.kernel_bound(_launch(264), _inputs(4.35, 190.0), H100)["binding"] == "tensor"
+    assert am.kernel_bound(_launch(264), _inputs(4.35, 200.0), H100)["binding"] == "smem"
+    # A100: mma.sync at the full 2048 FLOP/clk/SM -> 2 clk/MMA: 7.9 instr/MMA is still tensor-bound there
+    a = am.kernel_bound(_launch(216), _inputs(7.9), A100)
+    assert a["binding"] == "tensor" and a["pipe_fraction"] == 1.0
+    assert am.kernel_bound(_launch(216), _inputs(8.1), A100)["binding"] == "issue"
+    # few FLOP, many bytes: HBM
+    h = am.kernel_bound(_launch(264, pairs=64, hbm=10**9), _inputs(4.35), H100)
+    assert h["binding"] == "hbm" and h["time_s"] == pytest.approx(1e9 / 3.35e12)
+
+
+def test_straight_line_code_is_issued_once_per_warp_and_cta():
+    r0 = am.kernel_bound(_launch(264), _inputs(8.0), H100)
+    r1 = am.kernel_bound(_launch(264), _inputs(8.0, straight=1000), H100)
+    # 4 warps x 1000 instructions / 4 a clock, x 2 CTAs sharing the SM
+    assert r1["terms_s"]["issue"] - r0["terms_s"]["issue"] == pytest.approx(2 * 4 * 1000 / 4 / 1.83e9)
+
+
+def test_waves_and_tail():
+    one = am.kernel_bound(_launch(264), _inputs(8.0), H100)
+    over = am.kernel_bound(_launch(265), _inputs(8.0), H100)  # one CTA more: a second wave
+    assert over["time_s"] == pytest.approx(2 * one["time_s"])
+    assert over["tail_efficiency"] == pytest.approx(265 / 528)
+    # 132 CTAs on 132 SMs: one each, so each has its SM to itself: half the time of the full wave
+    half = am.kernel_bound(_launch(132), _inputs(8.0), H100)
+    assert half["resident_per_sm"] == 1 and half["time_s"] == pytest.approx(one["time_s"] / 2)
+
+
+def test_makespan_is_greedy_in_launch_order():
+    assert am.makespan([3, 1, 1, 1], 2) == 3
+    assert am.makespan([1, 1, 1, 3], 2) == 4  # the long one last lands on a busy slot
+    assert am.makespan([1] * 5, 2) == 3
+    assert am.makespan([2.5], 4) == 2.5
+    with pytest.raises(ArgumentError, match="slots"):
+        am.makespan([1], 0)
+
+
+def test_geometry_pairs_and_flops():
+    s = am.Shape(2, 4, 256, 128, True, 2)
+    fwd, = am.launches("fwd", s)
+    # 4 query tiles of 64, longest first: tiles see 4, 3, 2, 1 key tiles of 64
+    assert fwd.ctas == tuple(k * 64 * 64 for k in (4, 3, 2, 1)) and fwd.groups == 8
+    assert fwd.executed_flops == 2 * 128 * 2 * 64 * 64 * 10 * 8
+    kv, dq = am.launches("bwd", s)
+    assert kv.kernel == "attention_backward_tc_dkdv_d128_bf16" and kv.groups == 2 * 2 and kv.matmuls == 4
+    # key tile kt is seen by queries from 64 kt on: (256 - 64 kt) / 16 steps of 16 queries, x 2 heads a group
+    assert kv.ctas == tuple(2 * (256 - 64 * kt) * 64 for kt in range(4))
+    assert dq.step == (64, 32) and dq.ctas == tuple(k * 64 * 32 for k in (8, 6, 4, 2))
+    assert am.useful_flops(s, "fwd") == 4 * (256 * 257 // 2) * 128 * 2 * 4
+    assert am.useful_flops(s, "bwd") == 2.5 * am.useful_flops(s, "fwd")
+    d256 = [la.kernel for la in am.launches("bwd", am.Shape(1, 1, 64, 256, False))]
+    assert d256 == ["attention_backward_tc_dv_d256_bf16", "attention_backward_tc_dk_d256_bf16",
+                    "attention_backward_tc_dq_d256_bf16"]
+    with pytest.raises(ArgumentError, match="kv_heads"):
+        am.predict("sm_90", "fwd", am.Shape(1, 4, 64, 64, False, 3))
+    with pytest.raises(ArgumentError, match="arch"):
+        am.hardware("sm_75")
+
+
+def test_hardware_table_is_the_published_peaks():
+    assert H100.peak == pytest.approx(989.4e12, rel=1e-3) and H100.sms == 132 and H100.clock_hz == 1830e6
+    assert A100.peak == pytest.approx(312e12, rel=1e-3) and A100.sms == 108 and A100.clock_hz == 1410e6
+    assert H100.mma_sync_fraction == pytest.approx(2 / 3) and A100.mma_sync_fraction == 1.0
+    assert am.hardware("sm_90a") is H100
+
+
+def test_sm90_kernels_are_skipped_without_them_and_modelled_with_them(monkeypatch):
+    s = am.Shape(1, 16, 1024, 128, False)
+    lau, why = am.sm90_launch(s, ["flash_attention_tc_d128_bf16"])
+    assert lau is None and "no flash_attention_sm90" in why
+    lau, why = am.sm90_launch(s, ["flash_attention_sm90_d128_bf16"])
+    from pykern.ops import forward as fw
+    if not all(hasattr(fw, a) for a in am.SM90_GEOMETRY_ATTRS):
+        assert lau is None and "lacks" in why
+    monkeypatch.setattr(fw, "SM90_THREADS", 384, raising=False)
+    monkeypatch.setattr(fw, "SM90_ROWS", 128, raising=False)
+    monkeypatch.setattr(fw, "SM90_BC", {128: 128}, raising=False)
+    monkeypatch.setattr(fw, "sm90_shared_bytes", lambda d: 2 * 128 * d * 2 * 3, raising=False)
+    lau, why = am.sm90_launch(s, ["flash_attention_sm90_d128_bf16", "flash_attention_sm90_d128_softcap_bf16"])
+    assert why == "" and lau.kernel == "flash_attention_sm90_d128_bf16" and lau.arch == "sm_90a"
+    assert lau.threads == 384 and lau.ctas == (128 * 1024,) * 8 and lau.groups == 16
+
+
+# ------------------------------------------------------------------------------------------- real kernels
+@pytest.fixture(scope="module")
+def sass():
+    pytest.importorskip("numpy")
+    try:
+        src = am.SassSource()
+        src.inputs("flash_attention_tc_d64_bf16", "sm_90")
+    except Exception as e:  # no cuobjdump / NVRTC here
+        pytest.skip(f"SASS unavailable: {type(e).__name__}: {e}")
+    return src
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+@pytest.mark.parametrize("d", [64, 96, 128, 256])
+def test_real_kernels_loop_matches_the_launch_geometry(sass, arch, d):
+    """The SASS loop's MMAs per iteration x warps x 4096 = the FLOP of one step of the ops' geometry: if a
+    kernel's tile changes and the ops' constants do not (or the other way round), this fails."""
+    for phase in ("fwd", "bwd"):
+        for lau in am.launches(phase, am.Shape(1, 2, 256, d, False)):
+            k = sass.inputs(lau.kernel, arch)
+            warps = lau.threads // 32
+            assert k.loop.mma * warps * am.MMA_FLOP == 2 * lau.head_dim * lau.matmuls * lau.step[0] * lau.step[1], \
+                (lau.kernel, arch, k.loop.mma)
+            assert k.loop.per_mma > 1 and k.regs > 0 and k.spills == 0
+            assert k.loop.loop in ("flat", "inner")
+
+
+def test_model_runs_on_the_real_kernels(sass):
+    doc = am.table_rows(shapes=[am.Shape(4, 16, 1024, 128, True), am.Shape(1, 32, 4096, 64, False)], sass=sass)
+    preds = doc["predictions"]
+    assert {(p["arch"], p["phase"]) for p in preds} >= {("sm_90", "fwd"), ("sm_90", "bwd"), ("sm_80", "fwd"),
+                                                         ("sm_80", "bwd")}
+    for p in preds:
+        hw = am.hardware(p["arch"])
+        assert 0 < p["tflops"] < hw.peak / 1e12 and 0 < p["pct_peak"] < 100
+        assert p["binding"].split()[0] in ("issue", "smem", "tensor", "hbm")
+        for i in p["inputs"]:
+            assert i["ctas_per_sm"] >= 1 and i["regs"] > 0 and i["per_mma"] > 0
+        # the prediction is no faster than any single term of any launch
+        for k in p["kernels"]:
+            assert k["time_s"] >= max(k["terms_s"].values()) * (1 - 1e-12)
+    if not any(k.startswith("flash_attention_sm90") for k in sass.kernels()):
+        assert doc["skipped"] and all("sm90" in why for why in doc["skipped"].values())
+    text = am.format_table(doc)
+    assert "modelled bound" in text.lower() and "instr/MMA" in text and "CTAs/SM" in text
+    json.dumps(doc)  # serialisable (the --json output)
+
+
+def test_bench_cli_prints_the_model(sass, monkeypatch, capsys):
+    from pykern.bench import cli
+
+    shapes = [am.Shape(16, 16, 1024, 128, False)]
+    real = am.table_rows
+    monkeypatch.setattr(am, "table_rows", lambda: real(shapes=shapes, sass=sass))
+    assert cli.main(["--attention-model"]) == cli.EXIT_OK
+    out = capsys.readouterr().out
+    assert "Modelled bound" in out and "sm_90" in out and "sm_80" in out
+    assert cli.main(["--attention-model", "--json"]) == cli.EXIT_OK
+    doc = json.loads(capsys.readouterr().out)
+    assert doc["model"] == "attention" and len(doc["predictions"]) == 4
+    assert math.isfinite(doc["predictions"][0]["tflops"])
