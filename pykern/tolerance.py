@@ -143,12 +143,16 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     # mixture of experts (moe.cu); ids compare exactly under either row (integers differ by >= 1)
     ("moe_route", "f32"): F32,
     ("moe_route", "bf16"): F32,  # fp32 math on bf16 logits: the reference sees the same rounded inputs
+    ("moe_route", "f16"): F32,
     ("grouped_gemm", "f32"): F32,
     ("grouped_gemm", "bf16"): BF16,
+    ("grouped_gemm", "f16"): F16,
     ("moe_experts", "f32"): F32,
     ("moe_experts", "bf16"): BF16,
+    ("moe_experts", "f16"): F16,
     ("moe_experts_backward", "f32"): F32,
     ("moe_experts_backward", "bf16"): BF16,
+    ("moe_experts_backward", "f16"): F16,
     # pykern.torch.apply: a patched HF model against the unpatched one (logits, loss, gradients)
     ("torch_apply", "f32"): F32,
     ("torch_apply", "bf16"): BF16,
