@@ -393,3 +393,4 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _varlen(rng, [15], [6], 2, 2, 40, "f32", "f16", causal=True, softcap=3.0)
     yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "f16")
     yield _append(rng, [3, 0, 10], [2, 5, 1], 5, 2, 32, "NHD", "e4m3", in_kind="f16", combined=True)
+    yield _append(rng, [4, 9], [1, 3], 16, 2, 40, "HND", "e5m2", in_kind="f16")
