@@ -100,10 +100,12 @@ __device__ __forceinline__ void moe_cta_tile(const int* __restrict__ offsets, in
 
 // One warp per token; `s` holds the warp's E choice scores in shared memory.
 template <typename T>
-__device__ __forceinline__ void moe_route_body(const T* __restrict__ logits, const float* __restrict__ bias,
+__device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, const float* __restrict__ bias,
                                                float* __restrict__ w_out, int* __restrict__ id_out,
                                                long long n_tok, int n_exp, int top_k, int renorm, int sigm,
-                                               int has_bias, float* smem) {
+                                               int has_bias) {
+    extern __shared__ float moe_route_smem[];
+    float* smem = moe_route_smem;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, nw = blockDim.x >> 5;
     float* s = smem + (long long)warp * n_exp;
     for (long long t = (long long)blockIdx.x * nw + warp; t < n_tok; t += (long long)gridDim.x * nw) {
@@ -161,20 +163,10 @@ __device__ __forceinline__ void moe_route_body(const T* __restrict__ logits, con
     }
 }
 
-extern "C" __global__ void __launch_bounds__(128) moe_route(
-    const float* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ topk_weights,
-    int* __restrict__ topk_ids, long long n_tok, int n_exp, int top_k, int renorm, int sigm, int has_bias) {
-    extern __shared__ float moe_route_smem[];
-    moe_route_body<float>(logits, bias, topk_weights, topk_ids, n_tok, n_exp, top_k, renorm, sigm, has_bias,
-                          moe_route_smem);
-}
-extern "C" __global__ void __launch_bounds__(128) moe_route_bf16(
-    const unsigned short* __restrict__ logits, const float* __restrict__ bias, float* __restrict__ topk_weights,
-    int* __restrict__ topk_ids, long long n_tok, int n_exp, int top_k, int renorm, int sigm, int has_bias) {
-    extern __shared__ float moe_route_smem[];
-    moe_route_body<unsigned short>(logits, bias, topk_weights, topk_ids, n_tok, n_exp, top_k, renorm, sigm,
-                                   has_bias, moe_route_smem);
-}
+PK_IO_KERNELS(moe_route, (128), (const T* __restrict__ logits, const float* __restrict__ bias,
+              float* __restrict__ topk_weights, int* __restrict__ topk_ids, long long n_tok, int n_exp, int top_k,
+              int renorm, int sigm, int has_bias),
+              (logits, bias, topk_weights, topk_ids, n_tok, n_exp, top_k, renorm, sigm, has_bias))
 
 // ------------------------------------------------------------------------------------------ align
 // moe_align_block_size in three launches over chunks of MOE_CHUNK slots (slot = t * k + j):
@@ -255,7 +247,7 @@ extern "C" __global__ void __launch_bounds__(MOE_CHUNK) moe_place(
 // dst[r] = src[sorted_slot[r] / k] (* w[sorted_slot[r]] when has_w); zero for padding rows. Rows past
 // offsets[n_exp] (the used part of the buffer) are left alone. One CTA per row, grid-stride.
 template <typename T>
-__device__ __forceinline__ void moe_gather_body(const T* __restrict__ src, const int* __restrict__ sorted_slot,
+__device__ __forceinline__ void moe_gather_impl(const T* __restrict__ src, const int* __restrict__ sorted_slot,
                                                 const float* __restrict__ w, const int* __restrict__ offsets,
                                                 T* __restrict__ dst, long long max_rows, int dim, int top_k,
                                                 int n_exp, int has_w) {
@@ -271,23 +263,15 @@ __device__ __forceinline__ void moe_gather_body(const T* __restrict__ src, const
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_gather(
-    const float* __restrict__ src, const int* __restrict__ sorted_slot, const float* __restrict__ w,
-    const int* __restrict__ offsets, float* __restrict__ dst, long long max_rows, int dim, int top_k, int n_exp,
-    int has_w) {
-    moe_gather_body<float>(src, sorted_slot, w, offsets, dst, max_rows, dim, top_k, n_exp, has_w);
-}
-extern "C" __global__ void __launch_bounds__(256) moe_gather_bf16(
-    const unsigned short* __restrict__ src, const int* __restrict__ sorted_slot, const float* __restrict__ w,
-    const int* __restrict__ offsets, unsigned short* __restrict__ dst, long long max_rows, int dim, int top_k,
-    int n_exp, int has_w) {
-    moe_gather_body<unsigned short>(src, sorted_slot, w, offsets, dst, max_rows, dim, top_k, n_exp, has_w);
-}
+PK_IO_KERNELS(moe_gather, (256), (const T* __restrict__ src, const int* __restrict__ sorted_slot,
+              const float* __restrict__ w, const int* __restrict__ offsets, T* __restrict__ dst, long long max_rows,
+              int dim, int top_k, int n_exp, int has_w),
+              (src, sorted_slot, w, offsets, dst, max_rows, dim, top_k, n_exp, has_w))
 
 // out[t] = sum_j (w[t, j] or 1) * y[slot_pos[t * k + j]], j in order (dropped slots add nothing): the
 // deterministic unpermute. One CTA per token, grid-stride.
 template <typename T>
-__device__ __forceinline__ void moe_combine_body(const T* __restrict__ y, const int* __restrict__ slot_pos,
+__device__ __forceinline__ void moe_combine_impl(const T* __restrict__ y, const int* __restrict__ slot_pos,
                                                  const float* __restrict__ w, T* __restrict__ out, long long n_tok,
                                                  int dim, int top_k, int has_w) {
     for (long long t = blockIdx.x; t < n_tok; t += gridDim.x) {
@@ -302,16 +286,9 @@ __device__ __forceinline__ void moe_combine_body(const T* __restrict__ y, const 
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_combine(
-    const float* __restrict__ y, const int* __restrict__ slot_pos, const float* __restrict__ w,
-    float* __restrict__ out, long long n_tok, int dim, int top_k, int has_w) {
-    moe_combine_body<float>(y, slot_pos, w, out, n_tok, dim, top_k, has_w);
-}
-extern "C" __global__ void __launch_bounds__(256) moe_combine_bf16(
-    const unsigned short* __restrict__ y, const int* __restrict__ slot_pos, const float* __restrict__ w,
-    unsigned short* __restrict__ out, long long n_tok, int dim, int top_k, int has_w) {
-    moe_combine_body<unsigned short>(y, slot_pos, w, out, n_tok, dim, top_k, has_w);
-}
+PK_IO_KERNELS(moe_combine, (256), (const T* __restrict__ y, const int* __restrict__ slot_pos,
+              const float* __restrict__ w, T* __restrict__ out, long long n_tok, int dim, int top_k, int has_w),
+              (y, slot_pos, w, out, n_tok, dim, top_k, has_w))
 
 // dw[t, j] = <dy[t], y[slot_pos[t, j]]> (0 for a dropped slot). One warp per slot.
 template <typename T>
@@ -341,7 +318,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_weight_grad(
 // gu [rows, 2I] (gate columns first, then up) -> h [rows, I] = act(gate) * up; the backward gives
 // dgu = [dh * up * act'(gate), dh * act(gate)]. Rows past offsets[n_exp] are skipped.
 template <typename T>
-__device__ __forceinline__ void moe_act_body(const T* __restrict__ gu, T* __restrict__ h,
+__device__ __forceinline__ void moe_act_impl(const T* __restrict__ gu, T* __restrict__ h,
                                              const int* __restrict__ offsets, long long max_rows, int inter,
                                              int n_exp, int act) {
     const long long n = min((long long)offsets[n_exp], max_rows) * inter;
@@ -352,16 +329,8 @@ __device__ __forceinline__ void moe_act_body(const T* __restrict__ gu, T* __rest
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) moe_act(const float* __restrict__ gu, float* __restrict__ h,
-                                                           const int* __restrict__ offsets, long long max_rows,
-                                                           int inter, int n_exp, int act) {
-    moe_act_body<float>(gu, h, offsets, max_rows, inter, n_exp, act);
-}
-extern "C" __global__ void __launch_bounds__(256) moe_act_bf16(
-    const unsigned short* __restrict__ gu, unsigned short* __restrict__ h, const int* __restrict__ offsets,
-    long long max_rows, int inter, int n_exp, int act) {
-    moe_act_body<unsigned short>(gu, h, offsets, max_rows, inter, n_exp, act);
-}
+PK_IO_KERNELS(moe_act, (256), (const T* __restrict__ gu, T* __restrict__ h, const int* __restrict__ offsets,
+              long long max_rows, int inter, int n_exp, int act), (gu, h, offsets, max_rows, inter, n_exp, act))
 
 template <typename T>
 __device__ __forceinline__ void moe_act_backward_body(const T* __restrict__ gu, const T* __restrict__ dh,
@@ -390,7 +359,7 @@ extern "C" __global__ void __launch_bounds__(256) moe_act_backward(
 #define GGS_T 32
 
 template <typename T>
-__device__ __forceinline__ void gg_simt_body(const T* __restrict__ a, const T* __restrict__ b,
+__device__ __forceinline__ void grouped_gemm_simt_impl(const T* __restrict__ a, const T* __restrict__ b,
                                              const int* __restrict__ offsets, T* __restrict__ out, int M, int N,
                                              int K, int n_groups, long long sbn, long long sbk) {
     __shared__ float sa[GGS_T][GGS_T + 1];
@@ -426,16 +395,9 @@ __device__ __forceinline__ void gg_simt_body(const T* __restrict__ a, const T* _
     }
 }
 
-extern "C" __global__ void __launch_bounds__(256) grouped_gemm_simt(
-    const float* __restrict__ a, const float* __restrict__ b, const int* __restrict__ offsets,
-    float* __restrict__ out, int M, int N, int K, int n_groups, long long sbn, long long sbk) {
-    gg_simt_body<float>(a, b, offsets, out, M, N, K, n_groups, sbn, sbk);
-}
-extern "C" __global__ void __launch_bounds__(256) grouped_gemm_simt_bf16(
-    const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const int* __restrict__ offsets,
-    unsigned short* __restrict__ out, int M, int N, int K, int n_groups, long long sbn, long long sbk) {
-    gg_simt_body<unsigned short>(a, b, offsets, out, M, N, K, n_groups, sbn, sbk);
-}
+PK_IO_KERNELS(grouped_gemm_simt, (256), (const T* __restrict__ a, const T* __restrict__ b,
+              const int* __restrict__ offsets, T* __restrict__ out, int M, int N, int K, int n_groups, long long sbn,
+              long long sbk), (a, b, offsets, out, M, N, K, n_groups, sbn, sbk))
 
 // dW: out[e][i, j] = sum over the rows m of group e of a[m, i] * b[m, j] (a [M, N1], b [M, N2], out
 // [E, N1, N2]). Grid (N2 tiles, N1 tiles, E): each output tile is one CTA's, written once, so the
@@ -511,6 +473,7 @@ extern "C" __global__ void __launch_bounds__(256) grouped_gemm_wgrad(
 // One k-tile from shared memory: 2 k-steps of 4 A (ldmatrix.x4) and 4 B fragments (ldmatrix.x4, two
 // n8 tiles each) feeding 32 MMAs. Addresses are the shared base plus 32-bit byte offsets: a_off /
 // b_off per lane, the rest immediates.
+template <typename T>
 __device__ __forceinline__ void gg_tc_ktile(const unsigned short* smem, unsigned int a_off, unsigned int b_off,
                                             float (&acc)[4][8][4]) {
 #pragma unroll
@@ -524,7 +487,7 @@ __device__ __forceinline__ void gg_tc_ktile(const unsigned short* smem, unsigned
         for (int mt = 0; mt < 4; mt++)
 #pragma unroll
             for (int nt = 0; nt < 8; nt++)
-                pk_mma_m16n8k16_bf16(acc[mt][nt], af[mt], &bfr[nt >> 1][(nt & 1) * 2], acc[mt][nt]);
+                pk_mma_m16n8k16<T>(acc[mt][nt], af[mt], &bfr[nt >> 1][(nt & 1) * 2], acc[mt][nt]);
     }
 }
 
@@ -542,7 +505,7 @@ __device__ __forceinline__ void gg_tc_copy(unsigned short* smem, unsigned int st
 // Four k-tiles kt..kt+3 (kt a multiple of 4, so tile kt+u sits in stage u and its refill, tile kt+u+3,
 // goes to stage (u+3)%4): every shared address is an immediate. GUARD: refills past the last full tile
 // are skipped (the drain); without it the loop body has no branch but its own.
-template <bool GUARD>
+template <typename T, bool GUARD>
 __device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int st_off, unsigned int a_ld,
                                              unsigned int b_ld, const unsigned short* const (&pa)[4],
                                              const unsigned short* const (&pb)[4], int kt, int nk_full,
@@ -554,14 +517,18 @@ __device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int 
         if (!GUARD || kt + u + GG_ST - 1 < nk_full)
             gg_tc_copy(smem, st_off + ((u + GG_ST - 1) & (GG_ST - 1)) * GG_STAGE_B, pa, pb, (u + GG_ST - 1) * GG_BK);
         pk_cp_async_commit();
-        gg_tc_ktile(smem, a_ld + u * GG_STAGE_B, b_ld + u * GG_STAGE_B, acc);
+        gg_tc_ktile<T>(smem, a_ld + u * GG_STAGE_B, b_ld + u * GG_STAGE_B, acc);
     }
 }
 
-template <int EPI>
-__device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a, const unsigned short* __restrict__ b,
-                                           const int* __restrict__ offsets, unsigned short* __restrict__ out,
+// T (__nv_bfloat16 or __half) picks the mma and the epilogue's narrowing; the copies move raw 16-bit words.
+template <typename T, int EPI>
+__device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __restrict__ b_,
+                                           const int* __restrict__ offsets, T* __restrict__ out_,
                                            int M, int N, int K, int n_groups, int act) {
+    const unsigned short* __restrict__ a = reinterpret_cast<const unsigned short*>(a_);
+    const unsigned short* __restrict__ b = reinterpret_cast<const unsigned short*>(b_);
+    unsigned short* __restrict__ out = reinterpret_cast<unsigned short*>(out_);
     extern __shared__ __align__(16) unsigned short gg_smem[];
     __shared__ int info[3];
     moe_cta_tile(offsets, n_groups, GG_BM, blockIdx.x, info);
@@ -617,13 +584,13 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
         int kt = 0;
         // The steady-state loop: four k-tiles per trip, no refill guard (tile kt + 6 exists).
         for (; kt + 4 + GG_ST - 1 <= nk_full; kt += 4) {
-            gg_tc_4tiles<false>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
+            gg_tc_4tiles<T, false>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
 #pragma unroll
             for (int i = 0; i < 4; i++) pa[i] += 4 * GG_BK, pb[i] += 4 * GG_BK;
         }
         // Drain: whole groups of four with the guard, then single tiles (no refills remain).
         for (; kt + 4 <= nk_full; kt += 4) {
-            gg_tc_4tiles<true>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
+            gg_tc_4tiles<T, true>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
 #pragma unroll
             for (int i = 0; i < 4; i++) pa[i] += 4 * GG_BK, pb[i] += 4 * GG_BK;
         }
@@ -632,7 +599,7 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
             __syncthreads();
             pk_cp_async_commit();
             const unsigned int so = (kt & (GG_ST - 1)) * GG_STAGE_B;
-            gg_tc_ktile(gg_smem, a_ld * 2 + so, b_ld * 2 + so, acc);
+            gg_tc_ktile<T>(gg_smem, a_ld * 2 + so, b_ld * 2 + so, acc);
         }
         pk_cp_async_wait_all();
         __syncthreads();  // stage 0 is free for the remainder
@@ -668,7 +635,7 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
                 make_uint4(wb[0], wb[1], wb[2], wb[3]);
         }
         __syncthreads();
-        gg_tc_ktile(gg_smem, a_ldb, b_ldb, acc);
+        gg_tc_ktile<T>(gg_smem, a_ldb, b_ldb, acc);
         __syncthreads();
     }
 
@@ -688,10 +655,10 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
                     const int n = n0 + wn * 64 + nt * 8 + 2 * t;
                     const float x0 = acc[mt][nt][2 * h], x1 = acc[mt][nt][2 * h + 1];
                     if (pair && n + 1 < N) {
-                        *reinterpret_cast<unsigned int*>(out + (long long)m * N + n) = pk_float2_to_bf16x2(x0, x1);
+                        *reinterpret_cast<unsigned int*>(out + (long long)m * N + n) = Pk16<T>::narrow2(x0, x1);
                     } else {
-                        if (n < N) out[(long long)m * N + n] = pk_float_to_bf16(x0);
-                        if (n + 1 < N) out[(long long)m * N + n + 1] = pk_float_to_bf16(x1);
+                        if (n < N) out[(long long)m * N + n] = Pk16<T>::narrow(x0);
+                        if (n + 1 < N) out[(long long)m * N + n + 1] = Pk16<T>::narrow(x1);
                     }
                 }
             }
@@ -709,10 +676,10 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
                     const float x0 = moe_act_f(acc[mt][nt][2 * h], act) * acc[mt][nt + 4][2 * h];
                     const float x1 = moe_act_f(acc[mt][nt][2 * h + 1], act) * acc[mt][nt + 4][2 * h + 1];
                     if (pair && n + 1 < inter) {
-                        *reinterpret_cast<unsigned int*>(out + (long long)m * inter + n) = pk_float2_to_bf16x2(x0, x1);
+                        *reinterpret_cast<unsigned int*>(out + (long long)m * inter + n) = Pk16<T>::narrow2(x0, x1);
                     } else {
-                        if (n < inter) out[(long long)m * inter + n] = pk_float_to_bf16(x0);
-                        if (n + 1 < inter) out[(long long)m * inter + n + 1] = pk_float_to_bf16(x1);
+                        if (n < inter) out[(long long)m * inter + n] = Pk16<T>::narrow(x0);
+                        if (n + 1 < inter) out[(long long)m * inter + n + 1] = Pk16<T>::narrow(x1);
                     }
                 }
             }
@@ -721,20 +688,32 @@ __device__ __forceinline__ void gg_tc_body(const unsigned short* __restrict__ a,
 
 #endif  // sm_80+
 
-// mma .bf16 needs sm_80: the sm_75 build has entry points that trap (the ops use grouped_gemm_simt_bf16).
+// mma .bf16 / .f16 need sm_80: the sm_75 build has entry points that trap (the ops use grouped_gemm_simt_*).
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                     const int* __restrict__ offsets, T* __restrict__ out, int M,
+                                                     int N, int K, int n_groups, int act) {
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define GG_TC_BODY(EPI, ACT) __trap();
+    __trap();
 #else
-#define GG_TC_BODY(EPI, ACT) gg_tc_body<EPI>(a, b, offsets, out, M, N, K, n_groups, ACT);
+    gg_tc_body<T, 0>(a, b, offsets, out, M, N, K, n_groups, act);
 #endif
-
-extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) grouped_gemm_tc_bf16(
-    const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const int* __restrict__ offsets,
-    unsigned short* __restrict__ out, int M, int N, int K, int n_groups) {
-    GG_TC_BODY(0, 0)
 }
-extern "C" __global__ void __launch_bounds__(GG_THREADS, 1) moe_gemm_act_tc_bf16(
-    const unsigned short* __restrict__ a, const unsigned short* __restrict__ b, const int* __restrict__ offsets,
-    unsigned short* __restrict__ out, int M, int N, int K, int n_groups, int act) {
-    GG_TC_BODY(1, act)
+template <typename T>
+__device__ __forceinline__ void moe_gemm_act_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                     const int* __restrict__ offsets, T* __restrict__ out, int M,
+                                                     int N, int K, int n_groups, int act) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+    __trap();
+#else
+    gg_tc_body<T, 1>(a, b, offsets, out, M, N, K, n_groups, act);
+#endif
 }
+#define GG_TC_PARAMS                                                                                           \
+    (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
+     int M, int N, int K, int n_groups)
+PK_IO16_KERNELS(grouped_gemm_tc, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, offsets, out, M, N, K, n_groups, 0))
+#define GG_TC_ACT_PARAMS                                                                                       \
+    (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
+     int M, int N, int K, int n_groups, int act)
+PK_IO16_KERNELS(moe_gemm_act_tc, (GG_THREADS, 1), GG_TC_ACT_PARAMS, (a, b, offsets, out, M, N, K, n_groups, act))

@@ -39,165 +39,83 @@
 // register count on sm_86/89/100 and spilled a few bytes (measured); with it, 0 spills everywhere.
 #define PA_MIN_BLOCKS 1
 
-// Entry points. Suffixes: none = f32 q/out and f32 K/V; _bf16 = bf16 everywhere;
-// _bf16kv = f32 q/out over bf16 K/V; _e4m3kv / _e5m2kv = f32 q/out over an FP8 cache,
-// _bf16_e4m3kv / _bf16_e5m2kv = bf16 q/out over an FP8 cache. K/V element (page, token, head, d)
+// Entry points, each family written once over the query/output type T and the cache type TK
+// (pk_common.cuh's macros; the registry reads the parameter-list macros below). Suffixes: none = f32 q/out
+// and f32 K/V; _bf16 / _f16 = that type everywhere; _bf16kv / _f16kv = f32 q/out over a 16-bit cache;
+// [_bf16|_f16]_e4m3kv / _e5m2kv = f32 (bf16, f16) q/out over an FP8 cache. K/V element (page, token, head, d)
 // is at page * s_page + token * s_tok + head * s_head + d (64-bit element strides: the op passes a
 // view's own strides, so FlashInfer's combined (pages, 2, ...) cache is read through cache[:, 0]
 // and cache[:, 1] without a copy). K and V count as k_scale * K and v_scale * V (FP8 scales).
 // Dynamic shared memory (floats):
 // tile*(2*head_dim+1) + rows*head_dim + rows*tile + 3*rows (pykern/ops/serving.py).
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn(const float* __restrict__ q,
-        const float* __restrict__ k_pages, const float* __restrict__ v_pages, float* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
+#define PA_BOUNDS (PA_NT, PA_MIN_BLOCKS)
+#define PA_PAGED_PARAMS                                                                                        \
+    (const T* __restrict__ q, const TKS* __restrict__ k_pages, const TKS* __restrict__ v_pages,                \
+     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
+     const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, \
+     const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size, \
+     long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right,       \
+     int rows, int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, \
+     float v_scale)
+#define PA_PAGED_ARGS                                                                                          \
+    (q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len,      \
+     num_qo_heads, num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, q_mode, window_left, window_right, \
+     rows, tile, num_splits, total_q, write_lse, scale, softcap, k_scale, v_scale)
+template <typename T, typename TK = T, typename TS>
+__device__ __forceinline__ void paged_attn_impl(const T* __restrict__ q, const TS* __restrict__ k_pages,
+        const TS* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+        float* __restrict__ part_lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+        const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+        int num_kv_heads, int head_dim, int page_size, long long s_page, long long s_tok, long long s_head,
+        int q_mode, int window_left, int window_right, int rows, int tile, int num_splits, int total_q,
+        int write_lse, float scale, float softcap, float k_scale, float v_scale) {
     extern __shared__ __align__(16) float smem[];
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<float, float, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
+    pa_body<T, TK, PagedKV>(q, reinterpret_cast<const TK*>(k_pages), reinterpret_cast<const TK*>(v_pages), out, lse,
+                            part_o, part_lse, qo_indptr, kv, a, smem);
 }
+PK_IO_KERNELS(paged_attn, PA_BOUNDS, PA_PAGED_PARAMS, PA_PAGED_ARGS)
+PK_KV16_KERNELS(paged_attn, PA_BOUNDS, PA_PAGED_PARAMS, PA_PAGED_ARGS)
+PK_FP8KV_KERNELS(paged_attn, PA_BOUNDS, PA_PAGED_PARAMS, PA_PAGED_ARGS)
 
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k_pages, const unsigned short* __restrict__ v_pages, unsigned short* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ __align__(16) float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<unsigned short, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16kv(const float* __restrict__ q,
-        const unsigned short* __restrict__ k_pages, const unsigned short* __restrict__ v_pages, float* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ __align__(16) float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<float, unsigned short, PagedKV>(q, k_pages, v_pages, out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_e4m3kv(const float* __restrict__ q,
-        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, float* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ __align__(16) float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<float, PkE4M3, PagedKV>(q, reinterpret_cast<const PkE4M3*>(k_pages), reinterpret_cast<const PkE4M3*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_e5m2kv(const float* __restrict__ q,
-        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, float* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ __align__(16) float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<float, PkE5M2, PagedKV>(q, reinterpret_cast<const PkE5M2*>(k_pages), reinterpret_cast<const PkE5M2*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16_e4m3kv(const unsigned short* __restrict__ q,
-        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, unsigned short* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ __align__(16) float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<unsigned short, PkE4M3, PagedKV>(q, reinterpret_cast<const PkE4M3*>(k_pages), reinterpret_cast<const PkE4M3*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) paged_attn_bf16_e5m2kv(const unsigned short* __restrict__ q,
-        const unsigned char* __restrict__ k_pages, const unsigned char* __restrict__ v_pages, unsigned short* __restrict__ out,
-        float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,
-        const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int head_dim, int page_size,
-        long long s_page, long long s_tok, long long s_head, int q_mode, int window_left, int window_right, int rows,
-        int tile, int num_splits, int total_q, int write_lse, float scale, float softcap, float k_scale, float v_scale) {
-    extern __shared__ __align__(16) float smem[];
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, 0, num_splits > 1, k_scale, v_scale};
-    pa_body<unsigned short, PkE5M2, PagedKV>(q, reinterpret_cast<const PkE5M2*>(k_pages), reinterpret_cast<const PkE5M2*>(v_pages), out, lse, part_o, part_lse, qo_indptr, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn(const float* __restrict__ q,
-        const float* __restrict__ k, const float* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
-        const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
-        int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
-        int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
-        int write_lse, float scale, float softcap) {
+#define PA_DENSE_PARAMS                                                                                        \
+    (const T* __restrict__ q, const TKS* __restrict__ k, const TKS* __restrict__ v, T* __restrict__ out,       \
+     float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,                        \
+     const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,                               \
+     const unsigned int* __restrict__ seq_lens, int num_qo_heads, int num_kv_heads, int head_dim, long long s_b, \
+     long long s_tok, long long s_head, int max_len, int q_mode, int k_mode, int window_left, int window_right, \
+     int rows, int tile, int num_splits, int chunk, int total_q, int write_lse, float scale, float softcap)
+#define PA_DENSE_ARGS                                                                                          \
+    (q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, cu_seqlens_k, seq_lens, num_qo_heads, num_kv_heads,    \
+     head_dim, s_b, s_tok, s_head, max_len, q_mode, k_mode, window_left, window_right, rows, tile, num_splits, \
+     chunk, total_q, write_lse, scale, softcap)
+template <typename T, typename TK = T>
+__device__ __forceinline__ void dense_attn_impl(const T* __restrict__ q, const TK* __restrict__ k,
+        const TK* __restrict__ v, T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+        float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k,
+        const unsigned int* __restrict__ seq_lens, int num_qo_heads, int num_kv_heads, int head_dim, long long s_b,
+        long long s_tok, long long s_head, int max_len, int q_mode, int k_mode, int window_left, int window_right,
+        int rows, int tile, int num_splits, int chunk, int total_q, int write_lse, float scale, float softcap) {
     extern __shared__ __align__(16) float smem[];
     DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
     PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
                 total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
-    pa_body<float, float, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
+    pa_body<T, TK, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
 }
+PK_IO_KERNELS(dense_attn, PA_BOUNDS, PA_DENSE_PARAMS, PA_DENSE_ARGS)
+PK_KV16_KERNELS(dense_attn, PA_BOUNDS, PA_DENSE_PARAMS, PA_DENSE_ARGS)
 
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf16(const unsigned short* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, unsigned short* __restrict__ out, float* __restrict__ lse,
-        float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
-        const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
-        int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
-        int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
-        int write_lse, float scale, float softcap) {
-    extern __shared__ __align__(16) float smem[];
-    DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
-    pa_body<unsigned short, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT, PA_MIN_BLOCKS) dense_attn_bf16kv(const float* __restrict__ q,
-        const unsigned short* __restrict__ k, const unsigned short* __restrict__ v, float* __restrict__ out, float* __restrict__ lse,
-        float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ cu_seqlens_q,
-        const int* __restrict__ cu_seqlens_k, const unsigned int* __restrict__ seq_lens, int num_qo_heads,
-        int num_kv_heads, int head_dim, long long s_b, long long s_tok, long long s_head, int max_len, int q_mode,
-        int k_mode, int window_left, int window_right, int rows, int tile, int num_splits, int chunk, int total_q,
-        int write_lse, float scale, float softcap) {
-    extern __shared__ __align__(16) float smem[];
-    DenseKV kv = pa_dense_kv(cu_seqlens_k, seq_lens, k_mode, max_len, s_b, s_tok, s_head);
-    PaArgs a = {num_qo_heads, num_kv_heads, head_dim, q_mode, window_left, window_right, rows, tile, num_splits,
-                total_q, write_lse, scale, softcap, chunk, num_splits > 1, 1.0f, 1.0f};
-    pa_body<float, unsigned short, DenseKV>(q, k, v, out, lse, part_o, part_lse, cu_seqlens_q, kv, a, smem);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_merge(const float* __restrict__ part_o,
-        const float* __restrict__ part_lse, float* __restrict__ out, float* __restrict__ lse, long long total_rows,
+template <typename T>
+__device__ __forceinline__ void paged_attn_merge_impl(const float* __restrict__ part_o,
+        const float* __restrict__ part_lse, T* __restrict__ out, float* __restrict__ lse, long long total_rows,
         int head_dim, int num_splits, int write_lse) {
-    pa_merge<float>(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse);
+    pa_merge<T>(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse);
 }
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_attn_merge_bf16(const float* __restrict__ part_o,
-        const float* __restrict__ part_lse, unsigned short* __restrict__ out, float* __restrict__ lse,
-        long long total_rows, int head_dim, int num_splits, int write_lse) {
-    pa_merge<unsigned short>(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse);
-}
+PK_IO_KERNELS(paged_attn_merge, (PA_NT), (const float* __restrict__ part_o, const float* __restrict__ part_lse,
+              T* __restrict__ out, float* __restrict__ lse, long long total_rows, int head_dim, int num_splits,
+              int write_lse), (part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse))
 
 // ---------------------------------------------------------------------------
 // KV append: token t of k, v [nnz, num_kv_heads, head_dim] goes to position
@@ -279,56 +197,19 @@ __device__ __forceinline__ void pa_append(const TI* __restrict__ k, const TI* __
     }
 }
 
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv(const float* __restrict__ k,
-        const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
-        float* __restrict__ k_pages, float* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
-        long long s_tok, long long s_head, float k_scale, float v_scale) {
-    pa_append<float, float, float>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
+#define PA_APPEND_PARAMS                                                                                       \
+    (const T* __restrict__ k, const T* __restrict__ v, const int* __restrict__ batch_indices,                  \
+     const int* __restrict__ positions, TKS* __restrict__ k_pages, TKS* __restrict__ v_pages,                  \
+     const int* __restrict__ kv_indices, const int* __restrict__ kv_indptr, int batch, int num_kv_heads,       \
+     int head_dim, int page_size, long long s_page, long long s_tok, long long s_head, float k_scale,           \
+     float v_scale)
+#define PA_APPEND_ARGS                                                                                         \
+    (k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch, num_kv_heads, head_dim,   \
+     page_size, s_page, s_tok, s_head, k_scale, v_scale)
+template <typename T, typename TK = T, typename TS, typename... A>
+__device__ __forceinline__ void paged_append_kv_impl(const T* k, const T* v, const int* batch_indices,
+                                                     const int* positions, TS* k_pages, TS* v_pages, A... a) {
+    pa_append<T, TK, TS>(k, v, batch_indices, positions, k_pages, v_pages, a...);
 }
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16(const unsigned short* __restrict__ k,
-        const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
-        unsigned short* __restrict__ k_pages, unsigned short* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
-        long long s_tok, long long s_head, float k_scale, float v_scale) {
-    pa_append<unsigned short, unsigned short, unsigned short>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_e4m3(const float* __restrict__ k,
-        const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
-        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
-        long long s_tok, long long s_head, float k_scale, float v_scale) {
-    pa_append<float, PkE4M3, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_e5m2(const float* __restrict__ k,
-        const float* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
-        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
-        long long s_tok, long long s_head, float k_scale, float v_scale) {
-    pa_append<float, PkE5M2, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16_e4m3(const unsigned short* __restrict__ k,
-        const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
-        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
-        long long s_tok, long long s_head, float k_scale, float v_scale) {
-    pa_append<unsigned short, PkE4M3, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
-}
-
-extern "C" __global__ void __launch_bounds__(PA_NT) paged_append_kv_bf16_e5m2(const unsigned short* __restrict__ k,
-        const unsigned short* __restrict__ v, const int* __restrict__ batch_indices, const int* __restrict__ positions,
-        unsigned char* __restrict__ k_pages, unsigned char* __restrict__ v_pages, const int* __restrict__ kv_indices,
-        const int* __restrict__ kv_indptr, int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
-        long long s_tok, long long s_head, float k_scale, float v_scale) {
-    pa_append<unsigned short, PkE5M2, unsigned char>(k, v, batch_indices, positions, k_pages, v_pages, kv_indices, kv_indptr, batch,
-                              num_kv_heads, head_dim, page_size, s_page, s_tok, s_head, k_scale, v_scale);
-}
+PK_IO_KERNELS(paged_append_kv, (PA_NT), PA_APPEND_PARAMS, PA_APPEND_ARGS)
+PK_FP8_KERNELS(paged_append_kv, (PA_NT), PA_APPEND_PARAMS, PA_APPEND_ARGS)

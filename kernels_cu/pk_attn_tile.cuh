@@ -89,18 +89,18 @@ template <> struct PaLoad<float, 4> {
         o[0] = x.x; o[1] = x.y; o[2] = x.z; o[3] = x.w;
     }
 };
-template <> struct PaLoad<unsigned short, 1> {
-    static __device__ __forceinline__ void run(const unsigned short* p, float* o) { o[0] = pk_bf16_to_float(p[0]); }
+// The 16-bit floats (__nv_bfloat16, __half; Pk16<T> in pk_common.cuh): 8 elements a 16-byte load.
+template <typename T> struct PaLoad<T, 1> {
+    static __device__ __forceinline__ void run(const T* p, float* o) {
+        o[0] = Pk16<T>::widen(reinterpret_cast<const unsigned short*>(p)[0]);
+    }
 };
-template <> struct PaLoad<unsigned short, 8> {
-    static __device__ __forceinline__ void run(const unsigned short* p, float* o) {
+template <typename T> struct PaLoad<T, 8> {
+    static __device__ __forceinline__ void run(const T* p, float* o) {
         const uint4 x = *reinterpret_cast<const uint4*>(p);
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-            o[2 * i] = __int_as_float((int)(w[i] << 16));
-            o[2 * i + 1] = __int_as_float((int)(w[i] & 0xffff0000u));
-        }
+        for (int i = 0; i < 4; ++i) Pk16<T>::widen2(w[i], o[2 * i], o[2 * i + 1]);
     }
 };
 // FP8: 16 elements a 16-byte load, widened two at a time (cvt.rn.f16x2.<fp8>x2 on sm_89+).
@@ -141,11 +141,7 @@ template <> struct PaLoad<PkE5M2, 16> {
     static __device__ __forceinline__ void run(const PkE5M2* p, float* o) { PaLoadFp8<PkE5M2>::run16(p, o); }
 };
 
-template <typename T> struct PaVec;
-template <> struct PaVec<float> { static constexpr int V = 4; };
-template <> struct PaVec<unsigned short> { static constexpr int V = 8; };
-template <> struct PaVec<PkE4M3> { static constexpr int V = 16; };
-template <> struct PaVec<PkE5M2> { static constexpr int V = 16; };
+template <typename T> struct PaVec { static constexpr int V = 16 / (int)sizeof(T); };  // one 16-byte load
 
 // K/V stay in their cache type in shared memory (bf16 stays bf16, fp8 stays fp8) and are widened
 // to fp32 when read into registers. A ring of PA_STAGES slots, each K then V: T rows of PA_RS(D)
@@ -155,14 +151,13 @@ template <> struct PaVec<PkE5M2> { static constexpr int V = 16; };
 __host__ __device__ __forceinline__ int pa_row_bytes(int d, int eb) { return ((d * eb + 15) / 16) * 16 + 16; }
 
 // One element of a shared-memory row, widened.
-template <typename T> struct PaElem;
+template <typename T> struct PaElem {  // the 16-bit floats
+    static __device__ __forceinline__ float get(const unsigned char* r, int d) {
+        return Pk16<T>::widen(reinterpret_cast<const unsigned short*>(r)[d]);
+    }
+};
 template <> struct PaElem<float> {
     static __device__ __forceinline__ float get(const unsigned char* r, int d) { return reinterpret_cast<const float*>(r)[d]; }
-};
-template <> struct PaElem<unsigned short> {
-    static __device__ __forceinline__ float get(const unsigned char* r, int d) {
-        return __int_as_float((int)((unsigned int)reinterpret_cast<const unsigned short*>(r)[d] << 16));
-    }
 };
 // FP8: the pair conversion with a zero high byte (one cvt on sm_89+; the software x1 path cost ~20
 // instructions an element in the P V loop, measured in the SASS).

@@ -43,6 +43,7 @@ struct alignas(2) __half {
 #define PK_IO_KERNEL_ONE(name, sym, TT, bounds, params, args)                                     \
     namespace pk_io_##sym {                                                                        \
     typedef TT T;                                                                                  \
+    typedef TT TKS;                                                                                \
     extern "C" __global__ void __launch_bounds__ bounds sym params { name##_impl<T> args; }        \
     }                                                                                              \
     using pk_io_##sym::sym;
@@ -52,6 +53,33 @@ struct alignas(2) __half {
 #define PK_IO_KERNELS(name, bounds, params, args)                                                  \
     PK_IO_KERNEL_ONE(name, name, float, bounds, params, args)                                      \
     PK_IO16_KERNELS(name, bounds, params, args)
+// Families over a query/output type T and a separate K/V cache element type TK (kernels_cu/paged.cu): the
+// kernel calls name_impl<T, TK>(args...), and its parameters spell the cache pointers with TKS, TK's storage
+// type (an FP8 cache travels as bytes; PkE4M3 / PkE5M2 are pk_attn_tile.cuh's tags). In PK_IO_KERNELS /
+// PK_IO16_KERNELS families TKS is T, so one parameter list serves both. pykern/registry.py's
+// KV_INSTANTIATIONS lists the same suffixes and types.
+#define PK_KV_KERNEL_ONE(name, sym, TT, KK, KS, bounds, params, args)                              \
+    namespace pk_io_##sym {                                                                        \
+    typedef TT T;                                                                                  \
+    typedef KK TK;                                                                                 \
+    typedef KS TKS;                                                                                \
+    extern "C" __global__ void __launch_bounds__ bounds sym params { name##_impl<T, TK> args; }    \
+    }                                                                                              \
+    using pk_io_##sym::sym;
+// f32 queries over a 16-bit cache: name_bf16kv, name_f16kv.
+#define PK_KV16_KERNELS(name, bounds, params, args)                                                \
+    PK_KV_KERNEL_ONE(name, name##_bf16kv, float, __nv_bfloat16, __nv_bfloat16, bounds, params, args) \
+    PK_KV_KERNEL_ONE(name, name##_f16kv, float, __half, __half, bounds, params, args)
+// Every query type over an FP8 cache: name{,_bf16,_f16}_{e4m3,e5m2}##tail (tail: kv or nothing).
+#define PK_FP8_KERNELS_TAIL(name, tail, bounds, params, args)                                      \
+    PK_KV_KERNEL_ONE(name, name##_e4m3##tail, float, PkE4M3, unsigned char, bounds, params, args)   \
+    PK_KV_KERNEL_ONE(name, name##_e5m2##tail, float, PkE5M2, unsigned char, bounds, params, args)   \
+    PK_KV_KERNEL_ONE(name, name##_bf16_e4m3##tail, __nv_bfloat16, PkE4M3, unsigned char, bounds, params, args) \
+    PK_KV_KERNEL_ONE(name, name##_bf16_e5m2##tail, __nv_bfloat16, PkE5M2, unsigned char, bounds, params, args) \
+    PK_KV_KERNEL_ONE(name, name##_f16_e4m3##tail, __half, PkE4M3, unsigned char, bounds, params, args) \
+    PK_KV_KERNEL_ONE(name, name##_f16_e5m2##tail, __half, PkE5M2, unsigned char, bounds, params, args)
+#define PK_FP8KV_KERNELS(name, bounds, params, args) PK_FP8_KERNELS_TAIL(name, kv, bounds, params, args)
+#define PK_FP8_KERNELS(name, bounds, params, args) PK_FP8_KERNELS_TAIL(name, , bounds, params, args)
 #define PK_IO_VARIANT(name, body, ...)                                                             \
     template <typename T, typename... PkA>                                                         \
     __device__ __forceinline__ void name##_impl(PkA... a) { body<T, __VA_ARGS__>(a...); }

@@ -22,7 +22,8 @@
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: a block scan over the row in vocabulary order, stopping at the chunk that holds it.
 //
-// Rows are read in 16-byte vectors (4 f32 or 8 bf16) when the row length is a multiple of the
+// Each family is written once over the element type (f32, bf16, f16: PK_IO_KERNELS). Rows are read in
+// 16-byte vectors (4 f32 or 8 bf16 / f16) when the row length is a multiple of the
 // vector and the pointers are aligned, else one element per thread; offsets are 64-bit.
 #include "pk_vec.cuh"
 
@@ -389,13 +390,17 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     if (threadIdx.x == 0) { out[b] = s.found >= 0 ? s.found : 0; valid[b] = s.found >= 0; }
 }
 
+// flags: SPF_* above. Per-row parameter arrays are indexed by the output row; seed_arr and
+// offset_arr hold (lo, hi) 32-bit word pairs per row. Absent arrays are 1-element dummies.
 template <typename T>
-__device__ void sp_sample(const T* __restrict__ probs, int* __restrict__ out, unsigned char* __restrict__ valid,
-                          const int* __restrict__ indices, const int* __restrict__ top_k_arr,
-                          const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
-                          const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
-                          int vocab, const SpArgs& a) {
+__device__ void sampling_from_probs_impl(const T* __restrict__ probs, int* __restrict__ out,
+        unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
+        const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
+        int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int offset_lo, unsigned int offset_hi) {
     __shared__ SpShared s;
+    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi};
     const int b = blockIdx.x;
     const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
     const T* row = probs + r * (long long)vocab;
@@ -405,29 +410,14 @@ __device__ void sp_sample(const T* __restrict__ probs, int* __restrict__ out, un
     else
         sp_sample_row<T, 1>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, a, s);
 }
-
-// flags: SPF_* above. Per-row parameter arrays are indexed by the output row; seed_arr and
-// offset_arr hold (lo, hi) 32-bit word pairs per row. Absent arrays are 1-element dummies.
-extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_from_probs(const float* __restrict__ probs,
-        int* __restrict__ out, unsigned char* __restrict__ valid, const int* __restrict__ indices,
-        const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
-        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
-        int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
-        unsigned int offset_lo, unsigned int offset_hi) {
-    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi};
-    sp_sample<float>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, a);
-}
-
-extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_from_probs_bf16(const unsigned short* __restrict__ probs,
-        int* __restrict__ out, unsigned char* __restrict__ valid, const int* __restrict__ indices,
-        const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
-        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
-        int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
-        unsigned int offset_lo, unsigned int offset_hi) {
-    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi};
-    sp_sample<unsigned short>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr,
-                              vocab, a);
-}
+PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), (const T* __restrict__ probs, int* __restrict__ out,
+              unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
+              const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+              const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab,
+              int flags, int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
+              unsigned int offset_lo, unsigned int offset_hi),
+              (probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
+               top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi))
 
 // ------------------------------------------------------------------------------ renorm / mask
 template <typename T, int VEC>
@@ -500,9 +490,11 @@ __device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, lon
     }
 }
 
+// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR.
 template <typename T>
-__device__ void sp_renorm(const T* __restrict__ probs, T* __restrict__ out, const int* __restrict__ top_k_arr,
-                          const float* __restrict__ top_p_arr, int vocab, int flags, int top_k_val, float top_p_val) {
+__device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __restrict__ out,
+                                           const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,
+                                           int vocab, int flags, int top_k_val, float top_p_val) {
     __shared__ SpShared s;
     const int b = blockIdx.x;
     const long long off = (long long)b * vocab;
@@ -512,23 +504,15 @@ __device__ void sp_renorm(const T* __restrict__ probs, T* __restrict__ out, cons
     else
         sp_renorm_row<T, 1>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
 }
+PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 1), (const T* __restrict__ probs, T* __restrict__ out,
+              const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab, int flags,
+              int top_k_val, float top_p_val), (probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val))
 
-// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR.
-extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_renorm_probs(const float* __restrict__ probs,
-        float* __restrict__ out, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab,
-        int flags, int top_k_val, float top_p_val) {
-    sp_renorm<float>(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val);
-}
-
-extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_renorm_probs_bf16(const unsigned short* __restrict__ probs,
-        unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,
-        int vocab, int flags, int top_k_val, float top_p_val) {
-    sp_renorm<unsigned short>(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val);
-}
-
+// flags: SRF_K_ARR. Keeps the entries >= the k-th largest logit, the rest become -inf.
 template <typename T>
-__device__ void sp_mask(const T* __restrict__ logits, T* __restrict__ out, const int* __restrict__ top_k_arr,
-                        int vocab, int flags, int top_k_val) {
+__device__ void sampling_top_k_mask_logits_impl(const T* __restrict__ logits, T* __restrict__ out,
+                                                const int* __restrict__ top_k_arr, int vocab, int flags,
+                                                int top_k_val) {
     __shared__ SpShared s;
     const int b = blockIdx.x;
     const long long off = (long long)b * vocab;
@@ -539,14 +523,6 @@ __device__ void sp_mask(const T* __restrict__ logits, T* __restrict__ out, const
     else
         sp_mask_row<T, 1>(logits + off, out + off, vocab, k, s);
 }
-
-// flags: SRF_K_ARR. Keeps the entries >= the k-th largest logit, the rest become -inf.
-extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_top_k_mask_logits(const float* __restrict__ logits,
-        float* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
-    sp_mask<float>(logits, out, top_k_arr, vocab, flags, top_k_val);
-}
-
-extern "C" __global__ void __launch_bounds__(SP_NT, 1) sampling_top_k_mask_logits_bf16(const unsigned short* __restrict__ logits,
-        unsigned short* __restrict__ out, const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val) {
-    sp_mask<unsigned short>(logits, out, top_k_arr, vocab, flags, top_k_val);
-}
+PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 1), (const T* __restrict__ logits, T* __restrict__ out,
+              const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val),
+              (logits, out, top_k_arr, vocab, flags, top_k_val))

@@ -6,6 +6,7 @@ import re
 import warnings
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Callable
 
 from . import cmacros
 from .ctypes_ import ALIASES, POINTEE_DTYPES, SCALARS
@@ -39,7 +40,24 @@ IO_INSTANTIATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "PK_IO_KERNELS": (("", "float"), ("_bf16", "__nv_bfloat16"), ("_f16", "__half")),
     "PK_IO16_KERNELS": (("_bf16", "__nv_bfloat16"), ("_f16", "__half")),
 }
-_IO_CALL = re.compile(r"^[ \t]*(" + "|".join(IO_INSTANTIATIONS) + r")\s*\(", re.M)
+# Families over a query type T and a K/V cache type whose storage type TKS spells the cache pointers
+# (kernels_cu/paged.cu): (suffix, T, TKS). In the IO_INSTANTIATIONS families above TKS is T.
+_FP8 = (("float", ""), ("__nv_bfloat16", "_bf16"), ("__half", "_f16"))
+KV_INSTANTIATIONS: dict[str, tuple[tuple[str, str, str], ...]] = {
+    "PK_KV16_KERNELS": (("_bf16kv", "float", "__nv_bfloat16"), ("_f16kv", "float", "__half")),
+    "PK_FP8KV_KERNELS": tuple((f"{q}_{f}kv", t, "unsigned char") for t, q in _FP8 for f in ("e4m3", "e5m2")),
+    "PK_FP8_KERNELS": tuple((f"{q}_{f}", t, "unsigned char") for t, q in _FP8 for f in ("e4m3", "e5m2")),
+}
+
+
+def instantiations(macro: str) -> tuple[tuple[str, str, str], ...]:
+    """(suffix, T, TKS) of every kernel one call of an instantiation macro makes."""
+    if macro in KV_INSTANTIATIONS:
+        return KV_INSTANTIATIONS[macro]
+    return tuple((sfx, t, t) for sfx, t in IO_INSTANTIATIONS[macro])
+
+
+_IO_CALL = re.compile(r"^[ \t]*(" + "|".join([*IO_INSTANTIATIONS, *KV_INSTANTIATIONS]) + r")\s*\(", re.M)
 
 
 class RegistryWarning(UserWarning):
@@ -175,9 +193,25 @@ def _split_call(text: str, open_at: int) -> tuple[list[str], int]:
     raise RegistryError("unbalanced parentheses")
 
 
-def _io_kernels(text: str) -> list[tuple[int, str, str, str]]:
-    """(offset, name, attrs, parameter list) of every instantiation of the PK_IO*_KERNELS calls in `text`."""
+def _list_arg(arg: str, macros: dict[str, cmacros.Macro]) -> str | None:
+    """A parenthesized list argument as written, or the body of the object-like macro it names
+    (`#define PA_PARAMS (const T* q, ...)`: a family states its parameter list once); None if neither."""
+    if arg.startswith("(") and arg.endswith(")"):
+        return arg
+    m = macros.get(arg) if re.fullmatch(r"[A-Za-z_]\w*", arg) else None
+    if m is None or m.params is not None or m is cmacros.AMBIGUOUS:
+        return None
+    body = m.body.strip()
+    return body if body.startswith("(") and body.endswith(")") else None
+
+
+def _io_kernels(text: str, macros: Callable[[], dict[str, cmacros.Macro]] = dict) -> list[tuple[int, str, str, str]]:
+    """(offset, name, attrs, parameter list) of every instantiation of the PK_IO*_KERNELS calls in `text`.
+
+    `macros` gives the #defines of the source and its headers, read only when a call names its bounds or
+    parameter list through an object-like macro."""
     out = []
+    table: dict[str, cmacros.Macro] | None = None
     for m in _IO_CALL.finditer(text):
         macro = m.group(1)
         line = text.count("\n", 0, m.start()) + 1
@@ -185,13 +219,19 @@ def _io_kernels(text: str) -> list[tuple[int, str, str, str]]:
             args, _ = _split_call(text, m.end() - 1)
         except RegistryError:
             raise RegistryError(f"line {line}: {macro}: unbalanced parentheses") from None
-        if len(args) != 4 or not re.fullmatch(r"[A-Za-z_]\w*", args[0]) or not all(
-                a.startswith("(") and a.endswith(")") for a in args[1:]):
-            raise RegistryError(f"line {line}: expected {macro}(name, (bounds), (params), (args)), got "
-                                f"{macro}({', '.join(args)})")
-        name, bounds, params = args[0], args[1], args[2][1:-1]
-        for suffix, ctype in IO_INSTANTIATIONS[macro]:
-            out.append((m.start(), name + suffix, f"__launch_bounds__{bounds}", re.sub(r"\bT\b", ctype, params)))
+        lists: list[str | None] = []
+        if len(args) == 4:
+            for a in args[1:]:
+                if not (a.startswith("(") and a.endswith(")")) and table is None:
+                    table = macros()
+                lists.append(_list_arg(a, table or {}))
+        if len(args) != 4 or not re.fullmatch(r"[A-Za-z_]\w*", args[0]) or None in lists[:2]:
+            raise RegistryError(f"line {line}: expected {macro}(name, (bounds), (params), (args)) (or object-like "
+                                f"macros holding those lists), got {macro}({', '.join(args)})")
+        name, bounds, params = args[0], lists[0], lists[1][1:-1]
+        for suffix, ctype, kv_ctype in instantiations(macro):
+            typed = re.sub(r"\bTKS\b", kv_ctype, re.sub(r"\bT\b", ctype, params))
+            out.append((m.start(), name + suffix, f"__launch_bounds__{bounds}", typed))
     return out
 
 
@@ -220,11 +260,18 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
         _skip(f"every kernel of {e}")
         return []
     macros: dict[str, cmacros.Macro] | None = None
+
+    def read_macros() -> dict[str, cmacros.Macro]:
+        nonlocal macros
+        if macros is None:
+            macros = _macros(path, defines)
+        return macros
+
     defines = text  # what _macros reads; the scan below must not see kernels inside macro bodies
     text = _DEFINE.sub(lambda m: re.sub(r"[^\n]", " ", m.group(0)), text)
     found = [(m.start(), m.group(3), f"{m.group(1)} {m.group(2)}".strip(), m.group(4)) for m in _KERNEL.finditer(text)]
     try:
-        found += _io_kernels(text)
+        found += _io_kernels(text, read_macros)
     except RegistryError as e:
         if strict:
             raise RegistryError(f"{path}: {e}") from None
@@ -246,8 +293,8 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
             continue
         max_threads = None
         if attrs:
-            if macros is None and not _LITERAL_BOUNDS.fullmatch(attrs):
-                macros = _macros(path, defines)
+            if not _LITERAL_BOUNDS.fullmatch(attrs):
+                read_macros()
             try:
                 max_threads = cmacros.launch_bounds(attrs, macros or {})
                 if max_threads is not None and max_threads <= 0:

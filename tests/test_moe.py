@@ -53,10 +53,10 @@ def test_route_sigmoid_bias_chooses_but_does_not_weigh() -> None:
     np.testing.assert_allclose(w[0], 1 / (1 + np.exp(-np.array([0.0, 2.0]))), rtol=1e-6)
 
 
-@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
 def test_route_matches_float64(kind: str) -> None:
     rng = np.random.default_rng(1)
-    x = rng.standard_normal((70, 130)).astype(bfloat16() if kind == "bf16" else np.float32)
+    x = rng.standard_normal((70, 130)).astype({"bf16": bfloat16(), "f16": np.float16}.get(kind, np.float32))
     w, ids = ops.moe_route(x, 8, backend=HOST)
     rw, rids = np_moe_route(x, 8)
     np.testing.assert_array_equal(ids, rids)
@@ -87,12 +87,12 @@ GEMM_SHAPES = [  # (group sizes, N, K)
 ]
 
 
-@pytest.mark.parametrize("kind,tc", [("f32", None), ("bf16", True), ("bf16", False)])
+@pytest.mark.parametrize("kind,tc", [("f32", None), ("bf16", True), ("bf16", False), ("f16", True), ("f16", False)])
 @pytest.mark.parametrize("shape", GEMM_SHAPES, ids=lambda s: f"{'-'.join(map(str, s[0]))}x{s[1]}x{s[2]}")
 def test_grouped_gemm_vs_float64(shape, kind, tc, monkeypatch) -> None:
     sizes, n, k = shape
     rng = np.random.default_rng(sum(sizes) + n + k)
-    dt = bfloat16() if kind == "bf16" else np.float32
+    dt = {"bf16": bfloat16(), "f16": np.float16}.get(kind, np.float32)
     off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     a = rng.standard_normal((int(off[-1]), k)).astype(dt)
     b = (rng.standard_normal((len(sizes), n, k)) / np.sqrt(k)).astype(dt)
@@ -135,7 +135,8 @@ def test_grouped_gemm_bad_offsets_and_shapes_name_the_argument() -> None:
 
 
 @pytest.mark.parametrize("kind,act,tc", [("f32", "silu", None), ("bf16", "silu", True), ("bf16", "gelu_tanh", True),
-                                         ("bf16", "silu", False)])
+                                         ("bf16", "silu", False), ("f16", "silu", True), ("f16", "gelu_tanh", True),
+                                         ("f16", "silu", False)])
 def test_experts_forward_vs_float64(kind, act, tc) -> None:
     rng = np.random.default_rng(5)
     x, gu, dn, ids, w, _ = _experts_inputs(rng, kind, 150, 64, 48, 5, 2)
@@ -164,12 +165,14 @@ def test_experts_are_deterministic() -> None:
         np.testing.assert_array_equal(np.asarray(p).view(np.uint8), np.asarray(q).view(np.uint8))
 
 
-@pytest.mark.parametrize("kind,act", [("f32", "silu"), ("f32", "gelu_tanh"), ("bf16", "silu")])
+@pytest.mark.parametrize("kind,act", [("f32", "silu"), ("f32", "gelu_tanh"), ("bf16", "silu"), ("f16", "gelu_tanh")])
 def test_experts_backward_vs_float64(kind, act) -> None:
     rng = np.random.default_rng(8)
     x, gu, dn, ids, w, dy = _experts_inputs(rng, kind, 40, 32, 24, 4, 2)
     got = ops.moe_experts_backward(dy, x, gu, dn, ids, w, act, backend=HOST)
     ref = np_moe_experts_backward(dy, x, gu, dn, ids, w, act)
+    for g, r in zip(got[:3], ref):
+        assert g.dtype == x.dtype  # the gradients come back in the inputs' dtype
     for g, r in zip(got, ref):
         _close(g, r, "moe_experts_backward", kind)
     assert got[3].dtype == np.float32 and np.all(got[3][2, 1] == 0.0)  # the dropped slot
@@ -215,7 +218,7 @@ def _sass_report():
     return mod
 
 
-TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16"]
+TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16", "grouped_gemm_tc_f16", "moe_gemm_act_tc_f16"]
 
 
 def test_tensor_core_grouped_gemm_steady_state_loop() -> None:
@@ -250,3 +253,23 @@ def test_loop_metric_counts_a_known_loop() -> None:
     ])
     row = sr.steady_state_loops(text)["k"]
     assert (row["insns"], row["mma"], row["per_mma"], row["ldsm"]) == (4, 2.0, 2.0, 1)
+
+
+def test_f16_experts_run_on_the_f16_kernels(monkeypatch) -> None:
+    # float16 MoE runs pykern's own f16 instantiations (tensor-core grouped GEMM with the fused activation,
+    # f16 gather / combine), never a float32 detour
+    from pykern import launcher
+
+    seen: list[str] = []
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **k: (seen.append(name), real(name, *a, **k))[1])
+    rng = np.random.default_rng(10)
+    x, gu, dn, ids, w, _ = _experts_inputs(rng, "f16", 20, 32, 24, 4, 2)
+    out = ops.moe_experts(x, gu, dn, ids, w, tensor_cores=True, backend=HOST)
+    assert out.dtype == np.float16
+    assert {"moe_gather_f16", "moe_gemm_act_tc_f16", "grouped_gemm_tc_f16", "moe_combine_f16"} <= set(seen), seen
+    assert not [n for n in seen if n.endswith("_bf16")]
+    _close(out, np_moe_experts(x, gu, dn, ids, w), "moe_experts", "f16")
+    with pytest.raises(ArgumentError, match="tensor_cores: True needs bf16 or f16 inputs, got float32"):
+        ops.grouped_gemm(np.zeros((2, 8), np.float32), np.zeros((1, 8, 8), np.float32), np.array([0, 2], np.int32),
+                         tensor_cores=True, backend=HOST)

@@ -153,8 +153,9 @@ def test_every_shipped_kernel_with_launch_bounds_has_its_limit():
         text = cu.read_text()
         bounded |= set(re.findall(r'__global__ void __launch_bounds__\([^\n]*?\)\s+(\w+)\(', text))
         # a PK_IO_KERNELS / PK_IO16_KERNELS call always passes its bounds: each instantiation has them
-        for macro, name in re.findall(r"^(PK_IO(?:16)?_KERNELS)\((\w+),", text, re.M):
-            bounded |= {name + sfx for sfx, _ in registry.IO_INSTANTIATIONS[macro]}
+        macros = "|".join([*registry.IO_INSTANTIATIONS, *registry.KV_INSTANTIATIONS])
+        for macro, name in re.findall(rf"^({macros})\((\w+),", text, re.M):
+            bounded |= {name + sfx for sfx, _, _ in registry.instantiations(macro)}
     assert len(bounded) > 80
     missing = sorted(s.name for s in pykern.kernels() if s.name in bounded and s.max_threads is None)
     assert not missing
@@ -254,20 +255,21 @@ def test_malformed_io_kernel_macro_names_the_file(kpath, tmp_path):
         registry.parse_file(tmp_path / "bad.cu", strict=True)
 
 
-def test_compiled_symbols_are_the_registry_names():
-    # The macros in pk_common.cuh and registry.IO_INSTANTIATIONS must agree: NVRTC's module (and the
-    # host backend's library) export exactly the names the registry lists.
+@pytest.mark.parametrize("source", ["forward.cu", "paged.cu"])
+def test_compiled_symbols_are_the_registry_names(source):
+    # The macros in pk_common.cuh and registry.IO_INSTANTIATIONS / KV_INSTANTIATIONS must agree: NVRTC's
+    # module (and the host backend's library) export exactly the names the registry lists.
     from pykern import compiler
     from pykern.errors import PykernError
     from pykern.sources import KERNELS_DIR
 
-    src = KERNELS_DIR / "forward.cu"
+    src = KERNELS_DIR / source
     try:
         mod = compiler.compile(src, "sm_80")
     except PykernError as e:
         pytest.skip(f"NVRTC unavailable: {e}")
     assert sorted(mod.kernels) == sorted(s.name for s in registry.parse_file(src))
-    assert "rms_norm_f16" in mod.kernels and "rms_norm_bf16" in mod.kernels
+    assert {"rms_norm_f16", "rms_norm_bf16", "paged_attn_f16_e4m3kv", "dense_attn_f16kv"} & set(mod.kernels)
 
 
 def test_16bit_float_pointers_take_only_their_own_dtype():
@@ -286,3 +288,47 @@ def test_16bit_float_pointers_take_only_their_own_dtype():
     pykern.launch("rms_norm_f16", 1, (32, 2), x16.view(np.uint16), x16[0].view(np.uint16), out, 2, 8, 0.0, 0.0,
                   backend="host")
     np.testing.assert_array_equal(out.view(np.float16), x16)
+
+
+def test_parameter_list_macro(kpath, tmp_path):
+    # A family states its parameter list (and bounds) once in an object-like macro; every call that names
+    # it gets those parameters, with T and TKS (the K/V storage type) replaced per instantiation.
+    (tmp_path / "pl_defs.cuh").write_text("#pragma once\n#define PL_NT (2 * 64)\n")
+    _write(tmp_path, """\
+        #include "pl_defs.cuh"
+        #define PL_BOUNDS (PL_NT, 1)
+        #define PL_PARAMS                                   \\
+            (const T* __restrict__ q, const TKS* k, T* out, \\
+             long long n, float scale)
+        #define PL_ARGS (q, k, out, n, scale)
+        PK_IO_KERNELS(pl_same, PL_BOUNDS, PL_PARAMS, PL_ARGS)
+        PK_KV16_KERNELS(pl_mixed, (64), PL_PARAMS, PL_ARGS)
+        PK_FP8KV_KERNELS(pl_fp8, PL_BOUNDS, PL_PARAMS, PL_ARGS)
+        PK_FP8_KERNELS(pl_app, PL_BOUNDS, PL_PARAMS, PL_ARGS)
+        """, name="pl.cu")
+    specs = {s.name: s for s in registry.parse_file(tmp_path / "pl.cu", strict=True)}
+    sig = {n: tuple(p.ctype for p in s.params) for n, s in specs.items()}
+    assert sig["pl_same"] == ("const float*", "const float*", "float*", "long long", "float")
+    assert sig["pl_same_f16"] == ("const __half*", "const __half*", "__half*", "long long", "float")
+    assert sig["pl_mixed_f16kv"] == ("const float*", "const __half*", "float*", "long long", "float")
+    assert sig["pl_mixed_bf16kv"][1] == "const __nv_bfloat16*"
+    assert sig["pl_fp8_f16_e5m2kv"] == ("const __half*", "const unsigned char*", "__half*", "long long", "float")
+    assert sig["pl_fp8_e4m3kv"][:2] == ("const float*", "const unsigned char*")
+    assert {"pl_app_e4m3", "pl_app_bf16_e5m2", "pl_app_f16_e4m3"} <= set(sig)
+    assert [p.name for p in specs["pl_same_bf16"].params] == ["q", "k", "out", "n", "scale"]
+    assert specs["pl_same"].max_threads == 128 and specs["pl_mixed_bf16kv"].max_threads == 64
+    assert specs["pl_fp8_f16_e4m3kv"].max_threads == 128
+    assert len(specs) == 3 + 2 + 6 + 6
+
+
+def test_parameter_list_macro_must_be_a_parenthesized_list(kpath, tmp_path):
+    _write(tmp_path, """\
+        #define PL_FN(x) (const T* x)
+        #define PL_BARE const T* x
+        PK_IO_KERNELS(pl_a, (64), PL_BARE, (x))
+        """, name="pl_bad.cu")
+    with pytest.raises(RegistryError, match=r"pl_bad\.cu.*line 3.*PK_IO_KERNELS\(name, \(bounds\)"):
+        registry.parse_file(tmp_path / "pl_bad.cu", strict=True)
+    _write(tmp_path, "PK_IO_KERNELS(pl_b, (64), PL_UNDEFINED, (x))\n", name="pl_undef.cu")
+    with pytest.raises(RegistryError, match=r"PL_UNDEFINED"):
+        registry.parse_file(tmp_path / "pl_undef.cu", strict=True)

@@ -177,7 +177,7 @@ def _close(out, ref, op, dtype) -> None:
     assert np.all(np.abs(out[fin] - ref[fin]) <= atol + rtol * np.abs(ref[fin]))
 
 
-@pytest.mark.parametrize("kind", ["f32", "bf16"])
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
 @pytest.mark.parametrize("vocab", [37, 64])
 def test_renorm_and_mask_against_float64(kind, vocab) -> None:
     rng = np.random.default_rng(vocab)
@@ -267,6 +267,21 @@ def test_bf16_probs_sample_like_their_f32_values() -> None:
     np.testing.assert_array_equal(a, b)
 
 
+@pytest.mark.parametrize("op, args", [("top_p_sampling_from_probs", (0.8,)), ("top_k_sampling_from_probs", (7,)),
+                                      ("min_p_sampling_from_probs", (0.1,)), ("sampling_from_probs", ())])
+def test_f16_probs_sample_like_their_f32_values(op, args) -> None:
+    # float16 probs (FlashInfer's sampling takes fp16/bf16/fp32): the decisions are integer arithmetic on
+    # the widened values, so the tokens equal those of the same values in float32, and the f16 kernel ran
+    probs = make_probs(np.random.default_rng(8), 32, 64, "f16")
+    assert probs.dtype == np.float16
+    a = getattr(ops, op)(probs, *args, seed=5, backend="host")
+    b = getattr(ops, op)(np.asarray(probs, np.float32), *args, seed=5, backend="host")
+    np.testing.assert_array_equal(a, b)
+    odd = make_probs(np.random.default_rng(9), 5, 37, "f16")  # one-element path (vocab not a multiple of 8)
+    np.testing.assert_array_equal(getattr(ops, op)(odd, *args, seed=2, backend="host"),
+                                  getattr(ops, op)(odd.astype(np.float32), *args, seed=2, backend="host"))
+
+
 def test_torch_cpu_tensors_in_and_out() -> None:
     torch = pytest.importorskip("torch")
     probs = torch.from_numpy(make_probs(np.random.default_rng(6), 8, 40))
@@ -277,13 +292,21 @@ def test_torch_cpu_tensors_in_and_out() -> None:
                                                                                  backend="host"))
     r = ops.top_p_renorm_probs(probs.to(torch.bfloat16), 0.5, backend="host")
     assert isinstance(r, torch.Tensor) and r.dtype == torch.bfloat16
+    h = probs.to(torch.float16)
+    r16 = ops.top_k_renorm_probs(h, 5, backend="host")
+    assert isinstance(r16, torch.Tensor) and r16.dtype == torch.float16
+    _close(r16.float().numpy(), np_top_k_renorm(h.float().numpy(), np.full(8, 5, np.int32)), "top_k_renorm_probs",
+           "f16")
+    s16 = ops.top_k_top_p_sampling_from_probs(h, 5, 0.9, seed=1, backend="host")
+    np.testing.assert_array_equal(s16.numpy(), ops.top_k_top_p_sampling_from_probs(h.float().numpy(), 5, 0.9, seed=1,
+                                                                                   backend="host"))
     g = torch.Generator().manual_seed(3)
     assert ops.sampling_from_probs(probs, generator=g, backend="host").shape == (8,)
 
 
 # --------------------------------------------------------------------------- SASS
-KERNELS = ["sampling_from_probs", "sampling_from_probs_bf16", "sampling_renorm_probs", "sampling_renorm_probs_bf16",
-           "sampling_top_k_mask_logits", "sampling_top_k_mask_logits_bf16"]
+KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_renorm_probs", "sampling_top_k_mask_logits")
+           for s in ("", "_bf16", "_f16")]
 
 
 @lru_cache(maxsize=None)

@@ -52,7 +52,7 @@ ATTN = [k for k in _kernels() if k.startswith(("paged_attn", "dense_attn")) and 
 
 
 def test_attention_kernels_are_listed() -> None:
-    assert len(ATTN) == 10, ATTN  # 7 paged (f32, bf16, bf16kv, 4 fp8) + 3 dense
+    assert len(ATTN) == 16, ATTN  # 11 paged (f32, bf16, f16, bf16kv, f16kv, 6 fp8) + 5 dense
 
 
 @pytest.mark.parametrize("kernel", ATTN)

@@ -206,6 +206,21 @@ def test_bf16_mixtral_matches_unpatched(spy):
     assert all(p.grad is not None and p.grad.dtype == torch.bfloat16 for p in model.parameters())
 
 
+def test_f16_mixtral_runs_pykern_experts_and_matches_unpatched(spy):
+    # float16 experts and routers run pykern's f16 kernels (no fallback to transformers' grouped_mm)
+    ref = tiny("Mixtral").to(torch.float16)
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
+    ids, labels = batch()
+    o_ref = ref(input_ids=ids, labels=labels, output_router_logits=True)
+    o = model(input_ids=ids, labels=labels, output_router_logits=True)
+    assert spy["moe_experts"] == LAYERS and spy["moe_route"] == LAYERS and o.logits.dtype == torch.float16
+    assert_close(o.logits, o_ref.logits, "f16 logits", "f16")
+    assert_close(o.loss, o_ref.loss, "f16 loss", "f16")
+    o.loss.backward()
+    assert all(p.grad is not None and p.grad.dtype == torch.float16 and torch.isfinite(p.grad).all()
+               for p in model.parameters())
+
+
 def test_patched_moe_model_compiles_fullgraph(spy):
     """torch.compile(fullgraph=True) traces the swapped routers and the registry's experts (custom ops).
     (Router-logit capture itself does not trace: transformers installs its hooks under a lock, patched

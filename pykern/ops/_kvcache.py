@@ -19,19 +19,21 @@ from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
 
 # dtype name -> kind; FP8 kinds follow ml_dtypes / torch names.
-KV_KINDS = {"float32": "f32", "bfloat16": "bf16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
+KV_KINDS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16", "float8_e4m3fn": "e4m3", "float8_e5m2": "e5m2"}
 FP8 = ("e4m3", "e5m2")
 # Names a plan's kv_dtype may take.
-KV_DTYPE_NAMES = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16", "e4m3": "e4m3",
+KV_DTYPE_NAMES = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16",
+                  "e4m3": "e4m3",
                   "float8_e4m3fn": "e4m3", "e5m2": "e5m2", "float8_e5m2": "e5m2"}
 
 
 def kv_kind(name: str, a: Any) -> str:
-    """"f32", "bf16", "e4m3" or "e5m2" for a cache array, else an error naming it."""
+    """"f32", "bf16", "f16", "e4m3" or "e5m2" for a cache array, else an error naming it."""
     dt = arrays.dtype_name(a, name)
     k = KV_KINDS.get(dt)
     if k is None:
-        raise ArgumentTypeError(f"{name}: expected dtype float32, bfloat16, float8_e4m3fn or float8_e5m2, got {dt}")
+        raise ArgumentTypeError(f"{name}: expected dtype float32, bfloat16, float16, float8_e4m3fn or float8_e5m2, "
+                                f"got {dt}")
     return k
 
 

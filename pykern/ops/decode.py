@@ -28,7 +28,7 @@ Methods:
                 (From the launch shapes and an H100 model, not yet timed on a GPU.)
 
 seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
-(f32, f32), (bf16, bf16), (f32, bf16); accumulation is fp32.
+(f32, f32), (bf16, bf16), (f16, f16), (f32, bf16), (f32, f16); accumulation is fp32.
 """
 from __future__ import annotations
 
@@ -65,14 +65,14 @@ LAYOUTS = ("HND", "NHD")
 
 
 def _suffix(q_kind: str, kv_kind: str) -> str:
+    # dense_attn's instantiations (kernels_cu/paged.cu): same type, or f32 q over a 16-bit cache.
     if q_kind == kv_kind:
-        return "" if q_kind == "f32" else "_bf16"
-    if q_kind == "f32" and kv_kind == "bf16":
-        return "_bf16kv"
-    raise ArgumentTypeError(
-        "q: a bfloat16 query needs bfloat16 caches (expected q float32 for float32 caches), "
-        "got q bfloat16 with float32 caches"
-    )
+        return arrays.kernel_suffix(q_kind)
+    if q_kind == "f32":
+        return arrays.kernel_suffix(kv_kind) + "kv"
+    qn, kn = arrays.IO_DTYPES[q_kind], arrays.IO_DTYPES[kv_kind]
+    raise ArgumentTypeError(f"q: a {qn} query needs {qn} caches (expected q float32 for {kn} caches), "
+                            f"got q {qn} with {kn} caches")
 
 
 def _flat(a: Any) -> Any:
@@ -221,7 +221,7 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
     plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint,
                        num_warps=num_warps, chunk_size=chunk_size)
     suf = _suffix(q_kind, kv_kind)
-    dt = "float32" if q_kind == "f32" else "bfloat16"
+    dt = arrays.IO_DTYPES[q_kind]
     out = arrays.empty((batch, num_heads, head_dim), dt, like=q) if out is None else out
     stream = arrays.launch_stream(stream, q)
     qf, kf, vf, of = _flat(q), _flat(k), _flat(v), _flat(out)
@@ -245,7 +245,7 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
            plan["chunk_size"], batch, 0, float(scale), cap, shared_mem=smem, stream=stream, backend=backend)
     if splits > 1:
         stem2, grid2, block2, _ = plan["launches"][1]
-        launch(stem2 + ("_bf16" if q_kind == "bf16" else ""), grid2, block2, part_o, part_lse, of, f1,
+        launch(stem2 + arrays.kernel_suffix(q_kind), grid2, block2, part_o, part_lse, of, f1,
                batch * num_heads, head_dim, splits, 0, stream=stream, backend=backend)
     return out
 
@@ -298,9 +298,9 @@ def decode_attention(
 ) -> Any:
     """Attention of one query token per head over the first `seq_len` cache positions.
 
-    q: (num_heads, head_dim) float32 or bfloat16; k_cache, v_cache:
+    q: (num_heads, head_dim) float32, bfloat16 or float16; k_cache, v_cache:
     (num_kv_heads, max_seq_len, head_dim) for kv_layout="HND" (default) or
-    (max_seq_len, num_kv_heads, head_dim) for "NHD", float32 or bfloat16, num_heads a multiple
+    (max_seq_len, num_kv_heads, head_dim) for "NHD", float32, bfloat16 or float16, num_heads a multiple
     of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
     head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) integer array (any int dtype)
     read by the kernel at run time (clamped to max_seq_len there; a NumPy array is
@@ -318,9 +318,9 @@ def decode_attention(
     seq_len - 1 - window_left .. seq_len - 1; only those are read. logits_soft_cap c > 0:
     scores c * tanh(scale * q.k / c). Both as paged_decode_attention.
     """
-    q_kind = arrays.io_kind("q", q)
-    kv_kind = arrays.io_kind("k_cache", k_cache)
-    if arrays.io_kind("v_cache", v_cache) != kv_kind:
+    q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
+    kv_kind = arrays.io_kind("k_cache", k_cache, arrays.IO_KINDS)
+    if arrays.io_kind("v_cache", v_cache, arrays.IO_KINDS) != kv_kind:
         raise ArgumentTypeError(f"v_cache: expected the dtype of k_cache ({arrays.dtype_name(k_cache)}), "
                                 f"got {arrays.dtype_name(v_cache)}")
     q_shape = arrays.check_ndim("q", q, (2,))
@@ -381,9 +381,9 @@ def batched_decode_attention(
     """
     k_caches = _stack("k_caches", k_caches)
     v_caches = _stack("v_caches", v_caches)
-    q_kind = arrays.io_kind("q", q)
-    kv_kind = arrays.io_kind("k_caches", k_caches)
-    if arrays.io_kind("v_caches", v_caches) != kv_kind:
+    q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
+    kv_kind = arrays.io_kind("k_caches", k_caches, arrays.IO_KINDS)
+    if arrays.io_kind("v_caches", v_caches, arrays.IO_KINDS) != kv_kind:
         raise ArgumentTypeError(f"v_caches: expected the dtype of k_caches ({arrays.dtype_name(k_caches)}), "
                                 f"got {arrays.dtype_name(v_caches)}")
     q_shape = arrays.check_ndim("q", q, (3,))

@@ -59,14 +59,14 @@ def moe_route(
     router_logits: Any, top_k: int, renormalize: bool = True, scoring: str = "softmax", bias: Any = None, *,
     stream: Any = None, backend: str | None = None,
 ) -> tuple[Any, Any]:
-    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) from router logits [T, E] (f32 or bf16).
+    """(topk_weights float32 [T, k], topk_ids int32 [T, k]) from router logits [T, E] (f32, bf16 or f16).
 
     scoring="softmax": probabilities in fp32 over all E experts, the k largest (ties to the lower
     index); scoring="sigmoid": sigmoid scores, chosen by score + `bias` (float32 [E], DeepSeek-V3's
     correction bias) but weighted by the score alone. `renormalize` divides the k weights by their sum
     (+1e-20 for sigmoid, as DeepSeek-V3). One fused kernel, one warp per token.
     """
-    kind = arrays.io_kind("router_logits", router_logits)
+    kind = arrays.io_kind("router_logits", router_logits, arrays.IO_KINDS)
     shape = arrays.check_ndim("router_logits", router_logits, (2,))
     n_tok, n_exp = int(shape[0]), int(shape[1])
     if not 1 <= n_exp <= _ROUTE_MAX_EXPERTS:
@@ -126,9 +126,9 @@ def _check_offsets(offsets: Any, n_groups: int, m: int) -> Any:
 def _tc(backend: str | None, kind: str, tensor_cores: bool | None = None) -> bool:
     if tensor_cores not in (None, True, False):
         raise ArgumentError(f"tensor_cores: expected None, True or False, got {tensor_cores!r}")
-    if kind != "bf16":
+    if kind == "f32":  # mma.sync .bf16 / .f16: the 16-bit kinds only
         if tensor_cores:
-            raise ArgumentError("tensor_cores: True needs bf16 inputs")
+            raise ArgumentError("tensor_cores: True needs bf16 or f16 inputs, got float32")
         return False
     if tensor_cores is False:
         return False
@@ -136,7 +136,7 @@ def _tc(backend: str | None, kind: str, tensor_cores: bool | None = None) -> boo
 
     ok = tensor_cores_available(backend)
     if tensor_cores and not ok:
-        raise ArgumentError("tensor_cores: True needs bf16 mma (sm_80 or newer); this device has none")
+        raise ArgumentError("tensor_cores: True needs bf16 / f16 mma (sm_80 or newer); this device has none")
     return ok
 
 
@@ -149,11 +149,11 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
     if tc and not nn:
         if act is None:
             grid = (m // TC_BM + n_groups, -(-n // TC_BN))
-            _launch("grouped_gemm_tc_bf16", grid, (128,), a, b, offsets, out, m, n, k, n_groups,
+            _launch("grouped_gemm_tc" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,
                     shared_mem=TC_SMEM, stream=stream, backend=backend)
         else:
             grid = (m // TC_BM + n_groups, -(-(n // 2) // 64))
-            _launch("moe_gemm_act_tc_bf16", grid, (128,), a, b, offsets, out, m, n, k, n_groups, act,
+            _launch("moe_gemm_act_tc" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups, act,
                     shared_mem=TC_SMEM, stream=stream, backend=backend)
         return
     if act is not None:
@@ -169,13 +169,13 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
                  stream: Any = None, backend: str | None = None) -> Any:
     """Grouped GEMM: rows offsets[e]:offsets[e+1] of the [M, N] result are a[rows] @ b[e].T.
 
-    a [M, K] holds each group's rows contiguously; b [E, N, K] (f32 or bf16, a's dtype); offsets int32
+    a [M, K] holds each group's rows contiguously; b [E, N, K] (f32, bf16 or f16, a's dtype); offsets int32
     [E + 1] (0 first, M last, non-decreasing; empty groups allowed; checked when it lives on the host,
-    never copied back from a device). bf16 runs on tensor cores (mma.sync, 4-stage cp.async, fp32
+    never copied back from a device). bf16 and f16 run on tensor cores (mma.sync, 4-stage cp.async, fp32
     accumulation) where the device has them; f32 runs an fp32 FMA kernel. The result has a's dtype.
-    tensor_cores=False runs bf16 on the FMA kernel; True insists on tensor cores.
+    tensor_cores=False runs bf16 / f16 on the FMA kernel; True insists on tensor cores.
     """
-    kind = arrays.io_kind("a", a)
+    kind = arrays.io_kind("a", a, arrays.IO_KINDS)
     _same_kind("b", b, kind, "a")
     m, k = arrays.check_ndim("a", a, (2,))
     n_groups, n, kb = arrays.check_ndim("b", b, (3,))
@@ -265,7 +265,7 @@ def moe_align(topk_ids: Any, n_experts: int, block: int = TC_BM, *, stream: Any 
 
 def _experts_args(x: Any, gate_up_proj: Any, down_proj: Any, topk_ids: Any, topk_weights: Any,
                   activation: str) -> tuple:
-    kind = arrays.io_kind("x", x)
+    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("gate_up_proj", gate_up_proj, kind, "x")
     _same_kind("down_proj", down_proj, kind, "x")
     n_tok, hid = arrays.check_ndim("x", x, (2,))
@@ -337,7 +337,7 @@ def moe_experts(
     """The experts block of an MoE layer, [T, H]:
     out[t] = sum_j w[t, j] * down[e] @ (act(gate[e] @ x[t]) * (up[e] @ x[t])), e = topk_ids[t, j].
 
-    x [T, H]; gate_up_proj [E, 2I, H] (gate rows first); down_proj [E, H, I] (x's dtype, f32 or bf16);
+    x [T, H]; gate_up_proj [E, 2I, H] (gate rows first); down_proj [E, H, I] (x's dtype, f32, bf16 or f16);
     topk_ids int32/int64 [T, k] (-1: dropped, contributes nothing); topk_weights [T, k] (used in
     fp32). Tokens are permuted by expert (padded to the GEMM tile), the activation and gate are fused
     into the first grouped GEMM's epilogue (tensor cores), and the weighted combine on unpermute
@@ -378,7 +378,7 @@ def moe_experts_backward(
     grad_topk_weights float32 [T, k]).
 
     The forward's permuted intermediates are recomputed (nothing is saved but the inputs), in fp32
-    (bf16 inputs are widened; the gradients come back in the inputs' dtype). Data
+    (bf16 / f16 inputs are widened; the gradients come back in the inputs' dtype). Data
     gradients are grouped GEMMs against the stacked weights; weight gradients are per-expert GEMMs
     over each expert's rows, one CTA per output tile: no atomics anywhere, deterministic.
     """
@@ -389,13 +389,13 @@ def moe_experts_backward(
         raise ArgumentError(f"grad_out: expected shape {(n_tok, hid)} (of the output), "
                             f"got {tuple(arrays.shape_of(grad_out))}")
     _tc(backend, kind, tensor_cores)  # validated; the backward runs on the FMA kernels
-    if kind == "bf16":
-        # bf16 intermediates (gate/up, h, dh, dgu) lose too much to cancellation against a float64
+    if kind != "f32":
+        # 16-bit intermediates (gate/up, h, dh, dgu) lose too much to cancellation against a float64
         # reference; the backward runs in fp32 on widened copies and narrows the weight gradients.
         f = lambda a: arrays.contiguous(arrays.astype(a, "float32"))  # noqa: E731
         gx, ggu, gdn, gw = moe_experts_backward(f(grad_out), f(x), f(gate_up_proj), f(down_proj), topk_ids, w,
                                                 activation, stream=stream, backend=backend)
-        return tuple(arrays.astype(g, "bfloat16") for g in (gx, ggu, gdn)) + (gw,)
+        return tuple(arrays.astype(g, arrays.IO_DTYPES[kind]) for g in (gx, ggu, gdn)) + (gw,)
     tc = False
     act = ACTIVATIONS[activation]
     x, gate_up_proj, down_proj = arrays.contiguous(x), arrays.contiguous(gate_up_proj), arrays.contiguous(down_proj)

@@ -3,8 +3,8 @@
 Ops: `sampling_from_probs`, `top_k_sampling_from_probs`, `top_p_sampling_from_probs`,
 `min_p_sampling_from_probs`, `top_k_top_p_sampling_from_probs` (one int32 token per row),
 `top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities) and
-`top_k_mask_logits` (the other logits set to -inf). probs / logits are (batch, vocab) float32 or
-bfloat16, fp32 math; vocab up to 2**22.
+`top_k_mask_logits` (the other logits set to -inf). probs / logits are (batch, vocab) float32,
+bfloat16 or float16 (FlashInfer's dtypes), fp32 math; vocab up to 2**22.
 
 Semantics (FlashInfer's, with the choices where it leaves room spelled out):
 - Filters keep whole tie groups: top-k keeps every entry >= the k-th largest value (so more than
@@ -65,7 +65,7 @@ _R_TOP_K, _R_K_ARR, _R_P_ARR = 1, 2, 4
 
 # --------------------------------------------------------------------------- argument helpers
 def _matrix(name: str, a: Any) -> tuple[Any, str, int, int]:
-    kind = arrays.io_kind(name, a)
+    kind = arrays.io_kind(name, a, arrays.IO_KINDS)  # f32, bf16, f16: FlashInfer's sampling dtypes
     shp = arrays.check_ndim(name, a, (2,))
     batch, vocab = shp
     if vocab < 1:

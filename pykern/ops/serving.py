@@ -70,16 +70,19 @@ _MAX_LEN = 2**30
 _GRID_YZ_MAX = 65535
 H100_SMS = 132
 _MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
-_KV_BYTES = {"f32": 4, "bf16": 2, "e4m3": 1, "e5m2": 1}
-_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv",
-           ("f32", "e4m3"): "_e4m3kv", ("f32", "e5m2"): "_e5m2kv",
-           ("bf16", "e4m3"): "_bf16_e4m3kv", ("bf16", "e5m2"): "_bf16_e5m2kv"}
+_KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
+# (q kind, K/V kind) -> kernel suffix (paged.cu's instantiations): same type, f32 q over a 16-bit cache,
+# any q over an FP8 cache.
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f16", "f16"): "_f16",
+           ("f32", "bf16"): "_bf16kv", ("f32", "f16"): "_f16kv",
+           **{(q, f): f"{arrays.kernel_suffix(q)}_{f}kv" for q in ("f32", "bf16", "f16") for f in ("e4m3", "e5m2")}}
+_Q_KINDS = ("f32", "bf16", "f16")
 
 
 # --------------------------------------------------------------------------- shared helpers
 def attn_tiling(head_dim: int, packed_rows: int, kv_bytes: int = 4) -> tuple[int, int, int]:
     """(rows, tile, shared bytes) of the tile kernel for head_dim, at most `packed_rows` rows a sequence
-    and K/V elements of kv_bytes (4 f32, 2 bf16, 1 fp8; 4, the default, bounds the others).
+    and K/V elements of kv_bytes (4 f32, 2 bf16 / f16, 1 fp8; 4, the default, bounds the others).
 
     rows * head_dim <= 2048 (16 fp32 accumulators a thread at 128 threads); the K/V tile
     is the largest power of two <= 64 that keeps shared memory within 48 KiB.
@@ -108,8 +111,10 @@ def _suffix(q_kind: str, kv_kind: str) -> str:
     try:
         return _SUFFIX[(q_kind, kv_kind)]
     except KeyError:
-        raise ArgumentTypeError("q: a bfloat16 query needs bfloat16 K/V (expected q float32 for float32 K/V), "
-                                "got q bfloat16 with float32 K/V") from None
+        names = arrays.IO_DTYPES
+        raise ArgumentTypeError(f"q: a {names[q_kind]} query needs {names[q_kind]} or FP8 K/V (expected q float32 "
+                                f"for {names.get(kv_kind, kv_kind)} K/V), got q {names[q_kind]} with "
+                                f"{names.get(kv_kind, kv_kind)} K/V") from None
 
 
 def _flat(a: Any) -> Any:
@@ -271,7 +276,7 @@ def _cache_positional(k_pages: Any, v_pages: Any, rest: tuple[Any, ...], kv_layo
 
 
 def _check_q(q: Any, kvh: int, d: int, lead_name: str) -> tuple[str, int, int]:
-    kind = arrays.io_kind("q", q)
+    kind = arrays.io_kind("q", q, _Q_KINDS)
     n, h, qd = arrays.check_ndim("q", q, (3,))
     if qd != d:
         raise ArgumentError(f"q: expected head_dim {d} (from the K/V), got {qd}")
@@ -335,8 +340,8 @@ def append_paged_kv_cache(
     (a (k, v) pair, or one (pages, 2, ...) array whose [:, 0] / [:, 1] are K / V), followed
     directly by kv_indices, kv_indptr, kv_last_page_len. Views are written through (their
     strides reach the kernel); head_dim must be unit-stride.
-    f32 / bf16 pages take k, v of their dtype (a bit copy). FP8 pages (float8_e4m3fn,
-    float8_e5m2) take f32 or bf16 k, v and store fp8(k / k_scale), fp8(v / v_scale) (vLLM's
+    f32 / bf16 / f16 pages take k, v of their dtype (a bit copy). FP8 pages (float8_e4m3fn,
+    float8_e5m2) take f32, bf16 or f16 k, v and store fp8(k / k_scale), fp8(v / v_scale) (vLLM's
     semantics: round to nearest even, saturate to the finite range, NaN stays NaN); the scales
     default to 1 and apply only to FP8 pages.
     """
@@ -345,9 +350,9 @@ def append_paged_kv_cache(
     layout = _layout(kv_layout)
     kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
     if kind in _FP8:
-        in_kind = arrays.io_kind("k", k)
+        in_kind = arrays.io_kind("k", k, _Q_KINDS)
         arrays.same_kind("v", v, in_kind, "k")
-        name = "paged_append_kv" + ("_bf16" if in_kind == "bf16" else "") + "_" + kind
+        name = "paged_append_kv" + arrays.kernel_suffix(in_kind) + "_" + kind
     else:
         arrays.same_kind("k", k, kind, "k_pages")
         arrays.same_kind("v", v, kind, "k_pages")
@@ -445,13 +450,14 @@ class PagedDecodePlan:
         self.window_left = _check_window_left(window_left)
         self.logits_soft_cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
         self._wl, self._wr = _normalize_serving(self.window_left, -1, True)
-        kinds = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16"}
+        kinds = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}
         if q_dtype not in kinds:
-            raise ArgumentError(f"q_dtype: expected 'f32' or 'bf16', got {q_dtype!r}")
+            raise ArgumentError(f"q_dtype: expected 'f32', 'bf16' or 'f16', got {q_dtype!r}")
         self.q_kind = kinds[q_dtype]
         kvd = q_dtype if kv_dtype is None else kv_dtype
         if kvd not in _KV_DTYPE_NAMES:
-            raise ArgumentError(f"kv_dtype: expected 'f32', 'bf16', 'float8_e4m3fn' or 'float8_e5m2', got {kv_dtype!r}")
+            raise ArgumentError(f"kv_dtype: expected 'f32', 'bf16', 'f16', 'float8_e4m3fn' or 'float8_e5m2', got "
+                                f"{kv_dtype!r}")
         self.kv_kind = _KV_DTYPE_NAMES[kvd]
         self.suffix = _suffix(self.q_kind, self.kv_kind)
         self.batch, self.num_qo_heads, self.num_kv_heads = int(batch), int(num_qo_heads), int(num_kv_heads)
@@ -493,7 +499,7 @@ class PagedDecodePlan:
         """(kernel, grid, block, shared bytes) of each launch of a step."""
         ls = [("paged_attn" + self.suffix, self.grid, self.block, self.smem)]
         if self.num_splits > 1:
-            ls.append(("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid,
+            ls.append(("paged_attn_merge" + arrays.kernel_suffix(self.q_kind), self.merge_grid,
                        self.block, 0))
         return ls
 
@@ -539,7 +545,7 @@ class PagedDecodePlan:
                self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc, vsc,
                shared_mem=self.smem, stream=stream, backend=backend)
         if split:
-            launch("paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else ""), self.merge_grid, self.block,
+            launch("paged_attn_merge" + arrays.kernel_suffix(self.q_kind), self.merge_grid, self.block,
                    self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
                    self.num_splits, int(want_lse), stream=stream, backend=backend)
         return (res, self.lse) if want_lse else res
@@ -568,7 +574,7 @@ def paged_decode_attention(
 ) -> Any:
     """Decode attention of q (batch, num_qo_heads, head_dim) over a paged KV cache.
 
-    f32 or bf16 q with K/V of q's dtype (or bf16 K/V under f32 q); fp32 math. Returns
+    f32, bf16 or f16 q with K/V of q's dtype (or 16-bit K/V under f32 q); fp32 math. Returns
     out (batch, num_qo_heads, head_dim) in q's dtype, or (out, lse). A sequence with no
     pages gets zeros (lse -inf). Without `plan` a PagedDecodePlan is made for this call
     (splits from the longest sequence when the index arrays are on the host); pass one
@@ -725,7 +731,7 @@ def flash_attention_varlen(
     """
     from ..launcher import launch
 
-    kind = arrays.io_kind("k", k)
+    kind = arrays.io_kind("k", k, _Q_KINDS)
     arrays.same_kind("v", v, kind, "k")
     ks = arrays.check_ndim("k", k, (3,))
     if arrays.shape_of(v) != ks:

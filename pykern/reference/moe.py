@@ -19,7 +19,7 @@ def _one(_a: Any) -> tuple[tuple[int], tuple[int]]:
     return (1,), (1,)
 
 
-@reference("moe_route", "moe_route_bf16")
+@reference("moe_route", "moe_route_bf16", "moe_route_f16")
 def _moe_route(cuda: Any):
     @cuda.jit
     def k(logits, bias, w, ids, n_tok, n_exp, top_k, renorm, sigm, has_bias):
@@ -133,7 +133,7 @@ def _moe_place(cuda: Any):
 # ---- permute / combine / elementwise
 
 
-@reference("moe_gather", "moe_gather_bf16")
+@reference("moe_gather", "moe_gather_bf16", "moe_gather_f16")
 def _moe_gather(cuda: Any):
     @cuda.jit
     def k(src, sorted_slot, w, offsets, dst, max_rows, dim, top_k, n_exp, has_w):
@@ -152,7 +152,7 @@ def _moe_gather(cuda: Any):
     return k, lambda a: _grid1(a[5])
 
 
-@reference("moe_combine", "moe_combine_bf16")
+@reference("moe_combine", "moe_combine_bf16", "moe_combine_f16")
 def _moe_combine(cuda: Any):
     @cuda.jit
     def k(y, slot_pos, w, out, n_tok, dim, top_k, has_w):
@@ -204,7 +204,7 @@ def _act_kernels(cuda: Any):
     return act_f, act_grad
 
 
-@reference("moe_act", "moe_act_bf16")
+@reference("moe_act", "moe_act_bf16", "moe_act_f16")
 def _moe_act(cuda: Any):
     act_f, _ = _act_kernels(cuda)
 
@@ -239,7 +239,7 @@ def _moe_act_backward(cuda: Any):
 # ---- grouped GEMMs: one thread per output element, its group found by a scan of the offsets
 
 
-@reference("grouped_gemm_simt", "grouped_gemm_simt_bf16")
+@reference("grouped_gemm_simt", "grouped_gemm_simt_bf16", "grouped_gemm_simt_f16")
 def _grouped_gemm_simt(cuda: Any):
     @cuda.jit
     def k(a, b, offsets, out, M, N, K, n_groups, sbn, sbk):
@@ -257,7 +257,7 @@ def _grouped_gemm_simt(cuda: Any):
     return k, lambda a: _grid1(a[4] * a[5])
 
 
-@reference("grouped_gemm_tc_bf16")
+@reference("grouped_gemm_tc_bf16", "grouped_gemm_tc_f16")
 def _grouped_gemm_tc(cuda: Any):
     @cuda.jit
     def k(a, b, offsets, out, M, N, K, n_groups):
@@ -275,7 +275,7 @@ def _grouped_gemm_tc(cuda: Any):
     return k, lambda a: _grid1(a[4] * a[5])
 
 
-@reference("moe_gemm_act_tc_bf16")
+@reference("moe_gemm_act_tc_bf16", "moe_gemm_act_tc_f16")
 def _moe_gemm_act_tc(cuda: Any):
     act_f, _ = _act_kernels(cuda)
 

@@ -8,7 +8,7 @@ the same integers the simple way and agree token for token:
   value with ties, the largest value whose mass at or above reaches the top-p target;
 - Philox4x32-10 with 16-bit limb products, so every intermediate fits in int64 (the simulator's
   Python ints, NumPy int64 and numba's int64 all give the same bits).
-Arrays arrive flat; bf16 arrays widened to float32.
+Arrays arrive flat; bf16 / f16 arrays widened to float32.
 """
 from __future__ import annotations
 
@@ -177,7 +177,7 @@ def _philox(cuda: Any) -> Any:
     return k, config
 
 
-@reference("sampling_from_probs", "sampling_from_probs_bf16")
+@reference("sampling_from_probs", "sampling_from_probs_bf16", "sampling_from_probs_f16")
 def _sampling(cuda: Any) -> Any:
     import numba
 
@@ -237,7 +237,7 @@ def _sampling(cuda: Any) -> Any:
     return k, config
 
 
-@reference("sampling_renorm_probs", "sampling_renorm_probs_bf16")
+@reference("sampling_renorm_probs", "sampling_renorm_probs_bf16", "sampling_renorm_probs_f16")
 def _renorm(cuda: Any) -> Any:
     import numba
 
@@ -283,7 +283,7 @@ def _renorm(cuda: Any) -> Any:
     return k, config
 
 
-@reference("sampling_top_k_mask_logits", "sampling_top_k_mask_logits_bf16")
+@reference("sampling_top_k_mask_logits", "sampling_top_k_mask_logits_bf16", "sampling_top_k_mask_logits_f16")
 def _mask(cuda: Any) -> Any:
     import math
 

@@ -136,9 +136,9 @@ def _fp8_encode(cuda: Any, eb: int) -> Any:
     return enc
 
 
-_PAGED_NAMES = {0: ("paged_attn", "paged_attn_bf16", "paged_attn_bf16kv"),
-                4: ("paged_attn_e4m3kv", "paged_attn_bf16_e4m3kv"),
-                5: ("paged_attn_e5m2kv", "paged_attn_bf16_e5m2kv")}
+_PAGED_NAMES = {0: ("paged_attn", "paged_attn_bf16", "paged_attn_bf16kv", "paged_attn_f16", "paged_attn_f16kv"),
+                4: ("paged_attn_e4m3kv", "paged_attn_bf16_e4m3kv", "paged_attn_f16_e4m3kv"),
+                5: ("paged_attn_e5m2kv", "paged_attn_bf16_e5m2kv", "paged_attn_f16_e5m2kv")}
 
 
 def _paged_attn_ref(cuda: Any, eb: int) -> Any:
@@ -204,7 +204,7 @@ for _eb, _names in _PAGED_NAMES.items():
     reference(*_names)(lambda cuda, _eb=_eb: _paged_attn_ref(cuda, _eb))
 
 
-@reference("dense_attn", "dense_attn_bf16", "dense_attn_bf16kv")
+@reference("dense_attn", "dense_attn_bf16", "dense_attn_bf16kv", "dense_attn_f16", "dense_attn_f16kv")
 def _dense_attn(cuda: Any) -> Any:
     import math
 
@@ -264,7 +264,7 @@ def _dense_attn(cuda: Any) -> Any:
     return k, config
 
 
-@reference("paged_attn_merge", "paged_attn_merge_bf16")
+@reference("paged_attn_merge", "paged_attn_merge_bf16", "paged_attn_merge_f16")
 def _paged_attn_merge(cuda: Any) -> Any:
     import math
 
@@ -336,7 +336,7 @@ def _append_ref(cuda: Any, eb: int) -> Any:
     return k, config
 
 
-for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16"),
-                    4: ("paged_append_kv_e4m3", "paged_append_kv_bf16_e4m3"),
-                    5: ("paged_append_kv_e5m2", "paged_append_kv_bf16_e5m2")}.items():
+for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16", "paged_append_kv_f16"),
+                    4: ("paged_append_kv_e4m3", "paged_append_kv_bf16_e4m3", "paged_append_kv_f16_e4m3"),
+                    5: ("paged_append_kv_e5m2", "paged_append_kv_bf16_e5m2", "paged_append_kv_f16_e5m2")}.items():
     reference(*_names)(lambda cuda, _eb=_eb: _append_ref(cuda, _eb))

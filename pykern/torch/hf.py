@@ -360,8 +360,8 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     Qwen3ForCausalLM, GemmaForCausalLM, Gemma2ForCausalLM, Gemma3ForCausalLM (text),
     Phi3ForCausalLM, and the mixture-of-experts MixtralForCausalLM, Qwen2MoeForCausalLM,
     Qwen3MoeForCausalLM, OlmoeForCausalLM (subclasses too; docs/torch.md and docs/moe.md have what is
-    patched in each), float32, bfloat16 or float16 weights (attention included; float16 experts run
-    transformers' own until the MoE kernels take float16). Sliding-window layers and attention
+    patched in each), float32, bfloat16 or float16 weights (attention and the MoE experts and routers
+    included). Sliding-window layers and attention
     softcaps run on pykern's kernels. Any other
     model raises ArgumentTypeError naming its class. The keyword flags turn
     single replacements off. Parameters are kept (not copied), so a model can be

@@ -7,7 +7,8 @@ through transformers' extension points, with no modeling code copied:
   with `model.set_experts_implementation`. It receives the routed (top_k_index, top_k_weights)
   and runs pykern.torch.moe_experts. Layouts it does not cover (biases, transposed or interleaved
   weights, no gate, a custom gate, post-expert norms, expert parallelism, activations other
-  than SiLU / tanh-GELU, dtypes other than float32 / bfloat16) go to transformers' "grouped_mm".
+  than SiLU / tanh-GELU, dtypes other than float32 / bfloat16 / float16) go to transformers'
+  "grouped_mm".
 - router: each TopKRouter changes class in place to a subclass whose forward computes the same
   logits (F.linear) and routes with pykern.torch.moe_route: fp32 softmax over all experts, top-k,
   renormalised as the family does (Mixtral always; the others by `config.norm_topk_prob`), the
@@ -34,7 +35,7 @@ __all__ = ["FAMILIES", "patch", "flce_forward"]
 _EXPERTS_NAME = "pykern"
 # config.hidden_act -> pykern.ops.moe_experts activation (exact equivalents only)
 _ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu_pytorch_tanh": "gelu_tanh"}
-_DTYPES = (torch.float32, torch.bfloat16)
+_DTYPES = (torch.float32, torch.bfloat16, torch.float16)
 _ROUTE_MAX_K, _ROUTE_MAX_EXPERTS = 32, 3072  # pykern.ops.moe_route's limits
 
 

@@ -16,7 +16,8 @@ import numpy as np
 from ..case import Case, register_cases
 
 METHODS = ("warp", "multi_warp", "split_k")
-_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv"}
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv", ("f16", "f16"): "_f16",
+           ("f32", "f16"): "_f16kv"}
 
 
 def np_decode_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, seq_len: int,
@@ -66,6 +67,10 @@ def make_inputs(rng: np.random.Generator, batch: int | None, num_heads: int, num
         q = q.astype(bfloat16())
     if kv_kind == "bf16":
         k, v = k.astype(bfloat16()), v.astype(bfloat16())
+    if q_kind == "f16":
+        q = q.astype(np.float16)
+    if kv_kind == "f16":
+        k, v = k.astype(np.float16), v.astype(np.float16)
     if batch is None:
         return q[0], k[0], v[0]
     return q, k, v
@@ -76,12 +81,12 @@ def kernels_of(method: str, q_kind: str, kv_kind: str, split: bool = True) -> tu
     suf = _SUFFIX[(q_kind, kv_kind)]
     if method == "warp" or not split:
         return (f"dense_attn{suf}",)
-    return (f"dense_attn{suf}", "paged_attn_merge" + ("_bf16" if q_kind == "bf16" else ""))
+    return (f"dense_attn{suf}", "paged_attn_merge" + {"f32": "", "bf16": "_bf16", "f16": "_f16"}[q_kind])
 
 
 def _dtype_name(q_kind: str, kv_kind: str) -> str:
-    # The tolerance follows the least precise I/O: bf16 caches make it a bf16 case.
-    return "bf16" if "bf16" in (q_kind, kv_kind) else "f32"
+    # The tolerance follows the least precise I/O: bf16 caches make it a bf16 case, f16 ones an f16 case.
+    return "bf16" if "bf16" in (q_kind, kv_kind) else ("f16" if "f16" in (q_kind, kv_kind) else "f32")
 
 
 def to_nhd(cache: np.ndarray) -> np.ndarray:
@@ -162,6 +167,10 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         for qk, kk in (("bf16", "bf16"), ("f32", "bf16")):
             yield _single(rng, method, 4, 2, 96, 140, 129, q_kind=qk, kv_kind=kk)
             yield _single(rng, method, 4, 1, 80, 40, 33, q_kind=qk, kv_kind=kk, indirect=True)
+        # float16: f16 everywhere, and f32 q over an f16 cache.
+        for qk, kk in (("f16", "f16"), ("f32", "f16")):
+            yield _single(rng, method, 4, 2, 96, 140, 129, q_kind=qk, kv_kind=kk, indirect=qk == "f32")
+        yield _batched(rng, method, 4, 1, 64, 40, [33, 0, 7], q_kind="f16", kv_kind="f16", kv_layout="NHD")
         # batches of mixed lengths (0 included).
         yield _batched(rng, method, 4, 2, 64, 50, [33])
         yield _batched(rng, method, 4, 2, 64, 50, [0, 50, 17], as_list=True)

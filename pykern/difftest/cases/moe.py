@@ -98,13 +98,14 @@ def np_moe_experts_backward(dy: Any, x: Any, gate_up: Any, down: Any, ids: Any, 
 
 
 def _sfx(kind: str) -> str:
-    return "_bf16" if kind == "bf16" else ""
+    return {"f32": "", "bf16": "_bf16", "f16": "_f16"}[kind]
 
 
 def _route_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind, (t, e), k, renorm, scoring in (("f32", (1, 4), 1, True, "softmax"), ("f32", (37, 60), 4, True, "softmax"),
                                              ("f32", (9, 8), 2, False, "softmax"), ("bf16", (20, 64), 8, True, "softmax"),
-                                             ("f32", (13, 40), 6, True, "sigmoid"), ("bf16", (5, 33), 3, False, "sigmoid")):
+                                             ("f32", (13, 40), 6, True, "sigmoid"), ("bf16", (5, 33), 3, False, "sigmoid"),
+                                             ("f16", (20, 64), 8, True, "softmax"), ("f16", (5, 33), 3, False, "sigmoid")):
         x = _cast(rng.standard_normal((t, e)), kind)
         if t > 3:
             x[3, 1] = x[3, 2] = _cast(np.array(f64(x[3]).max() + 1.0), kind)  # a tie: the lower index first
@@ -135,13 +136,13 @@ _GEMM_SHAPES = (  # (group sizes, N, K)
 
 
 def _gemm_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind in ("f32", "bf16"):
+    for kind in ("f32", "bf16", "f16"):
         for sizes, n, k in _GEMM_SHAPES:
             off = _offsets(sizes)
             a = _cast(rng.standard_normal((int(off[-1]), k)), kind)
             b = _cast(rng.standard_normal((len(sizes), n, k)) / math.sqrt(k), kind)
-            for tc in ((True, False) if kind == "bf16" else (None,)):
-                name = "grouped_gemm_tc_bf16" if tc else "grouped_gemm_simt" + _sfx(kind)
+            for tc in ((True, False) if kind != "f32" else (None,)):
+                name = ("grouped_gemm_tc" if tc else "grouped_gemm_simt") + _sfx(kind)
 
                 def run(be, a=a, b=b, off=off, tc=tc):
                     return {"out": _np(_ops().grouped_gemm(a, b, off, tensor_cores=tc, backend=be))}
@@ -166,7 +167,8 @@ def _experts_inputs(rng: np.random.Generator, kind: str, t: int, h: int, inter: 
 
 
 _EXPERT_SHAPES = (("f32", 37, 48, 40, 6, 2, "silu"), ("bf16", 37, 48, 40, 6, 2, "silu"),
-                  ("bf16", 5, 64, 24, 4, 3, "gelu_tanh"), ("f32", 1, 16, 8, 3, 1, "gelu_tanh"))
+                  ("bf16", 5, 64, 24, 4, 3, "gelu_tanh"), ("f32", 1, 16, 8, 3, 1, "gelu_tanh"),
+                  ("f16", 37, 48, 40, 6, 2, "silu"), ("f16", 5, 64, 24, 4, 3, "gelu_tanh"))
 
 
 def _experts_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -174,10 +176,10 @@ def _experts_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind, t, h, inter, e, k, act in _EXPERT_SHAPES:
         x, gu, dn, ids, w, dy = _experts_inputs(rng, kind, t, h, inter, e, k)
         s = _sfx(kind)
-        for tc in ((True, False) if kind == "bf16" else (None,)):
+        for tc in ((True, False) if kind != "f32" else (None,)):
             shape = f"t{t}-h{h}-i{inter}-e{e}-k{k}-{act}" + ("" if tc is None else ("-tc" if tc else "-fma"))
-            gemm = "grouped_gemm_tc_bf16" if tc else "grouped_gemm_simt" + s
-            first = ("moe_gemm_act_tc_bf16",) if tc else ("grouped_gemm_simt" + s, "moe_act" + s)
+            gemm = ("grouped_gemm_tc" if tc else "grouped_gemm_simt") + s
+            first = ("moe_gemm_act_tc" + s,) if tc else ("grouped_gemm_simt" + s, "moe_act" + s)
 
             def run(be, x=x, gu=gu, dn=dn, ids=ids, w=w, act=act, tc=tc):
                 return {"out": _np(_ops().moe_experts(x, gu, dn, ids, w, act, tensor_cores=tc, backend=be))}

@@ -161,6 +161,9 @@ def np_top_k_mask(logits: np.ndarray, top_k: Any) -> np.ndarray:
 
 
 # --------------------------------------------------------------------------- inputs and cases
+_SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}  # the kernels' instantiations (PK_IO_KERNELS)
+
+
 def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f32", ties: bool = False,
                zeros: int = 2) -> np.ndarray:
     from ...arrays import bfloat16
@@ -171,7 +174,7 @@ def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f3
     for b in range(batch):
         x[b, rng.integers(0, vocab, zeros)] = 0
     x = x / x.sum(1, keepdims=True)
-    return x.astype(bfloat16() if kind == "bf16" else np.float32)
+    return x.astype({"bf16": bfloat16(), "f16": np.float16}.get(kind, np.float32))  # type: ignore[arg-type]
 
 
 def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
@@ -196,7 +199,7 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
 
     shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items())
     return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else ""),
-                kernels=("sampling_from_probs" + ("_bf16" if kind == "bf16" else ""),), run=run, reference=ref,
+                kernels=("sampling_from_probs" + _SUFFIX[kind],), run=run, reference=ref,
                 note=note)
 
 
@@ -221,7 +224,7 @@ def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab
         return {"out": refn(np.asarray(x, np.float32), param)}
 
     return Case(op=op, dtype=kind, shape=f"B{batch}-V{vocab}-{'arr' if np.ndim(param) else param}"
-                + ("-ties" if ties else ""), kernels=(kernel + ("_bf16" if kind == "bf16" else ""),), run=run,
+                + ("-ties" if ties else ""), kernels=(kernel + _SUFFIX[kind],), run=run,
                 reference=ref, note=note)
 
 
@@ -242,7 +245,7 @@ def _philox_case() -> Case:
 @register_cases("sampling")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _philox_case()
-    for kind in ("f32", "bf16"):
+    for kind in ("f32", "bf16", "f16"):
         # vocab 37 (odd: the one-element path), 64 and 96 (16-byte vectors), ties at thresholds
         yield _sampling_case(rng, "sampling_from_probs", kind, 5, 37)
         yield _sampling_case(rng, "top_k_sampling_from_probs", kind, 5, 64, top_k=np.array([1, 3, 5, 64, 0]))

@@ -12,9 +12,19 @@ import numpy as np
 
 from ..case import Case, register_cases
 
-_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf16kv",
-           ("f32", "e4m3"): "_e4m3kv", ("f32", "e5m2"): "_e5m2kv",
-           ("bf16", "e4m3"): "_bf16_e4m3kv", ("bf16", "e5m2"): "_bf16_e5m2kv"}
+_Q_SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}
+_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f16", "f16"): "_f16", ("f32", "bf16"): "_bf16kv",
+           ("f32", "f16"): "_f16kv",
+           **{(q, f): f"{_Q_SUFFIX[q]}_{f}kv" for q in _Q_SUFFIX for f in ("e4m3", "e5m2")}}
+
+
+def _round16(x: np.ndarray, kind: str) -> np.ndarray:
+    """x in the 16-bit I/O type of `kind` ("bf16" / "f16"); float32 x for "f32"."""
+    from ...arrays import bfloat16
+
+    if kind == "bf16":
+        return x.astype(bfloat16())
+    return x.astype(np.float16) if kind == "f16" else x
 _FP8_DTYPES = {"e4m3": "float8_e4m3fn", "e5m2": "float8_e5m2"}
 # Power-of-two FP8 scales: x / scale is exact, so every backend's quantization matches ml_dtypes' bit for bit.
 FP8_SCALES = (0.5, 0.25)
@@ -126,9 +136,10 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
         last.append(n - (npages[b] - 1) * page_size if n else int(rng.integers(0, page_size + 1)))
         k = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
         v = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
-        if kind == "bf16" or raw_bf16:
-            k = k.astype(bfloat16()).astype(np.float32)
-            v = v.astype(bfloat16()).astype(np.float32)
+        if kind in ("bf16", "f16") or raw_bf16:  # raw_bf16: the values a bf16 / f16 input holds
+            rk = kind if kind in ("bf16", "f16") else ("f16" if raw_bf16 == "f16" else "bf16")
+            k = _round16(k, rk).astype(np.float32)
+            v = _round16(v, rk).astype(np.float32)
         ks_raw.append(k)
         vs_raw.append(v)
         if kind in _FP8_DTYPES:
@@ -142,8 +153,8 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
     if kv_layout == "HND":
         k_pages = np.ascontiguousarray(k_pages.transpose(0, 2, 1, 3))
         v_pages = np.ascontiguousarray(v_pages.transpose(0, 2, 1, 3))
-    if kind == "bf16":
-        k_pages, v_pages = k_pages.astype(bfloat16()), v_pages.astype(bfloat16())
+    if kind in ("bf16", "f16"):
+        k_pages, v_pages = _round16(k_pages, kind), _round16(v_pages, kind)
     elif kind in _FP8_DTYPES:  # exact: the pages hold fp8 values times the scale (NaN stays NaN)
         k_pages = (k_pages / np.float32(scales[0])).astype(fp8_dtype(kind))
         v_pages = (v_pages / np.float32(scales[1])).astype(fp8_dtype(kind))
@@ -156,12 +167,15 @@ def make_q(rng: np.random.Generator, shape: tuple[int, ...], kind: str = "f32") 
     from ...arrays import bfloat16
 
     q = rng.standard_normal(shape).astype(np.float32)
-    return q.astype(bfloat16()) if kind == "bf16" else q
+    del bfloat16
+    return _round16(q, kind)
 
 
 def _dtype_name(q_kind: str, kv_kind: str) -> str:
     if q_kind == "bf16" or kv_kind == "bf16":
         return "bf16"
+    if q_kind == "f16" or kv_kind == "f16":
+        return "f16"
     return "fp8" if kv_kind in _FP8_DTYPES else "f32"
 
 
@@ -175,7 +189,7 @@ def _decode(rng: np.random.Generator, lens: list[int], page_size: int, h: int, k
     q = make_q(rng, (len(lens), h, d), q_kind)
     suf = _SUFFIX[(q_kind, kv_kind)]
     split = num_splits is not None and num_splits > 1
-    kernels = ("paged_attn" + suf,) + (("paged_attn_merge" + ("_bf16" if q_kind == "bf16" else ""),) if split else ())
+    kernels = ("paged_attn" + suf,) + (("paged_attn_merge" + _Q_SUFFIX[q_kind],) if split else ())
 
     def run(backend: str) -> dict[str, Any]:
         plan = ops.PagedDecodePlan(len(lens), h, kvh, d, page_size, kv_layout=layout, q_dtype=q_kind,
@@ -276,14 +290,15 @@ def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], 
     in_kind = in_kind or kind
     fp8 = kind in _FP8_DTYPES
     final = [o + n for o, n in zip(old_lens, new_lens)]
-    pc = make_paged(rng, final, page_size, kvh, d, layout, kind, raw_bf16=in_kind == "bf16")
+    pc = make_paged(rng, final, page_size, kvh, d, layout, kind,
+                    raw_bf16=in_kind if in_kind in ("bf16", "f16") else False)
     app_ptr = np.concatenate([[0], np.cumsum(new_lens)])
     bi, pos = ops.get_batch_indices_positions(app_ptr, final, int(app_ptr[-1]))
     src_k, src_v = (pc["ks_raw"], pc["vs_raw"]) if fp8 else (pc["ks"], pc["vs"])
     k_new = np.concatenate([src_k[b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
     v_new = np.concatenate([src_v[b][o:] for b, o in enumerate(old_lens)]).astype(np.float32)
-    if in_kind == "bf16":
-        k_new, v_new = k_new.astype(bfloat16()), v_new.astype(bfloat16())
+    del bfloat16
+    k_new, v_new = _round16(k_new, in_kind), _round16(v_new, in_kind)
 
     def pages_view(p: np.ndarray) -> np.ndarray:
         return p if layout == "NHD" else p.transpose(0, 2, 1, 3)
@@ -311,9 +326,9 @@ def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], 
         return {"k": as_f32(pc["k_pages"]).astype(np.float64), "v": as_f32(pc["v_pages"]).astype(np.float64)}
 
     if fp8:
-        name = "paged_append_kv" + ("_bf16" if in_kind == "bf16" else "") + "_" + kind
+        name = "paged_append_kv" + _Q_SUFFIX.get(in_kind, "") + "_" + kind
     else:
-        name = "paged_append_kv" + ("_bf16" if kind == "bf16" else "")
+        name = "paged_append_kv" + _Q_SUFFIX[kind]
     return Case(op="append_paged_kv_cache", dtype="fp8" if fp8 else kind,
                 shape=f"old{old_lens}-new{new_lens}-P{page_size}-KV{kvh}-D{d}-{layout}"
                       + (f"-{in_kind}in-{kind}" if in_kind != kind or fp8 else "") + ("-combined" if combined else ""),
@@ -366,3 +381,16 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _decode(rng, [30, 11], 5, 4, 1, 48, "HND", q_kind="bf16", kv_kind=fk, num_splits=3)
         yield _prefill(rng, [20, 9], [6, 9], 5, 4, 2, 32, kind=fk, q_kind="f32")
         yield _prefill(rng, [12], [12], 16, 2, 1, 16, "HND", kind=fk, q_kind="bf16", window_left=4)
+    # float16: every family's f16 instantiation (f16 q over f16, FP8 caches; f32 q over an f16 cache)
+    yield _decode(rng, [21, 3], 16, 4, 2, 64, q_kind="f16", kv_kind="f16")
+    yield _decode(rng, [21, 0, 40], 5, 8, 1, 96, "HND", q_kind="f16", kv_kind="f16", num_splits=2, window_left=30,
+                  logits_soft_cap=5.0)
+    yield _decode(rng, [33, 7], 16, 4, 2, 64, q_kind="f32", kv_kind="f16", num_splits=2)
+    yield _decode(rng, [30, 11], 5, 4, 1, 48, "HND", q_kind="f16", kv_kind="e4m3", num_splits=3)
+    yield _prefill(rng, [20, 9], [6, 9], 5, 4, 2, 32, kind="f16", window_left=6)
+    yield _prefill(rng, [12], [12], 16, 2, 1, 16, "HND", kind="e5m2", q_kind="f16")
+    yield _varlen(rng, [15, 5], [7, 5], 4, 2, 64, "f16", "f16", causal=True)
+    yield _varlen(rng, [15], [6], 2, 2, 40, "f32", "f16", causal=True, softcap=3.0)
+    yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "f16")
+    yield _append(rng, [3, 0, 10], [2, 5, 1], 5, 2, 32, "NHD", "e4m3", in_kind="f16", combined=True)
+    yield _append(rng, [4, 9], [1, 3], 16, 2, 40, "HND", "e5m2", in_kind="f16")
