@@ -1,0 +1,288 @@
+// Tensor-core paged decode for grouped-query attention (bf16 and f16: one template over the element type T),
+// sm_80 and newer. Same conventions as paged.cu's paged_attn (FlashInfer's paged cache, CSR page table,
+// window_left, split-KV partials merged by pa_merge), for the decode case of one query per sequence and
+// a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for G >= 4 and
+// head_dim 64 / 128, bf16 or f16 q and K/V, no softcap, 16-byte aligned pages; paged_attn otherwise.
+//
+// Why: paged_attn's scalar path redoes each K/V element's dot product once per query head (G FMAs an
+// element), which leaves GQA decode issue-bound far below HBM bandwidth. Here the G query rows of a
+// kv head, zero-padded to 16, are the M dimension of mma.sync m16n8k16, so one HMMA serves every head
+// of the group and K/V bytes, not instructions, set the pace:
+//   S = Q K^T : Q (16 x D) as A, kept in registers for the whole CTA; K as B through ldmatrix
+//               (non-transposed: K rows are B's columns);
+//   online softmax on the S accumulators in base 2 (scale * log2 e folded into one multiply);
+//   O += P V  : P rounded to T straight from the S accumulator layout into the A layout, V as B through
+//               ldmatrix.trans.
+// Work split (FlashInfer's "num_warps_z" decode): one CTA of 4 warps per (sequence, kv head, split);
+// a tile of DTC_BC = 64 keys is 16 keys a warp, so each warp keeps its own (m, l, O) over its keys of
+// every tile, and the 4 partial softmaxes are merged through shared memory at the end.
+// K/V pages stream through a DTC_STAGES-slot cp.async ring (16-byte LDGSTS, one barrier a tile):
+// iteration i waits for tile i, then refills the slot tile i - 1 used with tile i + STAGES - 1, so
+// STAGES - 1 tiles are in flight while one is computed. Rows padded to D + 8 halves keep the 8 row
+// addresses of an ldmatrix phase in distinct banks. Keys past the range are zero-filled (V garbage
+// could be NaN, and 0 * NaN is NaN) and masked to -inf.
+// Requirements the op checks: K/V element strides (page, token, head) multiples of 8 and 16-byte
+// aligned bases (every copy is a 16-byte cp.async), 4 <= G <= 16.
+#include "pk_attn_tile.cuh"
+#include "pk_attention_tc.cuh"
+
+#define DTC_THREADS 128
+#define DTC_BC 64  // keys a tile: 16 a warp
+#define DTC_KW 16
+
+// STAGES: ring slots; MINB: CTAs an SM asked of ptxas (the ring's shared memory allows 3 at d64, 3 at d128).
+template <int D> struct DtcCfg;
+template <> struct DtcCfg<64> { enum { STAGES = 3, MINB = 3 }; };
+template <> struct DtcCfg<128> { enum { STAGES = 2, MINB = 2 }; };
+
+// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC x (D + 8) halves) and Q (16 x (D + 8)
+// halves); the end-of-CTA merge reuses the ring (4 x 16 x D floats + 2 x 4 x 16 floats fit in it).
+#define DTC_SMEM_BYTES(D, STAGES) ((((STAGES) * 2 * DTC_BC) + 16) * ((D) + 8) * 2)
+
+// Rows [t0, t0 + BC) of the range into one ring slot, 16-byte chunks: thread tid copies chunk tid % CH of
+// keys tid / CH + k * (128 / CH). Past `end`: zeros.
+template <int D, typename T>
+__device__ __forceinline__ void dtc_fill(const T* __restrict__ kp, const T* __restrict__ vp, const PagedKV& kv,
+                                         int t0, int end, unsigned short* ks, unsigned short* vs) {
+    constexpr int SD = D + 8, CH = D / 8, KPP = DTC_THREADS / CH;
+    const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+#pragma unroll
+    for (int k = 0; k < DTC_BC / KPP; k++) {
+        const int t = r0 + k * KPP;
+        const int pos = t0 + t;
+        const unsigned int off = (unsigned int)((t * SD + c * 8) * 2);
+        if (pos < end) {
+            const long long o = kv.offset(pos) + c * 8;
+            pk_cp_async_16_at(ks, off, kp + o);
+            pk_cp_async_16_at(vs, off, vp + o);
+        } else {
+            *reinterpret_cast<uint4*>(reinterpret_cast<char*>(ks) + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(reinterpret_cast<char*>(vs) + off) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
+                                                 const T* __restrict__ vp, T* __restrict__ out,
+                                                 float* __restrict__ lse, float* __restrict__ part_o,
+                                                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                                                 const int* __restrict__ kv_indices,
+                                                 const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                                                 int num_kv_heads, int page_size, long long s_page, long long s_tok,
+                                                 long long s_head, int window_left, int num_splits, int batch,
+                                                 int write_lse, float scale, float k_scale, float v_scale) {
+    constexpr int STAGES = DtcCfg<D>::STAGES;
+    constexpr int SD = D + 8;   // padded shared row, in halves
+    constexpr int KS = D / 16;  // k-steps of Q K^T
+    constexpr int ON = D / 8;   // O n-tiles
+    constexpr int SLOT = 2 * DTC_BC * SD;  // halves of one ring slot (K rows, then V rows)
+    extern __shared__ __align__(16) unsigned short dtc_smem[];
+    unsigned short* qs = dtc_smem + STAGES * SLOT;  // [16][SD]
+
+    const int H = num_qo_heads, NKV = num_kv_heads, G = H / NKV;
+    const int b = blockIdx.x / NKV, kvh = blockIdx.x - b * NKV;
+    const int split = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
+    kv.init(b, kvh);
+    const int L = kv.len;
+    // The query is position L - 1: it sees [L - 1 - window_left, L - 1] (window_left 2^30 = unbounded).
+    const long long vlo = (long long)L - 1 - window_left;
+    int begin = vlo < 0 ? 0 : (int)vlo;
+    int end = L;
+    if (num_splits > 1) {  // as pa_body: an even split of the range, rounded up to whole tiles
+        const int span = end - begin;
+        int per = span / num_splits + (span % num_splits != 0);
+        per = (per + DTC_BC - 1) / DTC_BC * DTC_BC;
+        const long long bg = (long long)per * split;
+        begin = bg < span ? begin + (int)bg : end;
+        end = end - begin > per ? begin + per : end;
+    }
+
+    // Q rows kvh * G .. + G of sequence b (raw 16-bit words), zero rows G..15.
+    const unsigned short* qw = reinterpret_cast<const unsigned short*>(q) + ((long long)b * H + (long long)kvh * G) * D;
+    for (int i = tid; i < 16 * D; i += DTC_THREADS) {
+        const int r = i / D, d = i - r * D;
+        qs[r * SD + d] = r < G ? qw[i] : (unsigned short)0;
+    }
+
+    // Prologue: tiles 0 .. STAGES - 2 of the range, one commit group each (empty past the end).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        const int t0 = begin + s * DTC_BC;
+        if (t0 < end) dtc_fill<D>(kp, vp, kv, t0, end, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * SD);
+        pk_cp_async_commit();
+    }
+    __syncthreads();  // Q is in
+
+    // ldmatrix row addresses: lane -> (row, col) of the 4 8x8 matrices it addresses.
+    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);   // Q (A)
+    const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
+    const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
+    unsigned int qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4(qa[ks], qs + a_row * SD + ks * 16 + a_col);
+
+    float o[ON][4];
+#pragma unroll
+    for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this warp's keys
+    const float sl2 = scale * k_scale * PA_LOG2E;
+
+    int stage = 0;
+    for (int t0 = begin; t0 < end; t0 += DTC_BC) {
+        pk_cp_async_wait<STAGES - 2>();  // this thread's copies of tile t0 have landed
+        __syncthreads();                 // everyone's have; and every warp is done with the slot refilled next
+        {
+            const int nt0 = t0 + (STAGES - 1) * DTC_BC;
+            const int ns = stage == 0 ? STAGES - 1 : stage - 1;  // the slot tile t0 - BC used
+            if (nt0 < end) dtc_fill<D>(kp, vp, kv, nt0, end, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * SD);
+            pk_cp_async_commit();
+        }
+        const unsigned short* ks_ = dtc_smem + stage * SLOT + warp * DTC_KW * SD;  // this warp's 16 keys
+        const unsigned short* vs_ = ks_ + DTC_BC * SD;
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+
+        float s[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kp2 = 0; kp2 < D / 32; kp2++) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
+                pk_ldmatrix_x4(kb, ks_ + (nt * 8 + kb_row) * SD + kp2 * 32 + kb_col);
+                pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2], kb, s[nt]);
+                pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
+            }
+        }
+        // Base 2, keys past the range masked, online softmax over this warp's 16 keys.
+        const int kbase = t0 + warp * DTC_KW + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = kbase + nt * 8 + (e & 1) < end ? s[nt][e] * sl2 : PK_NEG_INF;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+            const float base = mx == PK_NEG_INF ? 0.0f : mx;  // nothing visible yet: stay at 0
+            const float alpha = pk_ex2_approx(m[r] - base);
+            m[r] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
+                s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
+#pragma unroll
+            for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+        }
+        // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step.
+        unsigned int pa[4];
+        pa[0] = Pk16<T>::narrow2(s[0][0], s[0][1]);
+        pa[1] = Pk16<T>::narrow2(s[0][2], s[0][3]);
+        pa[2] = Pk16<T>::narrow2(s[1][0], s[1][1]);
+        pa[3] = Pk16<T>::narrow2(s[1][2], s[1][3]);
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            unsigned int vb[4];  // b of O n-tile 2 np in vb[0..1], of 2 np + 1 in vb[2..3]
+            pk_ldmatrix_x4_trans(vb, vs_ + vb_row * SD + np * 16 + vb_col);
+            pk_mma_m16n8k16<T>(o[2 * np], pa, vb, o[2 * np]);
+            pk_mma_m16n8k16<T>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
+        }
+    }
+    pk_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
+    __syncthreads();         // every warp is done with the ring: the merge reuses it
+
+    // Merge the 4 warps' partial softmaxes: Os [4][16][D], Ms / Ls [4][16] (log2 domain) over the ring.
+    float* Os = reinterpret_cast<float*>(dtc_smem);
+    float* Ms = Os + 4 * 16 * D;
+    float* Ls = Ms + 4 * 16;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
+        const int row = g + 8 * r;
+        float* orow = Os + (warp * 16 + row) * D;
+#pragma unroll
+        for (int i = 0; i < ON; i++) {
+            orow[i * 8 + 2 * t4] = o[i][2 * r];
+            orow[i * 8 + 2 * t4 + 1] = o[i][2 * r + 1];
+        }
+        if (t4 == 0) {
+            Ms[warp * 16 + row] = m[r];
+            Ls[warp * 16 + row] = lr;
+        }
+    }
+    __syncthreads();
+    const long long rows_total = (long long)batch * H;
+    for (int i = tid; i < G * D; i += DTC_THREADS) {
+        const int r = i / D, d = i - r * D;
+        float M = PK_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < 4; w++) M = fmaxf(M, Ms[w * 16 + r]);
+        float W = 0.0f, x = 0.0f;
+        if (M != PK_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const float mw = Ms[w * 16 + r];
+                const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
+                W = fmaf(f, Ls[w * 16 + r], W);
+                x = fmaf(f, Os[(w * 16 + r) * D + d], x);
+            }
+        }
+        const bool seen = W > 0.0f;
+        const float ov = seen ? x * __fdividef(v_scale, W) : 0.0f;
+        const float lse2 = seen ? M + __log2f(W) : PK_NEG_INF;
+        const long long orow = (long long)b * H + (long long)kvh * G + r;
+        if (num_splits > 1) {
+            const long long slot = (long long)split * rows_total + orow;
+            part_o[slot * D + d] = ov;
+            if (d == 0) part_lse[slot] = lse2;
+        } else {
+            PkIO<T>::store(out, orow * D + d, ov);
+            if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
+        }
+    }
+}
+
+PK_ATTN_TC_ENTRY(dtc_paged_entry, dtc_paged_decode)
+PK_IO_VARIANT(decode_tc_paged_d64, dtc_paged_entry, 64)
+PK_IO_VARIANT(decode_tc_paged_d128, dtc_paged_entry, 128)
+
+PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
+                 long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,
+                 int write_lse, float scale, float k_scale, float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
+                 long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,
+                 int write_lse, float scale, float k_scale, float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+// The split-KV merge into f16 (paged.cu's paged_attn_merge / _bf16 cover f32 and bf16): pa_merge as they are.
+extern "C" __global__ void __launch_bounds__(DTC_THREADS) decode_tc_merge_f16(const float* __restrict__ part_o,
+        const float* __restrict__ part_lse, __half* __restrict__ out, float* __restrict__ lse, long long total_rows,
+        int head_dim, int num_splits, int write_lse) {
+    pa_merge<__half>(part_o, part_lse, out, lse, total_rows, head_dim, num_splits, write_lse);
+}
