@@ -30,41 +30,87 @@
 #define DTC_BC 64  // keys a tile: 16 a warp
 #define DTC_KW 16
 
-// STAGES: ring slots; MINB: CTAs an SM asked of ptxas (the ring's shared memory allows 3 at d64, 3 at d128).
-template <int D> struct DtcCfg;
-template <> struct DtcCfg<64> { enum { STAGES = 3, MINB = 3 }; };
-template <> struct DtcCfg<128> { enum { STAGES = 2, MINB = 2 }; };
+// K/V element: the 16-bit T itself, or an FP8 tag (PkE4M3 / PkE5M2 of pk_attn_tile.cuh). FP8 pages stream
+// into the ring as bytes (half the bytes of bf16, so twice the keys a byte in flight) and each warp widens
+// its own 16 keys of the tile to T in registers (hardware cvt.rn.f16x2.<fp8>x2 on sm_89+, then a pack to
+// T; exact: every e4m3 / e5m2 value is a bf16 and an f16 value) into a per-warp T tile that ldmatrix reads
+// as in the 16-bit case; only __syncwarp orders it (no other warp touches those rows).
+template <typename TKV> struct DtcFp8 { enum { ON = 0, EB = 0 }; };
+template <> struct DtcFp8<PkE4M3> { enum { ON = 1, EB = 4 }; };
+template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
 
-// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC x (D + 8) halves) and Q (16 x (D + 8)
-// halves); the end-of-CTA merge reuses the ring (4 x 16 x D floats + 2 x 4 x 16 floats fit in it).
-#define DTC_SMEM_BYTES(D, STAGES) ((((STAGES) * 2 * DTC_BC) + 16) * ((D) + 8) * 2)
+// STAGES: ring slots; MINB: CTAs an SM asked of ptxas (shared memory allows 3 at 16-bit d64 / d128).
+template <int D, bool FP8> struct DtcCfg;
+template <> struct DtcCfg<64, false> { enum { STAGES = 3, MINB = 3 }; };
+template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 2 }; };
+template <> struct DtcCfg<64, true> { enum { STAGES = 3, MINB = 3 }; };
+template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 2 }; };
 
-// Rows [t0, t0 + BC) of the range into one ring slot, 16-byte chunks: thread tid copies chunk tid % CH of
-// keys tid / CH + k * (128 / CH). Past `end`: zeros.
-template <int D, typename T>
-__device__ __forceinline__ void dtc_fill(const T* __restrict__ kp, const T* __restrict__ vp, const PagedKV& kv,
-                                         int t0, int end, unsigned short* ks, unsigned short* vs) {
-    constexpr int SD = D + 8, CH = D / 8, KPP = DTC_THREADS / CH;
+// A ring row in bytes: the cache type's row, padded by 16 bytes (16-bit: D + 8 halves, which keeps the
+// 8 row addresses of an ldmatrix phase in distinct banks).
+#define DTC_RB(D, EB) ((D) * (EB) + 16)
+// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), FP8 only the per-warp T tiles
+// (4 x (K, V) x 16 x (D + 8) halves), and Q (16 x (D + 8) halves). The end-of-CTA merge reuses the ring
+// (4 x 16 x D floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
+#define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
+    ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 * 2 * 16 * ((D) + 8) * 2 : 0) + 16 * ((D) + 8) * 2)
+
+// Rows [t0, t0 + BC) of the range into one ring slot (K rows at ks, V rows at vs, RB bytes apart), 16-byte
+// chunks: thread tid copies chunk tid % CH of keys tid / CH + k * (128 / CH). Past `end`: zeros.
+template <int D, typename TKV>
+__device__ __forceinline__ void dtc_fill(const TKV* __restrict__ kp, const TKV* __restrict__ vp, const PagedKV& kv,
+                                         int t0, int end, unsigned char* ks, unsigned char* vs) {
+    constexpr int EB = (int)sizeof(TKV), RB = DTC_RB(D, EB), EPC = 16 / EB, CH = D / EPC;
+    constexpr int KPP = DTC_THREADS / CH;
     const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
 #pragma unroll
     for (int k = 0; k < DTC_BC / KPP; k++) {
         const int t = r0 + k * KPP;
         const int pos = t0 + t;
-        const unsigned int off = (unsigned int)((t * SD + c * 8) * 2);
+        const unsigned int off = (unsigned int)(t * RB + c * 16);
         if (pos < end) {
-            const long long o = kv.offset(pos) + c * 8;
+            const long long o = kv.offset(pos) + c * EPC;
             pk_cp_async_16_at(ks, off, kp + o);
             pk_cp_async_16_at(vs, off, vp + o);
         } else {
-            *reinterpret_cast<uint4*>(reinterpret_cast<char*>(ks) + off) = make_uint4(0u, 0u, 0u, 0u);
-            *reinterpret_cast<uint4*>(reinterpret_cast<char*>(vs) + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(ks + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(vs + off) = make_uint4(0u, 0u, 0u, 0u);
         }
     }
 }
 
-template <typename T, int D>
-__device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const T* __restrict__ kp,
-                                                 const T* __restrict__ vp, T* __restrict__ out,
+// FP8 -> T for one warp: its 16 K rows and 16 V rows of a ring slot (RB bytes a row) into its T tile
+// (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
+// eight pair conversions, two 16-byte writes.
+template <typename T, int D, typename TKV>
+__device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigned char* vs, unsigned short* tk) {
+    constexpr int RB = DTC_RB(D, 1), SD = D + 8, CH = D / 16;  // 16-element chunks a row
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 2 * 16 * CH / 32; j++) {
+        const int i = lane + 32 * j;
+        const int kvsel = i / (16 * CH), rem = i - kvsel * 16 * CH;
+        const int r = rem / CH, c = rem - r * CH;
+        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vs : ks) + r * RB + c * 16);
+        const unsigned int w[4] = {x.x, x.y, x.z, x.w};
+        unsigned int o[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float a, b, cc, d;
+            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] & 0xffffu), a, b);
+            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] >> 16), cc, d);
+            o[2 * e] = Pk16<T>::narrow2(a, b);
+            o[2 * e + 1] = Pk16<T>::narrow2(cc, d);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(tk + (kvsel * 16 + r) * SD + c * 16);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
+template <typename T, int D, typename TKV>
+__device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const unsigned char* __restrict__ kraw,
+                                                 const unsigned char* __restrict__ vraw, T* __restrict__ out,
                                                  float* __restrict__ lse, float* __restrict__ part_o,
                                                  float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
                                                  const int* __restrict__ kv_indices,
@@ -72,13 +118,19 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                                                  int num_kv_heads, int page_size, long long s_page, long long s_tok,
                                                  long long s_head, int window_left, int num_splits, int batch,
                                                  int write_lse, float scale, float k_scale, float v_scale) {
-    constexpr int STAGES = DtcCfg<D>::STAGES;
-    constexpr int SD = D + 8;   // padded shared row, in halves
+    constexpr bool FP8 = DtcFp8<TKV>::ON;
+    constexpr int EB = (int)sizeof(TKV);
+    constexpr int STAGES = DtcCfg<D, FP8>::STAGES;
+    constexpr int SD = D + 8;   // padded T row, in halves
+    constexpr int RB = DTC_RB(D, EB);  // ring row, in bytes
     constexpr int KS = D / 16;  // k-steps of Q K^T
     constexpr int ON = D / 8;   // O n-tiles
-    constexpr int SLOT = 2 * DTC_BC * SD;  // halves of one ring slot (K rows, then V rows)
-    extern __shared__ __align__(16) unsigned short dtc_smem[];
-    unsigned short* qs = dtc_smem + STAGES * SLOT;  // [16][SD]
+    constexpr int SLOT = 2 * DTC_BC * RB;  // bytes of one ring slot (K rows, then V rows)
+    extern __shared__ __align__(16) unsigned char dtc_smem[];
+    unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][2][16][SD]
+    unsigned short* qs = tiles + (FP8 ? 4 * 2 * 16 * SD : 0);                           // [16][SD]
+    const TKV* kp = reinterpret_cast<const TKV*>(kraw);
+    const TKV* vp = reinterpret_cast<const TKV*>(vraw);
 
     const int H = num_qo_heads, NKV = num_kv_heads, G = H / NKV;
     const int b = blockIdx.x / NKV, kvh = blockIdx.x - b * NKV;
@@ -113,7 +165,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         const int t0 = begin + s * DTC_BC;
-        if (t0 < end) dtc_fill<D>(kp, vp, kv, t0, end, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * SD);
+        if (t0 < end) dtc_fill<D>(kp, vp, kv, t0, end, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * RB);
         pk_cp_async_commit();
     }
     __syncthreads();  // Q is in
@@ -139,11 +191,21 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         {
             const int nt0 = t0 + (STAGES - 1) * DTC_BC;
             const int ns = stage == 0 ? STAGES - 1 : stage - 1;  // the slot tile t0 - BC used
-            if (nt0 < end) dtc_fill<D>(kp, vp, kv, nt0, end, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * SD);
+            if (nt0 < end) dtc_fill<D>(kp, vp, kv, nt0, end, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * RB);
             pk_cp_async_commit();
         }
-        const unsigned short* ks_ = dtc_smem + stage * SLOT + warp * DTC_KW * SD;  // this warp's 16 keys
-        const unsigned short* vs_ = ks_ + DTC_BC * SD;
+        const unsigned char* kslot = dtc_smem + stage * SLOT + warp * DTC_KW * RB;  // this warp's 16 keys
+        const unsigned short* ks_;
+        if constexpr (FP8) {  // widen this warp's rows into its own T tile (the previous tile's reads of it are done:
+                    // ldmatrix is warp-wide and ordered before these stores in the warp's program)
+            unsigned short* tk = tiles + warp * 2 * 16 * SD;
+            dtc_widen<T, D, TKV>(kslot, kslot + DTC_BC * RB, tk);
+            __syncwarp();
+            ks_ = tk;
+        } else {
+            ks_ = reinterpret_cast<const unsigned short*>(kslot);
+        }
+        const unsigned short* vs_ = ks_ + (FP8 ? 16 * SD : DTC_BC * SD);
         stage = stage + 1 == STAGES ? 0 : stage + 1;
 
         float s[2][4];
@@ -202,7 +264,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     __syncthreads();         // every warp is done with the ring: the merge reuses it
 
     // Merge the 4 warps' partial softmaxes: Os [4][16][D], Ms / Ls [4][16] (log2 domain) over the ring.
-    float* Os = reinterpret_cast<float*>(dtc_smem);
+    float* Os = reinterpret_cast<float*>(dtc_smem);  // fits: see DTC_SMEM_BYTES
     float* Ms = Os + 4 * 16 * D;
     float* Ls = Ms + 4 * 16;
 #pragma unroll
@@ -254,28 +316,102 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     }
 }
 
-PK_ATTN_TC_ENTRY(dtc_paged_entry, dtc_paged_decode)
-PK_IO_VARIANT(decode_tc_paged_d64, dtc_paged_entry, 64)
-PK_IO_VARIANT(decode_tc_paged_d128, dtc_paged_entry, 128)
+// Entry points: decode_tc_paged_d{64,128}[_e4m3kv|_e5m2kv]_{bf16,f16}: q / out of T; K/V of T, or FP8.
+// K/V pointers are T* (16-bit caches) or unsigned char* (FP8), read as bytes by the body.
+template <typename T, int D, int KIND, typename KP>
+__device__ __forceinline__ void dtc_paged_kind(const T* q, const KP* kq, const KP* vq, T* out,
+                                               float* lse, float* part_o, float* part_lse, const int* ip,
+                                               const int* ix, const int* ll, int h, int kvh, int ps, long long sp,
+                                               long long st, long long sh, int wl, int ns, int batch, int wlse,
+                                               float scale, float ks, float vs) {
+    const unsigned char* k = reinterpret_cast<const unsigned char*>(kq);
+    const unsigned char* v = reinterpret_cast<const unsigned char*>(vq);
+    if constexpr (KIND == 0) {
+        dtc_paged_decode<T, D, T>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl, ns,
+                                  batch, wlse, scale, ks, vs);
+    } else if constexpr (KIND == 4) {
+        dtc_paged_decode<T, D, PkE4M3>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
+                                       ns, batch, wlse, scale, ks, vs);
+    } else {
+        dtc_paged_decode<T, D, PkE5M2>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
+                                       ns, batch, wlse, scale, ks, vs);
+    }
+}
 
-PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
-                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
-                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
-                 long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,
-                 int write_lse, float scale, float k_scale, float v_scale),
+PK_ATTN_TC_ENTRY(dtc_paged_entry, dtc_paged_kind)
+PK_IO_VARIANT(decode_tc_paged_d64, dtc_paged_entry, 64, 0)
+PK_IO_VARIANT(decode_tc_paged_d64_e4m3kv, dtc_paged_entry, 64, 4)
+PK_IO_VARIANT(decode_tc_paged_d64_e5m2kv, dtc_paged_entry, 64, 5)
+PK_IO_VARIANT(decode_tc_paged_d128, dtc_paged_entry, 128, 0)
+PK_IO_VARIANT(decode_tc_paged_d128_e4m3kv, dtc_paged_entry, 128, 4)
+PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
+
+PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
                 (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
                  num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
                  write_lse, scale, k_scale, v_scale))
 
-PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
-                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
-                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
-                 long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,
-                 int write_lse, float scale, float k_scale, float v_scale),
+PK_IO16_KERNELS(decode_tc_paged_d64_e4m3kv, (DTC_THREADS, DtcCfg<64, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d64_e5m2kv, (DTC_THREADS, DtcCfg<64, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128, false>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128_e4m3kv, (DTC_THREADS, DtcCfg<128, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128_e5m2kv, (DTC_THREADS, DtcCfg<128, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
                 (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
                  num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
                  write_lse, scale, k_scale, v_scale))

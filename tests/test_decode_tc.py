@@ -144,6 +144,33 @@ def test_tc_decode_racecheck_clean(monkeypatch) -> None:
         _close(out, ro, "paged_decode_attention", "bf16")
 
 
+FP8_CASES = [  # (kind, heads, kv_heads, head_dim, page_size, lens, num_splits)
+    ("e4m3", 8, 2, 64, 16, [70, 0, 33], None),
+    ("e5m2", 8, 2, 64, 1, [70, 0, 33], 3),
+    ("e4m3", 16, 2, 128, 1, [150, 17], 4),
+    ("e5m2", 16, 2, 128, 16, [150, 17], 1),
+]
+
+
+@pytest.mark.parametrize("case", FP8_CASES, ids=[f"{c[0]}h{c[1]}kv{c[2]}d{c[3]}p{c[4]}s{c[6]}" for c in FP8_CASES])
+def test_tc_decode_fp8_kv_matches_float64(case, launched) -> None:
+    # FP8 pages (scaled: K = k_scale * fp8, V = v_scale * fp8) widened to bf16 in registers, bf16 q / out.
+    _need("host")
+    kind, h, kvh, d, ps, lens, ns = case
+    rng = np.random.default_rng(d + ps + h)
+    pc = make_paged(rng, lens, ps, kvh, d, "NHD", kind)
+    q = make_q(rng, (len(lens), h, d), "bf16")
+    plan = ops.PagedDecodePlan(len(lens), h, kvh, d, ps, q_dtype="bf16", kv_dtype=kind, num_splits=ns,
+                               max_kv_len=max(lens))
+    out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
+                                          pc["kv_last_page_len"], plan=plan, k_scale=pc["scales"][0],
+                                          v_scale=pc["scales"][1], return_lse=True, backend="host")
+    assert launched[0] == f"decode_tc_paged_d{d}_{kind}kv_bf16"
+    ro, rl = _ref(pc, q)
+    _close(out, ro, "paged_decode_attention", "bf16")
+    _close(lse, rl, "paged_decode_attention", "bf16")
+
+
 # --------------------------------------------------------------------------- f16 through the kernels
 def _f16_pages(rng, lens, ps, kvh, d) -> dict:
     pc = make_paged(rng, lens, ps, kvh, d, "NHD", "f32")
@@ -154,25 +181,31 @@ def _f16_pages(rng, lens, ps, kvh, d) -> dict:
     return pc
 
 
-@pytest.mark.parametrize("d,ns", [(64, 1), (128, 3)])
-def test_tc_decode_f16_kernels(d: int, ns: int) -> None:
+@pytest.mark.parametrize("d,ns,kv", [(64, 1, "f16"), (128, 3, "f16"), (128, 2, "e4m3"), (64, 1, "e5m2")])
+def test_tc_decode_f16_kernels(d: int, ns: int, kv: str) -> None:
     # The op takes bf16 (f16 serving arrives with paged.cu's f16 kernels); the f16 instantiation of the
     # same template is checked here, launched as the op launches the bf16 one. The error model is the
     # tensor-core attention's (inputs exact, P rounded to f16): flash_attention's f16 row.
     _need("host")
     rng = np.random.default_rng(d + ns)
     lens, h, kvh, ps = [77, 0, 20], 8, 2, 16
-    pc = _f16_pages(rng, lens, ps, kvh, d)
+    if kv == "f16":
+        pc, ksc, vsc, name = _f16_pages(rng, lens, ps, kvh, d), 1.0, 1.0, f"decode_tc_paged_d{d}_f16"
+    else:  # FP8 pages as raw bytes, widened to f16
+        pc = make_paged(rng, lens, ps, kvh, d, "NHD", kv)
+        pc["k_pages"], pc["v_pages"] = pc["k_pages"].view(np.uint8), pc["v_pages"].view(np.uint8)
+        (ksc, vsc), name = pc["scales"], f"decode_tc_paged_d{d}_{kv}kv_f16"
     q = rng.standard_normal((len(lens), h, d)).astype(np.float16)
     n = len(lens)
     out = np.zeros((n, h, d), np.float16)
     lse = np.zeros((n, h), np.float32)
     part_o = np.zeros(max(1, ns * n * h * d), np.float32)
     part_lse = np.zeros(max(1, ns * n * h), np.float32)
-    launcher.launch(f"decode_tc_paged_d{d}_f16", (n * kvh, 1, ns), (128,), q.reshape(-1),
+    launcher.launch(name, (n * kvh, 1, ns), (128,), q.reshape(-1),
                     pc["k_pages"].reshape(-1), pc["v_pages"].reshape(-1), out.reshape(-1), lse, part_o, part_lse,
                     pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"], h, kvh, ps, ps * kvh * d, kvh * d, d,
-                    2**30, ns, n, 1, 1.0 / np.sqrt(d), 1.0, 1.0, shared_mem=dtc_smem_bytes(d), backend="host")
+                    2**30, ns, n, 1, 1.0 / np.sqrt(d), ksc, vsc, shared_mem=dtc_smem_bytes(d, 2 if kv == "f16" else 1),
+                    backend="host")
     if ns > 1:
         launcher.launch("decode_tc_merge_f16", (-(-n * h // 4),), (128,), part_o, part_lse, out.reshape(-1), lse,
                         n * h, d, ns, 1, backend="host")
@@ -192,7 +225,9 @@ def test_dispatch_picks_the_tensor_core_kernel_only_where_it_applies() -> None:
     assert P(4, 32, 8, 96, 16, q_dtype="bf16").launches()[0][0] == "paged_attn_bf16"  # head_dim 96
     assert P(4, 32, 8, 128, 16).launches()[0][0] == "paged_attn"  # f32
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", kv_dtype="float8_e4m3fn").launches()[0][0] == \
-        "paged_attn_bf16_e4m3kv"  # FP8 KV keeps paged_attn
+        "decode_tc_paged_d128_e4m3kv_bf16"  # FP8 K/V widened to bf16 in registers
+    assert P(4, 32, 8, 64, 16, q_dtype="bf16", kv_dtype="e5m2").launches()[0][0] == "decode_tc_paged_d64_e5m2kv_bf16"
+    assert P(4, 32, 8, 128, 16, kv_dtype="e4m3").launches()[0][0] == "paged_attn_e4m3kv"  # f32 q
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", logits_soft_cap=30.0).launches()[0][0] == "paged_attn_bf16"
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", tensor_cores=False).launches()[0][0] == "paged_attn_bf16"
     p = P(1, 32, 8, 128, 16, q_dtype="bf16", max_kv_len=4096)
@@ -228,7 +263,8 @@ def _report() -> Any:
     return mod
 
 
-TC_KERNELS = [f"decode_tc_paged_d{d}_{t}" for d in (64, 128) for t in ("bf16", "f16")]
+TC_KERNELS = [f"decode_tc_paged_d{d}{kv}_{t}" for d in (64, 128) for kv in ("", "_e4m3kv", "_e5m2kv")
+              for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)

@@ -77,23 +77,33 @@ _SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f32", "bf16"): "_bf1
 
 # Tensor-core decode (kernels_cu/decode_tc.cu): the GQA group's query rows, padded to 16, are the M
 # dimension of mma.sync m16n8k16, so one HMMA serves every head of the group (the scalar path redoes each
-# dot product per head and is issue-bound). Picked for 16-bit q and K/V of one type, 4 <= group <= 16,
-# head_dim 64 / 128, no softcap, 16-byte aligned pages; paged_attn otherwise.
+# dot product per head and is issue-bound). Picked for 16-bit q with K/V of q's type or FP8 (widened to
+# q's type in registers), 4 <= group <= 16, head_dim 64 / 128, no softcap, 16-byte aligned pages;
+# paged_attn otherwise.
 TC_DECODE_HEAD_DIMS = (64, 128)
 TC_DECODE_MIN_GROUP, TC_DECODE_MAX_GROUP = 4, 16
 DTC_BC = 64  # keys a tile (DTC_BC in decode_tc.cu)
-_DTC_STAGES = {64: 3, 128: 2}  # DtcCfg<D>::STAGES
+_DTC_STAGES = {(64, 2): 3, (128, 2): 2, (64, 1): 3, (128, 1): 3}  # DtcCfg<D, FP8>::STAGES by (D, K/V bytes)
 _TC_SUFFIX = {"bf16": "_bf16", "f16": "_f16"}
 
 
-def dtc_smem_bytes(d: int) -> int:
-    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 keys) and Q (16 rows), rows of d + 8 halves."""
-    return (_DTC_STAGES[d] * 2 * DTC_BC + 16) * (d + 8) * 2
+def dtc_stages(d: int, kv_bytes: int = 2) -> int:
+    """Ring slots of the tensor-core decode kernel (DtcCfg<D, FP8>::STAGES)."""
+    return _DTC_STAGES[(d, kv_bytes)]
+
+
+def dtc_smem_bytes(d: int, kv_bytes: int = 2) -> int:
+    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), for FP8 the
+    per-warp 16-bit tiles (4 x (K, V) x 16 rows), and Q (16 rows); 16-bit rows are d + 8 halves."""
+    ring = dtc_stages(d, kv_bytes) * 2 * DTC_BC * (d * kv_bytes + 16)
+    widened = 4 * 2 * 16 * (d + 8) * 2 if kv_bytes == 1 else 0
+    return ring + widened + 16 * (d + 8) * 2
 
 
 def tc_decode_eligible(q_kind: str, kv_kind: str, group: int, head_dim: int, softcap: float) -> bool:
     """Whether the tensor-core decode kernel covers this shape (alignment and the backend are checked at run)."""
-    return (q_kind == kv_kind and q_kind in _TC_SUFFIX and TC_DECODE_MIN_GROUP <= group <= TC_DECODE_MAX_GROUP
+    return (q_kind in _TC_SUFFIX and kv_kind in (q_kind, *_FP8)
+            and TC_DECODE_MIN_GROUP <= group <= TC_DECODE_MAX_GROUP
             and head_dim in TC_DECODE_HEAD_DIMS and softcap == 0.0)
 
 
@@ -500,7 +510,7 @@ class PagedDecodePlan:
                                                self.logits_soft_cap) and tensor_cores is not False
         if self.tensor_cores:
             assert self.row_chunks == 1
-            self.tc_smem = dtc_smem_bytes(self.head_dim)
+            self.tc_smem = dtc_smem_bytes(self.head_dim, _KV_BYTES.get(self.kv_kind, 2))
         ctas = self.batch * self.num_kv_heads * self.row_chunks
         if num_splits is None:
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
@@ -538,7 +548,8 @@ class PagedDecodePlan:
 
     def _attn_name(self, tc: bool) -> str:
         if tc and self.tensor_cores:
-            return f"decode_tc_paged_d{self.head_dim}{_TC_SUFFIX[self.q_kind]}"
+            fp8 = f"_{self.kv_kind}kv" if self.kv_kind in _FP8 else ""
+            return f"decode_tc_paged_d{self.head_dim}{fp8}{_TC_SUFFIX[self.q_kind]}"
         return "paged_attn" + self.suffix
 
     def _merge_name(self) -> str:
@@ -546,9 +557,9 @@ class PagedDecodePlan:
             "paged_attn_merge" + ("_bf16" if self.q_kind == "bf16" else "")
 
     def _use_tc(self, kf: Any, vf: Any, strides: tuple[int, int, int], backend: str | None) -> bool:
-        """The tensor-core kernel copies 16-byte chunks only: element strides multiples of 8, aligned bases;
-        and it needs sm_80+ (anything else runs paged_attn with the same grid and workspaces)."""
-        if not self.tensor_cores or any(s % 8 for s in strides):
+        """The tensor-core kernel copies 16-byte chunks only: element strides whole 16-byte multiples, aligned
+        bases; and it needs sm_80+ (anything else runs paged_attn with the same grid and workspaces)."""
+        if not self.tensor_cores or any(s % (16 // _KV_BYTES.get(self.kv_kind, 2)) for s in strides):
             return False
         addrs = (_address(kf), _address(vf))
         if any(a is None or a % 16 for a in addrs):
