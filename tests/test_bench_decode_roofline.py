@@ -81,3 +81,13 @@ def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> N
     # batch 1 at 1k: 2 us for the merge launch outweighs the 1.3 us of K/V reads
     r = bd.tc_roofline_row(1, 8, 1024, "bf16", c)
     assert r["bind"] == "launch" and r["pct"] < 50.0
+
+
+def test_tc_fp8_path_is_hbm_bound_at_long_contexts(costs) -> None:
+    bd, _ = costs
+    c = bd.tc_sass_costs("decode_tc_paged_d128_e4m3kv_bf16")
+    assert c["mma"] == 32 and c["ldgsts"] >= 2
+    for g in (4, 8):
+        for b in (1, 8, 64, 256):
+            r = bd.tc_roofline_row(b, g, 32768, "e4m3", c)
+            assert r["bind"] == "HBM" and r["pct"] >= 85.0, (g, b, r)

@@ -313,3 +313,16 @@ def test_no_spills_on_any_arch() -> None:
             pytest.skip(f"NVRTC unavailable: {e}")
         raise
     assert len(archs) >= 3
+
+
+def test_tc_split_count_fills_one_wave() -> None:
+    # Below the SM count the tensor-core plan splits into as many CTAs as one wave holds: 3 CTAs an SM
+    # (16-bit d128), 2 with the FP8 kernel's larger shared memory; never a partial second wave.
+    P = ops.PagedDecodePlan
+    p = P(8, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768)
+    assert p.num_splits == 132 * 3 // 64 == 6 and p.grid[0] * p.grid[2] <= 132 * 3
+    p = P(8, 64, 8, 128, 16, q_dtype="bf16", kv_dtype="e4m3", max_kv_len=32768)
+    assert p.num_splits == 132 * 2 // 64 == 4
+    assert P(1, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 32  # the cap
+    assert P(1, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=1024).num_splits == 16  # >= 64 positions a split
+    assert P(17, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 1  # 136 CTAs >= 132 SMs

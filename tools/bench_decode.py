@@ -237,16 +237,16 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
 
 def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
                     head_dim: int = 128, page_size: int = 16) -> dict[str, Any]:
-    """Modelled H100 time of one paged decode step on the tensor-core kernel and its binding term
-    (HBM, issue, latency, tensor, smem). Only bf16 K/V takes that kernel (FP8 stays on paged_attn)."""
-    from pykern.ops.serving import dtc_smem_bytes
+    """Modelled H100 time of one paged decode step on the tensor-core kernel (bf16 q; bf16 or e4m3 K/V, the
+    costs of that kernel) and its binding term (HBM, issue, latency, tensor, smem, launch)."""
+    from pykern.ops.serving import dtc_smem_bytes, dtc_stages
 
     heads = kv_heads * group
     plan = PagedDecodePlan(batch, heads, kv_heads, head_dim, page_size, max_kv_len=length, q_dtype="bf16",
-                           kv_dtype="bf16")
+                           kv_dtype="bf16" if kv == "bf16" else "float8_e4m3fn")
     assert plan.tensor_cores, (group, head_dim)
     eb = KV_ELEM[kv]
-    stages = {64: 3, 128: 2}[head_dim]
+    stages = dtc_stages(head_dim, eb)
     ctas = math.prod(plan.launches()[0][1])
     per_cta_pos = -(-length // plan.num_splits)
     tiles = -(-per_cta_pos // TC_BC)
@@ -259,7 +259,7 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     partials = 2 * plan.num_splits * batch * heads * (head_dim + 1) * 4 if plan.num_splits > 1 else 0
     read = kv_min + qo + table + partials
     regs = -(-costs["registers"] // 8) * 8
-    smem = dtc_smem_bytes(head_dim)
+    smem = dtc_smem_bytes(head_dim, eb)
     occ = max(1, min(65536 // (regs * 32 * warps), SMEM_SM // (smem + 1024), 32))
     resident = min(occ, -(-ctas // H100_SMS))
     waves = -(-ctas // (H100_SMS * occ))
@@ -268,10 +268,11 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     t_issue = waves * resident * per_cta / (ISSUE * CLOCK)
     t_issue_lo = waves * resident * per_cta_lo / (ISSUE * CLOCK)
     # tensor pipe: every warp's HMMAs of a tile; shared memory: the tile written once (cp.async) and read
-    # once by ldmatrix (each warp its 16 keys of K and V)
+    # once by ldmatrix (each warp its 16 keys of K and V); FP8 also reads the bytes and writes the bf16 tile
     t_tensor = waves * resident * warps * tiles * costs["mma"] * MMA_FLOPS / TENSOR_SM
-    tile_bytes = TC_BC * 2 * head_dim * 2
-    t_smem = waves * resident * tiles * 2 * tile_bytes / SMEM_BW
+    tile16 = TC_BC * 2 * head_dim * 2
+    per_tile = 2 * tile16 if eb == 2 else 2 * (TC_BC * 2 * head_dim) + 2 * tile16
+    t_smem = waves * resident * tiles * per_tile / SMEM_BW
     have = resident * (stages - 1) * TC_BC * 2 * head_dim * eb
     bw_lat = min(H100_BW / H100_SMS, have / HBM_LAT) * active_sms
     t_lat = read / bw_lat
@@ -296,7 +297,7 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
     for kv in args.kv:
         print(f"\nmodelled bound, % of H100 HBM ({H100_BW / 1e12:.2f} TB/s), {kv} KV, bf16 q, kv_heads 8, "
               f"head_dim 128, page 16: old = paged_attn, new = what PagedDecodePlan picks "
-              f"(decode_tc for bf16 K/V and GQA >= 4; paged_attn otherwise)")
+              f"(decode_tc for GQA >= 4; paged_attn otherwise)")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'new kernel':>12s}"
         print(hdr)
@@ -305,8 +306,8 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
             for b in SUMMARY_BATCHES:
                 for n in SUMMARY_LENGTHS:
                     o = roofline_row(b, g, n, kv, old_costs[kv])
-                    if kv == "bf16" and g >= 4:
-                        r, kern = tc_roofline_row(b, g, n, kv, tc_costs), "decode_tc"
+                    if g >= 4:
+                        r, kern = tc_roofline_row(b, g, n, kv, tc_costs[kv]), "decode_tc"
                     else:
                         r, kern = o, "paged_attn"
                     print(f"{g:3d} {b:5d} {n:6d} {r['splits']:6d} {o['pct']:5.1f}% {o['bind']:>9s} "
@@ -315,7 +316,8 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
 
 def roofline(args: argparse.Namespace) -> None:
     old_costs = {kv: sass_costs("paged_attn_bf16" if kv == "bf16" else "paged_attn_bf16_e4m3kv") for kv in args.kv}
-    tc = tc_sass_costs()
+    tc = {kv: tc_sass_costs("decode_tc_paged_d128_bf16" if kv == "bf16" else "decode_tc_paged_d128_e4m3kv_bf16")
+          for kv in args.kv}
     if args.summary:
         summary(args, old_costs, tc)
         return
@@ -344,15 +346,15 @@ def roofline(args: argparse.Namespace) -> None:
                           f"{r['need_kb']:7.1f} {r['have_kb']:7.1f} {r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} "
                           f"{r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} {r['bind']:>7s} {r['pct']:5.1f}% "
                           f"{r['t_issue_lo'] * 1e6:8.1f} {r['pct_hi']:5.1f}%")
-    if "bf16" in args.kv:
-        tc_table(args, tc)
+    for kv in args.kv:
+        tc_table(args, tc[kv], kv)
     summary(args, old_costs, tc)
 
 
-def tc_table(args: argparse.Namespace, c: dict[str, Any]) -> None:
+def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
     print(f"\ntensor-core paged decode roofline ({c['kernel']} sm_90 SASS: regs {c['registers']}, tile loop "
           f"{c['loop']} warp-instructions a warp a 64-key tile with {c['mma']:.0f} HMMA and {c['ldgsts']} "
-          f"LDGSTS.128, {c['rest']} outside the loop), bf16 KV, kv_heads 8, head_dim 128, page 16")
+          f"LDGSTS.128, {c['rest']} outside the loop), {kv} KV, kv_heads 8, head_dim 128, page 16")
     hdr = (f"{'GQA':>3s} {'batch':>5s} {'len':>6s} {'CTAs':>6s} {'splt':>4s} {'occ':>3s} {'ring KB':>7s} "
            f"{'x min':>6s} {'HBM us':>8s} {'issue us':>8s} {'lat us':>8s} {'tc us':>7s} {'smem us':>7s} "
            f"{'launch':>6s} {'bound':>7s} {'% HBM':>6s}")
@@ -361,7 +363,7 @@ def tc_table(args: argparse.Namespace, c: dict[str, Any]) -> None:
     for g in (x for x in args.gqa if x >= 4):
         for b in args.rf_batch:
             for n in args.rf_length:
-                r = tc_roofline_row(b, g, n, "bf16", c)
+                r = tc_roofline_row(b, g, n, kv, c)
                 print(f"{g:3d} {b:5d} {n:6d} {r['ctas']:6d} {r['splits']:4d} {r['occ']:3d} {r['have_kb']:7.1f} "
                       f"{r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} {r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} "
                       f"{r['t_tensor'] * 1e6:7.1f} {r['t_smem'] * 1e6:7.1f} {r['launch'] * 1e6:6.1f} "

@@ -85,6 +85,7 @@ TC_DECODE_MIN_GROUP, TC_DECODE_MAX_GROUP = 4, 16
 DTC_BC = 64  # keys a tile (DTC_BC in decode_tc.cu)
 _DTC_STAGES = {(64, 2): 3, (128, 2): 2, (64, 1): 3, (128, 1): 3}  # DtcCfg<D, FP8>::STAGES by (D, K/V bytes)
 _TC_SUFFIX = {"bf16": "_bf16", "f16": "_f16"}
+_SM_SHARED = 228 * 1024  # shared memory an SM (sm_90; the split count only)
 
 
 def dtc_stages(d: int, kv_bytes: int = 2) -> int:
@@ -514,6 +515,11 @@ class PagedDecodePlan:
         ctas = self.batch * self.num_kv_heads * self.row_chunks
         if num_splits is None:
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
+            if self.tensor_cores and ctas < num_sms:
+                # As many splits as one wave holds (CTAs an SM by shared memory, at most 3 by registers): a
+                # second partial wave would leave most SMs idle for its length.
+                per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
+                s = min(32, max(2, num_sms * per_sm // ctas))
             if max_kv_len is not None:
                 span = int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1)
                 s = min(s, max(1, -(-span // _MIN_SPLIT)))
