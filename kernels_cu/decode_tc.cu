@@ -1,8 +1,9 @@
 // Tensor-core paged decode for grouped-query attention (bf16 and f16: one template over the element type T),
 // sm_80 and newer. Same conventions as paged.cu's paged_attn (FlashInfer's paged cache, CSR page table,
 // window_left, split-KV partials merged by pa_merge), for the decode case of one query per sequence and
-// a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for G >= 4 and
-// head_dim 64 / 128, bf16 or f16 q and K/V, no softcap, 16-byte aligned pages; paged_attn otherwise.
+// a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for G >= 4,
+// head_dim 64 / 128, bf16 or f16 q with K/V of q's type or FP8 (e4m3 / e5m2, see DtcFp8), no softcap,
+// 16-byte aligned pages; paged_attn otherwise.
 //
 // Why: paged_attn's scalar path redoes each K/V element's dot product once per query head (G FMAs an
 // element), which leaves GQA decode issue-bound far below HBM bandwidth. Here the G query rows of a
@@ -13,15 +14,15 @@
 //   online softmax on the S accumulators in base 2 (scale * log2 e folded into one multiply);
 //   O += P V  : P rounded to T straight from the S accumulator layout into the A layout, V as B through
 //               ldmatrix.trans.
-// Work split (FlashInfer's "num_warps_z" decode): one CTA of 4 warps per (sequence, kv head, split);
+// Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
 // a tile of DTC_BC = 64 keys is 16 keys a warp, so each warp keeps its own (m, l, O) over its keys of
 // every tile, and the 4 partial softmaxes are merged through shared memory at the end.
-// K/V pages stream through a DTC_STAGES-slot cp.async ring (16-byte LDGSTS, one barrier a tile):
+// K/V pages stream through a STAGES-slot cp.async ring (16-byte LDGSTS, one barrier a tile):
 // iteration i waits for tile i, then refills the slot tile i - 1 used with tile i + STAGES - 1, so
-// STAGES - 1 tiles are in flight while one is computed. Rows padded to D + 8 halves keep the 8 row
-// addresses of an ldmatrix phase in distinct banks. Keys past the range are zero-filled (V garbage
+// STAGES - 1 tiles are in flight while one is computed. 16-bit rows padded to D + 8 halves keep the 8
+// row addresses of an ldmatrix phase in distinct banks. Keys past the range are zero-filled (V garbage
 // could be NaN, and 0 * NaN is NaN) and masked to -inf.
-// Requirements the op checks: K/V element strides (page, token, head) multiples of 8 and 16-byte
+// Requirements the op checks: K/V element strides (page, token, head) of whole 16-byte chunks and 16-byte
 // aligned bases (every copy is a 16-byte cp.async), 4 <= G <= 16.
 #include "pk_attn_tile.cuh"
 #include "pk_attention_tc.cuh"
@@ -347,10 +348,11 @@ PK_IO_VARIANT(decode_tc_paged_d128_e4m3kv, dtc_paged_entry, 128, 4)
 PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
 
 PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
-                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
+                 long long s_page, long long s_tok, long long s_head,
                  int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
                  float v_scale),
                 (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
@@ -382,10 +384,11 @@ PK_IO16_KERNELS(decode_tc_paged_d64_e5m2kv, (DTC_THREADS, DtcCfg<64, true>::MINB
                  write_lse, scale, k_scale, v_scale))
 
 PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128, false>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
-                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
+                 long long s_page, long long s_tok, long long s_head,
                  int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
                  float v_scale),
                 (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,

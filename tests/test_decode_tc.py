@@ -129,17 +129,20 @@ def test_tc_decode_schedules_agree_bitwise(schedule, monkeypatch) -> None:
         assert np.array_equal(np.asarray(o2, np.float64), o) and np.array_equal(np.asarray(l2), l)
 
 
-def test_tc_decode_racecheck_clean(monkeypatch) -> None:
+@pytest.mark.parametrize("kind", ["bf16", "e4m3"])
+def test_tc_decode_racecheck_clean(kind: str, monkeypatch, launched) -> None:
     _need("host")
     monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
     rng = np.random.default_rng(12)
     lens = [150, 3]
-    pc = make_paged(rng, lens, 16, 1, 64, "NHD", "bf16")
+    pc = make_paged(rng, lens, 16, 1, 64, "NHD", kind)
     q = make_q(rng, (2, 4, 64), "bf16")
+    sc = pc["scales"] if kind == "e4m3" else (None, None)
     for ns in (1, 2):
-        plan = ops.PagedDecodePlan(2, 4, 1, 64, 16, q_dtype="bf16", num_splits=ns)
+        plan = ops.PagedDecodePlan(2, 4, 1, 64, 16, q_dtype="bf16", kv_dtype=kind, num_splits=ns)
         out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
-                            pc["kv_last_page_len"], return_lse=True, backend="host")
+                            pc["kv_last_page_len"], k_scale=sc[0], v_scale=sc[1], return_lse=True, backend="host")
+        assert launched[-2 if ns > 1 else -1].startswith("decode_tc_paged_d64")
         ro, rl = _ref(pc, q)
         _close(out, ro, "paged_decode_attention", "bf16")
 
