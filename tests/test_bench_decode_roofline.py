@@ -49,3 +49,45 @@ def test_rows_name_a_binding_term_and_stay_under_peak(costs) -> None:
     # more query heads a kv head: more P.V work over the same bytes -> never faster
     t = [bd.roofline_row(64, g, 4096, "bf16", c)["t"] for g in (1, 4, 8)]
     assert t[0] <= t[1] <= t[2]
+
+
+@pytest.fixture(scope="module")
+def tc_costs():
+    bd = _bd()
+    try:
+        return bd, bd.tc_sass_costs()
+    except Exception as e:  # no cuobjdump / NVRTC here
+        if type(e).__name__ in ("CuobjdumpUnavailable", "CompileError", "NvrtcUnavailable"):
+            pytest.skip(f"no SASS: {e}")
+        raise
+
+
+def test_tc_costs_come_from_the_hmma_tile_loop(tc_costs) -> None:
+    bd, c = tc_costs
+    assert c["mma"] == 32  # d128: 16 for S (8 k-steps x 2 n-tiles), 16 for P V (16 n-tiles)
+    assert c["ldgsts"] >= 2 and 100 < c["loop"] < 4000 and c["rest"] > 0 and 0 < c["registers"] <= 255
+
+
+def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> None:
+    bd, old = costs
+    _, c = tc_costs
+    for g in (4, 8):
+        for b, n in ((64, 1024), (256, 32768), (1, 32768), (8, 32768)):
+            r = bd.tc_roofline_row(b, g, n, "bf16", c)
+            assert r["bind"] == "HBM" and r["pct"] >= 85.0, (g, b, n, r)
+            assert r["t_issue"] < r["t_hbm"] and r["t_tensor"] < r["t_hbm"] and r["t_smem"] < r["t_hbm"]
+            o = bd.roofline_row(b, g, n, "bf16", old)
+            assert o["bind"] == "issue" and o["pct"] < 50.0 < r["pct"]  # the scalar path it replaces
+    # batch 1 at 1k: 2 us for the merge launch outweighs the 1.3 us of K/V reads
+    r = bd.tc_roofline_row(1, 8, 1024, "bf16", c)
+    assert r["bind"] == "launch" and r["pct"] < 50.0
+
+
+def test_tc_fp8_path_is_hbm_bound_at_long_contexts(costs) -> None:
+    bd, _ = costs
+    c = bd.tc_sass_costs("decode_tc_paged_d128_e4m3kv_bf16")
+    assert c["mma"] == 32 and c["ldgsts"] >= 2
+    for g in (4, 8):
+        for b in (1, 8, 64, 256):
+            r = bd.tc_roofline_row(b, g, 32768, "e4m3", c)
+            assert r["bind"] == "HBM" and r["pct"] >= 85.0, (g, b, r)

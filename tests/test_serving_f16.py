@@ -20,9 +20,10 @@ from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attentio
 from test_serving import _close, _decode, _ref_decode  # noqa: E402
 
 
-@pytest.mark.parametrize("kinds", [("f16", "f16"), ("f32", "f16")])
+@pytest.mark.parametrize("kinds,tensor_cores", [(("f16", "f16"), True), (("f16", "f16"), False),
+                                                (("f32", "f16"), True)])
 @pytest.mark.parametrize("num_splits", [1, 3])
-def test_paged_decode_f16(kinds, num_splits) -> None:
+def test_paged_decode_f16(kinds, tensor_cores, num_splits) -> None:
     _need("host")
     qk, kk = kinds
     rng = np.random.default_rng(11)
@@ -30,8 +31,10 @@ def test_paged_decode_f16(kinds, num_splits) -> None:
     assert pc["k_pages"].dtype == np.float16
     q = make_q(rng, (3, 8, 64), qk)
     plan = ops.PagedDecodePlan(3, 8, 2, 64, 5, kv_layout="HND", q_dtype=qk, kv_dtype="float16", num_splits=num_splits,
-                               like=q)
-    assert plan.launches()[0][0] == ("paged_attn_f16" if qk == "f16" else "paged_attn_f16kv")
+                               like=q, tensor_cores=tensor_cores)
+    # A group of 4 f16 query heads takes the tensor-core decode; f32 queries and tensor_cores=False paged_attn.
+    want = "paged_attn_f16" if qk == "f16" else "paged_attn_f16kv"
+    assert plan.launches()[0][0] == ("decode_tc_paged_d64_f16" if qk == "f16" and tensor_cores else want)
     if num_splits > 1:
         assert plan.launches()[1][0] == "paged_attn_merge" + ("_f16" if qk == "f16" else "")
     out, lse = _decode(pc, q, "HND", plan=plan)

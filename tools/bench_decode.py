@@ -4,6 +4,7 @@
     python tools/bench_decode.py --resources            # also ptxas registers/spills of the kernels per arch
     python tools/bench_decode.py --time --dtype bf16    # also time each method on the GPU (needs torch + CUDA)
     python tools/bench_decode.py --roofline             # roofline of paged decode from OUR SASS (no GPU)
+    python tools/bench_decode.py --roofline --kv bf16 e4m3 --summary   # only the old-vs-new table
 
 Per (model, batch, length, method) the report prints: launches per decode step, CTAs of
 the attention launch vs the SM count (132 on an H100), bytes read vs the minimum (K and V
@@ -151,7 +152,7 @@ def roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, 
     heads = kv_heads * group
     kvd = "bf16" if kv == "bf16" else "float8_e4m3fn"
     plan = PagedDecodePlan(batch, heads, kv_heads, head_dim, page_size, max_kv_len=length, q_dtype="bf16",
-                           kv_dtype=kvd)
+                           kv_dtype=kvd, tensor_cores=False)
     eb = KV_ELEM[kv]
     ctas = math.prod(plan.launches()[0][1])
     per_cta_pos = -(-length // plan.num_splits)
@@ -202,11 +203,127 @@ def roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, 
 
 _NT_WARPS = 4  # PA_NT / 32
 
+# --------------------------------------------------------------------------- the tensor-core path
+# kernels_cu/decode_tc.cu: a CTA of 4 warps per (sequence, kv head, split); every warp runs the whole tile
+# loop body (fill of its share of 64 keys, 32 HMMAs at d128, softmax) once a 64-key tile. Its issue is
+# read from the SASS as the tile loop's instructions (steady_state_loops: the loop with the MMAs, no inner
+# loop; the refill and its zero-fill branch both counted: an upper bound) and the straight-line rest of
+# the kernel (prologue, Q load, the cross-warp merge: counted once a warp, all of it).
+TC_BC = 64
+MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16
+TENSOR_SM = 990e12 * 2 / 3 / H100_SMS  # mma.sync at about 2/3 of the dense bf16 peak, per SM (DESIGN.md)
+SMEM_BW = 128 * CLOCK  # bytes/s an SM
+
+
+def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90") -> dict[str, Any]:
+    """Warp-instructions of the tensor-core decode kernel from its SASS: loop (the tile loop body, a warp,
+    a tile), rest (everything else in the kernel, a warp, once), mma (m16n8k16 a warp a tile), registers."""
+    import importlib.util
+
+    from pykern import cache
+    from pykern.registry import source_files
+
+    spec = importlib.util.spec_from_file_location("pk_sass_report_bdtc", ROOT / "tools" / "sass_report.py")
+    sr = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sr)
+    src = next(s for s in source_files() if s.name == "decode_tc.cu")
+    mod = cache.get_module(src, arch)
+    text = sr.disassemble(mod.image)
+    loop = sr.steady_state_loops(text)[kernel]
+    total = sr.count_sass(text)[kernel]["total"]
+    return {"loop": loop["insns"], "rest": total - loop["insns"], "mma": loop["mma"], "ldgsts": loop["ldgsts"],
+            "registers": mod.resources[kernel].registers, "kernel": kernel}
+
+
+def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
+                    head_dim: int = 128, page_size: int = 16) -> dict[str, Any]:
+    """Modelled H100 time of one paged decode step on the tensor-core kernel (bf16 q; bf16 or e4m3 K/V, the
+    costs of that kernel) and its binding term (HBM, issue, latency, tensor, smem, launch)."""
+    from pykern.ops.serving import dtc_smem_bytes, dtc_stages
+
+    heads = kv_heads * group
+    plan = PagedDecodePlan(batch, heads, kv_heads, head_dim, page_size, max_kv_len=length, q_dtype="bf16",
+                           kv_dtype="bf16" if kv == "bf16" else "float8_e4m3fn")
+    assert plan.tensor_cores, (group, head_dim)
+    eb = KV_ELEM[kv]
+    stages = dtc_stages(head_dim, eb)
+    ctas = math.prod(plan.launches()[0][1])
+    per_cta_pos = -(-length // plan.num_splits)
+    tiles = -(-per_cta_pos // TC_BC)
+    warps = _NT_WARPS
+    per_cta = warps * (tiles * costs["loop"] + costs["rest"])
+    per_cta_lo = warps * tiles * costs["loop"]
+    kv_min = 2 * batch * kv_heads * length * head_dim * eb
+    qo = 2 * batch * heads * head_dim * 2
+    table = batch * (-(-length // page_size)) * 4
+    partials = 2 * plan.num_splits * batch * heads * (head_dim + 1) * 4 if plan.num_splits > 1 else 0
+    read = kv_min + qo + table + partials
+    regs = -(-costs["registers"] // 8) * 8
+    smem = dtc_smem_bytes(head_dim, eb)
+    occ = max(1, min(65536 // (regs * 32 * warps), SMEM_SM // (smem + 1024), 32))
+    resident = min(occ, -(-ctas // H100_SMS))
+    waves = -(-ctas // (H100_SMS * occ))
+    active_sms = min(H100_SMS, ctas)
+    t_hbm = read / H100_BW
+    t_issue = waves * resident * per_cta / (ISSUE * CLOCK)
+    t_issue_lo = waves * resident * per_cta_lo / (ISSUE * CLOCK)
+    # tensor pipe: every warp's HMMAs of a tile; shared memory: the tile written once (cp.async) and read
+    # once by ldmatrix (each warp its 16 keys of K and V); FP8 also reads the bytes and writes the bf16 tile
+    t_tensor = waves * resident * warps * tiles * costs["mma"] * MMA_FLOPS / TENSOR_SM
+    tile16 = TC_BC * 2 * head_dim * 2
+    per_tile = 2 * tile16 if eb == 2 else 2 * (TC_BC * 2 * head_dim) + 2 * tile16
+    t_smem = waves * resident * tiles * per_tile / SMEM_BW
+    have = resident * (stages - 1) * TC_BC * 2 * head_dim * eb
+    bw_lat = min(H100_BW / H100_SMS, have / HBM_LAT) * active_sms
+    t_lat = read / bw_lat
+    launch = LAUNCH_S * (len(plan.launches()) - 1)
+    terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem}
+    bind = max(terms, key=terms.get)
+    t = terms[bind] + launch
+    if launch > terms[bind]:
+        bind = "launch"
+    return {"ctas": ctas, "splits": plan.num_splits, "tile": TC_BC, "occ": occ, "have_kb": have / 1024,
+            "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue, "t_issue_lo": t_issue_lo,
+            "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "launch": launch, "t": t, "bind": bind,
+            "pct": 100 * (kv_min + qo) / t / H100_BW}
+
+
+SUMMARY_BATCHES = (1, 8, 64, 256)
+SUMMARY_LENGTHS = (1024, 32768)
+
+
+def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[str, Any]) -> None:
+    """Modelled % of H100 HBM, old path (paged_attn) vs the path the plan picks now, with binding terms."""
+    for kv in args.kv:
+        print(f"\nmodelled bound, % of H100 HBM ({H100_BW / 1e12:.2f} TB/s), {kv} KV, bf16 q, kv_heads 8, "
+              f"head_dim 128, page 16: old = paged_attn, new = what PagedDecodePlan picks "
+              f"(decode_tc for GQA >= 4; paged_attn otherwise)")
+        hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
+              f"{'new %':>6s} {'new bound':>9s} {'new kernel':>12s}"
+        print(hdr)
+        print("-" * len(hdr))
+        for g in args.gqa:
+            for b in SUMMARY_BATCHES:
+                for n in SUMMARY_LENGTHS:
+                    o = roofline_row(b, g, n, kv, old_costs[kv])
+                    if g >= 4:
+                        r, kern = tc_roofline_row(b, g, n, kv, tc_costs[kv]), "decode_tc"
+                    else:
+                        r, kern = o, "paged_attn"
+                    print(f"{g:3d} {b:5d} {n:6d} {r['splits']:6d} {o['pct']:5.1f}% {o['bind']:>9s} "
+                          f"{r['pct']:5.1f}% {r['bind']:>9s} {kern:>12s}")
+
 
 def roofline(args: argparse.Namespace) -> None:
+    old_costs = {kv: sass_costs("paged_attn_bf16" if kv == "bf16" else "paged_attn_bf16_e4m3kv") for kv in args.kv}
+    tc = {kv: tc_sass_costs("decode_tc_paged_d128_bf16" if kv == "bf16" else "decode_tc_paged_d128_e4m3kv_bf16")
+          for kv in args.kv}
+    if args.summary:
+        summary(args, old_costs, tc)
+        return
     for kv in args.kv:
         kern = "paged_attn_bf16" if kv == "bf16" else "paged_attn_bf16_e4m3kv"
-        c = sass_costs(kern)
+        c = old_costs[kv]
         print(f"\npaged decode roofline, bf16 q/out, {kv} KV, kv_heads 8, head_dim 128, page 16; H100 "
               f"{H100_SMS} SMs {H100_BW / 1e12:.2f} TB/s, {ISSUE} issue/clk/SM at {CLOCK / 1e9:.3f} GHz, HBM "
               f"latency {HBM_LAT * 1e9:.0f} ns")
@@ -229,6 +346,28 @@ def roofline(args: argparse.Namespace) -> None:
                           f"{r['need_kb']:7.1f} {r['have_kb']:7.1f} {r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} "
                           f"{r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} {r['bind']:>7s} {r['pct']:5.1f}% "
                           f"{r['t_issue_lo'] * 1e6:8.1f} {r['pct_hi']:5.1f}%")
+    for kv in args.kv:
+        tc_table(args, tc[kv], kv)
+    summary(args, old_costs, tc)
+
+
+def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
+    print(f"\ntensor-core paged decode roofline ({c['kernel']} sm_90 SASS: regs {c['registers']}, tile loop "
+          f"{c['loop']} warp-instructions a warp a 64-key tile with {c['mma']:.0f} HMMA and {c['ldgsts']} "
+          f"LDGSTS.128, {c['rest']} outside the loop), {kv} KV, kv_heads 8, head_dim 128, page 16")
+    hdr = (f"{'GQA':>3s} {'batch':>5s} {'len':>6s} {'CTAs':>6s} {'splt':>4s} {'occ':>3s} {'ring KB':>7s} "
+           f"{'x min':>6s} {'HBM us':>8s} {'issue us':>8s} {'lat us':>8s} {'tc us':>7s} {'smem us':>7s} "
+           f"{'launch':>6s} {'bound':>7s} {'% HBM':>6s}")
+    print(hdr)
+    print("-" * len(hdr))
+    for g in (x for x in args.gqa if x >= 4):
+        for b in args.rf_batch:
+            for n in args.rf_length:
+                r = tc_roofline_row(b, g, n, kv, c)
+                print(f"{g:3d} {b:5d} {n:6d} {r['ctas']:6d} {r['splits']:4d} {r['occ']:3d} {r['have_kb']:7.1f} "
+                      f"{r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} {r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} "
+                      f"{r['t_tensor'] * 1e6:7.1f} {r['t_smem'] * 1e6:7.1f} {r['launch'] * 1e6:6.1f} "
+                      f"{r['bind']:>7s} {r['pct']:5.1f}%")
 
 
 def resources(args: argparse.Namespace) -> None:
@@ -320,6 +459,8 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gqa", nargs="+", type=int, default=list(GQA), help="--roofline query heads a kv head")
     ap.add_argument("--rf-batch", nargs="+", type=int, default=list(RF_BATCHES))
     ap.add_argument("--rf-length", nargs="+", type=int, default=list(RF_LENGTHS))
+    ap.add_argument("--summary", action="store_true",
+                    help="--roofline: only the old-vs-new table (batch 1/8/64/256 x ctx 1k/32k x --gqa)")
     args = ap.parse_args(argv)
     if args.roofline:
         roofline(args)

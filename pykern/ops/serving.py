@@ -78,6 +78,48 @@ _SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f16", "f16"): "_f16"
            **{(q, f): f"{arrays.kernel_suffix(q)}_{f}kv" for q in ("f32", "bf16", "f16") for f in ("e4m3", "e5m2")}}
 _Q_KINDS = ("f32", "bf16", "f16")
 
+# Tensor-core decode (kernels_cu/decode_tc.cu): the GQA group's query rows, padded to 16, are the M
+# dimension of mma.sync m16n8k16, so one HMMA serves every head of the group (the scalar path redoes each
+# dot product per head and is issue-bound). Picked for 16-bit q with K/V of q's type or FP8 (widened to
+# q's type in registers), 4 <= group <= 16, head_dim 64 / 128, no softcap, 16-byte aligned pages;
+# paged_attn otherwise.
+TC_DECODE_HEAD_DIMS = (64, 128)
+TC_DECODE_MIN_GROUP, TC_DECODE_MAX_GROUP = 4, 16
+DTC_BC = 64  # keys a tile (DTC_BC in decode_tc.cu)
+_DTC_STAGES = {(64, 2): 3, (128, 2): 2, (64, 1): 3, (128, 1): 3}  # DtcCfg<D, FP8>::STAGES by (D, K/V bytes)
+_TC_SUFFIX = {"bf16": "_bf16", "f16": "_f16"}
+_SM_SHARED = 228 * 1024  # shared memory an SM (sm_90; the split count only)
+
+
+def dtc_stages(d: int, kv_bytes: int = 2) -> int:
+    """Ring slots of the tensor-core decode kernel (DtcCfg<D, FP8>::STAGES)."""
+    return _DTC_STAGES[(d, kv_bytes)]
+
+
+def dtc_smem_bytes(d: int, kv_bytes: int = 2) -> int:
+    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), for FP8 the
+    per-warp 16-bit tiles (4 x (K, V) x 16 rows), and Q (16 rows); 16-bit rows are d + 8 halves."""
+    ring = dtc_stages(d, kv_bytes) * 2 * DTC_BC * (d * kv_bytes + 16)
+    widened = 4 * 2 * 16 * (d + 8) * 2 if kv_bytes == 1 else 0
+    return ring + widened + 16 * (d + 8) * 2
+
+
+def tc_decode_eligible(q_kind: str, kv_kind: str, group: int, head_dim: int, softcap: float) -> bool:
+    """Whether the tensor-core decode kernel covers this shape (alignment and the backend are checked at run)."""
+    return (q_kind in _TC_SUFFIX and kv_kind in (q_kind, *_FP8)
+            and TC_DECODE_MIN_GROUP <= group <= TC_DECODE_MAX_GROUP
+            and head_dim in TC_DECODE_HEAD_DIMS and softcap == 0.0)
+
+
+def _address(a: Any) -> int | None:
+    """The data address of a flat array (None when it cannot be told: such pages take paged_attn)."""
+    if isinstance(a, np.ndarray):
+        return int(a.ctypes.data)
+    if arrays.is_torch(a):
+        return int(a.data_ptr())
+    cai = getattr(a, "__cuda_array_interface__", None)
+    return int(cai["data"][0]) if cai is not None else None
+
 
 # --------------------------------------------------------------------------- shared helpers
 def attn_tiling(head_dim: int, packed_rows: int, kv_bytes: int = 4) -> tuple[int, int, int]:
@@ -430,13 +472,15 @@ class PagedDecodePlan:
     window_left (FlashInfer's name; -1 = unbounded): the query, the last position p of its
     sequence, sees keys p - window_left .. p; only those are read (splits divide that range).
     logits_soft_cap c > 0: scores become c * tanh(scale * q.k / c) (0 = off).
+    tensor_cores: None (default) runs GQA groups of 4..16 with 16-bit q and K/V at head_dim 64 / 128
+    on the tensor-core kernel (decode_tc.cu) where the backend has them; False keeps paged_attn.
     """
 
     def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
                  kv_layout: str = "NHD", q_dtype: str = "f32", kv_dtype: str | None = None,
                  max_kv_len: int | None = None, num_splits: int | None = None, return_lse: bool = False,
                  num_sms: int = H100_SMS, window_left: int = -1, logits_soft_cap: float = 0.0,
-                 like: Any = None) -> None:
+                 tensor_cores: bool | None = None, like: Any = None) -> None:
         for name, val, lo in (("batch", batch, 1), ("num_qo_heads", num_qo_heads, 1), ("num_kv_heads", num_kv_heads, 1),
                               ("head_dim", head_dim, 1), ("page_size", page_size, 1), ("num_sms", num_sms, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) < lo:
@@ -467,9 +511,21 @@ class PagedDecodePlan:
         group = num_qo_heads // num_kv_heads
         self.rows, self.tile, self.smem = attn_tiling(self.head_dim, group, _KV_BYTES[self.kv_kind])
         self.row_chunks = -(-group // self.rows)
+        # The tensor-core kernel: one CTA per (sequence, kv head, split) as paged_attn here (the group fits
+        # one row chunk at these head_dims), so the split count and workspaces serve both kernels.
+        self.tensor_cores = tc_decode_eligible(self.q_kind, self.kv_kind, group, self.head_dim,
+                                               self.logits_soft_cap) and tensor_cores is not False
+        if self.tensor_cores:
+            assert self.row_chunks == 1
+            self.tc_smem = dtc_smem_bytes(self.head_dim, _KV_BYTES.get(self.kv_kind, 2))
         ctas = self.batch * self.num_kv_heads * self.row_chunks
         if num_splits is None:
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
+            if self.tensor_cores and ctas < num_sms:
+                # As many splits as one wave holds (CTAs an SM by shared memory, at most 3 by registers): a
+                # second partial wave would leave most SMs idle for its length.
+                per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
+                s = min(32, max(2, num_sms * per_sm // ctas))
             if max_kv_len is not None:
                 span = int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1)
                 s = min(s, max(1, -(-span // _MIN_SPLIT)))
@@ -497,11 +553,31 @@ class PagedDecodePlan:
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
         """(kernel, grid, block, shared bytes) of each launch of a step."""
-        ls = [("paged_attn" + self.suffix, self.grid, self.block, self.smem)]
+        ls = [(self._attn_name(True), self.grid, self.block, self.tc_smem if self.tensor_cores else self.smem)]
         if self.num_splits > 1:
-            ls.append(("paged_attn_merge" + arrays.kernel_suffix(self.q_kind), self.merge_grid,
-                       self.block, 0))
+            ls.append((self._merge_name(), self.merge_grid, self.block, 0))
         return ls
+
+    def _attn_name(self, tc: bool) -> str:
+        if tc and self.tensor_cores:
+            fp8 = f"_{self.kv_kind}kv" if self.kv_kind in _FP8 else ""
+            return f"decode_tc_paged_d{self.head_dim}{fp8}{_TC_SUFFIX[self.q_kind]}"
+        return "paged_attn" + self.suffix
+
+    def _merge_name(self) -> str:
+        return "paged_attn_merge" + arrays.kernel_suffix(self.q_kind)
+
+    def _use_tc(self, kf: Any, vf: Any, strides: tuple[int, int, int], backend: str | None) -> bool:
+        """The tensor-core kernel copies 16-byte chunks only: element strides whole 16-byte multiples, aligned
+        bases; and it needs sm_80+ (anything else runs paged_attn with the same grid and workspaces)."""
+        if not self.tensor_cores or any(s % (16 // _KV_BYTES.get(self.kv_kind, 2)) for s in strides):
+            return False
+        addrs = (_address(kf), _address(vf))
+        if any(a is None or a % 16 for a in addrs):
+            return False
+        from .forward import tensor_cores_available
+
+        return tensor_cores_available(backend)
 
     def run(self, q: Any, k_pages: Any, v_pages: Any = None, kv_indptr: Any = None, kv_indices: Any = None,
             kv_last_page_len: Any = None, *, scale: float | None = None, k_scale: float | None = None,
@@ -539,13 +615,19 @@ class PagedDecodePlan:
         q = arrays.contiguous(q)
         split = self.num_splits > 1
         stream = arrays.launch_stream(stream, q)
-        launch("paged_attn" + self.suffix, self.grid, self.block, _flat(q), kf, vf,
-               res_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
-               table.indices, table.last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
-               self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc, vsc,
-               shared_mem=self.smem, stream=stream, backend=backend)
+        if self._use_tc(kf, vf, (s_page, s_tok, s_head), backend):
+            launch(self._attn_name(True), self.grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
+                   self.part_o, self.part_lse, table.indptr, table.indices, table.last, h, kvh, page_size, s_page,
+                   s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
+                   shared_mem=self.tc_smem, stream=stream, backend=backend)
+        else:
+            launch(self._attn_name(False), self.grid, self.block, _flat(q), kf, vf,
+                   res_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
+                   table.indices, table.last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
+                   self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc,
+                   vsc, shared_mem=self.smem, stream=stream, backend=backend)
         if split:
-            launch("paged_attn_merge" + arrays.kernel_suffix(self.q_kind), self.merge_grid, self.block,
+            launch(self._merge_name(), self.merge_grid, self.block,
                    self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
                    self.num_splits, int(want_lse), stream=stream, backend=backend)
         return (res, self.lse) if want_lse else res

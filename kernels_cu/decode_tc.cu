@@ -1,0 +1,420 @@
+// Tensor-core paged decode for grouped-query attention (bf16 and f16: one template over the element type T),
+// sm_80 and newer. Same conventions as paged.cu's paged_attn (FlashInfer's paged cache, CSR page table,
+// window_left, split-KV partials merged by pa_merge), for the decode case of one query per sequence and
+// a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for G >= 4,
+// head_dim 64 / 128, bf16 or f16 q with K/V of q's type or FP8 (e4m3 / e5m2, see DtcFp8), no softcap,
+// 16-byte aligned pages; paged_attn otherwise.
+//
+// Why: paged_attn's scalar path redoes each K/V element's dot product once per query head (G FMAs an
+// element), which leaves GQA decode issue-bound far below HBM bandwidth. Here the G query rows of a
+// kv head, zero-padded to 16, are the M dimension of mma.sync m16n8k16, so one HMMA serves every head
+// of the group and K/V bytes, not instructions, set the pace:
+//   S = Q K^T : Q (16 x D) as A, kept in registers for the whole CTA; K as B through ldmatrix
+//               (non-transposed: K rows are B's columns);
+//   online softmax on the S accumulators in base 2 (scale * log2 e folded into one multiply);
+//   O += P V  : P rounded to T straight from the S accumulator layout into the A layout, V as B through
+//               ldmatrix.trans.
+// Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
+// a tile of DTC_BC = 64 keys is 16 keys a warp, so each warp keeps its own (m, l, O) over its keys of
+// every tile, and the 4 partial softmaxes are merged through shared memory at the end.
+// K/V pages stream through a STAGES-slot cp.async ring (16-byte LDGSTS, one barrier a tile):
+// iteration i waits for tile i, then refills the slot tile i - 1 used with tile i + STAGES - 1, so
+// STAGES - 1 tiles are in flight while one is computed. 16-bit rows padded to D + 8 halves keep the 8
+// row addresses of an ldmatrix phase in distinct banks. Keys past the range are zero-filled (V garbage
+// could be NaN, and 0 * NaN is NaN) and masked to -inf.
+// Requirements the op checks: K/V element strides (page, token, head) of whole 16-byte chunks and 16-byte
+// aligned bases (every copy is a 16-byte cp.async), 4 <= G <= 16.
+#include "pk_attn_tile.cuh"
+#include "pk_attention_tc.cuh"
+
+#define DTC_THREADS 128
+#define DTC_BC 64  // keys a tile: 16 a warp
+#define DTC_KW 16
+
+// K/V element: the 16-bit T itself, or an FP8 tag (PkE4M3 / PkE5M2 of pk_attn_tile.cuh). FP8 pages stream
+// into the ring as bytes (half the bytes of bf16, so twice the keys a byte in flight) and each warp widens
+// its own 16 keys of the tile to T in registers (hardware cvt.rn.f16x2.<fp8>x2 on sm_89+, then a pack to
+// T; exact: every e4m3 / e5m2 value is a bf16 and an f16 value) into a per-warp T tile that ldmatrix reads
+// as in the 16-bit case; only __syncwarp orders it (no other warp touches those rows).
+template <typename TKV> struct DtcFp8 { enum { ON = 0, EB = 0 }; };
+template <> struct DtcFp8<PkE4M3> { enum { ON = 1, EB = 4 }; };
+template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
+
+// STAGES: ring slots; MINB: CTAs an SM asked of ptxas (shared memory allows 3 at 16-bit d64 / d128).
+template <int D, bool FP8> struct DtcCfg;
+template <> struct DtcCfg<64, false> { enum { STAGES = 3, MINB = 3 }; };
+template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 2 }; };
+template <> struct DtcCfg<64, true> { enum { STAGES = 3, MINB = 3 }; };
+template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 2 }; };
+
+// A ring row in bytes: the cache type's row, padded by 16 bytes (16-bit: D + 8 halves, which keeps the
+// 8 row addresses of an ldmatrix phase in distinct banks).
+#define DTC_RB(D, EB) ((D) * (EB) + 16)
+// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), FP8 only the per-warp T tiles
+// (4 x (K, V) x 16 x (D + 8) halves), and Q (16 x (D + 8) halves). The end-of-CTA merge reuses the ring
+// (4 x 16 x D floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
+#define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
+    ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 * 2 * 16 * ((D) + 8) * 2 : 0) + 16 * ((D) + 8) * 2)
+
+// Rows [t0, t0 + BC) of the range into one ring slot (K rows at ks, V rows at vs, RB bytes apart), 16-byte
+// chunks: thread tid copies chunk tid % CH of keys tid / CH + k * (128 / CH). Past `end`: zeros.
+template <int D, typename TKV>
+__device__ __forceinline__ void dtc_fill(const TKV* __restrict__ kp, const TKV* __restrict__ vp, const PagedKV& kv,
+                                         int t0, int end, unsigned char* ks, unsigned char* vs) {
+    constexpr int EB = (int)sizeof(TKV), RB = DTC_RB(D, EB), EPC = 16 / EB, CH = D / EPC;
+    constexpr int KPP = DTC_THREADS / CH;
+    const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+#pragma unroll
+    for (int k = 0; k < DTC_BC / KPP; k++) {
+        const int t = r0 + k * KPP;
+        const int pos = t0 + t;
+        const unsigned int off = (unsigned int)(t * RB + c * 16);
+        if (pos < end) {
+            const long long o = kv.offset(pos) + c * EPC;
+            pk_cp_async_16_at(ks, off, kp + o);
+            pk_cp_async_16_at(vs, off, vp + o);
+        } else {
+            *reinterpret_cast<uint4*>(ks + off) = make_uint4(0u, 0u, 0u, 0u);
+            *reinterpret_cast<uint4*>(vs + off) = make_uint4(0u, 0u, 0u, 0u);
+        }
+    }
+}
+
+// FP8 -> T for one warp: its 16 K rows and 16 V rows of a ring slot (RB bytes a row) into its T tile
+// (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
+// eight pair conversions, two 16-byte writes.
+template <typename T, int D, typename TKV>
+__device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigned char* vs, unsigned short* tk) {
+    constexpr int RB = DTC_RB(D, 1), SD = D + 8, CH = D / 16;  // 16-element chunks a row
+    const int lane = threadIdx.x & 31;
+#pragma unroll
+    for (int j = 0; j < 2 * 16 * CH / 32; j++) {
+        const int i = lane + 32 * j;
+        const int kvsel = i / (16 * CH), rem = i - kvsel * 16 * CH;
+        const int r = rem / CH, c = rem - r * CH;
+        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vs : ks) + r * RB + c * 16);
+        const unsigned int w[4] = {x.x, x.y, x.z, x.w};
+        unsigned int o[8];
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float a, b, cc, d;
+            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] & 0xffffu), a, b);
+            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] >> 16), cc, d);
+            o[2 * e] = Pk16<T>::narrow2(a, b);
+            o[2 * e + 1] = Pk16<T>::narrow2(cc, d);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(tk + (kvsel * 16 + r) * SD + c * 16);
+        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
+        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
+    }
+}
+
+template <typename T, int D, typename TKV>
+__device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const unsigned char* __restrict__ kraw,
+                                                 const unsigned char* __restrict__ vraw, T* __restrict__ out,
+                                                 float* __restrict__ lse, float* __restrict__ part_o,
+                                                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                                                 const int* __restrict__ kv_indices,
+                                                 const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                                                 int num_kv_heads, int page_size, long long s_page, long long s_tok,
+                                                 long long s_head, int window_left, int num_splits, int batch,
+                                                 int write_lse, float scale, float k_scale, float v_scale) {
+    constexpr bool FP8 = DtcFp8<TKV>::ON;
+    constexpr int EB = (int)sizeof(TKV);
+    constexpr int STAGES = DtcCfg<D, FP8>::STAGES;
+    constexpr int SD = D + 8;   // padded T row, in halves
+    constexpr int RB = DTC_RB(D, EB);  // ring row, in bytes
+    constexpr int KS = D / 16;  // k-steps of Q K^T
+    constexpr int ON = D / 8;   // O n-tiles
+    constexpr int SLOT = 2 * DTC_BC * RB;  // bytes of one ring slot (K rows, then V rows)
+    extern __shared__ __align__(16) unsigned char dtc_smem[];
+    unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][2][16][SD]
+    unsigned short* qs = tiles + (FP8 ? 4 * 2 * 16 * SD : 0);                           // [16][SD]
+    const TKV* kp = reinterpret_cast<const TKV*>(kraw);
+    const TKV* vp = reinterpret_cast<const TKV*>(vraw);
+
+    const int H = num_qo_heads, NKV = num_kv_heads, G = H / NKV;
+    const int b = blockIdx.x / NKV, kvh = blockIdx.x - b * NKV;
+    const int split = blockIdx.z;
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int g = lane >> 2, t4 = lane & 3;
+
+    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
+    kv.init(b, kvh);
+    const int L = kv.len;
+    // The query is position L - 1: it sees [L - 1 - window_left, L - 1] (window_left 2^30 = unbounded).
+    const long long vlo = (long long)L - 1 - window_left;
+    int begin = vlo < 0 ? 0 : (int)vlo;
+    int end = L;
+    if (num_splits > 1) {  // as pa_body: an even split of the range, rounded up to whole tiles
+        const int span = end - begin;
+        int per = span / num_splits + (span % num_splits != 0);
+        per = (per + DTC_BC - 1) / DTC_BC * DTC_BC;
+        const long long bg = (long long)per * split;
+        begin = bg < span ? begin + (int)bg : end;
+        end = end - begin > per ? begin + per : end;
+    }
+
+    // Q rows kvh * G .. + G of sequence b (raw 16-bit words), zero rows G..15.
+    const unsigned short* qw = reinterpret_cast<const unsigned short*>(q) + ((long long)b * H + (long long)kvh * G) * D;
+    for (int i = tid; i < 16 * D; i += DTC_THREADS) {
+        const int r = i / D, d = i - r * D;
+        qs[r * SD + d] = r < G ? qw[i] : (unsigned short)0;
+    }
+
+    // Prologue: tiles 0 .. STAGES - 2 of the range, one commit group each (empty past the end).
+#pragma unroll
+    for (int s = 0; s < STAGES - 1; s++) {
+        const int t0 = begin + s * DTC_BC;
+        if (t0 < end) dtc_fill<D>(kp, vp, kv, t0, end, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * RB);
+        pk_cp_async_commit();
+    }
+    __syncthreads();  // Q is in
+
+    // ldmatrix row addresses: lane -> (row, col) of the 4 8x8 matrices it addresses.
+    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);   // Q (A)
+    const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
+    const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
+    unsigned int qa[KS][4];
+#pragma unroll
+    for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4(qa[ks], qs + a_row * SD + ks * 16 + a_col);
+
+    float o[ON][4];
+#pragma unroll
+    for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this warp's keys
+    const float sl2 = scale * k_scale * PA_LOG2E;
+
+    int stage = 0;
+    for (int t0 = begin; t0 < end; t0 += DTC_BC) {
+        pk_cp_async_wait<STAGES - 2>();  // this thread's copies of tile t0 have landed
+        __syncthreads();                 // everyone's have; and every warp is done with the slot refilled next
+        {
+            const int nt0 = t0 + (STAGES - 1) * DTC_BC;
+            const int ns = stage == 0 ? STAGES - 1 : stage - 1;  // the slot tile t0 - BC used
+            if (nt0 < end) dtc_fill<D>(kp, vp, kv, nt0, end, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * RB);
+            pk_cp_async_commit();
+        }
+        const unsigned char* kslot = dtc_smem + stage * SLOT + warp * DTC_KW * RB;  // this warp's 16 keys
+        const unsigned short* ks_;
+        if constexpr (FP8) {  // widen this warp's rows into its own T tile (the previous tile's reads of it are done:
+                    // ldmatrix is warp-wide and ordered before these stores in the warp's program)
+            unsigned short* tk = tiles + warp * 2 * 16 * SD;
+            dtc_widen<T, D, TKV>(kslot, kslot + DTC_BC * RB, tk);
+            __syncwarp();
+            ks_ = tk;
+        } else {
+            ks_ = reinterpret_cast<const unsigned short*>(kslot);
+        }
+        const unsigned short* vs_ = ks_ + (FP8 ? 16 * SD : DTC_BC * SD);
+        stage = stage + 1 == STAGES ? 0 : stage + 1;
+
+        float s[2][4];
+#pragma unroll
+        for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+        for (int kp2 = 0; kp2 < D / 32; kp2++) {
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
+                pk_ldmatrix_x4(kb, ks_ + (nt * 8 + kb_row) * SD + kp2 * 32 + kb_col);
+                pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2], kb, s[nt]);
+                pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
+            }
+        }
+        // Base 2, keys past the range masked, online softmax over this warp's 16 keys.
+        const int kbase = t0 + warp * DTC_KW + 2 * t4;
+#pragma unroll
+        for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+            for (int e = 0; e < 4; e++) s[nt][e] = kbase + nt * 8 + (e & 1) < end ? s[nt][e] * sl2 : PK_NEG_INF;
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+            const float base = mx == PK_NEG_INF ? 0.0f : mx;  // nothing visible yet: stay at 0
+            const float alpha = pk_ex2_approx(m[r] - base);
+            m[r] = mx;
+            float sum = 0.0f;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++) {
+                s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
+                s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
+                sum += s[nt][2 * r] + s[nt][2 * r + 1];
+            }
+            l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
+#pragma unroll
+            for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+        }
+        // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step.
+        unsigned int pa[4];
+        pa[0] = Pk16<T>::narrow2(s[0][0], s[0][1]);
+        pa[1] = Pk16<T>::narrow2(s[0][2], s[0][3]);
+        pa[2] = Pk16<T>::narrow2(s[1][0], s[1][1]);
+        pa[3] = Pk16<T>::narrow2(s[1][2], s[1][3]);
+#pragma unroll
+        for (int np = 0; np < D / 16; np++) {
+            unsigned int vb[4];  // b of O n-tile 2 np in vb[0..1], of 2 np + 1 in vb[2..3]
+            pk_ldmatrix_x4_trans(vb, vs_ + vb_row * SD + np * 16 + vb_col);
+            pk_mma_m16n8k16<T>(o[2 * np], pa, vb, o[2 * np]);
+            pk_mma_m16n8k16<T>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
+        }
+    }
+    pk_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
+    __syncthreads();         // every warp is done with the ring: the merge reuses it
+
+    // Merge the 4 warps' partial softmaxes: Os [4][16][D], Ms / Ls [4][16] (log2 domain) over the ring.
+    float* Os = reinterpret_cast<float*>(dtc_smem);  // fits: see DTC_SMEM_BYTES
+    float* Ms = Os + 4 * 16 * D;
+    float* Ls = Ms + 4 * 16;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
+        const int row = g + 8 * r;
+        float* orow = Os + (warp * 16 + row) * D;
+#pragma unroll
+        for (int i = 0; i < ON; i++) {
+            orow[i * 8 + 2 * t4] = o[i][2 * r];
+            orow[i * 8 + 2 * t4 + 1] = o[i][2 * r + 1];
+        }
+        if (t4 == 0) {
+            Ms[warp * 16 + row] = m[r];
+            Ls[warp * 16 + row] = lr;
+        }
+    }
+    __syncthreads();
+    const long long rows_total = (long long)batch * H;
+    for (int i = tid; i < G * D; i += DTC_THREADS) {
+        const int r = i / D, d = i - r * D;
+        float M = PK_NEG_INF;
+#pragma unroll
+        for (int w = 0; w < 4; w++) M = fmaxf(M, Ms[w * 16 + r]);
+        float W = 0.0f, x = 0.0f;
+        if (M != PK_NEG_INF) {
+#pragma unroll
+            for (int w = 0; w < 4; w++) {
+                const float mw = Ms[w * 16 + r];
+                const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
+                W = fmaf(f, Ls[w * 16 + r], W);
+                x = fmaf(f, Os[(w * 16 + r) * D + d], x);
+            }
+        }
+        const bool seen = W > 0.0f;
+        const float ov = seen ? x * __fdividef(v_scale, W) : 0.0f;
+        const float lse2 = seen ? M + __log2f(W) : PK_NEG_INF;
+        const long long orow = (long long)b * H + (long long)kvh * G + r;
+        if (num_splits > 1) {
+            const long long slot = (long long)split * rows_total + orow;
+            part_o[slot * D + d] = ov;
+            if (d == 0) part_lse[slot] = lse2;
+        } else {
+            PkIO<T>::store(out, orow * D + d, ov);
+            if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
+        }
+    }
+}
+
+// Entry points: decode_tc_paged_d{64,128}[_e4m3kv|_e5m2kv]_{bf16,f16}: q / out of T; K/V of T, or FP8.
+// K/V pointers are T* (16-bit caches) or unsigned char* (FP8), read as bytes by the body.
+template <typename T, int D, int KIND, typename KP>
+__device__ __forceinline__ void dtc_paged_kind(const T* q, const KP* kq, const KP* vq, T* out,
+                                               float* lse, float* part_o, float* part_lse, const int* ip,
+                                               const int* ix, const int* ll, int h, int kvh, int ps, long long sp,
+                                               long long st, long long sh, int wl, int ns, int batch, int wlse,
+                                               float scale, float ks, float vs) {
+    const unsigned char* k = reinterpret_cast<const unsigned char*>(kq);
+    const unsigned char* v = reinterpret_cast<const unsigned char*>(vq);
+    if constexpr (KIND == 0) {
+        dtc_paged_decode<T, D, T>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl, ns,
+                                  batch, wlse, scale, ks, vs);
+    } else if constexpr (KIND == 4) {
+        dtc_paged_decode<T, D, PkE4M3>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
+                                       ns, batch, wlse, scale, ks, vs);
+    } else {
+        dtc_paged_decode<T, D, PkE5M2>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
+                                       ns, batch, wlse, scale, ks, vs);
+    }
+}
+
+PK_ATTN_TC_ENTRY(dtc_paged_entry, dtc_paged_kind)
+PK_IO_VARIANT(decode_tc_paged_d64, dtc_paged_entry, 64, 0)
+PK_IO_VARIANT(decode_tc_paged_d64_e4m3kv, dtc_paged_entry, 64, 4)
+PK_IO_VARIANT(decode_tc_paged_d64_e5m2kv, dtc_paged_entry, 64, 5)
+PK_IO_VARIANT(decode_tc_paged_d128, dtc_paged_entry, 128, 0)
+PK_IO_VARIANT(decode_tc_paged_d128_e4m3kv, dtc_paged_entry, 128, 4)
+PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
+
+PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
+                 long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d64_e4m3kv, (DTC_THREADS, DtcCfg<64, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d64_e5m2kv, (DTC_THREADS, DtcCfg<64, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128, false>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
+                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
+                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
+                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
+                 long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128_e4m3kv, (DTC_THREADS, DtcCfg<128, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
+
+PK_IO16_KERNELS(decode_tc_paged_d128_e5m2kv, (DTC_THREADS, DtcCfg<128, true>::MINB),
+                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
+                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
+                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
+                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
+                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
+                 float v_scale),
+                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
+                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
+                 write_lse, scale, k_scale, v_scale))
