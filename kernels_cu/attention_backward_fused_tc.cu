@@ -126,18 +126,17 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
         }
         pk_cp_async_commit();
     };
-    // The same for a full tile: no checks, addresses as offsets from one tile pointer.
-    auto load_full = [&](const T* qt, const T* gt, long long lrow, int buf) {
+    // The same for a full tile: no checks; qt / gt already point at this thread's first chunk, lt at its
+    // lse or delta chunk.
+    const bool l_thread = tid < BR / 2;
+    const unsigned l_soff = L_OFF + ((tid < BR / 4 ? 0 : 2) * BR + (tid % (BR / 4)) * 4) * 4;
+    auto load_full = [&](const T* qt, const T* gt, const float* lt, int buf) {
 #pragma unroll
         for (int i = 0; i < PASSES; i++) {
-            pk_cp_async_16_at(sm, Q_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, qt + c_goff + i * pass_stride);
-            pk_cp_async_16_at(sm, DO_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, gt + c_goff + i * pass_stride);
+            pk_cp_async_16_at(sm, Q_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, qt + i * pass_stride);
+            pk_cp_async_16_at(sm, DO_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, gt + i * pass_stride);
         }
-        if (tid < BR / 2) {
-            const float* src = tid < BR / 4 ? lse2 : dlt;
-            pk_cp_async_16_at(sm, L_OFF + ((tid < BR / 4 ? 0 : 2) + buf) * BR * 4 + (tid % (BR / 4)) * 16,
-                              src + lrow + (tid % (BR / 4)) * 4);
-        }
+        if (l_thread) pk_cp_async_16_at(sm, l_soff + buf * BR * 4, lt);
         pk_cp_async_commit();
     };
 
@@ -278,19 +277,20 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
         if (it + 1 < f_hi) {
             // Flat loop: tile it + 1 is full too; the copy pointers advance by one tile a step.
             const long long q_base = (long long)b * n_q * q_stride + (long long)h * D;
-            const T* qt = q + q_base + (long long)(it + 1) * BR * q_stride;
-            const T* gt = grad_out + q_base + (long long)(it + 1) * BR * q_stride;
-            long long lrow = ((long long)b * n_heads + h) * nq_pad + (it + 1) * BR;
             const long long tile_stride = (long long)BR * q_stride;
+            const T* qt = q + q_base + (long long)(it + 1) * BR * q_stride + c_goff;
+            const T* gt = grad_out + q_base + (long long)(it + 1) * BR * q_stride + c_goff;
+            const float* lt = (tid < BR / 4 ? lse2 : dlt) + ((long long)b * n_heads + h) * nq_pad + (it + 1) * BR +
+                              (tid % (BR / 4)) * 4;
             for (; it + 1 < f_hi; it++) {
                 pk_cp_async_wait<0>();
                 __syncthreads();
-                load_full(qt, gt, lrow, buf ^ 1);
+                load_full(qt, gt, lt, buf ^ 1);
                 compute(AbfTag<false>{}, h, it * BR, buf);
                 buf ^= 1;
                 qt += tile_stride;
                 gt += tile_stride;
-                lrow += BR;
+                lt += BR;
             }
         }
         for (; it < i_end; it++) general();
