@@ -30,7 +30,7 @@
 
 // BR: queries per streamed tile; MINB: CTAs per SM asked of ptxas.
 template <int D> struct AbfCfg;
-template <> struct AbfCfg<64> { enum { BR = 64, MINB = 2 }; };
+template <> struct AbfCfg<64> { enum { BR = 32, MINB = 2 }; };
 template <> struct AbfCfg<128> { enum { BR = 32, MINB = 1 }; };
 
 // Shared-memory bytes (the op passes the same figure): K, V, two Q and two dO tiles, dS^T, two lse and
@@ -86,7 +86,6 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
     // This thread's cp.async chunk of a Q / dO tile: row tid / CH (+ RPP per pass), 8 halves at column.
     const int c_row = tid / CH, c_col = (tid % CH) * 8;
     const unsigned c_soff = (c_row * SD + c_col) * 2;
-    const long long c_goff = (long long)c_row * q_stride + c_col, pass_stride = (long long)RPP * q_stride;
 
     float acc_dv[ON][4], acc_dk[ON][4];
 #pragma unroll
@@ -133,8 +132,8 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
     auto load_full = [&](const T* qt, const T* gt, const float* lt, int buf) {
 #pragma unroll
         for (int i = 0; i < PASSES; i++) {
-            pk_cp_async_16_at(sm, Q_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, qt + i * pass_stride);
-            pk_cp_async_16_at(sm, DO_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, gt + i * pass_stride);
+            pk_cp_async_16_at(sm, Q_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, qt + i * RPP * q_stride);
+            pk_cp_async_16_at(sm, DO_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, gt + i * RPP * q_stride);
         }
         if (l_thread) pk_cp_async_16_at(sm, l_soff + buf * BR * 4, lt);
         pk_cp_async_commit();
@@ -149,19 +148,27 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
         for (int i = 0; i < NT; i++)
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
-        // S^T = K Q^T and dP^T = V dO^T, k over head_dim
+        // S^T = K Q^T, then dP^T = V dO^T, k over head_dim (two passes: fewer fragments live at once)
 #pragma unroll
         for (int kd = 0; kd < D / 16; kd++) {
-            unsigned int ka[4], va[4];
+            unsigned int ka[4];
             pk_ldmatrix_x4_at(ka, sm, K_OFF + a_off + kd * 32);
+#pragma unroll
+            for (int np = 0; np < NT / 2; np++) {
+                unsigned int qb[4];
+                pk_ldmatrix_x4_at(qb, sm, qo + b_off + np * 16 * SD * 2 + kd * 32);
+                pk_mma_m16n8k16<T>(s[2 * np], ka, qb, s[2 * np]);
+                pk_mma_m16n8k16<T>(s[2 * np + 1], ka, qb + 2, s[2 * np + 1]);
+            }
+        }
+#pragma unroll
+        for (int kd = 0; kd < D / 16; kd++) {
+            unsigned int va[4];
             pk_ldmatrix_x4_at(va, sm, V_OFF + a_off + kd * 32);
 #pragma unroll
             for (int np = 0; np < NT / 2; np++) {
-                unsigned int qb[4], ob[4];
-                pk_ldmatrix_x4_at(qb, sm, qo + b_off + np * 16 * SD * 2 + kd * 32);
+                unsigned int ob[4];
                 pk_ldmatrix_x4_at(ob, sm, go + b_off + np * 16 * SD * 2 + kd * 32);
-                pk_mma_m16n8k16<T>(s[2 * np], ka, qb, s[2 * np]);
-                pk_mma_m16n8k16<T>(s[2 * np + 1], ka, qb + 2, s[2 * np + 1]);
                 pk_mma_m16n8k16<T>(dp[2 * np], va, ob, dp[2 * np]);
                 pk_mma_m16n8k16<T>(dp[2 * np + 1], va, ob + 2, dp[2 * np + 1]);
             }
@@ -223,7 +230,7 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
         // dQ[BR x DW] = dS K for this warp's columns, k over the CTA's 64 keys, one 16-row m-tile at a time
         // (its 16 * DW / 32 floats added before the next: the dK / dV accumulators leave few registers).
         // Rows q0 + m*16 + g (+8), columns warp*DW + n*8 + 2t (+1); unscaled (the convert multiplies by scale).
-        float* dqt = dq_ws + ((long long)b * n_q + q0 + g) * q_stride + (long long)h * D + warp * DW + 2 * t;
+        float* dqt = dq_ws + (((long long)b * n_heads + h) * nq_pad + q0 + g) * D + warp * DW + 2 * t;
 #pragma unroll
         for (int m = 0; m < MB; m++) {
             float aq[QN][4];
@@ -243,8 +250,7 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
             }
 #pragma unroll
             for (int r = 0; r < 2; r++) {
-                if (MASK && q0 + m * 16 + g + 8 * r >= n_q) continue;
-                float* row = dqt + (long long)(m * 16 + 8 * r) * q_stride;
+                float* row = dqt + (m * 16 + 8 * r) * D;  // rows past n_q: padding, never read
 #pragma unroll
                 for (int n = 0; n < QN; n++) {
                     if (DET) {
@@ -278,8 +284,11 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
             // Flat loop: tile it + 1 is full too; the copy pointers advance by one tile a step.
             const long long q_base = (long long)b * n_q * q_stride + (long long)h * D;
             const long long tile_stride = (long long)BR * q_stride;
-            const T* qt = q + q_base + (long long)(it + 1) * BR * q_stride + c_goff;
-            const T* gt = grad_out + q_base + (long long)(it + 1) * BR * q_stride + c_goff;
+            // (the thread's row folded into the tile's: a per-thread offset computed here, not kept live
+            // across the general steps)
+            const long long off = q_base + (long long)((it + 1) * BR + c_row) * q_stride + c_col;
+            const T* qt = q + off;
+            const T* gt = grad_out + off;
             const float* lt = (tid < BR / 4 ? lse2 : dlt) + ((long long)b * n_heads + h) * nq_pad + (it + 1) * BR +
                               (tid % (BR / 4)) * 4;
             for (; it + 1 < f_hi; it++) {
@@ -332,11 +341,11 @@ __device__ __forceinline__ void attention_bwd_tc_prep_impl(const T* __restrict__
     } else {
         acc = delta_in[row];
     }
+    const long long bq = row / n_heads, h = row % n_heads, b = bq / n_q, i = bq % n_q;
+    const long long o = (b * n_heads + h) * nq_pad + i;
     if (zero_ws)
-        for (int d = lane; d < head_dim; d += 32) dq_ws[base + d] = 0.0f;
+        for (int d = lane; d < head_dim; d += 32) dq_ws[o * head_dim + d] = 0.0f;
     if (lane == 0) {
-        const long long bq = row / n_heads, h = row % n_heads, b = bq / n_q, i = bq % n_q;
-        const long long o = (b * n_heads + h) * nq_pad + i;
         lse2[o] = lse[row] * ABF_LOG2E;
         dlt[o] = acc;
     }
@@ -348,21 +357,23 @@ __device__ __forceinline__ void attention_bwd_tc_prep_impl(const T* __restrict__
 template <typename T, int D>
 __device__ __forceinline__ void abf_dq_reduce(const float* __restrict__ part, float* __restrict__ acc,
                                               T* __restrict__ dq, long long n, int n_q, int n_k, int n_heads,
-                                              int kt_begin, int kt_count, long long ws_stride, float scale,
-                                              int window_left, int window_right, int first, int last) {
+                                              int nq_pad, int kt_begin, int kt_count, long long ws_stride,
+                                              float scale, int window_left, int window_right, int first, int last) {
     constexpr int BR = AbfCfg<D>::BR;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
-        float x = first ? 0.0f : acc[i];
+        const long long rest = i / D, bq = rest / n_heads;
+        const int qi = (int)(bq % n_q), q0 = qi / BR * BR;
+        const long long w = (((bq / n_q) * n_heads + rest % n_heads) * nq_pad + qi) * D + i % D;  // workspace index
+        float x = first ? 0.0f : acc[w];
         {
-            const int qi = (int)((i / ((long long)n_heads * D)) % n_q), q0 = qi / BR * BR;
             const PkAttnSpan sp = pk_attn_q_span(q0, min(q0 + BR, n_q) - 1, n_q, n_k, window_left, window_right);
             if (sp.hi >= sp.lo) {
                 const int a = max(sp.lo / ABF_BC, kt_begin), z = min(sp.hi / ABF_BC, kt_begin + kt_count - 1);
-                for (int kt = a; kt <= z; kt++) x += part[(long long)(kt - kt_begin) * ws_stride + i];
+                for (int kt = a; kt <= z; kt++) x += part[(long long)(kt - kt_begin) * ws_stride + w];
             }
         }
         if (last) PkIO<T>::store(dq, i, x * scale);
-        else acc[i] = x;
+        else acc[w] = x;
     }
 }
 
@@ -452,14 +463,14 @@ PK_IO16_KERNELS(attention_bwd_tc_prep, (256, 1),
 
 PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d64, (256, 1),
                 (const float* __restrict__ part, float* __restrict__ acc, T* __restrict__ dq, long long n, int n_q,
-                 int n_k, int n_heads, int kt_begin, int kt_count, long long ws_stride, float scale,
+                 int n_k, int n_heads, int nq_pad, int kt_begin, int kt_count, long long ws_stride, float scale,
                  int window_left, int window_right, int first, int last),
-                (part, acc, dq, n, n_q, n_k, n_heads, kt_begin, kt_count, ws_stride, scale, window_left,
+                (part, acc, dq, n, n_q, n_k, n_heads, nq_pad, kt_begin, kt_count, ws_stride, scale, window_left,
                  window_right, first, last))
 
 PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d128, (256, 1),
                 (const float* __restrict__ part, float* __restrict__ acc, T* __restrict__ dq, long long n, int n_q,
-                 int n_k, int n_heads, int kt_begin, int kt_count, long long ws_stride, float scale,
+                 int n_k, int n_heads, int nq_pad, int kt_begin, int kt_count, long long ws_stride, float scale,
                  int window_left, int window_right, int first, int last),
-                (part, acc, dq, n, n_q, n_k, n_heads, kt_begin, kt_count, ws_stride, scale, window_left,
+                (part, acc, dq, n, n_q, n_k, n_heads, nq_pad, kt_begin, kt_count, ws_stride, scale, window_left,
                  window_right, first, last))

@@ -48,7 +48,7 @@ _INT_MAX = 2**31 - 1
 # Fused kernels (kernels_cu/attention_backward_fused_tc.cu): head_dims, keys per CTA, queries per streamed tile.
 FUSED_HEAD_DIMS = (64, 128)
 _FUSED_BC = 64
-_FUSED_BR = {64: 64, 128: 32}
+_FUSED_BR = {64: 32, 128: 32}
 # The deterministic mode keeps one fp32 dQ partial per key tile: at most this many bytes of them at a time
 # (more key tiles run as several launches, each reduced into the fp32 sum in key-tile order).
 DET_WORKSPACE_BYTES = 1 << 30
@@ -202,7 +202,8 @@ def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend,
     lse2 = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
     dlt = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
     n_dq = n_rows * d
-    dq_ws = arrays.empty((n_dq,), np.float32, like=q)
+    n_ws = b * h * nq_pad * d  # (batch, head, nq_pad, head_dim): a tile's rows at compile-time strides
+    dq_ws = arrays.empty((n_ws,), np.float32, like=q)
     if out is not None and lse is not None:
         delta_in = dlt  # unused (out given)
     else:
@@ -228,17 +229,17 @@ def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend,
                 _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, 0, 0, scale, wl, wr, softcap,
                 shared_mem=smem, stream=stream, backend=backend)
         _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), dq_ws, dq_ws, _flat(dq), n_dq, n_q, n_k,
-                h, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+                h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
         return dq, dk, dv
-    chunk = max(1, min(n_kt, DET_WORKSPACE_BYTES // (4 * n_dq)))
-    part = arrays.empty((chunk * n_dq,), np.float32, like=q)
+    chunk = max(1, min(n_kt, DET_WORKSPACE_BYTES // (4 * n_ws)))
+    part = arrays.empty((chunk * n_ws,), np.float32, like=q)
     for kt0 in range(0, n_kt, chunk):
         cnt = min(chunk, n_kt - kt0)
         _launch(f"attention_backward_tc_fused_d{d}{cap}_det{sfx}", (cnt, kvh, b), (_TC_THREADS,), *head, part,
-                _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, kt0, n_dq, scale, wl, wr, softcap,
+                _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, kt0, n_ws, scale, wl, wr, softcap,
                 shared_mem=smem, stream=stream, backend=backend)
         _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), part, dq_ws, _flat(dq), n_dq, n_q, n_k,
-                h, kt0, cnt, n_dq, scale, wl, wr, int(kt0 == 0), int(kt0 + cnt == n_kt), stream=stream,
+                h, nq_pad, kt0, cnt, n_ws, scale, wl, wr, int(kt0 == 0), int(kt0 + cnt == n_kt), stream=stream,
                 backend=backend)
     return dq, dk, dv
 
