@@ -31,7 +31,7 @@
 // BR: queries per streamed tile; MINB: CTAs per SM asked of ptxas.
 template <int D> struct AbfCfg;
 template <> struct AbfCfg<64> { enum { BR = 32, MINB = 2 }; };
-template <> struct AbfCfg<128> { enum { BR = 32, MINB = 1 }; };
+template <> struct AbfCfg<128> { enum { BR = 16, MINB = 1 }; };
 
 // Shared-memory bytes (the op passes the same figure): K, V, two Q and two dO tiles, dS^T, two lse and
 // two delta runs.
@@ -377,7 +377,15 @@ __device__ __forceinline__ void abf_dq_reduce(const float* __restrict__ part, fl
     }
 }
 
-PK_ATTN_TC_ENTRY(abf_entry, abf_body)
+// sm_80 ... sm_90 (sm_75: no mma.m16n8k16; sm_100 / sm_120: ptxas there takes more registers for the same code
+// and spills, so the op keeps the dK/dV + dQ pair of attention_backward_tc.cu on those): a trap elsewhere.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800 || __CUDA_ARCH__ >= 1000)
+template <typename T, auto... P, typename... A>
+__device__ __forceinline__ void abf_entry(A...) { __trap(); }
+#else
+template <typename T, auto... P, typename... A>
+__device__ __forceinline__ void abf_entry(A... a) { abf_body<T, P...>(a...); }
+#endif
 PK_IO_VARIANT(attention_backward_tc_fused_d64, abf_entry, 64, false, false)
 PK_IO_VARIANT(attention_backward_tc_fused_d128, abf_entry, 128, false, false)
 PK_IO_VARIANT(attention_backward_tc_fused_d64_softcap, abf_entry, 64, true, false)

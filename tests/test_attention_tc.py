@@ -36,7 +36,9 @@ TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c
           + [f"attention_backward_tc_{n}_d256{c}{s}" for n in ("dv", "dk") for c in ("", "_softcap")
              for s in ("_bf16", "_f16")]
           + [f"attention_backward_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
-             for s in ("_bf16", "_f16")])
+             for s in ("_bf16", "_f16")]
+          + [f"attention_backward_tc_fused_d{d}{c}{m}{s}" for d in (64, 128) for c in ("", "_softcap")
+             for m in ("", "_det") for s in ("_bf16", "_f16")])
 # The fp32-FMA f16 kernels (flash_attention.cu, attention_backward.cu) that narrow fp32 -> f16 (the others
 # write fp32 lse / delta only)
 F16_FMA_NARROWING = ([f"flash_attention_d{d}{c}_f16" for d in (64, 128, 256) for c in ("", "_softcap")]
@@ -165,7 +167,9 @@ def test_backward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, scale=scale, backend=HOST)  # method="auto"
     D = fwd_mod.tc_head_dim(d)
-    assert names[0] == "attention_bwd_lse_bf16" and f"attention_backward_tc_dq_d{D}_bf16" in names
+    # head_dim 64 / 128: the fused kernel (attention_backward_fused_tc.cu); others the dK/dV + dQ pair
+    tc = f"attention_backward_tc_fused_d{D}_bf16" if d in (64, 128) else f"attention_backward_tc_dq_d{D}_bf16"
+    assert names[0] == "attention_bwd_lse_bf16" and tc in names
     assert not any(n.startswith("attention_backward_flash") for n in names)
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
     _close("dq", dq, rq, "attention_backward")
@@ -174,8 +178,9 @@ def test_backward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
 
 
 def test_backward_is_deterministic_and_uses_given_out_lse(monkeypatch) -> None:
+    # head_dim 96: the dK/dV + dQ kernel pair, one writer per element
     rng = np.random.default_rng(11)
-    q, k, v, g = attention_inputs(rng, 1, 70, 8, 1, 64, "bf16", 70)
+    q, k, v, g = attention_inputs(rng, 1, 70, 8, 1, 96, "bf16", 70)
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
     r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
@@ -212,8 +217,12 @@ def test_f16_forward_and_backward_on_tensor_cores_vs_float64(shape, monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, backend=HOST)
     kv = ([f"attention_backward_tc_dv_d{D}_f16", f"attention_backward_tc_dk_d{D}_f16"] if D == 256
           else [f"attention_backward_tc_dkdv_d{D}_f16"])
-    assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
-                     f"attention_backward_tc_dq_d{D}_f16"]
+    if d in (64, 128):  # the fused kernel, dQ through the fp32 workspace
+        assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_tc_prep_f16",
+                         f"attention_backward_tc_fused_d{D}_f16", f"attention_bwd_tc_dq_reduce_d{D}_f16"]
+    else:
+        assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
+                         f"attention_backward_tc_dq_d{D}_f16"]
     assert out.dtype == dq.dtype == dk.dtype == dv.dtype == np.float16 and lse.dtype == np.float32
     ref_out, ref_lse = np_flash_attention(q, k, v, causal)
     _close("out", out, ref_out, "flash_attention", "f16")

@@ -48,10 +48,23 @@ _INT_MAX = 2**31 - 1
 # Fused kernels (kernels_cu/attention_backward_fused_tc.cu): head_dims, keys per CTA, queries per streamed tile.
 FUSED_HEAD_DIMS = (64, 128)
 _FUSED_BC = 64
-_FUSED_BR = {64: 32, 128: 32}
+_FUSED_BR = {64: 32, 128: 16}
 # The deterministic mode keeps one fp32 dQ partial per key tile: at most this many bytes of them at a time
 # (more key tiles run as several launches, each reduced into the fp32 sum in key-tile order).
 DET_WORKSPACE_BYTES = 1 << 30
+
+
+def fused_available(backend: str | None = None) -> bool:
+    """Whether the fused backward runs on `backend`: sm_80 ... sm_90 on nvrtc (sm_100 / sm_120 keep the dK/dV +
+    dQ pair: ptxas there spills the fused kernel), the host backend."""
+    from ..backends import get_backend
+
+    be = get_backend(backend)
+    if be.name != "nvrtc":
+        return True
+    arch = getattr(be, "arch", "") or ""
+    num = "".join(c for c in arch[3:] if c.isdigit()) if arch.startswith("sm_") else ""
+    return bool(num) and 80 <= int(num) < 100
 
 
 def fused_shared_bytes(d: int) -> int:
@@ -355,7 +368,7 @@ def attention_backward(
         from .forward import tensor_cores_available
 
         if tensor_cores_available(backend):
-            if d in FUSED_HEAD_DIMS:
+            if d in FUSED_HEAD_DIMS and fused_available(backend):
                 return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
                               stream)
             return _tensor_cores(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
