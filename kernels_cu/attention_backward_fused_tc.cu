@@ -85,7 +85,8 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
     const unsigned dsw_off = DS_OFF + ((warp * 16 + g) * SDS + 2 * t) * 2;  // this lane's dS^T words
     // This thread's cp.async chunk of a Q / dO tile: row tid / CH (+ RPP per pass), 8 halves at column.
     const int c_row = tid / CH, c_col = (tid % CH) * 8;
-    const unsigned c_soff = (c_row * SD + c_col) * 2;
+    // (recomputed where used: a value kept live across the general steps costs the flat loop a register)
+    auto c_soff = [&]() { return (unsigned)(((threadIdx.x / CH) * SD + (threadIdx.x % CH) * 8) * 2); };
 
     float acc_dv[ON][4], acc_dk[ON][4];
 #pragma unroll
@@ -132,8 +133,8 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
     auto load_full = [&](const T* qt, const T* gt, const float* lt, int buf) {
 #pragma unroll
         for (int i = 0; i < PASSES; i++) {
-            pk_cp_async_16_at(sm, Q_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, qt + i * RPP * q_stride);
-            pk_cp_async_16_at(sm, DO_OFF + buf * QBUF + c_soff + i * RPP * SD * 2, gt + i * RPP * q_stride);
+            pk_cp_async_16_at(sm, Q_OFF + buf * QBUF + c_soff() + i * RPP * SD * 2, qt + i * RPP * q_stride);
+            pk_cp_async_16_at(sm, DO_OFF + buf * QBUF + c_soff() + i * RPP * SD * 2, gt + i * RPP * q_stride);
         }
         if (l_thread) pk_cp_async_16_at(sm, l_soff + buf * BR * 4, lt);
         pk_cp_async_commit();
@@ -282,11 +283,11 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
         for (; it < f_lo; it++) general();
         if (it + 1 < f_hi) {
             // Flat loop: tile it + 1 is full too; the copy pointers advance by one tile a step.
-            const long long q_base = (long long)b * n_q * q_stride + (long long)h * D;
             const long long tile_stride = (long long)BR * q_stride;
             // (the thread's row folded into the tile's: a per-thread offset computed here, not kept live
             // across the general steps)
-            const long long off = q_base + (long long)((it + 1) * BR + c_row) * q_stride + c_col;
+            const long long off = (long long)b * n_q * q_stride + (h * D + c_col) +
+                                  (long long)((it + 1) * BR + c_row) * q_stride;
             const T* qt = q + off;
             const T* gt = grad_out + off;
             const float* lt = (tid < BR / 4 ? lse2 : dlt) + ((long long)b * n_heads + h) * nq_pad + (it + 1) * BR +
