@@ -353,3 +353,75 @@ def test_no_spills_on_any_arch_nvrtc_offers() -> None:
     bad = [(r["kernel"], r["arch"], r["spill_stores"], r["spill_loads"], r["stack_bytes"]) for r in rows
            if r["spill_stores"] or r["spill_loads"] or r["stack_bytes"]]
     assert not bad, bad
+
+
+# --------------------------------------------------------------------------- fused backward (d64 / d128)
+
+FUSED_SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap)
+    (None, 70, 130, 4, 2, 64, False, (-1, -1), 0.0),   # full tiles: the flat loop; GQA 2
+    (2, 50, 40, 4, 1, 128, True, (-1, -1), 0.0),       # n_q > n_k causal: rows that see no key; GQA 4
+    (None, 40, 100, 2, 2, 128, True, (30, -1), 1.5),    # window + softcap
+    (None, 1, 1, 2, 1, 64, True, (-1, -1), 0.0),        # seq 1
+]
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}".format(*s[1:6]))
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_fused_backward_both_modes_vs_float64(shape, kind, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, causal, win, cap = shape
+    rng = np.random.default_rng(n_q * 7 + n_k + d)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, kind, n_k)
+    kw = {"causal": causal, "window_size": win, "softcap": cap}
+    rq, rk, rv = np_attention_backward(q, k, v, g, **kw)
+    for det in (False, True):
+        names = _record(monkeypatch)
+        dq, dk, dv = ops.attention_backward(q, k, v, g, deterministic=det, backend=HOST, **kw)
+        c = "_softcap" if cap else ""
+        assert f"attention_backward_tc_fused_d{d}{c}{'_det' if det else ''}_{kind}" in names, names
+        for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+            _close(f"{name} det={det}", got, ref, "attention_backward", kind)
+
+
+def test_fused_backward_deterministic_mode_is_bit_identical_across_schedules(monkeypatch) -> None:
+    # Several key tiles add into each dQ row: the atomic mode's bits follow the block order (fp32 addition
+    # is not associative); deterministic=True sums per-key-tile partials in key-tile order.
+    rng = np.random.default_rng(3)
+    q, k, v, g = attention_inputs(rng, None, 40, 2, 1, 64, "bf16", 300)
+    runs = {}
+    for sched in ("forward", "reverse", "random:1", "random:2", "random:3"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+        runs[sched] = [np.asarray(x).view(np.uint16).copy()
+                       for x in ops.attention_backward(q, k, v, g, causal=False, deterministic=True, backend=HOST)]
+    first = runs["forward"]
+    for sched, r in runs.items():
+        for a, b in zip(first, r):
+            np.testing.assert_array_equal(a, b, err_msg=sched)
+    # the atomic mode does depend on the order here (which is what the deterministic mode is for)
+    atomic = []
+    for sched in ("forward", "reverse"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+        atomic.append(np.asarray(ops.attention_backward(q, k, v, g, causal=False, backend=HOST)[0]).view(np.uint16))
+    assert (atomic[0] != atomic[1]).any()
+
+
+def test_fused_backward_deterministic_workspace_in_chunks(monkeypatch) -> None:
+    # A workspace cap below one key tile's partial: one launch + reduce per key tile, same bits.
+    from pykern.ops import training_attention as ta
+
+    rng = np.random.default_rng(4)
+    q, k, v, g = attention_inputs(rng, None, 20, 2, 1, 64, "bf16", 200)
+    whole = ops.attention_backward(q, k, v, g, causal=True, deterministic=True, backend=HOST)
+    names = _record(monkeypatch)
+    monkeypatch.setattr(ta, "DET_WORKSPACE_BYTES", 1)
+    chunked = ops.attention_backward(q, k, v, g, causal=True, deterministic=True, backend=HOST)
+    assert names.count("attention_backward_tc_fused_d64_det_bf16") == 4  # 200 keys: 4 key tiles
+    for a, b in zip(whole, chunked):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_deterministic_argument_is_checked() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v, g = attention_inputs(rng, None, 4, 2, 1, 64, "bf16", 4)
+    with pytest.raises(TypeError, match="deterministic"):
+        ops.attention_backward(q, k, v, g, deterministic="yes", backend=HOST)
