@@ -384,8 +384,9 @@ def test_fused_backward_both_modes_vs_float64(shape, kind, monkeypatch) -> None:
 
 
 def test_fused_backward_deterministic_mode_is_bit_identical_across_schedules(monkeypatch) -> None:
-    # Several key tiles add into each dQ row: the atomic mode's bits follow the block order (fp32 addition
-    # is not associative); deterministic=True sums per-key-tile partials in key-tile order.
+    # Several key tiles add into each dQ row: with atomics the fp32 sum follows the block order (addition is
+    # not associative; on a GPU the order varies run to run); deterministic=True sums per-key-tile partials
+    # in key-tile order, whatever the schedule.
     rng = np.random.default_rng(3)
     q, k, v, g = attention_inputs(rng, None, 40, 2, 1, 64, "bf16", 300)
     runs = {}
@@ -397,12 +398,6 @@ def test_fused_backward_deterministic_mode_is_bit_identical_across_schedules(mon
     for sched, r in runs.items():
         for a, b in zip(first, r):
             np.testing.assert_array_equal(a, b, err_msg=sched)
-    # the atomic mode does depend on the order here (which is what the deterministic mode is for)
-    atomic = []
-    for sched in ("forward", "reverse"):
-        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
-        atomic.append(np.asarray(ops.attention_backward(q, k, v, g, causal=False, backend=HOST)[0]).view(np.uint16))
-    assert (atomic[0] != atomic[1]).any()
 
 
 def test_fused_backward_deterministic_workspace_in_chunks(monkeypatch) -> None:
