@@ -297,10 +297,14 @@ def attention_backward(
     dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
     the last bits, may vary run to run); `out`/`lse` are not needed.
     method="tensor_cores" (and "auto" for bf16 / f16 where mma.sync runs: sm_80+ on nvrtc, the host
-    backend, numba): FlashAttention-2 on tensor cores, deterministic (dK/dV summed over the GQA group
-    inside one CTA, dQ by a second kernel; no atomics); head_dim compiled as 64/96/128/256 (others
-    padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
+    backend, numba): FlashAttention-2 on tensor cores (dK/dV summed over the GQA group inside one CTA);
+    head_dim compiled as 64/96/128/256 (others padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
     (not on tensor cores) computes lse and D exactly, which costs about a forward.
+    At head_dim 64 / 128 (host backend, sm_80 ... sm_90) the tensor-core path is one fused kernel per key
+    tile (kernels_cu/attention_backward_fused_tc.cu): dQ is summed with fp32 atomics (on a GPU the last
+    bits may vary run to run) unless deterministic=True, which sums per-key-tile partials in a fixed order
+    (bit-identical run to run; more memory traffic, see docs/attention_tc.md). The torch autograd path sets
+    it from torch.are_deterministic_algorithms_enabled().
     method="flash" (and "auto" otherwise): tiled over keys, any length, deterministic.
     It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
     `lse` are given (from `flash_attention(q, k, v, causal=, scale=,
