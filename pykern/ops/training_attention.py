@@ -298,8 +298,9 @@ def attention_backward(
     the last bits, may vary run to run); `out`/`lse` are not needed.
     method="tensor_cores" (and "auto" for bf16 / f16 where mma.sync runs: sm_80+ on nvrtc, the host
     backend, numba): FlashAttention-2 on tensor cores (dK/dV summed over the GQA group inside one CTA);
-    head_dim compiled as 64/96/128/256 (others padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
-    (not on tensor cores) computes lse and D exactly, which costs about a forward.
+    head_dim compiled as 64/96/128/256 (others padded). Pass the forward's `out`/`lse` (as training
+    does): without them an fp32 pre-pass (not on tensor cores) computes lse and D exactly, which costs
+    about a forward.
     At head_dim 64 / 128 (host backend, sm_80 ... sm_90) the tensor-core path is one fused kernel per key
     tile (kernels_cu/attention_backward_fused_tc.cu): dQ is summed with fp32 atomics (on a GPU the last
     bits may vary run to run) unless deterministic=True, which sums per-key-tile partials in a fixed order

@@ -501,8 +501,8 @@ def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "b
     c = "_softcap" if softcap > 0 else ""
     if head_dim in FUSED_HEAD_DIMS:  # the fused kernel (attention_backward_fused_tc.cu)
         pre = () if given else (f"attention_bwd_lse{c}{s}",)
-        return pre + (f"attention_bwd_tc_prep{s}", f"attention_backward_tc_fused_d{d}{c}{'_det' if deterministic else ''}{s}",
-                      f"attention_bwd_tc_dq_reduce_d{d}{s}")
+        fused = f"attention_backward_tc_fused_d{d}{c}{'_det' if deterministic else ''}{s}"
+        return pre + (f"attention_bwd_tc_prep{s}", fused, f"attention_bwd_tc_dq_reduce_d{d}{s}")
     kv = ((f"attention_backward_tc_dv_d{d}{c}{s}", f"attention_backward_tc_dk_d{d}{c}{s}") if d == 256
           else (f"attention_backward_tc_dkdv_d{d}{c}{s}",))
     pre = "attention_bwd_preprocess" + s if given else f"attention_bwd_lse{c}{s}"
