@@ -36,7 +36,12 @@ TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c
           + [f"attention_backward_tc_{n}_d256{c}{s}" for n in ("dv", "dk") for c in ("", "_softcap")
              for s in ("_bf16", "_f16")]
           + [f"attention_backward_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
-             for s in ("_bf16", "_f16")])
+             for s in ("_bf16", "_f16")]
+          + [f"attention_backward_tc_fused_d{d}{c}{m}{s}" for d in (64, 128) for c in ("", "_softcap")
+             for m in ("", "_det") for s in ("_bf16", "_f16")])
+# The fused backward's fp32 helpers (no MMA): delta / lse layout + dQ workspace zeroing, dQ reduce / narrow
+TC_BWD_AUX = ([f"attention_bwd_tc_prep{s}" for s in ("_bf16", "_f16")]
+              + [f"attention_bwd_tc_dq_reduce_d{d}{s}" for d in (64, 128) for s in ("_bf16", "_f16")])
 # The fp32-FMA f16 kernels (flash_attention.cu, attention_backward.cu) that narrow fp32 -> f16 (the others
 # write fp32 lse / delta only)
 F16_FMA_NARROWING = ([f"flash_attention_d{d}{c}_f16" for d in (64, 128, 256) for c in ("", "_softcap")]
@@ -165,7 +170,9 @@ def test_backward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, scale=scale, backend=HOST)  # method="auto"
     D = fwd_mod.tc_head_dim(d)
-    assert names[0] == "attention_bwd_lse_bf16" and f"attention_backward_tc_dq_d{D}_bf16" in names
+    # head_dim 64 / 128: the fused kernel (attention_backward_fused_tc.cu); others the dK/dV + dQ pair
+    tc = f"attention_backward_tc_fused_d{D}_bf16" if d in (64, 128) else f"attention_backward_tc_dq_d{D}_bf16"
+    assert names[0] == "attention_bwd_lse_bf16" and tc in names
     assert not any(n.startswith("attention_backward_flash") for n in names)
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
     _close("dq", dq, rq, "attention_backward")
@@ -174,8 +181,9 @@ def test_backward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
 
 
 def test_backward_is_deterministic_and_uses_given_out_lse(monkeypatch) -> None:
+    # head_dim 96: the dK/dV + dQ kernel pair, one writer per element
     rng = np.random.default_rng(11)
-    q, k, v, g = attention_inputs(rng, 1, 70, 8, 1, 64, "bf16", 70)
+    q, k, v, g = attention_inputs(rng, 1, 70, 8, 1, 96, "bf16", 70)
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
     r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
@@ -212,8 +220,12 @@ def test_f16_forward_and_backward_on_tensor_cores_vs_float64(shape, monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, backend=HOST)
     kv = ([f"attention_backward_tc_dv_d{D}_f16", f"attention_backward_tc_dk_d{D}_f16"] if D == 256
           else [f"attention_backward_tc_dkdv_d{D}_f16"])
-    assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
-                     f"attention_backward_tc_dq_d{D}_f16"]
+    if d in (64, 128):  # the fused kernel, dQ through the fp32 workspace
+        assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_tc_prep_f16",
+                         f"attention_backward_tc_fused_d{D}_f16", f"attention_bwd_tc_dq_reduce_d{D}_f16"]
+    else:
+        assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
+                         f"attention_backward_tc_dq_d{D}_f16"]
     assert out.dtype == dq.dtype == dk.dtype == dv.dtype == np.float16 and lse.dtype == np.float32
     ref_out, ref_lse = np_flash_attention(q, k, v, causal)
     _close("out", out, ref_out, "flash_attention", "f16")
@@ -339,8 +351,75 @@ def test_no_spills_on_any_arch_nvrtc_offers() -> None:
     res = json.loads(out.stdout)
     # '*_tc_*' also names the MoE tensor-core GEMMs (moe.cu): this test is about the attention ones
     rows = [r for r in res["results"] if r["kind"] == "cubin" and "attention" in r["kernel"]]
-    assert {r["kernel"] for r in rows} == set(TC_FWD + TC_BWD)
+    assert {r["kernel"] for r in rows} == set(TC_FWD + TC_BWD + TC_BWD_AUX)
     assert {r["arch"] for r in rows} == set(rest)
     bad = [(r["kernel"], r["arch"], r["spill_stores"], r["spill_loads"], r["stack_bytes"]) for r in rows
            if r["spill_stores"] or r["spill_loads"] or r["stack_bytes"]]
     assert not bad, bad
+
+
+# --------------------------------------------------------------------------- fused backward (d64 / d128)
+
+FUSED_SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap)
+    (None, 70, 130, 4, 2, 64, False, (-1, -1), 0.0),   # full tiles: the flat loop; GQA 2
+    (2, 50, 40, 4, 1, 128, True, (-1, -1), 0.0),       # n_q > n_k causal: rows that see no key; GQA 4
+    (None, 40, 100, 2, 2, 128, True, (30, -1), 1.5),    # window + softcap
+    (None, 1, 1, 2, 1, 64, True, (-1, -1), 0.0),        # seq 1
+]
+
+
+@pytest.mark.parametrize("shape", FUSED_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}".format(*s[1:6]))
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+def test_fused_backward_both_modes_vs_float64(shape, kind, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, causal, win, cap = shape
+    rng = np.random.default_rng(n_q * 7 + n_k + d)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, kind, n_k)
+    kw = {"causal": causal, "window_size": win, "softcap": cap}
+    rq, rk, rv = np_attention_backward(q, k, v, g, **kw)
+    for det in (False, True):
+        names = _record(monkeypatch)
+        dq, dk, dv = ops.attention_backward(q, k, v, g, deterministic=det, backend=HOST, **kw)
+        c = "_softcap" if cap else ""
+        assert f"attention_backward_tc_fused_d{d}{c}{'_det' if det else ''}_{kind}" in names, names
+        for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+            _close(f"{name} det={det}", got, ref, "attention_backward", kind)
+
+
+def test_fused_backward_deterministic_mode_is_bit_identical_across_schedules(monkeypatch) -> None:
+    # Several key tiles add into each dQ row: with atomics the fp32 sum follows the block order (addition is
+    # not associative; on a GPU the order varies run to run); deterministic=True sums per-key-tile partials
+    # in key-tile order, whatever the schedule.
+    rng = np.random.default_rng(3)
+    q, k, v, g = attention_inputs(rng, None, 40, 2, 1, 64, "bf16", 300)
+    runs = {}
+    for sched in ("forward", "reverse", "random:1", "random:2", "random:3"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+        runs[sched] = [np.asarray(x).view(np.uint16).copy()
+                       for x in ops.attention_backward(q, k, v, g, causal=False, deterministic=True, backend=HOST)]
+    first = runs["forward"]
+    for sched, r in runs.items():
+        for a, b in zip(first, r):
+            np.testing.assert_array_equal(a, b, err_msg=sched)
+
+
+def test_fused_backward_deterministic_workspace_in_chunks(monkeypatch) -> None:
+    # A workspace cap below one key tile's partial: one launch + reduce per key tile, same bits.
+    from pykern.ops import training_attention as ta
+
+    rng = np.random.default_rng(4)
+    q, k, v, g = attention_inputs(rng, None, 20, 2, 1, 64, "bf16", 200)
+    whole = ops.attention_backward(q, k, v, g, causal=True, deterministic=True, backend=HOST)
+    names = _record(monkeypatch)
+    monkeypatch.setattr(ta, "DET_WORKSPACE_BYTES", 1)
+    chunked = ops.attention_backward(q, k, v, g, causal=True, deterministic=True, backend=HOST)
+    assert names.count("attention_backward_tc_fused_d64_det_bf16") == 4  # 200 keys: 4 key tiles
+    for a, b in zip(whole, chunked):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_deterministic_argument_is_checked() -> None:
+    rng = np.random.default_rng(0)
+    q, k, v, g = attention_inputs(rng, None, 4, 2, 1, 64, "bf16", 4)
+    with pytest.raises(TypeError, match="deterministic"):
+        ops.attention_backward(q, k, v, g, deterministic="yes", backend=HOST)

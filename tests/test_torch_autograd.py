@@ -452,3 +452,34 @@ def test_custom_ops_pass_torch_library_opcheck():
     torch.library.opcheck(torch.ops.pykern.flash_attention.default, (q, k, v, True, 8 ** -0.5))
     ids = torch.tensor([[0, 3], [3, 1]])
     torch.library.opcheck(torch.ops.pykern.embedding.default, (ids, torch.randn(4, 8, generator=g, requires_grad=True)))
+
+
+def test_flash_attention_backward_is_deterministic_under_torch_deterministic_mode(monkeypatch):
+    # torch.use_deterministic_algorithms(True) makes the tensor-core backward sum dQ in a fixed order
+    # (the fused kernel's _det variant); the default keeps the fp32 atomics. Both match each other.
+    from pykern import launcher
+
+    names: list[str] = []
+    real = launcher.launch
+
+    def spy(name, *a, **kw):
+        names.append(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(launcher, "launch", spy)
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(1, 40, 2, 64, generator=g).bfloat16().requires_grad_() for _ in range(3))
+    grads_by_mode = {}
+    for det in (False, True):
+        prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(det)
+        try:
+            names.clear()
+            out = pt.flash_attention(q, k, v, causal=True)
+            grads_by_mode[det] = torch.autograd.grad(out.float().sum(), (q, k, v))
+        finally:
+            torch.use_deterministic_algorithms(prev)
+        assert ("attention_backward_tc_fused_d64_det_bf16" in names) == det, names
+        assert ("attention_backward_tc_fused_d64_bf16" in names) == (not det), names
+    for a, b in zip(grads_by_mode[False], grads_by_mode[True]):
+        torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)

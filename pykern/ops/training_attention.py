@@ -45,6 +45,32 @@ def tc_backward_shared_bytes(d: int) -> tuple[int, int]:
     dq_bc = 32 if d <= 128 else 16
     return (2 * _TC_BC + 2 * _TC_BR) * (d + 8) * 2 + 2 * _TC_BR * 4, (2 * _TC_QR + 2 * dq_bc) * (d + 8) * 2
 _INT_MAX = 2**31 - 1
+# Fused kernels (kernels_cu/attention_backward_fused_tc.cu): head_dims, keys per CTA, queries per streamed tile.
+FUSED_HEAD_DIMS = (64, 128)
+_FUSED_BC = 64
+_FUSED_BR = {64: 32, 128: 16}
+# The deterministic mode keeps one fp32 dQ partial per key tile: at most this many bytes of them at a time
+# (more key tiles run as several launches, each reduced into the fp32 sum in key-tile order).
+DET_WORKSPACE_BYTES = 1 << 30
+
+
+def fused_available(backend: str | None = None) -> bool:
+    """Whether the fused backward runs on `backend`: sm_80 ... sm_90 on nvrtc (sm_100 / sm_120 keep the dK/dV +
+    dQ pair: ptxas there spills the fused kernel), the host backend."""
+    from ..backends import get_backend
+
+    be = get_backend(backend)
+    if be.name != "nvrtc":
+        return True
+    arch = getattr(be, "arch", "") or ""
+    num = "".join(c for c in arch[3:] if c.isdigit()) if arch.startswith("sm_") else ""
+    return bool(num) and 80 <= int(num) < 100
+
+
+def fused_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the fused backward at head_dim d (ABF_SMEM in the .cu)."""
+    br = _FUSED_BR[d]
+    return (2 * _FUSED_BC + 4 * br) * (d + 8) * 2 + _FUSED_BC * (br + 8) * 2 + 4 * br * 4
 
 
 def group_lanes(head_dim: int) -> int:
@@ -175,6 +201,62 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
     return dq, dk, dv
 
 
+def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
+    """head_dim 64 / 128 on tensor cores, FlashAttention-2's backward: one kernel per key tile doing the five
+    matmuls, dQ summed in an fp32 workspace (atomics; or, deterministic, per-key-tile partials reduced in a
+    fixed order), then narrowed by a small kernel."""
+    b, n_q, n_k, h, kvh, d = dims
+    wl, wr, softcap = win
+    cap = "_softcap" if softcap > 0 else ""
+    sfx = _suffix(kind)
+    br = _FUSED_BR[d]
+    n_rows = b * n_q * h
+    nq_pad = -(-n_q // br) * br
+    lse2 = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
+    dlt = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
+    n_dq = n_rows * d
+    n_ws = b * h * nq_pad * d  # (batch, head, nq_pad, head_dim): a tile's rows at compile-time strides
+    dq_ws = arrays.empty((n_ws,), np.float32, like=q)
+    if out is not None and lse is not None:
+        delta_in = dlt  # unused (out given)
+    else:
+        G = group_lanes(d)
+        lse = arrays.empty((n_rows,), np.float32, like=q)
+        delta_in = arrays.empty((n_rows,), np.float32, like=q)
+        _launch("attention_bwd_lse" + cap + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta_in, n_q, n_k, h, kvh, d, scale, wl, wr, softcap,
+                G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+        out = None
+    _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g),
+            _flat(out if out is not None else g), _flat(lse), delta_in, lse2, dlt, dq_ws, n_rows, n_q, h, nq_pad, d,
+            int(out is not None), 0 if deterministic else 1, stream=stream, backend=backend)
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    n_kt = -(-n_k // _FUSED_BC)
+    smem = fused_shared_bytes(d)
+    head = (_flat(q), _flat(k), _flat(v), _flat(g), lse2, dlt)
+    red_blocks = (max(1, min(-(-n_dq // 256), 8192)),)
+    if not deterministic:
+        _launch(f"attention_backward_tc_fused_d{d}{cap}{sfx}", (n_kt, kvh, b), (_TC_THREADS,), *head, dq_ws,
+                _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, 0, 0, scale, wl, wr, softcap,
+                shared_mem=smem, stream=stream, backend=backend)
+        _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), dq_ws, dq_ws, _flat(dq), n_dq, n_q, n_k,
+                h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+        return dq, dk, dv
+    chunk = max(1, min(n_kt, DET_WORKSPACE_BYTES // (4 * n_ws)))
+    part = arrays.empty((chunk * n_ws,), np.float32, like=q)
+    for kt0 in range(0, n_kt, chunk):
+        cnt = min(chunk, n_kt - kt0)
+        _launch(f"attention_backward_tc_fused_d{d}{cap}_det{sfx}", (cnt, kvh, b), (_TC_THREADS,), *head, part,
+                _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, kt0, n_ws, scale, wl, wr, softcap,
+                shared_mem=smem, stream=stream, backend=backend)
+        _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), part, dq_ws, _flat(dq), n_dq, n_q, n_k,
+                h, nq_pad, kt0, cnt, n_ws, scale, wl, wr, int(kt0 == 0), int(kt0 + cnt == n_kt), stream=stream,
+                backend=backend)
+    return dq, dk, dv
+
+
 @arrays.stream_scoped
 def attention_backward(
     q: Any,
@@ -189,6 +271,7 @@ def attention_backward(
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
     method: str = "auto",
+    deterministic: bool = False,
     stream: Any = None,
     backend: str | None = None,
 ) -> tuple[Any, Any, Any]:
@@ -214,10 +297,15 @@ def attention_backward(
     dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
     the last bits, may vary run to run); `out`/`lse` are not needed.
     method="tensor_cores" (and "auto" for bf16 / f16 where mma.sync runs: sm_80+ on nvrtc, the host
-    backend, numba): FlashAttention-2 on tensor cores, deterministic (dK/dV summed over the GQA group
-    inside one CTA, dQ by a second kernel; no atomics); head_dim compiled as 64/96/128/256 (others
-    padded). Pass the forward's `out`/`lse` (as training does): without them an fp32 pre-pass
-    (not on tensor cores) computes lse and D exactly, which costs about a forward.
+    backend, numba): FlashAttention-2 on tensor cores (dK/dV summed over the GQA group inside one CTA);
+    head_dim compiled as 64/96/128/256 (others padded). Pass the forward's `out`/`lse` (as training
+    does): without them an fp32 pre-pass (not on tensor cores) computes lse and D exactly, which costs
+    about a forward.
+    At head_dim 64 / 128 (host backend, sm_80 ... sm_90) the tensor-core path is one fused kernel per key
+    tile (kernels_cu/attention_backward_fused_tc.cu): dQ is summed with fp32 atomics (on a GPU the last
+    bits may vary run to run) unless deterministic=True, which sums per-key-tile partials in a fixed order
+    (bit-identical run to run; more memory traffic, see docs/attention_tc.md). The torch autograd path sets
+    it from torch.are_deterministic_algorithms_enabled().
     method="flash" (and "auto" otherwise): tiled over keys, any length, deterministic.
     It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
     `lse` are given (from `flash_attention(q, k, v, causal=, scale=,
@@ -226,6 +314,9 @@ def attention_backward(
     """
     if method not in METHODS:
         raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ArgumentTypeError(f"deterministic: expected a bool, got {type(deterministic).__name__} "
+                                f"{deterministic!r}")
     if not isinstance(causal, (bool, np.bool_)):
         raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
     kind = arrays.io_kind("q", q, arrays.IO_KINDS)
@@ -282,6 +373,9 @@ def attention_backward(
         from .forward import tensor_cores_available
 
         if tensor_cores_available(backend):
+            if d in FUSED_HEAD_DIMS and fused_available(backend):
+                return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
+                              stream)
             return _tensor_cores(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
         if method == "tensor_cores":
             raise ArgumentError(f"method: 'tensor_cores' needs {kind} mma (sm_80 or newer); this device has none")

@@ -253,14 +253,16 @@ def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
 @torch.library.custom_op(_lib + "flash_attention_backward", mutates_args=())
 def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
                               causal: bool, scale: float, window_left: int = -1, window_right: int = -1,
-                              softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+                              softcap: float = 0.0, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = call("attention_backward", _c(q), _c(k), _c(v), _c(grad_out), out=_c(out), lse=_c(lse),
-                      scale=scale, causal=causal, window_size=(window_left, window_right), softcap=softcap)
+                      scale=scale, causal=causal, window_size=(window_left, window_right), softcap=softcap,
+                      deterministic=deterministic)
     return dq, dk, dv
 
 
 @_flash_attention_backward.register_fake
-def _(q, k, v, out, lse, grad_out, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
+def _(q, k, v, out, lse, grad_out, causal, scale, window_left=-1, window_right=-1, softcap=0.0,
+      deterministic=False):
     return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k), _new(v.shape, v.dtype, v)
 
 
@@ -274,8 +276,10 @@ def _fa_setup(ctx, inputs, output):
 
 def _fa_bwd(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
+    # torch.use_deterministic_algorithms(True): dQ summed in a fixed order (bit-identical run to run)
     dq, dk, dv = torch.ops.pykern.flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale,
-                                                           ctx.window[0], ctx.window[1], ctx.softcap)
+                                                           ctx.window[0], ctx.window[1], ctx.softcap,
+                                                           torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, None, None, None, None, None
 
 

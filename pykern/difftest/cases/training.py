@@ -491,12 +491,18 @@ def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Cas
                        kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
 
 
-def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "bf16") -> tuple[str, ...]:
+def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "bf16",
+                deterministic: bool = False, pair: bool = False) -> tuple[str, ...]:
     """What attention_backward(method='tensor_cores') launches at this head_dim."""
     from ...ops.forward import tc_head_dim
+    from ...ops.training_attention import FUSED_HEAD_DIMS
 
     d, s = tc_head_dim(head_dim), _sfx(kind)
     c = "_softcap" if softcap > 0 else ""
+    if head_dim in FUSED_HEAD_DIMS and not pair:  # the fused kernel (attention_backward_fused_tc.cu)
+        pre = () if given else (f"attention_bwd_lse{c}{s}",)
+        fused = f"attention_backward_tc_fused_d{d}{c}{'_det' if deterministic else ''}{s}"
+        return pre + (f"attention_bwd_tc_prep{s}", fused, f"attention_bwd_tc_dq_reduce_d{d}{s}")
     kv = ((f"attention_backward_tc_dv_d{d}{c}{s}", f"attention_backward_tc_dk_d{d}{c}{s}") if d == 256
           else (f"attention_backward_tc_dkdv_d{d}{c}{s}",))
     pre = "attention_bwd_preprocess" + s if given else f"attention_bwd_lse{c}{s}"
@@ -608,6 +614,66 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _attention_tc_cases(rng)
     yield from _attention_window_cases(rng)
     yield from _f16_cases(rng)
+    yield from _attention_fused_cases(rng)
+    yield from _attention_pair_cases(rng)
+
+
+def _attention_pair_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """The dK/dV + dQ kernel pair at head_dim 64 / 128, which sm_100 / sm_120 run instead of the fused
+    kernel: the run turns the fused path off (ops.training_attention.fused_available) for its call."""
+    from ...ops import training_attention as ta
+
+    for kind in ("bf16", "f16"):
+        for hd, cap in ((64, 0.0), (128, 0.0), (64, 2.0), (128, 1.0)):
+            n_q, n_k, heads, kvh = 40, 70, 4, 2
+            q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
+            kw = {"causal": True, "softcap": cap}
+
+            def ref(q=q, k=k, v=v, g=g, kw=kw):
+                dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
+                return {"dq": dq, "dk": dk, "dv": dv}
+
+            def run(be, q=q, k=k, v=v, g=g, kw=kw):
+                real = ta.fused_available
+                ta.fused_available = lambda backend=None: False
+                try:
+                    dq, dk, dv = _ops().attention_backward(q, k, v, g, method="tensor_cores", backend=be, **kw)
+                finally:
+                    ta.fused_available = real
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            shape = f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}" + (f"-cap{cap:g}" if cap else "") + "-pair"
+            yield Case(op="attention_backward", dtype=kind, shape=shape,
+                       kernels=_tc_kernels(hd, False, cap, kind, pair=True), run=run, reference=ref)
+
+
+def _attention_fused_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """The fused tensor-core backward (head_dim 64 / 128) in both dQ modes (fp32 atomics; deterministic
+    per-key-tile partials), bf16 and f16, with and without a softcap: lengths that give full query tiles (the
+    flat loop) and ragged ones, GQA 2, a window. Drawn last, so the other cases keep their data."""
+    for kind in ("bf16", "f16"):
+        for hd, cap, win, causal in ((64, 0.0, (-1, -1), False), (128, 0.0, (40, -1), True),
+                                     (64, 2.0, (-1, -1), True), (128, 1.5, (-1, -1), False)):
+            n_q, n_k, heads, kvh = 70, 130, 4, 2
+            q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
+            kw = {"causal": causal, "window_size": win, "softcap": cap}
+            out64, lse64 = np_attention_forward(q, k, v, **kw)
+            out, lse = _cast(out64, kind), lse64.astype(np.float32)
+
+            def ref(q=q, k=k, v=v, g=g, kw=kw):
+                dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
+                return {"dq": dq, "dk": dk, "dv": dv}
+
+            for det in (False, True):
+                def run(be, q=q, k=k, v=v, g=g, kw=kw, out=out, lse=lse, det=det):
+                    dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, method="tensor_cores",
+                                                           deterministic=det, backend=be, **kw)
+                    return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+                shape = (f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}{'' if causal else '-full'}-w{win[0]},{win[1]}"
+                         + (f"-cap{cap:g}" if cap else "") + ("-det" if det else "") + "-fused")
+                yield Case(op="attention_backward", dtype=kind, shape=shape,
+                           kernels=_tc_kernels(hd, True, cap, kind, det), run=run, reference=ref)
 
 
 def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
