@@ -30,6 +30,7 @@
 // Global -> shared copies use 16-byte cp.async when head_dim % 8 == 0 and the base is
 // 16-byte aligned, else element-wise loads (correct for any head_dim, slower).
 #include "pk_attention_tc.cuh"
+#include "pk_attn_core.cuh"
 
 #define FATC_BR 64
 
@@ -238,23 +239,23 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 // Entry points per compiled head_dim and softcap flag, in bf16 and f16 (the sm_75 build traps: the op
 // uses flash_attention_d*_bf16 / _f16 there).
 PK_ATTN_TC_ENTRY(fatc_entry, fatc_forward)
-PK_IO_VARIANT(flash_attention_tc_d64, fatc_entry, 64, false)
-PK_IO_VARIANT(flash_attention_tc_d64_softcap, fatc_entry, 64, true)
+PK_IO_VARIANT(flash_attention_tc_pad_d64, fatc_entry, 64, false)
+PK_IO_VARIANT(flash_attention_tc_pad_d64_softcap, fatc_entry, 64, true)
 PK_IO_VARIANT(flash_attention_tc_d96, fatc_entry, 96, false)
 PK_IO_VARIANT(flash_attention_tc_d96_softcap, fatc_entry, 96, true)
-PK_IO_VARIANT(flash_attention_tc_d128, fatc_entry, 128, false)
-PK_IO_VARIANT(flash_attention_tc_d128_softcap, fatc_entry, 128, true)
+PK_IO_VARIANT(flash_attention_tc_pad_d128, fatc_entry, 128, false)
+PK_IO_VARIANT(flash_attention_tc_pad_d128_softcap, fatc_entry, 128, true)
 PK_IO_VARIANT(flash_attention_tc_d256, fatc_entry, 256, false)
 PK_IO_VARIANT(flash_attention_tc_d256_softcap, fatc_entry, 256, true)
 
-PK_IO16_KERNELS(flash_attention_tc_d64, (FATC_THREADS, FatcCfg<64>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
 
-PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
@@ -275,14 +276,14 @@ PK_IO16_KERNELS(flash_attention_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
 
-PK_IO16_KERNELS(flash_attention_tc_d128, (FATC_THREADS, FatcCfg<128>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d128, (FATC_THREADS, FatcCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
 
-PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
@@ -297,6 +298,64 @@ PK_IO16_KERNELS(flash_attention_tc_d256, (FATC_THREADS, FatcCfg<256>::MINB),
                  window_right, softcap))
 
 PK_IO16_KERNELS(flash_attention_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+// ---------------------------------------------------------------------------------------------------------
+// The FlashAttention-2 core (pk_attn_core.cuh): 128 queries a CTA of 8 warps, for head_dim == head_dim_v ==
+// D in {64, 128} with 16-byte aligned q / k / v / out (the op checks; other shapes take the _pad_ kernels
+// above). Same parameters, grid order and results as the kernels above.
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fafa_dense(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                           T* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
+                                           int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+                                           int window_left, int window_right, float softcap) {
+    const int n_qt = (n_q + PKFA_BR - 1) / PKFA_BR;
+    const int bh = blockIdx.x / n_qt;
+    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
+    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    const int b = bh / n_heads, h = bh % n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long qs = (long long)n_heads * D, kvs = (long long)n_kv_heads * D;
+    const long long qo = (long long)b * n_q * qs + (long long)h * D;
+    const long long ko = (long long)b * n_k * kvs + (long long)kvh * D;
+    extern __shared__ __align__(16) unsigned char fafa_smem[];
+    PkFaDenseKV<T, D> kv;
+    pkfa_forward<T, D, SC>(fafa_smem, kv, q + qo, qs, k + ko, v + ko, kvs, kvs, out, qo, qs, lse, (long long)b * n_q * n_heads + h,
+                           n_heads, qt * PKFA_BR, n_q, n_k, scale, window_left, window_right, softcap);
+}
+
+PK_ATTN_TC_ENTRY(fafa_dense_entry, fafa_dense)
+PK_IO_VARIANT(flash_attention_tc_d64, fafa_dense_entry, 64, false)
+PK_IO_VARIANT(flash_attention_tc_d64_softcap, fafa_dense_entry, 64, true)
+PK_IO_VARIANT(flash_attention_tc_d128, fafa_dense_entry, 128, false)
+PK_IO_VARIANT(flash_attention_tc_d128_softcap, fafa_dense_entry, 128, true)
+
+PK_IO16_KERNELS(flash_attention_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),

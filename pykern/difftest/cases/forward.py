@@ -168,7 +168,9 @@ def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | No
     if kind != "f32" and tensor_cores is not False:
         from ...ops.forward import tc_head_dim
 
-        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}{cap}{_sfx(kind)}"
+        d = tc_head_dim(max(head_dim, head_dim_v))
+        pad = "pad_" if d in (64, 128) and (head_dim != d or head_dim_v != d) else ""  # not the FA2 core's shape
+        return f"flash_attention_tc_{pad}d{d}{cap}{_sfx(kind)}"
     bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
     return f"flash_attention_d{bucket}{cap}{_sfx(kind)}"
 
