@@ -361,3 +361,64 @@ PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MI
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
+
+// ---------------------------------------------------------------------------------------------------------
+// flash_attention_varlen on the same core: sequences packed without padding, q / out (total_q, n_heads, D),
+// k / v (total_k, n_kv_heads, D), lse (total_q, n_heads); sequence b is q rows cu_q[b]..cu_q[b+1] against k/v
+// rows cu_k[b]..cu_k[b+1] (a negative length counts as 0). Grid (n_qt * n_heads, batch): query tile
+// blockIdx.x / n_heads of head blockIdx.x % n_heads (tiles past the sequence exit at once). The window
+// (wl, wr) is per sequence, normalized as the serving ops do (unbounded = 2^30, causal: wr = 0).
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fafa_varlen(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                            T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ cu_q,
+                                            const int* __restrict__ cu_k, int n_heads, int n_kv_heads, int n_qt,
+                                            float scale, int window_left, int window_right, float softcap) {
+    const int b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+    const int q_beg = cu_q[b], k_beg = cu_k[b];
+    const int n_q = max(cu_q[b + 1] - q_beg, 0), n_k = max(cu_k[b + 1] - k_beg, 0);
+    const int n_tiles = (n_q + PKFA_BR - 1) / PKFA_BR;
+    const int i = (int)(blockIdx.x / n_heads);
+    if (i >= n_tiles) return;  // CTA-uniform, before any barrier
+    // Causal / right-bounded windows: the longest query tiles (the last ones) first.
+    const int qt = window_right < n_q ? n_tiles - 1 - i : i;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long qs = (long long)n_heads * D, kvs = (long long)n_kv_heads * D;
+    const long long qo = (long long)q_beg * qs + (long long)h * D;
+    const long long ko = (long long)k_beg * kvs + (long long)kvh * D;
+    extern __shared__ __align__(16) unsigned char fafa_vsmem[];
+    PkFaDenseKV<T, D> kv;
+    pkfa_forward<T, D, SC>(fafa_vsmem, kv, q + qo, qs, k + ko, v + ko, kvs, kvs, out, qo, qs, lse,
+                           (long long)q_beg * n_heads + h, n_heads, qt * PKFA_BR, n_q, n_k, scale, window_left,
+                           window_right, softcap);
+    (void)n_qt;
+}
+
+PK_ATTN_TC_ENTRY(fafa_varlen_entry, fafa_varlen)
+PK_IO_VARIANT(flash_attention_varlen_tc_d64, fafa_varlen_entry, 64, false)
+PK_IO_VARIANT(flash_attention_varlen_tc_d64_softcap, fafa_varlen_entry, 64, true)
+PK_IO_VARIANT(flash_attention_varlen_tc_d128, fafa_varlen_entry, 128, false)
+PK_IO_VARIANT(flash_attention_varlen_tc_d128_softcap, fafa_varlen_entry, 128, true)
+
+PK_IO16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))

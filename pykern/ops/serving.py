@@ -33,6 +33,7 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
+from . import forward as _fwd
 from ._window import (
     check_softcap as _check_softcap,
     check_window_left as _check_window_left,
@@ -754,7 +755,17 @@ def flash_attention_varlen(
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    if total_q:
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): 16-bit q and K/V of one type, head_dim 64 /
+    # 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
+    n_qt = -(-max_qo // _fwd.FA2_ROWS)
+    fa2 = (total_q and qk == kind and qk in ("bf16", "f16") and _fwd.fa2_eligible(d, d, q, k, v, out)
+           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
+    if fa2:
+        launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
+               (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
+               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q),
+               backend=backend)
+    elif total_q:
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
                _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,

@@ -340,3 +340,63 @@ for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16"),
                     4: ("paged_append_kv_e4m3", "paged_append_kv_bf16_e4m3"),
                     5: ("paged_append_kv_e5m2", "paged_append_kv_bf16_e5m2")}.items():
     reference(*_names)(lambda cuda, _eb=_eb: _append_ref(cuda, _eb))
+
+
+# flash_attention_varlen's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu): the same function as
+# dense_attn over cu_seqlens, with their own parameter list; head_dim = out's size / lse's size.
+_VARLEN_TC_NAMES = tuple(f"flash_attention_varlen_tc_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap")
+                         for s in ("_bf16", "_f16"))
+
+
+@reference(*_VARLEN_TC_NAMES)
+def _varlen_tc(cuda: Any) -> Any:
+    import math
+
+    import numba
+
+    find_row, window_range, score, finish = _helpers(cuda)
+
+    @cuda.jit
+    def k(q, kk, vv, out, lse, cu_seqlens_q, cu_seqlens_k, num_qo_heads, num_kv_heads, n_qt, scale, window_left,
+          window_right, softcap):
+        orow = cuda.grid(1)
+        rows_total = lse.shape[0]
+        if orow >= rows_total:
+            return
+        head_dim = out.shape[0] // rows_total
+        row = orow // num_qo_heads
+        h = orow % num_qo_heads
+        b, qi, qo_len = find_row(cu_seqlens_q, 1, row, cu_seqlens_k.shape[0] - 1)
+        if b < 0:
+            return
+        kvh = h // (num_qo_heads // num_kv_heads)
+        s_tok = num_kv_heads * head_dim
+        length = max(cu_seqlens_k[b + 1] - cu_seqlens_k[b], 0)
+        base0 = cu_seqlens_k[b] * s_tok + kvh * head_dim
+        begin, end = window_range(length, qo_len, qi, window_left, window_right, 1, 64, 0, 0)
+        acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
+        for d in range(head_dim):
+            acc[d] = 0.0
+        qo = orow * head_dim
+        m = _NEG_INF
+        for pos in range(begin, end):
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * kk[base0 + pos * s_tok + d]
+            m = max(m, score(s, scale, softcap))
+        l = 0.0
+        for pos in range(begin, end):
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * kk[base0 + pos * s_tok + d]
+            p = math.exp(score(s, scale, softcap) - m)
+            l += p
+            for d in range(head_dim):
+                acc[d] += p * vv[base0 + pos * s_tok + d]
+        finish(out, lse, out, lse, acc, m, l, orow, head_dim, 0, 1, rows_total, 1)
+
+    def config(args: Any) -> Any:
+        n = int(args[4].shape[0])
+        return ((n + 63) // 64,), (64,)
+
+    return k, config
