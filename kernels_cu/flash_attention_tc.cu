@@ -422,3 +422,85 @@ PK_IO16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<1
                  float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
                  int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+// ---------------------------------------------------------------------------------------------------------
+// paged_prefill_attention on the same core, 16-bit caches (FP8 caches keep paged.cu's paged_attn): q / out
+// (total_q, n_heads, D), lse (total_q, n_heads); sequence b is q rows qo_indptr[b]..qo_indptr[b+1] against
+// kv positions 0..len of its pages (kv_indptr / kv_indices / kv_last_page_len, page_size = 1 << ps_log2,
+// element strides s_page / s_tok / s_head). The queries are the sequence's last qo_len positions (bottom-right
+// window, normalized as the serving ops do). scale already holds k_scale; v_scale scales the output.
+// Grid (n_qt * n_heads, batch) as the varlen kernel.
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fafa_paged(const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp,
+                                           T* __restrict__ out, float* __restrict__ lse,
+                                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                                           const int* __restrict__ kv_indices, const int* __restrict__ kv_last,
+                                           int n_heads, int n_kv_heads, int ps_log2, long long s_page, long long s_tok,
+                                           long long s_head, float scale, int window_left, int window_right,
+                                           float softcap, float v_scale) {
+    const int b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+    const int q_beg = qo_indptr[b];
+    const int n_q = max(qo_indptr[b + 1] - q_beg, 0);
+    const int n_tiles = (n_q + PKFA_BR - 1) / PKFA_BR;
+    const int i = (int)(blockIdx.x / n_heads);
+    if (i >= n_tiles) return;  // CTA-uniform, before any barrier
+    const int page_size = 1 << ps_log2;
+    const int pbeg = kv_indptr[b];
+    const long long np = (long long)kv_indptr[b + 1] - pbeg;
+    const int lst = min(max(kv_last[b], 0), page_size);
+    const long long len = np > 0 ? (np - 1) * page_size + lst : 0;
+    const int n_k = len > (1ll << 30) ? (1 << 30) : (int)len;  // the op bounds lengths well below this
+    const int qt = window_right < n_q ? n_tiles - 1 - i : i;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long qs = (long long)n_heads * D;
+    const long long qo = (long long)q_beg * qs + (long long)h * D;
+    extern __shared__ __align__(16) unsigned char fafa_psmem[];
+    PkFaPagedKV<T, D> kv;
+    kv.setup(kv_indices + pbeg, ps_log2, s_page, s_tok);
+    const long long hoff = (long long)kvh * s_head;
+    pkfa_forward<T, D, SC>(fafa_psmem, kv, q + qo, qs, kp + hoff, vp + hoff, 0, 0, out, qo, qs, lse,
+                           (long long)q_beg * n_heads + h, n_heads, qt * PKFA_BR, n_q, n_k, scale, window_left,
+                           window_right, softcap, v_scale);
+}
+
+PK_ATTN_TC_ENTRY(fafa_paged_entry, fafa_paged)
+PK_IO_VARIANT(paged_prefill_tc_d64, fafa_paged_entry, 64, false)
+PK_IO_VARIANT(paged_prefill_tc_d64_softcap, fafa_paged_entry, 64, true)
+PK_IO_VARIANT(paged_prefill_tc_d128, fafa_paged_entry, 128, false)
+PK_IO_VARIANT(paged_prefill_tc_d128_softcap, fafa_paged_entry, 128, true)
+
+PK_IO16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+
+PK_IO16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+
+PK_IO16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+
+PK_IO16_KERNELS(paged_prefill_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))

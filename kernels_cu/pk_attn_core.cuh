@@ -94,6 +94,70 @@ template <typename T, int D> struct PkFaDenseKV {
     }
 };
 
+// Paged K/V (FlashInfer's page table; see docs/serving.md): position pos of the sequence is token
+// pos & (page_size - 1) of page indices[pbeg + (pos >> ps_log2)] (page sizes are powers of two: shifts, no
+// division), at element page * s_page + token * s_tok + hoff. Each thread gathers its rows of a tile with
+// 16-byte cp.async through the table; t0 is the first position of the tile it loads next.
+template <typename T, int D> struct PkFaPagedKV {
+    static constexpr int CPR = D / 8, RSTEP = PKFA_THREADS / CPR, NI = PKFA_BC / RSTEP;
+    const int* __restrict__ indices;  // kv_indices + indptr[b]
+    const char* kbase;                // k_pages + hoff + chunk (bytes)
+    const char* vbase;
+    long long s_page, s_tok;          // bytes
+    int ps_log2, t0, r0;
+    unsigned soff;
+
+    // Set by the caller before pkfa_forward: the table of this sequence, strides in elements.
+    __device__ __forceinline__ void setup(const int* idx, int log2_page, long long sp, long long st) {
+        indices = idx;
+        ps_log2 = log2_page;
+        s_page = sp * 2;
+        s_tok = st * 2;
+    }
+    // k / v: the pages' element 0 of this kv head (hoff added); k_stride / v_stride unused (paged).
+    __device__ __forceinline__ void init(const T* k, const T* v, long long, long long, int tile) {
+        const int tid = threadIdx.x, c = tid % CPR;
+        r0 = tid / CPR;
+        soff = pkfa_swz<D>(r0, c);
+        kbase = reinterpret_cast<const char*>(k) + c * 16;
+        vbase = reinterpret_cast<const char*>(v) + c * 16;
+        t0 = tile * PKFA_BC;
+    }
+    __device__ __forceinline__ long long offset(int pos) const {
+        const long long page = indices[pos >> ps_log2];
+        return page * s_page + (long long)(pos & ((1 << ps_log2) - 1)) * s_tok;
+    }
+    __device__ __forceinline__ void full(pk_saddr kb) {
+        const pk_saddr d = kb + soff;
+        long long o[NI];
+#pragma unroll
+        for (int i = 0; i < NI; i++) o[i] = offset(t0 + r0 + i * RSTEP);  // the table reads first, together
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            pk_cp_async_16_s(d + i * RSTEP * D * 2, kbase + o[i]);
+            pk_cp_async_16_s(d + PKFA_BC * D * 2 + i * RSTEP * D * 2, vbase + o[i]);
+        }
+        t0 -= PKFA_BC;
+    }
+    __device__ __forceinline__ void bounded(unsigned char* smem, pk_saddr kb, int k0, int n_k) {
+#pragma unroll
+        for (int i = 0; i < NI; i++) {
+            const unsigned so = soff + i * RSTEP * D * 2;
+            const int pos = t0 + r0 + i * RSTEP;
+            if (pos < n_k) {
+                const long long o = offset(pos);
+                pk_cp_async_16_s(kb + so, kbase + o);
+                pk_cp_async_16_s(kb + PKFA_BC * D * 2 + so, vbase + o);
+            } else {
+                *reinterpret_cast<uint4*>(smem + so) = make_uint4(0u, 0u, 0u, 0u);
+                *reinterpret_cast<uint4*>(smem + PKFA_BC * D * 2 + so) = make_uint4(0u, 0u, 0u, 0u);
+            }
+        }
+        t0 -= PKFA_BC;
+        (void)k0;
+    }
+};
+
 // The per-warp state of the forward: Q fragments, O accumulators, row max / sum of the lane's two rows.
 template <typename T, int D, bool SC> struct PkFaCore {
     static constexpr int KS = D / 16;          // k-steps of Q K^T
@@ -218,7 +282,7 @@ template <typename T, int D, bool SC> struct PkFaCore {
     // o_stride: elements between rows; lse_row / lse_stride likewise), rows at or past n_q skipped.
     __device__ __forceinline__ void store(T* __restrict__ out, long long o_row, long long o_stride,
                                           float* __restrict__ lse, long long lse_row, long long lse_stride, int row0,
-                                          int n_q) {
+                                          int n_q, float v_scale) {
         const int t = threadIdx.x & 3;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -227,7 +291,7 @@ template <typename T, int D, bool SC> struct PkFaCore {
             lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
             const int row = row0 + 8 * r;
             if (row >= n_q) continue;
-            const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+            const float inv = lr > 0.0f ? v_scale / lr : 0.0f;
             T* orow = out + o_row + (long long)row * o_stride;
 #pragma unroll
             for (int i = 0; i < ON; i++)
@@ -258,14 +322,15 @@ __device__ __forceinline__ void pkfa_load_q(unsigned char* smem, unsigned qb, co
 // The whole forward of one CTA (smem: the dynamic shared memory, PKFA_SMEM_BYTES(D), 16-byte aligned): query rows [q0, q0 + BR) of n_q, keys [0, n_k) through the loader
 // (initialised by this function at the first tile), window (wl, wr) as in pk_attn_window.cuh.
 // q: row 0 of this (sequence, head), q_stride elements between rows; k / v likewise for the kv head;
-// the output row r of this head at out + o_row + r * o_stride, lse at lse + lse_row + r * lse_stride.
+// the output row r of this head at out + o_row + r * o_stride, lse at lse + lse_row + r * lse_stride;
+// v_scale multiplies the output (an FP8-style V scale; 1 otherwise).
 template <typename T, int D, bool SC, typename KV>
 __device__ __forceinline__ void pkfa_forward(unsigned char* smem, KV& kv, const T* __restrict__ q, long long q_stride,
                                              const T* __restrict__ k, const T* __restrict__ v, long long k_stride,
                                              long long v_stride, T* __restrict__ out, long long o_row,
                                              long long o_stride, float* __restrict__ lse, long long lse_row,
                                              long long lse_stride, int q0, int n_q, int n_k, float scale, int wl,
-                                             int wr, float softcap) {
+                                             int wr, float softcap, float v_scale = 1.0f) {
     using Core = PkFaCore<T, D, SC>;
     constexpr unsigned TILE = Core::TILE, QB = 4 * TILE;
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
@@ -316,5 +381,5 @@ __device__ __forceinline__ void pkfa_forward(unsigned char* smem, KV& kv, const 
     for (; j >= kt0; --j) { PKFA_STEP(true) }
 #undef PKFA_STEP
     pk_cp_async_wait<0>();
-    c.store(out, o_row, o_stride, lse, lse_row, lse_stride, row0, n_q);
+    c.store(out, o_row, o_stride, lse, lse_row, lse_stride, row0, n_q, v_scale);
 }

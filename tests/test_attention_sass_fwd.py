@@ -23,7 +23,8 @@ ARCHS = ("sm_80", "sm_90")
 # warp-instructions per m16n8k16 MMA in the steady-state loop (FlashAttention-2 itself: ~4.3 at d128)
 BARS = {64: 7.5, 128: 5.0}
 LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs of P V
-FWD_CORE = [f"flash_attention_tc_d{d}{c}{s}" for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
+FWD_CORE = [f"flash_attention_{v}d{d}{c}{s}" for v in ("tc_", "varlen_tc_") for d in BARS for c in ("", "_softcap")
+            for s in ("_bf16", "_f16")]
 
 
 def _sass_report():
@@ -57,6 +58,20 @@ def test_flash_attention_launches_the_core_for_its_head_dims(d, kind, softcap, m
                                                                backend="host"))
     cap = "_softcap" if softcap else ""
     assert names == [f"flash_attention_tc_d{d}{cap}_{kind}"]
+    assert names[0] in FWD_CORE
+
+
+@pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_flash_attention_varlen_launches_the_core_for_its_head_dims(d, softcap, monkeypatch) -> None:
+    from pykern.ops.serving import flash_attention_varlen
+
+    rng = np.random.default_rng(0)
+    q, k, v = (x[0] for x in fa_inputs(rng, 1, 7, 9, 4, 2, d, d, "bf16"))
+    cu_q, cu_k = np.array([0, 3, 7], np.int32), np.array([0, 4, 9], np.int32)
+    names = _launched(monkeypatch, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=softcap,
+                                                                  backend="host"))
+    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_bf16"]
     assert names[0] in FWD_CORE
 
 

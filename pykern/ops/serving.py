@@ -691,7 +691,18 @@ def paged_prefill_attention(
         res = arrays.check_out(out, (total_q, h, d), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
-    if total_q:
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): 16-bit q and cache of one
+    # type, head_dim 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8 caches keep paged_attn.
+    n_qt = -(-max_qo // _fwd.FA2_ROWS)
+    fa2 = (total_q and qk == kind and qk in ("bf16", "f16") and page_size & (page_size - 1) == 0
+           and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _fwd.fa2_eligible(d, d, q, kf, vf, res)
+           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
+    if fa2:
+        launch(f"paged_prefill_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
+               (_fwd.FA2_THREADS,), _flat(q), kf, vf, _flat(res), _flat(lse), qo, table.indptr, table.indices,
+               table.last, h, kvh, page_size.bit_length() - 1, s_page, s_tok, s_head, sc * ksc, wl, wr, cap, vsc,
+               shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q), backend=backend)
+    elif total_q:
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), kf, vf,
                _flat(res), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, s_page, s_tok, s_head, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, ksc, vsc,
