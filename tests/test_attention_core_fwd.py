@@ -1,5 +1,6 @@
 """The FlashAttention-2 forward core (kernels_cu/pk_attn_core.cuh) on the host backend: flash_attention's
-flash_attention_tc_d64 / _d128 and flash_attention_varlen's flash_attention_varlen_tc_d64 / _d128 against
+flash_attention_tc_d64 / _d128, flash_attention_varlen's flash_attention_varlen_tc_d64 / _d128 and
+paged_prefill_attention's paged_prefill_tc_d64 / _d128 (16-bit caches) against
 float64 NumPy (the ops' bf16 / f16 tolerance rows), over the tile boundaries the core treats apart (the
 masked last tile, whole tiles in the unmasked loop, window-cut first tiles, ragged n_q / n_k), seq 1,
 n_k != n_q both ways, GQA 1..8 and MQA; then bit-identical results under the forward, reverse and random
@@ -11,6 +12,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
+from pykern.arrays import bfloat16
 from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
 from pykern.tolerance import tolerance
 
@@ -136,6 +138,64 @@ def test_varlen_core_vs_float64(case, monkeypatch) -> None:
     _check_lse(lse, ref_lse)
 
 
+def _paged(rng, lq, lk, h, kvh, d, ps, layout):
+    """q, qo_indptr, pages, table of sequences of lq queries / lk positions, pages in a random order; and
+    each sequence's contiguous K, V."""
+    n_pages = sum(-(-n // ps) for n in lk) + 2
+    shape = (n_pages, ps, kvh, d) if layout == "NHD" else (n_pages, kvh, ps, d)
+    kp = rng.standard_normal(shape).astype(bfloat16())
+    vp = rng.standard_normal(shape).astype(kp.dtype)
+    perm = rng.permutation(n_pages)
+    indptr, indices, last, ks, vs, at = [0], [], [], [], [], 0
+    for n in lk:
+        m = -(-n // ps)
+        ids = perm[at:at + m]
+        at += m
+        indices += list(ids)
+        indptr.append(indptr[-1] + m)
+        last.append(n - (m - 1) * ps if m else 0)
+        tok = (lambda p: p[ids].reshape(-1, kvh, d)) if layout == "NHD" else \
+            (lambda p: p[ids].transpose(0, 2, 1, 3).reshape(-1, kvh, d))
+        ks.append(tok(kp)[:n])
+        vs.append(tok(vp)[:n])
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    q = rng.standard_normal((int(cu_q[-1]), h, d)).astype(kp.dtype)
+    table = (np.array(indptr, np.int32), np.array(indices, np.int32), np.array(last, np.int32))
+    return q, cu_q, kp, vp, table, ks, vs
+
+
+PAGED = [
+    # (q lengths, kv lengths, heads, kv_heads, head_dim, page_size, layout, causal, window_left, softcap, k/v scale)
+    ([5, 130, 1], [9, 200, 3], 4, 2, 64, 16, "NHD", True, -1, 0.0, None),
+    ([70, 1], [70, 150], 2, 2, 128, 64, "HND", True, -1, 0.0, None),
+    ([129], [300], 8, 1, 64, 1, "NHD", True, 70, 0.0, None),
+    ([64, 3], [64, 130], 4, 4, 128, 32, "NHD", False, -1, 20.0, (0.5, 2.0)),
+]
+
+
+@pytest.mark.parametrize("case", PAGED, ids=lambda c: f"d{c[4]}-ps{c[5]}-{c[6]}-c{c[7]}-w{c[8]}-s{c[9]}")
+def test_paged_prefill_core_vs_float64(case, monkeypatch) -> None:
+    from pykern.ops.serving import paged_prefill_attention
+
+    lq, lk, h, kvh, d, ps, layout, causal, wl, cap, scales = case
+    q, cu_q, kp, vp, table, ks, vs = _paged(np.random.default_rng(d + ps), lq, lk, h, kvh, d, ps, layout)
+    ksc, vsc = scales or (None, None)
+    names = _record(monkeypatch)
+    out, lse = paged_prefill_attention(q, cu_q, kp, vp, *table, causal=causal, kv_layout=layout, window_left=wl,
+                                       logits_soft_cap=cap, k_scale=ksc, v_scale=vsc, return_lse=True,
+                                       backend=HOST)
+    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if cap else ''}_bf16"]
+    ref_out, ref_lse = np.zeros(q.shape), np.full(q.shape[:2], -np.inf)
+    for b in range(len(lq)):
+        s = slice(cu_q[b], cu_q[b + 1])
+        kf = ks[b].astype(np.float64) * (ksc or 1.0)
+        vf = vs[b].astype(np.float64) * (vsc or 1.0)
+        o, l_ = np_flash_attention(q[None, s], kf[None], vf[None], causal, 1.0 / np.sqrt(d), (wl, -1), cap)
+        ref_out[s], ref_lse[s] = o[0], l_[0]
+    _close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    _check_lse(lse, ref_lse)
+
+
 def _both_ops(rng):
     from pykern.ops.serving import flash_attention_varlen
 
@@ -143,7 +203,11 @@ def _both_ops(rng):
     dense = ops.flash_attention(q, k, v, causal=True, window_size=(90, -1), return_lse=True, backend=HOST)
     q2, k2, v2, cu_q, cu_k = _ragged(rng, [20, 130], [70, 140], 2, 1, 128, "bf16")
     var = flash_attention_varlen(q2, k2, v2, cu_q, cu_k, causal=True, return_lse=True, backend=HOST)
-    return [np.asarray(x) for x in (*dense, *var)]
+    from pykern.ops.serving import paged_prefill_attention
+
+    q3, cu_q3, kp, vp, table, _, _ = _paged(rng, [5, 130], [9, 200], 4, 2, 64, 16, "NHD")
+    paged = paged_prefill_attention(q3, cu_q3, kp, vp, *table, return_lse=True, backend=HOST)
+    return [np.asarray(x) for x in (*dense, *var, *paged)]
 
 
 @pytest.mark.parametrize("schedule", ["reverse", "random:7"])
@@ -170,3 +234,10 @@ def test_core_is_clean_under_racecheck(monkeypatch) -> None:
     q, k, v, cu_q, cu_k = _ragged(rng, [3, 129], [70, 140], 2, 1, 64, "bf16")
     out = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)
     _close("varlen", out, _np_varlen(q, k, v, cu_q, cu_k, True, (-1, -1), 0.0)[0], "flash_attention_varlen", "bf16")
+    from pykern.ops.serving import paged_prefill_attention
+
+    q, cu_q, kp, vp, table, ks, vs = _paged(rng, [3, 129], [70, 140], 2, 1, 128, 16, "NHD")
+    out = paged_prefill_attention(q, cu_q, kp, vp, *table, backend=HOST)
+    s = slice(cu_q[1], cu_q[2])
+    ref = np_flash_attention(q[None, s], ks[1][None], vs[1][None], True)[0][0]
+    _close("paged", np.asarray(out)[s], ref, "paged_prefill_attention", "bf16")

@@ -1,11 +1,12 @@
 """The tensor-core attention forward at FlashAttention-2 efficiency, judged from its SASS (no GPU needed).
 
-For every kernel of the FlashAttention-2 core (kernels_cu/pk_attn_core.cuh) the ops launch, on sm_80 and
+For every kernel of the FlashAttention-2 core (kernels_cu/pk_attn_core.cuh) the ops launch (flash_attention,
+flash_attention_varlen, paged_prefill_attention with a 16-bit cache), on sm_80 and
 sm_90: tensor-core MMAs of the right input type (HMMA.16816.F32.BF16 for bf16, HMMA.16816.F32 without
 .BF16 for f16), a flat steady-state loop (tools/sass_report.py steady_state_loops: a backward branch whose
 body holds the MMAs and no inner loop), at most BARS[D] warp-instructions and LDSM_PER_MMA ldmatrix per
 m16n8k16 MMA in it, and no spills or local memory. The general kernels (flash_attention_tc_pad_*, _d96,
-_d256: head_dims the core does not take) are not held to these bars.
+_d256: head_dims the core does not take; paged_attn for FP8 caches) are not held to these bars.
 """
 from __future__ import annotations
 
@@ -23,8 +24,8 @@ ARCHS = ("sm_80", "sm_90")
 # warp-instructions per m16n8k16 MMA in the steady-state loop (FlashAttention-2 itself: ~4.3 at d128)
 BARS = {64: 7.5, 128: 5.0}
 LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs of P V
-FWD_CORE = [f"flash_attention_{v}d{d}{c}{s}" for v in ("tc_", "varlen_tc_") for d in BARS for c in ("", "_softcap")
-            for s in ("_bf16", "_f16")]
+FWD_CORE = [f"{v}d{d}{c}{s}" for v in ("flash_attention_tc_", "flash_attention_varlen_tc_", "paged_prefill_tc_")
+            for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
 
 
 def _sass_report():
@@ -96,3 +97,18 @@ def test_core_kernels_are_flat_lean_tensor_core_loops() -> None:
             assert lp["per_mma"] <= BARS[d], (name, arch, lp)
             assert lp["ldsm"] / lp["mma"] <= LDSM_PER_MMA, (name, arch, lp)
             assert lp["bar"] == 1 and lp["ldgsts"] > 0, (name, arch, lp)  # one barrier, cp.async prefetch
+
+
+@pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_paged_prefill_launches_the_core_for_16bit_caches(d, softcap, monkeypatch) -> None:
+    from pykern.ops.serving import paged_prefill_attention
+
+    rng = np.random.default_rng(0)
+    pages = [fa_inputs(rng, 3, 16, 16, 2, 2, d, d, "bf16")[1] for _ in range(2)]
+    q = fa_inputs(rng, 1, 7, 1, 4, 2, d, d, "bf16")[0][0]
+    args = (q, np.array([0, 3, 7], np.int32), pages[0], pages[1], np.array([0, 1, 3], np.int32),
+            np.array([2, 0, 1], np.int32), np.array([5, 9], np.int32))
+    names = _launched(monkeypatch, lambda: paged_prefill_attention(*args, logits_soft_cap=softcap, backend="host"))
+    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if softcap else ''}_bf16"]
+    assert names[0] in FWD_CORE
