@@ -52,7 +52,8 @@ SEQS = (1024, 2048, 4096, 8192, 16384)
 
 def kernels_for(d: int) -> dict[str, list[tuple[str, int, int]]]:
     """{"fwd"|"bwd": [(kernel, threads, dynamic smem)]} as the ops launch them at head_dim d."""
-    from pykern.ops.forward import TC_THREADS, tc_head_dim, tc_shared_bytes
+    from pykern.ops.forward import (FA2_HEAD_DIMS, FA2_THREADS, TC_THREADS, fa2_shared_bytes, tc_head_dim,
+                                    tc_shared_bytes)
     from pykern.ops.training_attention import tc_backward_shared_bytes
 
     D = tc_head_dim(d)
@@ -60,7 +61,10 @@ def kernels_for(d: int) -> dict[str, list[tuple[str, int, int]]]:
     bwd = ([(f"attention_backward_tc_dv_d{D}_bf16", TC_THREADS, kv), (f"attention_backward_tc_dk_d{D}_bf16", TC_THREADS, kv)]
            if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", TC_THREADS, kv)])
     bwd.append((f"attention_backward_tc_dq_d{D}_bf16", TC_THREADS, dq))
-    return {"fwd": [(f"flash_attention_tc_d{D}_bf16", TC_THREADS, tc_shared_bytes(D))], "bwd": bwd}
+    # head_dim 64 / 128 run the FlashAttention-2 core (128 queries, 8 warps a CTA), padded ones the _pad_ kernels
+    fwd = ((f"flash_attention_tc_d{D}_bf16", FA2_THREADS, fa2_shared_bytes(D)) if d == D and D in FA2_HEAD_DIMS
+           else (f"flash_attention_tc_{'pad_' if D in FA2_HEAD_DIMS else ''}d{D}_bf16", TC_THREADS, tc_shared_bytes(D)))
+    return {"fwd": [fwd], "bwd": bwd}
 
 
 def ctas_per_sm(regs: int, threads: int, smem: int, arch: str) -> int:
