@@ -24,8 +24,10 @@ ARCHS = ("sm_80", "sm_90")
 # warp-instructions per m16n8k16 MMA in the steady-state loop (FlashAttention-2 itself: ~4.3 at d128)
 BARS = {64: 7.5, 128: 5.0}
 LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs of P V
-FWD_CORE = [f"{v}d{d}{c}{s}" for v in ("flash_attention_tc_", "flash_attention_varlen_tc_", "paged_prefill_tc_")
-            for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
+# flash_attention in bf16 and f16; the serving ops (flash_attention_varlen, paged_prefill_attention) take bf16
+FWD_CORE = ([f"flash_attention_tc_d{d}{c}{s}" for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
+            + [f"{v}d{d}{c}_bf16" for v in ("flash_attention_varlen_tc_", "paged_prefill_tc_") for d in BARS
+               for c in ("", "_softcap")])
 
 
 def _sass_report():
