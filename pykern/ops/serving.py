@@ -33,7 +33,6 @@ from typing import Any
 import numpy as np
 
 from .. import arrays
-from . import forward as _fwd
 from ._window import (
     check_softcap as _check_softcap,
     check_window_left as _check_window_left,
@@ -693,6 +692,8 @@ def paged_prefill_attention(
             res[...] = 0
     # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): bf16 q and cache, head_dim
     # 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8 caches keep paged_attn.
+    from . import forward as _fwd  # at call time: ops' lazy table imports the family modules in any order
+
     n_qt = -(-max_qo // _fwd.FA2_ROWS)
     fa2 = (total_q and qk == kind == "bf16" and page_size & (page_size - 1) == 0
            and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _fwd.fa2_eligible(d, d, q, kf, vf, res)
@@ -768,6 +769,8 @@ def flash_attention_varlen(
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
     # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16 q and K/V, head_dim 64 /
     # 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
+    from . import forward as _fwd
+
     n_qt = -(-max_qo // _fwd.FA2_ROWS)
     fa2 = (total_q and qk == kind == "bf16" and _fwd.fa2_eligible(d, d, q, k, v, out)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
