@@ -30,6 +30,7 @@
 // Global -> shared copies use 16-byte cp.async when head_dim % 8 == 0 and the base is
 // 16-byte aligned, else element-wise loads (correct for any head_dim, slower).
 #include "pk_attention_tc.cuh"
+#include "pk_attn_core.cuh"
 
 #define FATC_BR 64
 
@@ -238,23 +239,23 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 // Entry points per compiled head_dim and softcap flag, in bf16 and f16 (the sm_75 build traps: the op
 // uses flash_attention_d*_bf16 / _f16 there).
 PK_ATTN_TC_ENTRY(fatc_entry, fatc_forward)
-PK_IO_VARIANT(flash_attention_tc_d64, fatc_entry, 64, false)
-PK_IO_VARIANT(flash_attention_tc_d64_softcap, fatc_entry, 64, true)
+PK_IO_VARIANT(flash_attention_tc_pad_d64, fatc_entry, 64, false)
+PK_IO_VARIANT(flash_attention_tc_pad_d64_softcap, fatc_entry, 64, true)
 PK_IO_VARIANT(flash_attention_tc_d96, fatc_entry, 96, false)
 PK_IO_VARIANT(flash_attention_tc_d96_softcap, fatc_entry, 96, true)
-PK_IO_VARIANT(flash_attention_tc_d128, fatc_entry, 128, false)
-PK_IO_VARIANT(flash_attention_tc_d128_softcap, fatc_entry, 128, true)
+PK_IO_VARIANT(flash_attention_tc_pad_d128, fatc_entry, 128, false)
+PK_IO_VARIANT(flash_attention_tc_pad_d128_softcap, fatc_entry, 128, true)
 PK_IO_VARIANT(flash_attention_tc_d256, fatc_entry, 256, false)
 PK_IO_VARIANT(flash_attention_tc_d256_softcap, fatc_entry, 256, true)
 
-PK_IO16_KERNELS(flash_attention_tc_d64, (FATC_THREADS, FatcCfg<64>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
 
-PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
@@ -275,14 +276,14 @@ PK_IO16_KERNELS(flash_attention_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
 
-PK_IO16_KERNELS(flash_attention_tc_d128, (FATC_THREADS, FatcCfg<128>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d128, (FATC_THREADS, FatcCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
 
-PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB),
+PK_IO16_KERNELS(flash_attention_tc_pad_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
@@ -302,3 +303,206 @@ PK_IO16_KERNELS(flash_attention_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MI
                  int head_dim_v, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                  window_right, softcap))
+
+// ---------------------------------------------------------------------------------------------------------
+// The FlashAttention-2 core (pk_attn_core.cuh): 128 queries a CTA of 8 warps, for head_dim == head_dim_v ==
+// D in {64, 128} with 16-byte aligned q / k / v / out (the op checks; other shapes take the _pad_ kernels
+// above). Same parameters, grid order and results as the kernels above.
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fafa_dense(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                           T* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
+                                           int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
+                                           int window_left, int window_right, float softcap) {
+    const int n_qt = (n_q + PKFA_BR - 1) / PKFA_BR;
+    const int bh = blockIdx.x / n_qt;
+    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
+    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    const int b = bh / n_heads, h = bh % n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long qs = (long long)n_heads * D, kvs = (long long)n_kv_heads * D;
+    const long long qo = (long long)b * n_q * qs + (long long)h * D;
+    const long long ko = (long long)b * n_k * kvs + (long long)kvh * D;
+    extern __shared__ __align__(16) unsigned char fafa_smem[];
+    PkFaDenseKV<T, D> kv;
+    pkfa_forward<T, D, SC>(fafa_smem, kv, q + qo, qs, k + ko, v + ko, kvs, kvs, out, qo, qs, lse, (long long)b * n_q * n_heads + h,
+                           n_heads, qt * PKFA_BR, n_q, n_k, scale, window_left, window_right, softcap);
+}
+
+PK_ATTN_TC_ENTRY(fafa_dense_entry, fafa_dense)
+PK_IO_VARIANT(flash_attention_tc_d64, fafa_dense_entry, 64, false)
+PK_IO_VARIANT(flash_attention_tc_d64_softcap, fafa_dense_entry, 64, true)
+PK_IO_VARIANT(flash_attention_tc_d128, fafa_dense_entry, 128, false)
+PK_IO_VARIANT(flash_attention_tc_d128_softcap, fafa_dense_entry, 128, true)
+
+PK_IO16_KERNELS(flash_attention_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
+                 window_right, softcap))
+
+// ---------------------------------------------------------------------------------------------------------
+// flash_attention_varlen on the same core (bf16 only, as the serving ops today): sequences packed without
+// padding, q / out (total_q, n_heads, D),
+// k / v (total_k, n_kv_heads, D), lse (total_q, n_heads); sequence b is q rows cu_q[b]..cu_q[b+1] against k/v
+// rows cu_k[b]..cu_k[b+1] (a negative length counts as 0). Grid (n_qt * n_heads, batch): query tile
+// blockIdx.x / n_heads of head blockIdx.x % n_heads (tiles past the sequence exit at once). The window
+// (wl, wr) is per sequence, normalized as the serving ops do (unbounded = 2^30, causal: wr = 0).
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fafa_varlen(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
+                                            T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ cu_q,
+                                            const int* __restrict__ cu_k, int n_heads, int n_kv_heads, int n_qt,
+                                            float scale, int window_left, int window_right, float softcap) {
+    const int b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+    const int q_beg = cu_q[b], k_beg = cu_k[b];
+    const int n_q = max(cu_q[b + 1] - q_beg, 0), n_k = max(cu_k[b + 1] - k_beg, 0);
+    const int n_tiles = (n_q + PKFA_BR - 1) / PKFA_BR;
+    const int i = (int)(blockIdx.x / n_heads);
+    if (i >= n_tiles) return;  // CTA-uniform, before any barrier
+    // Causal / right-bounded windows: the longest query tiles (the last ones) first.
+    const int qt = window_right < n_q ? n_tiles - 1 - i : i;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long qs = (long long)n_heads * D, kvs = (long long)n_kv_heads * D;
+    const long long qo = (long long)q_beg * qs + (long long)h * D;
+    const long long ko = (long long)k_beg * kvs + (long long)kvh * D;
+    extern __shared__ __align__(16) unsigned char fafa_vsmem[];
+    PkFaDenseKV<T, D> kv;
+    pkfa_forward<T, D, SC>(fafa_vsmem, kv, q + qo, qs, k + ko, v + ko, kvs, kvs, out, qo, qs, lse,
+                           (long long)q_beg * n_heads + h, n_heads, qt * PKFA_BR, n_q, n_k, scale, window_left,
+                           window_right, softcap);
+    (void)n_qt;
+}
+
+PK_ATTN_TC_ENTRY(fafa_varlen_entry, fafa_varlen)
+PK_IO_VARIANT(flash_attention_varlen_tc_d64, fafa_varlen_entry, 64, false)
+PK_IO_VARIANT(flash_attention_varlen_tc_d64_softcap, fafa_varlen_entry, 64, true)
+PK_IO_VARIANT(flash_attention_varlen_tc_d128, fafa_varlen_entry, 128, false)
+PK_IO_VARIANT(flash_attention_varlen_tc_d128_softcap, fafa_varlen_entry, 128, true)
+
+PK_BF16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+PK_BF16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+PK_BF16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+PK_BF16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
+                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
+                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+
+// ---------------------------------------------------------------------------------------------------------
+// paged_prefill_attention on the same core, bf16 caches (bf16 only, as the serving ops today; FP8 caches keep
+// paged.cu's paged_attn): q / out
+// (total_q, n_heads, D), lse (total_q, n_heads); sequence b is q rows qo_indptr[b]..qo_indptr[b+1] against
+// kv positions 0..len of its pages (kv_indptr / kv_indices / kv_last_page_len, page_size = 1 << ps_log2,
+// element strides s_page / s_tok / s_head). The queries are the sequence's last qo_len positions (bottom-right
+// window, normalized as the serving ops do). scale already holds k_scale; v_scale scales the output.
+// Grid (n_qt * n_heads, batch) as the varlen kernel.
+template <typename T, int D, bool SC>
+__device__ __forceinline__ void fafa_paged(const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp,
+                                           T* __restrict__ out, float* __restrict__ lse,
+                                           const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                                           const int* __restrict__ kv_indices, const int* __restrict__ kv_last,
+                                           int n_heads, int n_kv_heads, int ps_log2, long long s_page, long long s_tok,
+                                           long long s_head, float scale, int window_left, int window_right,
+                                           float softcap, float v_scale) {
+    const int b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+    const int q_beg = qo_indptr[b];
+    const int n_q = max(qo_indptr[b + 1] - q_beg, 0);
+    const int n_tiles = (n_q + PKFA_BR - 1) / PKFA_BR;
+    const int i = (int)(blockIdx.x / n_heads);
+    if (i >= n_tiles) return;  // CTA-uniform, before any barrier
+    const int page_size = 1 << ps_log2;
+    const int pbeg = kv_indptr[b];
+    const long long np = (long long)kv_indptr[b + 1] - pbeg;
+    const int lst = min(max(kv_last[b], 0), page_size);
+    const long long len = np > 0 ? (np - 1) * page_size + lst : 0;
+    const int n_k = len > (1ll << 30) ? (1 << 30) : (int)len;  // the op bounds lengths well below this
+    const int qt = window_right < n_q ? n_tiles - 1 - i : i;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const long long qs = (long long)n_heads * D;
+    const long long qo = (long long)q_beg * qs + (long long)h * D;
+    extern __shared__ __align__(16) unsigned char fafa_psmem[];
+    PkFaPagedKV<T, D> kv;
+    kv.setup(kv_indices + pbeg, ps_log2, s_page, s_tok);
+    const long long hoff = (long long)kvh * s_head;
+    pkfa_forward<T, D, SC>(fafa_psmem, kv, q + qo, qs, kp + hoff, vp + hoff, 0, 0, out, qo, qs, lse,
+                           (long long)q_beg * n_heads + h, n_heads, qt * PKFA_BR, n_q, n_k, scale, window_left,
+                           window_right, softcap, v_scale);
+}
+
+PK_ATTN_TC_ENTRY(fafa_paged_entry, fafa_paged)
+PK_IO_VARIANT(paged_prefill_tc_d64, fafa_paged_entry, 64, false)
+PK_IO_VARIANT(paged_prefill_tc_d64_softcap, fafa_paged_entry, 64, true)
+PK_IO_VARIANT(paged_prefill_tc_d128, fafa_paged_entry, 128, false)
+PK_IO_VARIANT(paged_prefill_tc_d128_softcap, fafa_paged_entry, 128, true)
+
+PK_BF16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+
+PK_BF16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+
+PK_BF16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+
+PK_BF16_KERNELS(paged_prefill_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
+                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
+                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
+                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
+                 int window_right, float softcap, float v_scale),
+                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
+                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))

@@ -712,3 +712,49 @@ __device__ __forceinline__ void pk_tma_prefetch_desc(const CUtensorMap* map) {
 
 #endif  // PYKERN_HOST / NVRTC
 // ================================= end of the Hopper section =====================================
+
+// ================================= FlashAttention-2 forward core (pk_attn_core.cuh) ==============
+// Shared-memory addresses as plain integers (pk_saddr): the core keeps one address register per lane
+// and buffer and steps it with an add, so every ldmatrix / cp.async in its unrolled loops is
+// [register + immediate] (with a pointer + offset the compiler rebuilt each address with a 3-input add).
+// NVRTC: the 32-bit shared-window address; host backend: the pointer's value (same arithmetic).
+#if defined(PYKERN_HOST)
+typedef unsigned long long pk_saddr;
+__device__ __forceinline__ pk_saddr pk_saddr_of(const void* p) { return (pk_saddr)(p); }
+__device__ __forceinline__ void pk_ldmatrix_x4_s(unsigned int* r, pk_saddr a) { pk_ldmatrix_x4(r, (const void*)a); }
+__device__ __forceinline__ void pk_ldmatrix_x4_trans_s(unsigned int* r, pk_saddr a) {
+    pk_ldmatrix_x4_trans(r, (const void*)a);
+}
+__device__ __forceinline__ void pk_cp_async_16_s(pk_saddr dst, const void* gmem_src) {
+    pk_cp_async_16((void*)dst, gmem_src);
+}
+#else
+typedef unsigned int pk_saddr;
+__device__ __forceinline__ pk_saddr pk_saddr_of(const void* p) { return pk_cvta_shared(p); }
+__device__ __forceinline__ void pk_ldmatrix_x4_s(unsigned int* r, pk_saddr a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+__device__ __forceinline__ void pk_ldmatrix_x4_trans_s(unsigned int* r, pk_saddr a) {
+    asm volatile("ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16 {%0,%1,%2,%3}, [%4];"
+                 : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+                 : "r"(a)
+                 : "memory");
+}
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
+__device__ __forceinline__ void pk_cp_async_16_s(pk_saddr dst, const void* gmem_src) {
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(gmem_src));
+    asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(dst), "l"(g) : "memory");
+}
+#else
+__device__ __forceinline__ void pk_cp_async_16_s(pk_saddr dst, const void* gmem_src) {
+    const uint4 x = *reinterpret_cast<const uint4*>(gmem_src);
+    asm volatile("st.shared.v4.u32 [%0], {%1,%2,%3,%4};" ::"r"(dst), "r"(x.x), "r"(x.y), "r"(x.z), "r"(x.w)
+                 : "memory");
+}
+#endif
+#endif
+// ================================= end of the FlashAttention-2 forward core section ===============

@@ -17,7 +17,7 @@ Tests load this file by path and call `instruction_mix(kernels, archs)`.
 
 `--loops` prints, per kernel and arch, the steady-state loop metric of matmul-shaped kernels (see
 DESIGN.md "Judging GPU performance without a GPU"): among the backward branches whose body holds
-MMAs and no inner loop, the one with the most MMAs; its warp-instructions (NOPs excluded) per
+MMAs and no inner loop, the one with the most MMAs (the leanest of equals); its warp-instructions (NOPs excluded) per
 m16n8k16-equivalent MMA (HMMA.16816 counts 1, HMMA.1688 1/2, HGMMA m64nNk16 N/8).
 """
 from __future__ import annotations
@@ -163,7 +163,8 @@ def _instructions(text: str) -> dict[str, list[tuple[int, str, str, str]]]:
 def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
     the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
-    loop), the one with the most MMAs if several. Kernels without such a loop are absent."""
+    loop), the one with the most MMAs if several (of those, the fewest instructions: boundary-tile
+    copies of the loop, e.g. masked ones, are longer). Kernels without such a loop are absent."""
     funcs = _instructions(text)
     out: dict[str, dict[str, Any]] = {}
     for name, insns in funcs.items():
@@ -179,7 +180,9 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
                 continue  # holds an inner loop
             body = [x for x in insns if lo <= x[0] <= hi and x[1] != "NOP"]
             mma = sum(_mma_weight(op, mods) for _, op, mods, _ in body)
-            if mma and (best is None or mma > best["mma"]):
+            # Among loops with as many MMAs, the leanest: the others are the same tile loop's boundary
+            # variants (a masked diagonal or ragged tile), which run once or twice per CTA.
+            if mma and (best is None or mma > best["mma"] or (mma == best["mma"] and len(body) < best["insns"])):
                 best = {"insns": len(body), "mma": mma, "per_mma": round(len(body) / mma, 3),
                         "start": hex(lo), "end": hex(hi),
                         "ldsm": sum(op == "LDSM" for _, op, _, _ in body),

@@ -418,6 +418,39 @@ TC_HEAD_DIMS = (64, 96, 128, 256)
 _TC_CFG = {64: (64, 1), 96: (64, 1), 128: (64, 1), 256: (32, 0)}
 TC_THREADS = 128
 TC_ROWS = 64  # queries per CTA (FATC_BR)
+# The FlashAttention-2 core (kernels_cu/pk_attn_core.cuh): flash_attention_tc_d64 / _d128 take
+# head_dim == head_dim_v == D with 16-byte aligned q / k / v / out, 128 queries a CTA of 8 warps; other shapes
+# at those D take flash_attention_tc_pad_d64 / _d128 (the general kernels above, padding head_dim).
+FA2_HEAD_DIMS = (64, 128)
+FA2_THREADS = 256
+FA2_ROWS = 128  # PKFA_BR
+FA2_KEYS = 64   # PKFA_BC
+
+
+def fa2_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the FlashAttention-2 core at head_dim d (PKFA_SMEM_BYTES)."""
+    return (4 * FA2_KEYS + FA2_ROWS) * d * 2
+
+
+def _address(a: Any) -> int | None:
+    """The data address of an array (None when it cannot be read)."""
+    if isinstance(a, np.ndarray):
+        return a.ctypes.data
+    if hasattr(a, "data_ptr"):
+        return int(a.data_ptr())
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is not None:
+        return int(cai["data"][0])
+    return None
+
+
+def fa2_eligible(head_dim: int, head_dim_v: int, *arrays_: Any) -> bool:
+    """Whether the FlashAttention-2 core runs this shape: head_dim == head_dim_v in FA2_HEAD_DIMS and every
+    array's data 16-byte aligned (its tiles move in 16-byte cp.async chunks)."""
+    if head_dim != head_dim_v or head_dim not in FA2_HEAD_DIMS:
+        return False
+    addrs = [_address(a) for a in arrays_]
+    return all(x is not None and x % 16 == 0 for x in addrs)
 
 
 def tc_head_dim(head_dim: int) -> int:
@@ -554,12 +587,15 @@ def flash_attention(
     elif use_tc:
         from ..launcher import launch
 
-        launch(
-            f"flash_attention_tc_d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS,
-            q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
-            wl, wr, softcap,
-            shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend,
-        )
+        args = (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
+                wl, wr, softcap)
+        if fa2_eligible(head_dim, head_dim_v, q, k, v, out):
+            launch(f"flash_attention_tc_d{bucket}{cap}{_suffix(kind)}", batch * n_heads * -(-n_q // FA2_ROWS),
+                   FA2_THREADS, *args, shared_mem=fa2_shared_bytes(bucket), stream=stream, backend=backend)
+        else:
+            pad = "pad_" if bucket in FA2_HEAD_DIMS else ""
+            launch(f"flash_attention_tc_{pad}d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS, *args,
+                   shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend)
     else:
         _launch(
             f"flash_attention_d{bucket}{cap}{_suffix(kind)}", n_blocks, FA_THREADS,

@@ -778,7 +778,20 @@ def paged_prefill_attention(
         res = arrays.check_out(out, (total_q, h, d), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
-    if total_q:
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): bf16 q and cache, head_dim
+    # 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8 caches keep paged_attn.
+    from . import forward as _fwd  # at call time: ops' lazy table imports the family modules in any order
+
+    n_qt = -(-max_qo // _fwd.FA2_ROWS)
+    fa2 = (total_q and qk == kind == "bf16" and page_size & (page_size - 1) == 0
+           and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _fwd.fa2_eligible(d, d, q, kf, vf, res)
+           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
+    if fa2:
+        launch(f"paged_prefill_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
+               (_fwd.FA2_THREADS,), _flat(q), kf, vf, _flat(res), _flat(lse), qo, table.indptr, table.indices,
+               table.last, h, kvh, page_size.bit_length() - 1, s_page, s_tok, s_head, sc * ksc, wl, wr, cap, vsc,
+               shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q), backend=backend)
+    elif total_q:
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), kf, vf,
                _flat(res), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, s_page, s_tok, s_head, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, ksc, vsc,
@@ -842,7 +855,19 @@ def flash_attention_varlen(
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    if total_q:
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16 q and K/V, head_dim 64 /
+    # 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
+    from . import forward as _fwd
+
+    n_qt = -(-max_qo // _fwd.FA2_ROWS)
+    fa2 = (total_q and qk == kind == "bf16" and _fwd.fa2_eligible(d, d, q, k, v, out)
+           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
+    if fa2:
+        launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
+               (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
+               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q),
+               backend=backend)
+    elif total_q:
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
                _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,

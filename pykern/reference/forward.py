@@ -142,8 +142,8 @@ _FA_NAMES = tuple(f"flash_attention_d{d}{c}{s}" for d in (64, 128, 256) for c in
                   for s in ("", "_bf16", "_f16"))
 # The tensor-core kernels (flash_attention_tc.cu) take the same arguments and compute the same
 # function (their P rounding to bf16 / f16 is inside the tolerance): the same reference serves them.
-_FA_TC_NAMES = tuple(f"flash_attention_tc_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
-                     for s in ("_bf16", "_f16"))
+_FA_TC_NAMES = tuple(f"flash_attention_tc_{p}d{d}{c}{s}" for p, ds in (("", (64, 96, 128, 256)), ("pad_", (64, 128)))
+                     for d in ds for c in ("", "_softcap") for s in ("_bf16", "_f16"))
 
 
 @reference(*_FA_NAMES, *_FA_TC_NAMES)

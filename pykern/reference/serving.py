@@ -340,3 +340,125 @@ for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16", "paged_append
                     4: ("paged_append_kv_e4m3", "paged_append_kv_bf16_e4m3", "paged_append_kv_f16_e4m3"),
                     5: ("paged_append_kv_e5m2", "paged_append_kv_bf16_e5m2", "paged_append_kv_f16_e5m2")}.items():
     reference(*_names)(lambda cuda, _eb=_eb: _append_ref(cuda, _eb))
+
+
+# flash_attention_varlen's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu): the same function as
+# dense_attn over cu_seqlens, with their own parameter list; head_dim = out's size / lse's size.
+_VARLEN_TC_NAMES = tuple(f"flash_attention_varlen_tc_d{d}{c}_bf16" for d in (64, 128) for c in ("", "_softcap"))
+
+
+@reference(*_VARLEN_TC_NAMES)
+def _varlen_tc(cuda: Any) -> Any:
+    import math
+
+    import numba
+
+    find_row, window_range, score, finish = _helpers(cuda)
+
+    @cuda.jit
+    def k(q, kk, vv, out, lse, cu_seqlens_q, cu_seqlens_k, num_qo_heads, num_kv_heads, n_qt, scale, window_left,
+          window_right, softcap):
+        orow = cuda.grid(1)
+        rows_total = lse.shape[0]
+        if orow >= rows_total:
+            return
+        head_dim = out.shape[0] // rows_total
+        row = orow // num_qo_heads
+        h = orow % num_qo_heads
+        b, qi, qo_len = find_row(cu_seqlens_q, 1, row, cu_seqlens_k.shape[0] - 1)
+        if b < 0:
+            return
+        kvh = h // (num_qo_heads // num_kv_heads)
+        s_tok = num_kv_heads * head_dim
+        length = max(cu_seqlens_k[b + 1] - cu_seqlens_k[b], 0)
+        base0 = cu_seqlens_k[b] * s_tok + kvh * head_dim
+        begin, end = window_range(length, qo_len, qi, window_left, window_right, 1, 64, 0, 0)
+        acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
+        for d in range(head_dim):
+            acc[d] = 0.0
+        qo = orow * head_dim
+        m = _NEG_INF
+        for pos in range(begin, end):
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * kk[base0 + pos * s_tok + d]
+            m = max(m, score(s, scale, softcap))
+        l = 0.0
+        for pos in range(begin, end):
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * kk[base0 + pos * s_tok + d]
+            p = math.exp(score(s, scale, softcap) - m)
+            l += p
+            for d in range(head_dim):
+                acc[d] += p * vv[base0 + pos * s_tok + d]
+        finish(out, lse, out, lse, acc, m, l, orow, head_dim, 0, 1, rows_total, 1)
+
+    def config(args: Any) -> Any:
+        n = int(args[4].shape[0])
+        return ((n + 63) // 64,), (64,)
+
+    return k, config
+
+
+# paged_prefill_attention's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu), 16-bit caches: the
+# same function as paged_attn (q_mode 1), with their own parameter list (page_size = 1 << ps_log2, scale
+# holding k_scale); head_dim = out's size / lse's size.
+_PAGED_TC_NAMES = tuple(f"paged_prefill_tc_d{d}{c}_bf16" for d in (64, 128) for c in ("", "_softcap"))
+
+
+@reference(*_PAGED_TC_NAMES)
+def _paged_prefill_tc(cuda: Any) -> Any:
+    import math
+
+    import numba
+
+    find_row, window_range, score, finish = _helpers(cuda)
+
+    @cuda.jit
+    def k(q, k_pages, v_pages, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads,
+          num_kv_heads, ps_log2, s_page, s_tok, s_head, scale, window_left, window_right, softcap, v_scale):
+        orow = cuda.grid(1)
+        rows_total = lse.shape[0]
+        if orow >= rows_total:
+            return
+        head_dim = out.shape[0] // rows_total
+        page_size = 1 << ps_log2
+        row = orow // num_qo_heads
+        h = orow % num_qo_heads
+        b, qi, qo_len = find_row(qo_indptr, 1, row, kv_indptr.shape[0] - 1)
+        if b < 0:
+            return
+        kvh = h // (num_qo_heads // num_kv_heads)
+        np_ = kv_indptr[b + 1] - kv_indptr[b]
+        last = min(max(kv_last_page_len[b], 0), page_size)
+        length = (np_ - 1) * page_size + last if np_ > 0 else 0
+        begin, end = window_range(length, qo_len, qi, window_left, window_right, 1, 64, 0, 0)
+        acc = cuda.local.array(_MAX_HEAD_DIM, numba.float32)
+        for d in range(head_dim):
+            acc[d] = 0.0
+        qo = orow * head_dim
+        m = _NEG_INF
+        for pos in range(begin, end):
+            base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * k_pages[base + d]
+            m = max(m, score(s, scale, softcap))
+        l = 0.0
+        for pos in range(begin, end):
+            base = kv_indices[kv_indptr[b] + pos // page_size] * s_page + (pos % page_size) * s_tok + kvh * s_head
+            s = 0.0
+            for d in range(head_dim):
+                s += q[qo + d] * k_pages[base + d]
+            p = math.exp(score(s, scale, softcap) - m)
+            l += p
+            for d in range(head_dim):
+                acc[d] += p * v_pages[base + d] * v_scale
+        finish(out, lse, out, lse, acc, m, l, orow, head_dim, 0, 1, rows_total, 1)
+
+    def config(args: Any) -> Any:
+        n = int(args[4].shape[0])
+        return ((n + 63) // 64,), (64,)
+
+    return k, config

@@ -168,7 +168,9 @@ def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | No
     if kind != "f32" and tensor_cores is not False:
         from ...ops.forward import tc_head_dim
 
-        return f"flash_attention_tc_d{tc_head_dim(max(head_dim, head_dim_v))}{cap}{_sfx(kind)}"
+        d = tc_head_dim(max(head_dim, head_dim_v))
+        pad = "pad_" if d in (64, 128) and (head_dim != d or head_dim_v != d) else ""  # not the FA2 core's shape
+        return f"flash_attention_tc_{pad}d{d}{cap}{_sfx(kind)}"
     bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
     return f"flash_attention_d{bucket}{cap}{_sfx(kind)}"
 
@@ -409,7 +411,7 @@ def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
         # bf16 on tensor cores: every compiled head_dim and padded ones (32 -> 64, 80 -> 96, 33: element-wise
         # loads), lengths off every tile (BR = 64, BC = 64/32), length 1, n_q != n_k both ways, GQA 1/4/8
         for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (80, 70, 33),
-                            (33, 9, 20)):
+                            (33, 9, 20), (100, 9, 20)):  # 100: padded to the general flash_attention_tc_pad_d128
             yield _fa_case(rng, "bf16", 1, n_q, n_k, 2, 1, d, d, causal)
         for n_kv in (8, 2, 1):
             yield _fa_case(rng, "bf16", 1, 17, 17, 8, n_kv, 64, 64, causal)
@@ -430,7 +432,7 @@ def _fa_window_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _fa_case(rng, kind, 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
                            window_size=win, softcap=cap)
     # every softcap kernel: each head-dim bucket of each path
-    for kind, tc, dims in (("bf16", None, (32, 96, 256)), ("f32", None, (256,)), ("bf16", False, (128, 256))):
+    for kind, tc, dims in (("bf16", None, (32, 96, 100, 256)), ("f32", None, (256,)), ("bf16", False, (128, 256))):
         for d in dims:
             yield _fa_case(rng, kind, 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)
 
@@ -469,7 +471,8 @@ def _fa_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
     for causal in (False, True):
         for d, n_k in ((64, 65), (128, 40), (256, 20)):
             yield _fa_case(rng, "f16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
-        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (33, 9, 20)):
+        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (33, 9, 20),
+                            (100, 9, 20)):
             yield _fa_case(rng, "f16", 1, n_q, n_k, 2, 1, d, d, causal)
         yield _fa_case(rng, "f16", 1, 17, 17, 8, 2, 64, 64, causal)
         yield _fa_case(rng, "f16", 1, 130, 1, 2, 2, 64, 64, causal)
@@ -479,6 +482,6 @@ def _fa_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
                                               (130, 180, True, (40, -1), 2.0, 64)):
             yield _fa_case(rng, "f16", 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
                            window_size=win, softcap=cap)
-    for tc, dims in ((None, (32, 96, 128, 256)), (False, (128, 256))):
+    for tc, dims in ((None, (32, 96, 100, 128, 256)), (False, (128, 256))):
         for d in dims:
             yield _fa_case(rng, "f16", 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)

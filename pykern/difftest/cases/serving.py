@@ -240,10 +240,14 @@ def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], p
         return {"out": out, "lse": lse}
 
     win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
+    # 16-bit q and cache of one type at head_dim 64 / 128, power-of-two pages: the FlashAttention-2 core
+    core = q_kind == kind == "bf16" and d in (64, 128) and page_size & (page_size - 1) == 0
+    name = (f"paged_prefill_tc_d{d}{'_softcap' if logits_soft_cap else ''}_bf16" if core
+            else "paged_attn" + _SUFFIX[(q_kind, kind)])
     return Case(op="paged_prefill_attention", dtype=_dtype_name(q_kind, kind),
                 shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}" + win
                       + (f"-{q_kind}q-{kind}kv" if q_kind != kind else ""),
-                kernels=("paged_attn" + _SUFFIX[(q_kind, kind)],), run=run, reference=ref, note=note)
+                kernels=(name,), run=run, reference=ref, note=note)
 
 
 def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: int, kvh: int, d: int,
@@ -274,9 +278,12 @@ def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: i
 
     win = (f"-w{window_size[0]},{window_size[1]}" if window_size != (-1, -1) else "") + (
         f"-cap{softcap:g}" if softcap else "")
+    core = q_kind == kv_kind == "bf16" and d in (64, 128)  # the FlashAttention-2 core
+    name = (f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_bf16" if core
+            else "dense_attn" + _SUFFIX[(q_kind, kv_kind)])
     return Case(op="flash_attention_varlen", dtype=_dtype_name(q_kind, kv_kind),
                 shape=f"K{k_lens}-Q{q_lens}-H{h}-KV{kvh}-D{d}-c{int(causal)}-{q_kind}q-{kv_kind}kv" + win,
-                kernels=("dense_attn" + _SUFFIX[(q_kind, kv_kind)],), run=run, reference=ref, note=note)
+                kernels=(name,), run=run, reference=ref, note=note)
 
 
 def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], page_size: int, kvh: int, d: int,
@@ -367,6 +374,13 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _varlen(rng, [8, 19], [8, 3], 2, 1, 64)
     yield _varlen(rng, [15, 5], [7, 5], 4, 2, 64, "bf16", "bf16", causal=True)
     yield _varlen(rng, [15], [6], 2, 2, 40, "f32", "bf16", causal=True)
+    # the FlashAttention-2 core's varlen / paged kernels (bf16, head_dim 64 / 128, softcap or not)
+    yield _varlen(rng, [150, 3], [140, 70], 4, 2, 128, "bf16", "bf16", causal=True)
+    yield _varlen(rng, [70, 20], [200, 20], 2, 1, 64, "bf16", "bf16", window_size=(30, -1), softcap=2.0)
+    yield _varlen(rng, [40], [90], 2, 2, 128, "bf16", "bf16", softcap=3.0)
+    yield _prefill(rng, [200, 9], [140, 9], 16, 4, 2, 128, kind="bf16")
+    yield _prefill(rng, [130], [130], 32, 2, 2, 128, "HND", kind="bf16", logits_soft_cap=2.0)
+    yield _prefill(rng, [90, 5], [70, 5], 8, 4, 1, 64, kind="bf16")
     # append.
     yield _append(rng, [3, 0, 16], [1, 5, 2], 5, 2, 32)
     yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "bf16")

@@ -1,0 +1,116 @@
+"""The tensor-core attention forward at FlashAttention-2 efficiency, judged from its SASS (no GPU needed).
+
+For every kernel of the FlashAttention-2 core (kernels_cu/pk_attn_core.cuh) the ops launch (flash_attention,
+flash_attention_varlen, paged_prefill_attention with a 16-bit cache), on sm_80 and
+sm_90: tensor-core MMAs of the right input type (HMMA.16816.F32.BF16 for bf16, HMMA.16816.F32 without
+.BF16 for f16), a flat steady-state loop (tools/sass_report.py steady_state_loops: a backward branch whose
+body holds the MMAs and no inner loop), at most BARS[D] warp-instructions and LDSM_PER_MMA ldmatrix per
+m16n8k16 MMA in it, and no spills or local memory. The general kernels (flash_attention_tc_pad_*, _d96,
+_d256: head_dims the core does not take; paged_attn for FP8 caches) are not held to these bars.
+"""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pykern import ops
+from pykern.difftest.cases.forward import fa_inputs
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("sm_80", "sm_90")
+# warp-instructions per m16n8k16 MMA in the steady-state loop (FlashAttention-2 itself: ~4.3 at d128)
+BARS = {64: 7.5, 128: 5.0}
+LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs of P V
+# flash_attention in bf16 and f16; the serving ops (flash_attention_varlen, paged_prefill_attention) take bf16
+FWD_CORE = ([f"flash_attention_tc_d{d}{c}{s}" for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
+            + [f"{v}d{d}{c}_bf16" for v in ("flash_attention_varlen_tc_", "paged_prefill_tc_") for d in BARS
+               for c in ("", "_softcap")])
+
+
+def _sass_report():
+    spec = importlib.util.spec_from_file_location("pk_sass_report_fwd", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    try:
+        mod.find_cuobjdump()
+    except mod.CuobjdumpUnavailable as e:
+        pytest.skip(str(e))
+    return mod
+
+
+def _launched(monkeypatch, call) -> list[str]:
+    """Kernel names `call` launches (recorded, not run)."""
+    from pykern import launcher
+
+    names: list[str] = []
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: names.append(name))
+    call()
+    return names
+
+
+@pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_flash_attention_launches_the_core_for_its_head_dims(d, kind, softcap, monkeypatch) -> None:
+    rng = np.random.default_rng(0)
+    q, k, v = fa_inputs(rng, 1, 3, 5, 4, 2, d, d, kind)
+    names = _launched(monkeypatch, lambda: ops.flash_attention(q, k, v, causal=True, softcap=softcap,
+                                                               backend="host"))
+    cap = "_softcap" if softcap else ""
+    assert names == [f"flash_attention_tc_d{d}{cap}_{kind}"]
+    assert names[0] in FWD_CORE
+
+
+@pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_flash_attention_varlen_launches_the_core_for_its_head_dims(d, softcap, monkeypatch) -> None:
+    from pykern.ops.serving import flash_attention_varlen
+
+    rng = np.random.default_rng(0)
+    q, k, v = (x[0] for x in fa_inputs(rng, 1, 7, 9, 4, 2, d, d, "bf16"))
+    cu_q, cu_k = np.array([0, 3, 7], np.int32), np.array([0, 4, 9], np.int32)
+    names = _launched(monkeypatch, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=softcap,
+                                                                  backend="host"))
+    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_bf16"]
+    assert names[0] in FWD_CORE
+
+
+def test_core_kernels_are_flat_lean_tensor_core_loops() -> None:
+    sr = _sass_report()
+    loops = sr.loop_metrics(FWD_CORE, ARCHS)
+    mix = sr.instruction_mix(FWD_CORE, ARCHS, with_resources=True)
+    assert set(mix) == set(FWD_CORE)
+    for name in FWD_CORE:
+        d = int(name.split("_d")[1].split("_")[0])
+        f16 = name.endswith("_f16")
+        for arch in ARCHS:
+            row = mix[name][arch]
+            assert row["HMMA"] > 0, (name, arch, row)
+            assert row["HMMA_BF16"] == (0 if f16 else row["HMMA"]), (name, arch, row)
+            assert row["LDL"] == row["STL"] == 0 and row["spill_stores"] == 0 == row["spill_loads"], (name, arch, row)
+            # a flat steady-state loop exists (a loop with inner loops is not one)
+            assert arch in loops.get(name, {}), f"{name} {arch}: no flat MMA loop"
+            lp = loops[name][arch]
+            # the whole 64-key tile in one body: Q K^T (D/16 k-steps x 8 n-tiles) + P V (4 k-steps x D/8 n-tiles)
+            assert lp["mma"] == d // 2 + d // 2, (name, arch, lp)
+            assert lp["per_mma"] <= BARS[d], (name, arch, lp)
+            assert lp["ldsm"] / lp["mma"] <= LDSM_PER_MMA, (name, arch, lp)
+            assert lp["bar"] == 1 and lp["ldgsts"] > 0, (name, arch, lp)  # one barrier, cp.async prefetch
+
+
+@pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("softcap", [0.0, 30.0])
+def test_paged_prefill_launches_the_core_for_16bit_caches(d, softcap, monkeypatch) -> None:
+    from pykern.ops.serving import paged_prefill_attention
+
+    rng = np.random.default_rng(0)
+    pages = [fa_inputs(rng, 3, 16, 16, 2, 2, d, d, "bf16")[1] for _ in range(2)]
+    q = fa_inputs(rng, 1, 7, 1, 4, 2, d, d, "bf16")[0][0]
+    args = (q, np.array([0, 3, 7], np.int32), pages[0], pages[1], np.array([0, 1, 3], np.int32),
+            np.array([2, 0, 1], np.int32), np.array([5, 9], np.int32))
+    names = _launched(monkeypatch, lambda: paged_prefill_attention(*args, logits_soft_cap=softcap, backend="host"))
+    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if softcap else ''}_bf16"]
+    assert names[0] in FWD_CORE
