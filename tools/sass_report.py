@@ -40,7 +40,7 @@ from typing import Any, Iterable, Sequence
 COLUMNS = ("HMMA", "HMMA_BF16", "HGMMA", "LDSM", "LDGSTS", "LDG32", "LDG64", "LDG128", "LDGsub", "STG32", "STG64", "STG128",
            "STGsub", "F2FP", "F2FP_F16", "HADD2_F32", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL", "total")
 
-_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Z0-9_]+)*)")
+_INSN = re.compile(r"^\s*/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P[T0-9]+\s+)?([A-Z][A-Z0-9_]*)((?:\.[A-Za-z0-9_]+)*)")
 _FUNC = re.compile(r"^\s*Function\s*:\s*(\S+)")
 
 
@@ -162,7 +162,8 @@ def _instructions(text: str) -> dict[str, list[tuple[int, str, str, str]]]:
 def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
     the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
-    loop), the one with the most MMAs if several. Kernels without such a loop are absent."""
+    loop), the one with the most MMAs if several (of equal ones, the fewest instructions). Kernels without
+    such a loop are absent."""
     funcs = _instructions(text)
     out: dict[str, dict[str, Any]] = {}
     for name, insns in funcs.items():
@@ -178,7 +179,8 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
                 continue  # holds an inner loop
             body = [x for x in insns if lo <= x[0] <= hi and x[1] != "NOP"]
             mma = sum(_mma_weight(op, mods) for _, op, mods, _ in body)
-            if mma and (best is None or mma > best["mma"]):
+            # Ties (a masked and an unmasked copy of one loop body) go to the cheaper body: the steady state.
+            if mma and (best is None or mma > best["mma"] or (mma == best["mma"] and len(body) < best["insns"])):
                 best = {"insns": len(body), "mma": mma, "per_mma": round(len(body) / mma, 3),
                         "start": hex(lo), "end": hex(hi),
                         "ldsm": sum(op == "LDSM" for _, op, _, _ in body),
