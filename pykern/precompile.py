@@ -329,10 +329,6 @@ def _main(argv: Sequence[str] | None = None) -> int:
         for arch in archs:  # a bad --option/--define is a usage error, not one failure per source
             compiler.portable_options(arch, options, defines)
         selected = _select(args.kernels)
-        # 'all' also takes the `a` targets the selected sources name (sm_90a, ...), for those sources only
-        # (builds_for): every other source keeps its portable sm_XX cubins instead of a second, GPU-exact copy.
-        all_only = _arch_specific_targets(selected, archs) if _asks_all(args.arch) else []
-        archs += all_only
         if args.out:  # found out now, not as a traceback after every compile has run
             try:
                 Path(args.out).mkdir(parents=True, exist_ok=True)
@@ -347,6 +343,10 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"precompile: no kernel sources{' match ' + repr(args.kernels) if args.kernels else ' found'}",
               file=err)
         return 2
+    # 'all' also takes the `a` targets the selected sources name (sm_90a, ...), for those sources only
+    # (builds_for): every other source keeps its portable sm_XX cubins instead of a second, GPU-exact copy.
+    all_only = _arch_specific_targets(selected, archs) if _asks_all(args.arch) else []
+    archs += all_only
     root = Path(args.cache_dir).expanduser() if args.cache_dir else cache.cache_dir()
     jobs = [(src, arch) for src, _ in selected for arch in archs
             if builds_for(src, arch) and (arch not in all_only or _opts_in(src))]
@@ -599,10 +599,6 @@ def _host_main(args: argparse.Namespace, t_start: float) -> int:
         return 2
     try:
         selected = _select(args.kernels)
-        # 'all' also takes the `a` targets the selected sources name (sm_90a, ...), for those sources only
-        # (builds_for): every other source keeps its portable sm_XX cubins instead of a second, GPU-exact copy.
-        all_only = _arch_specific_targets(selected, archs) if _asks_all(args.arch) else []
-        archs += all_only
     except PykernError as e:
         print(f"precompile: {e}", file=err)
         return 2
