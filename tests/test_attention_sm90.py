@@ -1,4 +1,5 @@
-"""The Hopper (sm_90a) attention forward, kernels_cu/flash_attention_sm90.cu.
+"""The Hopper (sm_90a) attention forward and backward, kernels_cu/flash_attention_sm90.cu and
+attention_backward_sm90.cu.
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated, see
 pykern/host/pk_host_sm90.cpp) the forward equals float64 NumPy within the flash_attention tolerance rows over
@@ -6,7 +7,7 @@ head_dim 64/128/256, causal and not, GQA, n_q != n_k both ways and lengths off e
 only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
 without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
 and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-(d128, d256), and no spills.
+(d128, d256), and no spills. The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
 """
 from __future__ import annotations
 
@@ -94,6 +95,19 @@ def test_forward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
     _check_lse(lse, ref_lse)
 
 
+@pytest.mark.parametrize("schedule", ["reverse", "random:7"])
+def test_forward_sm90_under_other_thread_schedules(schedule, monkeypatch) -> None:
+    # consumers that run ahead wait on `full` before the producer issues the copy (the emulator lands it at
+    # issue then); the result does not depend on the order
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    rng = np.random.default_rng(9)
+    q, k, v = fa_inputs(rng, 1, 150, 150, 2, 1, 128, 128, "bf16")
+    out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
+    ref_out, ref_lse = np_flash_attention(q, k, v, True)
+    _close("out", out, ref_out, "bf16")
+    _check_lse(lse, ref_lse)
+
+
 def test_forward_sm90_sliding_window(monkeypatch) -> None:
     rng = np.random.default_rng(5)
     q, k, v = fa_inputs(rng, 1, 300, 300, 2, 1, 64, 64, "bf16")
@@ -134,6 +148,69 @@ def test_sm90_and_mma_sync_forwards_agree(monkeypatch) -> None:
     # both round P to f16 for P.V; they differ only in fp32 summation order and one f16 rounding of out
     assert np.abs(a.astype(np.float64) - b.astype(np.float64)).max() <= 2 * 2.0 ** -11 * np.abs(b).max()
     assert np.abs(la - lb).max() < 1e-5
+
+
+# --------------------------------------------------------------------------- backward vs float64
+BWD_SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal)
+    (None, 130, 150, 2, 1, 64, True),   # 3-D inputs, off the 128-row tiles, GQA 2
+    (2, 70, 200, 4, 2, 128, False),     # n_q < n_k, GQA 2, batch 2
+    (1, 100, 60, 4, 1, 128, True),      # n_q > n_k causal: 40 rows see no key; GQA 4
+    (1, 1, 1, 2, 1, 64, True),          # length 1
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}-{}".format(
+    *s[1:6], "causal" if s[6] else "full"))
+def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
+    from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+
+    b, n_q, n_k, h, kvh, d, causal = shape
+    rng = np.random.default_rng(n_q * 1000 + n_k + d)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
+    names = _record(monkeypatch)
+    dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, backend=HOST)
+    assert names == [f"attention_bwd_lse_{dtype}", f"attention_backward_sm90_dkdv_d{d}_{dtype}",
+                     f"attention_backward_sm90_dq_d{d}_{dtype}"]
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal)
+    atol, rtol = tolerance("attention_backward", dtype)
+    for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        err = np.abs(np.asarray(got).astype(np.float64) - ref)
+        bad = ~(err <= atol + rtol * np.abs(ref))
+        assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {err.max():.3g}"
+
+
+def test_backward_sm90_is_deterministic_with_the_forwards_out_and_lse(monkeypatch) -> None:
+    from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+
+    rng = np.random.default_rng(11)
+    q, k, v, g = attention_inputs(rng, 1, 150, 8, 2, 128, "bf16", 150)
+    out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
+    names = _record(monkeypatch)
+    r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
+    assert names == ["attention_bwd_preprocess_bf16", "attention_backward_sm90_dkdv_d128_bf16",
+                     "attention_backward_sm90_dq_d128_bf16"]
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
+    r2 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
+    for a, b in zip(r1, r2):  # same bits: one writer per element, fixed summation order
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=True)
+    atol, rtol = tolerance("attention_backward", "bf16")
+    for got, ref in zip(r1, (rq, rk, rv)):
+        assert (np.abs(np.asarray(got).astype(np.float64) - ref) <= atol + rtol * np.abs(ref)).all()
+
+
+def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
+    from pykern.difftest.cases.training import attention_inputs
+
+    rng = np.random.default_rng(4)
+    names = _record(monkeypatch)
+    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 256, "bf16", 40)
+    ops.attention_backward(q, k, v, g, backend=HOST)  # d256: no sm_90a backward
+    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 64, "bf16", 40)
+    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)
+    assert not any("sm90" in n for n in names) and any(n.startswith("attention_backward_tc_dq_d256") for n in names)
 
 
 # --------------------------------------------------------------------------- pipeline mistakes are reported
@@ -205,6 +282,33 @@ def _sass():
 
 
 KERNELS = [f"flash_attention_sm90_d{d}_{t}" for d in (64, 128, 256) for t in ("bf16", "f16")]
+BWD_SRC = ROOT / "kernels_cu" / "attention_backward_sm90.cu"
+BWD_KERNELS = [f"attention_backward_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d in (64, 128) for t in ("bf16", "f16")]
+
+
+@lru_cache(maxsize=None)
+def _bwd_sass():
+    from pykern import compiler
+
+    sr = _report()
+    try:
+        tool = sr.find_cuobjdump()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = compiler.compile(BWD_SRC, "sm_90a")
+    except Exception as e:  # no NVRTC / cuobjdump here
+        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
+    text = sr.disassemble(mod.image, tool)
+    return mod, sr.count_sass(text), sr.steady_state_loops(text)
+
+
+@pytest.mark.parametrize("kernel", BWD_KERNELS)
+def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
+    mod, counts, loops = _bwd_sass()
+    assert counts[kernel]["HGMMA"] >= 4 and counts[kernel]["LDL"] == counts[kernel]["STL"] == 0
+    res = mod.resources[kernel]
+    assert res.spill_stores == 0 and res.spill_loads == 0
+    assert loops[kernel]["bar"] == 0 and loops[kernel]["mma"] > 0  # a flat loop of HGMMAs, no __syncthreads
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
