@@ -15,7 +15,7 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
-from . import _attention_sm90 as _sm90
+from ._attention_sm90 import try_forward as _sm90_forward
 from ._window import (
     check_softcap as _check_softcap,
     check_window_size as _check_window_size,
@@ -555,7 +555,7 @@ def flash_attention(
     elif n_k == 0:  # no key at all: every row is an empty softmax
         _fill(out, 0.0, stream)
         _fill(lse, -math.inf, stream)
-    elif use_tc and _sm90.try_forward(q, k, v, out, lse, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
+    elif use_tc and _sm90_forward(q, k, v, out, lse, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
                                       float(scale), softcap, wl, wr, _suffix(kind), stream, backend):
         pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu)
     elif use_tc:
