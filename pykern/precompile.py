@@ -42,6 +42,34 @@ def builds_for(source: Path, arch: str) -> bool:
     return arch in archs if archs else True
 
 
+def _opts_in(source: Path) -> bool:
+    """Whether `source` has a `// pykern: arch` line (its kernels exist only for the targets it names)."""
+    from .registry import source_archs
+
+    return bool(source_archs(Path(source).read_text(encoding="utf-8", errors="replace"), str(source)))
+
+
+def _asks_all(arch_args: Sequence[str]) -> bool:
+    return any(p.strip().lower() == "all" for a in arch_args for p in str(a).split(","))
+
+
+def _arch_specific_targets(selected: Sequence[tuple[Path, Any]], archs: Sequence[str]) -> list[str]:
+    """The `a` targets the selected sources opt in to that this NVRTC can build and `archs` lacks, sorted."""
+    from . import compiler
+    from .registry import source_archs
+
+    out: set[str] = set()
+    for src, _ in selected:
+        for a in source_archs(Path(src).read_text(encoding="utf-8", errors="replace"), str(src)):
+            try:
+                name = compiler.normalize_arch(a)
+            except PykernError:  # a target this NVRTC does not know (e.g. a newer sm_XXXa)
+                continue
+            if name not in archs:
+                out.add(name)
+    return sorted(out, key=lambda n: compiler.parse_arch(n)[1])
+
+
 def _compile_job(source: str, arch: str, options: tuple[str, ...], defines: dict[str, str] | None,
                  cache_root: str) -> tuple[Any, str, float]:
     """Worker body (also run inline): (CachedModule or None, error text, seconds)."""
@@ -182,7 +210,9 @@ def _build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--arch", action="append", metavar="ARCH",
                     help="target: sm_XX / sm_XXa / sm_XXf (cubin), compute_XX (PTX, no resource report; "
                          "the driver JIT-compiles it for that GPU and every later one), or 'all' (every sm_XX "
-                         "this NVRTC supports plus PTX of the newest). Repeat or comma-separate. An H100 is "
+                         "this NVRTC supports, PTX of the newest, and the `a` targets such as sm_90a that "
+                         "sources name in a `// pykern: arch` line, for those sources only). Repeat or "
+                         "comma-separate. An H100 is "
                          "sm_90; add sm_90a for the Hopper kernels (sources with a `// pykern: arch sm_90a` line, built only "
                          "for the `a` targets they name). sm_100a is accepted.")
     ap.add_argument("--kernels", metavar="GLOB", action="append",
@@ -313,8 +343,13 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"precompile: no kernel sources{' match ' + repr(args.kernels) if args.kernels else ' found'}",
               file=err)
         return 2
+    # 'all' also takes the `a` targets the selected sources name (sm_90a, ...), for those sources only
+    # (builds_for): every other source keeps its portable sm_XX cubins instead of a second, GPU-exact copy.
+    all_only = _arch_specific_targets(selected, archs) if _asks_all(args.arch) else []
+    archs += all_only
     root = Path(args.cache_dir).expanduser() if args.cache_dir else cache.cache_dir()
-    jobs = [(src, arch) for src, _ in selected for arch in archs if builds_for(src, arch)]
+    jobs = [(src, arch) for src, _ in selected for arch in archs
+            if builds_for(src, arch) and (arch not in all_only or _opts_in(src))]
     if not jobs:
         print(f"precompile: no selected source is built for {', '.join(archs)} (a source with a "
               "`// pykern: arch sm_XXa` line is built only for the targets it names)", file=err)

@@ -287,6 +287,20 @@ REAL_ARCHS = ["sm_75", "sm_80", "sm_86", "sm_90", "sm_100", "sm_120"]
 REAL_FILES = sorted(KERNELS_DIR.glob("*.cu"))
 
 
+def _real_pairs() -> list[tuple[Path, str]]:
+    """(source, arch) to compile: every arch of REAL_ARCHS, or a `// pykern: arch sm_90a` source's own targets."""
+    from pykern.registry import source_archs
+
+    out = []
+    for p in REAL_FILES:
+        own = source_archs(p.read_text(encoding="utf-8"), str(p))
+        out += [(p, a) for a in (own or REAL_ARCHS)]
+    return out
+
+
+REAL_PAIRS = _real_pairs()
+
+
 @pytest.fixture(scope="module")
 def real_compiles(tmp_path_factory):
     """Every (file, arch) compile started at once in worker processes; each test waits for its own.
@@ -299,14 +313,13 @@ def real_compiles(tmp_path_factory):
         return
     pool = ProcessPoolExecutor(max_workers=os.cpu_count(), mp_context=multiprocessing.get_context("spawn"))
     futs = {(p, a): pool.submit(precompile._compile_job, str(p), a, (), None, root)
-            for p in REAL_FILES for a in REAL_ARCHS}
+            for p, a in REAL_PAIRS}
     yield root, futs
     pool.shutdown(cancel_futures=True)
 
 
 @pytest.mark.skipif(not REAL_FILES, reason="kernels_cu has no .cu files yet")
-@pytest.mark.parametrize("arch", REAL_ARCHS)
-@pytest.mark.parametrize("path", REAL_FILES, ids=lambda p: p.name)
+@pytest.mark.parametrize("path,arch", REAL_PAIRS, ids=lambda x: x.name if isinstance(x, Path) else x)
 def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch, real_compiles):
     # compile() checks every kernel's PTX .entry against its KernelSpec and raises LayoutMismatch.
     root, futs = real_compiles

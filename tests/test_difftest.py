@@ -60,7 +60,10 @@ def test_nvrtc(case: runner.Case) -> None:
 def test_every_kernel_has_reference_and_cases() -> None:
     refs = references()
     covered = {k for c in CASES for k in c.kernels}
-    names = [s.name for s in pykern.kernels()]
+    # Kernels built only for an arch-specific target (`// pykern: arch sm_90a`: TMA tensor maps, wgmma) have no
+    # numba reference (numba has neither): tests/test_attention_sm90.py checks them against float64 through
+    # their ops on the host emulation.
+    names = [s.name for s in pykern.kernels() if not s.archs]
     assert names, "the registry is empty"
     assert [n for n in names if n not in refs] == [], "kernels without a numba reference"
     assert [n for n in names if n not in covered] == [], "kernels no difftest case launches"
@@ -79,7 +82,7 @@ def test_reference_signatures_match_specs() -> None:
 
     cuda = get_backend("numba").cuda_module()
     refs = references()
-    for spec in pykern.kernels():
+    for spec in (s for s in pykern.kernels() if not s.archs):  # arch-specific kernels: see above
         kernel, config = refs[spec.name].build(cuda)
         params = list(inspect.signature(kernel.py_func).parameters)
         assert len(params) == len(spec.params), (spec.name, params, [p.name for p in spec.params])

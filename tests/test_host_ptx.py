@@ -311,8 +311,14 @@ def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monke
         "    x[0] = r;\n}\n"
     )
     monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
-    with pytest.raises(CompileError, match=r"rawasm.cu:3.*pk_ptx.cuh.*pk_mma_m16n8k16_bf16"):
+    with pytest.raises(CompileError, match=r"rawasm.cu:3.*pk_ptx.cuh.*pk_mma_m16n8k16_bf16") as err:
         launch("pk_t_rawasm", 1, 1, np.zeros(1, np.float32))
+    # the list is read from the header: the FP8 and Hopper wrappers are named too, host-only helpers are not
+    named = set(re.findall(r"\bpk_\w+", str(err.value)))
+    for w in ("pk_cvt_e4m3x2", "pk_cvt_f32x2_e5m2x2", "pk_wgmma_m64nNk16_ss", "pk_wgmma_m64nNk16_rs", "pk_wgmma_fence",
+              "pk_tma_load_4d", "pk_mbarrier_wait_parity", "pk_setmaxnreg_inc", "pk_elect_one", "pk_cp_async_wait"):
+        assert w in named, w
+    assert not any(n.startswith("pk_host_") for n in named)
 
 
 # ---- NVRTC: every wrapper compiles for sm_80 / sm_90 to the expected SASS ------------------------

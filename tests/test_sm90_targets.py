@@ -76,6 +76,22 @@ def test_precompile_builds_an_sm90a_source_only_for_sm90a(tmp_path: Path) -> Non
     assert r.returncode == 2 and "built only for the targets it names" in r.stderr
 
 
+def test_precompile_all_adds_the_a_targets_for_the_sources_that_name_them(tmp_path: Path) -> None:
+    src = tmp_path / "src"
+    src.mkdir()
+    shutil.copy(SRC, src)
+    shutil.copy(ROOT / "tests" / "cu" / "pkt_other.cu", src)
+    env = {"PYKERN_KERNEL_PATH": str(src), "PYKERN_CACHE_DIR": str(tmp_path / "cache"), "PYTHONPATH": str(ROOT)}
+    r = _precompile("--arch", "all", "--kernels", "pk_sm90_tma_nd", "--kernels", "pkt_fill", "--json", env=env)
+    assert r.returncode == 0, r.stderr
+    rows = json.loads(r.stdout)["results"]
+    assert {row["arch"] for row in rows if row["kernel"] == "pk_sm90_tma_nd"} == {"sm_90a"}
+    other = {row["arch"] for row in rows if row["kernel"] == "pkt_fill"}
+    assert "sm_90" in other and "sm_80" in other and not any(a.endswith("a") for a in other)  # no second copy
+    help_text = _precompile("--help", env=env).stdout
+    assert "`a` targets such as sm_90a" in " ".join(help_text.split())
+
+
 @pytest.fixture(scope="module")
 def sm90a_module():
     from pykern import compiler

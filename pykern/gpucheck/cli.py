@@ -137,7 +137,9 @@ def step_limits(run: Run, info: checks.DeviceInfo, drv: Any) -> None:
     launches, notes = checks.recorded_launches()
     from .. import registry
 
-    rows = checks.check_limits(info.attributes, resources, launches, [s.name for s in registry.kernels()])
+    # kernels of an arch-specific source (`// pykern: arch sm_90a`) only where `arch` is one of its targets
+    kernels = [s.name for s in registry.kernels() if not s.archs or arch in s.archs]
+    rows = checks.check_limits(info.attributes, resources, launches, kernels)
     failed = [r for r in rows if r["status"] != "ok"]
     for r in failed:
         run.failures.append(f"limits: {r['kernel']}: {'; '.join(r['problems'])}")

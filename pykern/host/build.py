@@ -246,10 +246,22 @@ def launch_stubs(specs: Sequence[KernelSpec]) -> str:
 
 
 # Inline PTX cannot run on the CPU: a kernel reaches PTX only through kernels_cu/pk_ptx.cuh.
-PTX_WRAPPERS = (
-    "pk_cvt_bf16x2, pk_cvt_f16x2, pk_cvt_f32_f16, pk_mma_m16n8k16_bf16, pk_ldmatrix_x4, pk_ldmatrix_x4_trans, pk_cp_async_16, "
-    "pk_cp_async_commit, pk_cp_async_wait<N>, pk_cp_async_wait_all, pk_ex2_approx"
-)
+_WRAPPER_DEF = re.compile(r"__device__\s+__forceinline__\s+[\w\s*&:<>,]*?\b(pk_\w+)\s*\(")
+
+
+@lru_cache(maxsize=None)
+def ptx_wrappers() -> tuple[str, ...]:
+    """The wrappers kernels_cu/pk_ptx.cuh defines, in the header's order (read from the header, so the list
+    follows it: mma.sync, ldmatrix, cp.async, FP8, Hopper...); its host-only and software helpers left out."""
+    from ..registry import KERNELS_DIR
+
+    text = blank_comments((KERNELS_DIR / "pk_ptx.cuh").read_text(encoding="utf-8"))
+    names: list[str] = []
+    for m in _WRAPPER_DEF.finditer(text):
+        n = m.group(1)
+        if n not in names and not n.startswith("pk_host_") and "_sw_" not in n:
+            names.append(n)
+    return tuple(names)
 _RAW_ASM = re.compile(r"\b(?:asm|__asm__|__asm)\b")
 # What a raw asm in an included header turns into: the compiler's error names this identifier.
 _ASM_POISON = "PK_RAW_ASM_IS_NOT_SUPPORTED_BY_THE_HOST_BACKEND_USE_THE_WRAPPERS_IN_PK_PTX_CUH"
@@ -262,9 +274,10 @@ def check_no_raw_asm(path: Path, text: str) -> None:
     if m is None:
         return
     line = blanked.count("\n", 0, m.start()) + 1
+    wrappers = ", ".join(ptx_wrappers())
     raise CompileError(
         f"host backend: raw inline assembly ({m.group(0)}) at {path}:{line} cannot run on the CPU; "
-        f'reach PTX through the wrappers in kernels_cu/pk_ptx.cuh (#include "pk_ptx.cuh"): {PTX_WRAPPERS}, '
+        f'reach PTX through the wrappers in kernels_cu/pk_ptx.cuh (#include "pk_ptx.cuh"): {wrappers}, '
         "or add a wrapper there with a host emulation"
     )
 

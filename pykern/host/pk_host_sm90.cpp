@@ -7,8 +7,9 @@
 //   (try_wait too: the CPU never times out) parks the thread until then; one that can never end is
 //   a deadlock error naming the barrier, its pending arrivals and bytes.
 // - TMA loads are queued on their mbarrier and land (box written with the swizzle applied, bytes
-//   completed on the barrier) when a thread waits on that barrier: the latest a GPU may land them,
-//   so a read before the wait sees the old bytes. One never waited for is an error at block end.
+//   completed on the barrier) when a thread waits on that barrier (or at issue, when a thread is
+//   already parked on it): the latest a GPU may land them, so a read before the wait sees the old
+//   bytes. One never waited for is an error at block end.
 // - TMA stores read shared memory and write global memory at the bulk wait that covers them (or
 //   the thread's exit): a shared source reused before pk_tma_store_wait_read shows in the output.
 // - wgmma: a warpgroup (128 threads) meeting point. Descriptors, A registers and C are captured
@@ -537,6 +538,17 @@ extern "C" void pkrt_tma_load(void* dst, const CUtensorMap* map, unsigned long l
     TmaLoad L{bar, w, m, {0, 0, 0, 0, 0}, tmap_bytes(m), file, line, t->linear};
     for (int d = 0; d < rank; d++) L.c[d] = c[d];
     sb_of(t->blk).loads.push_back(L);
+    // A thread already parked on this mbarrier waited before the copy was issued (a consumer that runs
+    // ahead of its producer): no later wait would land it, so it lands now, as the GPU's copy would.
+    Block* k = t->blk;
+    for (unsigned i = 0; i < g.n; i++) {
+        const Thread& o = k->threads[i];
+        const Sm90Thread& s = st_of(&o);
+        if (o.state == kSm90Park && s.park == PARK_MBAR && s.bar == bar) {
+            land_loads_of(k, bar);
+            break;
+        }
+    }
 }
 
 extern "C" void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank, const int* c, const char* file,

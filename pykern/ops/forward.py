@@ -15,6 +15,7 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
+from ._attention_sm90 import try_forward as _sm90_forward
 from ._window import (
     check_softcap as _check_softcap,
     check_window_size as _check_window_size,
@@ -524,7 +525,10 @@ def flash_attention(
     newer, the host backend (emulated) and numba; sm_75 falls back to the fp32-FMA kernels. True
     requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
     tensor-core path rounds the softmax probabilities to the input dtype for the P·V product, as
-    FlashAttention-2 does. f32 inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
+    FlashAttention-2 does. On a Hopper GPU (compute capability 9.0; on the host backend with
+    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/128/256 without softcap runs the sm_90a kernel
+    instead (TMA, wgmma, FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
+    inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
     65504, as on the GPU.
     """
     kind = arrays.io_kind("q", q, arrays.IO_KINDS)
@@ -584,6 +588,9 @@ def flash_attention(
     elif n_k == 0:  # no key at all: every row is an empty softmax
         _fill(out, 0.0, stream)
         _fill(lse, -math.inf, stream)
+    elif use_tc and _sm90_forward(q, k, v, out, lse, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
+                                      float(scale), softcap, wl, wr, _suffix(kind), stream, backend):
+        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu)
     elif use_tc:
         from ..launcher import launch
 

@@ -19,6 +19,7 @@ from ._window import (
     normalize as _normalize,
 )
 from ..errors import ArgumentError, ArgumentTypeError
+from ._attention_sm90 import try_backward as _sm90_backward
 from .training import _GRID_YZ_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
 
 __all__ = ["attention_backward"]
@@ -183,6 +184,9 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
         _launch("attention_bwd_lse" + cap + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
                 _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
                 G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+    grads = _sm90_backward(q, k, v, g, _flat(lse), delta, dims, scale, win, kind, sfx, stream, backend)
+    if grads is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_backward_sm90.cu)
+        return grads
     D = tc_head_dim(d)
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)

@@ -1,0 +1,247 @@
+// pykern: arch sm_90a
+// Hopper (sm_90a) FlashAttention forward in the FlashAttention-3 design, bf16 and f16 (one template over
+// the element type T): O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with
+// the layouts, GQA mapping, bottom-right window / causal mask and empty-row convention of
+// flash_attention_tc.cu (rows that see no key: out = 0, lse = -inf). No softcap (the op keeps the
+// mma.sync kernels for it).
+//
+// Work split: a CTA of 3 warpgroups (384 threads) owns BR = 128 consecutive queries of one (batch, head).
+//   warpgroup 0, the producer: one elected thread issues the TMA loads: Q once, then K and V tiles of BC
+//     keys into a STAGES-deep ring in shared memory. Each slot has a `full` mbarrier (the loads complete
+//     their bytes on it) and an `empty` one (every consumer thread arrives when done with the slot); the
+//     producer waits on `empty` before refilling. It gives registers back (setmaxnreg.dec to 24).
+//   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): consumer c owns query rows 64c..64c+63.
+//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle);
+//     online softmax on the accumulators in registers (base 2, exp2 via ex2.approx); the row max is taken
+//                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts;
+//     O += P V_j  : wgmma m64n<D>k16 RS: P rounded to T in registers straight from the S accumulator
+//                  layout (it is the A-fragment layout), V from shared memory MN-major (no transpose).
+// Tile order: key tiles are visited from the last to the first. Tiles that some row sees only partly
+// (the causal / window boundary, keys past n_k) run the masked body in their own loops before and after
+// the steady-state loop over tiles every row sees wholly, which carries no mask code at all.
+// Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
+// [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
+// Tensor maps (pykern.ops.forward makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k and v
+// (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
+#include "pk_common.cuh"
+#include "pk_ptx.cuh"
+#include "pk_attn_window.cuh"
+
+#define FA90_BR 128
+#define FA90_THREADS 384
+
+// BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + 2 * STAGES * BC * D * 2 + barriers.
+template <int D> struct Fa90Cfg;
+template <> struct Fa90Cfg<64> { enum { BC = 128, STAGES = 3 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2 }; };
+
+#define FA90_SMEM_BYTES(D, BC, ST) (FA90_BR * (D) * 2 + 2 * (ST) * (BC) * (D) * 2 + 1024)
+
+template <typename T> struct Fa90Dt;
+template <> struct Fa90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
+template <> struct Fa90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
+
+// One key tile for one consumer warpgroup: S = Q K^T, (mask), online softmax, O += P V, release the slot.
+template <typename T, int D, int BC, bool MASK>
+__device__ __forceinline__ void fa90_tile(float (&o)[D / 2], float (&m)[2], float (&l)[2], unsigned long long dq,
+                                          unsigned long long dk, unsigned long long dv, unsigned long long* full,
+                                          unsigned long long* empty, unsigned parity, float sl2, int k0, const int (&rlo)[2],
+                                          const int (&rhi)[2], int t) {
+    constexpr int DT = Fa90Dt<T>::V;
+    float s[BC / 2];
+    pk_mbarrier_wait_parity(full, parity);
+    pk_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
+        const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
+        pk_wgmma_m64nNk16_ss<BC, DT>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
+    }
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+
+    if (MASK) {
+#pragma unroll
+        for (int i = 0; i < BC / 2; i++) {
+            const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
+            if (col < rlo[r] || col > rhi[r]) s[i] = PK_NEG_INF;
+        }
+    }
+    unsigned pa[BC / 16][4];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+        const float base = mx == PK_NEG_INF ? 0.0f : mx * sl2;  // a row with nothing visible yet stays at 0
+        const float alpha = pk_ex2_approx(m[r] * sl2 - base);
+        m[r] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) {
+            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+            sum += p0 + p1;
+            // S n-tiles 2kk, 2kk + 1 are exactly the A fragment of k-step kk: a[0] / a[2] rows g, a[1] / a[3] g + 8.
+            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
+        }
+        l[r] = l[r] * alpha + sum;  // this thread's partial row sum; the quad reduces it at the end
+#pragma unroll
+        for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= alpha, o[4 * j + 2 * r + 1] *= alpha;
+    }
+
+    pk_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
+        pk_wgmma_m64nNk16_rs<D, DT, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+    pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
+}
+
+template <typename T, int D>
+__device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                             T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,
+                                             int n_k, int n_heads, int n_kv_heads, float scale, int window_left,
+                                             int window_right) {
+    constexpr int BC = Fa90Cfg<D>::BC, ST = Fa90Cfg<D>::STAGES, NB = D / 64;
+    constexpr unsigned Q_BYTES = FA90_BR * D * 2, KV_BYTES = BC * D * 2;
+    extern __shared__ __align__(1024) unsigned char fa90_smem[];
+    unsigned char* qs = fa90_smem;
+    unsigned char* ks = qs + Q_BYTES;                // [ST][NB][BC][128 B]
+    unsigned char* vs = ks + ST * KV_BYTES;          // [ST][NB][BC][128 B]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * KV_BYTES);
+    unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
+    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
+    const int bh = blockIdx.x / n_qt;
+    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    const int b = bh / n_heads, h = bh % n_heads;
+    const int kvh = h / (n_heads / n_kv_heads);
+    const int q0 = qt * FA90_BR;
+    const int q_last = min(q0 + FA90_BR, n_q) - 1;
+    const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
+    const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
+    // Tiles [f0, f1) are seen wholly by every row: the steady state. Visit order: kt1-1 down to kt0.
+    int f0 = (span.full_lo + BC - 1) / BC, f1 = (span.full_hi + 1) / BC;
+    f0 = max(f0, kt0), f1 = min(f1, kt1);
+    if (f0 >= f1) f0 = f1 = kt1;  // no full tile: everything runs masked
+
+    if (tid == 0) {
+        pk_mbarrier_init(q_full, 1);
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
+        pk_fence_mbarrier_init();
+    }
+    __syncthreads();
+
+    if (wg == 0) {  // ---- producer ----
+        pk_setmaxnreg_dec<24>();
+        if (tid < 32 && pk_elect_one()) {
+            pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q0, b);
+            int i = 0;
+            for (int j = kt1 - 1; j >= kt0; j--, i++) {
+                const int s = i % ST;
+                pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
+                pk_mbarrier_arrive_expect_tx(&full[s], 2 * KV_BYTES);
+                for (int nb = 0; nb < NB; nb++) {
+                    pk_tma_load_4d(ks + s * KV_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, j * BC, b);
+                    pk_tma_load_4d(vs + s * KV_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, j * BC, b);
+                }
+            }
+        }
+        return;
+    }
+
+    // ---- consumers ----
+    pk_setmaxnreg_inc<240>();
+    const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
+    float o[D / 2];
+#pragma unroll
+    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 of the warp
+    const float sl2 = scale * 1.4426950408889634f;
+    const int row0 = q0 + 64 * c + 16 * wq + g;
+    int rlo[2], rhi[2];
+    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
+    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+
+    // Descriptors: K-major 128B swizzle (SBO 1024 = one 8-row group) for Q and K; V MN-major (LBO = one box,
+    // the next 64 head-dim columns; SBO 1024 = the next 8 keys).
+    const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
+    const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
+    const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
+    pk_mbarrier_wait_parity(q_full, 0);
+
+    int i = 0, j = kt1 - 1;
+    for (; j >= f1; j--, i++) {
+        const int s = i % ST;
+        fa90_tile<T, D, BC, true>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
+                                  pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
+                                  j * BC, rlo, rhi, t);
+    }
+    for (; j >= f0; j--, i++) {  // the steady state: no mask
+        const int s = i % ST;
+        fa90_tile<T, D, BC, false>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
+                                   j * BC, rlo, rhi, t);
+    }
+    for (; j >= kt0; j--, i++) {
+        const int s = i % ST;
+        fa90_tile<T, D, BC, true>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
+                                  pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
+                                  j * BC, rlo, rhi, t);
+    }
+
+    const long long o_stride = (long long)n_heads * D;
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
+        const int row = row0 + 8 * r;
+        if (row >= n_q) continue;
+        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
+        T* orow = out + ((long long)b * n_q + row) * o_stride + (long long)h * D;
+#pragma unroll
+        for (int jj = 0; jj < D / 8; jj++)
+            *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
+                Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        if (t == 0)  // m is in raw score units: lse = ln(2) * (m * scale * log2 e + log2(l))
+            lse[((long long)b * n_q + row) * n_heads + h] =
+                lr > 0.0f ? (m[r] * sl2 + log2f(lr)) * 0.6931471805599453f : PK_NEG_INF;
+    }
+}
+
+#define FA90_ENTRY(D)                                                                                             \
+    template <typename T, typename... A>                                                                          \
+    __device__ __forceinline__ void flash_attention_sm90_d##D##_impl(const CUtensorMap& tq, const CUtensorMap& tk, \
+                                                                     const CUtensorMap& tv, A... a) {             \
+        fa90_forward<T, D>(&tq, &tk, &tv, a...);                                                                  \
+    }
+FA90_ENTRY(64)
+FA90_ENTRY(128)
+FA90_ENTRY(256)
+
+PK_IO16_KERNELS(flash_attention_sm90_d64, (FA90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                 const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
+                (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
+
+PK_IO16_KERNELS(flash_attention_sm90_d128, (FA90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                 const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
+                (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
+
+PK_IO16_KERNELS(flash_attention_sm90_d256, (FA90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+                 const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
+                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
+                (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))

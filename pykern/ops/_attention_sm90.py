@@ -1,0 +1,118 @@
+"""Dispatch to the Hopper (sm_90a) attention forward, kernels_cu/flash_attention_sm90.cu.
+
+`flash_attention` asks `usable(...)` first on its tensor-core path: on a compute-capability 9.0 GPU (nvrtc) or
+with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
+64/128/256, no softcap, scale > 0: the kernel takes the row max on the raw scores), it runs the TMA + wgmma
+kernel; anything else keeps the mma.sync kernels (flash_attention_tc.cu).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+HEAD_DIMS = (64, 128, 256)
+THREADS = 384  # FA90_THREADS: a producer warpgroup and two consumer warpgroups
+ROWS = 128  # FA90_BR: queries per CTA
+# (keys per tile, ring stages) as the .cu's Fa90Cfg.
+_CFG = {64: (128, 3), 128: (128, 2), 256: (64, 2)}
+
+
+def shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the sm_90a forward at head_dim d (FA90_SMEM_BYTES)."""
+    bc, st = _CFG[d]
+    return ROWS * d * 2 + 2 * st * bc * d * 2 + 1024
+
+
+def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any, backend: str | None) -> bool:
+    """Whether the sm_90a kernel runs this call (shape supported and the device takes sm_90a kernels)."""
+    if head_dim != head_dim_v or head_dim not in HEAD_DIMS or softcap > 0.0 or not scale > 0.0:
+        return False
+    from ..backends import get_backend, kernel_variant
+    from ..devices import array_device
+
+    be = get_backend(backend)
+    if be.name not in ("host", "nvrtc"):
+        return False
+    dev = array_device(q)
+    return kernel_variant("sm_90a", be.name, dev if isinstance(dev, int) and dev >= 0 else 0)
+
+
+def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int, int, int, int, int, int],
+                scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
+    """Run flash_attention_sm90_d{D}{suffix} when `usable` and the arrays suit TMA (16-byte aligned bases);
+    False (nothing launched) otherwise. q, k, v contiguous (batch, n, heads, D)."""
+    from ..backends import get_backend
+    from ..errors import ArgumentError
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    batch, n_q, n_k, n_heads, n_kv_heads, d, d_v = dims
+    if not usable(d, d_v, softcap, scale, q, backend):
+        return False
+    bc, _ = _CFG[d]
+    name = get_backend(backend).name
+    try:  # boxes of 64 head-dim columns (128 bytes: the 128B swizzle's row) by ROWS queries / bc keys
+        tq = make_tensor_map(q, (1, ROWS, 1, 64), "128B", backend=name)
+        tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=name)
+        tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=name)
+    except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
+        return False
+    n_blocks = batch * n_heads * -(-n_q // ROWS)
+    launch(f"flash_attention_sm90_d{d}{suffix}", n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k, n_heads,
+           n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream, backend=backend)
+    return True
+
+
+# ---- backward (kernels_cu/attention_backward_sm90.cu) -------------------------------------------------
+BWD_HEAD_DIMS = (64, 128)
+BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA
+BWD_STEP = 64  # AB90_STEP: keys per streamed tile of the dQ kernel
+
+
+def bwd_dkdv_step(d: int) -> int:
+    """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP)."""
+    return 32 if d >= 128 else 64
+
+
+def bwd_shared_bytes(d: int, step: int) -> int:
+    """Dynamic shared memory of a backward kernel at head_dim d with `step` rows a streamed tile."""
+    return 2 * BWD_ROWS * d * 2 + 2 * 2 * step * d * 2 + 1024
+
+
+def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tuple[int, ...], scale: float,
+                 win: tuple[int, int, float], kind: str, suffix: str, stream: Any, backend: str | None) -> Any:
+    """(dq, dk, dv) from the sm_90a backward kernels when they apply (as `usable`, head_dim 64 / 128), else
+    None (nothing launched). q, k, v, g contiguous; lse and delta fp32 per (batch, query, head)."""
+    from .. import arrays
+    from ..backends import get_backend
+    from ..errors import ArgumentError
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    b, n_q, n_k, h, kvh, d = dims
+    wl, wr, softcap = win
+    if d not in BWD_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend):
+        return None
+    name = get_backend(backend).name
+    c = bwd_dkdv_step(d)
+    q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
+    k4, v4 = (a.reshape((b, n_k, kvh, d)) for a in (k, v))
+
+    def maps(q_rows: int, k_rows: int) -> list:  # q, dO, k, v; boxes of 64 head-dim columns (128B swizzle rows)
+        return [make_tensor_map(a, (1, r, 1, 64), "128B", backend=name)
+                for a, r in ((q4, q_rows), (g4, q_rows), (k4, k_rows), (v4, k_rows))]
+
+    try:
+        kv_maps, q_maps = maps(c, BWD_ROWS), maps(BWD_ROWS, BWD_STEP)
+    except ArgumentError:  # e.g. a base that is not 16-byte aligned: the mma.sync kernels take it
+        return None
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    tail = (b, n_q, n_k, h, kvh, float(scale), wl, wr)
+    tq, tdo, tk, tv = kv_maps
+    launch(f"attention_backward_sm90_dkdv_d{d}{suffix}", b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv, tdo,
+           lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
+    tq, tdo, tk, tv = q_maps
+    launch(f"attention_backward_sm90_dq_d{d}{suffix}", b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
+           lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP), stream=stream, backend=backend)
+    return dq, dk, dv
