@@ -19,7 +19,7 @@ from ._window import (
     normalize as _normalize,
 )
 from ..errors import ArgumentError, ArgumentTypeError
-from ._attention_sm90 import try_backward as _sm90_backward
+from ._attention_sm90 import BWD_HEAD_DIMS as _SM90_BWD_HEAD_DIMS, try_backward as _sm90_backward, usable as _sm90_usable
 from .training import _GRID_YZ_MAX, _flat, _launch, _same_kind, _same_shape, _size, _suffix
 
 __all__ = ["attention_backward"]
@@ -377,7 +377,10 @@ def attention_backward(
         from .forward import tensor_cores_available
 
         if tensor_cores_available(backend):
-            if d in FUSED_HEAD_DIMS and fused_available(backend):
+            # On sm_90a the wgmma kernels (in _tensor_cores, after its pre-pass) come first: they are the
+            # Hopper path, and they have one writer per element, so deterministic either way.
+            hopper = d in _SM90_BWD_HEAD_DIMS and _sm90_usable(d, d, softcap, scale, q, backend)
+            if d in FUSED_HEAD_DIMS and fused_available(backend) and not hopper:
                 return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
                               stream)
             return _tensor_cores(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
