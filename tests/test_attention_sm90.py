@@ -135,8 +135,8 @@ def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     ops.flash_attention(q, k, v, causal=True, backend=HOST)  # not playing Hopper
     assert names == ["flash_attention_sm90_d128_bf16", "flash_attention_tc_d128_softcap_bf16",
-                     "flash_attention_tc_d96_bf16", "flash_attention_tc_d128_bf16", "flash_attention_tc_d128_bf16",
-                     "flash_attention_tc_d128_bf16"]
+                     "flash_attention_tc_d96_bf16", "flash_attention_tc_pad_d128_bf16",
+                     "flash_attention_tc_pad_d128_bf16", "flash_attention_tc_d128_bf16"]
 
 
 def test_sm90_and_mma_sync_forwards_agree(monkeypatch) -> None:
