@@ -65,6 +65,8 @@ CASES = [  # (heads, kv_heads, head_dim, page_size, lens, num_splits)
     ((16, 2), 128, 1, [150, 17], 4),            # GQA 8, page size 1, split
     ((8, 1), 128, 16, [131], None),             # MQA (one kv head, 8 query heads), batch 1 (splits to fill)
     ((16, 1), 64, 16, [200], 2),                # MQA with a group of 16 (the whole M tile), batch 1
+    ((4, 4), 128, 16, [70, 0, 3, 33], None),    # no grouping (MHA): one row of the M tile a kv head
+    ((4, 2), 64, 1, [70, 9], 2),                # GQA 2, page size 1, split
 ]
 
 
@@ -223,7 +225,8 @@ def test_dispatch_picks_the_tensor_core_kernel_only_where_it_applies() -> None:
     P = ops.PagedDecodePlan
     assert P(4, 32, 8, 128, 16, q_dtype="bf16").launches()[0][0] == "decode_tc_paged_d128_bf16"
     assert P(4, 64, 8, 64, 16, q_dtype="bf16").launches()[0][0] == "decode_tc_paged_d64_bf16"
-    assert P(4, 16, 8, 128, 16, q_dtype="bf16").launches()[0][0] == "paged_attn_bf16"  # group 2
+    assert P(4, 16, 8, 128, 16, q_dtype="bf16").launches()[0][0] == "decode_tc_paged_d128_bf16"  # group 2
+    assert P(4, 8, 8, 128, 16, q_dtype="bf16").launches()[0][0] == "decode_tc_paged_d128_bf16"  # MHA
     assert P(4, 32, 1, 128, 16, q_dtype="bf16").launches()[0][0] == "paged_attn_bf16"  # group 32 > 16
     assert P(4, 32, 8, 96, 16, q_dtype="bf16").launches()[0][0] == "paged_attn_bf16"  # head_dim 96
     assert P(4, 32, 8, 128, 16).launches()[0][0] == "paged_attn"  # f32

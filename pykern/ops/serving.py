@@ -84,7 +84,7 @@ _Q_KINDS = ("f32", "bf16", "f16")
 # q's type in registers), 4 <= group <= 16, head_dim 64 / 128, no softcap, 16-byte aligned pages;
 # paged_attn otherwise.
 TC_DECODE_HEAD_DIMS = (64, 128)
-TC_DECODE_MIN_GROUP, TC_DECODE_MAX_GROUP = 4, 16
+TC_DECODE_MIN_GROUP, TC_DECODE_MAX_GROUP = 1, 16
 DTC_BC = 64  # keys a tile (DTC_BC in decode_tc.cu)
 _DTC_STAGES = {(64, 2): 3, (128, 2): 2, (64, 1): 3, (128, 1): 3}  # DtcCfg<D, FP8>::STAGES by (D, K/V bytes)
 _TC_SUFFIX = {"bf16": "_bf16", "f16": "_f16"}
