@@ -5,7 +5,8 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
 
 * instr/MMA: warp-instructions (NOPs excluded) per m16n8k16-equivalent MMA (HMMA.16816 = 1, HGMMA m64nNk16
   = N/8). The loop is the flat steady-state loop (`steady_state_loops`: MMAs, no inner loop) when the kernel
-  has one; otherwise (today's kernels: their tile loads are loops inside the MMA loop) the innermost loop that
+  has one (the FlashAttention-2 forward core, the fused backward, the sm_90a kernels); otherwise (the d96 /
+  d256 kernels: their tile loads are loops inside the MMA loop) the innermost loop that
   holds MMAs, every instruction of its body counted once -- every path, so the issue term over-counts code
   the steady state skips (fallback loads, diagonal-tile masks) -- except its cp.async tile-loader loops,
   which count `trips` x their shortest path through the 16-byte LDGSTS, trips = the bytes the launch
@@ -19,7 +20,7 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
 * registers and static shared memory from the compiler's resources.
 
 The launch geometry (threads, rows per CTA, keys per step, dynamic shared memory, grid) is read from the ops
-modules at call time (pykern.ops.forward, pykern.ops.training_attention), so the model follows the kernels
+modules at call time (pykern.ops.forward, pykern.ops.training_attention, pykern.ops._attention_sm90), so the model follows the kernels
 the ops launch today. Per kernel and shape, lower bounds on the time, each in SM clocks per CTA and then
 scheduled over the GPU:
 
@@ -27,12 +28,16 @@ scheduled over the GPU:
 * shared memory: 128 bytes per clock per SM;
 * tensor pipe: dense bf16 FLOP per clock per SM times the pipe fraction (mma.sync on sm_90: 2/3 of Hopper's
   dense peak; wgmma on sm_90a and mma.sync on sm_80: the full dense rate);
+* special functions (mufu): the loop's MUFU warp-instructions (the softmax's exp2) at 16 results per clock
+  per SM;
 * occupancy: CTAs per SM from registers (per warp, units of 256), shared memory (+1 KiB reserved per CTA),
   the 32-CTA and 64-warp limits; co-resident CTAs share their SM's rates;
 * waves and tail: CTAs dispatched in launch order (the kernels' own block-to-tile order) to the first free of
   SMs x CTAs/SM slots, each CTA's cost the max of its three SM terms; the makespan is the compute time;
-* HBM: the minimum bytes the kernel must move (each input read once, each output written once) at the
-  published bandwidth.
+* HBM: the minimum bytes the kernel must move (each input read once, each output written once; the fused
+  backward's dQ also its fp32 RED adds or per-key-tile partials, one per query tile and key tile, the
+  workspace being far larger than L2 at the table's shapes) at the published bandwidth; the backward's small
+  memory-bound kernels (delta pre-pass; the fused backward's prep and dQ reduce) by their bytes alone.
 
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
@@ -78,6 +83,7 @@ class Hardware:
     max_warps_sm: int = 64
     issue_clk: int = 4  # warp schedulers per SM, one warp-instruction per clock each
     smem_bytes_clk: int = 128  # 32 banks x 4 bytes per clock per SM
+    mufu_clk: int = 16  # special-function results (MUFU.EX2 ...) per clock per SM (CUDA guide, cc 8.0 / 9.0)
 
     @property
     def peak(self) -> float:
@@ -138,6 +144,7 @@ class LoopInputs:
     straight: int  # warp-instructions outside every loop (once per warp and CTA)
     wgmma: bool = False  # HGMMA in the loop: the tensor pipe runs at the full dense rate
     inner_insns: int = 0  # of insns, those in MMA-free loops inside the body
+    mufu: int = 0  # MUFU instructions in the body (the softmax's exp2)
     loaders: tuple[LoaderLoop, ...] = ()
 
     def per_step(self, fill_per_warp: float = 0.0) -> tuple[float, float, float]:
@@ -335,7 +342,8 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
     return LoopInputs(
         loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for _, op, _, _ in body),
         smem_bytes=sbytes(body), straight=sum(id(x) not in in_loop for x in live),
-        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders))
+        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders),
+        mufu=sum(op == "MUFU" for _, op, _, _ in body))
 
 
 # ------------------------------------------------------------------------------------------- occupancy
@@ -627,6 +635,7 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
         "issue": lambda m: (m * per_mma + warps * loop.straight) / hw.issue_clk,
         "smem": lambda m: m * smem_per_mma / hw.smem_bytes_clk,
         "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac),
+        "mufu": lambda m: m * loop.mufu / loop.mma * 32 / hw.mufu_clk,
     }
     # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
     group_mma = [p * per_pair_mma for p in lau.ctas]
@@ -842,11 +851,12 @@ def format_table(doc: dict[str, Any]) -> str:
     lines += ["", "SASS inputs per warp. loop 'inner': no flat loop, so the innermost loop holding MMAs, every path of its",
               "body once, its cp.async tile-loader loops at 'trips' x their 16-byte path (trips from the launch",
               "geometry), other loops inside it once; 'static' = the body with every inner loop once.",
-              f"{'arch':6s} {'kernel':40s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
-              f"{'smemB/MMA':>9s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
+              f"{'arch':6s} {'kernel':42s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
+              f"{'smemB/MMA':>9s} {'mufu/MMA':>8s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
     for a, i in inp:
-        lines.append(f"{a:6s} {i['kernel']:40s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
-                     f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} {i['straight']:8d} "
+        lines.append(f"{a:6s} {i['kernel']:42s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
+                     f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} "
+                     f"{i['mufu'] / i['mma']:8.3f} {i['straight']:8d} "
                      f"{i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention's count), batch = 16384 / seq, "
               "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
