@@ -68,8 +68,9 @@ def test_smem_bytes_per_warp_instruction():
     assert am.smem_bytes("HMMA", ".16816.F32.BF16") == 0
     assert am.smem_bytes("FFMA", "") == 0
     # HGMMA m64n128k16: B (128 x 16 bf16 = 4 KiB) through its descriptor; A (64 x 16 = 2 KiB) too when a descriptor
-    assert am.smem_bytes("HGMMA", ".64x128x16.F32.BF16", "R24, gdesc[UR4], R24, gsb0") == 4096 + 2048
-    assert am.smem_bytes("HGMMA", ".64x128x16.F32.BF16", "R24, R120, gdesc[UR8], R24") == 4096
+    # one operand fetch for the warpgroup, whose four warps each issue the HGMMA: a quarter a warp
+    assert am.smem_bytes("HGMMA", ".64x128x16.F32.BF16", "R24, gdesc[UR4], R24, gsb0") == (4096 + 2048) / 4
+    assert am.smem_bytes("HGMMA", ".64x128x16.F32.BF16", "R24, R120, gdesc[UR8], R24") == 4096 / 4
 
 
 def test_flat_loop_inputs_are_counted_from_the_listing():
@@ -208,6 +209,15 @@ def test_the_binding_term_switches():
     assert h["binding"] == "hbm" and h["time_s"] == pytest.approx(1e9 / 3.35e12)
 
 
+def test_mufu_term_is_16_results_a_clock():
+    li = am.LoopInputs("flat", 87, 20, 6, 0.0, 0, mufu=30)  # 1.5 MUFU a MMA: 3 clk vs the tensor pipe's 1.5
+    r = am.kernel_bound(_launch(264), am.KernelInputs("k", "sm_90", li, 234, 0), H100)
+    mma = 64 * 64 * 32 * 2 * 128 * 2 / 4096  # the launch's pairs x FLOP / 4096 a CTA
+    assert r["terms_s"]["mufu"] == pytest.approx(2 * mma * 1.5 * 32 / 16 / 1.83e9)  # 2 CTAs share the SM
+    assert r["binding"] == "mufu"
+    assert am.kernel_bound(_launch(264), _inputs(4.35), H100)["terms_s"]["mufu"] == 0
+
+
 def test_straight_line_code_is_issued_once_per_warp_and_cta():
     r0 = am.kernel_bound(_launch(264), _inputs(8.0), H100)
     r1 = am.kernel_bound(_launch(264), _inputs(8.0, straight=1000), H100)
@@ -235,16 +245,32 @@ def test_makespan_is_greedy_in_launch_order():
 
 
 def test_geometry_pairs_and_flops():
+    from pykern.ops import forward as fw
+    from pykern.ops import training_attention as ta
+
     s = am.Shape(2, 4, 256, 128, True, 2)
     fwd, = am.launches("fwd", s)
-    # 4 query tiles of 64, longest first: tiles see 4, 3, 2, 1 key tiles of 64
-    assert fwd.ctas == tuple(k * 64 * 64 for k in (4, 3, 2, 1)) and fwd.groups == 8
-    assert fwd.executed_flops == 2 * 128 * 2 * 64 * 64 * 10 * 8
-    kv, dq = am.launches("bwd", s)
-    assert kv.kernel == "attention_backward_tc_dkdv_d128_bf16" and kv.groups == 2 * 2 and kv.matmuls == 4
-    # key tile kt is seen by queries from 64 kt on: (256 - 64 kt) / 16 steps of 16 queries, x 2 heads a group
-    assert kv.ctas == tuple(2 * (256 - 64 * kt) * 64 for kt in range(4))
-    assert dq.step == (64, 32) and dq.ctas == tuple(k * 64 * 32 for k in (8, 6, 4, 2))
+    # the FlashAttention-2 core: 2 query tiles of 128, longest first: they see 4 and 2 key tiles of 64
+    assert fwd.kernel == "flash_attention_tc_d128_bf16" and fwd.threads == fw.FA2_THREADS == 256
+    assert fwd.step == (128, 64) and fwd.smem == fw.fa2_shared_bytes(128)
+    assert fwd.ctas == (4 * 128 * 64, 2 * 128 * 64) and fwd.groups == 8
+    assert fwd.executed_flops == 2 * 128 * 2 * 128 * 64 * 6 * 8
+    # d96 has no FA2 core: the old geometry (64 query rows, 64 keys, 128 threads)
+    f96, = am.launches("fwd", am.Shape(1, 1, 256, 96, True))
+    assert f96.kernel == "flash_attention_tc_d96_bf16" and f96.threads == fw.TC_THREADS and f96.step == (64, 64)
+    assert f96.ctas == tuple(k * 64 * 64 for k in (4, 3, 2, 1))
+    # backward d128: the fused kernel, a CTA per key tile of 64 walking query tiles of 16 of both group heads
+    fused, = am.launches("bwd", s)
+    assert fused.kernel == "attention_backward_tc_fused_d128_bf16" and fused.matmuls == 5
+    assert fused.groups == 2 * 2 and fused.step == (16, 64) and fused.smem == ta.fused_shared_bytes(128)
+    assert fused.ctas == tuple(2 * (256 - 64 * kt) * 64 for kt in range(4))
+    det, = am.launches("bwd", s, "deterministic")
+    assert det.kernel == "attention_backward_tc_fused_d128_det_bf16" and det.ctas == fused.ctas
+    d64, = am.launches("bwd", am.Shape(1, 1, 256, 64, False))
+    assert d64.kernel == "attention_backward_tc_fused_d64_bf16" and d64.step == (32, 64)
+    # d96 keeps the dK/dV + dQ pair
+    kv, dq = am.launches("bwd", am.Shape(2, 4, 256, 96, True, 2))
+    assert kv.kernel == "attention_backward_tc_dkdv_d96_bf16" and kv.matmuls == 4 and dq.matmuls == 3
     assert am.useful_flops(s, "fwd") == 4 * (256 * 257 // 2) * 128 * 2 * 4
     assert am.useful_flops(s, "bwd") == 2.5 * am.useful_flops(s, "fwd")
     d256 = [la.kernel for la in am.launches("bwd", am.Shape(1, 1, 64, 256, False))]
@@ -254,6 +280,40 @@ def test_geometry_pairs_and_flops():
         am.predict("sm_90", "fwd", am.Shape(1, 4, 64, 64, False, 3))
     with pytest.raises(ArgumentError, match="arch"):
         am.hardware("sm_75")
+    with pytest.raises(ArgumentError, match="dq_mode"):
+        am.launches("bwd", s, "racy")
+
+
+def test_fused_backward_hbm_bytes_in_both_dq_modes():
+    # 1 batch, 2 heads, 128 keys, d64, not causal: 2 key tiles x 128 query rows x 64 dims of fp32 dQ per head
+    s = am.Shape(1, 2, 128, 64, False)
+    q = 128 * 2 * 64 * 2  # bytes of q (= dO = k = v = dq) in bf16
+    row = 128 * 2 * 4  # fp32 per query row
+    dq_f32 = 2 * 128 * 64 * 4 * 2  # key tiles x rows x d x 4 bytes x heads
+    fused, = am.launches("bwd", s)
+    assert fused.hbm_bytes == 4 * q + 2 * row + 2 * q + dq_f32  # q dO k v lse delta read, dk dv written, RED adds
+    assert am.launches("bwd", s, "deterministic")[0].hbm_bytes == fused.hbm_bytes  # partials stored instead
+    ws = 128 * 2 * 64 * 4  # the fp32 workspace (n_q is a multiple of the query tile: no padding)
+    prep = 2 * q + row + 2 * row  # dO, out, lse read; lse2, delta written
+    assert am.memory_kernels("bwd", s) == [("attention_bwd_tc_prep_bf16", prep + ws),
+                                           ("attention_bwd_tc_dq_reduce_d64_bf16", ws + q)]
+    # deterministic: no zeroing; the reduce reads every partial back (one launch: no running sum round trip)
+    assert am.memory_kernels("bwd", s, dq_mode="deterministic") == [
+        ("attention_bwd_tc_prep_bf16", prep), ("attention_bwd_tc_dq_reduce_d64_bf16", dq_f32 + q)]
+    assert am.memory_kernels("fwd", s) == []
+    assert am.memory_kernels("bwd", s, "wgmma") == [("attention_bwd_preprocess_bf16", 2 * q + row)]
+    assert am.memory_kernels("bwd", am.Shape(1, 2, 128, 96, False)) == [
+        ("attention_bwd_preprocess_bf16", 2 * (128 * 2 * 96 * 2) + row)]
+
+
+def test_deterministic_workspace_chunks_add_the_running_sum_round_trip(monkeypatch):
+    from pykern.ops import training_attention as ta
+
+    s = am.Shape(1, 2, 256, 64, False)  # 4 key tiles
+    ws = 256 * 2 * 64 * 4
+    base = am.memory_kernels("bwd", s, dq_mode="deterministic")[1][1]
+    monkeypatch.setattr(ta, "DET_WORKSPACE_BYTES", ws)  # one key tile's partial a launch: 4 launches
+    assert am.memory_kernels("bwd", s, dq_mode="deterministic")[1][1] == base + 2 * ws * 3
 
 
 def test_hardware_table_is_the_published_peaks():
@@ -263,21 +323,26 @@ def test_hardware_table_is_the_published_peaks():
     assert am.hardware("sm_90a") is H100
 
 
-def test_sm90_kernels_are_skipped_without_them_and_modelled_with_them(monkeypatch):
+def test_sm90_launches_follow_the_hopper_geometry():
+    from pykern.ops import _attention_sm90 as h
+
     s = am.Shape(1, 16, 1024, 128, False)
-    lau, why = am.sm90_launch(s, ["flash_attention_tc_d128_bf16"])
-    assert lau is None and "no flash_attention_sm90" in why
-    lau, why = am.sm90_launch(s, ["flash_attention_sm90_d128_bf16"])
-    from pykern.ops import forward as fw
-    if not all(hasattr(fw, a) for a in am.SM90_GEOMETRY_ATTRS):
-        assert lau is None and "lacks" in why
-    monkeypatch.setattr(fw, "SM90_THREADS", 384, raising=False)
-    monkeypatch.setattr(fw, "SM90_ROWS", 128, raising=False)
-    monkeypatch.setattr(fw, "SM90_BC", {128: 128}, raising=False)
-    monkeypatch.setattr(fw, "sm90_shared_bytes", lambda d: 2 * 128 * d * 2 * 3, raising=False)
-    lau, why = am.sm90_launch(s, ["flash_attention_sm90_d128_bf16", "flash_attention_sm90_d128_softcap_bf16"])
-    assert why == "" and lau.kernel == "flash_attention_sm90_d128_bf16" and lau.arch == "sm_90a"
-    assert lau.threads == 384 and lau.ctas == (128 * 1024,) * 8 and lau.groups == 16
+    lts, why = am.sm90_launches("fwd", s, ["flash_attention_tc_d128_bf16"])
+    assert lts == [] and "no flash_attention_sm90_d128_bf16" in why
+    names = ["flash_attention_sm90_d128_bf16", "attention_backward_sm90_dkdv_d128_bf16",
+             "attention_backward_sm90_dq_d128_bf16"]
+    (lau,), why = am.sm90_launches("fwd", s, names)
+    assert why == "" and lau.arch == "sm_90a" and lau.threads == h.THREADS == 384
+    assert lau.loop_warps == 8  # the producer warpgroup issues no MMA
+    assert lau.ctas == (h.ROWS * 1024,) * 8 and lau.groups == 16 and lau.step == (128, h._CFG[128][0])
+    assert lau.smem == h.shared_bytes(128)
+    kv, dq = am.sm90_launches("bwd", am.Shape(1, 2, 256, 128, True), names)[0]
+    assert kv.step == (h.bwd_dkdv_step(128), h.BWD_ROWS) and kv.matmuls == 4 and kv.loop_warps == 8
+    # key tile kt of 128 is seen by queries from 128 kt on
+    assert kv.ctas == ((256) * 128, (256 - 128) * 128) and kv.smem == h.bwd_shared_bytes(128, 32)
+    # query tiles in launch order (first tile first): 2 and 4 key steps of 64
+    assert dq.ctas == (2 * 128 * 64, 4 * 128 * 64) and dq.matmuls == 3
+    assert am.sm90_launches("bwd", am.Shape(1, 1, 64, 256, False), names)[0] == []
 
 
 # ------------------------------------------------------------------------------------------- real kernels
@@ -292,37 +357,70 @@ def sass():
     return src
 
 
+def _cross_check(sass: am.SassSource, lau: am.Launch, arch: str) -> am.KernelInputs:
+    k = sass.inputs(lau.kernel, arch)
+    assert k.loop.mma * lau.loop_warps * am.MMA_FLOP == 2 * lau.head_dim * lau.matmuls * lau.step[0] * lau.step[1], \
+        (lau.kernel, arch, k.loop.mma)
+    assert k.loop.per_mma > 1 and k.regs > 0 and k.spills == 0
+    assert k.loop.loop in ("flat", "inner")
+    # every step recomputes P = exp2(...) of its rows x keys: at least one MUFU per 32 of them a warp
+    assert k.loop.mufu * 32 * lau.loop_warps >= lau.step[0] * lau.step[1], (lau.kernel, arch, k.loop.mufu)
+    return k
+
+
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 @pytest.mark.parametrize("d", [64, 96, 128, 256])
 def test_real_kernels_loop_matches_the_launch_geometry(sass, arch, d):
-    """The SASS loop's MMAs per iteration x warps x 4096 = the FLOP of one step of the ops' geometry: if a
+    """The SASS loop's MMAs per iteration x MMA warps x 4096 = the FLOP of one step of the ops' geometry: if a
     kernel's tile changes and the ops' constants do not (or the other way round), this fails."""
+    for phase, mode in (("fwd", "atomic"), ("bwd", "atomic"), ("bwd", "deterministic")):
+        for lau in am.launches(phase, am.Shape(1, 2, 256, d, False), mode):
+            k = _cross_check(sass, lau, arch)
+            if d in (64, 128):  # the FA2 forward core and the fused backward: a flat steady-state loop
+                assert k.loop.loop == "flat", lau.kernel
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_real_sm90a_kernels_loop_matches_the_launch_geometry(sass, d):
+    lts = []
     for phase in ("fwd", "bwd"):
-        for lau in am.launches(phase, am.Shape(1, 2, 256, d, False)):
-            k = sass.inputs(lau.kernel, arch)
-            warps = lau.threads // 32
-            assert k.loop.mma * warps * am.MMA_FLOP == 2 * lau.head_dim * lau.matmuls * lau.step[0] * lau.step[1], \
-                (lau.kernel, arch, k.loop.mma)
-            assert k.loop.per_mma > 1 and k.regs > 0 and k.spills == 0
-            assert k.loop.loop in ("flat", "inner")
+        got, why = am.sm90_launches(phase, am.Shape(1, 2, 256, d, False), list(sass.kernels()))
+        assert got, why
+        lts += got
+    for lau in lts:
+        k = _cross_check(sass, lau, "sm_90a")
+        assert k.loop.wgmma and k.loop.ldsm == 0
 
 
 def test_model_runs_on_the_real_kernels(sass):
     doc = am.table_rows(shapes=[am.Shape(4, 16, 1024, 128, True), am.Shape(1, 32, 4096, 64, False)], sass=sass)
     preds = doc["predictions"]
     assert {(p["arch"], p["phase"]) for p in preds} >= {("sm_90", "fwd"), ("sm_90", "bwd"), ("sm_80", "fwd"),
-                                                         ("sm_80", "bwd")}
+                                                         ("sm_80", "bwd"), ("sm_90a", "fwd"), ("sm_90a", "bwd")}
+    assert {p["dq_mode"] for p in preds if p["phase"] == "bwd" and p["arch"] != "sm_90a"} == {"atomic",
+                                                                                           "deterministic"}
+    for p in preds:
+        want = "wgmma" if p["arch"] == "sm_90a" else "mma.sync"
+        assert p["variant"] == want and all(k.get("tensor", want) == want for k in p["kernels"])
+        if p["phase"] == "bwd" and p["arch"] != "sm_90a":
+            assert [k["kernel"] for k in p["kernels"]][1:] == ["attention_bwd_tc_prep_bf16",
+                                                               f"attention_bwd_tc_dq_reduce_d{p['shape']['head_dim']}_bf16"]
+    # the deterministic dQ moves more bytes than the atomic one, so it is no faster
+    by = {(p["arch"], p["shape"]["seq"], p["shape"]["head_dim"], p["dq_mode"]): p["time_s"] for p in preds
+          if p["phase"] == "bwd" and p["dq_mode"]}
+    for (a, n, d, m), t in by.items():
+        if m == "deterministic":
+            assert t > by[(a, n, d, "atomic")]
     for p in preds:
         hw = am.hardware(p["arch"])
         assert 0 < p["tflops"] < hw.peak / 1e12 and 0 < p["pct_peak"] < 100
-        assert p["binding"].split()[0] in ("issue", "smem", "tensor", "hbm")
+        assert p["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "hbm")
         for i in p["inputs"]:
             assert i["ctas_per_sm"] >= 1 and i["regs"] > 0 and i["per_mma"] > 0
         # the prediction is no faster than any single term of any launch
         for k in p["kernels"]:
             assert k["time_s"] >= max(k["terms_s"].values()) * (1 - 1e-12)
-    if not any(k.startswith("flash_attention_sm90") for k in sass.kernels()):
-        assert doc["skipped"] and all("sm90" in why for why in doc["skipped"].values())
+    assert not doc["skipped"]  # d64 / d128 have sm_90a kernels both ways
     text = am.format_table(doc)
     assert "modelled bound" in text.lower() and "instr/MMA" in text and "CTAs/SM" in text
     json.dumps(doc)  # serialisable (the --json output)
@@ -336,8 +434,9 @@ def test_bench_cli_prints_the_model(sass, monkeypatch, capsys):
     monkeypatch.setattr(am, "table_rows", lambda: real(shapes=shapes, sass=sass))
     assert cli.main(["--attention-model"]) == cli.EXIT_OK
     out = capsys.readouterr().out
-    assert "Modelled bound" in out and "sm_90" in out and "sm_80" in out
+    assert "Modelled bound" in out and "sm_90 " in out and "sm_90a" in out and "sm_80" in out
     assert cli.main(["--attention-model", "--json"]) == cli.EXIT_OK
     doc = json.loads(capsys.readouterr().out)
-    assert doc["model"] == "attention" and len(doc["predictions"]) == 4
+    # fwd and bwd atomic + deterministic on sm_90 and sm_80, fwd and bwd on sm_90a
+    assert doc["model"] == "attention" and len(doc["predictions"]) == 3 + 3 + 2
     assert math.isfinite(doc["predictions"][0]["tflops"])

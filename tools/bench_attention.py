@@ -48,11 +48,12 @@ FA2_PUBLISHED = (
 
 # --------------------------------------------------------------------------- kernels and resources
 
-def kernels_for(d: int) -> dict[str, list[tuple[str, int, int]]]:
-    """{"fwd"|"bwd": [(kernel, threads, dynamic smem)]} as the ops launch them at head_dim d."""
+def kernels_for(d: int) -> dict[str, list[tuple[str, int, int, str]]]:
+    """{"fwd"|"bwd": [(kernel, threads, dynamic smem, kernels_cu file)]} as the ops launch them at head_dim d
+    (mma.sync kernels)."""
     from pykern.bench import attention_model as am
 
-    return {ph: [(la.kernel, la.threads, la.smem) for la in am.launches(ph, am.Shape(1, 1, 64, d, False))]
+    return {ph: [(la.kernel, la.threads, la.smem, la.source) for la in am.launches(ph, am.Shape(1, 1, 64, d, False))]
             for ph in ("fwd", "bwd")}
 
 
@@ -64,11 +65,11 @@ def resources(archs: tuple[str, ...] = ("sm_80", "sm_90")) -> list[dict[str, Any
     seen = set()
     for d in (64, 96, 128, 256):
         for phase, ks in kernels_for(d).items():
-            for name, threads, smem in ks:
+            for name, threads, smem, source in ks:
                 if name in seen:
                     continue
                 seen.add(name)
-                src = ROOT / "kernels_cu" / ("flash_attention_tc.cu" if phase == "fwd" else "attention_backward_tc.cu")
+                src = ROOT / "kernels_cu" / source
                 row: dict[str, Any] = {"kernel": name, "threads": threads, "smem": smem}
                 for a in archs:
                     res = cache.get_module(src, a).resources[name]

@@ -5,7 +5,8 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
 
 * instr/MMA: warp-instructions (NOPs excluded) per m16n8k16-equivalent MMA (HMMA.16816 = 1, HGMMA m64nNk16
   = N/8). The loop is the flat steady-state loop (`steady_state_loops`: MMAs, no inner loop) when the kernel
-  has one; otherwise (today's kernels: their tile loads are loops inside the MMA loop) the innermost loop that
+  has one (the FlashAttention-2 forward core, the fused backward, the sm_90a kernels); otherwise (the d96 /
+  d256 kernels: their tile loads are loops inside the MMA loop) the innermost loop that
   holds MMAs, every instruction of its body counted once -- every path, so the issue term over-counts code
   the steady state skips (fallback loads, diagonal-tile masks) -- except its cp.async tile-loader loops,
   which count `trips` x their shortest path through the 16-byte LDGSTS, trips = the bytes the launch
@@ -13,12 +14,13 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
   it (one-iteration row loads) count once;
 * shared-memory bytes/MMA: LDSM (.x4 = 512 B a warp), LDS/STS (by width, at least one 128-byte wavefront),
   LDGSTS (the bytes it writes to shared memory), HGMMA operands read through descriptors (B: 32 N bytes;
-  A: 2 KiB when it is a descriptor too);
+  A: 2 KiB when it is a descriptor too), a quarter to each warp: the four warps of the warpgroup each issue
+  the instruction, the operands are fetched once for the warpgroup;
 * straight-line warp-instructions outside every loop, issued once per warp and CTA;
 * registers and static shared memory from the compiler's resources.
 
 The launch geometry (threads, rows per CTA, keys per step, dynamic shared memory, grid) is read from the ops
-modules at call time (pykern.ops.forward, pykern.ops.training_attention), so the model follows the kernels
+modules at call time (pykern.ops.forward, pykern.ops.training_attention, pykern.ops._attention_sm90), so the model follows the kernels
 the ops launch today. Per kernel and shape, lower bounds on the time, each in SM clocks per CTA and then
 scheduled over the GPU:
 
@@ -26,12 +28,16 @@ scheduled over the GPU:
 * shared memory: 128 bytes per clock per SM;
 * tensor pipe: dense bf16 FLOP per clock per SM times the pipe fraction (mma.sync on sm_90: 2/3 of Hopper's
   dense peak; wgmma on sm_90a and mma.sync on sm_80: the full dense rate);
+* special functions (mufu): the loop's MUFU warp-instructions (the softmax's exp2) at 16 results per clock
+  per SM;
 * occupancy: CTAs per SM from registers (per warp, units of 256), shared memory (+1 KiB reserved per CTA),
   the 32-CTA and 64-warp limits; co-resident CTAs share their SM's rates;
 * waves and tail: CTAs dispatched in launch order (the kernels' own block-to-tile order) to the first free of
   SMs x CTAs/SM slots, each CTA's cost the max of its three SM terms; the makespan is the compute time;
-* HBM: the minimum bytes the kernel must move (each input read once, each output written once) at the
-  published bandwidth.
+* HBM: the minimum bytes the kernel must move (each input read once, each output written once; the fused
+  backward's dQ also its fp32 RED adds or per-key-tile partials, one per query tile and key tile, the
+  workspace being far larger than L2 at the table's shapes) at the published bandwidth; the backward's small
+  memory-bound kernels (delta pre-pass; the fused backward's prep and dQ reduce) by their bytes alone.
 
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
@@ -77,6 +83,7 @@ class Hardware:
     max_warps_sm: int = 64
     issue_clk: int = 4  # warp schedulers per SM, one warp-instruction per clock each
     smem_bytes_clk: int = 128  # 32 banks x 4 bytes per clock per SM
+    mufu_clk: int = 16  # special-function results (MUFU.EX2 ...) per clock per SM (CUDA guide, cc 8.0 / 9.0)
 
     @property
     def peak(self) -> float:
@@ -137,6 +144,7 @@ class LoopInputs:
     straight: int  # warp-instructions outside every loop (once per warp and CTA)
     wgmma: bool = False  # HGMMA in the loop: the tensor pipe runs at the full dense rate
     inner_insns: int = 0  # of insns, those in MMA-free loops inside the body
+    mufu: int = 0  # MUFU instructions in the body (the softmax's exp2)
     loaders: tuple[LoaderLoop, ...] = ()
 
     def per_step(self, fill_per_warp: float = 0.0) -> tuple[float, float, float]:
@@ -180,7 +188,8 @@ def _width_bytes(mods: str) -> int:
 def smem_bytes(op: str, mods: str, operands: str = "") -> float:
     """Shared-memory bytes one warp-instruction moves (0 for an instruction that does not touch it).
     LDS/STS/LDGSTS: 32 lanes x width, at least one 128-byte wavefront; LDSM: 128 bytes per 8x8 matrix;
-    HGMMA m64nNk16: B (N x 16 x 2 bytes) through its descriptor, A (64 x 16 x 2) too unless in registers."""
+    HGMMA m64nNk16: B (N x 16 x 2 bytes) through its descriptor, A (64 x 16 x 2) too unless in registers, one
+    fetch for the warpgroup whose four warps each issue it: a quarter a warp-instruction."""
     if op in ("LDS", "STS", "LDGSTS"):
         return 32 * _width_bytes(mods)
     if op == "LDSM":
@@ -192,7 +201,7 @@ def smem_bytes(op: str, mods: str, operands: str = "") -> float:
             return 0.0
         ops = [o.strip() for o in operands.split(",")]
         a_desc = len(ops) > 1 and ops[1].startswith("gdesc")
-        return 32 * int(m.group(1)) + (2048 if a_desc else 0)
+        return (32 * int(m.group(1)) + (2048 if a_desc else 0)) / 4
     return 0.0
 
 
@@ -333,7 +342,8 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
     return LoopInputs(
         loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for _, op, _, _ in body),
         smem_bytes=sbytes(body), straight=sum(id(x) not in in_loop for x in live),
-        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders))
+        wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders),
+        mufu=sum(op == "MUFU" for _, op, _, _ in body))
 
 
 # ------------------------------------------------------------------------------------------- occupancy
@@ -377,6 +387,11 @@ class Launch:
     hbm_bytes: int
     step: tuple[int, int]  # (rows, keys) one loop iteration covers, per CTA (checked against the SASS)
     fill: int = 0  # bytes a CTA writes to shared memory with cp.async per loop iteration (the tile loads)
+    mma_warps: int = 0  # warps that run the MMA loop (0: every warp; sm_90a: the consumer warpgroups only)
+
+    @property
+    def loop_warps(self) -> int:
+        return self.mma_warps or -(-self.threads // 32)
 
     @property
     def executed_flops(self) -> float:
@@ -445,26 +460,51 @@ def _bytes(s: Shape) -> dict[str, int]:
     return {"q": q, "kv": kv, "row": row}
 
 
-def launches(phase: str, s: Shape) -> list[Launch]:
-    """The tensor-core launches of `phase` ("fwd" | "bwd") at shape s, as pykern.ops makes them (bf16)."""
+def _fa2(fw: Any, s: Shape) -> bool:
+    """Whether the forward runs the FlashAttention-2 core: the ops' own test (fa2_eligible) on the model's
+    aligned, contiguous inputs (head_dim == head_dim_v, so only the head_dim decides)."""
+    return fw.fa2_eligible(s.head_dim, s.head_dim)
+
+
+def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
+    """The mma.sync tensor-core launches of `phase` ("fwd" | "bwd") at shape s, as pykern.ops makes them (bf16,
+    aligned contiguous inputs) on sm_80 ... sm_90 without the sm_90a kernels. Backward at head_dim 64 / 128:
+    the fused kernel (pykern.ops.training_attention._fused), its dQ summed by fp32 atomics (dq_mode "atomic")
+    or as per-key-tile partials reduced in order ("deterministic"); other head_dims: the dK/dV + dQ pair."""
     from ..ops import forward as fw
     from ..ops import training_attention as ta
 
+    if dq_mode not in DQ_MODES:
+        raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
     D = fw.tc_head_dim(s.head_dim)
     b = _bytes(s)
     group = s.heads // s.kvh
     if phase == "fwd":
-        bc = fw._TC_CFG[D][0]
-        ctas = _tiles(s.seq, s.seq, s.causal, fw.TC_ROWS, bc, True)
-        return [Launch(f"flash_attention_tc_d{D}_bf16", "flash_attention_tc.cu", "", fw.TC_THREADS,
-                       fw.tc_shared_bytes(D), tuple(ctas), s.batch * s.heads, D, 2,
-                       2 * b["q"] + 2 * b["kv"] + b["row"], (fw.TC_ROWS, bc), 2 * bc * D * 2)]
+        if _fa2(fw, s):
+            rows, bc, threads, smem = fw.FA2_ROWS, fw.FA2_KEYS, fw.FA2_THREADS, fw.fa2_shared_bytes(D)
+        else:
+            rows, bc, threads, smem = fw.TC_ROWS, fw._TC_CFG[D][0], fw.TC_THREADS, fw.tc_shared_bytes(D)
+        pad = "pad_" if D in fw.FA2_HEAD_DIMS and not _fa2(fw, s) else ""
+        ctas = _tiles(s.seq, s.seq, s.causal, rows, bc, True)
+        return [Launch(f"flash_attention_tc_{pad}d{D}_bf16", "flash_attention_tc.cu", "", threads, smem,
+                       tuple(ctas), s.batch * s.heads, D, 2, 2 * b["q"] + 2 * b["kv"] + b["row"], (rows, bc),
+                       2 * bc * D * 2)]
     if phase != "bwd":
         raise ArgumentError(f"phase: expected 'fwd' or 'bwd', got {phase!r}")
+    reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]  # q, dO, k, v, lse, delta
+    if s.head_dim in ta.FUSED_HEAD_DIMS:
+        br, bc = ta._FUSED_BR[D], ta._FUSED_BC
+        ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, bc, br, group))
+        det = dq_mode == "deterministic"
+        # dQ: per query tile a key tile meets, BR x D fp32 -- RED.ADD to the workspace, or a partial stored
+        dq_bytes = sum(ctas) // bc * D * 4 * s.batch * s.kvh
+        name = f"attention_backward_tc_fused_d{D}{'_det' if det else ''}_bf16"
+        # cp.async per step: a Q and a dO tile of BR rows (lse / delta runs are small)
+        return [Launch(name, "attention_backward_fused_tc.cu", "", ta._TC_THREADS, ta.fused_shared_bytes(D), ctas,
+                       s.batch * s.kvh, D, 5, reads + 2 * b["kv"] + dq_bytes, (br, bc), 2 * br * D * 2)]
     smem_kv, smem_q = ta.tc_backward_shared_bytes(D)
     # the dQ kernel's key step: the .cu's ABTC_DQ_BC, recovered from its shared-memory size (2 QR + 2 BC rows)
     dq_bc = (smem_q // ((D + 8) * 2) - 2 * ta._TC_QR) // 2
-    reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]  # q, dO, k, v, lse, delta
     kv_ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, ta._TC_BC, ta._TC_BR, group))
     kv = [(f"attention_backward_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_backward_tc_dk_d{D}_bf16", 3, b["kv"])] \
         if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
@@ -477,35 +517,67 @@ def launches(phase: str, s: Shape) -> list[Launch]:
     return out
 
 
-def preprocess_bytes(s: Shape) -> int:
-    """attention_bwd_preprocess: dO and out read, delta written (memory-bound; modelled by its HBM bytes)."""
+DQ_MODES = ("atomic", "deterministic")
+
+
+def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str = "atomic"
+                   ) -> list[tuple[str, int]]:
+    """The op's small memory-bound kernels around the tensor-core launches, (name, HBM bytes): modelled by
+    their bytes alone. Backward: the delta pre-pass (dO and out read, delta written), or for the fused kernel
+    its prep (that, plus lse read, lse / delta runs written, the atomic mode's fp32 workspace zeroed) and its
+    dQ reduce (atomic: the workspace read; deterministic: every partial read back, the running fp32 sum
+    read and written between the launches of DET_WORKSPACE_BYTES of partials), dQ written."""
+    if phase != "bwd":
+        return []
+    from ..ops import training_attention as ta
+
     b = _bytes(s)
-    return 2 * b["q"] + b["row"]
+    if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
+        return [("attention_bwd_preprocess_bf16", 2 * b["q"] + b["row"])]
+    D, br, bc = s.head_dim, ta._FUSED_BR[s.head_dim], ta._FUSED_BC
+    nq_pad = -(-s.seq // br) * br
+    n_ws = s.batch * s.heads * nq_pad * D  # fp32 workspace elements
+    rows_pad = s.batch * s.heads * nq_pad * 4
+    zero = 4 * n_ws if dq_mode == "atomic" else 0
+    prep = 2 * b["q"] + b["row"] + 2 * rows_pad + zero
+    if dq_mode == "atomic":
+        return [("attention_bwd_tc_prep_bf16", prep), (f"attention_bwd_tc_dq_reduce_d{D}_bf16", 4 * n_ws + b["q"])]
+    n_kt = -(-s.seq // bc)
+    chunk = max(1, min(n_kt, ta.DET_WORKSPACE_BYTES // (4 * n_ws)))
+    launches_ = -(-n_kt // chunk)
+    parts = sum(_key_tiles(s.seq, s.seq, s.causal, bc, br, s.heads // s.kvh)) // bc * D * 4 * s.batch * s.kvh
+    acc = 2 * 4 * n_ws * (launches_ - 1)  # the running sum: written by every launch but the last, read by all but the first
+    return [("attention_bwd_tc_prep_bf16", prep), (f"attention_bwd_tc_dq_reduce_d{D}_bf16", parts + acc + b["q"])]
 
 
-# Geometry of Hopper (sm_90a, wgmma) forward kernels: pykern.ops.forward attributes read when such kernels
-# exist. A kernel family without them is listed as skipped, with the reason.
-SM90_GEOMETRY_ATTRS = ("SM90_THREADS", "SM90_ROWS", "SM90_BC", "sm90_shared_bytes")
-
-
-def sm90_launch(s: Shape, kernels: Sequence[str]) -> tuple[Launch | None, str]:
-    """The sm_90a forward launch at shape s when a flash_attention_sm90* kernel for its head_dim exists and
-    pykern.ops.forward describes its geometry; else (None, why)."""
+def sm90_launches(phase: str, s: Shape, kernels: Sequence[str]) -> tuple[list[Launch], str]:
+    """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
+    pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why)."""
+    from ..ops import _attention_sm90 as h
     from ..ops import forward as fw
 
     D = fw.tc_head_dim(s.head_dim)
-    cands = [k for k in kernels if re.fullmatch(rf"flash_attention_sm90\w*_d{D}_bf16", k) and "softcap" not in k]
-    if not cands:
-        return None, f"no flash_attention_sm90*_d{D}_bf16 kernel"
-    missing = [a for a in SM90_GEOMETRY_ATTRS if not hasattr(fw, a)]
-    if missing:
-        return None, f"{cands[0]}: pykern.ops.forward lacks {', '.join(missing)} (its launch geometry)"
-    threads, rows, bc = fw.SM90_THREADS, fw.SM90_ROWS, fw.SM90_BC
-    bc = bc[D] if isinstance(bc, dict) else bc
     b = _bytes(s)
-    return Launch(cands[0], "", "sm_90a", threads, fw.sm90_shared_bytes(D),
-                  tuple(_tiles(s.seq, s.seq, s.causal, rows, bc, True)), s.batch * s.heads, D, 2,
-                  2 * b["q"] + 2 * b["kv"] + b["row"], (rows, bc)), ""
+    mma_warps = (h.THREADS - 128) // 32  # the producer warpgroup (128 threads) issues no MMA
+    if phase == "fwd":
+        name = f"flash_attention_sm90_d{D}_bf16"
+        if s.head_dim not in h.HEAD_DIMS or name not in kernels:
+            return [], f"no {name} kernel (head_dims {h.HEAD_DIMS})"
+        bc = h._CFG[D][0]
+        return [Launch(name, "flash_attention_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
+                       tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
+                       2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc), mma_warps=mma_warps)], ""
+    names = [f"attention_backward_sm90_{p}_d{D}_bf16" for p in ("dkdv", "dq")]
+    if s.head_dim not in h.BWD_HEAD_DIMS or any(n not in kernels for n in names):
+        return [], f"no {' / '.join(names)} kernels (head_dims {h.BWD_HEAD_DIMS})"
+    reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]
+    c = h.bwd_dkdv_step(D)
+    return [Launch(names[0], "attention_backward_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, c),
+                   tuple(_key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)), s.batch * s.kvh,
+                   D, 4, reads + 2 * b["kv"], (c, h.BWD_ROWS), mma_warps=mma_warps),
+            Launch(names[1], "attention_backward_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, h.BWD_STEP),
+                   tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, h.BWD_STEP, False)), s.batch * s.heads, D, 3,
+                   reads + b["q"], (h.BWD_ROWS, h.BWD_STEP), mma_warps=mma_warps)], ""
 
 
 # ------------------------------------------------------------------------------------------- the terms
@@ -551,7 +623,7 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     if occ.ctas == 0:
         raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
     frac = 1.0 if loop.wgmma else hw.mma_sync_fraction
-    insns_step, smem_step, trips = loop.per_step(lau.fill / warps)
+    insns_step, smem_step, trips = loop.per_step(lau.fill / lau.loop_warps)
     per_mma, smem_per_mma = insns_step / loop.mma, smem_step / loop.mma
     per_pair_mma = 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP
     # the block scheduler spreads CTAs over the SMs first: a grid smaller than SMs x CTAs/SM leaves fewer
@@ -563,6 +635,7 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
         "issue": lambda m: (m * per_mma + warps * loop.straight) / hw.issue_clk,
         "smem": lambda m: m * smem_per_mma / hw.smem_bytes_clk,
         "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac),
+        "mufu": lambda m: m * loop.mufu / loop.mma * 32 / hw.mufu_clk,
     }
     # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
     group_mma = [p * per_pair_mma for p in lau.ctas]
@@ -650,6 +723,7 @@ class Prediction:
     kernels: list[dict[str, Any]] = field(default_factory=list)
     inputs: list[dict[str, Any]] = field(default_factory=list)
     loop_note: str = ""
+    dq_mode: str = ""  # the fused backward's dQ mode ("atomic" | "deterministic"); "" where none applies
 
     def to_dict(self) -> dict[str, Any]:
         d = asdict(self)
@@ -658,25 +732,31 @@ class Prediction:
 
 
 def _short(kernel: str) -> str:
-    m = re.search(r"_(dkdv|dq|dk|dv)_d\d+", kernel)
-    return m.group(1) if m else ("wgmma fwd" if "sm90" in kernel else "fwd")
+    for key, name in (("dq_reduce", "dq reduce"), ("preprocess", "preprocess"), ("_prep", "prep")):
+        if key in kernel:
+            return name
+    m = re.search(r"_(dkdv|dq|dk|dv|fused)_d\d+", kernel)
+    return m.group(1) if m else "fwd"
 
 
-def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None, variant: str = "mma.sync"
-            ) -> Prediction:
-    """Modelled bound of the bf16 tensor-core attention op `phase` at `shape` on the part of `arch`."""
+def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None, variant: str = "mma.sync",
+            dq_mode: str = "atomic") -> Prediction:
+    """Modelled bound of the bf16 tensor-core attention op `phase` at `shape` on the part of `arch`.
+    arch "sm_90a" (or variant "wgmma" on sm_90): the Hopper wgmma kernels; "sm_80" / "sm_90": the mma.sync ones.
+    dq_mode: the fused mma.sync backward's dQ ("atomic" or "deterministic")."""
     shape.check()
     hw = hardware(arch)
     sass = sass or SassSource()
+    if arch == "sm_90a":
+        variant = "wgmma"
     if variant == "wgmma":
-        if phase != "fwd" or hw.arch != "sm_90":
-            raise ArgumentError(f"variant: wgmma kernels are sm_90a forward kernels, not {phase} on {arch}")
-        lau, why = sm90_launch(shape, list(sass.kernels()))
-        if lau is None:
+        if hw.arch != "sm_90":
+            raise ArgumentError(f"variant: wgmma kernels are sm_90a kernels, not for {arch}")
+        lts, why = sm90_launches(phase, shape, list(sass.kernels()))
+        if not lts:
             raise ArgumentError(f"variant: wgmma: {why}")
-        lts = [lau]
     elif variant == "mma.sync":
-        lts = launches(phase, shape)
+        lts = launches(phase, shape, dq_mode)
     else:
         raise ArgumentError(f"variant: expected 'mma.sync' or 'wgmma', got {variant!r}")
     rows, inputs = [], []
@@ -690,26 +770,35 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
                        "ctas_per_sm": r["ctas_per_sm"], "occupancy_limiter": r["occupancy_limiter"],
                        "step": list(lau.step)})
         t += r["time_s"]
-    if phase == "bwd":
-        tp = preprocess_bytes(shape) / hw.hbm_bytes_s
-        rows.append({"kernel": "attention_bwd_preprocess_bf16", "time_s": tp, "binding": "hbm",
-                     "terms_s": {"hbm": tp}})
+    for name, nbytes in memory_kernels(phase, shape, variant, dq_mode):
+        tp = nbytes / hw.hbm_bytes_s
+        rows.append({"kernel": name, "time_s": tp, "binding": "hbm", "terms_s": {"hbm": tp}, "hbm_bytes": nbytes})
         t += tp
     top = max(rows, key=lambda r: r["time_s"])
     binding = top["binding"] + (f" ({_short(top['kernel'])})" if len(rows) > 1 else "")
     fl = useful_flops(shape, phase)
     note = "; ".join(sorted({f"{_short(i['kernel'])}: {'flat loop' if i['loop'] == 'flat' else 'no flat loop, innermost MMA loop'}"
                              for i in inputs}))
-    return Prediction(hw.arch, hw.part, phase, shape, variant, t, fl / t / 1e12, 100 * fl / t / hw.peak, binding,
+    label = "sm_90a" if variant == "wgmma" else hw.arch
+    pred = Prediction(label, hw.part, phase, shape, variant, t, fl / t / 1e12, 100 * fl / t / hw.peak, binding,
                       rows, inputs, note)
+    pred.dq_mode = dq_mode if phase == "bwd" and variant == "mma.sync" and shape.head_dim in _fused_dims() else ""
+    return pred
+
+
+def _fused_dims() -> tuple[int, ...]:
+    from ..ops import training_attention as ta
+
+    return tuple(ta.FUSED_HEAD_DIMS)
 
 
 # The table's shapes: FlashAttention-2's benchmark setting (batch x seq = 16k tokens, hidden 2048, so 32 heads
 # of 64 or 16 heads of 128), which is also where FA2's published figures were measured.
-SEQS = (1024, 2048, 4096, 8192, 16384)
+SEQS = (1024, 4096, 16384)
 HEAD_DIMS = (64, 128)
 TOKENS = 16384
 HIDDEN = 2048
+ARCHS = ("sm_90", "sm_90a", "sm_80")  # H100 mma.sync, H100 wgmma (sm_90a kernels), A100 mma.sync
 
 
 def default_shapes(seqs: Sequence[int] = SEQS, head_dims: Sequence[int] = HEAD_DIMS,
@@ -717,24 +806,28 @@ def default_shapes(seqs: Sequence[int] = SEQS, head_dims: Sequence[int] = HEAD_D
     return [Shape(max(1, TOKENS // n), HIDDEN // d, n, d, c) for d in head_dims for c in causal for n in seqs]
 
 
-def table_rows(archs: Sequence[str] = ("sm_90", "sm_80"), phases: Sequence[str] = ("fwd", "bwd"),
-               shapes: Sequence[Shape] | None = None, sass: SassSource | None = None) -> dict[str, Any]:
-    """Every prediction (and the wgmma forward where such kernels exist) plus the skipped variants with why."""
+def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bwd"),
+               shapes: Sequence[Shape] | None = None, sass: SassSource | None = None,
+               dq_modes: Sequence[str] = DQ_MODES) -> dict[str, Any]:
+    """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
+    none); the fused mma.sync backward in each of `dq_modes`."""
     sass = sass or SassSource()
     shapes = list(shapes) if shapes is not None else default_shapes()
     preds, skipped = [], {}
     for arch in archs:
         for phase in phases:
             for s in shapes:
-                preds.append(predict(arch, phase, s, sass))
-                if phase == "fwd" and hardware(arch).arch == "sm_90":
-                    lau, why = sm90_launch(s, list(sass.kernels()))
-                    if lau is None:
-                        skipped.setdefault(f"wgmma fwd d{s.head_dim}", why)
-                    else:
-                        preds.append(predict(arch, phase, s, sass, "wgmma"))
-    return {"hardware": {a: hardware(a).to_dict() for a in archs}, "predictions": [p.to_dict() for p in preds],
-            "skipped": skipped}
+                if arch == "sm_90a":
+                    lts, why = sm90_launches(phase, s, list(sass.kernels()))
+                    if not lts:
+                        skipped.setdefault(f"sm_90a {phase} d{s.head_dim}", why)
+                        continue
+                modes = dq_modes if (phase == "bwd" and arch != "sm_90a" and s.head_dim in _fused_dims()) \
+                    else ("atomic",)
+                for m in modes:
+                    preds.append(predict(arch, phase, s, sass, dq_mode=m))
+    return {"hardware": {a: {**hardware(a).to_dict(), "arch": a} for a in archs},
+            "predictions": [p.to_dict() for p in preds], "skipped": skipped}
 
 
 def format_table(doc: dict[str, Any]) -> str:
@@ -742,8 +835,10 @@ def format_table(doc: dict[str, Any]) -> str:
     lines = ["Modelled bound of pykern's bf16 tensor-core attention (no faster than this; from our SASS, the ops'",
              "launch geometry and published rates; nothing calibrated from a measured speed).", ""]
     for a, hw in doc["hardware"].items():
+        pipe = "wgmma kernels at the full rate" if a == "sm_90a" else \
+            f"mma.sync kernels at {hw['mma_sync_fraction']:.2f} of it"
         lines.append(f"{a}: {hw['part']}, {hw['sms']} SMs at {hw['clock_hz'] / 1e6:.0f} MHz, "
-                     f"{hw['peak'] / 1e12:.0f} TFLOP/s dense bf16 (mma.sync at {hw['mma_sync_fraction']:.2f} of it), "
+                     f"{hw['peak'] / 1e12:.0f} TFLOP/s dense bf16 ({pipe}), "
                      f"{hw['hbm_bytes_s'] / 1e12:.2f} TB/s, {hw['issue_clk']} issue/clk/SM, "
                      f"{hw['smem_bytes_clk']} B/clk/SM shared")
     seen, inp = set(), []
@@ -756,19 +851,21 @@ def format_table(doc: dict[str, Any]) -> str:
     lines += ["", "SASS inputs per warp. loop 'inner': no flat loop, so the innermost loop holding MMAs, every path of its",
               "body once, its cp.async tile-loader loops at 'trips' x their 16-byte path (trips from the launch",
               "geometry), other loops inside it once; 'static' = the body with every inner loop once.",
-              f"{'arch':6s} {'kernel':40s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
-              f"{'smemB/MMA':>9s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
+              f"{'arch':6s} {'kernel':42s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
+              f"{'smemB/MMA':>9s} {'mufu/MMA':>8s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
     for a, i in inp:
-        lines.append(f"{a:6s} {i['kernel']:40s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
-                     f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} {i['straight']:8d} "
+        lines.append(f"{a:6s} {i['kernel']:42s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
+                     f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} "
+                     f"{i['mufu'] / i['mma']:8.3f} {i['straight']:8d} "
                      f"{i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention's count), batch = 16384 / seq, "
-              "hidden 2048:",
+              "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
+              "dQ (per-key-tile partials written and read back). Binding: the largest term of the longest launch.",
               f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
               f"{'ms':>8s} {'TFLOP/s':>8s} {'% peak':>6s}  binding term"]
     for p in doc["predictions"]:
         s = p["shape"]
-        ph = p["phase"] + (" wgmma" if p["variant"] == "wgmma" else "")
+        ph = p["phase"] + (" det" if p.get("dq_mode") == "deterministic" else "")
         lines.append(f"{p['arch']:6s} {ph:9s} {s['head_dim']:4d} {str(s['causal']):>6s} {s['seq']:6d} "
                      f"{s['batch']:5d} {s['heads']:5d} {p['time_s'] * 1e3:8.3f} {p['tflops']:8.0f} "
                      f"{p['pct_peak']:6.1f}  {p['binding']}")
@@ -778,5 +875,6 @@ def format_table(doc: dict[str, Any]) -> str:
 
 
 __all__ = ["HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
-           "Shape", "default_shapes", "format_table", "hardware", "kernel_bound", "launches", "loop_inputs",
-           "makespan", "occupancy", "predict", "smem_bytes", "table_rows", "useful_flops"]
+           "Shape", "DQ_MODES", "default_shapes", "format_table", "hardware", "kernel_bound", "launches", "loop_inputs",
+           "makespan", "memory_kernels", "occupancy", "predict", "sm90_launches", "smem_bytes", "table_rows",
+           "useful_flops"]
