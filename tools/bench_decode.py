@@ -29,7 +29,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from pykern.ops.decode import decode_plan  # noqa: E402
-from pykern.ops.serving import PagedDecodePlan  # noqa: E402
+from pykern.ops.serving import TC_DECODE_MAX_GROUP, TC_DECODE_MIN_GROUP, PagedDecodePlan  # noqa: E402
 
 H100_SMS = 132
 H100_BW = 3.35e12
@@ -297,7 +297,7 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
     for kv in args.kv:
         print(f"\nmodelled bound, % of H100 HBM ({H100_BW / 1e12:.2f} TB/s), {kv} KV, bf16 q, kv_heads 8, "
               f"head_dim 128, page 16: old = paged_attn, new = what PagedDecodePlan picks "
-              f"(decode_tc for GQA >= 4; paged_attn otherwise)")
+              f"(decode_tc for GQA {TC_DECODE_MIN_GROUP} to {TC_DECODE_MAX_GROUP}; paged_attn otherwise)")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'new kernel':>12s}"
         print(hdr)
@@ -306,7 +306,7 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
             for b in SUMMARY_BATCHES:
                 for n in SUMMARY_LENGTHS:
                     o = roofline_row(b, g, n, kv, old_costs[kv])
-                    if g >= 4:
+                    if TC_DECODE_MIN_GROUP <= g <= TC_DECODE_MAX_GROUP:
                         r, kern = tc_roofline_row(b, g, n, kv, tc_costs[kv]), "decode_tc"
                     else:
                         r, kern = o, "paged_attn"
@@ -360,7 +360,7 @@ def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
            f"{'launch':>6s} {'bound':>7s} {'% HBM':>6s}")
     print(hdr)
     print("-" * len(hdr))
-    for g in (x for x in args.gqa if x >= 4):
+    for g in (x for x in args.gqa if TC_DECODE_MIN_GROUP <= x <= TC_DECODE_MAX_GROUP):
         for b in args.rf_batch:
             for n in args.rf_length:
                 r = tc_roofline_row(b, g, n, kv, c)
