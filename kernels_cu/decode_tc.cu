@@ -1,7 +1,7 @@
 // Tensor-core paged decode for grouped-query attention (bf16 and f16: one template over the element type T),
 // sm_80 and newer. Same conventions as paged.cu's paged_attn (FlashInfer's paged cache, CSR page table,
 // window_left, split-KV partials merged by pa_merge), for the decode case of one query per sequence and
-// a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for G >= 4,
+// a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for 1 <= G <= 16,
 // head_dim 64 / 128, bf16 or f16 q with K/V of q's type or FP8 (e4m3 / e5m2, see DtcFp8), no softcap,
 // 16-byte aligned pages; paged_attn otherwise.
 //

@@ -35,7 +35,7 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
     pp = PagedDecodePlan(batch, kvh * group, kvh, 128, 16, max_kv_len=ctx, q_dtype="bf16", num_sms=SMS)
     if batch * kvh < SMS:
         assert pp.num_splits > 1 and batch * kvh * pp.num_splits >= min(SMS, batch * kvh * (ctx // 64)), pp.num_splits
-        attn = "decode_tc_paged_d128_bf16" if group >= 4 else "paged_attn_bf16"  # tensor cores for GQA >= 4
+        attn = "decode_tc_paged_d128_bf16"  # bf16 q, head_dim 128, a group of 1 to 16: tensor cores
         assert [k for k, *_ in pp.launches()] == [attn, "paged_attn_merge_bf16"]
     else:
         assert pp.num_splits == 1 and len(pp.launches()) == 1

@@ -81,8 +81,8 @@ _Q_KINDS = ("f32", "bf16", "f16")
 # Tensor-core decode (kernels_cu/decode_tc.cu): the GQA group's query rows, padded to 16, are the M
 # dimension of mma.sync m16n8k16, so one HMMA serves every head of the group (the scalar path redoes each
 # dot product per head and is issue-bound). Picked for 16-bit q with K/V of q's type or FP8 (widened to
-# q's type in registers), 4 <= group <= 16, head_dim 64 / 128, no softcap, 16-byte aligned pages;
-# paged_attn otherwise.
+# q's type in registers), 1 <= group <= 16 (a tile costs the same whatever the group, so even MHA gains),
+# head_dim 64 / 128, no softcap, 16-byte aligned pages; paged_attn otherwise.
 TC_DECODE_HEAD_DIMS = (64, 128)
 TC_DECODE_MIN_GROUP, TC_DECODE_MAX_GROUP = 1, 16
 DTC_BC = 64  # keys a tile (DTC_BC in decode_tc.cu)
@@ -472,7 +472,7 @@ class PagedDecodePlan:
     window_left (FlashInfer's name; -1 = unbounded): the query, the last position p of its
     sequence, sees keys p - window_left .. p; only those are read (splits divide that range).
     logits_soft_cap c > 0: scores become c * tanh(scale * q.k / c) (0 = off).
-    tensor_cores: None (default) runs GQA groups of 4..16 with 16-bit q and K/V at head_dim 64 / 128
+    tensor_cores: None (default) runs groups of 1..16 query heads a kv head with 16-bit q and K/V at head_dim 64 / 128
     on the tensor-core kernel (decode_tc.cu) where the backend has them; False keeps paged_attn.
     """
 
