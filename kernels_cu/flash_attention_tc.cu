@@ -363,7 +363,7 @@ PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MI
                  window_right, softcap))
 
 // ---------------------------------------------------------------------------------------------------------
-// flash_attention_varlen on the same core (bf16 only, as the serving ops today): sequences packed without
+// flash_attention_varlen on the same core (bf16 and f16): sequences packed without
 // padding, q / out (total_q, n_heads, D),
 // k / v (total_k, n_kv_heads, D), lse (total_q, n_heads); sequence b is q rows cu_q[b]..cu_q[b+1] against k/v
 // rows cu_k[b]..cu_k[b+1] (a negative length counts as 0). Grid (n_qt * n_heads, batch): query tile
@@ -400,32 +400,32 @@ PK_IO_VARIANT(flash_attention_varlen_tc_d64_softcap, fafa_varlen_entry, 64, true
 PK_IO_VARIANT(flash_attention_varlen_tc_d128, fafa_varlen_entry, 128, false)
 PK_IO_VARIANT(flash_attention_varlen_tc_d128_softcap, fafa_varlen_entry, 128, true)
 
-PK_BF16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+PK_IO16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
                  int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
 
-PK_BF16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+PK_IO16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
                  int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
 
-PK_BF16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+PK_IO16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
                  int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
 
-PK_BF16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+PK_IO16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
                  int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
                 (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
 
 // ---------------------------------------------------------------------------------------------------------
-// paged_prefill_attention on the same core, bf16 caches (bf16 only, as the serving ops today; FP8 caches keep
+// paged_prefill_attention on the same core, 16-bit caches of the query type (FP8 caches keep
 // paged.cu's paged_attn): q / out
 // (total_q, n_heads, D), lse (total_q, n_heads); sequence b is q rows qo_indptr[b]..qo_indptr[b+1] against
 // kv positions 0..len of its pages (kv_indptr / kv_indices / kv_last_page_len, page_size = 1 << ps_log2,
@@ -471,7 +471,7 @@ PK_IO_VARIANT(paged_prefill_tc_d64_softcap, fafa_paged_entry, 64, true)
 PK_IO_VARIANT(paged_prefill_tc_d128, fafa_paged_entry, 128, false)
 PK_IO_VARIANT(paged_prefill_tc_d128_softcap, fafa_paged_entry, 128, true)
 
-PK_BF16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
+PK_IO16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
                  const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
@@ -480,7 +480,7 @@ PK_BF16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
                  s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
 
-PK_BF16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+PK_IO16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
                  const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
@@ -489,7 +489,7 @@ PK_BF16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
                  s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
 
-PK_BF16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+PK_IO16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
                  const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
@@ -498,7 +498,7 @@ PK_BF16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
                  s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
 
-PK_BF16_KERNELS(paged_prefill_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+PK_IO16_KERNELS(paged_prefill_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
                  float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
                  const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
