@@ -398,69 +398,22 @@ PK_IO_VARIANT(attention_backward_tc_fused_d128_softcap_det, abf_entry, 128, true
 PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d64, abf_dq_reduce, 64)
 PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d128, abf_dq_reduce, 128)
 
-PK_IO16_KERNELS(attention_backward_tc_fused_d64, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d64_det, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d64_softcap, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d64_softcap_det, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d128, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d128_det, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d128_softcap, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_fused_d128_softcap_det, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws,
-                 T* __restrict__ dk, T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad,
-                 int kt_begin, long long ws_stride, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin,
-                 ws_stride, scale, window_left, window_right, softcap))
+#define ABF_FUSED_PARAMS                                                                                             \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
+     const float* __restrict__ lse2, const float* __restrict__ dlt, float* __restrict__ dq_ws, T* __restrict__ dk,   \
+     T* __restrict__ dv, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, int kt_begin,                    \
+     long long ws_stride, float scale, int window_left, int window_right, float softcap)
+#define ABF_FUSED_ARGS                                                                                               \
+    (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin, ws_stride,        \
+     scale, window_left, window_right, softcap)
+PK_IO16_KERNELS(attention_backward_tc_fused_d64, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d64_det, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d64_softcap, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d64_softcap_det, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d128, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d128_det, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d128_softcap, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_fused_d128_softcap_det, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
 
 PK_IO16_KERNELS(attention_bwd_tc_prep, (256, 1),
                 (const T* __restrict__ grad_out, const T* __restrict__ out, const float* __restrict__ lse,
@@ -470,16 +423,12 @@ PK_IO16_KERNELS(attention_bwd_tc_prep, (256, 1),
                 (grad_out, out, lse, delta_in, lse2, dlt, dq_ws, n_rows, n_q, n_heads, nq_pad, head_dim, have_out,
                  zero_ws))
 
-PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d64, (256, 1),
-                (const float* __restrict__ part, float* __restrict__ acc, T* __restrict__ dq, long long n, int n_q,
-                 int n_k, int n_heads, int nq_pad, int kt_begin, int kt_count, long long ws_stride, float scale,
-                 int window_left, int window_right, int first, int last),
-                (part, acc, dq, n, n_q, n_k, n_heads, nq_pad, kt_begin, kt_count, ws_stride, scale, window_left,
-                 window_right, first, last))
-
-PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d128, (256, 1),
-                (const float* __restrict__ part, float* __restrict__ acc, T* __restrict__ dq, long long n, int n_q,
-                 int n_k, int n_heads, int nq_pad, int kt_begin, int kt_count, long long ws_stride, float scale,
-                 int window_left, int window_right, int first, int last),
-                (part, acc, dq, n, n_q, n_k, n_heads, nq_pad, kt_begin, kt_count, ws_stride, scale, window_left,
-                 window_right, first, last))
+#define ABF_DQ_REDUCE_PARAMS                                                                                         \
+    (const float* __restrict__ part, float* __restrict__ acc, T* __restrict__ dq, long long n, int n_q, int n_k,     \
+     int n_heads, int nq_pad, int kt_begin, int kt_count, long long ws_stride, float scale, int window_left,         \
+     int window_right, int first, int last)
+#define ABF_DQ_REDUCE_ARGS                                                                                           \
+    (part, acc, dq, n, n_q, n_k, n_heads, nq_pad, kt_begin, kt_count, ws_stride, scale, window_left, window_right,   \
+     first, last)
+PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d64, (256, 1), ABF_DQ_REDUCE_PARAMS, ABF_DQ_REDUCE_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d128, (256, 1), ABF_DQ_REDUCE_PARAMS, ABF_DQ_REDUCE_ARGS)

@@ -414,146 +414,38 @@ PK_IO_VARIANT(attention_backward_tc_dq_d96_softcap, abtc_dq_entry, 96, true)
 PK_IO_VARIANT(attention_backward_tc_dq_d128_softcap, abtc_dq_entry, 128, true)
 PK_IO_VARIANT(attention_backward_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
 
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d64, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
+#define ABTC_DKDV_PARAMS                                                                                             \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
+     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,         \
+     int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,           \
+     int window_right, float softcap)
+#define ABTC_DKDV_ARGS                                                                                               \
+    (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,      \
+     window_right, softcap)
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d64, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d96, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d128, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dv_d256, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dk_d256, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d64_softcap, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d96_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dkdv_d128_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dv_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dk_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
 
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d96, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d128, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dv_d256, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dk_d256, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d64_softcap, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d96_softcap, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d128_softcap, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dv_d256_softcap, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dk_d256_softcap, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                 int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d64, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d96, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d128, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d256, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d64_softcap, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d96_softcap, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d128_softcap, (FATC_THREADS, 2),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
-
-PK_IO16_KERNELS(attention_backward_tc_dq_d256_softcap, (FATC_THREADS, 1),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
-                 int window_right, float softcap),
-                (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,
-                 window_left, window_right, softcap))
+#define ABTC_DQ_PARAMS                                                                                               \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
+     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch, int n_q,         \
+     int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left, int window_right,             \
+     float softcap)
+#define ABTC_DQ_ARGS                                                                                                 \
+    (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,          \
+     window_right, softcap)
+PK_IO16_KERNELS(attention_backward_tc_dq_d64, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d96, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d128, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d256, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d64_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d96_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d128_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_backward_tc_dq_d256_softcap, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)

@@ -248,61 +248,21 @@ PK_IO_VARIANT(flash_attention_tc_pad_d128_softcap, fatc_entry, 128, true)
 PK_IO_VARIANT(flash_attention_tc_d256, fatc_entry, 256, false)
 PK_IO_VARIANT(flash_attention_tc_d256_softcap, fatc_entry, 256, true)
 
-PK_IO16_KERNELS(flash_attention_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d96, (FATC_THREADS, FatcCfg<96>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_pad_d128, (FATC_THREADS, FatcCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_pad_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d256, (FATC_THREADS, FatcCfg<256>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
+#define FATC_FWD_PARAMS                                                                                              \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,                 \
+     float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,                \
+     int head_dim_v, float scale, int window_left, int window_right, float softcap)
+#define FATC_FWD_ARGS                                                                                                \
+    (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,              \
+     window_right, softcap)
+PK_IO16_KERNELS(flash_attention_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d96, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_pad_d128, (FATC_THREADS, FatcCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_pad_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d256, (FATC_THREADS, FatcCfg<256>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
 
 // ---------------------------------------------------------------------------------------------------------
 // The FlashAttention-2 core (pk_attn_core.cuh): 128 queries a CTA of 8 warps, for head_dim == head_dim_v ==
@@ -334,36 +294,13 @@ PK_IO_VARIANT(flash_attention_tc_d64_softcap, fafa_dense_entry, 64, true)
 PK_IO_VARIANT(flash_attention_tc_d128, fafa_dense_entry, 128, false)
 PK_IO_VARIANT(flash_attention_tc_d128_softcap, fafa_dense_entry, 128, true)
 
-PK_IO16_KERNELS(flash_attention_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
-
-PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-                 int head_dim_v, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-                 window_right, softcap))
+PK_IO16_KERNELS(flash_attention_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
 
 // ---------------------------------------------------------------------------------------------------------
-// flash_attention_varlen on the same core (bf16 only, as the serving ops today): sequences packed without
+// flash_attention_varlen on the same core (bf16 and f16): sequences packed without
 // padding, q / out (total_q, n_heads, D),
 // k / v (total_k, n_kv_heads, D), lse (total_q, n_heads); sequence b is q rows cu_q[b]..cu_q[b+1] against k/v
 // rows cu_k[b]..cu_k[b+1] (a negative length counts as 0). Grid (n_qt * n_heads, batch): query tile
@@ -400,32 +337,22 @@ PK_IO_VARIANT(flash_attention_varlen_tc_d64_softcap, fafa_varlen_entry, 64, true
 PK_IO_VARIANT(flash_attention_varlen_tc_d128, fafa_varlen_entry, 128, false)
 PK_IO_VARIANT(flash_attention_varlen_tc_d128_softcap, fafa_varlen_entry, 128, true)
 
-PK_BF16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
-                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
-
-PK_BF16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
-                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
-
-PK_BF16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
-                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
-
-PK_BF16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,
-                 int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap),
-                (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap))
+#define FAFA_VARLEN_PARAMS                                                                                           \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,                 \
+     float* __restrict__ lse, const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads,               \
+     int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap)
+#define FAFA_VARLEN_ARGS                                                                                             \
+    (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap)
+PK_IO16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
+PK_IO16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+                FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
+PK_IO16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
+PK_IO16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+                FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
 
 // ---------------------------------------------------------------------------------------------------------
-// paged_prefill_attention on the same core, bf16 caches (bf16 only, as the serving ops today; FP8 caches keep
+// paged_prefill_attention on the same core, 16-bit caches of the query type (FP8 caches keep
 // paged.cu's paged_attn): q / out
 // (total_q, n_heads, D), lse (total_q, n_heads); sequence b is q rows qo_indptr[b]..qo_indptr[b+1] against
 // kv positions 0..len of its pages (kv_indptr / kv_indices / kv_last_page_len, page_size = 1 << ps_log2,
@@ -471,38 +398,16 @@ PK_IO_VARIANT(paged_prefill_tc_d64_softcap, fafa_paged_entry, 64, true)
 PK_IO_VARIANT(paged_prefill_tc_d128, fafa_paged_entry, 128, false)
 PK_IO_VARIANT(paged_prefill_tc_d128_softcap, fafa_paged_entry, 128, true)
 
-PK_BF16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
-                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
-                 int window_right, float softcap, float v_scale),
-                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
-                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
-
-PK_BF16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
-                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
-                 int window_right, float softcap, float v_scale),
-                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
-                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
-
-PK_BF16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
-                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
-                 int window_right, float softcap, float v_scale),
-                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
-                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
-
-PK_BF16_KERNELS(paged_prefill_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,
-                 float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,
-                 int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,
-                 int window_right, float softcap, float v_scale),
-                (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page,
-                 s_tok, s_head, scale, window_left, window_right, softcap, v_scale))
+#define FAFA_PAGED_PARAMS                                                                                            \
+    (const T* __restrict__ q, const T* __restrict__ kp, const T* __restrict__ vp, T* __restrict__ out,               \
+     float* __restrict__ lse, const int* __restrict__ qo_indptr, const int* __restrict__ kv_indptr,                  \
+     const int* __restrict__ kv_indices, const int* __restrict__ kv_last, int n_heads, int n_kv_heads,               \
+     int ps_log2, long long s_page, long long s_tok, long long s_head, float scale, int window_left,                 \
+     int window_right, float softcap, float v_scale)
+#define FAFA_PAGED_ARGS                                                                                              \
+    (q, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, ps_log2, s_page, s_tok,    \
+     s_head, scale, window_left, window_right, softcap, v_scale)
+PK_IO16_KERNELS(paged_prefill_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FAFA_PAGED_PARAMS, FAFA_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB), FAFA_PAGED_PARAMS, FAFA_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB), FAFA_PAGED_PARAMS, FAFA_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB), FAFA_PAGED_PARAMS, FAFA_PAGED_ARGS)

@@ -50,9 +50,6 @@ struct alignas(2) __half {
 #define PK_IO16_KERNELS(name, bounds, params, args)                                                \
     PK_IO_KERNEL_ONE(name, name##_bf16, __nv_bfloat16, bounds, params, args)                       \
     PK_IO_KERNEL_ONE(name, name##_f16, __half, bounds, params, args)
-// Only the bf16 instantiation (ops that take bf16 but not f16 yet, e.g. the serving prefill kernels).
-#define PK_BF16_KERNELS(name, bounds, params, args)                                                \
-    PK_IO_KERNEL_ONE(name, name##_bf16, __nv_bfloat16, bounds, params, args)
 #define PK_IO_KERNELS(name, bounds, params, args)                                                  \
     PK_IO_KERNEL_ONE(name, name, float, bounds, params, args)                                      \
     PK_IO16_KERNELS(name, bounds, params, args)

@@ -34,13 +34,11 @@ _DEFINE = re.compile(r"^[ \t]*#[ \t]*define\b(?:[^\n]*\\\n)*[^\n]*", re.M)
 # The kernel families written once over their I/O element type T (kernels_cu/pk_common.cuh):
 #   PK_IO_KERNELS(name, (bounds), (params using T), (args))    -> name, name_bf16, name_f16
 #   PK_IO16_KERNELS(name, (bounds), (params using T), (args))  -> name_bf16, name_f16
-#   PK_BF16_KERNELS(name, (bounds), (params using T), (args))  -> name_bf16
 # Each instantiation is an extern "C" kernel whose parameters are `params` with T replaced by its type.
 # This table and the macros in pk_common.cuh must agree (tests/test_registry.py checks the compiled names).
 IO_INSTANTIATIONS: dict[str, tuple[tuple[str, str], ...]] = {
     "PK_IO_KERNELS": (("", "float"), ("_bf16", "__nv_bfloat16"), ("_f16", "__half")),
     "PK_IO16_KERNELS": (("_bf16", "__nv_bfloat16"), ("_f16", "__half")),
-    "PK_BF16_KERNELS": (("_bf16", "__nv_bfloat16"),),
 }
 # Families over a query type T and a K/V cache type whose storage type TKS spells the cache pointers
 # (kernels_cu/paged.cu): (suffix, T, TKS). In the IO_INSTANTIATIONS families above TKS is T.

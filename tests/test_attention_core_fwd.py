@@ -115,35 +115,38 @@ def _np_varlen(q, k, v, cu_q, cu_k, causal, win, cap):
 
 
 VARLEN = [
-    # (q lengths, k lengths, heads, kv_heads, head_dim, causal, window, softcap)
-    ([5, 130, 0, 1], [9, 200, 3, 0], 4, 2, 64, True, (-1, -1), 0.0),
-    ([70, 1, 200], [33, 150, 200], 2, 2, 128, False, (-1, -1), 0.0),
-    ([129], [300], 8, 1, 64, True, (70, -1), 0.0),
-    ([64, 3], [64, 130], 4, 4, 128, False, (-1, -1), 20.0),
+    # (q lengths, k lengths, heads, kv_heads, head_dim, causal, window, softcap, dtype)
+    ([5, 130, 0, 1], [9, 200, 3, 0], 4, 2, 64, True, (-1, -1), 0.0, "bf16"),
+    ([70, 1, 200], [33, 150, 200], 2, 2, 128, False, (-1, -1), 0.0, "bf16"),
+    ([129], [300], 8, 1, 64, True, (70, -1), 0.0, "bf16"),
+    ([64, 3], [64, 130], 4, 4, 128, False, (-1, -1), 20.0, "bf16"),
+    ([5, 130, 0, 1], [9, 200, 3, 0], 4, 2, 128, True, (-1, -1), 0.0, "f16"),
+    ([129, 7], [300, 7], 8, 1, 64, True, (70, -1), 15.0, "f16"),
 ]
 
 
-@pytest.mark.parametrize("case", VARLEN, ids=lambda c: f"d{c[4]}-h{c[2]}/{c[3]}-c{c[5]}-w{c[6]}-s{c[7]}")
+@pytest.mark.parametrize("case", VARLEN, ids=lambda c: f"{c[8]}-d{c[4]}-h{c[2]}/{c[3]}-c{c[5]}-w{c[6]}-s{c[7]}")
 def test_varlen_core_vs_float64(case, monkeypatch) -> None:
     from pykern.ops.serving import flash_attention_varlen
 
-    lq, lk, h, kvh, d, causal, win, cap = case
-    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(d + sum(lq)), lq, lk, h, kvh, d, "bf16")
+    lq, lk, h, kvh, d, causal, win, cap, kind = case
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(d + sum(lq)), lq, lk, h, kvh, d, kind)
     names = _record(monkeypatch)
     out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, softcap=cap,
                                       return_lse=True, backend=HOST)
-    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if cap else ''}_bf16"]
+    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
+    assert np.asarray(out).dtype == q.dtype
     ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win, cap)
-    _close("out", out, ref_out, "flash_attention_varlen", "bf16")
+    _close("out", out, ref_out, "flash_attention_varlen", kind)
     _check_lse(lse, ref_lse)
 
 
-def _paged(rng, lq, lk, h, kvh, d, ps, layout):
+def _paged(rng, lq, lk, h, kvh, d, ps, layout, kind="bf16"):
     """q, qo_indptr, pages, table of sequences of lq queries / lk positions, pages in a random order; and
     each sequence's contiguous K, V."""
     n_pages = sum(-(-n // ps) for n in lk) + 2
     shape = (n_pages, ps, kvh, d) if layout == "NHD" else (n_pages, kvh, ps, d)
-    kp = rng.standard_normal(shape).astype(bfloat16())
+    kp = rng.standard_normal(shape).astype(bfloat16() if kind == "bf16" else np.float16)
     vp = rng.standard_normal(shape).astype(kp.dtype)
     perm = rng.permutation(n_pages)
     indptr, indices, last, ks, vs, at = [0], [], [], [], [], 0
@@ -165,26 +168,30 @@ def _paged(rng, lq, lk, h, kvh, d, ps, layout):
 
 
 PAGED = [
-    # (q lengths, kv lengths, heads, kv_heads, head_dim, page_size, layout, causal, window_left, softcap, k/v scale)
-    ([5, 130, 1], [9, 200, 3], 4, 2, 64, 16, "NHD", True, -1, 0.0, None),
-    ([70, 1], [70, 150], 2, 2, 128, 64, "HND", True, -1, 0.0, None),
-    ([129], [300], 8, 1, 64, 1, "NHD", True, 70, 0.0, None),
-    ([64, 3], [64, 130], 4, 4, 128, 32, "NHD", False, -1, 20.0, (0.5, 2.0)),
+    # (q lengths, kv lengths, heads, kv_heads, head_dim, page_size, layout, causal, window_left, softcap, k/v scale,
+    #  dtype)
+    ([5, 130, 1], [9, 200, 3], 4, 2, 64, 16, "NHD", True, -1, 0.0, None, "bf16"),
+    ([70, 1], [70, 150], 2, 2, 128, 64, "HND", True, -1, 0.0, None, "bf16"),
+    ([129], [300], 8, 1, 64, 1, "NHD", True, 70, 0.0, None, "bf16"),
+    ([64, 3], [64, 130], 4, 4, 128, 32, "NHD", False, -1, 20.0, (0.5, 2.0), "bf16"),
+    ([5, 130, 1], [9, 200, 3], 4, 2, 128, 16, "HND", True, -1, 0.0, None, "f16"),
+    ([129, 3], [300, 130], 8, 1, 64, 32, "NHD", False, 70, 20.0, (0.5, 2.0), "f16"),
 ]
 
 
-@pytest.mark.parametrize("case", PAGED, ids=lambda c: f"d{c[4]}-ps{c[5]}-{c[6]}-c{c[7]}-w{c[8]}-s{c[9]}")
+@pytest.mark.parametrize("case", PAGED, ids=lambda c: f"{c[11]}-d{c[4]}-ps{c[5]}-{c[6]}-c{c[7]}-w{c[8]}-s{c[9]}")
 def test_paged_prefill_core_vs_float64(case, monkeypatch) -> None:
     from pykern.ops.serving import paged_prefill_attention
 
-    lq, lk, h, kvh, d, ps, layout, causal, wl, cap, scales = case
-    q, cu_q, kp, vp, table, ks, vs = _paged(np.random.default_rng(d + ps), lq, lk, h, kvh, d, ps, layout)
+    lq, lk, h, kvh, d, ps, layout, causal, wl, cap, scales, kind = case
+    q, cu_q, kp, vp, table, ks, vs = _paged(np.random.default_rng(d + ps), lq, lk, h, kvh, d, ps, layout, kind)
     ksc, vsc = scales or (None, None)
     names = _record(monkeypatch)
     out, lse = paged_prefill_attention(q, cu_q, kp, vp, *table, causal=causal, kv_layout=layout, window_left=wl,
                                        logits_soft_cap=cap, k_scale=ksc, v_scale=vsc, return_lse=True,
                                        backend=HOST)
-    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if cap else ''}_bf16"]
+    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
+    assert np.asarray(out).dtype == q.dtype
     ref_out, ref_lse = np.zeros(q.shape), np.full(q.shape[:2], -np.inf)
     for b in range(len(lq)):
         s = slice(cu_q[b], cu_q[b + 1])
@@ -192,7 +199,7 @@ def test_paged_prefill_core_vs_float64(case, monkeypatch) -> None:
         vf = vs[b].astype(np.float64) * (vsc or 1.0)
         o, l_ = np_flash_attention(q[None, s], kf[None], vf[None], causal, 1.0 / np.sqrt(d), (wl, -1), cap)
         ref_out[s], ref_lse[s] = o[0], l_[0]
-    _close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    _close("out", out, ref_out, "paged_prefill_attention", kind)
     _check_lse(lse, ref_lse)
 
 

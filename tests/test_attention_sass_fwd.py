@@ -24,10 +24,9 @@ ARCHS = ("sm_80", "sm_90")
 # warp-instructions per m16n8k16 MMA in the steady-state loop (FlashAttention-2 itself: ~4.3 at d128)
 BARS = {64: 7.5, 128: 5.0}
 LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs of P V
-# flash_attention in bf16 and f16; the serving ops (flash_attention_varlen, paged_prefill_attention) take bf16
-FWD_CORE = ([f"flash_attention_tc_d{d}{c}{s}" for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
-            + [f"{v}d{d}{c}_bf16" for v in ("flash_attention_varlen_tc_", "paged_prefill_tc_") for d in BARS
-               for c in ("", "_softcap")])
+# flash_attention and the serving ops (flash_attention_varlen, paged_prefill_attention), each in bf16 and f16
+FWD_CORE = [f"{v}d{d}{c}{s}" for v in ("flash_attention_tc_", "flash_attention_varlen_tc_", "paged_prefill_tc_")
+            for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
 
 
 def _sass_report():
@@ -65,16 +64,17 @@ def test_flash_attention_launches_the_core_for_its_head_dims(d, kind, softcap, m
 
 
 @pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
 @pytest.mark.parametrize("softcap", [0.0, 30.0])
-def test_flash_attention_varlen_launches_the_core_for_its_head_dims(d, softcap, monkeypatch) -> None:
+def test_flash_attention_varlen_launches_the_core_for_its_head_dims(d, kind, softcap, monkeypatch) -> None:
     from pykern.ops.serving import flash_attention_varlen
 
     rng = np.random.default_rng(0)
-    q, k, v = (x[0] for x in fa_inputs(rng, 1, 7, 9, 4, 2, d, d, "bf16"))
+    q, k, v = (x[0] for x in fa_inputs(rng, 1, 7, 9, 4, 2, d, d, kind))
     cu_q, cu_k = np.array([0, 3, 7], np.int32), np.array([0, 4, 9], np.int32)
     names = _launched(monkeypatch, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=softcap,
                                                                   backend="host"))
-    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_bf16"]
+    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_{kind}"]
     assert names[0] in FWD_CORE
 
 
@@ -102,15 +102,16 @@ def test_core_kernels_are_flat_lean_tensor_core_loops() -> None:
 
 
 @pytest.mark.parametrize("d", sorted(BARS))
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
 @pytest.mark.parametrize("softcap", [0.0, 30.0])
-def test_paged_prefill_launches_the_core_for_16bit_caches(d, softcap, monkeypatch) -> None:
+def test_paged_prefill_launches_the_core_for_16bit_caches(d, kind, softcap, monkeypatch) -> None:
     from pykern.ops.serving import paged_prefill_attention
 
     rng = np.random.default_rng(0)
-    pages = [fa_inputs(rng, 3, 16, 16, 2, 2, d, d, "bf16")[1] for _ in range(2)]
-    q = fa_inputs(rng, 1, 7, 1, 4, 2, d, d, "bf16")[0][0]
+    pages = [fa_inputs(rng, 3, 16, 16, 2, 2, d, d, kind)[1] for _ in range(2)]
+    q = fa_inputs(rng, 1, 7, 1, 4, 2, d, d, kind)[0][0]
     args = (q, np.array([0, 3, 7], np.int32), pages[0], pages[1], np.array([0, 1, 3], np.int32),
             np.array([2, 0, 1], np.int32), np.array([5, 9], np.int32))
     names = _launched(monkeypatch, lambda: paged_prefill_attention(*args, logits_soft_cap=softcap, backend="host"))
-    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if softcap else ''}_bf16"]
+    assert names == [f"paged_prefill_tc_d{d}{'_softcap' if softcap else ''}_{kind}"]
     assert names[0] in FWD_CORE

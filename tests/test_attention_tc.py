@@ -33,7 +33,8 @@ TC_FWD = ([f"flash_attention_tc_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in
            for s in ("_bf16", "_f16")]
           # the general kernels at the FlashAttention-2 core's head dims, and flash_attention_varlen's core
           + [f"flash_attention_tc_pad_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap") for s in ("_bf16", "_f16")]
-          + [f"flash_attention_varlen_tc_d{d}{c}_bf16" for d in (64, 128) for c in ("", "_softcap")])
+          + [f"flash_attention_varlen_tc_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap")
+             for s in ("_bf16", "_f16")])
 TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c in ("", "_softcap")
            for s in ("_bf16", "_f16")]
           + [f"attention_backward_tc_{n}_d256{c}{s}" for n in ("dv", "dk") for c in ("", "_softcap")

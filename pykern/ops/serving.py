@@ -778,12 +778,13 @@ def paged_prefill_attention(
         res = arrays.check_out(out, (total_q, h, d), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): bf16 q and cache, head_dim
-    # 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8 caches keep paged_attn.
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): bf16 or f16 q with a
+    # cache of the same type, head_dim 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8
+    # caches keep paged_attn.
     from . import forward as _fwd  # at call time: ops' lazy table imports the family modules in any order
 
     n_qt = -(-max_qo // _fwd.FA2_ROWS)
-    fa2 = (total_q and qk == kind == "bf16" and page_size & (page_size - 1) == 0
+    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and page_size & (page_size - 1) == 0
            and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _fwd.fa2_eligible(d, d, q, kf, vf, res)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     if fa2:
@@ -855,12 +856,12 @@ def flash_attention_varlen(
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16 q and K/V, head_dim 64 /
-    # 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16 or f16 q, K and V of one type, head_dim
+    # 64 / 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
     from . import forward as _fwd
 
     n_qt = -(-max_qo // _fwd.FA2_ROWS)
-    fa2 = (total_q and qk == kind == "bf16" and _fwd.fa2_eligible(d, d, q, k, v, out)
+    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and _fwd.fa2_eligible(d, d, q, k, v, out)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     if fa2:
         launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),

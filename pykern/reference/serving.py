@@ -344,7 +344,8 @@ for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16", "paged_append
 
 # flash_attention_varlen's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu): the same function as
 # dense_attn over cu_seqlens, with their own parameter list; head_dim = out's size / lse's size.
-_VARLEN_TC_NAMES = tuple(f"flash_attention_varlen_tc_d{d}{c}_bf16" for d in (64, 128) for c in ("", "_softcap"))
+_VARLEN_TC_NAMES = tuple(f"flash_attention_varlen_tc_d{d}{c}{t}" for d in (64, 128) for c in ("", "_softcap")
+                          for t in ("_bf16", "_f16"))
 
 
 @reference(*_VARLEN_TC_NAMES)
@@ -404,7 +405,8 @@ def _varlen_tc(cuda: Any) -> Any:
 # paged_prefill_attention's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu), 16-bit caches: the
 # same function as paged_attn (q_mode 1), with their own parameter list (page_size = 1 << ps_log2, scale
 # holding k_scale); head_dim = out's size / lse's size.
-_PAGED_TC_NAMES = tuple(f"paged_prefill_tc_d{d}{c}_bf16" for d in (64, 128) for c in ("", "_softcap"))
+_PAGED_TC_NAMES = tuple(f"paged_prefill_tc_d{d}{c}{t}" for d in (64, 128) for c in ("", "_softcap")
+                          for t in ("_bf16", "_f16"))
 
 
 @reference(*_PAGED_TC_NAMES)

@@ -241,8 +241,8 @@ def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], p
 
     win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
     # 16-bit q and cache of one type at head_dim 64 / 128, power-of-two pages: the FlashAttention-2 core
-    core = q_kind == kind == "bf16" and d in (64, 128) and page_size & (page_size - 1) == 0
-    name = (f"paged_prefill_tc_d{d}{'_softcap' if logits_soft_cap else ''}_bf16" if core
+    core = q_kind == kind and kind in ("bf16", "f16") and d in (64, 128) and page_size & (page_size - 1) == 0
+    name = (f"paged_prefill_tc_d{d}{'_softcap' if logits_soft_cap else ''}_{kind}" if core
             else "paged_attn" + _SUFFIX[(q_kind, kind)])
     return Case(op="paged_prefill_attention", dtype=_dtype_name(q_kind, kind),
                 shape=f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}-c{int(causal)}" + win
@@ -278,8 +278,8 @@ def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: i
 
     win = (f"-w{window_size[0]},{window_size[1]}" if window_size != (-1, -1) else "") + (
         f"-cap{softcap:g}" if softcap else "")
-    core = q_kind == kv_kind == "bf16" and d in (64, 128)  # the FlashAttention-2 core
-    name = (f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_bf16" if core
+    core = q_kind == kv_kind and kv_kind in ("bf16", "f16") and d in (64, 128)  # the FlashAttention-2 core
+    name = (f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_{kv_kind}" if core
             else "dense_attn" + _SUFFIX[(q_kind, kv_kind)])
     return Case(op="flash_attention_varlen", dtype=_dtype_name(q_kind, kv_kind),
                 shape=f"K{k_lens}-Q{q_lens}-H{h}-KV{kvh}-D{d}-c{int(causal)}-{q_kind}q-{kv_kind}kv" + win,
@@ -404,6 +404,15 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _prefill(rng, [20, 9], [6, 9], 5, 4, 2, 32, kind="f16", window_left=6)
     yield _prefill(rng, [12], [12], 16, 2, 1, 16, "HND", kind="e5m2", q_kind="f16")
     yield _varlen(rng, [15, 5], [7, 5], 4, 2, 64, "f16", "f16", causal=True)
+    yield _varlen(rng, [15, 5], [7, 5], 4, 2, 32, "f16", "f16", causal=True)
+    # the FlashAttention-2 core's f16 varlen / paged kernels (head_dim 64 / 128, softcap or not)
+    yield _varlen(rng, [70, 20], [100, 20], 2, 1, 64, "f16", "f16", window_size=(30, -1), softcap=2.0)
+    yield _varlen(rng, [90, 3], [60, 3], 2, 1, 128, "f16", "f16", causal=True)
+    yield _varlen(rng, [40], [70], 2, 2, 128, "f16", "f16", softcap=3.0)
+    yield _prefill(rng, [90, 5], [70, 5], 8, 4, 1, 64, kind="f16")
+    yield _prefill(rng, [60], [60], 16, 2, 2, 64, "HND", kind="f16", window_left=10, logits_soft_cap=1.5)
+    yield _prefill(rng, [130, 9], [100, 9], 16, 2, 1, 128, kind="f16")
+    yield _prefill(rng, [80], [80], 32, 2, 2, 128, "HND", kind="f16", logits_soft_cap=2.0)
     yield _varlen(rng, [15], [6], 2, 2, 40, "f32", "f16", causal=True, softcap=3.0)
     yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "f16")
     yield _append(rng, [3, 0, 10], [2, 5, 1], 5, 2, 32, "NHD", "e4m3", in_kind="f16", combined=True)
