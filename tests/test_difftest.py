@@ -109,6 +109,8 @@ def argtype(p):
     return SC.get(p.ctype, numba.int64)  # integers arrive as Python ints
 done, bad = set(), []
 for spec in pykern.kernels():
+    if spec.archs:  # arch-specific kernels (wgmma, TMA) have no numba reference: see above
+        continue
     ref = references()[spec.name]
     if id(ref) in done:
         continue

@@ -585,3 +585,198 @@ def _attention_tc_dq(cuda: Any):
              wl, wr, softcap)
 
     return k, lambda a: _grid1(a[7] * a[8] * a[10])
+
+
+# Fused tensor-core backward (kernels_cu/attention_backward_fused_tc.cu) and its prep / dQ-reduce kernels.
+# Workspace layout as on the GPU: lse2 / dlt (batch, head, nq_pad), dQ rows (batch, head, nq_pad, head_dim).
+# The kernels' T roundings of P and dS are not reproduced (the references stay fp32: closer to float64).
+_LOG2E = 1.4426950408889634
+_ABF_BC = 64  # keys per key tile (ABF_BC)
+_ABF_BR = {64: 32, 128: 16}  # queries per query tile (AbfCfg<D>::BR)
+
+
+@reference("attention_bwd_tc_prep_bf16", "attention_bwd_tc_prep_f16")
+def _attention_tc_prep(cuda: Any):
+    # One thread per (batch, query, head) row: lse * log2e and delta moved to the padded (batch, head, nq_pad)
+    # layout (padded rows are the op's zeros), delta from rowsum(dO * O) or delta_in; zero_ws zeroes the row's
+    # dQ workspace row.
+    @cuda.jit
+    def k(dout, out, lse, delta_in, lse2, dlt, dq_ws, n_rows, n_q, n_heads, nq_pad, head_dim, have_out, zero_ws):
+        r = cuda.grid(1)
+        if r < n_rows:
+            acc = 0.0
+            if have_out:
+                for d in range(head_dim):
+                    acc += dout[r * head_dim + d] * out[r * head_dim + d]
+            else:
+                acc = delta_in[r]
+            bq = r // n_heads
+            h = r % n_heads
+            o = ((bq // n_q) * n_heads + h) * nq_pad + bq % n_q
+            if zero_ws:
+                for d in range(head_dim):
+                    dq_ws[o * head_dim + d] = 0.0
+            lse2[o] = lse[r] * _LOG2E
+            dlt[o] = acc
+
+    return k, lambda a: _grid1(a[7])
+
+
+def _fused_tc_factory(D: int, SC: bool, DET: bool):
+    BR = _ABF_BR[D]
+    BC = _ABF_BC
+
+    def factory(cuda: Any):
+        # Threads [0, n_a): one per (key tile, kv head, batch, key of the tile): dK / dV of its key over every
+        # query of the group's heads that sees it; atomic mode adds its dS K terms into dq_ws (unscaled).
+        # Det mode, threads [n_a, n_a + n_b): one per (key tile, kv head, batch, group head, padded query row)
+        # of the query tiles the key tile's walk visits: that row's partial over the tile's keys, stored at
+        # slice [key tile - kt_begin] (ws_stride apart); rows no key of the tile reaches store 0.
+        @cuda.jit(device=True)
+        def ds_p(q, kk, v, dout, lse2, dlt, qo, ko, o, scale, softcap):
+            s = 0.0
+            dp = 0.0
+            for d in range(D):
+                s += q[qo + d] * kk[ko + d]
+                dp += dout[qo + d] * v[ko + d]
+            th = 0.0
+            if SC:
+                th = math.tanh(s * scale / softcap)
+                y = softcap * th
+            else:
+                y = s * scale
+            p = math.pow(2.0, y * _LOG2E - lse2[o])
+            ds = p * (dp - dlt[o])
+            if SC:
+                ds *= 1.0 - th * th
+            return p, ds
+
+        @cuda.jit
+        def k(q, kk, v, dout, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin, ws_stride,
+              scale, wl, wr, softcap):
+            t = cuda.grid(1)
+            batch = lse2.size // (n_heads * nq_pad)
+            rep = n_heads // n_kv_heads
+            nx = (n_k + BC - 1) // BC - kt_begin
+            if DET:
+                nx = min(nx, dq_ws.size // ws_stride)
+            n_a = nx * n_kv_heads * batch * BC
+            if t < n_a:
+                jj = t % BC
+                x = t // BC
+                kvh = x % n_kv_heads
+                x = x // n_kv_heads
+                b = x // nx
+                x = x % nx
+                j = (kt_begin + x) * BC + jj
+                if j < n_k:
+                    first = max(0, j - (n_k - n_q) - wr)
+                    last = min(n_q - 1, j - (n_k - n_q) + wl)
+                    ko = ((b * n_k + j) * n_kv_heads + kvh) * D
+                    for d in range(D):
+                        dk[ko + d] = 0.0
+                        dv[ko + d] = 0.0
+                    for hh in range(rep):
+                        h = kvh * rep + hh
+                        for i in range(first, last + 1):
+                            qo = ((b * n_q + i) * n_heads + h) * D
+                            o = (b * n_heads + h) * nq_pad + i
+                            p, ds = ds_p(q, kk, v, dout, lse2, dlt, qo, ko, o, scale, softcap)
+                            for d in range(D):
+                                dk[ko + d] += ds * q[qo + d]
+                                dv[ko + d] += p * dout[qo + d]
+                                if not DET:
+                                    cuda.atomic.add(dq_ws, o * D + d, ds * kk[ko + d])
+                    for d in range(D):
+                        dk[ko + d] *= scale
+            elif DET and t < n_a + nx * n_kv_heads * batch * rep * nq_pad:
+                u = t - n_a
+                row = u % nq_pad
+                u = u // nq_pad
+                hh = u % rep
+                u = u // rep
+                kvh = u % n_kv_heads
+                u = u // n_kv_heads
+                b = u // nx
+                x = u % nx
+                h = kvh * rep + hh
+                k0 = (kt_begin + x) * BC
+                k1 = min(k0 + BC, n_k) - 1
+                lo = min(max(k0 + n_q - n_k - wr, 0), n_q)  # pk_attn_k_span: the queries the tile's keys reach
+                hi = min(max(k1 + n_q - n_k + wl, -1), n_q - 1)
+                if lo <= hi and lo // BR <= row // BR and row // BR <= hi // BR:
+                    o = (b * n_heads + h) * nq_pad + row
+                    w = x * ws_stride + o * D
+                    for d in range(D):
+                        dq_ws[w + d] = 0.0
+                    if row < n_q:
+                        j0 = max(k0, row + n_k - n_q - wl)
+                        j1 = min(k1, row + n_k - n_q + wr)
+                        qo = ((b * n_q + row) * n_heads + h) * D
+                        for j in range(j0, j1 + 1):
+                            ko = ((b * n_k + j) * n_kv_heads + kvh) * D
+                            p, ds = ds_p(q, kk, v, dout, lse2, dlt, qo, ko, o, scale, softcap)
+                            for d in range(D):
+                                dq_ws[w + d] += ds * kk[ko + d]
+
+        def config(a):
+            n_q, n_k, n_heads, kvh, nq_pad, kt_begin, ws_stride = a[9], a[10], a[11], a[12], a[13], a[14], a[15]
+            batch = a[4].size // (n_heads * nq_pad)
+            nx = (n_k + BC - 1) // BC - kt_begin
+            if DET:
+                nx = min(nx, a[6].size // ws_stride)
+            n = nx * kvh * batch * BC
+            if DET:
+                n += nx * kvh * batch * (n_heads // kvh) * nq_pad
+            return _grid1(n)
+
+        return k, config
+
+    return factory
+
+
+for _d in (64, 128):
+    for _sc in (False, True):
+        for _det in (False, True):
+            _n = f"attention_backward_tc_fused_d{_d}{'_softcap' if _sc else ''}{'_det' if _det else ''}"
+            reference(_n + "_bf16", _n + "_f16")(_fused_tc_factory(_d, _sc, _det))
+
+
+def _dq_reduce_factory(D: int):
+    BR = _ABF_BR[D]
+    BC = _ABF_BC
+
+    def factory(cuda: Any):
+        # One thread per dq element: the partials of the key tiles [kt_begin, kt_begin + kt_count) that its
+        # query tile meets, added in key-tile order to acc (first: to 0); last: dq = scale * sum, else the sum
+        # goes back to acc. The atomic mode passes kt_count 0, first 0: acc is the finished sum.
+        @cuda.jit
+        def k(part, acc, dq, n, n_q, n_k, n_heads, nq_pad, kt_begin, kt_count, ws_stride, scale, wl, wr, first, last):
+            i = cuda.grid(1)
+            if i < n:
+                rest = i // D
+                bq = rest // n_heads
+                qi = bq % n_q
+                q0 = qi // BR * BR
+                w = (((bq // n_q) * n_heads + rest % n_heads) * nq_pad + qi) * D + i % D
+                x = 0.0
+                if not first:
+                    x = acc[w]
+                q1 = min(q0 + BR, n_q) - 1
+                lo = min(max(q0 + n_k - n_q - wl, 0), n_k)  # pk_attn_q_span: the keys the query tile sees
+                hi = min(max(q1 + n_k - n_q + wr, -1), n_k - 1)
+                if lo <= hi:
+                    for kt in range(max(lo // BC, kt_begin), min(hi // BC, kt_begin + kt_count - 1) + 1):
+                        x += part[(kt - kt_begin) * ws_stride + w]
+                if last:
+                    dq[i] = x * scale
+                else:
+                    acc[w] = x
+
+        return k, lambda a: _grid1(a[3])
+
+    return factory
+
+
+for _d in (64, 128):
+    reference(f"attention_bwd_tc_dq_reduce_d{_d}_bf16", f"attention_bwd_tc_dq_reduce_d{_d}_f16")(_dq_reduce_factory(_d))
