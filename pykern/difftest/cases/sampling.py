@@ -174,7 +174,8 @@ def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f3
     for b in range(batch):
         x[b, rng.integers(0, vocab, zeros)] = 0
     x = x / x.sum(1, keepdims=True)
-    return x.astype({"bf16": bfloat16(), "f16": np.float16}.get(kind, np.float32))  # type: ignore[arg-type]
+    # bfloat16() only for bf16: it needs ml_dtypes, which the f32 and f16 cases must not
+    return x.astype(bfloat16() if kind == "bf16" else np.float16 if kind == "f16" else np.float32)
 
 
 def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
