@@ -347,74 +347,29 @@ PK_IO_VARIANT(decode_tc_paged_d128, dtc_paged_entry, 128, 0)
 PK_IO_VARIANT(decode_tc_paged_d128_e4m3kv, dtc_paged_entry, 128, 4)
 PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
 
-PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
-                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
-                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
-                 long long s_page, long long s_tok, long long s_head,
-                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
-                 float v_scale),
-                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
-                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
-                 write_lse, scale, k_scale, v_scale))
-
-PK_IO16_KERNELS(decode_tc_paged_d64_e4m3kv, (DTC_THREADS, DtcCfg<64, true>::MINB),
-                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
-                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
-                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
-                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
-                 float v_scale),
-                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
-                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
-                 write_lse, scale, k_scale, v_scale))
-
-PK_IO16_KERNELS(decode_tc_paged_d64_e5m2kv, (DTC_THREADS, DtcCfg<64, true>::MINB),
-                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
-                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
-                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
-                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
-                 float v_scale),
-                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
-                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
-                 write_lse, scale, k_scale, v_scale))
-
-PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128, false>::MINB),
-                (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,
-                 T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o,
-                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,
-                 const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,
-                 long long s_page, long long s_tok, long long s_head,
-                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
-                 float v_scale),
-                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
-                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
-                 write_lse, scale, k_scale, v_scale))
-
-PK_IO16_KERNELS(decode_tc_paged_d128_e4m3kv, (DTC_THREADS, DtcCfg<128, true>::MINB),
-                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
-                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
-                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
-                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
-                 float v_scale),
-                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
-                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
-                 write_lse, scale, k_scale, v_scale))
-
-PK_IO16_KERNELS(decode_tc_paged_d128_e5m2kv, (DTC_THREADS, DtcCfg<128, true>::MINB),
-                (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,
-                 const unsigned char* __restrict__ v_pages, T* __restrict__ out, float* __restrict__ lse,
-                 float* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                 const int* __restrict__ kv_indices, const int* __restrict__ kv_last_page_len, int num_qo_heads,
-                 int num_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,
-                 int window_left, int num_splits, int batch, int write_lse, float scale, float k_scale,
-                 float v_scale),
-                (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len,
-                 num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch,
-                 write_lse, scale, k_scale, v_scale))
+// One parameter list a cache type (16-bit pages of q's type, or FP8 bytes), written once.
+#define DTC_PARAMS_16 \
+    (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,                    \
+     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
+     const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
+     long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
+     int write_lse, float scale, float k_scale, float v_scale)
+#define DTC_PARAMS_FP8 \
+    (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,                                    \
+     const unsigned char* __restrict__ v_pages,                                                             \
+     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
+     const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
+     long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
+     int write_lse, float scale, float k_scale, float v_scale)
+#define DTC_ARGS                                                                                           \
+    (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, \
+     num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch, write_lse, scale,       \
+     k_scale, v_scale)
+PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB), DTC_PARAMS_16, DTC_ARGS)
+PK_IO16_KERNELS(decode_tc_paged_d64_e4m3kv, (DTC_THREADS, DtcCfg<64, true>::MINB), DTC_PARAMS_FP8, DTC_ARGS)
+PK_IO16_KERNELS(decode_tc_paged_d64_e5m2kv, (DTC_THREADS, DtcCfg<64, true>::MINB), DTC_PARAMS_FP8, DTC_ARGS)
+PK_IO16_KERNELS(decode_tc_paged_d128, (DTC_THREADS, DtcCfg<128, false>::MINB), DTC_PARAMS_16, DTC_ARGS)
+PK_IO16_KERNELS(decode_tc_paged_d128_e4m3kv, (DTC_THREADS, DtcCfg<128, true>::MINB), DTC_PARAMS_FP8, DTC_ARGS)
+PK_IO16_KERNELS(decode_tc_paged_d128_e5m2kv, (DTC_THREADS, DtcCfg<128, true>::MINB), DTC_PARAMS_FP8, DTC_ARGS)
