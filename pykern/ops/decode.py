@@ -27,6 +27,21 @@ Methods:
                 max_seq_len for an array); else "split_k" with about two waves of CTAs.
                 (From the launch shapes and an H100 model, not yet timed on a GPU.)
 
+Tensor cores: with method="auto" (the default), bf16 q over bf16 caches or f16 over f16, 1..16 query heads
+a kv head, head_dim 64 / 128 and no softcap (serving.tc_decode_eligible) run the tensor-core paged decode
+kernel (kernels_cu/decode_tc.cu) instead, the dense cache seen as a paged cache of one page a sequence
+(page_size = max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths as int32,
+page stride = sequence stride), with PagedDecodePlan's split count for max_kv_len = max_seq_len (shapes
+only, so the int and array forms still agree bit for bit). It also needs K/V strides of whole 16-byte
+chunks and 16-byte aligned bases (serving.tc_decode_addressable); otherwise, with an explicit method, or
+with tensor_cores=False, the tile kernels above run.
+
+Copies: the caches are read in place through their element strides (a slice of a preallocated buffer, an
+NHD / HND view) by every kernel; they are copied (both made contiguous) only when the kernels cannot
+address them: head_dim not unit-stride, a negative stride, or K and V with different strides. q is made
+contiguous (copied only if it is not), the lengths converted to the kernel's integer type on their device.
+out= must be C-contiguous and is written in place; anything else raises naming `out`.
+
 seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
 (f32, f32), (bf16, bf16), (f16, f16), (f32, bf16), (f32, f16); accumulation is fp32.
 """
@@ -157,7 +172,10 @@ def decode_plan(
     num_warps: int | None = None,
     chunk_size: int | None = None,
 ) -> dict[str, Any]:
-    """The launches an op call makes: method, and per launch the kernel stem, grid, block, shared memory.
+    """The tile kernels' launches for a call: method, and per launch the kernel stem, grid, block, shared memory.
+
+    (A method="auto" call whose dtypes and shape the tensor-core kernel takes runs that kernel instead, with
+    PagedDecodePlan's geometry for page_size = max_seq_len; see the module doc.)
 
     `seq_hint` is the int seq_len when known (it picks "auto" and bounds the split-K
     grid); None means the array form, which launches for max_seq_len.
@@ -262,6 +280,12 @@ def _cache_view(name: str, a: Any, kv_layout: str, batched: bool) -> tuple[Any, 
     dimension of size 1 is never multiplied by a non-zero index and counts as 0."""
     from ._kvcache import element_strides, strided_flat
 
+    if not (isinstance(a, np.ndarray) or arrays.is_torch(a) or hasattr(a, "__cuda_array_interface__")):
+        try:
+            if not arrays.is_host(a):  # e.g. a DLPack device object: as before, arrays.contiguous's rules
+                return None
+        except Exception:
+            return None
     try:
         st = element_strides(name, a)
     except ArgumentError:
@@ -411,6 +435,13 @@ def decode_attention(
     window_left (FlashInfer's; -1 = unbounded): the query (position seq_len - 1) sees keys
     seq_len - 1 - window_left .. seq_len - 1; only those are read. logits_soft_cap c > 0:
     scores c * tanh(scale * q.k / c). Both as paged_decode_attention.
+
+    tensor_cores: None (default) lets method="auto" run eligible shapes (bf16 / f16, 1..16 query heads a
+    kv head, head_dim 64 / 128, no softcap, 16-byte strides and bases) on the tensor-core decode kernel;
+    False keeps the tile kernels. The caches are read in place through their strides (views of a bigger
+    buffer included); only a cache with head_dim not unit-stride, a negative stride, or strides that differ
+    between K and V is copied. q may be copied to make it contiguous. out: a C-contiguous (num_heads,
+    head_dim) array of q's dtype, written in place (anything else raises naming out).
     """
     q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     kv_kind = arrays.io_kind("k_cache", k_cache, arrays.IO_KINDS)
@@ -488,7 +519,8 @@ def batched_decode_attention(
     keep a stacked cache to avoid that copy per step). seq_lens: (M,) integer array (any int dtype)
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
     also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
-    q's dtype; a sequence of length 0 gets zeros. window_left and logits_soft_cap as
+    q's dtype; a sequence of length 0 gets zeros. window_left, logits_soft_cap, tensor_cores and
+    the copy rules (caches read in place through their strides; out= contiguous, written in place) as
     decode_attention.
     """
     k_caches = _stack("k_caches", k_caches)

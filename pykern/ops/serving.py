@@ -562,7 +562,7 @@ class PagedDecodePlan:
             # arguments back one by one would let the untouched copy win).
             self.part_o = self.part_lse = arrays.empty((1,), "f32", like=like)
         self._out_flat, self._lse_flat = _flat(self.out), _flat(self.lse)
-        self.dummy_idx = _device_like(np.zeros(1, np.int32), self.out)
+        self.dummy_idx = arrays.zeros((1,), "int32", like=self.out)  # a fill on the device: capturable
         self.merge_grid = (-(-rows_total // (_NT // 32)),)
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
