@@ -367,3 +367,33 @@ def test_numba_reference_reads_the_same_views() -> None:
     _, vv_ = _embed(v, "NHD", True)
     out = batched_decode_attention(q, kv_, vv_, lens, kv_layout="NHD", backend="numba")
     _close(out, _ref(q, k, v, lens), "batched_decode_attention", "bf16")
+
+
+def test_large_odd_max_seq_len_is_one_page(launched) -> None:
+    # page_size = max_seq_len = 5003 (prime): every position is in page 0, the splits cut it in whole tiles,
+    # the last tile is partial; a view of a longer buffer (positions 5003.. are NaN).
+    _need("host")
+    s, sl = 5003, 5001
+    q, k, v = make_inputs(np.random.default_rng(13), 1, 16, 2, 128, s, [sl], "bf16", "bf16")
+    kbuf, kv_ = _embed(k, "HND", True, extra_seq=61, extra_heads=0, lead=0)
+    vbuf, vv_ = _embed(v, "HND", True, extra_seq=61, extra_heads=0, lead=0)
+    out = batched_decode_attention(q, kv_, vv_, np.array([sl], np.int32), backend="host")
+    name, args = launched[0]
+    assert name == _tc_name(128, "bf16") and args[14] == s and args[0][2] > 1  # split
+    _close(out, _ref(q, k, v, [sl]), "batched_decode_attention", "bf16")
+
+
+def test_schedules_agree_bitwise_on_views(monkeypatch) -> None:
+    # forward / reverse / random thread orders between barriers: a shared-memory race would show here.
+    _need("host")
+    lens = [70, 0, 129]
+    q, k, v = make_inputs(np.random.default_rng(14), 3, 8, 2, 64, 140, lens, "f16", "f16")
+    _, kv_ = _embed(k, "NHD", True)
+    _, vv_ = _embed(v, "NHD", True)
+    outs = []
+    for sched in ("forward", "reverse", "random:7"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+        outs.append(np.asarray(batched_decode_attention(q, kv_, vv_, lens, kv_layout="NHD", backend="host")))
+    np.testing.assert_array_equal(outs[0], outs[1])
+    np.testing.assert_array_equal(outs[0], outs[2])
+    _close(outs[0], _ref(q, k, v, lens), "batched_decode_attention", "f16")
