@@ -421,8 +421,8 @@ def decode_attention(
     (max_seq_len, num_kv_heads, head_dim) for "NHD", float32, bfloat16 or float16, num_heads a multiple
     of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
     head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) integer array (any int dtype)
-    read by the kernel at run time (clamped to max_seq_len there; a NumPy array is
-    also checked here). scale defaults to 1/sqrt(head_dim). Returns
+    read by the kernel at run time (clamped to max_seq_len there, and on the tensor-core path a
+    device length that is negative as an int32 counts as 0; a NumPy array is also checked here). scale defaults to 1/sqrt(head_dim). Returns
     (num_heads, head_dim) in q's dtype; zeros when seq_len is 0. Cache slots past
     seq_len are never read.
 
