@@ -417,6 +417,22 @@ def check_out(out: Any, shape: tuple[int, ...], dtype: Any, like: Any, name: str
     if is_torch(out):
         if not out.is_contiguous():
             raise ArgumentError(f"{name}: expected a contiguous tensor, got strides {tuple(out.stride())}")
+        return out
+    cai = getattr(out, "__cuda_array_interface__", None)
+    if cai is not None:
+        # A strided device array would be reshaped into a copy by some libraries (CuPy) and the op's
+        # result written there: refuse it here, naming the argument.
+        strides, item = cai.get("strides"), np.dtype(cai["typestr"]).itemsize
+        if strides is not None:
+            step, want = item, []
+            for n in reversed(tuple(cai["shape"])):
+                want.append(step)
+                step *= int(n)
+            got_s = [int(x) for x, n in zip(strides, cai["shape"]) if n > 1]
+            if got_s != [w for w, n in zip(reversed(want), cai["shape"]) if n > 1]:
+                raise ArgumentError(f"{name}: expected a C-contiguous array, got strides {tuple(strides)}")
+        if cai.get("data", (0, False))[1]:
+            raise ArgumentError(f"{name}: expected a writeable array, got a read-only one")
     return out
 
 

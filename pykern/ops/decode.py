@@ -27,6 +27,21 @@ Methods:
                 max_seq_len for an array); else "split_k" with about two waves of CTAs.
                 (From the launch shapes and an H100 model, not yet timed on a GPU.)
 
+Tensor cores: with method="auto" (the default), bf16 q over bf16 caches or f16 over f16, 1..16 query heads
+a kv head, head_dim 64 / 128 and no softcap (serving.tc_decode_eligible) run the tensor-core paged decode
+kernel (kernels_cu/decode_tc.cu) instead, the dense cache seen as a paged cache of one page a sequence
+(page_size = max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths as int32,
+page stride = sequence stride), with PagedDecodePlan's split count for max_kv_len = max_seq_len (shapes
+only, so the int and array forms still agree bit for bit). It also needs K/V strides of whole 16-byte
+chunks and 16-byte aligned bases (serving.tc_decode_addressable); otherwise, with an explicit method, or
+with tensor_cores=False, the tile kernels above run.
+
+Copies: the caches are read in place through their element strides (a slice of a preallocated buffer, an
+NHD / HND view) by every kernel; they are copied (both made contiguous) only when the kernels cannot
+address them: head_dim not unit-stride, a negative stride, or K and V with different strides. q is made
+contiguous (copied only if it is not), the lengths converted to the kernel's integer type on their device.
+out= must be C-contiguous and is written in place; anything else raises naming `out`.
+
 seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
 (f32, f32), (bf16, bf16), (f16, f16), (f32, bf16), (f32, f16); accumulation is fp32.
 """
@@ -124,8 +139,9 @@ def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 
-def _check_seq_array(name: str, a: Any, batch: int, max_seq_len: int) -> Any:
-    """Lengths of any integer dtype as the uint32 buffer the kernels read.
+def _check_seq_array(name: str, a: Any, batch: int, max_seq_len: int, dtype: str = "uint32") -> Any:
+    """Lengths of any integer dtype as the buffer the kernels read: uint32 for dense_attn, int32 (the
+    last_page_len of one page a sequence) for the tensor-core kernel.
 
     Host lengths (NumPy, CPU tensors) are checked against [0, max_seq_len]; device
     lengths are converted on their device (no host round trip) and clamped by the kernel."""
@@ -141,7 +157,7 @@ def _check_seq_array(name: str, a: Any, batch: int, max_seq_len: int) -> Any:
         if lo < 0 or hi > max_seq_len:
             bad = lo if lo < 0 else hi
             raise ArgumentError(f"{name}: expected every length in [0, max_seq_len={max_seq_len}], got {bad}")
-    return arrays.contiguous(arrays.astype(a, "uint32"))
+    return arrays.contiguous(arrays.astype(a, dtype))
 
 
 def decode_plan(
@@ -156,7 +172,10 @@ def decode_plan(
     num_warps: int | None = None,
     chunk_size: int | None = None,
 ) -> dict[str, Any]:
-    """The launches an op call makes: method, and per launch the kernel stem, grid, block, shared memory.
+    """The tile kernels' launches for a call: method, and per launch the kernel stem, grid, block, shared memory.
+
+    (A method="auto" call whose dtypes and shape the tensor-core kernel takes runs that kernel instead, with
+    PagedDecodePlan's geometry for page_size = max_seq_len; see the module doc.)
 
     `seq_hint` is the int seq_len when known (it picks "auto" and bounds the split-K
     grid); None means the array form, which launches for max_seq_len.
@@ -205,17 +224,24 @@ def decode_plan(
             "launches": launches}
 
 
-def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_kv_heads: int, head_dim: int,
-         max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str, seq_hint: int | None,
-         num_warps: int | None, chunk_size: int | None, backend: str | None, out: Any = None,
-         stream: Any = None, kv_layout: str = "HND", window_left: int = -1, logits_soft_cap: float = 0.0) -> Any:
-    from ..launcher import launch
-
+def _check_scale(scale: Any, head_dim: int) -> float:
     if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    elif isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
+        return 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
             float(scale)):
         raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
+    return float(scale)
+
+
+def _run(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], seq_buf: Any, batch: int, num_heads: int,
+         num_kv_heads: int, head_dim: int, max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str,
+         seq_hint: int | None, num_warps: int | None, chunk_size: int | None, backend: str | None, out: Any = None,
+         stream: Any = None, window_left: int = -1, logits_soft_cap: float = 0.0) -> Any:
+    """The tile kernels (dense_attn + merge) over flat K/V arrays with (sequence, position, kv head) element
+    strides (the caller's view as it is, or a contiguous copy)."""
+    from ..launcher import launch
+
+    scale = _check_scale(scale, head_dim)
     wl, wr = _normalize_serving(_check_window_left(window_left), -1, True)
     cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
     plan = decode_plan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, method=method, seq_hint=seq_hint,
@@ -224,11 +250,8 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
     dt = arrays.IO_DTYPES[q_kind]
     out = arrays.empty((batch, num_heads, head_dim), dt, like=q) if out is None else out
     stream = arrays.launch_stream(stream, q)
-    qf, kf, vf, of = _flat(q), _flat(k), _flat(v), _flat(out)
-    # Element strides of (sequence, position, kv head) for the two layouts.
-    d, s_len = head_dim, max_seq_len
-    s_b = num_kv_heads * s_len * d
-    s_tok, s_head = (d, s_len * d) if kv_layout == "HND" else (num_kv_heads * d, d)
+    qf, of = _flat(q), _flat(out)
+    s_b, s_tok, s_head = strides
     splits = plan["num_splits"]
     # Workspaces of the caller's kind (torch: its allocator), on the op's stream. The
     # cu_seqlens pointers are unused (k_mode 1 reads seq_buf) but must be valid arrays.
@@ -248,6 +271,100 @@ def _run(q: Any, k: Any, v: Any, seq_buf: Any, batch: int, num_heads: int, num_k
         launch(stem2 + arrays.kernel_suffix(q_kind), grid2, block2, part_o, part_lse, of, f1,
                batch * num_heads, head_dim, splits, 0, stream=stream, backend=backend)
     return out
+
+
+def _cache_view(name: str, a: Any, kv_layout: str, batched: bool) -> tuple[Any, tuple[int, int, int]] | None:
+    """(flat array over the view's memory from its first element, (s_b, s_tok, s_head) element strides) of a
+    cache as it is (no copy: the kernels add 64-bit strides), or None where the kernels cannot address it
+    (head_dim not unit-stride, negative strides, strides that are not whole elements). The stride of a
+    dimension of size 1 is never multiplied by a non-zero index and counts as 0."""
+    from ._kvcache import element_strides, strided_flat
+
+    if not (isinstance(a, np.ndarray) or arrays.is_torch(a) or hasattr(a, "__cuda_array_interface__")):
+        try:
+            if not arrays.is_host(a):  # e.g. a DLPack device object: as before, arrays.contiguous's rules
+                return None
+        except Exception:
+            return None
+    try:
+        st = element_strides(name, a)
+    except ArgumentError:
+        return None
+    shp = arrays.shape_of(a, name)
+    st = tuple(0 if n == 1 else int(x) for n, x in zip(shp, st))
+    if st[-1] not in (0, 1) or any(x < 0 for x in st):
+        return None
+    flat = strided_flat(name, a, st, False)
+    if not batched:
+        st = (0,) + st
+    s_tok, s_head = (st[2], st[1]) if kv_layout == "HND" else (st[1], st[2])
+    return flat, (st[0], s_tok, s_head)
+
+
+def _contiguous_strides(num_kv_heads: int, max_seq_len: int, head_dim: int, kv_layout: str) -> tuple[int, int, int]:
+    d, s_len = head_dim, max_seq_len
+    s_tok, s_head = (d, s_len * d) if kv_layout == "HND" else (num_kv_heads * d, d)
+    return num_kv_heads * s_len * d, s_tok, s_head
+
+
+def _caches(names: tuple[str, str], k: Any, v: Any, kv_layout: str, batched: bool, dims: tuple[int, int, int]
+            ) -> tuple[Any, Any, tuple[int, int, int], bool]:
+    """(flat K, flat V, their (s_b, s_tok, s_head) element strides, copied): the caches read in place where the
+    kernels can address them (one stride set for both), else contiguous copies of both."""
+    kv, vv = _cache_view(names[0], k, kv_layout, batched), _cache_view(names[1], v, kv_layout, batched)
+    if kv is not None and vv is not None and kv[1] == vv[1]:
+        return kv[0], vv[0], kv[1], False
+    k, v = arrays.contiguous(k), arrays.contiguous(v)
+    return _flat(k), _flat(v), _contiguous_strides(*dims, kv_layout), True
+
+
+def _iota(n: int, like: Any) -> Any:
+    """int32 0 .. n - 1 next to `like`, made on its device (torch / CuPy: a fill kernel, no host copy)."""
+    if isinstance(like, np.ndarray):
+        return np.arange(n, dtype=np.int32)
+    if arrays.is_torch(like):
+        torch = arrays.torch_module()
+        return torch.arange(n, dtype=torch.int32, device=like.device)
+    if type(like).__module__.split(".")[0] == "cupy":
+        import cupy
+
+        return cupy.arange(n, dtype=cupy.int32)
+    from .serving import _device_like
+
+    return _device_like(np.arange(n, dtype=np.int32), like)
+
+
+def _tc_candidate(method: str, tensor_cores: Any, q_kind: str, kv_kind: str, group: int, head_dim: int,
+                  logits_soft_cap: Any) -> bool:
+    """Whether method="auto" sends this shape to the tensor-core paged decode kernel (the alignment of the
+    caches and the backend are checked next, tc_decode_addressable)."""
+    from .serving import tc_decode_eligible
+
+    if tensor_cores is not None and not isinstance(tensor_cores, bool):
+        raise ArgumentTypeError(f"tensor_cores: expected None, True or False, got {tensor_cores!r}")
+    cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
+    return (method == "auto" and tensor_cores is not False
+            and tc_decode_eligible(q_kind, kv_kind, group, head_dim, cap))
+
+
+def _run_tc(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], lens: Any, batch: int, num_heads: int,
+            num_kv_heads: int, head_dim: int, max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any,
+            kv_layout: str, window_left: int, out: Any, stream: Any, backend: str | None) -> Any:
+    """Dense caches as a paged cache of one page a sequence, on the tensor-core decode kernel: page_size =
+    max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths (int32; 0 gives
+    zeros), the page stride = the sequence stride. The split count is PagedDecodePlan's for max_kv_len =
+    max_seq_len (shapes only, so int and array lengths launch the same grid and agree bit for bit)."""
+    from .serving import PagedDecodePlan
+
+    sc = _check_scale(scale, head_dim)
+    plan = PagedDecodePlan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, kv_layout=kv_layout,
+                           q_dtype=q_kind, kv_dtype=kv_kind, max_kv_len=max_seq_len, window_left=window_left,
+                           like=q)
+    res = plan.out if out is None else out
+    indptr = _iota(batch + 1, q)
+    plan._launch(q, kf, vf, strides, indptr, indptr[:batch], lens, _flat(res), sc, 1.0, 1.0, False, stream,
+                 backend)
+    return res
 
 
 def _kv_dims(kv_shape: tuple[int, ...], kv_layout: str) -> tuple[int, int]:
@@ -292,6 +409,7 @@ def decode_attention(
     method: str = "auto",
     num_warps: int | None = None,
     chunk_size: int | None = None,
+    tensor_cores: bool | None = None,
     out: Any = None,
     stream: Any = None,
     backend: str | None = None,
@@ -303,8 +421,8 @@ def decode_attention(
     (max_seq_len, num_kv_heads, head_dim) for "NHD", float32, bfloat16 or float16, num_heads a multiple
     of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
     head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) integer array (any int dtype)
-    read by the kernel at run time (clamped to max_seq_len there; a NumPy array is
-    also checked here). scale defaults to 1/sqrt(head_dim). Returns
+    read by the kernel at run time (clamped to max_seq_len there, and on the tensor-core path a
+    device length that is negative as an int32 counts as 0; a NumPy array is also checked here). scale defaults to 1/sqrt(head_dim). Returns
     (num_heads, head_dim) in q's dtype; zeros when seq_len is 0. Cache slots past
     seq_len are never read.
 
@@ -317,6 +435,13 @@ def decode_attention(
     window_left (FlashInfer's; -1 = unbounded): the query (position seq_len - 1) sees keys
     seq_len - 1 - window_left .. seq_len - 1; only those are read. logits_soft_cap c > 0:
     scores c * tanh(scale * q.k / c). Both as paged_decode_attention.
+
+    tensor_cores: None (default) lets method="auto" run eligible shapes (bf16 / f16, 1..16 query heads a
+    kv head, head_dim 64 / 128, no softcap, 16-byte strides and bases) on the tensor-core decode kernel;
+    False keeps the tile kernels. The caches are read in place through their strides (views of a bigger
+    buffer included); only a cache with head_dim not unit-stride, a negative stride, or strides that differ
+    between K and V is copied. q may be copied to make it contiguous. out: a C-contiguous (num_heads,
+    head_dim) array of q's dtype, written in place (anything else raises naming out).
     """
     q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     kv_kind = arrays.io_kind("k_cache", k_cache, arrays.IO_KINDS)
@@ -330,22 +455,39 @@ def decode_attention(
     _check_common(q_shape, kv_shape, v_shape, 1, kv_layout)
     num_heads, head_dim = q_shape
     num_kv_heads, max_seq_len = _kv_dims(kv_shape, kv_layout)
-    if isinstance(seq_len, (int, np.integer)) and not isinstance(seq_len, bool):
-        hint: int | None = _check_int("seq_len", seq_len, 0, max_seq_len)
-        seq_buf = np.array([hint], np.uint32)
+    is_int = isinstance(seq_len, (int, np.integer)) and not isinstance(seq_len, bool)
+    hint: int | None = None
+    if is_int:
+        hint = _check_int("seq_len", seq_len, 0, max_seq_len)
+    elif not hasattr(seq_len, "shape") and not hasattr(seq_len, "__cuda_array_interface__"):
+        raise ArgumentTypeError(f"seq_len: expected an int or a (1,) integer array, got {type(seq_len).__name__}")
+    tc = _tc_candidate(method, tensor_cores, q_kind, kv_kind, num_heads // num_kv_heads, head_dim, logits_soft_cap)
+    q = arrays.contiguous(q)
+    if out is not None:
+        out = arrays.check_out(out, (num_heads, head_dim), arrays.dtype_name(q), q)
+    kf, vf, strides, _ = _caches(("k_cache", "v_cache"), k_cache, v_cache, kv_layout, False,
+                                 (num_kv_heads, max_seq_len, head_dim))
+    if tc:
+        from .serving import tc_decode_addressable
+
+        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend)
+    len_dt = "int32" if tc else "uint32"
+    if is_int:
+        seq_buf = np.array([hint], len_dt)
         if not isinstance(q, np.ndarray):
             seq_buf = _to_device_like(seq_buf, q)
     else:
-        if not hasattr(seq_len, "shape") and not hasattr(seq_len, "__cuda_array_interface__"):
-            raise ArgumentTypeError(f"seq_len: expected an int or a (1,) integer array, got {type(seq_len).__name__}")
-        seq_buf, hint = _check_seq_array("seq_len", seq_len, 1, max_seq_len), None
-    q, k_cache, v_cache = arrays.contiguous(q), arrays.contiguous(k_cache), arrays.contiguous(v_cache)
-    if out is not None:
-        out = arrays.check_out(out, (num_heads, head_dim), arrays.dtype_name(q), q)
-    res = _run(q, k_cache, v_cache, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind, kv_kind,
-               scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
-               backend=backend, out=None if out is None else out.reshape(1, num_heads, head_dim), stream=stream,
-               kv_layout=kv_layout, window_left=window_left, logits_soft_cap=logits_soft_cap)
+        seq_buf = _check_seq_array("seq_len", seq_len, 1, max_seq_len, len_dt)
+    out3 = None if out is None else out.reshape(1, num_heads, head_dim)
+    if tc:
+        res = _run_tc(q, kf, vf, strides, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
+                      kv_kind, scale=scale, kv_layout=kv_layout, window_left=window_left, out=out3, stream=stream,
+                      backend=backend)
+    else:
+        res = _run(q, kf, vf, strides, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
+                   kv_kind, scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
+                   backend=backend, out=out3, stream=stream, window_left=window_left,
+                   logits_soft_cap=logits_soft_cap)
     return out if out is not None else res.reshape(num_heads, head_dim)
 
 
@@ -363,6 +505,7 @@ def batched_decode_attention(
     method: str = "auto",
     num_warps: int | None = None,
     chunk_size: int | None = None,
+    tensor_cores: bool | None = None,
     out: Any = None,
     stream: Any = None,
     backend: str | None = None,
@@ -376,7 +519,8 @@ def batched_decode_attention(
     keep a stacked cache to avoid that copy per step). seq_lens: (M,) integer array (any int dtype)
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
     also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
-    q's dtype; a sequence of length 0 gets zeros. window_left and logits_soft_cap as
+    q's dtype; a sequence of length 0 gets zeros. window_left, logits_soft_cap, tensor_cores and
+    the copy rules (caches read in place through their strides; out= contiguous, written in place) as
     decode_attention.
     """
     k_caches = _stack("k_caches", k_caches)
@@ -401,21 +545,34 @@ def batched_decode_attention(
             return arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
         return arrays.empty(q_shape, arrays.dtype_name(q), like=q)
     num_kv_heads, max_seq_len = _kv_dims(kv_shape, kv_layout)
+    vals = None
     if isinstance(seq_lens, (list, tuple)):
         if len(seq_lens) != batch:
             raise ArgumentError(f"seq_lens: expected {batch} lengths (from q), got {len(seq_lens)}")
         vals = [_check_int(f"seq_lens[{i}]", s, 0, max_seq_len) for i, s in enumerate(seq_lens)]
-        seq_lens = np.array(vals, np.uint32)
-        if not isinstance(q, np.ndarray):
-            seq_lens = _to_device_like(seq_lens, q)
-    seq_buf = _check_seq_array("seq_lens", seq_lens, batch, max_seq_len)
-    q, k_caches, v_caches = arrays.contiguous(q), arrays.contiguous(k_caches), arrays.contiguous(v_caches)
+    tc = _tc_candidate(method, tensor_cores, q_kind, kv_kind, num_heads // num_kv_heads, head_dim, logits_soft_cap)
+    q = arrays.contiguous(q)
     if out is not None:
         out = arrays.check_out(out, q_shape, arrays.dtype_name(q), q)
-    return _run(q, k_caches, v_caches, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
+    kf, vf, strides, _ = _caches(("k_caches", "v_caches"), k_caches, v_caches, kv_layout, True,
+                                 (num_kv_heads, max_seq_len, head_dim))
+    if tc:
+        from .serving import tc_decode_addressable
+
+        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend)
+    len_dt = "int32" if tc else "uint32"
+    if vals is not None:
+        seq_lens = np.array(vals, len_dt)
+        if not isinstance(q, np.ndarray):
+            seq_lens = _to_device_like(seq_lens, q)
+    seq_buf = _check_seq_array("seq_lens", seq_lens, batch, max_seq_len, len_dt)
+    if tc:
+        return _run_tc(q, kf, vf, strides, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
+                       kv_kind, scale=scale, kv_layout=kv_layout, window_left=window_left, out=out, stream=stream,
+                       backend=backend)
+    return _run(q, kf, vf, strides, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                 kv_kind, scale=scale, method=method, seq_hint=None, num_warps=num_warps, chunk_size=chunk_size,
-                backend=backend, out=out, stream=stream, kv_layout=kv_layout, window_left=window_left,
-                logits_soft_cap=logits_soft_cap)
+                backend=backend, out=out, stream=stream, window_left=window_left, logits_soft_cap=logits_soft_cap)
 
 
 def _stack(name: str, caches: Any) -> Any:
@@ -442,8 +599,11 @@ def _to_device_like(host: np.ndarray, like: Any) -> Any:
         torch = arrays.torch_module()
         if like.device.type == "cpu":
             return torch.from_numpy(host)
+        u32 = host.dtype == np.uint32  # dense_attn's uint32 lengths travel as int32 bits
         if host.size == 1:  # an int seq_len: a fill kernel on the op's stream (capturable, no copy)
-            return torch.full(host.shape, int(host[0]), dtype=torch.int32, device=like.device).view(torch.uint32)
-        return torch.from_numpy(host.astype(np.int32)).to(like.device).view(torch.uint32)
+            t = torch.full(host.shape, int(host[0]), dtype=torch.int32, device=like.device)
+        else:
+            t = torch.from_numpy(host.astype(np.int32)).to(like.device)
+        return t.view(torch.uint32) if u32 else t
     raise ArgumentTypeError(
         f"seq_len: with a {type(like).__name__} query pass the lengths as an integer device array, got an int")

@@ -111,6 +111,20 @@ def tc_decode_eligible(q_kind: str, kv_kind: str, group: int, head_dim: int, sof
             and head_dim in TC_DECODE_HEAD_DIMS and softcap == 0.0)
 
 
+def tc_decode_addressable(kv_kind: str, kf: Any, vf: Any, strides: tuple[int, ...], backend: str | None) -> bool:
+    """Whether the tensor-core decode kernel can read these K/V arrays: it copies 16-byte chunks only, so
+    element strides must be whole 16-byte multiples and the bases 16-byte aligned; and it needs sm_80+
+    (the nvrtc backend's arch). Anything else runs paged_attn / dense_attn with the same workspaces."""
+    if any(s % (16 // _KV_BYTES.get(kv_kind, 2)) for s in strides):
+        return False
+    addrs = (_address(kf), _address(vf))
+    if any(a is None or a % 16 for a in addrs):
+        return False
+    from .forward import tensor_cores_available
+
+    return tensor_cores_available(backend)
+
+
 def _address(a: Any) -> int | None:
     """The data address of a flat array (None when it cannot be told: such pages take paged_attn)."""
     if isinstance(a, np.ndarray):
@@ -548,7 +562,7 @@ class PagedDecodePlan:
             # arguments back one by one would let the untouched copy win).
             self.part_o = self.part_lse = arrays.empty((1,), "f32", like=like)
         self._out_flat, self._lse_flat = _flat(self.out), _flat(self.lse)
-        self.dummy_idx = _device_like(np.zeros(1, np.int32), self.out)
+        self.dummy_idx = arrays.zeros((1,), "int32", like=self.out)  # a fill on the device: capturable
         self.merge_grid = (-(-rows_total // (_NT // 32)),)
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
@@ -568,16 +582,38 @@ class PagedDecodePlan:
         return "paged_attn_merge" + arrays.kernel_suffix(self.q_kind)
 
     def _use_tc(self, kf: Any, vf: Any, strides: tuple[int, int, int], backend: str | None) -> bool:
-        """The tensor-core kernel copies 16-byte chunks only: element strides whole 16-byte multiples, aligned
-        bases; and it needs sm_80+ (anything else runs paged_attn with the same grid and workspaces)."""
-        if not self.tensor_cores or any(s % (16 // _KV_BYTES.get(self.kv_kind, 2)) for s in strides):
-            return False
-        addrs = (_address(kf), _address(vf))
-        if any(a is None or a % 16 for a in addrs):
-            return False
-        from .forward import tensor_cores_available
+        """The tensor-core kernel where the plan picked it and the pages allow it (tc_decode_addressable)."""
+        return self.tensor_cores and tc_decode_addressable(self.kv_kind, kf, vf, strides, backend)
 
-        return tensor_cores_available(backend)
+    def _launch(self, q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], indptr: Any, indices: Any, last: Any,
+                res_flat: Any, sc: float, ksc: float, vsc: float, want_lse: bool, stream: Any,
+                backend: str | None) -> bool:
+        """The launches of one step on checked arguments (flat K/V over the pages' memory and their element
+        strides; int32 index arrays); the dense decode ops reuse it with one page a sequence. Returns
+        whether the tensor-core kernel ran."""
+        from ..launcher import launch
+
+        s_page, s_tok, s_head = strides
+        h, kvh, d, page_size = self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size
+        q = arrays.contiguous(q)
+        stream = arrays.launch_stream(stream, q)
+        tc = self._use_tc(kf, vf, strides, backend)
+        if tc:
+            launch(self._attn_name(True), self.grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
+                   self.part_o, self.part_lse, indptr, indices, last, h, kvh, page_size, s_page,
+                   s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
+                   shared_mem=self.tc_smem, stream=stream, backend=backend)
+        else:
+            launch(self._attn_name(False), self.grid, self.block, _flat(q), kf, vf,
+                   res_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, indptr,
+                   indices, last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
+                   self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc,
+                   vsc, shared_mem=self.smem, stream=stream, backend=backend)
+        if self.num_splits > 1:
+            launch(self._merge_name(), self.merge_grid, self.block,
+                   self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
+                   self.num_splits, int(want_lse), stream=stream, backend=backend)
+        return tc
 
     def run(self, q: Any, k_pages: Any, v_pages: Any = None, kv_indptr: Any = None, kv_indices: Any = None,
             kv_last_page_len: Any = None, *, scale: float | None = None, k_scale: float | None = None,
@@ -590,8 +626,6 @@ class PagedDecodePlan:
         caches' dequantization, applied in registers; default 1). out: a contiguous output to write
         instead of the plan's own.
         """
-        from ..launcher import launch
-
         k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
             k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), self.kv_layout, "kv_last_page_len")
         kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
@@ -612,24 +646,8 @@ class PagedDecodePlan:
             res = arrays.check_out(out, (self.batch, self.num_qo_heads, self.head_dim), self.q_kind, q)
             res_flat = _flat(res)
         kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
-        q = arrays.contiguous(q)
-        split = self.num_splits > 1
-        stream = arrays.launch_stream(stream, q)
-        if self._use_tc(kf, vf, (s_page, s_tok, s_head), backend):
-            launch(self._attn_name(True), self.grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
-                   self.part_o, self.part_lse, table.indptr, table.indices, table.last, h, kvh, page_size, s_page,
-                   s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
-                   shared_mem=self.tc_smem, stream=stream, backend=backend)
-        else:
-            launch(self._attn_name(False), self.grid, self.block, _flat(q), kf, vf,
-                   res_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, table.indptr,
-                   table.indices, table.last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
-                   self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc,
-                   vsc, shared_mem=self.smem, stream=stream, backend=backend)
-        if split:
-            launch(self._merge_name(), self.merge_grid, self.block,
-                   self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
-                   self.num_splits, int(want_lse), stream=stream, backend=backend)
+        self._launch(q, kf, vf, (s_page, s_tok, s_head), table.indptr, table.indices, table.last, res_flat, sc, ksc,
+                     vsc, want_lse, stream, backend)
         return (res, self.lse) if want_lse else res
 
 
