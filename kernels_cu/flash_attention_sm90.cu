@@ -42,33 +42,12 @@ template <typename T> struct Fa90Dt;
 template <> struct Fa90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Fa90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 
-// One key tile for one consumer warpgroup: S = Q K^T, (mask), online softmax, O += P V, release the slot.
-template <typename T, int D, int BC, bool MASK>
-__device__ __forceinline__ void fa90_tile(float (&o)[D / 2], float (&m)[2], float (&l)[2], unsigned long long dq,
-                                          unsigned long long dk, unsigned long long dv, unsigned long long* full,
-                                          unsigned long long* empty, unsigned parity, float sl2, int k0, const int (&rlo)[2],
-                                          const int (&rhi)[2], int t) {
-    constexpr int DT = Fa90Dt<T>::V;
-    float s[BC / 2];
-    pk_mbarrier_wait_parity(full, parity);
-    pk_wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
-        const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
-        pk_wgmma_m64nNk16_ss<BC, DT>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
-    }
-    pk_wgmma_commit();
-    pk_wgmma_wait<0>();
-
-    if (MASK) {
-#pragma unroll
-        for (int i = 0; i < BC / 2; i++) {
-            const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
-            if (col < rlo[r] || col > rhi[r]) s[i] = PK_NEG_INF;
-        }
-    }
-    unsigned pa[BC / 16][4];
+// The exact online softmax of one tile for this thread's rows g and g + 8: the row max over the tile (and
+// the running base m), the rescale of O and l by alpha = 2^((m_old - m_new) * sl2), P = 2^(s * sl2 - base)
+// rounded to T into the A fragments of O += P V, and this thread's partial row sums (the quad sums l at the end).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], float (&o)[D / 2], float (&m)[2],
+                                                   float (&l)[2], unsigned (&pa)[BC / 16][4], float sl2) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = m[r];
@@ -92,14 +71,90 @@ __device__ __forceinline__ void fa90_tile(float (&o)[D / 2], float (&m)[2], floa
 #pragma unroll
         for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= alpha, o[4 * j + 2 * r + 1] *= alpha;
     }
+}
 
+// The lazy softmax keeps the base m while the tile's true row sums stay <= 2^FA90_LAZY_LOG2 (every P <= 2^15:
+// finite in f16, whose largest value is 65504): no row max, no rescale, and the row sum comes from the
+// tensor core. Past that (the running max grew by about 15 - log2(BC) or more, or m is still -inf), the warp
+// takes the exact softmax for the tile.
+#define FA90_LAZY_LOG2 15
+
+// S = Q K^T for one key tile, once the slot's K and V have landed.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], unsigned long long dq, unsigned long long dk,
+                                            unsigned long long* full, unsigned parity) {
+    pk_mbarrier_wait_parity(full, parity);
+    pk_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
+        const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
+        pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
+    }
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+}
+
+// The lazy softmax of a steady-state tile: P = 2^(s * sl2 - m * sl2) from the base m as it is (no row max, no
+// rescale), then l_tile = P x (a 16 x 8 block of 0.25) by wgmma RS m64n8k16 per k-step (dones: a no-swizzle
+// K-major descriptor of 256 bytes of 0.25 in shared memory): in every lane of the quad, a quarter of the row
+// sum of the rounded P that multiplies V, so the quad's sum at the end is the row sum. Accepted (l += l_tile,
+// true returned) when every row of the warp has a true tile row sum <= 2^FA90_LAZY_LOG2, hence every P <=
+// 2^15 (finite in f16, whose largest value is 65504). Otherwise (the running max grew by about 15 - log2(BC)
+// or more, or m is still -inf, which makes P = inf) false, and the caller redoes the tile's softmax exactly.
+#define FA90_LAZY_LOG2 15
+template <typename T, int D, int BC>
+__device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
+                                                  unsigned (&pa)[BC / 16][4], unsigned long long dones, float sl2) {
+    const float base[2] = {m[0] * sl2, m[1] * sl2};
+#pragma unroll
+    for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base[r])),
+                                                          pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base[r])));
+    float ls[4];
+    pk_wgmma_fence();
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++) pk_wgmma_m64nNk16_rs<8, Fa90Dt<T>::V>(ls, pa[kk], dones, kk > 0);
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+    constexpr float lim = (float)(1 << (FA90_LAZY_LOG2 - 2));  // the quarter sums' limit
+    if (!__all_sync(PK_FULL_MASK, ls[0] <= lim && ls[2] <= lim)) return false;  // inf and NaN fail too
+    l[0] += ls[0];
+    l[1] += ls[2];
+    return true;
+}
+
+// O += P V for one key tile, then release the slot.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4], unsigned long long dv,
+                                        unsigned long long* empty) {
     pk_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
-        pk_wgmma_m64nNk16_rs<D, DT, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
+}
+
+// One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2], float (&l)[2],
+                                                 unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                                 unsigned long long* full, unsigned long long* empty, unsigned parity,
+                                                 float sl2, int k0, const int (&rlo)[2], const int (&rhi)[2], int t) {
+    float s[BC / 2];
+    fa90_scores<T, D, BC>(s, dq, dk, full, parity);
+#pragma unroll
+    for (int i = 0; i < BC / 2; i++) {
+        const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
+        if (col < rlo[r] || col > rhi[r]) s[i] = PK_NEG_INF;
+    }
+    unsigned pa[BC / 16][4];
+    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
+    fa90_pv<T, D, BC>(o, pa, dv, empty);
 }
 
 template <typename T, int D>
@@ -115,6 +170,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     unsigned char* vs = ks + ST * KV_BYTES;          // [ST][NB][BC][128 B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * KV_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    unsigned char* ones = reinterpret_cast<unsigned char*>(bars) + 512;  // 256 bytes of 0.25: the row-sum B
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
@@ -136,6 +192,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         pk_mbarrier_init(q_full, 1);
         for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
         pk_fence_mbarrier_init();
+    }
+    if (tid < 64) {  // 16 x 8 (K x N) T values 0.25 for the tensor-core row sums, read by wgmma (async proxy)
+        reinterpret_cast<unsigned*>(ones)[tid] = Pk16<T>::narrow2(0.25f, 0.25f);
+        pk_fence_proxy_async_shared();
     }
     __syncthreads();
 
@@ -176,26 +236,46 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
+    // The 0.25 block as B (K x N = 16 x 8) of m64n8k16: K-major, no swizzle, two 8 x 16-byte core matrices.
+    const unsigned long long dones = pk_wgmma_desc(ones, 128, 256, PK_SWIZZLE_NONE);
     pk_mbarrier_wait_parity(q_full, 0);
 
     int i = 0, j = kt1 - 1;
     for (; j >= f1; j--, i++) {
-        const int s = i % ST;
-        fa90_tile<T, D, BC, true>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
-                                  pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
-                                  j * BC, rlo, rhi, t);
-    }
-    for (; j >= f0; j--, i++) {  // the steady state: no mask
-        const int s = i % ST;
-        fa90_tile<T, D, BC, false>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
+        const int st = i % ST;
+        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
+    if (j >= f0) {  // the steady state: no mask, the lazy softmax
+        // Each pass of the hot loop issues O += P V of the previous tile, then S and the lazy softmax of the
+        // next one; a warp whose lazy softmax fails leaves it for the exact redo and comes back (its O += P V
+        // is the same wgmma instruction as the other warps'). The first tile is peeled off.
+        float s[BC / 2];
+        unsigned pa[BC / 16][4];
+        int st = i % ST;
+        fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
+        if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, dones, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
+        j--, i++;
+        for (;;) {
+            for (;;) {  // the hot loop
+                fa90_pv<T, D, BC>(o, pa, pk_wgmma_desc_advance(dv0, st * KV_BYTES), &empty[st]);
+                if (j < f0) goto fa90_steady_done;
+                st = i % ST;
+                fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
+                const bool ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, dones, sl2);
+                j--, i++;
+                if (!ok) break;
+            }
+            fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
+        }
+    fa90_steady_done:;
+    }
     for (; j >= kt0; j--, i++) {
-        const int s = i % ST;
-        fa90_tile<T, D, BC, true>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
-                                  pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
-                                  j * BC, rlo, rhi, t);
+        const int st = i % ST;
+        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
+                                   j * BC, rlo, rhi, t);
     }
 
     const long long o_stride = (long long)n_heads * D;
