@@ -73,12 +73,6 @@ __device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], flo
     }
 }
 
-// The lazy softmax keeps the base m while the tile's true row sums stay <= 2^FA90_LAZY_LOG2 (every P <= 2^15:
-// finite in f16, whose largest value is 65504): no row max, no rescale, and the row sum comes from the
-// tensor core. Past that (the running max grew by about 15 - log2(BC) or more, or m is still -inf), the warp
-// takes the exact softmax for the tile.
-#define FA90_LAZY_LOG2 15
-
 // S = Q K^T for one key tile, once the slot's K and V have landed.
 template <typename T, int D, int BC>
 __device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], unsigned long long dq, unsigned long long dk,
@@ -96,33 +90,31 @@ __device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], unsigned long lo
 }
 
 // The lazy softmax of a steady-state tile: P = 2^(s * sl2 - m * sl2) from the base m as it is (no row max, no
-// rescale), then l_tile = P x (a 16 x 8 block of 0.25) by wgmma RS m64n8k16 per k-step (dones: a no-swizzle
-// K-major descriptor of 256 bytes of 0.25 in shared memory): in every lane of the quad, a quarter of the row
-// sum of the rounded P that multiplies V, so the quad's sum at the end is the row sum. Accepted (l += l_tile,
-// true returned) when every row of the warp has a true tile row sum <= 2^FA90_LAZY_LOG2, hence every P <=
-// 2^15 (finite in f16, whose largest value is 65504). Otherwise (the running max grew by about 15 - log2(BC)
-// or more, or m is still -inf, which makes P = inf) false, and the caller redoes the tile's softmax exactly.
+// rescale of O and l) and this thread's partial row sums, accepted (l += them, true returned) when every
+// thread of the warp has both partial sums <= 2^FA90_LAZY_LOG2, hence every P <= 2^15 (finite in f16, whose
+// largest value is 65504). Otherwise (the running max grew by 15 - log2(BC / 4) or more, or m is still -inf,
+// which makes P = inf; NaN fails too) false, and the caller redoes the tile's softmax exactly from s.
 #define FA90_LAZY_LOG2 15
 template <typename T, int D, int BC>
 __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
-                                                  unsigned (&pa)[BC / 16][4], unsigned long long dones, float sl2) {
-    const float base[2] = {m[0] * sl2, m[1] * sl2};
+                                                  unsigned (&pa)[BC / 16][4], float sl2) {
+    float sum[2];
 #pragma unroll
-    for (int j = 0; j < BC / 8; j++)
+    for (int r = 0; r < 2; r++) {
+        const float base = m[r] * sl2;
+        sum[r] = 0.0f;
 #pragma unroll
-        for (int r = 0; r < 2; r++)
-            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base[r])),
-                                                          pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base[r])));
-    float ls[4];
-    pk_wgmma_fence();
-#pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++) pk_wgmma_m64nNk16_rs<8, Fa90Dt<T>::V>(ls, pa[kk], dones, kk > 0);
-    pk_wgmma_commit();
-    pk_wgmma_wait<0>();
-    constexpr float lim = (float)(1 << (FA90_LAZY_LOG2 - 2));  // the quarter sums' limit
-    if (!__all_sync(PK_FULL_MASK, ls[0] <= lim && ls[2] <= lim)) return false;  // inf and NaN fail too
-    l[0] += ls[0];
-    l[1] += ls[2];
+        for (int j = 0; j < BC / 8; j++) {
+            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+            sum[r] += p0 + p1;
+            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
+        }
+    }
+    constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
+    if (!__all_sync(PK_FULL_MASK, sum[0] <= lim && sum[1] <= lim)) return false;
+    l[0] += sum[0];
+    l[1] += sum[1];
     return true;
 }
 
@@ -170,7 +162,6 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     unsigned char* vs = ks + ST * KV_BYTES;          // [ST][NB][BC][128 B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * KV_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
-    unsigned char* ones = reinterpret_cast<unsigned char*>(bars) + 512;  // 256 bytes of 0.25: the row-sum B
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
@@ -192,10 +183,6 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         pk_mbarrier_init(q_full, 1);
         for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
         pk_fence_mbarrier_init();
-    }
-    if (tid < 64) {  // 16 x 8 (K x N) T values 0.25 for the tensor-core row sums, read by wgmma (async proxy)
-        reinterpret_cast<unsigned*>(ones)[tid] = Pk16<T>::narrow2(0.25f, 0.25f);
-        pk_fence_proxy_async_shared();
     }
     __syncthreads();
 
@@ -236,8 +223,6 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
-    // The 0.25 block as B (K x N = 16 x 8) of m64n8k16: K-major, no swizzle, two 8 x 16-byte core matrices.
-    const unsigned long long dones = pk_wgmma_desc(ones, 128, 256, PK_SWIZZLE_NONE);
     pk_mbarrier_wait_parity(q_full, 0);
 
     int i = 0, j = kt1 - 1;
@@ -255,7 +240,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         unsigned pa[BC / 16][4];
         int st = i % ST;
         fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
-        if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, dones, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
+        if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
         j--, i++;
         for (;;) {
             for (;;) {  // the hot loop
@@ -263,7 +248,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 if (j < f0) goto fa90_steady_done;
                 st = i % ST;
                 fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
-                const bool ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, dones, sl2);
+                const bool ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
                 j--, i++;
                 if (!ok) break;
             }
