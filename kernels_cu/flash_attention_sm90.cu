@@ -32,7 +32,7 @@
 
 // BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + 2 * STAGES * BC * D * 2 + barriers.
 template <int D> struct Fa90Cfg;
-template <> struct Fa90Cfg<64> { enum { BC = 128, STAGES = 3 }; };
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2 }; };
 
@@ -225,9 +225,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(q_full, 0);
 
-    int i = 0, j = kt1 - 1;
+    unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
+    int j = kt1 - 1;
     for (; j >= f1; j--, i++) {
-        const int st = i % ST;
+        const unsigned st = i % ST;
         fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
                                    pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
@@ -238,7 +239,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         // is the same wgmma instruction as the other warps'). The first tile is peeled off.
         float s[BC / 2];
         unsigned pa[BC / 16][4];
-        int st = i % ST;
+        unsigned st = i % ST;
         fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
         if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
         j--, i++;
@@ -257,7 +258,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     fa90_steady_done:;
     }
     for (; j >= kt0; j--, i++) {
-        const int st = i % ST;
+        const unsigned st = i % ST;
         fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
                                    pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
