@@ -13,12 +13,20 @@
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): consumer c owns query rows 64c..64c+63.
 //     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle);
 //     online softmax on the accumulators in registers (base 2, exp2 via ex2.approx); the row max is taken
-//                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts;
+//                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts
+//                  (exact at the boundary tiles, lazy in the steady state: below);
 //     O += P V_j  : wgmma m64n<D>k16 RS: P rounded to T in registers straight from the S accumulator
 //                  layout (it is the A-fragment layout), V from shared memory MN-major (no transpose).
 // Tile order: key tiles are visited from the last to the first. Tiles that some row sees only partly
 // (the causal / window boundary, keys past n_k) run the masked body in their own loops before and after
 // the steady-state loop over tiles every row sees wholly, which carries no mask code at all.
+// Lazy softmax in the steady state: the base m (the exp2 shift, in raw score units) stays as it is while a
+// tile's P = 2^(s * sl2 - m * sl2) keep every thread's partial row sums <= 2^15 (so every P <= 2^15, finite
+// in f16): no row max, no shuffles, no rescale of O and l, i.e. FFMA + ex2 + FADD + half an F2FP a score.
+// A warp whose check fails (the running max grew by 15 - log2(BC / 4) log2 units or more, or m is -inf) redoes
+// the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (the loop issues
+// O += P V of the previous tile first, so every warp meets the same wgmma instruction). m and l are always
+// consistent (lse = ln 2 * (m * sl2 + log2 l)); the boundary tiles keep the exact softmax.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
 // Tensor maps (pykern.ops.forward makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k and v
@@ -32,7 +40,7 @@
 
 // BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + 2 * STAGES * BC * D * 2 + barriers.
 template <int D> struct Fa90Cfg;
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2 }; };
+template <> struct Fa90Cfg<64> { enum { BC = 128, STAGES = 3 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2 }; };
 
