@@ -13,12 +13,20 @@
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): consumer c owns query rows 64c..64c+63.
 //     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle);
 //     online softmax on the accumulators in registers (base 2, exp2 via ex2.approx); the row max is taken
-//                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts;
+//                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts
+//                  (exact at the boundary tiles, lazy in the steady state: below);
 //     O += P V_j  : wgmma m64n<D>k16 RS: P rounded to T in registers straight from the S accumulator
 //                  layout (it is the A-fragment layout), V from shared memory MN-major (no transpose).
 // Tile order: key tiles are visited from the last to the first. Tiles that some row sees only partly
 // (the causal / window boundary, keys past n_k) run the masked body in their own loops before and after
 // the steady-state loop over tiles every row sees wholly, which carries no mask code at all.
+// Lazy softmax in the steady state: the base m (the exp2 shift, in raw score units) stays as it is while a
+// tile's P = 2^(s * sl2 - m * sl2) keep every thread's partial row sums <= 2^15 (so every P <= 2^15, finite
+// in f16): no row max, no shuffles, no rescale of O and l, i.e. FFMA + ex2 + FADD + half an F2FP a score.
+// A warp whose check fails (the running max grew by 15 - log2(BC / 4) log2 units or more, or m is -inf) redoes
+// the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (the loop issues
+// O += P V of the previous tile first, so every warp meets the same wgmma instruction). m and l are always
+// consistent (lse = ln 2 * (m * sl2 + log2 l)); the boundary tiles keep the exact softmax.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
 // Tensor maps (pykern.ops.forward makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k and v
@@ -42,33 +50,12 @@ template <typename T> struct Fa90Dt;
 template <> struct Fa90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Fa90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 
-// One key tile for one consumer warpgroup: S = Q K^T, (mask), online softmax, O += P V, release the slot.
-template <typename T, int D, int BC, bool MASK>
-__device__ __forceinline__ void fa90_tile(float (&o)[D / 2], float (&m)[2], float (&l)[2], unsigned long long dq,
-                                          unsigned long long dk, unsigned long long dv, unsigned long long* full,
-                                          unsigned long long* empty, unsigned parity, float sl2, int k0, const int (&rlo)[2],
-                                          const int (&rhi)[2], int t) {
-    constexpr int DT = Fa90Dt<T>::V;
-    float s[BC / 2];
-    pk_mbarrier_wait_parity(full, parity);
-    pk_wgmma_fence();
-#pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
-        const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
-        pk_wgmma_m64nNk16_ss<BC, DT>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
-    }
-    pk_wgmma_commit();
-    pk_wgmma_wait<0>();
-
-    if (MASK) {
-#pragma unroll
-        for (int i = 0; i < BC / 2; i++) {
-            const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
-            if (col < rlo[r] || col > rhi[r]) s[i] = PK_NEG_INF;
-        }
-    }
-    unsigned pa[BC / 16][4];
+// The exact online softmax of one tile for this thread's rows g and g + 8: the row max over the tile (and
+// the running base m), the rescale of O and l by alpha = 2^((m_old - m_new) * sl2), P = 2^(s * sl2 - base)
+// rounded to T into the A fragments of O += P V, and this thread's partial row sums (the quad sums l at the end).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], float (&o)[D / 2], float (&m)[2],
+                                                   float (&l)[2], unsigned (&pa)[BC / 16][4], float sl2) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = m[r];
@@ -92,14 +79,82 @@ __device__ __forceinline__ void fa90_tile(float (&o)[D / 2], float (&m)[2], floa
 #pragma unroll
         for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= alpha, o[4 * j + 2 * r + 1] *= alpha;
     }
+}
 
+// S = Q K^T for one key tile, once the slot's K and V have landed.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], unsigned long long dq, unsigned long long dk,
+                                            unsigned long long* full, unsigned parity) {
+    pk_mbarrier_wait_parity(full, parity);
+    pk_wgmma_fence();
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
+        const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
+        pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
+    }
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+}
+
+// The lazy softmax of a steady-state tile: P = 2^(s * sl2 - m * sl2) from the base m as it is (no row max, no
+// rescale of O and l) and this thread's partial row sums, accepted (l += them, true returned) when every
+// thread of the warp has both partial sums <= 2^FA90_LAZY_LOG2, hence every P <= 2^15 (finite in f16, whose
+// largest value is 65504). Otherwise (the running max grew by 15 - log2(BC / 4) or more, or m is still -inf,
+// which makes P = inf; NaN fails too) false, and the caller redoes the tile's softmax exactly from s.
+#define FA90_LAZY_LOG2 15
+template <typename T, int D, int BC>
+__device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
+                                                  unsigned (&pa)[BC / 16][4], float sl2) {
+    float sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float base = m[r] * sl2;
+        sum[r] = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) {
+            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+            sum[r] += p0 + p1;
+            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
+        }
+    }
+    constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
+    if (!__all_sync(PK_FULL_MASK, sum[0] <= lim && sum[1] <= lim)) return false;
+    l[0] += sum[0];
+    l[1] += sum[1];
+    return true;
+}
+
+// O += P V for one key tile, then release the slot.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4], unsigned long long dv,
+                                        unsigned long long* empty) {
     pk_wgmma_fence();
 #pragma unroll
     for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
-        pk_wgmma_m64nNk16_rs<D, DT, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
+}
+
+// One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2], float (&l)[2],
+                                                 unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                                 unsigned long long* full, unsigned long long* empty, unsigned parity,
+                                                 float sl2, int k0, const int (&rlo)[2], const int (&rhi)[2], int t) {
+    float s[BC / 2];
+    fa90_scores<T, D, BC>(s, dq, dk, full, parity);
+#pragma unroll
+    for (int i = 0; i < BC / 2; i++) {
+        const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
+        if (col < rlo[r] || col > rhi[r]) s[i] = PK_NEG_INF;
+    }
+    unsigned pa[BC / 16][4];
+    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
+    fa90_pv<T, D, BC>(o, pa, dv, empty);
 }
 
 template <typename T, int D>
@@ -178,24 +233,43 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(q_full, 0);
 
-    int i = 0, j = kt1 - 1;
+    unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
+    int j = kt1 - 1;
     for (; j >= f1; j--, i++) {
-        const int s = i % ST;
-        fa90_tile<T, D, BC, true>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
-                                  pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
-                                  j * BC, rlo, rhi, t);
-    }
-    for (; j >= f0; j--, i++) {  // the steady state: no mask
-        const int s = i % ST;
-        fa90_tile<T, D, BC, false>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
+        const unsigned st = i % ST;
+        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
+    if (j >= f0) {  // the steady state: no mask, the lazy softmax
+        // Each pass of the hot loop issues O += P V of the previous tile, then S and the lazy softmax of the
+        // next one; a warp whose lazy softmax fails leaves it for the exact redo and comes back (its O += P V
+        // is the same wgmma instruction as the other warps'). The first tile is peeled off.
+        float s[BC / 2];
+        unsigned pa[BC / 16][4];
+        unsigned st = i % ST;
+        fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
+        if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
+        j--, i++;
+        for (;;) {
+            for (;;) {  // the hot loop
+                fa90_pv<T, D, BC>(o, pa, pk_wgmma_desc_advance(dv0, st * KV_BYTES), &empty[st]);
+                if (j < f0) goto fa90_steady_done;
+                st = i % ST;
+                fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
+                const bool ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
+                j--, i++;
+                if (!ok) break;
+            }
+            fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
+        }
+    fa90_steady_done:;
+    }
     for (; j >= kt0; j--, i++) {
-        const int s = i % ST;
-        fa90_tile<T, D, BC, true>(o, m, l, dq, pk_wgmma_desc_advance(dk0, s * KV_BYTES),
-                                  pk_wgmma_desc_advance(dv0, s * KV_BYTES), &full[s], &empty[s], (i / ST) & 1, sl2,
-                                  j * BC, rlo, rhi, t);
+        const unsigned st = i % ST;
+        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
+                                   j * BC, rlo, rhi, t);
     }
 
     const long long o_stride = (long long)n_heads * D;

@@ -7,7 +7,7 @@ head_dim 64/128/256, causal and not, GQA, n_q != n_k both ways and lengths off e
 only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
 without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
 and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-(d128, d256), and no spills. The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
+(d128, d256; 2.35 at d64), and no spills. The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
 """
 from __future__ import annotations
 
@@ -223,20 +223,68 @@ def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str)
     return "fa90_mutant_d64_bf16"
 
 
-def _launch_d64(name: str) -> np.ndarray:
+def _launch_d64(name: str, qkv=None, causal: bool = True) -> np.ndarray:
+    """Launches the d64 bf16 kernel `name` (one head, scale 1/8) on qkv (default: standard normal, 130 x 130)."""
     import pykern
     from pykern.tensormap import make_tensor_map
 
-    rng = np.random.default_rng(0)
-    q, k, v = (rng.standard_normal((1, 130, 1, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    if qkv is None:
+        rng = np.random.default_rng(0)
+        qkv = tuple(rng.standard_normal((1, 130, 1, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
+    q, k, v = qkv
+    n_q, n_k = q.shape[1], k.shape[1]
+    bc = sm90._CFG[64][0]
     tq = make_tensor_map(q, (1, 128, 1, 64), "128B", backend=HOST)
-    tk = make_tensor_map(k, (1, 128, 1, 64), "128B", backend=HOST)
-    tv = make_tensor_map(v, (1, 128, 1, 64), "128B", backend=HOST)
+    tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=HOST)
+    tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=HOST)
     out = np.zeros_like(q)
-    lse = np.zeros((1, 130, 1), np.float32)
-    pykern.launch(name, 2, sm90.THREADS, tq, tk, tv, out, lse, 1, 130, 130, 1, 1, 0.125, 130, 0,
+    lse = np.zeros((1, n_q, 1), np.float32)
+    pykern.launch(name, (n_q + 127) // 128, sm90.THREADS, tq, tk, tv, out, lse, 1, n_q, n_k, 1, 1, 0.125, n_k,
+                  0 if causal else n_k,
                   shared_mem=sm90.shared_bytes(64), backend=HOST)
     return out
+
+
+def _spiky(rng, n_q: int, n_k: int, d: int, dtype: str, spikes):
+    """Standard-normal q, k, v with q[..., 0] = 4 and k[:, key, :, 0] = size at each (key, size) of spikes: every
+    row's score of that key jumps by about 4 * size * scale (natural log units)."""
+    q, k, v = fa_inputs(rng, 1, n_q, n_k, 1, 1, d, d, dtype)
+    q = q.copy()
+    k = k.copy()
+    q[..., 0] = 4
+    for key, size in spikes:
+        k[:, key, :, 0] = size
+    return q, k, v
+
+
+# The steady-state loop keeps its base (no row max) while a tile's row sums stay <= 2^15 and redoes the tile
+# exactly when the running max grows past that: keys visited late (low indices) with scores far above the
+# earlier maximum force the redo inside the hot loop; a smaller jump (P up to about 2^10) is kept lazily.
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("d", [64, 128])
+def test_forward_sm90_when_the_running_max_grows(d, dtype, monkeypatch) -> None:
+    bc = sm90._CFG[d][0]
+    n_k = 3 * bc + 10  # a masked tile (visited first), then three steady tiles: peeled, hot loop x 2
+    rng = np.random.default_rng(d)
+    size_big, size_mid = 30 * np.sqrt(d) / 8, 14 * np.sqrt(d) / 8  # about +22 and +10 log2 units
+    q, k, v = _spiky(rng, 70, n_k, d, dtype, [(bc + 7, size_mid), (5, size_big)])
+    out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
+    ref_out, ref_lse = np_flash_attention(q, k, v, False)
+    _close("out", out, ref_out, dtype)
+    _check_lse(lse, ref_lse)
+
+
+def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
+    # without the redo after a failed lazy tile, the spiky case above comes out wrong
+    rng = np.random.default_rng(64)
+    bc = sm90._CFG[64][0]
+    q, k, v = _spiky(rng, 70, 3 * bc + 10, 64, "bf16", [(bc + 7, 14.0), (5, 30.0)])
+    ref_out, _ = np_flash_attention(q, k, v, False)
+    good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
+    _close("out", good, ref_out, "bf16")
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "            fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
+                              "  // the rare redo", "            // dropped"), (q, k, v), False)
+    assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
 def test_the_unmutated_copy_runs(tmp_path, monkeypatch) -> None:
@@ -315,7 +363,7 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
 def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     mod, text, counts, loops = _sass()
     body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
-    ops_ = re.findall(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
+    ops_ = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
     d = int(kernel.split("_d")[1].split("_")[0])
     bc = sm90._CFG[d][0]
     assert any(op.startswith(f"HGMMA.64x{bc}x16.F32") for op in ops_)  # S = Q K^T, SS
@@ -336,6 +384,7 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     bc = sm90._CFG[d][0]
     assert loop["mma"] == bc * d / 64  # per warp and tile: S and P V, BC * D / 128 m16n8k16s each
     assert loop["bar"] == 0 and loop["ldsm"] == 0 and loop["ldgsts"] == 0
-    # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent. At d64 the softmax (about 5 instructions a
-    # score, BC/2 scores a thread) outweighs half as many MMAs: 3.19 there, pinned so it does not grow.
-    assert loop["per_mma"] <= (2.0 if d >= 128 else 3.25), loop
+    # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent. The lazy softmax costs 3.5 instructions a score
+    # (FFMA, ex2, FADD, half an F2FP; BC/2 scores a thread), which at d64 (BC * D / 64 = BC MMAs a tile) is 1.75
+    # an MMA before the tile's fixed costs: 2.32 there. Pinned so none of them grows.
+    assert loop["per_mma"] <= {64: 2.35, 128: 1.3, 256: 1.0}[d], loop
