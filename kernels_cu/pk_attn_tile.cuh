@@ -444,33 +444,49 @@ __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int
 }
 
 // ---------------------------------------------------------------------------
-// Merge of split-KV partials: one warp per output row (total_rows = total_q * H),
+// Merge of split-KV partials, one output row by one warp (lanes over head_dim):
 // out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), lse = (M + log2 sum) * ln 2.
 // Splits that saw no key (lse -inf) weigh 0; a row no split saw gets zeros, lse -inf.
-template <typename TO>
-__device__ __forceinline__ void pa_merge(const float* __restrict__ part_o, const float* __restrict__ part_lse,
-                                         TO* __restrict__ out, float* __restrict__ lse, long long total_rows,
-                                         int head_dim, int num_splits, int write_lse) {
-    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
-    if (row >= total_rows) return;
+// LD reads the partials: PaLdPlain (paged_attn_merge, a launch after the partials' writer) or
+// PaLdRelaxed (decode_tc.cu's last split CTA, the same launch: strong loads after the ticket's fence).
+struct PaLdPlain {
+    static __device__ __forceinline__ float f32(const float* p) { return *p; }
+};
+struct PaLdRelaxed {
+    static __device__ __forceinline__ float f32(const float* p) { return pk_ld_relaxed_gpu(p); }
+};
+template <typename TO, typename LD>
+__device__ __forceinline__ void pa_merge_row(const float* part_o, const float* part_lse, TO* __restrict__ out,
+                                             float* __restrict__ lse, long long total_rows, long long row,
+                                             int head_dim, int num_splits, int write_lse, int lane) {
     float M = PK_NEG_INF;
-    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part_lse[s * total_rows + row]);
+    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, LD::f32(part_lse + s * total_rows + row));
     float W = 0.0f;
     if (M != PK_NEG_INF)
-        for (int s = 0; s < num_splits; ++s) W += exp2f(part_lse[s * total_rows + row] - M);
+        for (int s = 0; s < num_splits; ++s) W += exp2f(LD::f32(part_lse + s * total_rows + row) - M);
     const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
     for (int d = lane; d < head_dim; d += 32) {
         float o = 0.0f;
         if (M != PK_NEG_INF) {
             for (int s = 0; s < num_splits; ++s) {
-                const float ls = part_lse[s * total_rows + row];
-                if (ls != PK_NEG_INF) o = fmaf(exp2f(ls - M), part_o[(s * total_rows + row) * head_dim + d], o);
+                const float ls = LD::f32(part_lse + s * total_rows + row);
+                if (ls != PK_NEG_INF) o = fmaf(exp2f(ls - M), LD::f32(part_o + (s * total_rows + row) * head_dim + d), o);
             }
             o *= inv_w;
         }
         PkIO<TO>::store(out, row * head_dim + d, o);
     }
     if (write_lse && lane == 0) lse[row] = M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
+}
+
+// The merge kernel's body: one warp per output row (total_rows = total_q * H).
+template <typename TO>
+__device__ __forceinline__ void pa_merge(const float* __restrict__ part_o, const float* __restrict__ part_lse,
+                                         TO* __restrict__ out, float* __restrict__ lse, long long total_rows,
+                                         int head_dim, int num_splits, int write_lse) {
+    const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
+    if (row >= total_rows) return;
+    pa_merge_row<TO, PaLdPlain>(part_o, part_lse, out, lse, total_rows, row, head_dim, num_splits, write_lse,
+                                threadIdx.x & 31);
 }
 

@@ -1,6 +1,6 @@
 """Tensor-core paged decode for GQA (kernels_cu/decode_tc.cu) on the host backend against float64 NumPy:
 GQA 4 / 8 / 16 and MQA, page sizes 1 and 16 with ragged last pages and empty sequences, split-KV on and
-off (with paged.cu's merge), batch 1 and several, bf16 through the op and f16 through the kernels
+off (merged in the same launch by the last split CTA; its ticket counters left at zero), batch 1 and several, bf16 through the op and f16 through the kernels
 directly, forward / reverse / random thread schedules and racecheck; the op's dispatch (which kernel
 runs when); and the SASS of the new kernels (HMMA, LDGSTS.E.BYPASS.128, no spills on any arch)."""
 from __future__ import annotations
@@ -82,7 +82,8 @@ def test_tc_decode_matches_float64(case, launched) -> None:
     out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                                           pc["kv_last_page_len"], plan=plan, return_lse=True, backend="host")
     assert launched[0] == f"decode_tc_paged_d{d}_bf16"
-    assert launched[1:] == (["paged_attn_merge_bf16"] if plan.num_splits > 1 else [])
+    assert launched[1:] == []  # split or not: one launch
+    assert not np.asarray(plan.counters).any()
     ro, rl = _ref(pc, q)
     _close(out, ro, "paged_decode_attention", "bf16")
     _close(lse, rl, "paged_decode_attention", "bf16")
@@ -144,7 +145,8 @@ def test_tc_decode_racecheck_clean(kind: str, monkeypatch, launched) -> None:
         plan = ops.PagedDecodePlan(2, 4, 1, 64, 16, q_dtype="bf16", kv_dtype=kind, num_splits=ns)
         out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                             pc["kv_last_page_len"], k_scale=sc[0], v_scale=sc[1], return_lse=True, backend="host")
-        assert launched[-2 if ns > 1 else -1].startswith("decode_tc_paged_d64")
+        assert launched[-1].startswith("decode_tc_paged_d64")
+        assert not np.asarray(plan.counters).any()
         ro, rl = _ref(pc, q)
         _close(out, ro, "paged_decode_attention", "bf16")
 
@@ -206,14 +208,13 @@ def test_tc_decode_f16_kernels(d: int, ns: int, kv: str) -> None:
     lse = np.zeros((n, h), np.float32)
     part_o = np.zeros(max(1, ns * n * h * d), np.float32)
     part_lse = np.zeros(max(1, ns * n * h), np.float32)
+    counters = np.zeros(n * kvh, np.int32)
     launcher.launch(name, (n * kvh, 1, ns), (128,), q.reshape(-1),
                     pc["k_pages"].reshape(-1), pc["v_pages"].reshape(-1), out.reshape(-1), lse, part_o, part_lse,
-                    pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"], h, kvh, ps, ps * kvh * d, kvh * d, d,
+                    counters, pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"], h, kvh, ps, ps * kvh * d, kvh * d, d,
                     2**30, ns, n, 1, 1.0 / np.sqrt(d), ksc, vsc, shared_mem=dtc_smem_bytes(d, 2 if kv == "f16" else 1),
                     backend="host")
-    if ns > 1:
-        launcher.launch("paged_attn_merge_f16", (-(-n * h // 4),), (128,), part_o, part_lse, out.reshape(-1), lse,
-                        n * h, d, ns, 1, backend="host")
+    assert not counters.any()
     ro, rl = _ref(pc, q)
     _close(out, ro, "flash_attention", "f16")
     _close(lse, rl, "flash_attention", "f16")
@@ -237,7 +238,9 @@ def test_dispatch_picks_the_tensor_core_kernel_only_where_it_applies() -> None:
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", logits_soft_cap=30.0).launches()[0][0] == "paged_attn_bf16"
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", tensor_cores=False).launches()[0][0] == "paged_attn_bf16"
     p = P(1, 32, 8, 128, 16, q_dtype="bf16", max_kv_len=4096)
-    assert [n for n, *_ in p.launches()] == ["decode_tc_paged_d128_bf16", "paged_attn_merge_bf16"]
+    assert p.num_splits > 1 and [n for n, *_ in p.launches()] == ["decode_tc_paged_d128_bf16"]  # merged in-kernel
+    assert [n for n, *_ in P(1, 32, 8, 128, 16, q_dtype="bf16", max_kv_len=4096, tensor_cores=False).launches()] == \
+        ["paged_attn_bf16", "paged_attn_merge_bf16"]  # paged_attn keeps its merge launch
     assert p.launches()[0][3] == dtc_smem_bytes(128) == (2 * 2 * 64 + 16) * 136 * 2
 
 
