@@ -335,3 +335,89 @@ def test_tc_split_count_fills_one_wave() -> None:
     assert P(1, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 32  # the cap
     assert P(1, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=1024).num_splits == 16  # >= 64 positions a split
     assert P(17, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 1  # 136 CTAs >= 132 SMs
+
+
+# --------------------------------------------------------------------------- split-KV in one launch
+def _run_plan(plan, pc, q, sc=(None, None)):
+    out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"],
+                        k_scale=sc[0], v_scale=sc[1], return_lse=True, backend="host")
+    return np.asarray(out, np.float64).copy(), np.asarray(lse, np.float64).copy()
+
+
+def test_split_decode_is_one_launch_and_matches_the_unsplit_one(launched) -> None:
+    # The last split CTA of each (sequence, kv head) merges: no merge launch, the plan lists one launch, the
+    # result agrees with one split (and both with float64), and the ticket counters are zero again after it.
+    _need("host")
+    rng = np.random.default_rng(21)
+    lens = [300, 130, 0, 64]
+    pc = make_paged(rng, lens, 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (4, 8, 64), "bf16")
+    ro, rl = _ref(pc, q)
+    res = {}
+    for ns in (1, 5):
+        plan = ops.PagedDecodePlan(4, 8, 2, 64, 16, q_dtype="bf16", num_splits=ns)
+        assert len(plan.launches()) == 1 and plan.launches()[0][1] == (8, 1, ns)
+        del launched[:]
+        res[ns] = _run_plan(plan, pc, q)
+        assert launched == ["decode_tc_paged_d64_bf16"]
+        assert np.asarray(plan.counters).shape == ((8,) if ns > 1 else (1,)) and not np.asarray(plan.counters).any()
+        _close(res[ns][0], ro, "paged_decode_attention", "bf16")
+        _close(res[ns][1], rl, "paged_decode_attention", "bf16")
+    _close(res[5][0], res[1][0], "paged_decode_attention", "bf16")
+    _close(res[5][1], res[1][1], "paged_decode_attention", "bf16")
+
+
+MANY_SPLITS = [  # (kv kind, head_dim, page_size, num_splits, schedule)
+    ("bf16", 64, 16, 16, "forward"),
+    ("bf16", 64, 1, 32, "reverse"),
+    ("bf16", 128, 16, 32, "interleave:3"),  # several blocks resident at once: tickets drawn in a mixed order
+    ("e4m3", 64, 16, 24, "interleave"),
+]
+
+
+@pytest.mark.parametrize("case", MANY_SPLITS, ids=[f"{c[0]}d{c[1]}p{c[2]}s{c[3]}-{c[4]}" for c in MANY_SPLITS])
+def test_many_splits_ragged_lengths(case, monkeypatch, launched) -> None:
+    # 16 to 32 splits over ragged lengths: empty sequences, sequences shorter than the split count (most splits
+    # see no key and still take their ticket), one just past a 64-key tile; a second step on the same plan
+    # (as a CUDA graph replays it) finds the counters zero and gives the same bits.
+    _need("host")
+    kind, d, ps, ns, sched = case
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    rng = np.random.default_rng(ns + d + ps)
+    lens = [0, 1, 5, 31, 65, 400, 0]
+    kvh, h = 2, 8
+    pc = make_paged(rng, lens, ps, kvh, d, "NHD", kind)
+    q = make_q(rng, (len(lens), h, d), "bf16")
+    sc = tuple(pc["scales"]) if kind == "e4m3" else (None, None)
+    plan = ops.PagedDecodePlan(len(lens), h, kvh, d, ps, q_dtype="bf16", kv_dtype=kind, num_splits=ns)
+    assert plan.num_splits == ns and len(plan.launches()) == 1
+    out, lse = _run_plan(plan, pc, q, sc)
+    assert len(launched) == 1 and launched[0].startswith(f"decode_tc_paged_d{d}")
+    assert not np.asarray(plan.counters).any()
+    ro, rl = _ref(pc, q)
+    _close(out, ro, "paged_decode_attention", "bf16")
+    _close(lse, rl, "paged_decode_attention", "bf16")
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b] == 0).all() and np.isneginf(lse[b]).all()
+    out2, lse2 = _run_plan(plan, pc, q, sc)
+    assert np.array_equal(out2, out) and np.array_equal(lse2, lse)
+    assert not np.asarray(plan.counters).any()
+
+
+@pytest.mark.parametrize("sched", ["forward", "interleave:5"])
+def test_split_merge_racecheck_clean(sched: str, monkeypatch) -> None:
+    # The partials cross blocks: plain stores, __threadfence, the ticket atomic; the last CTA's fence and
+    # strong (ld.relaxed.gpu) loads. Racecheck, with blocks one at a time and interleaved, reports nothing.
+    _need("host")
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    rng = np.random.default_rng(33)
+    lens = [260, 0, 9]
+    pc = make_paged(rng, lens, 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (3, 8, 64), "bf16")
+    plan = ops.PagedDecodePlan(3, 8, 2, 64, 16, q_dtype="bf16", num_splits=6)
+    out, lse = _run_plan(plan, pc, q)
+    ro, rl = _ref(pc, q)
+    _close(out, ro, "paged_decode_attention", "bf16")
+    assert not np.asarray(plan.counters).any()
