@@ -444,7 +444,7 @@ __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int
 }
 
 // ---------------------------------------------------------------------------
-// Merge of split-KV partials, one output row by one warp (lanes over head_dim):
+// Merge of split-KV partials, one output row by one warp (lanes over head_dim; all 32 lanes call it):
 // out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), lse = (M + log2 sum) * ln 2.
 // Splits that saw no key (lse -inf) weigh 0; a row no split saw gets zeros, lse -inf.
 // LD reads the partials: PaLdPlain (paged_attn_merge, a launch after the partials' writer) or
@@ -455,27 +455,46 @@ struct PaLdPlain {
 struct PaLdRelaxed {
     static __device__ __forceinline__ float f32(const float* p) { return pk_ld_relaxed_gpu(p); }
 };
+// Latency first (the in-launch merge runs after every other split of its group, on the critical path): the
+// lanes load the splits' lse in parallel (lane s: split s of each 32) and reduce with shuffles, then every
+// lane's head_dim / 32 outputs take each split's weight by shuffle, the partial loads of 4 splits in flight
+// a lane; no load waits on another's value. head_dim <= 32 * PA_MERGE_PER_LANE.
+#define PA_MERGE_PER_LANE 8
 template <typename TO, typename LD>
 __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* part_lse, TO* __restrict__ out,
                                              float* __restrict__ lse, long long total_rows, long long row,
                                              int head_dim, int num_splits, int write_lse, int lane) {
     float M = PK_NEG_INF;
-    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, LD::f32(part_lse + s * total_rows + row));
-    float W = 0.0f;
-    if (M != PK_NEG_INF)
-        for (int s = 0; s < num_splits; ++s) W += exp2f(LD::f32(part_lse + s * total_rows + row) - M);
-    const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
-    for (int d = lane; d < head_dim; d += 32) {
-        float o = 0.0f;
-        if (M != PK_NEG_INF) {
-            for (int s = 0; s < num_splits; ++s) {
-                const float ls = LD::f32(part_lse + s * total_rows + row);
-                if (ls != PK_NEG_INF) o = fmaf(exp2f(ls - M), LD::f32(part_o + (s * total_rows + row) * head_dim + d), o);
+    for (int s = lane; s < num_splits; s += 32) M = fmaxf(M, LD::f32(part_lse + s * total_rows + row));
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) M = fmaxf(M, __shfl_xor_sync(PK_FULL_MASK, M, x));
+    float acc[PA_MERGE_PER_LANE];
+#pragma unroll
+    for (int k = 0; k < PA_MERGE_PER_LANE; k++) acc[k] = 0.0f;
+    float W = 0.0f;  // this lane's splits' weights; the warp's sum below
+    if (M != PK_NEG_INF) {
+        for (int c = 0; c < num_splits; c += 32) {  // 32 splits at a time, one weight a lane
+            const int sl = c + lane;
+            const float ls = sl < num_splits ? LD::f32(part_lse + sl * total_rows + row) : PK_NEG_INF;
+            const float w = ls != PK_NEG_INF ? exp2f(ls - M) : 0.0f;
+            W += w;
+            const int n = num_splits - c < 32 ? num_splits - c : 32;
+#pragma unroll 4
+            for (int j = 0; j < n; j++) {
+                const float wj = __shfl_sync(PK_FULL_MASK, w, j);
+                const float* po = part_o + ((c + j) * total_rows + row) * head_dim;
+#pragma unroll
+                for (int k = 0; k < PA_MERGE_PER_LANE; k++)
+                    if (lane + 32 * k < head_dim && wj != 0.0f) acc[k] = fmaf(wj, LD::f32(po + lane + 32 * k), acc[k]);
             }
-            o *= inv_w;
         }
-        PkIO<TO>::store(out, row * head_dim + d, o);
     }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) W += __shfl_xor_sync(PK_FULL_MASK, W, x);
+    const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < PA_MERGE_PER_LANE; k++)
+        if (lane + 32 * k < head_dim) PkIO<TO>::store(out, row * head_dim + lane + 32 * k, acc[k] * inv_w);
     if (write_lse && lane == 0) lse[row] = M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
 }
 
