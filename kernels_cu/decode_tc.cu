@@ -136,8 +136,8 @@ __device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, 
     __threadfence();  // acquire: the other splits' partials, read below with strong loads (not a stale L1 line)
     const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
     for (int r = warp; r < G; r += DTC_THREADS / 32)
-        pa_merge_row<T, PaLdRelaxed>(part_o, part_lse, out, lse, rows_total, row0 + r, D, num_splits, write_lse,
-                                     lane);
+        pa_merge_row<T, PaLdRelaxed, D / 32>(part_o, part_lse, out, lse, rows_total, row0 + r, D, num_splits,
+                                             write_lse, lane);
 }
 
 template <typename T, int D, typename TKV>
