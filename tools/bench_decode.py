@@ -59,7 +59,7 @@ def step_model(method: str, batch: int, heads: int, kv_heads: int, head_dim: int
         chunks = launches[0][1][1]
         table = 0
     ctas = math.prod(launches[0][1])
-    partials = 2 * splits * batch * heads * (head_dim + 1) * 4 if len(launches) > 1 else 0  # write + read back
+    partials = 2 * splits * batch * heads * (head_dim + 1) * 4 if splits > 1 else 0  # write + read back
     read = kv_min * chunks + qo + partials + table
     t = read / (H100_BW * min(1.0, ctas / H100_SMS)) + LAUNCH_S * (len(launches) - 1)
     return {"launches": len(launches), "ctas": ctas, "splits": splits, "read": read, "min": kv_min + qo,
