@@ -1,6 +1,6 @@
 // Tensor-core paged decode for grouped-query attention (bf16 and f16: one template over the element type T),
 // sm_80 and newer. Same conventions as paged.cu's paged_attn (FlashInfer's paged cache, CSR page table,
-// window_left, split-KV partials merged by pa_merge), for the decode case of one query per sequence and
+// window_left, split-KV partials merged by pa_merge_row), for the decode case of one query per sequence and
 // a GQA group of G <= 16 query heads a kv head. The op (pykern/ops/serving.py) picks it for 1 <= G <= 16,
 // head_dim 64 / 128, bf16 or f16 q with K/V of q's type or FP8 (e4m3 / e5m2, see DtcFp8), no softcap,
 // 16-byte aligned pages; paged_attn otherwise.
@@ -14,6 +14,14 @@
 //   online softmax on the S accumulators in base 2 (scale * log2 e folded into one multiply);
 //   O += P V  : P rounded to T straight from the S accumulator layout into the A layout, V as B through
 //               ldmatrix.trans.
+// Split-KV in one launch: with num_splits > 1 each split CTA writes its partial (o, log2 lse) to part_o /
+// part_lse, then takes a ticket from counters[sequence * num_kv_heads + kv head] (release: every thread's
+// __threadfence() after its stores, a barrier, one atomicInc); the CTA that draws the last ticket
+// (acquire: the barrier that hands it the ticket, __threadfence(), then strong ld.relaxed.gpu loads of the
+// partials) merges every split's partial of its group as paged_attn_merge does (pa_merge_row: max-lse
+// rescale in fp32) and writes out (and lse). atomicInc(ctr, num_splits - 1) stores 0 on the last ticket, so
+// each launch leaves its counters at zero for the next one (a CUDA graph replays them as they are). The
+// counters are the plan's: zeroed once when allocated; two launches in flight at once must not share them.
 // Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
 // a tile of DTC_BC = 64 keys is 16 keys a warp, so each warp keeps its own (m, l, O) over its keys of
 // every tile, and the 4 partial softmaxes are merged through shared memory at the end.
@@ -109,11 +117,35 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
     }
 }
 
+// The split epilogue (num_splits > 1), after this CTA has stored its partial rows [row0, row0 + G) of split
+// blockIdx.z: a ticket from this (sequence, kv head)'s counter; the last of the num_splits CTAs merges the
+// group's rows from every split's partial (one warp a row) and writes out / lse. Every CTA of the grid
+// runs this (an empty split stores lse -inf and counts like any other), so the count always completes.
+template <typename T, int D>
+__device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, T* __restrict__ out,
+                                                float* __restrict__ lse, int* __restrict__ counters,
+                                                long long rows_total, long long row0, int G, int num_splits,
+                                                int write_lse) {
+    __threadfence();  // release: this thread's partial stores are visible GPU-wide before the ticket
+    unsigned int* ctr = reinterpret_cast<unsigned int*>(counters) + blockIdx.x;
+    // One thread takes the ticket after the barrier (every thread's fence precedes it); atomicInc wraps the
+    // last ticket (num_splits - 1) back to 0, which leaves the counter clean for the next launch.
+    const int last = __syncthreads_or(threadIdx.x == 0 && atomicInc(ctr, (unsigned int)(num_splits - 1)) ==
+                                                              (unsigned int)(num_splits - 1));
+    if (!last) return;
+    __threadfence();  // acquire: the other splits' partials, read below with strong loads (not a stale L1 line)
+    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
+    for (int r = warp; r < G; r += DTC_THREADS / 32)
+        pa_merge_row<T, PaLdRelaxed, D / 32>(part_o, part_lse, out, lse, rows_total, row0 + r, D, num_splits,
+                                             write_lse, lane);
+}
+
 template <typename T, int D, typename TKV>
 __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const unsigned char* __restrict__ kraw,
                                                  const unsigned char* __restrict__ vraw, T* __restrict__ out,
                                                  float* __restrict__ lse, float* __restrict__ part_o,
-                                                 float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
+                                                 float* __restrict__ part_lse, int* __restrict__ counters,
+                                                 const int* __restrict__ kv_indptr,
                                                  const int* __restrict__ kv_indices,
                                                  const int* __restrict__ kv_last_page_len, int num_qo_heads,
                                                  int num_kv_heads, int page_size, long long s_page, long long s_tok,
@@ -315,26 +347,28 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
         }
     }
+    if (num_splits > 1) dtc_split_fixup<T, D>(part_o, part_lse, out, lse, counters, rows_total,
+                                              (long long)b * H + (long long)kvh * G, G, num_splits, write_lse);
 }
 
 // Entry points: decode_tc_paged_d{64,128}[_e4m3kv|_e5m2kv]_{bf16,f16}: q / out of T; K/V of T, or FP8.
 // K/V pointers are T* (16-bit caches) or unsigned char* (FP8), read as bytes by the body.
 template <typename T, int D, int KIND, typename KP>
 __device__ __forceinline__ void dtc_paged_kind(const T* q, const KP* kq, const KP* vq, T* out,
-                                               float* lse, float* part_o, float* part_lse, const int* ip,
+                                               float* lse, float* part_o, float* part_lse, int* ctr, const int* ip,
                                                const int* ix, const int* ll, int h, int kvh, int ps, long long sp,
                                                long long st, long long sh, int wl, int ns, int batch, int wlse,
                                                float scale, float ks, float vs) {
     const unsigned char* k = reinterpret_cast<const unsigned char*>(kq);
     const unsigned char* v = reinterpret_cast<const unsigned char*>(vq);
     if constexpr (KIND == 0) {
-        dtc_paged_decode<T, D, T>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl, ns,
+        dtc_paged_decode<T, D, T>(q, k, v, out, lse, part_o, part_lse, ctr, ip, ix, ll, h, kvh, ps, sp, st, sh, wl, ns,
                                   batch, wlse, scale, ks, vs);
     } else if constexpr (KIND == 4) {
-        dtc_paged_decode<T, D, PkE4M3>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
+        dtc_paged_decode<T, D, PkE4M3>(q, k, v, out, lse, part_o, part_lse, ctr, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
                                        ns, batch, wlse, scale, ks, vs);
     } else {
-        dtc_paged_decode<T, D, PkE5M2>(q, k, v, out, lse, part_o, part_lse, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
+        dtc_paged_decode<T, D, PkE5M2>(q, k, v, out, lse, part_o, part_lse, ctr, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
                                        ns, batch, wlse, scale, ks, vs);
     }
 }
@@ -351,7 +385,7 @@ PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
 #define DTC_PARAMS_16 \
     (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,                    \
      T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
-     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
+     int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
      int write_lse, float scale, float k_scale, float v_scale)
@@ -359,12 +393,12 @@ PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
     (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,                                    \
      const unsigned char* __restrict__ v_pages,                                                             \
      T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
-     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
+     int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
      int write_lse, float scale, float k_scale, float v_scale)
 #define DTC_ARGS                                                                                           \
-    (q, k_pages, v_pages, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, \
+    (q, k_pages, v_pages, out, lse, part_o, part_lse, counters, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, \
      num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch, write_lse, scale,       \
      k_scale, v_scale)
 PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB), DTC_PARAMS_16, DTC_ARGS)

@@ -444,33 +444,77 @@ __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int
 }
 
 // ---------------------------------------------------------------------------
-// Merge of split-KV partials: one warp per output row (total_rows = total_q * H),
+// Merge of split-KV partials, one output row by one warp (lanes over head_dim; all 32 lanes call it):
 // out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), lse = (M + log2 sum) * ln 2.
 // Splits that saw no key (lse -inf) weigh 0; a row no split saw gets zeros, lse -inf.
+// LD reads the partials: PaLdPlain (paged_attn_merge, a launch after the partials' writer) or
+// PaLdRelaxed (decode_tc.cu's last split CTA, the same launch: strong loads after the ticket's fence).
+struct PaLdPlain {
+    static __device__ __forceinline__ float f32(const float* p) { return *p; }
+};
+struct PaLdRelaxed {
+    static __device__ __forceinline__ float f32(const float* p) { return pk_ld_relaxed_gpu(p); }
+};
+// Latency first (the in-launch merge runs after every other split of its group, on the critical path): the
+// lanes load the splits' lse in parallel (lane s: split s of each 32; the first 32 kept in a register) and
+// reduce with shuffles, then every lane's head_dim / 32 outputs take each split's weight by shuffle, the
+// partial loads of 4 splits in flight a lane (no load waits on a value: a weightless split's slot is loaded
+// and its value dropped after, so whatever it holds, e.g. nothing written, never reaches the sum).
+// Dependent global round trips: 1 (lse) + ceil(num_splits / 4) (partials) for num_splits <= 32 (4, not 8,
+// splits in flight: 8 cost decode_tc d128 a CTA an SM in registers).
+// PER_LANE: outputs a lane at most (head_dim <= 32 * PER_LANE): 8 for any head_dim up to 256 (the merge
+// kernel), D / 32 where head_dim is the compile-time D (decode_tc: no guards, less code).
+#define PA_MERGE_PER_LANE 8
+template <typename TO, typename LD, int PER_LANE = PA_MERGE_PER_LANE>
+__device__ __forceinline__ void pa_merge_row(const float* part_o, const float* part_lse, TO* __restrict__ out,
+                                             float* __restrict__ lse, long long total_rows, long long row,
+                                             int head_dim, int num_splits, int write_lse, int lane) {
+    const float ls0 = lane < num_splits ? LD::f32(part_lse + lane * total_rows + row) : PK_NEG_INF;
+    float M = ls0;
+    for (int s = lane + 32; s < num_splits; s += 32) M = fmaxf(M, LD::f32(part_lse + s * total_rows + row));
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) M = fmaxf(M, __shfl_xor_sync(PK_FULL_MASK, M, x));
+    float acc[PER_LANE];
+#pragma unroll
+    for (int k = 0; k < PER_LANE; k++) acc[k] = 0.0f;
+    float W = 0.0f;  // this lane's splits' weights; the warp's sum below
+    if (M != PK_NEG_INF) {
+        for (int c = 0; c < num_splits; c += 32) {  // 32 splits at a time, one weight a lane
+            const int sl = c + lane;
+            const float ls = c == 0 ? ls0 : sl < num_splits ? LD::f32(part_lse + sl * total_rows + row) : PK_NEG_INF;
+            const float w = ls != PK_NEG_INF ? exp2f(ls - M) : 0.0f;
+            W += w;
+            const int n = num_splits - c < 32 ? num_splits - c : 32;
+#pragma unroll 4
+            for (int j = 0; j < n; j++) {
+                const float wj = __shfl_sync(PK_FULL_MASK, w, j);
+                const float* po = part_o + ((c + j) * total_rows + row) * head_dim;
+#pragma unroll
+                for (int k = 0; k < PER_LANE; k++)
+                    if (lane + 32 * k < head_dim) {
+                        const float v = LD::f32(po + lane + 32 * k);
+                        acc[k] = wj != 0.0f ? fmaf(wj, v, acc[k]) : acc[k];  // a weightless split: value dropped
+                    }
+            }
+        }
+    }
+#pragma unroll
+    for (int x = 16; x > 0; x >>= 1) W += __shfl_xor_sync(PK_FULL_MASK, W, x);
+    const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
+#pragma unroll
+    for (int k = 0; k < PER_LANE; k++)
+        if (lane + 32 * k < head_dim) PkIO<TO>::store(out, row * head_dim + lane + 32 * k, acc[k] * inv_w);
+    if (write_lse && lane == 0) lse[row] = M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
+}
+
+// The merge kernel's body: one warp per output row (total_rows = total_q * H).
 template <typename TO>
 __device__ __forceinline__ void pa_merge(const float* __restrict__ part_o, const float* __restrict__ part_lse,
                                          TO* __restrict__ out, float* __restrict__ lse, long long total_rows,
                                          int head_dim, int num_splits, int write_lse) {
     const long long row = (long long)blockIdx.x * (blockDim.x >> 5) + (threadIdx.x >> 5);
-    const int lane = threadIdx.x & 31;
     if (row >= total_rows) return;
-    float M = PK_NEG_INF;
-    for (int s = 0; s < num_splits; ++s) M = fmaxf(M, part_lse[s * total_rows + row]);
-    float W = 0.0f;
-    if (M != PK_NEG_INF)
-        for (int s = 0; s < num_splits; ++s) W += exp2f(part_lse[s * total_rows + row] - M);
-    const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
-    for (int d = lane; d < head_dim; d += 32) {
-        float o = 0.0f;
-        if (M != PK_NEG_INF) {
-            for (int s = 0; s < num_splits; ++s) {
-                const float ls = part_lse[s * total_rows + row];
-                if (ls != PK_NEG_INF) o = fmaf(exp2f(ls - M), part_o[(s * total_rows + row) * head_dim + d], o);
-            }
-            o *= inv_w;
-        }
-        PkIO<TO>::store(out, row * head_dim + d, o);
-    }
-    if (write_lse && lane == 0) lse[row] = M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
+    pa_merge_row<TO, PaLdPlain>(part_o, part_lse, out, lse, total_rows, row, head_dim, num_splits, write_lse,
+                                threadIdx.x & 31);
 }
 

@@ -168,6 +168,15 @@ __device__ __forceinline__ float pk_ex2_approx(float x) {
     return r;
 }
 
+// ld.relaxed.gpu.global.f32: a strong (atomic, GPU-scope) load. Blocks share one OS thread here, so a plain
+// read is that load; it is an atomic access to racecheck (exempt, as atomicAdd & co are), which is what the
+// PTX memory model makes it: no data race with a store ordered before it by fence + atomic (see the
+// release / acquire pattern of decode_tc.cu's split epilogue).
+__device__ __forceinline__ float pk_ld_relaxed_gpu(const float* p) {
+    PKRT_ATOMIC_SCOPE;
+    return *p;
+}
+
 #else
 // ---------------------------------------------------------------------------------
 // NVRTC: inline PTX.
@@ -313,6 +322,15 @@ __device__ __forceinline__ void pk_cp_async_wait_all() {}
 __device__ __forceinline__ float pk_ex2_approx(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+// A strong (relaxed, GPU-scope) load: served from L2, the point of coherence, never from a stale L1 line;
+// with __threadfence() after the atomic that observed the writers' release, it reads what they stored
+// (sm_70+). Volatile + "memory": not hoisted above that fence.
+__device__ __forceinline__ float pk_ld_relaxed_gpu(const float* p) {
+    float r;
+    asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
     return r;
 }
 

@@ -1,6 +1,7 @@
 """Split-KV in the `auto` plans: whenever batch * kv_heads CTAs leave SMs idle (below the 132 of an H100),
 decode_plan's auto and PagedDecodePlan's default split each sequence's KV range so the grid covers the GPU;
-at or above the SM count they do not split (no merge launch, no partials round trip)."""
+at or above the SM count they do not split (no partials round trip; paged_attn and the dense plans also
+save the merge launch, the tensor-core decode merges in its own launch either way)."""
 from __future__ import annotations
 
 import pytest
@@ -36,7 +37,7 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
     if batch * kvh < SMS:
         assert pp.num_splits > 1 and batch * kvh * pp.num_splits >= min(SMS, batch * kvh * (ctx // 64)), pp.num_splits
         attn = "decode_tc_paged_d128_bf16"  # bf16 q, head_dim 128, a group of 1 to 16: tensor cores
-        assert [k for k, *_ in pp.launches()] == [attn, "paged_attn_merge_bf16"]
+        assert [k for k, *_ in pp.launches()] == [attn]  # the last split CTA merges: one launch
     else:
         assert pp.num_splits == 1 and len(pp.launches()) == 1
 

@@ -1,6 +1,6 @@
 """Tensor-core paged decode for GQA (kernels_cu/decode_tc.cu) on the host backend against float64 NumPy:
 GQA 4 / 8 / 16 and MQA, page sizes 1 and 16 with ragged last pages and empty sequences, split-KV on and
-off (with paged.cu's merge), batch 1 and several, bf16 through the op and f16 through the kernels
+off (merged in the same launch by the last split CTA; its ticket counters left at zero), batch 1 and several, bf16 through the op and f16 through the kernels
 directly, forward / reverse / random thread schedules and racecheck; the op's dispatch (which kernel
 runs when); and the SASS of the new kernels (HMMA, LDGSTS.E.BYPASS.128, no spills on any arch)."""
 from __future__ import annotations
@@ -82,7 +82,8 @@ def test_tc_decode_matches_float64(case, launched) -> None:
     out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                                           pc["kv_last_page_len"], plan=plan, return_lse=True, backend="host")
     assert launched[0] == f"decode_tc_paged_d{d}_bf16"
-    assert launched[1:] == (["paged_attn_merge_bf16"] if plan.num_splits > 1 else [])
+    assert launched[1:] == []  # split or not: one launch
+    assert not np.asarray(plan.counters).any()
     ro, rl = _ref(pc, q)
     _close(out, ro, "paged_decode_attention", "bf16")
     _close(lse, rl, "paged_decode_attention", "bf16")
@@ -144,7 +145,8 @@ def test_tc_decode_racecheck_clean(kind: str, monkeypatch, launched) -> None:
         plan = ops.PagedDecodePlan(2, 4, 1, 64, 16, q_dtype="bf16", kv_dtype=kind, num_splits=ns)
         out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                             pc["kv_last_page_len"], k_scale=sc[0], v_scale=sc[1], return_lse=True, backend="host")
-        assert launched[-2 if ns > 1 else -1].startswith("decode_tc_paged_d64")
+        assert launched[-1].startswith("decode_tc_paged_d64")
+        assert not np.asarray(plan.counters).any()
         ro, rl = _ref(pc, q)
         _close(out, ro, "paged_decode_attention", "bf16")
 
@@ -206,14 +208,13 @@ def test_tc_decode_f16_kernels(d: int, ns: int, kv: str) -> None:
     lse = np.zeros((n, h), np.float32)
     part_o = np.zeros(max(1, ns * n * h * d), np.float32)
     part_lse = np.zeros(max(1, ns * n * h), np.float32)
+    counters = np.zeros(n * kvh, np.int32)
     launcher.launch(name, (n * kvh, 1, ns), (128,), q.reshape(-1),
                     pc["k_pages"].reshape(-1), pc["v_pages"].reshape(-1), out.reshape(-1), lse, part_o, part_lse,
-                    pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"], h, kvh, ps, ps * kvh * d, kvh * d, d,
+                    counters, pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"], h, kvh, ps, ps * kvh * d, kvh * d, d,
                     2**30, ns, n, 1, 1.0 / np.sqrt(d), ksc, vsc, shared_mem=dtc_smem_bytes(d, 2 if kv == "f16" else 1),
                     backend="host")
-    if ns > 1:
-        launcher.launch("paged_attn_merge_f16", (-(-n * h // 4),), (128,), part_o, part_lse, out.reshape(-1), lse,
-                        n * h, d, ns, 1, backend="host")
+    assert not counters.any()
     ro, rl = _ref(pc, q)
     _close(out, ro, "flash_attention", "f16")
     _close(lse, rl, "flash_attention", "f16")
@@ -237,7 +238,9 @@ def test_dispatch_picks_the_tensor_core_kernel_only_where_it_applies() -> None:
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", logits_soft_cap=30.0).launches()[0][0] == "paged_attn_bf16"
     assert P(4, 32, 8, 128, 16, q_dtype="bf16", tensor_cores=False).launches()[0][0] == "paged_attn_bf16"
     p = P(1, 32, 8, 128, 16, q_dtype="bf16", max_kv_len=4096)
-    assert [n for n, *_ in p.launches()] == ["decode_tc_paged_d128_bf16", "paged_attn_merge_bf16"]
+    assert p.num_splits > 1 and [n for n, *_ in p.launches()] == ["decode_tc_paged_d128_bf16"]  # merged in-kernel
+    assert [n for n, *_ in P(1, 32, 8, 128, 16, q_dtype="bf16", max_kv_len=4096, tensor_cores=False).launches()] == \
+        ["paged_attn_bf16", "paged_attn_merge_bf16"]  # paged_attn keeps its merge launch
     assert p.launches()[0][3] == dtc_smem_bytes(128) == (2 * 2 * 64 + 16) * 136 * 2
 
 
@@ -332,3 +335,89 @@ def test_tc_split_count_fills_one_wave() -> None:
     assert P(1, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 32  # the cap
     assert P(1, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=1024).num_splits == 16  # >= 64 positions a split
     assert P(17, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 1  # 136 CTAs >= 132 SMs
+
+
+# --------------------------------------------------------------------------- split-KV in one launch
+def _run_plan(plan, pc, q, sc=(None, None)):
+    out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"],
+                        k_scale=sc[0], v_scale=sc[1], return_lse=True, backend="host")
+    return np.asarray(out, np.float64).copy(), np.asarray(lse, np.float64).copy()
+
+
+def test_split_decode_is_one_launch_and_matches_the_unsplit_one(launched) -> None:
+    # The last split CTA of each (sequence, kv head) merges: no merge launch, the plan lists one launch, the
+    # result agrees with one split (and both with float64), and the ticket counters are zero again after it.
+    _need("host")
+    rng = np.random.default_rng(21)
+    lens = [300, 130, 0, 64]
+    pc = make_paged(rng, lens, 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (4, 8, 64), "bf16")
+    ro, rl = _ref(pc, q)
+    res = {}
+    for ns in (1, 5):
+        plan = ops.PagedDecodePlan(4, 8, 2, 64, 16, q_dtype="bf16", num_splits=ns)
+        assert len(plan.launches()) == 1 and plan.launches()[0][1] == (8, 1, ns)
+        del launched[:]
+        res[ns] = _run_plan(plan, pc, q)
+        assert launched == ["decode_tc_paged_d64_bf16"]
+        assert np.asarray(plan.counters).shape == ((8,) if ns > 1 else (1,)) and not np.asarray(plan.counters).any()
+        _close(res[ns][0], ro, "paged_decode_attention", "bf16")
+        _close(res[ns][1], rl, "paged_decode_attention", "bf16")
+    _close(res[5][0], res[1][0], "paged_decode_attention", "bf16")
+    _close(res[5][1], res[1][1], "paged_decode_attention", "bf16")
+
+
+MANY_SPLITS = [  # (kv kind, head_dim, page_size, num_splits, schedule)
+    ("bf16", 64, 16, 16, "forward"),
+    ("bf16", 64, 1, 32, "reverse"),
+    ("bf16", 128, 16, 32, "interleave:3"),  # several blocks resident at once: tickets drawn in a mixed order
+    ("e4m3", 64, 16, 24, "interleave"),
+]
+
+
+@pytest.mark.parametrize("case", MANY_SPLITS, ids=[f"{c[0]}d{c[1]}p{c[2]}s{c[3]}-{c[4]}" for c in MANY_SPLITS])
+def test_many_splits_ragged_lengths(case, monkeypatch, launched) -> None:
+    # 16 to 32 splits over ragged lengths: empty sequences, sequences shorter than the split count (most splits
+    # see no key and still take their ticket), one just past a 64-key tile; a second step on the same plan
+    # (as a CUDA graph replays it) finds the counters zero and gives the same bits.
+    _need("host")
+    kind, d, ps, ns, sched = case
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    rng = np.random.default_rng(ns + d + ps)
+    lens = [0, 1, 5, 31, 65, 400, 0]
+    kvh, h = 2, 8
+    pc = make_paged(rng, lens, ps, kvh, d, "NHD", kind)
+    q = make_q(rng, (len(lens), h, d), "bf16")
+    sc = tuple(pc["scales"]) if kind == "e4m3" else (None, None)
+    plan = ops.PagedDecodePlan(len(lens), h, kvh, d, ps, q_dtype="bf16", kv_dtype=kind, num_splits=ns)
+    assert plan.num_splits == ns and len(plan.launches()) == 1
+    out, lse = _run_plan(plan, pc, q, sc)
+    assert len(launched) == 1 and launched[0].startswith(f"decode_tc_paged_d{d}")
+    assert not np.asarray(plan.counters).any()
+    ro, rl = _ref(pc, q)
+    _close(out, ro, "paged_decode_attention", "bf16")
+    _close(lse, rl, "paged_decode_attention", "bf16")
+    for b, n in enumerate(lens):
+        if n == 0:
+            assert (out[b] == 0).all() and np.isneginf(lse[b]).all()
+    out2, lse2 = _run_plan(plan, pc, q, sc)
+    assert np.array_equal(out2, out) and np.array_equal(lse2, lse)
+    assert not np.asarray(plan.counters).any()
+
+
+@pytest.mark.parametrize("sched", ["forward", "interleave:5"])
+def test_split_merge_racecheck_clean(sched: str, monkeypatch) -> None:
+    # The partials cross blocks: plain stores, __threadfence, the ticket atomic; the last CTA's fence and
+    # strong (ld.relaxed.gpu) loads. Racecheck, with blocks one at a time and interleaved, reports nothing.
+    _need("host")
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    rng = np.random.default_rng(33)
+    lens = [260, 0, 9]
+    pc = make_paged(rng, lens, 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (3, 8, 64), "bf16")
+    plan = ops.PagedDecodePlan(3, 8, 2, 64, 16, q_dtype="bf16", num_splits=6)
+    out, lse = _run_plan(plan, pc, q)
+    ro, rl = _ref(pc, q)
+    _close(out, ro, "paged_decode_attention", "bf16")
+    assert not np.asarray(plan.counters).any()

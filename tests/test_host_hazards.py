@@ -342,6 +342,30 @@ def test_racecheck_inter_block_race(racecheck: None) -> None:
         launch("pk_h_last_block_by_index", 6, 32, np.zeros(6, np.float32), np.zeros(1, np.float32), x)
 
 
+@pytest.mark.parametrize("sched", ["forward", "reverse", "interleave", "interleave:4"])
+def test_ticket_last_block_reads_partials_with_strong_loads(sched: str, racecheck: None,
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    # The split-KV fixup pattern (decode_tc.cu): stores, fence, ticket; the last block fences and reads the
+    # partials with pk_ld_relaxed_gpu. Right under every schedule, racecheck-clean, and the ticket is back at 0.
+    schedule(monkeypatch, sched)
+    x = np.arange(1, 8, dtype=np.float32)
+    ticket, out = np.zeros(1, np.uint32), np.zeros(1, np.float32)
+    for _ in range(2):  # a second launch finds the ticket at zero
+        out[:] = 0
+        launch("pk_h_ticket_sum_relaxed", 7, 32, np.zeros(7, np.float32), ticket, out, x)
+        assert out[0] == 2 * x.sum() and ticket[0] == 0, sched
+
+
+def test_ticket_last_block_with_plain_loads_is_reported(racecheck: None) -> None:
+    # Plain loads of the other blocks' partials: racecheck has no fence-atomic happens-before for plain
+    # accesses, so it reports them (the kernels read such data with strong loads instead).
+    x = np.arange(1, 8, dtype=np.float32)
+    with pytest.raises(KernelExecutionError, match=r"pk_h_ticket_sum_plain: racecheck: read-after-write race on "
+                                                   r"argument 0 \(float\* partial\).*two blocks of one launch"):
+        launch("pk_h_ticket_sum_plain", 7, 32, np.zeros(7, np.float32), np.zeros(1, np.uint32), np.zeros(1, np.float32),
+               x)
+
+
 def test_racecheck_passes_correct_code_and_exempts_atomics(racecheck: None) -> None:
     x = np.random.default_rng(0).standard_normal(4 * 64).astype(np.float32)
     s = np.zeros(1, np.float32)

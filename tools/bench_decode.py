@@ -59,7 +59,7 @@ def step_model(method: str, batch: int, heads: int, kv_heads: int, head_dim: int
         chunks = launches[0][1][1]
         table = 0
     ctas = math.prod(launches[0][1])
-    partials = 2 * splits * batch * heads * (head_dim + 1) * 4 if len(launches) > 1 else 0  # write + read back
+    partials = 2 * splits * batch * heads * (head_dim + 1) * 4 if splits > 1 else 0  # write + read back
     read = kv_min * chunks + qo + partials + table
     t = read / (H100_BW * min(1.0, ctas / H100_SMS)) + LAUNCH_S * (len(launches) - 1)
     return {"launches": len(launches), "ctas": ctas, "splits": splits, "read": read, "min": kv_min + qo,
@@ -208,7 +208,8 @@ _NT_WARPS = 4  # PA_NT / 32
 # loop body (fill of its share of 64 keys, 32 HMMAs at d128, softmax) once a 64-key tile. Its issue is
 # read from the SASS as the tile loop's instructions (steady_state_loops: the loop with the MMAs, no inner
 # loop; the refill and its zero-fill branch both counted: an upper bound) and the straight-line rest of
-# the kernel (prologue, Q load, the cross-warp merge: counted once a warp, all of it).
+# the kernel (prologue, Q load, the cross-warp merge: counted once a warp, all of it), less the split fixup
+# (the merge after the ticket), which only a group's last split CTA runs: it is the tail term.
 TC_BC = 64
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16
 TENSOR_SM = 990e12 * 2 / 3 / H100_SMS  # mma.sync at about 2/3 of the dense bf16 peak, per SM (DESIGN.md)
@@ -231,8 +232,17 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
     text = sr.disassemble(mod.image)
     loop = sr.steady_state_loops(text)[kernel]
     total = sr.count_sass(text)[kernel]["total"]
-    return {"loop": loop["insns"], "rest": total - loop["insns"], "mma": loop["mma"], "ldgsts": loop["ldgsts"],
-            "registers": mod.resources[kernel].registers, "kernel": kernel}
+    # The split fixup: the code after the ticket (ATOMG) and the EXIT of the CTAs that did not draw the last
+    # one, i.e. the merge only the last split CTA of a group runs (address order; out-of-line blocks at the
+    # end count here too: an upper bound). The rest runs in every CTA.
+    ins = [(op, raw) for _, op, _, raw in sr._instructions(text)[kernel] if op != "NOP"]
+    at = next((i for i, (op, _) in enumerate(ins) if op.startswith("ATOMG")), None)
+    fixup = 0
+    if at is not None:
+        ex = next(i for i in range(at, len(ins)) if ins[i][0] == "EXIT")
+        fixup = len(ins) - ex - 1
+    return {"loop": loop["insns"], "rest": total - loop["insns"] - fixup, "fixup": fixup, "mma": loop["mma"],
+            "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers, "kernel": kernel}
 
 
 def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
@@ -256,6 +266,9 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     kv_min = 2 * batch * kv_heads * length * head_dim * eb
     qo = 2 * batch * heads * head_dim * 2
     table = batch * (-(-length // page_size)) * 4
+    # Split partials (o and lse, fp32): written by every split CTA and read back by the group's last one in
+    # the same launch. Counted as HBM bytes both ways (no L2 residency assumed, though they are read soon
+    # after being written and would mostly hit L2).
     partials = 2 * plan.num_splits * batch * heads * (head_dim + 1) * 4 if plan.num_splits > 1 else 0
     read = kv_min + qo + table + partials
     regs = -(-costs["registers"] // 8) * 8
@@ -276,16 +289,27 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     have = resident * (stages - 1) * TC_BC * 2 * head_dim * eb
     bw_lat = min(H100_BW / H100_SMS, have / HBM_LAT) * active_sms
     t_lat = read / bw_lat
-    launch = LAUNCH_S * (len(plan.launches()) - 1)
+    launch = LAUNCH_S * (len(plan.launches()) - 1)  # 0: the splits merge in the same launch
     terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem}
     bind = max(terms, key=terms.get)
     t = terms[bind] + launch
     if launch > terms[bind]:
         bind = "launch"
+    # The split fixup's tail: after the last split of a group has streamed its keys, its CTA runs a chain of
+    # dependent global round trips no other work overlaps: fence (its partial stores acknowledged), ticket
+    # atomic, fence, then per row a warp merges (ceil(G / 4) rows a warp, one after another): the splits'
+    # lse (ceil(s / 32)) and the partials, 4 splits in flight (ceil(s / 4)); see pa_merge_row. Priced at
+    # HBM_LAT each: an upper bound (atomics, fences and just-written lines are served by L2, whose latency
+    # the model has no published figure for). Reported beside the bound, not folded into it.
+    # Plus the merge's own issue: its SASS (costs["fixup"]) once a row, ceil(G / 4) rows a warp.
+    s = plan.num_splits
+    rt = 3 + -(-group // 4) * (-(-s // 32) + -(-s // 4)) if s > 1 else 0
+    tail = rt * HBM_LAT + (-(-group // 4) * costs["fixup"] / CLOCK if s > 1 else 0.0)
     return {"ctas": ctas, "splits": plan.num_splits, "tile": TC_BC, "occ": occ, "have_kb": have / 1024,
             "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue, "t_issue_lo": t_issue_lo,
             "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "launch": launch, "t": t, "bind": bind,
-            "pct": 100 * (kv_min + qo) / t / H100_BW}
+            "pct": 100 * (kv_min + qo) / t / H100_BW, "tail_rt": rt, "t_tail": tail,
+            "pct_tail": 100 * (kv_min + qo) / (t + tail) / H100_BW}
 
 
 SUMMARY_BATCHES = (1, 8, 64, 256)
@@ -298,8 +322,12 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
         print(f"\nmodelled bound, % of H100 HBM ({H100_BW / 1e12:.2f} TB/s), {kv} KV, bf16 q, kv_heads 8, "
               f"head_dim 128, page 16: old = paged_attn, new = what PagedDecodePlan picks "
               f"(decode_tc for GQA {TC_DECODE_MIN_GROUP} to {TC_DECODE_MAX_GROUP}; paged_attn otherwise)")
+        print("decode_tc: one launch (split partials merged by the last split CTA: no launch term); the partials "
+              "(fp32 o + lse) counted as HBM bytes, written and read back; tail = the last CTA's dependent global "
+              f"round trips (fence, ticket, fence, lse + partial loads) at {HBM_LAT * 1e9:.0f} ns each (an upper "
+              "bound, not in 'new %'), '+tail %' with it")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
-              f"{'new %':>6s} {'new bound':>9s} {'new kernel':>12s}"
+              f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}"
         print(hdr)
         print("-" * len(hdr))
         for g in args.gqa:
@@ -309,9 +337,10 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
                     if TC_DECODE_MIN_GROUP <= g <= TC_DECODE_MAX_GROUP:
                         r, kern = tc_roofline_row(b, g, n, kv, tc_costs[kv]), "decode_tc"
                     else:
-                        r, kern = o, "paged_attn"
+                        r, kern = dict(o, tail_rt=0, t_tail=0.0, pct_tail=o["pct"]), "paged_attn"
                     print(f"{g:3d} {b:5d} {n:6d} {r['splits']:6d} {o['pct']:5.1f}% {o['bind']:>9s} "
-                          f"{r['pct']:5.1f}% {r['bind']:>9s} {kern:>12s}")
+                          f"{r['pct']:5.1f}% {r['bind']:>9s} {r['tail_rt']:7d} {r['t_tail'] * 1e6:7.1f} "
+                          f"{r['pct_tail']:6.1f}% {kern:>12s}")
 
 
 def roofline(args: argparse.Namespace) -> None:
@@ -354,10 +383,11 @@ def roofline(args: argparse.Namespace) -> None:
 def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
     print(f"\ntensor-core paged decode roofline ({c['kernel']} sm_90 SASS: regs {c['registers']}, tile loop "
           f"{c['loop']} warp-instructions a warp a 64-key tile with {c['mma']:.0f} HMMA and {c['ldgsts']} "
-          f"LDGSTS.128, {c['rest']} outside the loop), {kv} KV, kv_heads 8, head_dim 128, page 16")
+          f"LDGSTS.128, {c['rest']} outside the loop, {c['fixup']} in the split fixup), {kv} KV, kv_heads 8, "
+          f"head_dim 128, page 16")
     hdr = (f"{'GQA':>3s} {'batch':>5s} {'len':>6s} {'CTAs':>6s} {'splt':>4s} {'occ':>3s} {'ring KB':>7s} "
            f"{'x min':>6s} {'HBM us':>8s} {'issue us':>8s} {'lat us':>8s} {'tc us':>7s} {'smem us':>7s} "
-           f"{'launch':>6s} {'bound':>7s} {'% HBM':>6s}")
+           f"{'launch':>6s} {'bound':>7s} {'% HBM':>6s} {'tail us':>7s} {'+tail %':>7s}")
     print(hdr)
     print("-" * len(hdr))
     for g in (x for x in args.gqa if TC_DECODE_MIN_GROUP <= x <= TC_DECODE_MAX_GROUP):
@@ -367,7 +397,7 @@ def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
                 print(f"{g:3d} {b:5d} {n:6d} {r['ctas']:6d} {r['splits']:4d} {r['occ']:3d} {r['have_kb']:7.1f} "
                       f"{r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} {r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} "
                       f"{r['t_tensor'] * 1e6:7.1f} {r['t_smem'] * 1e6:7.1f} {r['launch'] * 1e6:6.1f} "
-                      f"{r['bind']:>7s} {r['pct']:5.1f}%")
+                      f"{r['bind']:>7s} {r['pct']:5.1f}% {r['t_tail'] * 1e6:7.1f} {r['pct_tail']:6.1f}%")
 
 
 def resources(args: argparse.Namespace) -> None:

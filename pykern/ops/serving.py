@@ -488,6 +488,16 @@ class PagedDecodePlan:
     logits_soft_cap c > 0: scores become c * tanh(scale * q.k / c) (0 = off).
     tensor_cores: None (default) runs groups of 1..16 query heads a kv head with 16-bit q and K/V at head_dim 64 / 128
     on the tensor-core kernel (decode_tc.cu) where the backend has them; False keeps paged_attn.
+
+    Split-KV on the tensor-core kernel is one launch: each split CTA writes its partial (o, lse) to the
+    plan's part_o / part_lse, takes a ticket from `counters[b * num_kv_heads + kv_head]`, and the CTA with the
+    last ticket merges the group's partials and writes out (no merge launch; `launches()` has one entry).
+    `counters` is an int32 workspace of batch * num_kv_heads zeros, allocated and zeroed once here; every
+    launch leaves it zero (the last ticket wraps it back), so steps and CUDA-graph replays need no reset.
+    paged_attn (tensor_cores=False, f32 q, other shapes, or unaligned pages at run time) still merges in a
+    second launch (paged_attn_merge). A plan's workspaces (partials, counters, out, lse) serve one step at a
+    time: two runs of one plan in flight at once (e.g. on two streams) would share them; give each stream a
+    plan of its own.
     """
 
     def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -563,12 +573,16 @@ class PagedDecodePlan:
             self.part_o = self.part_lse = arrays.empty((1,), "f32", like=like)
         self._out_flat, self._lse_flat = _flat(self.out), _flat(self.lse)
         self.dummy_idx = arrays.zeros((1,), "int32", like=self.out)  # a fill on the device: capturable
+        # The split tickets of the tensor-core kernel, one a (sequence, kv head): zero here, zero after each launch.
+        self.counters = arrays.zeros((self.batch * self.num_kv_heads if self.tensor_cores and self.num_splits > 1
+                                      else 1,), "int32", like=self.out)
         self.merge_grid = (-(-rows_total // (_NT // 32)),)
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
-        """(kernel, grid, block, shared bytes) of each launch of a step."""
+        """(kernel, grid, block, shared bytes) of each launch of a step (the tensor-core kernel merges its splits
+        in the same launch; paged_attn's splits take a paged_attn_merge launch)."""
         ls = [(self._attn_name(True), self.grid, self.block, self.tc_smem if self.tensor_cores else self.smem)]
-        if self.num_splits > 1:
+        if self.num_splits > 1 and not self.tensor_cores:
             ls.append((self._merge_name(), self.merge_grid, self.block, 0))
         return ls
 
@@ -600,7 +614,7 @@ class PagedDecodePlan:
         tc = self._use_tc(kf, vf, strides, backend)
         if tc:
             launch(self._attn_name(True), self.grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
-                   self.part_o, self.part_lse, indptr, indices, last, h, kvh, page_size, s_page,
+                   self.part_o, self.part_lse, self.counters, indptr, indices, last, h, kvh, page_size, s_page,
                    s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
                    shared_mem=self.tc_smem, stream=stream, backend=backend)
         else:
@@ -609,7 +623,7 @@ class PagedDecodePlan:
                    indices, last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
                    self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc,
                    vsc, shared_mem=self.smem, stream=stream, backend=backend)
-        if self.num_splits > 1:
+        if self.num_splits > 1 and not tc:  # the tensor-core kernel merges its splits in the same launch
             launch(self._merge_name(), self.merge_grid, self.block,
                    self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
                    self.num_splits, int(want_lse), stream=stream, backend=backend)

@@ -41,6 +41,28 @@ extern "C" __global__ void pk_h_cross_block_spin(int* flag, int* data, int* out)
     }
 }
 
+// Legal: the last block by an atomic ticket sums every block's partial (split-KV decode's fixup pattern):
+// plain stores, __threadfence, a barrier, the ticket; the last block fences and reads the partials with
+// strong loads (pk_ld_relaxed_gpu). relaxed = 0 reads them with plain loads: correct on the host and in
+// practice, but racecheck cannot see the fence-atomic ordering of plain accesses and reports it.
+template <int RELAXED>
+__device__ __forceinline__ void pk_h_ticket_sum(float* partial, unsigned* ticket, float* out, const float* x) {
+    if (threadIdx.x == 0) partial[blockIdx.x] = x[blockIdx.x] * 2.0f;
+    __threadfence();
+    const int last = __syncthreads_or(threadIdx.x == 0 && atomicInc(ticket, gridDim.x - 1) == gridDim.x - 1);
+    if (!last || threadIdx.x != 0) return;
+    __threadfence();
+    float s = 0.0f;
+    for (unsigned b = 0; b < gridDim.x; b++) s += RELAXED ? pk_ld_relaxed_gpu(partial + b) : partial[b];
+    out[0] = s;
+}
+extern "C" __global__ void pk_h_ticket_sum_relaxed(float* partial, unsigned* ticket, float* out, const float* x) {
+    pk_h_ticket_sum<1>(partial, ticket, out, x);
+}
+extern "C" __global__ void pk_h_ticket_sum_plain(float* partial, unsigned* ticket, float* out, const float* x) {
+    pk_h_ticket_sum<0>(partial, ticket, out, x);
+}
+
 // Each block keeps its id in static shared memory across a barrier.
 extern "C" __global__ void pk_h_static_smem_per_block(int* out) {
     __shared__ int mine[64];

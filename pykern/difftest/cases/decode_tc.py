@@ -1,6 +1,8 @@
 """Tensor-core GQA decode (kernels_cu/decode_tc.cu): bf16 queries through paged_decode_attention (16-bit and
 FP8 caches, split-KV on and off), f16 queries by launching the kernels as the op launches the bf16 ones
-(the serving ops take f16 once paged.cu has f16 kernels). References in float64 over the stored values."""
+(the serving ops take f16 once paged.cu has f16 kernels). Split-KV merges in the same launch (the last split
+CTA of a group); every case also checks that the split tickets are back at zero. References in float64 over
+the stored values."""
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -24,7 +26,6 @@ def _op_case(rng: np.random.Generator, lens: list[int], page_size: int, h: int, 
     q = make_q(rng, (len(lens), h, d), "bf16")
     fp8 = kv in ("e4m3", "e5m2")
     kernels = (f"decode_tc_paged_d{d}{'_' + kv + 'kv' if fp8 else ''}_bf16",)
-    kernels += ("paged_attn_merge_bf16",) if num_splits > 1 else ()
     scales = {"k_scale": pc["scales"][0], "v_scale": pc["scales"][1]} if fp8 else {}
 
     def run(backend: str) -> dict[str, Any]:
@@ -33,6 +34,8 @@ def _op_case(rng: np.random.Generator, lens: list[int], page_size: int, h: int, 
         out, lse = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
                                               pc["kv_last_page_len"], return_lse=True, plan=plan, backend=backend,
                                               **scales)
+        if np.asarray(plan.counters).any():
+            raise AssertionError(f"split tickets left nonzero: {np.asarray(plan.counters)}")
         return {"out": np.asarray(out, np.float32), "lse": np.asarray(lse)}
 
     return Case(op="paged_decode_attention", dtype="bf16",
@@ -65,15 +68,15 @@ def launch_f16(q: np.ndarray, pc: dict, page_size: int, kvh: int, kv: str, num_s
     lse = np.zeros((n, h), np.float32)
     part_o = np.zeros(max(1, num_splits * n * h * d), np.float32)
     part_lse = np.zeros(max(1, num_splits * n * h), np.float32)
+    counters = np.zeros(n * kvh, np.int32)
     name = f"decode_tc_paged_d{d}{'_' + kv + 'kv' if fp8 else ''}_f16"
     launch(name, (n * kvh, 1, num_splits), (128,), q.reshape(-1), pc["k_pages"].reshape(-1),
-           pc["v_pages"].reshape(-1), out.reshape(-1), lse, part_o, part_lse, pc["kv_indptr"], pc["kv_indices"],
+           pc["v_pages"].reshape(-1), out.reshape(-1), lse, part_o, part_lse, counters, pc["kv_indptr"], pc["kv_indices"],
            pc["kv_last_page_len"], h, kvh, page_size, page_size * kvh * d, kvh * d, d, 2**30, num_splits, n, 1,
            1.0 / float(np.sqrt(d)), float(pc["scales"][0]), float(pc["scales"][1]),
            shared_mem=dtc_smem_bytes(d, 1 if fp8 else 2), backend=backend)
-    if num_splits > 1:
-        launch("paged_attn_merge_f16", (-(-n * h // 4),), (128,), part_o, part_lse, out.reshape(-1), lse, n * h, d,
-               num_splits, 1, backend=backend)
+    if counters.any():
+        raise AssertionError(f"split tickets left nonzero: {counters}")
     return out, lse
 
 
@@ -82,7 +85,6 @@ def _f16_case(rng: np.random.Generator, lens: list[int], page_size: int, h: int,
     pc = f16_pages(rng, lens, page_size, kvh, d, kv)
     q = rng.standard_normal((len(lens), h, d)).astype(np.float16)
     kernels = (f"decode_tc_paged_d{d}{'_' + kv + 'kv' if kv != 'f16' else ''}_f16",)
-    kernels += ("paged_attn_merge_f16",) if num_splits > 1 else ()
 
     def run(backend: str) -> dict[str, Any]:
         out, lse = launch_f16(q, pc, page_size, kvh, kv, num_splits, backend)
