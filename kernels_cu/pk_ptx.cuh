@@ -158,6 +158,12 @@ __device__ __forceinline__ void pk_ldmatrix_x4_trans_at(unsigned int* r, const v
 __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
     pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
 }
+// The zero-fill form: full copies the 16 bytes, otherwise 16 zero bytes land (gmem_src is not read).
+__device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
+                                                        bool full) {
+    alignas(16) static const unsigned char zeros[16] = {};
+    pkrt_cp_async(static_cast<char*>(smem_base) + byte_off, full ? gmem_src : zeros, 16, __FILE__, __LINE__);
+}
 
 // 2^x with ex2.approx.ftz.f32's special cases: subnormal inputs count as 0 (result 1),
 // subnormal results flush to +0, -inf -> +0, +inf -> +inf, NaN -> NaN.
@@ -291,6 +297,15 @@ __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(pk_cvta_shared(smem_base) + byte_off), "l"(g)
                  : "memory");
 }
+// cp.async's ignore-src operand (PTX ISA 7.5): !full writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
+                                                        bool full) {
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(gmem_src));
+    asm volatile("{ .reg .pred p; setp.eq.u32 p, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, p; }"
+                 ::"r"(pk_cvta_shared(smem_base) + byte_off), "l"(g), "r"((unsigned int)full)
+                 : "memory");
+}
 __device__ __forceinline__ void pk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {
     static_assert(N >= 0 && N <= 7, "pk_cp_async_wait<N>: N is 0..7");
@@ -304,6 +319,11 @@ __device__ __forceinline__ void pk_cp_async_16(void* smem_dst, const void* gmem_
 }
 __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
     pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
+}
+__device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
+                                                        bool full) {
+    *reinterpret_cast<uint4*>(static_cast<char*>(smem_base) + byte_off) =
+        full ? *reinterpret_cast<const uint4*>(gmem_src) : make_uint4(0u, 0u, 0u, 0u);
 }
 __device__ __forceinline__ void pk_cp_async_commit() {}
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {}
