@@ -43,7 +43,7 @@ template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
 // STAGES: ring slots; MINB: CTAs an SM asked of ptxas (shared memory allows 3 at 16-bit d64 / d128).
 template <int D, bool FP8> struct DtcCfg;
 template <> struct DtcCfg<64, false> { enum { STAGES = 3, MINB = 3 }; };
-template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 2 }; };
+template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 3 }; };
 template <> struct DtcCfg<64, true> { enum { STAGES = 3, MINB = 3 }; };
 template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 2 }; };
 
@@ -108,6 +108,31 @@ __device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned
     }
 }
 
+// Four FP8 elements (a word, element i in byte i) to two T x2 (elements 0, 1 in lo, 2, 3 in hi), exact. f16:
+// cvt.rn.f16x2.<fp8>x2 is the MMA operand itself (one instruction a pair on sm_89+, the word's upper half
+// selected in the instruction); bf16: through fp32 (the f16 pairs widened, then packed to bf16x2).
+template <typename T, int EB> struct DtcWiden;  // four elements (a word) into two T x2
+template <> struct DtcWiden<__half, 4> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_f16x4_e4m3x4(w, lo, hi);
+    }
+};
+template <> struct DtcWiden<__half, 5> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_f16x4_e5m2x4(w, lo, hi);
+    }
+};
+template <> struct DtcWiden<__nv_bfloat16, 4> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_bf16x4_e4m3x4(w, lo, hi);
+    }
+};
+template <> struct DtcWiden<__nv_bfloat16, 5> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_bf16x4_e5m2x4(w, lo, hi);
+    }
+};
+
 // FP8 -> T for one warp: its 16 K rows and 16 V rows of a ring slot (RB bytes a row) into its T tile
 // (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
 // eight pair conversions, two 16-byte writes.
@@ -124,13 +149,7 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float a, b, cc, d;
-            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] & 0xffffu), a, b);
-            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] >> 16), cc, d);
-            o[2 * e] = Pk16<T>::narrow2(a, b);
-            o[2 * e + 1] = Pk16<T>::narrow2(cc, d);
-        }
+        for (int e = 0; e < 4; e++) DtcWiden<T, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
         uint4* dst = reinterpret_cast<uint4*>(tk + (kvsel * 16 + r) * SD + c * 16);
         dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
