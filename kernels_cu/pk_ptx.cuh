@@ -411,20 +411,15 @@ __device__ __forceinline__ void pk_cvt_f32x2_e5m2x2(unsigned short v, float& lo,
     lo = pk_fp8_sw_to_f32<5, 2>(v & 0xffu);
     hi = pk_fp8_sw_to_f32<5, 2>(v >> 8);
 }
-// fp8x2 -> f16x2 (lo in bits 0..15): exact, so the widening to fp32 and the f16 rounding of it are the conversion.
-__device__ __forceinline__ unsigned int pk_cvt_f16x2_e4m3x2(unsigned short v) {
-    return pk_cvt_f16x2(pk_fp8_sw_to_f32<4, 3>(v & 0xffu), pk_fp8_sw_to_f32<4, 3>(v >> 8));
-}
-__device__ __forceinline__ unsigned int pk_cvt_f16x2_e5m2x2(unsigned short v) {
-    return pk_cvt_f16x2(pk_fp8_sw_to_f32<5, 2>(v & 0xffu), pk_fp8_sw_to_f32<5, 2>(v >> 8));
-}
+// Four fp8 (a word, element i in byte i) -> two f16x2 / bf16x2 (elements 0, 1 in lo, 2, 3 in hi), exact:
+// the widening to fp32, then the (exact) rounding to the 16-bit type.
 __device__ __forceinline__ void pk_cvt_f16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-    lo = pk_cvt_f16x2_e4m3x2((unsigned short)(w & 0xffffu));
-    hi = pk_cvt_f16x2_e4m3x2((unsigned short)(w >> 16));
+    lo = pk_cvt_f16x2(pk_fp8_sw_to_f32<4, 3>(w & 0xffu), pk_fp8_sw_to_f32<4, 3>((w >> 8) & 0xffu));
+    hi = pk_cvt_f16x2(pk_fp8_sw_to_f32<4, 3>((w >> 16) & 0xffu), pk_fp8_sw_to_f32<4, 3>(w >> 24));
 }
 __device__ __forceinline__ void pk_cvt_f16x4_e5m2x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-    lo = pk_cvt_f16x2_e5m2x2((unsigned short)(w & 0xffffu));
-    hi = pk_cvt_f16x2_e5m2x2((unsigned short)(w >> 16));
+    lo = pk_cvt_f16x2(pk_fp8_sw_to_f32<5, 2>(w & 0xffu), pk_fp8_sw_to_f32<5, 2>((w >> 8) & 0xffu));
+    hi = pk_cvt_f16x2(pk_fp8_sw_to_f32<5, 2>((w >> 16) & 0xffu), pk_fp8_sw_to_f32<5, 2>(w >> 24));
 }
 __device__ __forceinline__ void pk_cvt_bf16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
     lo = pk_cvt_bf16x2(pk_fp8_sw_to_f32<4, 3>(w & 0xffu), pk_fp8_sw_to_f32<4, 3>((w >> 8) & 0xffu));
@@ -445,18 +440,8 @@ __device__ __forceinline__ unsigned short pk_cvt_e5m2x2(float lo, float hi) {
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
     return d;
 }
-// fp8x2 -> f16x2 (one instruction; the upper byte to the upper half).
-__device__ __forceinline__ unsigned int pk_cvt_f16x2_e4m3x2(unsigned short v) {
-    unsigned int d;
-    asm("cvt.rn.f16x2.e4m3x2 %0, %1;" : "=r"(d) : "h"(v));
-    return d;
-}
-__device__ __forceinline__ unsigned int pk_cvt_f16x2_e5m2x2(unsigned short v) {
-    unsigned int d;
-    asm("cvt.rn.f16x2.e5m2x2 %0, %1;" : "=r"(d) : "h"(v));
-    return d;
-}
-// Four fp8 (a 32-bit word) -> two f16x2: lo from bits 0..15, hi from bits 16..31.
+// Four fp8 (a 32-bit word) -> two f16x2: lo from bits 0..15, hi from bits 16..31 (one cvt a pair, the upper
+// byte to the upper half; ptxas selects the word's upper half in the instruction).
 __device__ __forceinline__ void pk_cvt_f16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
     asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, u; }"
         : "=r"(lo), "=r"(hi) : "r"(w));
