@@ -51,7 +51,7 @@ template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
 // STAGES: ring slots; MINB: CTAs an SM asked of ptxas (shared memory allows 3 at 16-bit d64 / d128).
 template <int D, bool FP8> struct DtcCfg;
 template <> struct DtcCfg<64, false> { enum { STAGES = 3, MINB = 3 }; };
-template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 2 }; };
+template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 3 }; };
 template <> struct DtcCfg<64, true> { enum { STAGES = 3, MINB = 3 }; };
 template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 2 }; };
 
@@ -64,29 +64,82 @@ template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 2 }; };
 #define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
     ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 * 2 * 16 * ((D) + 8) * 2 : 0) + 16 * ((D) + 8) * 2)
 
-// Rows [t0, t0 + BC) of the range into one ring slot (K rows at ks, V rows at vs, RB bytes apart), 16-byte
-// chunks: thread tid copies chunk tid % CH of keys tid / CH + k * (128 / CH). Past `end`: zeros.
-template <int D, typename TKV>
-__device__ __forceinline__ void dtc_fill(const TKV* __restrict__ kp, const TKV* __restrict__ vp, const PagedKV& kv,
-                                         int t0, int end, unsigned char* ks, unsigned char* vs) {
-    constexpr int EB = (int)sizeof(TKV), RB = DTC_RB(D, EB), EPC = 16 / EB, CH = D / EPC;
-    constexpr int KPP = DTC_THREADS / CH;
-    const int c = threadIdx.x % CH, r0 = threadIdx.x / CH;
+// Ring fill geometry: a 16-byte chunk of a row is EPC elements, a row CH chunks; thread tid copies chunk
+// tid % CH of rows tid / CH + k * KPP, k < NP (KPP rows a pass, NP passes a tile). A warp's 32 lanes cover
+// RPW = 32 / CH rows of a pass, so a warp fills 16 rows a tile: warp w's rows of pass k are
+// w * RPW + k * KPP + (0 .. RPW - 1).
+template <int D, int EB> struct DtcGeom {
+    enum { RB = DTC_RB(D, EB), EPC = 16 / EB, CH = D / EPC, KPP = DTC_THREADS / CH, NP = DTC_BC / KPP, RPW = 32 / CH };
+};
+
+// Page lookup without division in the tile loop: lane j of a warp (j < 16; lanes 16..31 mirror 0..15) owns
+// the warp's row j of every tile (pass j / RPW, row j % RPW of it) and keeps that row's position in the next
+// tile to fill as (page index, offset in the page), advanced by one tile (BC = step_p pages + step_o
+// positions) a fill; off is its byte offset page * s_page + offset * s_tok, with the page loaded a tile
+// ahead of the fill that uses it (the index load's latency hides behind a tile). Rows past the range
+// clamp to the sequence's last page (a valid index; their chunks are zero-filled, not read).
+struct DtcRows {
+    const int* idx;  // the sequence's page list (kv_indices + indptr[b])
+    long long sp, st;  // page and token strides, bytes
+    int ps, step_p, step_o, last;  // page size; a tile in pages + positions; the last page's index
+    int pi, po;  // this lane's row of the next tile to fill: page index, offset in the page
+    long long off;
+    __device__ __forceinline__ void locate() {
+        const long long page = idx[pi < last ? pi : last];
+        off = page * sp + (long long)po * st;
+    }
+    __device__ __forceinline__ void advance() {
+        po += step_o;
+        pi += step_p;
+        if (po >= ps) po -= ps, pi += 1;
+        locate();
+    }
+};
+
+// Rows [t0, t0 + BC) of the range into one ring slot (K rows at ks, V rows at vs, RB bytes apart). kb / vb:
+// the K / V bases with this thread's head and chunk offsets applied; rows.off: the lanes' row offsets of
+// this tile (each pass reads its rows' from the owning lanes); rem = end - t0 - (this thread's first row):
+// rows at or past the end land as zeros (cp.async's zero fill).
+template <int D, int EB>
+__device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned char* vb, const DtcRows& rows,
+                                         int rem, unsigned char* ks, unsigned char* vs) {
+    using Gm = DtcGeom<D, EB>;
+    const int lane = threadIdx.x & 31, c = threadIdx.x % Gm::CH, r0 = threadIdx.x / Gm::CH;
+    const unsigned int soff = (unsigned int)(r0 * Gm::RB + c * 16);
 #pragma unroll
-    for (int k = 0; k < DTC_BC / KPP; k++) {
-        const int t = r0 + k * KPP;
-        const int pos = t0 + t;
-        const unsigned int off = (unsigned int)(t * RB + c * 16);
-        if (pos < end) {
-            const long long o = kv.offset(pos) + c * EPC;
-            pk_cp_async_16_at(ks, off, kp + o);
-            pk_cp_async_16_at(vs, off, vp + o);
-        } else {
-            *reinterpret_cast<uint4*>(ks + off) = make_uint4(0u, 0u, 0u, 0u);
-            *reinterpret_cast<uint4*>(vs + off) = make_uint4(0u, 0u, 0u, 0u);
-        }
+    for (int k = 0; k < Gm::NP; k++) {
+        const long long o = __shfl_sync(PK_FULL_MASK, rows.off, k * Gm::RPW + lane / Gm::CH);
+        const bool in = k * Gm::KPP < rem;
+        const unsigned int so = soff + (unsigned int)(k * Gm::KPP * Gm::RB);
+        pk_cp_async_16_zfill_at(ks, so, kb + o, in);
+        pk_cp_async_16_zfill_at(vs, so, vb + o, in);
     }
 }
+
+// Four FP8 elements (a word, element i in byte i) to two T x2 (elements 0, 1 in lo, 2, 3 in hi), exact. f16:
+// cvt.rn.f16x2.<fp8>x2 is the MMA operand itself (one instruction a pair on sm_89+, the word's upper half
+// selected in the instruction); bf16: through fp32 (the f16 pairs widened, then packed to bf16x2).
+template <typename T, int EB> struct DtcWiden;  // four elements (a word) into two T x2
+template <> struct DtcWiden<__half, 4> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_f16x4_e4m3x4(w, lo, hi);
+    }
+};
+template <> struct DtcWiden<__half, 5> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_f16x4_e5m2x4(w, lo, hi);
+    }
+};
+template <> struct DtcWiden<__nv_bfloat16, 4> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_bf16x4_e4m3x4(w, lo, hi);
+    }
+};
+template <> struct DtcWiden<__nv_bfloat16, 5> {
+    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+        pk_cvt_bf16x4_e5m2x4(w, lo, hi);
+    }
+};
 
 // FP8 -> T for one warp: its 16 K rows and 16 V rows of a ring slot (RB bytes a row) into its T tile
 // (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
@@ -104,13 +157,7 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float a, b, cc, d;
-            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] & 0xffffu), a, b);
-            PaFp8Cvt<DtcFp8<TKV>::EB>::x2((unsigned short)(w[e] >> 16), cc, d);
-            o[2 * e] = Pk16<T>::narrow2(a, b);
-            o[2 * e + 1] = Pk16<T>::narrow2(cc, d);
-        }
+        for (int e = 0; e < 4; e++) DtcWiden<T, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
         uint4* dst = reinterpret_cast<uint4*>(tk + (kvsel * 16 + r) * SD + c * 16);
         dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
@@ -162,8 +209,6 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     extern __shared__ __align__(16) unsigned char dtc_smem[];
     unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][2][16][SD]
     unsigned short* qs = tiles + (FP8 ? 4 * 2 * 16 * SD : 0);                           // [16][SD]
-    const TKV* kp = reinterpret_cast<const TKV*>(kraw);
-    const TKV* vp = reinterpret_cast<const TKV*>(vraw);
 
     const int H = num_qo_heads, NKV = num_kv_heads, G = H / NKV;
     const int b = blockIdx.x / NKV, kvh = blockIdx.x - b * NKV;
@@ -174,6 +219,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
     kv.init(b, kvh);
     const int L = kv.len;
+    using Gm = DtcGeom<D, EB>;
     // The query is position L - 1: it sees [L - 1 - window_left, L - 1] (window_left 2^30 = unbounded).
     const long long vlo = (long long)L - 1 - window_left;
     int begin = vlo < 0 ? 0 : (int)vlo;
@@ -194,11 +240,38 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         qs[r * SD + d] = r < G ? qw[i] : (unsigned short)0;
     }
 
+    // Fill addressing (DtcRows): this lane's row of the warp's 16, its position in tile 0 as (page, offset)
+    // (the only divisions, once a CTA), and this thread's K / V bases (head and chunk offsets folded in).
+    DtcRows rows;
+    const int r0 = tid / Gm::CH;  // this thread's first row of a tile
+    {
+        const int j = lane & 15;
+        const int row = warp * Gm::RPW + (j / Gm::RPW) * Gm::KPP + j % Gm::RPW;
+        rows.idx = kv_indices + kv.pbeg;
+        rows.sp = s_page * EB;
+        rows.st = s_tok * EB;
+        rows.ps = page_size;
+        rows.step_p = DTC_BC / page_size;
+        rows.step_o = DTC_BC - rows.step_p * page_size;
+        const long long np = (long long)kv_indptr[b + 1] - kv.pbeg;
+        rows.last = np > 0 ? (int)(np - 1) : 0;
+        const int p0 = begin + row;
+        rows.pi = p0 / page_size;
+        rows.po = p0 - rows.pi * page_size;
+        rows.off = 0;
+        if (begin < end) rows.locate();
+    }
+    const unsigned char* kb = kraw + kv.hoff * EB + (tid % Gm::CH) * 16;
+    const unsigned char* vb = vraw + kv.hoff * EB + (tid % Gm::CH) * 16;
+
     // Prologue: tiles 0 .. STAGES - 2 of the range, one commit group each (empty past the end).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         const int t0 = begin + s * DTC_BC;
-        if (t0 < end) dtc_fill<D>(kp, vp, kv, t0, end, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * RB);
+        if (t0 < end) {
+            dtc_fill<D, EB>(kb, vb, rows, end - t0 - r0, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * RB);
+            rows.advance();
+        }
         pk_cp_async_commit();
     }
     __syncthreads();  // Q is in
@@ -224,7 +297,10 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         {
             const int nt0 = t0 + (STAGES - 1) * DTC_BC;
             const int ns = stage == 0 ? STAGES - 1 : stage - 1;  // the slot tile t0 - BC used
-            if (nt0 < end) dtc_fill<D>(kp, vp, kv, nt0, end, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * RB);
+            if (nt0 < end) {
+                dtc_fill<D, EB>(kb, vb, rows, end - nt0 - r0, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * RB);
+                rows.advance();
+            }
             pk_cp_async_commit();
         }
         const unsigned char* kslot = dtc_smem + stage * SLOT + warp * DTC_KW * RB;  // this warp's 16 keys

@@ -158,6 +158,12 @@ __device__ __forceinline__ void pk_ldmatrix_x4_trans_at(unsigned int* r, const v
 __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
     pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
 }
+// The zero-fill form: full copies the 16 bytes, otherwise 16 zero bytes land (gmem_src is not read).
+__device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
+                                                        bool full) {
+    alignas(16) static const unsigned char zeros[16] = {};
+    pkrt_cp_async(static_cast<char*>(smem_base) + byte_off, full ? gmem_src : zeros, 16, __FILE__, __LINE__);
+}
 
 // 2^x with ex2.approx.ftz.f32's special cases: subnormal inputs count as 0 (result 1),
 // subnormal results flush to +0, -inf -> +0, +inf -> +inf, NaN -> NaN.
@@ -300,6 +306,15 @@ __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int 
     asm volatile("cp.async.cg.shared.global [%0], [%1], 16;" ::"r"(pk_cvta_shared(smem_base) + byte_off), "l"(g)
                  : "memory");
 }
+// cp.async's ignore-src operand (PTX ISA 7.5): !full writes 16 zero bytes and reads nothing.
+__device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
+                                                        bool full) {
+    unsigned long long g;
+    asm("cvta.to.global.u64 %0, %1;" : "=l"(g) : "l"(gmem_src));
+    asm volatile("{ .reg .pred p; setp.eq.u32 p, %2, 0; cp.async.cg.shared.global [%0], [%1], 16, p; }"
+                 ::"r"(pk_cvta_shared(smem_base) + byte_off), "l"(g), "r"((unsigned int)full)
+                 : "memory");
+}
 __device__ __forceinline__ void pk_cp_async_commit() { asm volatile("cp.async.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {
     static_assert(N >= 0 && N <= 7, "pk_cp_async_wait<N>: N is 0..7");
@@ -313,6 +328,11 @@ __device__ __forceinline__ void pk_cp_async_16(void* smem_dst, const void* gmem_
 }
 __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int byte_off, const void* gmem_src) {
     pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
+}
+__device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
+                                                        bool full) {
+    *reinterpret_cast<uint4*>(static_cast<char*>(smem_base) + byte_off) =
+        full ? *reinterpret_cast<const uint4*>(gmem_src) : make_uint4(0u, 0u, 0u, 0u);
 }
 __device__ __forceinline__ void pk_cp_async_commit() {}
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {}
@@ -409,6 +429,24 @@ __device__ __forceinline__ void pk_cvt_f32x2_e5m2x2(unsigned short v, float& lo,
     lo = pk_fp8_sw_to_f32<5, 2>(v & 0xffu);
     hi = pk_fp8_sw_to_f32<5, 2>(v >> 8);
 }
+// Four fp8 (a word, element i in byte i) -> two f16x2 / bf16x2 (elements 0, 1 in lo, 2, 3 in hi), exact:
+// the widening to fp32, then the (exact) rounding to the 16-bit type.
+__device__ __forceinline__ void pk_cvt_f16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    lo = pk_cvt_f16x2(pk_fp8_sw_to_f32<4, 3>(w & 0xffu), pk_fp8_sw_to_f32<4, 3>((w >> 8) & 0xffu));
+    hi = pk_cvt_f16x2(pk_fp8_sw_to_f32<4, 3>((w >> 16) & 0xffu), pk_fp8_sw_to_f32<4, 3>(w >> 24));
+}
+__device__ __forceinline__ void pk_cvt_f16x4_e5m2x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    lo = pk_cvt_f16x2(pk_fp8_sw_to_f32<5, 2>(w & 0xffu), pk_fp8_sw_to_f32<5, 2>((w >> 8) & 0xffu));
+    hi = pk_cvt_f16x2(pk_fp8_sw_to_f32<5, 2>((w >> 16) & 0xffu), pk_fp8_sw_to_f32<5, 2>(w >> 24));
+}
+__device__ __forceinline__ void pk_cvt_bf16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    lo = pk_cvt_bf16x2(pk_fp8_sw_to_f32<4, 3>(w & 0xffu), pk_fp8_sw_to_f32<4, 3>((w >> 8) & 0xffu));
+    hi = pk_cvt_bf16x2(pk_fp8_sw_to_f32<4, 3>((w >> 16) & 0xffu), pk_fp8_sw_to_f32<4, 3>(w >> 24));
+}
+__device__ __forceinline__ void pk_cvt_bf16x4_e5m2x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    lo = pk_cvt_bf16x2(pk_fp8_sw_to_f32<5, 2>(w & 0xffu), pk_fp8_sw_to_f32<5, 2>((w >> 8) & 0xffu));
+    hi = pk_cvt_bf16x2(pk_fp8_sw_to_f32<5, 2>((w >> 16) & 0xffu), pk_fp8_sw_to_f32<5, 2>(w >> 24));
+}
 #else
 __device__ __forceinline__ unsigned short pk_cvt_e4m3x2(float lo, float hi) {
     unsigned short d;
@@ -419,6 +457,33 @@ __device__ __forceinline__ unsigned short pk_cvt_e5m2x2(float lo, float hi) {
     unsigned short d;
     asm("cvt.rn.satfinite.e5m2x2.f32 %0, %1, %2;" : "=h"(d) : "f"(hi), "f"(lo));
     return d;
+}
+// Four fp8 (a 32-bit word) -> two f16x2: lo from bits 0..15, hi from bits 16..31 (one cvt a pair, the upper
+// byte to the upper half; ptxas selects the word's upper half in the instruction).
+__device__ __forceinline__ void pk_cvt_f16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.rn.f16x2.e4m3x2 %0, l; cvt.rn.f16x2.e4m3x2 %1, u; }"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+}
+__device__ __forceinline__ void pk_cvt_f16x4_e5m2x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.rn.f16x2.e5m2x2 %0, l; cvt.rn.f16x2.e5m2x2 %1, u; }"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+}
+// Four fp8 -> two bf16x2 (exact): each pair through f16x2, the halves widened to fp32, packed to bf16x2.
+__device__ __forceinline__ void pk_cvt_bf16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y; .reg .f32 fa, fb, fc, fd;\n\t"
+        "mov.b32 {l, u}, %2; cvt.rn.f16x2.e4m3x2 x, l; cvt.rn.f16x2.e4m3x2 y, u;\n\t"
+        "mov.b32 {a, b}, x; mov.b32 {c, d}, y;\n\t"
+        "cvt.f32.f16 fa, a; cvt.f32.f16 fb, b; cvt.f32.f16 fc, c; cvt.f32.f16 fd, d;\n\t"
+        "cvt.rn.bf16x2.f32 %0, fb, fa; cvt.rn.bf16x2.f32 %1, fd, fc; }"
+        : "=r"(lo), "=r"(hi) : "r"(w));
+}
+__device__ __forceinline__ void pk_cvt_bf16x4_e5m2x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
+    asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y; .reg .f32 fa, fb, fc, fd;\n\t"
+        "mov.b32 {l, u}, %2; cvt.rn.f16x2.e5m2x2 x, l; cvt.rn.f16x2.e5m2x2 y, u;\n\t"
+        "mov.b32 {a, b}, x; mov.b32 {c, d}, y;\n\t"
+        "cvt.f32.f16 fa, a; cvt.f32.f16 fb, b; cvt.f32.f16 fc, c; cvt.f32.f16 fd, d;\n\t"
+        "cvt.rn.bf16x2.f32 %0, fb, fa; cvt.rn.bf16x2.f32 %1, fd, fc; }"
+        : "=r"(lo), "=r"(hi) : "r"(w));
 }
 // fp8x2 -> f16x2 (one instruction), then each half to fp32 (exact).
 __device__ __forceinline__ void pk_cvt_f32x2_e4m3x2(unsigned short v, float& lo, float& hi) {

@@ -307,6 +307,37 @@ def test_sass_hmma_and_16_byte_cp_async_in_the_tile_loop(arch: str) -> None:
         assert row["ops"].get("LDSM.16.MT88.4", 0) == d // 16, (k, arch, row["ops"])  # V through .trans
 
 
+# Warp-instructions of the sm_90 tile loop (a warp, a 64-key tile), achieved + a small margin: the fill's page
+# lookup walks pages without dividing (a lane a row, offsets shuffled to the copying lanes), FP8 widens a word at
+# a time (f16: one cvt a pair). Before: d128 842 (16-bit) / 970 (FP8), d64 460 / 461, 8 integer divisions a tile.
+LOOP_CEILING_SM90 = {"d128": 415, "d128_fp8_bf16": 615, "d128_fp8_f16": 420,
+                     "d64": 285, "d64_fp8_bf16": 380, "d64_fp8_f16": 285}
+
+
+def _ceiling_key(k: str) -> str:
+    d = k.split("_d")[1].split("_")[0]
+    if "m3kv" not in k and "m2kv" not in k:
+        return f"d{d}"
+    return f"d{d}_fp8_{k.rsplit('_', 1)[1]}"
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_tile_loop_has_no_integer_division_and_stays_lean(arch: str) -> None:
+    sr = _report()
+    text = _sass(arch)
+    loops, funcs = sr.steady_state_loops(text), sr._instructions(text)
+    for k in TC_KERNELS:
+        lp = loops[k]
+        lo, hi = int(lp["start"], 16), int(lp["end"], 16)
+        body = [(op, mods) for a, op, mods, _ in funcs[k] if lo <= a <= hi]
+        # software division / modulo (by the runtime page size): IABS, I2F, MUFU.RCP, F2I. I2F alone is the
+        # pre-sm_89 FP8 widening's subnormal path, not a division.
+        div = [op + mods for op, mods in body if op in ("IABS", "F2I") or (op == "MUFU" and mods.startswith(".RCP"))]
+        assert not div, (k, arch, div)
+        if arch == "sm_90":
+            assert lp["insns"] <= LOOP_CEILING_SM90[_ceiling_key(k)], (k, lp["insns"])
+
+
 def test_no_spills_on_any_arch() -> None:
     from pykern import compiler
     from pykern.sources import Source

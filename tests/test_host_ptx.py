@@ -302,6 +302,49 @@ def test_cp_async_groups_complete_at_their_wait() -> None:
     assert np.isnan(early).all()
 
 
+def test_cp_async_zfill_writes_zeros_and_reads_nothing() -> None:
+    src = (np.arange(32 * 4, dtype=np.uint64) * 2654435761 % (2**32)).astype(np.uint32) | 1  # no zero words
+    full = (np.arange(32) % 3 != 0).astype(np.int32)
+    out = np.zeros(32 * 4, np.uint32)
+    launch("pk_t_cp_async_zfill", 1, 32, src, full, out)
+    want = np.where(np.repeat(full, 4) != 0, src, 0).astype(np.uint32)
+    np.testing.assert_array_equal(out, want)
+
+
+def _fp8_value(b: int, eb: int) -> float:
+    """The value of FP8 byte b (eb = 4: e4m3fn, 5: e5m2), from the format's definition."""
+    mb = 7 - eb
+    bias = (1 << (eb - 1)) - 1
+    s = -1.0 if b & 0x80 else 1.0
+    e, m = (b >> mb) & ((1 << eb) - 1), b & ((1 << mb) - 1)
+    if eb == 4 and e == 15 and m == 7:
+        return float("nan")
+    if eb == 5 and e == 31:
+        return s * float("inf") if m == 0 else float("nan")
+    if e == 0:
+        return s * m * 2.0 ** (1 - bias - mb)
+    return s * (1 + m / (1 << mb)) * 2.0 ** (e - bias)
+
+
+@pytest.mark.parametrize("kind", [4, 5])
+def test_fp8x4_widening_to_f16x2_and_bf16x2_is_exact(kind: int) -> None:
+    # every byte value in every byte position of the word
+    b = np.arange(256, dtype=np.uint32)
+    words = np.concatenate([b, b << 8, b << 16, b << 24, b | ((255 - b) << 8) | (b << 16) | ((b ^ 0x5A) << 24)])
+    words = words.astype(np.uint32)
+    n = words.size
+    f16, bf16 = np.zeros(2 * n, np.uint32), np.zeros(2 * n, np.uint32)
+    launch("pk_t_fp8x4", (n + 127) // 128, 128, words, f16, bf16, n, kind)
+    vals = np.array([[_fp8_value((int(w) >> (8 * j)) & 0xFF, kind) for j in range(4)] for w in words])
+    got_f16 = np.stack([(f16 >> 0) & 0xFFFF, f16 >> 16], 1).reshape(n, 4).astype(np.uint16).view(np.float16)
+    got_bf16 = (np.stack([(bf16 << 16), bf16 & 0xFFFF0000], 1).reshape(n, 4).astype(np.uint32)).view(np.float32)
+    for got in (got_f16.astype(np.float64), got_bf16.astype(np.float64)):
+        nan = np.isnan(vals)
+        assert (np.isnan(got) == nan).all()
+        np.testing.assert_array_equal(got[~nan], vals[~nan])
+        np.testing.assert_array_equal(np.signbit(got[~nan]), np.signbit(vals[~nan]))  # -0 stays -0
+
+
 # ---- raw asm on the host ------------------------------------------------------------------------
 def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rawasm.cu").write_text(
@@ -363,6 +406,8 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
     for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2"):
         assert op in sass, f"{op} missing from the {arch} SASS"
+    if arch == "sm_90":  # pk_t_fp8x4: the FP8 pair conversion is one instruction (sm_89+)
+        assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.F16.E5M2.UNPACK_B" in sass
     # mma .f16 (pk_t_mma_t): HMMA.16816.F32 with no .BF16 suffix
     assert re.search(r"HMMA\.16816\.F32 ", sass), f"HMMA.16816.F32 (f16) missing from the {arch} SASS"
 

@@ -90,3 +90,29 @@ extern "C" __global__ void pk_t_ldmatrix_at(const unsigned short* tile, const in
     else pk_ldmatrix_x4_at(r, sm, rowsel[lane] * 16);
     for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
 }
+
+// The zero-fill form: lanes with full == 0 get 16 zero bytes (the source is not read: it is a null
+// pointer there), the others their 16 bytes; the shared slots start poisoned by the host.
+extern "C" __global__ void pk_t_cp_async_zfill(const unsigned int* src, const int* full, unsigned int* out) {
+    __shared__ __align__(16) unsigned int sm[32 * 4];
+    const int lane = threadIdx.x;
+    pk_cp_async_16_zfill_at(sm, lane * 16, full[lane] ? src + lane * 4 : nullptr, full[lane] != 0);
+    pk_cp_async_commit();
+    pk_cp_async_wait_all();
+    __syncthreads();
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = sm[lane * 4 + i];
+}
+
+// Four FP8 elements a word to two f16x2 / bf16x2 words (kind 4: e4m3, 5: e5m2).
+extern "C" __global__ void pk_t_fp8x4(const unsigned int* w, unsigned int* f16, unsigned int* bf16, int n,
+                                      int kind) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i >= n) return;
+    if (kind == 4) {
+        pk_cvt_f16x4_e4m3x4(w[i], f16[2 * i], f16[2 * i + 1]);
+        pk_cvt_bf16x4_e4m3x4(w[i], bf16[2 * i], bf16[2 * i + 1]);
+    } else {
+        pk_cvt_f16x4_e5m2x4(w[i], f16[2 * i], f16[2 * i + 1]);
+        pk_cvt_bf16x4_e5m2x4(w[i], bf16[2 * i], bf16[2 * i + 1]);
+    }
+}
