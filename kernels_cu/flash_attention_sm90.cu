@@ -21,8 +21,9 @@
 // the steady-state loop over tiles every row sees wholly, which carries no mask code at all.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
-// Tensor maps (pykern.ops.forward makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k and v
-// (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
+// Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k
+// and v (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
+// flash_attention_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"

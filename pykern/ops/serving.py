@@ -857,8 +857,10 @@ def flash_attention_varlen(
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16 or f16 q, K and V of one type, head_dim
-    # 64 / 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
+    # On sm_90a the TMA + wgmma forward (kernels_cu/flash_attention_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
+    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16
+    # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
+    # sequence * heads, batch).
     from . import forward as _fwd
 
     n_qt = -(-max_qo // _fwd.FA2_ROWS)
@@ -872,8 +874,7 @@ def flash_attention_varlen(
     elif fa2:
         launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
                (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
-               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q),
-               backend=backend)
+               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=stream_, backend=backend)
     elif total_q:
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
