@@ -40,7 +40,7 @@ from ._window import (
     normalize_serving as _normalize_serving,
 )
 from ..errors import ArgumentError, ArgumentTypeError
-from . import _attention_sm90 as _sm90
+from ._attention_sm90 import try_varlen as _sm90_varlen
 from ._kvcache import (
     FP8 as _FP8,
     KV_DTYPE_NAMES as _KV_DTYPE_NAMES,
@@ -868,8 +868,8 @@ def flash_attention_varlen(
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     stream_ = arrays.launch_stream(stream, q)
     if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
-            and _sm90.try_varlen(q, k, v, _flat(out), _flat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl, wr,
-                                 f"_{qk}", stream_, backend)):
+            and _sm90_varlen(q, k, v, _flat(out), _flat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl, wr,
+                             f"_{qk}", stream_, backend)):
         pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu, VARLEN)
     elif fa2:
         launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
