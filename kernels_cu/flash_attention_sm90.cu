@@ -29,8 +29,9 @@
 // consistent (lse = ln 2 * (m * sl2 + log2 l)); the boundary tiles keep the exact softmax.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
-// Tensor maps (pykern.ops.forward makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k and v
-// (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
+// Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k
+// and v (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
+// flash_attention_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
@@ -157,11 +158,20 @@ __device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2
     fa90_pv<T, D, BC>(o, pa, dv, empty);
 }
 
-template <typename T, int D>
+// VARLEN: sequences packed without padding (flash_attention_varlen); the tensor maps have batch extent 1 over
+// (1, total rows, heads, D), sequence b is q rows cu_q[b]..cu_q[b+1] against k / v rows cu_k[b]..cu_k[b+1] (a
+// negative length counts as 0), grid (n_qt * n_heads, batch) as flash_attention_varlen_tc (query tile
+// blockIdx.x / n_heads of head blockIdx.x % n_heads; tiles past the sequence exit before any barrier), n_q / n_k
+// are each sequence's. Only the coordinates differ from the dense kernel: the TMA row coordinates start at the
+// sequence's first row (boxes that run past its end load the next sequence's rows: the key tile holding the
+// sequence's last key is a masked tile, as the tile holding key n_k - 1 is in the dense kernel, and query rows
+// past the end are not stored), and out / lse rows start at cu_q[b].
+template <typename T, int D, bool VARLEN>
 __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
-                                             T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,
-                                             int n_k, int n_heads, int n_kv_heads, float scale, int window_left,
-                                             int window_right) {
+                                             T* __restrict__ out, float* __restrict__ lse,
+                                             const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
+                                             int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
+                                             int window_left, int window_right) {
     constexpr int BC = Fa90Cfg<D>::BC, ST = Fa90Cfg<D>::STAGES, NB = D / 64;
     constexpr unsigned Q_BYTES = FA90_BR * D * 2, KV_BYTES = BC * D * 2;
     extern __shared__ __align__(1024) unsigned char fa90_smem[];
@@ -172,11 +182,25 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
-    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
-    const int bh = blockIdx.x / n_qt;
-    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-    const int b = bh / n_heads, h = bh % n_heads;
+    // (sequence, head, query tile) of this CTA; q_row0 / k_row0: the sequence's first row in the tensor maps
+    // (map batch coordinate mb).
+    int b, h, qt, q_row0, k_row0, mb;
+    if constexpr (VARLEN) {
+        b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
+        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
+        const int n_qt = (n_q + FA90_BR - 1) / FA90_BR, it = (int)(blockIdx.x / n_heads);
+        if (it >= n_qt) return;  // CTA-uniform, before any barrier
+        qt = window_right < n_q ? n_qt - 1 - it : it;  // causal: the longest query tiles first
+    } else {
+        const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
+        // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
+        const int bh = blockIdx.x / n_qt;
+        qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+        b = bh / n_heads, h = bh % n_heads;
+        q_row0 = k_row0 = 0, mb = b;
+    }
+    (void)batch;
     const int kvh = h / (n_heads / n_kv_heads);
     const int q0 = qt * FA90_BR;
     const int q_last = min(q0 + FA90_BR, n_q) - 1;
@@ -198,15 +222,15 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q0, b);
+            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], 2 * KV_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(ks + s * KV_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, j * BC, b);
-                    pk_tma_load_4d(vs + s * KV_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, j * BC, b);
+                    pk_tma_load_4d(ks + s * KV_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    pk_tma_load_4d(vs + s * KV_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
                 }
             }
         }
@@ -273,6 +297,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
 
     const long long o_stride = (long long)n_heads * D;
+    // The sequence's first row of out / lse (read again here rather than kept live through the loops).
+    const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float lr = l[r];
@@ -281,13 +307,13 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         const int row = row0 + 8 * r;
         if (row >= n_q) continue;
         const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        T* orow = out + ((long long)b * n_q + row) * o_stride + (long long)h * D;
+        T* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
 #pragma unroll
         for (int jj = 0; jj < D / 8; jj++)
             *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
                 Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
         if (t == 0)  // m is in raw score units: lse = ln(2) * (m * scale * log2 e + log2(l))
-            lse[((long long)b * n_q + row) * n_heads + h] =
+            lse[(o_row0 + row) * n_heads + h] =
                 lr > 0.0f ? (m[r] * sl2 + log2f(lr)) * 0.6931471805599453f : PK_NEG_INF;
     }
 }
@@ -295,8 +321,16 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 #define FA90_ENTRY(D)                                                                                             \
     template <typename T, typename... A>                                                                          \
     __device__ __forceinline__ void flash_attention_sm90_d##D##_impl(const CUtensorMap& tq, const CUtensorMap& tk, \
-                                                                     const CUtensorMap& tv, A... a) {             \
-        fa90_forward<T, D>(&tq, &tk, &tv, a...);                                                                  \
+                                                                     const CUtensorMap& tv, T* out, float* lse,   \
+                                                                     A... a) {                                    \
+        fa90_forward<T, D, false>(&tq, &tk, &tv, out, lse, nullptr, nullptr, a...);                               \
+    }                                                                                                             \
+    template <typename T>                                                                                         \
+    __device__ __forceinline__ void flash_attention_varlen_sm90_d##D##_impl(                                      \
+        const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, T* out, float* lse, const int* cu_q, \
+        const int* cu_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {           \
+        fa90_forward<T, D, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale,        \
+                                 window_left, window_right);                                                      \
     }
 FA90_ENTRY(64)
 FA90_ENTRY(128)
@@ -319,3 +353,17 @@ PK_IO16_KERNELS(flash_attention_sm90_d256, (FA90_THREADS, 1),
                  const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
                  int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
                 (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
+
+// flash_attention_varlen (bf16 / f16): tensor maps over the packed q (1, total_q, n_heads, D) and k / v
+// (1, total_k, n_kv_heads, D) with the dense boxes, out (total_q, n_heads, D), lse (total_q, n_heads), the window
+// normalized per sequence as the serving ops do (unbounded = 2^30, causal: window_right = 0); grid
+// (n_qt * n_heads, batch), n_qt the query tiles of the longest sequence.
+#define FA90_VARLEN_PARAMS                                                                                          \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse,                          \
+     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads, int n_kv_heads, float scale,          \
+     int window_left, int window_right)
+#define FA90_VARLEN_ARGS (tq, tk, tv, out, lse, cu_q, cu_k, n_heads, n_kv_heads, scale, window_left, window_right)
+PK_IO16_KERNELS(flash_attention_varlen_sm90_d64, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(flash_attention_varlen_sm90_d128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(flash_attention_varlen_sm90_d256, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)

@@ -7,7 +7,8 @@ head_dim 64/128/256, causal and not, GQA, n_q != n_k both ways and lengths off e
 only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
 without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
 and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-(d128, d256; 2.35 at d64), and no spills. The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
+(d128, d256; 2.35 at d64), and no spills, for the dense and the varlen entries (flash_attention_varlen on
+sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
 """
 from __future__ import annotations
 
@@ -329,7 +330,7 @@ def _sass():
     return mod, text, sr.count_sass(text), sr.steady_state_loops(text)
 
 
-KERNELS = [f"flash_attention_sm90_d{d}_{t}" for d in (64, 128, 256) for t in ("bf16", "f16")]
+KERNELS = [f"flash_attention_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
 BWD_SRC = ROOT / "kernels_cu" / "attention_backward_sm90.cu"
 BWD_KERNELS = [f"attention_backward_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d in (64, 128) for t in ("bf16", "f16")]
 

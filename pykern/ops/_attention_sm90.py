@@ -3,7 +3,8 @@
 `flash_attention` asks `usable(...)` first on its tensor-core path: on a compute-capability 9.0 GPU (nvrtc) or
 with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
 64/128/256, no softcap, scale > 0: the kernel takes the row max on the raw scores), it runs the TMA + wgmma
-kernel; anything else keeps the mma.sync kernels (flash_attention_tc.cu).
+kernel; anything else keeps the mma.sync kernels (flash_attention_tc.cu). `flash_attention_varlen` asks
+`try_varlen` under the same conditions (the same kernel with its VARLEN template parameter).
 """
 from __future__ import annotations
 
@@ -59,6 +60,40 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
     n_blocks = batch * n_heads * -(-n_q // ROWS)
     launch(f"flash_attention_sm90_d{d}{suffix}", n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k, n_heads,
            n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream, backend=backend)
+    return True
+
+
+def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
+               dims: tuple[int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int, suffix: str,
+               stream: Any, backend: str | None) -> bool:
+    """flash_attention_varlen: run flash_attention_varlen_sm90_d{D}{suffix} when `usable` and the packed arrays
+    suit TMA, else False (nothing launched). q (total_q, heads, D), k and v (total_k, kv_heads, D) contiguous,
+    out / lse (total_q, heads[, D]); cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, heads, kv_heads, D), max_q
+    the longest sequence's queries (the grid's query tiles); (wl, wr) normalized per sequence (serving ops)."""
+    from .. import arrays
+    from ..backends import get_backend
+    from ..errors import ArgumentError
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    batch, max_q, n_heads, n_kv_heads, d = dims
+    if not usable(d, d, softcap, scale, q, backend):
+        return False
+    n_qt = -(-max_q // ROWS)
+    if n_qt * n_heads >= 2**31:
+        return False
+    bc, _ = _CFG[d]
+    name = get_backend(backend).name
+    total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
+    try:  # the packed arrays as one batch of total rows: the kernel adds each sequence's first row
+        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "128B", backend=name)
+        tk = make_tensor_map(k.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
+        tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
+    except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the mma.sync kernels take it
+        return False
+    launch(f"flash_attention_varlen_sm90_d{d}{suffix}", (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv, out,
+           lse, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream,
+           backend=backend)
     return True
 
 

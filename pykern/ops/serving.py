@@ -40,6 +40,7 @@ from ._window import (
     normalize_serving as _normalize_serving,
 )
 from ..errors import ArgumentError, ArgumentTypeError
+from ._attention_sm90 import try_varlen as _sm90_varlen
 from ._kvcache import (
     FP8 as _FP8,
     KV_DTYPE_NAMES as _KV_DTYPE_NAMES,
@@ -888,18 +889,24 @@ def flash_attention_varlen(
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16 or f16 q, K and V of one type, head_dim
-    # 64 / 128, 16-byte aligned data; grid (query tiles of the longest sequence * heads, batch).
+    # On sm_90a the TMA + wgmma forward (kernels_cu/flash_attention_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
+    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16
+    # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
+    # sequence * heads, batch).
     from . import forward as _fwd
 
     n_qt = -(-max_qo // _fwd.FA2_ROWS)
     fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and _fwd.fa2_eligible(d, d, q, k, v, out)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
-    if fa2:
+    stream_ = arrays.launch_stream(stream, q)
+    if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
+            and _sm90_varlen(q, k, v, _flat(out), _flat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl, wr,
+                             f"_{qk}", stream_, backend)):
+        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu, VARLEN)
+    elif fa2:
         launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
                (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
-               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q),
-               backend=backend)
+               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=stream_, backend=backend)
     elif total_q:
         lens = _device_like(np.zeros(1, np.uint32), q)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),

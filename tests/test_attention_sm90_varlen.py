@@ -1,0 +1,147 @@
+"""flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/flash_attention_sm90.cu with its VARLEN
+template parameter (flash_attention_varlen_sm90_d64/128/256).
+
+On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
+the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
+ragged sequences (lengths 0 and 1, off every tile, a key tile that runs into the next sequence), n_q != n_k per
+sequence both ways (bottom-right causal: rows that see no key get out 0, lse -inf), empty sequences, GQA,
+windows, head_dim 64/128/256, bf16 and f16. Where the sm_90a kernel does not apply (softcap, d96, no key at
+all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.ops.serving import flash_attention_varlen
+from pykern.tolerance import tolerance
+
+HOST = "host"
+
+
+@pytest.fixture(autouse=True)
+def _sm90_host(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+    monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
+
+
+def _record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Kernel names the launches of this test ask for (the launches still run)."""
+    from pykern import launcher
+
+    names: list[str] = []
+    real = launcher.launch
+
+    def spy(name, *a, **kw):
+        names.append(name)
+        return real(name, *a, **kw)
+
+    monkeypatch.setattr(launcher, "launch", spy)  # the ops import it at call time
+    return names
+
+
+def _close(name: str, got, ref, dtype: str) -> None:
+    atol, rtol = tolerance("flash_attention_varlen", dtype)
+    got = np.asarray(got).astype(np.float64)
+    assert got.shape == ref.shape, name
+    err = np.abs(got - ref)
+    bad = ~(err <= atol + rtol * np.abs(ref))
+    assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
+
+
+def _check_lse(lse, ref) -> None:
+    lse = np.asarray(lse)
+    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref))
+    fin = np.isfinite(ref)
+    assert np.abs(lse[fin] - ref[fin]).max(initial=0) < 1e-4  # fp32 from fp32 scores
+
+
+def _ragged(rng, lq, lk, h, kvh, d, kind):
+    q, k, v = fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d, kind)
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    return q[0], k[0], v[0], cu_q, cu_k
+
+
+def _np_varlen(q, k, v, cu_q, cu_k, causal, win=(-1, -1)):
+    """float64 per sequence; a sequence without keys: out 0, lse -inf."""
+    out = np.zeros(q.shape)
+    lse = np.full(q.shape[:2], -np.inf)
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if cu_q[b + 1] == cu_q[b] or cu_k[b + 1] == cu_k[b]:
+            continue
+        o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, None, win, 0.0)
+        out[qs], lse[qs] = o[0], l_[0]
+    return out, lse
+
+
+VARLEN = [
+    # (q lengths, k lengths, heads, kv_heads, head_dim, causal, window, dtype)
+    # lengths 0 and 1, a sequence without keys, key tiles crossing into the next sequence; GQA 2
+    ([5, 130, 0, 1, 7], [9, 200, 3, 0, 140], 4, 2, 64, True, (-1, -1), "bf16"),
+    # n_q > n_k (the first rows see no key) and n_q < n_k; one whole steady key tile (256 keys) in the middle one
+    ([70, 1, 150], [33, 300, 20], 2, 1, 64, False, (-1, -1), "f16"),
+    ([150, 3, 60], [20, 130, 260], 2, 1, 128, True, (-1, -1), "bf16"),
+    ([40, 129], [200, 129], 4, 4, 128, False, (-1, -1), "f16"),
+    ([129, 30], [260, 30], 2, 1, 64, True, (70, -1), "bf16"),   # causal + left window
+    ([100, 1], [190, 64], 2, 2, 64, False, (50, 20), "f16"),    # both sides of a window
+    ([70, 0, 9], [90, 5, 130], 2, 1, 256, True, (-1, -1), "bf16"),  # d256: 64-key tiles
+    ([33, 65], [140, 65], 4, 2, 256, False, (-1, -1), "f16"),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN, ids=lambda c: "{}-d{}-h{}/{}-c{}-w{},{}-q{}".format(c[7], c[4], c[2], c[3], int(c[5]), *c[6], ",".join(map(str, c[0]))))
+def test_varlen_sm90_vs_float64(case, monkeypatch) -> None:
+    lq, lk, h, kvh, d, causal, win, kind = case
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(d + sum(lq) + sum(lk)), lq, lk, h, kvh, d, kind)
+    names = _record(monkeypatch)
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, return_lse=True,
+                                      backend=HOST)
+    assert names == [f"flash_attention_varlen_sm90_d{d}_{kind}"]
+    assert np.asarray(out).dtype == q.dtype and np.asarray(lse).dtype == np.float32
+    ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win)
+    _close("out", out, ref_out, kind)
+    _check_lse(lse, ref_lse)
+
+
+def test_varlen_sm90_other_schedule_and_agrees_with_mma_sync(monkeypatch) -> None:
+    # a reversed thread / block schedule gives the same bits; the mma.sync kernel (not playing Hopper) agrees
+    # as the dense kernels do: both round P to f16 for P V and differ in fp32 summation order only
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(3), [60, 140, 1], [100, 140, 30], 4, 2, 128, "f16")
+    a, la = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, backend=HOST)
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
+    r, lr = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, backend=HOST)
+    np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(r).view(np.uint16))
+    np.testing.assert_array_equal(la, lr)
+    monkeypatch.delenv("PYKERN_HOST_SCHEDULE")
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    names = _record(monkeypatch)
+    b, lb = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, backend=HOST)
+    assert names == ["flash_attention_varlen_tc_d128_f16"]
+    assert np.abs(a.astype(np.float64) - b.astype(np.float64)).max() <= 2 * 2.0 ** -11 * np.abs(b).max()
+    np.testing.assert_array_equal(np.isneginf(la), np.isneginf(lb))
+    assert np.abs(la[np.isfinite(lb)] - lb[np.isfinite(lb)]).max() < 1e-5
+
+
+def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
+    rng = np.random.default_rng(1)
+    names = _record(monkeypatch)
+    q, k, v, cu_q, cu_k = _ragged(rng, [20, 5], [30, 9], 2, 1, 128, "bf16")
+    flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)
+    flash_attention_varlen(q, k, v, cu_q, cu_k, softcap=30.0, backend=HOST)  # softcap: mma.sync
+    q96, k96, v96 = (a[..., :96].copy() for a in (q, k, v))
+    flash_attention_varlen(q96, k96, v96, cu_q, cu_k, backend=HOST)  # d96: the general kernel
+    buf = np.zeros(q.size + 1, q.dtype)  # a base off 16 bytes is no TMA source
+    q_odd = buf[1:].reshape(q.shape)
+    q_odd[...] = q
+    flash_attention_varlen(q_odd, k, v, cu_q, cu_k, backend=HOST)  # (nor FlashAttention-2 core data)
+    kz = k[:0].copy()  # no key in any sequence: no tensor map over k; the mma.sync kernel writes 0 / -inf
+    out, lse = flash_attention_varlen(q, kz, kz, cu_q, np.zeros(3, np.int32), return_lse=True, backend=HOST)
+    assert not np.asarray(out, np.float32).any() and np.isneginf(lse).all()
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)  # not playing Hopper
+    assert names == ["flash_attention_varlen_sm90_d128_bf16", "flash_attention_varlen_tc_d128_softcap_bf16",
+                     "dense_attn_bf16", "dense_attn_bf16", "flash_attention_varlen_tc_d128_bf16",
+                     "flash_attention_varlen_tc_d128_bf16"]
