@@ -593,6 +593,7 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
 #pragma unroll
             for (int x = 16; x > 0; x >>= 1) sw += __shfl_xor_sync(PK_FULL_MASK, sw, x);
             ws[r * SC + lane] = w;
+            __syncwarp();  // every lane has read Mr[r] before lane 0 updates it
             if (lane == 0) {
                 const float a = pa_merge_weight(Mo, Mn);
                 Ar[r] = a;
