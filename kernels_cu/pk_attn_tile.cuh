@@ -533,8 +533,8 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 //   (2) no global access: a warp a row (lane = split) takes the chunk max, the running max M, the splits'
 //       weights against M (back into shared memory), the rescale of the earlier chunks' sums and the
 //       running weight sum; a barrier;
-//   (3) ceil(items / PA_CM_NB) rounds, items = (units of thread 0) x (its splits of the chunk): the
-//       thread's (unit, split) items PA_CM_NB at a time, all issued before any is used (a weightless
+//   (3) (units of thread 0) x ceil(its splits of the chunk / PA_CM_NB) rounds: unit by unit, the thread
+//       loads its splits' 16-byte pieces PA_CM_NB at a time, all issued before any is used (a weightless
 //       split's value is loaded and dropped, as in pa_merge_row); its sums live in its own shared-memory
 //       slots (no other thread touches them until the end); a barrier.
 // Then the P sums of a unit are added in a fixed order (deterministic), scaled by 1 / W and stored, and G
@@ -602,53 +602,34 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
             }
         }
         __syncthreads();
-        // (3) the partials: this thread's (unit, split) items, NB 16-byte loads in flight
+        // (3) the partials: unit by unit, the thread's splits of the chunk NB 16-byte loads in flight
         const int nsp = pu < sc ? (sc - 1 - pu) / P + 1 : 0;  // its splits of the chunk
-        if (c0 > 0)
-            for (int k = 0; k < 4 * nk; k++)
-                acc[(k >> 2) * 4 * NT + 4 * tid + (k & 3)] *= Ar[(4 * (u0 + NT * (k >> 2))) / D];
-        const int n = nk * nsp;
-        for (int j0 = 0; j0 < n; j0 += NB) {
-            const int k0 = j0 / nsp, q0 = j0 - k0 * nsp;
-            float v[NB][4];
-            {
-                int k = k0, q = q0;
+        const long long step = (long long)P * total_rows * D;  // from one of its splits to the next
+        for (int k = 0; k < nk; k++) {
+            float* a = acc + k * 4 * NT + 4 * tid;
+            const int r = (4 * (u0 + NT * k)) / D;
+            const float* wr = ws + r * SC + pu;
+            const float* pk = po + (long long)(c0 + pu) * total_rows * D + 4 * NT * k;
+            float run[4];
+            const float rs = c0 > 0 ? Ar[r] : 1.0f;
 #pragma unroll
-                for (int i = 0; i < NB; i++) {
-                    if (j0 + i < n)
-                        LD::f32x4(po + (long long)(c0 + pu + P * q) * total_rows * D + 4 * NT * k, v[i]);
-                    if (++q == nsp) {
-                        q = 0;
-                        k++;
+            for (int e = 0; e < 4; e++) run[e] = a[e] * rs;
+            for (int q0 = 0; q0 < nsp; q0 += NB) {
+                float v[NB][4];
+#pragma unroll
+                for (int i = 0; i < NB; i++)
+                    if (q0 + i < nsp) LD::f32x4(pk + (q0 + i) * step, v[i]);
+#pragma unroll
+                for (int i = 0; i < NB; i++)
+                    if (q0 + i < nsp) {
+                        const float w = wr[P * (q0 + i)];
+                        if (w != 0.0f)  // a weightless split: value dropped
+#pragma unroll
+                            for (int e = 0; e < 4; e++) run[e] = fmaf(w, v[i][e], run[e]);
                     }
-                }
             }
-            int k = k0, q = q0, kc = k0;
-            float run[4] = {0.0f, 0.0f, 0.0f, 0.0f};
 #pragma unroll
-            for (int i = 0; i < NB; i++) {
-                if (j0 + i < n) {
-                    if (k != kc) {
-#pragma unroll
-                        for (int e = 0; e < 4; e++) {
-                            acc[kc * 4 * NT + 4 * tid + e] += run[e];
-                            run[e] = 0.0f;
-                        }
-                        kc = k;
-                    }
-                    const float w = ws[((4 * (u0 + NT * k)) / D) * SC + pu + P * q];
-                    if (w != 0.0f)  // a weightless split: value dropped
-#pragma unroll
-                        for (int e = 0; e < 4; e++) run[e] = fmaf(w, v[i][e], run[e]);
-                }
-                if (++q == nsp) {
-                    q = 0;
-                    k++;
-                }
-            }
-            if (n > 0)
-#pragma unroll
-                for (int e = 0; e < 4; e++) acc[kc * 4 * NT + 4 * tid + e] += run[e];
+            for (int e = 0; e < 4; e++) a[e] = run[e];
         }
         __syncthreads();  // ws / Ar are the next chunk's; the sums are read across threads below
     }
