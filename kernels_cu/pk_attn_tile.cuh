@@ -616,17 +616,16 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
             for (int e = 0; e < 4; e++) run[e] = a[e] * rs;
             for (int q0 = 0; q0 < nsp; q0 += NB) {
                 float v[NB][4];
+                // past its last split the batch reloads that split (no branch) and weighs it 0
 #pragma unroll
-                for (int i = 0; i < NB; i++)
-                    if (q0 + i < nsp) LD::f32x4(pk + (q0 + i) * step, v[i]);
+                for (int i = 0; i < NB; i++) LD::f32x4(pk + (q0 + i < nsp ? q0 + i : nsp - 1) * step, v[i]);
 #pragma unroll
-                for (int i = 0; i < NB; i++)
-                    if (q0 + i < nsp) {
-                        const float w = wr[P * (q0 + i)];
-                        if (w != 0.0f)  // a weightless split: value dropped
+                for (int i = 0; i < NB; i++) {
+                    const float w = q0 + i < nsp ? wr[P * (q0 + i)] : 0.0f;
 #pragma unroll
-                            for (int e = 0; e < 4; e++) run[e] = fmaf(w, v[i][e], run[e]);
-                    }
+                    for (int e = 0; e < 4; e++)  // a weightless split: value dropped
+                        run[e] = w != 0.0f ? fmaf(w, v[i][e], run[e]) : run[e];
+                }
             }
 #pragma unroll
             for (int e = 0; e < 4; e++) a[e] = run[e];
