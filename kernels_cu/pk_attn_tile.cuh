@@ -617,8 +617,10 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
             for (int q0 = 0; q0 < nsp; q0 += NB) {
                 float v[NB][4];
                 // past its last split the batch reloads that split (no branch) and weighs it 0
+                const float* pq = pk + q0 * step;
+                const long long last = (long long)(nsp - 1 - q0) * step;
 #pragma unroll
-                for (int i = 0; i < NB; i++) LD::f32x4(pk + (q0 + i < nsp ? q0 + i : nsp - 1) * step, v[i]);
+                for (int i = 0; i < NB; i++) LD::f32x4(pq + (i * step < last ? i * step : last), v[i]);
 #pragma unroll
                 for (int i = 0; i < NB; i++) {
                     const float w = q0 + i < nsp ? wr[P * (q0 + i)] : 0.0f;
