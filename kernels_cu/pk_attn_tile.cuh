@@ -541,7 +541,9 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 // threads write the lse. tools/bench_decode.py (tc_tail_round_trips) mirrors this count.
 // sm: PA_CM_FLOATS(D, NT) floats of shared memory no other code uses meanwhile.
 #define PA_CM_SC 32
-#define PA_CM_NB(D) ((D) / 8)  // 16-byte loads in flight a thread: d128 16, d64 8 (registers: see decode_tc.cu)
+// 16-byte loads in flight a thread: d128 16 (64 floats: within the registers decode_tc's tile loop takes
+// already, 0 spills on every arch), d64 8.
+#define PA_CM_NB(D) ((D) / 8)
 #define PA_CM_FLOATS(D, NT) (16 * PA_CM_SC + 3 * 16 + 4 * (((4 * (D) + (NT) - 1) / (NT)) * (NT)))
 template <typename TO, typename LD, int D, int NT>
 __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const float* part_lse,
@@ -549,7 +551,6 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
                                                    long long total_rows, long long row0, int G, int num_splits,
                                                    int write_lse, float* sm) {
     constexpr int SC = PA_CM_SC, NB = PA_CM_NB(D), LPT = 16 * SC / NT;
-    constexpr int KMAX = (4 * D + NT - 1) / NT;  // units a thread at most (U <= 16 * D / 4)
     static_assert(SC == 32 && (16 * SC) % NT == 0 && NT % 32 == 0 && D % 4 == 0, "a lane a split of a chunk");
     float* ws = sm;            // [16][SC]: the chunk's lse, then its weights
     float* Mr = ws + 16 * SC;  // [16]: running max
