@@ -18,10 +18,11 @@
 // part_lse, then takes a ticket from counters[sequence * num_kv_heads + kv head] (release: every thread's
 // __threadfence() after its stores, a barrier, one atomicInc); the CTA that draws the last ticket
 // (acquire: the barrier that hands it the ticket, __threadfence(), then strong ld.relaxed.gpu loads of the
-// partials) merges every split's partial of its group as paged_attn_merge does (pa_merge_row: max-lse
-// rescale in fp32) and writes out (and lse). atomicInc(ctr, num_splits - 1) stores 0 on the last ticket, so
-// each launch leaves its counters at zero for the next one (a CUDA graph replays them as they are). The
-// counters are the plan's: zeroed once when allocated; two launches in flight at once must not share them.
+// partials) merges every split's partial of its group with the merge math of paged_attn_merge (max-lse
+// rescale in fp32; pa_merge_group_cta: the whole CTA, few dependent round trips) and writes out (and lse).
+// atomicInc(ctr, num_splits - 1) stores 0 on the last ticket, so each launch leaves its counters at zero
+// for the next one (a CUDA graph replays them as they are). The counters are the plan's: zeroed once when
+// allocated; two launches in flight at once must not share them.
 // Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
 // a tile of DTC_BC = 64 keys is 16 keys a warp, so each warp keeps its own (m, l, O) over its keys of
 // every tile, and the 4 partial softmaxes are merged through shared memory at the end.
@@ -166,8 +167,8 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
 
 // The split epilogue (num_splits > 1), after this CTA has stored its partial rows [row0, row0 + G) of split
 // blockIdx.z: a ticket from this (sequence, kv head)'s counter; the last of the num_splits CTAs merges the
-// group's rows from every split's partial (one warp a row) and writes out / lse. Every CTA of the grid
-// runs this (an empty split stores lse -inf and counts like any other), so the count always completes.
+// group's rows from every split's partial (the whole CTA, pa_merge_group_cta) and writes out / lse. Every
+// CTA of the grid runs this (an empty split stores lse -inf and counts like any other), so the count always completes.
 template <typename T, int D>
 __device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, T* __restrict__ out,
                                                 float* __restrict__ lse, int* __restrict__ counters,
@@ -181,10 +182,13 @@ __device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, 
                                                               (unsigned int)(num_splits - 1));
     if (!last) return;
     __threadfence();  // acquire: the other splits' partials, read below with strong loads (not a stale L1 line)
-    const int warp = threadIdx.x >> 5, lane = threadIdx.x & 31;
-    for (int r = warp; r < G; r += DTC_THREADS / 32)
-        pa_merge_row<T, PaLdRelaxed, D / 32>(part_o, part_lse, out, lse, rows_total, row0 + r, D, num_splits,
-                                             write_lse, lane);
+    // The whole CTA merges (pa_merge_group_cta: a constant number of dependent round trips for <= 32 splits
+    // at small G), over the ring and the warps' merge buffers, which every thread is done with (the barrier
+    // of the ticket follows every read of them).
+    static_assert(PA_CM_FLOATS(D, DTC_THREADS) <= 4 * 16 * D, "the merge fits the warps' merge buffers");
+    extern __shared__ __align__(16) unsigned char dtc_smem[];
+    pa_merge_group_cta<T, PaLdRelaxed, D, DTC_THREADS>(part_o, part_lse, out, lse, rows_total, row0, G, num_splits,
+                                                       write_lse, reinterpret_cast<float*>(dtc_smem));
 }
 
 template <typename T, int D, typename TKV>

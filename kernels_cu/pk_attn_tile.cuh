@@ -451,19 +451,34 @@ __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int
 // PaLdRelaxed (decode_tc.cu's last split CTA, the same launch: strong loads after the ticket's fence).
 struct PaLdPlain {
     static __device__ __forceinline__ float f32(const float* p) { return *p; }
+    static __device__ __forceinline__ void f32x4(const float* p, float (&v)[4]) {
+        v[0] = p[0];
+        v[1] = p[1];
+        v[2] = p[2];
+        v[3] = p[3];
+    }
 };
 struct PaLdRelaxed {
     static __device__ __forceinline__ float f32(const float* p) { return pk_ld_relaxed_gpu(p); }
+    static __device__ __forceinline__ void f32x4(const float* p, float (&v)[4]) {
+        pk_ld_relaxed_gpu_x4(p, v[0], v[1], v[2], v[3]);
+    }
 };
-// Latency first (the in-launch merge runs after every other split of its group, on the critical path): the
-// lanes load the splits' lse in parallel (lane s: split s of each 32; the first 32 kept in a register) and
-// reduce with shuffles, then every lane's head_dim / 32 outputs take each split's weight by shuffle, the
-// partial loads of 4 splits in flight a lane (no load waits on a value: a weightless split's slot is loaded
-// and its value dropped after, so whatever it holds, e.g. nothing written, never reaches the sum).
-// Dependent global round trips: 1 (lse) + ceil(num_splits / 4) (partials) for num_splits <= 32 (4, not 8,
-// splits in flight: 8 cost decode_tc d128 a CTA an SM in registers).
-// PER_LANE: outputs a lane at most (head_dim <= 32 * PER_LANE): 8 for any head_dim up to 256 (the merge
-// kernel), D / 32 where head_dim is the compile-time D (decode_tc: no guards, less code).
+// The merge math (one source of truth for pa_merge_row and pa_merge_group_cta): a split's weight against
+// the running max M (a split that saw no key, lse -inf, weighs 0; so does a max of -inf against a larger
+// one, which rescales earlier sums), and the merged row's natural-log lse from M and the weights' sum W.
+__device__ __forceinline__ float pa_merge_weight(float ls, float M) {
+    return ls != PK_NEG_INF ? exp2f(ls - M) : 0.0f;
+}
+__device__ __forceinline__ float pa_merge_lse(float M, float W) {
+    return M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
+}
+// pa_merge_row (paged_attn_merge, a launch of its own with a warp a row): the lanes load the splits' lse
+// in parallel (lane s: split s of each 32; the first 32 kept in a register) and reduce with shuffles, then
+// every lane's head_dim / 32 outputs take each split's weight by shuffle, the partial loads of 4 splits in
+// flight a lane (no load waits on a value: a weightless split's slot is loaded and its value dropped after,
+// so whatever it holds, e.g. nothing written, never reaches the sum).
+// PER_LANE: outputs a lane at most (head_dim <= 32 * PER_LANE): 8 for any head_dim up to 256.
 #define PA_MERGE_PER_LANE 8
 template <typename TO, typename LD, int PER_LANE = PA_MERGE_PER_LANE>
 __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* part_lse, TO* __restrict__ out,
@@ -482,7 +497,7 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
         for (int c = 0; c < num_splits; c += 32) {  // 32 splits at a time, one weight a lane
             const int sl = c + lane;
             const float ls = c == 0 ? ls0 : sl < num_splits ? LD::f32(part_lse + sl * total_rows + row) : PK_NEG_INF;
-            const float w = ls != PK_NEG_INF ? exp2f(ls - M) : 0.0f;
+            const float w = pa_merge_weight(ls, M);
             W += w;
             const int n = num_splits - c < 32 ? num_splits - c : 32;
 #pragma unroll 4
@@ -504,7 +519,136 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 #pragma unroll
     for (int k = 0; k < PER_LANE; k++)
         if (lane + 32 * k < head_dim) PkIO<TO>::store(out, row * head_dim + lane + 32 * k, acc[k] * inv_w);
-    if (write_lse && lane == 0) lse[row] = M == PK_NEG_INF ? M : (M + __log2f(W)) * PA_LN2;
+    if (write_lse && lane == 0) lse[row] = pa_merge_lse(M, W);
+}
+
+// pa_merge_group_cta (decode_tc.cu's last split CTA, on the critical path of the launch): a whole CTA of NT
+// threads merges a group's G <= 16 rows row0 .. row0 + G - 1 (head_dim the compile-time D) with as few
+// dependent global round trips as it can. The group's G * D outputs are U = G * D / 4 units of 4 floats
+// (one 16-byte strong load a unit a split); P = max(1, NT / U) threads share a unit (thread t: unit t % U,
+// splits t / U + P i, for t < P U; with P = 1, units t + NT k), so a small group still has the whole CTA
+// loading. Splits go in chunks of PA_CM_SC = 32; a chunk costs
+//   (1) one round: every (row, split) lse of the chunk at once (16 x 32 slots, 16 * 32 / NT a thread), into
+//       shared memory; a barrier;
+//   (2) no global access: a warp a row (lane = split) takes the chunk max, the running max M, the splits'
+//       weights against M (back into shared memory), the rescale of the earlier chunks' sums and the
+//       running weight sum; a barrier;
+//   (3) (units of thread 0) x ceil(its splits of the chunk / PA_CM_NB) rounds: unit by unit, the thread
+//       loads its splits' 16-byte pieces PA_CM_NB at a time, all issued before any is used (a weightless
+//       split's value is loaded and dropped, as in pa_merge_row); its sums live in its own shared-memory
+//       slots (no other thread touches them until the end); a barrier.
+// Then the P sums of a unit are added in a fixed order (deterministic), scaled by 1 / W and stored, and G
+// threads write the lse. tools/bench_decode.py (tc_tail_round_trips) mirrors this count.
+// sm: PA_CM_FLOATS(D, NT) floats of shared memory no other code uses meanwhile.
+#define PA_CM_SC 32
+// 16-byte loads in flight a thread: d128 16 (64 floats: within the registers decode_tc's tile loop takes
+// already, 0 spills on every arch), d64 8.
+#define PA_CM_NB(D) ((D) / 8)
+#define PA_CM_FLOATS(D, NT) (16 * PA_CM_SC + 3 * 16 + 4 * (((4 * (D) + (NT) - 1) / (NT)) * (NT)))
+template <typename TO, typename LD, int D, int NT>
+__device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const float* part_lse,
+                                                   TO* __restrict__ out, float* __restrict__ lse,
+                                                   long long total_rows, long long row0, int G, int num_splits,
+                                                   int write_lse, float* sm) {
+    constexpr int SC = PA_CM_SC, NB = PA_CM_NB(D), LPT = 16 * SC / NT;
+    static_assert(SC == 32 && (16 * SC) % NT == 0 && NT % 32 == 0 && D % 4 == 0, "a lane a split of a chunk");
+    float* ws = sm;            // [16][SC]: the chunk's lse, then its weights
+    float* Mr = ws + 16 * SC;  // [16]: running max
+    float* Wr = Mr + 16;       // [16]: running weight sum
+    float* Ar = Wr + 16;       // [16]: this chunk's rescale of the earlier chunks' sums
+    float* acc = Ar + 16;      // [k][NT][4]: thread t's sums of its unit k
+    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+    const int U = G * (D / 4);
+    const int P = U >= NT ? 1 : NT / U;
+    const int pu = P > 1 ? tid / U : 0;                                 // this thread's first split of a chunk
+    const int u0 = P > 1 ? tid - pu * U : tid;                          // its first unit
+    const int nk = pu >= P ? 0 : P > 1 ? 1 : tid < U ? (U - 1 - tid) / NT + 1 : 0;  // its units
+    for (int k = 0; k < 4 * nk; k++) acc[(k >> 2) * 4 * NT + 4 * tid + (k & 3)] = 0.0f;
+    if (tid < 16) {
+        Mr[tid] = PK_NEG_INF;
+        Wr[tid] = 0.0f;
+    }
+    const float* pl = part_lse + row0;
+    const float* po = part_o + row0 * D + 4 * u0;
+    for (int c0 = 0; c0 < num_splits; c0 += SC) {
+        const int sc = num_splits - c0 < SC ? num_splits - c0 : SC;
+        // (1) the chunk's lse, every (row, split) at once
+        float l[LPT];
+#pragma unroll
+        for (int m = 0; m < LPT; m++) {
+            const int i = tid + NT * m, r = i / SC, s = i - r * SC;
+            l[m] = r < G && s < sc ? LD::f32(pl + (long long)(c0 + s) * total_rows + r) : PK_NEG_INF;
+        }
+#pragma unroll
+        for (int m = 0; m < LPT; m++) ws[tid + NT * m] = l[m];
+        __syncthreads();
+        // (2) weights: a warp a row, a lane a split
+        for (int r = warp; r < G; r += NT / 32) {
+            const float ls = ws[r * SC + lane];
+            float m = ls;
+#pragma unroll
+            for (int x = 16; x > 0; x >>= 1) m = fmaxf(m, __shfl_xor_sync(PK_FULL_MASK, m, x));
+            const float Mo = Mr[r], Mn = fmaxf(Mo, m);
+            const float w = pa_merge_weight(ls, Mn);
+            float sw = w;
+#pragma unroll
+            for (int x = 16; x > 0; x >>= 1) sw += __shfl_xor_sync(PK_FULL_MASK, sw, x);
+            ws[r * SC + lane] = w;
+            __syncwarp();  // every lane has read Mr[r] before lane 0 updates it
+            if (lane == 0) {
+                const float a = pa_merge_weight(Mo, Mn);
+                Ar[r] = a;
+                Mr[r] = Mn;
+                Wr[r] = fmaf(Wr[r], a, sw);
+            }
+        }
+        __syncthreads();
+        // (3) the partials: unit by unit, the thread's splits of the chunk NB 16-byte loads in flight
+        const int nsp = pu < sc ? (sc - 1 - pu) / P + 1 : 0;  // its splits of the chunk
+        const long long step = (long long)P * total_rows * D;  // from one of its splits to the next
+        for (int k = 0; k < nk; k++) {
+            float* a = acc + k * 4 * NT + 4 * tid;
+            const int r = (4 * (u0 + NT * k)) / D;
+            const float* wr = ws + r * SC + pu;
+            const float* pk = po + (long long)(c0 + pu) * total_rows * D + 4 * NT * k;
+            float run[4];
+            const float rs = c0 > 0 ? Ar[r] : 1.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) run[e] = a[e] * rs;
+            for (int q0 = 0; q0 < nsp; q0 += NB) {
+                float v[NB][4];
+                // past its last split the batch reloads that split (no branch) and weighs it 0
+                const float* pq = pk + q0 * step;
+                const long long last = (long long)(nsp - 1 - q0) * step;
+#pragma unroll
+                for (int i = 0; i < NB; i++) LD::f32x4(pq + (i * step < last ? i * step : last), v[i]);
+#pragma unroll
+                for (int i = 0; i < NB; i++) {
+                    const float w = q0 + i < nsp ? wr[P * (q0 + i)] : 0.0f;
+#pragma unroll
+                    for (int e = 0; e < 4; e++)  // a weightless split: value dropped
+                        run[e] = w != 0.0f ? fmaf(w, v[i][e], run[e]) : run[e];
+                }
+            }
+#pragma unroll
+            for (int e = 0; e < 4; e++) a[e] = run[e];
+        }
+        __syncthreads();  // ws / Ar are the next chunk's; the sums are read across threads below
+    }
+    // the P sums of each unit (thread u + U p holds split class p), in order of p
+    for (int u = tid; u < U; u += NT) {
+        const int k = P > 1 ? 0 : u / NT, t0 = P > 1 ? u : u - NT * k;
+        const int r = (4 * u) / D;
+        const float M = Mr[r];
+        const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, Wr[r]) : 0.0f;
+#pragma unroll
+        for (int e = 0; e < 4; e++) {
+            float x = 0.0f;
+            for (int p = 0; p < P; p++) x += acc[k * 4 * NT + 4 * (t0 + U * p) + e];
+            PkIO<TO>::store(out, row0 * D + 4 * u + e, x * inv_w);
+        }
+    }
+    if (write_lse && tid < G) lse[row0 + tid] = pa_merge_lse(Mr[tid], Wr[tid]);
 }
 
 // The merge kernel's body: one warp per output row (total_rows = total_q * H).

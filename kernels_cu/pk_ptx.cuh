@@ -182,6 +182,14 @@ __device__ __forceinline__ float pk_ld_relaxed_gpu(const float* p) {
     PKRT_ATOMIC_SCOPE;
     return *p;
 }
+// ld.relaxed.gpu.global.v4.f32 (p 16-byte aligned): four strong loads in one, as pk_ld_relaxed_gpu.
+__device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, float& b, float& c, float& d) {
+    PKRT_ATOMIC_SCOPE;
+    a = p[0];
+    b = p[1];
+    c = p[2];
+    d = p[3];
+}
 
 #else
 // ---------------------------------------------------------------------------------
@@ -352,6 +360,13 @@ __device__ __forceinline__ float pk_ld_relaxed_gpu(const float* p) {
     float r;
     asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
     return r;
+}
+// Four consecutive floats (p 16-byte aligned) in one strong load (each element a relaxed access).
+__device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, float& b, float& c, float& d) {
+    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
+                 : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
+                 : "l"(p)
+                 : "memory");
 }
 
 #endif

@@ -66,7 +66,8 @@ def test_tc_costs_come_from_the_hmma_tile_loop(tc_costs) -> None:
     bd, c = tc_costs
     assert c["mma"] == 32  # d128: 16 for S (8 k-steps x 2 n-tiles), 16 for P V (16 n-tiles)
     assert c["ldgsts"] >= 2 and 100 < c["loop"] < 4000 and c["rest"] > 0 and 0 < c["registers"] <= 255
-    assert 0 < c["fixup"] < c["rest"]  # the in-launch split merge: code after the ticket
+    # the in-launch split merge: code after the ticket, with its partial-load loop (pa_merge_group_cta)
+    assert 0 < c["fixup_loop"] < c["fixup"] < c["rest"] + c["loop"] + c["fixup"]
 
 
 def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> None:
@@ -84,9 +85,26 @@ def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> N
     # reported beside the bound: priced at HBM latency it outweighs the reads.
     r = bd.tc_roofline_row(1, 8, 1024, "bf16", c)
     assert r["launch"] == 0.0 and r["bind"] != "launch" and r["splits"] == 16
-    assert r["tail_rt"] == 3 + 2 * (1 + 4) and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
+    # The last CTA merges as a whole: fence, ticket, fence, one round for every split's lse, then the partials:
+    # 8 rows x 128 floats = 256 16-byte units, 2 a thread, x 16 splits = 32 loads, 16 in flight: 2 rounds.
+    assert r["tail_rt"] == 3 + 1 + 2 and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
     for b in (64, 256):  # no splits: no tail
         assert bd.tc_roofline_row(b, 8, 1024, "bf16", c)["t_tail"] == 0.0
+
+
+def test_tc_tail_round_trips_follow_the_merge(costs) -> None:
+    # pa_merge_group_cta's chain: 3 (fence, ticket, fence) + a chunk of 32 splits: 1 (lse) + the partial
+    # rounds of thread 0: its units (4 floats of a row; 128 / units threads share one in a small group) x its
+    # splits, head_dim / 8 loads in flight.
+    bd, _ = costs
+    t = bd.tc_tail_round_trips
+    assert t(1, 8, 128) == (0, 0)
+    assert t(16, 1, 128)[0] == t(32, 1, 128)[0] == 3 + 1 + 1  # 32 units, 4 threads each: 8 splits a thread
+    assert t(32, 2, 128)[0] == t(32, 1, 64)[0] == 5           # 64 / 16 units: 16 / 4 splits, 16 / 8 in flight
+    assert t(32, 4, 128)[0] == 3 + 1 + 2                      # a unit a thread, 32 splits, 16 in flight
+    assert t(32, 8, 128)[0] == 3 + 1 + 4 and t(32, 16, 128)[0] == 3 + 1 + 8
+    assert t(40, 1, 128)[0] == 3 + (1 + 1) + (1 + 1)          # two chunks of lse: 32 and 8 splits
+    assert t(32, 16, 64)[0] == t(32, 16, 128)[0]              # half the units, half the loads in flight
 
 
 def test_tc_fp8_path_is_hbm_bound_at_long_contexts(costs) -> None:

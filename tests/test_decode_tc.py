@@ -398,25 +398,34 @@ def test_split_decode_is_one_launch_and_matches_the_unsplit_one(launched) -> Non
     _close(res[5][1], res[1][1], "paged_decode_attention", "bf16")
 
 
-MANY_SPLITS = [  # (kv kind, head_dim, page_size, num_splits, schedule)
-    ("bf16", 64, 16, 16, "forward"),
-    ("bf16", 64, 1, 32, "reverse"),
-    ("bf16", 128, 16, 32, "interleave:3"),  # several blocks resident at once: tickets drawn in a mixed order
-    ("e4m3", 64, 16, 24, "interleave"),
+MANY_SPLITS = [  # (kv kind, head_dim, page_size, num_splits, schedule, group)
+    ("bf16", 64, 16, 16, "forward", 4),
+    ("bf16", 64, 1, 32, "reverse", 4),
+    ("bf16", 128, 16, 32, "interleave:3", 4),  # several blocks resident at once: tickets drawn in a mixed order
+    ("e4m3", 64, 16, 24, "interleave", 4),
+    # The whole-CTA merge's shapes: a group of 16 (each thread several 16-byte units), of 1 (8 threads share
+    # a unit at d64, their sums added in order), of 3 (units not a multiple of the CTA), and more than 32
+    # splits (two lse chunks: the running max rescales the first chunk's sums).
+    ("bf16", 128, 16, 32, "interleave:3", 16),
+    ("e4m3", 64, 16, 32, "reverse", 16),
+    ("bf16", 64, 16, 32, "interleave", 1),
+    ("bf16", 128, 16, 12, "forward", 3),
+    ("bf16", 128, 16, 40, "interleave:3", 16),
 ]
 
 
-@pytest.mark.parametrize("case", MANY_SPLITS, ids=[f"{c[0]}d{c[1]}p{c[2]}s{c[3]}-{c[4]}" for c in MANY_SPLITS])
+@pytest.mark.parametrize("case", MANY_SPLITS, ids=[f"{c[0]}d{c[1]}p{c[2]}s{c[3]}g{c[5]}-{c[4]}" for c in MANY_SPLITS])
 def test_many_splits_ragged_lengths(case, monkeypatch, launched) -> None:
-    # 16 to 32 splits over ragged lengths: empty sequences, sequences shorter than the split count (most splits
+    # 12 to 40 splits over ragged lengths: empty sequences, sequences shorter than the split count (most splits
     # see no key and still take their ticket), one just past a 64-key tile; a second step on the same plan
-    # (as a CUDA graph replays it) finds the counters zero and gives the same bits.
+    # (as a CUDA graph replays it) finds the counters zero and gives the same bits; one split agrees.
     _need("host")
-    kind, d, ps, ns, sched = case
+    kind, d, ps, ns, sched, g = case
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
-    rng = np.random.default_rng(ns + d + ps)
+    rng = np.random.default_rng(ns + d + ps + g)
     lens = [0, 1, 5, 31, 65, 400, 0]
-    kvh, h = 2, 8
+    kvh = 2
+    h = kvh * g
     pc = make_paged(rng, lens, ps, kvh, d, "NHD", kind)
     q = make_q(rng, (len(lens), h, d), "bf16")
     sc = tuple(pc["scales"]) if kind == "e4m3" else (None, None)
@@ -434,10 +443,15 @@ def test_many_splits_ragged_lengths(case, monkeypatch, launched) -> None:
     out2, lse2 = _run_plan(plan, pc, q, sc)
     assert np.array_equal(out2, out) and np.array_equal(lse2, lse)
     assert not np.asarray(plan.counters).any()
+    one = ops.PagedDecodePlan(len(lens), h, kvh, d, ps, q_dtype="bf16", kv_dtype=kind, num_splits=1)
+    o1, l1 = _run_plan(one, pc, q, sc)
+    _close(out, o1, "paged_decode_attention", "bf16")
+    _close(lse, l1, "paged_decode_attention", "bf16")
 
 
-@pytest.mark.parametrize("sched", ["forward", "interleave:5"])
-def test_split_merge_racecheck_clean(sched: str, monkeypatch) -> None:
+@pytest.mark.parametrize("sched,g,ns,d", [("forward", 4, 6, 64), ("interleave:5", 4, 6, 64),
+                                          ("interleave:5", 16, 40, 128)])
+def test_split_merge_racecheck_clean(sched: str, g: int, ns: int, d: int, monkeypatch) -> None:
     # The partials cross blocks: plain stores, __threadfence, the ticket atomic; the last CTA's fence and
     # strong (ld.relaxed.gpu) loads. Racecheck, with blocks one at a time and interleaved, reports nothing.
     _need("host")
@@ -445,9 +459,9 @@ def test_split_merge_racecheck_clean(sched: str, monkeypatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
     rng = np.random.default_rng(33)
     lens = [260, 0, 9]
-    pc = make_paged(rng, lens, 16, 2, 64, "NHD", "bf16")
-    q = make_q(rng, (3, 8, 64), "bf16")
-    plan = ops.PagedDecodePlan(3, 8, 2, 64, 16, q_dtype="bf16", num_splits=6)
+    pc = make_paged(rng, lens, 16, 2, d, "NHD", "bf16")
+    q = make_q(rng, (3, 2 * g, d), "bf16")
+    plan = ops.PagedDecodePlan(3, 2 * g, 2, d, 16, q_dtype="bf16", num_splits=ns)
     out, lse = _run_plan(plan, pc, q)
     ro, rl = _ref(pc, q)
     _close(out, ro, "paged_decode_attention", "bf16")

@@ -237,12 +237,46 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
     # end count here too: an upper bound). The rest runs in every CTA.
     ins = [(op, raw) for _, op, _, raw in sr._instructions(text)[kernel] if op != "NOP"]
     at = next((i for i, (op, _) in enumerate(ins) if op.startswith("ATOMG")), None)
-    fixup = 0
+    fixup = fixup_loop = 0
     if at is not None:
         ex = next(i for i in range(at, len(ins)) if ins[i][0] == "EXIT")
         fixup = len(ins) - ex - 1
-    return {"loop": loop["insns"], "rest": total - loop["insns"] - fixup, "fixup": fixup, "mma": loop["mma"],
-            "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers, "kernel": kernel}
+        # the merge's partial-load loop (pa_merge_group_cta): the innermost loop after the ticket with the
+        # most 16-byte strong loads
+        addrs = [a for a, op, _, _ in sr._instructions(text)[kernel] if op != "NOP"]
+        lo = addrs[ex]
+        body = [r for r in sr.inner_loops(text)[kernel] if int(r["start"], 16) > lo]
+        ld = [(sum(n for o, n in r["ops"].items() if o.startswith("LDG") and ".128" in o), r["insns"]) for r in body]
+        fixup_loop = max(ld)[1] if ld and max(ld)[0] else 0
+    return {"loop": loop["insns"], "rest": total - loop["insns"] - fixup, "fixup": fixup, "fixup_loop": fixup_loop,
+            "mma": loop["mma"], "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers,
+            "kernel": kernel}
+
+
+# pa_merge_group_cta (kernels_cu/pk_attn_tile.cuh): the constants of the whole-CTA merge of a group's splits.
+TC_THREADS = 128  # DTC_THREADS
+CM_SC = 32        # PA_CM_SC: splits a chunk
+
+
+def tc_tail_round_trips(splits: int, group: int, head_dim: int) -> tuple[int, int]:
+    """Dependent global round trips of decode_tc's split tail as the code makes them, and the passes of the
+    merge's partial-load loop: fence (this CTA's partial stores acknowledged), ticket atomic, fence, then a
+    chunk of 32 splits at a time one round for every (row, split) lse, and the partials: thread 0 (the most
+    loaded) takes its units (4 floats of a row; 128 / units threads share one when the group has fewer
+    units than threads) one by one, its splits of the chunk head_dim / 8 loads in flight. (0, 0) unsplit."""
+    if splits <= 1:
+        return 0, 0
+    units = group * head_dim // 4
+    share = 1 if units >= TC_THREADS else TC_THREADS // units
+    nk = 1 if share > 1 else -(-units // TC_THREADS)
+    nb = head_dim // 8  # PA_CM_NB(D)
+    rt, passes = 3, 0
+    for c0 in range(0, splits, CM_SC):
+        sc = min(CM_SC, splits - c0)
+        batches = nk * -(-(-(-sc // share)) // nb)
+        rt += 1 + batches
+        passes += batches
+    return rt, passes
 
 
 def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
@@ -296,15 +330,14 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     if launch > terms[bind]:
         bind = "launch"
     # The split fixup's tail: after the last split of a group has streamed its keys, its CTA runs a chain of
-    # dependent global round trips no other work overlaps: fence (its partial stores acknowledged), ticket
-    # atomic, fence, then per row a warp merges (ceil(G / 4) rows a warp, one after another): the splits'
-    # lse (ceil(s / 32)) and the partials, 4 splits in flight (ceil(s / 4)); see pa_merge_row. Priced at
-    # HBM_LAT each: an upper bound (atomics, fences and just-written lines are served by L2, whose latency
-    # the model has no published figure for). Reported beside the bound, not folded into it.
-    # Plus the merge's own issue: its SASS (costs["fixup"]) once a row, ceil(G / 4) rows a warp.
+    # dependent global round trips no other work overlaps (tc_tail_round_trips: fence, ticket, fence, then
+    # the whole CTA's merge, pa_merge_group_cta). Priced at HBM_LAT each: an upper bound (atomics, fences and
+    # just-written lines are served by L2, whose latency the model has no published figure for). Reported
+    # beside the bound, not folded into it. Plus the merge's own issue a warp: its SASS once (costs["fixup"],
+    # all of the code after the ticket) and the partial-load loop's body again for every further pass.
     s = plan.num_splits
-    rt = 3 + -(-group // 4) * (-(-s // 32) + -(-s // 4)) if s > 1 else 0
-    tail = rt * HBM_LAT + (-(-group // 4) * costs["fixup"] / CLOCK if s > 1 else 0.0)
+    rt, passes = tc_tail_round_trips(s, group, head_dim)
+    tail = rt * HBM_LAT + ((costs["fixup"] + (passes - 1) * costs["fixup_loop"]) / CLOCK if s > 1 else 0.0)
     return {"ctas": ctas, "splits": plan.num_splits, "tile": TC_BC, "occ": occ, "have_kb": have / 1024,
             "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue, "t_issue_lo": t_issue_lo,
             "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "launch": launch, "t": t, "bind": bind,
