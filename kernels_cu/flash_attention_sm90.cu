@@ -41,9 +41,11 @@
 
 // BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + 2 * STAGES * BC * D * 2 + barriers.
 template <int D> struct Fa90Cfg;
-template <> struct Fa90Cfg<64> { enum { BC = 128, STAGES = 3 }; };
-template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2 }; };
+// QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
+// so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0 }; };
 
 #define FA90_SMEM_BYTES(D, BC, ST) (FA90_BR * (D) * 2 + 2 * (ST) * (BC) * (D) * 2 + 1024)
 
@@ -82,18 +84,39 @@ __device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], flo
     }
 }
 
-// S = Q K^T for one key tile, once the slot's K and V have landed.
+// The wgmmas of S = Q K^T for one key tile (no fence, no commit): Q from registers (qa, QREG) or from shared
+// memory (dq), K through dk.
 template <typename T, int D, int BC>
-__device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], unsigned long long dq, unsigned long long dk,
-                                            unsigned long long* full, unsigned parity) {
-    pk_mbarrier_wait_parity(full, parity);
-    pk_wgmma_fence();
+__device__ __forceinline__ void fa90_issue_scores(float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
+                                                  unsigned long long dq, unsigned long long dk) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
         const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
-        pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
+        if constexpr (Fa90Cfg<D>::QREG)
+            pk_wgmma_m64nNk16_rs<BC, Fa90Dt<T>::V, 0>(s, qa[ks], pk_wgmma_desc_advance(dk, ko), ks > 0);
+        else
+            pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko),
+                                                  ks > 0);
     }
+}
+
+// The wgmmas of O += P V for one key tile (no fence, no commit).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_issue_pv(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
+                                              unsigned long long dv) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
+        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+}
+
+// S = Q K^T for one key tile, once the slot's K and V have landed.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], const unsigned (&qa)[D / 16][4], unsigned long long dq,
+                                            unsigned long long dk, unsigned long long* full, unsigned parity) {
+    pk_mbarrier_wait_parity(full, parity);
+    pk_wgmma_fence();
+    fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
 }
@@ -140,14 +163,32 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
 }
 
+// One step of the steady state: O += P V of the previous tile (its slot's V through dv, then its `empty`
+// mbarrier at byte eo past bars) and S = Q K^T of the next one (K through dk, after its `full` mbarrier at byte
+// fo) as one wgmma group (one fence, one wait).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_pv_scores(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
+                                               float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
+                                               unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                               unsigned long long* bars, unsigned fo, unsigned parity, unsigned eo) {
+    pk_mbarrier_wait_parity_at(bars, fo, parity);
+    pk_wgmma_fence();
+    fa90_issue_pv<T, D, BC>(o, pa, dv);
+    fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+    pk_mbarrier_arrive_at(bars, eo);
+}
+
 // One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
 template <typename T, int D, int BC>
 __device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2], float (&l)[2],
-                                                 unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                                 const unsigned (&qa)[D / 16][4], unsigned long long dq,
+                                                 unsigned long long dk, unsigned long long dv,
                                                  unsigned long long* full, unsigned long long* empty, unsigned parity,
                                                  float sl2, int k0, const int (&rlo)[2], const int (&rhi)[2], int t) {
     float s[BC / 2];
-    fa90_scores<T, D, BC>(s, dq, dk, full, parity);
+    fa90_scores<T, D, BC>(s, qa, dq, dk, full, parity);
 #pragma unroll
     for (int i = 0; i < BC / 2; i++) {
         const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
@@ -256,42 +297,73 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(q_full, 0);
+    // QREG: this warp's 16 Q rows as the A fragments of the S k-steps (rows g, g + 8; columns 2t and 2t + 8 of
+    // each 16), read once from the swizzled Q boxes: byte (row, col) of a [BR][64] box is row * 128 + 2 col with
+    // the 16-byte unit XORed by row % 8.
+    unsigned qa[D / 16][4];
+    if constexpr (Fa90Cfg<D>::QREG) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const unsigned row = 64 * c + 16 * wq + g + 8 * (v & 1), col = (ks % 4) * 16 + 8 * (v >> 1) + 2 * t;
+                qa[ks][v] = *reinterpret_cast<const unsigned*>(
+                    qs + (ks / 4) * FA90_BR * 128 + pk_swizzle_offset(row * 128 + col * 2, PK_SWIZZLE_128B));
+            }
+    }
 
     unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
     int j = kt1 - 1;
     for (; j >= f1; j--, i++) {
         const unsigned st = i % ST;
-        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+        fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
                                    pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
-        // Each pass of the hot loop issues O += P V of the previous tile, then S and the lazy softmax of the
-        // next one; a warp whose lazy softmax fails leaves it for the exact redo and comes back (its O += P V
-        // is the same wgmma instruction as the other warps'). The first tile is peeled off.
+        // Each step of the hot loop issues O += P V of the previous tile and S of the next one as one wgmma
+        // group, then the lazy softmax of the next tile. The loop is unrolled by the two ring slots (a: the
+        // first tile's, b: the other), so slot addresses and descriptors are loop-invariant; tile i waits on
+        // parity (i / 2) & 1. A warp whose lazy softmax fails (or the last tile) leaves the straight path: the
+        // exact redo, then back to the next step (its wgmmas are the same instructions as the other warps').
+        static_assert(ST == 2, "the steady-state loop is unrolled by the two ring slots");
         float s[BC / 2];
         unsigned pa[BC / 16][4];
-        unsigned st = i % ST;
-        fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
+        const unsigned sa = i % ST, sb = sa ^ 1;
+        fa90_scores<T, D, BC>(s, qa, dq, pk_wgmma_desc_advance(dk0, sa * KV_BYTES), &full[sa], (i / ST) & 1);
         if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
-        j--, i++;
-        for (;;) {
-            for (;;) {  // the hot loop
-                fa90_pv<T, D, BC>(o, pa, pk_wgmma_desc_advance(dv0, st * KV_BYTES), &empty[st]);
-                if (j < f0) goto fa90_steady_done;
-                st = i % ST;
-                fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
-                const bool ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
-                j--, i++;
-                if (!ok) break;
+        i++;
+        const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
+        // The step's slots: the next tile's K (dkn) and full mbarrier (byte fo past bars), the previous tile's V
+        // (dvp) and empty mbarrier (byte eo); the two slots swap each step (XOR with the slots' difference).
+        const unsigned long long dka = pk_wgmma_desc_advance(dk0, sa * KV_BYTES),
+                                 dkb = pk_wgmma_desc_advance(dk0, sb * KV_BYTES),
+                                 dva = pk_wgmma_desc_advance(dv0, sa * KV_BYTES),
+                                 dvb = pk_wgmma_desc_advance(dv0, sb * KV_BYTES);
+        const unsigned xk = (unsigned)dka ^ (unsigned)dkb, xv = (unsigned)dva ^ (unsigned)dvb;
+        unsigned long long dkn = dkb, dvp = dva;
+        unsigned fo = 8 * (1 + sb), eo = 8 * (1 + ST + sa);
+        if (i != i_end) {
+            bool ok;
+            for (;;) {
+                for (;;) {  // the hot loop
+                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, dkn, dvp, bars, fo, (i / ST) & 1, eo);
+                    ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
+                    i++;
+                    dkn ^= xk, dvp ^= xv, fo ^= 24, eo ^= 56;  // 8 * (1 + s) and 8 * (3 + s): s = 0 / 1
+                    if (!ok || i == i_end) break;
+                }
+                if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
+                if (i == i_end) break;
             }
-            fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
         }
-    fa90_steady_done:;
+        // The last tile's O += P V (its slot's V and empty mbarrier: dvp and eo after the swap).
+        fa90_pv<T, D, BC>(o, pa, dvp, reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(bars) + eo));
+        j = f0 - 1;
     }
     for (; j >= kt0; j--, i++) {
         const unsigned st = i % ST;
-        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+        fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
                                    pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }

@@ -559,6 +559,18 @@ __device__ __forceinline__ unsigned long long pk_wgmma_desc_encode(unsigned smem
 __device__ __forceinline__ unsigned long long pk_wgmma_desc_advance(unsigned long long desc, unsigned bytes) {
     return desc + (unsigned long long)(bytes >> 4);
 }
+// The value as it is, opaque to the compiler's loop-invariant hoisting: a loop that derives many descriptors
+// from one base (one per wgmma k-step) computes them where they are used (one uniform add each) instead of
+// keeping all of them live across the loop.
+__device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long v) {
+#if defined(PYKERN_HOST)
+    return v;
+#else
+    unsigned long long r;
+    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(v));
+    return r;
+#endif
+}
 
 #if defined(PYKERN_HOST)
 // ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
@@ -621,6 +633,12 @@ __device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* 
 }
 __device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     (void)pkrt_mbar_wait(bar, parity, 1, file, line);
+}
+__device__ __forceinline__ void pk_mbarrier_wait_parity_at(unsigned long long* base, unsigned byte_off, unsigned parity, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    (void)pkrt_mbar_wait(base + byte_off / 8, parity, 1, file, line);
+}
+__device__ __forceinline__ unsigned long long pk_mbarrier_arrive_at(unsigned long long* base, unsigned byte_off, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_mbar_arrive(base + byte_off / 8, 0, 1, file, line);
 }
 
 #define PK_TMA_LOAD_HOST(R, ...)                                                                         \
@@ -747,6 +765,21 @@ __device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* 
 __device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity) {
     while (!pk_mbarrier_try_wait_parity(bar, parity)) {
     }
+}
+// The mbarrier `byte_off` bytes past `base` (the _at forms: one shared-window base, offsets from it).
+__device__ __forceinline__ void pk_mbarrier_wait_parity_at(unsigned long long* base, unsigned byte_off, unsigned parity) {
+    const unsigned a = pk_cvta_shared(base) + byte_off;
+    for (;;) {
+        unsigned ok;
+        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
+                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
+        if (ok) break;
+    }
+}
+__device__ __forceinline__ unsigned long long pk_mbarrier_arrive_at(unsigned long long* base, unsigned byte_off) {
+    unsigned long long s;
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_cvta_shared(base) + byte_off) : "memory");
+    return s;
 }
 
 __device__ __forceinline__ void pk_tma_load_2d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1) {
