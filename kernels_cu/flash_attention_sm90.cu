@@ -134,12 +134,11 @@ __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], cons
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float base = m[r] * sl2;
-        sum[r] = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; j++) {
             const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
             const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
-            sum[r] += p0 + p1;
+            sum[r] = j == 0 ? p0 + p1 : sum[r] + (p0 + p1);  // no 0 + x (an FADD: x may be -0)
             pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
         }
     }
@@ -163,21 +162,21 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
 }
 
-// One step of the steady state: O += P V of the previous tile (its slot's V through dv, then its `empty`
-// mbarrier at byte eo past bars) and S = Q K^T of the next one (K through dk, after its `full` mbarrier at byte
-// fo) as one wgmma group (one fence, one wait).
+// One step of the steady state: O += P V of the previous tile (its slot's V through dv) and S = Q K^T of the
+// next one (K through dk, once its slot's `full` mbarrier fb has completed) as one wgmma group (one fence, one
+// wait), then the arrival on the previous slot's `empty` mbarrier, which lies 2 mbarriers past fb (ST == 2).
 template <typename T, int D, int BC>
 __device__ __forceinline__ void fa90_pv_scores(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
                                                float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
                                                unsigned long long dq, unsigned long long dk, unsigned long long dv,
-                                               unsigned long long* bars, unsigned fo, unsigned parity, unsigned eo) {
-    pk_mbarrier_wait_parity_at(bars, fo, parity);
+                                               unsigned long long* fb, unsigned parity) {
+    pk_mbarrier_wait_parity(fb, parity);
     pk_wgmma_fence();
     fa90_issue_pv<T, D, BC>(o, pa, dv);
     fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
-    pk_mbarrier_arrive_at(bars, eo);
+    pk_mbarrier_arrive(fb + 2);
 }
 
 // One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
@@ -220,7 +219,9 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     unsigned char* ks = qs + Q_BYTES;                // [ST][NB][BC][128 B]
     unsigned char* vs = ks + ST * KV_BYTES;          // [ST][NB][BC][128 B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * KV_BYTES);
-    unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    // q_full, full[0..ST), then the empty mbarriers in reverse slot order (slot s at empty - s), so that the steady
+    // loop finds the previous slot's empty mbarrier at a fixed distance from the next slot's full one.
+    unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 2 * ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
     // (sequence, head, query tile) of this CTA; q_row0 / k_row0: the sequence's first row in the tensor maps
@@ -254,7 +255,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 
     if (tid == 0) {
         pk_mbarrier_init(q_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(empty - s, 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
@@ -267,7 +268,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
-                pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
+                pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], 2 * KV_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
                     pk_tma_load_4d(ks + s * KV_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
@@ -317,7 +318,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     for (; j >= f1; j--, i++) {
         const unsigned st = i % ST;
         fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], empty - st, (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
@@ -326,7 +327,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         // first tile's, b: the other), so slot addresses and descriptors are loop-invariant; tile i waits on
         // parity (i / 2) & 1. A warp whose lazy softmax fails (or the last tile) leaves the straight path: the
         // exact redo, then back to the next step (its wgmmas are the same instructions as the other warps').
-        static_assert(ST == 2, "the steady-state loop is unrolled by the two ring slots");
+        static_assert(ST == 2, "the steady-state loop alternates the two ring slots");
         float s[BC / 2];
         unsigned pa[BC / 16][4];
         const unsigned sa = i % ST, sb = sa ^ 1;
@@ -335,36 +336,44 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
         // The step's slots: the next tile's K (dkn) and full mbarrier (byte fo past bars), the previous tile's V
-        // (dvp) and empty mbarrier (byte eo); the two slots swap each step (XOR with the slots' difference).
+        // (dvp) and empty mbarrier; the two slots swap each step.
         const unsigned long long dka = pk_wgmma_desc_advance(dk0, sa * KV_BYTES),
                                  dkb = pk_wgmma_desc_advance(dk0, sb * KV_BYTES),
                                  dva = pk_wgmma_desc_advance(dv0, sa * KV_BYTES),
                                  dvb = pk_wgmma_desc_advance(dv0, sb * KV_BYTES);
+        // The two slots' descriptors differ in the low word only (the start address): the step swaps them with
+        // one XOR of the low words (xk, xv); ph = (i / 2) & 1: the next tile's parity.
         const unsigned xk = (unsigned)dka ^ (unsigned)dkb, xv = (unsigned)dva ^ (unsigned)dvb;
-        unsigned long long dkn = dkb, dvp = dva;
-        unsigned fo = 8 * (1 + sb), eo = 8 * (1 + ST + sa);
+        const unsigned long long khi = dka & 0xffffffff00000000ull, vhi = dva & 0xffffffff00000000ull;
+        unsigned kn = (unsigned)dkb, vp = (unsigned)dva;
+        // fb: the next tile's full mbarrier, full[0] / full[1] at bytes 8 / 16 of the 1024-aligned bars, swapped
+        // by an XOR of the address with 24.
+        unsigned long long* fb = &full[sb];
+        unsigned ph = (i / ST) & 1;
         if (i != i_end) {
-            bool ok;
+            bool ok, last;
             for (;;) {
                 for (;;) {  // the hot loop
-                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, dkn, dvp, bars, fo, (i / ST) & 1, eo);
+                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, khi | kn, vhi | vp, fb, ph);
                     ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
                     i++;
-                    dkn ^= xk, dvp ^= xv, fo ^= 24, eo ^= 56;  // 8 * (1 + s) and 8 * (3 + s): s = 0 / 1
-                    if (!ok || i == i_end) break;
+                    kn ^= xk, vp ^= xv, ph ^= ~i & 1;
+                    fb = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned long long>(fb) ^ 24ull);
+                    last = i == i_end;
+                    if (!ok || last) break;
                 }
                 if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
-                if (i == i_end) break;
+                if (last) break;
             }
         }
-        // The last tile's O += P V (its slot's V and empty mbarrier: dvp and eo after the swap).
-        fa90_pv<T, D, BC>(o, pa, dvp, reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(bars) + eo));
+        // The last tile's O += P V (its slot's V: dvp after the swap).
+        fa90_pv<T, D, BC>(o, pa, vhi | vp, fb + 2);  // fb: the slot after the last tile's
         j = f0 - 1;
     }
     for (; j >= kt0; j--, i++) {
         const unsigned st = i % ST;
         fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], empty - st, (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
 
