@@ -323,42 +323,34 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
         // Each step of the hot loop issues O += P V of the previous tile and S of the next one as one wgmma
-        // group, then the lazy softmax of the next tile. The loop is unrolled by the two ring slots (a: the
-        // first tile's, b: the other), so slot addresses and descriptors are loop-invariant; tile i waits on
-        // parity (i / 2) & 1. A warp whose lazy softmax fails (or the last tile) leaves the straight path: the
-        // exact redo, then back to the next step (its wgmmas are the same instructions as the other warps').
+        // group, then the lazy softmax of the next tile; the two ring slots alternate. A warp whose lazy softmax
+        // fails (or the last tile) leaves the hot loop: the exact redo, then back to the next step (its wgmmas are
+        // the same instructions as the other warps'). The first tile (slot sa) is peeled off.
         static_assert(ST == 2, "the steady-state loop alternates the two ring slots");
         float s[BC / 2];
         unsigned pa[BC / 16][4];
-        const unsigned sa = i % ST, sb = sa ^ 1;
+        const unsigned sa = i % ST;
         fa90_scores<T, D, BC>(s, qa, dq, pk_wgmma_desc_advance(dk0, sa * KV_BYTES), &full[sa], (i / ST) & 1);
         if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
-        // The step's slots: the next tile's K (dkn) and full mbarrier (byte fo past bars), the previous tile's V
-        // (dvp) and empty mbarrier; the two slots swap each step.
-        const unsigned long long dka = pk_wgmma_desc_advance(dk0, sa * KV_BYTES),
-                                 dkb = pk_wgmma_desc_advance(dk0, sb * KV_BYTES),
-                                 dva = pk_wgmma_desc_advance(dv0, sa * KV_BYTES),
-                                 dvb = pk_wgmma_desc_advance(dv0, sb * KV_BYTES);
-        // The two slots' descriptors differ in the low word only (the start address): the step swaps them with
-        // one XOR of the low words (xk, xv); ph = (i / 2) & 1: the next tile's parity.
-        const unsigned xk = (unsigned)dka ^ (unsigned)dkb, xv = (unsigned)dva ^ (unsigned)dvb;
-        const unsigned long long khi = dka & 0xffffffff00000000ull, vhi = dva & 0xffffffff00000000ull;
-        unsigned kn = (unsigned)dkb, vp = (unsigned)dva;
-        // fb: the next tile's full mbarrier, full[0] / full[1] at bytes 8 / 16 of the 1024-aligned bars, swapped
-        // by an XOR of the address with 24.
-        unsigned long long* fb = &full[sb];
+        // A step from nb, the next tile's slot (the previous one's is nb ^ 1): K at dk0 + nb * KVU, V at
+        // dv1 - nb * KVU (one wide multiply-add each), the full mbarrier full + nb, and the previous slot's empty
+        // mbarrier two further (empty - (nb ^ 1) = full + nb + 2); ph = (i / 2) & 1, the next tile's parity.
+        constexpr int KVU = KV_BYTES / 16;
+        const unsigned long long dv1 = pk_wgmma_desc_advance(dv0, KV_BYTES);
+        unsigned nb = sa ^ 1;
         unsigned ph = (i / ST) & 1;
         if (i != i_end) {
             bool ok, last;
             for (;;) {
                 for (;;) {  // the hot loop
-                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, khi | kn, vhi | vp, fb, ph);
+                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, dk0 + (unsigned long long)nb * KVU,
+                                             dv1 + (long long)(int)nb * -KVU, full + nb, ph);
                     ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
                     i++;
-                    kn ^= xk, vp ^= xv, ph ^= ~i & 1;
-                    fb = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned long long>(fb) ^ 24ull);
+                    ph ^= ~i & 1;
+                    nb ^= 1;
                     last = i == i_end;
                     if (!ok || last) break;
                 }
@@ -366,8 +358,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 if (last) break;
             }
         }
-        // The last tile's O += P V (its slot's V: dvp after the swap).
-        fa90_pv<T, D, BC>(o, pa, vhi | vp, fb + 2);  // fb: the slot after the last tile's
+        // The last tile's O += P V (its slot is nb ^ 1 now).
+        fa90_pv<T, D, BC>(o, pa, dv1 + (long long)(int)nb * -KVU, full + nb + 2);
         j = f0 - 1;
     }
     for (; j >= kt0; j--, i++) {

@@ -196,6 +196,9 @@ __device__ __forceinline__ unsigned int pk_cvta_shared(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+// The same through the compiler's intrinsic: it knows a pointer into a __shared__ array as a shared-window
+// address, so address arithmetic stays 32-bit (the mbarrier wrappers use it).
+__device__ __forceinline__ unsigned int pk_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ unsigned int pk_cvt_bf16x2(float lo, float hi) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -559,18 +562,6 @@ __device__ __forceinline__ unsigned long long pk_wgmma_desc_encode(unsigned smem
 __device__ __forceinline__ unsigned long long pk_wgmma_desc_advance(unsigned long long desc, unsigned bytes) {
     return desc + (unsigned long long)(bytes >> 4);
 }
-// The value as it is, opaque to the compiler's loop-invariant hoisting: a loop that derives many descriptors
-// from one base (one per wgmma k-step) computes them where they are used (one uniform add each) instead of
-// keeping all of them live across the loop.
-__device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long v) {
-#if defined(PYKERN_HOST)
-    return v;
-#else
-    unsigned long long r;
-    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(v));
-    return r;
-#endif
-}
 
 #if defined(PYKERN_HOST)
 // ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
@@ -633,12 +624,6 @@ __device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* 
 }
 __device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     (void)pkrt_mbar_wait(bar, parity, 1, file, line);
-}
-__device__ __forceinline__ void pk_mbarrier_wait_parity_at(unsigned long long* base, unsigned byte_off, unsigned parity, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    (void)pkrt_mbar_wait(base + byte_off / 8, parity, 1, file, line);
-}
-__device__ __forceinline__ unsigned long long pk_mbarrier_arrive_at(unsigned long long* base, unsigned byte_off, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
-    return pkrt_mbar_arrive(base + byte_off / 8, 0, 1, file, line);
 }
 
 #define PK_TMA_LOAD_HOST(R, ...)                                                                         \
@@ -738,48 +723,33 @@ __device__ __forceinline__ void pk_fence_proxy_async_shared() { asm volatile("fe
 __device__ __forceinline__ void pk_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
 __device__ __forceinline__ void pk_mbarrier_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(pk_cvta_shared(bar)), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(pk_smem_u32(bar)), "r"(count) : "memory");
 }
 __device__ __forceinline__ void pk_mbarrier_inval(unsigned long long* bar) {
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(pk_cvta_shared(bar)) : "memory");
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(pk_smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ unsigned long long pk_mbarrier_arrive(unsigned long long* bar) {
     unsigned long long s;
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_cvta_shared(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_smem_u32(bar)) : "memory");
     return s;
 }
 __device__ __forceinline__ unsigned long long pk_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
     unsigned long long s;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(s) : "r"(pk_cvta_shared(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(s) : "r"(pk_smem_u32(bar)), "r"(bytes) : "memory");
     return s;
 }
 __device__ __forceinline__ void pk_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(pk_cvta_shared(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(pk_smem_u32(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity) {
     unsigned ok;
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok) : "r"(pk_cvta_shared(bar)), "r"(parity) : "memory");
+                 : "=r"(ok) : "r"(pk_smem_u32(bar)), "r"(parity) : "memory");
     return ok != 0;
 }
 __device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity) {
     while (!pk_mbarrier_try_wait_parity(bar, parity)) {
     }
-}
-// The mbarrier `byte_off` bytes past `base` (the _at forms: one shared-window base, offsets from it).
-__device__ __forceinline__ void pk_mbarrier_wait_parity_at(unsigned long long* base, unsigned byte_off, unsigned parity) {
-    const unsigned a = pk_cvta_shared(base) + byte_off;
-    for (;;) {
-        unsigned ok;
-        asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                     : "=r"(ok) : "r"(a), "r"(parity) : "memory");
-        if (ok) break;
-    }
-}
-__device__ __forceinline__ unsigned long long pk_mbarrier_arrive_at(unsigned long long* base, unsigned byte_off) {
-    unsigned long long s;
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_cvta_shared(base) + byte_off) : "memory");
-    return s;
 }
 
 __device__ __forceinline__ void pk_tma_load_2d(void* dst, const CUtensorMap* map, unsigned long long* bar, int c0, int c1) {
