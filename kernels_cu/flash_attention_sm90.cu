@@ -11,7 +11,8 @@
 //     their bytes on it) and an `empty` one (every consumer thread arrives when done with the slot); the
 //     producer waits on `empty` before refilling. It gives registers back (setmaxnreg.dec to 24).
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): consumer c owns query rows 64c..64c+63.
-//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle);
+//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle); at d64
+//                  RS, the consumer's Q rows in registers (QREG: read once from the Q tile);
 //     online softmax on the accumulators in registers (base 2, exp2 via ex2.approx); the row max is taken
 //                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts
 //                  (exact at the boundary tiles, lazy in the steady state: below);
@@ -24,8 +25,8 @@
 // tile's P = 2^(s * sl2 - m * sl2) keep every thread's partial row sums <= 2^15 (so every P <= 2^15, finite
 // in f16): no row max, no shuffles, no rescale of O and l, i.e. FFMA + ex2 + FADD + half an F2FP a score.
 // A warp whose check fails (the running max grew by 15 - log2(BC / 4) log2 units or more, or m is -inf) redoes
-// the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (the loop issues
-// O += P V of the previous tile first, so every warp meets the same wgmma instruction). m and l are always
+// the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (each step issues
+// O += P V of the previous tile and S of the next as one wgmma group, so every warp meets the same wgmmas). m and l are always
 // consistent (lse = ln 2 * (m * sl2 + log2 l)); the boundary tiles keep the exact softmax.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
