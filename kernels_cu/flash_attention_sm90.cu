@@ -11,7 +11,8 @@
 //     their bytes on it) and an `empty` one (every consumer thread arrives when done with the slot); the
 //     producer waits on `empty` before refilling. It gives registers back (setmaxnreg.dec to 24).
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): consumer c owns query rows 64c..64c+63.
-//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle);
+//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle); at d64
+//                  RS, the consumer's Q rows in registers (QREG: read once from the Q tile);
 //     online softmax on the accumulators in registers (base 2, exp2 via ex2.approx); the row max is taken
 //                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts
 //                  (exact at the boundary tiles, lazy in the steady state: below);
@@ -24,8 +25,8 @@
 // tile's P = 2^(s * sl2 - m * sl2) keep every thread's partial row sums <= 2^15 (so every P <= 2^15, finite
 // in f16): no row max, no shuffles, no rescale of O and l, i.e. FFMA + ex2 + FADD + half an F2FP a score.
 // A warp whose check fails (the running max grew by 15 - log2(BC / 4) log2 units or more, or m is -inf) redoes
-// the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (the loop issues
-// O += P V of the previous tile first, so every warp meets the same wgmma instruction). m and l are always
+// the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (each step issues
+// O += P V of the previous tile and S of the next as one wgmma group, so every warp meets the same wgmmas). m and l are always
 // consistent (lse = ln 2 * (m * sl2 + log2 l)); the boundary tiles keep the exact softmax.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
@@ -41,9 +42,11 @@
 
 // BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + 2 * STAGES * BC * D * 2 + barriers.
 template <int D> struct Fa90Cfg;
-template <> struct Fa90Cfg<64> { enum { BC = 128, STAGES = 3 }; };
-template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2 }; };
+// QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
+// so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0 }; };
 
 #define FA90_SMEM_BYTES(D, BC, ST) (FA90_BR * (D) * 2 + 2 * (ST) * (BC) * (D) * 2 + 1024)
 
@@ -82,18 +85,39 @@ __device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], flo
     }
 }
 
-// S = Q K^T for one key tile, once the slot's K and V have landed.
+// The wgmmas of S = Q K^T for one key tile (no fence, no commit): Q from registers (qa, QREG) or from shared
+// memory (dq), K through dk.
 template <typename T, int D, int BC>
-__device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], unsigned long long dq, unsigned long long dk,
-                                            unsigned long long* full, unsigned parity) {
-    pk_mbarrier_wait_parity(full, parity);
-    pk_wgmma_fence();
+__device__ __forceinline__ void fa90_issue_scores(float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
+                                                  unsigned long long dq, unsigned long long dk) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
         const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
-        pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko), ks > 0);
+        if constexpr (Fa90Cfg<D>::QREG)
+            pk_wgmma_m64nNk16_rs<BC, Fa90Dt<T>::V, 0>(s, qa[ks], pk_wgmma_desc_advance(dk, ko), ks > 0);
+        else
+            pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko),
+                                                  ks > 0);
     }
+}
+
+// The wgmmas of O += P V for one key tile (no fence, no commit).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_issue_pv(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
+                                              unsigned long long dv) {
+#pragma unroll
+    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
+        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+}
+
+// S = Q K^T for one key tile, once the slot's K and V have landed.
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], const unsigned (&qa)[D / 16][4], unsigned long long dq,
+                                            unsigned long long dk, unsigned long long* full, unsigned parity) {
+    pk_mbarrier_wait_parity(full, parity);
+    pk_wgmma_fence();
+    fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
 }
@@ -111,12 +135,11 @@ __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], cons
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float base = m[r] * sl2;
-        sum[r] = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; j++) {
             const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
             const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
-            sum[r] += p0 + p1;
+            sum[r] = j == 0 ? p0 + p1 : sum[r] + (p0 + p1);  // no 0 + x (an FADD: x may be -0)
             pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
         }
     }
@@ -140,14 +163,32 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
 }
 
+// One step of the steady state: O += P V of the previous tile (its slot's V through dv) and S = Q K^T of the
+// next one (K through dk, once its slot's `full` mbarrier fb has completed) as one wgmma group (one fence, one
+// wait), then the arrival on the previous slot's `empty` mbarrier, which lies 2 mbarriers past fb (ST == 2).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_pv_scores(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
+                                               float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
+                                               unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                               unsigned long long* fb, unsigned parity) {
+    pk_mbarrier_wait_parity(fb, parity);
+    pk_wgmma_fence();
+    fa90_issue_pv<T, D, BC>(o, pa, dv);
+    fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+    pk_mbarrier_arrive(fb + 2);
+}
+
 // One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
 template <typename T, int D, int BC>
 __device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2], float (&l)[2],
-                                                 unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                                 const unsigned (&qa)[D / 16][4], unsigned long long dq,
+                                                 unsigned long long dk, unsigned long long dv,
                                                  unsigned long long* full, unsigned long long* empty, unsigned parity,
                                                  float sl2, int k0, const int (&rlo)[2], const int (&rhi)[2], int t) {
     float s[BC / 2];
-    fa90_scores<T, D, BC>(s, dq, dk, full, parity);
+    fa90_scores<T, D, BC>(s, qa, dq, dk, full, parity);
 #pragma unroll
     for (int i = 0; i < BC / 2; i++) {
         const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
@@ -179,7 +220,9 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     unsigned char* ks = qs + Q_BYTES;                // [ST][NB][BC][128 B]
     unsigned char* vs = ks + ST * KV_BYTES;          // [ST][NB][BC][128 B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * KV_BYTES);
-    unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    // q_full, full[0..ST), then the empty mbarriers in reverse slot order (slot s at empty - s), so that the steady
+    // loop finds the previous slot's empty mbarrier at a fixed distance from the next slot's full one.
+    unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 2 * ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
     // (sequence, head, query tile) of this CTA; q_row0 / k_row0: the sequence's first row in the tensor maps
@@ -213,7 +256,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 
     if (tid == 0) {
         pk_mbarrier_init(q_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(empty - s, 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
@@ -226,7 +269,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
-                pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
+                pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], 2 * KV_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
                     pk_tma_load_4d(ks + s * KV_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
@@ -256,43 +299,74 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(q_full, 0);
+    // QREG: this warp's 16 Q rows as the A fragments of the S k-steps (rows g, g + 8; columns 2t and 2t + 8 of
+    // each 16), read once from the swizzled Q boxes: byte (row, col) of a [BR][64] box is row * 128 + 2 col with
+    // the 16-byte unit XORed by row % 8.
+    unsigned qa[D / 16][4];
+    if constexpr (Fa90Cfg<D>::QREG) {
+#pragma unroll
+        for (int ks = 0; ks < D / 16; ks++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const unsigned row = 64 * c + 16 * wq + g + 8 * (v & 1), col = (ks % 4) * 16 + 8 * (v >> 1) + 2 * t;
+                qa[ks][v] = *reinterpret_cast<const unsigned*>(
+                    qs + (ks / 4) * FA90_BR * 128 + pk_swizzle_offset(row * 128 + col * 2, PK_SWIZZLE_128B));
+            }
+    }
 
     unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
     int j = kt1 - 1;
     for (; j >= f1; j--, i++) {
         const unsigned st = i % ST;
-        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
+        fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], empty - st, (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
-        // Each pass of the hot loop issues O += P V of the previous tile, then S and the lazy softmax of the
-        // next one; a warp whose lazy softmax fails leaves it for the exact redo and comes back (its O += P V
-        // is the same wgmma instruction as the other warps'). The first tile is peeled off.
+        // Each step of the hot loop issues O += P V of the previous tile and S of the next one as one wgmma
+        // group, then the lazy softmax of the next tile; the two ring slots alternate. A warp whose lazy softmax
+        // fails (or the last tile) leaves the hot loop: the exact redo, then back to the next step (its wgmmas are
+        // the same instructions as the other warps'). The first tile (slot sa) is peeled off.
+        static_assert(ST == 2, "the steady-state loop alternates the two ring slots");
         float s[BC / 2];
         unsigned pa[BC / 16][4];
-        unsigned st = i % ST;
-        fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
+        const unsigned sa = i % ST;
+        fa90_scores<T, D, BC>(s, qa, dq, pk_wgmma_desc_advance(dk0, sa * KV_BYTES), &full[sa], (i / ST) & 1);
         if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
-        j--, i++;
-        for (;;) {
-            for (;;) {  // the hot loop
-                fa90_pv<T, D, BC>(o, pa, pk_wgmma_desc_advance(dv0, st * KV_BYTES), &empty[st]);
-                if (j < f0) goto fa90_steady_done;
-                st = i % ST;
-                fa90_scores<T, D, BC>(s, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES), &full[st], (i / ST) & 1);
-                const bool ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
-                j--, i++;
-                if (!ok) break;
+        i++;
+        const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
+        // A step from nb, the next tile's slot (the previous one's is nb ^ 1): K at dk0 + nb * KVU, V at
+        // dv1 - nb * KVU (one wide multiply-add each), the full mbarrier full + nb, and the previous slot's empty
+        // mbarrier two further (empty - (nb ^ 1) = full + nb + 2); ph = (i / 2) & 1, the next tile's parity.
+        constexpr int KVU = KV_BYTES / 16;
+        const unsigned long long dv1 = pk_wgmma_desc_advance(dv0, KV_BYTES);
+        unsigned nb = sa ^ 1;
+        unsigned ph = (i / ST) & 1;
+        if (i != i_end) {
+            bool ok, last;
+            for (;;) {
+                for (;;) {  // the hot loop
+                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, dk0 + (unsigned long long)nb * KVU,
+                                             dv1 + (long long)(int)nb * -KVU, full + nb, ph);
+                    ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
+                    i++;
+                    ph ^= ~i & 1;
+                    nb ^= 1;
+                    last = i == i_end;
+                    if (!ok || last) break;
+                }
+                if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
+                if (last) break;
             }
-            fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
         }
-    fa90_steady_done:;
+        // The last tile's O += P V (its slot is nb ^ 1 now).
+        fa90_pv<T, D, BC>(o, pa, dv1 + (long long)(int)nb * -KVU, full + nb + 2);
+        j = f0 - 1;
     }
     for (; j >= kt0; j--, i++) {
         const unsigned st = i % ST;
-        fa90_tile_masked<T, D, BC>(o, m, l, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], &empty[st], (i / ST) & 1, sl2,
+        fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
+                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], empty - st, (i / ST) & 1, sl2,
                                    j * BC, rlo, rhi, t);
     }
 

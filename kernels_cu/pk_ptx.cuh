@@ -204,6 +204,9 @@ __device__ __forceinline__ unsigned int pk_cvta_shared(const void* p) {
     asm("{ .reg .u64 t; cvta.to.shared.u64 t, %1; cvt.u32.u64 %0, t; }" : "=r"(a) : "l"(p));
     return a;
 }
+// The same through the compiler's intrinsic: it knows a pointer into a __shared__ array as a shared-window
+// address, so address arithmetic stays 32-bit (the mbarrier wrappers use it).
+__device__ __forceinline__ unsigned int pk_smem_u32(const void* p) { return (unsigned)__cvta_generic_to_shared(p); }
 
 __device__ __forceinline__ unsigned int pk_cvt_bf16x2(float lo, float hi) {
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
@@ -735,28 +738,28 @@ __device__ __forceinline__ void pk_fence_proxy_async_shared() { asm volatile("fe
 __device__ __forceinline__ void pk_fence_mbarrier_init() { asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory"); }
 
 __device__ __forceinline__ void pk_mbarrier_init(unsigned long long* bar, unsigned count) {
-    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(pk_cvta_shared(bar)), "r"(count) : "memory");
+    asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(pk_smem_u32(bar)), "r"(count) : "memory");
 }
 __device__ __forceinline__ void pk_mbarrier_inval(unsigned long long* bar) {
-    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(pk_cvta_shared(bar)) : "memory");
+    asm volatile("mbarrier.inval.shared::cta.b64 [%0];" ::"r"(pk_smem_u32(bar)) : "memory");
 }
 __device__ __forceinline__ unsigned long long pk_mbarrier_arrive(unsigned long long* bar) {
     unsigned long long s;
-    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_cvta_shared(bar)) : "memory");
+    asm volatile("mbarrier.arrive.shared::cta.b64 %0, [%1];" : "=l"(s) : "r"(pk_smem_u32(bar)) : "memory");
     return s;
 }
 __device__ __forceinline__ unsigned long long pk_mbarrier_arrive_expect_tx(unsigned long long* bar, unsigned bytes) {
     unsigned long long s;
-    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(s) : "r"(pk_cvta_shared(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 %0, [%1], %2;" : "=l"(s) : "r"(pk_smem_u32(bar)), "r"(bytes) : "memory");
     return s;
 }
 __device__ __forceinline__ void pk_mbarrier_expect_tx(unsigned long long* bar, unsigned bytes) {
-    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(pk_cvta_shared(bar)), "r"(bytes) : "memory");
+    asm volatile("mbarrier.expect_tx.relaxed.cta.shared::cta.b64 [%0], %1;" ::"r"(pk_smem_u32(bar)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ bool pk_mbarrier_try_wait_parity(unsigned long long* bar, unsigned parity) {
     unsigned ok;
     asm volatile("{ .reg .pred p; mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2; selp.u32 %0, 1, 0, p; }"
-                 : "=r"(ok) : "r"(pk_cvta_shared(bar)), "r"(parity) : "memory");
+                 : "=r"(ok) : "r"(pk_smem_u32(bar)), "r"(parity) : "memory");
     return ok != 0;
 }
 __device__ __forceinline__ void pk_mbarrier_wait_parity(unsigned long long* bar, unsigned parity) {

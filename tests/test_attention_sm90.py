@@ -7,7 +7,7 @@ head_dim 64/128/256, causal and not, GQA, n_q != n_k both ways and lengths off e
 only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
 without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
 and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-(d128, d256; 2.35 at d64), and no spills, for the dense and the varlen entries (flash_attention_varlen on
+(d128, d256; 2.01 at d64), and no spills, for the dense and the varlen entries (flash_attention_varlen on
 sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
 """
 from __future__ import annotations
@@ -283,8 +283,8 @@ def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     ref_out, _ = np_flash_attention(q, k, v, False)
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
     _close("out", good, ref_out, "bf16")
-    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "            fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
-                              "  // the rare redo", "            // dropped"), (q, k, v), False)
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
+                              "  // the rare redo", "// dropped"), (q, k, v), False)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
@@ -367,7 +367,7 @@ def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     ops_ = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
     d = int(kernel.split("_d")[1].split("_")[0])
     bc = sm90._CFG[d][0]
-    assert any(op.startswith(f"HGMMA.64x{bc}x16.F32") for op in ops_)  # S = Q K^T, SS
+    assert any(op.startswith(f"HGMMA.64x{bc}x16.F32") for op in ops_)  # S = Q K^T, SS (RS at d64: Q in registers)
     assert any(op.startswith(f"HGMMA.64x{d}x16.F32") for op in ops_)   # O += P V, RS
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 3        # Q, K, V tiles
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4             # mbarrier init / arrive / try_wait
@@ -385,7 +385,9 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     bc = sm90._CFG[d][0]
     assert loop["mma"] == bc * d / 64  # per warp and tile: S and P V, BC * D / 128 m16n8k16s each
     assert loop["bar"] == 0 and loop["ldsm"] == 0 and loop["ldgsts"] == 0
-    # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent. The lazy softmax costs 3.5 instructions a score
-    # (FFMA, ex2, FADD, half an F2FP; BC/2 scores a thread), which at d64 (BC * D / 64 = BC MMAs a tile) is 1.75
-    # an MMA before the tile's fixed costs: 2.32 there. Pinned so none of them grows.
-    assert loop["per_mma"] <= {64: 2.35, 128: 1.3, 256: 1.0}[d], loop
+    # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent, met at d128 / d256. The lazy softmax costs 3.5
+    # instructions a score (FFMA, ex2, FADD, half an F2FP; BC/2 scores a thread), which at d64 (BC * D / 64 = BC
+    # MMAs a tile) is 1.75 an MMA before the tile's fixed costs: with 192 keys a tile that leaves 48 instructions
+    # for 16 HGMMAs and the rest; the loop has 49 (2.005, varlen 2.01), one or two over the bar. Pinned so none
+    # of them grows.
+    assert loop["per_mma"] <= {64: 2.01, 128: 1.15, 256: 0.81}[d], loop

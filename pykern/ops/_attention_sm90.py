@@ -14,7 +14,7 @@ HEAD_DIMS = (64, 128, 256)
 THREADS = 384  # FA90_THREADS: a producer warpgroup and two consumer warpgroups
 ROWS = 128  # FA90_BR: queries per CTA
 # (keys per tile, ring stages) as the .cu's Fa90Cfg.
-_CFG = {64: (128, 3), 128: (128, 2), 256: (64, 2)}
+_CFG = {64: (192, 2), 128: (128, 2), 256: (64, 2)}
 
 
 def shared_bytes(d: int) -> int:
