@@ -15,6 +15,7 @@ from pykern import ops
 from pykern.arrays import bfloat16
 from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
 from pykern.tolerance import tolerance
+from launch_spy import record_launches as _record
 
 HOST = "host"
 
@@ -34,20 +35,6 @@ def _check_lse(lse, ref) -> None:
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref))
     fin = np.isfinite(ref)
     assert np.abs(lse[fin] - ref[fin]).max(initial=0) < 1e-4  # fp32 from fp32 scores
-
-
-def _record(monkeypatch) -> list[str]:
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)
-    return names
 
 
 DENSE = [

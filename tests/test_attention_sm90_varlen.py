@@ -16,6 +16,7 @@ import pytest
 from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
 from pykern.ops.serving import flash_attention_varlen
 from pykern.tolerance import tolerance
+from launch_spy import record_launches as _record
 
 HOST = "host"
 
@@ -24,21 +25,6 @@ HOST = "host"
 def _sm90_host(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
     monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
-
-
-def _record(monkeypatch: pytest.MonkeyPatch) -> list[str]:
-    """Kernel names the launches of this test ask for (the launches still run)."""
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)  # the ops import it at call time
-    return names
 
 
 def _close(name: str, got, ref, dtype: str) -> None:

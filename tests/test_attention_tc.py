@@ -26,6 +26,7 @@ from pykern.difftest.cases.training import attention_inputs, np_attention_backwa
 from pykern.errors import ArgumentError
 from pykern.ops import forward as fwd_mod
 from pykern.tolerance import tolerance
+from launch_spy import record_launches as _record
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
@@ -62,21 +63,6 @@ def _close(name: str, got, ref, op: str, dtype: str = "bf16") -> None:
     err = np.where(both_inf, 0.0, np.abs(got - ref))
     bad = ~(err <= atol + rtol * np.abs(ref))
     assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
-
-
-def _record(monkeypatch) -> list[str]:
-    """Kernel names every launch of this test asks for (the launches still run)."""
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)  # the ops import it at call time
-    return names
 
 
 # --------------------------------------------------------------------------- forward

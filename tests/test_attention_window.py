@@ -23,6 +23,7 @@ from pykern.difftest.cases.training import (  # noqa: E402
     attention_inputs, np_attention_backward, np_attention_forward, window_mask)
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
+from launch_spy import record_launches as _record
 
 HOST = "host"
 
@@ -38,20 +39,6 @@ def _close(name: str, got, ref, op: str, dtype: str, rows=slice(None)) -> None:
     err = np.abs(got[fin] - ref[fin])
     bad = ~(err <= atol + rtol * np.abs(ref[fin]))
     assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {err.max():.3g}"
-
-
-def _record(monkeypatch) -> list[str]:
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)
-    return names
 
 
 # --------------------------------------------------------------------------- the reference itself
