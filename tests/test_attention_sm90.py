@@ -269,8 +269,8 @@ def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     ref_out, _ = np_flash_attention(q, k, v, False)
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
     _close("out", good, ref_out, "bf16")
-    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
-                              "  // the rare redo", "// dropped"), (q, k, v), False)
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
+                              "  // the rare redo", "    // dropped"), (q, k, v), False)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
