@@ -44,6 +44,7 @@
 template <int D> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
+// PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
 template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1 }; };
@@ -343,13 +344,15 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
         // Each step issues O += P V of the previous tile and S of the next one as one wgmma group, then the lazy
-        // softmax of the next tile. The hot loop runs two steps an iteration, A into slot 0 and B into slot 1
-        // (an odd first tile is peeled off with one B step), so every step's K / V descriptors and mbarriers
-        // are constants, A and B share the parity (flipped once an iteration), and the counter, its compare and
-        // the loop branch are paid once per two tiles. A warp whose lazy softmax fails leaves the hot loop: the
-        // exact redo (fa90_redo), then, after a failed A, the B step of the pair out of line (the same wgmma
-        // instructions for every warp of the warpgroup, as the other warps meet them in the loop), and back.
-        // An odd tile left over runs one A step after the loop.
+        // softmax of the next tile (fa90_step). The first steady tile is peeled off. A warp whose lazy softmax
+        // fails leaves the hot loop for the exact redo (fa90_redo) and comes back to the same wgmma instructions
+        // as the other warps of its warpgroup. PAIR (d64, d256): the hot loop runs two steps an iteration, A into
+        // slot 0 and B into slot 1 (a next tile of odd index runs one step alone first), so each step's K / V
+        // descriptors and mbarriers are loop invariants, A and B share the parity (flipped once an iteration), and
+        // the counter, its compare and the loop branch are paid once per two tiles; after a failed A the pair's
+        // B step runs out of line, and an odd tile left over runs one A step after the loop. Otherwise (d128,
+        // where the pair's extra invariants push the Q descriptors out of the uniform registers) one step an
+        // iteration, the slots alternating.
         static_assert(ST == 2, "the steady-state loop alternates the two ring slots");
         float s[BC / 2];
         unsigned pa[BC / 16][4];
@@ -434,6 +437,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             } else {
                 fa90_pv<T, D, BC>(o, pa, dva, empty - (a ^ 1));
             }
+            i = i_end;  // the trailing masked tiles go on from here
         }
         j = f0 - 1;
     }
