@@ -390,7 +390,7 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     loop = loops[kernel]  # a loop with HGMMAs and no inner loop exists
     d = int(kernel.split("_d")[1].split("_")[0])
     bc = sm90._CFG[d][0]
-    tiles = {64: 2, 128: 1, 256: 2}[d]  # tiles an iteration: the hot loop runs pairs at d64 / d256 (Fa90Cfg PAIR)
+    tiles = sm90.LOOP_TILES[d]  # tiles an iteration: the hot loop runs pairs at d64 / d256 (Fa90Cfg PAIR)
     assert loop["mma"] == tiles * bc * d / 64  # per warp and tile: S and P V, BC * D / 128 m16n8k16s each
     assert loop["bar"] == 0 and loop["ldsm"] == 0 and loop["ldgsts"] == 0
     # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent. The lazy softmax costs 3.5 instructions a score
