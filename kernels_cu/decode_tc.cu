@@ -16,11 +16,11 @@
 //               ldmatrix.trans.
 // Split-KV in one launch: with num_splits > 1 each split CTA writes its partial (o, log2 lse) to part_o /
 // part_lse, then takes a ticket from counters[sequence * num_kv_heads + kv head] (release: every thread's
-// __threadfence() after its stores, a barrier, one atomicInc); the CTA that draws the last ticket
-// (acquire: the barrier that hands it the ticket, __threadfence(), then strong ld.relaxed.gpu loads of the
-// partials) merges every split's partial of its group with the merge math of paged_attn_merge (max-lse
-// rescale in fp32; pa_merge_group_cta: the whole CTA, few dependent round trips) and writes out (and lse).
-// atomicInc(ctr, num_splits - 1) stores 0 on the last ticket, so each launch leaves its counters at zero
+// stores, a barrier, then thread 0's atom.acq_rel.gpu inc); the CTA that draws the last ticket (acquire: that
+// same RMW, then the barrier that hands the CTA the ticket, then strong ld.relaxed.gpu loads of the partials)
+// merges every split's partial of its group with the merge math of paged_attn_merge (max-lse rescale in fp32;
+// pa_merge_group_cta: the whole CTA, each split's lse and o in one round) and writes out (and lse).
+// The inc stores 0 on the last ticket (num_splits - 1), so each launch leaves its counters at zero
 // for the next one (a CUDA graph replays them as they are). The counters are the plan's: zeroed once when
 // allocated; two launches in flight at once must not share them.
 // Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
@@ -174,21 +174,24 @@ __device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, 
                                                 float* __restrict__ lse, int* __restrict__ counters,
                                                 long long rows_total, long long row0, int G, int num_splits,
                                                 int write_lse) {
-    __threadfence();  // release: this thread's partial stores are visible GPU-wide before the ticket
+    // Release: every thread's partial stores precede this barrier, and the barrier precedes thread 0's ticket,
+    // an atom.acq_rel.gpu (pk_atom_inc_acq_rel_gpu): PTX release patterns are cumulative, so its release part
+    // makes the whole CTA's partial stores visible GPU-wide before the new count (one round trip: the stores'
+    // acknowledgement), with no fence in the other threads.
+    __syncthreads();
     unsigned int* ctr = reinterpret_cast<unsigned int*>(counters) + blockIdx.x;
-    // One thread takes the ticket after the barrier (every thread's fence precedes it); atomicInc wraps the
-    // last ticket (num_splits - 1) back to 0, which leaves the counter clean for the next launch.
-    const int last = __syncthreads_or(threadIdx.x == 0 && atomicInc(ctr, (unsigned int)(num_splits - 1)) ==
+    // The ticket wraps the last one (num_splits - 1) back to 0, which leaves the counter clean for the next
+    // launch. Acquire: on the last ticket, thread 0's RMW reads the count the chain of the other splits'
+    // release RMWs wrote, so their partial stores happen before thread 0's later accesses, and the barrier of
+    // __syncthreads_or (bar.red, which synchronizes the CTA's threads) carries that to every thread's loads
+    // below: no fence after the ticket (the strong loads still read at GPU scope, never a stale L1 line).
+    const int last = __syncthreads_or(threadIdx.x == 0 && pk_atom_inc_acq_rel_gpu(ctr, (unsigned int)(num_splits - 1)) ==
                                                               (unsigned int)(num_splits - 1));
     if (!last) return;
-    __threadfence();  // acquire: the other splits' partials, read below with strong loads (not a stale L1 line)
-    // The whole CTA merges (pa_merge_group_cta: a constant number of dependent round trips for <= 32 splits
-    // at small G), over the ring and the warps' merge buffers, which every thread is done with (the barrier
-    // of the ticket follows every read of them).
-    static_assert(PA_CM_FLOATS(D, DTC_THREADS) <= 4 * 16 * D, "the merge fits the warps' merge buffers");
-    extern __shared__ __align__(16) unsigned char dtc_smem[];
+    // The whole CTA merges (pa_merge_group_cta: each split's lse and o in the same round; registers and
+    // shuffles only, no shared memory).
     pa_merge_group_cta<T, PaLdRelaxed, D, DTC_THREADS>(part_o, part_lse, out, lse, rows_total, row0, G, num_splits,
-                                                       write_lse, reinterpret_cast<float*>(dtc_smem));
+                                                       write_lse);
 }
 
 template <typename T, int D, typename TKV>

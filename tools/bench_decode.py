@@ -255,28 +255,24 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
 
 # pa_merge_group_cta (kernels_cu/pk_attn_tile.cuh): the constants of the whole-CTA merge of a group's splits.
 TC_THREADS = 128  # DTC_THREADS
-CM_SC = 32        # PA_CM_SC: splits a chunk
 
 
 def tc_tail_round_trips(splits: int, group: int, head_dim: int) -> tuple[int, int]:
     """Dependent global round trips of decode_tc's split tail as the code makes them, and the passes of the
-    merge's partial-load loop: fence (this CTA's partial stores acknowledged), ticket atomic, fence, then a
-    chunk of 32 splits at a time one round for every (row, split) lse, and the partials: thread 0 (the most
-    loaded) takes its units (4 floats of a row; 128 / units threads share one when the group has fewer
-    units than threads) one by one, its splits of the chunk head_dim / 8 loads in flight. (0, 0) unsplit."""
+    merge's partial-load loop: the ticket's release (an atom.acq_rel.gpu after a barrier: its MEMBAR waits for
+    the CTA's partial stores to be acknowledged), the ticket atomic itself (its acquire is a local L1
+    invalidate, no round trip), then the partial rounds of thread 0 (the most loaded): its units (4 floats of
+    a row; P threads share one when the group has fewer units than threads, P the largest power of two with
+    P * next_pow2(units) <= 128) one by one, its splits head_dim / 8 at a time, each split's lse and 16-byte
+    piece of o loaded in the same round. (0, 0) unsplit."""
     if splits <= 1:
         return 0, 0
     units = group * head_dim // 4
-    share = 1 if units >= TC_THREADS else TC_THREADS // units
+    share = 1 if units >= TC_THREADS else TC_THREADS // (1 << (units - 1).bit_length())
     nk = 1 if share > 1 else -(-units // TC_THREADS)
     nb = head_dim // 8  # PA_CM_NB(D)
-    rt, passes = 3, 0
-    for c0 in range(0, splits, CM_SC):
-        sc = min(CM_SC, splits - c0)
-        batches = nk * -(-(-(-sc // share)) // nb)
-        rt += 1 + batches
-        passes += batches
-    return rt, passes
+    passes = nk * -(-(-(-splits // share)) // nb)
+    return 2 + passes, passes
 
 
 def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
@@ -330,11 +326,12 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     if launch > terms[bind]:
         bind = "launch"
     # The split fixup's tail: after the last split of a group has streamed its keys, its CTA runs a chain of
-    # dependent global round trips no other work overlaps (tc_tail_round_trips: fence, ticket, fence, then
-    # the whole CTA's merge, pa_merge_group_cta). Priced at HBM_LAT each: an upper bound (atomics, fences and
-    # just-written lines are served by L2, whose latency the model has no published figure for). Reported
-    # beside the bound, not folded into it. Plus the merge's own issue a warp: its SASS once (costs["fixup"],
-    # all of the code after the ticket) and the partial-load loop's body again for every further pass.
+    # dependent global round trips no other work overlaps (tc_tail_round_trips: the ticket's release, the
+    # ticket, then the whole CTA's merge, pa_merge_group_cta, lse and o loaded in the same rounds). Priced at
+    # HBM_LAT each: an upper bound (atomics, fences and just-written lines are served by L2, whose latency
+    # the model has no published figure for). Reported beside the bound, not folded into it. Plus the
+    # merge's own issue a warp: its SASS once (costs["fixup"], all of the code after the ticket) and the
+    # partial-load loop's body again for every further pass.
     s = plan.num_splits
     rt, passes = tc_tail_round_trips(s, group, head_dim)
     tail = rt * HBM_LAT + ((costs["fixup"] + (passes - 1) * costs["fixup_loop"]) / CLOCK if s > 1 else 0.0)
@@ -357,7 +354,7 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
               f"(decode_tc for GQA {TC_DECODE_MIN_GROUP} to {TC_DECODE_MAX_GROUP}; paged_attn otherwise)")
         print("decode_tc: one launch (split partials merged by the last split CTA: no launch term); the partials "
               "(fp32 o + lse) counted as HBM bytes, written and read back; tail = the last CTA's dependent global "
-              f"round trips (fence, ticket, fence, lse + partial loads) at {HBM_LAT * 1e9:.0f} ns each (an upper "
+              f"round trips (release, acq_rel ticket, lse + partial loads in the same rounds) at {HBM_LAT * 1e9:.0f} ns each (an upper "
               "bound, not in 'new %'), '+tail %' with it")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}"
