@@ -155,13 +155,18 @@ template <> struct DtcWiden<__nv_bfloat16, 5> {
 template <typename T, int D, typename TKV>
 __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigned char* vs, unsigned short* tk) {
     constexpr int RB = DTC_RB(D, 1), SD = D + 8, CH = D / 16;  // 16-element chunks a row
+    constexpr int RPS = 32 / CH;                               // rows a step (CH lanes a row)
+    static_assert(32 % CH == 0 && 16 % RPS == 0, "whole rows a step");
     const int lane = threadIdx.x & 31;
+    // this lane's chunk c of row r0 (+ RPS a step): a base each of K, V and the tile, every step an immediate
+    const int r0 = lane / CH, c = lane - r0 * CH;
+    const unsigned char* kq = ks + r0 * RB + c * 16;
+    const unsigned char* vq = vs + r0 * RB + c * 16;
+    unsigned short* tq = tk + r0 * SD + c * 16;
 #pragma unroll
-    for (int j = 0; j < 2 * 16 * CH / 32; j++) {
-        const int i = lane + 32 * j;
-        const int kvsel = i / (16 * CH), rem = i - kvsel * 16 * CH;
-        const int r = rem / CH, c = rem - r * CH;
-        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vs : ks) + r * RB + c * 16);
+    for (int j = 0; j < 2 * 16 / RPS; j++) {
+        const int kvsel = j / (16 / RPS), rr = (j - kvsel * (16 / RPS)) * RPS;
+        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vq : kq) + rr * RB);
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
         if (kvsel) {  // V rows: the P V operand's type (f16, see DtcPv)
@@ -171,7 +176,7 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
 #pragma unroll
             for (int e = 0; e < 4; e++) DtcWiden<T, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
         }
-        uint4* dst = reinterpret_cast<uint4*>(tk + (kvsel * 16 + r) * SD + c * 16);
+        uint4* dst = reinterpret_cast<uint4*>(tq + (kvsel * 16 + rr) * SD);
         dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
     }

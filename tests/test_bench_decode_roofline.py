@@ -117,3 +117,24 @@ def test_tc_fp8_path_is_hbm_bound_at_long_contexts(costs) -> None:
         for b in (1, 8, 64, 256):
             r = bd.tc_roofline_row(b, g, 32768, "e4m3", c)
             assert r["bind"] == "HBM" and r["pct"] >= 85.0, (g, b, r)
+
+
+def test_tc_one_tile_ctas_count_the_fills_they_run(costs) -> None:
+    # The ring fills behind `if (t0 < end)` are read from the SASS as the ranges their branches skip: STAGES - 1
+    # prologue fills before the tile loop, one refill inside it, each holding the fill's 16-byte copies. A CTA
+    # of one 64-key tile (batch 1 at 1k: 16 splits) runs the first prologue fill and no refill.
+    bd, _ = costs
+    from pykern.ops.serving import dtc_stages
+
+    for kern, kv, eb in (("decode_tc_paged_d128_bf16", "bf16", 2), ("decode_tc_paged_d128_e4m3kv_bf16", "e4m3", 1)):
+        c = bd.tc_sass_costs(kern)
+        assert len(c["fill_pro"]) == dtc_stages(128, eb) - 1 and all(n > 16 for n in c["fill_pro"])
+        assert 16 < c["refill"] < c["loop"], c
+        one = bd.tc_roofline_row(1, 1, 1024, kv, c)
+        assert one["splits"] == 16
+        skipped = sum(c["fill_pro"][1:]) + c["refill"]
+        want = 4 * (c["loop"] + c["rest"] - skipped) / (bd.ISSUE * bd.CLOCK)  # one CTA an SM, 4 warps
+        assert one["t_issue"] == pytest.approx(want)
+    # FP8 at batch 1, 1k keys: each CTA's one tile amortizes its fixed cost (loop + rest - skipped fills)
+    e = bd.tc_sass_costs("decode_tc_paged_d128_e4m3kv_bf16")
+    assert bd.tc_roofline_row(1, 1, 1024, "e4m3", e)["pct"] >= 85.0

@@ -248,9 +248,44 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
         body = [r for r in sr.inner_loops(text)[kernel] if int(r["start"], 16) > lo]
         ld = [(sum(n for o, n in r["ops"].items() if o.startswith("LDG") and ".128" in o), r["insns"]) for r in body]
         fixup_loop = max(ld)[1] if ld and max(ld)[0] else 0
+    fill_pro, refill = tc_guarded_fills(sr, text, kernel, loop)
     return {"loop": loop["insns"], "rest": total - loop["insns"] - fixup, "fixup": fixup, "fixup_loop": fixup_loop,
             "mma": loop["mma"], "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers,
-            "kernel": kernel}
+            "fill_pro": fill_pro, "refill": refill, "kernel": kernel}
+
+
+def tc_guarded_fills(sr: Any, text: str, kernel: str, loop: dict[str, Any]) -> tuple[list[int], int]:
+    """The ring fills of decode_tc that a CTA runs only when it has the tile, read from the SASS as the
+    instructions a branch skips: a forward conditional BRA over a range that holds the fill's LDGSTS (every
+    branch inside it lands inside it or at its end) and lands before the LDGDEPBAR of the commit that follows
+    `if (t0 < end) dtc_fill(...)` (no copy, barrier or branch between: what the compiler scheduled there runs
+    either way). Before the tile loop these are the prologue fills, in order (fill s runs iff s < the CTA's
+    tiles); inside it the refill of tile i + STAGES - 1 (runs iff i + STAGES - 1 < tiles). A skipped range
+    is exactly what does not run when its condition fails. Returns (prologue fill sizes, refill size)."""
+    ins = [x for x in sr._instructions(text)[kernel] if x[1] != "NOP"]
+    lo, hi = int(loop["start"], 16), int(loop["end"], 16)
+    pro: list[int] = []
+    refill: list[int] = []
+    for i, (a, op, _m, raw) in enumerate(ins):
+        if op != "BRA" or not raw.lstrip().startswith("@"):
+            continue
+        tgt = int(sr._BRA.search(raw).group(1), 16)
+        if tgt <= a:
+            continue
+        region = [x for x in ins[i + 1:] if x[0] < tgt]
+        if not any(x[1] == "LDGSTS" for x in region):
+            continue
+        inner = [int(sr._BRA.search(x[3]).group(1), 16) for x in region if x[1] == "BRA"]
+        if any(not (a < t <= tgt) for t in inner):
+            continue
+        after = [x for x in ins if x[0] >= tgt]
+        k = next((j for j, x in enumerate(after) if x[1] == "LDGDEPBAR"), None)
+        if k is None or any(x[1] in ("BRA", "LDGSTS", "BAR", "EXIT") for x in after[:k]):
+            continue
+        (pro if a < lo else refill if a <= hi else []).append(len(region))
+    if len(refill) != 1 or not pro:
+        raise RuntimeError(f"{kernel}: guarded fills not found as expected (prologue {pro}, refill {refill})")
+    return pro, refill[0]
 
 
 # pa_merge_group_cta (kernels_cu/pk_attn_tile.cuh): the constants of the whole-CTA merge of a group's splits.
@@ -291,8 +326,15 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     per_cta_pos = -(-length // plan.num_splits)
     tiles = -(-per_cta_pos // TC_BC)
     warps = _NT_WARPS
-    per_cta = warps * (tiles * costs["loop"] + costs["rest"])
-    per_cta_lo = warps * tiles * costs["loop"]
+    # A warp's instructions a CTA: the tile loop once a tile and the rest once, less the fills a CTA of this
+    # many tiles skips (tc_guarded_fills, exact: the ranges their branches jump over): prologue fills s >= tiles
+    # and the loop's refill in its last STAGES - 1 iterations. The rest of the kernel is counted as written
+    # (both sides of its other branches: an upper bound).
+    pro = costs["fill_pro"]
+    assert len(pro) == stages - 1, (pro, stages)
+    skipped = sum(pro[min(tiles, len(pro)):]) + min(tiles, stages - 1) * costs["refill"]
+    per_cta = warps * (tiles * costs["loop"] + costs["rest"] - skipped)
+    per_cta_lo = warps * (tiles * costs["loop"] - min(tiles, stages - 1) * costs["refill"])
     kv_min = 2 * batch * kv_heads * length * head_dim * eb
     qo = 2 * batch * heads * head_dim * 2
     table = batch * (-(-length // page_size)) * 4
