@@ -343,6 +343,24 @@ def test_tile_loop_has_no_integer_division_and_stays_lean(arch: str) -> None:
             assert lp["insns"] <= LOOP_CEILING_SM90[_ceiling_key(k)], (k, lp["insns"])
 
 
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_split_ticket_is_one_acq_rel_rmw_with_no_fence_after_it(arch: str) -> None:
+    # The split tail's memory ordering (dtc_split_fixup): the release half of the acq_rel ticket is the one
+    # MEMBAR (after the barrier that follows every thread's partial stores), the acquire half a local L1
+    # invalidate (CCTL.IVALL) right after the ATOMG, and no fence after it: the merge's loads follow at once.
+    sr = _report()
+    funcs = sr._instructions(_sass(arch))
+    for k in TC_KERNELS:
+        ops = [(op, mods) for _, op, mods, _ in funcs[k] if op != "NOP"]
+        at = [i for i, (op, _) in enumerate(ops) if op == "ATOMG"]
+        assert len(at) == 1 and ".INC" in ops[at[0]][1], (k, arch)
+        membar = [i for i, (op, _) in enumerate(ops) if op == "MEMBAR"]
+        assert len(membar) == 1 and at[0] - 4 <= membar[0] < at[0] and ops[membar[0]][1] == ".ALL.GPU", (k, arch)
+        assert ("CCTL", ".IVALL") in ops[at[0] + 1:at[0] + 3], (k, arch, ops[at[0]:at[0] + 3])
+        bar = max(i for i, (op, _) in enumerate(ops[:membar[0]]) if op == "BAR")  # the barrier before the ticket
+        assert not any(op in ("STG", "ST") for op, _ in ops[bar:at[0]]), (k, arch)
+
+
 def test_no_spills_on_any_arch() -> None:
     from pykern import compiler
     from pykern.sources import Source
