@@ -264,6 +264,27 @@ def test_unaligned_pages_fall_back_to_paged_attn(launched) -> None:
     _close(out, ro, "paged_decode_attention", "bf16")
 
 
+def test_unaligned_q_falls_back_to_paged_attn(launched) -> None:
+    # q 2 bytes off a 16-byte boundary: decode_tc copies Q's rows as 16-byte cp.async chunks, so it runs
+    # paged_attn; an aligned q of the same values runs decode_tc, and both match the reference.
+    _need("host")
+    rng = np.random.default_rng(4)
+    pc = make_paged(rng, [40, 9], 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (2, 8, 64), "bf16")
+    qbuf = np.zeros(q.size + 1, q.dtype)
+    qbuf[1:] = q.reshape(-1)
+    qu = qbuf[1:].reshape(q.shape)
+    assert qu.ctypes.data % 16
+    ro, rl = _ref(pc, q)
+    for qq, kern in ((qu, "paged_attn_bf16"), (q, "decode_tc_paged_d64_bf16")):
+        del launched[:]
+        out, lse = ops.paged_decode_attention(qq, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
+                                              pc["kv_last_page_len"], return_lse=True, backend="host")
+        assert launched[0] == kern
+        _close(out, ro, "paged_decode_attention", "bf16")
+        _close(lse, rl, "paged_decode_attention", "bf16")
+
+
 # --------------------------------------------------------------------------- SASS
 def _report() -> Any:
     spec = importlib.util.spec_from_file_location("pk_sass_report_dtc", ROOT / "tools" / "sass_report.py")
