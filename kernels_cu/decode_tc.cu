@@ -16,11 +16,11 @@
 //               ldmatrix.trans.
 // Split-KV in one launch: with num_splits > 1 each split CTA writes its partial (o, log2 lse) to part_o /
 // part_lse, then takes a ticket from counters[sequence * num_kv_heads + kv head] (release: every thread's
-// __threadfence() after its stores, a barrier, one atomicInc); the CTA that draws the last ticket
-// (acquire: the barrier that hands it the ticket, __threadfence(), then strong ld.relaxed.gpu loads of the
-// partials) merges every split's partial of its group with the merge math of paged_attn_merge (max-lse
-// rescale in fp32; pa_merge_group_cta: the whole CTA, few dependent round trips) and writes out (and lse).
-// atomicInc(ctr, num_splits - 1) stores 0 on the last ticket, so each launch leaves its counters at zero
+// stores, a barrier, then thread 0's atom.acq_rel.gpu inc); the CTA that draws the last ticket (acquire: that
+// same RMW, then the barrier that hands the CTA the ticket, then strong ld.relaxed.gpu loads of the partials)
+// merges every split's partial of its group with the merge math of paged_attn_merge (max-lse rescale in fp32;
+// pa_merge_group_cta: the whole CTA, each split's lse and o in one round) and writes out (and lse).
+// The inc stores 0 on the last ticket (num_splits - 1), so each launch leaves its counters at zero
 // for the next one (a CUDA graph replays them as they are). The counters are the plan's: zeroed once when
 // allocated; two launches in flight at once must not share them.
 // Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
@@ -48,6 +48,13 @@
 template <typename TKV> struct DtcFp8 { enum { ON = 0, EB = 0 }; };
 template <> struct DtcFp8<PkE4M3> { enum { ON = 1, EB = 4 }; };
 template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
+
+// The P V operands' type: T, or f16 for FP8 K/V. Every e4m3 / e5m2 value is an f16 value, so V widens with
+// the hardware cvt alone (no fp32 round trip and pack as for bf16: a quarter of the instructions), and P
+// (in [0, 1]) rounds to f16's 11-bit significand instead of bf16's 8 (subnormal below 2^-14, where a key
+// weighs under 2^-14 of the row's largest); the accumulation stays fp32. Q K^T stays in T (q's type).
+template <typename T, bool FP8> struct DtcPv { typedef T type; };
+template <typename T> struct DtcPv<T, true> { typedef __half type; };
 
 // STAGES: ring slots; MINB: CTAs an SM asked of ptxas (shared memory allows 3 at 16-bit d64 / d128).
 template <int D, bool FP8> struct DtcCfg;
@@ -142,24 +149,34 @@ template <> struct DtcWiden<__nv_bfloat16, 5> {
     }
 };
 
-// FP8 -> T for one warp: its 16 K rows and 16 V rows of a ring slot (RB bytes a row) into its T tile
-// (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
+// FP8 -> 16-bit for one warp: its 16 K rows (to T) and 16 V rows (to f16, DtcPv) of a ring slot (RB bytes a
+// row) into its tile (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
 // eight pair conversions, two 16-byte writes.
 template <typename T, int D, typename TKV>
 __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigned char* vs, unsigned short* tk) {
     constexpr int RB = DTC_RB(D, 1), SD = D + 8, CH = D / 16;  // 16-element chunks a row
+    constexpr int RPS = 32 / CH;                               // rows a step (CH lanes a row)
+    static_assert(32 % CH == 0 && 16 % RPS == 0, "whole rows a step");
     const int lane = threadIdx.x & 31;
+    // this lane's chunk c of row r0 (+ RPS a step): a base each of K, V and the tile, every step an immediate
+    const int r0 = lane / CH, c = lane - r0 * CH;
+    const unsigned char* kq = ks + r0 * RB + c * 16;
+    const unsigned char* vq = vs + r0 * RB + c * 16;
+    unsigned short* tq = tk + r0 * SD + c * 16;
 #pragma unroll
-    for (int j = 0; j < 2 * 16 * CH / 32; j++) {
-        const int i = lane + 32 * j;
-        const int kvsel = i / (16 * CH), rem = i - kvsel * 16 * CH;
-        const int r = rem / CH, c = rem - r * CH;
-        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vs : ks) + r * RB + c * 16);
+    for (int j = 0; j < 2 * 16 / RPS; j++) {
+        const int kvsel = j / (16 / RPS), rr = (j - kvsel * (16 / RPS)) * RPS;
+        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vq : kq) + rr * RB);
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
+        if (kvsel) {  // V rows: the P V operand's type (f16, see DtcPv)
 #pragma unroll
-        for (int e = 0; e < 4; e++) DtcWiden<T, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
-        uint4* dst = reinterpret_cast<uint4*>(tk + (kvsel * 16 + r) * SD + c * 16);
+            for (int e = 0; e < 4; e++) DtcWiden<__half, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
+        } else {  // K rows: q's type T
+#pragma unroll
+            for (int e = 0; e < 4; e++) DtcWiden<T, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
+        }
+        uint4* dst = reinterpret_cast<uint4*>(tq + (kvsel * 16 + rr) * SD);
         dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
@@ -174,21 +191,24 @@ __device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, 
                                                 float* __restrict__ lse, int* __restrict__ counters,
                                                 long long rows_total, long long row0, int G, int num_splits,
                                                 int write_lse) {
-    __threadfence();  // release: this thread's partial stores are visible GPU-wide before the ticket
+    // Release: every thread's partial stores precede this barrier, and the barrier precedes thread 0's ticket,
+    // an atom.acq_rel.gpu (pk_atom_inc_acq_rel_gpu): PTX release patterns are cumulative, so its release part
+    // makes the whole CTA's partial stores visible GPU-wide before the new count (one round trip: the stores'
+    // acknowledgement), with no fence in the other threads.
+    __syncthreads();
     unsigned int* ctr = reinterpret_cast<unsigned int*>(counters) + blockIdx.x;
-    // One thread takes the ticket after the barrier (every thread's fence precedes it); atomicInc wraps the
-    // last ticket (num_splits - 1) back to 0, which leaves the counter clean for the next launch.
-    const int last = __syncthreads_or(threadIdx.x == 0 && atomicInc(ctr, (unsigned int)(num_splits - 1)) ==
+    // The ticket wraps the last one (num_splits - 1) back to 0, which leaves the counter clean for the next
+    // launch. Acquire: on the last ticket, thread 0's RMW reads the count the chain of the other splits'
+    // release RMWs wrote, so their partial stores happen before thread 0's later accesses, and the barrier of
+    // __syncthreads_or (bar.red, which synchronizes the CTA's threads) carries that to every thread's loads
+    // below: no fence after the ticket (the strong loads still read at GPU scope, never a stale L1 line).
+    const int last = __syncthreads_or(threadIdx.x == 0 && pk_atom_inc_acq_rel_gpu(ctr, (unsigned int)(num_splits - 1)) ==
                                                               (unsigned int)(num_splits - 1));
     if (!last) return;
-    __threadfence();  // acquire: the other splits' partials, read below with strong loads (not a stale L1 line)
-    // The whole CTA merges (pa_merge_group_cta: a constant number of dependent round trips for <= 32 splits
-    // at small G), over the ring and the warps' merge buffers, which every thread is done with (the barrier
-    // of the ticket follows every read of them).
-    static_assert(PA_CM_FLOATS(D, DTC_THREADS) <= 4 * 16 * D, "the merge fits the warps' merge buffers");
-    extern __shared__ __align__(16) unsigned char dtc_smem[];
+    // The whole CTA merges (pa_merge_group_cta: each split's lse and o in the same round; registers and
+    // shuffles only, no shared memory).
     pa_merge_group_cta<T, PaLdRelaxed, D, DTC_THREADS>(part_o, part_lse, out, lse, rows_total, row0, G, num_splits,
-                                                       write_lse, reinterpret_cast<float*>(dtc_smem));
+                                                       write_lse);
 }
 
 template <typename T, int D, typename TKV>
@@ -214,8 +234,9 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][2][16][SD]
     unsigned short* qs = tiles + (FP8 ? 4 * 2 * 16 * SD : 0);                           // [16][SD]
 
-    const int H = num_qo_heads, NKV = num_kv_heads, G = H / NKV;
-    const int b = blockIdx.x / NKV, kvh = blockIdx.x - b * NKV;
+    // Unsigned divisions (no sign fix-ups; the two by NKV share one reciprocal).
+    const int H = num_qo_heads, NKV = num_kv_heads, G = (int)((unsigned int)H / (unsigned int)NKV);
+    const int b = (int)(blockIdx.x / (unsigned int)NKV), kvh = blockIdx.x - b * NKV;
     const int split = blockIdx.z;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
@@ -230,18 +251,22 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     int end = L;
     if (num_splits > 1) {  // as pa_body: an even split of the range, rounded up to whole tiles
         const int span = end - begin;
-        int per = span / num_splits + (span % num_splits != 0);
+        const unsigned int pq = (unsigned int)span / (unsigned int)num_splits;
+        int per = (int)pq + ((unsigned int)span != pq * (unsigned int)num_splits);
         per = (per + DTC_BC - 1) / DTC_BC * DTC_BC;
         const long long bg = (long long)per * split;
         begin = bg < span ? begin + (int)bg : end;
         end = end - begin > per ? begin + per : end;
     }
 
-    // Q rows kvh * G .. + G of sequence b (raw 16-bit words), zero rows G..15.
+    // Q rows kvh * G .. + G of sequence b as 16-byte cp.async chunks (the op checks q's 16-byte alignment;
+    // rows are D halves), zero-filled rows G..15, in the first commit group with tile 0: the wait before Q's
+    // ldmatrix below covers them.
     const unsigned short* qw = reinterpret_cast<const unsigned short*>(q) + ((long long)b * H + (long long)kvh * G) * D;
-    for (int i = tid; i < 16 * D; i += DTC_THREADS) {
-        const int r = i / D, d = i - r * D;
-        qs[r * SD + d] = r < G ? qw[i] : (unsigned short)0;
+#pragma unroll
+    for (int j = 0; j < 16 * D / 8 / DTC_THREADS; j++) {
+        const int c = tid + DTC_THREADS * j, r = c / (D / 8), cc = c - r * (D / 8);
+        pk_cp_async_16_zfill_at(qs, (unsigned int)((r * SD + cc * 8) * 2), qw + (r < G ? r * D + cc * 8 : 0), r < G);
     }
 
     // Fill addressing (DtcRows): this lane's row of the warp's 16, its position in tile 0 as (page, offset)
@@ -255,12 +280,12 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         rows.sp = s_page * EB;
         rows.st = s_tok * EB;
         rows.ps = page_size;
-        rows.step_p = DTC_BC / page_size;
+        rows.step_p = (int)((unsigned int)DTC_BC / (unsigned int)page_size);
         rows.step_o = DTC_BC - rows.step_p * page_size;
         const long long np = (long long)kv_indptr[b + 1] - kv.pbeg;
         rows.last = np > 0 ? (int)(np - 1) : 0;
         const int p0 = begin + row;
-        rows.pi = p0 / page_size;
+        rows.pi = (int)((unsigned int)p0 / (unsigned int)page_size);
         rows.po = p0 - rows.pi * page_size;
         rows.off = 0;
         if (begin < end) rows.locate();
@@ -268,7 +293,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     const unsigned char* kb = kraw + kv.hoff * EB + (tid % Gm::CH) * 16;
     const unsigned char* vb = vraw + kv.hoff * EB + (tid % Gm::CH) * 16;
 
-    // Prologue: tiles 0 .. STAGES - 2 of the range, one commit group each (empty past the end).
+    // Prologue: tiles 0 .. STAGES - 2 of the range, one commit group each (empty past the end; Q in the first).
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) {
         const int t0 = begin + s * DTC_BC;
@@ -278,7 +303,8 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         }
         pk_cp_async_commit();
     }
-    __syncthreads();  // Q is in
+    pk_cp_async_wait<STAGES - 2>();  // this thread's Q chunks (group 0) have landed
+    __syncthreads();                 // everyone's have
 
     // ldmatrix row addresses: lane -> (row, col) of the 4 8x8 matrices it addresses.
     const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);   // Q (A)
@@ -286,7 +312,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
     unsigned int qa[KS][4];
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4(qa[ks], qs + a_row * SD + ks * 16 + a_col);
+    for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4_s(qa[ks], pk_saddr_of(qs) + (unsigned int)((a_row * SD + a_col + ks * 16) * 2));
+    // ldmatrix addresses of the tile loop as shared-window integers (pk_saddr): this lane's row / column
+    // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
+    // access cost 64-bit address math). K at kt + (nt * 8 * SD + kp2 * 32) * 2, V at kt + vo + np * 32.
+    const unsigned int k_lane = (unsigned int)((kb_row * SD + kb_col) * 2);
+    const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2) + (FP8 ? 16 * SD * 2 : DTC_BC * RB);
+    const pk_saddr kt0 = FP8 ? pk_saddr_of(tiles + warp * 2 * 16 * SD) : pk_saddr_of(dtc_smem + warp * DTC_KW * RB);
 
     float o[ON][4];
 #pragma unroll
@@ -308,17 +340,16 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             pk_cp_async_commit();
         }
         const unsigned char* kslot = dtc_smem + stage * SLOT + warp * DTC_KW * RB;  // this warp's 16 keys
-        const unsigned short* ks_;
+        pk_saddr kt;  // this warp's K tile (then its V tile at + v_lane - k_lane)
         if constexpr (FP8) {  // widen this warp's rows into its own T tile (the previous tile's reads of it are done:
                     // ldmatrix is warp-wide and ordered before these stores in the warp's program)
             unsigned short* tk = tiles + warp * 2 * 16 * SD;
             dtc_widen<T, D, TKV>(kslot, kslot + DTC_BC * RB, tk);
             __syncwarp();
-            ks_ = tk;
+            kt = kt0;
         } else {
-            ks_ = reinterpret_cast<const unsigned short*>(kslot);
+            kt = kt0 + (unsigned int)(stage * SLOT);
         }
-        const unsigned short* vs_ = ks_ + (FP8 ? 16 * SD : DTC_BC * SD);
         stage = stage + 1 == STAGES ? 0 : stage + 1;
 
         float s[2][4];
@@ -329,7 +360,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 #pragma unroll
             for (int nt = 0; nt < 2; nt++) {
                 unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
-                pk_ldmatrix_x4(kb, ks_ + (nt * 8 + kb_row) * SD + kp2 * 32 + kb_col);
+                pk_ldmatrix_x4_s(kb, kt + k_lane + (unsigned int)((nt * 8 * SD + kp2 * 32) * 2));
                 pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2], kb, s[nt]);
                 pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
             }
@@ -359,18 +390,19 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 #pragma unroll
             for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
         }
-        // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step.
+        // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
+        using TP = typename DtcPv<T, FP8>::type;
         unsigned int pa[4];
-        pa[0] = Pk16<T>::narrow2(s[0][0], s[0][1]);
-        pa[1] = Pk16<T>::narrow2(s[0][2], s[0][3]);
-        pa[2] = Pk16<T>::narrow2(s[1][0], s[1][1]);
-        pa[3] = Pk16<T>::narrow2(s[1][2], s[1][3]);
+        pa[0] = Pk16<TP>::narrow2(s[0][0], s[0][1]);
+        pa[1] = Pk16<TP>::narrow2(s[0][2], s[0][3]);
+        pa[2] = Pk16<TP>::narrow2(s[1][0], s[1][1]);
+        pa[3] = Pk16<TP>::narrow2(s[1][2], s[1][3]);
 #pragma unroll
         for (int np = 0; np < D / 16; np++) {
             unsigned int vb[4];  // b of O n-tile 2 np in vb[0..1], of 2 np + 1 in vb[2..3]
-            pk_ldmatrix_x4_trans(vb, vs_ + vb_row * SD + np * 16 + vb_col);
-            pk_mma_m16n8k16<T>(o[2 * np], pa, vb, o[2 * np]);
-            pk_mma_m16n8k16<T>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
+            pk_ldmatrix_x4_trans_s(vb, kt + v_lane + (unsigned int)(np * 32));
+            pk_mma_m16n8k16<TP>(o[2 * np], pa, vb, o[2 * np]);
+            pk_mma_m16n8k16<TP>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
         }
     }
     pk_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
@@ -386,44 +418,48 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
         lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
         const int row = g + 8 * r;
-        float* orow = Os + (warp * 16 + row) * D;
+        float* orow = Os + (warp * 16 + row) * D + 2 * t4;
 #pragma unroll
-        for (int i = 0; i < ON; i++) {
-            orow[i * 8 + 2 * t4] = o[i][2 * r];
-            orow[i * 8 + 2 * t4 + 1] = o[i][2 * r + 1];
-        }
+        for (int i = 0; i < ON; i++) *reinterpret_cast<float2*>(orow + i * 8) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
         if (t4 == 0) {
             Ms[warp * 16 + row] = m[r];
             Ls[warp * 16 + row] = lr;
         }
     }
     __syncthreads();
+    // A thread a unit of 4 outputs of a row (G * D / 4 units: one pass for G <= 4 at d128): each float of
+    // it as before, fmaf over the warps in order.
     const long long rows_total = (long long)batch * H;
-    for (int i = tid; i < G * D; i += DTC_THREADS) {
-        const int r = i / D, d = i - r * D;
+    for (int u = tid; u < G * (D / 4); u += DTC_THREADS) {
+        const int r = u / (D / 4), d = 4 * (u - r * (D / 4));
         float M = PK_NEG_INF;
 #pragma unroll
         for (int w = 0; w < 4; w++) M = fmaxf(M, Ms[w * 16 + r]);
-        float W = 0.0f, x = 0.0f;
+        float W = 0.0f, x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
         if (M != PK_NEG_INF) {
 #pragma unroll
             for (int w = 0; w < 4; w++) {
                 const float mw = Ms[w * 16 + r];
                 const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
                 W = fmaf(f, Ls[w * 16 + r], W);
-                x = fmaf(f, Os[(w * 16 + r) * D + d], x);
+                const float4 y = *reinterpret_cast<const float4*>(Os + (w * 16 + r) * D + d);
+                x[0] = fmaf(f, y.x, x[0]);
+                x[1] = fmaf(f, y.y, x[1]);
+                x[2] = fmaf(f, y.z, x[2]);
+                x[3] = fmaf(f, y.w, x[3]);
             }
         }
         const bool seen = W > 0.0f;
-        const float ov = seen ? x * __fdividef(v_scale, W) : 0.0f;
+        const float sc = seen ? __fdividef(v_scale, W) : 0.0f;
         const float lse2 = seen ? M + __log2f(W) : PK_NEG_INF;
         const long long orow = (long long)b * H + (long long)kvh * G + r;
         if (num_splits > 1) {
             const long long slot = (long long)split * rows_total + orow;
-            part_o[slot * D + d] = ov;
+            *reinterpret_cast<float4*>(part_o + slot * D + d) = make_float4(x[0] * sc, x[1] * sc, x[2] * sc, x[3] * sc);
             if (d == 0) part_lse[slot] = lse2;
         } else {
-            PkIO<T>::store(out, orow * D + d, ov);
+#pragma unroll
+            for (int e = 0; e < 4; e++) PkIO<T>::store(out, orow * D + d + e, x[e] * sc);
             if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
         }
     }

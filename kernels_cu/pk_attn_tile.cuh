@@ -448,7 +448,7 @@ __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int
 // out = sum_s 2^(lse_s - M) o_s / sum_s 2^(lse_s - M), lse = (M + log2 sum) * ln 2.
 // Splits that saw no key (lse -inf) weigh 0; a row no split saw gets zeros, lse -inf.
 // LD reads the partials: PaLdPlain (paged_attn_merge, a launch after the partials' writer) or
-// PaLdRelaxed (decode_tc.cu's last split CTA, the same launch: strong loads after the ticket's fence).
+// PaLdRelaxed (decode_tc.cu's last split CTA, the same launch: strong loads after the acquire ticket).
 struct PaLdPlain {
     static __device__ __forceinline__ float f32(const float* p) { return *p; }
     static __device__ __forceinline__ void f32x4(const float* p, float (&v)[4]) {
@@ -524,131 +524,93 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 
 // pa_merge_group_cta (decode_tc.cu's last split CTA, on the critical path of the launch): a whole CTA of NT
 // threads merges a group's G <= 16 rows row0 .. row0 + G - 1 (head_dim the compile-time D) with as few
-// dependent global round trips as it can. The group's G * D outputs are U = G * D / 4 units of 4 floats
-// (one 16-byte strong load a unit a split); P = max(1, NT / U) threads share a unit (thread t: unit t % U,
-// splits t / U + P i, for t < P U; with P = 1, units t + NT k), so a small group still has the whole CTA
-// loading. Splits go in chunks of PA_CM_SC = 32; a chunk costs
-//   (1) one round: every (row, split) lse of the chunk at once (16 x 32 slots, 16 * 32 / NT a thread), into
-//       shared memory; a barrier;
-//   (2) no global access: a warp a row (lane = split) takes the chunk max, the running max M, the splits'
-//       weights against M (back into shared memory), the rescale of the earlier chunks' sums and the
-//       running weight sum; a barrier;
-//   (3) (units of thread 0) x ceil(its splits of the chunk / PA_CM_NB) rounds: unit by unit, the thread
-//       loads its splits' 16-byte pieces PA_CM_NB at a time, all issued before any is used (a weightless
-//       split's value is loaded and dropped, as in pa_merge_row); its sums live in its own shared-memory
-//       slots (no other thread touches them until the end); a barrier.
-// Then the P sums of a unit are added in a fixed order (deterministic), scaled by 1 / W and stored, and G
-// threads write the lse. tools/bench_decode.py (tc_tail_round_trips) mirrors this count.
-// sm: PA_CM_FLOATS(D, NT) floats of shared memory no other code uses meanwhile.
-#define PA_CM_SC 32
-// 16-byte loads in flight a thread: d128 16 (64 floats: within the registers decode_tc's tile loop takes
-// already, 0 spills on every arch), d64 8.
+// dependent global round trips as it can, and no barrier. The group's G * D outputs are U = G * D / 4 units of
+// 4 floats (one 16-byte strong load a unit a split). P threads share a unit, P the largest power of two with
+// P * next_pow2(U) <= NT (1 when U >= NT; P <= NT / 16 as U >= 16): thread t = p + P u takes unit u and
+// splits p, p + P, ...; with P = 1, units t + NT k. So a small group still has the whole CTA loading, and
+// the P threads of a unit are P adjacent lanes of one warp. Each thread, unit by unit, loads its splits
+// PA_CM_NB at a time, each split's lse and its 16-byte piece of o in the same round (all issued before any
+// is used; past its last split a batch reloads that split, no branch, and weighs it 0), and folds them into
+// a running (max m, weight sum W, o sum) of its own, rescaled as m grows (pa_merge_weight, the merge math of
+// pa_merge_row; a weightless split's value is dropped, as there). So a batch is one round trip and no round
+// waits for another thread: thread 0's units x ceil(its splits / PA_CM_NB) rounds in all. The P states of a
+// unit then meet by butterfly shuffles (log2 P steps: both sides rescaled to their max; every lane of the
+// CTA takes part when P > 1), and lane p = 0 scales by 1 / W and stores; the lane of a row's first unit
+// writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors this.
+// 16-byte loads in flight a thread (and as many lse loads): d128 16, d64 8 (within the registers decode_tc's
+// tile loop takes already, 0 spills on every arch).
 #define PA_CM_NB(D) ((D) / 8)
-#define PA_CM_FLOATS(D, NT) (16 * PA_CM_SC + 3 * 16 + 4 * (((4 * (D) + (NT) - 1) / (NT)) * (NT)))
 template <typename TO, typename LD, int D, int NT>
 __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const float* part_lse,
                                                    TO* __restrict__ out, float* __restrict__ lse,
                                                    long long total_rows, long long row0, int G, int num_splits,
-                                                   int write_lse, float* sm) {
-    constexpr int SC = PA_CM_SC, NB = PA_CM_NB(D), LPT = 16 * SC / NT;
-    static_assert(SC == 32 && (16 * SC) % NT == 0 && NT % 32 == 0 && D % 4 == 0, "a lane a split of a chunk");
-    float* ws = sm;            // [16][SC]: the chunk's lse, then its weights
-    float* Mr = ws + 16 * SC;  // [16]: running max
-    float* Wr = Mr + 16;       // [16]: running weight sum
-    float* Ar = Wr + 16;       // [16]: this chunk's rescale of the earlier chunks' sums
-    float* acc = Ar + 16;      // [k][NT][4]: thread t's sums of its unit k
-    const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
+                                                   int write_lse) {
+    constexpr int NB = PA_CM_NB(D);
+    static_assert(NT % 32 == 0 && (NT & (NT - 1)) == 0 && D % 4 == 0 && D >= 64, "whole warps, 16-byte units, U >= 16");
+    const int tid = threadIdx.x;
     const int U = G * (D / 4);
-    const int P = U >= NT ? 1 : NT / U;
-    const int pu = P > 1 ? tid / U : 0;                                 // this thread's first split of a chunk
-    const int u0 = P > 1 ? tid - pu * U : tid;                          // its first unit
-    const int nk = pu >= P ? 0 : P > 1 ? 1 : tid < U ? (U - 1 - tid) / NT + 1 : 0;  // its units
-    for (int k = 0; k < 4 * nk; k++) acc[(k >> 2) * 4 * NT + 4 * tid + (k & 3)] = 0.0f;
-    if (tid < 16) {
-        Mr[tid] = PK_NEG_INF;
-        Wr[tid] = 0.0f;
-    }
-    const float* pl = part_lse + row0;
-    const float* po = part_o + row0 * D + 4 * u0;
-    for (int c0 = 0; c0 < num_splits; c0 += SC) {
-        const int sc = num_splits - c0 < SC ? num_splits - c0 : SC;
-        // (1) the chunk's lse, every (row, split) at once
-        float l[LPT];
+    // log2 P: NT / next_pow2(U) (U >= 2 here, so U - 1 >= 1)
+    const int lg = U >= NT ? 0 : (31 - __clz(NT)) - (32 - __clz(U - 1));
+    const int P = 1 << lg;
+    const int pu = tid & (P - 1);   // this thread's first split
+    const int u0 = tid >> lg;       // its first unit
+    // its units: with P > 1 every thread runs one (an idle one, u0 >= U, with no splits: the shuffles below
+    // need every lane)
+    const int nk = P > 1 ? 1 : tid < U ? (U - 1 - tid) / NT + 1 : 0;
+    const int nsp = u0 < U && pu < num_splits ? ((num_splits - 1 - pu) >> lg) + 1 : 0;  // its splits
+    const long long lstep = (long long)P * total_rows;  // from one of its splits' lse to the next
+    const long long ostep = lstep * D;                  // ... and o
+    for (int k = 0; k < nk; k++) {
+        const int u = u0 + NT * k, r = (4 * u) / D;
+        const float* pl = part_lse + (long long)pu * total_rows + row0 + r;
+        const float* po = part_o + ((long long)pu * total_rows + row0) * D + 4 * u;
+        float m = PK_NEG_INF, W = 0.0f, run[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        for (int q0 = 0; q0 < nsp; q0 += NB) {
+            const int last = nsp - 1 - q0;  // the batch's last split that is the thread's
+            float ls[NB], v[NB][4];
 #pragma unroll
-        for (int m = 0; m < LPT; m++) {
-            const int i = tid + NT * m, r = i / SC, s = i - r * SC;
-            l[m] = r < G && s < sc ? LD::f32(pl + (long long)(c0 + s) * total_rows + r) : PK_NEG_INF;
-        }
-#pragma unroll
-        for (int m = 0; m < LPT; m++) ws[tid + NT * m] = l[m];
-        __syncthreads();
-        // (2) weights: a warp a row, a lane a split
-        for (int r = warp; r < G; r += NT / 32) {
-            const float ls = ws[r * SC + lane];
-            float m = ls;
-#pragma unroll
-            for (int x = 16; x > 0; x >>= 1) m = fmaxf(m, __shfl_xor_sync(PK_FULL_MASK, m, x));
-            const float Mo = Mr[r], Mn = fmaxf(Mo, m);
-            const float w = pa_merge_weight(ls, Mn);
-            float sw = w;
-#pragma unroll
-            for (int x = 16; x > 0; x >>= 1) sw += __shfl_xor_sync(PK_FULL_MASK, sw, x);
-            ws[r * SC + lane] = w;
-            __syncwarp();  // every lane has read Mr[r] before lane 0 updates it
-            if (lane == 0) {
-                const float a = pa_merge_weight(Mo, Mn);
-                Ar[r] = a;
-                Mr[r] = Mn;
-                Wr[r] = fmaf(Wr[r], a, sw);
+            for (int i = 0; i < NB; i++) {
+                ls[i] = LD::f32(pl);
+                LD::f32x4(po, v[i]);
+                if (i + 1 < NB && i < last) pl += lstep, po += ostep;
             }
-        }
-        __syncthreads();
-        // (3) the partials: unit by unit, the thread's splits of the chunk NB 16-byte loads in flight
-        const int nsp = pu < sc ? (sc - 1 - pu) / P + 1 : 0;  // its splits of the chunk
-        const long long step = (long long)P * total_rows * D;  // from one of its splits to the next
-        for (int k = 0; k < nk; k++) {
-            float* a = acc + k * 4 * NT + 4 * tid;
-            const int r = (4 * (u0 + NT * k)) / D;
-            const float* wr = ws + r * SC + pu;
-            const float* pk = po + (long long)(c0 + pu) * total_rows * D + 4 * NT * k;
-            float run[4];
-            const float rs = c0 > 0 ? Ar[r] : 1.0f;
+            pl += lstep, po += ostep;  // the next batch's first split (used only when this batch was full)
+            float mb = m;
 #pragma unroll
-            for (int e = 0; e < 4; e++) run[e] = a[e] * rs;
-            for (int q0 = 0; q0 < nsp; q0 += NB) {
-                float v[NB][4];
-                // past its last split the batch reloads that split (no branch) and weighs it 0
-                const float* pq = pk + q0 * step;
-                const long long last = (long long)(nsp - 1 - q0) * step;
+            for (int i = 0; i < NB; i++) mb = i <= last ? fmaxf(mb, ls[i]) : mb;
+            const float a = pa_merge_weight(m, mb);  // the earlier splits' rescale (0 while nothing is seen)
+            W *= a;
 #pragma unroll
-                for (int i = 0; i < NB; i++) LD::f32x4(pq + (i * step < last ? i * step : last), v[i]);
+            for (int e = 0; e < 4; e++) run[e] *= a;
 #pragma unroll
-                for (int i = 0; i < NB; i++) {
-                    const float w = q0 + i < nsp ? wr[P * (q0 + i)] : 0.0f;
+            for (int i = 0; i < NB; i++) {
+                const float w = i <= last ? pa_merge_weight(ls[i], mb) : 0.0f;
+                W += w;
 #pragma unroll
-                    for (int e = 0; e < 4; e++)  // a weightless split: value dropped
-                        run[e] = w != 0.0f ? fmaf(w, v[i][e], run[e]) : run[e];
-                }
+                for (int e = 0; e < 4; e++)  // a weightless split: value dropped
+                    run[e] = w != 0.0f ? fmaf(w, v[i][e], run[e]) : run[e];
             }
-#pragma unroll
-            for (int e = 0; e < 4; e++) a[e] = run[e];
+            m = mb;
         }
-        __syncthreads();  // ws / Ar are the next chunk's; the sums are read across threads below
-    }
-    // the P sums of each unit (thread u + U p holds split class p), in order of p
-    for (int u = tid; u < U; u += NT) {
-        const int k = P > 1 ? 0 : u / NT, t0 = P > 1 ? u : u - NT * k;
-        const int r = (4 * u) / D;
-        const float M = Mr[r];
-        const float inv_w = M != PK_NEG_INF ? __fdividef(1.0f, Wr[r]) : 0.0f;
+        // the P states of the unit (P adjacent lanes), combined against their max
+        for (int x = 1; x < P; x <<= 1) {
+            const float m2 = __shfl_xor_sync(PK_FULL_MASK, m, x), W2 = __shfl_xor_sync(PK_FULL_MASK, W, x);
+            float r2[4];
 #pragma unroll
-        for (int e = 0; e < 4; e++) {
-            float x = 0.0f;
-            for (int p = 0; p < P; p++) x += acc[k * 4 * NT + 4 * (t0 + U * p) + e];
-            PkIO<TO>::store(out, row0 * D + 4 * u + e, x * inv_w);
+            for (int e = 0; e < 4; e++) r2[e] = __shfl_xor_sync(PK_FULL_MASK, run[e], x);
+            const float M = fmaxf(m, m2), f = pa_merge_weight(m, M), f2 = pa_merge_weight(m2, M);
+            W = fmaf(f, W, f2 * W2);
+#pragma unroll
+            for (int e = 0; e < 4; e++) run[e] = fmaf(f, run[e], f2 * r2[e]);
+            m = M;
+        }
+        if (pu == 0 && u < U) {
+            const float inv_w = m != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
+#pragma unroll
+            for (int e = 0; e < 4; e++) PkIO<TO>::store(out, row0 * D + 4 * u + e, run[e] * inv_w);
+            if (write_lse && (4 * u) % D == 0) lse[row0 + r] = pa_merge_lse(m, W);
         }
     }
-    if (write_lse && tid < G) lse[row0 + tid] = pa_merge_lse(Mr[tid], Wr[tid]);
 }
 
 // The merge kernel's body: one warp per output row (total_rows = total_q * H).

@@ -190,6 +190,12 @@ __device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, f
     c = p[2];
     d = p[3];
 }
+// atom.acq_rel.gpu.global.inc.u32: atomicInc (wraps to 0 past `limit`) with release and acquire semantics at
+// GPU scope. One OS thread runs every block here, so it is atomicInc itself (a yield point of the interleaved
+// schedule, exempt from racecheck); the ordering it gives on a GPU is what decode_tc.cu's split ticket relies on.
+__device__ __forceinline__ unsigned int pk_atom_inc_acq_rel_gpu(unsigned int* p, unsigned int limit) {
+    return atomicInc(p, limit);
+}
 
 #else
 // ---------------------------------------------------------------------------------
@@ -370,6 +376,17 @@ __device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, f
                  : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
                  : "l"(p)
                  : "memory");
+}
+// atomicInc (old >= limit ? 0 : old + 1, returns old) as one release + acquire RMW at GPU scope (sm_70+):
+// release: the stores ordered before it (the caller's own, and other threads' through a barrier: PTX release
+// patterns are cumulative) are visible GPU-wide before the new count; acquire: once it reads the count that
+// an earlier release RMW of the chain wrote, every store ordered before that release is visible to the loads
+// ordered after this one (in this thread, and through a barrier in the CTA's other threads). No separate
+// fence on either side.
+__device__ __forceinline__ unsigned int pk_atom_inc_acq_rel_gpu(unsigned int* p, unsigned int limit) {
+    unsigned int r;
+    asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(limit) : "memory");
+    return r;
 }
 
 #endif

@@ -81,30 +81,32 @@ def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> N
             o = bd.roofline_row(b, g, n, "bf16", old)
             assert o["bind"] == "issue" and o["pct"] < 50.0 < r["pct"]  # the scalar path it replaces
     # batch 1 at 1k: one launch (the last split CTA merges), so no launch term; what is left beside the
-    # 1.3 us of K/V reads is the fixup tail (fence, ticket, fence, lse and partial loads of the last CTA),
-    # reported beside the bound: priced at HBM latency it outweighs the reads.
+    # 1.3 us of K/V reads is the fixup tail (the ticket's release, the acq_rel ticket, lse and partial loads of
+    # the last CTA), reported beside the bound: priced at HBM latency it outweighs the reads.
     r = bd.tc_roofline_row(1, 8, 1024, "bf16", c)
     assert r["launch"] == 0.0 and r["bind"] != "launch" and r["splits"] == 16
-    # The last CTA merges as a whole: fence, ticket, fence, one round for every split's lse, then the partials:
+    # The last CTA merges as a whole: release, ticket, then each split's lse and partial in the same round:
     # 8 rows x 128 floats = 256 16-byte units, 2 a thread, x 16 splits = 32 loads, 16 in flight: 2 rounds.
-    assert r["tail_rt"] == 3 + 1 + 2 and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
+    assert r["tail_rt"] == 2 + 2 and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
     for b in (64, 256):  # no splits: no tail
         assert bd.tc_roofline_row(b, 8, 1024, "bf16", c)["t_tail"] == 0.0
 
 
 def test_tc_tail_round_trips_follow_the_merge(costs) -> None:
-    # pa_merge_group_cta's chain: 3 (fence, ticket, fence) + a chunk of 32 splits: 1 (lse) + the partial
-    # rounds of thread 0: its units (4 floats of a row; 128 / units threads share one in a small group) x its
-    # splits, head_dim / 8 loads in flight.
+    # pa_merge_group_cta's chain: 2 (the ticket's release, the acq_rel ticket: no fence after it) + the
+    # rounds of thread 0, each split's lse and 16-byte partial loaded together: its units (4 floats of a row;
+    # P threads share one in a small group, P the largest power of two with P * next_pow2(units) <= 128) x
+    # its splits, head_dim / 8 in flight.
     bd, _ = costs
     t = bd.tc_tail_round_trips
     assert t(1, 8, 128) == (0, 0)
-    assert t(16, 1, 128)[0] == t(32, 1, 128)[0] == 3 + 1 + 1  # 32 units, 4 threads each: 8 splits a thread
-    assert t(32, 2, 128)[0] == t(32, 1, 64)[0] == 5           # 64 / 16 units: 16 / 4 splits, 16 / 8 in flight
-    assert t(32, 4, 128)[0] == 3 + 1 + 2                      # a unit a thread, 32 splits, 16 in flight
-    assert t(32, 8, 128)[0] == 3 + 1 + 4 and t(32, 16, 128)[0] == 3 + 1 + 8
-    assert t(40, 1, 128)[0] == 3 + (1 + 1) + (1 + 1)          # two chunks of lse: 32 and 8 splits
-    assert t(32, 16, 64)[0] == t(32, 16, 128)[0]              # half the units, half the loads in flight
+    assert t(16, 1, 128) == t(32, 1, 128) == (2 + 1, 1)  # 32 units, 4 threads each: 8 splits a thread
+    assert t(32, 2, 128)[0] == t(32, 1, 64)[0] == 3        # 64 / 16 units: 16 / 4 splits, 16 / 8 in flight
+    assert t(32, 4, 128)[0] == 2 + 2                       # a unit a thread, 32 splits, 16 in flight
+    assert t(32, 8, 128)[0] == 2 + 4 and t(32, 16, 128)[0] == 2 + 8
+    assert t(40, 1, 128)[0] == 2 + 1                       # 10 splits a thread: one round, no lse chunks
+    assert t(12, 3, 64)[0] == 2 + 1                        # 48 units: 2 threads a unit (64 * 2 <= 128)
+    assert t(32, 16, 64)[0] == t(32, 16, 128)[0]           # half the units, half the loads in flight
 
 
 def test_tc_fp8_path_is_hbm_bound_at_long_contexts(costs) -> None:
@@ -115,3 +117,24 @@ def test_tc_fp8_path_is_hbm_bound_at_long_contexts(costs) -> None:
         for b in (1, 8, 64, 256):
             r = bd.tc_roofline_row(b, g, 32768, "e4m3", c)
             assert r["bind"] == "HBM" and r["pct"] >= 85.0, (g, b, r)
+
+
+def test_tc_one_tile_ctas_count_the_fills_they_run(costs) -> None:
+    # The ring fills behind `if (t0 < end)` are read from the SASS as the ranges their branches skip: STAGES - 1
+    # prologue fills before the tile loop, one refill inside it, each holding the fill's 16-byte copies. A CTA
+    # of one 64-key tile (batch 1 at 1k: 16 splits) runs the first prologue fill and no refill.
+    bd, _ = costs
+    from pykern.ops.serving import dtc_stages
+
+    for kern, kv, eb in (("decode_tc_paged_d128_bf16", "bf16", 2), ("decode_tc_paged_d128_e4m3kv_bf16", "e4m3", 1)):
+        c = bd.tc_sass_costs(kern)
+        assert len(c["fill_pro"]) == dtc_stages(128, eb) - 1 and all(n > 16 for n in c["fill_pro"])
+        assert 16 < c["refill"] < c["loop"], c
+        one = bd.tc_roofline_row(1, 1, 1024, kv, c)
+        assert one["splits"] == 16
+        skipped = sum(c["fill_pro"][1:]) + c["refill"]
+        want = 4 * (c["loop"] + c["rest"] - skipped) / (bd.ISSUE * bd.CLOCK)  # one CTA an SM, 4 warps
+        assert one["t_issue"] == pytest.approx(want)
+    # FP8 at batch 1, 1k keys: each CTA's one tile amortizes its fixed cost (loop + rest - skipped fills)
+    e = bd.tc_sass_costs("decode_tc_paged_d128_e4m3kv_bf16")
+    assert bd.tc_roofline_row(1, 1, 1024, "e4m3", e)["pct"] >= 85.0

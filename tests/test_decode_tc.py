@@ -264,6 +264,27 @@ def test_unaligned_pages_fall_back_to_paged_attn(launched) -> None:
     _close(out, ro, "paged_decode_attention", "bf16")
 
 
+def test_unaligned_q_falls_back_to_paged_attn(launched) -> None:
+    # q 2 bytes off a 16-byte boundary: decode_tc copies Q's rows as 16-byte cp.async chunks, so it runs
+    # paged_attn; an aligned q of the same values runs decode_tc, and both match the reference.
+    _need("host")
+    rng = np.random.default_rng(4)
+    pc = make_paged(rng, [40, 9], 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (2, 8, 64), "bf16")
+    qbuf = np.zeros(q.size + 1, q.dtype)
+    qbuf[1:] = q.reshape(-1)
+    qu = qbuf[1:].reshape(q.shape)
+    assert qu.ctypes.data % 16
+    ro, rl = _ref(pc, q)
+    for qq, kern in ((qu, "paged_attn_bf16"), (q, "decode_tc_paged_d64_bf16")):
+        del launched[:]
+        out, lse = ops.paged_decode_attention(qq, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
+                                              pc["kv_last_page_len"], return_lse=True, backend="host")
+        assert launched[0] == kern
+        _close(out, ro, "paged_decode_attention", "bf16")
+        _close(lse, rl, "paged_decode_attention", "bf16")
+
+
 # --------------------------------------------------------------------------- SASS
 def _report() -> Any:
     spec = importlib.util.spec_from_file_location("pk_sass_report_dtc", ROOT / "tools" / "sass_report.py")
@@ -302,16 +323,21 @@ def test_sass_hmma_and_16_byte_cp_async_in_the_tile_loop(arch: str) -> None:
         assert lp["mma"] == d // 16 * 2 + d // 8, (k, arch, lp)
         row = next(r for r in inner[k] if r["start"] == lp["start"])
         assert row["ops"].get("LDGSTS.E.BYPASS.128", 0) >= 2, (k, arch, row["ops"])  # K and V refill
-        hmma = [op for op in row["ops"] if op.startswith("HMMA.16816.F32")]
-        assert hmma and all((".BF16" in op) == k.endswith("bf16") for op in hmma), (k, arch, hmma)
+        hmma = {op: n for op, n in row["ops"].items() if op.startswith("HMMA.16816.F32")}
+        # Q K^T in q's type; P V too, except FP8 K/V, whose P V runs in f16 (V widens by one cvt a pair)
+        n_bf16 = hmma.get("HMMA.16816.F32.BF16", 0)
+        want = (d // 16 * 2 + (0 if "kv_" in k else d // 8)) if k.endswith("bf16") else 0
+        assert n_bf16 == want and sum(hmma.values()) == lp["mma"], (k, arch, hmma)
         assert row["ops"].get("LDSM.16.MT88.4", 0) == d // 16, (k, arch, row["ops"])  # V through .trans
 
 
 # Warp-instructions of the sm_90 tile loop (a warp, a 64-key tile), achieved + a small margin: the fill's page
 # lookup walks pages without dividing (a lane a row, offsets shuffled to the copying lanes), FP8 widens a word at
-# a time (f16: one cvt a pair). Before: d128 842 (16-bit) / 970 (FP8), d64 460 / 461, 8 integer divisions a tile.
-LOOP_CEILING_SM90 = {"d128": 415, "d128_fp8_bf16": 615, "d128_fp8_f16": 420,
-                     "d64": 285, "d64_fp8_bf16": 380, "d64_fp8_f16": 285}
+# a time (f16: one cvt a pair; FP8 V is f16 for bf16 q too, its P V in f16), ldmatrix addresses are shared-window
+# integers with immediate offsets. Before: d128 842 (16-bit) / 970 (FP8), d64 460 / 461, 8 integer divisions a
+# tile; then d128 415 / 615, d64 285 / 380 (generic ldmatrix pointers, FP8 V widened to bf16 through fp32).
+LOOP_CEILING_SM90 = {"d128": 370, "d128_fp8_bf16": 520, "d128_fp8_f16": 420,
+                     "d64": 255, "d64_fp8_bf16": 330, "d64_fp8_f16": 285}
 
 
 def _ceiling_key(k: str) -> str:
@@ -336,6 +362,24 @@ def test_tile_loop_has_no_integer_division_and_stays_lean(arch: str) -> None:
         assert not div, (k, arch, div)
         if arch == "sm_90":
             assert lp["insns"] <= LOOP_CEILING_SM90[_ceiling_key(k)], (k, lp["insns"])
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_split_ticket_is_one_acq_rel_rmw_with_no_fence_after_it(arch: str) -> None:
+    # The split tail's memory ordering (dtc_split_fixup): the release half of the acq_rel ticket is the one
+    # MEMBAR (after the barrier that follows every thread's partial stores), the acquire half a local L1
+    # invalidate (CCTL.IVALL) right after the ATOMG, and no fence after it: the merge's loads follow at once.
+    sr = _report()
+    funcs = sr._instructions(_sass(arch))
+    for k in TC_KERNELS:
+        ops = [(op, mods) for _, op, mods, _ in funcs[k] if op != "NOP"]
+        at = [i for i, (op, _) in enumerate(ops) if op == "ATOMG"]
+        assert len(at) == 1 and ".INC" in ops[at[0]][1], (k, arch)
+        membar = [i for i, (op, _) in enumerate(ops) if op == "MEMBAR"]
+        assert len(membar) == 1 and at[0] - 4 <= membar[0] < at[0] and ops[membar[0]][1] == ".ALL.GPU", (k, arch)
+        assert ("CCTL", ".IVALL") in ops[at[0] + 1:at[0] + 3], (k, arch, ops[at[0]:at[0] + 3])
+        bar = max(i for i, (op, _) in enumerate(ops[:membar[0]]) if op == "BAR")  # the barrier before the ticket
+        assert not any(op in ("STG", "ST") for op, _ in ops[bar:at[0]]), (k, arch)
 
 
 def test_no_spills_on_any_arch() -> None:

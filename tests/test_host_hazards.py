@@ -356,6 +356,22 @@ def test_ticket_last_block_reads_partials_with_strong_loads(sched: str, racechec
         assert out[0] == 2 * x.sum() and ticket[0] == 0, sched
 
 
+@pytest.mark.parametrize("sched", ["forward", "reverse", "interleave", "interleave:4"])
+def test_acq_rel_ticket_last_block_reads_every_thread_s_partial(sched: str, racecheck: None,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    # decode_tc.cu's split tail: every thread's stores, a barrier, thread 0's atom.acq_rel ticket (no fence);
+    # the whole last block reads every block's partials with strong loads. Right, racecheck-clean, ticket at 0.
+    schedule(monkeypatch, sched)
+    x = np.arange(1, 8, dtype=np.float32)
+    ticket, out = np.zeros(1, np.uint32), np.zeros(32, np.float32)
+    want = 2 * x.sum() + 7 * np.arange(32, dtype=np.float32)
+    for _ in range(2):  # a second launch finds the ticket at zero
+        out[:] = 0
+        launch("pk_h_ticket_sum_acq_rel", 7, 32, np.zeros(7 * 32, np.float32), ticket, out, x)
+        np.testing.assert_array_equal(out, want)
+        assert ticket[0] == 0, sched
+
+
 def test_ticket_last_block_with_plain_loads_is_reported(racecheck: None) -> None:
     # Plain loads of the other blocks' partials: racecheck has no fence-atomic happens-before for plain
     # accesses, so it reports them (the kernels read such data with strong loads instead).

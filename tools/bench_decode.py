@@ -248,35 +248,66 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
         body = [r for r in sr.inner_loops(text)[kernel] if int(r["start"], 16) > lo]
         ld = [(sum(n for o, n in r["ops"].items() if o.startswith("LDG") and ".128" in o), r["insns"]) for r in body]
         fixup_loop = max(ld)[1] if ld and max(ld)[0] else 0
+    fill_pro, refill = tc_guarded_fills(sr, text, kernel, loop)
     return {"loop": loop["insns"], "rest": total - loop["insns"] - fixup, "fixup": fixup, "fixup_loop": fixup_loop,
             "mma": loop["mma"], "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers,
-            "kernel": kernel}
+            "fill_pro": fill_pro, "refill": refill, "kernel": kernel}
+
+
+def tc_guarded_fills(sr: Any, text: str, kernel: str, loop: dict[str, Any]) -> tuple[list[int], int]:
+    """The ring fills of decode_tc that a CTA runs only when it has the tile, read from the SASS as the
+    instructions a branch skips: a forward conditional BRA over a range that holds the fill's LDGSTS (every
+    branch inside it lands inside it or at its end) and lands before the LDGDEPBAR of the commit that follows
+    `if (t0 < end) dtc_fill(...)` (no copy, barrier or branch between: what the compiler scheduled there runs
+    either way). Before the tile loop these are the prologue fills, in order (fill s runs iff s < the CTA's
+    tiles); inside it the refill of tile i + STAGES - 1 (runs iff i + STAGES - 1 < tiles). A skipped range
+    is exactly what does not run when its condition fails. Returns (prologue fill sizes, refill size)."""
+    ins = [x for x in sr._instructions(text)[kernel] if x[1] != "NOP"]
+    lo, hi = int(loop["start"], 16), int(loop["end"], 16)
+    pro: list[int] = []
+    refill: list[int] = []
+    for i, (a, op, _m, raw) in enumerate(ins):
+        if op != "BRA" or not raw.lstrip().startswith("@"):
+            continue
+        tgt = int(sr._BRA.search(raw).group(1), 16)
+        if tgt <= a:
+            continue
+        region = [x for x in ins[i + 1:] if x[0] < tgt]
+        if not any(x[1] == "LDGSTS" for x in region):
+            continue
+        inner = [int(sr._BRA.search(x[3]).group(1), 16) for x in region if x[1] == "BRA"]
+        if any(not (a < t <= tgt) for t in inner):
+            continue
+        after = [x for x in ins if x[0] >= tgt]
+        k = next((j for j, x in enumerate(after) if x[1] == "LDGDEPBAR"), None)
+        if k is None or any(x[1] in ("BRA", "LDGSTS", "BAR", "EXIT") for x in after[:k]):
+            continue
+        (pro if a < lo else refill if a <= hi else []).append(len(region))
+    if len(refill) != 1 or not pro:
+        raise RuntimeError(f"{kernel}: guarded fills not found as expected (prologue {pro}, refill {refill})")
+    return pro, refill[0]
 
 
 # pa_merge_group_cta (kernels_cu/pk_attn_tile.cuh): the constants of the whole-CTA merge of a group's splits.
 TC_THREADS = 128  # DTC_THREADS
-CM_SC = 32        # PA_CM_SC: splits a chunk
 
 
 def tc_tail_round_trips(splits: int, group: int, head_dim: int) -> tuple[int, int]:
     """Dependent global round trips of decode_tc's split tail as the code makes them, and the passes of the
-    merge's partial-load loop: fence (this CTA's partial stores acknowledged), ticket atomic, fence, then a
-    chunk of 32 splits at a time one round for every (row, split) lse, and the partials: thread 0 (the most
-    loaded) takes its units (4 floats of a row; 128 / units threads share one when the group has fewer
-    units than threads) one by one, its splits of the chunk head_dim / 8 loads in flight. (0, 0) unsplit."""
+    merge's partial-load loop: the ticket's release (an atom.acq_rel.gpu after a barrier: its MEMBAR waits for
+    the CTA's partial stores to be acknowledged), the ticket atomic itself (its acquire is a local L1
+    invalidate, no round trip), then the partial rounds of thread 0 (the most loaded): its units (4 floats of
+    a row; P threads share one when the group has fewer units than threads, P the largest power of two with
+    P * next_pow2(units) <= 128) one by one, its splits head_dim / 8 at a time, each split's lse and 16-byte
+    piece of o loaded in the same round. (0, 0) unsplit."""
     if splits <= 1:
         return 0, 0
     units = group * head_dim // 4
-    share = 1 if units >= TC_THREADS else TC_THREADS // units
+    share = 1 if units >= TC_THREADS else TC_THREADS // (1 << (units - 1).bit_length())
     nk = 1 if share > 1 else -(-units // TC_THREADS)
     nb = head_dim // 8  # PA_CM_NB(D)
-    rt, passes = 3, 0
-    for c0 in range(0, splits, CM_SC):
-        sc = min(CM_SC, splits - c0)
-        batches = nk * -(-(-(-sc // share)) // nb)
-        rt += 1 + batches
-        passes += batches
-    return rt, passes
+    passes = nk * -(-(-(-splits // share)) // nb)
+    return 2 + passes, passes
 
 
 def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[str, Any], kv_heads: int = 8,
@@ -295,8 +326,15 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     per_cta_pos = -(-length // plan.num_splits)
     tiles = -(-per_cta_pos // TC_BC)
     warps = _NT_WARPS
-    per_cta = warps * (tiles * costs["loop"] + costs["rest"])
-    per_cta_lo = warps * tiles * costs["loop"]
+    # A warp's instructions a CTA: the tile loop once a tile and the rest once, less the fills a CTA of this
+    # many tiles skips (tc_guarded_fills, exact: the ranges their branches jump over): prologue fills s >= tiles
+    # and the loop's refill in its last STAGES - 1 iterations. The rest of the kernel is counted as written
+    # (both sides of its other branches: an upper bound).
+    pro = costs["fill_pro"]
+    assert len(pro) == stages - 1, (pro, stages)
+    skipped = sum(pro[min(tiles, len(pro)):]) + min(tiles, stages - 1) * costs["refill"]
+    per_cta = warps * (tiles * costs["loop"] + costs["rest"] - skipped)
+    per_cta_lo = warps * (tiles * costs["loop"] - min(tiles, stages - 1) * costs["refill"])
     kv_min = 2 * batch * kv_heads * length * head_dim * eb
     qo = 2 * batch * heads * head_dim * 2
     table = batch * (-(-length // page_size)) * 4
@@ -330,11 +368,12 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     if launch > terms[bind]:
         bind = "launch"
     # The split fixup's tail: after the last split of a group has streamed its keys, its CTA runs a chain of
-    # dependent global round trips no other work overlaps (tc_tail_round_trips: fence, ticket, fence, then
-    # the whole CTA's merge, pa_merge_group_cta). Priced at HBM_LAT each: an upper bound (atomics, fences and
-    # just-written lines are served by L2, whose latency the model has no published figure for). Reported
-    # beside the bound, not folded into it. Plus the merge's own issue a warp: its SASS once (costs["fixup"],
-    # all of the code after the ticket) and the partial-load loop's body again for every further pass.
+    # dependent global round trips no other work overlaps (tc_tail_round_trips: the ticket's release, the
+    # ticket, then the whole CTA's merge, pa_merge_group_cta, lse and o loaded in the same rounds). Priced at
+    # HBM_LAT each: an upper bound (atomics, fences and just-written lines are served by L2, whose latency
+    # the model has no published figure for). Reported beside the bound, not folded into it. Plus the
+    # merge's own issue a warp: its SASS once (costs["fixup"], all of the code after the ticket) and the
+    # partial-load loop's body again for every further pass.
     s = plan.num_splits
     rt, passes = tc_tail_round_trips(s, group, head_dim)
     tail = rt * HBM_LAT + ((costs["fixup"] + (passes - 1) * costs["fixup_loop"]) / CLOCK if s > 1 else 0.0)
@@ -357,7 +396,7 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
               f"(decode_tc for GQA {TC_DECODE_MIN_GROUP} to {TC_DECODE_MAX_GROUP}; paged_attn otherwise)")
         print("decode_tc: one launch (split partials merged by the last split CTA: no launch term); the partials "
               "(fp32 o + lse) counted as HBM bytes, written and read back; tail = the last CTA's dependent global "
-              f"round trips (fence, ticket, fence, lse + partial loads) at {HBM_LAT * 1e9:.0f} ns each (an upper "
+              f"round trips (release, acq_rel ticket, lse + partial loads in the same rounds) at {HBM_LAT * 1e9:.0f} ns each (an upper "
               "bound, not in 'new %'), '+tail %' with it")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}"

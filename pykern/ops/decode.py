@@ -470,7 +470,7 @@ def decode_attention(
     if tc:
         from .serving import tc_decode_addressable
 
-        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend)
+        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend, q)
     len_dt = "int32" if tc else "uint32"
     if is_int:
         seq_buf = np.array([hint], len_dt)
@@ -559,7 +559,7 @@ def batched_decode_attention(
     if tc:
         from .serving import tc_decode_addressable
 
-        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend)
+        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend, q)
     len_dt = "int32" if tc else "uint32"
     if vals is not None:
         seq_lens = np.array(vals, len_dt)

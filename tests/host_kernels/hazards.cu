@@ -62,6 +62,18 @@ extern "C" __global__ void pk_h_ticket_sum_relaxed(float* partial, unsigned* tic
 extern "C" __global__ void pk_h_ticket_sum_plain(float* partial, unsigned* ticket, float* out, const float* x) {
     pk_h_ticket_sum<0>(partial, ticket, out, x);
 }
+// decode_tc.cu's form: every thread stores, a barrier, thread 0's ticket as one acq_rel RMW
+// (pk_atom_inc_acq_rel_gpu), no fence; every thread of the last block reads the partials with strong loads.
+extern "C" __global__ void pk_h_ticket_sum_acq_rel(float* partial, unsigned* ticket, float* out, const float* x) {
+    partial[blockIdx.x * blockDim.x + threadIdx.x] = x[blockIdx.x] * 2.0f + (float)threadIdx.x;
+    __syncthreads();
+    const int last = __syncthreads_or(threadIdx.x == 0 &&
+                                      pk_atom_inc_acq_rel_gpu(ticket, gridDim.x - 1) == gridDim.x - 1);
+    if (!last) return;
+    float s = 0.0f;
+    for (unsigned b = 0; b < gridDim.x; b++) s += pk_ld_relaxed_gpu(partial + b * blockDim.x + threadIdx.x);
+    out[threadIdx.x] = s;
+}
 
 // Each block keeps its id in static shared memory across a barrier.
 extern "C" __global__ void pk_h_static_smem_per_block(int* out) {
