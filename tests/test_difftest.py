@@ -17,9 +17,11 @@ from pykern.difftest import runner
 from pykern.reference.base import references
 from pykern.tolerance import TOLERANCES
 
+from family_helpers import difftest_cases
+
 ROOT = Path(__file__).resolve().parent.parent
 HERE = Path(__file__).resolve().parent
-CASES = runner.collect_cases(seed=0)
+CASES = list(difftest_cases())  # runner.collect_cases(seed=0), shared with tests/test_host_modes.py
 IDS = [c.id for c in CASES]
 
 
@@ -41,7 +43,47 @@ def test_host_schedules(case: runner.Case) -> None:
     _check(runner.run_case(case, runner.parse_labels("host:forward,host:reverse")))
 
 
-@pytest.mark.parametrize("case", CASES, ids=IDS)
+def _numba_cases() -> list[runner.Case]:
+    """The cases test_numba runs: every case, except that where several element types of one shape launch
+    kernels with the same numba references (bf16 and f16 instantiations share one reference: the
+    simulator runs the same Python on inputs widened to float32), the simulator runs that shape once, in
+    the type of the op that has run least so far (and each type of an op at least once). So every shape of every op and every (op, dtype) still
+    runs on the simulator (test_numba_subset_keeps_every_shape_and_dtype), and the host runs every case
+    in every type under two schedules (test_host_schedules); it halves the slowest simulator rows (the
+    tensor-core attention backward's, tens of seconds a case)."""
+    refs = references()
+    groups: dict[object, list[runner.Case]] = {}
+    for c in CASES:
+        try:
+            key: object = (c.op, c.shape, c.note, frozenset(id(refs[k]) for k in c.kernels))
+        except KeyError:  # a kernel without a reference: test_every_kernel_has_reference_and_cases says so
+            key = c.id
+        groups.setdefault(key, []).append(c)
+    used: dict[tuple[str, str], int] = {}
+    keep = set()
+    for cs in groups.values():
+        pick = min(cs, key=lambda c: used.get((c.op, c.dtype), 0))  # ties: the first (CASES order)
+        used[(pick.op, pick.dtype)] = used.get((pick.op, pick.dtype), 0) + 1
+        keep.add(pick.id)
+    for c in CASES:  # an op with fewer shapes than types: its first case of each type left out
+        if (c.op, c.dtype) not in used:
+            used[(c.op, c.dtype)] = 1
+            keep.add(c.id)
+    return [c for c in CASES if c.id in keep]
+
+
+NUMBA_CASES = _numba_cases()
+
+
+def test_numba_subset_keeps_every_shape_and_dtype() -> None:
+    small = [c for c in CASES if c.note != "big"]
+    run = [c for c in NUMBA_CASES if c.note != "big"]
+    assert {(c.op, c.dtype) for c in run} == {(c.op, c.dtype) for c in small}
+    assert {(c.op, c.shape) for c in run} == {(c.op, c.shape) for c in small}
+    assert len(run) < len(small)
+
+
+@pytest.mark.parametrize("case", NUMBA_CASES, ids=[c.id for c in NUMBA_CASES])
 def test_numba(case: runner.Case) -> None:
     if case.note == "big":
         pytest.skip("big case: the numba simulator is too slow (host vs NumPy covers it)")

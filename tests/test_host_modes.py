@@ -9,6 +9,8 @@ import pytest
 
 from pykern.difftest import runner
 
+from family_helpers import difftest_cases
+
 
 def _small_cases() -> list[runner.Case]:
     """For each registered kernel the smallest non-big case that launches it."""
@@ -20,7 +22,7 @@ def _small_cases() -> list[runner.Case]:
         except (TypeError, ValueError):
             return 1 << 60
 
-    for c in runner.collect_cases(seed=0):
+    for c in difftest_cases():  # runner.collect_cases(seed=0), built once per process
         if c.note == "big":
             continue
         for k in c.kernels:
