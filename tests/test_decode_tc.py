@@ -206,7 +206,7 @@ def test_tc_decode_f16_kernels(d: int, ns: int, kv: str) -> None:
     n = len(lens)
     out = np.zeros((n, h, d), np.float16)
     lse = np.zeros((n, h), np.float32)
-    part_o = np.zeros(max(1, ns * n * h * d), np.float32)
+    part_o = np.zeros(max(1, ns * n * h * d), np.float16)  # partial o in q's type
     part_lse = np.zeros(max(1, ns * n * h), np.float32)
     counters = np.zeros(n * kvh, np.int32)
     launcher.launch(name, (n * kvh, 1, ns), (128,), q.reshape(-1),
