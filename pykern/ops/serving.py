@@ -492,8 +492,8 @@ class PagedDecodePlan:
     tensor_cores: None (default) runs groups of 1..16 query heads a kv head with 16-bit q and K/V at head_dim 64 / 128
     on the tensor-core kernel (decode_tc.cu) where the backend has them; False keeps paged_attn.
 
-    Split-KV on the tensor-core kernel is one launch: each split CTA writes its partial (o, lse) to the
-    plan's part_o / part_lse, takes a ticket from `counters[b * num_kv_heads + kv_head]`, and the CTA with the
+    Split-KV on the tensor-core kernel is one launch: each split CTA writes its partial (o in q's dtype, lse
+    fp32) to the plan's part_o / part_lse, takes a ticket from `counters[b * num_kv_heads + kv_head]`, and the CTA with the
     last ticket merges the group's partials and writes out (no merge launch; `launches()` has one entry).
     `counters` is an int32 workspace of batch * num_kv_heads zeros, allocated and zeroed once here; every
     launch leaves it zero (the last ticket wraps it back), so steps and CUDA-graph replays need no reset.
