@@ -14,9 +14,9 @@
 //   online softmax on the S accumulators in base 2 (scale * log2 e folded into one multiply);
 //   O += P V  : P rounded to T straight from the S accumulator layout into the A layout, V as B through
 //               ldmatrix.trans.
-// Split-KV in one launch: with num_splits > 1 each split CTA writes its partial (o, log2 lse) to part_o /
-// part_lse, then takes a ticket from counters[sequence * num_kv_heads + kv head] (release: every thread's
-// stores, a barrier, then thread 0's atom.acq_rel.gpu inc); the CTA that draws the last ticket (acquire: that
+// Split-KV in one launch: with num_splits > 1 each split CTA writes its partial (o in T, rounded to nearest,
+// as FlashInfer's split-KV decode stores it; log2 lse in fp32) to part_o / part_lse, then takes a ticket
+// from counters[sequence * num_kv_heads + kv head] (release: every thread's stores, a barrier, then thread 0's atom.acq_rel.gpu inc); the CTA that draws the last ticket (acquire: that
 // same RMW, then the barrier that hands the CTA the ticket, then strong ld.relaxed.gpu loads of the partials)
 // merges every split's partial of its group with the merge math of paged_attn_merge (max-lse rescale in fp32;
 // pa_merge_group_cta: the whole CTA, each split's lse and o in one round) and writes out (and lse).
@@ -187,7 +187,7 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
 // group's rows from every split's partial (the whole CTA, pa_merge_group_cta) and writes out / lse. Every
 // CTA of the grid runs this (an empty split stores lse -inf and counts like any other), so the count always completes.
 template <typename T, int D>
-__device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, T* __restrict__ out,
+__device__ __forceinline__ void dtc_split_fixup(T* part_o, float* part_lse, T* __restrict__ out,
                                                 float* __restrict__ lse, int* __restrict__ counters,
                                                 long long rows_total, long long row0, int G, int num_splits,
                                                 int write_lse) {
@@ -214,7 +214,7 @@ __device__ __forceinline__ void dtc_split_fixup(float* part_o, float* part_lse, 
 template <typename T, int D, typename TKV>
 __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const unsigned char* __restrict__ kraw,
                                                  const unsigned char* __restrict__ vraw, T* __restrict__ out,
-                                                 float* __restrict__ lse, float* __restrict__ part_o,
+                                                 float* __restrict__ lse, T* __restrict__ part_o,
                                                  float* __restrict__ part_lse, int* __restrict__ counters,
                                                  const int* __restrict__ kv_indptr,
                                                  const int* __restrict__ kv_indices,
@@ -427,26 +427,32 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         }
     }
     __syncthreads();
-    // A thread a unit of 4 outputs of a row (G * D / 4 units: one pass for G <= 4 at d128): each float of
-    // it as before, fmaf over the warps in order.
+    // A thread a unit of 8 outputs of a row (G * D / 8 units: one pass for G <= 8 at d128): each float of
+    // it as before, fmaf over the warps in order. A split's partial o is stored in T (one 16-byte store a
+    // unit, rounded to nearest by the hardware conversion; its lse and every merge sum stay fp32).
     const long long rows_total = (long long)batch * H;
-    for (int u = tid; u < G * (D / 4); u += DTC_THREADS) {
-        const int r = u / (D / 4), d = 4 * (u - r * (D / 4));
+    for (int u = tid; u < G * (D / 8); u += DTC_THREADS) {
+        const int r = u / (D / 8), d = 8 * (u - r * (D / 8));
         float M = PK_NEG_INF;
 #pragma unroll
         for (int w = 0; w < 4; w++) M = fmaxf(M, Ms[w * 16 + r]);
-        float W = 0.0f, x[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        float W = 0.0f, x[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) x[e] = 0.0f;
         if (M != PK_NEG_INF) {
 #pragma unroll
             for (int w = 0; w < 4; w++) {
                 const float mw = Ms[w * 16 + r];
                 const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
                 W = fmaf(f, Ls[w * 16 + r], W);
-                const float4 y = *reinterpret_cast<const float4*>(Os + (w * 16 + r) * D + d);
-                x[0] = fmaf(f, y.x, x[0]);
-                x[1] = fmaf(f, y.y, x[1]);
-                x[2] = fmaf(f, y.z, x[2]);
-                x[3] = fmaf(f, y.w, x[3]);
+#pragma unroll
+                for (int c = 0; c < 2; c++) {
+                    const float4 y = *reinterpret_cast<const float4*>(Os + (w * 16 + r) * D + d + 4 * c);
+                    x[4 * c] = fmaf(f, y.x, x[4 * c]);
+                    x[4 * c + 1] = fmaf(f, y.y, x[4 * c + 1]);
+                    x[4 * c + 2] = fmaf(f, y.z, x[4 * c + 2]);
+                    x[4 * c + 3] = fmaf(f, y.w, x[4 * c + 3]);
+                }
             }
         }
         const bool seen = W > 0.0f;
@@ -455,11 +461,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         const long long orow = (long long)b * H + (long long)kvh * G + r;
         if (num_splits > 1) {
             const long long slot = (long long)split * rows_total + orow;
-            *reinterpret_cast<float4*>(part_o + slot * D + d) = make_float4(x[0] * sc, x[1] * sc, x[2] * sc, x[3] * sc);
+            *reinterpret_cast<uint4*>(part_o + slot * D + d) =
+                make_uint4(Pk16<T>::narrow2(x[0] * sc, x[1] * sc), Pk16<T>::narrow2(x[2] * sc, x[3] * sc),
+                           Pk16<T>::narrow2(x[4] * sc, x[5] * sc), Pk16<T>::narrow2(x[6] * sc, x[7] * sc));
             if (d == 0) part_lse[slot] = lse2;
         } else {
 #pragma unroll
-            for (int e = 0; e < 4; e++) PkIO<T>::store(out, orow * D + d + e, x[e] * sc);
+            for (int e = 0; e < 8; e++) PkIO<T>::store(out, orow * D + d + e, x[e] * sc);
             if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
         }
     }
@@ -471,7 +479,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 // K/V pointers are T* (16-bit caches) or unsigned char* (FP8), read as bytes by the body.
 template <typename T, int D, int KIND, typename KP>
 __device__ __forceinline__ void dtc_paged_kind(const T* q, const KP* kq, const KP* vq, T* out,
-                                               float* lse, float* part_o, float* part_lse, int* ctr, const int* ip,
+                                               float* lse, T* part_o, float* part_lse, int* ctr, const int* ip,
                                                const int* ix, const int* ll, int h, int kvh, int ps, long long sp,
                                                long long st, long long sh, int wl, int ns, int batch, int wlse,
                                                float scale, float ks, float vs) {
@@ -500,7 +508,7 @@ PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
 // One parameter list a cache type (16-bit pages of q's type, or FP8 bytes), written once.
 #define DTC_PARAMS_16 \
     (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,                    \
-     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
+     T* __restrict__ out, float* __restrict__ lse, T* __restrict__ part_o, float* __restrict__ part_lse,      \
      int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
@@ -508,7 +516,7 @@ PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
 #define DTC_PARAMS_FP8 \
     (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,                                    \
      const unsigned char* __restrict__ v_pages,                                                             \
-     T* __restrict__ out, float* __restrict__ lse, float* __restrict__ part_o, float* __restrict__ part_lse,  \
+     T* __restrict__ out, float* __restrict__ lse, T* __restrict__ part_o, float* __restrict__ part_lse,      \
      int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \

@@ -449,20 +449,14 @@ __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int
 // Splits that saw no key (lse -inf) weigh 0; a row no split saw gets zeros, lse -inf.
 // LD reads the partials: PaLdPlain (paged_attn_merge, a launch after the partials' writer) or
 // PaLdRelaxed (decode_tc.cu's last split CTA, the same launch: strong loads after the acquire ticket).
+// b128: 16 bytes (8 partial elements of a 16-bit type) in one load.
 struct PaLdPlain {
     static __device__ __forceinline__ float f32(const float* p) { return *p; }
-    static __device__ __forceinline__ void f32x4(const float* p, float (&v)[4]) {
-        v[0] = p[0];
-        v[1] = p[1];
-        v[2] = p[2];
-        v[3] = p[3];
-    }
+    static __device__ __forceinline__ uint4 b128(const void* p) { return *static_cast<const uint4*>(p); }
 };
 struct PaLdRelaxed {
     static __device__ __forceinline__ float f32(const float* p) { return pk_ld_relaxed_gpu(p); }
-    static __device__ __forceinline__ void f32x4(const float* p, float (&v)[4]) {
-        pk_ld_relaxed_gpu_x4(p, v[0], v[1], v[2], v[3]);
-    }
+    static __device__ __forceinline__ uint4 b128(const void* p) { return pk_ld_relaxed_gpu_b128(p); }
 };
 // The merge math (one source of truth for pa_merge_row and pa_merge_group_cta): a split's weight against
 // the running max M (a split that saw no key, lse -inf, weighs 0; so does a max of -inf against a larger
@@ -524,32 +518,36 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 
 // pa_merge_group_cta (decode_tc.cu's last split CTA, on the critical path of the launch): a whole CTA of NT
 // threads merges a group's G <= 16 rows row0 .. row0 + G - 1 (head_dim the compile-time D) with as few
-// dependent global round trips as it can, and no barrier. The group's G * D outputs are U = G * D / 4 units of
-// 4 floats (one 16-byte strong load a unit a split). P threads share a unit, P the largest power of two with
-// P * next_pow2(U) <= NT (1 when U >= NT; P <= NT / 16 as U >= 16): thread t = p + P u takes unit u and
-// splits p, p + P, ...; with P = 1, units t + NT k. So a small group still has the whole CTA loading, and
-// the P threads of a unit are P adjacent lanes of one warp. Each thread, unit by unit, loads its splits
+// dependent global round trips as it can, and no barrier. The partial o is stored in the output type TO (a
+// 16-bit type, as FlashInfer's split-KV decode stores it; the lse stays fp32, and so does every sum and
+// weight here): the group's G * D outputs are U = G * D / 8 units of 8 elements (one 16-byte strong load a
+// unit a split). P threads share a unit, P the largest power of two with P * next_pow2(U) <= NT (1 when
+// U >= NT; P <= NT / 8 <= 16 as U >= 8: G >= 1, D >= 64); thread t = p + P u takes unit u and splits p,
+// p + P, ...; with P = 1, units t + NT k. So a small group still has the whole CTA loading, and the P
+// threads of a unit are P adjacent lanes of one warp. Each thread, unit by unit, loads its splits
 // PA_CM_NB at a time, each split's lse and its 16-byte piece of o in the same round (all issued before any
-// is used; past its last split a batch reloads that split, no branch, and weighs it 0), and folds them into
-// a running (max m, weight sum W, o sum) of its own, rescaled as m grows (pa_merge_weight, the merge math of
-// pa_merge_row; a weightless split's value is dropped, as there). So a batch is one round trip and no round
-// waits for another thread: thread 0's units x ceil(its splits / PA_CM_NB) rounds in all. The P states of a
-// unit then meet by butterfly shuffles (log2 P steps: both sides rescaled to their max; every lane of the
-// CTA takes part when P > 1), and lane p = 0 scales by 1 / W and stores; the lane of a row's first unit
-// writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors this.
+// is used; past its last split a batch reloads that split, no branch, and weighs it 0), and folds them
+// (widened to fp32) into a running (max m, weight sum W, o sum) of its own, rescaled as m grows
+// (pa_merge_weight, the merge math of pa_merge_row; a weightless split's value is dropped, as there). So a
+// batch is one round trip and no round waits for another thread: thread 0's units x ceil(its splits /
+// PA_CM_NB) rounds in all. The P states of a unit then meet by butterfly shuffles (log2 P steps: both sides
+// rescaled to their max; every lane of the CTA takes part when P > 1), and lane p = 0 scales by 1 / W and
+// stores; the lane of a row's first unit writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors
+// this.
 // 16-byte loads in flight a thread (and as many lse loads): d128 16, d64 8 (within the registers decode_tc's
 // tile loop takes already, 0 spills on every arch).
 #define PA_CM_NB(D) ((D) / 8)
 template <typename TO, typename LD, int D, int NT>
-__device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const float* part_lse,
+__device__ __forceinline__ void pa_merge_group_cta(const TO* part_o, const float* part_lse,
                                                    TO* __restrict__ out, float* __restrict__ lse,
                                                    long long total_rows, long long row0, int G, int num_splits,
                                                    int write_lse) {
     constexpr int NB = PA_CM_NB(D);
-    static_assert(NT % 32 == 0 && (NT & (NT - 1)) == 0 && D % 4 == 0 && D >= 64, "whole warps, 16-byte units, U >= 16");
+    static_assert(sizeof(TO) == 2, "partials of a 16-bit type: 8 elements a 16-byte load");
+    static_assert(NT % 32 == 0 && (NT & (NT - 1)) == 0 && D % 8 == 0 && D >= 64, "whole warps, 16-byte units, U >= 8");
     const int tid = threadIdx.x;
-    const int U = G * (D / 4);
-    // log2 P: NT / next_pow2(U) (U >= 2 here, so U - 1 >= 1)
+    const int U = G * (D / 8);
+    // log2 P: NT / next_pow2(U) (U >= 8 here, so U - 1 >= 1)
     const int lg = U >= NT ? 0 : (31 - __clz(NT)) - (32 - __clz(U - 1));
     const int P = 1 << lg;
     const int pu = tid & (P - 1);   // this thread's first split
@@ -561,17 +559,20 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
     const long long lstep = (long long)P * total_rows;  // from one of its splits' lse to the next
     const long long ostep = lstep * D;                  // ... and o
     for (int k = 0; k < nk; k++) {
-        const int u = u0 + NT * k, r = (4 * u) / D;
+        const int u = u0 + NT * k, r = (8 * u) / D;
         const float* pl = part_lse + (long long)pu * total_rows + row0 + r;
-        const float* po = part_o + ((long long)pu * total_rows + row0) * D + 4 * u;
-        float m = PK_NEG_INF, W = 0.0f, run[4] = {0.0f, 0.0f, 0.0f, 0.0f};
+        const TO* po = part_o + ((long long)pu * total_rows + row0) * D + 8 * u;
+        float m = PK_NEG_INF, W = 0.0f, run[8];
+#pragma unroll
+        for (int e = 0; e < 8; e++) run[e] = 0.0f;
         for (int q0 = 0; q0 < nsp; q0 += NB) {
             const int last = nsp - 1 - q0;  // the batch's last split that is the thread's
-            float ls[NB], v[NB][4];
+            float ls[NB];
+            uint4 v[NB];
 #pragma unroll
             for (int i = 0; i < NB; i++) {
                 ls[i] = LD::f32(pl);
-                LD::f32x4(po, v[i]);
+                v[i] = LD::b128(po);
                 if (i + 1 < NB && i < last) pl += lstep, po += ostep;
             }
             pl += lstep, po += ostep;  // the next batch's first split (used only when this batch was full)
@@ -581,34 +582,39 @@ __device__ __forceinline__ void pa_merge_group_cta(const float* part_o, const fl
             const float a = pa_merge_weight(m, mb);  // the earlier splits' rescale (0 while nothing is seen)
             W *= a;
 #pragma unroll
-            for (int e = 0; e < 4; e++) run[e] *= a;
+            for (int e = 0; e < 8; e++) run[e] *= a;
 #pragma unroll
             for (int i = 0; i < NB; i++) {
                 const float w = i <= last ? pa_merge_weight(ls[i], mb) : 0.0f;
                 W += w;
+                float x[8];
+                Pk16<TO>::widen2(v[i].x, x[0], x[1]);
+                Pk16<TO>::widen2(v[i].y, x[2], x[3]);
+                Pk16<TO>::widen2(v[i].z, x[4], x[5]);
+                Pk16<TO>::widen2(v[i].w, x[6], x[7]);
 #pragma unroll
-                for (int e = 0; e < 4; e++)  // a weightless split: value dropped
-                    run[e] = w != 0.0f ? fmaf(w, v[i][e], run[e]) : run[e];
+                for (int e = 0; e < 8; e++)  // a weightless split: value dropped
+                    run[e] = w != 0.0f ? fmaf(w, x[e], run[e]) : run[e];
             }
             m = mb;
         }
         // the P states of the unit (P adjacent lanes), combined against their max
         for (int x = 1; x < P; x <<= 1) {
             const float m2 = __shfl_xor_sync(PK_FULL_MASK, m, x), W2 = __shfl_xor_sync(PK_FULL_MASK, W, x);
-            float r2[4];
+            float r2[8];
 #pragma unroll
-            for (int e = 0; e < 4; e++) r2[e] = __shfl_xor_sync(PK_FULL_MASK, run[e], x);
+            for (int e = 0; e < 8; e++) r2[e] = __shfl_xor_sync(PK_FULL_MASK, run[e], x);
             const float M = fmaxf(m, m2), f = pa_merge_weight(m, M), f2 = pa_merge_weight(m2, M);
             W = fmaf(f, W, f2 * W2);
 #pragma unroll
-            for (int e = 0; e < 4; e++) run[e] = fmaf(f, run[e], f2 * r2[e]);
+            for (int e = 0; e < 8; e++) run[e] = fmaf(f, run[e], f2 * r2[e]);
             m = M;
         }
         if (pu == 0 && u < U) {
             const float inv_w = m != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
 #pragma unroll
-            for (int e = 0; e < 4; e++) PkIO<TO>::store(out, row0 * D + 4 * u + e, run[e] * inv_w);
-            if (write_lse && (4 * u) % D == 0) lse[row0 + r] = pa_merge_lse(m, W);
+            for (int e = 0; e < 8; e++) PkIO<TO>::store(out, row0 * D + 8 * u + e, run[e] * inv_w);
+            if (write_lse && (8 * u) % D == 0) lse[row0 + r] = pa_merge_lse(m, W);
         }
     }
 }

@@ -190,6 +190,13 @@ __device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, f
     c = p[2];
     d = p[3];
 }
+// ld.relaxed.gpu.global.v4.b32 (p 16-byte aligned): 16 bytes (e.g. 8 bf16 / f16 elements) in one strong load,
+// as pk_ld_relaxed_gpu: each 32-bit word a relaxed access.
+__device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
+    PKRT_ATOMIC_SCOPE;
+    const unsigned int* w = static_cast<const unsigned int*>(p);
+    return make_uint4(w[0], w[1], w[2], w[3]);
+}
 // atom.acq_rel.gpu.global.inc.u32: atomicInc (wraps to 0 past `limit`) with release and acquire semantics at
 // GPU scope. One OS thread runs every block here, so it is atomicInc itself (a yield point of the interleaved
 // schedule, exempt from racecheck); the ordering it gives on a GPU is what decode_tc.cu's split ticket relies on.
@@ -376,6 +383,15 @@ __device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, f
                  : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
                  : "l"(p)
                  : "memory");
+}
+// 16 bytes (p 16-byte aligned; e.g. 8 bf16 / f16 elements) in one strong load, each 32-bit word a relaxed access.
+__device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
+    uint4 r;
+    asm volatile("ld.relaxed.gpu.global.v4.b32 {%0, %1, %2, %3}, [%4];"
+                 : "=r"(r.x), "=r"(r.y), "=r"(r.z), "=r"(r.w)
+                 : "l"(p)
+                 : "memory");
+    return r;
 }
 // atomicInc (old >= limit ? 0 : old + 1, returns old) as one release + acquire RMW at GPU scope (sm_70+):
 // release: the stores ordered before it (the caller's own, and other threads' through a barrier: PTX release

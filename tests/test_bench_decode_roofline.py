@@ -86,26 +86,28 @@ def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> N
     r = bd.tc_roofline_row(1, 8, 1024, "bf16", c)
     assert r["launch"] == 0.0 and r["bind"] != "launch" and r["splits"] == 16
     # The last CTA merges as a whole: release, ticket, then each split's lse and partial in the same round:
-    # 8 rows x 128 floats = 256 16-byte units, 2 a thread, x 16 splits = 32 loads, 16 in flight: 2 rounds.
-    assert r["tail_rt"] == 2 + 2 and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
+    # 8 rows x 128 bf16 = 128 16-byte units (8 elements: the partial o is stored in the output's type), 1 a
+    # thread, x 16 splits = 16 loads, 16 in flight: 1 round.
+    assert r["tail_rt"] == 2 + 1 and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
     for b in (64, 256):  # no splits: no tail
         assert bd.tc_roofline_row(b, 8, 1024, "bf16", c)["t_tail"] == 0.0
 
 
 def test_tc_tail_round_trips_follow_the_merge(costs) -> None:
     # pa_merge_group_cta's chain: 2 (the ticket's release, the acq_rel ticket: no fence after it) + the
-    # rounds of thread 0, each split's lse and 16-byte partial loaded together: its units (4 floats of a row;
-    # P threads share one in a small group, P the largest power of two with P * next_pow2(units) <= 128) x
-    # its splits, head_dim / 8 in flight.
+    # rounds of thread 0, each split's lse and 16-byte partial loaded together: its units (8 elements of a row,
+    # the partial o in the output's 16-bit type; P threads share one in a small group, P the largest power of
+    # two with P * next_pow2(units) <= 128) x its splits, head_dim / 8 in flight.
     bd, _ = costs
     t = bd.tc_tail_round_trips
     assert t(1, 8, 128) == (0, 0)
-    assert t(16, 1, 128) == t(32, 1, 128) == (2 + 1, 1)  # 32 units, 4 threads each: 8 splits a thread
-    assert t(32, 2, 128)[0] == t(32, 1, 64)[0] == 3        # 64 / 16 units: 16 / 4 splits, 16 / 8 in flight
-    assert t(32, 4, 128)[0] == 2 + 2                       # a unit a thread, 32 splits, 16 in flight
-    assert t(32, 8, 128)[0] == 2 + 4 and t(32, 16, 128)[0] == 2 + 8
-    assert t(40, 1, 128)[0] == 2 + 1                       # 10 splits a thread: one round, no lse chunks
-    assert t(12, 3, 64)[0] == 2 + 1                        # 48 units: 2 threads a unit (64 * 2 <= 128)
+    assert t(16, 1, 128) == t(32, 1, 128) == (2 + 1, 1)  # 16 units, 8 threads each: 4 splits a thread
+    assert t(32, 2, 128)[0] == t(32, 1, 64)[0] == 3        # 32 / 8 units: 8 / 2 splits, 16 / 8 in flight
+    assert t(32, 4, 128)[0] == 2 + 1                       # 64 units, 2 threads each: 16 splits, 16 in flight
+    assert t(32, 8, 128) == (2 + 2, 2)                     # a unit a thread, 32 splits, 16 in flight
+    assert t(32, 16, 128) == (2 + 4, 4)                    # 2 units a thread
+    assert t(40, 1, 128)[0] == 2 + 1                       # 5 splits a thread: one round, no lse chunks
+    assert t(12, 3, 64)[0] == 2 + 1                        # 24 units: 4 threads a unit (32 * 4 <= 128)
     assert t(32, 16, 64)[0] == t(32, 16, 128)[0]           # half the units, half the loads in flight
 
 

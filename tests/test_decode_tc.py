@@ -206,7 +206,7 @@ def test_tc_decode_f16_kernels(d: int, ns: int, kv: str) -> None:
     n = len(lens)
     out = np.zeros((n, h, d), np.float16)
     lse = np.zeros((n, h), np.float32)
-    part_o = np.zeros(max(1, ns * n * h * d), np.float32)
+    part_o = np.zeros(max(1, ns * n * h * d), np.float16)  # partial o in q's type
     part_lse = np.zeros(max(1, ns * n * h), np.float32)
     counters = np.zeros(n * kvh, np.int32)
     launcher.launch(name, (n * kvh, 1, ns), (128,), q.reshape(-1),
@@ -283,6 +283,29 @@ def test_unaligned_q_falls_back_to_paged_attn(launched) -> None:
         assert launched[0] == kern
         _close(out, ro, "paged_decode_attention", "bf16")
         _close(lse, rl, "paged_decode_attention", "bf16")
+
+
+def test_split_plan_partials_in_q_type_and_its_paged_attn_fallback(launched) -> None:
+    # A split decode_tc plan keeps its partial o in q's type (bf16); the same plan, given an unaligned q at run
+    # time, runs paged_attn + paged_attn_merge on fp32 partials of its own, then decode_tc again on an aligned
+    # q: every run matches the reference.
+    _need("host")
+    rng = np.random.default_rng(5)
+    pc = make_paged(rng, [40, 9], 16, 2, 64, "NHD", "bf16")
+    q = make_q(rng, (2, 8, 64), "bf16")
+    qbuf = np.zeros(q.size + 1, q.dtype)
+    qbuf[1:] = q.reshape(-1)
+    qu = qbuf[1:].reshape(q.shape)
+    plan = ops.PagedDecodePlan(2, 8, 2, 64, 16, q_dtype="bf16", kv_dtype="bf16", num_splits=3)
+    assert plan.tensor_cores and plan.part_o.dtype == q.dtype and plan.part_o.size == 3 * 2 * 8 * 64
+    ro, rl = _ref(pc, q)
+    for qq, kern in ((q, "decode_tc_paged_d64_bf16"), (qu, "paged_attn_bf16"), (q, "decode_tc_paged_d64_bf16")):
+        del launched[:]
+        out, lse = _run_plan(plan, pc, qq)
+        assert launched[0] == kern and len(launched) == (1 if kern.startswith("decode_tc") else 2), launched
+        _close(out, ro, "paged_decode_attention", "bf16")
+        _close(lse, rl, "paged_decode_attention", "bf16")
+    assert plan._part_o_f32.dtype == np.float32 and not np.asarray(plan.counters).any()
 
 
 # --------------------------------------------------------------------------- SASS
@@ -380,6 +403,22 @@ def test_split_ticket_is_one_acq_rel_rmw_with_no_fence_after_it(arch: str) -> No
         assert ("CCTL", ".IVALL") in ops[at[0] + 1:at[0] + 3], (k, arch, ops[at[0]:at[0] + 3])
         bar = max(i for i, (op, _) in enumerate(ops[:membar[0]]) if op == "BAR")  # the barrier before the ticket
         assert not any(op in ("STG", "ST") for op, _ in ops[bar:at[0]]), (k, arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_split_partials_in_the_output_type_move_as_16_byte_accesses(arch: str) -> None:
+    # The partial o is stored in T (8 elements a 16-byte access, its lse fp32): each CTA stores a unit with one
+    # STG.E.128; after the ticket the merge loads, per batch of head_dim / 8 splits, one 16-byte strong load
+    # (ld.relaxed.gpu.global.v4.b32) of o and one strong 32-bit load of lse per split, nothing else.
+    sr = _report()
+    funcs = sr._instructions(_sass(arch))
+    for k in TC_KERNELS:
+        d = 64 if "_d64" in k else 128
+        ops = [op + mods for _, op, mods, _ in funcs[k] if op != "NOP"]
+        at = next(i for i, op in enumerate(ops) if op.startswith("ATOMG"))
+        loads = sorted(op for op in ops[at:] if op.startswith("LD"))
+        assert loads == ["LDG.E.128.STRONG.GPU"] * (d // 8) + ["LDG.E.STRONG.GPU"] * (d // 8), (k, arch, loads)
+        assert ops[:at].count("STG.E.128") == 1, (k, arch)
 
 
 def test_no_spills_on_any_arch() -> None:

@@ -120,6 +120,35 @@ def test_cvt_bf16x2_bit_exact() -> None:
     assert (out[6] & 0xFFFF) == 0x7FFF  # NaN -> canonical NaN in the low half
 
 
+# ---- ld.relaxed.gpu.global.v4.b32 (16-bit partials of decode_tc's split tail) --------------------------------
+def test_ld_relaxed_b128_reads_16_bytes_in_element_order() -> None:
+    # Thread t's 8 16-bit elements at src + 8 t: word i holds elements 2 i (low half) and 2 i + 1 (high).
+    src = np.arange(0x1000, 0x1000 + 8 * 32, dtype=np.uint16)
+    out = np.zeros(4 * 32, np.uint32)
+    launch("pk_t_ld_relaxed_b128", 1, 32, src, out)
+    np.testing.assert_array_equal(out, src.view(np.uint32))
+    assert out[0] == 0x10011000
+
+
+@pytest.mark.parametrize("sched", ["forward", "reverse", "interleave", "interleave:4"])
+def test_ld_relaxed_b128_acq_rel_ticket_racecheck_clean(sched: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # decode_tc.cu's tail with bf16 partials: 16-byte stores, a barrier, thread 0's acq_rel ticket; the last
+    # block's 16-byte strong loads (each word a relaxed access) of every block. Right under every schedule,
+    # racecheck-clean, the ticket back at 0 for the next launch.
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    nb, nt = 5, 16
+    x = np.arange(1, nb + 1, dtype=np.float32)  # elements x + 0 .. 127: integers below 256, exact in bf16
+    ticket = np.zeros(1, np.uint32)
+    e = np.arange(8 * nt, dtype=np.float64)
+    want = (x.astype(np.float64)[:, None] + e[None, :]).sum(axis=0)  # every value exact in bf16 and in the sum
+    for _ in range(2):
+        out = np.zeros(8 * nt, np.float32)
+        launch("pk_t_ticket_b128", nb, nt, np.zeros(8 * nb * nt, np.uint16), ticket, out, x)
+        np.testing.assert_array_equal(out, want.astype(np.float32))
+        assert ticket[0] == 0, sched
+
+
 # ---- ex2.approx.ftz.f32 ------------------------------------------------------------------------
 def test_ex2_approx_special_cases_and_accuracy() -> None:
     x = np.concatenate([
@@ -392,7 +421,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
                   "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
-                  "ex2.approx.ftz.f32"):
+                  "ex2.approx.ftz.f32", "ld.relaxed.gpu.global.v4.b32"):
         assert instr in ptx, instr
     tool = _cuobjdump()
     if tool is None:

@@ -296,13 +296,14 @@ def tc_tail_round_trips(splits: int, group: int, head_dim: int) -> tuple[int, in
     """Dependent global round trips of decode_tc's split tail as the code makes them, and the passes of the
     merge's partial-load loop: the ticket's release (an atom.acq_rel.gpu after a barrier: its MEMBAR waits for
     the CTA's partial stores to be acknowledged), the ticket atomic itself (its acquire is a local L1
-    invalidate, no round trip), then the partial rounds of thread 0 (the most loaded): its units (4 floats of
-    a row; P threads share one when the group has fewer units than threads, P the largest power of two with
-    P * next_pow2(units) <= 128) one by one, its splits head_dim / 8 at a time, each split's lse and 16-byte
-    piece of o loaded in the same round. (0, 0) unsplit."""
+    invalidate, no round trip), then the partial rounds of thread 0 (the most loaded): its units (8 elements
+    of a row's partial o, stored in the output's 16-bit type; P threads share one when the group has fewer
+    units than threads, P the largest power of two with P * next_pow2(units) <= 128) one by one, its splits
+    head_dim / 8 at a time, each split's lse and 16-byte piece of o loaded in the same round. (0, 0)
+    unsplit."""
     if splits <= 1:
         return 0, 0
-    units = group * head_dim // 4
+    units = group * head_dim // 8
     share = 1 if units >= TC_THREADS else TC_THREADS // (1 << (units - 1).bit_length())
     nk = 1 if share > 1 else -(-units // TC_THREADS)
     nb = head_dim // 8  # PA_CM_NB(D)
@@ -338,10 +339,11 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     kv_min = 2 * batch * kv_heads * length * head_dim * eb
     qo = 2 * batch * heads * head_dim * 2
     table = batch * (-(-length // page_size)) * 4
-    # Split partials (o and lse, fp32): written by every split CTA and read back by the group's last one in
-    # the same launch. Counted as HBM bytes both ways (no L2 residency assumed, though they are read soon
-    # after being written and would mostly hit L2).
-    partials = 2 * plan.num_splits * batch * heads * (head_dim + 1) * 4 if plan.num_splits > 1 else 0
+    # Split partials (o in the output's type, bf16 here: 2 bytes an element; lse fp32: 4): the streaming phase
+    # counts their WRITE only, by every split CTA as HBM bytes (no L2 residency assumed). Their read-back
+    # happens only in the merge, after the ticket, in the tail: its rounds are priced below as round trips
+    # plus issue (tc_tail_round_trips), so counting those reads here as well would count them twice.
+    partials = plan.num_splits * batch * heads * (head_dim * 2 + 4) if plan.num_splits > 1 else 0
     read = kv_min + qo + table + partials
     regs = -(-costs["registers"] // 8) * 8
     smem = dtc_smem_bytes(head_dim, eb)
@@ -394,8 +396,8 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
         print(f"\nmodelled bound, % of H100 HBM ({H100_BW / 1e12:.2f} TB/s), {kv} KV, bf16 q, kv_heads 8, "
               f"head_dim 128, page 16: old = paged_attn, new = what PagedDecodePlan picks "
               f"(decode_tc for GQA {TC_DECODE_MIN_GROUP} to {TC_DECODE_MAX_GROUP}; paged_attn otherwise)")
-        print("decode_tc: one launch (split partials merged by the last split CTA: no launch term); the partials "
-              "(fp32 o + lse) counted as HBM bytes, written and read back; tail = the last CTA's dependent global "
+        print("decode_tc: one launch (split partials merged by the last split CTA: no launch term); the partials' "
+              "writes (o in bf16, lse fp32) counted as HBM bytes, their read-back in the tail; tail = the last CTA's dependent global "
               f"round trips (release, acq_rel ticket, lse + partial loads in the same rounds) at {HBM_LAT * 1e9:.0f} ns each (an upper "
               "bound, not in 'new %'), '+tail %' with it")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \

@@ -492,8 +492,8 @@ class PagedDecodePlan:
     tensor_cores: None (default) runs groups of 1..16 query heads a kv head with 16-bit q and K/V at head_dim 64 / 128
     on the tensor-core kernel (decode_tc.cu) where the backend has them; False keeps paged_attn.
 
-    Split-KV on the tensor-core kernel is one launch: each split CTA writes its partial (o, lse) to the
-    plan's part_o / part_lse, takes a ticket from `counters[b * num_kv_heads + kv_head]`, and the CTA with the
+    Split-KV on the tensor-core kernel is one launch: each split CTA writes its partial (o in q's dtype, lse
+    fp32) to the plan's part_o / part_lse, takes a ticket from `counters[b * num_kv_heads + kv_head]`, and the CTA with the
     last ticket merges the group's partials and writes out (no merge launch; `launches()` has one entry).
     `counters` is an int32 workspace of batch * num_kv_heads zeros, allocated and zeroed once here; every
     launch leaves it zero (the last ticket wraps it back), so steps and CUDA-graph replays need no reset.
@@ -568,12 +568,17 @@ class PagedDecodePlan:
         self.out = arrays.empty((self.batch, self.num_qo_heads, self.head_dim), self.q_kind, like=like)
         self.lse = arrays.empty((self.batch, self.num_qo_heads), "f32", like=like)
         if self.num_splits > 1:
-            self.part_o = arrays.empty((self.num_splits * rows_total * self.head_dim,), "f32", like=like)
+            # decode_tc stores its partial o in q's type (as FlashInfer's split-KV decode: half the bytes;
+            # lse and the merge stay fp32); paged_attn and paged_attn_merge in fp32.
+            self.part_o = arrays.empty((self.num_splits * rows_total * self.head_dim,),
+                                       self.q_kind if self.tensor_cores else "f32", like=like)
             self.part_lse = arrays.empty((self.num_splits * rows_total,), "f32", like=like)
         else:
             # Unused at one split; a buffer of its own (never the lse: backends that copy
             # arguments back one by one would let the untouched copy win).
-            self.part_o = self.part_lse = arrays.empty((1,), "f32", like=like)
+            self.part_lse = arrays.empty((1,), "f32", like=like)
+            self.part_o = arrays.empty((1,), self.q_kind, like=like) if self.tensor_cores else self.part_lse
+        self._part_o_f32 = None if self.tensor_cores else self.part_o
         self._out_flat, self._lse_flat = _flat(self.out), _flat(self.lse)
         self.dummy_idx = arrays.zeros((1,), "int32", like=self.out)  # a fill on the device: capturable
         # The split tickets of the tensor-core kernel, one a (sequence, kv head): zero here, zero after each launch.
@@ -621,14 +626,16 @@ class PagedDecodePlan:
                    s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
                    shared_mem=self.tc_smem, stream=stream, backend=backend)
         else:
+            if self._part_o_f32 is None:  # a decode_tc plan whose pages it cannot address: paged_attn's fp32
+                self._part_o_f32 = arrays.empty((self.part_o.shape[0],), "f32", like=self.part_o)  # partials
             launch(self._attn_name(False), self.grid, self.block, _flat(q), kf, vf,
-                   res_flat, self._lse_flat, self.part_o, self.part_lse, self.dummy_idx, indptr,
+                   res_flat, self._lse_flat, self._part_o_f32, self.part_lse, self.dummy_idx, indptr,
                    indices, last, h, kvh, d, page_size, s_page, s_tok, s_head, 0, self._wl, self._wr,
                    self.rows, self.tile, self.num_splits, self.batch, int(want_lse), sc, self.logits_soft_cap, ksc,
                    vsc, shared_mem=self.smem, stream=stream, backend=backend)
         if self.num_splits > 1 and not tc:  # the tensor-core kernel merges its splits in the same launch
             launch(self._merge_name(), self.merge_grid, self.block,
-                   self.part_o, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
+                   self._part_o_f32, self.part_lse, res_flat, self._lse_flat, self.batch * h, d,
                    self.num_splits, int(want_lse), stream=stream, backend=backend)
         return tc
 

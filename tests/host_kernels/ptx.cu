@@ -116,3 +116,39 @@ extern "C" __global__ void pk_t_fp8x4(const unsigned int* w, unsigned int* f16, 
         pk_cvt_bf16x4_e5m2x4(w[i], bf16[2 * i], bf16[2 * i + 1]);
     }
 }
+
+// pk_ld_relaxed_gpu_b128: thread t loads the 16 bytes at src + 8 t (8 16-bit elements) in one strong load
+// and writes its 4 words to out[4 t ..].
+extern "C" __global__ void pk_t_ld_relaxed_b128(const unsigned short* src, unsigned int* out) {
+    const uint4 w = pk_ld_relaxed_gpu_b128(src + 8 * threadIdx.x);
+    out[4 * threadIdx.x] = w.x;
+    out[4 * threadIdx.x + 1] = w.y;
+    out[4 * threadIdx.x + 2] = w.z;
+    out[4 * threadIdx.x + 3] = w.w;
+}
+
+// decode_tc.cu's split tail with 16-bit partials: every thread of every block stores 8 bf16 (one 16-byte
+// store), a barrier, thread 0's acq_rel ticket; every thread of the last block sums, in fp32, its 8 elements
+// of every block's partial read with pk_ld_relaxed_gpu_b128.
+extern "C" __global__ void pk_t_ticket_b128(unsigned short* partial, unsigned* ticket, float* out, const float* x) {
+    const int t = threadIdx.x;
+    unsigned int w[4];
+    for (int i = 0; i < 4; i++)
+        w[i] = pk_cvt_bf16x2(x[blockIdx.x] + (float)(8 * t + 2 * i), x[blockIdx.x] + (float)(8 * t + 2 * i + 1));
+    *reinterpret_cast<uint4*>(partial + 8 * (blockIdx.x * blockDim.x + t)) = make_uint4(w[0], w[1], w[2], w[3]);
+    __syncthreads();
+    const int last = __syncthreads_or(t == 0 && pk_atom_inc_acq_rel_gpu(ticket, gridDim.x - 1) == gridDim.x - 1);
+    if (!last) return;
+    float s[8] = {0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f, 0.0f};
+    for (unsigned b = 0; b < gridDim.x; b++) {
+        const uint4 v = pk_ld_relaxed_gpu_b128(partial + 8 * (b * blockDim.x + t));
+        const unsigned int u[4] = {v.x, v.y, v.z, v.w};
+        for (int i = 0; i < 4; i++) {
+            float lo, hi;
+            Pk16<__nv_bfloat16>::widen2(u[i], lo, hi);
+            s[2 * i] += lo;
+            s[2 * i + 1] += hi;
+        }
+    }
+    for (int e = 0; e < 8; e++) out[8 * t + e] = s[e];
+}

@@ -66,7 +66,7 @@ def launch_f16(q: np.ndarray, pc: dict, page_size: int, kvh: int, kv: str, num_s
     fp8 = kv != "f16"
     out = np.zeros((n, h, d), np.float16)
     lse = np.zeros((n, h), np.float32)
-    part_o = np.zeros(max(1, num_splits * n * h * d), np.float32)
+    part_o = np.zeros(max(1, num_splits * n * h * d), np.float16)  # partial o in q's type
     part_lse = np.zeros(max(1, num_splits * n * h), np.float32)
     counters = np.zeros(n * kvh, np.int32)
     name = f"decode_tc_paged_d{d}{'_' + kv + 'kv' if fp8 else ''}_f16"
