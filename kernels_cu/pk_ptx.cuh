@@ -594,6 +594,17 @@ __device__ __forceinline__ unsigned long long pk_wgmma_desc_encode(unsigned smem
 __device__ __forceinline__ unsigned long long pk_wgmma_desc_advance(unsigned long long desc, unsigned bytes) {
     return desc + (unsigned long long)(bytes >> 4);
 }
+// x, as a value the compiler front end cannot see through (a volatile mov): a loop-invariant value passed through
+// it inside a loop is used there rather than hoisted (with everything computed from it) out of the loop.
+__device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long x) {
+#if defined(PYKERN_HOST)
+    return x;
+#else
+    unsigned long long r;
+    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(x));
+    return r;
+#endif
+}
 
 #if defined(PYKERN_HOST)
 // ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
