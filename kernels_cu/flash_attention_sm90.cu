@@ -128,10 +128,14 @@ __device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], const unsigned (
 // thread of the warp has both partial sums <= 2^FA90_LAZY_LOG2, hence every P <= 2^15 (finite in f16, whose
 // largest value is 65504). Otherwise (the running max grew by 15 - log2(BC / 4) or more, or m is still -inf,
 // which makes P = inf; NaN fails too) false, and the caller redoes the tile's softmax exactly from s.
+// WG: the decision is the consumer warpgroup's (all 128 threads' sums, named barrier `bar` = 1 + its index,
+// one barrier.red.and), not the warp's (__all_sync): where a failed warp runs the next wgmmas from other
+// instructions than the rest (the pair loop's out-of-line B step), all four warps of the warpgroup must take
+// that path together, wgmma being .sync.aligned over the warpgroup. The exact redo is right for any warp.
 #define FA90_LAZY_LOG2 15
-template <typename T, int D, int BC>
+template <typename T, int D, int BC, bool WG = false>
 __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
-                                                  unsigned (&pa)[BC / 16][4], float sl2) {
+                                                  unsigned (&pa)[BC / 16][4], float sl2, unsigned bar = 0) {
     float sum[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -145,7 +149,8 @@ __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], cons
         }
     }
     constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
-    if (!__all_sync(PK_FULL_MASK, sum[0] <= lim && sum[1] <= lim)) return false;
+    const bool ok = sum[0] <= lim && sum[1] <= lim;
+    if (!__all_sync(PK_FULL_MASK, WG ? pk_bar_red_and(bar, 128, ok) : ok)) return false;
     l[0] += sum[0];
     l[1] += sum[1];
     return true;
@@ -181,16 +186,17 @@ __device__ __forceinline__ void fa90_pv_scores(float (&o)[D / 2], const unsigned
     pk_mbarrier_arrive(fb + 2);
 }
 
-// One steady-state step (fa90_pv_scores, then the lazy softmax of the next tile); false when it failed.
-template <typename T, int D, int BC>
+// One steady-state step (fa90_pv_scores, then the lazy softmax of the next tile); false when it failed (for
+// the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy).
+template <typename T, int D, int BC, bool WG = false>
 __device__ __forceinline__ bool fa90_step(float (&o)[D / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[D / 16][4], const float (&m)[2], float (&l)[2],
                                           unsigned long long dq, unsigned long long dk, unsigned long long dv,
-                                          unsigned long long* fb, unsigned parity, float sl2) {
+                                          unsigned long long* fb, unsigned parity, float sl2, unsigned bar = 0) {
     // pk_opaque_u64: the descriptors are loop invariants of the hot loop; computed here, not hoisted out of it
     // (its 28 advanced descriptors would take registers the loop does not have).
     fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity);
-    return fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
+    return fa90_softmax_lazy<T, D, BC, WG>(s, m, l, pa, sl2, bar);
 }
 
 // The rare exact redo of a steady tile whose lazy softmax failed (the running max grew).
@@ -407,10 +413,13 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             unsigned long long *fba = full + a, *fbb = full + (a ^ 1);
             unsigned ph = (i / ST) & 1;
             unsigned rem = i_end - i;  // tiles left
+            // This consumer warpgroup's named barrier (fa90_softmax_lazy's WG): 1 + c = wg, from threadIdx.x by one
+            // shift where the loop has no register to keep it in (d256).
+            const unsigned bar = threadIdx.x / 128;
             for (;;) {
                 if (rem < 2) break;
                 for (;;) {  // the hot loop: two tiles
-                    if (!fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2)) goto redo_a;
+                    if (!fa90_step<T, D, BC, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, bar)) goto redo_a;
                     const bool okb = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2);
                     rem -= 2;
                     ph ^= 1;
