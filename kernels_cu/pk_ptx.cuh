@@ -914,11 +914,11 @@ __device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads, const
 __device__ __forceinline__ bool pk_bar_red_and(unsigned id, unsigned threads, bool p) {
     unsigned r;
     asm volatile(
-        "{\n\t.reg .pred q, d;\n\tsetp.ne.u32 q, %1, 0;\n\tbar.red.and.pred d, %2, %3, q;\n\t"
+        "{\n\t.reg .pred q, d;\n\tsetp.ne.u32 q, %1, 0;\n\tbarrier.cta.red.and.pred d, %2, %3, q;\n\t"
         "selp.u32 %0, 1, 0, d;\n\t}"
         : "=r"(r)
         : "r"((unsigned)p), "r"(id), "r"(threads)
-        : );
+        : "memory");
     return r != 0;
 }
 __device__ __forceinline__ bool pk_bar_red_or(unsigned id, unsigned threads, bool p) {
