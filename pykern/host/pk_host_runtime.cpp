@@ -769,7 +769,8 @@ void rc_pc(Buf& b, uintptr_t pc) {
     if (blk1 != static_cast<unsigned>(k->linear) + 1)
         b.add(" (two blocks of one launch: nothing orders them; use atomics or separate launches)");
     else
-        b.add(" with no __syncthreads() between them%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "");
+        b.add(" with no __syncthreads() between them%s%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "",
+              k->nb_seq ? " (nor a named barrier both warps took part in)" : "");
     fail_from_fiber();
 }
 
