@@ -282,6 +282,49 @@ def test_forward_sm90_redo_at_every_step_of_the_pair_loop(d, n_tiles, masked, sp
     _check_lse(lse, ref_lse)
 
 
+# The pair loop's A check is decided per consumer warpgroup (wgmma is .sync.aligned over the warpgroup: after a
+# failed A all four warps run the pair's B step from the out-of-line copy together): a spike seen by the 16 rows
+# of ONE warp only (q[..., 0] = 4 there, 0 elsewhere) in the A tile (tile 2 of masked 4, peeled 3, pair (2 A,
+# 1 B), odd 0) makes that warp's check fail and the other three redo a tile whose lazy softmax they would have
+# kept; the exact redo must be right for them too. Warp 1 of consumer 0 (rows 16..31), warp 3 of consumer 1
+# (rows 112..127), and both at once (each warpgroup on its own named barrier).
+@pytest.mark.parametrize("d, rows", [(64, [(16, 32)]), (64, [(112, 128)]), (256, [(16, 32), (112, 128)])])
+def test_forward_sm90_pair_redo_when_one_warp_of_a_warpgroup_fails(d, rows) -> None:
+    bc = sm90._CFG[d][0]
+    rng = np.random.default_rng(d + rows[0][0])
+    q, k, v = _spiky(rng, 128, 4 * bc + 10, d, "bf16", [(2 * bc + 7, 30 * np.sqrt(d) / 8)])
+    q[..., 0] = 0
+    for r0, r1 in rows:
+        q[:, r0:r1, :, 0] = 4
+    out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
+    ref_out, ref_lse = np_flash_attention(q, k, v, False)
+    _close("out", out, ref_out, "bf16")
+    _check_lse(lse, ref_lse)
+
+
+def test_a_failed_a_check_takes_the_whole_warpgroup_to_the_redo(tmp_path, monkeypatch) -> None:
+    # Warp 1's rows spike in the A tile: with the warpgroup's decision warps 0, 2 and 3 go to redo_a too, their lazy
+    # P not accepted (l unchanged), so a mutant that lets only warp 1 redo there gets their rows wrong; with a
+    # per-warp decision (the vote) they would have stayed in the hot loop and the mutant would be right.
+    bc = sm90._CFG[64][0]
+    rng = np.random.default_rng(7)
+    q, k, v = _spiky(rng, 128, 4 * bc + 10, 64, "bf16", [(2 * bc + 7, 30.0)])
+    q[..., 0] = 0
+    q[:, 16:32, :, 0] = 4
+    ref_out, _ = np_flash_attention(q, k, v, False)
+    good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
+    _close("out", good, ref_out, "bf16")
+    old = ("            redo_a:  // A failed: its redo, then the pair's B step out of line\n"
+           "                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);")
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, old, old.replace("                fa90_redo",
+                                                                       "                if (wq == 1) fa90_redo")),
+                      (q, k, v), False)
+    bad = np.asarray(bad, np.float64)
+    np.testing.assert_allclose(bad[:, 16:32], ref_out[:, 16:32], atol=0.05)  # warp 1 redid: right
+    for r0, r1 in ((0, 16), (32, 64)):  # warps 0, 2, 3 of consumer 0 were taken to redo_a: wrong without it
+        assert not np.allclose(bad[:, r0:r1], ref_out[:, r0:r1], atol=0.05), (r0, r1)
+
+
 def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     # without the redo after a failed lazy tile, the spiky case above comes out wrong
     rng = np.random.default_rng(64)
