@@ -484,3 +484,10 @@ def test_named_barrier_with_a_wrong_thread_count_is_reported() -> None:
             r"kernel pk_t_bar_handoff: .*barrier.sync of named barrier 3 with 224 threads at .*ptx\.cu:\d+, but "
             r"this phase's first arrival was barrier.sync with 256 threads at .*ptx\.cu:\d+")):
         launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), 3)
+
+
+def test_named_barrier_that_cannot_complete_is_a_deadlock() -> None:
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_handoff: block \(0,0,0\): deadlock: .*waits at named barrier 3 \(barrier.sync, 256 "
+            r"threads\) at .*ptx\.cu:\d+; 128 of 256 threads arrived at named barrier 3")):
+        launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), 5)

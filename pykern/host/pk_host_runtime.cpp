@@ -436,7 +436,7 @@ void describe_state(Buf& b, const Thread* t) {
     } else {
         b.add("kernel %s: block (%u,%u,%u): deadlock: no thread can run", g.kernel, k->idx.x, k->idx.y, k->idx.z);
         for (unsigned i = 0; i < g.n; i++)
-            if (k->threads[i].state == PARK) {
+            if (k->threads[i].state == PARK || k->threads[i].state == NBAR) {
                 b.add(": thread (%u,%u,%u) ", k->threads[i].tid.x, k->threads[i].tid.y, k->threads[i].tid.z);
                 describe_state(b, &k->threads[i]);
                 break;

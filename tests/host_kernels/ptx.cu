@@ -141,7 +141,7 @@ extern "C" __global__ void pk_t_bar_red(const int* pred, int* and_out, int* or_o
 // written by thread me) and passes a barrier of its own (barrier 4, 128 threads) before warpgroup 2 reads
 // them: that barrier orders nothing for warpgroup 2 (a race, which a block-wide ordering would miss); 3:
 // warpgroup 2 arrives with a wrong thread count (reported); 4: as 0, with warpgroup 0's warps 0 and 1 on their
-// own named barrier 5 (64 threads) meanwhile.
+// own named barrier 5 (64 threads) meanwhile; 5: only warpgroup 1 arrives at barrier 3 (256 threads).
 extern "C" __global__ void pk_t_bar_handoff(float* out, int mode) {
     __shared__ float slot[256];
     const int tid = threadIdx.x, wg = tid / 128;
@@ -162,5 +162,6 @@ extern "C" __global__ void pk_t_bar_handoff(float* out, int mode) {
     slot[me] = (float)(me + 1);
     if (mode == 0 || mode == 4) pk_bar_sync(3, 256);
     else if (mode == 3) pk_bar_sync(3, wg == 1 ? 256 : 224);
+    else if (mode == 5 && wg == 1) pk_bar_sync(3, 256);  // warpgroup 2 never comes: a deadlock
     out[me] = slot[255 - me];
 }
