@@ -356,7 +356,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         // slot 0 and B into slot 1 (a next tile of odd index runs one step alone first), so each step's K / V
         // descriptors and mbarriers are loop invariants, A and B share the parity (flipped once an iteration), and
         // the counter, its compare and the loop branch are paid once per two tiles; after a failed A the pair's
-        // B step runs out of line, and an odd tile left over runs one A step after the loop. Otherwise (d128,
+        // B step runs out of line, and an odd tile left over runs one A step after the loop. Since wgmma is
+        // .sync.aligned over the warpgroup, the A check is the warpgroup's (fa90_softmax_lazy's WG: a failure in
+        // any warp sends all four to the redo and the out-of-line B together); B's check and the others stay the
+        // warp's (a failed warp redoes alone and comes back to the loop's own wgmmas). Otherwise (d128,
         // where the pair's extra invariants push the Q descriptors out of the uniform registers) one step an
         // iteration, the slots alternating.
         static_assert(ST == 2, "the steady-state loop alternates the two ring slots");
