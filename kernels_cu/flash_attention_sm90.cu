@@ -44,9 +44,10 @@
 template <int D> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1 }; };
-template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0 }; };
+// PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1 }; };
 
 #define FA90_SMEM_BYTES(D, BC, ST) (FA90_BR * (D) * 2 + 2 * (ST) * (BC) * (D) * 2 + 1024)
 
@@ -127,10 +128,14 @@ __device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], const unsigned (
 // thread of the warp has both partial sums <= 2^FA90_LAZY_LOG2, hence every P <= 2^15 (finite in f16, whose
 // largest value is 65504). Otherwise (the running max grew by 15 - log2(BC / 4) or more, or m is still -inf,
 // which makes P = inf; NaN fails too) false, and the caller redoes the tile's softmax exactly from s.
+// WG: the decision is the consumer warpgroup's (all 128 threads' sums, named barrier `bar` = 1 + its index,
+// one barrier.red.and), not the warp's (__all_sync): where a failed warp runs the next wgmmas from other
+// instructions than the rest (the pair loop's out-of-line B step), all four warps of the warpgroup must take
+// that path together, wgmma being .sync.aligned over the warpgroup. The exact redo is right for any warp.
 #define FA90_LAZY_LOG2 15
-template <typename T, int D, int BC>
+template <typename T, int D, int BC, bool WG = false>
 __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
-                                                  unsigned (&pa)[BC / 16][4], float sl2) {
+                                                  unsigned (&pa)[BC / 16][4], float sl2, unsigned bar = 0) {
     float sum[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -144,7 +149,8 @@ __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], cons
         }
     }
     constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
-    if (!__all_sync(PK_FULL_MASK, sum[0] <= lim && sum[1] <= lim)) return false;
+    const bool ok = sum[0] <= lim && sum[1] <= lim;
+    if (!__all_sync(PK_FULL_MASK, WG ? pk_bar_red_and(bar, 128, ok) : ok)) return false;
     l[0] += sum[0];
     l[1] += sum[1];
     return true;
@@ -178,6 +184,26 @@ __device__ __forceinline__ void fa90_pv_scores(float (&o)[D / 2], const unsigned
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(fb + 2);
+}
+
+// One steady-state step (fa90_pv_scores, then the lazy softmax of the next tile); false when it failed (for
+// the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy).
+template <typename T, int D, int BC, bool WG = false>
+__device__ __forceinline__ bool fa90_step(float (&o)[D / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
+                                          const unsigned (&qa)[D / 16][4], const float (&m)[2], float (&l)[2],
+                                          unsigned long long dq, unsigned long long dk, unsigned long long dv,
+                                          unsigned long long* fb, unsigned parity, float sl2, unsigned bar = 0) {
+    // pk_opaque_u64: the descriptors are loop invariants of the hot loop; computed here, not hoisted out of it
+    // (its 28 advanced descriptors would take registers the loop does not have).
+    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity);
+    return fa90_softmax_lazy<T, D, BC, WG>(s, m, l, pa, sl2, bar);
+}
+
+// The rare exact redo of a steady tile whose lazy softmax failed (the running max grew).
+template <typename T, int D, int BC>
+__device__ __forceinline__ void fa90_redo(const float (&s)[BC / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2],
+                                          unsigned (&pa)[BC / 16][4], float sl2) {
+    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo
 }
 
 // One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
@@ -323,10 +349,19 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                                    j * BC, rlo, rhi, t);
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
-        // Each step of the hot loop issues O += P V of the previous tile and S of the next one as one wgmma
-        // group, then the lazy softmax of the next tile; the two ring slots alternate. A warp whose lazy softmax
-        // fails (or the last tile) leaves the hot loop: the exact redo, then back to the next step (its wgmmas are
-        // the same instructions as the other warps'). The first tile (slot sa) is peeled off.
+        // Each step issues O += P V of the previous tile and S of the next one as one wgmma group, then the lazy
+        // softmax of the next tile (fa90_step). The first steady tile is peeled off. A warp whose lazy softmax
+        // fails leaves the hot loop for the exact redo (fa90_redo) and comes back to the same wgmma instructions
+        // as the other warps of its warpgroup. PAIR (d64, d256): the hot loop runs two steps an iteration, A into
+        // slot 0 and B into slot 1 (a next tile of odd index runs one step alone first), so each step's K / V
+        // descriptors and mbarriers are loop invariants, A and B share the parity (flipped once an iteration), and
+        // the counter, its compare and the loop branch are paid once per two tiles; after a failed A the pair's
+        // B step runs out of line, and an odd tile left over runs one A step after the loop. Since wgmma is
+        // .sync.aligned over the warpgroup, the A check is the warpgroup's (fa90_softmax_lazy's WG: a failure in
+        // any warp sends all four to the redo and the out-of-line B together); B's check and the others stay the
+        // warp's (a failed warp redoes alone and comes back to the loop's own wgmmas). Otherwise (d128,
+        // where the pair's extra invariants push the Q descriptors out of the uniform registers) one step an
+        // iteration, the slots alternating.
         static_assert(ST == 2, "the steady-state loop alternates the two ring slots");
         float s[BC / 2];
         unsigned pa[BC / 16][4];
@@ -335,32 +370,87 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
-        // A step from nb, the next tile's slot (the previous one's is nb ^ 1): K at dk0 + nb * KVU, V at
-        // dv1 - nb * KVU (one wide multiply-add each), the full mbarrier full + nb, and the previous slot's empty
-        // mbarrier two further (empty - (nb ^ 1) = full + nb + 2); ph = (i / 2) & 1, the next tile's parity.
-        constexpr int KVU = KV_BYTES / 16;
-        const unsigned long long dv1 = pk_wgmma_desc_advance(dv0, KV_BYTES);
-        unsigned nb = sa ^ 1;
-        unsigned ph = (i / ST) & 1;
-        if (i != i_end) {
-            bool ok, last;
-            for (;;) {
-                for (;;) {  // the hot loop
-                    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, dk0 + (unsigned long long)nb * KVU,
-                                             dv1 + (long long)(int)nb * -KVU, full + nb, ph);
-                    ok = fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2);
-                    i++;
-                    ph ^= ~i & 1;
-                    nb ^= 1;
-                    last = i == i_end;
-                    if (!ok || last) break;
+        if constexpr (!Fa90Cfg<D>::PAIR) {
+            // One step an iteration: the two ring slots alternate; the step's K and V descriptors come from the
+            // next slot nb by one wide multiply-add each (K at dk0 + nb * KVU, V at dv1 - nb * KVU), the full
+            // mbarrier is full + nb and the previous slot's empty one two further (empty - (nb ^ 1) = full + nb +
+            // 2); ph: the next tile's parity.
+            constexpr int KVU = KV_BYTES / 16;
+            const unsigned long long dv1 = pk_wgmma_desc_advance(dv0, KV_BYTES);
+            unsigned nb = sa ^ 1;
+            unsigned ph = (i / ST) & 1;
+            if (i != i_end) {
+                bool ok, last;
+                for (;;) {
+                    for (;;) {  // the hot loop
+                        ok = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dk0 + (unsigned long long)nb * KVU,
+                                                 dv1 + (long long)(int)nb * -KVU, full + nb, ph, sl2);
+                        i++;
+                        ph ^= ~i & 1;
+                        nb ^= 1;
+                        last = i == i_end;
+                        if (!ok || last) break;
+                    }
+                    if (!ok) fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                    if (last) break;
                 }
-                if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo (the running max grew)
-                if (last) break;
             }
+            // The last tile's O += P V (its slot is nb ^ 1 now).
+            fa90_pv<T, D, BC>(o, pa, dv1 + (long long)(int)nb * -KVU, full + nb + 2);
+        } else {
+            // Pairs start at an even tile (the same parity for both steps of a pair): an odd next tile runs one step
+            // first (into slot 1).
+            if ((i & 1) && i != i_end) {
+                if (!fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, pk_wgmma_desc_advance(dk0, KV_BYTES), dv0, full + 1,
+                                         (i / ST) & 1, sl2))
+                    fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                i++;
+            }
+            // Step A into slot a = i % 2 (0 whenever a pair runs): K of slot a, V of the previous tile in slot a ^ 1,
+            // full[a] and the previous slot's empty mbarrier two further (empty - (a ^ 1) = full + a + 2); step B
+            // the other way round. The parity of tiles i and i + 1 (i even): (i / 2) & 1.
+            const unsigned a = i & 1;
+            constexpr unsigned KVU = KV_BYTES / 16;  // a slot, in descriptor units
+            const unsigned long long dka = dk0 + (unsigned long long)a * KVU, dkb = dk0 + (unsigned long long)(a ^ 1) * KVU;
+            const unsigned long long dva = dv0 + (unsigned long long)(a ^ 1) * KVU, dvb = dv0 + (unsigned long long)a * KVU;
+            unsigned long long *fba = full + a, *fbb = full + (a ^ 1);
+            unsigned ph = (i / ST) & 1;
+            unsigned rem = i_end - i;  // tiles left
+            // This consumer warpgroup's named barrier (fa90_softmax_lazy's WG): 1 + c = wg, from threadIdx.x by one
+            // shift where the loop has no register to keep it in (d256).
+            const unsigned bar = threadIdx.x / 128;
+            for (;;) {
+                if (rem < 2) break;
+                for (;;) {  // the hot loop: two tiles
+                    if (!fa90_step<T, D, BC, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, bar)) goto redo_a;
+                    const bool okb = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2);
+                    rem -= 2;
+                    ph ^= 1;
+                    if (!okb) goto redo_b;
+                    if (rem < 2) goto hot_done;
+                }
+            redo_a:  // A failed: its redo, then the pair's B step out of line
+                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                {
+                    const bool okb = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2);
+                    rem -= 2;
+                    ph ^= 1;
+                    if (okb) continue;
+                }
+            redo_b:
+                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+            }
+        hot_done:
+            // The last tile's O += P V: after an odd tile left over (one A step, slot a) or a B step (slot a ^ 1; or
+            // the first steady tile, in slot a ^ 1 too when nothing followed).
+            if (rem) {
+                if (!fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2)) fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                fa90_pv<T, D, BC>(o, pa, dvb, empty - a);
+            } else {
+                fa90_pv<T, D, BC>(o, pa, dva, empty - (a ^ 1));
+            }
+            i = i_end;  // the trailing masked tiles go on from here
         }
-        // The last tile's O += P V (its slot is nb ^ 1 now).
-        fa90_pv<T, D, BC>(o, pa, dv1 + (long long)(int)nb * -KVU, full + nb + 2);
         j = f0 - 1;
     }
     for (; j >= kt0; j--, i++) {

@@ -610,6 +610,17 @@ __device__ __forceinline__ unsigned long long pk_wgmma_desc_encode(unsigned smem
 __device__ __forceinline__ unsigned long long pk_wgmma_desc_advance(unsigned long long desc, unsigned bytes) {
     return desc + (unsigned long long)(bytes >> 4);
 }
+// x, as a value the compiler front end cannot see through (a volatile mov): a loop-invariant value passed through
+// it inside a loop is used there rather than hoisted (with everything computed from it) out of the loop.
+__device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long x) {
+#if defined(PYKERN_HOST)
+    return x;
+#else
+    unsigned long long r;
+    asm volatile("mov.b64 %0, %1;" : "=l"(r) : "l"(x));
+    return r;
+#endif
+}
 
 #if defined(PYKERN_HOST)
 // ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
@@ -892,3 +903,52 @@ __device__ __forceinline__ void pk_cp_async_16_s(pk_saddr dst, const void* gmem_
 #endif
 #endif
 // ================================= end of the FlashAttention-2 forward core section ===============
+
+// ================================= named barriers ==================================================
+// barrier.cta.red.{and,or}.pred / barrier.cta.sync on named barrier `id` (1..15; 0 is __syncthreads') among
+// `threads` threads (a multiple of 32): a subset of the block, e.g. one warpgroup (128) of a warp-specialized
+// kernel whose other warps never arrive. Each arrival marks its warp's arrival (every non-exited lane of the
+// warp must execute it); the non-.aligned form, so the warps may arrive from different instructions. The
+// reductions return the AND / OR of p over the `threads` arrivals, the same value in every one; like
+// __syncthreads, the barrier orders the participants' shared-memory accesses before it with theirs after it.
+// Host backend: pkrt_named_barrier (the caller's file and line name it in the errors), with a wrong thread
+// count reported as a mismatch and racecheck ordering between the participants' warps only.
+#if defined(PYKERN_HOST)
+__device__ __forceinline__ bool pk_bar_red_and(unsigned id, unsigned threads, bool p,
+                                               const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_named_barrier((int)id, threads, PKRT_BAR_AND, p ? 1 : 0, file, line) != 0;
+}
+__device__ __forceinline__ bool pk_bar_red_or(unsigned id, unsigned threads, bool p,
+                                              const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_named_barrier((int)id, threads, PKRT_BAR_OR, p ? 1 : 0, file, line) != 0;
+}
+__device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads, const char* file = __builtin_FILE(),
+                                            int line = __builtin_LINE()) {
+    (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_PLAIN, 1, file, line);
+}
+#else
+__device__ __forceinline__ bool pk_bar_red_and(unsigned id, unsigned threads, bool p) {
+    unsigned r;
+    asm volatile(
+        "{\n\t.reg .pred q, d;\n\tsetp.ne.u32 q, %1, 0;\n\tbarrier.cta.red.and.pred d, %2, %3, q;\n\t"
+        "selp.u32 %0, 1, 0, d;\n\t}"
+        : "=r"(r)
+        : "r"((unsigned)p), "r"(id), "r"(threads)
+        : "memory");
+    return r != 0;
+}
+__device__ __forceinline__ bool pk_bar_red_or(unsigned id, unsigned threads, bool p) {
+    unsigned r;
+    asm volatile(
+        "{\n\t.reg .pred q, d;\n\tsetp.ne.u32 q, %1, 0;\n\tbarrier.cta.red.or.pred d, %2, %3, q;\n\t"
+        "selp.u32 %0, 1, 0, d;\n\t}"
+        : "=r"(r)
+        : "r"((unsigned)p), "r"(id), "r"(threads)
+        : "memory");
+    return r != 0;
+}
+__device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads) {
+    asm volatile("barrier.cta.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+#endif
+// ================================= end of the named barriers section ===============================

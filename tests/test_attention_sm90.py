@@ -7,7 +7,7 @@ head_dim 64/128/256, causal and not, GQA, n_q != n_k both ways and lengths off e
 only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
 without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
 and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-(d128, d256; 2.01 at d64), and no spills, for the dense and the varlen entries (flash_attention_varlen on
+at every head dim, and no spills, for the dense and the varlen entries (flash_attention_varlen on
 sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
 """
 from __future__ import annotations
@@ -261,6 +261,70 @@ def test_forward_sm90_when_the_running_max_grows(d, dtype, monkeypatch) -> None:
     _check_lse(lse, ref_lse)
 
 
+# Every place a steady tile can fail its lazy softmax, where the hot loop runs two tiles an iteration (d64, d256):
+# tiles visited last to first, i counting them from 0; the first steady tile is peeled, a next tile with odd i
+# runs one step alone (alignment), then pairs (A, B), then one A step for an odd tile left over. The spikes sit in
+# the tiles named: n_k = 4 * bc + 10: masked 4, peeled 3, pair (2 A, 1 B), odd tile 0; n_k = 4 * bc (no masked
+# tile, non-causal): peeled 3, alignment 2, pair (1 A, 0 B).
+# Each spike is about 22 log2 units above everything visited before it (a redo each).
+@pytest.mark.parametrize("d, n_tiles, masked, spike_tiles",
+                         [(64, 4, True, (1, 0)), (64, 4, False, (2, 0)), (64, 4, True, (2, 0)), (256, 4, True, (1, 0))])
+def test_forward_sm90_redo_at_every_step_of_the_pair_loop(d, n_tiles, masked, spike_tiles) -> None:
+    bc = sm90._CFG[d][0]
+    n_k = n_tiles * bc + (10 if masked else 0)
+    rng = np.random.default_rng(d + n_tiles)
+    sizes = (30 * np.sqrt(d) / 8, 60 * np.sqrt(d) / 8)  # about +22 and +44 log2 units
+    spikes = [(tile * bc + 7, size) for tile, size in zip(spike_tiles, sizes)]
+    q, k, v = _spiky(rng, 70, n_k, d, "bf16", spikes)
+    out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
+    ref_out, ref_lse = np_flash_attention(q, k, v, False)
+    _close("out", out, ref_out, "bf16")
+    _check_lse(lse, ref_lse)
+
+
+# The pair loop's A check is decided per consumer warpgroup (wgmma is .sync.aligned over the warpgroup: after a
+# failed A all four warps run the pair's B step from the out-of-line copy together): a spike seen by the 16 rows
+# of ONE warp only (q[..., 0] = 4 there, 0 elsewhere) in the A tile (tile 2 of masked 4, peeled 3, pair (2 A,
+# 1 B), odd 0) makes that warp's check fail and the other three redo a tile whose lazy softmax they would have
+# kept; the exact redo must be right for them too. Warp 1 of consumer 0 (rows 16..31), warp 3 of consumer 1
+# (rows 112..127), and both at once (each warpgroup on its own named barrier).
+@pytest.mark.parametrize("d, rows", [(64, [(16, 32)]), (64, [(112, 128)]), (256, [(16, 32), (112, 128)])])
+def test_forward_sm90_pair_redo_when_one_warp_of_a_warpgroup_fails(d, rows) -> None:
+    bc = sm90._CFG[d][0]
+    rng = np.random.default_rng(d + rows[0][0])
+    q, k, v = _spiky(rng, 128, 4 * bc + 10, d, "bf16", [(2 * bc + 7, 30 * np.sqrt(d) / 8)])
+    q[..., 0] = 0
+    for r0, r1 in rows:
+        q[:, r0:r1, :, 0] = 4
+    out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
+    ref_out, ref_lse = np_flash_attention(q, k, v, False)
+    _close("out", out, ref_out, "bf16")
+    _check_lse(lse, ref_lse)
+
+
+def test_a_failed_a_check_takes_the_whole_warpgroup_to_the_redo(tmp_path, monkeypatch) -> None:
+    # Warp 1's rows spike in the A tile: with the warpgroup's decision warps 0, 2 and 3 go to redo_a too, their lazy
+    # P not accepted (l unchanged), so a mutant that lets only warp 1 redo there gets their rows wrong; with a
+    # per-warp decision (the vote) they would have stayed in the hot loop and the mutant would be right.
+    bc = sm90._CFG[64][0]
+    rng = np.random.default_rng(7)
+    q, k, v = _spiky(rng, 128, 4 * bc + 10, 64, "bf16", [(2 * bc + 7, 30.0)])
+    q[..., 0] = 0
+    q[:, 16:32, :, 0] = 4
+    ref_out, _ = np_flash_attention(q, k, v, False)
+    good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
+    _close("out", good, ref_out, "bf16")
+    old = ("            redo_a:  // A failed: its redo, then the pair's B step out of line\n"
+           "                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);")
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, old, old.replace("                fa90_redo",
+                                                                       "                if (wq == 1) fa90_redo")),
+                      (q, k, v), False)
+    bad = np.asarray(bad, np.float64)
+    np.testing.assert_allclose(bad[:, 16:32], ref_out[:, 16:32], atol=0.05)  # warp 1 redid: right
+    for r0, r1 in ((0, 16), (32, 64)):  # warps 0, 2, 3 of consumer 0 were taken to redo_a: wrong without it
+        assert not np.allclose(bad[:, r0:r1], ref_out[:, r0:r1], atol=0.05), (r0, r1)
+
+
 def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     # without the redo after a failed lazy tile, the spiky case above comes out wrong
     rng = np.random.default_rng(64)
@@ -269,8 +333,8 @@ def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     ref_out, _ = np_flash_attention(q, k, v, False)
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
     _close("out", good, ref_out, "bf16")
-    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "if (!ok) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
-                              "  // the rare redo", "// dropped"), (q, k, v), False)
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
+                              "  // the rare redo", "    // dropped"), (q, k, v), False)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
@@ -369,11 +433,14 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     loop = loops[kernel]  # a loop with HGMMAs and no inner loop exists
     d = int(kernel.split("_d")[1].split("_")[0])
     bc = sm90._CFG[d][0]
-    assert loop["mma"] == bc * d / 64  # per warp and tile: S and P V, BC * D / 128 m16n8k16s each
-    assert loop["bar"] == 0 and loop["ldsm"] == 0 and loop["ldgsts"] == 0
-    # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent, met at d128 / d256. The lazy softmax costs 3.5
-    # instructions a score (FFMA, ex2, FADD, half an F2FP; BC/2 scores a thread), which at d64 (BC * D / 64 = BC
-    # MMAs a tile) is 1.75 an MMA before the tile's fixed costs: with 192 keys a tile that leaves 48 instructions
-    # for 16 HGMMAs and the rest; the loop has 49 (2.005, varlen 2.01), one or two over the bar. Pinned so none
-    # of them grows.
-    assert loop["per_mma"] <= {64: 2.01, 128: 1.15, 256: 0.81}[d], loop
+    tiles = sm90.LOOP_TILES[d]  # tiles an iteration: the hot loop runs pairs at d64 / d256 (Fa90Cfg PAIR)
+    assert loop["mma"] == tiles * bc * d / 64  # per warp and tile: S and P V, BC * D / 128 m16n8k16s each
+    # The pair loop's A check is the warpgroup's (one BAR.RED on its named barrier, then the vote that tells
+    # ptxas the result is warp-uniform); the others stay a warp vote.
+    assert loop["bar"] == (1 if tiles == 2 else 0) and loop["ldsm"] == 0 and loop["ldgsts"] == 0
+    # The bar: <= 2.0 warp-instructions per m16n8k16-equivalent. The lazy softmax costs 3.5 instructions a score
+    # (FFMA, ex2, FADD, half an F2FP; BC/2 scores a thread), which at d64 (BC * D / 64 = BC MMAs a tile) is 1.75
+    # an MMA before the fixed costs: with 192 keys a tile that leaves 48 instructions a tile for 16 HGMMAs and the
+    # rest, met by running two tiles an iteration (fixed slots, one parity, the counter once a pair). Pinned
+    # near today's figures (d64 1.992, varlen 1.990; d128 1.141; d256 0.779, varlen 0.775) so none of them grows.
+    assert loop["per_mma"] <= {64: 2.0, 128: 1.15, 256: 0.78}[d], loop

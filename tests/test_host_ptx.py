@@ -388,7 +388,8 @@ def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monke
     # the list is read from the header: the FP8 and Hopper wrappers are named too, host-only helpers are not
     named = set(re.findall(r"\bpk_\w+", str(err.value)))
     for w in ("pk_cvt_e4m3x2", "pk_cvt_f32x2_e5m2x2", "pk_wgmma_m64nNk16_ss", "pk_wgmma_m64nNk16_rs", "pk_wgmma_fence",
-              "pk_tma_load_4d", "pk_mbarrier_wait_parity", "pk_setmaxnreg_inc", "pk_elect_one", "pk_cp_async_wait"):
+              "pk_tma_load_4d", "pk_mbarrier_wait_parity", "pk_setmaxnreg_inc", "pk_elect_one", "pk_cp_async_wait",
+              "pk_bar_red_and", "pk_bar_sync"):
         assert w in named, w
     assert not any(n.startswith("pk_host_") for n in named)
 
@@ -421,7 +422,8 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
                   "mma.sync.aligned.m16n8k16.row.col.f32.f16.f16.f32", "ldmatrix.sync.aligned.m8n8.x4.shared.b16",
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
                   "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
-                  "ex2.approx.ftz.f32", "ld.relaxed.gpu.global.v4.b32"):
+                  "ex2.approx.ftz.f32", "ld.relaxed.gpu.global.v4.b32", "barrier.cta.red.and.pred",
+                  "barrier.cta.red.or.pred", "barrier.cta.sync"):
         assert instr in ptx, instr
     tool = _cuobjdump()
     if tool is None:
@@ -433,7 +435,8 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
         pytest.skip("nvdisasm not installed (pip package nvidia-cuda-nvdisasm): cuobjdump -sass needs it")
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
-    for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2"):
+    for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2",
+               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC"):
         assert op in sass, f"{op} missing from the {arch} SASS"
     if arch == "sm_90":  # pk_t_fp8x4: the FP8 pair conversion is one instruction (sm_89+)
         assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.F16.E5M2.UNPACK_B" in sass
@@ -450,3 +453,71 @@ def test_nvrtc_sm75_refuses_mma_clearly() -> None:
         pytest.skip(f"NVRTC unavailable: {e}")
     with pytest.raises(CompileError, match="needs sm_80"):
         compiler.compile(HOST_KERNELS / "ptx.cu", "sm_75")
+
+
+# ---- named barriers (pk_bar_red_and / pk_bar_red_or / pk_bar_sync) ----------------------------------
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "random:3"])
+def test_named_barrier_reductions_over_a_warpgroup_subset(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 512 threads: warpgroup 0 never arrives, warpgroups 1..3 each reduce over their own 128 threads (barrier 1 +
+    # index), warpgroup 3 from two call sites; per round one warpgroup has a single false lane, one all true,
+    # one mixed at random.
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    rounds, n = 6, 512
+    rng = np.random.default_rng(5)
+    pred = np.ones((rounds, n), np.int32)
+    for r in range(rounds):
+        one = 1 + r % 3                     # a single false thread in warpgroup `one`
+        pred[r, 128 * one + int(rng.integers(128))] = 0
+        mixed = 1 + (r + 1) % 3             # a random half in another
+        pred[r, 128 * mixed:128 * (mixed + 1)] = rng.integers(0, 2, 128)
+    pred[rounds - 1, 256:384] = 0           # all false: OR false too
+    and_out = np.full((rounds, n), -1, np.int32)
+    or_out = np.full((rounds, n), -1, np.int32)
+    launch("pk_t_bar_red", 1, n, pred, and_out, or_out, rounds)
+    for r in range(rounds):
+        for wg in (1, 2, 3):
+            p = pred[r, 128 * wg:128 * (wg + 1)]
+            np.testing.assert_array_equal(and_out[r, 128 * wg:128 * (wg + 1)], int(p.all()))
+            np.testing.assert_array_equal(or_out[r, 128 * wg:128 * (wg + 1)], int(p.any()))
+        assert (and_out[r, :128] == -1).all() and (or_out[r, :128] == -1).all()  # warpgroup 0 never arrived
+    assert (and_out[:, 128:] == 0).any() and (and_out[:, 128:] == 1).any() and (or_out[:, 128:] == 0).any()
+
+
+@pytest.mark.parametrize("mode", [0, 4])
+def test_named_barrier_orders_its_participants_for_racecheck(mode: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    for schedule in ("forward", "reverse", "random:9"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        out = np.zeros(256, np.float32)
+        launch("pk_t_bar_handoff", 1, 384, out, mode)
+        np.testing.assert_array_equal(out, 256 - np.arange(256, dtype=np.float32))
+
+
+@pytest.mark.parametrize("mode", [1, 2])
+def test_named_barrier_of_other_threads_orders_nothing(mode: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 1: no barrier; 2: warpgroup 1 writes every slot and passes a barrier of its own (128 threads) before
+    # warpgroup 2 reads (forward schedule: after that barrier's release): warpgroup 2 took no part, so nothing
+    # orders its reads after the writes (a block-wide ordering, as __syncthreads' epoch, would miss this race).
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "forward" if mode == 2 else "reverse")
+    race = "read-after-write" if mode == 2 else "(read-after-write|write-after-read)"
+    with pytest.raises(KernelExecutionError, match=(
+            rf"kernel pk_t_bar_handoff: racecheck: {race} race on static __shared__ .*block \(0,0,0\) thread "
+            rf"\(\d+,0,0\) \w+ at .*ptx\.cu:\d+, then block \(0,0,0\) thread \((\d+),0,0\)")) as e:
+        launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), mode)
+    if mode == 2:
+        assert re.search(r"wrote at .*, then block \(0,0,0\) thread \((2[5-9]\d|3[0-7]\d|38[0-3]),0,0\) read", str(e.value))
+
+
+def test_named_barrier_with_a_wrong_thread_count_is_reported() -> None:
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_handoff: .*barrier.sync of named barrier 3 with 224 threads at .*ptx\.cu:\d+, but "
+            r"this phase's first arrival was barrier.sync with 256 threads at .*ptx\.cu:\d+")):
+        launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), 3)
+
+
+def test_named_barrier_that_cannot_complete_is_a_deadlock() -> None:
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_handoff: block \(0,0,0\): deadlock: .*waits at named barrier 3 \(barrier.sync, 256 "
+            r"threads\) at .*ptx\.cu:\d+; 128 of 256 threads arrived at named barrier 3")):
+        launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), 5)

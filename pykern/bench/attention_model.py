@@ -566,7 +566,7 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str]) -> tuple[list[La
         bc = h._CFG[D][0]
         return [Launch(name, "flash_attention_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
                        tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
-                       2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc), mma_warps=mma_warps)], ""
+                       2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
     names = [f"attention_backward_sm90_{p}_d{D}_bf16" for p in ("dkdv", "dq")]
     if s.head_dim not in h.BWD_HEAD_DIMS or any(n not in kernels for n in names):
         return [], f"no {' / '.join(names)} kernels (head_dims {h.BWD_HEAD_DIMS})"

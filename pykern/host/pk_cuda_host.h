@@ -84,6 +84,7 @@ void pkrt_yield(void);
 void* pkrt_static_smem(int id, size_t size, size_t align);
 unsigned pkrt_activemask_at(const char* file, int line);
 int pkrt_barrier(int kind, int pred, const char* file, int line);
+int pkrt_named_barrier(int id, unsigned count, int kind, int pred, const char* file, int line);
 unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long long value, int arg, int width,
                                 const char* file, int line);
 void pkrt_trap(const char* file, int line);

@@ -50,7 +50,8 @@
 
 namespace {
 
-enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
+enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4, NBAR = 5 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
+// NBAR: parked at a named barrier (pkrt_named_barrier; Thread::arg is its id, Thread::width its thread count)
 enum { PKRT_ACTIVEMASK = 64 };  // a warp meeting point of its own (not a collective)
 
 // One pending cp.async of a thread: performed by the wait that covers its group.
@@ -109,6 +110,19 @@ struct Block {
     Thread* bar_mismatch;  // a thread parked at another __syncthreads than bar_file:bar_line
     unsigned bar_pred_count;
     unsigned bar_epoch;  // released __syncthreads()s: racecheck's intra-block ordering
+    // Named barriers 1..15 (bar.sync / barrier.red with a thread count): the phase being filled of each.
+    struct Named {
+        unsigned count, arrived, pred_count;  // count 0: no phase open
+        int kind;
+        const char* file;
+        int line;
+    } named[16];
+    // Racecheck's ordering by named barriers, between participants only: nb_seq counts released named-barrier
+    // phases of the block; nb_pair[y][x] is the nb_seq of the last released phase in which warps y and x both
+    // took part with every lane (0: none). An access stamped with nb_seq s by a thread of warp x is ordered
+    // before any later access by a thread of warp y once nb_pair[y][x] > s.
+    unsigned nb_seq;
+    unsigned nb_pair[kMaxThreads / 32][kMaxThreads / 32];
     unsigned long long rng;
     Thread* threads;
     unsigned char* dyn_smem;
@@ -323,6 +337,15 @@ const char* op_name(int op) {
         default: return "__reduce_*_sync";
     }
 }
+// A named barrier's PTX form (pkrt_named_barrier).
+const char* nb_name(int kind) {
+    switch (kind) {
+        case PKRT_BAR_COUNT: return "barrier.red.popc";
+        case PKRT_BAR_AND: return "barrier.red.and";
+        case PKRT_BAR_OR: return "barrier.red.or";
+        default: return "barrier.sync";
+    }
+}
 const char* bar_name(int kind) {
     switch (kind) {
         case PKRT_BAR_COUNT: return "__syncthreads_count";
@@ -366,6 +389,10 @@ void describe_state(Buf& b, const Thread* t) {
         case BAR: b.add("waits at %s() at %s:%d", bar_name(t->op), t->file, t->line); break;
         case WARP: b.add("waits in %s(mask 0x%08x) at %s:%d", op_name(t->op), t->mask, t->file, t->line); break;
         case PARK: sm90_describe_park(b, t); break;
+        case NBAR:
+            b.add("waits at named barrier %d (%s, %d threads) at %s:%d", t->arg, nb_name(t->op), t->width, t->file,
+                  t->line);
+            break;
         default: b.add("is runnable"); break;
     }
 }
@@ -409,7 +436,7 @@ void describe_state(Buf& b, const Thread* t) {
     } else {
         b.add("kernel %s: block (%u,%u,%u): deadlock: no thread can run", g.kernel, k->idx.x, k->idx.y, k->idx.z);
         for (unsigned i = 0; i < g.n; i++)
-            if (k->threads[i].state == PARK) {
+            if (k->threads[i].state == PARK || k->threads[i].state == NBAR) {
                 b.add(": thread (%u,%u,%u) ", k->threads[i].tid.x, k->threads[i].tid.y, k->threads[i].tid.z);
                 describe_state(b, &k->threads[i]);
                 break;
@@ -419,6 +446,10 @@ void describe_state(Buf& b, const Thread* t) {
         b.add("; %u of %u threads wait at %s() at %s:%d", k->n_bar, g.n, bar_name(k->bar_kind), k->bar_file,
               k->bar_line);
     }
+    for (int id = 1; id < 16; id++)
+        if (k->named[id].count)
+            b.add("; %u of %u threads arrived at named barrier %d (first at %s:%d)", k->named[id].arrived,
+                  k->named[id].count, id, k->named[id].file, k->named[id].line);
     fail_from_fiber();
 }
 
@@ -659,6 +690,7 @@ enum { RC_REPORT = 1, RC_STRESS = 2, RC_INIT = 4 };
 struct Shadow {
     unsigned w_blk, w_tid, w_epoch, w_wepoch;  // w_blk: block linear + 1, 0: no write yet
     unsigned r_blk, r_tid, r_epoch, r_wepoch;
+    unsigned w_nbseq, r_nbseq;  // the block's nb_seq at the access (named barriers)
     uintptr_t w_pc, r_pc;
     unsigned char w_mask, r_mask, init;  // bytes of the word: last write, last read, ever written
 };
@@ -689,11 +721,15 @@ inline Region* rc_find(uintptr_t a) {
 }
 
 // The access by thread t (of block k) is ordered after an earlier one by (blk, tid, epoch, wepoch).
-inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, const Thread* t, const Block* k) {
+// Named barriers order it only when the two threads' warps both took part (every lane) in a phase released
+// after the earlier access (nbseq: the block's nb_seq then); chains through a third warp are not followed.
+inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, unsigned nbseq, const Thread* t,
+                       const Block* k) {
     if (blk != static_cast<unsigned>(k->linear) + 1) return false;
     if (tid == t->linear) return true;
     if (epoch != k->bar_epoch) return true;
-    return (tid >> 5) == t->warp && wepoch != k->warps[t->warp].sync_epoch;
+    if ((tid >> 5) == t->warp && wepoch != k->warps[t->warp].sync_epoch) return true;
+    return k->nb_pair[t->warp][tid >> 5] > nbseq;
 }
 
 void rc_describe_thread(Buf& b, unsigned blk1, unsigned tid) {
@@ -733,7 +769,8 @@ void rc_pc(Buf& b, uintptr_t pc) {
     if (blk1 != static_cast<unsigned>(k->linear) + 1)
         b.add(" (two blocks of one launch: nothing orders them; use atomics or separate launches)");
     else
-        b.add(" with no __syncthreads() between them%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "");
+        b.add(" with no __syncthreads() between them%s%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "",
+              k->nb_seq ? " (nor a named barrier both warps took part in)" : "");
     fail_from_fiber();
 }
 
@@ -794,22 +831,23 @@ void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
         if (!write) {
             if ((g_rc & RC_INIT) && r->kind != REG_GLOBAL && (m & ~s.init)) rc_report_uninit(r, r->lo + w, pc);
             if ((g_rc & RC_REPORT) && s.w_blk && (s.w_mask & m) &&
-                !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, t, k))
+                !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, t, k))
                 rc_report(r, r->lo + w, "read-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "read", pc);
             if (!s.r_blk || s.r_tid == t->linear || !(s.r_mask & m) ||
-                rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, t, k)) {
+                rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, s.r_nbseq, t, k)) {
                 s.r_mask = m;
                 s.r_blk = me;
                 s.r_tid = t->linear;
                 s.r_epoch = k->bar_epoch;
                 s.r_wepoch = wep;
+                s.r_nbseq = k->nb_seq;
                 s.r_pc = pc;
             }
         } else {
             if (g_rc & RC_REPORT) {
-                if (s.w_blk && (s.w_mask & m) && !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, t, k))
+                if (s.w_blk && (s.w_mask & m) && !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, t, k))
                     rc_report(r, r->lo + w, "write-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "wrote", pc);
-                if (s.r_blk && (s.r_mask & m) && !rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, t, k))
+                if (s.r_blk && (s.r_mask & m) && !rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, s.r_nbseq, t, k))
                     rc_report(r, r->lo + w, "write-after-read race", s.r_blk, s.r_tid, "read", s.r_pc, "wrote", pc);
             }
             s.init |= m;
@@ -818,6 +856,7 @@ void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
             s.w_tid = t->linear;
             s.w_epoch = k->bar_epoch;
             s.w_wepoch = wep;
+            s.w_nbseq = k->nb_seq;
             s.w_pc = pc;
             s.r_blk = 0;
         }
@@ -1313,6 +1352,89 @@ extern "C" int pkrt_barrier(int kind, int pred, const char* file, int line) {
     return static_cast<int>(t->result);
 }
 
+// A named barrier (PTX barrier.sync / barrier.red with a thread count): barrier `id` (1..15; 0 is
+// __syncthreads') completes once `count` threads (a multiple of 32, at most the block) have arrived, whichever
+// instructions they arrived at (the non-.aligned form); the rest of the block runs on, and may never arrive.
+// Every arrival of one phase must give the same count and reduction (as the GPU requires; a wrong count
+// would hang or release early there). The result of red.and / red.or / red.popc over the arrivals.
+extern "C" int pkrt_named_barrier(int id, unsigned count, int kind, int pred, const char* file, int line) {
+    Thread* t = cur();
+    Block* k = t->blk;
+    char what[512];
+    if (id < 1 || id > 15) {
+        snprintf(what, sizeof what, "named barrier %d at %s:%d: the id must be 1..15 (0 is __syncthreads')", id, file,
+                 line);
+        fail_simple(what);
+    }
+    if (count == 0 || count % 32 || count > (g.n + 31) / 32 * 32) {
+        snprintf(what, sizeof what,
+                 "named barrier %d at %s:%d: thread count %u must be a nonzero multiple of 32 and at most the "
+                 "block's %u threads",
+                 id, file, line, count, g.n);
+        fail_simple(what);
+    }
+    Block::Named& nb = k->named[id];
+    if (nb.count == 0) {
+        nb.count = count;
+        nb.kind = kind;
+        nb.file = file;
+        nb.line = line;
+        nb.arrived = nb.pred_count = 0;
+    } else if (count != nb.count || kind != nb.kind) {
+        snprintf(what, sizeof what,
+                 "%s of named barrier %d with %u threads at %s:%d, but this phase's first arrival was %s with %u "
+                 "threads at %s:%d",
+                 nb_name(kind), id, count, file, line, nb_name(nb.kind), nb.count, nb.file, nb.line);
+        fail_simple(what);
+    }
+    t->state = NBAR;
+    t->op = kind;
+    t->arg = id;
+    t->width = static_cast<int>(count);
+    t->file = file;
+    t->line = line;
+    clear_runnable(t);
+    nb.arrived++;
+    nb.pred_count += pred ? 1u : 0u;
+    if (nb.arrived == nb.count) {
+        int result;
+        switch (kind) {
+            case PKRT_BAR_COUNT: result = static_cast<int>(nb.pred_count); break;
+            case PKRT_BAR_AND: result = nb.pred_count == nb.count; break;
+            case PKRT_BAR_OR: result = nb.pred_count != 0; break;
+            default: result = 0;
+        }
+        // Release the phase; the warps every (existing, not exited) lane of which arrived are ordered with each
+        // other for racecheck.
+        const unsigned nw = (g.n + 31) / 32;
+        unsigned in[kMaxThreads / 32];
+        unsigned full[kMaxThreads / 32], nfull = 0;
+        for (unsigned w = 0; w < nw; w++) in[w] = 0;
+        for (unsigned i = 0; i < g.n; i++) {
+            Thread& o = k->threads[i];
+            if (o.state == NBAR && o.arg == id) {
+                o.state = RUN;
+                o.result = static_cast<unsigned long long>(result);
+                in[o.warp] |= 1u << o.lane;
+            }
+        }
+        k->nb_seq++;
+        for (unsigned w = 0; w < nw; w++)
+            if (in[w] && in[w] == (k->warps[w].existing & ~k->warps[w].exited)) full[nfull++] = w;
+        for (unsigned a = 0; a < nfull; a++)
+            for (unsigned b2 = 0; b2 < nfull; b2++) k->nb_pair[full[a]][full[b2]] = k->nb_seq;
+        nb.count = 0;
+        if (g.schedule == 2) make_order(k);  // a fresh permutation for every phase
+        std::memset(k->runnable, 0, sizeof k->runnable);
+        for (unsigned i = 0; i < g.n; i++)
+            if (k->threads[i].state == RUN) set_runnable(&k->threads[i]);
+    } else {
+        try_activemask(k, t->warp);
+    }
+    reschedule(false);
+    return static_cast<int>(t->result);
+}
+
 extern "C" unsigned long long pkrt_warp_op(int op, unsigned mask, unsigned long long value, int arg, int width,
                                            const char* file, int line) {
     Thread* t = cur();
@@ -1518,6 +1640,9 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
     k->bar_epoch = 0;
     k->bar_pred_count = 0;
     k->bar_mismatch = nullptr;
+    std::memset(k->named, 0, sizeof k->named);
+    k->nb_seq = 0;
+    std::memset(k->nb_pair, 0, sizeof k->nb_pair);
     std::memset(k->runnable, 0, sizeof k->runnable);
     for (unsigned w = 0; w < (g.n + 31) / 32; w++)
         k->warps[w].waiting = k->warps[w].exited = k->warps[w].am_waiting = k->warps[w].sync_epoch = 0;

@@ -15,6 +15,8 @@ THREADS = 384  # FA90_THREADS: a producer warpgroup and two consumer warpgroups
 ROWS = 128  # FA90_BR: queries per CTA
 # (keys per tile, ring stages) as the .cu's Fa90Cfg.
 _CFG = {64: (192, 2), 128: (128, 2), 256: (64, 2)}
+# Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
+LOOP_TILES = {64: 2, 128: 1, 256: 2}
 
 
 def shared_bytes(d: int) -> int:

@@ -152,3 +152,52 @@ extern "C" __global__ void pk_t_ticket_b128(unsigned short* partial, unsigned* t
     }
     for (int e = 0; e < 8; e++) out[8 * t + e] = s[e];
 }
+
+// Named barriers (pk_bar_red_and / pk_bar_red_or / pk_bar_sync). Block of 4 warpgroups (512 threads): warpgroup
+// 0 never arrives (it exits at once, like a warp-specialized producer); warpgroups 1..3 reduce over their own
+// 128 threads on barrier 1 + index, `rounds` times, pred[] per thread and round. and_out / or_out: the result
+// each thread saw, per round. Warpgroup 3's warps arrive at two different call sites (warps 0, 1 at one, 2, 3
+// at the other: legal for the non-.aligned barrier).
+extern "C" __global__ void pk_t_bar_red(const int* pred, int* and_out, int* or_out, int rounds) {
+    const int tid = threadIdx.x, wg = tid / 128;
+    if (wg == 0) return;
+    for (int r = 0; r < rounds; r++) {
+        const bool p = pred[r * blockDim.x + tid] != 0;
+        int a;
+        if (wg == 3 && (tid / 32) % 4 >= 2) a = pk_bar_red_and(wg, 128, p);
+        else a = pk_bar_red_and(wg, 128, p);
+        and_out[r * blockDim.x + tid] = a;
+        or_out[r * blockDim.x + tid] = pk_bar_red_or(wg, 128, p);
+    }
+}
+
+// Shared-memory handoff through a named barrier among warpgroups 1 and 2 (256 threads, barrier 3), warpgroup 0
+// away: each thread writes its slot, the barrier, then it reads its mirror's slot (the other warpgroup's).
+// mode 0: pk_bar_sync between (clean); 1: no barrier (a race); 2: only warpgroup 1 writes (both halves' slots
+// written by thread me) and passes a barrier of its own (barrier 4, 128 threads) before warpgroup 2 reads
+// them: that barrier orders nothing for warpgroup 2 (a race, which a block-wide ordering would miss); 3:
+// warpgroup 2 arrives with a wrong thread count (reported); 4: as 0, with warpgroup 0's warps 0 and 1 on their
+// own named barrier 5 (64 threads) meanwhile; 5: only warpgroup 1 arrives at barrier 3 (256 threads).
+extern "C" __global__ void pk_t_bar_handoff(float* out, int mode) {
+    __shared__ float slot[256];
+    const int tid = threadIdx.x, wg = tid / 128;
+    if (wg == 0) {
+        if (mode == 4 && tid < 64) pk_bar_sync(5, 64);
+        return;
+    }
+    const int me = tid - 128;
+    if (mode == 2) {
+        if (wg == 1) {
+            slot[me] = (float)(me + 1);
+            slot[255 - me] = (float)(256 - me);
+            pk_bar_sync(4, 128);
+        }
+        out[me] = slot[255 - me];
+        return;
+    }
+    slot[me] = (float)(me + 1);
+    if (mode == 0 || mode == 4) pk_bar_sync(3, 256);
+    else if (mode == 3) pk_bar_sync(3, wg == 1 ? 256 : 224);
+    else if (mode == 5 && wg == 1) pk_bar_sync(3, 256);  // warpgroup 2 never comes: a deadlock
+    out[me] = slot[255 - me];
+}
