@@ -14,27 +14,10 @@ import pytest
 from pykern import ops
 from pykern.arrays import bfloat16
 from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
-from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
+from attn_checks import check_lse, close
 
 HOST = "host"
-
-
-def _close(name: str, got, ref, op: str, dtype: str) -> None:
-    atol, rtol = tolerance(op, dtype)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape, name
-    both_inf = np.isneginf(got) & np.isneginf(ref)
-    err = np.where(both_inf, 0.0, np.abs(got - ref))
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
-
-
-def _check_lse(lse, ref) -> None:
-    lse = np.asarray(lse)
-    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref))
-    fin = np.isfinite(ref)
-    assert np.abs(lse[fin] - ref[fin]).max(initial=0) < 1e-4  # fp32 from fp32 scores
 
 
 DENSE = [
@@ -62,8 +45,8 @@ def test_dense_core_vs_float64(shape, monkeypatch) -> None:
                                    backend=HOST)
     assert names == [f"flash_attention_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
     ref_out, ref_lse = np_flash_attention(q, k, v, causal, None, win, cap)
-    _close("out", out, ref_out, "flash_attention", kind)
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", kind)
+    check_lse(lse, ref_lse)
 
 
 def test_misaligned_or_padded_shapes_take_the_general_kernels(monkeypatch) -> None:
@@ -77,7 +60,7 @@ def test_misaligned_or_padded_shapes_take_the_general_kernels(monkeypatch) -> No
     q2, k2, v2 = fa_inputs(rng, 1, 20, 30, 2, 1, 48, 48, "bf16")
     ops.flash_attention(q2, k2, v2, backend=HOST)
     assert names == ["flash_attention_tc_pad_d64_bf16", "flash_attention_tc_pad_d64_bf16"]
-    _close("out", a, np_flash_attention(q, k, v, True)[0], "flash_attention", "bf16")
+    close("out", a, np_flash_attention(q, k, v, True)[0], "flash_attention", "bf16")
 
 
 def _ragged(rng, lq, lk, h, kvh, d, kind):
@@ -124,8 +107,8 @@ def test_varlen_core_vs_float64(case, monkeypatch) -> None:
     assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
     assert np.asarray(out).dtype == q.dtype
     ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win, cap)
-    _close("out", out, ref_out, "flash_attention_varlen", kind)
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention_varlen", kind)
+    check_lse(lse, ref_lse)
 
 
 def _paged(rng, lq, lk, h, kvh, d, ps, layout, kind="bf16"):
@@ -186,8 +169,8 @@ def test_paged_prefill_core_vs_float64(case, monkeypatch) -> None:
         vf = vs[b].astype(np.float64) * (vsc or 1.0)
         o, l_ = np_flash_attention(q[None, s], kf[None], vf[None], causal, 1.0 / np.sqrt(d), (wl, -1), cap)
         ref_out[s], ref_lse[s] = o[0], l_[0]
-    _close("out", out, ref_out, "paged_prefill_attention", kind)
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "paged_prefill_attention", kind)
+    check_lse(lse, ref_lse)
 
 
 def _both_ops(rng):
@@ -222,16 +205,16 @@ def test_core_is_clean_under_racecheck(monkeypatch) -> None:
         q, k, v = fa_inputs(rng, 1, 130, 140, 2, 1, d, d, "bf16")
         out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
         ref_out, ref_lse = np_flash_attention(q, k, v, True)
-        _close("out", out, ref_out, "flash_attention", "bf16")
+        close("out", out, ref_out, "flash_attention", "bf16")
     from pykern.ops.serving import flash_attention_varlen
 
     q, k, v, cu_q, cu_k = _ragged(rng, [3, 129], [70, 140], 2, 1, 64, "bf16")
     out = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)
-    _close("varlen", out, _np_varlen(q, k, v, cu_q, cu_k, True, (-1, -1), 0.0)[0], "flash_attention_varlen", "bf16")
+    close("varlen", out, _np_varlen(q, k, v, cu_q, cu_k, True, (-1, -1), 0.0)[0], "flash_attention_varlen", "bf16")
     from pykern.ops.serving import paged_prefill_attention
 
     q, cu_q, kp, vp, table, ks, vs = _paged(rng, [3, 129], [70, 140], 2, 1, 128, 16, "NHD")
     out = paged_prefill_attention(q, cu_q, kp, vp, *table, backend=HOST)
     s = slice(cu_q[1], cu_q[2])
     ref = np_flash_attention(q[None, s], ks[1][None], vs[1][None], True)[0][0]
-    _close("paged", np.asarray(out)[s], ref, "paged_prefill_attention", "bf16")
+    close("paged", np.asarray(out)[s], ref, "paged_prefill_attention", "bf16")

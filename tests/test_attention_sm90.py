@@ -28,31 +28,13 @@ from pykern.errors import KernelExecutionError
 from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
+from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "flash_attention_sm90.cu"
+pytestmark = pytest.mark.usefixtures("sm90_host")
+
 HOST = "host"
-
-
-@pytest.fixture(autouse=True)
-def _sm90_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
-    monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
-
-
-def _close(name: str, got, ref, dtype: str) -> None:
-    atol, rtol = tolerance("flash_attention", dtype)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape, name
-    err = np.abs(got - ref)
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
-
-
-def _check_lse(lse, ref_lse) -> None:
-    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
-    fin = np.isfinite(ref_lse)
-    assert np.abs(lse[fin] - ref_lse[fin]).max(initial=0) < 1e-4  # lse is fp32 from fp32 scores
 
 
 # --------------------------------------------------------------------------- forward vs float64
@@ -78,8 +60,8 @@ def test_forward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
     out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=HOST)
     assert names == [f"flash_attention_sm90_d{d}_{dtype}"]
     ref_out, ref_lse = np_flash_attention(q, k, v, causal)
-    _close("out", out, ref_out, dtype)
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", dtype)
+    check_lse(lse, ref_lse)
 
 
 @pytest.mark.parametrize("schedule", ["reverse", "random:7"])
@@ -91,8 +73,8 @@ def test_forward_sm90_under_other_thread_schedules(schedule, monkeypatch) -> Non
     q, k, v = fa_inputs(rng, 1, 150, 150, 2, 1, 128, 128, "bf16")
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
     ref_out, ref_lse = np_flash_attention(q, k, v, True)
-    _close("out", out, ref_out, "bf16")
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", "bf16")
+    check_lse(lse, ref_lse)
 
 
 def test_forward_sm90_sliding_window(monkeypatch) -> None:
@@ -102,8 +84,8 @@ def test_forward_sm90_sliding_window(monkeypatch) -> None:
     out, lse = ops.flash_attention(q, k, v, window_size=(100, 20), return_lse=True, backend=HOST)
     assert names == ["flash_attention_sm90_d64_bf16"]
     ref_out, ref_lse = np_flash_attention(q, k, v, False, window_size=(100, 20))
-    _close("out", out, ref_out, "bf16")
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", "bf16")
+    check_lse(lse, ref_lse)
 
 
 def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
@@ -257,8 +239,8 @@ def test_forward_sm90_when_the_running_max_grows(d, dtype, monkeypatch) -> None:
     q, k, v = _spiky(rng, 70, n_k, d, dtype, [(bc + 7, size_mid), (5, size_big)])
     out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
     ref_out, ref_lse = np_flash_attention(q, k, v, False)
-    _close("out", out, ref_out, dtype)
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", dtype)
+    check_lse(lse, ref_lse)
 
 
 # Every place a steady tile can fail its lazy softmax, where the hot loop runs two tiles an iteration (d64, d256):
@@ -278,8 +260,8 @@ def test_forward_sm90_redo_at_every_step_of_the_pair_loop(d, n_tiles, masked, sp
     q, k, v = _spiky(rng, 70, n_k, d, "bf16", spikes)
     out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
     ref_out, ref_lse = np_flash_attention(q, k, v, False)
-    _close("out", out, ref_out, "bf16")
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", "bf16")
+    check_lse(lse, ref_lse)
 
 
 # The pair loop's A check is decided per consumer warpgroup (wgmma is .sync.aligned over the warpgroup: after a
@@ -298,8 +280,8 @@ def test_forward_sm90_pair_redo_when_one_warp_of_a_warpgroup_fails(d, rows) -> N
         q[:, r0:r1, :, 0] = 4
     out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
     ref_out, ref_lse = np_flash_attention(q, k, v, False)
-    _close("out", out, ref_out, "bf16")
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention", "bf16")
+    check_lse(lse, ref_lse)
 
 
 def test_a_failed_a_check_takes_the_whole_warpgroup_to_the_redo(tmp_path, monkeypatch) -> None:
@@ -313,7 +295,7 @@ def test_a_failed_a_check_takes_the_whole_warpgroup_to_the_redo(tmp_path, monkey
     q[:, 16:32, :, 0] = 4
     ref_out, _ = np_flash_attention(q, k, v, False)
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
-    _close("out", good, ref_out, "bf16")
+    close("out", good, ref_out, "flash_attention", "bf16")
     old = ("            redo_a:  // A failed: its redo, then the pair's B step out of line\n"
            "                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);")
     bad = _launch_d64(_mutant(tmp_path, monkeypatch, old, old.replace("                fa90_redo",
@@ -332,7 +314,7 @@ def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     q, k, v = _spiky(rng, 70, 3 * bc + 10, 64, "bf16", [(bc + 7, 14.0), (5, 30.0)])
     ref_out, _ = np_flash_attention(q, k, v, False)
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
-    _close("out", good, ref_out, "bf16")
+    close("out", good, ref_out, "flash_attention", "bf16")
     bad = _launch_d64(_mutant(tmp_path, monkeypatch, "    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);"
                               "  // the rare redo", "    // dropped"), (q, k, v), False)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)

@@ -15,32 +15,12 @@ import pytest
 
 from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
 from pykern.ops.serving import flash_attention_varlen
-from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
+from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
+
+pytestmark = pytest.mark.usefixtures("sm90_host")
 
 HOST = "host"
-
-
-@pytest.fixture(autouse=True)
-def _sm90_host(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
-    monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
-
-
-def _close(name: str, got, ref, dtype: str) -> None:
-    atol, rtol = tolerance("flash_attention_varlen", dtype)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape, name
-    err = np.abs(got - ref)
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
-
-
-def _check_lse(lse, ref) -> None:
-    lse = np.asarray(lse)
-    np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref))
-    fin = np.isfinite(ref)
-    assert np.abs(lse[fin] - ref[fin]).max(initial=0) < 1e-4  # fp32 from fp32 scores
 
 
 def _ragged(rng, lq, lk, h, kvh, d, kind):
@@ -88,8 +68,8 @@ def test_varlen_sm90_vs_float64(case, monkeypatch) -> None:
     assert names == [f"flash_attention_varlen_sm90_d{d}_{kind}"]
     assert np.asarray(out).dtype == q.dtype and np.asarray(lse).dtype == np.float32
     ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win)
-    _close("out", out, ref_out, kind)
-    _check_lse(lse, ref_lse)
+    close("out", out, ref_out, "flash_attention_varlen", kind)
+    check_lse(lse, ref_lse)
 
 
 def test_varlen_sm90_other_schedule_and_agrees_with_mma_sync(monkeypatch) -> None:

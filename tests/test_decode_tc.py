@@ -244,17 +244,21 @@ def test_dispatch_picks_the_tensor_core_kernel_only_where_it_applies() -> None:
     assert p.launches()[0][3] == dtc_smem_bytes(128) == (2 * 2 * 64 + 16) * 136 * 2
 
 
+def _off16(a: np.ndarray) -> np.ndarray:
+    """A copy of the 16-bit array a whose data starts one element (2 bytes) past the start of a fresh buffer,
+    so off every 16-byte boundary."""
+    buf = np.zeros(a.size + 1, a.dtype)
+    buf[1:] = a.reshape(-1)
+    return buf[1:].reshape(a.shape)
+
+
 def test_unaligned_pages_fall_back_to_paged_attn(launched) -> None:
     # Pages 2 bytes off a 16-byte boundary: the 16-byte cp.async of decode_tc cannot read them.
     _need("host")
     rng = np.random.default_rng(3)
     pc = make_paged(rng, [40, 9], 16, 2, 64, "NHD", "bf16")
     kp, vp = pc["k_pages"], pc["v_pages"]
-    kbuf = np.zeros(kp.size + 1, kp.dtype)
-    vbuf = np.zeros(vp.size + 1, vp.dtype)
-    kbuf[1:] = kp.reshape(-1)
-    vbuf[1:] = vp.reshape(-1)
-    ku, vu = kbuf[1:].reshape(kp.shape), vbuf[1:].reshape(vp.shape)
+    ku, vu = _off16(kp), _off16(vp)
     assert ku.ctypes.data % 16
     q = make_q(rng, (2, 8, 64), "bf16")
     out, lse = ops.paged_decode_attention(q, ku, vu, pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"],
@@ -271,9 +275,7 @@ def test_unaligned_q_falls_back_to_paged_attn(launched) -> None:
     rng = np.random.default_rng(4)
     pc = make_paged(rng, [40, 9], 16, 2, 64, "NHD", "bf16")
     q = make_q(rng, (2, 8, 64), "bf16")
-    qbuf = np.zeros(q.size + 1, q.dtype)
-    qbuf[1:] = q.reshape(-1)
-    qu = qbuf[1:].reshape(q.shape)
+    qu = _off16(q)
     assert qu.ctypes.data % 16
     ro, rl = _ref(pc, q)
     for qq, kern in ((qu, "paged_attn_bf16"), (q, "decode_tc_paged_d64_bf16")):
@@ -293,9 +295,7 @@ def test_split_plan_partials_in_q_type_and_its_paged_attn_fallback(launched) -> 
     rng = np.random.default_rng(5)
     pc = make_paged(rng, [40, 9], 16, 2, 64, "NHD", "bf16")
     q = make_q(rng, (2, 8, 64), "bf16")
-    qbuf = np.zeros(q.size + 1, q.dtype)
-    qbuf[1:] = q.reshape(-1)
-    qu = qbuf[1:].reshape(q.shape)
+    qu = _off16(q)
     plan = ops.PagedDecodePlan(2, 8, 2, 64, 16, q_dtype="bf16", kv_dtype="bf16", num_splits=3)
     assert plan.tensor_cores and plan.part_o.dtype == q.dtype and plan.part_o.size == 3 * 2 * 8 * 64
     ro, rl = _ref(pc, q)
