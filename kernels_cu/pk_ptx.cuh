@@ -182,14 +182,6 @@ __device__ __forceinline__ float pk_ld_relaxed_gpu(const float* p) {
     PKRT_ATOMIC_SCOPE;
     return *p;
 }
-// ld.relaxed.gpu.global.v4.f32 (p 16-byte aligned): four strong loads in one, as pk_ld_relaxed_gpu.
-__device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, float& b, float& c, float& d) {
-    PKRT_ATOMIC_SCOPE;
-    a = p[0];
-    b = p[1];
-    c = p[2];
-    d = p[3];
-}
 // ld.relaxed.gpu.global.v4.b32 (p 16-byte aligned): 16 bytes (e.g. 8 bf16 / f16 elements) in one strong load,
 // as pk_ld_relaxed_gpu: each 32-bit word a relaxed access.
 __device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
@@ -370,19 +362,12 @@ __device__ __forceinline__ float pk_ex2_approx(float x) {
 }
 
 // A strong (relaxed, GPU-scope) load: served from L2, the point of coherence, never from a stale L1 line;
-// with __threadfence() after the atomic that observed the writers' release, it reads what they stored
-// (sm_70+). Volatile + "memory": not hoisted above that fence.
+// ordered after an acquire that observed the writers' release (an acq_rel atomic, or __threadfence() after
+// a plain one), it reads what they stored (sm_70+). Volatile + "memory": not hoisted above that acquire.
 __device__ __forceinline__ float pk_ld_relaxed_gpu(const float* p) {
     float r;
     asm volatile("ld.relaxed.gpu.global.f32 %0, [%1];" : "=f"(r) : "l"(p) : "memory");
     return r;
-}
-// Four consecutive floats (p 16-byte aligned) in one strong load (each element a relaxed access).
-__device__ __forceinline__ void pk_ld_relaxed_gpu_x4(const float* p, float& a, float& b, float& c, float& d) {
-    asm volatile("ld.relaxed.gpu.global.v4.f32 {%0, %1, %2, %3}, [%4];"
-                 : "=f"(a), "=f"(b), "=f"(c), "=f"(d)
-                 : "l"(p)
-                 : "memory");
 }
 // 16 bytes (p 16-byte aligned; e.g. 8 bf16 / f16 elements) in one strong load, each 32-bit word a relaxed access.
 __device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
