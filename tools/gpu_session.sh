@@ -1,0 +1,93 @@
+#!/usr/bin/env bash
+# One short GPU lease, end to end: probe, compile for the device, correctness (difftest on nvrtc in
+# shards, pytest -m gpu), then timings beside the peers and a few Nsight Compute profiles.
+#
+#   OUT=/tmp/gpu-out BUDGET=540 bash tools/gpu_session.sh
+#
+# Every stage is time-boxed against one deadline (BUDGET seconds from the start), so a slow stage
+# costs only itself. Logs go to $WORK (default /tmp/gpu-logs) and are packed into $OUT/logs.tgz at
+# the end; measure_gpu.py's rows go to $OUT/measure.json. Wheels in .whl/ (libclang, liger-kernel)
+# are installed into /tmp/site first when present.
+set -u
+T0=$(date +%s)
+BUDGET=${BUDGET:-540}
+OUT=${OUT:-/tmp/gpu-out}
+WORK=${WORK:-/tmp/gpu-logs}
+mkdir -p "$OUT" "$WORK"
+export PYTHONUNBUFFERED=1 XDG_CACHE_HOME=${XDG_CACHE_HOME:-/tmp/pk-cache}
+PY=${PY:-python3}
+
+pack() { tar -C "$WORK" -czf "$OUT/logs.tgz" . 2>/dev/null; }
+trap pack EXIT
+
+left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
+# stage NAME SECONDS CMD...: run CMD with a limit of min(SECONDS, time left - 5), log to $WORK/NAME.log
+stage() {
+  local name=$1 want=$2; shift 2
+  local l; l=$(left); l=$(( l - 5 )); [ "$want" -lt "$l" ] && l=$want
+  if [ "$l" -lt 5 ]; then echo "=== $name skipped: out of time"; return 0; fi
+  local s; s=$(date +%s)
+  timeout "$l" "$@" > "$WORK/$name.log" 2>&1
+  local rc=$?
+  echo "=== $name rc=$rc $(( $(date +%s) - s ))s (limit ${l}s) at +$(( $(date +%s) - T0 ))s"
+  tail -n "${TAILN:-6}" "$WORK/$name.log"
+}
+
+if ls .whl/*.whl >/dev/null 2>&1; then
+  $PY -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl \
+    > "$WORK/wheels.log" 2>&1 && export PYTHONPATH=$PWD:/tmp/site || export PYTHONPATH=$PWD
+else
+  export PYTHONPATH=$PWD
+fi
+
+{ nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; uname -a
+  $PY -c "import sys, torch, numpy; print(sys.version); print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
+  $PY -m pip list 2>/dev/null | grep -i -E "cuda|nvrtc|numba|numpy|triton|ml.dtypes|pytest|hypothesis|transformers|liger|libclang"
+  command -v ncu compute-sanitizer nvcc; ls /usr/local/cuda/bin 2>/dev/null | head -40
+} > "$WORK/env.log" 2>&1
+head -n 30 "$WORK/env.log"
+
+TAILN=4 stage precompile 150 $PY -m pykern.precompile --arch sm_90 --jobs 16
+TAILN=30 stage gpucheck_probe 30 $PY -m pykern.gpucheck --out "$WORK/gpucheck" --skip limits --skip difftest \
+  --skip pytest --skip sanitizer --skip bench
+TAILN=8 stage ceilings 40 $PY tools/measure_gpu.py ceilings --json "$WORK/ceilings.json"
+
+# correctness: difftest on nvrtc in 12 shards of kernels, and pytest -m gpu, side by side
+$PY -c "from pykern import registry; print('\n'.join(sorted(k.name for k in registry.kernels())))" > "$WORK/kernels.txt"
+split -n r/12 -d "$WORK/kernels.txt" "$WORK/shard."
+for f in "$WORK"/shard.*; do
+  (stage "difftest_$(basename "$f")" "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc \
+     --kernels "$(paste -sd, "$f")" > "$WORK/$(basename "$f").status") &
+done
+(stage difftest_mma_sync "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc --extra tools/gpu_no_sm90.py \
+   --kernels 'flash_attention*,attention_backward*' > "$WORK/mma_sync.status") &
+(TAILN=25 stage pytest_gpu "${PYTEST_S:-120}" $PY -m pytest -m gpu tests --ignore=tests/test_difftest.py -q -n 4 \
+   -p no:cacheprovider -rfE > "$WORK/pytest.status") &
+wait
+cat "$WORK"/*.status
+echo "--- difftest cases not ok:"
+grep -h -E " (FAIL|ERROR|fail|error)" "$WORK"/difftest_*.log | head -40
+grep -h -E "cases passed" "$WORK"/difftest_*.log
+
+TAILN=3 stage attention 120 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
+TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode --json "$OUT/decode.json"
+NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
+if [ -n "$NCU" ]; then
+  TAILN=80 stage ncu 90 "$NCU" --clock-control none --target-processes all \
+    -k 'regex:flash_attention_sm90|attention_backward_sm90|decode_tc' -c 8 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
+    $PY tools/measure_gpu.py profile-target
+fi
+TAILN=50 stage membound 80 $PY -m pykern.bench --dtype bf16 --repeats 10
+TAILN=30 stage moe 50 $PY tools/bench_moe.py --time --tokens 4096 --tokens 16384
+CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
+if [ -n "$CS" ]; then
+  for tool in memcheck racecheck; do
+    TAILN=12 stage "sanitizer_$tool" 45 "$CS" --tool "$tool" --error-exitcode 99 --print-limit 20 \
+      $PY -m pykern.difftest --backends nvrtc --case-limit 1 \
+      --kernels 'decode_tc_paged_d128_bf16,decode_tc_paged_d128_e4m3kv_bf16,flash_attention_sm90_d128_bf16,attention_backward_sm90_dq_d128_bf16,attention_backward_sm90_dkdv_d128_bf16'
+  done
+fi
+
+$PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" 2>&1 | tail -120
+echo "total $(( $(date +%s) - T0 ))s"

@@ -1,0 +1,305 @@
+#!/usr/bin/env python3
+"""Measure pykern on a CUDA GPU beside the peers that torch carries, in one short run.
+
+    python tools/measure_gpu.py ceilings            # device-to-device copy GB/s, 8192^3 bf16 GEMM TFLOP/s
+    python tools/measure_gpu.py attention           # fwd and fwd+bwd TFLOP/s: pykern (sm_90a and mma.sync
+                                                    # paths), SDPA's flash (FlashAttention-2) and cuDNN backends
+    python tools/measure_gpu.py decode              # paged decode GB/s (bf16 and e4m3 KV, GQA 1/4/8) beside
+                                                    # torch SDPA on a contiguous cache; correctness and
+                                                    # run-to-run identity of the one-launch split merge
+    python tools/measure_gpu.py all --quick --json OUT.json
+
+Timing: CUDA events around each call, median of --repeats after warm-up calls. Before every timed
+decode call a buffer of twice the L2 is zeroed (outside the events), so KV that would fit the L2 is
+still read from HBM; the zeroing also keeps the GPU busy while the host enqueues the timed call, so
+host launch overhead stays out of the figure. Attention shapes follow FlashAttention-2's benchmark:
+16k tokens a batch (batch = 16384 / seq), hidden 2048 (heads = 2048 / head_dim); FLOPs as FA2
+counts them (forward 4 * seq^2 * d * heads * batch, halved when causal; backward 2.5x that).
+Each pykern output is checked against SDPA's on the same inputs before it is timed.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from typing import Any, Callable
+
+import torch
+import torch.nn.functional as F
+
+ROWS: list[dict[str, Any]] = []
+
+
+def log(row: dict[str, Any]) -> None:
+    ROWS.append(row)
+    print(json.dumps(row), flush=True)
+
+
+def timed(fn: Callable[[], Any], reps: int, flush: Callable[[], Any] | None = None, warmup: int = 3) -> float:
+    """Median seconds of one call of fn (CUDA events)."""
+    for _ in range(warmup):
+        fn()
+    torch.cuda.synchronize()
+    pairs = []
+    for _ in range(reps):
+        if flush is not None:
+            flush()
+        s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+        s.record()
+        fn()
+        e.record()
+        pairs.append((s, e))
+    torch.cuda.synchronize()
+    return statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e-3
+
+
+def l2_flusher() -> Callable[[], Any]:
+    n = 2 * torch.cuda.get_device_properties(0).L2_cache_size
+    buf = torch.empty(n, dtype=torch.uint8, device="cuda")
+    return buf.zero_
+
+
+def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+    a, b = a.double(), b.double()
+    return float((a - b).norm() / b.norm().clamp_min(1e-30))
+
+
+# --------------------------------------------------------------------------- ceilings
+
+def ceilings(args: argparse.Namespace) -> None:
+    p = torch.cuda.get_device_properties(0)
+    log({"what": "device", "name": p.name, "sms": p.multi_processor_count, "l2_bytes": p.L2_cache_size,
+         "mem_bytes": p.total_memory, "torch": torch.__version__, "cuda": torch.version.cuda,
+         "date": time.strftime("%Y-%m-%d %H:%M:%S UTC", time.gmtime())})
+    n = (1 << 28) if args.quick else (1 << 30)  # bytes per buffer
+    a = torch.empty(n, dtype=torch.uint8, device="cuda").random_()
+    b = torch.empty_like(a)
+    t = timed(lambda: b.copy_(a), 20)
+    log({"what": "copy", "bytes_each_way": n, "us": t * 1e6, "GBps_read_plus_write": 2 * n / t / 1e9})
+    del a, b
+    m = 4096 if args.quick else 8192
+    x = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
+    t = timed(lambda: x @ y, 10)
+    log({"what": "gemm_bf16", "m": m, "us": t * 1e6, "TFLOPs": 2 * m ** 3 / t / 1e12})
+
+
+# --------------------------------------------------------------------------- attention
+
+def attention(args: argparse.Namespace) -> None:
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    import pykern.ops._attention_sm90 as sm90
+    import pykern.ops.training_attention as ta
+    from pykern.torch import flash_attention
+
+    usable = sm90.usable
+
+    def sm90_on(on: bool) -> None:  # the backward imported `usable` by name
+        sm90.usable = ta._sm90_usable = usable if on else (lambda *a, **kw: False)
+    seqs = (1024, 4096) if args.quick else (1024, 4096, 16384)
+    dims = (64, 128) if not args.d256 else (64, 128, 256)
+    reps = 5 if args.quick else 10
+    for d in dims:
+        for causal in (False, True):
+            for n in seqs:
+                b, h = max(1, 16384 // n), 2048 // d
+                fl = 4 * b * h * n * n * d / (2 if causal else 1)
+                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                           for _ in range(3))
+                g = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
+                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+                gt = g.transpose(1, 2).contiguous()
+
+                def sdpa(backend: Any) -> Callable[[], Any]:
+                    def f() -> Any:
+                        with sdpa_kernel(backend):
+                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
+                    return f
+
+                def fb(f: Callable[[], Any], grad: torch.Tensor, leaves: tuple) -> Callable[[], Any]:
+                    def run() -> Any:  # autograd.grad: no .grad accumulation kernels in the timed region
+                        return torch.autograd.grad(f(), leaves, grad)
+                    return run
+
+                ref = None
+                row: dict[str, Any] = {"what": "attention", "d": d, "causal": causal, "seq": n, "batch": b,
+                                       "heads": h, "fwd_flop": fl, "bwd_flop": 2.5 * fl}
+                impls: dict[str, tuple[Callable[[], Any], torch.Tensor, tuple]] = {}
+                for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    impls[name] = (sdpa(be), gt, (qt, kt, vt))
+                impls["pykern"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+                impls["pykern_mma_sync"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+                for name, (f, grad, leaves) in impls.items():
+                    sm90_on(name != "pykern_mma_sync")
+                    try:
+                        with torch.no_grad():
+                            o = f()
+                        o_bnhd = o if name.startswith("pykern") else o.transpose(1, 2)
+                        if ref is None:
+                            ref = o_bnhd.float()
+                        err = rel(o_bnhd.float(), ref)
+                        with torch.no_grad():
+                            tf = timed(f, reps)
+                        tfb = timed(fb(f, grad, leaves), reps)
+                        tb = max(tfb - tf, 1e-9)
+                        row[name] = {"fwd_us": tf * 1e6, "fwdbwd_us": tfb * 1e6, "fwd_tflops": fl / tf / 1e12,
+                                     "bwd_tflops": 2.5 * fl / tb / 1e12, "fwdbwd_tflops": 3.5 * fl / tfb / 1e12,
+                                     "rel_err_vs_first": err}
+                    except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the table
+                        row[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    finally:
+                        sm90_on(True)
+                log(row)
+                del q, k, v, qt, kt, vt, g, gt, ref
+                torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- decode
+
+def decode(args: argparse.Namespace) -> None:
+    from pykern.ops.serving import PagedDecodePlan
+
+    flush = l2_flusher()
+    kvh, d, ps = 8, 128, 16
+    batches = (1, 8, 64) if args.quick else (1, 8, 64, 256)
+    lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
+    reps = 10 if args.quick else 20
+    for kv in ("bf16", "e4m3"):
+        for g in (1, 4, 8):
+            h = kvh * g
+            for batch in batches:
+                for length in lengths:
+                    if batch * length > 256 * 8192 and batch > 64:
+                        continue  # b256 x 32k: 34 GB of bf16 KV; the 64 x 32k row already streams 8.6 GB
+                    pages_per = length // ps
+                    npages = batch * pages_per
+                    q = torch.randn(batch, h, d, device="cuda", dtype=torch.bfloat16)
+                    kf = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
+                    vf = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
+                    if kv == "e4m3":
+                        kp, vp = kf.to(torch.float8_e4m3fn), vf.to(torch.float8_e4m3fn)
+                        kv_name, elem = "float8_e4m3fn", 1
+                    else:
+                        kp, vp, kv_name, elem = kf, vf, "bf16", 2
+                    indptr = torch.arange(0, npages + 1, pages_per, device="cuda", dtype=torch.int32)
+                    indices = torch.randperm(npages, device="cuda").to(torch.int32)
+                    last = torch.full((batch,), ps, device="cuda", dtype=torch.int32)
+                    plan = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
+                                           max_kv_len=length, like=q)
+                    run = lambda: plan.run(q, kp, vp, indptr, indices, last)  # noqa: E731
+                    minimum = 2 * batch * length * kvh * d * elem + 2 * batch * h * d * 2
+                    row: dict[str, Any] = {"what": "decode", "kv": kv, "gqa": g, "batch": batch, "ctx": length,
+                                           "min_bytes": minimum, "launches": [(l[0], list(l[1])) for l in plan.launches()]
+                                           if hasattr(plan, "launches") else None}
+                    try:
+                        out = run().clone()
+                        # reference: the same KV (dequantized), gathered contiguous, SDPA in fp32
+                        order = indices.long().view(batch, pages_per)
+                        kc = kp[order].to(torch.float32).reshape(batch, length, kvh, d).transpose(1, 2)
+                        vc = vp[order].to(torch.float32).reshape(batch, length, kvh, d).transpose(1, 2)
+                        if batch * length <= 64 * 8192:
+                            refo = F.scaled_dot_product_attention(q.float().unsqueeze(2), kc, vc,
+                                                                  enable_gqa=True).squeeze(2)
+                            row["rel_err"] = rel(out.float(), refo)
+                        same = all(torch.equal(run(), out) for _ in range(20))
+                        row["identical_20_runs"] = same
+                        t = timed(run, reps, flush)
+                        row["pykern_us"], row["pykern_GBps"] = t * 1e6, minimum / t / 1e9
+                        if kv == "bf16":
+                            kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
+                            qb = q.unsqueeze(2)
+                            ts = timed(lambda: F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True), reps, flush)
+                            row["sdpa_us"], row["sdpa_GBps"] = ts * 1e6, minimum / ts / 1e9
+                            del kb, vb
+                        del kc, vc
+                    except Exception as e:  # noqa: BLE001
+                        row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                    log(row)
+                    del q, kf, vf, kp, vp, plan
+                    torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- one shape each, for ncu
+
+def profile_target(args: argparse.Namespace) -> None:
+    from pykern.ops.serving import PagedDecodePlan
+    from pykern.torch import flash_attention
+
+    for d in (64, 128):
+        q, k, v = (torch.randn(2, 8192, 2048 // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
+                   for _ in range(3))
+        o = flash_attention(q, k, v, causal=False)
+        o.backward(torch.randn_like(o))
+    torch.cuda.synchronize()
+    b, g, kvh, d, ps, L = 8, 4, 8, 128, 16, 32768
+    npages = b * L // ps
+    q = torch.randn(b, kvh * g, d, device="cuda", dtype=torch.bfloat16)
+    kp = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    indptr = torch.arange(0, npages + 1, L // ps, device="cuda", dtype=torch.int32)
+    idx = torch.randperm(npages, device="cuda").to(torch.int32)
+    last = torch.full((b,), ps, device="cuda", dtype=torch.int32)
+    plan = PagedDecodePlan(b, kvh * g, kvh, d, ps, q_dtype="bf16", kv_dtype="bf16", max_kv_len=L, like=q)
+    plan.run(q, kp, vp, indptr, idx, last)
+    torch.cuda.synchronize()
+
+
+def summary(files: list[str]) -> None:
+    """Compact tables of the rows in measure JSON files."""
+    rows = [r for f in files if os.path.exists(f) for r in json.load(open(f))]
+    for r in rows:
+        if r["what"] in ("device", "copy", "gemm_bf16"):
+            print(json.dumps(r))
+    print("attention TFLOP/s fwd | fwd+bwd (rel err of fwd vs sdpa_flash)")
+    names = ("pykern", "pykern_mma_sync", "sdpa_flash", "sdpa_cudnn")
+    for r in (r for r in rows if r["what"] == "attention"):
+        cells = []
+        for n in names:
+            c = r.get(n, {})
+            cells.append(f"{c['fwd_tflops']:5.0f}|{c['fwdbwd_tflops']:4.0f}({c['rel_err_vs_first']:.0e})"
+                         if "fwd_tflops" in c else f"{'ERR' if 'error' in c else '-':>17s}")
+        print(f"d{r['d']:<3d} {'causal' if r['causal'] else 'full  '} {r['seq']:>6d}  " + "  ".join(cells))
+    print("   " + "  ".join(names))
+    print("decode GB/s (min bytes / median time): pykern | sdpa; rel err, identical over 20 runs")
+    for r in (r for r in rows if r["what"] == "decode"):
+        if "error" in r:
+            print(f"{r['kv']:5s} g{r['gqa']} b{r['batch']:<3d} {r['ctx']:>6d} ERROR {r['error']}")
+            continue
+        print(f"{r['kv']:5s} g{r['gqa']} b{r['batch']:<3d} {r['ctx']:>6d} {r['pykern_us']:9.1f}us "
+              f"{r['pykern_GBps']:7.0f} | {r.get('sdpa_GBps', float('nan')):7.0f}  "
+              f"{r.get('rel_err', float('nan')):.1e} {r.get('identical_20_runs')}")
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("what", choices=("ceilings", "attention", "decode", "all", "profile-target", "summary"))
+    ap.add_argument("files", nargs="*", help="summary: measure JSON files")
+    ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
+    ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
+    ap.add_argument("--json", metavar="FILE", help="also write every row to FILE")
+    args = ap.parse_args(argv)
+    if args.what == "summary":
+        summary(args.files)
+        return 0
+    if not torch.cuda.is_available():
+        print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
+        return 3
+    steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode],
+             "all": [ceilings, attention, decode], "profile-target": [profile_target]}[args.what]
+    try:
+        for step in steps:
+            step(args)
+    finally:
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(ROWS, f, indent=1)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
