@@ -19,7 +19,10 @@ from .sources import Source, include_dirs
 from .sources import load as load_source
 
 # Options every compile gets unless the caller passes its own spelling of the same flag.
-DEFAULT_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+# -default-device: unannotated functions are __device__. NVRTC 13.0 (what torch's CUDA 13.0 wheels bring) takes
+# a generic lambda (`[&](auto w) {...}`) inside a kernel for a host function and refuses it ("host functions are
+# not allowed in JIT mode"); NVRTC 13.5 accepts it either way. Every function in kernels_cu/ is device code.
+DEFAULT_OPTIONS: tuple[str, ...] = ("-std=c++17", "-default-device")
 
 _ARCH = re.compile(r"^(sm|compute)_(\d{2,3})([af]?)$")
 

@@ -189,12 +189,24 @@ def test_defines_reach_the_compile(tmp_path):
     assert "st.global" in on.ptx and "st.global" not in off.ptx
 
 
+def test_unannotated_functions_are_device_code(tmp_path):
+    # NVRTC 13.0 (torch's CUDA 13.0 wheels) takes a generic lambda inside a kernel for a host function unless
+    # unannotated functions default to __device__; 13.5 does not care. A plain helper called from a kernel
+    # fails the same way on every NVRTC without the option, so this fails here if the option goes.
+    src = tmp_path / "plain.cu"
+    src.write_text('static float twice(float x) { return 2.0f * x; }\n'
+                   'extern "C" __global__ void pkt_plain(float* y) {\n'
+                   '  auto f = [&](auto v) { return twice(v); };\n  y[0] = f(y[0]);\n}\n')
+    m = compiler.compile(src, "sm_80")
+    assert "-default-device" in m.options and ".entry pkt_plain(" in m.ptx
+
+
 def test_include_paths_and_arch_are_not_options():
     with pytest.raises(ArgumentError, match="include"):
         compiler.portable_options("sm_80", ["-I/somewhere"])
     with pytest.raises(ArgumentError, match="arch"):
         compiler.portable_options("sm_80", ["--gpu-architecture=sm_90"])
-    assert compiler.portable_options("sm_80", ["-std=c++20"]) == ["--gpu-architecture=sm_80", "-std=c++20"]
+    assert compiler.portable_options("sm_80", ["-std=c++20"]) == ["--gpu-architecture=sm_80", "-default-device", "-std=c++20"]
     assert compiler.portable_options("sm_80", ["--std=c++20"]) == ["--gpu-architecture=sm_80", "--std=c++20"]
     with pytest.raises(ArgumentError, match="options"):
         compiler.portable_options("sm_80", "-lineinfo")  # a bare string would be split into characters
