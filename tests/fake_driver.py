@@ -543,6 +543,15 @@ class FakeDeviceArray:
         n = int(np.prod(self.shape, dtype=np.int64))
         return self.fake.view(self.ptr, self.dtype, n).reshape(self.shape).copy()
 
+    def reshape(self, shape: Any) -> "FakeDeviceArray":
+        """A view of the same (contiguous) memory in another shape, as CuPy's and torch's reshape."""
+        new = np.empty(self.shape, np.uint8).reshape(shape).shape  # NumPy's checks and its -1
+        return FakeDeviceArray(self.fake, self.ptr, new, self.dtype, self.stream, self.readonly)
+
+    def fill(self, value: Any) -> None:
+        n = int(np.prod(self.shape, dtype=np.int64))
+        self.fake.view(self.ptr, self.dtype, n)[:] = value
+
 
 # -- simulations of the test kernels in tests/launch_cu (what the GPU would compute) ----
 

@@ -25,17 +25,25 @@ def shared_bytes(d: int) -> int:
     return ROWS * d * 2 + 2 * st * bc * d * 2 + 1024
 
 
-def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any, backend: str | None) -> bool:
-    """Whether the sm_90a kernel runs this call (shape supported and the device takes sm_90a kernels)."""
+def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any, backend: str | None,
+           *more: Any) -> bool:
+    """Whether the sm_90a kernel runs this call (shape supported and the device takes sm_90a kernels).
+
+    q and `more` are the arrays the kernel reads through tensor maps (q, k, v; dO for the backward). On the nvrtc
+    backend a tensor map holds a device address, so each must already live on the GPU: host arrays (NumPy, CPU
+    tensors), which the launcher stages to device memory only at launch, take the mma.sync kernels as on an sm_80
+    GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all."""
     if head_dim != head_dim_v or head_dim not in HEAD_DIMS or softcap > 0.0 or not scale > 0.0:
         return False
     from ..backends import get_backend, kernel_variant
-    from ..devices import array_device
+    from ..devices import HOST, META, array_device
 
     be = get_backend(backend)
     if be.name not in ("host", "nvrtc"):
         return False
     dev = array_device(q)
+    if be.name == "nvrtc" and any(array_device(a) in (HOST, META) for a in (q, *more)):
+        return False
     return kernel_variant("sm_90a", be.name, dev if isinstance(dev, int) and dev >= 0 else 0)
 
 
@@ -49,7 +57,7 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
     from ..tensormap import make_tensor_map
 
     batch, n_q, n_k, n_heads, n_kv_heads, d, d_v = dims
-    if not usable(d, d_v, softcap, scale, q, backend):
+    if not usable(d, d_v, softcap, scale, q, backend, k, v):
         return False
     bc, _ = _CFG[d]
     name = get_backend(backend).name
@@ -79,7 +87,7 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
     from ..tensormap import make_tensor_map
 
     batch, max_q, n_heads, n_kv_heads, d = dims
-    if not usable(d, d, softcap, scale, q, backend):
+    if not usable(d, d, softcap, scale, q, backend, k, v):
         return False
     n_qt = -(-max_q // ROWS)
     if n_qt * n_heads >= 2**31:
@@ -127,7 +135,7 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
 
     b, n_q, n_k, h, kvh, d = dims
     wl, wr, softcap = win
-    if d not in BWD_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend):
+    if d not in BWD_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v, g):
         return None
     name = get_backend(backend).name
     c = bwd_dkdv_step(d)

@@ -379,7 +379,7 @@ def attention_backward(
         if tensor_cores_available(backend):
             # On sm_90a the wgmma kernels (in _tensor_cores, after its pre-pass) come first: they are the
             # Hopper path, and they have one writer per element, so deterministic either way.
-            hopper = d in _SM90_BWD_HEAD_DIMS and _sm90_usable(d, d, softcap, scale, q, backend)
+            hopper = d in _SM90_BWD_HEAD_DIMS and _sm90_usable(d, d, softcap, scale, q, backend, k, v, grad_out)
             if d in FUSED_HEAD_DIMS and fused_available(backend) and not hopper:
                 return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
                               stream)
