@@ -439,7 +439,7 @@ class NvrtcBackend:
         # kernelParams[i] points at argument i's bytes: the ctypes scalar the launcher made for a
         # value, a slot of `storage` holding the device address for a pointer. Both stay referenced
         # by locals until cuLaunchKernel has copied them.
-        staged: list[list[int]] | None = None  # [host span start, bytes, device buffer, copy back]
+        staged: list[tuple[int, int, int, bool]] | None = None  # (host span start, bytes, device buffer, copy back)
         try:
             plan = dev.plans.get(id(spec))
             if plan is None or plan.spec is not spec:
@@ -449,13 +449,22 @@ class NvrtcBackend:
             params = plan.params_type()
             storage = plan.storage_type()
             base = _addressof(storage)
-            host: list[tuple[int, np.ndarray, bool]] | None = None  # NumPy arguments: (slot, array, copy back)
+            # NumPy arguments by host byte span: (lo, hi, storage slot, data pointer, copy back); empty arrays
+            # touch no memory and stay out (their slot keeps the null pointer the zeroed storage holds).
+            spans: list[tuple[int, int, int, int, bool]] | None = None
             for k, i in enumerate(plan.ptr_idx):
                 a = args[i]
                 if type(a) is _ndarray:
-                    if host is None:
-                        host = []
-                    host.append((k, a, plan.copy_back[k]))
+                    if spans is None:
+                        spans = []
+                    n = a.nbytes
+                    if n:
+                        p = a.ctypes.data
+                        if a.flags.c_contiguous:
+                            spans.append((p, p + n, k, p, plan.copy_back[k]))
+                        else:
+                            lo, hi = _span(a, p)
+                            spans.append((lo, hi, k, p, plan.copy_back[k]))
                     params[i] = base + 8 * k  # storage[k] is filled by _stage_in once all spans are known
                     continue
                 if type(a) is _DeviceView:  # torch CUDA tensor: the op already chose the stream
@@ -470,9 +479,10 @@ class NvrtcBackend:
                 params[i] = base + 8 * k
             for i in plan.val_idx:
                 params[i] = _addressof(args[i])
-            if host is not None:
+            if spans is not None:
                 staged = []
-                self._stage_in(drv, host, h, storage, staged)
+                if spans:
+                    self._stage_in(drv, spans, h, storage, staged)
             drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params))
             if staged is not None:
                 for lo, n, dptr, back in staged:
@@ -496,8 +506,9 @@ class NvrtcBackend:
             drv.set_current(prev)
 
     @staticmethod
-    def _stage_in(drv: Driver, host: list, h: int, storage: Any, staged: list) -> None:
-        """Copy the NumPy arguments into device memory and put their device addresses in `storage`.
+    def _stage_in(drv: Driver, spans: list, h: int, storage: Any, staged: list) -> None:
+        """Copy the NumPy arguments' host spans into device memory and put their device addresses in
+        `storage`; `spans` holds (lo, hi, storage slot, data pointer, copy back) per non-empty array.
 
         Staging goes by host memory span, not by array object: a kernel reaches a view through its
         strides, so it touches the bytes between the view's lowest and highest element (its byte
@@ -513,28 +524,28 @@ class NvrtcBackend:
         The same array passed twice is the special case of identical spans. A buffer is copied back
         (all of its span) only if some parameter staged into it is non-const; the bytes of the span
         that the kernel did not write go back as they came. Empty arrays touch no memory: they pass
-        a null pointer (storage is zeroed) and join no buffer.
+        a null pointer and join no buffer (the caller leaves them out).
         """
-        if len(host) == 1:  # one NumPy argument: nothing to overlap
-            k, a, back = host[0]
-            n = a.nbytes
-            if not n:
-                return
-            p = a.ctypes.data
-            lo, hi = (p, p + n) if a.flags.c_contiguous else _span(a, p)
-            dptr = drv.mem_alloc(hi - lo)
-            staged.append([lo, hi - lo, dptr, back])  # before the copy: a failed copy still frees it
-            drv.memcpy_htod_async(dptr, lo, hi - lo, h)  # outputs too: kernels may read-modify-write
-            storage[k] = dptr + (p - lo)
+        # The usual launch has a few disjoint arrays (often one): check that first (no allocation, a few
+        # compares) and stage them one by one; only overlapping spans take the merge below.
+        m = len(spans)
+        overlap = False
+        for j in range(1, m):
+            lo, hi = spans[j][0], spans[j][1]
+            for q in range(j):
+                if lo < spans[q][1] and spans[q][0] < hi:
+                    overlap = True
+                    break
+            if overlap:
+                break
+        if not overlap:
+            for lo, hi, k, p, back in spans:
+                n = hi - lo
+                dptr = drv.mem_alloc(n)
+                staged.append((lo, n, dptr, back))  # before the copy: a failed copy still frees it
+                drv.memcpy_htod_async(dptr, lo, n, h)  # outputs too: kernels may read-modify-write
+                storage[k] = dptr + (p - lo)
             return
-        spans = []
-        for k, a, back in host:
-            n = a.nbytes
-            if not n:
-                continue
-            p = a.ctypes.data
-            lo, hi = (p, p + n) if a.flags.c_contiguous else _span(a, p)
-            spans.append((lo, hi, k, p, back))
         spans.sort()
         groups: list[list[Any]] = []  # [lo, hi, copy back, first slot, [(slot, data pointer)]]
         for lo, hi, k, p, back in spans:
@@ -553,7 +564,7 @@ class NvrtcBackend:
         for lo, hi, back, _, members in groups:
             n = hi - lo
             dptr = drv.mem_alloc(n)
-            staged.append([lo, n, dptr, back])
+            staged.append((lo, n, dptr, back))
             drv.memcpy_htod_async(dptr, lo, n, h)
             for k, p in members:
                 storage[k] = dptr + (p - lo)
