@@ -26,6 +26,9 @@ from pykern.backends.nvrtc import NvrtcBackend  # noqa: E402
 from fake_driver import LAUNCH_CU, FakeDriver, FakeDriverError, compile_test_kernels, make_fake  # noqa: E402
 
 
+_byte_bounds = getattr(np.lib, "array_utils", np).byte_bounds  # NumPy 2 moved it; NumPy 1 has np.byte_bounds
+
+
 @pytest.fixture(scope="module")
 def compiled():
     return compile_test_kernels("sm_80")
@@ -89,7 +92,7 @@ def test_strided_view_and_its_interleaved_twin_share_one_buffer_over_their_span(
     # A combined cache (pages, 2, page, dim): out = the K half, in = the V half, interleaved page by page.
     cache = np.arange(3 * 2 * 4 * 5, dtype=np.uint16).reshape(3, 2, 4, 5)
     out, inp = cache[:, 0], cache[:, 1]
-    assert not out.flags.c_contiguous and np.lib.array_utils.byte_bounds(out)[1] - out.ctypes.data > out.nbytes
+    assert not out.flags.c_contiguous and _byte_bounds(out)[1] - out.ctypes.data > out.nbytes
     expect = cache.copy()
     expect[:, 0] = expect[:, 1] + 1000
     fake.simulate["pktest_copy_u16"] = _strided_copy_sim(out.shape, _elem_strides(out), _elem_strides(inp), 1000)
@@ -110,7 +113,7 @@ def test_negative_strides_are_staged_from_their_lowest_byte(fake):
     base = np.arange(40, dtype=np.uint16)
     out = base[::-3]  # data pointer at the last element, the span runs down from it
     src = np.arange(out.size, dtype=np.uint16) * 7
-    lo, hi = np.lib.array_utils.byte_bounds(out)
+    lo, hi = _byte_bounds(out)
     assert lo < out.ctypes.data
     expect = base.copy()
     expect[::-3] = src + 1
