@@ -58,6 +58,21 @@ def _pointer_params(spec: KernelSpec) -> tuple[int, ...]:
     return tuple(i for i, p in enumerate(spec.params) if p.is_pointer)
 
 
+def _span(a: np.ndarray, p: int) -> tuple[int, int]:
+    """[lo, hi) host bytes a non-empty strided array reaches from its data pointer p (np.byte_bounds)."""
+    lo = hi = p
+    for n, st in zip(a.shape, a.strides):
+        if st < 0:
+            lo += (n - 1) * st
+        else:
+            hi += (n - 1) * st
+    return lo, hi + a.itemsize
+
+
+def _first_slot(group: list) -> int:
+    return group[3]
+
+
 def _label(spec: KernelSpec, i: int) -> str:
     p = spec.params[i]
     return f"{spec.name}: argument {i} ({p.ctype} {p.name})"
@@ -424,7 +439,7 @@ class NvrtcBackend:
         # kernelParams[i] points at argument i's bytes: the ctypes scalar the launcher made for a
         # value, a slot of `storage` holding the device address for a pointer. Both stay referenced
         # by locals until cuLaunchKernel has copied them.
-        staged: list[list[Any]] | None = None  # [array, device pointer, copy back]
+        staged: list[tuple[int, int, int, bool]] | None = None  # (host span start, bytes, device buffer, copy back)
         try:
             plan = dev.plans.get(id(spec))
             if plan is None or plan.spec is not spec:
@@ -434,13 +449,25 @@ class NvrtcBackend:
             params = plan.params_type()
             storage = plan.storage_type()
             base = _addressof(storage)
+            # NumPy arguments by host byte span: (lo, hi, storage slot, data pointer, copy back); empty arrays
+            # touch no memory and stay out (their slot keeps the null pointer the zeroed storage holds).
+            spans: list[tuple[int, int, int, int, bool]] | None = None
             for k, i in enumerate(plan.ptr_idx):
                 a = args[i]
                 if type(a) is _ndarray:
-                    if staged is None:
-                        staged = []
-                    ptr = self._stage_in(drv, a, h, plan.copy_back[k], staged)
-                elif type(a) is _DeviceView:  # torch CUDA tensor: the op already chose the stream
+                    if spans is None:
+                        spans = []
+                    n = a.nbytes
+                    if n:
+                        p = a.ctypes.data
+                        if a.flags.c_contiguous:
+                            spans.append((p, p + n, k, p, plan.copy_back[k]))
+                        else:
+                            lo, hi = _span(a, p)
+                            spans.append((lo, hi, k, p, plan.copy_back[k]))
+                    params[i] = base + 8 * k  # storage[k] is filled by _stage_in once all spans are known
+                    continue
+                if type(a) is _DeviceView:  # torch CUDA tensor: the op already chose the stream
                     ptr = a.ptr
                 else:
                     cai = a.__cuda_array_interface__
@@ -452,11 +479,15 @@ class NvrtcBackend:
                 params[i] = base + 8 * k
             for i in plan.val_idx:
                 params[i] = _addressof(args[i])
+            if spans is not None:
+                staged = []
+                if spans:
+                    self._stage_in(drv, spans, h, storage, staged)
             drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params))
-            if staged:
-                for a, dptr, back in staged:
-                    if back and dptr:
-                        drv.memcpy_dtoh_async(a.ctypes.data, dptr, a.nbytes, h)
+            if staged is not None:
+                for lo, n, dptr, back in staged:
+                    if back:
+                        drv.memcpy_dtoh_async(lo, dptr, n, h)  # the whole span, once per device buffer
                 # NumPy results are host memory: the call is synchronous for them.
                 drv.stream_synchronize(h)
         except BaseException:
@@ -475,26 +506,73 @@ class NvrtcBackend:
             drv.set_current(prev)
 
     @staticmethod
-    def _stage_in(drv: Driver, a: np.ndarray, h: int, back: bool, staged: list) -> int:
-        for entry in staged:
-            if entry[0] is a:
-                # The same array twice (in-place use): one device copy, as on the GPU the kernel
-                # sees one buffer; copied back once if any of its parameters may write.
-                entry[2] = entry[2] or back
-                return entry[1]
-        n = a.nbytes
-        if n == 0:
-            staged.append([a, 0, back])
-            return 0  # nothing to read or write: a null pointer is what an empty device array is
-        dptr = drv.mem_alloc(n)
-        staged.append([a, dptr, back])
-        drv.memcpy_htod_async(dptr, a.ctypes.data, n, h)  # outputs too: kernels may read-modify-write
-        return dptr
+    def _stage_in(drv: Driver, spans: list, h: int, storage: Any, staged: list) -> None:
+        """Copy the NumPy arguments' host spans into device memory and put their device addresses in
+        `storage`; `spans` holds (lo, hi, storage slot, data pointer, copy back) per non-empty array.
+
+        Staging goes by host memory span, not by array object: a kernel reaches a view through its
+        strides, so it touches the bytes between the view's lowest and highest element (its byte
+        bounds), which for a strided view (the K half `cache[:, 0]` of a combined KV cache) is more
+        than `nbytes` from its data pointer, and may start below it (negative strides). Arguments
+        whose spans overlap get ONE device buffer over the union of their spans, each at its own
+        offset in it: aliasing on the host stays aliasing on the device (the kernel's writes through
+        one view are seen through the other), and the buffer is copied back once, so the K and V views
+        of one cache cannot undo each other's writes. The rule is overlap of byte spans rather than a
+        shared `.base`: it catches every alias however the views were made (as_strided, frombuffer,
+        no common base object), and views of one base whose spans are disjoint (two separate halves
+        of a large array) need no common buffer, so the bytes between them are not copied at all.
+        The same array passed twice is the special case of identical spans. A buffer is copied back
+        (all of its span) only if some parameter staged into it is non-const; the bytes of the span
+        that the kernel did not write go back as they came. Empty arrays touch no memory: they pass
+        a null pointer and join no buffer (the caller leaves them out).
+        """
+        # The usual launch has a few disjoint arrays (often one): check that first (no allocation, a few
+        # compares) and stage them one by one; only overlapping spans take the merge below.
+        m = len(spans)
+        overlap = False
+        for j in range(1, m):
+            lo, hi = spans[j][0], spans[j][1]
+            for q in range(j):
+                if lo < spans[q][1] and spans[q][0] < hi:
+                    overlap = True
+                    break
+            if overlap:
+                break
+        if not overlap:
+            for lo, hi, k, p, back in spans:
+                n = hi - lo
+                dptr = drv.mem_alloc(n)
+                staged.append((lo, n, dptr, back))  # before the copy: a failed copy still frees it
+                drv.memcpy_htod_async(dptr, lo, n, h)  # outputs too: kernels may read-modify-write
+                storage[k] = dptr + (p - lo)
+            return
+        spans.sort()
+        groups: list[list[Any]] = []  # [lo, hi, copy back, first slot, [(slot, data pointer)]]
+        for lo, hi, k, p, back in spans:
+            if groups and lo < groups[-1][1]:  # overlaps the union so far (spans are half-open)
+                g = groups[-1]
+                if hi > g[1]:
+                    g[1] = hi
+                g[2] = g[2] or back
+                if k < g[3]:
+                    g[3] = k
+                g[4].append((k, p))
+            else:
+                groups.append([lo, hi, back, k, [(k, p)]])
+        if len(groups) > 1:
+            groups.sort(key=_first_slot)  # allocate in parameter order
+        for lo, hi, back, _, members in groups:
+            n = hi - lo
+            dptr = drv.mem_alloc(n)
+            staged.append((lo, n, dptr, back))
+            drv.memcpy_htod_async(dptr, lo, n, h)
+            for k, p in members:
+                storage[k] = dptr + (p - lo)
 
     @staticmethod
     def _free(drv: Driver, staged: list, quiet: bool = False) -> None:
         err: BaseException | None = None
-        for _, dptr, _ in staged:
+        for _, _, dptr, _ in staged:
             if dptr:
                 try:
                     drv.mem_free(dptr)
