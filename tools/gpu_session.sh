@@ -69,25 +69,30 @@ echo "--- difftest cases not ok:"
 grep -h -E " (FAIL|ERROR|fail|error)" "$WORK"/difftest_*.log | head -40
 grep -h -E "cases passed" "$WORK"/difftest_*.log
 
-TAILN=3 stage attention 120 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
+TAILN=3 stage attention 90 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
 TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode --json "$OUT/decode.json"
+TAILN=6 stage model 60 $PY tools/measure_gpu.py model --json "$OUT/model.json"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
-  TAILN=80 stage ncu 90 "$NCU" --clock-control none --target-processes all \
-    -k 'regex:flash_attention_sm90|attention_backward_sm90|decode_tc' -c 8 \
-    --section SpeedOfLight --section Occupancy --section WarpStateStats --section MemoryWorkloadAnalysis \
-    $PY tools/measure_gpu.py profile-target
+  # tensor-pipe utilisation metrics this ncu knows (names differ between versions): asked for only if listed
+  M=$("$NCU" --query-metrics --chip gh100 2>/dev/null | grep -o '^sm__pipe_tensor_op_[a-z_]*_cycles_active' | sort -u \
+      | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
+  echo "tensor metrics: $M" > "$WORK/ncu_metrics.txt"
+  TAILN=10 stage ncu_mma_sync 60 "$NCU" --clock-control none --target-processes all \
+    -k 'regex:flash_attention_tc|attention_backward_tc|attention_bwd|decode_tc|paged_attn' -c 8 \
+    --section SpeedOfLight --section Occupancy --section WarpStateStats ${M:+--metrics "$M"} \
+    $PY tools/measure_gpu.py profile-target --mma-sync --decode-shape 1 4 8 128 16 1024
+  TAILN=10 stage ncu_sm90 50 "$NCU" --clock-control none --target-processes all \
+    -k 'regex:flash_attention_sm90|attention_backward_sm90|decode_tc|paged_attn' -c 8 \
+    --section SpeedOfLight ${M:+--metrics "$M"} \
+    $PY tools/measure_gpu.py profile-target --decode-shape 8 1 8 128 16 8192
 fi
-TAILN=50 stage membound 80 $PY -m pykern.bench --dtype bf16 --repeats 10
-TAILN=30 stage moe 50 $PY tools/bench_moe.py --time --tokens 4096 --tokens 16384
+TAILN=70 stage membound 60 $PY -m pykern.bench --dtype bf16 --repeats 10
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CS" ]; then
-  for tool in memcheck racecheck; do
-    TAILN=12 stage "sanitizer_$tool" 45 "$CS" --tool "$tool" --error-exitcode 99 --print-limit 20 \
-      $PY -m pykern.difftest --backends nvrtc --case-limit 1 \
-      --kernels 'decode_tc_paged_d128_bf16,decode_tc_paged_d128_e4m3kv_bf16,flash_attention_sm90_d128_bf16,attention_backward_sm90_dq_d128_bf16,attention_backward_sm90_dkdv_d128_bf16'
-  done
+  TAILN=8 stage sanitizer_memcheck 40 "$CS" --tool memcheck --error-exitcode 99 --print-limit 20 \
+    $PY -m pykern.difftest --backends nvrtc --case-limit 2 \
+    --kernels 'paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,paged_attn_bf16'
 fi
-
-$PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" 2>&1 | tail -120
+$PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" "$OUT/model.json" 2>&1 | tail -120
 echo "total $(( $(date +%s) - T0 ))s"

@@ -39,8 +39,14 @@ def log(row: dict[str, Any]) -> None:
     print(json.dumps(row), flush=True)
 
 
+# GPU cycles of torch.cuda._sleep before each timed call (about 1 ms at 1.98 GHz): the GPU is still busy when the
+# host has enqueued the start event, the call and the end event, so the events time the GPU work alone, not
+# the host's launch overhead (host_overhead() measures that).
+SLEEP_CYCLES = 2_000_000
+
+
 def timed(fn: Callable[[], Any], reps: int, flush: Callable[[], Any] | None = None, warmup: int = 3) -> float:
-    """Median seconds of one call of fn (CUDA events)."""
+    """Median seconds of GPU time of one call of fn (CUDA events; host overhead hidden behind a GPU sleep)."""
     for _ in range(warmup):
         fn()
     torch.cuda.synchronize()
@@ -48,6 +54,7 @@ def timed(fn: Callable[[], Any], reps: int, flush: Callable[[], Any] | None = No
     for _ in range(reps):
         if flush is not None:
             flush()
+        torch.cuda._sleep(SLEEP_CYCLES)
         s, e = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
         s.record()
         fn()
@@ -55,6 +62,19 @@ def timed(fn: Callable[[], Any], reps: int, flush: Callable[[], Any] | None = No
         pairs.append((s, e))
     torch.cuda.synchronize()
     return statistics.median(s.elapsed_time(e) for s, e in pairs) * 1e-3
+
+
+def host_overhead(fn: Callable[[], Any], n: int = 50) -> float:
+    """Seconds of host time per call of fn, the GPU kept ahead by a sleep (the calls only enqueue)."""
+    fn()
+    torch.cuda.synchronize()
+    torch.cuda._sleep(SLEEP_CYCLES * 20)
+    t0 = time.perf_counter()
+    for _ in range(n):
+        fn()
+    t = (time.perf_counter() - t0) / n
+    torch.cuda.synchronize()
+    return t
 
 
 def l2_flusher() -> Callable[[], Any]:
@@ -147,7 +167,9 @@ def attention(args: argparse.Namespace) -> None:
                             tf = timed(f, reps)
                         tfb = timed(fb(f, grad, leaves), reps)
                         tb = max(tfb - tf, 1e-9)
-                        row[name] = {"fwd_us": tf * 1e6, "fwdbwd_us": tfb * 1e6, "fwd_tflops": fl / tf / 1e12,
+                        with torch.no_grad():
+                            th = host_overhead(f, 20)
+                        row[name] = {"host_us": th * 1e6, "fwd_us": tf * 1e6, "fwdbwd_us": tfb * 1e6, "fwd_tflops": fl / tf / 1e12,
                                      "bwd_tflops": 2.5 * fl / tb / 1e12, "fwdbwd_tflops": 3.5 * fl / tfb / 1e12,
                                      "rel_err_vs_first": err}
                     except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the table
@@ -210,11 +232,14 @@ def decode(args: argparse.Namespace) -> None:
                         row["identical_20_runs"] = same
                         t = timed(run, reps, flush)
                         row["pykern_us"], row["pykern_GBps"] = t * 1e6, minimum / t / 1e9
+                        row["pykern_host_us"] = host_overhead(run) * 1e6
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)
                             ts = timed(lambda: F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True), reps, flush)
                             row["sdpa_us"], row["sdpa_GBps"] = ts * 1e6, minimum / ts / 1e9
+                            row["sdpa_host_us"] = host_overhead(
+                                lambda: F.scaled_dot_product_attention(qb, kb, vb, enable_gqa=True)) * 1e6
                             del kb, vb
                         del kc, vc
                     except Exception as e:  # noqa: BLE001
@@ -224,19 +249,76 @@ def decode(args: argparse.Namespace) -> None:
                     torch.cuda.empty_cache()
 
 
+# --------------------------------------------------------------------------- a Llama-shaped model
+
+def model_step(args: argparse.Namespace) -> None:
+    """One training step (forward, backward, AdamW) and greedy decode steps of a random-weight Llama (hidden 2048,
+    8 layers, 16 heads / 8 kv heads, FFN 5632, vocabulary 32000, bf16), patched with pykern.torch.apply and not."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pykern.torch import apply
+
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    seq, batch = 2048, 4
+    for patched in (False, True):
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
+        if patched:
+            apply(m)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+
+        def step() -> float:
+            loss = m(input_ids=ids, labels=ids).loss
+            loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+            return loss
+
+        m.train()
+        loss0 = float(step())
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+        t0 = time.perf_counter()
+        for _ in range(5):
+            step()
+        torch.cuda.synchronize()
+        t = (time.perf_counter() - t0) / 5
+        peak = torch.cuda.max_memory_allocated()
+        m.eval()
+        prompt = ids[:1, :512]
+        with torch.no_grad():
+            m.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
+            torch.cuda.synchronize()
+            t1 = time.perf_counter()
+            out = m.generate(prompt, max_new_tokens=64, do_sample=False, min_new_tokens=64)
+            torch.cuda.synchronize()
+            td = (time.perf_counter() - t1) / 64
+        log({"what": "model", "patched": patched, "train_tokens_per_s": batch * seq / t, "train_step_ms": t * 1e3,
+             "peak_GiB": peak / 2**30, "first_loss": loss0, "decode_ms_per_token_b1": td * 1e3,
+             "greedy_tail": out[0, -8:].tolist()})
+        del m, opt
+        torch.cuda.empty_cache()
+
+
 # --------------------------------------------------------------------------- one shape each, for ncu
 
 def profile_target(args: argparse.Namespace) -> None:
+    import pykern.ops._attention_sm90 as sm90
+    import pykern.ops.training_attention as ta
     from pykern.ops.serving import PagedDecodePlan
     from pykern.torch import flash_attention
 
+    if args.mma_sync:  # the sm_80 (mma.sync) kernels on this Hopper GPU
+        sm90.usable = ta._sm90_usable = lambda *a, **kw: False
     for d in (64, 128):
         q, k, v = (torch.randn(2, 8192, 2048 // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         o = flash_attention(q, k, v, causal=False)
         o.backward(torch.randn_like(o))
     torch.cuda.synchronize()
-    b, g, kvh, d, ps, L = 8, 4, 8, 128, 16, 32768
+    b, g, kvh, d, ps, L = args.decode_shape
     npages = b * L // ps
     q = torch.randn(b, kvh * g, d, device="cuda", dtype=torch.bfloat16)
     kp = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
@@ -261,27 +343,34 @@ def summary(files: list[str]) -> None:
         cells = []
         for n in names:
             c = r.get(n, {})
-            cells.append(f"{c['fwd_tflops']:5.0f}|{c['fwdbwd_tflops']:4.0f}({c['rel_err_vs_first']:.0e})"
+            cells.append(f"{c['fwd_tflops']:5.0f}|{c['fwdbwd_tflops']:4.0f}({c['rel_err_vs_first']:.0e})h{c.get('host_us', 0):.0f}"
                          if "fwd_tflops" in c else f"{'ERR' if 'error' in c else '-':>17s}")
         print(f"d{r['d']:<3d} {'causal' if r['causal'] else 'full  '} {r['seq']:>6d}  " + "  ".join(cells))
     print("   " + "  ".join(names))
-    print("decode GB/s (min bytes / median time): pykern | sdpa; rel err, identical over 20 runs")
+    print("decode GB/s (min bytes / median GPU time): pykern | sdpa; host us a call; rel err, identical over 20 runs")
+    for r in rows:
+        if r["what"] == "model":
+            print(json.dumps(r))
     for r in (r for r in rows if r["what"] == "decode"):
         if "error" in r:
             print(f"{r['kv']:5s} g{r['gqa']} b{r['batch']:<3d} {r['ctx']:>6d} ERROR {r['error']}")
             continue
         print(f"{r['kv']:5s} g{r['gqa']} b{r['batch']:<3d} {r['ctx']:>6d} {r['pykern_us']:9.1f}us "
-              f"{r['pykern_GBps']:7.0f} | {r.get('sdpa_GBps', float('nan')):7.0f}  "
+              f"{r['pykern_GBps']:7.0f} | {r.get('sdpa_GBps', float('nan')):7.0f}  host "
+              f"{r.get('pykern_host_us', float('nan')):5.0f}|{r.get('sdpa_host_us', float('nan')):4.0f}us "
               f"{r.get('rel_err', float('nan')):.1e} {r.get('identical_20_runs')}")
 
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("ceilings", "attention", "decode", "all", "profile-target", "summary"))
+    ap.add_argument("what", choices=("ceilings", "attention", "decode", "model", "all", "profile-target", "summary"))
     ap.add_argument("files", nargs="*", help="summary: measure JSON files")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
     ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
     ap.add_argument("--json", metavar="FILE", help="also write every row to FILE")
+    ap.add_argument("--mma-sync", action="store_true", help="profile-target: the mma.sync attention kernels")
+    ap.add_argument("--decode-shape", type=int, nargs=6, default=(8, 4, 8, 128, 16, 32768),
+                    metavar=("BATCH", "GQA", "KV_HEADS", "HEAD_DIM", "PAGE", "CTX"), help="profile-target's decode")
     args = ap.parse_args(argv)
     if args.what == "summary":
         summary(args.files)
@@ -290,7 +379,8 @@ def main(argv: list[str] | None = None) -> int:
         print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
     steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode],
-             "all": [ceilings, attention, decode], "profile-target": [profile_target]}[args.what]
+             "model": [model_step], "all": [ceilings, attention, decode, model_step],
+             "profile-target": [profile_target]}[args.what]
     try:
         for step in steps:
             step(args)
