@@ -78,4 +78,4 @@ def test_numba_reference_narrowing_matches() -> None:
 @requires_gpu
 def test_hardware_path_bit_exact_gpu() -> None:
     """On sm_80+ `one`/`pair`/`cvt` are cvt.rn.bf16x2.f32 and `sw` the integer path: all equal the definition."""
-    check(run("cuda"))
+    check(run("nvrtc"))

@@ -108,4 +108,4 @@ def test_numba_reference_conversions_match() -> None:
 @requires_gpu
 def test_hardware_path_bit_exact_gpu() -> None:
     """On the GPU `one`/`pair`/`cvt` are cvt.rn.f16x2.f32 (cvt.rn.f16.f32 on sm_75): all equal NumPy."""
-    check(run("cuda"))
+    check(run("nvrtc"))

@@ -195,3 +195,27 @@ def test_patched_model_trains_under_autocast_like_unpatched(amp):
 @pytest.mark.parametrize("name", list(CASES))
 def test_functions_match_torch_under_cuda_autocast(name, amp):
     _check_case(name, "cuda", amp)
+
+
+def test_norm_policy_is_read_from_the_dispatcher(monkeypatch):
+    # Measured on an H200 with torch 2.11: CUDA autocast had no rms_norm entry (bf16 x, float32 weight gave
+    # bf16); torch 2.13 registers one (float32). The policy follows whatever torch is installed.
+    from pykern.torch import _amp
+
+    assert _amp.fp32_listed("layer_norm", "cuda")
+    has = torch._C._dispatch_has_kernel_for_dispatch_key("aten::rms_norm", "AutocastCUDA")
+    assert _amp.fp32_listed("rms_norm", "cuda") == has
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(5, 32, generator=g).bfloat16(), 1 + 0.3 * torch.randn(32, generator=g)
+    r = torch.randn(5, 32, generator=g).bfloat16()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        assert pt.rms_norm(x, w, 1e-5).dtype == torch.bfloat16  # no AutocastCPU entry: the input's dtype
+        assert pt.add_rms_norm(x, r, w, 1e-5)[0].dtype == torch.bfloat16
+    monkeypatch.setattr(_amp, "fp32_listed", lambda op, dev: op == "rms_norm")
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = pt.rms_norm(x, w, 1e-5)
+        assert out.dtype == torch.float32
+        assert pt.add_rms_norm(x, r, w, 1e-5)[0].dtype == torch.float32
+    ref = TF.rms_norm(x.float(), (32,), w, 1e-5)
+    atol, rtol = tolerance("rms_norm", "f32")
+    torch.testing.assert_close(out, ref, atol=atol, rtol=rtol)

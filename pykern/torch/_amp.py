@@ -5,8 +5,9 @@ dtypes it is handed, with autocast still on inside it).
 The policies, from torch's own lists (aten ops with an AutocastCPU / AutocastCUDA kernel):
 - lower precision (linear, scaled_dot_product_attention): flash_attention and the matmul of
   fused_linear_cross_entropy cast their floating inputs to the autocast dtype;
-- float32 (cross_entropy on CPU and CUDA; rms_norm and layer_norm on CUDA): the loss is float32,
-  the CUDA norms compute and return float32;
+- float32 (cross_entropy on CPU and CUDA; layer_norm on CUDA, and rms_norm on CUDA where the installed torch
+  lists it: torch 2.11 did not, 2.13 does; `fp32_listed` asks the dispatcher): the loss is float32, those
+  norms compute and return float32;
 - none (silu, gelu, mul, embedding; the norms on CPU): the inputs' dtypes, with torch's type
   promotion for elementwise ops and the input's dtype for the CPU norms (mixed with a float32
   weight they compute in float32, as torch does).
@@ -18,6 +19,7 @@ values, and the outputs are cast back: torch's results up to float32-vs-16-bit a
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Callable, Optional, Sequence, Union
 
 import torch
@@ -85,11 +87,26 @@ def plain(*ts: Any) -> bool:
     return len(dts) <= 1 and dts <= set(KERNEL_DTYPES)
 
 
+@lru_cache(maxsize=None)
+def fp32_listed(op: str, device_type: str) -> bool:
+    """Whether this torch's autocast runs aten::op in float32 on device_type: it registered an Autocast<Device>
+    kernel for it (the norms are only ever on the float32 lists). Asked of the dispatcher, not hard-coded,
+    because the lists change between releases (rms_norm joined CUDA's after torch 2.11)."""
+    key = {"cuda": "AutocastCUDA", "cpu": "AutocastCPU"}.get(device_type)
+    if key is None:
+        return False
+    try:
+        return bool(torch._C._dispatch_has_kernel_for_dispatch_key(f"aten::{op}", key))
+    except Exception:  # noqa: BLE001 - a torch without this private query: the lists as of torch 2.13
+        return device_type == "cuda" and op in ("layer_norm", "rms_norm")
+
+
 def norm(fn: Callable[..., Any], x: Tensor, args: Sequence[Any], amp: torch.dtype,
-         out_dtypes: Optional[Sequence[torch.dtype]] = None) -> Any:
-    """A norm under autocast: float32 on CUDA (torch's fp32 list); on CPU x's dtype, computed in
-    float32 when the dtypes are mixed or not a kernel dtype (torch's mixed-dtype CPU norms)."""
-    if x.device.type == "cuda":
+         out_dtypes: Optional[Sequence[torch.dtype]] = None, op: str = "layer_norm") -> Any:
+    """A norm under autocast: float32 where torch's autocast lists aten::op for x's device (fp32_listed);
+    elsewhere x's dtype, computed in float32 when the dtypes are mixed or not a kernel dtype (torch's
+    mixed-dtype norms compute in float32 and return the input's dtype)."""
+    if fp32_listed(op, x.device.type):
         return run(fn, args, torch.float32, out_dtypes or torch.float32)
     if plain(*args):
         with disabled(x):

@@ -88,7 +88,7 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
                        local_ok=_dt.rows_only(x.dim()))
     amp = _amp.autocast_dtype(x)
     if amp is not None:
-        return _amp.norm(lambda x, w: rms_norm(x, w, eps, offset), x, (x, weight), amp)
+        return _amp.norm(lambda x, w: rms_norm(x, w, eps, offset), x, (x, weight), amp, op="rms_norm")
     return torch.ops.pykern.rms_norm(x, weight, float(eps), float(offset))
 
 

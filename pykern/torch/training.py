@@ -84,7 +84,8 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
     if amp is not None:  # torch: h = x + residual (promotion), then the norm's policy on h
         hd = _amp.promoted(x, residual)
         return _amp.norm(lambda x, r, w: add_rms_norm(x, r, w, eps, offset), x, (x, residual, weight), amp,
-                         out_dtypes=(torch.float32 if x.device.type == "cuda" else hd, hd))
+                         out_dtypes=(torch.float32 if _amp.fp32_listed("rms_norm", x.device.type) else hd, hd),
+                         op="rms_norm")
     return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps), float(offset))
 
 
