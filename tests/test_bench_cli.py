@@ -319,3 +319,21 @@ def test_gpucheck_bench_step_flushes_l2_too(tmp_path, monkeypatch):
     assert calls == [(2 * 50 * 2**20, 0)] and doc["bench"]["flush_l2_bytes"] == 2 * 50 * 2**20
     assert doc["bench"]["rows"][0]["median_us"] == pytest.approx(1000.0)  # the flush is outside the events
     assert doc["bench"]["rows"][0]["rate"] == pytest.approx(1000.0)  # 1 GB in 1 ms
+
+
+def test_liger_cross_entropy_gets_the_weight_argument_its_version_takes():
+    # Liger-Kernel 0.8.5 on the H200 run: LigerCrossEntropyFunction.forward(ctx, _input, target, weight, ...);
+    # passing (logits, targets) alone was an error row. Older releases have no weight parameter.
+    from pykern.bench.suite import _liger_weight
+
+    class Old:
+        @staticmethod
+        def forward(ctx, _input, target, ignore_index=-100):  # noqa: ANN001, ANN205
+            pass
+
+    class New:
+        @staticmethod
+        def forward(ctx, _input, target, weight, ignore_index=-100):  # noqa: ANN001, ANN205
+            pass
+
+    assert _liger_weight(Old) == () and _liger_weight(New) == (None,)

@@ -389,9 +389,16 @@ class Context:
 
         return [Impl("pykern", self.k("cross_entropy_fwd_bwd", logits, targets)), Impl("torch", ref),
                 self.peer("liger", "liger_kernel.ops.cross_entropy", "LigerCrossEntropyFunction",
-                          lambda f: autograd_peer(lambda lg: f.apply(lg, targets))),
+                          lambda f: autograd_peer(lambda lg: f.apply(lg, targets, *_liger_weight(f)))),
                 self.peer("quack", "quack.cross_entropy", "cross_entropy",
                           lambda f: autograd_peer(lambda lg: f(lg, targets)))]
+
+
+def _liger_weight(fn: Any) -> tuple[Any, ...]:
+    """Liger-Kernel 0.5+ takes a class-weight tensor (None: unweighted) right after target; older ones do not."""
+    import inspect
+
+    return (None,) if "weight" in inspect.signature(fn.forward).parameters else ()
 
 
 def _no_peer_backward() -> list[Impl]:
