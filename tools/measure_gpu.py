@@ -7,15 +7,20 @@
     python tools/measure_gpu.py decode              # paged decode GB/s (bf16 and e4m3 KV, GQA 1/4/8) beside
                                                     # torch SDPA on a contiguous cache; correctness and
                                                     # run-to-run identity of the one-launch split merge
+    python tools/measure_gpu.py model               # a Llama-shaped training step and greedy decode, patched
+                                                    # with pykern.torch.apply and not
     python tools/measure_gpu.py all --quick --json OUT.json
+    python tools/measure_gpu.py summary OUT.json ...  # compact tables of saved rows (no GPU needed)
 
-Timing: CUDA events around each call, median of --repeats after warm-up calls. Before every timed
-decode call a buffer of twice the L2 is zeroed (outside the events), so KV that would fit the L2 is
-still read from HBM; the zeroing also keeps the GPU busy while the host enqueues the timed call, so
-host launch overhead stays out of the figure. Attention shapes follow FlashAttention-2's benchmark:
-16k tokens a batch (batch = 16384 / seq), hidden 2048 (heads = 2048 / head_dim); FLOPs as FA2
-counts them (forward 4 * seq^2 * d * heads * batch, halved when causal; backward 2.5x that).
-Each pykern output is checked against SDPA's on the same inputs before it is timed.
+Timing: CUDA events around each call, the median of 5 to 20 calls after 3 warm-up calls. Before every
+timed call torch.cuda._sleep keeps the GPU busy while the host enqueues the start event, the call and
+the end event, so the events time GPU work alone; the host time of a call is measured on its own
+(host_overhead: calls enqueued behind a long GPU sleep). Before every timed decode call a buffer of
+twice the L2 is zeroed (outside the events), so KV that would fit the L2 is still read from HBM.
+Attention shapes follow FlashAttention-2's benchmark: 16k tokens a batch (batch = 16384 / seq),
+hidden 2048 (heads = 2048 / head_dim); FLOPs as FA2 counts them (forward 4 * seq^2 * d * heads *
+batch, halved when causal; backward 2.5x that). Each output is compared with SDPA's flash backend
+on the same inputs (rel_err_vs_first), and each decode output with fp32 SDPA on the gathered cache.
 """
 from __future__ import annotations
 
