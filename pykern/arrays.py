@@ -33,8 +33,22 @@ def torch_module() -> Any:
 
 def is_torch(a: Any) -> bool:
     """True for a torch.Tensor (or subclass, e.g. nn.Parameter)."""
-    t = sys.modules.get("torch")
-    return t is not None and isinstance(a, t.Tensor)
+    k = _torch_types.get(type(a))
+    if k is None:
+        k = _classify(type(a))
+    return k
+
+
+# type -> whether it is torch.Tensor or a subclass, filled on first sight: one dict lookup per call on the hot
+# path instead of sys.modules + isinstance. Final either way: a type seen before torch was imported cannot
+# subclass torch.Tensor.
+_torch_types: dict[type, bool] = {}
+
+
+def _classify(t: type) -> bool:
+    torch = sys.modules.get("torch")
+    k = _torch_types[t] = torch is not None and issubclass(t, torch.Tensor)
+    return k
 
 
 def is_torch_cuda(a: Any) -> bool:
@@ -47,7 +61,13 @@ def _module(a: Any) -> str:
 
 def torch_dtype_name(dt: Any) -> str:
     """NumPy-style name of a torch dtype: torch.float32 -> "float32", torch.bfloat16 -> "bfloat16"."""
-    return str(dt).rpartition(".")[2]
+    name = _torch_dtype_names.get(dt)
+    if name is None:
+        name = _torch_dtype_names[dt] = str(dt).rpartition(".")[2]
+    return name
+
+
+_torch_dtype_names: dict[Any, str] = {}  # torch dtype object -> name (a handful of entries)
 
 
 def _host_view(a: Any) -> np.ndarray | None:
@@ -69,7 +89,7 @@ def _not_an_array(a: Any, name: str | None) -> ArgumentTypeError:
 
 def dtype_name(a: Any, name: str | None = None) -> str:
     """NumPy dtype name of an array of any supported kind ("float32", "bfloat16", "int64", ...)."""
-    if isinstance(a, np.ndarray):
+    if type(a) is np.ndarray or isinstance(a, np.ndarray):
         return a.dtype.name
     if is_torch(a):
         return torch_dtype_name(a.dtype)
@@ -316,8 +336,15 @@ _TORCH_TYPESTR = {
 
 def device_view(t: Any) -> DeviceView:
     """DeviceView of a (contiguous) torch CUDA tensor."""
-    dn = torch_dtype_name(t.dtype)
-    return DeviceView(t.data_ptr(), tuple(t.shape), _TORCH_TYPESTR.get(dn, dn), t)
+    dt = t.dtype
+    ts = _torch_typestr.get(dt)
+    if ts is None:
+        dn = torch_dtype_name(dt)
+        ts = _torch_typestr[dt] = _TORCH_TYPESTR.get(dn, dn)
+    return DeviceView(t.data_ptr(), tuple(t.shape), ts, t)
+
+
+_torch_typestr: dict[Any, str] = {}  # torch dtype object -> typestr
 
 
 def astype(a: Any, dtype: str) -> Any:

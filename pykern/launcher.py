@@ -110,12 +110,15 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             raise ArgumentTypeError(f"{label}: expected a {want} tensor, got dtype {t.dtype}")
         if not t.is_contiguous():
             raise ArgumentError(f"{label}: expected a contiguous tensor, got strides {tuple(t.stride())}")
+        if t.is_cuda:  # the hot path: is_cuda is a flag, where .device builds an object
+            global _torch_cuda_seen
+            _torch_cuda_seen = True
+            return arrays.device_view(t)
         if t.device.type == "cpu":
             return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
         if t.device.type != "cuda":
             what = " (a meta tensor has no data to compute on)" if t.device.type == "meta" else ""
             raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}{what}")
-        global _torch_cuda_seen
         _torch_cuda_seen = True
         return arrays.device_view(t)
 

@@ -51,6 +51,10 @@ def _op_rows(n: int, reps: int) -> dict[str, float]:
     import ml_dtypes
     import numpy as np
 
+    try:  # where these calls matter torch is loaded, which switches on pykern's torch checks (devices, streams)
+        import torch  # noqa: F401
+    except ImportError:
+        pass
     from fake_driver import FakeDeviceArray, FakeDriver
 
     from pykern import arrays, backends, ops
