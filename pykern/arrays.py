@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import devices
+from .ctypes_ import TYPESTR as _TYPESTR
 from .errors import ArgumentError, ArgumentTypeError
 
 
@@ -95,10 +96,8 @@ def dtype_name(a: Any, name: str | None = None) -> str:
         return torch_dtype_name(a.dtype)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
-        from .ctypes_ import TYPESTR
-
         ts = cai["typestr"]
-        return TYPESTR.get(ts[1:], ts)
+        return _TYPESTR.get(ts[1:], ts)
     host = _host_view(a)
     if host is not None:
         return host.dtype.name
@@ -110,6 +109,7 @@ def dtype_name(a: Any, name: str | None = None) -> str:
 IO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 IO_KINDS: tuple[str, ...] = tuple(IO_DTYPES)
 _IO_SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}
+_IO_KIND_OF = {v: k for k, v in IO_DTYPES.items()}
 
 
 def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> str:
@@ -117,9 +117,8 @@ def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> st
 
     `allowed` lists the kinds the caller's kernels exist for (IO_KINDS for the families written once over
     the element type)."""
-    kinds = {v: k for k, v in IO_DTYPES.items()}
     dt = dtype_name(a, name)
-    k = kinds.get(dt)
+    k = _IO_KIND_OF.get(dt)
     if k not in allowed:
         want = " or ".join(IO_DTYPES[x] for x in allowed)
         raise ArgumentTypeError(f"{name}: expected dtype {want}, got {dt}")

@@ -14,7 +14,8 @@ import threading
 from collections import OrderedDict
 from typing import Any, Sequence
 
-from .ctypes_ import TensorMapBytes
+from . import backends as _backends
+from .ctypes_ import TYPESTR, TensorMapBytes
 from .errors import ArgumentError, ArgumentTypeError
 
 # Element sizes of the dtypes a tensor map may describe (cuTensorMapEncodeTiled's data types).
@@ -126,8 +127,6 @@ def _device_view(array: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str
     if cai is None:
         raise ArgumentTypeError(f"array: expected a device array (__cuda_array_interface__ or a CUDA tensor) for "
                                 f"the nvrtc backend, got {type(array).__name__}")
-    from .ctypes_ import TYPESTR
-
     shape = tuple(cai["shape"])
     typestr = cai["typestr"]
     name = TYPESTR.get(typestr[1:], "")
@@ -156,9 +155,7 @@ def make_tensor_map(array: Any, box: Sequence[int], swizzle: Any = None, *, back
     `const __grid_constant__ CUtensorMap` and use it by address in pk_tma_load_Nd / pk_tma_store_Nd, whose
     coordinates are innermost first.
     """
-    from .backends import default_backend_name
-
-    name = backend or default_backend_name()
+    name = backend or _backends.default_backend_name()
     if name not in ("host", "nvrtc"):
         raise ArgumentError(f"backend: tensor maps exist for 'host' and 'nvrtc', got {name!r}")
     if swizzle not in SWIZZLES:
@@ -181,9 +178,7 @@ def make_tensor_map(array: Any, box: Sequence[int], swizzle: Any = None, *, back
     ibox = box_t[::-1]
     estrides = (1,) * rank
     if name != "host":
-        from .backends import get_backend
-
-        be: Any = get_backend("nvrtc")
+        be: Any = _backends.get_backend("nvrtc")
         drv = be._driver or be._start()
         ddt = _DRIVER_DTYPE.get(dtype, dtype)
         # The driver by id (drivers need not hash), checked by identity on a hit: the entry keeps it alive, so
