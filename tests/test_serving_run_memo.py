@@ -257,3 +257,22 @@ def test_torch_keys_follow_address_shape_strides_dtype_and_device() -> None:
     assert _array_key(u)[2:4] == ((4, 8), (1, 4)) and k[2:4] == ((4, 8), (8, 1))
     h = torch.zeros(4, 8, dtype=torch.float16).as_subclass(Cuda)
     assert _array_key(h)[4] == torch.float16 and k[4] == torch.float32
+
+
+def test_a_q_that_is_copied_to_be_contiguous_is_not_memoized(fake, monkeypatch) -> None:
+    drv, launches = fake
+    q, kp, vp, indptr, idx, last = _inputs(drv)
+    plan = _plan(drv, q)
+    real = arrays.contiguous
+
+    def copying(a):  # as CuPy's ascontiguousarray of a strided array: new memory each call
+        if a is q:
+            return drv.device_array(q.copy_to_host())
+        return real(a)
+
+    monkeypatch.setattr(arrays, "contiguous", copying)
+    _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
+    assert plan._memo is None
+    monkeypatch.setattr(arrays, "contiguous", real)
+    _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
+    assert plan._memo is not None

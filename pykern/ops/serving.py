@@ -538,6 +538,12 @@ class PagedDecodePlan:
     second launch (paged_attn_merge). A plan's workspaces (partials, counters, out, lse) serve one step at a
     time: two runs of one plan in flight at once (e.g. on two streams) would share them; give each stream a
     plan of its own.
+
+    A run with the same device arrays as the plan's previous run (the same objects, at the same addresses, with
+    the same shapes, strides and dtypes; int32 index arrays on the device) and the same scalars launches the
+    arguments that run checked and converted, skipping every check (a decode loop's steady state). For that the
+    plan keeps a reference to the previous run's arrays until the next run with others (so their memory
+    cannot be freed and reused under the same address meanwhile). Host index arrays are checked every run.
     """
 
     def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -736,10 +742,11 @@ class PagedDecodePlan:
             res_flat = _flat(res)
         kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
         # Memoized only where nothing of the step depends on array contents or on copies made here: device
-        # index arrays passed as int32 (no host validation, no conversion) and q used as it is.
+        # index arrays passed as int32 (no host validation, no conversion) and q used in place (a strided CuPy
+        # q is copied to a contiguous one each step: a memo would keep reading the first copy).
         record: list | None = None
         if (key is not None and table.indptr is kv_indptr and table.indices is kv_indices
-                and table.last is kv_last_page_len):
+                and table.last is kv_last_page_len and _address(arrays.contiguous(q)) == _address(q)):
             record = []
         self._launch(q, kf, vf, (s_page, s_tok, s_head), table.indptr, table.indices, table.last, res_flat, sc, ksc,
                      vsc, want_lse, stream, backend, record)
