@@ -15,6 +15,6 @@ def test_op_rows_take_the_intended_kernels() -> None:
 
     before = backends._instances.get("nvrtc"), arrays.empty, arrays.zeros
     rows = bench_launch._op_rows(2, 1)
-    assert set(rows) == {"op_flash_attention_sm90_us", "op_paged_decode_plan_run_us"}
+    assert set(rows) == {"op_flash_attention_sm90_us", "op_paged_decode_plan_run_us", "op_paged_decode_plan_run_new_table_us"}
     assert all(v > 0 for v in rows.values())
     assert (backends._instances.get("nvrtc"), arrays.empty, arrays.zeros) == before  # put back

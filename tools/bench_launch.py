@@ -140,11 +140,19 @@ def _op_rows(n: int, reps: int) -> dict[str, float]:
         dplan.run(qd, kp, vp, indptr, idx, last, backend="nvrtc")
         assert names == ["decode_tc_paged_d128_bf16"], names
         be.launch = real_launch  # type: ignore[method-assign]
+        idx2 = drv.device_array(rng.permutation(npages).astype(np.int32))
+        turn = [idx, idx2]
+
+        def new_table() -> None:  # another page table every step: nothing of the previous step applies
+            turn.reverse()
+            dplan.run(qd, kp, vp, indptr, turn[0], last, backend="nvrtc")
+
         return {
             "op_flash_attention_sm90_us": _time(
                 lambda: ops.flash_attention(q, k, v, causal=True, out=out, backend="nvrtc"), n, reps),
             "op_paged_decode_plan_run_us": _time(
                 lambda: dplan.run(qd, kp, vp, indptr, idx, last, backend="nvrtc"), n, reps),
+            "op_paged_decode_plan_run_new_table_us": _time(new_table, n, reps),
         }
     finally:
         if saved[0] is None:
