@@ -91,7 +91,7 @@ def _plan(drv: FakeDriver, like, **kw) -> PagedDecodePlan:
 
 def _fresh(plan: PagedDecodePlan, launches: list, *args, **kw) -> list:
     """The launches of a run with the memo dropped first (every check and conversion done afresh)."""
-    plan._memo = None
+    plan._memo = plan._pages_memo = None
     n = len(launches)
     plan.run(*args, **kw)
     return launches[n:]
@@ -276,3 +276,28 @@ def test_a_q_that_is_copied_to_be_contiguous_is_not_memoized(fake, monkeypatch) 
     monkeypatch.setattr(arrays, "contiguous", real)
     _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
     assert plan._memo is not None
+
+
+def test_new_page_table_over_the_same_pages_reuses_their_views_only(fake) -> None:
+    drv, launches = fake
+    q, kp, vp, indptr, idx, last = _inputs(drv)
+    plan = _plan(drv, q)
+    _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
+    views = plan._pages_memo[2]
+    idx2 = drv.device_array(np.arange(NPAGES, dtype=np.int32)[::-1].copy())
+    got = _step(plan, launches, q, kp, vp, indptr, idx2, last, backend="nvrtc")
+    assert plan._pages_memo[2] is views  # the page views were reused, the table was not
+    assert any(a[0] == "cai" and a[1] == idx2.ptr for a in got[0][3])
+    assert got == _fresh(plan, launches, q, kp, vp, indptr, idx2, last, backend="nvrtc")
+    # The page arrays re-pointed at other memory together with a new table: the views follow.
+    other = drv.device_array(np.zeros((NPAGES, PS, KVH, D), BF16))
+    vp.ptr = other.ptr
+    vp._cai["data"] = (other.ptr, False)
+    got = _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
+    assert got[0][3][2][1] == other.ptr
+    assert got == _fresh(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
+    # Pages of another dtype on the same memory are refused, as on a fresh run.
+    f16_k = FakeDeviceArray(drv, kp.ptr, kp.shape, np.dtype(np.float16), None, False)
+    f16_v = FakeDeviceArray(drv, vp.ptr, vp.shape, np.dtype(np.float16), None, False)
+    with pytest.raises(ArgumentError, match="k_pages"):
+        plan.run(q, f16_k, f16_v, indptr, idx2, last, backend="nvrtc")

@@ -631,6 +631,7 @@ class PagedDecodePlan:
         # run()'s last step as prepared launches, keyed by its arguments (see _run_key): a decode loop that
         # passes the same device arrays again skips every check and conversion.
         self._memo: tuple | None = None
+        self._pages_memo: tuple | None = None  # the last page arrays' shape and flat views, keyed as _memo
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
         """(kernel, grid, block, shared bytes) of each launch of a step (the tensor-core kernel merges its splits
@@ -721,9 +722,19 @@ class PagedDecodePlan:
             self._memo = None  # a kernel's source changed: check and convert afresh
         self._memo = None
         args_in = (q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out)
+        # The pages' shape and flat views depend on the page arrays' layout only: a new page table over the same
+        # cache (a new step's index arrays) reuses them.
+        pkey: Any = (_array_key(k_pages), _array_key(v_pages))
+        if None in pkey:
+            pkey = None
+        pm = self._pages_memo
+        hit = pm if pkey is not None and pm is not None and pm[0] == pkey else None
         k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
             k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), self.kv_layout, "kv_last_page_len")
-        kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
+        if hit is not None:
+            kind, num_pages, page_size, kvh, d = hit[1]
+        else:
+            kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
         if (kind, page_size, kvh, d) != (self.kv_kind, self.page_size, self.num_kv_heads, self.head_dim):
             raise ArgumentError(f"k_pages: expected {self.kv_kind} pages with page_size={self.page_size}, "
                                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim} (the plan), got "
@@ -740,7 +751,13 @@ class PagedDecodePlan:
         if out is not None:
             res = arrays.check_out(out, (self.batch, self.num_qo_heads, self.head_dim), self.q_kind, q)
             res_flat = _flat(res)
-        kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
+        if hit is not None:
+            kf, vf, (s_page, s_tok, s_head) = hit[2]
+        else:
+            kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
+            if pkey is not None:  # holds the page arrays (args_in[1:3]): their memory stays theirs meanwhile
+                self._pages_memo = (pkey, (kind, num_pages, page_size, kvh, d), (kf, vf, (s_page, s_tok, s_head)),
+                                    args_in[1:3])
         # Memoized only where nothing of the step depends on array contents or on copies made here: device
         # index arrays passed as int32 (no host validation, no conversion) and q used in place (a strided CuPy
         # q is copied to a contiguous one each step: a memo would keep reading the first copy).
