@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from . import devices
+from .ctypes_ import TYPESTR as _TYPESTR
 from .errors import ArgumentError, ArgumentTypeError
 
 
@@ -33,8 +34,22 @@ def torch_module() -> Any:
 
 def is_torch(a: Any) -> bool:
     """True for a torch.Tensor (or subclass, e.g. nn.Parameter)."""
-    t = sys.modules.get("torch")
-    return t is not None and isinstance(a, t.Tensor)
+    k = _torch_types.get(type(a))
+    if k is None:
+        k = _classify(type(a))
+    return k
+
+
+# type -> whether it is torch.Tensor or a subclass, filled on first sight: one dict lookup per call on the hot
+# path instead of sys.modules + isinstance. Final either way: a type seen before torch was imported cannot
+# subclass torch.Tensor.
+_torch_types: dict[type, bool] = {}
+
+
+def _classify(t: type) -> bool:
+    torch = sys.modules.get("torch")
+    k = _torch_types[t] = torch is not None and issubclass(t, torch.Tensor)
+    return k
 
 
 def is_torch_cuda(a: Any) -> bool:
@@ -47,7 +62,13 @@ def _module(a: Any) -> str:
 
 def torch_dtype_name(dt: Any) -> str:
     """NumPy-style name of a torch dtype: torch.float32 -> "float32", torch.bfloat16 -> "bfloat16"."""
-    return str(dt).rpartition(".")[2]
+    name = _torch_dtype_names.get(dt)
+    if name is None:
+        name = _torch_dtype_names[dt] = str(dt).rpartition(".")[2]
+    return name
+
+
+_torch_dtype_names: dict[Any, str] = {}  # torch dtype object -> name (a handful of entries)
 
 
 def _host_view(a: Any) -> np.ndarray | None:
@@ -69,16 +90,14 @@ def _not_an_array(a: Any, name: str | None) -> ArgumentTypeError:
 
 def dtype_name(a: Any, name: str | None = None) -> str:
     """NumPy dtype name of an array of any supported kind ("float32", "bfloat16", "int64", ...)."""
-    if isinstance(a, np.ndarray):
+    if type(a) is np.ndarray or isinstance(a, np.ndarray):
         return a.dtype.name
     if is_torch(a):
         return torch_dtype_name(a.dtype)
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is not None:
-        from .ctypes_ import TYPESTR
-
         ts = cai["typestr"]
-        return TYPESTR.get(ts[1:], ts)
+        return _TYPESTR.get(ts[1:], ts)
     host = _host_view(a)
     if host is not None:
         return host.dtype.name
@@ -90,6 +109,7 @@ def dtype_name(a: Any, name: str | None = None) -> str:
 IO_DTYPES = {"f32": "float32", "bf16": "bfloat16", "f16": "float16"}
 IO_KINDS: tuple[str, ...] = tuple(IO_DTYPES)
 _IO_SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}
+_IO_KIND_OF = {v: k for k, v in IO_DTYPES.items()}
 
 
 def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> str:
@@ -97,9 +117,8 @@ def io_kind(name: str, a: Any, allowed: tuple[str, ...] = ("f32", "bf16")) -> st
 
     `allowed` lists the kinds the caller's kernels exist for (IO_KINDS for the families written once over
     the element type)."""
-    kinds = {v: k for k, v in IO_DTYPES.items()}
     dt = dtype_name(a, name)
-    k = kinds.get(dt)
+    k = _IO_KIND_OF.get(dt)
     if k not in allowed:
         want = " or ".join(IO_DTYPES[x] for x in allowed)
         raise ArgumentTypeError(f"{name}: expected dtype {want}, got {dt}")
@@ -316,8 +335,15 @@ _TORCH_TYPESTR = {
 
 def device_view(t: Any) -> DeviceView:
     """DeviceView of a (contiguous) torch CUDA tensor."""
-    dn = torch_dtype_name(t.dtype)
-    return DeviceView(t.data_ptr(), tuple(t.shape), _TORCH_TYPESTR.get(dn, dn), t)
+    dt = t.dtype
+    ts = _torch_typestr.get(dt)
+    if ts is None:
+        dn = torch_dtype_name(dt)
+        ts = _torch_typestr[dt] = _TORCH_TYPESTR.get(dn, dn)
+    return DeviceView(t.data_ptr(), tuple(t.shape), ts, t)
+
+
+_torch_typestr: dict[Any, str] = {}  # torch dtype object -> typestr
 
 
 def astype(a: Any, dtype: str) -> Any:

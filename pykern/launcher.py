@@ -110,12 +110,15 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             raise ArgumentTypeError(f"{label}: expected a {want} tensor, got dtype {t.dtype}")
         if not t.is_contiguous():
             raise ArgumentError(f"{label}: expected a contiguous tensor, got strides {tuple(t.stride())}")
+        if t.is_cuda:  # the hot path: is_cuda is a flag, where .device builds an object
+            global _torch_cuda_seen
+            _torch_cuda_seen = True
+            return arrays.device_view(t)
         if t.device.type == "cpu":
             return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
         if t.device.type != "cuda":
             what = " (a meta tensor has no data to compute on)" if t.device.type == "meta" else ""
             raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}{what}")
-        global _torch_cuda_seen
         _torch_cuda_seen = True
         return arrays.device_view(t)
 
@@ -285,6 +288,32 @@ def launch(
         get_backend(backend).launch(spec, g, b, converted, smem, stream)
     else:
         get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device)
+
+
+def prepare(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0) -> tuple:
+    """Everything `launch` checks and converts, without launching: (spec, grid, block, converted arguments,
+    shared bytes) for `launch_prepared`. For callers that launch the same arguments again (a decode plan's
+    steps): the converted arguments stand for the arrays' addresses, shapes and dtypes as they were here, so
+    the caller must know those have not changed."""
+    spec = registry.get(name)
+    g, b, smem = check_geometry(grid, block, shared_mem)
+    if spec.max_threads is not None and b[0] * b[1] * b[2] > spec.max_threads:
+        raise ArgumentError(
+            f"block: {name} is declared __launch_bounds__({spec.max_threads}), got {b} = {b[0] * b[1] * b[2]} threads"
+        )
+    return spec, g, b, convert_args(spec, args), smem
+
+
+def launch_prepared(prepared: tuple, stream: Any = None, backend: str | None = None) -> bool:
+    """Launch what `prepare` returned, as `launch` would have. False (nothing launched) when the kernel's
+    spec changed since (an edited source): prepare again."""
+    spec, g, b, converted, smem = prepared
+    if registry.get(spec.name) is not spec:
+        return False
+    if stream is None and _torch_cuda_seen:
+        stream = _torch_stream(converted)
+    get_backend(backend).launch(spec, g, b, converted, smem, stream)
+    return True
 
 
 def _torch_stream(converted: Sequence[Any]) -> Any:

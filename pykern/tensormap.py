@@ -10,9 +10,12 @@ from __future__ import annotations
 
 import ctypes
 import struct
+import threading
+from collections import OrderedDict
 from typing import Any, Sequence
 
-from .ctypes_ import TensorMapBytes
+from . import backends as _backends
+from .ctypes_ import TYPESTR, TensorMapBytes
 from .errors import ArgumentError, ArgumentTypeError
 
 # Element sizes of the dtypes a tensor map may describe (cuTensorMapEncodeTiled's data types).
@@ -21,6 +24,23 @@ DTYPES = {"uint8": 1, "int8": 1, "uint16": 2, "int16": 2, "float16": 2, "bfloat1
 _DRIVER_DTYPE = {"int8": "uint8", "int16": "uint16"}  # same bytes: the copy does not interpret them
 SWIZZLES = {None: 0, "none": 0, 0: 0, "32B": 32, 32: 32, "64B": 64, 64: 64, "128B": 128, 128: 128}
 HOST_MAGIC = 0x4D544B50  # "PKTM": pkrt_tmap.magic
+
+# Encoded CUtensorMaps of the nvrtc backend, least recently used first. cuTensorMapEncodeTiled is a pure
+# function of its arguments (no memory is read or kept: the map holds the address as a number), so the key is
+# every argument the encode takes (driver, data type, global address, dims, strides, box, swizzle, OOB fill;
+# rank and element strides follow from dims) and a hit returns exactly the bytes the driver would encode
+# again. The same shapes at another address, or the same address with another stride, are another key.
+# FlashAttention-3 and CUTLASS encode per call in C++; pykern's encode goes through cuda.bindings in Python
+# (tens of microseconds for the three maps of an attention forward), hence the cache.
+ENCODE_CACHE_SIZE = 512
+_encoded: OrderedDict[tuple, tuple[Any, bytes]] = OrderedDict()
+_encoded_lock = threading.Lock()
+
+
+def clear_cache() -> None:
+    """Forget every cached encoded tensor map (the next make_tensor_map of each asks the driver again)."""
+    with _encoded_lock:
+        _encoded.clear()
 
 
 class TensorMap:
@@ -94,27 +114,34 @@ def _host_view(array: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
 
 
 def _device_view(array: Any) -> tuple[int, tuple[int, ...], tuple[int, ...], str]:
-    import numpy as np
-
-    from .ctypes_ import TYPESTR
-
     if type(array).__module__.startswith("torch"):
         if array.device.type != "cuda":
             raise ArgumentError(f"array: the nvrtc backend needs a CUDA tensor, got one on {array.device}")
-        name = str(array.dtype).removeprefix("torch.")
+        dt = array.dtype
+        name = _TORCH_DTYPE_NAMES.get(dt)
+        if name is None:
+            name = _TORCH_DTYPE_NAMES[dt] = str(dt).removeprefix("torch.")
         es = array.element_size()
-        return array.data_ptr(), tuple(array.shape), tuple(s * es for s in array.stride()), name
+        return array.data_ptr(), tuple(array.shape), tuple([s * es for s in array.stride()]), name
     cai = getattr(array, "__cuda_array_interface__", None)
     if cai is None:
         raise ArgumentTypeError(f"array: expected a device array (__cuda_array_interface__ or a CUDA tensor) for "
                                 f"the nvrtc backend, got {type(array).__name__}")
     shape = tuple(cai["shape"])
-    name = TYPESTR.get(cai["typestr"][1:], "")
-    itemsize = int(cai["typestr"][2:]) if cai["typestr"][2:].isdigit() else 2
+    typestr = cai["typestr"]
+    name = TYPESTR.get(typestr[1:], "")
+    itemsize = int(typestr[2:]) if typestr[2:].isdigit() else 2
     strides = cai.get("strides")
-    if strides is None:
-        strides = tuple(int(x) for x in np.cumprod((itemsize, *shape[:0:-1]))[::-1]) if shape else ()
+    if strides is None:  # C-contiguous
+        acc, out = itemsize, []
+        for n in reversed(shape):
+            out.append(acc)
+            acc *= int(n)
+        strides = out[::-1]
     return int(cai["data"][0]), shape, tuple(strides), name
+
+
+_TORCH_DTYPE_NAMES: dict[Any, str] = {}
 
 
 def make_tensor_map(array: Any, box: Sequence[int], swizzle: Any = None, *, backend: str | None = None,
@@ -128,9 +155,7 @@ def make_tensor_map(array: Any, box: Sequence[int], swizzle: Any = None, *, back
     `const __grid_constant__ CUtensorMap` and use it by address in pk_tma_load_Nd / pk_tma_store_Nd, whose
     coordinates are innermost first.
     """
-    from .backends import default_backend_name
-
-    name = backend or default_backend_name()
+    name = backend or _backends.default_backend_name()
     if name not in ("host", "nvrtc"):
         raise ArgumentError(f"backend: tensor maps exist for 'host' and 'nvrtc', got {name!r}")
     if swizzle not in SWIZZLES:
@@ -143,27 +168,41 @@ def make_tensor_map(array: Any, box: Sequence[int], swizzle: Any = None, *, back
     elem = DTYPES[dtype]
     if isinstance(box, (str, bytes)) or not hasattr(box, "__len__"):
         raise ArgumentTypeError(f"box: expected a sequence of sizes, got {box!r}")
-    box_t = tuple(int(b) for b in box)
+    box_t = tuple([int(b) for b in box])
     rank = len(shape)
     if rank and strides[-1] != elem:
         raise ArgumentError(f"array: the innermost dimension must be contiguous (stride {elem} bytes), got "
                             f"{strides[-1]} bytes")
-    dims = tuple(int(n) for n in shape[::-1])
-    gstrides = tuple(int(s) for s in strides[::-1][1:])
+    dims = tuple([int(n) for n in shape[::-1]])
+    gstrides = tuple([int(s) for s in strides[::-1][1:]])
     ibox = box_t[::-1]
     estrides = (1,) * rank
-    check_tiled(elem, address, dims, gstrides, ibox, estrides, span)
-    if name == "host":
-        data = struct.pack("<IBBBBQ5Q5Q5I3I", HOST_MAGIC, rank, elem, span // 16, int(bool(oob_nan)), address,
-                           *(dims + (0,) * (5 - rank)), *((elem,) + gstrides + (0,) * (5 - rank)),
-                           *(ibox + (0,) * (5 - rank)), 0, 0, 0)
-    else:
-        from .backends import get_backend
-
-        be: Any = get_backend("nvrtc")
+    if name != "host":
+        be: Any = _backends.get_backend("nvrtc")
         drv = be._driver or be._start()
-        data = drv.tensor_map_encode_tiled(_DRIVER_DTYPE.get(dtype, dtype), rank, address, dims, gstrides, ibox,
-                                           estrides, span, bool(oob_nan))
-        if len(data) != 128:
-            raise ArgumentError(f"driver: expected a 128-byte CUtensorMap, got {len(data)} bytes")
+        ddt = _DRIVER_DTYPE.get(dtype, dtype)
+        # The driver by id (drivers need not hash), checked by identity on a hit: the entry keeps it alive, so
+        # its id is not reused while the entry exists. A hit skips check_tiled too: its inputs are all in the key
+        # (the element size follows from the data type), so they passed when the entry was made.
+        key = (id(drv), ddt, address, dims, gstrides, ibox, span, bool(oob_nan))
+        data = None
+        with _encoded_lock:
+            entry = _encoded.get(key)
+            if entry is not None and entry[0] is drv:
+                _encoded.move_to_end(key)
+                data = entry[1]
+        if data is None:
+            check_tiled(elem, address, dims, gstrides, ibox, estrides, span)
+            data = drv.tensor_map_encode_tiled(ddt, rank, address, dims, gstrides, ibox, estrides, span, bool(oob_nan))
+            if len(data) != 128:
+                raise ArgumentError(f"driver: expected a 128-byte CUtensorMap, got {len(data)} bytes")
+            with _encoded_lock:
+                _encoded[key] = (drv, data)
+                while len(_encoded) > ENCODE_CACHE_SIZE:
+                    _encoded.popitem(last=False)
+        return TensorMap(data, name, array, dims, ibox, span, dtype)
+    check_tiled(elem, address, dims, gstrides, ibox, estrides, span)
+    data = struct.pack("<IBBBBQ5Q5Q5I3I", HOST_MAGIC, rank, elem, span // 16, int(bool(oob_nan)), address,
+                       *(dims + (0,) * (5 - rank)), *((elem,) + gstrides + (0,) * (5 - rank)),
+                       *(ibox + (0,) * (5 - rank)), 0, 0, 0)
     return TensorMap(data, name, array, dims, ibox, span, dtype)

@@ -10,6 +10,10 @@ from __future__ import annotations
 
 from typing import Any
 
+from ..backends import get_backend, kernel_variant
+from ..devices import HOST, META, array_device
+from ..errors import ArgumentError
+
 HEAD_DIMS = (64, 128, 256)
 THREADS = 384  # FA90_THREADS: a producer warpgroup and two consumer warpgroups
 ROWS = 128  # FA90_BR: queries per CTA
@@ -35,9 +39,6 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
     GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all."""
     if head_dim != head_dim_v or head_dim not in HEAD_DIMS or softcap > 0.0 or not scale > 0.0:
         return False
-    from ..backends import get_backend, kernel_variant
-    from ..devices import HOST, META, array_device
-
     be = get_backend(backend)
     if be.name not in ("host", "nvrtc"):
         return False
@@ -51,8 +52,6 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
                 scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
     """Run flash_attention_sm90_d{D}{suffix} when `usable` and the arrays suit TMA (16-byte aligned bases);
     False (nothing launched) otherwise. q, k, v contiguous (batch, n, heads, D)."""
-    from ..backends import get_backend
-    from ..errors import ArgumentError
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 

@@ -473,9 +473,21 @@ def tensor_cores_available(backend: str | None = None) -> bool:
     be = get_backend(backend)
     if be.name != "nvrtc":
         return True
+    # A yes is remembered per backend object and arch (available() asks the driver and NVRTC each time): a
+    # backend that once had a usable sm_80+ GPU keeps it; a changed arch asks again.
+    arch = getattr(be, "arch", "") or ""
+    seen = _tc_yes.get(id(be))
+    if seen is not None and seen[0] is be and seen[1] == arch:
+        return True
     ok, _ = be.available()
     arch = getattr(be, "arch", "") or ""
-    return ok and arch.startswith("sm_") and int("".join(c for c in arch[3:] if c.isdigit())) >= 80
+    yes = ok and arch.startswith("sm_") and int("".join(c for c in arch[3:] if c.isdigit())) >= 80
+    if yes:
+        _tc_yes[id(be)] = (be, arch)
+    return yes
+
+
+_tc_yes: dict[int, tuple[Any, str]] = {}  # id(backend) -> (backend, arch) where tensor cores were found
 
 
 @arrays.stream_scoped

@@ -28,6 +28,7 @@ group * head_dim > 2048 needs more than one chunk).
 from __future__ import annotations
 
 import math
+import os
 from typing import Any
 
 import numpy as np
@@ -474,6 +475,42 @@ def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> 
 
 
 # --------------------------------------------------------------------------- decode
+_PLAIN = (type(None), bool, int, float, str)
+
+
+def _array_key(a: Any) -> Any:
+    """What a step's use of device array `a` depends on: its identity, address, shape, strides, dtype and
+    device; None (not memoizable) for host arrays, lists and anything else (their contents are checked)."""
+    if a is None:
+        return ()
+    if arrays.is_torch(a):
+        if not a.is_cuda:
+            return None
+        return id(a), a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, a.get_device()
+    if type(a) is np.ndarray or isinstance(a, (np.ndarray, list, tuple)):
+        return None
+    cai = getattr(a, "__cuda_array_interface__", None)
+    if cai is None:
+        return None
+    return id(a), type(a), cai  # shape, typestr, data (address, read-only), strides, stream: all of it
+
+
+def _run_key(q: Any, k_pages: Any, v_pages: Any, indptr: Any, indices: Any, last: Any, out: Any, scale: Any,
+             k_scale: Any, v_scale: Any, return_lse: Any, backend: Any) -> tuple | None:
+    """PagedDecodePlan.run's memo key, or None when the call cannot be memoized."""
+    scalars = (scale, k_scale, v_scale, return_lse, backend,
+               os.environ.get("PYKERN_BACKEND") if backend is None else None)  # what backend=None resolves to
+    if any(type(x) not in _PLAIN for x in scalars):
+        return None
+    keys = []
+    for a in (q, k_pages, v_pages, indptr, indices, last, out):
+        k = _array_key(a)
+        if k is None:
+            return None
+        keys.append(k)
+    return (*scalars, *keys)
+
+
 class PagedDecodePlan:
     """Launch geometry and workspaces for paged decode at a fixed batch shape (FlashInfer's plan/run).
 
@@ -501,6 +538,12 @@ class PagedDecodePlan:
     second launch (paged_attn_merge). A plan's workspaces (partials, counters, out, lse) serve one step at a
     time: two runs of one plan in flight at once (e.g. on two streams) would share them; give each stream a
     plan of its own.
+
+    A run with the same device arrays as the plan's previous run (the same objects, at the same addresses, with
+    the same shapes, strides and dtypes; int32 index arrays on the device) and the same scalars launches the
+    arguments that run checked and converted, skipping every check (a decode loop's steady state). For that the
+    plan keeps a reference to the previous run's arrays until the next run with others (so their memory
+    cannot be freed and reused under the same address meanwhile). Host index arrays are checked every run.
     """
 
     def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -585,6 +628,10 @@ class PagedDecodePlan:
         self.counters = arrays.zeros((self.batch * self.num_kv_heads if self.tensor_cores and self.num_splits > 1
                                       else 1,), "int32", like=self.out)
         self.merge_grid = (-(-rows_total // (_NT // 32)),)
+        # run()'s last step as prepared launches, keyed by its arguments (see _run_key): a decode loop that
+        # passes the same device arrays again skips every check and conversion.
+        self._memo: tuple | None = None
+        self._pages_memo: tuple | None = None  # the last page arrays' shape and flat views, keyed as _memo
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
         """(kernel, grid, block, shared bytes) of each launch of a step (the tensor-core kernel merges its splits
@@ -609,11 +656,21 @@ class PagedDecodePlan:
 
     def _launch(self, q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], indptr: Any, indices: Any, last: Any,
                 res_flat: Any, sc: float, ksc: float, vsc: float, want_lse: bool, stream: Any,
-                backend: str | None) -> bool:
+                backend: str | None, record: list | None = None) -> bool:
         """The launches of one step on checked arguments (flat K/V over the pages' memory and their element
         strides; int32 index arrays); the dense decode ops reuse it with one page a sequence. Returns
-        whether the tensor-core kernel ran."""
-        from ..launcher import launch
+        whether the tensor-core kernel ran. `record`: a list that receives each launch as prepared
+        (launcher.prepare) for `run` to launch again."""
+        from ..launcher import launch as _plain, launch_prepared, prepare
+
+        def launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None,
+                   backend: str | None = None) -> None:
+            if record is None:
+                _plain(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
+                return
+            prep = prepare(name, grid, block, *args, shared_mem=shared_mem)
+            record.append(prep)
+            launch_prepared(prep, stream, backend)
 
         s_page, s_tok, s_head = strides
         h, kvh, d, page_size = self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size
@@ -650,9 +707,34 @@ class PagedDecodePlan:
         caches' dequantization, applied in registers; default 1). out: a contiguous output to write
         instead of the plan's own.
         """
+        memo = self._memo
+        key = _run_key(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out, scale, k_scale, v_scale,
+                       return_lse, backend)
+        if memo is not None and key is not None and key == memo[0]:
+            # The same arrays (same objects at the same addresses, shapes, strides and dtypes) and scalars as the
+            # step the memo was made from: every check passed then and every launch argument is what it was.
+            from ..launcher import launch_prepared
+
+            st = arrays.launch_stream(stream, q)
+            if all(launch_prepared(prep, st, backend) for prep in memo[1]):
+                res = self.out if out is None else out
+                return (res, self.lse) if memo[2] else res
+            self._memo = None  # a kernel's source changed: check and convert afresh
+        self._memo = None
+        args_in = (q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out)
+        # The pages' shape and flat views depend on the page arrays' layout only: a new page table over the same
+        # cache (a new step's index arrays) reuses them.
+        pkey: Any = (_array_key(k_pages), _array_key(v_pages))
+        if None in pkey:
+            pkey = None
+        pm = self._pages_memo
+        hit = pm if pkey is not None and pm is not None and pm[0] == pkey else None
         k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
             k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), self.kv_layout, "kv_last_page_len")
-        kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
+        if hit is not None:
+            kind, num_pages, page_size, kvh, d = hit[1]
+        else:
+            kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
         if (kind, page_size, kvh, d) != (self.kv_kind, self.page_size, self.num_kv_heads, self.head_dim):
             raise ArgumentError(f"k_pages: expected {self.kv_kind} pages with page_size={self.page_size}, "
                                 f"num_kv_heads={self.num_kv_heads}, head_dim={self.head_dim} (the plan), got "
@@ -669,9 +751,26 @@ class PagedDecodePlan:
         if out is not None:
             res = arrays.check_out(out, (self.batch, self.num_qo_heads, self.head_dim), self.q_kind, q)
             res_flat = _flat(res)
-        kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
+        if hit is not None:
+            kf, vf, (s_page, s_tok, s_head) = hit[2]
+        else:
+            kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
+            if pkey is not None:  # holds the page arrays (args_in[1:3]): their memory stays theirs meanwhile
+                self._pages_memo = (pkey, (kind, num_pages, page_size, kvh, d), (kf, vf, (s_page, s_tok, s_head)),
+                                    args_in[1:3])
+        # Memoized only where nothing of the step depends on array contents or on copies made here: device
+        # index arrays passed as int32 (no host validation, no conversion) and q used in place (a strided CuPy
+        # q is copied to a contiguous one each step: a memo would keep reading the first copy).
+        record: list | None = None
+        if (key is not None and table.indptr is kv_indptr and table.indices is kv_indices
+                and table.last is kv_last_page_len and _address(arrays.contiguous(q)) == _address(q)):
+            record = []
         self._launch(q, kf, vf, (s_page, s_tok, s_head), table.indptr, table.indices, table.last, res_flat, sc, ksc,
-                     vsc, want_lse, stream, backend)
+                     vsc, want_lse, stream, backend, record)
+        if record is not None:
+            # The memo holds this step's arrays (args_in): while it does, their memory cannot be freed and
+            # reused, so an object at the same address with the same layout is the same memory.
+            self._memo = (key, record, want_lse, args_in)
         return (res, self.lse) if want_lse else res
 
 
