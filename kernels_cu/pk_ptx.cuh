@@ -507,7 +507,7 @@ __device__ __forceinline__ void pk_cvt_f16x4_e5m2x4(unsigned int w, unsigned int
 // Four fp8 -> two bf16x2 (exact): each pair through f16x2, the halves widened to fp32, then the two fp32 words'
 // upper halves taken by a byte permute (prmt, an integer op): every fp8 value is a bf16 value, so its fp32 form
 // has a zero lower half and its upper half is the bf16 (NaN and inf included). A cvt.rn.bf16x2.f32 pack there
-// (F2FP) would cost a conversion a pair, and the conversion pipe is what binds the FP8 decode (docs/serving.md).
+// (F2FP) would cost a conversion a pair. (decode_tc now runs Q K^T in f16 for FP8 caches and no longer uses these.)
 __device__ __forceinline__ void pk_cvt_bf16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
     asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y, ia, ib, ic, id; .reg .f32 fa, fb, fc, fd;\n\t"
         "mov.b32 {l, u}, %2; cvt.rn.f16x2.e4m3x2 x, l; cvt.rn.f16x2.e4m3x2 y, u;\n\t"
