@@ -162,6 +162,9 @@ def test_tc_one_tile_ctas_count_the_fills_they_run(costs) -> None:
         assert one["t_issue"] == pytest.approx(want)
     # FP8 at batch 1, 1k keys: each CTA's one tile amortizes its fixed cost (loop + rest - skipped fills)
     e = bd.tc_sass_costs("decode_tc_paged_d128_e4m3kv_bf16")
+    # (with bf16 q its rest includes rescaling q into f16 once a CTA, ~250 warp-instructions a warp: at one
+    # tile a CTA that is what binds, issue at 84.9% of H100 HBM; it was >= 85% before Q K^T moved to f16)
     one = bd.tc_roofline_row(1, 1, 1024, "e4m3", e)
     t = max(one["t_cvt"], one["t_hbm"], one["t_lat"], one["t_issue"])
-    assert one["pct"] == pytest.approx(100 * one["min_bytes"] / t / bd.H100_BW) and one["pct"] >= 85.0
+    assert one["pct"] == pytest.approx(100 * one["min_bytes"] / t / bd.H100_BW)
+    assert one["bind"] == "issue" and one["pct"] >= 84.0 and one["t_issue"] < 1.2 * one["t_hbm"], one
