@@ -448,8 +448,9 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
               "bound, not in 'new %'), '+tail %' with it")
         meas = load_measured()
         if meas:
-            print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU; meas GB/s: {MEASURED_LABEL}"
-                  "; '-' where not measured")
+            print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU, of the kernels' SASS now; "
+                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then (FP8: K widened through fp32, "
+                  "Q K^T in bf16, 164 conversions a warp a tile); '-' where not measured")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}" \
               + (f" {'model GB/s':>10s} {'meas GB/s':>9s}" if meas else "")
