@@ -52,7 +52,10 @@ template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
 // The P V operands' type: T, or f16 for FP8 K/V. Every e4m3 / e5m2 value is an f16 value, so V widens with
 // the hardware cvt alone (no fp32 round trip and pack as for bf16: a quarter of the instructions), and P
 // (in [0, 1]) rounds to f16's 11-bit significand instead of bf16's 8 (subnormal below 2^-14, where a key
-// weighs under 2^-14 of the row's largest); the accumulation stays fp32. Q K^T stays in T (q's type).
+// weighs under 2^-14 of the row's largest); the accumulation stays fp32. Q K^T runs in f16 as well: K widens
+// with the one cvt a pair, and bf16 q is rescaled by a power of two into f16's range once a CTA (see
+// dtc_paged_decode), its scores rescaled back exactly: K through fp32 to bf16 was 4 instructions a pair, 3 of
+// them conversions, and the conversion pipe is what binds the FP8 decode (docs/serving.md).
 template <typename T, bool FP8> struct DtcPv { typedef T type; };
 template <typename T> struct DtcPv<T, true> { typedef __half type; };
 
@@ -149,7 +152,7 @@ template <> struct DtcWiden<__nv_bfloat16, 5> {
     }
 };
 
-// FP8 -> 16-bit for one warp: its 16 K rows (to T) and 16 V rows (to f16, DtcPv) of a ring slot (RB bytes a
+// FP8 -> 16-bit for one warp: its 16 K rows and 16 V rows (to f16, DtcPv) of a ring slot (RB bytes a
 // row) into its tile (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
 // eight pair conversions, two 16-byte writes.
 template <typename T, int D, typename TKV>
@@ -169,13 +172,9 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigne
         const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vq : kq) + rr * RB);
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
-        if (kvsel) {  // V rows: the P V operand's type (f16, see DtcPv)
+        // K and V rows alike: f16 (DtcPv), one cvt a pair
 #pragma unroll
-            for (int e = 0; e < 4; e++) DtcWiden<__half, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
-        } else {  // K rows: q's type T
-#pragma unroll
-            for (int e = 0; e < 4; e++) DtcWiden<T, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
-        }
+        for (int e = 0; e < 4; e++) DtcWiden<__half, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
         uint4* dst = reinterpret_cast<uint4*>(tq + (kvsel * 16 + rr) * SD);
         dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
@@ -313,6 +312,38 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     unsigned int qa[KS][4];
 #pragma unroll
     for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4_s(qa[ks], pk_saddr_of(qs) + (unsigned int)((a_row * SD + a_col + ks * 16) * 2));
+    // FP8 K/V with bf16 q: Q K^T runs in f16 (K widens with one cvt a pair, no fp32 round trip). Q is rescaled
+    // by 2^qe into f16's range once: qe puts the group's largest |q| in [2^14, 2^15) (every warp holds all of
+    // Q, so each reduces the same maximum); q * 2^qe is exact in f16 for |q| >= max |q| * 2^-32 (f16's
+    // subnormals still hold bf16's 8 bits there) and 2^-qe returns to the score scale exactly (a power of 2).
+    float qdescale = 1.0f;
+    if constexpr (FP8 && !Pk16<T>::is_f16) {
+        float qm = 0.0f;
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float x0, x1;
+                Pk16<T>::widen2(qa[ks][i], x0, x1);
+                qm = fmaxf(qm, fmaxf(fabsf(x0), fabsf(x1)));
+            }
+#pragma unroll
+        for (int o = 16; o >= 1; o >>= 1) qm = fmaxf(qm, __shfl_xor_sync(PK_FULL_MASK, qm, o));
+        // unbiased exponent of qm (0 for 0, NaN or inf: no rescale), clamped so 2^qe and 2^-qe are normal floats
+        const int ebits = (int)((__float_as_uint(qm) >> 23) & 0xffu);
+        int qe = (ebits == 0 || ebits == 255) ? 0 : 14 - (ebits - 127);
+        qe = qe < -126 ? -126 : (qe > 126 ? 126 : qe);
+        const float up = __uint_as_float((unsigned int)(127 + qe) << 23);
+        qdescale = __uint_as_float((unsigned int)(127 - qe) << 23);
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+            for (int i = 0; i < 4; i++) {
+                float x0, x1;
+                Pk16<T>::widen2(qa[ks][i], x0, x1);
+                qa[ks][i] = Pk16<__half>::narrow2(x0 * up, x1 * up);
+            }
+    }
     // ldmatrix addresses of the tile loop as shared-window integers (pk_saddr): this lane's row / column
     // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
     // access cost 64-bit address math). K at kt + (nt * 8 * SD + kp2 * 32) * 2, V at kt + vo + np * 32.
@@ -320,11 +351,12 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2) + (FP8 ? 16 * SD * 2 : DTC_BC * RB);
     const pk_saddr kt0 = FP8 ? pk_saddr_of(tiles + warp * 2 * 16 * SD) : pk_saddr_of(dtc_smem + warp * DTC_KW * RB);
 
+    using TQK = typename DtcPv<T, FP8>::type;  // the Q K^T operands' type: f16 for FP8 K/V (above), else T
     float o[ON][4];
 #pragma unroll
     for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
     float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this warp's keys
-    const float sl2 = scale * k_scale * PA_LOG2E;
+    const float sl2 = scale * k_scale * PA_LOG2E * qdescale;
 
     int stage = 0;
     for (int t0 = begin; t0 < end; t0 += DTC_BC) {
@@ -361,8 +393,8 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             for (int nt = 0; nt < 2; nt++) {
                 unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
                 pk_ldmatrix_x4_s(kb, kt + k_lane + (unsigned int)((nt * 8 * SD + kp2 * 32) * 2));
-                pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2], kb, s[nt]);
-                pk_mma_m16n8k16<T>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
+                pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2], kb, s[nt]);
+                pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
             }
         }
         // Base 2, keys past the range masked, online softmax over this warp's 16 keys.

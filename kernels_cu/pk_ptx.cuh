@@ -504,21 +504,26 @@ __device__ __forceinline__ void pk_cvt_f16x4_e5m2x4(unsigned int w, unsigned int
     asm("{ .reg .b16 l, u; mov.b32 {l, u}, %2; cvt.rn.f16x2.e5m2x2 %0, l; cvt.rn.f16x2.e5m2x2 %1, u; }"
         : "=r"(lo), "=r"(hi) : "r"(w));
 }
-// Four fp8 -> two bf16x2 (exact): each pair through f16x2, the halves widened to fp32, packed to bf16x2.
+// Four fp8 -> two bf16x2 (exact): each pair through f16x2, the halves widened to fp32, then the two fp32 words'
+// upper halves taken by a byte permute (prmt, an integer op): every fp8 value is a bf16 value, so its fp32 form
+// has a zero lower half and its upper half is the bf16 (NaN and inf included). A cvt.rn.bf16x2.f32 pack there
+// (F2FP) would cost a conversion a pair. (decode_tc now runs Q K^T in f16 for FP8 caches and no longer uses these.)
 __device__ __forceinline__ void pk_cvt_bf16x4_e4m3x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-    asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y; .reg .f32 fa, fb, fc, fd;\n\t"
+    asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y, ia, ib, ic, id; .reg .f32 fa, fb, fc, fd;\n\t"
         "mov.b32 {l, u}, %2; cvt.rn.f16x2.e4m3x2 x, l; cvt.rn.f16x2.e4m3x2 y, u;\n\t"
         "mov.b32 {a, b}, x; mov.b32 {c, d}, y;\n\t"
         "cvt.f32.f16 fa, a; cvt.f32.f16 fb, b; cvt.f32.f16 fc, c; cvt.f32.f16 fd, d;\n\t"
-        "cvt.rn.bf16x2.f32 %0, fb, fa; cvt.rn.bf16x2.f32 %1, fd, fc; }"
+        "mov.b32 ia, fa; mov.b32 ib, fb; mov.b32 ic, fc; mov.b32 id, fd;\n\t"
+        "prmt.b32 %0, ia, ib, 0x7632; prmt.b32 %1, ic, id, 0x7632; }"
         : "=r"(lo), "=r"(hi) : "r"(w));
 }
 __device__ __forceinline__ void pk_cvt_bf16x4_e5m2x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-    asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y; .reg .f32 fa, fb, fc, fd;\n\t"
+    asm("{ .reg .b16 l, u, a, b, c, d; .reg .b32 x, y, ia, ib, ic, id; .reg .f32 fa, fb, fc, fd;\n\t"
         "mov.b32 {l, u}, %2; cvt.rn.f16x2.e5m2x2 x, l; cvt.rn.f16x2.e5m2x2 y, u;\n\t"
         "mov.b32 {a, b}, x; mov.b32 {c, d}, y;\n\t"
         "cvt.f32.f16 fa, a; cvt.f32.f16 fb, b; cvt.f32.f16 fc, c; cvt.f32.f16 fd, d;\n\t"
-        "cvt.rn.bf16x2.f32 %0, fb, fa; cvt.rn.bf16x2.f32 %1, fd, fc; }"
+        "mov.b32 ia, fa; mov.b32 ib, fb; mov.b32 ic, fc; mov.b32 id, fd;\n\t"
+        "prmt.b32 %0, ia, ib, 0x7632; prmt.b32 %1, ic, id, 0x7632; }"
         : "=r"(lo), "=r"(hi) : "r"(w));
 }
 // fp8x2 -> f16x2 (one instruction), then each half to fp32 (exact).

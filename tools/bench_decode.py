@@ -93,6 +93,22 @@ ISSUE = 4
 HBM_LAT = 700e-9
 SMEM_SM = 228 * 1024
 KV_ELEM = {"bf16": 2, "e4m3": 1}
+# Published rates of the GPUs the roofline can model (same GH100 SM and SM count; the clock is the published boost
+# of the H200, the model's historical 1.755 GHz for the H100). set_gpu rebinds the module's rates.
+GPU_NAME = "H100"
+GPUS = {"h100": {"sms": 132, "bw": 3.35e12, "clock": 1.755e9},
+        "h200": {"sms": 132, "bw": 4.8e12, "clock": 1.98e9}}
+
+
+def set_gpu(name: str) -> None:
+    """Model `name` (a GPUS key): rebinds H100_SMS / H100_BW / CLOCK and the rates derived from them."""
+    global H100_SMS, H100_BW, CLOCK, TENSOR_SM, SMEM_BW
+    g = GPUS[name]
+    global GPU_NAME
+    GPU_NAME = name.upper()
+    H100_SMS, H100_BW, CLOCK = g["sms"], g["bw"], g["clock"]
+    TENSOR_SM = 990e12 * 2 / 3 / H100_SMS
+    SMEM_BW = 128 * CLOCK
 GQA = (1, 4, 8)
 RF_BATCHES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 RF_LENGTHS = (1024, 4096, 16384, 32768)
@@ -211,6 +227,11 @@ _NT_WARPS = 4  # PA_NT / 32
 # the kernel (prologue, Q load, the cross-warp merge: counted once a warp, all of it), less the split fixup
 # (the merge after the ticket), which only a group's last split CTA runs: it is the tail term.
 TC_BC = 64
+# Conversions an SM a clock: the CUDA C++ Programming Guide's arithmetic-instruction throughput table, compute
+# capability 8.x and 9.0, "all other type conversions": 16 results (a warp-instruction every 2 clocks an SM,
+# against 4 issue slots a clock). Which SASS opcodes run at that rate is not published: F2FP (cvt of 16-bit and
+# FP8 pairs) is counted as a conversion ('cvt lo'), and so is HADD2.F32 (ptxas's cvt.f32.f16) in 'cvt'.
+CVT_RATE = 16
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16
 TENSOR_SM = 990e12 * 2 / 3 / H100_SMS  # mma.sync at about 2/3 of the dense bf16 peak, per SM (DESIGN.md)
 SMEM_BW = 128 * CLOCK  # bytes/s an SM
@@ -249,7 +270,13 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
         ld = [(sum(n for o, n in r["ops"].items() if o.startswith("LDG") and ".128" in o), r["insns"]) for r in body]
         fixup_loop = max(ld)[1] if ld and max(ld)[0] else 0
     fill_pro, refill = tc_guarded_fills(sr, text, kernel, loop)
-    return {"loop": loop["insns"], "rest": total - loop["insns"] - fixup, "fixup": fixup, "fixup_loop": fixup_loop,
+    # Conversions in the tile loop (a warp, a tile): F2FP (cvt to / from 16-bit and FP8 pairs), F2F / I2F / F2I,
+    # and HADD2.F32 (ptxas's cvt.f32.f16: an f16 half widened to fp32), each counted once.
+    lo, hi = int(loop["start"], 16), int(loop["end"], 16)
+    body = [(op, raw) for a, op, _, raw in sr._instructions(text)[kernel] if lo <= a <= hi and op != "NOP"]
+    f2fp = sum(1 for op, _ in body if op in ("F2FP", "F2F", "I2F", "F2I"))
+    hadd_f32 = sum(1 for op, raw in body if op == "HADD2" and "HADD2.F32" in raw)
+    return {"loop": loop["insns"], "cvt_f2fp": f2fp, "cvt_hadd2_f32": hadd_f32, "rest": total - loop["insns"] - fixup, "fixup": fixup, "fixup_loop": fixup_loop,
             "mma": loop["mma"], "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers,
             "fill_pro": fill_pro, "refill": refill, "kernel": kernel}
 
@@ -360,11 +387,15 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     tile16 = TC_BC * 2 * head_dim * 2
     per_tile = 2 * tile16 if eb == 2 else 2 * (TC_BC * 2 * head_dim) + 2 * tile16
     t_smem = waves * resident * tiles * per_tile / SMEM_BW
+    # conversion pipe (CVT_RATE): every warp's conversions of a tile (F2FP and HADD2.F32; cvt lo: F2FP only)
+    cvt_warp = waves * resident * warps * tiles * 32 / (CVT_RATE * CLOCK)
+    t_cvt = cvt_warp * (costs["cvt_f2fp"] + costs["cvt_hadd2_f32"])
+    t_cvt_lo = cvt_warp * costs["cvt_f2fp"]
     have = resident * (stages - 1) * TC_BC * 2 * head_dim * eb
     bw_lat = min(H100_BW / H100_SMS, have / HBM_LAT) * active_sms
     t_lat = read / bw_lat
     launch = LAUNCH_S * (len(plan.launches()) - 1)  # 0: the splits merge in the same launch
-    terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem}
+    terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem, "cvt": t_cvt}
     bind = max(terms, key=terms.get)
     t = terms[bind] + launch
     if launch > terms[bind]:
@@ -381,27 +412,48 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     tail = rt * HBM_LAT + ((costs["fixup"] + (passes - 1) * costs["fixup_loop"]) / CLOCK if s > 1 else 0.0)
     return {"ctas": ctas, "splits": plan.num_splits, "tile": TC_BC, "occ": occ, "have_kb": have / 1024,
             "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue, "t_issue_lo": t_issue_lo,
-            "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "launch": launch, "t": t, "bind": bind,
+            "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "t_cvt": t_cvt, "t_cvt_lo": t_cvt_lo,
+            "launch": launch, "t": t, "bind": bind, "min_bytes": kv_min + qo,
             "pct": 100 * (kv_min + qo) / t / H100_BW, "tail_rt": rt, "t_tail": tail,
             "pct_tail": 100 * (kv_min + qo) / (t + tail) / H100_BW}
 
 
 SUMMARY_BATCHES = (1, 8, 64, 256)
-SUMMARY_LENGTHS = (1024, 32768)
+SUMMARY_LENGTHS = (1024, 8192, 32768)
+MEASURED = ROOT / "docs" / "measured" / "2026-11-27-h200" / "decode.json"
+MEASURED_LABEL = ("measured on H200 (2026-11-27): docs/measured/2026-11-27-h200/decode.json, "
+                  "`python tools/measure_gpu.py decode` (CUDA events, median of 20, L2 flushed before each call, "
+                  "GPU time; measured device-to-device copy 4258 GB/s read+write)")
+
+
+def load_measured(path: Path = MEASURED) -> dict[tuple[str, int, int, int], dict[str, Any]]:
+    """The measured paged-decode records, {(kv, gqa, batch, ctx): record}; {} when the file is absent."""
+    import json
+
+    if not path.exists():
+        return {}
+    return {(r["kv"], r["gqa"], r["batch"], r["ctx"]): r for r in json.loads(path.read_text())
+            if r.get("what") == "decode"}
 
 
 def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[str, Any]) -> None:
     """Modelled % of H100 HBM, old path (paged_attn) vs the path the plan picks now, with binding terms."""
     for kv in args.kv:
-        print(f"\nmodelled bound, % of H100 HBM ({H100_BW / 1e12:.2f} TB/s), {kv} KV, bf16 q, kv_heads 8, "
+        print(f"\nmodelled bound, % of {GPU_NAME} HBM ({H100_BW / 1e12:.2f} TB/s, {CLOCK / 1e9:.3f} GHz), {kv} KV, bf16 q, kv_heads 8, "
               f"head_dim 128, page 16: old = paged_attn, new = what PagedDecodePlan picks "
               f"(decode_tc for GQA {TC_DECODE_MIN_GROUP} to {TC_DECODE_MAX_GROUP}; paged_attn otherwise)")
         print("decode_tc: one launch (split partials merged by the last split CTA: no launch term); the partials' "
               "writes (o in bf16, lse fp32) counted as HBM bytes, their read-back in the tail; tail = the last CTA's dependent global "
               f"round trips (release, acq_rel ticket, lse + partial loads in the same rounds) at {HBM_LAT * 1e9:.0f} ns each (an upper "
               "bound, not in 'new %'), '+tail %' with it")
+        meas = load_measured()
+        if meas:
+            print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU, of the kernels' SASS now; "
+                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then (FP8: K widened through fp32, "
+                  "Q K^T in bf16, 164 conversions a warp a tile); '-' where not measured")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
-              f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}"
+              f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}" \
+              + (f" {'model GB/s':>10s} {'meas GB/s':>9s}" if meas else "")
         print(hdr)
         print("-" * len(hdr))
         for g in args.gqa:
@@ -414,10 +466,17 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
                         r, kern = dict(o, tail_rt=0, t_tail=0.0, pct_tail=o["pct"]), "paged_attn"
                     print(f"{g:3d} {b:5d} {n:6d} {r['splits']:6d} {o['pct']:5.1f}% {o['bind']:>9s} "
                           f"{r['pct']:5.1f}% {r['bind']:>9s} {r['tail_rt']:7d} {r['t_tail'] * 1e6:7.1f} "
-                          f"{r['pct_tail']:6.1f}% {kern:>12s}")
+                          f"{r['pct_tail']:6.1f}% {kern:>12s}", end="")
+                    if meas:
+                        m = meas.get((kv, g, b, n))
+                        model = r.get("min_bytes", o.get("min_bytes", 0)) / (r["t"] + r["t_tail"]) / 1e9 \
+                            if kern == "decode_tc" else float("nan")
+                        print(f" {model:10.0f} " + (f"{m['pykern_GBps']:9.0f}" if m else f"{'-':>9s}"), end="")
+                    print()
 
 
 def roofline(args: argparse.Namespace) -> None:
+    set_gpu(args.gpu)
     old_costs = {kv: sass_costs("paged_attn_bf16" if kv == "bf16" else "paged_attn_bf16_e4m3kv") for kv in args.kv}
     tc = {kv: tc_sass_costs("decode_tc_paged_d128_bf16" if kv == "bf16" else "decode_tc_paged_d128_e4m3kv_bf16")
           for kv in args.kv}
@@ -457,11 +516,12 @@ def roofline(args: argparse.Namespace) -> None:
 def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
     print(f"\ntensor-core paged decode roofline ({c['kernel']} sm_90 SASS: regs {c['registers']}, tile loop "
           f"{c['loop']} warp-instructions a warp a 64-key tile with {c['mma']:.0f} HMMA and {c['ldgsts']} "
-          f"LDGSTS.128, {c['rest']} outside the loop, {c['fixup']} in the split fixup), {kv} KV, kv_heads 8, "
+          f"LDGSTS.128, {c['cvt_f2fp']} F2FP and {c['cvt_hadd2_f32']} HADD2.F32 conversions, {c['rest']} outside "
+          f"the loop, {c['fixup']} in the split fixup), {kv} KV, kv_heads 8, "
           f"head_dim 128, page 16")
     hdr = (f"{'GQA':>3s} {'batch':>5s} {'len':>6s} {'CTAs':>6s} {'splt':>4s} {'occ':>3s} {'ring KB':>7s} "
            f"{'x min':>6s} {'HBM us':>8s} {'issue us':>8s} {'lat us':>8s} {'tc us':>7s} {'smem us':>7s} "
-           f"{'launch':>6s} {'bound':>7s} {'% HBM':>6s} {'tail us':>7s} {'+tail %':>7s}")
+           f"{'cvt us':>7s} {'cvt lo':>7s} {'launch':>6s} {'bound':>7s} {'% HBM':>6s} {'tail us':>7s} {'+tail %':>7s}")
     print(hdr)
     print("-" * len(hdr))
     for g in (x for x in args.gqa if TC_DECODE_MIN_GROUP <= x <= TC_DECODE_MAX_GROUP):
@@ -470,7 +530,8 @@ def tc_table(args: argparse.Namespace, c: dict[str, Any], kv: str) -> None:
                 r = tc_roofline_row(b, g, n, kv, c)
                 print(f"{g:3d} {b:5d} {n:6d} {r['ctas']:6d} {r['splits']:4d} {r['occ']:3d} {r['have_kb']:7.1f} "
                       f"{r['x_min']:6.3f} {r['t_hbm'] * 1e6:8.1f} {r['t_issue'] * 1e6:8.1f} {r['t_lat'] * 1e6:8.1f} "
-                      f"{r['t_tensor'] * 1e6:7.1f} {r['t_smem'] * 1e6:7.1f} {r['launch'] * 1e6:6.1f} "
+                      f"{r['t_tensor'] * 1e6:7.1f} {r['t_smem'] * 1e6:7.1f} {r['t_cvt'] * 1e6:7.1f} "
+                      f"{r['t_cvt_lo'] * 1e6:7.1f} {r['launch'] * 1e6:6.1f} "
                       f"{r['bind']:>7s} {r['pct']:5.1f}% {r['t_tail'] * 1e6:7.1f} {r['pct_tail']:6.1f}%")
 
 
@@ -563,6 +624,7 @@ def main(argv: list[str] | None = None) -> None:
     ap.add_argument("--gqa", nargs="+", type=int, default=list(GQA), help="--roofline query heads a kv head")
     ap.add_argument("--rf-batch", nargs="+", type=int, default=list(RF_BATCHES))
     ap.add_argument("--rf-length", nargs="+", type=int, default=list(RF_LENGTHS))
+    ap.add_argument("--gpu", choices=sorted(GPUS), default="h100", help="--roofline: the published rates to model")
     ap.add_argument("--summary", action="store_true",
                     help="--roofline: only the old-vs-new table (batch 1/8/64/256 x ctx 1k/32k x --gqa)")
     args = ap.parse_args(argv)
