@@ -207,7 +207,7 @@ def test_include_paths_and_arch_are_not_options():
     with pytest.raises(ArgumentError, match="arch"):
         compiler.portable_options("sm_80", ["--gpu-architecture=sm_90"])
     assert compiler.portable_options("sm_80", ["-std=c++20"]) == ["--gpu-architecture=sm_80", "-default-device", "-std=c++20"]
-    assert compiler.portable_options("sm_80", ["--std=c++20"]) == ["--gpu-architecture=sm_80", "--std=c++20"]
+    assert compiler.portable_options("sm_80", ["--std=c++20"]) == ["--gpu-architecture=sm_80", "-default-device", "--std=c++20"]
     with pytest.raises(ArgumentError, match="options"):
         compiler.portable_options("sm_80", "-lineinfo")  # a bare string would be split into characters
 
