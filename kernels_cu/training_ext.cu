@@ -132,7 +132,11 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // ---------------------------------------------------------------------------
 // layer_norm: y = (x - mean) * rstd * w + b, rstd = rsqrt(var + eps) with the
 // biased variance (torch's). Two-pass statistics (mean, then sum of squared
-// deviations) for accuracy on rows with a large mean. has_w / has_b = 0: no
+// deviations) for accuracy on rows with a large mean, taken of d = x - x0 with x0 the
+// row's first element: the fp32 sum of a row near 1e4 (and the rounding of its mean)
+// would otherwise cost about 1e-3 of each output; x - x0 is exact for values that close,
+// and (x - x0) - mean(d) is x - mean to fp32 precision whatever the row's mean.
+// has_w / has_b = 0: no
 // weight / bias (the pointer is any valid one and is not read).
 // Geometry as rms_norm's (pykern/ops/training_ext.py _ln_geometry): blockDim.x == 32 is a warp per row
 // (blockDim.y rows a block), otherwise a block per row (blockDim.y == 1); pk_row_sum reduces either way.
@@ -154,6 +158,8 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
     const long long row_step = (long long)gridDim.x * blockDim.y;
     for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const long long base = row * n;
+        float x0;
+        pk_load<T, 1>(x, base, &x0);  // the shift (a broadcast load: thread 0's first chunk, L1-hot)
         if (cache) {
             float a[LN_CACHE_VECS][N];
 #pragma unroll
@@ -166,10 +172,13 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
                 if (threadIdx.x + sl * blockDim.x < dim / N) {
 #pragma unroll
-                    for (int k = 0; k < N; ++k) s += a[sl][k];
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] -= x0;
+                        s += a[sl][k];
+                    }
                 }
             }
-            const float mean = pk_row_sum(s, scratch) / (float)n;
+            const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
             float v = 0.0f;
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
@@ -207,16 +216,16 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
             float a[W];
             pk_load<T, W>(x, base + i, a);
 #pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k];
+            for (int k = 0; k < W; ++k) s += a[k] - x0;
         });
-        const float mean = pk_row_sum(s, scratch) / (float)n;
+        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
         float v = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W];
             pk_load<T, W>(x, base + i, a);
 #pragma unroll
-            for (int k = 0; k < W; ++k) v += (a[k] - mean) * (a[k] - mean);
+            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
         });
         const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
@@ -227,7 +236,7 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
             if (has_b) pk_load<T, W>(b, i, bb);
 #pragma unroll
             for (int k = 0; k < W; ++k) {
-                a[k] = (a[k] - mean) * rstd;
+                a[k] = ((a[k] - x0) - mean) * rstd;
                 if (has_w) a[k] *= ww[k];
                 if (has_b) a[k] += bb[k];
             }
@@ -258,6 +267,8 @@ __device__ __forceinline__ void layer_norm_backward_impl(
     const long long row_step = (long long)gridDim.x * blockDim.y;
     for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const long long base = row * n;
+        float x0;
+        pk_load<T, 1>(x, base, &x0);  // the shift, as layer_norm's
         // gxhat = g * w (g alone without a weight) for W elements at i
         auto gxhat = [&](long long i, auto w, float* gh) {
             constexpr int W = decltype(w)::value;
@@ -288,10 +299,13 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
                 if (threadIdx.x + sl * blockDim.x < dim / N) {
 #pragma unroll
-                    for (int k = 0; k < N; ++k) s += a[sl][k];
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] -= x0;
+                        s += a[sl][k];
+                    }
                 }
             }
-            const float mean = pk_row_sum(s, scratch) / (float)n;
+            const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
             float v = 0.0f;
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
@@ -320,7 +334,7 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             const float mgx = pk_row_sum(sgx, scratch) / (float)n;
             mg += (mg - mg) + (mgx - mgx);
             if (threadIdx.x == 0) {
-                mean_out[row] = mean;
+                mean_out[row] = x0 + mean;
                 rstd_out[row] = rstd;
             }
 #pragma unroll
@@ -340,16 +354,16 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             float a[W];
             pk_load<T, W>(x, base + i, a);
 #pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k];
+            for (int k = 0; k < W; ++k) s += a[k] - x0;
         });
-        const float mean = pk_row_sum(s, scratch) / (float)n;
+        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
         float v = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W];
             pk_load<T, W>(x, base + i, a);
 #pragma unroll
-            for (int k = 0; k < W; ++k) v += (a[k] - mean) * (a[k] - mean);
+            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
         });
         const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
         float sg = 0.0f, sgx = 0.0f;
@@ -361,14 +375,14 @@ __device__ __forceinline__ void layer_norm_backward_impl(
 #pragma unroll
             for (int k = 0; k < W; ++k) {
                 sg += gh[k];
-                sgx += gh[k] * (a[k] - mean) * rstd;
+                sgx += gh[k] * ((a[k] - x0) - mean) * rstd;
             }
         });
         float mg = pk_row_sum(sg, scratch) / (float)n;
         const float mgx = pk_row_sum(sgx, scratch) / (float)n;
         mg += (mg - mg) + (mgx - mgx);
         if (threadIdx.x == 0) {
-            mean_out[row] = mean;
+            mean_out[row] = x0 + mean;
             rstd_out[row] = rstd;
         }
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
@@ -377,7 +391,7 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             pk_load<T, W>(x, base + i, a);
             gxhat(i, w, gh);
 #pragma unroll
-            for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - (a[k] - mean) * rstd * mgx);
+            for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - ((a[k] - x0) - mean) * rstd * mgx);
             pk_store<T, W>(gx, base + i, a);
         });
     }
