@@ -114,8 +114,6 @@ def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]
                    run=run, reference=ref)
         h = _cast(f64(x) + f64(r), kind)
         for with_gres in (False, True):
-            if not backward:
-                continue
             red = ("norm_grad_reduce",) if _wchunks(n_rows, shape[-1]) else ()
 
             def run_b(be, h=h, w=w, g=g, gr=gr if with_gres else None):
