@@ -6,7 +6,8 @@
 // loops so the ops may clamp grid sizes. Row kernels run one block per row (blockDim.x a multiple of 32,
 // <= 512); layer_norm and its backward may also run a warp per row (blockDim.x == 32, blockDim.y rows).
 // Rows of a multiple of 16 bytes on 16-byte aligned bases, and elementwise arrays on aligned bases, move
-// in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop body for both widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
+// in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop body for both
+// widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
 // reduced without float atomics: per-(row chunk, column) partial sums in a fixed order, then a fixed-order
 // sum over chunks (norm_grad_reduce), so they are identical from run to run.
 #include "pk_vec.cuh"
