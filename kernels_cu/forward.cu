@@ -296,10 +296,6 @@ PK_IO_KERNELS(silu_gate_backward, (256),
 // __launch_bounds__(1024) holds these kernels to the 64 registers a thread that
 // such a block can have (unbounded, sm_100/sm_120 came within a few of it).
 // ---------------------------------------------------------------------------
-__device__ __forceinline__ float fwd_row_sum(float v, float* scratch) {
-    return blockDim.x == 32 ? pk_warp_sum(v) : pk_block_sum(v, scratch);
-}
-
 __device__ __forceinline__ float fwd_row_max(float v, float* scratch) {
     return blockDim.x == 32 ? pk_warp_max(v) : pk_block_max(v, scratch);
 }
@@ -339,7 +335,7 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
                     for (int e = 0; e < N; ++e) ss = fmaf(f[sl][e], f[sl][e], ss);
                 }
             }
-            ss = fwd_row_sum(ss, scratch);
+            ss = pk_row_sum(ss, scratch);
             const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
 #pragma unroll
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
@@ -367,7 +363,7 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
                 ss = fmaf(f, f, ss);
             }
         }
-        ss = fwd_row_sum(ss, scratch);
+        ss = pk_row_sum(ss, scratch);
         const float inv = 1.0f / sqrtf(ss / (float)dim + eps);
         if (vec) {
             for (unsigned int c = threadIdx.x; c < dim / N; c += blockDim.x) {
@@ -443,7 +439,7 @@ extern "C" __global__ void __launch_bounds__(1024) causal_attn_softmax(const flo
         // a row whose visible scores are all -inf has no finite max: its sum is 0 and it writes 0;
         // a thread whose m is still -inf holds s = 0, or NaN from a NaN score: passed on as is
         const float mm = (row_max == PK_NEG_INF) ? 0.0f : row_max;
-        const float row_sum = fwd_row_sum(m == PK_NEG_INF ? s : s * pk_exp_fast(m - mm), scratch);
+        const float row_sum = pk_row_sum(m == PK_NEG_INF ? s : s * pk_exp_fast(m - mm), scratch);
         const float inv = row_sum != 0.0f ? 1.0f / row_sum : 0.0f;  // NaN sum: NaN row
         if (vec) {
             const unsigned int n4 = (visible + 3u) / 4u;

@@ -224,6 +224,12 @@ __device__ __forceinline__ float pk_block_sum(float v, float* scratch) {
     return v;
 }
 
+// Sum over the threads sharing a row: a warp when blockDim.x == 32 (a warp per row, blockDim.y rows a
+// block), else the whole block (blockDim.y == 1).
+__device__ __forceinline__ float pk_row_sum(float v, float* scratch) {
+    return blockDim.x == 32 ? pk_warp_sum(v) : pk_block_sum(v, scratch);
+}
+
 __device__ __forceinline__ float pk_block_max(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_warps = (blockDim.x + 31) >> 5;

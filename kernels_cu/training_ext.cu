@@ -4,9 +4,10 @@
 // Every family is one template over its I/O element type (float, __nv_bfloat16, __half: PK_IO_KERNELS in
 // pk_common.cuh) and computes in fp32. Offsets are 64-bit; rows and elements are walked with grid-stride
 // loops so the ops may clamp grid sizes. Row kernels run one block per row (blockDim.x a multiple of 32,
-// <= 512). Rows of a multiple of 16 bytes on 16-byte aligned bases, and elementwise arrays on aligned
-// bases, move in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop
-// body for both widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
+// <= 512); layer_norm and its backward may also run a warp per row (blockDim.x == 32, blockDim.y rows).
+// Rows of a multiple of 16 bytes on 16-byte aligned bases, and elementwise arrays on aligned bases, move
+// in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop body for both
+// widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
 // reduced without float atomics: per-(row chunk, column) partial sums in a fixed order, then a fixed-order
 // sum over chunks (norm_grad_reduce), so they are identical from run to run.
 #include "pk_vec.cuh"
@@ -132,35 +133,102 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // ---------------------------------------------------------------------------
 // layer_norm: y = (x - mean) * rstd * w + b, rstd = rsqrt(var + eps) with the
 // biased variance (torch's). Two-pass statistics (mean, then sum of squared
-// deviations) for accuracy on rows with a large mean. has_w / has_b = 0: no
+// deviations) for accuracy on rows with a large mean, taken of d = x - x0 with x0 the
+// row's first element: the fp32 sum of a row near 1e4 (and the rounding of its mean)
+// would otherwise cost about 1e-3 of each output; x - x0 is exact for values that close,
+// and (x - x0) - mean(d) is x - mean to fp32 precision whatever the row's mean.
+// has_w / has_b = 0: no
 // weight / bias (the pointer is any valid one and is not read).
+// Geometry as rms_norm's (pykern/ops/training_ext.py _ln_geometry): blockDim.x == 32 is a warp per row
+// (blockDim.y rows a block), otherwise a block per row (blockDim.y == 1); pk_row_sum reduces either way.
+// One read of x when the row fits in registers: on the 16-byte path a row of at most LN_CACHE_VECS
+// vectors per thread (LN_CACHE_VECS x blockDim.x x 16 bytes: 32 KB at 512 threads) is loaded once
+// (all its loads issued before the first sum) and both statistics and the output come from the
+// registers. Longer or unaligned rows take the loops over global memory (the re-reads served by
+// L1/L2). The backward caches x and g * w the same way.
+#define LN_CACHE_VECS 4
 template <typename T>
 __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T* __restrict__ wt,
                                                 const T* __restrict__ b, T* __restrict__ y, long long n_rows,
                                                 unsigned int dim, float eps, int has_w, int has_b) {
     __shared__ float scratch[32];
+    constexpr int N = PkVec16<T>::N;
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, x, y, has_w ? wt : x, has_b ? b : x);
-    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+    const bool cache = vec && dim / N <= LN_CACHE_VECS * blockDim.x;
+    const long long row_step = (long long)gridDim.x * blockDim.y;
+    for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const long long base = row * n;
+        float x0;
+        pk_load<T, 1>(x, base, &x0);  // the shift (a broadcast load: thread 0's first chunk, L1-hot)
+        if (cache) {
+            float a[LN_CACHE_VECS][N];
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {  // every load issued before the sums
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) pk_load<T, N>(x, base + (long long)c * N, a[sl]);
+            }
+            float s = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] -= x0;
+                        s += a[sl][k];
+                    }
+                }
+            }
+            const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
+            float v = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] -= mean;
+                        v += a[sl][k] * a[sl][k];
+                    }
+                }
+            }
+            const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) {
+                    const long long i = (long long)c * N;
+                    float ww[N], bb[N];
+                    if (has_w) pk_load<T, N>(wt, i, ww);
+                    if (has_b) pk_load<T, N>(b, i, bb);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] *= rstd;
+                        if (has_w) a[sl][k] *= ww[k];
+                        if (has_b) a[sl][k] += bb[k];
+                    }
+                    pk_store<T, N>(y, base + i, a[sl]);
+                }
+            }
+            continue;
+        }
         float s = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W];
             pk_load<T, W>(x, base + i, a);
 #pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k];
+            for (int k = 0; k < W; ++k) s += a[k] - x0;
         });
-        const float mean = pk_block_sum(s, scratch) / (float)n;
+        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
         float v = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W];
             pk_load<T, W>(x, base + i, a);
 #pragma unroll
-            for (int k = 0; k < W; ++k) v += (a[k] - mean) * (a[k] - mean);
+            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
         });
-        const float rstd = rsqrtf(pk_block_sum(v, scratch) / (float)n + eps);
+        const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], ww[W], bb[W];
@@ -169,7 +237,7 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
             if (has_b) pk_load<T, W>(b, i, bb);
 #pragma unroll
             for (int k = 0; k < W; ++k) {
-                a[k] = (a[k] - mean) * rstd;
+                a[k] = ((a[k] - x0) - mean) * rstd;
                 if (has_w) a[k] *= ww[k];
                 if (has_b) a[k] += bb[k];
             }
@@ -186,34 +254,22 @@ PK_IO_KERNELS(layer_norm, (512, 1),
 // layer_norm_backward row kernel: xhat = (x - mean) * rstd, gxhat = g * w,
 //   grad_x = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
 // mean[row] and rstd[row] feed the weight / bias gradients (norm_weight_grad).
+// Same geometry and register cache as layer_norm (x - mean and g * w are kept).
 template <typename T>
 __device__ __forceinline__ void layer_norm_backward_impl(
     const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ g, T* __restrict__ gx,
     float* __restrict__ mean_out, float* __restrict__ rstd_out, long long n_rows, unsigned int dim, float eps,
     int has_w) {
     __shared__ float scratch[32];
+    constexpr int N = PkVec16<T>::N;
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, x, g, gx, has_w ? wt : x);
-    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+    const bool cache = vec && dim / N <= LN_CACHE_VECS * blockDim.x;
+    const long long row_step = (long long)gridDim.x * blockDim.y;
+    for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
         const long long base = row * n;
-        float s = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k];
-        });
-        const float mean = pk_block_sum(s, scratch) / (float)n;
-        float v = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) v += (a[k] - mean) * (a[k] - mean);
-        });
-        const float rstd = rsqrtf(pk_block_sum(v, scratch) / (float)n + eps);
+        float x0;
+        pk_load<T, 1>(x, base, &x0);  // the shift, as layer_norm's
         // gxhat = g * w (g alone without a weight) for W elements at i
         auto gxhat = [&](long long i, auto w, float* gh) {
             constexpr int W = decltype(w)::value;
@@ -225,6 +281,92 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                 for (int k = 0; k < W; ++k) gh[k] *= ww[k];
             }
         };
+        // An inf in g * w makes mg and mgx infinite, and then the row's grad_x a data-dependent
+        // mix of +-inf and NaN (torch's fused CPU and CUDA kernels give two different mixes).
+        // Like torch's autograd of the layer_norm formula, the whole row is NaN instead:
+        // (v - v) is 0 for finite v and NaN for +-inf / NaN, two FADDs a row.
+        if (cache) {
+            float a[LN_CACHE_VECS][N], gh[LN_CACHE_VECS][N];
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {  // every load issued before the sums
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) {
+                    pk_load<T, N>(x, base + (long long)c * N, a[sl]);
+                    gxhat((long long)c * N, PkWidth<N>(), gh[sl]);
+                }
+            }
+            float s = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] -= x0;
+                        s += a[sl][k];
+                    }
+                }
+            }
+            const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
+            float v = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] -= mean;
+                        v += a[sl][k] * a[sl][k];
+                    }
+                }
+            }
+            const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+            float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                if (threadIdx.x + sl * blockDim.x < dim / N) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        a[sl][k] *= rstd;  // xhat
+                        sg += gh[sl][k];
+                        sgx += gh[sl][k] * a[sl][k];
+                    }
+                }
+            }
+            float mg = pk_row_sum(sg, scratch) / (float)n;
+            const float mgx = pk_row_sum(sgx, scratch) / (float)n;
+            mg += (mg - mg) + (mgx - mgx);
+            if (threadIdx.x == 0) {
+                mean_out[row] = x0 + mean;
+                rstd_out[row] = rstd;
+            }
+#pragma unroll
+            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < dim / N) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) a[sl][k] = rstd * (gh[sl][k] - mg - a[sl][k] * mgx);
+                    pk_store<T, N>(gx, base + (long long)c * N, a[sl]);
+                }
+            }
+            continue;
+        }
+        float s = 0.0f;
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W];
+            pk_load<T, W>(x, base + i, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) s += a[k] - x0;
+        });
+        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
+        float v = 0.0f;
+        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+            constexpr int W = decltype(w)::value;
+            float a[W];
+            pk_load<T, W>(x, base + i, a);
+#pragma unroll
+            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
+        });
+        const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
         float sg = 0.0f, sgx = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
@@ -234,18 +376,14 @@ __device__ __forceinline__ void layer_norm_backward_impl(
 #pragma unroll
             for (int k = 0; k < W; ++k) {
                 sg += gh[k];
-                sgx += gh[k] * (a[k] - mean) * rstd;
+                sgx += gh[k] * ((a[k] - x0) - mean) * rstd;
             }
         });
-        // An inf in g * w makes mg and mgx infinite, and then the row's grad_x a data-dependent
-        // mix of +-inf and NaN (torch's fused CPU and CUDA kernels give two different mixes).
-        // Like torch's autograd of the layer_norm formula, the whole row is NaN instead:
-        // (v - v) is 0 for finite v and NaN for +-inf / NaN, two FADDs a row.
-        float mg = pk_block_sum(sg, scratch) / (float)n;
-        const float mgx = pk_block_sum(sgx, scratch) / (float)n;
+        float mg = pk_row_sum(sg, scratch) / (float)n;
+        const float mgx = pk_row_sum(sgx, scratch) / (float)n;
         mg += (mg - mg) + (mgx - mgx);
         if (threadIdx.x == 0) {
-            mean_out[row] = mean;
+            mean_out[row] = x0 + mean;
             rstd_out[row] = rstd;
         }
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
@@ -254,7 +392,7 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             pk_load<T, W>(x, base + i, a);
             gxhat(i, w, gh);
 #pragma unroll
-            for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - (a[k] - mean) * rstd * mgx);
+            for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - ((a[k] - x0) - mean) * rstd * mgx);
             pk_store<T, W>(gx, base + i, a);
         });
     }

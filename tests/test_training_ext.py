@@ -578,3 +578,23 @@ def test_flce_vocab_262144(dtype):
     _close(loss, ref, "fused_linear_cross_entropy", dtype, "loss")
     _close(gh.float(), rgh, "fused_linear_cross_entropy", dtype, "grad_hidden")
     _close(gw.float(), rgw, "fused_linear_cross_entropy", dtype, "grad_weight")
+
+
+def test_layer_norm_geometry_fits_the_register_cache():
+    """rms_norm's shapes (warp per row for <= 64 chunks), and enough threads (<= 512) for <= LN_CACHE_VECS
+    16-byte vectors a thread: the difftest rows 8192 f32 / 16384 bf16 are cached, 8196 / 16392 are not."""
+    from pathlib import Path
+
+    from pykern.ops.training_ext import _LN_CACHE_VECS, _ln_geometry
+
+    assert _ln_geometry(1000, 40, "f32") == ((125,), (32, 8))
+    assert _ln_geometry(8192, 4096, "bf16") == ((8192,), (128, 1))
+    assert _ln_geometry(8192, 4096, "f32") == ((8192,), (256, 1))
+    for kind, cached, uncached in (("f32", 8192, 8196), ("bf16", 16384, 16392)):
+        per = 4 if kind == "f32" else 8
+        threads = _ln_geometry(2, cached, kind)[1][0]
+        assert threads == 512 and cached // per <= _LN_CACHE_VECS * threads
+        threads = _ln_geometry(2, uncached, kind)[1][0]
+        assert threads == 512 and uncached // per > _LN_CACHE_VECS * threads
+    cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "training_ext.cu").read_text()
+    assert f"#define LN_CACHE_VECS {_LN_CACHE_VECS}\n" in cu  # the op's copy of the kernel's constant

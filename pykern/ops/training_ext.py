@@ -17,7 +17,7 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError
-from .training import _GRID_X_MAX, _flat, _launch, _row_threads, _same_shape, _weight_chunks
+from .training import _GRID_X_MAX, _ROW_THREADS_MAX, _flat, _launch, _row_threads, _same_shape, _weight_chunks
 
 __all__ = [
     "add_rms_norm",
@@ -58,6 +58,25 @@ def _rows(name: str, x: Any) -> tuple[tuple[int, ...], int, int]:
 
 def _row_grid(n_rows: int, dim: int) -> tuple[tuple[int], tuple[int]]:
     return (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),)
+
+
+# kernels_cu/training_ext.cu's LN_CACHE_VECS: 16-byte vectors a thread keeps of a layer_norm row.
+_LN_CACHE_VECS = 4
+
+
+def _ln_geometry(n_rows: int, dim: int, kind: str) -> tuple[tuple[int], tuple[int, int]]:
+    """rms_norm's geometry for the layer_norm kernels: a warp per row (8 rows a block) for rows of at most
+    64 16-byte chunks, else a block per row with enough threads (<= 512, the kernels' launch bound) that the
+    row fits the kernel's register cache (<= _LN_CACHE_VECS chunks a thread: one read of x); rows too long
+    for it get 512 threads."""
+    from .forward import _row_geometry
+
+    chunks = -(-dim // (4 if kind == "f32" else 8))
+    grid, block = _row_geometry(n_rows, chunks)
+    if block[0] > 32:
+        need = -(-chunks // (_LN_CACHE_VECS * 32)) * 32
+        block = (_ROW_THREADS_MAX if need > _ROW_THREADS_MAX else max(block[0], need), 1)
+    return (grid,), block
 
 
 def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: int, kind: str, want_bias: bool,
@@ -206,7 +225,7 @@ def layer_norm(
     y = arrays.empty(shape, kind, like=x)
     if n_rows == 0:
         return y
-    grid, block = _row_grid(n_rows, dim)
+    grid, block = _ln_geometry(n_rows, dim, kind)
     _launch("layer_norm" + _suffix(kind), grid, block, _flat(x), x if weight is None else weight,
             x if bias is None else bias, _flat(y), n_rows, dim, eps, int(weight is not None), int(bias is not None),
             stream=arrays.launch_stream(stream, x), backend=backend)
@@ -240,7 +259,7 @@ def layer_norm_backward(
     stream = arrays.launch_stream(stream, x)
     mean = arrays.empty((n_rows,), np.float32, like=x)
     rstd = arrays.empty((n_rows,), np.float32, like=x)
-    grid, block = _row_grid(n_rows, dim)
+    grid, block = _ln_geometry(n_rows, dim, kind)
     _launch("layer_norm_backward" + _suffix(kind), grid, block, _flat(x), x if weight is None else weight,
             _flat(grad_out), _flat(gx), mean, rstd, n_rows, dim, eps, int(weight is not None),
             stream=stream, backend=backend)

@@ -1,5 +1,6 @@
 """numba.cuda references for kernels_cu/training_ext.cu: one thread per row (or element, or
-column), plain loops, float64 Python math. Arrays arrive flat, bf16 widened to float32."""
+column), plain loops, float64 Python math (the layer_norm ones widen loads with float(): NumPy 2 keeps
+float32 + a Python float in float32). Arrays arrive flat, bf16 widened to float32."""
 from __future__ import annotations
 
 import math
@@ -64,18 +65,19 @@ def _layer_norm(cuda: Any):
             base = row * dim
             s = 0.0
             for i in range(dim):
-                s += x[base + i]
+                s += float(x[base + i])
             mean = s / dim
             v = 0.0
             for i in range(dim):
-                v += (x[base + i] - mean) * (x[base + i] - mean)
+                d = float(x[base + i]) - mean
+                v += d * d
             rstd = 1.0 / math.sqrt(v / dim + eps)
             for i in range(dim):
-                o = (x[base + i] - mean) * rstd
+                o = (float(x[base + i]) - mean) * rstd
                 if has_w:
-                    o *= w[i]
+                    o *= float(w[i])
                 if has_b:
-                    o += b[i]
+                    o += float(b[i])
                 y[base + i] = o
 
     return k, lambda a: _grid1(a[4])
@@ -90,26 +92,27 @@ def _layer_norm_backward(cuda: Any):
             base = row * dim
             s = 0.0
             for i in range(dim):
-                s += x[base + i]
+                s += float(x[base + i])
             mean = s / dim
             v = 0.0
             for i in range(dim):
-                v += (x[base + i] - mean) * (x[base + i] - mean)
+                d = float(x[base + i]) - mean
+                v += d * d
             rstd = 1.0 / math.sqrt(v / dim + eps)
             mean_out[row] = mean
             rstd_out[row] = rstd
             sg = 0.0
             sgx = 0.0
             for i in range(dim):
-                gh = g[base + i] * (w[i] if has_w else 1.0)
+                gh = float(g[base + i]) * (float(w[i]) if has_w else 1.0)
                 sg += gh
-                sgx += gh * (x[base + i] - mean) * rstd
+                sgx += gh * (float(x[base + i]) - mean) * rstd
             mg = sg / dim
             mgx = sgx / dim
             mg += (mg - mg) + (mgx - mgx)  # an infinite statistic makes the whole row NaN (as the .cu)
             for i in range(dim):
-                gh = g[base + i] * (w[i] if has_w else 1.0)
-                xh = (x[base + i] - mean) * rstd
+                gh = float(g[base + i]) * (float(w[i]) if has_w else 1.0)
+                xh = (float(x[base + i]) - mean) * rstd
                 gx[base + i] = rstd * (gh - mg - xh * mgx)
 
     return k, lambda a: _grid1(a[6])

@@ -159,9 +159,10 @@ def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]
                        kernels=("add_rms_norm_backward" + s, "norm_weight_grad" + s), run=run_b, reference=ref_b)
 
 
-def _layer_norm_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+def _layer_norm_cases(rng: np.random.Generator, only: Any = None, mean: float = 2.0, tag: str = "",
+                      backward: bool = True) -> Iterator[Case]:
     for kind, shape in only or _NORM_SHAPES:
-        x = _cast(rng.standard_normal(shape) + 2.0, kind)  # a row mean far from 0: the two-pass variance
+        x = _cast(rng.standard_normal(shape) + mean, kind)  # a row mean far from 0: the two-pass variance
         g = _cast(rng.standard_normal(shape), kind)
         w = _cast(1.0 + 0.3 * rng.standard_normal(shape[-1]), kind)
         b = _cast(0.5 * rng.standard_normal(shape[-1]), kind)
@@ -169,7 +170,7 @@ def _layer_norm_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Ca
         n_rows = int(np.prod(shape[:-1]))
         for has_w, has_b in ((True, True), (False, False), (True, False)):
             ww, bb = (w if has_w else None), (b if has_b else None)
-            tag = "x".join(map(str, shape)) + ("-w" if has_w else "") + ("-b" if has_b else "")
+            name = "x".join(map(str, shape)) + ("-w" if has_w else "") + ("-b" if has_b else "") + tag
 
             def run(be, x=x, ww=ww, bb=bb):
                 return {"y": _np(_ops().layer_norm(x, ww, bb, 1e-5, backend=be))}
@@ -177,7 +178,9 @@ def _layer_norm_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Ca
             def ref(x=x, ww=ww, bb=bb):
                 return {"y": np_layer_norm(x, ww, bb, 1e-5)}
 
-            yield Case(op="layer_norm", dtype=kind, shape=tag, kernels=("layer_norm" + s,), run=run, reference=ref)
+            yield Case(op="layer_norm", dtype=kind, shape=name, kernels=("layer_norm" + s,), run=run, reference=ref)
+            if not backward:
+                continue
             red = ("norm_grad_reduce",) if _wchunks(n_rows, shape[-1]) else ()
 
             def run_b(be, x=x, ww=ww, g=g, has_b=has_b):
@@ -199,7 +202,7 @@ def _layer_norm_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Ca
                 return out
 
             kern = ("layer_norm_backward" + s,) + (("norm_weight_grad" + s,) + red if (has_w or has_b) else ())
-            yield Case(op="layer_norm_backward", dtype=kind, shape=tag, kernels=kern, run=run_b, reference=ref_b)
+            yield Case(op="layer_norm_backward", dtype=kind, shape=name, kernels=kern, run=run_b, reference=ref_b)
 
 
 def _gelu_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
@@ -259,3 +262,12 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _add_rms_cases(rng, f16_norm)
     yield from _layer_norm_cases(rng, f16_norm)
     yield from _gelu_cases(rng, (("f16", (5, 77)), ("f16", (1000,))))
+    # layer_norm rows on either side of the register cache (LN_CACHE_VECS 16-byte vectors a thread, 512
+    # threads: 8192 f32 / 16384 bf16 columns), a partly filled cache (1000 f32: 128 threads, 250 vectors),
+    # and f32 rows with a large mean (1e4 + N(0, 1)), where a one-pass E[x^2] - mean^2 variance would fail
+    yield from _layer_norm_cases(rng, (("f32", (3, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196)),
+                                       ("bf16", (2, 16384)), ("bf16", (2, 16392))), mean=2.0)
+    # (forward only: norm_weight_grad recomputes x - mean from the fp32 mean, whose rounding near 1e4 costs
+    # about 1e-3 of grad_weight; the row kernel's grad_x is shifted like the forward)
+    yield from _layer_norm_cases(rng, (("f32", (2, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196))), mean=1e4,
+                                 tag="-mean1e4", backward=False)
