@@ -147,6 +147,40 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // registers. Longer or unaligned rows take the loops over global memory (the re-reads served by
 // L1/L2). The backward caches x and g * w the same way.
 #define LN_CACHE_VECS 4
+
+// The statistics of a register-cached row, for both passes: a[sl] holds x's 16-byte chunk
+// threadIdx.x + sl * blockDim.x for the chunks below nvec. a becomes x - mean in place, through the
+// shift x0 (the row's first element: the sums of x - x0 keep their accuracy on rows with a large
+// mean); returns rstd, and the mean of x - x0 in shifted_mean.
+template <int N>
+__device__ __forceinline__ float ln_center_cached(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float x0,
+                                                  long long n, float eps, float* scratch, float& shifted_mean) {
+    float s = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+        if (threadIdx.x + sl * blockDim.x < nvec) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                a[sl][k] -= x0;
+                s += a[sl][k];
+            }
+        }
+    }
+    const float mean = pk_row_sum(s, scratch) / (float)n;
+    float v = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+        if (threadIdx.x + sl * blockDim.x < nvec) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                a[sl][k] -= mean;
+                v += a[sl][k] * a[sl][k];
+            }
+        }
+    }
+    shifted_mean = mean;
+    return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+}
 template <typename T>
 __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T* __restrict__ wt,
                                                 const T* __restrict__ b, T* __restrict__ y, long long n_rows,
@@ -168,30 +202,8 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
                 if (c < dim / N) pk_load<T, N>(x, base + (long long)c * N, a[sl]);
             }
-            float s = 0.0f;
-#pragma unroll
-            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-                if (threadIdx.x + sl * blockDim.x < dim / N) {
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {
-                        a[sl][k] -= x0;
-                        s += a[sl][k];
-                    }
-                }
-            }
-            const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
-            float v = 0.0f;
-#pragma unroll
-            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-                if (threadIdx.x + sl * blockDim.x < dim / N) {
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {
-                        a[sl][k] -= mean;
-                        v += a[sl][k] * a[sl][k];
-                    }
-                }
-            }
-            const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+            float mean;  // of d = x - x0
+            const float rstd = ln_center_cached<N>(a, dim / N, x0, n, eps, scratch, mean);
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
@@ -295,30 +307,8 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                     gxhat((long long)c * N, PkWidth<N>(), gh[sl]);
                 }
             }
-            float s = 0.0f;
-#pragma unroll
-            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-                if (threadIdx.x + sl * blockDim.x < dim / N) {
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {
-                        a[sl][k] -= x0;
-                        s += a[sl][k];
-                    }
-                }
-            }
-            const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
-            float v = 0.0f;
-#pragma unroll
-            for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-                if (threadIdx.x + sl * blockDim.x < dim / N) {
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {
-                        a[sl][k] -= mean;
-                        v += a[sl][k] * a[sl][k];
-                    }
-                }
-            }
-            const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+            float mean;  // of d = x - x0
+            const float rstd = ln_center_cached<N>(a, dim / N, x0, n, eps, scratch, mean);
             float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
