@@ -81,6 +81,20 @@ def host_overhead(fn: Callable[[], Any], n: int = 50) -> float:
     return t
 
 
+def paged_case(batch: int, gqa: int, kv_heads: int, head_dim: int, page: int, ctx: int) -> tuple:
+    """(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len) of a bf16 paged decode step: every sequence
+    ctx tokens long in whole pages, the pages in random order; q has kv_heads * gqa heads."""
+    pages_per = ctx // page
+    npages = batch * pages_per
+    q = torch.randn(batch, kv_heads * gqa, head_dim, device="cuda", dtype=torch.bfloat16)
+    kp = torch.randn(npages, page, kv_heads, head_dim, device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    indptr = torch.arange(0, npages + 1, pages_per, device="cuda", dtype=torch.int32)
+    indices = torch.randperm(npages, device="cuda").to(torch.int32)
+    last = torch.full((batch,), page, device="cuda", dtype=torch.int32)
+    return q, kp, vp, indptr, indices, last
+
+
 def l2_flusher() -> Callable[[], Any]:
     n = 2 * torch.cuda.get_device_properties(0).L2_cache_size
     buf = torch.empty(n, dtype=torch.uint8, device="cuda")
@@ -203,18 +217,12 @@ def decode(args: argparse.Namespace) -> None:
                     if batch * length > 256 * 8192 and batch > 64:
                         continue  # b256 x 32k: 34 GB of bf16 KV; the 64 x 32k row already streams 8.6 GB
                     pages_per = length // ps
-                    npages = batch * pages_per
-                    q = torch.randn(batch, h, d, device="cuda", dtype=torch.bfloat16)
-                    kf = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
-                    vf = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
+                    q, kf, vf, indptr, indices, last = paged_case(batch, g, kvh, d, ps, length)
                     if kv == "e4m3":
                         kp, vp = kf.to(torch.float8_e4m3fn), vf.to(torch.float8_e4m3fn)
                         kv_name, elem = "float8_e4m3fn", 1
                     else:
                         kp, vp, kv_name, elem = kf, vf, "bf16", 2
-                    indptr = torch.arange(0, npages + 1, pages_per, device="cuda", dtype=torch.int32)
-                    indices = torch.randperm(npages, device="cuda").to(torch.int32)
-                    last = torch.full((batch,), ps, device="cuda", dtype=torch.int32)
                     plan = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
                                            max_kv_len=length, like=q)
                     run = lambda: plan.run(q, kp, vp, indptr, indices, last)  # noqa: E731
@@ -323,13 +331,7 @@ def profile_target(args: argparse.Namespace) -> None:
         o.backward(torch.randn_like(o))
     torch.cuda.synchronize()
     b, g, kvh, d, ps, L = args.decode_shape
-    npages = b * L // ps
-    q = torch.randn(b, kvh * g, d, device="cuda", dtype=torch.bfloat16)
-    kp = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
-    vp = torch.randn_like(kp)
-    indptr = torch.arange(0, npages + 1, L // ps, device="cuda", dtype=torch.int32)
-    idx = torch.randperm(npages, device="cuda").to(torch.int32)
-    last = torch.full((b,), ps, device="cuda", dtype=torch.int32)
+    q, kp, vp, indptr, idx, last = paged_case(b, g, kvh, d, ps, L)
     plan = PagedDecodePlan(b, kvh * g, kvh, d, ps, q_dtype="bf16", kv_dtype="bf16", max_kv_len=L, like=q)
     plan.run(q, kp, vp, indptr, idx, last)
     torch.cuda.synchronize()

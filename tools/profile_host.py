@@ -35,6 +35,8 @@ def main() -> None:
     ap.add_argument("--top", type=int, default=25)
     ap.add_argument("--n", type=int, default=50)
     args = ap.parse_args()
+    from measure_gpu import paged_case  # tools/ is this script's folder, first on sys.path
+
     from pykern.ops.serving import PagedDecodePlan
     from pykern.torch import flash_attention
 
@@ -42,13 +44,7 @@ def main() -> None:
     with torch.no_grad():
         profile("flash_attention (torch, sm_90a)", lambda: flash_attention(q, k, v, causal=True), args.n, args.top)
     b, g, kvh, d, ps, L = 8, 4, 8, 128, 16, 1024
-    npages = b * L // ps
-    qd = torch.randn(b, kvh * g, d, device="cuda", dtype=torch.bfloat16)
-    kp = torch.randn(npages, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
-    vp = torch.randn_like(kp)
-    indptr = torch.arange(0, npages + 1, L // ps, device="cuda", dtype=torch.int32)
-    idx = torch.randperm(npages, device="cuda").to(torch.int32)
-    last = torch.full((b,), ps, device="cuda", dtype=torch.int32)
+    qd, kp, vp, indptr, idx, last = paged_case(b, g, kvh, d, ps, L)
     plan = PagedDecodePlan(b, kvh * g, kvh, d, ps, q_dtype="bf16", kv_dtype="bf16", max_kv_len=L, like=qd)
     profile("PagedDecodePlan.run", lambda: plan.run(qd, kp, vp, indptr, idx, last), args.n, args.top)
 
