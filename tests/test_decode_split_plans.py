@@ -1,13 +1,15 @@
 """Split-KV in the `auto` plans: whenever batch * kv_heads CTAs leave SMs idle (below the 132 of an H100),
-decode_plan's auto and PagedDecodePlan's default split each sequence's KV range so the grid covers the GPU;
-at or above the SM count they do not split (no partials round trip; paged_attn and the dense plans also
-save the merge launch, the tensor-core decode merges in its own launch either way)."""
+decode_plan's auto and PagedDecodePlan's default split each sequence's KV range so the grid covers the GPU.
+At or above the SM count the scalar plans do not split (no partials round trip, no merge launch); the
+tensor-core decode splits only where its last wave would hold too few CTAs to stream at HBM speed
+(pykern/ops/_decode_waves.py)."""
 from __future__ import annotations
 
 import pytest
 
+import pykern.ops._decode_waves as waves
 from pykern.ops.decode import decode_plan
-from pykern.ops.serving import PagedDecodePlan
+from pykern.ops.serving import PagedDecodePlan, dtc_smem_bytes
 
 SMS = 132
 
@@ -39,7 +41,30 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
         attn = "decode_tc_paged_d128_bf16"  # bf16 q, head_dim 128, a group of 1 to 16: tensor cores
         assert [k for k, *_ in pp.launches()] == [attn]  # the last split CTA merges: one launch
     else:
-        assert pp.num_splits == 1 and len(pp.launches()) == 1
+        assert len(pp.launches()) == 1 and 1 <= pp.num_splits <= waves.MAX_WAVE_SPLITS
+        slots = SMS * min(3, 228 * 1024 // (dtc_smem_bytes(128) + 1024))
+        kv = 2 * ctx * 128 * 2
+        t = [waves.grid_stream_time(batch * kvh * s, slots, kv / s) for s in (1, pp.num_splits)]
+        if pp.num_splits > 1:  # a split is taken only for what the waves gain beyond the merge's tail
+            assert t[1] + waves.MERGE_TAIL_S < t[0] * (1 - waves.MIN_GAIN), (pp.num_splits, t)
+        # ... and the grid it leaves streams at HBM speed from a full wave on (or its last wave is tiny)
+        assert waves.wave_efficiency(batch * kvh * pp.num_splits, slots) > 0.93, (pp.num_splits, t)
+    pf = PagedDecodePlan(batch, kvh * group, kvh, 128, 16, max_kv_len=ctx, q_dtype="f32", num_sms=SMS)
+    assert not pf.tensor_cores and (pf.num_splits == 1) == (batch * kvh >= SMS)
+
+
+def test_tensor_core_splits_fill_the_last_wave() -> None:
+    # 8 kv heads, d128: bf16 runs 3 CTAs an SM (396 slots), FP8 2 (264). One split at batch 64 is a full wave of
+    # 396 and a last wave of 116: measured (H200) at 83-84% of copy speed; two splits leave 232 for the last wave.
+    for g in (1, 4, 8):
+        for ctx in (1024, 8192, 32768):
+            bf = lambda b: PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16").num_splits
+            assert bf(64) == 2 and bf(50) == 4, (g, ctx)  # 400 CTAs: 4 would run alone after the first wave
+            assert bf(32) == bf(48) == bf(96) == bf(128) == bf(256) == 1, (g, ctx)  # full enough last waves
+            e4 = PagedDecodePlan(48, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16", kv_dtype="float8_e4m3fn")
+            assert e4.num_splits == 2  # 384 CTAs on 264 slots
+    # an explicit num_splits is kept
+    assert PagedDecodePlan(64, 32, 8, 128, 16, q_dtype="bf16", num_splits=1).num_splits == 1
 
 
 def test_one_kv_head_splits_up_to_the_cap() -> None:

@@ -28,6 +28,7 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
+import pykern.ops._decode_waves as _waves  # noqa: E402
 from pykern.ops.decode import decode_plan  # noqa: E402
 from pykern.ops.serving import TC_DECODE_MAX_GROUP, TC_DECODE_MIN_GROUP, PagedDecodePlan  # noqa: E402
 
@@ -377,7 +378,6 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     occ = max(1, min(65536 // (regs * 32 * warps), SMEM_SM // (smem + 1024), 32))
     resident = min(occ, -(-ctas // H100_SMS))
     waves = -(-ctas // (H100_SMS * occ))
-    active_sms = min(H100_SMS, ctas)
     t_hbm = read / H100_BW
     t_issue = waves * resident * per_cta / (ISSUE * CLOCK)
     t_issue_lo = waves * resident * per_cta_lo / (ISSUE * CLOCK)
@@ -391,9 +391,12 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     cvt_warp = waves * resident * warps * tiles * 32 / (CVT_RATE * CLOCK)
     t_cvt = cvt_warp * (costs["cvt_f2fp"] + costs["cvt_hadd2_f32"])
     t_cvt_lo = cvt_warp * costs["cvt_f2fp"]
-    have = resident * (stages - 1) * TC_BC * 2 * head_dim * eb
-    bw_lat = min(H100_BW / H100_SMS, have / HBM_LAT) * active_sms
-    t_lat = read / bw_lat
+    # Latency: the grid in waves, each CTA streaming at most at the rate its ring's bytes in flight give, the rate
+    # measured on this kernel (pykern/ops/_decode_waves.py, the model the plan's split count comes from).
+    inflight = min(tiles, stages - 1) * TC_BC * 2 * head_dim * eb
+    have = resident * inflight
+    t_lat = _waves.grid_stream_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW)
+    t_lat = t_hbm if t_lat <= t_hbm * (1 + 1e-9) else t_lat  # every wave saturates: HBM binds (no rounding tie)
     launch = LAUNCH_S * (len(plan.launches()) - 1)  # 0: the splits merge in the same launch
     terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem, "cvt": t_cvt}
     bind = max(terms, key=terms.get)
@@ -450,10 +453,11 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
         if meas:
             print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU, of the kernels' SASS now; "
                   f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then (FP8: K widened through fp32, "
-                  "Q K^T in bf16, 164 conversions a warp a tile); '-' where not measured")
+                  "Q K^T in bf16, 164 conversions a warp a tile) and the split count then (sN); '-' where not "
+                  "measured")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}" \
-              + (f" {'model GB/s':>10s} {'meas GB/s':>9s}" if meas else "")
+              + (f" {'model GB/s':>10s} {'meas GB/s':>10s}" if meas else "")
         print(hdr)
         print("-" * len(hdr))
         for g in args.gqa:
@@ -471,7 +475,8 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
                         m = meas.get((kv, g, b, n))
                         model = r.get("min_bytes", o.get("min_bytes", 0)) / (r["t"] + r["t_tail"]) / 1e9 \
                             if kern == "decode_tc" else float("nan")
-                        print(f" {model:10.0f} " + (f"{m['pykern_GBps']:9.0f}" if m else f"{'-':>9s}"), end="")
+                        ms = f"{m['pykern_GBps']:.0f} s{m['launches'][0][1][2]}" if m else "-"
+                        print(f" {model:10.0f} {ms:>10s}", end="")
                     print()
 
 

@@ -245,6 +245,13 @@ def decode(args: argparse.Namespace) -> None:
                         t = timed(run, reps, flush)
                         row["pykern_us"], row["pykern_GBps"] = t * 1e6, minimum / t / 1e9
                         row["pykern_host_us"] = host_overhead(run) * 1e6
+                        if plan.num_splits > 1 and batch * kvh >= torch.cuda.get_device_properties(0).multi_processor_count:
+                            # a split taken to fill the last wave (pykern/ops/_decode_waves.py): one split beside it
+                            one = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
+                                                  max_kv_len=length, num_splits=1, like=q)
+                            t1 = timed(lambda: one.run(q, kp, vp, indptr, indices, last), reps, flush)
+                            row["one_split_us"], row["one_split_GBps"] = t1 * 1e6, minimum / t1 / 1e9
+                            del one
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)

@@ -42,6 +42,7 @@ from ._window import (
 )
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import try_varlen as _sm90_varlen
+from ._decode_waves import wave_splits as _wave_splits
 from ._kvcache import (
     FP8 as _FP8,
     KV_DTYPE_NAMES as _KV_DTYPE_NAMES,
@@ -590,16 +591,26 @@ class PagedDecodePlan:
             self.tc_smem = dtc_smem_bytes(self.head_dim, _KV_BYTES.get(self.kv_kind, 2))
         ctas = self.batch * self.num_kv_heads * self.row_chunks
         if num_splits is None:
+            span = None if max_kv_len is None else (
+                int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
+            cap = 32 if span is None else min(32, max(1, -(-span // _MIN_SPLIT)))
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
-            if self.tensor_cores and ctas < num_sms:
-                # As many splits as one wave holds (CTAs an SM by shared memory, at most 3 by registers): a
-                # second partial wave would leave most SMs idle for its length.
+            if self.tensor_cores:
+                # CTAs an SM by shared memory, at most 3 by registers.
                 per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
-                s = min(32, max(2, num_sms * per_sm // ctas))
-            if max_kv_len is not None:
-                span = int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1)
-                s = min(s, max(1, -(-span // _MIN_SPLIT)))
-            num_splits = s
+                if ctas < num_sms:
+                    # As many splits as one wave holds: a second partial wave would leave most SMs idle for its
+                    # length.
+                    s = min(32, max(2, num_sms * per_sm // ctas))
+                else:
+                    # A full wave or more: split only where the last wave holds too few CTAs to stream at HBM
+                    # speed (_decode_waves; e.g. 512 CTAs on 396 slots leave a tail of 116).
+                    eb = _KV_BYTES[self.kv_kind]
+                    kv = 2 * (span or 32768) * self.head_dim * eb
+                    inflight = (dtc_stages(self.head_dim, eb) - 1) * 2 * DTC_BC * self.head_dim * eb
+                    s = _wave_splits(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), cap,
+                                      inflight)
+            num_splits = min(s, cap)
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:
             raise ArgumentError(f"num_splits: expected an int in [1, {_GRID_YZ_MAX}], got {num_splits!r}")

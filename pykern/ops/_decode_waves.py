@@ -1,0 +1,84 @@
+"""Waves of the tensor-core paged decode: how long a grid of equal streaming CTAs takes, and the KV split
+count that keeps its last wave from running the GPU below HBM speed.
+
+Each decode_tc CTA streams its keys through a cp.async ring that keeps (stages - 1) tiles of 64 keys in flight:
+32 KiB for bf16 d128 (1 x 64 x 128 x 2 bytes x (K, V)), FP8 d128 and bf16 d64 (2 x 16 KiB), 16 KiB for FP8 d64.
+A CTA alone therefore streams at about (bytes in flight) / (loaded latency), below an SM's share of HBM, and a
+wave of fewer CTAs than HBM needs runs the GPU at a fraction of its bandwidth.
+
+The rate is our own kernel's, measured on an H200 (2026-11-27, docs/measured/2026-11-27-h200/decode.json,
+`python tools/measure_gpu.py decode`): at batch 64 x 8 kv heads with one split, 512 CTAs are one full wave of
+396 (3 an SM) and a tail of 116. The full wave streams at the measured copy speed, so the rest of the step
+is the tail: (611.1 - 390) us for a CTA's 4.19 MB at 8k keys, (2404.8 - 1560) us for 16.8 MB at 32k: 19.0 and
+19.9 GB/s a CTA with 32 KiB in flight. CTA_STREAM_BPS is their mean; by Little's law a ring with other bytes
+in flight streams in proportion (cta_rate). HBM then needs HBM_SATURATING_CTAS = 4258 GB/s / 19.4 GB/s (about
+220) such CTAs streaming at once; the model of the step is
+
+    t = sum over waves of (bytes of a CTA) / min(cta_rate, HBM_BPS / CTAs of the wave)
+
+with every wave but the last holding `slots` CTAs (CTAs an SM x SMs) and the CTAs of a wave in step (equal
+lengths), except after DRIFT_WAVES full waves. Nothing here comes from a peer's speed. The model is coarse: one
+measured rate, and no fixed latency of the step (launch, first loads, merge: tools/bench_decode.py prices the
+merge's tail apart).
+"""
+from __future__ import annotations
+
+# A decode_tc CTA's streaming rate with its ring's 32 KiB in flight (measured on our kernel; see above).
+CTA_STREAM_BPS = 19.4e9
+CTA_STREAM_INFLIGHT = 32 * 1024
+# The measured H200 device-to-device copy (read + write) the rate above was taken against.
+HBM_BPS = 4258e9
+HBM_SATURATING_CTAS = HBM_BPS / CTA_STREAM_BPS
+# The split merge's tail after the last split CTA of a group has streamed: 3-4 dependent global round trips
+# at 700 ns (tools/bench_decode.py's tail term, an upper bound) plus the merge's issue.
+MERGE_TAIL_S = 3e-6
+# A larger split count must gain more than this fraction of the step to be taken (partials, merge work and
+# one more launch geometry to test are not free, and the model is coarse).
+MIN_GAIN = 0.02
+MAX_WAVE_SPLITS = 4
+# From this many full waves on, the CTAs of a grid no longer finish in step and the last wave's CTAs start one by
+# one as slots free, overlapping the others: measured at batch 256 x 8 kv heads, 8k keys (2048 CTAs, 5 full waves
+# and 68 more), one split streamed at 99% of copy speed, where an in-step last wave would lose 6%. The model
+# streams such a last wave at the GPU's speed.
+DRIFT_WAVES = 4
+
+
+def grid_stream_time(ctas: int, slots: int, cta_bytes: float, rate: float = CTA_STREAM_BPS,
+                     bw: float = HBM_BPS) -> float:
+    """Seconds to stream `ctas` CTAs of `cta_bytes` each, `slots` of them resident at once, in waves, each CTA
+    at most at `rate` and the GPU at most at `bw`."""
+    if ctas <= 0 or cta_bytes <= 0:
+        return 0.0
+    full, rem = divmod(ctas, slots)
+    t = full * cta_bytes / min(rate, bw / slots)
+    if rem:
+        t += rem * cta_bytes / bw if full >= DRIFT_WAVES else cta_bytes / min(rate, bw / rem)
+    return t
+
+
+def cta_rate(inflight_bytes: int) -> float:
+    """Bytes a second one CTA streams with `inflight_bytes` of its ring in flight (Little's law on the measured
+    CTA_STREAM_BPS at CTA_STREAM_INFLIGHT)."""
+    return CTA_STREAM_BPS * inflight_bytes / CTA_STREAM_INFLIGHT
+
+
+def wave_efficiency(ctas: int, slots: int, rate: float = CTA_STREAM_BPS) -> float:
+    """Fraction of HBM speed a grid of equal streaming CTAs reaches over its waves (1.0: every wave saturates)."""
+    return ctas / (grid_stream_time(ctas, slots, 1.0, rate) * HBM_BPS)
+
+
+def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_splits: int,
+                inflight_bytes: int = CTA_STREAM_INFLIGHT) -> int:
+    """KV splits for a grid of `ctas` unsplit CTAs that fills the SMs: the fewest splits (at most MAX_WAVE_SPLITS
+    and max_splits) within MIN_GAIN of the fastest, by grid_stream_time plus, when split, each
+    CTA's partial write and the merge's tail. kv_bytes: the K/V bytes an unsplit CTA streams; partial_bytes:
+    the bytes a split CTA writes (and its merge reads back) for its partial o and lse; inflight_bytes: the
+    ring's bytes in flight a CTA."""
+    rate = cta_rate(inflight_bytes)
+    times = []
+    for s in range(1, max(1, min(MAX_WAVE_SPLITS, max_splits)) + 1):
+        extra = 2 * partial_bytes if s > 1 else 0
+        t = grid_stream_time(ctas * s, slots, kv_bytes / s + extra, rate) + (MERGE_TAIL_S if s > 1 else 0.0)
+        times.append(t)
+    best = min(times)
+    return next(s for s, t in enumerate(times, 1) if t <= best * (1 + MIN_GAIN))
