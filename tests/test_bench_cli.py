@@ -337,3 +337,14 @@ def test_liger_cross_entropy_gets_the_weight_argument_its_version_takes():
             pass
 
     assert _liger_weight(Old) == () and _liger_weight(New) == (None,)
+
+
+def test_l2_flush_reads_its_buffer() -> None:
+    # The flush is a read (a sum): a memset would leave L2 dirty and put the write-back inside the timed call.
+    torch = pytest.importorskip("torch")
+    from pykern.bench.runner import l2_flush
+
+    go = l2_flush(4096, "cpu")
+    s = go()
+    assert isinstance(s, torch.Tensor) and s.item() == 1024.0  # 1024 float32 ones, unchanged by the flush
+    assert go().item() == 1024.0

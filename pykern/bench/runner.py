@@ -82,12 +82,18 @@ def torch_status() -> tuple[bool, str]:
 
 
 def l2_flush(nbytes: int, device: int | str = "cuda") -> Callable[[], Any]:
-    """The call that evicts L2 before a timed call: zeroing a torch buffer of `nbytes` (twice the L2 size) is one
-    memset kernel on torch's current stream, so it completes before the start event that follows it."""
+    """The call that evicts L2 before a timed call: a sum over a float32 buffer of `nbytes` (twice the L2 size),
+    one reduction kernel on torch's current stream, so it completes before the start event that follows it.
+
+    It reads, so it leaves L2 full of clean lines. A memset (how this flushed before) leaves it full of dirty
+    ones, and the timed call then writes them back as it evicts them: up to the L2's size in HBM writes (50 MB:
+    ~12 us at 4 TB/s) inside its events, which bends every step that reads tens of MB and more."""
     import torch
 
-    buf = torch.empty(int(nbytes), dtype=torch.uint8, device=device if isinstance(device, str) else f"cuda:{device}")
-    return buf.zero_
+    dev = device if isinstance(device, str) else f"cuda:{device}"
+    buf = torch.ones(max(1, int(nbytes) // 4), dtype=torch.float32, device=dev)
+    out = torch.empty((), dtype=torch.float32, device=dev)
+    return lambda: torch.sum(buf, dim=0, out=out)
 
 
 def optional(modname: str) -> tuple[Any, str]:
