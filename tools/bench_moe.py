@@ -261,6 +261,15 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, Any]]:
             with torch.no_grad():
                 row["pykern_moe_experts_ms"] = timer(lambda: ops.moe_experts(x, gu, dn, ids, w))
                 cfg._experts_implementation = "pykern"
+                # whether the registered forward took pykern's path (it falls back to "grouped_mm" for layouts it
+                # does not cover): counted around one call
+                took, real = [], hf_moe._moe.moe_experts
+                hf_moe._moe.moe_experts = lambda *a, **k: (took.append(1), real(*a, **k))[1]  # noqa: E731
+                try:
+                    mod(x, ids.long(), w)
+                finally:
+                    hf_moe._moe.moe_experts = real
+                row["pykern_registry_took_pykern"] = bool(took)
                 row["pykern_registry_ms"] = timer(lambda: mod(x, ids.long(), w))
                 cfg._experts_implementation = "grouped_mm"
                 row["transformers_grouped_mm_ms"] = timer(lambda: mod(x, ids.long(), w))
