@@ -42,9 +42,11 @@
 
 // K/V element: the 16-bit T itself, or an FP8 tag (PkE4M3 / PkE5M2 of pk_attn_tile.cuh). FP8 pages stream
 // into the ring as bytes (half the bytes of bf16, so twice the keys a byte in flight) and each warp widens
-// its own 16 keys of the tile to T in registers (hardware cvt.rn.f16x2.<fp8>x2 on sm_89+, then a pack to
-// T; exact: every e4m3 / e5m2 value is a bf16 and an f16 value) into a per-warp T tile that ldmatrix reads
-// as in the 16-bit case; only __syncwarp orders it (no other warp touches those rows).
+// its own 16 keys of the tile to f16 in registers (hardware cvt.rn.f16x2.<fp8>x2 on sm_89+; exact: every
+// e4m3 / e5m2 value is an f16 value) into a per-warp 16-bit tile that ldmatrix reads as in the 16-bit case:
+// its K rows before Q K^T, then its V rows into the same tile before P V (one tile a warp, not a K and a V
+// tile: the shared memory that lets 3 CTAs share an SM at d128); only __syncwarp orders it (no other warp
+// touches those rows).
 template <typename TKV> struct DtcFp8 { enum { ON = 0, EB = 0 }; };
 template <> struct DtcFp8<PkE4M3> { enum { ON = 1, EB = 4 }; };
 template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
@@ -64,16 +66,17 @@ template <int D, bool FP8> struct DtcCfg;
 template <> struct DtcCfg<64, false> { enum { STAGES = 3, MINB = 3 }; };
 template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 3 }; };
 template <> struct DtcCfg<64, true> { enum { STAGES = 3, MINB = 3 }; };
-template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 2 }; };
+template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 3 }; };
 
 // A ring row in bytes: the cache type's row, padded by 16 bytes (16-bit: D + 8 halves, which keeps the
 // 8 row addresses of an ldmatrix phase in distinct banks).
 #define DTC_RB(D, EB) ((D) * (EB) + 16)
-// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), FP8 only the per-warp T tiles
-// (4 x (K, V) x 16 x (D + 8) halves), and Q (16 x (D + 8) halves). The end-of-CTA merge reuses the ring
-// (4 x 16 x D floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
+// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), then Q (16 x (D + 8) halves) or, FP8,
+// the per-warp 16-bit tiles (4 x 16 x (D + 8) halves), which Q shares: Q is read into registers before the
+// tile loop, whose first barrier comes before any warp widens into its tile. The end-of-CTA merge reuses the
+// ring (4 x 16 x D floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
 #define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
-    ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 * 2 * 16 * ((D) + 8) * 2 : 0) + 16 * ((D) + 8) * 2)
+    ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 : 1) * 16 * ((D) + 8) * 2)
 
 // Ring fill geometry: a 16-byte chunk of a row is EPC elements, a row CH chunks; thread tid copies chunk
 // tid % CH of rows tid / CH + k * KPP, k < NP (KPP rows a pass, NP passes a tile). A warp's 32 lanes cover
@@ -152,30 +155,28 @@ template <> struct DtcWiden<__nv_bfloat16, 5> {
     }
 };
 
-// FP8 -> 16-bit for one warp: its 16 K rows and 16 V rows (to f16, DtcPv) of a ring slot (RB bytes a
-// row) into its tile (16 K rows, then 16 V rows, of D + 8 halves). A lane widens 16 elements a step: one 16-byte read,
-// eight pair conversions, two 16-byte writes.
-template <typename T, int D, typename TKV>
-__device__ __forceinline__ void dtc_widen(const unsigned char* ks, const unsigned char* vs, unsigned short* tk) {
+// FP8 -> f16 (DtcPv) for one warp: its 16 K or V rows of a ring slot (RB bytes a row) into its tile (16 rows of
+// D + 8 halves). A lane widens 16 elements a step: one 16-byte read, eight pair conversions, two 16-byte writes.
+template <int D, typename TKV>
+__device__ __forceinline__ void dtc_widen(const unsigned char* src, unsigned short* tk) {
     constexpr int RB = DTC_RB(D, 1), SD = D + 8, CH = D / 16;  // 16-element chunks a row
     constexpr int RPS = 32 / CH;                               // rows a step (CH lanes a row)
     static_assert(32 % CH == 0 && 16 % RPS == 0, "whole rows a step");
     const int lane = threadIdx.x & 31;
     // this lane's chunk c of row r0 (+ RPS a step): a base each of K, V and the tile, every step an immediate
     const int r0 = lane / CH, c = lane - r0 * CH;
-    const unsigned char* kq = ks + r0 * RB + c * 16;
-    const unsigned char* vq = vs + r0 * RB + c * 16;
+    const unsigned char* sq = src + r0 * RB + c * 16;
     unsigned short* tq = tk + r0 * SD + c * 16;
 #pragma unroll
-    for (int j = 0; j < 2 * 16 / RPS; j++) {
-        const int kvsel = j / (16 / RPS), rr = (j - kvsel * (16 / RPS)) * RPS;
-        const uint4 x = *reinterpret_cast<const uint4*>((kvsel ? vq : kq) + rr * RB);
+    for (int j = 0; j < 16 / RPS; j++) {
+        const int rr = j * RPS;
+        const uint4 x = *reinterpret_cast<const uint4*>(sq + rr * RB);
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
         // K and V rows alike: f16 (DtcPv), one cvt a pair
 #pragma unroll
         for (int e = 0; e < 4; e++) DtcWiden<__half, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
-        uint4* dst = reinterpret_cast<uint4*>(tq + (kvsel * 16 + rr) * SD);
+        uint4* dst = reinterpret_cast<uint4*>(tq + rr * SD);
         dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
         dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
     }
@@ -230,8 +231,8 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     constexpr int ON = D / 8;   // O n-tiles
     constexpr int SLOT = 2 * DTC_BC * RB;  // bytes of one ring slot (K rows, then V rows)
     extern __shared__ __align__(16) unsigned char dtc_smem[];
-    unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][2][16][SD]
-    unsigned short* qs = tiles + (FP8 ? 4 * 2 * 16 * SD : 0);                           // [16][SD]
+    unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][16][SD]
+    unsigned short* qs = tiles;  // [16][SD]: FP8 shares it with the warps' tiles (DTC_SMEM_BYTES)
 
     // Unsigned divisions (no sign fix-ups; the two by NKV share one reciprocal).
     const int H = num_qo_heads, NKV = num_kv_heads, G = (int)((unsigned int)H / (unsigned int)NKV);
@@ -348,8 +349,8 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
     // access cost 64-bit address math). K at kt + (nt * 8 * SD + kp2 * 32) * 2, V at kt + vo + np * 32.
     const unsigned int k_lane = (unsigned int)((kb_row * SD + kb_col) * 2);
-    const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2) + (FP8 ? 16 * SD * 2 : DTC_BC * RB);
-    const pk_saddr kt0 = FP8 ? pk_saddr_of(tiles + warp * 2 * 16 * SD) : pk_saddr_of(dtc_smem + warp * DTC_KW * RB);
+    const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2) + (FP8 ? 0 : DTC_BC * RB);
+    const pk_saddr kt0 = FP8 ? pk_saddr_of(tiles + warp * 16 * SD) : pk_saddr_of(dtc_smem + warp * DTC_KW * RB);
 
     using TQK = typename DtcPv<T, FP8>::type;  // the Q K^T operands' type: f16 for FP8 K/V (above), else T
     float o[ON][4];
@@ -373,10 +374,9 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         }
         const unsigned char* kslot = dtc_smem + stage * SLOT + warp * DTC_KW * RB;  // this warp's 16 keys
         pk_saddr kt;  // this warp's K tile (then its V tile at + v_lane - k_lane)
-        if constexpr (FP8) {  // widen this warp's rows into its own T tile (the previous tile's reads of it are done:
-                    // ldmatrix is warp-wide and ordered before these stores in the warp's program)
-            unsigned short* tk = tiles + warp * 2 * 16 * SD;
-            dtc_widen<T, D, TKV>(kslot, kslot + DTC_BC * RB, tk);
+        if constexpr (FP8) {  // widen this warp's K rows into its own tile (the previous tile's V reads of it are
+                              // done: the barrier above)
+            dtc_widen<D, TKV>(kslot, tiles + warp * 16 * SD);
             __syncwarp();
             kt = kt0;
         } else {
@@ -421,6 +421,11 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
 #pragma unroll
             for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+        }
+        if constexpr (FP8) {  // this warp's V rows into its tile, over its K rows (every lane's K reads are done)
+            __syncwarp();
+            dtc_widen<D, TKV>(kslot + DTC_BC * RB, tiles + warp * 16 * SD);
+            __syncwarp();
         }
         // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
         using TP = typename DtcPv<T, FP8>::type;

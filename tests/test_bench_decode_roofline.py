@@ -132,10 +132,13 @@ def test_tc_fp8_conversion_term(costs) -> None:
         bd.set_gpu("h200")  # 4.8 TB/s, 1.98 GHz
         for g in (4, 8):
             for b in (1, 8, 64, 256):
-                r = bd.tc_roofline_row(b, g, 32768, "e4m3", measured)
-                assert r["bind"] == "cvt" and r["t_cvt"] > r["t_hbm"] > r["t_cvt_lo"] > r["t_issue"], (g, b, r)
+                if b == 256:  # one split then and now (smaller batches split differently since: 3 CTAs an SM)
+                    r = bd.tc_roofline_row(b, g, 32768, "e4m3", measured)
+                    assert r["bind"] == "cvt" and r["t_cvt"] > r["t_hbm"] > r["t_issue"], (g, b, r)
                 r = bd.tc_roofline_row(b, g, 32768, "e4m3", c)
-                assert r["bind"] == "HBM" and r["t_cvt"] < r["t_hbm"] and r["t_issue"] < r["t_hbm"], (g, b, r)
+                assert r["t_cvt"] < r["t_hbm"] and r["t_issue"] < r["t_hbm"], (g, b, r)
+                # HBM; at batch 64 (2 splits) latency by 1.5%, as bf16 below
+                assert r["bind"] == ("latency" if b == 64 else "HBM") and r["pct"] > 98.0, (g, b, r)
                 # bf16: HBM-bound, but at batch 64 (2 splits) the last wave's 232 CTAs are below the ~247 that
                 # 4.8 TB/s needs at the measured rate a CTA (pykern/ops/_decode_waves.py): latency, by 1.5%
                 rb = bd.tc_roofline_row(b, g, 32768, "bf16", b16)

@@ -54,15 +54,16 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
 
 
 def test_tensor_core_splits_fill_the_last_wave() -> None:
-    # 8 kv heads, d128: bf16 runs 3 CTAs an SM (396 slots), FP8 2 (264). One split at batch 64 is a full wave of
-    # 396 and a last wave of 116: measured (H200) at 83-84% of copy speed; two splits leave 232 for the last wave.
+    # 8 kv heads, d128: 3 CTAs an SM (396 slots), bf16 and FP8. One split at batch 64 is a full wave of 396 and
+    # a last wave of 116: measured (H200) at 83-84% of copy speed; two splits leave 232 for the last wave.
     for g in (1, 4, 8):
         for ctx in (1024, 8192, 32768):
             bf = lambda b: PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16").num_splits
             assert bf(64) == 2 and bf(50) == 4, (g, ctx)  # 400 CTAs: 4 would run alone after the first wave
             assert bf(32) == bf(48) == bf(96) == bf(128) == bf(256) == 1, (g, ctx)  # full enough last waves
-            e4 = PagedDecodePlan(48, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16", kv_dtype="float8_e4m3fn")
-            assert e4.num_splits == 2  # 384 CTAs on 264 slots
+            for b in (32, 50, 64, 128):
+                e4 = PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16", kv_dtype="float8_e4m3fn")
+                assert e4.num_splits == bf(b), (b, ctx, e4.num_splits)
     # an explicit num_splits is kept
     assert PagedDecodePlan(64, 32, 8, 128, 16, q_dtype="bf16", num_splits=1).num_splits == 1
 

@@ -100,11 +100,11 @@ def dtc_stages(d: int, kv_bytes: int = 2) -> int:
 
 
 def dtc_smem_bytes(d: int, kv_bytes: int = 2) -> int:
-    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), for FP8 the
-    per-warp 16-bit tiles (4 x (K, V) x 16 rows), and Q (16 rows); 16-bit rows are d + 8 halves."""
+    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), then Q (16 rows) or,
+    for FP8, the per-warp 16-bit tiles (4 x 16 rows, K then V in turn), which Q shares; 16-bit rows are d + 8
+    halves."""
     ring = dtc_stages(d, kv_bytes) * 2 * DTC_BC * (d * kv_bytes + 16)
-    widened = 4 * 2 * 16 * (d + 8) * 2 if kv_bytes == 1 else 0
-    return ring + widened + 16 * (d + 8) * 2
+    return ring + (4 if kv_bytes == 1 else 1) * 16 * (d + 8) * 2
 
 
 def tc_decode_eligible(q_kind: str, kv_kind: str, group: int, head_dim: int, softcap: float) -> bool:
