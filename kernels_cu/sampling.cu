@@ -342,15 +342,16 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
             s.sel_above = a;
         }
         __syncthreads();
+        const unsigned int range = prefix;  // the keys of this pass's range: range | d << shift
         prefix |= s.sel_bin << shift;
         pmask |= (unsigned int)(nb - 1) << shift;
         above = s.sel_above;
-        if (!LOGITS && last) {
+        if (!LOGITS && last) {  // shift 0: bin d holds the key range | d alone
             r.lo = max(lo_pre, prefix);
             const unsigned long long* mh = by_mass ? s.hist : s.hist + 1024;
 #pragma unroll
             for (int j = 0; j < 2; ++j)
-                if ((prefix | (unsigned int)(top - j)) >= r.lo) acc += mh[top - j];
+                if ((range | (unsigned int)(top - j)) >= r.lo) acc += mh[top - j];
             r.kept = sp_block_sum(acc, s);
         }
         __syncthreads();  // everyone has read sel_* and hist before the next pass resets them

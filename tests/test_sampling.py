@@ -195,6 +195,42 @@ def test_renorm_and_mask_against_float64(kind, vocab) -> None:
     np.testing.assert_array_equal(np.asarray(got, np.float64), np_top_k_mask(np.asarray(logits, np.float32), k))
 
 
+def _last_pass_rows(rows: int, vocab: int) -> np.ndarray:
+    """Rows whose filter thresholds are decided in the radix select's last pass: most entries share the
+    upper 22 key bits (1024 consecutive floats from 2**-11, many tied), 16 lie above that range, a few
+    below it and a few are 0."""
+    rng = np.random.default_rng(31)
+    bits = (0x3A000000 + rng.integers(0, 1024, (rows, vocab))).astype(np.uint32)
+    probs = bits.view(np.float32).copy()
+    for r in range(rows):
+        cols = rng.permutation(vocab)
+        probs[r, cols[:16]] = np.float32(2.0 ** -9) * (1 + rng.integers(0, 64, 16).astype(np.float32) * 2 ** -20)
+        probs[r, cols[16:40]] = np.float32(2.0 ** -14)
+        probs[r, cols[40:48]] = 0.0
+    return probs
+
+
+def test_thresholds_decided_in_the_last_radix_pass() -> None:
+    rows, vocab = 24, 4096
+    probs = _last_pass_rows(rows, vocab)
+    rng = np.random.default_rng(32)
+    k = rng.integers(17, 3000, rows).astype(np.int32)  # the k-th largest lies in the dense range
+    p = rng.uniform(0.1, 0.9, rows).astype(np.float32)
+    _close(ops.top_k_renorm_probs(probs, k, backend="host"), np_top_k_renorm(probs, k), "top_k_renorm_probs", "f32")
+    _close(ops.top_p_renorm_probs(probs, p, backend="host"), np_top_p_renorm(probs, p), "top_p_renorm_probs", "f32")
+    np.testing.assert_array_equal(ops.top_k_mask_logits(probs, k, backend="host"), np_top_k_mask(probs, k))
+    for seed in (5, 6):
+        np.testing.assert_array_equal(ops.top_k_sampling_from_probs(probs, k, seed=seed, backend="host"),
+                                      np_sample(probs, seed, top_k=k)[0])
+        np.testing.assert_array_equal(ops.top_p_sampling_from_probs(probs, p, seed=seed, backend="host"),
+                                      np_sample(probs, seed, top_p=p)[0])
+        for order in ("top_k_first", "joint"):
+            kk = k // 4 if order == "joint" else k  # joint: top-k's threshold often above top-p's
+            np.testing.assert_array_equal(
+                ops.top_k_top_p_sampling_from_probs(probs, kk, p, seed=seed, filter_apply_order=order, backend="host"),
+                np_sample(probs, seed, top_k=kk, top_p=p, order=order)[0])
+
+
 def test_renorm_ties_and_disabled_k() -> None:
     probs = ROW[None, :].copy()
     out = ops.top_k_renorm_probs(probs, 4, backend="host")[0]
