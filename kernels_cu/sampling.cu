@@ -240,6 +240,13 @@ __device__ __forceinline__ unsigned long long sp_target(unsigned long long S, un
     return lo + (rem != 0ull);
 }
 
+// Key bits below the element type's precision: a bf16 or f16 value widened to fp32 has its low 16 or
+// 13 mantissa bits 0 (f16 subnormals included), so its probability key has them 0, and its logit key
+// all 0 (>= +0) or all 1 (< -0): the bits above them tell the keys apart, and the radix select ends
+// once they are known (two passes; the returned prefix keeps the same entries as the key itself).
+template <typename T> struct SpLowBits { static constexpr int bits = Pk16<T>::is_f16 ? 13 : 16; };
+template <> struct SpLowBits<float> { static constexpr int bits = 0; };
+
 // What the filters know of a probability row: its maximum, the keep floor and the kept mass.
 struct SpRow {
     unsigned int mkey;        // key of the row maximum (0: no mass)
@@ -272,10 +279,11 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
     unsigned int prefix = 0u, pmask = 0u;
     unsigned long long above = 0ull;  // count / mass strictly above the current prefix range
     const long long nc = sp_chunks<T, VEC>(n);
-    for (int pass = 0; pass < 3; ++pass) {
-        const int shift = pass == 0 ? 21 : (pass == 1 ? 10 : 0);
-        const int nb = pass == 2 ? 1024 : 2048;
-        const bool last = pass == 2;
+    constexpr int LOW = SpLowBits<T>::bits, NPASS = LOW ? 2 : 3;
+    for (int pass = 0; pass < NPASS; ++pass) {
+        const bool last = pass == NPASS - 1;
+        const int shift = pass == 0 ? 21 : (last ? LOW : 10);
+        const int nb = 1 << ((pass == 0 ? 32 : (pass == 1 ? 21 : 10)) - shift);  // 2048, 1024, 256 or 32
         const unsigned int lo_pre = r.lo;  // the keep floor before this filter (final by the last pass)
         for (int b = threadIdx.x; b < SP_BINS; b += SP_NT) s.hist[b] = 0ull;
         __syncthreads();
@@ -316,18 +324,18 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
                 if (r.mkey == 0u) return 0u;  // block-uniform
             }
         }
-        // bin pick: thread t owns bins top .. top - bpt + 1; an exclusive scan in thread order
-        // is a suffix scan over the bins
-        const int bpt = nb / SP_NT;
-        const int top = nb - 1 - bpt * (int)threadIdx.x;
+        // bin pick: thread t < owners owns bins top .. top - bpt + 1; an exclusive scan in thread
+        // order is a suffix scan over the bins
+        const int bpt = nb > SP_NT ? nb / SP_NT : 1, owners = nb / bpt;
+        const int top = nb - 1 - bpt * (int)threadIdx.x;  // < 0: no bin
         unsigned long long own = 0ull;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (j < bpt) own += s.hist[top - j];
+            if (j < bpt && top - j >= 0) own += s.hist[top - j];
         unsigned long long total;
         const unsigned long long before = above + sp_block_exclusive(own, &total, s);
         if (by_mass && pass == 0) need = sp_target(total, (unsigned int)need);
-        if ((before < need && before + own >= need) || (threadIdx.x == SP_NT - 1 && before + own < need)) {
+        if ((before < need && before + own >= need) || ((int)threadIdx.x == owners - 1 && before + own < need)) {
             unsigned long long a = before;
             unsigned int bin = (unsigned int)(top - bpt + 1);
 #pragma unroll
@@ -346,12 +354,12 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         prefix |= s.sel_bin << shift;
         pmask |= (unsigned int)(nb - 1) << shift;
         above = s.sel_above;
-        if (!LOGITS && last) {  // shift 0: bin d holds the key range | d alone
+        if (!LOGITS && last) {  // bin d holds the key range | d << LOW alone
             r.lo = max(lo_pre, prefix);
             const unsigned long long* mh = by_mass ? s.hist : s.hist + 1024;
 #pragma unroll
-            for (int j = 0; j < 2; ++j)
-                if ((range | (unsigned int)(top - j)) >= r.lo) acc += mh[top - j];
+            for (int j = 0; j < 4; ++j)
+                if (j < bpt && top - j >= 0 && (range | ((unsigned int)(top - j) << LOW)) >= r.lo) acc += mh[top - j];
             r.kept = sp_block_sum(acc, s);
         }
         __syncthreads();  // everyone has read sel_* and hist before the next pass resets them
