@@ -15,9 +15,22 @@
 //   64 bits, no overflow and no rounding; sums are associative, so any reduction order agrees.
 // - Thresholds: every filter keeps the entries with key >= T (ties at the boundary all kept, as
 //   FlashInfer's pivot search does). T comes from a radix select over the 32-bit keys
-//   (4 passes of 8 bits, histograms in shared memory): by count for top-k (T = the k-th largest
-//   value), by mass for top-p (T = the largest value whose "mass at or above" reaches
-//   top_p * total); min-p's T is the key of min_p * max. No sort of the vocabulary.
+//   (passes of 11, 11 and 10 bits, a 2048-bin histogram in shared memory, each pass's bin from a
+//   block-wide suffix scan; bf16 / f16 keys have their low 16 / 13 bits 0, so two passes, 11 and
+//   5 / 8 bits, decide them): by count for top-k (T = the k-th largest value), by mass for top-p
+//   (T = the largest value whose "mass at or above" reaches top_p * total); min-p's T is the key
+//   of min_p * max. No sort of the vocabulary.
+// - Row reads: what needs no result of another pass shares its read. The row maximum rides along
+//   with top-k's first pass, top-p's total is the sum of its first histogram, and a select's last
+//   pass also sums the kept mass S (mass of the keys >= the final floor). Full reads of a row, f32 /
+//   bf16 and f16 (a select reads it 3 / 2 times; the draw's scan stops at the chunk that holds it):
+//     sampling, no filter or min-p: max, S, scan                         3 / 3
+//     top-k (+ min-p): max with the select, scan                         4 / 3
+//     top-p (+ min-p): max, select, scan                                 5 / 4
+//     top-k + top-p (either order): max with a select, select, scan      7 / 5
+//     top_k_renorm_probs: max with the select, write                     4 / 3 (k disabled: the copy, 1)
+//     top_p_renorm_probs: max, select, write                             5 / 4 (top_p >= 1: max, S, write, 3)
+//     top_k_mask_logits: select, write                                   4 / 3
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: a block scan over the row in vocabulary order, stopping at the chunk that holds it.
@@ -267,12 +280,13 @@ __device__ __forceinline__ void sp_set_max(SpRow& r, unsigned int mkey) {
 // Radix select over the keys >= base. by_mass = false: the `need`-th largest key (counting
 // ties; need <= the number of such entries). by_mass = true: the largest key v whose mass at or
 // above v reaches ceil(top_p * M), top_p = need / 2^32 and M the mass of the keys >= base (M is
-// the sum of the first pass's histogram). Three passes of 11, 11 and 10 bits, most significant
-// first; each pass's bin comes from a block-wide suffix scan (thread t owns 4 or 2 bins from the
-// top). Probabilities (!LOGITS) also get, in the last pass, r.kept = the mass of the keys >=
-// r.lo = max(r.lo, v): keys above the pass's range add their mass per thread, keys in it go to a
-// mass histogram (the top half of hist for a count select). MAX: the first pass also finds the
-// row maximum (sp_set_max; an all-zero row stops there with r.mkey = 0). Returns v.
+// the sum of the first pass's histogram). Passes of 11, 11 and 10 bits (bf16 / f16: 11 and 5 / 8,
+// SpLowBits), most significant first; each pass's bin comes from a block-wide suffix scan (thread
+// t owns 4, 2 or 1 bins from the top). Probabilities (!LOGITS) also get, in the last pass, r.kept =
+// the mass of the keys >= r.lo = max(r.lo, v): keys above the pass's range add their mass per
+// thread, keys in it go to a mass histogram (the top half of hist for a count select). MAX: the
+// first pass also finds the row maximum (sp_set_max; an all-zero row stops there with r.mkey = 0).
+// Returns v with its bits below SpLowBits cleared (v itself but for a negative bf16 / f16 logit).
 template <typename T, int VEC, bool LOGITS, bool MAX>
 __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int base, bool by_mass,
                                         unsigned long long need, SpRow& r, SpShared& s) {
