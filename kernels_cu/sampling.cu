@@ -578,7 +578,8 @@ __device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, lon
     }
 }
 
-// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR.
+// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR. Renorm and mask run two CTAs of SP_NT threads per SM
+// (__launch_bounds__(SP_NT, 2): <= 64 registers, no spills on any arch); sampling_from_probs needs more.
 template <typename T>
 __device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __restrict__ out,
                                            const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,
@@ -592,7 +593,7 @@ __device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __res
     else
         sp_renorm_row<T, 1>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
 }
-PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 1), (const T* __restrict__ probs, T* __restrict__ out,
+PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 2), (const T* __restrict__ probs, T* __restrict__ out,
               const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab, int flags,
               int top_k_val, float top_p_val), (probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val))
 
@@ -611,6 +612,6 @@ __device__ void sampling_top_k_mask_logits_impl(const T* __restrict__ logits, T*
     else
         sp_mask_row<T, 1>(logits + off, out + off, vocab, k, s);
 }
-PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 1), (const T* __restrict__ logits, T* __restrict__ out,
+PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 2), (const T* __restrict__ logits, T* __restrict__ out,
               const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val),
               (logits, out, top_k_arr, vocab, flags, top_k_val))
