@@ -15,9 +15,22 @@
 //   64 bits, no overflow and no rounding; sums are associative, so any reduction order agrees.
 // - Thresholds: every filter keeps the entries with key >= T (ties at the boundary all kept, as
 //   FlashInfer's pivot search does). T comes from a radix select over the 32-bit keys
-//   (4 passes of 8 bits, histograms in shared memory): by count for top-k (T = the k-th largest
-//   value), by mass for top-p (T = the largest value whose "mass at or above" reaches
-//   top_p * total); min-p's T is the key of min_p * max. No sort of the vocabulary.
+//   (passes of 11, 11 and 10 bits, a 2048-bin histogram in shared memory, each pass's bin from a
+//   block-wide suffix scan; bf16 / f16 keys have their low 16 / 13 bits 0, so two passes, 11 and
+//   5 / 8 bits, decide them): by count for top-k (T = the k-th largest value), by mass for top-p
+//   (T = the largest value whose "mass at or above" reaches top_p * total); min-p's T is the key
+//   of min_p * max. No sort of the vocabulary.
+// - Row reads: what needs no result of another pass shares its read. The row maximum rides along
+//   with top-k's first pass, top-p's total is the sum of its first histogram, and a select's last
+//   pass also sums the kept mass S (mass of the keys >= the final floor). Full reads of a row, f32 /
+//   bf16 and f16 (a select reads it 3 / 2 times; the draw's scan stops at the chunk that holds it):
+//     sampling, no filter or min-p: max, S, scan                         3 / 3
+//     top-k (+ min-p): max with the select, scan                         4 / 3
+//     top-p (+ min-p): max, select, scan                                 5 / 4
+//     top-k + top-p (either order): max with a select, select, scan      7 / 5
+//     top_k_renorm_probs: max with the select, write                     4 / 3 (k disabled: the copy, 1)
+//     top_p_renorm_probs: max, select, write                             5 / 4 (top_p >= 1: max, S, write, 3)
+//     top_k_mask_logits: select, write                                   4 / 3
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: a block scan over the row in vocabulary order, stopping at the chunk that holds it.
@@ -48,8 +61,10 @@
 #define SRF_K_ARR 2
 #define SRF_P_ARR 4
 
+#define SP_BINS 2048         // radix histogram: digits of 11, 11 and 10 bits (SP_NT * 4 bins)
+
 struct SpShared {
-    unsigned long long hist[256];
+    unsigned long long hist[SP_BINS];  // 16 KiB; the last pass of a count select keeps its mass in the top half
     unsigned long long red[SP_NW];
     unsigned long long sel_above;
     unsigned int sel_bin;
@@ -230,21 +245,64 @@ __device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned in
     return sp_block_sum(acc, s);
 }
 
+// ceil(top_p * S): top_p as P / 2^32 (P < 2^32, >= 1).
+__device__ __forceinline__ unsigned long long sp_target(unsigned long long S, unsigned int P) {
+    const unsigned long long lo = sp_mul_frac(S, P);
+    // exact remainder test: (S * P) mod 2^32 != 0
+    const unsigned long long rem = ((S & 0xffffffffull) * (unsigned long long)P) & 0xffffffffull;
+    return lo + (rem != 0ull);
+}
+
+// Key bits below the element type's precision: a bf16 or f16 value widened to fp32 has its low 16 or
+// 13 mantissa bits 0 (f16 subnormals included), so its probability key has them 0, and its logit key
+// all 0 (>= +0) or all 1 (< -0): the bits above them tell the keys apart, and the radix select ends
+// once they are known (two passes; the returned prefix keeps the same entries as the key itself).
+template <typename T> struct SpLowBits { static constexpr int bits = Pk16<T>::is_f16 ? 13 : 16; };
+template <> struct SpLowBits<float> { static constexpr int bits = 0; };
+
+// What the filters know of a probability row: its maximum, the keep floor and the kept mass.
+struct SpRow {
+    unsigned int mkey;        // key of the row maximum (0: no mass)
+    int sh;                   // sp_shift(mkey)
+    unsigned int lo;          // keep the entries with key >= lo
+    unsigned long long kept;  // mass of the entries with key >= lo (set by a select)
+    float mp;                 // min-p factor, < 0 without min-p: lo >= key(max * mp) once the max is known
+};
+
+__device__ __forceinline__ void sp_set_max(SpRow& r, unsigned int mkey) {
+    r.mkey = mkey;
+    if (mkey) {
+        r.sh = sp_shift(mkey);
+        r.lo = max(r.lo, sp_prob_key(__uint_as_float(mkey) * r.mp));  // key 0 for mp < 0
+    }
+}
+
 // Radix select over the keys >= base. by_mass = false: the `need`-th largest key (counting
 // ties; need <= the number of such entries). by_mass = true: the largest key v whose mass at or
-// above v reaches `need` (need <= their total mass). Four passes of 8 bits, most significant
-// first; warp 0 picks each pass's bin with a suffix scan of the 256-bin histogram.
-template <typename T, int VEC, bool LOGITS>
+// above v reaches ceil(top_p * M), top_p = need / 2^32 and M the mass of the keys >= base (M is
+// the sum of the first pass's histogram). Passes of 11, 11 and 10 bits (bf16 / f16: 11 and 5 / 8,
+// SpLowBits), most significant first; each pass's bin comes from a block-wide suffix scan (thread
+// t owns 4, 2 or 1 bins from the top). Probabilities (!LOGITS) also get, in the last pass, r.kept =
+// the mass of the keys >= r.lo = max(r.lo, v): keys above the pass's range add their mass per
+// thread, keys in it go to a mass histogram (the top half of hist for a count select). MAX: the
+// first pass also finds the row maximum (sp_set_max; an all-zero row stops there with r.mkey = 0).
+// Returns v with its bits below SpLowBits cleared (v itself but for a negative bf16 / f16 logit).
+template <typename T, int VEC, bool LOGITS, bool MAX>
 __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int base, bool by_mass,
-                                        unsigned long long need, int sh, SpShared& s) {
+                                        unsigned long long need, SpRow& r, SpShared& s) {
     unsigned int prefix = 0u, pmask = 0u;
     unsigned long long above = 0ull;  // count / mass strictly above the current prefix range
     const long long nc = sp_chunks<T, VEC>(n);
-    const int lane = threadIdx.x & 31;
-    for (int pass = 0; pass < 4; ++pass) {
-        const int shift = 24 - 8 * pass;
-        for (int b = threadIdx.x; b < 256; b += SP_NT) s.hist[b] = 0ull;
+    constexpr int LOW = SpLowBits<T>::bits, NPASS = LOW ? 2 : 3;
+    for (int pass = 0; pass < NPASS; ++pass) {
+        const bool last = pass == NPASS - 1;
+        const int shift = pass == 0 ? 21 : (last ? LOW : 10);
+        const int nb = 1 << ((pass == 0 ? 32 : (pass == 1 ? 21 : 10)) - shift);  // 2048, 1024, 256 or 32
+        const unsigned int lo_pre = r.lo;  // the keep floor before this filter (final by the last pass)
+        for (int b = threadIdx.x; b < SP_BINS; b += SP_NT) s.hist[b] = 0ull;
         __syncthreads();
+        unsigned int m = 0u;
+        unsigned long long acc = 0ull;  // last pass: mass of the keys >= lo_pre above the range
         for (long long c = 0; c < nc; ++c) {
             const long long i = (c * SP_NT + threadIdx.x) * VEC;
             float f[VEC];
@@ -252,53 +310,75 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 const unsigned int key = sp_key<LOGITS>(f[j]);
-                if (i + j < n && key >= base && (key & pmask) == prefix) {
-                    const unsigned long long w = by_mass ? sp_mass(key, sh) : 1ull;
-                    if (w) atomicAdd(&s.hist[(key >> shift) & 255u], w);
+                if (MAX && pass == 0) m = max(m, key);  // out-of-range lanes load 0: key 0
+                if (i + j < n && key >= base) {
+                    const unsigned int hi = key & pmask;
+                    if (hi == prefix) {
+                        const unsigned int d = (key >> shift) & (unsigned int)(nb - 1);
+                        if (by_mass) {
+                            const unsigned long long w = sp_mass(key, r.sh);
+                            if (w) atomicAdd(&s.hist[d], w);
+                        } else {
+                            atomicAdd(&s.hist[d], 1ull);
+                            if (!LOGITS && last) {
+                                const unsigned long long w = sp_mass(key, r.sh);
+                                if (w) atomicAdd(&s.hist[1024 + d], w);
+                            }
+                        }
+                    } else if (!LOGITS && last && hi > prefix && key >= lo_pre) {
+                        acc += sp_mass(key, r.sh);
+                    }
                 }
             }
         }
         __syncthreads();
-        if (threadIdx.x < 32) {
-            // lane l owns bins 255-8l .. 248-8l, scanned from the top
-            unsigned long long own = 0ull;
-#pragma unroll
-            for (int j = 0; j < 8; ++j) own += s.hist[255 - 8 * lane - j];
-            unsigned long long inc = own;
-#pragma unroll
-            for (int off = 1; off < 32; off <<= 1) {
-                const unsigned long long o = __shfl_up_sync(PK_FULL_MASK, inc, off);
-                if (lane >= off) inc += o;
-            }
-            const unsigned int hit = __ballot_sync(PK_FULL_MASK, above + inc >= need);
-            const int first = hit ? __ffs((int)hit) - 1 : 31;
-            if (lane == first) {
-                unsigned long long acc = above + inc - own;
-                unsigned int bin = (unsigned int)(255 - 8 * lane - 7);
-                for (int j = 0; j < 8; ++j) {
-                    const unsigned long long h = s.hist[255 - 8 * lane - j];
-                    if (acc + h >= need) { bin = (unsigned int)(255 - 8 * lane - j); break; }
-                    acc += h;
-                }
-                s.sel_bin = bin;
-                s.sel_above = acc;
+        if constexpr (MAX) {
+            if (pass == 0) {
+                sp_set_max(r, sp_block_max(m, s));
+                if (r.mkey == 0u) return 0u;  // block-uniform
             }
         }
+        // bin pick: thread t < owners owns bins top .. top - bpt + 1; an exclusive scan in thread
+        // order is a suffix scan over the bins
+        const int bpt = nb > SP_NT ? nb / SP_NT : 1, owners = nb / bpt;
+        const int top = nb - 1 - bpt * (int)threadIdx.x;  // < 0: no bin
+        unsigned long long own = 0ull;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (j < bpt && top - j >= 0) own += s.hist[top - j];
+        unsigned long long total;
+        const unsigned long long before = above + sp_block_exclusive(own, &total, s);
+        if (by_mass && pass == 0) need = sp_target(total, (unsigned int)need);
+        if ((before < need && before + own >= need) || ((int)threadIdx.x == owners - 1 && before + own < need)) {
+            unsigned long long a = before;
+            unsigned int bin = (unsigned int)(top - bpt + 1);
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                if (j < bpt) {
+                    const unsigned long long h = s.hist[top - j];
+                    if (a + h >= need) { bin = (unsigned int)(top - j); break; }
+                    a += h;
+                }
+            }
+            s.sel_bin = bin;
+            s.sel_above = a;
+        }
         __syncthreads();
+        const unsigned int range = prefix;  // the keys of this pass's range: range | d << shift
         prefix |= s.sel_bin << shift;
-        pmask |= 255u << shift;
+        pmask |= (unsigned int)(nb - 1) << shift;
         above = s.sel_above;
-        __syncthreads();  // everyone has read sel_* before the next pass resets the histogram
+        if (!LOGITS && last) {  // bin d holds the key range | d << LOW alone
+            r.lo = max(lo_pre, prefix);
+            const unsigned long long* mh = by_mass ? s.hist : s.hist + 1024;
+#pragma unroll
+            for (int j = 0; j < 4; ++j)
+                if (j < bpt && top - j >= 0 && (range | ((unsigned int)(top - j) << LOW)) >= r.lo) acc += mh[top - j];
+            r.kept = sp_block_sum(acc, s);
+        }
+        __syncthreads();  // everyone has read sel_* and hist before the next pass resets them
     }
     return prefix;
-}
-
-// ceil(top_p * S): top_p as P / 2^32 (P < 2^32, >= 1).
-__device__ __forceinline__ unsigned long long sp_target(unsigned long long S, unsigned int P) {
-    const unsigned long long lo = sp_mul_frac(S, P);
-    // exact remainder test: (S * P) mod 2^32 != 0
-    const unsigned long long rem = ((S & 0xffffffffull) * (unsigned long long)P) & 0xffffffffull;
-    return lo + (rem != 0ull);
 }
 
 // top_p as the integer P = floor(top_p * 2^32); 0 means "keep all" (top_p >= 1), never 0 otherwise.
@@ -322,31 +402,35 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
                               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
                               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
                               const SpArgs& a, SpShared& s) {
-    const unsigned int mkey = sp_row_max_key<T, VEC, false>(row, n, s);
-    if (mkey == 0u) {  // no mass at all
+    SpRow r = {0u, 0, 1u, 0ull, -1.0f};  // keep entries with key >= r.lo (key 0: no mass)
+    if (a.flags & SPF_MIN_P) {
+        const float mp = (a.flags & SPF_MINP_ARR) ? min_p_arr[b] : a.min_p_val;
+        r.mp = mp < 1.0f ? mp : 1.0f;  // NaN or > 1: as 1 (only the maximum survives)
+    }
+    bool kept = false;  // r.kept holds the mass of the keys >= r.lo
+    const int k = (a.flags & SPF_TOP_K) ? ((a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val) : 0;
+    if (k > 0 && (long long)k < n) {  // top-k: the row maximum rides along with the first pass
+        sp_radix_select<T, VEC, false, true>(row, n, 0u, false, k, r, s);
+        kept = true;
+    } else {
+        sp_set_max(r, sp_row_max_key<T, VEC, false>(row, n, s));
+    }
+    if (r.mkey == 0u) {  // no mass at all
         if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
         return;
-    }
-    const int sh = sp_shift(mkey);
-    unsigned int lo = 1u;  // keep entries with key >= lo (key 0: no mass)
-    if (a.flags & SPF_MIN_P) {
-        float mp = (a.flags & SPF_MINP_ARR) ? min_p_arr[b] : a.min_p_val;
-        mp = mp < 1.0f ? mp : 1.0f;  // NaN or > 1: as 1 (only the maximum survives)
-        lo = max(lo, sp_prob_key(__uint_as_float(mkey) * mp));
-    }
-    if (a.flags & SPF_TOP_K) {
-        const int k = (a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val;
-        if (k > 0 && (long long)k < n) lo = max(lo, sp_radix_select<T, VEC, false>(row, n, 0u, false, k, sh, s));
     }
     if (a.flags & SPF_TOP_P) {
         const unsigned int P = sp_top_p_int((a.flags & SPF_P_ARR) ? top_p_arr[b] : a.top_p_val);
         if (P) {
-            const unsigned int base = (a.flags & SPF_TOP_K_FIRST) ? lo : 1u;
-            const unsigned long long need = sp_target(sp_row_mass<T, VEC>(row, n, base, sh, s), P);
-            lo = max(lo, sp_radix_select<T, VEC, false>(row, n, base, true, need, sh, s));
+            const unsigned int base = (a.flags & SPF_TOP_K_FIRST) ? r.lo : 1u;
+            sp_radix_select<T, VEC, false, false>(row, n, base, true, P, r, s);
+            kept = true;
         }
     }
-    const unsigned long long S = sp_row_mass<T, VEC>(row, n, lo, sh, s);  // >= the maximum's mass > 0
+    const int sh = r.sh;
+    const unsigned int lo = r.lo;
+    // >= the maximum's mass > 0
+    const unsigned long long S = kept ? r.kept : sp_row_mass<T, VEC>(row, n, lo, sh, s);
     unsigned int c[4];
     c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
     c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
@@ -435,28 +519,31 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
                               int top_k_val, float top_p_val, SpShared& s) {
     const long long nc = sp_chunks<T, VEC>(n);
     unsigned int lo = 0u;  // 0: copy the row unchanged (top-k disabled, as FlashInfer for k >= vocab)
-    int sh = 0;
-    const unsigned int mkey = sp_row_max_key<T, VEC, false>(row, n, s);
-    if (mkey) {
-        sh = sp_shift(mkey);
-        if (flags & SRF_TOP_K) {
-            const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
-            if (k > 0 && (long long)k < n) lo = max(1u, sp_radix_select<T, VEC, false>(row, n, 0u, false, k, sh, s));
-        } else {
-            lo = 1u;
-            const unsigned int P = sp_top_p_int((flags & SRF_P_ARR) ? top_p_arr[b] : top_p_val);
-            if (P) lo = max(lo, sp_radix_select<T, VEC, false>(row, n, 1u, true,
-                                                               sp_target(sp_row_mass<T, VEC>(row, n, 1u, sh, s), P),
-                                                               sh, s));
-        }
-    } else if (!(flags & SRF_TOP_K)) {
-        lo = 1u;  // top-p of a row without mass: all zeros
-    }
     float scale = 1.0f;
+    SpRow r = {0u, 0, 1u, 0ull, -1.0f};
+    if (flags & SRF_TOP_K) {
+        const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
+        if (k > 0 && (long long)k < n) {  // the row maximum rides along with the first pass
+            sp_radix_select<T, VEC, false, true>(row, n, 0u, false, k, r, s);
+            if (r.mkey) lo = r.lo;  // a row without mass is copied
+        }
+    } else {
+        lo = 1u;  // top-p of a row without mass: all zeros
+        sp_set_max(r, sp_row_max_key<T, VEC, false>(row, n, s));
+        if (r.mkey) {
+            const unsigned int P = sp_top_p_int((flags & SRF_P_ARR) ? top_p_arr[b] : top_p_val);
+            if (P) {
+                sp_radix_select<T, VEC, false, false>(row, n, 1u, true, P, r, s);
+                lo = r.lo;
+            } else {
+                r.kept = sp_row_mass<T, VEC>(row, n, 1u, r.sh, s);
+            }
+        }
+    }
     if (lo) {
-        const unsigned long long S = mkey ? sp_row_mass<T, VEC>(row, n, lo, sh, s) : 0ull;
+        const unsigned long long S = r.kept;  // 0 for a row without mass
         // S * 2^-sh as a float; 1/S scales the kept entries (a row without mass stays 0)
-        scale = S ? 1.0f / ldexpf((float)S, -sh) : 0.0f;
+        scale = S ? 1.0f / ldexpf((float)S, -r.sh) : 0.0f;
     }
     for (long long c = 0; c < nc; ++c) {
         const long long i = (c * SP_NT + threadIdx.x) * VEC;
@@ -477,7 +564,8 @@ template <typename T, int VEC>
 __device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, long long n, int k, SpShared& s) {
     const long long nc = sp_chunks<T, VEC>(n);
     const bool filter = k > 0 && (long long)k < n;
-    const unsigned int lo = filter ? sp_radix_select<T, VEC, true>(row, n, 0u, false, k, 0, s) : 0u;
+    SpRow r = {0u, 0, 0u, 0ull, -1.0f};  // no mass for logits
+    const unsigned int lo = filter ? sp_radix_select<T, VEC, true, false>(row, n, 0u, false, k, r, s) : 0u;
     for (long long c = 0; c < nc; ++c) {
         const long long i = (c * SP_NT + threadIdx.x) * VEC;
         float f[VEC];
@@ -490,7 +578,8 @@ __device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, lon
     }
 }
 
-// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR.
+// flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR. Renorm and mask run two CTAs of SP_NT threads per SM
+// (__launch_bounds__(SP_NT, 2): <= 64 registers, no spills on any arch); sampling_from_probs needs more.
 template <typename T>
 __device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __restrict__ out,
                                            const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,
@@ -504,7 +593,7 @@ __device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __res
     else
         sp_renorm_row<T, 1>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
 }
-PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 1), (const T* __restrict__ probs, T* __restrict__ out,
+PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 2), (const T* __restrict__ probs, T* __restrict__ out,
               const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab, int flags,
               int top_k_val, float top_p_val), (probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val))
 
@@ -523,6 +612,6 @@ __device__ void sampling_top_k_mask_logits_impl(const T* __restrict__ logits, T*
     else
         sp_mask_row<T, 1>(logits + off, out + off, vocab, k, s);
 }
-PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 1), (const T* __restrict__ logits, T* __restrict__ out,
+PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 2), (const T* __restrict__ logits, T* __restrict__ out,
               const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val),
               (logits, out, top_k_arr, vocab, flags, top_k_val))

@@ -195,6 +195,56 @@ def test_renorm_and_mask_against_float64(kind, vocab) -> None:
     np.testing.assert_array_equal(np.asarray(got, np.float64), np_top_k_mask(np.asarray(logits, np.float32), k))
 
 
+# (low key bits the element type leaves 0, width of the radix select's last digit): f32 keys need all 32 bits
+# (digits of 11, 11, 10), bf16 / f16 ones stop at bit 16 / 13 (digits of 11 and 5 / 8).
+LAST_DIGIT = {"f32": (0, 10), "bf16": (16, 5), "f16": (13, 8)}
+
+
+def _last_pass_rows(rows: int, vocab: int, kind: str) -> np.ndarray:
+    """Rows whose filter thresholds are decided in the radix select's last pass: most entries share every
+    key bit above the last digit (2**width consecutive values from 2**-11, many tied), 16 lie above that
+    range, 24 below it and 8 are 0. As float32: every value is exact in `kind`."""
+    low, width = LAST_DIGIT[kind]
+    rng = np.random.default_rng(31)
+    bits = (0x3A000000 + (rng.integers(0, 2 ** width, (rows, vocab)) << low)).astype(np.uint32)
+    probs = bits.view(np.float32).copy()
+    for r in range(rows):
+        cols = rng.permutation(vocab)
+        probs[r, cols[:16]] = np.float32(2.0 ** -9) * (1 + rng.integers(0, 64, 16).astype(np.float32) / 64)
+        probs[r, cols[16:40]] = np.float32(2.0 ** -14)
+        probs[r, cols[40:48]] = 0.0
+    return probs
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
+def test_thresholds_decided_in_the_last_radix_pass(kind) -> None:
+    rows, vocab = 24, 4096
+    x32 = _last_pass_rows(rows, vocab, kind)
+    probs = x32.astype(bfloat16() if kind == "bf16" else np.float16 if kind == "f16" else np.float32)
+    assert (probs.astype(np.float32) == x32).all()
+    rng = np.random.default_rng(32)
+    k = rng.integers(17, 3000, rows).astype(np.int32)  # the k-th largest lies in the dense range
+    p = rng.uniform(0.1, 0.9, rows).astype(np.float32)
+    _close(np.asarray(ops.top_k_renorm_probs(probs, k, backend="host"), np.float32), np_top_k_renorm(x32, k),
+           "top_k_renorm_probs", kind)
+    _close(np.asarray(ops.top_p_renorm_probs(probs, p, backend="host"), np.float32), np_top_p_renorm(x32, p),
+           "top_p_renorm_probs", kind)
+    for sign in (1, -1):  # negative logits: keys whose low bits are all 1
+        np.testing.assert_array_equal(np.asarray(ops.top_k_mask_logits(sign * probs, k, backend="host"), np.float64),
+                                      np_top_k_mask(sign * x32, k))
+    for seed in (5, 6):
+        np.testing.assert_array_equal(ops.top_k_sampling_from_probs(probs, k, seed=seed, backend="host"),
+                                      np_sample(x32, seed, top_k=k)[0])
+        np.testing.assert_array_equal(ops.top_p_sampling_from_probs(probs, p, seed=seed, backend="host"),
+                                      np_sample(x32, seed, top_p=p)[0])
+        for order in ("top_k_first", "joint"):
+            # joint: top-k's threshold often above top-p's, in every third row above its whole range
+            kk = np.where(np.arange(rows) % 3 == 0, 1 + k % 15, k // 4).astype(np.int32) if order == "joint" else k
+            np.testing.assert_array_equal(
+                ops.top_k_top_p_sampling_from_probs(probs, kk, p, seed=seed, filter_apply_order=order, backend="host"),
+                np_sample(x32, seed, top_k=kk, top_p=p, order=order)[0])
+
+
 def test_renorm_ties_and_disabled_k() -> None:
     probs = ROW[None, :].copy()
     out = ops.top_k_renorm_probs(probs, 4, backend="host")[0]
