@@ -173,14 +173,21 @@ def test_apply_keeps_parameters_routers_and_state_dict():
     assert pt.apply(model) is model and type(block.gate) is router_cls  # idempotent
 
 
-def test_experts_layout_pykern_does_not_cover_falls_back_to_grouped_mm(spy):
-    """An activation the fused epilogue does not have (exact GELU) goes to transformers' grouped_mm;
-    routing stays on pykern and the model still matches."""
+def test_experts_layout_pykern_does_not_cover_falls_back_to_grouped_mm(spy, caplog):
+    """An activation the fused epilogue does not have (exact GELU) goes to transformers' grouped_mm, said once
+    (info, the "pykern" logger); routing stays on pykern and the model still matches."""
+    from pykern.torch import hf_moe
+
     ref = tiny("Mixtral", hidden_act="gelu")
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
     ids, _ = batch()
-    assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, "logits (gelu experts)")
-    assert spy["moe_experts"] == 0 and spy["moe_route"] == LAYERS
+    hf_moe._FELL_BACK.discard("MixtralExperts")
+    with caplog.at_level("INFO", logger="pykern"):
+        assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, "logits (gelu experts)")
+        model(input_ids=ids)
+    said = [r.getMessage() for r in caplog.records if "grouped_mm runs its experts" in r.getMessage()]
+    assert len(said) == 1 and said[0].startswith("MixtralExperts:"), said
+    assert spy["moe_experts"] == 0 and spy["moe_route"] == 2 * LAYERS
 
 
 def test_router_and_experts_flags_turn_each_off(spy):

@@ -29,6 +29,7 @@ import torch
 from torch import nn
 
 from . import moe as _moe
+from ..log import log
 
 __all__ = ["FAMILIES", "patch", "flce_forward"]
 
@@ -58,6 +59,9 @@ FAMILIES = {
 # --------------------------------------------------------------------------- experts
 
 
+_FELL_BACK: set[str] = set()  # experts classes whose fallback to grouped_mm has been logged
+
+
 def _experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: torch.Tensor,
                      top_k_weights: torch.Tensor) -> torch.Tensor:
     """ALL_EXPERTS_FUNCTIONS["pykern"]: the experts of one layer on pykern's grouped GEMMs."""
@@ -79,6 +83,11 @@ def _experts_forward(self: nn.Module, hidden_states: torch.Tensor, top_k_index: 
         and top_k_weights.is_floating_point()
     )
     if not covered:
+        name = type(self).__name__
+        if name not in _FELL_BACK:  # said once a class: the patch is not in effect there
+            _FELL_BACK.add(name)
+            log.info("%s: a layout, dtype or activation pykern's experts do not cover; transformers' grouped_mm "
+                     "runs its experts", name)
         return ALL_EXPERTS_FUNCTIONS["grouped_mm"](self, hidden_states, top_k_index, top_k_weights)
     return _moe.moe_experts(hidden_states, self.gate_up_proj, self.down_proj, top_k_index, top_k_weights, act)
 
