@@ -7,6 +7,8 @@
     python tools/measure_gpu.py decode              # paged decode GB/s (bf16 and e4m3 KV, GQA 1/4/8) beside
                                                     # torch SDPA on a contiguous cache; correctness and
                                                     # run-to-run identity of the one-launch split merge
+    python tools/measure_gpu.py sampling            # the sampling ops on a 128256 vocabulary beside torch's
+                                                    # sort + filter + multinomial
     python tools/measure_gpu.py model               # a Llama-shaped training step and greedy decode, patched
                                                     # with pykern.torch.apply and not
     python tools/measure_gpu.py all --quick --json OUT.json
@@ -15,8 +17,9 @@
 Timing: CUDA events around each call, the median of 5 to 20 calls after 3 warm-up calls. Before every
 timed call torch.cuda._sleep keeps the GPU busy while the host enqueues the start event, the call and
 the end event, so the events time GPU work alone; the host time of a call is measured on its own
-(host_overhead: calls enqueued behind a long GPU sleep). Before every timed decode call a buffer of
-twice the L2 is zeroed (outside the events), so KV that would fit the L2 is still read from HBM.
+(host_overhead: calls enqueued behind a long GPU sleep). Before every timed decode and sampling call a
+buffer of twice the L2 is read (summed, outside the events: pykern.bench's flush), so data that would fit
+the L2 is still read from HBM, and no dirty line is left for the timed call to write back.
 Attention shapes follow FlashAttention-2's benchmark: 16k tokens a batch (batch = 16384 / seq),
 hidden 2048 (heads = 2048 / head_dim); FLOPs as FA2 counts them (forward 4 * seq^2 * d * heads *
 batch, halved when causal; backward 2.5x that). Each output is compared with SDPA's flash backend
@@ -269,6 +272,50 @@ def decode(args: argparse.Namespace) -> None:
                     torch.cuda.empty_cache()
 
 
+# --------------------------------------------------------------------------- sampling
+
+def sampling(args: argparse.Namespace) -> None:
+    """The sampling ops on Llama-3's vocabulary (128256, fp32 probabilities), GB/s of one read of the rows, beside
+    torch's sort-based top-k / top-p filter + multinomial (the usual eager path: it sorts every row)."""
+    from pykern import ops
+
+    flush = l2_flusher()
+    vocab = 128256
+    reps = 10 if args.quick else 20
+    for batch in ((1, 64) if args.quick else (1, 64, 256)):
+        probs = torch.softmax(torch.randn(batch, vocab, device="cuda") * 3, dim=-1)
+        row_bytes = batch * vocab * 4
+
+        def torch_top_k_top_p(k: int = 50, p: float = 0.9) -> torch.Tensor:
+            sp, si = torch.sort(probs, dim=-1, descending=True)
+            cum = sp.cumsum(-1)
+            sp = sp.masked_fill((cum - sp > p) | (torch.arange(vocab, device="cuda") >= k), 0.0)
+            return si.gather(-1, torch.multinomial(sp, 1)).squeeze(-1)
+
+        cases = {
+            "sampling_from_probs": lambda: ops.sampling_from_probs(probs, seed=1),
+            "top_k_sampling_from_probs k50": lambda: ops.top_k_sampling_from_probs(probs, 50, seed=1),
+            "top_p_sampling_from_probs p0.9": lambda: ops.top_p_sampling_from_probs(probs, 0.9, seed=1),
+            "top_k_top_p_sampling_from_probs k50 p0.9": lambda: ops.top_k_top_p_sampling_from_probs(probs, 50, 0.9,
+                                                                                                     seed=1),
+            "top_k_renorm_probs k50": lambda: ops.top_k_renorm_probs(probs, 50),
+            "top_p_renorm_probs p0.9": lambda: ops.top_p_renorm_probs(probs, 0.9),
+            "torch sort + top-k/top-p + multinomial": torch_top_k_top_p,
+        }
+        for name, fn in cases.items():
+            row: dict[str, Any] = {"what": "sampling", "op": name, "batch": batch, "vocab": vocab}
+            try:
+                t = timed(fn, reps, flush)
+                row["us"], row["GBps_one_read"] = t * 1e6, row_bytes / t / 1e9
+                if not name.startswith("torch"):
+                    row["host_us"] = host_overhead(fn) * 1e6
+            except Exception as e:  # noqa: BLE001
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(row)
+        del probs
+        torch.cuda.empty_cache()
+
+
 # --------------------------------------------------------------------------- a Llama-shaped model
 
 def model_step(args: argparse.Namespace) -> None:
@@ -377,7 +424,8 @@ def summary(files: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("ceilings", "attention", "decode", "model", "all", "profile-target", "summary"))
+    ap.add_argument("what", choices=("ceilings", "attention", "decode", "sampling", "model", "all", "profile-target",
+                                     "summary"))
     ap.add_argument("files", nargs="*", help="summary: measure JSON files")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
     ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
@@ -392,8 +440,8 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
-    steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode],
-             "model": [model_step], "all": [ceilings, attention, decode, model_step],
+    steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode], "sampling": [sampling],
+             "model": [model_step], "all": [ceilings, attention, decode, sampling, model_step],
              "profile-target": [profile_target]}[args.what]
     try:
         for step in steps:
