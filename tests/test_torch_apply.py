@@ -117,6 +117,35 @@ def test_patched_model_greedy_generate_same_tokens(name, spy):
     assert (6, 6) in shapes and (1, 7) in shapes and (1, 10) in shapes, shapes
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_decode_steps_run_the_tensor_core_decode_kernel(dtype, spy):
+    """A one-token step of a 16-bit model whose heads the tensor-core decode kernel takes (head_dim 64, 2 query
+    heads a kv head) runs pykern.ops.batched_decode_attention on the cache in place (no flash attention, no
+    copy); the prefill stays on flash attention. Tokens and the decode step's logits match the unpatched model."""
+    calls, shapes = spy
+    ref = tiny("Llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1).to(dtype)
+    model = pt.apply(copy.deepcopy(ref))
+    ids, _ = batch()
+    prompt = ids[:2, :6]
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False)
+    want = ref.generate(prompt, **kw)
+    got = model.generate(prompt, **kw)
+    assert got.tolist() == want.tolist()
+    assert calls["batched_decode_attention"] == 2 * 3  # 2 layers x 3 decode steps (the 4th token needs none)
+    assert shapes == [(6, 6)] * 2  # flash attention ran the prefill only
+    with torch.no_grad():  # a decode step's logits, beside the unpatched model's
+        pre = ref(input_ids=prompt, use_cache=True)
+        pre_p = model(input_ids=prompt, use_cache=True)
+        nxt = want[:, 6:7]
+        o_ref = ref(input_ids=nxt, past_key_values=pre.past_key_values, use_cache=True).logits
+        o = model(input_ids=nxt, past_key_values=pre_p.past_key_values, use_cache=True).logits
+    assert_close(o, o_ref, "decode-step logits", "bf16" if dtype == torch.bfloat16 else "f16")
+    # with gradients wanted the step stays on flash attention (the decode kernel has no backward)
+    n = calls["batched_decode_attention"]
+    model(input_ids=nxt, past_key_values=pre_p.past_key_values, use_cache=True).logits.sum().backward()
+    assert calls["batched_decode_attention"] == n
+
+
 @pytest.mark.parametrize("name", ["Llama", "Qwen3"])
 def test_bf16_patched_model_matches_unpatched(name, spy):
     calls, _ = spy

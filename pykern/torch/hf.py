@@ -17,7 +17,9 @@ that mask cut to the layer's causal sliding window (Mistral's sliding_window,
 Qwen2/3 window layers, Gemma 2/3 local layers: window_size=(W - 1, 0) on the
 kernel, with the attention softcap where the model has one), over the whole
 cache (prefill, chunked prefill and KV-cached decode with a dynamic cache, whose
-sliding layers keep the last W - 1 tokens, no padding); any other mask (padding,
+sliding layers keep the last W - 1 tokens, no padding; one-token inference steps whose
+heads the tensor-core decode kernel takes run pykern.ops.batched_decode_attention on
+the cache in place); any other mask (padding,
 static-cache slots, packed sequences) is materialised and handed to
 transformers' SDPA implementation (the eager formula when the layer has an
 attention softcap, which SDPA lacks), never approximated.
@@ -150,10 +152,44 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
             raise RuntimeError("pykern attention: a bottom-right causal fallback needs a mask; got None")
         return _fallback(module, query, key, value, attention_mask, dropout, scaling, window, softcap, is_causal,
                          kwargs)
+    if query.shape[2] == 1 and _decode_ok(query, key, value, softcap):
+        return _decode(query, key, value, scaling, window), None
     out = F.flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                             causal=True, scale=scaling, window_size=(-1 if window is None else int(window) - 1, 0),
                             softcap=softcap)
     return out, None
+
+
+def _decode_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: Any) -> bool:
+    """Whether a one-token step goes to the tensor-core decode kernel: no gradient wanted (it has no
+    backward), not under torch.compile (it is not a custom op) or autocast, 16-bit q, K and V of one dtype and
+    head_dim, a shape the kernel takes (pykern.ops.serving.tc_decode_eligible), and 16-byte aligned rows."""
+    from ..ops.serving import tc_decode_eligible
+
+    if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
+        return False
+    if torch.compiler.is_compiling() or _amp.autocast_dtype(query) is not None:
+        return False
+    kinds = {torch.bfloat16: "bf16", torch.float16: "f16"}
+    q_kind = kinds.get(query.dtype)
+    d = query.shape[-1]
+    if q_kind is None or key.dtype != query.dtype or value.dtype != query.dtype or key.shape[-1] != d \
+            or value.shape != key.shape or query.shape[1] % key.shape[1] or key.stride(-1) != 1 \
+            or value.stride(-1) != 1:
+        return False
+    return tc_decode_eligible(q_kind, q_kind, query.shape[1] // key.shape[1], d, float(softcap or 0.0))
+
+
+def _decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Optional[float],
+            window: Optional[int]) -> torch.Tensor:
+    """One query token a sequence over the whole cache (bottom-right causal is every key; a sliding window W
+    keeps the last W): pykern.ops.batched_decode_attention on the (b, kv_heads, n_k, d) cache read in place
+    (HND), not flash attention on transposed, copied caches. Returns (b, 1, heads, d)."""
+    b, n_k = query.shape[0], key.shape[2]
+    lens = torch.full((b,), n_k, dtype=torch.int32, device=query.device)
+    out = F.call("batched_decode_attention", query[:, :, 0, :], key, value, lens, kv_layout="HND", scale=scaling,
+                 window_left=-1 if window is None else int(window) - 1)
+    return out.unsqueeze(1)
 
 
 def _fallback(module, query, key, value, mask, dropout, scaling, window, softcap, is_causal, kwargs):
