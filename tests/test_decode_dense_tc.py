@@ -397,3 +397,41 @@ def test_schedules_agree_bitwise_on_views(monkeypatch) -> None:
     np.testing.assert_array_equal(outs[0], outs[1])
     np.testing.assert_array_equal(outs[0], outs[2])
     _close(outs[0], _ref(q, k, v, lens), "batched_decode_attention", "f16")
+
+
+def test_repeated_calls_reuse_one_plan_and_never_alias_the_output(monkeypatch) -> None:
+    # A decode loop calls with one geometry every step: the plan (split partials, tickets, page table) is made
+    # once per geometry, device and stream, and every call still returns an array of its own.
+    _need("host")
+    from pykern.ops import decode as dec
+    from pykern.ops import serving
+
+    made = []
+    real = serving.PagedDecodePlan.__init__
+
+    def count(self, *a, **k):
+        made.append(a[:5])
+        real(self, *a, **k)
+
+    monkeypatch.setattr(serving.PagedDecodePlan, "__init__", count)
+    monkeypatch.setattr(dec, "_TC_PLANS", type(dec._TC_PLANS)())
+    kvh, s, group, d = 2, 300, 4, 64  # 300 positions: the plan splits a sequence (one launch, tickets)
+    rng = np.random.default_rng(5)
+    outs = []
+    for lens in ([300, 7], [120, 299], [300, 7]):
+        q, k, v = make_inputs(rng, 2, group * kvh, kvh, d, s, lens, "bf16", "bf16")
+        out = batched_decode_attention(q, k, v, np.array(lens), backend="host")
+        _close(out, _ref(q, k, v, lens), "batched_decode_attention", "bf16")
+        outs.append((out, _ref(q, k, v, lens)))
+    assert len(made) == 1 and len({id(o) for o, _ in outs}) == 3
+    for out, ref in outs:  # later calls did not write into an earlier call's result
+        _close(out, ref, "batched_decode_attention", "bf16")
+    plan = next(iter(dec._TC_PLANS.values()))[0]
+    assert plan.num_splits > 1 and not np.asarray(plan.counters).any()  # the tickets are back at zero
+    # another geometry (a new max_seq_len) gets a plan of its own; at most _TC_PLANS_MAX are kept
+    q, k, v = make_inputs(rng, 2, group * kvh, kvh, d, 64, [64, 3], "bf16", "bf16")
+    batched_decode_attention(q, k, v, np.array([64, 3]), backend="host")
+    assert len(made) == 2 and len(dec._TC_PLANS) == 2
+    monkeypatch.setattr(dec, "_TC_PLANS_MAX", 1)
+    decode_attention(q[0], k[0], v[0], 3, backend="host")
+    assert len(dec._TC_PLANS) == 1

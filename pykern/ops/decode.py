@@ -48,6 +48,7 @@ seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
 from __future__ import annotations
 
 import math
+from collections import OrderedDict
 from typing import Any
 
 import numpy as np
@@ -347,21 +348,51 @@ def _tc_candidate(method: str, tensor_cores: Any, q_kind: str, kv_kind: str, gro
             and tc_decode_eligible(q_kind, kv_kind, group, head_dim, cap))
 
 
+# The tensor-core dense decode's plans (split partials, tickets, the page table 0..M), kept per geometry, device
+# and stream: a decode loop calls with the same shapes every step (every layer of a patched model), and making
+# a plan allocates six buffers and zero-fills two. Sharing one in stream order is safe: each launch leaves its
+# tickets at zero, and the output is never the plan's (a new array each call, or the caller's out=).
+_TC_PLANS: OrderedDict = OrderedDict()
+_TC_PLANS_MAX = 32
+
+
+def _device_key(a: Any) -> tuple:
+    if arrays.is_torch(a):
+        return ("torch", a.device.type, a.device.index)
+    mod = type(a).__module__.split(".")[0]
+    return (mod, int(a.device.id)) if mod == "cupy" else (mod,)
+
+
+def _tc_plan(key: tuple, make: Any) -> tuple:
+    entry = _TC_PLANS.get(key)
+    if entry is None:
+        entry = _TC_PLANS[key] = make()
+        while len(_TC_PLANS) > _TC_PLANS_MAX:
+            _TC_PLANS.popitem(last=False)
+    else:
+        _TC_PLANS.move_to_end(key)
+    return entry
+
+
 def _run_tc(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], lens: Any, batch: int, num_heads: int,
             num_kv_heads: int, head_dim: int, max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any,
             kv_layout: str, window_left: int, out: Any, stream: Any, backend: str | None) -> Any:
     """Dense caches as a paged cache of one page a sequence, on the tensor-core decode kernel: page_size =
     max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths (int32; 0 gives
     zeros), the page stride = the sequence stride. The split count is PagedDecodePlan's for max_kv_len =
-    max_seq_len (shapes only, so int and array lengths launch the same grid and agree bit for bit)."""
+    max_seq_len (shapes only, so int and array lengths launch the same grid and agree bit for bit). The plan
+    comes from _TC_PLANS."""
+    from .. import devices
     from .serving import PagedDecodePlan
 
     sc = _check_scale(scale, head_dim)
-    plan = PagedDecodePlan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, kv_layout=kv_layout,
-                           q_dtype=q_kind, kv_dtype=kv_kind, max_kv_len=max_seq_len, window_left=window_left,
-                           like=q)
-    res = plan.out if out is None else out
-    indptr = _iota(batch + 1, q)
+    key = (batch, num_heads, num_kv_heads, head_dim, max_seq_len, kv_layout, q_kind, kv_kind, window_left,
+           backend, _device_key(q), devices.stream_handle(arrays.launch_stream(stream, q)))
+    plan, indptr = _tc_plan(key, lambda: (
+        PagedDecodePlan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, kv_layout=kv_layout, q_dtype=q_kind,
+                        kv_dtype=kv_kind, max_kv_len=max_seq_len, window_left=window_left, like=q),
+        _iota(batch + 1, q)))
+    res = arrays.empty((batch, num_heads, head_dim), q_kind, like=q) if out is None else out
     plan._launch(q, kf, vf, strides, indptr, indptr[:batch], lens, _flat(res), sc, 1.0, 1.0, False, stream,
                  backend)
     return res
