@@ -163,7 +163,8 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
 def _decode_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: Any) -> bool:
     """Whether a one-token step goes to the tensor-core decode kernel: no gradient wanted (it has no
     backward), not under torch.compile (it is not a custom op) or autocast, 16-bit q, K and V of one dtype and
-    head_dim, a shape the kernel takes (pykern.ops.serving.tc_decode_eligible), and 16-byte aligned rows."""
+    head_dim with unit-stride rows, and a shape the kernel takes (pykern.ops.serving.tc_decode_eligible); a
+    cache the kernel cannot address (unaligned) runs the op's tile kernels, still in place."""
     from ..ops.serving import tc_decode_eligible
 
     if torch.is_grad_enabled() and (query.requires_grad or key.requires_grad or value.requires_grad):
