@@ -35,6 +35,9 @@ def test_rate_is_the_measured_tail_of_batch_64() -> None:
             rates.append(cta / (r["pykern_us"] * 1e-6 - SLOTS * cta / waves.HBM_BPS))
     assert min(rates) > 18.5e9 and max(rates) < 20.5e9, rates
     assert waves.CTA_STREAM_BPS == pytest.approx(sum(rates) / len(rates), rel=0.02)
+    from pykern.ops.serving import dtc_inflight_bytes
+
+    assert waves.CTA_STREAM_INFLIGHT == dtc_inflight_bytes(128, 2)  # the ring of the kernel it was measured on
     assert waves.HBM_SATURATING_CTAS == pytest.approx(219.5, abs=1)
 
 

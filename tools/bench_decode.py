@@ -343,7 +343,7 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
                     head_dim: int = 128, page_size: int = 16) -> dict[str, Any]:
     """Modelled H100 time of one paged decode step on the tensor-core kernel (bf16 q; bf16 or e4m3 K/V, the
     costs of that kernel) and its binding term (HBM, issue, latency, tensor, smem, launch)."""
-    from pykern.ops.serving import dtc_smem_bytes, dtc_stages
+    from pykern.ops.serving import dtc_inflight_bytes, dtc_smem_bytes, dtc_stages
 
     heads = kv_heads * group
     plan = PagedDecodePlan(batch, heads, kv_heads, head_dim, page_size, max_kv_len=length, q_dtype="bf16",
@@ -393,7 +393,7 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     t_cvt_lo = cvt_warp * costs["cvt_f2fp"]
     # Latency: the grid in waves, each CTA streaming at most at the rate its ring's bytes in flight give, the rate
     # measured on this kernel (pykern/ops/_decode_waves.py, the model the plan's split count comes from).
-    inflight = min(tiles, stages - 1) * TC_BC * 2 * head_dim * eb
+    inflight = dtc_inflight_bytes(head_dim, eb, tiles)
     have = resident * inflight
     t_lat = _waves.grid_stream_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW)
     t_lat = t_hbm if t_lat <= t_hbm * (1 + 1e-9) else t_lat  # every wave saturates: HBM binds (no rounding tie)

@@ -107,6 +107,13 @@ def dtc_smem_bytes(d: int, kv_bytes: int = 2) -> int:
     return ring + (4 if kv_bytes == 1 else 1) * 16 * (d + 8) * 2
 
 
+def dtc_inflight_bytes(d: int, kv_bytes: int = 2, tiles: int | None = None) -> int:
+    """HBM bytes a tensor-core decode CTA keeps in flight: its ring's STAGES - 1 tiles of 64 keys of K and V
+    (fewer when the CTA has fewer tiles). pykern/ops/_decode_waves.py turns it into a streaming rate."""
+    n = dtc_stages(d, kv_bytes) - 1
+    return (n if tiles is None else min(tiles, n)) * 2 * DTC_BC * d * kv_bytes
+
+
 def tc_decode_eligible(q_kind: str, kv_kind: str, group: int, head_dim: int, softcap: float) -> bool:
     """Whether the tensor-core decode kernel covers this shape (alignment and the backend are checked at run)."""
     return (q_kind in _TC_SUFFIX and kv_kind in (q_kind, *_FP8)
@@ -609,9 +616,8 @@ class PagedDecodePlan:
                     # speed (_decode_waves; e.g. 512 CTAs on 396 slots leave a tail of 116).
                     eb = _KV_BYTES[self.kv_kind]
                     kv = 2 * (span or 32768) * self.head_dim * eb
-                    inflight = (dtc_stages(self.head_dim, eb) - 1) * 2 * DTC_BC * self.head_dim * eb
                     s = _wave_splits(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), cap,
-                                      inflight)
+                                      dtc_inflight_bytes(self.head_dim, eb))
             num_splits = min(s, cap)
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:

@@ -34,6 +34,7 @@ from typing import Any, Optional
 import torch
 from torch import nn
 
+from .. import arrays
 from ..errors import ArgumentTypeError
 from . import _amp, functional as F, hf_moe
 from .modules import RMSNorm, SwiGLUMLP
@@ -171,14 +172,12 @@ def _decode_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, soft
         return False
     if torch.compiler.is_compiling() or _amp.autocast_dtype(query) is not None:
         return False
-    kinds = {torch.bfloat16: "bf16", torch.float16: "f16"}
-    q_kind = kinds.get(query.dtype)
     d = query.shape[-1]
-    if q_kind is None or key.dtype != query.dtype or value.dtype != query.dtype or key.shape[-1] != d \
-            or value.shape != key.shape or query.shape[1] % key.shape[1] or key.stride(-1) != 1 \
-            or value.stride(-1) != 1:
+    if key.dtype != query.dtype or value.dtype != query.dtype or key.shape[-1] != d or value.shape != key.shape \
+            or query.shape[1] % key.shape[1] or key.stride(-1) != 1 or value.stride(-1) != 1:
         return False
-    return tc_decode_eligible(q_kind, q_kind, query.shape[1] // key.shape[1], d, float(softcap or 0.0))
+    kind = arrays.io_kind("query", query, arrays.IO_KINDS)  # f32 q: not eligible below
+    return tc_decode_eligible(kind, kind, query.shape[1] // key.shape[1], d, float(softcap or 0.0))
 
 
 def _decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Optional[float],
