@@ -1,4 +1,4 @@
-// Softmax attention backward (issues 5, 10): P = softmax(scale * Q K^T) per
+// Softmax attention backward: P = softmax(scale * Q K^T) per
 // (batch, head), optionally causal.
 //
 // Layouts (row-major, contiguous): q, out, grad_out, dq: [batch][n_q][n_heads][head_dim];

@@ -1,4 +1,4 @@
-// FlashAttention forward (issue 6): O = softmax(scale * Q K^T [+ causal mask]) V
+// FlashAttention forward: O = softmax(scale * Q K^T [+ causal mask]) V
 // without materialising the score matrix, plus the per-row log-sum-exp that
 // attention_backward consumes.
 //

@@ -1,4 +1,4 @@
-// Serving attention (issue 13): paged KV cache (FlashInfer conventions), KV append,
+// Serving attention: paged KV cache (FlashInfer conventions), KV append,
 // paged decode/prefill, varlen (flash-attn) prefill, split-KV merge.
 //
 // Paged cache, kv_layout 0 = "NHD": pages [num_pages, page_size, num_kv_heads, head_dim];

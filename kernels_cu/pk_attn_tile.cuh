@@ -1,4 +1,4 @@
-// Shared tile attention core of kernels_cu/paged.cu (issues 7 and 13: decode and serving attention).
+// Shared tile attention core of kernels_cu/paged.cu (decode and serving attention).
 // See paged.cu for the conventions. One CTA (blockDim.x threads, a multiple of 32) handles
 // (sequence, kv head, chunk of packed query rows, split); the caller picks rows so that
 // rows * head_dim <= PA_MAX_ACC * blockDim.x.

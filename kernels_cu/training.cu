@@ -1,4 +1,4 @@
-// Training kernels (issue 5): transpose, softmax / RMSNorm / embedding backward,
+// Training kernels: transpose, softmax / RMSNorm / embedding backward,
 // fused cross-entropy forward+backward, and two small helpers the ops need.
 // Attention backward lives in attention_backward.cu.
 //

@@ -1,4 +1,4 @@
-"""Backward pieces of a LLaMA training step (issue 10): silu_gate_backward, rope(inverse=True)
+"""Backward pieces of a LLaMA training step: silu_gate_backward, rope(inverse=True)
 with HF tables and position_ids, attention_backward with scale / causal=False / n_q != n_k.
 
 Checked against float64 NumPy models (finite differences, explicit matrices), torch float64

@@ -1,4 +1,4 @@
-"""Decode attention (issue 7): NumPy reference, argument checks, launch plans, and the
+"""Decode attention: NumPy reference, argument checks, launch plans, and the
 .cu kernels on the host backend (all methods, both schedules, int vs indirect seq_len),
 against the numba references where that backend is available."""
 from __future__ import annotations
@@ -109,7 +109,7 @@ def test_bf16_query_with_f32_cache_rejected() -> None:
 
 def test_seq_len_array_checks() -> None:
     q, k, v = _small()
-    # any integer dtype is taken (issue 10 item 7); a float one is not
+    # any integer dtype is taken, as torch and FlashInfer index with int64; a float one is not
     with pytest.raises(ArgumentTypeError, match="seq_len: expected an integer array, got dtype float32"):
         decode_attention(q, k, v, np.array([3], np.float32), backend="host")
     with pytest.raises(ArgumentError, match=r"seq_len: expected shape \(1,\)"):

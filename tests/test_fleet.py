@@ -1,4 +1,4 @@
-"""Fleet-safe precompile and cache (issue 16): interrupts, honest exit codes, one compile per key across
+"""Fleet-safe precompile and cache: interrupts, honest exit codes, one compile per key across
 processes, PTX fallback, cache CLI over host builds, registry isolation, no silent CPU fallback, CLIs
 without the optional extras."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Forward / prefill kernels (issue 6): NumPy references, argument checks, the barrier-heavy
+"""Forward / prefill kernels: NumPy references, argument checks, the barrier-heavy
 kernels' cases under a random host schedule (every case runs on the host under two schedules
 and on the numba references in tests/test_difftest.py), the scalar (unaligned) paths, and
 flash_attention's lse feeding attention_backward."""

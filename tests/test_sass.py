@@ -1,4 +1,4 @@
-"""SASS of the memory-bound kernels (issue 14), read from the sm_80 and sm_90 cubins with cuobjdump: no GPU needed.
+"""SASS of the memory-bound kernels, read from the sm_80 and sm_90 cubins with cuobjdump: no GPU needed.
 
 - every bf16 kernel of forward.cu / training.cu / training_ext.cu that narrows fp32 -> bf16 does it in
   hardware (F2FP, from cvt.rn.bf16x2.f32), not in ~7 integer instructions per element;

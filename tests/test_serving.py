@@ -1,4 +1,4 @@
-"""Serving attention (issue 13): paged KV cache with FlashInfer's conventions, KV append,
+"""Serving attention: paged KV cache with FlashInfer's conventions, KV append,
 paged decode (plan/run, split-KV + merge), paged prefill and flash-attn varlen, all on the
 host backend against float64 NumPy, with shuffled non-contiguous page tables and NaN in
 every cache slot no sequence owns."""

@@ -1,4 +1,4 @@
-"""Training kernels (issue 5): NumPy references, flash vs naive attention backward under
+"""Training kernels: NumPy references, flash vs naive attention backward under
 both host schedules, run-to-run determinism, unaligned (scalar) paths, argument checks
 before launch, NVRTC resources (0 spills), and flash_attention's lse feeding
 attention_backward. Every case of the family runs on the host under two schedules and on

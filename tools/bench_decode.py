@@ -1,4 +1,4 @@
-"""Decode-attention report and benchmark (issues 7 and 13): contiguous and paged decode steps.
+"""Decode-attention report and benchmark: contiguous and paged decode steps.
 
     python tools/bench_decode.py                        # model: every method x LLaMA-8B/70B x batch x length
     python tools/bench_decode.py --resources            # also ptxas registers/spills of the kernels per arch

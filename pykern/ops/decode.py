@@ -1,4 +1,4 @@
-"""Decode attention over a KV cache: one new query token per sequence (issues 7 and 13).
+"""Decode attention over a KV cache: one new query token per sequence.
 
 Kernels: `dense_attn*` and `paged_attn_merge*` in `kernels_cu/paged.cu` (the tile core of
 `kernels_cu/pk_attn_tile.cuh`, shared with the paged serving ops). Every method reads the sequence length from a

@@ -1,4 +1,4 @@
-"""Serving attention (issue 13): paged KV cache with FlashInfer's conventions, KV append,
+"""Serving attention: paged KV cache with FlashInfer's conventions, KV append,
 paged decode (plan/run), paged prefill (chunked prefill / append) and flash-attn varlen prefill.
 
 Kernels in `kernels_cu/paged.cu`. Conventions (see the README's "Serving" section):

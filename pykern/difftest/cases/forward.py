@@ -1,6 +1,6 @@
 """Difftest cases for the forward / prefill kernels (forward.cu, flash_attention.cu) and their NumPy float64 references.
 
-Shape lists follow issue 6 value by value rather than as cross products:
+Shape lists name the edge values one by one rather than as cross products:
 flash_attention sweeps (n_q, n_k) at one head config, head_dim at one length,
 GQA ratios at a short length, each causal and not; rms_norm covers dims 1, 8,
 769, 5125, 65536. Cases that would take the numba simulator minutes (n = 300,

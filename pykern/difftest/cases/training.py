@@ -1,7 +1,7 @@
 """Difftest cases for the training family (kernels_cu/training.cu, attention_backward.cu)
 plus the NumPy float64 references of its ops.
 
-Shapes cover the edges of DESIGN.md and issue 5: sizes that are not multiples
+Shapes cover the edges DESIGN.md names: sizes that are not multiples
 of a block or of 4 (scalar paths) next to multiples of 4 (vector paths), one
 row, vocab 1 .. 131072 with some / no / all rows padded, attention seq 1 .. 200
 (2049 for flash), head_dim 32/64/80/96/128/256, GQA 1/2/4/8 and n_kv_heads = 1,
@@ -343,7 +343,7 @@ def _ce_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     specs += [("f32", 256, 5, "some", 0, "", {}), ("f32", 64, 5, "some", 3, "", {}),
               ("bf16", 255, 6, "some", -100, "", {}), ("bf16", 1000, 3, "none", -100, "", {}),
               ("bf16", 32000, 2, "some", -100, "big", {})]
-    # options (issue 15): label smoothing, z-loss, soft-capping, reductions, alone and together
+    # options: label smoothing, z-loss, soft-capping, reductions, alone and together
     opts = [{"label_smoothing": 0.1}, {"z_loss": 1e-3}, {"softcap": 5.0}, {"reduction": "sum"},
             {"reduction": "none"},
             {"label_smoothing": 0.2, "z_loss": 1e-2, "softcap": 3.0, "reduction": "mean"}]
@@ -439,7 +439,7 @@ def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Cas
         ("f32", None, 2049, 2049, 1, 1, 32, True, None, ("flash",), "big"),
         ("bf16", None, 33, 33, 2, 1, 64, True, None, ("naive", "flash"), ""),
         ("bf16", 2, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
-        # issue 10: causal=False, n_q != n_k (bottom-right causal mask), non-default scale
+        # the general attention forms: causal=False, n_q != n_k (bottom-right causal mask), non-default scale
         ("f32", None, 1, 1, 2, 1, 32, False, None, ("naive", "flash"), ""),
         ("f32", None, 1, 9, 2, 2, 64, True, None, ("naive", "flash"), ""),
         ("f32", None, 5, 17, 2, 1, 64, True, None, ("naive", "flash"), ""),

@@ -1,4 +1,4 @@
-"""Difftest cases for kernels_cu/training_ext.cu (issue 15) plus the float64 NumPy references of its
+"""Difftest cases for kernels_cu/training_ext.cu plus the float64 NumPy references of its
 ops: add_rms_norm (+ backward), layer_norm (+ backward, with / without weight and bias), GELU,
 GeGLU (+ backwards), both approximations. Edge shapes: one row, dim 1, dims not a multiple of a
 warp, rows enough for several weight-gradient chunks."""
