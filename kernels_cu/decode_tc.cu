@@ -41,12 +41,17 @@
 #define DTC_KW 16
 
 // K/V element: the 16-bit T itself, or an FP8 tag (PkE4M3 / PkE5M2 of pk_attn_tile.cuh). FP8 pages stream
-// into the ring as bytes (half the bytes of bf16, so twice the keys a byte in flight) and each warp widens
-// its own 16 keys of the tile to f16 in registers (hardware cvt.rn.f16x2.<fp8>x2 on sm_89+; exact: every
-// e4m3 / e5m2 value is an f16 value) into a per-warp 16-bit tile that ldmatrix reads as in the 16-bit case:
-// its K rows before Q K^T, then its V rows into the same tile before P V (one tile a warp, not a K and a V
-// tile: the shared memory that lets 3 CTAs share an SM at d128); only __syncwarp orders it (no other warp
-// touches those rows).
+// into the ring as bytes (half the bytes of bf16, so twice the keys a byte in flight) and are widened to f16
+// in registers (hardware cvt.rn.f16x2.<fp8>x2 on sm_89+; exact: every e4m3 / e5m2 value is an f16 value):
+//   K straight from the ring: a non-transposed ldmatrix of FP8 rows hands a lane 4 consecutive bytes of a
+//     key, d = 4 t4 .. 4 t4 + 3 of a 16-byte k-step, which widen to the B fragment's two pairs; Q's A
+//     fragment is read in the same order (k 2 t4, 2 t4 + 1 -> d 4 t4, 4 t4 + 1; k 2 t4 + 8, 2 t4 + 9 ->
+//     d 4 t4 + 2, 4 t4 + 3). Q K^T sums over d, so the order is free, and K's bytes never leave the ring.
+//   V through a per-warp 16-bit tile: P V needs V transposed (pairs of keys a lane), which ldmatrix.trans
+//     gives 16-bit elements only, so each warp widens its own 16 V rows into its tile, which ldmatrix.trans
+//     reads as in the 16-bit case; only __syncwarp orders it (no other warp touches those rows).
+// Shared memory traffic a 64-key tile at d128: 16 KB copied in, 8 KB of K read, 8 KB of V read, 16 KB of V
+// written and read back: 64 KB (a K tile widened too was 96 KB).
 template <typename TKV> struct DtcFp8 { enum { ON = 0, EB = 0 }; };
 template <> struct DtcFp8<PkE4M3> { enum { ON = 1, EB = 4 }; };
 template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
@@ -72,7 +77,7 @@ template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 3 }; };
 // 8 row addresses of an ldmatrix phase in distinct banks).
 #define DTC_RB(D, EB) ((D) * (EB) + 16)
 // Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), then Q (16 x (D + 8) halves) or, FP8,
-// the per-warp 16-bit tiles (4 x 16 x (D + 8) halves), which Q shares: Q is read into registers before the
+// the per-warp 16-bit V tiles (4 x 16 x (D + 8) halves), which Q shares: Q is read into registers before the
 // tile loop, whose first barrier comes before any warp widens into its tile. The end-of-CTA merge reuses the
 // ring (4 x 16 x D floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
 #define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
@@ -155,7 +160,7 @@ template <> struct DtcWiden<__nv_bfloat16, 5> {
     }
 };
 
-// FP8 -> f16 (DtcPv) for one warp: its 16 K or V rows of a ring slot (RB bytes a row) into its tile (16 rows of
+// FP8 -> f16 (DtcPv) for one warp: its 16 V rows of a ring slot (RB bytes a row) into its tile (16 rows of
 // D + 8 halves). A lane widens 16 elements a step: one 16-byte read, eight pair conversions, two 16-byte writes.
 template <int D, typename TKV>
 __device__ __forceinline__ void dtc_widen(const unsigned char* src, unsigned short* tk) {
@@ -173,7 +178,7 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* src, unsigned sho
         const uint4 x = *reinterpret_cast<const uint4*>(sq + rr * RB);
         const unsigned int w[4] = {x.x, x.y, x.z, x.w};
         unsigned int o[8];
-        // K and V rows alike: f16 (DtcPv), one cvt a pair
+        // f16 (DtcPv), one cvt a pair
 #pragma unroll
         for (int e = 0; e < 4; e++) DtcWiden<__half, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
         uint4* dst = reinterpret_cast<uint4*>(tq + rr * SD);
@@ -311,8 +316,17 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
     const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
     unsigned int qa[KS][4];
+    if constexpr (FP8) {  // in FP8 K's order (DtcFp8 above): a0 / a2 = d 4 t4 .. + 1 / + 2 .. + 3 of row g, a1 / a3 of g + 8
 #pragma unroll
-    for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4_s(qa[ks], pk_saddr_of(qs) + (unsigned int)((a_row * SD + a_col + ks * 16) * 2));
+        for (int ks = 0; ks < KS; ks++) {
+            const uint2 lo = *reinterpret_cast<const uint2*>(qs + g * SD + ks * 16 + 4 * t4);
+            const uint2 hi = *reinterpret_cast<const uint2*>(qs + (g + 8) * SD + ks * 16 + 4 * t4);
+            qa[ks][0] = lo.x, qa[ks][1] = hi.x, qa[ks][2] = lo.y, qa[ks][3] = hi.y;
+        }
+    } else {
+#pragma unroll
+        for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4_s(qa[ks], pk_saddr_of(qs) + (unsigned int)((a_row * SD + a_col + ks * 16) * 2));
+    }
     // FP8 K/V with bf16 q: Q K^T runs in f16 (K widens with one cvt a pair, no fp32 round trip). Q is rescaled
     // by 2^qe into f16's range once: qe puts the group's largest |q| in [2^14, 2^15) (every warp holds all of
     // Q, so each reduces the same maximum); q * 2^qe is exact in f16 for |q| >= max |q| * 2^-32 (f16's
@@ -347,10 +361,14 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     }
     // ldmatrix addresses of the tile loop as shared-window integers (pk_saddr): this lane's row / column
     // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
-    // access cost 64-bit address math). K at kt + (nt * 8 * SD + kp2 * 32) * 2, V at kt + vo + np * 32.
-    const unsigned int k_lane = (unsigned int)((kb_row * SD + kb_col) * 2);
-    const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2) + (FP8 ? 0 : DTC_BC * RB);
-    const pk_saddr kt0 = FP8 ? pk_saddr_of(tiles + warp * 16 * SD) : pk_saddr_of(dtc_smem + warp * DTC_KW * RB);
+    // access cost 64-bit address math). 16-bit K at kt + k_lane + (nt * 8 * SD + kp2 * 32) * 2; FP8 K at
+    // kt + k_lane + kp2 * 32 (matrix j = lane / 8: keys 8 (j & 1) .., bytes 16 (j >> 1) ..: both n-tiles of
+    // two k-steps); V at vt + v_lane + np * 32.
+    const unsigned int k_lane = FP8 ? (unsigned int)(((lane & 7) + 8 * ((lane >> 3) & 1)) * RB + 16 * (lane >> 4))
+                                    : (unsigned int)((kb_row * SD + kb_col) * 2);
+    const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2);
+    const pk_saddr kt0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB);  // this warp's 16 keys of ring slot 0
+    const pk_saddr vtile = pk_saddr_of(tiles + warp * 16 * SD);       // FP8: this warp's 16-bit V tile
 
     using TQK = typename DtcPv<T, FP8>::type;  // the Q K^T operands' type: f16 for FP8 K/V (above), else T
     float o[ON][4];
@@ -372,15 +390,14 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             }
             pk_cp_async_commit();
         }
-        const unsigned char* kslot = dtc_smem + stage * SLOT + warp * DTC_KW * RB;  // this warp's 16 keys
-        pk_saddr kt;  // this warp's K tile (then its V tile at + v_lane - k_lane)
-        if constexpr (FP8) {  // widen this warp's K rows into its own tile (the previous tile's V reads of it are
-                              // done: the barrier above)
-            dtc_widen<D, TKV>(kslot, tiles + warp * 16 * SD);
-            __syncwarp();
-            kt = kt0;
+        const pk_saddr kt = kt0 + (unsigned int)(stage * SLOT);  // this warp's K rows in the ring
+        pk_saddr vt;                                              // and the V rows P V reads
+        if constexpr (FP8) {  // widen this warp's V rows into its own tile now, for P V below (the previous
+                              // tile's V reads of it are done: the barrier above)
+            dtc_widen<D, TKV>(dtc_smem + stage * SLOT + DTC_BC * RB + warp * DTC_KW * RB, tiles + warp * 16 * SD);
+            vt = vtile;
         } else {
-            kt = kt0 + (unsigned int)(stage * SLOT);
+            vt = kt + (unsigned int)(DTC_BC * RB);
         }
         stage = stage + 1 == STAGES ? 0 : stage + 1;
 
@@ -389,12 +406,23 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
 #pragma unroll
         for (int kp2 = 0; kp2 < D / 32; kp2++) {
+            if constexpr (FP8) {
+                unsigned int kw[4];  // FP8 words of (n-tile j & 1, k-step 2 kp2 + (j >> 1)), 4 bytes of a key each
+                pk_ldmatrix_x4_s(kw, kt + k_lane + (unsigned int)(kp2 * 32));
 #pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
-                pk_ldmatrix_x4_s(kb, kt + k_lane + (unsigned int)((nt * 8 * SD + kp2 * 32) * 2));
-                pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2], kb, s[nt]);
-                pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
+                for (int j = 0; j < 4; j++) {
+                    unsigned int kb[2];
+                    DtcWiden<__half, DtcFp8<TKV>::EB>::x4(kw[j], kb[0], kb[1]);
+                    pk_mma_m16n8k16<TQK>(s[j & 1], qa[2 * kp2 + (j >> 1)], kb, s[j & 1]);
+                }
+            } else {
+#pragma unroll
+                for (int nt = 0; nt < 2; nt++) {
+                    unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
+                    pk_ldmatrix_x4_s(kb, kt + k_lane + (unsigned int)((nt * 8 * SD + kp2 * 32) * 2));
+                    pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2], kb, s[nt]);
+                    pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
+                }
             }
         }
         // Base 2, keys past the range masked, online softmax over this warp's 16 keys.
@@ -422,11 +450,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 #pragma unroll
             for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
         }
-        if constexpr (FP8) {  // this warp's V rows into its tile, over its K rows (every lane's K reads are done)
-            __syncwarp();
-            dtc_widen<D, TKV>(kslot + DTC_BC * RB, tiles + warp * 16 * SD);
-            __syncwarp();
-        }
+        if constexpr (FP8) __syncwarp();  // every lane's V widening (above) is in the tile
         // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
         using TP = typename DtcPv<T, FP8>::type;
         unsigned int pa[4];
@@ -437,7 +461,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 #pragma unroll
         for (int np = 0; np < D / 16; np++) {
             unsigned int vb[4];  // b of O n-tile 2 np in vb[0..1], of 2 np + 1 in vb[2..3]
-            pk_ldmatrix_x4_trans_s(vb, kt + v_lane + (unsigned int)(np * 32));
+            pk_ldmatrix_x4_trans_s(vb, vt + v_lane + (unsigned int)(np * 32));
             pk_mma_m16n8k16<TP>(o[2 * np], pa, vb, o[2 * np]);
             pk_mma_m16n8k16<TP>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
         }

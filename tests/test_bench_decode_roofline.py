@@ -153,6 +153,24 @@ def test_tc_fp8_conversion_term(costs) -> None:
     assert bd.CLOCK == 1.755e9 and bd.H100_BW == 3.35e12
 
 
+def test_tc_fp8_shared_memory_term(costs) -> None:
+    # FP8 K is read as bytes straight from the ring (ldmatrix of FP8 rows, widened in registers); only V goes
+    # through a 16-bit tile (P V needs it transposed): a 64-key d128 tile costs 16 KB copied in, 8 + 8 KB of K
+    # and V bytes read, 16 KB of V written and 16 KB read back, 64 KB (it was 96 KB with K widened through a
+    # tile, which on the H200's rates tied the HBM term at batch 256).
+    bd, _ = costs
+    c = bd.tc_sass_costs("decode_tc_paged_d128_e4m3kv_bf16")
+    assert c["mma"] == 32
+    try:
+        bd.set_gpu("h200")
+        r = bd.tc_roofline_row(256, 8, 32768, "e4m3", c)
+        waves = -(-r["ctas"] // (bd.H100_SMS * r["occ"]))
+        assert r["t_smem"] == pytest.approx(waves * r["occ"] * (32768 // 64) * 64 * 1024 / (128 * 1.98e9))
+        assert r["bind"] == "HBM" and r["t_smem"] < 0.7 * r["t_hbm"], r
+    finally:
+        bd.set_gpu("h100")
+
+
 def test_tc_one_tile_ctas_count_the_fills_they_run(costs) -> None:
     # The ring fills behind `if (t0 < end)` are read from the SASS as the ranges their branches skip: STAGES - 1
     # prologue fills before the tile loop, one refill inside it, each holding the fill's 16-byte copies. A CTA
