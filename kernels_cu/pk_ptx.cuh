@@ -122,16 +122,24 @@ __device__ __forceinline__ void pk_mma_m16n8k16_f16(float* d, const unsigned int
     for (int i = 0; i < 4; i++) d[i] = f.d[i];
 }
 
+// The lane's row is read here, by the lane (a checked build instruments these loads: racecheck orders them
+// against other threads' stores like any load); the runtime reports a misaligned row instead of reading it.
+__device__ __forceinline__ void pkrt_ldsm_row(pkrt_ldsm_frag& f, const void* smem_row) {
+    f.row = smem_row;
+    if ((reinterpret_cast<unsigned long long>(smem_row) & 15u) == 0)
+        for (int i = 0; i < 4; i++) f.bytes[i] = static_cast<const unsigned int*>(smem_row)[i];
+}
+
 __device__ __forceinline__ void pk_ldmatrix_x4(unsigned int* r, const void* smem_row) {
     pkrt_ldsm_frag f;
-    f.row = smem_row;
+    pkrt_ldsm_row(f, smem_row);
     pkrt_ptx_warp(PKRT_PTX_LDSM_X4, &f, __FILE__, __LINE__);
     for (int i = 0; i < 4; i++) r[i] = f.r[i];
 }
 
 __device__ __forceinline__ void pk_ldmatrix_x4_trans(unsigned int* r, const void* smem_row) {
     pkrt_ldsm_frag f;
-    f.row = smem_row;
+    pkrt_ldsm_row(f, smem_row);
     pkrt_ptx_warp(PKRT_PTX_LDSM_X4_T, &f, __FILE__, __LINE__);
     for (int i = 0; i < 4; i++) r[i] = f.r[i];
 }

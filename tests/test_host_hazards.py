@@ -327,6 +327,21 @@ def test_racecheck_shuffle_is_not_a_memory_fence_but_syncwarp_is(racecheck: None
     np.testing.assert_array_equal(out, (np.arange(32) + 1) % 32)
 
 
+def test_racecheck_sees_each_lanes_ldmatrix_read(racecheck: None) -> None:
+    # ldmatrix reads rows other lanes store: with no __syncwarp between, racecheck reports the pair (which
+    # comes first depends on the schedule), the read at the wrapper, where each lane reads its own row as on
+    # the GPU, not inside the collective that hands the rows out.
+    out = np.zeros(32 * 4, np.uint32)
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_h_ldmatrix_fence: racecheck: (read-after-write|write-after-read) race on static __shared__ "
+            r"(.*hazards\.cu:\d+.*pk_ptx\.cuh:\d+|.*pk_ptx\.cuh:\d+.*hazards\.cu:\d+).* \(nor __syncwarp\(\)\)")):
+        launch("pk_h_ldmatrix_fence", 1, 32, out, 0)
+    launch("pk_h_ldmatrix_fence", 1, 32, out, 1)
+    # matrix i row r is lane 8 i + r's row, (8 i + r + 1) % 32 + 1 in every element; lane l gets row l // 4
+    want = [((8 * i + lane // 4 + 1) % 32 + 1) * 0x10001 for lane in range(32) for i in range(4)]
+    np.testing.assert_array_equal(out, np.array(want, np.uint32))
+
+
 def test_racecheck_missing_barrier_in_reduction(racecheck: None) -> None:
     x = np.zeros((4, 256), np.float32)
     with pytest.raises(KernelExecutionError, match=r"kernel pk_t_race: racecheck: .*emu\.cu:\d+"):

@@ -667,7 +667,7 @@ void complete_ptx(Thread* lanes, int op) {
                      op_name(op), lanes[l].file, lanes[l].line, f->row, l >> 3, l & 7);
             fail_lane(&lanes[l], what);
         }
-        std::memcpy(M[l >> 3][l & 7], f->row, 16);
+        std::memcpy(M[l >> 3][l & 7], f->bytes, 16);  // what the lane read (pkrt_ldsm_row)
     }
     for (unsigned l = 0; l < 32; l++) {
         pkrt_ldsm_frag* f = reinterpret_cast<pkrt_ldsm_frag*>(lanes[l].value);

@@ -260,6 +260,19 @@ extern "C" __global__ void pk_h_shuffle_fence(float* out, int sync) {
     out[lane] = s[(lane + 1) & 31];
 }
 
+// sync = 0: lanes store their rows of a shared tile and ldmatrix reads other lanes' rows with nothing between
+// (a bug: ldmatrix orders nothing among the warp's lanes); 1: __syncwarp between (correct). Lane l writes row
+// l (8 b16, all l + 1) and addresses row (l + 1) % 32.
+extern "C" __global__ void pk_h_ldmatrix_fence(unsigned int* out, int sync) {
+    __shared__ __align__(16) unsigned short s[32 * 8];
+    const int lane = threadIdx.x & 31;
+    for (int i = 0; i < 8; i++) s[lane * 8 + i] = (unsigned short)(lane + 1);
+    if (sync) __syncwarp();
+    unsigned int r[4];
+    pk_ldmatrix_x4(r, s + ((lane + 1) & 31) * 8);
+    for (int i = 0; i < 4; i++) out[lane * 4 + i] = r[i];
+}
+
 // Correct: shared-memory tree reduction with barriers, atomics into global.
 extern "C" __global__ void pk_h_clean_reduce(const float* x, float* sum) {
     __shared__ float s[64];
