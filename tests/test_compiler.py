@@ -314,12 +314,17 @@ REAL_PAIRS = _real_pairs()
 
 
 @pytest.fixture(scope="module")
-def real_compiles(tmp_path_factory):
+def real_compiles():
     """Every (file, arch) compile started at once in worker processes; each test waits for its own.
 
     Under pytest-xdist the tests are already spread over processes, so each compiles its own pair inline.
+    The run's cache folder (tests/conftest.py) holds the results: the SASS and host tests of other files
+    compile the same (file, arch) pairs, and an entry is only ever stored after compile() checked its
+    layout, so a hit here proves what a fresh compile would.
     """
-    root = str(tmp_path_factory.mktemp("real_cache"))
+    from pykern import cache
+
+    root = str(cache.cache_dir())
     if os.environ.get("PYTEST_XDIST_WORKER") or (os.cpu_count() or 1) < 2:
         yield root, None
         return
