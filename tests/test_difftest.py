@@ -247,7 +247,9 @@ def test_sanitizer_families_cover_every_case() -> None:
     assert all(set(c.kernels) <= every for c in CASES if c.note != "big")
 
 
-@pytest.mark.parametrize("part", sorted(SANITIZER_PARTS))
+# Ordered by element type, then file: the parts of one file (one ASan library, built by whichever part comes
+# first and then cached) sit a file apart, so two pytest workers do not build the same library side by side.
+@pytest.mark.parametrize("part", sorted(SANITIZER_PARTS, key=lambda p: (p.partition(":")[2], p)))
 def test_all_cases_under_sanitizer(part: str) -> None:
     # Every (non-big) case through the AddressSanitizer + UBSan host build: out-of-bounds reads and
     # writes, which the plain build may survive, fail here. The CLI re-runs itself with ASan preloaded.
