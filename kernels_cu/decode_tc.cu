@@ -362,10 +362,9 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     // ldmatrix addresses of the tile loop as shared-window integers (pk_saddr): this lane's row / column
     // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
     // access cost 64-bit address math). 16-bit K at kt + k_lane + (nt * 8 * SD + kp2 * 32) * 2; FP8 K at
-    // kt + k_lane + kp2 * 32 (matrix j = lane / 8: keys 8 (j & 1) .., bytes 16 (j >> 1) ..: both n-tiles of
-    // two k-steps); V at vt + v_lane + np * 32.
-    const unsigned int k_lane = FP8 ? (unsigned int)(((lane & 7) + 8 * ((lane >> 3) & 1)) * RB + 16 * (lane >> 4))
-                                    : (unsigned int)((kb_row * SD + kb_col) * 2);
+    // kt + k_lane + kp2 * 32 (V's lane -> row, column map over RB-byte rows of bytes: matrix j = lane / 8 is
+    // keys 8 (j & 1) .., bytes 16 (j >> 1) ..: both n-tiles of two k-steps); V at vt + v_lane + np * 32.
+    const unsigned int k_lane = FP8 ? (unsigned int)(vb_row * RB + vb_col * 2) : (unsigned int)((kb_row * SD + kb_col) * 2);
     const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2);
     const pk_saddr kt0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB);  // this warp's 16 keys of ring slot 0
     const pk_saddr vtile = pk_saddr_of(tiles + warp * 16 * SD);       // FP8: this warp's 16-bit V tile
