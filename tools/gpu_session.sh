@@ -8,6 +8,13 @@
 # costs only itself. Logs go to $WORK (default /tmp/gpu-logs) and are packed into $OUT/logs.tgz at
 # the end; measure_gpu.py's rows go to $OUT/measure.json. Wheels in .whl/ (libclang, liger-kernel)
 # are installed into /tmp/site first when present.
+#
+# A follow-up lease re-checks only what changed since a run:
+#   KERNELS='decode_tc*,sampling*' SKIP='attention mma_sync ncu_mma_sync' OUT=... BUDGET=... bash tools/gpu_session.sh
+# KERNELS (comma-separated globs) limits the precompile and the difftest shards to matching kernels; SKIP
+# names stages not to run; NCU_SM90_K and NCU_DECODE_SHAPE replace the ncu_sm90 stage's kernel filter and
+# decode shape (BATCH GQA KV_HEADS HEAD_DIM PAGE CTX), NCU_SM90_SECTIONS its ncu sections; NCU_ARGS adds
+# profile-target options (--decode-only).
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-540}
@@ -24,6 +31,7 @@ left() { echo $(( BUDGET - ($(date +%s) - T0) )); }
 # stage NAME SECONDS CMD...: run CMD with a limit of min(SECONDS, time left - 5), log to $WORK/NAME.log
 stage() {
   local name=$1 want=$2; shift 2
+  case " ${SKIP:-} " in *" $name "*) echo "=== $name skipped (SKIP)"; return 0;; esac
   local l; l=$(left); l=$(( l - 5 )); [ "$want" -lt "$l" ] && l=$want
   if [ "$l" -lt 5 ]; then echo "=== $name skipped: out of time"; return 0; fi
   local s; s=$(date +%s)
@@ -47,19 +55,28 @@ fi
 } > "$WORK/env.log" 2>&1
 head -n 30 "$WORK/env.log"
 
-TAILN=4 stage precompile 150 $PY -m pykern.precompile --arch sm_90 --jobs 16
+KGLOBS=()
+IFS=, read -ra KG <<< "${KERNELS:-}"
+for g in "${KG[@]}"; do KGLOBS+=(--kernels "$g"); done
+TAILN=4 stage precompile 150 $PY -m pykern.precompile --arch sm_90 --jobs 16 "${KGLOBS[@]}"
 TAILN=30 stage gpucheck_probe 30 $PY -m pykern.gpucheck --out "$WORK/gpucheck" --skip limits --skip difftest \
   --skip pytest --skip sanitizer --skip bench
 TAILN=8 stage ceilings 40 $PY tools/measure_gpu.py ceilings --json "$WORK/ceilings.json"
 
 # correctness: difftest on nvrtc in 12 shards of kernels, and pytest -m gpu, side by side
-$PY -c "from pykern import registry; print('\n'.join(sorted(k.name for k in registry.kernels())))" > "$WORK/kernels.txt"
+$PY -c "
+import fnmatch, sys
+from pykern import registry
+globs = [g for g in sys.argv[1].split(',') if g] or ['*']
+print('\n'.join(sorted(k.name for k in registry.kernels() if any(fnmatch.fnmatch(k.name, g) for g in globs))))
+" "${KERNELS:-}" > "$WORK/kernels.txt"
 split -n r/12 -d "$WORK/kernels.txt" "$WORK/shard."
 for f in "$WORK"/shard.*; do
+  [ -s "$f" ] || continue
   (stage "difftest_$(basename "$f")" "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc \
      --kernels "$(paste -sd, "$f")" > "$WORK/$(basename "$f").status") &
 done
-(stage difftest_mma_sync "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc --extra tools/gpu_no_sm90.py \
+(stage mma_sync "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc --extra tools/gpu_no_sm90.py \
    --kernels 'flash_attention*,attention_backward*' > "$WORK/mma_sync.status") &
 (TAILN=25 stage pytest_gpu "${PYTEST_S:-120}" $PY -m pytest -m gpu tests --ignore=tests/test_difftest.py -q -n 4 \
    -p no:cacheprovider -rfE > "$WORK/pytest.status") &
@@ -84,16 +101,16 @@ if [ -n "$NCU" ]; then
     --section SpeedOfLight --section Occupancy --section WarpStateStats ${M:+--metrics "$M"} \
     $PY tools/measure_gpu.py profile-target --mma-sync --decode-shape 1 4 8 128 16 1024
   TAILN=10 stage ncu_sm90 50 "$NCU" --clock-control none --target-processes all \
-    -k 'regex:flash_attention_sm90|attention_backward_sm90|decode_tc|paged_attn' -c 8 \
-    --section SpeedOfLight ${M:+--metrics "$M"} \
-    $PY tools/measure_gpu.py profile-target --decode-shape 8 1 8 128 16 8192
+    -k "${NCU_SM90_K:-regex:flash_attention_sm90|attention_backward_sm90|decode_tc|paged_attn}" -c 10 \
+    ${NCU_SM90_SECTIONS:---section SpeedOfLight} ${M:+--metrics "$M"} \
+    $PY tools/measure_gpu.py profile-target --decode-shape ${NCU_DECODE_SHAPE:-8 1 8 128 16 8192} ${NCU_ARGS:-}
 fi
 TAILN=70 stage membound 60 $PY -m pykern.bench --dtype bf16 --repeats 10
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CS" ]; then
   TAILN=8 stage sanitizer_memcheck 40 "$CS" --tool memcheck --error-exitcode 99 --print-limit 20 \
     $PY -m pykern.difftest --backends nvrtc --case-limit 2 \
-    --kernels 'paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,paged_attn_bf16'
+    --kernels 'paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,decode_tc_paged_d128_e4m3kv_bf16,paged_attn_bf16'
 fi
 $PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" "$OUT/model.json" 2>&1 | tail -120
 echo "total $(( $(date +%s) - T0 ))s"

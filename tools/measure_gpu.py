@@ -379,7 +379,7 @@ def profile_target(args: argparse.Namespace) -> None:
 
     if args.mma_sync:  # the sm_80 (mma.sync) kernels on this Hopper GPU
         sm90.usable = ta._sm90_usable = lambda *a, **kw: False
-    for d in (64, 128):
+    for d in () if args.decode_only else (64, 128):
         q, k, v = (torch.randn(2, 8192, 2048 // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))
         o = flash_attention(q, k, v, causal=False)
@@ -387,8 +387,11 @@ def profile_target(args: argparse.Namespace) -> None:
     torch.cuda.synchronize()
     b, g, kvh, d, ps, L = args.decode_shape
     q, kp, vp, indptr, idx, last = paged_case(b, g, kvh, d, ps, L)
-    plan = PagedDecodePlan(b, kvh * g, kvh, d, ps, q_dtype="bf16", kv_dtype="bf16", max_kv_len=L, like=q)
-    plan.run(q, kp, vp, indptr, idx, last)
+    for kv in ("bf16", "float8_e4m3fn"):  # one launch of each cache dtype's decode kernel
+        if kv != "bf16":
+            kp, vp = kp.to(torch.float8_e4m3fn), vp.to(torch.float8_e4m3fn)
+        plan = PagedDecodePlan(b, kvh * g, kvh, d, ps, q_dtype="bf16", kv_dtype=kv, max_kv_len=L, like=q)
+        plan.run(q, kp, vp, indptr, idx, last)
     torch.cuda.synchronize()
 
 
@@ -430,6 +433,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
     ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
     ap.add_argument("--json", metavar="FILE", help="also write every row to FILE")
+    ap.add_argument("--decode-only", action="store_true", help="profile-target: only the decode launches")
     ap.add_argument("--mma-sync", action="store_true", help="profile-target: the mma.sync attention kernels")
     ap.add_argument("--decode-shape", type=int, nargs=6, default=(8, 4, 8, 128, 16, 32768),
                     metavar=("BATCH", "GQA", "KV_HEADS", "HEAD_DIM", "PAGE", "CTX"), help="profile-target's decode")
