@@ -14,7 +14,7 @@
 # KERNELS (comma-separated globs) limits the precompile and the difftest shards to matching kernels; SKIP
 # names stages not to run; NCU_SM90_K and NCU_DECODE_SHAPE replace the ncu_sm90 stage's kernel filter and
 # decode shape (BATCH GQA KV_HEADS HEAD_DIM PAGE CTX), NCU_SM90_SECTIONS its ncu sections; NCU_ARGS adds
-# profile-target options (--decode-only).
+# profile-target options (--decode-only); DIFFTEST_S, PYTEST_S and MODEL_S those stages' limits.
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-540}
@@ -89,7 +89,7 @@ grep -h -E "cases passed" "$WORK"/difftest_*.log
 TAILN=3 stage attention 90 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
 TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode --json "$OUT/decode.json"
 TAILN=3 stage sampling 30 $PY tools/measure_gpu.py sampling --json "$OUT/sampling.json"
-TAILN=6 stage model 60 $PY tools/measure_gpu.py model --json "$OUT/model.json"
+TAILN=6 stage model "${MODEL_S:-60}" $PY tools/measure_gpu.py model --json "$OUT/model.json"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
   # tensor-pipe utilisation metrics this ncu knows (names differ between versions): asked for only if listed
