@@ -6,25 +6,28 @@ Each decode_tc CTA streams its keys through a cp.async ring that keeps (stages -
 A CTA alone therefore streams at about (bytes in flight) / (loaded latency), below an SM's share of HBM, and a
 wave of fewer CTAs than HBM needs runs the GPU at a fraction of its bandwidth.
 
-The rate is our own kernel's, measured on an H200 (2026-11-27, docs/measured/2026-11-27-h200/decode.json,
-`python tools/measure_gpu.py decode`): at batch 64 x 8 kv heads with one split, 512 CTAs are one full wave of
-396 (3 an SM) and a tail of 116. The full wave streams at the measured copy speed, so the rest of the step
-is the tail: (611.1 - 390) us for a CTA's 4.19 MB at 8k keys, (2404.8 - 1560) us for 16.8 MB at 32k: 19.0 and
-19.9 GB/s a CTA with 32 KiB in flight. CTA_STREAM_BPS is their mean; by Little's law a ring with other bytes
-in flight streams in proportion (cta_rate). HBM then needs HBM_SATURATING_CTAS = 4258 GB/s / 19.4 GB/s (about
-220) such CTAs streaming at once; the model of the step is
+The model's two constants are our own kernel's, fit on an H200 (2026-11-28, docs/measured/2026-11-28-h200/decode.json,
+`python tools/measure_gpu.py decode`) to the 18 bf16 steps at batch 64 x 8 kv heads (GQA 1, 4, 8; 1k, 8k and 32k
+keys), each timed with one split and with two (least squares of the relative error, tests/test_decode_waves.py):
+with one split 512 CTAs are a full wave of 396 (3 an SM) and a tail of 116, with two 1024 CTAs are two full waves
+and a tail of 232, so the pairs separate a CTA's streaming rate from a wave's fixed time. CTA_STREAM_BPS is the
+rate of one CTA with its ring's 32 KiB in flight (by Little's law a ring with other bytes in flight streams in
+proportion: cta_rate); WAVE_START_S is what a wave costs beside its bytes (the ring's fill before the first tile,
+the last tile's math and the stores: not overlapped while a wave's CTAs run in step). HBM then needs
+HBM_SATURATING_CTAS = 4258 GB/s / 23.4 GB/s (about 180) such CTAs streaming at once; the model of the step is
 
-    t = sum over waves of (bytes of a CTA) / min(cta_rate, HBM_BPS / CTAs of the wave)
+    t = sum over waves of (WAVE_START_S + (bytes of a CTA) / min(cta_rate, HBM_BPS / CTAs of the wave))
 
 with every wave but the last holding `slots` CTAs (CTAs an SM x SMs) and the CTAs of a wave in step (equal
-lengths), except after DRIFT_WAVES full waves. Nothing here comes from a peer's speed. The model is coarse: one
-measured rate, and no fixed latency of the step (launch, first loads, merge: tools/bench_decode.py prices the
-merge's tail apart).
+lengths), except after DRIFT_WAVES full waves. Nothing here comes from a peer's speed. The model is coarse: two
+constants fit on one kernel (bf16 d128), and no launch latency.
 """
 from __future__ import annotations
 
-# A decode_tc CTA's streaming rate with its ring's 32 KiB in flight (measured on our kernel; see above).
-CTA_STREAM_BPS = 19.4e9
+# A decode_tc CTA's streaming rate with its ring's 32 KiB in flight, and a wave's fixed time (fit on our kernel's
+# measured steps; see above).
+CTA_STREAM_BPS = 23.4e9
+WAVE_START_S = 5.9e-6
 CTA_STREAM_INFLIGHT = 32 * 1024
 # The measured H200 device-to-device copy (read + write) the rate above was taken against.
 HBM_BPS = 4258e9
@@ -50,9 +53,9 @@ def grid_stream_time(ctas: int, slots: int, cta_bytes: float, rate: float = CTA_
     if ctas <= 0 or cta_bytes <= 0:
         return 0.0
     full, rem = divmod(ctas, slots)
-    t = full * cta_bytes / min(rate, bw / slots)
+    t = full * (WAVE_START_S + cta_bytes / min(rate, bw / slots))
     if rem:
-        t += rem * cta_bytes / bw if full >= DRIFT_WAVES else cta_bytes / min(rate, bw / rem)
+        t += rem * cta_bytes / bw if full >= DRIFT_WAVES else WAVE_START_S + cta_bytes / min(rate, bw / rem)
     return t
 
 
@@ -60,11 +63,6 @@ def cta_rate(inflight_bytes: int) -> float:
     """Bytes a second one CTA streams with `inflight_bytes` of its ring in flight (Little's law on the measured
     CTA_STREAM_BPS at CTA_STREAM_INFLIGHT)."""
     return CTA_STREAM_BPS * inflight_bytes / CTA_STREAM_INFLIGHT
-
-
-def wave_efficiency(ctas: int, slots: int, rate: float = CTA_STREAM_BPS) -> float:
-    """Fraction of HBM speed a grid of equal streaming CTAs reaches over its waves (1.0: every wave saturates)."""
-    return ctas / (grid_stream_time(ctas, slots, 1.0, rate) * HBM_BPS)
 
 
 def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_splits: int,
