@@ -184,25 +184,64 @@ __device__ __forceinline__ unsigned long long sp_block_exclusive(unsigned long l
 }
 
 // ------------------------------------------------------------------------------ row access
-// A row read in groups of VEC elements per thread: group g of chunk c starts at
-// (c * SP_NT + threadIdx.x) * VEC. VEC > 1 only when the row length is a multiple of VEC.
-template <typename T, int VEC>
-__device__ __forceinline__ void sp_load(const T* row, long long n, long long i, float* f) {
-    if constexpr (VEC > 1) {
-        if (i < n) {
-            PkVec16<T>::load(row, i, f);
-        } else {
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) f[j] = 0.0f;
-        }
-    } else {
-        f[0] = i < n ? PkIO<T>::load(row, i) : 0.0f;
-    }
-}
+// A row read in chunks of VEC elements per thread: chunk c's group of thread t starts at
+// (c * SP_NT + t) * VEC. VEC > 1 only when the row length is a multiple of VEC.
+// One CTA reads a whole row, so a read's time is its chunks times the load latency over the chunks in
+// flight: with one 16-byte load in flight a thread a 128k-entry f32 row took ~0.5 us a chunk (H200,
+// batch 1). sp_for_row issues AH chunks' loads before it widens and hands any of them to the body: SP_AHEAD
+// in sampling_from_probs, SP_AHEAD_2CTA in the kernels held to 64 registers for two CTAs an SM.
+#define SP_AHEAD 4
+#define SP_AHEAD_2CTA 3
 
 template <typename T, int VEC>
 __device__ __forceinline__ long long sp_chunks(long long n) {
     return (n + (long long)SP_NT * VEC - 1) / ((long long)SP_NT * VEC);
+}
+
+// The raw 16 bytes of a thread's group at i (zeros past the end; VEC == 1: the element widened, in .x).
+template <typename T, int VEC>
+__device__ __forceinline__ uint4 sp_raw(const T* row, long long n, long long i) {
+    uint4 u = make_uint4(0u, 0u, 0u, 0u);
+    if constexpr (VEC > 1) {
+        if (i < n) u = *reinterpret_cast<const uint4*>(row + i);
+    } else {
+        if (i < n) u.x = __float_as_uint(PkIO<T>::load(row, i));
+    }
+    return u;
+}
+
+template <typename T, int VEC>
+__device__ __forceinline__ void sp_widen(const uint4& u, float* f) {
+    if constexpr (VEC == 1) {
+        f[0] = __uint_as_float(u.x);
+    } else if constexpr (VEC == 4) {  // f32
+        f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+        f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    } else {  // 8 bf16 / f16
+        Pk16<T>::widen2(u.x, f[0], f[1]);
+        Pk16<T>::widen2(u.y, f[2], f[3]);
+        Pk16<T>::widen2(u.z, f[4], f[5]);
+        Pk16<T>::widen2(u.w, f[6], f[7]);
+    }
+}
+
+// body(i, f) for every chunk of the row in order, f the VEC values at i (0 past the end, also for the up to
+// AH - 1 chunks past the last that a group rounds up to: the body sees i >= n there). A body returning
+// true stops the walk; it must be block-uniform where the body synchronises.
+template <typename T, int VEC, int AH, typename Body>
+__device__ __forceinline__ void sp_for_row(const T* row, long long n, Body&& body) {
+    const long long nc = sp_chunks<T, VEC>(n);
+    for (long long c = 0; c < nc; c += AH) {
+        uint4 u[AH];
+#pragma unroll
+        for (int a = 0; a < AH; ++a) u[a] = sp_raw<T, VEC>(row, n, ((c + a) * SP_NT + threadIdx.x) * VEC);
+#pragma unroll
+        for (int a = 0; a < AH; ++a) {
+            float f[VEC];
+            sp_widen<T, VEC>(u[a], f);
+            if (body(((c + a) * SP_NT + threadIdx.x) * VEC, f)) return;
+        }
+    }
 }
 
 template <bool LOGITS>
@@ -212,36 +251,30 @@ __device__ __forceinline__ unsigned int sp_key(float x) {
 }
 
 // Largest key over the row (0 for an empty or all-zero probability row).
-template <typename T, int VEC, bool LOGITS>
+template <typename T, int VEC, int AH, bool LOGITS>
 __device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s) {
     unsigned int m = 0u;
-    const long long nc = sp_chunks<T, VEC>(n);
-    for (long long c = 0; c < nc; ++c) {
-        const long long i = (c * SP_NT + threadIdx.x) * VEC;
-        float f[VEC];
-        sp_load<T, VEC>(row, n, i, f);
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
             if (i + j < n) m = max(m, sp_key<LOGITS>(f[j]));
-    }
+        return false;
+    });
     return sp_block_max(m, s);
 }
 
 // Mass of the entries with key >= lo.
-template <typename T, int VEC>
+template <typename T, int VEC, int AH>
 __device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned int lo, int sh, SpShared& s) {
     unsigned long long acc = 0ull;
-    const long long nc = sp_chunks<T, VEC>(n);
-    for (long long c = 0; c < nc; ++c) {
-        const long long i = (c * SP_NT + threadIdx.x) * VEC;
-        float f[VEC];
-        sp_load<T, VEC>(row, n, i, f);
+    sp_for_row<T, VEC, AH>(row, n, [&](long long, const float* f) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
             const unsigned int key = sp_prob_key(f[j]);
             if (key >= lo) acc += sp_mass(key, sh);  // out-of-range lanes load 0: no mass
         }
-    }
+        return false;
+    });
     return sp_block_sum(acc, s);
 }
 
@@ -287,12 +320,11 @@ __device__ __forceinline__ void sp_set_max(SpRow& r, unsigned int mkey) {
 // thread, keys in it go to a mass histogram (the top half of hist for a count select). MAX: the
 // first pass also finds the row maximum (sp_set_max; an all-zero row stops there with r.mkey = 0).
 // Returns v with its bits below SpLowBits cleared (v itself but for a negative bf16 / f16 logit).
-template <typename T, int VEC, bool LOGITS, bool MAX>
+template <typename T, int VEC, int AH, bool LOGITS, bool MAX>
 __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int base, bool by_mass,
                                         unsigned long long need, SpRow& r, SpShared& s) {
     unsigned int prefix = 0u, pmask = 0u;
     unsigned long long above = 0ull;  // count / mass strictly above the current prefix range
-    const long long nc = sp_chunks<T, VEC>(n);
     constexpr int LOW = SpLowBits<T>::bits, NPASS = LOW ? 2 : 3;
     for (int pass = 0; pass < NPASS; ++pass) {
         const bool last = pass == NPASS - 1;
@@ -303,10 +335,7 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         __syncthreads();
         unsigned int m = 0u;
         unsigned long long acc = 0ull;  // last pass: mass of the keys >= lo_pre above the range
-        for (long long c = 0; c < nc; ++c) {
-            const long long i = (c * SP_NT + threadIdx.x) * VEC;
-            float f[VEC];
-            sp_load<T, VEC>(row, n, i, f);
+        sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 const unsigned int key = sp_key<LOGITS>(f[j]);
@@ -330,7 +359,8 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
                     }
                 }
             }
-        }
+            return false;
+        });
         __syncthreads();
         if constexpr (MAX) {
             if (pass == 0) {
@@ -396,7 +426,7 @@ struct SpArgs {
     unsigned int seed_lo, seed_hi, offset_lo, offset_hi;
 };
 
-template <typename T, int VEC>
+template <typename T, int VEC, int AH>
 __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int* __restrict__ out,
                               unsigned char* __restrict__ valid, const int* __restrict__ top_k_arr,
                               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
@@ -410,10 +440,10 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     bool kept = false;  // r.kept holds the mass of the keys >= r.lo
     const int k = (a.flags & SPF_TOP_K) ? ((a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val) : 0;
     if (k > 0 && (long long)k < n) {  // top-k: the row maximum rides along with the first pass
-        sp_radix_select<T, VEC, false, true>(row, n, 0u, false, k, r, s);
+        sp_radix_select<T, VEC, AH, false, true>(row, n, 0u, false, k, r, s);
         kept = true;
     } else {
-        sp_set_max(r, sp_row_max_key<T, VEC, false>(row, n, s));
+        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s));
     }
     if (r.mkey == 0u) {  // no mass at all
         if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
@@ -423,14 +453,14 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
         const unsigned int P = sp_top_p_int((a.flags & SPF_P_ARR) ? top_p_arr[b] : a.top_p_val);
         if (P) {
             const unsigned int base = (a.flags & SPF_TOP_K_FIRST) ? r.lo : 1u;
-            sp_radix_select<T, VEC, false, false>(row, n, base, true, P, r, s);
+            sp_radix_select<T, VEC, AH, false, false>(row, n, base, true, P, r, s);
             kept = true;
         }
     }
     const int sh = r.sh;
     const unsigned int lo = r.lo;
     // >= the maximum's mass > 0
-    const unsigned long long S = kept ? r.kept : sp_row_mass<T, VEC>(row, n, lo, sh, s);
+    const unsigned long long S = kept ? r.kept : sp_row_mass<T, VEC, AH>(row, n, lo, sh, s);
     unsigned int c[4];
     c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
     c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
@@ -442,11 +472,7 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     // first kept index whose inclusive prefix mass exceeds t
     if (threadIdx.x == 0) s.found = -1;
     unsigned long long run = 0ull;
-    const long long nc = sp_chunks<T, VEC>(n);
-    for (long long ch = 0; ch < nc; ++ch) {
-        const long long i = (ch * SP_NT + threadIdx.x) * VEC;
-        float f[VEC];
-        sp_load<T, VEC>(row, n, i, f);
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
         unsigned long long w[VEC], own = 0ull;
 #pragma unroll
         for (int j = 0; j < VEC; ++j) {
@@ -465,11 +491,11 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
                     if (acc > t) { s.found = (int)(i + j); break; }
                 }
             }
-            __syncthreads();
-            break;
+            return true;
         }
         run += total;
-    }
+        return false;
+    });
     __syncthreads();
     if (threadIdx.x == 0) { out[b] = s.found >= 0 ? s.found : 0; valid[b] = s.found >= 0; }
 }
@@ -490,9 +516,11 @@ __device__ void sampling_from_probs_impl(const T* __restrict__ probs, int* __res
     const T* row = probs + r * (long long)vocab;
     constexpr int N = PkVec16<T>::N;
     if (vocab % N == 0 && pk_aligned16(probs))
-        sp_sample_row<T, N>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, a, s);
+        sp_sample_row<T, N, SP_AHEAD>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
+                                        offset_arr, a, s);
     else
-        sp_sample_row<T, 1>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, a, s);
+        sp_sample_row<T, 1, SP_AHEAD>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
+                                        offset_arr, a, s);
 }
 PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), (const T* __restrict__ probs, int* __restrict__ out,
               unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
@@ -513,30 +541,29 @@ __device__ void sp_write(T* __restrict__ orow, long long i, long long n, const f
     }
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, int AH>
 __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, long long n, int b,
                               const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int flags,
                               int top_k_val, float top_p_val, SpShared& s) {
-    const long long nc = sp_chunks<T, VEC>(n);
     unsigned int lo = 0u;  // 0: copy the row unchanged (top-k disabled, as FlashInfer for k >= vocab)
     float scale = 1.0f;
     SpRow r = {0u, 0, 1u, 0ull, -1.0f};
     if (flags & SRF_TOP_K) {
         const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
         if (k > 0 && (long long)k < n) {  // the row maximum rides along with the first pass
-            sp_radix_select<T, VEC, false, true>(row, n, 0u, false, k, r, s);
+            sp_radix_select<T, VEC, AH, false, true>(row, n, 0u, false, k, r, s);
             if (r.mkey) lo = r.lo;  // a row without mass is copied
         }
     } else {
         lo = 1u;  // top-p of a row without mass: all zeros
-        sp_set_max(r, sp_row_max_key<T, VEC, false>(row, n, s));
+        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s));
         if (r.mkey) {
             const unsigned int P = sp_top_p_int((flags & SRF_P_ARR) ? top_p_arr[b] : top_p_val);
             if (P) {
-                sp_radix_select<T, VEC, false, false>(row, n, 1u, true, P, r, s);
+                sp_radix_select<T, VEC, AH, false, false>(row, n, 1u, true, P, r, s);
                 lo = r.lo;
             } else {
-                r.kept = sp_row_mass<T, VEC>(row, n, 1u, r.sh, s);
+                r.kept = sp_row_mass<T, VEC, AH>(row, n, 1u, r.sh, s);
             }
         }
     }
@@ -545,10 +572,7 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
         // S * 2^-sh as a float; 1/S scales the kept entries (a row without mass stays 0)
         scale = S ? 1.0f / ldexpf((float)S, -r.sh) : 0.0f;
     }
-    for (long long c = 0; c < nc; ++c) {
-        const long long i = (c * SP_NT + threadIdx.x) * VEC;
-        float f[VEC];
-        sp_load<T, VEC>(row, n, i, f);
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, float* f) {
         if (lo) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
@@ -557,25 +581,23 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
             }
         }
         sp_write<T, VEC>(orow, i, n, f);
-    }
+        return false;
+    });
 }
 
-template <typename T, int VEC>
+template <typename T, int VEC, int AH>
 __device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, long long n, int k, SpShared& s) {
-    const long long nc = sp_chunks<T, VEC>(n);
     const bool filter = k > 0 && (long long)k < n;
     SpRow r = {0u, 0, 0u, 0ull, -1.0f};  // no mass for logits
-    const unsigned int lo = filter ? sp_radix_select<T, VEC, true, false>(row, n, 0u, false, k, r, s) : 0u;
-    for (long long c = 0; c < nc; ++c) {
-        const long long i = (c * SP_NT + threadIdx.x) * VEC;
-        float f[VEC];
-        sp_load<T, VEC>(row, n, i, f);
+    const unsigned int lo = filter ? sp_radix_select<T, VEC, AH, true, false>(row, n, 0u, false, k, r, s) : 0u;
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, float* f) {
         if (filter) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) f[j] = sp_logit_key(f[j]) >= lo ? f[j] : PK_NEG_INF;
         }
         sp_write<T, VEC>(orow, i, n, f);
-    }
+        return false;
+    });
 }
 
 // flags: SRF_TOP_K (else top-p), SRF_K_ARR, SRF_P_ARR. Renorm and mask run two CTAs of SP_NT threads per SM
@@ -589,9 +611,11 @@ __device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __res
     const long long off = (long long)b * vocab;
     constexpr int N = PkVec16<T>::N;
     if (vocab % N == 0 && pk_aligned16(probs) && pk_aligned16(out))
-        sp_renorm_row<T, N>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
+        sp_renorm_row<T, N, SP_AHEAD_2CTA>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val,
+                                             top_p_val, s);
     else
-        sp_renorm_row<T, 1>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val, top_p_val, s);
+        sp_renorm_row<T, 1, SP_AHEAD_2CTA>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val,
+                                             top_p_val, s);
 }
 PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 2), (const T* __restrict__ probs, T* __restrict__ out,
               const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab, int flags,
@@ -608,9 +632,9 @@ __device__ void sampling_top_k_mask_logits_impl(const T* __restrict__ logits, T*
     const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
     constexpr int N = PkVec16<T>::N;
     if (vocab % N == 0 && pk_aligned16(logits) && pk_aligned16(out))
-        sp_mask_row<T, N>(logits + off, out + off, vocab, k, s);
+        sp_mask_row<T, N, SP_AHEAD_2CTA>(logits + off, out + off, vocab, k, s);
     else
-        sp_mask_row<T, 1>(logits + off, out + off, vocab, k, s);
+        sp_mask_row<T, 1, SP_AHEAD_2CTA>(logits + off, out + off, vocab, k, s);
 }
 PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 2), (const T* __restrict__ logits, T* __restrict__ out,
               const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val),

@@ -360,10 +360,16 @@ KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_renorm_probs", "
 
 
 @lru_cache(maxsize=None)
-def _mix():
+def _sass_report():
     spec = importlib.util.spec_from_file_location("pk_sass_report_sampling", ROOT / "tools" / "sass_report.py")
     sr = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(sr)
+    return sr
+
+
+@lru_cache(maxsize=None)
+def _mix():
+    sr = _sass_report()
     try:
         sr.find_cuobjdump()
     except sr.CuobjdumpUnavailable as e:
@@ -382,6 +388,30 @@ def test_sass_no_spills_and_16_byte_loads(kernel) -> None:
         row = _mix()[kernel][arch]
         assert row["spill_stores"] == row["spill_loads"] == row["LDL"] == row["STL"] == 0, (kernel, arch, row)
         assert row["LDG128"] > 0, (kernel, arch, row)
+
+
+@lru_cache(maxsize=None)
+def _listing(arch: str) -> dict:
+    """{kernel: instructions} of sampling.cu's cubin for arch."""
+    _mix()  # skips without cuobjdump / NVRTC, and compiles sampling.cu into the cache
+    from pykern import cache
+    from pykern.registry import source_files
+
+    sr = _sass_report()
+    src = next(f for f in source_files() if f.name == "sampling.cu")
+    return sr._instructions(sr.disassemble(cache.get_module(src, arch).image))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_sass_row_walks_keep_several_16_byte_loads_in_flight(kernel) -> None:
+    # One CTA reads a whole row, so its read time is latency x chunks / chunks in flight: each walk issues
+    # SP_AHEAD (4; 3 in the 64-register kernels) 16-byte loads a thread before it uses the first. One load at a
+    # time measured ~0.5 us a chunk on an H200 at batch 1 (docs/measured/2026-11-28-h200/sampling.json).
+    want = 4 if kernel.startswith("sampling_from_probs") else 3
+    for arch in ("sm_80", "sm_90"):
+        ops = [(op, mods) for _, op, mods, _ in _listing(arch)[kernel]]
+        most = max(sum(1 for op, mods in ops[i:i + 24] if op == "LDG" and ".128" in mods) for i in range(len(ops)))
+        assert most >= want, (kernel, arch, most)
 
 
 def test_zz_report_chi_square_figures(capsys) -> None:
