@@ -375,6 +375,9 @@ def _resolve(dtype: Any) -> np.dtype:
     return np.dtype(dtype)
 
 
+_TORCH_DTYPES: dict[np.dtype, Any] = {}
+
+
 def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
     """Uninitialized output on the same kind of memory as `like` (NumPy, torch or CuPy).
 
@@ -383,9 +386,11 @@ def empty(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
     if like is None or isinstance(like, np.ndarray):
         return np.empty(shape, dt)
     if is_torch(like):
-        torch = sys.modules["torch"]
-        tdt = torch.bfloat16 if dt.name == "bfloat16" else getattr(torch, dt.name)
-        return torch.empty(shape, dtype=tdt, device=like.device)
+        tdt = _TORCH_DTYPES.get(dt)
+        if tdt is None:  # numpy's dtype.name costs microseconds: resolved once a dtype
+            torch = sys.modules["torch"]
+            tdt = _TORCH_DTYPES[dt] = torch.bfloat16 if dt.name == "bfloat16" else getattr(torch, dt.name)
+        return sys.modules["torch"].empty(shape, dtype=tdt, device=like.device)
     mod = _module(like)
     if mod == "numba":  # numba.cuda device arrays (GPU, or the simulator's stand-ins)
         from numba import cuda

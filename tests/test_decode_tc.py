@@ -438,6 +438,10 @@ def test_tc_split_count_fills_one_wave() -> None:
     # 136 CTAs are below the ~220 that HBM needs at once, 256 are not.
     assert P(17, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 2
     assert P(32, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=32768).num_splits == 1
+    # 512 CTAs: two splits at 8k keys, one at 1k, where the extra wave's fixed time outweighs the thinner tail
+    # (both as measured on the H200: docs/measured/2026-11-28-h200/decode.json, one_split_us)
+    assert P(64, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=8192).num_splits == 2
+    assert P(64, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=1024).num_splits == 1
 
 
 # --------------------------------------------------------------------------- split-KV in one launch
