@@ -64,7 +64,12 @@
 #define SP_BINS 2048         // radix histogram: digits of 11, 11 and 10 bits (SP_NT * 4 bins)
 
 struct SpShared {
-    unsigned long long hist[SP_BINS];  // 16 KiB; the last pass of a count select keeps its mass in the top half
+    // 16 KiB. A count select counts in 32 bits (cnt: a native shared-memory add, where a 64-bit add compiles to a
+    // compare-and-swap loop), in the bottom half; its last pass keeps its mass in the top half of hist.
+    union {
+        unsigned long long hist[SP_BINS];
+        unsigned int cnt[2 * SP_BINS];
+    };
     unsigned long long red[SP_NW];
     unsigned long long sel_above;
     unsigned int sel_bin;
@@ -348,7 +353,7 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
                             const unsigned long long w = sp_mass(key, r.sh);
                             if (w) atomicAdd(&s.hist[d], w);
                         } else {
-                            atomicAdd(&s.hist[d], 1ull);
+                            atomicAdd(&s.cnt[d], 1u);  // < 2^22 entries a row
                             if (!LOGITS && last) {
                                 const unsigned long long w = sp_mass(key, r.sh);
                                 if (w) atomicAdd(&s.hist[1024 + d], w);
@@ -375,7 +380,7 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         unsigned long long own = 0ull;
 #pragma unroll
         for (int j = 0; j < 4; ++j)
-            if (j < bpt && top - j >= 0) own += s.hist[top - j];
+            if (j < bpt && top - j >= 0) own += by_mass ? s.hist[top - j] : s.cnt[top - j];
         unsigned long long total;
         const unsigned long long before = above + sp_block_exclusive(own, &total, s);
         if (by_mass && pass == 0) need = sp_target(total, (unsigned int)need);
@@ -385,7 +390,7 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
 #pragma unroll
             for (int j = 0; j < 4; ++j) {
                 if (j < bpt) {
-                    const unsigned long long h = s.hist[top - j];
+                    const unsigned long long h = by_mass ? s.hist[top - j] : s.cnt[top - j];
                     if (a + h >= need) { bin = (unsigned int)(top - j); break; }
                     a += h;
                 }

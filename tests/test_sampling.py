@@ -310,6 +310,36 @@ def test_vocab_256k_row_on_host() -> None:
         probs[1, 123457] / np.sort(probs[1])[-3:].astype(np.float64).sum(), rel=1e-5)
 
 
+@pytest.mark.parametrize("kind, vocab", [("f32", 18440), ("f32", 18441), ("bf16", 36872)])
+def test_rows_that_end_in_a_partial_group_of_loads(kind, vocab) -> None:
+    # Row walks issue their loads 4 chunks at a time (3 in renorm / mask); these rows end inside a group: 10 chunks
+    # of 512 threads x 4 f32 (18440), 37 one-element chunks (18441), 9 chunks of 8 bf16 (36872). The draw is forced
+    # into the last chunks by a dominant entry there, and the filters' thresholds come from the whole row.
+    rng = np.random.default_rng(vocab)
+    probs = make_probs(rng, 4, vocab, kind)
+    x = np.asarray(probs, np.float32)
+    x[1, vocab - 3] = x[1].sum() * 4  # most of row 1's mass in its last chunk
+    x[2, vocab - 1] = x[2].sum()
+    probs = x.astype(probs.dtype) if kind == "f32" else np.asarray(x, probs.dtype)
+    x = np.asarray(probs, np.float32)
+    for args in ({}, {"top_k": 100}, {"top_p": 0.9}, {"top_k": 100, "top_p": 0.9}):
+        op = {0: "sampling_from_probs", 1: "top_k_sampling_from_probs" if "top_k" in args else
+              "top_p_sampling_from_probs", 2: "top_k_top_p_sampling_from_probs"}[len(args)]
+        for seed in (1, 2, 3):
+            got = getattr(ops, op)(probs, *args.values(), seed=seed, backend="host")
+            ref, _ = np_sample(x, seed, 0, **args)
+            np.testing.assert_array_equal(got, ref, err_msg=f"{op} {args} seed {seed}")
+    k = np.array([1, 100, 5000, 0], np.int32)
+    _close(ops.top_k_renorm_probs(probs, k, backend="host").astype(np.float32), np_top_k_renorm(x, k),
+           "top_k_renorm_probs", kind)
+    p = np.array([0.5, 0.9, 0.99, 1.0], np.float32)
+    _close(ops.top_p_renorm_probs(probs, p, backend="host").astype(np.float32), np_top_p_renorm(x, p),
+           "top_p_renorm_probs", kind)
+    logits = np.log(np.maximum(x, 1e-30)).astype(probs.dtype)
+    np.testing.assert_array_equal(np.asarray(ops.top_k_mask_logits(logits, k, backend="host"), np.float64),
+                                  np_top_k_mask(np.asarray(logits, np.float32), k))
+
+
 def test_bf16_probs_sample_like_their_f32_values() -> None:
     probs = make_probs(np.random.default_rng(4), 32, 64, "bf16")
     a = ops.top_p_sampling_from_probs(probs, 0.8, seed=5, backend="host")
