@@ -74,7 +74,7 @@ def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> N
     bd, old = costs
     _, c = tc_costs
     for g in (4, 8):
-        for b, n in ((64, 1024), (256, 32768), (1, 32768), (8, 32768)):
+        for b, n in ((64, 8192), (256, 32768), (1, 32768), (8, 32768)):
             r = bd.tc_roofline_row(b, g, n, "bf16", c)
             assert r["bind"] == "HBM" and r["pct"] >= 85.0, (g, b, n, r)
             assert r["t_issue"] < r["t_hbm"] and r["t_tensor"] < r["t_hbm"] and r["t_smem"] < r["t_hbm"]
@@ -91,9 +91,17 @@ def test_tc_path_is_hbm_bound_where_the_grid_fills_the_gpu(costs, tc_costs) -> N
     assert r["tail_rt"] == 2 + 1 and r["t_tail"] > r["t_hbm"] and r["pct_tail"] < r["pct"]
     for b in (128, 256):  # no splits: no tail
         assert bd.tc_roofline_row(b, 8, 1024, "bf16", c)["t_tail"] == 0.0
-    # batch 64: two splits (the last wave of one split would hold 116 CTAs), so a tail, still HBM-bound
-    r = bd.tc_roofline_row(64, 8, 1024, "bf16", c)
+    # batch 64 at 8k keys: two splits (the last wave of one split would hold 116 CTAs), so a tail, still
+    # HBM-bound; at 1k keys one split, as measured faster: the second wave's fixed time outweighs what the thin
+    # last wave of 116 CTAs costs, which binds (latency), below 85%.
+    r = bd.tc_roofline_row(64, 8, 8192, "bf16", c)
     assert r["splits"] == 2 and r["t_tail"] > 0.0 and r["bind"] == "HBM"
+    r = bd.tc_roofline_row(64, 8, 1024, "bf16", c)
+    assert r["splits"] == 1 and r["t_tail"] == 0.0 and r["bind"] == "latency" and 75.0 < r["pct"] < 85.0, r
+    # every step pays each wave's fixed time on top of its binding term
+    waves = bd._waves.fixed_waves(r["ctas"], bd.H100_SMS * r["occ"])
+    assert waves == 2 and r["t_wave"] == pytest.approx(2 * bd._waves.WAVE_START_S)
+    assert r["t"] == pytest.approx(r["t_lat"] + r["t_wave"])
 
 
 def test_tc_tail_round_trips_follow_the_merge(costs) -> None:
@@ -115,7 +123,7 @@ def test_tc_tail_round_trips_follow_the_merge(costs) -> None:
 
 
 def test_tc_fp8_conversion_term(costs) -> None:
-    # Measured on an H200 (docs/measured/2026-11-27-h200/decode.json) the FP8 kernel never passed ~2.7 TB/s
+    # Measured on an H200 (docs/measured/2026-11-27-h200/decode.json) the FP8 kernel then never passed ~2.7 TB/s
     # where the HBM term alone said >= 85% of peak. The missing term was the conversion pipe (published: 16
     # conversions a clock an SM). The measured kernel's tile loop (a warp, a 64-key tile, d128) widened K
     # e4m3 -> f16x2 (F2FP .UNPACK_B) -> fp32 halves (HADD2.F32) -> bf16x2 (F2FP .PACK_AB): 100 F2FP + 64
@@ -137,12 +145,10 @@ def test_tc_fp8_conversion_term(costs) -> None:
                     assert r["bind"] == "cvt" and r["t_cvt"] > r["t_hbm"] > r["t_issue"], (g, b, r)
                 r = bd.tc_roofline_row(b, g, 32768, "e4m3", c)
                 assert r["t_cvt"] < r["t_hbm"] and r["t_issue"] < r["t_hbm"], (g, b, r)
-                # HBM; at batch 64 (2 splits) latency by 1.5%, as bf16 below
-                assert r["bind"] == ("latency" if b == 64 else "HBM") and r["pct"] > 98.0, (g, b, r)
-                # bf16: HBM-bound, but at batch 64 (2 splits) the last wave's 232 CTAs are below the ~247 that
-                # 4.8 TB/s needs at the measured rate a CTA (pykern/ops/_decode_waves.py): latency, by 1.5%
+                # HBM binds, the waves' fixed time on top (more of it where the step is short: FP8 at batch 1)
+                assert r["bind"] == "HBM" and r["pct"] > (69.0 if b == 1 else 94.0), (g, b, r)
                 rb = bd.tc_roofline_row(b, g, 32768, "bf16", b16)
-                assert rb["bind"] == ("latency" if b == 64 else "HBM") and rb["pct"] > 98.0, (g, b, rb)
+                assert rb["bind"] == "HBM" and rb["pct"] > (82.0 if b == 1 else 97.0), (g, b, rb)
         # the term itself: every resident warp's conversions of every tile, a warp-instruction 32 conversions
         r = bd.tc_roofline_row(256, 8, 32768, "e4m3", measured)
         waves = -(-r["ctas"] // (bd.H100_SMS * r["occ"]))
@@ -193,7 +199,8 @@ def test_tc_one_tile_ctas_count_the_fills_they_run(costs) -> None:
     # H100 HBM by issue). What binds is latency: 128 CTAs of one tile each, each tile one loaded latency (the
     # measured rate a CTA with its one 16 KiB tile in flight), where HBM needs ~173 such CTAs streaming at once.
     one = bd.tc_roofline_row(1, 1, 1024, "e4m3", e)
-    t = max(one["t_cvt"], one["t_hbm"], one["t_lat"], one["t_issue"])
+    t = max(one["t_cvt"], one["t_hbm"], one["t_lat"], one["t_issue"]) + one["t_wave"]
+    assert one["t_wave"] == pytest.approx(bd._waves.WAVE_START_S)  # one wave
     assert one["pct"] == pytest.approx(100 * one["min_bytes"] / t / bd.H100_BW)
     assert one["bind"] == "latency" and one["t_issue"] < 1.2 * one["t_hbm"] < one["t_lat"], one
     cta = one["min_bytes"] * one["x_min"] / one["ctas"]

@@ -170,7 +170,8 @@ def test_long_single_sequence_splits_kv(launched) -> None:
 
     q, k, v = make_inputs(np.random.default_rng(3), None, 8, 2, 64, 700, 650, "bf16", "bf16")
     out = decode_attention(q, k, v, 650, backend="host")
-    plan = PagedDecodePlan(1, 8, 2, 64, 700, kv_layout="HND", q_dtype="bf16", max_kv_len=700)
+    # the plan of the power of two at or above the cache's length
+    plan = PagedDecodePlan(1, 8, 2, 64, 1024, kv_layout="HND", q_dtype="bf16", max_kv_len=1024)
     assert plan.num_splits > 1
     assert calls_names(launched) == [_tc_name(64, "bf16")]
     assert launched[0][1][0] == plan.grid  # the grid carries the plan's split count
@@ -179,6 +180,28 @@ def test_long_single_sequence_splits_kv(launched) -> None:
     q, k, v = make_inputs(np.random.default_rng(4), None, 8, 2, 64, 700, 70, "bf16", "bf16")
     _close(decode_attention(q, k, v, np.array([70], np.int32), backend="host"),
            np_decode_attention(*(x.astype(np.float64) for x in (q, k, v)), 70), "decode_attention", "bf16")
+
+
+def test_a_growing_cache_reuses_one_plan(launched) -> None:
+    # transformers' DynamicCache grows a token a step: every length up to the next power of two shares the plan
+    # (its workspaces, its split count), and each step's launch carries its own cache length as the page size
+    # (the kernel clamps a device length to it), not the plan's larger span.
+    _need("host")
+    import pykern.ops.decode as dec
+    from pykern import registry
+
+    dec._TC_PLANS.clear()
+    rng = np.random.default_rng(12)
+    lengths = (513, 600, 1024)
+    for n in lengths:
+        q, k, v = make_inputs(rng, 2, 8, 2, 64, n, [n, n - 7], "bf16", "bf16")
+        ref = np_batched_decode_attention(*(x.astype(np.float64) for x in (q, k, v)), [n, n - 7])
+        _close(batched_decode_attention(q, k, v, np.array([n, n - 7], np.int32), backend="host"), ref,
+               "batched_decode_attention", "bf16")
+    assert len(dec._TC_PLANS) == 1
+    assert {call[1][0] for call in launched} == {next(iter(dec._TC_PLANS.values()))[0].grid}
+    at = [p.name for p in registry.get(launched[0][0]).params].index("page_size")
+    assert [call[1][2 + at] for call in launched] == list(lengths)  # after grid and block
 
 
 def test_window_left_on_the_tensor_core_path(launched) -> None:

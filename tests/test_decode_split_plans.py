@@ -47,23 +47,31 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
         t = [waves.grid_stream_time(batch * kvh * s, slots, kv / s) for s in (1, pp.num_splits)]
         if pp.num_splits > 1:  # a split is taken only for what the waves gain beyond the merge's tail
             assert t[1] + waves.MERGE_TAIL_S < t[0] * (1 - waves.MIN_GAIN), (pp.num_splits, t)
-        # ... and the grid it leaves streams at HBM speed from a full wave on (or its last wave is tiny)
-        assert waves.wave_efficiency(batch * kvh * pp.num_splits, slots) > 0.93, (pp.num_splits, t)
+        # ... and the grid it leaves streams at HBM speed from a full wave on (or its last wave is tiny), but for
+        # short steps, where another wave's fixed time costs more than a thin last wave (batch 64 x 1k: measured
+        # faster with one split)
+        eff = waves.wave_efficiency(batch * kvh * pp.num_splits, slots)
+        assert eff > 0.93 or (ctx <= 1024 and pp.num_splits == 1 and eff > 0.85), (pp.num_splits, t, eff)
     pf = PagedDecodePlan(batch, kvh * group, kvh, 128, 16, max_kv_len=ctx, q_dtype="f32", num_sms=SMS)
     assert not pf.tensor_cores and (pf.num_splits == 1) == (batch * kvh >= SMS)
 
 
 def test_tensor_core_splits_fill_the_last_wave() -> None:
     # 8 kv heads, d128: 3 CTAs an SM (396 slots), bf16 and FP8. One split at batch 64 is a full wave of 396 and
-    # a last wave of 116: measured (H200) at 83-84% of copy speed; two splits leave 232 for the last wave.
+    # a last wave of 116: measured (H200, 2026-11-28) at 85% of copy speed at 8k-32k keys, where two splits (a
+    # last wave of 232) reached 95-98%; at 1k keys one split was the faster (the second split's extra wave costs
+    # its fixed time), and the model agrees.
     for g in (1, 4, 8):
         for ctx in (1024, 8192, 32768):
             bf = lambda b: PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16").num_splits
-            assert bf(64) == 2 and bf(50) == 4, (g, ctx)  # 400 CTAs: 4 would run alone after the first wave
+            e4 = lambda b: PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16",
+                                           kv_dtype="float8_e4m3fn").num_splits
+            assert bf(64) == (1 if ctx == 1024 else 2), (g, ctx)
+            assert bf(50) == 4, (g, ctx)  # 400 CTAs: 4 would run alone after the first wave
             assert bf(32) == bf(48) == bf(96) == bf(128) == bf(256) == 1, (g, ctx)  # full enough last waves
             for b in (32, 50, 64, 128):
-                e4 = PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16", kv_dtype="float8_e4m3fn")
-                assert e4.num_splits == bf(b), (b, ctx, e4.num_splits)
+                # FP8 CTAs stream half the bytes: at 1k keys a thin last wave costs less than a wave's fixed time
+                assert e4(b) == (1 if ctx == 1024 else bf(b)), (b, ctx, e4(b))
     # an explicit num_splits is kept
     assert PagedDecodePlan(64, 32, 8, 128, 16, q_dtype="bf16", num_splits=1).num_splits == 1
 

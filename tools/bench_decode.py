@@ -396,12 +396,16 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     # measured on this kernel (pykern/ops/_decode_waves.py, the model the plan's split count comes from).
     inflight = dtc_inflight_bytes(head_dim, eb, tiles)
     have = resident * inflight
-    t_lat = _waves.grid_stream_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW)
+    # Each wave's fixed time (the ring's fill, the last tile, the stores) adds to whichever term binds: it is
+    # the same whether the waves saturate HBM or not, so it is kept apart (t_wave) and the latency term is the
+    # waves' streaming alone.
+    t_wave = _waves.fixed_waves(ctas, H100_SMS * occ) * _waves.WAVE_START_S
+    t_lat = _waves.grid_stream_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW) - t_wave
     t_lat = t_hbm if t_lat <= t_hbm * (1 + 1e-9) else t_lat  # every wave saturates: HBM binds (no rounding tie)
     launch = LAUNCH_S * (len(plan.launches()) - 1)  # 0: the splits merge in the same launch
     terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem, "cvt": t_cvt}
     bind = max(terms, key=terms.get)
-    t = terms[bind] + launch
+    t = terms[bind] + launch + t_wave
     if launch > terms[bind]:
         bind = "launch"
     # The split fixup's tail: after the last split of a group has streamed its keys, its CTA runs a chain of
@@ -417,17 +421,17 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     return {"ctas": ctas, "splits": plan.num_splits, "tile": TC_BC, "occ": occ, "have_kb": have / 1024,
             "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue, "t_issue_lo": t_issue_lo,
             "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "t_cvt": t_cvt, "t_cvt_lo": t_cvt_lo,
-            "launch": launch, "t": t, "bind": bind, "min_bytes": kv_min + qo,
+            "launch": launch, "t_wave": t_wave, "t": t, "bind": bind, "min_bytes": kv_min + qo,
             "pct": 100 * (kv_min + qo) / t / H100_BW, "tail_rt": rt, "t_tail": tail,
             "pct_tail": 100 * (kv_min + qo) / (t + tail) / H100_BW}
 
 
 SUMMARY_BATCHES = (1, 8, 64, 256)
 SUMMARY_LENGTHS = (1024, 8192, 32768)
-MEASURED = ROOT / "docs" / "measured" / "2026-11-27-h200" / "decode.json"
-MEASURED_LABEL = ("measured on H200 (2026-11-27): docs/measured/2026-11-27-h200/decode.json, "
+MEASURED = ROOT / "docs" / "measured" / "2026-11-28-h200" / "decode.json"
+MEASURED_LABEL = ("measured on H200 (2026-11-28): docs/measured/2026-11-28-h200/decode.json, "
                   "`python tools/measure_gpu.py decode` (CUDA events, median of 20, L2 flushed before each call, "
-                  "GPU time; measured device-to-device copy 4258 GB/s read+write)")
+                  "GPU time; measured device-to-device copy 4230 GB/s read+write)")
 
 
 def load_measured(path: Path = MEASURED) -> dict[tuple[str, int, int, int], dict[str, Any]]:
@@ -453,9 +457,8 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
         meas = load_measured()
         if meas:
             print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU, of the kernels' SASS now; "
-                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then (FP8: K widened through fp32, "
-                  "Q K^T in bf16, 164 conversions a warp a tile) and the split count then (sN); '-' where not "
-                  "measured")
+                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they are now and the split count then (sN); "
+                  "'-' where not measured")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}" \
               + (f" {'model GB/s':>10s} {'meas GB/s':>10s}" if meas else "")

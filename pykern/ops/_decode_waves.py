@@ -53,16 +53,31 @@ def grid_stream_time(ctas: int, slots: int, cta_bytes: float, rate: float = CTA_
     if ctas <= 0 or cta_bytes <= 0:
         return 0.0
     full, rem = divmod(ctas, slots)
-    t = full * (WAVE_START_S + cta_bytes / min(rate, bw / slots))
+    t = full * cta_bytes / min(rate, bw / slots)
     if rem:
-        t += rem * cta_bytes / bw if full >= DRIFT_WAVES else WAVE_START_S + cta_bytes / min(rate, bw / rem)
-    return t
+        t += rem * cta_bytes / bw if full >= DRIFT_WAVES else cta_bytes / min(rate, bw / rem)
+    return t + fixed_waves(ctas, slots) * WAVE_START_S
+
+
+def fixed_waves(ctas: int, slots: int) -> int:
+    """How many of the grid's waves grid_stream_time charges WAVE_START_S (a drifting last wave overlaps)."""
+    if ctas <= 0:
+        return 0
+    full, rem = divmod(ctas, slots)
+    return full + (1 if rem and full < DRIFT_WAVES else 0)
 
 
 def cta_rate(inflight_bytes: int) -> float:
     """Bytes a second one CTA streams with `inflight_bytes` of its ring in flight (Little's law on the measured
     CTA_STREAM_BPS at CTA_STREAM_INFLIGHT)."""
     return CTA_STREAM_BPS * inflight_bytes / CTA_STREAM_INFLIGHT
+
+
+def wave_efficiency(ctas: int, slots: int, rate: float = CTA_STREAM_BPS) -> float:
+    """Fraction of HBM speed a grid of equal streaming CTAs reaches over its waves, their streaming alone (no
+    wave's fixed time; 1.0: every wave saturates)."""
+    t = grid_stream_time(ctas, slots, 1.0, rate) - fixed_waves(ctas, slots) * WAVE_START_S
+    return ctas / (t * HBM_BPS)
 
 
 def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_splits: int,

@@ -379,22 +379,25 @@ def _run_tc(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], lens: Any, 
             kv_layout: str, window_left: int, out: Any, stream: Any, backend: str | None) -> Any:
     """Dense caches as a paged cache of one page a sequence, on the tensor-core decode kernel: page_size =
     max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths (int32; 0 gives
-    zeros), the page stride = the sequence stride. The split count is PagedDecodePlan's for max_kv_len =
-    max_seq_len (shapes only, so int and array lengths launch the same grid and agree bit for bit). The plan
-    comes from _TC_PLANS."""
+    zeros), the page stride = the sequence stride. The plan, from _TC_PLANS, is PagedDecodePlan's for the
+    power of two at or above max_seq_len (at least 64), so a cache that grows a token a step (transformers'
+    DynamicCache) reuses one plan, and its workspaces, for many steps; its split count depends on shapes
+    only, so int and array lengths launch the same grid and agree bit for bit."""
     from .. import devices
     from .serving import PagedDecodePlan
 
     sc = _check_scale(scale, head_dim)
-    key = (batch, num_heads, num_kv_heads, head_dim, max_seq_len, kv_layout, q_kind, kv_kind, window_left,
+    span = 1 << max(6, (max_seq_len - 1).bit_length())
+    key = (batch, num_heads, num_kv_heads, head_dim, span, kv_layout, q_kind, kv_kind, window_left,
            backend, _device_key(q), devices.stream_handle(arrays.launch_stream(stream, q)))
     plan, indptr = _tc_plan(key, lambda: (
-        PagedDecodePlan(batch, num_heads, num_kv_heads, head_dim, max_seq_len, kv_layout=kv_layout, q_dtype=q_kind,
-                        kv_dtype=kv_kind, max_kv_len=max_seq_len, window_left=window_left, like=q),
+        PagedDecodePlan(batch, num_heads, num_kv_heads, head_dim, span, kv_layout=kv_layout, q_dtype=q_kind,
+                        kv_dtype=kv_kind, max_kv_len=span, window_left=window_left, like=q),
         _iota(batch + 1, q)))
     res = arrays.empty((batch, num_heads, head_dim), q_kind, like=q) if out is None else out
+    # the pages' size is the cache's own length: the kernel clamps a device length to it
     plan._launch(q, kf, vf, strides, indptr, indptr[:batch], lens, _flat(res), sc, 1.0, 1.0, False, stream,
-                 backend)
+                 backend, page_size=max_seq_len)
     return res
 
 

@@ -675,11 +675,12 @@ class PagedDecodePlan:
 
     def _launch(self, q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], indptr: Any, indices: Any, last: Any,
                 res_flat: Any, sc: float, ksc: float, vsc: float, want_lse: bool, stream: Any,
-                backend: str | None, record: list | None = None) -> bool:
+                backend: str | None, record: list | None = None, page_size: int | None = None) -> bool:
         """The launches of one step on checked arguments (flat K/V over the pages' memory and their element
         strides; int32 index arrays); the dense decode ops reuse it with one page a sequence. Returns
         whether the tensor-core kernel ran. `record`: a list that receives each launch as prepared
-        (launcher.prepare) for `run` to launch again."""
+        (launcher.prepare) for `run` to launch again. `page_size`: the pages' size when it is not the plan's
+        (the dense ops keep a plan for a range of cache lengths; at most the plan's)."""
         from ..launcher import launch as _plain, launch_prepared, prepare
 
         def launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None,
@@ -692,7 +693,8 @@ class PagedDecodePlan:
             launch_prepared(prep, stream, backend)
 
         s_page, s_tok, s_head = strides
-        h, kvh, d, page_size = self.num_qo_heads, self.num_kv_heads, self.head_dim, self.page_size
+        h, kvh, d = self.num_qo_heads, self.num_kv_heads, self.head_dim
+        page_size = self.page_size if page_size is None else page_size
         q = arrays.contiguous(q)
         stream = arrays.launch_stream(stream, q)
         tc = self._use_tc(kf, vf, strides, backend, q)
