@@ -1037,9 +1037,10 @@ def flash_attention_varlen(
                (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
                sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=stream_, backend=backend)
     elif total_q:
-        lens = _device_like(np.zeros(1, np.uint32), q)
+        # k_mode 0 (keys at cu_seqlens_k) never reads seq_lens: an allocation, not a host-to-device copy (a
+        # pageable copy synchronises the stream)
         launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
-               _flat(lse), _dummy(q), _dummy(q), cq, ck, lens, h, kvh, d, 0, kvh * d, d, 0, 1, 0,
+               _flat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
                wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
                stream=arrays.launch_stream(stream, q), backend=backend)
     return (out, lse) if return_lse else out
