@@ -57,8 +57,8 @@ head -n 30 "$WORK/env.log"
 
 KGLOBS=()
 IFS=, read -ra KG <<< "${KERNELS:-}"
-for g in "${KG[@]}"; do KGLOBS+=(--kernels "$g"); done
-TAILN=4 stage precompile 150 $PY -m pykern.precompile --arch sm_90 --jobs 16 "${KGLOBS[@]}"
+for g in ${KG[@]+"${KG[@]}"}; do KGLOBS+=(--kernels "$g"); done  # (set -u: an empty array is unset in bash < 4.4)
+TAILN=4 stage precompile 150 $PY -m pykern.precompile --arch sm_90 --jobs 16 ${KGLOBS[@]+"${KGLOBS[@]}"}
 TAILN=30 stage gpucheck_probe 30 $PY -m pykern.gpucheck --out "$WORK/gpucheck" --skip limits --skip difftest \
   --skip pytest --skip sanitizer --skip bench
 TAILN=8 stage ceilings 40 $PY tools/measure_gpu.py ceilings --json "$WORK/ceilings.json"
