@@ -400,7 +400,7 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     # the same whether the waves saturate HBM or not, so it is kept apart (t_wave) and the latency term is the
     # waves' streaming alone.
     t_wave = _waves.fixed_waves(ctas, H100_SMS * occ) * _waves.WAVE_START_S
-    t_lat = _waves.grid_stream_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW) - t_wave
+    t_lat = _waves.waves_streaming_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW)
     t_lat = t_hbm if t_lat <= t_hbm * (1 + 1e-9) else t_lat  # every wave saturates: HBM binds (no rounding tie)
     launch = LAUNCH_S * (len(plan.launches()) - 1)  # 0: the splits merge in the same launch
     terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem, "cvt": t_cvt}

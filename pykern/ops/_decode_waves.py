@@ -46,17 +46,25 @@ MAX_WAVE_SPLITS = 4
 DRIFT_WAVES = 4
 
 
-def grid_stream_time(ctas: int, slots: int, cta_bytes: float, rate: float = CTA_STREAM_BPS,
-                     bw: float = HBM_BPS) -> float:
-    """Seconds to stream `ctas` CTAs of `cta_bytes` each, `slots` of them resident at once, in waves, each CTA
-    at most at `rate` and the GPU at most at `bw`."""
+def waves_streaming_time(ctas: int, slots: int, cta_bytes: float, rate: float = CTA_STREAM_BPS,
+                         bw: float = HBM_BPS) -> float:
+    """Seconds the waves of grid_stream_time spend streaming their bytes, without their fixed time."""
     if ctas <= 0 or cta_bytes <= 0:
         return 0.0
     full, rem = divmod(ctas, slots)
     t = full * cta_bytes / min(rate, bw / slots)
     if rem:
         t += rem * cta_bytes / bw if full >= DRIFT_WAVES else cta_bytes / min(rate, bw / rem)
-    return t + fixed_waves(ctas, slots) * WAVE_START_S
+    return t
+
+
+def grid_stream_time(ctas: int, slots: int, cta_bytes: float, rate: float = CTA_STREAM_BPS,
+                     bw: float = HBM_BPS) -> float:
+    """Seconds to stream `ctas` CTAs of `cta_bytes` each, `slots` of them resident at once, in waves, each CTA
+    at most at `rate` and the GPU at most at `bw`, each wave (but a drifting last one) WAVE_START_S more."""
+    if ctas <= 0 or cta_bytes <= 0:
+        return 0.0
+    return waves_streaming_time(ctas, slots, cta_bytes, rate, bw) + fixed_waves(ctas, slots) * WAVE_START_S
 
 
 def fixed_waves(ctas: int, slots: int) -> int:
@@ -76,8 +84,7 @@ def cta_rate(inflight_bytes: int) -> float:
 def wave_efficiency(ctas: int, slots: int, rate: float = CTA_STREAM_BPS) -> float:
     """Fraction of HBM speed a grid of equal streaming CTAs reaches over its waves, their streaming alone (no
     wave's fixed time; 1.0: every wave saturates)."""
-    t = grid_stream_time(ctas, slots, 1.0, rate) - fixed_waves(ctas, slots) * WAVE_START_S
-    return ctas / (t * HBM_BPS)
+    return ctas / (waves_streaming_time(ctas, slots, 1.0, rate) * HBM_BPS)
 
 
 def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_splits: int,
