@@ -38,15 +38,12 @@ template <> struct PkVec4<float> {
 // `i` is an element offset; the two-argument forms read/write at p itself.
 template <typename T> struct PkVec16 {
     static constexpr int N = 8;
-    // 16 bytes already loaded, widened (a caller that issues several loads before it uses them)
-    static __device__ __forceinline__ void widen(const uint4& u, float* f) {
+    static __device__ __forceinline__ void load(const T* p, long long i, float* f) {
+        const uint4 u = *reinterpret_cast<const uint4*>(p + i);
         Pk16<T>::widen2(u.x, f[0], f[1]);
         Pk16<T>::widen2(u.y, f[2], f[3]);
         Pk16<T>::widen2(u.z, f[4], f[5]);
         Pk16<T>::widen2(u.w, f[6], f[7]);
-    }
-    static __device__ __forceinline__ void load(const T* p, long long i, float* f) {
-        widen(*reinterpret_cast<const uint4*>(p + i), f);
     }
     static __device__ __forceinline__ void store(T* p, long long i, const float* f) {
         uint4 u;
@@ -61,10 +58,6 @@ template <typename T> struct PkVec16 {
 };
 template <> struct PkVec16<float> {
     static constexpr int N = 4;
-    static __device__ __forceinline__ void widen(const uint4& u, float* f) {
-        f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
-        f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
-    }
     static __device__ __forceinline__ void load(const float* p, long long i, float* f) {
         const float4 v = *reinterpret_cast<const float4*>(p + i);
         f[0] = v.x; f[1] = v.y; f[2] = v.z; f[3] = v.w;

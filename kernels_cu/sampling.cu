@@ -217,8 +217,17 @@ __device__ __forceinline__ uint4 sp_raw(const T* row, long long n, long long i) 
 
 template <typename T, int VEC>
 __device__ __forceinline__ void sp_widen(const uint4& u, float* f) {
-    if constexpr (VEC == 1) f[0] = __uint_as_float(u.x);
-    else PkVec16<T>::widen(u, f);
+    if constexpr (VEC == 1) {
+        f[0] = __uint_as_float(u.x);
+    } else if constexpr (VEC == 4) {  // f32
+        f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y);
+        f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    } else {  // 8 bf16 / f16
+        Pk16<T>::widen2(u.x, f[0], f[1]);
+        Pk16<T>::widen2(u.y, f[2], f[3]);
+        Pk16<T>::widen2(u.z, f[4], f[5]);
+        Pk16<T>::widen2(u.w, f[6], f[7]);
+    }
 }
 
 // body(i, f) for every chunk of the row in order, f the VEC values at i (0 past the end, also for the up to
