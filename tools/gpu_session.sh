@@ -14,7 +14,9 @@
 # KERNELS (comma-separated globs) limits the precompile and the difftest shards to matching kernels; SKIP
 # names stages not to run; NCU_SM90_K and NCU_DECODE_SHAPE replace the ncu_sm90 stage's kernel filter and
 # decode shape (BATCH GQA KV_HEADS HEAD_DIM PAGE CTX), NCU_SM90_SECTIONS its ncu sections; NCU_ARGS adds
-# profile-target options (--decode-only); DIFFTEST_S, PYTEST_S and MODEL_S those stages' limits.
+# profile-target options (--decode-only); DIFFTEST_S, PYTEST_S, MODEL_S and MODEL_PROFILE_S those stages' limits;
+# DECODE_ARGS limits the decode stage's shapes (--batches 1 8 --lengths 1024 --kv bf16); NCU_SMALL_SHAPES (';'
+# between shapes) the decode shapes profiled kernel by kernel; SANITIZER_KERNELS the memcheck stage's kernels.
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-540}
@@ -87,7 +89,7 @@ grep -h -E " (FAIL|ERROR|fail|error)" "$WORK"/difftest_*.log | head -40
 grep -h -E "cases passed" "$WORK"/difftest_*.log
 
 TAILN=3 stage attention 90 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
-TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode --json "$OUT/decode.json"
+TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode ${DECODE_ARGS:-} --json "$OUT/decode.json"
 TAILN=3 stage sampling 30 $PY tools/measure_gpu.py sampling --json "$OUT/sampling.json"
 TAILN=6 stage model "${MODEL_S:-60}" $PY tools/measure_gpu.py model --json "$OUT/model.json"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
@@ -104,13 +106,26 @@ if [ -n "$NCU" ]; then
     -k "${NCU_SM90_K:-regex:flash_attention_sm90|attention_backward_sm90|decode_tc|paged_attn}" -c 10 \
     ${NCU_SM90_SECTIONS:---section SpeedOfLight} ${M:+--metrics "$M"} \
     $PY tools/measure_gpu.py profile-target --decode-shape ${NCU_DECODE_SHAPE:-8 1 8 128 16 8192} ${NCU_ARGS:-}
+  # small decode steps kernel by kernel (their time is mostly fixed), and the sampling ops at batch 1
+  IFS=';' read -ra SMALL <<< "${NCU_SMALL_SHAPES:-1 8 8 128 16 1024;8 8 8 128 16 1024}"
+  i=0
+  for sh in ${SMALL[@]+"${SMALL[@]}"}; do
+    TAILN=12 stage "ncu_decode_small$i" 45 "$NCU" --clock-control none --target-processes all -k regex:decode_tc -c 2 \
+      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      $PY tools/measure_gpu.py profile-target --decode-only --decode-shape $sh
+    i=$((i + 1))
+  done
+  TAILN=12 stage ncu_sampling 60 "$NCU" --clock-control none --target-processes all -k regex:sampling -c 12 \
+    --section SpeedOfLight --section LaunchStats --section WarpStateStats \
+    $PY tools/measure_gpu.py profile-target --sampling
 fi
+TAILN=40 stage model_profile "${MODEL_PROFILE_S:-150}" $PY tools/measure_gpu.py model-profile --json "$OUT/model_profile.json"
 TAILN=70 stage membound 60 $PY -m pykern.bench --dtype bf16 --repeats 10
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CS" ]; then
   TAILN=8 stage sanitizer_memcheck 40 "$CS" --tool memcheck --error-exitcode 99 --print-limit 20 \
     $PY -m pykern.difftest --backends nvrtc --case-limit 2 \
-    --kernels 'paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,decode_tc_paged_d128_e4m3kv_bf16,paged_attn_bf16'
+    --kernels "${SANITIZER_KERNELS:-paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,decode_tc_paged_d128_e4m3kv_bf16,paged_attn_bf16}"
 fi
 $PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" "$OUT/model.json" 2>&1 | tail -120
 echo "total $(( $(date +%s) - T0 ))s"

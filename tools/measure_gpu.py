@@ -11,6 +11,7 @@
                                                     # sort + filter + multinomial
     python tools/measure_gpu.py model               # a Llama-shaped training step and greedy decode, patched
                                                     # with pykern.torch.apply and not
+    python tools/measure_gpu.py model-profile       # that training step's GPU time by op (torch.profiler)
     python tools/measure_gpu.py all --quick --json OUT.json
     python tools/measure_gpu.py summary OUT.json ...  # compact tables of saved rows (no GPU needed)
 
@@ -128,6 +129,10 @@ def ceilings(args: argparse.Namespace) -> None:
     y = torch.randn(m, m, device="cuda", dtype=torch.bfloat16)
     t = timed(lambda: x @ y, 10)
     log({"what": "gemm_bf16", "m": m, "us": t * 1e6, "TFLOPs": 2 * m ** 3 / t / 1e12})
+    # what timed() reads for one launch that does no work: the floor under every small step's figure
+    tiny = torch.zeros(1, device="cuda")
+    t = timed(lambda: tiny.add_(1.0), 50)
+    log({"what": "launch_floor", "op": "torch add_ on 1 element", "us": t * 1e6})
 
 
 # --------------------------------------------------------------------------- attention
@@ -210,11 +215,11 @@ def decode(args: argparse.Namespace) -> None:
 
     flush = l2_flusher()
     kvh, d, ps = 8, 128, 16
-    batches = (1, 8, 64) if args.quick else (1, 8, 64, 256)
-    lengths = (1024, 8192) if args.quick else (1024, 8192, 32768)
+    batches = args.batches or ((1, 8, 64) if args.quick else (1, 8, 64, 256))
+    lengths = args.lengths or ((1024, 8192) if args.quick else (1024, 8192, 32768))
     reps = 10 if args.quick else 20
-    for kv in ("bf16", "e4m3"):
-        for g in (1, 4, 8):
+    for kv in args.kv or ("bf16", "e4m3"):
+        for g in args.gqa or (1, 4, 8):
             h = kvh * g
             for batch in batches:
                 for length in lengths:
@@ -256,6 +261,13 @@ def decode(args: argparse.Namespace) -> None:
                             t1 = timed(lambda: one.run(q, kp, vp, indptr, indices, last), reps, flush)
                             row["one_split_us"], row["one_split_GBps"] = t1 * 1e6, minimum / t1 / 1e9
                             del one
+                        elif plan.num_splits == 1 and batch * kvh < 4 * torch.cuda.get_device_properties(0).multi_processor_count:
+                            # one split where the wave model priced a second one's extra wave over its fuller waves
+                            two = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
+                                                  max_kv_len=length, num_splits=2, like=q)
+                            t2 = timed(lambda: two.run(q, kp, vp, indptr, indices, last), reps, flush)
+                            row["two_split_us"], row["two_split_GBps"] = t2 * 1e6, minimum / t2 / 1e9
+                            del two
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)
@@ -369,6 +381,55 @@ def model_step(args: argparse.Namespace) -> None:
         torch.cuda.empty_cache()
 
 
+def model_profile(args: argparse.Namespace) -> None:
+    """Where a training step of model_step's Llama spends its GPU time, patched and not: torch.profiler over two
+    steps after two warm-up steps; the ops with the most self GPU time, and the step's wall and GPU totals."""
+    from torch.profiler import ProfilerActivity, profile
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    from pykern.torch import apply
+
+    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
+                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    seq, batch, steps = 2048, 4, 2
+    for patched in (False, True):
+        torch.manual_seed(0)
+        m = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
+        if patched:
+            apply(m)
+        opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
+        ids = torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+        m.train()
+
+        def step() -> None:
+            m(input_ids=ids, labels=ids).loss.backward()
+            opt.step()
+            opt.zero_grad(set_to_none=True)
+
+        for _ in range(2):
+            step()
+        torch.cuda.synchronize()
+        with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                step()
+            torch.cuda.synchronize()
+            wall = (time.perf_counter() - t0) / steps
+        ev = prof.key_averages()
+        dev = "self_device_time_total" if hasattr(ev[0], "self_device_time_total") else "self_cuda_time_total"
+        top = sorted(ev, key=lambda e: -getattr(e, dev))[:30]
+        gpu = sum(getattr(e, dev) for e in ev) / steps
+        print(f"--- patched={patched}: wall {wall * 1e3:.1f} ms a step (profiled), self GPU time {gpu / 1e3:.1f} ms")
+        print(ev.table(sort_by=dev, row_limit=30, max_name_column_width=70))
+        log({"what": "model_profile", "patched": patched, "wall_ms_per_step": wall * 1e3,
+             "self_gpu_ms_per_step": gpu / 1e3,
+             "top": [{"name": e.key, "calls_per_step": e.count / steps,
+                      "self_gpu_us_per_step": getattr(e, dev) / steps,
+                      "cpu_us_per_step": e.cpu_time_total / steps} for e in top]})
+        del m, opt, prof
+        torch.cuda.empty_cache()
+
+
 # --------------------------------------------------------------------------- one shape each, for ncu
 
 def profile_target(args: argparse.Namespace) -> None:
@@ -377,6 +438,18 @@ def profile_target(args: argparse.Namespace) -> None:
     from pykern.ops.serving import PagedDecodePlan
     from pykern.torch import flash_attention
 
+    if args.sampling:  # each sampling op once on one row of Llama-3's vocabulary
+        from pykern import ops
+
+        probs = torch.softmax(torch.randn(1, 128256, device="cuda") * 3, dim=-1)
+        ops.sampling_from_probs(probs, seed=1)
+        ops.top_k_sampling_from_probs(probs, 50, seed=1)
+        ops.top_p_sampling_from_probs(probs, 0.9, seed=1)
+        ops.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=1)
+        ops.top_k_renorm_probs(probs, 50)
+        ops.top_p_renorm_probs(probs, 0.9)
+        torch.cuda.synchronize()
+        return
     if args.mma_sync:  # the sm_80 (mma.sync) kernels on this Hopper GPU
         sm90.usable = ta._sm90_usable = lambda *a, **kw: False
     for d in () if args.decode_only else (64, 128):
@@ -399,7 +472,7 @@ def summary(files: list[str]) -> None:
     """Compact tables of the rows in measure JSON files."""
     rows = [r for f in files if os.path.exists(f) for r in json.load(open(f))]
     for r in rows:
-        if r["what"] in ("device", "copy", "gemm_bf16"):
+        if r["what"] in ("device", "copy", "gemm_bf16", "launch_floor"):
             print(json.dumps(r))
     print("attention TFLOP/s fwd | fwd+bwd (rel err of fwd vs sdpa_flash)")
     names = ("pykern", "pykern_mma_sync", "sdpa_flash", "sdpa_cudnn")
@@ -427,14 +500,19 @@ def summary(files: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("ceilings", "attention", "decode", "sampling", "model", "all", "profile-target",
-                                     "summary"))
+    ap.add_argument("what", choices=("ceilings", "attention", "decode", "sampling", "model", "model-profile", "all",
+                                     "profile-target", "summary"))
     ap.add_argument("files", nargs="*", help="summary: measure JSON files")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
     ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
     ap.add_argument("--json", metavar="FILE", help="also write every row to FILE")
     ap.add_argument("--decode-only", action="store_true", help="profile-target: only the decode launches")
     ap.add_argument("--mma-sync", action="store_true", help="profile-target: the mma.sync attention kernels")
+    ap.add_argument("--sampling", action="store_true", help="profile-target: only each sampling op once at batch 1")
+    ap.add_argument("--batches", type=int, nargs="+", help="decode: these batch sizes only")
+    ap.add_argument("--lengths", type=int, nargs="+", help="decode: these context lengths only")
+    ap.add_argument("--gqa", type=int, nargs="+", help="decode: these GQA group sizes only")
+    ap.add_argument("--kv", nargs="+", choices=("bf16", "e4m3"), help="decode: these KV cache types only")
     ap.add_argument("--decode-shape", type=int, nargs=6, default=(8, 4, 8, 128, 16, 32768),
                     metavar=("BATCH", "GQA", "KV_HEADS", "HEAD_DIM", "PAGE", "CTX"), help="profile-target's decode")
     args = ap.parse_args(argv)
@@ -445,7 +523,8 @@ def main(argv: list[str] | None = None) -> int:
         print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
     steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode], "sampling": [sampling],
-             "model": [model_step], "all": [ceilings, attention, decode, sampling, model_step],
+             "model": [model_step], "model-profile": [model_profile],
+             "all": [ceilings, attention, decode, sampling, model_step],
              "profile-target": [profile_target]}[args.what]
     try:
         for step in steps:
