@@ -396,6 +396,42 @@ def test_flce_blocked_accumulation_matches_the_product():
     assert flce_block_rows(1, 5, 4096) == 5
 
 
+def test_flce_float32_out_matmuls_only_for_half_operands_on_a_gpu():
+    """The tensor-core float32-output matmuls (mm / addmm with out_dtype) exist in torch for CUDA only: torch CPU
+    tensors, float32 operands and NumPy keep the float32-copy path the tests above check."""
+    from pykern.ops.training_ext import _Frame
+
+    for a in (torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2), np.zeros((2, 2), np.float32)):
+        assert not _Frame(a, None).float32_out_matmuls(a)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_flce_torch_cuda_half_matches_torch_f64_autograd(dtype):
+    """bf16 / f16 on a GPU: the products come out of the tensor cores in float32 (no float32 copies of the
+    operands), with several chunks accumulating into grad_weight and a bias."""
+    from pykern.ops.training_ext import _Frame
+
+    g = torch.Generator().manual_seed(29)
+    n, hd, v = 300, 64, 1000
+    tdt = TORCH_DTYPE[dtype]
+    h, w = torch.randn(n, hd, generator=g).to(tdt), (torch.randn(v, hd, generator=g) * 0.2).to(tdt)
+    b = torch.randn(v, generator=g).to(tdt)
+    t = torch.randint(0, v, (n,), generator=g)
+    t[::7] = -100
+    dev = [a.cuda() for a in (h, w, b, t)]
+    if hasattr(torch.ops.aten.addmm, "dtype_out"):
+        assert _Frame(dev[0], None).float32_out_matmuls(dev[0])
+    loss, gh, gw, gb = ops.fused_linear_cross_entropy(*dev[:2], dev[3], dev[2], chunk_size=128)
+    ins = [_leaf(a, torch.float64) for a in (h, w, b)]
+    ref = _flce_ref(*ins[:2], t, ins[2])
+    rgh, rgw, rgb = torch.autograd.grad(ref.sum(), ins)
+    _close(loss.float().cpu(), ref, "fused_linear_cross_entropy", dtype, "loss")
+    for got, want, nm in ((gh, rgh, "grad_hidden"), (gw, rgw, "grad_weight"), (gb, rgb, "grad_bias")):
+        assert got.dtype == torch.float32 and got.is_cuda, (nm, got.dtype)
+        _close(got.cpu(), want, "fused_linear_cross_entropy", dtype, nm)
+
+
 @pytest.mark.parametrize("dtype", ["f32", "bf16"])
 def test_flce_numpy_peak_extra_memory_is_chunk_by_vocab(dtype):
     """tracemalloc over the NumPy path: beyond its float32 outputs the call allocates O(chunk x V) +

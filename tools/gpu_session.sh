@@ -16,7 +16,8 @@
 # decode shape (BATCH GQA KV_HEADS HEAD_DIM PAGE CTX), NCU_SM90_SECTIONS its ncu sections; NCU_ARGS adds
 # profile-target options (--decode-only); DIFFTEST_S, PYTEST_S, MODEL_S and MODEL_PROFILE_S those stages' limits;
 # DECODE_ARGS limits the decode stage's shapes (--batches 1 8 --lengths 1024 --kv bf16); NCU_SMALL_SHAPES (';'
-# between shapes) the decode shapes profiled kernel by kernel; SANITIZER_KERNELS the memcheck stage's kernels.
+# between shapes) the decode shapes profiled kernel by kernel, NCU_SMALL_SECTIONS their sections;
+# SANITIZER_KERNELS the memcheck stage's kernels; PYTEST_ARGS narrows pytest -m gpu (-k EXPR, test files).
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-540}
@@ -81,7 +82,7 @@ done
 (stage mma_sync "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc --extra tools/gpu_no_sm90.py \
    --kernels 'flash_attention*,attention_backward*' > "$WORK/mma_sync.status") &
 (TAILN=25 stage pytest_gpu "${PYTEST_S:-120}" $PY -m pytest -m gpu tests --ignore=tests/test_difftest.py -q -n 4 \
-   -p no:cacheprovider -rfE > "$WORK/pytest.status") &
+   -p no:cacheprovider -rfE ${PYTEST_ARGS:-} > "$WORK/pytest.status") &
 wait
 cat "$WORK"/*.status
 echo "--- difftest cases not ok:"
@@ -111,7 +112,7 @@ if [ -n "$NCU" ]; then
   i=0
   for sh in ${SMALL[@]+"${SMALL[@]}"}; do
     TAILN=12 stage "ncu_decode_small$i" 45 "$NCU" --clock-control none --target-processes all -k regex:decode_tc -c 2 \
-      --section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats \
+      ${NCU_SMALL_SECTIONS:---section SpeedOfLight --section LaunchStats --section Occupancy --section WarpStateStats} \
       $PY tools/measure_gpu.py profile-target --decode-only --decode-shape $sh
     i=$((i + 1))
   done

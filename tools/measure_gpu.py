@@ -268,6 +268,12 @@ def decode(args: argparse.Namespace) -> None:
                             t2 = timed(lambda: two.run(q, kp, vp, indptr, indices, last), reps, flush)
                             row["two_split_us"], row["two_split_GBps"] = t2 * 1e6, minimum / t2 / 1e9
                             del two
+                        for ns in args.splits or ():  # the same step at each split count asked for
+                            alt = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
+                                                  max_kv_len=length, num_splits=ns, like=q)
+                            ta = timed(lambda: alt.run(q, kp, vp, indptr, indices, last), reps, flush)
+                            row.setdefault("splits_us", {})[ns] = ta * 1e6
+                            del alt
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)
@@ -513,6 +519,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--lengths", type=int, nargs="+", help="decode: these context lengths only")
     ap.add_argument("--gqa", type=int, nargs="+", help="decode: these GQA group sizes only")
     ap.add_argument("--kv", nargs="+", choices=("bf16", "e4m3"), help="decode: these KV cache types only")
+    ap.add_argument("--splits", type=int, nargs="+", help="decode: also time each step at these split counts")
     ap.add_argument("--decode-shape", type=int, nargs=6, default=(8, 4, 8, 128, 16, 32768),
                     metavar=("BATCH", "GQA", "KV_HEADS", "HEAD_DIM", "PAGE", "CTX"), help="profile-target's decode")
     args = ap.parse_args(argv)
