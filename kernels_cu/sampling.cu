@@ -23,7 +23,7 @@
 // - Row reads: what needs no result of another pass shares its read. The row maximum rides along
 //   with top-k's first pass, top-p's total is the sum of its first histogram, and a select's last
 //   pass also sums the kept mass S (mass of the keys >= the final floor). Full reads of a row, f32 /
-//   bf16 and f16 (a select reads it 3 / 2 times; the draw's scan stops at the chunk that holds it):
+//   bf16 and f16 (a select reads it 3 / 2 times; the draw's read stops at the window that holds it):
 //     sampling, no filter or min-p: max, S, scan                         3 / 3
 //     top-k (+ min-p): max with the select, scan                         4 / 3
 //     top-p (+ min-p): max, select, scan                                 5 / 4
@@ -33,7 +33,8 @@
 //     top_k_mask_logits: select, write                                   4 / 3
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
-//   mass: a block scan over the row in vocabulary order, stopping at the chunk that holds it.
+//   mass: per-warp sums of the row in vocabulary order, one block scan a window of them, then one warp's
+//   walk of the 32 * VEC entries that hold it (sp_find_draw).
 //
 // Each family is written once over the element type (f32, bf16, f16: PK_IO_KERNELS). Rows are read in
 // 16-byte vectors (4 f32 or 8 bf16 / f16) when the row length is a multiple of the
@@ -230,23 +231,32 @@ __device__ __forceinline__ void sp_widen(const uint4& u, float* f) {
     }
 }
 
-// body(i, f) for every chunk of the row in order, f the VEC values at i (0 past the end, also for the up to
-// AH - 1 chunks past the last that a group rounds up to: the body sees i >= n there). A body returning
-// true stops the walk; it must be block-uniform where the body synchronises.
+// body(c, i, f) for the chunks c0 <= c < c1 (c1 <= the row's chunks) in order, f the VEC values at i (0 past
+// the end of the row: the body sees i >= n there). A body returning true stops the walk; it must be
+// block-uniform where the body synchronises.
 template <typename T, int VEC, int AH, typename Body>
-__device__ __forceinline__ void sp_for_row(const T* row, long long n, Body&& body) {
-    const long long nc = sp_chunks<T, VEC>(n);
-    for (long long c = 0; c < nc; c += AH) {
+__device__ __forceinline__ void sp_for_chunks(const T* row, long long n, long long c0, long long c1, Body&& body) {
+    const long long lim = min(n, c1 * SP_NT * VEC);  // past c1 loads nothing, with sp_raw's one bound test
+    for (long long c = c0; c < c1; c += AH) {
         uint4 u[AH];
 #pragma unroll
-        for (int a = 0; a < AH; ++a) u[a] = sp_raw<T, VEC>(row, n, ((c + a) * SP_NT + threadIdx.x) * VEC);
+        for (int a = 0; a < AH; ++a) u[a] = sp_raw<T, VEC>(row, lim, ((c + a) * SP_NT + threadIdx.x) * VEC);
 #pragma unroll
         for (int a = 0; a < AH; ++a) {
+            if (c + a >= c1) return;  // block-uniform
             float f[VEC];
             sp_widen<T, VEC>(u[a], f);
-            if (body(((c + a) * SP_NT + threadIdx.x) * VEC, f)) return;
+            if (body(c + a, ((c + a) * SP_NT + threadIdx.x) * VEC, f)) return;
         }
     }
+}
+
+// body(i, f) for every chunk of the row in order (sp_for_chunks over all of them).
+template <typename T, int VEC, int AH, typename Body>
+__device__ __forceinline__ void sp_for_row(const T* row, long long n, Body&& body) {
+    sp_for_chunks<T, VEC, AH>(row, n, 0, sp_chunks<T, VEC>(n), [&](long long, long long i, float* f) {
+        return body(i, f);
+    });
 }
 
 template <bool LOGITS>
@@ -424,6 +434,90 @@ __device__ __forceinline__ unsigned int sp_top_p_int(float p) {
     return v;
 }
 
+// ------------------------------------------------------------------------------ the draw
+// The first kept entry (key >= lo, lo >= 1) whose inclusive prefix mass, in vocabulary order, exceeds t (t < the
+// kept mass), or -1. A segment is one warp's 32 * VEC entries of one chunk, contiguous in the row. The row goes
+// by windows of SP_WIN chunks: each warp sums its segments with shuffles alone into s.hist (in row order), one
+// block scan over the window's SP_BINS sums finds the segment that holds the draw, and one warp walks that
+// segment. One block scan a window, where a scan a chunk put two barriers in every chunk's read (most of a
+// batch-1 draw's time on an H200).
+#define SP_WIN (SP_BINS / SP_NW)
+
+template <typename T, int VEC, int AH>
+__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, unsigned long long t, SpShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    const long long nc = sp_chunks<T, VEC>(n);
+    if (threadIdx.x == 0) s.found = -1;
+    unsigned long long run = 0ull;  // mass of the windows before
+    for (long long c0 = 0; c0 < nc; c0 += SP_WIN) {
+        const long long c1 = min(nc, c0 + SP_WIN);
+        sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long c, long long, const float* f) {
+            unsigned long long own = 0ull;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                const unsigned int key = sp_prob_key(f[j]);  // past the end: 0 < lo
+                if (key >= lo) own += sp_mass(key, sh);
+            }
+            own = sp_warp_sum(own);
+            if (lane == 0) s.hist[(c - c0) * SP_NW + warp] = own;
+            return false;
+        });
+        __syncthreads();
+        // thread t owns the window's segments 4t .. 4t + 3 (row order): an exclusive scan in thread order
+        const int ne = (int)(c1 - c0) * SP_NW;
+        unsigned long long own = 0ull;
+#pragma unroll
+        for (int j = 0; j < 4; ++j)
+            if (4 * (int)threadIdx.x + j < ne) own += s.hist[4 * threadIdx.x + j];
+        unsigned long long total;
+        const unsigned long long before = run + sp_block_exclusive(own, &total, s);
+        if (run + total <= t) {  // block-uniform: not in this window (the scan's barriers end the hist reads)
+            run += total;
+            continue;
+        }
+        if (before <= t && t < before + own) {
+            unsigned long long a = before;
+#pragma unroll
+            for (int j = 0; j < 4; ++j) {
+                const unsigned long long h = 4 * (int)threadIdx.x + j < ne ? s.hist[4 * threadIdx.x + j] : 0ull;
+                if (a + h > t) { s.sel_bin = 4 * threadIdx.x + j; s.sel_above = a; break; }
+                a += h;
+            }
+        }
+        __syncthreads();
+        if (warp == 0) {  // the segment's walk: one 16-byte read a lane and a warp scan
+            const unsigned int seg = s.sel_bin;
+            const long long i = ((c0 + seg / SP_NW) * SP_NT + (seg % SP_NW) * 32 + lane) * VEC;
+            float f[VEC];
+            sp_widen<T, VEC>(sp_raw<T, VEC>(row, n, i), f);
+            unsigned long long w[VEC], mine = 0ull;
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) {
+                const unsigned int key = sp_prob_key(f[j]);
+                w[j] = key >= lo ? sp_mass(key, sh) : 0ull;
+                mine += w[j];
+            }
+            unsigned long long inc = mine;
+#pragma unroll
+            for (int off = 1; off < 32; off <<= 1) {
+                const unsigned long long o = __shfl_up_sync(PK_FULL_MASK, inc, off);
+                if (lane >= off) inc += o;
+            }
+            unsigned long long a = s.sel_above + inc - mine;
+            if (a <= t && t < a + mine) {
+#pragma unroll
+                for (int j = 0; j < VEC; ++j) {
+                    a += w[j];
+                    if (a > t) { s.found = (int)(i + j); break; }
+                }
+            }
+        }
+        break;
+    }
+    __syncthreads();
+    return s.found;
+}
+
 // ------------------------------------------------------------------------------ sampling
 struct SpArgs {
     int flags, top_k_val;
@@ -474,35 +568,8 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
               (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
     const unsigned long long t = sp_mul_frac(S, c[0]);  // in [0, S)
-    // first kept index whose inclusive prefix mass exceeds t
-    if (threadIdx.x == 0) s.found = -1;
-    unsigned long long run = 0ull;
-    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
-        unsigned long long w[VEC], own = 0ull;
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            const unsigned int key = sp_prob_key(f[j]);
-            w[j] = key >= lo ? sp_mass(key, sh) : 0ull;
-            own += w[j];
-        }
-        unsigned long long total;
-        const unsigned long long before = run + sp_block_exclusive(own, &total, s);
-        if (run + total > t) {  // block-uniform: the chunk that holds the draw
-            if (before <= t && t < before + own) {
-                unsigned long long acc = before;
-#pragma unroll
-                for (int j = 0; j < VEC; ++j) {
-                    acc += w[j];
-                    if (acc > t) { s.found = (int)(i + j); break; }
-                }
-            }
-            return true;
-        }
-        run += total;
-        return false;
-    });
-    __syncthreads();
-    if (threadIdx.x == 0) { out[b] = s.found >= 0 ? s.found : 0; valid[b] = s.found >= 0; }
+    const int found = sp_find_draw<T, VEC, AH>(row, n, lo, sh, t, s);
+    if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
 // flags: SPF_* above. Per-row parameter arrays are indexed by the output row; seed_arr and

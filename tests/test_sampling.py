@@ -340,6 +340,31 @@ def test_rows_that_end_in_a_partial_group_of_loads(kind, vocab) -> None:
                                   np_top_k_mask(np.asarray(logits, np.float32), k))
 
 
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_draws_past_the_first_window_of_segment_sums(kind) -> None:
+    # The draw sums the row a window of 128 chunks at a time (sp_find_draw); 70001 entries are read one a thread
+    # (not a multiple of the 16-byte vector), so 137 chunks of 512: two windows, the second of 9 chunks. Row 1's
+    # draw is forced just past the first window, row 2's onto the first window's last entry, row 3's onto the
+    # row's last entry; row 0 has most of its mass spread over the second window, which the first one's mass
+    # precedes.
+    vocab = 70001
+    rng = np.random.default_rng(7)
+    x = np.asarray(make_probs(rng, 4, vocab, kind), np.float32)
+    x[0, :65536] *= 0.01
+    for r, at in ((1, 65536 + 300), (2, 65535), (3, vocab - 1)):
+        x[r, at] = x[r].sum() * 8
+    probs = x if kind == "f32" else x.astype(bfloat16())
+    x = np.asarray(probs, np.float32)
+    for op, args in (("sampling_from_probs", {}), ("top_p_sampling_from_probs", {"top_p": 0.95}),
+                     ("min_p_sampling_from_probs", {"min_p": 0.5})):
+        for seed in (1, 2):
+            got = getattr(ops, op)(probs, *args.values(), seed=seed, backend="host")
+            ref, _ = np_sample(x, seed, 0, **args)
+            np.testing.assert_array_equal(got, ref, err_msg=f"{op} {args} seed {seed}")
+            if op == "min_p_sampling_from_probs":
+                assert list(got[1:]) == [65536 + 300, 65535, vocab - 1]
+
+
 def test_bf16_probs_sample_like_their_f32_values() -> None:
     probs = make_probs(np.random.default_rng(4), 32, 64, "bf16")
     a = ops.top_p_sampling_from_probs(probs, 0.8, seed=5, backend="host")
