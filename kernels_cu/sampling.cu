@@ -113,14 +113,23 @@ __device__ __forceinline__ unsigned int sp_logit_key(float x) {
     return (b & 0x80000000u) ? ~b : (b | 0x80000000u);
 }
 
-// floor(p * 2^sh) of the sanitized probability with bits `key`, exactly (integer shifts only).
+// floor(p * 2^sh) of the sanitized probability with bits `key`, exactly. p * 2^sh is a power-of-two scaling of
+// a float: exact wherever it is >= 1 (it stays a normal float, < 2^41), and whatever it rounds to below 1
+// floors to 0, so the hardware's truncating conversion gives the floor (3 instructions a value where shifts of
+// the mantissa took ~15: the row walks are issue-bound at one CTA a row). sh lies in [-88, 189] (sp_shift of a
+// finite maximum), so 2^sh goes as two float factors, 2^min(sh, 127) and the rest.
 __device__ __forceinline__ unsigned long long sp_mass(unsigned int key, int sh) {
-    if (key == 0u) return 0ull;
-    const unsigned int e = key >> 23;
-    const unsigned int m = e ? ((key & 0x7fffffu) | 0x800000u) : key;
-    const int k = (e ? (int)e - 150 : -149) + sh;
-    if (k >= 0) return (unsigned long long)m << k;
-    return k <= -24 ? 0ull : (unsigned long long)(m >> (-k));
+    const int a = min(sh, 127);
+    const float x = __uint_as_float(key) * __int_as_float((127 + a) << 23) * __int_as_float((127 + sh - a) << 23);
+    return __float2ull_rz(x);
+}
+
+// sp_mass of each value (sanitized as a probability) at one shift, for its exactness tests: every positive value
+// must be below 2^(41 - sh), as a row's entries are below its maximum's binade.
+extern "C" __global__ void __launch_bounds__(256) sampling_mass(const float* __restrict__ p,
+                                                                 unsigned long long* __restrict__ out, int n, int sh) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = sp_mass(sp_prob_key(p[i]), sh);
 }
 
 // SP_F - e for the row maximum's key (2^(e-1) <= max < 2^e); mkey > 0.

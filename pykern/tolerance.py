@@ -116,6 +116,7 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("append_paged_kv_cache", "f16"): (0.0, 0.0),  # a bit copy
     # sampling (kernels_cu/sampling.cu): tokens are integer decisions, exact on every backend
     ("sampling_philox", "f32"): (0.0, 0.0),
+    ("sampling_mass", "f32"): (0.0, 0.0),
     ("sampling_from_probs", "f32"): (0.0, 0.0),
     ("sampling_from_probs", "bf16"): (0.0, 0.0),
     ("sampling_from_probs", "f16"): (0.0, 0.0),

@@ -12,6 +12,7 @@ Arrays arrive flat; bf16 / f16 arrays widened to float32.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from .base import reference
@@ -87,7 +88,8 @@ def _helpers(cuda: Any) -> Any:
 
     @cuda.jit(device=True)
     def mass(x, scale):
-        return numba.int64(math.floor(clean(x) * scale))
+        # float64 before the product: a float32 times a large power of two would overflow in float32
+        return numba.int64(math.floor(numba.float64(clean(x)) * scale))
 
     @cuda.jit(device=True)
     def kth_largest(vals, base, n, k, logits):
@@ -173,6 +175,28 @@ def _philox(cuda: Any) -> Any:
 
     def config(args: Any) -> Any:
         return ((args[1] + 63) // 64,), (64,)
+
+    return k, config
+
+
+@reference("sampling_mass")
+def _mass(cuda: Any) -> Any:
+    import numba
+
+    clean = _helpers(cuda)[2]
+
+    @cuda.jit
+    def k(p, out, n, sh):
+        i = cuda.grid(1)
+        if i >= n:
+            return
+        scale = 1.0
+        for _ in range(abs(sh)):
+            scale = scale * 2.0 if sh > 0 else scale * 0.5
+        out[i] = int(math.floor(numba.float64(clean(p[i])) * scale))  # float64: exact, and no float32 overflow
+
+    def config(args: Any) -> Any:
+        return ((args[2] + 63) // 64,), (64,)
 
     return k, config
 

@@ -243,9 +243,47 @@ def _philox_case() -> Case:
     return Case(op="sampling_philox", dtype="f32", shape="n37", kernels=("sampling_philox",), run=run, reference=ref)
 
 
+# the shifts of a finite row maximum's binade span [-88, 188]; 127 / 128 bracket the split of 2^sh in two factors
+MASS_SHIFTS = (-88, -30, 0, 40, 126, 127, 128, 150, 188)
+
+
+def mass_inputs(rng: np.random.Generator, sh: int) -> np.ndarray:
+    """float32 values of every kind (random bit patterns: subnormals, NaN, inf, negatives; and edges), the positive
+    finite ones brought below 2^(41 - sh) by their exponent alone, as a row's entries sit below its maximum's."""
+    x = np.concatenate([rng.integers(0, 2**32, 2048, dtype=np.uint64).astype(np.uint32).view(np.float32),
+                        np.array([0.0, -0.0, 1e-45, 3e-45, 2.0**-127, 2.0**-126, 0.5, 1.0, 3.0, 2.0**40,
+                                  np.float32(2.0**41) * np.float32(0.99999994), np.nan, np.inf, -1.0], np.float32)])
+    pos = np.isfinite(x) & (x > 0)
+    m, e = np.frexp(x[pos].astype(np.float64))
+    x[pos] = np.ldexp(m, np.minimum(e, 41 - sh)).astype(np.float32)  # x < 2^e <= 2^(41 - sh)
+    return x
+
+
+def _mass_case(rng: np.random.Generator) -> Case:
+    from ...launcher import launch
+
+    xs = {sh: mass_inputs(rng, sh) for sh in MASS_SHIFTS}
+
+    def run(backend: str) -> dict[str, Any]:
+        res = {}
+        for sh, x in xs.items():
+            out = np.zeros(x.size, np.uint64)
+            launch("sampling_mass", (-(-x.size // 256),), (256,), x, out, x.size, sh, backend=backend)
+            res[f"sh{sh}"] = out.astype(np.int64)  # < 2^41
+        return res
+
+    def ref() -> dict[str, Any]:
+        return {f"sh{sh}": np.floor(np.ldexp(_clean(x).astype(np.float64), sh)).astype(np.int64)
+                for sh, x in xs.items()}
+
+    return Case(op="sampling_mass", dtype="f32", shape=f"n{xs[0].size}-sh{len(MASS_SHIFTS)}", kernels=("sampling_mass",),
+                run=run, reference=ref)
+
+
 @register_cases("sampling")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _philox_case()
+    yield _mass_case(rng)
     for kind in ("f32", "bf16", "f16"):
         # vocab 37 (odd: the one-element path), 64 and 96 (16-byte vectors), ties at thresholds
         yield _sampling_case(rng, "sampling_from_probs", kind, 5, 37)
