@@ -80,6 +80,23 @@ def test_model_is_near_every_measured_bf16_step() -> None:
             assert t >= 0.93 * r["pykern_us"] * 1e-6, (r["gqa"], r["batch"], r["ctx"], t)
 
 
+SWEEP = MEASURED.parent.parent / "2026-11-28-h200-b" / "decode_splits.json"
+
+
+def test_plan_split_count_below_the_sms_is_the_measured_best() -> None:
+    # Batch 1 and 8 (8 and 64 CTAs), 1k and 8k keys, bf16, GQA 4, each timed at 1 to 32 splits: the plan's count
+    # is the fastest measured, or within MIN_GAIN of it.
+    from pykern.ops.serving import PagedDecodePlan
+
+    rows = [r for r in json.loads(SWEEP.read_text()) if r.get("what") == "decode"]
+    assert len(rows) == 4
+    for r in rows:
+        us = {int(k): v for k, v in r["splits_us"].items()}
+        s = PagedDecodePlan(r["batch"], 8 * r["gqa"], 8, 128, 16, q_dtype="bf16", max_kv_len=r["ctx"],
+                            num_sms=132).num_splits
+        assert us[s] <= min(us.values()) * (1 + waves.MIN_GAIN), (r["batch"], r["ctx"], s, us)
+
+
 def test_grid_stream_time() -> None:
     b, bw, rate, w = 1e6, waves.HBM_BPS, waves.CTA_STREAM_BPS, waves.WAVE_START_S
     # under HBM_SATURATING_CTAS at once: each CTA at its own rate

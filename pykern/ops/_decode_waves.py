@@ -88,17 +88,25 @@ def wave_efficiency(ctas: int, slots: int, rate: float = CTA_STREAM_BPS) -> floa
 
 
 def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_splits: int,
-                inflight_bytes: int = CTA_STREAM_INFLIGHT) -> int:
-    """KV splits for a grid of `ctas` unsplit CTAs that fills the SMs: the fewest splits (at most MAX_WAVE_SPLITS
-    and max_splits) within MIN_GAIN of the fastest, by grid_stream_time plus, when split, each
-    CTA's partial write and the merge's tail. kv_bytes: the K/V bytes an unsplit CTA streams; partial_bytes:
-    the bytes a split CTA writes (and its merge reads back) for its partial o and lse; inflight_bytes: the
-    ring's bytes in flight a CTA."""
+                inflight_bytes: int = CTA_STREAM_INFLIGHT, below_sms: bool = False) -> int:
+    """KV splits for a grid of `ctas` unsplit CTAs: the fewest splits within MIN_GAIN of the fastest, by
+    grid_stream_time plus, when split, each CTA's partial write and the merge's tail. kv_bytes: the K/V bytes an
+    unsplit CTA streams; partial_bytes: the bytes a split CTA writes (and its merge reads back) for its partial o
+    and lse; inflight_bytes: the ring's bytes in flight a CTA; at most max_splits.
+
+    A grid that fills the SMs splits only to fill a thin last wave (1 to MAX_WAVE_SPLITS). Below the SM count
+    (below_sms) the counts are the powers of two from 2: the fewest whose one wave holds enough CTAs to keep HBM
+    busy ties with any more. Measured on the H200 (docs/measured/2026-11-28-h200-b/decode_splits.json, 8 kv
+    heads): batch 8 at 1k / 8k keys fastest at 4 splits (6% / 1.5% ahead of the 6 that one wave of slots holds),
+    batch 1 at 16 (1k, within 2% of 32) and 32 (8k); the counts between were not measured, and the model's
+    saturation point is too coarse a fit to choose among them."""
     rate = cta_rate(inflight_bytes)
+    cand = [c for c in ((2, 4, 8, 16, 32) if below_sms else range(1, MAX_WAVE_SPLITS + 1)) if c <= max_splits]
+    if not cand:
+        return max(1, min(max_splits, 2 if below_sms else 1))
     times = []
-    for s in range(1, max(1, min(MAX_WAVE_SPLITS, max_splits)) + 1):
+    for s in cand:
         extra = 2 * partial_bytes if s > 1 else 0
-        t = grid_stream_time(ctas * s, slots, kv_bytes / s + extra, rate) + (MERGE_TAIL_S if s > 1 else 0.0)
-        times.append(t)
+        times.append(grid_stream_time(ctas * s, slots, kv_bytes / s + extra, rate) + (MERGE_TAIL_S if s > 1 else 0.0))
     best = min(times)
-    return next(s for s, t in enumerate(times, 1) if t <= best * (1 + MIN_GAIN))
+    return next(s for s, t in zip(cand, times) if t <= best * (1 + MIN_GAIN))

@@ -528,8 +528,9 @@ class PagedDecodePlan:
     captured in a CUDA graph. The returned arrays are the plan's own and are overwritten
     by the next run.
 
-    num_splits: KV splits a sequence. Default: on the tensor-core kernel, as many CTAs as one wave of `num_sms`
-    holds when batch * num_kv_heads CTAs would not fill the SMs, and from there on 2 to 4 splits only where the
+    num_splits: KV splits a sequence. Default: on the tensor-core kernel, when batch * num_kv_heads CTAs would
+    not fill the SMs, the fewest (a power of two) whose one wave keeps HBM busy, and from there on 2 to 4 splits
+    only where the
     grid's last wave would be too thin to stream at HBM speed (pykern/ops/_decode_waves.py); on paged_attn,
     enough CTAs for two waves below the SM count. Capped at 32 and at max_kv_len / 64.
     max_kv_len: the longest sequence the plan will see (bounds the split count).
@@ -607,17 +608,13 @@ class PagedDecodePlan:
             if self.tensor_cores:
                 # CTAs an SM by shared memory, at most 3 by registers.
                 per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
-                if ctas < num_sms:
-                    # As many splits as one wave holds: a second partial wave would leave most SMs idle for its
-                    # length.
-                    s = min(32, max(2, num_sms * per_sm // ctas))
-                else:
-                    # A full wave or more: split only where the last wave holds too few CTAs to stream at HBM
-                    # speed (_decode_waves; e.g. 512 CTAs on 396 slots leave a tail of 116).
-                    eb = _KV_BYTES[self.kv_kind]
-                    kv = 2 * (span or 32768) * self.head_dim * eb
-                    s = _wave_splits(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), cap,
-                                      dtc_inflight_bytes(self.head_dim, eb))
+                eb = _KV_BYTES[self.kv_kind]
+                kv = 2 * (span or 32768) * self.head_dim * eb
+                # Below the SM count: the fewest splits (a power of two) that stream as fast as any, enough CTAs
+                # in one wave to keep HBM busy. A full wave or more: split only where the last wave holds too
+                # few CTAs to stream at HBM speed (e.g. 512 CTAs on 396 slots leave a tail of 116). _decode_waves.
+                s = _wave_splits(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), cap,
+                                 dtc_inflight_bytes(self.head_dim, eb), below_sms=ctas < num_sms)
             num_splits = min(s, cap)
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:
