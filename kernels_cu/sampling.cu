@@ -66,7 +66,8 @@
 
 struct SpShared {
     // 16 KiB. A count select counts in 32 bits (cnt: a native shared-memory add, where a 64-bit add compiles to a
-    // compare-and-swap loop), in the bottom half; its last pass keeps its mass in the top half of hist.
+    // compare-and-swap loop), in the bottom half; its last pass keeps its mass in the top half of hist. Masses go
+    // into hist by sp_hist_add, as 32-bit adds on its words (little-endian: hist[i] is cnt[2i], cnt[2i + 1]).
     union {
         unsigned long long hist[SP_BINS];
         unsigned int cnt[2 * SP_BINS];
@@ -173,6 +174,17 @@ __device__ __forceinline__ unsigned int sp_block_max(unsigned int v, SpShared& s
     for (int off = 16; off > 0; off >>= 1) v = max(v, __shfl_xor_sync(PK_FULL_MASK, v, off));
     __syncthreads();
     return v;
+}
+
+// s.hist[i] += w with native 32-bit shared-memory adds on its two words (a 64-bit add compiles to a
+// compare-and-swap loop, which retries under contention: the mass histograms' bins are shared by every entry of
+// similar size). The add that wraps the low word sees it in the old value and carries into the high word once,
+// so the sum is exact and the same in any order. hist[i]'s words are cnt[2i] (low) and cnt[2i + 1] (high).
+__device__ __forceinline__ void sp_hist_add(SpShared& s, int i, unsigned long long w) {
+    const unsigned int lo = (unsigned int)w;
+    const unsigned int old = atomicAdd(&s.cnt[2 * i], lo);
+    const unsigned int hi = (unsigned int)(w >> 32) + (old + lo < old ? 1u : 0u);
+    if (hi) atomicAdd(&s.cnt[2 * i + 1], hi);
 }
 
 // Exclusive prefix of v over the block's threads; *total gets the block's sum.
@@ -370,12 +382,12 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
                         const unsigned int d = (key >> shift) & (unsigned int)(nb - 1);
                         if (by_mass) {
                             const unsigned long long w = sp_mass(key, r.sh);
-                            if (w) atomicAdd(&s.hist[d], w);
+                            if (w) sp_hist_add(s, d, w);
                         } else {
                             atomicAdd(&s.cnt[d], 1u);  // < 2^22 entries a row
                             if (!LOGITS && last) {
                                 const unsigned long long w = sp_mass(key, r.sh);
-                                if (w) atomicAdd(&s.hist[1024 + d], w);
+                                if (w) sp_hist_add(s, 1024 + d, w);
                             }
                         }
                     } else if (!LOGITS && last && hi > prefix && key >= lo_pre) {

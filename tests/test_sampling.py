@@ -469,6 +469,17 @@ def test_sass_row_walks_keep_several_16_byte_loads_in_flight(kernel) -> None:
         assert most >= want, (kernel, arch, most)
 
 
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_sass_shared_histograms_have_no_compare_and_swap_loops(kernel) -> None:
+    # A 64-bit shared-memory add compiles to a compare-and-swap loop that retries under contention (every entry of
+    # similar size shares a bin); the mass histograms add 32-bit words with a carry (sp_hist_add) and the count
+    # select counts in 32 bits, both native adds.
+    for arch in ("sm_80", "sm_90"):
+        ops = [(op, mods) for _, op, mods, _ in _listing(arch)[kernel]]
+        assert not [m for op, m in ops if op == "ATOMS" and "CAS" in m], (kernel, arch)
+        assert any(op == "ATOMS" for op, _ in ops) or "mask" in kernel, (kernel, arch)
+
+
 def test_zz_report_chi_square_figures(capsys) -> None:
     with capsys.disabled():
         for op, (stat, dof, p) in sorted(CHI2.items()):
