@@ -116,8 +116,9 @@ __device__ __forceinline__ unsigned int sp_logit_key(float x) {
 
 // floor(p * 2^sh) of the sanitized probability with bits `key`, exactly. p * 2^sh is a power-of-two scaling of
 // a float: exact wherever it is >= 1 (it stays a normal float, < 2^41), and whatever it rounds to below 1
-// floors to 0, so the hardware's truncating conversion gives the floor (3 instructions a value where shifts of
-// the mantissa took ~15: the row walks are issue-bound at one CTA a row). sh lies in [-88, 189] (sp_shift of a
+// floors to 0, so the hardware's truncating conversion gives the floor (FMUL, FMUL, F2I.U64.TRUNC where the
+// mantissa shifts took ~20 instructions and a divergent branch: the row walks are issue-bound at one CTA a row,
+// docs/measured/2026-11-28-h200-b.md). sh lies in [-88, 189] (sp_shift of a
 // finite maximum), so 2^sh goes as two float factors, 2^min(sh, 127) and the rest.
 __device__ __forceinline__ unsigned long long sp_mass(unsigned int key, int sh) {
     const int a = min(sh, 127);
@@ -460,8 +461,8 @@ __device__ __forceinline__ unsigned int sp_top_p_int(float p) {
 // kept mass), or -1. A segment is one warp's 32 * VEC entries of one chunk, contiguous in the row. The row goes
 // by windows of SP_WIN chunks: each warp sums its segments with shuffles alone into s.hist (in row order), one
 // block scan over the window's SP_BINS sums finds the segment that holds the draw, and one warp walks that
-// segment. One block scan a window, where a scan a chunk put two barriers in every chunk's read (most of a
-// batch-1 draw's time on an H200).
+// segment. One block scan a window, where a scan a chunk put two barriers in every chunk's read (8 of
+// sampling_from_probs' 95 us at batch 1 on an H200).
 #define SP_WIN (SP_BINS / SP_NW)
 
 template <typename T, int VEC, int AH>
