@@ -24,7 +24,7 @@
 //   with top-k's first pass, top-p's total is the sum of its first histogram, and a select's last
 //   pass also sums the kept mass S (mass of the keys >= the final floor). Full reads of a row, f32 /
 //   bf16 and f16 (a select reads it 3 / 2 times; the draw's read stops at the window that holds it):
-//     sampling, no filter or min-p: max, S, scan                         3 / 3
+//     sampling, no filter or min-p: max, S with the draw's sums          2 / 2 (rows over one window: 3)
 //     top-k (+ min-p): max with the select, scan                         4 / 3
 //     top-p (+ min-p): max, select, scan                                 5 / 4
 //     top-k + top-p (either order): max with a select, select, scan      7 / 5
@@ -465,25 +465,35 @@ __device__ __forceinline__ unsigned int sp_top_p_int(float p) {
 // sampling_from_probs' 95 us at batch 1 on an H200).
 #define SP_WIN (SP_BINS / SP_NW)
 
+// The kept mass of a warp's segment of a chunk (f: this lane's VEC values), in every lane.
+template <int VEC>
+__device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, unsigned int lo, int sh) {
+    unsigned long long own = 0ull;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const unsigned int key = sp_prob_key(f[j]);  // past the end: 0 < lo
+        if (key >= lo) own += sp_mass(key, sh);
+    }
+    return sp_warp_sum(own);
+}
+
+// summed: the row is one window and its segment sums are in s.hist already (sp_row_mass_segments), so the draw
+// reads only the segment that holds it.
 template <typename T, int VEC, int AH>
-__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, unsigned long long t, SpShared& s) {
+__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, unsigned long long t, bool summed,
+                            SpShared& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long nc = sp_chunks<T, VEC>(n);
     if (threadIdx.x == 0) s.found = -1;
     unsigned long long run = 0ull;  // mass of the windows before
     for (long long c0 = 0; c0 < nc; c0 += SP_WIN) {
         const long long c1 = min(nc, c0 + SP_WIN);
-        sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long c, long long, const float* f) {
-            unsigned long long own = 0ull;
-#pragma unroll
-            for (int j = 0; j < VEC; ++j) {
-                const unsigned int key = sp_prob_key(f[j]);  // past the end: 0 < lo
-                if (key >= lo) own += sp_mass(key, sh);
-            }
-            own = sp_warp_sum(own);
-            if (lane == 0) s.hist[(c - c0) * SP_NW + warp] = own;
-            return false;
-        });
+        if (!summed)
+            sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long c, long long, const float* f) {
+                const unsigned long long own = sp_segment_mass<VEC>(f, lo, sh);
+                if (lane == 0) s.hist[(c - c0) * SP_NW + warp] = own;
+                return false;
+            });
         __syncthreads();
         // thread t owns the window's segments 4t .. 4t + 3 (row order): an exclusive scan in thread order
         const int ne = (int)(c1 - c0) * SP_NW;
@@ -540,6 +550,22 @@ __device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, 
     return s.found;
 }
 
+// The kept mass S of a row of one window (at most SP_WIN chunks), leaving its segment sums in s.hist as
+// sp_find_draw makes them: the draw then reads only its segment (a plain or min-p draw reads the row twice, not 3
+// times).
+template <typename T, int VEC, int AH>
+__device__ unsigned long long sp_row_mass_segments(const T* row, long long n, unsigned int lo, int sh, SpShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    unsigned long long acc = 0ull;  // the warp's kept mass, in every lane
+    sp_for_chunks<T, VEC, AH>(row, n, 0, sp_chunks<T, VEC>(n), [&](long long c, long long, const float* f) {
+        const unsigned long long own = sp_segment_mass<VEC>(f, lo, sh);
+        if (lane == 0) s.hist[c * SP_NW + warp] = own;
+        acc += own;
+        return false;
+    });
+    return sp_block_sum(lane == 0 ? acc : 0ull, s);
+}
+
 // ------------------------------------------------------------------------------ sampling
 struct SpArgs {
     int flags, top_k_val;
@@ -581,7 +607,10 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     const int sh = r.sh;
     const unsigned int lo = r.lo;
     // >= the maximum's mass > 0
-    const unsigned long long S = kept ? r.kept : sp_row_mass<T, VEC, AH>(row, n, lo, sh, s);
+    const bool one_window = !kept && sp_chunks<T, VEC>(n) <= SP_WIN;
+    const unsigned long long S = kept ? r.kept
+                                      : (one_window ? sp_row_mass_segments<T, VEC, AH>(row, n, lo, sh, s)
+                                                    : sp_row_mass<T, VEC, AH>(row, n, lo, sh, s));
     unsigned int c[4];
     c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
     c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
@@ -590,7 +619,7 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
               (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
     const unsigned long long t = sp_mul_frac(S, c[0]);  // in [0, S)
-    const int found = sp_find_draw<T, VEC, AH>(row, n, lo, sh, t, s);
+    const int found = sp_find_draw<T, VEC, AH>(row, n, lo, sh, t, one_window, s);
     if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
