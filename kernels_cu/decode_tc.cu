@@ -79,7 +79,7 @@ template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 3 }; };
 // Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), then Q (16 x (D + 8) halves) or, FP8,
 // the per-warp 16-bit V tiles (4 x 16 x (D + 8) halves), which Q shares: Q is read into registers before the
 // tile loop, whose first barrier comes before any warp widens into its tile. The end-of-CTA merge reuses the
-// ring (4 x 16 x D floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
+// ring (4 x 16 x (D + 8) floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
 #define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
     ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 : 1) * 16 * ((D) + 8) * 2)
 
@@ -468,9 +468,14 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     pk_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
     __syncthreads();         // every warp is done with the ring: the merge reuses it
 
-    // Merge the 4 warps' partial softmaxes: Os [4][16][D], Ms / Ls [4][16] (log2 domain) over the ring.
-    float* Os = reinterpret_cast<float*>(dtc_smem);  // fits: see DTC_SMEM_BYTES
-    float* Ms = Os + 4 * 16 * D;
+    // Merge the 4 warps' partial softmaxes: Os [4][16][D + 8], Ms / Ls [4][16] (log2 domain) over the ring. A row
+    // of D floats would put the 8 rows of a warp's fragment store in the same banks (8 wavefronts a store where 2
+    // hold it; ncu counted half the kernel's shared wavefronts as replays at batch 8 x 1k); 8 floats of padding
+    // shift each row by 32 bytes.
+    constexpr int DO = D + 8;
+    static_assert(4 * 16 * DO * 4 + 2 * 4 * 16 * 4 <= STAGES * SLOT, "the merge's buffers fit in the ring");
+    float* Os = reinterpret_cast<float*>(dtc_smem);
+    float* Ms = Os + 4 * 16 * DO;
     float* Ls = Ms + 4 * 16;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -478,7 +483,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
         lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
         const int row = g + 8 * r;
-        float* orow = Os + (warp * 16 + row) * D + 2 * t4;
+        float* orow = Os + (warp * 16 + row) * DO + 2 * t4;
 #pragma unroll
         for (int i = 0; i < ON; i++) *reinterpret_cast<float2*>(orow + i * 8) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
         if (t4 == 0) {
@@ -507,7 +512,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                 W = fmaf(f, Ls[w * 16 + r], W);
 #pragma unroll
                 for (int c = 0; c < 2; c++) {
-                    const float4 y = *reinterpret_cast<const float4*>(Os + (w * 16 + r) * D + d + 4 * c);
+                    const float4 y = *reinterpret_cast<const float4*>(Os + (w * 16 + r) * DO + d + 4 * c);
                     x[4 * c] = fmaf(f, y.x, x[4 * c]);
                     x[4 * c + 1] = fmaf(f, y.y, x[4 * c + 1]);
                     x[4 * c + 2] = fmaf(f, y.z, x[4 * c + 2]);
