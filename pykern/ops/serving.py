@@ -530,9 +530,8 @@ class PagedDecodePlan:
 
     num_splits: KV splits a sequence. Default: on the tensor-core kernel, when batch * num_kv_heads CTAs would
     not fill the SMs, the fewest (a power of two) whose one wave keeps HBM busy, and from there on 2 to 4 splits
-    only where the
-    grid's last wave would be too thin to stream at HBM speed (pykern/ops/_decode_waves.py); on paged_attn,
-    enough CTAs for two waves below the SM count. Capped at 32 and at max_kv_len / 64.
+    only where the grid's last wave would be too thin to stream at HBM speed (pykern/ops/_decode_waves.py); on
+    paged_attn, enough CTAs for two waves below the SM count. Capped at 32 and at max_kv_len / 64.
     max_kv_len: the longest sequence the plan will see (bounds the split count).
     window_left (FlashInfer's name; -1 = unbounded): the query, the last position p of its
     sequence, sees keys p - window_left .. p; only those are read (splits divide that range).

@@ -399,7 +399,7 @@ class _Frame:
         """torch on a GPU with bf16 / f16 operands, and a torch whose mm and addmm take out_dtype (2.8 on):
         products written in float32 straight from the tensor cores. Without it the float32 gradients come
         from float32 copies of the operands, which torch multiplies on the SIMT cores (TF32 is off by
-        default): the grad_weight product ran ~8x slower than the bf16 one on an H100-class GPU."""
+        default): 24.5 ms of a patched Llama training step on an H200 where these take 3.8."""
         if self.kind != "torch" or not like.is_cuda or like.dtype == self.xp.float32:
             return False
         ops = self.xp.ops.aten
