@@ -254,26 +254,23 @@ def decode(args: argparse.Namespace) -> None:
                         t = timed(run, reps, flush)
                         row["pykern_us"], row["pykern_GBps"] = t * 1e6, minimum / t / 1e9
                         row["pykern_host_us"] = host_overhead(run) * 1e6
-                        if plan.num_splits > 1 and batch * kvh >= torch.cuda.get_device_properties(0).multi_processor_count:
-                            # a split taken to fill the last wave (pykern/ops/_decode_waves.py): one split beside it
-                            one = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
-                                                  max_kv_len=length, num_splits=1, like=q)
-                            t1 = timed(lambda: one.run(q, kp, vp, indptr, indices, last), reps, flush)
-                            row["one_split_us"], row["one_split_GBps"] = t1 * 1e6, minimum / t1 / 1e9
-                            del one
-                        elif plan.num_splits == 1 and batch * kvh < 4 * torch.cuda.get_device_properties(0).multi_processor_count:
-                            # one split where the wave model priced a second one's extra wave over its fuller waves
-                            two = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
-                                                  max_kv_len=length, num_splits=2, like=q)
-                            t2 = timed(lambda: two.run(q, kp, vp, indptr, indices, last), reps, flush)
-                            row["two_split_us"], row["two_split_GBps"] = t2 * 1e6, minimum / t2 / 1e9
-                            del two
-                        for ns in args.splits or ():  # the same step at each split count asked for
+                        def at_splits(ns: int) -> float:
+                            """GPU seconds of the same step at ns splits."""
                             alt = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
                                                   max_kv_len=length, num_splits=ns, like=q)
-                            ta = timed(lambda: alt.run(q, kp, vp, indptr, indices, last), reps, flush)
-                            row.setdefault("splits_us", {})[ns] = ta * 1e6
-                            del alt
+                            return timed(lambda: alt.run(q, kp, vp, indptr, indices, last), reps, flush)
+
+                        sms = torch.cuda.get_device_properties(0).multi_processor_count
+                        if plan.num_splits > 1 and batch * kvh >= sms:
+                            # a split taken to fill the last wave (pykern/ops/_decode_waves.py): one split beside it
+                            t1 = at_splits(1)
+                            row["one_split_us"], row["one_split_GBps"] = t1 * 1e6, minimum / t1 / 1e9
+                        elif plan.num_splits == 1 and batch * kvh < 4 * sms:
+                            # one split where the wave model priced a second one's extra wave over its fuller waves
+                            t2 = at_splits(2)
+                            row["two_split_us"], row["two_split_GBps"] = t2 * 1e6, minimum / t2 / 1e9
+                        for ns in args.splits or ():  # the same step at each split count asked for
+                            row.setdefault("splits_us", {})[ns] = at_splits(ns) * 1e6
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)

@@ -399,7 +399,8 @@ class _Frame:
         """torch on a GPU with bf16 / f16 operands, and a torch whose mm and addmm take out_dtype (2.8 on):
         products written in float32 straight from the tensor cores. Without it the float32 gradients come
         from float32 copies of the operands, which torch multiplies on the SIMT cores (TF32 is off by
-        default): 24.5 ms of a patched Llama training step on an H200 where these take 3.8."""
+        default): measured 24.5 ms of a patched Llama training step on an H200 (2026-11-28,
+        docs/measured/2026-11-28-h200-b.md) where these take 3.8."""
         if self.kind != "torch" or not like.is_cuda or like.dtype == self.xp.float32:
             return False
         ops = self.xp.ops.aten
@@ -630,17 +631,17 @@ def fused_linear_cross_entropy(
                 fw.xp.addmm(gw, g.T, hc, out_dtype=fw.xp.float32, out=gw)
                 if gb is not None:
                     gb += g.sum(0, dtype=fw.xp.float32)
-                del logits, g
-                continue
-            if kind == "f32":
-                fw.xp.matmul(g, weight, out=gh[s:e])
-            else:  # the native-dtype matmul (fp32 accumulation inside), no fp32 weight copy
-                gh[s:e] = g @ weight
-            g32 = fw.f32(g)
-            fw.addmm(gw, g32.T, fw.f32(hc), flce_block_rows(chunk_size, v, h))
-            if gb is not None:
-                gb += g32.sum(0)
-            del logits, g, g32
+            else:
+                if kind == "f32":
+                    fw.xp.matmul(g, weight, out=gh[s:e])
+                else:  # the native-dtype matmul (fp32 accumulation inside), no fp32 weight copy
+                    gh[s:e] = g @ weight
+                g32 = fw.f32(g)
+                fw.addmm(gw, g32.T, fw.f32(hc), flce_block_rows(chunk_size, v, h))
+                if gb is not None:
+                    gb += g32.sum(0)
+                del g32
+            del logits, g
         zl = zrows
         if reduction == "none":
             loss = rows
