@@ -530,9 +530,10 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                 make_uint4(Pk16<T>::narrow2(x[0] * sc, x[1] * sc), Pk16<T>::narrow2(x[2] * sc, x[3] * sc),
                            Pk16<T>::narrow2(x[4] * sc, x[5] * sc), Pk16<T>::narrow2(x[6] * sc, x[7] * sc));
             if (d == 0) part_lse[slot] = lse2;
-        } else {
+        } else {  // one 16-byte store a unit (the op routes an out not 16-byte aligned to paged_attn)
 #pragma unroll
-            for (int e = 0; e < 8; e++) PkIO<T>::store(out, orow * D + d + e, x[e] * sc);
+            for (int e = 0; e < 8; e++) x[e] *= sc;
+            PkVec16<T>::store(out, orow * D + d, x);
             if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
         }
     }

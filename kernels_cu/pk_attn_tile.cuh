@@ -4,6 +4,7 @@
 // rows * head_dim <= PA_MAX_ACC * blockDim.x.
 #pragma once
 #include "pk_common.cuh"
+#include "pk_vec.cuh"
 
 
 #define PA_MAX_ACC 16  // accumulators a thread: rows * head_dim <= PA_MAX_ACC * blockDim.x
@@ -532,7 +533,7 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 // batch is one round trip and no round waits for another thread: thread 0's units x ceil(its splits /
 // PA_CM_NB) rounds in all. The P states of a unit then meet by butterfly shuffles (log2 P steps: both sides
 // rescaled to their max; every lane of the CTA takes part when P > 1), and lane p = 0 scales by 1 / W and
-// stores; the lane of a row's first unit writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors
+// stores the unit with one 16-byte store (the op gives decode_tc only a 16-byte aligned out); the lane of a row's first unit writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors
 // this.
 // 16-byte loads in flight a thread (and as many lse loads): d128 16, d64 8 (within the registers decode_tc's
 // tile loop takes already, 0 spills on every arch).
@@ -613,7 +614,8 @@ __device__ __forceinline__ void pa_merge_group_cta(const TO* part_o, const float
         if (pu == 0 && u < U) {
             const float inv_w = m != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
 #pragma unroll
-            for (int e = 0; e < 8; e++) PkIO<TO>::store(out, row0 * D + 8 * u + e, run[e] * inv_w);
+            for (int e = 0; e < 8; e++) run[e] *= inv_w;
+            PkVec16<TO>::store(out, row0 * D + 8 * u, run);  // 16 bytes a unit: out is 16-byte aligned
             if (write_lse && (8 * u) % D == 0) lse[row0 + r] = pa_merge_lse(m, W);
         }
     }

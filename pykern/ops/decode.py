@@ -33,8 +33,8 @@ kernel (kernels_cu/decode_tc.cu) instead, the dense cache seen as a paged cache 
 (page_size = max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths as int32,
 page stride = sequence stride), with PagedDecodePlan's split count for max_kv_len = max_seq_len (shapes
 only, so the int and array forms still agree bit for bit). It also needs K/V strides of whole 16-byte
-chunks and 16-byte aligned bases (serving.tc_decode_addressable); otherwise, with an explicit method, or
-with tensor_cores=False, the tile kernels above run.
+chunks and 16-byte aligned bases, q's and out's too (serving.tc_decode_addressable); otherwise, with an
+explicit method, or with tensor_cores=False, the tile kernels above run.
 
 Copies: the caches are read in place through their element strides (a slice of a preallocated buffer, an
 NHD / HND view) by every kernel; they are copied (both made contiguous) only when the kernels cannot
@@ -504,7 +504,7 @@ def decode_attention(
     if tc:
         from .serving import tc_decode_addressable
 
-        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend, q)
+        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend, q, out)
     len_dt = "int32" if tc else "uint32"
     if is_int:
         seq_buf = np.array([hint], len_dt)
@@ -593,7 +593,7 @@ def batched_decode_attention(
     if tc:
         from .serving import tc_decode_addressable
 
-        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend, q)
+        tc = tc_decode_addressable(kv_kind, kf, vf, strides, backend, q, out)
     len_dt = "int32" if tc else "uint32"
     if vals is not None:
         seq_lens = np.array(vals, len_dt)

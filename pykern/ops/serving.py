@@ -122,14 +122,15 @@ def tc_decode_eligible(q_kind: str, kv_kind: str, group: int, head_dim: int, sof
 
 
 def tc_decode_addressable(kv_kind: str, kf: Any, vf: Any, strides: tuple[int, ...], backend: str | None,
-                          q: Any = None) -> bool:
-    """Whether the tensor-core decode kernel can read these K/V arrays (and q, when given): it copies 16-byte
-    chunks only, so element strides must be whole 16-byte multiples and the bases (q's too: its rows are
-    copied as 16-byte chunks) 16-byte aligned; and it needs sm_80+ (the nvrtc backend's arch). Anything
-    else runs paged_attn / dense_attn with the same workspaces."""
+                          q: Any = None, out: Any = None) -> bool:
+    """Whether the tensor-core decode kernel can read these K/V arrays (and q, when given) and write out (when
+    given): it copies 16-byte chunks only, so element strides must be whole 16-byte multiples and the bases
+    (q's too: its rows are copied as 16-byte chunks) 16-byte aligned, and it stores out 16 bytes at a time
+    (out's base 16-byte aligned); and it needs sm_80+ (the nvrtc backend's arch). Anything else runs
+    paged_attn / dense_attn with the same workspaces."""
     if any(s % (16 // _KV_BYTES.get(kv_kind, 2)) for s in strides):
         return False
-    addrs = (_address(kf), _address(vf)) + ((_address(q),) if q is not None else ())
+    addrs = (_address(kf), _address(vf)) + tuple(_address(a) for a in (q, out) if a is not None)
     if any(a is None or a % 16 for a in addrs):
         return False
     from .forward import tensor_cores_available
@@ -665,9 +666,10 @@ class PagedDecodePlan:
     def _merge_name(self) -> str:
         return "paged_attn_merge" + arrays.kernel_suffix(self.q_kind)
 
-    def _use_tc(self, kf: Any, vf: Any, strides: tuple[int, int, int], backend: str | None, q: Any) -> bool:
-        """The tensor-core kernel where the plan picked it and the pages allow it (tc_decode_addressable)."""
-        return self.tensor_cores and tc_decode_addressable(self.kv_kind, kf, vf, strides, backend, q)
+    def _use_tc(self, kf: Any, vf: Any, strides: tuple[int, int, int], backend: str | None, q: Any,
+                out: Any = None) -> bool:
+        """The tensor-core kernel where the plan picked it and the arrays allow it (tc_decode_addressable)."""
+        return self.tensor_cores and tc_decode_addressable(self.kv_kind, kf, vf, strides, backend, q, out)
 
     def _launch(self, q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], indptr: Any, indices: Any, last: Any,
                 res_flat: Any, sc: float, ksc: float, vsc: float, want_lse: bool, stream: Any,
@@ -693,7 +695,7 @@ class PagedDecodePlan:
         page_size = self.page_size if page_size is None else page_size
         q = arrays.contiguous(q)
         stream = arrays.launch_stream(stream, q)
-        tc = self._use_tc(kf, vf, strides, backend, q)
+        tc = self._use_tc(kf, vf, strides, backend, q, res_flat)
         if tc:
             launch(self._attn_name(True), self.grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
                    self.part_o, self.part_lse, self.counters, indptr, indices, last, h, kvh, page_size, s_page,
