@@ -88,10 +88,22 @@ def _not_an_array(a: Any, name: str | None) -> ArgumentTypeError:
     )
 
 
+def np_dtype_name(dt: np.dtype) -> str:
+    """dt.name, looked up: NumPy computes a dtype's name in Python on every access (microseconds, several
+    times a launch), a dict lookup by the dtype object costs a tenth of one."""
+    name = _np_dtype_names.get(dt)
+    if name is None:
+        name = _np_dtype_names[dt] = dt.name
+    return name
+
+
+_np_dtype_names: dict[np.dtype, str] = {}  # a handful of entries: the dtypes arrays come in
+
+
 def dtype_name(a: Any, name: str | None = None) -> str:
     """NumPy dtype name of an array of any supported kind ("float32", "bfloat16", "int64", ...)."""
     if type(a) is np.ndarray or isinstance(a, np.ndarray):
-        return a.dtype.name
+        return np_dtype_name(a.dtype)
     if is_torch(a):
         return torch_dtype_name(a.dtype)
     cai = getattr(a, "__cuda_array_interface__", None)
@@ -368,11 +380,16 @@ def astype(a: Any, dtype: str) -> Any:
 
 
 def _resolve(dtype: Any) -> np.dtype:
-    if isinstance(dtype, str) and dtype in ("bf16", "bfloat16"):
-        return bfloat16()
-    if isinstance(dtype, str) and dtype in IO_DTYPES:
-        return np.dtype(IO_DTYPES[dtype])
+    if type(dtype) is str:
+        dt = _resolved.get(dtype)
+        if dt is None:
+            dt = _resolved[dtype] = (bfloat16() if dtype in ("bf16", "bfloat16")
+                                     else np.dtype(IO_DTYPES.get(dtype, dtype)))
+        return dt
     return np.dtype(dtype)
+
+
+_resolved: dict[str, np.dtype] = {}  # the dtype spellings the ops pass ("int32", "f32", "bf16", ...)
 
 
 _TORCH_DTYPES: dict[np.dtype, Any] = {}
@@ -431,7 +448,7 @@ def same_memory_kind(a: Any, like: Any) -> bool:
 def check_out(out: Any, shape: tuple[int, ...], dtype: Any, like: Any, name: str = "out") -> Any:
     """Validate a caller-provided output buffer: the shape, dtype and kind (and device) the op would
     allocate, C-contiguous and writeable. Returns it."""
-    dt = _resolve(dtype).name
+    dt = np_dtype_name(_resolve(dtype))
     got = dtype_name(out, name)
     if not same_memory_kind(out, like):
         dev = f" on {like.device}" if is_torch(like) else ""

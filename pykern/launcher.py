@@ -9,7 +9,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from . import arrays, registry
-from .arrays import DeviceView
+from .arrays import DeviceView, np_dtype_name
 from .backends import get_backend
 from .ctypes_ import POINTEE_DTYPES, SCALARS, TYPESTR
 from .errors import ArgumentError, ArgumentTypeError
@@ -72,14 +72,15 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
     accepted = POINTEE_DTYPES[p.pointee]
     label = f"{spec.name}: argument {i} ({p.ctype} {p.name})"
     want = " or ".join(accepted)
+    writes = not p.is_const
 
     def convert(a: Any) -> Any:
         if type(a) is np.ndarray:
-            if a.dtype.name not in accepted:
+            if np_dtype_name(a.dtype) not in accepted:
                 raise ArgumentTypeError(f"{label}: expected a {want} array, got dtype {a.dtype.name}")
             if not a.flags.c_contiguous:
                 raise ArgumentError(f"{label}: expected a C-contiguous array, got strides {a.strides}")
-            if not p.is_const and not a.flags.writeable:
+            if writes and not a.flags.writeable:
                 raise ArgumentError(f"{label}: the kernel writes here but the array is read-only")
             return a
         k = _type_kind.get(type(a))

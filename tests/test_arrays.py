@@ -52,3 +52,25 @@ def test_size_and_u32_checks():
         arrays.check_u32("dim", 2**32)
     with pytest.raises(ArgumentTypeError, match=r"b: expected the dtype of a \(f32\), got bf16"):
         arrays.same_kind("b", np.zeros(1, arrays.bfloat16()), "f32", "a")
+
+
+def test_dtype_names_are_numpys_and_resolved_spellings_are_the_same_dtype():
+    # The launcher and dtype_name look names up by dtype object (NumPy computes .name in Python on every access);
+    # the lookup must agree with NumPy for every dtype arrays come in, ml_dtypes' included, and the cached
+    # spellings of _resolve must be the dtypes NumPy would build.
+    import ml_dtypes
+
+    dts = [np.dtype(t) for t in ("float32", "float64", "float16", "int32", "int64", "uint32", "uint64", "uint8",
+                                 "int8", "bool")]
+    dts += [np.dtype(ml_dtypes.bfloat16), np.dtype(ml_dtypes.float8_e4m3fn), np.dtype(ml_dtypes.float8_e5m2)]
+    for dt in dts:
+        assert arrays.np_dtype_name(dt) == dt.name
+        assert arrays.dtype_name(np.zeros(2, dt)) == dt.name
+        assert arrays.np_dtype_name(dt) == dt.name  # cached now
+    bf16 = np.dtype(ml_dtypes.bfloat16)
+    for spelling, want in (("f32", np.float32), ("f16", np.float16), ("bf16", bf16), ("bfloat16", bf16),
+                           ("int32", np.int32), ("uint8", np.uint8)):
+        for _ in range(2):  # the second from the cache
+            assert arrays.empty((1,), spelling).dtype == np.dtype(want), spelling
+    with pytest.raises(TypeError):
+        arrays.empty((1,), "no_such_dtype")

@@ -1,5 +1,5 @@
-"""tools/bench_launch.py --ops runs its whole-op rows on the fake H100 (the sm_90a flash_attention and the
-tensor-core paged decode, asserted inside) and reports positive times."""
+"""tools/bench_launch.py --ops runs its whole-op rows on the fake H100 (the sm_90a flash_attention, the
+tensor-core paged decode and the sampling kernel, asserted inside) and reports positive times."""
 from __future__ import annotations
 
 import sys
@@ -15,6 +15,7 @@ def test_op_rows_take_the_intended_kernels() -> None:
 
     before = backends._instances.get("nvrtc"), arrays.empty, arrays.zeros
     rows = bench_launch._op_rows(2, 1)
-    assert set(rows) == {"op_flash_attention_sm90_us", "op_paged_decode_plan_run_us", "op_paged_decode_plan_run_new_table_us"}
+    assert set(rows) == {"op_flash_attention_sm90_us", "op_paged_decode_plan_run_us",
+                         "op_paged_decode_plan_run_new_table_us", "op_top_k_top_p_sampling_us"}
     assert all(v > 0 for v in rows.values())
     assert (backends._instances.get("nvrtc"), arrays.empty, arrays.zeros) == before  # put back

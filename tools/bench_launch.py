@@ -9,8 +9,9 @@ for alloc + copy in/out + sync + free (here against fake device memory, so only 
 
 --ops adds whole-op rows on a fake compute-capability 9.0 GPU (device arrays through
 __cuda_array_interface__, the backend's launch real up to a no-op cuLaunchKernel): one
-flash_attention forward on the sm_90a (TMA) path, its three tensor maps included, and one
-PagedDecodePlan.run (bf16, tensor-core decode). torch CUDA tensors cannot exist here, so torch's
+flash_attention forward on the sm_90a (TMA) path, its three tensor maps included, one
+PagedDecodePlan.run (bf16, tensor-core decode) and one top_k_top_p_sampling_from_probs (batch 1, vocabulary
+128256, fp32). torch CUDA tensors cannot exist here, so torch's
 custom_op wrapper (pykern.torch) and the torch-specific argument conversion are outside these rows.
 
 Budget: <= 10 us per launch with device arrays.
@@ -47,7 +48,8 @@ def _time(fn: Callable[[], Any], n: int, repeats: int) -> float:
 
 
 def _op_rows(n: int, reps: int) -> dict[str, float]:
-    """Host microseconds of one flash_attention (sm_90a path) and one PagedDecodePlan.run on a fake H100."""
+    """Host microseconds of one flash_attention (sm_90a path), one PagedDecodePlan.run and one
+    top_k_top_p_sampling_from_probs on a fake H100."""
     import ml_dtypes
     import numpy as np
 
@@ -147,7 +149,15 @@ def _op_rows(n: int, reps: int) -> dict[str, float]:
             turn.reverse()
             dplan.run(qd, kp, vp, indptr, turn[0], last, backend="nvrtc")
 
+        probs = drv.device_array(np.full((1, 128256), 1 / 128256, np.float32))
+        names.clear()
+        be.launch = lambda spec, *a, **kw: (names.append(spec.name), real_launch(spec, *a, **kw))  # type: ignore
+        ops.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=1, backend="nvrtc")
+        assert names == ["sampling_from_probs"], names
+        be.launch = real_launch  # type: ignore[method-assign]
         return {
+            "op_top_k_top_p_sampling_us": _time(
+                lambda: ops.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=1, backend="nvrtc"), n, reps),
             "op_flash_attention_sm90_us": _time(
                 lambda: ops.flash_attention(q, k, v, causal=True, out=out, backend="nvrtc"), n, reps),
             "op_paged_decode_plan_run_us": _time(

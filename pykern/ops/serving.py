@@ -724,7 +724,8 @@ class PagedDecodePlan:
         k_pages, v_pages or FlashInfer's single paged_kv_cache (see append_paged_kv_cache); views are
         read through their strides, never copied. K and V count as k_scale * K, v_scale * V (FP8
         caches' dequantization, applied in registers; default 1). out: a contiguous output to write
-        instead of the plan's own.
+        instead of the plan's own (the tensor-core kernel stores 16 bytes at a time: an out off a 16-byte
+        boundary runs paged_attn).
         """
         memo = self._memo
         key = _run_key(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out, scale, k_scale, v_scale,
