@@ -264,6 +264,17 @@ def host_view(a: Any) -> np.ndarray:
     return host
 
 
+def data_address(a: Any) -> int | None:
+    """The address of an array's first element (NumPy, torch, __cuda_array_interface__); None when it cannot
+    be told (the ops that need an aligned base then take their general path)."""
+    if isinstance(a, np.ndarray):
+        return int(a.ctypes.data)
+    if is_torch(a):
+        return int(a.data_ptr())
+    cai = getattr(a, "__cuda_array_interface__", None)
+    return int(cai["data"][0]) if cai is not None else None
+
+
 def launch_stream(stream: Any, like: Any) -> Any:
     """The stream an op launches on: `stream` when given; else, for a torch CUDA tensor, torch's
     current stream on the tensor's own device; for a CuPy array, CuPy's current stream on the array's

@@ -433,24 +433,12 @@ def fa2_shared_bytes(d: int) -> int:
     return (4 * FA2_KEYS + FA2_ROWS) * d * 2
 
 
-def _address(a: Any) -> int | None:
-    """The data address of an array (None when it cannot be read)."""
-    if isinstance(a, np.ndarray):
-        return a.ctypes.data
-    if hasattr(a, "data_ptr"):
-        return int(a.data_ptr())
-    cai = getattr(a, "__cuda_array_interface__", None)
-    if cai is not None:
-        return int(cai["data"][0])
-    return None
-
-
 def fa2_eligible(head_dim: int, head_dim_v: int, *arrays_: Any) -> bool:
     """Whether the FlashAttention-2 core runs this shape: head_dim == head_dim_v in FA2_HEAD_DIMS and every
     array's data 16-byte aligned (its tiles move in 16-byte cp.async chunks)."""
     if head_dim != head_dim_v or head_dim not in FA2_HEAD_DIMS:
         return False
-    addrs = [_address(a) for a in arrays_]
+    addrs = [arrays.data_address(a) for a in arrays_]
     return all(x is not None and x % 16 == 0 for x in addrs)
 
 

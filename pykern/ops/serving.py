@@ -130,22 +130,12 @@ def tc_decode_addressable(kv_kind: str, kf: Any, vf: Any, strides: tuple[int, ..
     paged_attn / dense_attn with the same workspaces."""
     if any(s % (16 // _KV_BYTES.get(kv_kind, 2)) for s in strides):
         return False
-    addrs = (_address(kf), _address(vf)) + tuple(_address(a) for a in (q, out) if a is not None)
+    addrs = [arrays.data_address(a) for a in (kf, vf, q, out) if a is not None]
     if any(a is None or a % 16 for a in addrs):
         return False
     from .forward import tensor_cores_available
 
     return tensor_cores_available(backend)
-
-
-def _address(a: Any) -> int | None:
-    """The data address of a flat array (None when it cannot be told: such pages take paged_attn)."""
-    if isinstance(a, np.ndarray):
-        return int(a.ctypes.data)
-    if arrays.is_torch(a):
-        return int(a.data_ptr())
-    cai = getattr(a, "__cuda_array_interface__", None)
-    return int(cai["data"][0]) if cai is not None else None
 
 
 # --------------------------------------------------------------------------- shared helpers
@@ -783,7 +773,8 @@ class PagedDecodePlan:
         # q is copied to a contiguous one each step: a memo would keep reading the first copy).
         record: list | None = None
         if (key is not None and table.indptr is kv_indptr and table.indices is kv_indices
-                and table.last is kv_last_page_len and _address(arrays.contiguous(q)) == _address(q)):
+                and table.last is kv_last_page_len
+                and arrays.data_address(arrays.contiguous(q)) == arrays.data_address(q)):
             record = []
         self._launch(q, kf, vf, (s_page, s_tok, s_head), table.indptr, table.indices, table.last, res_flat, sc, ksc,
                      vsc, want_lse, stream, backend, record)
