@@ -533,8 +533,8 @@ __device__ __forceinline__ void pa_merge_row(const float* part_o, const float* p
 // batch is one round trip and no round waits for another thread: thread 0's units x ceil(its splits /
 // PA_CM_NB) rounds in all. The P states of a unit then meet by butterfly shuffles (log2 P steps: both sides
 // rescaled to their max; every lane of the CTA takes part when P > 1), and lane p = 0 scales by 1 / W and
-// stores the unit with one 16-byte store (the op gives decode_tc only a 16-byte aligned out); the lane of a row's first unit writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors
-// this.
+// stores the unit with one 16-byte store (the op gives decode_tc only a 16-byte aligned out); the lane of a
+// row's first unit writes its lse. tools/bench_decode.py (tc_tail_round_trips) mirrors this.
 // 16-byte loads in flight a thread (and as many lse loads): d128 16, d64 8 (within the registers decode_tc's
 // tile loop takes already, 0 spills on every arch).
 #define PA_CM_NB(D) ((D) / 8)
