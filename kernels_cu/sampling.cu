@@ -300,16 +300,24 @@ __device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s) {
     return sp_block_max(m, s);
 }
 
+// The kept mass (key >= lo) of this lane's VEC values (past the end of the row they load 0: key 0 < lo).
+template <int VEC>
+__device__ __forceinline__ unsigned long long sp_lane_mass(const float* f, unsigned int lo, int sh) {
+    unsigned long long own = 0ull;
+#pragma unroll
+    for (int j = 0; j < VEC; ++j) {
+        const unsigned int key = sp_prob_key(f[j]);
+        if (key >= lo) own += sp_mass(key, sh);
+    }
+    return own;
+}
+
 // Mass of the entries with key >= lo.
 template <typename T, int VEC, int AH>
 __device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned int lo, int sh, SpShared& s) {
     unsigned long long acc = 0ull;
     sp_for_row<T, VEC, AH>(row, n, [&](long long, const float* f) {
-#pragma unroll
-        for (int j = 0; j < VEC; ++j) {
-            const unsigned int key = sp_prob_key(f[j]);
-            if (key >= lo) acc += sp_mass(key, sh);  // out-of-range lanes load 0: no mass
-        }
+        acc += sp_lane_mass<VEC>(f, lo, sh);
         return false;
     });
     return sp_block_sum(acc, s);
@@ -468,13 +476,7 @@ __device__ __forceinline__ unsigned int sp_top_p_int(float p) {
 // The kept mass of a warp's segment of a chunk (f: this lane's VEC values), in every lane.
 template <int VEC>
 __device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, unsigned int lo, int sh) {
-    unsigned long long own = 0ull;
-#pragma unroll
-    for (int j = 0; j < VEC; ++j) {
-        const unsigned int key = sp_prob_key(f[j]);  // past the end: 0 < lo
-        if (key >= lo) own += sp_mass(key, sh);
-    }
-    return sp_warp_sum(own);
+    return sp_warp_sum(sp_lane_mass<VEC>(f, lo, sh));
 }
 
 // summed: the row is one window and its segment sums are in s.hist already (sp_row_mass_segments), so the draw

@@ -275,6 +275,15 @@ def data_address(a: Any) -> int | None:
     return int(cai["data"][0]) if cai is not None else None
 
 
+def aligned16(*arrs: Any) -> bool:
+    """Whether every array's data address is known and 16-byte aligned (the kernels that move 16-byte chunks)."""
+    for a in arrs:
+        p = data_address(a)
+        if p is None or p % 16:
+            return False
+    return True
+
+
 def launch_stream(stream: Any, like: Any) -> Any:
     """The stream an op launches on: `stream` when given; else, for a torch CUDA tensor, torch's
     current stream on the tensor's own device; for a CuPy array, CuPy's current stream on the array's

@@ -438,8 +438,7 @@ def fa2_eligible(head_dim: int, head_dim_v: int, *arrays_: Any) -> bool:
     array's data 16-byte aligned (its tiles move in 16-byte cp.async chunks)."""
     if head_dim != head_dim_v or head_dim not in FA2_HEAD_DIMS:
         return False
-    addrs = [arrays.data_address(a) for a in arrays_]
-    return all(x is not None and x % 16 == 0 for x in addrs)
+    return arrays.aligned16(*arrays_)
 
 
 def tc_head_dim(head_dim: int) -> int:

@@ -130,8 +130,7 @@ def tc_decode_addressable(kv_kind: str, kf: Any, vf: Any, strides: tuple[int, ..
     paged_attn / dense_attn with the same workspaces."""
     if any(s % (16 // _KV_BYTES.get(kv_kind, 2)) for s in strides):
         return False
-    addrs = [arrays.data_address(a) for a in (kf, vf, q, out) if a is not None]
-    if any(a is None or a % 16 for a in addrs):
+    if not arrays.aligned16(*(a for a in (kf, vf, q, out) if a is not None)):
         return False
     from .forward import tensor_cores_available
 
