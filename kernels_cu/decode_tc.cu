@@ -470,8 +470,8 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 
     // Merge the 4 warps' partial softmaxes: Os [4][16][D + 8], Ms / Ls [4][16] (log2 domain) over the ring. A row
     // of D floats would put the 8 rows of a warp's fragment store in the same banks (8 wavefronts a store where 2
-    // hold it; ncu counted half the kernel's shared wavefronts as replays at batch 8 x 1k); 8 floats of padding
-    // shift each row by 32 bytes.
+    // hold it; measured: ncu counted half the kernel's shared wavefronts as replays at batch 8 x 1k, H200,
+    // 2026-11-28, docs/measured/2026-11-28-h200-b.md); 8 floats of padding shift each row by 32 bytes.
     constexpr int DO = D + 8;
     static_assert(4 * 16 * DO * 4 + 2 * 4 * 16 * 4 <= STAGES * SLOT, "the merge's buffers fit in the ring");
     float* Os = reinterpret_cast<float*>(dtc_smem);
