@@ -16,21 +16,30 @@
 //               ldmatrix.trans.
 // Split-KV in one launch: with num_splits > 1 each split CTA writes its partial (o in T, rounded to nearest,
 // as FlashInfer's split-KV decode stores it; log2 lse in fp32) to part_o / part_lse, then takes a ticket
-// from counters[sequence * num_kv_heads + kv head] (release: every thread's stores, a barrier, then thread 0's atom.acq_rel.gpu inc); the CTA that draws the last ticket (acquire: that
-// same RMW, then the barrier that hands the CTA the ticket, then strong ld.relaxed.gpu loads of the partials)
-// merges every split's partial of its group with the merge math of paged_attn_merge (max-lse rescale in fp32;
-// pa_merge_group_cta: the whole CTA, each split's lse and o in one round) and writes out (and lse).
+// from counters[sequence * num_kv_heads + kv head] (release: every thread's stores, a barrier, then thread 0's
+// atom.acq_rel.gpu inc); the CTA that draws the last ticket (acquire: that same RMW, then the barrier that
+// hands the CTA the ticket, then strong ld.relaxed.gpu loads of the partials) merges every split's partial
+// of its group with the merge math of paged_attn_merge (max-lse rescale in fp32; pa_merge_group_cta: the
+// whole CTA, each split's lse and o in one round) and writes out (and lse). No CTA waits for another, so a
+// persistent CTA's items may be any splits.
 // The inc stores 0 on the last ticket (num_splits - 1), so each launch leaves its counters at zero
 // for the next one (a CUDA graph replays them as they are). The counters are the plan's: zeroed once when
 // allocated; two launches in flight at once must not share them.
-// Work split: one CTA of 4 warps per (sequence, kv head, split), the warps splitting the keys;
+// Work split: a work item is a (sequence, kv head, split), 4 warps a CTA, the warps splitting the keys;
 // a tile of DTC_BC = 64 keys is 16 keys a warp, so each warp keeps its own (m, l, O) over its keys of
-// every tile, and the 4 partial softmaxes are merged through shared memory at the end.
+// every tile, and the 4 partial softmaxes are merged through shared memory at the item's end.
+// A CTA takes items_per_cta consecutive items (item w = split * batch * num_kv_heads + sequence *
+// num_kv_heads + kv head). With one an item the grid is one CTA an item, as many waves as that takes; a
+// persistent grid (the plan's choice when the items exceed one wave: tools/bench_decode.py models both)
+// gives each CTA several and streams them through one ring: the fill runs on into the next item, so its
+// first tiles load while the current item's last tile computes and its merge runs in the slot just freed,
+// and the fixed cost of a wave (the ring's first fill behind the dependent page-table loads, the last
+// tile, the merge's stores) is paid once a CTA instead of once a wave.
 // K/V pages stream through a STAGES-slot cp.async ring (16-byte LDGSTS, one barrier a tile):
-// iteration i waits for tile i, then refills the slot tile i - 1 used with tile i + STAGES - 1, so
-// STAGES - 1 tiles are in flight while one is computed. 16-bit rows padded to D + 8 halves keep the 8
-// row addresses of an ldmatrix phase in distinct banks. Keys past the range are zero-filled (V garbage
-// could be NaN, and 0 * NaN is NaN) and masked to -inf.
+// iteration i waits for tile i, then refills the slot tile i - 1 used with tile i + STAGES - 1 (of this item
+// or the next ones), so STAGES - 1 tiles are in flight while one is computed. 16-bit rows padded to D + 8
+// halves keep the 8 row addresses of an ldmatrix phase in distinct banks. Keys past the range are
+// zero-filled (V garbage could be NaN, and 0 * NaN is NaN) and masked to -inf.
 // Requirements the op checks: K/V element strides (page, token, head) of whole 16-byte chunks and 16-byte
 // aligned bases (every copy is a 16-byte cp.async), 4 <= G <= 16.
 #include "pk_attn_tile.cuh"
@@ -66,20 +75,27 @@ template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
 template <typename T, bool FP8> struct DtcPv { typedef T type; };
 template <typename T> struct DtcPv<T, true> { typedef __half type; };
 
-// STAGES: ring slots; MINB: CTAs an SM asked of ptxas (shared memory allows 3 at 16-bit d64 / d128).
+// STAGES: ring slots; MINB: CTAs an SM asked of ptxas (sm_90's 228 KB of shared memory hold 3). sm_86 and
+// sm_89 have 100 KB an SM, which holds one FP8 d128 CTA (71 KB): asking for 3 there would only cap its
+// registers (and spill), never add a CTA.
+#if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ == 860 || __CUDA_ARCH__ == 890)
+#define DTC_MINB_FP8_D128 1
+#else
+#define DTC_MINB_FP8_D128 3
+#endif
 template <int D, bool FP8> struct DtcCfg;
 template <> struct DtcCfg<64, false> { enum { STAGES = 3, MINB = 3 }; };
 template <> struct DtcCfg<128, false> { enum { STAGES = 2, MINB = 3 }; };
 template <> struct DtcCfg<64, true> { enum { STAGES = 3, MINB = 3 }; };
-template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = 3 }; };
+template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = DTC_MINB_FP8_D128 }; };
 
 // A ring row in bytes: the cache type's row, padded by 16 bytes (16-bit: D + 8 halves, which keeps the
 // 8 row addresses of an ldmatrix phase in distinct banks).
 #define DTC_RB(D, EB) ((D) * (EB) + 16)
-// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), then Q (16 x (D + 8) halves) or, FP8,
-// the per-warp 16-bit V tiles (4 x 16 x (D + 8) halves), which Q shares: Q is read into registers before the
-// tile loop, whose first barrier comes before any warp widens into its tile. The end-of-CTA merge reuses the
-// ring (4 x 16 x (D + 8) floats + 2 x 4 x 16 floats fit in it). pykern/ops/serving.py dtc_smem_bytes is the same.
+// Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), then Q (16 x (D + 8) halves, 16-bit
+// K/V: read by ldmatrix every tile, which keeps its 32 registers free for the tile loop) or, FP8, the per-warp
+// 16-bit V tiles (4 x 16 x (D + 8) halves; FP8 keeps Q in registers, loaded from global memory). An item's
+// merge reuses a free ring slot (and FP8, the V tiles). pykern/ops/serving.py dtc_smem_bytes is the same.
 #define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
     ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 : 1) * 16 * ((D) + 8) * 2)
 
@@ -94,41 +110,47 @@ template <int D, int EB> struct DtcGeom {
 // Page lookup without division in the tile loop: lane j of a warp (j < 16; lanes 16..31 mirror 0..15) owns
 // the warp's row j of every tile (pass j / RPW, row j % RPW of it) and keeps that row's position in the next
 // tile to fill as (page index, offset in the page), advanced by one tile (BC = step_p pages + step_o
-// positions) a fill; off is its byte offset page * s_page + offset * s_tok, with the page loaded a tile
-// ahead of the fill that uses it (the index load's latency hides behind a tile). Rows past the range
-// clamp to the sequence's last page (a valid index; their chunks are zero-filled, not read).
+// positions) a fill; off() is its byte offset page * s_page + offset * s_tok, computed by the fill from the
+// page loaded a tile ahead (the index load's latency hides behind a tile: nothing uses the value before). Rows
+// past the range clamp to the sequence's last page (a valid index; their chunks are zero-filled, not read).
 struct DtcRows {
-    const int* idx;  // the sequence's page list (kv_indices + indptr[b])
-    long long sp, st;  // page and token strides, bytes
-    int ps, step_p, step_o, last;  // page size; a tile in pages + positions; the last page's index
+    int pbeg;        // the sequence's page list: kv_indices + pbeg (indptr[b])
+    int step_p, step_o, last;  // a tile in pages + positions; the last page's index
     int pi, po;  // this lane's row of the next tile to fill: page index, offset in the page
-    long long off;
-    __device__ __forceinline__ void locate() {
-        const long long page = idx[pi < last ? pi : last];
-        off = page * sp + (long long)po * st;
+    int pg;      // its page, loaded here and first used by the fill a tile later
+    __device__ __forceinline__ void locate(const int* __restrict__ kv_indices) {
+        pg = kv_indices[(long long)pbeg + (pi < last ? pi : last)];
     }
-    __device__ __forceinline__ void advance() {
+    // sp / st: page and token strides in bytes (kernel parameters: no registers held for them)
+    __device__ __forceinline__ long long off(long long sp, long long st) const {
+        return (long long)pg * sp + (long long)po * st;
+    }
+    __device__ __forceinline__ void advance(int ps, const int* __restrict__ kv_indices) {
         po += step_o;
         pi += step_p;
         if (po >= ps) po -= ps, pi += 1;
-        locate();
+        locate(kv_indices);
     }
 };
 
 // Rows [t0, t0 + BC) of the range into one ring slot (K rows at ks, V rows at vs, RB bytes apart). kb / vb:
-// the K / V bases with this thread's head and chunk offsets applied; rows.off: the lanes' row offsets of
-// this tile (each pass reads its rows' from the owning lanes); rem = end - t0 - (this thread's first row):
-// rows at or past the end land as zeros (cp.async's zero fill).
-template <int D, int EB>
-__device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned char* vb, const DtcRows& rows,
-                                         int rem, unsigned char* ks, unsigned char* vs) {
+// K / V bases (with this thread's chunk offset applied, or with CHUNK, applied here), hoff an offset of the
+// item's head (bytes, the same for every thread: added before the lanes exchange their row offsets); rows.off(): the lanes' row offsets of
+// this tile (each pass reads its rows' from the owning lanes); rem = end - t0, the keys left from the tile's
+// first row: rows at or past the end land as zeros (cp.async's zero fill).
+template <int D, int EB, bool CHUNK>
+__device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned char* vb, long long hoff,
+                                         const DtcRows& rows, long long sp, long long st, int rem, unsigned char* ks,
+                                         unsigned char* vs) {
     using Gm = DtcGeom<D, EB>;
     const int lane = threadIdx.x & 31, c = threadIdx.x % Gm::CH, r0 = threadIdx.x / Gm::CH;
     const unsigned int soff = (unsigned int)(r0 * Gm::RB + c * 16);
+    const long long mine = rows.off(sp, st) + hoff;
+    if constexpr (CHUNK) kb += c * 16, vb += c * 16;
 #pragma unroll
     for (int k = 0; k < Gm::NP; k++) {
-        const long long o = __shfl_sync(PK_FULL_MASK, rows.off, k * Gm::RPW + lane / Gm::CH);
-        const bool in = k * Gm::KPP < rem;
+        const long long o = __shfl_sync(PK_FULL_MASK, mine, k * Gm::RPW + lane / Gm::CH);
+        const bool in = r0 + k * Gm::KPP < rem;
         const unsigned int so = soff + (unsigned int)(k * Gm::KPP * Gm::RB);
         pk_cp_async_16_zfill_at(ks, so, kb + o, in);
         pk_cp_async_16_zfill_at(vs, so, vb + o, in);
@@ -187,13 +209,13 @@ __device__ __forceinline__ void dtc_widen(const unsigned char* src, unsigned sho
     }
 }
 
-// The split epilogue (num_splits > 1), after this CTA has stored its partial rows [row0, row0 + G) of split
-// blockIdx.z: a ticket from this (sequence, kv head)'s counter; the last of the num_splits CTAs merges the
+// The split epilogue (num_splits > 1), after this CTA has stored its partial rows [row0, row0 + G) of one
+// split: a ticket from this (sequence, kv head)'s counter `ctr`; the last of the num_splits CTAs merges the
 // group's rows from every split's partial (the whole CTA, pa_merge_group_cta) and writes out / lse. Every
 // CTA of the grid runs this (an empty split stores lse -inf and counts like any other), so the count always completes.
 template <typename T, int D>
 __device__ __forceinline__ void dtc_split_fixup(T* part_o, float* part_lse, T* __restrict__ out,
-                                                float* __restrict__ lse, int* __restrict__ counters,
+                                                float* __restrict__ lse, int* __restrict__ counter,
                                                 long long rows_total, long long row0, int G, int num_splits,
                                                 int write_lse) {
     // Release: every thread's partial stores precede this barrier, and the barrier precedes thread 0's ticket,
@@ -201,7 +223,7 @@ __device__ __forceinline__ void dtc_split_fixup(T* part_o, float* part_lse, T* _
     // makes the whole CTA's partial stores visible GPU-wide before the new count (one round trip: the stores'
     // acknowledgement), with no fence in the other threads.
     __syncthreads();
-    unsigned int* ctr = reinterpret_cast<unsigned int*>(counters) + blockIdx.x;
+    unsigned int* ctr = reinterpret_cast<unsigned int*>(counter);
     // The ticket wraps the last one (num_splits - 1) back to 0, which leaves the counter clean for the next
     // launch. Acquire: on the last ticket, thread 0's RMW reads the count the chain of the other splits'
     // release RMWs wrote, so their partial stores happen before thread 0's later accesses, and the barrier of
@@ -216,6 +238,75 @@ __device__ __forceinline__ void dtc_split_fixup(T* part_o, float* part_lse, T* _
                                                        write_lse);
 }
 
+// A work item: w = split * (batch * NKV) + b * NKV + kvh (the kv heads of a sequence adjacent: they share
+// its page list, so the next item's page-table entries are mostly in cache already), and its sequence's
+// page-table entries.
+struct DtcItem {
+    int split, b, kvh;
+    __device__ __forceinline__ DtcItem(int w, unsigned int nkv, unsigned int bn) {
+        split = (int)((unsigned int)w / bn);
+        const int r = w - split * (int)bn;
+        b = (int)((unsigned int)r / nkv);
+        kvh = r - b * (int)nkv;
+    }
+};
+struct DtcSeq {
+    int p0, p1, lst;
+    __device__ __forceinline__ void load(int b, const int* __restrict__ indptr, const int* __restrict__ last_len) {
+        p0 = indptr[b];
+        p1 = indptr[b + 1];
+        lst = last_len[b];
+    }
+    // The item's keys [begin, end): the query is position L - 1 and sees [L - 1 - window_left, L - 1]
+    // (window_left 2^30 = unbounded); with num_splits > 1, split's even share of that range rounded up to whole
+    // tiles (as pa_body). Empty (begin >= end) for an empty sequence or a split past the range.
+    __device__ __forceinline__ void range(int page_size, int window_left, int num_splits, int split, int& begin,
+                                          int& end) const {
+        const long long np = (long long)p1 - p0;
+        const int lt = lst < 0 ? 0 : (lst > page_size ? page_size : lst);
+        const long long l = np > 0 ? (np - 1) * page_size + lt : 0;
+        const int L = l > (1ll << 30) ? (1 << 30) : (int)l;  // the op bounds lengths well below this
+        const long long vlo = (long long)L - 1 - window_left;
+        begin = vlo < 0 ? 0 : (int)vlo;
+        end = L;
+        if (num_splits > 1) {
+            const int span = end - begin;
+            const unsigned int pq = (unsigned int)span / (unsigned int)num_splits;
+            int per = (int)pq + ((unsigned int)span != pq * (unsigned int)num_splits);
+            per = (per + DTC_BC - 1) / DTC_BC * DTC_BC;
+            const long long bg = (long long)per * split;
+            begin = bg < span ? begin + (int)bg : end;
+            end = end - begin > per ? begin + per : end;
+        }
+    }
+};
+
+// Q's A fragments of m16n8k16 for the G query rows of a group (row0: its first row of q), rows G..15 zero,
+// straight from global memory (no shared memory: a persistent CTA loads the next item's Q while it merges the
+// current one). 16-bit K: the standard order (a0 / a2: row g, d 2 t4 .. + 1 / + 8 of a k-step; a1 / a3 row
+// g + 8); FP8 K: K's order (DtcFp8 above: a0 / a2 = d 4 t4 .. + 1 / + 2 .. + 3 of row g, a1 / a3 of g + 8).
+template <typename T, int D, bool FP8>
+__device__ __forceinline__ void dtc_load_q(const T* __restrict__ q, long long row0, int G, int g, int t4,
+                                           unsigned int (&qa)[D / 16][4]) {
+    const unsigned int* lo = reinterpret_cast<const unsigned int*>(q + row0 * D) + g * (D / 2);  // row g, words
+    const unsigned int* hi = lo + 8 * (D / 2);                                                   // row g + 8
+    const bool ul = g < G, uh = g + 8 < G;
+#pragma unroll
+    for (int ks = 0; ks < D / 16; ks++) {
+        if constexpr (FP8) {  // word loads straight into the fragment's order (no shuffle of wider loads)
+            qa[ks][0] = ul ? lo[8 * ks + 2 * t4] : 0u;
+            qa[ks][1] = uh ? hi[8 * ks + 2 * t4] : 0u;
+            qa[ks][2] = ul ? lo[8 * ks + 2 * t4 + 1] : 0u;
+            qa[ks][3] = uh ? hi[8 * ks + 2 * t4 + 1] : 0u;
+        } else {
+            qa[ks][0] = ul ? lo[8 * ks + t4] : 0u;
+            qa[ks][1] = uh ? hi[8 * ks + t4] : 0u;
+            qa[ks][2] = ul ? lo[8 * ks + 4 + t4] : 0u;
+            qa[ks][3] = uh ? hi[8 * ks + 4 + t4] : 0u;
+        }
+    }
+}
+
 template <typename T, int D, typename TKV>
 __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const unsigned char* __restrict__ kraw,
                                                  const unsigned char* __restrict__ vraw, T* __restrict__ out,
@@ -226,7 +317,8 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                                                  const int* __restrict__ kv_last_page_len, int num_qo_heads,
                                                  int num_kv_heads, int page_size, long long s_page, long long s_tok,
                                                  long long s_head, int window_left, int num_splits, int batch,
-                                                 int write_lse, float scale, float k_scale, float v_scale) {
+                                                 int write_lse, float scale, float k_scale, float v_scale,
+                                                 int items_per_cta) {
     constexpr bool FP8 = DtcFp8<TKV>::ON;
     constexpr int EB = (int)sizeof(TKV);
     constexpr int STAGES = DtcCfg<D, FP8>::STAGES;
@@ -235,310 +327,365 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     constexpr int KS = D / 16;  // k-steps of Q K^T
     constexpr int ON = D / 8;   // O n-tiles
     constexpr int SLOT = 2 * DTC_BC * RB;  // bytes of one ring slot (K rows, then V rows)
+    constexpr int DO = D + 8;   // a row of the merge's fp32 o (see the merge below)
     extern __shared__ __align__(16) unsigned char dtc_smem[];
     unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][16][SD]
-    unsigned short* qs = tiles;  // [16][SD]: FP8 shares it with the warps' tiles (DTC_SMEM_BYTES)
+    unsigned short* qs = tiles;  // 16-bit: Q, [16][SD]
+    // The merge's rows of warp w: in the ring slot no tile occupies between one tile and the next fill (16-bit:
+    // the 4 warps' 16 rows of DO floats are exactly a slot), FP8: warps 0, 1 there and 2, 3 over the per-warp
+    // V tiles (which P V is done with: the merge's first barrier).
+    static_assert(FP8 ? (2 * 16 * DO * 4 <= SLOT && 2 * 16 * DO * 4 <= 4 * 16 * SD * 2) : 4 * 16 * DO * 4 <= SLOT,
+                  "the merge's rows fit a free ring slot (and the FP8 V tiles)");
 
-    // Unsigned divisions (no sign fix-ups; the two by NKV share one reciprocal).
+    // Unsigned divisions (no sign fix-ups).
     const int H = num_qo_heads, NKV = num_kv_heads, G = (int)((unsigned int)H / (unsigned int)NKV);
-    const int b = (int)(blockIdx.x / (unsigned int)NKV), kvh = blockIdx.x - b * NKV;
-    const int split = blockIdx.z;
+    const unsigned int bn = (unsigned int)batch * (unsigned int)NKV;
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int g = lane >> 2, t4 = lane & 3;
-
-    PagedKV kv = pa_paged_kv(kv_indptr, kv_indices, kv_last_page_len, page_size, s_page, s_tok, s_head);
-    kv.init(b, kvh);
-    const int L = kv.len;
+    // This CTA's items [w0, wend), in order: one item a CTA, or (a persistent grid of at most one wave) several,
+    // streamed through one ring: the next item's first tiles load while this one merges, and a wave's fixed
+    // cost is paid once, not once an item.
+    const long long wtot = (long long)bn * num_splits;
+    const long long w0l = (long long)blockIdx.x * items_per_cta;
+    const int w0 = (int)w0l, wend = (int)(w0l + items_per_cta < wtot ? w0l + items_per_cta : wtot);
     using Gm = DtcGeom<D, EB>;
-    // The query is position L - 1: it sees [L - 1 - window_left, L - 1] (window_left 2^30 = unbounded).
-    const long long vlo = (long long)L - 1 - window_left;
-    int begin = vlo < 0 ? 0 : (int)vlo;
-    int end = L;
-    if (num_splits > 1) {  // as pa_body: an even split of the range, rounded up to whole tiles
-        const int span = end - begin;
-        const unsigned int pq = (unsigned int)span / (unsigned int)num_splits;
-        int per = (int)pq + ((unsigned int)span != pq * (unsigned int)num_splits);
-        per = (per + DTC_BC - 1) / DTC_BC * DTC_BC;
-        const long long bg = (long long)per * split;
-        begin = bg < span ? begin + (int)bg : end;
-        end = end - begin > per ? begin + per : end;
-    }
 
-    // Q rows kvh * G .. + G of sequence b as 16-byte cp.async chunks (the op checks q's 16-byte alignment;
-    // rows are D halves), zero-filled rows G..15, in the first commit group with tile 0: the wait before Q's
-    // ldmatrix below covers them.
-    const unsigned short* qw = reinterpret_cast<const unsigned short*>(q) + ((long long)b * H + (long long)kvh * G) * D;
-#pragma unroll
-    for (int j = 0; j < 16 * D / 8 / DTC_THREADS; j++) {
-        const int c = tid + DTC_THREADS * j, r = c / (D / 8), cc = c - r * (D / 8);
-        pk_cp_async_16_zfill_at(qs, (unsigned int)((r * SD + cc * 8) * 2), qw + (r < G ? r * D + cc * 8 : 0), r < G);
-    }
-
-    // Fill addressing (DtcRows): this lane's row of the warp's 16, its position in tile 0 as (page, offset)
-    // (the only divisions, once a CTA), and this thread's K / V bases (head and chunk offsets folded in).
+    // The fill: the next tile of item f_w, f_rem of its keys from that tile on (<= 0: nothing left to fill).
+    // DtcRows as before. 16-bit: kb / vb, the item's K / V bases (its head's and this thread's chunk offsets
+    // applied: the fewest instructions a fill); FP8 keeps Q in registers and sits at the register cap, so it
+    // keeps the item's kv head alone (f_kvh) and recomputes the offsets each fill. The tile loop fills its own item's tiles only; the next
+    // item with keys is set up (feed_next) and its first STAGES - 1 tiles issued after an item's last tile,
+    // while it merges: the item switch's registers never meet the tile loop's.
     DtcRows rows;
-    const int r0 = tid / Gm::CH;  // this thread's first row of a tile
-    {
-        const int j = lane & 15;
-        const int row = warp * Gm::RPW + (j / Gm::RPW) * Gm::KPP + j % Gm::RPW;
-        rows.idx = kv_indices + kv.pbeg;
-        rows.sp = s_page * EB;
-        rows.st = s_tok * EB;
-        rows.ps = page_size;
-        rows.step_p = (int)((unsigned int)DTC_BC / (unsigned int)page_size);
-        rows.step_o = DTC_BC - rows.step_p * page_size;
-        const long long np = (long long)kv_indptr[b + 1] - kv.pbeg;
-        rows.last = np > 0 ? (int)(np - 1) : 0;
-        const int p0 = begin + row;
-        rows.pi = (int)((unsigned int)p0 / (unsigned int)page_size);
-        rows.po = p0 - rows.pi * page_size;
-        rows.off = 0;
-        if (begin < end) rows.locate();
-    }
-    const unsigned char* kb = kraw + kv.hoff * EB + (tid % Gm::CH) * 16;
-    const unsigned char* vb = vraw + kv.hoff * EB + (tid % Gm::CH) * 16;
-
-    // Prologue: tiles 0 .. STAGES - 2 of the range, one commit group each (empty past the end; Q in the first).
-#pragma unroll
-    for (int s = 0; s < STAGES - 1; s++) {
-        const int t0 = begin + s * DTC_BC;
-        if (t0 < end) {
-            dtc_fill<D, EB>(kb, vb, rows, end - t0 - r0, dtc_smem + s * SLOT, dtc_smem + s * SLOT + DTC_BC * RB);
-            rows.advance();
+    rows.step_p = (int)((unsigned int)DTC_BC / (unsigned int)page_size);
+    rows.step_o = DTC_BC - rows.step_p * page_size;
+    int f_w = w0 - 1, f_rem = 0, f_kvh = 0;
+    const unsigned char *kb = kraw, *vb = vraw;
+    // Moves the fill to the next item with keys (the only divisions a fill sees, once an item), or past the last.
+    auto feed_next = [&]() {
+        for (;;) {
+            if (++f_w >= wend) {
+                f_rem = 0;
+                return;
+            }
+            const DtcItem it(f_w, (unsigned int)NKV, bn);
+            DtcSeq s;
+            s.load(it.b, kv_indptr, kv_last_page_len);
+            int bg, en;
+            s.range(page_size, window_left, num_splits, it.split, bg, en);
+            if (bg >= en) continue;
+            f_rem = en - bg;
+            rows.pbeg = s.p0;
+            rows.last = s.p1 - s.p0 > 0 ? s.p1 - s.p0 - 1 : 0;
+            // the row of each tile this lane's DtcRows tracks (lanes 16..31 mirror 0..15)
+            const int frow = warp * Gm::RPW + ((lane & 15) / Gm::RPW) * Gm::KPP + (lane & 15) % Gm::RPW;
+            const int p = bg + frow;
+            rows.pi = (int)((unsigned int)p / (unsigned int)page_size);
+            rows.po = p - rows.pi * page_size;
+            rows.locate(kv_indices);
+            if constexpr (FP8) {
+                f_kvh = it.kvh;
+            } else {
+                const long long hoff = (long long)it.kvh * s_head * EB + (tid % Gm::CH) * 16;
+                kb = kraw + hoff;
+                vb = vraw + hoff;
+            }
+            return;
+        }
+    };
+    // One ring slot's fill (one commit group, empty when nothing is left).
+    auto feed = [&](int slot) {
+        if (f_rem > 0) {
+            if constexpr (FP8)
+                dtc_fill<D, EB, true>(kraw, vraw, (long long)f_kvh * s_head * EB, rows, s_page * EB, s_tok * EB, f_rem, dtc_smem + slot * SLOT,
+                                dtc_smem + slot * SLOT + DTC_BC * RB);
+            else
+                dtc_fill<D, EB, false>(kb, vb, 0, rows, s_page * EB, s_tok * EB, f_rem, dtc_smem + slot * SLOT,
+                            dtc_smem + slot * SLOT + DTC_BC * RB);
+            f_rem -= DTC_BC;
+            if (f_rem > 0) rows.advance(page_size, kv_indices);
         }
         pk_cp_async_commit();
-    }
-    pk_cp_async_wait<STAGES - 2>();  // this thread's Q chunks (group 0) have landed
-    __syncthreads();                 // everyone's have
+    };
 
-    // ldmatrix row addresses: lane -> (row, col) of the 4 8x8 matrices it addresses.
-    const int a_row = (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);   // Q (A)
-    const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
-    const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
-    unsigned int qa[KS][4];
-    if constexpr (FP8) {  // in FP8 K's order (DtcFp8 above): a0 / a2 = d 4 t4 .. + 1 / + 2 .. + 3 of row g, a1 / a3 of g + 8
+    // 16-bit: the Q rows of the fill's item (rows G..15 zero-filled) into qs as 16-byte cp.async chunks (the op
+    // checks q's 16-byte alignment; rows are D halves), in the commit group of that item's first tile: the
+    // tile loop's first wait covers them. Called after feed_next, before the item's first feed.
+    auto feed_q = [&]() {
+        if constexpr (!FP8) {
+            if (f_rem <= 0) return;
+            const DtcItem it(f_w, (unsigned int)NKV, bn);
+            const unsigned short* qw = reinterpret_cast<const unsigned short*>(q) +
+                                       ((long long)it.b * H + (long long)it.kvh * G) * D;
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++) {
-            const uint2 lo = *reinterpret_cast<const uint2*>(qs + g * SD + ks * 16 + 4 * t4);
-            const uint2 hi = *reinterpret_cast<const uint2*>(qs + (g + 8) * SD + ks * 16 + 4 * t4);
-            qa[ks][0] = lo.x, qa[ks][1] = hi.x, qa[ks][2] = lo.y, qa[ks][3] = hi.y;
+            for (int j = 0; j < 16 * D / 8 / DTC_THREADS; j++) {
+                const int c = tid + DTC_THREADS * j, r = c / (D / 8), cc = c - r * (D / 8);
+                pk_cp_async_16_zfill_at(qs, (unsigned int)((r * SD + cc * 8) * 2), qw + (r < G ? r * D + cc * 8 : 0),
+                                        r < G);
+            }
         }
-    } else {
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++) pk_ldmatrix_x4_s(qa[ks], pk_saddr_of(qs) + (unsigned int)((a_row * SD + a_col + ks * 16) * 2));
+    };
+    // FP8: the first item's Q (its loads in flight under the prologue's). Then the prologue: slots 0 .. STAGES - 2.
+    unsigned int qa[FP8 ? KS : 1][4];
+    if constexpr (FP8) {
+        if (w0 < wend) {
+            const DtcItem it(w0, (unsigned int)NKV, bn);
+            dtc_load_q<T, D, FP8>(q, (long long)it.b * H + (long long)it.kvh * G, G, g, t4, qa);
+        }
     }
-    // FP8 K/V with bf16 q: Q K^T runs in f16 (K widens with one cvt a pair, no fp32 round trip). Q is rescaled
-    // by 2^qe into f16's range once: qe puts the group's largest |q| in [2^14, 2^15) (every warp holds all of
-    // Q, so each reduces the same maximum); q * 2^qe is exact in f16 for |q| >= max |q| * 2^-32 (f16's
-    // subnormals still hold bf16's 8 bits there) and 2^-qe returns to the score scale exactly (a power of 2).
-    float qdescale = 1.0f;
-    if constexpr (FP8 && !Pk16<T>::is_f16) {
-        float qm = 0.0f;
+    feed_next();
+    feed_q();
 #pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float x0, x1;
-                Pk16<T>::widen2(qa[ks][i], x0, x1);
-                qm = fmaxf(qm, fmaxf(fabsf(x0), fabsf(x1)));
-            }
-#pragma unroll
-        for (int o = 16; o >= 1; o >>= 1) qm = fmaxf(qm, __shfl_xor_sync(PK_FULL_MASK, qm, o));
-        // unbiased exponent of qm (0 for 0, NaN or inf: no rescale), clamped so 2^qe and 2^-qe are normal floats
-        const int ebits = (int)((__float_as_uint(qm) >> 23) & 0xffu);
-        int qe = (ebits == 0 || ebits == 255) ? 0 : 14 - (ebits - 127);
-        qe = qe < -126 ? -126 : (qe > 126 ? 126 : qe);
-        const float up = __uint_as_float((unsigned int)(127 + qe) << 23);
-        qdescale = __uint_as_float((unsigned int)(127 - qe) << 23);
-#pragma unroll
-        for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-            for (int i = 0; i < 4; i++) {
-                float x0, x1;
-                Pk16<T>::widen2(qa[ks][i], x0, x1);
-                qa[ks][i] = Pk16<__half>::narrow2(x0 * up, x1 * up);
-            }
-    }
+    for (int s = 0; s < STAGES - 1; s++) feed(s);
+
     // ldmatrix addresses of the tile loop as shared-window integers (pk_saddr): this lane's row / column
     // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
-    // access cost 64-bit address math). 16-bit K at kt + k_lane + (nt * 8 * SD + kp2 * 32) * 2; FP8 K at
-    // kt + k_lane + kp2 * 32 (V's lane -> row, column map over RB-byte rows of bytes: matrix j = lane / 8 is
-    // keys 8 (j & 1) .., bytes 16 (j >> 1) ..: both n-tiles of two k-steps); V at vt + v_lane + np * 32.
+    // access cost 64-bit address math). 16-bit K at kt + (nt * 8 * SD + kp2 * 32) * 2; FP8 K at kt + kp2 * 32
+    // (V's lane -> row, column map over RB-byte rows of bytes: matrix j = lane / 8 is keys 8 (j & 1) .., bytes
+    // 16 (j >> 1) ..: both n-tiles of two k-steps); V at vt + np * 32. kt / vt: a slot's base with the lane's
+    // offsets folded in (kq0 / vq0: slot 0's; FP8 V: the warp's own tile, the same every tile).
+    const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
+    const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
     const unsigned int k_lane = FP8 ? (unsigned int)(vb_row * RB + vb_col * 2) : (unsigned int)((kb_row * SD + kb_col) * 2);
     const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2);
-    const pk_saddr kt0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB);  // this warp's 16 keys of ring slot 0
-    const pk_saddr vtile = pk_saddr_of(tiles + warp * 16 * SD);       // FP8: this warp's 16-bit V tile
-
+    const pk_saddr kq0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB) + k_lane;  // this warp's 16 keys of slot 0
+    // 16-bit Q (A) at q_lane + ks * 32: lane -> (row, col) of the 4 8x8 matrices it addresses
+    const pk_saddr q_lane = pk_saddr_of(qs) + (unsigned int)((((lane & 7) + 8 * ((lane >> 3) & 1)) * SD + 8 * (lane >> 4)) * 2);
+    const pk_saddr vq0 = (FP8 ? pk_saddr_of(tiles + warp * 16 * SD)              // FP8: its 16-bit V tile
+                              : pk_saddr_of(dtc_smem + warp * DTC_KW * RB + DTC_BC * RB)) + v_lane;
     using TQK = typename DtcPv<T, FP8>::type;  // the Q K^T operands' type: f16 for FP8 K/V (above), else T
-    float o[ON][4];
-#pragma unroll
-    for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
-    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this warp's keys
-    const float sl2 = scale * k_scale * PA_LOG2E * qdescale;
+    const long long rows_total = (long long)batch * H;
 
     int stage = 0;
-    for (int t0 = begin; t0 < end; t0 += DTC_BC) {
-        pk_cp_async_wait<STAGES - 2>();  // this thread's copies of tile t0 have landed
-        __syncthreads();                 // everyone's have; and every warp is done with the slot refilled next
-        {
-            const int nt0 = t0 + (STAGES - 1) * DTC_BC;
-            const int ns = stage == 0 ? STAGES - 1 : stage - 1;  // the slot tile t0 - BC used
-            if (nt0 < end) {
-                dtc_fill<D, EB>(kb, vb, rows, end - nt0 - r0, dtc_smem + ns * SLOT, dtc_smem + ns * SLOT + DTC_BC * RB);
-                rows.advance();
+    for (int w = w0; w < wend; w++) {
+        if constexpr (FP8) {
+            if (w > w0) {
+                const DtcItem nx(w, (unsigned int)NKV, bn);
+                dtc_load_q<T, D, FP8>(q, (long long)nx.b * H + (long long)nx.kvh * G, G, g, t4, qa);
             }
-            pk_cp_async_commit();
         }
-        const pk_saddr kt = kt0 + (unsigned int)(stage * SLOT);  // this warp's K rows in the ring
-        pk_saddr vt;                                              // and the V rows P V reads
-        if constexpr (FP8) {  // widen this warp's V rows into its own tile now, for P V below (the previous
-                              // tile's V reads of it are done: the barrier above)
-            dtc_widen<D, TKV>(dtc_smem + stage * SLOT + DTC_BC * RB + warp * DTC_KW * RB, tiles + warp * 16 * SD);
-            vt = vtile;
-        } else {
-            vt = kt + (unsigned int)(DTC_BC * RB);
+        // The item's range (its entries are cached: the fill loaded them up to a tile ago).
+        int begin, end;
+        {
+            const DtcItem it(w, (unsigned int)NKV, bn);
+            DtcSeq sq;
+            sq.load(it.b, kv_indptr, kv_last_page_len);
+            sq.range(page_size, window_left, num_splits, it.split, begin, end);
         }
-        stage = stage + 1 == STAGES ? 0 : stage + 1;
 
-        float s[2][4];
+        // FP8 K/V with bf16 q: Q K^T runs in f16 (K widens with one cvt a pair, no fp32 round trip). Q is
+        // rescaled by 2^qe into f16's range once an item: qe puts the group's largest |q| in [2^14, 2^15) (every
+        // warp holds all of Q, so each reduces the same maximum); q * 2^qe is exact in f16 for
+        // |q| >= max |q| * 2^-32 (f16's subnormals still hold bf16's 8 bits there) and 2^-qe returns to the
+        // score scale exactly (a power of 2).
+        float qdescale = 1.0f;
+        if constexpr (FP8 && !Pk16<T>::is_f16) {
+            float qm = 0.0f;
 #pragma unroll
-        for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+            for (int ks = 0; ks < KS; ks++)
 #pragma unroll
-        for (int kp2 = 0; kp2 < D / 32; kp2++) {
-            if constexpr (FP8) {
-                unsigned int kw[4];  // FP8 words of (n-tile j & 1, k-step 2 kp2 + (j >> 1)), 4 bytes of a key each
-                pk_ldmatrix_x4_s(kw, kt + k_lane + (unsigned int)(kp2 * 32));
-#pragma unroll
-                for (int j = 0; j < 4; j++) {
-                    unsigned int kb[2];
-                    DtcWiden<__half, DtcFp8<TKV>::EB>::x4(kw[j], kb[0], kb[1]);
-                    pk_mma_m16n8k16<TQK>(s[j & 1], qa[2 * kp2 + (j >> 1)], kb, s[j & 1]);
+                for (int i = 0; i < 4; i++) {
+                    float x0, x1;
+                    Pk16<T>::widen2(qa[ks][i], x0, x1);
+                    qm = fmaxf(qm, fmaxf(fabsf(x0), fabsf(x1)));
                 }
+#pragma unroll
+            for (int o = 16; o >= 1; o >>= 1) qm = fmaxf(qm, __shfl_xor_sync(PK_FULL_MASK, qm, o));
+            // unbiased exponent of qm (0 for 0, NaN or inf: no rescale), clamped so 2^qe and 2^-qe are normal
+            const int ebits = (int)((__float_as_uint(qm) >> 23) & 0xffu);
+            int qe = (ebits == 0 || ebits == 255) ? 0 : 14 - (ebits - 127);
+            qe = qe < -126 ? -126 : (qe > 126 ? 126 : qe);
+            const float up = __uint_as_float((unsigned int)(127 + qe) << 23);
+            qdescale = __uint_as_float((unsigned int)(127 - qe) << 23);
+#pragma unroll
+            for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                for (int i = 0; i < 4; i++) {
+                    float x0, x1;
+                    Pk16<T>::widen2(qa[ks][i], x0, x1);
+                    qa[ks][i] = Pk16<__half>::narrow2(x0 * up, x1 * up);
+                }
+        }
+        float o[ON][4];
+#pragma unroll
+        for (int i = 0; i < ON; i++) o[i][0] = o[i][1] = o[i][2] = o[i][3] = 0.0f;
+        float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, this warp's keys
+        const float sl2 = scale * k_scale * PA_LOG2E * qdescale;
+
+        for (int t0 = begin; t0 < end; t0 += DTC_BC) {
+            pk_cp_async_wait<STAGES - 2>();  // this thread's copies of tile t0 have landed
+            __syncthreads();                 // everyone's have; and every warp is done with the slot refilled next
+            feed(stage == 0 ? STAGES - 1 : stage - 1);  // the slot the previous tile (or the merge) used
+            const pk_saddr kt = kq0 + (unsigned int)(stage * SLOT);  // this warp's K rows in the ring
+            pk_saddr vt;                                              // and the V rows P V reads
+            if constexpr (FP8) {  // widen this warp's V rows into its own tile now, for P V below (the previous
+                                  // tile's V reads of it, and any merge's, are done: the barrier above)
+                dtc_widen<D, TKV>(dtc_smem + stage * SLOT + DTC_BC * RB + warp * DTC_KW * RB, tiles + warp * 16 * SD);
+                vt = vq0;
             } else {
+                vt = vq0 + (unsigned int)(stage * SLOT);
+            }
+            stage = stage + 1 == STAGES ? 0 : stage + 1;
+
+            float s[2][4];
+#pragma unroll
+            for (int i = 0; i < 2; i++) s[i][0] = s[i][1] = s[i][2] = s[i][3] = 0.0f;
+#pragma unroll
+            for (int kp2 = 0; kp2 < D / 32; kp2++) {
+                if constexpr (FP8) {
+                    unsigned int kw[4];  // FP8 words of (n-tile j & 1, k-step 2 kp2 + (j >> 1)), 4 bytes of a key each
+                    pk_ldmatrix_x4_s(kw, kt + (unsigned int)(kp2 * 32));
+#pragma unroll
+                    for (int j = 0; j < 4; j++) {
+                        unsigned int kf[2];
+                        DtcWiden<__half, DtcFp8<TKV>::EB>::x4(kw[j], kf[0], kf[1]);
+                        pk_mma_m16n8k16<TQK>(s[j & 1], qa[2 * kp2 + (j >> 1)], kf, s[j & 1]);
+                    }
+                } else {
+                    unsigned int qf[2][4];  // Q's A fragments of k-steps 2 kp2, 2 kp2 + 1
+                    pk_ldmatrix_x4_s(qf[0], q_lane + (unsigned int)(kp2 * 64));
+                    pk_ldmatrix_x4_s(qf[1], q_lane + (unsigned int)(kp2 * 64 + 32));
+#pragma unroll
+                    for (int nt = 0; nt < 2; nt++) {
+                        unsigned int kf[4];  // b of k-step 2 kp2 in kf[0..1], of 2 kp2 + 1 in kf[2..3]
+                        pk_ldmatrix_x4_s(kf, kt + (unsigned int)((nt * 8 * SD + kp2 * 32) * 2));
+                        pk_mma_m16n8k16<TQK>(s[nt], qf[0], kf, s[nt]);
+                        pk_mma_m16n8k16<TQK>(s[nt], qf[1], kf + 2, s[nt]);
+                    }
+                }
+            }
+            // Base 2, keys past the range masked, online softmax over this warp's 16 keys.
+            const int kbase = t0 + warp * DTC_KW + 2 * t4;
+#pragma unroll
+            for (int nt = 0; nt < 2; nt++)
+#pragma unroll
+                for (int e = 0; e < 4; e++) s[nt][e] = kbase + nt * 8 + (e & 1) < end ? s[nt][e] * sl2 : PK_NEG_INF;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
+                mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+                mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+                const float base = mx == PK_NEG_INF ? 0.0f : mx;  // nothing visible yet: stay at 0
+                const float alpha = pk_ex2_approx(m[r] - base);
+                m[r] = mx;
+                float sum = 0.0f;
 #pragma unroll
                 for (int nt = 0; nt < 2; nt++) {
-                    unsigned int kb[4];  // b of k-step 2 kp2 in kb[0..1], of 2 kp2 + 1 in kb[2..3]
-                    pk_ldmatrix_x4_s(kb, kt + k_lane + (unsigned int)((nt * 8 * SD + kp2 * 32) * 2));
-                    pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2], kb, s[nt]);
-                    pk_mma_m16n8k16<TQK>(s[nt], qa[2 * kp2 + 1], kb + 2, s[nt]);
+                    s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
+                    s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
+                    sum += s[nt][2 * r] + s[nt][2 * r + 1];
                 }
+                l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
+#pragma unroll
+                for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+            }
+            if constexpr (FP8) __syncwarp();  // every lane's V widening (above) is in the tile
+            // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
+            using TP = typename DtcPv<T, FP8>::type;
+            unsigned int pa[4];
+            pa[0] = Pk16<TP>::narrow2(s[0][0], s[0][1]);
+            pa[1] = Pk16<TP>::narrow2(s[0][2], s[0][3]);
+            pa[2] = Pk16<TP>::narrow2(s[1][0], s[1][1]);
+            pa[3] = Pk16<TP>::narrow2(s[1][2], s[1][3]);
+#pragma unroll
+            for (int np = 0; np < D / 16; np++) {
+                unsigned int vf[4];  // b of O n-tile 2 np in vf[0..1], of 2 np + 1 in vf[2..3]
+                pk_ldmatrix_x4_trans_s(vf, vt + (unsigned int)(np * 32));
+                pk_mma_m16n8k16<TP>(o[2 * np], pa, vf, o[2 * np]);
+                pk_mma_m16n8k16<TP>(o[2 * np + 1], pa, vf + 2, o[2 * np + 1]);
             }
         }
-        // Base 2, keys past the range masked, online softmax over this warp's 16 keys.
-        const int kbase = t0 + warp * DTC_KW + 2 * t4;
-#pragma unroll
-        for (int nt = 0; nt < 2; nt++)
-#pragma unroll
-            for (int e = 0; e < 4; e++) s[nt][e] = kbase + nt * 8 + (e & 1) < end ? s[nt][e] * sl2 : PK_NEG_INF;
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
-            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-            const float base = mx == PK_NEG_INF ? 0.0f : mx;  // nothing visible yet: stay at 0
-            const float alpha = pk_ex2_approx(m[r] - base);
-            m[r] = mx;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < 2; nt++) {
-                s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
-                s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
-                sum += s[nt][2 * r] + s[nt][2 * r + 1];
-            }
-            l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
-#pragma unroll
-            for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
-        }
-        if constexpr (FP8) __syncwarp();  // every lane's V widening (above) is in the tile
-        // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
-        using TP = typename DtcPv<T, FP8>::type;
-        unsigned int pa[4];
-        pa[0] = Pk16<TP>::narrow2(s[0][0], s[0][1]);
-        pa[1] = Pk16<TP>::narrow2(s[0][2], s[0][3]);
-        pa[2] = Pk16<TP>::narrow2(s[1][0], s[1][1]);
-        pa[3] = Pk16<TP>::narrow2(s[1][2], s[1][3]);
-#pragma unroll
-        for (int np = 0; np < D / 16; np++) {
-            unsigned int vb[4];  // b of O n-tile 2 np in vb[0..1], of 2 np + 1 in vb[2..3]
-            pk_ldmatrix_x4_trans_s(vb, vt + v_lane + (unsigned int)(np * 32));
-            pk_mma_m16n8k16<TP>(o[2 * np], pa, vb, o[2 * np]);
-            pk_mma_m16n8k16<TP>(o[2 * np + 1], pa, vb + 2, o[2 * np + 1]);
-        }
-    }
-    pk_cp_async_wait<0>();  // nothing is left in flight (the last groups are empty)
-    __syncthreads();         // every warp is done with the ring: the merge reuses it
+        __syncthreads();  // every warp is done with the ring's slots (and FP8, its V tile): the merge's rows
 
-    // Merge the 4 warps' partial softmaxes: Os [4][16][D + 8], Ms / Ls [4][16] (log2 domain) over the ring. A row
-    // of D floats would put the 8 rows of a warp's fragment store in the same banks (8 wavefronts a store where 2
-    // hold it; measured: ncu counted half the kernel's shared wavefronts as replays at batch 8 x 1k, H200,
-    // 2026-11-28, docs/measured/2026-11-28-h200-b.md); 8 floats of padding shift each row by 32 bytes.
-    constexpr int DO = D + 8;
-    static_assert(4 * 16 * DO * 4 + 2 * 4 * 16 * 4 <= STAGES * SLOT, "the merge's buffers fit in the ring");
-    float* Os = reinterpret_cast<float*>(dtc_smem);
-    float* Ms = Os + 4 * 16 * DO;
-    float* Ls = Ms + 4 * 16;
+        // Merge the 4 warps' partial softmaxes: warp w's 16 rows of DO floats, the row's m and l (log2 domain)
+        // in its padding at D and D + 1. A row of D floats would put the 8 rows of a warp's fragment store in
+        // the same banks (8 wavefronts a store where 2 hold it; measured: ncu counted half the kernel's shared
+        // wavefronts as replays at batch 8 x 1k, H200, 2026-11-28, docs/measured/2026-11-28-h200-b.md); 8 floats
+        // of padding shift each row by 32 bytes.
+        const DtcItem cs(w, (unsigned int)NKV, bn);  // (recomputed here: fewer registers across the tile loop)
+        const long long grow0 = (long long)cs.b * H + (long long)cs.kvh * G;  // the group's first row of q / out
+        float* const slotf = reinterpret_cast<float*>(dtc_smem + (stage == 0 ? STAGES - 1 : stage - 1) * SLOT);
+        auto orows = [&](int wp) -> float* {
+            return FP8 && wp >= 2 ? reinterpret_cast<float*>(tiles) + (wp - 2) * 16 * DO : slotf + wp * 16 * DO;
+        };
+        {
+            float* const ow = orows(warp);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = l[r];
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
-        const int row = g + 8 * r;
-        float* orow = Os + (warp * 16 + row) * DO + 2 * t4;
+            for (int r = 0; r < 2; r++) {
+                float lr = l[r];
+                lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
+                lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
+                float* orow = ow + (g + 8 * r) * DO;
 #pragma unroll
-        for (int i = 0; i < ON; i++) *reinterpret_cast<float2*>(orow + i * 8) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
-        if (t4 == 0) {
-            Ms[warp * 16 + row] = m[r];
-            Ls[warp * 16 + row] = lr;
-        }
-    }
-    __syncthreads();
-    // A thread a unit of 8 outputs of a row (G * D / 8 units: one pass for G <= 8 at d128): each float of
-    // it as before, fmaf over the warps in order. A split's partial o is stored in T (one 16-byte store a
-    // unit, rounded to nearest by the hardware conversion; its lse and every merge sum stay fp32).
-    const long long rows_total = (long long)batch * H;
-    for (int u = tid; u < G * (D / 8); u += DTC_THREADS) {
-        const int r = u / (D / 8), d = 8 * (u - r * (D / 8));
-        float M = PK_NEG_INF;
-#pragma unroll
-        for (int w = 0; w < 4; w++) M = fmaxf(M, Ms[w * 16 + r]);
-        float W = 0.0f, x[8];
-#pragma unroll
-        for (int e = 0; e < 8; e++) x[e] = 0.0f;
-        if (M != PK_NEG_INF) {
-#pragma unroll
-            for (int w = 0; w < 4; w++) {
-                const float mw = Ms[w * 16 + r];
-                const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
-                W = fmaf(f, Ls[w * 16 + r], W);
-#pragma unroll
-                for (int c = 0; c < 2; c++) {
-                    const float4 y = *reinterpret_cast<const float4*>(Os + (w * 16 + r) * DO + d + 4 * c);
-                    x[4 * c] = fmaf(f, y.x, x[4 * c]);
-                    x[4 * c + 1] = fmaf(f, y.y, x[4 * c + 1]);
-                    x[4 * c + 2] = fmaf(f, y.z, x[4 * c + 2]);
-                    x[4 * c + 3] = fmaf(f, y.w, x[4 * c + 3]);
-                }
+                for (int i = 0; i < ON; i++)
+                    *reinterpret_cast<float2*>(orow + 2 * t4 + i * 8) = make_float2(o[i][2 * r], o[i][2 * r + 1]);
+                if (t4 == 0) *reinterpret_cast<float2*>(orow + D) = make_float2(m[r], lr);
             }
         }
-        const bool seen = W > 0.0f;
-        const float sc = seen ? __fdividef(v_scale, W) : 0.0f;
-        const float lse2 = seen ? M + __log2f(W) : PK_NEG_INF;
-        const long long orow = (long long)b * H + (long long)kvh * G + r;
-        if (num_splits > 1) {
-            const long long slot = (long long)split * rows_total + orow;
-            *reinterpret_cast<uint4*>(part_o + slot * D + d) =
-                make_uint4(Pk16<T>::narrow2(x[0] * sc, x[1] * sc), Pk16<T>::narrow2(x[2] * sc, x[3] * sc),
-                           Pk16<T>::narrow2(x[4] * sc, x[5] * sc), Pk16<T>::narrow2(x[6] * sc, x[7] * sc));
-            if (d == 0) part_lse[slot] = lse2;
-        } else {  // one 16-byte store a unit (the op routes an out not 16-byte aligned to paged_attn)
+        // The next item's first tiles, into the slots after this one's last (every slot but the merge's is
+        // done: the barrier above; the tile loop's refills past the item's end were empty groups), and its Q
+        // (this one's is dead): their loads fly while this item merges.
+        if (begin < end) {
+            feed_next();
+            feed_q();
 #pragma unroll
-            for (int e = 0; e < 8; e++) x[e] *= sc;
-            PkVec16<T>::store(out, orow * D + d, x);
-            if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
+            for (int s = 0; s < STAGES - 1; s++) feed(stage + s < STAGES ? stage + s : stage + s - STAGES);
         }
+        __syncthreads();
+        // A thread a unit of 8 outputs of a row (G * D / 8 units: one pass for G <= 8 at d128): each float of
+        // it as before, fmaf over the warps in order. A split's partial o is stored in T (one 16-byte store a
+        // unit, rounded to nearest by the hardware conversion; its lse and every merge sum stay fp32).
+        for (int u = tid; u < G * (D / 8); u += DTC_THREADS) {
+            const int r = u / (D / 8), d = 8 * (u - r * (D / 8));
+            float2 ml[4];
+#pragma unroll
+            for (int wp = 0; wp < 4; wp++) ml[wp] = *reinterpret_cast<const float2*>(orows(wp) + r * DO + D);
+            float M = PK_NEG_INF;
+#pragma unroll
+            for (int wp = 0; wp < 4; wp++) M = fmaxf(M, ml[wp].x);
+            float W = 0.0f, x[8];
+#pragma unroll
+            for (int e = 0; e < 8; e++) x[e] = 0.0f;
+            if (M != PK_NEG_INF) {
+#pragma unroll
+                for (int wp = 0; wp < 4; wp++) {
+                    const float mw = ml[wp].x;
+                    const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
+                    W = fmaf(f, ml[wp].y, W);
+#pragma unroll
+                    for (int c = 0; c < 2; c++) {
+                        const float4 y = *reinterpret_cast<const float4*>(orows(wp) + r * DO + d + 4 * c);
+                        x[4 * c] = fmaf(f, y.x, x[4 * c]);
+                        x[4 * c + 1] = fmaf(f, y.y, x[4 * c + 1]);
+                        x[4 * c + 2] = fmaf(f, y.z, x[4 * c + 2]);
+                        x[4 * c + 3] = fmaf(f, y.w, x[4 * c + 3]);
+                    }
+                }
+            }
+            const bool seen = W > 0.0f;
+            const float sc = seen ? __fdividef(v_scale, W) : 0.0f;
+            const float lse2 = seen ? M + __log2f(W) : PK_NEG_INF;
+            const long long orow = grow0 + r;
+            if (num_splits > 1) {
+                const long long slot = (long long)cs.split * rows_total + orow;
+                *reinterpret_cast<uint4*>(part_o + slot * D + d) =
+                    make_uint4(Pk16<T>::narrow2(x[0] * sc, x[1] * sc), Pk16<T>::narrow2(x[2] * sc, x[3] * sc),
+                               Pk16<T>::narrow2(x[4] * sc, x[5] * sc), Pk16<T>::narrow2(x[6] * sc, x[7] * sc));
+                if (d == 0) part_lse[slot] = lse2;
+            } else {  // one 16-byte store a unit (the op routes an out not 16-byte aligned to paged_attn)
+#pragma unroll
+                for (int e = 0; e < 8; e++) x[e] *= sc;
+                PkVec16<T>::store(out, orow * D + d, x);
+                if (write_lse && d == 0) lse[orow] = seen ? lse2 * PA_LN2 : PK_NEG_INF;
+            }
+        }
+        // (The merge's reads of its rows come before the next fill of that slot, or the next merge's writes:
+        // both follow a barrier, the fixup's or the tile loop's or the one above.)
+        if (num_splits > 1)
+            dtc_split_fixup<T, D>(part_o, part_lse, out, lse, counters + (cs.b * NKV + cs.kvh), rows_total, grow0,
+                                  G, num_splits, write_lse);
     }
-    if (num_splits > 1) dtc_split_fixup<T, D>(part_o, part_lse, out, lse, counters, rows_total,
-                                              (long long)b * H + (long long)kvh * G, G, num_splits, write_lse);
+    pk_cp_async_wait<0>();  // nothing is left in flight (the groups past the last item are empty)
 }
 
 // Entry points: decode_tc_paged_d{64,128}[_e4m3kv|_e5m2kv]_{bf16,f16}: q / out of T; K/V of T, or FP8.
@@ -548,18 +695,18 @@ __device__ __forceinline__ void dtc_paged_kind(const T* q, const KP* kq, const K
                                                float* lse, T* part_o, float* part_lse, int* ctr, const int* ip,
                                                const int* ix, const int* ll, int h, int kvh, int ps, long long sp,
                                                long long st, long long sh, int wl, int ns, int batch, int wlse,
-                                               float scale, float ks, float vs) {
+                                               float scale, float ks, float vs, int ipc) {
     const unsigned char* k = reinterpret_cast<const unsigned char*>(kq);
     const unsigned char* v = reinterpret_cast<const unsigned char*>(vq);
     if constexpr (KIND == 0) {
         dtc_paged_decode<T, D, T>(q, k, v, out, lse, part_o, part_lse, ctr, ip, ix, ll, h, kvh, ps, sp, st, sh, wl, ns,
-                                  batch, wlse, scale, ks, vs);
+                                  batch, wlse, scale, ks, vs, ipc);
     } else if constexpr (KIND == 4) {
         dtc_paged_decode<T, D, PkE4M3>(q, k, v, out, lse, part_o, part_lse, ctr, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
-                                       ns, batch, wlse, scale, ks, vs);
+                                       ns, batch, wlse, scale, ks, vs, ipc);
     } else {
         dtc_paged_decode<T, D, PkE5M2>(q, k, v, out, lse, part_o, part_lse, ctr, ip, ix, ll, h, kvh, ps, sp, st, sh, wl,
-                                       ns, batch, wlse, scale, ks, vs);
+                                       ns, batch, wlse, scale, ks, vs, ipc);
     }
 }
 
@@ -578,7 +725,7 @@ PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
      int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
-     int write_lse, float scale, float k_scale, float v_scale)
+     int write_lse, float scale, float k_scale, float v_scale, int items_per_cta)
 #define DTC_PARAMS_FP8 \
     (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,                                    \
      const unsigned char* __restrict__ v_pages,                                                             \
@@ -586,11 +733,11 @@ PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
      int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
-     int write_lse, float scale, float k_scale, float v_scale)
+     int write_lse, float scale, float k_scale, float v_scale, int items_per_cta)
 #define DTC_ARGS                                                                                           \
     (q, k_pages, v_pages, out, lse, part_o, part_lse, counters, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, \
      num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch, write_lse, scale,       \
-     k_scale, v_scale)
+     k_scale, v_scale, items_per_cta)
 PK_IO16_KERNELS(decode_tc_paged_d64, (DTC_THREADS, DtcCfg<64, false>::MINB), DTC_PARAMS_16, DTC_ARGS)
 PK_IO16_KERNELS(decode_tc_paged_d64_e4m3kv, (DTC_THREADS, DtcCfg<64, true>::MINB), DTC_PARAMS_FP8, DTC_ARGS)
 PK_IO16_KERNELS(decode_tc_paged_d64_e5m2kv, (DTC_THREADS, DtcCfg<64, true>::MINB), DTC_PARAMS_FP8, DTC_ARGS)

@@ -615,7 +615,13 @@ __device__ __forceinline__ void pa_merge_group_cta(const TO* part_o, const float
             const float inv_w = m != PK_NEG_INF ? __fdividef(1.0f, W) : 0.0f;
 #pragma unroll
             for (int e = 0; e < 8; e++) run[e] *= inv_w;
-            PkVec16<TO>::store(out, row0 * D + 8 * u, run);  // 16 bytes a unit: out is 16-byte aligned
+            // 16 bytes a unit (out is 16-byte aligned), through the PTX store: a uint4 store here was split in four
+            uint4 w;
+            w.x = Pk16<TO>::narrow2(run[0], run[1]);
+            w.y = Pk16<TO>::narrow2(run[2], run[3]);
+            w.z = Pk16<TO>::narrow2(run[4], run[5]);
+            w.w = Pk16<TO>::narrow2(run[6], run[7]);
+            pk_st_global_b128(out + row0 * D + 8 * u, w);
             if (write_lse && (8 * u) % D == 0) lse[row0 + r] = pa_merge_lse(m, W);
         }
     }

@@ -197,6 +197,8 @@ __device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
     const unsigned int* w = static_cast<const unsigned int*>(p);
     return make_uint4(w[0], w[1], w[2], w[3]);
 }
+// st.global.v4.b32 (p 16-byte aligned): 16 bytes in one store; here a plain 16-byte store.
+__device__ __forceinline__ void pk_st_global_b128(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
 // atom.acq_rel.gpu.global.inc.u32: atomicInc (wraps to 0 past `limit`) with release and acquire semantics at
 // GPU scope. One OS thread runs every block here, so it is atomicInc itself (a yield point of the interleaved
 // schedule, exempt from racecheck); the ordering it gives on a GPU is what decode_tc.cu's split ticket relies on.
@@ -385,6 +387,12 @@ __device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
                  : "l"(p)
                  : "memory");
     return r;
+}
+// st.global.v4.b32 (p 16-byte aligned): 16 bytes in one store, whatever the compiler's vectorizer makes of a
+// uint4 store (NVVM split the one of decode_tc's split merge into four 4-byte stores inside its work-item loop).
+__device__ __forceinline__ void pk_st_global_b128(void* p, uint4 v) {
+    asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
+                 : "memory");
 }
 // atomicInc (old >= limit ? 0 : old + 1, returns old) as one release + acquire RMW at GPU scope (sm_70+):
 // release: the stores ordered before it (the caller's own, and other threads' through a barrier: PTX release

@@ -174,7 +174,7 @@ def test_long_single_sequence_splits_kv(launched) -> None:
     plan = PagedDecodePlan(1, 8, 2, 64, 1024, kv_layout="HND", q_dtype="bf16", max_kv_len=1024)
     assert plan.num_splits > 1
     assert calls_names(launched) == [_tc_name(64, "bf16")]
-    assert launched[0][1][0] == plan.grid  # the grid carries the plan's split count
+    assert launched[0][1][0] == plan.tc_grid  # the grid carries the plan's split count
     _close(out, np_decode_attention(*(x.astype(np.float64) for x in (q, k, v)), 650), "decode_attention", "bf16")
     # a short length in the long cache: most splits see nothing and weigh 0 in the merge
     q, k, v = make_inputs(np.random.default_rng(4), None, 8, 2, 64, 700, 70, "bf16", "bf16")
@@ -199,7 +199,7 @@ def test_a_growing_cache_reuses_one_plan(launched) -> None:
         _close(batched_decode_attention(q, k, v, np.array([n, n - 7], np.int32), backend="host"), ref,
                "batched_decode_attention", "bf16")
     assert len(dec._TC_PLANS) == 1
-    assert {call[1][0] for call in launched} == {next(iter(dec._TC_PLANS.values()))[0].grid}
+    assert {call[1][0] for call in launched} == {next(iter(dec._TC_PLANS.values()))[0].tc_grid}
     at = [p.name for p in registry.get(launched[0][0]).params].index("page_size")
     assert [call[1][2 + at] for call in launched] == list(lengths)  # after grid and block
 
@@ -402,7 +402,7 @@ def test_large_odd_max_seq_len_is_one_page(launched) -> None:
     vbuf, vv_ = _embed(v, "HND", True, extra_seq=61, extra_heads=0, lead=0)
     out = batched_decode_attention(q, kv_, vv_, np.array([sl], np.int32), backend="host")
     name, args = launched[0]
-    assert name == _tc_name(128, "bf16") and args[15] == s and args[0][2] > 1  # split
+    assert name == _tc_name(128, "bf16") and args[15] == s and args[0][0] > 2  # split (1 sequence x 2 kv heads)
     _close(out, _ref(q, k, v, [sl]), "batched_decode_attention", "bf16")
 
 

@@ -40,6 +40,13 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
         assert pp.num_splits > 1 and batch * kvh * pp.num_splits >= min(SMS, batch * kvh * (ctx // 64)), pp.num_splits
         attn = "decode_tc_paged_d128_bf16"  # bf16 q, head_dim 128, a group of 1 to 16: tensor cores
         assert [k for k, *_ in pp.launches()] == [attn]  # the last split CTA merges: one launch
+    elif pp.items_per_cta > 1:
+        # a persistent grid: one wave, unsplit, taken where the model has it faster than the waves by a margin
+        slots = SMS * min(3, 228 * 1024 // (dtc_smem_bytes(128) + 1024))
+        kv = 2 * ctx * 128 * 2
+        assert pp.num_splits == 1 and pp.tc_grid[0] <= slots and len(pp.launches()) == 1
+        tp = waves.persistent_time(batch * kvh, slots, kv, pp.items_per_cta)
+        assert tp < waves.grid_stream_time(batch * kvh, slots, kv) * (1 - waves.PERSIST_MIN_GAIN), (tp, pp.items_per_cta)
     else:
         assert len(pp.launches()) == 1 and 1 <= pp.num_splits <= waves.MAX_WAVE_SPLITS
         slots = SMS * min(3, 228 * 1024 // (dtc_smem_bytes(128) + 1024))
@@ -59,19 +66,27 @@ def test_auto_splits_exactly_when_ctas_leave_sms_idle(batch: int, ctx: int, grou
 def test_tensor_core_splits_fill_the_last_wave() -> None:
     # 8 kv heads, d128: 3 CTAs an SM (396 slots), bf16 and FP8. One split at batch 64 is a full wave of 396 and
     # a last wave of 116: measured (H200, 2026-11-28) at 85% of copy speed at 8k-32k keys, where two splits (a
-    # last wave of 232) reached 95-98%; at 1k keys one split was the faster (the second split's extra wave costs
-    # its fixed time), and the model agrees.
+    # last wave of 232) reached 95-98%; at 1k keys one split was the faster of the two (the second split's
+    # extra wave costs its fixed time), and a persistent grid of one wave is modelled faster still: (splits,
+    # items a CTA).
     for g in (1, 4, 8):
         for ctx in (1024, 8192, 32768):
-            bf = lambda b: PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16").num_splits
-            e4 = lambda b: PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16",
-                                           kv_dtype="float8_e4m3fn").num_splits
-            assert bf(64) == (1 if ctx == 1024 else 2), (g, ctx)
-            assert bf(50) == 4, (g, ctx)  # 400 CTAs: 4 would run alone after the first wave
-            assert bf(32) == bf(48) == bf(96) == bf(128) == bf(256) == 1, (g, ctx)  # full enough last waves
+            def bf(b: int, kv: str = "bf16") -> tuple[int, int]:
+                p = PagedDecodePlan(b, 8 * g, 8, 128, 16, max_kv_len=ctx, q_dtype="bf16", kv_dtype=kv)
+                return p.num_splits, p.items_per_cta
+
+            e4 = lambda b: bf(b, "float8_e4m3fn")  # noqa: E731
+            if ctx == 1024:  # beyond one wave a persistent grid: 512 items in 256 CTAs, 2048 in 342
+                assert bf(50) == bf(64) == e4(64) == (1, 2) and bf(128) == (1, 3) and bf(256) == e4(256) == (1, 6)
+            else:
+                assert bf(64) == (2, 1), (g, ctx)
+                # 400 CTAs: 4 would run alone after the first wave; split 4 ways, or persistent where that models
+                # faster by the margin
+                assert bf(50) in ((4, 1), (1, 2)), (g, ctx, bf(50))
+            assert bf(32) == bf(48) == (1, 1) and bf(96)[0] == bf(128)[0] == bf(256)[0] == 1, (g, ctx)
             for b in (32, 50, 64, 128):
-                # FP8 CTAs stream half the bytes: at 1k keys a thin last wave costs less than a wave's fixed time
-                assert e4(b) == (1 if ctx == 1024 else bf(b)), (b, ctx, e4(b))
+                # FP8 CTAs stream half the bytes: short steps take no split (a persistent grid or a thin last wave)
+                assert e4(b)[0] == (1 if ctx <= 8192 else bf(b)[0]) or ctx == 32768, (b, ctx, e4(b))
     # an explicit num_splits is kept
     assert PagedDecodePlan(64, 32, 8, 128, 16, q_dtype="bf16", num_splits=1).num_splits == 1
 

@@ -19,6 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_helpers import need as _need  # noqa: E402
 from pykern import launcher, ops  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention  # noqa: E402
+from pykern.difftest.cases.decode_tc import launch_f16  # noqa: E402
 from pykern.ops.serving import dtc_smem_bytes  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
 
@@ -197,24 +198,14 @@ def test_tc_decode_f16_kernels(d: int, ns: int, kv: str) -> None:
     rng = np.random.default_rng(d + ns)
     lens, h, kvh, ps = [77, 0, 20], 8, 2, 16
     if kv == "f16":
-        pc, ksc, vsc, name = _f16_pages(rng, lens, ps, kvh, d), 1.0, 1.0, f"decode_tc_paged_d{d}_f16"
+        pc, ksc, vsc = _f16_pages(rng, lens, ps, kvh, d), 1.0, 1.0
     else:  # FP8 pages as raw bytes, widened to f16
         pc = make_paged(rng, lens, ps, kvh, d, "NHD", kv)
         pc["k_pages"], pc["v_pages"] = pc["k_pages"].view(np.uint8), pc["v_pages"].view(np.uint8)
-        (ksc, vsc), name = pc["scales"], f"decode_tc_paged_d{d}_{kv}kv_f16"
+        ksc, vsc = pc["scales"]
     q = rng.standard_normal((len(lens), h, d)).astype(np.float16)
-    n = len(lens)
-    out = np.zeros((n, h, d), np.float16)
-    lse = np.zeros((n, h), np.float32)
-    part_o = np.zeros(max(1, ns * n * h * d), np.float16)  # partial o in q's type
-    part_lse = np.zeros(max(1, ns * n * h), np.float32)
-    counters = np.zeros(n * kvh, np.int32)
-    launcher.launch(name, (n * kvh, 1, ns), (128,), q.reshape(-1),
-                    pc["k_pages"].reshape(-1), pc["v_pages"].reshape(-1), out.reshape(-1), lse, part_o, part_lse,
-                    counters, pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"], h, kvh, ps, ps * kvh * d, kvh * d, d,
-                    2**30, ns, n, 1, 1.0 / np.sqrt(d), ksc, vsc, shared_mem=dtc_smem_bytes(d, 2 if kv == "f16" else 1),
-                    backend="host")
-    assert not counters.any()
+    pc["scales"] = (ksc, vsc)
+    out, lse = launch_f16(q, pc, ps, kvh, kv, ns, "host")  # checks the split tickets are back at zero
     ro, rl = _ref(pc, q)
     _close(out, ro, "flash_attention", "f16")
     _close(lse, rl, "flash_attention", "f16")
@@ -392,8 +383,11 @@ def test_sass_hmma_and_16_byte_cp_async_in_the_tile_loop(arch: str) -> None:
 # integers with immediate offsets. Before: d128 842 (16-bit) / 970 (FP8), d64 460 / 461, 8 integer divisions a
 # tile; then d128 415 / 615, d64 285 / 380 (generic ldmatrix pointers, FP8 V widened to bf16 through fp32);
 # then FP8 with bf16 q d128 495, d64 317 (K widened to bf16 through fp32; now Q K^T in f16 as for f16 q).
-LOOP_CEILING_SM90 = {"d128": 370, "d128_fp8_bf16": 420, "d128_fp8_f16": 420,
-                     "d64": 255, "d64_fp8_bf16": 285, "d64_fp8_f16": 285}
+# 16-bit reads Q's A fragments from shared memory each tile (D / 16 LDSM a warp: 360 -> 371 at d128, whose 32
+# registers of Q went to the work-item loop); FP8 keeps Q in registers and recomputes the item's head offset
+# each fill (376 -> 404 at d128: at the register cap, held offsets spill).
+LOOP_CEILING_SM90 = {"d128": 380, "d128_fp8_bf16": 415, "d128_fp8_f16": 415,
+                     "d64": 255, "d64_fp8_bf16": 290, "d64_fp8_f16": 290}
 
 
 def _ceiling_key(k: str) -> str:
@@ -449,10 +443,10 @@ def test_split_partials_in_the_output_type_move_as_16_byte_accesses(arch: str) -
         d = 64 if "_d64" in k else 128
         ops = [op + mods for _, op, mods, _ in funcs[k] if op != "NOP"]
         at = next(i for i, op in enumerate(ops) if op.startswith("ATOMG"))
-        loads = sorted(op for op in ops[at:] if op.startswith("LD"))
+        loads = sorted(op for op in ops[at:] if op.startswith("LD") and ".STRONG" in op)
         assert loads == ["LDG.E.128.STRONG.GPU"] * (d // 8) + ["LDG.E.STRONG.GPU"] * (d // 8), (k, arch, loads)
-        # before the ticket: the partial's store and the unsplit out's; after it the merged out's
-        assert ops[:at].count("STG.E.128") == 2 and ops[at:].count("STG.E.128") == 1, (k, arch)
+        # three 16-byte stores: the partial's, the unsplit out's and the merged out's
+        assert ops.count("STG.E.128") == 3, (k, arch)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -508,7 +502,7 @@ def test_split_decode_is_one_launch_and_matches_the_unsplit_one(launched) -> Non
     res = {}
     for ns in (1, 5):
         plan = ops.PagedDecodePlan(4, 8, 2, 64, 16, q_dtype="bf16", num_splits=ns)
-        assert len(plan.launches()) == 1 and plan.launches()[0][1] == (8, 1, ns)
+        assert len(plan.launches()) == 1 and plan.launches()[0][1] == (8 * ns, 1, 1)  # a CTA a work item
         del launched[:]
         res[ns] = _run_plan(plan, pc, q)
         assert launched == ["decode_tc_paged_d64_bf16"]

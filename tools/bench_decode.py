@@ -254,46 +254,53 @@ def tc_sass_costs(kernel: str = "decode_tc_paged_d128_bf16", arch: str = "sm_90"
     text = sr.disassemble(mod.image)
     loop = sr.steady_state_loops(text)[kernel]
     total = sr.count_sass(text)[kernel]["total"]
-    # The split fixup: the code after the ticket (ATOMG) and the EXIT of the CTAs that did not draw the last
-    # one, i.e. the merge only the last split CTA of a group runs (address order; out-of-line blocks at the
-    # end count here too: an upper bound). The rest runs in every CTA.
-    ins = [(op, raw) for _, op, _, raw in sr._instructions(text)[kernel] if op != "NOP"]
-    at = next((i for i, (op, _) in enumerate(ins) if op.startswith("ATOMG")), None)
+    # The split fixup: the merge only the last split CTA of a group runs, i.e. the code the first conditional
+    # forward branch after the ticket (ATOMG) jumps over (the CTAs that did not draw the last ticket go on to
+    # their next work item); the rest runs in every CTA.
+    ins = [(a, op, raw) for a, op, _, raw in sr._instructions(text)[kernel] if op != "NOP"]
+    at = next((i for i, (_, op, _) in enumerate(ins) if op.startswith("ATOMG")), None)
     fixup = fixup_loop = 0
     if at is not None:
-        ex = next(i for i in range(at, len(ins)) if ins[i][0] == "EXIT")
-        fixup = len(ins) - ex - 1
-        # the merge's partial-load loop (pa_merge_group_cta): the innermost loop after the ticket with the
-        # most 16-byte strong loads
-        addrs = [a for a, op, _, _ in sr._instructions(text)[kernel] if op != "NOP"]
-        lo = addrs[ex]
-        body = [r for r in sr.inner_loops(text)[kernel] if int(r["start"], 16) > lo]
+        i = next(j for j in range(at, len(ins)) if ins[j][1] == "BRA" and ins[j][2].lstrip().startswith("@")
+                 and int(sr._BRA.search(ins[j][2]).group(1), 16) > ins[j][0])
+        lo, hi = ins[i][0], int(sr._BRA.search(ins[i][2]).group(1), 16)
+        fixup = sum(1 for a, _, _ in ins if lo < a < hi)
+        # the merge's partial-load loop (pa_merge_group_cta): the innermost loop in it with the most 16-byte
+        # strong loads
+        body = [r for r in sr.inner_loops(text)[kernel] if lo < int(r["start"], 16) < hi]
         ld = [(sum(n for o, n in r["ops"].items() if o.startswith("LDG") and ".128" in o), r["insns"]) for r in body]
         fixup_loop = max(ld)[1] if ld and max(ld)[0] else 0
-    fill_pro, refill = tc_guarded_fills(sr, text, kernel, loop)
+    fill_pro, refill, fill_next = tc_guarded_fills(sr, text, kernel, loop)
+    # Out of line after the last EXIT: the paths a diverged warp's shuffles take (BRA.DIV), which the fill's
+    # converged warps never run; not counted.
+    last_exit = max(i for i, (_, op, _) in enumerate(ins) if op == "EXIT")
+    ool = len(ins) - last_exit - 1
     # Conversions in the tile loop (a warp, a tile): F2FP (cvt to / from 16-bit and FP8 pairs), F2F / I2F / F2I,
     # and HADD2.F32 (ptxas's cvt.f32.f16: an f16 half widened to fp32), each counted once.
     lo, hi = int(loop["start"], 16), int(loop["end"], 16)
     body = [(op, raw) for a, op, _, raw in sr._instructions(text)[kernel] if lo <= a <= hi and op != "NOP"]
     f2fp = sum(1 for op, _ in body if op in ("F2FP", "F2F", "I2F", "F2I"))
     hadd_f32 = sum(1 for op, raw in body if op == "HADD2" and "HADD2.F32" in raw)
-    return {"loop": loop["insns"], "cvt_f2fp": f2fp, "cvt_hadd2_f32": hadd_f32, "rest": total - loop["insns"] - fixup, "fixup": fixup, "fixup_loop": fixup_loop,
+    return {"loop": loop["insns"], "cvt_f2fp": f2fp, "cvt_hadd2_f32": hadd_f32,
+            "rest": total - loop["insns"] - fixup - ool, "fixup": fixup, "fixup_loop": fixup_loop, "ool": ool,
             "mma": loop["mma"], "ldgsts": loop["ldgsts"], "registers": mod.resources[kernel].registers,
-            "fill_pro": fill_pro, "refill": refill, "kernel": kernel}
+            "fill_pro": fill_pro, "refill": refill, "fill_next": fill_next, "kernel": kernel}
 
 
-def tc_guarded_fills(sr: Any, text: str, kernel: str, loop: dict[str, Any]) -> tuple[list[int], int]:
+def tc_guarded_fills(sr: Any, text: str, kernel: str, loop: dict[str, Any]) -> tuple[list[int], int, list[int]]:
     """The ring fills of decode_tc that a CTA runs only when it has the tile, read from the SASS as the
     instructions a branch skips: a forward conditional BRA over a range that holds the fill's LDGSTS (every
     branch inside it lands inside it or at its end) and lands before the LDGDEPBAR of the commit that follows
     `if (t0 < end) dtc_fill(...)` (no copy, barrier or branch between: what the compiler scheduled there runs
     either way). Before the tile loop these are the prologue fills, in order (fill s runs iff s < the CTA's
-    tiles); inside it the refill of tile i + STAGES - 1 (runs iff i + STAGES - 1 < tiles). A skipped range
-    is exactly what does not run when its condition fails. Returns (prologue fill sizes, refill size)."""
+    tiles); inside it the refill of tile i + STAGES - 1 (runs iff i + STAGES - 1 < tiles); after it the next
+    work item's first fills (a persistent CTA's; none after its last item). A skipped range is exactly what
+    does not run when its condition fails. Returns (prologue fill sizes, refill size, next-item fill sizes)."""
     ins = [x for x in sr._instructions(text)[kernel] if x[1] != "NOP"]
     lo, hi = int(loop["start"], 16), int(loop["end"], 16)
     pro: list[int] = []
     refill: list[int] = []
+    nxt: list[int] = []
     for i, (a, op, _m, raw) in enumerate(ins):
         if op != "BRA" or not raw.lstrip().startswith("@"):
             continue
@@ -303,17 +310,20 @@ def tc_guarded_fills(sr: Any, text: str, kernel: str, loop: dict[str, Any]) -> t
         region = [x for x in ins[i + 1:] if x[0] < tgt]
         if not any(x[1] == "LDGSTS" for x in region):
             continue
-        inner = [int(sr._BRA.search(x[3]).group(1), 16) for x in region if x[1] == "BRA"]
+        # (BRA.DIV: the out-of-line path of a shuffle reached by a diverged warp, never taken by the converged
+        # warps here: the fill's condition is the same for the whole CTA)
+        inner = [int(sr._BRA.search(x[3]).group(1), 16) for x in region if x[1] == "BRA" and x[2] != ".DIV"]
         if any(not (a < t <= tgt) for t in inner):
             continue
         after = [x for x in ins if x[0] >= tgt]
         k = next((j for j, x in enumerate(after) if x[1] == "LDGDEPBAR"), None)
         if k is None or any(x[1] in ("BRA", "LDGSTS", "BAR", "EXIT") for x in after[:k]):
             continue
-        (pro if a < lo else refill if a <= hi else []).append(len(region))
-    if len(refill) != 1 or not pro:
-        raise RuntimeError(f"{kernel}: guarded fills not found as expected (prologue {pro}, refill {refill})")
-    return pro, refill[0]
+        (pro if a < lo else refill if a <= hi else nxt).append(len(region))
+    if len(refill) != 1 or not pro or len(nxt) != len(pro):
+        raise RuntimeError(f"{kernel}: guarded fills not found as expected (prologue {pro}, refill {refill}, "
+                           f"next item {nxt})")
+    return pro, refill[0], nxt
 
 
 # pa_merge_group_cta (kernels_cu/pk_attn_tile.cuh): the constants of the whole-CTA merge of a group's splits.
@@ -352,6 +362,9 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     eb = KV_ELEM[kv]
     stages = dtc_stages(head_dim, eb)
     ctas = math.prod(plan.launches()[0][1])
+    # A persistent grid (items_per_cta k > 1: one wave) runs k items a CTA: the per-CTA work below is k items'.
+    k = plan.items_per_cta
+    items = batch * kv_heads * plan.num_splits
     per_cta_pos = -(-length // plan.num_splits)
     tiles = -(-per_cta_pos // TC_BC)
     warps = _NT_WARPS
@@ -362,8 +375,11 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     pro = costs["fill_pro"]
     assert len(pro) == stages - 1, (pro, stages)
     skipped = sum(pro[min(tiles, len(pro)):]) + min(tiles, stages - 1) * costs["refill"]
-    per_cta = warps * (tiles * costs["loop"] + costs["rest"] - skipped)
-    per_cta_lo = warps * (tiles * costs["loop"] - min(tiles, stages - 1) * costs["refill"])
+    # the next item's first fills: an item followed by another runs those its tiles need, the CTA's last none
+    nxt = costs["fill_next"]
+    skipped_next = (k - 1) * sum(nxt[min(tiles, len(nxt)):]) + sum(nxt)
+    per_cta = warps * (k * (tiles * costs["loop"] + costs["rest"] - skipped) - skipped_next)
+    per_cta_lo = k * warps * (tiles * costs["loop"] - min(tiles, stages - 1) * costs["refill"])
     kv_min = 2 * batch * kv_heads * length * head_dim * eb
     qo = 2 * batch * heads * head_dim * 2
     table = batch * (-(-length // page_size)) * 4
@@ -384,12 +400,12 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     # tensor pipe: every warp's HMMAs of a tile; shared memory: the tile written once (cp.async) and read
     # once by ldmatrix (each warp its 16 keys of K and V); FP8 reads K's bytes straight from the ring and
     # widens V through a 16-bit tile (V's bytes read, its 16-bit rows written and read back)
-    t_tensor = waves * resident * warps * tiles * costs["mma"] * MMA_FLOPS / TENSOR_SM
+    t_tensor = waves * resident * warps * k * tiles * costs["mma"] * MMA_FLOPS / TENSOR_SM
     tile16 = TC_BC * 2 * head_dim * 2
     per_tile = 2 * tile16 if eb == 2 else 2 * (TC_BC * 2 * head_dim) + tile16
-    t_smem = waves * resident * tiles * per_tile / SMEM_BW
+    t_smem = waves * resident * k * tiles * per_tile / SMEM_BW
     # conversion pipe (CVT_RATE): every warp's conversions of a tile (F2FP and HADD2.F32; cvt lo: F2FP only)
-    cvt_warp = waves * resident * warps * tiles * 32 / (CVT_RATE * CLOCK)
+    cvt_warp = waves * resident * warps * k * tiles * 32 / (CVT_RATE * CLOCK)
     t_cvt = cvt_warp * (costs["cvt_f2fp"] + costs["cvt_hadd2_f32"])
     t_cvt_lo = cvt_warp * costs["cvt_f2fp"]
     # Latency: the grid in waves, each CTA streaming at most at the rate its ring's bytes in flight give, the rate
@@ -399,8 +415,9 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     # Each wave's fixed time (the ring's fill, the last tile, the stores) adds to whichever term binds: it is
     # the same whether the waves saturate HBM or not, so it is kept apart (t_wave) and the latency term is the
     # waves' streaming alone.
-    t_wave = _waves.fixed_waves(ctas, H100_SMS * occ) * _waves.WAVE_START_S
-    t_lat = _waves.waves_streaming_time(ctas, H100_SMS * occ, read / ctas, _waves.cta_rate(inflight), H100_BW)
+    # A persistent grid pays one wave's fixed time and an item switch between its items (_decode_waves).
+    t_wave = _waves.fixed_waves(ctas, H100_SMS * occ) * _waves.WAVE_START_S + (k - 1) * _waves.ITEM_SWITCH_S
+    t_lat = _waves.waves_streaming_time(ctas, H100_SMS * occ, k * read / items, _waves.cta_rate(inflight), H100_BW)
     t_lat = t_hbm if t_lat <= t_hbm * (1 + 1e-9) else t_lat  # every wave saturates: HBM binds (no rounding tie)
     launch = LAUNCH_S * (len(plan.launches()) - 1)  # 0: the splits merge in the same launch
     terms = {"HBM": t_hbm, "issue": t_issue, "latency": t_lat, "tensor": t_tensor, "smem": t_smem, "cvt": t_cvt}
@@ -418,7 +435,8 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     s = plan.num_splits
     rt, passes = tc_tail_round_trips(s, group, head_dim)
     tail = rt * HBM_LAT + ((costs["fixup"] + (passes - 1) * costs["fixup_loop"]) / CLOCK if s > 1 else 0.0)
-    return {"ctas": ctas, "splits": plan.num_splits, "tile": TC_BC, "occ": occ, "have_kb": have / 1024,
+    return {"ctas": ctas, "splits": plan.num_splits, "items_per_cta": k, "tile": TC_BC, "occ": occ,
+            "have_kb": have / 1024,
             "x_min": read / (kv_min + qo), "t_hbm": t_hbm, "t_issue": t_issue, "t_issue_lo": t_issue_lo,
             "t_lat": t_lat, "t_tensor": t_tensor, "t_smem": t_smem, "t_cvt": t_cvt, "t_cvt_lo": t_cvt_lo,
             "launch": launch, "t_wave": t_wave, "t": t, "bind": bind, "min_bytes": kv_min + qo,
@@ -457,9 +475,11 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
         meas = load_measured()
         if meas:
             print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU, of the kernels' SASS now; "
-                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they are now and the split count then (sN); "
+                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then, at the split count then (sN; every step a CTA an item); "
                   "'-' where not measured")
-        hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'old %':>6s} {'old bound':>9s} " \
+        print("items: decode_tc's work items a CTA (1: a CTA an item, in waves; k > 1: a persistent grid of one "
+              "wave, k items a CTA through one ring, an item switch each priced at the HBM round trip: unmeasured)")
+        hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'items':>5s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}" \
               + (f" {'model GB/s':>10s} {'meas GB/s':>10s}" if meas else "")
         print(hdr)
@@ -472,14 +492,15 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
                         r, kern = tc_roofline_row(b, g, n, kv, tc_costs[kv]), "decode_tc"
                     else:
                         r, kern = dict(o, tail_rt=0, t_tail=0.0, pct_tail=o["pct"]), "paged_attn"
-                    print(f"{g:3d} {b:5d} {n:6d} {r['splits']:6d} {o['pct']:5.1f}% {o['bind']:>9s} "
+                    print(f"{g:3d} {b:5d} {n:6d} {r['splits']:6d} {r.get('items_per_cta', 1):5d} "
+                          f"{o['pct']:5.1f}% {o['bind']:>9s} "
                           f"{r['pct']:5.1f}% {r['bind']:>9s} {r['tail_rt']:7d} {r['t_tail'] * 1e6:7.1f} "
                           f"{r['pct_tail']:6.1f}% {kern:>12s}", end="")
                     if meas:
                         m = meas.get((kv, g, b, n))
                         model = r.get("min_bytes", o.get("min_bytes", 0)) / (r["t"] + r["t_tail"]) / 1e9 \
                             if kern == "decode_tc" else float("nan")
-                        ms = f"{m['pykern_GBps']:.0f} s{m['launches'][0][1][2]}" if m else "-"
+                        ms = f"{m['pykern_GBps']:.0f} s{m.get('splits', m['launches'][0][1][2])}" if m else "-"
                         print(f" {model:10.0f} {ms:>10s}", end="")
                     print()
 

@@ -238,7 +238,8 @@ def decode(args: argparse.Namespace) -> None:
                     minimum = 2 * batch * length * kvh * d * elem + 2 * batch * h * d * 2
                     row: dict[str, Any] = {"what": "decode", "kv": kv, "gqa": g, "batch": batch, "ctx": length,
                                            "min_bytes": minimum, "launches": [(l[0], list(l[1])) for l in plan.launches()]
-                                           if hasattr(plan, "launches") else None}
+                                           if hasattr(plan, "launches") else None,
+                                           "splits": plan.num_splits, "items_per_cta": getattr(plan, "items_per_cta", 1)}
                     try:
                         out = run().clone()
                         # reference: the same KV (dequantized), gathered contiguous, SDPA in fp32
@@ -254,11 +255,17 @@ def decode(args: argparse.Namespace) -> None:
                         t = timed(run, reps, flush)
                         row["pykern_us"], row["pykern_GBps"] = t * 1e6, minimum / t / 1e9
                         row["pykern_host_us"] = host_overhead(run) * 1e6
-                        def at_splits(ns: int) -> float:
-                            """GPU seconds of the same step at ns splits."""
+                        def at_splits(ns: int, items_per_cta: int = 1) -> float:
+                            """GPU seconds of the same step at ns splits (a CTA an item, or items_per_cta)."""
                             alt = PagedDecodePlan(batch, h, kvh, d, ps, q_dtype="bf16", kv_dtype=kv_name,
-                                                  max_kv_len=length, num_splits=ns, like=q)
+                                                  max_kv_len=length, num_splits=ns, items_per_cta=items_per_cta,
+                                                  like=q)
                             return timed(lambda: alt.run(q, kp, vp, indptr, indices, last), reps, flush)
+
+                        if row["items_per_cta"] > 1:
+                            # a persistent grid (one wave, several items a CTA): the plain grid beside it
+                            tp = at_splits(1)
+                            row["plain_grid_us"], row["plain_grid_GBps"] = tp * 1e6, minimum / tp / 1e9
 
                         sms = torch.cuda.get_device_properties(0).multi_processor_count
                         if plan.num_splits > 1 and batch * kvh >= sms:

@@ -21,6 +21,17 @@ HBM_SATURATING_CTAS = 4258 GB/s / 23.4 GB/s (about 180) such CTAs streaming at o
 with every wave but the last holding `slots` CTAs (CTAs an SM x SMs) and the CTAs of a wave in step (equal
 lengths), except after DRIFT_WAVES full waves. Nothing here comes from a peer's speed. The model is coarse: two
 constants fit on one kernel (bf16 d128), and no launch latency.
+
+A persistent grid (decode_tc's items_per_cta = k > 1) is one wave of ceil(items / k) CTAs, each streaming k
+consecutive items through one ring, so
+
+    t = WAVE_START_S + (k - 1) x ITEM_SWITCH_S + k x (bytes of an item) / min(cta_rate, HBM_BPS / CTAs)
+
+(persistent_time). An item's switch: the kernel issues the next item's first tiles (and its Q) after the last
+tile of the current one, while that one merges, so the ring runs dry for about one loaded HBM round trip an
+item; ITEM_SWITCH_S prices it at HBM_LAT_S, a modelled figure (not measured: no persistent step has run on a
+GPU yet), where a wave's fixed time (WAVE_START_S) also pays the launch, the CTAs' start and the first
+page-table loads.
 """
 from __future__ import annotations
 
@@ -32,6 +43,10 @@ CTA_STREAM_INFLIGHT = 32 * 1024
 # The measured H200 device-to-device copy (read + write) the rate above was taken against.
 HBM_BPS = 4258e9
 HBM_SATURATING_CTAS = HBM_BPS / CTA_STREAM_BPS
+# A loaded HBM round trip (the latency the bench_decode model uses), and what a persistent CTA's switch from one
+# item to the next costs beside its bytes (see above).
+HBM_LAT_S = 700e-9
+ITEM_SWITCH_S = HBM_LAT_S
 # The split merge's tail after the last split CTA of a group has streamed: 3-4 dependent global round trips
 # at 700 ns (tools/bench_decode.py's tail term, an upper bound) plus the merge's issue.
 MERGE_TAIL_S = 3e-6
@@ -39,6 +54,9 @@ MERGE_TAIL_S = 3e-6
 # one more launch geometry to test are not free, and the model is coarse).
 MIN_GAIN = 0.02
 MAX_WAVE_SPLITS = 4
+# A persistent grid is taken only where the model has it this much faster than the best split count: no
+# persistent step has been measured yet, and the split counts it would replace were.
+PERSIST_MIN_GAIN = 0.05
 # From this many full waves on, the CTAs of a grid no longer finish in step and the last wave's CTAs start one by
 # one as slots free, overlapping the others: measured at batch 256 x 8 kv heads, 8k keys (2048 CTAs, 5 full waves
 # and 68 more), one split streamed at 99% of copy speed, where an in-step last wave would lose 6%. The model
@@ -87,6 +105,15 @@ def wave_efficiency(ctas: int, slots: int, rate: float = CTA_STREAM_BPS) -> floa
     return ctas / (waves_streaming_time(ctas, slots, 1.0, rate) * HBM_BPS)
 
 
+def split_time(ctas: int, slots: int, kv_bytes: float, partial_bytes: float, splits: int,
+               rate: float = CTA_STREAM_BPS) -> float:
+    """Seconds of a grid of `ctas` unsplit CTAs cut into `splits` (wave_splits' arguments): grid_stream_time of the
+    split CTAs, each also writing its partial (and the merge reading it back), plus the merge's tail."""
+    extra = 2 * partial_bytes if splits > 1 else 0
+    return (grid_stream_time(ctas * splits, slots, kv_bytes / splits + extra, rate)
+            + (MERGE_TAIL_S if splits > 1 else 0.0))
+
+
 def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_splits: int,
                 inflight_bytes: int = CTA_STREAM_INFLIGHT, below_sms: bool = False) -> int:
     """KV splits for a grid of `ctas` unsplit CTAs: the fewest splits within MIN_GAIN of the fastest, by
@@ -104,9 +131,35 @@ def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_sp
     cand = [c for c in ((2, 4, 8, 16, 32) if below_sms else range(1, MAX_WAVE_SPLITS + 1)) if c <= max_splits]
     if not cand:
         return max(1, min(max_splits, 2 if below_sms else 1))
-    times = []
-    for s in cand:
-        extra = 2 * partial_bytes if s > 1 else 0
-        times.append(grid_stream_time(ctas * s, slots, kv_bytes / s + extra, rate) + (MERGE_TAIL_S if s > 1 else 0.0))
+    times = [split_time(ctas, slots, kv_bytes, partial_bytes, s, rate) for s in cand]
     best = min(times)
     return next(s for s, t in zip(cand, times) if t <= best * (1 + MIN_GAIN))
+
+
+def persistent_time(items: int, slots: int, item_bytes: float, k: int, rate: float = CTA_STREAM_BPS,
+                    bw: float = HBM_BPS) -> float:
+    """Seconds a persistent grid of ceil(items / k) CTAs (at most `slots`: one wave) takes, each streaming k
+    consecutive items of `item_bytes` through one ring (the last CTA fewer): one wave's fixed time, an item
+    switch between items, and k items at the rate each CTA gets (its ring's, or its share of HBM)."""
+    grid = -(-items // k)
+    if grid > slots:
+        raise ValueError(f"k: {k} items a CTA leave {grid} CTAs, more than one wave of {slots}")
+    return WAVE_START_S + (k - 1) * ITEM_SWITCH_S + k * item_bytes / min(rate, bw / grid)
+
+
+def persistent_items(items: int, slots: int, item_bytes: float, rate: float = CTA_STREAM_BPS,
+                     wave_time: float | None = None) -> int:
+    """Items a CTA for a grid of `items` equal items: 1 (one CTA an item, grid_stream_time's waves, or
+    `wave_time` when given: the time of the plan's best split count) unless a persistent grid of one wave
+    (persistent_time) is modelled faster by more than PERSIST_MIN_GAIN; then the k of the fastest, among the
+    fewest items a CTA that fit one wave and the next few (a smaller grid can divide the items more evenly)."""
+    if items <= slots or item_bytes <= 0:
+        return 1
+    plain = grid_stream_time(items, slots, item_bytes, rate) if wave_time is None else wave_time
+    k0 = -(-items // slots)
+    best_k, best_t = 1, plain
+    for k in range(k0, k0 + 4):
+        t = persistent_time(items, slots, item_bytes, k, rate)
+        if t < best_t:
+            best_k, best_t = k, t
+    return best_k if best_t < plain * (1 - PERSIST_MIN_GAIN) else 1

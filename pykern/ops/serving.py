@@ -42,6 +42,9 @@ from ._window import (
 )
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import try_varlen as _sm90_varlen
+from ._decode_waves import cta_rate as _cta_rate
+from ._decode_waves import persistent_items as _persistent_items
+from ._decode_waves import split_time as _split_time
 from ._decode_waves import wave_splits as _wave_splits
 from ._kvcache import (
     FP8 as _FP8,
@@ -101,8 +104,7 @@ def dtc_stages(d: int, kv_bytes: int = 2) -> int:
 
 def dtc_smem_bytes(d: int, kv_bytes: int = 2) -> int:
     """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), then Q (16 rows) or,
-    for FP8, the per-warp 16-bit tiles (4 x 16 rows, K then V in turn), which Q shares; 16-bit rows are d + 8
-    halves."""
+    for FP8, the per-warp 16-bit V tiles (4 x 16 rows; FP8 keeps Q in registers); 16-bit rows are d + 8 halves."""
     ring = dtc_stages(d, kv_bytes) * 2 * DTC_BC * (d * kv_bytes + 16)
     return ring + (4 if kv_bytes == 1 else 1) * 16 * (d + 8) * 2
 
@@ -528,6 +530,9 @@ class PagedDecodePlan:
     logits_soft_cap c > 0: scores become c * tanh(scale * q.k / c) (0 = off).
     tensor_cores: None (default) runs groups of 1..16 query heads a kv head with 16-bit q and K/V at head_dim 64 / 128
     on the tensor-core kernel (decode_tc.cu) where the backend has them; False keeps paged_attn.
+    items_per_cta: the tensor-core kernel's work items (sequence, kv head, split) a CTA. Default: 1 (a CTA an
+    item) up to one wave of CTAs; beyond it, a persistent grid of one wave (several consecutive items a CTA,
+    streamed through one ring) where the wave model (pykern/ops/_decode_waves.py) has it faster.
 
     Split-KV on the tensor-core kernel is one launch: each split CTA writes its partial (o in q's dtype, lse
     fp32) to the plan's part_o / part_lse, takes a ticket from `counters[b * num_kv_heads + kv_head]`, and the CTA with the
@@ -550,7 +555,7 @@ class PagedDecodePlan:
                  kv_layout: str = "NHD", q_dtype: str = "f32", kv_dtype: str | None = None,
                  max_kv_len: int | None = None, num_splits: int | None = None, return_lse: bool = False,
                  num_sms: int = H100_SMS, window_left: int = -1, logits_soft_cap: float = 0.0,
-                 tensor_cores: bool | None = None, like: Any = None) -> None:
+                 tensor_cores: bool | None = None, items_per_cta: int | None = None, like: Any = None) -> None:
         for name, val, lo in (("batch", batch, 1), ("num_qo_heads", num_qo_heads, 1), ("num_kv_heads", num_kv_heads, 1),
                               ("head_dim", head_dim, 1), ("page_size", page_size, 1), ("num_sms", num_sms, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) < lo:
@@ -589,6 +594,10 @@ class PagedDecodePlan:
             assert self.row_chunks == 1
             self.tc_smem = dtc_smem_bytes(self.head_dim, _KV_BYTES.get(self.kv_kind, 2))
         ctas = self.batch * self.num_kv_heads * self.row_chunks
+        if items_per_cta is not None and (isinstance(items_per_cta, bool) or not isinstance(items_per_cta, (int, np.integer))
+                                          or int(items_per_cta) < 1):
+            raise ArgumentError(f"items_per_cta: expected an int >= 1 or None, got {items_per_cta!r}")
+        wave_t = None  # the default split count's modelled time, for the persistent grid's choice below
         if num_splits is None:
             span = None if max_kv_len is None else (
                 int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
@@ -604,6 +613,15 @@ class PagedDecodePlan:
                 # few CTAs to stream at HBM speed (e.g. 512 CTAs on 396 slots leave a tail of 116). _decode_waves.
                 s = _wave_splits(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), cap,
                                  dtc_inflight_bytes(self.head_dim, eb), below_sms=ctas < num_sms)
+                s = min(s, cap)
+                if ctas > num_sms * per_sm:
+                    # More than one wave: a persistent grid of one wave, unsplit, where the model has it faster
+                    # than the split count above (_decode_waves.persistent_items).
+                    rate = _cta_rate(dtc_inflight_bytes(self.head_dim, eb))
+                    wave_t = _split_time(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), s, rate)
+                    if items_per_cta is None:
+                        persist = _persistent_items(ctas, num_sms * per_sm, kv, rate, wave_t)
+                        s = 1 if persist > 1 else s
             num_splits = min(s, cap)
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:
@@ -611,6 +629,28 @@ class PagedDecodePlan:
         self.num_splits = int(num_splits)
         self.return_lse = bool(return_lse)
         self.grid = (self.batch * self.num_kv_heads, self.row_chunks, self.num_splits)
+        # The tensor-core kernel's grid: one CTA an item (sequence, kv head, split), or a persistent grid of one
+        # wave, items_per_cta consecutive items a CTA streamed through one ring, where the wave model
+        # (_decode_waves.persistent_items) has it faster than the waves: by default only beyond one wave.
+        items = ctas * self.num_splits
+        if items >= 2**31:
+            raise ArgumentError(f"num_splits: expected batch * num_kv_heads * num_splits < 2**31, got {items}")
+        self.items_per_cta = 1
+        if self.tensor_cores:
+            if items_per_cta is not None:
+                self.items_per_cta = min(int(items_per_cta), items)
+            else:  # the model's choice over this plan's items (split or not), against its waves
+                eb = _KV_BYTES[self.kv_kind]
+                span = None if max_kv_len is None else (
+                    int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
+                per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
+                item = 2 * (span or 32768) * self.head_dim * eb / self.num_splits
+                if self.num_splits > 1:
+                    item += 2 * group * (2 * self.head_dim + 4)
+                self.items_per_cta = _persistent_items(items, num_sms * per_sm, item,
+                                                       _cta_rate(dtc_inflight_bytes(self.head_dim, eb)),
+                                                       wave_t if self.num_splits == 1 else None)
+        self.tc_grid = (-(-items // self.items_per_cta), 1, 1)
         self.block = (_NT,)
         rows_total = self.batch * self.num_qo_heads
         self.out = arrays.empty((self.batch, self.num_qo_heads, self.head_dim), self.q_kind, like=like)
@@ -641,7 +681,8 @@ class PagedDecodePlan:
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
         """(kernel, grid, block, shared bytes) of each launch of a step (the tensor-core kernel merges its splits
         in the same launch; paged_attn's splits take a paged_attn_merge launch)."""
-        ls = [(self._attn_name(True), self.grid, self.block, self.tc_smem if self.tensor_cores else self.smem)]
+        ls = [(self._attn_name(True), self.tc_grid if self.tensor_cores else self.grid, self.block,
+               self.tc_smem if self.tensor_cores else self.smem)]
         if self.num_splits > 1 and not self.tensor_cores:
             ls.append((self._merge_name(), self.merge_grid, self.block, 0))
         return ls
@@ -686,10 +727,10 @@ class PagedDecodePlan:
         stream = arrays.launch_stream(stream, q)
         tc = self._use_tc(kf, vf, strides, backend, q, res_flat)
         if tc:
-            launch(self._attn_name(True), self.grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
+            launch(self._attn_name(True), self.tc_grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
                    self.part_o, self.part_lse, self.counters, indptr, indices, last, h, kvh, page_size, s_page,
                    s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
-                   shared_mem=self.tc_smem, stream=stream, backend=backend)
+                   self.items_per_cta, shared_mem=self.tc_smem, stream=stream, backend=backend)
         else:
             if self._part_o_f32 is None:  # a decode_tc plan whose pages it cannot address: paged_attn's fp32
                 self._part_o_f32 = arrays.empty((self.part_o.shape[0],), "f32", like=self.part_o)  # partials

@@ -23,10 +23,11 @@ def _decode_tc_ref(cuda: Any, d: int, eb: int) -> Any:
     @cuda.jit
     def k(q, k_pages, v_pages, out, lse, part_o, part_lse, counters, kv_indptr, kv_indices, kv_last_page_len,
           num_qo_heads, num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch, write_lse,
-          scale, k_scale, v_scale):
+          scale, k_scale, v_scale, items_per_cta):
         # One thread per output row: each split's softmax over its range, merged as it goes (max-lse rescale);
         # the kernel does the same in one launch (the last split CTA merges), so out / lse are final and the
-        # counters (zero before) stay zero. The partial buffers are the kernel's scratch: not written here.
+        # counters (zero before) stay zero. The partial buffers are the kernel's scratch: not written here, and
+        # items_per_cta is the kernel's launch geometry only (how many work items a CTA streams).
         orow = cuda.grid(1)
         rows_total = batch * num_qo_heads
         if orow >= rows_total:
