@@ -597,35 +597,36 @@ class PagedDecodePlan:
         if items_per_cta is not None and (isinstance(items_per_cta, bool) or not isinstance(items_per_cta, (int, np.integer))
                                           or int(items_per_cta) < 1):
             raise ArgumentError(f"items_per_cta: expected an int >= 1 or None, got {items_per_cta!r}")
-        wave_t = None  # the default split count's modelled time, for the persistent grid's choice below
+        span = None if max_kv_len is None else (
+            int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
+        if self.tensor_cores:
+            # CTAs an SM by shared memory, at most 3 by registers; a CTA's streaming rate by its ring's bytes.
+            slots = num_sms * min(3, _SM_SHARED // (self.tc_smem + 1024))
+            eb = _KV_BYTES[self.kv_kind]
+            kv = 2 * (span or 32768) * self.head_dim * eb  # the K/V bytes of an unsplit item
+            rate = _cta_rate(dtc_inflight_bytes(self.head_dim, eb))
+            partial = group * (2 * self.head_dim + 4)  # a split item's partial o (q's type) and lse
+        persist = 1  # with the default split count, its persistent choice (below); None: an explicit count
         if num_splits is None:
-            span = None if max_kv_len is None else (
-                int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
             cap = 32 if span is None else min(32, max(1, -(-span // _MIN_SPLIT)))
             s = 1 if ctas >= num_sms else min(32, -(-2 * num_sms // ctas))
             if self.tensor_cores:
-                # CTAs an SM by shared memory, at most 3 by registers.
-                per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
-                eb = _KV_BYTES[self.kv_kind]
-                kv = 2 * (span or 32768) * self.head_dim * eb
                 # Below the SM count: the fewest splits (a power of two) that stream as fast as any, enough CTAs
                 # in one wave to keep HBM busy. A full wave or more: split only where the last wave holds too
                 # few CTAs to stream at HBM speed (e.g. 512 CTAs on 396 slots leave a tail of 116). _decode_waves.
-                s = _wave_splits(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), cap,
-                                 dtc_inflight_bytes(self.head_dim, eb), below_sms=ctas < num_sms)
-                s = min(s, cap)
-                if ctas > num_sms * per_sm:
-                    # More than one wave: a persistent grid of one wave, unsplit, where the model has it faster
-                    # than the split count above (_decode_waves.persistent_items).
-                    rate = _cta_rate(dtc_inflight_bytes(self.head_dim, eb))
-                    wave_t = _split_time(ctas, num_sms * per_sm, kv, group * (2 * self.head_dim + 4), s, rate)
-                    if items_per_cta is None:
-                        persist = _persistent_items(ctas, num_sms * per_sm, kv, rate, wave_t)
-                        s = 1 if persist > 1 else s
+                s = min(cap, _wave_splits(ctas, slots, kv, partial, cap, dtc_inflight_bytes(self.head_dim, eb),
+                                          below_sms=ctas < num_sms))
+                if ctas > slots and items_per_cta is None:
+                    # More than one wave: a persistent grid of one wave, unsplit, instead, where the model has it
+                    # faster than that split count (_decode_waves.persistent_items).
+                    persist = _persistent_items(ctas, slots, kv, rate, _split_time(ctas, slots, kv, partial, s, rate))
+                    s = 1 if persist > 1 else s
             num_splits = min(s, cap)
         elif isinstance(num_splits, bool) or not isinstance(num_splits, (int, np.integer)) or \
                 not 1 <= num_splits <= _GRID_YZ_MAX:
             raise ArgumentError(f"num_splits: expected an int in [1, {_GRID_YZ_MAX}], got {num_splits!r}")
+        else:
+            persist = None
         self.num_splits = int(num_splits)
         self.return_lse = bool(return_lse)
         self.grid = (self.batch * self.num_kv_heads, self.row_chunks, self.num_splits)
@@ -639,17 +640,11 @@ class PagedDecodePlan:
         if self.tensor_cores:
             if items_per_cta is not None:
                 self.items_per_cta = min(int(items_per_cta), items)
-            else:  # the model's choice over this plan's items (split or not), against its waves
-                eb = _KV_BYTES[self.kv_kind]
-                span = None if max_kv_len is None else (
-                    int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
-                per_sm = min(3, _SM_SHARED // (self.tc_smem + 1024))
-                item = 2 * (span or 32768) * self.head_dim * eb / self.num_splits
-                if self.num_splits > 1:
-                    item += 2 * group * (2 * self.head_dim + 4)
-                self.items_per_cta = _persistent_items(items, num_sms * per_sm, item,
-                                                       _cta_rate(dtc_inflight_bytes(self.head_dim, eb)),
-                                                       wave_t if self.num_splits == 1 else None)
+            elif persist is not None:
+                self.items_per_cta = persist
+            else:  # an explicit split count: the model's choice over its items
+                item = kv / self.num_splits + (2 * partial if self.num_splits > 1 else 0)
+                self.items_per_cta = _persistent_items(items, slots, item, rate)
         self.tc_grid = (-(-items // self.items_per_cta), 1, 1)
         self.block = (_NT,)
         rows_total = self.batch * self.num_qo_heads
