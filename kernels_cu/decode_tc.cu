@@ -135,8 +135,8 @@ struct DtcRows {
 
 // Rows [t0, t0 + BC) of the range into one ring slot (K rows at ks, V rows at vs, RB bytes apart). kb / vb:
 // K / V bases (with this thread's chunk offset applied, or with CHUNK, applied here), hoff an offset of the
-// item's head (bytes, the same for every thread: added before the lanes exchange their row offsets); rows.off(): the lanes' row offsets of
-// this tile (each pass reads its rows' from the owning lanes); rem = end - t0, the keys left from the tile's
+// item's head (bytes, the same for every thread: added before the lanes exchange their row offsets);
+// rows.off(): the lanes' row offsets of this tile (each pass reads its rows' from the owning lanes); rem = end - t0, the keys left from the tile's
 // first row: rows at or past the end land as zeros (cp.async's zero fill).
 template <int D, int EB, bool CHUNK>
 __device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned char* vb, long long hoff,
@@ -353,9 +353,9 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     // The fill: the next tile of item f_w, f_rem of its keys from that tile on (<= 0: nothing left to fill).
     // DtcRows as before. 16-bit: kb / vb, the item's K / V bases (its head's and this thread's chunk offsets
     // applied: the fewest instructions a fill); FP8 keeps Q in registers and sits at the register cap, so it
-    // keeps the item's kv head alone (f_kvh) and recomputes the offsets each fill. The tile loop fills its own item's tiles only; the next
-    // item with keys is set up (feed_next) and its first STAGES - 1 tiles issued after an item's last tile,
-    // while it merges: the item switch's registers never meet the tile loop's.
+    // keeps the item's kv head alone (f_kvh) and recomputes the offsets each fill. The tile loop fills its own
+    // item's tiles only; the next item with keys is set up (feed_next) and its first STAGES - 1 tiles issued
+    // after an item's last tile, while it merges: the item switch's registers never meet the tile loop's.
     DtcRows rows;
     rows.step_p = (int)((unsigned int)DTC_BC / (unsigned int)page_size);
     rows.step_o = DTC_BC - rows.step_p * page_size;
@@ -397,11 +397,11 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     auto feed = [&](int slot) {
         if (f_rem > 0) {
             if constexpr (FP8)
-                dtc_fill<D, EB, true>(kraw, vraw, (long long)f_kvh * s_head * EB, rows, s_page * EB, s_tok * EB, f_rem, dtc_smem + slot * SLOT,
-                                dtc_smem + slot * SLOT + DTC_BC * RB);
+                dtc_fill<D, EB, true>(kraw, vraw, (long long)f_kvh * s_head * EB, rows, s_page * EB, s_tok * EB, f_rem,
+                                      dtc_smem + slot * SLOT, dtc_smem + slot * SLOT + DTC_BC * RB);
             else
                 dtc_fill<D, EB, false>(kb, vb, 0, rows, s_page * EB, s_tok * EB, f_rem, dtc_smem + slot * SLOT,
-                            dtc_smem + slot * SLOT + DTC_BC * RB);
+                                       dtc_smem + slot * SLOT + DTC_BC * RB);
             f_rem -= DTC_BC;
             if (f_rem > 0) rows.advance(page_size, kv_indices);
         }
@@ -446,11 +446,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     // offsets folded in (kq0 / vq0: slot 0's; FP8 V: the warp's own tile, the same every tile).
     const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
     const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
-    const unsigned int k_lane = FP8 ? (unsigned int)(vb_row * RB + vb_col * 2) : (unsigned int)((kb_row * SD + kb_col) * 2);
+    const unsigned int k_lane =
+        FP8 ? (unsigned int)(vb_row * RB + vb_col * 2) : (unsigned int)((kb_row * SD + kb_col) * 2);
     const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2);
     const pk_saddr kq0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB) + k_lane;  // this warp's 16 keys of slot 0
     // 16-bit Q (A) at q_lane + ks * 32: lane -> (row, col) of the 4 8x8 matrices it addresses
-    const pk_saddr q_lane = pk_saddr_of(qs) + (unsigned int)((((lane & 7) + 8 * ((lane >> 3) & 1)) * SD + 8 * (lane >> 4)) * 2);
+    const pk_saddr q_lane =
+        pk_saddr_of(qs) + (unsigned int)((((lane & 7) + 8 * ((lane >> 3) & 1)) * SD + 8 * (lane >> 4)) * 2);
     const pk_saddr vq0 = (FP8 ? pk_saddr_of(tiles + warp * 16 * SD)              // FP8: its 16-bit V tile
                               : pk_saddr_of(dtc_smem + warp * DTC_KW * RB + DTC_BC * RB)) + v_lane;
     using TQK = typename DtcPv<T, FP8>::type;  // the Q K^T operands' type: f16 for FP8 K/V (above), else T
@@ -458,7 +460,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 
     int stage = 0;
     for (int w = w0; w < wend; w++) {
-        if constexpr (FP8) {
+        if constexpr (FP8) {  // its Q (the first item's is in flight already; the next ones' prefetched into L1)
             if (w > w0) {
                 const DtcItem nx(w, (unsigned int)NKV, bn);
                 dtc_load_q<T, D, FP8>(q, (long long)nx.b * H + (long long)nx.kvh * G, G, g, t4, qa);
@@ -622,9 +624,20 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                 if (t4 == 0) *reinterpret_cast<float2*>(orow + D) = make_float2(m[r], lr);
             }
         }
+        if constexpr (FP8) {  // the next item's Q rows this lane loads at its start, into L1 meanwhile
+            if (w + 1 < wend) {
+                const DtcItem nx(w + 1, (unsigned int)NKV, bn);
+                const T* qr = q + ((long long)nx.b * H + (long long)nx.kvh * G + g) * D;
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int c = 0; c < D * 2 / 128; c++)
+                        if (g + 8 * r < G) pk_prefetch_l1(qr + r * 8 * D + c * 64);
+            }
+        }
         // The next item's first tiles, into the slots after this one's last (every slot but the merge's is
-        // done: the barrier above; the tile loop's refills past the item's end were empty groups), and its Q
-        // (this one's is dead): their loads fly while this item merges.
+        // done: the barrier above; the tile loop's refills past the item's end were empty groups), and, 16-bit,
+        // its Q (this one's reads are done): their loads fly while this item merges.
         if (begin < end) {
             feed_next();
             feed_q();

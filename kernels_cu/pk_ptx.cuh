@@ -199,6 +199,8 @@ __device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
 }
 // st.global.v4.b32 (p 16-byte aligned): 16 bytes in one store; here a plain 16-byte store.
 __device__ __forceinline__ void pk_st_global_b128(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
+// prefetch.global.L1: a hint; nothing to do here.
+__device__ __forceinline__ void pk_prefetch_l1(const void*) {}
 // atom.acq_rel.gpu.global.inc.u32: atomicInc (wraps to 0 past `limit`) with release and acquire semantics at
 // GPU scope. One OS thread runs every block here, so it is atomicInc itself (a yield point of the interleaved
 // schedule, exempt from racecheck); the ordering it gives on a GPU is what decode_tc.cu's split ticket relies on.
@@ -394,6 +396,8 @@ __device__ __forceinline__ void pk_st_global_b128(void* p, uint4 v) {
     asm volatile("st.global.v4.b32 [%0], {%1, %2, %3, %4};" ::"l"(p), "r"(v.x), "r"(v.y), "r"(v.z), "r"(v.w)
                  : "memory");
 }
+// prefetch.global.L1: brings the line holding p into L1 (and L2) ahead of a load, with no register held for it.
+__device__ __forceinline__ void pk_prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
 // atomicInc (old >= limit ? 0 : old + 1, returns old) as one release + acquire RMW at GPU scope (sm_70+):
 // release: the stores ordered before it (the caller's own, and other threads' through a barrier: PTX release
 // patterns are cumulative) are visible GPU-wide before the new count; acquire: once it reads the count that

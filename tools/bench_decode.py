@@ -475,10 +475,11 @@ def summary(args: argparse.Namespace, old_costs: dict[str, Any], tc_costs: dict[
         meas = load_measured()
         if meas:
             print(f"model GB/s: minimum bytes / (new bound + tail) on the modelled GPU, of the kernels' SASS now; "
-                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then, at the split count then (sN; every step a CTA an item); "
+                  f"meas GB/s: {MEASURED_LABEL}, of the kernels as they were then, at the split count then "
+                  "(sN; every step a CTA an item); "
                   "'-' where not measured")
         print("items: decode_tc's work items a CTA (1: a CTA an item, in waves; k > 1: a persistent grid of one "
-              "wave, k items a CTA through one ring, an item switch each priced at the HBM round trip: unmeasured)")
+              "wave, k items a CTA through one ring, an item switch each priced at one HBM round trip: unmeasured)")
         hdr = f"{'GQA':>3s} {'batch':>5s} {'ctx':>6s} {'splits':>6s} {'items':>5s} {'old %':>6s} {'old bound':>9s} " \
               f"{'new %':>6s} {'new bound':>9s} {'tail rt':>7s} {'tail us':>7s} {'+tail %':>7s} {'new kernel':>12s}" \
               + (f" {'model GB/s':>10s} {'meas GB/s':>10s}" if meas else "")

@@ -594,8 +594,8 @@ class PagedDecodePlan:
             assert self.row_chunks == 1
             self.tc_smem = dtc_smem_bytes(self.head_dim, _KV_BYTES.get(self.kv_kind, 2))
         ctas = self.batch * self.num_kv_heads * self.row_chunks
-        if items_per_cta is not None and (isinstance(items_per_cta, bool) or not isinstance(items_per_cta, (int, np.integer))
-                                          or int(items_per_cta) < 1):
+        if items_per_cta is not None and (isinstance(items_per_cta, bool)
+                                          or not isinstance(items_per_cta, (int, np.integer)) or int(items_per_cta) < 1):
             raise ArgumentError(f"items_per_cta: expected an int >= 1 or None, got {items_per_cta!r}")
         span = None if max_kv_len is None else (
             int(max_kv_len) if self.window_left < 0 else min(int(max_kv_len), self.window_left + 1))
