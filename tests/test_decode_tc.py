@@ -385,7 +385,7 @@ def test_sass_hmma_and_16_byte_cp_async_in_the_tile_loop(arch: str) -> None:
 # then FP8 with bf16 q d128 495, d64 317 (K widened to bf16 through fp32; now Q K^T in f16 as for f16 q).
 # 16-bit reads Q's A fragments from shared memory each tile (D / 16 LDSM a warp: 360 -> 371 at d128, whose 32
 # registers of Q went to the work-item loop); FP8 keeps Q in registers and recomputes the item's head offset
-# each fill (376 -> 404 at d128: at the register cap, held offsets spill).
+# each fill (376 -> 399 at d128: at the register cap, held offsets spill).
 LOOP_CEILING_SM90 = {"d128": 380, "d128_fp8_bf16": 415, "d128_fp8_f16": 415,
                      "d64": 255, "d64_fp8_bf16": 290, "d64_fp8_f16": 290}
 
