@@ -138,19 +138,19 @@ def wave_splits(ctas: int, slots: int, kv_bytes: int, partial_bytes: int, max_sp
 
 
 def persistent_time(items: int, slots: int, item_bytes: float, k: int, rate: float = CTA_STREAM_BPS,
-                    bw: float = HBM_BPS, switch: float = ITEM_SWITCH_S) -> float:
+                    bw: float = HBM_BPS) -> float:
     """Seconds a persistent grid of ceil(items / k) CTAs (at most `slots`: one wave) takes, each streaming k
     consecutive items of `item_bytes` through one ring (the last CTA fewer): one wave's fixed time, an item
-    switch (`switch` seconds) between items, and k items at the rate each CTA gets (its ring's, or its share
-    of HBM)."""
+    switch (ITEM_SWITCH_S) between items, and k items at the rate each CTA gets (its ring's, or its share of
+    HBM)."""
     grid = -(-items // k)
     if grid > slots:
         raise ValueError(f"k: {k} items a CTA leave {grid} CTAs, more than one wave of {slots}")
-    return WAVE_START_S + (k - 1) * switch + k * item_bytes / min(rate, bw / grid)
+    return WAVE_START_S + (k - 1) * ITEM_SWITCH_S + k * item_bytes / min(rate, bw / grid)
 
 
 def persistent_items(items: int, slots: int, item_bytes: float, rate: float = CTA_STREAM_BPS,
-                     wave_time: float | None = None, switch: float = ITEM_SWITCH_S) -> int:
+                     wave_time: float | None = None) -> int:
     """Items a CTA for a grid of `items` equal items: 1 (one CTA an item, grid_stream_time's waves, or
     `wave_time` when given: the time of the plan's best split count) unless a persistent grid of one wave
     (persistent_time) is modelled faster by more than PERSIST_MIN_GAIN; then the k of the fastest, among the
@@ -161,7 +161,7 @@ def persistent_items(items: int, slots: int, item_bytes: float, rate: float = CT
     k0 = -(-items // slots)
     best_k, best_t = 1, plain
     for k in range(k0, k0 + 4):
-        t = persistent_time(items, slots, item_bytes, k, rate, switch=switch)
+        t = persistent_time(items, slots, item_bytes, k, rate)
         if t < best_t:
             best_k, best_t = k, t
     return best_k if best_t < plain * (1 - PERSIST_MIN_GAIN) else 1
