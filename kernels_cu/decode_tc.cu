@@ -562,25 +562,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             for (int nt = 0; nt < 2; nt++)
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[nt][e] = kbase + nt * 8 + (e & 1) < end ? s[nt][e] * sl2 : PK_NEG_INF;
-#pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float mx = fmaxf(m[r], fmaxf(fmaxf(s[0][2 * r], s[0][2 * r + 1]), fmaxf(s[1][2 * r], s[1][2 * r + 1])));
-                mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-                mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-                const float base = mx == PK_NEG_INF ? 0.0f : mx;  // nothing visible yet: stay at 0
-                const float alpha = pk_ex2_approx(m[r] - base);
-                m[r] = mx;
-                float sum = 0.0f;
-#pragma unroll
-                for (int nt = 0; nt < 2; nt++) {
-                    s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
-                    s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
-                    sum += s[nt][2 * r] + s[nt][2 * r + 1];
-                }
-                l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
-#pragma unroll
-                for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
-            }
+            fatc_online_softmax(s, o, m, l);
             if constexpr (FP8) __syncwarp();  // every lane's V widening (above) is in the tile
             // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
             using TP = typename DtcPv<T, FP8>::type;

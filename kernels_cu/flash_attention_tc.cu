@@ -165,27 +165,7 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
                 s[nt][e] = x;
             }
         }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = m[r];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-            const float base = mx == PK_NEG_INF ? 0.0f : mx;  // a row with nothing visible yet stays at 0
-            const float alpha = pk_ex2_approx(m[r] - base);
-            m[r] = mx;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
-                s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
-                sum += s[nt][2 * r] + s[nt][2 * r + 1];
-            }
-            l[r] = l[r] * alpha + sum;  // this lane's partial row sum; the quad reduces it at the end
-#pragma unroll
-            for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
-        }
+        fatc_online_softmax(s, o, m, l);
 
         // O += P V: the S accumulators of n-tiles 2kk, 2kk + 1 are exactly the A fragment of k-step kk.
 #pragma unroll

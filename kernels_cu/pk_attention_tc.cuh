@@ -1,4 +1,5 @@
-// Shared pieces of the tensor-core attention kernels (flash_attention_tc.cu, attention_backward_tc.cu):
+// Shared pieces of the tensor-core attention kernels (flash_attention_tc.cu, attention_backward_tc.cu,
+// decode_tc.cu):
 // CTAs of 4 warps, 16-bit tiles (bf16 or f16: the kernels are templates over the element type T) in shared
 // memory as raw words, rows padded to D + 8 halves (16 bytes) so the 8 row addresses of one ldmatrix phase
 // fall in distinct banks.
@@ -8,6 +9,36 @@
 #include "pk_attn_window.cuh"
 
 #define FATC_THREADS 128
+
+// One online-softmax step of a warp's S accumulators (NT n-tiles of m16n8, already scaled to base 2 and masked
+// to -inf), rows g and g + 8 (r = 0, 1): the row max over the quad, s becomes P = 2^(s - max), l[r] this lane's
+// partial row sum (the quad reduces it at the end) and o[ON][4] is rescaled by 2^(old max - new max). A row
+// with nothing visible yet stays at base 0 (P = 0, no NaN from -inf - -inf).
+template <int NT, int ON>
+__device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o)[ON][4], float (&m)[2],
+                                                    float (&l)[2]) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
+        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+        const float base = mx == PK_NEG_INF ? 0.0f : mx;
+        const float alpha = pk_ex2_approx(m[r] - base);
+        m[r] = mx;
+        float sum = 0.0f;
+#pragma unroll
+        for (int nt = 0; nt < NT; nt++) {
+            s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
+            s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
+            sum += s[nt][2 * r] + s[nt][2 * r + 1];
+        }
+        l[r] = l[r] * alpha + sum;
+#pragma unroll
+        for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+    }
+}
 
 // Rows [r0, r0 + ROWS) of a strided matrix of 16-bit T into s[ROWS][D + 8] (raw words): 16-byte cp.async
 // chunks when `vec`, else element by element; zeros past `dim` and past n_rows.
