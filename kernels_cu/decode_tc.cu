@@ -40,6 +40,9 @@
 // or the next ones), so STAGES - 1 tiles are in flight while one is computed. 16-bit rows padded to D + 8
 // halves keep the 8 row addresses of an ldmatrix phase in distinct banks. Keys past the range are
 // zero-filled (V garbage could be NaN, and 0 * NaN is NaN) and masked to -inf.
+// Programmatic dependent launch: the kernels wait for the previous grid before their first access
+// (pk_grid_dependency_wait), so the op may launch them with the attribute (enable_pdl=True).
+// pykern: pdl decode_tc_paged_*
 // Requirements the op checks: K/V element strides (page, token, head) of whole 16-byte chunks and 16-byte
 // aligned bases (every copy is a 16-byte cp.async), 4 <= G <= 16.
 #include "pk_attn_tile.cuh"
@@ -337,6 +340,12 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     static_assert(FP8 ? (2 * 16 * DO * 4 <= SLOT && 2 * 16 * DO * 4 <= 4 * 16 * SD * 2) : 4 * 16 * DO * 4 <= SLOT,
                   "the merge's rows fit a free ring slot (and the FP8 V tiles)");
 
+    // Launched with programmatic dependent launch (the op's enable_pdl), this CTA may be resident before the
+    // previous kernel of the stream has finished: its launch and start overlap that kernel's tail. Nothing is
+    // read (q, the page table, the pages the append just wrote) or written (the counters) before the wait.
+    // The next PDL launch may start its CTAs as soon as all of these have started: it waits in turn.
+    pk_grid_dependency_wait();
+    pk_grid_launch_dependents();
     // Unsigned divisions (no sign fix-ups).
     const int H = num_qo_heads, NKV = num_kv_heads, G = (int)((unsigned int)H / (unsigned int)NKV);
     const unsigned int bn = (unsigned int)batch * (unsigned int)NKV;

@@ -201,6 +201,9 @@ __device__ __forceinline__ uint4 pk_ld_relaxed_gpu_b128(const void* p) {
 __device__ __forceinline__ void pk_st_global_b128(void* p, uint4 v) { *static_cast<uint4*>(p) = v; }
 // prefetch.global.L1: a hint; nothing to do here.
 __device__ __forceinline__ void pk_prefetch_l1(const void*) {}
+// griddepcontrol.wait / .launch_dependents: launches here run one after another, whole; nothing to wait for.
+__device__ __forceinline__ void pk_grid_dependency_wait() {}
+__device__ __forceinline__ void pk_grid_launch_dependents() {}
 // atom.acq_rel.gpu.global.inc.u32: atomicInc (wraps to 0 past `limit`) with release and acquire semantics at
 // GPU scope. One OS thread runs every block here, so it is atomicInc itself (a yield point of the interleaved
 // schedule, exempt from racecheck); the ordering it gives on a GPU is what decode_tc.cu's split ticket relies on.
@@ -398,6 +401,21 @@ __device__ __forceinline__ void pk_st_global_b128(void* p, uint4 v) {
 }
 // prefetch.global.L1: brings the line holding p into L1 (and L2) ahead of a load, with no register held for it.
 __device__ __forceinline__ void pk_prefetch_l1(const void* p) { asm volatile("prefetch.global.L1 [%0];" ::"l"(p)); }
+// Programmatic dependent launch (sm_90+). A kernel launched with it (pykern.launch(..., pdl=True)) may start
+// while the previous kernel of its stream still runs: griddepcontrol.wait blocks until that grid has completed
+// and its memory is visible, so it must come before the first read of anything the previous kernel may write
+// (and before any write). griddepcontrol.launch_dependents lets the next PDL launch start its CTAs once every
+// CTA of this grid has issued it (or exited). Without a PDL launch, or before sm_90, both do nothing.
+__device__ __forceinline__ void pk_grid_dependency_wait() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.wait;" ::: "memory");
+#endif
+}
+__device__ __forceinline__ void pk_grid_launch_dependents() {
+#if __CUDA_ARCH__ >= 900
+    asm volatile("griddepcontrol.launch_dependents;" ::: "memory");
+#endif
+}
 // atomicInc (old >= limit ? 0 : old + 1, returns old) as one release + acquire RMW at GPU scope (sm_70+):
 // release: the stores ordered before it (the caller's own, and other threads' through a barrier: PTX release
 // patterns are cumulative) are visible GPU-wide before the new count; acquire: once it reads the count that

@@ -261,6 +261,7 @@ def launch(
     stream: Any = None,
     backend: str | None = None,
     device: int | None = None,
+    pdl: bool = False,
 ) -> None:
     """Launch kernel `name` with arguments in its parameter order (see `pykern.kernels()`).
 
@@ -274,6 +275,10 @@ def launch(
     Device (nvrtc backend): the one holding the device arrays (all must share it); with only host
     arrays, `device` when given, else the caller's current device (torch's, else the current CUDA
     context's), else 0. A `device` that contradicts the arrays raises.
+
+    pdl=True: programmatic dependent launch (nvrtc backend, sm_90+; elsewhere an ordinary launch): the
+    kernel's CTAs may start while the previous kernel of the stream still runs, and wait for it inside
+    (`pk_grid_dependency_wait`). Only kernels whose source names them on a `// pykern: pdl` line take it.
     """
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
@@ -282,18 +287,30 @@ def launch(
         raise ArgumentError(
             f"block: {name} is declared __launch_bounds__({spec.max_threads}), got {b} = {b[0] * b[1] * b[2]} threads"
         )
+    _check_pdl(spec, pdl)
     converted = convert_args(spec, args)
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)
-    if device is None:
+    if device is None and not pdl:
         get_backend(backend).launch(spec, g, b, converted, smem, stream)
+    elif pdl:  # backends take `pdl` only when asked: an ordinary launch's call stays as it was
+        get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device, pdl=True)
     else:
         get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device)
 
 
-def prepare(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0) -> tuple:
+def _check_pdl(spec: KernelSpec, pdl: Any) -> None:
+    if type(pdl) is not bool:
+        raise ArgumentTypeError(f"pdl: expected a bool, got {type(pdl).__name__} {pdl!r}")
+    if pdl and not spec.pdl:
+        raise ArgumentError(f"pdl: {spec.name} does not wait for the previous kernel before its first access (no "
+                            f"`// pykern: pdl` line of {spec.source.name} names it): launched early it could read "
+                            f"that kernel's results before they are written")
+
+
+def prepare(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, pdl: bool = False) -> tuple:
     """Everything `launch` checks and converts, without launching: (spec, grid, block, converted arguments,
-    shared bytes) for `launch_prepared`. For callers that launch the same arguments again (a decode plan's
+    shared bytes, pdl) for `launch_prepared`. For callers that launch the same arguments again (a decode plan's
     steps): the converted arguments stand for the arrays' addresses, shapes and dtypes as they were here, so
     the caller must know those have not changed."""
     spec = registry.get(name)
@@ -302,18 +319,22 @@ def prepare(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0) -
         raise ArgumentError(
             f"block: {name} is declared __launch_bounds__({spec.max_threads}), got {b} = {b[0] * b[1] * b[2]} threads"
         )
-    return spec, g, b, convert_args(spec, args), smem
+    _check_pdl(spec, pdl)
+    return spec, g, b, convert_args(spec, args), smem, pdl
 
 
 def launch_prepared(prepared: tuple, stream: Any = None, backend: str | None = None) -> bool:
     """Launch what `prepare` returned, as `launch` would have. False (nothing launched) when the kernel's
     spec changed since (an edited source): prepare again."""
-    spec, g, b, converted, smem = prepared
+    spec, g, b, converted, smem, pdl = prepared
     if registry.get(spec.name) is not spec:
         return False
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)
-    get_backend(backend).launch(spec, g, b, converted, smem, stream)
+    if pdl:
+        get_backend(backend).launch(spec, g, b, converted, smem, stream, pdl=True)
+    else:
+        get_backend(backend).launch(spec, g, b, converted, smem, stream)
     return True
 
 

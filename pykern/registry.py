@@ -1,6 +1,7 @@
 """KernelSpecs parsed from the `extern "C" __global__` functions of the .cu sources: the one source of truth."""
 from __future__ import annotations
 
+import fnmatch
 import os
 import re
 import warnings
@@ -28,6 +29,10 @@ _COMMENT = re.compile(r"//[^\n]*|/\*.*?\*/", re.S)
 _QUALIFIERS = {"__restrict__", "__restrict", "restrict", "volatile", "__grid_constant__"}
 # `// pykern: arch sm_90a[, sm_100a]` in a source: its kernels are built only for these (arch-specific) targets.
 _ARCH_PRAGMA = re.compile(r"^[ \t]*//[ \t]*pykern:[ \t]*archs?[ \t]+([^\n]+)$", re.M)
+# `// pykern: pdl decode_tc_*[, ...]`: the kernels of a source (fnmatch patterns) that call
+# pk_grid_dependency_wait() before their first global access, so they may be launched with programmatic
+# dependent launch (pykern.launch(..., pdl=True)); launching any other kernel so would race its predecessor.
+_PDL_PRAGMA = re.compile(r"^[ \t]*//[ \t]*pykern:[ \t]*pdl[ \t]+([^\n]+)$", re.M)
 # A #define (with its continuation lines): the instantiation macros' own bodies are not kernels.
 _DEFINE = re.compile(r"^[ \t]*#[ \t]*define\b(?:[^\n]*\\\n)*[^\n]*", re.M)
 
@@ -121,6 +126,7 @@ class KernelSpec:
     params: tuple[Param, ...]
     max_threads: int | None = None  # __launch_bounds__(N): more threads per block is refused
     archs: tuple[str, ...] = ()  # `// pykern: arch sm_90a`: the only targets it is built for; () = every arch
+    pdl: bool = False  # `// pykern: pdl NAME`: waits for the previous grid first; a PDL launch is safe
 
     def __repr__(self) -> str:
         sig = ", ".join(f"{p.ctype} {p.name}" for p in self.params)
@@ -150,6 +156,11 @@ def source_archs(text: str, where: str = "") -> tuple[str, ...]:
             if a not in out:
                 out.append(a)
     return tuple(out)
+
+
+def source_pdl(text: str) -> tuple[str, ...]:
+    """The kernel-name patterns of a source's `// pykern: pdl PATTERN[, PATTERN]` lines (() when none)."""
+    return tuple(p for m in _PDL_PRAGMA.finditer(text) for p in re.split(r"[,\s]+", m.group(1).strip()) if p)
 
 
 def _parse_param(decl: str, where: str) -> Param:
@@ -259,6 +270,7 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
             raise
         _skip(f"every kernel of {e}")
         return []
+    pdl_patterns = source_pdl(raw)
     macros: dict[str, cmacros.Macro] | None = None
 
     def read_macros() -> dict[str, cmacros.Macro]:
@@ -305,7 +317,8 @@ def parse_file(path: Path, strict: bool | None = None) -> list[KernelSpec]:
                     raise err from None
                 _unbounded(f"{err}; its thread limit is not checked before launch")
                 max_threads = None
-        specs.append(KernelSpec(name, Path(path).resolve(), line, params, max_threads, archs))
+        pdl = any(fnmatch.fnmatchcase(name, p) for p in pdl_patterns)
+        specs.append(KernelSpec(name, Path(path).resolve(), line, params, max_threads, archs, pdl))
     return specs
 
 

@@ -47,6 +47,7 @@ class Launch:
     shared_mem: int
     stream: int
     values: list[Any]  # decoded per parameter: ints (pointers: device addresses), floats, bools
+    pdl: bool = False  # launched with programmatic stream serialization (cuLaunchKernelEx)
 
 
 @dataclass
@@ -347,13 +348,18 @@ class FakeDriver:
         shared_mem: int,
         stream: int,
         kernel_params: int,
+        pdl: bool = False,
     ) -> None:
-        self._call("launch_kernel", func, grid, block, shared_mem, stream, kernel_params)
+        self._call("launch_kernel", func, grid, block, shared_mem, stream, kernel_params,
+                   *(("pdl",) if pdl else ()))
         self._need_context("launch_kernel")
         fn = self.functions.get(func)
         if fn is None:
             raise FakeDriverError(f"launch_kernel: unknown function handle {func!r}")
         self._same_context(f"launch_kernel of {fn.name}", fn.ctx)
+        if pdl and self.cc_of(self.current_device())[0] < 9:
+            # Programmatic stream serialization is an sm_90 launch attribute.
+            raise DriverError("cuLaunchKernelEx", "CUDA_ERROR_NOT_SUPPORTED")
         if stream in self.stream_device and self.stream_device[stream] != self.current_device():
             raise FakeDriverError(f"launch_kernel of {fn.name}: stream {stream:#x} belongs to device "
                                   f"{self.stream_device[stream]}, the current context to {self.current_device()}")
@@ -361,7 +367,7 @@ class FakeDriver:
             # A real driver refuses this launch: more than 48 KB (static included) needs the opt-in first.
             raise DriverError("cuLaunchKernel", "CUDA_ERROR_INVALID_VALUE")
         values = decode_params(fn.name, fn.params, kernel_params, self)
-        self.launches.append(Launch(fn.name, tuple(grid), tuple(block), shared_mem, stream, values))
+        self.launches.append(Launch(fn.name, tuple(grid), tuple(block), shared_mem, stream, values, pdl))
         self.clock_ms += self.launch_ms.get(fn.name, self.default_launch_ms)
         sim = self.simulate.get(fn.name)
         if sim is not None:

@@ -21,6 +21,9 @@ class Backend(Protocol):
         shared_mem: int,
         stream: Any,
         device: int | None = None,
+        pdl: bool = False,
     ) -> None:
         """Run one launch; args are arrays (pointer params) and ctypes scalars (value params). `device` is
-        passed only when the caller named one (pykern.launch(device=...)); backends without devices ignore it."""
+        passed only when the caller named one (pykern.launch(device=...)); backends without devices ignore it.
+        `pdl` is passed only when True (a kernel that waits for its predecessor: spec.pdl): backends that run
+        launches one after another whole ignore it."""

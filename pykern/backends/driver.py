@@ -59,8 +59,11 @@ class Driver(Protocol):
         shared_mem: int,
         stream: int,
         kernel_params: int,
+        pdl: bool = False,
     ) -> None:
-        """`kernel_params` is the address of an array of pointers, one per kernel parameter."""
+        """`kernel_params` is the address of an array of pointers, one per kernel parameter. `pdl` (passed only
+        when True, on sm_90+): with programmatic stream serialization, so the grid may start before the
+        previous kernel of the stream completes (cuLaunchKernelEx)."""
     def stream_synchronize(self, stream: int) -> None: ...
 
     # -- used by pykern.gpucheck and pykern.bench (the launch path never calls these) --------
@@ -235,13 +238,36 @@ class CudaDriver:
         shared_mem: int,
         stream: int,
         kernel_params: int,
+        pdl: bool = False,
     ) -> None:
+        if pdl:
+            self._launch_pdl(func, grid, block, shared_mem, stream, kernel_params)
+            return
         # An int kernelParams is taken by cuda.bindings as the void** address itself (no repacking).
         (err,) = self._cu.cuLaunchKernel(
             func, grid[0], grid[1], grid[2], block[0], block[1], block[2], shared_mem, stream, kernel_params, 0
         )
         if err != self._ok:
             raise DriverError("cuLaunchKernel", self._error_name(err))
+
+    def _launch_pdl(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
+                    stream: int, kernel_params: int) -> None:
+        # cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1: the launch may overlap
+        # the previous kernel of the stream (and becomes a programmatic edge under stream capture).
+        cu = self._cu
+        attr = cu.CUlaunchAttribute()
+        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attr.value.programmaticStreamSerializationAllowed = 1
+        cfg = cu.CUlaunchConfig()
+        cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
+        cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
+        cfg.sharedMemBytes = shared_mem
+        cfg.hStream = stream
+        cfg.attrs = [attr]
+        cfg.numAttrs = 1
+        (err,) = cu.cuLaunchKernelEx(cfg, func, kernel_params, 0)
+        if err != self._ok:
+            raise DriverError("cuLaunchKernelEx", self._error_name(err))
 
     def stream_synchronize(self, stream: int) -> None:
         self._check("cuStreamSynchronize", self._cu.cuStreamSynchronize(stream))

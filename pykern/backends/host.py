@@ -262,6 +262,7 @@ class HostBackend:
         shared_mem: int,
         stream: Any = None,
         device: int | None = None,  # the CPU is the one device here
+        pdl: bool = False,  # launches run whole, one after another: the kernel's wait has nothing to wait for
     ) -> None:
         import numpy as np
 

@@ -300,8 +300,10 @@ class NumbaBackend:
         shared_mem: int,
         stream: Any,
         device: int | None = None,
+        pdl: bool = False,
     ) -> None:
-        """`device` (pykern.launch(device=...)) selects the GPU for host-array launches; the simulator has one."""
+        """`device` (pykern.launch(device=...)) selects the GPU for host-array launches; the simulator has one.
+        `pdl`: the references are launched in stream order (an ordinary launch)."""
         cuda = self._import()
         kernel, config = self.build(spec.name)
         with self._lock:

@@ -81,10 +81,13 @@ def _label(spec: KernelSpec, i: int) -> str:
 class _Device:
     """One GPU as the backend uses it: its primary context, arch and limits, and its plans."""
 
-    __slots__ = ("ordinal", "ctx", "arch", "max_smem", "target", "plans")
+    __slots__ = ("ordinal", "ctx", "arch", "max_smem", "target", "plans", "pdl")
 
     def __init__(self, ordinal: int, ctx: Any, arch: str, max_smem: int) -> None:
         self.ordinal, self.ctx, self.arch, self.max_smem = ordinal, ctx, arch, max_smem
+        # Programmatic dependent launch exists from sm_90; before it a PDL request is an ordinary launch (the
+        # kernels' griddepcontrol wrappers compile to nothing there).
+        self.pdl = int(arch[3:5]) >= 90
         self.target = ""  # what get_module is asked for (see target_arch)
         # Keyed by id(spec): hashing a frozen KernelSpec rehashes every Param on each lookup, and a
         # plan is only reused for the very spec object it was built for (checked with `is`).
@@ -420,6 +423,7 @@ class NvrtcBackend:
         shared_mem: int,
         stream: Any,
         device: int | None = None,
+        pdl: bool = False,
     ) -> None:
         drv = self._driver
         if drv is None:
@@ -483,7 +487,10 @@ class NvrtcBackend:
                 staged = []
                 if spans:
                     self._stage_in(drv, spans, h, storage, staged)
-            drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params))
+            if pdl and dev.pdl:
+                drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params), pdl=True)
+            else:
+                drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params))
             if staged is not None:
                 for lo, n, dptr, back in staged:
                     if back:

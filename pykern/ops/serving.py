@@ -496,9 +496,9 @@ def _array_key(a: Any) -> Any:
 
 
 def _run_key(q: Any, k_pages: Any, v_pages: Any, indptr: Any, indices: Any, last: Any, out: Any, scale: Any,
-             k_scale: Any, v_scale: Any, return_lse: Any, backend: Any) -> tuple | None:
+             k_scale: Any, v_scale: Any, return_lse: Any, backend: Any, enable_pdl: Any = False) -> tuple | None:
     """PagedDecodePlan.run's memo key, or None when the call cannot be memoized."""
-    scalars = (scale, k_scale, v_scale, return_lse, backend,
+    scalars = (scale, k_scale, v_scale, return_lse, backend, enable_pdl,
                os.environ.get("PYKERN_BACKEND") if backend is None else None)  # what backend=None resolves to
     if any(type(x) not in _PLAIN for x in scalars):
         return None
@@ -698,20 +698,22 @@ class PagedDecodePlan:
 
     def _launch(self, q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], indptr: Any, indices: Any, last: Any,
                 res_flat: Any, sc: float, ksc: float, vsc: float, want_lse: bool, stream: Any,
-                backend: str | None, record: list | None = None, page_size: int | None = None) -> bool:
+                backend: str | None, record: list | None = None, page_size: int | None = None,
+                pdl: bool = False) -> bool:
         """The launches of one step on checked arguments (flat K/V over the pages' memory and their element
         strides; int32 index arrays); the dense decode ops reuse it with one page a sequence. Returns
         whether the tensor-core kernel ran. `record`: a list that receives each launch as prepared
         (launcher.prepare) for `run` to launch again. `page_size`: the pages' size when it is not the plan's
-        (the dense ops keep a plan for a range of cache lengths; at most the plan's)."""
+        (the dense ops keep a plan for a range of cache lengths; at most the plan's). `pdl`: launch the
+        tensor-core kernel with programmatic dependent launch (paged_attn and its merge launch as usual)."""
         from ..launcher import launch as _plain, launch_prepared, prepare
 
         def launch(name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None,
-                   backend: str | None = None) -> None:
+                   backend: str | None = None, pdl: bool = False) -> None:
             if record is None:
-                _plain(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
+                _plain(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend, pdl=pdl)
                 return
-            prep = prepare(name, grid, block, *args, shared_mem=shared_mem)
+            prep = prepare(name, grid, block, *args, shared_mem=shared_mem, pdl=pdl)
             record.append(prep)
             launch_prepared(prep, stream, backend)
 
@@ -725,7 +727,7 @@ class PagedDecodePlan:
             launch(self._attn_name(True), self.tc_grid, self.block, _flat(q), kf, vf, res_flat, self._lse_flat,
                    self.part_o, self.part_lse, self.counters, indptr, indices, last, h, kvh, page_size, s_page,
                    s_tok, s_head, self._wl, self.num_splits, self.batch, int(want_lse), sc, ksc, vsc,
-                   self.items_per_cta, shared_mem=self.tc_smem, stream=stream, backend=backend)
+                   self.items_per_cta, shared_mem=self.tc_smem, stream=stream, backend=backend, pdl=pdl)
         else:
             if self._part_o_f32 is None:  # a decode_tc plan whose pages it cannot address: paged_attn's fp32
                 self._part_o_f32 = arrays.empty((self.part_o.shape[0],), "f32", like=self.part_o)  # partials
@@ -743,7 +745,7 @@ class PagedDecodePlan:
     def run(self, q: Any, k_pages: Any, v_pages: Any = None, kv_indptr: Any = None, kv_indices: Any = None,
             kv_last_page_len: Any = None, *, scale: float | None = None, k_scale: float | None = None,
             v_scale: float | None = None, return_lse: bool | None = None, out: Any = None, stream: Any = None,
-            backend: str | None = None) -> Any:
+            backend: str | None = None, enable_pdl: bool = False) -> Any:
         """One decode step: out (batch, num_qo_heads, head_dim), or (out, lse) with return_lse.
 
         k_pages, v_pages or FlashInfer's single paged_kv_cache (see append_paged_kv_cache); views are
@@ -751,10 +753,17 @@ class PagedDecodePlan:
         caches' dequantization, applied in registers; default 1). out: a contiguous output to write
         instead of the plan's own (the tensor-core kernel stores 16 bytes at a time: an out off a 16-byte
         boundary runs paged_attn).
+
+        enable_pdl (FlashInfer's name): launch the tensor-core kernel with programmatic dependent launch on
+        sm_90+ GPUs (nvrtc backend), so its launch and its CTAs' start overlap the end of the previous
+        kernel of the stream; the kernel waits for that kernel before it reads anything. Elsewhere, and
+        for paged_attn, an ordinary launch.
         """
+        if type(enable_pdl) is not bool:
+            raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
         memo = self._memo
         key = _run_key(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out, scale, k_scale, v_scale,
-                       return_lse, backend)
+                       return_lse, backend, enable_pdl)
         if memo is not None and key is not None and key == memo[0]:
             # The same arrays (same objects at the same addresses, shapes, strides and dtypes) and scalars as the
             # step the memo was made from: every check passed then and every launch argument is what it was.
@@ -812,7 +821,7 @@ class PagedDecodePlan:
                 and arrays.data_address(arrays.contiguous(q)) == arrays.data_address(q)):
             record = []
         self._launch(q, kf, vf, (s_page, s_tok, s_head), table.indptr, table.indices, table.last, res_flat, sc, ksc,
-                     vsc, want_lse, stream, backend, record)
+                     vsc, want_lse, stream, backend, record, pdl=enable_pdl)
         if record is not None:
             # The memo holds this step's arrays (args_in): while it does, their memory cannot be freed and
             # reused, so an object at the same address with the same layout is the same memory.
@@ -840,6 +849,7 @@ def paged_decode_attention(
     plan: PagedDecodePlan | None = None,
     stream: Any = None,
     backend: str | None = None,
+    enable_pdl: bool = False,
 ) -> Any:
     """Decode attention of q (batch, num_qo_heads, head_dim) over a paged KV cache.
 
@@ -857,7 +867,8 @@ def paged_decode_attention(
     pair or one (pages, 2, ...) array) followed by the index arrays; views are read through their
     strides, never copied. FP8 pages (float8_e4m3fn / float8_e5m2) are dequantized in registers:
     K and V count as k_scale * K and v_scale * V (FlashInfer's / vLLM's names; default 1, any
-    cache dtype). out: a contiguous output array to write (else one is allocated).
+    cache dtype). out: a contiguous output array to write (else one is allocated). enable_pdl: as
+    PagedDecodePlan.run (programmatic dependent launch of the tensor-core kernel on sm_90+).
     """
     k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
         k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), kv_layout, "kv_last_page_len")
@@ -880,7 +891,8 @@ def paged_decode_attention(
                 _check_softcap(logits_soft_cap, "logits_soft_cap") != plan.logits_soft_cap:
             raise ArgumentError(f"logits_soft_cap: expected the plan's {plan.logits_soft_cap}, got {logits_soft_cap!r}")
     return plan.run(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, scale=scale, k_scale=k_scale,
-                    v_scale=v_scale, return_lse=return_lse, out=out, stream=stream, backend=backend)
+                    v_scale=v_scale, return_lse=return_lse, out=out, stream=stream, backend=backend,
+                    enable_pdl=enable_pdl)
 
 
 # --------------------------------------------------------------------------- prefill

@@ -1,6 +1,8 @@
 // Test-only kernels for the launcher and the nvrtc backend (joined to the registry through
 // PYKERN_KERNEL_PATH). The pktest_ prefix keeps them clear of the real kernel names.
 
+#include "pk_ptx.cuh"
+
 // y = a * x + y over n elements; one pointer the kernel writes, one it only reads.
 extern "C" __global__ void pktest_axpy(float* __restrict__ y, const float* __restrict__ x, float a,
                                        unsigned int n) {
@@ -46,4 +48,14 @@ extern "C" __global__ void pktest_copy_u16(unsigned short* __restrict__ out,
                                            const unsigned short* __restrict__ in, long long n) {
     long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
     if (i < n) out[i] = in[i];
+}
+
+// pktest_axpy that may be launched with programmatic dependent launch: it waits for the previous grid first.
+// pykern: pdl pktest_axpy_pdl
+extern "C" __global__ void pktest_axpy_pdl(float* __restrict__ y, const float* __restrict__ x, float a,
+                                           unsigned int n) {
+    pk_grid_dependency_wait();
+    pk_grid_launch_dependents();
+    long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) y[i] = a * x[i] + y[i];
 }

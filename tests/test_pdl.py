@@ -1,0 +1,206 @@
+"""Programmatic dependent launch: which kernels may take it, what the launcher and the nvrtc backend do with
+`pdl=True`, what the CUDA driver is asked for, what the kernels compile to, and enable_pdl on the paged decode.
+
+A PDL launch lets a grid start while the previous kernel of its stream still runs; it is only safe for a kernel
+that waits for that kernel (griddepcontrol.wait) before its first access, so the registry knows those kernels
+(`// pykern: pdl` lines) and the launcher refuses the others. Whether it saves time needs a GPU
+(tools/measure_gpu.py decode --pdl); here: correctness of the launch path and of the kernels' code."""
+from __future__ import annotations
+
+import importlib.util
+import re
+import sys
+import types
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))  # the helper modules beside this file
+
+import pykern  # noqa: E402
+from pykern import backends, launcher, registry  # noqa: E402
+from pykern.backends.nvrtc import NvrtcBackend  # noqa: E402
+from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
+
+from fake_driver import LAUNCH_CU, compile_test_kernels, make_fake, sim_axpy  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def kernel_path(monkeypatch):
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(LAUNCH_CU))
+
+
+def _fake(monkeypatch, arch: str):
+    drv, get_module = make_fake(compile_test_kernels(arch))
+    drv.simulate["pktest_axpy_pdl"] = sim_axpy
+    be = NvrtcBackend(driver_factory=lambda: drv, get_module=get_module, supported_archs=lambda: (arch,))
+    monkeypatch.setitem(backends._instances, "nvrtc", be)
+    return drv
+
+
+def test_registry_marks_only_the_kernels_that_wait():
+    marked = sorted(s.name for s in registry.kernels() if s.pdl)
+    assert "pktest_axpy_pdl" in marked and not registry.get("pktest_axpy").pdl
+    real = [k for k in marked if not k.startswith("pktest_")]
+    assert real and all(k.startswith("decode_tc_paged_") for k in real), real
+    assert len(real) == 12  # d64 / d128 x (16-bit, e4m3, e5m2) x (bf16, f16 q)
+
+
+def test_source_pdl_patterns():
+    text = "// pykern: pdl a_*, b\n  //pykern: pdl c\n// pykern: arch sm_90a\nint x; // pykern: pdl not_a_line\n"
+    assert registry.source_pdl(text) == ("a_*", "b", "c")
+
+
+@pytest.mark.parametrize("arch, expect", [("sm_90", True), ("sm_80", False)])
+def test_nvrtc_launch_asks_the_driver_for_pdl_from_sm90(monkeypatch, arch, expect):
+    drv = _fake(monkeypatch, arch)
+    rng = np.random.default_rng(0)
+    x, y = rng.standard_normal(300).astype(np.float32), rng.standard_normal(300).astype(np.float32)
+    y0 = y.copy()
+    pykern.launch("pktest_axpy_pdl", 2, 256, y, x, 1.5, 300, backend="nvrtc", pdl=True)
+    np.testing.assert_array_equal(y, np.float32(1.5) * x + y0)
+    pykern.launch("pktest_axpy_pdl", 2, 256, y, x, 1.5, 300, backend="nvrtc")  # an ordinary launch of it
+    assert [ln.pdl for ln in drv.launches] == [expect, False]
+
+
+def test_prepared_launch_keeps_pdl(monkeypatch):
+    drv = _fake(monkeypatch, "sm_90")
+    x, y = np.ones(64, np.float32), np.zeros(64, np.float32)
+    prep = launcher.prepare("pktest_axpy_pdl", 1, 64, y, x, 2.0, 64, pdl=True)
+    assert launcher.launch_prepared(prep, backend="nvrtc")
+    assert launcher.launch_prepared(launcher.prepare("pktest_axpy", 1, 64, y, x, 2.0, 64), backend="nvrtc")
+    assert [(ln.name, ln.pdl) for ln in drv.launches] == [("pktest_axpy_pdl", True), ("pktest_axpy", False)]
+    np.testing.assert_array_equal(y, np.full(64, 4.0, np.float32))
+
+
+def test_pdl_refused_for_a_kernel_that_does_not_wait(monkeypatch):
+    drv = _fake(monkeypatch, "sm_90")
+    x, y = np.ones(8, np.float32), np.zeros(8, np.float32)
+    with pytest.raises(ArgumentError, match=r"^pdl: pktest_axpy does not wait for the previous kernel"):
+        pykern.launch("pktest_axpy", 1, 8, y, x, 1.0, 8, backend="nvrtc", pdl=True)
+    with pytest.raises(ArgumentError, match=r"^pdl: pktest_axpy does not wait"):
+        launcher.prepare("pktest_axpy", 1, 8, y, x, 1.0, 8, pdl=True)
+    with pytest.raises(ArgumentTypeError, match=r"^pdl: expected a bool, got int 1"):
+        pykern.launch("pktest_axpy_pdl", 1, 8, y, x, 1.0, 8, backend="nvrtc", pdl=1)
+    assert not drv.launches and not y.any()
+
+
+def test_host_backend_runs_a_pdl_launch_as_an_ordinary_one():
+    rng = np.random.default_rng(1)
+    x, y = rng.standard_normal(100).astype(np.float32), rng.standard_normal(100).astype(np.float32)
+    want = np.float32(-0.5) * x + y
+    pykern.launch("pktest_axpy_pdl", 1, 128, y, x, -0.5, 100, backend="host", pdl=True)
+    np.testing.assert_array_equal(y, want)
+
+
+def test_cuda_driver_launches_with_programmatic_stream_serialization():
+    """CudaDriver's PDL launch builds cuLaunchKernelEx's config from cuda.bindings' own types."""
+    cu = pytest.importorskip("cuda.bindings.driver")
+    from pykern.backends.driver import CudaDriver
+
+    seen = []
+
+    def launch_ex(cfg, func, params, extra):
+        seen.append((cfg, func, params, extra))
+        return (cu.CUresult.CUDA_SUCCESS,)
+
+    drv = CudaDriver()
+    drv._cu = types.SimpleNamespace(**{k: getattr(cu, k) for k in ("CUlaunchAttribute", "CUlaunchAttributeID",
+                                                                 "CUlaunchConfig", "CUresult")},
+                                    cuLaunchKernelEx=launch_ex)
+    drv.launch_kernel("f", (3, 2, 1), (128, 1, 1), 4096, 0x1234, 0xabc0, pdl=True)
+    (cfg, func, params, extra), = seen
+    assert (func, params, extra) == ("f", 0xabc0, 0)
+    assert (cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ, cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ) == (3, 2, 1, 128, 1, 1)
+    assert cfg.sharedMemBytes == 4096 and int(cfg.hStream) == 0x1234 and cfg.numAttrs == 1
+    attr = cfg.attrs[0]
+    assert attr.id == cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+    assert attr.value.programmaticStreamSerializationAllowed == 1
+
+
+# -- the kernels' code: the wait comes before every global access ------------------------------------------
+
+def _sass_report():
+    spec = importlib.util.spec_from_file_location("pk_sass_report_pdl", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+_GLOBAL = re.compile(r"^(LDG|LDGSTS|STG|ATOMG|ATOM|RED|LD|ST|CCTL)$")
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_decode_kernels_wait_before_their_first_global_access(arch):
+    sr = _sass_report()
+    try:
+        sr.find_cuobjdump()
+    except sr.CuobjdumpUnavailable as e:
+        pytest.skip(f"no cuobjdump: {e}")
+    from pykern import cache
+
+    src = ROOT / "kernels_cu" / "decode_tc.cu"
+    funcs = sr._instructions(sr.disassemble(cache.get_module(src, arch).image))
+    names = [s.name for s in registry.parse_file(src)]
+    assert len(names) == 12 and set(names) <= set(funcs)
+    for k in names:
+        ops = [op.split(".")[0] for _, op, _, _ in funcs[k]]
+        if arch == "sm_80":  # no griddepcontrol before sm_90: the wrappers compile to nothing
+            assert "ACQBULK" not in ops and "PREEXIT" not in ops, k
+            continue
+        first = next(i for i, op in enumerate(ops) if _GLOBAL.match(op))
+        assert ops.count("ACQBULK") == 1 and ops.index("ACQBULK") < first, (k, ops[:first + 1])
+        assert ops.count("PREEXIT") == 1, k
+
+
+# -- enable_pdl on the paged decode ----------------------------------------------------------------------
+
+def _paged_case(rng, batch=2, kvh=2, group=4, d=64, page=16, lens=(40, 70)):
+    import ml_dtypes
+
+    bf = ml_dtypes.bfloat16
+    pages = [-(-n // page) for n in lens]
+    num_pages = sum(pages)
+    k = rng.standard_normal((num_pages, page, kvh, d)).astype(bf)
+    v = rng.standard_normal((num_pages, page, kvh, d)).astype(bf)
+    q = rng.standard_normal((batch, kvh * group, d)).astype(bf)
+    indptr = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
+    indices = rng.permutation(num_pages).astype(np.int32)
+    last = np.array([n - (p - 1) * page for n, p in zip(lens, pages)], np.int32)
+    return q, k, v, indptr, indices, last
+
+
+def test_enable_pdl_reaches_the_tensor_core_launch_only(monkeypatch):
+    from pykern.ops.serving import PagedDecodePlan
+
+    rng = np.random.default_rng(2)
+    q, k, v, indptr, indices, last = _paged_case(rng)
+    plain = pykern.ops.paged_decode_attention(q, k, v, indptr, indices, last, backend="host")
+    host = backends.get_backend("host")
+    calls = []
+    real = type(host).launch
+
+    def spy(self, spec, *a, **kw):
+        calls.append((spec.name, kw.get("pdl", False)))
+        return real(self, spec, *a, **kw)
+
+    monkeypatch.setattr(type(host), "launch", spy)
+    out = pykern.ops.paged_decode_attention(q, k, v, indptr, indices, last, backend="host", enable_pdl=True)
+    np.testing.assert_array_equal(out.view(np.uint16), plain.view(np.uint16))
+    assert calls == [("decode_tc_paged_d64_bf16", True)]
+    # A plan's memoized steps keep it; paged_attn (f32 q here) launches as usual whatever enable_pdl says.
+    plan = PagedDecodePlan(2, 8, 2, 64, 16, q_dtype="bf16", max_kv_len=70)
+    calls.clear()
+    for pdl in (True, True, False):
+        plan.run(q, k, v, indptr, indices, last, backend="host", enable_pdl=pdl)
+    assert calls == [("decode_tc_paged_d64_bf16", True)] * 2 + [("decode_tc_paged_d64_bf16", False)]
+    calls.clear()
+    qf = q.astype(np.float32)
+    pykern.ops.paged_decode_attention(qf, k.astype(np.float32), v.astype(np.float32), indptr, indices, last,
+                                      backend="host", enable_pdl=True)
+    assert calls and all(not pdl for _, pdl in calls), calls
+    with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got str 'yes'"):
+        plan.run(q, k, v, indptr, indices, last, backend="host", enable_pdl="yes")
