@@ -204,3 +204,55 @@ def test_enable_pdl_reaches_the_tensor_core_launch_only(monkeypatch):
     assert calls and all(not pdl for _, pdl in calls), calls
     with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got str 'yes'"):
         plan.run(q, k, v, indptr, indices, last, backend="host", enable_pdl="yes")
+
+
+# -- on a GPU -------------------------------------------------------------------------------------------------
+
+from gpu import requires_gpu  # noqa: E402
+
+
+@requires_gpu
+def test_pdl_decode_reads_what_the_previous_kernel_wrote_and_captures():
+    """Each step's q and split counters are written by the kernel just before it (a torch copy, the previous
+    decode): launched early, the decode must still see them. Eager and CUDA-graph replays against the plain
+    launch, bit for bit."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    from pykern.ops.serving import PagedDecodePlan
+
+    torch.manual_seed(0)
+    b, h, kvh, d, ps, pages_per = 4, 16, 4, 128, 16, 64
+    kp = torch.randn(b * pages_per, ps, kvh, d, device="cuda", dtype=torch.bfloat16)
+    vp = torch.randn_like(kp)
+    indptr = torch.arange(0, b * pages_per + 1, pages_per, device="cuda", dtype=torch.int32)
+    indices = torch.randperm(b * pages_per, device="cuda").to(torch.int32)
+    last = torch.full((b,), ps, device="cuda", dtype=torch.int32)
+    qs = [torch.randn(b, h, d, device="cuda", dtype=torch.bfloat16) for _ in range(6)]
+    q = torch.empty_like(qs[0])
+    plan = PagedDecodePlan(b, h, kvh, d, ps, q_dtype="bf16", num_splits=4, like=q)
+    assert plan.tensor_cores
+
+    def steps(pdl):
+        outs = []
+        for src in qs:
+            q.copy_(src)
+            outs.append(plan.run(q, kp, vp, indptr, indices, last, enable_pdl=pdl).clone())
+        return outs
+
+    want = steps(False)
+    torch.cuda.synchronize()
+    for got, w in zip(steps(True), want):
+        assert torch.equal(got, w)
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        steps(True)
+    torch.cuda.current_stream().wait_stream(s)
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        outs_g = steps(True)
+    g.replay()
+    torch.cuda.synchronize()
+    for got, w in zip(outs_g, want):
+        assert torch.equal(got, w)

@@ -7,6 +7,8 @@
     python tools/measure_gpu.py decode              # paged decode GB/s (bf16 and e4m3 KV, GQA 1/4/8) beside
                                                     # torch SDPA on a contiguous cache; correctness and
                                                     # run-to-run identity of the one-launch split merge
+    python tools/measure_gpu.py decode --pdl        # also chains of 8 steps (a layer each) with and without
+                                                    # programmatic dependent launch (enable_pdl; sm_90+)
     python tools/measure_gpu.py sampling            # the sampling ops on a 128256 vocabulary beside torch's
                                                     # sort + filter + multinomial
     python tools/measure_gpu.py model               # a Llama-shaped training step and greedy decode, patched
@@ -278,6 +280,8 @@ def decode(args: argparse.Namespace) -> None:
                             row["two_split_us"], row["two_split_GBps"] = t2 * 1e6, minimum / t2 / 1e9
                         for ns in args.splits or ():  # the same step at each split count asked for
                             row.setdefault("splits_us", {})[ns] = at_splits(ns) * 1e6
+                        if args.pdl:
+                            pdl_chain(row, plan, q, kp, vp, indptr, indices, last, out, minimum, reps, flush)
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)
@@ -292,6 +296,39 @@ def decode(args: argparse.Namespace) -> None:
                     log(row)
                     del q, kf, vf, kp, vp, plan
                     torch.cuda.empty_cache()
+
+
+# Steps of a --pdl chain: one a layer, each over its own cache (so each reads its bytes from HBM after the flush),
+# as a model's decode step runs its layers' attention; only where the caches fit PDL_CHAIN_BYTES.
+PDL_LAYERS = 8
+PDL_CHAIN_BYTES = 2 << 30
+
+
+def pdl_chain(row: dict[str, Any], plan: Any, q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, indptr: Any,
+              indices: Any, last: Any, out: torch.Tensor, minimum: int, reps: int, flush: Callable[[], Any]) -> None:
+    """GPU time a step of PDL_LAYERS back-to-back decode launches, with and without programmatic dependent launch
+    (enable_pdl): what overlapping a launch with the previous kernel's tail saves. Each step's output is checked
+    bit-identical to the plain launch's."""
+    if PDL_LAYERS * minimum > PDL_CHAIN_BYTES:
+        row["pdl_chain"] = f"skipped: {PDL_LAYERS} caches of {minimum} bytes exceed {PDL_CHAIN_BYTES}"
+        return
+    ks = [kp] + [kp.clone() for _ in range(PDL_LAYERS - 1)]
+    vs = [vp] + [vp.clone() for _ in range(PDL_LAYERS - 1)]
+
+    def chain(pdl: bool) -> Callable[[], Any]:
+        def f() -> Any:
+            for kk, vv in zip(ks, vs):
+                res = plan.run(q, kk, vv, indptr, indices, last, enable_pdl=pdl)
+            return res
+        return f
+
+    row["pdl_identical"] = bool(torch.equal(chain(True)(), out))
+    row["chain_layers"] = PDL_LAYERS
+    t0 = timed(chain(False), reps, flush) / PDL_LAYERS
+    t1 = timed(chain(True), reps, flush) / PDL_LAYERS
+    row["chain_us"], row["chain_GBps"] = t0 * 1e6, minimum / t0 / 1e9
+    row["chain_pdl_us"], row["chain_pdl_GBps"] = t1 * 1e6, minimum / t1 / 1e9
+    del ks, vs
 
 
 # --------------------------------------------------------------------------- sampling
@@ -522,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gqa", type=int, nargs="+", help="decode: these GQA group sizes only")
     ap.add_argument("--kv", nargs="+", choices=("bf16", "e4m3"), help="decode: these KV cache types only")
     ap.add_argument("--splits", type=int, nargs="+", help="decode: also time each step at these split counts")
+    ap.add_argument("--pdl", action="store_true",
+                    help=f"decode: also time chains of {PDL_LAYERS} steps (one a layer, each over its own cache) "
+                         "with and without programmatic dependent launch (enable_pdl); sm_90+")
     ap.add_argument("--decode-shape", type=int, nargs=6, default=(8, 4, 8, 128, 16, 32768),
                     metavar=("BATCH", "GQA", "KV_HEADS", "HEAD_DIM", "PAGE", "CTX"), help="profile-target's decode")
     args = ap.parse_args(argv)
