@@ -125,6 +125,10 @@ PK_IO_KERNELS(paged_attn_merge, (PA_NT), (const float* __restrict__ part_o, cons
 // A token whose sequence or page is out of range is skipped (the op checks host arrays).
 // FP8 caches store fp8(x / scale) (round to nearest even, saturated to the finite range; NaN stays
 // NaN), two elements a conversion (cvt.rn.satfinite.<fp8>x2.f32 on sm_89+).
+// Programmatic dependent launch (the op's enable_pdl): a block waits for the previous kernel of the stream (the
+// one that made k, v or the page table) before its first read, then lets the next PDL launch (the decode that
+// reads the appended token) start its CTAs, which wait in turn.
+// pykern: pdl paged_append_kv*
 template <typename TC> struct PaStore {  // same-type caches: a bit copy (scale unused)
     template <typename TI> static __device__ __forceinline__ void pair(TC* p, long long o0, long long o1, const TI* s,
                                                                         long long i, float) {
@@ -167,6 +171,8 @@ __device__ __forceinline__ void pa_append(const TI* __restrict__ k, const TI* __
                                           const int* __restrict__ kv_indices, const int* __restrict__ kv_indptr,
                                           int batch, int num_kv_heads, int head_dim, int page_size, long long s_page,
                                           long long s_tok, long long s_head, float k_scale, float v_scale) {
+    pk_grid_dependency_wait();
+    pk_grid_launch_dependents();
     const long long t = blockIdx.x;
     const int b = batch_indices[t];
     const int pos = positions[t];

@@ -406,6 +406,9 @@ __device__ __forceinline__ void pk_prefetch_l1(const void* p) { asm volatile("pr
 // and its memory is visible, so it must come before the first read of anything the previous kernel may write
 // (and before any write). griddepcontrol.launch_dependents lets the next PDL launch start its CTAs once every
 // CTA of this grid has issued it (or exited). Without a PDL launch, or before sm_90, both do nothing.
+// The "memory" clobber orders ordinary loads and stores; a load NVVM knows invariant (const __restrict__,
+// ld.global.nc) could still be scheduled above it, so tests/test_pdl.py checks in the SASS of every kernel a
+// `// pykern: pdl` line names that no global access comes before the wait (ACQBULK).
 __device__ __forceinline__ void pk_grid_dependency_wait() {
 #if __CUDA_ARCH__ >= 900
     asm volatile("griddepcontrol.wait;" ::: "memory");

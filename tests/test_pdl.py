@@ -45,8 +45,11 @@ def test_registry_marks_only_the_kernels_that_wait():
     marked = sorted(s.name for s in registry.kernels() if s.pdl)
     assert "pktest_axpy_pdl" in marked and not registry.get("pktest_axpy").pdl
     real = [k for k in marked if not k.startswith("pktest_")]
-    assert real and all(k.startswith("decode_tc_paged_") for k in real), real
-    assert len(real) == 12  # d64 / d128 x (16-bit, e4m3, e5m2) x (bf16, f16 q)
+    decode = [k for k in real if k.startswith("decode_tc_paged_")]
+    append = [k for k in real if k.startswith("paged_append_kv")]
+    assert len(decode) == 12  # d64 / d128 x (16-bit, e4m3, e5m2) x (bf16, f16 q)
+    assert len(append) == 9  # f32 / bf16 / f16 pages, and f32 / bf16 / f16 values into e4m3 / e5m2 pages
+    assert sorted(decode + append) == real
 
 
 def test_source_pdl_patterns():
@@ -134,7 +137,10 @@ _GLOBAL = re.compile(r"^(LDG|LDGSTS|STG|ATOMG|ATOM|RED|LD|ST|CCTL)$")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-def test_decode_kernels_wait_before_their_first_global_access(arch):
+@pytest.mark.parametrize("source", ["decode_tc.cu", "paged.cu"])
+def test_pdl_kernels_wait_before_their_first_global_access(arch, source):
+    """Every kernel a `// pykern: pdl` line names: on sm_90 one ACQBULK (griddepcontrol.wait) before its first
+    global load, store or atomic, and one PREEXIT (launch_dependents); before sm_90 neither."""
     sr = _sass_report()
     try:
         sr.find_cuobjdump()
@@ -142,10 +148,10 @@ def test_decode_kernels_wait_before_their_first_global_access(arch):
         pytest.skip(f"no cuobjdump: {e}")
     from pykern import cache
 
-    src = ROOT / "kernels_cu" / "decode_tc.cu"
+    src = ROOT / "kernels_cu" / source
     funcs = sr._instructions(sr.disassemble(cache.get_module(src, arch).image))
-    names = [s.name for s in registry.parse_file(src)]
-    assert len(names) == 12 and set(names) <= set(funcs)
+    names = [s.name for s in registry.parse_file(src) if s.pdl]
+    assert len(names) == {"decode_tc.cu": 12, "paged.cu": 9}[source] and set(names) <= set(funcs)
     for k in names:
         ops = [op.split(".")[0] for _, op, _, _ in funcs[k]]
         if arch == "sm_80":  # no griddepcontrol before sm_90: the wrappers compile to nothing
@@ -204,6 +210,33 @@ def test_enable_pdl_reaches_the_tensor_core_launch_only(monkeypatch):
     assert calls and all(not pdl for _, pdl in calls), calls
     with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got str 'yes'"):
         plan.run(q, k, v, indptr, indices, last, backend="host", enable_pdl="yes")
+
+
+def test_append_enable_pdl(monkeypatch):
+    rng = np.random.default_rng(3)
+    q, k, v, indptr, indices, last = _paged_case(rng)
+    nk = rng.standard_normal((2, 2, 64)).astype(k.dtype)
+    nv = rng.standard_normal((2, 2, 64)).astype(k.dtype)
+    bi, pos = np.array([0, 1], np.int32), np.array([39, 69], np.int32)
+    k0, v0 = k.copy(), v.copy()
+    pykern.ops.append_paged_kv_cache(nk, nv, bi, pos, k0, v0, indices, indptr, last, backend="host")
+    host = backends.get_backend("host")
+    calls = []
+    real = type(host).launch
+
+    def spy(self, spec, *a, **kw):
+        calls.append((spec.name, kw.get("pdl", False)))
+        return real(self, spec, *a, **kw)
+
+    monkeypatch.setattr(type(host), "launch", spy)
+    pykern.ops.append_paged_kv_cache(nk, nv, bi, pos, k, v, indices, indptr, last, backend="host", enable_pdl=True)
+    assert calls == [("paged_append_kv_bf16", True)]
+    np.testing.assert_array_equal(k.view(np.uint16), k0.view(np.uint16))
+    np.testing.assert_array_equal(v.view(np.uint16), v0.view(np.uint16))
+    assert (k != q.dtype.type(0)).any()
+    with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got NoneType None"):
+        pykern.ops.append_paged_kv_cache(nk, nv, bi, pos, k, v, indices, indptr, last, backend="host",
+                                         enable_pdl=None)
 
 
 # -- on a GPU -------------------------------------------------------------------------------------------------

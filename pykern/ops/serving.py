@@ -387,6 +387,7 @@ def append_paged_kv_cache(
     v_scale: float | None = None,
     stream: Any = None,
     backend: str | None = None,
+    enable_pdl: bool = False,
 ) -> None:
     """Write token t of k, v (nnz, num_kv_heads, head_dim) into the pages, in place (FlashInfer's append).
 
@@ -404,7 +405,12 @@ def append_paged_kv_cache(
     float8_e5m2) take f32, bf16 or f16 k, v and store fp8(k / k_scale), fp8(v / v_scale) (vLLM's
     semantics: round to nearest even, saturate to the finite range, NaN stays NaN); the scales
     default to 1 and apply only to FP8 pages.
+
+    enable_pdl: programmatic dependent launch on sm_90+ (nvrtc), as PagedDecodePlan.run: the kernel waits for
+    the previous kernel of the stream before it reads, and lets a PDL decode launched next start early.
     """
+    if type(enable_pdl) is not bool:
+        raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
     k_pages, v_pages, kv_indices, kv_indptr, kv_last_page_len = _cache_positional(
         k_pages, v_pages, (kv_indices, kv_indptr, kv_last_page_len), kv_layout, "kv_last_page_len")
     layout = _layout(kv_layout)
@@ -454,7 +460,8 @@ def append_paged_kv_cache(
 
     k, v = arrays.contiguous(k), arrays.contiguous(v)
     launch(name, (nnz,), (_NT,), _flat(k), _flat(v), bi, pos, kf, vf, table.indices, table.indptr, table.batch, kvh,
-           d, page_size, s_page, s_tok, s_head, ksc, vsc, stream=arrays.launch_stream(stream, k), backend=backend)
+           d, page_size, s_page, s_tok, s_head, ksc, vsc, stream=arrays.launch_stream(stream, k), backend=backend,
+           pdl=enable_pdl)
 
 
 def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> tuple[np.ndarray, np.ndarray]:
