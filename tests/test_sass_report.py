@@ -62,3 +62,14 @@ def test_instruction_mix_of_a_scalar_kernel_has_no_hmma():
     row = mix["flash_attention_d64"]["sm_80"]
     assert row["HMMA"] == 0 and row["FFMA"] > 0 and row["total"] > 100
     assert row["registers"] > 0
+
+
+def test_sources_built_for_arch_specific_targets_are_reported_at_them(tmp_path):
+    """`--arch sm_90` over every kernel: a `// pykern: arch sm_90a` source is compiled for sm_90a (what an sm_90
+    GPU runs), not for sm_90 (its wgmma would not compile), and left out at archs it is not built for."""
+    only = tmp_path / "a.cu"
+    only.write_text("// pykern: arch sm_90a\nextern \"C\" __global__ void k() {}\n")
+    plain = tmp_path / "b.cu"
+    plain.write_text("extern \"C\" __global__ void k2() {}\n")
+    assert sr._targets(only, ["sm_80", "sm_90", "sm_90a"]) == [("sm_90", "sm_90a"), ("sm_90a", "sm_90a")]
+    assert sr._targets(plain, ["sm_80", "sm_90"]) == [("sm_80", "sm_80"), ("sm_90", "sm_90")]

@@ -193,6 +193,18 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+def _targets(src: Path, archs: Sequence[str]) -> list[tuple[str, str]]:
+    """(arch asked, target compiled) for one source: a source built only for arch-specific targets
+    (`// pykern: arch sm_90a`) is compiled for the one a GPU of the asked arch runs (sm_90 -> sm_90a), and left out
+    for archs it has none for."""
+    from pykern.registry import source_archs
+
+    only = source_archs(src.read_text(encoding="utf-8", errors="replace"), str(src))
+    if not only:
+        return [(a, a) for a in archs]
+    return [(a, a + "a" if a + "a" in only else a) for a in archs if a in only or a + "a" in only]
+
+
 def loop_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm_80", "sm_90")
                  ) -> dict[str, dict[str, dict[str, Any]]]:
     """{kernel: {arch: steady_state_loops row}} for the registered kernels matching the glob(s)."""
@@ -206,8 +218,8 @@ def loop_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm
         names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
         if not names:
             continue
-        for arch in compiler.expand_archs(list(archs)):
-            mod = cache.get_module(src, arch)
+        for arch, target in _targets(src, compiler.expand_archs(list(archs))):
+            mod = cache.get_module(src, target)
             if mod.kind != "cubin":
                 continue
             loops = steady_state_loops(disassemble(mod.image, tool))
@@ -246,8 +258,8 @@ def instruction_mix(kernels: str | Sequence[str] = "*", archs: Iterable[str] = (
         names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
         if not names:
             continue
-        for arch in archs:
-            mod = cache.get_module(src, arch)
+        for arch, target in _targets(src, archs):
+            mod = cache.get_module(src, target)
             if mod.kind != "cubin":
                 continue
             counts = count_sass(disassemble(mod.image, tool))
