@@ -69,6 +69,13 @@ def test_nvrtc_launch_asks_the_driver_for_pdl_from_sm90(monkeypatch, arch, expec
     assert [ln.pdl for ln in drv.launches] == [expect, False]
 
 
+def test_devices_take_pdl_from_sm90():
+    from pykern.backends.nvrtc import _Device
+
+    assert [_Device(0, None, a, 0).pdl for a in ("sm_75", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")] == \
+        [False, False, False, True, True, True]
+
+
 def test_prepared_launch_keeps_pdl(monkeypatch):
     drv = _fake(monkeypatch, "sm_90")
     x, y = np.ones(64, np.float32), np.zeros(64, np.float32)

@@ -87,7 +87,7 @@ class _Device:
         self.ordinal, self.ctx, self.arch, self.max_smem = ordinal, ctx, arch, max_smem
         # Programmatic dependent launch exists from sm_90; before it a PDL request is an ordinary launch (the
         # kernels' griddepcontrol wrappers compile to nothing there).
-        self.pdl = int(arch[3:5]) >= 90
+        self.pdl = int(arch[3:].rstrip("abf")) >= 90  # "sm_90", "sm_100", "sm_120"
         self.target = ""  # what get_module is asked for (see target_arch)
         # Keyed by id(spec): hashing a frozen KernelSpec rehashes every Param on each lookup, and a
         # plan is only reused for the very spec object it was built for (checked with `is`).
