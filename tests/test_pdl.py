@@ -244,6 +244,31 @@ def test_append_enable_pdl(host_launches):
                                          enable_pdl=None)
 
 
+def test_dense_decode_ops_enable_pdl(host_launches):
+    """decode_attention / batched_decode_attention run the tensor-core kernel as a paged cache of one page a
+    sequence: enable_pdl reaches that launch, the result is the plain launch's; the tile kernels ignore it."""
+    import ml_dtypes
+
+    rng = np.random.default_rng(4)
+    bf = ml_dtypes.bfloat16
+    q = rng.standard_normal((2, 8, 64)).astype(bf)
+    kc = rng.standard_normal((2, 2, 100, 64)).astype(bf)
+    vc = rng.standard_normal((2, 2, 100, 64)).astype(bf)
+    lens = np.array([100, 37], np.int32)
+    plain = pykern.ops.batched_decode_attention(q, kc, vc, lens, backend="host")
+    host_launches.clear()
+    got = pykern.ops.batched_decode_attention(q, kc, vc, lens, backend="host", enable_pdl=True)
+    np.testing.assert_array_equal(got.view(np.uint16), plain.view(np.uint16))
+    one = pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", enable_pdl=True)
+    np.testing.assert_array_equal(one.view(np.uint16), plain[1].view(np.uint16))
+    assert host_launches == [("decode_tc_paged_d64_bf16", True)] * 2
+    host_launches.clear()
+    pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", tensor_cores=False, enable_pdl=True)
+    assert host_launches and all(not pdl for _, pdl in host_launches), host_launches
+    with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got int 1"):
+        pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", enable_pdl=1)
+
+
 # -- on a GPU -------------------------------------------------------------------------------------------------
 
 from gpu import requires_gpu  # noqa: E402

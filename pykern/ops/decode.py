@@ -376,7 +376,7 @@ def _tc_plan(key: tuple, make: Any) -> tuple:
 
 def _run_tc(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], lens: Any, batch: int, num_heads: int,
             num_kv_heads: int, head_dim: int, max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any,
-            kv_layout: str, window_left: int, out: Any, stream: Any, backend: str | None) -> Any:
+            kv_layout: str, window_left: int, out: Any, stream: Any, backend: str | None, pdl: bool = False) -> Any:
     """Dense caches as a paged cache of one page a sequence, on the tensor-core decode kernel: page_size =
     max_seq_len, kv_indptr = 0..M, kv_indices = 0..M-1, kv_last_page_len = the lengths (int32; 0 gives
     zeros), the page stride = the sequence stride. The plan, from _TC_PLANS, is PagedDecodePlan's for the
@@ -397,7 +397,7 @@ def _run_tc(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], lens: Any, 
     res = arrays.empty((batch, num_heads, head_dim), q_kind, like=q) if out is None else out
     # the pages' size is the cache's own length: the kernel clamps a device length to it
     plan._launch(q, kf, vf, strides, indptr, indptr[:batch], lens, _flat(res), sc, 1.0, 1.0, False, stream,
-                 backend, page_size=max_seq_len)
+                 backend, page_size=max_seq_len, pdl=pdl)
     return res
 
 
@@ -447,6 +447,7 @@ def decode_attention(
     out: Any = None,
     stream: Any = None,
     backend: str | None = None,
+    enable_pdl: bool = False,
 ) -> Any:
     """Attention of one query token per head over the first `seq_len` cache positions.
 
@@ -476,7 +477,12 @@ def decode_attention(
     buffer included); only a cache with head_dim not unit-stride, a negative stride, or strides that differ
     between K and V is copied. q may be copied to make it contiguous. out: a C-contiguous (num_heads,
     head_dim) array of q's dtype, written in place (anything else raises naming out).
+    enable_pdl: programmatic dependent launch of the tensor-core kernel on sm_90+ (as PagedDecodePlan.run);
+    the tile kernels launch as usual.
     """
+    from .serving import _check_enable_pdl
+
+    _check_enable_pdl(enable_pdl)
     q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     kv_kind = arrays.io_kind("k_cache", k_cache, arrays.IO_KINDS)
     if arrays.io_kind("v_cache", v_cache, arrays.IO_KINDS) != kv_kind:
@@ -516,7 +522,7 @@ def decode_attention(
     if tc:
         res = _run_tc(q, kf, vf, strides, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                       kv_kind, scale=scale, kv_layout=kv_layout, window_left=window_left, out=out3, stream=stream,
-                      backend=backend)
+                      backend=backend, pdl=enable_pdl)
     else:
         res = _run(q, kf, vf, strides, seq_buf, 1, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                    kv_kind, scale=scale, method=method, seq_hint=hint, num_warps=num_warps, chunk_size=chunk_size,
@@ -543,6 +549,7 @@ def batched_decode_attention(
     out: Any = None,
     stream: Any = None,
     backend: str | None = None,
+    enable_pdl: bool = False,
 ) -> Any:
     """Decode attention for M sequences in one launch (two for split_k).
 
@@ -554,9 +561,12 @@ def batched_decode_attention(
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
     also checked here), or a sequence of ints. Returns (M, num_heads, head_dim) in
     q's dtype; a sequence of length 0 gets zeros. window_left, logits_soft_cap, tensor_cores and
-    the copy rules (caches read in place through their strides; out= contiguous, written in place) as
-    decode_attention.
+    the copy rules (caches read in place through their strides; out= contiguous, written in place) and
+    enable_pdl as decode_attention.
     """
+    from .serving import _check_enable_pdl
+
+    _check_enable_pdl(enable_pdl)
     k_caches = _stack("k_caches", k_caches)
     v_caches = _stack("v_caches", v_caches)
     q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
@@ -603,7 +613,7 @@ def batched_decode_attention(
     if tc:
         return _run_tc(q, kf, vf, strides, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                        kv_kind, scale=scale, kv_layout=kv_layout, window_left=window_left, out=out, stream=stream,
-                       backend=backend)
+                       backend=backend, pdl=enable_pdl)
     return _run(q, kf, vf, strides, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
                 kv_kind, scale=scale, method=method, seq_hint=None, num_warps=num_warps, chunk_size=chunk_size,
                 backend=backend, out=out, stream=stream, window_left=window_left, logits_soft_cap=logits_soft_cap)

@@ -409,8 +409,7 @@ def append_paged_kv_cache(
     enable_pdl: programmatic dependent launch on sm_90+ (nvrtc), as PagedDecodePlan.run: the kernel waits for
     the previous kernel of the stream before it reads, and lets a PDL decode launched next start early.
     """
-    if type(enable_pdl) is not bool:
-        raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
+    _check_enable_pdl(enable_pdl)
     k_pages, v_pages, kv_indices, kv_indptr, kv_last_page_len = _cache_positional(
         k_pages, v_pages, (kv_indices, kv_indptr, kv_last_page_len), kv_layout, "kv_last_page_len")
     layout = _layout(kv_layout)
@@ -462,6 +461,12 @@ def append_paged_kv_cache(
     launch(name, (nnz,), (_NT,), _flat(k), _flat(v), bi, pos, kf, vf, table.indices, table.indptr, table.batch, kvh,
            d, page_size, s_page, s_tok, s_head, ksc, vsc, stream=arrays.launch_stream(stream, k), backend=backend,
            pdl=enable_pdl)
+
+
+def _check_enable_pdl(enable_pdl: Any) -> None:
+    """The ops' enable_pdl (programmatic dependent launch of the kernels that wait for their predecessor): a bool."""
+    if type(enable_pdl) is not bool:
+        raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
 
 
 def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> tuple[np.ndarray, np.ndarray]:
@@ -766,8 +771,7 @@ class PagedDecodePlan:
         kernel of the stream; the kernel waits for that kernel before it reads anything. Elsewhere, and
         for paged_attn, an ordinary launch.
         """
-        if type(enable_pdl) is not bool:
-            raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
+        _check_enable_pdl(enable_pdl)
         memo = self._memo
         key = _run_key(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out, scale, k_scale, v_scale,
                        return_lse, backend, enable_pdl)
