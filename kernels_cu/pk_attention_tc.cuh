@@ -10,13 +10,15 @@
 
 #define FATC_THREADS 128
 
-// One online-softmax step of a warp's S accumulators (NT n-tiles of m16n8, already scaled to base 2 and masked
-// to -inf), rows g and g + 8 (r = 0, 1): the row max over the quad, s becomes P = 2^(s - max), l[r] this lane's
-// partial row sum (the quad reduces it at the end) and o[ON][4] is rescaled by 2^(old max - new max). A row
-// with nothing visible yet stays at base 0 (P = 0, no NaN from -inf - -inf).
+// One online-softmax step of a warp's S accumulators (NT n-tiles of m16n8, masked to -inf), rows g and g + 8
+// (r = 0, 1): the row max over the quad, s becomes P = 2^(mul * (s - max)), l[r] this lane's partial row sum
+// (the quad reduces it at the end) and o[ON][4] is rescaled by 2^(mul * (old max - new max)). m holds the
+// unscaled max. mul folds the score scale (in base 2) into the exponent's FMA; scores already scaled pass 1
+// (the FMA by 1 is folded away). A row with nothing visible yet stays at base 0 (P = 0, no NaN from
+// -inf - -inf).
 template <int NT, int ON>
 __device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o)[ON][4], float (&m)[2],
-                                                    float (&l)[2]) {
+                                                    float (&l)[2], float mul = 1.0f) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = m[r];
@@ -24,14 +26,14 @@ __device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o
         for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
         mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
         mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-        const float base = mx == PK_NEG_INF ? 0.0f : mx;
-        const float alpha = pk_ex2_approx(m[r] - base);
+        const float base = mx == PK_NEG_INF ? 0.0f : mx * mul;
+        const float alpha = pk_ex2_approx(m[r] * mul - base);
         m[r] = mx;
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
-            s[nt][2 * r] = pk_ex2_approx(s[nt][2 * r] - base);
-            s[nt][2 * r + 1] = pk_ex2_approx(s[nt][2 * r + 1] - base);
+            s[nt][2 * r] = pk_ex2_approx(fmaf(s[nt][2 * r], mul, -base));
+            s[nt][2 * r + 1] = pk_ex2_approx(fmaf(s[nt][2 * r + 1], mul, -base));
             sum += s[nt][2 * r] + s[nt][2 * r + 1];
         }
         l[r] = l[r] * alpha + sum;

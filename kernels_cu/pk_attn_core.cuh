@@ -240,27 +240,7 @@ template <typename T, int D, bool SC> struct PkFaCore {
                     if (col < rlo[e >> 1] || col > rhi[e >> 1]) s[nt][e] = PK_NEG_INF;
                 }
         }
-#pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float mx = m[r];
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-            mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-            const float base = mx == PK_NEG_INF ? 0.0f : mx * mul;  // a row with nothing visible yet stays at 0
-            const float alpha = pk_ex2_approx(m[r] * mul - base);
-            m[r] = mx;
-            float sum = 0.0f;
-#pragma unroll
-            for (int nt = 0; nt < NT; nt++) {
-                s[nt][2 * r] = pk_ex2_approx(fmaf(s[nt][2 * r], mul, -base));
-                s[nt][2 * r + 1] = pk_ex2_approx(fmaf(s[nt][2 * r + 1], mul, -base));
-                sum += s[nt][2 * r] + s[nt][2 * r + 1];
-            }
-            l[r] = l[r] * alpha + sum;
-#pragma unroll
-            for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
-        }
+        fatc_online_softmax(s, o, m, l, mul);
 #pragma unroll
         for (int kk = 0; kk < PKFA_BC / 16; kk++) {
             unsigned pa[4];

@@ -287,7 +287,8 @@ def launch(
         raise ArgumentError(
             f"block: {name} is declared __launch_bounds__({spec.max_threads}), got {b} = {b[0] * b[1] * b[2]} threads"
         )
-    _check_pdl(spec, pdl)
+    if pdl is not False:  # the common launch pays one identity test
+        _check_pdl(spec, pdl)
     converted = convert_args(spec, args)
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)
