@@ -49,6 +49,32 @@ def _opts_in(source: Path) -> bool:
     return bool(source_archs(Path(source).read_text(encoding="utf-8", errors="replace"), str(source)))
 
 
+def _skipped(selected: Sequence[tuple[Path, Any]], archs: Sequence[str],
+             all_only: Sequence[str]) -> list[tuple[Path, str, str]]:
+    """(source, arch, why) for each selected source not compiled for an arch that was asked."""
+    from .registry import source_archs
+
+    out = []
+    for src, _ in selected:
+        named = source_archs(Path(src).read_text(encoding="utf-8", errors="replace"), str(src))
+        for arch in archs:
+            if named and arch not in named:
+                out.append((src, arch, f"its kernels exist only for {', '.join(sorted(named))} "
+                                       "(a `// pykern: arch` line in the source)"))
+            elif not named and arch in all_only:
+                out.append((src, arch, "a portable source: its sm_XX cubins serve that GPU (an `a` target is built "
+                                       "only for the sources that name it)"))
+    return out
+
+
+def _skipped_lines(skipped: Sequence[tuple[Path, str, str]]) -> list[str]:
+    """The summary's "skipped" lines: one per reason and arch, naming the sources."""
+    groups: dict[tuple[str, str], list[str]] = {}
+    for src, arch, why in skipped:
+        groups.setdefault((arch, why), []).append(Path(src).name)
+    return [f"skipped for {arch}: {', '.join(names)}: {why}" for (arch, why), names in groups.items()]
+
+
 def _asks_all(arch_args: Sequence[str]) -> bool:
     return any(p.strip().lower() == "all" for a in arch_args for p in str(a).split(","))
 
@@ -129,8 +155,9 @@ class _Workers:
         for p in self.procs:
             p.start()
 
-    def run(self, jobs: list[tuple[Any, ...]]) -> Any:
-        """Yield (index, (module, error, seconds)) as compiles finish; a worker that dies fails its job."""
+    def run(self, jobs: list[tuple[Any, ...]], on_start: Any = None) -> Any:
+        """Yield (index, (module, error, seconds)) as compiles finish; a worker that dies fails its job.
+        `on_start(index)` is called when a worker takes a job (the progress line "start ...")."""
         import queue
 
         for i, job in enumerate(jobs):
@@ -156,6 +183,8 @@ class _Workers:
                 continue
             if kind == "start":
                 running[value] = i
+                if on_start is not None:
+                    on_start(i)
                 continue
             for pid, j in list(running.items()):
                 if j == i:
@@ -354,15 +383,24 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"precompile: no selected source is built for {', '.join(archs)} (a source with a "
               "`// pykern: arch sm_XXa` line is built only for the targets it names)", file=err)
         return 2
+    skipped = _skipped(selected, archs, all_only)
     names = dict(selected)
     results: dict[tuple[Path, str], JobResult] = {}
-    done = 0
+    done = started = 0
+    w = max(24, *(len(src.name) for src, _ in jobs))  # the name column, so that long names keep it aligned
+
+    def announce(src: Path, arch: str) -> None:
+        # A compile of one source can take a minute: say what runs as it starts, not only when it ends.
+        nonlocal started
+        started += 1
+        print(f"start  {arch:<10} {src.name:<{w}} compiling ({started} of {len(misses)} to compile)", file=err,
+              flush=True)
 
     def report(r: JobResult) -> None:
         nonlocal done
         done += 1
         status = "FAILED" if r.error else ("hit" if r.module.hit else "compiled")
-        print(f"[{done}/{len(jobs)}] {r.arch:<10} {r.source.name:<24} {status} ({r.seconds:.2f}s)", file=err,
+        print(f"[{done}/{len(jobs)}] {r.arch:<10} {r.source.name:<{w}} {status} ({r.seconds:.2f}s)", file=err,
               flush=True)
 
     # Hits first, in this process: a warm run never starts a worker.
@@ -393,6 +431,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 # In this process (no start-up cost; what --jobs 1 is for). A signal lands between two
                 # compiles: the one in progress finishes first (NVRTC holds the GIL), the rest are dropped.
                 for src, arch in misses:
+                    announce(src, arch)
                     mod, e, secs = _compile_job(str(src), arch, options, defines, str(root))
                     r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
                     report(r)
@@ -400,7 +439,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
                 pool = _Workers(n_workers)
                 try:
                     todo = [(str(src), arch, options, defines, str(root)) for src, arch in misses]
-                    for i, (mod, e, secs) in pool.run(todo):
+                    for i, (mod, e, secs) in pool.run(todo, on_start=lambda i: announce(*misses[i])):
                         src, arch = misses[i]
                         r = results[(src, arch)] = JobResult(src, arch, module=mod, error=e, seconds=secs)
                         report(r)
@@ -479,12 +518,15 @@ def _main(argv: Sequence[str] | None = None) -> int:
             "kernel_rows": len(rows), "hits": n_hits,
             "compiled": len(jobs) - n_hits - len(failures), "wall_seconds": round(wall, 4),
             "results": rows, "failures": failures,
+            "skipped": [{"source": str(src), "arch": arch, "reason": why} for src, arch, why in skipped],
         }, indent=2))
     else:
         print(_table(rows))
         print(f"{len(jobs)} modules ({len(selected)} sources x {len(archs)} archs): {n_hits} cache hits, "
               f"{len(jobs) - n_hits - len(failures)} compiled, {len(failures)} failed; {len(rows)} kernel rows; "
               f"{wall:.2f}s; cache {root}" + (f"; bundle {args.out}" if args.out else ""))
+        for line in _skipped_lines(skipped):
+            print(line)
     for f in failures:
         print(f"\nFAILED {Path(f['source']).name} for {f['arch']}:\n{f['error']}", file=err)
     if spilling:

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -190,7 +191,7 @@ class _Tty:
 
 
 @pytest.mark.parametrize("tty", [True, False])
-def test_first_build_on_a_terminal_says_so_and_clears_the_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+def test_first_build_says_so_on_a_terminal_and_in_a_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                tty: bool) -> None:
     monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
     src = _write(tmp_path / "k", "first_use.cu", GOOD.replace("pk_b_scale", "pk_b_first_use"))
@@ -202,8 +203,12 @@ def test_first_build_on_a_terminal_says_so_and_clears_the_line(tmp_path: Path, m
         assert err.parts[0] == ("pykern: compiling first_use.cu for the host backend (first use of this source; "
                                 "`python -m pykern.precompile --host` builds every source ahead of time)...")
         assert err.parts[-1] == "\r\033[K"  # cleared once the library is there
-    else:
-        assert err.text == ""  # logs and pipes stay clean
+    else:  # a pipe or a log: a whole line as the build starts, one more when it ends (a minute is not silent)
+        lines = err.text.splitlines()
+        assert lines[0] == ("pykern: compiling first_use.cu for the host backend (first use of this source; "
+                            "`python -m pykern.precompile --host` builds every source ahead of time)...")
+        assert re.fullmatch(r"pykern: first_use\.cu for the host backend: built in \d+\.\ds", lines[1]), lines
+        assert len(lines) == 2 and "\r" not in err.text
     err.parts.clear()
     HostBackend().library(src)  # a cache hit in a fresh backend: nothing to say
     assert err.text == ""

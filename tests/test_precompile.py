@@ -47,6 +47,7 @@ def test_cold_run_in_parallel_then_all_hits(env, tmp_path):
     assert cold.returncode == 0, cold.stderr
     d = json.loads(cold.stdout)  # stdout is only the JSON; progress went to stderr
     assert "[6/6]" in cold.stderr
+    assert sum(ln.startswith("start  ") for ln in cold.stderr.splitlines()) == 6  # from the worker processes
     assert (d["jobs"], d["hits"], d["compiled"], d["failures"]) == (6, 0, 6, [])
     rows = {(r["kernel"], r["arch"]): r for r in d["results"]}
     assert set(rows) == {(k, a) for k in PKT for a in ("sm_80", "sm_90a", "compute_90")}
@@ -76,6 +77,10 @@ def test_table_on_stdout(env, capsys):
     assert row.split()[1] == "sm_86" and row.split()[3] == "0/0" and "compiled" in row
     assert "pkt_scale" not in out  # filtered out by --kernels
     assert "[1/1] sm_86" in err and "pkt_other.cu" in err
+    # A line as each compile starts (a source can take a minute), before the line that says it finished.
+    start = next(i for i, ln in enumerate(err.splitlines()) if ln.startswith("start  sm_86"))
+    assert "pkt_other.cu" in err.splitlines()[start] and "compiling (1 of 1 to compile)" in err.splitlines()[start]
+    assert start < next(i for i, ln in enumerate(err.splitlines()) if ln.startswith("[1/1] sm_86"))
     assert precompile.main(["--arch", "sm_86", "--kernels", "pkt_fill", "--jobs", "1"]) == 0
     assert "hit" in next(ln for ln in capsys.readouterr().out.splitlines() if ln.startswith("pkt_fill"))
 

@@ -72,6 +72,13 @@ def test_precompile_builds_an_sm90a_source_only_for_sm90a(tmp_path: Path) -> Non
     d = json.loads(r.stdout)
     assert {row["arch"] for row in d["results"]} == {"sm_90a"}  # not sm_80 / sm_90 / sm_100a
     assert {row["kernel"] for row in d["results"]} == {"pk_sm90_tma_wgmma_ss", "pk_sm90_wgmma_rs", "pk_sm90_tma_nd"}
+    # What was left out, and why, is part of the result, not a silent gap in the counts.
+    assert {(Path(x["source"]).name, x["arch"]) for x in d["skipped"]} == {
+        ("pk_sm90_wrappers.cu", a) for a in ("sm_80", "sm_90", "sm_100a")}
+    assert all("exist only for sm_90a" in x["reason"] for x in d["skipped"])
+    r = _precompile("--arch", "sm_80,sm_90a", "--kernels", "pk_sm90_*", env=env)
+    assert r.returncode == 0, r.stderr
+    assert "skipped for sm_80: pk_sm90_wrappers.cu: its kernels exist only for sm_90a" in r.stdout
     r = _precompile("--arch", "sm_80", "--kernels", "pk_sm90_*", env=env)
     assert r.returncode == 2 and "built only for the targets it names" in r.stderr
 

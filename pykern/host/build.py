@@ -18,6 +18,7 @@ import subprocess
 import sys
 import tempfile
 import threading
+import time
 import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -522,14 +523,31 @@ def _stderr_is_tty() -> bool:
 
 @contextmanager
 def _first_use_notice(path: Path, enabled: bool) -> Iterator[None]:
-    """On a terminal: "pykern: compiling X for the host backend ..." while the build runs, then the line is
-    cleared (or ends in "failed"; the exception says why). Never on a pipe or file: logs stay clean."""
-    if not enabled or not _stderr_is_tty():
+    """A first build can take up to a minute, so it is never silent. On a terminal: "pykern: compiling X for
+    the host backend ..." while the build runs, then the line is cleared (or ends in "failed"; the exception
+    says why). On a pipe or file, where a line cannot be cleared: that line as it starts and one more when it
+    is done, so a log shows where the time went. A cache hit says nothing."""
+    if not enabled:
         yield
         return
-    token = object()
     msg = (f"pykern: compiling {path.name} for the host backend (first use of this source; "
            "`python -m pykern.precompile --host` builds every source ahead of time)...")
+    if not _stderr_is_tty():
+        t0 = time.perf_counter()
+        with _notice_lock:
+            sys.stderr.write(msg + "\n")
+            sys.stderr.flush()
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            with _notice_lock:
+                sys.stderr.write(f"pykern: {path.name} for the host backend: "
+                                 f"{'built' if ok else 'failed'} in {time.perf_counter() - t0:.1f}s\n")
+                sys.stderr.flush()
+        return
+    token = object()
     with _notice_lock:
         if _notice_open:  # another thread's build line is open: keep it, start ours below it
             sys.stderr.write("\n")
