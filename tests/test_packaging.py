@@ -43,8 +43,10 @@ def _install_section() -> str:
 
 def test_readme_install_section_names_every_extra_and_what_it_adds() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
-    rows = {m.group(1): m.group(2) for m in re.finditer(r"^\| `(\w+)` \| ([^|]+) \|", _install_section(), re.M)}
-    assert set(rows) == set(extras), f"README's extras table vs pyproject: {sorted(rows)} != {sorted(extras)}"
+    # One list item per extra, "- `name`: adds ...; for ...", wrapped for a terminal (continuation lines indented).
+    items = re.findall(r"^- `(\w+)`: adds (.+?); for ", re.sub(r"\n  (?=\S)", " ", _install_section()), re.M)
+    rows = dict(items)
+    assert set(rows) == set(extras), f"README's extras list vs pyproject: {sorted(rows)} != {sorted(extras)}"
     for name, reqs in extras.items():
         for req in reqs:  # each requirement's distribution is named in its row (nvidia-cuda-X as X)
             dist = re.match(r"[A-Za-z0-9_.-]+", req).group(0).lower()
@@ -58,4 +60,12 @@ def test_cpu_torch_path_is_consistent() -> None:
     extras = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["optional-dependencies"]
     assert "torch==2.13.0" in extras["test"]
     assert [r for r in extras["torch"] + extras["hf"] if r.startswith("torch")] == ["torch>=2.5", "torch>=2.5"]
-    assert "pip install torch==2.13.0 --index-url <PyTorch's CPU wheel index>" in _install_section()
+    assert "pip install torch==2.13.0 --index-url https://download.pytorch.org/whl/cpu" in _install_section()
+
+
+def test_readme_reads_in_a_terminal() -> None:
+    # Tables cannot wrap: a row longer than a wide terminal is unreadable there, so long rows became wrapped lists.
+    readme = (ROOT / "README.md").read_text()
+    long_rows = [ln[:60] for ln in readme.splitlines() if ln.startswith("|") and len(ln) > 170]
+    assert not long_rows, long_rows
+    assert "<PyTorch's CPU wheel index>" not in readme  # the real URL, not a placeholder
