@@ -1,6 +1,6 @@
 // Mixture of experts: routing, grouped GEMMs and the permute / combine around them.
 //
-//   moe_route            softmax (fp32) or sigmoid(+bias for choosing) over experts, top-k (ties to the
+//   moe_route            softmax (fp32) or sigmoid (+bias for choosing, either way) over experts, top-k (ties to the
 //                        lower index), optional renormalisation; one warp per token.
 //   moe_count/_scan/_place  vLLM's moe_align_block_size as three deterministic launches: per-chunk
 //                        expert histograms, a scan to padded group offsets, then each slot's position
@@ -110,18 +110,18 @@ __device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, con
     float* s = smem + (long long)warp * n_exp;
     for (long long t = (long long)blockIdx.x * nw + warp; t < n_tok; t += (long long)gridDim.x * nw) {
         const long long row = t * n_exp;
+        float mx = PK_NEG_INF, sum = 0.0f;
         if (!sigm) {
-            float mx = PK_NEG_INF;
             for (int e = lane; e < n_exp; e += 32) mx = fmaxf(mx, PkIO<T>::load(logits, row + e));
             mx = pk_warp_max(mx);
-            float sum = 0.0f;
             for (int e = lane; e < n_exp; e += 32) {
                 const float x = expf(PkIO<T>::load(logits, row + e) - mx);
                 s[e] = x;
                 sum += x;
             }
             sum = pk_warp_sum(sum);
-            for (int e = lane; e < n_exp; e += 32) s[e] = s[e] / sum;  // the probabilities (this lane's own)
+            // The probabilities (this lane's own), plus the correction bias where it chooses the experts.
+            for (int e = lane; e < n_exp; e += 32) s[e] = has_bias ? s[e] / sum + bias[e] : s[e] / sum;
         } else {
             for (int e = lane; e < n_exp; e += 32) {
                 const float sc = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + e)));
@@ -146,7 +146,9 @@ __device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, con
             }
             if (bi >= n_exp) bi = 0;  // every score -inf: fall back to expert 0 (never for finite logits)
             float wv = best;
-            if (sigm) wv = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + bi)));  // the bias only chooses
+            // The bias only chooses: the weight is the unbiased score, recomputed by the same expression.
+            if (sigm) wv = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + bi)));
+            else if (has_bias) wv = expf(PkIO<T>::load(logits, row + bi) - mx) / sum;
             if (lane == (bi & 31)) s[bi] = PK_NEG_INF;  // the lane that reads s[bi] marks it taken
             __syncwarp();
             if (lane == j) my_w = wv, my_id = bi;

@@ -53,6 +53,23 @@ def test_route_sigmoid_bias_chooses_but_does_not_weigh() -> None:
     np.testing.assert_allclose(w[0], 1 / (1 + np.exp(-np.array([0.0, 2.0]))), rtol=1e-6)
 
 
+@pytest.mark.parametrize("renormalize", [False, True])
+def test_route_softmax_bias_chooses_but_does_not_weigh(renormalize: bool) -> None:
+    # vLLM's fused_topk_bias under softmax scoring: probabilities + bias choose, the probabilities weigh.
+    x = np.array([[0.0, 1.0, 2.0, -1.0], [3.0, 0.0, 0.0, 0.0]], np.float32)
+    bias = np.array([0.9, 0.0, 0.0, 0.0], np.float32)
+    w, ids = ops.moe_route(x, 2, renormalize=renormalize, scoring="softmax", bias=bias, backend=HOST)
+    p = np.exp(x.astype(np.float64)) / np.exp(x.astype(np.float64)).sum(1, keepdims=True)
+    assert ids.tolist() == [[0, 2], [0, 1]]  # without the bias, row 0 would take experts 2 and 1
+    want = np.take_along_axis(p, ids.astype(np.int64), 1)
+    if renormalize:
+        want = want / want.sum(1, keepdims=True)
+    _close(w, want, "moe_route", "f32")
+    rw, rids = np_moe_route(x, 2, renormalize, "softmax", bias)
+    np.testing.assert_array_equal(ids, rids)
+    _close(w, rw, "moe_route", "f32")
+
+
 @pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
 def test_route_matches_float64(kind: str) -> None:
     rng = np.random.default_rng(1)

@@ -61,10 +61,11 @@ def moe_route(
 ) -> tuple[Any, Any]:
     """(topk_weights float32 [T, k], topk_ids int32 [T, k]) from router logits [T, E] (f32, bf16 or f16).
 
-    scoring="softmax": probabilities in fp32 over all E experts, the k largest (ties to the lower
-    index); scoring="sigmoid": sigmoid scores, chosen by score + `bias` (float32 [E], DeepSeek-V3's
-    correction bias) but weighted by the score alone. `renormalize` divides the k weights by their sum
-    (+1e-20 for sigmoid, as DeepSeek-V3). One fused kernel, one warp per token.
+    scoring="softmax": probabilities in fp32 over all E experts; scoring="sigmoid": sigmoid scores. The k
+    largest are chosen (ties to the lower index), by score + `bias` when a bias is given (float32 [E], a
+    correction bias as DeepSeek-V3's, under either scoring as vLLM's fused_topk_bias), and weighted by the
+    score alone. `renormalize` divides the k weights by their sum (+1e-20 for sigmoid, as DeepSeek-V3).
+    One fused kernel, one warp per token.
     """
     kind = arrays.io_kind("router_logits", router_logits, arrays.IO_KINDS)
     shape = arrays.check_ndim("router_logits", router_logits, (2,))
@@ -77,8 +78,6 @@ def moe_route(
     if scoring not in _SCORINGS:
         raise ArgumentError(f"scoring: expected one of {_SCORINGS}, got {scoring!r}")
     if bias is not None:
-        if scoring != "sigmoid":
-            raise ArgumentError("bias: only used with scoring='sigmoid'")
         _dtype_is("bias", bias, "float32")
         if tuple(arrays.shape_of(bias)) != (n_exp,):
             raise ArgumentError(f"bias: expected shape ({n_exp},), got {tuple(arrays.shape_of(bias))}")

@@ -48,14 +48,16 @@ def _moe_route(cuda: Any):
                             v += bias[e]
                     else:
                         v = math.exp(logits[base + e] - mx) / tot
+                        if has_bias:
+                            v += bias[e]
                     if bi < 0 or v > best:
                         best = v
                         bi = e
                 ids[t * top_k + j] = bi
                 if sigm:
                     w[t * top_k + j] = 1.0 / (1.0 + math.exp(-logits[base + bi]))
-                else:
-                    w[t * top_k + j] = best
+                else:  # the unbiased probability: a bias only chooses
+                    w[t * top_k + j] = math.exp(logits[base + bi] - mx) / tot
             if renorm:
                 s = 0.0
                 for j in range(top_k):

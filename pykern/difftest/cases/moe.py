@@ -21,10 +21,9 @@ def np_moe_route(logits: Any, top_k: int, renormalize: bool = True, scoring: str
     if scoring == "softmax":
         p = np.exp(x - x.max(-1, keepdims=True))
         score = p / p.sum(-1, keepdims=True)
-        choice = score
     else:
         score = 1.0 / (1.0 + np.exp(-x))
-        choice = score + (f64(bias) if bias is not None else 0.0)
+    choice = score + (f64(bias) if bias is not None else 0.0)  # the bias chooses; the score weighs
     ids = np.argsort(-choice, axis=-1, kind="stable")[:, :top_k]  # stable: ties to the lower index
     w = np.take_along_axis(score, ids, -1)
     if renormalize:
@@ -102,14 +101,17 @@ def _sfx(kind: str) -> str:
 
 
 def _route_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for kind, (t, e), k, renorm, scoring in (("f32", (1, 4), 1, True, "softmax"), ("f32", (37, 60), 4, True, "softmax"),
-                                             ("f32", (9, 8), 2, False, "softmax"), ("bf16", (20, 64), 8, True, "softmax"),
-                                             ("f32", (13, 40), 6, True, "sigmoid"), ("bf16", (5, 33), 3, False, "sigmoid"),
-                                             ("f16", (20, 64), 8, True, "softmax"), ("f16", (5, 33), 3, False, "sigmoid")):
+    for kind, (t, e), k, renorm, scoring, biased in (
+            ("f32", (1, 4), 1, True, "softmax", False), ("f32", (37, 60), 4, True, "softmax", False),
+            ("f32", (9, 8), 2, False, "softmax", False), ("bf16", (20, 64), 8, True, "softmax", False),
+            ("f32", (13, 40), 6, True, "sigmoid", True), ("bf16", (5, 33), 3, False, "sigmoid", True),
+            ("f16", (20, 64), 8, True, "softmax", False), ("f16", (5, 33), 3, False, "sigmoid", True),
+            ("f32", (11, 24), 3, True, "softmax", True), ("bf16", (6, 40), 4, False, "softmax", True)):
         x = _cast(rng.standard_normal((t, e)), kind)
         if t > 3:
             x[3, 1] = x[3, 2] = _cast(np.array(f64(x[3]).max() + 1.0), kind)  # a tie: the lower index first
-        bias = (0.3 * rng.standard_normal(e)).astype(np.float32) if scoring == "sigmoid" else None
+        # Softmax probabilities are ~1/e each: a bias of their size changes the choice, as the sigmoid's does.
+        bias = ((0.3 if scoring == "sigmoid" else 0.05) * rng.standard_normal(e)).astype(np.float32) if biased else None
 
         def run(be, x=x, k=k, renorm=renorm, scoring=scoring, bias=bias):
             w, ids = _ops().moe_route(x, k, renorm, scoring, bias, backend=be)
@@ -119,7 +121,9 @@ def _route_cases(rng: np.random.Generator) -> Iterator[Case]:
             w, ids = np_moe_route(x, k, renorm, scoring, bias)
             return {"weights": w, "ids": ids}
 
-        yield Case(op="moe_route", dtype=kind, shape=f"{t}x{e}-k{k}-{scoring}" + ("" if renorm else "-raw"),
+        yield Case(op="moe_route", dtype=kind,
+                   shape=f"{t}x{e}-k{k}-{scoring}" + ("-bias" if biased and scoring == "softmax" else "")
+                   + ("" if renorm else "-raw"),
                    kernels=("moe_route" + _sfx(kind),), run=run, reference=ref)
 
 
