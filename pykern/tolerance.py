@@ -114,6 +114,13 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("append_paged_kv_cache", "fp8"): (0.0, 0.0),
     ("append_paged_kv_cache", "bf16"): (0.0, 0.0),
     ("append_paged_kv_cache", "f16"): (0.0, 0.0),  # a bit copy
+    # attention-state merges (kernels_cu/cascade.cu): a weighted mean in fp32, then one rounding of the output
+    ("merge_state", "f32"): F32,
+    ("merge_state", "bf16"): BF16,
+    ("merge_state", "f16"): F16,
+    ("merge_states", "f32"): F32,
+    ("merge_states", "bf16"): BF16,
+    ("merge_states", "f16"): F16,
     # sampling (kernels_cu/sampling.cu): tokens are integer decisions, exact on every backend
     ("sampling_philox", "f32"): (0.0, 0.0),
     ("sampling_mass", "f32"): (0.0, 0.0),
