@@ -211,7 +211,8 @@ __device__ __forceinline__ float pk_warp_max(float v) {
 // block must call it. `scratch` holds >= 32 floats of shared memory. The result
 // is returned to every thread. The trailing barrier is what makes it safe to
 // call again with the same scratch: without it a fast warp could overwrite
-// scratch[0] before a slow warp has read it (seed defect 1 in DESIGN.md).
+// scratch[0] before a slow warp has read it (tests/host_kernels/emu.cu's pk_t_race
+// reproduces that race, and the host backend's racecheck reports it).
 __device__ __forceinline__ float pk_block_sum(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_warps = (blockDim.x + 31) >> 5;

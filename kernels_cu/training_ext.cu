@@ -1,4 +1,4 @@
-// Training ops beyond the seeds: fused residual-add + RMSNorm, LayerNorm, GELU / GeGLU, each forward and
+// Training ops beyond training.cu's: fused residual-add + RMSNorm, LayerNorm, GELU / GeGLU, each forward and
 // backward.
 //
 // Every family is one template over its I/O element type (float, __nv_bfloat16, __half: PK_IO_KERNELS in

@@ -76,7 +76,7 @@ def test_float_to_int_conversions_saturate_like_cvt_rzi() -> None:
     assert o["oll"].tolist() == [cvt_rzi(float(v), LL_MIN, LL_MAX) for v in CAST_X]
     assert o["odbl"].tolist() == o["oll"].tolist()  # from double
     assert o["oull"].tolist() == [cvt_rzi(float(v), 0, ULL_MAX) for v in CAST_X]
-    # The cases of the issue, spelled out.
+    # The out-of-range and NaN inputs, value by value.
     assert o["oi"][:3].tolist() == [INT_MAX, INT_MIN, 0]  # 3e9, -3e9, NaN
     assert o["ou"][3] == 0 and o["ou"][4] == UINT_MAX  # -1.5, 5e9
     assert o["oll"][5] == LL_MAX  # 1e30

@@ -1,4 +1,4 @@
-"""The training ops beyond the seeds (training_ext.cu) against torch float64 autograd (and float64 NumPy): cross-entropy options
+"""The training ops beyond training.cu's (training_ext.cu) against torch float64 autograd (and float64 NumPy): cross-entropy options
 (label smoothing, z-loss, soft-capping, reductions, in-place gradient, parallel mean), through
 pykern.ops on NumPy / torch CPU tensors and through pykern.torch's autograd functions."""
 from __future__ import annotations

@@ -234,7 +234,7 @@ TC_BC = 64
 # FP8 pairs) is counted as a conversion ('cvt lo'), and so is HADD2.F32 (ptxas's cvt.f32.f16) in 'cvt'.
 CVT_RATE = 16
 MMA_FLOPS = 2 * 16 * 8 * 16  # one m16n8k16
-TENSOR_SM = 990e12 * 2 / 3 / H100_SMS  # mma.sync at about 2/3 of the dense bf16 peak, per SM (DESIGN.md)
+TENSOR_SM = 990e12 * 2 / 3 / H100_SMS  # mma.sync at about 2/3 of the dense bf16 peak, per SM (docs/design.md)
 SMEM_BW = 128 * CLOCK  # bytes/s an SM
 
 

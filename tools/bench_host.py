@@ -5,7 +5,7 @@ side by side with the same computation on the numba CUDA simulator.
 
 The launch shape is the same on both (blocks x threads). The numba simulator has no warp
 shuffles, so its kernel does the warp stage as a shared-memory tree (same sums, same
-barrier count order of magnitude). Budget from the issue: host <= 20 ms per launch,
+barrier count order of magnitude). The budget it checks: host <= 20 ms per launch,
 simulator >= 100x slower; PYKERN_HOST_RACECHECK=1 at most 10x the default mode.
 """
 from __future__ import annotations

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# One short GPU lease, end to end: probe, compile for the device, correctness (difftest on nvrtc in
+# One short run on a lent GPU, end to end: probe, compile for the device, correctness (difftest on nvrtc in
 # shards, pytest -m gpu), then timings beside the peers and a few Nsight Compute profiles.
 #
 #   OUT=/tmp/gpu-out BUDGET=540 bash tools/gpu_session.sh
@@ -9,7 +9,7 @@
 # the end; measure_gpu.py's rows go to $OUT/measure.json. Wheels in .whl/ (libclang, liger-kernel)
 # are installed into /tmp/site first when present.
 #
-# A follow-up lease re-checks only what changed since a run:
+# A follow-up run re-checks only what changed since the last one:
 #   KERNELS='decode_tc*,sampling*' SKIP='attention mma_sync ncu_mma_sync' OUT=... BUDGET=... bash tools/gpu_session.sh
 # KERNELS (comma-separated globs) limits the precompile and the difftest shards to matching kernels; SKIP
 # names stages not to run; NCU_SM90_K and NCU_DECODE_SHAPE replace the ncu_sm90 stage's kernel filter and

@@ -16,7 +16,7 @@ FFMA, MUFU (ex2, rcp...), barriers, shuffles and local memory (LDL/STL: spills o
 Tests load this file by path and call `instruction_mix(kernels, archs)`.
 
 `--loops` prints, per kernel and arch, the steady-state loop metric of matmul-shaped kernels (see
-DESIGN.md "Judging GPU performance without a GPU"): among the backward branches whose body holds
+docs/design.md, "Judging GPU speed without a GPU"): among the backward branches whose body holds
 MMAs and no inner loop, the one with the most MMAs (the leanest of equals); its warp-instructions (NOPs excluded) per
 m16n8k16-equivalent MMA (HMMA.16816 counts 1, HMMA.1688 1/2, HGMMA m64nNk16 N/8).
 """

@@ -1,4 +1,4 @@
-"""Training ops beyond the seeds: fused residual-add RMSNorm, LayerNorm, GELU / GeGLU,
+"""Training ops beyond training.py's: fused residual-add RMSNorm, LayerNorm, GELU / GeGLU,
 forward and backward, and the fused linear cross-entropy.
 
 Kernels in kernels_cu/training_ext.cu (the cross-entropy kernel is training.cu's).

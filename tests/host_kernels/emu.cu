@@ -125,7 +125,7 @@ extern "C" __global__ void pk_t_common(const float* x, float* sums, float* maxes
     }
 }
 
-// The seed defect: a block sum whose scratch is reused without a barrier after
+// The shared-scratch race: a block sum whose scratch is reused without a barrier after
 // the result is read. With fix == 0 a fast warp overwrites scratch before a slow one reads.
 extern "C" __global__ void pk_t_race(const float* x, float* out_a, float* out_b, int fix) {
     __shared__ float scratch[32];
