@@ -2,7 +2,7 @@
 
 Every cache slot at or past a sequence's length holds NaN, so a kernel that reads
 (or multiplies a zero probability by) a slot past the end fails the comparison.
-The issue's shape list is covered value by value, not as a cross product: a
+The decode shape list (seq_len, head_dim, GQA ratio, batch) is covered value by value, not as a cross product: a
 seq_len sweep at one head config, a head_dim sweep at one seq_len, a GQA sweep at a
 small seq_len, and batches of mixed lengths. seq_len 4097 and head_dim 256 cases
 carry note="big" (host vs NumPy only).

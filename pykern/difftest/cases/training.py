@@ -1,7 +1,7 @@
 """Difftest cases for the training family (kernels_cu/training.cu, attention_backward.cu)
 plus the NumPy float64 references of its ops.
 
-Shapes cover the edges DESIGN.md names: sizes that are not multiples
+Shapes cover the edges docs/design.md names ("Tests and tolerance"): sizes that are not multiples
 of a block or of 4 (scalar paths) next to multiples of 4 (vector paths), one
 row, vocab 1 .. 131072 with some / no / all rows padded, attention seq 1 .. 200
 (2049 for flash), head_dim 32/64/80/96/128/256, GQA 1/2/4/8 and n_kv_heads = 1,
