@@ -182,6 +182,8 @@ def test_help_and_the_real_no_gpu_path():
     for opt in ("--ops", "--dtype", "--repeats", "--quick", "--json", "--list"):
         assert opt in flat
     assert "3 needs a CUDA GPU" in flat and "MINIMUM bytes" in flat
+    assert "is read (summed) before it" in flat and "zeroed" not in flat  # the flush reads, as l2_flush does
+    assert "GPU sleep of about 1 ms (torch.cuda._sleep)" in flat
     assert all(c.name in flat for c in suite.CASES)
     p = subprocess.run(env_cmd + ["--ops", "rms_norm", "--json"], capture_output=True, text=True)
     assert p.returncode == 3 and json.loads(p.stdout)["status"] == "NO GPU"  # this machine has no GPU
@@ -290,6 +292,26 @@ def test_l2_flush_runs_before_every_timed_call_and_is_not_timed(capsys):
     assert cli.main(["--ops", "gelu", "--dtype", "bf16", "--no-flush-l2", "--json"], driver_factory=lambda: fake,
                     build=build, flush=flush) == 0
     assert calls == [] and json.loads(capsys.readouterr().out)["options"]["flush_l2_bytes"] == 0
+
+
+def test_the_gpu_is_kept_busy_while_each_timed_call_is_enqueued(capsys):
+    fake = _h100()
+    sleeps = []
+
+    def busy():
+        sleeps.append(fake.clock_ms)
+        fake.clock_ms += 1000.0  # a sleep must never land inside a call's events
+
+    build = _clock_builder(fake, {"pykern": 0.25, "torch": 0.5})
+    assert cli.main(["--ops", "gelu", "--dtype", "bf16", "--repeats", "3", "--warmup", "1", "--json"],
+                    driver_factory=lambda: fake, build=build, flush=lambda n: (lambda: None), busy=busy) == 0
+    doc = json.loads(capsys.readouterr().out)
+    assert len(sleeps) == 2 * 3 and doc["options"]["busy_sleep_cycles"] == 2_000_000
+    rows = {r["impl"]: r for r in doc["rows"]}
+    assert rows["pykern"]["median_us"] == pytest.approx(250.0) and rows["torch"]["median_us"] == pytest.approx(500.0)
+    assert cli.main(["--ops", "gelu", "--dtype", "bf16", "--repeats", "2"], driver_factory=lambda: fake, build=build,
+                    flush=lambda n: (lambda: None)) == 0
+    assert "GPU idle while each is enqueued" in capsys.readouterr().out  # the table says when it could not sleep
 
 
 def test_gpucheck_bench_step_flushes_l2_too(tmp_path, monkeypatch):

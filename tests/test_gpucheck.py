@@ -481,6 +481,37 @@ def test_event_timer_median_of_repeats_after_warmup():
         bench.EventTimer(fake).time(step, repeats=0)
 
 
+def test_event_timer_keeps_the_gpu_busy_before_each_start_event():
+    # The sleep goes on the stream after the flush and before the start event of every timed call (not of the
+    # warm-up calls), so host time spent enqueuing the call lands under the sleep, outside the events.
+    fake = FakeDriver()
+    fake.set_current(0xC0)
+    order = []
+    real_record = fake.event_record
+
+    def record(ev, stream):
+        order.append(("record", stream))
+        real_record(ev, stream)
+
+    fake.event_record = record
+    timer = bench.EventTimer(fake, stream=7, busy=lambda: order.append("sleep"))
+    timer.time(lambda: order.append("call"), warmup=1, repeats=3, before=lambda: order.append("flush"))
+    assert order == ["call"] + ["flush", "sleep", ("record", 7), "call", ("record", 7)] * 3
+    assert bench.EventTimer(fake).busy is None  # opt-in: a driver-only caller has nothing to sleep with
+
+
+def test_gpu_sleep_needs_torch_with_cuda(monkeypatch):
+    import torch
+
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert bench.gpu_sleep() is None
+    calls = []
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "_sleep", lambda n: calls.append(n))
+    bench.gpu_sleep(123)()
+    assert calls == [123] and bench.SLEEP_CYCLES == 2_000_000
+
+
 def test_event_elapsed_of_unrecorded_event_is_a_driver_error():
     fake = FakeDriver()
     fake.set_current(0xC0)

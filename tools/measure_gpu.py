@@ -41,6 +41,11 @@ from typing import Any, Callable
 import torch
 import torch.nn.functional as F
 
+# GPU cycles of torch.cuda._sleep before each timed call, pykern.bench's constant (about 1 ms at 1.98 GHz): the GPU
+# is still busy when the host has enqueued the start event, the call and the end event, so the events time the GPU
+# work alone, not the host's launch overhead (host_overhead() measures that).
+from pykern.bench import SLEEP_CYCLES
+
 ROWS: list[dict[str, Any]] = []
 
 
@@ -48,11 +53,6 @@ def log(row: dict[str, Any]) -> None:
     ROWS.append(row)
     print(json.dumps(row), flush=True)
 
-
-# GPU cycles of torch.cuda._sleep before each timed call (about 1 ms at 1.98 GHz): the GPU is still busy when the
-# host has enqueued the start event, the call and the end event, so the events time the GPU work alone, not
-# the host's launch overhead (host_overhead() measures that).
-SLEEP_CYCLES = 2_000_000
 
 
 def timed(fn: Callable[[], Any], reps: int, flush: Callable[[], Any] | None = None, warmup: int = 3) -> float:

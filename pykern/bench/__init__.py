@@ -134,18 +134,31 @@ class Timing:
                 "repeats": len(self.samples_ms), "warmup": self.warmup}
 
 
+# GPU cycles of the sleep enqueued ahead of each timed call (about 1 ms at 1.98 GHz): long enough that the GPU is
+# still busy when the host has enqueued the start event, the call and the end event.
+SLEEP_CYCLES = 2_000_000
+
+
 class EventTimer:
     """Times a callable on the GPU: `warmup` untimed calls, then `repeats` calls each between two
     recorded events on `stream`; the median of the per-call times is the figure (robust to the
-    odd preempted or clock-ramping call). Events are created once and reused."""
+    odd preempted or clock-ramping call). Events are created once and reused.
 
-    def __init__(self, driver: Any, stream: int = 0) -> None:
+    `busy`, when given, enqueues GPU work on `stream` (a sleep: `gpu_sleep()`) ahead of every start event. The
+    GPU then is still running it while the host enqueues the start event, the call and the end event, so the
+    events time the GPU work of the call alone. Without it, a call whose host side (Python, argument packing,
+    launch) takes longer than the GPU needs to reach the start event has that host time inside its interval,
+    which penalises Python-launched kernels against a framework's eager ops."""
+
+    def __init__(self, driver: Any, stream: int = 0, busy: Callable[[], Any] | None = None) -> None:
         self.driver = driver
         self.stream = int(stream)
+        self.busy = busy
 
     def time(self, fn: Callable[[], Any], warmup: int = 3, repeats: int = 20,
              before: Callable[[], Any] | None = None) -> Timing:
-        """`before` (e.g. an L2 flush) runs on the stream ahead of every timed call, outside its event pair."""
+        """`before` (e.g. an L2 flush), then the timer's `busy` sleep, run on the stream ahead of every timed call,
+        outside its event pair."""
         if repeats < 1:
             raise ArgumentError(f"repeats: expected >= 1, got {repeats}")
         if warmup < 0:
@@ -158,6 +171,8 @@ class EventTimer:
             for start, end in events:
                 if before is not None:
                     before()
+                if self.busy is not None:
+                    self.busy()
                 drv.event_record(start, self.stream)
                 fn()
                 drv.event_record(end, self.stream)
@@ -187,10 +202,26 @@ def open_device(device: int = 0, driver_factory: Callable[[], Any] | None = None
     return drv
 
 
+def gpu_sleep(cycles: int = SLEEP_CYCLES) -> Callable[[], Any] | None:
+    """The `busy` call of EventTimer: torch.cuda._sleep(cycles) on torch's current stream, or None when torch
+    with CUDA is not there (the timer then runs without it)."""
+    try:
+        import torch
+
+        if not torch.cuda.is_available():
+            return None
+        sleep = torch.cuda._sleep
+    except Exception:  # no torch, or a build without the private sleep: time without it
+        return None
+    return lambda: sleep(int(cycles))
+
+
 def time_gpu(fn: Callable[[], Any], warmup: int = 3, repeats: int = 20, stream: int = 0,
              driver: Any = None) -> Timing:
-    """One-call form of EventTimer for scripts (tools/bench_*.py --time)."""
-    return EventTimer(driver if driver is not None else open_device(), stream).time(fn, warmup, repeats)
+    """One-call form of EventTimer for scripts (tools/bench_*.py --time), with the GPU kept busy while each
+    call is enqueued when torch is there (the events are on `stream`: pass torch's current one)."""
+    return EventTimer(driver if driver is not None else open_device(), stream, busy=gpu_sleep()).time(
+        fn, warmup, repeats)
 
 
 def gpu_peaks(driver: Any, device: int = 0) -> DevicePeaks:
@@ -225,6 +256,6 @@ def attention_flops(batch: int, heads: int, n_q: int, n_k: int, head_dim: int, c
     return flops / 2 if causal else flops
 
 
-__all__ = ["DevicePeaks", "EventTimer", "FLOPS_PER_SM_CLOCK", "KNOWN_PARTS", "Timing", "attention_flops",
-           "device_peaks", "gpu_peaks", "open_device", "peak_bandwidth", "pct_text", "percent", "rate",
+__all__ = ["DevicePeaks", "EventTimer", "FLOPS_PER_SM_CLOCK", "KNOWN_PARTS", "SLEEP_CYCLES", "Timing",
+           "attention_flops", "gpu_sleep", "device_peaks", "gpu_peaks", "open_device", "peak_bandwidth", "pct_text", "percent", "rate",
            "read_attributes", "time_gpu"]

@@ -7,7 +7,7 @@ import sys
 import time
 from typing import Any, Callable, Sequence
 
-from . import EventTimer, device_peaks, open_device, read_attributes
+from . import SLEEP_CYCLES, EventTimer, device_peaks, gpu_sleep, open_device, read_attributes
 from . import suite
 from .runner import l2_flush, run_benchmarks, torch_status
 
@@ -33,8 +33,12 @@ def _parser() -> argparse.ArgumentParser:
             "its % of the device's peak DRAM bandwidth, computed from the device's attributes\n"
             "(MEMORY_CLOCK_RATE x GLOBAL_MEMORY_BUS_WIDTH x 2 / 8). A peer that is missing is a 'skipped'\n"
             "row and one that fails is an 'error' row; neither fails the run. Every timed call starts from a\n"
-            "cold L2: a buffer of twice the device's L2_CACHE_SIZE is zeroed before it, outside the timed\n"
-            "events (--no-flush-l2 keeps the cache warm).\n\n"
+            "cold L2: a float32 buffer of twice the device's L2_CACHE_SIZE is read (summed) before it, outside\n"
+            "the timed events (--no-flush-l2 keeps the cache warm). Reading, not zeroing, leaves L2 full of clean\n"
+            "lines, so the timed call writes back nothing it did not write itself. Then a GPU sleep of about 1 ms\n"
+            "(torch.cuda._sleep) is enqueued, so that the GPU is still busy while the host enqueues the start\n"
+            "event, the call and the end event: the events time the call's GPU work, not the host time of its\n"
+            "Python and launch (which would otherwise count against Python-launched kernels: pykern's, Liger's).\n\n"
             f"ops: {names}.\n"
             "Needs a CUDA GPU and torch with CUDA; there is no CPU fallback.\n\n"
             "--attention-model instead prints, without a GPU, the modelled bound of the bf16 tensor-core attention\n"
@@ -62,7 +66,7 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--json", action="store_true", help="print one JSON document (for dashboards) instead of the table")
     p.add_argument("--device", type=int, default=0, help="CUDA device ordinal (default 0)")
     p.add_argument("--no-flush-l2", dest="flush_l2", action="store_false",
-                   help="do not overwrite a buffer of twice the L2 size before each timed call (by default every "
+                   help="do not read a buffer of twice the L2 size before each timed call (by default every "
                         "call starts from a cold L2, so inputs smaller than L2, e.g. with --quick, are read from "
                         "DRAM and %% of HBM peak stays meaningful)")
     p.add_argument("--list", action="store_true", help="list the ops, shapes and minimum bytes and exit (no GPU needed)")
@@ -79,7 +83,7 @@ def _patterns(raw: Sequence[str]) -> list[str]:
 
 def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | None = None,
          build: suite.Builder | None = None, stream: int | None = None,
-         flush: Callable[[int], Callable[[], Any]] | None = None) -> int:
+         flush: Callable[[int], Callable[[], Any]] | None = None, busy: Callable[[], Any] | None = None) -> int:
     """Run the benchmark. The tests pass a fake driver, a builder of implementations, a stream and `flush`
     (L2 size in bytes -> the call that evicts it); on a GPU the builder is suite.Context (torch CUDA tensors,
     nvrtc backend) on torch's current stream and the flush zeroes a torch buffer of twice the L2 size."""
@@ -121,6 +125,8 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
         stream = int(torch.cuda.current_stream().cuda_stream)
         if flush is None:
             flush = lambda n: l2_flush(n, args.device)  # noqa: E731
+        if busy is None:
+            busy = gpu_sleep()
     attrs = read_attributes(drv, args.device)
     cc = drv.compute_capability(args.device)
     attrs.update(COMPUTE_CAPABILITY_MAJOR=cc[0], COMPUTE_CAPABILITY_MINOR=cc[1])
@@ -137,7 +143,7 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
             before = flush(2 * l2)
         except Exception as e:  # out of memory for the buffer: time with a warm L2 and say so
             print(f"pykern.bench: L2 not flushed ({type(e).__name__}: {str(e)[:120]})", file=sys.stderr)
-    rows = run_benchmarks(suite.workloads(selected, dims, build), EventTimer(drv, stream or 0), peaks,
+    rows = run_benchmarks(suite.workloads(selected, dims, build), EventTimer(drv, stream or 0, busy=busy), peaks,
                           args.warmup, repeats, deadline=float("inf"), log=log, before=before)
     _annotate(rows, selected, dims)
     bad = [r for r in rows if r["impl"] == "pykern" and r["status"] == "error"]
@@ -145,7 +151,8 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
     doc = {"version": JSON_VERSION, "tool": "pykern.bench", "status": "FAIL" if bad else "ok", "exit_code": code,
            "device": device, "peaks": peaks.to_dict(),
            "options": {"ops": _patterns(args.ops), "dtypes": list(dtypes), "quick": args.quick, "repeats": repeats,
-                       "warmup": args.warmup, "dims": dims, "flush_l2_bytes": 2 * l2 if before else 0},
+                       "warmup": args.warmup, "dims": dims, "flush_l2_bytes": 2 * l2 if before else 0,
+                       "busy_sleep_cycles": SLEEP_CYCLES if busy is not None else 0},
            "seconds": round(time.monotonic() - t0, 2), "rows": rows}
     print(json.dumps(doc, indent=1) if args.json else table(doc))
     return code
@@ -204,6 +211,8 @@ def table(doc: dict[str, Any]) -> str:
         f"pykern.bench on {dev['name']} ({dev['arch']}): peak DRAM bandwidth {bw} (device attributes); "
         f"median of {doc['options']['repeats']} after {doc['options']['warmup']} warm-up calls"
         + (", L2 flushed before each" if doc["options"]["flush_l2_bytes"] else ", L2 not flushed")
+        + (", GPU busy while each is enqueued" if doc["options"].get("busy_sleep_cycles") else
+           ", GPU idle while each is enqueued (host time may count)")
         + "; GB/s of the minimum bytes; vs pykern = time / pykern's time",
         fmt(head), fmt(["-" * n for n in w] + ["------"]), *map(fmt, body)])
 

@@ -53,6 +53,7 @@ EXEMPT: dict[str, str] = {
 }
 
 BF16_F32 = ("bf16", "f32")
+MERGE_STATES = 4  # states a token in the merge_states row (a split decode's partials)
 
 
 @dataclass(frozen=True)
@@ -120,6 +121,12 @@ CASES: tuple[Case, ...] = (
     Case("cross_entropy_fwd_bwd", ("cross_entropy_fwd_bwd",), BF16_F32, lambda d: f"{d['T']}x{d['V']}",
          # logits read once, their gradient written once, int64 targets read
          lambda d, e: 2 * d["T"] * d["V"] * e + d["T"] * 8, "cross_entropy_fwd_bwd"),
+    Case("merge_state", ("merge_state", "merge_state_in_place"), BF16_F32,
+         lambda d: f"2 x {d['T']}x{d['NH']}x{d['D']}",
+         # two states read (v and its fp32 lse), the merged one written
+         lambda d, e: 3 * d["T"] * d["NH"] * (d["D"] * e + 4)),
+    Case("merge_states", ("merge_states",), BF16_F32, lambda d: f"{d['T']}x{MERGE_STATES}x{d['NH']}x{d['D']}",
+         lambda d, e: (MERGE_STATES + 1) * d["T"] * d["NH"] * (d["D"] * e + 4)),
 )
 
 
@@ -365,6 +372,30 @@ class Context:
         mask = self.torch.ones(s, s, device=self.dev, dtype=self.torch.bool).triu(1)[:, None, :]
         return [Impl("pykern", self.k("causal_attn_softmax", scores)),
                 Impl("torch", lambda: self.torch.softmax(scores.masked_fill(mask, float("-inf")), -1))]
+
+    def _merge_ref(self, v: Any, s: Any, dt: Any) -> tuple[Any, Any]:
+        """torch eager: the states on axis 1 merged by their lse (v (T, n, H, D), s (T, n, H))."""
+        torch = self.torch
+        m = s.amax(1, keepdim=True)
+        w = torch.exp(s - m)
+        tot = w.sum(1)
+        return ((w[..., None] * v.float()).sum(1) / tot[..., None]).to(dt), m[:, 0] + torch.log(tot)
+
+    def _merge_state(self, d: dict[str, int], dt: Any) -> list[Impl]:
+        torch, t, h, dd = self.torch, d["T"], d["NH"], d["D"]
+        va, vb = self.randn(t, h, dd, dtype=dt), self.randn(t, h, dd, dtype=dt)
+        sa, sb = self.randn(t, h, dtype=torch.float32), self.randn(t, h, dtype=torch.float32)
+        return [Impl("pykern", self.k("merge_state", va, sa, vb, sb)),
+                Impl("torch", lambda: self._merge_ref(torch.stack([va, vb], 1), torch.stack([sa, sb], 1), dt)),
+                # FlashInfer's lse is base 2: the same work, so the same timing
+                self.peer("flashinfer", "flashinfer", "merge_state", lambda fn: lambda: fn(va, sa, vb, sb))]
+
+    def _merge_states(self, d: dict[str, int], dt: Any) -> list[Impl]:
+        torch, t, h, dd = self.torch, d["T"], d["NH"], d["D"]
+        v = self.randn(t, MERGE_STATES, h, dd, dtype=dt)
+        s = self.randn(t, MERGE_STATES, h, dtype=torch.float32)
+        return [Impl("pykern", self.k("merge_states", v, s)), Impl("torch", lambda: self._merge_ref(v, s, dt)),
+                self.peer("flashinfer", "flashinfer", "merge_states", lambda fn: lambda: fn(v, s))]
 
     def _transpose_2d(self, d: dict[str, int], dt: Any) -> list[Impl]:
         x = self.randn(d["H"], d["F"], dtype=dt)

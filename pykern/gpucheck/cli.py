@@ -297,7 +297,7 @@ def step_sanitizer(run: Run, runner: sanitizer.RunCommand | None = None) -> None
 
 
 def step_bench(run: Run, drv: Any, peaks: Any) -> None:
-    from ..bench import EventTimer
+    from ..bench import EventTimer, gpu_sleep
     from . import benchmarks
 
     ok, why = benchmarks.torch_status()
@@ -312,7 +312,7 @@ def step_bench(run: Run, drv: Any, peaks: Any) -> None:
         run.failures.append(f"bench: could not build the inputs: {type(e).__name__}: {e}")
         run.doc["bench"] = {"status": "FAIL", "message": str(e), "rows": []}
         return
-    timer = EventTimer(drv, stream)
+    timer = EventTimer(drv, stream, busy=gpu_sleep())  # the GPU busy while each call is enqueued
     before, flush_bytes = None, 0
     try:  # every timed call from a cold L2, as python -m pykern.bench does (the quick shapes fit in L2)
         flush_bytes = 2 * (int(drv.device_attribute(run.device, "L2_CACHE_SIZE")) or 64 * 2**20)
