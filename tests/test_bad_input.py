@@ -132,3 +132,47 @@ def test_negative_or_decreasing_lengths_name_the_argument() -> None:
     with pytest.raises(ArgumentError, match=r"qo_indptr: expected a non-decreasing array"):
         ops.paged_prefill_attention(pq, np.array([0, 3, 2]), pages, pages, np.array([0, 1, 2]), np.array([0, 1]),
                                     np.array([1, 2]), backend="host")
+
+
+# --------------------------------------------------------------------------- shape errors say what is expected
+@pytest.mark.parametrize("call, pattern", [
+    # a q of the wrong rank: the message names the axes a right one has
+    (lambda: ops.flash_attention(np.zeros((2, 3, 4, 5, 1), np.float32), np.zeros((2, 3, 4, 5), np.float32),
+                                 np.zeros((2, 3, 4, 5), np.float32)),
+     r"q: expected a 4-D array \(batch, n_q, num_heads, head_dim\), got shape \(2, 3, 4, 5, 1\)"),
+    # a k whose head_dim differs from q's
+    (lambda: ops.flash_attention(np.zeros((1, 3, 2, 8), np.float32), np.zeros((1, 3, 2, 4), np.float32),
+                                 np.zeros((1, 3, 2, 4), np.float32)),
+     r"k: expected shape \(batch, n_k, num_kv_heads, head_dim\) = \(1, n_k, num_kv_heads, 8\) .*got \(1, 3, 2, 4\)"),
+    (lambda: ops.decode_attention(np.zeros((2, 3, 4, 5), np.float32), np.zeros((16, 2, 5), np.float32),
+                                  np.zeros((16, 2, 5), np.float32), 3),
+     r"q: expected a 2-D array \(num_heads, head_dim\), got shape \(2, 3, 4, 5\)"),
+    (lambda: ops.decode_attention(np.zeros((4, 8), np.float32), np.zeros((1, 16, 2, 8), np.float32),
+                                  np.zeros((1, 16, 2, 8), np.float32), 3),
+     r"k_cache: expected a 3-D array \(max_seq_len, num_kv_heads, head_dim\) \(kv_layout='NHD'\), "
+     r"got shape \(1, 16, 2, 8\)"),
+    (lambda: ops.decode_attention(np.zeros((4, 8), np.float32), np.zeros((16, 2, 4), np.float32),
+                                  np.zeros((16, 2, 4), np.float32), 3),
+     r"k_cache: expected \(max_seq_len, num_kv_heads, head_dim\) \(kv_layout='NHD'\) with head_dim 8 \(from q\), "
+     r"got shape \(16, 2, 4\)"),
+    (lambda: ops.paged_decode_attention(np.zeros((2, 4, 8), np.float32), np.zeros((6, 5, 8), np.float32),
+                                        np.zeros((6, 5, 8), np.float32), np.array([0, 1, 2]), np.array([0, 1]),
+                                        np.array([1, 1])),
+     r"k_pages: expected a 4-D array \(num_pages, page_size, num_kv_heads, head_dim\) \(kv_layout='NHD'\), "
+     r"got shape \(6, 5, 8\)"),
+    (lambda: ops.paged_decode_attention(np.zeros((2, 4), np.float32), np.zeros((6, 5, 2, 8), np.float32),
+                                        np.zeros((6, 5, 2, 8), np.float32), np.array([0, 1, 2]), np.array([0, 1]),
+                                        np.array([1, 1])),
+     r"q: expected a 3-D array \(batch, num_heads, head_dim\), got shape \(2, 4\)"),
+    (lambda: ops.rms_norm(np.zeros((3, 8), np.float32), np.ones(6, np.float32)),
+     r"weight: expected shape \(hidden,\) = \(8,\) \(x's last axis\), got \(6,\)"),
+    (lambda: ops.rope(np.zeros((4, 8), np.float32), np.ones((16, 4), np.float32), np.ones((16, 4), np.float32)),
+     r"x: expected a 3-D array \(n_tokens, num_heads, head_dim\) or a 4-D array "
+     r"\(batch, n_tokens, num_heads, head_dim\), got shape \(4, 8\)"),
+    (lambda: ops.rope(np.zeros((4, 2, 8), np.float32), np.ones(16, np.float32), np.ones(16, np.float32)),
+     r"cos: expected a 2-D array \(max_pos, 4\) or \(max_pos, 8\), got shape \(16,\)"),
+])
+def test_shape_errors_name_the_expected_layout(call, pattern) -> None:
+    _need("host")
+    with pytest.raises(ArgumentError, match=pattern):
+        call()

@@ -101,7 +101,8 @@ def test_seq_len_above_max_is_an_error_before_launch() -> None:
         (lambda q, k, v: (q[:, :16], k, v), ArgumentError, "head_dim"),
         (lambda q, k, v: (q.astype(np.float64), k, v), ArgumentTypeError, "q: expected dtype"),
         (lambda q, k, v: (q, k, v.astype(np.float16)), ArgumentTypeError, "v_cache"),
-        (lambda q, k, v: (q[None], k, v), ArgumentError, "q: expected 2 dimensions"),
+        (lambda q, k, v: (q[None], k, v), ArgumentError,
+         r"q: expected a 2-D array \(num_heads, head_dim\), got shape \(1, 4, 32\)"),
     ],
 )
 def test_bad_arguments_name_the_argument(mutate, err, pattern) -> None:

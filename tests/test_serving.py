@@ -412,7 +412,8 @@ def test_other_argument_errors() -> None:
     ip, ix, last = np.array([0, 1, 2]), np.array([0, 1]), np.array([1, 1])
     with pytest.raises(ArgumentError, match="kv_layout"):
         ops.paged_decode_attention(q, pages, pages, ip, ix, last, kv_layout="NDH")
-    with pytest.raises(ArgumentError, match="q: expected head_dim 8"):
+    with pytest.raises(ArgumentError,
+                       match=r"q: expected shape \(batch, num_heads, 8\) \(head_dim 8 from the K/V\), got \(2, 4, 4\)"):
         ops.paged_decode_attention(q[..., :4], pages, pages, ip, ix, last)
     with pytest.raises(ArgumentError, match="q: expected num_heads a multiple of num_kv_heads=2"):
         ops.paged_decode_attention(q[:, :3], pages, pages, ip, ix, last)

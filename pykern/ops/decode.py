@@ -418,7 +418,9 @@ def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: 
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ArgumentError(f"q: expected 1 <= head_dim <= {MAX_HEAD_DIM}, got {head_dim}")
     if kv_dim != head_dim:
-        raise ArgumentError(f"k_cache: expected head_dim {head_dim} (from q), got {kv_dim}")
+        lay = "(max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD" else "(num_kv_heads, max_seq_len, head_dim)"
+        raise ArgumentError(f"k_cache: expected {lay} (kv_layout={kv_layout!r}) with head_dim {head_dim} (from q), got "
+                            f"shape {kv_shape}")
     if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
         other = "NHD" if kv_layout == "HND" else "HND"
         raise ArgumentError(
@@ -489,10 +491,11 @@ def decode_attention(
     if arrays.io_kind("v_cache", v_cache, arrays.IO_KINDS) != kv_kind:
         raise ArgumentTypeError(f"v_cache: expected the dtype of k_cache ({arrays.dtype_name(k_cache)}), "
                                 f"got {arrays.dtype_name(v_cache)}")
-    q_shape = arrays.check_ndim("q", q, (2,))
-    kv_shape = arrays.check_ndim("k_cache", k_cache, (3,))
-    v_shape = arrays.check_ndim("v_cache", v_cache, (3,))
     kv_layout = _layout(kv_layout)
+    lay = "(max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD" else "(num_kv_heads, max_seq_len, head_dim)"
+    q_shape = arrays.check_ndim("q", q, (2,), "(num_heads, head_dim)")
+    kv_shape = arrays.check_ndim("k_cache", k_cache, (3,), f"{lay} (kv_layout={kv_layout!r})")
+    v_shape = arrays.check_ndim("v_cache", v_cache, (3,), f"{lay} (kv_layout={kv_layout!r})")
     _check_common(q_shape, kv_shape, v_shape, 1, kv_layout)
     num_heads, head_dim = q_shape
     num_kv_heads, max_seq_len = _kv_dims(kv_shape, kv_layout)
@@ -575,13 +578,15 @@ def batched_decode_attention(
     if arrays.io_kind("v_caches", v_caches, arrays.IO_KINDS) != kv_kind:
         raise ArgumentTypeError(f"v_caches: expected the dtype of k_caches ({arrays.dtype_name(k_caches)}), "
                                 f"got {arrays.dtype_name(v_caches)}")
-    q_shape = arrays.check_ndim("q", q, (3,))
-    kv_shape = arrays.check_ndim("k_caches", k_caches, (4,))
-    v_shape = arrays.check_ndim("v_caches", v_caches, (4,))
+    kv_layout = _layout(kv_layout)
+    lay = ("(M, max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD"
+           else "(M, num_kv_heads, max_seq_len, head_dim)") + f" (kv_layout={kv_layout!r})"
+    q_shape = arrays.check_ndim("q", q, (3,), "(M, num_heads, head_dim)")
+    kv_shape = arrays.check_ndim("k_caches", k_caches, (4,), lay)
+    v_shape = arrays.check_ndim("v_caches", v_caches, (4,), lay)
     batch, num_heads, head_dim = q_shape
     if kv_shape[0] != batch:
         raise ArgumentError(f"k_caches: expected {batch} sequences (from q), got {kv_shape[0]}")
-    kv_layout = _layout(kv_layout)
     _check_common(q_shape, kv_shape, v_shape, max(batch, 1), kv_layout)
     if batch == 0:  # no sequence: nothing to launch, an empty result of q's kind
         if isinstance(seq_lens, (list, tuple)) and len(seq_lens):

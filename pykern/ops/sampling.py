@@ -71,7 +71,7 @@ _R_TOP_K, _R_K_ARR, _R_P_ARR = 1, 2, 4
 # --------------------------------------------------------------------------- argument helpers
 def _matrix(name: str, a: Any) -> tuple[Any, str, int, int]:
     kind = arrays.io_kind(name, a, arrays.IO_KINDS)  # f32, bf16, f16: FlashInfer's sampling dtypes
-    shp = arrays.check_ndim(name, a, (2,))
+    shp = arrays.check_ndim(name, a, (2,), "(batch, vocab)")
     batch, vocab = shp
     if vocab < 1:
         raise ArgumentError(f"{name}: expected at least one column (vocab >= 1), got shape {shp}")

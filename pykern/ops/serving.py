@@ -299,8 +299,10 @@ def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int
     if _kv_kind("v_pages", v_pages) != kind:
         raise ArgumentTypeError(f"v_pages: expected the dtype of k_pages ({arrays.dtype_name(k_pages)}), got "
                                 f"{arrays.dtype_name(v_pages)}")
-    ks = arrays.check_ndim("k_pages", k_pages, (4,))
-    vs = arrays.check_ndim("v_pages", v_pages, (4,))
+    lay = "(num_pages, page_size, num_kv_heads, head_dim) (kv_layout='NHD')" if layout == 0 else \
+        "(num_pages, num_kv_heads, page_size, head_dim) (kv_layout='HND')"
+    ks = arrays.check_ndim("k_pages", k_pages, (4,), lay)
+    vs = arrays.check_ndim("v_pages", v_pages, (4,), lay)
     if vs != ks:
         raise ArgumentError(f"v_pages: expected the shape of k_pages {ks}, got {vs}")
     if layout == 0:
@@ -337,9 +339,10 @@ def _cache_positional(k_pages: Any, v_pages: Any, rest: tuple[Any, ...], kv_layo
 
 def _check_q(q: Any, kvh: int, d: int, lead_name: str) -> tuple[str, int, int]:
     kind = arrays.io_kind("q", q, _Q_KINDS)
-    n, h, qd = arrays.check_ndim("q", q, (3,))
+    n, h, qd = arrays.check_ndim("q", q, (3,), f"({lead_name}, num_heads, head_dim)")
     if qd != d:
-        raise ArgumentError(f"q: expected head_dim {d} (from the K/V), got {qd}")
+        raise ArgumentError(f"q: expected shape ({lead_name}, num_heads, {d}) (head_dim {d} from the K/V), got "
+                            f"{(n, h, qd)}")
     if h < 1 or h % kvh:
         raise ArgumentError(f"q: expected num_heads a multiple of num_kv_heads={kvh}, got num_heads={h}")
     return kind, n, h
@@ -429,7 +432,7 @@ def append_paged_kv_cache(
             if sc is not None and _check_scale(nm, sc) != 1.0:
                 raise ArgumentError(f"{nm}: scales apply to FP8 pages only; got {sc!r} for {kind} pages")
     ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
-    ks = arrays.check_ndim("k", k, (3,))
+    ks = arrays.check_ndim("k", k, (3,), "(nnz, num_kv_heads, head_dim)")
     if ks[1:] != (kvh, d):
         raise ArgumentError(f"k: expected shape (nnz, {kvh}, {d}) (from k_pages), got {ks}")
     if arrays.shape_of(v) != ks:
@@ -1110,7 +1113,7 @@ def flash_attention_varlen(
 
     kind = arrays.io_kind("k", k, _Q_KINDS)
     arrays.same_kind("v", v, kind, "k")
-    ks = arrays.check_ndim("k", k, (3,))
+    ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
     if arrays.shape_of(v) != ks:
         raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
     total_k, kvh, d = ks
