@@ -290,7 +290,8 @@ def test_embedding_batch_seq_ids():
     np.testing.assert_array_equal(got, table[ids])
     with pytest.raises(ArgumentError, match=r"ids: expected every id in \[0, 9\), got 9"):
         ops.embedding(np.array([[1, 9]]), table)
-    with pytest.raises(ArgumentError, match=r"ids: expected a 1-D array \(n,\) or a 2-D array \(batch, seq_len\), got shape \(1, 1, 1\)"):
+    with pytest.raises(ArgumentError,
+                       match=r"ids: expected a 1-D array \(n,\) or a 2-D array \(batch, seq_len\), got shape \(1, 1, 1\)"):
         ops.embedding(np.zeros((1, 1, 1), np.int64), table)
 
 

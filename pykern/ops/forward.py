@@ -543,8 +543,8 @@ def flash_attention(
                             f"{head_dim}) (batch and head_dim from q), got {ks}")
     n_k, n_kv_heads = ks[1], ks[2]
     if vs[:3] != (batch, n_k, n_kv_heads):
-        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, {n_kv_heads}, "
-                            f"head_dim_v) (from q and k), got {vs}")
+        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
+                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
     head_dim_v = vs[3]
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
