@@ -219,3 +219,30 @@ __device__ __forceinline__ void paged_append_kv_impl(const T* k, const T* v, con
 }
 PK_IO_KERNELS(paged_append_kv, (PA_NT), PA_APPEND_PARAMS, PA_APPEND_ARGS)
 PK_FP8_KERNELS(paged_append_kv, (PA_NT), PA_APPEND_PARAMS, PA_APPEND_ARGS)
+
+// get_batch_indices_positions on device index arrays (FlashInfer's helper, without a host sync): token t of
+// the ragged append belongs to the sequence b with append_indptr[b] <= t < append_indptr[b + 1] (a binary
+// search over the non-decreasing indptr, one thread a token) and lands at position
+// seq_lens[b] - (append_indptr[b + 1] - t). Tokens the indptr does not cover (nnz padded past
+// append_indptr[batch], e.g. a CUDA graph's fixed size) and tokens whose position would be negative (a
+// seq_lens[b] below the tokens appended to b, or negative) get batch index -1 and position -1, which
+// paged_append_kv skips: a padding token never lands in a sequence's slot.
+extern "C" __global__ void __launch_bounds__(PA_NT) paged_batch_indices_positions(
+    const int* __restrict__ append_indptr, const int* __restrict__ seq_lens, int* __restrict__ batch_indices,
+    int* __restrict__ positions, int batch, int nnz) {
+    const int t = blockIdx.x * blockDim.x + threadIdx.x;
+    if (t >= nnz) return;
+    int b = -1, pos = -1;
+    if (batch > 0 && t >= append_indptr[0] && t < append_indptr[batch]) {
+        // the last b with append_indptr[b] <= t (empty sequences share their start with the next one)
+        int lo = 0, hi = batch - 1;
+        while (lo < hi) {
+            const int mid = (lo + hi + 1) >> 1;
+            if (append_indptr[mid] <= t) lo = mid; else hi = mid - 1;
+        }
+        const int p = seq_lens[lo] - (append_indptr[lo + 1] - t);
+        if (p >= 0) b = lo, pos = p;
+    }
+    batch_indices[t] = b;
+    positions[t] = pos;
+}

@@ -10,6 +10,10 @@
 // - Keys: the fp32 bits of a value order like the value: probs are sanitized first (NaN,
 //   negative and inf count as 0), so their bits order as unsigned ints; logits use the usual
 //   sign-flip mapping (NaN lowest, -0 == +0).
+// - Bad rows: a probability row holding a NaN, an inf or a negative value is no distribution. The pass that
+//   finds the row maximum also ORs "some entry is not in [0, inf)" over the block (SpRow::bad); such a row
+//   samples no token (token 0, valid 0, as a row without mass) and renormalizes to NaN, never to a
+//   plausible distribution over its other entries.
 // - Mass: a probability p becomes the integer floor(p * 2^(SP_F - e)), where 2^(e-1) <= max < 2^e
 //   is the row maximum's binade: at most 2^SP_F per entry, sums of up to 2^22 entries fit in
 //   64 bits, no overflow and no rounding; sums are associative, so any reduction order agrees.
@@ -106,6 +110,9 @@ __device__ __forceinline__ unsigned int sp_prob_key(float p) {
     // NaN fails the first test, inf the second: both count as 0, as negative values do.
     return (p > 0.0f && p < SP_POS_INF) ? __float_as_uint(p) : 0u;
 }
+
+// Not a probability: NaN (fails both tests), negative or +inf (-0 passes).
+__device__ __forceinline__ bool sp_prob_bad(float p) { return !(p >= 0.0f && p < SP_POS_INF); }
 
 __device__ __forceinline__ unsigned int sp_logit_key(float x) {
     if (x != x) return 0u;          // NaN: below every number
@@ -287,17 +294,24 @@ __device__ __forceinline__ unsigned int sp_key(float x) {
     else return sp_prob_key(x);
 }
 
-// Largest key over the row (0 for an empty or all-zero probability row).
+// Largest key over the row (0 for an empty or all-zero probability row). Probabilities: `bad` (block-uniform)
+// is whether some entry is NaN, inf or negative, and the key is then 0 (the row has no usable mass).
 template <typename T, int VEC, int AH, bool LOGITS>
-__device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s) {
+__device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s, bool& bad) {
     unsigned int m = 0u;
+    bool own_bad = false;
     sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
-            if (i + j < n) m = max(m, sp_key<LOGITS>(f[j]));
+            if (i + j < n) {
+                m = max(m, sp_key<LOGITS>(f[j]));
+                if (!LOGITS) own_bad |= sp_prob_bad(f[j]);
+            }
         return false;
     });
-    return sp_block_max(m, s);
+    const unsigned int mkey = sp_block_max(m, s);
+    bad = !LOGITS && __syncthreads_or(own_bad);
+    return bad ? 0u : mkey;
 }
 
 // The kept mass (key >= lo) of this lane's VEC values (past the end of the row they load 0: key 0 < lo).
@@ -345,6 +359,7 @@ struct SpRow {
     unsigned int lo;          // keep the entries with key >= lo
     unsigned long long kept;  // mass of the entries with key >= lo (set by a select)
     float mp;                 // min-p factor, < 0 without min-p: lo >= key(max * mp) once the max is known
+    bool bad;                 // some entry is NaN, inf or negative (then mkey = 0): set with the maximum
 };
 
 __device__ __forceinline__ void sp_set_max(SpRow& r, unsigned int mkey) {
@@ -379,12 +394,16 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         for (int b = threadIdx.x; b < SP_BINS; b += SP_NT) s.hist[b] = 0ull;
         __syncthreads();
         unsigned int m = 0u;
+        bool own_bad = false;           // MAX, probabilities: a NaN, inf or negative entry (lanes past n load 0)
         unsigned long long acc = 0ull;  // last pass: mass of the keys >= lo_pre above the range
         sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 const unsigned int key = sp_key<LOGITS>(f[j]);
-                if (MAX && pass == 0) m = max(m, key);  // out-of-range lanes load 0: key 0
+                if (MAX && pass == 0) {
+                    m = max(m, key);  // out-of-range lanes load 0: key 0
+                    if (!LOGITS) own_bad |= sp_prob_bad(f[j]);
+                }
                 if (i + j < n && key >= base) {
                     const unsigned int hi = key & pmask;
                     if (hi == prefix) {
@@ -409,7 +428,9 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         __syncthreads();
         if constexpr (MAX) {
             if (pass == 0) {
-                sp_set_max(r, sp_block_max(m, s));
+                const unsigned int mkey = sp_block_max(m, s);
+                r.bad = !LOGITS && __syncthreads_or(own_bad);
+                sp_set_max(r, r.bad ? 0u : mkey);
                 if (r.mkey == 0u) return 0u;  // block-uniform
             }
         }
@@ -592,9 +613,9 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
         sp_radix_select<T, VEC, AH, false, true>(row, n, 0u, false, k, r, s);
         kept = true;
     } else {
-        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s));
+        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s, r.bad));
     }
-    if (r.mkey == 0u) {  // no mass at all
+    if (r.mkey == 0u) {  // no mass at all, or a NaN / inf / negative entry (r.bad): no token
         if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
         return;
     }
@@ -677,11 +698,11 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
         const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
         if (k > 0 && (long long)k < n) {  // the row maximum rides along with the first pass
             sp_radix_select<T, VEC, AH, false, true>(row, n, 0u, false, k, r, s);
-            if (r.mkey) lo = r.lo;  // a row without mass is copied
+            if (r.mkey) lo = r.lo;  // a row without mass is copied (a bad one becomes NaN below)
         }
     } else {
         lo = 1u;  // top-p of a row without mass: all zeros
-        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s));
+        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s, r.bad));
         if (r.mkey) {
             const unsigned int P = sp_top_p_int((flags & SRF_P_ARR) ? top_p_arr[b] : top_p_val);
             if (P) {
@@ -697,8 +718,12 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
         // S * 2^-sh as a float; 1/S scales the kept entries (a row without mass stays 0)
         scale = S ? 1.0f / ldexpf((float)S, -r.sh) : 0.0f;
     }
+    const bool bad = r.bad;  // a NaN / inf / negative entry under an active filter: a NaN row, no distribution
     sp_for_row<T, VEC, AH>(row, n, [&](long long i, float* f) {
-        if (lo) {
+        if (bad) {
+#pragma unroll
+            for (int j = 0; j < VEC; ++j) f[j] = __int_as_float(0x7fffffff);
+        } else if (lo) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
                 const unsigned int key = sp_prob_key(f[j]);

@@ -151,12 +151,25 @@ def shape_of(a: Any, name: str | None = None) -> tuple[int, ...]:
     raise _not_an_array(a, name)
 
 
-def check_ndim(name: str, a: Any, ndims: tuple[int, ...]) -> tuple[int, ...]:
+def check_ndim(name: str, a: Any, ndims: tuple[int, ...], layout: str | tuple[str, ...] | None = None
+               ) -> tuple[int, ...]:
+    """The shape of `a`, which must have one of `ndims` dimensions, else an ArgumentError that says what is
+    expected: `layout` names the axes, one string per entry of ndims (or one string for a single ndim), e.g.
+    check_ndim("q", q, (3,), "(seq_len, num_heads, head_dim)") ->
+    "q: expected a 3-D array (seq_len, num_heads, head_dim), got shape (2, 3, 4, 5)"."""
     shp = shape_of(a, name)
     if len(shp) not in ndims:
-        want = " or ".join(str(n) for n in ndims)
-        raise ArgumentError(f"{name}: expected {want} dimensions, got shape {shp}")
+        raise ArgumentError(f"{name}: expected {expected_layout(ndims, layout)}, got shape {tuple(shp)}")
     return shp
+
+
+def expected_layout(ndims: tuple[int, ...], layout: str | tuple[str, ...] | None = None) -> str:
+    """"a 3-D array (seq_len, num_heads, head_dim)" or "a 3-D array (...) or a 4-D array (...)": the
+    expected-shape phrase of check_ndim, for messages that check more than the rank."""
+    names = (layout,) if isinstance(layout, str) else (layout or (None,) * len(ndims))
+    if len(names) != len(ndims):
+        raise ValueError(f"layout: expected {len(ndims)} strings (one per entry of ndims), got {len(names)}")
+    return " or ".join(f"a {n}-D array" + (f" {lay}" if lay else "") for n, lay in zip(ndims, names))
 
 
 def contiguous(a: Any) -> Any:

@@ -407,4 +407,4 @@ def test_bad_arguments_name_them() -> None:
     with pytest.raises(ArgumentError, match="logits_soft_cap"):
         ops.paged_decode_attention(qq[:1], *args, plan=plan, logits_soft_cap=1.0, backend=HOST)
     with pytest.raises(ArgumentError, match="window_left"):
-        ops.decode_attention(qq[0], kk[:, 0][None], vv[:, 0][None], 4, window_left=-7, backend=HOST)
+        ops.decode_attention(qq[0], kk[:, 0][None], vv[:, 0][None], 4, window_left=-7, backend=HOST, kv_layout="HND")

@@ -66,14 +66,31 @@ def _small(dtype_q: str = "f32", dtype_kv: str = "f32") -> tuple[np.ndarray, np.
     return make_inputs(np.random.default_rng(4), None, 4, 2, 32, 16, 16, dtype_q, dtype_kv)
 
 
+def test_default_layout_is_nhd_as_the_paged_ops() -> None:
+    # the default was "HND": an NHD cache (FlashInfer's and every paged op's default) was read as HND, which
+    # for num_kv_heads dividing num_heads gave a wrong answer with no error
+    _need("host")
+    # HND (2 kv heads, 4 positions, 32); its NHD twin (4, 2, 32) read as HND is 4 kv heads of 2 positions, which
+    # fits q's 4 heads and seq_len 2
+    q, k, v = make_inputs(np.random.default_rng(40), None, 4, 2, 32, 4, 2)
+    ref = np_decode_attention(q, k, v, 2)
+    k_nhd, v_nhd = np.ascontiguousarray(k.transpose(1, 0, 2)), np.ascontiguousarray(v.transpose(1, 0, 2))
+    _close(decode_attention(q, k_nhd, v_nhd, 2, backend="host"), ref, "decode_attention", "f32")
+    _close(decode_attention(q, k, v, 2, kv_layout="HND", backend="host"), ref, "decode_attention", "f32")
+    bq = np.stack([q, q])
+    bref = np_batched_decode_attention(bq, np.stack([k, k]), np.stack([v, v]), [2, 1])
+    _close(batched_decode_attention(bq, np.stack([k_nhd, k_nhd]), np.stack([v_nhd, v_nhd]), np.array([2, 1]),
+                                    backend="host"), bref, "batched_decode_attention", "f32")
+
+
 def test_seq_len_above_max_is_an_error_before_launch() -> None:
     q, k, v = _small()
     with pytest.raises(ArgumentError, match="seq_len.*16.*17"):
-        decode_attention(q, k, v, 17, backend="host")
+        decode_attention(q, k, v, 17, backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="seq_len.*max_seq_len=16.*17"):
-        decode_attention(q, k, v, np.array([17], np.uint32), backend="host")
+        decode_attention(q, k, v, np.array([17], np.uint32), backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="seq_len"):
-        decode_attention(q, k, v, -1, backend="host")
+        decode_attention(q, k, v, -1, backend="host", kv_layout="HND")
 
 
 @pytest.mark.parametrize(
@@ -84,19 +101,20 @@ def test_seq_len_above_max_is_an_error_before_launch() -> None:
         (lambda q, k, v: (q[:, :16], k, v), ArgumentError, "head_dim"),
         (lambda q, k, v: (q.astype(np.float64), k, v), ArgumentTypeError, "q: expected dtype"),
         (lambda q, k, v: (q, k, v.astype(np.float16)), ArgumentTypeError, "v_cache"),
-        (lambda q, k, v: (q[None], k, v), ArgumentError, "q: expected 2 dimensions"),
+        (lambda q, k, v: (q[None], k, v), ArgumentError,
+         r"q: expected a 2-D array \(num_heads, head_dim\), got shape \(1, 4, 32\)"),
     ],
 )
 def test_bad_arguments_name_the_argument(mutate, err, pattern) -> None:
     q, k, v = mutate(*_small())
     with pytest.raises(err, match=pattern):
-        decode_attention(q, k, v, 4, backend="host")
+        decode_attention(q, k, v, 4, backend="host", kv_layout="HND")
 
 
 def test_head_dim_above_256_rejected() -> None:
     q, k, v = make_inputs(np.random.default_rng(5), None, 1, 1, 257, 2, 2)
     with pytest.raises(ArgumentError, match="head_dim <= 256.*257"):
-        decode_attention(q, k, v, 1, backend="host")
+        decode_attention(q, k, v, 1, backend="host", kv_layout="HND")
 
 
 def test_bf16_query_with_f32_cache_rejected() -> None:
@@ -104,36 +122,36 @@ def test_bf16_query_with_f32_cache_rejected() -> None:
 
     q, k, v = _small()
     with pytest.raises(ArgumentTypeError, match="q: a bfloat16 query"):
-        decode_attention(q.astype(bfloat16()), k, v, 4, backend="host")
+        decode_attention(q.astype(bfloat16()), k, v, 4, backend="host", kv_layout="HND")
 
 
 def test_seq_len_array_checks() -> None:
     q, k, v = _small()
     # any integer dtype is taken, as torch and FlashInfer index with int64; a float one is not
     with pytest.raises(ArgumentTypeError, match="seq_len: expected an integer array, got dtype float32"):
-        decode_attention(q, k, v, np.array([3], np.float32), backend="host")
+        decode_attention(q, k, v, np.array([3], np.float32), backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match=r"seq_len: expected shape \(1,\)"):
-        decode_attention(q, k, v, np.array([3, 3], np.uint32), backend="host")
+        decode_attention(q, k, v, np.array([3, 3], np.uint32), backend="host", kv_layout="HND")
     qb = np.stack([q, q])
     kb, vb = np.stack([k, k]), np.stack([v, v])
     with pytest.raises(ArgumentError, match=r"seq_lens: expected shape \(2,\)"):
-        batched_decode_attention(qb, kb, vb, np.array([1], np.uint32), backend="host")
+        batched_decode_attention(qb, kb, vb, np.array([1], np.uint32), backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match=r"seq_lens\[1\]"):
-        batched_decode_attention(qb, kb, vb, [1, 99], backend="host")
+        batched_decode_attention(qb, kb, vb, [1, 99], backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="k_caches: expected caches of one shape"):
-        batched_decode_attention(qb, [k, k[:, :8]], [v, v], [1, 1], backend="host")
+        batched_decode_attention(qb, [k, k[:, :8]], [v, v], [1, 1], backend="host", kv_layout="HND")
 
 
 def test_method_knobs_checked() -> None:
     q, k, v = _small()
     with pytest.raises(ArgumentError, match="method: expected one of"):
-        decode_attention(q, k, v, 4, method="flash", backend="host")
+        decode_attention(q, k, v, 4, method="flash", backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="num_warps: only used by method='multi_warp'"):
-        decode_attention(q, k, v, 4, method="warp", num_warps=4, backend="host")
+        decode_attention(q, k, v, 4, method="warp", num_warps=4, backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="chunk_size"):
-        decode_attention(q, k, v, 4, method="split_k", chunk_size=0, backend="host")
+        decode_attention(q, k, v, 4, method="split_k", chunk_size=0, backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="num_warps"):
-        decode_attention(q, k, v, 4, method="multi_warp", num_warps=17, backend="host")
+        decode_attention(q, k, v, 4, method="multi_warp", num_warps=17, backend="host", kv_layout="HND")
 
 
 # --------------------------------------------------------------------------- launch plans
@@ -188,11 +206,12 @@ def test_methods_match_reference_and_each_other(method: str, schedule: str) -> N
     rng = np.random.default_rng(10)
     # GQA 4, head_dim 80 (vector path with a partial last slot), lengths straddling warp multiples
     q, k, v = make_inputs(rng, 3, 8, 2, 80, 140, [129, 0, 33])
-    out = batched_decode_attention(q, k, v, np.array([129, 0, 33], np.uint32), method=method, backend="host")
+    out = batched_decode_attention(q, k, v, np.array([129, 0, 33], np.uint32), method=method, backend="host",
+                                   kv_layout="HND")
     ref = np_batched_decode_attention(q, k, v, [129, 0, 33])
     _close(out, ref, "batched_decode_attention", "f32")
     np.testing.assert_array_equal(out[1], 0.0)
-    other = batched_decode_attention(q, k, v, [129, 0, 33], method="warp", backend="host")
+    other = batched_decode_attention(q, k, v, [129, 0, 33], method="warp", backend="host", kv_layout="HND")
     np.testing.assert_allclose(out, other, rtol=1e-5, atol=1e-6)
 
 
@@ -200,8 +219,8 @@ def test_methods_match_reference_and_each_other(method: str, schedule: str) -> N
 def test_int_and_indirect_seq_len_agree_exactly(method: str) -> None:
     _need("host")
     q, k, v = make_inputs(np.random.default_rng(11), None, 4, 1, 33, 100, 97)
-    a = decode_attention(q, k, v, 97, method=method, backend="host")
-    b = decode_attention(q, k, v, np.array([97], np.uint32), method=method, backend="host")
+    a = decode_attention(q, k, v, 97, method=method, backend="host", kv_layout="HND")
+    b = decode_attention(q, k, v, np.array([97], np.uint32), method=method, backend="host", kv_layout="HND")
     np.testing.assert_array_equal(a, b)
     _close(a, np_decode_attention(q, k, v, 97), "decode_attention", "f32")
 
@@ -211,7 +230,7 @@ def test_int_and_indirect_seq_len_agree_exactly(method: str) -> None:
 def test_bf16_caches(method: str, kinds: tuple[str, str]) -> None:
     _need("host")
     q, k, v = make_inputs(np.random.default_rng(12), None, 4, 2, 64, 70, 65, *kinds)
-    out = decode_attention(q, k, v, 65, method=method, backend="host")
+    out = decode_attention(q, k, v, 65, method=method, backend="host", kv_layout="HND")
     assert out.dtype == q.dtype
     ref = np_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), 65)
     _close(out.astype(np.float64), ref, "decode_attention", "bf16")
@@ -248,7 +267,7 @@ def test_multi_warp_and_split_knobs() -> None:
     ref = np_decode_attention(q, k, v, 257)
     for kw in ({"method": "multi_warp", "num_warps": 3}, {"method": "multi_warp", "num_warps": 16},
                {"method": "split_k", "chunk_size": 37}, {"method": "split_k", "chunk_size": 1000}):
-        _close(decode_attention(q, k, v, 257, backend="host", **kw), ref, "decode_attention", "f32")
+        _close(decode_attention(q, k, v, 257, kv_layout="HND", backend="host", **kw), ref, "decode_attention", "f32")
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -263,7 +282,7 @@ def test_unaligned_cache_takes_the_scalar_path(method: str) -> None:
     ku[...] = k
     vu[...] = v
     assert ku.ctypes.data % 16 and ku.flags.c_contiguous
-    out = decode_attention(q, ku, vu, 29, method=method, backend="host")
+    out = decode_attention(q, ku, vu, 29, method=method, backend="host", kv_layout="HND")
     _close(out, np_decode_attention(q, k, v, 29), "decode_attention", "f32")
 
 
@@ -271,11 +290,12 @@ def test_auto_method_runs_and_matches() -> None:
     _need("host")
     q, k, v = make_inputs(np.random.default_rng(18), None, 2, 1, 32, 600, 300)
     ref = np_decode_attention(q, k, v, 300)
-    a = decode_attention(q, k, v, 300, backend="host")  # int 300 -> multi_warp
-    b = decode_attention(q, k, v, np.array([300], np.uint32), backend="host")  # max_seq_len 600 -> multi_warp
+    a = decode_attention(q, k, v, 300, backend="host", kv_layout="HND")  # int 300 -> multi_warp
+    b = decode_attention(q, k, v, np.array([300], np.uint32), backend="host",
+                         kv_layout="HND")  # max_seq_len 600 -> multi_warp
     _close(a, ref, "decode_attention", "f32")
     np.testing.assert_array_equal(a, b)
-    c = decode_attention(q, k, v, 100, backend="host")  # int 100 -> warp
+    c = decode_attention(q, k, v, 100, backend="host", kv_layout="HND")  # int 100 -> warp
     _close(c, np_decode_attention(q, k, v, 100), "decode_attention", "f32")
 
 
@@ -288,15 +308,16 @@ def test_lane_layouts_for_odd_head_dims(head_dim: int, kinds: tuple[str, str]) -
     q, k, v = make_inputs(np.random.default_rng(head_dim), 2, 4, 2, head_dim, 45, [43, 9], *kinds)
     ref = np_batched_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), [43, 9])
     for method in METHODS:
-        out = batched_decode_attention(q, k, v, [43, 9], method=method, backend="host")
+        out = batched_decode_attention(q, k, v, [43, 9], method=method, backend="host", kv_layout="HND")
         _close(out.astype(np.float64), ref, "batched_decode_attention", kinds[0])
 
 
 def test_list_of_caches_is_stacked() -> None:
     _need("host")
     q, k, v = make_inputs(np.random.default_rng(15), 3, 2, 1, 32, 20, [20, 1, 7])
-    a = batched_decode_attention(q, list(k), list(v), [20, 1, 7], method="warp", backend="host")
-    b = batched_decode_attention(q, k, v, np.array([20, 1, 7], np.uint32), method="warp", backend="host")
+    a = batched_decode_attention(q, list(k), list(v), [20, 1, 7], method="warp", backend="host", kv_layout="HND")
+    b = batched_decode_attention(q, k, v, np.array([20, 1, 7], np.uint32), method="warp", backend="host",
+                                 kv_layout="HND")
     np.testing.assert_array_equal(a, b)
 
 
@@ -304,7 +325,7 @@ def test_list_of_caches_is_stacked() -> None:
 def test_numba_reference_agrees(method: str) -> None:
     _need("numba")
     q, k, v = make_inputs(np.random.default_rng(16), 2, 4, 2, 40, 50, [37, 0])
-    out = batched_decode_attention(q, k, v, [37, 0], method=method, backend="numba")
+    out = batched_decode_attention(q, k, v, [37, 0], method=method, backend="numba", kv_layout="HND")
     _close(out, np_batched_decode_attention(q, k, v, [37, 0]), "batched_decode_attention", "f32")
 
 
@@ -324,7 +345,7 @@ def test_random_shapes_match_numpy(group, num_kv_heads, head_dim, lens, extra, m
     s = max(lens) + extra or 1
     q, k, v = make_inputs(np.random.default_rng(seed), len(lens), group * num_kv_heads, num_kv_heads, head_dim, s,
                           lens, *kinds)
-    out = batched_decode_attention(q, k, v, lens, method=method, backend="host")
+    out = batched_decode_attention(q, k, v, lens, method=method, backend="host", kv_layout="HND")
     ref = np_batched_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), lens)
     _close(out.astype(np.float64), ref, "batched_decode_attention", "f32" if kinds == ("f32", "f32") else "bf16")
 
@@ -338,8 +359,8 @@ def test_gpu_methods_match_reference(kinds: tuple[str, str]) -> None:
         q, k, v = make_inputs(np.random.default_rng(d), None, h, kvh, d, s, sl, *kinds)
         ref = np_decode_attention(q.astype(np.float64), k.astype(np.float64), v.astype(np.float64), sl)
         for method in METHODS:
-            a = decode_attention(q, k, v, sl, method=method, backend="nvrtc")
-            b = decode_attention(q, k, v, np.array([sl], np.uint32), method=method, backend="nvrtc")
+            a = decode_attention(q, k, v, sl, method=method, backend="nvrtc", kv_layout="HND")
+            b = decode_attention(q, k, v, np.array([sl], np.uint32), method=method, backend="nvrtc", kv_layout="HND")
             np.testing.assert_array_equal(a, b)
             _close(a.astype(np.float64), ref, "decode_attention", dtype)
 

@@ -169,7 +169,7 @@ def test_long_single_sequence_splits_kv(launched) -> None:
     from pykern.ops.serving import PagedDecodePlan
 
     q, k, v = make_inputs(np.random.default_rng(3), None, 8, 2, 64, 700, 650, "bf16", "bf16")
-    out = decode_attention(q, k, v, 650, backend="host")
+    out = decode_attention(q, k, v, 650, backend="host", kv_layout="HND")
     # the plan of the power of two at or above the cache's length
     plan = PagedDecodePlan(1, 8, 2, 64, 1024, kv_layout="HND", q_dtype="bf16", max_kv_len=1024)
     assert plan.num_splits > 1
@@ -178,7 +178,7 @@ def test_long_single_sequence_splits_kv(launched) -> None:
     _close(out, np_decode_attention(*(x.astype(np.float64) for x in (q, k, v)), 650), "decode_attention", "bf16")
     # a short length in the long cache: most splits see nothing and weigh 0 in the merge
     q, k, v = make_inputs(np.random.default_rng(4), None, 8, 2, 64, 700, 70, "bf16", "bf16")
-    _close(decode_attention(q, k, v, np.array([70], np.int32), backend="host"),
+    _close(decode_attention(q, k, v, np.array([70], np.int32), backend="host", kv_layout="HND"),
            np_decode_attention(*(x.astype(np.float64) for x in (q, k, v)), 70), "decode_attention", "bf16")
 
 
@@ -196,7 +196,7 @@ def test_a_growing_cache_reuses_one_plan(launched) -> None:
     for n in lengths:
         q, k, v = make_inputs(rng, 2, 8, 2, 64, n, [n, n - 7], "bf16", "bf16")
         ref = np_batched_decode_attention(*(x.astype(np.float64) for x in (q, k, v)), [n, n - 7])
-        _close(batched_decode_attention(q, k, v, np.array([n, n - 7], np.int32), backend="host"), ref,
+        _close(batched_decode_attention(q, k, v, np.array([n, n - 7], np.int32), backend="host", kv_layout="HND"), ref,
                "batched_decode_attention", "bf16")
     assert len(dec._TC_PLANS) == 1
     assert {call[1][0] for call in launched} == {next(iter(dec._TC_PLANS.values()))[0].tc_grid}
@@ -208,7 +208,7 @@ def test_window_left_on_the_tensor_core_path(launched) -> None:
     _need("host")
     lens, w = [90, 5, 64], 20
     q, k, v = make_inputs(np.random.default_rng(5), 3, 8, 2, 128, 96, lens, "bf16", "bf16")
-    out = batched_decode_attention(q, k, v, lens, window_left=w, backend="host")
+    out = batched_decode_attention(q, k, v, lens, window_left=w, backend="host", kv_layout="HND")
     assert calls_names(launched)[0] == _tc_name(128, "bf16")
     f = np.float64
     ref = np.stack([np_decode_attention(q[i].astype(f), k[i, :, max(0, n - 1 - w):n].astype(f),
@@ -223,7 +223,8 @@ def test_tensor_core_and_tile_kernels_agree() -> None:
     q, k, v = make_inputs(np.random.default_rng(6), 2, 16, 2, 64, 80, lens, "bf16", "bf16")
     ref = _ref(q, k, v, lens)
     for kw in ({}, {"tensor_cores": False}, {"method": "warp"}, {"method": "split_k"}):
-        _close(batched_decode_attention(q, k, v, lens, backend="host", **kw), ref, "batched_decode_attention", "bf16")
+        _close(batched_decode_attention(q, k, v, lens, kv_layout="HND", backend="host", **kw), ref,
+               "batched_decode_attention", "bf16")
 
 
 # --------------------------------------------------------------------------- who runs what
@@ -283,7 +284,7 @@ def test_odd_strides_and_unaligned_bases_fall_back_without_copying(launched, cop
             views.append(vw)
         launched.clear()
         copies.clear()
-        out = batched_decode_attention(q, views[0], views[1], lens, backend="host")
+        out = batched_decode_attention(q, views[0], views[1], lens, backend="host", kv_layout="HND")
         assert calls_names(launched)[0] == "dense_attn_bf16", (pad, off)
         _assert_in_place(launched, copies, bufs[0], bufs[1], views[0], views[1])
         _close(out, _ref(q, k, v, lens), "batched_decode_attention", "bf16")
@@ -297,18 +298,18 @@ def test_unaddressable_views_are_copied_and_still_right(launched, copies) -> Non
     q, k, v = make_inputs(np.random.default_rng(9), 2, 8, 2, 64, 24, lens, "bf16", "bf16")
     wide = np.repeat(k, 2, axis=-1)  # k at [..., ::2]
     kw_ = wide[..., ::2]
-    out = batched_decode_attention(q, kw_, v, lens, backend="host")
+    out = batched_decode_attention(q, kw_, v, lens, backend="host", kv_layout="HND")
     _close(out, _ref(q, k, v, lens), "batched_decode_attention", "bf16")
     assert any(a is kw_ for a in copies)
     # K a strided view, V contiguous: strides differ, both copied, then the tensor-core kernel
     _, kv_ = _embed(k, "HND", True)
     launched.clear()
-    out = batched_decode_attention(q, kv_, v, lens, backend="host")
+    out = batched_decode_attention(q, kv_, v, lens, backend="host", kv_layout="HND")
     assert calls_names(launched)[0] == _tc_name(64, "bf16")
     _close(out, _ref(q, k, v, lens), "batched_decode_attention", "bf16")
     # reversed kv heads (a negative stride)
     kr, vr = k[:, ::-1], v[:, ::-1]
-    out = batched_decode_attention(q, kr, vr, lens, backend="host")
+    out = batched_decode_attention(q, kr, vr, lens, backend="host", kv_layout="HND")
     _close(out, _ref(q, np.ascontiguousarray(kr), np.ascontiguousarray(vr), lens), "batched_decode_attention", "bf16")
 
 
@@ -319,19 +320,19 @@ def test_out_is_written_through_or_rejected_by_name(launched) -> None:
     q, k, v = make_inputs(np.random.default_rng(10), 2, 8, 2, 64, 64, lens, "bf16", "bf16")
     ref = _ref(q, k, v, lens)
     out = np.full(q.shape, np.nan, np.float32).astype(q.dtype)
-    got = batched_decode_attention(q, k, v, lens, out=out, backend="host")
+    got = batched_decode_attention(q, k, v, lens, out=out, backend="host", kv_layout="HND")
     assert got is out and calls_names(launched)[0] == _tc_name(64, "bf16")
     _close(out, ref, "batched_decode_attention", "bf16")
     single = np.full(q.shape[1:], np.nan, np.float32).astype(q.dtype)
-    assert decode_attention(q[0], k[0], v[0], 50, out=single, backend="host") is single
+    assert decode_attention(q[0], k[0], v[0], 50, out=single, backend="host", kv_layout="HND") is single
     _close(single, ref[0], "decode_attention", "bf16")
     big = np.zeros((2, 8, 128), q.dtype)
     with pytest.raises(ArgumentError, match="out: expected a C-contiguous"):
-        batched_decode_attention(q, k, v, lens, out=big[..., :64], backend="host")
+        batched_decode_attention(q, k, v, lens, out=big[..., :64], backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="out: expected a C-contiguous"):
-        decode_attention(q[0], k[0], v[0], 50, out=big[0, :, :64], backend="host")
+        decode_attention(q[0], k[0], v[0], 50, out=big[0, :, :64], backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="out: expected a C-contiguous"):
-        batched_decode_attention(q, k, v, lens, out=big[..., :64], tensor_cores=False, backend="host")
+        batched_decode_attention(q, k, v, lens, out=big[..., :64], tensor_cores=False, backend="host", kv_layout="HND")
 
 
 def test_strided_device_array_out_is_rejected_by_name() -> None:
@@ -400,7 +401,7 @@ def test_large_odd_max_seq_len_is_one_page(launched) -> None:
     q, k, v = make_inputs(np.random.default_rng(13), 1, 16, 2, 128, s, [sl], "bf16", "bf16")
     kbuf, kv_ = _embed(k, "HND", True, extra_seq=61, extra_heads=0, lead=0)
     vbuf, vv_ = _embed(v, "HND", True, extra_seq=61, extra_heads=0, lead=0)
-    out = batched_decode_attention(q, kv_, vv_, np.array([sl], np.int32), backend="host")
+    out = batched_decode_attention(q, kv_, vv_, np.array([sl], np.int32), backend="host", kv_layout="HND")
     name, args = launched[0]
     assert name == _tc_name(128, "bf16") and args[15] == s and args[0][0] > 2  # split (1 sequence x 2 kv heads)
     _close(out, _ref(q, k, v, [sl]), "batched_decode_attention", "bf16")
@@ -443,7 +444,7 @@ def test_repeated_calls_reuse_one_plan_and_never_alias_the_output(monkeypatch) -
     outs = []
     for lens in ([300, 7], [120, 299], [300, 7]):
         q, k, v = make_inputs(rng, 2, group * kvh, kvh, d, s, lens, "bf16", "bf16")
-        out = batched_decode_attention(q, k, v, np.array(lens), backend="host")
+        out = batched_decode_attention(q, k, v, np.array(lens), backend="host", kv_layout="HND")
         _close(out, _ref(q, k, v, lens), "batched_decode_attention", "bf16")
         outs.append((out, _ref(q, k, v, lens)))
     assert len(made) == 1 and len({id(o) for o, _ in outs}) == 3
@@ -453,8 +454,8 @@ def test_repeated_calls_reuse_one_plan_and_never_alias_the_output(monkeypatch) -
     assert plan.num_splits > 1 and not np.asarray(plan.counters).any()  # the tickets are back at zero
     # another geometry (a new max_seq_len) gets a plan of its own; at most _TC_PLANS_MAX are kept
     q, k, v = make_inputs(rng, 2, group * kvh, kvh, d, 64, [64, 3], "bf16", "bf16")
-    batched_decode_attention(q, k, v, np.array([64, 3]), backend="host")
+    batched_decode_attention(q, k, v, np.array([64, 3]), backend="host", kv_layout="HND")
     assert len(made) == 2 and len(dec._TC_PLANS) == 2
     monkeypatch.setattr(dec, "_TC_PLANS_MAX", 1)
-    decode_attention(q[0], k[0], v[0], 3, backend="host")
+    decode_attention(q[0], k[0], v[0], 3, backend="host", kv_layout="HND")
     assert len(dec._TC_PLANS) == 1

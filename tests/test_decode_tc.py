@@ -324,7 +324,7 @@ def test_unaligned_out_falls_back_to_paged_attn_and_an_aligned_one_is_written_in
     for aligned, kern in ((False, "dense_attn_bf16"), (True, "decode_tc_paged_d64_bf16")):
         out = np.zeros((8, 64), q.dtype) if aligned else _off16(np.zeros((8, 64), q.dtype))
         del launched[:]
-        res = ops.decode_attention(q[0], kc, vc, 40, out=out, backend="host")
+        res = ops.decode_attention(q[0], kc, vc, 40, out=out, backend="host", kv_layout="HND")
         assert launched[0].startswith(kern), launched
         _close(out, ro[0], "decode_attention", "bf16")
         assert res is out or np.shares_memory(res, out)

@@ -255,18 +255,19 @@ def test_dense_decode_ops_enable_pdl(host_launches):
     kc = rng.standard_normal((2, 2, 100, 64)).astype(bf)
     vc = rng.standard_normal((2, 2, 100, 64)).astype(bf)
     lens = np.array([100, 37], np.int32)
-    plain = pykern.ops.batched_decode_attention(q, kc, vc, lens, backend="host")
+    plain = pykern.ops.batched_decode_attention(q, kc, vc, lens, backend="host", kv_layout="HND")
     host_launches.clear()
-    got = pykern.ops.batched_decode_attention(q, kc, vc, lens, backend="host", enable_pdl=True)
+    got = pykern.ops.batched_decode_attention(q, kc, vc, lens, backend="host", enable_pdl=True, kv_layout="HND")
     np.testing.assert_array_equal(got.view(np.uint16), plain.view(np.uint16))
-    one = pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", enable_pdl=True)
+    one = pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", enable_pdl=True, kv_layout="HND")
     np.testing.assert_array_equal(one.view(np.uint16), plain[1].view(np.uint16))
     assert host_launches == [("decode_tc_paged_d64_bf16", True)] * 2
     host_launches.clear()
-    pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", tensor_cores=False, enable_pdl=True)
+    pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", tensor_cores=False, enable_pdl=True,
+                                kv_layout="HND")
     assert host_launches and all(not pdl for _, pdl in host_launches), host_launches
     with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got int 1"):
-        pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", enable_pdl=1)
+        pykern.ops.decode_attention(q[1], kc[1], vc[1], 37, backend="host", enable_pdl=1, kv_layout="HND")
 
 
 # -- on a GPU -------------------------------------------------------------------------------------------------

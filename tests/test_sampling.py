@@ -261,6 +261,36 @@ def test_row_without_mass_is_invalid() -> None:
     assert v.dtype == np.bool_ and v.tolist() == [True, False, False] and s[1] == s[2] == 0
 
 
+@pytest.mark.parametrize("bad", [np.nan, -0.01, np.inf])
+@pytest.mark.parametrize("op,args", [
+    ("sampling_from_probs", ()), ("top_k_sampling_from_probs", (3,)), ("top_p_sampling_from_probs", (0.8,)),
+    ("min_p_sampling_from_probs", (0.1,)), ("top_k_top_p_sampling_from_probs", (4, 0.9)),
+])
+def test_row_with_a_bad_probability_is_invalid(op: str, args: tuple, bad: float) -> None:
+    # one NaN / negative / inf entry next to real mass used to count as 0, and the row drew a token marked valid
+    probs = np.stack([ROW, ROW, ROW])
+    probs[1, 5] = bad
+    s, v = getattr(ops, op)(probs, *args, seed=3, return_valid=True, backend="host")
+    assert v.tolist() == [True, False, True] and s[1] == 0
+    clean, _ = getattr(ops, op)(np.stack([ROW, ROW, ROW]), *args, seed=3, return_valid=True, backend="host")
+    assert s[0] == clean[0] and s[2] == clean[2]  # the other rows draw as they would without the bad one
+    with pytest.raises(ArgumentError, match=r"probs: expected probabilities in \[0, inf\) \(check_nan=True\), "
+                                             r"got probs\[1, 5\]="):
+        getattr(ops, op)(probs, *args, seed=3, check_nan=True, backend="host")
+    getattr(ops, op)(np.stack([ROW, ROW]), *args, seed=3, check_nan=True, backend="host")  # clean rows pass
+
+
+@pytest.mark.parametrize("bad", [np.nan, -0.01, np.inf])
+def test_renorm_of_a_row_with_a_bad_probability_is_nan(bad: float) -> None:
+    probs = np.stack([ROW, ROW])
+    probs[1, 2] = bad
+    for out in (ops.top_k_renorm_probs(probs, 3, backend="host"), ops.top_p_renorm_probs(probs, 0.7, backend="host")):
+        assert np.isnan(out[1]).all() and not np.isnan(out[0]).any()
+        assert out[0].sum() == pytest.approx(1.0, abs=1e-6)
+    # the filter off (top_k = 0): the row comes back unchanged, as any row does
+    np.testing.assert_array_equal(ops.top_k_renorm_probs(probs, 0, backend="host"), probs)
+
+
 def test_indices_map_outputs_to_rows() -> None:
     probs = np.eye(4, dtype=np.float32)
     s = ops.sampling_from_probs(probs, indices=np.array([3, 3, 0, 2]), seed=0, backend="host")
@@ -283,10 +313,11 @@ def test_indices_map_outputs_to_rows() -> None:
     (lambda p: ops.sampling_from_probs(p, seed=1, offset=np.zeros(3, np.float32)), ArgumentTypeError, "offset"),
     (lambda p: ops.sampling_from_probs(p, offset=3), ArgumentError, "offset"),
     (lambda p: ops.sampling_from_probs(p, indices=np.array([0, 3])), ArgumentError, "indices"),
-    (lambda p: ops.sampling_from_probs(p[0]), ArgumentError, "probs: expected 2 dimensions"),
+    (lambda p: ops.sampling_from_probs(p[0]), ArgumentError,
+     r"probs: expected a 2-D array \(batch, vocab\), got shape \(4,\)"),
     (lambda p: ops.sampling_from_probs(p.astype(np.float64)), ArgumentTypeError, "probs: expected dtype"),
     (lambda p: ops.sampling_from_probs(np.full((3, 4), np.nan, np.float32), check_nan=True), ArgumentError,
-     "NaN"),
+     r"probs: .*got probs\[0, 0\]=nan"),
     (lambda p: ops.top_k_mask_logits(p, -2), ArgumentError, "top_k"),
 ])
 def test_bad_arguments_name_the_argument(call, err, pattern) -> None:

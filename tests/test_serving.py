@@ -351,7 +351,7 @@ def test_varlen_equals_per_sequence_flash_attention(causal: bool, kinds: tuple[s
 def test_contiguous_decode_nhd_equals_hnd(method: str) -> None:
     _need("host")
     q, k, v = make_inputs(np.random.default_rng(41), 3, 8, 2, 48, 90, [90, 0, 41])
-    a = ops.batched_decode_attention(q, k, v, [90, 0, 41], method=method, backend="host")
+    a = ops.batched_decode_attention(q, k, v, [90, 0, 41], method=method, backend="host", kv_layout="HND")
     b = ops.batched_decode_attention(q, to_nhd(k), to_nhd(v), [90, 0, 41], kv_layout="NHD", method=method,
                                      backend="host")
     np.testing.assert_array_equal(a, b)
@@ -366,7 +366,7 @@ def test_nhd_cache_passed_as_hnd_is_named() -> None:
     q = np.zeros((8, 64), np.float32)
     k = np.zeros((256, 2, 64), np.float32)  # (S, KVH, D): NHD
     with pytest.raises(ArgumentError, match="num_kv_heads=256.*NHD"):
-        ops.decode_attention(q, k, k, 3, backend="host")
+        ops.decode_attention(q, k, k, 3, backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="kv_layout"):
         ops.decode_attention(q, k, k, 3, kv_layout="nhd", backend="host")
 
@@ -412,7 +412,8 @@ def test_other_argument_errors() -> None:
     ip, ix, last = np.array([0, 1, 2]), np.array([0, 1]), np.array([1, 1])
     with pytest.raises(ArgumentError, match="kv_layout"):
         ops.paged_decode_attention(q, pages, pages, ip, ix, last, kv_layout="NDH")
-    with pytest.raises(ArgumentError, match="q: expected head_dim 8"):
+    with pytest.raises(ArgumentError,
+                       match=r"q: expected shape \(batch, num_heads, 8\) \(head_dim 8 from the K/V\), got \(2, 4, 4\)"):
         ops.paged_decode_attention(q[..., :4], pages, pages, ip, ix, last)
     with pytest.raises(ArgumentError, match="q: expected num_heads a multiple of num_kv_heads=2"):
         ops.paged_decode_attention(q[:, :3], pages, pages, ip, ix, last)

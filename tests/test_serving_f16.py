@@ -96,15 +96,15 @@ def test_decode_attention_f16() -> None:
         for method in ("warp", "split_k"):
             q, k, v = make_inputs(rng, 3, 4, 2, 64, 40, [33, 0, 7], qk, kk)
             assert k.dtype == np.float16
-            out = ops.batched_decode_attention(q, k, v, [33, 0, 7], method=method, backend="host")
+            out = ops.batched_decode_attention(q, k, v, [33, 0, 7], method=method, backend="host", kv_layout="HND")
             assert out.dtype == q.dtype
             ref = np_batched_decode_attention(q, k, v, [33, 0, 7])
             _close(out, ref, "batched_decode_attention", "f16")
-            o1 = ops.decode_attention(q[0], k[0], v[0], 33, method=method, backend="host")
+            o1 = ops.decode_attention(q[0], k[0], v[0], 33, method=method, backend="host", kv_layout="HND")
             _close(o1, ref[0], "decode_attention", "f16")
     q, k, v = make_inputs(rng, 1, 4, 2, 64, 40, [33], "f16", "f32")
     with pytest.raises(ArgumentTypeError, match=r"q: a float16 query needs float16 caches"):
-        ops.batched_decode_attention(q, k, v, [33], backend="host")
+        ops.batched_decode_attention(q, k, v, [33], backend="host", kv_layout="HND")
     pc = make_paged(rng, [5], 4, 2, 16, "NHD", "bf16")
     with pytest.raises(ArgumentTypeError, match=r"q: a float16 query needs float16 or FP8 K/V"):
         ops.paged_decode_attention(make_q(rng, (1, 4, 16), "f16"), pc["k_pages"], pc["v_pages"], pc["kv_indptr"],

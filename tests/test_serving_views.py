@@ -167,9 +167,10 @@ def test_strided_out_raises_naming_out() -> None:
     assert not bad.any()
     kc = np.zeros((KVH, 16, D), np.float32)
     with pytest.raises(ArgumentError, match="out: expected a C-contiguous"):
-        ops.decode_attention(q[0], kc, kc, 3, out=bad[0], backend="host")
+        ops.decode_attention(q[0], kc, kc, 3, out=bad[0], backend="host", kv_layout="HND")
     with pytest.raises(ArgumentError, match="out: expected a C-contiguous"):
-        ops.batched_decode_attention(q, np.stack([kc, kc]), np.stack([kc, kc]), [3, 4], out=bad, backend="host")
+        ops.batched_decode_attention(q, np.stack([kc, kc]), np.stack([kc, kc]), [3, 4], out=bad, backend="host",
+                                     kv_layout="HND")
     # a contiguous out is written and returned
     good = np.zeros((2, H, D), np.float32)
     res = ops.paged_decode_attention(q, pc["k_pages"], pc["v_pages"], *_table(pc), out=good, backend="host")

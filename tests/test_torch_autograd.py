@@ -191,6 +191,22 @@ def test_flash_attention_forward_and_grads_match_torch_f64(n_q, n_k, h, hk, caus
         assert_close(o, r, "attention_backward")
 
 
+def test_flash_attention_default_is_not_causal_as_flash_attn_and_ops():
+    # pykern.torch's default was causal=True while pykern.ops.flash_attention, flash-attn's flash_attn_func and
+    # SDPA default to full attention: the same call gave a different answer through the torch wrapper
+    import pykern.ops
+
+    g = gen(61)
+    q, k, v = (torch.randn(1, 5, 2, 16, generator=g) for _ in range(3))
+    out = pt.flash_attention(q, k, v)
+    assert_close(out, attention_ref(q.double(), k.double(), v.double(), False, 16 ** -0.5), "flash_attention")
+    assert_close(out, torch.from_numpy(pykern.ops.flash_attention(q.numpy(), k.numpy(), v.numpy(), backend="host")),
+                 "flash_attention")
+    causal = pt.flash_attention(q, k, v, causal=True)
+    assert_close(causal, attention_ref(q.double(), k.double(), v.double(), True, 16 ** -0.5), "flash_attention")
+    assert not torch.allclose(out, causal)  # the case tells the two apart
+
+
 def test_flash_attention_decode_step_forward():
     g = gen(6)
     q, k, v = torch.randn(1, 1, 4, 32, generator=g), torch.randn(1, 9, 2, 32, generator=g), torch.randn(1, 9, 2, 32, generator=g)

@@ -238,7 +238,7 @@ def test_flash_attention_window_softcap_opcheck_and_compile_fullgraph():
     torch.library.opcheck(torch.ops.pykern.flash_attention.default, (q, k, v, True, 8 ** -0.5, 2, 0, 1.5))
 
     def f(q, k, v):
-        return (pt.flash_attention(q, k, v, window_size=(2, 0), softcap=1.5) ** 2).sum()
+        return (pt.flash_attention(q, k, v, causal=True, window_size=(2, 0), softcap=1.5) ** 2).sum()
 
     ref = f(q, k, v)
     rg = torch.autograd.grad(ref, (q, k, v))

@@ -77,12 +77,12 @@ def _cases(dt):
         ("rms_norm", lambda x, w: ops.rms_norm(x, w, 1e-5), [f(3, 40), f(40)], [0, 1]),
         ("flash_attention", lambda q, k, v: ops.flash_attention(q, k, v, causal=True, return_lse=True),
          [f(1, 5, 4, 16), f(1, 6, 2, 16), f(1, 6, 2, 16)], [0, 1, 2]),
-        ("decode_attention", lambda q, k, v: ops.decode_attention(q, k, v, 7),
+        ("decode_attention", lambda q, k, v: ops.decode_attention(q, k, v, 7, kv_layout="HND"),
          [f(4, 16), f(2, 12, 16), f(2, 12, 16)], [0, 1, 2]),
-        ("batched_decode_attention", lambda q, k, v, s: ops.batched_decode_attention(q, k, v, s),
+        ("batched_decode_attention", lambda q, k, v, s: ops.batched_decode_attention(q, k, v, s, kv_layout="HND"),
          [f(3, 4, 16), f(3, 2, 12, 16), f(3, 2, 12, 16), seq_lens], [0, 1, 2]),
         ("batched_decode_split_k", lambda q, k, v, s: ops.batched_decode_attention(q, k, v, s, method="split_k",
-                                                                                   chunk_size=4),
+                                                                                   chunk_size=4, kv_layout="HND"),
          [f(3, 4, 16), f(3, 2, 12, 16), f(3, 2, 12, 16), seq_lens], [0, 1, 2]),
         ("transpose_2d", lambda x: ops.transpose_2d(x), [f(2, 5, 33)], [0]),
         ("softmax_backward", lambda p, g: ops.softmax_backward(p, g), [probs, f(3, 10)], [0, 1]),
@@ -242,8 +242,10 @@ def _out_cases():
         ("silu_gate", lambda o, **kw: ops.silu_gate(x, x, out=o, **kw), (3, 8)),
         ("embedding", lambda o, **kw: ops.embedding(np.array([2, 0]), x, out=o, **kw), (2, 8)),
         ("flash_attention", lambda o, **kw: ops.flash_attention(q, k, v, out=o, **kw), (1, 3, 2, 8)),
-        ("decode_attention", lambda o, **kw: ops.decode_attention(dq, kc, vc, 4, out=o, **kw), (2, 8)),
-        ("batched_decode_attention", lambda o, **kw: ops.batched_decode_attention(bq, bk, bv, lens, out=o, **kw),
+        ("decode_attention", lambda o, **kw: ops.decode_attention(dq, kc, vc, 4, kv_layout="HND", out=o, **kw), (2, 8)),
+        ("batched_decode_attention", lambda o, **kw: ops.batched_decode_attention(bq, bk, bv, lens, kv_layout="HND",
+                                                                                  out=o,
+                                                                                       **kw),
          (2, 2, 8)),
     ]
 
@@ -288,7 +290,8 @@ def test_embedding_batch_seq_ids():
     np.testing.assert_array_equal(got, table[ids])
     with pytest.raises(ArgumentError, match=r"ids: expected every id in \[0, 9\), got 9"):
         ops.embedding(np.array([[1, 9]]), table)
-    with pytest.raises(ArgumentError, match=r"ids: expected 1 or 2 dimensions"):
+    with pytest.raises(ArgumentError,
+                       match=r"ids: expected a 1-D array \(n,\) or a 2-D array \(batch, seq_len\), got shape \(1, 1, 1\)"):
         ops.embedding(np.zeros((1, 1, 1), np.int64), table)
 
 
@@ -317,32 +320,33 @@ def test_decode_plan_never_plans_an_empty_grid():
 
 def test_batched_decode_with_no_sequence():
     q, k = np.zeros((0, 4, 16), np.float32), np.zeros((0, 2, 8, 16), np.float32)
-    got = ops.batched_decode_attention(q, k, k, np.zeros(0, np.uint32))
+    got = ops.batched_decode_attention(q, k, k, np.zeros(0, np.uint32), kv_layout="HND")
     assert got.shape == (0, 4, 16) and got.dtype == np.float32
-    got = ops.batched_decode_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(k), [])
+    got = ops.batched_decode_attention(torch.from_numpy(q), torch.from_numpy(k), torch.from_numpy(k), [],
+                                       kv_layout="HND")
     assert isinstance(got, torch.Tensor) and got.shape == (0, 4, 16)
 
 
 @pytest.mark.parametrize("dtype", [np.int8, np.uint8, np.int16, np.int32, np.int64, np.uint64])
 def test_seq_lens_any_integer_dtype(dtype):
     q, k, v = _f((2, 4, 16), np.float32), _f((2, 2, 8, 16), np.float32), _f((2, 2, 8, 16), np.float32)
-    ref = ops.batched_decode_attention(q, k, v, np.array([3, 8], np.uint32))
-    np.testing.assert_array_equal(ops.batched_decode_attention(q, k, v, np.array([3, 8], dtype)), ref)
+    ref = ops.batched_decode_attention(q, k, v, np.array([3, 8], np.uint32), kv_layout="HND")
+    np.testing.assert_array_equal(ops.batched_decode_attention(q, k, v, np.array([3, 8], dtype), kv_layout="HND"), ref)
     tq, tk, tv = map(torch.from_numpy, (q, k, v))
     if dtype != np.uint64 or hasattr(torch, "uint64"):
         lens = torch.from_numpy(np.array([3, 8], dtype))
-        np.testing.assert_array_equal(ops.batched_decode_attention(tq, tk, tv, lens).numpy(), ref)
-    np.testing.assert_array_equal(ops.decode_attention(q[0], k[0], v[0], np.array([3], dtype)), ref[0])
+        np.testing.assert_array_equal(ops.batched_decode_attention(tq, tk, tv, lens, kv_layout="HND").numpy(), ref)
+    np.testing.assert_array_equal(ops.decode_attention(q[0], k[0], v[0], np.array([3], dtype), kv_layout="HND"), ref[0])
 
 
 def test_seq_lens_out_of_range_named():
     q, k = _f((2, 4, 16), np.float32), _f((2, 2, 8, 16), np.float32)
     with pytest.raises(ArgumentError, match=r"seq_lens: expected every length in \[0, max_seq_len=8\], got -1"):
-        ops.batched_decode_attention(q, k, k, np.array([-1, 2], np.int32))
+        ops.batched_decode_attention(q, k, k, np.array([-1, 2], np.int32), kv_layout="HND")
     with pytest.raises(ArgumentError, match=r"seq_lens: expected every length in \[0, max_seq_len=8\], got 9"):
-        ops.batched_decode_attention(q, k, k, np.array([9, 2], np.int64))
+        ops.batched_decode_attention(q, k, k, np.array([9, 2], np.int64), kv_layout="HND")
     with pytest.raises(ArgumentTypeError, match=r"seq_lens: expected an integer array, got dtype float32"):
-        ops.batched_decode_attention(q, k, k, np.array([1, 2], np.float32))
+        ops.batched_decode_attention(q, k, k, np.array([1, 2], np.float32), kv_layout="HND")
 
 
 # --------------------------------------------------------------------------- imports
@@ -420,11 +424,11 @@ def test_cuda_graph_capture_and_replay_of_a_decode_step(method):
     s = torch.cuda.Stream()
     s.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(s):  # warm up: compile/load the kernels outside the capture
-        ops.batched_decode_attention(ops.rms_norm(q, wt), k, v, lens, method=method)
+        ops.batched_decode_attention(ops.rms_norm(q, wt), k, v, lens, method=method, kv_layout="HND")
     torch.cuda.current_stream().wait_stream(s)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.graph(g):
-        out = ops.batched_decode_attention(ops.rms_norm(q, wt), k, v, lens, method=method)
+        out = ops.batched_decode_attention(ops.rms_norm(q, wt), k, v, lens, method=method, kv_layout="HND")
     for step in range(3):
         qn = r.standard_normal((M, H, D)).astype(np.float32)
         ln = np.array([1 + step, 299 - step, 600 - 7 * step], np.int64)
@@ -432,7 +436,8 @@ def test_cuda_graph_capture_and_replay_of_a_decode_step(method):
         lens.copy_(torch.from_numpy(ln))
         g.replay()
         torch.cuda.synchronize()
-        want = ops.batched_decode_attention(ops.rms_norm(qn, w), kc, vc, ln.astype(np.uint32), method=method)
+        want = ops.batched_decode_attention(ops.rms_norm(qn, w), kc, vc, ln.astype(np.uint32), method=method,
+                                            kv_layout="HND")
         np.testing.assert_array_equal(out.cpu().numpy(), want)
 
 

@@ -622,7 +622,7 @@ def bench(args: argparse.Namespace) -> None:  # pragma: no cover - needs a GPU
                 last = torch.full((batch,), length % ps or ps, device=dev, dtype=torch.int32)
                 minimum = step_model("warp", batch, h, kvh, d, length, args.dtype)["min"]
                 runs: dict[str, Any] = {
-                    m: (lambda m=m: ops.batched_decode_attention(q, kc, vc, lens, method=m))
+                    m: (lambda m=m: ops.batched_decode_attention(q, kc, vc, lens, method=m, kv_layout="HND"))
                     for m in ("warp", "multi_warp", "split_k", "auto")}
                 plan = PagedDecodePlan(batch, h, kvh, d, ps, max_kv_len=length, q_dtype=args.dtype,
                                        kv_dtype=args.dtype, like=q)

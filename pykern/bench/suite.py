@@ -36,7 +36,7 @@ EXEMPT: dict[str, str] = {
     "PagedDecodePlan": "a plan object, not a kernel",
     "attn_tiling": "a helper, not a kernel",
     "decode_plan": "a helper, not a kernel",
-    "get_batch_indices_positions": "a host helper, not a kernel",
+    "get_batch_indices_positions": "an index helper: host arrays stay on the host, device arrays take one small launch",
     "sampling_from_probs": "sampling: one CTA per row, latency-bound at decode batch sizes (tests/test_sampling.py)",
     "top_k_sampling_from_probs": "sampling: one CTA per row (see sampling_from_probs)",
     "top_p_sampling_from_probs": "sampling: one CTA per row (see sampling_from_probs)",

@@ -65,7 +65,7 @@ def _attention_workloads(quick: bool, device: int = 0) -> Iterator[Workload]:
     sdpa = getattr(F, "scaled_dot_product_attention", None)
     yield Workload("decode_attention", f"h{heads}/{kvh} s{seq} d{hd}", "bf16", "memory",
                    (2 * kvh * seq * hd + 2 * heads * hd) * es, [
-        Impl("pykern", lambda: ops.decode_attention(qd, kc, vc, seq, backend="nvrtc")),
+        Impl("pykern", lambda: ops.decode_attention(qd, kc, vc, seq, backend="nvrtc", kv_layout="HND")),
         Impl("torch", (lambda: sdpa(qd[None, :, None], kc[None], vc[None], enable_gqa=True)) if sdpa else None,
              "" if sdpa else "no scaled_dot_product_attention"),
         flashinfer("single_decode_with_kv_cache", lambda f: lambda: f(qd, k_nhd, v_nhd)),

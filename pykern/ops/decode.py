@@ -12,9 +12,10 @@ head) and all query heads of its group (up to 2048 // head_dim of them: a larger
 takes ceil(group / rows) CTAs, each reading the K/V again). Each K/V tile is loaded from
 memory and converted to fp32 once, into shared memory, and serves every head of the group.
 
-Caches: kv_layout="HND" (default, as before): (num_kv_heads, max_seq_len, head_dim) per
-sequence; kv_layout="NHD": (max_seq_len, num_kv_heads, head_dim) per sequence (FlashInfer's
-and the model's natural (token, head, dim) order).
+Caches: kv_layout="NHD" (default, as every paged op and FlashInfer's single-request decode):
+(max_seq_len, num_kv_heads, head_dim) per sequence, the model's natural (token, head, dim) order;
+kv_layout="HND": (num_kv_heads, max_seq_len, head_dim) per sequence (transformers' KV cache order).
+The default was "HND" before: a caller with an HND cache passes kv_layout="HND".
 
 Methods:
   "warp"        one CTA per (sequence, kv head) over the whole cache (one launch).
@@ -409,7 +410,7 @@ def _kv_dims(kv_shape: tuple[int, ...], kv_layout: str) -> tuple[int, int]:
 
 
 def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: tuple[int, ...], batch: int,
-                  kv_layout: str = "HND") -> None:
+                  kv_layout: str) -> None:
     if kv_shape != v_shape:
         raise ArgumentError(f"v_cache: expected the shape of k_cache {kv_shape}, got {v_shape}")
     num_heads, head_dim = q_shape[-2], q_shape[-1]
@@ -417,7 +418,9 @@ def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: 
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ArgumentError(f"q: expected 1 <= head_dim <= {MAX_HEAD_DIM}, got {head_dim}")
     if kv_dim != head_dim:
-        raise ArgumentError(f"k_cache: expected head_dim {head_dim} (from q), got {kv_dim}")
+        lay = "(max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD" else "(num_kv_heads, max_seq_len, head_dim)"
+        raise ArgumentError(f"k_cache: expected {lay} (kv_layout={kv_layout!r}) with head_dim {head_dim} (from q), got "
+                            f"shape {kv_shape}")
     if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
         other = "NHD" if kv_layout == "HND" else "HND"
         raise ArgumentError(
@@ -436,7 +439,7 @@ def decode_attention(
     v_cache: Any,
     seq_len: Any,
     *,
-    kv_layout: str = "HND",
+    kv_layout: str = "NHD",
     scale: float | None = None,
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
@@ -452,8 +455,8 @@ def decode_attention(
     """Attention of one query token per head over the first `seq_len` cache positions.
 
     q: (num_heads, head_dim) float32, bfloat16 or float16; k_cache, v_cache:
-    (num_kv_heads, max_seq_len, head_dim) for kv_layout="HND" (default) or
-    (max_seq_len, num_kv_heads, head_dim) for "NHD", float32, bfloat16 or float16, num_heads a multiple
+    (max_seq_len, num_kv_heads, head_dim) for kv_layout="NHD" (default) or
+    (num_kv_heads, max_seq_len, head_dim) for "HND" (the default before), float32, bfloat16 or float16, num_heads a multiple
     of num_kv_heads (query head h reads kv head h // (num_heads // num_kv_heads)),
     head_dim <= 256. seq_len: an int in [0, max_seq_len], or a (1,) integer array (any int dtype)
     read by the kernel at run time (clamped to max_seq_len there, and on the tensor-core path a
@@ -488,10 +491,11 @@ def decode_attention(
     if arrays.io_kind("v_cache", v_cache, arrays.IO_KINDS) != kv_kind:
         raise ArgumentTypeError(f"v_cache: expected the dtype of k_cache ({arrays.dtype_name(k_cache)}), "
                                 f"got {arrays.dtype_name(v_cache)}")
-    q_shape = arrays.check_ndim("q", q, (2,))
-    kv_shape = arrays.check_ndim("k_cache", k_cache, (3,))
-    v_shape = arrays.check_ndim("v_cache", v_cache, (3,))
     kv_layout = _layout(kv_layout)
+    lay = "(max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD" else "(num_kv_heads, max_seq_len, head_dim)"
+    q_shape = arrays.check_ndim("q", q, (2,), "(num_heads, head_dim)")
+    kv_shape = arrays.check_ndim("k_cache", k_cache, (3,), f"{lay} (kv_layout={kv_layout!r})")
+    v_shape = arrays.check_ndim("v_cache", v_cache, (3,), f"{lay} (kv_layout={kv_layout!r})")
     _check_common(q_shape, kv_shape, v_shape, 1, kv_layout)
     num_heads, head_dim = q_shape
     num_kv_heads, max_seq_len = _kv_dims(kv_shape, kv_layout)
@@ -538,7 +542,7 @@ def batched_decode_attention(
     v_caches: Any,
     seq_lens: Any,
     *,
-    kv_layout: str = "HND",
+    kv_layout: str = "NHD",
     scale: float | None = None,
     window_left: int = -1,
     logits_soft_cap: float = 0.0,
@@ -554,8 +558,8 @@ def batched_decode_attention(
     """Decode attention for M sequences in one launch (two for split_k).
 
     q: (M, num_heads, head_dim). k_caches, v_caches: one stacked array
-    (M, num_kv_heads, max_seq_len, head_dim) ("HND", default) or (M, max_seq_len,
-    num_kv_heads, head_dim) (kv_layout="NHD"), or a list of M per-sequence arrays
+    (M, max_seq_len, num_kv_heads, head_dim) ("NHD", default) or (M, num_kv_heads,
+    max_seq_len, head_dim) (kv_layout="HND", the default before), or a list of M per-sequence arrays
     which is stacked into a copy (NumPy only;
     keep a stacked cache to avoid that copy per step). seq_lens: (M,) integer array (any int dtype)
     read by the kernel (each length clamped to max_seq_len there; a NumPy array is
@@ -574,13 +578,15 @@ def batched_decode_attention(
     if arrays.io_kind("v_caches", v_caches, arrays.IO_KINDS) != kv_kind:
         raise ArgumentTypeError(f"v_caches: expected the dtype of k_caches ({arrays.dtype_name(k_caches)}), "
                                 f"got {arrays.dtype_name(v_caches)}")
-    q_shape = arrays.check_ndim("q", q, (3,))
-    kv_shape = arrays.check_ndim("k_caches", k_caches, (4,))
-    v_shape = arrays.check_ndim("v_caches", v_caches, (4,))
+    kv_layout = _layout(kv_layout)
+    lay = ("(M, max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD"
+           else "(M, num_kv_heads, max_seq_len, head_dim)") + f" (kv_layout={kv_layout!r})"
+    q_shape = arrays.check_ndim("q", q, (3,), "(M, num_heads, head_dim)")
+    kv_shape = arrays.check_ndim("k_caches", k_caches, (4,), lay)
+    v_shape = arrays.check_ndim("v_caches", v_caches, (4,), lay)
     batch, num_heads, head_dim = q_shape
     if kv_shape[0] != batch:
         raise ArgumentError(f"k_caches: expected {batch} sequences (from q), got {kv_shape[0]}")
-    kv_layout = _layout(kv_layout)
     _check_common(q_shape, kv_shape, v_shape, max(batch, 1), kv_layout)
     if batch == 0:  # no sequence: nothing to launch, an empty result of q's kind
         if isinstance(seq_lens, (list, tuple)) and len(seq_lens):

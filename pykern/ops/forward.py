@@ -72,10 +72,10 @@ def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, back
     their device and trusted: the kernel writes a zero row for an id it cannot read.
     """
     kind = arrays.io_kind("table", table, arrays.IO_KINDS)
-    vocab, dim = arrays.check_ndim("table", table, (2,))
+    vocab, dim = arrays.check_ndim("table", table, (2,), "(vocab, dim)")
     if isinstance(ids, (list, tuple)):
         ids = np.asarray(ids, dtype=np.int64) if len(ids) else np.zeros(0, np.int64)
-    id_shape = tuple(arrays.check_ndim("ids", ids, (1, 2)))
+    id_shape = tuple(arrays.check_ndim("ids", ids, (1, 2), ("(n,)", "(batch, seq_len)")))
     n = _size(id_shape)
     if arrays.dtype_name(ids, "ids") not in _INT_DTYPES:
         raise ArgumentTypeError(f"ids: expected an integer array, got dtype {arrays.dtype_name(ids)}")
@@ -137,7 +137,7 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
     batch = x_shape[0] if len(x_shape) == 4 else 1
     if isinstance(position_ids, (list, tuple)):
         position_ids = np.asarray(position_ids) if len(position_ids) else np.zeros(0, np.int64)
-    pshape = tuple(arrays.check_ndim("position_ids", position_ids, (1, 2)))
+    pshape = tuple(arrays.check_ndim("position_ids", position_ids, (1, 2), ("(n_tokens,)", "(batch, n_tokens)")))
     if pshape not in ((n_tokens,), (1, n_tokens), (batch, n_tokens)):
         want = f"({n_tokens},) or (1, {n_tokens})" + (f" or ({batch}, {n_tokens})" if batch > 1 else "")
         raise ArgumentError(f"position_ids: expected shape {want} for x of shape {tuple(x_shape)}, got {pshape}")
@@ -206,7 +206,8 @@ def rope(
     out= writes into a given array (x's shape, dtype and kind) instead.
     """
     kind = arrays.io_kind("x", x, arrays.IO_KINDS)
-    shp = arrays.check_ndim("x", x, (3, 4))
+    shp = arrays.check_ndim("x", x, (3, 4), ("(n_tokens, num_heads, head_dim)",
+                                            "(batch, n_tokens, num_heads, head_dim)"))
     if style not in _STYLES:
         raise ArgumentError(f"style: expected 'interleaved' or 'half', got {style!r}")
     if not isinstance(inverse, (bool, np.bool_)):
@@ -218,7 +219,7 @@ def rope(
     cos, sin = _f32_table("cos", cos), _f32_table("sin", sin)
     widths = []
     for name, t in (("cos", cos), ("sin", sin)):
-        ts = arrays.check_ndim(name, t, (2,))
+        ts = arrays.check_ndim(name, t, (2,), f"(max_pos, {half}) or (max_pos, {head_dim})")
         if ts[1] not in (half, head_dim):
             raise ArgumentError(
                 f"{name}: expected shape (max_pos, {half}) or (max_pos, {head_dim}) for head_dim {head_dim}, got {ts}"
@@ -364,7 +365,8 @@ def rms_norm(
         raise ArgumentError(f"x: expected at least 1 dimension, got shape {shp}")
     dim = shp[-1]
     if arrays.shape_of(weight) != (dim,):
-        raise ArgumentError(f"weight: expected shape ({dim},), got {arrays.shape_of(weight)}")
+        raise ArgumentError(f"weight: expected shape (hidden,) = ({dim},) (x's last axis), got "
+                            f"{tuple(arrays.shape_of(weight))}")
     if not isinstance(eps, (int, float, np.floating)) or not eps >= 0 or not math.isfinite(eps):
         raise ArgumentError(f"eps: expected a finite number >= 0, got {eps!r}")
     offset = norm_offset(offset)
@@ -391,7 +393,7 @@ def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, b
     masked entries are 0 in the result. Rows are max-shifted (numerically stable).
     """
     arrays.io_kind("scores", scores, ("f32",))
-    n_q, n_heads, kv_len = arrays.check_ndim("scores", scores, (3,))
+    n_q, n_heads, kv_len = arrays.check_ndim("scores", scores, (3,), "(n_q, num_heads, kv_len)")
     if isinstance(past_len, bool) or not isinstance(past_len, (int, np.integer)) or past_len < 0:
         raise ArgumentError(f"past_len: expected an integer >= 0, got {past_len!r}")
     _check_u32("past_len", int(past_len))
@@ -533,14 +535,16 @@ def flash_attention(
     kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     _same_dtype("k", k, kind, "q")
     _same_dtype("v", v, kind, "q")
-    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,))
-    ks = arrays.check_ndim("k", k, (4,))
-    vs = arrays.check_ndim("v", v, (4,))
+    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
+    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
+    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
     if ks[0] != batch or ks[3] != head_dim:
-        raise ArgumentError(f"k: expected shape ({batch}, n_k, n_kv_heads, {head_dim}), got {ks}")
+        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
+                            f"{head_dim}) (batch and head_dim from q), got {ks}")
     n_k, n_kv_heads = ks[1], ks[2]
     if vs[:3] != (batch, n_k, n_kv_heads):
-        raise ArgumentError(f"v: expected shape ({batch}, {n_k}, {n_kv_heads}, head_dim_v), got {vs}")
+        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
+                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
     head_dim_v = vs[3]
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")

@@ -68,7 +68,7 @@ def moe_route(
     One fused kernel, one warp per token.
     """
     kind = arrays.io_kind("router_logits", router_logits, arrays.IO_KINDS)
-    shape = arrays.check_ndim("router_logits", router_logits, (2,))
+    shape = arrays.check_ndim("router_logits", router_logits, (2,), "(num_tokens, num_experts)")
     n_tok, n_exp = int(shape[0]), int(shape[1])
     if not 1 <= n_exp <= _ROUTE_MAX_EXPERTS:
         raise ArgumentError(f"router_logits.shape[1] (experts): expected 1..{_ROUTE_MAX_EXPERTS}, got {n_exp}")
@@ -176,8 +176,8 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     """
     kind = arrays.io_kind("a", a, arrays.IO_KINDS)
     _same_kind("b", b, kind, "a")
-    m, k = arrays.check_ndim("a", a, (2,))
-    n_groups, n, kb = arrays.check_ndim("b", b, (3,))
+    m, k = arrays.check_ndim("a", a, (2,), "(M, K)")
+    n_groups, n, kb = arrays.check_ndim("b", b, (3,), "(E, N, K)")
     if kb != k:
         raise ArgumentError(f"b: expected shape (E, N, {k}) (K of a), got {tuple(arrays.shape_of(b))}")
     offsets = _check_offsets(offsets, n_groups, m)
@@ -236,7 +236,7 @@ def moe_align(topk_ids: Any, n_experts: int, block: int = TC_BM, *, stream: Any 
     expert the slots keep their order, so the layout is deterministic. sorted_slot has
     T*k + min(E, T*k) * (block - 1) rows, the most the padding can need (no host round-trip).
     """
-    shape = arrays.check_ndim("topk_ids", topk_ids, (2,))
+    shape = arrays.check_ndim("topk_ids", topk_ids, (2,), "(num_tokens, top_k)")
     n_exp = _int_arg("n_experts", n_experts, 1, 2**20)
     block = _int_arg("block", block, 1, 1024)
     ids = _check_ids(topk_ids, n_exp)
@@ -267,8 +267,8 @@ def _experts_args(x: Any, gate_up_proj: Any, down_proj: Any, topk_ids: Any, topk
     kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("gate_up_proj", gate_up_proj, kind, "x")
     _same_kind("down_proj", down_proj, kind, "x")
-    n_tok, hid = arrays.check_ndim("x", x, (2,))
-    gshape = arrays.check_ndim("gate_up_proj", gate_up_proj, (3,))
+    n_tok, hid = arrays.check_ndim("x", x, (2,), "(num_tokens, hidden)")
+    gshape = arrays.check_ndim("gate_up_proj", gate_up_proj, (3,), "(E, 2 * intermediate, hidden)")
     n_exp, two_i, gh = gshape
     if gh != hid or two_i % 2 or two_i == 0:
         raise ArgumentError(f"gate_up_proj: expected shape (E, 2 * intermediate, {hid}) (hidden of x), got {gshape}")
@@ -276,7 +276,7 @@ def _experts_args(x: Any, gate_up_proj: Any, down_proj: Any, topk_ids: Any, topk
     dshape = tuple(arrays.shape_of(down_proj))
     if dshape != (n_exp, hid, inter):
         raise ArgumentError(f"down_proj: expected shape {(n_exp, hid, inter)} (E, hidden, intermediate), got {dshape}")
-    ishape = arrays.check_ndim("topk_ids", topk_ids, (2,))
+    ishape = arrays.check_ndim("topk_ids", topk_ids, (2,), "(num_tokens, top_k)")
     if ishape[0] != n_tok:
         raise ArgumentError(f"topk_ids: expected {n_tok} rows (tokens of x), got shape {ishape}")
     wshape = tuple(arrays.shape_of(topk_weights, "topk_weights"))

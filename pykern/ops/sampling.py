@@ -17,8 +17,13 @@ Semantics (FlashInfer's, with the choices where it leaves room spelled out):
 - min-p keeps p >= min_p * max(p) (min_p in [0, 1]).
 - top_k_top_p: filter_apply_order="top_k_first" (default) applies top-p to the top-k
   renormalized distribution; "joint" keeps the entries that pass both filters on the raw row.
-- NaN, negative and infinite probabilities count as 0. A row without mass gets token 0 and
-  valid=False (return_valid=True returns the flags).
+- A row without mass (all zeros) gets token 0 and valid=False (return_valid=True returns the flags).
+- A row holding a NaN, an inf or a negative probability is no distribution: it also gets token 0
+  and valid=False (never a token drawn from its other entries), and the renorm ops return it as a
+  row of NaN (top_k_renorm_probs with the filter off, top_k = 0 or >= vocab, returns its input
+  unchanged). check_nan=True (FlashInfer's flag) checks host probs first and raises ArgumentError
+  naming `probs` and the first such entry; device probs are never read on the host (no sync), so
+  there the valid flags are the check.
 - Per-row parameters: a scalar or an array of shape (batch,) (indexed by output row).
 
 Reproducibility: every sampling op draws one 32-bit uniform per output row b from
@@ -66,7 +71,7 @@ _R_TOP_K, _R_K_ARR, _R_P_ARR = 1, 2, 4
 # --------------------------------------------------------------------------- argument helpers
 def _matrix(name: str, a: Any) -> tuple[Any, str, int, int]:
     kind = arrays.io_kind(name, a, arrays.IO_KINDS)  # f32, bf16, f16: FlashInfer's sampling dtypes
-    shp = arrays.check_ndim(name, a, (2,))
+    shp = arrays.check_ndim(name, a, (2,), "(batch, vocab)")
     batch, vocab = shp
     if vocab < 1:
         raise ArgumentError(f"{name}: expected at least one column (vocab >= 1), got shape {shp}")
@@ -230,10 +235,16 @@ def _indices(indices: Any, rows: int, like: Any) -> tuple[Any, int]:
 
 
 def _check_nan(name: str, a: Any) -> None:
+    """check_nan=True on host probs: a NaN, inf or negative entry is an error naming it (FlashInfer's check_nan,
+    extended to the other values that are no probability). Device probs are not read on the host (no sync): their
+    bad rows come back as valid=False."""
     if arrays.is_host(a):
-        h = arrays.host_view(a)
-        if np.isnan(np.asarray(h, np.float32)).any():
-            raise ArgumentError(f"{name}: contains NaN (check_nan=True)")
+        h = np.asarray(arrays.host_view(a), np.float32)
+        bad = ~((h >= 0.0) & (h < np.inf))  # NaN fails both tests
+        if bad.any():
+            r, c = (int(x) for x in np.argwhere(bad)[0])
+            raise ArgumentError(f"{name}: expected probabilities in [0, inf) (check_nan=True), got {name}[{r}, {c}]="
+                                f"{float(h[r, c])!r}")
 
 
 def _as_bool(valid: Any) -> Any:
@@ -283,8 +294,9 @@ def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = T
     """One token per row of probs (batch, vocab), drawn with probability p / sum(p): int32 (batch,).
 
     indices (n,) maps output i to row indices[i] of probs. deterministic is accepted for
-    FlashInfer compatibility (the kernel is always deterministic). check_nan checks host probs.
-    Returns samples, or (samples, valid) with return_valid (valid False for a row without mass).
+    FlashInfer compatibility (the kernel is always deterministic). check_nan=True raises ArgumentError for a NaN,
+    inf or negative entry of host probs. Returns samples, or (samples, valid) with return_valid (valid False,
+    token 0, for a row without mass or with a NaN, inf or negative entry).
     """
     del deterministic
     return _sample(probs, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,

@@ -299,8 +299,10 @@ def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int
     if _kv_kind("v_pages", v_pages) != kind:
         raise ArgumentTypeError(f"v_pages: expected the dtype of k_pages ({arrays.dtype_name(k_pages)}), got "
                                 f"{arrays.dtype_name(v_pages)}")
-    ks = arrays.check_ndim("k_pages", k_pages, (4,))
-    vs = arrays.check_ndim("v_pages", v_pages, (4,))
+    lay = "(num_pages, page_size, num_kv_heads, head_dim) (kv_layout='NHD')" if layout == 0 else \
+        "(num_pages, num_kv_heads, page_size, head_dim) (kv_layout='HND')"
+    ks = arrays.check_ndim("k_pages", k_pages, (4,), lay)
+    vs = arrays.check_ndim("v_pages", v_pages, (4,), lay)
     if vs != ks:
         raise ArgumentError(f"v_pages: expected the shape of k_pages {ks}, got {vs}")
     if layout == 0:
@@ -337,9 +339,10 @@ def _cache_positional(k_pages: Any, v_pages: Any, rest: tuple[Any, ...], kv_layo
 
 def _check_q(q: Any, kvh: int, d: int, lead_name: str) -> tuple[str, int, int]:
     kind = arrays.io_kind("q", q, _Q_KINDS)
-    n, h, qd = arrays.check_ndim("q", q, (3,))
+    n, h, qd = arrays.check_ndim("q", q, (3,), f"({lead_name}, num_heads, head_dim)")
     if qd != d:
-        raise ArgumentError(f"q: expected head_dim {d} (from the K/V), got {qd}")
+        raise ArgumentError(f"q: expected shape ({lead_name}, num_heads, {d}) (head_dim {d} from the K/V), got "
+                            f"{(n, h, qd)}")
     if h < 1 or h % kvh:
         raise ArgumentError(f"q: expected num_heads a multiple of num_kv_heads={kvh}, got num_heads={h}")
     return kind, n, h
@@ -395,7 +398,10 @@ def append_paged_kv_cache(
     positions[t] % page_size of page kv_indices[kv_indptr[b] + positions[t] // page_size].
     The page table must already include the appended tokens (update kv_indptr,
     kv_indices and kv_last_page_len first): with host index arrays every position is
-    checked to be below its sequence's length.
+    checked to be below its sequence's length. A token with batch_indices[t] == -1 is padding
+    (get_batch_indices_positions marks the tokens past append_indptr[-1] so on device arrays) and is
+    skipped, as is, on device arrays (not checked on the host), any token whose sequence or page is out
+    of range: such a token is never written to another sequence's slot.
 
     The pages: k_pages and v_pages, or FlashInfer's single `paged_kv_cache` in k_pages's place
     (a (k, v) pair, or one (pages, 2, ...) array whose [:, 0] / [:, 1] are K / V), followed
@@ -426,7 +432,7 @@ def append_paged_kv_cache(
             if sc is not None and _check_scale(nm, sc) != 1.0:
                 raise ArgumentError(f"{nm}: scales apply to FP8 pages only; got {sc!r} for {kind} pages")
     ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
-    ks = arrays.check_ndim("k", k, (3,))
+    ks = arrays.check_ndim("k", k, (3,), "(nnz, num_kv_heads, head_dim)")
     if ks[1:] != (kvh, d):
         raise ArgumentError(f"k: expected shape (nnz, {kvh}, {d}) (from k_pages), got {ks}")
     if arrays.shape_of(v) != ks:
@@ -437,14 +443,19 @@ def append_paged_kv_cache(
     table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, None, num_pages, page_size)
     bi, hb = _index("batch_indices", batch_indices, nnz)
     pos, hp = _index("positions", positions, nnz)
-    if hb is not None and nnz and (int(hb.min()) < 0 or int(hb.max()) >= table.batch):
-        raise ArgumentError(f"batch_indices: expected values in [0, {table.batch}) (batch from kv_indptr), got "
-                            f"range [{int(hb.min())}, {int(hb.max())}]")
+    # batch index -1 marks a padding token (get_batch_indices_positions' mark on device arrays): skipped
+    real = None if hb is None else hb != -1
+    if hb is not None and nnz and (int(hb.min()) < -1 or int(hb.max()) >= table.batch):
+        bad = int(np.argmax((hb < -1) | (hb >= table.batch)))
+        raise ArgumentError(f"batch_indices: expected values in [0, {table.batch}) (batch from kv_indptr), or -1 "
+                            f"for a padding token, got batch_indices[{bad}]={int(hb[bad])}")
     if hp is not None and nnz:
-        if int(hp.min()) < 0:
-            raise ArgumentError(f"positions: expected values >= 0, got {int(hp.min())}")
-        if hb is not None and table.lens is not None:
-            over = hp >= table.lens[hb]
+        hp_real = hp if real is None else hp[real]
+        if hp_real.size and int(hp_real.min()) < 0:
+            t = int(np.argmax((hp < 0) & (True if real is None else real)))
+            raise ArgumentError(f"positions: expected values >= 0, got positions[{t}]={int(hp[t])}")
+        if hb is not None and table.lens is not None and real.any():
+            over = real & (hp >= table.lens[np.maximum(hb, 0)])
             if over.any():
                 t = int(np.argmax(over))
                 raise ArgumentError(
@@ -469,20 +480,83 @@ def _check_enable_pdl(enable_pdl: Any) -> None:
         raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
 
 
-def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int) -> tuple[np.ndarray, np.ndarray]:
-    """(batch_indices, positions) int32 of nnz appended tokens (FlashInfer's helper, on the host).
+def _host_ints(name: str, a: Any) -> np.ndarray | None:
+    """An int64 NumPy copy of a host integer array (a list, NumPy, a CPU tensor), else None (device memory)."""
+    if isinstance(a, (list, tuple)):
+        a = np.asarray(a) if len(a) else np.zeros(0, np.int64)
+    h = _host(a)
+    if h is None:
+        return None
+    if h.dtype.kind not in "iu":
+        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {h.dtype}")
+    return h.astype(np.int64)
+
+
+@arrays.stream_scoped
+def get_batch_indices_positions(append_indptr: Any, seq_lens: Any, nnz: int, *, stream: Any = None,
+                                backend: str | None = None) -> tuple[Any, Any]:
+    """(batch_indices, positions) int32 of nnz appended tokens (FlashInfer's helper).
 
     Sequence b appends append_indptr[b+1] - append_indptr[b] tokens that become the last
-    tokens of its seq_lens[b] (the length after the append).
+    tokens of its seq_lens[b] (the length after the append): token t of that range gets
+    batch index b and position seq_lens[b] - (append_indptr[b+1] - t).
+
+    Host arrays (lists, NumPy, CPU tensors) are checked and the result is NumPy: append_indptr
+    non-decreasing from 0, nnz == append_indptr[-1], and each seq_lens[b] >= 0 and at least the tokens
+    appended to b (no negative position). Device arrays are not read on the host (no sync): a kernel
+    (paged_batch_indices_positions) fills arrays of their kind, and tokens the indptr does not cover
+    (t >= append_indptr[-1], e.g. nnz padded to a CUDA graph's size) or whose position would be negative
+    get batch index -1 and position -1, which append_paged_kv_cache skips. (FlashInfer leaves such tokens
+    uninitialized.)
     """
-    ip = np.asarray(append_indptr, np.int64)
-    sl = np.asarray(seq_lens, np.int64)
-    bi = np.zeros(nnz, np.int32)
-    pos = np.zeros(nnz, np.int32)
-    for b in range(len(ip) - 1):
-        n = int(ip[b + 1] - ip[b])
-        bi[ip[b]:ip[b + 1]] = b
-        pos[ip[b]:ip[b + 1]] = np.arange(int(sl[b]) - n, int(sl[b]))
+    if isinstance(nnz, bool) or not isinstance(nnz, (int, np.integer)) or int(nnz) < 0:
+        raise ArgumentError(f"nnz: expected an int >= 0, got {nnz!r}")
+    nnz = int(nnz)
+    arrays.check_u32("nnz", nnz)
+    ip, sl = _host_ints("append_indptr", append_indptr), _host_ints("seq_lens", seq_lens)
+    if ip is not None and sl is not None:
+        if ip.ndim != 1 or ip.shape[0] < 1:
+            raise ArgumentError(f"append_indptr: expected shape (batch + 1,), got {ip.shape}")
+        batch = ip.shape[0] - 1
+        if sl.shape != (batch,):
+            raise ArgumentError(f"seq_lens: expected shape ({batch},) (batch from append_indptr), got {sl.shape}")
+        if int(ip[0]) != 0:
+            raise ArgumentError(f"append_indptr: expected append_indptr[0] == 0, got {int(ip[0])}")
+        _check_indptr("append_indptr", ip, int(ip[-1]), "append_indptr[-1]")
+        if nnz != int(ip[-1]):
+            # a larger nnz would leave tokens that belong to no sequence: FlashInfer leaves them uninitialized,
+            # and zeros would append them to sequence 0 at position 0, over its first token
+            raise ArgumentError(f"nnz: expected append_indptr[-1]={int(ip[-1])} (the appended tokens), got {nnz}")
+        n_app = np.diff(ip)
+        if sl.size and int(sl.min()) < 0:
+            b = int(np.argmax(sl < 0))
+            raise ArgumentError(f"seq_lens: expected lengths >= 0, got seq_lens[{b}]={int(sl[b])}")
+        short = sl < n_app
+        if short.any():
+            b = int(np.argmax(short))
+            raise ArgumentError(f"seq_lens: expected seq_lens[b] >= the tokens appended to sequence b "
+                                f"(append_indptr[b+1] - append_indptr[b], the length includes them), got "
+                                f"seq_lens[{b}]={int(sl[b])} for {int(n_app[b])} appended tokens")
+        if sl.size and int(sl.max()) > _MAX_LEN:
+            raise ArgumentError(f"seq_lens: expected lengths of at most 2**30, got {int(sl.max())}")
+        bi = np.repeat(np.arange(batch, dtype=np.int32), n_app)
+        pos = (np.arange(nnz, dtype=np.int64) - np.repeat(ip[1:], n_app) + np.repeat(sl, n_app)).astype(np.int32)
+        return bi, pos
+    if ip is not None or sl is not None:
+        host, dev = ("append_indptr", "seq_lens") if ip is not None else ("seq_lens", "append_indptr")
+        raise ArgumentTypeError(f"{host}: expected device memory like {dev}, got a host array")
+    ipd, _ = _index("append_indptr", append_indptr, None)
+    batch = arrays.shape_of(ipd)[0] - 1
+    if batch < 0:
+        raise ArgumentError("append_indptr: expected shape (batch + 1,), got (0,)")
+    sld, _ = _index("seq_lens", seq_lens, batch)
+    bi = arrays.empty((nnz,), "int32", like=ipd)
+    pos = arrays.empty((nnz,), "int32", like=ipd)
+    if nnz:
+        from ..launcher import launch
+
+        launch("paged_batch_indices_positions", (-(-nnz // _NT),), (_NT,), ipd, sld, bi, pos, batch, nnz,
+               stream=arrays.launch_stream(stream, ipd), backend=backend)
     return bi, pos
 
 
@@ -1039,7 +1113,7 @@ def flash_attention_varlen(
 
     kind = arrays.io_kind("k", k, _Q_KINDS)
     arrays.same_kind("v", v, kind, "k")
-    ks = arrays.check_ndim("k", k, (3,))
+    ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
     if arrays.shape_of(v) != ks:
         raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
     total_k, kvh, d = ks

@@ -326,8 +326,10 @@ def attention_backward(
     kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     for name, a in (("k", k), ("v", v), ("grad_out", grad_out)):
         _same_kind(name, a, kind, "q")
-    qs = tuple(arrays.check_ndim("q", q, (3, 4)))
-    ks = tuple(arrays.check_ndim("k", k, (len(qs),)))
+    qs = tuple(arrays.check_ndim("q", q, (3, 4), ("(n_q, num_heads, head_dim)",
+                                                           "(batch, n_q, num_heads, head_dim)")))
+    ks = tuple(arrays.check_ndim("k", k, (len(qs),), ("(batch, " if len(qs) == 4 else "(")
+                                 + "n_k, num_kv_heads, head_dim), as q"))
     batched = len(qs) == 4
     b = qs[0] if batched else 1
     n_q, h, d = qs[-3:]

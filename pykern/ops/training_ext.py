@@ -546,8 +546,8 @@ def fused_linear_cross_entropy(
 
     kind = arrays.io_kind("hidden", hidden, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "hidden")
-    n, h = arrays.check_ndim("hidden", hidden, (2,))
-    v, h2 = arrays.check_ndim("weight", weight, (2,))
+    n, h = arrays.check_ndim("hidden", hidden, (2,), "(num_tokens, hidden)")
+    v, h2 = arrays.check_ndim("weight", weight, (2,), "(vocab, hidden)")
     if h2 != h:
         raise ArgumentError(f"weight: expected shape (vocab, {h}) (hidden's last axis), got {(v, h2)}")
     if v < 1:

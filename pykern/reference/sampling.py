@@ -66,6 +66,15 @@ def _helpers(cuda: Any) -> Any:
         return 0.0
 
     @cuda.jit(device=True)
+    def row_bad(probs, base, n):
+        # some entry is NaN, inf or negative: no distribution (the kernels' SpRow::bad)
+        for i in range(n):
+            x = probs[base + i]
+            if not (x >= 0.0 and x < math.inf):
+                return True
+        return False
+
+    @cuda.jit(device=True)
     def row_scale(probs, base, n):
         # (max, 2^(40 - e)) with 2^(e-1) <= max < 2^e; max 0 for a row without mass
         m = 0.0
@@ -155,7 +164,7 @@ def _helpers(cuda: Any) -> Any:
         hi, lo = mul32(total & _M32, big)
         return (total >> 32) * big + hi + (1 if lo != 0 else 0)
 
-    return philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target
+    return philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target, row_bad
 
 
 @reference("sampling_philox")
@@ -205,7 +214,8 @@ def _mass(cuda: Any) -> Any:
 def _sampling(cuda: Any) -> Any:
     import numba
 
-    philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target = _helpers(cuda)
+    (philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target,
+     row_bad) = _helpers(cuda)
 
     @cuda.jit
     def k(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
@@ -218,7 +228,7 @@ def _sampling(cuda: Any) -> Any:
         m, scale = row_scale(probs, base, vocab)
         out[b] = 0
         valid[b] = 0
-        if m == 0.0:
+        if m == 0.0 or row_bad(probs, base, vocab):
             return
         lo_v = 0.0  # keep x >= lo_v with x > 0
         if flags & 8:
@@ -265,7 +275,8 @@ def _sampling(cuda: Any) -> Any:
 def _renorm(cuda: Any) -> Any:
     import numba
 
-    philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target = _helpers(cuda)
+    (philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target,
+     row_bad) = _helpers(cuda)
 
     @cuda.jit
     def k(probs, out, top_k_arr, top_p_arr, vocab, flags, top_k_val, top_p_val):
@@ -276,8 +287,13 @@ def _renorm(cuda: Any) -> Any:
         m, scale = row_scale(probs, base, vocab)
         copy = False
         lo_v = 0.0
+        kk = top_k_arr[b] if flags & 2 else top_k_val
+        if (not flags & 1 or (kk > 0 and kk < vocab)) and row_bad(probs, base, vocab):
+            # an active filter over a NaN / inf / negative entry: a NaN row
+            for i in range(vocab):
+                out[base + i] = math.nan
+            return
         if flags & 1:
-            kk = top_k_arr[b] if flags & 2 else top_k_val
             if m == 0.0 or kk <= 0 or kk >= vocab:
                 copy = True
             else:

@@ -342,6 +342,32 @@ for _eb, _names in {0: ("paged_append_kv", "paged_append_kv_bf16", "paged_append
     reference(*_names)(lambda cuda, _eb=_eb: _append_ref(cuda, _eb))
 
 
+@reference("paged_batch_indices_positions")
+def _batch_indices_positions(cuda: Any) -> Any:
+    @cuda.jit
+    def k(append_indptr, seq_lens, batch_indices, positions, batch, nnz):
+        # one thread a token, a linear scan for its sequence; uncovered tokens and negative positions: -1, -1
+        t = cuda.grid(1)
+        if t >= nnz:
+            return
+        b = -1
+        pos = -1
+        for s in range(batch):
+            if append_indptr[s] <= t < append_indptr[s + 1]:
+                p = seq_lens[s] - (append_indptr[s + 1] - t)
+                if p >= 0:
+                    b = s
+                    pos = p
+                break
+        batch_indices[t] = b
+        positions[t] = pos
+
+    def config(args: Any) -> Any:
+        return ((args[5] + 63) // 64,), (64,)
+
+    return k, config
+
+
 # flash_attention_varlen's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu): the same function as
 # dense_attn over cu_seqlens, with their own parameter list; head_dim = out's size / lse's size.
 _VARLEN_TC_NAMES = tuple(f"flash_attention_varlen_tc_d{d}{c}{t}" for d in (64, 128) for c in ("", "_softcap")

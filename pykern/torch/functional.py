@@ -286,12 +286,13 @@ def _fa_bwd(ctx, grad_out, grad_lse):
 _flash_attention.register_autograd(_fa_bwd, setup_context=_fa_setup)
 
 
-def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = True, scale: Optional[float] = None, *,
+def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None, *,
                     window_size: tuple[int, int] = (-1, -1), softcap: Optional[float] = None) -> Tensor:
     """softmax(scale * q k^T) v; q (batch, n_q, heads, d), k/v (batch, n_k, kv_heads, d), GQA allowed.
 
-    causal=True aligns the mask bottom-right (query i sees keys j <= i + n_k - n_q),
-    as in a KV-cached decode step. window_size=(left, right) is flash-attn's sliding window
+    causal=False (the default, as flash-attn's flash_attn_func, torch's scaled_dot_product_attention and
+    pykern.ops.flash_attention; it was True before) attends to every key; causal=True aligns the mask
+    bottom-right (query i sees keys j <= i + n_k - n_q), as in a KV-cached decode step. window_size=(left, right) is flash-attn's sliding window
     (-1 = unbounded on that side; query i' = i + n_k - n_q sees keys i' - left <= j <= i' + right;
     causal sets right to 0): transformers' sliding_window=W is window_size=(W - 1, 0) with causal.
     softcap=c > 0 (Gemma 2 / 3's attn_logit_softcapping) turns the scores into c * tanh(scores / c)

@@ -42,6 +42,12 @@ def _clean(x: np.ndarray) -> np.ndarray:
     return np.where((x > 0) & np.isfinite(x), x, 0.0)
 
 
+def _bad(x: np.ndarray) -> bool:
+    """A NaN, inf or negative entry: the row is no distribution (no token; the renorm ops give a NaN row)."""
+    x = np.asarray(x, np.float64)
+    return bool((~((x >= 0) & (x < np.inf))).any())
+
+
 def np_mass(row: np.ndarray) -> np.ndarray:
     """Fixed-point mass floor(p * 2^(40 - e)) of a cleaned row (2^(e-1) <= max < 2^e), as Python-exact int64."""
     m = row.max()
@@ -78,7 +84,7 @@ def np_sample(probs: np.ndarray, seed: Any, offset: Any = 0, *, top_k: Any = Non
     out, valid = np.zeros(n, np.int32), np.zeros(n, bool)
     for b in range(n):
         row = _clean(probs[idx[b]])
-        if row.max() == 0:
+        if row.max() == 0 or _bad(probs[idx[b]]):
             continue
         q = np_mass(row)
         lo = 0.0
@@ -126,7 +132,13 @@ def np_top_k_renorm(probs: np.ndarray, top_k: Any) -> np.ndarray:
     for b, row in enumerate(probs):
         k = int(top_k[b]) if np.ndim(top_k) else int(top_k)
         r = _clean(row)
-        if k <= 0 or k >= r.size or r.max() == 0:
+        if k <= 0 or k >= r.size:
+            out[b] = row
+            continue
+        if _bad(row):
+            out[b] = np.nan
+            continue
+        if r.max() == 0:
             out[b] = row
             continue
         keep = (r >= _kth(r, k)) & (r > 0)
@@ -140,6 +152,9 @@ def np_top_p_renorm(probs: np.ndarray, top_p: Any) -> np.ndarray:
     for b, row in enumerate(probs):
         p = float(top_p[b]) if np.ndim(top_p) else float(top_p)
         r = _clean(row)
+        if _bad(row):
+            out[b] = np.nan
+            continue
         if r.max() == 0:
             continue
         d = np_filtered_dist(r, top_p=p)
@@ -165,7 +180,7 @@ _SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}  # the kernels' instantiat
 
 
 def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f32", ties: bool = False,
-               zeros: int = 2) -> np.ndarray:
+               zeros: int = 2, poison: tuple[float, ...] = ()) -> np.ndarray:
     from ...arrays import bfloat16
 
     x = rng.random((batch, vocab)) ** 3
@@ -174,15 +189,17 @@ def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f3
     for b in range(batch):
         x[b, rng.integers(0, vocab, zeros)] = 0
     x = x / x.sum(1, keepdims=True)
+    for b, v in zip(range(1, batch), poison):  # rows 1, 2, ...: one entry that is no probability
+        x[b, rng.integers(0, vocab)] = v
     # bfloat16() only for bf16: it needs ml_dtypes, which the f32 and f16 cases must not
     return x.astype(bfloat16() if kind == "bf16" else np.float16 if kind == "f16" else np.float32)
 
 
 def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
-                   note: str = "", **params: Any) -> Case:
+                   note: str = "", poison: tuple[float, ...] = (), **params: Any) -> Case:
     from ... import ops
 
-    probs = make_probs(rng, batch, vocab, kind, ties)
+    probs = make_probs(rng, batch, vocab, kind, ties, poison=poison)
     seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
     fn = getattr(ops, op)
     args = [params[k] for k in ("top_k", "top_p", "min_p") if k in params]
@@ -199,16 +216,17 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
         return {"samples": s, "valid": v.astype(np.int32)}
 
     shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items())
-    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else ""),
+    bad = f"-bad{list(poison)}" if poison else ""
+    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad,
                 kernels=("sampling_from_probs" + _SUFFIX[kind],), run=run, reference=ref,
                 note=note)
 
 
 def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, param: Any,
-                 ties: bool = False, note: str = "") -> Case:
+                 ties: bool = False, note: str = "", poison: tuple[float, ...] = ()) -> Case:
     from ... import ops
 
-    probs = make_probs(rng, batch, vocab, kind, ties)
+    probs = make_probs(rng, batch, vocab, kind, ties, poison=poison)
     if op == "top_k_mask_logits":
         with np.errstate(divide="ignore"):
             x = np.log(np.asarray(probs, np.float32)).astype(probs.dtype)
@@ -225,8 +243,8 @@ def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab
         return {"out": refn(np.asarray(x, np.float32), param)}
 
     return Case(op=op, dtype=kind, shape=f"B{batch}-V{vocab}-{'arr' if np.ndim(param) else param}"
-                + ("-ties" if ties else ""), kernels=(kernel + _SUFFIX[kind],), run=run,
-                reference=ref, note=note)
+                + ("-ties" if ties else "") + (f"-bad{list(poison)}" if poison else ""),
+                kernels=(kernel + _SUFFIX[kind],), run=run, reference=ref, note=note)
 
 
 def _philox_case() -> Case:
@@ -301,5 +319,13 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _renorm_case(rng, "top_p_renorm_probs", kind, 4, 64, 0.7)
         yield _renorm_case(rng, "top_p_renorm_probs", kind, 3, 37, np.array([0.3, 1.0, 0.55], np.float32), ties=True)
         yield _renorm_case(rng, "top_k_mask_logits", kind, 4, 64, 6)
+        # rows 1..3 hold a NaN, a negative or an inf entry: no token (valid 0), and a NaN row from renorm
+        # (top_k off, k = 0 or >= vocab: the row unchanged)
+        bad = (float("nan"), -0.25, float("inf"))
+        yield _sampling_case(rng, "sampling_from_probs", kind, 4, 64, poison=bad)
+        yield _sampling_case(rng, "top_k_sampling_from_probs", kind, 4, 37, poison=bad, top_k=3)
+        yield _sampling_case(rng, "top_p_sampling_from_probs", kind, 4, 64, poison=bad, top_p=0.7)
+        yield _renorm_case(rng, "top_k_renorm_probs", kind, 4, 37, np.array([3, 2, 0, 5]), poison=bad)
+        yield _renorm_case(rng, "top_p_renorm_probs", kind, 4, 64, 0.8, poison=bad)
         yield _renorm_case(rng, "top_k_mask_logits", kind, 3, 37, np.array([1, 0, 12]), ties=True)
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")

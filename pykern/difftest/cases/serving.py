@@ -342,6 +342,36 @@ def _append(rng: np.random.Generator, old_lens: list[int], new_lens: list[int], 
                 kernels=(name,), run=run, reference=ref)
 
 
+def _batch_positions(app_lens: list[int], seq_lens: list[int], pad: int) -> Case:
+    """The device form of get_batch_indices_positions (paged_batch_indices_positions, launched directly: the op
+    computes host arrays on the host): nnz = the appended tokens + pad; uncovered tokens and negative
+    positions are (-1, -1)."""
+    from ...launcher import launch
+
+    ip = np.concatenate([[0], np.cumsum(app_lens)]).astype(np.int32)
+    sl = np.array(seq_lens, np.int32)
+    nnz = int(ip[-1]) + pad
+
+    def run(backend: str) -> dict[str, Any]:
+        bi, pos = np.empty(nnz, np.int32), np.empty(nnz, np.int32)
+        launch("paged_batch_indices_positions", (-(-nnz // 128),), (128,), ip, sl, bi, pos, len(app_lens), nnz,
+               backend=backend)
+        return {"batch_indices": bi, "positions": pos}
+
+    def ref() -> dict[str, Any]:
+        bi, pos = np.full(nnz, -1.0), np.full(nnz, -1.0)
+        for b, n in enumerate(app_lens):
+            for j in range(n):
+                p = seq_lens[b] - n + j
+                if p >= 0:
+                    bi[ip[b] + j], pos[ip[b] + j] = b, p
+        return {"batch_indices": bi, "positions": pos}
+
+    return Case(op="get_batch_indices_positions", dtype="int32",
+                shape=f"app{app_lens}-lens{seq_lens}-pad{pad}", kernels=("paged_batch_indices_positions",), run=run,
+                reference=ref)
+
+
 @register_cases("serving")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     # decode: page sizes 1, 16 and 5; GQA 1/2/4/8; empty sequences; NHD and HND; splits.
@@ -381,6 +411,9 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _prefill(rng, [200, 9], [140, 9], 16, 4, 2, 128, kind="bf16")
     yield _prefill(rng, [130], [130], 32, 2, 2, 128, "HND", kind="bf16", logits_soft_cap=2.0)
     yield _prefill(rng, [90, 5], [70, 5], 8, 4, 1, 64, kind="bf16")
+    # the device form of get_batch_indices_positions: empty sequences, short lengths, padding past the indptr
+    yield _batch_positions([2, 0, 3, 130], [2, 9, 1, 200], 3)
+    yield _batch_positions([1], [5], 0)
     # append.
     yield _append(rng, [3, 0, 16], [1, 5, 2], 5, 2, 32)
     yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "bf16")
