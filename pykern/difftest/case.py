@@ -15,6 +15,11 @@ class Case:
 
     `op` and `dtype` ("f32" | "bf16") select the tolerance; `kernels` lists every
     kernel name the run launches, so coverage of the registry can be checked.
+
+    `arch` names the arch-specific target the case's kernels are built for (`// pykern: arch sm_90a`: TMA,
+    wgmma), "" for portable kernels. Such a case runs on the host backend playing that arch (its `run` sets
+    PYKERN_HOST_ARCH itself); the runner reports the backends that cannot run it as not applicable
+    (`runner.not_applicable`).
     """
 
     op: str
@@ -24,6 +29,7 @@ class Case:
     run: Callable[[str], Outputs]
     reference: Callable[[], Outputs]
     note: str = ""
+    arch: str = ""
 
     @property
     def id(self) -> str:

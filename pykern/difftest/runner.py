@@ -144,6 +144,21 @@ def is_simulator(label: Label) -> bool:
     return bool(getattr(get_backend("numba"), "simulator", False))
 
 
+# Why a backend cannot run an arch-specific case (Case.arch), per backend; the host plays the arch instead.
+_NOT_APPLICABLE = {
+    "numba": "numba has no wgmma / TMA",
+    "nvrtc": "its TMA tensor maps need device arrays and the difftest's inputs are NumPy",
+}
+
+
+def not_applicable(case: Case, label: Label) -> str:
+    """Why `label` does not run `case` ("" when it does): an arch-specific case (`case.arch`, e.g. sm_90a) runs
+    on the host backend only, which plays that arch; the summary counts the others as skipped, not passed."""
+    if not case.arch or label.backend == "host":
+        return ""
+    return f"not applicable ({case.arch}): {_NOT_APPLICABLE.get(label.backend, 'only the host backend plays it')}"
+
+
 @contextmanager
 def _environ(pairs: Sequence[tuple[str, str]]) -> Iterator[None]:
     old = {k: os.environ.get(k) for k, _ in pairs}
@@ -470,6 +485,10 @@ def run_case(case: Case, labels: Sequence[Label], skip_big_simulator: bool = Tru
     for lb in labels:
         if skip_big_simulator and case.note == "big" and is_simulator(lb):
             results.append(LabelResult(lb.text, "skip", message=BIG_SIMULATOR))
+            continue
+        why = not_applicable(case, lb)
+        if why:
+            results.append(LabelResult(lb.text, "skip", message=why))
             continue
         t0 = time.perf_counter()
         try:

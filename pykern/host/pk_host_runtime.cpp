@@ -800,7 +800,9 @@ void rc_stress_yield(Thread* self) {
 }
 
 // A naturally aligned 8- or 16-byte access (float2, double, float4, uint4, ...) at an address
-// that is not a multiple of its size: a misaligned-address fault on a GPU.
+// that is not a multiple of its size: a misaligned-address fault on a GPU. (Ranges, the compiler's
+// hooks for aggregate copies of any size, e.g. a 48-byte struct built on the stack, are no vector
+// access: rc_access_range skips this check.)
 [[noreturn]] void rc_misaligned(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
     Buf b{g.err, sizeof g.err};
     describe_where(b, cur());
@@ -810,9 +812,17 @@ void rc_stress_yield(Thread* self) {
     fail_from_fiber();
 }
 
+void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc);
+
 void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
     if (!g_rc || !pkrt_cur) return;
     if (size >= 8 && (addr & (size - 1)) && pc) rc_misaligned(addr, size, write, pc);
+    rc_access_range(addr, size, write, pc);
+}
+
+// The shadow-memory part of rc_access: races, initcheck and stress yields, no alignment check.
+void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    if (!g_rc || !pkrt_cur) return;
     if (pkrt_in_atomic) return;
     Region* r = rc_find(addr);
     if (!r) return;
@@ -1575,10 +1585,10 @@ PK_TSAN_HOOKS(8)
 PK_TSAN_HOOKS(16)
 #undef PK_TSAN_HOOKS
 void __tsan_read_range(void* a, unsigned long n) {
-    rc_access(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), false, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+    rc_access_range(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), false, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
 }
 void __tsan_write_range(void* a, unsigned long n) {
-    rc_access(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), true, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+    rc_access_range(reinterpret_cast<uintptr_t>(a), static_cast<unsigned>(n), true, reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
 }
 void __tsan_vptr_update(void**, void*) {}
 void __tsan_vptr_read(void**) {}

@@ -317,3 +317,14 @@ extern "C" __global__ void pk_h_inplace_shift(float* x, int n) {
     __syncthreads();
     if (i < n) x[i] = v;
 }
+
+// Legal: a 48-byte struct built on the stack and handed to a function by address (as the wgmma wrappers do with
+// their operand record), then copied whole into global memory. The checked build sees such copies as range
+// accesses of 48 bytes; they are no vector access (a GPU stores 4-byte words), so no alignment rule applies.
+struct pk_h_rec48 { int v[12]; };
+__device__ __noinline__ void pk_h_rec48_store(const pk_h_rec48* r, pk_h_rec48* dst) { *dst = *r; }
+extern "C" __global__ void pk_h_struct48_copy(const int* x, int* out) {
+    const int* s = x + threadIdx.x * 12;
+    pk_h_rec48 r{{s[0], s[1], s[2], s[3], s[4], s[5], s[6], s[7], s[8], s[9], s[10], s[11]}};
+    pk_h_rec48_store(&r, reinterpret_cast<pk_h_rec48*>(out) + threadIdx.x);
+}
