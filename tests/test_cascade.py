@@ -56,6 +56,11 @@ def _pages(k: np.ndarray, v: np.ndarray, page: int):
     return kp, vp, indptr, np.arange(b * per, dtype=np.int32), last
 
 
+def _pages_hnd(k: np.ndarray, v: np.ndarray, page: int):
+    kp, vp, *rest = _pages(k, v, page)
+    return (np.ascontiguousarray(kp.swapaxes(1, 2)), np.ascontiguousarray(vp.swapaxes(1, 2)), *rest)
+
+
 def test_two_level_decode_equals_the_flat_decode() -> None:
     # Cascade decode: the shared prefix once for all requests (one attention with every request's query
     # against one copy of the prefix), each request's own suffix from the paged cache, merged.
@@ -68,11 +73,33 @@ def test_two_level_decode_equals_the_flat_decode() -> None:
     o_pre, l_pre = ops.flash_attention(q[None], pk[None], pv[None], return_lse=True, backend=HOST)
     o_suf, l_suf = ops.paged_decode_attention(q, *_pages(sk, sv, page), return_lse=True, backend=HOST)
     o, s = ops.merge_state(o_pre[0], l_pre[0], o_suf, l_suf, backend=HOST)
+    o2, s2 = ops.shared_prefix_decode(q, pk, pv, *_pages(sk, sv, page), return_lse=True, backend=HOST)
+    np.testing.assert_array_equal(_f64(o2), _f64(o))  # the op is exactly these three launches
+    np.testing.assert_array_equal(s2, s)
+    o3 = ops.shared_prefix_decode(q, pk.swapaxes(0, 1).copy(), pv.swapaxes(0, 1).copy(),
+                                  *_pages_hnd(sk, sv, page), kv_layout="HND", backend=HOST)
+    check({"x": _f64(o3)}, {"x": _f64(o)}, "paged_decode_attention", "bf16")
     full_k = np.concatenate([np.broadcast_to(pk, (batch, prefix, hk, d)), sk], 1)
     full_v = np.concatenate([np.broadcast_to(pv, (batch, prefix, hk, d)), sv], 1)
     flat, flat_lse = ops.paged_decode_attention(q, *_pages(full_k, full_v, page), return_lse=True, backend=HOST)
     check({"x": _f64(o)}, {"x": _f64(flat)}, "paged_decode_attention", "bf16")
     np.testing.assert_allclose(s, flat_lse, rtol=1e-5, atol=1e-5)
+
+
+def test_shared_prefix_decode_edges_and_bad_input() -> None:
+    rng = np.random.default_rng(5)
+    q = rng.standard_normal((2, 4, 32)).astype(np.float32)
+    sk, sv = (rng.standard_normal((2, 9, 2, 32)).astype(np.float32) for _ in range(2))
+    empty = np.zeros((0, 2, 32), np.float32)
+    alone = ops.shared_prefix_decode(q, empty, empty, *_pages(sk, sv, 4), backend=HOST)
+    np.testing.assert_array_equal(alone, ops.paged_decode_attention(q, *_pages(sk, sv, 4), backend=HOST))
+    pk = rng.standard_normal((5, 2, 32)).astype(np.float32)
+    with pytest.raises(ArgumentError, match=r"k_shared: expected a 3-D array \(prefix_len, num_kv_heads"):
+        ops.shared_prefix_decode(q, pk[None], pk, *_pages(sk, sv, 4), backend=HOST)
+    with pytest.raises(ArgumentError, match="v_shared: expected the shape of k_shared"):
+        ops.shared_prefix_decode(q, pk, pk[:4], *_pages(sk, sv, 4), backend=HOST)
+    with pytest.raises(ArgumentError, match="kv_layout"):
+        ops.shared_prefix_decode(q, pk, pk, *_pages(sk, sv, 4), kv_layout="nhd", backend=HOST)
 
 
 def test_empty_segments_weigh_nothing_and_nan_is_never_dropped() -> None:

@@ -32,6 +32,7 @@ EXEMPT: dict[str, str] = {
     "decode_attention": "KV-cache attention: timed per method and length by tools/bench_decode.py --time and gpucheck",
     "batched_decode_attention": "KV-cache attention: tools/bench_decode.py --time",
     "paged_decode_attention": "KV-cache attention: tools/bench_decode.py --time",
+    "shared_prefix_decode": "KV-cache attention: flash_attention + paged_decode_attention + merge_state, each timed",
     "append_paged_kv_cache": "a scatter of one step's few tokens: launch-latency bound, not bandwidth",
     "PagedDecodePlan": "a plan object, not a kernel",
     "attn_tiling": "a helper, not a kernel",

@@ -13,7 +13,7 @@ from typing import Any
 from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
 
-__all__ = ["merge_state", "merge_state_in_place", "merge_states"]
+__all__ = ["merge_state", "merge_state_in_place", "merge_states", "shared_prefix_decode"]
 
 _WARPS = 8  # rows (token, head) a block: one warp each
 _GRID_MAX = 65535 * 8  # the kernels are grid-stride over tokens: a cap only bounds the launch
@@ -143,3 +143,49 @@ def merge_states(v: Any, s: Any, *, stream: Any = None, backend: str | None = No
         _launch("merge_states" + arrays.kernel_suffix(kind), seq, heads, vc.reshape(-1), sc.reshape(-1),
                 out.reshape(-1), lse.reshape(-1), seq, n_states, heads, dim, stream=stream, like=vc, backend=backend)
     return out, lse
+
+
+def shared_prefix_decode(q: Any, k_shared: Any, v_shared: Any, k_pages: Any, v_pages: Any, kv_indptr: Any,
+                         kv_indices: Any, kv_last_page_len: Any, *, kv_layout: str = "NHD", scale: float | None = None,
+                         logits_soft_cap: float = 0.0, return_lse: bool = False, stream: Any = None,
+                         backend: str | None = None) -> Any:
+    """A decode step over a prefix every request shares, then each request's own tokens: two-level cascade
+    attention, as FlashInfer's BatchDecodeWithSharedPrefixPagedKVCacheWrapper computes it.
+
+    q (batch, num_qo_heads, head_dim); k_shared, v_shared the prefix's K/V once for the whole batch,
+    (prefix_len, num_kv_heads, head_dim) for kv_layout "NHD" or (num_kv_heads, prefix_len, head_dim) for "HND";
+    k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len each request's suffix in the paged cache (the
+    arguments of paged_decode_attention, same kv_layout). The prefix is attended once with every request's query
+    (flash_attention over batch queries: its K/V read once, not once per request), the suffixes by
+    paged_decode_attention, and the two states merged (merge_state). Returns out (batch, num_qo_heads, head_dim),
+    or (out, lse) with return_lse (natural-log lse over prefix and suffix). Equal to paged_decode_attention over
+    prefix + suffix within the dtype's tolerance; a request with no suffix pages sees the prefix alone.
+    """
+    from .forward import flash_attention
+    from .serving import paged_decode_attention
+
+    if kv_layout not in ("NHD", "HND"):
+        raise ArgumentError(f"kv_layout: expected 'NHD' or 'HND', got {kv_layout!r}")
+    q_shape = tuple(arrays.shape_of(q, "q"))
+    if len(q_shape) != 3:
+        raise ArgumentError(f"q: expected a 3-D array (batch, num_qo_heads, head_dim), got shape {q_shape}")
+    layout = "(prefix_len, num_kv_heads, head_dim)" if kv_layout == "NHD" else "(num_kv_heads, prefix_len, head_dim)"
+    for name, a in (("k_shared", k_shared), ("v_shared", v_shared)):
+        shp = tuple(arrays.shape_of(a, name))
+        if len(shp) != 3:
+            raise ArgumentError(f"{name}: expected a 3-D array {layout} (kv_layout={kv_layout!r}), got shape {shp}")
+    if tuple(arrays.shape_of(v_shared)) != tuple(arrays.shape_of(k_shared)):
+        raise ArgumentError(f"v_shared: expected the shape of k_shared {tuple(arrays.shape_of(k_shared))}, got "
+                            f"{tuple(arrays.shape_of(v_shared))}")
+    ks, vs = (k_shared, v_shared) if kv_layout == "NHD" else (k_shared.swapaxes(0, 1), v_shared.swapaxes(0, 1))
+    o_suf, s_suf = paged_decode_attention(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len,
+                                          kv_layout=kv_layout, scale=scale, logits_soft_cap=logits_soft_cap or None,
+                                          return_lse=True, stream=stream, backend=backend)
+    if arrays.shape_of(ks)[0] == 0:  # no shared prefix: the suffix alone
+        return (o_suf, s_suf) if return_lse else o_suf
+    o_pre, s_pre = flash_attention(q.reshape((1, *q_shape)), ks.reshape((1, *arrays.shape_of(ks))),
+                                   vs.reshape((1, *arrays.shape_of(vs))), causal=False, scale=scale,
+                                   softcap=logits_soft_cap, return_lse=True, stream=stream, backend=backend)
+    o, s = merge_state(o_pre.reshape(q_shape[0], q_shape[1], -1), s_pre.reshape(q_shape[0], q_shape[1]), o_suf,
+                       s_suf, stream=stream, backend=backend)
+    return (o, s) if return_lse else o
