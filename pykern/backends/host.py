@@ -2,7 +2,9 @@
 
 Each `.cu` file becomes one shared library (see `pykern.host.build`) holding every kernel
 of the file plus the fiber runtime; a launch runs the grid's blocks one after another,
-each block's threads as fibers, in the order `PYKERN_HOST_SCHEDULE` names.
+each block's threads as fibers, in the order `PYKERN_HOST_SCHEDULE` names. Every array argument
+runs in a guarded copy (`_Staging`): an out-of-bounds access faults before it touches other memory
+and is a KernelExecutionError naming the argument and the byte offset.
 
 `PYKERN_HOST_SANITIZE=1` builds with AddressSanitizer + UBSan and copies every array into
 an exactly-sized heap buffer for the launch, so an out-of-bounds access is reported. The
@@ -431,7 +433,7 @@ def _resolve_pcs(msg: str, lib: Path) -> str:
 # share one copy of their union, so the aliasing the kernel sees is the caller's.
 # Windows are reused across launches (a process-wide pool, with their read-write pages while the
 # pool holds at most _POOL_RW_BYTES of them): a launch then costs one mprotect per argument at most,
-# plus the copies in and out that the red zones of the previous design cost as well.
+# plus the copies in and out and a comparison of the writable ones (docs/host_backend.md has figures).
 _GUARD_HALF = 1 << 40  # 1 TiB each side: 64-bit index arithmetic gone wrong lands in the window too
 _GUARD_HALF_MIN = 1 << 20  # where address space is short (RLIMIT_AS), smaller windows, down to 1 MiB
 _ALIGN = 16  # the copy keeps the caller's address modulo 16: float4/uint4 accesses stay aligned as given
@@ -456,23 +458,25 @@ _pool_lock = threading.Lock()
 def _take_window(lib: _Library, rw: int) -> _Window:
     """A window whose read-write pages are exactly the `rw` bytes below its boundary."""
     with _pool_lock:
-        # The kept window with the closest read-write size: fewest pages to map or drop.
-        w = min(_pool, key=lambda x: abs(x.rw - rw), default=None)
+        # The kept window with the closest read-write size (fewest pages to map or drop) among those whose
+        # lower half holds the copy with at least _GUARD_HALF_MIN to spare.
+        fits = [x for x in _pool if x.size // 2 >= rw + _GUARD_HALF_MIN]
+        w = min(fits, key=lambda x: abs(x.rw - rw), default=None)
         if w is not None:
             _pool.remove(w)
     if w is None:
         half = _GUARD_HALF
-        while True:
+        while half >= rw + _GUARD_HALF_MIN:
             lo = lib.guard_reserve(half)
             if lo:
                 w = _Window(lo, half)
                 break
-            if half <= _GUARD_HALF_MIN or half < 2 * rw:
-                raise KernelExecutionError(
-                    f"host backend: cannot reserve {2 * half} bytes of address space for a guarded argument "
-                    f"copy ({os.strerror(ctypes.get_errno()) or 'mmap failed'})"
-                )
             half //= 4
+        else:
+            raise KernelExecutionError(
+                f"host backend: cannot reserve {2 * (rw + _GUARD_HALF_MIN)} bytes of address space for a guarded "
+                "argument copy (mmap failed: an address-space limit such as `ulimit -v`?)"
+            )
     if w.rw != rw:
         e = lib.guard_resize(w.boundary, w.rw, rw)
         if e:
@@ -514,6 +518,21 @@ class _Group:
 
 def _label(i: int, p: Any, a: Any) -> str:
     return f"argument {i} ({p.ctype} {p.name}, {a.nbytes} bytes)"
+
+
+def _blend(user: Any, new: Any, changed: Any) -> None:
+    """user[changed] = new[changed] (uint8 arrays, bool mask), 8 bytes at a time: a boolean-mask assignment
+    is ~50x slower, and a kernel's float outputs leave many single bytes unchanged."""
+    import numpy as np
+
+    n8 = user.size & ~7
+    if n8:
+        m = changed[:n8].view(np.uint64) * np.uint64(0xFF)  # each mask byte 0 or 1 -> 0x00 or 0xff, no carries
+        u = user[:n8].view(np.uint64)
+        u[:] = (new[:n8].view(np.uint64) & m) | (u & ~m)
+    for j in range(n8, user.size):
+        if changed[j]:
+            user[j] = new[j]
 
 
 class _Staging:
@@ -601,11 +620,14 @@ class _Staging:
                 continue
             # Only the bytes the kernel changed: memory a tensor map's TMA store wrote directly (it holds the
             # caller's address) keeps those writes.
-            new = np.frombuffer(ctypes.string_at(g.start, size), np.uint8)
+            new = np.frombuffer((ctypes.c_uint8 * size).from_address(g.start), np.uint8)
             changed = new != g.before
-            if changed.any():
+            count = int(np.count_nonzero(changed))
+            if count == size:
+                ctypes.memmove(g.lo, g.start, size)
+            elif count:
                 user = np.frombuffer((ctypes.c_uint8 * size).from_address(g.lo), np.uint8)
-                user[changed] = new[changed]
+                _blend(user, new, changed)
 
     def release(self) -> None:
         for g in self.groups:
