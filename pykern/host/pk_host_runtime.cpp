@@ -710,7 +710,7 @@ const GuardArg* guard_find(uintptr_t a) {
     return best;
 }
 
-// " of argument 1 (float* out, 256 bytes) at byte offset 260 relative to its start (4 bytes past its end)"
+// " of argument 1 (float* out, 256 bytes) at byte offset 260 relative to its start (past its end)"
 void guard_describe(Buf& b, const GuardArg* ga, uintptr_t a) {
     long long off = static_cast<long long>(a - ga->lo);
     b.add(" of %s at byte offset %lld relative to its start%s", ga->name, off,
