@@ -2,7 +2,9 @@
 
 Each `.cu` file becomes one shared library (see `pykern.host.build`) holding every kernel
 of the file plus the fiber runtime; a launch runs the grid's blocks one after another,
-each block's threads as fibers, in the order `PYKERN_HOST_SCHEDULE` names.
+each block's threads as fibers, in the order `PYKERN_HOST_SCHEDULE` names. Every array argument
+runs in a guarded copy (`_Staging`): an out-of-bounds access faults before it touches other memory
+and is a KernelExecutionError naming the argument and the byte offset.
 
 `PYKERN_HOST_SANITIZE=1` builds with AddressSanitizer + UBSan and copies every array into
 an exactly-sized heap buffer for the launch, so an out-of-bounds access is reported. The
@@ -11,9 +13,11 @@ ASan runtime must be loaded first: use `run_sanitized` (a subprocess with LD_PRE
 from __future__ import annotations
 
 import ctypes
+import mmap
 import os
 import subprocess
 import sys
+import threading
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
@@ -167,6 +171,15 @@ class _Library:
         self.free.restype, self.free.argtypes = None, [ctypes.c_void_p]
         self.race_buffers = self.dll.pkrt_race_buffers
         self.race_buffers.restype = None
+        self.guard_args = self.dll.pkrt_guard_args
+        self.guard_args.restype = None
+        self.guard_reserve = self.dll.pkrt_guard_reserve
+        self.guard_reserve.restype, self.guard_reserve.argtypes = ctypes.c_ulonglong, [ctypes.c_ulonglong]
+        self.guard_resize = self.dll.pkrt_guard_resize
+        self.guard_resize.restype = ctypes.c_int
+        self.guard_resize.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_ulonglong]
+        self.guard_release = self.dll.pkrt_guard_release
+        self.guard_release.restype, self.guard_release.argtypes = None, [ctypes.c_ulonglong, ctypes.c_ulonglong]
 
     def fn(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -290,30 +303,31 @@ class HostBackend:
         argv = (ctypes.c_void_p * max(n, 1))()
         copies: list[tuple[int, Any, int, bool, int]] = []  # (buffer, array, nbytes, write back, address)
         before: dict[int, Any] = {}  # buffer -> its bytes at the copy (sanitize: changed bytes are written back)
-        zones = _RedZones([(a.ctypes.data, a.nbytes) for p, a in zip(spec.params, args) if p.is_pointer
-                           and isinstance(a, np.ndarray)])
-        if not sanitize:
-            # Writable arrays first: a const parameter given the same array must see the copy.
-            for i, (p, a) in enumerate(zip(spec.params, args)):
-                if p.is_pointer and not p.is_const and isinstance(a, np.ndarray) and a.flags.c_contiguous:
-                    zones.guard(i, p, a, a.ctypes.data)
+        pointers: list[tuple[int, Any, Any]] = []  # (index, param, array) of every pointer argument
+        for i, (p, a) in enumerate(zip(spec.params, args)):
+            if p.is_pointer:
+                if not isinstance(a, np.ndarray):
+                    raise ArgumentTypeError(
+                        f"{spec.name}: argument {i} ({p.ctype} {p.name}): the host backend takes NumPy arrays, "
+                        f"got {type(a).__name__}"
+                    )
+                if not a.flags.c_contiguous:
+                    raise ArgumentError(
+                        f"{spec.name}: argument {i} ({p.ctype} {p.name}): expected a C-contiguous array, "
+                        f"got strides {a.strides}"
+                    )
+                pointers.append((i, p, a))
+        # The sanitizer build checks every access itself (ASan's own SIGSEGV handler is in charge there):
+        # exactly-sized heap copies below, no guard windows.
+        staging = None if sanitize else _Staging(lib, pointers)
         try:
+            staged = staging.stage() if staging is not None else {}
             for i, (p, a) in enumerate(zip(spec.params, args)):
                 if p.is_pointer:
-                    if not isinstance(a, np.ndarray):
-                        raise ArgumentTypeError(
-                            f"{spec.name}: argument {i} ({p.ctype} {p.name}): the host backend takes NumPy arrays, "
-                            f"got {type(a).__name__}"
-                        )
-                    if not a.flags.c_contiguous:
-                        raise ArgumentError(
-                            f"{spec.name}: argument {i} ({p.ctype} {p.name}): expected a C-contiguous array, "
-                            f"got strides {a.strides}"
-                        )
                     addr = a.ctypes.data
-                    if not sanitize:
-                        addr = zones.by_addr.get((addr, a.nbytes), addr)
-                    elif sanitize:
+                    if staging is not None:
+                        addr = staged[i]
+                    else:
                         # An exactly-sized heap copy puts ASan's redzone right after the last element.
                         # The same array passed twice (in-place ops) shares one copy.
                         same = next((k for k, c in enumerate(copies) if c[4] == addr and c[2] == a.nbytes), None)
@@ -347,11 +361,14 @@ class HostBackend:
                 names = (ctypes.c_char_p * max(k, 1))(*[b[2] for b in bufs])
                 lib.race_buffers(k, (ctypes.c_ulonglong * max(k, 1))(*[b[0] for b in bufs]),
                                  (ctypes.c_ulonglong * max(k, 1))(*[b[1] for b in bufs]), names)
+            if staging is not None:
+                staging.register()
             err = ctypes.create_string_buffer(4096)
             rc = fn(ctypes.byref(cfg), argv, err, len(err))
             if rc != 0:
                 raise KernelExecutionError(_resolve_pcs(err.value.decode("utf-8", "replace"), lib.path))
-            zones.check_and_copy_back(spec.name)
+            if staging is not None:
+                staging.check_and_copy_back(spec.name)
             for buf, a, nbytes, write_back, _ in copies:
                 if write_back and nbytes:
                     # Only the bytes the kernel changed: two outputs may view overlapping memory (the K and V
@@ -360,6 +377,8 @@ class HostBackend:
                     changed = new != before[buf]
                     a.reshape(-1).view(np.uint8)[changed] = new[changed]
         finally:
+            if staging is not None:
+                staging.release()
             for buf, *_ in copies:
                 lib.free(buf)
 
@@ -376,10 +395,14 @@ def _check_flags() -> int:
 
 
 def _resolve_pcs(msg: str, lib: Path) -> str:
-    """Racecheck names code by offsets in the library (@@pc:HEX@@): turn them into .cu file:line."""
+    """Racecheck names code by offsets in the library (@@pc:HEX@@): turn them into .cu file:line.
+
+    A fault names its instruction as @@at:HEX@@: " at FILE:LINE", or nothing where the library has no
+    line tables (the default build).
+    """
     import re
 
-    offs = re.findall(r"@@pc:([0-9a-f]+)@@", msg)
+    offs = re.findall(r"@@(?:pc|at):([0-9a-f]+)@@", msg)
     if not offs:
         return msg
     where: dict[str, str] = {}
@@ -387,69 +410,230 @@ def _resolve_pcs(msg: str, lib: Path) -> str:
         out = subprocess.run(["addr2line", "-e", str(lib), *[f"0x{o}" for o in offs]], capture_output=True,
                              text=True, timeout=30).stdout.split("\n")
         for o, line in zip(offs, out):
-            where[o] = line.strip() if line.strip() and not line.startswith("??") else f"library offset 0x{o}"
+            line = line.strip()
+            if line and not line.startswith("??") and not line.endswith(":?"):
+                where[o] = line
     except (OSError, subprocess.SubprocessError):
         pass
+    msg = re.sub(r"@@at:([0-9a-f]+)@@", lambda m: f" at {where[m.group(1)]}" if m.group(1) in where else "", msg)
     return re.sub(r"@@pc:([0-9a-f]+)@@", lambda m: where.get(m.group(1), f"library offset 0x{m.group(1)}"), msg)
 
 
-_RZ = 256  # red zone bytes each side; GPU allocations are 256-byte aligned too
-_RZ_PATTERN = bytes([0xFF, 0xFF, 0xBF, 0xFF])  # a NaN as float: an out-of-bounds read shows too
+# ---- guarded staging of array arguments (every build but the sanitizer's) ----------------------
+# Each array argument runs in a copy of its own whose last byte sits flush against the upper half of
+# a 2 * _GUARD_HALF window of PROT_NONE address space; the pages before the copy's first page are
+# PROT_NONE too. An access past the end, at any distance up to the window's edge, faults before it
+# touches anything, as does one before the start by more than the slack bytes of the copy's first
+# page; the runtime's fault handler names the argument, read or write and the byte offset, and the
+# process lives on. Those slack bytes (fewer than a page before the start, fewer than _ALIGN after
+# the end) hold a NaN pattern (a read there shows as NaN, not as the neighbour's data) and are
+# checked after the launch (a write there is an error naming the byte range). The checked build
+# (PYKERN_HOST_RACECHECK / INITCHECK) sees every access and reports those too, with the line.
+# Arguments whose memory overlaps (views of one buffer: the K and V views of a combined KV cache)
+# share one copy of their union, so the aliasing the kernel sees is the caller's.
+# Windows are reused across launches (a process-wide pool, with their read-write pages while the
+# pool holds at most _POOL_RW_BYTES of them): a launch then costs one mprotect per argument at most,
+# plus the copies in and out and a comparison of the writable ones (docs/host_backend.md has figures).
+_GUARD_HALF = 1 << 40  # 1 TiB each side: 64-bit index arithmetic gone wrong lands in the window too
+_GUARD_HALF_MIN = 1 << 20  # where address space is short (RLIMIT_AS), smaller windows, down to 1 MiB
+_ALIGN = 16  # the copy keeps the caller's address modulo 16: float4/uint4 accesses stay aligned as given
+_POOL_MAX = 8  # windows kept between launches (2 TiB of address space each, no memory)
+_POOL_RW_BYTES = 64 << 20  # read-write pages the kept windows may hold
+_PAGE = mmap.PAGESIZE
+_RZ_PATTERN = bytes([0xFF, 0xFF, 0xBF, 0xFF])  # a NaN as float (little-endian, at 4-byte aligned addresses)
+_PATTERN = _RZ_PATTERN * ((_PAGE + 2 * _ALIGN) // 4 + 1)
 
 
-class _RedZones:
-    """Writable array arguments run in a copy with red zones on both sides, checked after the launch.
+class _Window:
+    __slots__ = ("lo", "size", "boundary", "rw")
 
-    An out-of-bounds write then is a KernelExecutionError naming the kernel, the argument and
-    the byte offsets, on every launch (the sanitizer build also names the thread and line).
-    Arguments whose memory overlaps another argument's (views of one buffer) run in place:
-    copying them would break the aliasing the kernel may rely on.
-    """
+    def __init__(self, lo: int, half: int) -> None:
+        self.lo, self.size, self.boundary, self.rw = lo, 2 * half, lo + half, 0
 
-    def __init__(self, ranges: list[tuple[int, int]]) -> None:
-        self.ranges = ranges
-        self.zones: list[tuple[int, Any, Any, Any]] = []  # (arg index, param, user array, padded copy)
-        self.by_addr: dict[tuple[int, int], int] = {}
 
-    def guard(self, i: int, p: Any, a: Any, addr: int) -> int:
+_pool: list[_Window] = []
+_pool_lock = threading.Lock()
+
+
+def _take_window(lib: _Library, rw: int) -> _Window:
+    """A window whose read-write pages are exactly the `rw` bytes below its boundary."""
+    with _pool_lock:
+        # The kept window with the closest read-write size (fewest pages to map or drop) among those whose
+        # lower half holds the copy with at least _GUARD_HALF_MIN to spare.
+        fits = [x for x in _pool if x.size // 2 >= rw + _GUARD_HALF_MIN]
+        w = min(fits, key=lambda x: abs(x.rw - rw), default=None)
+        if w is not None:
+            _pool.remove(w)
+    if w is None:
+        half = _GUARD_HALF
+        while half >= rw + _GUARD_HALF_MIN:
+            lo = lib.guard_reserve(half)
+            if lo:
+                w = _Window(lo, half)
+                break
+            half //= 4
+        else:
+            raise KernelExecutionError(
+                f"host backend: cannot reserve {2 * (rw + _GUARD_HALF_MIN)} bytes of address space for a guarded "
+                "argument copy (mmap failed: an address-space limit such as `ulimit -v`?)"
+            )
+    if w.rw != rw:
+        e = lib.guard_resize(w.boundary, w.rw, rw)
+        if e:
+            lib.guard_release(w.lo, w.size)
+            raise KernelExecutionError(f"host backend: cannot map {rw} bytes for a guarded argument copy: "
+                                       f"{os.strerror(e)}")
+        w.rw = rw
+    return w
+
+
+def _give_back_window(lib: _Library, w: _Window) -> None:
+    with _pool_lock:
+        if len(_pool) < _POOL_MAX:
+            if w.rw and sum(x.rw for x in _pool) + w.rw > _POOL_RW_BYTES:
+                if lib.guard_resize(w.boundary, w.rw, 0) == 0:
+                    w.rw = 0
+                else:
+                    lib.guard_release(w.lo, w.size)
+                    return
+            _pool.append(w)
+            return
+    lib.guard_release(w.lo, w.size)
+
+
+class _Group:
+    """One staged copy: an argument, or the union of arguments whose memory overlaps."""
+
+    __slots__ = ("members", "lo", "hi", "window", "start", "writable", "before")
+
+    def __init__(self, member: tuple[int, Any, Any]) -> None:
+        a = member[2]
+        self.members = [member]
+        self.lo, self.hi = a.ctypes.data, a.ctypes.data + a.nbytes
+        self.window: _Window | None = None
+        self.start = 0  # the copy's first byte
+        self.writable = not member[1].is_const
+        self.before: Any = None
+
+
+def _label(i: int, p: Any, a: Any) -> str:
+    return f"argument {i} ({p.ctype} {p.name}, {a.nbytes} bytes)"
+
+
+def _blend(user: Any, new: Any, changed: Any) -> None:
+    """user[changed] = new[changed] (uint8 arrays, bool mask), 8 bytes at a time: a boolean-mask assignment
+    is ~50x slower, and a kernel's float outputs leave many single bytes unchanged."""
+    import numpy as np
+
+    n8 = user.size & ~7
+    if n8:
+        m = changed[:n8].view(np.uint64) * np.uint64(0xFF)  # each mask byte 0 or 1 -> 0x00 or 0xff, no carries
+        u = user[:n8].view(np.uint64)
+        u[:] = (new[:n8].view(np.uint64) & m) | (u & ~m)
+    for j in range(n8, user.size):
+        if changed[j]:
+            user[j] = new[j]
+
+
+class _Staging:
+    """Every array argument of one launch in its guarded copy (see above)."""
+
+    def __init__(self, lib: _Library, pointers: list[tuple[int, Any, Any]]) -> None:
+        self.lib = lib
+        self.groups: list[_Group] = []
+        # Overlapping ranges join one group (sorted sweep); empty arrays stay alone (nothing to alias).
+        for m in sorted(pointers, key=lambda m: (m[2].ctypes.data, -m[2].nbytes)):
+            a = m[2]
+            g = self.groups[-1] if self.groups else None
+            if g is not None and a.nbytes and g.hi > g.lo and a.ctypes.data < g.hi:
+                g.members.append(m)
+                g.hi = max(g.hi, a.ctypes.data + a.nbytes)
+                g.writable = g.writable or not m[1].is_const
+            else:
+                self.groups.append(_Group(m))
+
+    def stage(self) -> dict[int, int]:
+        """Map and fill each group's copy; argument index -> the address the kernel gets."""
         import numpy as np
 
-        key = (addr, a.nbytes)
-        if key in self.by_addr:  # the same array passed twice (in-place ops): one copy
-            return self.by_addr[key]
-        lo, hi = addr, addr + a.nbytes
-        if any(r != key and r[0] < hi and lo < r[0] + r[1] for r in self.ranges):
-            return addr
-        n = a.nbytes
-        buf = np.empty(n + 2 * _RZ + 256, np.uint8)
-        off = (-buf.ctypes.data) % 256 + _RZ
-        pat = np.frombuffer(_RZ_PATTERN * (_RZ // 4), np.uint8)
-        buf[off - _RZ : off] = pat
-        buf[off + n : off + n + _RZ] = pat
-        if n:
-            buf[off : off + n] = a.reshape(-1).view(np.uint8)
-        self.zones.append((i, p, a, buf[off - _RZ : off + n + _RZ]))
-        new = buf.ctypes.data + off
-        self.by_addr[key] = new
-        return new
+        out: dict[int, int] = {}
+        for g in self.groups:
+            size = g.hi - g.lo
+            tail = (-g.hi) % _ALIGN  # keeps the copy's address modulo _ALIGN equal to the caller's
+            rw = -(-(size + tail) // _PAGE) * _PAGE
+            g.window = _take_window(self.lib, rw)
+            b = g.window.boundary
+            g.start = b - tail - size
+            first = b - rw
+            head = g.start - first
+            if head:
+                ctypes.memmove(first, _PATTERN, head)  # `first` is page-aligned: pattern phase 0
+            if tail:
+                ctypes.memmove(b - tail, _PATTERN[(b - tail) % 4:], tail)
+            if size:
+                ctypes.memmove(g.start, g.lo, size)
+                if g.writable:
+                    g.before = np.frombuffer(ctypes.string_at(g.lo, size), np.uint8)
+            for i, _p, a in g.members:
+                out[i] = g.start + (a.ctypes.data - g.lo)
+        return out
+
+    def register(self) -> None:
+        """Tell the runtime where each argument's copy and window are (its fault handler's map)."""
+        rows = [(g, i, p, a) for g in self.groups for i, p, a in g.members]
+        k = len(rows)
+        win = (ctypes.c_ulonglong * max(2 * k, 1))()
+        data = (ctypes.c_ulonglong * max(2 * k, 1))()
+        labels = [_label(i, p, a).encode() for _g, i, p, a in rows]
+        for j, (g, _i, _p, a) in enumerate(rows):
+            win[2 * j], win[2 * j + 1] = g.window.lo, g.window.lo + g.window.size
+            data[2 * j], data[2 * j + 1] = g.start + (a.ctypes.data - g.lo), a.nbytes
+        self.lib.guard_args(k, win, data, (ctypes.c_char_p * max(k, 1))(*labels))
 
     def check_and_copy_back(self, kernel: str) -> None:
+        """Slack bytes written -> KernelExecutionError; else each writable copy's changed bytes go back."""
         import numpy as np
 
-        pat = np.frombuffer(_RZ_PATTERN * (_RZ // 4), np.uint8)
-        for i, p, a, z in self.zones:
-            n = a.nbytes
-            for side, zone, base in (("past", z[_RZ + n :], n), ("before", z[:_RZ], -_RZ)):
-                bad = np.flatnonzero(zone != pat)
-                if bad.size:
-                    first, last = int(bad[0]) + base, int(bad[-1]) + base + 1
+        for g in self.groups:
+            b = g.window.boundary
+            first = b - g.window.rw
+            head, tail = g.start - first, b - (g.start + g.hi - g.lo)
+            for lo, n, side in ((first, head, "before"), (b - tail, tail, "past")):
+                if n and ctypes.string_at(lo, n) != _PATTERN[lo % 4 : lo % 4 + n]:
+                    got = np.frombuffer(ctypes.string_at(lo, n), np.uint8)
+                    want = np.frombuffer(_PATTERN[lo % 4 : lo % 4 + n], np.uint8)
+                    bad = np.flatnonzero(got != want)
+                    # Named after the argument that starts first / ends last in the copy.
+                    i, p, a = (min if side == "before" else max)(
+                        g.members, key=lambda m: m[2].ctypes.data + (m[2].nbytes if side == "past" else 0))
+                    s0 = g.start + (a.ctypes.data - g.lo)
+                    f, l = lo + int(bad[0]) - s0, lo + int(bad[-1]) + 1 - s0
                     raise KernelExecutionError(
-                        f"kernel {kernel}: out-of-bounds write {side} argument {i} ({p.ctype} {p.name}, {n} bytes): "
-                        f"bytes [{first}, {last}) relative to its start were written (a GPU may corrupt other "
-                        "data or fault; PYKERN_HOST_SANITIZE=1 names the thread and line)"
+                        f"kernel {kernel}: out-of-bounds write {side} {_label(i, p, a)}: bytes [{f}, {l}) relative "
+                        "to its start were written (the slack bytes next to its guarded copy, checked after the "
+                        "launch; on a GPU: other data corrupted or a fault; PYKERN_HOST_RACECHECK=1 names the "
+                        "thread and line)"
                     )
-            if n:
-                a.reshape(-1).view(np.uint8)[:] = z[_RZ : _RZ + n]
+        for g in self.groups:
+            size = g.hi - g.lo
+            if not (g.writable and size):
+                continue
+            # Only the bytes the kernel changed: memory a tensor map's TMA store wrote directly (it holds the
+            # caller's address) keeps those writes.
+            new = np.frombuffer((ctypes.c_uint8 * size).from_address(g.start), np.uint8)
+            changed = new != g.before
+            count = int(np.count_nonzero(changed))
+            if count == size:
+                ctypes.memmove(g.lo, g.start, size)
+            elif count:
+                user = np.frombuffer((ctypes.c_uint8 * size).from_address(g.lo), np.uint8)
+                _blend(user, new, changed)
+
+    def release(self) -> None:
+        for g in self.groups:
+            if g.window is not None:
+                _give_back_window(self.lib, g.window)
+                g.window = None
 
 
 def create() -> HostBackend:

@@ -679,6 +679,62 @@ void complete_ptx(Thread* lanes, int op) {
     }
 }
 
+// ---- guarded argument memory ------------------------------------------------------------
+// The host backend (pykern/backends/host.py, _Staging) runs every array argument in a copy of its
+// own, placed in the middle of a large PROT_NONE reservation with the copy's last byte flush
+// against the upper guard. An access past the end, or before the start by more than the slack
+// bytes of the first page, faults before it touches anything; the fault handler (below) finds
+// the argument here and reports it with the byte offset. Arguments that overlap share one copy
+// (their union) and one window. pkrt_guard_args is called right before each launch and
+// cleared at its end.
+struct GuardArg {
+    uintptr_t win_lo, win_hi;  // the reservation the argument's copy lies in
+    uintptr_t lo, hi;          // the argument's bytes as the kernel sees them
+    char name[192];            // "argument 1 (float* out, 256 bytes)"
+};
+constexpr int kMaxGuardArgs = 256;
+GuardArg g_guard[kMaxGuardArgs];
+int g_nguard = 0;
+
+// The argument an out-of-window address belongs to: the window's argument ending last for an
+// address past the copy, the one starting first for an address before it. nullptr: none.
+const GuardArg* guard_find(uintptr_t a) {
+    const GuardArg* best = nullptr;
+    for (int i = 0; i < g_nguard; i++) {
+        const GuardArg& ga = g_guard[i];
+        if (a < ga.win_lo || a >= ga.win_hi) continue;
+        if (a >= ga.lo && a < ga.hi) return &ga;
+        if (!best) best = &ga;
+        else if (a >= ga.hi ? ga.hi > best->hi : ga.lo < best->lo) best = &ga;
+    }
+    return best;
+}
+
+// " of argument 1 (float* out, 256 bytes) at byte offset 260 relative to its start (past its end)"
+void guard_describe(Buf& b, const GuardArg* ga, uintptr_t a) {
+    long long off = static_cast<long long>(a - ga->lo);
+    b.add(" of %s at byte offset %lld relative to its start%s", ga->name, off,
+          a >= ga->hi ? " (past its end)" : a < ga->lo ? " (before its start)" : "");
+}
+
+}  // namespace
+
+extern "C" __attribute__((visibility("default"))) void pkrt_guard_args(int n, const unsigned long long* win,
+                                                                     const unsigned long long* data,
+                                                                     const char* const* names) {
+    g_nguard = 0;
+    for (int i = 0; i < n && i < kMaxGuardArgs; i++) {
+        GuardArg& ga = g_guard[g_nguard++];
+        ga.win_lo = win[2 * i];
+        ga.win_hi = win[2 * i + 1];
+        ga.lo = data[2 * i];
+        ga.hi = data[2 * i] + data[2 * i + 1];
+        snprintf(ga.name, sizeof ga.name, "%s", names[i]);
+    }
+}
+
+namespace {
+
 #ifdef PK_RACECHECK
 // ---- racecheck / initcheck: shadow state per 4-byte word -----------------------------
 // Every load and store of the kernel (ThreadSanitizer instrumentation, hooks below) that
@@ -814,6 +870,25 @@ void rc_stress_yield(Thread* self) {
 
 void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc);
 
+// The checked build sees every access: one that leaves its argument by any distance, the few
+// slack bytes next to the guarded copy included (the default build cannot fault there), is
+// reported here with its line.
+void rc_guard_check(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    const GuardArg* ga = guard_find(addr);
+    if (!ga) ga = guard_find(addr + size - 1);
+    if (!ga || (addr >= ga->lo && addr + size <= ga->hi)) return;
+    // Another argument of the same copy (overlapping views) may hold it.
+    for (int i = 0; i < g_nguard; i++)
+        if (g_guard[i].win_lo == ga->win_lo && addr >= g_guard[i].lo && addr + size <= g_guard[i].hi) return;
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, cur());
+    b.add(": out-of-bounds %u-byte %s", size, write ? "write" : "read");
+    guard_describe(b, ga, addr < ga->lo ? addr : (addr >= ga->hi ? addr : ga->hi));
+    b.add(" at ");
+    rc_pc(b, pc);
+    fail_from_fiber();
+}
+
 void rc_access(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
     if (!g_rc || !pkrt_cur) return;
     if (size >= 8 && (addr & (size - 1)) && pc) rc_misaligned(addr, size, write, pc);
@@ -825,7 +900,10 @@ void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
     if (!g_rc || !pkrt_cur) return;
     if (pkrt_in_atomic) return;
     Region* r = rc_find(addr);
-    if (!r) return;
+    if (!r) {
+        if (g_nguard) rc_guard_check(addr, size, write, pc);
+        return;
+    }
     Thread* t = cur();
     Block* k = t->blk;
     if (r->kind != REG_GLOBAL && r->slot != static_cast<int>(k - g_blocks)) return;
@@ -1116,13 +1194,21 @@ struct sigaction g_old[3];
 const int kFaultSigs[3] = {SIGSEGV, SIGBUS, SIGFPE};
 stack_t g_old_alt;
 char g_alt_stack[64 << 10];
+void* g_self_base = nullptr;  // this library's load address (fault_pc)
 
 // A fault below the fiber's stack (the guard page, or a frame so large it jumped past
 // it), or with the stack pointer already below it, is a stack overflow.
+bool sp_overflowed(const Thread* t, void* uctx);
 bool stack_overflowed(const void* addr, const Thread* t, void* uctx) {
     if (!t || !t->stack_lo) return false;
     const char* a = static_cast<const char*>(addr);
     if (a < t->stack_lo && a >= t->stack_lo - (64u << 20)) return true;
+    return sp_overflowed(t, uctx);
+}
+
+// The stack pointer itself below the fiber's stack: a stack overflow, whatever the address.
+bool sp_overflowed(const Thread* t, void* uctx) {
+    if (!t || !t->stack_lo) return false;
     uintptr_t sp = 0;
 #if defined(__x86_64__)
     sp = static_cast<uintptr_t>(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RSP]);
@@ -1131,6 +1217,33 @@ bool stack_overflowed(const void* addr, const Thread* t, void* uctx) {
 #endif
     return sp && sp < reinterpret_cast<uintptr_t>(t->stack_lo) &&
            sp >= reinterpret_cast<uintptr_t>(t->stack_lo) - (64u << 20);
+}
+
+// 1: the faulting access was a write, 0: a read, -1: unknown (the page-fault error code: x86-64 only).
+int fault_is_write(void* uctx) {
+#if defined(__x86_64__)
+    const ucontext_t* uc = static_cast<const ucontext_t*>(uctx);
+    if (uc->uc_mcontext.gregs[REG_TRAPNO] == 14) return (uc->uc_mcontext.gregs[REG_ERR] & 2) ? 1 : 0;
+#else
+    (void)uctx;
+#endif
+    return -1;
+}
+
+// " at FILE:LINE" of the faulting instruction when it is kernel code of this library (resolved by the
+// backend with addr2line where the build has line tables, else dropped); nothing for code elsewhere
+// (libc's memcpy under a cp.async, say).
+void fault_pc(Buf& b, void* uctx) {
+    uintptr_t pc = 0;
+#if defined(__x86_64__)
+    pc = static_cast<uintptr_t>(static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_RIP]);
+#elif defined(__aarch64__)
+    pc = static_cast<uintptr_t>(static_cast<ucontext_t*>(uctx)->uc_mcontext.pc);
+#endif
+    Dl_info info;
+    // dladdr is not async-signal-safe in general; the fault is in kernel code, which holds no loader lock.
+    if (pc && g_self_base && dladdr(reinterpret_cast<void*>(pc), &info) && info.dli_fbase == g_self_base)
+        b.add("@@at:%lx@@", static_cast<unsigned long>(pc - reinterpret_cast<uintptr_t>(g_self_base)));
 }
 
 #if defined(__x86_64__)
@@ -1246,7 +1359,16 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
 #endif
     Buf b{g.err, sizeof g.err};
     describe_where(b, t);
-    if (sig == SIGSEGV && stack_overflowed(info->si_addr, t, uctx)) {
+    const GuardArg* ga = (sig == SIGSEGV || sig == SIGBUS) && !sp_overflowed(t, uctx)
+                             ? guard_find(reinterpret_cast<uintptr_t>(info->si_addr)) : nullptr;
+    if (ga) {
+        int w = fault_is_write(uctx);
+        b.add(": out-of-bounds %s", w < 0 ? "access" : w ? "write" : "read");
+        guard_describe(b, ga, reinterpret_cast<uintptr_t>(info->si_addr));
+        fault_pc(b, uctx);
+        b.add(": stopped at the guard before it touched other memory (a GPU reports an illegal address or "
+              "silently corrupts other data)");
+    } else if (sig == SIGSEGV && stack_overflowed(info->si_addr, t, uctx)) {
         b.add(": stack overflow: the thread's local memory (its C++ stack) outgrew %zu KiB; set "
               "PYKERN_HOST_STACK_KB higher (a GPU allows up to 512 KiB of local memory per thread)",
               t->stack_size >> 10);
@@ -1254,8 +1376,10 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
         b.add(": general protection fault: most likely a misaligned vector access (float4/uint4 need 16-byte, "
               "float2/double 8-byte alignment; a misaligned address error on a GPU) or a non-canonical pointer");
     } else if (sig == SIGSEGV || sig == SIGBUS) {
-        b.add(": %s at address %p: an invalid, unmapped or misaligned memory access (a GPU reports an "
-              "illegal or misaligned address)", sig == SIGSEGV ? "segmentation fault" : "bus error", info->si_addr);
+        b.add(": %s at address %p", sig == SIGSEGV ? "segmentation fault" : "bus error", info->si_addr);
+        fault_pc(b, uctx);
+        b.add(": an out-of-bounds access not within any array argument's guard window (an invalid, "
+              "unmapped or misaligned address: a GPU reports an illegal or misaligned address)");
     } else {
         b.add(": arithmetic exception (SIGFPE, code %d)", info->si_code);
     }
@@ -1312,6 +1436,10 @@ void arm_signals(double watchdog_s) {
         sigaction(g_watch_sig, &sa, &g_old_watch);  // stays installed: a late signal must not kill us
         std::thread(watchdog_loop).detach();
         watch_started = true;
+    }
+    if (!g_self_base) {
+        Dl_info info;
+        if (dladdr(reinterpret_cast<void*>(&arm_signals), &info)) g_self_base = info.dli_fbase;
     }
     stack_t ss;
     ss.ss_sp = g_alt_stack;
@@ -1804,6 +1932,7 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
 #else
     run_blocks(cfg);
 #endif
+    g_nguard = 0;  // the next launch registers its own
     int rc = 0;
     if (g.failed) {
         snprintf(err, errlen, "%s", g.err);
@@ -1823,3 +1952,31 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
 // right after the array's last byte.
 extern "C" __attribute__((visibility("default"))) void* pkrt_alloc(size_t n) { return malloc(n ? n : 1); }
 extern "C" __attribute__((visibility("default"))) void pkrt_free(void* p) { free(p); }
+
+// ---- guarded staging windows (the host backend's _Staging keeps a process-wide pool of them) ----
+// A window is `2 * half` bytes of PROT_NONE address space (MAP_NORESERVE: no memory, no commit
+// charge); an argument's copy occupies the read-write pages just below its middle, `boundary`.
+extern "C" __attribute__((visibility("default"))) unsigned long long pkrt_guard_reserve(unsigned long long half) {
+    void* m = mmap(nullptr, 2 * half, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    return m == MAP_FAILED ? 0 : reinterpret_cast<unsigned long long>(m);
+}
+
+// Make [boundary - rw_new, boundary) read-write, returning the pages of [boundary - rw_old,
+// boundary - rw_new) (when shrinking) to PROT_NONE and to the system. 0 on success, else errno.
+extern "C" __attribute__((visibility("default"))) int pkrt_guard_resize(unsigned long long boundary,
+                                                                      unsigned long long rw_old,
+                                                                      unsigned long long rw_new) {
+    char* b = reinterpret_cast<char*>(boundary);
+    if (rw_new > rw_old) {
+        if (mprotect(b - rw_new, rw_new - rw_old, PROT_READ | PROT_WRITE) != 0) return errno;
+    } else if (rw_new < rw_old) {
+        void* m = mmap(b - rw_old, rw_old - rw_new, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE | MAP_FIXED,
+                       -1, 0);
+        if (m == MAP_FAILED) return errno;
+    }
+    return 0;
+}
+
+extern "C" __attribute__((visibility("default"))) void pkrt_guard_release(unsigned long long lo, unsigned long long size) {
+    munmap(reinterpret_cast<void*>(lo), size);
+}
