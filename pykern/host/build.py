@@ -521,6 +521,12 @@ def _stderr_is_tty() -> bool:
         return False
 
 
+def _say(text: str) -> None:
+    with _notice_lock:
+        sys.stderr.write(text)
+        sys.stderr.flush()
+
+
 @contextmanager
 def _first_use_notice(path: Path, enabled: bool) -> Iterator[None]:
     """A first build can take up to a minute, so it is never silent. On a terminal: "pykern: compiling X for
@@ -533,19 +539,14 @@ def _first_use_notice(path: Path, enabled: bool) -> Iterator[None]:
     msg = (f"pykern: compiling {path.name} for the host backend (first use of this source; "
            "`python -m pykern.precompile --host` builds every source ahead of time)...")
     if not _stderr_is_tty():
-        t0 = time.perf_counter()
-        with _notice_lock:
-            sys.stderr.write(msg + "\n")
-            sys.stderr.flush()
-        ok = False
+        t0, ok = time.perf_counter(), False
+        _say(msg + "\n")
         try:
             yield
             ok = True
         finally:
-            with _notice_lock:
-                sys.stderr.write(f"pykern: {path.name} for the host backend: "
-                                 f"{'built' if ok else 'failed'} in {time.perf_counter() - t0:.1f}s\n")
-                sys.stderr.flush()
+            _say(f"pykern: {path.name} for the host backend: {'built' if ok else 'failed'} in "
+                 f"{time.perf_counter() - t0:.1f}s\n")
         return
     token = object()
     with _notice_lock:

@@ -27,13 +27,10 @@ def _launch(name: str, seq_len: int, heads: int, *args: Any, stream: Any, like: 
     launch(name, grid, (32 * _WARPS,), *args, stream=arrays.launch_stream(stream, like), backend=backend)
 
 
-def _check_state(v_name: str, v: Any, s_name: str, s: Any, kind: str | None = None,
+def _check_state(v_name: str, v: Any, s_name: str, s: Any,
                  layout: str = "(seq_len, num_heads, head_dim)") -> tuple[str, tuple[int, ...]]:
     """A (v, s) pair: v of an I/O dtype with the given layout, s float32 of v's shape less its last axis."""
     k = arrays.io_kind(v_name, v, arrays.IO_KINDS)
-    if kind is not None and k != kind:
-        raise ArgumentTypeError(f"{v_name}: expected the dtype of v_a ({arrays.IO_DTYPES[kind]}), "
-                                f"got {arrays.IO_DTYPES[k]}")
     n = layout.count(",") + 1
     shape = tuple(arrays.shape_of(v, v_name))
     if len(shape) != n:
@@ -60,6 +57,20 @@ def _same_memory(name: str, a: Any, ref_name: str, like: Any) -> None:
                                 f"got {type(a).__name__}")
 
 
+def _check_pair(names: tuple[str, str, str, str], v: Any, s: Any, v2: Any, s2: Any) -> tuple[str, tuple[int, ...]]:
+    """Two states (v, s) and (v2, s2) of one shape and dtype, on v's kind of memory: (kind, v's shape)."""
+    kind, shape = _check_state(names[0], v, names[1], s)
+    k2, shape2 = _check_state(names[2], v2, names[3], s2)
+    if k2 != kind:
+        raise ArgumentTypeError(f"{names[2]}: expected the dtype of {names[0]} ({arrays.IO_DTYPES[kind]}), "
+                                f"got {arrays.IO_DTYPES[k2]}")
+    if shape2 != shape:
+        raise ArgumentError(f"{names[2]}: expected the shape of {names[0]} {shape}, got {shape2}")
+    for name, a in zip(names[1:], (s, v2, s2)):
+        _same_memory(name, a, names[0], v)
+    return kind, shape
+
+
 @arrays.stream_scoped
 def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any, *, stream: Any = None,
                 backend: str | None = None) -> tuple[Any, Any]:
@@ -70,12 +81,7 @@ def merge_state(v_a: Any, s_a: Any, v_b: Any, s_b: Any, *, stream: Any = None,
     and lse over both segments: with m = max(s_a, s_b), w = exp(s - m), v = (w_a v_a + w_b v_b) / (w_a + w_b)
     and s = m + log(w_a + w_b), in fp32.
     """
-    kind, shape = _check_state("v_a", v_a, "s_a", s_a)
-    _, shape_b = _check_state("v_b", v_b, "s_b", s_b, kind)
-    if shape_b != shape:
-        raise ArgumentError(f"v_b: expected the shape of v_a {shape}, got {shape_b}")
-    for name, a in (("s_a", s_a), ("v_b", v_b), ("s_b", s_b)):
-        _same_memory(name, a, "v_a", v_a)
+    kind, shape = _check_pair(("v_a", "s_a", "v_b", "s_b"), v_a, s_a, v_b, s_b)
     va, sa, vb, sb = (arrays.contiguous(x) for x in (v_a, s_a, v_b, s_b))
     v = arrays.empty(shape, arrays.IO_DTYPES[kind], like=va)
     s = arrays.empty(shape[:-1], "float32", like=va)
@@ -95,12 +101,7 @@ def merge_state_in_place(v: Any, s: Any, v_other: Any, s_other: Any, mask: Any =
     bool or uint8, optional: only the tokens where it is true are merged, the others keep their state
     (for CUDA graphs, where the set of tokens to merge changes between replays). Returns None.
     """
-    kind, shape = _check_state("v", v, "s", s)
-    _, shape_o = _check_state("v_other", v_other, "s_other", s_other, kind)
-    if shape_o != shape:
-        raise ArgumentError(f"v_other: expected the shape of v {shape}, got {shape_o}")
-    for name, a in (("s", s), ("v_other", v_other), ("s_other", s_other)):
-        _same_memory(name, a, "v", v)
+    kind, shape = _check_pair(("v", "s", "v_other", "s_other"), v, s, v_other, s_other)
     arrays.check_out(v, shape, arrays.IO_DTYPES[kind], v, "v")  # written in place: C-contiguous, writeable
     arrays.check_out(s, shape[:-1], "float32", v, "s")
     has_mask = mask is not None
