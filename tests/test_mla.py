@@ -138,3 +138,26 @@ def test_a_device_without_mma_sync_is_an_error_naming_the_backend(monkeypatch) -
     with pytest.raises(ArgumentError, match="backend: .*sm_80"):
         plan.run(x["q_nope"], x["q_pe"], x["ckv"], x["kpe"], backend="host")
     assert names == []
+
+
+def test_queries_of_another_kind_than_the_plan_workspaces_are_named(monkeypatch) -> None:
+    torch = pytest.importorskip("torch")
+    x = make_mla_inputs(np.random.default_rng(0), "bf16", (4,), 16, 1)
+    plan = _plan(x)  # NumPy workspaces (like=None)
+    t = {k: torch.from_numpy(x[k].astype(np.float32)).to(torch.bfloat16) for k in ("q_nope", "q_pe", "ckv", "kpe")}
+    names = record_launches(monkeypatch)
+    with pytest.raises(ArgumentTypeError, match="q_nope: expected the kind of array"):
+        plan.run(t["q_nope"], t["q_pe"], t["ckv"], t["kpe"], backend="host")
+    assert names == []
+
+
+def test_torch_tensors_with_a_torch_plan() -> None:
+    torch = pytest.importorskip("torch")
+    x = make_mla_inputs(np.random.default_rng(4), "bf16", (40, 9), 16, 16)
+    tt = {k: torch.from_numpy(x[k].astype(np.float32)).to(torch.bfloat16) for k in ("q_nope", "q_pe", "ckv", "kpe")}
+    plan = ops.MLAPagedDecodePlan(like=tt["q_nope"])
+    plan.plan(torch.arange(3), torch.from_numpy(x["kv_indptr"]), torch.from_numpy(x["kv_indices"]),
+              torch.from_numpy(x["kv_len"]), 16, 512, 64, 16, False, SCALE, torch.bfloat16, torch.bfloat16)
+    o, lse = plan.run(tt["q_nope"], tt["q_pe"], tt["ckv"], tt["kpe"], return_lse=True, backend="host")
+    assert isinstance(o, torch.Tensor) and o.dtype == torch.bfloat16 and isinstance(lse, torch.Tensor)
+    check({"out": o.float().numpy(), "lse": lse.numpy()}, _ref(x), "mla_decode", "bf16")

@@ -28,7 +28,7 @@ from ._kvcache import element_strides, strided_flat
 from .cascade import _launch as _merge_launch
 from .serving import H100_SMS, _device_like, _index
 
-__all__ = ["MLAPagedDecodePlan", "MLA_SMEM_BYTES"]
+__all__ = ["MLAPagedDecodePlan"]
 
 HEAD_DIM_CKV = 512
 HEAD_DIM_KPE = 64
@@ -243,6 +243,10 @@ class MLAPagedDecodePlan:
             if not arrays.same_memory_kind(a, q_nope):
                 raise ArgumentTypeError(f"{name}: expected the same kind of array on the same device as q_nope, "
                                         f"got {type(a).__name__}")
+        if not arrays.same_memory_kind(q_nope, self.part_lse):  # the plan's workspaces are written every run
+            raise ArgumentTypeError(f"q_nope: expected the kind of array (and device) of the plan's workspaces "
+                                    f"({type(self.part_lse).__name__}; MLAPagedDecodePlan(like=...)), got "
+                                    f"{type(q_nope).__name__}")
         res = self.out if out is None else arrays.check_out(out, (b, h, HEAD_DIM_CKV), dt, q_nope, "out")
         lres = self.lse if lse is None else arrays.check_out(lse, (b, h), "float32", q_nope, "lse")
         from .forward import tensor_cores_available
