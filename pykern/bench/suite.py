@@ -35,6 +35,7 @@ EXEMPT: dict[str, str] = {
     "shared_prefix_decode": "KV-cache attention: flash_attention + paged_decode_attention + merge_state, each timed",
     "append_paged_kv_cache": "a scatter of one step's few tokens: launch-latency bound, not bandwidth",
     "PagedDecodePlan": "a plan object, not a kernel",
+    "MLAPagedDecodePlan": "MLA decode over a paged latent cache: its modelled bound in tools/mla_model.py",
     "attn_tiling": "a helper, not a kernel",
     "decode_plan": "a helper, not a kernel",
     "get_batch_indices_positions": "an index helper: host arrays stay on the host, device arrays take one small launch",

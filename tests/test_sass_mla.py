@@ -1,0 +1,82 @@
+"""SASS of the MLA decode kernels (kernels_cu/mla.cu), from the sm_80 and sm_90 cubins with cuobjdump (no GPU
+needed), as tests/test_sass_decode.py does for paged.cu:
+
+- a flat steady-state tile loop (MMAs, no inner loop) of 68 HMMA a 32-key tile and warp (36 of S = Q K^T: 9
+  k-steps x 4 n-tiles; 32 of O += P V: 2 k-steps x 16 n-tiles), 34 ldmatrix (18 K, 16 V), 18 16-byte cp.async
+  (a thread's share of the next tile) and two barriers (the ring's and the S exchange's);
+- the latent rows stream by 16-byte cp.async (LDGSTS.E.BYPASS.128) with commit / wait;
+- no spills and no local memory.
+"""
+from __future__ import annotations
+
+import importlib.util
+from functools import lru_cache
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+ARCHS = ("sm_80", "sm_90")
+KERNELS = ("mla_decode_bf16", "mla_decode_f16")
+
+
+def _load_report() -> Any:
+    spec = importlib.util.spec_from_file_location("pk_sass_report_mla", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+sr = _load_report()
+
+
+def _guard(fn):
+    try:
+        sr.find_cuobjdump()
+    except sr.CuobjdumpUnavailable as e:
+        pytest.skip(f"no cuobjdump: {e}")
+    try:
+        return fn()
+    except Exception as e:  # no NVRTC in this environment
+        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
+            pytest.skip(f"NVRTC unavailable: {e}")
+        raise
+
+
+@lru_cache(maxsize=None)
+def loops() -> dict[str, dict[str, dict[str, Any]]]:
+    return _guard(lambda: sr.loop_metrics(list(KERNELS), ARCHS))
+
+
+@lru_cache(maxsize=None)
+def mix() -> dict[str, dict[str, dict[str, Any]]]:
+    return _guard(lambda: sr.instruction_mix(list(KERNELS), ARCHS, with_resources=True))
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("arch", ARCHS)
+def test_flat_tile_loop_of_hmma(kernel: str, arch: str) -> None:
+    row = loops()[kernel][arch]
+    assert row["mma"] == 68, row
+    assert row["ldsm"] == 34 and row["ldgsts"] == 18 and row["bar"] == 2, row
+    # about 7 warp-instructions an MMA (docs/serving.md "MLA decode"): the S exchange, the online softmax and
+    # the O rescale ride on a 32-key tile; more than 8 means something new entered the loop
+    assert row["per_mma"] < 8.0, row
+
+
+def test_cp_async_is_16_bytes_with_commit_and_wait() -> None:
+    from pykern import cache
+    from pykern.registry import source_files
+
+    src = next(s for s in source_files() if s.name == "mla.cu")
+    text = _guard(lambda: sr.disassemble(cache.get_module(src, "sm_90").image))
+    assert "LDGSTS.E.BYPASS.128" in text and "LDGDEPBAR" in text and "DEPBAR.LE SB0" in text
+
+
+def test_no_spills() -> None:
+    m = mix()
+    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
+           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    assert not bad, bad
+    assert all(m[k][a]["HMMA"] >= 68 for k in KERNELS for a in ARCHS), m
