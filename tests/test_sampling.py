@@ -297,6 +297,53 @@ def test_indices_map_outputs_to_rows() -> None:
     assert s.tolist() == [3, 3, 0, 2]
 
 
+def test_indices_dtype_sets_the_samples_dtype() -> None:
+    # FlashInfer's samples take the dtype of indices (int64 -> int64); int32 indices and no indices give int32
+    probs = np.eye(4, dtype=np.float32)
+    for dt in (np.int64, np.int32):
+        s, v = ops.top_k_sampling_from_probs(probs, 2, indices=np.array([3, 3, 0, 2], dt), seed=0,
+                                             return_valid=True, backend="host")
+        assert s.dtype == dt and s.tolist() == [3, 3, 0, 2] and v.all()
+    assert ops.sampling_from_probs(probs, seed=0, backend="host").dtype == np.int32
+    torch = pytest.importorskip("torch")
+    t = ops.min_p_sampling_from_probs(torch.from_numpy(probs), 0.5, indices=torch.tensor([1, 2]), seed=0,
+                                      backend="host")
+    assert t.dtype == torch.int64 and t.tolist() == [1, 2]
+
+
+# FlashInfer converts threshold arrays of the other kind (`.float()` of top_p / min_p, `.int()` of top_k): an engine's
+# torch.full((b,), 1) is int64, and a float top_k array truncates toward zero.
+THRESHOLD_ARRAYS = [
+    ("min_p_sampling_from_probs", (np.full(3, 1, np.int64),), (1.0,)),
+    ("min_p_sampling_from_probs", (np.zeros(3, np.int32),), (0.0,)),
+    ("top_p_sampling_from_probs", (np.full(3, 1, np.int64),), (1.0,)),
+    ("top_k_sampling_from_probs", (np.full(3, 3.0, np.float32),), (3,)),
+    ("top_k_sampling_from_probs", (np.full(3, 2.9, np.float64),), (2,)),
+    ("top_k_top_p_sampling_from_probs", (np.full(3, 5.0, np.float32), np.ones(3, np.int64)), (5, 1.0)),
+]
+
+
+@pytest.mark.parametrize("op,arrs,scalars", THRESHOLD_ARRAYS, ids=[f"{t[0]}-{t[1][0].dtype}" for t in THRESHOLD_ARRAYS])
+def test_threshold_arrays_of_the_other_numeric_kind_are_converted(op, arrs, scalars) -> None:
+    probs = np.tile(ROW, (3, 1))
+    got = getattr(ops, op)(probs, *arrs, seed=7, backend="host")
+    np.testing.assert_array_equal(got, getattr(ops, op)(probs, *scalars, seed=7, backend="host"))
+
+
+def test_renorm_and_mask_threshold_arrays_of_the_other_numeric_kind() -> None:
+    probs = np.tile(ROW, (3, 1))
+    np.testing.assert_array_equal(ops.top_k_renorm_probs(probs, np.full(3, 4.0, np.float32), backend="host"),
+                                  ops.top_k_renorm_probs(probs, 4, backend="host"))
+    np.testing.assert_array_equal(ops.top_p_renorm_probs(probs, np.ones(3, np.int64), backend="host"),
+                                  ops.top_p_renorm_probs(probs, 1.0, backend="host"))
+    logits = np.log(np.maximum(probs, 1e-9)).astype(np.float32)
+    np.testing.assert_array_equal(ops.top_k_mask_logits(logits, np.full(3, 3.5), backend="host"),
+                                  ops.top_k_mask_logits(logits, 3, backend="host"))
+    torch = pytest.importorskip("torch")
+    t = ops.min_p_sampling_from_probs(torch.from_numpy(probs), torch.full((3,), 1), seed=1, backend="host")
+    assert t.tolist() == [0, 0, 0]  # min_p = 1 keeps the maximum alone (ROW[0])
+
+
 # --------------------------------------------------------------------------- arguments
 @pytest.mark.parametrize("call,err,pattern", [
     (lambda p: ops.top_k_sampling_from_probs(p, -1), ArgumentError, "top_k: expected a int in"),
@@ -319,6 +366,10 @@ def test_indices_map_outputs_to_rows() -> None:
     (lambda p: ops.sampling_from_probs(np.full((3, 4), np.nan, np.float32), check_nan=True), ArgumentError,
      r"probs: .*got probs\[0, 0\]=nan"),
     (lambda p: ops.top_k_mask_logits(p, -2), ArgumentError, "top_k"),
+    (lambda p: ops.min_p_sampling_from_probs(p, np.array([0, 2, 0])), ArgumentError, r"min_p\[1\]=2"),
+    (lambda p: ops.top_k_sampling_from_probs(p, np.array([1.0, np.nan, 2.0])), ArgumentError, r"top_k\[1\]=nan"),
+    (lambda p: ops.top_p_sampling_from_probs(p, np.array([True, True, True])), ArgumentTypeError,
+     "top_p: expected an integer or float array, got dtype bool"),
 ])
 def test_bad_arguments_name_the_argument(call, err, pattern) -> None:
     with pytest.raises(err, match=pattern):

@@ -24,7 +24,11 @@ Semantics (FlashInfer's, with the choices where it leaves room spelled out):
   unchanged). check_nan=True (FlashInfer's flag) checks host probs first and raises ArgumentError
   naming `probs` and the first such entry; device probs are never read on the host (no sync), so
   there the valid flags are the check.
-- Per-row parameters: a scalar or an array of shape (batch,) (indexed by output row).
+- Per-row parameters: a scalar or an array of shape (batch,) (indexed by output row). As FlashInfer
+  (`.float()` / `.int()`), an integer array of top_p / min_p becomes float32 and a float array of
+  top_k becomes int32 truncated toward zero, on the array's own device (host arrays are checked first).
+- Samples are int32, or int64 when `indices` is an int64 array (FlashInfer's samples take the dtype
+  of indices), widened on the device.
 
 Reproducibility: every sampling op draws one 32-bit uniform per output row b from
 Philox4x32-10 with key `seed` (64-bit) and counter (offset, b): the same (probs, parameters,
@@ -143,20 +147,29 @@ def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: floa
     shp = arrays.shape_of(value)
     if shp != (batch,):
         raise ArgumentError(f"{name}: expected a {kind} or an array of shape ({batch},), got shape {shp}")
-    if integer and not dt.startswith(("int", "uint")):
-        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {dt}")
-    if not integer and not dt.startswith(("float", "bfloat")):
-        raise ArgumentTypeError(f"{name}: expected a float array, got dtype {dt}")
+    # FlashInfer converts either way (`.int()` of a top_k array, `.float()` of a top_p / min_p one): an integer
+    # array of thresholds (torch.full((b,), 1) is int64) or a float array of top_k values is converted on its own
+    # device, the float-to-int conversion truncating toward zero as `.int()` does.
+    is_int = dt.startswith(("int", "uint"))
+    if not is_int and not dt.startswith(("float", "bfloat")):
+        raise ArgumentTypeError(f"{name}: expected an integer or float array, got dtype {dt}")
     if arrays.is_host(value):
         h = np.asarray(arrays.host_view(value), np.float64)
+        if integer and not is_int:
+            h = np.trunc(h)  # NaN stays NaN: refused below
         bad = np.isnan(h) | (h < lo) | (h > hi) | ((h == lo) if lo_open else False)
         if bad.any():
             i = int(np.argmax(bad))
             raise ArgumentError(f"{name}: expected every value in {want}, got {name}[{i}]={h[i]:g}")
         if integer and h.size and h.max() > _INT_MAX:
             raise ArgumentError(f"{name}: expected values < 2**31, got {h.max():g}")
-        host = np.ascontiguousarray(arrays.host_view(value), np.int32 if integer else np.float32)
+        host = np.ascontiguousarray(h, np.int32 if integer else np.float32)
         return (host if arrays.same_memory_kind(host, like) else _like(host, like)), 0, True
+    if integer and not is_int and arrays.is_torch(value):
+        # torch's float-to-int32 conversion truncates toward zero (FlashInfer's `.int()`)
+        return arrays.contiguous(arrays.astype(value, "int32")), 0, True
+    if integer and not is_int:
+        value = arrays.astype(value, "float32")  # bf16 / f16 (CuPy has no cast from them to int) through fp32
     return arrays.contiguous(arrays.astype(value, "int32" if integer else "float32")), 0, True
 
 
@@ -234,6 +247,20 @@ def _indices(indices: Any, rows: int, like: Any) -> tuple[Any, int]:
     return idx, n
 
 
+def _out_dtype(out: Any, indices: Any, stream: Any, like: Any) -> Any:
+    """The samples in FlashInfer's dtype: int64 when indices are int64, else int32. The kernel writes int32 (token
+    ids < 2**22); the widening runs on the samples' own device and stream, no host synchronisation."""
+    if indices is None or isinstance(indices, (list, tuple)) or arrays.dtype_name(indices) != "int64":
+        return out
+    if stream is not None and arrays.is_torch(out) and not arrays.is_host(out):
+        from .. import devices
+
+        torch = arrays.torch_module()  # torch converts on its current stream: make it the op's
+        with torch.cuda.stream(torch.cuda.ExternalStream(devices.stream_handle(stream), device=out.device)):
+            return arrays.astype(out, "int64")
+    return arrays.astype(out, "int64")
+
+
 def _check_nan(name: str, a: Any) -> None:
     """check_nan=True on host probs: a NaN, inf or negative entry is an error naming it (FlashInfer's check_nan,
     extended to the other values that are no probability). Device probs are not read on the host (no sync): their
@@ -285,6 +312,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
                idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
                s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
                stream=arrays.launch_stream(stream, probs), backend=backend)
+    out = _out_dtype(out, indices, stream, probs)
     return (out, _as_bool(valid)) if return_valid else out
 
 
