@@ -59,6 +59,7 @@ __all__ = [
     "top_k_renorm_probs",
     "top_p_renorm_probs",
     "top_k_mask_logits",
+    "chain_speculative_sampling",
 ]
 
 NT = 512  # SP_NT in sampling.cu
@@ -429,3 +430,89 @@ def top_k_mask_logits(logits: Any, top_k: Any, *, stream: Any = None, backend: s
     """logits with the entries below the k-th largest set to -inf (ties kept; top_k = 0 or >= vocab:
     unchanged). softmax of the result equals top_k_renorm_probs of softmax(logits)."""
     return _renorm("logits", logits, top_k, None, stream, backend)
+
+
+# --------------------------------------------------------------------------- speculative sampling
+def _counts(name: str, a: Any, batch: int, like: Any) -> Any:
+    """An in/out (batch,) int32 count array, added into in place (FlashInfer's maybe_output_* arrays); None: zeros."""
+    if a is None:
+        return arrays.zeros((batch,), "int32", like=like)
+    dt = arrays.dtype_name(a, name)
+    if dt != "int32":
+        raise ArgumentTypeError(f"{name}: expected an int32 array (the counts are added into it), got dtype {dt}")
+    shp = arrays.shape_of(a)
+    if shp != (batch,):
+        raise ArgumentError(f"{name}: expected shape ({batch},), got {shp}")
+    if not arrays.same_memory_kind(a, like):
+        raise ArgumentError(f"{name}: expected an array on the device of draft_probs (it is written in place)")
+    if arrays.contiguous(a) is not a:
+        raise ArgumentError(f"{name}: expected a contiguous array (it is written in place)")
+    return a
+
+
+def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_probs: Any,
+                               maybe_output_accepted_token_num: Any = None,
+                               maybe_output_emitted_draft_token_num: Any = None, deterministic: bool = True,
+                               generator: Any = None, seed: Any = None, offset: Any = None, *, stream: Any = None,
+                               backend: str | None = None) -> tuple[Any, Any, Any]:
+    """Rejection sampling of a chain of drafted tokens (FlashInfer's chain_speculative_sampling).
+
+    draft_probs (batch, n, vocab), draft_token_ids (batch, n) int32 / int64, target_probs (batch, n + 1, vocab),
+    the two probability arrays of one dtype (f32, bf16, f16). Draft token i is accepted with probability
+    min(1, p_i(x_i) / q_i(x_i)) (p target, q draft); at the first rejection the token is drawn from
+    max(0, p_i - q_i) renormalized, and after n acceptances a bonus token from p_n: the emitted tokens follow the
+    target model. Returns (output_token_ids (batch, n + 1) int32, the emitted tokens then -1,
+    output_accepted_token_num, output_emitted_draft_token_num): (batch,) int32, the number of draft tokens that
+    pass their test each on its own (tests after the first rejection still count), and the number emitted before
+    the first rejection (the bonus / resampled token not included). The maybe_output_* arrays, when given (int32,
+    on the probabilities' device), have the counts added into them in place and are returned. Decisions are
+    integer arithmetic over one Philox4x32-10 word each (counter (offset, b, i), i <= n; kernels_cu/sampling.cu):
+    the same inputs and seed give the same tokens on every backend. deterministic is accepted for FlashInfer
+    compatibility (always deterministic).
+    """
+    from ..launcher import launch
+
+    del deterministic
+    kind = arrays.io_kind("draft_probs", draft_probs, arrays.IO_KINDS)
+    tkind = arrays.io_kind("target_probs", target_probs, arrays.IO_KINDS)
+    if tkind != kind:
+        raise ArgumentTypeError(f"target_probs: expected the dtype of draft_probs ({kind}), got {tkind}")
+    batch, n, vocab = arrays.check_ndim("draft_probs", draft_probs, (3,), "(batch, num_speculate_tokens, vocab)")
+    tshape = arrays.check_ndim("target_probs", target_probs, (3,), "(batch, num_speculate_tokens + 1, vocab)")
+    if tuple(tshape) != (batch, n + 1, vocab):
+        raise ArgumentError(f"target_probs: expected shape ({batch}, {n + 1}, {vocab}) (one row more than draft_probs "
+                            f"a request), got {tuple(tshape)}")
+    if vocab < 1 or vocab > MAX_VOCAB:
+        raise ArgumentError(f"draft_probs: expected vocab in [1, {MAX_VOCAB}], got {vocab}")
+    if batch > _INT_MAX or n >= _INT_MAX:
+        raise ArgumentError(f"draft_probs: expected fewer than 2**31 requests and tokens, got shape {(batch, n)}")
+    ishape = arrays.shape_of(draft_token_ids, "draft_token_ids")
+    if tuple(ishape) != (batch, n):
+        raise ArgumentError(f"draft_token_ids: expected shape ({batch}, {n}), got {tuple(ishape)}")
+    idt = arrays.dtype_name(draft_token_ids, "draft_token_ids")
+    if idt not in ("int32", "int64"):
+        raise ArgumentTypeError(f"draft_token_ids: expected an int32 or int64 array, got dtype {idt}")
+    draft_probs, target_probs = arrays.contiguous(draft_probs), arrays.contiguous(target_probs)
+    if arrays.is_host(draft_token_ids):
+        h = np.asarray(arrays.host_view(draft_token_ids))
+        bad = (h < 0) | (h >= vocab)
+        if bad.any():
+            r, c = (int(x) for x in np.argwhere(bad)[0])
+            raise ArgumentError(f"draft_token_ids: expected token ids in [0, {vocab}), got draft_token_ids[{r}, {c}]="
+                                f"{int(h[r, c])}")
+        h = np.ascontiguousarray(h, np.int32)
+        ids = h if arrays.same_memory_kind(h, draft_probs) else _like(h, draft_probs)
+    else:  # device ids are trusted (no sync): the kernel rejects one outside the vocabulary
+        ids = arrays.contiguous(arrays.astype(draft_token_ids, "int32"))
+    acc = _counts("maybe_output_accepted_token_num", maybe_output_accepted_token_num, batch, draft_probs)
+    emit = _counts("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num, batch, draft_probs)
+    s, o = _seed_offset(seed, offset, generator, draft_probs)
+    s_arr, s_val, s_is = _words("seed", s, batch, draft_probs)
+    o_arr, o_val, o_is = _words("offset", o, batch, draft_probs)
+    out = arrays.empty((batch, n + 1), "int32", like=draft_probs)
+    if batch:
+        launch("sampling_chain_speculative" + arrays.kernel_suffix(kind), (batch,), (NT,), draft_probs.reshape(-1),
+               ids.reshape(-1), target_probs.reshape(-1), out.reshape(-1), acc, emit, s_arr, o_arr, n, vocab,
+               (1 if s_is else 0) | (2 if o_is else 0), s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF,
+               o_val >> 32, stream=arrays.launch_stream(stream, draft_probs), backend=backend)
+    return out, acc, emit
