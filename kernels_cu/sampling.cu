@@ -1,6 +1,7 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
-// (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization and top-k logit
-// masking. One CTA per row; pykern/ops/sampling.py documents the user-facing contract.
+// (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
+// masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
+// the speculative kernel); pykern/ops/sampling.py documents the user-facing contract.
 //
 // Everything that decides WHICH token comes out is integer arithmetic, so the result is a
 // deterministic function of (the row, the parameters, one Philox draw): the same on every

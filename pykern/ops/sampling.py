@@ -2,8 +2,10 @@
 
 Ops: `sampling_from_probs`, `top_k_sampling_from_probs`, `top_p_sampling_from_probs`,
 `min_p_sampling_from_probs`, `top_k_top_p_sampling_from_probs` (one int32 token per row),
-`top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities) and
-`top_k_mask_logits` (the other logits set to -inf). probs / logits are (batch, vocab) float32,
+`top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities),
+`top_k_mask_logits` (the other logits set to -inf) and `chain_speculative_sampling` (rejection
+sampling of drafted token chains, docs/serving.md#speculative-decoding-chain_speculative_sampling).
+probs / logits are (batch, vocab) float32,
 bfloat16 or float16 (FlashInfer's dtypes), fp32 math; vocab up to 2**22.
 
 Semantics (FlashInfer's, with the choices where it leaves room spelled out):
