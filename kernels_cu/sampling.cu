@@ -1,6 +1,7 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
-// (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization and top-k logit
-// masking. One CTA per row; pykern/ops/sampling.py documents the user-facing contract.
+// (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
+// masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
+// the speculative kernel); pykern/ops/sampling.py documents the user-facing contract.
 //
 // Everything that decides WHICH token comes out is integer arithmetic, so the result is a
 // deterministic function of (the row, the parameters, one Philox draw): the same on every
@@ -789,3 +790,142 @@ __device__ void sampling_top_k_mask_logits_impl(const T* __restrict__ logits, T*
 PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 2), (const T* __restrict__ logits, T* __restrict__ out,
               const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val),
               (logits, out, top_k_arr, vocab, flags, top_k_val))
+
+// ------------------------------------------------------------------------------ chain speculative sampling
+// FlashInfer's chain_speculative_sampling (standard rejection sampling, Leviathan et al. / Chen et al.): request b
+// drafted n tokens x_i with draft distributions q_i; the target model gave p_0 .. p_n. Draft token i is accepted
+// with probability min(1, p_i(x_i) / q_i(x_i)); at the first rejection, position i, the emitted token is drawn from
+// max(0, p_i - q_i) renormalized, and if all n are accepted a bonus token is drawn from p_n. The emitted tokens
+// then follow the target model exactly. Every decision is integer arithmetic, as in sampling_from_probs:
+// - decision i (< n) uses word 0 of Philox4x32-10 at counter (offset, b, i): r, and accepts iff r * q < p * 2^32,
+//   decided exactly on the floats' integer mantissas (sp_accept); the draws after the first rejection are still
+//   made, for FlashInfer's accepted count (each draft token judged on its own);
+// - the final draw uses the word at counter (offset, b, n): the residual max(0, mass(p) - mass(q)) in the exact
+//   fixed point of sp_mass, at the binade of the larger of both rows' maxima, and the inverse-CDF rule of
+//   sp_find_draw (first index whose inclusive prefix exceeds floor(r * S / 2^32)). A residual without mass (the
+//   two rows agree at the fixed point's resolution) draws from p itself; a p without mass emits token 0.
+// Reads: the target and draft rows at the emitting position 3 times each (max, S, the walk until the draw), one
+// element a thread (speculation rows are few a request; the walk stops at the chunk that holds the draw).
+#define SSF_SEED_ARR 1
+#define SSF_OFFSET_ARR 2
+
+// The float's integer significand and exponent: f = m * 2^e (key > 0, finite; subnormals included).
+__device__ __forceinline__ void sp_decode(unsigned int key, unsigned long long& m, int& e) {
+    const unsigned int ex = key >> 23, frac = key & 0x7fffffu;
+    m = ex ? (frac | 0x800000u) : frac;
+    e = ex ? (int)ex - 150 : -149;
+}
+
+// r / 2^32 * q < p, exactly (p, q sanitized as probabilities: NaN, inf and negative values count as 0).
+__device__ __forceinline__ bool sp_accept(unsigned int r, float p, float q) {
+    const unsigned int kp = sp_prob_key(p), kq = sp_prob_key(q);
+    if (kp == 0u) return false;
+    if (kq == 0u) return true;
+    unsigned long long mp, mq;
+    int ep, eq;
+    sp_decode(kp, mp, ep);
+    sp_decode(kq, mq, eq);
+    const unsigned long long A = (unsigned long long)r * mq;  // < 2^56
+    const int d = ep + 32 - eq;  // accept iff A < mp * 2^d
+    if (d >= 0) return d >= 64 ? true : (A >> d) < mp;  // mp * 2^d is a multiple of 2^d
+    const int s = -d;  // A * 2^s < mp  <=>  A < ceil(mp / 2^s)
+    if (s >= 25) return A == 0ull;  // mp < 2^24: ceil(mp / 2^s) = 1
+    return A < ((mp + (1ull << s) - 1ull) >> s);
+}
+
+template <typename T>
+__device__ __forceinline__ unsigned long long sp_residual(const T* tp, const T* dp, long long i, int sh, bool diff) {
+    const unsigned long long a = sp_mass(sp_prob_key(PkIO<T>::load(tp, i)), sh);
+    const unsigned long long b = diff ? sp_mass(sp_prob_key(PkIO<T>::load(dp, i)), sh) : 0ull;
+    return a > b ? a - b : 0ull;
+}
+
+template <typename T>
+__device__ void sampling_chain_speculative_impl(const T* __restrict__ draft_probs, const int* __restrict__ draft_ids,
+        const T* __restrict__ target_probs, int* __restrict__ out_ids, int* __restrict__ accepted_num,
+        int* __restrict__ emitted_num, const unsigned int* __restrict__ seed_arr,
+        const unsigned int* __restrict__ offset_arr, int n, int vocab, int flags, unsigned int seed_lo,
+        unsigned int seed_hi, unsigned int offset_lo, unsigned int offset_hi) {
+    __shared__ SpShared s;
+    __shared__ int s_pos;
+    const int b = blockIdx.x;
+    const long long V = vocab;
+    const unsigned int k0 = (flags & SSF_SEED_ARR) ? seed_arr[2 * b] : seed_lo;
+    const unsigned int k1 = (flags & SSF_SEED_ARR) ? seed_arr[2 * b + 1] : seed_hi;
+    const unsigned int c0 = (flags & SSF_OFFSET_ARR) ? offset_arr[2 * b] : offset_lo;
+    const unsigned int c1 = (flags & SSF_OFFSET_ARR) ? offset_arr[2 * b + 1] : offset_hi;
+    const long long out0 = (long long)b * (n + 1);
+    if (threadIdx.x == 0) {  // the n decisions: one thread, two loads each
+        int pos = n, accepted = 0;
+        for (int i = 0; i < n; ++i) {
+            const int id = draft_ids[(long long)b * n + i];
+            bool ok = false;
+            if (id >= 0 && id < vocab) {  // a token outside the vocabulary is rejected
+                unsigned int c[4] = {c0, c1, (unsigned int)b, (unsigned int)i};
+                sp_philox(c, k0, k1);
+                ok = sp_accept(c[0], PkIO<T>::load(target_probs, (out0 + i) * V + id),
+                               PkIO<T>::load(draft_probs, ((long long)b * n + i) * V + id));
+            }
+            if (!ok && pos == n) pos = i;
+            if (ok) ++accepted;
+            if (pos == n) out_ids[out0 + i] = id;
+        }
+        accepted_num[b] += accepted;
+        emitted_num[b] += pos;
+        s_pos = pos;
+    }
+    __syncthreads();
+    const int pos = s_pos;
+    const T* tp = target_probs + (out0 + pos) * V;
+    const bool diff = pos < n;  // the bonus token (pos == n) has no draft row
+    const T* dp = draft_probs + ((long long)b * n + (diff ? pos : 0)) * V;
+    unsigned int m = 0u;
+    for (long long i = threadIdx.x; i < V; i += SP_NT) {
+        m = max(m, sp_prob_key(PkIO<T>::load(tp, i)));
+        if (diff) m = max(m, sp_prob_key(PkIO<T>::load(dp, i)));
+    }
+    const unsigned int mkey = sp_block_max(m, s);
+    int token = 0;
+    if (mkey) {
+        const int sh = sp_shift(mkey);
+        unsigned long long acc = 0ull;
+        for (long long i = threadIdx.x; i < V; i += SP_NT) acc += sp_residual<T>(tp, dp, i, sh, diff);
+        unsigned long long S = sp_block_sum(acc, s);
+        bool use_diff = diff;
+        if (S == 0ull && diff) {  // p <= q everywhere at this resolution: draw from p
+            use_diff = false;
+            acc = 0ull;
+            for (long long i = threadIdx.x; i < V; i += SP_NT) acc += sp_residual<T>(tp, dp, i, sh, false);
+            S = sp_block_sum(acc, s);
+        }
+        if (S) {
+            unsigned int c[4] = {c0, c1, (unsigned int)b, (unsigned int)n};
+            sp_philox(c, k0, k1);
+            const unsigned long long t = sp_mul_frac(S, c[0]);  // in [0, S)
+            if (threadIdx.x == 0) s.found = -1;
+            unsigned long long run = 0ull;  // mass of the chunks before
+            for (long long base = 0; base < V; base += SP_NT) {
+                const long long i = base + threadIdx.x;
+                const unsigned long long w = i < V ? sp_residual<T>(tp, dp, i, sh, use_diff) : 0ull;
+                unsigned long long total;
+                const unsigned long long before = run + sp_block_exclusive(w, &total, s);
+                if (before <= t && t < before + w) s.found = (int)i;
+                run += total;
+                if (run > t) break;  // block-uniform
+            }
+            __syncthreads();
+            token = s.found >= 0 ? s.found : 0;
+        }
+    }
+    if (threadIdx.x == 0) {
+        out_ids[out0 + pos] = token;
+        for (int i = pos + 1; i <= n; ++i) out_ids[out0 + i] = -1;
+    }
+}
+PK_IO_KERNELS(sampling_chain_speculative, (SP_NT, 2), (const T* __restrict__ draft_probs,
+              const int* __restrict__ draft_ids, const T* __restrict__ target_probs, int* __restrict__ out_ids,
+              int* __restrict__ accepted_num, int* __restrict__ emitted_num, const unsigned int* __restrict__ seed_arr,
+              const unsigned int* __restrict__ offset_arr, int n, int vocab, int flags, unsigned int seed_lo,
+              unsigned int seed_hi, unsigned int offset_lo, unsigned int offset_hi),
+              (draft_probs, draft_ids, target_probs, out_ids, accepted_num, emitted_num, seed_arr, offset_arr, n, vocab,
+               flags, seed_lo, seed_hi, offset_lo, offset_hi))

@@ -13,8 +13,8 @@ import pytest
 
 from pykern import ArgumentError, ArgumentTypeError, ops
 from pykern.arrays import bfloat16
-from pykern.difftest.cases.sampling import (make_probs, np_filtered_dist, np_philox, np_sample, np_top_k_mask,
-                                            np_top_k_renorm, np_top_p_renorm)
+from pykern.difftest.cases.sampling import (make_probs, make_speculative, np_chain_speculative, np_filtered_dist,
+                                            np_philox, np_sample, np_top_k_mask, np_top_k_renorm, np_top_p_renorm)
 from pykern.tolerance import tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -297,6 +297,146 @@ def test_indices_map_outputs_to_rows() -> None:
     assert s.tolist() == [3, 3, 0, 2]
 
 
+def test_indices_dtype_sets_the_samples_dtype() -> None:
+    # FlashInfer's samples take the dtype of indices (int64 -> int64); int32 indices and no indices give int32
+    probs = np.eye(4, dtype=np.float32)
+    for dt in (np.int64, np.int32):
+        s, v = ops.top_k_sampling_from_probs(probs, 2, indices=np.array([3, 3, 0, 2], dt), seed=0,
+                                             return_valid=True, backend="host")
+        assert s.dtype == dt and s.tolist() == [3, 3, 0, 2] and v.all()
+    assert ops.sampling_from_probs(probs, seed=0, backend="host").dtype == np.int32
+    torch = pytest.importorskip("torch")
+    t = ops.min_p_sampling_from_probs(torch.from_numpy(probs), 0.5, indices=torch.tensor([1, 2]), seed=0,
+                                      backend="host")
+    assert t.dtype == torch.int64 and t.tolist() == [1, 2]
+
+
+# FlashInfer converts threshold arrays of the other kind (`.float()` of top_p / min_p, `.int()` of top_k): an engine's
+# torch.full((b,), 1) is int64, and a float top_k array truncates toward zero.
+THRESHOLD_ARRAYS = [
+    ("min_p_sampling_from_probs", (np.full(3, 1, np.int64),), (1.0,)),
+    ("min_p_sampling_from_probs", (np.zeros(3, np.int32),), (0.0,)),
+    ("top_p_sampling_from_probs", (np.full(3, 1, np.int64),), (1.0,)),
+    ("top_k_sampling_from_probs", (np.full(3, 3.0, np.float32),), (3,)),
+    ("top_k_sampling_from_probs", (np.full(3, 2.9, np.float64),), (2,)),
+    ("top_k_top_p_sampling_from_probs", (np.full(3, 5.0, np.float32), np.ones(3, np.int64)), (5, 1.0)),
+]
+
+
+@pytest.mark.parametrize("op,arrs,scalars", THRESHOLD_ARRAYS, ids=[f"{t[0]}-{t[1][0].dtype}" for t in THRESHOLD_ARRAYS])
+def test_threshold_arrays_of_the_other_numeric_kind_are_converted(op, arrs, scalars) -> None:
+    probs = np.tile(ROW, (3, 1))
+    got = getattr(ops, op)(probs, *arrs, seed=7, backend="host")
+    np.testing.assert_array_equal(got, getattr(ops, op)(probs, *scalars, seed=7, backend="host"))
+
+
+def test_renorm_and_mask_threshold_arrays_of_the_other_numeric_kind() -> None:
+    probs = np.tile(ROW, (3, 1))
+    np.testing.assert_array_equal(ops.top_k_renorm_probs(probs, np.full(3, 4.0, np.float32), backend="host"),
+                                  ops.top_k_renorm_probs(probs, 4, backend="host"))
+    np.testing.assert_array_equal(ops.top_p_renorm_probs(probs, np.ones(3, np.int64), backend="host"),
+                                  ops.top_p_renorm_probs(probs, 1.0, backend="host"))
+    logits = np.log(np.maximum(probs, 1e-9)).astype(np.float32)
+    np.testing.assert_array_equal(ops.top_k_mask_logits(logits, np.full(3, 3.5), backend="host"),
+                                  ops.top_k_mask_logits(logits, 3, backend="host"))
+    torch = pytest.importorskip("torch")
+    t = ops.min_p_sampling_from_probs(torch.from_numpy(probs), torch.full((3,), 1), seed=1, backend="host")
+    assert t.tolist() == [0, 0, 0]  # min_p = 1 keeps the maximum alone (ROW[0])
+
+
+# --------------------------------------------------------------------------- chain speculative sampling
+# Two 12-token target rows and draft rows that disagree with them (the draft favours the tail), so about half the
+# drafts are rejected and the residual max(0, p - q) carries the correction.
+SPEC_P = np.stack([ROW, ROW[::-1].copy(), ROW]).astype(np.float32)  # target rows 0, 1 and the bonus row 2
+SPEC_Q = np.stack([ROW[::-1], ROW]).astype(np.float32)
+SPEC_Q = (SPEC_Q / SPEC_Q.sum(1, keepdims=True)).astype(np.float32)
+
+
+def _speculative_draws(draws: int, seed: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    q64 = SPEC_Q.astype(np.float64)
+    ids = np.stack([rng.choice(12, draws, p=q64[i] / q64[i].sum()) for i in range(2)], 1).astype(np.int32)
+    return ops.chain_speculative_sampling(np.tile(SPEC_Q, (draws, 1, 1)), ids, np.tile(SPEC_P, (draws, 1, 1)),
+                                          seed=seed, backend="host")
+
+
+def test_chain_speculative_sampling_keeps_the_target_distribution() -> None:
+    # Rejection sampling must emit tokens distributed as the target: the first token as p_0 over every request,
+    # the second as p_1 over the requests that accepted the first draft (the accepted draft, or the resampled
+    # residual, or the bonus row when both drafts pass). Same significance as the other chi-square tests.
+    out, acc, emit = _speculative_draws(DRAWS, 20240612)
+    stat, dof, p = _chi_square(out[:, 0], SPEC_P[0].astype(np.float64) / SPEC_P[0].sum())
+    CHI2["chain_speculative_sampling[0]"] = (stat, dof, p)
+    assert p > 1e-3, (stat, dof, p)
+    second = out[emit >= 1, 1]
+    assert 0.2 * DRAWS < second.size < 0.9 * DRAWS  # both outcomes are exercised
+    stat, dof, p = _chi_square(second, SPEC_P[1].astype(np.float64) / SPEC_P[1].sum())
+    CHI2["chain_speculative_sampling[1]"] = (stat, dof, p)
+    assert p > 1e-3, (stat, dof, p)
+    # the counts: emitted <= accepted <= n, -1 after the emitted token, the bonus only after n acceptances
+    assert ((emit <= acc) & (acc <= 2)).all()
+    for e in range(3):
+        rows = out[emit == e]
+        assert (rows[:, e] >= 0).all() and (rows[:, e + 1:] == -1).all()
+    # acceptance rate of the first draft: sum min(p, q) exactly, to sampling error (4 sigma)
+    rate = float(np.minimum(SPEC_P[0].astype(np.float64), SPEC_Q[0]).sum())
+    assert abs((emit >= 1).mean() - rate) < 4 * math.sqrt(rate * (1 - rate) / DRAWS)
+
+
+def test_chain_speculative_chi_square_detects_the_draft_distribution() -> None:
+    # The test can fail: the emitted first tokens are not distributed as the draft's row (which has no mass where
+    # the target's two largest are), nor as the even mix of the draft and the target.
+    out, _, _ = _speculative_draws(DRAWS, 20240612)
+    with pytest.raises(AssertionError, match="outside"):
+        _chi_square(out[:, 0], SPEC_Q[0].astype(np.float64))
+    mix = 0.5 * (SPEC_P[0].astype(np.float64) + SPEC_Q[0])
+    _, _, p = _chi_square(out[:, 0], mix / mix.sum())
+    assert p < 1e-10
+
+
+def test_chain_speculative_sampling_bit_exact_on_host_numba_and_numpy() -> None:
+    rng = np.random.default_rng(8)
+    draft, ids, target = make_speculative(rng, 8, 3, 40)
+    ref = np_chain_speculative(draft, ids, target, 77, 5)
+    got = ops.chain_speculative_sampling(draft, ids, target, seed=77, offset=5, backend="host")
+    for g, r in zip(got, ref):
+        np.testing.assert_array_equal(g, r)
+    # FlashInfer's documented example: the first draft (p 0.6 >= q 0.3) always passes, the second (p 0) never does,
+    # and the residual max(0, p - q) of the second row is token 0 alone.
+    d = np.array([[[0.1, 0.2, 0.3, 0.4], [0.2, 0.3, 0.4, 0.1]]], np.float32)
+    t = np.array([[[0.0, 0.1, 0.6, 0.3], [1.0, 0.0, 0.0, 0.0], [0.7, 0.1, 0.1, 0.1]]], np.float32)
+    acc, emit = np.array([10], np.int32), np.array([20], np.int32)
+    out, a, e = ops.chain_speculative_sampling(d, np.array([[2, 1]]), t, acc, emit, seed=1, backend="host")
+    assert out.tolist() == [[2, 0, -1]] and a is acc and e is emit and acc.tolist() == [11] and emit.tolist() == [21]
+    pytest.importorskip("numba")
+    got_numba = ops.chain_speculative_sampling(draft, ids, target, seed=77, offset=5, backend="numba")
+    for g, r in zip(got_numba, ref):
+        np.testing.assert_array_equal(g, r)
+
+
+@pytest.mark.parametrize("call,err,pattern", [
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i, t[:, :2]), ArgumentError,
+     r"target_probs: expected shape \(2, 3, 4\) \(one row more"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i[:, :1], t), ArgumentError,
+     r"draft_token_ids: expected shape \(2, 2\)"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i + 3, t), ArgumentError,
+     r"draft_token_ids: expected token ids in \[0, 4\), got draft_token_ids\[0, 0\]=4"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i.astype(np.float32), t), ArgumentTypeError,
+     "draft_token_ids: expected an int32 or int64 array"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i, t.astype(np.float16)), ArgumentTypeError,
+     r"target_probs: expected the dtype of draft_probs \(f32\)"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d[0], i, t), ArgumentError, "draft_probs: expected a 3-D array"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i, t, np.zeros(2, np.int64)), ArgumentTypeError,
+     "maybe_output_accepted_token_num: expected an int32 array"),
+    (lambda d, i, t: ops.chain_speculative_sampling(d, i, t, None, np.zeros(3, np.int32)), ArgumentError,
+     r"maybe_output_emitted_draft_token_num: expected shape \(2,\)"),
+])
+def test_chain_speculative_bad_arguments_name_the_argument(call, err, pattern) -> None:
+    d = np.full((2, 2, 4), 0.25, np.float32)
+    with pytest.raises(err, match=pattern):
+        call(d, np.array([[1, 2], [0, 3]], np.int64), np.full((2, 3, 4), 0.25, np.float32))
+
+
 # --------------------------------------------------------------------------- arguments
 @pytest.mark.parametrize("call,err,pattern", [
     (lambda p: ops.top_k_sampling_from_probs(p, -1), ArgumentError, "top_k: expected a int in"),
@@ -319,6 +459,10 @@ def test_indices_map_outputs_to_rows() -> None:
     (lambda p: ops.sampling_from_probs(np.full((3, 4), np.nan, np.float32), check_nan=True), ArgumentError,
      r"probs: .*got probs\[0, 0\]=nan"),
     (lambda p: ops.top_k_mask_logits(p, -2), ArgumentError, "top_k"),
+    (lambda p: ops.min_p_sampling_from_probs(p, np.array([0, 2, 0])), ArgumentError, r"min_p\[1\]=2"),
+    (lambda p: ops.top_k_sampling_from_probs(p, np.array([1.0, np.nan, 2.0])), ArgumentError, r"top_k\[1\]=nan"),
+    (lambda p: ops.top_p_sampling_from_probs(p, np.array([True, True, True])), ArgumentTypeError,
+     "top_p: expected an integer or float array, got dtype bool"),
 ])
 def test_bad_arguments_name_the_argument(call, err, pattern) -> None:
     with pytest.raises(err, match=pattern):

@@ -2,8 +2,10 @@
 
 Ops: `sampling_from_probs`, `top_k_sampling_from_probs`, `top_p_sampling_from_probs`,
 `min_p_sampling_from_probs`, `top_k_top_p_sampling_from_probs` (one int32 token per row),
-`top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities) and
-`top_k_mask_logits` (the other logits set to -inf). probs / logits are (batch, vocab) float32,
+`top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities),
+`top_k_mask_logits` (the other logits set to -inf) and `chain_speculative_sampling` (rejection
+sampling of drafted token chains, docs/serving.md#speculative-decoding-chain_speculative_sampling).
+probs / logits are (batch, vocab) float32,
 bfloat16 or float16 (FlashInfer's dtypes), fp32 math; vocab up to 2**22.
 
 Semantics (FlashInfer's, with the choices where it leaves room spelled out):
@@ -24,7 +26,11 @@ Semantics (FlashInfer's, with the choices where it leaves room spelled out):
   unchanged). check_nan=True (FlashInfer's flag) checks host probs first and raises ArgumentError
   naming `probs` and the first such entry; device probs are never read on the host (no sync), so
   there the valid flags are the check.
-- Per-row parameters: a scalar or an array of shape (batch,) (indexed by output row).
+- Per-row parameters: a scalar or an array of shape (batch,) (indexed by output row). As FlashInfer
+  (`.float()` / `.int()`), an integer array of top_p / min_p becomes float32 and a float array of
+  top_k becomes int32 truncated toward zero, on the array's own device (host arrays are checked first).
+- Samples are int32, or int64 when `indices` is an int64 array (FlashInfer's samples take the dtype
+  of indices), widened on the device.
 
 Reproducibility: every sampling op draws one 32-bit uniform per output row b from
 Philox4x32-10 with key `seed` (64-bit) and counter (offset, b): the same (probs, parameters,
@@ -55,6 +61,7 @@ __all__ = [
     "top_k_renorm_probs",
     "top_p_renorm_probs",
     "top_k_mask_logits",
+    "chain_speculative_sampling",
 ]
 
 NT = 512  # SP_NT in sampling.cu
@@ -143,20 +150,29 @@ def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: floa
     shp = arrays.shape_of(value)
     if shp != (batch,):
         raise ArgumentError(f"{name}: expected a {kind} or an array of shape ({batch},), got shape {shp}")
-    if integer and not dt.startswith(("int", "uint")):
-        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {dt}")
-    if not integer and not dt.startswith(("float", "bfloat")):
-        raise ArgumentTypeError(f"{name}: expected a float array, got dtype {dt}")
+    # FlashInfer converts either way (`.int()` of a top_k array, `.float()` of a top_p / min_p one): an integer
+    # array of thresholds (torch.full((b,), 1) is int64) or a float array of top_k values is converted on its own
+    # device, the float-to-int conversion truncating toward zero as `.int()` does.
+    is_int = dt.startswith(("int", "uint"))
+    if not is_int and not dt.startswith(("float", "bfloat")):
+        raise ArgumentTypeError(f"{name}: expected an integer or float array, got dtype {dt}")
     if arrays.is_host(value):
         h = np.asarray(arrays.host_view(value), np.float64)
+        if integer and not is_int:
+            h = np.trunc(h)  # NaN stays NaN: refused below
         bad = np.isnan(h) | (h < lo) | (h > hi) | ((h == lo) if lo_open else False)
         if bad.any():
             i = int(np.argmax(bad))
             raise ArgumentError(f"{name}: expected every value in {want}, got {name}[{i}]={h[i]:g}")
         if integer and h.size and h.max() > _INT_MAX:
             raise ArgumentError(f"{name}: expected values < 2**31, got {h.max():g}")
-        host = np.ascontiguousarray(arrays.host_view(value), np.int32 if integer else np.float32)
+        host = np.ascontiguousarray(h, np.int32 if integer else np.float32)
         return (host if arrays.same_memory_kind(host, like) else _like(host, like)), 0, True
+    if integer and not is_int and arrays.is_torch(value):
+        # torch's float-to-int32 conversion truncates toward zero (FlashInfer's `.int()`)
+        return arrays.contiguous(arrays.astype(value, "int32")), 0, True
+    if integer and not is_int:
+        value = arrays.astype(value, "float32")  # bf16 / f16 (CuPy has no cast from them to int) through fp32
     return arrays.contiguous(arrays.astype(value, "int32" if integer else "float32")), 0, True
 
 
@@ -234,6 +250,20 @@ def _indices(indices: Any, rows: int, like: Any) -> tuple[Any, int]:
     return idx, n
 
 
+def _out_dtype(out: Any, indices: Any, stream: Any, like: Any) -> Any:
+    """The samples in FlashInfer's dtype: int64 when indices are int64, else int32. The kernel writes int32 (token
+    ids < 2**22); the widening runs on the samples' own device and stream, no host synchronisation."""
+    if indices is None or isinstance(indices, (list, tuple)) or arrays.dtype_name(indices) != "int64":
+        return out
+    if stream is not None and arrays.is_torch(out) and not arrays.is_host(out):
+        from .. import devices
+
+        torch = arrays.torch_module()  # torch converts on its current stream: make it the op's
+        with torch.cuda.stream(torch.cuda.ExternalStream(devices.stream_handle(stream), device=out.device)):
+            return arrays.astype(out, "int64")
+    return arrays.astype(out, "int64")
+
+
 def _check_nan(name: str, a: Any) -> None:
     """check_nan=True on host probs: a NaN, inf or negative entry is an error naming it (FlashInfer's check_nan,
     extended to the other values that are no probability). Device probs are not read on the host (no sync): their
@@ -285,6 +315,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
                idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
                s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
                stream=arrays.launch_stream(stream, probs), backend=backend)
+    out = _out_dtype(out, indices, stream, probs)
     return (out, _as_bool(valid)) if return_valid else out
 
 
@@ -401,3 +432,89 @@ def top_k_mask_logits(logits: Any, top_k: Any, *, stream: Any = None, backend: s
     """logits with the entries below the k-th largest set to -inf (ties kept; top_k = 0 or >= vocab:
     unchanged). softmax of the result equals top_k_renorm_probs of softmax(logits)."""
     return _renorm("logits", logits, top_k, None, stream, backend)
+
+
+# --------------------------------------------------------------------------- speculative sampling
+def _counts(name: str, a: Any, batch: int, like: Any) -> Any:
+    """An in/out (batch,) int32 count array, added into in place (FlashInfer's maybe_output_* arrays); None: zeros."""
+    if a is None:
+        return arrays.zeros((batch,), "int32", like=like)
+    dt = arrays.dtype_name(a, name)
+    if dt != "int32":
+        raise ArgumentTypeError(f"{name}: expected an int32 array (the counts are added into it), got dtype {dt}")
+    shp = arrays.shape_of(a)
+    if shp != (batch,):
+        raise ArgumentError(f"{name}: expected shape ({batch},), got {shp}")
+    if not arrays.same_memory_kind(a, like):
+        raise ArgumentError(f"{name}: expected an array on the device of draft_probs (it is written in place)")
+    if arrays.contiguous(a) is not a:
+        raise ArgumentError(f"{name}: expected a contiguous array (it is written in place)")
+    return a
+
+
+def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_probs: Any,
+                               maybe_output_accepted_token_num: Any = None,
+                               maybe_output_emitted_draft_token_num: Any = None, deterministic: bool = True,
+                               generator: Any = None, seed: Any = None, offset: Any = None, *, stream: Any = None,
+                               backend: str | None = None) -> tuple[Any, Any, Any]:
+    """Rejection sampling of a chain of drafted tokens (FlashInfer's chain_speculative_sampling).
+
+    draft_probs (batch, n, vocab), draft_token_ids (batch, n) int32 / int64, target_probs (batch, n + 1, vocab),
+    the two probability arrays of one dtype (f32, bf16, f16). Draft token i is accepted with probability
+    min(1, p_i(x_i) / q_i(x_i)) (p target, q draft); at the first rejection the token is drawn from
+    max(0, p_i - q_i) renormalized, and after n acceptances a bonus token from p_n: the emitted tokens follow the
+    target model. Returns (output_token_ids (batch, n + 1) int32, the emitted tokens then -1,
+    output_accepted_token_num, output_emitted_draft_token_num): (batch,) int32, the number of draft tokens that
+    pass their test each on its own (tests after the first rejection still count), and the number emitted before
+    the first rejection (the bonus / resampled token not included). The maybe_output_* arrays, when given (int32,
+    on the probabilities' device), have the counts added into them in place and are returned. Decisions are
+    integer arithmetic over one Philox4x32-10 word each (counter (offset, b, i), i <= n; kernels_cu/sampling.cu):
+    the same inputs and seed give the same tokens on every backend. deterministic is accepted for FlashInfer
+    compatibility (always deterministic).
+    """
+    from ..launcher import launch
+
+    del deterministic
+    kind = arrays.io_kind("draft_probs", draft_probs, arrays.IO_KINDS)
+    tkind = arrays.io_kind("target_probs", target_probs, arrays.IO_KINDS)
+    if tkind != kind:
+        raise ArgumentTypeError(f"target_probs: expected the dtype of draft_probs ({kind}), got {tkind}")
+    batch, n, vocab = arrays.check_ndim("draft_probs", draft_probs, (3,), "(batch, num_speculate_tokens, vocab)")
+    tshape = arrays.check_ndim("target_probs", target_probs, (3,), "(batch, num_speculate_tokens + 1, vocab)")
+    if tuple(tshape) != (batch, n + 1, vocab):
+        raise ArgumentError(f"target_probs: expected shape ({batch}, {n + 1}, {vocab}) (one row more than draft_probs "
+                            f"a request), got {tuple(tshape)}")
+    if vocab < 1 or vocab > MAX_VOCAB:
+        raise ArgumentError(f"draft_probs: expected vocab in [1, {MAX_VOCAB}], got {vocab}")
+    if batch > _INT_MAX or n >= _INT_MAX:
+        raise ArgumentError(f"draft_probs: expected fewer than 2**31 requests and tokens, got shape {(batch, n)}")
+    ishape = arrays.shape_of(draft_token_ids, "draft_token_ids")
+    if tuple(ishape) != (batch, n):
+        raise ArgumentError(f"draft_token_ids: expected shape ({batch}, {n}), got {tuple(ishape)}")
+    idt = arrays.dtype_name(draft_token_ids, "draft_token_ids")
+    if idt not in ("int32", "int64"):
+        raise ArgumentTypeError(f"draft_token_ids: expected an int32 or int64 array, got dtype {idt}")
+    draft_probs, target_probs = arrays.contiguous(draft_probs), arrays.contiguous(target_probs)
+    if arrays.is_host(draft_token_ids):
+        h = np.asarray(arrays.host_view(draft_token_ids))
+        bad = (h < 0) | (h >= vocab)
+        if bad.any():
+            r, c = (int(x) for x in np.argwhere(bad)[0])
+            raise ArgumentError(f"draft_token_ids: expected token ids in [0, {vocab}), got draft_token_ids[{r}, {c}]="
+                                f"{int(h[r, c])}")
+        h = np.ascontiguousarray(h, np.int32)
+        ids = h if arrays.same_memory_kind(h, draft_probs) else _like(h, draft_probs)
+    else:  # device ids are trusted (no sync): the kernel rejects one outside the vocabulary
+        ids = arrays.contiguous(arrays.astype(draft_token_ids, "int32"))
+    acc = _counts("maybe_output_accepted_token_num", maybe_output_accepted_token_num, batch, draft_probs)
+    emit = _counts("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num, batch, draft_probs)
+    s, o = _seed_offset(seed, offset, generator, draft_probs)
+    s_arr, s_val, s_is = _words("seed", s, batch, draft_probs)
+    o_arr, o_val, o_is = _words("offset", o, batch, draft_probs)
+    out = arrays.empty((batch, n + 1), "int32", like=draft_probs)
+    if batch:
+        launch("sampling_chain_speculative" + arrays.kernel_suffix(kind), (batch,), (NT,), draft_probs.reshape(-1),
+               ids.reshape(-1), target_probs.reshape(-1), out.reshape(-1), acc, emit, s_arr, o_arr, n, vocab,
+               (1 if s_is else 0) | (2 if o_is else 0), s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF,
+               o_val >> 32, stream=arrays.launch_stream(stream, draft_probs), backend=backend)
+    return out, acc, emit

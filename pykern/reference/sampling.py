@@ -350,3 +350,113 @@ def _mask(cuda: Any) -> Any:
         return ((n + 31) // 32,), (32,)
 
     return k, config
+
+
+@reference("sampling_chain_speculative", "sampling_chain_speculative_bf16", "sampling_chain_speculative_f16")
+def _chain_speculative(cuda: Any) -> Any:
+    import numba
+
+    philox_word0, mul_frac, clean = _helpers(cuda)[:3]
+
+    @cuda.jit(device=True)
+    def decode(x):
+        # (m, e) with x = m * 2^e, m < 2^24 an integer: x a positive finite float32 value (float64 here, exact)
+        f, e = math.frexp(x)
+        return numba.int64(f * 16777216.0), e - 24
+
+    @cuda.jit(device=True)
+    def accept(r, p, q):
+        # r / 2^32 * q < p, exactly, by the kernel's integer rule (sp_accept)
+        p = clean(p)
+        q = clean(q)
+        if p == 0.0:
+            return False
+        if q == 0.0:
+            return True
+        mp, ep = decode(p)
+        mq, eq = decode(q)
+        a = numba.int64(r) * mq
+        d = ep + 32 - eq
+        if d >= 0:
+            return True if d >= 64 else (a >> d) < mp
+        s = -d
+        if s >= 25:
+            return a == 0
+        return a < ((mp + (1 << s) - 1) >> s)
+
+    @cuda.jit(device=True)
+    def mass(x, scale):
+        return numba.int64(math.floor(numba.float64(clean(x)) * scale))
+
+    @cuda.jit(device=True)
+    def residual(target, draft, tb, db, i, scale, diff):
+        a = mass(target[tb + i], scale)
+        b = mass(draft[db + i], scale) if diff else 0
+        return a - b if a > b else 0
+
+    @cuda.jit
+    def k(draft, ids, target, out, acc_num, emit_num, seed_arr, offset_arr, n, vocab, flags, seed_lo, seed_hi,
+          offset_lo, offset_hi):
+        b = cuda.grid(1)
+        if b >= acc_num.shape[0]:
+            return
+        k0 = numba.int64(seed_arr[2 * b]) if flags & 1 else seed_lo
+        k1 = numba.int64(seed_arr[2 * b + 1]) if flags & 1 else seed_hi
+        c0 = numba.int64(offset_arr[2 * b]) if flags & 2 else offset_lo
+        c1 = numba.int64(offset_arr[2 * b + 1]) if flags & 2 else offset_hi
+        o0 = b * (n + 1)
+        pos = n
+        accepted = 0
+        for i in range(n):
+            tok = ids[b * n + i]
+            ok = False
+            if tok >= 0 and tok < vocab:
+                u, _, _, _ = philox_word0(k0, k1, c0, c1, b, i)
+                ok = accept(u, target[(o0 + i) * vocab + tok], draft[(b * n + i) * vocab + tok])
+            if not ok and pos == n:
+                pos = i
+            if ok:
+                accepted += 1
+            if pos == n:
+                out[o0 + i] = tok
+        acc_num[b] += accepted
+        emit_num[b] += pos
+        tb = (o0 + pos) * vocab
+        diff = pos < n
+        db = (b * n + (pos if diff else 0)) * vocab
+        m = 0.0
+        for i in range(vocab):
+            m = max(m, clean(target[tb + i]))
+            if diff:
+                m = max(m, clean(draft[db + i]))
+        token = 0
+        if m > 0.0:
+            f, e = math.frexp(m)  # 2^(e-1) <= m < 2^e
+            scale = 1.0
+            for _ in range(abs(_F - e)):
+                scale = scale * 2.0 if _F - e > 0 else scale * 0.5
+            total = 0
+            for i in range(vocab):
+                total += residual(target, draft, tb, db, i, scale, diff)
+            if total == 0 and diff:  # p <= q everywhere at this resolution: draw from p
+                diff = False
+                for i in range(vocab):
+                    total += residual(target, draft, tb, db, i, scale, diff)
+            if total > 0:
+                u, _, _, _ = philox_word0(k0, k1, c0, c1, b, n)
+                t = mul_frac(total, u)
+                run = 0
+                for i in range(vocab):
+                    run += residual(target, draft, tb, db, i, scale, diff)
+                    if run > t:
+                        token = i
+                        break
+        out[o0 + pos] = token
+        for i in range(pos + 1, n + 1):
+            out[o0 + i] = -1
+
+    def config(args: Any) -> Any:
+        nb = args[4].shape[0]
+        return ((nb + 31) // 32,), (32,)
+
+    return k, config

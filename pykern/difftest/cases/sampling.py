@@ -175,6 +175,75 @@ def np_top_k_mask(logits: np.ndarray, top_k: Any) -> np.ndarray:
     return out
 
 
+def np_chain_speculative(draft: np.ndarray, ids: np.ndarray, target: np.ndarray, seed: Any, offset: Any = 0
+                         ) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(output_token_ids, accepted, emitted) of chain_speculative_sampling by the documented rule, in exact
+    rationals (fractions.Fraction of the float values) and Python integers: decision i of request b accepts iff
+    r * q < p * 2^32 (r the Philox word at counter (offset, b, i)); the final draw (word at (offset, b, n)) inverts
+    the CDF of max(0, mass(p) - mass(q)), the fixed-point mass at the binade of the larger row maximum."""
+    from fractions import Fraction
+
+    draft, target = np.asarray(draft, np.float32), np.asarray(target, np.float32)
+    batch, n, vocab = draft.shape
+    out = np.full((batch, n + 1), -1, np.int32)
+    acc, emit = np.zeros(batch, np.int32), np.zeros(batch, np.int32)
+    for b in range(batch):
+        sb = int(seed[b] if np.ndim(seed) else seed) % 2**64
+        ob = int(offset[b] if np.ndim(offset) else offset) % 2**64
+
+        def word(j: int) -> int:
+            return _philox_word(sb, ob, b, j)
+
+        pos = n
+        for i in range(n):
+            x = int(ids[b, i])
+            ok = False
+            if 0 <= x < vocab:
+                p, q = float(_clean(target[b, i, x])), float(_clean(draft[b, i, x]))
+                ok = Fraction(word(i)) * Fraction(q) < Fraction(p) * 2**32
+            if not ok and pos == n:
+                pos = i
+            acc[b] += ok
+            if pos == n:
+                out[b, i] = x
+        emit[b] = pos
+        tp = _clean(target[b, pos])
+        dq = _clean(draft[b, pos]) if pos < n else np.zeros(vocab)
+        m = max(tp.max(), dq.max())
+        token = 0
+        if m > 0:
+            e = int(np.frexp(m)[1])
+            qp = [int(v) for v in np.floor(np.ldexp(tp, F - e))]
+            qq = [int(v) for v in np.floor(np.ldexp(dq, F - e))]
+            w = [max(0, a - c) for a, c in zip(qp, qq)]
+            if sum(w) == 0:
+                w = qp
+            total = sum(w)
+            if total:
+                t = (total * word(n)) >> 32
+                run = 0
+                for i, v in enumerate(w):
+                    run += v
+                    if run > t:
+                        token = i
+                        break
+        out[b, pos] = token
+    return out, acc, emit
+
+
+def _philox_word(seed: int, offset: int, row: int, j: int) -> int:
+    """Word 0 of Philox4x32-10 at counter (offset lo, offset hi, row, j), key (seed lo, seed hi), in Python ints."""
+    m = 0xFFFFFFFF
+    k0, k1 = seed & m, seed >> 32
+    c = [offset & m, offset >> 32, row & m, j & m]
+    for r in range(10):
+        if r:
+            k0, k1 = (k0 + 0x9E3779B9) & m, (k1 + 0xBB67AE85) & m
+        p0, p1 = 0xD2511F53 * c[0], 0xCD9E8D57 * c[2]
+        c = [(p1 >> 32) ^ c[1] ^ k0, p1 & m, (p0 >> 32) ^ c[3] ^ k1, p0 & m]
+    return c[0]
+
+
 # --------------------------------------------------------------------------- inputs and cases
 _SUFFIX = {"f32": "", "bf16": "_bf16", "f16": "_f16"}  # the kernels' instantiations (PK_IO_KERNELS)
 
@@ -245,6 +314,49 @@ def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab
     return Case(op=op, dtype=kind, shape=f"B{batch}-V{vocab}-{'arr' if np.ndim(param) else param}"
                 + ("-ties" if ties else "") + (f"-bad{list(poison)}" if poison else ""),
                 kernels=(kernel + _SUFFIX[kind],), run=run, reference=ref, note=note)
+
+
+def make_speculative(rng: np.random.Generator, batch: int, n: int, vocab: int, kind: str = "f32",
+                     close: float = 0.5) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(draft_probs, draft_token_ids, target_probs): the draft a mix of the target and noise (close: the target's
+    weight, so acceptances and rejections both occur), the drafted tokens drawn from the draft."""
+    from ...arrays import bfloat16
+
+    target = make_probs(rng, batch * (n + 1), vocab).astype(np.float64).reshape(batch, n + 1, vocab)
+    noise = make_probs(rng, batch * n, vocab).astype(np.float64).reshape(batch, n, vocab)
+    draft = close * target[:, :n] + (1 - close) * noise
+    ids = np.array([[rng.choice(vocab, p=draft[b, i] / draft[b, i].sum()) for i in range(n)] for b in range(batch)],
+                   np.int32).reshape(batch, n)
+    dt = bfloat16() if kind == "bf16" else np.float16 if kind == "f16" else np.float32
+    return draft.astype(dt), ids, target.astype(dt)
+
+
+def _speculative_case(rng: np.random.Generator, kind: str, batch: int, n: int, vocab: int, close: float = 0.5,
+                      per_row_seed: bool = False) -> Case:
+    from ... import ops
+
+    draft, ids, target = make_speculative(rng, batch, n, vocab, kind, close)
+    seed: Any = int(rng.integers(0, 2**63))
+    offset: Any = int(rng.integers(0, 1000))
+    if per_row_seed:
+        seed = rng.integers(0, 2**63, batch).astype(np.int64)
+        offset = rng.integers(0, 1000, batch).astype(np.int64)
+    start = rng.integers(0, 5, batch).astype(np.int32)  # the maybe_output_* arrays are added into
+
+    def run(backend: str) -> dict[str, Any]:
+        acc, emit = start.copy(), start.copy()
+        out, a, e = ops.chain_speculative_sampling(draft, ids, target, acc, emit, seed=seed, offset=offset,
+                                                   backend=backend)
+        return {"tokens": np.asarray(out), "accepted": np.asarray(a), "emitted": np.asarray(e)}
+
+    def ref() -> dict[str, Any]:
+        out, a, e = np_chain_speculative(np.asarray(draft, np.float32), ids, np.asarray(target, np.float32), seed,
+                                         offset)
+        return {"tokens": out, "accepted": a + start, "emitted": e + start}
+
+    return Case(op="chain_speculative_sampling", dtype=kind,
+                shape=f"B{batch}-n{n}-V{vocab}-close{close}" + ("-rowseed" if per_row_seed else ""),
+                kernels=("sampling_chain_speculative" + _SUFFIX[kind],), run=run, reference=ref)
 
 
 def _philox_case() -> Case:
@@ -328,4 +440,7 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _renorm_case(rng, "top_k_renorm_probs", kind, 4, 37, np.array([3, 2, 0, 5]), poison=bad)
         yield _renorm_case(rng, "top_p_renorm_probs", kind, 4, 64, 0.8, poison=bad)
         yield _renorm_case(rng, "top_k_mask_logits", kind, 3, 37, np.array([1, 0, 12]), ties=True)
+        yield _speculative_case(rng, kind, 6, 3, 37)
+        yield _speculative_case(rng, kind, 4, 4, 64, close=0.9, per_row_seed=True)
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")
+    yield _speculative_case(rng, "f32", 3, 2, 1500, close=0.3)  # rows of three chunks: the draw's walk past one
