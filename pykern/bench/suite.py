@@ -47,6 +47,7 @@ EXEMPT: dict[str, str] = {
     "top_k_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
     "top_p_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
     "top_k_mask_logits": "sampling: multi-pass radix select per row (see sampling_from_probs)",
+    "chain_speculative_sampling": "sampling: one CTA per request, latency-bound (see sampling_from_probs)",
     "grouped_gemm": "compute-bound (tensor-core grouped GEMM; its loop metric: tools/sass_report.py --loops)",
     "moe_experts": "compute-bound (two grouped GEMMs)",
     "moe_experts_backward": "compute-bound (grouped GEMMs)",
