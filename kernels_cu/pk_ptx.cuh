@@ -31,10 +31,24 @@
 // elements each), and CuTe's SM80_16x8x16_F32F16F16F32_TN and SM80_16x8x16_F32BF16BF16F32_TN both take
 // their layouts from MMA_Traits<SM80_16x8x16_F16F16F16F16_TN> (tests/test_host_ptx.py checks both).
 //
+// FP8 (pk_mma_m16n8k32_e4m3, mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32, sm_89+): the PTX ISA's
+// "Matrix Fragments for mma.m16n8k32" with .e4m3 (.b32 registers of four 8-bit elements, element i in byte
+// i & 3 of its register, the lowest-indexed in the lowest byte):
+//   A (16x32, row-major), 4 x .b32 = a0..a15 (a_i in register i >> 2):
+//     a_i: row = g + 8*((i>>2)&1), col = 4*t + (i&3) + 16*(i>>3)
+//   B (32x8, K x N, "col"), 2 x .b32 = b0..b7:  b_i: k = 4*t + (i&3) + 16*(i>>2), n = g
+//   C/D: the m16n8k16 table above.
+// In bytes these are the .bf16 fragments (a k16 step of 2-byte elements is a k32 step of 1-byte ones), so
+// the same ldmatrix .x4 row addresses over a row-major [rows, K] byte tile load A and B. Cross-checked
+// against CuTe's cute/atom/mma_traits_sm89.hpp (SM89_16x8x32_F32E4M3E4M3F32_TN: ALayout
+// ((4,8),(4,2,2)):((64,1),(16,8,256)), BLayout ((4,8),(4,2)):((32,1),(8,128)), CLayout SM80_16x8_Row; the
+// layouts of SM80_16x8x32_S32S8S8S32_TN), which decode to the same tables (tests/test_host_ptx.py).
 // Architectures: ldmatrix, ex2.approx and cvt .f16 exist from sm_75; mma .bf16, cvt .bf16x2, cvt .f16x2
 // and cp.async need sm_80. On sm_75 cvt and cp.async fall back to plain code (cp.async
 // becomes a synchronous 16-byte copy) and pk_mma_m16n8k16_bf16 / _f16 are compile errors (sm_75 has
 // mma.m16n8k8 .f16 only; the kernels keep one m16n8k16 shape and use fp32-FMA kernels there).
+// mma .e4m3 needs sm_89: pk_mma_m16n8k32_e4m3 is a compile error naming sm_89 below it (a kernel that
+// calls it guards its body with __CUDA_ARCH__ >= 890 and traps below; its op refuses those GPUs first).
 #pragma once
 
 #if defined(PYKERN_HOST)
@@ -119,6 +133,17 @@ __device__ __forceinline__ void pk_mma_m16n8k16_f16(float* d, const unsigned int
     f.b[0] = b[0];
     f.b[1] = b[1];
     pkrt_ptx_warp(PKRT_PTX_MMA_F16, &f, __FILE__, __LINE__);
+    for (int i = 0; i < 4; i++) d[i] = f.d[i];
+}
+
+// D = A * B + C with e4m3 (float8_e4m3fn) inputs, m16n8k32 (fragments above; a warp meeting point).
+__device__ __forceinline__ void pk_mma_m16n8k32_e4m3(float* d, const unsigned int* a, const unsigned int* b,
+                                                     const float* c) {
+    pkrt_mma_frag f;
+    for (int i = 0; i < 4; i++) f.a[i] = a[i], f.c[i] = c[i];
+    f.b[0] = b[0];
+    f.b[1] = b[1];
+    pkrt_ptx_warp(PKRT_PTX_MMA_E4M3, &f, __FILE__, __LINE__);
     for (int i = 0; i < 4; i++) d[i] = f.d[i];
 }
 
@@ -292,6 +317,24 @@ __device__ __forceinline__ void pk_mma_m16n8k16_bf16(float*, const unsigned int*
 template <typename PkArchT = void>
 __device__ __forceinline__ void pk_mma_m16n8k16_f16(float*, const unsigned int*, const unsigned int*, const float*) {
     static_assert(sizeof(PkArchT) == 0, "pk_mma_m16n8k16_f16 (mma.m16n8k16 .f16) needs sm_80 or newer");
+}
+#endif
+
+#if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 890
+__device__ __forceinline__ void pk_mma_m16n8k32_e4m3(float* d, const unsigned int* a, const unsigned int* b,
+                                                     const float* c) {
+    asm volatile(
+        "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 {%0,%1,%2,%3}, {%4,%5,%6,%7}, {%8,%9}, "
+        "{%10,%11,%12,%13};"
+        : "=f"(d[0]), "=f"(d[1]), "=f"(d[2]), "=f"(d[3])
+        : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b[0]), "r"(b[1]), "f"(c[0]), "f"(c[1]), "f"(c[2]),
+          "f"(c[3]));
+}
+#else
+// A template so that only a kernel that calls it fails to compile below sm_89.
+template <typename PkArchT = void>
+__device__ __forceinline__ void pk_mma_m16n8k32_e4m3(float*, const unsigned int*, const unsigned int*, const float*) {
+    static_assert(sizeof(PkArchT) == 0, "pk_mma_m16n8k32_e4m3 (mma .e4m3) needs sm_89 or newer");
 }
 #endif
 

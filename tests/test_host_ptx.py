@@ -282,6 +282,87 @@ def test_mma_needs_a_full_warp() -> None:
         launch("pk_t_mma", 1, 48, z4, z2, np.zeros(48 * 4, np.float32), np.zeros(48 * 4, np.float32))
 
 
+# ---- mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32 (sm_89+) ------------------------------------
+def isa_a_k32(lane: int) -> list[tuple[int, int]]:
+    """mma.m16n8k32 .e4m3 A fragment (PTX ISA, "Matrix Fragments for mma.m16n8k32"): (row, col) of a0..a15,
+    a_i in byte i % 4 of register i // 4."""
+    g, t = divmod(lane, 4)
+    return [(g + 8 * ((i >> 2) & 1), 4 * t + (i & 3) + 16 * (i >> 3)) for i in range(16)]
+
+
+def isa_b_k32(lane: int) -> list[tuple[int, int]]:
+    """m16n8k32 .e4m3 B fragment: (k, n) of b0..b7, b_i in byte i % 4 of register i // 4."""
+    g, t = divmod(lane, 4)
+    return [(4 * t + (i & 3) + 16 * (i >> 2), g) for i in range(8)]
+
+
+def test_k32_tables_agree_with_cute_sm89_traits() -> None:
+    # CuTe cute/atom/mma_traits_sm89.hpp, SM89_16x8x32_F32E4M3E4M3F32_TN (its layouts are those of
+    # SM80_16x8x32_S32S8S8S32_TN): ALayout ((4,8),(4,2,2)):((64,1),(16,8,256)) over column-major (M=16, K=32),
+    # BLayout ((4,8),(4,2)):((32,1),(8,128)) over (N=8, K=32), CLayout SM80_16x8_Row (isa_c, checked above).
+    for lane in range(32):
+        for v in range(16):
+            i = cute_layout([4, 8, 4, 2, 2], [64, 1, 16, 8, 256], lane, v)
+            assert isa_a_k32(lane)[v] == (i % 16, i // 16)
+        for v in range(8):
+            i = cute_layout([4, 8, 4, 2], [32, 1, 8, 128], lane, v)
+            k, n = isa_b_k32(lane)[v]
+            assert (n, k) == (i % 8, i // 8)
+    # In bytes the k32 fragments are the bf16 k16 ones: register r of a lane covers the bytes that register r
+    # of the m16n8k16 fragment does (element 2j of a bf16 pair = bytes 4t+2j.., one k32 column per byte).
+    for lane in range(32):
+        for r in range(4):
+            rows16 = {isa_a(lane)[2 * r][0]}
+            bytes16 = {2 * isa_a(lane)[2 * r][1] + x for x in range(4)}
+            assert {isa_a_k32(lane)[4 * r + x][0] for x in range(4)} == rows16
+            assert {isa_a_k32(lane)[4 * r + x][1] for x in range(4)} == bytes16
+
+
+def pack_mma_e4m3(A: np.ndarray, B: np.ndarray, C: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    import ml_dtypes
+
+    a, b, c = np.zeros((32, 4), np.uint32), np.zeros((32, 2), np.uint32), np.zeros((32, 4), np.float32)
+    Ab = A.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(np.uint32)
+    Bb = B.astype(ml_dtypes.float8_e4m3fn).view(np.uint8).astype(np.uint32)
+    for lane in range(32):
+        for v, (r, col) in enumerate(isa_a_k32(lane)):
+            a[lane, v // 4] |= Ab[r, col] << (8 * (v % 4))  # lowest index in the lowest byte
+        for v, (k, n) in enumerate(isa_b_k32(lane)):
+            b[lane, v // 4] |= Bb[k, n] << (8 * (v % 4))
+        for v, (r, col) in enumerate(isa_c(lane)):
+            c[lane, v] = C[r, col]
+    return a, b, c
+
+
+@pytest.mark.parametrize("warps", [1, 2])
+def test_mma_m16n8k32_e4m3_layout_and_values(warps: int) -> None:
+    import ml_dtypes
+
+    rng = np.random.default_rng(11)
+    e4m3 = ml_dtypes.float8_e4m3fn
+    As = [(rng.standard_normal((16, 32)) * 4).astype(e4m3).astype(np.float64) for _ in range(warps)]
+    Bs = [(rng.standard_normal((32, 8)) * 4).astype(e4m3).astype(np.float64) for _ in range(warps)]
+    Cs = [rng.standard_normal((16, 8)).astype(np.float32) for _ in range(warps)]
+    # Warp 0: a structured A (every (row, col) distinct, so a wrong mapping cannot cancel out) with e4m3's
+    # largest finite value (448) and smallest subnormal (2^-9), and a B with one non-zero per column.
+    As[0] = (np.arange(512, dtype=np.float64).reshape(16, 32) / 16 - 12).astype(e4m3).astype(np.float64)
+    As[0][2, 30], As[0][13, 17] = 448.0, 2.0**-9
+    Bs[0] = np.zeros((32, 8))
+    for n in range(8):
+        Bs[0][(5 * n + 3) % 32, n] = float(n + 1) / 2
+    Bs[0][17, 6] = 256.0  # with A[13, 17] = 2^-9: the subnormal's product
+    packed = [pack_mma_e4m3(A, B, C) for A, B, C in zip(As, Bs, Cs)]
+    a = np.concatenate([p[0] for p in packed]).ravel()
+    b = np.concatenate([p[1] for p in packed]).ravel()
+    c = np.concatenate([p[2] for p in packed]).ravel()
+    d = np.zeros(warps * 32 * 4, np.float32)
+    launch("pk_t_mma_e4m3", 1, 32 * warps, a, b, c, d)
+    for w in range(warps):
+        D = unpack_d(d.reshape(warps, 32, 4)[w])
+        ref = As[w] @ Bs[w] + Cs[w]  # e4m3 products and their sums are exact in float64; one fp32 rounding
+        np.testing.assert_array_equal(D, ref.astype(np.float32))
+
+
 # ---- ldmatrix -----------------------------------------------------------------------------------
 @pytest.mark.parametrize("trans", [0, 1])
 def test_ldmatrix_x4_lane_mapping(trans: int) -> None:
@@ -521,3 +602,43 @@ def test_named_barrier_that_cannot_complete_is_a_deadlock() -> None:
             r"kernel pk_t_bar_handoff: block \(0,0,0\): deadlock: .*waits at named barrier 3 \(barrier.sync, 256 "
             r"threads\) at .*ptx\.cu:\d+; 128 of 256 threads arrived at named barrier 3")):
         launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), 5)
+
+
+# ---- NVRTC: mma .e4m3 (sm_89+) -----------------------------------------------------------------------------
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90", "sm_120"])
+def test_nvrtc_mma_e4m3_sass(arch: str, tmp_path: Path) -> None:
+    # sm_89 / sm_120 run it on the FP8 tensor core (QMMA.16832.F32.E4M3.E4M3); sm_90 has no FP8 mma.sync (its
+    # FP8 path is wgmma): ptxas lowers each one to fp8 -> f16 conversions and two HMMA.16816.F32.
+    from pykern import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as e:  # noqa: BLE001 - no NVRTC here is a skip, not a failure
+        pytest.skip(f"NVRTC unavailable: {e}")
+    mod = compiler.compile(HOST_KERNELS / "ptx_fp8.cu", arch)
+    assert "mma.sync.aligned.m16n8k32.row.col.f32.e4m3.e4m3.f32" in mod.ptx
+    tool = _cuobjdump()
+    if tool is None or not (Path(tool).parent / "nvdisasm").exists() and shutil.which("nvdisasm") is None:
+        pytest.skip("cuobjdump / nvdisasm not installed: SASS not checked")
+    cubin = tmp_path / f"ptx_fp8_{arch}.cubin"
+    cubin.write_bytes(mod.image)
+    env = dict(os.environ, PATH=str(Path(tool).parent) + os.pathsep + os.environ.get("PATH", ""))
+    sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
+    if arch == "sm_90":
+        assert len(re.findall(r"HMMA\.16816\.F32 ", sass)) == 2 and "QMMA" not in sass
+    else:
+        assert len(re.findall(r"QMMA\.16832\.F32\.E4M3\.E4M3", sass)) == 1
+
+
+def test_nvrtc_mma_e4m3_below_sm89_is_a_clear_compile_error(tmp_path: Path) -> None:
+    from pykern import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"NVRTC unavailable: {e}")
+    src = tmp_path / "fp8_sm80.cu"
+    src.write_text('#include "pk_common.cuh"\nextern "C" __global__ void k(const unsigned* a, float* d) {\n'
+                   "    float c[4] = {0, 0, 0, 0};\n    pk_mma_m16n8k32_e4m3(d, a, a + 4, c);\n}\n")
+    with pytest.raises(CompileError, match="pk_mma_m16n8k32_e4m3.*needs sm_89"):
+        compiler.compile(src, "sm_86")

@@ -87,7 +87,7 @@ def _width(mods: str) -> str:
 
 def classify(opcode: str, mods: str) -> str | None:
     """The column one SASS instruction counts in (besides `total`), or None."""
-    if opcode in ("HMMA", "HGMMA", "LDSM", "LDGSTS", "F2FP", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL"):
+    if opcode in ("HMMA", "QMMA", "HGMMA", "LDSM", "LDGSTS", "F2FP", "FFMA", "MUFU", "BAR", "SHFL", "LDL", "STL"):
         return opcode
     if opcode in ("LDG", "STG"):
         return opcode + _width(mods)
@@ -136,6 +136,8 @@ def _mma_weight(op: str, mods: str) -> float:
         if ".1688" in mods:
             return 0.5
         return 1.0
+    if op == "QMMA":  # fp8 mma.sync (sm_89, sm_120): m16n8k32 is two m16n8k16s' flops
+        return 2.0 if ".16832" in mods else 1.0
     if op == "HGMMA":
         m = re.search(r"\.64x(\d+)x16", mods)
         return int(m.group(1)) / 8 if m else 0.0

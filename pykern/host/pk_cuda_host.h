@@ -95,7 +95,8 @@ long long pkrt_clock64(void);
 
 // PTX wrappers (kernels_cu/pk_ptx.cuh): warp-wide instructions are meeting points that
 // hand the runtime a pointer to each lane's fragment; cp.async is queued per thread.
-enum { PKRT_PTX_MMA_BF16 = 32, PKRT_PTX_LDSM_X4 = 33, PKRT_PTX_LDSM_X4_T = 34, PKRT_PTX_MMA_F16 = 35 };
+enum { PKRT_PTX_MMA_BF16 = 32, PKRT_PTX_LDSM_X4 = 33, PKRT_PTX_LDSM_X4_T = 34, PKRT_PTX_MMA_F16 = 35,
+       PKRT_PTX_MMA_E4M3 = 36 };
 struct pkrt_mma_frag { unsigned a[4]; unsigned b[2]; float c[4]; float d[4]; };
 // ldmatrix: each lane reads its own 16-byte row (row: where, bytes: what it read) before the collective,
 // so racecheck sees every lane's read of shared memory where the kernel issues it, as it sees a plain load.

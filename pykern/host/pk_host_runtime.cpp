@@ -331,6 +331,7 @@ const char* op_name(int op) {
         case PKRT_MATCH_ALL: return "__match_all_sync";
         case PKRT_PTX_MMA_BF16: return "pk_mma_m16n8k16_bf16";
         case PKRT_PTX_MMA_F16: return "pk_mma_m16n8k16_f16";
+        case PKRT_PTX_MMA_E4M3: return "pk_mma_m16n8k32_e4m3";
         case PKRT_PTX_LDSM_X4: return "pk_ldmatrix_x4";
         case PKRT_PTX_LDSM_X4_T: return "pk_ldmatrix_x4_trans";
         case PKRT_ACTIVEMASK: return "__activemask";
@@ -627,8 +628,47 @@ inline double f16_value(unsigned h) {
     return (h & 0x8000u) ? -v : v;
 }
 
+// float8_e4m3fn bits -> value, exact: no infinities, S.1111.111 is NaN, subnormals m * 2^-9.
+inline double e4m3_value(unsigned b) {
+    b &= 0xffu;
+    const unsigned e = (b >> 3) & 15u, m = b & 7u;
+    double v = (e == 15u && m == 7u) ? std::numeric_limits<double>::quiet_NaN()
+               : e == 0 ? std::ldexp(static_cast<double>(m), -9)
+                        : std::ldexp(static_cast<double>(m | 8u), static_cast<int>(e) - 10);
+    return (b & 0x80u) ? -v : v;
+}
+
 // Layouts: see the table at the top of kernels_cu/pk_ptx.cuh (PTX ISA, cross-checked with CuTe).
 void complete_ptx(Thread* lanes, int op) {
+    if (op == PKRT_PTX_MMA_E4M3) {
+        // m16n8k32: a_i (register i >> 2, byte i & 3) at row g + 8*((i>>2)&1), col 4t + (i&3) + 16*(i>>3);
+        // b_i (register i >> 2, byte i & 3) at k = 4t + (i&3) + 16*(i>>2), n = g.
+        double A[16][32], B[32][8], C[16][8];
+        for (unsigned l = 0; l < 32; l++) {
+            const pkrt_mma_frag* f = reinterpret_cast<const pkrt_mma_frag*>(lanes[l].value);
+            unsigned gq = l >> 2, tq = l & 3;
+            for (unsigned i = 0; i < 16; i++)
+                A[gq + 8 * ((i >> 2) & 1)][4 * tq + (i & 3) + 16 * (i >> 3)] = e4m3_value(f->a[i >> 2] >> (8 * (i & 3)));
+            for (unsigned i = 0; i < 8; i++)
+                B[4 * tq + (i & 3) + 16 * (i >> 2)][gq] = e4m3_value(f->b[i >> 2] >> (8 * (i & 3)));
+            for (unsigned v = 0; v < 4; v++) C[gq + 8 * (v >> 1)][2 * tq + (v & 1)] = f->c[v];
+        }
+        // e4m3 products are exact in double, and so is their sum here (terms below 2^18, multiples of
+        // 2^-18); one rounding to fp32 at the end. The GPU's fp8 tensor core keeps fewer bits of the sum
+        // (Hopper's about 22, DeepGEMM's reason to promote each k-block's partial into an fp32 accumulator):
+        // the emulation is the exact ideal that scheme approaches.
+        for (unsigned l = 0; l < 32; l++) {
+            pkrt_mma_frag* f = reinterpret_cast<pkrt_mma_frag*>(lanes[l].value);
+            unsigned gq = l >> 2, tq = l & 3;
+            for (unsigned v = 0; v < 4; v++) {
+                unsigned m = gq + 8 * (v >> 1), n = 2 * tq + (v & 1);
+                double s = C[m][n];
+                for (unsigned k = 0; k < 32; k++) s += A[m][k] * B[k][n];
+                f->d[v] = static_cast<float>(s);
+            }
+        }
+        return;
+    }
     if (op == PKRT_PTX_MMA_BF16 || op == PKRT_PTX_MMA_F16) {
         // .bf16 and .f16 share the fragment layout; only the widening of the 16-bit words differs
         double (*value)(unsigned) = op == PKRT_PTX_MMA_F16 ? f16_value : bf16_value;

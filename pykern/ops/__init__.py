@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import importlib
 import pkgutil
+import sys
+import types
 from typing import Any
 
 _table: dict[str, Any] | None = None
@@ -34,3 +36,18 @@ def __getattr__(name: str) -> Any:
 
 def __dir__() -> list[str]:
     return sorted(_ops())
+
+
+class _OpsPackage(types.ModuleType):
+    """A family module named after one of its ops (gemm_fp8.py defines gemm_fp8): the import system sets the
+    package attribute to the submodule once it is loaded, which would shadow the op; the op stays there
+    (`from pykern.ops.gemm_fp8 import ...` still reaches the module through sys.modules)."""
+
+    def __setattr__(self, name: str, value: Any) -> None:
+        if isinstance(value, types.ModuleType) and value.__name__ == f"{__name__}.{name}" and \
+                name in getattr(value, "__all__", ()):
+            value = getattr(value, name)
+        super().__setattr__(name, value)
+
+
+sys.modules[__name__].__class__ = _OpsPackage

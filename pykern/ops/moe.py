@@ -16,6 +16,7 @@ from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind
 from ..errors import ArgumentError, ArgumentTypeError
 from .training import _launch
+from ._common import check_offsets as _check_offsets, dtype_is as _dtype_is, host_values as _host_values
 
 __all__ = ["moe_route", "grouped_gemm", "moe_align", "moe_experts", "moe_experts_backward"]
 
@@ -35,20 +36,6 @@ def _int_arg(name: str, v: Any, lo: int, hi: int) -> int:
     if not lo <= int(v) <= hi:
         raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
     return int(v)
-
-
-def _dtype_is(name: str, a: Any, want: str) -> None:
-    got = arrays.dtype_name(a, name)
-    if got != want:
-        raise ArgumentTypeError(f"{name}: expected dtype {want}, got {got}")
-
-
-def _host_values(a: Any) -> np.ndarray | None:
-    """The values of a host array (NumPy, CPU tensor) for validation, or None for device memory (never
-    copied back: the kernels treat bad values safely and the caller keeps the device path sync-free)."""
-    if not arrays.is_host(a):
-        return None
-    return arrays.host_view(a)
 
 
 # --------------------------------------------------------------------------- moe_route
@@ -102,24 +89,6 @@ TC_BM = 128  # rows per tensor-core tile (GG_BM); the experts pad each group to 
 TC_BN = 128
 TC_SMEM = 4 * 2 * TC_BM * 40 * 2  # GG_SMEM_BYTES: 4 stages of A and B tiles, rows padded to 40 halves
 SIMT_T = 32
-
-
-def _check_offsets(offsets: Any, n_groups: int, m: int) -> Any:
-    _dtype_is("offsets", offsets, "int32")
-    if tuple(arrays.shape_of(offsets)) != (n_groups + 1,):
-        raise ArgumentError(f"offsets: expected shape ({n_groups + 1},) (groups + 1), "
-                            f"got {tuple(arrays.shape_of(offsets))}")
-    offsets = arrays.contiguous(offsets)
-    v = _host_values(offsets)
-    if v is not None:
-        if int(v[0]) != 0 or int(v[-1]) != m:
-            raise ArgumentError(f"offsets: expected offsets[0] == 0 and offsets[-1] == {m} (rows of a), "
-                                f"got {int(v[0])} and {int(v[-1])}")
-        if n_groups and bool((np.diff(v.astype(np.int64)) < 0).any()):
-            bad = int(np.argmax(np.diff(v.astype(np.int64)) < 0))
-            raise ArgumentError(f"offsets: expected non-decreasing row starts, got offsets[{bad}] = {int(v[bad])} "
-                                f"> offsets[{bad + 1}] = {int(v[bad + 1])}")
-    return offsets
 
 
 def _tc(backend: str | None, kind: str, tensor_cores: bool | None = None) -> bool:

@@ -1,0 +1,55 @@
+// Grouped GEMM tile scheduling on the device (gemm_fp8.cu's grouped kernel): the grid covers an upper bound of
+// the row tiles (sum_e ceil(m_e / bm) <= M / bm + E) on blockIdx.x and each CTA finds its group by a warp
+// scan of `offsets` (int32 [E + 1], possibly on the device: the host never reads them); CTAs past the last
+// tile get e = -1 and exit. Negative group sizes (offsets that decrease) count as empty.
+// The same scheme as moe.cu's moe_find_tile, which keeps its own copy for now.
+#pragma once
+#include "pk_common.cuh"
+
+// The group of row tile `tile` (tiles of `bm` rows, counted group by group): e (or -1 past the last tile),
+// the tile's first row and the group's end row. Called by one whole warp; every lane gets the result.
+__device__ __forceinline__ void pk_grouped_find_tile(const int* __restrict__ offsets, int n_groups, int bm, int tile,
+                                                     int* e_out, int* m0_out, int* mend_out) {
+    const int lane = threadIdx.x & 31;
+    int rem = tile;
+    *e_out = -1;
+    *m0_out = 0;
+    *mend_out = 0;
+    for (int base = 0; base < n_groups; base += 32) {
+        const int e = base + lane;
+        int start = 0, end = 0, cnt = 0;
+        if (e < n_groups) {
+            start = offsets[e];
+            end = offsets[e + 1];
+            cnt = end > start ? (end - start + bm - 1) / bm : 0;
+        }
+        int inc = cnt;  // inclusive scan of the tile counts over the lanes
+#pragma unroll
+        for (int d = 1; d < 32; d <<= 1) {
+            const int v = __shfl_up_sync(PK_FULL_MASK, inc, d);
+            if (lane >= d) inc += v;
+        }
+        const unsigned hit = __ballot_sync(PK_FULL_MASK, inc > rem);
+        if (hit) {
+            const int L = __ffs((int)hit) - 1;
+            const int excl = __shfl_sync(PK_FULL_MASK, inc - cnt, L);
+            const int st = __shfl_sync(PK_FULL_MASK, start, L), en = __shfl_sync(PK_FULL_MASK, end, L);
+            *e_out = base + L;
+            *m0_out = st + (rem - excl) * bm;
+            *mend_out = en;
+            return;
+        }
+        rem -= __shfl_sync(PK_FULL_MASK, inc, 31);
+    }
+}
+
+// Warp 0 finds the CTA's tile and shares it through `info` (3 ints of shared memory); a barrier follows.
+__device__ __forceinline__ void pk_grouped_cta_tile(const int* __restrict__ offsets, int n_groups, int bm, int tile,
+                                                    int* info) {
+    if (threadIdx.x < 32) {
+        int e, m0, mend;
+        pk_grouped_find_tile(offsets, n_groups, bm, tile, &e, &m0, &mend);
+        if (threadIdx.x == 0) info[0] = e, info[1] = m0, info[2] = mend;
+    }
+    __syncthreads();
+}

@@ -1,0 +1,111 @@
+"""Difftest cases for kernels_cu/gemm_fp8.cu and the float64 NumPy references of its ops: the 1 x 128
+quantization (f32 / bf16 / f16 input, an all-zero tile, values that saturate) and the block-scaled GEMMs
+(ragged M and N, one row, K = 128 and 384; grouped: empty groups, a group of one row)."""
+from __future__ import annotations
+
+from typing import Any, Iterator
+
+import numpy as np
+
+from ..case import Case, register_cases
+from .training import _cast, _ops, f64
+
+
+def _e4m3() -> Any:
+    import ml_dtypes
+
+    return ml_dtypes.float8_e4m3fn
+
+
+def np_fp8_quantize(x: Any) -> tuple[np.ndarray, np.ndarray]:
+    """vLLM's per_token_group_quant_fp8 (group 128, eps 1e-10) in fp32, as its definition: returns the codes'
+    values (float64) and the scales."""
+    x32 = np.asarray(x).astype(np.float32)
+    m, k = x32.shape
+    t = x32.reshape(m, k // 128, 128)
+    amax = np.maximum(np.abs(t).max(-1), np.float32(1e-10))
+    s = (amax / np.float32(448.0)).astype(np.float32)
+    q = np.clip(t / s[..., None], -448.0, 448.0).astype(_e4m3()).reshape(m, k)
+    return f64(q.astype(np.float32)), f64(s)
+
+
+def np_gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any) -> np.ndarray:
+    """float64 on the dequantized inputs."""
+    a64, b64 = f64(np.asarray(a).astype(np.float32)), f64(np.asarray(b).astype(np.float32))
+    (m, k), n = a64.shape, b64.shape[0]
+    da = a64 * np.repeat(f64(a_scale), 128, axis=1)
+    db = b64 * np.repeat(np.repeat(f64(b_scale), 128, axis=0)[:n], 128, axis=1)
+    return da @ db.T
+
+
+def np_grouped_gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any) -> np.ndarray:
+    out = np.zeros((np.asarray(a).shape[0], np.asarray(b).shape[1]))
+    for e in range(np.asarray(b).shape[0]):
+        lo, hi = int(offsets[e]), int(offsets[e + 1])
+        out[lo:hi] = np_gemm_fp8(np.asarray(a)[lo:hi], np.asarray(a_scale)[lo:hi], np.asarray(b)[e],
+                                 np.asarray(b_scale)[e])
+    return out
+
+
+def fp8_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """DeepSeek-V3's 128 x 128 weight blocks: (e4m3 [N, K], scales [ceil(N/128), K/128]) of w [N, K]."""
+    n, k = w.shape
+    nb = -(-n // 128)
+    wp = np.zeros((nb * 128, k), np.float32)
+    wp[:n] = w
+    t = wp.reshape(nb, 128, k // 128, 128)
+    s = (np.maximum(np.abs(t).max((1, 3)), np.float32(1e-10)) / np.float32(448.0)).astype(np.float32)
+    q = np.clip(t / s[:, None, :, None], -448.0, 448.0).astype(_e4m3()).reshape(nb * 128, k)[:n]
+    return np.ascontiguousarray(q), s
+
+
+def _act(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10.0, (m, 1))).astype(np.float32)
+    x64 = np.asarray(x)
+    t = x64.reshape(m, k // 128, 128)
+    s = (np.maximum(np.abs(t).max(-1), np.float32(1e-10)) / np.float32(448.0)).astype(np.float32)
+    q = np.clip(t / s[..., None], -448.0, 448.0).astype(_e4m3()).reshape(m, k)
+    return q, s
+
+
+@register_cases("gemm_fp8")
+def cases(rng: np.random.Generator) -> Iterator[Case]:
+    ops = _ops()
+    for kind in ("f32", "bf16", "f16"):
+        x = rng.standard_normal((3, 256)).astype(np.float32) * 3
+        x[1, :128] = 0.0           # an all-zero tile
+        x[2, 7] = 1e4              # one large value: its tile's others go subnormal / zero
+        xk = _cast(x, kind)
+        sfx = {"f32": "", "bf16": "_bf16", "f16": "_f16"}[kind]
+
+        def run(backend: str, xk: Any = xk) -> dict[str, np.ndarray]:
+            q, s = ops.fp8_quantize(xk, backend=backend)
+            return {"q": f64(q.astype(np.float32)), "scales": f64(s)}
+
+        def ref(xk: Any = xk) -> dict[str, np.ndarray]:
+            q, s = np_fp8_quantize(xk)
+            return {"q": q, "scales": s}
+
+        yield Case(op="fp8_quantize", dtype=kind, shape="3x256", kernels=("gemm_fp8_quantize" + sfx,), run=run,
+                   reference=ref)
+    for m, n, k in ((1, 8, 128), (70, 136, 256), (65, 128, 384)):
+        a, sa = _act(rng, m, k)
+        b, sb = fp8_weight(rng.standard_normal((n, k)).astype(np.float32) * 0.05)
+        yield Case(op="gemm_fp8", dtype="bf16", shape=f"{m}x{n}x{k}", kernels=("gemm_fp8",),
+                   run=lambda backend, a=a, sa=sa, b=b, sb=sb: {
+                       "out": f64(ops.gemm_fp8(a, sa, b, sb, backend=backend).astype(np.float32))},
+                   reference=lambda a=a, sa=sa, b=b, sb=sb: {"out": np_gemm_fp8(a, sa, b, sb)},
+                   note="big" if m * n * k > 2**20 else "")
+    for sizes, n, k in (((0, 5, 1, 0, 70), 136, 256), ((1,), 8, 128)):
+        m = sum(sizes)
+        offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+        a, sa = _act(rng, m, k)
+        ws = [fp8_weight(rng.standard_normal((n, k)).astype(np.float32) * 0.05) for _ in sizes]
+        b = np.stack([w[0] for w in ws])
+        sb = np.stack([w[1] for w in ws])
+        yield Case(op="grouped_gemm_fp8", dtype="bf16", shape=f"{sizes}x{n}x{k}", kernels=("gemm_fp8_grouped",),
+                   run=lambda backend, a=a, sa=sa, b=b, sb=sb, o=offsets: {
+                       "out": f64(ops.grouped_gemm_fp8(a, sa, b, sb, o, backend=backend).astype(np.float32))},
+                   reference=lambda a=a, sa=sa, b=b, sb=sb, o=offsets: {
+                       "out": np_grouped_gemm_fp8(a, sa, b, sb, o)},
+                   note="big" if m * n * k > 2**20 else "")

@@ -1,0 +1,169 @@
+"""FP8 block-scaled GEMMs (kernels_cu/gemm_fp8.cu): the host backend against float64 on the dequantized inputs,
+the quantization bit-exact against its definition, bad input named before any launch, SASS and spills."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ml_dtypes = pytest.importorskip("ml_dtypes")
+
+from pykern import ops  # noqa: E402
+from pykern.difftest.cases.gemm_fp8 import (  # noqa: E402
+    fp8_weight, np_fp8_quantize, np_gemm_fp8, np_grouped_gemm_fp8)
+from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
+from pykern.tolerance import tolerance  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def _close(out: np.ndarray, ref: np.ndarray, op: str) -> None:
+    atol, rtol = tolerance(op, "bf16")
+    got = out.astype(np.float64)
+    assert np.all(np.abs(got - ref) <= atol + rtol * np.abs(ref)), np.abs(got - ref).max()
+
+
+@pytest.mark.parametrize("kind", ["f32", "bf16", "f16"])
+def test_quantize_bit_exact(kind: str) -> None:
+    rng = np.random.default_rng(1)
+    x = rng.standard_normal((4, 384)).astype(np.float32) * 5
+    x[0, 128:256] = 0.0   # all-zero tile: scale 1e-10 / 448, codes 0
+    x[3, 3] = -3e4        # saturating neighbours: the others round small
+    dt = {"f32": np.float32, "bf16": ml_dtypes.bfloat16, "f16": np.float16}[kind]
+    xk = x.astype(dt)
+    q, s = ops.fp8_quantize(xk, backend="host")
+    assert q.dtype == ml_dtypes.float8_e4m3fn and s.dtype == np.float32 and s.shape == (4, 3)
+    qr, sr = np_fp8_quantize(xk)
+    np.testing.assert_array_equal(q.astype(np.float64), qr)
+    np.testing.assert_array_equal(s.astype(np.float64), sr)
+    assert s[0, 1] == np.float32(np.float32(1e-10) / np.float32(448.0)) and not q[0, 128:256].astype(np.float32).any()
+    assert np.abs(q.astype(np.float32)).max() == 448.0
+
+
+def _act(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
+    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10.0, (m, 1))).astype(np.float32)
+    return ops.fp8_quantize(x, backend="host")
+
+
+@pytest.mark.parametrize("m,n,k", [(1, 8, 128), (70, 136, 256), (64, 256, 128)])
+def test_gemm_fp8_matches_float64(m: int, n: int, k: int) -> None:
+    rng = np.random.default_rng(m + n + k)
+    a, sa = _act(rng, m, k)
+    b, sb = fp8_weight(rng.standard_normal((n, k)).astype(np.float32) * 0.05)
+    out = ops.gemm_fp8(a, sa, b, sb, backend="host")
+    assert out.dtype == ml_dtypes.bfloat16 and out.shape == (m, n)
+    _close(out, np_gemm_fp8(a, sa, b, sb), "gemm_fp8")
+
+
+def test_gemm_fp8_applies_each_k_blocks_scales() -> None:
+    # Two k-blocks with scales 2^10 apart: a kernel that applied one scale to the whole row would be off by
+    # orders of magnitude, not by rounding.
+    rng = np.random.default_rng(3)
+    a, sa = _act(rng, 16, 256)
+    sa[:, 1] *= 1024.0
+    b, sb = fp8_weight(rng.standard_normal((8, 256)).astype(np.float32))
+    sb[0, 0] *= 2.0**-6
+    _close(ops.gemm_fp8(a, sa, b, sb, backend="host"), np_gemm_fp8(a, sa, b, sb), "gemm_fp8")
+
+
+def test_grouped_gemm_fp8_ragged_empty_and_one_row_groups() -> None:
+    rng = np.random.default_rng(4)
+    sizes, n, k = (0, 3, 1, 0, 66), 136, 256
+    offsets = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a, sa = _act(rng, int(offsets[-1]), k)
+    ws = [fp8_weight(rng.standard_normal((n, k)).astype(np.float32) * (e + 1) * 0.03) for e in range(len(sizes))]
+    b, sb = np.stack([w[0] for w in ws]), np.stack([w[1] for w in ws])
+    out = ops.grouped_gemm_fp8(a, sa, b, sb, offsets, backend="host")
+    _close(out, np_grouped_gemm_fp8(a, sa, b, sb, offsets), "grouped_gemm_fp8")
+
+
+def _args(m: int = 4, n: int = 8, k: int = 128) -> tuple[np.ndarray, ...]:
+    a = np.zeros((m, k), ml_dtypes.float8_e4m3fn)
+    b = np.zeros((n, k), ml_dtypes.float8_e4m3fn)
+    return a, np.ones((m, k // 128), np.float32), b, np.ones((-(-n // 128), k // 128), np.float32)
+
+
+def test_bad_input_is_named_before_any_launch(monkeypatch: pytest.MonkeyPatch) -> None:
+    import pykern.launcher
+
+    def no_launch(*_a: object, **_k: object) -> None:
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(pykern.launcher, "launch", no_launch)
+    a, sa, b, sb = _args()
+    with pytest.raises(ArgumentError, match=r"a_scale: expected shape \(4, 1\)"):
+        ops.gemm_fp8(a, sa[:2], b, sb, backend="host")
+    with pytest.raises(ArgumentError, match=r"b_scale: expected shape \(1, 1\)"):
+        ops.gemm_fp8(a, sa, b, np.ones((2, 1), np.float32), backend="host")
+    with pytest.raises(ArgumentError, match=r"a.shape\[1\] \(K\): expected a multiple of 128 .*got 100"):
+        ops.gemm_fp8(np.zeros((4, 100), ml_dtypes.float8_e4m3fn), np.ones((4, 0), np.float32),
+                     np.zeros((8, 100), ml_dtypes.float8_e4m3fn), sb, backend="host")
+    with pytest.raises(ArgumentError, match=r"x.shape\[1\] \(K\): expected a multiple of 128.*got 130"):
+        ops.fp8_quantize(np.zeros((2, 130), np.float32), backend="host")
+    with pytest.raises(ArgumentTypeError, match="a: expected dtype float8_e4m3fn.*got float8_e5m2"):
+        ops.gemm_fp8(a.astype(ml_dtypes.float8_e5m2), sa, b, sb, backend="host")
+    with pytest.raises(ArgumentTypeError, match="b: expected dtype float8_e4m3fn.*got uint8"):
+        ops.gemm_fp8(a, sa, b.view(np.uint8), sb, backend="host")
+    with pytest.raises(ArgumentTypeError, match="a_scale: expected dtype float32, got float64"):
+        ops.gemm_fp8(a, sa.astype(np.float64), b, sb, backend="host")
+    bg, sbg = b[None].repeat(2, 0), sb[None].repeat(2, 0)
+    with pytest.raises(ArgumentError, match=r"offsets: expected offsets\[0\] == 0 and offsets\[-1\] == 4"):
+        ops.grouped_gemm_fp8(a, sa, bg, sbg, np.array([0, 1, 3], np.int32), backend="host")
+    b3, sb3 = b[None].repeat(3, 0), sb[None].repeat(3, 0)
+    with pytest.raises(ArgumentError, match=r"offsets: expected non-decreasing"):
+        ops.grouped_gemm_fp8(a, sa, b3, sb3, np.array([0, 3, 2, 4], np.int32), backend="host")
+    with pytest.raises(ArgumentError, match=r"b_scale: expected shape \(2, 1, 1\)"):
+        ops.grouped_gemm_fp8(a, sa, bg, sb, np.array([0, 1, 4], np.int32), backend="host")
+    with pytest.raises(ArgumentTypeError, match="offsets: expected dtype int32, got int64"):
+        ops.grouped_gemm_fp8(a, sa, bg, sbg, np.array([0, 1, 4]), backend="host")
+
+
+def test_older_gpus_are_refused_naming_the_arch(monkeypatch: pytest.MonkeyPatch) -> None:
+    from pykern.ops import gemm_fp8 as op
+    import pykern.ops.gemm_fp8  # noqa: F401 - the module, through sys.modules
+    import sys
+
+    mod = sys.modules["pykern.ops.gemm_fp8"]
+    assert op is mod.gemm_fp8  # the package attribute is the op, not the module named like it
+    monkeypatch.setattr(mod, "fp8_mma_available", lambda backend=None: (False, "sm_86"))
+    a, sa, b, sb = _args()
+    with pytest.raises(ArgumentError, match="needs sm_89 or newer.*sm_86"):
+        ops.gemm_fp8(a, sa, b, sb, backend="host")
+
+
+def _sass_report():
+    spec = importlib.util.spec_from_file_location("sass_report", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+@pytest.mark.parametrize("arch", ["sm_89", "sm_90"])
+def test_sass_fp8_mma_in_a_flat_loop_without_spills(arch: str) -> None:
+    from pykern import compiler
+
+    try:
+        compiler.nvrtc_version()
+    except Exception as e:  # noqa: BLE001 - no NVRTC here is a skip, not a failure
+        pytest.skip(f"NVRTC unavailable: {e}")
+    sr = _sass_report()
+    try:
+        sr.find_cuobjdump()
+    except Exception as e:  # noqa: BLE001
+        pytest.skip(f"cuobjdump unavailable: {e}")
+    mod = compiler.compile(ROOT / "kernels_cu" / "gemm_fp8.cu", arch)
+    for name, res in mod.resources.items():
+        assert res.spill_bytes == 0, (name, arch, res)
+    loops = sr.loop_metrics(["gemm_fp8", "gemm_fp8_grouped"], [arch])
+    for name in ("gemm_fp8", "gemm_fp8_grouped"):
+        row = loops[name][arch]
+        # per k-tile and warp: 4 k-steps x 2 x 4 mma.m16n8k32 = 32, each two m16n8k16-equivalents
+        assert row["mma"] == 64, row
+        assert row["ldsm"] == 16 and row["ldgsts"] == 6, row
+    text = sr.disassemble(mod.image)
+    if arch == "sm_89":
+        assert "QMMA.16832.F32.E4M3.E4M3" in text
+    else:  # Hopper has no FP8 mma.sync: ptxas converts to f16 and issues two HMMA.16816.F32 per instruction
+        assert "QMMA" not in text and "HMMA.16816.F32 " in text
