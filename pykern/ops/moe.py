@@ -145,6 +145,11 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
     act(gate) * up epilogue (out has N / 2 columns). Sizes were validated by the caller."""
     if m == 0 or n == 0:
         return
+    if tc and nn:
+        grid = (m // TC_BM + n_groups, -(-n // TC_BN))
+        _launch("grouped_gemm_tc_nn" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,
+                shared_mem=TC_SMEM, stream=stream, backend=backend)
+        return
     if tc and not nn:
         if act is None:
             grid = (m // TC_BM + n_groups, -(-n // TC_BN))
@@ -387,7 +392,10 @@ def moe_experts_backward(
     if tuple(arrays.shape_of(grad_out)) != (n_tok, hid):
         raise ArgumentError(f"grad_out: expected shape {(n_tok, hid)} (of the output), "
                             f"got {tuple(arrays.shape_of(grad_out))}")
-    _tc(backend, kind, tensor_cores)  # validated; the backward runs on the FMA kernels
+    if _tc(backend, kind, tensor_cores):
+        return _experts_backward_tc(dy_=grad_out, x=x, gate_up_proj=gate_up_proj, down_proj=down_proj, r_ids=ids,
+                                    w=w, kind=kind, n_tok=n_tok, hid=hid, n_exp=n_exp, inter=inter, top_k=top_k,
+                                    act=ACTIVATIONS[activation], stream=stream, backend=backend)
     if kind != "f32":
         # 16-bit intermediates (gate/up, h, dh, dgu) lose too much to cancellation against a float64
         # reference; the backward runs in fp32 on widened copies and narrows the weight gradients.
@@ -436,6 +444,62 @@ def moe_experts_backward(
                  n_exp, kind, nn=True, tc=tc, **kw)
     dx = _combine(dxp, r, None, n_tok, hid, top_k, kind, stream, backend)
     return dx, g_gu, g_down, dw
+
+
+def _experts_backward_tc(*, dy_: Any, x: Any, gate_up_proj: Any, down_proj: Any, r_ids: Any, w: Any, kind: str,
+                         n_tok: int, hid: int, n_exp: int, inter: int, top_k: int, act: int, stream: Any,
+                         backend: str | None) -> tuple[Any, Any, Any, Any]:
+    """The bf16 / f16 backward on tensor cores (fp32 accumulation, 16-bit operands; docs/moe.md)."""
+    x, gate_up_proj, down_proj = arrays.contiguous(x), arrays.contiguous(gate_up_proj), arrays.contiguous(down_proj)
+    dy = arrays.contiguous(dy_)
+    stream = arrays.launch_stream(stream, x)
+    if n_tok == 0:
+        return (arrays.empty((0, hid), kind, like=x), arrays.zeros((n_exp, 2 * inter, hid), kind, like=x),
+                arrays.zeros((n_exp, hid, inter), kind, like=x), arrays.empty((0, top_k), np.float32, like=x))
+    r = _Routing(r_ids, n_exp, TC_BM, stream, backend)
+    rows = max(r.rows, 1)
+    kw = dict(stream=stream, backend=backend)
+    xp = _gather(x, r, None, hid, top_k, n_exp, kind, stream, backend)
+    # The forward's gate / up (both needed by the activation's backward), h and y, recomputed.
+    gu = arrays.empty((rows, 2 * inter), kind, like=x)
+    _gemm_launch(xp.reshape(-1), gate_up_proj.reshape(-1), r.offsets, gu.reshape(-1), r.rows, 2 * inter, hid, n_exp,
+                 kind, tc=True, **kw)
+    h = arrays.empty((rows, inter), kind, like=x)
+    _launch("moe_act" + _suffix(kind), _ew_grid(r.rows * inter), (256,), gu.reshape(-1), h.reshape(-1), r.offsets,
+            r.rows, inter, n_exp, act, **kw)
+    y = arrays.empty((rows, hid), kind, like=x)
+    _gemm_launch(h.reshape(-1), down_proj.reshape(-1), r.offsets, y.reshape(-1), r.rows, hid, inter, n_exp, kind,
+                 tc=True, **kw)
+    n_slots = n_tok * top_k
+    dw = arrays.empty((n_tok, top_k), np.float32, like=x)
+    _launch("moe_weight_grad" + _suffix(kind), (max(1, min(-(-n_slots // 8), _GRID_X_MAX)),), (256,),
+            dy.reshape(-1), y.reshape(-1), r.slot_pos, dw.reshape(-1), n_slots, hid, top_k, **kw)
+    dyp = _gather(dy, r, w, hid, top_k, n_exp, kind, stream, backend)  # w[t, j] * dy[t] per row
+    # d(h) = dyp @ down_proj[e] stays in the accumulators: the epilogue stores d(gate_up) directly.
+    dgu = arrays.empty((rows, 2 * inter), kind, like=x)
+    if r.rows:
+        _launch("moe_dgrad_act_tc" + _suffix(kind), (r.rows // TC_BM + n_exp, -(-inter // TC_BN)), (128,),
+                dyp.reshape(-1), down_proj.reshape(-1), gu.reshape(-1), r.offsets, dgu.reshape(-1), r.rows, inter,
+                hid, n_exp, act, shared_mem=TC_SMEM, **kw)
+    g_down = arrays.empty((n_exp, hid, inter), kind, like=x)
+    g_gu = arrays.empty((n_exp, 2 * inter, hid), kind, like=x)
+    _wgrad_tc(dyp, h, r.offsets, g_down, r.rows, hid, inter, n_exp, kind, **kw)
+    _wgrad_tc(dgu, xp, r.offsets, g_gu, r.rows, 2 * inter, hid, n_exp, kind, **kw)
+    dxp = arrays.empty((rows, hid), kind, like=x)
+    _gemm_launch(dgu.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid, 2 * inter,
+                 n_exp, kind, nn=True, tc=True, **kw)
+    dx = _combine(dxp, r, None, n_tok, hid, top_k, kind, stream, backend)
+    return dx, g_gu, g_down, dw
+
+
+def _wgrad_tc(a: Any, b: Any, offsets: Any, out: Any, m: int, n1: int, n2: int, n_exp: int, kind: str, *,
+              stream: Any, backend: str | None) -> None:
+    """out[e] = a[rows of e]^T @ b[rows of e] ([E, n1, n2], a [m, n1], b [m, n2]) on tensor cores."""
+    if n_exp > _GRID_YZ_MAX or -(-n2 // TC_BN) > _GRID_YZ_MAX:
+        raise ArgumentError(f"weight gradient of {n_exp} experts x {n2} columns is past the grid's y/z limits")
+    _launch("grouped_gemm_wgrad_tc" + _suffix(kind), (-(-n1 // TC_BM), -(-n2 // TC_BN), n_exp), (128,),
+            a.reshape(-1), b.reshape(-1), offsets, out.reshape(-1), n1, n2, m, n_exp, shared_mem=TC_SMEM,
+            stream=stream, backend=backend)
 
 
 def _wgrad(a: Any, b: Any, r: _Routing, out: Any, n1: int, n2: int, n_exp: int, kind: str, *, stream: Any,
