@@ -235,7 +235,9 @@ def _sass_report():
     return mod
 
 
-TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16", "grouped_gemm_tc_f16", "moe_gemm_act_tc_f16"]
+TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16", "grouped_gemm_tc_f16", "moe_gemm_act_tc_f16",
+              # the backward's: B k-major (ldmatrix .trans), and the K-grouped weight gradient (both k-major)
+              "grouped_gemm_tc_nn_bf16", "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_bf16", "grouped_gemm_wgrad_tc_f16"]
 
 
 def test_tensor_core_grouped_gemm_steady_state_loop() -> None:
