@@ -315,6 +315,16 @@ extern "C" __global__ void __launch_bounds__(256) moe_weight_grad(
     float* __restrict__ dw, long long n_slots, int dim, int top_k) {
     moe_weight_grad_body<float>(dy, y, slot_pos, dw, n_slots, dim, top_k);
 }
+// The tensor-core backward's: dy and y in bf16 / f16 (y as the forward rounds it), fp32 products and sum.
+template <typename T>
+__device__ __forceinline__ void moe_weight_grad_impl(const T* __restrict__ dy, const T* __restrict__ y,
+                                                     const int* __restrict__ slot_pos, float* __restrict__ dw,
+                                                     long long n_slots, int dim, int top_k) {
+    moe_weight_grad_body<T>(dy, y, slot_pos, dw, n_slots, dim, top_k);
+}
+PK_IO16_KERNELS(moe_weight_grad, (256), (const T* __restrict__ dy, const T* __restrict__ y,
+                const int* __restrict__ slot_pos, float* __restrict__ dw, long long n_slots, int dim, int top_k),
+                (dy, y, slot_pos, dw, n_slots, dim, top_k))
 
 // ------------------------------------------------------------------------------------------ activation
 // gu [rows, 2I] (gate columns first, then up) -> h [rows, I] = act(gate) * up; the backward gives
@@ -472,19 +482,30 @@ extern "C" __global__ void __launch_bounds__(256) grouped_gemm_wgrad(
 #define GG_TILE_B (GG_TILE * 2)
 #define GG_ROW32_B (32 * GG_SR * 2)
 
+#define GG_SRT 136  // k-major tiles: 32 k rows of 128 + 8 halves (272 bytes: 8 rows hit distinct banks)
+#define GG_ROW8T_B (8 * GG_SRT * 2)
+
 // One k-tile from shared memory: 2 k-steps of 4 A (ldmatrix.x4) and 4 B fragments (ldmatrix.x4, two
 // n8 tiles each) feeding 32 MMAs. Addresses are the shared base plus 32-bit byte offsets: a_off /
-// b_off per lane, the rest immediates.
-template <typename T>
+// b_off per lane, the rest immediates. AKM / BKM: the operand's tile is k-major ([k][m] / [k][n], rows
+// of GG_SRT halves) and its fragments come through ldmatrix .trans; otherwise [m][k] / [n][k] rows of
+// GG_SR halves, plain ldmatrix.
+template <typename T, bool AKM, bool BKM>
 __device__ __forceinline__ void gg_tc_ktile(const unsigned short* smem, unsigned int a_off, unsigned int b_off,
                                             float (&acc)[4][8][4]) {
 #pragma unroll
     for (int ks = 0; ks < 2; ks++) {
         unsigned int af[4][4], bfr[4][4];
 #pragma unroll
-        for (int mt = 0; mt < 4; mt++) pk_ldmatrix_x4_at(af[mt], smem, a_off + (mt * 16 * GG_SR + ks * 16) * 2);
+        for (int mt = 0; mt < 4; mt++) {
+            if (AKM) pk_ldmatrix_x4_trans_at(af[mt], smem, a_off + (ks * 16 * GG_SRT + mt * 16) * 2);
+            else pk_ldmatrix_x4_at(af[mt], smem, a_off + (mt * 16 * GG_SR + ks * 16) * 2);
+        }
 #pragma unroll
-        for (int np = 0; np < 4; np++) pk_ldmatrix_x4_at(bfr[np], smem, b_off + (np * 16 * GG_SR + ks * 16) * 2);
+        for (int np = 0; np < 4; np++) {
+            if (BKM) pk_ldmatrix_x4_trans_at(bfr[np], smem, b_off + (ks * 16 * GG_SRT + np * 16) * 2);
+            else pk_ldmatrix_x4_at(bfr[np], smem, b_off + (np * 16 * GG_SR + ks * 16) * 2);
+        }
 #pragma unroll
         for (int mt = 0; mt < 4; mt++)
 #pragma unroll
@@ -493,80 +514,131 @@ __device__ __forceinline__ void gg_tc_ktile(const unsigned short* smem, unsigned
     }
 }
 
-// This thread's 8 cp.async of one k-tile (A rows pa[i], B rows pb[i], k offset kk halves) into a stage.
-__device__ __forceinline__ void gg_tc_copy(unsigned short* smem, unsigned int st_off,
-                                           const unsigned short* const (&pa)[4], const unsigned short* const (&pb)[4],
-                                           int kk) {
+// This thread's 8 cp.async of one k-tile into a stage (a_st / b_st: the thread's byte offsets there).
+// [m][k] operands: chunk i is row + 32 i at k offset rel * GG_BK of the tile the pointers stand at (an
+// immediate). k-major operands: chunk i is k row + 8 i; the pointers stand at the tile to copy and step
+// one k-tile (32 rows of the operand, a runtime stride) after it.
+template <bool AKM, bool BKM>
+__device__ __forceinline__ void gg_tc_copy(unsigned short* smem, unsigned int a_st, unsigned int b_st,
+                                           const unsigned short* (&pa)[4], const unsigned short* (&pb)[4], int rel,
+                                           long long a_step, long long b_step) {
 #pragma unroll
     for (int i = 0; i < 4; i++) {
-        pk_cp_async_16_at(smem, st_off + i * GG_ROW32_B, pa[i] + kk);
-        pk_cp_async_16_at(smem, st_off + GG_TILE_B + i * GG_ROW32_B, pb[i] + kk);
+        if (AKM) {
+            pk_cp_async_16_at(smem, a_st + i * GG_ROW8T_B, pa[i]);
+            pa[i] += a_step;
+        } else {
+            pk_cp_async_16_at(smem, a_st + i * GG_ROW32_B, pa[i] + rel * GG_BK);
+        }
+        if (BKM) {
+            pk_cp_async_16_at(smem, b_st + i * GG_ROW8T_B, pb[i]);
+            pb[i] += b_step;
+        } else {
+            pk_cp_async_16_at(smem, b_st + i * GG_ROW32_B, pb[i] + rel * GG_BK);
+        }
     }
 }
 
 // Four k-tiles kt..kt+3 (kt a multiple of 4, so tile kt+u sits in stage u and its refill, tile kt+u+3,
 // goes to stage (u+3)%4): every shared address is an immediate. GUARD: refills past the last full tile
 // are skipped (the drain); without it the loop body has no branch but its own.
-template <typename T, bool GUARD>
-__device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int st_off, unsigned int a_ld,
-                                             unsigned int b_ld, const unsigned short* const (&pa)[4],
-                                             const unsigned short* const (&pb)[4], int kt, int nk_full,
-                                             float (&acc)[4][8][4]) {
+template <typename T, bool AKM, bool BKM, bool GUARD>
+__device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int a_st, unsigned int b_st,
+                                             unsigned int a_ld, unsigned int b_ld, const unsigned short* (&pa)[4],
+                                             const unsigned short* (&pb)[4], long long a_step, long long b_step,
+                                             int kt, int nk_full, float (&acc)[4][8][4]) {
 #pragma unroll
     for (int u = 0; u < 4; u++) {
         pk_cp_async_wait<GG_ST - 2>();
         __syncthreads();  // tile kt+u visible to all; every warp is done with stage (u+3)%4 (tile kt+u-1)
-        if (!GUARD || kt + u + GG_ST - 1 < nk_full)
-            gg_tc_copy(smem, st_off + ((u + GG_ST - 1) & (GG_ST - 1)) * GG_STAGE_B, pa, pb, (u + GG_ST - 1) * GG_BK);
+        if (!GUARD || kt + u + GG_ST - 1 < nk_full) {
+            const unsigned int so = ((u + GG_ST - 1) & (GG_ST - 1)) * GG_STAGE_B;
+            gg_tc_copy<AKM, BKM>(smem, a_st + so, b_st + so, pa, pb, u + GG_ST - 1, a_step, b_step);
+        }
         pk_cp_async_commit();
-        gg_tc_ktile<T>(smem, a_ld + u * GG_STAGE_B, b_ld + u * GG_STAGE_B, acc);
+        gg_tc_ktile<T, AKM, BKM>(smem, a_ld + u * GG_STAGE_B, b_ld + u * GG_STAGE_B, acc);
     }
 }
 
 // T (__nv_bfloat16 or __half) picks the mma and the epilogue's narrowing; the copies move raw 16-bit words.
-template <typename T, int EPI>
+//
+// EPI 0: out = a @ b^T (BKM false: b [E, N, K]) or a @ b (BKM true: b [E, K, N], the data gradients).
+// EPI 1: the experts' first GEMM with act(gate) * up fused (see above).
+// EPI 2: the weight gradient, a K-grouped GEMM: out[e] = a[rows_e]^T @ b[rows_e] with a [K, M], b [K, N]
+//        (K: all rows), out [E, M, N]; grid (M tiles, N tiles, E); the contraction runs over the
+//        expert's rows offsets[e]..offsets[e+1] (none: a zero tile), so each output tile is one CTA's.
+// EPI 3: the data gradient d(h) = a @ b[e] (BKM: b = down_proj [E, H, I], N = I) with the activation's
+//        backward fused: from the fp32 d(h) and gu = [gate, up] ([M, 2I]) it stores
+//        out = d(gate_up) = [dh * up * act'(gate), dh * act(gate)] ([M, 2I]).
+template <typename T, int EPI, bool BKM>
 __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __restrict__ b_,
                                            const int* __restrict__ offsets, T* __restrict__ out_,
-                                           int M, int N, int K, int n_groups, int act) {
+                                           int M, int N, int K, int n_groups, int act,
+                                           const T* __restrict__ aux_) {
+    constexpr bool AKM = EPI == 2;
     const unsigned short* __restrict__ a = reinterpret_cast<const unsigned short*>(a_);
     const unsigned short* __restrict__ b = reinterpret_cast<const unsigned short*>(b_);
     unsigned short* __restrict__ out = reinterpret_cast<unsigned short*>(out_);
     extern __shared__ __align__(16) unsigned short gg_smem[];
-    __shared__ int info[3];
-    moe_cta_tile(offsets, n_groups, GG_BM, blockIdx.x, info);
-    const int e = info[0], m0 = info[1], mend = min(info[2], M);
-    if (e < 0) return;
+    int e, m0, mend, kbeg, kend;
+    if (EPI == 2) {
+        e = blockIdx.z;
+        kbeg = max(0, offsets[e]);
+        kend = max(kbeg, min(offsets[e + 1], K));
+        m0 = blockIdx.x * GG_BM;
+        mend = M;
+    } else {
+        __shared__ int info[3];
+        moe_cta_tile(offsets, n_groups, GG_BM, blockIdx.x, info);
+        e = info[0], m0 = info[1], mend = min(info[2], M);
+        if (e < 0) return;
+        kbeg = 0;
+        kend = K;
+    }
 
     const int tid = threadIdx.x, lane = tid & 31, warp = tid >> 5;
     const int wm = warp >> 1, wn = warp & 1;
     // EPI 1: N is 2I; this CTA covers h columns [64 * blockIdx.y, + 64).
     const int inter = N >> 1;
-    const int n0 = EPI ? blockIdx.y * 64 : blockIdx.y * 128;
-    const unsigned short* be = b + (long long)e * N * K;
+    const int n0 = EPI == 1 ? blockIdx.y * 64 : blockIdx.y * 128;
+    const unsigned short* be = EPI == 2 ? b : b + (long long)e * N * K;
 
-    // This thread's copy rows: (tid >> 2) + 32 i, 16-byte chunk (tid & 3) of the 32-wide k-tile.
+    // Copy assignments. [rows][k] tiles: rows (tid >> 2) + 32 i, 16-byte chunk (tid & 3) of the 32-wide
+    // k-tile. k-major tiles: k rows (tid >> 4) + 8 i, 16-byte chunk (tid & 15) of the 128 columns;
+    // chunks past the last column (M, N multiples of 8 there) are clamped reads that are never stored.
     const int lr = tid >> 2, lc = (tid & 3) * 8;
+    const int kr = tid >> 4, kc = (tid & 15) * 8;
     const unsigned short* pa[4];
     const unsigned short* pb[4];
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int r = lr + 32 * i;
-        pa[i] = a + (long long)min(m0 + r, M - 1) * K + lc;
-        int brow;
-        if (EPI) {  // tile row r: warp column r >> 6, gate (bit 5 clear) or up, h column c
-            const int c = min(n0 + ((r >> 6) << 5) + (r & 31), inter - 1);
-            brow = (r & 32) ? inter + c : c;
+        if (AKM) pa[i] = a + (long long)(kbeg + kr + 8 * i) * M + min(m0 + kc, M - 8);
+        else pa[i] = a + (long long)min(m0 + r, M - 1) * K + lc;
+        if (BKM) {
+            pb[i] = be + (long long)(kbeg + kr + 8 * i) * N + min(n0 + kc, N - 8);
         } else {
-            brow = min(n0 + r, N - 1);
+            int brow;
+            if (EPI == 1) {  // tile row r: warp column r >> 6, gate (bit 5 clear) or up, h column c
+                const int c = min(n0 + ((r >> 6) << 5) + (r & 31), inter - 1);
+                brow = (r & 32) ? inter + c : c;
+            } else {
+                brow = min(n0 + r, N - 1);
+            }
+            pb[i] = be + (long long)brow * K + lc;
         }
-        pb[i] = be + (long long)brow * K + lc;
     }
-    const int st_off = lr * GG_SR + lc;  // halves; + 32 i * GG_SR for copy row i
+    const long long a_step = (long long)GG_BK * M, b_step = (long long)GG_BK * N;  // k-major tiles only
+    const unsigned int a_st = (AKM ? kr * GG_SRT + kc : lr * GG_SR + lc) * 2;
+    const unsigned int b_st = GG_TILE_B + (BKM ? kr * GG_SRT + kc : lr * GG_SR + lc) * 2;
 
-    // ldmatrix row addresses within a stage (see pk_ptx.cuh): A as in flash_attention_tc; B's x4 holds
-    // two n8 tiles (matrices 0, 1: n 0-7, k 0-7 / 8-15; matrices 2, 3: n 8-15).
-    const int a_ld = (wm * 64 + (lane & 7) + 8 * ((lane >> 3) & 1)) * GG_SR + 8 * (lane >> 4);
-    const int b_ld = GG_TILE + (wn * 64 + (lane & 7) + ((lane >> 4) << 3)) * GG_SR + 8 * ((lane >> 3) & 1);
+    // ldmatrix row addresses within a stage (see pk_ptx.cuh). [rows][k]: A as in flash_attention_tc; B's
+    // x4 holds two n8 tiles (matrices 0, 1: n 0-7, k 0-7 / 8-15; matrices 2, 3: n 8-15). k-major (.trans):
+    // the same matrices, each addressed by its 8 k rows.
+    const int a_ld = AKM ? ((lane & 7) + 8 * (lane >> 4)) * GG_SRT + wm * 64 + 8 * ((lane >> 3) & 1)
+                         : (wm * 64 + (lane & 7) + 8 * ((lane >> 3) & 1)) * GG_SR + 8 * (lane >> 4);
+    const int b_ld = GG_TILE + (BKM ? ((lane & 7) + 8 * ((lane >> 3) & 1)) * GG_SRT + wn * 64 + 8 * (lane >> 4)
+                                    : (wn * 64 + (lane & 7) + ((lane >> 4) << 3)) * GG_SR + 8 * ((lane >> 3) & 1));
 
     float acc[4][8][4];
 #pragma unroll
@@ -574,77 +646,108 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
 #pragma unroll
         for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
 
-    const bool vec = (K & 7) == 0 && (reinterpret_cast<unsigned long long>(a) & 15) == 0 &&
+    const bool vec = (AKM ? (M & 7) == 0 && M >= 8 : (K & 7) == 0) && (BKM ? (N & 7) == 0 && N >= 8 : (K & 7) == 0) &&
+                     (reinterpret_cast<unsigned long long>(a) & 15) == 0 &&
                      (reinterpret_cast<unsigned long long>(b) & 15) == 0;
-    const int nk_full = vec ? K / GG_BK : 0;
+    const int nk_full = vec ? (kend - kbeg) / GG_BK : 0;
     if (nk_full > 0) {
 #pragma unroll
         for (int s = 0; s < GG_ST - 1; s++) {
-            if (s < nk_full) gg_tc_copy(gg_smem, st_off * 2 + s * GG_STAGE_B, pa, pb, s * GG_BK);
+            if (s < nk_full)
+                gg_tc_copy<AKM, BKM>(gg_smem, a_st + s * GG_STAGE_B, b_st + s * GG_STAGE_B, pa, pb, s, a_step, b_step);
             pk_cp_async_commit();
         }
         int kt = 0;
         // The steady-state loop: four k-tiles per trip, no refill guard (tile kt + 6 exists).
         for (; kt + 4 + GG_ST - 1 <= nk_full; kt += 4) {
-            gg_tc_4tiles<T, false>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
+            gg_tc_4tiles<T, AKM, BKM, false>(gg_smem, a_st, b_st, a_ld * 2, b_ld * 2, pa, pb, a_step, b_step, kt,
+                                             nk_full, acc);
 #pragma unroll
-            for (int i = 0; i < 4; i++) pa[i] += 4 * GG_BK, pb[i] += 4 * GG_BK;
+            for (int i = 0; i < 4; i++) {
+                if (!AKM) pa[i] += 4 * GG_BK;
+                if (!BKM) pb[i] += 4 * GG_BK;
+            }
         }
         // Drain: whole groups of four with the guard, then single tiles (no refills remain).
         for (; kt + 4 <= nk_full; kt += 4) {
-            gg_tc_4tiles<T, true>(gg_smem, st_off * 2, a_ld * 2, b_ld * 2, pa, pb, kt, nk_full, acc);
+            gg_tc_4tiles<T, AKM, BKM, true>(gg_smem, a_st, b_st, a_ld * 2, b_ld * 2, pa, pb, a_step, b_step, kt,
+                                            nk_full, acc);
 #pragma unroll
-            for (int i = 0; i < 4; i++) pa[i] += 4 * GG_BK, pb[i] += 4 * GG_BK;
+            for (int i = 0; i < 4; i++) {
+                if (!AKM) pa[i] += 4 * GG_BK;
+                if (!BKM) pb[i] += 4 * GG_BK;
+            }
         }
         for (; kt < nk_full; kt++) {
             pk_cp_async_wait<GG_ST - 2>();
             __syncthreads();
             pk_cp_async_commit();
             const unsigned int so = (kt & (GG_ST - 1)) * GG_STAGE_B;
-            gg_tc_ktile<T>(gg_smem, a_ld * 2 + so, b_ld * 2 + so, acc);
+            gg_tc_ktile<T, AKM, BKM>(gg_smem, a_ld * 2 + so, b_ld * 2 + so, acc);
         }
         pk_cp_async_wait_all();
         __syncthreads();  // stage 0 is free for the remainder
     }
     const unsigned int a_ldb = a_ld * 2, b_ldb = b_ld * 2;
-    // Remainder k-tiles (K % 32, or everything without 16-byte copies): element-wise, zero past K.
-    for (int k0 = nk_full * GG_BK; k0 < K; k0 += GG_BK) {
+    // Remainder k-tiles (a partial last tile, or everything without 16-byte copies): element-wise, zero
+    // past kend (in EPI 2 those rows belong to the next expert: they must not be contracted).
+    for (int k0 = kbeg + nk_full * GG_BK; k0 < kend; k0 += GG_BK) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             unsigned int wa[4] = {0u, 0u, 0u, 0u}, wb[4] = {0u, 0u, 0u, 0u};
-            const long long ra = (long long)min(m0 + lr + 32 * i, M - 1) * K;
-            int brow;
-            {
+            if (AKM) {
+                const int k = k0 + kr + 8 * i;
+#pragma unroll
+                for (int x = 0; x < 8; x++) {
+                    const int c = m0 + kc + x;
+                    if (k < kend && c < M) wa[x >> 1] |= (unsigned int)a[(long long)k * M + c] << (16 * (x & 1));
+                }
+            } else {
+                const long long ra = (long long)min(m0 + lr + 32 * i, M - 1) * K;
+#pragma unroll
+                for (int x = 0; x < 8; x++) {
+                    const int k = k0 + lc + x;
+                    if (k < kend) wa[x >> 1] |= (unsigned int)a[ra + k] << (16 * (x & 1));
+                }
+            }
+            if (BKM) {
+                const int k = k0 + kr + 8 * i;
+#pragma unroll
+                for (int x = 0; x < 8; x++) {
+                    const int c = n0 + kc + x;
+                    if (k < kend && c < N) wb[x >> 1] |= (unsigned int)be[(long long)k * N + c] << (16 * (x & 1));
+                }
+            } else {
                 const int r = lr + 32 * i;
-                if (EPI) {
+                int brow;
+                if (EPI == 1) {
                     const int c = min(n0 + ((r >> 6) << 5) + (r & 31), inter - 1);
                     brow = (r & 32) ? inter + c : c;
                 } else {
                     brow = min(n0 + r, N - 1);
                 }
-            }
-            const long long rb = (long long)brow * K;
+                const long long rb = (long long)brow * K;
 #pragma unroll
-            for (int x = 0; x < 8; x++) {
-                const int k = k0 + lc + x;
-                if (k < K) {
-                    wa[x >> 1] |= (unsigned int)a[ra + k] << (16 * (x & 1));
-                    wb[x >> 1] |= (unsigned int)be[rb + k] << (16 * (x & 1));
+                for (int x = 0; x < 8; x++) {
+                    const int k = k0 + lc + x;
+                    if (k < kend) wb[x >> 1] |= (unsigned int)be[rb + k] << (16 * (x & 1));
                 }
             }
-            *reinterpret_cast<uint4*>(gg_smem + st_off + i * 32 * GG_SR) = make_uint4(wa[0], wa[1], wa[2], wa[3]);
-            *reinterpret_cast<uint4*>(gg_smem + GG_TILE + st_off + i * 32 * GG_SR) =
+            *reinterpret_cast<uint4*>(gg_smem + a_st / 2 + i * (AKM ? 8 * GG_SRT : 32 * GG_SR)) =
+                make_uint4(wa[0], wa[1], wa[2], wa[3]);
+            *reinterpret_cast<uint4*>(gg_smem + b_st / 2 + i * (BKM ? 8 * GG_SRT : 32 * GG_SR)) =
                 make_uint4(wb[0], wb[1], wb[2], wb[3]);
         }
         __syncthreads();
-        gg_tc_ktile<T>(gg_smem, a_ldb, b_ldb, acc);
+        gg_tc_ktile<T, AKM, BKM>(gg_smem, a_ldb, b_ldb, acc);
         __syncthreads();
     }
 
     // Epilogue: accumulator (mt, nt, v) is tile row wm*64 + mt*16 + g + 8*(v>>1), column nt*8 + 2t + (v&1)
     // of the warp's 64 columns.
     const int g = lane >> 2, t = lane & 3;
-    if (EPI == 0) {
+    if (EPI == 0 || EPI == 2) {
+        if (EPI == 2) out += (long long)e * M * N;
         const bool pair = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
 #pragma unroll
         for (int mt = 0; mt < 4; mt++)
@@ -663,6 +766,27 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
                         if (n + 1 < N) out[(long long)m * N + n + 1] = Pk16<T>::narrow(x1);
                     }
                 }
+            }
+    } else if (EPI == 3) {
+        // d(h) stays fp32 here: only d(gate_up) is rounded to T, once.
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const int m = m0 + wm * 64 + mt * 16 + g + 8 * h;
+                if (m >= mend) continue;
+                const long long rb = (long long)m * 2 * N;
+#pragma unroll
+                for (int nt = 0; nt < 8; nt++)
+#pragma unroll
+                    for (int v = 0; v < 2; v++) {
+                        const int n = n0 + wn * 64 + nt * 8 + 2 * t + v;
+                        if (n >= N) continue;
+                        const float d = acc[mt][nt][2 * h + v];
+                        const float gt = PkIO<T>::load(aux_, rb + n), up = PkIO<T>::load(aux_, rb + N + n);
+                        out[rb + n] = Pk16<T>::narrow(d * up * moe_act_grad(gt, act));
+                        out[rb + N + n] = Pk16<T>::narrow(d * moe_act_f(gt, act));
+                    }
             }
     } else {
         const bool pair = (inter & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
@@ -691,31 +815,57 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
 #endif  // sm_80+
 
 // mma .bf16 / .f16 need sm_80: the sm_75 build has entry points that trap (the ops use grouped_gemm_simt_*).
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define GG_TC_CALL(EPI, BKM, aux) __trap()
+#else
+#define GG_TC_CALL(EPI, BKM, aux) gg_tc_body<T, EPI, BKM>(a, b, offsets, out, M, N, K, n_groups, act, aux)
+#endif
 template <typename T>
 __device__ __forceinline__ void grouped_gemm_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                      const int* __restrict__ offsets, T* __restrict__ out, int M,
                                                      int N, int K, int n_groups, int act) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();
-#else
-    gg_tc_body<T, 0>(a, b, offsets, out, M, N, K, n_groups, act);
-#endif
+    GG_TC_CALL(0, false, nullptr);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_tc_nn_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                        const int* __restrict__ offsets, T* __restrict__ out, int M,
+                                                        int N, int K, int n_groups, int act) {
+    GG_TC_CALL(0, true, nullptr);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                           const int* __restrict__ offsets, T* __restrict__ out,
+                                                           int M, int N, int K, int n_groups, int act) {
+    GG_TC_CALL(2, true, nullptr);
 }
 template <typename T>
 __device__ __forceinline__ void moe_gemm_act_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                      const int* __restrict__ offsets, T* __restrict__ out, int M,
                                                      int N, int K, int n_groups, int act) {
-#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-    __trap();
-#else
-    gg_tc_body<T, 1>(a, b, offsets, out, M, N, K, n_groups, act);
-#endif
+    GG_TC_CALL(1, false, nullptr);
+}
+template <typename T>
+__device__ __forceinline__ void moe_dgrad_act_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                      const T* __restrict__ gu, const int* __restrict__ offsets,
+                                                      T* __restrict__ out, int M, int N, int K, int n_groups,
+                                                      int act) {
+    GG_TC_CALL(3, true, gu);
 }
 #define GG_TC_PARAMS                                                                                           \
     (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
      int M, int N, int K, int n_groups)
 PK_IO16_KERNELS(grouped_gemm_tc, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, offsets, out, M, N, K, n_groups, 0))
+// out = a @ b[e] with b [E, K, N]: the data gradients (the same kernel, B tiles k-major through ldmatrix .trans)
+PK_IO16_KERNELS(grouped_gemm_tc_nn, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, offsets, out, M, N, K, n_groups, 0))
+// out [E, M, N]: out[e] = a[rows_e]^T @ b[rows_e], a [K, M], b [K, N], rows_e = offsets[e]..offsets[e+1]
+PK_IO16_KERNELS(grouped_gemm_wgrad_tc, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, offsets, out, M, N, K, n_groups, 0))
 #define GG_TC_ACT_PARAMS                                                                                       \
     (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
      int M, int N, int K, int n_groups, int act)
 PK_IO16_KERNELS(moe_gemm_act_tc, (GG_THREADS, 1), GG_TC_ACT_PARAMS, (a, b, offsets, out, M, N, K, n_groups, act))
+// d(gate_up) [M, 2I] from a = w * dy rows [M, H], b = down_proj [E, H, I] (N = I, K = H) and gu [M, 2I]
+#define GG_TC_DACT_PARAMS                                                                                      \
+    (const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ gu, const int* __restrict__ offsets, \
+     T* __restrict__ out, int M, int N, int K, int n_groups, int act)
+PK_IO16_KERNELS(moe_dgrad_act_tc, (GG_THREADS, 1), GG_TC_DACT_PARAMS,
+                (a, b, gu, offsets, out, M, N, K, n_groups, act))

@@ -235,7 +235,9 @@ def _sass_report():
     return mod
 
 
-TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16", "grouped_gemm_tc_f16", "moe_gemm_act_tc_f16"]
+TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16", "grouped_gemm_tc_f16", "moe_gemm_act_tc_f16",
+              # the backward's: B k-major (ldmatrix .trans), and the K-grouped weight gradient (both k-major)
+              "grouped_gemm_tc_nn_bf16", "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_bf16", "grouped_gemm_wgrad_tc_f16"]
 
 
 def test_tensor_core_grouped_gemm_steady_state_loop() -> None:
@@ -290,3 +292,63 @@ def test_f16_experts_run_on_the_f16_kernels(monkeypatch) -> None:
     with pytest.raises(ArgumentError, match="tensor_cores: True needs bf16 or f16 inputs, got float32"):
         ops.grouped_gemm(np.zeros((2, 8), np.float32), np.zeros((1, 8, 8), np.float32), np.array([0, 2], np.int32),
                          tensor_cores=True, backend=HOST)
+
+
+# --------------------------------------------------------------------------- tensor-core backward pieces
+
+
+def _np_wgrad(a, b, off):
+    a, b = np.asarray(a, np.float64), np.asarray(b, np.float64)
+    return np.stack([a[off[e]:off[e + 1]].T @ b[off[e]:off[e + 1]] for e in range(len(off) - 1)])
+
+
+# (group sizes, N1 / N, K): ragged groups, an empty expert, a group of one row, full k-tiles + a remainder
+_BWD_SHAPES = [([40, 0, 1, 75], 136, 72), ([1], 8, 16), ([64, 0, 200], 24, 40)]
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", _BWD_SHAPES)
+def test_grouped_gemm_nn_on_tensor_cores_vs_float64(kind, shape) -> None:
+    # a @ b[e] with b [E, K, N]: grouped_gemm_tc_nn (B tiles k-major through ldmatrix .trans)
+    sizes, n, k = shape
+    rng = np.random.default_rng(11)
+    dt = bfloat16() if kind == "bf16" else np.float16
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a = rng.standard_normal((int(off[-1]), k)).astype(dt)
+    b = (rng.standard_normal((len(sizes), k, n)) / np.sqrt(k)).astype(dt)
+    got = ops.grouped_gemm(a, b, off, layout="nn", tensor_cores=True, backend=HOST)
+    ref = np_grouped_gemm(a, np.swapaxes(np.asarray(b, np.float64), 1, 2), off)
+    _close(got, ref, "grouped_gemm", kind)
+
+
+@pytest.mark.parametrize("kind", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", _BWD_SHAPES)
+def test_grouped_gemm_wgrad_on_tensor_cores_vs_float64(kind, shape) -> None:
+    sizes, n1, n2 = shape
+    rng = np.random.default_rng(12)
+    dt = bfloat16() if kind == "bf16" else np.float16
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    a = rng.standard_normal((int(off[-1]), n1)).astype(dt)
+    b = (rng.standard_normal((int(off[-1]), n2)) / 8).astype(dt)
+    got = ops.grouped_gemm_wgrad_tc(a, b, off, backend=HOST)
+    ref = _np_wgrad(a, b, off)
+    _close(got, ref, "grouped_gemm", kind)
+    for e, s in enumerate(sizes):
+        if s == 0:
+            assert np.all(np.asarray(got[e], np.float64) == 0.0)  # an empty expert: a zero gradient
+
+
+@pytest.mark.parametrize("kind,act", [("bf16", "silu"), ("bf16", "gelu_tanh"), ("f16", "silu"), ("f16", "gelu_tanh")])
+def test_experts_backward_tensor_cores_vs_float64(kind, act, monkeypatch) -> None:
+    # The default (tensor_cores=None) on the host takes the tensor-core path: d(x_perm) on grouped_gemm_tc_nn.
+    from pykern import launcher
+
+    seen: list[str] = []
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **k: (seen.append(name), real(name, *a, **k))[1])
+    rng = np.random.default_rng(8)
+    x, gu, dn, ids, w, dy = _experts_inputs(rng, kind, 40, 32, 24, 4, 2)
+    got = ops.moe_experts_backward(dy, x, gu, dn, ids, w, act, backend=HOST)
+    assert "grouped_gemm_tc_nn" + ("_bf16" if kind == "bf16" else "_f16") in seen, seen
+    for g, r in zip(got, np_moe_experts_backward(dy, x, gu, dn, ids, w, act)):
+        _close(g, r, "moe_experts_backward", kind)

@@ -18,7 +18,7 @@ from ..errors import ArgumentError, ArgumentTypeError
 from .training import _launch
 from ._common import check_offsets as _check_offsets, dtype_is as _dtype_is, host_values as _host_values
 
-__all__ = ["moe_route", "grouped_gemm", "moe_align", "moe_experts", "moe_experts_backward"]
+__all__ = ["moe_route", "grouped_gemm", "grouped_gemm_wgrad_tc", "moe_align", "moe_experts", "moe_experts_backward"]
 
 _ROUTE_WARPS = 4
 _ROUTE_MAX_EXPERTS = 3072  # 4 warps x E floats of shared memory stay under 48 KB
@@ -114,6 +114,11 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
     act(gate) * up epilogue (out has N / 2 columns). Sizes were validated by the caller."""
     if m == 0 or n == 0:
         return
+    if tc and nn:
+        grid = (m // TC_BM + n_groups, -(-n // TC_BN))
+        _launch("grouped_gemm_tc_nn" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,
+                shared_mem=TC_SMEM, stream=stream, backend=backend)
+        return
     if tc and not nn:
         if act is None:
             grid = (m // TC_BM + n_groups, -(-n // TC_BN))
@@ -134,7 +139,7 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
 
 @arrays.stream_scoped
 def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores: bool | None = None,
-                 stream: Any = None, backend: str | None = None) -> Any:
+                 layout: str = "nt", stream: Any = None, backend: str | None = None) -> Any:
     """Grouped GEMM: rows offsets[e]:offsets[e+1] of the [M, N] result are a[rows] @ b[e].T.
 
     a [M, K] holds each group's rows contiguously; b [E, N, K] (f32, bf16 or f16, a's dtype); offsets int32
@@ -142,13 +147,22 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     never copied back from a device). bf16 and f16 run on tensor cores (mma.sync, 4-stage cp.async, fp32
     accumulation) where the device has them; f32 runs an fp32 FMA kernel. The result has a's dtype.
     tensor_cores=False runs bf16 / f16 on the FMA kernel; True insists on tensor cores.
+    layout="nn": b is [E, K, N] and the groups are a[rows] @ b[e] (the data gradients' layout; on tensor
+    cores the same kernel with its B tiles k-major, ldmatrix .trans).
     """
+    if layout not in ("nt", "nn"):
+        raise ArgumentError(f"layout: expected 'nt' or 'nn', got {layout!r}")
+    nn = layout == "nn"
     kind = arrays.io_kind("a", a, arrays.IO_KINDS)
     _same_kind("b", b, kind, "a")
     m, k = arrays.check_ndim("a", a, (2,), "(M, K)")
-    n_groups, n, kb = arrays.check_ndim("b", b, (3,), "(E, N, K)")
+    if nn:
+        n_groups, kb, n = arrays.check_ndim("b", b, (3,), "(E, K, N)")
+    else:
+        n_groups, n, kb = arrays.check_ndim("b", b, (3,), "(E, N, K)")
     if kb != k:
-        raise ArgumentError(f"b: expected shape (E, N, {k}) (K of a), got {tuple(arrays.shape_of(b))}")
+        want = f"(E, {k}, N)" if nn else f"(E, N, {k})"
+        raise ArgumentError(f"b: expected shape {want} (K of a), got {tuple(arrays.shape_of(b))}")
     offsets = _check_offsets(offsets, n_groups, m)
     tc = _tc(backend, kind, tensor_cores)
     for name, v in (("a.shape[0] (M)", m), ("a.shape[1] (K)", k), ("b.shape[1] (N)", n)):
@@ -163,8 +177,35 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
         out = arrays.check_out(out, (m, n), kind, a)
     if m and n and k == 0:
         return _zero(out)
-    _gemm_launch(a.reshape(-1), b.reshape(-1), offsets, out.reshape(-1), m, n, k, n_groups, kind, tc=tc,
+    _gemm_launch(a.reshape(-1), b.reshape(-1), offsets, out.reshape(-1), m, n, k, n_groups, kind, nn=nn, tc=tc,
                  stream=arrays.launch_stream(stream, a), backend=backend)
+    return out
+
+
+@arrays.stream_scoped
+def grouped_gemm_wgrad_tc(a: Any, b: Any, offsets: Any, *, stream: Any = None, backend: str | None = None) -> Any:
+    """K-grouped GEMM on tensor cores: out[e] = a[rows]^T @ b[rows], rows = offsets[e]:offsets[e+1] ([E, N1, N2]).
+
+    a [M, N1], b [M, N2] (bf16 or f16, the same); offsets int32 [E + 1] as grouped_gemm's. One CTA per
+    128 x 128 output tile contracts the expert's rows in a fixed order (an empty expert: a zero
+    gradient): deterministic, no atomics; fp32 accumulation, the result in a's dtype.
+    """
+    kind = arrays.io_kind("a", a, ("bf16", "f16"))
+    _same_kind("b", b, kind, "a")
+    m, n1 = arrays.check_ndim("a", a, (2,), "(M, N1)")
+    mb, n2 = arrays.check_ndim("b", b, (2,), "(M, N2)")
+    if mb != m:
+        raise ArgumentError(f"b: expected shape ({m}, N2) (rows of a), got {tuple(arrays.shape_of(b))}")
+    n_exp = int(arrays.shape_of(offsets)[0]) - 1 if arrays.shape_of(offsets) else -1
+    if n_exp < 1:
+        raise ArgumentError(f"offsets: expected shape (E + 1,) with E >= 1, got {tuple(arrays.shape_of(offsets))}")
+    offsets = _check_offsets(offsets, n_exp, m)
+    if not _tc(backend, kind, True):
+        raise AssertionError("unreachable: _tc raises without tensor cores")
+    a, b = arrays.contiguous(a), arrays.contiguous(b)
+    out = arrays.empty((n_exp, n1, n2), kind, like=a)
+    if n1 and n2:
+        _wgrad_tc(a, b, offsets, out, m, n1, n2, n_exp, kind, stream=arrays.launch_stream(stream, a), backend=backend)
     return out
 
 
@@ -356,23 +397,48 @@ def moe_experts_backward(
     if tuple(arrays.shape_of(grad_out)) != (n_tok, hid):
         raise ArgumentError(f"grad_out: expected shape {(n_tok, hid)} (of the output), "
                             f"got {tuple(arrays.shape_of(grad_out))}")
-    _tc(backend, kind, tensor_cores)  # validated; the backward runs on the FMA kernels
+    tc16 = _tc(backend, kind, tensor_cores)
     if kind != "f32":
-        # 16-bit intermediates (gate/up, h, dh, dgu) lose too much to cancellation against a float64
-        # reference; the backward runs in fp32 on widened copies and narrows the weight gradients.
+        # Rounding an intermediate (gate/up, h, w * dy, y, d(gate_up)) to 16 bits before a weight-gradient
+        # or routing-weight product loses too much to cancellation against a float64 reference (docs/moe.md
+        # measures each): those products run in fp32 on widened copies. Only d(x_perm) = d(gate_up) @
+        # gate_up_proj[e] keeps within the 16-bit tolerance with a rounded operand: with tensor cores it
+        # runs on grouped_gemm_tc_nn against the 16-bit weights.
         f = lambda a: arrays.contiguous(arrays.astype(a, "float32"))  # noqa: E731
-        gx, ggu, gdn, gw = moe_experts_backward(f(grad_out), f(x), f(gate_up_proj), f(down_proj), topk_ids, w,
-                                                activation, stream=stream, backend=backend)
-        return tuple(arrays.astype(g, arrays.IO_DTYPES[kind]) for g in (gx, ggu, gdn)) + (gw,)
+        out = _backward_f32(f(grad_out), f(x), f(gate_up_proj), f(down_proj), ids, w, ACTIVATIONS[activation],
+                            n_tok, hid, n_exp, inter, top_k, stream, backend, keep=tc16)
+        gx, ggu, gdn, gw = out[:4]
+        if tc16 and n_tok:
+            dgu, r = out[4], out[5]
+            gate_up_proj = arrays.contiguous(gate_up_proj)
+            dgu16 = arrays.contiguous(arrays.astype(dgu, arrays.IO_DTYPES[kind]))
+            dxp = arrays.empty((max(r.rows, 1), hid), kind, like=dgu16)
+            st = arrays.launch_stream(stream, dgu16)
+            _gemm_launch(dgu16.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid,
+                         2 * inter, n_exp, kind, nn=True, tc=True, stream=st, backend=backend)
+            gx = _combine(dxp, r, None, n_tok, hid, top_k, kind, st, backend)
+        else:
+            gx = arrays.astype(gx, arrays.IO_DTYPES[kind])
+        return (gx,) + tuple(arrays.astype(g, arrays.IO_DTYPES[kind]) for g in (ggu, gdn)) + (gw,)
+    return _backward_f32(grad_out, x, gate_up_proj, down_proj, ids, w, ACTIVATIONS[activation], n_tok, hid, n_exp,
+                         inter, top_k, stream, backend)[:4]
+
+
+def _backward_f32(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids: Any, w: Any, act: int, n_tok: int,
+                  hid: int, n_exp: int, inter: int, top_k: int, stream: Any, backend: str | None,
+                  keep: bool = False) -> tuple:
+    """The fp32 backward: (dx, dgate_up, ddown, dw), plus (d(gate_up), routing) with keep, whose d(x_perm)
+    the caller computes instead (dx is then None)."""
+    kind = "f32"
     tc = False
-    act = ACTIVATIONS[activation]
     x, gate_up_proj, down_proj = arrays.contiguous(x), arrays.contiguous(gate_up_proj), arrays.contiguous(down_proj)
     dy = arrays.contiguous(grad_out)
     stream = arrays.launch_stream(stream, x)
     if n_tok == 0:
         return (arrays.empty((0, hid), kind, like=x), arrays.zeros((n_exp, 2 * inter, hid), kind, like=x),
                 arrays.zeros((n_exp, hid, inter), kind, like=x), arrays.empty((0, top_k), np.float32, like=x))
-    r = _Routing(ids, n_exp, TC_BM if tc else SIMT_T, stream, backend)
+    # Padded to the tensor-core tile when the caller runs d(x_perm) on grouped_gemm_tc_nn.
+    r = _Routing(ids, n_exp, TC_BM if keep else SIMT_T, stream, backend)
     rows = max(r.rows, 1)
     kw = dict(stream=stream, backend=backend)
     xp = _gather(x, r, None, hid, top_k, n_exp, kind, stream, backend)
@@ -393,18 +459,31 @@ def moe_experts_backward(
     dh = arrays.empty((rows, inter), kind, like=x)
     _gemm_launch(dyp.reshape(-1), down_proj.reshape(-1), r.offsets, dh.reshape(-1), r.rows, inter, hid, n_exp, kind,
                  nn=True, tc=tc, **kw)
-    dgu = arrays.empty((rows, 2 * inter), kind, like=x)
+    # zeros with keep: rows past the used part stay finite for the caller's 16-bit cast
+    dgu = (arrays.zeros if keep else arrays.empty)((rows, 2 * inter), kind, like=x)
     _launch("moe_act_backward", _ew_grid(r.rows * inter), (256,), gu.reshape(-1), dh.reshape(-1),
             dgu.reshape(-1), r.offsets, r.rows, inter, n_exp, act, **kw)
     g_down = arrays.empty((n_exp, hid, inter), kind, like=x)
     g_gu = arrays.empty((n_exp, 2 * inter, hid), kind, like=x)
     _wgrad(dyp, h, r, g_down, hid, inter, n_exp, kind, **kw)
     _wgrad(dgu, xp, r, g_gu, 2 * inter, hid, n_exp, kind, **kw)
+    if keep:
+        return None, g_gu, g_down, dw, dgu, r
     dxp = arrays.empty((rows, hid), kind, like=x)
     _gemm_launch(dgu.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid, 2 * inter,
                  n_exp, kind, nn=True, tc=tc, **kw)
     dx = _combine(dxp, r, None, n_tok, hid, top_k, kind, stream, backend)
     return dx, g_gu, g_down, dw
+
+
+def _wgrad_tc(a: Any, b: Any, offsets: Any, out: Any, m: int, n1: int, n2: int, n_exp: int, kind: str, *,
+              stream: Any, backend: str | None) -> None:
+    """out[e] = a[rows of e]^T @ b[rows of e] ([E, n1, n2], a [m, n1], b [m, n2]) on tensor cores."""
+    if n_exp > _GRID_YZ_MAX or -(-n2 // TC_BN) > _GRID_YZ_MAX:
+        raise ArgumentError(f"weight gradient of {n_exp} experts x {n2} columns is past the grid's y/z limits")
+    _launch("grouped_gemm_wgrad_tc" + _suffix(kind), (-(-n1 // TC_BM), -(-n2 // TC_BN), n_exp), (128,),
+            a.reshape(-1), b.reshape(-1), offsets, out.reshape(-1), n1, n2, m, n_exp, shared_mem=TC_SMEM,
+            stream=stream, backend=backend)
 
 
 def _wgrad(a: Any, b: Any, r: _Routing, out: Any, n1: int, n2: int, n_exp: int, kind: str, *, stream: Any,
