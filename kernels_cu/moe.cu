@@ -110,23 +110,22 @@ __device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, con
     float* s = smem + (long long)warp * n_exp;
     for (long long t = (long long)blockIdx.x * nw + warp; t < n_tok; t += (long long)gridDim.x * nw) {
         const long long row = t * n_exp;
-        float mx = PK_NEG_INF, sum = 0.0f;
+        // s holds the unbiased scores; a correction bias is added where the experts are chosen, so the
+        // weight of a chosen expert is its score as stored, bit for bit.
         if (!sigm) {
+            float mx = PK_NEG_INF;
             for (int e = lane; e < n_exp; e += 32) mx = fmaxf(mx, PkIO<T>::load(logits, row + e));
             mx = pk_warp_max(mx);
+            float sum = 0.0f;
             for (int e = lane; e < n_exp; e += 32) {
                 const float x = expf(PkIO<T>::load(logits, row + e) - mx);
                 s[e] = x;
                 sum += x;
             }
             sum = pk_warp_sum(sum);
-            // The probabilities (this lane's own), plus the correction bias where it chooses the experts.
-            for (int e = lane; e < n_exp; e += 32) s[e] = has_bias ? s[e] / sum + bias[e] : s[e] / sum;
+            for (int e = lane; e < n_exp; e += 32) s[e] = s[e] / sum;  // the probabilities (this lane's own)
         } else {
-            for (int e = lane; e < n_exp; e += 32) {
-                const float sc = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + e)));
-                s[e] = has_bias ? sc + bias[e] : sc;
-            }
+            for (int e = lane; e < n_exp; e += 32) s[e] = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + e)));
         }
         __syncwarp();
         float my_w = 0.0f;
@@ -135,7 +134,7 @@ __device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, con
             float best = PK_NEG_INF;
             int bi = 0x7fffffff;
             for (int e = lane; e < n_exp; e += 32) {
-                const float v = s[e];
+                const float v = has_bias ? s[e] + bias[e] : s[e];  // a taken expert stays -inf
                 if (v > best || (v == best && e < bi)) best = v, bi = e;
             }
 #pragma unroll
@@ -145,10 +144,8 @@ __device__ __forceinline__ void moe_route_impl(const T* __restrict__ logits, con
                 if (ov > best || (ov == best && oi < bi)) best = ov, bi = oi;
             }
             if (bi >= n_exp) bi = 0;  // every score -inf: fall back to expert 0 (never for finite logits)
-            float wv = best;
-            // The bias only chooses: the weight is the unbiased score, recomputed by the same expression.
-            if (sigm) wv = 1.0f / (1.0f + expf(-PkIO<T>::load(logits, row + bi)));
-            else if (has_bias) wv = expf(PkIO<T>::load(logits, row + bi) - mx) / sum;
+            const float wv = s[bi];  // the unbiased score: the bias only chooses
+            __syncwarp();  // every lane has read s[bi] before its owner marks it
             if (lane == (bi & 31)) s[bi] = PK_NEG_INF;  // the lane that reads s[bi] marks it taken
             __syncwarp();
             if (lane == j) my_w = wv, my_id = bi;
@@ -315,16 +312,6 @@ extern "C" __global__ void __launch_bounds__(256) moe_weight_grad(
     float* __restrict__ dw, long long n_slots, int dim, int top_k) {
     moe_weight_grad_body<float>(dy, y, slot_pos, dw, n_slots, dim, top_k);
 }
-// The tensor-core backward's: dy and y in bf16 / f16 (y as the forward rounds it), fp32 products and sum.
-template <typename T>
-__device__ __forceinline__ void moe_weight_grad_impl(const T* __restrict__ dy, const T* __restrict__ y,
-                                                     const int* __restrict__ slot_pos, float* __restrict__ dw,
-                                                     long long n_slots, int dim, int top_k) {
-    moe_weight_grad_body<T>(dy, y, slot_pos, dw, n_slots, dim, top_k);
-}
-PK_IO16_KERNELS(moe_weight_grad, (256), (const T* __restrict__ dy, const T* __restrict__ y,
-                const int* __restrict__ slot_pos, float* __restrict__ dw, long long n_slots, int dim, int top_k),
-                (dy, y, slot_pos, dw, n_slots, dim, top_k))
 
 // ------------------------------------------------------------------------------------------ activation
 // gu [rows, 2I] (gate columns first, then up) -> h [rows, I] = act(gate) * up; the backward gives
@@ -567,14 +554,10 @@ __device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int 
 // EPI 2: the weight gradient, a K-grouped GEMM: out[e] = a[rows_e]^T @ b[rows_e] with a [K, M], b [K, N]
 //        (K: all rows), out [E, M, N]; grid (M tiles, N tiles, E); the contraction runs over the
 //        expert's rows offsets[e]..offsets[e+1] (none: a zero tile), so each output tile is one CTA's.
-// EPI 3: the data gradient d(h) = a @ b[e] (BKM: b = down_proj [E, H, I], N = I) with the activation's
-//        backward fused: from the fp32 d(h) and gu = [gate, up] ([M, 2I]) it stores
-//        out = d(gate_up) = [dh * up * act'(gate), dh * act(gate)] ([M, 2I]).
 template <typename T, int EPI, bool BKM>
 __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __restrict__ b_,
                                            const int* __restrict__ offsets, T* __restrict__ out_,
-                                           int M, int N, int K, int n_groups, int act,
-                                           const T* __restrict__ aux_) {
+                                           int M, int N, int K, int n_groups, int act) {
     constexpr bool AKM = EPI == 2;
     const unsigned short* __restrict__ a = reinterpret_cast<const unsigned short*>(a_);
     const unsigned short* __restrict__ b = reinterpret_cast<const unsigned short*>(b_);
@@ -767,27 +750,6 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
                     }
                 }
             }
-    } else if (EPI == 3) {
-        // d(h) stays fp32 here: only d(gate_up) is rounded to T, once.
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = m0 + wm * 64 + mt * 16 + g + 8 * h;
-                if (m >= mend) continue;
-                const long long rb = (long long)m * 2 * N;
-#pragma unroll
-                for (int nt = 0; nt < 8; nt++)
-#pragma unroll
-                    for (int v = 0; v < 2; v++) {
-                        const int n = n0 + wn * 64 + nt * 8 + 2 * t + v;
-                        if (n >= N) continue;
-                        const float d = acc[mt][nt][2 * h + v];
-                        const float gt = PkIO<T>::load(aux_, rb + n), up = PkIO<T>::load(aux_, rb + N + n);
-                        out[rb + n] = Pk16<T>::narrow(d * up * moe_act_grad(gt, act));
-                        out[rb + N + n] = Pk16<T>::narrow(d * moe_act_f(gt, act));
-                    }
-            }
     } else {
         const bool pair = (inter & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
 #pragma unroll
@@ -816,40 +778,33 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
 
 // mma .bf16 / .f16 need sm_80: the sm_75 build has entry points that trap (the ops use grouped_gemm_simt_*).
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
-#define GG_TC_CALL(EPI, BKM, aux) __trap()
+#define GG_TC_CALL(EPI, BKM) __trap()
 #else
-#define GG_TC_CALL(EPI, BKM, aux) gg_tc_body<T, EPI, BKM>(a, b, offsets, out, M, N, K, n_groups, act, aux)
+#define GG_TC_CALL(EPI, BKM) gg_tc_body<T, EPI, BKM>(a, b, offsets, out, M, N, K, n_groups, act)
 #endif
 template <typename T>
 __device__ __forceinline__ void grouped_gemm_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                      const int* __restrict__ offsets, T* __restrict__ out, int M,
                                                      int N, int K, int n_groups, int act) {
-    GG_TC_CALL(0, false, nullptr);
+    GG_TC_CALL(0, false);
 }
 template <typename T>
 __device__ __forceinline__ void grouped_gemm_tc_nn_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                         const int* __restrict__ offsets, T* __restrict__ out, int M,
                                                         int N, int K, int n_groups, int act) {
-    GG_TC_CALL(0, true, nullptr);
+    GG_TC_CALL(0, true);
 }
 template <typename T>
 __device__ __forceinline__ void grouped_gemm_wgrad_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                            const int* __restrict__ offsets, T* __restrict__ out,
                                                            int M, int N, int K, int n_groups, int act) {
-    GG_TC_CALL(2, true, nullptr);
+    GG_TC_CALL(2, true);
 }
 template <typename T>
 __device__ __forceinline__ void moe_gemm_act_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                      const int* __restrict__ offsets, T* __restrict__ out, int M,
                                                      int N, int K, int n_groups, int act) {
-    GG_TC_CALL(1, false, nullptr);
-}
-template <typename T>
-__device__ __forceinline__ void moe_dgrad_act_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
-                                                      const T* __restrict__ gu, const int* __restrict__ offsets,
-                                                      T* __restrict__ out, int M, int N, int K, int n_groups,
-                                                      int act) {
-    GG_TC_CALL(3, true, gu);
+    GG_TC_CALL(1, false);
 }
 #define GG_TC_PARAMS                                                                                           \
     (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
@@ -863,9 +818,3 @@ PK_IO16_KERNELS(grouped_gemm_wgrad_tc, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, off
     (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
      int M, int N, int K, int n_groups, int act)
 PK_IO16_KERNELS(moe_gemm_act_tc, (GG_THREADS, 1), GG_TC_ACT_PARAMS, (a, b, offsets, out, M, N, K, n_groups, act))
-// d(gate_up) [M, 2I] from a = w * dy rows [M, H], b = down_proj [E, H, I] (N = I, K = H) and gu [M, 2I]
-#define GG_TC_DACT_PARAMS                                                                                      \
-    (const T* __restrict__ a, const T* __restrict__ b, const T* __restrict__ gu, const int* __restrict__ offsets, \
-     T* __restrict__ out, int M, int N, int K, int n_groups, int act)
-PK_IO16_KERNELS(moe_dgrad_act_tc, (GG_THREADS, 1), GG_TC_DACT_PARAMS,
-                (a, b, gu, offsets, out, M, N, K, n_groups, act))

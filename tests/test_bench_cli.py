@@ -24,7 +24,7 @@ EXPECTED_EXEMPT = {
     "fused_linear_cross_entropy", "decode_attention", "batched_decode_attention", "paged_decode_attention",
     "append_paged_kv_cache", "PagedDecodePlan", "attn_tiling", "decode_plan", "get_batch_indices_positions",
     "shared_prefix_decode", "MLAPagedDecodePlan", "chain_speculative_sampling", "gemm_fp8", "grouped_gemm_fp8",
-    "fp8_quantize",
+    "fp8_quantize", "grouped_gemm_wgrad_tc",
     "sampling_from_probs", "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs", "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits",
     "grouped_gemm", "moe_experts", "moe_experts_backward", "moe_route", "moe_align",

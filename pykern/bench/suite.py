@@ -52,6 +52,7 @@ EXEMPT: dict[str, str] = {
     "grouped_gemm_fp8": "compute-bound (FP8 tensor-core grouped GEMM)",
     "fp8_quantize": "memory-bound but not in this table yet: the table compares outputs with torch's in the "
                     "input dtype, and its outputs are float8 codes and scales (tests/test_gemm_fp8.py checks them)",
+    "grouped_gemm_wgrad_tc": "compute-bound (the tensor-core weight gradient of the experts)",
     "grouped_gemm": "compute-bound (tensor-core grouped GEMM; its loop metric: tools/sass_report.py --loops)",
     "moe_experts": "compute-bound (two grouped GEMMs)",
     "moe_experts_backward": "compute-bound (grouped GEMMs)",

@@ -172,7 +172,7 @@ def _moe_combine(cuda: Any):
     return k, lambda a: _grid1(a[4])
 
 
-@reference("moe_weight_grad", "moe_weight_grad_bf16", "moe_weight_grad_f16")
+@reference("moe_weight_grad")
 def _moe_weight_grad(cuda: Any):
     @cuda.jit
     def k(dy, y, slot_pos, dw, n_slots, dim, top_k):
@@ -354,26 +354,3 @@ def _grouped_gemm_wgrad_tc(cuda: Any):
             out[i] = acc
 
     return k, lambda a: _grid1(a[7] * a[4] * a[5])
-
-
-@reference("moe_dgrad_act_tc_bf16", "moe_dgrad_act_tc_f16")
-def _moe_dgrad_act_tc(cuda: Any):
-    act_f, act_grad = _act_kernels(cuda)
-
-    @cuda.jit
-    def k(a, b, gu, offsets, out, M, N, K, n_groups, act):
-        i = cuda.grid(1)
-        if i < M * N:
-            m = i // N
-            n = i % N
-            for e in range(n_groups):
-                if offsets[e] <= m and m < offsets[e + 1]:
-                    d = 0.0
-                    for kk in range(K):
-                        d += a[m * K + kk] * b[(e * K + kk) * N + n]
-                    g = gu[m * 2 * N + n]
-                    u = gu[m * 2 * N + N + n]
-                    out[m * 2 * N + n] = d * u * act_grad(g, act)
-                    out[m * 2 * N + N + n] = d * act_f(g, act)
-
-    return k, lambda a: _grid1(a[5] * a[6])

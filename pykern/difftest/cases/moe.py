@@ -156,6 +156,37 @@ def _gemm_cases(rng: np.random.Generator) -> Iterator[Case]:
                            kernels=(name,), run=run, reference=lambda a=a, b=b, off=off: {"out": np_grouped_gemm(a, b, off)})
 
 
+def _gemm_nn_and_wgrad_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # The backward's layouts on tensor cores: a @ b[e] with b [E, K, N] (grouped_gemm layout="nn"), and the
+    # K-grouped weight gradient out[e] = a[rows_e]^T @ b[rows_e] (an empty expert: a zero tile).
+    for kind in ("bf16", "f16"):
+        for sizes, n, k in _GEMM_SHAPES[:3]:
+            off = _offsets(sizes)
+            a = _cast(rng.standard_normal((int(off[-1]), k)), kind)
+            b = _cast(rng.standard_normal((len(sizes), k, n)) / math.sqrt(k), kind)
+            shape = f"{'-'.join(map(str, sizes))}x{n}x{k}"
+
+            def run(be, a=a, b=b, off=off):
+                return {"out": _np(_ops().grouped_gemm(a, b, off, layout="nn", tensor_cores=True, backend=be))}
+
+            def ref(a=a, b=b, off=off):
+                return {"out": np_grouped_gemm(a, np.swapaxes(f64(b), 1, 2), off)}
+
+            yield Case(op="grouped_gemm", dtype=kind, shape=shape + "-nn", kernels=("grouped_gemm_tc_nn" + _sfx(kind),),
+                       run=run, reference=ref)
+            g = _cast(rng.standard_normal((int(off[-1]), n)), kind)
+
+            def run_w(be, a=a, g=g, off=off):
+                return {"out": _np(_ops().grouped_gemm_wgrad_tc(a, g, off, backend=be))}
+
+            def ref_w(a=a, g=g, off=off):
+                a64, g64 = f64(a), f64(g)
+                return {"out": np.stack([a64[off[e]:off[e + 1]].T @ g64[off[e]:off[e + 1]] for e in range(len(off) - 1)])}
+
+            yield Case(op="grouped_gemm", dtype=kind, shape=shape + "-wgrad",
+                       kernels=("grouped_gemm_wgrad_tc" + _sfx(kind),), run=run_w, reference=ref_w)
+
+
 def _experts_inputs(rng: np.random.Generator, kind: str, t: int, h: int, inter: int, e: int, k: int):
     x = _cast(rng.standard_normal((t, h)), kind)
     gu = _cast(rng.standard_normal((e, 2 * inter, h)) / math.sqrt(h), kind)
@@ -213,4 +244,5 @@ def _experts_cases(rng: np.random.Generator) -> Iterator[Case]:
 def moe_cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _route_cases(rng)
     yield from _gemm_cases(rng)
+    yield from _gemm_nn_and_wgrad_cases(rng)
     yield from _experts_cases(rng)
