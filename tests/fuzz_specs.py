@@ -9,12 +9,12 @@ from typing import Any
 import numpy as np
 
 from pykern import ops
+from pykern.errors import ArgumentError, ArgumentTypeError
 from pykern.difftest.cases.decode import np_decode_attention
 from pykern.difftest.cases.forward import (np_causal_attn_softmax, np_embedding, np_flash_attention, np_rms_norm,
                                            np_rope, np_silu_gate, np_silu_gate_backward)
 from pykern.difftest.cases.moe import np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route
 from pykern.difftest.cases.sampling import np_sample, np_top_k_mask, np_top_k_renorm, np_top_p_renorm
-from pykern.difftest.cases.serving import np_attention
 from pykern.difftest.cases.training import (np_attention_backward, np_cross_entropy, np_embedding_backward,
                                             np_rms_norm_backward, np_softmax_backward, np_transpose_2d)
 from pykern.difftest.cases.training_ext import (np_add_rms_norm, np_add_rms_norm_backward, np_gelu, np_gelu_grad,
@@ -71,7 +71,7 @@ def natural(x: Any) -> int:
 
 
 def flag(x: Any) -> bool:
-    need(isinstance(x, (bool, np.bool_)), f"{x!r} is no bool")
+    """Flags are read by their truth value, as NumPy and torch read theirs (documented in docs/fuzzing.md)."""
     return bool(x)
 
 
@@ -113,6 +113,8 @@ spec(Spec("rms_norm_backward", ops.rms_norm_backward,
 def _embb_ref(k: dict) -> Any:
     g, ids, v = fdata(k["grad_out"]), i64(k["ids"]), natural(k["vocab_size"])
     need(g.shape[:-1] == ids.shape and ((ids >= 0) & (ids < v)).all(), "ids")
+    if g.shape[-1] == 0:  # (np_embedding_backward reshapes by dim, which 0 cannot do)
+        return np.zeros((v, 0))
     return np_embedding_backward(g, ids, v)
 
 
@@ -122,6 +124,8 @@ spec(Spec("embedding_backward", ops.embedding_backward,
 
 
 def _ce_ref(k: dict) -> Any:
+    if k.get("lse_square_scale") is not None:  # Liger's name for z_loss
+        k = dict(k, z_loss=k["lse_square_scale"])
     x, t = fdata(k["logits"]), i64(k["targets"])
     need(x.shape[:-1] == t.shape and x.ndim >= 1, "shapes")
     pad = int(k["pad_id"] if k.get("ignore_index") is None else k["ignore_index"])
@@ -133,7 +137,8 @@ def _ce_ref(k: dict) -> Any:
     need(sc is None or real(sc) > 0 and np.isfinite(sc), "softcap")
     w = None if k.get("weight") is None else fdata(k["weight"])
     need(w is None or w.shape == (x.shape[-1],), "weight")
-    return np_cross_entropy(x, t, pad, label_smoothing=ls, z_loss=z, softcap=sc, reduction=red, weight=w)
+    return np_cross_entropy(x, t, pad, label_smoothing=ls, z_loss=z, softcap=sc, reduction=red, weight=w,
+                            return_z_loss=flag(k.get("return_z_loss", False)))
 
 
 spec(Spec("cross_entropy_fwd_bwd", ops.cross_entropy_fwd_bwd,
@@ -147,15 +152,59 @@ spec(Spec("cross_entropy_fwd_bwd", ops.cross_entropy_fwd_bwd,
           writes=lambda k: ("logits",) if k.get("inplace") else ()))
 
 
+def nan_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray | None, causal: bool,
+                  scale: float | None, window: tuple[int, int], softcap: float) -> tuple:
+    """float64 attention of one sequence, q (n_q, H, D), k / v (n_k, KVH, D), bottom-right masks, and with
+    grad_out g its (dq, dk, dv). Written for NaN: a NaN or inf score poisons its row as the math says
+    (pykern.difftest's references guard the division and turn such rows into 0). Masked keys contribute
+    exactly nothing; a row that sees no key gives out 0, lse -inf and no gradient."""
+    from pykern.difftest.cases.training import window_mask
+
+    n_q, h, d = q.shape
+    group = h // k.shape[1]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    vis = window_mask(n_q, k.shape[0], causal, window)
+    out, lse = np.zeros((n_q, h, v.shape[2])), np.full((n_q, h), -np.inf)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    with np.errstate(all="ignore"):
+        for hh in range(h):
+            kk, vv = k[:, hh // group], v[:, hh // group]
+            raw = q[:, hh] @ kk.T * scale
+            t = np.tanh(raw / softcap) if softcap > 0 else None
+            s = np.where(vis, softcap * t if softcap > 0 else raw, -np.inf)
+            m = s.max(-1, keepdims=True) if s.shape[1] else np.full((n_q, 1), -np.inf)
+            p = np.where(vis, np.exp(s - np.where(m == -np.inf, 0.0, m)), 0.0)
+            den = p.sum(-1, keepdims=True)
+            pn = np.where(den == 0, 0.0, p / np.where(den == 0, 1.0, den))
+            out[:, hh] = pn @ vv
+            lse[:, hh] = np.where(den[:, 0] == 0, -np.inf, m[:, 0] + np.log(den[:, 0]))
+            if g is not None:
+                go = g[:, hh]
+                dp = go @ vv.T
+                ds = np.where(vis, pn * (dp - (pn * dp).sum(-1, keepdims=True)), 0.0)
+                if softcap > 0:
+                    ds = np.where(vis, ds * (1.0 - t * t), 0.0)
+                dv[:, hh // group] += pn.T @ go
+                dq[:, hh] = ds @ kk * scale
+                dk[:, hh // group] += ds.T @ q[:, hh] * scale
+    return (dq, dk, dv) if g is not None else (out, lse)
+
+
+def _na(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float | None, window: tuple[int, int],
+        softcap: float) -> tuple:
+    """(out, lse) of nan_attention: the serving references' signature."""
+    return nan_attention(q, k, v, None, causal, scale, window, softcap)
+
+
 def _attb_ref(k: dict) -> Any:
     q, kk, v, g = (fdata(k[n]) for n in ("q", "k", "v", "grad_out"))
     need(q.shape == g.shape and kk.shape == v.shape and q.ndim == 3 and kk.ndim == 3, "shapes")
     need(q.shape[2] == kk.shape[2] and kk.shape[1] > 0 and q.shape[1] % kk.shape[1] == 0, "heads")
     ws = tuple(k["window_size"])
-    need(len(ws) == 2 and all(isinstance(w, int) and w >= -1 for w in ws), "window")
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
     sc = k.get("scale")
-    return np_attention_backward(q, kk, v, g, causal=flag(k["causal"]), scale=None if sc is None else real(sc),
-                                 window_size=ws, softcap=real(k["softcap"]))
+    return nan_attention(q, kk, v, g, flag(k["causal"]), None if sc is None else real(sc), ws, real(k["softcap"]))
 
 
 spec(Spec("attention_backward", ops.attention_backward,
@@ -265,20 +314,21 @@ spec(Spec("gelu_gate_backward", ops.gelu_gate_backward,
 
 
 def _flce_ref(k: dict) -> Any:
+    if k.get("lse_square_scale") is not None:  # Liger's name for z_loss
+        k = dict(k, z_loss=k["lse_square_scale"])
     h, w, t = fdata(k["hidden"]), fdata(k["weight"]), i64(k["targets"])
     b = None if k.get("bias") is None else fdata(k["bias"])
     need(h.ndim == 2 and w.ndim == 2 and h.shape[1] == w.shape[1] and t.shape == (h.shape[0],), "shapes")
     need(b is None or b.shape == (w.shape[0],), "bias")
     logits = h @ w.T + (0 if b is None else b)
-    kk = dict(k, logits=logits, pad_id=k["ignore_index"], ignore_index=None, weight=k.get("ce_weight"))
-    loss, grad = _ce_ref(dict(kk, logits=logits.astype(np.float32)))[:2] if False else (None, None)
-    loss, grad = np_cross_entropy(logits, t, int(k["ignore_index"]), label_smoothing=real(k["label_smoothing"]),
-                                  z_loss=real(k["z_loss"]), softcap=k.get("softcap"),
-                                  reduction=choice(k["reduction"], ("mean", "sum", "none")))[:2]
     need(0 <= real(k["label_smoothing"]) <= 1 and 0 <= real(k["z_loss"]) < np.inf, "options")
     need(k.get("chunk_size") is None or natural(k["chunk_size"]) > 0, "chunk_size")
     need(((t == int(k["ignore_index"])) | ((t >= 0) & (t < w.shape[0]))).all(), "targets")
-    return loss, grad @ w, grad.T @ h, (None if b is None else grad.sum(0))
+    loss, grad, zl = np_cross_entropy(logits, t, int(k["ignore_index"]), label_smoothing=real(k["label_smoothing"]),
+                                      z_loss=real(k["z_loss"]), softcap=k.get("softcap"),
+                                      reduction=choice(k["reduction"], ("mean", "sum", "none")), return_z_loss=True)
+    res = (loss, grad @ w, grad.T @ h, (None if b is None else grad.sum(0)))
+    return res + (zl,) if flag(k["return_z_loss"]) else res
 
 
 spec(Spec("fused_linear_cross_entropy", ops.fused_linear_cross_entropy,
@@ -305,8 +355,15 @@ spec(Spec("embedding", ops.embedding,
           {"ids": IARRAY, "table": FARRAY, "out": OUT, **COMMON}, ref=_emb_ref, kind_of="table"))
 
 
+def tables(a: Any) -> np.ndarray:
+    """rope's tables: any float dtype (converted to fp32 by the op) is accepted."""
+    a = np.asarray(a)
+    need(a.dtype.kind == "f" or a.dtype.name == "bfloat16", f"tables of dtype {a.dtype}")
+    return a.astype(np.float32).astype(np.float64)
+
+
 def _rope_ref(k: dict) -> Any:
-    x, c, s = fdata(k["x"]), fdata(k["cos"]), fdata(k["sin"])
+    x, c, s = fdata(k["x"]), tables(k["cos"]), tables(k["sin"])
     need(x.ndim in (3, 4) and c.shape == s.shape and c.ndim == 2 and c.shape[1] in (x.shape[-1] // 2, x.shape[-1])
          and x.shape[-1] % 2 == 0, "shapes")
     pos = k.get("position_ids")
@@ -395,10 +452,13 @@ def _fa_ref(k: dict) -> Any:
     need(kk.shape[:3] == v.shape[:3] and q.shape[3] == kk.shape[3] and kk.shape[2] > 0
          and q.shape[2] % kk.shape[2] == 0, "shapes")
     ws = tuple(k["window_size"])
-    need(len(ws) == 2 and all(isinstance(w, int) and w >= -1 for w in ws), "window")
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
     sc = k.get("scale")
-    out, lse = np_flash_attention(q, kk, v, flag(k["causal"]), None if sc is None else real(sc), ws,
-                                  real(k["softcap"]))
+    pairs = [nan_attention(q[b], kk[b], v[b], None, flag(k["causal"]), None if sc is None else real(sc), ws,
+                           real(k["softcap"])) for b in range(q.shape[0])]
+    out = np.stack([o for o, _ in pairs]).reshape(q.shape[:3] + v.shape[3:])
+    lse = np.stack([l_ for _, l_ in pairs]).reshape(q.shape[:3])
     return (out, lse) if flag(k["return_lse"]) else out
 
 
@@ -419,11 +479,12 @@ def _fav_ref(k: dict) -> Any:
     need((np.diff(cq) >= 0).all() and (np.diff(ck) >= 0).all() and cq[-1] == q.shape[0]
          and ck[-1] == kk.shape[0], "cu_seqlens")
     ws = tuple(k["window_size"])
-    need(len(ws) == 2 and all(isinstance(w, int) and w >= -1 for w in ws), "window")
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
     sc = k.get("scale")
     outs, lses = [], []
     for b in range(cq.size - 1):
-        o, l_ = np_attention(q[cq[b]:cq[b + 1]], kk[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], flag(k["causal"]),
+        o, l_ = _na(q[cq[b]:cq[b + 1]], kk[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], flag(k["causal"]),
                              None if sc is None else real(sc), ws, real(k["softcap"]))
         outs.append(o)
         lses.append(l_)
@@ -450,10 +511,11 @@ def _dec_one(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n: int, k: dict) -> 
     need(q.ndim == 2 and kc.ndim == 3 and kc.shape == vc.shape and q.shape[1] == kc.shape[2], "shapes")
     need(kc.shape[0] > 0 and q.shape[0] % kc.shape[0] == 0, "heads")
     wl = k["window_left"]
-    need(isinstance(wl, int) and wl >= -1 and real(k["logits_soft_cap"]) >= 0, "window")
+    need(isinstance(wl, (int, np.integer)) and wl >= -1 and real(k["logits_soft_cap"]) >= 0, "window")
+    wl = int(wl)
     need(0 <= n <= kc.shape[1], "seq_len")
     sc = k.get("scale")
-    out, _ = np_attention(q[None], kc.transpose(1, 0, 2)[:n], vc.transpose(1, 0, 2)[:n], False,
+    out, _ = _na(q[None], kc.transpose(1, 0, 2)[:n], vc.transpose(1, 0, 2)[:n], False,
                           None if sc is None else real(sc), (wl, -1), real(k["logits_soft_cap"]))
     return out[0]
 
@@ -579,11 +641,12 @@ def _pdec_ref(k: dict, layout: str | None = None, wl: int = -1, cap: float = 0.0
     need(q.shape[1] % fdata(k["k_pages"]).shape[2 if layout == "NHD" else 1] == 0, "heads")
     wl = wl if k.get("window_left") is None else k["window_left"]
     cap = cap if k.get("logits_soft_cap") is None else real(k["logits_soft_cap"])
-    need(isinstance(wl, int) and wl >= -1 and cap >= 0, "window")
+    need(isinstance(wl, (int, np.integer)) and wl >= -1 and cap >= 0, "window")
+    wl = int(wl)
     sc = k.get("scale")
     outs, lses = [], []
     for b in range(q.shape[0]):
-        o, l_ = np_attention(q[b:b + 1], ks[b], vs[b], False, None if sc is None else real(sc), (wl, -1), cap)
+        o, l_ = _na(q[b:b + 1], ks[b], vs[b], False, None if sc is None else real(sc), (wl, -1), cap)
         outs.append(o[0])
         lses.append(l_[0])
     out, lse = np.stack(outs), np.stack(lses)
@@ -607,12 +670,22 @@ def _plan_build(r: np.random.Generator) -> dict:
                 window_left=-1, logits_soft_cap=0.0, tensor_cores=None, items_per_cta=None, like=None)
 
 
+RUN_REJECTED = "run rejected"
+
+
 def _plan_call(k: dict) -> Any:
     r = np.random.default_rng(0)
     plan = ops.PagedDecodePlan(**k)
     inputs = dict(q=f32(r, 2, HQ, D), **_paged(r))
     k["_run"] = inputs
-    return plan.run(**inputs, backend="host")
+    try:
+        return plan.run(**inputs, backend="host")
+    except (ArgumentError, ArgumentTypeError) as e:
+        # a plan for another geometry (batch 1, 4 heads, ...) is valid; run() must then refuse the inputs
+        # made for the spec's geometry, naming one of them
+        assert any(n in str(e) for n in inputs), f"run() of a plan refused its inputs naming none: {e}"
+        k["_rejected"] = True
+        return RUN_REJECTED
 
 
 def _plan_ref(k: dict) -> Any:
@@ -623,7 +696,8 @@ def _plan_ref(k: dict) -> Any:
     need(k["max_kv_len"] is None or natural(k["max_kv_len"]) >= 0, "max_kv_len")
     choice(k["q_dtype"], ("f32",))
     need(k["kv_dtype"] in (None, "f32"), "kv_dtype")
-    need(k["tensor_cores"] in (None, True, False), "tensor_cores")
+    if k.get("_rejected"):  # a valid plan of another geometry: the inputs did not fit it
+        return RUN_REJECTED
     return _pdec_ref(dict(k["_run"], return_lse=flag(k["return_lse"]), kv_layout=k["kv_layout"]),
                      wl=k["window_left"], cap=real(k["logits_soft_cap"]))
 
@@ -634,7 +708,7 @@ spec(Spec("PagedDecodePlan", None, _plan_build,
            "num_splits": LENGTH, "return_lse": BOOL, "num_sms": LENGTH, "window_left": INT,
            "logits_soft_cap": FLOAT, "tensor_cores": BOOL, "items_per_cta": LENGTH, "like": FIXED},
           ref=_plan_ref, tol="paged_decode_attention", call=_plan_call, signature_of=ops.PagedDecodePlan,
-          writes=lambda k: ("_run",)))
+          writes=lambda k: ("_run", "_rejected")))
 
 
 def _run_build(r: np.random.Generator) -> dict:
@@ -670,12 +744,13 @@ def _pre_ref(k: dict) -> Any:
     need(q.shape[2] == fdata(k["k_pages"]).shape[3], "head_dim")
     need(q.shape[1] % fdata(k["k_pages"]).shape[2 if layout == "NHD" else 1] == 0, "heads")
     wl = k["window_left"]
-    need(isinstance(wl, int) and wl >= -1 and real(k["logits_soft_cap"]) >= 0, "window")
+    need(isinstance(wl, (int, np.integer)) and wl >= -1 and real(k["logits_soft_cap"]) >= 0, "window")
+    wl = int(wl)
     sc = k.get("scale")
     outs, lses = [], []
     for b in range(len(ks)):
         need(qi[b + 1] - qi[b] <= len(ks[b]) or not flag(k["causal"]) or True, "qo_len")
-        o, l_ = np_attention(q[qi[b]:qi[b + 1]], ks[b], vs[b], flag(k["causal"]), None if sc is None else real(sc),
+        o, l_ = _na(q[qi[b]:qi[b + 1]], ks[b], vs[b], flag(k["causal"]), None if sc is None else real(sc),
                              (wl, -1), real(k["logits_soft_cap"]))
         outs.append(o)
         lses.append(l_)
@@ -785,11 +860,14 @@ def _sampling_check(extra: tuple[str, ...]) -> Any:
             rows = p if idx is None else p[idx]
             assert ((s >= 0) & (s < p.shape[1])).all() and (rows[np.arange(s.size), s] > 0).all(), f"samples {s}"
             return
-        for n, v in (("seed", seed), ("offset", off)):
+        for n, v in (("seed", seed), ("offset", 0 if off is None else off)):
             a = np.asarray(v)
-            assert a.dtype.kind in "iu" and a.ndim <= 1 and (a >= 0).all() and all(int(x) < 2**64 for x in
-                                                                                  a.reshape(-1)), f"{n}={v!r}"
-        want, valid = np_sample(p, seed, 0 if off is None else off, indices=idx, **filt)
+            assert a.dtype.kind in "iu" and a.ndim <= 1 and all(-2**63 <= int(x) < 2**64 for x in
+                                                                a.reshape(-1)), f"{n}={v!r}"
+        # documented: ints in [-2**63, 2**64), taken modulo 2**64
+        seed = seed % 2**64 if isinstance(seed, int) else seed
+        off = 0 if off is None else off % 2**64 if isinstance(off, int) else off
+        want, valid = np_sample(p, seed, off, indices=idx, **filt)
         compare("sampling_from_probs", "f32", (samples, res[1]) if k["return_valid"] else samples,
                 (want, valid) if k["return_valid"] else want)
     return check
@@ -821,7 +899,7 @@ def _renorm_ref(fn: Any, param: str, is_int: bool) -> Any:
         need(p.ndim == 2 and v.ndim in (0, 1) and (v.ndim == 0 or v.shape == p.shape[:1]), "shapes")
         need(v.dtype.kind in ("iu" if is_int else "iuf"), "dtype")
         need((v >= 0).all() and (v < 2**31).all() if is_int else ((v > 0) & (v <= 1)).all(), param)
-        need(fn is np_top_k_mask or (p >= 0).all() and np.isfinite(p).all(), "probs")
+        # (negative, NaN and inf entries are the references' "no mass", as the kernels read them)
         return fn(p, k[param] if v.ndim == 0 else v)
     return ref
 
@@ -849,7 +927,10 @@ def _route_ref(k: dict) -> Any:
     need(x.ndim == 2 and 1 <= tk <= x.shape[1], "top_k")
     b = None if k.get("bias") is None else np.asarray(k["bias"])
     need(b is None or (b.dtype == np.float32 and b.shape == x.shape[1:]), "bias")
-    return np_moe_route(x, tk, flag(k["renormalize"]), sc, b)
+    w, ids = np_moe_route(x, tk, flag(k["renormalize"]), sc, b)
+    # a row with a non-finite logit has NaN weights (compared) and unspecified ids (masked out)
+    bad = ~np.isfinite(x).all(-1, keepdims=True) | np.isnan(w).any(-1, keepdims=True)
+    return w, np.ma.MaskedArray(ids, mask=np.broadcast_to(bad, ids.shape))
 
 
 spec(Spec("moe_route", ops.moe_route,
@@ -946,9 +1027,11 @@ def torch_specs() -> dict[str, Spec]:
           {"x": FARRAY, "weight": FARRAY, "eps": FLOAT, "offset": FLOAT}, _rms_ref, "rms_norm", "x")
 
     def rope_ref(k: dict) -> Any:
-        q, kk, c, s = fdata(k["q"]), fdata(k["k"]), fdata(k["cos"]), fdata(k["sin"])
+        q, kk = fdata(k["q"]), fdata(k["k"])
+        c, s = (np.asarray(k[n]).astype(np.float32).astype(np.float64) for n in ("cos", "sin"))
         need(q.ndim == 4 and kk.ndim == 4 and q.shape[:2] == kk.shape[:2] and q.shape[3] == kk.shape[3], "qk")
         need(c.shape == s.shape and c.ndim == 2 and c.shape[1] == q.shape[3], "tables")
+        # (any real dtype: the wrapper converts the tables with .float())
         pos = k.get("position_ids")
         pos = np.arange(q.shape[1]) if pos is None else i64(pos)
         need(((pos >= 0) & (pos < c.shape[0])).all() and pos.shape[-1] == q.shape[1], "positions")
@@ -1001,8 +1084,8 @@ def torch_specs() -> dict[str, Spec]:
     def flce_ref(k: dict) -> Any:
         z = k["z_loss"] if k.get("lse_square_scale") is None else k["lse_square_scale"]
         need(k.get("ce_weight") is None, "ce_weight")
-        loss = _flce_ref(dict(k, z_loss=z))[0]
-        return loss
+        res = _flce_ref(dict(k, z_loss=z))
+        return (res[0], res[-1]) if flag(k["return_z_loss"]) else res[0]
 
     tspec("fused_linear_cross_entropy",
           lambda r: dict(hidden=f32(r, 4, 6), weight=f32(r, 9, 6), targets=np.array([2, 0, -100, 8]), bias=f32(r, 9),

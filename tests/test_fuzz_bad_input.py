@@ -13,12 +13,13 @@ python -m pytest -q tests/test_fuzz_bad_input.py
 from __future__ import annotations
 
 import fnmatch
+import json
 import inspect
 import os
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, seed, settings
+from hypothesis import HealthCheck, Phase, given, seed, settings
 from hypothesis import strategies as st
 
 import pykern.ops
@@ -29,6 +30,9 @@ from fuzz_specs import SPECS, torch_specs
 # one core once the host kernels are built (measured: docs/fuzzing.md).
 FUZZ_EXAMPLES = int(os.environ.get("PYKERN_FUZZ_EXAMPLES", "12"))
 FUZZ_SEED = os.environ.get("PYKERN_FUZZ_SEED")
+# PYKERN_FUZZ_SURVEY=file.jsonl: record every verdict there (one JSON line each) and fail nothing: a long
+# run's list of findings (tools/fuzz_bad_input.py summarises it)
+SURVEY = os.environ.get("PYKERN_FUZZ_SURVEY")
 FUZZ_OPS = [g for g in os.environ.get("PYKERN_FUZZ_OPS", "").split(",") if g]
 
 try:
@@ -108,9 +112,13 @@ def test_valid_call_matches_reference(name: str) -> None:
     assert outcome.what == "result"
 
 
+# PYKERN_FUZZ_SHRINK=0 reports a failing input as found (a long run's survey), without minimising it
+PHASES = tuple(Phase) if os.environ.get("PYKERN_FUZZ_SHRINK", "1") != "0" else (Phase.generate,)
+
+
 def _settings(n: int) -> settings:
     return settings(max_examples=n, derandomize=FUZZ_SEED is None, deadline=None, database=None,
-                    suppress_health_check=list(HealthCheck), print_blob=True)
+                    suppress_health_check=list(HealthCheck), print_blob=True, phases=PHASES)
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -121,7 +129,17 @@ def test_bad_input(name: str) -> None:
     @_settings(n)
     @given(st.data())
     def fuzz(data: st.DataObject) -> None:
-        run_case(spec, data)
+        if SURVEY is None:
+            run_case(spec, data)
+            return
+        try:
+            outcome = run_case(spec, data)
+            line = {"op": name, "param": outcome.param, "class": outcome.cls, "what": outcome.what,
+                    "detail": outcome.detail}
+        except AssertionError as e:
+            line = {"op": name, "what": "FAIL", "detail": str(e).splitlines()[0][:400]}
+        with open(SURVEY, "a") as f:
+            f.write(json.dumps(line) + "\n")
 
     if FUZZ_SEED is not None:
         fuzz = seed(int(FUZZ_SEED))(fuzz)
