@@ -438,6 +438,8 @@ def _cas_ref(k: dict) -> Any:
     need(s.dtype == np.float32 and s.ndim == 3, "scores")
     p = k["past_len"]
     need(natural(p) >= 0, "past_len")
+    if s.size == 0:  # (np_causal_attn_softmax reduces over the keys, which an empty array cannot)
+        return s.astype(np.float64)
     return np_causal_attn_softmax(s, p)
 
 

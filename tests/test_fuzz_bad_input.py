@@ -26,9 +26,9 @@ import pykern.ops
 from fuzz_engine import ROLES, call_and_judge, classes_for, run_case, signature_params
 from fuzz_specs import SPECS, torch_specs
 
-# Examples per op in CI (an op's Spec.examples scales it): 12 x ~60 specs keeps the module near 40 s on
+# Examples per op in CI (an op's Spec.examples scales it): 40 x 60 specs keeps the module near 25 s on
 # one core once the host kernels are built (measured: docs/fuzzing.md).
-FUZZ_EXAMPLES = int(os.environ.get("PYKERN_FUZZ_EXAMPLES", "12"))
+FUZZ_EXAMPLES = int(os.environ.get("PYKERN_FUZZ_EXAMPLES", "40"))
 FUZZ_SEED = os.environ.get("PYKERN_FUZZ_SEED")
 # PYKERN_FUZZ_SURVEY=file.jsonl: record every verdict there (one JSON line each) and fail nothing: a long
 # run's list of findings (tools/fuzz_bad_input.py summarises it)

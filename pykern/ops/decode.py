@@ -186,7 +186,7 @@ def decode_plan(
     # Validate like the ops do, so a plan never divides by zero or describes an empty grid.
     batch = _check_int("batch", batch, 1, _GRID_YZ_MAX)
     num_heads = _check_int("num_heads", num_heads, 1, 2**31 - 1)
-    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1, num_heads)
+    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1, 2**31 - 1)
     if num_heads % num_kv_heads:
         raise ArgumentError(
             f"num_kv_heads: expected a divisor of num_heads={num_heads}, got num_kv_heads={num_kv_heads}")

@@ -259,7 +259,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
         _check_nan("probs", probs)
     idx, batch = _indices(indices, rows, probs)
     flags = _INDICES if indices is not None else 0
-    rows_of = "probs" if indices is None else "indices"
+    rows_of = "probs (indices not given)" if indices is None else "indices"
     k_arr, k_val, k_is = _param("top_k", 0 if top_k is None else top_k, batch, probs, True, 0, _INT_MAX,
                                 rows=rows_of)
     p_arr, p_val, p_is = _param("top_p", 1.0 if top_p is None else top_p, batch, probs, False, 0.0, 1.0, True,

@@ -148,7 +148,7 @@ def attn_tiling(head_dim: int, packed_rows: int, kv_bytes: int = 4) -> tuple[int
     is the largest power of two <= 64 that keeps shared memory within 48 KiB.
     """
     head_dim = arrays.check_int("head_dim", head_dim, 1, _NT * _MAX_ACC)
-    packed_rows = arrays.check_int("packed_rows", packed_rows, 0, 2**31 - 1)
+    packed_rows = arrays.check_int("packed_rows", packed_rows, 1, 2**31 - 1)
     kv_bytes = arrays.check_int("kv_bytes", kv_bytes, 1, 4)
     if kv_bytes == 3:
         raise ArgumentError("kv_bytes: expected 1 (fp8), 2 (bf16 / f16) or 4 (f32), got 3")
@@ -271,8 +271,10 @@ class _PageTable:
     """Validated CSR page table: int32 device arrays and, for host arrays, the sequence lengths."""
 
     def __init__(self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, batch: int | None, num_pages: int,
-                 page_size: int) -> None:
-        self.indptr, ip = _index("kv_indptr", kv_indptr, None if batch is None else batch + 1)
+                 page_size: int, batch_of: str = "") -> None:
+        # batch_of: where a given batch comes from (q's rows, the plan, qo_indptr), for kv_indptr's shape error
+        self.indptr, ip = _index("kv_indptr", kv_indptr, None if batch is None else batch + 1,
+                                 f"{batch_of} + 1" if batch_of else "")
         if batch is None:
             batch = arrays.shape_of(self.indptr)[0] - 1
             if batch < 0:
@@ -590,6 +592,11 @@ class PagedDecodePlan:
                               ("head_dim", head_dim, 1), ("page_size", page_size, 1), ("num_sms", num_sms, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) < lo:
                 raise ArgumentError(f"{name}: expected an int >= {lo}, got {val!r}")
+        num_sms = arrays.check_int("num_sms", num_sms, 1, 2**20)
+        if max_kv_len is not None:
+            max_kv_len = arrays.check_int("max_kv_len", max_kv_len, 0, 2**31 - 1)
+        if num_splits is not None:
+            num_splits = arrays.check_int("num_splits", num_splits, 1, 2**31 - 1)
         if head_dim > MAX_HEAD_DIM:
             raise ArgumentError(f"head_dim: expected <= {MAX_HEAD_DIM}, got {head_dim}")
         if num_qo_heads % num_kv_heads:
@@ -829,7 +836,8 @@ class PagedDecodePlan:
         if (qk, n, h) != (self.q_kind, self.batch, self.num_qo_heads):
             raise ArgumentError(f"q: expected {self.q_kind} ({self.batch}, {self.num_qo_heads}, {d}) (the plan), "
                                 f"got {qk} {arrays.shape_of(q)}")
-        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, self.batch, num_pages, page_size)
+        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, self.batch, num_pages, page_size,
+                           "the plan's batch")
         sc = _scale(scale, d)
         ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
         want_lse = self.return_lse if return_lse is None else bool(return_lse)
@@ -908,7 +916,7 @@ def paged_decode_attention(
         layout = _layout(kv_layout)
         kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
         qk, n, h = _check_q(q, kvh, d, "batch")
-        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, n, num_pages, page_size)
+        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, n, num_pages, page_size, "the rows of q")
         max_len = int(table.lens.max()) if table.lens is not None and table.lens.size else None
         plan = PagedDecodePlan(n, h, kvh, d, page_size, kv_layout=kv_layout, q_dtype=qk, kv_dtype=kind,
                                max_kv_len=max_len, return_lse=return_lse,
@@ -991,7 +999,8 @@ def paged_prefill_attention(
     if batch < 1:
         raise ArgumentError(f"qo_indptr: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(qo)}")
     _check_indptr("qo_indptr", qh, total_q, "total_q", exact=True)
-    table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size)
+    table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size,
+                       "the sequences of qo_indptr")
     sc = _scale(scale, d)
     wl, wr = _normalize_serving(_check_window_left(window_left), -1, bool(causal))
     cap = _check_softcap(logits_soft_cap, "logits_soft_cap")

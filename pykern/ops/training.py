@@ -395,14 +395,14 @@ def _f32_like(name: str, a: Any, like: Any) -> Any:
     return f
 
 
-def ce_class_weight(weight: Any, vocab: int, like: Any) -> Any:
+def ce_class_weight(weight: Any, vocab: int, like: Any, name: str = "weight") -> Any:
     """The validated class weights (vocab,) of the cross-entropy ops as float32 beside `like`, or None."""
     if weight is None:
         return None
-    shape = tuple(arrays.shape_of(weight))
+    shape = tuple(arrays.shape_of(weight, name))
     if shape != (vocab,):
-        raise ArgumentError(f"weight: expected class weights of shape ({vocab},) (vocab,), got {shape}")
-    return _f32_like("weight", weight, like)
+        raise ArgumentError(f"{name}: expected class weights of shape ({vocab},) (vocab,), got {shape}")
+    return _f32_like(name, weight, like)
 
 
 def ce_row_grads(grad_output: Any, shape: tuple[int, ...], like: Any) -> Any:

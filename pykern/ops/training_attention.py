@@ -327,7 +327,10 @@ def attention_backward(
     for name, a in (("k", k), ("v", v), ("grad_out", grad_out)):
         _same_kind(name, a, kind, "q")
     qs = tuple(arrays.check_ndim("q", q, (3, 4)))
-    ks = tuple(arrays.check_ndim("k", k, (len(qs),)))
+    ks = arrays.shape_of(k, "k")
+    if len(ks) != len(qs):
+        raise ArgumentError(f"k: expected {len(qs)} dimensions (as q), got shape {tuple(ks)}")
+    ks = tuple(ks)
     batched = len(qs) == 4
     b = qs[0] if batched else 1
     n_q, h, d = qs[-3:]

@@ -603,7 +603,7 @@ def fused_linear_cross_entropy(
         gb = fw.zeros((v,), hidden) if bias is not None else None
         rows = fw.zeros((n,), hidden)
         zrows = fw.zeros((n,), hidden) if return_z_loss else None
-        cw = ce_class_weight(ce_weight, v, hidden)
+        cw = ce_class_weight(ce_weight, v, hidden, "ce_weight")
         gro = None if grad_output is None else ce_row_grads(grad_output, (n,), hidden)
         # the mean's two scales (1 / the live targets' weight sum, 1 / the live count) over the whole
         # batch, on the device: each chunk's rows and gradients come out already scaled
