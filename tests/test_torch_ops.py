@@ -286,7 +286,7 @@ def test_embedding_batch_seq_ids():
     got = ops.embedding(ids, table)
     assert got.shape == (2, 3, 4)
     np.testing.assert_array_equal(got, table[ids])
-    with pytest.raises(ArgumentError, match=r"ids: expected every id in \[0, 9\), got 9"):
+    with pytest.raises(ArgumentError, match=r"ids: expected every id in \[0, 9\) \(the rows of table\), got 9"):
         ops.embedding(np.array([[1, 9]]), table)
     with pytest.raises(ArgumentError, match=r"ids: expected 1 or 2 dimensions"):
         ops.embedding(np.zeros((1, 1, 1), np.int64), table)
