@@ -773,7 +773,9 @@ def _append_build(r: np.random.Generator) -> dict:
 
 
 def _append_call(k: dict) -> Any:
-    k["_before"] = (np.array(to_host(k["k_pages"]), copy=True), np.array(to_host(k["v_pages"]), copy=True))
+    # the pages before the call, for the reference (a meta tensor has none: the op must refuse it)
+    k["_before"] = tuple(None if getattr(p, "is_meta", False) else np.array(to_host(p), copy=True)
+                         for p in (k["k_pages"], k["v_pages"]))
     ops.append_paged_kv_cache(**{n: v for n, v in k.items() if n != "_before"})
     return to_host(k["k_pages"]), to_host(k["v_pages"])
 
