@@ -528,6 +528,15 @@ def size(shape: tuple[int, ...]) -> int:
     return n
 
 
+def check_int(name: str, value: Any, lo: int, hi: int) -> int:
+    """A Python / NumPy int in [lo, hi] (bool, float, str, None are type errors naming the argument)."""
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(f"{name}: expected an int, got {type(value).__name__} {value!r:.40}")
+    if not lo <= int(value) <= hi:
+        raise ArgumentError(f"{name}: expected an int in [{lo}, {hi}], got {int(value)}")
+    return int(value)
+
+
 def check_u32(name: str, value: int) -> None:
     """A size that reaches a kernel as `unsigned int` must fit in 32 bits."""
     if value > UINT_MAX:

@@ -146,7 +146,7 @@ def test_unsupported_strides_raise_naming_the_argument() -> None:
         ops.append_paged_kv_cache(kn, kn, bi, pos, ro, pc["v_pages"].copy(), pc["kv_indices"], pc["kv_indptr"],
                                   pc["kv_last_page_len"], backend="host")
     # a combined cache whose second dimension is not K/V
-    with pytest.raises(ArgumentError, match="paged_kv_cache: expected"):
+    with pytest.raises(ArgumentError, match=r"k_pages \(paged_kv_cache\): expected"):
         ops.paged_decode_attention(q, np.zeros((3, 3, PS, KVH, D), np.float32), *_table(pc), backend="host")
     # a combined cache followed by one argument too many
     with pytest.raises(ArgumentError, match="kv_last_page_len: with a combined paged_kv_cache"):

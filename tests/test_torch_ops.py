@@ -288,7 +288,7 @@ def test_embedding_batch_seq_ids():
     got = ops.embedding(ids, table)
     assert got.shape == (2, 3, 4)
     np.testing.assert_array_equal(got, table[ids])
-    with pytest.raises(ArgumentError, match=r"ids: expected every id in \[0, 9\), got 9"):
+    with pytest.raises(ArgumentError, match=r"ids: expected every id in \[0, 9\) \(the rows of table\), got 9"):
         ops.embedding(np.array([[1, 9]]), table)
     with pytest.raises(ArgumentError,
                        match=r"ids: expected a 1-D array \(n,\) or a 2-D array \(batch, seq_len\), got shape \(1, 1, 1\)"):

@@ -30,7 +30,7 @@ def check_offsets(offsets: Any, n_groups: int, m: int) -> Any:
     contiguous."""
     dtype_is("offsets", offsets, "int32")
     if tuple(arrays.shape_of(offsets)) != (n_groups + 1,):
-        raise ArgumentError(f"offsets: expected shape ({n_groups + 1},) (groups + 1), "
+        raise ArgumentError(f"offsets: expected shape ({n_groups + 1},) (the groups of b + 1), "
                             f"got {tuple(arrays.shape_of(offsets))}")
     offsets = arrays.contiguous(offsets)
     v = host_values(offsets)

@@ -51,12 +51,14 @@ def split_cache(cache: Any, layout_name: str) -> tuple[Any, Any]:
     """(k_pages, v_pages) of FlashInfer's paged_kv_cache argument (views, no copy)."""
     if isinstance(cache, (tuple, list)):
         if len(cache) != 2:
-            raise ArgumentError(f"paged_kv_cache: expected a (k_cache, v_cache) pair, got {len(cache)} arrays")
+            raise ArgumentError(f"k_pages (paged_kv_cache): expected a (k_cache, v_cache) pair, got {len(cache)} "
+                                "arrays")
         return cache[0], cache[1]
     shp = arrays.shape_of(cache)
     if shp[1] != 2:
         lay = "(pages, 2, page_size, heads, dim)" if layout_name == "NHD" else "(pages, 2, heads, page_size, dim)"
-        raise ArgumentError(f"paged_kv_cache: expected {lay} for kv_layout={layout_name!r}, got shape {shp}")
+        raise ArgumentError(f"k_pages (paged_kv_cache): expected {lay} for kv_layout={layout_name!r}, got shape "
+                            f"{shp}")
     return cache[:, 0], cache[:, 1]
 
 

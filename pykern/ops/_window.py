@@ -50,8 +50,9 @@ def check_softcap(softcap: Any, name: str = "softcap") -> float:
     c = float(softcap)
     if not math.isfinite(c) or c < 0.0:
         raise ArgumentError(f"{name}: expected a finite float >= 0 (0 = off), got {softcap!r}")
-    c32 = float(np.float32(c))
-    if c > 0.0 and c32 == 0.0:
+    with np.errstate(over="ignore"):
+        c32 = float(np.float32(c))
+    if c > 0.0 and (c32 == 0.0 or math.isinf(c32)):  # 1e300 would reach the kernels as inf (inf * tanh(0) = NaN)
         raise ArgumentError(f"{name}: expected 0 or a value representable in float32, got {softcap!r}")
     return c32
 

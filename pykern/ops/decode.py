@@ -187,7 +187,7 @@ def decode_plan(
     # Validate like the ops do, so a plan never divides by zero or describes an empty grid.
     batch = _check_int("batch", batch, 1, _GRID_YZ_MAX)
     num_heads = _check_int("num_heads", num_heads, 1, 2**31 - 1)
-    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1, num_heads)
+    num_kv_heads = _check_int("num_kv_heads", num_kv_heads, 1, 2**31 - 1)
     if num_heads % num_kv_heads:
         raise ArgumentError(
             f"num_kv_heads: expected a divisor of num_heads={num_heads}, got num_kv_heads={num_kv_heads}")
@@ -410,24 +410,27 @@ def _kv_dims(kv_shape: tuple[int, ...], kv_layout: str) -> tuple[int, int]:
 
 
 def _check_common(q_shape: tuple[int, ...], kv_shape: tuple[int, ...], v_shape: tuple[int, ...], batch: int,
-                  kv_layout: str) -> None:
+                  kv_layout: str, names: tuple[str, str] = ("k_cache", "v_cache")) -> None:
+    kn, vn = names
     if kv_shape != v_shape:
-        raise ArgumentError(f"v_cache: expected the shape of k_cache {kv_shape}, got {v_shape}")
+        raise ArgumentError(f"{vn}: expected the shape of {kn} {kv_shape}, got {v_shape}")
     num_heads, head_dim = q_shape[-2], q_shape[-1]
+    if num_heads < 1:
+        raise ArgumentError(f"q: expected at least one head, got shape {tuple(q_shape)}")
     (num_kv_heads, max_seq_len), kv_dim = _kv_dims(kv_shape, kv_layout), kv_shape[-1]
     if not 1 <= head_dim <= MAX_HEAD_DIM:
         raise ArgumentError(f"q: expected 1 <= head_dim <= {MAX_HEAD_DIM}, got {head_dim}")
     if kv_dim != head_dim:
         lay = "(max_seq_len, num_kv_heads, head_dim)" if kv_layout == "NHD" else "(num_kv_heads, max_seq_len, head_dim)"
-        raise ArgumentError(f"k_cache: expected {lay} (kv_layout={kv_layout!r}) with head_dim {head_dim} (from q), got "
+        raise ArgumentError(f"{kn}: expected {lay} (kv_layout={kv_layout!r}) with head_dim {head_dim} (from q), got "
                             f"shape {kv_shape}")
     if num_kv_heads < 1 or num_heads < 1 or num_heads % num_kv_heads:
         other = "NHD" if kv_layout == "HND" else "HND"
         raise ArgumentError(
-            f"k_cache: expected num_kv_heads dividing num_heads={num_heads}, got num_kv_heads={num_kv_heads} "
+            f"{kn}: expected num_kv_heads dividing num_heads={num_heads}, got num_kv_heads={num_kv_heads} "
             f"(kv_layout={kv_layout!r}; is the cache {other!r}?)")
     if not 1 <= max_seq_len <= _MAX_SEQ:
-        raise ArgumentError(f"k_cache: expected 1 <= max_seq_len <= 2**30, got {max_seq_len}")
+        raise ArgumentError(f"{kn}: expected 1 <= max_seq_len <= 2**30, got {max_seq_len}")
     if not 1 <= batch <= _GRID_YZ_MAX:
         raise ArgumentError(f"q: expected 1 <= batch <= {_GRID_YZ_MAX} (grid y/z limit), got {batch}")
 
@@ -587,7 +590,7 @@ def batched_decode_attention(
     batch, num_heads, head_dim = q_shape
     if kv_shape[0] != batch:
         raise ArgumentError(f"k_caches: expected {batch} sequences (from q), got {kv_shape[0]}")
-    _check_common(q_shape, kv_shape, v_shape, max(batch, 1), kv_layout)
+    _check_common(q_shape, kv_shape, v_shape, max(batch, 1), kv_layout, ("k_caches", "v_caches"))
     if batch == 0:  # no sequence: nothing to launch, an empty result of q's kind
         if isinstance(seq_lens, (list, tuple)) and len(seq_lens):
             raise ArgumentError(f"seq_lens: expected 0 lengths (from q), got {len(seq_lens)}")

@@ -83,7 +83,7 @@ def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, back
         h = arrays.host_view(ids)
         if n and (int(h.min()) < 0 or int(h.max()) >= vocab):
             bad = h[(h < 0) | (h >= vocab)].reshape(-1)[0]
-            raise ArgumentError(f"ids: expected every id in [0, {vocab}), got {int(bad)}")
+            raise ArgumentError(f"ids: expected every id in [0, {vocab}) (the rows of table), got {int(bad)}")
     from .training import _ids_like  # host ids for a device table: copied host-to-device by its library
 
     ids = _ids_like(ids, table)
@@ -150,7 +150,8 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
             lo, hi = int(h.min()), int(h.max())
             if lo < 0 or hi >= max_pos:
                 bad = lo if lo < 0 else hi
-                raise ArgumentError(f"position_ids: expected every position in [0, {max_pos}) (the tables' rows), "
+                raise ArgumentError(f"position_ids: expected every position in [0, {max_pos}) (the rows of cos and "
+                                    f"sin), "
                                     f"got {bad}")
         host = np.ascontiguousarray(h, dtype=np.int64).reshape(-1)
         return host, n_pos, host
@@ -228,7 +229,10 @@ def rope(
     full = head_dim > 0 and widths[0] == head_dim
     if widths[0] != widths[1]:
         raise ArgumentError(f"sin: expected the layout of cos (width {widths[0]}), got width {widths[1]}")
-    max_pos = min(arrays.shape_of(cos)[0], arrays.shape_of(sin)[0])
+    if tuple(arrays.shape_of(sin)) != tuple(arrays.shape_of(cos)):
+        raise ArgumentError(f"sin: expected the shape of cos {tuple(arrays.shape_of(cos))}, got "
+                            f"{tuple(arrays.shape_of(sin))}")
+    max_pos = arrays.shape_of(cos)[0]
     if isinstance(pos_offset, bool) or not isinstance(pos_offset, (int, np.integer)) or pos_offset < 0:
         raise ArgumentError(f"pos_offset: expected an integer >= 0, got {pos_offset!r}")
     for name, v in (("x.shape[-3]", n_tokens), ("x.shape[-2]", n_heads), ("x.shape[-1]", head_dim),

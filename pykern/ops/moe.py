@@ -67,7 +67,8 @@ def moe_route(
     if bias is not None:
         _dtype_is("bias", bias, "float32")
         if tuple(arrays.shape_of(bias)) != (n_exp,):
-            raise ArgumentError(f"bias: expected shape ({n_exp},), got {tuple(arrays.shape_of(bias))}")
+            raise ArgumentError(f"bias: expected shape ({n_exp},) (the experts of router_logits), got "
+                                f"{tuple(arrays.shape_of(bias))}")
         bias = arrays.contiguous(bias)
     logits = arrays.contiguous(router_logits)
     w = arrays.empty((n_tok, top_k), np.float32, like=logits)
@@ -222,7 +223,7 @@ def _zero(x: Any) -> Any:
 _CHUNK = 256  # MOE_CHUNK: slots per histogram chunk of the alignment
 
 
-def _check_ids(topk_ids: Any, n_exp: int, name: str = "topk_ids") -> Any:
+def _check_ids(topk_ids: Any, n_exp: int, name: str = "topk_ids", bound: str = "n_experts") -> Any:
     dt = arrays.dtype_name(topk_ids, name)
     if dt not in ("int32", "int64"):
         raise ArgumentTypeError(f"{name}: expected dtype int32 or int64, got {dt}")
@@ -231,7 +232,7 @@ def _check_ids(topk_ids: Any, n_exp: int, name: str = "topk_ids") -> Any:
         lo, hi = int(v.min()), int(v.max())
         if lo < -1 or hi >= n_exp:
             bad = lo if lo < -1 else hi
-            raise ArgumentError(f"{name}: expected expert ids in [0, {n_exp}) or -1 (dropped), got {bad}")
+            raise ArgumentError(f"{name}: expected expert ids in [0, {n_exp}) ({bound}) or -1 (dropped), got {bad}")
     return arrays.contiguous(arrays.astype(topk_ids, "int32"))
 
 
@@ -285,7 +286,8 @@ def _experts_args(x: Any, gate_up_proj: Any, down_proj: Any, topk_ids: Any, topk
     inter = two_i // 2
     dshape = tuple(arrays.shape_of(down_proj))
     if dshape != (n_exp, hid, inter):
-        raise ArgumentError(f"down_proj: expected shape {(n_exp, hid, inter)} (E, hidden, intermediate), got {dshape}")
+        raise ArgumentError(f"down_proj: expected shape {(n_exp, hid, inter)} (E, hidden, intermediate) of "
+                            f"gate_up_proj and x, got {dshape}")
     ishape = arrays.check_ndim("topk_ids", topk_ids, (2,), "(num_tokens, top_k)")
     if ishape[0] != n_tok:
         raise ArgumentError(f"topk_ids: expected {n_tok} rows (tokens of x), got shape {ishape}")
@@ -300,7 +302,7 @@ def _experts_args(x: Any, gate_up_proj: Any, down_proj: Any, topk_ids: Any, topk
     for name, v in (("x.shape[0]", n_tok * ishape[1]), ("hidden", hid), ("intermediate", two_i)):
         if v > _INT_MAX // 2:
             raise ArgumentError(f"{name}: expected at most {_INT_MAX // 2}, got {v}")
-    ids = _check_ids(topk_ids, n_exp)
+    ids = _check_ids(topk_ids, n_exp, bound="the experts of gate_up_proj")
     w = arrays.contiguous(arrays.astype(topk_weights, "float32"))
     return kind, n_tok, hid, n_exp, inter, int(ishape[1]), ids, w
 

@@ -120,10 +120,11 @@ def _is_scalar(x: Any) -> bool:
 
 
 def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: float, hi: float,
-           lo_open: bool = False) -> tuple[Any, float | int, bool]:
+           lo_open: bool = False, rows: str = "probs") -> tuple[Any, float | int, bool]:
     """(array for the kernel or a dummy, scalar value, is_array) of a scalar-or-per-row parameter.
 
-    Host values are checked against [lo, hi] (lo excluded with lo_open); device arrays are trusted."""
+    Host values are checked against [lo, hi] (lo excluded with lo_open); device arrays are trusted. `rows`
+    names the argument the batch comes from (probs, logits, or indices when given), for the messages."""
     # The common case first, with nothing formatted unless it fails (an op's host time is paid every step).
     t = type(value)
     if t is int or (t is float and not integer):  # (type(True) is bool, not int)
@@ -147,9 +148,10 @@ def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: floa
     except ArgumentTypeError:
         raise ArgumentTypeError(f"{name}: expected a {kind} or an array of shape ({batch},), got "
                                 f"{type(value).__name__}") from None
-    shp = arrays.shape_of(value)
+    shp = arrays.shape_of(value, name)
     if shp != (batch,):
-        raise ArgumentError(f"{name}: expected a {kind} or an array of shape ({batch},), got shape {shp}")
+        raise ArgumentError(f"{name}: expected a {kind} or an array of shape ({batch},) (one value a row of "
+                            f"{rows}), got shape {shp}")
     # FlashInfer converts either way (`.int()` of a top_k array, `.float()` of a top_p / min_p one): an integer
     # array of thresholds (torch.full((b,), 1) is int64) or a float array of top_k values is converted on its own
     # device, the float-to-int conversion truncating toward zero as `.int()` does.
@@ -298,9 +300,13 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
         _check_nan("probs", probs)
     idx, batch = _indices(indices, rows, probs)
     flags = _INDICES if indices is not None else 0
-    k_arr, k_val, k_is = _param("top_k", 0 if top_k is None else top_k, batch, probs, True, 0, _INT_MAX)
-    p_arr, p_val, p_is = _param("top_p", 1.0 if top_p is None else top_p, batch, probs, False, 0.0, 1.0, True)
-    m_arr, m_val, m_is = _param("min_p", 0.0 if min_p is None else min_p, batch, probs, False, 0.0, 1.0)
+    rows_of = "probs (indices not given)" if indices is None else "indices"
+    k_arr, k_val, k_is = _param("top_k", 0 if top_k is None else top_k, batch, probs, True, 0, _INT_MAX,
+                                rows=rows_of)
+    p_arr, p_val, p_is = _param("top_p", 1.0 if top_p is None else top_p, batch, probs, False, 0.0, 1.0, True,
+                                rows=rows_of)
+    m_arr, m_val, m_is = _param("min_p", 0.0 if min_p is None else min_p, batch, probs, False, 0.0, 1.0,
+                                rows=rows_of)
     flags |= (_TOP_K if top_k is not None else 0) | (_TOP_P if top_p is not None else 0)
     flags |= (_MIN_P if min_p is not None else 0) | (_TOP_K_FIRST if top_k_first else 0)
     flags |= (_K_ARR if k_is else 0) | (_P_ARR if p_is else 0) | (_MINP_ARR if m_is else 0)
@@ -390,11 +396,11 @@ def _renorm(name: str, x: Any, top_k: Any, top_p: Any, stream: Any, backend: str
 
     x, kind, batch, vocab = _matrix(name, x)
     if top_k is not None:
-        k_arr, k_val, k_is = _param("top_k", top_k, batch, x, True, 0, _INT_MAX)
+        k_arr, k_val, k_is = _param("top_k", top_k, batch, x, True, 0, _INT_MAX, rows=name)
         p_arr, p_val, p_is = _unused("float32", 1, x), 1.0, False
         flags = _R_TOP_K | (_R_K_ARR if k_is else 0)
     else:
-        p_arr, p_val, p_is = _param("top_p", top_p, batch, x, False, 0.0, 1.0, True)
+        p_arr, p_val, p_is = _param("top_p", top_p, batch, x, False, 0.0, 1.0, True, rows=name)
         k_arr, k_val = _unused("int32", 1, x), 0
         flags = _R_P_ARR if p_is else 0
     out = arrays.empty((batch, vocab), kind, like=x)
@@ -417,6 +423,8 @@ def top_k_renorm_probs(probs: Any, top_k: Any, is_deterministic: bool = False, *
     Ties with the k-th largest value are all kept. top_k = 0 or >= vocab returns probs unchanged.
     is_deterministic is accepted for FlashInfer compatibility (always deterministic)."""
     del is_deterministic
+    if top_k is None:  # _renorm reads None as "the other filter"
+        raise ArgumentTypeError("top_k: expected an int or an integer array, got None")
     return _renorm("probs", probs, top_k, None, stream, backend)
 
 
@@ -425,12 +433,16 @@ def top_p_renorm_probs(probs: Any, top_p: Any, is_deterministic: bool = False, *
     """probs restricted to the largest entries (whole tie groups) whose mass reaches top_p of the row's,
     renormalized; the rest 0."""
     del is_deterministic
+    if top_p is None:
+        raise ArgumentTypeError("top_p: expected a float or a float array, got None")
     return _renorm("probs", probs, None, top_p, stream, backend)
 
 
 def top_k_mask_logits(logits: Any, top_k: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """logits with the entries below the k-th largest set to -inf (ties kept; top_k = 0 or >= vocab:
     unchanged). softmax of the result equals top_k_renorm_probs of softmax(logits)."""
+    if top_k is None:
+        raise ArgumentTypeError("top_k: expected an int or an integer array, got None")
     return _renorm("logits", logits, top_k, None, stream, backend)
 
 

@@ -147,6 +147,11 @@ def attn_tiling(head_dim: int, packed_rows: int, kv_bytes: int = 4) -> tuple[int
     rows * head_dim <= 2048 (16 fp32 accumulators a thread at 128 threads); the K/V tile
     is the largest power of two <= 64 that keeps shared memory within 48 KiB.
     """
+    head_dim = arrays.check_int("head_dim", head_dim, 1, _NT * _MAX_ACC)
+    packed_rows = arrays.check_int("packed_rows", packed_rows, 1, 2**31 - 1)
+    kv_bytes = arrays.check_int("kv_bytes", kv_bytes, 1, 4)
+    if kv_bytes == 3:
+        raise ArgumentError("kv_bytes: expected 1 (fp8), 2 (bf16 / f16) or 4 (f32), got 3")
     rows = max(1, min(64, (_NT * _MAX_ACC) // head_dim, max(1, packed_rows)))
     tile = 64
     while tile > 1 and _smem_bytes(head_dim, rows, tile, kv_bytes) > _SMEM_LIMIT:
@@ -206,8 +211,11 @@ def _host(a: Any) -> np.ndarray | None:
     return None
 
 
-def _index(name: str, a: Any, length: int | None) -> tuple[Any, np.ndarray | None]:
-    """(int32 array for the kernel, host copy or None) of an integer index array of shape (length,)."""
+def _index(name: str, a: Any, length: int | None, length_of: str = "") -> tuple[Any, np.ndarray | None]:
+    """(int32 array for the kernel, host copy or None) of an integer index array of shape (length,).
+
+    length_of says where the length comes from (another argument), for the shape error."""
+    of = f" ({length_of})" if length_of else ""
     if isinstance(a, (list, tuple)):
         a = np.asarray(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
     h = _host(a)
@@ -215,17 +223,17 @@ def _index(name: str, a: Any, length: int | None) -> tuple[Any, np.ndarray | Non
         if h.dtype.kind not in "iu":
             raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {h.dtype}")
         if h.ndim != 1 or (length is not None and h.shape[0] != length):
-            want = f"({length},)" if length is not None else "1 dimension"
+            want = f"({length},){of}" if length is not None else "1 dimension"
             raise ArgumentError(f"{name}: expected shape {want}, got {h.shape}")
         if h.size and (int(h.min()) < -2**31 or int(h.max()) >= 2**31):
             raise ArgumentError(f"{name}: expected values that fit in int32, got range [{h.min()}, {h.max()}]")
         if h.dtype != np.int32 or not h.flags.c_contiguous:
             h = np.ascontiguousarray(h, np.int32)
         return h, h
-    dt = arrays.dtype_name(a)
-    shp = arrays.shape_of(a)
+    dt = arrays.dtype_name(a, name)
+    shp = arrays.shape_of(a, name)
     if len(shp) != 1 or (length is not None and shp[0] != length):
-        raise ArgumentError(f"{name}: expected shape ({length},), got {shp}")
+        raise ArgumentError(f"{name}: expected shape ({length},){of}, got {shp}")
     if dt == "int32":
         return a, None
     if not dt.startswith(("int", "uint")):
@@ -263,15 +271,17 @@ class _PageTable:
     """Validated CSR page table: int32 device arrays and, for host arrays, the sequence lengths."""
 
     def __init__(self, kv_indptr: Any, kv_indices: Any, kv_last_page_len: Any, batch: int | None, num_pages: int,
-                 page_size: int) -> None:
-        self.indptr, ip = _index("kv_indptr", kv_indptr, None if batch is None else batch + 1)
+                 page_size: int, batch_of: str = "") -> None:
+        # batch_of: where a given batch comes from (q's rows, the plan, qo_indptr), for kv_indptr's shape error
+        self.indptr, ip = _index("kv_indptr", kv_indptr, None if batch is None else batch + 1,
+                                 f"{batch_of} + 1" if batch_of else "")
         if batch is None:
             batch = arrays.shape_of(self.indptr)[0] - 1
             if batch < 0:
                 raise ArgumentError("kv_indptr: expected shape (batch + 1,), got (0,)")
         self.batch = batch
         self.indices, ii = _index("kv_indices", kv_indices, None)
-        self.last, il = _index("kv_last_page_len", kv_last_page_len, batch)
+        self.last, il = _index("kv_last_page_len", kv_last_page_len, batch, "one per sequence of kv_indptr")
         nnz = arrays.shape_of(self.indices)[0]
         _check_indptr("kv_indptr", ip, nnz, "len(kv_indices)")
         self.lens: np.ndarray | None = None
@@ -441,8 +451,8 @@ def append_paged_kv_cache(
     if kvh * d >= 2**31:
         raise ArgumentError(f"k_pages: expected num_kv_heads * head_dim < 2**31, got {kvh * d}")
     table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, None, num_pages, page_size)
-    bi, hb = _index("batch_indices", batch_indices, nnz)
-    pos, hp = _index("positions", positions, nnz)
+    bi, hb = _index("batch_indices", batch_indices, nnz, "one per token of k")
+    pos, hp = _index("positions", positions, nnz, "one per token of k")
     # batch index -1 marks a padding token (get_batch_indices_positions' mark on device arrays): skipped
     real = None if hb is None else hb != -1
     if hb is not None and nnz and (int(hb.min()) < -1 or int(hb.max()) >= table.batch):
@@ -646,6 +656,11 @@ class PagedDecodePlan:
                               ("head_dim", head_dim, 1), ("page_size", page_size, 1), ("num_sms", num_sms, 1)):
             if isinstance(val, bool) or not isinstance(val, (int, np.integer)) or int(val) < lo:
                 raise ArgumentError(f"{name}: expected an int >= {lo}, got {val!r}")
+        num_sms = arrays.check_int("num_sms", num_sms, 1, 2**20)
+        if max_kv_len is not None:
+            max_kv_len = arrays.check_int("max_kv_len", max_kv_len, 0, 2**31 - 1)
+        if num_splits is not None:
+            num_splits = arrays.check_int("num_splits", num_splits, 1, 2**31 - 1)
         if head_dim > MAX_HEAD_DIM:
             raise ArgumentError(f"head_dim: expected <= {MAX_HEAD_DIM}, got {head_dim}")
         if num_qo_heads % num_kv_heads:
@@ -656,11 +671,11 @@ class PagedDecodePlan:
         self.logits_soft_cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
         self._wl, self._wr = _normalize_serving(self.window_left, -1, True)
         kinds = {"f32": "f32", "float32": "f32", "bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}
-        if q_dtype not in kinds:
+        if not isinstance(q_dtype, str) or q_dtype not in kinds:
             raise ArgumentError(f"q_dtype: expected 'f32', 'bf16' or 'f16', got {q_dtype!r}")
         self.q_kind = kinds[q_dtype]
         kvd = q_dtype if kv_dtype is None else kv_dtype
-        if kvd not in _KV_DTYPE_NAMES:
+        if not isinstance(kvd, str) or kvd not in _KV_DTYPE_NAMES:
             raise ArgumentError(f"kv_dtype: expected 'f32', 'bf16', 'f16', 'float8_e4m3fn' or 'float8_e5m2', got "
                                 f"{kv_dtype!r}")
         self.kv_kind = _KV_DTYPE_NAMES[kvd]
@@ -669,6 +684,9 @@ class PagedDecodePlan:
         self.head_dim, self.page_size = int(head_dim), int(page_size)
         if self.batch * self.num_kv_heads >= 2**31:
             raise ArgumentError(f"batch: expected batch * num_kv_heads < 2**31, got {self.batch * self.num_kv_heads}")
+        if self.batch * self.num_qo_heads * self.head_dim >= 2**31:  # the plan's output, allocated here
+            raise ArgumentError(f"num_qo_heads: expected batch * num_qo_heads * head_dim < 2**31, got "
+                                f"{self.batch * self.num_qo_heads * self.head_dim}")
         group = num_qo_heads // num_kv_heads
         self.rows, self.tile, self.smem = attn_tiling(self.head_dim, group, _KV_BYTES[self.kv_kind])
         self.row_chunks = -(-group // self.rows)
@@ -882,7 +900,8 @@ class PagedDecodePlan:
         if (qk, n, h) != (self.q_kind, self.batch, self.num_qo_heads):
             raise ArgumentError(f"q: expected {self.q_kind} ({self.batch}, {self.num_qo_heads}, {d}) (the plan), "
                                 f"got {qk} {arrays.shape_of(q)}")
-        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, self.batch, num_pages, page_size)
+        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, self.batch, num_pages, page_size,
+                           "the plan's batch")
         sc = _scale(scale, d)
         ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
         want_lse = self.return_lse if return_lse is None else bool(return_lse)
@@ -961,7 +980,7 @@ def paged_decode_attention(
         layout = _layout(kv_layout)
         kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
         qk, n, h = _check_q(q, kvh, d, "batch")
-        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, n, num_pages, page_size)
+        table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, n, num_pages, page_size, "the rows of q")
         max_len = int(table.lens.max()) if table.lens is not None and table.lens.size else None
         plan = PagedDecodePlan(n, h, kvh, d, page_size, kv_layout=kv_layout, q_dtype=qk, kv_dtype=kind,
                                max_kv_len=max_len, return_lse=return_lse,
@@ -1044,7 +1063,8 @@ def paged_prefill_attention(
     if batch < 1:
         raise ArgumentError(f"qo_indptr: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(qo)}")
     _check_indptr("qo_indptr", qh, total_q, "total_q", exact=True)
-    table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size)
+    table = _PageTable(kv_indptr, kv_indices, kv_last_page_len, batch, num_pages, page_size,
+                       "the sequences of qo_indptr")
     sc = _scale(scale, d)
     wl, wr = _normalize_serving(_check_window_left(window_left), -1, bool(causal))
     cap = _check_softcap(logits_soft_cap, "logits_soft_cap")
@@ -1125,7 +1145,7 @@ def flash_attention_varlen(
     batch = arrays.shape_of(cq)[0] - 1
     if batch < 1:
         raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
-    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1)
+    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
     _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
     _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
     if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:

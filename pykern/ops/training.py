@@ -278,7 +278,7 @@ def embedding_backward(
         if bad.size:
             k = int(bad[0])
             raise ArgumentError(
-                f"ids: expected values in [0, {vocab_size}), got {int(flat_ids[k])} at flat index {k}"
+                f"ids: expected values in [0, vocab_size={vocab_size}), got {int(flat_ids[k])} at flat index {k}"
             )
     grad_out = arrays.contiguous(grad_out)
     out = arrays.empty((vocab_size, dim), np.float32, like=grad_out)
@@ -347,6 +347,7 @@ def ce_z_loss(z_loss: Any, lse_square_scale: Any) -> Any:
     """z_loss, or Liger's name for it (lse_square_scale); both given and different is an error."""
     if lse_square_scale is None:
         return z_loss
+    _finite_float("lse_square_scale", lse_square_scale, 0.0)
     if z_loss not in (0, 0.0) and z_loss != lse_square_scale:
         raise ArgumentError(f"lse_square_scale: {lse_square_scale!r} contradicts z_loss={z_loss!r} (the same "
                             "option under Liger-Kernel's name); give one of them")
@@ -394,14 +395,14 @@ def _f32_like(name: str, a: Any, like: Any) -> Any:
     return f
 
 
-def ce_class_weight(weight: Any, vocab: int, like: Any) -> Any:
+def ce_class_weight(weight: Any, vocab: int, like: Any, name: str = "weight") -> Any:
     """The validated class weights (vocab,) of the cross-entropy ops as float32 beside `like`, or None."""
     if weight is None:
         return None
-    shape = tuple(arrays.shape_of(weight))
+    shape = tuple(arrays.shape_of(weight, name))
     if shape != (vocab,):
-        raise ArgumentError(f"weight: expected class weights of shape ({vocab},) (vocab,), got {shape}")
-    return _f32_like("weight", weight, like)
+        raise ArgumentError(f"{name}: expected class weights of shape ({vocab},) (vocab,), got {shape}")
+    return _f32_like(name, weight, like)
 
 
 def ce_row_grads(grad_output: Any, shape: tuple[int, ...], like: Any) -> Any:
@@ -505,7 +506,8 @@ def cross_entropy_fwd_bwd(
         if bad.size:
             k = int(bad[0])
             raise ArgumentError(
-                f"targets: expected values in [0, {vocab}) or pad_id={pad_id}, got {int(flat_t[k])} at flat index {k}"
+                f"targets: expected values in [0, {vocab}) (the vocab of logits) or pad_id / ignore_index={pad_id}, "
+                f"got {int(flat_t[k])} at flat index {k}"
             )
     if inplace:
         c = arrays.contiguous(logits)

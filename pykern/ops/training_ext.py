@@ -16,7 +16,7 @@ import numpy as np
 
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
-from ..errors import ArgumentError
+from ..errors import ArgumentError, ArgumentTypeError
 from .training import _GRID_X_MAX, _ROW_THREADS_MAX, _flat, _launch, _row_threads, _same_shape, _weight_chunks
 
 __all__ = [
@@ -550,12 +550,17 @@ def fused_linear_cross_entropy(
     v, h2 = arrays.check_ndim("weight", weight, (2,), "(vocab, hidden)")
     if h2 != h:
         raise ArgumentError(f"weight: expected shape (vocab, {h}) (hidden's last axis), got {(v, h2)}")
+    for name, a in (("weight", weight), ("bias", bias)):
+        # the chunks' logits come from the framework's matmul of hidden and weight: one kind of array
+        if a is not None and not arrays.same_memory_kind(a, hidden):
+            raise ArgumentTypeError(f"{name}: expected the kind of array hidden is ({type(hidden).__name__}), got "
+                                    f"{type(a).__name__}")
     if v < 1:
         raise ArgumentError(f"weight.shape[0] (vocab): expected at least 1, got {v}")
     _check_u32("weight.shape[0] (vocab)", v)
     if bias is not None:
         _same_kind("bias", bias, kind, "hidden")
-        _same_shape("bias", bias, (v,), "(vocab,)")
+        _same_shape("bias", bias, (v,), "(vocab,) (the rows of weight)")
     z_loss = ce_z_loss(z_loss, lse_square_scale)
     check_ce_options(label_smoothing, z_loss, softcap, reduction)
     if grad_output is not None and reduction != "none":
@@ -568,7 +573,8 @@ def fused_linear_cross_entropy(
     ignore_index = int(ignore_index)
     targets = _int_array("targets", targets)
     if tuple(arrays.shape_of(targets)) != (n,):
-        raise ArgumentError(f"targets: expected shape ({n},), got {tuple(arrays.shape_of(targets))}")
+        raise ArgumentError(f"targets: expected shape ({n},) (the rows of hidden), got "
+                            f"{tuple(arrays.shape_of(targets))}")
     if grad_dtype not in ("float32", "input"):
         raise ArgumentError(f"grad_dtype: expected 'float32' or 'input', got {grad_dtype!r}")
     if chunk_size is None:
@@ -597,7 +603,7 @@ def fused_linear_cross_entropy(
         gb = fw.zeros((v,), hidden) if bias is not None else None
         rows = fw.zeros((n,), hidden)
         zrows = fw.zeros((n,), hidden) if return_z_loss else None
-        cw = ce_class_weight(ce_weight, v, hidden)
+        cw = ce_class_weight(ce_weight, v, hidden, "ce_weight")
         gro = None if grad_output is None else ce_row_grads(grad_output, (n,), hidden)
         # the mean's two scales (1 / the live targets' weight sum, 1 / the live count) over the whole
         # batch, on the device: each chunk's rows and gradients come out already scaled

@@ -24,6 +24,7 @@ from torch import Tensor
 from ..errors import ArgumentError, ArgumentTypeError
 from . import _amp, _dtensor as _dt
 from ._bridge import call
+from ._checks import checked
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
 
@@ -78,6 +79,7 @@ def _rms_norm_bwd(ctx, grad):
 _rms_norm.register_autograd(_rms_norm_bwd, setup_context=_rms_norm_setup)
 
 
+@checked
 def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) -> Tensor:
     """x / sqrt(mean(x^2, -1) + eps) * (offset + weight) over the last axis (x and weight of one dtype).
 
@@ -128,6 +130,7 @@ def _swiglu_bwd(ctx, grad):
 _swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
 
 
+@checked
 def swiglu(gate: Tensor, up: Tensor) -> Tensor:
     """silu(gate) * up elementwise (same shape and dtype)."""
     if _dt.active(gate, up):
@@ -200,6 +203,7 @@ def _tables(cos: Tensor, sin: Tensor, batch: int, seq: int, head_dim: int,
 
 
 
+@checked
 def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """Rotary embedding of q and k together, HF LLaMA rotate_half layout.
 
@@ -228,7 +232,11 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
             raise ArgumentError(f"{name}: expected (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
     b, s, _, d = q.shape
     if k.shape[0] != b or k.shape[1] != s or k.shape[3] != d:
-        raise ArgumentError(f"k: expected shape ({b}, {s}, n_kv_heads, {d}), got {tuple(k.shape)}")
+        raise ArgumentError(f"k: expected shape ({b}, {s}, n_kv_heads, {d}) (batch, seq and head_dim of q), got "
+                            f"{tuple(k.shape)}")
+    for name, t in (("q", q), ("k", k)):  # checked here: pykern.ops.rope would name its own argument, x
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ArgumentTypeError(f"{name}: expected dtype float32, bfloat16 or float16, got {t.dtype}")
     c, sn, pos = _tables(cos, sin, b, s, d, position_ids)
     return torch.ops.pykern.rope(q, k, c, sn, pos, False)
 
@@ -286,6 +294,7 @@ def _fa_bwd(ctx, grad_out, grad_lse):
 _flash_attention.register_autograd(_fa_bwd, setup_context=_fa_setup)
 
 
+@checked
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None, *,
                     window_size: tuple[int, int] = (-1, -1), softcap: Optional[float] = None) -> Tensor:
     """softmax(scale * q k^T) v; q (batch, n_q, heads, d), k/v (batch, n_k, kv_heads, d), GQA allowed.
@@ -320,6 +329,9 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         return _amp.run(lambda q, k, v: flash_attention(q, k, v, causal, scale, window_size=(wl, wr), softcap=cap),
                         (q, k, v), amp, amp, kernel_dtypes=_amp.ATTENTION_DTYPES)
     if scale is None:
+        if q.dim() != 4 or q.shape[-1] < 1:
+            raise ArgumentError(f"q: expected (batch, n_q, heads, head_dim) with head_dim >= 1, got shape "
+                                f"{tuple(q.shape)}")
         scale = 1.0 / math.sqrt(q.shape[-1])
     out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale), wl, wr, cap)
     return out
@@ -336,7 +348,7 @@ def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction
                    weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
     # One kernel pass gives the loss of the chosen reduction (fp32, the loss's dtype
     # here), its gradient and the z-loss part of the loss; "none" gives per-row losses (0 on ignored rows).
-    loss, grad, zl = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index,
+    loss, grad, zl = call("cross_entropy_fwd_bwd", _c(logits), _c(targets), ignore_index=ignore_index,
                           label_smoothing=label_smoothing, z_loss=z_loss, softcap=softcap if softcap > 0 else None,
                           reduction=reduction, weight=weight, return_z_loss=True)
     if reduction == "mean":
@@ -382,7 +394,8 @@ def _check_ce_args(logits: Tensor, targets: Tensor, reduction: str, label_smooth
     if logits.dim() != 2:
         raise ArgumentError(f"logits: expected (N, vocab); reshape to 2-D first, got shape {tuple(logits.shape)}")
     if targets.shape != logits.shape[:1]:
-        raise ArgumentError(f"targets: expected shape ({logits.shape[0]},), got {tuple(targets.shape)}")
+        raise ArgumentError(f"targets: expected shape ({logits.shape[0]},) (the rows of logits), got "
+                            f"{tuple(targets.shape)}")
     if targets.dtype.is_floating_point or targets.dtype == torch.bool:
         raise ArgumentTypeError(f"targets: expected an integer tensor, got {targets.dtype}")
     if weight is not None:
@@ -393,6 +406,7 @@ def _check_ce_args(logits: Tensor, targets: Tensor, reduction: str, label_smooth
     return eps, zl, cap
 
 
+@checked
 def cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int = -100, reduction: str = "mean", *,
                   label_smoothing: float = 0.0, z_loss: float = 0.0, softcap: Optional[float] = None,
                   weight: Optional[Tensor] = None, lse_square_scale: Optional[float] = None,
@@ -489,6 +503,7 @@ def _emb_bwd(ctx, grad):
 _embedding.register_autograd(_emb_bwd, setup_context=_emb_setup)
 
 
+@checked
 def embedding(ids: Tensor, table: Tensor) -> Tensor:
     """table[ids] for integer ids of any shape; the table's gradient sums the rows of each id."""
     if _dt.active(ids, table):  # a vocab-sharded table needs masking and a sum: gathered instead

@@ -38,6 +38,7 @@ from .. import arrays
 from ..errors import ArgumentTypeError
 from . import _amp, functional as F, hf_moe
 from .modules import RMSNorm, SwiGLUMLP
+from ._checks import checked
 
 __all__ = ["apply", "SUPPORTED_MODELS"]
 
@@ -387,6 +388,7 @@ def _swap(model: nn.Module, pred, make) -> int:
     return n
 
 
+@checked
 def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
           attention: bool = True, cross_entropy: bool = True,
           fused_linear_cross_entropy: bool = True, experts: bool = True, router: bool = True) -> nn.Module:

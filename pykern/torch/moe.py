@@ -13,6 +13,7 @@ import torch
 from torch import Tensor
 
 from ._bridge import call
+from ._checks import checked
 
 __all__ = ["moe_route", "moe_experts"]
 
@@ -67,11 +68,12 @@ def _route_bwd(ctx, grad_w, _grad_ids):
 _moe_route.register_autograd(_route_bwd, setup_context=_route_setup)
 
 
+@checked
 def moe_route(router_logits: Tensor, top_k: int, renormalize: bool = True, scoring: str = "softmax",
               bias: Optional[Tensor] = None) -> tuple[Tensor, Tensor]:
     """(topk_weights float32 [T, k], topk_ids int32 [T, k]); see pykern.ops.moe_route. Differentiable
     in the logits (through the selected weights)."""
-    return torch.ops.pykern.moe_route(router_logits, top_k, renormalize, scoring, bias)
+    return torch.ops.pykern.moe_route(router_logits, top_k, bool(renormalize), scoring, bias)
 
 
 # --------------------------------------------------------------------------- experts
@@ -117,6 +119,7 @@ def _experts_bwd(ctx, grad):
 _moe_experts.register_autograd(_experts_bwd, setup_context=_experts_setup)
 
 
+@checked
 def moe_experts(x: Tensor, gate_up_proj: Tensor, down_proj: Tensor, topk_ids: Tensor, topk_weights: Tensor,
                 activation: str = "silu") -> Tensor:
     """The experts block [T, H] (transformers' stacked layout); see pykern.ops.moe_experts. Gradients

@@ -15,6 +15,7 @@ from torch import Tensor
 from ..errors import ArgumentError
 from . import _amp, _dtensor as _dt
 from ._bridge import call
+from ._checks import checked
 
 __all__ = ["add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy"]
 
@@ -73,6 +74,7 @@ def _arn_bwd(ctx, grad_y, grad_h):
 _add_rms_norm.register_autograd(_arn_bwd, setup_context=_arn_setup)
 
 
+@checked
 def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
                  offset: float = 0.0) -> tuple[Tensor, Tensor]:
     """(rms_norm(x + residual) * (offset + weight), x + residual) in one pass (x, residual, weight of one
@@ -134,6 +136,7 @@ def _ln_bwd(ctx, grad):
 _layer_norm.register_autograd(_ln_bwd, setup_context=_ln_setup)
 
 
+@checked
 def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor] = None,
                eps: float = 1e-5) -> Tensor:
     """torch.nn.functional.layer_norm over the last axis (weight / bias (dim,) of x's dtype, or None)."""
@@ -182,6 +185,7 @@ def _gelu_bwd(ctx, grad):
 _gelu.register_autograd(_gelu_bwd, setup_context=_gelu_setup)
 
 
+@checked
 def gelu(x: Tensor, approximate: str = "none") -> Tensor:
     """torch.nn.functional.gelu(x, approximate=) ("none": erf, "tanh")."""
     if _dt.active(x):
@@ -226,6 +230,7 @@ def _gg_bwd(ctx, grad):
 _gelu_gate.register_autograd(_gg_bwd, setup_context=_gg_setup)
 
 
+@checked
 def gelu_gate(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
     """GeGLU: gelu(gate, approximate=) * up elementwise."""
     if _dt.active(gate, up):
@@ -339,6 +344,7 @@ def _flce_bwd(ctx, grad_loss, *_):
 _flce.register_autograd(_flce_bwd, setup_context=_flce_setup)
 
 
+@checked
 def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor] = None, *,
                                ignore_index: int = -100, label_smoothing: float = 0.0, z_loss: float = 0.0,
                                softcap: Optional[float] = None, reduction: str = "mean",

@@ -1,0 +1,1112 @@
+"""The bad-input fuzzer's spec table: per public op, the role of each parameter, one valid call and the
+float64 reference (tests/fuzz_engine.py explains the roles and the oracle).
+
+Shapes are tiny: each host call should take milliseconds once the kernels are built."""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from pykern import ops
+from pykern.errors import ArgumentError, ArgumentTypeError
+from pykern.difftest.cases.forward import (np_causal_attn_softmax, np_embedding, np_rms_norm,
+                                           np_rope, np_silu_gate, np_silu_gate_backward)
+from pykern.difftest.cases.moe import np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route
+from pykern.difftest.cases.sampling import np_sample, np_top_k_mask, np_top_k_renorm, np_top_p_renorm
+from pykern.difftest.cases.training import (np_cross_entropy, np_embedding_backward,
+                                            np_rms_norm_backward, np_softmax_backward, np_transpose_2d)
+from pykern.difftest.cases.training_ext import (np_add_rms_norm, np_add_rms_norm_backward, np_gelu, np_gelu_grad,
+                                                np_layer_norm, np_layer_norm_backward)
+
+from fuzz_engine import BOOL, ENUM, FARRAY, FIXED, FLOAT, IARRAY, INT, LENGTH, OUT, PROB, PTABLE, Spec, compare
+
+HOST = {"backend": "host", "stream": None}
+COMMON = {"stream": FIXED, "backend": FIXED}
+
+
+def f32(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def probs(rng: np.random.Generator, b: int, v: int) -> np.ndarray:
+    p = rng.random((b, v)).astype(np.float32) + np.float32(0.05)
+    return (p / p.sum(-1, keepdims=True)).astype(np.float32)
+
+
+def arr(a: Any) -> np.ndarray:
+    return np.asarray(a)
+
+
+def i64(a: Any) -> np.ndarray:
+    """An integer index array of the reference's; anything else is the reference's error."""
+    a = np.asarray(a)
+    if a.dtype.kind not in "iu":
+        raise TypeError(f"not integers: {a.dtype}")
+    return a.astype(np.int64)
+
+
+def need(cond: bool, what: str) -> None:
+    """A reference-side precondition: the op accepted an input its contract does not define."""
+    if not cond:
+        raise ValueError(what)
+
+
+def fdata(a: Any) -> np.ndarray:
+    """A float array of the reference's: float16 / bfloat16 / float32 data (what the ops document)."""
+    a = np.asarray(a)
+    need(a.dtype.name in ("float32", "bfloat16", "float16"), f"dtype {a.dtype} is not an I/O dtype")
+    return a.astype(np.float64)
+
+
+def real(x: Any) -> float:
+    need(isinstance(x, (int, float, np.floating, np.integer)) and not isinstance(x, bool), f"{x!r} is no number")
+    return float(x)
+
+
+def natural(x: Any) -> int:
+    need(isinstance(x, (int, np.integer)) and not isinstance(x, bool) and x >= 0, f"{x!r} is no size")
+    return int(x)
+
+
+def flag(x: Any) -> bool:
+    """Flags are read by their truth value, as NumPy and torch read theirs (documented in docs/fuzzing.md)."""
+    return bool(x)
+
+
+def choice(x: Any, allowed: tuple[str, ...]) -> str:
+    need(isinstance(x, str) and x in allowed, f"{x!r} not in {allowed}")
+    return x
+
+
+SPECS: dict[str, Spec] = {}
+
+
+def spec(s: Spec) -> Spec:
+    SPECS[s.name] = s
+    return s
+
+
+# --------------------------------------------------------------------------- training
+spec(Spec("transpose_2d", ops.transpose_2d, lambda r: dict(x=f32(r, 3, 5), **HOST), {"x": FARRAY, **COMMON},
+          ref=lambda k: np_transpose_2d(fdata(k["x"])), kind_of="x"))
+spec(Spec("softmax_backward", ops.softmax_backward,
+          lambda r: dict(probs=probs(r, 3, 6), grad_out=f32(r, 3, 6), **HOST),
+          {"probs": FARRAY, "grad_out": FARRAY, **COMMON},
+          ref=lambda k: (need(fdata(k["probs"]).shape == fdata(k["grad_out"]).shape, "shapes"),
+                         np_softmax_backward(fdata(k["probs"]), fdata(k["grad_out"])))[1], kind_of="probs"))
+
+
+def _rmsb_ref(k: dict) -> Any:
+    x, w, g = fdata(k["x"]), fdata(k["weight"]), fdata(k["grad_out"])
+    need(x.shape == g.shape and w.shape == x.shape[-1:], "shapes")
+    return np_rms_norm_backward(x, w, g, real(k["eps"]), real(k["offset"]))
+
+
+spec(Spec("rms_norm_backward", ops.rms_norm_backward,
+          lambda r: dict(x=f32(r, 3, 8), weight=f32(r, 8), grad_out=f32(r, 3, 8), eps=1e-6, offset=0.0, **HOST),
+          {"x": FARRAY, "weight": FARRAY, "grad_out": FARRAY, "eps": FLOAT, "offset": FLOAT, **COMMON},
+          ref=_rmsb_ref, kind_of="x"))
+
+
+def _embb_ref(k: dict) -> Any:
+    g, ids, v = fdata(k["grad_out"]), i64(k["ids"]), natural(k["vocab_size"])
+    need(g.shape[:-1] == ids.shape and ((ids >= 0) & (ids < v)).all(), "ids")
+    if g.shape[-1] == 0:  # (np_embedding_backward reshapes by dim, which 0 cannot do)
+        return np.zeros((v, 0))
+    return np_embedding_backward(g, ids, v)
+
+
+spec(Spec("embedding_backward", ops.embedding_backward,
+          lambda r: dict(grad_out=f32(r, 5, 4), ids=r.integers(0, 7, 5).astype(np.int64), vocab_size=7, **HOST),
+          {"grad_out": FARRAY, "ids": IARRAY, "vocab_size": LENGTH, **COMMON}, ref=_embb_ref, kind_of="grad_out"))
+
+
+def _ce_ref(k: dict) -> Any:
+    if k.get("lse_square_scale") is not None:  # Liger's name for z_loss
+        k = dict(k, z_loss=k["lse_square_scale"])
+    x, t = fdata(k["logits"]), i64(k["targets"])
+    need(x.shape[:-1] == t.shape and x.ndim >= 1, "shapes")
+    pad = int(k["pad_id"] if k.get("ignore_index") is None else k["ignore_index"])
+    need(((t == pad) | ((t >= 0) & (t < x.shape[-1]))).all(), "targets")
+    red = choice(k["reduction"], ("mean", "sum", "none"))
+    ls, z = real(k["label_smoothing"]), real(k["z_loss"])
+    need(0 <= ls <= 1 and z >= 0 and np.isfinite(z), "options")
+    sc = k.get("softcap")
+    need(sc is None or real(sc) > 0 and np.isfinite(sc), "softcap")
+    w = None if k.get("weight") is None else fdata(k["weight"])
+    need(w is None or w.shape == (x.shape[-1],), "weight")
+    return np_cross_entropy(x, t, pad, label_smoothing=ls, z_loss=z, softcap=sc, reduction=red, weight=w,
+                            return_z_loss=flag(k.get("return_z_loss", False)))
+
+
+spec(Spec("cross_entropy_fwd_bwd", ops.cross_entropy_fwd_bwd,
+          lambda r: dict(logits=f32(r, 4, 9), targets=np.array([1, -100, 8, 0]), pad_id=-100, label_smoothing=0.1,
+                         z_loss=0.0, softcap=None, reduction="mean", inplace=False, weight=None, grad_output=None,
+                         return_z_loss=False, lse_square_scale=None, ignore_index=None, **HOST),
+          {"logits": FARRAY, "targets": IARRAY, "pad_id": INT, "label_smoothing": PROB, "z_loss": FLOAT,
+           "softcap": FLOAT, "reduction": ENUM, "inplace": BOOL, "weight": FARRAY, "grad_output": FARRAY,
+           "return_z_loss": BOOL, "lse_square_scale": FLOAT, "ignore_index": INT, "_scale": FIXED, **COMMON},
+          ref=_ce_ref, kind_of="logits",
+          writes=lambda k: ("logits",) if k.get("inplace") else ()))
+
+
+def nan_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray | None, causal: bool,
+                  scale: float | None, window: tuple[int, int], softcap: float) -> tuple:
+    """float64 attention of one sequence, q (n_q, H, D), k / v (n_k, KVH, D), bottom-right masks, and with
+    grad_out g its (dq, dk, dv). Written for NaN: a NaN or inf score poisons its row as the math says
+    (pykern.difftest's references guard the division and turn such rows into 0). Masked keys contribute
+    exactly nothing; a row that sees no key gives out 0, lse -inf and no gradient."""
+    from pykern.difftest.cases.training import window_mask
+
+    n_q, h, d = q.shape
+    group = h // k.shape[1]
+    scale = 1.0 / np.sqrt(d) if scale is None else scale
+    vis = window_mask(n_q, k.shape[0], causal, window)
+    out, lse = np.zeros((n_q, h, v.shape[2])), np.full((n_q, h), -np.inf)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    with np.errstate(all="ignore"):
+        for hh in range(h):
+            kk, vv = k[:, hh // group], v[:, hh // group]
+            raw = q[:, hh] @ kk.T * scale
+            t = np.tanh(raw / softcap) if softcap > 0 else None
+            s = np.where(vis, softcap * t if softcap > 0 else raw, -np.inf)
+            m = s.max(-1, keepdims=True) if s.shape[1] else np.full((n_q, 1), -np.inf)
+            p = np.where(vis, np.exp(s - np.where(m == -np.inf, 0.0, m)), 0.0)
+            den = p.sum(-1, keepdims=True)
+            pn = np.where(den == 0, 0.0, p / np.where(den == 0, 1.0, den))
+            out[:, hh] = pn @ vv
+            lse[:, hh] = np.where(den[:, 0] == 0, -np.inf, m[:, 0] + np.log(den[:, 0]))
+            if g is not None:
+                go = g[:, hh]
+                dp = go @ vv.T
+                ds = np.where(vis, pn * (dp - (pn * dp).sum(-1, keepdims=True)), 0.0)
+                if softcap > 0:
+                    ds = np.where(vis, ds * (1.0 - t * t), 0.0)
+                dv[:, hh // group] += pn.T @ go
+                dq[:, hh] = ds @ kk * scale
+                dk[:, hh // group] += ds.T @ q[:, hh] * scale
+    return (dq, dk, dv) if g is not None else (out, lse)
+
+
+def _na(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, scale: float | None, window: tuple[int, int],
+        softcap: float) -> tuple:
+    """(out, lse) of nan_attention: the serving references' signature."""
+    return nan_attention(q, k, v, None, causal, scale, window, softcap)
+
+
+def _attb_ref(k: dict) -> Any:
+    q, kk, v, g = (fdata(k[n]) for n in ("q", "k", "v", "grad_out"))
+    need(q.shape == g.shape and kk.shape == v.shape and q.ndim == 3 and kk.ndim == 3, "shapes")
+    need(q.shape[2] == kk.shape[2] and kk.shape[1] > 0 and q.shape[1] % kk.shape[1] == 0, "heads")
+    ws = tuple(k["window_size"])
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
+    sc = k.get("scale")
+    return nan_attention(q, kk, v, g, flag(k["causal"]), None if sc is None else real(sc), ws, real(k["softcap"]))
+
+
+spec(Spec("attention_backward", ops.attention_backward,
+          lambda r: dict(q=f32(r, 3, 2, 8), k=f32(r, 4, 1, 8), v=f32(r, 4, 1, 8), grad_out=f32(r, 3, 2, 8),
+                         out=None, lse=None, scale=None, causal=True, window_size=(-1, -1), softcap=0.0,
+                         method="auto", deterministic=False, **HOST),
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "grad_out": FARRAY, "out": FARRAY, "lse": FARRAY,
+           "scale": FLOAT, "causal": BOOL, "window_size": INT, "softcap": FLOAT, "method": ENUM,
+           "deterministic": BOOL, **COMMON},
+          ref=_attb_ref, kind_of="q", writes=lambda k: (), examples=0.5))
+
+# --------------------------------------------------------------------------- training_ext
+
+
+def _arn_ref(k: dict) -> Any:
+    x, r_, w = fdata(k["x"]), fdata(k["residual"]), fdata(k["weight"])
+    need(x.shape == r_.shape and w.shape == x.shape[-1:], "shapes")
+    return np_add_rms_norm(x, r_, w, real(k["eps"]), real(k["offset"]))
+
+
+spec(Spec("add_rms_norm", ops.add_rms_norm,
+          lambda r: dict(x=f32(r, 3, 8), residual=f32(r, 3, 8), weight=f32(r, 8), eps=1e-6, offset=0.0,
+                         inplace=False, **HOST),
+          {"x": FARRAY, "residual": FARRAY, "weight": FARRAY, "eps": FLOAT, "offset": FLOAT, "inplace": BOOL,
+           **COMMON}, ref=_arn_ref, kind_of="x",
+          writes=lambda k: ("x", "residual") if k.get("inplace") else ()))
+
+
+def _arnb_ref(k: dict) -> Any:
+    h, w, g = fdata(k["new_residual"]), fdata(k["weight"]), fdata(k["grad_y"])
+    gr = None if k.get("grad_new_residual") is None else fdata(k["grad_new_residual"])
+    need(h.shape == g.shape and w.shape == h.shape[-1:] and (gr is None or gr.shape == h.shape), "shapes")
+    return np_add_rms_norm_backward(h, w, g, gr, real(k["eps"]), real(k["offset"]))
+
+
+spec(Spec("add_rms_norm_backward", ops.add_rms_norm_backward,
+          lambda r: dict(new_residual=f32(r, 3, 8), weight=f32(r, 8), grad_y=f32(r, 3, 8),
+                         grad_new_residual=f32(r, 3, 8), eps=1e-6, offset=0.0, **HOST),
+          {"new_residual": FARRAY, "weight": FARRAY, "grad_y": FARRAY, "grad_new_residual": FARRAY, "eps": FLOAT,
+           "offset": FLOAT, **COMMON}, ref=_arnb_ref, kind_of="new_residual"))
+
+
+def _ln_ref(k: dict) -> Any:
+    x = fdata(k["x"])
+    w = None if k.get("weight") is None else fdata(k["weight"])
+    b = None if k.get("bias") is None else fdata(k["bias"])
+    need(all(a is None or a.shape == x.shape[-1:] for a in (w, b)), "shapes")
+    return np_layer_norm(x, w, b, real(k["eps"]))
+
+
+spec(Spec("layer_norm", ops.layer_norm,
+          lambda r: dict(x=f32(r, 3, 8), weight=f32(r, 8), bias=f32(r, 8), eps=1e-5, **HOST),
+          {"x": FARRAY, "weight": FARRAY, "bias": FARRAY, "eps": FLOAT, **COMMON}, ref=_ln_ref, kind_of="x"))
+
+
+def _lnb_ref(k: dict) -> Any:
+    x, g = fdata(k["x"]), fdata(k["grad_out"])
+    w = None if k.get("weight") is None else fdata(k["weight"])
+    need(x.shape == g.shape and (w is None or w.shape == x.shape[-1:]), "shapes")
+    dx, dw, db = np_layer_norm_backward(x, w if w is not None else np.ones(x.shape[-1]), g, real(k["eps"]))
+    return dx, (None if w is None else dw), (db if flag(k["bias"]) else None)
+
+
+spec(Spec("layer_norm_backward", ops.layer_norm_backward,
+          lambda r: dict(x=f32(r, 3, 8), weight=f32(r, 8), grad_out=f32(r, 3, 8), eps=1e-5, bias=True, **HOST),
+          {"x": FARRAY, "weight": FARRAY, "grad_out": FARRAY, "eps": FLOAT, "bias": BOOL, **COMMON},
+          ref=_lnb_ref, kind_of="x"))
+
+GELU = ("none", "tanh")
+spec(Spec("gelu", ops.gelu, lambda r: dict(x=f32(r, 3, 5), approximate="tanh", **HOST),
+          {"x": FARRAY, "approximate": ENUM, **COMMON},
+          ref=lambda k: np_gelu(fdata(k["x"]), choice(k["approximate"], GELU)), kind_of="x"))
+
+
+def _gb_ref(k: dict) -> Any:
+    x, g = fdata(k["x"]), fdata(k["grad_out"])
+    need(x.shape == g.shape, "shapes")
+    return g * np_gelu_grad(x, choice(k["approximate"], GELU))
+
+
+spec(Spec("gelu_backward", ops.gelu_backward,
+          lambda r: dict(x=f32(r, 3, 5), grad_out=f32(r, 3, 5), approximate="none", **HOST),
+          {"x": FARRAY, "grad_out": FARRAY, "approximate": ENUM, **COMMON}, ref=_gb_ref, kind_of="x"))
+
+
+def _gg_ref(k: dict) -> Any:
+    g, u = fdata(k["gate"]), fdata(k["up"])
+    need(g.shape == u.shape, "shapes")
+    return np_gelu(g, choice(k["approximate"], GELU)) * u
+
+
+spec(Spec("gelu_gate", ops.gelu_gate, lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5), approximate="none", **HOST),
+          {"gate": FARRAY, "up": FARRAY, "approximate": ENUM, **COMMON}, ref=_gg_ref, kind_of="gate"))
+
+
+def _ggb_ref(k: dict) -> Any:
+    g, u, d = fdata(k["gate"]), fdata(k["up"]), fdata(k["grad_out"])
+    need(g.shape == u.shape == d.shape, "shapes")
+    a = choice(k["approximate"], GELU)
+    return d * u * np_gelu_grad(g, a), d * np_gelu(g, a)
+
+
+spec(Spec("gelu_gate_backward", ops.gelu_gate_backward,
+          lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5), grad_out=f32(r, 3, 5), approximate="tanh", **HOST),
+          {"gate": FARRAY, "up": FARRAY, "grad_out": FARRAY, "approximate": ENUM, **COMMON}, ref=_ggb_ref,
+          kind_of="gate"))
+
+
+def _flce_ref(k: dict) -> Any:
+    if k.get("lse_square_scale") is not None:  # Liger's name for z_loss
+        k = dict(k, z_loss=k["lse_square_scale"])
+    h, w, t = fdata(k["hidden"]), fdata(k["weight"]), i64(k["targets"])
+    b = None if k.get("bias") is None else fdata(k["bias"])
+    need(h.ndim == 2 and w.ndim == 2 and h.shape[1] == w.shape[1] and t.shape == (h.shape[0],), "shapes")
+    need(b is None or b.shape == (w.shape[0],), "bias")
+    logits = h @ w.T + (0 if b is None else b)
+    need(0 <= real(k["label_smoothing"]) <= 1 and 0 <= real(k["z_loss"]) < np.inf, "options")
+    need(k.get("chunk_size") is None or natural(k["chunk_size"]) > 0, "chunk_size")
+    need(((t == int(k["ignore_index"])) | ((t >= 0) & (t < w.shape[0]))).all(), "targets")
+    loss, grad, zl = np_cross_entropy(logits, t, int(k["ignore_index"]), label_smoothing=real(k["label_smoothing"]),
+                                      z_loss=real(k["z_loss"]), softcap=k.get("softcap"),
+                                      reduction=choice(k["reduction"], ("mean", "sum", "none")), return_z_loss=True)
+    res = (loss, grad @ w, grad.T @ h, (None if b is None else grad.sum(0)))
+    return res + (zl,) if flag(k["return_z_loss"]) else res
+
+
+spec(Spec("fused_linear_cross_entropy", ops.fused_linear_cross_entropy,
+          lambda r: dict(hidden=f32(r, 4, 6), weight=f32(r, 9, 6), targets=np.array([2, 0, -100, 8]),
+                         bias=f32(r, 9), ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None,
+                         reduction="sum", chunk_size=None, grad_dtype="float32", ce_weight=None, grad_output=None,
+                         return_z_loss=False, lse_square_scale=None, **HOST),
+          {"hidden": FARRAY, "weight": FARRAY, "targets": IARRAY, "bias": FARRAY, "ignore_index": INT,
+           "label_smoothing": PROB, "z_loss": FLOAT, "softcap": FLOAT, "reduction": ENUM, "chunk_size": LENGTH,
+           "grad_dtype": ENUM, "ce_weight": FARRAY, "grad_output": FARRAY, "return_z_loss": BOOL,
+           "lse_square_scale": FLOAT, **COMMON}, ref=_flce_ref, kind_of="hidden"))
+
+# --------------------------------------------------------------------------- forward
+
+
+def _emb_ref(k: dict) -> Any:
+    ids, t = i64(k["ids"]), fdata(k["table"])
+    need(t.ndim == 2 and ids.ndim in (1, 2) and ((ids >= 0) & (ids < t.shape[0])).all(), "ids")
+    return np_embedding(ids, t)
+
+
+spec(Spec("embedding", ops.embedding,
+          lambda r: dict(ids=r.integers(0, 6, 5).astype(np.int64), table=f32(r, 6, 4), out=None, **HOST),
+          {"ids": IARRAY, "table": FARRAY, "out": OUT, **COMMON}, ref=_emb_ref, kind_of="table"))
+
+
+def tables(a: Any) -> np.ndarray:
+    """rope's tables: any float dtype (converted to fp32 by the op) is accepted."""
+    a = np.asarray(a)
+    need(a.dtype.kind == "f" or a.dtype.name == "bfloat16", f"tables of dtype {a.dtype}")
+    return a.astype(np.float32).astype(np.float64)
+
+
+def _rope_ref(k: dict) -> Any:
+    x, c, s = fdata(k["x"]), tables(k["cos"]), tables(k["sin"])
+    need(x.ndim in (3, 4) and c.shape == s.shape and c.ndim == 2 and c.shape[1] in (x.shape[-1] // 2, x.shape[-1])
+         and x.shape[-1] % 2 == 0, "shapes")
+    pos = k.get("position_ids")
+    off = int(k["pos_offset"])
+    need(off >= 0, "pos_offset")
+    if pos is None:
+        need(off + x.shape[-3] <= c.shape[0], "positions")
+    else:
+        pos = i64(pos)
+        need(((pos >= 0) & (pos < c.shape[0])).all() and pos.shape[-1] == x.shape[-3], "positions")
+    return np_rope(x, c, s, off, choice(k["style"], ("interleaved", "half")), position_ids=pos,
+                   inverse=flag(k["inverse"]))
+
+
+def _rope_build(r: np.random.Generator) -> dict:
+    ang = r.random((6, 4))
+    return dict(x=f32(r, 3, 2, 8), cos=np.cos(ang).astype(np.float32), sin=np.sin(ang).astype(np.float32),
+                pos_offset=1, position_ids=None, style="interleaved", inverse=False, inplace=False, out=None, **HOST)
+
+
+spec(Spec("rope", ops.rope, _rope_build,
+          {"x": FARRAY, "cos": FARRAY, "sin": FARRAY, "pos_offset": INT, "position_ids": IARRAY, "style": ENUM,
+           "inverse": BOOL, "inplace": BOOL, "out": OUT, **COMMON}, ref=_rope_ref, kind_of="x",
+          writes=lambda k: ("out", "x") if k.get("inplace") else ("out",)))
+
+
+def _rope_pos_build(r: np.random.Generator) -> dict:
+    d = _rope_build(r)
+    d.update(pos_offset=0, position_ids=r.integers(0, 6, 3).astype(np.int64))
+    return d
+
+
+spec(Spec("rope[position_ids]", ops.rope, _rope_pos_build, SPECS["rope"].roles, ref=_rope_ref, tol="rope",
+          kind_of="x", writes=SPECS["rope"].writes))
+
+
+def _sg_ref(k: dict) -> Any:
+    g, u = fdata(k["gate"]), fdata(k["up"])
+    need(g.shape == u.shape, "shapes")
+    return np_silu_gate(g, u)
+
+
+spec(Spec("silu_gate", ops.silu_gate, lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5), out=None, **HOST),
+          {"gate": FARRAY, "up": FARRAY, "out": OUT, **COMMON}, ref=_sg_ref, kind_of="gate"))
+
+
+def _sgb_ref(k: dict) -> Any:
+    g, u, d = fdata(k["gate"]), fdata(k["up"]), fdata(k["grad_out"])
+    need(g.shape == u.shape == d.shape, "shapes")
+    return np_silu_gate_backward(g, u, d)
+
+
+spec(Spec("silu_gate_backward", ops.silu_gate_backward,
+          lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5), grad_out=f32(r, 3, 5), **HOST),
+          {"gate": FARRAY, "up": FARRAY, "grad_out": FARRAY, **COMMON}, ref=_sgb_ref, kind_of="gate"))
+
+
+def _rms_ref(k: dict) -> Any:
+    x, w = fdata(k["x"]), fdata(k["weight"])
+    need(w.shape == x.shape[-1:] and x.ndim >= 1, "shapes")
+    return np_rms_norm(x, w, real(k["eps"]), real(k["offset"]))
+
+
+spec(Spec("rms_norm", ops.rms_norm,
+          lambda r: dict(x=f32(r, 3, 8), weight=f32(r, 8), eps=1e-6, offset=0.0, out=None, **HOST),
+          {"x": FARRAY, "weight": FARRAY, "eps": FLOAT, "offset": FLOAT, "out": OUT, **COMMON},
+          ref=_rms_ref, kind_of="x"))
+
+
+def _cas_ref(k: dict) -> Any:
+    s = np.asarray(k["scores"])
+    need(s.dtype == np.float32 and s.ndim == 3, "scores")
+    p = k["past_len"]
+    need(natural(p) >= 0, "past_len")
+    if s.size == 0:  # (np_causal_attn_softmax reduces over the keys, which an empty array cannot)
+        return s.astype(np.float64)
+    return np_causal_attn_softmax(s, p)
+
+
+spec(Spec("causal_attn_softmax", ops.causal_attn_softmax,
+          lambda r: dict(scores=f32(r, 3, 2, 5), past_len=2, **HOST),
+          {"scores": FARRAY, "past_len": LENGTH, **COMMON}, ref=_cas_ref, kind_of="scores"))
+
+
+def _fa_ref(k: dict) -> Any:
+    q, kk, v = fdata(k["q"]), fdata(k["k"]), fdata(k["v"])
+    need(q.ndim == 4 and kk.ndim == 4 and v.ndim == 4 and q.shape[0] == kk.shape[0] == v.shape[0], "rank")
+    need(kk.shape[:3] == v.shape[:3] and q.shape[3] == kk.shape[3] and kk.shape[2] > 0
+         and q.shape[2] % kk.shape[2] == 0, "shapes")
+    ws = tuple(k["window_size"])
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
+    sc = k.get("scale")
+    pairs = [nan_attention(q[b], kk[b], v[b], None, flag(k["causal"]), None if sc is None else real(sc), ws,
+                           real(k["softcap"])) for b in range(q.shape[0])]
+    out = np.stack([o for o, _ in pairs]).reshape(q.shape[:3] + v.shape[3:])
+    lse = np.stack([l_ for _, l_ in pairs]).reshape(q.shape[:3])
+    return (out, lse) if flag(k["return_lse"]) else out
+
+
+spec(Spec("flash_attention", ops.flash_attention,
+          lambda r: dict(q=f32(r, 1, 3, 2, 8), k=f32(r, 1, 4, 1, 8), v=f32(r, 1, 4, 1, 8), causal=True, scale=None,
+                         window_size=(-1, -1), softcap=0.0, return_lse=True, out=None, tensor_cores=None, **HOST),
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "causal": BOOL, "scale": FLOAT, "window_size": INT,
+           "softcap": FLOAT, "return_lse": BOOL, "out": OUT, "tensor_cores": BOOL, **COMMON},
+          ref=_fa_ref, kind_of="q"))
+
+
+def _fav_ref(k: dict) -> Any:
+    q, kk, v = fdata(k["q"]), fdata(k["k"]), fdata(k["v"])
+    cq, ck = i64(k["cu_seqlens_q"]), i64(k["cu_seqlens_k"])
+    need(q.ndim == 3 and kk.shape == v.shape and kk.ndim == 3 and q.shape[2] == kk.shape[2], "shapes")
+    need(kk.shape[1] > 0 and q.shape[1] % kk.shape[1] == 0, "heads")
+    need(cq.ndim == 1 and cq.shape == ck.shape and cq.size >= 2 and cq[0] == 0 and ck[0] == 0, "cu_seqlens")
+    need((np.diff(cq) >= 0).all() and (np.diff(ck) >= 0).all() and cq[-1] == q.shape[0]
+         and ck[-1] == kk.shape[0], "cu_seqlens")
+    ws = tuple(k["window_size"])
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
+    sc = k.get("scale")
+    outs, lses = [], []
+    for b in range(cq.size - 1):
+        o, l_ = _na(q[cq[b]:cq[b + 1]], kk[ck[b]:ck[b + 1]], v[ck[b]:ck[b + 1]], flag(k["causal"]),
+                             None if sc is None else real(sc), ws, real(k["softcap"]))
+        outs.append(o)
+        lses.append(l_)
+    out, lse = np.concatenate(outs), np.concatenate(lses)
+    return (out, lse) if flag(k["return_lse"]) else out
+
+
+spec(Spec("flash_attention_varlen", ops.flash_attention_varlen,
+          lambda r: dict(q=f32(r, 5, 2, 8), k=f32(r, 6, 1, 8), v=f32(r, 6, 1, 8),
+                         cu_seqlens_q=np.array([0, 2, 5], np.int32), cu_seqlens_k=np.array([0, 3, 6], np.int32),
+                         causal=True, scale=None, window_size=(-1, -1), softcap=0.0, return_lse=False, **HOST),
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "cu_seqlens_q": PTABLE, "cu_seqlens_k": PTABLE, "causal": BOOL,
+           "scale": FLOAT, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL, **COMMON},
+          ref=_fav_ref, kind_of="q"))
+
+# --------------------------------------------------------------------------- decode (dense caches)
+DECODE_ROLES = {"q": FARRAY, "kv_layout": ENUM, "scale": FLOAT, "window_left": INT, "logits_soft_cap": FLOAT,
+                "method": ENUM, "num_warps": LENGTH, "chunk_size": LENGTH, "tensor_cores": BOOL, "out": OUT,
+                "enable_pdl": BOOL, **COMMON}
+
+
+def _dec_one(q: np.ndarray, kc: np.ndarray, vc: np.ndarray, n: int, k: dict) -> np.ndarray:
+    """One sequence: q (H, D), caches HND (KVH, S, D)."""
+    need(q.ndim == 2 and kc.ndim == 3 and kc.shape == vc.shape and q.shape[1] == kc.shape[2], "shapes")
+    need(kc.shape[0] > 0 and q.shape[0] % kc.shape[0] == 0, "heads")
+    wl = k["window_left"]
+    need(isinstance(wl, (int, np.integer)) and wl >= -1 and real(k["logits_soft_cap"]) >= 0, "window")
+    wl = int(wl)
+    need(0 <= n <= kc.shape[1], "seq_len")
+    sc = k.get("scale")
+    out, _ = _na(q[None], kc.transpose(1, 0, 2)[:n], vc.transpose(1, 0, 2)[:n], False,
+                          None if sc is None else real(sc), (wl, -1), real(k["logits_soft_cap"]))
+    return out[0]
+
+
+def _dec_ref(k: dict) -> Any:
+    lay = choice(k["kv_layout"], ("HND", "NHD"))
+    choice(k["method"], ("auto", "warp", "multi_warp", "split_k"))
+    kc, vc = fdata(k["k_cache"]), fdata(k["v_cache"])
+    if lay == "NHD":
+        need(kc.ndim == 3 and vc.ndim == 3, "rank")
+        kc, vc = kc.transpose(1, 0, 2), vc.transpose(1, 0, 2)
+    n = k["seq_len"]
+    n = int(i64(n).reshape(-1)[0]) if isinstance(n, np.ndarray) else natural(n)
+    return _dec_one(fdata(k["q"]), kc, vc, n, k)
+
+
+spec(Spec("decode_attention", ops.decode_attention,
+          lambda r: dict(q=f32(r, 2, 8), k_cache=f32(r, 1, 6, 8), v_cache=f32(r, 1, 6, 8), seq_len=4,
+                         kv_layout="HND", scale=None, window_left=-1, logits_soft_cap=0.0, method="auto",
+                         num_warps=None, chunk_size=None, tensor_cores=None, out=None, enable_pdl=False, **HOST),
+          {"k_cache": FARRAY, "v_cache": FARRAY, "seq_len": LENGTH, **DECODE_ROLES}, ref=_dec_ref, kind_of="q"))
+
+
+def _bdec_ref(k: dict) -> Any:
+    lay = choice(k["kv_layout"], ("HND", "NHD"))
+    choice(k["method"], ("auto", "warp", "multi_warp", "split_k"))
+    q, kc, vc = fdata(k["q"]), fdata(k["k_caches"]), fdata(k["v_caches"])
+    need(q.ndim == 3 and kc.ndim == 4 and kc.shape == vc.shape and kc.shape[0] == q.shape[0], "shapes")
+    if lay == "NHD":
+        kc, vc = kc.transpose(0, 2, 1, 3), vc.transpose(0, 2, 1, 3)
+    sl = i64(k["seq_lens"]).reshape(-1)
+    need(sl.shape == (q.shape[0],), "seq_lens")
+    return np.stack([_dec_one(q[b], kc[b], vc[b], int(sl[b]), k) for b in range(q.shape[0])])
+
+
+spec(Spec("batched_decode_attention", ops.batched_decode_attention,
+          lambda r: dict(q=f32(r, 2, 2, 8), k_caches=f32(r, 2, 1, 6, 8), v_caches=f32(r, 2, 1, 6, 8),
+                         seq_lens=np.array([4, 6], np.int32), kv_layout="HND", scale=None, window_left=-1,
+                         logits_soft_cap=0.0, method="auto", num_warps=None, chunk_size=None, tensor_cores=None,
+                         out=None, enable_pdl=False, **HOST),
+          {"k_caches": FARRAY, "v_caches": FARRAY, "seq_lens": IARRAY, **DECODE_ROLES}, ref=_bdec_ref,
+          kind_of="q"))
+
+
+def _plan_check(k: dict, res: Any) -> None:
+    assert isinstance(res, dict) and res.get("method") in ("warp", "multi_warp", "split_k"), f"plan {res!r}"
+    for n in ("batch", "num_heads", "num_kv_heads", "head_dim", "max_seq_len"):
+        assert isinstance(k[n], int) and not isinstance(k[n], bool) and k[n] >= 1 or n == "max_seq_len" \
+            and isinstance(k[n], int) and k[n] >= 0, f"{n}={k[n]!r} gave a plan"
+    assert k["num_heads"] % k["num_kv_heads"] == 0 and k["head_dim"] <= 256, "bad heads gave a plan"
+    for launch in res.get("launches", ()):
+        grid = launch[1] if isinstance(launch, tuple) else launch.get("grid")
+        assert all(0 < g < 2**31 for g in grid), f"grid {grid}"
+
+
+spec(Spec("decode_plan", ops.decode_plan,
+          lambda r: dict(batch=2, num_heads=4, num_kv_heads=2, head_dim=64, max_seq_len=100, method="auto",
+                         seq_hint=None, num_warps=None, chunk_size=None),
+          {"batch": LENGTH, "num_heads": LENGTH, "num_kv_heads": LENGTH, "head_dim": LENGTH, "max_seq_len": LENGTH,
+           "method": ENUM, "seq_hint": LENGTH, "num_warps": LENGTH, "chunk_size": LENGTH}, check=_plan_check))
+
+
+def _tiling_check(k: dict, res: Any) -> None:
+    hd, pr, kb = k["head_dim"], k["packed_rows"], k["kv_bytes"]
+    for n, v in (("head_dim", hd), ("packed_rows", pr), ("kv_bytes", kb)):
+        assert isinstance(v, int) and not isinstance(v, bool) and v >= 1, f"{n}={v!r} gave a tiling"
+    assert kb in (1, 2, 4), f"kv_bytes={kb} gave a tiling"
+    rows, tile, smem = res
+    assert 1 <= rows <= max(1, pr) and rows * hd <= 2048 or rows == 1, f"rows {rows}"
+    assert 1 <= tile <= 64 and smem <= 48 * 1024, f"tile {tile} smem {smem} for head_dim {hd}"
+
+
+spec(Spec("attn_tiling", ops.attn_tiling, lambda r: dict(head_dim=64, packed_rows=4, kv_bytes=2),
+          {"head_dim": LENGTH, "packed_rows": LENGTH, "kv_bytes": LENGTH}, check=_tiling_check))
+
+# --------------------------------------------------------------------------- serving (paged KV caches)
+PAGE, KVH, HQ, D = 4, 1, 2, 8
+
+
+def _paged(r: np.random.Generator, lens: tuple[int, ...] = (5, 3)) -> dict:
+    """A paged NHD cache for sequences of these lengths (pages shuffled, one spare page)."""
+    npages = [-(-n // PAGE) for n in lens]
+    total = sum(npages) + 1
+    perm = r.permutation(total).astype(np.int32)
+    indptr = np.concatenate([[0], np.cumsum(npages)]).astype(np.int32)
+    last = np.array([n - (p - 1) * PAGE for n, p in zip(lens, npages)], np.int32)
+    return dict(k_pages=f32(r, total, PAGE, KVH, D), v_pages=f32(r, total, PAGE, KVH, D), kv_indptr=indptr,
+                kv_indices=perm[:indptr[-1]].copy(), kv_last_page_len=last)
+
+
+def _gather(k: dict, layout: str = "NHD") -> tuple[list, list]:
+    """Each sequence's K and V (L, KVH, D) read through the (possibly mutated) page table."""
+    kp, vp = fdata(k["k_pages"]), fdata(k["v_pages"])
+    need(kp.ndim == 4 and kp.shape == vp.shape, "pages")
+    if layout == "HND":
+        kp, vp = kp.transpose(0, 2, 1, 3), vp.transpose(0, 2, 1, 3)
+    ip, ix, last = i64(k["kv_indptr"]), i64(k["kv_indices"]), i64(k["kv_last_page_len"])
+    need(ip.ndim == 1 and ix.ndim == 1 and last.shape == (ip.size - 1,) and ip.size >= 2 and ip[0] == 0, "table")
+    need((np.diff(ip) >= 0).all() and ip[-1] <= ix.size and ((ix >= 0) & (ix < kp.shape[0])).all(), "table")
+    ks, vs = [], []
+    page = kp.shape[1]
+    for b in range(ip.size - 1):
+        pages = ix[ip[b]:ip[b + 1]]
+        n = 0 if pages.size == 0 else (pages.size - 1) * page + int(last[b])
+        need(pages.size == 0 or 1 <= last[b] <= page, "kv_last_page_len")
+        ks.append(kp[pages].reshape(-1, *kp.shape[2:])[:n])
+        vs.append(vp[pages].reshape(-1, *vp.shape[2:])[:n])
+    return ks, vs
+
+
+def _scaled(k: dict, ks: list, vs: list) -> tuple[list, list]:
+    ksc = 1.0 if k.get("k_scale") is None else real(k["k_scale"])
+    vsc = 1.0 if k.get("v_scale") is None else real(k["v_scale"])
+    need(np.isfinite(ksc) and np.isfinite(vsc), "scales")
+    return [x * ksc for x in ks], [x * vsc for x in vs]
+
+
+def _pdec_ref(k: dict, layout: str | None = None, wl: int = -1, cap: float = 0.0) -> Any:
+    layout = choice(k.get("kv_layout", layout), ("NHD", "HND"))
+    ks, vs = _scaled(k, *_gather(k, layout))
+    q = fdata(k["q"])
+    need(q.ndim == 3 and q.shape[0] == len(ks) and q.shape[2] == fdata(k["k_pages"]).shape[3], "q")
+    need(q.shape[1] % fdata(k["k_pages"]).shape[2 if layout == "NHD" else 1] == 0, "heads")
+    wl = wl if k.get("window_left") is None else k["window_left"]
+    cap = cap if k.get("logits_soft_cap") is None else real(k["logits_soft_cap"])
+    need(isinstance(wl, (int, np.integer)) and wl >= -1 and cap >= 0, "window")
+    wl = int(wl)
+    sc = k.get("scale")
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, l_ = _na(q[b:b + 1], ks[b], vs[b], False, None if sc is None else real(sc), (wl, -1), cap)
+        outs.append(o[0])
+        lses.append(l_[0])
+    out, lse = np.stack(outs), np.stack(lses)
+    return (out, lse) if flag(k["return_lse"]) else out
+
+
+PAGED_ROLES = {"q": FARRAY, "k_pages": FARRAY, "v_pages": FARRAY, "kv_indptr": PTABLE, "kv_indices": PTABLE,
+               "kv_last_page_len": PTABLE, "kv_layout": ENUM, "scale": FLOAT, "k_scale": FLOAT, "v_scale": FLOAT,
+               "window_left": INT, "logits_soft_cap": FLOAT, "return_lse": BOOL, "out": OUT, **COMMON}
+
+spec(Spec("paged_decode_attention", ops.paged_decode_attention,
+          lambda r: dict(q=f32(r, 2, HQ, D), **_paged(r), kv_layout="NHD", scale=None, k_scale=None, v_scale=None,
+                         window_left=None, logits_soft_cap=None, return_lse=True, out=None, plan=None,
+                         enable_pdl=False, **HOST),
+          {**PAGED_ROLES, "plan": FIXED, "enable_pdl": BOOL}, ref=_pdec_ref, kind_of="q"))
+
+
+def _plan_build(r: np.random.Generator) -> dict:
+    return dict(batch=2, num_qo_heads=HQ, num_kv_heads=KVH, head_dim=D, page_size=PAGE, kv_layout="NHD",
+                q_dtype="f32", kv_dtype=None, max_kv_len=None, num_splits=None, return_lse=False, num_sms=132,
+                window_left=-1, logits_soft_cap=0.0, tensor_cores=None, items_per_cta=None, like=None)
+
+
+RUN_REJECTED = "run rejected"
+
+
+def _plan_call(k: dict) -> Any:
+    r = np.random.default_rng(0)
+    plan = ops.PagedDecodePlan(**k)
+    inputs = dict(q=f32(r, 2, HQ, D), **_paged(r))
+    k["_run"] = inputs
+    try:
+        return plan.run(**inputs, backend="host")
+    except (ArgumentError, ArgumentTypeError) as e:
+        # a plan for another geometry (batch 1, 4 heads, ...) is valid; run() must then refuse the inputs
+        # made for the spec's geometry, naming one of them
+        assert any(n in str(e) for n in inputs), f"run() of a plan refused its inputs naming none: {e}"
+        k["_rejected"] = True
+        return RUN_REJECTED
+
+
+def _plan_ref(k: dict) -> Any:
+    for n in ("batch", "num_qo_heads", "num_kv_heads", "head_dim", "page_size", "num_sms"):
+        need(natural(k[n]) >= 1, n)
+    need(k["num_splits"] is None or natural(k["num_splits"]) >= 1, "num_splits")
+    need(k["items_per_cta"] is None or natural(k["items_per_cta"]) >= 1, "items_per_cta")
+    need(k["max_kv_len"] is None or natural(k["max_kv_len"]) >= 0, "max_kv_len")
+    choice(k["q_dtype"], ("f32",))
+    need(k["kv_dtype"] in (None, "f32"), "kv_dtype")
+    if k.get("_rejected"):  # a valid plan of another geometry: the inputs did not fit it
+        return RUN_REJECTED
+    return _pdec_ref(dict(k["_run"], return_lse=flag(k["return_lse"]), kv_layout=k["kv_layout"]),
+                     wl=k["window_left"], cap=real(k["logits_soft_cap"]))
+
+
+spec(Spec("PagedDecodePlan", None, _plan_build,
+          {"batch": LENGTH, "num_qo_heads": LENGTH, "num_kv_heads": LENGTH, "head_dim": LENGTH,
+           "page_size": LENGTH, "kv_layout": ENUM, "q_dtype": ENUM, "kv_dtype": ENUM, "max_kv_len": LENGTH,
+           "num_splits": LENGTH, "return_lse": BOOL, "num_sms": LENGTH, "window_left": INT,
+           "logits_soft_cap": FLOAT, "tensor_cores": BOOL, "items_per_cta": LENGTH, "like": FIXED},
+          ref=_plan_ref, tol="paged_decode_attention", call=_plan_call, signature_of=ops.PagedDecodePlan,
+          writes=lambda k: ("_run", "_rejected")))
+
+
+def _run_build(r: np.random.Generator) -> dict:
+    return dict(q=f32(r, 2, HQ, D), **_paged(r), scale=None, k_scale=None, v_scale=None, return_lse=None,
+                out=None, enable_pdl=False, **HOST)
+
+
+_RUN_PLAN: dict[str, Any] = {}
+
+
+def _run_call(k: dict) -> Any:
+    # one plan per process: run() must leave it usable whatever the previous (bad) call was
+    if "plan" not in _RUN_PLAN:
+        _RUN_PLAN["plan"] = ops.PagedDecodePlan(2, HQ, KVH, D, PAGE, kv_layout="NHD", q_dtype="f32")
+    return _RUN_PLAN["plan"].run(**k)
+
+
+spec(Spec("PagedDecodePlan.run", None, _run_build,
+          {"q": FARRAY, "k_pages": FARRAY, "v_pages": FARRAY, "kv_indptr": PTABLE, "kv_indices": PTABLE,
+           "kv_last_page_len": PTABLE, "scale": FLOAT, "k_scale": FLOAT, "v_scale": FLOAT, "return_lse": BOOL,
+           "out": OUT, "enable_pdl": BOOL, **COMMON},
+          ref=lambda k: _pdec_ref(dict(k, return_lse=bool(k["return_lse"]) if k["return_lse"] is not None
+                                       else False), layout="NHD"),
+          tol="paged_decode_attention", kind_of="q", call=_run_call, signature_of=ops.PagedDecodePlan.run))
+
+
+def _pre_ref(k: dict) -> Any:
+    layout = choice(k["kv_layout"], ("NHD", "HND"))
+    ks, vs = _scaled(k, *_gather(k, layout))
+    q, qi = fdata(k["q"]), i64(k["qo_indptr"])
+    need(q.ndim == 3 and qi.shape == (len(ks) + 1,) and qi[0] == 0 and qi[-1] == q.shape[0]
+         and (np.diff(qi) >= 0).all(), "qo_indptr")
+    need(q.shape[2] == fdata(k["k_pages"]).shape[3], "head_dim")
+    need(q.shape[1] % fdata(k["k_pages"]).shape[2 if layout == "NHD" else 1] == 0, "heads")
+    wl = k["window_left"]
+    need(isinstance(wl, (int, np.integer)) and wl >= -1 and real(k["logits_soft_cap"]) >= 0, "window")
+    wl = int(wl)
+    sc = k.get("scale")
+    outs, lses = [], []
+    for b in range(len(ks)):
+        o, l_ = _na(q[qi[b]:qi[b + 1]], ks[b], vs[b], flag(k["causal"]), None if sc is None else real(sc),
+                             (wl, -1), real(k["logits_soft_cap"]))
+        outs.append(o)
+        lses.append(l_)
+    out, lse = np.concatenate(outs), np.concatenate(lses)
+    return (out, lse) if flag(k["return_lse"]) else out
+
+
+spec(Spec("paged_prefill_attention", ops.paged_prefill_attention,
+          lambda r: dict(q=f32(r, 4, HQ, D), qo_indptr=np.array([0, 3, 4], np.int32), **_paged(r), causal=True,
+                         kv_layout="NHD", scale=None, k_scale=None, v_scale=None, window_left=-1,
+                         logits_soft_cap=0.0, return_lse=False, out=None, **HOST),
+          {**PAGED_ROLES, "qo_indptr": PTABLE, "causal": BOOL}, ref=_pre_ref, kind_of="q"))
+
+
+def _append_build(r: np.random.Generator) -> dict:
+    p = _paged(r)
+    return dict(k=f32(r, 3, KVH, D), v=f32(r, 3, KVH, D), batch_indices=np.array([0, 0, 1], np.int32),
+                positions=np.array([3, 4, 2], np.int32), **p, kv_layout="NHD", k_scale=None, v_scale=None,
+                enable_pdl=False, **HOST)
+
+
+def _append_call(k: dict) -> Any:
+    # the pages before the call, for the reference (a meta tensor has none: the op must refuse it)
+    k["_before"] = tuple(None if getattr(p, "is_meta", False) else np.array(to_host(p), copy=True)
+                         for p in (k["k_pages"], k["v_pages"]))
+    ops.append_paged_kv_cache(**{n: v for n, v in k.items() if n != "_before"})
+    return to_host(k["k_pages"]), to_host(k["v_pages"])
+
+
+def to_host(a: Any) -> Any:
+    from fuzz_engine import to_numpy
+
+    return to_numpy(a)
+
+
+def _append_ref(k: dict) -> Any:
+    choice(k["kv_layout"], ("NHD",))
+    kk, vv = fdata(k["k"]), fdata(k["v"])
+    kp, vp = (np.array(x, np.float64) for x in k["_before"])
+    bi, pos = i64(k["batch_indices"]), i64(k["positions"])
+    ip, ix, last = i64(k["kv_indptr"]), i64(k["kv_indices"]), i64(k["kv_last_page_len"])
+    need(kk.shape == vv.shape and kk.ndim == 3 and kk.shape[1:] == kp.shape[2:] and bi.shape == pos.shape
+         == kk.shape[:1], "shapes")
+    need(ip.ndim == 1 and last.shape == (ip.size - 1,) and ((bi >= 0) & (bi < last.size)).all(), "batch_indices")
+    need(np.isfinite([1.0 if k.get(s) is None else real(k[s]) for s in ("k_scale", "v_scale")]).all(), "scales")
+    for t in range(kk.shape[0]):
+        b = bi[t]
+        n = (ip[b + 1] - ip[b] - 1) * kp.shape[1] + last[b]
+        need(0 <= pos[t] < n, "positions")
+        page = ix[ip[b] + pos[t] // kp.shape[1]]
+        need(0 <= page < kp.shape[0], "kv_indices")
+        kp[page, pos[t] % kp.shape[1]] = kk[t]
+        vp[page, pos[t] % kp.shape[1]] = vv[t]
+    return kp, vp
+
+
+spec(Spec("append_paged_kv_cache", None, _append_build,
+          {"k": FARRAY, "v": FARRAY, "batch_indices": IARRAY, "positions": IARRAY, "k_pages": OUT, "v_pages": OUT,
+           "kv_indices": PTABLE, "kv_indptr": PTABLE, "kv_last_page_len": PTABLE, "kv_layout": ENUM,
+           "k_scale": FLOAT, "v_scale": FLOAT, "enable_pdl": BOOL, **COMMON},
+          ref=_append_ref, kind_of="k", call=_append_call, signature_of=ops.append_paged_kv_cache,
+          writes=lambda k: ("k_pages", "v_pages", "_before")))
+
+
+def _gbip_ref(k: dict) -> Any:
+    ip, sl, nnz = i64(k["append_indptr"]), i64(k["seq_lens"]), natural(k["nnz"])
+    need(ip.ndim == 1 and sl.shape == (ip.size - 1,) and ip[0] == 0 and (np.diff(ip) >= 0).all(), "indptr")
+    need(ip[-1] == nnz and (sl >= np.diff(ip)).all(), "lengths")
+    bi = np.repeat(np.arange(sl.size), np.diff(ip))
+    pos = np.concatenate([np.arange(s - n, s) for s, n in zip(sl, np.diff(ip))] + [np.zeros(0, np.int64)])
+    return bi.astype(np.int32), pos.astype(np.int32)
+
+
+spec(Spec("get_batch_indices_positions", ops.get_batch_indices_positions,
+          lambda r: dict(append_indptr=np.array([0, 2, 3], np.int32), seq_lens=np.array([5, 3], np.int32), nnz=3),
+          {"append_indptr": PTABLE, "seq_lens": IARRAY, "nnz": LENGTH}, ref=_gbip_ref))
+
+# --------------------------------------------------------------------------- sampling
+SAMPLING_ROLES = {"probs": PROB, "indices": IARRAY, "deterministic": BOOL, "generator": FIXED, "check_nan": BOOL,
+                  "seed": INT, "offset": INT, "return_valid": BOOL, **COMMON}
+
+
+def _sampling_check(extra: tuple[str, ...]) -> Any:
+    def check(k: dict, res: Any) -> None:
+        p = fdata(k["probs"]).astype(np.float32)
+        assert p.ndim == 2 and (p >= 0).all() and np.isfinite(p).all() and p.size, f"probs {p.shape} sampled"
+        idx = None if k.get("indices") is None else i64(k["indices"])
+        assert idx is None or (idx.ndim == 1 and ((idx >= 0) & (idx < p.shape[0])).all()), f"indices {idx}"
+        filt = {}
+        for n in extra:
+            v = k[n]
+            if n == "filter_apply_order":
+                filt["order"] = choice(v, ("top_k_first", "joint"))
+                continue
+            a = np.asarray(v)
+            assert a.dtype.kind in "iuf" and a.ndim in (0, 1), f"{n}={v!r} accepted"
+            if n == "top_k":
+                assert a.dtype.kind in "iu" and (a >= 0).all() and (a < 2**31).all(), f"top_k={v!r} accepted"
+            else:
+                assert np.isfinite(a).all() and ((a >= 0) & (a <= 1)).all(), f"{n}={v!r} accepted"
+                assert n != "top_p" or (a > 0).all(), f"top_p={v!r} accepted"
+            assert a.ndim == 0 or a.shape == ((p.shape[0],) if idx is None else idx.shape), f"{n} shape {a.shape}"
+            filt[n] = v
+        flag(k["return_valid"])
+        samples = res[0] if k["return_valid"] else res
+        seed, off = k.get("seed"), k.get("offset")
+        if seed is None:  # drawn from OS entropy: only the support can be checked
+            s = np.asarray(to_host(samples))
+            rows = p if idx is None else p[idx]
+            assert ((s >= 0) & (s < p.shape[1])).all() and (rows[np.arange(s.size), s] > 0).all(), f"samples {s}"
+            return
+        for n, v in (("seed", seed), ("offset", 0 if off is None else off)):
+            a = np.asarray(v)
+            assert a.dtype.kind in "iu" and a.ndim <= 1 and all(-2**63 <= int(x) < 2**64 for x in
+                                                                a.reshape(-1)), f"{n}={v!r}"
+        # documented: ints in [-2**63, 2**64), taken modulo 2**64
+        seed = seed % 2**64 if isinstance(seed, int) else seed
+        off = 0 if off is None else off % 2**64 if isinstance(off, int) else off
+        want, valid = np_sample(p, seed, off, indices=idx, **filt)
+        compare("sampling_from_probs", "f32", (samples, res[1]) if k["return_valid"] else samples,
+                (want, valid) if k["return_valid"] else want)
+    return check
+
+
+def _sampling_build(**extra: Any) -> Any:
+    def build(r: np.random.Generator) -> dict:
+        return dict(probs=probs(r, 2, 7), **extra, indices=np.array([1, 0, 1], np.int32), deterministic=True,
+                    generator=None, check_nan=False, seed=1234, offset=5, return_valid=False, **HOST)
+    return build
+
+
+for _name, _extra, _roles in (
+        ("sampling_from_probs", {}, {}),
+        ("top_k_sampling_from_probs", {"top_k": 3}, {"top_k": LENGTH}),
+        ("top_p_sampling_from_probs", {"top_p": 0.6}, {"top_p": PROB}),
+        ("min_p_sampling_from_probs", {"min_p": np.array([0.2, 0.5, 0.9], np.float32)}, {"min_p": PROB}),
+        ("top_k_top_p_sampling_from_probs", {"top_k": np.array([2, 4, 0], np.int32), "top_p": 0.7,
+                                             "filter_apply_order": "joint"},
+         {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):
+    spec(Spec(_name, getattr(ops, _name), _sampling_build(**_extra), {**SAMPLING_ROLES, **_roles},
+              check=_sampling_check(tuple(_extra))))
+
+
+def _renorm_ref(fn: Any, param: str, is_int: bool) -> Any:
+    def ref(k: dict) -> Any:
+        p = fdata(k["probs" if "probs" in k else "logits"])
+        v = np.asarray(k[param])
+        need(p.ndim == 2 and v.ndim in (0, 1) and (v.ndim == 0 or v.shape == p.shape[:1]), "shapes")
+        need(v.dtype.kind in ("iu" if is_int else "iuf"), "dtype")
+        need((v >= 0).all() and (v < 2**31).all() if is_int else ((v > 0) & (v <= 1)).all(), param)
+        # (negative, NaN and inf entries are the references' "no mass", as the kernels read them)
+        return fn(p, k[param] if v.ndim == 0 else v)
+    return ref
+
+
+spec(Spec("top_k_renorm_probs", ops.top_k_renorm_probs,
+          lambda r: dict(probs=probs(r, 2, 7), top_k=np.array([3, 0], np.int32), is_deterministic=False, **HOST),
+          {"probs": PROB, "top_k": LENGTH, "is_deterministic": BOOL, **COMMON},
+          ref=_renorm_ref(np_top_k_renorm, "top_k", True), kind_of="probs"))
+spec(Spec("top_p_renorm_probs", ops.top_p_renorm_probs,
+          lambda r: dict(probs=probs(r, 2, 7), top_p=0.5, is_deterministic=False, **HOST),
+          {"probs": PROB, "top_p": PROB, "is_deterministic": BOOL, **COMMON},
+          ref=_renorm_ref(np_top_p_renorm, "top_p", False), kind_of="probs"))
+spec(Spec("top_k_mask_logits", ops.top_k_mask_logits,
+          lambda r: dict(logits=f32(r, 2, 7), top_k=2, **HOST),
+          {"logits": FARRAY, "top_k": LENGTH, **COMMON},
+          ref=_renorm_ref(np_top_k_mask, "top_k", True), kind_of="logits"))
+
+# --------------------------------------------------------------------------- mixture of experts
+
+
+def _route_ref(k: dict) -> Any:
+    x = fdata(k["router_logits"])
+    tk = natural(k["top_k"])
+    sc = choice(k["scoring"], ("softmax", "sigmoid"))
+    need(x.ndim == 2 and 1 <= tk <= x.shape[1], "top_k")
+    b = None if k.get("bias") is None else np.asarray(k["bias"])
+    need(b is None or (b.dtype == np.float32 and b.shape == x.shape[1:]), "bias")
+    w, ids = np_moe_route(x, tk, flag(k["renormalize"]), sc, b)
+    # a row with a non-finite logit has NaN weights (compared) and unspecified ids (masked out)
+    bad = ~np.isfinite(x).all(-1, keepdims=True) | np.isnan(w).any(-1, keepdims=True)
+    return w, np.ma.MaskedArray(ids, mask=np.broadcast_to(bad, ids.shape))
+
+
+spec(Spec("moe_route", ops.moe_route,
+          lambda r: dict(router_logits=f32(r, 3, 6), top_k=2, renormalize=True, scoring="sigmoid",
+                         bias=f32(r, 6), **HOST),
+          {"router_logits": FARRAY, "top_k": LENGTH, "renormalize": BOOL, "scoring": ENUM, "bias": FARRAY,
+           **COMMON}, ref=_route_ref, kind_of="router_logits"))
+
+
+def _align_ref(k: dict) -> Any:
+    ids, e, blk = i64(k["topk_ids"]), natural(k["n_experts"]), natural(k["block"])
+    need(ids.ndim == 2 and e >= 1 and blk >= 1 and ((ids >= -1) & (ids < e)).all(), "ids")
+    flat = ids.reshape(-1)
+    counts = np.array([(flat == x).sum() for x in range(e)], np.int64)
+    offsets = np.concatenate([[0], np.cumsum(-(-counts // blk) * blk)])
+    rows = flat.size + min(e, flat.size) * (blk - 1)
+    sorted_slot = np.full(max(rows, 0), -1)
+    slot_pos = np.full(flat.size, -1)
+    for x in range(e):
+        slots = np.nonzero(flat == x)[0]
+        sorted_slot[offsets[x]:offsets[x] + slots.size] = slots
+        slot_pos[slots] = offsets[x] + np.arange(slots.size)
+    return sorted_slot, slot_pos, offsets, counts
+
+
+spec(Spec("moe_align", ops.moe_align,
+          lambda r: dict(topk_ids=np.array([[0, 2], [2, -1], [1, 2]], np.int32), n_experts=3, block=4, **HOST),
+          {"topk_ids": IARRAY, "n_experts": LENGTH, "block": LENGTH, **COMMON}, ref=_align_ref))
+
+
+def _gg_ref2(k: dict) -> Any:
+    a, b, off = fdata(k["a"]), fdata(k["b"]), i64(k["offsets"])
+    need(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[2] and off.shape == (b.shape[0] + 1,), "shapes")
+    need(off[0] == 0 and off[-1] == a.shape[0] and (np.diff(off) >= 0).all(), "offsets")
+    return np_grouped_gemm(a, b, off)
+
+
+spec(Spec("grouped_gemm", ops.grouped_gemm,
+          lambda r: dict(a=f32(r, 5, 8), b=f32(r, 3, 4, 8), offsets=np.array([0, 2, 2, 5], np.int32), out=None,
+                         tensor_cores=None, **HOST),
+          {"a": FARRAY, "b": FARRAY, "offsets": PTABLE, "out": OUT, "tensor_cores": BOOL, **COMMON},
+          ref=_gg_ref2, kind_of="a"))
+
+
+def _experts_common(k: dict) -> tuple:
+    x, gu, dn, w = fdata(k["x"]), fdata(k["gate_up_proj"]), fdata(k["down_proj"]), fdata(k["topk_weights"])
+    ids = i64(k["topk_ids"])
+    need(x.ndim == 2 and gu.ndim == 3 and gu.shape[2] == x.shape[1] and gu.shape[1] % 2 == 0 and gu.shape[1]
+         and dn.shape == (gu.shape[0], x.shape[1], gu.shape[1] // 2), "weights")
+    need(ids.ndim == 2 and ids.shape[0] == x.shape[0] and w.shape == ids.shape, "routing")
+    need(((ids >= -1) & (ids < gu.shape[0])).all(), "topk_ids")
+    return x, gu, dn, ids, w, choice(k["activation"], ("silu", "gelu_tanh"))
+
+
+def _experts_build(r: np.random.Generator) -> dict:
+    return dict(x=f32(r, 3, 8), gate_up_proj=f32(r, 2, 8, 8) * np.float32(0.3), down_proj=f32(r, 2, 8, 4),
+                topk_ids=np.array([[0, 1], [1, -1], [1, 0]], np.int32), topk_weights=r.random((3, 2)).astype(
+                    np.float32), activation="silu", tensor_cores=None, **HOST)
+
+
+spec(Spec("moe_experts", ops.moe_experts, _experts_build,
+          {"x": FARRAY, "gate_up_proj": FARRAY, "down_proj": FARRAY, "topk_ids": IARRAY, "topk_weights": FARRAY,
+           "activation": ENUM, "tensor_cores": BOOL, **COMMON},
+          ref=lambda k: np_moe_experts(*_experts_common(k)), kind_of="x", examples=0.5))
+
+
+def _experts_b_ref(k: dict) -> Any:
+    g = fdata(k["grad_out"])
+    c = _experts_common(k)
+    need(g.shape == c[0].shape, "grad_out")
+    return np_moe_experts_backward(g, *c)
+
+
+spec(Spec("moe_experts_backward", ops.moe_experts_backward,
+          lambda r: dict(grad_out=f32(r, 3, 8), **_experts_build(r)),
+          {"grad_out": FARRAY, "x": FARRAY, "gate_up_proj": FARRAY, "down_proj": FARRAY, "topk_ids": IARRAY,
+           "topk_weights": FARRAY, "activation": ENUM, "tensor_cores": BOOL, **COMMON},
+          ref=_experts_b_ref, kind_of="x", examples=0.5))
+
+# --------------------------------------------------------------------------- pykern.torch (CPU tensors)
+
+
+def torch_specs() -> dict[str, Spec]:
+    """Specs of pykern.torch's public functions (imports torch: only called when those are fuzzed)."""
+    import pykern.torch as pt
+
+    out: dict[str, Spec] = {}
+
+    def tspec(name: str, build: Any, roles: dict, ref: Any, tol: str, kind_of: str | None = None) -> None:
+        out["torch." + name] = Spec("torch." + name, getattr(pt, name), build, roles, ref=ref, tol=tol,
+                                    kind_of=kind_of, torch=True, writes=lambda k: ())
+
+    tspec("rms_norm", lambda r: dict(x=f32(r, 3, 8), weight=f32(r, 8), eps=1e-6, offset=0.0),
+          {"x": FARRAY, "weight": FARRAY, "eps": FLOAT, "offset": FLOAT}, _rms_ref, "rms_norm", "x")
+
+    def rope_ref(k: dict) -> Any:
+        q, kk = fdata(k["q"]), fdata(k["k"])
+        c, s = (np.asarray(k[n]).astype(np.float32).astype(np.float64) for n in ("cos", "sin"))
+        need(q.ndim == 4 and kk.ndim == 4 and q.shape[:2] == kk.shape[:2] and q.shape[3] == kk.shape[3], "qk")
+        need(c.shape == s.shape and c.ndim == 2 and c.shape[1] == q.shape[3], "tables")
+        # (any real dtype: the wrapper converts the tables with .float())
+        pos = k.get("position_ids")
+        pos = np.arange(q.shape[1]) if pos is None else i64(pos)
+        need(((pos >= 0) & (pos < c.shape[0])).all() and pos.shape[-1] == q.shape[1], "positions")
+        return (np_rope(q, c, s, 0, "half", position_ids=pos), np_rope(kk, c, s, 0, "half", position_ids=pos))
+
+    def rope_build(r: np.random.Generator) -> dict:
+        ang = r.random((6, 4))
+        ang = np.concatenate([ang, ang], -1)
+        return dict(q=f32(r, 1, 3, 2, 8), k=f32(r, 1, 3, 1, 8), cos=np.cos(ang).astype(np.float32),
+                    sin=np.sin(ang).astype(np.float32), position_ids=np.array([[2, 0, 5]]))
+
+    tspec("rope", rope_build, {"q": FARRAY, "k": FARRAY, "cos": FARRAY, "sin": FARRAY, "position_ids": IARRAY},
+          rope_ref, "rope", "q")
+    tspec("swiglu", lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5)), {"gate": FARRAY, "up": FARRAY}, _sg_ref,
+          "silu_gate", "gate")
+
+    def fa_ref(k: dict) -> Any:
+        sc = k.get("softcap")
+        return _fa_ref(dict(k, return_lse=False, softcap=0.0 if sc is None else sc))
+
+    tspec("flash_attention", lambda r: dict(q=f32(r, 1, 3, 2, 8), k=f32(r, 1, 4, 1, 8), v=f32(r, 1, 4, 1, 8),
+                                            causal=True, scale=None, window_size=(-1, -1), softcap=None),
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "causal": BOOL, "scale": FLOAT, "window_size": INT,
+           "softcap": FLOAT}, fa_ref, "flash_attention", "q")
+
+    def ce_ref(k: dict) -> Any:
+        z = k["z_loss"] if k.get("lse_square_scale") is None else k["lse_square_scale"]
+        res = _ce_ref(dict(k, pad_id=k["ignore_index"], ignore_index=None, z_loss=z))
+        return (res[0], res[2]) if flag(k["return_z_loss"]) else res[0]
+
+    tspec("cross_entropy", lambda r: dict(logits=f32(r, 4, 9), targets=np.array([1, -100, 8, 0]), ignore_index=-100,
+                                          reduction="mean", label_smoothing=0.0, z_loss=0.0, softcap=None,
+                                          weight=None, lse_square_scale=None, return_z_loss=False),
+          {"logits": FARRAY, "targets": IARRAY, "ignore_index": INT, "reduction": ENUM, "label_smoothing": PROB,
+           "z_loss": FLOAT, "softcap": FLOAT, "weight": FARRAY, "lse_square_scale": FLOAT, "return_z_loss": BOOL},
+          ce_ref, "cross_entropy_fwd_bwd", "logits")
+    tspec("embedding", lambda r: dict(ids=r.integers(0, 6, 5), table=f32(r, 6, 4)),
+          {"ids": IARRAY, "table": FARRAY}, _emb_ref, "embedding", "table")
+    tspec("add_rms_norm", lambda r: dict(x=f32(r, 3, 8), residual=f32(r, 3, 8), weight=f32(r, 8), eps=1e-6,
+                                         offset=0.0),
+          {"x": FARRAY, "residual": FARRAY, "weight": FARRAY, "eps": FLOAT, "offset": FLOAT}, _arn_ref,
+          "add_rms_norm", "x")
+    tspec("layer_norm", lambda r: dict(x=f32(r, 3, 8), weight=f32(r, 8), bias=f32(r, 8), eps=1e-5),
+          {"x": FARRAY, "weight": FARRAY, "bias": FARRAY, "eps": FLOAT}, _ln_ref, "layer_norm", "x")
+    tspec("gelu", lambda r: dict(x=f32(r, 3, 5), approximate="tanh"), {"x": FARRAY, "approximate": ENUM},
+          lambda k: np_gelu(fdata(k["x"]), choice(k["approximate"], GELU)), "gelu", "x")
+    tspec("gelu_gate", lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5), approximate="none"),
+          {"gate": FARRAY, "up": FARRAY, "approximate": ENUM}, _gg_ref, "gelu_gate", "gate")
+
+    def flce_ref(k: dict) -> Any:
+        z = k["z_loss"] if k.get("lse_square_scale") is None else k["lse_square_scale"]
+        need(k.get("ce_weight") is None, "ce_weight")
+        res = _flce_ref(dict(k, z_loss=z))
+        return (res[0], res[-1]) if flag(k["return_z_loss"]) else res[0]
+
+    tspec("fused_linear_cross_entropy",
+          lambda r: dict(hidden=f32(r, 4, 6), weight=f32(r, 9, 6), targets=np.array([2, 0, -100, 8]), bias=f32(r, 9),
+                         ignore_index=-100, label_smoothing=0.0, z_loss=0.0, softcap=None, reduction="mean",
+                         chunk_size=None, ce_weight=None, lse_square_scale=None, return_z_loss=False),
+          {"hidden": FARRAY, "weight": FARRAY, "targets": IARRAY, "bias": FARRAY, "ignore_index": INT,
+           "label_smoothing": PROB, "z_loss": FLOAT, "softcap": FLOAT, "reduction": ENUM, "chunk_size": LENGTH,
+           "ce_weight": FARRAY, "lse_square_scale": FLOAT, "return_z_loss": BOOL},
+          flce_ref, "fused_linear_cross_entropy", "hidden")
+    tspec("moe_route", lambda r: dict(router_logits=f32(r, 3, 6), top_k=2, renormalize=True, scoring="softmax",
+                                      bias=None),
+          {"router_logits": FARRAY, "top_k": LENGTH, "renormalize": BOOL, "scoring": ENUM, "bias": FARRAY},
+          _route_ref, "moe_route", "router_logits")
+
+    def experts_build(r: np.random.Generator) -> dict:
+        d = _experts_build(r)
+        return {n: d[n] for n in ("x", "gate_up_proj", "down_proj", "topk_ids", "topk_weights", "activation")}
+
+    tspec("moe_experts", experts_build,
+          {"x": FARRAY, "gate_up_proj": FARRAY, "down_proj": FARRAY, "topk_ids": IARRAY, "topk_weights": FARRAY,
+           "activation": ENUM}, lambda k: np_moe_experts(*_experts_common(k)), "moe_experts", "x")
+    return out
