@@ -61,34 +61,7 @@ class Spec:
     examples: float = 1                         # weight of this op in the example budget (slow ops < 1)
 
 
-# --------------------------------------------------------------------------- known defects fixed elsewhere
-# (op glob, parameter glob, input-class glob): input classes whose defects are being fixed on another
-# branch. The fuzzer skips exactly these; delete an entry when its fix is merged.
-KNOWN_ELSEWHERE: list[tuple[str, str, str, str]] = [
-    # (a) get_batch_indices_positions does not check nnz against append_indptr[-1]: a wrong nnz, or an
-    #     append_indptr whose last entry moved, is accepted
-    ("get_batch_indices_positions", "nnz", "int:*", "(a) nnz vs append_indptr[-1]"),
-    ("get_batch_indices_positions", "append_indptr", "index:*", "(a) nnz vs append_indptr[-1]"),
-    ("get_batch_indices_positions", "append_indptr", "shape*", "(a) nnz vs append_indptr[-1]"),
-    ("get_batch_indices_positions", "append_indptr", "empty*", "(a) nnz vs append_indptr[-1]"),
-    # (b) negative lengths are accepted (seq_lens, seq_len, the last page's length)
-    ("*", "seq_len", "*neg", "(b) negative lengths"),
-    ("*", "seq_lens", "*neg", "(b) negative lengths"),
-    ("*", "kv_last_page_len", "*neg", "(b) negative lengths"),
-    # (c) negative / NaN probabilities in the sampling ops return a valid token
-    ("*sampling_from_probs", "probs", "nan", "(c) bad probabilities sampled"),
-    ("*sampling_from_probs", "probs", "inf", "(c) bad probabilities sampled"),
-    ("*sampling_from_probs", "probs", "neg", "(c) bad probabilities sampled"),
-    # (d) decode_attention's / batched_decode_attention's default kv_layout (HND, where the other ops
-    #     default to NHD): the specs pass kv_layout explicitly, and no class here omits it
-    ("decode_attention", "kv_layout", "default", "(d) default kv_layout"),
-    ("batched_decode_attention", "kv_layout", "default", "(d) default kv_layout"),
-    # (e) shape errors that do not state the expected shape: the oracle only asks for the parameter name
-    # (f) kernel reads / writes more than 256 bytes out of bounds: the guard bytes here are 256 wide, so
-    #     nothing to skip; a crash from farther would surface as a lost worker
-]
-
-# Defects this fuzzer found that are not fixed yet (docs/fuzzing.md lists them): skipped like the above so
+# Defects this fuzzer found that are not fixed yet (docs/fuzzing.md lists them): skipped, so
 # the suite stays green; delete an entry with its fix, and the fuzzer checks that class again.
 OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
     # The attention kernels take the running max with fmaxf, which drops NaN: a row whose scores are all
@@ -123,7 +96,7 @@ OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
 
 
 def known_elsewhere(op: str, param: str, cls: str) -> str | None:
-    for o, p, c, why in KNOWN_ELSEWHERE + OPEN_DEFECTS:
+    for o, p, c, why in OPEN_DEFECTS:
         if fnmatch.fnmatchcase(op, o) and fnmatch.fnmatchcase(param, p) and fnmatch.fnmatchcase(cls, c):
             return why
     return None
