@@ -22,6 +22,7 @@
 // CTAs past the last tile exit. The offsets may live on the device: the host never reads them.
 // Ids outside [0, E) (-1: a dropped token) contribute nothing.
 #include "pk_common.cuh"
+#include "pk_grouped.cuh"  // the device-side tile scheduler of the grouped GEMMs
 
 // ------------------------------------------------------------------------------------------ helpers
 
@@ -45,55 +46,6 @@ __device__ __forceinline__ float moe_act_grad(float g, int act) {
     }
     const float s = 1.0f / (1.0f + expf(-g));
     return s * (1.0f + g * (1.0f - s));
-}
-
-// The group of row tile `tile` (tiles of `bm` rows, counted group by group): e (or -1 past the last
-// tile), the tile's first row and the group's end row. Called by one whole warp; the result is the
-// same in every lane. Negative group sizes (offsets that decrease) count as empty.
-__device__ __forceinline__ void moe_find_tile(const int* __restrict__ offsets, int n_groups, int bm, int tile,
-                                              int* e_out, int* m0_out, int* mend_out) {
-    const int lane = threadIdx.x & 31;
-    int rem = tile;
-    *e_out = -1;
-    *m0_out = 0;
-    *mend_out = 0;
-    for (int base = 0; base < n_groups; base += 32) {
-        const int e = base + lane;
-        int start = 0, end = 0, cnt = 0;
-        if (e < n_groups) {
-            start = offsets[e];
-            end = offsets[e + 1];
-            cnt = end > start ? (end - start + bm - 1) / bm : 0;
-        }
-        int inc = cnt;  // inclusive scan of the tile counts over the lanes
-#pragma unroll
-        for (int d = 1; d < 32; d <<= 1) {
-            const int v = __shfl_up_sync(PK_FULL_MASK, inc, d);
-            if (lane >= d) inc += v;
-        }
-        const unsigned hit = __ballot_sync(PK_FULL_MASK, inc > rem);
-        if (hit) {
-            const int L = __ffs((int)hit) - 1;
-            const int excl = __shfl_sync(PK_FULL_MASK, inc - cnt, L);
-            const int st = __shfl_sync(PK_FULL_MASK, start, L), en = __shfl_sync(PK_FULL_MASK, end, L);
-            *e_out = base + L;
-            *m0_out = st + (rem - excl) * bm;
-            *mend_out = en;
-            return;
-        }
-        rem -= __shfl_sync(PK_FULL_MASK, inc, 31);
-    }
-}
-
-// Warp 0 finds the CTA's tile and shares it through `info` (3 ints of shared memory).
-__device__ __forceinline__ void moe_cta_tile(const int* __restrict__ offsets, int n_groups, int bm, int tile,
-                                             int* info) {
-    if (threadIdx.x < 32) {
-        int e, m0, mend;
-        moe_find_tile(offsets, n_groups, bm, tile, &e, &m0, &mend);
-        if (threadIdx.x == 0) info[0] = e, info[1] = m0, info[2] = mend;
-    }
-    __syncthreads();
 }
 
 // ------------------------------------------------------------------------------------------ routing
@@ -364,7 +316,7 @@ __device__ __forceinline__ void grouped_gemm_simt_impl(const T* __restrict__ a, 
     __shared__ float sa[GGS_T][GGS_T + 1];
     __shared__ float sb[GGS_T][GGS_T + 1];
     __shared__ int info[3];
-    moe_cta_tile(offsets, n_groups, GGS_T, blockIdx.x, info);
+    pk_grouped_cta_tile(offsets, n_groups, GGS_T, blockIdx.x, info);
     const int e = info[0], m0 = info[1], mend = min(info[2], M);
     if (e < 0) return;
     const int n0 = blockIdx.y * GGS_T, tx = threadIdx.x & 31, ty = threadIdx.x >> 5;
@@ -572,7 +524,7 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
         mend = M;
     } else {
         __shared__ int info[3];
-        moe_cta_tile(offsets, n_groups, GG_BM, blockIdx.x, info);
+        pk_grouped_cta_tile(offsets, n_groups, GG_BM, blockIdx.x, info);
         e = info[0], m0 = info[1], mend = min(info[2], M);
         if (e < 0) return;
         kbeg = 0;

@@ -1,8 +1,7 @@
-// Grouped GEMM tile scheduling on the device (gemm_fp8.cu's grouped kernel): the grid covers an upper bound of
-// the row tiles (sum_e ceil(m_e / bm) <= M / bm + E) on blockIdx.x and each CTA finds its group by a warp
-// scan of `offsets` (int32 [E + 1], possibly on the device: the host never reads them); CTAs past the last
+// Grouped GEMM tile scheduling on the device (moe.cu's and gemm_fp8.cu's grouped kernels): the grid covers an
+// upper bound of the row tiles (sum_e ceil(m_e / bm) <= M / bm + E) on blockIdx.x and each CTA finds its group
+// by a warp scan of `offsets` (int32 [E + 1], possibly on the device: the host never reads them); CTAs past the last
 // tile get e = -1 and exit. Negative group sizes (offsets that decrease) count as empty.
-// The same scheme as moe.cu's moe_find_tile, which keeps its own copy for now.
 #pragma once
 #include "pk_common.cuh"
 
