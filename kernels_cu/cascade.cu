@@ -50,8 +50,10 @@ __device__ __forceinline__ void merge2_chunk(const T* v_a, const T* v_b, T* v_ou
     float a[W], b[W];
     pk_load<T, W>(v_a, i, a);
     pk_load<T, W>(v_b, i, b);
+    // A state of weight 0 (lse -inf: an empty segment) contributes nothing, whatever its v holds (0 * NaN
+    // would be NaN); a weighed state's NaN still shows.
 #pragma unroll
-    for (int j = 0; j < W; j++) a[j] = (wa * a[j] + wb * b[j]) * inv;
+    for (int j = 0; j < W; j++) a[j] = ((wa != 0.0f ? wa * a[j] : 0.0f) + (wb != 0.0f ? wb * b[j] : 0.0f)) * inv;
     pk_store<T, W>(v_out, i, a);
 }
 
@@ -67,8 +69,9 @@ __device__ __forceinline__ void merge_n_chunk(const T* vt, const float* st, T* v
     for (int k = 0; k < num_states; k++) {
         const float wk = cascade_weight(st[(long long)k * num_heads], m);
         pk_load<T, W>(vt, k * row_stride + i, x);
+        const bool live = wk != 0.0f;  // an empty state contributes nothing, whatever its v holds (see merge2_chunk)
 #pragma unroll
-        for (int j = 0; j < W; j++) acc[j] += wk * x[j];
+        for (int j = 0; j < W; j++) acc[j] += live ? wk * x[j] : 0.0f;
     }
 #pragma unroll
     for (int j = 0; j < W; j++) acc[j] *= inv;

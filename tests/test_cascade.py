@@ -116,6 +116,14 @@ def test_empty_segments_weigh_nothing_and_nan_is_never_dropped() -> None:
         assert np.isnan(o[0, 3]).all() and np.isnan(s[0, 3])  # a NaN lse poisons its row, never vanishes
     o, s = ops.merge_states(np.stack([va, vb], 1), np.stack([sa, sb], 1), backend=HOST)
     assert (o[0, 0] == 5.0).all() and (o[0, 1] == 0.0).all() and s[0, 1] == -inf and np.isnan(s[0, 3])
+    # An empty state's v is never read into the result: NaN there (garbage of a segment with no key) is no NaN out.
+    va_nan = va.copy()
+    va_nan[0, :2] = np.nan
+    for be in (HOST, "numba"):
+        o, s = ops.merge_state(va_nan, sa, vb, sb, backend=be)
+        assert (o[0, 0] == 5.0).all() and (o[0, 1] == 0.0).all()
+        o, s = ops.merge_states(np.stack([va_nan, vb], 1), np.stack([sa, sb], 1), backend=be)
+        assert (o[0, 0] == 5.0).all() and (o[0, 1] == 0.0).all()
 
 
 @pytest.mark.parametrize("be", [HOST, "numba"])

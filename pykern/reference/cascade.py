@@ -36,7 +36,9 @@ def _merge_state(cuda: Any):
             inv = 0.0 if tot == 0.0 else 1.0 / tot
             for d in range(head_dim):
                 i = r * head_dim + d
-                v_out[i] = (wa * v_a[i] + wb * v_b[i]) * inv
+                ta = wa * v_a[i] if wa != 0.0 else 0.0  # an empty state contributes nothing
+                tb = wb * v_b[i] if wb != 0.0 else 0.0
+                v_out[i] = (ta + tb) * inv
             s_out[r] = -math.inf if tot == 0.0 else m + math.log(tot)
 
     return k, lambda a: _grid(a[7] * a[8])
@@ -62,7 +64,9 @@ def _merge_states(cuda: Any):
             for d in range(head_dim):
                 acc = 0.0
                 for i in range(num_states):
-                    acc += weight(s[(t * num_states + i) * num_heads + h], m) * v[((t * num_states + i) * num_heads + h) * head_dim + d]
+                    wi = weight(s[(t * num_states + i) * num_heads + h], m)
+                    if wi != 0.0:  # an empty state contributes nothing
+                        acc += wi * v[((t * num_states + i) * num_heads + h) * head_dim + d]
                 v_out[r * head_dim + d] = acc * inv
             s_out[r] = -math.inf if tot == 0.0 else m + math.log(tot)
 

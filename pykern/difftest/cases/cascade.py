@@ -23,7 +23,8 @@ def np_merge_states(v: Any, s: Any) -> tuple[np.ndarray, np.ndarray]:
         w = np.where(s == -np.inf, 0.0, np.exp(s - np.where(m == -np.inf, 0.0, m)))
     tot = w.sum(1)
     with np.errstate(invalid="ignore", divide="ignore"):
-        out = np.where(tot[..., None] > 0, (w[..., None] * v).sum(1) / np.where(tot > 0, tot, 1.0)[..., None], 0.0)
+        wv = np.where(w[..., None] != 0, w[..., None] * v, 0.0)  # an empty state contributes nothing
+        out = np.where(tot[..., None] > 0, wv.sum(1) / np.where(tot > 0, tot, 1.0)[..., None], 0.0)
         lse = np.where(tot > 0, m[:, 0] + np.log(np.where(tot > 0, tot, 1.0)), -np.inf)
     return out, lse
 
