@@ -92,6 +92,25 @@ OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
     # finite (0 * inf from the zero rows that pad each expert's group to the GEMM tile, presumably)
     ("moe_experts_backward", "gate_up_proj", "inf", "padding rows turn inf weights into NaN gradients"),
     ("moe_experts_backward", "down_proj", "inf", "padding rows turn inf weights into NaN gradients"),
+    # shared_prefix_decode is flash_attention over the prefix and paged decode over the suffixes, merged: their
+    # NaN drops above reach it (a NaN / inf state taken for an empty one, which the merge then weighs by 0)
+    ("shared_prefix_decode", "q", "nan", "NaN q gives 0"),
+    ("shared_prefix_decode", "q", "inf", "inf q gives 0"),
+    ("shared_prefix_decode", "k_shared", "nan", "lse -inf where out is NaN: the merge drops the prefix"),
+    ("shared_prefix_decode", "k_shared", "inf", "lse -inf where out is NaN: the merge drops the prefix"),
+    ("shared_prefix_decode", "[kv]_pages", "nan", "NaN pages give lse -inf: the merge drops the suffix"),
+    ("shared_prefix_decode", "[kv]_pages", "inf", "inf pages give lse -inf: the merge drops the suffix"),
+    # MLA decode (mla.cu) shares the tensor-core online softmax: a NaN / inf score row gives lse -inf (out 0
+    # with an inf q, NaN out with a NaN) instead of NaN
+    ("MLAPagedDecodePlan.run*", "q_*", "nan", "NaN scores give lse -inf"),
+    ("MLAPagedDecodePlan.run*", "q_*", "inf", "inf q gives lse -inf / out 0"),
+    ("MLAPagedDecodePlan.run*", "*_cache", "nan", "NaN keys give lse -inf"),
+    ("MLAPagedDecodePlan.run*", "*_cache", "inf", "inf keys give lse -inf"),
+    # cascade.cu: a row whose states are all empty (lse -inf) weighs each by 0 and multiplies by 1 / sum = 0,
+    # so a NaN / inf in such a state's v gives NaN where the documented merge is 0 (merge_state and
+    # merge_state_in_place too: the same cascade_norm; their specs' valid calls have no all-empty row)
+    ("merge_states", "v", "nan", "all-empty row: 0 * NaN gives NaN, not 0"),
+    ("merge_states", "v", "inf", "all-empty row: 0 * inf gives NaN, not 0"),
 ]
 
 

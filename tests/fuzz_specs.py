@@ -1110,3 +1110,330 @@ def torch_specs() -> dict[str, Spec]:
           {"x": FARRAY, "gate_up_proj": FARRAY, "down_proj": FARRAY, "topk_ids": IARRAY, "topk_weights": FARRAY,
            "activation": ENUM}, lambda k: np_moe_experts(*_experts_common(k)), "moe_experts", "x")
     return out
+
+# --------------------------------------------------------------------------- serving extensions: cascade merges,
+# shared-prefix decode, MLA paged decode, speculative sampling
+from pykern.difftest.cases.cascade import np_merge_states  # noqa: E402
+from pykern.difftest.cases.mla import np_mla_decode  # noqa: E402
+from pykern.difftest.cases.sampling import np_chain_speculative  # noqa: E402
+
+
+def lse32(a: Any) -> np.ndarray:
+    """A log-sum-exp array of the reference's: float32 only (what the merges document)."""
+    a = np.asarray(a)
+    need(a.dtype == np.float32, f"lse dtype {a.dtype}")
+    return a.astype(np.float64)
+
+
+def nan_merge_states(v: np.ndarray, s: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """np_merge_states written for NaN, as the documented formula says (m = max s, w = exp(s - m)): a NaN or
+    +inf lse, or a NaN in a weighed v, gives NaN (np_merge_states guards its division and turns such rows into 0
+    / -inf, the "empty" state). A state of lse -inf weighs nothing."""
+    out, lse = np_merge_states(v, s)
+    with np.errstate(all="ignore"):
+        m = s.max(1)
+        bad = np.isnan(s).any(1) | (m == np.inf)  # (seq, heads): no finite weights
+        w = np.where(s == -np.inf, 0.0, np.exp(s - np.where(np.isfinite(m), m, 0.0)[:, None]))
+        vbad = (np.isnan(v) & (w[..., None] > 0)).any(1)  # a NaN entry of a state that weighs
+    out = np.where(bad[..., None] | vbad, np.nan, out)
+    lse = np.where(bad, np.nan, lse)
+    return out, lse
+
+
+def _ms_ref(k: dict) -> Any:
+    va, vb = fdata(k["v_a"]), fdata(k["v_b"])
+    sa, sb = lse32(k["s_a"]), lse32(k["s_b"])
+    need(np.asarray(k["v_a"]).dtype == np.asarray(k["v_b"]).dtype, "dtypes")
+    need(va.ndim == 3 and va.shape == vb.shape and sa.shape == sb.shape == va.shape[:2] and va.shape[2] >= 1,
+         "shapes")
+    return nan_merge_states(np.stack([va, vb], 1), np.stack([sa, sb], 1))
+
+
+def _state_build(r: np.random.Generator, *names: str) -> dict:
+    va, vb = f32(r, 3, 2, 8), f32(r, 3, 2, 8)
+    sa, sb = (np.float32(3) * f32(r, 3, 2)), (np.float32(3) * f32(r, 3, 2))
+    sa[0, 0] = -np.inf  # an empty segment
+    return dict(zip(names, (va, sa, vb, sb)))
+
+
+spec(Spec("merge_state", ops.merge_state, lambda r: dict(**_state_build(r, "v_a", "s_a", "v_b", "s_b"), **HOST),
+          {"v_a": FARRAY, "s_a": FARRAY, "v_b": FARRAY, "s_b": FARRAY, **COMMON}, ref=_ms_ref, kind_of="v_a"))
+
+
+def _msi_call(k: dict) -> Any:
+    res = ops.merge_state_in_place(**k)
+    assert res is None, f"merge_state_in_place returned {type(res).__name__}"
+    return to_host(k["v"]), to_host(k["s"])
+
+
+def _msi_ref(k: dict) -> Any:
+    v0, s0 = fdata(k["v"]), lse32(k["s"])
+    out, lse = _ms_ref(dict(v_a=k["v"], s_a=k["s"], v_b=k["v_other"], s_b=k["s_other"]))
+    m = k.get("mask")
+    if m is not None:
+        m = np.asarray(m)
+        need(m.dtype in (np.bool_, np.uint8) and m.shape == v0.shape[:1], "mask")
+        keep = m == 0  # masked-off tokens keep their state
+        out[keep], lse[keep] = v0[keep], s0[keep]
+    return out, lse
+
+
+spec(Spec("merge_state_in_place", None,
+          lambda r: dict(**_state_build(r, "v", "s", "v_other", "s_other"), mask=np.array([True, False, True]),
+                         **HOST),
+          {"v": FARRAY, "s": FARRAY, "v_other": FARRAY, "s_other": FARRAY, "mask": FARRAY, **COMMON},
+          ref=_msi_ref, tol="merge_state", kind_of="v", call=_msi_call, signature_of=ops.merge_state_in_place,
+          writes=lambda k: ("v", "s")))
+
+
+def _mss_ref(k: dict) -> Any:
+    v, s = fdata(k["v"]), lse32(k["s"])
+    need(v.ndim == 4 and s.shape == v.shape[:3] and v.shape[1] >= 1 and v.shape[3] >= 1, "shapes")
+    return nan_merge_states(v, s)
+
+
+def _mss_build(r: np.random.Generator) -> dict:
+    s = np.float32(3) * f32(r, 2, 3, 2)
+    s[0, 1, 0] = s[1, :, 1] = -np.inf  # an empty state, and a row of empty states
+    return dict(v=f32(r, 2, 3, 2, 8), s=s, **HOST)
+
+
+spec(Spec("merge_states", ops.merge_states, _mss_build, {"v": FARRAY, "s": FARRAY, **COMMON}, ref=_mss_ref,
+          kind_of="v"))
+
+
+def _spd_ref(k: dict) -> Any:
+    layout = choice(k["kv_layout"], ("NHD", "HND"))
+    ks, vs = _gather(k, layout)
+    kp_dt = np.asarray(k["k_pages"]).dtype
+    ksh, vsh = fdata(k["k_shared"]), fdata(k["v_shared"])
+    need(np.asarray(k["k_shared"]).dtype == np.asarray(k["v_shared"]).dtype == kp_dt == np.asarray(k["q"]).dtype,
+         "dtypes")
+    need(ksh.ndim == 3 and ksh.shape == vsh.shape, "shared")
+    if layout == "HND":
+        ksh, vsh = ksh.transpose(1, 0, 2), vsh.transpose(1, 0, 2)
+    q = fdata(k["q"])
+    kvh = fdata(k["k_pages"]).shape[2 if layout == "NHD" else 1]
+    need(q.ndim == 3 and q.shape[0] == len(ks) and q.shape[2] == fdata(k["k_pages"]).shape[3], "q")
+    need(ksh.shape[1:] == (kvh, q.shape[2]) and kvh > 0 and q.shape[1] % kvh == 0, "heads")
+    cap = real(k["logits_soft_cap"])
+    need(cap >= 0 and np.isfinite(cap), "logits_soft_cap")
+    sc = k.get("scale")
+    sc = None if sc is None else real(sc)
+    need(sc is None or np.isfinite(sc), "scale")
+    outs, lses = [], []
+    for b in range(q.shape[0]):
+        o, l_ = _na(q[b:b + 1], np.concatenate([ksh, ks[b]]), np.concatenate([vsh, vs[b]]), False, sc, (-1, -1), cap)
+        outs.append(o[0])
+        lses.append(l_[0])
+    out, lse = np.stack(outs), np.stack(lses)
+    return (out, lse) if flag(k["return_lse"]) else out
+
+
+spec(Spec("shared_prefix_decode", ops.shared_prefix_decode,
+          lambda r: dict(q=f32(r, 2, HQ, D), k_shared=f32(r, 3, KVH, D), v_shared=f32(r, 3, KVH, D), **_paged(r),
+                         kv_layout="NHD", scale=None, logits_soft_cap=0.0, return_lse=True, **HOST),
+          {"q": FARRAY, "k_shared": FARRAY, "v_shared": FARRAY, "k_pages": FARRAY, "v_pages": FARRAY,
+           "kv_indptr": PTABLE, "kv_indices": PTABLE, "kv_last_page_len": PTABLE, "kv_layout": ENUM, "scale": FLOAT,
+           "logits_soft_cap": FLOAT, "return_lse": BOOL, **COMMON},
+          ref=_spd_ref, tol="paged_decode_attention", kind_of="q"))
+
+# MLA paged decode: bf16, latent widths 512 / 64 (the kernel's only layout), 2 heads, pages of 2 tokens
+MLA_HEADS, MLA_PAGE, MLA_LENS = 2, 2, (5, 0, 2)
+
+
+def bf16(a: np.ndarray) -> np.ndarray:
+    from pykern.arrays import bfloat16
+
+    return a.astype(bfloat16())
+
+
+def _mla_inputs(r: np.random.Generator) -> dict:
+    b, h = len(MLA_LENS), MLA_HEADS
+    return dict(q_nope=bf16(f32(r, b, h, 512)), q_pe=bf16(f32(r, b, h, 64)),
+                ckv_cache=bf16(f32(r, 7, MLA_PAGE, 512)), kpe_cache=bf16(f32(r, 7, MLA_PAGE, 64)))
+
+
+def _mla_table(r: np.random.Generator) -> dict:
+    per = [-(-n // MLA_PAGE) for n in MLA_LENS]
+    return dict(qo_indptr=np.arange(len(MLA_LENS) + 1, dtype=np.int32),
+                kv_indptr=np.concatenate([[0], np.cumsum(per)]).astype(np.int32),
+                kv_indices=r.permutation(7)[:sum(per)].astype(np.int32), kv_len_arr=np.array(MLA_LENS, np.int32))
+
+
+def _mla_ref(k: dict, t: dict, scale: float) -> Any:
+    """out / lse of MLA decode over run inputs k and plan table t (need: what run checks)."""
+    qn, qp, c, p = (np.asarray(k[n]) for n in ("q_nope", "q_pe", "ckv_cache", "kpe_cache"))
+    need(all(a.dtype.name == "bfloat16" for a in (qn, qp, c, p)), "dtypes")
+    ip, ix, ln = i64(t["kv_indptr"]), i64(t["kv_indices"]), i64(t["kv_len_arr"])
+    b = ip.size - 1
+    need(qn.shape == (b, t["num_heads"], 512) and qp.shape == (b, t["num_heads"], 64), "q")
+    need(c.ndim == 3 and c.shape[2] == 512 and p.shape == c.shape[:2] + (64,) and c.shape[1] == t["page_size"],
+         "caches")
+    used = ix[:ip[-1]]
+    need(((used >= 0) & (used < c.shape[0])).all(), "kv_indices")
+    need(((ln >= 0) & (ln <= np.diff(ip) * c.shape[1])).all(), "kv_len_arr")
+    return np_mla_decode(qn, qp, c, p, ip, ix, ln, scale)
+
+
+def _mla_new_plan(qo_indptr: Any, kv_indptr: Any, kv_indices: Any, kv_len_arr: Any, num_heads: int,
+                  head_dim_ckv: int = 512, head_dim_kpe: int = 64, page_size: int = 1, causal: bool = False,
+                  sm_scale: float | None = None, q_data_type: Any = "bf16", kv_data_type: Any = None, *,
+                  num_splits: int | None = None, num_sms: int = 132, like: Any = None,
+                  backend: str | None = None) -> Any:
+    """MLAPagedDecodePlan(like, backend).plan(...): the signature the plan spec's roles cover."""
+    p = ops.MLAPagedDecodePlan(like=like, backend=backend)
+    p.plan(qo_indptr, kv_indptr, kv_indices, kv_len_arr, num_heads, head_dim_ckv, head_dim_kpe, page_size, causal,
+           sm_scale, q_data_type, kv_data_type, num_splits=num_splits, num_sms=num_sms)
+    return p
+
+
+def _mla_plan_build(r: np.random.Generator) -> dict:
+    return dict(**_mla_table(r), num_heads=MLA_HEADS, head_dim_ckv=512, head_dim_kpe=64, page_size=MLA_PAGE,
+                causal=False, sm_scale=0.07, q_data_type="bf16", kv_data_type="bf16", num_splits=2, num_sms=132,
+                like=None, backend="host")
+
+
+MLA_RUN_INPUTS = ("q_nope", "q_pe", "ckv_cache", "kpe_cache")
+
+
+def _mla_plan_call(k: dict) -> Any:
+    plan = _mla_new_plan(**{n: v for n, v in k.items() if not n.startswith("_")})
+    inputs = _mla_inputs(np.random.default_rng(0))
+    k["_run"], k["_kind"] = inputs, inputs["q_nope"]
+    try:
+        return plan.run(**inputs, return_lse=True)
+    except (ArgumentError, ArgumentTypeError) as e:
+        # a plan of another geometry (3 heads, pages of 1, ...) is valid; run() must then refuse the inputs
+        # made for the spec's geometry, naming one of them. Any other error (a page index past the cache's
+        # pages, which only run can see) must name the plan's argument: the engine judges it.
+        if str(e).split(":")[0] in MLA_RUN_INPUTS:
+            k["_rejected"] = True
+            return RUN_REJECTED
+        raise
+
+
+def _mla_plan_ref(k: dict) -> Any:
+    for n in ("num_heads", "page_size", "num_sms"):
+        need(natural(k[n]) >= 1, n)
+    need(natural(k["head_dim_ckv"]) == 512 and natural(k["head_dim_kpe"]) == 64, "latent widths")
+    need(k["num_splits"] is None or natural(k["num_splits"]) >= 1, "num_splits")
+    need(isinstance(k["causal"], (bool, np.bool_)), "causal")
+    sc = real(k["sm_scale"])
+    need(np.isfinite(sc), "sm_scale")
+    choice(k["q_data_type"], ("bf16", "bfloat16"))
+    need(k["kv_data_type"] in (None, "bf16", "bfloat16"), "kv_data_type")
+    qo, ip = i64(k["qo_indptr"]), i64(k["kv_indptr"])
+    need(ip.ndim == 1 and ip.size >= 2 and qo.shape == ip.shape and (qo == np.arange(ip.size)).all(), "qo_indptr")
+    ix, ln = i64(k["kv_indices"]), i64(k["kv_len_arr"])
+    need(ix.ndim == 1 and ln.shape == (ip.size - 1,) and ip[0] == 0 and (np.diff(ip) >= 0).all()
+         and ip[-1] <= ix.size, "kv_indptr")
+    need(all(((a >= -2**31) & (a < 2**31)).all() for a in (qo, ip, ix, ln)), "int32 values")
+    if k.get("_rejected"):
+        return RUN_REJECTED
+    return _mla_ref(k["_run"], dict(k, num_heads=int(k["num_heads"]), page_size=int(k["page_size"])), sc)
+
+
+spec(Spec("MLAPagedDecodePlan", None, _mla_plan_build,
+          {"qo_indptr": PTABLE, "kv_indptr": PTABLE, "kv_indices": PTABLE, "kv_len_arr": IARRAY, "num_heads": LENGTH,
+           "head_dim_ckv": LENGTH, "head_dim_kpe": LENGTH, "page_size": LENGTH, "causal": BOOL, "sm_scale": FLOAT,
+           "q_data_type": ENUM, "kv_data_type": ENUM, "num_splits": LENGTH, "num_sms": LENGTH, "like": FIXED,
+           "backend": FIXED},
+          ref=_mla_plan_ref, tol="mla_decode", kind_of="_kind", call=_mla_plan_call, signature_of=_mla_new_plan,
+          writes=lambda k: ("_run", "_kind", "_rejected")))
+
+_MLA_RUN_PLAN: dict[str, Any] = {}
+
+
+def _mla_run_plan() -> Any:
+    # one plan per process: run() must leave it usable whatever the previous (bad) call was
+    if "plan" not in _MLA_RUN_PLAN:
+        _MLA_RUN_PLAN["plan"] = _mla_new_plan(**_mla_plan_build(np.random.default_rng(0)))
+    return _MLA_RUN_PLAN["plan"]
+
+
+def _mla_run_call(k: dict) -> Any:
+    return _mla_run_plan().run(**k)
+
+
+def _mla_run_ref(k: dict) -> Any:
+    t = _mla_plan_build(np.random.default_rng(0))
+    for n, shape, dt in (("out", (len(MLA_LENS), MLA_HEADS, 512), "bfloat16"),
+                         ("lse", (len(MLA_LENS), MLA_HEADS), "float32")):
+        a = k.get(n)
+        need(a is None or (isinstance(a, np.ndarray) and a.shape == shape and a.dtype.name == dt
+                           and a.flags.c_contiguous), n)
+    out, lse = _mla_ref(k, t, t["sm_scale"])
+    return (out, lse) if flag(k["return_lse"]) else out
+
+
+MLA_RUN_ROLES = {"q_nope": FARRAY, "q_pe": FARRAY, "ckv_cache": FARRAY, "kpe_cache": FARRAY, "out": OUT,
+                 "lse": OUT, "return_lse": BOOL, **COMMON}
+spec(Spec("MLAPagedDecodePlan.run", None,
+          lambda r: dict(**_mla_inputs(r), out=None, lse=None, return_lse=True, stream=None, backend=None),
+          MLA_RUN_ROLES, ref=_mla_run_ref, tol="mla_decode", kind_of="q_nope", call=_mla_run_call,
+          signature_of=ops.MLAPagedDecodePlan.run, writes=lambda k: ("out", "lse")))
+spec(Spec("MLAPagedDecodePlan.run[out]", None,
+          lambda r: dict(**_mla_inputs(r), out=bf16(np.zeros((len(MLA_LENS), MLA_HEADS, 512), np.float32)),
+                         lse=np.zeros((len(MLA_LENS), MLA_HEADS), np.float32), return_lse=False, stream=None,
+                         backend=None),
+          MLA_RUN_ROLES, ref=_mla_run_ref, tol="mla_decode", kind_of="q_nope", call=_mla_run_call,
+          signature_of=ops.MLAPagedDecodePlan.run, writes=lambda k: ("out", "lse")))
+
+
+def _spec_call(k: dict) -> Any:
+    out, acc, emit = ops.chain_speculative_sampling(**k)
+    for n, got in (("maybe_output_accepted_token_num", acc), ("maybe_output_emitted_draft_token_num", emit)):
+        assert k[n] is None or got is k[n], f"{n}: the given array is not the one returned"
+    return out, acc, emit
+
+
+def _spec_ref(k: dict) -> Any:
+    d, t = np.asarray(k["draft_probs"]), np.asarray(k["target_probs"])
+    need(d.dtype == t.dtype and d.dtype.name in ("float32", "bfloat16", "float16"), "dtypes")
+    need(d.ndim == 3 and t.shape == (d.shape[0], d.shape[1] + 1, d.shape[2]) and d.shape[2] >= 1, "shapes")
+    ids = i64(k["draft_token_ids"])
+    need(ids.shape == d.shape[:2] and ((ids >= 0) & (ids < d.shape[2])).all(), "draft_token_ids")
+    words = {}
+    for n in ("seed", "offset"):
+        v = k[n]
+        if n == "offset" and v is None:  # seed alone: offset 0 (FlashInfer's default)
+            v = 0
+        if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+            need(-2**63 <= int(v) < 2**64, n)
+            words[n] = int(v) % 2**64
+        else:
+            a = np.asarray(v)
+            need(a.dtype in (np.int64, np.uint64) and a.ndim == 1 and a.shape[0] in (1, d.shape[0]), n)
+            words[n] = np.broadcast_to(a.view(np.uint64), d.shape[:1])
+    out, acc, emit = np_chain_speculative(d.astype(np.float32), ids, t.astype(np.float32), words["seed"],
+                                          words["offset"])
+    counts = []
+    for n, c in (("maybe_output_accepted_token_num", acc), ("maybe_output_emitted_draft_token_num", emit)):
+        start = k[n]
+        if start is None:
+            counts.append(c)
+            continue
+        start = np.asarray(start)
+        need(start.dtype == np.int32 and start.shape == c.shape, n)
+        counts.append((start.astype(np.int64) + c).astype(np.int32))  # added in place, int32 wraps
+    return out, counts[0], counts[1]
+
+
+def _spec_build(r: np.random.Generator) -> dict:
+    b, n, v = 2, 3, 6
+    d = r.random((b, n, v)).astype(np.float32)
+    t = r.random((b, n + 1, v)).astype(np.float32)
+    d, t = d / d.sum(-1, keepdims=True), t / t.sum(-1, keepdims=True)
+    return dict(draft_probs=d.astype(np.float32), draft_token_ids=r.integers(0, v, (b, n)).astype(np.int32),
+                target_probs=t.astype(np.float32), maybe_output_accepted_token_num=np.array([1, 0], np.int32),
+                maybe_output_emitted_draft_token_num=np.array([0, 4], np.int32), deterministic=True, generator=None,
+                seed=4321, offset=7, **HOST)
+
+
+spec(Spec("chain_speculative_sampling", None, _spec_build,
+          {"draft_probs": PROB, "draft_token_ids": IARRAY, "target_probs": PROB,
+           "maybe_output_accepted_token_num": OUT, "maybe_output_emitted_draft_token_num": OUT,
+           "deterministic": BOOL, "generator": FIXED, "seed": INT, "offset": INT, **COMMON},
+          ref=_spec_ref, call=_spec_call, signature_of=ops.chain_speculative_sampling,
+          writes=lambda k: ("maybe_output_accepted_token_num", "maybe_output_emitted_draft_token_num")))

@@ -100,6 +100,15 @@ def test_shared_prefix_decode_edges_and_bad_input() -> None:
         ops.shared_prefix_decode(q, pk, pk[:4], *_pages(sk, sv, 4), backend=HOST)
     with pytest.raises(ArgumentError, match="kv_layout"):
         ops.shared_prefix_decode(q, pk, pk, *_pages(sk, sv, 4), kv_layout="nhd", backend=HOST)
+    # the prefix's dtype and kind of array are checked here (flash_attention's errors named its own k / v)
+    for bad in (pk.astype(np.float64), pk.astype(np.float16), pk.astype(np.int32)):
+        with pytest.raises(ArgumentTypeError, match="k_shared: expected (the )?dtype"):
+            ops.shared_prefix_decode(q, bad, pk, *_pages(sk, sv, 4), backend=HOST)
+        with pytest.raises(ArgumentTypeError, match="v_shared: expected (the )?dtype"):
+            ops.shared_prefix_decode(q, pk, bad, *_pages(sk, sv, 4), backend=HOST)
+    torch = pytest.importorskip("torch")
+    with pytest.raises(ArgumentTypeError, match="k_shared: expected the same kind of array"):
+        ops.shared_prefix_decode(q, torch.from_numpy(pk).to("meta"), pk, *_pages(sk, sv, 4), backend=HOST)
 
 
 def test_empty_segments_weigh_nothing_and_nan_is_never_dropped() -> None:

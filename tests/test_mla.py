@@ -94,11 +94,27 @@ def _plan(x: dict, **kw) -> ops.MLAPagedDecodePlan:
     ({"kv_data_type": "f16"}, ArgumentTypeError, "kv_data_type"),
     ({"q_data_type": "float32"}, ArgumentTypeError, "q_data_type"),
     ({"sm_scale": None}, ArgumentError, "sm_scale"),
+    # the kernel scales the masked (-inf) scores of a tile's keys past the range: 0 or < 0 made them NaN / +inf
+    ({"sm_scale": 0.0}, ArgumentError, "sm_scale"),
+    ({"sm_scale": -0.1}, ArgumentError, "sm_scale"),
+    # sizes past int32 (they reach the kernel as int) failed in the workspace allocation / int conversion
+    ({"num_heads": 2**63}, ArgumentError, "num_heads"),
+    ({"page_size": np.uint64(2**64 - 1)}, ArgumentError, "page_size"),
+    # a longer kv_indptr makes the batch: the other arrays' shape errors say where it comes from
+    ({"kv_indptr": np.array([0, 3, 4, 4])}, ArgumentError, "qo_indptr: .*the length of kv_indptr"),
 ])
 def test_bad_plan_arguments_are_named(kw: dict, err: type, name: str) -> None:
     x = make_mla_inputs(np.random.default_rng(0), "bf16", (40, 9), 16, 16)
     with pytest.raises(err, match=name):
         _plan(x, **kw)
+
+
+def test_meta_index_arrays_are_named() -> None:
+    torch = pytest.importorskip("torch")
+    x = make_mla_inputs(np.random.default_rng(0), "bf16", (40, 9), 16, 16)
+    for name in ("kv_indptr", "kv_indices"):  # were read on the host: torch's NotImplementedError
+        with pytest.raises(ArgumentTypeError, match=f"{name}: expected a CPU or CUDA tensor, got one on the meta"):
+            _plan(x, **{name: torch.from_numpy(x[name]).to("meta")})
 
 
 def _bad_run(x: dict, what: str) -> dict:

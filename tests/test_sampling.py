@@ -414,6 +414,16 @@ def test_chain_speculative_sampling_bit_exact_on_host_numba_and_numpy() -> None:
         np.testing.assert_array_equal(g, r)
 
 
+def test_chain_speculative_device_ids_elsewhere_are_named() -> None:
+    # ids on another device than the probabilities (here: meta) reached the launch, whose error named the
+    # kernel's argument
+    torch = pytest.importorskip("torch")
+    ids = torch.zeros((2, 2), dtype=torch.int32, device="meta")
+    with pytest.raises(ArgumentTypeError, match="draft_token_ids: expected an array on the device of draft_probs"):
+        ops.chain_speculative_sampling(np.full((2, 2, 4), 0.25, np.float32), ids, np.full((2, 3, 4), 0.25, np.float32),
+                                       seed=1, offset=0, backend="host")
+
+
 @pytest.mark.parametrize("call,err,pattern", [
     (lambda d, i, t: ops.chain_speculative_sampling(d, i, t[:, :2]), ArgumentError,
      r"target_probs: expected shape \(2, 3, 4\) \(one row more"),

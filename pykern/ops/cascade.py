@@ -178,6 +178,11 @@ def shared_prefix_decode(q: Any, k_shared: Any, v_shared: Any, k_pages: Any, v_p
     if tuple(arrays.shape_of(v_shared)) != tuple(arrays.shape_of(k_shared)):
         raise ArgumentError(f"v_shared: expected the shape of k_shared {tuple(arrays.shape_of(k_shared))}, got "
                             f"{tuple(arrays.shape_of(v_shared))}")
+    # the prefix goes to flash_attention as its k / v: checked here, so that an error names k_shared / v_shared
+    kind = arrays.io_kind("q", q, arrays.IO_KINDS)
+    for name, a in (("k_shared", k_shared), ("v_shared", v_shared)):
+        arrays.same_kind(name, a, kind, "q")
+        _same_memory(name, a, "q", q)  # (a meta tensor among host or CPU arrays too)
     ks, vs = (k_shared, v_shared) if kv_layout == "NHD" else (k_shared.swapaxes(0, 1), v_shared.swapaxes(0, 1))
     o_suf, s_suf = paged_decode_attention(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len,
                                           kv_layout=kv_layout, scale=scale, logits_soft_cap=logits_soft_cap or None,

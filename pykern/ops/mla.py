@@ -57,28 +57,33 @@ def _kind(name: str, v: Any) -> str:
 
 
 def _pos_int(name: str, v: Any, lo: int = 1) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or int(v) < lo:
-        raise ArgumentError(f"{name}: expected an int >= {lo}, got {v!r}")
+    # the sizes reach the kernel (and the workspace shapes) as int: at most 2**31 - 1
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not lo <= int(v) <= 2**31 - 1:
+        raise ArgumentError(f"{name}: expected an int in [{lo}, 2**31 - 1], got {v!r}")
     return int(v)
 
 
-def _host_ints(name: str, a: Any, length: int | None) -> np.ndarray:
+def _host_ints(name: str, a: Any, length: int | None, length_of: str = "") -> np.ndarray:
     """A host int32 copy of a plan index array (plan reads them on the host, as FlashInfer's plan does)."""
     if not isinstance(a, (list, tuple, np.ndarray)) and not arrays.is_host(a):
-        a = _to_host(a)
-    h = _index(name, a, length)[1]
+        a = _to_host(name, a)
+    h = _index(name, a, length, length_of)[1]
     assert h is not None
     return h
 
 
-def _to_host(a: Any) -> np.ndarray:
+def _to_host(name: str, a: Any) -> np.ndarray:
     if arrays.is_torch(a):
+        if a.is_meta:  # no data to read
+            from ..devices import meta_tensor
+
+            raise meta_tensor(name)
         return a.detach().cpu().numpy()
     if hasattr(a, "get"):  # CuPy
         return a.get()
     if hasattr(a, "copy_to_host"):  # numba
         return a.copy_to_host()
-    raise ArgumentTypeError(f"cannot read a {type(a).__name__} on the host")
+    raise ArgumentTypeError(f"{name}: cannot read a {type(a).__name__} on the host")
 
 
 def _cache(name: str, a: Any, kind: str, dim: int) -> tuple[Any, int, int, tuple[int, int]]:
@@ -127,7 +132,7 @@ class MLAPagedDecodePlan:
         (batch,): the page table and each request's length (at most its pages * page_size). num_heads >= 1
         (DeepSeek: 16 / 32 / 64 / 128 a tensor-parallel rank; a multiple of 16 fills every tensor-core row).
         head_dim_ckv / head_dim_kpe: 512 / 64, the only latent layout the kernel has. causal: accepted either
-        way (one query sees every key of its request). sm_scale: the score scale (DeepSeek-V3:
+        way (one query sees every key of its request). sm_scale: the score scale, finite and > 0 (DeepSeek-V3:
         1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) = 1 / sqrt(192), times its YaRN mscale^2). q_data_type /
         kv_data_type: bf16 or f16, the same (kv_data_type None: q's). num_splits: KV splits a request (None:
         enough CTAs for two a SM of num_sms while each split keeps >= 256 keys; at most 64).
@@ -144,9 +149,11 @@ class MLAPagedDecodePlan:
         if not isinstance(causal, (bool, np.bool_)):
             raise ArgumentTypeError(f"causal: expected a bool, got {causal!r}")
         if sm_scale is None or isinstance(sm_scale, bool) or not isinstance(
-                sm_scale, (int, float, np.integer, np.floating)) or not math.isfinite(float(sm_scale)):
-            raise ArgumentError(f"sm_scale: expected a finite float (DeepSeek: 1/sqrt(192) times mscale^2), got "
-                                f"{sm_scale!r}")
+                sm_scale, (int, float, np.integer, np.floating)) or not (0 < float(sm_scale) < math.inf):
+            # > 0: the kernel scales the masked scores (-inf) of a tile's keys past the range with it (a zero or
+            # negative scale would make them NaN or +inf)
+            raise ArgumentError(f"sm_scale: expected a finite float > 0 (DeepSeek: 1/sqrt(192) times mscale^2), "
+                                f"got {sm_scale!r}")
         qk = _kind("q_data_type", q_data_type)
         kk = qk if kv_data_type is None else _kind("kv_data_type", kv_data_type)
         if kk != qk:
@@ -156,12 +163,12 @@ class MLAPagedDecodePlan:
         batch = ip.shape[0] - 1
         if batch < 1:
             raise ArgumentError(f"kv_indptr: expected shape (batch + 1,) with batch >= 1, got {ip.shape}")
-        qo = _host_ints("qo_indptr", qo_indptr, batch + 1)
+        qo = _host_ints("qo_indptr", qo_indptr, batch + 1, "batch + 1, the length of kv_indptr")
         if not np.array_equal(qo, np.arange(batch + 1)):
             raise ArgumentError(f"qo_indptr: expected arange(batch + 1) (decode: one query a request; longer query "
                                 f"rows are not implemented), got {qo.tolist()[:8]}{'...' if qo.size > 8 else ''}")
         ii = _host_ints("kv_indices", kv_indices, None)
-        lens = _host_ints("kv_len_arr", kv_len_arr, batch)
+        lens = _host_ints("kv_len_arr", kv_len_arr, batch, "batch, from kv_indptr's length")
         if int(ip[0]) != 0 or (np.diff(ip.astype(np.int64)) < 0).any() or int(ip[-1]) > ii.shape[0]:
             raise ArgumentError(f"kv_indptr: expected non-decreasing from 0 to at most len(kv_indices)="
                                 f"{ii.shape[0]}, got {ip.tolist()[:8]}{'...' if ip.size > 8 else ''}")

@@ -517,6 +517,9 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
         h = np.ascontiguousarray(h, np.int32)
         ids = h if arrays.same_memory_kind(h, draft_probs) else _like(h, draft_probs)
     else:  # device ids are trusted (no sync): the kernel rejects one outside the vocabulary
+        if not arrays.same_memory_kind(draft_token_ids, draft_probs):  # a meta tensor, another device
+            raise ArgumentTypeError(f"draft_token_ids: expected an array on the device of draft_probs, got "
+                                    f"{type(draft_token_ids).__name__} on {getattr(draft_token_ids, 'device', '?')}")
         ids = arrays.contiguous(arrays.astype(draft_token_ids, "int32"))
     acc = _counts("maybe_output_accepted_token_num", maybe_output_accepted_token_num, batch, draft_probs)
     emit = _counts("maybe_output_emitted_draft_token_num", maybe_output_emitted_draft_token_num, batch, draft_probs)
