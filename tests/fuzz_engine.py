@@ -106,11 +106,9 @@ OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
     ("MLAPagedDecodePlan.run*", "q_*", "inf", "inf q gives lse -inf / out 0"),
     ("MLAPagedDecodePlan.run*", "*_cache", "nan", "NaN keys give lse -inf"),
     ("MLAPagedDecodePlan.run*", "*_cache", "inf", "inf keys give lse -inf"),
-    # cascade.cu: a row whose states are all empty (lse -inf) weighs each by 0 and multiplies by 1 / sum = 0,
-    # so a NaN / inf in such a state's v gives NaN where the documented merge is 0 (merge_state and
-    # merge_state_in_place too: the same cascade_norm; their specs' valid calls have no all-empty row)
-    ("merge_states", "v", "nan", "all-empty row: 0 * NaN gives NaN, not 0"),
-    ("merge_states", "v", "inf", "all-empty row: 0 * inf gives NaN, not 0"),
+    # fp8_quantize takes a tile's amax with fmaxf, which drops NaN: a tile with a NaN gets a finite scale and
+    # finite codes beside the NaN one, where amax (and so the scale and every code of the tile) is NaN
+    ("fp8_quantize", "x", "nan", "NaN dropped from the tile's amax"),
 ]
 
 
@@ -164,6 +162,10 @@ def to_numpy(a: Any) -> Any:
         t = a.detach().cpu()
         if t.dtype == torch.bfloat16:
             t = t.float()
+        if t.dtype == torch.float8_e4m3fn:  # (NumPy has no such dtype: ml_dtypes' over the same bytes)
+            import ml_dtypes
+
+            return t.view(torch.uint8).numpy().view(ml_dtypes.float8_e4m3fn).copy()
         return t.numpy().copy()
     if isinstance(a, (list, tuple)):
         return type(a)(to_numpy(x) for x in a)
@@ -176,6 +178,8 @@ def to_torch(a: Any) -> Any:
     if isinstance(a, np.ndarray):
         if a.dtype.name == "bfloat16":
             return torch.from_numpy(a.view(np.int16)).view(torch.bfloat16)
+        if a.dtype.name == "float8_e4m3fn":
+            return torch.from_numpy(a.view(np.uint8)).view(torch.float8_e4m3fn)
         if a.dtype == np.uint64 or a.dtype.kind not in "biuf":
             return a
         return torch.from_numpy(a)
@@ -359,7 +363,8 @@ def _mutate_array(cls: str, a: np.ndarray, draw: Draw, rng: np.random.Generator,
     flat = b.reshape(-1)
     i = draw.integer(0, flat.size - 1, "element")
     if cls in ("nan", "inf", "neg"):
-        if b.dtype.kind != "f" and b.dtype.name != "bfloat16":
+        # (the ml_dtypes floats are kind "V"; float8_e4m3fn has no inf: an inf entry becomes its NaN)
+        if b.dtype.kind != "f" and b.dtype.name not in ("bfloat16", "float8_e4m3fn"):
             flat[i] = -1 if b.dtype.kind == "i" else flat[i]
         else:
             flat[i] = {"nan": np.nan, "inf": np.inf, "neg": -abs(float(flat[i])) - 0.5}[cls]
@@ -479,7 +484,8 @@ def call_and_judge(spec: Spec, kw: dict[str, Any], param: str, cls: str, watchdo
             import torch
 
             if v.layout == torch.strided and v.device.type == "cpu" and not v.requires_grad \
-                    and v.dtype != torch.bfloat16 and all(s >= 0 for s in v.stride()) and v.dtype != torch.bool:
+                    and v.dtype not in (torch.bfloat16, torch.float8_e4m3fn) and all(s >= 0 for s in v.stride()) \
+                    and v.dtype != torch.bool:
                 base = v.numpy()
                 g = Guarded(base)
                 guards[k] = g

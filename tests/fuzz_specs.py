@@ -12,6 +12,8 @@ from pykern import ops
 from pykern.errors import ArgumentError, ArgumentTypeError
 from pykern.difftest.cases.forward import (np_causal_attn_softmax, np_embedding, np_rms_norm,
                                            np_rope, np_silu_gate, np_silu_gate_backward)
+from pykern.difftest.cases.gemm_fp8 import (_act, fp8_weight, np_fp8_quantize, np_gemm_fp8,
+                                            np_grouped_gemm_fp8)
 from pykern.difftest.cases.moe import np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route
 from pykern.difftest.cases.sampling import np_sample, np_top_k_mask, np_top_k_renorm, np_top_p_renorm
 from pykern.difftest.cases.training import (np_cross_entropy, np_embedding_backward,
@@ -963,18 +965,6 @@ spec(Spec("moe_align", ops.moe_align,
           {"topk_ids": IARRAY, "n_experts": LENGTH, "block": LENGTH, **COMMON}, ref=_align_ref))
 
 
-def _gg_ref2(k: dict) -> Any:
-    a, b, off = fdata(k["a"]), fdata(k["b"]), i64(k["offsets"])
-    need(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[2] and off.shape == (b.shape[0] + 1,), "shapes")
-    need(off[0] == 0 and off[-1] == a.shape[0] and (np.diff(off) >= 0).all(), "offsets")
-    return np_grouped_gemm(a, b, off)
-
-
-spec(Spec("grouped_gemm", ops.grouped_gemm,
-          lambda r: dict(a=f32(r, 5, 8), b=f32(r, 3, 4, 8), offsets=np.array([0, 2, 2, 5], np.int32), out=None,
-                         tensor_cores=None, **HOST),
-          {"a": FARRAY, "b": FARRAY, "offsets": PTABLE, "out": OUT, "tensor_cores": BOOL, **COMMON},
-          ref=_gg_ref2, kind_of="a"))
 
 
 def _experts_common(k: dict) -> tuple:
@@ -1011,6 +1001,146 @@ spec(Spec("moe_experts_backward", ops.moe_experts_backward,
           {"grad_out": FARRAY, "x": FARRAY, "gate_up_proj": FARRAY, "down_proj": FARRAY, "topk_ids": IARRAY,
            "topk_weights": FARRAY, "activation": ENUM, "tensor_cores": BOOL, **COMMON},
           ref=_experts_b_ref, kind_of="x", examples=0.5))
+
+# --------------------------------------------------------------------------- grouped GEMMs (moe.py, gemm_fp8.py)
+
+
+def f16(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    return rng.standard_normal(shape).astype(np.float16)
+
+
+def bf16(rng: np.random.Generator, *shape: int) -> np.ndarray:
+    import ml_dtypes
+
+    return rng.standard_normal(shape).astype(np.float32).astype(ml_dtypes.bfloat16)
+
+
+def row_offsets(off: Any, n_groups: int, m: int) -> np.ndarray:
+    """Grouped-GEMM row offsets as the ops document them: int32 [E + 1], 0 first, M last, non-decreasing."""
+    need(np.asarray(off).dtype == np.int32, "offsets dtype")
+    off = i64(off)
+    need(off.shape == (n_groups + 1,) and off[0] == 0 and off[-1] == m and (np.diff(off) >= 0).all(), "offsets")
+    return off
+
+
+def _gg_ref2(k: dict) -> Any:
+    a, b = fdata(k["a"]), fdata(k["b"])
+    layout = choice(k["layout"], ("nt", "nn"))
+    need(a.ndim == 2 and b.ndim == 3, "ranks")
+    if layout == "nn":  # b [E, K, N]: a[rows] @ b[e]
+        b = np.swapaxes(b, 1, 2)
+    need(a.shape[1] == b.shape[2], "K")
+    off = row_offsets(k["offsets"], b.shape[0], a.shape[0])
+    need(k.get("out") is None or fdata(k["out"]).shape == (a.shape[0], b.shape[1]), "out")
+    return np_grouped_gemm(a, b, off)
+
+
+spec(Spec("grouped_gemm", ops.grouped_gemm,
+          lambda r: dict(a=f32(r, 5, 8), b=f32(r, 3, 4, 8), offsets=np.array([0, 2, 2, 5], np.int32), out=None,
+                         tensor_cores=None, layout="nt", **HOST),
+          {"a": FARRAY, "b": FARRAY, "offsets": PTABLE, "out": OUT, "tensor_cores": BOOL, "layout": ENUM, **COMMON},
+          ref=_gg_ref2, kind_of="a"))
+# layout="nn" (b [E, K, N]) in f16: the tensor-core kernel with k-major B tiles on the host backend
+spec(Spec("grouped_gemm[nn]", ops.grouped_gemm,
+          lambda r: dict(a=f16(r, 5, 8), b=f16(r, 3, 8, 6), offsets=np.array([0, 2, 2, 5], np.int32),
+                         out=np.zeros((5, 6), np.float16), tensor_cores=None, layout="nn", **HOST),
+          SPECS["grouped_gemm"].roles, ref=_gg_ref2, tol="grouped_gemm", kind_of="a"))
+
+
+def _wgrad_ref(k: dict) -> Any:
+    # (the dtypes: the op's to check; a torch bf16 tensor reaches the reference as float32)
+    a, b = fdata(k["a"]), fdata(k["b"])
+    need(a.ndim == 2 and b.ndim == 2 and a.shape[0] == b.shape[0], "shapes")
+    need(np.ndim(k["offsets"]) == 1 and np.shape(k["offsets"])[0] >= 2, "E >= 1")
+    off = row_offsets(k["offsets"], np.shape(k["offsets"])[0] - 1, a.shape[0])
+    # (the difftest case's reference: out[e] = a[rows_e]^T @ b[rows_e], an empty expert a zero block)
+    return np.stack([a[off[e]:off[e + 1]].T @ b[off[e]:off[e + 1]] for e in range(off.size - 1)])
+
+
+spec(Spec("grouped_gemm_wgrad_tc", ops.grouped_gemm_wgrad_tc,
+          lambda r: dict(a=bf16(r, 5, 8), b=bf16(r, 5, 6), offsets=np.array([0, 2, 2, 5], np.int32), **HOST),
+          {"a": FARRAY, "b": FARRAY, "offsets": PTABLE, **COMMON}, ref=_wgrad_ref, tol="grouped_gemm", kind_of="a"))
+
+
+def fp8(a: Any) -> np.ndarray:
+    """An FP8 operand of the reference's: float8_e4m3fn codes (what gemm_fp8 documents)."""
+    a = np.asarray(a)
+    need(a.dtype.name == "float8_e4m3fn", f"dtype {a.dtype} is not float8_e4m3fn")
+    return a
+
+
+def scales(s: Any, shape: tuple[int, ...]) -> np.ndarray:
+    s = np.asarray(s)
+    need(s.dtype == np.float32 and s.shape == shape, f"scales {s.dtype} {s.shape}, want float32 {shape}")
+    return s
+
+
+def _q_ref(k: dict) -> Any:
+    need(natural(k["block"]) == 128, "block")
+    x = fdata(k["x"])
+    need(x.ndim == 2 and x.shape[1] % 128 == 0, "x (M, K), K a multiple of 128")
+    return np_fp8_quantize(np.asarray(k["x"]))
+
+
+spec(Spec("fp8_quantize", ops.fp8_quantize,
+          lambda r: dict(x=f32(r, 3, 256) * np.float32(3.0), block=128, **HOST),
+          {"x": FARRAY, "block": LENGTH, **COMMON}, ref=_q_ref, kind_of="x"))
+
+
+def bf16_out(op: str, ref: Any) -> Any:
+    """The FP8 GEMMs' oracle: their result is bf16 whatever the inputs' dtype (all float8), so the tolerance row
+    is (op, "bf16") and not the one an input's dtype would pick; the float64 reference's rejection of an
+    accepted input fails as in the engine's reference path."""
+    def check(k: dict, res: Any) -> None:
+        try:
+            with np.errstate(all="ignore"):
+                want = ref(k)
+        except Exception as e:
+            raise AssertionError(f"the float64 reference rejects the input ({type(e).__name__}: {e})") from None
+        assert str(getattr(res, "dtype", "")).endswith("bfloat16"), f"result dtype {getattr(res, 'dtype', res)!r}"
+        compare(op, "bf16", res, want)
+    return check
+
+
+def _gemm_fp8_ref(k: dict) -> Any:
+    a, b = fp8(k["a"]), fp8(k["b"])
+    need(a.ndim == 2 and b.ndim == 2 and a.shape[1] == b.shape[1] and a.shape[1] % 128 == 0, "shapes")
+    (m, kk), n = a.shape, b.shape[0]
+    sa = scales(k["a_scale"], (m, kk // 128))
+    sb = scales(k["b_scale"], (-(-n // 128), kk // 128))
+    return np_gemm_fp8(a, sa, b, sb)
+
+
+def _gemm_fp8_build(r: np.random.Generator) -> dict:
+    a, sa = _act(r, 3, 256)
+    b, sb = fp8_weight(f32(r, 130, 256) * np.float32(0.05))  # N = 130: two 128-row scale blocks, the second ragged
+    return dict(a=a, a_scale=sa, b=b, b_scale=sb, **HOST)
+
+
+spec(Spec("gemm_fp8", ops.gemm_fp8, _gemm_fp8_build,
+          {"a": FARRAY, "a_scale": FARRAY, "b": FARRAY, "b_scale": FARRAY, **COMMON},
+          check=bf16_out("gemm_fp8", _gemm_fp8_ref)))
+
+
+def _ggfp8_ref(k: dict) -> Any:
+    a, b = fp8(k["a"]), fp8(k["b"])
+    need(a.ndim == 2 and b.ndim == 3 and a.shape[1] == b.shape[2] and a.shape[1] % 128 == 0, "shapes")
+    (m, kk), (e, n) = a.shape, b.shape[:2]
+    sa = scales(k["a_scale"], (m, kk // 128))
+    sb = scales(k["b_scale"], (e, -(-n // 128), kk // 128))
+    return np_grouped_gemm_fp8(a, sa, b, sb, row_offsets(k["offsets"], e, m))
+
+
+def _ggfp8_build(r: np.random.Generator) -> dict:
+    a, sa = _act(r, 5, 128)
+    ws = [fp8_weight(f32(r, 4, 128) * np.float32(0.05)) for _ in range(3)]
+    return dict(a=a, a_scale=sa, b=np.stack([w[0] for w in ws]), b_scale=np.stack([w[1] for w in ws]),
+                offsets=np.array([0, 2, 2, 5], np.int32), **HOST)
+
+
+spec(Spec("grouped_gemm_fp8", ops.grouped_gemm_fp8, _ggfp8_build,
+          {"a": FARRAY, "a_scale": FARRAY, "b": FARRAY, "b_scale": FARRAY, "offsets": PTABLE, **COMMON},
+          check=bf16_out("grouped_gemm_fp8", _ggfp8_ref)))
 
 # --------------------------------------------------------------------------- pykern.torch (CPU tensors)
 

@@ -68,6 +68,28 @@ def test_gemm_fp8_applies_each_k_blocks_scales() -> None:
     _close(ops.gemm_fp8(a, sa, b, sb, backend="host"), np_gemm_fp8(a, sa, b, sb), "gemm_fp8")
 
 
+def test_an_infinite_scale_multiplies_the_blocks_partial_sum() -> None:
+    # The documented sum over k-blocks of (a_kb @ b_kb^T) * a_scale * b_scale: an inf scale gives +-inf where
+    # the block's partial is not 0 (the kernel's promotion), not the NaN of dequantizing 0 * inf first
+    # (the reference did that; found by the bad-input fuzzer)
+    rng = np.random.default_rng(5)
+    a, sa = _act(rng, 3, 256)
+    b, sb = fp8_weight(rng.standard_normal((130, 256)).astype(np.float32) * 0.05)
+    a[1, :128] = 0.0
+    a[1, 0] = 1.0          # row 1, k-block 0: one nonzero code, so the partial is b's column (nonzero)
+    sa[1, 0] = np.inf
+    sb[1, 1] = -np.inf     # columns 128, 129 in k-block 1
+    with np.errstate(invalid="ignore"):
+        ref = np_gemm_fp8(a, sa, b, sb)
+    # (row 1, columns 128-129 meet both: inf + -inf, NaN)
+    assert np.isinf(ref[1, :128]).sum() >= 120 and np.isinf(ref[[0, 2], 128:]).all() and np.isnan(ref[1, 128:]).all()
+    out = ops.gemm_fp8(a, sa, b, sb, backend="host").astype(np.float64)
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_array_equal(out[np.isinf(ref)], ref[np.isinf(ref)])
+    fin = np.isfinite(ref)
+    _close(out[fin], ref[fin], "gemm_fp8")
+
+
 def test_grouped_gemm_fp8_ragged_empty_and_one_row_groups() -> None:
     rng = np.random.default_rng(4)
     sizes, n, k = (0, 3, 1, 0, 66), 136, 256

@@ -338,6 +338,19 @@ def test_grouped_gemm_wgrad_on_tensor_cores_vs_float64(kind, shape) -> None:
             assert np.all(np.asarray(got[e], np.float64) == 0.0)  # an empty expert: a zero gradient
 
 
+def test_backward_gemms_name_offsets_and_the_size_an_out_disagrees_with() -> None:
+    # (found by the bad-input fuzzer) offsets that are no array were reported without naming offsets, and an
+    # out whose N disagrees with b's (layout "nn": b [E, K, N]) was reported as out's fault alone
+    a, b = np.zeros((5, 8), np.float16), np.zeros((5, 6), np.float16)
+    for bad in ("bad", None, [0, 2, 5]):
+        with pytest.raises(ArgumentTypeError, match="offsets"):
+            ops.grouped_gemm_wgrad_tc(a, b, bad, backend=HOST)
+    off = np.array([0, 2, 2, 5], np.int32)
+    with pytest.raises(ArgumentError, match=r"out: expected shape \(5, 7\) \(M of a, N of b\), got \(5, 6\)"):
+        ops.grouped_gemm(a, np.zeros((3, 8, 7), np.float16), off, out=np.zeros((5, 6), np.float16), layout="nn",
+                         backend=HOST)
+
+
 @pytest.mark.parametrize("kind,act", [("bf16", "silu"), ("bf16", "gelu_tanh"), ("f16", "silu"), ("f16", "gelu_tanh")])
 def test_experts_backward_tensor_cores_vs_float64(kind, act, monkeypatch) -> None:
     # The default (tensor_cores=None) on the host takes the tensor-core path: d(x_perm) on grouped_gemm_tc_nn.

@@ -175,6 +175,9 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     if out is None:
         out = arrays.empty((m, n), kind, like=a)
     else:
+        # (its shape first, saying where each size comes from: a wrong N may be b's fault as well as out's)
+        if tuple(arrays.shape_of(out, "out")) != (m, n):
+            raise ArgumentError(f"out: expected shape {(m, n)} (M of a, N of b), got {tuple(arrays.shape_of(out))}")
         out = arrays.check_out(out, (m, n), kind, a)
     if m and n and k == 0:
         return _zero(out)
@@ -197,9 +200,10 @@ def grouped_gemm_wgrad_tc(a: Any, b: Any, offsets: Any, *, stream: Any = None, b
     mb, n2 = arrays.check_ndim("b", b, (2,), "(M, N2)")
     if mb != m:
         raise ArgumentError(f"b: expected shape ({m}, N2) (rows of a), got {tuple(arrays.shape_of(b))}")
-    n_exp = int(arrays.shape_of(offsets)[0]) - 1 if arrays.shape_of(offsets) else -1
+    off_shape = tuple(arrays.shape_of(offsets, "offsets"))
+    n_exp = int(off_shape[0]) - 1 if off_shape else -1
     if n_exp < 1:
-        raise ArgumentError(f"offsets: expected shape (E + 1,) with E >= 1, got {tuple(arrays.shape_of(offsets))}")
+        raise ArgumentError(f"offsets: expected shape (E + 1,) with E >= 1, got {off_shape}")
     offsets = _check_offsets(offsets, n_exp, m)
     if not _tc(backend, kind, True):
         raise AssertionError("unreachable: _tc raises without tensor cores")

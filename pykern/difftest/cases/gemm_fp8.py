@@ -30,12 +30,18 @@ def np_fp8_quantize(x: Any) -> tuple[np.ndarray, np.ndarray]:
 
 
 def np_gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any) -> np.ndarray:
-    """float64 on the dequantized inputs."""
+    """float64 of the op's definition: the sum over 128-wide k-blocks kb of (a[:, kb] @ b[:, kb]^T) * a_scale[:, kb]
+    * b_scale[n // 128, kb]. With finite scales that is the product of the dequantized inputs; an infinite scale
+    multiplies each block's partial sum (+-inf, NaN only where the partial is 0), as the kernels' promotion does,
+    where dequantizing first would give 0 * inf = NaN for every zero code."""
     a64, b64 = f64(np.asarray(a).astype(np.float32)), f64(np.asarray(b).astype(np.float32))
     (m, k), n = a64.shape, b64.shape[0]
-    da = a64 * np.repeat(f64(a_scale), 128, axis=1)
-    db = b64 * np.repeat(np.repeat(f64(b_scale), 128, axis=0)[:n], 128, axis=1)
-    return da @ db.T
+    sa, sb = f64(a_scale), np.repeat(f64(b_scale), 128, axis=0)[:n]  # sb: [N, K / 128]
+    out = np.zeros((m, n))
+    for kb in range(k // 128):
+        blk = slice(kb * 128, (kb + 1) * 128)
+        out += (a64[:, blk] @ b64[:, blk].T) * sa[:, kb:kb + 1] * sb[None, :, kb]
+    return out
 
 
 def np_grouped_gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any) -> np.ndarray:
