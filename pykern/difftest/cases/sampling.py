@@ -106,6 +106,84 @@ def np_sample(probs: np.ndarray, seed: Any, offset: Any = 0, *, top_k: Any = Non
     return out, valid
 
 
+# sp_exp_mass's polynomial: 2^32 * 2^r, r = R / 2^32, by Horner in 32-bit fixed point (the constant 2^32 first)
+EXP2_COEFS = (4294967296, 2977043887, 1031777011, 238307466, 41555748, 5354899, 928268)
+LOG2E = np.float32(1.4426950408889634)  # SP_LOG2E, 0x3FB8AA3B
+
+
+def np_logit_scale(temperature: Any, n: int) -> np.ndarray:
+    """(n,) float32 c = log2(e) / T per output row: one float32 division, as the op (scalar) and kernel (array)."""
+    t = np.broadcast_to(np.asarray(1.0 if temperature is None else temperature, np.float32), (n,))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return (LOG2E / t).astype(np.float32)
+
+
+def np_exp_mass(x: np.ndarray, mx: float, c: float) -> np.ndarray:
+    """sp_exp_mass in NumPy: f = (x - mx) * c in float32 (IEEE, each operation rounded), n = floor(f), r = f - n
+    (float32), R = trunc(r * 2^32) (clamped to 2^32 - 1), the fixed-point polynomial, shifted by n + 8. int64."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.asarray(x, np.float32)
+        f = (x - np.float32(mx)) * np.float32(c)  # float32 operands: float32 results, correctly rounded
+        ok = f >= np.float32(-F)
+        f = np.where(ok, f, np.float32(0.0)).astype(np.float32)
+        fl = np.floor(f)
+        r = (f - fl).astype(np.float32)
+    R = np.minimum((r.astype(np.float64) * 2.0**32).astype(np.uint64), np.uint64(0xFFFFFFFF))
+    acc = np.full(x.shape, EXP2_COEFS[-1], np.uint64)
+    for a in EXP2_COEFS[-2::-1]:  # floor(acc * R / 2^32) without a product above 2^64
+        acc = np.uint64(a) + (acc >> np.uint64(32)) * R + (((acc & _M32) * R) >> np.uint64(32))
+    sh = fl.astype(np.int64) + (F - 32)
+    out = np.where(sh >= 0, acc << np.maximum(sh, 0).astype(np.uint64), acc >> np.maximum(-sh, 0).astype(np.uint64))
+    return np.where(ok, out, np.uint64(0)).astype(np.int64)
+
+
+def np_sample_logits(logits: np.ndarray, seed: Any, offset: Any = 0, *, temperature: Any = None, top_k: Any = None,
+                     top_p: Any = None, order: str = "top_k_first", indices: Any = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(samples int32, valid bool) of sampling_from_logits / top_k_top_p_sampling_from_logits by the documented
+    rule: np_exp_mass as the mass, top-k on the logits, top-p on the mass, the inverse CDF over one Philox word."""
+    logits = np.asarray(logits, np.float32)
+    n = logits.shape[0] if indices is None else len(indices)
+    idx = np.arange(n) if indices is None else np.asarray(indices)
+    words = np_philox(seed, offset, np.arange(n))[:, 0].astype(np.int64)
+    cs = np_logit_scale(temperature, n)
+    per = lambda v, b: None if v is None else (v[b] if np.ndim(v) else v)  # noqa: E731
+    out, valid = np.zeros(n, np.int32), np.zeros(n, bool)
+    for b in range(n):
+        row = logits[idx[b]]
+        c = cs[b]
+        if not (row < np.inf).all() or not (row.max() > -np.inf) or not (c >= 0 and c < np.inf):
+            continue  # a NaN / +inf logit, a row of -inf, no scale: no distribution
+        q = np_exp_mass(row, float(row.max()), float(c))
+        keep = np.ones(row.size, bool)
+        k = per(top_k, b)
+        if k is not None and 0 < int(k) < row.size:
+            keep &= row >= _kth(row, int(k))
+        p = per(top_p, b)
+        if p is not None and np.float32(p) < 1:
+            base = keep.copy() if order == "top_k_first" else np.ones(row.size, bool)
+            total = int(q[base].sum())
+            big = max(1, int(np.floor(np.float64(np.float32(p)) * 2.0**32)))
+            need = -(-(total * big) // 2**32)
+            for v in np.unique(row[base])[::-1]:
+                if int(q[base & (row >= v)].sum()) >= need:
+                    keep &= row >= v
+                    break
+        w = np.where(keep, q, 0)
+        t = (int(w.sum()) * int(words[b])) >> 32
+        out[b], valid[b] = int(np.argmax(np.cumsum(w) > t)), True
+    return out, valid
+
+
+def np_softmax(logits: np.ndarray, temperature: Any = None) -> np.ndarray:
+    """float64 softmax(logits / T) per row (T a scalar or a per-row array)."""
+    x = np.asarray(logits, np.float64)
+    t = np.broadcast_to(np.asarray(1.0 if temperature is None else temperature, np.float64), (x.shape[0],))
+    y = (x - x.max(1, keepdims=True)) / t[:, None]
+    e = np.exp(y)
+    return e / e.sum(1, keepdims=True)
+
+
 def np_filtered_dist(row: np.ndarray, *, top_k: int | None = None, top_p: float | None = None,
                      min_p: float | None = None, order: str = "top_k_first") -> np.ndarray:
     """float64 distribution the sampling ops draw from (the exact filter, no fixed point)."""
