@@ -369,6 +369,91 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
                 note=note)
 
 
+def make_logits(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f32", ties: bool = False,
+                poison: tuple[float, ...] = ()) -> np.ndarray:
+    """Logits with a spread of 3 (some entries far below the maximum, at the fixed point's end), a -inf entry a row,
+    ties (rounded) on request; rows 1, 2, ... get one poison entry each (NaN, +inf: no distribution)."""
+    from ...arrays import bfloat16
+
+    x = rng.standard_normal((batch, vocab)) * 3.0
+    if ties:
+        x = np.round(x)
+    x[np.arange(batch), rng.integers(0, vocab, batch)] = -np.inf
+    for b, v in zip(range(1, batch), poison):
+        x[b, rng.integers(0, vocab)] = v
+    return x.astype(bfloat16() if kind == "bf16" else np.float16 if kind == "f16" else np.float32)
+
+
+def _logits_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
+                 poison: tuple[float, ...] = (), temperature: Any = None, **params: Any) -> Case:
+    from ... import ops
+
+    logits = make_logits(rng, batch, vocab, kind, ties, poison)
+    seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
+    fn = getattr(ops, op)
+    args = [params[k] for k in ("top_k", "top_p") if k in params]
+    order = params.get("filter_apply_order", "top_k_first")
+    extra = {"filter_apply_order": order} if op == "top_k_top_p_sampling_from_logits" else {}
+
+    def run(backend: str) -> dict[str, Any]:
+        s, v = fn(logits, *args, seed=seed, offset=offset, return_valid=True, temperature=temperature,
+                  backend=backend, **extra)
+        return {"samples": np.asarray(s), "valid": np.asarray(v).astype(np.int32)}
+
+    def ref() -> dict[str, Any]:
+        s, v = np_sample_logits(np.asarray(logits, np.float32), seed, offset, temperature=temperature,
+                                top_k=params.get("top_k"), top_p=params.get("top_p"), order=order)
+        return {"samples": s, "valid": v.astype(np.int32)}
+
+    t = "" if temperature is None else f"-T{'arr' if np.ndim(temperature) else temperature}"
+    shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items()) + t
+    bad = f"-bad{list(poison)}" if poison else ""
+    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad,
+                kernels=("sampling_from_logits" + _SUFFIX[kind],), run=run, reference=ref)
+
+
+def _softmax_case(rng: np.random.Generator, kind: str, batch: int, vocab: int, temperature: Any = None) -> Case:
+    from ... import ops
+
+    logits = make_logits(rng, batch, vocab, kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        return {"probs": np.asarray(ops.softmax(logits, temperature, backend=backend), np.float64)}
+
+    def ref() -> dict[str, Any]:
+        return {"probs": np_softmax(np.asarray(logits, np.float32), temperature)}
+
+    t = "" if temperature is None else f"-T{'arr' if np.ndim(temperature) else temperature}"
+    return Case(op="softmax", dtype=kind, shape=f"B{batch}-V{vocab}{t}", kernels=("sampling_softmax" + _SUFFIX[kind],),
+                run=run, reference=ref)
+
+
+def _exp_mass_case(rng: np.random.Generator) -> Case:
+    from ...launcher import launch
+
+    # logits below the maximum 3 at scales from T = 100 to T = 0.01 and c = 0 (T = inf): f from 0 down past -40;
+    # edges: the maximum itself, -0, a value just below it (r rounds up to 1), -inf, NaN
+    x = np.concatenate([(rng.standard_normal(1024) * 20).astype(np.float32),
+                        np.array([3.0, 0.0, -0.0, np.nextafter(np.float32(3), np.float32(0)), -np.inf, np.nan,
+                                  -1e-30, 2.9999], np.float32)])
+    x = np.minimum(x, np.float32(3.0)).astype(np.float32)
+    scales = [float(np_logit_scale(t, 1)[0]) for t in (100.0, 1.0, 0.7, 0.01)] + [0.0]
+
+    def run(backend: str) -> dict[str, Any]:
+        res = {}
+        for j, c in enumerate(scales):
+            out = np.zeros(x.size, np.uint64)
+            launch("sampling_exp_mass", (-(-x.size // 256),), (256,), x, out, x.size, 3.0, c, backend=backend)
+            res[f"c{j}"] = out.astype(np.int64)  # <= 2^40
+        return res
+
+    def ref() -> dict[str, Any]:
+        return {f"c{j}": np_exp_mass(x, 3.0, c) for j, c in enumerate(scales)}
+
+    return Case(op="sampling_exp_mass", dtype="f32", shape=f"n{x.size}-c{len(scales)}", kernels=("sampling_exp_mass",),
+                run=run, reference=ref)
+
+
 def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, param: Any,
                  ties: bool = False, note: str = "", poison: tuple[float, ...] = ()) -> Case:
     from ... import ops
@@ -492,6 +577,7 @@ def _mass_case(rng: np.random.Generator) -> Case:
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _philox_case()
     yield _mass_case(rng)
+    yield _exp_mass_case(rng)
     for kind in ("f32", "bf16", "f16"):
         # vocab 37 (odd: the one-element path), 64 and 96 (16-byte vectors), ties at thresholds
         yield _sampling_case(rng, "sampling_from_probs", kind, 5, 37)
@@ -519,6 +605,17 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _renorm_case(rng, "top_p_renorm_probs", kind, 4, 64, 0.8, poison=bad)
         yield _renorm_case(rng, "top_k_mask_logits", kind, 3, 37, np.array([1, 0, 12]), ties=True)
         yield _speculative_case(rng, kind, 6, 3, 37)
+        # from logits: the fused softmax mass, temperature scalar and per row, NaN / +inf rows without a token
+        yield _logits_case(rng, "sampling_from_logits", kind, 5, 37)
+        yield _logits_case(rng, "sampling_from_logits", kind, 4, 64, temperature=np.array([0.3, 1.0, 2.5, 0.05],
+                                                                                         np.float32))
+        yield _logits_case(rng, "sampling_from_logits", kind, 3, 64, poison=(float("nan"), float("inf")))
+        yield _logits_case(rng, "top_k_top_p_sampling_from_logits", kind, 4, 64, ties=True, temperature=0.7,
+                           top_k=np.array([3, 0, 64, 9]), top_p=0.6)
+        yield _logits_case(rng, "top_k_top_p_sampling_from_logits", kind, 4, 37, top_k=5,
+                           top_p=np.array([0.2, 0.5, 0.9, 1.0], np.float32), filter_apply_order="joint")
+        yield _softmax_case(rng, kind, 3, 37)
+        yield _softmax_case(rng, kind, 3, 64, temperature=np.array([0.5, 1.0, 4.0], np.float32))
         yield _speculative_case(rng, kind, 4, 4, 64, close=0.9, per_row_seed=True)
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")
     yield _speculative_case(rng, "f32", 3, 2, 1500, close=0.3)  # rows of three chunks: the draw's walk past one
