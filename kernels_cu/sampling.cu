@@ -18,6 +18,11 @@
 // - Mass: a probability p becomes the integer floor(p * 2^(SP_F - e)), where 2^(e-1) <= max < 2^e
 //   is the row maximum's binade: at most 2^SP_F per entry, sums of up to 2^22 entries fit in
 //   64 bits, no overflow and no rounding; sums are associative, so any reduction order agrees.
+// - From logits (sampling_from_logits, SPM_LOGITS): the same kernel with logit keys (softmax keeps the order, so
+//   top-k's select is unchanged) and, as mass, the softmax in the same fixed point without writing it:
+//   2^SP_F * 2^f, f = (x - max) * c, c = log2(e) / T, by three IEEE float operations (the f, its floor's remainder
+//   and a power-of-two scaling) and an integer polynomial (sp_exp_mass): the maximum gets 2^SP_F exactly and every
+//   backend the same integers. A NaN or +inf logit (or a row of -inf) makes no distribution: no token.
 // - Thresholds: every filter keeps the entries with key >= T (ties at the boundary all kept, as
 //   FlashInfer's pivot search does). T comes from a radix select over the 32-bit keys
 //   (passes of 11, 11 and 10 bits, a 2048-bin histogram in shared memory, each pass's bin from a
@@ -36,6 +41,9 @@
 //     top_k_renorm_probs: max with the select, write                     4 / 3 (k disabled: the copy, 1)
 //     top_p_renorm_probs: max, select, write                             5 / 4 (top_p >= 1: max, S, write, 3)
 //     top_k_mask_logits: select, write                                   4 / 3
+//     sampling_from_logits: as sampling (max, S with the draw)           2 / 2
+//     top_k_top_p_sampling_from_logits: as top-k + top-p                 7 / 5
+//     softmax (its own kernel, float math): max with sum, write          2 / 2 (and one write)
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: per-warp sums of the row in vocabulary order, one block scan a window of them, then one warp's
@@ -185,8 +193,9 @@ __device__ __forceinline__ unsigned long long sp_exp2_fix(unsigned int R) {
 // intrinsics are never contracted into an FMA), n = floor(f), r = f - n (IEEE; it may round up to 1, clamped below),
 // and 2^r in fixed point (sp_exp2_fix) shifted by n + SP_F - 32: after the three float operations all integer,
 // identical on every backend. The maximum gets 2^SP_F exactly; f < -SP_F (below the fixed point's last bit), -inf
-// and NaN (x = -inf with c = 0) get 0. Relative accuracy: the float rounding of f (|f| * 2^-24 * ln 2, ~2e-6 at the
-// far end) and the polynomial's 3e-9, then the truncation to an integer at the fixed point's 2^-SP_F of the maximum.
+// and NaN (x = -inf with c = 0) get 0. Relative accuracy: the float roundings of f (|f| * 2^-23 * ln 2, ~3e-6 at the
+// far end), of r (<= 2^-25 * ln 2) and the polynomial's 3e-9, then the truncation to the fixed point's 2^-SP_F of
+// the maximum.
 __device__ __forceinline__ unsigned long long sp_exp_mass(float x, float mx, float c) {
     const float f = __fmul_rn(__fsub_rn(x, mx), c);
     if (!(f >= -(float)SP_F)) return 0ull;
@@ -587,7 +596,8 @@ __device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, lo
 // summed: the row is one window and its segment sums are in s.hist already (sp_row_mass_segments), so the draw
 // reads only the segment that holds it.
 template <typename T, int VEC, int AH, int MODE>
-__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, const SpRow& r, unsigned long long t, bool summed,
+__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, const SpRow& r, unsigned long long t,
+                            bool summed,
                             SpShared& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long nc = sp_chunks<T, VEC>(n);

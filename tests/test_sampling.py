@@ -747,7 +747,8 @@ def test_torch_cpu_tensors_in_and_out() -> None:
 
 
 # --------------------------------------------------------------------------- SASS
-KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_renorm_probs", "sampling_top_k_mask_logits")
+KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_from_logits", "sampling_renorm_probs",
+                                "sampling_top_k_mask_logits", "sampling_softmax")
            for s in ("", "_bf16", "_f16")]
 
 
@@ -799,7 +800,7 @@ def test_sass_row_walks_keep_several_16_byte_loads_in_flight(kernel) -> None:
     # One CTA reads a whole row, so its read time is latency x chunks / chunks in flight: each walk issues
     # SP_AHEAD (4; 3 in the 64-register kernels) 16-byte loads a thread before it uses the first. One load at a
     # time measured ~0.5 us a chunk on an H200 at batch 1 (docs/measured/2026-11-28-h200/sampling.json).
-    want = 4 if kernel.startswith("sampling_from_probs") else 3
+    want = 4 if kernel.startswith(("sampling_from_probs", "sampling_from_logits")) else 3
     for arch in ("sm_80", "sm_90"):
         ops = [(op, mods) for _, op, mods, _ in _listing(arch)[kernel]]
         most = max(sum(1 for op, mods in ops[i:i + 24] if op == "LDG" and ".128" in mods) for i in range(len(ops)))

@@ -2,6 +2,8 @@
 
 Ops: `sampling_from_probs`, `top_k_sampling_from_probs`, `top_p_sampling_from_probs`,
 `min_p_sampling_from_probs`, `top_k_top_p_sampling_from_probs` (one int32 token per row),
+`sampling_from_logits`, `top_k_top_p_sampling_from_logits` (the same over softmax(logits / T), fused: no
+probability written) and `softmax` (float32 probabilities),
 `top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities),
 `top_k_mask_logits` (the other logits set to -inf) and `chain_speculative_sampling` (rejection
 sampling of drafted token chains, docs/serving.md#speculative-decoding-chain_speculative_sampling).
