@@ -18,6 +18,11 @@
 // - Mass: a probability p becomes the integer floor(p * 2^(SP_F - e)), where 2^(e-1) <= max < 2^e
 //   is the row maximum's binade: at most 2^SP_F per entry, sums of up to 2^22 entries fit in
 //   64 bits, no overflow and no rounding; sums are associative, so any reduction order agrees.
+// - From logits (sampling_from_logits, SPM_LOGITS): the same kernel with logit keys (softmax keeps the order, so
+//   top-k's select is unchanged) and, as mass, the softmax in the same fixed point without writing it:
+//   2^SP_F * 2^f, f = (x - max) * c, c = log2(e) / T, by three IEEE float operations (the f, its floor's remainder
+//   and a power-of-two scaling) and an integer polynomial (sp_exp_mass): the maximum gets 2^SP_F exactly and every
+//   backend the same integers. A NaN or +inf logit (or a row of -inf) makes no distribution: no token.
 // - Thresholds: every filter keeps the entries with key >= T (ties at the boundary all kept, as
 //   FlashInfer's pivot search does). T comes from a radix select over the 32-bit keys
 //   (passes of 11, 11 and 10 bits, a 2048-bin histogram in shared memory, each pass's bin from a
@@ -36,6 +41,9 @@
 //     top_k_renorm_probs: max with the select, write                     4 / 3 (k disabled: the copy, 1)
 //     top_p_renorm_probs: max, select, write                             5 / 4 (top_p >= 1: max, S, write, 3)
 //     top_k_mask_logits: select, write                                   4 / 3
+//     sampling_from_logits: as sampling (max, S with the draw)           2 / 2
+//     top_k_top_p_sampling_from_logits: as top-k + top-p                 7 / 5
+//     softmax (its own kernel, float math): max with sum, write          2 / 2 (and one write)
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: per-warp sums of the row in vocabulary order, one block scan a window of them, then one warp's
@@ -66,6 +74,16 @@
 #define SRF_TOP_K 1
 #define SRF_K_ARR 2
 #define SRF_P_ARR 4
+
+// flags of sampling_from_logits (with the SPF_* above)
+#define SPF_T_ARR 1024       // per-row temperature array (else the scale c_val)
+
+// What a row holds (the row templates' MODE): probabilities (keys of the sanitized values, mass sp_mass); logits
+// whose keys alone matter (top_k_mask_logits: sign-flipped keys, no mass); logits sampled through their softmax
+// (sign-flipped keys, mass sp_exp_mass).
+#define SPM_PROBS 0
+#define SPM_MASK 1
+#define SPM_LOGITS 2
 
 #define SP_BINS 2048         // radix histogram: digits of 11, 11 and 10 bits (SP_NT * 4 bins)
 
@@ -152,6 +170,49 @@ __device__ __forceinline__ int sp_shift(unsigned int mkey) {
 // floor(a * b / 2^32) for a < 2^62, b < 2^32 (no 128-bit type needed).
 __device__ __forceinline__ unsigned long long sp_mul_frac(unsigned long long a, unsigned int b) {
     return (a >> 32) * b + __umul64hi((a & 0xffffffffull) << 32, (unsigned long long)b);
+}
+
+// log2(e) rounded to float (0x3FB8AA3B): c = log2(e) / T is one IEEE division of floats on every backend.
+#define SP_LOG2E 1.44269502162933349609375f
+
+// 2^32 * 2^r for r = R / 2^32 in [0, 1): 2^r's polynomial of degree 6 (relative error < 3e-9 with the fixed point's
+// truncations; 1 + r * q(r), q fitted on the relative error) by Horner in 32-bit fixed point: P(0) = 2^32 exactly,
+// P increases with R and stays < 2^33. Integer only: every backend gets the same bits.
+__device__ __forceinline__ unsigned long long sp_exp2_fix(unsigned int R) {
+    unsigned long long acc = 928268ull;
+    acc = 5354899ull + sp_mul_frac(acc, R);
+    acc = 41555748ull + sp_mul_frac(acc, R);
+    acc = 238307466ull + sp_mul_frac(acc, R);
+    acc = 1031777011ull + sp_mul_frac(acc, R);
+    acc = 2977043887ull + sp_mul_frac(acc, R);
+    return 4294967296ull + sp_mul_frac(acc, R);
+}
+
+// The mass of logit x in a row of maximum mx at scale c = log2(e) / T: 2^SP_F * 2^f, f = (x - mx) * c <= 0, that is
+// the softmax of x / T times 2^SP_F / its maximum's. f is one IEEE subtraction and one IEEE multiplication (the _rn
+// intrinsics are never contracted into an FMA), n = floor(f), r = f - n (IEEE; it may round up to 1, clamped below),
+// and 2^r in fixed point (sp_exp2_fix) shifted by n + SP_F - 32: after the three float operations all integer,
+// identical on every backend. The maximum gets 2^SP_F exactly; f < -SP_F (below the fixed point's last bit), -inf
+// and NaN (x = -inf with c = 0) get 0. Relative accuracy: the float roundings of f (|f| * 2^-23 * ln 2, ~3e-6 at the
+// far end), of r (<= 2^-25 * ln 2) and the polynomial's 3e-9, then the truncation to the fixed point's 2^-SP_F of
+// the maximum.
+__device__ __forceinline__ unsigned long long sp_exp_mass(float x, float mx, float c) {
+    const float f = __fmul_rn(__fsub_rn(x, mx), c);
+    if (!(f >= -(float)SP_F)) return 0ull;
+    const float fl = floorf(f);
+    const int n = (int)fl;  // in [-SP_F, 0]
+    const float r = __fsub_rn(f, fl);  // in [0, 1]
+    const unsigned long long R = min(__float2ull_rz(__fmul_rn(r, 4294967296.0f)), 0xffffffffull);
+    const unsigned long long P = sp_exp2_fix((unsigned int)R);
+    const int sh = n + SP_F - 32;  // in [-32, 8]: P >> 33 would be 0 already
+    return sh >= 0 ? P << sh : P >> -sh;
+}
+
+// sp_exp_mass at one row maximum and scale, for its exactness tests (one value a thread).
+extern "C" __global__ void __launch_bounds__(256) sampling_exp_mass(const float* __restrict__ x,
+        unsigned long long* __restrict__ out, int n, float mx, float c) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = sp_exp_mass(x[i], mx, c);
 }
 
 // ------------------------------------------------------------------------------ block primitives
@@ -289,15 +350,43 @@ __device__ __forceinline__ void sp_for_row(const T* row, long long n, Body&& bod
     });
 }
 
-template <bool LOGITS>
+// What the filters know of a row: its maximum, the keep floor and the kept mass.
+struct SpRow {
+    unsigned int mkey;        // key of the row maximum (0: no mass)
+    int sh;                   // probabilities: sp_shift(mkey)
+    unsigned int lo;          // keep the entries with key >= lo
+    unsigned long long kept;  // mass of the entries with key >= lo (set by a select)
+    float mp;                 // min-p factor, < 0 without min-p: lo >= key(max * mp) once the max is known
+    bool bad;                 // some entry is no number of the row's kind (then mkey = 0): set with the maximum
+    float mx, c;              // logits: the row maximum and the scale log2(e) / T (sp_exp_mass)
+};
+
+template <int MODE>
 __device__ __forceinline__ unsigned int sp_key(float x) {
-    if constexpr (LOGITS) return sp_logit_key(x);
+    if constexpr (MODE != SPM_PROBS) return sp_logit_key(x);
     else return sp_prob_key(x);
 }
 
-// Largest key over the row (0 for an empty or all-zero probability row). Probabilities: `bad` (block-uniform)
-// is whether some entry is NaN, inf or negative, and the key is then 0 (the row has no usable mass).
-template <typename T, int VEC, int AH, bool LOGITS>
+// An entry that makes the row no distribution: a probability that is NaN, inf or negative; a logit that is NaN or
+// +inf (softmax has no value there). Logits for top_k_mask_logits are never bad (NaN has the lowest key).
+template <int MODE>
+__device__ __forceinline__ bool sp_bad(float x) {
+    if constexpr (MODE == SPM_PROBS) return sp_prob_bad(x);
+    else if constexpr (MODE == SPM_LOGITS) return !(x < SP_POS_INF);
+    else return false;
+}
+
+// The fixed-point mass of the entry x with key `key` (probabilities: key of the sanitized x; logits: its
+// softmax at the row's scale). Never called for SPM_MASK.
+template <int MODE>
+__device__ __forceinline__ unsigned long long sp_wmass(float x, unsigned int key, const SpRow& r) {
+    if constexpr (MODE == SPM_LOGITS) return sp_exp_mass(x, r.mx, r.c);
+    else return sp_mass(key, r.sh);
+}
+
+// Largest key over the row (0 for an empty or all-zero probability row). `bad` (block-uniform) is whether some
+// entry makes the row no distribution (sp_bad), and the key is then 0 (the row has no usable mass).
+template <typename T, int VEC, int AH, int MODE>
 __device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s, bool& bad) {
     unsigned int m = 0u;
     bool own_bad = false;
@@ -305,34 +394,36 @@ __device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s, b
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
             if (i + j < n) {
-                m = max(m, sp_key<LOGITS>(f[j]));
-                if (!LOGITS) own_bad |= sp_prob_bad(f[j]);
+                m = max(m, sp_key<MODE>(f[j]));
+                own_bad |= sp_bad<MODE>(f[j]);
             }
         return false;
     });
     const unsigned int mkey = sp_block_max(m, s);
-    bad = !LOGITS && __syncthreads_or(own_bad);
+    bad = MODE != SPM_MASK && __syncthreads_or(own_bad);
     return bad ? 0u : mkey;
 }
 
-// The kept mass (key >= lo) of this lane's VEC values (past the end of the row they load 0: key 0 < lo).
-template <int VEC>
-__device__ __forceinline__ unsigned long long sp_lane_mass(const float* f, unsigned int lo, int sh) {
+// The kept mass (key >= lo) of this lane's VEC values at i. Past the end of the row they load 0: probability key
+// 0 < lo, but a logit 0 has a key, so logits test the index.
+template <int VEC, int MODE>
+__device__ __forceinline__ unsigned long long sp_lane_mass(const float* f, long long i, long long n, unsigned int lo,
+                                                           const SpRow& r) {
     unsigned long long own = 0ull;
 #pragma unroll
     for (int j = 0; j < VEC; ++j) {
-        const unsigned int key = sp_prob_key(f[j]);
-        if (key >= lo) own += sp_mass(key, sh);
+        const unsigned int key = sp_key<MODE>(f[j]);
+        if (key >= lo && (MODE == SPM_PROBS || i + j < n)) own += sp_wmass<MODE>(f[j], key, r);
     }
     return own;
 }
 
 // Mass of the entries with key >= lo.
-template <typename T, int VEC, int AH>
-__device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned int lo, int sh, SpShared& s) {
+template <typename T, int VEC, int AH, int MODE>
+__device__ unsigned long long sp_row_mass(const T* row, long long n, unsigned int lo, const SpRow& r, SpShared& s) {
     unsigned long long acc = 0ull;
-    sp_for_row<T, VEC, AH>(row, n, [&](long long, const float* f) {
-        acc += sp_lane_mass<VEC>(f, lo, sh);
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
+        acc += sp_lane_mass<VEC, MODE>(f, i, n, lo, r);
         return false;
     });
     return sp_block_sum(acc, s);
@@ -353,19 +444,19 @@ __device__ __forceinline__ unsigned long long sp_target(unsigned long long S, un
 template <typename T> struct SpLowBits { static constexpr int bits = Pk16<T>::is_f16 ? 13 : 16; };
 template <> struct SpLowBits<float> { static constexpr int bits = 0; };
 
-// What the filters know of a probability row: its maximum, the keep floor and the kept mass.
-struct SpRow {
-    unsigned int mkey;        // key of the row maximum (0: no mass)
-    int sh;                   // sp_shift(mkey)
-    unsigned int lo;          // keep the entries with key >= lo
-    unsigned long long kept;  // mass of the entries with key >= lo (set by a select)
-    float mp;                 // min-p factor, < 0 without min-p: lo >= key(max * mp) once the max is known
-    bool bad;                 // some entry is NaN, inf or negative (then mkey = 0): set with the maximum
-};
+// The logit with key `key` (> 0; a zero of either sign comes back as +0, which subtracts the same).
+__device__ __forceinline__ float sp_logit_value(unsigned int key) {
+    return __uint_as_float((key & 0x80000000u) ? (key & 0x7fffffffu) : ~key);
+}
 
+template <int MODE>
 __device__ __forceinline__ void sp_set_max(SpRow& r, unsigned int mkey) {
     r.mkey = mkey;
-    if (mkey) {
+    if constexpr (MODE == SPM_LOGITS) {
+        // a row of -inf has no softmax, nor has a scale that is no number >= 0 (a device temperature <= 0 or NaN)
+        if (mkey) r.mx = sp_logit_value(mkey);
+        if (!(r.mx > -SP_POS_INF && r.c >= 0.0f && r.c < SP_POS_INF)) r.mkey = 0u;
+    } else if (mkey) {
         r.sh = sp_shift(mkey);
         r.lo = max(r.lo, sp_prob_key(__uint_as_float(mkey) * r.mp));  // key 0 for mp < 0
     }
@@ -376,12 +467,12 @@ __device__ __forceinline__ void sp_set_max(SpRow& r, unsigned int mkey) {
 // above v reaches ceil(top_p * M), top_p = need / 2^32 and M the mass of the keys >= base (M is
 // the sum of the first pass's histogram). Passes of 11, 11 and 10 bits (bf16 / f16: 11 and 5 / 8,
 // SpLowBits), most significant first; each pass's bin comes from a block-wide suffix scan (thread
-// t owns 4, 2 or 1 bins from the top). Probabilities (!LOGITS) also get, in the last pass, r.kept =
+// t owns 4, 2 or 1 bins from the top). Rows with mass (MODE != SPM_MASK) also get, in the last pass, r.kept =
 // the mass of the keys >= r.lo = max(r.lo, v): keys above the pass's range add their mass per
 // thread, keys in it go to a mass histogram (the top half of hist for a count select). MAX: the
 // first pass also finds the row maximum (sp_set_max; an all-zero row stops there with r.mkey = 0).
 // Returns v with its bits below SpLowBits cleared (v itself but for a negative bf16 / f16 logit).
-template <typename T, int VEC, int AH, bool LOGITS, bool MAX>
+template <typename T, int VEC, int AH, int MODE, bool MAX>
 __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int base, bool by_mass,
                                         unsigned long long need, SpRow& r, SpShared& s) {
     unsigned int prefix = 0u, pmask = 0u;
@@ -395,32 +486,32 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         for (int b = threadIdx.x; b < SP_BINS; b += SP_NT) s.hist[b] = 0ull;
         __syncthreads();
         unsigned int m = 0u;
-        bool own_bad = false;           // MAX, probabilities: a NaN, inf or negative entry (lanes past n load 0)
+        bool own_bad = false;           // MAX: an entry that makes the row no distribution (sp_bad)
         unsigned long long acc = 0ull;  // last pass: mass of the keys >= lo_pre above the range
         sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                const unsigned int key = sp_key<LOGITS>(f[j]);
-                if (MAX && pass == 0) {
-                    m = max(m, key);  // out-of-range lanes load 0: key 0
-                    if (!LOGITS) own_bad |= sp_prob_bad(f[j]);
+                const unsigned int key = sp_key<MODE>(f[j]);
+                if (MAX && pass == 0 && (MODE == SPM_PROBS || i + j < n)) {
+                    m = max(m, key);  // out-of-range lanes load 0: probability key 0, but a logit 0 has a key
+                    own_bad |= sp_bad<MODE>(f[j]);
                 }
                 if (i + j < n && key >= base) {
                     const unsigned int hi = key & pmask;
                     if (hi == prefix) {
                         const unsigned int d = (key >> shift) & (unsigned int)(nb - 1);
                         if (by_mass) {
-                            const unsigned long long w = sp_mass(key, r.sh);
+                            const unsigned long long w = sp_wmass<MODE>(f[j], key, r);
                             if (w) sp_hist_add(s, d, w);
                         } else {
                             atomicAdd(&s.cnt[d], 1u);  // < 2^22 entries a row
-                            if (!LOGITS && last) {
-                                const unsigned long long w = sp_mass(key, r.sh);
+                            if (MODE != SPM_MASK && last) {
+                                const unsigned long long w = sp_wmass<MODE>(f[j], key, r);
                                 if (w) sp_hist_add(s, 1024 + d, w);
                             }
                         }
-                    } else if (!LOGITS && last && hi > prefix && key >= lo_pre) {
-                        acc += sp_mass(key, r.sh);
+                    } else if (MODE != SPM_MASK && last && hi > prefix && key >= lo_pre) {
+                        acc += sp_wmass<MODE>(f[j], key, r);
                     }
                 }
             }
@@ -430,8 +521,8 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         if constexpr (MAX) {
             if (pass == 0) {
                 const unsigned int mkey = sp_block_max(m, s);
-                r.bad = !LOGITS && __syncthreads_or(own_bad);
-                sp_set_max(r, r.bad ? 0u : mkey);
+                r.bad = MODE != SPM_MASK && __syncthreads_or(own_bad);
+                sp_set_max<MODE>(r, r.bad ? 0u : mkey);
                 if (r.mkey == 0u) return 0u;  // block-uniform
             }
         }
@@ -465,7 +556,7 @@ __device__ unsigned int sp_radix_select(const T* row, long long n, unsigned int 
         prefix |= s.sel_bin << shift;
         pmask |= (unsigned int)(nb - 1) << shift;
         above = s.sel_above;
-        if (!LOGITS && last) {  // bin d holds the key range | d << LOW alone
+        if (MODE != SPM_MASK && last) {  // bin d holds the key range | d << LOW alone
             r.lo = max(lo_pre, prefix);
             const unsigned long long* mh = by_mass ? s.hist : s.hist + 1024;
 #pragma unroll
@@ -496,15 +587,17 @@ __device__ __forceinline__ unsigned int sp_top_p_int(float p) {
 #define SP_WIN (SP_BINS / SP_NW)
 
 // The kept mass of a warp's segment of a chunk (f: this lane's VEC values), in every lane.
-template <int VEC>
-__device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, unsigned int lo, int sh) {
-    return sp_warp_sum(sp_lane_mass<VEC>(f, lo, sh));
+template <int VEC, int MODE>
+__device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, long long i, long long n,
+                                                              unsigned int lo, const SpRow& r) {
+    return sp_warp_sum(sp_lane_mass<VEC, MODE>(f, i, n, lo, r));
 }
 
 // summed: the row is one window and its segment sums are in s.hist already (sp_row_mass_segments), so the draw
 // reads only the segment that holds it.
-template <typename T, int VEC, int AH>
-__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, unsigned long long t, bool summed,
+template <typename T, int VEC, int AH, int MODE>
+__device__ int sp_find_draw(const T* row, long long n, unsigned int lo, const SpRow& r, unsigned long long t,
+                            bool summed,
                             SpShared& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const long long nc = sp_chunks<T, VEC>(n);
@@ -513,8 +606,8 @@ __device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, 
     for (long long c0 = 0; c0 < nc; c0 += SP_WIN) {
         const long long c1 = min(nc, c0 + SP_WIN);
         if (!summed)
-            sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long c, long long, const float* f) {
-                const unsigned long long own = sp_segment_mass<VEC>(f, lo, sh);
+            sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long c, long long i, const float* f) {
+                const unsigned long long own = sp_segment_mass<VEC, MODE>(f, i, n, lo, r);
                 if (lane == 0) s.hist[(c - c0) * SP_NW + warp] = own;
                 return false;
             });
@@ -549,8 +642,8 @@ __device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, 
             unsigned long long w[VEC], mine = 0ull;
 #pragma unroll
             for (int j = 0; j < VEC; ++j) {
-                const unsigned int key = sp_prob_key(f[j]);
-                w[j] = key >= lo ? sp_mass(key, sh) : 0ull;
+                const unsigned int key = sp_key<MODE>(f[j]);
+                w[j] = key >= lo && (MODE == SPM_PROBS || i + j < n) ? sp_wmass<MODE>(f[j], key, r) : 0ull;
                 mine += w[j];
             }
             unsigned long long inc = mine;
@@ -577,12 +670,13 @@ __device__ int sp_find_draw(const T* row, long long n, unsigned int lo, int sh, 
 // The kept mass S of a row of one window (at most SP_WIN chunks), leaving its segment sums in s.hist as
 // sp_find_draw makes them: the draw then reads only its segment (a plain or min-p draw reads the row twice, not 3
 // times).
-template <typename T, int VEC, int AH>
-__device__ unsigned long long sp_row_mass_segments(const T* row, long long n, unsigned int lo, int sh, SpShared& s) {
+template <typename T, int VEC, int AH, int MODE>
+__device__ unsigned long long sp_row_mass_segments(const T* row, long long n, unsigned int lo, const SpRow& r,
+                                                   SpShared& s) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     unsigned long long acc = 0ull;  // the warp's kept mass, in every lane
-    sp_for_chunks<T, VEC, AH>(row, n, 0, sp_chunks<T, VEC>(n), [&](long long c, long long, const float* f) {
-        const unsigned long long own = sp_segment_mass<VEC>(f, lo, sh);
+    sp_for_chunks<T, VEC, AH>(row, n, 0, sp_chunks<T, VEC>(n), [&](long long c, long long i, const float* f) {
+        const unsigned long long own = sp_segment_mass<VEC, MODE>(f, i, n, lo, r);
         if (lane == 0) s.hist[c * SP_NW + warp] = own;
         acc += own;
         return false;
@@ -595,15 +689,21 @@ struct SpArgs {
     int flags, top_k_val;
     float top_p_val, min_p_val;
     unsigned int seed_lo, seed_hi, offset_lo, offset_hi;
+    float c_val;                       // logits: log2(e) / T, or the row's from temp_arr (SPF_T_ARR)
+    const float* __restrict__ temp_arr;
 };
 
-template <typename T, int VEC, int AH>
+// MODE: SPM_PROBS (sampling_from_probs) or SPM_LOGITS (sampling_from_logits: the same filters and draw over the
+// softmax's fixed-point mass, sp_exp_mass, which no pass writes out).
+template <typename T, int VEC, int AH, int MODE>
 __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int* __restrict__ out,
                               unsigned char* __restrict__ valid, const int* __restrict__ top_k_arr,
                               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
                               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
                               const SpArgs& a, SpShared& s) {
-    SpRow r = {0u, 0, 1u, 0ull, -1.0f};  // keep entries with key >= r.lo (key 0: no mass)
+    SpRow r = {0u, 0, 1u, 0ull, -1.0f};  // keep entries with key >= r.lo (key 0: no mass, or a NaN logit)
+    if constexpr (MODE == SPM_LOGITS)  // one IEEE division for a per-row temperature, as the host's for a scalar
+        r.c = (a.flags & SPF_T_ARR) ? __fdiv_rn(SP_LOG2E, a.temp_arr[b]) : a.c_val;
     if (a.flags & SPF_MIN_P) {
         const float mp = (a.flags & SPF_MINP_ARR) ? min_p_arr[b] : a.min_p_val;
         r.mp = mp < 1.0f ? mp : 1.0f;  // NaN or > 1: as 1 (only the maximum survives)
@@ -611,12 +711,12 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     bool kept = false;  // r.kept holds the mass of the keys >= r.lo
     const int k = (a.flags & SPF_TOP_K) ? ((a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val) : 0;
     if (k > 0 && (long long)k < n) {  // top-k: the row maximum rides along with the first pass
-        sp_radix_select<T, VEC, AH, false, true>(row, n, 0u, false, k, r, s);
+        sp_radix_select<T, VEC, AH, MODE, true>(row, n, 0u, false, k, r, s);
         kept = true;
     } else {
-        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s, r.bad));
+        sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
     }
-    if (r.mkey == 0u) {  // no mass at all, or a NaN / inf / negative entry (r.bad): no token
+    if (r.mkey == 0u) {  // no mass at all, or an entry that is no number of the row's kind (r.bad): no token
         if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
         return;
     }
@@ -624,17 +724,16 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
         const unsigned int P = sp_top_p_int((a.flags & SPF_P_ARR) ? top_p_arr[b] : a.top_p_val);
         if (P) {
             const unsigned int base = (a.flags & SPF_TOP_K_FIRST) ? r.lo : 1u;
-            sp_radix_select<T, VEC, AH, false, false>(row, n, base, true, P, r, s);
+            sp_radix_select<T, VEC, AH, MODE, false>(row, n, base, true, P, r, s);
             kept = true;
         }
     }
-    const int sh = r.sh;
     const unsigned int lo = r.lo;
     // >= the maximum's mass > 0
     const bool one_window = !kept && sp_chunks<T, VEC>(n) <= SP_WIN;
     const unsigned long long S = kept ? r.kept
-                                      : (one_window ? sp_row_mass_segments<T, VEC, AH>(row, n, lo, sh, s)
-                                                    : sp_row_mass<T, VEC, AH>(row, n, lo, sh, s));
+                                      : (one_window ? sp_row_mass_segments<T, VEC, AH, MODE>(row, n, lo, r, s)
+                                                    : sp_row_mass<T, VEC, AH, MODE>(row, n, lo, r, s));
     unsigned int c[4];
     c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
     c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
@@ -643,12 +742,31 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
               (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
     const unsigned long long t = sp_mul_frac(S, c[0]);  // in [0, S)
-    const int found = sp_find_draw<T, VEC, AH>(row, n, lo, sh, t, one_window, s);
+    const int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, one_window, s);
     if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
 // flags: SPF_* above. Per-row parameter arrays are indexed by the output row; seed_arr and
 // offset_arr hold (lo, hi) 32-bit word pairs per row. Absent arrays are 1-element dummies.
+template <typename T, int MODE>
+__device__ void sp_sample_impl(const T* __restrict__ x, int* __restrict__ out, unsigned char* __restrict__ valid,
+                               const int* __restrict__ indices, const int* __restrict__ top_k_arr,
+                               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
+                               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
+                               int vocab, const SpArgs& a) {
+    __shared__ SpShared s;
+    const int b = blockIdx.x;
+    const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
+    const T* row = x + r * (long long)vocab;
+    constexpr int N = PkVec16<T>::N;
+    if (vocab % N == 0 && pk_aligned16(x))
+        sp_sample_row<T, N, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
+                                              offset_arr, a, s);
+    else
+        sp_sample_row<T, 1, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
+                                              offset_arr, a, s);
+}
+
 template <typename T>
 __device__ void sampling_from_probs_impl(const T* __restrict__ probs, int* __restrict__ out,
         unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
@@ -656,18 +774,9 @@ __device__ void sampling_from_probs_impl(const T* __restrict__ probs, int* __res
         const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
         int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
         unsigned int offset_lo, unsigned int offset_hi) {
-    __shared__ SpShared s;
-    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi};
-    const int b = blockIdx.x;
-    const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
-    const T* row = probs + r * (long long)vocab;
-    constexpr int N = PkVec16<T>::N;
-    if (vocab % N == 0 && pk_aligned16(probs))
-        sp_sample_row<T, N, SP_AHEAD>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                        offset_arr, a, s);
-    else
-        sp_sample_row<T, 1, SP_AHEAD>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                        offset_arr, a, s);
+    const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, 0.0f, nullptr};
+    sp_sample_impl<T, SPM_PROBS>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr,
+                                 vocab, a);
 }
 PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), (const T* __restrict__ probs, int* __restrict__ out,
               unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
@@ -677,6 +786,97 @@ PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), (const T* __restrict__ probs, int
               unsigned int offset_lo, unsigned int offset_hi),
               (probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
                top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi))
+
+// sampling_from_probs over softmax(logits / T) (SPM_LOGITS), the probabilities never written: c_val = log2(e) / T
+// computed on the host in float, or SPF_T_ARR and the row's T in temp_arr (indexed by the output row).
+template <typename T>
+__device__ void sampling_from_logits_impl(const T* __restrict__ logits, int* __restrict__ out,
+        unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
+        const float* __restrict__ top_p_arr, const float* __restrict__ temp_arr,
+        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
+        int top_k_val, float top_p_val, float c_val, unsigned int seed_lo, unsigned int seed_hi,
+        unsigned int offset_lo, unsigned int offset_hi) {
+    const SpArgs a = {flags & ~SPF_MIN_P, top_k_val, top_p_val, 0.0f, seed_lo, seed_hi, offset_lo, offset_hi, c_val,
+                      temp_arr};
+    sp_sample_impl<T, SPM_LOGITS>(logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr,
+                                  vocab, a);
+}
+PK_IO_KERNELS(sampling_from_logits, (SP_NT, 1), (const T* __restrict__ logits, int* __restrict__ out,
+              unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
+              const float* __restrict__ top_p_arr, const float* __restrict__ temp_arr,
+              const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab,
+              int flags, int top_k_val, float top_p_val, float c_val, unsigned int seed_lo, unsigned int seed_hi,
+              unsigned int offset_lo, unsigned int offset_hi),
+              (logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr, vocab, flags,
+               top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi))
+
+// ------------------------------------------------------------------------------ softmax
+// FlashInfer's softmax(logits / T) as fp32 probabilities: one CTA a row, an online (max, sum) pass over the row in
+// base 2 (m the max logit, d the sum of 2^((x - m) * c), c = log2(e) / T: (x - m) * c <= 0 never overflows where
+// x * c could; each thread its own running pair, merged over the block), then a pass that writes
+// 2^((x - m) * c) / d. Reads the row twice and writes it once. Float math (a tolerance applies, not bit-exactness).
+// A row holding a NaN or +inf becomes NaN (no distribution, as the sampling ops say with valid = False); -inf
+// entries become 0 (a row of -inf: NaN). temp_arr (SMF_T_ARR) holds a T per row, else c_val is log2(e) / T.
+#define SMF_T_ARR 1
+
+// (m, d) <- the pair of the union: m the larger max, d the sums rescaled to it (a pair without entries has d = 0).
+__device__ __forceinline__ void sp_sm_merge(float& m, float& d, float m2, float d2, float c) {
+    const float M = fmaxf(m, m2);
+    d = (d > 0.0f ? d * exp2f((m - M) * c) : 0.0f) + (d2 > 0.0f ? d2 * exp2f((m2 - M) * c) : 0.0f);
+    m = M;
+}
+
+template <typename T, int VEC, int AH>
+__device__ void sp_softmax_row(const T* __restrict__ row, float* __restrict__ orow, long long n, float c,
+                               SpShared& s) {
+    float m = -SP_POS_INF, d = 0.0f;  // running max logit and sum of 2^((x - m) * c) over the entries > -inf
+    bool nan = false;
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            if (i + j < n) {
+                const float x = f[j];
+                nan |= !(x < SP_POS_INF);
+                if (x > m) { d = (d > 0.0f ? d * exp2f((m - x) * c) : 0.0f) + 1.0f; m = x; }
+                else if (x > -SP_POS_INF) d += exp2f((x - m) * c);
+            }
+        return false;
+    });
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+#pragma unroll
+    for (int off = 16; off > 0; off >>= 1)
+        sp_sm_merge(m, d, __shfl_xor_sync(PK_FULL_MASK, m, off), __shfl_xor_sync(PK_FULL_MASK, d, off), c);
+    float* sm = reinterpret_cast<float*>(s.hist);  // free here
+    if (lane == 0) { sm[2 * warp] = m; sm[2 * warp + 1] = d; }
+    nan = __syncthreads_or(nan);  // (also the barrier before the pairs are read)
+    m = -SP_POS_INF;
+    d = 0.0f;
+    for (int w = 0; w < SP_NW; ++w) sp_sm_merge(m, d, sm[2 * w], sm[2 * w + 1], c);
+    const float inv = nan ? __int_as_float(0x7fffffff) : 1.0f / d;  // a row of -inf: d = 0, 0 * inf = NaN below
+    sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
+#pragma unroll
+        for (int j = 0; j < VEC; ++j)
+            if (i + j < n) orow[i + j] = exp2f((f[j] - m) * c) * inv;
+        return false;
+    });
+}
+
+template <typename T>
+__device__ void sampling_softmax_impl(const T* __restrict__ logits, float* __restrict__ out,
+                                      const float* __restrict__ temp_arr, int vocab, int flags, float c_val) {
+    __shared__ SpShared s;
+    const int b = blockIdx.x;
+    const long long off = (long long)b * vocab;
+    const float c = (flags & SMF_T_ARR) ? __fdiv_rn(SP_LOG2E, temp_arr[b]) : c_val;
+    constexpr int N = PkVec16<T>::N;
+    if (vocab % N == 0 && pk_aligned16(logits))
+        sp_softmax_row<T, N, SP_AHEAD_2CTA>(logits + off, out + off, vocab, c, s);
+    else
+        sp_softmax_row<T, 1, SP_AHEAD_2CTA>(logits + off, out + off, vocab, c, s);
+}
+PK_IO_KERNELS(sampling_softmax, (SP_NT, 2), (const T* __restrict__ logits, float* __restrict__ out,
+              const float* __restrict__ temp_arr, int vocab, int flags, float c_val),
+              (logits, out, temp_arr, vocab, flags, c_val))
 
 // ------------------------------------------------------------------------------ renorm / mask
 template <typename T, int VEC>
@@ -698,19 +898,19 @@ __device__ void sp_renorm_row(const T* __restrict__ row, T* __restrict__ orow, l
     if (flags & SRF_TOP_K) {
         const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
         if (k > 0 && (long long)k < n) {  // the row maximum rides along with the first pass
-            sp_radix_select<T, VEC, AH, false, true>(row, n, 0u, false, k, r, s);
+            sp_radix_select<T, VEC, AH, SPM_PROBS, true>(row, n, 0u, false, k, r, s);
             if (r.mkey) lo = r.lo;  // a row without mass is copied (a bad one becomes NaN below)
         }
     } else {
         lo = 1u;  // top-p of a row without mass: all zeros
-        sp_set_max(r, sp_row_max_key<T, VEC, AH, false>(row, n, s, r.bad));
+        sp_set_max<SPM_PROBS>(r, sp_row_max_key<T, VEC, AH, SPM_PROBS>(row, n, s, r.bad));
         if (r.mkey) {
             const unsigned int P = sp_top_p_int((flags & SRF_P_ARR) ? top_p_arr[b] : top_p_val);
             if (P) {
-                sp_radix_select<T, VEC, AH, false, false>(row, n, 1u, true, P, r, s);
+                sp_radix_select<T, VEC, AH, SPM_PROBS, false>(row, n, 1u, true, P, r, s);
                 lo = r.lo;
             } else {
-                r.kept = sp_row_mass<T, VEC, AH>(row, n, 1u, r.sh, s);
+                r.kept = sp_row_mass<T, VEC, AH, SPM_PROBS>(row, n, 1u, r, s);
             }
         }
     }
@@ -740,7 +940,7 @@ template <typename T, int VEC, int AH>
 __device__ void sp_mask_row(const T* __restrict__ row, T* __restrict__ orow, long long n, int k, SpShared& s) {
     const bool filter = k > 0 && (long long)k < n;
     SpRow r = {0u, 0, 0u, 0ull, -1.0f};  // no mass for logits
-    const unsigned int lo = filter ? sp_radix_select<T, VEC, AH, true, false>(row, n, 0u, false, k, r, s) : 0u;
+    const unsigned int lo = filter ? sp_radix_select<T, VEC, AH, SPM_MASK, false>(row, n, 0u, false, k, r, s) : 0u;
     sp_for_row<T, VEC, AH>(row, n, [&](long long i, float* f) {
         if (filter) {
 #pragma unroll

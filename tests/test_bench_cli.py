@@ -27,6 +27,7 @@ EXPECTED_EXEMPT = {
     "fp8_quantize", "grouped_gemm_wgrad_tc",
     "sampling_from_probs", "top_k_sampling_from_probs", "top_p_sampling_from_probs", "min_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs", "top_k_renorm_probs", "top_p_renorm_probs", "top_k_mask_logits",
+    "sampling_from_logits", "top_k_top_p_sampling_from_logits", "softmax",
     "grouped_gemm", "moe_experts", "moe_experts_backward", "moe_route", "moe_align",
 }
 

@@ -13,8 +13,10 @@ import pytest
 
 from pykern import ArgumentError, ArgumentTypeError, ops
 from pykern.arrays import bfloat16
-from pykern.difftest.cases.sampling import (make_probs, make_speculative, np_chain_speculative, np_filtered_dist,
-                                            np_philox, np_sample, np_top_k_mask, np_top_k_renorm, np_top_p_renorm)
+from pykern.difftest.cases.sampling import (make_logits, make_probs, make_speculative, np_chain_speculative,
+                                            np_exp_mass, np_filtered_dist, np_logit_scale, np_philox, np_sample,
+                                            np_sample_logits, np_softmax, np_top_k_mask, np_top_k_renorm,
+                                            np_top_p_renorm)
 from pykern.tolerance import tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -447,6 +449,166 @@ def test_chain_speculative_bad_arguments_name_the_argument(call, err, pattern) -
         call(d, np.array([[1, 2], [0, 3]], np.int64), np.full((2, 3, 4), 0.25, np.float32))
 
 
+# --------------------------------------------------------------------------- from logits
+# A 12-token row of logits with a tie (1.5, 1.5) and a -inf; the draws follow softmax(LROW / T).
+LROW = np.array([2.0, 1.5, 1.5, 0.7, 0.0, -0.3, -1.0, -2.5, -4.0, -np.inf, 1.0, -0.6], np.float32)
+LDRAWS = 2000  # rows of one launch (host: ~4 s)
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.6, 2.5])
+def test_sampling_from_logits_chi_square_against_softmax(temperature) -> None:
+    # A fixed seed: deterministic. A correct sampler fails p < 1e-3 with probability 1e-3 a seed.
+    samples = ops.sampling_from_logits(np.tile(LROW, (LDRAWS, 1)), seed=77, temperature=temperature, backend="host")
+    assert samples.dtype == np.int32 and samples.shape == (LDRAWS,)
+    stat, dof, p = _chi_square(samples, np_softmax(LROW[None], temperature)[0])
+    CHI2[f"sampling_from_logits T={temperature}"] = (stat, dof, p)
+    assert p > 1e-3, (temperature, stat, dof, p)
+
+
+def test_sampling_from_logits_per_row_temperature_chi_square() -> None:
+    # rows alternate T = 0.5 and T = 3: each half follows its own softmax
+    t = np.where(np.arange(LDRAWS) % 2 == 0, 0.5, 3.0).astype(np.float32)
+    samples = ops.sampling_from_logits(np.tile(LROW, (LDRAWS, 1)), seed=78, temperature=t, backend="host")
+    for parity, temp in ((0, 0.5), (1, 3.0)):
+        stat, dof, p = _chi_square(samples[parity::2], np_softmax(LROW[None], temp)[0])
+        assert p > 1e-3, (temp, stat, dof, p)
+
+
+def test_logits_chi_square_detects_an_ignored_temperature() -> None:
+    # The test can fail: draws at T = 0.5 judged against softmax at T = 1.
+    samples = ops.sampling_from_logits(np.tile(LROW, (LDRAWS, 1)), seed=79, temperature=0.5, backend="host")
+    stat, dof, p = _chi_square(samples, np_softmax(LROW[None], 1.0)[0])
+    assert p < 1e-10
+
+
+@pytest.mark.parametrize("order", ["top_k_first", "joint"])
+def test_top_k_top_p_from_logits_follows_the_probs_op_on_the_softmax(order) -> None:
+    # top-k 6 keeps 6 tokens (the 1.5 tie inside); top-p 0.8 of those (or of the whole row, joint): the logits op
+    # must draw from the distribution the probs op draws from on softmax(x / T)
+    temp = 0.8
+    dist = np_filtered_dist(np_softmax(LROW[None], temp)[0], top_k=6, top_p=0.8, order=order)
+    samples = ops.top_k_top_p_sampling_from_logits(np.tile(LROW, (LDRAWS, 1)), 6, 0.8, filter_apply_order=order,
+                                                   seed=80, temperature=temp, backend="host")
+    stat, dof, p = _chi_square(samples, dist)
+    CHI2[f"top_k_top_p_sampling_from_logits {order}"] = (stat, dof, p)
+    assert p > 1e-3, (order, stat, dof, p)
+    probs = np.tile(np_softmax(LROW[None], temp).astype(np.float32), (LDRAWS, 1))
+    ref = ops.top_k_top_p_sampling_from_probs(probs, 6, 0.8, filter_apply_order=order, seed=80, backend="host")
+    np.testing.assert_array_equal(np.bincount(samples, minlength=12) > 0, np.bincount(ref, minlength=12) > 0)
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16"])
+def test_logits_ops_bit_exact_against_the_numpy_rule(kind) -> None:
+    rng = np.random.default_rng(5)
+    x = make_logits(rng, 8, 37, kind, ties=True)
+    k = np.array([0, 1, 3, 5, 9, 37, 2, 6], np.int32)
+    p = np.array([0.1, 0.5, 0.9, 1.0, 0.3, 0.7, 0.95, 0.05], np.float32)
+    t = np.array([0.05, 0.3, 1.0, 2.0, 7.0, 0.9, 1.3, 100.0], np.float32)
+    xf = np.asarray(x, np.float32)
+    for temp in (None, 0.7, t):
+        s, v = ops.sampling_from_logits(x, seed=11, offset=4, temperature=temp, return_valid=True, backend="host")
+        rs, rv = np_sample_logits(xf, 11, 4, temperature=temp)
+        np.testing.assert_array_equal(s, rs)
+        np.testing.assert_array_equal(v, rv)
+        for order in ("top_k_first", "joint"):
+            s = ops.top_k_top_p_sampling_from_logits(x, k, p, filter_apply_order=order, seed=12, temperature=temp,
+                                                     backend="host")
+            np.testing.assert_array_equal(s, np_sample_logits(xf, 12, 0, temperature=temp, top_k=k, top_p=p,
+                                                              order=order)[0])
+
+
+def test_exp_mass_is_the_fixed_point_softmax() -> None:
+    # the mass of the maximum is 2^40 exactly, the others 2^40 * 2^(n + r) within 3e-9 relative (the polynomial)
+    # and the truncation to an integer, n + r the kernel's float32 split of f = (x - m) * c
+    from pykern.launcher import launch
+
+    x = np.linspace(-20, 3, 4001).astype(np.float32)
+    c = float(np_logit_scale(0.8, 1)[0])
+    out = np.zeros(x.size, np.uint64)
+    launch("sampling_exp_mass", (-(-x.size // 256),), (256,), x, out, x.size, 3.0, c, backend="host")
+    out = out.astype(np.int64)
+    np.testing.assert_array_equal(out, np_exp_mass(x, 3.0, c))
+    assert out[-1] == 2**40
+    f = ((x - np.float32(3.0)) * np.float32(c)).astype(np.float32)  # the kernel's f, floor and r (float32)
+    fl = np.floor(f)
+    r = (f - fl).astype(np.float32)
+    exact = 2.0**40 * np.exp2(fl.astype(np.float64)) * np.exp2(r.astype(np.float64))
+    big = exact > 2**20
+    assert np.all(np.abs(out[big] - exact[big]) <= exact[big] * 3e-9 + 1)
+    assert np.all(np.diff(out) >= 0)  # the mass never decreases as the logit grows
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf")])
+def test_logit_row_with_nan_or_inf_or_only_minus_inf_is_invalid(bad) -> None:
+    x = np.tile(LROW, (3, 1))
+    x[1, 4] = bad
+    x[2, :] = -np.inf
+    s, v = ops.sampling_from_logits(x, seed=3, return_valid=True, backend="host")
+    np.testing.assert_array_equal(v, [True, False, False])
+    np.testing.assert_array_equal(s[1:], [0, 0])
+    s, v = ops.top_k_top_p_sampling_from_logits(x, 3, 0.5, seed=3, return_valid=True, backend="host")
+    np.testing.assert_array_equal(v, [True, False, False])
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16"])
+def test_softmax_against_float64(kind) -> None:
+    rng = np.random.default_rng(6)
+    x = make_logits(rng, 4, 64, kind)
+    for temp in (None, 0.5, np.array([0.3, 1.0, 2.0, 9.0], np.float32)):
+        out = ops.softmax(x, temp, backend="host")
+        assert out.dtype == np.float32 and out.shape == (4, 64)
+        rtol, atol = tolerance("softmax", kind)
+        np.testing.assert_allclose(out, np_softmax(np.asarray(x, np.float32), temp), rtol=rtol, atol=atol)
+    y = np.tile(LROW, (2, 1))
+    y[1, 2] = np.nan
+    out = ops.softmax(y, backend="host")
+    assert out[0, 9] == 0.0 and np.isnan(out[1]).all()
+
+
+def test_host_and_numba_agree_from_logits() -> None:
+    pytest.importorskip("numba")
+    rng = np.random.default_rng(7)
+    x = make_logits(rng, 12, 33, ties=True, poison=(float("nan"), float("inf")))
+    k = rng.integers(0, 34, 12).astype(np.int32)
+    p = rng.uniform(0.05, 1.0, 12).astype(np.float32)
+    t = rng.uniform(0.1, 4.0, 12).astype(np.float32)
+    for fn in (lambda bk: ops.top_k_top_p_sampling_from_logits(x, k, p, seed=9, temperature=t, backend=bk),
+               lambda bk: ops.sampling_from_logits(x, seed=9, temperature=0.7, backend=bk)):
+        np.testing.assert_array_equal(fn("host"), fn("numba"))
+
+
+@pytest.mark.parametrize("call,err,pattern", [
+    (lambda x: ops.sampling_from_logits(x, temperature=0.0), ArgumentError, "temperature: expected a finite float > 0"),
+    (lambda x: ops.sampling_from_logits(x, temperature=-1.0), ArgumentError, "temperature"),
+    (lambda x: ops.sampling_from_logits(x, temperature=float("nan")), ArgumentError, "temperature"),
+    (lambda x: ops.sampling_from_logits(x, temperature=float("inf")), ArgumentError, "temperature"),
+    (lambda x: ops.sampling_from_logits(x, temperature=1e-45), ArgumentError, "log2"),
+    (lambda x: ops.sampling_from_logits(x, temperature=np.array([1.0, 0.0, 1.0], np.float32)), ArgumentError,
+     r"temperature\[1\]=0"),
+    (lambda x: ops.sampling_from_logits(x, temperature=np.array([1.0, 1.0], np.float32)), ArgumentError,
+     r"temperature: .*shape \(3,\)"),
+    (lambda x: ops.sampling_from_logits(x, temperature="hot"), ArgumentTypeError, "temperature"),
+    (lambda x: ops.softmax(x, np.array([1.0, np.inf, 1.0], np.float32)), ArgumentError, r"temperature\[1\]=inf"),
+    (lambda x: ops.softmax(x[0]), ArgumentError, r"logits: expected a 2-D array"),
+    (lambda x: ops.softmax(x.astype(np.int32)), ArgumentTypeError, "logits: expected dtype"),
+    (lambda x: ops.sampling_from_logits(x.astype(np.float64)), ArgumentTypeError, "logits: expected dtype"),
+    (lambda x: ops.sampling_from_logits(np.where(np.arange(4) == 2, np.nan, x).astype(np.float32), check_nan=True),
+     ArgumentError, r"logits: .*got logits\[0, 2\]=nan"),
+    (lambda x: ops.top_k_top_p_sampling_from_logits(x, 2, 0.5, filter_apply_order="x"), ArgumentError,
+     "filter_apply_order"),
+    (lambda x: ops.top_k_top_p_sampling_from_logits(x, -1, 0.5), ArgumentError, "top_k"),
+])
+def test_logits_bad_arguments_name_the_argument(call, err, pattern, monkeypatch) -> None:
+    from pykern import launcher
+
+    def no_launch(*a, **k):  # every check happens before any launch
+        raise AssertionError("launched")
+
+    monkeypatch.setattr(launcher, "launch", no_launch)
+    with pytest.raises(err, match=pattern):
+        call(np.tile(LROW[:4], (3, 1)))
+
+
 # --------------------------------------------------------------------------- arguments
 @pytest.mark.parametrize("call,err,pattern", [
     (lambda p: ops.top_k_sampling_from_probs(p, -1), ArgumentError, "top_k: expected a int in"),
@@ -595,7 +757,8 @@ def test_torch_cpu_tensors_in_and_out() -> None:
 
 
 # --------------------------------------------------------------------------- SASS
-KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_renorm_probs", "sampling_top_k_mask_logits")
+KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_from_logits", "sampling_renorm_probs",
+                                "sampling_top_k_mask_logits", "sampling_softmax")
            for s in ("", "_bf16", "_f16")]
 
 
@@ -647,7 +810,7 @@ def test_sass_row_walks_keep_several_16_byte_loads_in_flight(kernel) -> None:
     # One CTA reads a whole row, so its read time is latency x chunks / chunks in flight: each walk issues
     # SP_AHEAD (4; 3 in the 64-register kernels) 16-byte loads a thread before it uses the first. One load at a
     # time measured ~0.5 us a chunk on an H200 at batch 1 (docs/measured/2026-11-28-h200/sampling.json).
-    want = 4 if kernel.startswith("sampling_from_probs") else 3
+    want = 4 if kernel.startswith(("sampling_from_probs", "sampling_from_logits")) else 3
     for arch in ("sm_80", "sm_90"):
         ops = [(op, mods) for _, op, mods, _ in _listing(arch)[kernel]]
         most = max(sum(1 for op, mods in ops[i:i + 24] if op == "LDG" and ".128" in mods) for i in range(len(ops)))

@@ -48,6 +48,9 @@ EXEMPT: dict[str, str] = {
     "top_p_renorm_probs": "sampling: multi-pass radix select per row (see sampling_from_probs)",
     "top_k_mask_logits": "sampling: multi-pass radix select per row (see sampling_from_probs)",
     "chain_speculative_sampling": "sampling: one CTA per request, latency-bound (see sampling_from_probs)",
+    "sampling_from_logits": "sampling: one CTA per row, the softmax fused (see sampling_from_probs)",
+    "top_k_top_p_sampling_from_logits": "sampling: one CTA per row, the softmax fused (see sampling_from_probs)",
+    "softmax": "sampling: one CTA per row, two reads and a write (see sampling_from_probs)",
     "gemm_fp8": "compute-bound (FP8 tensor-core GEMM; its loop metric: tools/sass_report.py --loops)",
     "grouped_gemm_fp8": "compute-bound (FP8 tensor-core grouped GEMM)",
     "fp8_quantize": "memory-bound but not in this table yet: the table compares outputs with torch's in the "

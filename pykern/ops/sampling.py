@@ -2,6 +2,8 @@
 
 Ops: `sampling_from_probs`, `top_k_sampling_from_probs`, `top_p_sampling_from_probs`,
 `min_p_sampling_from_probs`, `top_k_top_p_sampling_from_probs` (one int32 token per row),
+`sampling_from_logits`, `top_k_top_p_sampling_from_logits` (the same over softmax(logits / T), fused: no
+probability written) and `softmax` (float32 probabilities),
 `top_k_renorm_probs`, `top_p_renorm_probs` (filtered, renormalized probabilities),
 `top_k_mask_logits` (the other logits set to -inf) and `chain_speculative_sampling` (rejection
 sampling of drafted token chains, docs/serving.md#speculative-decoding-chain_speculative_sampling).
@@ -58,6 +60,9 @@ __all__ = [
     "top_p_sampling_from_probs",
     "min_p_sampling_from_probs",
     "top_k_top_p_sampling_from_probs",
+    "softmax",
+    "sampling_from_logits",
+    "top_k_top_p_sampling_from_logits",
     "top_k_renorm_probs",
     "top_p_renorm_probs",
     "top_k_mask_logits",
@@ -72,6 +77,12 @@ _U64 = 2**64
 # flags (kernels_cu/sampling.cu)
 _INDICES, _TOP_K, _TOP_P, _MIN_P, _TOP_K_FIRST = 1, 2, 4, 8, 16
 _K_ARR, _P_ARR, _MINP_ARR, _SEED_ARR, _OFFSET_ARR = 32, 64, 128, 256, 512
+_T_ARR = 1024  # sampling_from_logits: per-row temperature array (SPF_T_ARR)
+_SM_T_ARR = 1  # sampling_softmax (SMF_T_ARR)
+# log2(e) rounded to float32 (SP_LOG2E, 0x3FB8AA3B): the scale c = log2(e) / T is one float32 division on every
+# backend, here for a scalar temperature and in the kernel for a per-row one
+_LOG2E = np.float32(1.4426950408889634)
+_F32_MAX = float(np.finfo(np.float32).max)
 _R_TOP_K, _R_K_ARR, _R_P_ARR = 1, 2, 4
 
 
@@ -279,6 +290,53 @@ def _check_nan(name: str, a: Any) -> None:
                                 f"{float(h[r, c])!r}")
 
 
+def _check_logits(name: str, a: Any) -> None:
+    """check_nan=True on host logits: a NaN or +inf entry (no softmax: the row gets valid=False) is an error naming
+    it. Device logits are not read on the host (no sync): the valid flags are the check."""
+    if arrays.is_host(a):
+        h = np.asarray(arrays.host_view(a), np.float32)
+        bad = ~(h < np.inf)  # NaN fails too
+        if bad.any():
+            r, c = (int(x) for x in np.argwhere(bad)[0])
+            raise ArgumentError(f"{name}: expected logits without NaN or +inf (check_nan=True), got {name}[{r}, {c}]="
+                                f"{float(h[r, c])!r}")
+
+
+def _scale(temperature: Any, batch: int, like: Any) -> tuple[Any, float, bool]:
+    """(per-row float32 T for the kernel or a dummy, log2(e) / T for a scalar T, is_array) of a temperature.
+
+    A scalar T must be a finite float32 > 0 whose log2(e) / T is finite too (the kernel's scale); host arrays are
+    checked the same way; device arrays are trusted (a row whose T gives no scale >= 0, finite samples no token)."""
+    if temperature is None:
+        return _unused("float32", 1, like), float(_LOG2E), False
+    if _is_scalar(temperature):
+        t = np.float32(temperature) if math.isfinite(float(temperature)) else np.float32(np.nan)
+        with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+            c = _LOG2E / t
+        if not (t > 0 and np.isfinite(t) and np.isfinite(c)):
+            raise ArgumentError(f"temperature: expected a finite float > 0 (as float32, with log2(e) / T finite), got "
+                                f"{temperature!r}")
+        return _unused("float32", 1, like), float(c), False
+    if isinstance(temperature, (list, tuple)):
+        temperature = np.asarray(temperature, np.float32)
+    try:
+        dt = arrays.dtype_name(temperature, "temperature")
+    except ArgumentTypeError:
+        raise ArgumentTypeError(f"temperature: expected None, a float or a float array of shape ({batch},), got "
+                                f"{type(temperature).__name__}") from None
+    if arrays.is_host(temperature) and dt.startswith(("float", "bfloat", "int", "uint")):
+        h = np.asarray(arrays.host_view(temperature), np.float32)
+        if h.shape == (batch,):  # (a wrong shape is _param's error)
+            with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+                bad = ~((h > 0) & np.isfinite(h) & np.isfinite(_LOG2E / h))
+            if bad.any():
+                i = int(np.argmax(bad))
+                raise ArgumentError(f"temperature: expected every value a finite float > 0 (as float32, with "
+                                    f"log2(e) / T finite), got temperature[{i}]={float(h[i])!r}")
+    arr, _, _ = _param("temperature", temperature, batch, like, False, 0.0, _F32_MAX, True)
+    return arr, 0.0, True
+
+
 def _as_bool(valid: Any) -> Any:
     if isinstance(valid, np.ndarray):
         return valid.view(np.bool_)
@@ -292,12 +350,14 @@ def _as_bool(valid: Any) -> Any:
 # --------------------------------------------------------------------------- sampling
 def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = None, top_k_first: bool = False,
             indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
-            offset: Any = None, return_valid: bool = False, stream: Any = None, backend: str | None = None) -> Any:
+            offset: Any = None, return_valid: bool = False, stream: Any = None, backend: str | None = None,
+            logits: bool = False, temperature: Any = None) -> Any:
     from ..launcher import launch
 
-    probs, kind, rows, vocab = _matrix("probs", probs)
+    name = "logits" if logits else "probs"
+    probs, kind, rows, vocab = _matrix(name, probs)
     if check_nan:
-        _check_nan("probs", probs)
+        (_check_logits if logits else _check_nan)(name, probs)
     idx, batch = _indices(indices, rows, probs)
     flags = _INDICES if indices is not None else 0
     rows_of = "probs (indices not given)" if indices is None else "indices"
@@ -305,11 +365,15 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
                                 rows=rows_of)
     p_arr, p_val, p_is = _param("top_p", 1.0 if top_p is None else top_p, batch, probs, False, 0.0, 1.0, True,
                                 rows=rows_of)
-    m_arr, m_val, m_is = _param("min_p", 0.0 if min_p is None else min_p, batch, probs, False, 0.0, 1.0,
-                                rows=rows_of)
+    if logits:  # the min-p slot carries the temperature: log2(e) / T, or the per-row T array
+        m_arr, m_val, m_is = _scale(temperature, batch, probs)
+    else:
+        m_arr, m_val, m_is = _param("min_p", 0.0 if min_p is None else min_p, batch, probs, False, 0.0, 1.0,
+                                    rows=rows_of)
     flags |= (_TOP_K if top_k is not None else 0) | (_TOP_P if top_p is not None else 0)
     flags |= (_MIN_P if min_p is not None else 0) | (_TOP_K_FIRST if top_k_first else 0)
-    flags |= (_K_ARR if k_is else 0) | (_P_ARR if p_is else 0) | (_MINP_ARR if m_is else 0)
+    flags |= (_K_ARR if k_is else 0) | (_P_ARR if p_is else 0)
+    flags |= ((_T_ARR if logits else _MINP_ARR) if m_is else 0)
     s, o = _seed_offset(seed, offset, generator, probs)
     s_arr, s_val, s_is = _words("seed", s, batch, probs)
     o_arr, o_val, o_is = _words("offset", o, batch, probs)
@@ -317,7 +381,8 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     out = arrays.empty((batch,), "int32", like=probs)
     valid = arrays.empty((batch,), "uint8", like=probs)
     if batch:
-        launch("sampling_from_probs" + arrays.kernel_suffix(kind), (batch,), (NT,), probs.reshape(-1), out, valid,
+        launch(("sampling_from_logits" if logits else "sampling_from_probs") + arrays.kernel_suffix(kind), (batch,),
+               (NT,), probs.reshape(-1), out, valid,
                idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
                s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
                stream=arrays.launch_stream(stream, probs), backend=backend)
@@ -388,6 +453,63 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
     return _sample(probs, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, stream=stream, backend=backend)
+
+
+# --------------------------------------------------------------------------- from logits
+def softmax(logits: Any, temperature: Any = None, enable_pdl: bool | None = None, *, stream: Any = None,
+            backend: str | None = None) -> Any:
+    """softmax(logits / temperature) over each row of logits (batch, vocab) (f32, bf16, f16): float32 (batch, vocab).
+
+    temperature: None (1), a float, or a (batch,) array (a T per row), each a finite value > 0 (host values are
+    checked; device arrays trusted). FlashInfer's online safe softmax: one CTA a row reads it twice (max and sum in
+    one pass, then the write) in fp32, in base 2 (2^((x - max) * log2(e) / T)). A row holding a NaN or +inf comes
+    back NaN; -inf entries give 0. enable_pdl is accepted for FlashInfer compatibility (no programmatic dependent
+    launch here)."""
+    from ..launcher import launch
+
+    del enable_pdl
+    logits, kind, batch, vocab = _matrix("logits", logits)
+    t_arr, c_val, t_is = _scale(temperature, batch, logits)
+    out = arrays.empty((batch, vocab), "float32", like=logits)
+    if batch:
+        launch("sampling_softmax" + arrays.kernel_suffix(kind), (batch,), (NT,), logits.reshape(-1), out.reshape(-1),
+               t_arr, vocab, _SM_T_ARR if t_is else 0, float(c_val), stream=arrays.launch_stream(stream, logits),
+               backend=backend)
+    return out
+
+
+def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
+                         check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
+                         *, temperature: Any = None, stream: Any = None, backend: str | None = None) -> Any:
+    """One token per row of logits (batch, vocab), drawn from softmax(logits / temperature): int32 (batch,).
+
+    The softmax is fused: no probability is written; each entry's mass is 2^40 * 2^((x - max) * log2(e) / T) in
+    64-bit fixed point, from three IEEE float operations and an integer polynomial (kernels_cu/sampling.cu,
+    sp_exp_mass), so the token is the same on every backend. temperature (a pykern extension: FlashInfer's op has
+    none) is None (1), a float or a (batch,) array, finite and > 0. A row holding a NaN or +inf logit, or only -inf,
+    is no distribution: token 0, valid False (check_nan=True raises ArgumentError for such an entry of host logits).
+    The other arguments are sampling_from_probs'. Reads the row twice (max, then the mass with the draw)."""
+    del deterministic
+    return _sample(logits, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                   return_valid=return_valid, stream=stream, backend=backend, logits=True, temperature=temperature)
+
+
+def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indices: Any = None,
+                                     filter_apply_order: str = "top_k_first", deterministic: bool = True,
+                                     generator: Any = None, check_nan: bool = False, seed: Any = None,
+                                     offset: Any = None, return_valid: bool = False, *, temperature: Any = None,
+                                     stream: Any = None, backend: str | None = None) -> Any:
+    """top_k_top_p_sampling_from_probs over softmax(logits / temperature), the softmax fused (sampling_from_logits):
+    top-k keeps the entries >= the k-th largest logit (softmax keeps the order), top-p thresholds the fixed-point
+    softmax mass. The same tokens as the probs op on the fixed-point softmax, up to its accuracy."""
+    del deterministic
+    if filter_apply_order not in ("top_k_first", "joint"):
+        raise ArgumentError(f"filter_apply_order: expected 'top_k_first' or 'joint', got {filter_apply_order!r}")
+    if top_k is None or top_p is None:
+        raise ArgumentError(f"{'top_k' if top_k is None else 'top_p'}: expected a value, got None")
+    return _sample(logits, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
+                   indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
+                   return_valid=return_valid, stream=stream, backend=backend, logits=True, temperature=temperature)
 
 
 # --------------------------------------------------------------------------- renorm / mask

@@ -460,3 +460,189 @@ def _chain_speculative(cuda: Any) -> Any:
         return ((nb + 31) // 32,), (32,)
 
     return k, config
+
+
+_EXP2_COEFS = (4294967296, 2977043887, 1031777011, 238307466, 41555748, 5354899, 928268)  # sp_exp2_fix's
+_LOG2E = 1.44269502162933349609375  # SP_LOG2E: log2(e) rounded to float32
+
+
+def _exp_helpers(cuda: Any) -> Any:
+    import numba
+
+    mul_frac = _helpers(cuda)[1]
+
+    @cuda.jit(device=True)
+    def f32(v):
+        # round a float64 to float32 and back: a float32 +, -, *, / done in float64 and rounded once is the
+        # correctly rounded float32 result (53 >= 2 * 24 + 2 bits), so this reproduces the kernel's __f*_rn, and no
+        # compiler can contract it into an FMA across the rounding
+        return numba.float64(numba.float32(v))
+
+    @cuda.jit(device=True)
+    def exp_mass(x, mx, c):
+        # sp_exp_mass: f = (x - mx) * c in float32, n = floor(f), r = f - n, R = trunc(r 2^32), integer Horner
+        f = f32(f32(numba.float64(x) - numba.float64(mx)) * numba.float64(c))
+        if not f >= -40.0:
+            return 0
+        fl = math.floor(f)
+        r = f32(f - fl)
+        R = numba.int64(r * 4294967296.0)  # exact product; truncation (r >= 0)
+        if R > _M32:
+            R = _M32
+        acc = numba.int64(928268)
+        acc = 5354899 + mul_frac(acc, R)
+        acc = 41555748 + mul_frac(acc, R)
+        acc = 238307466 + mul_frac(acc, R)
+        acc = 1031777011 + mul_frac(acc, R)
+        acc = 2977043887 + mul_frac(acc, R)
+        acc = 4294967296 + mul_frac(acc, R)
+        sh = numba.int64(fl) + 8  # n + SP_F - 32
+        return acc << sh if sh >= 0 else acc >> (-sh)
+
+    @cuda.jit(device=True)
+    def lkept(vals, base, n, lo_v, mx, c):
+        acc = 0
+        for i in range(n):
+            x = vals[base + i]
+            if x >= lo_v:
+                acc += exp_mass(x, mx, c)
+        return acc
+
+    @cuda.jit(device=True)
+    def ltop_p_value(vals, base, n, lo_v, target, mx, c):
+        # the largest logit v >= lo_v whose mass at or above v (among logits >= lo_v) reaches target
+        hi = math.inf
+        first = True
+        while True:
+            v = -math.inf
+            found = False
+            for i in range(n):
+                x = vals[base + i]
+                if x >= lo_v and (first or x < hi) and (not found or x > v):
+                    v = x
+                    found = True
+            if not found:
+                return lo_v
+            if lkept(vals, base, n, v, mx, c) >= target:
+                return v
+            hi = v
+            first = False
+
+    return exp_mass, lkept, ltop_p_value
+
+
+@reference("sampling_exp_mass")
+def _exp_mass(cuda: Any) -> Any:
+    exp_mass = _exp_helpers(cuda)[0]
+
+    @cuda.jit
+    def k(x, out, n, mx, c):
+        i = cuda.grid(1)
+        if i < n:
+            out[i] = exp_mass(x[i], mx, c)
+
+    def config(args: Any) -> Any:
+        return ((args[2] + 63) // 64,), (64,)
+
+    return k, config
+
+
+@reference("sampling_from_logits", "sampling_from_logits_bf16", "sampling_from_logits_f16")
+def _sampling_logits(cuda: Any) -> Any:
+    import numba
+
+    (philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target,
+     row_bad) = _helpers(cuda)
+    exp_mass, lkept, ltop_p_value = _exp_helpers(cuda)
+
+    @cuda.jit
+    def k(logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr, vocab, flags,
+          top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi):
+        b = cuda.grid(1)
+        if b >= out.shape[0]:
+            return
+        r = indices[b] if flags & 1 else b
+        base = r * vocab
+        out[b] = 0
+        valid[b] = 0
+        # c = log2(e) / T: one float32 division for a per-row T (the kernel's __fdiv_rn), else the host's
+        c = numba.float64(numba.float32(numba.float64(_LOG2E) / numba.float64(temp_arr[b]))) if flags & 1024 \
+            else numba.float64(numba.float32(c_val))
+        mx = -math.inf
+        for i in range(vocab):
+            x = logits[base + i]
+            if not x < math.inf:
+                return  # a NaN or +inf logit: no distribution
+            mx = max(mx, x)
+        if not (mx > -math.inf and c >= 0.0 and c < math.inf):
+            return
+        lo_v = -math.inf  # keep x >= lo_v (-inf entries are kept with mass 0)
+        if flags & 2:
+            kk = top_k_arr[b] if flags & 32 else top_k_val
+            if kk > 0 and kk < vocab:
+                v, ok = kth_largest(logits, base, vocab, kk, True)
+                lo_v = v
+        if flags & 4:
+            p = numba.float32(top_p_arr[b] if flags & 64 else top_p_val)
+            if p < 1.0:
+                b_v = lo_v if flags & 16 else -math.inf
+                need = target(lkept(logits, base, vocab, b_v, mx, c), p)
+                lo_v = max(lo_v, ltop_p_value(logits, base, vocab, b_v, need, mx, c))
+        total = lkept(logits, base, vocab, lo_v, mx, c)
+        s0 = numba.int64(seed_arr[2 * b]) if flags & 256 else seed_lo
+        s1 = numba.int64(seed_arr[2 * b + 1]) if flags & 256 else seed_hi
+        o0 = numba.int64(offset_arr[2 * b]) if flags & 512 else offset_lo
+        o1 = numba.int64(offset_arr[2 * b + 1]) if flags & 512 else offset_hi
+        u, _, _, _ = philox_word0(s0, s1, o0, o1, b, 0)
+        t = mul_frac(total, u)
+        acc = 0
+        for i in range(vocab):
+            x = logits[base + i]
+            if x >= lo_v:
+                acc += exp_mass(x, mx, c)
+                if acc > t:
+                    out[b] = i
+                    valid[b] = 1
+                    return
+
+    def config(args: Any) -> Any:
+        n = args[1].shape[0]
+        return ((n + 31) // 32,), (32,)
+
+    return k, config
+
+
+@reference("sampling_softmax", "sampling_softmax_bf16", "sampling_softmax_f16")
+def _softmax(cuda: Any) -> Any:
+    @cuda.jit
+    def k(logits, out, temp_arr, vocab, flags, c_val):
+        b = cuda.grid(1)
+        if b * vocab >= out.shape[0]:
+            return
+        base = b * vocab
+        c = _LOG2E / temp_arr[b] if flags & 1 else c_val
+        m = -math.inf
+        nan = False
+        for i in range(vocab):
+            x = logits[base + i]
+            if not x < math.inf:
+                nan = True
+            elif x > m:
+                m = x
+        d = 0.0
+        for i in range(vocab):
+            x = logits[base + i]
+            if x > -math.inf:
+                d += 2.0 ** ((x - m) * c)
+        for i in range(vocab):
+            x = logits[base + i]
+            if nan or d == 0.0:
+                out[base + i] = math.nan
+            else:
+                out[base + i] = 2.0 ** ((x - m) * c) / d if x > -math.inf else 0.0
+
+    def config(args: Any) -> Any:
+        n = args[1].shape[0] // max(1, args[3])
+        return ((n + 31) // 32,), (32,)
+
+    return k, config

@@ -106,6 +106,84 @@ def np_sample(probs: np.ndarray, seed: Any, offset: Any = 0, *, top_k: Any = Non
     return out, valid
 
 
+# sp_exp_mass's polynomial: 2^32 * 2^r, r = R / 2^32, by Horner in 32-bit fixed point (the constant 2^32 first)
+EXP2_COEFS = (4294967296, 2977043887, 1031777011, 238307466, 41555748, 5354899, 928268)
+LOG2E = np.float32(1.4426950408889634)  # SP_LOG2E, 0x3FB8AA3B
+
+
+def np_logit_scale(temperature: Any, n: int) -> np.ndarray:
+    """(n,) float32 c = log2(e) / T per output row: one float32 division, as the op (scalar) and kernel (array)."""
+    t = np.broadcast_to(np.asarray(1.0 if temperature is None else temperature, np.float32), (n,))
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        return (LOG2E / t).astype(np.float32)
+
+
+def np_exp_mass(x: np.ndarray, mx: float, c: float) -> np.ndarray:
+    """sp_exp_mass in NumPy: f = (x - mx) * c in float32 (IEEE, each operation rounded), n = floor(f), r = f - n
+    (float32), R = trunc(r * 2^32) (clamped to 2^32 - 1), the fixed-point polynomial, shifted by n + 8. int64."""
+    with np.errstate(invalid="ignore", over="ignore"):
+        x = np.asarray(x, np.float32)
+        f = (x - np.float32(mx)) * np.float32(c)  # float32 operands: float32 results, correctly rounded
+        ok = f >= np.float32(-F)
+        f = np.where(ok, f, np.float32(0.0)).astype(np.float32)
+        fl = np.floor(f)
+        r = (f - fl).astype(np.float32)
+    R = np.minimum((r.astype(np.float64) * 2.0**32).astype(np.uint64), np.uint64(0xFFFFFFFF))
+    acc = np.full(x.shape, EXP2_COEFS[-1], np.uint64)
+    for a in EXP2_COEFS[-2::-1]:  # floor(acc * R / 2^32) without a product above 2^64
+        acc = np.uint64(a) + (acc >> np.uint64(32)) * R + (((acc & _M32) * R) >> np.uint64(32))
+    sh = fl.astype(np.int64) + (F - 32)
+    out = np.where(sh >= 0, acc << np.maximum(sh, 0).astype(np.uint64), acc >> np.maximum(-sh, 0).astype(np.uint64))
+    return np.where(ok, out, np.uint64(0)).astype(np.int64)
+
+
+def np_sample_logits(logits: np.ndarray, seed: Any, offset: Any = 0, *, temperature: Any = None, top_k: Any = None,
+                     top_p: Any = None, order: str = "top_k_first", indices: Any = None
+                     ) -> tuple[np.ndarray, np.ndarray]:
+    """(samples int32, valid bool) of sampling_from_logits / top_k_top_p_sampling_from_logits by the documented
+    rule: np_exp_mass as the mass, top-k on the logits, top-p on the mass, the inverse CDF over one Philox word."""
+    logits = np.asarray(logits, np.float32)
+    n = logits.shape[0] if indices is None else len(indices)
+    idx = np.arange(n) if indices is None else np.asarray(indices)
+    words = np_philox(seed, offset, np.arange(n))[:, 0].astype(np.int64)
+    cs = np_logit_scale(temperature, n)
+    per = lambda v, b: None if v is None else (v[b] if np.ndim(v) else v)  # noqa: E731
+    out, valid = np.zeros(n, np.int32), np.zeros(n, bool)
+    for b in range(n):
+        row = logits[idx[b]]
+        c = cs[b]
+        if not (row < np.inf).all() or not (row.max() > -np.inf) or not (c >= 0 and c < np.inf):
+            continue  # a NaN / +inf logit, a row of -inf, no scale: no distribution
+        q = np_exp_mass(row, float(row.max()), float(c))
+        keep = np.ones(row.size, bool)
+        k = per(top_k, b)
+        if k is not None and 0 < int(k) < row.size:
+            keep &= row >= _kth(row, int(k))
+        p = per(top_p, b)
+        if p is not None and np.float32(p) < 1:
+            base = keep.copy() if order == "top_k_first" else np.ones(row.size, bool)
+            total = int(q[base].sum())
+            big = max(1, int(np.floor(np.float64(np.float32(p)) * 2.0**32)))
+            need = -(-(total * big) // 2**32)
+            for v in np.unique(row[base])[::-1]:
+                if int(q[base & (row >= v)].sum()) >= need:
+                    keep &= row >= v
+                    break
+        w = np.where(keep, q, 0)
+        t = (int(w.sum()) * int(words[b])) >> 32
+        out[b], valid[b] = int(np.argmax(np.cumsum(w) > t)), True
+    return out, valid
+
+
+def np_softmax(logits: np.ndarray, temperature: Any = None) -> np.ndarray:
+    """float64 softmax(logits / T) per row (T a scalar or a per-row array)."""
+    x = np.asarray(logits, np.float64)
+    t = np.broadcast_to(np.asarray(1.0 if temperature is None else temperature, np.float64), (x.shape[0],))
+    y = (x - x.max(1, keepdims=True)) / t[:, None]
+    e = np.exp(y)
+    return e / e.sum(1, keepdims=True)
+
+
 def np_filtered_dist(row: np.ndarray, *, top_k: int | None = None, top_p: float | None = None,
                      min_p: float | None = None, order: str = "top_k_first") -> np.ndarray:
     """float64 distribution the sampling ops draw from (the exact filter, no fixed point)."""
@@ -291,6 +369,91 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
                 note=note)
 
 
+def make_logits(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f32", ties: bool = False,
+                poison: tuple[float, ...] = ()) -> np.ndarray:
+    """Logits with a spread of 3 (some entries far below the maximum, at the fixed point's end), a -inf entry a row,
+    ties (rounded) on request; rows 1, 2, ... get one poison entry each (NaN, +inf: no distribution)."""
+    from ...arrays import bfloat16
+
+    x = rng.standard_normal((batch, vocab)) * 3.0
+    if ties:
+        x = np.round(x)
+    x[np.arange(batch), rng.integers(0, vocab, batch)] = -np.inf
+    for b, v in zip(range(1, batch), poison):
+        x[b, rng.integers(0, vocab)] = v
+    return x.astype(bfloat16() if kind == "bf16" else np.float16 if kind == "f16" else np.float32)
+
+
+def _logits_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
+                 poison: tuple[float, ...] = (), temperature: Any = None, **params: Any) -> Case:
+    from ... import ops
+
+    logits = make_logits(rng, batch, vocab, kind, ties, poison)
+    seed, offset = int(rng.integers(0, 2**63)), int(rng.integers(0, 1000))
+    fn = getattr(ops, op)
+    args = [params[k] for k in ("top_k", "top_p") if k in params]
+    order = params.get("filter_apply_order", "top_k_first")
+    extra = {"filter_apply_order": order} if op == "top_k_top_p_sampling_from_logits" else {}
+
+    def run(backend: str) -> dict[str, Any]:
+        s, v = fn(logits, *args, seed=seed, offset=offset, return_valid=True, temperature=temperature,
+                  backend=backend, **extra)
+        return {"samples": np.asarray(s), "valid": np.asarray(v).astype(np.int32)}
+
+    def ref() -> dict[str, Any]:
+        s, v = np_sample_logits(np.asarray(logits, np.float32), seed, offset, temperature=temperature,
+                                top_k=params.get("top_k"), top_p=params.get("top_p"), order=order)
+        return {"samples": s, "valid": v.astype(np.int32)}
+
+    t = "" if temperature is None else f"-T{'arr' if np.ndim(temperature) else temperature}"
+    shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items()) + t
+    bad = f"-bad{list(poison)}" if poison else ""
+    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad,
+                kernels=("sampling_from_logits" + _SUFFIX[kind],), run=run, reference=ref)
+
+
+def _softmax_case(rng: np.random.Generator, kind: str, batch: int, vocab: int, temperature: Any = None) -> Case:
+    from ... import ops
+
+    logits = make_logits(rng, batch, vocab, kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        return {"probs": np.asarray(ops.softmax(logits, temperature, backend=backend), np.float64)}
+
+    def ref() -> dict[str, Any]:
+        return {"probs": np_softmax(np.asarray(logits, np.float32), temperature)}
+
+    t = "" if temperature is None else f"-T{'arr' if np.ndim(temperature) else temperature}"
+    return Case(op="softmax", dtype=kind, shape=f"B{batch}-V{vocab}{t}", kernels=("sampling_softmax" + _SUFFIX[kind],),
+                run=run, reference=ref)
+
+
+def _exp_mass_case(rng: np.random.Generator) -> Case:
+    from ...launcher import launch
+
+    # logits below the maximum 3 at scales from T = 100 to T = 0.01 and c = 0 (T = inf): f from 0 down past -40;
+    # edges: the maximum itself, -0, a value just below it (r rounds up to 1), -inf, NaN
+    x = np.concatenate([(rng.standard_normal(1024) * 20).astype(np.float32),
+                        np.array([3.0, 0.0, -0.0, np.nextafter(np.float32(3), np.float32(0)), -np.inf, np.nan,
+                                  -1e-30, 2.9999], np.float32)])
+    x = np.minimum(x, np.float32(3.0)).astype(np.float32)
+    scales = [float(np_logit_scale(t, 1)[0]) for t in (100.0, 1.0, 0.7, 0.01)] + [0.0]
+
+    def run(backend: str) -> dict[str, Any]:
+        res = {}
+        for j, c in enumerate(scales):
+            out = np.zeros(x.size, np.uint64)
+            launch("sampling_exp_mass", (-(-x.size // 256),), (256,), x, out, x.size, 3.0, c, backend=backend)
+            res[f"c{j}"] = out.astype(np.int64)  # <= 2^40
+        return res
+
+    def ref() -> dict[str, Any]:
+        return {f"c{j}": np_exp_mass(x, 3.0, c) for j, c in enumerate(scales)}
+
+    return Case(op="sampling_exp_mass", dtype="f32", shape=f"n{x.size}-c{len(scales)}", kernels=("sampling_exp_mass",),
+                run=run, reference=ref)
+
+
 def _renorm_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, param: Any,
                  ties: bool = False, note: str = "", poison: tuple[float, ...] = ()) -> Case:
     from ... import ops
@@ -414,6 +577,7 @@ def _mass_case(rng: np.random.Generator) -> Case:
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _philox_case()
     yield _mass_case(rng)
+    yield _exp_mass_case(rng)
     for kind in ("f32", "bf16", "f16"):
         # vocab 37 (odd: the one-element path), 64 and 96 (16-byte vectors), ties at thresholds
         yield _sampling_case(rng, "sampling_from_probs", kind, 5, 37)
@@ -441,6 +605,17 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _renorm_case(rng, "top_p_renorm_probs", kind, 4, 64, 0.8, poison=bad)
         yield _renorm_case(rng, "top_k_mask_logits", kind, 3, 37, np.array([1, 0, 12]), ties=True)
         yield _speculative_case(rng, kind, 6, 3, 37)
+        # from logits: the fused softmax mass, temperature scalar and per row, NaN / +inf rows without a token
+        yield _logits_case(rng, "sampling_from_logits", kind, 5, 37)
+        yield _logits_case(rng, "sampling_from_logits", kind, 4, 64, temperature=np.array([0.3, 1.0, 2.5, 0.05],
+                                                                                         np.float32))
+        yield _logits_case(rng, "sampling_from_logits", kind, 3, 64, poison=(float("nan"), float("inf")))
+        yield _logits_case(rng, "top_k_top_p_sampling_from_logits", kind, 4, 64, ties=True, temperature=0.7,
+                           top_k=np.array([3, 0, 64, 9]), top_p=0.6)
+        yield _logits_case(rng, "top_k_top_p_sampling_from_logits", kind, 4, 37, top_k=5,
+                           top_p=np.array([0.2, 0.5, 0.9, 1.0], np.float32), filter_apply_order="joint")
+        yield _softmax_case(rng, kind, 3, 37)
+        yield _softmax_case(rng, kind, 3, 64, temperature=np.array([0.5, 1.0, 4.0], np.float32))
         yield _speculative_case(rng, kind, 4, 4, 64, close=0.9, per_row_seed=True)
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")
     yield _speculative_case(rng, "f32", 3, 2, 1500, close=0.3)  # rows of three chunks: the draw's walk past one
