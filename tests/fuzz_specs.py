@@ -15,7 +15,8 @@ from pykern.difftest.cases.forward import (np_causal_attn_softmax, np_embedding,
 from pykern.difftest.cases.gemm_fp8 import (_act, fp8_weight, np_fp8_quantize, np_gemm_fp8,
                                             np_grouped_gemm_fp8)
 from pykern.difftest.cases.moe import np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route
-from pykern.difftest.cases.sampling import np_sample, np_top_k_mask, np_top_k_renorm, np_top_p_renorm
+from pykern.difftest.cases.sampling import (np_sample, np_sample_logits, np_softmax, np_top_k_mask, np_top_k_renorm,
+                                            np_top_p_renorm)
 from pykern.difftest.cases.training import (np_cross_entropy, np_embedding_backward,
                                             np_rms_norm_backward, np_softmax_backward, np_transpose_2d)
 from pykern.difftest.cases.training_ext import (np_add_rms_norm, np_add_rms_norm_backward, np_gelu, np_gelu_grad,
@@ -827,8 +828,9 @@ def _gbip_ref(k: dict) -> Any:
 
 
 spec(Spec("get_batch_indices_positions", ops.get_batch_indices_positions,
-          lambda r: dict(append_indptr=np.array([0, 2, 3], np.int32), seq_lens=np.array([5, 3], np.int32), nnz=3),
-          {"append_indptr": PTABLE, "seq_lens": IARRAY, "nnz": LENGTH}, ref=_gbip_ref))
+          lambda r: dict(append_indptr=np.array([0, 2, 3], np.int32), seq_lens=np.array([5, 3], np.int32), nnz=3,
+                         **HOST),
+          {"append_indptr": PTABLE, "seq_lens": IARRAY, "nnz": LENGTH, **COMMON}, ref=_gbip_ref))
 
 # --------------------------------------------------------------------------- sampling
 SAMPLING_ROLES = {"probs": PROB, "indices": IARRAY, "deterministic": BOOL, "generator": FIXED, "check_nan": BOOL,
@@ -838,7 +840,10 @@ SAMPLING_ROLES = {"probs": PROB, "indices": IARRAY, "deterministic": BOOL, "gene
 def _sampling_check(extra: tuple[str, ...]) -> Any:
     def check(k: dict, res: Any) -> None:
         p = fdata(k["probs"]).astype(np.float32)
-        assert p.ndim == 2 and (p >= 0).all() and np.isfinite(p).all() and p.size, f"probs {p.shape} sampled"
+        assert p.ndim == 2 and p.size, f"probs {p.shape} sampled"
+        # A row with a NaN, inf or negative entry is no distribution: token 0, valid False (np_sample says so);
+        # check_nan=True must refuse such host probs instead.
+        assert not k["check_nan"] or ((p >= 0) & (p < np.inf)).all(), "check_nan=True sampled a bad row"
         idx = None if k.get("indices") is None else i64(k["indices"])
         assert idx is None or (idx.ndim == 1 and ((idx >= 0) & (idx < p.shape[0])).all()), f"indices {idx}"
         filt = {}
@@ -862,7 +867,10 @@ def _sampling_check(extra: tuple[str, ...]) -> Any:
         if seed is None:  # drawn from OS entropy: only the support can be checked
             s = np.asarray(to_host(samples))
             rows = p if idx is None else p[idx]
-            assert ((s >= 0) & (s < p.shape[1])).all() and (rows[np.arange(s.size), s] > 0).all(), f"samples {s}"
+            good = ((rows >= 0) & (rows < np.inf)).all(1) & (rows.sum(1) > 0)
+            assert ((s >= 0) & (s < p.shape[1])).all() and (rows[np.arange(s.size), s] > 0)[good].all(), \
+                f"samples {s}"
+            assert (s[~good] == 0).all(), f"samples {s} of rows that are no distribution"
             return
         for n, v in (("seed", seed), ("offset", 0 if off is None else off)):
             a = np.asarray(v)
@@ -894,6 +902,99 @@ for _name, _extra, _roles in (
          {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):
     spec(Spec(_name, getattr(ops, _name), _sampling_build(**_extra), {**SAMPLING_ROLES, **_roles},
               check=_sampling_check(tuple(_extra))))
+
+
+def _temperature(t: Any, n: int) -> Any:
+    """The documented temperature: None, or a scalar / (n,) array of finite values > 0 with log2(e) / T finite."""
+    if t is None:
+        return None
+    a = np.asarray(t)
+    assert a.dtype.kind in "iuf" and (a.ndim == 0 or a.shape == (n,)), f"temperature={t!r} accepted"
+    a32 = a.astype(np.float32)
+    with np.errstate(divide="ignore", over="ignore", invalid="ignore"):
+        ok = (a32 > 0) & np.isfinite(a32) & np.isfinite(np.float32(1.4426950408889634) / a32)
+    assert ok.all(), f"temperature={t!r} accepted"
+    return t if a.ndim == 0 else a32
+
+
+def _logits_check(extra: tuple[str, ...]) -> Any:
+    # sampling_from_logits / top_k_top_p_sampling_from_logits: tokens are integer-exact against the documented
+    # rule (np_sample_logits: the fixed-point exp as the mass, the filters, one Philox word a row)
+    def check(k: dict, res: Any) -> None:
+        x = fdata(k["logits"]).astype(np.float32)
+        assert x.ndim == 2 and x.size, f"logits {x.shape} sampled"
+        idx = None if k.get("indices") is None else i64(k["indices"])
+        assert idx is None or (idx.ndim == 1 and ((idx >= 0) & (idx < x.shape[0])).all()), f"indices {idx}"
+        n = x.shape[0] if idx is None else idx.shape[0]
+        filt: dict[str, Any] = {}
+        for name in extra:
+            v = k[name]
+            if name == "filter_apply_order":
+                filt["order"] = choice(v, ("top_k_first", "joint"))
+                continue
+            a = np.asarray(v)
+            assert a.dtype.kind in "iuf" and a.ndim in (0, 1), f"{name}={v!r} accepted"
+            assert a.ndim == 0 or a.shape == (n,), f"{name} shape {a.shape}"
+            if name == "top_k":
+                assert np.isfinite(a).all() and (a >= 0).all() and (a < 2**31).all(), f"top_k={v!r} accepted"
+                filt["top_k"] = v if a.ndim == 0 else a.astype(np.int64)  # float arrays truncate, as FlashInfer
+            else:
+                assert np.isfinite(a).all() and ((a > 0) & (a <= 1)).all(), f"top_p={v!r} accepted"
+                filt["top_p"] = v if a.ndim == 0 else a.astype(np.float32)
+        temp = _temperature(k["temperature"], n)
+        if k["check_nan"]:  # host logits with a NaN / +inf must have been refused
+            assert (x < np.inf).all(), "check_nan=True sampled a row holding a NaN or +inf"
+        flag(k["return_valid"])
+        samples = res[0] if k["return_valid"] else res
+        seed, off = k.get("seed"), k.get("offset")
+        if seed is None:  # drawn from OS entropy: only the support can be checked
+            return
+        for name, v in (("seed", seed), ("offset", 0 if off is None else off)):
+            a = np.asarray(v)
+            assert a.dtype.kind in "iu" and a.ndim <= 1 and all(-2**63 <= int(y) < 2**64 for y in
+                                                                a.reshape(-1)), f"{name}={v!r}"
+        seed = seed % 2**64 if isinstance(seed, int) else seed
+        off = 0 if off is None else off % 2**64 if isinstance(off, int) else off
+        want, valid = np_sample_logits(x, seed, off, temperature=temp, indices=idx, **filt)
+        compare("sampling_from_probs", "f32", (samples, res[1]) if k["return_valid"] else samples,
+                (want, valid) if k["return_valid"] else want)
+    return check
+
+
+def _logits_build(**extra: Any) -> Any:
+    def build(r: np.random.Generator) -> dict:
+        return dict(logits=f32(r, 2, 7) * np.float32(2), **extra, indices=np.array([1, 0, 1], np.int32),
+                    deterministic=True, generator=None, check_nan=False, seed=1234, offset=5, return_valid=False,
+                    temperature=0.7, **HOST)
+    return build
+
+
+LOGITS_ROLES = {**{k: v for k, v in SAMPLING_ROLES.items() if k != "probs"}, "logits": FARRAY, "temperature": FLOAT}
+for _name, _extra, _roles in (
+        ("sampling_from_logits", {}, {}),
+        ("top_k_top_p_sampling_from_logits", {"top_k": np.array([2, 4, 0], np.int32), "top_p": 0.7,
+                                              "filter_apply_order": "joint"},
+         {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):
+    spec(Spec(_name, getattr(ops, _name), _logits_build(**_extra), {**LOGITS_ROLES, **_roles},
+              check=_logits_check(tuple(_extra))))
+
+
+def _softmax_ref(k: dict) -> Any:
+    x = fdata(k["logits"])
+    need(x.ndim == 2 and x.shape[1] >= 1, "shape")
+    t = _temperature(k["temperature"], x.shape[0]) if True else None
+    with np.errstate(invalid="ignore", over="ignore"):
+        out = np_softmax(x, t)
+    bad = ~(x < np.inf).all(1) | ~(x > -np.inf).any(1)  # a NaN / +inf, or only -inf: the row is NaN (documented)
+    out[bad] = np.nan
+    return out
+
+
+spec(Spec("softmax", ops.softmax, lambda r: dict(logits=f32(r, 3, 9), temperature=np.array([0.5, 1.0, 2.0],
+                                                                                          np.float32),
+                                                 enable_pdl=None, **HOST),
+          {"logits": FARRAY, "temperature": FLOAT, "enable_pdl": BOOL, **COMMON}, ref=_softmax_ref,
+          kind_of="logits"))
 
 
 def _renorm_ref(fn: Any, param: str, is_int: bool) -> Any:
@@ -1372,7 +1473,7 @@ spec(Spec("shared_prefix_decode", ops.shared_prefix_decode,
 MLA_HEADS, MLA_PAGE, MLA_LENS = 2, 2, (5, 0, 2)
 
 
-def bf16(a: np.ndarray) -> np.ndarray:
+def as_bf16(a: np.ndarray) -> np.ndarray:
     from pykern.arrays import bfloat16
 
     return a.astype(bfloat16())
@@ -1380,8 +1481,8 @@ def bf16(a: np.ndarray) -> np.ndarray:
 
 def _mla_inputs(r: np.random.Generator) -> dict:
     b, h = len(MLA_LENS), MLA_HEADS
-    return dict(q_nope=bf16(f32(r, b, h, 512)), q_pe=bf16(f32(r, b, h, 64)),
-                ckv_cache=bf16(f32(r, 7, MLA_PAGE, 512)), kpe_cache=bf16(f32(r, 7, MLA_PAGE, 64)))
+    return dict(q_nope=as_bf16(f32(r, b, h, 512)), q_pe=as_bf16(f32(r, b, h, 64)),
+                ckv_cache=as_bf16(f32(r, 7, MLA_PAGE, 512)), kpe_cache=as_bf16(f32(r, 7, MLA_PAGE, 64)))
 
 
 def _mla_table(r: np.random.Generator) -> dict:
@@ -1504,7 +1605,7 @@ spec(Spec("MLAPagedDecodePlan.run", None,
           MLA_RUN_ROLES, ref=_mla_run_ref, tol="mla_decode", kind_of="q_nope", call=_mla_run_call,
           signature_of=ops.MLAPagedDecodePlan.run, writes=lambda k: ("out", "lse")))
 spec(Spec("MLAPagedDecodePlan.run[out]", None,
-          lambda r: dict(**_mla_inputs(r), out=bf16(np.zeros((len(MLA_LENS), MLA_HEADS, 512), np.float32)),
+          lambda r: dict(**_mla_inputs(r), out=as_bf16(np.zeros((len(MLA_LENS), MLA_HEADS, 512), np.float32)),
                          lse=np.zeros((len(MLA_LENS), MLA_HEADS), np.float32), return_lse=False, stream=None,
                          backend=None),
           MLA_RUN_ROLES, ref=_mla_run_ref, tol="mla_decode", kind_of="q_nope", call=_mla_run_call,

@@ -247,8 +247,8 @@ def _seed_offset(seed: Any, offset: Any, generator: Any, like: Any) -> tuple[Any
                             f"{type(generator).__name__}")
 
 
-def _indices(indices: Any, rows: int, like: Any) -> tuple[Any, int]:
-    """(int32 indices for the kernel or a dummy, output batch)."""
+def _indices(indices: Any, rows: int, like: Any, of: str = "probs") -> tuple[Any, int]:
+    """(int32 indices for the kernel or a dummy, output batch); `of` names the matrix whose rows they pick."""
     if indices is None:
         return _unused("int32", 1, like), rows
     from .serving import _index
@@ -256,7 +256,7 @@ def _indices(indices: Any, rows: int, like: Any) -> tuple[Any, int]:
     idx, h = _index("indices", indices, None)
     n = arrays.shape_of(idx)[0]
     if h is not None and n and (int(h.min()) < 0 or int(h.max()) >= rows):
-        raise ArgumentError(f"indices: expected rows of probs in [0, {rows}), got range [{int(h.min())}, "
+        raise ArgumentError(f"indices: expected rows of {of} in [0, {rows}), got range [{int(h.min())}, "
                             f"{int(h.max())}]")
     if h is not None and not arrays.same_memory_kind(h, like):
         idx = _like(h, like)
@@ -358,7 +358,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     probs, kind, rows, vocab = _matrix(name, probs)
     if check_nan:
         (_check_logits if logits else _check_nan)(name, probs)
-    idx, batch = _indices(indices, rows, probs)
+    idx, batch = _indices(indices, rows, probs, name)
     flags = _INDICES if indices is not None else 0
     rows_of = "probs (indices not given)" if indices is None else "indices"
     k_arr, k_val, k_is = _param("top_k", 0 if top_k is None else top_k, batch, probs, True, 0, _INT_MAX,
