@@ -797,10 +797,13 @@ def _append_ref(k: dict) -> Any:
     ip, ix, last = i64(k["kv_indptr"]), i64(k["kv_indices"]), i64(k["kv_last_page_len"])
     need(kk.shape == vv.shape and kk.ndim == 3 and kk.shape[1:] == kp.shape[2:] and bi.shape == pos.shape
          == kk.shape[:1], "shapes")
-    need(ip.ndim == 1 and last.shape == (ip.size - 1,) and ((bi >= 0) & (bi < last.size)).all(), "batch_indices")
+    # batch index -1 marks a padding token (get_batch_indices_positions' mark): skipped, never written
+    need(ip.ndim == 1 and last.shape == (ip.size - 1,) and ((bi >= -1) & (bi < last.size)).all(), "batch_indices")
     need(np.isfinite([1.0 if k.get(s) is None else real(k[s]) for s in ("k_scale", "v_scale")]).all(), "scales")
     for t in range(kk.shape[0]):
         b = bi[t]
+        if b == -1:
+            continue
         n = (ip[b + 1] - ip[b] - 1) * kp.shape[1] + last[b]
         need(0 <= pos[t] < n, "positions")
         page = ix[ip[b] + pos[t] // kp.shape[1]]
@@ -1002,8 +1005,13 @@ def _renorm_ref(fn: Any, param: str, is_int: bool) -> Any:
         p = fdata(k["probs" if "probs" in k else "logits"])
         v = np.asarray(k[param])
         need(p.ndim == 2 and v.ndim in (0, 1) and (v.ndim == 0 or v.shape == p.shape[:1]), "shapes")
-        need(v.dtype.kind in ("iu" if is_int else "iuf"), "dtype")
+        need(v.dtype.kind in "iuf", "dtype")
+        if is_int and v.dtype.kind == "f":  # a float top_k array is truncated, as FlashInfer's .int() does
+            need(bool(np.isfinite(v).all()), param)
+            v = np.trunc(v)
         need((v >= 0).all() and (v < 2**31).all() if is_int else ((v > 0) & (v <= 1)).all(), param)
+        if is_int and v.ndim:
+            v = v.astype(np.int64)
         # (negative, NaN and inf entries are the references' "no mass", as the kernels read them)
         return fn(p, k[param] if v.ndim == 0 else v)
     return ref

@@ -302,7 +302,7 @@ def _check_logits(name: str, a: Any) -> None:
                                 f"{float(h[r, c])!r}")
 
 
-def _scale(temperature: Any, batch: int, like: Any) -> tuple[Any, float, bool]:
+def _scale(temperature: Any, batch: int, like: Any, rows: str = "logits") -> tuple[Any, float, bool]:
     """(per-row float32 T for the kernel or a dummy, log2(e) / T for a scalar T, is_array) of a temperature.
 
     A scalar T must be a finite float32 > 0 whose log2(e) / T is finite too (the kernel's scale); host arrays are
@@ -333,7 +333,7 @@ def _scale(temperature: Any, batch: int, like: Any) -> tuple[Any, float, bool]:
                 i = int(np.argmax(bad))
                 raise ArgumentError(f"temperature: expected every value a finite float > 0 (as float32, with "
                                     f"log2(e) / T finite), got temperature[{i}]={float(h[i])!r}")
-    arr, _, _ = _param("temperature", temperature, batch, like, False, 0.0, _F32_MAX, True)
+    arr, _, _ = _param("temperature", temperature, batch, like, False, 0.0, _F32_MAX, True, rows=rows)
     return arr, 0.0, True
 
 
@@ -366,7 +366,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     p_arr, p_val, p_is = _param("top_p", 1.0 if top_p is None else top_p, batch, probs, False, 0.0, 1.0, True,
                                 rows=rows_of)
     if logits:  # the min-p slot carries the temperature: log2(e) / T, or the per-row T array
-        m_arr, m_val, m_is = _scale(temperature, batch, probs)
+        m_arr, m_val, m_is = _scale(temperature, batch, probs, rows_of.replace("probs", "logits"))
     else:
         m_arr, m_val, m_is = _param("min_p", 0.0 if min_p is None else min_p, batch, probs, False, 0.0, 1.0,
                                     rows=rows_of)
@@ -456,6 +456,7 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
 
 
 # --------------------------------------------------------------------------- from logits
+@arrays.stream_scoped
 def softmax(logits: Any, temperature: Any = None, enable_pdl: bool | None = None, *, stream: Any = None,
             backend: str | None = None) -> Any:
     """softmax(logits / temperature) over each row of logits (batch, vocab) (f32, bf16, f16): float32 (batch, vocab).
