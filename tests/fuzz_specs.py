@@ -857,8 +857,10 @@ def _sampling_check(extra: tuple[str, ...]) -> Any:
                 continue
             a = np.asarray(v)
             assert a.dtype.kind in "iuf" and a.ndim in (0, 1), f"{n}={v!r} accepted"
-            if n == "top_k":
-                assert a.dtype.kind in "iu" and (a >= 0).all() and (a < 2**31).all(), f"top_k={v!r} accepted"
+            if n == "top_k":  # a float top_k array is truncated, as FlashInfer's .int() does
+                assert np.isfinite(a).all() and (a >= 0).all() and (a < 2**31).all(), f"top_k={v!r} accepted"
+                assert a.dtype.kind in "iu" or a.ndim == 1, f"top_k={v!r} accepted"
+                v = v if a.ndim == 0 else np.trunc(a).astype(np.int64)
             else:
                 assert np.isfinite(a).all() and ((a >= 0) & (a <= 1)).all(), f"{n}={v!r} accepted"
                 assert n != "top_p" or (a > 0).all(), f"top_p={v!r} accepted"
