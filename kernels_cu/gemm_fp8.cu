@@ -40,12 +40,15 @@ __device__ __forceinline__ void gemm_fp8_quantize_impl(const T* __restrict__ x, 
         const long long base = tile * GF_QBLOCK + 4 * lane;  // tiles are contiguous: row-major, K % 128 == 0
         float v[4];
         float amax = 0.0f;
+        bool nan = false;
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             v[i] = PkIO<T>::load(x, base + i);
             amax = fmaxf(amax, fabsf(v[i]));
+            nan |= v[i] != v[i];
         }
-        amax = fmaxf(pk_warp_max(amax), GF_QEPS);
+        // fmaxf drops NaN: a tile holding one has amax NaN by the definition, so its scale and codes are NaN.
+        amax = __any_sync(PK_FULL_MASK, nan) ? __int_as_float(0x7fc00000) : fmaxf(pk_warp_max(amax), GF_QEPS);
         const float s = amax / GF_E4M3_MAX;
         const unsigned int lo = pk_cvt_e4m3x2(v[0] / s, v[1] / s), hi = pk_cvt_e4m3x2(v[2] / s, v[3] / s);
         *reinterpret_cast<unsigned int*>(q + base) = lo | (hi << 16);  // the op allocates q (4-byte aligned)

@@ -42,6 +42,22 @@ def test_quantize_bit_exact(kind: str) -> None:
     assert np.abs(q.astype(np.float32)).max() == 448.0
 
 
+@pytest.mark.parametrize("be", ["host", "numba"])
+def test_quantize_a_nan_makes_its_tile_nan(be: str) -> None:
+    # amax of a tile holding a NaN is NaN by the definition (fmaxf alone would drop it and give the others a
+    # finite scale): the scale and every code of that tile are NaN, the other tiles untouched
+    rng = np.random.default_rng(2)
+    x = rng.standard_normal((2, 256)).astype(np.float32)
+    x[1, 130] = np.nan
+    q, s = ops.fp8_quantize(x, backend=be)
+    qf = q.astype(np.float32)
+    assert np.isnan(s[1, 1]) and np.isnan(qf[1, 128:]).all()
+    assert np.isfinite(s[[0, 0, 1], [0, 1, 0]]).all() and np.isfinite(qf[0]).all() and np.isfinite(qf[1, :128]).all()
+    qr, sr = np_fp8_quantize(x)
+    np.testing.assert_array_equal(np.isnan(qf), np.isnan(qr))
+    np.testing.assert_array_equal(np.isnan(s), np.isnan(sr))
+
+
 def _act(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
     x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10.0, (m, 1))).astype(np.float32)
     return ops.fp8_quantize(x, backend="host")

@@ -39,13 +39,18 @@ def _quantize(cuda: Any):
         if tile < M * (K // 128):
             base = tile * 128
             amax = np.float32(0.0)
+            nan = False
             for i in range(128):
                 amax = max(amax, abs(np.float32(x[base + i])))
+                nan = nan or x[base + i] != x[base + i]
             amax = max(amax, np.float32(1e-10))
-            s = np.float32(amax / np.float32(448.0))
+            s = np.float32(np.nan) if nan else np.float32(amax / np.float32(448.0))  # a NaN in the tile: all NaN
             scales[tile] = s
             for i in range(128):
                 v = np.float32(np.float32(x[base + i]) / s)
+                if v != v:
+                    q[base + i] = 0x7F  # e4m3's NaN
+                    continue
                 a = min(abs(v), np.float32(448.0))  # saturate (|x| / s can round just above 448)
                 best = 0
                 bd = np.float32(np.inf)
