@@ -217,7 +217,8 @@ def test_sm90_converts_fp8_in_hardware_and_sm80_does_not() -> None:
 
 
 def test_docs_serving_snippets_run_on_the_host() -> None:
-    """Every python block of docs/serving.md runs (host backend) and samples tokens."""
+    """Every ```python block of docs/serving.md (the whole examples) runs (host backend) and samples tokens;
+    fragments that assume the reader's arrays are fenced ```py."""
     import os
     import re
     import subprocess

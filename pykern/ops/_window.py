@@ -43,6 +43,10 @@ def check_window_left(window_left: Any) -> int:
     return _int_ge("window_left", window_left, -1)
 
 
+_F32_OVERFLOW = 3.4028235677973366e38  # the smallest double that rounds to float32 inf
+_F32_TINY = math.nextafter(2.0**-150, 1.0)  # the smallest double that rounds to a nonzero float32 (2**-150 ties to 0)
+
+
 def check_softcap(softcap: Any, name: str = "softcap") -> float:
     """A finite float >= 0 (0 = off), rounded to the float32 the kernels take."""
     if isinstance(softcap, (bool, np.bool_)) or not isinstance(softcap, (int, float, np.integer, np.floating)):
@@ -50,11 +54,11 @@ def check_softcap(softcap: Any, name: str = "softcap") -> float:
     c = float(softcap)
     if not math.isfinite(c) or c < 0.0:
         raise ArgumentError(f"{name}: expected a finite float >= 0 (0 = off), got {softcap!r}")
-    with np.errstate(over="ignore"):
-        c32 = float(np.float32(c))
-    if c > 0.0 and (c32 == 0.0 or math.isinf(c32)):  # 1e300 would reach the kernels as inf (inf * tanh(0) = NaN)
+    # 1e300 would reach the kernels as float32 inf (inf * tanh(0) = NaN), 1e-50 as 0 (softcap off). Plain
+    # comparisons with the float32 rounding bounds, not a NumPy cast: torch.compile traces this function.
+    if c > 0.0 and not _F32_TINY <= c < _F32_OVERFLOW:
         raise ArgumentError(f"{name}: expected 0 or a value representable in float32, got {softcap!r}")
-    return c32
+    return c
 
 
 def normalize(left: int, right: int, causal: bool, n_q: int, n_k: int) -> tuple[int, int]:
