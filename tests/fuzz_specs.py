@@ -877,17 +877,28 @@ def _sampling_check(extra: tuple[str, ...]) -> Any:
                 f"samples {s}"
             assert (s[~good] == 0).all(), f"samples {s} of rows that are no distribution"
             return
-        for n, v in (("seed", seed), ("offset", 0 if off is None else off)):
-            a = np.asarray(v)
-            assert a.dtype.kind in "iu" and a.ndim <= 1 and all(-2**63 <= int(x) < 2**64 for x in
-                                                                a.reshape(-1)), f"{n}={v!r}"
-        # documented: ints in [-2**63, 2**64), taken modulo 2**64
-        seed = seed % 2**64 if isinstance(seed, int) else seed
-        off = 0 if off is None else off % 2**64 if isinstance(off, int) else off
-        want, valid = np_sample(p, seed, off, indices=idx, **filt)
-        compare("sampling_from_probs", "f32", (samples, res[1]) if k["return_valid"] else samples,
-                (want, valid) if k["return_valid"] else want)
+        seed, off = _seed_offset(seed, off)
+        _compare_tokens(k, res, np_sample(p, seed, off, indices=idx, **filt))
     return check
+
+
+def _seed_offset(seed: Any, off: Any) -> tuple[Any, Any]:
+    """The documented seed / offset: ints in [-2**63, 2**64) taken modulo 2**64, or int arrays of such."""
+    for n, v in (("seed", seed), ("offset", 0 if off is None else off)):
+        a = np.asarray(v)
+        assert a.dtype.kind in "iu" and a.ndim <= 1 and all(-2**63 <= int(x) < 2**64 for x in
+                                                            a.reshape(-1)), f"{n}={v!r}"
+    seed = seed % 2**64 if isinstance(seed, int) else seed
+    off = 0 if off is None else off % 2**64 if isinstance(off, int) else off
+    return seed, off
+
+
+def _compare_tokens(k: dict, res: Any, ref: tuple[np.ndarray, np.ndarray]) -> None:
+    """Tokens (and valid flags under return_valid) exactly as the reference's (want, valid)."""
+    want, valid = ref
+    samples = res[0] if k["return_valid"] else res
+    compare("sampling_from_probs", "f32", (samples, res[1]) if k["return_valid"] else samples,
+            (want, valid) if k["return_valid"] else want)
 
 
 def _sampling_build(**extra: Any) -> Any:
@@ -950,19 +961,11 @@ def _logits_check(extra: tuple[str, ...]) -> Any:
         if k["check_nan"]:  # host logits with a NaN / +inf must have been refused
             assert (x < np.inf).all(), "check_nan=True sampled a row holding a NaN or +inf"
         flag(k["return_valid"])
-        samples = res[0] if k["return_valid"] else res
         seed, off = k.get("seed"), k.get("offset")
         if seed is None:  # drawn from OS entropy: only the support can be checked
             return
-        for name, v in (("seed", seed), ("offset", 0 if off is None else off)):
-            a = np.asarray(v)
-            assert a.dtype.kind in "iu" and a.ndim <= 1 and all(-2**63 <= int(y) < 2**64 for y in
-                                                                a.reshape(-1)), f"{name}={v!r}"
-        seed = seed % 2**64 if isinstance(seed, int) else seed
-        off = 0 if off is None else off % 2**64 if isinstance(off, int) else off
-        want, valid = np_sample_logits(x, seed, off, temperature=temp, indices=idx, **filt)
-        compare("sampling_from_probs", "f32", (samples, res[1]) if k["return_valid"] else samples,
-                (want, valid) if k["return_valid"] else want)
+        seed, off = _seed_offset(seed, off)
+        _compare_tokens(k, res, np_sample_logits(x, seed, off, temperature=temp, indices=idx, **filt))
     return check
 
 
