@@ -23,19 +23,10 @@
 // Ids outside [0, E) (-1: a dropped token) contribute nothing.
 #include "pk_common.cuh"
 #include "pk_grouped.cuh"  // the device-side tile scheduler of the grouped GEMMs
+#include "pk_moe_act.cuh"  // moe_act_f, shared with grouped_gemm_sm90.cu
 
 // ------------------------------------------------------------------------------------------ helpers
 
-#define MOE_ACT_SILU 0
-#define MOE_ACT_GELU_TANH 1
-
-__device__ __forceinline__ float moe_act_f(float g, int act) {
-    if (act == MOE_ACT_GELU_TANH) {
-        const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-        return 0.5f * g * (1.0f + tanhf(u));
-    }
-    return g / (1.0f + expf(-g));
-}
 
 // d act(g) / dg
 __device__ __forceinline__ float moe_act_grad(float g, int act) {

@@ -16,6 +16,7 @@ from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind
 from ..errors import ArgumentError, ArgumentTypeError
 from .training import _launch
+from . import _moe_sm90 as _sm90
 from ._common import check_offsets as _check_offsets, dtype_is as _dtype_is, host_values as _host_values
 
 __all__ = ["moe_route", "grouped_gemm", "grouped_gemm_wgrad_tc", "moe_align", "moe_experts", "moe_experts_backward"]
@@ -121,6 +122,9 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
                 shared_mem=TC_SMEM, stream=stream, backend=backend)
         return
     if tc and not nn:
+        # Hopper (sm_90a): the TMA + wgmma persistent kernel where it applies (pykern/ops/_moe_sm90.py)
+        if _sm90.try_launch(a, b, offsets, out, m, n, k, n_groups, kind, act, stream, backend):
+            return
         if act is None:
             grid = (m // TC_BM + n_groups, -(-n // TC_BN))
             _launch("grouped_gemm_tc" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,

@@ -1,0 +1,93 @@
+"""Dispatch to the Hopper (sm_90a) grouped GEMM, kernels_cu/grouped_gemm_sm90.cu.
+
+`grouped_gemm` (layout "nt") and `moe_experts` (both grouped GEMMs, the gate_up one with its activation fused) ask
+`try_launch` first on their tensor-core path: on a compute-capability 9.0 GPU (nvrtc, device arrays) or with
+PYKERN_HOST_ARCH=sm_90a (host backend), bf16 / f16, K a multiple of 8 and 16-byte aligned bases (a TMA source's
+row stride and address must be multiples of 16 bytes), it runs the TMA + wgmma kernel; anything else keeps the
+mma.sync kernels of kernels_cu/moe.cu (as on sm_80 / sm_89).
+"""
+from __future__ import annotations
+
+from typing import Any
+
+from ..backends import get_backend, kernel_variant
+from ..devices import HOST, META, array_device
+from ..errors import ArgumentError
+
+THREADS = 384  # GG90_THREADS: a producer warpgroup and two consumer warpgroups
+BM = 128  # GG90_BM: rows a tile
+BN = 256  # GG90_BN: B rows a tile (act: 128 gate and 128 up rows, 128 output columns)
+BK = 64  # GG90_BK
+STAGES = 4  # GG90_ST
+SMEM_FIXED = STAGES * (BM + BN) * BK * 2 + 2 * STAGES * 8  # GG90_SMEM_FIXED
+MAX_GROUPS = 4096  # the tile prefix lives in shared memory: 4 * (E + 1) bytes
+HOST_CTAS = 3  # the host backend's persistent grid: few CTAs, so each walks several tiles as on a GPU
+_INT_MAX = 2**31 - 1
+_sms: dict[int, int] = {}
+
+
+def shared_bytes(n_groups: int) -> int:
+    """Dynamic shared memory of a launch over n_groups groups (the ring, its mbarriers, the tile prefix)."""
+    return SMEM_FIXED + 4 * (n_groups + 1)
+
+
+def _sm_count(backend: str, dev: int) -> int:
+    if backend == "host":
+        return HOST_CTAS
+    if dev not in _sms:
+        be: Any = get_backend("nvrtc")
+        drv = be._driver or be._start()
+        _sms[dev] = int(drv.device_attribute(dev, "MULTIPROCESSOR_COUNT"))
+    return _sms[dev]
+
+
+def tiles_bound(m: int, n: int, n_groups: int, act: bool) -> int:
+    """An upper bound of the tiles of a launch: sum_e ceil(m_e / BM) <= M / BM + E row tiles, times the column
+    tiles (act: BN / 2 output columns a tile)."""
+    cols = n // 2 if act else n
+    return (m // BM + n_groups) * -(-cols // (BN // 2 if act else BN))
+
+
+def usable(kind: str, k: int, n_groups: int, backend: str | None, *arrs: Any) -> bool:
+    """Whether the sm_90a kernel can run this call (before the tensor maps, which may still decline)."""
+    if kind not in ("bf16", "f16") or k % 8 or k <= 0 or n_groups > MAX_GROUPS:
+        return False
+    be = get_backend(backend)
+    if be.name not in ("host", "nvrtc"):
+        return False
+    dev = array_device(arrs[0])
+    # A tensor map holds a device address: host arrays on the nvrtc backend (staged only at launch) keep mma.sync.
+    if be.name == "nvrtc" and any(array_device(a) in (HOST, META) for a in arrs):
+        return False
+    return kernel_variant("sm_90a", be.name, dev if isinstance(dev, int) and dev >= 0 else 0)
+
+
+def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n_groups: int, kind: str,
+               act: int | None, stream: Any, backend: str | None) -> bool:
+    """Run grouped_gemm_sm90 (act None) or moe_gemm_act_sm90 when `usable` and the arrays suit TMA; False (nothing
+    launched) otherwise. a [m, k] and b [n_groups, n, k] contiguous (flat views accepted), out [m, n] (act:
+    [m, n / 2]); offsets int32 [n_groups + 1]."""
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    if not usable(kind, k, n_groups, backend, a, b, out):
+        return False
+    bound = tiles_bound(m, n, n_groups, act is not None)
+    if bound > _INT_MAX:  # the kernel's tile indices are int32
+        return False
+    name = get_backend(backend).name
+    try:  # boxes of 64 k-columns (128 bytes: the 128B swizzle's row) by 128 rows
+        ta = make_tensor_map(a.reshape((m, k)), (BM, BK), "128B", backend=name)
+        tb = make_tensor_map(b.reshape((n_groups, n, k)), (1, BN // 2, BK), "128B", backend=name)
+    except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
+        return False
+    dev = array_device(a)
+    grid = max(1, min(bound, _sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)))
+    sfx = "_bf16" if kind == "bf16" else "_f16"
+    if act is None:
+        launch("grouped_gemm_sm90" + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups,
+               shared_mem=shared_bytes(n_groups), stream=stream, backend=backend)
+    else:
+        launch("moe_gemm_act_sm90" + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups, act,
+               shared_mem=shared_bytes(n_groups), stream=stream, backend=backend)
+    return True
