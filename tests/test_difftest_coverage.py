@@ -4,8 +4,8 @@
 (`runner.collect_cases`): a kernel that no case launches fails here by name. The earlier form of this check (in
 tests/test_difftest.py) left out the kernels of arch-specific sources (`// pykern: arch sm_90a`) together with its
 numba-reference check, since numba has no wgmma or TMA; so the 20 sm_90a attention kernels had no case and
-nothing said so. They have cases now (pykern/difftest/cases/sm90.py) that run on the host backend playing sm_90a,
-and are reported as not applicable, not passed, on numba and nvrtc.
+nothing said so. They have cases now (pykern/difftest/cases/sm90.py; the sm_90a grouped GEMMs: moe_sm90.py) that
+run on the host backend playing sm_90a, and are reported as not applicable, not passed, on numba and nvrtc.
 """
 from __future__ import annotations
 
@@ -49,14 +49,18 @@ def test_arch_specific_kernels_have_cases_that_declare_the_arch() -> None:
     # host playing that arch and reports the other backends as not applicable; a portable case declares none.
     specs = {s.name: s for s in pykern.kernels()}
     arch_kernels = {n for n, s in specs.items() if s.archs}
-    assert len(arch_kernels) == 20  # flash_attention_sm90.cu (dense + varlen) and attention_backward_sm90.cu
+    # flash_attention_sm90.cu (dense + varlen), attention_backward_sm90.cu and grouped_gemm_sm90.cu
+    assert len(arch_kernels) == 24
     for c in CASES:
         archs = {a for k in c.kernels for a in specs[k].archs}
         assert c.arch == (archs.pop() if archs else ""), (c.id, c.arch, archs)
-    # causal and not for every sm_90a kernel, in bf16 and f16
+    # causal and not for every sm_90a attention kernel, in bf16 and f16; two shapes for each grouped GEMM
     for name in arch_kernels:
         mine = [c for c in CASES if name in c.kernels]
-        assert {c.shape.endswith("-causal-sm90a") for c in mine} == {True, False}, name
+        if "gemm" in name:
+            assert len(mine) == 2 and all(c.shape.endswith("-sm90a") for c in mine), name
+        else:
+            assert {c.shape.endswith("-causal-sm90a") for c in mine} == {True, False}, name
 
 
 def _sm90_case(kernel: str = "flash_attention_sm90_d128_f16", causal: bool = True) -> runner.Case:
