@@ -154,6 +154,9 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     tensor_cores=False runs bf16 / f16 on the FMA kernel; True insists on tensor cores.
     layout="nn": b is [E, K, N] and the groups are a[rows] @ b[e] (the data gradients' layout; on tensor
     cores the same kernel with its B tiles k-major, ldmatrix .trans).
+    On sm_90a (a compute-capability 9.0 GPU, or the host backend with PYKERN_HOST_ARCH=sm_90a) layout "nt" runs
+    a TMA + wgmma persistent kernel instead, where K is a multiple of 8 and the bases are 16-byte aligned
+    (docs/moe.md).
     """
     if layout not in ("nt", "nn"):
         raise ArgumentError(f"layout: expected 'nt' or 'nn', got {layout!r}")
