@@ -1,11 +1,17 @@
 // pykern: arch sm_90a
 // Hopper (sm_90a) grouped GEMM, bf16 and f16 with fp32 accumulation: TMA loads, wgmma, a warp-specialised
 // persistent CTA. Rows offsets[e]..offsets[e+1] of a [M, K] (sorted by group) times b[e]^T (b [E, N, K]):
-//   grouped_gemm_sm90      out [M, N] = a[rows] @ b[e]^T;
-//   moe_gemm_act_sm90      the experts' first GEMM with the activation fused (as moe.cu's moe_gemm_act_tc): b is
-//                          gate_up [E, 2I, H] (gate rows first), out [M, I] = act(a @ gate^T) * (a @ up^T).
+//   grouped_gemm_sm90        out [M, N] = a[rows] @ b[e]^T;
+//   moe_gemm_act_sm90        the experts' first GEMM with the activation fused (as moe.cu's moe_gemm_act_tc): b is
+//                            gate_up [E, 2I, H] (gate rows first), out [M, I] = act(a @ gate^T) * (a @ up^T);
+//   grouped_gemm_nn_sm90     out [M, N] = a[rows] @ b[e] with b [E, K, N] (layout "nn", the data gradients): the
+//                            same body with B MN-major in shared memory (B_MN), read through the wgmma
+//                            descriptor's transpose bit, so no transposed copy of b;
+//   grouped_gemm_wgrad_sm90  the K-grouped weight gradient out[e] = a[rows_e]^T @ b[rows_e] ([E, N1, N2], a
+//                            [M, N1], b [M, N2]): the contraction runs over the group's rows, A and B both MN-major
+//                            (KGROUP); a group with no rows writes zeros.
 // The mma.sync kernels of moe.cu stay for sm_80 / sm_89 and for what this one does not take (pykern/ops/
-// _moe_sm90.py: K a multiple of 8 and 16-byte aligned bases, the TMA's row-stride rule; layout "nt").
+// _moe_sm90.py: the TMA's 16-byte row strides and bases).
 //
 // A CTA is three warpgroups (384 threads):
 //   warpgroup 0, the producer (setmaxnreg.dec to 40): one elected thread issues the TMA loads of each k-block
@@ -29,6 +35,17 @@
 // a group the tiles go in bands of GG90_RASTER row tiles: a band's row tiles take column tile 0, then 1, ...,
 // so CTAs that run together share the weight tile they read (and the band's activation rows) in L2.
 // Negative group sizes (offsets that decrease) count as empty; the offsets may live on the device.
+//
+// B_MN (layout "nn"): b [E, K, N] is N-contiguous, so a B stage is four 3-D boxes of 64 n-columns (one 128-byte
+// swizzled row) by 64 k-rows: [4 n-chunks][64 k][128 B], read MN-major (LBO 8 KiB from one 64-column chunk to the
+// next, SBO 1 KiB per 8 k-rows, a k-step of 16 is 2 KiB further).
+// KGROUP (the weight gradient): the GEMM's M and N are a's and b's columns and its K the group's rows, so both
+// tiles are MN-major boxes of 64 columns by 64 rows of 2-D maps over a [M, N1] and b [M, N2] (A: two, B: four),
+// starting at the group's first row. Rows of the last k-block past the group's end belong to the next group:
+// each consumer zeroes them in its own 64-column A chunk (a generic-proxy write, fenced for the async proxy and
+// met by its warpgroup's named barrier before its wgmmas read it), so they add nothing. Every group has the
+// same tiles (N1 / 128 x N2 / 256), in a fixed order; one CTA owns an output tile and sums its group's k-blocks in
+// order: deterministic, no atomics.
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_moe_act.cuh"
@@ -49,10 +66,26 @@ template <typename T> struct Gg90Dt;
 template <> struct Gg90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Gg90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 
-// Tile t of the schedule: its group e, first row m0, the group's end row and its column tile nt.
+// Tile t of the schedule: its group e, first row m0, the group's end row and its column tile nt (KGROUP: m0 is the
+// first out row of out[e], k0 / mend the group's first and end rows of a and b).
 struct Gg90Tile {
-    int e, m0, mend, nt;
+    int e, m0, mend, nt, k0;
 };
+
+// KGROUP: every group has m_tiles x n_tiles output tiles; consecutive tiles walk the row tiles of one column tile,
+// so the CTAs that run together share b's columns (and the group's rows) in L2.
+__device__ __forceinline__ Gg90Tile gg90_decode_kgroup(const int* __restrict__ offsets, int m_tiles, int n_tiles,
+                                                      int t) {
+    const int per = m_tiles * n_tiles;
+    Gg90Tile x;
+    x.e = t / per;
+    const int local = t - x.e * per;
+    x.nt = local / m_tiles;
+    x.m0 = (local - x.nt * m_tiles) * GG90_BM;
+    x.k0 = offsets[x.e];
+    x.mend = max(offsets[x.e + 1], x.k0);  // a decreasing pair: no rows
+    return x;
+}
 
 __device__ __forceinline__ Gg90Tile gg90_decode(const int* __restrict__ prefix, const int* __restrict__ offsets,
                                                int n_groups, int n_tiles, int t) {
@@ -72,15 +105,32 @@ __device__ __forceinline__ Gg90Tile gg90_decode(const int* __restrict__ prefix, 
     x.nt = r / rows;
     x.m0 = offsets[e] + (band * GG90_RASTER + r % rows) * GG90_BM;
     x.mend = offsets[e + 1];
+    x.k0 = 0;
     return x;
+}
+
+// KGROUP: zero k-rows valid..63 of one consumer's MN-major A chunk (64 rows of 128 bytes; the 128B swizzle only
+// permutes 16-byte pieces inside a row, so a row stays a row) and make the zeros visible to its wgmmas: each of
+// the warpgroup's 128 threads writes 16-byte pieces, fences them for the async proxy, and the warpgroup meets at
+// named barrier `bar`. valid may be <= 0 (never here: a k-block starts inside its group).
+__device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, int t, int bar) {
+#pragma unroll
+    for (int i = 0; i < 64 * 128 / (128 * 16); i++) {
+        const int piece = t + 128 * i;  // 16-byte piece: row piece / 8
+        if (piece / 8 >= valid) *reinterpret_cast<uint4*>(chunk + piece * 16) = make_uint4(0, 0, 0, 0);
+    }
+    pk_fence_proxy_async_shared();
+    pk_bar_sync(bar, 128);
 }
 
 // ACT: the fused act(gate) * up epilogue (b is gate_up [E, 2I, K], N = 2I; column tile nt covers h columns
 // [128 nt, + 128): B rows 128 nt.. (gate) and I + 128 nt.. (up)). Otherwise column tile nt is out columns
-// [256 nt, + 256).
-template <typename T, bool ACT>
+// [256 nt, + 256). B_MN: b is [E, K, N] (layout "nn"). KGROUP (implies B_MN): the weight gradient, M = N1 (a's
+// columns, out rows), N = N2, K = the rows of a and b (M of the op).
+template <typename T, bool ACT, bool B_MN, bool KGROUP>
 __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorMap* tb, const int* __restrict__ offsets,
                                           T* __restrict__ out, int M, int N, int K, int n_groups, int act) {
+    static_assert(!(ACT && B_MN) && (!KGROUP || B_MN), "gg90_body: ACT is K-major only; KGROUP reads B MN-major");
     extern __shared__ __align__(1024) unsigned char gg90_smem[];
     unsigned char* as = gg90_smem;                                   // [ST][128 rows][128 B]
     unsigned char* bs = gg90_smem + GG90_ST * GG90_A_BYTES;          // [ST][256 rows][128 B]
@@ -91,9 +141,12 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     const int tid = threadIdx.x, wg = tid / 128;
     const int cols = ACT ? N / 2 : N;  // out columns
     const int n_tiles = ACT ? (cols + GG90_BN / 2 - 1) / (GG90_BN / 2) : (N + GG90_BN - 1) / GG90_BN;
-    const int nk = (K + GG90_BK - 1) / GG90_BK;
+    const int nk = (K + GG90_BK - 1) / GG90_BK;  // (KGROUP: per group, from its rows)
+    const int m_tiles = (M + GG90_BM - 1) / GG90_BM;  // KGROUP: out rows
 
-    if (tid < 32) {  // the tile prefix: a warp scan of the groups' tile counts, 32 groups at a time
+    if (KGROUP) {
+        // (no prefix: every group has m_tiles x n_tiles tiles)
+    } else if (tid < 32) {  // the tile prefix: a warp scan of the groups' tile counts, 32 groups at a time
         int run = 0;
         if (tid == 0) prefix[0] = 0;
         for (int base = 0; base < n_groups; base += 32) {
@@ -118,24 +171,42 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         pk_fence_mbarrier_init();
     }
     __syncthreads();
-    const int total = prefix[n_groups];
+    const int total = KGROUP ? n_groups * m_tiles * n_tiles : prefix[n_groups];
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<40>();
         if (tid < 32 && pk_elect_one()) {
             unsigned it = 0;  // k-blocks issued: stage it % ST, phase (it / ST) & 1
             for (int t = blockIdx.x; t < total; t += gridDim.x) {
-                const Gg90Tile x = gg90_decode(prefix, offsets, n_groups, n_tiles, t);
+                const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
+                                          : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
                 const int b0 = ACT ? x.nt * (GG90_BN / 2) : x.nt * GG90_BN;
                 const int b1 = ACT ? cols + b0 : b0 + GG90_BN / 2;
-                for (int kb = 0; kb < nk; kb++, it++) {
+                const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
+                for (int kb = 0; kb < tk; kb++, it++) {
                     const unsigned s = it % GG90_ST;
                     pk_mbarrier_wait_parity(&empty[s], ((it / GG90_ST) & 1) ^ 1);
                     pk_mbarrier_arrive_expect_tx(&full[s], GG90_STAGE_BYTES);
+                    unsigned char* ast = as + s * GG90_A_BYTES;
                     unsigned char* bst = bs + s * GG90_B_BYTES;
-                    pk_tma_load_2d(as + s * GG90_A_BYTES, ta, &full[s], kb * GG90_BK, x.m0);
-                    pk_tma_load_3d(bst, tb, &full[s], kb * GG90_BK, b0, x.e);
-                    pk_tma_load_3d(bst + GG90_BN / 2 * 128, tb, &full[s], kb * GG90_BK, b1, x.e);
+                    const int kc = x.k0 + kb * GG90_BK;
+                    if constexpr (KGROUP) {  // A: 2 boxes of 64 a-columns x 64 rows; B: 4 of 64 b-columns
+#pragma unroll
+                        for (int j = 0; j < GG90_BM / 64; j++)
+                            pk_tma_load_2d(ast + j * 64 * 128, ta, &full[s], x.m0 + 64 * j, kc);
+#pragma unroll
+                        for (int j = 0; j < GG90_BN / 64; j++)
+                            pk_tma_load_2d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc);
+                    } else if constexpr (B_MN) {  // B: 4 boxes of 64 n-columns x 64 k-rows of b[e]
+                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
+#pragma unroll
+                        for (int j = 0; j < GG90_BN / 64; j++)
+                            pk_tma_load_3d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc, x.e);
+                    } else {
+                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
+                        pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
+                        pk_tma_load_3d(bst + GG90_BN / 2 * 128, tb, &full[s], kc, b1, x.e);
+                    }
                 }
             }
         }
@@ -146,41 +217,64 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     pk_setmaxnreg_inc<232>();
     const int c = wg - 1, lane = tid % 32, w = (tid / 32) % 4, g = lane / 4, tq = lane % 4;
     // K-major 128B-swizzled tiles: SBO 1024 (one 8-row group of 128-byte rows); a k-step is 32 bytes further.
-    const unsigned long long da0 = pk_wgmma_desc(as + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long db0 = pk_wgmma_desc(bs, 16, 1024, PK_SWIZZLE_128B);
+    // MN-major ones ([64-column chunks][64 k-rows][128 B]): LBO 8 KiB (the next 64 columns), SBO 1024 (8 k-rows);
+    // a k-step of 16 rows is 2 KiB further. Consumer c's 64 A rows are chunk c (MN-major) or rows 64c.. (K-major).
+    constexpr unsigned A_STEP = KGROUP ? 16 * 128 : 32, B_STEP = B_MN ? 16 * 128 : 32;
+    const unsigned long long da0 = KGROUP ? pk_wgmma_desc(as + c * 64 * 128, GG90_BK * 128, 1024, PK_SWIZZLE_128B)
+                                          : pk_wgmma_desc(as + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
+    const unsigned long long db0 = B_MN ? pk_wgmma_desc(bs, GG90_BK * 128, 1024, PK_SWIZZLE_128B)
+                                        : pk_wgmma_desc(bs, 16, 1024, PK_SWIZZLE_128B);
     unsigned it = 0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
-        const Gg90Tile x = gg90_decode(prefix, offsets, n_groups, n_tiles, t);
+        const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
+                                  : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
         float acc[GG90_BN / 2];
         unsigned prev = 0;
-        for (int kb = 0; kb < nk; kb++, it++) {
+        const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
+        if (KGROUP && tk == 0) {  // a group with no rows: a zero gradient (no wgmma sets the accumulators)
+#pragma unroll
+            for (int i = 0; i < GG90_BN / 2; i++) acc[i] = 0.f;
+        }
+        // One k-block: wait for its stage, (ZERO: clear this consumer's A rows past the group's end), 4 wgmmas.
+        auto kblock = [&](int kb, bool zero) {
             const unsigned s = it % GG90_ST;
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
             const unsigned ph = (it / GG90_ST) & 1;
             if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
+            if (KGROUP && zero)  // rows x.mend - (x.k0 + 64 kb) .. 63 of this k-block lie past the group
+                gg90_zero_rows(as + s * GG90_A_BYTES + c * 64 * 128, x.mend - x.k0 - kb * GG90_BK, tid % 128, 1 + c);
             pk_wgmma_fence();
             const unsigned long long da = pk_wgmma_desc_advance(da0, s * GG90_A_BYTES);
             const unsigned long long db = pk_wgmma_desc_advance(db0, s * GG90_B_BYTES);
 #pragma unroll
             for (int ks = 0; ks < GG90_BK / 16; ks++)
-                pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V>(acc, pk_wgmma_desc_advance(da, ks * 32),
-                                                            pk_wgmma_desc_advance(db, ks * 32), kb > 0 || ks > 0);
+                pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
+                    acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
+                    kb > 0 || ks > 0);
             pk_wgmma_commit();
             // The previous k-block's group has completed: release its stage (this one's stays in flight).
             pk_wgmma_wait<1>();
             if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
             prev = s;
-        }
+            it++;
+        };
+        // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
+        // out of the steady-state loop).
+        const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
+        for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        if (KGROUP && full_k < tk) kblock(full_k, true);
         pk_wgmma_wait<0>();
-        pk_mbarrier_arrive(&empty[prev]);
+        if (tk > 0) pk_mbarrier_arrive(&empty[prev]);
 
-        // Epilogue: accumulator 4j + 2r + v is tile row 64c + 16w + g + 8r, column 8j + 2tq + v.
-        const int mend = min(x.mend, M);
+        // Epilogue: accumulator 4j + 2r + v is tile row 64c + 16w + g + 8r, column 8j + 2tq + v. KGROUP: out[e]
+        // [M, N] (rows below M), else out [M, cols] (the group's rows).
+        const int mend = KGROUP ? M : min(x.mend, M);
+        T* const obase = KGROUP ? out + (long long)x.e * M * cols : out;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = x.m0 + 64 * c + 16 * w + g + 8 * r;
             if (row >= mend) continue;
-            T* orow = out + (long long)row * cols;
+            T* orow = obase + (long long)row * cols;
             if constexpr (ACT) {
                 const int h0 = x.nt * (GG90_BN / 2) + 2 * tq;
                 const bool pair = (cols & 1) == 0;
@@ -220,13 +314,25 @@ template <typename T>
 __device__ __forceinline__ void grouped_gemm_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
                                                        const int* offsets, T* out, int M, int N, int K,
                                                        int n_groups) {
-    gg90_body<T, false>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+    gg90_body<T, false, false, false>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_nn_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                          const int* offsets, T* out, int M, int N, int K,
+                                                          int n_groups) {
+    gg90_body<T, false, true, false>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                             const int* offsets, T* out, int N1, int N2, int M,
+                                                             int n_groups) {
+    gg90_body<T, false, true, true>(&ta, &tb, offsets, out, N1, N2, M, n_groups, 0);
 }
 template <typename T>
 __device__ __forceinline__ void moe_gemm_act_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
                                                        const int* offsets, T* out, int M, int N, int K,
                                                        int n_groups, int act) {
-    gg90_body<T, true>(&ta, &tb, offsets, out, M, N, K, n_groups, act);
+    gg90_body<T, true, false, false>(&ta, &tb, offsets, out, M, N, K, n_groups, act);
 }
 
 // ta: a [M, K] with box (128, 64); tb: b [E, N, K] with box (1, 128, 64); both 128B swizzle. Grid: at most one
@@ -240,3 +346,14 @@ PK_IO16_KERNELS(moe_gemm_act_sm90, (GG90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                  const int* __restrict__ offsets, T* __restrict__ out, int M, int N, int K, int n_groups, int act),
                 (ta, tb, offsets, out, M, N, K, n_groups, act))
+// layout "nn": ta as above; tb: b [E, K, N] with box (1, 64, 64), 128B swizzle; out [M, N].
+PK_IO16_KERNELS(grouped_gemm_nn_sm90, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, T* __restrict__ out, int M, int N, int K, int n_groups),
+                (ta, tb, offsets, out, M, N, K, n_groups))
+// The weight gradient: ta: a [M, N1], tb: b [M, N2], both with box (64, 64) and 128B swizzle; out [E, N1, N2].
+// Grid: at most one CTA per SM, GG90_SMEM_FIXED + 4 bytes (no tile prefix).
+PK_IO16_KERNELS(grouped_gemm_wgrad_sm90, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, T* __restrict__ out, int N1, int N2, int M, int n_groups),
+                (ta, tb, offsets, out, N1, N2, M, n_groups))

@@ -1,10 +1,11 @@
 """Dispatch to the Hopper (sm_90a) grouped GEMM, kernels_cu/grouped_gemm_sm90.cu.
 
-`grouped_gemm` (layout "nt") and `moe_experts` (both grouped GEMMs, the gate_up one with its activation fused) ask
-`try_launch` first on their tensor-core path: on a compute-capability 9.0 GPU (nvrtc, device arrays) or with
-PYKERN_HOST_ARCH=sm_90a (host backend), bf16 / f16, K a multiple of 8 and 16-byte aligned bases (a TMA source's
-row stride and address must be multiples of 16 bytes), it runs the TMA + wgmma kernel; anything else keeps the
-mma.sync kernels of kernels_cu/moe.cu (as on sm_80 / sm_89).
+`grouped_gemm` (both layouts), `moe_experts` (both grouped GEMMs, the gate_up one with its activation fused) and
+`moe_experts_backward` (d(x_perm), layout "nn") ask `try_launch` first on their tensor-core path, and
+`grouped_gemm_wgrad_tc` asks `try_launch_wgrad`: on a compute-capability 9.0 GPU (nvrtc, device arrays) or with
+PYKERN_HOST_ARCH=sm_90a (host backend), bf16 / f16, every TMA source's row stride a multiple of 16 bytes (K, and
+for layout "nn" N; the weight gradient's N1 and N2: multiples of 8) and 16-byte aligned bases, it runs the TMA +
+wgmma kernel; anything else keeps the mma.sync kernels of kernels_cu/moe.cu (as on sm_80 / sm_89).
 """
 from __future__ import annotations
 
@@ -63,14 +64,16 @@ def usable(kind: str, k: int, n_groups: int, backend: str | None, *arrs: Any) ->
 
 
 def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n_groups: int, kind: str,
-               act: int | None, stream: Any, backend: str | None) -> bool:
-    """Run grouped_gemm_sm90 (act None) or moe_gemm_act_sm90 when `usable` and the arrays suit TMA; False (nothing
-    launched) otherwise. a [m, k] and b [n_groups, n, k] contiguous (flat views accepted), out [m, n] (act:
-    [m, n / 2]); offsets int32 [n_groups + 1]."""
+               act: int | None, stream: Any, backend: str | None, nn: bool = False) -> bool:
+    """Run grouped_gemm_sm90 (act None), moe_gemm_act_sm90 or, with nn, grouped_gemm_nn_sm90 when `usable` and the
+    arrays suit TMA; False (nothing launched) otherwise. a [m, k] and b [n_groups, n, k] (nn: [n_groups, k, n])
+    contiguous (flat views accepted), out [m, n] (act: [m, n / 2]); offsets int32 [n_groups + 1]."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
-    if not usable(kind, k, n_groups, backend, a, b, out):
+    if act is not None and nn:
+        raise AssertionError("the fused activation is the gate_up GEMM's (layout nt)")  # callers never ask
+    if not usable(kind, k, n_groups, backend, a, b, out) or (nn and n % 8):  # nn: b's rows are N long
         return False
     bound = tiles_bound(m, n, n_groups, act is not None)
     if bound > _INT_MAX:  # the kernel's tile indices are int32
@@ -78,16 +81,45 @@ def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n
     name = get_backend(backend).name
     try:  # boxes of 64 k-columns (128 bytes: the 128B swizzle's row) by 128 rows
         ta = make_tensor_map(a.reshape((m, k)), (BM, BK), "128B", backend=name)
-        tb = make_tensor_map(b.reshape((n_groups, n, k)), (1, BN // 2, BK), "128B", backend=name)
+        if nn:  # b [E, K, N]: boxes of 64 n-columns by BK k-rows, read MN-major
+            tb = make_tensor_map(b.reshape((n_groups, k, n)), (1, BK, 64), "128B", backend=name)
+        else:
+            tb = make_tensor_map(b.reshape((n_groups, n, k)), (1, BN // 2, BK), "128B", backend=name)
     except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
         return False
     dev = array_device(a)
     grid = max(1, min(bound, _sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)))
     sfx = "_bf16" if kind == "bf16" else "_f16"
     if act is None:
-        launch("grouped_gemm_sm90" + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups,
+        launch(("grouped_gemm_nn_sm90" if nn else "grouped_gemm_sm90") + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups,
                shared_mem=shared_bytes(n_groups), stream=stream, backend=backend)
     else:
         launch("moe_gemm_act_sm90" + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups, act,
                shared_mem=shared_bytes(n_groups), stream=stream, backend=backend)
+    return True
+
+
+def try_launch_wgrad(a: Any, b: Any, offsets: Any, out: Any, m: int, n1: int, n2: int, n_groups: int, kind: str,
+                     stream: Any, backend: str | None) -> bool:
+    """Run grouped_gemm_wgrad_sm90, out[e] = a[rows_e]^T @ b[rows_e] ([n_groups, n1, n2]), when `usable` and the
+    arrays suit TMA; False (nothing launched) otherwise. a [m, n1] and b [m, n2] contiguous; offsets int32
+    [n_groups + 1]. Every group's tiles are written (zeros for a group with no rows)."""
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    if n2 % 8 or m == 0 or not usable(kind, n1, n_groups, backend, a, b, out):  # both row strides: 16 bytes
+        return False
+    tiles = n_groups * -(-n1 // BM) * -(-n2 // BN)
+    if tiles > _INT_MAX:
+        return False
+    name = get_backend(backend).name
+    try:  # boxes of 64 columns (one 128-byte swizzled row) by BK rows, read MN-major
+        ta = make_tensor_map(a.reshape((m, n1)), (BK, 64), "128B", backend=name)
+        tb = make_tensor_map(b.reshape((m, n2)), (BK, 64), "128B", backend=name)
+    except ArgumentError:
+        return False
+    dev = array_device(a)
+    grid = max(1, min(tiles, _sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)))
+    launch("grouped_gemm_wgrad_sm90" + ("_bf16" if kind == "bf16" else "_f16"), grid, THREADS, ta, tb, offsets, out,
+           n1, n2, m, n_groups, shared_mem=SMEM_FIXED + 4, stream=stream, backend=backend)
     return True

@@ -117,6 +117,9 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
     if m == 0 or n == 0:
         return
     if tc and nn:
+        # Hopper (sm_90a): the same TMA + wgmma kernel, B read MN-major (pykern/ops/_moe_sm90.py)
+        if _sm90.try_launch(a, b, offsets, out, m, n, k, n_groups, kind, None, stream, backend, nn=True):
+            return
         grid = (m // TC_BM + n_groups, -(-n // TC_BN))
         _launch("grouped_gemm_tc_nn" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,
                 shared_mem=TC_SMEM, stream=stream, backend=backend)
@@ -491,7 +494,10 @@ def _backward_f32(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids:
 
 def _wgrad_tc(a: Any, b: Any, offsets: Any, out: Any, m: int, n1: int, n2: int, n_exp: int, kind: str, *,
               stream: Any, backend: str | None) -> None:
-    """out[e] = a[rows of e]^T @ b[rows of e] ([E, n1, n2], a [m, n1], b [m, n2]) on tensor cores."""
+    """out[e] = a[rows of e]^T @ b[rows of e] ([E, n1, n2], a [m, n1], b [m, n2]) on tensor cores (sm_90a: the
+    TMA + wgmma kernel where it applies)."""
+    if _sm90.try_launch_wgrad(a, b, offsets, out, m, n1, n2, n_exp, kind, stream, backend):
+        return
     if n_exp > _GRID_YZ_MAX or -(-n2 // TC_BN) > _GRID_YZ_MAX:
         raise ArgumentError(f"weight gradient of {n_exp} experts x {n2} columns is past the grid's y/z limits")
     _launch("grouped_gemm_wgrad_tc" + _suffix(kind), (-(-n1 // TC_BM), -(-n2 // TC_BN), n_exp), (128,),
