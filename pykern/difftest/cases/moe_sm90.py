@@ -1,12 +1,14 @@
-"""Difftest cases for the Hopper (sm_90a) grouped GEMM, kernels_cu/grouped_gemm_sm90.cu (grouped_gemm_sm90 and
-moe_gemm_act_sm90, bf16 and f16), against the float64 NumPy references.
+"""Difftest cases for the Hopper (sm_90a) grouped GEMM, kernels_cu/grouped_gemm_sm90.cu (grouped_gemm_sm90,
+moe_gemm_act_sm90, grouped_gemm_nn_sm90 and grouped_gemm_wgrad_sm90, bf16 and f16), against the float64 NumPy
+references.
 
 Like the sm_90a attention cases (sm90.py), each declares `arch="sm_90a"`: on the host backend its run plays that
 arch (PYKERN_HOST_ARCH=sm_90a); numba and nvrtc (the cases' inputs are NumPy, and a tensor map needs device arrays)
 report it as not applicable. The launch goes through the op's own helper, pykern/ops/_moe_sm90.py `try_launch`
 (the tensor maps, persistent grid and shared memory the ops use); a helper that declines is an error, never a
-fallback to another kernel. Shapes: empty groups, a one-row group, groups under and over a tile, N and K off the
-tiles, more tiles than the host's persistent CTAs.
+fallback to another kernel (`try_launch_wgrad` for the weight gradient). Shapes: empty groups, a one-row group,
+groups under and over a tile, N and K off the tiles, more tiles than the host's persistent CTAs; for the weight
+gradient, groups under, at and over a k-block of 64 rows (its last k-block reaches into the next group's rows).
 """
 from __future__ import annotations
 
@@ -25,6 +27,14 @@ _SHAPES = (  # (group sizes, N, K); act: N = 2I
     ([0, 257, 5], 300, 136),
 )
 _ACTS = ("silu", "gelu_tanh")
+_NN_SHAPES = (  # (group sizes, N, K): b [E, K, N]
+    ([130, 0, 1, 70], 136, 72),
+    ([0, 257, 5], 264, 136),
+)
+_WGRAD_SHAPES = (  # (group sizes, N1, N2): out [E, N1, N2]
+    ([130, 0, 1, 64], 136, 72),
+    ([0, 5, 200], 64, 264),
+)
 
 
 def np_moe_gemm_act(a: Any, b: Any, offsets: Any, activation: str) -> np.ndarray:
@@ -60,6 +70,53 @@ def _case(kind: str, sizes: list[int], n: int, k: int, act: str | None, rng: np.
     return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
 
 
+def _nn_case(kind: str, sizes: list[int], n: int, k: int, rng: np.random.Generator) -> Case:
+    from ...ops import _moe_sm90 as sm90
+
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    m, e = int(off[-1]), len(sizes)
+    a = _cast(rng.standard_normal((m, k)), kind)
+    b = _cast(rng.standard_normal((e, k, n)) / math.sqrt(k), kind)
+    name = "grouped_gemm_nn_sm90" + _sfx(kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        with _host_arch(backend):
+            out = np.zeros((m, n), a.dtype)
+            if not sm90.try_launch(a, b, off, out, m, n, k, e, kind, None, None, backend, nn=True):
+                raise _declined(name, backend)
+        return {"out": out}
+
+    def ref() -> dict[str, Any]:  # a @ b[e] is the "nt" product against b transposed
+        return {"out": np_grouped_gemm(a, np.swapaxes(b, 1, 2), off)}
+
+    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}-nn-sm90a"
+    return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
+
+
+def _wgrad_case(kind: str, sizes: list[int], n1: int, n2: int, rng: np.random.Generator) -> Case:
+    from ...ops import _moe_sm90 as sm90
+
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    m, e = int(off[-1]), len(sizes)
+    a = _cast(rng.standard_normal((m, n1)), kind)
+    b = _cast(rng.standard_normal((m, n2)), kind)
+    name = "grouped_gemm_wgrad_sm90" + _sfx(kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        with _host_arch(backend):
+            out = np.full((e, n1, n2), 7.0).astype(a.dtype)  # every element is written (an empty group: zeros)
+            if not sm90.try_launch_wgrad(a, b, off, out, m, n1, n2, e, kind, None, backend):
+                raise _declined(name, backend)
+        return {"out": out}
+
+    def ref() -> dict[str, Any]:
+        af, bf = f64(a), f64(b)
+        return {"out": np.stack([af[off[i]:off[i + 1]].T @ bf[off[i]:off[i + 1]] for i in range(e)])}
+
+    shape = f"{'-'.join(map(str, sizes))}x{n1}x{n2}-wgrad-sm90a"
+    return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
+
+
 @register_cases("moe_sm90")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind in ("bf16", "f16"):
@@ -67,3 +124,7 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _case(kind, sizes, n, k, None, rng)
         for (sizes, n, k), act in zip(_SHAPES, _ACTS):
             yield _case(kind, sizes, n, k, act, rng)
+        for sizes, n, k in _NN_SHAPES:
+            yield _nn_case(kind, sizes, n, k, rng)
+        for sizes, n1, n2 in _WGRAD_SHAPES:
+            yield _wgrad_case(kind, sizes, n1, n2, rng)
