@@ -157,9 +157,9 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     tensor_cores=False runs bf16 / f16 on the FMA kernel; True insists on tensor cores.
     layout="nn": b is [E, K, N] and the groups are a[rows] @ b[e] (the data gradients' layout; on tensor
     cores the same kernel with its B tiles k-major, ldmatrix .trans).
-    On sm_90a (a compute-capability 9.0 GPU, or the host backend with PYKERN_HOST_ARCH=sm_90a) layout "nt" runs
-    a TMA + wgmma persistent kernel instead, where K is a multiple of 8 and the bases are 16-byte aligned
-    (docs/moe.md).
+    On sm_90a (a compute-capability 9.0 GPU, or the host backend with PYKERN_HOST_ARCH=sm_90a) both layouts run
+    a TMA + wgmma persistent kernel instead (layout "nn" reads b MN-major through the wgmma descriptor's
+    transpose bit), where K (and for "nn" N) is a multiple of 8 and the bases are 16-byte aligned (docs/moe.md).
     """
     if layout not in ("nt", "nn"):
         raise ArgumentError(f"layout: expected 'nt' or 'nn', got {layout!r}")
@@ -202,7 +202,8 @@ def grouped_gemm_wgrad_tc(a: Any, b: Any, offsets: Any, *, stream: Any = None, b
 
     a [M, N1], b [M, N2] (bf16 or f16, the same); offsets int32 [E + 1] as grouped_gemm's. One CTA per
     128 x 128 output tile contracts the expert's rows in a fixed order (an empty expert: a zero
-    gradient): deterministic, no atomics; fp32 accumulation, the result in a's dtype.
+    gradient): deterministic, no atomics; fp32 accumulation, the result in a's dtype. On sm_90a it runs a TMA +
+    wgmma persistent kernel where N1 and N2 are multiples of 8 and the bases 16-byte aligned (docs/moe.md).
     """
     kind = arrays.io_kind("a", a, ("bf16", "f16"))
     _same_kind("b", b, kind, "a")
@@ -419,7 +420,7 @@ def moe_experts_backward(
         # or routing-weight product loses too much to cancellation against a float64 reference (docs/moe.md
         # measures each): those products run in fp32 on widened copies. Only d(x_perm) = d(gate_up) @
         # gate_up_proj[e] keeps within the 16-bit tolerance with a rounded operand: with tensor cores it
-        # runs on grouped_gemm_tc_nn against the 16-bit weights.
+        # runs on grouped_gemm_tc_nn (sm_90a: grouped_gemm_nn_sm90) against the 16-bit weights.
         f = lambda a: arrays.contiguous(arrays.astype(a, "float32"))  # noqa: E731
         out = _backward_f32(f(grad_out), f(x), f(gate_up_proj), f(down_proj), ids, w, ACTIVATIONS[activation],
                             n_tok, hid, n_exp, inter, top_k, stream, backend, keep=tc16)
