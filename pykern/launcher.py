@@ -59,6 +59,9 @@ _type_kind: dict[type, int] = {DeviceView: _VIEW}
 # look for one among its arguments (torch's current stream applies), so NumPy and CAI
 # launches never pay for that scan.
 _torch_cuda_seen = False
+# What a CPU tensor becomes: its zero-copy NumPy view. tools/bench_launch.py --ops swaps in
+# arrays.device_view to time the CUDA path's conversion on CPU tensors (no GPU here).
+_cpu_tensor_view: Callable[[Any], Any] = arrays.host_view
 
 
 def _kind_of(t: type) -> int:
@@ -116,7 +119,7 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             _torch_cuda_seen = True
             return arrays.device_view(t)
         if t.device.type == "cpu":
-            return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
+            return convert(_cpu_tensor_view(t))  # zero-copy NumPy view: the CPU backends run on it
         if t.device.type != "cuda":
             what = " (a meta tensor has no data to compute on)" if t.device.type == "meta" else ""
             raise ArgumentTypeError(f"{label}: expected a CPU or CUDA tensor, got one on {t.device}{what}")
