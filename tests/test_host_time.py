@@ -15,6 +15,7 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -83,7 +84,7 @@ def _keyed(calls: dict) -> dict:
     return {(op, label[:3]): fn for (op, label), fn in calls.items()}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def stub():
     torch.set_num_threads(1)
     with bench_launch.stubbed_gpu() as st:
@@ -125,3 +126,64 @@ def test_the_custom_op_path_is_over_budget(stub, monkeypatch):
     monkeypatch.setattr(_fast, "enabled", False)
     ratios = _ratios(calls, keys)
     assert all(ratios[k] > BUDGETS[k] for k in keys), ratios
+
+
+# --------------------------------------------------------------------------- the eager path computes what the custom op does
+
+
+def _step(op: str, dtype: Any) -> list:
+    """Outputs and gradients of one op on the host backend (CPU float32 tensors)."""
+    import pykern.torch as pt
+
+    g = torch.Generator().manual_seed(3)
+    r = lambda *s: torch.randn(*s, generator=g, dtype=dtype).requires_grad_()  # noqa: E731
+    if op == "rms_norm":
+        ins = [r(6, 40), r(40)]
+        outs = [pt.rms_norm(*ins)]
+    elif op == "add_rms_norm":
+        ins = [r(6, 40), r(6, 40), r(40)]
+        outs = list(pt.add_rms_norm(*ins))
+    elif op == "swiglu":
+        ins = [r(6, 40), r(6, 40)]
+        outs = [pt.swiglu(*ins)]
+    else:
+        ins = [r(6, 40)]
+        outs = [pt.cross_entropy(ins[0], torch.tensor([1, 0, 39, -100, 5, 7]))]
+    grads = torch.autograd.grad(outs, ins, [torch.randn(o.shape, generator=g, dtype=o.dtype) for o in outs])
+    return [o.detach() for o in outs] + list(grads)
+
+
+@pytest.mark.parametrize("op", ["rms_norm", "add_rms_norm", "swiglu", "cross_entropy"])
+def test_eager_path_matches_the_custom_op(op, monkeypatch):
+    from pykern.torch import _fast
+
+    monkeypatch.setenv("PYKERN_BACKEND", "host")
+    fast = _step(op, torch.float32)
+    monkeypatch.setattr(_fast, "enabled", False)
+    slow = _step(op, torch.float32)
+    assert len(fast) == len(slow)
+    for a, b in zip(fast, slow):
+        assert torch.equal(a, b)  # the same kernels on the same inputs: bit for bit
+
+
+def test_eager_path_only_where_nothing_else_must_see_the_op():
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from pykern.torch import _fast
+
+    x = torch.ones(3)
+    assert _fast.eager((x, torch.nn.Parameter(torch.ones(3)), 1.0, None))
+    with FakeTensorMode():  # fake tensors (torch.compile's and opcheck's tracing)
+        assert not _fast.eager((x,))
+    with torch.device("cpu"):  # a torch function mode
+        assert not _fast.eager((x,))
+
+    class Sub(torch.Tensor):
+        pass
+
+    assert not _fast.eager((x.as_subclass(Sub),))
+    seen = []
+    torch.func.vmap(lambda t: seen.append(_fast.eager((t,))) or t)(torch.ones(2, 3))
+    assert seen == [False]
+    with torch.profiler.profile():  # traces name the custom op
+        assert not _fast.eager((x,))
