@@ -29,8 +29,6 @@ from ._checks import checked
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
 
-_lib = "pykern::"
-
 
 def _new(shape, dtype, like: Tensor) -> Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device=like.device)

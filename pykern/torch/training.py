@@ -19,8 +19,6 @@ from ._checks import checked
 
 __all__ = ["add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy"]
 
-_lib = "pykern::"
-
 
 def _new(shape, dtype, like: Tensor) -> Tensor:
     return torch.empty(tuple(shape), dtype=dtype, device=like.device)
