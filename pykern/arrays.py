@@ -378,13 +378,21 @@ _TORCH_TYPESTR = {
 }
 
 
+def device_view_typestr(dt: Any) -> str:
+    """The DeviceView typestr of a torch dtype."""
+    ts = _torch_typestr.get(dt)
+    if ts is None:
+        dn = torch_dtype_name(dt)
+        ts = _torch_typestr[dt] = _TORCH_TYPESTR.get(dn, dn)
+    return ts
+
+
 def device_view(t: Any) -> DeviceView:
     """DeviceView of a (contiguous) torch CUDA tensor."""
     dt = t.dtype
     ts = _torch_typestr.get(dt)
     if ts is None:
-        dn = torch_dtype_name(dt)
-        ts = _torch_typestr[dt] = _TORCH_TYPESTR.get(dn, dn)
+        ts = device_view_typestr(dt)
     return DeviceView(t.data_ptr(), tuple(t.shape), ts, t)
 
 

@@ -59,6 +59,9 @@ _type_kind: dict[type, int] = {DeviceView: _VIEW}
 # look for one among its arguments (torch's current stream applies), so NumPy and CAI
 # launches never pay for that scan.
 _torch_cuda_seen = False
+# tools/bench_launch.py --ops sets this to time the CUDA path's conversion on CPU tensors (no GPU here): a CPU
+# tensor then becomes a DeviceView, as a CUDA one does, instead of its zero-copy NumPy view.
+_cpu_as_device = False
 
 
 def _kind_of(t: type) -> int:
@@ -103,18 +106,26 @@ def _array_converter(spec: KernelSpec, i: int, p: Param) -> Callable[[Any], Any]
             f"{label}: expected an array (NumPy, torch, __cuda_array_interface__ or DLPack), got {type(a).__name__}"
         )
 
+    typestrs: dict[Any, str] = {}  # accepted torch dtype -> the DeviceView typestr (checked once a dtype)
+
     def _convert_torch(t: Any, label: str, accepted: tuple[str, ...], want: str) -> Any:
         # requires_grad tensors are data here (autograd is pykern.torch's business): never touch
         # __cuda_array_interface__, which torch refuses for them (and for bfloat16).
-        dn = arrays.torch_dtype_name(t.dtype)
-        if dn not in accepted:
-            raise ArgumentTypeError(f"{label}: expected a {want} tensor, got dtype {t.dtype}")
+        dt = t.dtype
+        ts = typestrs.get(dt)
+        if ts is None:
+            dn = arrays.torch_dtype_name(dt)
+            if dn not in accepted:
+                raise ArgumentTypeError(f"{label}: expected a {want} tensor, got dtype {dt}")
+            ts = typestrs[dt] = arrays.device_view_typestr(dt)
         if not t.is_contiguous():
             raise ArgumentError(f"{label}: expected a contiguous tensor, got strides {tuple(t.stride())}")
         if t.is_cuda:  # the hot path: is_cuda is a flag, where .device builds an object
             global _torch_cuda_seen
             _torch_cuda_seen = True
-            return arrays.device_view(t)
+            return DeviceView(t.data_ptr(), tuple(t.shape), ts, t)
+        if _cpu_as_device and not t.is_meta:
+            return DeviceView(t.data_ptr(), tuple(t.shape), ts, t)
         if t.device.type == "cpu":
             return convert(arrays.host_view(t))  # zero-copy NumPy view: the CPU backends run on it
         if t.device.type != "cuda":

@@ -31,8 +31,14 @@ ATTENTION_DTYPES = KERNEL_DTYPES  # flash_attention / attention_backward: f32, b
 _AUTOCAST_DEVICES = ("cpu", "cuda")
 
 
+# One C query for "is any autocast on": every eager call asks, and t.device builds an object.
+_any_autocast = getattr(torch._C, "_is_any_autocast_enabled", None)
+
+
 def autocast_dtype(t: Tensor) -> Optional[torch.dtype]:
     """The autocast dtype active for t's device type, or None when autocast is off there."""
+    if _any_autocast is not None and not _any_autocast():
+        return None
     dev = t.device.type
     if dev in _AUTOCAST_DEVICES and torch.is_autocast_enabled(dev):
         return torch.get_autocast_dtype(dev)

@@ -22,13 +22,12 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError, ArgumentTypeError
-from . import _amp, _dtensor as _dt
+from ..ops._window import check_softcap, check_window_size
+from . import _amp, _dtensor as _dt, _fast
 from ._bridge import call
 from ._checks import checked
 
 __all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
-
-_lib = "pykern::"
 
 
 def _new(shape, dtype, like: Tensor) -> Tensor:
@@ -42,7 +41,7 @@ def _c(t: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- rms_norm
 
 
-@torch.library.custom_op(_lib + "rms_norm", mutates_args=())
+@_fast.custom_op("rms_norm")
 def _rms_norm(x: Tensor, weight: Tensor, eps: float, offset: float = 0.0) -> Tensor:
     return call("rms_norm", _c(x), _c(weight), eps, offset=offset)
 
@@ -52,7 +51,7 @@ def _(x, weight, eps, offset=0.0):
     return _new(x.shape, x.dtype, x)
 
 
-@torch.library.custom_op(_lib + "rms_norm_backward", mutates_args=())
+@_fast.custom_op("rms_norm_backward")
 def _rms_norm_backward(x: Tensor, weight: Tensor, grad_out: Tensor, eps: float,
                        offset: float = 0.0) -> tuple[Tensor, Tensor]:
     gx, gw = call("rms_norm_backward", _c(x), _c(weight), _c(grad_out), eps, offset=offset)
@@ -72,11 +71,11 @@ def _rms_norm_setup(ctx, inputs, output):
 
 def _rms_norm_bwd(ctx, grad):
     x, weight = ctx.saved_tensors
-    gx, gw = torch.ops.pykern.rms_norm_backward(x, weight, grad, ctx.eps, ctx.offset)
+    gx, gw = _rms_norm_backward.fast(x, weight, grad, ctx.eps, ctx.offset)
     return gx, gw, None, None
 
 
-_rms_norm.register_autograd(_rms_norm_bwd, setup_context=_rms_norm_setup)
+_fast.register_autograd(_rms_norm, _rms_norm_bwd, _rms_norm_setup)
 
 
 @checked
@@ -91,13 +90,13 @@ def rms_norm(x: Tensor, weight: Tensor, eps: float = 1e-6, offset: float = 0.0) 
     amp = _amp.autocast_dtype(x)
     if amp is not None:
         return _amp.norm(lambda x, w: rms_norm(x, w, eps, offset), x, (x, weight), amp, op="rms_norm")
-    return torch.ops.pykern.rms_norm(x, weight, float(eps), float(offset))
+    return _rms_norm.fast(x, weight, float(eps), float(offset))
 
 
 # --------------------------------------------------------------------------- swiglu
 
 
-@torch.library.custom_op(_lib + "swiglu", mutates_args=())
+@_fast.custom_op("swiglu")
 def _swiglu(gate: Tensor, up: Tensor) -> Tensor:
     return call("silu_gate", _c(gate), _c(up))
 
@@ -107,7 +106,7 @@ def _(gate, up):
     return _new(gate.shape, gate.dtype, gate)
 
 
-@torch.library.custom_op(_lib + "swiglu_backward", mutates_args=())
+@_fast.custom_op("swiglu_backward")
 def _swiglu_backward(gate: Tensor, up: Tensor, grad_out: Tensor) -> tuple[Tensor, Tensor]:
     gg, gu = call("silu_gate_backward", _c(gate), _c(up), _c(grad_out))
     return gg, gu
@@ -124,10 +123,10 @@ def _swiglu_setup(ctx, inputs, output):
 
 def _swiglu_bwd(ctx, grad):
     gate, up = ctx.saved_tensors
-    return torch.ops.pykern.swiglu_backward(gate, up, grad)
+    return _swiglu_backward.fast(gate, up, grad)
 
 
-_swiglu.register_autograd(_swiglu_bwd, setup_context=_swiglu_setup)
+_fast.register_autograd(_swiglu, _swiglu_bwd, _swiglu_setup)
 
 
 @checked
@@ -137,13 +136,13 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
         return _dt.run("swiglu", swiglu, (gate, up), ("data", "data"), local_ok=_dt.anything)
     if _amp.autocast_dtype(gate) is not None:
         return _amp.elementwise(swiglu, (gate, up))
-    return torch.ops.pykern.swiglu(gate, up)
+    return _swiglu.fast(gate, up)
 
 
 # --------------------------------------------------------------------------- rope
 
 
-@torch.library.custom_op(_lib + "rope", mutates_args=())
+@_fast.custom_op("rope")
 def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
     # q (b, s, hq, d), k (b, s, hk, d); cos/sin (max_pos, d) float32 tables; position_ids (b or 1, s) int64.
     kw = dict(position_ids=position_ids, style="half", inverse=inverse)
@@ -163,11 +162,11 @@ def _rope_setup(ctx, inputs, output):
 def _rope_bwd(ctx, gq, gk):
     cos, sin, pos = ctx.saved_tensors
     # The rotation by -theta is the inverse and the transpose of the rotation by theta.
-    dq, dk = torch.ops.pykern.rope(gq, gk, cos, sin, pos, not ctx.inverse)
+    dq, dk = _rope.fast(gq, gk, cos, sin, pos, not ctx.inverse)
     return dq, dk, None, None, None, None
 
 
-_rope.register_autograd(_rope_bwd, setup_context=_rope_setup)
+_fast.register_autograd(_rope, _rope_bwd, _rope_setup)
 
 
 def _tables(cos: Tensor, sin: Tensor, batch: int, seq: int, head_dim: int,
@@ -238,13 +237,13 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
         if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
             raise ArgumentTypeError(f"{name}: expected dtype float32, bfloat16 or float16, got {t.dtype}")
     c, sn, pos = _tables(cos, sin, b, s, d, position_ids)
-    return torch.ops.pykern.rope(q, k, c, sn, pos, False)
+    return _rope.fast(q, k, c, sn, pos, False)
 
 
 # --------------------------------------------------------------------------- flash_attention
 
 
-@torch.library.custom_op(_lib + "flash_attention", mutates_args=())
+@_fast.custom_op("flash_attention")
 def _flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool, scale: float, window_left: int = -1,
                      window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     out, lse = call("flash_attention", _c(q), _c(k), _c(v), causal=causal, scale=scale, return_lse=True,
@@ -258,7 +257,7 @@ def _(q, k, v, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     return _new((b, n_q, h, v.shape[3]), q.dtype, q), _new((b, n_q, h), torch.float32, q)
 
 
-@torch.library.custom_op(_lib + "flash_attention_backward", mutates_args=())
+@_fast.custom_op("flash_attention_backward")
 def _flash_attention_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
                               causal: bool, scale: float, window_left: int = -1, window_right: int = -1,
                               softcap: float = 0.0, deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
@@ -285,13 +284,13 @@ def _fa_setup(ctx, inputs, output):
 def _fa_bwd(ctx, grad_out, grad_lse):
     q, k, v, out, lse = ctx.saved_tensors
     # torch.use_deterministic_algorithms(True): dQ summed in a fixed order (bit-identical run to run)
-    dq, dk, dv = torch.ops.pykern.flash_attention_backward(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale,
+    dq, dk, dv = _flash_attention_backward.fast(q, k, v, out, lse, grad_out, ctx.causal, ctx.scale,
                                                            ctx.window[0], ctx.window[1], ctx.softcap,
                                                            torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, None, None, None, None, None
 
 
-_flash_attention.register_autograd(_fa_bwd, setup_context=_fa_setup)
+_fast.register_autograd(_flash_attention, _fa_bwd, _fa_setup)
 
 
 @checked
@@ -308,8 +307,6 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
     before the mask and the softmax. The forward saves out and the log-sum-exp; the backward is
     pykern's flash attention backward with the same window and softcap.
     """
-    from ..ops._window import check_softcap, check_window_size
-
     if q.dim() != 4:
         raise ArgumentError(f"q: expected (batch, seq, heads, head_dim), got shape {tuple(q.shape)}")
     wl, wr = check_window_size(window_size)
@@ -333,7 +330,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
             raise ArgumentError(f"q: expected (batch, n_q, heads, head_dim) with head_dim >= 1, got shape "
                                 f"{tuple(q.shape)}")
         scale = 1.0 / math.sqrt(q.shape[-1])
-    out, _ = torch.ops.pykern.flash_attention(q, k, v, bool(causal), float(scale), wl, wr, cap)
+    out, _ = _flash_attention.fast(q, k, v, bool(causal), float(scale), wl, wr, cap)
     return out
 
 
@@ -342,7 +339,7 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
 _REDUCTIONS = ("mean", "sum", "none")
 
 
-@torch.library.custom_op(_lib + "cross_entropy", mutates_args=())
+@_fast.custom_op("cross_entropy")
 def _cross_entropy(logits: Tensor, targets: Tensor, ignore_index: int, reduction: str, label_smoothing: float = 0.0,
                    z_loss: float = 0.0, softcap: float = 0.0,
                    weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -383,7 +380,7 @@ def _ce_bwd(ctx, grad_loss, grad_grad, grad_z):
     return (g * scale).to(g.dtype), None, None, None, None, None, None, None
 
 
-_cross_entropy.register_autograd(_ce_bwd, setup_context=_ce_setup)
+_fast.register_autograd(_cross_entropy, _ce_bwd, _ce_setup)
 
 
 def _check_ce_args(logits: Tensor, targets: Tensor, reduction: str, label_smoothing: float, z_loss: float,
@@ -459,7 +456,7 @@ def _cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing
                                                       z_loss, softcap, weight, None),
                         (logits,), torch.float32, (torch.float32, torch.float32))
     eps, zl, cap = _check_ce_args(logits, targets, reduction, label_smoothing, z_loss, softcap, weight)
-    loss, _, zpart = torch.ops.pykern.cross_entropy(logits, targets, int(ignore_index), reduction, eps, zl, cap,
+    loss, _, zpart = _cross_entropy.fast(logits, targets, int(ignore_index), reduction, eps, zl, cap,
                                                     None if weight is None else weight.detach())
     return loss, zpart
 
@@ -467,7 +464,7 @@ def _cross_entropy_f32(logits, targets, ignore_index, reduction, label_smoothing
 # --------------------------------------------------------------------------- embedding
 
 
-@torch.library.custom_op(_lib + "embedding", mutates_args=())
+@_fast.custom_op("embedding")
 def _embedding(ids: Tensor, table: Tensor) -> Tensor:
     out = call("embedding", _c(ids.reshape(-1)), _c(table))
     return out.view(*ids.shape, table.shape[1])
@@ -478,7 +475,7 @@ def _(ids, table):
     return _new((*ids.shape, table.shape[1]), table.dtype, table)
 
 
-@torch.library.custom_op(_lib + "embedding_backward", mutates_args=())
+@_fast.custom_op("embedding_backward")
 def _embedding_backward(grad_out: Tensor, ids: Tensor, vocab_size: int) -> Tensor:
     return call("embedding_backward", _c(grad_out), _c(ids), vocab_size)
 
@@ -496,11 +493,11 @@ def _emb_setup(ctx, inputs, output):
 
 def _emb_bwd(ctx, grad):
     (ids,) = ctx.saved_tensors
-    g = torch.ops.pykern.embedding_backward(grad, ids, ctx.vocab)
+    g = _embedding_backward.fast(grad, ids, ctx.vocab)
     return None, g.to(ctx.dtype)
 
 
-_embedding.register_autograd(_emb_bwd, setup_context=_emb_setup)
+_fast.register_autograd(_embedding, _emb_bwd, _emb_setup)
 
 
 @checked
@@ -512,4 +509,4 @@ def embedding(ids: Tensor, table: Tensor) -> Tensor:
         raise ArgumentError(f"table: expected (vocab, dim), got shape {tuple(table.shape)}")
     if ids.dtype.is_floating_point or ids.dtype == torch.bool:
         raise ArgumentTypeError(f"ids: expected an integer tensor, got {ids.dtype}")
-    return torch.ops.pykern.embedding(ids.to(torch.int64), table)
+    return _embedding.fast(ids.to(torch.int64), table)

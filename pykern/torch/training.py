@@ -13,13 +13,11 @@ import torch
 from torch import Tensor
 
 from ..errors import ArgumentError
-from . import _amp, _dtensor as _dt
+from . import _amp, _dtensor as _dt, _fast
 from ._bridge import call
 from ._checks import checked
 
 __all__ = ["add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy"]
-
-_lib = "pykern::"
 
 
 def _new(shape, dtype, like: Tensor) -> Tensor:
@@ -33,7 +31,7 @@ def _c(t: Tensor) -> Tensor:
 # --------------------------------------------------------------------------- add_rms_norm
 
 
-@torch.library.custom_op(_lib + "add_rms_norm", mutates_args=())
+@_fast.custom_op("add_rms_norm")
 def _add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float,
                   offset: float = 0.0) -> tuple[Tensor, Tensor]:
     y, h = call("add_rms_norm", _c(x), _c(residual), _c(weight), eps, offset=offset)
@@ -45,7 +43,7 @@ def _(x, residual, weight, eps, offset=0.0):
     return _new(x.shape, x.dtype, x), _new(x.shape, x.dtype, x)
 
 
-@torch.library.custom_op(_lib + "add_rms_norm_backward", mutates_args=())
+@_fast.custom_op("add_rms_norm_backward")
 def _add_rms_norm_backward(h: Tensor, weight: Tensor, grad_y: Tensor, grad_h: Optional[Tensor],
                            eps: float, offset: float = 0.0) -> tuple[Tensor, Tensor]:
     gh, gw = call("add_rms_norm_backward", _c(h), _c(weight), _c(grad_y), None if grad_h is None else _c(grad_h), eps,
@@ -67,11 +65,11 @@ def _arn_bwd(ctx, grad_y, grad_h):
     h, weight = ctx.saved_tensors
     if grad_y is None:
         grad_y = torch.zeros_like(h)
-    gh, gw = torch.ops.pykern.add_rms_norm_backward(h, weight, grad_y, grad_h, ctx.eps, ctx.offset)
+    gh, gw = _add_rms_norm_backward.fast(h, weight, grad_y, grad_h, ctx.eps, ctx.offset)
     return gh, gh, gw, None, None  # x and residual share the one gradient path
 
 
-_add_rms_norm.register_autograd(_arn_bwd, setup_context=_arn_setup)
+_fast.register_autograd(_add_rms_norm, _arn_bwd, _arn_setup)
 
 
 @checked
@@ -88,13 +86,13 @@ def add_rms_norm(x: Tensor, residual: Tensor, weight: Tensor, eps: float = 1e-6,
         return _amp.norm(lambda x, r, w: add_rms_norm(x, r, w, eps, offset), x, (x, residual, weight), amp,
                          out_dtypes=(torch.float32 if _amp.fp32_listed("rms_norm", x.device.type) else hd, hd),
                          op="rms_norm")
-    return torch.ops.pykern.add_rms_norm(x, residual, weight, float(eps), float(offset))
+    return _add_rms_norm.fast(x, residual, weight, float(eps), float(offset))
 
 
 # --------------------------------------------------------------------------- layer_norm
 
 
-@torch.library.custom_op(_lib + "layer_norm", mutates_args=())
+@_fast.custom_op("layer_norm")
 def _layer_norm(x: Tensor, weight: Optional[Tensor], bias: Optional[Tensor], eps: float) -> Tensor:
     return call("layer_norm", _c(x), None if weight is None else _c(weight), None if bias is None else _c(bias), eps)
 
@@ -104,7 +102,7 @@ def _(x, weight, bias, eps):
     return _new(x.shape, x.dtype, x)
 
 
-@torch.library.custom_op(_lib + "layer_norm_backward", mutates_args=())
+@_fast.custom_op("layer_norm_backward")
 def _layer_norm_backward(x: Tensor, weight: Optional[Tensor], grad_out: Tensor, eps: float,
                          has_bias: bool) -> tuple[Tensor, Tensor, Tensor]:
     gx, gw, gb = call("layer_norm_backward", _c(x), None if weight is None else _c(weight), _c(grad_out), eps,
@@ -129,11 +127,11 @@ def _ln_setup(ctx, inputs, output):
 
 def _ln_bwd(ctx, grad):
     x, weight = ctx.saved_tensors
-    gx, gw, gb = torch.ops.pykern.layer_norm_backward(x, weight if ctx.has_w else None, grad, ctx.eps, ctx.has_b)
+    gx, gw, gb = _layer_norm_backward.fast(x, weight if ctx.has_w else None, grad, ctx.eps, ctx.has_b)
     return gx, (gw.to(weight.dtype) if ctx.has_w else None), (gb if ctx.has_b else None), None
 
 
-_layer_norm.register_autograd(_ln_bwd, setup_context=_ln_setup)
+_fast.register_autograd(_layer_norm, _ln_bwd, _ln_setup)
 
 
 @checked
@@ -146,13 +144,13 @@ def layer_norm(x: Tensor, weight: Optional[Tensor] = None, bias: Optional[Tensor
     amp = _amp.autocast_dtype(x)
     if amp is not None:
         return _amp.norm(lambda x, w, b: layer_norm(x, w, b, eps), x, (x, weight, bias), amp)
-    return torch.ops.pykern.layer_norm(x, weight, bias, float(eps))
+    return _layer_norm.fast(x, weight, bias, float(eps))
 
 
 # --------------------------------------------------------------------------- gelu / gelu_gate
 
 
-@torch.library.custom_op(_lib + "gelu", mutates_args=())
+@_fast.custom_op("gelu")
 def _gelu(x: Tensor, approximate: str) -> Tensor:
     return call("gelu", _c(x), approximate)
 
@@ -162,7 +160,7 @@ def _(x, approximate):
     return _new(x.shape, x.dtype, x)
 
 
-@torch.library.custom_op(_lib + "gelu_backward", mutates_args=())
+@_fast.custom_op("gelu_backward")
 def _gelu_backward(x: Tensor, grad_out: Tensor, approximate: str) -> Tensor:
     return call("gelu_backward", _c(x), _c(grad_out), approximate)
 
@@ -179,10 +177,10 @@ def _gelu_setup(ctx, inputs, output):
 
 def _gelu_bwd(ctx, grad):
     (x,) = ctx.saved_tensors
-    return torch.ops.pykern.gelu_backward(x, grad, ctx.approximate), None
+    return _gelu_backward.fast(x, grad, ctx.approximate), None
 
 
-_gelu.register_autograd(_gelu_bwd, setup_context=_gelu_setup)
+_fast.register_autograd(_gelu, _gelu_bwd, _gelu_setup)
 
 
 @checked
@@ -192,10 +190,10 @@ def gelu(x: Tensor, approximate: str = "none") -> Tensor:
         return _dt.run("gelu", lambda x: gelu(x, approximate), (x,), ("data",), local_ok=_dt.anything)
     if _amp.autocast_dtype(x) is not None:
         return _amp.elementwise(lambda x: gelu(x, approximate), (x,))
-    return torch.ops.pykern.gelu(x, approximate)
+    return _gelu.fast(x, approximate)
 
 
-@torch.library.custom_op(_lib + "gelu_gate", mutates_args=())
+@_fast.custom_op("gelu_gate")
 def _gelu_gate(gate: Tensor, up: Tensor, approximate: str) -> Tensor:
     return call("gelu_gate", _c(gate), _c(up), approximate)
 
@@ -205,7 +203,7 @@ def _(gate, up, approximate):
     return _new(gate.shape, gate.dtype, gate)
 
 
-@torch.library.custom_op(_lib + "gelu_gate_backward", mutates_args=())
+@_fast.custom_op("gelu_gate_backward")
 def _gelu_gate_backward(gate: Tensor, up: Tensor, grad_out: Tensor, approximate: str) -> tuple[Tensor, Tensor]:
     gg, gu = call("gelu_gate_backward", _c(gate), _c(up), _c(grad_out), approximate)
     return gg, gu
@@ -223,11 +221,11 @@ def _gg_setup(ctx, inputs, output):
 
 def _gg_bwd(ctx, grad):
     gate, up = ctx.saved_tensors
-    gg, gu = torch.ops.pykern.gelu_gate_backward(gate, up, grad, ctx.approximate)
+    gg, gu = _gelu_gate_backward.fast(gate, up, grad, ctx.approximate)
     return gg, gu, None
 
 
-_gelu_gate.register_autograd(_gg_bwd, setup_context=_gg_setup)
+_fast.register_autograd(_gelu_gate, _gg_bwd, _gg_setup)
 
 
 @checked
@@ -238,13 +236,13 @@ def gelu_gate(gate: Tensor, up: Tensor, approximate: str = "none") -> Tensor:
                        local_ok=_dt.anything)
     if _amp.autocast_dtype(gate) is not None:
         return _amp.elementwise(lambda g, u: gelu_gate(g, u, approximate), (gate, up))
-    return torch.ops.pykern.gelu_gate(gate, up, approximate)
+    return _gelu_gate.fast(gate, up, approximate)
 
 
 # --------------------------------------------------------------------------- fused linear cross-entropy
 
 
-@torch.library.custom_op(_lib + "fused_linear_cross_entropy", mutates_args=())
+@_fast.custom_op("fused_linear_cross_entropy")
 def _flce(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], ignore_index: int,
           label_smoothing: float, z_loss: float, softcap: float, reduction: str,
           chunk_size: int, ce_weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor, Tensor, Tensor]:
@@ -283,7 +281,7 @@ def _(hidden, weight, targets, bias, ignore_index, label_smoothing, z_loss, soft
     return (_new(shape, torch.float32, hidden), *grads, _new(shape, torch.float32, hidden))
 
 
-@torch.library.custom_op(_lib + "fused_linear_cross_entropy_backward", mutates_args=())
+@_fast.custom_op("fused_linear_cross_entropy_backward")
 def _flce_backward(hidden: Tensor, weight: Tensor, targets: Tensor, bias: Optional[Tensor], grad_rows: Tensor,
                    ignore_index: int, label_smoothing: float, z_loss: float, softcap: float, chunk_size: int,
                    ce_weight: Optional[Tensor] = None) -> tuple[Tensor, Tensor, Tensor]:
@@ -330,7 +328,7 @@ def _flce_bwd(ctx, grad_loss, *_):
     dh, dw, db = ctx.dtypes
     if ctx.reduction == "none":
         hidden, weight, targets, bias, ce_weight = ctx.saved_tensors
-        gh, gw, gb = torch.ops.pykern.fused_linear_cross_entropy_backward(
+        gh, gw, gb = _flce_backward.fast(
             hidden, weight, targets, bias, grad_loss.to(torch.float32), *ctx.opts, ce_weight)
         one = grad_loss.new_ones((), dtype=torch.float32)
         return (_scaled(gh, one, dh), _scaled(gw, one, dw), None, _scaled(gb, one, db) if ctx.has_bias else None,
@@ -341,7 +339,7 @@ def _flce_bwd(ctx, grad_loss, *_):
             None, None, None, None, None, None, None)
 
 
-_flce.register_autograd(_flce_bwd, setup_context=_flce_setup)
+_fast.register_autograd(_flce, _flce_bwd, _flce_setup)
 
 
 @checked
@@ -399,7 +397,7 @@ def fused_linear_cross_entropy(hidden: Tensor, weight: Tensor, targets: Tensor, 
         return _amp.run(fn, (hidden, weight, bias), amp, torch.float32)
     if chunk_size is not None and (isinstance(chunk_size, bool) or not isinstance(chunk_size, int) or chunk_size < 1):
         raise ArgumentError(f"chunk_size: expected an integer >= 1 or None, got {chunk_size!r}")
-    loss, _, _, _, zl = torch.ops.pykern.fused_linear_cross_entropy(
+    loss, _, _, _, zl = _flce.fast(
         hidden, weight, targets, bias, int(ignore_index), float(label_smoothing), float(z_loss),
         0.0 if softcap is None else float(softcap), reduction, 0 if chunk_size is None else int(chunk_size),
         None if ce_weight is None else ce_weight.detach())
