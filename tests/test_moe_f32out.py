@@ -192,3 +192,55 @@ def test_backward_weighting_is_applied_once(monkeypatch) -> None:
     w[4] = 0.0
     gx = ops.moe_experts_backward(dy, x, gu, dn, ids, w, "silu", backend=HOST)[0]
     assert not np.asarray(gx[4]).astype(np.float64).any() and np.asarray(gx[5]).astype(np.float64).any()
+
+
+# --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
+F32OUT_SM80 = [f"grouped_gemm_tc{n}_f32out_{t}" for n in ("", "_nn") for t in ("bf16", "f16")]
+F32OUT_SM90 = [f"grouped_gemm{n}_sm90_f32out_{t}" for n in ("", "_nn") for t in ("bf16", "f16")]
+
+
+def _moe_sm80_sass():
+    import warnings
+
+    from pykern import compiler
+    from test_moe_sm90 import ROOT, _report
+
+    sr = _report()
+    try:
+        tool = sr.find_cuobjdump()
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            mod = compiler.compile(ROOT / "kernels_cu" / "moe.cu", "sm_80")
+    except Exception as e:  # no NVRTC / cuobjdump here
+        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
+    text = sr.disassemble(mod.image, tool)
+    return mod, text, sr.steady_state_loops(text)
+
+
+def test_sass_sm80_f32out_kernels_run_hmma_with_16_byte_stores_and_no_spills() -> None:
+    from test_moe_sm90 import _ops
+
+    mod, text, loops = _moe_sm80_sass()
+    for k in F32OUT_SM80:
+        ops_ = _ops(text, k)
+        assert "HMMA.16816.F32" + (".BF16" if k.endswith("bf16") else "") in ops_, k
+        assert "STG.E.128" in ops_, k  # the epilogue's fp32 stores, four columns a thread
+        assert not [op for op in ops_ if op.startswith(("LDL", "STL"))], k
+        assert mod.resources[k].spill_stores == 0 and mod.resources[k].spill_loads == 0
+        # the same main loop as grouped_gemm_tc: 2.6 warp-instructions per MMA is the bar there
+        assert loops[k]["per_mma"] <= 2.6, (k, loops[k])
+
+
+@pytest.mark.parametrize("kernel", F32OUT_SM90)
+def test_sass_sm90_f32out_kernels_run_hgmma_with_16_byte_stores_and_no_spills(kernel: str) -> None:
+    from test_moe_sm90 import LOOP_BAR, _ops, _sass
+
+    mod, text, loops = _sass()
+    ops_ = _ops(text, kernel)
+    hg = {op for op in ops_ if op.startswith("HGMMA")}
+    want = "HGMMA.64x256x16.F32" + ("" if kernel.endswith("_f16") else ".BF16")
+    assert hg and all(op.startswith(want) for op in hg), hg
+    assert "STG.E.128" in ops_ and "UTMALDG.2D" in ops_
+    assert not [op for op in ops_ if op.startswith(("LDL", "STL"))]
+    assert mod.resources[kernel].spill_stores == 0 and mod.resources[kernel].spill_loads == 0
+    assert loops[kernel]["mma"] == 4 * sm90.BN / 8 and loops[kernel]["per_mma"] <= LOOP_BAR, loops[kernel]
