@@ -9,7 +9,8 @@
 //                            descriptor's transpose bit, so no transposed copy of b;
 //   grouped_gemm_wgrad_sm90  the K-grouped weight gradient out[e] = a[rows_e]^T @ b[rows_e] ([E, N1, N2], a
 //                            [M, N1], b [M, N2]): the contraction runs over the group's rows, A and B both MN-major
-//                            (KGROUP); a group with no rows writes zeros.
+//                            (KGROUP); a group with no rows writes zeros;
+//   grouped_gemm(_nn)_sm90_f32out  grouped_gemm_sm90 / grouped_gemm_nn_sm90 storing the fp32 accumulators (F32OUT).
 // The mma.sync kernels of moe.cu stay for sm_80 / sm_89 and for what this one does not take (pykern/ops/
 // _moe_sm90.py: the TMA's 16-byte row strides and bases).
 //

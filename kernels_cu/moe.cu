@@ -13,8 +13,9 @@
 //                        backward path; grouped_gemm_wgrad: per-expert a_e^T b_e (dW, ragged K), one CTA
 //                        per output tile, so no atomics.
 //   moe_combine          out[t] = sum_j w[t, j] * y[pos(t, j)] in a fixed order (deterministic).
-//   moe_act(_backward), moe_weight_grad: the elementwise pieces of the backward. The backward runs in
-//   fp32 (bf16 inputs are widened by the op): bf16 intermediates lose too much to cancellation.
+//   moe_act(_backward), moe_weight_grad: the elementwise pieces of the backward, in fp32: 16-bit intermediates
+//   lose too much to cancellation. grouped_gemm_tc(_nn)_f32out: the tensor-core GEMMs with an fp32 result, for
+//   the backward's products of exact 16-bit operands (the recomputed gate / up, dy_perm @ down_proj[e]).
 //
 // Grouped-GEMM tile scheduling happens on the device: the grid covers an upper bound of the row tiles
 // (sum_e ceil(m_e / BM) <= M / BM + E) on blockIdx.x (column tiles on blockIdx.y) and each CTA finds

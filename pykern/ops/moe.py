@@ -419,10 +419,11 @@ def moe_experts_backward(
     """Gradients of moe_experts: (grad_x [T, H], grad_gate_up_proj [E, 2I, H], grad_down_proj [E, H, I],
     grad_topk_weights float32 [T, k]).
 
-    The forward's permuted intermediates are recomputed (nothing is saved but the inputs), in fp32
-    (bf16 / f16 inputs are widened; the gradients come back in the inputs' dtype). Data
-    gradients are grouped GEMMs against the stacked weights; weight gradients are per-expert GEMMs
-    over each expert's rows, one CTA per output tile: no atomics anywhere, deterministic.
+    The forward's permuted intermediates are recomputed (nothing is saved but the inputs) and kept in fp32; the
+    gradients come back in the inputs' dtype. bf16 / f16 with tensor cores run the recomputed gate / up and
+    dy_perm @ down_proj[e] on fp32-result tensor-core GEMMs and d(x_perm) on a 16-bit one; y and the weight
+    gradients, whose fp32 operands would lose accuracy rounded to 16 bits, run on fp32 FMA (docs/moe.md). Weight
+    gradients are per-expert GEMMs over each expert's rows, one CTA per output tile: no atomics, deterministic.
     """
     kind, n_tok, hid, n_exp, inter, top_k, ids, w = _experts_args(x, gate_up_proj, down_proj, topk_ids,
                                                                   topk_weights, activation)
