@@ -9,7 +9,8 @@
 //                            descriptor's transpose bit, so no transposed copy of b;
 //   grouped_gemm_wgrad_sm90  the K-grouped weight gradient out[e] = a[rows_e]^T @ b[rows_e] ([E, N1, N2], a
 //                            [M, N1], b [M, N2]): the contraction runs over the group's rows, A and B both MN-major
-//                            (KGROUP); a group with no rows writes zeros.
+//                            (KGROUP); a group with no rows writes zeros;
+//   grouped_gemm(_nn)_sm90_f32out  grouped_gemm_sm90 / grouped_gemm_nn_sm90 storing the fp32 accumulators (F32OUT).
 // The mma.sync kernels of moe.cu stay for sm_80 / sm_89 and for what this one does not take (pykern/ops/
 // _moe_sm90.py: the TMA's 16-byte row strides and bases).
 //
@@ -49,6 +50,7 @@
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_moe_act.cuh"
+#include "pk_grouped.cuh"  // gg_store_f32, the fp32-result epilogue
 
 #define GG90_BM 128
 #define GG90_BN 256
@@ -127,10 +129,14 @@ __device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, 
 // [128 nt, + 128): B rows 128 nt.. (gate) and I + 128 nt.. (up)). Otherwise column tile nt is out columns
 // [256 nt, + 256). B_MN: b is [E, K, N] (layout "nn"). KGROUP (implies B_MN): the weight gradient, M = N1 (a's
 // columns, out rows), N = N2, K = the rows of a and b (M of the op).
-template <typename T, bool ACT, bool B_MN, bool KGROUP>
+// F32OUT (neither ACT nor KGROUP): out is float [M, N], the fp32 accumulators stored with 16-byte stores
+// (gg_store_f32): the backward's products of exact 16-bit operands whose result stays fp32.
+template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false>
 __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorMap* tb, const int* __restrict__ offsets,
-                                          T* __restrict__ out, int M, int N, int K, int n_groups, int act) {
+                                          void* __restrict__ out_, int M, int N, int K, int n_groups, int act) {
     static_assert(!(ACT && B_MN) && (!KGROUP || B_MN), "gg90_body: ACT is K-major only; KGROUP reads B MN-major");
+    static_assert(!F32OUT || (!ACT && !KGROUP), "gg90_body: the fp32 result is the plain product's");
+    T* __restrict__ out = reinterpret_cast<T*>(out_);
     extern __shared__ __align__(1024) unsigned char gg90_smem[];
     unsigned char* as = gg90_smem;                                   // [ST][128 rows][128 B]
     unsigned char* bs = gg90_smem + GG90_ST * GG90_A_BYTES;          // [ST][256 rows][128 B]
@@ -269,6 +275,15 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         // Epilogue: accumulator 4j + 2r + v is tile row 64c + 16w + g + 8r, column 8j + 2tq + v. KGROUP: out[e]
         // [M, N] (rows below M), else out [M, cols] (the group's rows).
         const int mend = KGROUP ? M : min(x.mend, M);
+        if constexpr (F32OUT) {
+            float* __restrict__ outf = reinterpret_cast<float*>(out_);
+            const bool quad = (cols & 3) == 0 && (reinterpret_cast<unsigned long long>(outf) & 15) == 0;
+#pragma unroll
+            for (int j = 0; j < GG90_BN / 8; j++)
+                gg_store_f32(outf, *reinterpret_cast<const float(*)[4]>(acc + 4 * j), x.m0 + 64 * c + 16 * w + g,
+                             x.nt * GG90_BN + 8 * j, mend, cols, tq, quad);
+            continue;
+        }
         T* const obase = KGROUP ? out + (long long)x.e * M * cols : out;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
@@ -329,6 +344,18 @@ __device__ __forceinline__ void grouped_gemm_wgrad_sm90_impl(const CUtensorMap& 
     gg90_body<T, false, true, true>(&ta, &tb, offsets, out, N1, N2, M, n_groups, 0);
 }
 template <typename T>
+__device__ __forceinline__ void grouped_gemm_sm90_f32out_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                              const int* offsets, float* out, int M, int N, int K,
+                                                              int n_groups) {
+    gg90_body<T, false, false, false, true>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_nn_sm90_f32out_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                 const int* offsets, float* out, int M, int N, int K,
+                                                                 int n_groups) {
+    gg90_body<T, false, true, false, true>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+}
+template <typename T>
 __device__ __forceinline__ void moe_gemm_act_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
                                                        const int* offsets, T* out, int M, int N, int K,
                                                        int n_groups, int act) {
@@ -357,3 +384,13 @@ PK_IO16_KERNELS(grouped_gemm_wgrad_sm90, (GG90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                  const int* __restrict__ offsets, T* __restrict__ out, int N1, int N2, int M, int n_groups),
                 (ta, tb, offsets, out, N1, N2, M, n_groups))
+// The fp32-result variants (grouped_gemm_sm90 and grouped_gemm_nn_sm90 with out float [M, N], 16-byte stores): the
+// backward's recomputed gate / up (x_perm @ gate_up_proj[e]^T) and dy_perm @ down_proj[e]. Tensor maps as above.
+PK_IO16_KERNELS(grouped_gemm_sm90_f32out, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
+                (ta, tb, offsets, out, M, N, K, n_groups))
+PK_IO16_KERNELS(grouped_gemm_nn_sm90_f32out, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
+                (ta, tb, offsets, out, M, N, K, n_groups))

@@ -13,8 +13,9 @@
 //                        backward path; grouped_gemm_wgrad: per-expert a_e^T b_e (dW, ragged K), one CTA
 //                        per output tile, so no atomics.
 //   moe_combine          out[t] = sum_j w[t, j] * y[pos(t, j)] in a fixed order (deterministic).
-//   moe_act(_backward), moe_weight_grad: the elementwise pieces of the backward. The backward runs in
-//   fp32 (bf16 inputs are widened by the op): bf16 intermediates lose too much to cancellation.
+//   moe_act(_backward), moe_weight_grad: the elementwise pieces of the backward, in fp32: 16-bit intermediates
+//   lose too much to cancellation. grouped_gemm_tc(_nn)_f32out: the tensor-core GEMMs with an fp32 result, for
+//   the backward's products of exact 16-bit operands (the recomputed gate / up, dy_perm @ down_proj[e]).
 //
 // Grouped-GEMM tile scheduling happens on the device: the grid covers an upper bound of the row tiles
 // (sum_e ceil(m_e / BM) <= M / BM + E) on blockIdx.x (column tiles on blockIdx.y) and each CTA finds
@@ -274,15 +275,23 @@ __device__ __forceinline__ void moe_act_impl(const T* __restrict__ gu, T* __rest
 PK_IO_KERNELS(moe_act, (256), (const T* __restrict__ gu, T* __restrict__ h, const int* __restrict__ offsets,
               long long max_rows, int inter, int n_exp, int act), (gu, h, offsets, max_rows, inter, n_exp, act))
 
+// has_w: dh is dy_perm @ down_proj[e] (the tensor-core product of the unweighted 16-bit rows) and the row's routing
+// weight w[sorted_slot[r]] (0 for a padding row) scales it here, in fp32.
 template <typename T>
 __device__ __forceinline__ void moe_act_backward_body(const T* __restrict__ gu, const T* __restrict__ dh,
-                                                      T* __restrict__ dgu, const int* __restrict__ offsets,
-                                                      long long max_rows, int inter, int n_exp, int act) {
+                                                      T* __restrict__ dgu, const int* __restrict__ sorted_slot,
+                                                      const float* __restrict__ w, const int* __restrict__ offsets,
+                                                      long long max_rows, int inter, int n_exp, int act, int has_w) {
     const long long n = min((long long)offsets[n_exp], max_rows) * inter;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long r = i / inter, c = i % inter;
         const long long gi = r * 2 * inter + c;
-        const float g = PkIO<T>::load(gu, gi), u = PkIO<T>::load(gu, gi + inter), d = PkIO<T>::load(dh, i);
+        float d = PkIO<T>::load(dh, i);
+        if (has_w) {
+            const int slot = sorted_slot[r];
+            d = slot < 0 ? 0.0f : w[slot] * d;
+        }
+        const float g = PkIO<T>::load(gu, gi), u = PkIO<T>::load(gu, gi + inter);
         PkIO<T>::store(dgu, gi, d * u * moe_act_grad(g, act));
         PkIO<T>::store(dgu, gi + inter, d * moe_act_f(g, act));
     }
@@ -290,8 +299,9 @@ __device__ __forceinline__ void moe_act_backward_body(const T* __restrict__ gu, 
 
 extern "C" __global__ void __launch_bounds__(256) moe_act_backward(
     const float* __restrict__ gu, const float* __restrict__ dh, float* __restrict__ dgu,
-    const int* __restrict__ offsets, long long max_rows, int inter, int n_exp, int act) {
-    moe_act_backward_body<float>(gu, dh, dgu, offsets, max_rows, inter, n_exp, act);
+    const int* __restrict__ sorted_slot, const float* __restrict__ w, const int* __restrict__ offsets,
+    long long max_rows, int inter, int n_exp, int act, int has_w) {
+    moe_act_backward_body<float>(gu, dh, dgu, sorted_slot, w, offsets, max_rows, inter, n_exp, act, has_w);
 }
 
 // ------------------------------------------------------------------------------------------ SIMT grouped GEMM
@@ -497,10 +507,13 @@ __device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int 
 // EPI 2: the weight gradient, a K-grouped GEMM: out[e] = a[rows_e]^T @ b[rows_e] with a [K, M], b [K, N]
 //        (K: all rows), out [E, M, N]; grid (M tiles, N tiles, E); the contraction runs over the
 //        expert's rows offsets[e]..offsets[e+1] (none: a zero tile), so each output tile is one CTA's.
-template <typename T, int EPI, bool BKM>
+// F32OUT (EPI 0 only): out is float, the fp32 accumulators stored as they are (the backward's products whose
+//        operands are exact 16-bit values, whose result must not be rounded to 16 bits): see gg_store_f32.
+template <typename T, int EPI, bool BKM, bool F32OUT = false>
 __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __restrict__ b_,
-                                           const int* __restrict__ offsets, T* __restrict__ out_,
+                                           const int* __restrict__ offsets, void* __restrict__ out_,
                                            int M, int N, int K, int n_groups, int act) {
+    static_assert(!F32OUT || EPI == 0, "gg_tc_body: the fp32 result is the plain product's");
     constexpr bool AKM = EPI == 2;
     const unsigned short* __restrict__ a = reinterpret_cast<const unsigned short*>(a_);
     const unsigned short* __restrict__ b = reinterpret_cast<const unsigned short*>(b_);
@@ -672,7 +685,15 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
     // Epilogue: accumulator (mt, nt, v) is tile row wm*64 + mt*16 + g + 8*(v>>1), column nt*8 + 2t + (v&1)
     // of the warp's 64 columns.
     const int g = lane >> 2, t = lane & 3;
-    if (EPI == 0 || EPI == 2) {
+    if constexpr (F32OUT) {
+        float* __restrict__ outf = reinterpret_cast<float*>(out_);
+        const bool quad = (N & 3) == 0 && (reinterpret_cast<unsigned long long>(outf) & 15) == 0;
+#pragma unroll
+        for (int mt = 0; mt < 4; mt++)
+#pragma unroll
+            for (int nt = 0; nt < 8; nt++)
+                gg_store_f32(outf, acc[mt][nt], m0 + wm * 64 + mt * 16 + g, n0 + wn * 64 + nt * 8, mend, N, t, quad);
+    } else if (EPI == 0 || EPI == 2) {
         if (EPI == 2) out += (long long)e * M * N;
         const bool pair = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
 #pragma unroll
@@ -725,6 +746,24 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
 #else
 #define GG_TC_CALL(EPI, BKM) gg_tc_body<T, EPI, BKM>(a, b, offsets, out, M, N, K, n_groups, act)
 #endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define GG_TC_CALL_F32(BKM) __trap()
+#else
+#define GG_TC_CALL_F32(BKM) gg_tc_body<T, 0, BKM, true>(a, b, offsets, out, M, N, K, n_groups, 0)
+#endif
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_tc_f32out_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                            const int* __restrict__ offsets, float* __restrict__ out,
+                                                            int M, int N, int K, int n_groups) {
+    GG_TC_CALL_F32(false);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_tc_nn_f32out_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                               const int* __restrict__ offsets,
+                                                               float* __restrict__ out, int M, int N, int K,
+                                                               int n_groups) {
+    GG_TC_CALL_F32(true);
+}
 template <typename T>
 __device__ __forceinline__ void grouped_gemm_tc_impl(const T* __restrict__ a, const T* __restrict__ b,
                                                      const int* __restrict__ offsets, T* __restrict__ out, int M,
@@ -761,3 +800,10 @@ PK_IO16_KERNELS(grouped_gemm_wgrad_tc, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, off
     (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets, T* __restrict__ out,   \
      int M, int N, int K, int n_groups, int act)
 PK_IO16_KERNELS(moe_gemm_act_tc, (GG_THREADS, 1), GG_TC_ACT_PARAMS, (a, b, offsets, out, M, N, K, n_groups, act))
+// The fp32-result variants (16-bit operands, the fp32 accumulators stored): out [M, N] float = a @ b[e]^T (b
+// [E, N, K]), and _nn: a @ b[e] (b [E, K, N]). The backward's recomputed gate / up and dy_perm @ down_proj[e].
+#define GG_TC_F32_PARAMS                                                                                       \
+    (const T* __restrict__ a, const T* __restrict__ b, const int* __restrict__ offsets,                        \
+     float* __restrict__ out, int M, int N, int K, int n_groups)
+PK_IO16_KERNELS(grouped_gemm_tc_f32out, (GG_THREADS, 1), GG_TC_F32_PARAMS, (a, b, offsets, out, M, N, K, n_groups))
+PK_IO16_KERNELS(grouped_gemm_tc_nn_f32out, (GG_THREADS, 1), GG_TC_F32_PARAMS, (a, b, offsets, out, M, N, K, n_groups))

@@ -52,3 +52,28 @@ __device__ __forceinline__ void pk_grouped_cta_tile(const int* __restrict__ offs
     }
     __syncthreads();
 }
+
+// The fp32-result grouped GEMMs' epilogue (moe.cu's grouped_gemm_tc(_nn)_f32out, grouped_gemm_sm90.cu's _f32out
+// kernels). Stores one m16n8 accumulator fragment (v: rows r0 and r0 + 8, columns c0 + 2t, + 1) as fp32 with 16-byte
+// stores: lanes t and t ^ 1 swap a row's pair, so an even lane holds columns c0 + 2t .. + 3 of row r0 and an odd
+// one columns c0 + 2(t - 1) .. + 3 of row r0 + 8. The shuffle runs in every lane (before the row check). A 16-byte
+// store where quad (N % 4 == 0 and out 16-byte aligned) and the four columns lie below N, element stores
+// otherwise; rows from rend on are not stored. wgmma's m64nN fragments have the same layout per 8 columns.
+__device__ __forceinline__ void gg_store_f32(float* __restrict__ out, const float (&v)[4], int r0, int c0, int rend,
+                                             int N, int t, bool quad) {
+    const bool odd = t & 1;
+    const float r_0 = __shfl_xor_sync(PK_FULL_MASK, odd ? v[0] : v[2], 1);
+    const float r_1 = __shfl_xor_sync(PK_FULL_MASK, odd ? v[1] : v[3], 1);
+    const int row = r0 + (odd ? 8 : 0), col = c0 + 2 * (t & 2);
+    if (row >= rend) return;
+    const float4 q = odd ? make_float4(r_0, r_1, v[2], v[3]) : make_float4(v[0], v[1], r_0, r_1);
+    float* p = out + (long long)row * N + col;
+    if (quad && col + 3 < N) {
+        *reinterpret_cast<float4*>(p) = q;
+    } else {
+        if (col < N) p[0] = q.x;
+        if (col + 1 < N) p[1] = q.y;
+        if (col + 2 < N) p[2] = q.z;
+        if (col + 3 < N) p[3] = q.w;
+    }
+}

@@ -64,15 +64,16 @@ def usable(kind: str, k: int, n_groups: int, backend: str | None, *arrs: Any) ->
 
 
 def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n_groups: int, kind: str,
-               act: int | None, stream: Any, backend: str | None, nn: bool = False) -> bool:
+               act: int | None, stream: Any, backend: str | None, nn: bool = False, f32out: bool = False) -> bool:
     """Run grouped_gemm_sm90 (act None), moe_gemm_act_sm90 or, with nn, grouped_gemm_nn_sm90 when `usable` and the
     arrays suit TMA; False (nothing launched) otherwise. a [m, k] and b [n_groups, n, k] (nn: [n_groups, k, n])
-    contiguous (flat views accepted), out [m, n] (act: [m, n / 2]); offsets int32 [n_groups + 1]."""
+    contiguous (flat views accepted), out [m, n] (act: [m, n / 2]); offsets int32 [n_groups + 1]. f32out: out is
+    float32 and the _f32out variant runs (the fp32 accumulators stored; not with act)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
-    if act is not None and nn:
-        raise AssertionError("the fused activation is the gate_up GEMM's (layout nt)")  # callers never ask
+    if act is not None and (nn or f32out):
+        raise AssertionError("the fused activation is the gate_up GEMM's (layout nt, 16-bit out)")  # never asked
     if not usable(kind, k, n_groups, backend, a, b, out) or (nn and n % 8):  # nn: b's rows are N long
         return False
     bound = tiles_bound(m, n, n_groups, act is not None)
@@ -91,7 +92,8 @@ def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n
     grid = max(1, min(bound, _sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)))
     sfx = "_bf16" if kind == "bf16" else "_f16"
     if act is None:
-        launch(("grouped_gemm_nn_sm90" if nn else "grouped_gemm_sm90") + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups,
+        name = ("grouped_gemm_nn_sm90" if nn else "grouped_gemm_sm90") + ("_f32out" if f32out else "") + sfx
+        launch(name, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups,
                shared_mem=shared_bytes(n_groups), stream=stream, backend=backend)
     else:
         launch("moe_gemm_act_sm90" + sfx, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups, act,

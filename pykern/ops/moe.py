@@ -111,26 +111,32 @@ def _tc(backend: str | None, kind: str, tensor_cores: bool | None = None) -> boo
 
 
 def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n_groups: int, kind: str, *,
-                 nn: bool = False, act: int | None = None, tc: bool, stream: Any, backend: str | None) -> None:
+                 nn: bool = False, act: int | None = None, tc: bool, stream: Any, backend: str | None,
+                 f32out: bool = False) -> None:
     """out = per-group a @ b[e]^T (b [E, N, K]) or, with nn, a @ b[e] (b [E, K, N]); act: the fused
-    act(gate) * up epilogue (out has N / 2 columns). Sizes were validated by the caller."""
+    act(gate) * up epilogue (out has N / 2 columns); f32out (tensor cores, 16-bit a and b): out is float32, the
+    fp32 accumulators stored (the _f32out kernels). Sizes were validated by the caller."""
     if m == 0 or n == 0:
         return
+    if f32out and (not tc or act is not None):
+        raise AssertionError("the fp32 result is a tensor-core, plain-product variant")  # callers never ask
+    sfx = ("_f32out" if f32out else "") + _suffix(kind)
     if tc and nn:
         # Hopper (sm_90a): the same TMA + wgmma kernel, B read MN-major (pykern/ops/_moe_sm90.py)
-        if _sm90.try_launch(a, b, offsets, out, m, n, k, n_groups, kind, None, stream, backend, nn=True):
+        if _sm90.try_launch(a, b, offsets, out, m, n, k, n_groups, kind, None, stream, backend, nn=True,
+                            f32out=f32out):
             return
         grid = (m // TC_BM + n_groups, -(-n // TC_BN))
-        _launch("grouped_gemm_tc_nn" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,
+        _launch("grouped_gemm_tc_nn" + sfx, grid, (128,), a, b, offsets, out, m, n, k, n_groups,
                 shared_mem=TC_SMEM, stream=stream, backend=backend)
         return
     if tc and not nn:
         # Hopper (sm_90a): the TMA + wgmma persistent kernel where it applies (pykern/ops/_moe_sm90.py)
-        if _sm90.try_launch(a, b, offsets, out, m, n, k, n_groups, kind, act, stream, backend):
+        if _sm90.try_launch(a, b, offsets, out, m, n, k, n_groups, kind, act, stream, backend, f32out=f32out):
             return
         if act is None:
             grid = (m // TC_BM + n_groups, -(-n // TC_BN))
-            _launch("grouped_gemm_tc" + _suffix(kind), grid, (128,), a, b, offsets, out, m, n, k, n_groups,
+            _launch("grouped_gemm_tc" + sfx, grid, (128,), a, b, offsets, out, m, n, k, n_groups,
                     shared_mem=TC_SMEM, stream=stream, backend=backend)
         else:
             grid = (m // TC_BM + n_groups, -(-(n // 2) // 64))
@@ -147,7 +153,8 @@ def _gemm_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int,
 
 @arrays.stream_scoped
 def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores: bool | None = None,
-                 layout: str = "nt", stream: Any = None, backend: str | None = None) -> Any:
+                 layout: str = "nt", out_dtype: str | None = None, stream: Any = None,
+                 backend: str | None = None) -> Any:
     """Grouped GEMM: rows offsets[e]:offsets[e+1] of the [M, N] result are a[rows] @ b[e].T.
 
     a [M, K] holds each group's rows contiguously; b [E, N, K] (f32, bf16 or f16, a's dtype); offsets int32
@@ -160,9 +167,13 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     On sm_90a (a compute-capability 9.0 GPU, or the host backend with PYKERN_HOST_ARCH=sm_90a) both layouts run
     a TMA + wgmma persistent kernel instead (layout "nn" reads b MN-major through the wgmma descriptor's
     transpose bit), where K (and for "nn" N) is a multiple of 8 and the bases are 16-byte aligned (docs/moe.md).
+    out_dtype="float32" (bf16 / f16 inputs): the result is the fp32 accumulators, not rounded to 16 bits (the
+    _f32out kernels on tensor cores; without them, the fp32 FMA kernel on widened copies).
     """
     if layout not in ("nt", "nn"):
         raise ArgumentError(f"layout: expected 'nt' or 'nn', got {layout!r}")
+    if out_dtype not in (None, "float32"):
+        raise ArgumentError(f"out_dtype: expected None (a's dtype) or 'float32', got {out_dtype!r}")
     nn = layout == "nn"
     kind = arrays.io_kind("a", a, arrays.IO_KINDS)
     _same_kind("b", b, kind, "a")
@@ -182,17 +193,22 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
     if -(-n // SIMT_T) > _GRID_YZ_MAX:
         raise ArgumentError(f"b.shape[1] (N): expected at most {_GRID_YZ_MAX * SIMT_T}, got {n}")
     a, b = arrays.contiguous(a), arrays.contiguous(b)
+    f32out = out_dtype == "float32" and kind != "f32"
+    okind = "f32" if f32out else kind
     if out is None:
-        out = arrays.empty((m, n), kind, like=a)
+        out = arrays.empty((m, n), okind, like=a)
     else:
         # (its shape first, saying where each size comes from: a wrong N may be b's fault as well as out's)
         if tuple(arrays.shape_of(out, "out")) != (m, n):
             raise ArgumentError(f"out: expected shape {(m, n)} (M of a, N of b), got {tuple(arrays.shape_of(out))}")
-        out = arrays.check_out(out, (m, n), kind, a)
+        out = arrays.check_out(out, (m, n), okind, a)
     if m and n and k == 0:
         return _zero(out)
+    if f32out and not tc:  # exact 16-bit operands widened: the fp32 FMA kernel computes the same product
+        a, b = (arrays.contiguous(arrays.astype(v, "float32")) for v in (a, b))
+        kind = "f32"
     _gemm_launch(a.reshape(-1), b.reshape(-1), offsets, out.reshape(-1), m, n, k, n_groups, kind, nn=nn, tc=tc,
-                 stream=arrays.launch_stream(stream, a), backend=backend)
+                 f32out=f32out and tc, stream=arrays.launch_stream(stream, a), backend=backend)
     return out
 
 
@@ -403,10 +419,11 @@ def moe_experts_backward(
     """Gradients of moe_experts: (grad_x [T, H], grad_gate_up_proj [E, 2I, H], grad_down_proj [E, H, I],
     grad_topk_weights float32 [T, k]).
 
-    The forward's permuted intermediates are recomputed (nothing is saved but the inputs), in fp32
-    (bf16 / f16 inputs are widened; the gradients come back in the inputs' dtype). Data
-    gradients are grouped GEMMs against the stacked weights; weight gradients are per-expert GEMMs
-    over each expert's rows, one CTA per output tile: no atomics anywhere, deterministic.
+    The forward's permuted intermediates are recomputed (nothing is saved but the inputs) and kept in fp32; the
+    gradients come back in the inputs' dtype. bf16 / f16 with tensor cores run the recomputed gate / up and
+    dy_perm @ down_proj[e] on fp32-result tensor-core GEMMs and d(x_perm) on a 16-bit one; y and the weight
+    gradients, whose fp32 operands would lose accuracy rounded to 16 bits, run on fp32 FMA (docs/moe.md). Weight
+    gradients are per-expert GEMMs over each expert's rows, one CTA per output tile: no atomics, deterministic.
     """
     kind, n_tok, hid, n_exp, inter, top_k, ids, w = _experts_args(x, gate_up_proj, down_proj, topk_ids,
                                                                   topk_weights, activation)
@@ -415,37 +432,81 @@ def moe_experts_backward(
         raise ArgumentError(f"grad_out: expected shape {(n_tok, hid)} (of the output), "
                             f"got {tuple(arrays.shape_of(grad_out))}")
     tc16 = _tc(backend, kind, tensor_cores)
+    act = ACTIVATIONS[activation]
+    if tc16:
+        return _backward_tc16(grad_out, x, gate_up_proj, down_proj, ids, w, act, kind, n_tok, hid, n_exp, inter,
+                              top_k, stream, backend)
     if kind != "f32":
-        # Rounding an intermediate (gate/up, h, w * dy, y, d(gate_up)) to 16 bits before a weight-gradient
-        # or routing-weight product loses too much to cancellation against a float64 reference (docs/moe.md
-        # measures each): those products run in fp32 on widened copies. Only d(x_perm) = d(gate_up) @
-        # gate_up_proj[e] keeps within the 16-bit tolerance with a rounded operand: with tensor cores it
-        # runs on grouped_gemm_tc_nn (sm_90a: grouped_gemm_nn_sm90) against the 16-bit weights.
+        # No tensor cores (or tensor_cores=False): every product in fp32 on widened copies.
         f = lambda a: arrays.contiguous(arrays.astype(a, "float32"))  # noqa: E731
-        out = _backward_f32(f(grad_out), f(x), f(gate_up_proj), f(down_proj), ids, w, ACTIVATIONS[activation],
-                            n_tok, hid, n_exp, inter, top_k, stream, backend, keep=tc16)
-        gx, ggu, gdn, gw = out[:4]
-        if tc16 and n_tok:
-            dgu, r = out[4], out[5]
-            gate_up_proj = arrays.contiguous(gate_up_proj)
-            dgu16 = arrays.contiguous(arrays.astype(dgu, arrays.IO_DTYPES[kind]))
-            dxp = arrays.empty((max(r.rows, 1), hid), kind, like=dgu16)
-            st = arrays.launch_stream(stream, dgu16)
-            _gemm_launch(dgu16.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid,
-                         2 * inter, n_exp, kind, nn=True, tc=True, stream=st, backend=backend)
-            gx = _combine(dxp, r, None, n_tok, hid, top_k, kind, st, backend)
-        else:
-            gx = arrays.astype(gx, arrays.IO_DTYPES[kind])
-        return (gx,) + tuple(arrays.astype(g, arrays.IO_DTYPES[kind]) for g in (ggu, gdn)) + (gw,)
-    return _backward_f32(grad_out, x, gate_up_proj, down_proj, ids, w, ACTIVATIONS[activation], n_tok, hid, n_exp,
-                         inter, top_k, stream, backend)[:4]
+        gx, ggu, gdn, gw = _backward_f32(f(grad_out), f(x), f(gate_up_proj), f(down_proj), ids, w, act, n_tok, hid,
+                                         n_exp, inter, top_k, stream, backend)
+        return tuple(arrays.astype(g, arrays.IO_DTYPES[kind]) for g in (gx, ggu, gdn)) + (gw,)
+    return _backward_f32(grad_out, x, gate_up_proj, down_proj, ids, w, act, n_tok, hid, n_exp, inter, top_k, stream,
+                         backend)
+
+
+def _backward_tc16(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids: Any, w: Any, act: int, kind: str,
+                   n_tok: int, hid: int, n_exp: int, inter: int, top_k: int, stream: Any,
+                   backend: str | None) -> tuple:
+    """The bf16 / f16 backward with tensor cores. Which product runs where (docs/moe.md, the accuracy table):
+    - on tensor cores with an fp32 result (the _f32out kernels; sm_90a: their wgmma forms), the products whose
+      operands are exact 16-bit values: gate / up = x_perm @ gate_up_proj[e]^T, and dy_perm @ down_proj[e]
+      (d(h) = w * that, the weight applied in fp32 by moe_act_backward);
+    - on tensor cores with a rounded operand: d(x_perm) = d(gate_up) @ gate_up_proj[e] (within the rows);
+    - in fp32 FMA on widened copies: y = h @ down_proj[e]^T (for grad_topk_weights) and both weight gradients,
+      whose fp32 intermediates (h, w * dy, d(gate_up)) rounded to 16 bits miss the float64 rows.
+    No atomics: deterministic."""
+    f = lambda a: arrays.contiguous(arrays.astype(a, "float32"))  # noqa: E731
+    x, gate_up_proj, down_proj = arrays.contiguous(x), arrays.contiguous(gate_up_proj), arrays.contiguous(down_proj)
+    dy = arrays.contiguous(grad_out)
+    dt = arrays.IO_DTYPES[kind]
+    stream = arrays.launch_stream(stream, x)
+    if n_tok == 0:
+        return (arrays.empty((0, hid), kind, like=x), arrays.zeros((n_exp, 2 * inter, hid), kind, like=x),
+                arrays.zeros((n_exp, hid, inter), kind, like=x), arrays.empty((0, top_k), np.float32, like=x))
+    r = _Routing(ids, n_exp, TC_BM, stream, backend)
+    rows = max(r.rows, 1)
+    kw = dict(stream=stream, backend=backend)
+    xp = _gather(x, r, None, hid, top_k, n_exp, kind, stream, backend)  # 16-bit rows, exact
+    gu = arrays.empty((rows, 2 * inter), "f32", like=x)
+    _gemm_launch(xp.reshape(-1), gate_up_proj.reshape(-1), r.offsets, gu.reshape(-1), r.rows, 2 * inter, hid, n_exp,
+                 kind, tc=True, f32out=True, **kw)
+    h = arrays.empty((rows, inter), "f32", like=x)
+    _launch("moe_act", _ew_grid(r.rows * inter), (256,), gu.reshape(-1), h.reshape(-1), r.offsets, r.rows, inter,
+            n_exp, act, **kw)
+    y = arrays.empty((rows, hid), "f32", like=x)
+    _gemm_launch(h.reshape(-1), f(down_proj).reshape(-1), r.offsets, y.reshape(-1), r.rows, hid, inter, n_exp, "f32",
+                 tc=False, **kw)
+    dy32 = f(dy)
+    n_slots = n_tok * top_k
+    dw = arrays.empty((n_tok, top_k), np.float32, like=x)
+    _launch("moe_weight_grad", (max(1, min(-(-n_slots // 8), _GRID_X_MAX)),), (256,), dy32.reshape(-1),
+            y.reshape(-1), r.slot_pos, dw.reshape(-1), n_slots, hid, top_k, **kw)
+    dyp = _gather(dy, r, None, hid, top_k, n_exp, kind, stream, backend)  # unweighted 16-bit rows, exact
+    dh = arrays.empty((rows, inter), "f32", like=x)
+    _gemm_launch(dyp.reshape(-1), down_proj.reshape(-1), r.offsets, dh.reshape(-1), r.rows, inter, hid, n_exp, kind,
+                 nn=True, tc=True, f32out=True, **kw)
+    # zeros: rows past the used part stay finite for the 16-bit cast before d(x_perm)
+    dgu = arrays.zeros((rows, 2 * inter), "f32", like=x)
+    _launch("moe_act_backward", _ew_grid(r.rows * inter), (256,), gu.reshape(-1), dh.reshape(-1), dgu.reshape(-1),
+            r.sorted_slot, w.reshape(-1), r.offsets, r.rows, inter, n_exp, act, 1, **kw)
+    dyw = _gather(dy32, r, w, hid, top_k, n_exp, "f32", stream, backend)  # w[t, j] * dy[t] in fp32
+    g_down = arrays.empty((n_exp, hid, inter), "f32", like=x)
+    g_gu = arrays.empty((n_exp, 2 * inter, hid), "f32", like=x)
+    _wgrad(dyw, h, r, g_down, hid, inter, n_exp, "f32", **kw)
+    _wgrad(dgu, f(xp), r, g_gu, 2 * inter, hid, n_exp, "f32", **kw)
+    dgu16 = arrays.contiguous(arrays.astype(dgu, dt))
+    dxp = arrays.empty((rows, hid), kind, like=x)
+    _gemm_launch(dgu16.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid, 2 * inter,
+                 n_exp, kind, nn=True, tc=True, **kw)
+    gx = _combine(dxp, r, None, n_tok, hid, top_k, kind, stream, backend)
+    return gx, arrays.astype(g_gu, dt), arrays.astype(g_down, dt), dw
 
 
 def _backward_f32(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids: Any, w: Any, act: int, n_tok: int,
-                  hid: int, n_exp: int, inter: int, top_k: int, stream: Any, backend: str | None,
-                  keep: bool = False) -> tuple:
-    """The fp32 backward: (dx, dgate_up, ddown, dw), plus (d(gate_up), routing) with keep, whose d(x_perm)
-    the caller computes instead (dx is then None)."""
+                  hid: int, n_exp: int, inter: int, top_k: int, stream: Any, backend: str | None) -> tuple:
+    """The fp32 backward on FMA kernels: (dx, dgate_up, ddown, dw)."""
     kind = "f32"
     tc = False
     x, gate_up_proj, down_proj = arrays.contiguous(x), arrays.contiguous(gate_up_proj), arrays.contiguous(down_proj)
@@ -454,8 +515,7 @@ def _backward_f32(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids:
     if n_tok == 0:
         return (arrays.empty((0, hid), kind, like=x), arrays.zeros((n_exp, 2 * inter, hid), kind, like=x),
                 arrays.zeros((n_exp, hid, inter), kind, like=x), arrays.empty((0, top_k), np.float32, like=x))
-    # Padded to the tensor-core tile when the caller runs d(x_perm) on grouped_gemm_tc_nn.
-    r = _Routing(ids, n_exp, TC_BM if keep else SIMT_T, stream, backend)
+    r = _Routing(ids, n_exp, SIMT_T, stream, backend)
     rows = max(r.rows, 1)
     kw = dict(stream=stream, backend=backend)
     xp = _gather(x, r, None, hid, top_k, n_exp, kind, stream, backend)
@@ -476,16 +536,13 @@ def _backward_f32(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids:
     dh = arrays.empty((rows, inter), kind, like=x)
     _gemm_launch(dyp.reshape(-1), down_proj.reshape(-1), r.offsets, dh.reshape(-1), r.rows, inter, hid, n_exp, kind,
                  nn=True, tc=tc, **kw)
-    # zeros with keep: rows past the used part stay finite for the caller's 16-bit cast
-    dgu = (arrays.zeros if keep else arrays.empty)((rows, 2 * inter), kind, like=x)
+    dgu = arrays.empty((rows, 2 * inter), kind, like=x)
     _launch("moe_act_backward", _ew_grid(r.rows * inter), (256,), gu.reshape(-1), dh.reshape(-1),
-            dgu.reshape(-1), r.offsets, r.rows, inter, n_exp, act, **kw)
+            dgu.reshape(-1), r.sorted_slot, w.reshape(-1), r.offsets, r.rows, inter, n_exp, act, 0, **kw)
     g_down = arrays.empty((n_exp, hid, inter), kind, like=x)
     g_gu = arrays.empty((n_exp, 2 * inter, hid), kind, like=x)
     _wgrad(dyp, h, r, g_down, hid, inter, n_exp, kind, **kw)
     _wgrad(dgu, xp, r, g_gu, 2 * inter, hid, n_exp, kind, **kw)
-    if keep:
-        return None, g_gu, g_down, dw, dgu, r
     dxp = arrays.empty((rows, hid), kind, like=x)
     _gemm_launch(dgu.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid, 2 * inter,
                  n_exp, kind, nn=True, tc=tc, **kw)

@@ -225,17 +225,21 @@ def _moe_act_backward(cuda: Any):
     act_f, act_grad = _act_kernels(cuda)
 
     @cuda.jit
-    def k(gu, dh, dgu, offsets, max_rows, inter, n_exp, act):
+    def k(gu, dh, dgu, sorted_slot, w, offsets, max_rows, inter, n_exp, act, has_w):
         r = cuda.grid(1)
         if r < max_rows and r < offsets[n_exp]:
+            scale = 1.0
+            if has_w:
+                slot = sorted_slot[r]
+                scale = w[slot] if slot >= 0 else 0.0
             for c in range(inter):
                 g = gu[r * 2 * inter + c]
                 u = gu[r * 2 * inter + inter + c]
-                d = dh[r * inter + c]
+                d = dh[r * inter + c] * scale
                 dgu[r * 2 * inter + c] = d * u * act_grad(g, act)
                 dgu[r * 2 * inter + inter + c] = d * act_f(g, act)
 
-    return k, lambda a: _grid1(a[4])
+    return k, lambda a: _grid1(a[6])
 
 
 # ---- grouped GEMMs: one thread per output element, its group found by a scan of the offsets
@@ -259,7 +263,7 @@ def _grouped_gemm_simt(cuda: Any):
     return k, lambda a: _grid1(a[4] * a[5])
 
 
-@reference("grouped_gemm_tc_bf16", "grouped_gemm_tc_f16")
+@reference("grouped_gemm_tc_bf16", "grouped_gemm_tc_f16", "grouped_gemm_tc_f32out_bf16", "grouped_gemm_tc_f32out_f16")
 def _grouped_gemm_tc(cuda: Any):
     @cuda.jit
     def k(a, b, offsets, out, M, N, K, n_groups):
@@ -319,7 +323,8 @@ def _grouped_gemm_wgrad(cuda: Any):
     return k, lambda a: _grid1(a[3].size)
 
 
-@reference("grouped_gemm_tc_nn_bf16", "grouped_gemm_tc_nn_f16")
+@reference("grouped_gemm_tc_nn_bf16", "grouped_gemm_tc_nn_f16", "grouped_gemm_tc_nn_f32out_bf16",
+           "grouped_gemm_tc_nn_f32out_f16")
 def _grouped_gemm_tc_nn(cuda: Any):
     @cuda.jit
     def k(a, b, offsets, out, M, N, K, n_groups):

@@ -174,6 +174,17 @@ def _gemm_nn_and_wgrad_cases(rng: np.random.Generator) -> Iterator[Case]:
 
             yield Case(op="grouped_gemm", dtype=kind, shape=shape + "-nn", kernels=("grouped_gemm_tc_nn" + _sfx(kind),),
                        run=run, reference=ref)
+            # The fp32-result variants (the backward's exact-operand products), held to the f32 row: nothing is
+            # rounded after the fp32 accumulation.
+            bt = _cast(np.swapaxes(f64(b), 1, 2).copy(), kind)  # [E, N, K] for layout "nt"
+            for lay, bb, nm in (("nt", bt, "grouped_gemm_tc_f32out"), ("nn", b, "grouped_gemm_tc_nn_f32out")):
+
+                def run_f(be, a=a, bb=bb, off=off, lay=lay):
+                    return {"out": _np(_ops().grouped_gemm(a, bb, off, layout=lay, out_dtype="float32",
+                                                           tensor_cores=True, backend=be))}
+
+                yield Case(op="grouped_gemm", dtype="f32", shape=f"{shape}-{lay}-f32out-{kind}",
+                           kernels=(nm + _sfx(kind),), run=run_f, reference=ref)
             g = _cast(rng.standard_normal((int(off[-1]), n)), kind)
 
             def run_w(be, a=a, g=g, off=off):
@@ -234,10 +245,13 @@ def _experts_cases(rng: np.random.Generator) -> Iterator[Case]:
                 dx, dgu, ddn, dw = np_moe_experts_backward(dy, x, gu, dn, ids, w, act)
                 return {"grad_x": dx, "grad_gate_up_proj": dgu, "grad_down_proj": ddn, "grad_topk_weights": dw}
 
+            # with tensor cores: the exact-operand products on the fp32-result kernels, d(x_perm) on a 16-bit one
+            tc_b = ("moe_gather" + s, "grouped_gemm_tc_f32out" + s, "grouped_gemm_tc_nn_f32out" + s,
+                    "grouped_gemm_tc_nn" + s, "moe_combine" + s) if tc else ()
             yield Case(op="moe_experts_backward", dtype=kind, shape=shape,
                        kernels=align + ("moe_gather", "grouped_gemm_simt", "moe_act", "moe_act_backward",
-                                        "moe_weight_grad", "grouped_gemm_wgrad", "moe_combine"),
-                       run=run_b, reference=ref_b)
+                                        "moe_weight_grad", "grouped_gemm_wgrad") + (() if tc else ("moe_combine",))
+                       + tc_b, run=run_b, reference=ref_b)
 
 
 @register_cases("moe")

@@ -1,6 +1,6 @@
 """Difftest cases for the Hopper (sm_90a) grouped GEMM, kernels_cu/grouped_gemm_sm90.cu (grouped_gemm_sm90,
-moe_gemm_act_sm90, grouped_gemm_nn_sm90 and grouped_gemm_wgrad_sm90, bf16 and f16), against the float64 NumPy
-references.
+moe_gemm_act_sm90, grouped_gemm_nn_sm90 and grouped_gemm_wgrad_sm90, bf16 and f16, and the fp32-result
+grouped_gemm_sm90_f32out / grouped_gemm_nn_sm90_f32out, held to the f32 row), against the float64 NumPy references.
 
 Like the sm_90a attention cases (sm90.py), each declares `arch="sm_90a"`: on the host backend its run plays that
 arch (PYKERN_HOST_ARCH=sm_90a); numba and nvrtc (the cases' inputs are NumPy, and a tensor map needs device arrays)
@@ -44,7 +44,8 @@ def np_moe_gemm_act(a: Any, b: Any, offsets: Any, activation: str) -> np.ndarray
     return np_act(gu[:, :inter], activation) * gu[:, inter:]
 
 
-def _case(kind: str, sizes: list[int], n: int, k: int, act: str | None, rng: np.random.Generator) -> Case:
+def _case(kind: str, sizes: list[int], n: int, k: int, act: str | None, rng: np.random.Generator,
+          f32out: bool = False) -> Case:
     from ...ops import _moe_sm90 as sm90
     from ...ops.moe import ACTIVATIONS
 
@@ -52,45 +53,49 @@ def _case(kind: str, sizes: list[int], n: int, k: int, act: str | None, rng: np.
     m, e = int(off[-1]), len(sizes)
     a = _cast(rng.standard_normal((m, k)), kind)
     b = _cast(rng.standard_normal((e, n, k)) / math.sqrt(k), kind)
-    name = ("moe_gemm_act_sm90" if act else "grouped_gemm_sm90") + _sfx(kind)
+    name = ("moe_gemm_act_sm90" if act else "grouped_gemm_sm90") + ("_f32out" if f32out else "") + _sfx(kind)
     cols = n // 2 if act else n
 
     def run(backend: str) -> dict[str, Any]:
         with _host_arch(backend):
-            out = np.zeros((m, cols), a.dtype)
+            out = np.zeros((m, cols), np.float32 if f32out else a.dtype)
             if not sm90.try_launch(a, b, off, out, m, n, k, e, kind, ACTIVATIONS[act] if act else None, None,
-                                   backend):
+                                   backend, f32out=f32out):
                 raise _declined(name, backend)
         return {"out": out}
 
     def ref() -> dict[str, Any]:
         return {"out": np_moe_gemm_act(a, b, off, act) if act else np_grouped_gemm(a, b, off)}
 
-    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}" + (f"-{act}" if act else "") + "-sm90a"
-    return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
+    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}" + (f"-{act}" if act else "") + ("-f32out" if f32out else "")
+    # f32out: the fp32 accumulators are held to the f32 row (exact 16-bit operands, nothing rounded after them)
+    return Case(op="grouped_gemm", dtype="f32" if f32out else kind, shape=shape + "-sm90a", kernels=(name,), run=run,
+                reference=ref, arch=ARCH)
 
 
-def _nn_case(kind: str, sizes: list[int], n: int, k: int, rng: np.random.Generator) -> Case:
+def _nn_case(kind: str, sizes: list[int], n: int, k: int, rng: np.random.Generator, f32out: bool = False) -> Case:
     from ...ops import _moe_sm90 as sm90
 
     off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
     m, e = int(off[-1]), len(sizes)
     a = _cast(rng.standard_normal((m, k)), kind)
     b = _cast(rng.standard_normal((e, k, n)) / math.sqrt(k), kind)
-    name = "grouped_gemm_nn_sm90" + _sfx(kind)
+    name = "grouped_gemm_nn_sm90" + ("_f32out" if f32out else "") + _sfx(kind)
 
     def run(backend: str) -> dict[str, Any]:
         with _host_arch(backend):
-            out = np.zeros((m, n), a.dtype)
-            if not sm90.try_launch(a, b, off, out, m, n, k, e, kind, None, None, backend, nn=True):
+            out = np.zeros((m, n), np.float32 if f32out else a.dtype)
+            if not sm90.try_launch(a, b, off, out, m, n, k, e, kind, None, None, backend, nn=True, f32out=f32out):
                 raise _declined(name, backend)
         return {"out": out}
 
     def ref() -> dict[str, Any]:  # a @ b[e] is the "nt" product against b transposed
         return {"out": np_grouped_gemm(a, np.swapaxes(b, 1, 2), off)}
 
-    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}-nn-sm90a"
-    return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
+    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}-nn" + ("-f32out" if f32out else "") + "-sm90a"
+    # f32out: the fp32 accumulators are held to the f32 row (exact 16-bit operands, nothing rounded after them)
+    return Case(op="grouped_gemm", dtype="f32" if f32out else kind, shape=shape, kernels=(name,), run=run,
+                reference=ref, arch=ARCH)
 
 
 def _wgrad_case(kind: str, sizes: list[int], n1: int, n2: int, rng: np.random.Generator) -> Case:
@@ -126,5 +131,11 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _case(kind, sizes, n, k, act, rng)
         for sizes, n, k in _NN_SHAPES:
             yield _nn_case(kind, sizes, n, k, rng)
+        # the fp32-result variants (the backward's exact-operand products): N = 300 and 136 take element stores
+        # and 16-byte ones
+        for sizes, n, k in _SHAPES:
+            yield _case(kind, sizes, n, k, None, rng, f32out=True)
+        for sizes, n, k in _NN_SHAPES:
+            yield _nn_case(kind, sizes, n, k, rng, f32out=True)
         for sizes, n1, n2 in _WGRAD_SHAPES:
             yield _wgrad_case(kind, sizes, n1, n2, rng)
