@@ -21,7 +21,7 @@
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 232): the 512-wide output accumulator does not fit
 //     one warpgroup at 64 rows (256 fp32 a thread), so consumer c owns output columns 256c .. 256c + 255
 //     (128 accumulators a thread). Both need the whole S, so they split its contraction instead of both
-//     computing it: consumer c computes S over k-steps 18c .. 18c + 17 of the 36 (wgmma m64n32k16 SS, Q and
+//     computing it: consumer c computes S over the k-steps 2k + c of the 36 (wgmma m64n32k16 SS, Q and
 //     the K tile from shared memory, K-major), writes its fp32 partial to shared memory, and after one named
 //     barrier over the 256 consumer threads adds the other's (a + b == b + a in IEEE arithmetic, so both
 //     hold the same S bit for bit, take the same online-softmax step and agree on m and l). The exchange
@@ -58,6 +58,7 @@ template <> struct Mla90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 template <typename T>
 __device__ __forceinline__ void mla90_softmax(const float (&s)[MLA90_BC / 2], float (&o)[128], float (&m)[2],
                                               float (&l)[2], unsigned (&pa)[MLA90_BC / 16][4], float sl2) {
+    float al[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         float mx = m[r];
@@ -77,8 +78,14 @@ __device__ __forceinline__ void mla90_softmax(const float (&s)[MLA90_BC / 2], fl
             pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
         }
         l[r] = l[r] * alpha + sum;
+        al[r] = alpha;
+    }
+    // O rescaled only when some row of the warp raised its max (128 FMULs a tile otherwise; once a row's max has
+    // settled, typically after its first tiles, alpha is exactly 1). The vote keeps the branch warp-uniform.
+    if (__any_sync(PK_FULL_MASK, al[0] != 1.0f || al[1] != 1.0f)) {
 #pragma unroll
-        for (int j = 0; j < 32; j++) o[4 * j + 2 * r] *= alpha, o[4 * j + 2 * r + 1] *= alpha;
+        for (int j = 0; j < 32; j++)
+            o[4 * j] *= al[0], o[4 * j + 1] *= al[0], o[4 * j + 2] *= al[1], o[4 * j + 3] *= al[1];
     }
 }
 
@@ -86,18 +93,17 @@ __device__ __forceinline__ void mla90_softmax(const float (&s)[MLA90_BC / 2], fl
 // tile loop instead of being kept live through it, where the 128 output accumulators leave no room for them.
 __device__ __forceinline__ int mla90_tid_again() { return (int)pk_opaque_u64(threadIdx.x); }
 
-// The wgmmas of consumer C's S partial (no fence, no commit): k-steps 18 C .. 18 C + 17 of the 36, k-step ks in
-// box ks / 4, 32 bytes a k-step inside it; C a template parameter so that every offset is a constant (the
-// descriptors stay uniform-register adds instead of 18 live 64-bit vector registers).
+// The wgmmas of consumer C's S partial (no fence, no commit): the k-steps 2 k + C (k < 18) of the 36, k-step 2 k + C
+// in box k / 2 at 32 (2 (k % 2) + C) bytes inside it. C is a template parameter so that every offset is a constant
+// on the uniform descriptors dq / dk (a consumer index known only at run time puts every descriptor add in vector
+// registers and an R2UR pair before each wgmma).
 template <typename T, int C>
 __device__ __forceinline__ void mla90_issue_scores(float (&sp)[MLA90_BC / 2], unsigned long long dq,
                                                    unsigned long long dk) {
 #pragma unroll
     for (int k = 0; k < 18; k++) {
-        constexpr int K0 = 18 * C;
-        const int ks = K0 + k;
-        const unsigned qo = (ks / 4) * (MLA90_HEADS * 128) + (ks % 4) * 32;
-        const unsigned ko = (ks / 4) * (MLA90_BC * 128) + (ks % 4) * 32;
+        const unsigned qo = (k / 2) * (MLA90_HEADS * 128) + (2 * (k % 2) + C) * 32;
+        const unsigned ko = (k / 2) * (MLA90_BC * 128) + (2 * (k % 2) + C) * 32;
         pk_wgmma_m64nNk16_ss<MLA90_BC, Mla90Dt<T>::V>(sp, pk_wgmma_desc_advance(dq, qo),
                                                       pk_wgmma_desc_advance(dk, ko), k > 0);
     }
@@ -217,11 +223,13 @@ __device__ __forceinline__ void mla90_body(const T* __restrict__ q_nope, const T
         for (int i = 0; i < n_tiles; i++) {
             const int s = i % MLA90_ST;
             pk_mbarrier_wait_parity(&full[s], (i / MLA90_ST) & 1);
-            // S partial over this consumer's 18 k-steps (c is the warpgroup's: both take the branch whole).
+            // S partial over this consumer's 18 k-steps. The branch is the warpgroup's (wgmma is .sync.aligned
+            // over it); the warp vote tells ptxas it is warp-uniform, without which it serializes every wgmma
+            // ("compiler-inserted WG.AR in divergent path").
             float sp[MLA90_BC / 2];
             const unsigned long long dk = pk_wgmma_desc_advance(dk0, s * MLA90_SLOT);
             pk_wgmma_fence();
-            if (c == 0) mla90_issue_scores<T, 0>(sp, dq, dk);
+            if (__all_sync(PK_FULL_MASK, c == 0)) mla90_issue_scores<T, 0>(sp, dq, dk);
             else mla90_issue_scores<T, 1>(sp, dq, dk);
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
