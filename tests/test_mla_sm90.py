@@ -99,3 +99,18 @@ def test_launches_names_the_kernel_of_the_backend(sm90) -> None:
                                       ("merge_states_bf16", (1, 128), (256,), 0)]
     assert plan.launches("numba")[0][:3] == ("mla_decode_bf16", (8, 2, 4), (128,))
     assert MLA90_SMEM_BYTES <= 227 * 1024  # an H100 / H200 CTA's dynamic shared memory
+
+
+def test_default_splits_fill_one_cta_a_sm_for_the_wgmma_kernel(monkeypatch) -> None:
+    # 128 heads, batch 4: 8 wgmma CTAs (64 heads each, one a SM by shared memory) -> 17 splits for 132 SMs;
+    # the mma.sync kernel's 32 CTAs (16 heads, two a SM) -> 9
+    def splits() -> int:
+        p = ops.MLAPagedDecodePlan(backend="host")
+        p.plan(np.arange(5), np.arange(5) * 512, np.arange(2048), np.full(4, 32768), 128, 512, 64, 64, False, SCALE,
+               "bf16")
+        return p.num_splits
+
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+    assert splits() == 17
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_80")
+    assert splits() == 9

@@ -156,7 +156,8 @@ class MLAPagedDecodePlan:
         way (one query sees every key of its request). sm_scale: the score scale, finite and > 0 (DeepSeek-V3:
         1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) = 1 / sqrt(192), times its YaRN mscale^2). q_data_type /
         kv_data_type: bf16 or f16, the same (kv_data_type None: q's). num_splits: KV splits a request (None:
-        enough CTAs for two a SM of num_sms while each split keeps >= 256 keys; at most 64).
+        enough CTAs for two a SM of num_sms, one a SM for the sm_90a kernel (`uses_sm90` with the plan's backend
+        and `like`), while each split keeps >= 256 keys; at most 64).
         """
         if head_dim_ckv != HEAD_DIM_CKV:
             raise ArgumentError(f"head_dim_ckv: expected {HEAD_DIM_CKV} (the latent layout of the kernel), got "
@@ -207,9 +208,12 @@ class MLAPagedDecodePlan:
         tiles = -(-h // _HEADS_CTA)
         max_len = int(lens.max()) if lens.size else 0
         if num_splits is None:
+            # the sm_90a kernel: 64 heads and 212 KiB of shared memory a CTA, one CTA a SM; mma.sync: two a SM
+            sm90 = uses_sm90(self.backend, self.like)
+            ctas, want = (-(-h // _HEADS_CTA_SM90), sms) if sm90 else (tiles, 2 * sms)
             ns = 1
-            if tiles * batch < 2 * sms:
-                ns = max(1, min(-(-2 * sms // (tiles * batch)), max_len // _MIN_SPLIT_KEYS, _MAX_SPLITS))
+            if ctas * batch < want:
+                ns = max(1, min(-(-want // (ctas * batch)), max_len // _MIN_SPLIT_KEYS, _MAX_SPLITS))
         else:
             ns = _pos_int("num_splits", num_splits)
             if ns > _GRID_YZ:
