@@ -13,6 +13,23 @@ each SM term over the busiest SM (ceil(CTAs / 132) CTAs of a wave-free grid, eve
 Fixed costs (launch, the ring's first fill, the split merge) are left out: it is a lower bound.
 
     python tools/mla_model.py [--heads 16 --heads 128] [--arch sm_90]
+
+`--kernel sm90` models the sm_90a kernel (kernels_cu/mla_sm90.cu, wgmma) on an H200 instead (published rates:
+4.8 TB/s HBM, 989 TFLOP/s dense bf16, 132 SMs; 1.83 GHz, the clock at which 989 TFLOP/s is 4096 flops a clock an
+SM), with its own terms:
+
+  - tensor pipe: the wgmmas' flops of a 64-head CTA tile (S 64 x 32 x 576, O += P V 64 x 32 x 512; heads past
+    num_heads are padded rows and cost the same) at the full dense rate;
+  - issue: the instructions a tile executes, per warp from the SASS: the 8 consumer warps run the tile loop
+    without the other consumer's S copy and, once the row maxima have settled, without the O rescale; the 4
+    producer warps run the gather loop (18 cp.async a thread a tile);
+  - shared memory: what the wgmmas read (SS: Q, 64 x 576, and the K tile for S; the V boxes for P V), the S
+    exchange (STS + LDS) and the cp.async landing, at 128 B a clock an SM;
+  - HBM as above at 4.8 TB/s;
+
+the busiest SM runs ceil(CTAs / 132) CTAs (one a SM: 212 KiB of shared memory) of the plan's default split.
+
+    python tools/mla_model.py --kernel sm90 [--heads 16 --heads 128]
 """
 from __future__ import annotations
 
@@ -60,17 +77,28 @@ def loop_counts(arch: str = "sm_90", kernel: str = "mla_decode_bf16") -> dict[st
     return {"insns": len(body), "mma": loop["mma"], "smem": smem}
 
 
-def plan_geometry(batch: int, heads: int, keys: int) -> tuple[int, int]:
-    """(CTAs, tiles a CTA) of MLAPagedDecodePlan's default split choice."""
+def plan_geometry(batch: int, heads: int, keys: int, sm90: bool = False) -> tuple[int, int]:
+    """(CTAs, tiles a CTA) of MLAPagedDecodePlan's default split choice (sm90: the wgmma kernel's, as the plan
+    makes it on the host backend playing sm_90a)."""
+    import os
+
     import numpy as np
 
     from pykern.ops.mla import MLAPagedDecodePlan
 
-    p = MLAPagedDecodePlan()
-    pages = -(-keys // 64)
-    p.plan(np.arange(batch + 1), np.arange(batch + 1) * pages, np.zeros(batch * pages, np.int32),
-           np.full(batch, keys), heads, 512, 64, 64, False, 1.0, "bf16")
-    tiles_x, b, ns = p.grid
+    old = os.environ.get("PYKERN_HOST_ARCH")
+    os.environ["PYKERN_HOST_ARCH"] = "sm_90a" if sm90 else "sm_80"
+    try:
+        p = MLAPagedDecodePlan(backend="host")
+        pages = -(-keys // 64)
+        p.plan(np.arange(batch + 1), np.arange(batch + 1) * pages, np.zeros(batch * pages, np.int32),
+               np.full(batch, keys), heads, 512, 64, 64, False, 1.0, "bf16")
+    finally:
+        if old is None:
+            os.environ.pop("PYKERN_HOST_ARCH", None)
+        else:
+            os.environ["PYKERN_HOST_ARCH"] = old
+    tiles_x, b, ns = p.grid_sm90 if sm90 else p.grid
     per = -(-keys // ns)
     per = -(-per // 32) * 32
     return tiles_x * b * ns, -(-min(per, keys) // 32)
@@ -90,20 +118,95 @@ def model(batch: int, heads: int, keys: int, c: dict[str, float]) -> dict[str, f
     return t
 
 
+# ---- the sm_90a kernel (kernels_cu/mla_sm90.cu) on an H200
+H200_HBM, H200_FLOPS = 4.8e12, 989e12
+SM90_TILE_FLOPS = 2 * 64 * 32 * 576 + 2 * 64 * 32 * 512  # S and O += P V of one 64-head CTA's 32-key tile
+# shared-memory bytes of one CTA tile: the wgmmas' operands (S: Q 64 x 576 and K 32 x 576 halves, SS; P V: V 32 x 512
+# halves, P from registers), the S exchange (8 consumer warps, 16 STS + 16 LDS of 4 bytes a lane) and the gathers
+SM90_TILE_SMEM = 64 * 576 * 2 + 32 * 576 * 2 + 32 * 512 * 2 + 8 * 32 * 32 * 4 + 32 * 576 * 2
+
+
+def _blocks_after(insns: list, lo: int, hi: int, vote: str) -> list[tuple[int, int]]:
+    """[start, end) address ranges skipped by the forward branches that follow each `vote` in [lo, hi]."""
+    out = []
+    for k, (addr, op, mods, body) in enumerate(insns):
+        if lo <= addr <= hi and op == "VOTE" and mods.startswith(vote):
+            for addr2, op2, _m, body2 in insns[k + 1:]:
+                if op2 == "BRA":
+                    tgt = int(body2.split("BRA", 1)[1].split(";")[0].strip().split()[-1], 16)
+                    out.append((addr2 + 16, tgt))
+                    break
+    return out
+
+
+def sm90_counts(kernel: str = "mla_decode_sm90_bf16") -> dict[str, float]:
+    """Instructions a warp executes a tile (consumer: steady state; producer: the gather), from the sm_90a SASS."""
+    from pykern import cache
+    from pykern.registry import source_files
+
+    sr = _sr()
+    src = next(s for s in source_files() if s.name == "mla_sm90.cu")
+    text = sr.disassemble(cache.get_module(src, "sm_90a").image)
+    insns = [x for x in sr._instructions(text)[kernel] if x[1] != "NOP"]
+    loop = sr.steady_state_loops(text)[kernel]
+    lo, hi = int(loop["start"], 16), int(loop["end"], 16)
+    static = sum(lo <= a <= hi for a, *_ in insns)
+    # the S branch (VOTE.ALL: one consumer's copy skipped) and the O rescale (VOTE.ANY: skipped once settled)
+    (s0, s1), = _blocks_after(insns, lo, hi, ".ALL")
+    (r0, r1), = _blocks_after(insns, lo, hi, ".ANY")
+    skip = sum(s0 <= a < s1 for a, *_ in insns) + sum(r0 <= a < r1 for a, *_ in insns)
+    # the producer: the innermost backward branch around its cp.async gathers, run as often as 18 / (its LDGSTS)
+    # a tile (ptxas unrolls the chunk loop whole: once)
+    producer = None
+    for addr, op, _m, body in insns:
+        if op == "BRA":
+            tgt = int(body.split("BRA", 1)[1].split(";")[0].strip().split()[-1], 16)
+            inside = [o for a, o, *_ in insns if tgt <= a <= addr]
+            if tgt <= addr and "LDGSTS" in inside:
+                n = len(inside) * 18 // inside.count("LDGSTS")
+                producer = n if producer is None else min(producer, n)
+    return {"static": static, "consumer": static - skip, "producer": producer}
+
+
+def sm90_model(batch: int, heads: int, keys: int, c: dict[str, float]) -> dict[str, float]:
+    ctas, tiles = plan_geometry(batch, heads, keys, sm90=True)
+    per_sm = math.ceil(ctas / SMS) * tiles
+    t = {
+        "hbm": (batch * keys * KEY_BYTES + batch * heads * (576 + 512) * 2) / H200_HBM,
+        "tensor": per_sm * SM90_TILE_FLOPS / (H200_FLOPS / SMS),
+        "issue": per_sm * (8 * c["consumer"] + 4 * c["producer"]) / ISSUE_PER_CLK / CLOCK,
+        "smem": per_sm * SM90_TILE_SMEM / SMEM_B_PER_CLK / CLOCK,
+    }
+    t["ctas"], t["tiles"] = ctas, tiles
+    return t
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--heads", type=int, action="append")
     ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--kernel", choices=("mma", "sm90"), default="mma")
     a = ap.parse_args()
+    if a.kernel == "sm90":
+        c = sm90_counts()
+        print(f"sm_90a loop: {c['static']} instructions static (both consumers' S copies), {c['consumer']} a "
+              f"consumer warp a 32-key tile in the steady state, {c['producer']} a producer warp; "
+              f"{SM90_TILE_SMEM} shared bytes and {SM90_TILE_FLOPS / 1e6:.2f} MFLOP a CTA tile (H200 rates)")
+        _table(a.heads, lambda b, h, n: sm90_model(b, h, n, c))
+        return
     c = loop_counts(a.arch)
     print(f"loop ({a.arch}): {c['insns']} warp-instructions, {c['mma']:.0f} MMAs, {c['smem']} shared bytes a warp "
           f"a 32-key tile")
+    _table(a.heads, lambda b, h, n: model(b, h, n, c))
+
+
+def _table(heads: list[int] | None, fn) -> None:
     print(f"{'heads':>5} {'batch':>5} {'keys':>6} {'CTAs':>5} {'tiles':>5} {'HBM us':>8} {'tensor us':>9} "
           f"{'issue us':>8} {'smem us':>8}  binds")
-    for h in a.heads or [16, 128]:
+    for h in heads or [16, 128]:
         for b in (1, 64, 256):
             for n in (4096, 32768):
-                t = model(b, h, n, c)
+                t = fn(b, h, n)
                 terms = {k: t[k] for k in ("hbm", "tensor", "issue", "smem")}
                 bind = max(terms, key=terms.get)
                 print(f"{h:>5} {b:>5} {n:>6} {t['ctas']:>5} {t['tiles']:>5} {t['hbm'] * 1e6:>8.1f} "
