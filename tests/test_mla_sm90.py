@@ -20,12 +20,12 @@ SCALE = 1.0 / np.sqrt(192.0)
 # (kind, kv lengths, heads, page_size, num_splits)
 SHAPES = [
     ("bf16", (1,), 16, 1, 1),
-    ("f16", (100, 0, 1), 16, 16, 1),   # 4 tiles: the 3-slot ring wraps; an empty request
-    ("bf16", (70, 33), 64, 64, 1),     # one full head tile; a page holds two tiles
+    ("f16", (150, 0, 1), 16, 16, 1),   # 3 tiles of 64 keys: the 2-slot ring wraps; an empty request
+    ("bf16", (130, 33), 64, 64, 1),    # one full head tile; a page is a tile
     ("f16", (45, 1), 128, 16, 1),      # two head tiles
     ("bf16", (50,), 80, 1, 1),         # a second head tile with 48 rows past num_heads
-    ("bf16", (130, 17, 0), 16, 16, 3),  # splits (the merge), one of them empty for the short requests
-    ("f16", (90,), 128, 1, 2),
+    ("bf16", (130, 17, 0), 16, 16, 3),  # splits at multiples of 32 keys (the merge), empty ones for short requests
+    ("f16", (200,), 128, 32, 2),       # a split of 100 keys -> 128: two tiles, the second one partial
 ]
 
 
@@ -54,8 +54,9 @@ def test_matches_float64_and_runs_the_wgmma_kernel(kind, lens, heads, ps, ns, sm
 
 
 def test_scores_rising_across_tiles_rescale_the_output(sm90) -> None:
-    # each 32-key tile's scores sit far above the previous tile's: every tile raises the row max, so O and l are
-    # rescaled (by ~0) each time; a kernel that kept the old base would overflow or weigh the early keys
+    # every 32 keys the scores of head 0 rise far above the earlier ones: each 64-key tile raises the row max, so
+    # O and l are rescaled (by ~0), in both consumers; a kernel that kept the old base would overflow or weigh the
+    # early keys
     x = make_mla_inputs(np.random.default_rng(11), "bf16", (128,), 16, 16)
     pages = x["kv_indices"][:8]
     ramp = np.repeat(np.arange(4, dtype=np.float32), 32).reshape(8, 16, 1)  # tile index of each key

@@ -1,10 +1,11 @@
 """SASS of the sm_90a MLA decode kernels (kernels_cu/mla_sm90.cu), from the NVRTC sm_90a cubin with cuobjdump (no
 GPU needed), as tests/test_sass_mla.py does for the mma.sync kernel:
 
-- a flat steady-state tile loop (no inner loop) with the wgmmas of a 32-key tile: S = Q K^T as 18 HGMMA.64x32x16
-  a consumer warpgroup (both consumers' copies, 36, sit in the loop behind a warp-voted branch) and O += P V as 2
-  HGMMA.64x256x16 with P from registers; each group waited once (two WARPGROUP.DEPBAR a tile: ptxas did not
-  serialize the wgmmas, which it does when it takes a branch around them for divergent);
+- consumer 0's tile loop is flat (no inner loop) with the wgmmas of a 64-key tile: S = Q K^T as 36
+  HGMMA.64x64x16 (SS) and its O += P V as 4 HGMMA.64x256x16 with P from registers; consumer 1's loop holds its
+  O += P V as 4 HGMMA.64x256x16 with P from shared memory; each wgmma group is waited once (ptxas did not
+  serialize the wgmmas, which it does when it takes a branch around them for divergent), and the descriptors
+  are uniform-register adds;
 - the latent rows gathered by 16-byte cp.async (LDGSTS.E.BYPASS.128) into the ring, mbarriers (SYNCS), setmaxnreg;
 - no spills and no local memory.
 """
@@ -71,17 +72,30 @@ def _loop_ops(kernel: str) -> Counter:
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_flat_tile_loop_of_hgmma(kernel: str) -> None:
-    row = loops()[kernel]  # absent when the loop with the MMAs holds an inner loop
+    row = loops()[kernel]  # the loop with the most MMAs; absent when it holds an inner loop
     ops = _loop_ops(kernel)
     hg = {op: n for op, n in ops.items() if op.startswith("HGMMA")}
-    assert sum(n for op, n in hg.items() if op.startswith("HGMMA.64x32x16.F32")) == 36, hg
-    assert sum(n for op, n in hg.items() if op.startswith("HGMMA.64x256x16.F32")) == 2, hg
+    assert sum(n for op, n in hg.items() if op.startswith("HGMMA.64x64x16.F32")) == 36, hg
+    assert sum(n for op, n in hg.items() if op.startswith("HGMMA.64x256x16.F32")) == 4, hg
     # one wait a wgmma group (S, P V): serialized wgmmas would wait after each one
     assert sum(n for op, n in ops.items() if op.startswith("WARPGROUP.DEPBAR")) == 2, ops
-    assert row["ldsm"] == 0 and row["bar"] == 1, row  # B straight from shared memory; one exchange barrier
-    # static instructions of the loop per m16n8k16-equivalent, both consumers' S copies counted (469 / 209 when
-    # written): the descriptors are uniform adds; more than 2.5 means they went back to vector registers
-    assert row["per_mma"] < 2.5, row
+    # B straight from shared memory; the two P hand-over rendezvous with consumer 1
+    assert row["ldsm"] == 0 and row["bar"] == 2, row
+    # static instructions of the loop per m16n8k16-equivalent (533 / 416 when written, the O rescale included):
+    # more than 1.5 means the descriptors went back to vector registers (an R2UR pair a wgmma) or more came in
+    assert row["per_mma"] < 1.5, row
+    assert sum(n for op, n in ops.items() if op.startswith("R2UR")) <= 8, ops
+
+
+@pytest.mark.parametrize("kernel", KERNELS)
+def test_second_consumer_loop_reads_p_from_shared_memory(kernel: str) -> None:
+    found = [r for r in _guard(lambda: sr.inner_loops(sass()))[kernel]
+             if sum(n for op, n in r["ops"].items() if op.startswith("HGMMA")) == 4]
+    assert len(found) == 1, found
+    ops = found[0]["ops"]
+    assert sum(n for op, n in ops.items() if op.startswith("HGMMA.64x256x16.F32")) == 4, ops
+    assert sum(n for op, n in ops.items() if op.startswith("WARPGROUP.DEPBAR")) == 1, ops
+    assert found[0]["insns"] < 200, found[0]  # the factors, an optional rescale, 4 wgmmas, the hand-over
 
 
 def test_cp_async_gathers_mbarriers_and_setmaxnreg() -> None:

@@ -38,9 +38,9 @@ _THREADS = 128
 _HEADS_CTA = 16  # heads a CTA: the M of mma.sync m16n8k16
 # kernels_cu/mla.cu MLA_SMEM_BYTES: the 2-slot ring of 32 rows of 584 halves, then the S exchange (8 KB)
 MLA_SMEM_BYTES = 2 * _BC * 584 * 2 + 4 * 4 * 32 * 16
-# kernels_cu/mla_sm90.cu MLA90_SMEM_BYTES: Q (64 heads x 576, 72 KiB), the 3-slot ring of 32-key tiles (108 KiB),
-# the S exchange (32 KiB), the mbarriers
-MLA90_SMEM_BYTES = 64 * 576 * 2 + 3 * 32 * 576 * 2 + 2 * 2 * 16 * 128 * 4 + 64
+# kernels_cu/mla_sm90.cu MLA90_SMEM_BYTES: Q (64 heads x 576, 72 KiB), the 2-slot ring of 64-key tiles (144 KiB),
+# P (8 KiB), the rows' rescale factors, m and l, the mbarriers
+MLA90_SMEM_BYTES = 64 * 576 * 2 + 2 * 64 * 576 * 2 + 64 * 128 + 3 * 64 * 4 + 64
 _THREADS_SM90 = 384  # a producer warpgroup and two consumer warpgroups
 _HEADS_CTA_SM90 = 64  # wgmma's M
 _KINDS = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}
@@ -208,7 +208,7 @@ class MLAPagedDecodePlan:
         tiles = -(-h // _HEADS_CTA)
         max_len = int(lens.max()) if lens.size else 0
         if num_splits is None:
-            # the sm_90a kernel: 64 heads and 212 KiB of shared memory a CTA, one CTA a SM; mma.sync: two a SM
+            # the sm_90a kernel: 64 heads and 225 KiB of shared memory a CTA, one CTA a SM; mma.sync: two a SM
             sm90 = uses_sm90(self.backend, self.like)
             ctas, want = (-(-h // _HEADS_CTA_SM90), sms) if sm90 else (tiles, 2 * sms)
             ns = 1
@@ -236,7 +236,7 @@ class MLAPagedDecodePlan:
         self._planned = True
 
     def _mla_launch(self, sm90: bool, suffix: str) -> tuple[str, tuple[int, ...], tuple[int, ...], int]:
-        if sm90:  # the same splits (both kernels tile keys by 32), 64 heads a CTA
+        if sm90:  # the same splits (both kernels split at multiples of 32 keys), 64 heads a CTA
             return ("mla_decode_sm90" + suffix, self.grid_sm90, (_THREADS_SM90,), MLA90_SMEM_BYTES)
         return ("mla_decode" + suffix, self.grid, (_THREADS,), MLA_SMEM_BYTES)
 

@@ -99,7 +99,7 @@ def mla_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
     # 16 heads (48 masked rows), 64 (one full CTA) and 80 (a second CTA, mostly masked); page sizes 1 and 16;
-    # lengths 0, 1, 17 and several tiles (the 3-slot ring wraps: 130 keys are 5 tiles); splits with the merge.
+    # lengths 0, 1, 17 and several tiles (the 2-slot ring wraps: 130 keys are 3 tiles of 64); splits with the merge.
     # The host emulation runs 384 fibers a CTA through every wgmma and mbarrier wait: small shapes.
     from ...errors import ArgumentError
     from ...ops.mla import uses_sm90
