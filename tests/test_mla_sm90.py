@@ -1,7 +1,7 @@
 """MLA paged decode on sm_90a (kernels_cu/mla_sm90.cu, wgmma): on the host backend playing sm_90a
 (PYKERN_HOST_ARCH=sm_90a, the emulation of pykern/host/pk_host_sm90.cpp) MLAPagedDecodePlan.run launches
 mla_decode_sm90 and matches the float64 reference within the bf16 / f16 rows of the tolerance table: heads 16 /
-64 / 128 (and 80: a second, mostly masked CTA), page sizes 1 / 16 / 64, ragged lengths with 0 and 1, kv splits
+64 / 128 (and 80: a second, mostly masked CTA), page sizes 1 / 16 / 32 / 64, ragged lengths with 0 and 1, kv splits
 merged by merge_states; scores that rise across tiles (the online softmax's rescale); the same answer as the
 mma.sync kernel; and the mma.sync kernel on every other arch."""
 from __future__ import annotations

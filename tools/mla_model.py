@@ -18,16 +18,17 @@ Fixed costs (launch, the ring's first fill, the split merge) are left out: it is
 4.8 TB/s HBM, 989 TFLOP/s dense bf16, 132 SMs; 1.83 GHz, the clock at which 989 TFLOP/s is 4096 flops a clock an
 SM), with its own terms:
 
-  - tensor pipe: the wgmmas' flops of a 64-head CTA tile (S 64 x 32 x 576, O += P V 64 x 32 x 512; heads past
+  - tensor pipe: the wgmmas' flops of a 64-head CTA tile (S 64 x 64 x 576, O += P V 64 x 64 x 512; heads past
     num_heads are padded rows and cost the same) at the full dense rate;
-  - issue: the instructions a tile executes, per warp from the SASS: the 8 consumer warps run the tile loop
-    without the other consumer's S copy and, once the row maxima have settled, without the O rescale; the 4
-    producer warps run the gather loop (18 cp.async a thread a tile);
-  - shared memory: what the wgmmas read (SS: Q, 64 x 576, and the K tile for S; the V boxes for P V), the S
-    exchange (STS + LDS) and the cp.async landing, at 128 B a clock an SM;
+  - issue: the instructions a 64-key tile executes, per warp from the SASS, once the row maxima have settled
+    (the O rescale skipped): 4 warps of consumer 0 (S, softmax, P hand-over, P V), 4 of consumer 1 (P V), 4
+    producer warps (36 cp.async a thread);
+  - shared memory: what the wgmmas read (SS: Q, 64 x 576, and the K tile for S; the V boxes and consumer 1's P
+    for P V), the P hand-over and the cp.async landing, at 128 B a clock an SM;
   - HBM as above at 4.8 TB/s;
 
-the busiest SM runs ceil(CTAs / 132) CTAs (one a SM: 212 KiB of shared memory) of the plan's default split.
+the busiest SM runs ceil(CTAs / 132) CTAs (one a SM: 225 KiB of shared memory) of the plan's default split,
+each ceil(keys / 64) tiles.
 
     python tools/mla_model.py --kernel sm90 [--heads 16 --heads 128]
 """
@@ -100,8 +101,8 @@ def plan_geometry(batch: int, heads: int, keys: int, sm90: bool = False) -> tupl
             os.environ["PYKERN_HOST_ARCH"] = old
     tiles_x, b, ns = p.grid_sm90 if sm90 else p.grid
     per = -(-keys // ns)
-    per = -(-per // 32) * 32
-    return tiles_x * b * ns, -(-min(per, keys) // 32)
+    per = -(-per // 32) * 32  # both kernels split at multiples of 32 keys
+    return tiles_x * b * ns, -(-min(per, keys) // (SM90_BC if sm90 else 32))
 
 
 def model(batch: int, heads: int, keys: int, c: dict[str, float]) -> dict[str, float]:
@@ -120,27 +121,32 @@ def model(batch: int, heads: int, keys: int, c: dict[str, float]) -> dict[str, f
 
 # ---- the sm_90a kernel (kernels_cu/mla_sm90.cu) on an H200
 H200_HBM, H200_FLOPS = 4.8e12, 989e12
-SM90_TILE_FLOPS = 2 * 64 * 32 * 576 + 2 * 64 * 32 * 512  # S and O += P V of one 64-head CTA's 32-key tile
-# shared-memory bytes of one CTA tile: the wgmmas' operands (S: Q 64 x 576 and K 32 x 576 halves, SS; P V: V 32 x 512
-# halves, P from registers), the S exchange (8 consumer warps, 16 STS + 16 LDS of 4 bytes a lane) and the gathers
-SM90_TILE_SMEM = 64 * 576 * 2 + 32 * 576 * 2 + 32 * 512 * 2 + 8 * 32 * 32 * 4 + 32 * 576 * 2
+SM90_BC = 64  # keys a tile
+SM90_TILE_FLOPS = 2 * 64 * SM90_BC * 576 + 2 * 64 * SM90_BC * 512  # S and O += P V of one 64-head CTA tile
+# shared-memory bytes of one CTA tile: the wgmmas' operands (S, SS: Q 64 x 576 and K 64 x 576 halves; P V: V 64 x
+# 512 halves, consumer 1's P 64 x 64 halves as its A), consumer 0's P stores, the rows' factors (64 stores, 256
+# loads of 4 bytes) and the gathers' landing (64 x 576 halves)
+SM90_TILE_SMEM = (64 * 576 * 2 + SM90_BC * 576 * 2 + SM90_BC * 512 * 2 + 2 * 64 * SM90_BC * 2 + 4 * (64 + 256)
+                  + SM90_BC * 576 * 2)
 
 
-def _blocks_after(insns: list, lo: int, hi: int, vote: str) -> list[tuple[int, int]]:
-    """[start, end) address ranges skipped by the forward branches that follow each `vote` in [lo, hi]."""
-    out = []
-    for k, (addr, op, mods, body) in enumerate(insns):
-        if lo <= addr <= hi and op == "VOTE" and mods.startswith(vote):
+def _skipped(insns: list, lo: int, hi: int) -> int:
+    """Instructions in [lo, hi] that the forward branch after a VOTE.ANY skips (the O rescale, not taken once
+    the row maxima have settled)."""
+    n = 0
+    for k, (addr, op, mods, _b) in enumerate(insns):
+        if lo <= addr <= hi and op == "VOTE" and mods.startswith(".ANY"):
             for addr2, op2, _m, body2 in insns[k + 1:]:
                 if op2 == "BRA":
                     tgt = int(body2.split("BRA", 1)[1].split(";")[0].strip().split()[-1], 16)
-                    out.append((addr2 + 16, tgt))
+                    n += sum(addr2 < a < tgt for a, *_ in insns)
                     break
-    return out
+    return n
 
 
 def sm90_counts(kernel: str = "mla_decode_sm90_bf16") -> dict[str, float]:
-    """Instructions a warp executes a tile (consumer: steady state; producer: the gather), from the sm_90a SASS."""
+    """Instructions a warp executes a tile in the steady state (row maxima settled), from the sm_90a SASS:
+    consumer 0 (S, softmax, P hand-over, its P V), consumer 1 (its P V) and a producer warp (the gathers)."""
     from pykern import cache
     from pykern.registry import source_files
 
@@ -148,24 +154,24 @@ def sm90_counts(kernel: str = "mla_decode_sm90_bf16") -> dict[str, float]:
     src = next(s for s in source_files() if s.name == "mla_sm90.cu")
     text = sr.disassemble(cache.get_module(src, "sm_90a").image)
     insns = [x for x in sr._instructions(text)[kernel] if x[1] != "NOP"]
-    loop = sr.steady_state_loops(text)[kernel]
-    lo, hi = int(loop["start"], 16), int(loop["end"], 16)
-    static = sum(lo <= a <= hi for a, *_ in insns)
-    # the S branch (VOTE.ALL: one consumer's copy skipped) and the O rescale (VOTE.ANY: skipped once settled)
-    (s0, s1), = _blocks_after(insns, lo, hi, ".ALL")
-    (r0, r1), = _blocks_after(insns, lo, hi, ".ANY")
-    skip = sum(s0 <= a < s1 for a, *_ in insns) + sum(r0 <= a < r1 for a, *_ in insns)
-    # the producer: the innermost backward branch around its cp.async gathers, run as often as 18 / (its LDGSTS)
-    # a tile (ptxas unrolls the chunk loop whole: once)
-    producer = None
-    for addr, op, _m, body in insns:
-        if op == "BRA":
-            tgt = int(body.split("BRA", 1)[1].split(";")[0].strip().split()[-1], 16)
-            inside = [o for a, o, *_ in insns if tgt <= a <= addr]
-            if tgt <= addr and "LDGSTS" in inside:
-                n = len(inside) * 18 // inside.count("LDGSTS")
-                producer = n if producer is None else min(producer, n)
-    return {"static": static, "consumer": static - skip, "producer": producer}
+    out: dict[str, float] = {}
+    for row in sr.inner_loops(text, innermost=False)[kernel]:
+        lo, hi = int(row["start"], 16), int(row["end"], 16)
+        ops = row["ops"]
+        hg = sum(n for op, n in ops.items() if op.startswith("HGMMA"))
+        gathers = sum(n for op, n in ops.items() if op.startswith("LDGSTS"))
+        leaf = row["inner"] == row["insns"]  # a loop without inner loops counts itself
+        if hg and leaf:
+            key = "consumer0" if hg > 4 else "consumer1"
+            out[key] = row["insns"] - _skipped(insns, lo, hi)
+            out[key + "_static"] = row["insns"]
+        elif gathers and not leaf:  # the producer's tile loop around its chunk loop (4 gathers an iteration)
+            inner = next(r for r in sr.inner_loops(text)[kernel]
+                         if lo <= int(r["start"], 16) and int(r["end"], 16) <= hi
+                         and any(op.startswith("LDGSTS") for op in r["ops"]))
+            per = sum(n for op, n in inner["ops"].items() if op.startswith("LDGSTS"))
+            out["producer"] = row["insns"] - inner["insns"] + (36 // per) * inner["insns"]
+    return out
 
 
 def sm90_model(batch: int, heads: int, keys: int, c: dict[str, float]) -> dict[str, float]:
@@ -174,7 +180,7 @@ def sm90_model(batch: int, heads: int, keys: int, c: dict[str, float]) -> dict[s
     t = {
         "hbm": (batch * keys * KEY_BYTES + batch * heads * (576 + 512) * 2) / H200_HBM,
         "tensor": per_sm * SM90_TILE_FLOPS / (H200_FLOPS / SMS),
-        "issue": per_sm * (8 * c["consumer"] + 4 * c["producer"]) / ISSUE_PER_CLK / CLOCK,
+        "issue": per_sm * 4 * (c["consumer0"] + c["consumer1"] + c["producer"]) / ISSUE_PER_CLK / CLOCK,
         "smem": per_sm * SM90_TILE_SMEM / SMEM_B_PER_CLK / CLOCK,
     }
     t["ctas"], t["tiles"] = ctas, tiles
@@ -189,9 +195,10 @@ def main() -> None:
     a = ap.parse_args()
     if a.kernel == "sm90":
         c = sm90_counts()
-        print(f"sm_90a loop: {c['static']} instructions static (both consumers' S copies), {c['consumer']} a "
-              f"consumer warp a 32-key tile in the steady state, {c['producer']} a producer warp; "
-              f"{SM90_TILE_SMEM} shared bytes and {SM90_TILE_FLOPS / 1e6:.2f} MFLOP a CTA tile (H200 rates)")
+        print(f"sm_90a, a warp and 64-key tile in the steady state: consumer 0 {c['consumer0']} instructions "
+              f"({c['consumer0_static']} with the O rescale), consumer 1 {c['consumer1']} "
+              f"({c['consumer1_static']}), producer {c['producer']}; {SM90_TILE_SMEM} shared bytes and "
+              f"{SM90_TILE_FLOPS / 1e6:.2f} MFLOP a CTA tile (H200 rates)")
         _table(a.heads, lambda b, h, n: sm90_model(b, h, n, c))
         return
     c = loop_counts(a.arch)
