@@ -23,9 +23,10 @@
 //     (128 accumulators a thread). Consumer 0 computes S = Q K^T (wgmma m64n64k16 SS over the 36 k-steps, Q
 //     and the K tile from shared memory, K-major), takes the online-softmax step and rounds P to T; it hands
 //     P (64 x 64, 8 KiB, the same swizzled layout) and each row's rescale factor to consumer 1 through shared
-//     memory (two named-barrier rendezvous a tile: ready, consumed), then runs its O += P V as wgmma m64n256k16 RS (P from its S
-//     accumulators). Consumer 1 rescales its O, then runs O += P V as wgmma m64n256k16 SS (P from shared
-//     memory). V is the same ring slot's ckv boxes 4c .. 4c + 3, read MN-major (no second load, no transpose).
+//     memory (two named-barrier rendezvous a tile: ready, consumed), then runs its O += P V as wgmma
+//     m64n256k16 RS (P from its S accumulators). Consumer 1 rescales its O, then runs O += P V as wgmma
+//     m64n256k16 SS (P from shared memory). V is the same ring slot's ckv boxes 4c .. 4c + 3, read MN-major (no
+//     second load, no transpose).
 //     Why one S: S over 64 keys reads Q (72 KiB) from shared memory once a tile whoever computes it; splitting
 //     its contraction across the consumers would add an fp32 exchange of 16 KiB a consumer and, within the
 //     shared memory a CTA has, force 32-key tiles (Q read twice as often). The tensor cores are the SM's, so
@@ -47,7 +48,8 @@
 #define MLA90_BOX (MLA90_BC * 128)
 #define MLA90_SLOT (MLA90_BOXES * MLA90_BOX)
 #define MLA90_P_BYTES (MLA90_HEADS * 128)
-// Q, the ring, P, then 64 rescale factors, 64 final m and 64 final l (fp32), then the 2 x 2 ring mbarriers (64 bytes kept).
+// Q, the ring, P, then 64 rescale factors, 64 final m and 64 final l (fp32), then the 2 x 2 ring mbarriers (64
+// bytes kept).
 #define MLA90_ROWS_OFF (MLA90_Q_BYTES + MLA90_ST * MLA90_SLOT + MLA90_P_BYTES)
 #define MLA90_SMEM_BYTES (MLA90_ROWS_OFF + 3 * 64 * 4 + 64)
 // Named barriers (0 is __syncthreads'): consumer 0's Q fill (its 128 threads); the P hand-over between the two
