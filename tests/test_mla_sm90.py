@@ -1,9 +1,9 @@
 """MLA paged decode on sm_90a (kernels_cu/mla_sm90.cu, wgmma): on the host backend playing sm_90a
 (PYKERN_HOST_ARCH=sm_90a, the emulation of pykern/host/pk_host_sm90.cpp) MLAPagedDecodePlan.run launches
 mla_decode_sm90 and matches the float64 reference within the bf16 / f16 rows of the tolerance table: heads 16 /
-64 / 128 (and 80: a second, mostly masked CTA), page sizes 1 / 16 / 32 / 64, ragged lengths with 0 and 1, kv splits
-merged by merge_states; scores that rise across tiles (the online softmax's rescale); the same answer as the
-mma.sync kernel; and the mma.sync kernel on every other arch."""
+64 / 128 (and 80: a second, mostly masked CTA), page sizes 1 / 3 / 16 / 32 / 64, ragged lengths with 0 and 1, kv
+splits merged by merge_states; scores that rise across tiles (the online softmax's rescale); the same answer as
+the mma.sync kernel; and the mma.sync kernel on every other arch."""
 from __future__ import annotations
 
 import numpy as np
@@ -26,6 +26,7 @@ SHAPES = [
     ("bf16", (50,), 80, 1, 1),         # a second head tile with 48 rows past num_heads
     ("bf16", (130, 17, 0), 16, 16, 3),  # splits at multiples of 32 keys (the merge), empty ones for short requests
     ("f16", (200,), 128, 32, 2),       # a split of 100 keys -> 128: two tiles, the second one partial
+    ("bf16", (70, 7), 16, 3, 1),       # pages of 3 keys: a tile's rows from 22 pages, one page across tiles
 ]
 
 
