@@ -183,8 +183,8 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("moe_experts_backward", "f32"): F32,
     ("moe_experts_backward", "bf16"): BF16,
     ("moe_experts_backward", "f16"): F16,
-    # MLA paged decode (mla.cu): fp32 scores and sums, P rounded to the I/O type for the tensor-core P V (as
-    # the tensor-core paged decode), one rounding of the output (of each split's partial, then of the merge)
+    # MLA paged decode (mla.cu, mla_sm90.cu): fp32 scores and sums, P rounded to the I/O type for the tensor-core
+    # P V (as the tensor-core paged decode), one rounding of the output (of each split's partial, then of the merge)
     ("mla_decode", "bf16"): BF16,
     ("mla_decode", "f16"): F16,
     # pykern.torch.apply: a patched HF model against the unpatched one (logits, loss, gradients)

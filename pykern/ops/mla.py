@@ -1,6 +1,7 @@
 """Multi-head latent attention (MLA, DeepSeek-V2 / V3) paged decode, in FlashInfer's
-BatchMLAPagedAttentionWrapper plan / run convention. Kernels in kernels_cu/mla.cu (the split merge is
-cascade.cu's merge_states).
+BatchMLAPagedAttentionWrapper plan / run convention. Kernels: kernels_cu/mla_sm90.cu (wgmma, 64 heads a CTA) on a
+compute-capability 9.0 GPU and on the host backend with PYKERN_HOST_ARCH=sm_90a, kernels_cu/mla.cu (mma.sync, 16
+heads a CTA) on sm_80 / sm_89 and everywhere else; the split merge is cascade.cu's merge_states.
 
 Every query head attends to one latent KV shared by all heads: token t's key is [ckv[t] | kpe[t]] and its value
 is ckv[t] itself, so with scores s = sm_scale * (q_nope . ckv + q_pe . kpe), out = softmax(s) . ckv.
@@ -37,10 +38,30 @@ _THREADS = 128
 _HEADS_CTA = 16  # heads a CTA: the M of mma.sync m16n8k16
 # kernels_cu/mla.cu MLA_SMEM_BYTES: the 2-slot ring of 32 rows of 584 halves, then the S exchange (8 KB)
 MLA_SMEM_BYTES = 2 * _BC * 584 * 2 + 4 * 4 * 32 * 16
+# kernels_cu/mla_sm90.cu MLA90_SMEM_BYTES: Q (64 heads x 576, 72 KiB), the 2-slot ring of 64-key tiles (144 KiB),
+# P (8 KiB), the rows' rescale factors, m and l, the mbarriers
+MLA90_SMEM_BYTES = 64 * 576 * 2 + 2 * 64 * 576 * 2 + 64 * 128 + 3 * 64 * 4 + 64
+_THREADS_SM90 = 384  # a producer warpgroup and two consumer warpgroups
+_HEADS_CTA_SM90 = 64  # wgmma's M
 _KINDS = {"bf16": "bf16", "bfloat16": "bf16", "f16": "f16", "float16": "f16"}
 _MIN_SPLIT_KEYS = 256  # a split streams at least 8 tiles: fewer would pay the ring's fill and the merge for little
 _MAX_SPLITS = 64
 _GRID_YZ = 65535
+
+
+def uses_sm90(backend: str | None = None, like: Any = None) -> bool:
+    """Whether MLAPagedDecodePlan.run takes the wgmma kernel (mla_decode_sm90) on `backend` for arrays like
+    `like`: on a compute-capability 9.0 GPU (nvrtc) or with PYKERN_HOST_ARCH=sm_90a (host); the mma.sync kernel
+    elsewhere. No tensor map is involved (the producer gathers pages with cp.async), so host arrays staged by the
+    launcher qualify too."""
+    from ..backends import get_backend, kernel_variant
+    from ..devices import array_device
+
+    be = get_backend(backend)
+    if be.name not in ("host", "nvrtc"):
+        return False
+    dev = array_device(like) if like is not None else 0
+    return kernel_variant("sm_90a", be.name, dev if isinstance(dev, int) and dev >= 0 else 0)
 
 
 def _kind(name: str, v: Any) -> str:
@@ -135,7 +156,8 @@ class MLAPagedDecodePlan:
         way (one query sees every key of its request). sm_scale: the score scale, finite and > 0 (DeepSeek-V3:
         1 / sqrt(qk_nope_head_dim + qk_rope_head_dim) = 1 / sqrt(192), times its YaRN mscale^2). q_data_type /
         kv_data_type: bf16 or f16, the same (kv_data_type None: q's). num_splits: KV splits a request (None:
-        enough CTAs for two a SM of num_sms while each split keeps >= 256 keys; at most 64).
+        enough CTAs for two a SM of num_sms, one a SM for the sm_90a kernel (`uses_sm90` with the plan's backend
+        and `like`), while each split keeps >= 256 keys; at most 64).
         """
         if head_dim_ckv != HEAD_DIM_CKV:
             raise ArgumentError(f"head_dim_ckv: expected {HEAD_DIM_CKV} (the latent layout of the kernel), got "
@@ -186,9 +208,12 @@ class MLAPagedDecodePlan:
         tiles = -(-h // _HEADS_CTA)
         max_len = int(lens.max()) if lens.size else 0
         if num_splits is None:
+            # the sm_90a kernel: 64 heads and 225 KiB of shared memory a CTA, one CTA a SM; mma.sync: two a SM
+            sm90 = uses_sm90(self.backend, self.like)
+            ctas, want = (-(-h // _HEADS_CTA_SM90), sms) if sm90 else (tiles, 2 * sms)
             ns = 1
-            if tiles * batch < 2 * sms:
-                ns = max(1, min(-(-2 * sms // (tiles * batch)), max_len // _MIN_SPLIT_KEYS, _MAX_SPLITS))
+            if ctas * batch < want:
+                ns = max(1, min(-(-want // (ctas * batch)), max_len // _MIN_SPLIT_KEYS, _MAX_SPLITS))
         else:
             ns = _pos_int("num_splits", num_splits)
             if ns > _GRID_YZ:
@@ -207,13 +232,21 @@ class MLAPagedDecodePlan:
         self.part_o = arrays.empty((n_part * HEAD_DIM_CKV,), dt, like=like)
         self.part_lse = arrays.empty((n_part,), "float32", like=like)
         self.grid = (tiles, batch, ns)
+        self.grid_sm90 = (-(-h // _HEADS_CTA_SM90), batch, ns)
         self._planned = True
 
-    def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
-        """(kernel, grid, block, shared bytes) of each launch of a step: the MLA kernel, then with splits the
-        merge (cascade.cu's merge_states, 8 warps a block, a warp a (request, head) row)."""
+    def _mla_launch(self, sm90: bool, suffix: str) -> tuple[str, tuple[int, ...], tuple[int, ...], int]:
+        if sm90:  # the same splits (both kernels split at multiples of 32 keys), 64 heads a CTA
+            return ("mla_decode_sm90" + suffix, self.grid_sm90, (_THREADS_SM90,), MLA90_SMEM_BYTES)
+        return ("mla_decode" + suffix, self.grid, (_THREADS,), MLA_SMEM_BYTES)
+
+    def launches(self, backend: str | None = None) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
+        """(kernel, grid, block, shared bytes) of each launch of a step on `backend` (default: the plan's): the MLA
+        kernel (mla_decode_sm90 where `uses_sm90`, else mla_decode), then with splits the merge (cascade.cu's
+        merge_states, 8 warps a block, a warp a (request, head) row)."""
         suffix = arrays.kernel_suffix(self.kind)
-        ls = [("mla_decode" + suffix, self.grid, (_THREADS,), MLA_SMEM_BYTES)]
+        be = self.backend if backend is None else backend
+        ls = [self._mla_launch(uses_sm90(be, self.part_lse), suffix)]
         if self.num_splits > 1:
             ls.append(("merge_states" + suffix, (-(-self.batch // 8), self.num_heads), (256,), 0))
         return ls
@@ -271,10 +304,10 @@ class MLAPagedDecodePlan:
         want_lse = bool(return_lse) or lse is not None
         res_flat, lse_flat = res.reshape(-1), lres.reshape(-1)
         ns = self.num_splits
-        launch("mla_decode" + suffix, self.grid, (_THREADS,), qn.reshape(-1), qp.reshape(-1), ckv, kpe, res_flat,
-               lse_flat, self.part_o, self.part_lse, self._indptr, self._indices, self._len, h, self.page_size,
-               cs_p, cs_t, ks_p, ks_t, ns, int(want_lse or ns > 1), self.sm_scale, shared_mem=MLA_SMEM_BYTES,
-               stream=st, backend=backend)
+        name, grid, block, smem = self._mla_launch(uses_sm90(backend, qn), suffix)
+        launch(name, grid, block, qn.reshape(-1), qp.reshape(-1), ckv, kpe, res_flat, lse_flat, self.part_o,
+               self.part_lse, self._indptr, self._indices, self._len, h, self.page_size, cs_p, cs_t, ks_p, ks_t, ns,
+               int(want_lse or ns > 1), self.sm_scale, shared_mem=smem, stream=st, backend=backend)
         if ns > 1:  # the splits' partials (batch, ns, heads, 512) merged in index order
             _merge_launch("merge_states" + suffix, b, h, self.part_o, self.part_lse, res_flat, lse_flat, b, ns, h,
                           HEAD_DIM_CKV, stream=st, like=qn, backend=backend)

@@ -1,7 +1,11 @@
 """Difftest cases for kernels_cu/mla.cu (MLA paged decode, pykern.ops.MLAPagedDecodePlan) and its float64 NumPy
 reference: bf16 and f16, 16 and 32 heads, page sizes 1 and 16, lengths 1, 17 and 200 with an empty request,
 pages in shuffled order, split-KV (merged by cascade.cu's merge_states) and one split. Small: the host backend
-runs each CTA's 128 threads as fibers."""
+runs each CTA's 128 threads as fibers.
+
+The sm_90a kernel (kernels_cu/mla_sm90.cu, wgmma) has its own cases (`-sm90a` in the shape, `arch="sm_90a"`): they
+play sm_90a on the host backend (pykern/difftest/cases/sm90.py's helpers) and fail, rather than fall back to the
+mma.sync kernel, when the op would not take it; numba and nvrtc report them as not applicable."""
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -90,3 +94,35 @@ def mla_cases(rng: np.random.Generator) -> Iterator[Case]:
         kernels = ("mla_decode" + sfx,) + (("merge_states" + sfx,) if ns > 1 else ())
         yield Case(op="mla_decode", dtype=kind, shape=f"b{len(lens)}xh{heads}xp{ps}xL{max(lens)}", kernels=kernels,
                    run=run, reference=ref, note=f"splits={ns}")
+    yield from _sm90_cases(rng)
+
+
+def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # 16 heads (48 masked rows), 64 (one full CTA) and 80 (a second CTA, mostly masked); page sizes 1 and 16;
+    # lengths 0, 1, 17 and several tiles (the 2-slot ring wraps: 130 keys are 3 tiles of 64); splits with the merge.
+    # The host emulation runs 384 fibers a CTA through every wgmma and mbarrier wait: small shapes.
+    from ...errors import ArgumentError
+    from ...ops.mla import uses_sm90
+    from .sm90 import ARCH, _case
+
+    for kind, lens, heads, ps, ns in (("bf16", (130, 0, 1), 16, 16, 1),
+                                      ("f16", (40, 17), 64, 1, 2),
+                                      ("bf16", (70,), 80, 16, 3),
+                                      ("f16", (130,), 16, 16, 1)):
+        x = make_mla_inputs(rng, kind, lens, heads, ps)
+        scale = 1.0 / np.sqrt(192.0)
+        sfx = "_bf16" if kind == "bf16" else "_f16"
+        kernels = ("mla_decode_sm90" + sfx,) + (("merge_states" + sfx,) if ns > 1 else ())
+
+        def run(be, x=x, scale=scale, ns=ns, name=kernels[0]):
+            if not uses_sm90(be):  # never a fallback to the mma.sync kernel under this case's name
+                raise ArgumentError(f"backend: expected one that runs {ARCH} kernels (host with PYKERN_HOST_ARCH="
+                                    f"{ARCH}, or nvrtc on a compute-capability 9.0 GPU) for {name}, got {be!r}")
+            return run_mla(x, scale, be, ns)
+
+        def ref(x=x, scale=scale):
+            o, lse = np_mla_decode(x["q_nope"], x["q_pe"], x["ckv"], x["kpe"], x["kv_indptr"], x["kv_indices"],
+                                   x["kv_len"], scale)
+            return {"out": o, "lse": lse}
+
+        yield _case("mla_decode", kind, f"b{len(lens)}xh{heads}xp{ps}xL{max(lens)}-s{ns}", kernels, run, ref)
