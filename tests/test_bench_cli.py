@@ -373,3 +373,22 @@ def test_l2_flush_reads_its_buffer() -> None:
     s = go()
     assert isinstance(s, torch.Tensor) and s.item() == 1024.0  # 1024 float32 ones, unchanged by the flush
     assert go().item() == 1024.0
+
+
+def test_compile_row_times_torch_compile_of_the_torch_expression(monkeypatch):
+    """--compile adds an impl 'compile': torch.compile of the row's own torch expression (stubbed here: inductor
+    would build C++ on this machine), so it computes what the torch row computes."""
+    torch = pytest.importorskip("torch")
+    compiled = []
+
+    def fake_compile(fn, dynamic=None):
+        compiled.append((fn, dynamic))
+        return fn
+
+    monkeypatch.setattr(torch, "compile", fake_compile)
+    d = dict(T=4, H=64, F=64, NH=2, D=16, V=96, S=8, SH=2)
+    by = {c.name: c for c in suite.CASES}
+    assert "compile" not in {i.name for i in suite.Context("cpu", backend="host")(by["rms_norm"], "f32", d)}
+    impls = {i.name: i for i in suite.Context("cpu", backend="host", compile=True)(by["rms_norm"], "f32", d)}
+    assert compiled == [(impls["torch"].fn, False)]
+    np.testing.assert_array_equal(_np(impls["compile"].fn()), _np(impls["torch"].fn()))

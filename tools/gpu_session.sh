@@ -17,7 +17,10 @@
 # profile-target options (--decode-only); DIFFTEST_S, PYTEST_S, MODEL_S and MODEL_PROFILE_S those stages' limits;
 # DECODE_ARGS limits the decode stage's shapes (--batches 1 8 --lengths 1024 --kv bf16); NCU_SMALL_SHAPES (';'
 # between shapes) the decode shapes profiled kernel by kernel, NCU_SMALL_SECTIONS their sections;
-# SANITIZER_KERNELS the memcheck stage's kernels; PYTEST_ARGS narrows pytest -m gpu (-k EXPR, test files).
+# SANITIZER_KERNELS the memcheck stage's kernels; PYTEST_ARGS narrows pytest -m gpu (-k EXPR, test files);
+# MEMBOUND_ARGS adds pykern.bench options (--compile: torch.compile rows), MEMBOUND_S its limit.
+# Peers that torch does not carry are timed when tools/peers.py has unpacked them into .peers/site (two calls:
+# docs/gpu-ci.md, "Peers that torch does not carry").
 set -u
 T0=$(date +%s)
 BUDGET=${BUDGET:-540}
@@ -50,6 +53,8 @@ if ls .whl/*.whl >/dev/null 2>&1; then
 else
   export PYTHONPATH=$PWD
 fi
+# peers carried by tools/peers.py (FA4, QuACK, FlashInfer, Liger), unpacked into .peers/site by its install step
+[ -d .peers/site ] && export PYTHONPATH=$PYTHONPATH:$PWD/.peers/site
 
 { nvidia-smi; nvidia-smi -q -d CLOCK,POWER | head -60; uname -a
   $PY -c "import sys, torch, numpy; print(sys.version); print('torch', torch.__version__, torch.version.cuda, torch.cuda.get_device_name(0))"
@@ -121,7 +126,7 @@ if [ -n "$NCU" ]; then
     $PY tools/measure_gpu.py profile-target --sampling
 fi
 TAILN=40 stage model_profile "${MODEL_PROFILE_S:-150}" $PY tools/measure_gpu.py model-profile --json "$OUT/model_profile.json"
-TAILN=70 stage membound 60 $PY -m pykern.bench --dtype bf16 --repeats 10
+TAILN=70 stage membound "${MEMBOUND_S:-60}" $PY -m pykern.bench --dtype bf16 --repeats 10 ${MEMBOUND_ARGS:-}
 CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>/dev/null | head -1)
 if [ -n "$CS" ]; then
   TAILN=8 stage sanitizer_memcheck 40 "$CS" --tool memcheck --error-exitcode 99 --print-limit 20 \

@@ -11,10 +11,17 @@
                                                     # programmatic dependent launch (enable_pdl; sm_90+)
     python tools/measure_gpu.py sampling            # the sampling ops on a 128256 vocabulary beside torch's
                                                     # sort + filter + multinomial
-    python tools/measure_gpu.py model               # a Llama-shaped training step and greedy decode, patched
-                                                    # with pykern.torch.apply and not
+    python tools/measure_gpu.py model               # a training step of a Llama-shaped and a Qwen3-MoE-shaped
+                                                    # model four ways (unpatched, pykern.torch.apply, apply +
+                                                    # torch.compile, Liger's patch), greedy decode (Llama)
     python tools/measure_gpu.py model-profile       # that training step's GPU time by op (torch.profiler)
     python tools/measure_gpu.py all --quick --json OUT.json
+
+Peers that torch does not carry (FA4's Hopper path, FlashInfer) are timed too where they import: carry them with
+tools/peers.py and put its site folder on PYTHONPATH. Each gets its own entry in the rows (`fa4` beside `pykern`
+in attention rows; `flashinfer_*` keys in decode rows; `flashinfer ...` ops in sampling). FlashInfer builds its
+JIT modules with the machine's nvcc on first use (minutes a module: decode, prefill for its tensor-core decode,
+sampling); that happens before the timed calls.
     python tools/measure_gpu.py summary OUT.json ...  # compact tables of saved rows (no GPU needed)
 
 Timing: CUDA events around each call, the median of 5 to 20 calls after 3 warm-up calls. Before every
@@ -108,6 +115,24 @@ def l2_flusher() -> Callable[[], Any]:
     return l2_flush(2 * torch.cuda.get_device_properties(0).L2_cache_size)
 
 
+PEER_ERRORS: dict[str, str] = {}
+_FI_WORKSPACE: list[torch.Tensor] = []   # FlashInfer's float workspace, one for every wrapper
+
+
+def peer(module: str) -> Any | None:
+    """A peer library carried to the GPU machine (tools/peers.py), or None where it does not import (the reason is
+    kept in PEER_ERRORS and logged once)."""
+    import importlib
+    if module in PEER_ERRORS:
+        return None
+    try:
+        return importlib.import_module(module)
+    except Exception as e:  # noqa: BLE001 - an absent or broken peer leaves its columns out, nothing else
+        PEER_ERRORS[module] = f"{type(e).__name__}: {str(e)[:300]}"
+        log({"what": "peer", "module": module, "error": PEER_ERRORS[module]})
+        return None
+
+
 def rel(a: torch.Tensor, b: torch.Tensor) -> float:
     a, b = a.double(), b.double()
     return float((a - b).norm() / b.norm().clamp_min(1e-30))
@@ -183,24 +208,31 @@ def attention(args: argparse.Namespace) -> None:
                     impls[name] = (sdpa(be), gt, (qt, kt, vt))
                 impls["pykern"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
                 impls["pykern_mma_sync"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+                fi = peer("flashinfer")
+                if fi is not None:  # FlashInfer's batch prefill (FA3 backend on sm_90a), forward only
+                    impls["flashinfer"] = (flashinfer_prefill(fi, q, k, v, causal), None, ())
+                fa4 = peer("flash_attn.cute")
+                if fa4 is not None:  # FA4's Hopper path (the FA3 design in CuTe DSL); (b, n, h, d) as ours
+                    impls["fa4"] = (lambda: _first(fa4.flash_attn_func(q, k, v, causal=causal)), g, (q, k, v))
                 for name, (f, grad, leaves) in impls.items():
                     sm90_on(name != "pykern_mma_sync")
                     try:
                         with torch.no_grad():
                             o = f()
-                        o_bnhd = o if name.startswith("pykern") else o.transpose(1, 2)
+                        o_bnhd = o if name.startswith(("pykern", "fa4", "flashinfer")) else o.transpose(1, 2)
                         if ref is None:
                             ref = o_bnhd.float()
                         err = rel(o_bnhd.float(), ref)
                         with torch.no_grad():
                             tf = timed(f, reps)
-                        tfb = timed(fb(f, grad, leaves), reps)
-                        tb = max(tfb - tf, 1e-9)
-                        with torch.no_grad():
                             th = host_overhead(f, 20)
-                        row[name] = {"host_us": th * 1e6, "fwd_us": tf * 1e6, "fwdbwd_us": tfb * 1e6, "fwd_tflops": fl / tf / 1e12,
-                                     "bwd_tflops": 2.5 * fl / tb / 1e12, "fwdbwd_tflops": 3.5 * fl / tfb / 1e12,
+                        row[name] = {"host_us": th * 1e6, "fwd_us": tf * 1e6, "fwd_tflops": fl / tf / 1e12,
                                      "rel_err_vs_first": err}
+                        if grad is not None:  # FlashInfer's prefill has no backward
+                            tfb = timed(fb(f, grad, leaves), reps)
+                            tb = max(tfb - tf, 1e-9)
+                            row[name].update({"fwdbwd_us": tfb * 1e6, "bwd_tflops": 2.5 * fl / tb / 1e12,
+                                              "fwdbwd_tflops": 3.5 * fl / tfb / 1e12})
                     except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the table
                         row[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     finally:
@@ -210,7 +242,46 @@ def attention(args: argparse.Namespace) -> None:
                 torch.cuda.empty_cache()
 
 
+def flashinfer_prefill(fi: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
+                       ) -> Callable[[], torch.Tensor]:
+    """FlashInfer's BatchPrefillWithRaggedKVCacheWrapper over the (b, n, h, d) batch as b sequences of n."""
+    b, n, h, d = q.shape
+    if not _FI_WORKSPACE:
+        _FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    indptr = torch.arange(0, b * n + 1, n, device="cuda", dtype=torch.int32)
+    w = fi.BatchPrefillWithRaggedKVCacheWrapper(_FI_WORKSPACE[0], "NHD")
+    w.plan(indptr, indptr, h, k.shape[2], d, causal=causal, q_data_type=q.dtype)
+    qf, kf, vf = (x.detach().reshape(b * n, x.shape[2], d) for x in (q, k, v))
+    return lambda: w.run(qf, kf, vf).view(b, n, h, d)
+
+
+def _first(r: Any) -> Any:
+    """The output of a call that returns (out, lse, ...) or out."""
+    return r[0] if isinstance(r, (tuple, list)) else r
+
+
 # --------------------------------------------------------------------------- decode
+
+def flashinfer_decode(row: dict[str, Any], fi: Any, gqa: int, heads: int, kv_heads: int, head_dim: int, page: int,
+                      q: torch.Tensor, kp: torch.Tensor, vp: torch.Tensor, indptr: Any, indices: Any, last: Any,
+                      out: torch.Tensor, minimum: int, reps: int, flush: Callable[[], Any]) -> None:
+    """FlashInfer's BatchDecodeWithPagedKVCacheWrapper on the same pages (NHD, separate K and V caches), with
+    tensor cores from GQA 4 up as FlashInfer recommends; its output beside ours, GPU and host time."""
+    if not _FI_WORKSPACE:
+        _FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+    try:
+        w = fi.BatchDecodeWithPagedKVCacheWrapper(_FI_WORKSPACE[0], "NHD", use_tensor_cores=gqa >= 4)
+        w.plan(indptr, indices, last, heads, kv_heads, head_dim, page, q_data_type=torch.bfloat16,
+               kv_data_type=kp.dtype)
+        run = lambda: w.run(q, (kp, vp))  # noqa: E731
+        row["flashinfer_rel_err_vs_pykern"] = rel(run().float(), out.float())
+        t = timed(run, reps, flush)
+        row["flashinfer_us"], row["flashinfer_GBps"] = t * 1e6, minimum / t / 1e9
+        row["flashinfer_host_us"] = host_overhead(run) * 1e6
+        row["flashinfer_tensor_cores"] = gqa >= 4
+    except Exception as e:  # noqa: BLE001
+        row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+
 
 def decode(args: argparse.Namespace) -> None:
     from pykern.ops.serving import PagedDecodePlan
@@ -282,6 +353,10 @@ def decode(args: argparse.Namespace) -> None:
                             row.setdefault("splits_us", {})[ns] = at_splits(ns) * 1e6
                         if args.pdl:
                             pdl_chain(row, plan, q, kp, vp, indptr, indices, last, out, minimum, reps, flush)
+                        fi = peer("flashinfer")
+                        if fi is not None:
+                            flashinfer_decode(row, fi, g, h, kvh, d, ps, q, kp, vp, indptr, indices, last, out,
+                                              minimum, reps, flush)
                         if kv == "bf16":
                             kb, vb = kc.to(torch.bfloat16), vc.to(torch.bfloat16)
                             qb = q.unsqueeze(2)
@@ -361,12 +436,24 @@ def sampling(args: argparse.Namespace) -> None:
             "top_p_renorm_probs p0.9": lambda: ops.top_p_renorm_probs(probs, 0.9),
             "torch sort + top-k/top-p + multinomial": torch_top_k_top_p,
         }
+        fi = peer("flashinfer")
+        if fi is not None:  # FlashInfer's rejection samplers on the same rows (its JIT module builds on first use)
+            fs = fi.sampling
+            cases.update({
+                "flashinfer sampling_from_probs": lambda: fs.sampling_from_probs(probs),
+                "flashinfer top_k_sampling_from_probs k50": lambda: fs.top_k_sampling_from_probs(probs, 50),
+                "flashinfer top_p_sampling_from_probs p0.9": lambda: fs.top_p_sampling_from_probs(probs, 0.9),
+                "flashinfer top_k_top_p_sampling_from_probs k50 p0.9":
+                    lambda: fs.top_k_top_p_sampling_from_probs(probs, 50, 0.9),
+                "flashinfer top_k_renorm_probs k50": lambda: fs.top_k_renorm_probs(probs, 50),
+                "flashinfer top_p_renorm_probs p0.9": lambda: fs.top_p_renorm_probs(probs, 0.9),
+            })
         for name, fn in cases.items():
             row: dict[str, Any] = {"what": "sampling", "op": name, "batch": batch, "vocab": vocab}
             try:
                 t = timed(fn, reps, flush)
                 row["us"], row["GBps_one_read"] = t * 1e6, row_bytes / t / 1e9
-                if not name.startswith("torch"):
+                if not name.startswith("torch "):
                     row["host_us"] = host_overhead(fn) * 1e6
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
@@ -377,61 +464,113 @@ def sampling(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- a Llama-shaped model
 
-def _llama(patched: bool, batch: int, seq: int) -> tuple[Any, Any, torch.Tensor]:
-    """(model, AdamW, input ids) of a random-weight Llama (hidden 2048, 8 layers, 16 heads / 8 kv heads, FFN 5632,
-    vocabulary 32000, bf16), patched with pykern.torch.apply or not; seeded, so both variants start alike."""
-    from transformers import LlamaConfig, LlamaForCausalLM
+MODEL_VARIANTS = ("unpatched", "pykern", "pykern_compile", "liger")   # liger last: it patches classes for good
+MODELS = ("llama", "qwen3_moe")
+
+
+def _model(name: str, variant: str, batch: int, seq: int) -> tuple[Any, Any, torch.Tensor, Any]:
+    """(model, AdamW, input ids, module to call) of a random-weight bf16 model, seeded so every variant starts
+    alike:
+
+    - llama: hidden 2048, 8 layers, 16 heads / 8 kv heads, FFN 5632, vocabulary 32000;
+    - qwen3_moe: a Qwen3-30B-A3B layer shape (hidden 2048, 32 heads / 4 kv heads, head_dim 128, QK-norm, 128
+      experts of 768, top 8, renormalized) in 4 layers, vocabulary 32000.
+
+    variant: unpatched (transformers as it is), pykern (pykern.torch.apply), pykern_compile (apply, then
+    torch.compile of the model), liger (Liger's apply_liger_kernel_to_* before the model is built)."""
+    import transformers
 
     from pykern.torch import apply
 
-    cfg = LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8, num_attention_heads=16,
-                      num_key_value_heads=8, vocab_size=32000, max_position_embeddings=4096)
+    if name == "llama":
+        cfg = transformers.LlamaConfig(hidden_size=2048, intermediate_size=5632, num_hidden_layers=8,
+                                       num_attention_heads=16, num_key_value_heads=8, vocab_size=32000,
+                                       max_position_embeddings=4096)
+        cls = transformers.LlamaForCausalLM
+    else:
+        cfg = transformers.Qwen3MoeConfig(hidden_size=2048, intermediate_size=6144, moe_intermediate_size=768,
+                                          num_hidden_layers=4, num_attention_heads=32, num_key_value_heads=4,
+                                          head_dim=128, num_experts=128, num_experts_per_tok=8, norm_topk_prob=True,
+                                          vocab_size=32000, max_position_embeddings=4096)
+        cls = transformers.Qwen3MoeForCausalLM
+    if variant == "liger":
+        import liger_kernel.transformers as lk
+        getattr(lk, f"apply_liger_kernel_to_{name}")()
     torch.manual_seed(0)
-    m = LlamaForCausalLM(cfg).to("cuda", torch.bfloat16)
-    if patched:
+    m = cls(cfg).to("cuda", torch.bfloat16)
+    if variant.startswith("pykern"):
         apply(m)
     opt = torch.optim.AdamW(m.parameters(), lr=1e-4, foreach=True)
-    return m, opt, torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda")
+    call = torch.compile(m) if variant == "pykern_compile" else m
+    return m, opt, torch.randint(0, cfg.vocab_size, (batch, seq), device="cuda"), call
+
+
+def _top_kernels(step: Callable[[], Any], n: int = 15) -> tuple[float, list[dict[str, Any]]]:
+    """(kernel ms, the n kernels with the most GPU time) of one profiled step (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CUDA]) as prof:
+        step()
+        torch.cuda.synchronize()
+    ev = prof.key_averages()
+    dev = "self_device_time_total" if hasattr(ev[0], "self_device_time_total") else "self_cuda_time_total"
+    kernels = [e for e in ev if getattr(e, "device_type", None) == torch.autograd.DeviceType.CUDA]
+    top = sorted(kernels, key=lambda e: -getattr(e, dev))[:n]
+    return (sum(getattr(e, dev) for e in kernels) / 1e3,
+            [{"name": e.key[:120], "calls": e.count, "gpu_us": getattr(e, dev)} for e in top])
 
 
 def model_step(args: argparse.Namespace) -> None:
-    """One training step (forward, backward, AdamW) and greedy decode steps of a random-weight Llama (hidden 2048,
-    8 layers, 16 heads / 8 kv heads, FFN 5632, vocabulary 32000, bf16), patched with pykern.torch.apply and not."""
-    seq, batch = 2048, 4
-    for patched in (False, True):
-        m, opt, ids = _llama(patched, batch, seq)
+    """One training step (forward, backward, AdamW) of each model in each variant: tokens/s over 5 steps after 2
+    warm-up steps (torch.compile compiles in the first), peak memory, the first loss, the top kernels of one
+    profiled step; for the dense model also greedy decode at batch 1 (not under torch.compile)."""
+    seq = 2048
+    for name in args.models or MODELS:
+        batch = 4 if name == "llama" else 2
+        for variant in args.variants or MODEL_VARIANTS:
+            row: dict[str, Any] = {"what": "model", "model": name, "variant": variant,
+                                   "patched": variant.startswith("pykern"), "batch": batch, "seq": seq}
+            try:
+                m, opt, ids, call = _model(name, variant, batch, seq)
 
-        def step() -> float:
-            loss = m(input_ids=ids, labels=ids).loss
-            loss.backward()
-            opt.step()
-            opt.zero_grad(set_to_none=True)
-            return loss
+                def step() -> Any:
+                    loss = call(input_ids=ids, labels=ids).loss
+                    loss.backward()
+                    opt.step()
+                    opt.zero_grad(set_to_none=True)
+                    return loss
 
-        m.train()
-        loss0 = float(step())
-        torch.cuda.synchronize()
-        torch.cuda.reset_peak_memory_stats()
-        t0 = time.perf_counter()
-        for _ in range(5):
-            step()
-        torch.cuda.synchronize()
-        t = (time.perf_counter() - t0) / 5
-        peak = torch.cuda.max_memory_allocated()
-        m.eval()
-        prompt = ids[:1, :512]
-        with torch.no_grad():
-            m.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
-            torch.cuda.synchronize()
-            t1 = time.perf_counter()
-            out = m.generate(prompt, max_new_tokens=64, do_sample=False, min_new_tokens=64)
-            torch.cuda.synchronize()
-            td = (time.perf_counter() - t1) / 64
-        log({"what": "model", "patched": patched, "train_tokens_per_s": batch * seq / t, "train_step_ms": t * 1e3,
-             "peak_GiB": peak / 2**30, "first_loss": loss0, "decode_ms_per_token_b1": td * 1e3,
-             "greedy_tail": out[0, -8:].tolist()})
-        del m, opt
-        torch.cuda.empty_cache()
+                m.train()
+                t0 = time.perf_counter()
+                row["first_loss"] = float(step())
+                step()
+                torch.cuda.synchronize()
+                row["warmup_s"] = time.perf_counter() - t0
+                torch.cuda.reset_peak_memory_stats()
+                t0 = time.perf_counter()
+                for _ in range(5):
+                    step()
+                torch.cuda.synchronize()
+                t = (time.perf_counter() - t0) / 5
+                row.update({"train_tokens_per_s": batch * seq / t, "train_step_ms": t * 1e3,
+                            "peak_GiB": torch.cuda.max_memory_allocated() / 2**30})
+                row["kernel_ms_per_step"], row["top_kernels"] = _top_kernels(step)
+                if name == "llama" and variant != "pykern_compile":
+                    m.eval()
+                    prompt = ids[:1, :512]
+                    with torch.no_grad():
+                        m.generate(prompt, max_new_tokens=4, do_sample=False)  # warm-up
+                        torch.cuda.synchronize()
+                        t1 = time.perf_counter()
+                        out = m.generate(prompt, max_new_tokens=64, do_sample=False, min_new_tokens=64)
+                        torch.cuda.synchronize()
+                    row["decode_ms_per_token_b1"] = (time.perf_counter() - t1) / 64 * 1e3
+                    row["greedy_tail"] = out[0, -8:].tolist()
+                del m, opt, call
+            except Exception as e:  # noqa: BLE001 - one failing variant must not stop the others
+                row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+            log(row)
+            torch.cuda.empty_cache()
 
 
 def model_profile(args: argparse.Namespace) -> None:
@@ -441,7 +580,7 @@ def model_profile(args: argparse.Namespace) -> None:
 
     seq, batch, steps = 2048, 4, 2
     for patched in (False, True):
-        m, opt, ids = _llama(patched, batch, seq)
+        m, opt, ids, _ = _model("llama", "pykern" if patched else "unpatched", batch, seq)
         m.train()
 
         def step() -> None:
@@ -520,16 +659,18 @@ def summary(files: list[str]) -> None:
         if r["what"] in ("device", "copy", "gemm_bf16", "launch_floor"):
             print(json.dumps(r))
     print("attention TFLOP/s fwd | fwd+bwd (rel err of fwd vs sdpa_flash)")
-    names = ("pykern", "pykern_mma_sync", "sdpa_flash", "sdpa_cudnn")
+    names = ("pykern", "pykern_mma_sync", "sdpa_flash", "sdpa_cudnn", "fa4", "flashinfer")
     for r in (r for r in rows if r["what"] == "attention"):
         cells = []
         for n in names:
             c = r.get(n, {})
-            cells.append(f"{c['fwd_tflops']:5.0f}|{c['fwdbwd_tflops']:4.0f}({c['rel_err_vs_first']:.0e})h{c.get('host_us', 0):.0f}"
+            cells.append(f"{c['fwd_tflops']:5.0f}|{c.get('fwdbwd_tflops', float('nan')):4.0f}"
+                         f"({c['rel_err_vs_first']:.0e})h{c.get('host_us', 0):.0f}"
                          if "fwd_tflops" in c else f"{'ERR' if 'error' in c else '-':>17s}")
         print(f"d{r['d']:<3d} {'causal' if r['causal'] else 'full  '} {r['seq']:>6d}  " + "  ".join(cells))
     print("   " + "  ".join(names))
-    print("decode GB/s (min bytes / median GPU time): pykern | sdpa; host us a call; rel err, identical over 20 runs")
+    print("decode GB/s (min bytes / median GPU time): pykern | sdpa | flashinfer; host us a call; rel err, "
+          "identical over 20 runs")
     for r in rows:
         if r["what"] == "model":
             print(json.dumps(r))
@@ -538,7 +679,8 @@ def summary(files: list[str]) -> None:
             print(f"{r['kv']:5s} g{r['gqa']} b{r['batch']:<3d} {r['ctx']:>6d} ERROR {r['error']}")
             continue
         print(f"{r['kv']:5s} g{r['gqa']} b{r['batch']:<3d} {r['ctx']:>6d} {r['pykern_us']:9.1f}us "
-              f"{r['pykern_GBps']:7.0f} | {r.get('sdpa_GBps', float('nan')):7.0f}  host "
+              f"{r['pykern_GBps']:7.0f} | {r.get('sdpa_GBps', float('nan')):7.0f} | "
+              f"{r.get('flashinfer_GBps', float('nan')):7.0f}  host "
               f"{r.get('pykern_host_us', float('nan')):5.0f}|{r.get('sdpa_host_us', float('nan')):4.0f}us "
               f"{r.get('rel_err', float('nan')):.1e} {r.get('identical_20_runs')}")
 
@@ -559,6 +701,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gqa", type=int, nargs="+", help="decode: these GQA group sizes only")
     ap.add_argument("--kv", nargs="+", choices=("bf16", "e4m3"), help="decode: these KV cache types only")
     ap.add_argument("--splits", type=int, nargs="+", help="decode: also time each step at these split counts")
+    ap.add_argument("--models", nargs="+", choices=MODELS, help="model: these models only (default: all)")
+    ap.add_argument("--variants", nargs="+", choices=MODEL_VARIANTS,
+                    help="model: these variants only, in this order (default: all; liger last, as it patches "
+                         "transformers' classes for the rest of the process)")
     ap.add_argument("--pdl", action="store_true",
                     help=f"decode: also time chains of {PDL_LAYERS} steps (one a layer, each over its own cache) "
                          "with and without programmatic dependent launch (enable_pdl); sm_90+")

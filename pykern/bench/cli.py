@@ -69,6 +69,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="do not read a buffer of twice the L2 size before each timed call (by default every "
                         "call starts from a cold L2, so inputs smaller than L2, e.g. with --quick, are read from "
                         "DRAM and %% of HBM peak stays meaningful)")
+    p.add_argument("--compile", action="store_true",
+                   help="also time torch.compile (inductor) of each row's torch expression, as impl 'compile' "
+                        "(each op compiles once, untimed: seconds to a minute each)")
     p.add_argument("--list", action="store_true", help="list the ops, shapes and minimum bytes and exit (no GPU needed)")
     p.add_argument("--attention-model", action="store_true",
                    help="print the modelled bound of the tensor-core attention (H100 and A100, fwd/bwd, d64/d128, "
@@ -121,7 +124,7 @@ def main(argv: Sequence[str] | None = None, driver_factory: Callable[[], Any] | 
         import torch
 
         torch.cuda.set_device(args.device)
-        build = suite.Context(f"cuda:{args.device}")
+        build = suite.Context(f"cuda:{args.device}", compile=args.compile)
         stream = int(torch.cuda.current_stream().cuda_stream)
         if flush is None:
             flush = lambda n: l2_flush(n, args.device)  # noqa: E731

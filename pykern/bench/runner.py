@@ -15,7 +15,7 @@ from . import DevicePeaks, EventTimer, percent, rate
 
 @dataclass
 class Impl:
-    name: str  # "pykern", "torch", "liger", "flashinfer", "quack"
+    name: str  # "pykern", "torch", "liger", "flashinfer", "quack", "compile" (torch.compile of the torch row)
     fn: Callable[[], Any] | None
     skip: str = ""  # why it is not timed (not importable, no such op, not comparable)
 

@@ -170,13 +170,14 @@ class Context:
     """Builds each case's implementations on torch tensors of `device` (cuda on the GPU; the tests use cpu with
     the host backend and tiny dims). Peers are imported once, lazily."""
 
-    def __init__(self, device: str = "cuda", backend: str = "nvrtc", eps: float = 1e-6) -> None:
+    def __init__(self, device: str = "cuda", backend: str = "nvrtc", eps: float = 1e-6, compile: bool = False) -> None:
         import torch
         import torch.nn.functional as F
 
         from .. import ops
 
         self.torch, self.F, self.ops, self.dev, self.backend, self.eps = torch, F, ops, device, backend, eps
+        self.compile = compile
         self._peers: dict[str, tuple[Any, str]] = {}
 
     def peer(self, impl: str, module: str, path: str, make: Callable[[Any], Callable[[], Any]]) -> Impl:
@@ -195,7 +196,14 @@ class Context:
 
     def __call__(self, case: Case, dtype: str, d: dict[str, int]) -> list[Impl]:
         self.torch.manual_seed(0)
-        return getattr(self, "_" + case.name)(d, self.torch.bfloat16 if dtype == "bf16" else self.torch.float32)
+        impls = getattr(self, "_" + case.name)(d, self.torch.bfloat16 if dtype == "bf16" else self.torch.float32)
+        if self.compile:
+            # torch.compile (inductor) of the row's torch expression: what a user gets from compiling the eager
+            # code; it compiles on the first (untimed) call
+            eager = next(i for i in impls if i.name == "torch")
+            impls.append(Impl("compile", self.torch.compile(eager.fn, dynamic=False)) if eager.fn is not None
+                         else Impl("compile", None, "no torch expression to compile"))
+        return impls
 
     # -- helpers
     def randn(self, *shape: int, dtype: Any) -> Any:
