@@ -11,6 +11,8 @@
                                                     # programmatic dependent launch (enable_pdl; sm_90+)
     python tools/measure_gpu.py sampling            # the sampling ops on a 128256 vocabulary beside torch's
                                                     # sort + filter + multinomial
+    python tools/measure_gpu.py mla                 # MLA paged decode (latent 512 + rope 64) GB/s beside torch
+                                                    # and FlashInfer, heads 16 / 128, batch 1-256, 4k / 32k
     python tools/measure_gpu.py model               # a training step of a Llama-shaped and a Qwen3-MoE-shaped
                                                     # model four ways (unpatched, pykern.torch.apply, apply +
                                                     # torch.compile, Liger's patch), greedy decode (Llama)
@@ -39,6 +41,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import statistics
 import sys
@@ -426,7 +429,13 @@ def sampling(args: argparse.Namespace) -> None:
             sp = sp.masked_fill((cum - sp > p) | (torch.arange(vocab, device="cuda") >= k), 0.0)
             return si.gather(-1, torch.multinomial(sp, 1)).squeeze(-1)
 
+        logits = torch.log(probs)
+
         cases = {
+            "sampling_from_logits": lambda: ops.sampling_from_logits(logits, seed=1),
+            "top_k_top_p_sampling_from_logits k50 p0.9": lambda: ops.top_k_top_p_sampling_from_logits(
+                logits, 50, 0.9, seed=1),
+            "torch softmax + multinomial": lambda: torch.multinomial(torch.softmax(logits, -1), 1),
             "sampling_from_probs": lambda: ops.sampling_from_probs(probs, seed=1),
             "top_k_sampling_from_probs k50": lambda: ops.top_k_sampling_from_probs(probs, 50, seed=1),
             "top_p_sampling_from_probs p0.9": lambda: ops.top_p_sampling_from_probs(probs, 0.9, seed=1),
@@ -440,6 +449,9 @@ def sampling(args: argparse.Namespace) -> None:
         if fi is not None:  # FlashInfer's rejection samplers on the same rows (its JIT module builds on first use)
             fs = fi.sampling
             cases.update({
+                "flashinfer sampling_from_logits": lambda: fs.sampling_from_logits(logits),
+                "flashinfer top_k_top_p_sampling_from_logits k50 p0.9":
+                    lambda: fs.top_k_top_p_sampling_from_logits(logits, 50, 0.9),
                 "flashinfer sampling_from_probs": lambda: fs.sampling_from_probs(probs),
                 "flashinfer top_k_sampling_from_probs k50": lambda: fs.top_k_sampling_from_probs(probs, 50),
                 "flashinfer top_p_sampling_from_probs p0.9": lambda: fs.top_p_sampling_from_probs(probs, 0.9),
@@ -458,8 +470,79 @@ def sampling(args: argparse.Namespace) -> None:
             except Exception as e:  # noqa: BLE001
                 row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             log(row)
-        del probs
+        del probs, logits
         torch.cuda.empty_cache()
+
+
+# --------------------------------------------------------------------------- MLA decode
+
+def mla(args: argparse.Namespace) -> None:
+    """MLA paged decode (DeepSeek-V2/V3: latent 512 + rope 64, absorbed queries, pages of 64): pykern's
+    MLAPagedDecodePlan beside FlashInfer's BatchMLAPagedAttentionWrapper (when carried) and torch (two bf16 matmuls
+    and a softmax over the cache gathered contiguous, the gather untimed); GB/s of the minimum bytes (the latent
+    cache read once, q read and out written once)."""
+    from pykern.ops import MLAPagedDecodePlan
+
+    flush = l2_flusher()
+    ps, sm = 64, 1 / math.sqrt(192)
+    reps = 10 if args.quick else 20
+    fi = peer("flashinfer")
+    for heads in (16, 128):
+        for batch in ((1, 64) if args.quick else (1, 64, 256)):
+            for length in ((4096,) if args.quick else (4096, 32768)):
+                pages_per = length // ps
+                npages = batch * pages_per
+                ckv = torch.randn(npages, ps, 512, device="cuda", dtype=torch.bfloat16)
+                kpe = torch.randn(npages, ps, 64, device="cuda", dtype=torch.bfloat16)
+                qn = torch.randn(batch, heads, 512, device="cuda", dtype=torch.bfloat16)
+                qp = torch.randn(batch, heads, 64, device="cuda", dtype=torch.bfloat16)
+                qo = torch.arange(batch + 1, dtype=torch.int32)
+                indptr = torch.arange(0, npages + 1, pages_per, dtype=torch.int32)
+                indices = torch.randperm(npages).to(torch.int32)
+                lens = torch.full((batch,), length, dtype=torch.int32)
+                minimum = batch * length * 576 * 2 + batch * heads * (576 + 512) * 2
+                row: dict[str, Any] = {"what": "mla", "heads": heads, "batch": batch, "ctx": length, "page": ps,
+                                       "min_bytes": minimum}
+                try:
+                    plan = MLAPagedDecodePlan(like=qn)
+                    plan.plan(qo, indptr, indices, lens, heads, 512, 64, ps, False, sm, "bf16")
+                    run = lambda: plan.run(qn, qp, ckv, kpe)  # noqa: E731
+                    out = run().clone()
+                    row["kernels"] = [k[0] for k in plan.launches()] if hasattr(plan, "launches") else None
+                    order = indices.long().cuda().view(batch, pages_per)
+                    cc, kc = ckv[order].reshape(batch, length, 512), kpe[order].reshape(batch, length, 64)
+
+                    def torch_mla() -> torch.Tensor:
+                        s_ = (qn @ cc.transpose(1, 2) + qp @ kc.transpose(1, 2)).float() * sm
+                        return torch.softmax(s_, -1).to(torch.bfloat16) @ cc
+
+                    if batch * length <= 64 * 4096:
+                        s_ = (qn.float() @ cc.float().transpose(1, 2) + qp.float() @ kc.float().transpose(1, 2)) * sm
+                        row["rel_err"] = rel(out.float(), torch.softmax(s_, -1) @ cc.float())
+                    t = timed(run, reps, flush)
+                    row["pykern_us"], row["pykern_GBps"] = t * 1e6, minimum / t / 1e9
+                    row["pykern_host_us"] = host_overhead(run) * 1e6
+                    tt = timed(torch_mla, reps, flush)
+                    row["torch_us"], row["torch_GBps"] = tt * 1e6, minimum / tt / 1e9
+                    del cc, kc
+                    if fi is not None:
+                        try:
+                            if not _FI_WORKSPACE:
+                                _FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
+                            w = fi.mla.BatchMLAPagedAttentionWrapper(_FI_WORKSPACE[0])
+                            dev = [x.cuda() for x in (qo, indptr, indices, lens)]
+                            w.plan(*dev, heads, 512, 64, ps, False, sm, torch.bfloat16, torch.bfloat16)
+                            frun = lambda: w.run(query=(qn, qp), kv_cache=(ckv, kpe))  # noqa: E731
+                            row["flashinfer_rel_err_vs_pykern"] = rel(_first(frun()).float(), out.float())
+                            tf = timed(frun, reps, flush)
+                            row["flashinfer_us"], row["flashinfer_GBps"] = tf * 1e6, minimum / tf / 1e9
+                        except Exception as e:  # noqa: BLE001
+                            row["flashinfer_error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(row)
+                del ckv, kpe, qn, qp
+                torch.cuda.empty_cache()
 
 
 # --------------------------------------------------------------------------- a Llama-shaped model
@@ -687,8 +770,8 @@ def summary(files: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("ceilings", "attention", "decode", "sampling", "model", "model-profile", "all",
-                                     "profile-target", "summary"))
+    ap.add_argument("what", choices=("ceilings", "attention", "decode", "sampling", "mla", "model", "model-profile",
+                                     "all", "profile-target", "summary"))
     ap.add_argument("files", nargs="*", help="summary: measure JSON files")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
     ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
@@ -718,8 +801,8 @@ def main(argv: list[str] | None = None) -> int:
         print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
     steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode], "sampling": [sampling],
-             "model": [model_step], "model-profile": [model_profile],
-             "all": [ceilings, attention, decode, sampling, model_step],
+             "mla": [mla], "model": [model_step], "model-profile": [model_profile],
+             "all": [ceilings, attention, decode, sampling, mla, model_step],
              "profile-target": [profile_target]}[args.what]
     try:
         for step in steps:
