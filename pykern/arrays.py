@@ -461,12 +461,16 @@ def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
 
         host = np.zeros(shape, _resolve(dtype))
         return cuda.to_device(host.view(np.uint16) if host.dtype.name == "bfloat16" else host)
-    out = empty(shape, dtype, like)
-    if isinstance(out, np.ndarray):
-        out.fill(0)
+    return fill_zero(empty(shape, dtype, like))
+
+
+def fill_zero(a: Any) -> Any:
+    """Zero `a` in place with its own library, on its own device (NumPy, torch, CuPy); returns it."""
+    if isinstance(a, np.ndarray):
+        a.fill(0)
     else:
-        out.zero_() if hasattr(out, "zero_") else out.fill(0)
-    return out
+        a.zero_() if hasattr(a, "zero_") else a.fill(0)
+    return a
 
 
 def same_memory_kind(a: Any, like: Any) -> bool:
@@ -553,3 +557,65 @@ def same_kind(name: str, a: Any, kind: str, ref_name: str) -> None:
 def kernel_suffix(kind: str) -> str:
     """Name suffix of a kernel's instantiation for an I/O kind: "" (f32), "_bf16", "_f16"."""
     return _IO_SUFFIX[kind]
+
+
+_SIGNED_TWIN = {"uint16": np.int16, "uint32": np.int32, "uint64": np.int64}
+
+
+def to_like(host: np.ndarray, like: Any) -> Any:
+    """`host`, a small NumPy array (indices, lengths, per-row parameters), on the memory `like` is on, of the
+    kind `empty(..., like=like)` makes: NumPy (and host DLPack objects) keep it as it is, a torch tensor gets a
+    tensor on its device, CuPy a CuPy array, a numba device array a numba one.
+
+    The copy goes host-to-device, never the other way. torch: one element becomes a fill kernel (no pageable
+    copy, so a CUDA graph can capture it); unsigned 16/32/64-bit words travel as their signed twin and are
+    reinterpreted (torch's unsigned types have few kernels; the bits are the same)."""
+    if like is None or isinstance(like, np.ndarray):
+        return host
+    if is_torch(like):
+        torch = sys.modules["torch"]
+        if like.device.type == "cpu":
+            return torch.from_numpy(host)
+        name = np_dtype_name(host.dtype)
+        twin = _SIGNED_TWIN.get(name)
+        src = host.view(twin) if twin is not None else host
+        if src.size == 1:
+            t = torch.full(src.shape, src.reshape(-1)[0].item(), dtype=getattr(torch, np_dtype_name(src.dtype)),
+                           device=like.device)
+        else:
+            t = torch.as_tensor(src, device=like.device)
+        return t.view(getattr(torch, name)) if twin is not None else t
+    mod = _module(like)
+    if mod == "cupy":
+        import cupy
+
+        return cupy.asarray(host)
+    if mod == "numba":
+        from numba import cuda
+
+        return cuda.to_device(host)
+    if is_host(like):
+        return host
+    raise ArgumentTypeError(f"cannot place a host array next to a {type(like).__name__}; pass NumPy, torch or "
+                            f"CuPy arrays")
+
+
+def flat_view(a: Any) -> Any:
+    """`a` as the kernels index it, flat: NumPy arrays and tensors as 1-D views (the numba references index flat
+    memory too); other device arrays go as they are (the launcher takes their pointer). `a` is contiguous."""
+    if isinstance(a, np.ndarray) or is_torch(a):
+        return a.reshape(-1)
+    return a
+
+
+def arange_like(n: int, dtype: str, like: Any) -> Any:
+    """0 .. n - 1 as `dtype` on the memory `like` is on (the kind `empty(..., like=like)` makes): made on its
+    device where the library can (torch, CuPy: a fill kernel, no host copy), else copied host-to-device."""
+    if is_torch(like):
+        torch = sys.modules["torch"]
+        return torch.arange(n, dtype=getattr(torch, dtype), device=like.device)
+    if _module(like) == "cupy":
+        import cupy
+
+        return cupy.arange(n, dtype=dtype)
+    return to_like(np.arange(n, dtype=dtype), like)

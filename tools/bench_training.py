@@ -108,7 +108,7 @@ def _timed(env: Env, step: Callable[[], None], iters: int) -> float:
 def bench(args: argparse.Namespace) -> None:
     import pykern
     from pykern.arrays import bfloat16
-    from pykern.ops.training import _row_threads, _weight_chunks
+    from pykern.ops._common import row_threads as _row_threads, weight_chunks as _weight_chunks
     from pykern.ops.training_attention import group_lanes
 
     env = Env(args.backend)

@@ -15,7 +15,7 @@ import numpy as np
 from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind
 from ..errors import ArgumentError, ArgumentTypeError
-from .training import _launch
+from ._common import launch as _launch
 from ._common import check_offsets as _check_offsets, dtype_is as _dtype_is, host_values as _host_values
 
 __all__ = ["moe_route", "grouped_gemm", "grouped_gemm_wgrad_tc", "moe_align", "moe_experts", "moe_experts_backward"]
@@ -180,7 +180,7 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
             raise ArgumentError(f"out: expected shape {(m, n)} (M of a, N of b), got {tuple(arrays.shape_of(out))}")
         out = arrays.check_out(out, (m, n), kind, a)
     if m and n and k == 0:
-        return _zero(out)
+        return arrays.fill_zero(out)
     _gemm_launch(a.reshape(-1), b.reshape(-1), offsets, out.reshape(-1), m, n, k, n_groups, kind, nn=nn, tc=tc,
                  stream=arrays.launch_stream(stream, a), backend=backend)
     return out
@@ -212,14 +212,6 @@ def grouped_gemm_wgrad_tc(a: Any, b: Any, offsets: Any, *, stream: Any = None, b
     if n1 and n2:
         _wgrad_tc(a, b, offsets, out, m, n1, n2, n_exp, kind, stream=arrays.launch_stream(stream, a), backend=backend)
     return out
-
-
-def _zero(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
-        x.fill(0)
-    else:
-        x.zero_() if hasattr(x, "zero_") else x.fill(0)
-    return x
 
 
 # --------------------------------------------------------------------------- the experts block

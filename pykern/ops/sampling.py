@@ -53,6 +53,7 @@ import numpy as np
 
 from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import index_array
 
 __all__ = [
     "sampling_from_probs",
@@ -98,13 +99,6 @@ def _matrix(name: str, a: Any) -> tuple[Any, str, int, int]:
     if batch > _INT_MAX:
         raise ArgumentError(f"{name}: expected at most {_INT_MAX} rows, got {batch}")
     return arrays.contiguous(a), kind, batch, vocab
-
-
-def _like(host: np.ndarray, like: Any) -> Any:
-    """A small host array placed next to `like` (NumPy stays NumPy)."""
-    from .serving import _device_like
-
-    return _device_like(host, like)
 
 
 _UNUSED: dict[tuple[Any, ...], Any] = {}
@@ -180,7 +174,7 @@ def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: floa
         if integer and h.size and h.max() > _INT_MAX:
             raise ArgumentError(f"{name}: expected values < 2**31, got {h.max():g}")
         host = np.ascontiguousarray(h, np.int32 if integer else np.float32)
-        return (host if arrays.same_memory_kind(host, like) else _like(host, like)), 0, True
+        return (host if arrays.same_memory_kind(host, like) else arrays.to_like(host, like)), 0, True
     if integer and not is_int and arrays.is_torch(value):
         # torch's float-to-int32 conversion truncates toward zero (FlashInfer's `.int()`)
         return arrays.contiguous(arrays.astype(value, "int32")), 0, True
@@ -211,7 +205,7 @@ def _words(name: str, value: Any, batch: int, like: Any) -> tuple[Any, int, bool
         if h.shape[0] != batch:
             h = np.repeat(h, batch)
         w = np.ascontiguousarray(h).view(np.uint32).copy()
-        return (w if arrays.same_memory_kind(w, like) else _like(w, like)), 0, True
+        return (w if arrays.same_memory_kind(w, like) else arrays.to_like(w, like)), 0, True
     v = arrays.contiguous(value)
     if shp[0] != batch:
         v = v.expand(batch).contiguous() if arrays.is_torch(v) else v.repeat(batch)
@@ -251,15 +245,13 @@ def _indices(indices: Any, rows: int, like: Any, of: str = "probs") -> tuple[Any
     """(int32 indices for the kernel or a dummy, output batch); `of` names the matrix whose rows they pick."""
     if indices is None:
         return _unused("int32", 1, like), rows
-    from .serving import _index
-
-    idx, h = _index("indices", indices, None)
+    idx, h = index_array("indices", indices, None)
     n = arrays.shape_of(idx)[0]
     if h is not None and n and (int(h.min()) < 0 or int(h.max()) >= rows):
         raise ArgumentError(f"indices: expected rows of {of} in [0, {rows}), got range [{int(h.min())}, "
                             f"{int(h.max())}]")
     if h is not None and not arrays.same_memory_kind(h, like):
-        idx = _like(h, like)
+        idx = arrays.to_like(h, like)
     return idx, n
 
 
@@ -638,7 +630,7 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
             raise ArgumentError(f"draft_token_ids: expected token ids in [0, {vocab}), got draft_token_ids[{r}, {c}]="
                                 f"{int(h[r, c])}")
         h = np.ascontiguousarray(h, np.int32)
-        ids = h if arrays.same_memory_kind(h, draft_probs) else _like(h, draft_probs)
+        ids = h if arrays.same_memory_kind(h, draft_probs) else arrays.to_like(h, draft_probs)
     else:  # device ids are trusted (no sync): the kernel rejects one outside the vocabulary
         if not arrays.same_memory_kind(draft_token_ids, draft_probs):  # a meta tensor, another device
             raise ArgumentTypeError(f"draft_token_ids: expected an array on the device of draft_probs, got "

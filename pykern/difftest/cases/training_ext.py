@@ -90,9 +90,9 @@ def _sfx(kind: str) -> str:
 
 
 def _wchunks(n_rows: int, dim: int) -> bool:
-    from ...ops.training import _weight_chunks
+    from ...ops._common import weight_chunks
 
-    return _weight_chunks(n_rows, dim)[0] > 1
+    return weight_chunks(n_rows, dim)[0] > 1
 
 
 def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
