@@ -619,3 +619,34 @@ def arange_like(n: int, dtype: str, like: Any) -> Any:
 
         return cupy.arange(n, dtype=dtype)
     return to_like(np.arange(n, dtype=dtype), like)
+
+
+def in_place(name: str, a: Any, what: str = "the result") -> Any:
+    """`a` as the kernels write into it in place (an op's `inplace=True`): it must be contiguous already (a copy
+    would take the writes instead of the caller's array) and, NumPy, writeable. ArgumentError naming `name`."""
+    c = contiguous(a)
+    if c is not a and not (is_torch(a) and c.data_ptr() == a.data_ptr()):
+        raise ArgumentError(f"{name}: inplace=True needs a contiguous array ({what} is written into it)")
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        raise ArgumentError(f"{name}: inplace=True needs a writeable array")
+    return c
+
+
+def view_bool(a: Any) -> Any:
+    """A one-byte array (uint8 / int8 / bool) seen as bool, same memory (NumPy, torch); other kinds as they are
+    (the kernels read bytes)."""
+    if isinstance(a, np.ndarray):
+        return a.view(np.bool_)
+    if is_torch(a):
+        return a.view(sys.modules["torch"].bool)
+    return a
+
+
+def memory_key(a: Any) -> Any:
+    """A hashable name of the memory `a` lives in, for caching small per-device buffers: "host" for NumPy, the
+    device for a torch tensor; None for other kinds (no cache: allocate each time)."""
+    if isinstance(a, np.ndarray):
+        return "host"
+    if is_torch(a):
+        return a.device
+    return None

@@ -108,12 +108,10 @@ def _unused(dtype: str, n: int, like: Any) -> Any:
     """The array argument of a parameter passed by value: never read or written (its flag is off), so one
     allocation a device and dtype, kept (never a host-to-device copy: a pageable copy synchronises the stream,
     measured ~100 us a call on an H200)."""
-    if isinstance(like, np.ndarray):
-        key: tuple[Any, ...] = ("host", dtype, n)
-    elif arrays.is_torch(like):
-        key = (like.device, dtype, n)
-    else:
+    mem = arrays.memory_key(like)
+    if mem is None:
         return arrays.empty((n,), dtype, like=like)
+    key = (mem, dtype, n)
     a = _UNUSED.get(key)
     if a is None:
         a = _UNUSED[key] = arrays.empty((n,), dtype, like=like)
@@ -329,16 +327,6 @@ def _scale(temperature: Any, batch: int, like: Any, rows: str = "logits") -> tup
     return arr, 0.0, True
 
 
-def _as_bool(valid: Any) -> Any:
-    if isinstance(valid, np.ndarray):
-        return valid.view(np.bool_)
-    if arrays.is_torch(valid):
-        import torch
-
-        return valid.view(torch.bool)
-    return valid
-
-
 # --------------------------------------------------------------------------- sampling
 def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = None, top_k_first: bool = False,
             indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
@@ -379,7 +367,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
                s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
                stream=arrays.launch_stream(stream, probs), backend=backend)
     out = _out_dtype(out, indices, stream, probs)
-    return (out, _as_bool(valid)) if return_valid else out
+    return (out, arrays.view_bool(valid)) if return_valid else out
 
 
 def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,

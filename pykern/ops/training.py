@@ -435,12 +435,7 @@ def cross_entropy_fwd_bwd(
                 f"got {int(flat_t[k])} at flat index {k}"
             )
     if inplace:
-        c = arrays.contiguous(logits)
-        if c is not logits and not (arrays.is_torch(logits) and c.data_ptr() == logits.data_ptr()):
-            raise ArgumentError("logits: inplace=True needs a contiguous array (the gradient is written into it)")
-        if isinstance(logits, np.ndarray) and not logits.flags.writeable:
-            raise ArgumentError("logits: inplace=True needs a writeable array")
-        logits = c
+        logits = arrays.in_place("logits", logits, "the gradient")
         grad = logits
     else:
         logits = arrays.contiguous(logits)

@@ -136,13 +136,7 @@ def add_rms_norm(
         raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
     weight = arrays.contiguous(weight)
     if inplace:
-        for name, a in (("x", x), ("residual", residual)):
-            c = arrays.contiguous(a)
-            if c is not a and not (arrays.is_torch(a) and c.data_ptr() == a.data_ptr()):
-                raise ArgumentError(f"{name}: inplace=True needs a contiguous array (the result is written into it)")
-            if isinstance(a, np.ndarray) and not a.flags.writeable:
-                raise ArgumentError(f"{name}: inplace=True needs a writeable array")
-        x, residual = arrays.contiguous(x), arrays.contiguous(residual)
+        x, residual = arrays.in_place("x", x), arrays.in_place("residual", residual)
         y, new_res = x, residual
     else:
         x, residual = arrays.contiguous(x), arrays.contiguous(residual)
