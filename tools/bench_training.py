@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SOURCES = ("training.cu", "attention_backward.cu", "training_ext.cu")
+SOURCES = ("training.cu", "attention_backward.cu", "norm_act_loss.cu")
 
 
 def report(archs: list[str]) -> None:

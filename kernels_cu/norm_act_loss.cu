@@ -1,5 +1,6 @@
-// Training ops beyond training.cu's: fused residual-add + RMSNorm, LayerNorm, GELU / GeGLU, each forward and
-// backward.
+// The norm / activation / loss family (norm_act_loss) beside training.cu's basic training ops: fused residual-add +
+// RMSNorm, LayerNorm, GELU / GeGLU, each forward and backward (the fused linear cross-entropy of its op module
+// runs training.cu's cross-entropy kernel).
 //
 // Every family is one template over its I/O element type (float, __nv_bfloat16, __half: PK_IO_KERNELS in
 // pk_common.cuh) and computes in fp32. Offsets are 64-bit; rows and elements are walked with grid-stride
@@ -139,7 +140,7 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // and (x - x0) - mean(d) is x - mean to fp32 precision whatever the row's mean.
 // has_w / has_b = 0: no
 // weight / bias (the pointer is any valid one and is not read).
-// Geometry as rms_norm's (pykern/ops/training_ext.py _ln_geometry): blockDim.x == 32 is a warp per row
+// Geometry as rms_norm's (pykern/ops/norm_act_loss.py _ln_geometry): blockDim.x == 32 is a warp per row
 // (blockDim.y rows a block), otherwise a block per row (blockDim.y == 1); pk_row_sum reduces either way.
 // One read of x when the row fits in registers: on the 16-byte path a row of at most LN_CACHE_VECS
 // vectors per thread (LN_CACHE_VECS x blockDim.x x 16 bytes: 32 KB at 512 threads) is loaded once

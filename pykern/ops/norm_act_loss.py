@@ -1,7 +1,7 @@
-"""Training ops beyond training.py's: fused residual-add RMSNorm, LayerNorm, GELU / GeGLU,
-forward and backward, and the fused linear cross-entropy.
+"""The norm / activation / loss family beside training.py's basic training ops: fused residual-add RMSNorm,
+LayerNorm, GELU / GeGLU, forward and backward, and the fused linear cross-entropy.
 
-Kernels in kernels_cu/training_ext.cu (the cross-entropy kernel is training.cu's).
+Kernels in kernels_cu/norm_act_loss.cu (the cross-entropy kernel is training.cu's).
 Every op validates its arguments before launching (ArgumentError /
 ArgumentTypeError naming the argument), takes NumPy arrays, torch tensors (CPU
 or CUDA) or CuPy arrays, allocates outputs next to the inputs, and takes
@@ -63,7 +63,7 @@ def _row_grid(n_rows: int, dim: int) -> tuple[tuple[int], tuple[int]]:
     return (min(n_rows, GRID_X_MAX),), (row_threads(dim),)
 
 
-# kernels_cu/training_ext.cu's LN_CACHE_VECS: 16-byte vectors a thread keeps of a layer_norm row.
+# kernels_cu/norm_act_loss.cu's LN_CACHE_VECS: 16-byte vectors a thread keeps of a layer_norm row.
 _LN_CACHE_VECS = 4
 
 

@@ -1,4 +1,4 @@
-"""numba.cuda references for kernels_cu/training_ext.cu: one thread per row (or element, or
+"""numba.cuda references for kernels_cu/norm_act_loss.cu: one thread per row (or element, or
 column), plain loops, float64 Python math (the layer_norm ones widen loads with float(): NumPy 2 keeps
 float32 + a Python float in float32). Arrays arrive flat, bf16 widened to float32."""
 from __future__ import annotations
