@@ -10,7 +10,7 @@
 // in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop body for both
 // widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
 // reduced without float atomics: per-(row chunk, column) partial sums in a fixed order, then a fixed-order
-// sum over chunks (norm_grad_reduce), so they are identical from run to run.
+// sum over chunks (training.cu's norm_grad_reduce), so they are identical from run to run.
 #include "pk_vec.cuh"
 
 // True when rows of `dim` elements of T on these bases can move in 16-byte vectors.
@@ -443,16 +443,7 @@ PK_IO_KERNELS(norm_weight_grad, (256, 1),
                unsigned int dim, long long rows_per_chunk, int has_mean, int want_bias),
               (x, grad_out, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean, want_bias))
 
-// out[c] = sum_k partial[k][c], k ascending: one thread per column.
-extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
-    const float* __restrict__ partial, float* __restrict__ out, long long n_chunks, unsigned int dim) {
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < dim;
-         c += (long long)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (long long k = 0; k < n_chunks; ++k) s += partial[k * dim + c];
-        out[c] = s;
-    }
-}
+// The sum over chunks is training.cu's norm_grad_reduce (one column sum for every norm).
 
 // ---------------------------------------------------------------------------
 // GELU, as torch.nn.functional.gelu:

@@ -187,7 +187,7 @@ PK_IO_KERNELS(softmax_backward, (512, 1),
 // Fused weight gradient (n_part != 0, gridDim.x == n_part, dim <= 16 *
 // blockDim.x): each thread owns at most 16 fixed columns and sums x * r * g
 // over its block's rows in registers during the output pass, then writes them
-// to partial[blockIdx.x][col]; rms_norm_grad_weight_reduce adds the n_part
+// to partial[blockIdx.x][col]; norm_grad_reduce adds the n_part
 // rows in ascending order. x and g are read once from HBM (the second pass hits
 // L2): 3N bytes in all, and identical run to run (no float atomics).
 // Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
@@ -343,15 +343,16 @@ PK_IO_KERNELS(rms_norm_backward_weight, (256, 1),
                float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk),
               (x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk))
 
-// grad_weight[c] = sum_k partial[k][c], k ascending: one thread per column.
-extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_grad_weight_reduce(
-    const float* __restrict__ partial, float* __restrict__ grad_weight, unsigned int n_chunks,
-    unsigned int dim) {
-    const long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= dim) return;
-    float s = 0.0f;
-    for (unsigned int k = 0; k < n_chunks; ++k) s += partial[(long long)k * dim + col];
-    grad_weight[col] = s;
+// out[c] = sum_k partial[k][c], k ascending: one thread per column (grid-stride). The column sum of every norm's
+// weight (and bias) gradient: rms_norm_backward's here, add_rms_norm's and layer_norm's (norm_act_loss.cu).
+extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
+    const float* __restrict__ partial, float* __restrict__ out, long long n_chunks, unsigned int dim) {
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < dim;
+         c += (long long)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (long long k = 0; k < n_chunks; ++k) s += partial[k * dim + c];
+        out[c] = s;
+    }
 }
 
 // ---------------------------------------------------------------------------

@@ -162,7 +162,7 @@ def rms_norm_backward(
         )
         if n_part > 1:
             launch(
-                "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_part, dim,
+                "norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_part, dim,
                 stream=stream, backend=backend,
             )
         return grad_x, grad_w
@@ -180,7 +180,7 @@ def rms_norm_backward(
     )
     if n_chunks > 1:
         launch(
-            "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
+            "norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
             stream=stream, backend=backend,
         )
     return grad_x, grad_w

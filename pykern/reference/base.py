@@ -1,6 +1,7 @@
 """Registration of numba.cuda reference kernels (numba is imported only when one is built)."""
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
@@ -50,3 +51,34 @@ def references() -> dict[str, Reference]:
 
     _load_all()
     return dict(_REFERENCES)
+
+
+_SOFTMAX_STATS: dict[int, Any] = {}  # id(cuda module) -> its device function
+
+
+def softmax_stats(cuda: Any) -> Any:
+    """The numba device function `(m, s) = stats(a, base, n, cap)` the references build a softmax from: over the
+    row a[base : base + n], with z = cap * tanh(x / cap) when cap > 0 (a logit soft-cap) else z = x,
+    m = max z and s = sum exp(z - m), so p_i = exp(z_i - m) / s and logsumexp = m + log(s). Two plain passes in
+    index order. A row of -inf (m = -inf) or a NaN or +inf anywhere makes s NaN, as the kernels' results
+    are then (and a division by s stays a NaN on the simulator, where dividing by 0.0 would raise)."""
+    fn = _SOFTMAX_STATS.get(id(cuda))
+    if fn is None:
+        @cuda.jit(device=True)
+        def stats(a, base, n, cap):
+            m = -math.inf
+            for i in range(n):
+                z = a[base + i]
+                if cap > 0:
+                    z = cap * math.tanh(z / cap)
+                m = max(m, z)
+            s = 0.0
+            for i in range(n):
+                z = a[base + i]
+                if cap > 0:
+                    z = cap * math.tanh(z / cap)
+                s += math.exp(z - m)
+            return m, s
+
+        fn = _SOFTMAX_STATS[id(cuda)] = stats
+    return fn

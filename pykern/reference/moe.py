@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import reference, softmax_stats
 
 _T = 64
 
@@ -21,17 +21,14 @@ def _one(_a: Any) -> tuple[tuple[int], tuple[int]]:
 
 @reference("moe_route", "moe_route_bf16", "moe_route_f16")
 def _moe_route(cuda: Any):
+    stats = softmax_stats(cuda)
+
     @cuda.jit
     def k(logits, bias, w, ids, n_tok, n_exp, top_k, renorm, sigm, has_bias):
         t = cuda.grid(1)
         if t < n_tok:
             base = t * n_exp
-            mx = -math.inf
-            for e in range(n_exp):
-                mx = max(mx, logits[base + e])
-            tot = 0.0
-            for e in range(n_exp):
-                tot += math.exp(logits[base + e] - mx)
+            mx, tot = stats(logits, base, n_exp, 0.0)
             for j in range(top_k):
                 best = -math.inf
                 bi = -1

@@ -140,20 +140,6 @@ def _norm_weight_grad(cuda: Any):
     return k, lambda a: _grid1(((a[6] + a[8] - 1) // a[8]) * a[7])
 
 
-@reference("norm_grad_reduce")
-def _norm_grad_reduce(cuda: Any):
-    @cuda.jit
-    def k(partial, out, n_chunks, dim):
-        c = cuda.grid(1)
-        if c < dim:
-            s = 0.0
-            for j in range(n_chunks):
-                s += partial[j * dim + c]
-            out[c] = s
-
-    return k, lambda a: _grid1(a[3])
-
-
 _S2PI = math.sqrt(2.0 / math.pi)
 
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import reference, softmax_stats
 
 _T = 64  # threads per block of every reference launch
 
@@ -103,16 +103,16 @@ def _rms_norm_backward_weight(cuda: Any):
     return k, config
 
 
-@reference("rms_norm_grad_weight_reduce")
-def _rms_norm_grad_weight_reduce(cuda: Any):
+@reference("norm_grad_reduce")
+def _norm_grad_reduce(cuda: Any):
     @cuda.jit
-    def k(partial, grad_weight, n_chunks, dim):
-        col = cuda.grid(1)
-        if col < dim:
+    def k(partial, out, n_chunks, dim):
+        c = cuda.grid(1)
+        if c < dim:
             s = 0.0
-            for c in range(n_chunks):
-                s += partial[c * dim + col]
-            grad_weight[col] = s
+            for j in range(n_chunks):
+                s += partial[j * dim + c]
+            out[c] = s
 
     return k, lambda a: _grid1(a[3])
 
@@ -184,6 +184,8 @@ def _cross_entropy_count(cuda: Any):
 
 @reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16", "cross_entropy_fwd_bwd_f16")
 def _cross_entropy(cuda: Any):
+    stats = softmax_stats(cuda)
+
     @cuda.jit
     def k(logits, targets, grad, row_loss, z_row, scale_p, cw, grad_rows, n_rows, vocab, pad_id, eps, z_loss, cap,
           opts):
@@ -209,26 +211,19 @@ def _cross_entropy(cuda: Any):
             else:
                 # z = cap * tanh(x / cap) when cap > 0; read every logit before writing
                 # any gradient (grad may be the logits buffer itself)
-                m = -math.inf
+                m, s = stats(logits, base, vocab, cap)
                 zsum = 0.0
                 wsum = 0.0
                 for i in range(vocab):
                     z = logits[base + i]
                     if cap > 0:
                         z = cap * math.tanh(z / cap)
-                    m = max(m, z)
                     c = cw[i] if has_w else 1.0
                     zsum += c * z
                     wsum += c
                 zt = logits[base + t]
                 if cap > 0:
                     zt = cap * math.tanh(zt / cap)
-                s = 0.0
-                for i in range(vocab):
-                    z = logits[base + i]
-                    if cap > 0:
-                        z = cap * math.tanh(z / cap)
-                    s += math.exp(z - m)
                 lse = m + math.log(s)  # a NaN or +inf logit has made s NaN through exp
                 wt = cw[t] if has_w else 1.0
                 ce = wt * (1.0 - eps) * (lse - zt)
