@@ -53,7 +53,33 @@ def references() -> dict[str, Reference]:
     return dict(_REFERENCES)
 
 
-_SOFTMAX_STATS: dict[int, Any] = {}  # id(cuda module) -> its device function
+_DEVICE_FNS: dict[tuple[int, Any], Any] = {}  # (id of the cuda module, Python function) -> its device function
+
+
+def device_function(cuda: Any, fn: Callable) -> Any:
+    """`fn` compiled once as a numba device function of `cuda` (the GPU module or the simulator's), for the
+    helpers several references call."""
+    key = (id(cuda), fn)
+    dev = _DEVICE_FNS.get(key)
+    if dev is None:
+        dev = _DEVICE_FNS[key] = cuda.jit(device=True)(fn)
+    return dev
+
+
+def _softmax_stats(a: Any, base: int, n: int, cap: float) -> tuple[float, float]:
+    m = -math.inf
+    for i in range(n):
+        z = a[base + i]
+        if cap > 0:
+            z = cap * math.tanh(z / cap)
+        m = max(m, z)
+    s = 0.0
+    for i in range(n):
+        z = a[base + i]
+        if cap > 0:
+            z = cap * math.tanh(z / cap)
+        s += math.exp(z - m)
+    return m, s
 
 
 def softmax_stats(cuda: Any) -> Any:
@@ -62,23 +88,4 @@ def softmax_stats(cuda: Any) -> Any:
     m = max z and s = sum exp(z - m), so p_i = exp(z_i - m) / s and logsumexp = m + log(s). Two plain passes in
     index order. A row of -inf (m = -inf) or a NaN or +inf anywhere makes s NaN, as the kernels' results
     are then (and a division by s stays a NaN on the simulator, where dividing by 0.0 would raise)."""
-    fn = _SOFTMAX_STATS.get(id(cuda))
-    if fn is None:
-        @cuda.jit(device=True)
-        def stats(a, base, n, cap):
-            m = -math.inf
-            for i in range(n):
-                z = a[base + i]
-                if cap > 0:
-                    z = cap * math.tanh(z / cap)
-                m = max(m, z)
-            s = 0.0
-            for i in range(n):
-                z = a[base + i]
-                if cap > 0:
-                    z = cap * math.tanh(z / cap)
-                s += math.exp(z - m)
-            return m, s
-
-        fn = _SOFTMAX_STATS[id(cuda)] = stats
-    return fn
+    return device_function(cuda, _softmax_stats)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import device_function, reference
 
 _T = 64
 
@@ -56,22 +56,29 @@ def _add_rms_norm_backward(cuda: Any):
     return k, lambda a: _grid1(a[6])
 
 
+def _ln_stats(x: Any, base: int, dim: int, eps: float) -> tuple[float, float]:
+    """(mean, rstd) of the row x[base : base + dim]: two passes (mean, then the biased variance), as torch."""
+    s = 0.0
+    for i in range(dim):
+        s += float(x[base + i])
+    mean = s / dim
+    v = 0.0
+    for i in range(dim):
+        d = float(x[base + i]) - mean
+        v += d * d
+    return mean, 1.0 / math.sqrt(v / dim + eps)
+
+
 @reference("layer_norm", "layer_norm_bf16", "layer_norm_f16")
 def _layer_norm(cuda: Any):
+    stats = device_function(cuda, _ln_stats)
+
     @cuda.jit
     def k(x, w, b, y, n_rows, dim, eps, has_w, has_b):
         row = cuda.grid(1)
         if row < n_rows:
             base = row * dim
-            s = 0.0
-            for i in range(dim):
-                s += float(x[base + i])
-            mean = s / dim
-            v = 0.0
-            for i in range(dim):
-                d = float(x[base + i]) - mean
-                v += d * d
-            rstd = 1.0 / math.sqrt(v / dim + eps)
+            mean, rstd = stats(x, base, dim, eps)
             for i in range(dim):
                 o = (float(x[base + i]) - mean) * rstd
                 if has_w:
@@ -85,20 +92,14 @@ def _layer_norm(cuda: Any):
 
 @reference("layer_norm_backward", "layer_norm_backward_bf16", "layer_norm_backward_f16")
 def _layer_norm_backward(cuda: Any):
+    stats = device_function(cuda, _ln_stats)
+
     @cuda.jit
     def k(x, w, g, gx, mean_out, rstd_out, n_rows, dim, eps, has_w):
         row = cuda.grid(1)
         if row < n_rows:
             base = row * dim
-            s = 0.0
-            for i in range(dim):
-                s += float(x[base + i])
-            mean = s / dim
-            v = 0.0
-            for i in range(dim):
-                d = float(x[base + i]) - mean
-                v += d * d
-            rstd = 1.0 / math.sqrt(v / dim + eps)
+            mean, rstd = stats(x, base, dim, eps)
             mean_out[row] = mean
             rstd_out[row] = rstd
             sg = 0.0
