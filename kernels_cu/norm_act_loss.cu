@@ -182,6 +182,33 @@ __device__ __forceinline__ float ln_center_cached(float (&a)[LN_CACHE_VECS][N], 
     shifted_mean = mean;
     return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
 }
+
+// The same statistics of a row too long for the register cache (or unaligned), read from global memory in two
+// passes (the re-read served by L1/L2): returns rstd, and the mean of x - x0 in shifted_mean.
+template <typename T>
+__device__ __forceinline__ float ln_stats_streamed(const T* __restrict__ x, long long base, long long n, bool vec,
+                                                   float x0, float eps, float* scratch, float& shifted_mean) {
+    float s = 0.0f;
+    pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W];
+        pk_load<T, W>(x, base + i, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += a[k] - x0;
+    });
+    const float mean = pk_row_sum(s, scratch) / (float)n;
+    float v = 0.0f;
+    pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W];
+        pk_load<T, W>(x, base + i, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
+    });
+    shifted_mean = mean;
+    return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+}
+
 template <typename T>
 __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T* __restrict__ wt,
                                                 const T* __restrict__ b, T* __restrict__ y, long long n_rows,
@@ -224,24 +251,8 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
             }
             continue;
         }
-        float s = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k] - x0;
-        });
-        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
-        float v = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
-        });
-        const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+        float mean;  // of d = x - x0
+        const float rstd = ln_stats_streamed<T>(x, base, n, vec, x0, eps, scratch, mean);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], ww[W], bb[W];
@@ -340,24 +351,8 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             }
             continue;
         }
-        float s = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k] - x0;
-        });
-        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
-        float v = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
-        });
-        const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+        float mean;  // of d = x - x0
+        const float rstd = ln_stats_streamed<T>(x, base, n, vec, x0, eps, scratch, mean);
         float sg = 0.0f, sgx = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
@@ -473,6 +468,21 @@ __device__ __forceinline__ float pk_gelu_grad(float x, int approx) {
 }
 
 // Elementwise families: 16-byte vectors when every base is aligned, then a scalar tail.
+// out[i] = op(a[i], b[i]) for the two-input ones (gelu_backward, gelu_gate).
+template <typename T, typename Op>
+__device__ __forceinline__ void ext_map2(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                         long long n, Op op) {
+    pk_grid_chunks<T>(pk_aligned16(a) && pk_aligned16(b) && pk_aligned16(out), n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float x[W], y[W];
+        pk_load<T, W>(a, i, x);
+        pk_load<T, W>(b, i, y);
+#pragma unroll
+        for (int k = 0; k < W; ++k) x[k] = op(x[k], y[k]);
+        pk_store<T, W>(out, i, x);
+    });
+}
+
 template <typename T>
 __device__ __forceinline__ void gelu_impl(const T* __restrict__ x, T* __restrict__ y, long long n, int approx) {
     pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(y), n, [&](long long i, auto w) {
@@ -492,15 +502,7 @@ PK_IO_KERNELS(gelu, (256, 1), (const T* __restrict__ x, T* __restrict__ y, long 
 template <typename T>
 __device__ __forceinline__ void gelu_backward_impl(const T* __restrict__ x, const T* __restrict__ g,
                                                    T* __restrict__ gx, long long n, int approx) {
-    pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(g) && pk_aligned16(gx), n, [&](long long i, auto w) {
-        constexpr int W = decltype(w)::value;
-        float a[W], b[W];
-        pk_load<T, W>(x, i, a);
-        pk_load<T, W>(g, i, b);
-#pragma unroll
-        for (int k = 0; k < W; ++k) a[k] = b[k] * pk_gelu_grad(a[k], approx);
-        pk_store<T, W>(gx, i, a);
-    });
+    ext_map2<T>(x, g, gx, n, [&](float xv, float gv) { return gv * pk_gelu_grad(xv, approx); });
 }
 
 PK_IO_KERNELS(gelu_backward, (256, 1),
@@ -512,15 +514,7 @@ PK_IO_KERNELS(gelu_backward, (256, 1),
 template <typename T>
 __device__ __forceinline__ void gelu_gate_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                T* __restrict__ out, long long n, int approx) {
-    pk_grid_chunks<T>(pk_aligned16(gate) && pk_aligned16(up) && pk_aligned16(out), n, [&](long long i, auto w) {
-        constexpr int W = decltype(w)::value;
-        float a[W], u[W];
-        pk_load<T, W>(gate, i, a);
-        pk_load<T, W>(up, i, u);
-#pragma unroll
-        for (int k = 0; k < W; ++k) a[k] = pk_gelu(a[k], approx) * u[k];
-        pk_store<T, W>(out, i, a);
-    });
+    ext_map2<T>(gate, up, out, n, [&](float gv, float uv) { return pk_gelu(gv, approx) * uv; });
 }
 
 PK_IO_KERNELS(gelu_gate, (256, 1),
