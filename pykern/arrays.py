@@ -650,3 +650,16 @@ def memory_key(a: Any) -> Any:
     if is_torch(a):
         return a.device
     return None
+
+
+def framework(like: Any) -> tuple[str, Any]:
+    """("numpy" | "torch" | "cupy", the library's module) of the array `like`: where an op that composes library
+    calls (matmuls, small element ops) runs them, on the caller's device. Other device arrays are taken for
+    CuPy (ImportError names it when it is absent)."""
+    if is_torch(like):
+        return "torch", sys.modules["torch"]
+    if isinstance(like, np.ndarray):
+        return "numpy", np
+    import cupy
+
+    return "cupy", cupy

@@ -117,3 +117,9 @@ def test_in_place_refuses_a_copy_or_a_read_only_array():
     ro.flags.writeable = False
     with pytest.raises(ArgumentError, match="residual: inplace=True needs a writeable array"):
         arrays.in_place("residual", ro)
+
+
+def test_framework_names_the_library_an_op_composes_calls_in():
+    assert arrays.framework(np.ones(2)) == ("numpy", np)
+    torch = pytest.importorskip("torch")
+    assert arrays.framework(torch.ones(2)) == ("torch", torch)

@@ -126,7 +126,7 @@ KIND_BRANCHES_LEFT = {
     "forward": 6,  # attention
     "gemm_fp8": 4,
     "mla": 3,
-    "norm_act_loss": 6,  # the fused linear cross-entropy runs its matmuls in the caller's framework
+    "norm_act_loss": 1,  # the fused linear cross-entropy's targets beside a torch hidden
     "sampling": 7,  # torch generators' Philox state, torch's float-to-int truncation
     "serving": 4,  # the run memo's key of an array
 }

@@ -359,18 +359,8 @@ class _Frame:
     on the caller's device and stream; only the cross-entropy itself is a pykern kernel."""
 
     def __init__(self, like: Any, stream: Any) -> None:
-        self.kind = "torch" if arrays.is_torch(like) else ("numpy" if isinstance(like, np.ndarray) else "cupy")
+        self.kind, self.xp = arrays.framework(like)
         self.stream = stream
-        if self.kind == "torch":
-            import torch
-
-            self.xp = torch
-        elif self.kind == "cupy":
-            import cupy
-
-            self.xp = cupy
-        else:
-            self.xp = np
 
     def scope(self) -> Any:
         """CuPy with an explicit stream: run CuPy's own work there too (torch's is handled by
@@ -392,7 +382,7 @@ class _Frame:
         from float32 copies of the operands, which torch multiplies on the SIMT cores (TF32 is off by
         default): measured 24.5 ms of a patched Llama training step on an H200 (2026-11-28,
         docs/measured/2026-11-28-h200-b.md) where these take 3.8."""
-        if self.kind != "torch" or not like.is_cuda or like.dtype == self.xp.float32:
+        if self.kind != "torch" or like.device.type != "cuda" or like.dtype == self.xp.float32:
             return False
         ops = self.xp.ops.aten
         return hasattr(ops.mm, "dtype_out") and hasattr(ops.addmm, "dtype_out")
