@@ -131,6 +131,15 @@ def attention_scale(scale: Any, head_dim: int) -> float:
     return float(scale)
 
 
+def int_in_range(name: str, v: Any, lo: int, hi: int) -> int:
+    """A Python / NumPy int with lo <= v <= hi (a bool, float or other type is a type error naming `name`)."""
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise ArgumentTypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
+    if not lo <= int(v) <= hi:
+        raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
+    return int(v)
+
+
 def norm_offset(offset: Any) -> float:
     """The validated `offset` of the RMSNorm ops (a finite number: 0 LLaMA, 1 Gemma)."""
     ok = isinstance(offset, (int, float, np.floating, np.integer)) and not isinstance(offset, bool)

@@ -61,6 +61,7 @@ from ._window import (
 )
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import attention_scale as _check_scale, check_enable_pdl as _check_enable_pdl
+from ._common import int_in_range as _check_int
 from ..arrays import flat_view as _flat
 
 __all__ = ["decode_attention", "batched_decode_attention", "decode_plan"]
@@ -123,14 +124,6 @@ def _layout(kv_layout: Any) -> str:
     if kv_layout not in LAYOUTS:
         raise ArgumentError(f"kv_layout: expected one of {LAYOUTS}, got {kv_layout!r}")
     return kv_layout
-
-
-def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ArgumentTypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
-    if not lo <= int(v) <= hi:
-        raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
-    return int(v)
 
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")

@@ -16,6 +16,7 @@ from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import launch as _launch
+from ._common import int_in_range as _int_arg
 from ._common import check_offsets as _check_offsets, dtype_is as _dtype_is, host_values as _host_values
 
 __all__ = ["moe_route", "grouped_gemm", "grouped_gemm_wgrad_tc", "moe_align", "moe_experts", "moe_experts_backward"]
@@ -28,14 +29,6 @@ _GRID_YZ_MAX = 65535
 _INT_MAX = 2**31 - 1
 _SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
-
-
-def _int_arg(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ArgumentTypeError(f"{name}: expected an int, got {type(v).__name__}")
-    if not lo <= int(v) <= hi:
-        raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
-    return int(v)
 
 
 # --------------------------------------------------------------------------- moe_route

@@ -289,44 +289,38 @@ def _same_inputs(names: tuple[str, ...], arrs: tuple[Any, ...]) -> tuple[str, tu
     return kind, shape, [arrays.contiguous(a) for a in arrs]
 
 
+def _map(kernel: str, names: tuple[str, ...], arrs: tuple[Any, ...], approximate: str, stream: Any,
+         backend: str | None) -> Any:
+    """The one-output GELU ops: validate (approximate first, then the inputs against the first), allocate the
+    output like the first input and launch `kernel` over the flat inputs."""
+    ap = _approx(approximate)
+    kind, shape, ins = _same_inputs(names, arrs)
+    out = arrays.empty(shape, kind, like=ins[0])
+    n = _size(shape)
+    if n:
+        _ew(kernel, kind, n, *(flat(a) for a in ins), flat(out), n, ap, stream=arrays.launch_stream(stream, ins[0]),
+            backend=backend)
+    return out
+
+
 @arrays.stream_scoped
 def gelu(x: Any, approximate: str = "none", *, stream: Any = None, backend: str | None = None) -> Any:
     """torch.nn.functional.gelu(x, approximate=) elementwise (f32, bf16 or f16, fp32 math)."""
-    ap = _approx(approximate)
-    kind, shape, (x,) = _same_inputs(("x",), (x,))
-    y = arrays.empty(shape, kind, like=x)
-    n = _size(shape)
-    if n:
-        _ew("gelu", kind, n, flat(x), flat(y), n, ap, stream=arrays.launch_stream(stream, x), backend=backend)
-    return y
+    return _map("gelu", ("x",), (x,), approximate, stream, backend)
 
 
 @arrays.stream_scoped
 def gelu_backward(x: Any, grad_out: Any, approximate: str = "none", *, stream: Any = None,
                   backend: str | None = None) -> Any:
     """grad_x = grad_out * gelu'(x) (f32, bf16 or f16, fp32 math)."""
-    ap = _approx(approximate)
-    kind, shape, (x, grad_out) = _same_inputs(("x", "grad_out"), (x, grad_out))
-    gx = arrays.empty(shape, kind, like=x)
-    n = _size(shape)
-    if n:
-        _ew("gelu_backward", kind, n, flat(x), flat(grad_out), flat(gx), n, ap,
-            stream=arrays.launch_stream(stream, x), backend=backend)
-    return gx
+    return _map("gelu_backward", ("x", "grad_out"), (x, grad_out), approximate, stream, backend)
 
 
 @arrays.stream_scoped
 def gelu_gate(gate: Any, up: Any, approximate: str = "none", *, stream: Any = None,
               backend: str | None = None) -> Any:
     """GeGLU: gelu(gate, approximate=) * up elementwise (f32, bf16 or f16, fp32 math)."""
-    ap = _approx(approximate)
-    kind, shape, (gate, up) = _same_inputs(("gate", "up"), (gate, up))
-    out = arrays.empty(shape, kind, like=gate)
-    n = _size(shape)
-    if n:
-        _ew("gelu_gate", kind, n, flat(gate), flat(up), flat(out), n, ap,
-            stream=arrays.launch_stream(stream, gate), backend=backend)
-    return out
+    return _map("gelu_gate", ("gate", "up"), (gate, up), approximate, stream, backend)
 
 
 @arrays.stream_scoped

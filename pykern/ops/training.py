@@ -113,6 +113,12 @@ def rms_backward_partials(n_rows: int, dim: int) -> int:
     return min(n_rows, _RMS_BWD_PARTS)
 
 
+def _sum_chunks(partial: Any, grad_w: Any, n_chunks: int, dim: int, *, stream: Any, backend: str | None) -> None:
+    """grad_w = the ascending sum of the n_chunks partial rows (norm_grad_reduce: deterministic, no atomics)."""
+    launch("norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim, stream=stream,
+           backend=backend)
+
+
 @arrays.stream_scoped
 def rms_norm_backward(
     x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, offset: float = 0.0, stream: Any = None,
@@ -161,10 +167,7 @@ def rms_norm_backward(
             stream=stream, backend=backend,
         )
         if n_part > 1:
-            launch(
-                "norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_part, dim,
-                stream=stream, backend=backend,
-            )
+            _sum_chunks(partial, grad_w, n_part, dim, stream=stream, backend=backend)
         return grad_x, grad_w
     launch(
         "rms_norm_backward" + sfx, (min(n_rows, GRID_X_MAX),), (threads,),
@@ -179,10 +182,7 @@ def rms_norm_backward(
         stream=stream, backend=backend,
     )
     if n_chunks > 1:
-        launch(
-            "norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
-            stream=stream, backend=backend,
-        )
+        _sum_chunks(partial, grad_w, n_chunks, dim, stream=stream, backend=backend)
     return grad_x, grad_w
 
 
