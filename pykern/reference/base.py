@@ -89,3 +89,25 @@ def softmax_stats(cuda: Any) -> Any:
     index order. A row of -inf (m = -inf) or a NaN or +inf anywhere makes s NaN, as the kernels' results
     are then (and a division by s stays a NaN on the simulator, where dividing by 0.0 would raise)."""
     return device_function(cuda, _softmax_stats)
+
+
+_S2PI = math.sqrt(2.0 / math.pi)
+
+
+def _gelu(x: float, approx: int) -> float:
+    if approx:
+        return 0.5 * x * (1.0 + math.tanh(_S2PI * (x + 0.044715 * x * x * x)))
+    return 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0)))
+
+
+def _gelu_grad(x: float, approx: int) -> float:
+    if approx:
+        t = math.tanh(_S2PI * (x + 0.044715 * x * x * x))
+        return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _S2PI * (1.0 + 3.0 * 0.044715 * x * x)
+    return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) + x * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
+
+
+def gelu_fns(cuda: Any) -> tuple[Any, Any]:
+    """The numba device functions (gelu(x, approx), gelu'(x, approx)) of torch's GELU: approx 0 the erf form,
+    1 the tanh form (the GELU ops and the MoE experts' gelu_tanh activation)."""
+    return device_function(cuda, _gelu), device_function(cuda, _gelu_grad)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference, softmax_stats
+from .base import gelu_fns, reference, softmax_stats
 
 _T = 64
 
@@ -186,17 +186,18 @@ def _moe_weight_grad(cuda: Any):
 
 
 def _act_kernels(cuda: Any):
+    gelu, gelu_grad = gelu_fns(cuda)
+
     @cuda.jit(device=True)
     def act_f(g, act):
         if act == 1:
-            return 0.5 * g * (1.0 + math.tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+            return gelu(g, 1)
         return g / (1.0 + math.exp(-g))
 
     @cuda.jit(device=True)
     def act_grad(g, act):
         if act == 1:
-            th = math.tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))
-            return 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 0.134145 * g * g)
+            return gelu_grad(g, 1)
         s = 1.0 / (1.0 + math.exp(-g))
         return s * (1.0 + g * (1.0 - s))
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import device_function, reference
+from .base import device_function, gelu_fns, reference
 
 _T = 64
 
@@ -141,29 +141,9 @@ def _norm_weight_grad(cuda: Any):
     return k, lambda a: _grid1(((a[6] + a[8] - 1) // a[8]) * a[7])
 
 
-_S2PI = math.sqrt(2.0 / math.pi)
-
-
-def _gelu_fns(cuda: Any):
-    @cuda.jit(device=True)
-    def f(x, approx):
-        if approx:
-            return 0.5 * x * (1.0 + math.tanh(_S2PI * (x + 0.044715 * x * x * x)))
-        return 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-    @cuda.jit(device=True)
-    def d(x, approx):
-        if approx:
-            t = math.tanh(_S2PI * (x + 0.044715 * x * x * x))
-            return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _S2PI * (1.0 + 3.0 * 0.044715 * x * x)
-        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) + x * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-
-    return f, d
-
-
 @reference("gelu", "gelu_bf16", "gelu_f16")
 def _gelu(cuda: Any):
-    f, _ = _gelu_fns(cuda)
+    f, _ = gelu_fns(cuda)
 
     @cuda.jit
     def k(x, y, n, approx):
@@ -176,7 +156,7 @@ def _gelu(cuda: Any):
 
 @reference("gelu_backward", "gelu_backward_bf16", "gelu_backward_f16")
 def _gelu_backward(cuda: Any):
-    _, d = _gelu_fns(cuda)
+    _, d = gelu_fns(cuda)
 
     @cuda.jit
     def k(x, g, gx, n, approx):
@@ -189,7 +169,7 @@ def _gelu_backward(cuda: Any):
 
 @reference("gelu_gate", "gelu_gate_bf16", "gelu_gate_f16")
 def _gelu_gate(cuda: Any):
-    f, _ = _gelu_fns(cuda)
+    f, _ = gelu_fns(cuda)
 
     @cuda.jit
     def k(gate, up, out, n, approx):
@@ -202,7 +182,7 @@ def _gelu_gate(cuda: Any):
 
 @reference("gelu_gate_backward", "gelu_gate_backward_bf16", "gelu_gate_backward_f16")
 def _gelu_gate_backward(cuda: Any):
-    f, d = _gelu_fns(cuda)
+    f, d = gelu_fns(cuda)
 
     @cuda.jit
     def k(gate, up, g, gg, gu, n, approx):
