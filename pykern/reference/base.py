@@ -111,3 +111,26 @@ def gelu_fns(cuda: Any) -> tuple[Any, Any]:
     """The numba device functions (gelu(x, approx), gelu'(x, approx)) of torch's GELU: approx 0 the erf form,
     1 the tanh form (the GELU ops and the MoE experts' gelu_tanh activation)."""
     return device_function(cuda, _gelu), device_function(cuda, _gelu_grad)
+
+
+def _rms_norm_grad_row(h: Any, w: Any, gy: Any, gres: Any, has_gres: int, out: Any, base: int, dim: int, eps: float,
+                       offset: float) -> float:
+    ss = 0.0
+    dot = 0.0
+    for i in range(dim):
+        ss += h[base + i] * h[base + i]
+        dot += h[base + i] * (offset + w[i]) * gy[base + i]
+    r = 1.0 / math.sqrt(ss / dim + eps)
+    for i in range(dim):
+        v = r * (offset + w[i]) * gy[base + i] - h[base + i] * r * r * r * dot / dim
+        if has_gres:
+            v += gres[base + i]
+        out[base + i] = v
+    return r
+
+
+def rms_norm_grad_row(cuda: Any) -> Any:
+    """The numba device function `r = grad_row(h, w, gy, gres, has_gres, out, base, dim, eps, offset)`: RMSNorm's
+    input gradient of the row at `base`, out = r * (offset + w) * gy - h * r^3 * sum(h * (offset + w) * gy) / dim
+    (+ gres when has_gres), with r = 1 / sqrt(mean(h^2) + eps) returned (rms_norm_backward, add_rms_norm_backward)."""
+    return device_function(cuda, _rms_norm_grad_row)

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import device_function, gelu_fns, reference
+from .base import device_function, gelu_fns, reference, rms_norm_grad_row
 
 _T = 64
 
@@ -35,23 +35,13 @@ def _add_rms_norm(cuda: Any):
 
 @reference("add_rms_norm_backward", "add_rms_norm_backward_bf16", "add_rms_norm_backward_f16")
 def _add_rms_norm_backward(cuda: Any):
+    grad_row = rms_norm_grad_row(cuda)
+
     @cuda.jit
     def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset):
         row = cuda.grid(1)
         if row < n_rows:
-            base = row * dim
-            ss = 0.0
-            dot = 0.0
-            for i in range(dim):
-                ss += h[base + i] * h[base + i]
-                dot += h[base + i] * (offset + w[i]) * gy[base + i]
-            r = 1.0 / math.sqrt(ss / dim + eps)
-            rstd[row] = r
-            for i in range(dim):
-                g = r * (offset + w[i]) * gy[base + i] - h[base + i] * r * r * r * dot / dim
-                if has_gres:
-                    g += gres[base + i]
-                gh[base + i] = g
+            rstd[row] = grad_row(h, w, gy, gres, has_gres, gh, row * dim, dim, eps, offset)
 
     return k, lambda a: _grid1(a[6])
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference, softmax_stats
+from .base import reference, rms_norm_grad_row, softmax_stats
 
 _T = 64  # threads per block of every reference launch
 
@@ -53,21 +53,15 @@ def _softmax_backward(cuda: Any):
 
 @reference("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16")
 def _rms_norm_backward(cuda: Any):
+    grad_row = rms_norm_grad_row(cuda)
+
     @cuda.jit
     def k(x, w, g, gx, inv_rms, partial, n_rows, dim, eps, n_part, offset):
         t = cuda.grid(1)
         if t < n_rows:
             row = t
             base = row * dim
-            ss = 0.0
-            xwg = 0.0
-            for i in range(dim):
-                ss += x[base + i] * x[base + i]
-                xwg += x[base + i] * (offset + w[i]) * g[base + i]
-            r = 1.0 / math.sqrt(ss / dim + eps)
-            inv_rms[row] = r
-            for i in range(dim):
-                gx[base + i] = r * (offset + w[i]) * g[base + i] - x[base + i] * r * r * r * xwg / dim
+            inv_rms[row] = grad_row(x, w, g, g, 0, gx, base, dim, eps, offset)
         if t < n_part:  # fused weight gradient: partial row t sums rows t, t + n_part, ... in that order
             for col in range(dim):
                 partial[t * dim + col] = 0.0
