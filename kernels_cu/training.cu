@@ -192,6 +192,18 @@ PK_IO_KERNELS(softmax_backward, (512, 1),
 // L2): 3N bytes in all, and identical run to run (no float atomics).
 // Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
 #define RMSB_ACC 16
+
+// One 16-byte chunk of a row at column i: x, offset + w and g (the three operands of every rms_norm_backward pass).
+template <typename T, int N>
+__device__ __forceinline__ void rmsb_load(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g,
+                                          long long base, long long i, float offset, float (&a)[N], float (&b)[N],
+                                          float (&c)[N]) {
+    PkVec16<T>::load(x, base + i, a);
+    PkVec16<T>::load(w, i, b);
+    for (int k = 0; k < N; ++k) b[k] += offset;
+    PkVec16<T>::load(g, base + i, c);
+}
+
 template <typename T>
 __device__ __forceinline__ void rms_norm_backward_impl(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
@@ -213,10 +225,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
-                PkVec16<T>::load(x, base + i, a);
-                PkVec16<T>::load(w, i, b);
-                for (int k = 0; k < N; ++k) b[k] += offset;
-                PkVec16<T>::load(g, base + i, c);
+                rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
 #pragma unroll
                 for (int k = 0; k < N; ++k) {
                     ss = fmaf(a[k], a[k], ss);
@@ -241,10 +250,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                 const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
                 if (i < n) {
                     float a[N], b[N], c[N];
-                    PkVec16<T>::load(x, base + i, a);
-                    PkVec16<T>::load(w, i, b);
-                for (int k = 0; k < N; ++k) b[k] += offset;
-                    PkVec16<T>::load(g, base + i, c);
+                    rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
 #pragma unroll
                     for (int k = 0; k < N; ++k) {
                         acc[sl * N + k] = fmaf(a[k] * r, c[k], acc[sl * N + k]);
@@ -266,10 +272,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         } else if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
-                PkVec16<T>::load(x, base + i, a);
-                PkVec16<T>::load(w, i, b);
-                for (int k = 0; k < N; ++k) b[k] += offset;
-                PkVec16<T>::load(g, base + i, c);
+                rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
 #pragma unroll
                 for (int k = 0; k < N; ++k) a[k] = r * b[k] * c[k] - a[k] * coef;
                 PkVec16<T>::store(gx, base + i, a);
