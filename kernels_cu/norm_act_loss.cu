@@ -149,6 +149,23 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // L1/L2). The backward caches x and g * w the same way.
 #define LN_CACHE_VECS 4
 
+// Subtract c from this thread's cached chunks (those below nvec) and return their sum (SQ: of squares).
+template <bool SQ, int N>
+__device__ __forceinline__ float ln_shift_sum(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float c) {
+    float s = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+        if (threadIdx.x + sl * blockDim.x < nvec) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                a[sl][k] -= c;
+                s += SQ ? a[sl][k] * a[sl][k] : a[sl][k];
+            }
+        }
+    }
+    return s;
+}
+
 // The statistics of a register-cached row, for both passes: a[sl] holds x's 16-byte chunk
 // threadIdx.x + sl * blockDim.x for the chunks below nvec. a becomes x - mean in place, through the
 // shift x0 (the row's first element: the sums of x - x0 keep their accuracy on rows with a large
@@ -156,31 +173,25 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 template <int N>
 __device__ __forceinline__ float ln_center_cached(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float x0,
                                                   long long n, float eps, float* scratch, float& shifted_mean) {
-    float s = 0.0f;
-#pragma unroll
-    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-        if (threadIdx.x + sl * blockDim.x < nvec) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                a[sl][k] -= x0;
-                s += a[sl][k];
-            }
-        }
-    }
-    const float mean = pk_row_sum(s, scratch) / (float)n;
-    float v = 0.0f;
-#pragma unroll
-    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-        if (threadIdx.x + sl * blockDim.x < nvec) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                a[sl][k] -= mean;
-                v += a[sl][k] * a[sl][k];
-            }
-        }
-    }
+    const float mean = pk_row_sum(ln_shift_sum<false, N>(a, nvec, x0), scratch) / (float)n;
+    const float v = ln_shift_sum<true, N>(a, nvec, mean);
     shifted_mean = mean;
     return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+}
+
+// This thread's sum over the row's chunks of x - x0 (SQ: of ((x - x0) - c)^2), read from global memory.
+template <bool SQ, typename T>
+__device__ __forceinline__ float ln_streamed_sum(const T* __restrict__ x, long long base, long long n, bool vec,
+                                                 float x0, float c) {
+    float s = 0.0f;
+    pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W];
+        pk_load<T, W>(x, base + i, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += SQ ? ((a[k] - x0) - c) * ((a[k] - x0) - c) : a[k] - x0;
+    });
+    return s;
 }
 
 // The same statistics of a row too long for the register cache (or unaligned), read from global memory in two
@@ -188,23 +199,8 @@ __device__ __forceinline__ float ln_center_cached(float (&a)[LN_CACHE_VECS][N], 
 template <typename T>
 __device__ __forceinline__ float ln_stats_streamed(const T* __restrict__ x, long long base, long long n, bool vec,
                                                    float x0, float eps, float* scratch, float& shifted_mean) {
-    float s = 0.0f;
-    pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-        constexpr int W = decltype(w)::value;
-        float a[W];
-        pk_load<T, W>(x, base + i, a);
-#pragma unroll
-        for (int k = 0; k < W; ++k) s += a[k] - x0;
-    });
-    const float mean = pk_row_sum(s, scratch) / (float)n;
-    float v = 0.0f;
-    pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-        constexpr int W = decltype(w)::value;
-        float a[W];
-        pk_load<T, W>(x, base + i, a);
-#pragma unroll
-        for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
-    });
+    const float mean = pk_row_sum(ln_streamed_sum<false, T>(x, base, n, vec, x0, 0.0f), scratch) / (float)n;
+    const float v = ln_streamed_sum<true, T>(x, base, n, vec, x0, mean);
     shifted_mean = mean;
     return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
 }
@@ -275,6 +271,20 @@ PK_IO_KERNELS(layer_norm, (512, 1),
                long long n_rows, unsigned int dim, float eps, int has_w, int has_b),
               (x, weight, bias, y, n_rows, dim, eps, has_w, has_b))
 
+// layer_norm_backward: the row's mean(g * w) and mean(g * w * xhat) from this thread's sums (an inf or NaN in
+// either makes mg NaN: see below), and the row's statistics written for the weight gradient.
+__device__ __forceinline__ void lnb_means(float sg, float sgx, long long n, float* scratch, long long row, float x0,
+                                          float mean, float rstd, float* __restrict__ mean_out,
+                                          float* __restrict__ rstd_out, float& mg, float& mgx) {
+    mg = pk_row_sum(sg, scratch) / (float)n;
+    mgx = pk_row_sum(sgx, scratch) / (float)n;
+    mg += (mg - mg) + (mgx - mgx);
+    if (threadIdx.x == 0) {
+        mean_out[row] = x0 + mean;
+        rstd_out[row] = rstd;
+    }
+}
+
 // layer_norm_backward row kernel: xhat = (x - mean) * rstd, gxhat = g * w,
 //   grad_x = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
 // mean[row] and rstd[row] feed the weight / bias gradients (norm_weight_grad).
@@ -305,6 +315,11 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                 for (int k = 0; k < W; ++k) gh[k] *= ww[k];
             }
         };
+        // x and gxhat for W elements at i (the streamed passes)
+        auto xg = [&](long long i, auto w, float* a, float* gh) {
+            pk_load<T, decltype(w)::value>(x, base + i, a);
+            gxhat(i, w, gh);
+        };
         // An inf in g * w makes mg and mgx infinite, and then the row's grad_x a data-dependent
         // mix of +-inf and NaN (torch's fused CPU and CUDA kernels give two different mixes).
         // Like torch's autograd of the layer_norm formula, the whole row is NaN instead:
@@ -333,13 +348,8 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                     }
                 }
             }
-            float mg = pk_row_sum(sg, scratch) / (float)n;
-            const float mgx = pk_row_sum(sgx, scratch) / (float)n;
-            mg += (mg - mg) + (mgx - mgx);
-            if (threadIdx.x == 0) {
-                mean_out[row] = x0 + mean;
-                rstd_out[row] = rstd;
-            }
+            float mg, mgx;
+            lnb_means(sg, sgx, n, scratch, row, x0, mean, rstd, mean_out, rstd_out, mg, mgx);
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
@@ -357,26 +367,19 @@ __device__ __forceinline__ void layer_norm_backward_impl(
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], gh[W];
-            pk_load<T, W>(x, base + i, a);
-            gxhat(i, w, gh);
+            xg(i, w, a, gh);
 #pragma unroll
             for (int k = 0; k < W; ++k) {
                 sg += gh[k];
                 sgx += gh[k] * ((a[k] - x0) - mean) * rstd;
             }
         });
-        float mg = pk_row_sum(sg, scratch) / (float)n;
-        const float mgx = pk_row_sum(sgx, scratch) / (float)n;
-        mg += (mg - mg) + (mgx - mgx);
-        if (threadIdx.x == 0) {
-            mean_out[row] = x0 + mean;
-            rstd_out[row] = rstd;
-        }
+        float mg, mgx;
+        lnb_means(sg, sgx, n, scratch, row, x0, mean, rstd, mean_out, rstd_out, mg, mgx);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], gh[W];
-            pk_load<T, W>(x, base + i, a);
-            gxhat(i, w, gh);
+            xg(i, w, a, gh);
 #pragma unroll
             for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - ((a[k] - x0) - mean) * rstd * mgx);
             pk_store<T, W>(gx, base + i, a);
