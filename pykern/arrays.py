@@ -663,3 +663,14 @@ def framework(like: Any) -> tuple[str, Any]:
     import cupy
 
     return "cupy", cupy
+
+
+def host_array_view(a: Any) -> np.ndarray | None:
+    """A NumPy view of a NumPy array or a CPU tensor, else None: everything else is treated as device memory
+    and never read on the host (device arrays, and the numba simulator's stand-ins for them, which have no
+    __cuda_array_interface__). For index arrays an op validates on the host only when they live there."""
+    if isinstance(a, np.ndarray):
+        return a
+    if is_torch(a):
+        return host_view(a) if a.device.type == "cpu" else None
+    return None

@@ -123,3 +123,16 @@ def test_framework_names_the_library_an_op_composes_calls_in():
     assert arrays.framework(np.ones(2)) == ("numpy", np)
     torch = pytest.importorskip("torch")
     assert arrays.framework(torch.ones(2)) == ("torch", torch)
+
+
+def test_host_array_view_reads_only_numpy_and_cpu_tensors():
+    a = np.arange(3)
+    assert arrays.host_array_view(a) is a
+
+    class Stand_in:  # an array-like with no __cuda_array_interface__ (as the numba simulator's device arrays)
+        def astype(self, dt):
+            return self
+
+    assert arrays.host_array_view(Stand_in()) is None
+    torch = pytest.importorskip("torch")
+    assert arrays.host_array_view(torch.arange(3)).tolist() == [0, 1, 2]

@@ -183,8 +183,7 @@ def index_array(name: str, a: Any, length: int | None, length_of: str = "") -> t
     of = f" ({length_of})" if length_of else ""
     if isinstance(a, (list, tuple)):
         a = np.asarray(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
-    dt = arrays.dtype_name(a, name)  # a non-array is a type error naming the argument
-    h = host_values(a)
+    h = arrays.host_array_view(a)
     if h is not None:
         if h.dtype.kind not in "iu":
             raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {h.dtype}")
@@ -196,6 +195,7 @@ def index_array(name: str, a: Any, length: int | None, length_of: str = "") -> t
         if h.dtype != np.int32 or not h.flags.c_contiguous:
             h = np.ascontiguousarray(h, np.int32)
         return h, h
+    dt = arrays.dtype_name(a, name)
     shp = arrays.shape_of(a, name)
     if len(shp) != 1 or (length is not None and shp[0] != length):
         raise ArgumentError(f"{name}: expected shape ({length},){of}, got {shp}")
@@ -206,4 +206,6 @@ def index_array(name: str, a: Any, length: int | None, length_of: str = "") -> t
     try:
         return arrays.astype(a, "int32"), None  # on its own device: never a device-to-host copy
     except ArgumentTypeError:
+        if hasattr(a, "astype"):  # another library's device array converts itself
+            return a.astype("int32"), None
         raise ArgumentTypeError(f"{name}: expected an int32 device array, got dtype {dt}") from None

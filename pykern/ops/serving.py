@@ -41,7 +41,7 @@ from ._window import (
 )
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import try_varlen as _sm90_varlen
-from ._common import H100_SMS, host_values
+from ._common import H100_SMS
 from ._common import attention_scale as _scale, check_enable_pdl as _check_enable_pdl, index_array as _index
 from ..arrays import flat_view as _flat
 from ._decode_waves import cta_rate as _cta_rate
@@ -409,8 +409,7 @@ def _host_ints(name: str, a: Any) -> np.ndarray | None:
     """An int64 NumPy copy of a host integer array (a list, NumPy, a CPU tensor), else None (device memory)."""
     if isinstance(a, (list, tuple)):
         a = np.asarray(a) if len(a) else np.zeros(0, np.int64)
-    arrays.dtype_name(a, name)  # a non-array is a type error naming the argument
-    h = host_values(a)
+    h = arrays.host_array_view(a)
     if h is None:
         return None
     if h.dtype.kind not in "iu":
