@@ -187,11 +187,23 @@ PK_IO_KERNELS(softmax_backward, (512, 1),
 // Fused weight gradient (n_part != 0, gridDim.x == n_part, dim <= 16 *
 // blockDim.x): each thread owns at most 16 fixed columns and sums x * r * g
 // over its block's rows in registers during the output pass, then writes them
-// to partial[blockIdx.x][col]; rms_norm_grad_weight_reduce adds the n_part
+// to partial[blockIdx.x][col]; norm_grad_reduce adds the n_part
 // rows in ascending order. x and g are read once from HBM (the second pass hits
 // L2): 3N bytes in all, and identical run to run (no float atomics).
 // Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
 #define RMSB_ACC 16
+
+// One 16-byte chunk of a row at column i: x, offset + w and g (the three operands of every rms_norm_backward pass).
+template <typename T, int N>
+__device__ __forceinline__ void rmsb_load(const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g,
+                                          long long base, long long i, float offset, float (&a)[N], float (&b)[N],
+                                          float (&c)[N]) {
+    PkVec16<T>::load(x, base + i, a);
+    PkVec16<T>::load(w, i, b);
+    for (int k = 0; k < N; ++k) b[k] += offset;
+    PkVec16<T>::load(g, base + i, c);
+}
+
 template <typename T>
 __device__ __forceinline__ void rms_norm_backward_impl(
     const T* __restrict__ x, const T* __restrict__ w, const T* __restrict__ g, T* __restrict__ gx,
@@ -213,10 +225,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
-                PkVec16<T>::load(x, base + i, a);
-                PkVec16<T>::load(w, i, b);
-                for (int k = 0; k < N; ++k) b[k] += offset;
-                PkVec16<T>::load(g, base + i, c);
+                rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
 #pragma unroll
                 for (int k = 0; k < N; ++k) {
                     ss = fmaf(a[k], a[k], ss);
@@ -241,10 +250,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                 const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
                 if (i < n) {
                     float a[N], b[N], c[N];
-                    PkVec16<T>::load(x, base + i, a);
-                    PkVec16<T>::load(w, i, b);
-                for (int k = 0; k < N; ++k) b[k] += offset;
-                    PkVec16<T>::load(g, base + i, c);
+                    rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
 #pragma unroll
                     for (int k = 0; k < N; ++k) {
                         acc[sl * N + k] = fmaf(a[k] * r, c[k], acc[sl * N + k]);
@@ -266,10 +272,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         } else if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
-                PkVec16<T>::load(x, base + i, a);
-                PkVec16<T>::load(w, i, b);
-                for (int k = 0; k < N; ++k) b[k] += offset;
-                PkVec16<T>::load(g, base + i, c);
+                rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
 #pragma unroll
                 for (int k = 0; k < N; ++k) a[k] = r * b[k] * c[k] - a[k] * coef;
                 PkVec16<T>::store(gx, base + i, a);
@@ -343,15 +346,16 @@ PK_IO_KERNELS(rms_norm_backward_weight, (256, 1),
                float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk),
               (x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk))
 
-// grad_weight[c] = sum_k partial[k][c], k ascending: one thread per column.
-extern "C" __global__ void __launch_bounds__(256, 1) rms_norm_grad_weight_reduce(
-    const float* __restrict__ partial, float* __restrict__ grad_weight, unsigned int n_chunks,
-    unsigned int dim) {
-    const long long col = (long long)blockIdx.x * blockDim.x + threadIdx.x;
-    if (col >= dim) return;
-    float s = 0.0f;
-    for (unsigned int k = 0; k < n_chunks; ++k) s += partial[(long long)k * dim + col];
-    grad_weight[col] = s;
+// out[c] = sum_k partial[k][c], k ascending: one thread per column (grid-stride). The column sum of every norm's
+// weight (and bias) gradient: rms_norm_backward's here, add_rms_norm's and layer_norm's (norm_act_loss.cu).
+extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
+    const float* __restrict__ partial, float* __restrict__ out, long long n_chunks, unsigned int dim) {
+    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < dim;
+         c += (long long)gridDim.x * blockDim.x) {
+        float s = 0.0f;
+        for (long long k = 0; k < n_chunks; ++k) s += partial[k * dim + c];
+        out[c] = s;
+    }
 }
 
 // ---------------------------------------------------------------------------

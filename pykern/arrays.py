@@ -469,12 +469,16 @@ def zeros(shape: tuple[int, ...], dtype: Any, like: Any = None) -> Any:
 
         host = np.zeros(shape, _resolve(dtype))
         return cuda.to_device(host.view(np.uint16) if host.dtype.name == "bfloat16" else host)
-    out = empty(shape, dtype, like)
-    if isinstance(out, np.ndarray):
-        out.fill(0)
+    return fill_zero(empty(shape, dtype, like))
+
+
+def fill_zero(a: Any) -> Any:
+    """Zero `a` in place with its own library, on its own device (NumPy, torch, CuPy); returns it."""
+    if isinstance(a, np.ndarray):
+        a.fill(0)
     else:
-        out.zero_() if hasattr(out, "zero_") else out.fill(0)
-    return out
+        a.zero_() if hasattr(a, "zero_") else a.fill(0)
+    return a
 
 
 def same_memory_kind(a: Any, like: Any) -> bool:
@@ -561,3 +565,120 @@ def same_kind(name: str, a: Any, kind: str, ref_name: str) -> None:
 def kernel_suffix(kind: str) -> str:
     """Name suffix of a kernel's instantiation for an I/O kind: "" (f32), "_bf16", "_f16"."""
     return _IO_SUFFIX[kind]
+
+
+_SIGNED_TWIN = {"uint16": np.int16, "uint32": np.int32, "uint64": np.int64}
+
+
+def to_like(host: np.ndarray, like: Any) -> Any:
+    """`host`, a small NumPy array (indices, lengths, per-row parameters), on the memory `like` is on, of the
+    kind `empty(..., like=like)` makes: NumPy (and host DLPack objects) keep it as it is, a torch tensor gets a
+    tensor on its device, CuPy a CuPy array, a numba device array a numba one.
+
+    The copy goes host-to-device, never the other way. torch: one element becomes a fill kernel (no pageable
+    copy, so a CUDA graph can capture it); unsigned 16/32/64-bit words travel as their signed twin and are
+    reinterpreted (torch's unsigned types have few kernels; the bits are the same)."""
+    if like is None or isinstance(like, np.ndarray):
+        return host
+    if is_torch(like):
+        torch = sys.modules["torch"]
+        if like.device.type == "cpu":
+            return torch.from_numpy(host)
+        name = np_dtype_name(host.dtype)
+        twin = _SIGNED_TWIN.get(name)
+        src = host.view(twin) if twin is not None else host
+        if src.size == 1:
+            t = torch.full(src.shape, src.reshape(-1)[0].item(), dtype=getattr(torch, np_dtype_name(src.dtype)),
+                           device=like.device)
+        else:
+            t = torch.as_tensor(src, device=like.device)
+        return t.view(getattr(torch, name)) if twin is not None else t
+    mod = _module(like)
+    if mod == "cupy":
+        import cupy
+
+        return cupy.asarray(host)
+    if mod == "numba":
+        from numba import cuda
+
+        return cuda.to_device(host)
+    if is_host(like):
+        return host
+    raise ArgumentTypeError(f"cannot place a host array next to a {type(like).__name__}; pass NumPy, torch or "
+                            f"CuPy arrays")
+
+
+def flat_view(a: Any) -> Any:
+    """`a` as the kernels index it, flat: NumPy arrays and tensors as 1-D views (the numba references index flat
+    memory too); other device arrays go as they are (the launcher takes their pointer). `a` is contiguous."""
+    if isinstance(a, np.ndarray) or is_torch(a):
+        return a.reshape(-1)
+    return a
+
+
+def arange_like(n: int, dtype: str, like: Any) -> Any:
+    """0 .. n - 1 as `dtype` on the memory `like` is on (the kind `empty(..., like=like)` makes): made on its
+    device where the library can (torch, CuPy: a fill kernel, no host copy), else copied host-to-device."""
+    if is_torch(like):
+        torch = sys.modules["torch"]
+        return torch.arange(n, dtype=getattr(torch, dtype), device=like.device)
+    if _module(like) == "cupy":
+        import cupy
+
+        return cupy.arange(n, dtype=dtype)
+    return to_like(np.arange(n, dtype=dtype), like)
+
+
+def in_place(name: str, a: Any, what: str = "the result") -> Any:
+    """`a` as the kernels write into it in place (an op's `inplace=True`): it must be contiguous already (a copy
+    would take the writes instead of the caller's array) and, NumPy, writeable. ArgumentError naming `name`."""
+    c = contiguous(a)
+    if c is not a and not (is_torch(a) and c.data_ptr() == a.data_ptr()):
+        raise ArgumentError(f"{name}: inplace=True needs a contiguous array ({what} is written into it)")
+    if isinstance(a, np.ndarray) and not a.flags.writeable:
+        raise ArgumentError(f"{name}: inplace=True needs a writeable array")
+    return c
+
+
+def view_bool(a: Any) -> Any:
+    """A one-byte array (uint8 / int8 / bool) seen as bool, same memory (NumPy, torch); other kinds as they are
+    (the kernels read bytes)."""
+    if isinstance(a, np.ndarray):
+        return a.view(np.bool_)
+    if is_torch(a):
+        return a.view(sys.modules["torch"].bool)
+    return a
+
+
+def memory_key(a: Any) -> Any:
+    """A hashable name of the memory `a` lives in, for caching small per-device buffers: "host" for NumPy, the
+    device for a torch tensor; None for other kinds (no cache: allocate each time)."""
+    if isinstance(a, np.ndarray):
+        return "host"
+    if is_torch(a):
+        return a.device
+    return None
+
+
+def framework(like: Any) -> tuple[str, Any]:
+    """("numpy" | "torch" | "cupy", the library's module) of the array `like`: where an op that composes library
+    calls (matmuls, small element ops) runs them, on the caller's device. Other device arrays are taken for
+    CuPy (ImportError names it when it is absent)."""
+    if is_torch(like):
+        return "torch", sys.modules["torch"]
+    if isinstance(like, np.ndarray):
+        return "numpy", np
+    import cupy
+
+    return "cupy", cupy
+
+
+def host_array_view(a: Any) -> np.ndarray | None:
+    """A NumPy view of a NumPy array or a CPU tensor, else None: everything else is treated as device memory
+    and never read on the host (device arrays, and the numba simulator's stand-ins for them, which have no
+    __cuda_array_interface__). For index arrays an op validates on the host only when they live there."""
+    if isinstance(a, np.ndarray):
+        return a
+    if is_torch(a):
+        return host_view(a) if a.device.type == "cpu" else None
+    return None

@@ -36,7 +36,7 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("training_f32_to", "bf16"): (0.0, 0.0),  # one rounding of an fp32 value, as the reference's cast
     ("training_f32_to", "f16"): (0.0, 0.0),
     ("attention_backward", "f32"): (1e-5, 1e-4),
-    # training ops beyond training.cu's (training_ext.cu)
+    # the norm / activation / loss family (norm_act_loss.cu)
     ("add_rms_norm", "f32"): F32,
     ("add_rms_norm", "bf16"): BF16,
     ("add_rms_norm", "f16"): F16,

@@ -19,7 +19,7 @@ from pykern.difftest.cases.sampling import (np_sample, np_sample_logits, np_soft
                                             np_top_p_renorm)
 from pykern.difftest.cases.training import (np_cross_entropy, np_embedding_backward,
                                             np_rms_norm_backward, np_softmax_backward, np_transpose_2d)
-from pykern.difftest.cases.training_ext import (np_add_rms_norm, np_add_rms_norm_backward, np_gelu, np_gelu_grad,
+from pykern.difftest.cases.norm_act_loss import (np_add_rms_norm, np_add_rms_norm_backward, np_gelu, np_gelu_grad,
                                                 np_layer_norm, np_layer_norm_backward)
 
 from fuzz_engine import BOOL, ENUM, FARRAY, FIXED, FLOAT, IARRAY, INT, LENGTH, OUT, PROB, PTABLE, Spec, compare
@@ -218,7 +218,7 @@ spec(Spec("attention_backward", ops.attention_backward,
            "deterministic": BOOL, **COMMON},
           ref=_attb_ref, kind_of="q", writes=lambda k: (), examples=0.5))
 
-# --------------------------------------------------------------------------- training_ext
+# --------------------------------------------------------------------------- norm_act_loss
 
 
 def _arn_ref(k: dict) -> Any:

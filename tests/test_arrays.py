@@ -74,3 +74,65 @@ def test_dtype_names_are_numpys_and_resolved_spellings_are_the_same_dtype():
             assert arrays.empty((1,), spelling).dtype == np.dtype(want), spelling
     with pytest.raises(TypeError):
         arrays.empty((1,), "no_such_dtype")
+
+
+def test_to_like_places_a_host_array_where_another_array_lives():
+    host = np.array([3, 1, 2], np.int32)
+    assert arrays.to_like(host, np.zeros(1)) is host  # NumPy stays NumPy, no copy
+    assert arrays.to_like(host, None) is host
+
+    class Foreign:
+        __cuda_array_interface__ = {"shape": (1,), "typestr": "<f4", "data": (0, False), "version": 3}
+
+    with pytest.raises(ArgumentTypeError, match="Foreign"):
+        arrays.to_like(host, Foreign())
+
+
+def test_to_like_and_arange_like_on_torch_keep_values_dtype_and_device():
+    torch = pytest.importorskip("torch")
+    like = torch.zeros(1)
+    t = arrays.to_like(np.array([7, 2**32 - 1], np.uint32), like)
+    assert isinstance(t, torch.Tensor) and t.device == like.device
+    assert arrays.host_view(t).tolist() == [7, 2**32 - 1]
+    r = arrays.arange_like(4, "int32", like)
+    assert r.dtype == torch.int32 and r.tolist() == [0, 1, 2, 3]
+    assert arrays.memory_key(like) == like.device and arrays.memory_key(np.ones(1)) == "host"
+    assert arrays.view_bool(torch.tensor([0, 1], dtype=torch.uint8)).tolist() == [False, True]
+
+
+def test_arange_fill_zero_view_bool_and_flat_view_on_numpy():
+    assert arrays.arange_like(3, "int32", np.zeros(1)).tolist() == [0, 1, 2]
+    a = np.ones((2, 3), np.float32)
+    assert arrays.fill_zero(a) is a and not a.any()
+    assert arrays.view_bool(np.array([0, 1], np.uint8)).tolist() == [False, True]
+    assert arrays.flat_view(np.ones((2, 3))).shape == (6,)
+
+
+def test_in_place_refuses_a_copy_or_a_read_only_array():
+    a = np.ones((4, 4), np.float32)
+    assert arrays.in_place("x", a) is a
+    with pytest.raises(ArgumentError, match="x: inplace=True needs a contiguous array"):
+        arrays.in_place("x", a[:, ::2])
+    ro = np.ones(3, np.float32)
+    ro.flags.writeable = False
+    with pytest.raises(ArgumentError, match="residual: inplace=True needs a writeable array"):
+        arrays.in_place("residual", ro)
+
+
+def test_framework_names_the_library_an_op_composes_calls_in():
+    assert arrays.framework(np.ones(2)) == ("numpy", np)
+    torch = pytest.importorskip("torch")
+    assert arrays.framework(torch.ones(2)) == ("torch", torch)
+
+
+def test_host_array_view_reads_only_numpy_and_cpu_tensors():
+    a = np.arange(3)
+    assert arrays.host_array_view(a) is a
+
+    class Stand_in:  # an array-like with no __cuda_array_interface__ (as the numba simulator's device arrays)
+        def astype(self, dt):
+            return self
+
+    assert arrays.host_array_view(Stand_in()) is None
+    torch = pytest.importorskip("torch")
+    assert arrays.host_array_view(torch.arange(3)).tolist() == [0, 1, 2]

@@ -1,11 +1,11 @@
 """SASS of the memory-bound kernels, read from the sm_80 and sm_90 cubins with cuobjdump: no GPU needed.
 
-- every bf16 kernel of forward.cu / training.cu / training_ext.cu that narrows fp32 -> bf16 does it in
+- every bf16 kernel of forward.cu / training.cu / norm_act_loss.cu that narrows fp32 -> bf16 does it in
   hardware (F2FP, from cvt.rn.bf16x2.f32), not in ~7 integer instructions per element;
 - every f16 kernel narrows with F2FP.F16.F32.PACK_AB (cvt.rn.f16x2.f32) and widens with HADD2.F32
   (cvt.f32.f16), and the bf16 ones use no f16 conversion;
 - the aligned paths of the bandwidth-bound kernels issue 128-bit global loads (transpose_2d_bf16: >= 64-bit),
-  and training_ext.cu's row and elementwise kernels 128-bit loads and stores in every dtype;
+  and norm_act_loss.cu's row and elementwise kernels 128-bit loads and stores in every dtype;
 - silu_gate and causal_attn_softmax use MUFU.EX2 (fast exp) and no spills anywhere.
 Only these three sources are compiled (through pykern's cache), for 2 archs, to keep this fast.
 """
@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
-SOURCES = ("forward.cu", "training.cu", "training_ext.cu")
+SOURCES = ("forward.cu", "training.cu", "norm_act_loss.cu")
 
 # bf16 kernels that never narrow fp32 -> bf16: bit copies or fp32 outputs (partials, accumulators).
 NO_NARROWING = {
@@ -47,7 +47,7 @@ WIDE_LOADS = {
 }
 # every f16 twin moves as its bf16 one does
 WIDE_LOADS.update({k.replace("_bf16", "_f16"): v for k, v in list(WIDE_LOADS.items()) if k.endswith("_bf16")})
-# training_ext.cu: 16-byte loads and stores (LDG.E.128 / STG.E.128) in f32, bf16 and f16
+# norm_act_loss.cu: 16-byte loads and stores (LDG.E.128 / STG.E.128) in f32, bf16 and f16
 EXT_16B = [f"{k}{s}" for k in ("add_rms_norm", "add_rms_norm_backward", "layer_norm", "layer_norm_backward", "gelu",
                                "gelu_backward", "gelu_gate", "gelu_gate_backward") for s in ("", "_bf16", "_f16")]
 
@@ -100,7 +100,7 @@ def test_non_narrowing_list_is_honest() -> None:
 def test_every_f16_kernel_converts_in_hardware() -> None:
     m = mix()
     f16 = [k for k in _kernels_in(SOURCES) if k.endswith("_f16")]
-    assert len(f16) == 21, f16  # forward.cu 5, training.cu 7, training_ext.cu 9
+    assert len(f16) == 21, f16  # forward.cu 5, training.cu 7, norm_act_loss.cu 9
     narrowing = [k for k in f16 if k.replace("_f16", "_bf16") not in NO_NARROWING]
     bad = [(k, a, m[k][a]["F2FP_F16"]) for k in narrowing for a in ARCHS if m[k][a]["F2FP_F16"] == 0]
     assert not bad, f"f16 kernels without F2FP.F16.F32.PACK_AB: {bad}"
@@ -115,7 +115,7 @@ def test_every_f16_kernel_converts_in_hardware() -> None:
 
 
 @pytest.mark.parametrize("kernel", EXT_16B)
-def test_training_ext_moves_16_bytes(kernel: str) -> None:
+def test_norm_act_loss_moves_16_bytes(kernel: str) -> None:
     m = mix()
     for a in ARCHS:
         row = m[kernel][a]

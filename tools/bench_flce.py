@@ -41,7 +41,7 @@ sys.path.insert(0, str(ROOT))
 
 
 def model_bytes(n: int, v: int, h: int, esz: int, chunk: int) -> dict:
-    from pykern.ops.training_ext import flce_block_rows
+    from pykern.ops.norm_act_loss import flce_block_rows
 
     bf16 = esz != 4
     blk = flce_block_rows(chunk, v, h)
@@ -100,7 +100,7 @@ def measure(n: int, v: int, h: int, chunk: int | None, backend: str, dtype: str,
 
 
 def main() -> None:
-    from pykern.ops.training_ext import flce_chunk_rows
+    from pykern.ops.norm_act_loss import flce_chunk_rows
 
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--n", type=int, default=512, help="rows of the CPU measurement")

@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SOURCES = ("training.cu", "attention_backward.cu", "training_ext.cu")
+SOURCES = ("training.cu", "attention_backward.cu", "norm_act_loss.cu")
 
 
 def report(archs: list[str]) -> None:
@@ -108,7 +108,7 @@ def _timed(env: Env, step: Callable[[], None], iters: int) -> float:
 def bench(args: argparse.Namespace) -> None:
     import pykern
     from pykern.arrays import bfloat16
-    from pykern.ops.training import _row_threads, _weight_chunks
+    from pykern.ops._common import row_threads as _row_threads, weight_chunks as _weight_chunks
     from pykern.ops.training_attention import group_lanes
 
     env = Env(args.backend)
@@ -155,7 +155,7 @@ def bench(args: argparse.Namespace) -> None:
         launch("rms_norm_backward_weight" + sfx, (-(-d // 32), nch), (32, 8), xx, gg, inv,
                part if nch > 1 else gw, rows, d, rpc)
         if nch > 1:
-            launch("rms_norm_grad_weight_reduce", (-(-d // 256),), (256,), part, gw, nch, d)
+            launch("norm_grad_reduce", (-(-d // 256),), (256,), part, gw, nch, d)
 
     line("rms_norm_backward", f"{rows}x{d} {kind} ({nch} chunks)", _timed(env, rms, iters), 6 * rows * d * esz)
 

@@ -105,7 +105,7 @@ def training_rows(e: int) -> Iterator[Row]:
               "2nd pass from L2 (row fits)")
     # rms_norm_backward, fused (dim <= 16 x 512): 512 blocks walk the rows; pass 1 reads x, w, g, pass 2
     # re-reads them (L2 hits) and writes gx, summing x * r * g per column in registers; each block writes one
-    # fp32 partial row that rms_norm_grad_weight_reduce reads back. HBM: 3N + 2 x 512 x dim x 4 + inv_rms.
+    # fp32 partial row that norm_grad_reduce reads back. HBM: 3N + 2 x 512 x dim x 4 + inv_rms.
     n = t * h
     parts = min(t, 512)
     partials = parts * h * 4

@@ -12,19 +12,11 @@ from typing import Any
 
 from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import launch_warp_rows as _launch
 
 __all__ = ["merge_state", "merge_state_in_place", "merge_states", "shared_prefix_decode"]
 
-_WARPS = 8  # rows (token, head) a block: one warp each
-_GRID_MAX = 65535 * 8  # the kernels are grid-stride over tokens: a cap only bounds the launch
-_GRID_Y_MAX = 65535
-
-
-def _launch(name: str, seq_len: int, heads: int, *args: Any, stream: Any, like: Any, backend: str | None) -> None:
-    from ..launcher import launch
-
-    grid = (max(1, min(-(-seq_len // _WARPS), _GRID_MAX)), heads)  # warps over tokens, grid y over heads
-    launch(name, grid, (32 * _WARPS,), *args, stream=arrays.launch_stream(stream, like), backend=backend)
+_GRID_Y_MAX = 65535  # num_heads is the grid's y (the launch geometry is _common.launch_warp_rows')
 
 
 def _check_state(v_name: str, v: Any, s_name: str, s: Any,

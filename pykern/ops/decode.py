@@ -48,7 +48,6 @@ seq_len 0 yields zeros. Output dtype is q's dtype. Supported (q, cache) dtypes:
 """
 from __future__ import annotations
 
-import math
 from collections import OrderedDict
 from typing import Any
 
@@ -61,6 +60,9 @@ from ._window import (
     normalize_serving as _normalize_serving,
 )
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import attention_scale as _check_scale, check_enable_pdl as _check_enable_pdl
+from ._common import int_in_range as _check_int
+from ..arrays import flat_view as _flat
 
 __all__ = ["decode_attention", "batched_decode_attention", "decode_plan"]
 
@@ -90,12 +92,6 @@ def _suffix(q_kind: str, kv_kind: str) -> str:
     qn, kn = arrays.IO_DTYPES[q_kind], arrays.IO_DTYPES[kv_kind]
     raise ArgumentTypeError(f"q: a {qn} query needs {qn} caches (expected q float32 for {kn} caches), "
                             f"got q {qn} with {kn} caches")
-
-
-def _flat(a: Any) -> Any:
-    # The kernels index flat memory; NumPy arrays (and tensors) are passed as 1-D views so the
-    # numba references (which index flat) see the same layout. Other device arrays go as they are.
-    return a.reshape(-1) if isinstance(a, np.ndarray) or arrays.is_torch(a) else a
 
 
 def _default_warps(max_seq_len: int) -> int:
@@ -128,14 +124,6 @@ def _layout(kv_layout: Any) -> str:
     if kv_layout not in LAYOUTS:
         raise ArgumentError(f"kv_layout: expected one of {LAYOUTS}, got {kv_layout!r}")
     return kv_layout
-
-
-def _check_int(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ArgumentTypeError(f"{name}: expected an int, got {type(v).__name__} {v!r}")
-    if not lo <= int(v) <= hi:
-        raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
-    return int(v)
 
 
 _INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
@@ -226,15 +214,6 @@ def decode_plan(
             "launches": launches}
 
 
-def _check_scale(scale: Any, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
-            float(scale)):
-        raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
-    return float(scale)
-
-
 def _run(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], seq_buf: Any, batch: int, num_heads: int,
          num_kv_heads: int, head_dim: int, max_seq_len: int, q_kind: str, kv_kind: str, *, scale: Any, method: str,
          seq_hint: int | None, num_warps: int | None, chunk_size: int | None, backend: str | None, out: Any = None,
@@ -320,22 +299,6 @@ def _caches(names: tuple[str, str], k: Any, v: Any, kv_layout: str, batched: boo
     return _flat(k), _flat(v), _contiguous_strides(*dims, kv_layout), True
 
 
-def _iota(n: int, like: Any) -> Any:
-    """int32 0 .. n - 1 next to `like`, made on its device (torch / CuPy: a fill kernel, no host copy)."""
-    if isinstance(like, np.ndarray):
-        return np.arange(n, dtype=np.int32)
-    if arrays.is_torch(like):
-        torch = arrays.torch_module()
-        return torch.arange(n, dtype=torch.int32, device=like.device)
-    if type(like).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy.arange(n, dtype=cupy.int32)
-    from .serving import _device_like
-
-    return _device_like(np.arange(n, dtype=np.int32), like)
-
-
 def _tc_candidate(method: str, tensor_cores: Any, q_kind: str, kv_kind: str, group: int, head_dim: int,
                   logits_soft_cap: Any) -> bool:
     """Whether method="auto" sends this shape to the tensor-core paged decode kernel (the alignment of the
@@ -394,7 +357,7 @@ def _run_tc(q: Any, kf: Any, vf: Any, strides: tuple[int, int, int], lens: Any, 
     plan, indptr = _tc_plan(key, lambda: (
         PagedDecodePlan(batch, num_heads, num_kv_heads, head_dim, span, kv_layout=kv_layout, q_dtype=q_kind,
                         kv_dtype=kv_kind, max_kv_len=span, window_left=window_left, like=q),
-        _iota(batch + 1, q)))
+        arrays.arange_like(batch + 1, "int32", q)))
     res = arrays.empty((batch, num_heads, head_dim), q_kind, like=q) if out is None else out
     # the pages' size is the cache's own length: the kernel clamps a device length to it
     plan._launch(q, kf, vf, strides, indptr, indptr[:batch], lens, _flat(res), sc, 1.0, 1.0, False, stream,
@@ -486,8 +449,6 @@ def decode_attention(
     enable_pdl: programmatic dependent launch of the tensor-core kernel on sm_90+ (as PagedDecodePlan.run);
     the tile kernels launch as usual.
     """
-    from .serving import _check_enable_pdl
-
     _check_enable_pdl(enable_pdl)
     q_kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     kv_kind = arrays.io_kind("k_cache", k_cache, arrays.IO_KINDS)
@@ -521,8 +482,7 @@ def decode_attention(
     len_dt = "int32" if tc else "uint32"
     if is_int:
         seq_buf = np.array([hint], len_dt)
-        if not isinstance(q, np.ndarray):
-            seq_buf = _to_device_like(seq_buf, q)
+        seq_buf = arrays.to_like(seq_buf, q)  # host-to-device next to a device query (never device-to-host)
     else:
         seq_buf = _check_seq_array("seq_len", seq_len, 1, max_seq_len, len_dt)
     out3 = None if out is None else out.reshape(1, num_heads, head_dim)
@@ -571,8 +531,6 @@ def batched_decode_attention(
     the copy rules (caches read in place through their strides; out= contiguous, written in place) and
     enable_pdl as decode_attention.
     """
-    from .serving import _check_enable_pdl
-
     _check_enable_pdl(enable_pdl)
     k_caches = _stack("k_caches", k_caches)
     v_caches = _stack("v_caches", v_caches)
@@ -616,8 +574,7 @@ def batched_decode_attention(
     len_dt = "int32" if tc else "uint32"
     if vals is not None:
         seq_lens = np.array(vals, len_dt)
-        if not isinstance(q, np.ndarray):
-            seq_lens = _to_device_like(seq_lens, q)
+        seq_lens = arrays.to_like(seq_lens, q)  # host-to-device next to a device query (never device-to-host)
     seq_buf = _check_seq_array("seq_lens", seq_lens, batch, max_seq_len, len_dt)
     if tc:
         return _run_tc(q, kf, vf, strides, seq_buf, batch, num_heads, num_kv_heads, head_dim, max_seq_len, q_kind,
@@ -639,24 +596,3 @@ def _stack(name: str, caches: Any) -> Any:
             raise ArgumentError(f"{name}: expected caches of one shape, got {sorted(shapes)}")
         return np.stack(caches)
     return caches
-
-
-def _to_device_like(host: np.ndarray, like: Any) -> Any:
-    """Copy a small host length buffer next to a CuPy query or a tensor (a host-to-device copy, never
-    device-to-host; inside a CUDA graph pass the lengths as a device tensor instead)."""
-    if type(like).__module__.split(".")[0] == "cupy":
-        import cupy
-
-        return cupy.asarray(host)
-    if arrays.is_torch(like):
-        torch = arrays.torch_module()
-        if like.device.type == "cpu":
-            return torch.from_numpy(host)
-        u32 = host.dtype == np.uint32  # dense_attn's uint32 lengths travel as int32 bits
-        if host.size == 1:  # an int seq_len: a fill kernel on the op's stream (capturable, no copy)
-            t = torch.full(host.shape, int(host[0]), dtype=torch.int32, device=like.device)
-        else:
-            t = torch.from_numpy(host.astype(np.int32)).to(like.device)
-        return t.view(torch.uint32) if u32 else t
-    raise ArgumentTypeError(
-        f"seq_len: with a {type(like).__name__} query pass the lengths as an integer device array, got an int")

@@ -16,6 +16,7 @@ from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import try_forward as _sm90_forward
+from ._common import ids_like, norm_offset, row_geometry as _row_geometry
 from ._window import (
     check_softcap as _check_softcap,
     check_window_size as _check_window_size,
@@ -84,9 +85,7 @@ def embedding(ids: Any, table: Any, *, out: Any = None, stream: Any = None, back
         if n and (int(h.min()) < 0 or int(h.max()) >= vocab):
             bad = h[(h < 0) | (h >= vocab)].reshape(-1)[0]
             raise ArgumentError(f"ids: expected every id in [0, {vocab}) (the rows of table), got {int(bad)}")
-    from .training import _ids_like  # host ids for a device table: copied host-to-device by its library
-
-    ids = _ids_like(ids, table)
+    ids = ids_like(ids, table)  # host ids for a device table: copied host-to-device by its library
     _check_u32("table.shape[1]", dim)
     table = arrays.contiguous(table)
     shape = id_shape + (dim,)
@@ -336,23 +335,6 @@ def silu_gate_backward(
 
 
 # --------------------------------------------------------------------------- row kernels
-
-
-def _row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int]]:
-    """Warp per row (8 rows a block) for short rows, else a block per row sized to the row."""
-    if row_len_chunks <= 64:
-        rows_per_block = 8
-        return max(1, min(65535, -(-n_rows // rows_per_block))), (32, rows_per_block)
-    threads = 128 if row_len_chunks <= 1024 else (256 if row_len_chunks <= 4096 else 1024)
-    return max(1, min(65535, n_rows)), (threads, 1)
-
-
-def norm_offset(offset: Any) -> float:
-    """The validated `offset` of the RMSNorm ops (a finite number: 0 LLaMA, 1 Gemma)."""
-    ok = isinstance(offset, (int, float, np.floating, np.integer)) and not isinstance(offset, bool)
-    if not ok or not math.isfinite(float(offset)):
-        raise ArgumentError(f"offset: expected a finite number, got {offset!r}")
-    return float(offset)
 
 
 @arrays.stream_scoped

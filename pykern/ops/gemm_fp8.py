@@ -134,6 +134,18 @@ def fp8_quantize(x: Any, block: int = BLOCK, *, stream: Any = None, backend: str
     return q, scales
 
 
+def _operands(a: Any, b: Any, m: int, n: int, k: int, backend: str | None) -> tuple[Any, Any, Any]:
+    """(a, b, result or None): contiguous operands, and the whole result when no kernel is needed (an empty one;
+    zeros for K = 0); otherwise the backend must have the FP8 mma (ArgumentError naming it)."""
+    a, b = arrays.contiguous(a), arrays.contiguous(b)
+    if m == 0 or n == 0:
+        return a, b, arrays.empty((m, n), "bf16", like=a)
+    if k == 0:
+        return a, b, arrays.zeros((m, n), "bf16", like=a)
+    _require_fp8_mma(backend)
+    return a, b, None
+
+
 @arrays.stream_scoped
 def gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, *, stream: Any = None, backend: str | None = None) -> Any:
     """out [M, N] bfloat16 = sum over 128-wide k-blocks kb of (a[:, kb] @ b[:, kb]^T) * a_scale[:, kb] *
@@ -150,13 +162,10 @@ def gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, *, stream: Any = None, 
     a_scale = _scale_arg("a_scale", a_scale, (m, k // BLOCK), "(M, K / 128)")
     b_scale = _scale_arg("b_scale", b_scale, (-(-n // BLOCK), k // BLOCK), "(ceil(N / 128), K / 128)")
     _check_sizes(m, n, k)
-    a, b = arrays.contiguous(a), arrays.contiguous(b)
-    out = arrays.empty((m, n), "bf16", like=a)
-    if m == 0 or n == 0:
+    a, b, out = _operands(a, b, m, n, k, backend)
+    if out is not None:
         return out
-    if k == 0:
-        return arrays.zeros((m, n), "bf16", like=a)
-    _require_fp8_mma(backend)
+    out = arrays.empty((m, n), "bf16", like=a)
     _launch("gemm_fp8", (-(-m // BM), -(-n // BN)), (THREADS,), _bytes(a), a_scale.reshape(-1), _bytes(b),
             b_scale.reshape(-1), out.reshape(-1), m, n, k, shared_mem=SMEM,
             stream=arrays.launch_stream(stream, a), backend=backend)
@@ -183,13 +192,10 @@ def grouped_gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any, *
     _check_sizes(m, n, k)
     if e > _INT_MAX - m // BM:
         raise ArgumentError(f"b.shape[0] (E): expected at most {_INT_MAX - m // BM}, got {e}")
-    a, b = arrays.contiguous(a), arrays.contiguous(b)
-    out = arrays.empty((m, n), "bf16", like=a)
-    if m == 0 or n == 0:
+    a, b, out = _operands(a, b, m, n, k, backend)
+    if out is not None:
         return out
-    if k == 0:
-        return arrays.zeros((m, n), "bf16", like=a)
-    _require_fp8_mma(backend)
+    out = arrays.empty((m, n), "bf16", like=a)
     _launch("gemm_fp8_grouped", (m // BM + e, -(-n // BN)), (THREADS,), _bytes(a), a_scale.reshape(-1), _bytes(b),
             b_scale.reshape(-1), offsets, out.reshape(-1), m, n, k, e, shared_mem=SMEM,
             stream=arrays.launch_stream(stream, a), backend=backend)

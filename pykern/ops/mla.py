@@ -26,8 +26,7 @@ import numpy as np
 from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
 from ._kvcache import element_strides, strided_flat
-from .cascade import _launch as _merge_launch
-from .serving import H100_SMS, _device_like, _index
+from ._common import H100_SMS, index_array as _index, launch_warp_rows as _merge_launch
 
 __all__ = ["MLAPagedDecodePlan"]
 
@@ -223,7 +222,7 @@ class MLAPagedDecodePlan:
         self.max_page = int(used.max()) if used.size else -1
         self.lens = lens
         like = self.like
-        dev = (lambda x: x) if like is None or isinstance(like, np.ndarray) else (lambda x: _device_like(x, like))
+        dev = (lambda x: arrays.to_like(x, like))  # NumPy stays NumPy
         self._indptr, self._indices, self._len = dev(ip), dev(ii if ii.size else np.zeros(1, np.int32)), dev(lens)
         dt = arrays.IO_DTYPES[qk]
         self.out = arrays.empty((batch, h, HEAD_DIM_CKV), dt, like=like)

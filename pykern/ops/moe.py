@@ -15,7 +15,8 @@ import numpy as np
 from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind
 from ..errors import ArgumentError, ArgumentTypeError
-from .training import _launch
+from ._common import launch as _launch
+from ._common import int_in_range as _int_arg
 from . import _moe_sm90 as _sm90
 from ._common import check_offsets as _check_offsets, dtype_is as _dtype_is, host_values as _host_values
 
@@ -29,14 +30,6 @@ _GRID_YZ_MAX = 65535
 _INT_MAX = 2**31 - 1
 _SCORINGS = ("softmax", "sigmoid")
 ACTIVATIONS = {"silu": 0, "gelu_tanh": 1}
-
-
-def _int_arg(name: str, v: Any, lo: int, hi: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise ArgumentTypeError(f"{name}: expected an int, got {type(v).__name__}")
-    if not lo <= int(v) <= hi:
-        raise ArgumentError(f"{name}: expected {lo} <= {name} <= {hi}, got {int(v)}")
-    return int(v)
 
 
 # --------------------------------------------------------------------------- moe_route
@@ -203,7 +196,7 @@ def grouped_gemm(a: Any, b: Any, offsets: Any, *, out: Any = None, tensor_cores:
             raise ArgumentError(f"out: expected shape {(m, n)} (M of a, N of b), got {tuple(arrays.shape_of(out))}")
         out = arrays.check_out(out, (m, n), okind, a)
     if m and n and k == 0:
-        return _zero(out)
+        return arrays.fill_zero(out)
     if f32out and not tc:  # exact 16-bit operands widened: the fp32 FMA kernel computes the same product
         a, b = (arrays.contiguous(arrays.astype(v, "float32")) for v in (a, b))
         kind = "f32"
@@ -239,14 +232,6 @@ def grouped_gemm_wgrad_tc(a: Any, b: Any, offsets: Any, *, stream: Any = None, b
     if n1 and n2:
         _wgrad_tc(a, b, offsets, out, m, n1, n2, n_exp, kind, stream=arrays.launch_stream(stream, a), backend=backend)
     return out
-
-
-def _zero(x: Any) -> Any:
-    if isinstance(x, np.ndarray):
-        x.fill(0)
-    else:
-        x.zero_() if hasattr(x, "zero_") else x.fill(0)
-    return x
 
 
 # --------------------------------------------------------------------------- the experts block

@@ -53,6 +53,7 @@ import numpy as np
 
 from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import index_array
 
 __all__ = [
     "sampling_from_probs",
@@ -100,13 +101,6 @@ def _matrix(name: str, a: Any) -> tuple[Any, str, int, int]:
     return arrays.contiguous(a), kind, batch, vocab
 
 
-def _like(host: np.ndarray, like: Any) -> Any:
-    """A small host array placed next to `like` (NumPy stays NumPy)."""
-    from .serving import _device_like
-
-    return _device_like(host, like)
-
-
 _UNUSED: dict[tuple[Any, ...], Any] = {}
 
 
@@ -114,12 +108,10 @@ def _unused(dtype: str, n: int, like: Any) -> Any:
     """The array argument of a parameter passed by value: never read or written (its flag is off), so one
     allocation a device and dtype, kept (never a host-to-device copy: a pageable copy synchronises the stream,
     measured ~100 us a call on an H200)."""
-    if isinstance(like, np.ndarray):
-        key: tuple[Any, ...] = ("host", dtype, n)
-    elif arrays.is_torch(like):
-        key = (like.device, dtype, n)
-    else:
+    mem = arrays.memory_key(like)
+    if mem is None:
         return arrays.empty((n,), dtype, like=like)
+    key = (mem, dtype, n)
     a = _UNUSED.get(key)
     if a is None:
         a = _UNUSED[key] = arrays.empty((n,), dtype, like=like)
@@ -180,7 +172,7 @@ def _param(name: str, value: Any, batch: int, like: Any, integer: bool, lo: floa
         if integer and h.size and h.max() > _INT_MAX:
             raise ArgumentError(f"{name}: expected values < 2**31, got {h.max():g}")
         host = np.ascontiguousarray(h, np.int32 if integer else np.float32)
-        return (host if arrays.same_memory_kind(host, like) else _like(host, like)), 0, True
+        return (host if arrays.same_memory_kind(host, like) else arrays.to_like(host, like)), 0, True
     if integer and not is_int and arrays.is_torch(value):
         # torch's float-to-int32 conversion truncates toward zero (FlashInfer's `.int()`)
         return arrays.contiguous(arrays.astype(value, "int32")), 0, True
@@ -211,7 +203,7 @@ def _words(name: str, value: Any, batch: int, like: Any) -> tuple[Any, int, bool
         if h.shape[0] != batch:
             h = np.repeat(h, batch)
         w = np.ascontiguousarray(h).view(np.uint32).copy()
-        return (w if arrays.same_memory_kind(w, like) else _like(w, like)), 0, True
+        return (w if arrays.same_memory_kind(w, like) else arrays.to_like(w, like)), 0, True
     v = arrays.contiguous(value)
     if shp[0] != batch:
         v = v.expand(batch).contiguous() if arrays.is_torch(v) else v.repeat(batch)
@@ -251,15 +243,13 @@ def _indices(indices: Any, rows: int, like: Any, of: str = "probs") -> tuple[Any
     """(int32 indices for the kernel or a dummy, output batch); `of` names the matrix whose rows they pick."""
     if indices is None:
         return _unused("int32", 1, like), rows
-    from .serving import _index
-
-    idx, h = _index("indices", indices, None)
+    idx, h = index_array("indices", indices, None)
     n = arrays.shape_of(idx)[0]
     if h is not None and n and (int(h.min()) < 0 or int(h.max()) >= rows):
         raise ArgumentError(f"indices: expected rows of {of} in [0, {rows}), got range [{int(h.min())}, "
                             f"{int(h.max())}]")
     if h is not None and not arrays.same_memory_kind(h, like):
-        idx = _like(h, like)
+        idx = arrays.to_like(h, like)
     return idx, n
 
 
@@ -337,16 +327,6 @@ def _scale(temperature: Any, batch: int, like: Any, rows: str = "logits") -> tup
     return arr, 0.0, True
 
 
-def _as_bool(valid: Any) -> Any:
-    if isinstance(valid, np.ndarray):
-        return valid.view(np.bool_)
-    if arrays.is_torch(valid):
-        import torch
-
-        return valid.view(torch.bool)
-    return valid
-
-
 # --------------------------------------------------------------------------- sampling
 def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = None, top_k_first: bool = False,
             indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
@@ -387,7 +367,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
                s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
                stream=arrays.launch_stream(stream, probs), backend=backend)
     out = _out_dtype(out, indices, stream, probs)
-    return (out, _as_bool(valid)) if return_valid else out
+    return (out, arrays.view_bool(valid)) if return_valid else out
 
 
 def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
@@ -638,7 +618,7 @@ def chain_speculative_sampling(draft_probs: Any, draft_token_ids: Any, target_pr
             raise ArgumentError(f"draft_token_ids: expected token ids in [0, {vocab}), got draft_token_ids[{r}, {c}]="
                                 f"{int(h[r, c])}")
         h = np.ascontiguousarray(h, np.int32)
-        ids = h if arrays.same_memory_kind(h, draft_probs) else _like(h, draft_probs)
+        ids = h if arrays.same_memory_kind(h, draft_probs) else arrays.to_like(h, draft_probs)
     else:  # device ids are trusted (no sync): the kernel rejects one outside the vocabulary
         if not arrays.same_memory_kind(draft_token_ids, draft_probs):  # a meta tensor, another device
             raise ArgumentTypeError(f"draft_token_ids: expected an array on the device of draft_probs, got "

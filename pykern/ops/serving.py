@@ -27,7 +27,6 @@ group * head_dim > 2048 needs more than one chunk).
 """
 from __future__ import annotations
 
-import math
 import os
 from typing import Any
 
@@ -42,6 +41,9 @@ from ._window import (
 )
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import try_varlen as _sm90_varlen
+from ._common import H100_SMS
+from ._common import attention_scale as _scale, check_enable_pdl as _check_enable_pdl, index_array as _index
+from ..arrays import flat_view as _flat
 from ._decode_waves import cta_rate as _cta_rate
 from ._decode_waves import persistent_items as _persistent_items
 from ._decode_waves import split_time as _split_time
@@ -74,7 +76,6 @@ _MAX_ACC = 16  # PA_MAX_ACC: rows * head_dim <= 2048
 _SMEM_LIMIT = 48 * 1024  # static opt-in free on every arch
 _MAX_LEN = 2**30
 _GRID_YZ_MAX = 65535
-H100_SMS = 132
 _MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
 _KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
 # (q kind, K/V kind) -> kernel suffix (paged.cu's instantiations): same type, f32 q over a 16-bit cache,
@@ -182,70 +183,10 @@ def _suffix(q_kind: str, kv_kind: str) -> str:
                                 f"{names.get(kv_kind, kv_kind)} K/V") from None
 
 
-def _flat(a: Any) -> Any:
-    # Kernels index flat memory; NumPy arrays and tensors go as 1-D views (the numba references index flat).
-    return a.reshape(-1) if isinstance(a, np.ndarray) or arrays.is_torch(a) else a
-
-
 def _layout(kv_layout: Any) -> int:
     if kv_layout not in LAYOUTS:
         raise ArgumentError(f"kv_layout: expected one of {LAYOUTS}, got {kv_layout!r}")
     return LAYOUTS.index(kv_layout)
-
-
-def _scale(scale: Any, head_dim: int) -> float:
-    if scale is None:
-        return 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.integer, np.floating)) or not math.isfinite(
-            float(scale)):
-        raise ArgumentError(f"scale: expected a finite float, got {scale!r}")
-    return float(scale)
-
-
-def _host(a: Any) -> np.ndarray | None:
-    """A NumPy view of a host array (NumPy, a CPU torch tensor), else None (device memory)."""
-    if isinstance(a, np.ndarray):
-        return a
-    if arrays.is_torch(a) or hasattr(a, "__cuda_array_interface__"):
-        return arrays.host_view(a) if arrays.is_host(a) else None
-    return None
-
-
-def _index(name: str, a: Any, length: int | None, length_of: str = "") -> tuple[Any, np.ndarray | None]:
-    """(int32 array for the kernel, host copy or None) of an integer index array of shape (length,).
-
-    length_of says where the length comes from (another argument), for the shape error."""
-    of = f" ({length_of})" if length_of else ""
-    if isinstance(a, (list, tuple)):
-        a = np.asarray(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
-    h = _host(a)
-    if h is not None:
-        if h.dtype.kind not in "iu":
-            raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {h.dtype}")
-        if h.ndim != 1 or (length is not None and h.shape[0] != length):
-            want = f"({length},){of}" if length is not None else "1 dimension"
-            raise ArgumentError(f"{name}: expected shape {want}, got {h.shape}")
-        if h.size and (int(h.min()) < -2**31 or int(h.max()) >= 2**31):
-            raise ArgumentError(f"{name}: expected values that fit in int32, got range [{h.min()}, {h.max()}]")
-        if h.dtype != np.int32 or not h.flags.c_contiguous:
-            h = np.ascontiguousarray(h, np.int32)
-        return h, h
-    dt = arrays.dtype_name(a, name)
-    shp = arrays.shape_of(a, name)
-    if len(shp) != 1 or (length is not None and shp[0] != length):
-        raise ArgumentError(f"{name}: expected shape ({length},){of}, got {shp}")
-    if dt == "int32":
-        return a, None
-    if not dt.startswith(("int", "uint")):
-        raise ArgumentTypeError(f"{name}: expected an integer array, got dtype {dt}")
-    mod = type(a).__module__.split(".")[0]
-    if mod == "torch":
-        import torch
-
-        return a.to(torch.int32), None
-    if hasattr(a, "astype"):
-        return a.astype("int32"), None
-    raise ArgumentTypeError(f"{name}: expected an int32 device array, got dtype {dt}")
 
 
 def _check_indptr(name: str, h: np.ndarray | None, limit: int, limit_name: str, exact: bool = False) -> None:
@@ -362,26 +303,6 @@ def _dummy(like: Any, dtype: str = "f32") -> Any:
     return arrays.empty((1,), dtype, like=like)
 
 
-def _device_like(host: np.ndarray, like: Any) -> Any:
-    """Copy a small host index array next to device inputs (NumPy inputs keep it on the host)."""
-    if isinstance(like, np.ndarray):
-        return host
-    mod = type(like).__module__.split(".")[0]
-    if mod == "torch":
-        import torch
-
-        return torch.as_tensor(host, device=like.device)
-    if mod == "cupy":
-        import cupy
-
-        return cupy.asarray(host)
-    if mod == "numba":
-        from numba import cuda
-
-        return cuda.to_device(host)
-    raise ArgumentTypeError(f"cannot place an index array next to a {type(like).__name__}")
-
-
 # --------------------------------------------------------------------------- append
 @arrays.stream_scoped
 def append_paged_kv_cache(
@@ -484,17 +405,11 @@ def append_paged_kv_cache(
            pdl=enable_pdl)
 
 
-def _check_enable_pdl(enable_pdl: Any) -> None:
-    """The ops' enable_pdl (programmatic dependent launch of the kernels that wait for their predecessor): a bool."""
-    if type(enable_pdl) is not bool:
-        raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
-
-
 def _host_ints(name: str, a: Any) -> np.ndarray | None:
     """An int64 NumPy copy of a host integer array (a list, NumPy, a CPU tensor), else None (device memory)."""
     if isinstance(a, (list, tuple)):
         a = np.asarray(a) if len(a) else np.zeros(0, np.int64)
-    h = _host(a)
+    h = arrays.host_array_view(a)
     if h is None:
         return None
     if h.dtype.kind not in "iu":

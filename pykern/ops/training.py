@@ -16,6 +16,10 @@ import numpy as np
 from .. import arrays
 from ..arrays import UINT_MAX as _UINT_MAX, check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import (
+    GRID_X_MAX, GRID_YZ_MAX, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_threads,
+    same_shape, weight_chunks,
+)
 
 __all__ = [
     "transpose_2d",
@@ -26,51 +30,9 @@ __all__ = [
 ]
 
 _INT_MAX = 2**31 - 1
-_GRID_X_MAX = 2**31 - 1
-_GRID_YZ_MAX = 65535
-# Row kernels are compiled with __launch_bounds__(512): more threads per row
-# would cap registers low enough to spill on sm_100/sm_120.
-_ROW_THREADS_MAX = 512
-
-
-def _launch(
-    name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None, backend: str | None
-) -> None:
-    from ..launcher import launch
-
-    launch(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
-
-
-def _flat(a: Any) -> Any:
-    """A 1-D view of a contiguous array (NumPy, torch and CuPy all have reshape)."""
-    return a.reshape(-1)
-
-
-def _row_threads(row_len: int) -> int:
-    """Threads for a one-block-per-row kernel: enough for 4 elements each, a multiple of 32."""
-    per4 = -(-row_len // 4)
-    return max(32, min(_ROW_THREADS_MAX, -(-per4 // 32) * 32))
-
-
-def _same_shape(name: str, a: Any, shape: tuple[int, ...], ref_name: str) -> None:
-    s = arrays.shape_of(a)
-    if tuple(s) != tuple(shape):
-        raise ArgumentError(f"{name}: expected the shape of {ref_name} {tuple(shape)}, got {tuple(s)}")
-
-
-def _device_like(host: np.ndarray, like: Any) -> Any:
-    """`host` on the same kind of memory as `like` (NumPy stays NumPy; the nvrtc backend stages it)."""
-    if like is None or isinstance(like, np.ndarray):
-        return host
-    out = arrays.empty(host.shape, host.dtype, like)
-    mod = type(out).__module__.split(".")[0]
-    if mod == "torch":
-        import torch
-
-        out.copy_(torch.from_numpy(host))
-    else:
-        out.set(host)  # CuPy
-    return out
+# The attention backward (training_attention.py) still imports these four from here; they go once it imports
+# them from _common.
+_GRID_YZ_MAX, _flat, _launch, _same_shape = GRID_YZ_MAX, flat, launch, same_shape
 
 
 # --------------------------------------------------------------------------- transpose
@@ -100,10 +62,10 @@ def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> A
         return out
     # 64 x 64 tiles (the kernel moves them in 16-byte vectors when rows, cols and bases allow)
     col_tiles = -(-cols // 64)
-    if col_tiles > _GRID_X_MAX:
-        raise ArgumentError(f"x.shape[-1]: expected at most {_GRID_X_MAX * 64}, got {cols}")
-    grid = (col_tiles, min(-(-rows // 64), _GRID_YZ_MAX), min(batch, _GRID_YZ_MAX))
-    _launch("transpose_2d" + _suffix(kind), grid, (32, 8), _flat(x), _flat(out), rows, cols, batch,
+    if col_tiles > GRID_X_MAX:
+        raise ArgumentError(f"x.shape[-1]: expected at most {GRID_X_MAX * 64}, got {cols}")
+    grid = (col_tiles, min(-(-rows // 64), GRID_YZ_MAX), min(batch, GRID_YZ_MAX))
+    launch("transpose_2d" + _suffix(kind), grid, (32, 8), flat(x), flat(out), rows, cols, batch,
             stream=arrays.launch_stream(stream, x), backend=backend)
     return out
 
@@ -119,7 +81,7 @@ def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: 
     shape = tuple(arrays.shape_of(probs))
     if len(shape) < 1:
         raise ArgumentError(f"probs: expected at least 1 dimension, got shape {shape}")
-    _same_shape("grad_out", grad_out, shape, "probs")
+    same_shape("grad_out", grad_out, shape, "probs")
     row_len = shape[-1]
     _check_u32("probs.shape[-1]", row_len)
     n_rows = _size(shape[:-1])
@@ -127,9 +89,9 @@ def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: 
     out = arrays.empty(shape, kind, like=probs)
     if n_rows * row_len == 0:
         return out
-    _launch(
-        "softmax_backward" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(row_len),),
-        _flat(probs), _flat(grad_out), _flat(out), n_rows, row_len, stream=arrays.launch_stream(stream, probs),
+    launch(
+        "softmax_backward" + _suffix(kind), (min(n_rows, GRID_X_MAX),), (row_threads(row_len),),
+        flat(probs), flat(grad_out), flat(out), n_rows, row_len, stream=arrays.launch_stream(stream, probs),
         backend=backend,
     )
     return out
@@ -146,23 +108,15 @@ _RMS_BWD_ACC = 16  # columns a thread can hold (RMSB_ACC in training.cu)
 
 def rms_backward_partials(n_rows: int, dim: int) -> int:
     """Blocks of the fused rms_norm_backward (0: row too long for the registers, use the weight kernel)."""
-    if dim > _RMS_BWD_ACC * _row_threads(dim):
+    if dim > _RMS_BWD_ACC * row_threads(dim):
         return 0
     return min(n_rows, _RMS_BWD_PARTS)
 
 
-def _weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
-    """(n_chunks, rows_per_chunk) for the grad_weight column reduction.
-
-    Enough row chunks that the (column tile x chunk) grid fills a large GPU
-    (~1024 blocks), but at least 32 rows per chunk so the final per-column sum
-    over chunks stays small. Depends only on the shape, so the summation order
-    (and the result) is the same on every run.
-    """
-    col_tiles = -(-dim // 32)
-    want = max(1, min(-(-n_rows // 32), -(-1024 // col_tiles), _GRID_YZ_MAX))
-    rows_per_chunk = -(-n_rows // want)
-    return -(-n_rows // rows_per_chunk), rows_per_chunk
+def _sum_chunks(partial: Any, grad_w: Any, n_chunks: int, dim: int, *, stream: Any, backend: str | None) -> None:
+    """grad_w = the ascending sum of the n_chunks partial rows (norm_grad_reduce: deterministic, no atomics)."""
+    launch("norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim, stream=stream,
+           backend=backend)
 
 
 @arrays.stream_scoped
@@ -183,12 +137,10 @@ def rms_norm_backward(
     if len(shape) < 1:
         raise ArgumentError(f"x: expected at least 1 dimension, got shape {shape}")
     dim = shape[-1]
-    _same_shape("weight", weight, (dim,), "x's last axis")
-    _same_shape("grad_out", grad_out, shape, "x")
+    same_shape("weight", weight, (dim,), "x's last axis")
+    same_shape("grad_out", grad_out, shape, "x")
     if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0.0):
         raise ArgumentError(f"eps: expected a number >= 0, got {eps!r}")
-    from .forward import norm_offset
-
     offset = norm_offset(offset)
     if dim < 1:
         raise ArgumentError(f"x.shape[-1]: expected at least 1, got {dim}")
@@ -203,40 +155,34 @@ def rms_norm_backward(
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
-    threads = _row_threads(dim)
+    threads = row_threads(dim)
     n_part = rms_backward_partials(n_rows, dim)
     if n_part:
         # fused: the row kernel's n_part blocks each sum their rows' x * r * g per column in registers;
         # the reduce kernel adds the n_part partial rows in order (deterministic, 3N bytes)
         partial = grad_w if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=x)
-        _launch(
+        launch(
             "rms_norm_backward" + sfx, (n_part,), (threads,),
-            _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, partial, n_rows, dim, float(eps), n_part, offset,
+            flat(x), weight, flat(grad_out), flat(grad_x), inv_rms, partial, n_rows, dim, float(eps), n_part, offset,
             stream=stream, backend=backend,
         )
         if n_part > 1:
-            _launch(
-                "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_part, dim,
-                stream=stream, backend=backend,
-            )
+            _sum_chunks(partial, grad_w, n_part, dim, stream=stream, backend=backend)
         return grad_x, grad_w
-    _launch(
-        "rms_norm_backward" + sfx, (min(n_rows, _GRID_X_MAX),), (threads,),
-        _flat(x), weight, _flat(grad_out), _flat(grad_x), inv_rms, grad_w, n_rows, dim, float(eps), 0, offset,
+    launch(
+        "rms_norm_backward" + sfx, (min(n_rows, GRID_X_MAX),), (threads,),
+        flat(x), weight, flat(grad_out), flat(grad_x), inv_rms, grad_w, n_rows, dim, float(eps), 0, offset,
         stream=stream, backend=backend,
     )
-    n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
+    n_chunks, rows_per_chunk = weight_chunks(n_rows, dim)
     partial = grad_w if n_chunks == 1 else arrays.empty((n_chunks * dim,), np.float32, like=x)
-    _launch(
+    launch(
         "rms_norm_backward_weight" + sfx, (-(-dim // 32), n_chunks), (32, 8),
-        _flat(x), _flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk,
+        flat(x), flat(grad_out), inv_rms, partial, n_rows, dim, rows_per_chunk,
         stream=stream, backend=backend,
     )
     if n_chunks > 1:
-        _launch(
-            "rms_norm_grad_weight_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim,
-            stream=stream, backend=backend,
-        )
+        _sum_chunks(partial, grad_w, n_chunks, dim, stream=stream, backend=backend)
     return grad_x, grad_w
 
 
@@ -265,7 +211,7 @@ def embedding_backward(
     vocab_size = int(vocab_size)
     dim = shape[-1]
     _check_u32("grad_out.shape[-1]", dim)
-    ids = _int_array("ids", ids)
+    ids = int_array("ids", ids)
     id_shape = tuple(arrays.shape_of(ids))
     if id_shape != shape[:-1]:
         raise ArgumentError(f"ids: expected shape {shape[:-1]} (grad_out without its last axis), got {id_shape}")
@@ -285,16 +231,16 @@ def embedding_backward(
     if dim == 0:
         return out
     stream = arrays.launch_stream(stream, grad_out)
-    ids = _ids_like(ids, grad_out)
+    ids = ids_like(ids, grad_out)
     order = arrays.empty((max(1, n_tok),), "int32", like=grad_out)  # 1: a valid pointer when there is no token
     offsets = arrays.empty((vocab_size + 1,), "int32", like=grad_out)
-    _launch(
+    launch(
         "embedding_backward_bucket", (-(-vocab_size // EMB_ROWS_PER_BLOCK),), (EMB_TILE,),
-        _flat(ids), order, offsets, n_tok, vocab_size, stream=stream, backend=backend,
+        flat(ids), order, offsets, n_tok, vocab_size, stream=stream, backend=backend,
     )
-    _launch(
-        "embedding_backward" + _suffix(kind), (min(vocab_size, _GRID_X_MAX),), (_row_threads(dim),),
-        _flat(grad_out), order, offsets, _flat(out), vocab_size, dim, stream=stream, backend=backend,
+    launch(
+        "embedding_backward" + _suffix(kind), (min(vocab_size, GRID_X_MAX),), (row_threads(dim),),
+        flat(grad_out), order, offsets, flat(out), vocab_size, dim, stream=stream, backend=backend,
     )
     return out
 
@@ -302,27 +248,6 @@ def embedding_backward(
 # PK_EMB_ROWS / PK_EMB_TILE in training.cu: vocab rows a bucketing block owns, its threads.
 EMB_ROWS_PER_BLOCK = 2048
 EMB_TILE = 256
-_INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
-
-
-def _int_array(name: str, a: Any) -> Any:
-    """An integer array of any kind (lists become NumPy int64); the dtype is checked by name."""
-    if isinstance(a, (list, tuple)):
-        a = np.asarray(a, dtype=np.int64) if len(a) else np.zeros(0, np.int64)
-    dt = arrays.dtype_name(a, name)
-    if dt not in _INT_DTYPES:
-        raise ArgumentTypeError(f"{name}: expected an integer dtype, got {dt}")
-    return a
-
-
-def _ids_like(ids: Any, like: Any) -> Any:
-    """Contiguous int64 indices next to `like`: converted on their own device; host indices for a
-    device op are copied host-to-device (never the other way)."""
-    ids = arrays.contiguous(arrays.astype(ids, "int64"))
-    if arrays.is_host(ids) and not arrays.is_host(like):
-        return _device_like(np.ascontiguousarray(arrays.host_view(ids)), like)
-    return ids
-
 
 # --------------------------------------------------------------------------- cross-entropy
 
@@ -369,15 +294,15 @@ def ce_reduce(row_loss: Any, scale: Any, n_rows: int, out: Any, *, stream: Any, 
     partial sums over CE_REDUCE_ROWS-row slices in parallel and one block over them."""
     threads = 512 if n_rows >= 512 else max(32, -(-n_rows // 32) * 32)
     if n_rows <= CE_REDUCE_ROWS:
-        _launch("cross_entropy_loss_reduce", (1,), (threads,), row_loss, out, scale, n_rows, n_rows, 0,
+        launch("cross_entropy_loss_reduce", (1,), (threads,), row_loss, out, scale, n_rows, n_rows, 0,
                 stream=stream, backend=backend)
         return
     blocks = -(-n_rows // CE_REDUCE_ROWS)
     partial = arrays.empty((blocks,), np.float32, like=row_loss)
-    _launch("cross_entropy_loss_reduce", (blocks,), (threads,), row_loss, partial, scale, n_rows,
+    launch("cross_entropy_loss_reduce", (blocks,), (threads,), row_loss, partial, scale, n_rows,
             CE_REDUCE_ROWS, 0, stream=stream, backend=backend)
     t2 = 512 if blocks >= 512 else max(32, -(-blocks // 32) * 32)
-    _launch("cross_entropy_loss_reduce", (1,), (t2,), partial, out, scale, blocks, blocks, 0,
+    launch("cross_entropy_loss_reduce", (1,), (t2,), partial, out, scale, blocks, blocks, 0,
             stream=stream, backend=backend)
 
 
@@ -391,7 +316,7 @@ def _f32_like(name: str, a: Any, like: Any) -> Any:
     f = arrays.contiguous(arrays.astype(a, "float32"))
     f = f.reshape(-1)
     if arrays.is_host(f) and not arrays.is_host(like):
-        return _device_like(np.ascontiguousarray(arrays.host_view(f)), like)
+        return arrays.to_like(np.ascontiguousarray(arrays.host_view(f)), like)
     return f
 
 
@@ -418,11 +343,11 @@ def ce_scales(targets_flat: Any, weight: Any, n_rows: int, vocab: int, pad_id: i
     """The (2,) float32 device scales of cross_entropy_fwd_bwd's kernel: (1 / sum of the live targets'
     class weights (their count without weights), 1 / live count) for "mean", else (1, 1)."""
     scale = arrays.empty((2,), np.float32, like=like)
-    threads = max(32, min(_ROW_THREADS_MAX, -(-n_rows // 32) * 32))
+    threads = max(32, min(ROW_THREADS_MAX, -(-n_rows // 32) * 32))
     # an unused pointer gets its own 1-float buffer: the numba backend copies arguments in and out by
     # their constness, so an alias of an output would be written back stale
     unused = arrays.zeros((1,), np.float32, like=like) if weight is None else weight
-    _launch("cross_entropy_count", (1,), (threads,), targets_flat, unused, scale,
+    launch("cross_entropy_count", (1,), (threads,), targets_flat, unused, scale,
             n_rows, vocab, pad_id, int(mean), int(weight is not None), stream=stream, backend=backend)
     return scale
 
@@ -494,7 +419,7 @@ def cross_entropy_fwd_bwd(
         raise ArgumentError(f"return_z_loss: expected a bool, got {return_z_loss!r}")
     if not isinstance(inplace, bool):
         raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
-    targets = _int_array("targets", targets)
+    targets = int_array("targets", targets)
     t_shape = tuple(arrays.shape_of(targets))
     if t_shape != shape[:-1]:
         raise ArgumentError(f"targets: expected shape {shape[:-1]} (logits without its last axis), got {t_shape}")
@@ -510,12 +435,7 @@ def cross_entropy_fwd_bwd(
                 f"got {int(flat_t[k])} at flat index {k}"
             )
     if inplace:
-        c = arrays.contiguous(logits)
-        if c is not logits and not (arrays.is_torch(logits) and c.data_ptr() == logits.data_ptr()):
-            raise ArgumentError("logits: inplace=True needs a contiguous array (the gradient is written into it)")
-        if isinstance(logits, np.ndarray) and not logits.flags.writeable:
-            raise ArgumentError("logits: inplace=True needs a writeable array")
-        logits = c
+        logits = arrays.in_place("logits", logits, "the gradient")
         grad = logits
     else:
         logits = arrays.contiguous(logits)
@@ -527,7 +447,7 @@ def cross_entropy_fwd_bwd(
         zero = arrays.zeros(loss_shape, np.float32, like=logits)
         return (zero, grad, arrays.zeros(loss_shape, np.float32, like=logits)) if return_z_loss else (zero, grad)
     stream = arrays.launch_stream(stream, logits)
-    targets = _ids_like(targets, logits)
+    targets = ids_like(targets, logits)
     row_loss = arrays.empty((n_rows,), np.float32, like=logits)
     # pointers an option leaves unused get one float each (never an alias of an output: see ce_scales)
     unused = arrays.zeros((1,), np.float32, like=logits) if cw is None or gro is None or not return_z_loss else None
@@ -535,12 +455,12 @@ def cross_entropy_fwd_bwd(
                                                                                              like=logits)
     # _scale: the (2,) scales of a caller that reduces over more rows than these (the fused linear
     # cross-entropy's chunks); else they come from these targets
-    scale = _scale if _scale is not None else ce_scales(_flat(targets), cw, n_rows, vocab, pad_id,
+    scale = _scale if _scale is not None else ce_scales(flat(targets), cw, n_rows, vocab, pad_id,
                                                         reduction == "mean", logits, stream=stream, backend=backend)
     opts = (1 if cw is not None else 0) | (2 if gro is not None else 0) | (4 if return_z_loss else 0)
-    _launch(
-        "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, _GRID_X_MAX),), (_row_threads(vocab),),
-        _flat(logits), _flat(targets), _flat(grad), row_loss, z_row, scale, unused if cw is None else cw,
+    launch(
+        "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, GRID_X_MAX),), (row_threads(vocab),),
+        flat(logits), flat(targets), flat(grad), row_loss, z_row, scale, unused if cw is None else cw,
         unused if gro is None else gro, n_rows, vocab, pad_id, eps, zl, cap, opts,
         stream=stream, backend=backend,
     )
@@ -550,9 +470,9 @@ def cross_entropy_fwd_bwd(
         return row_loss.reshape(t_shape), grad
     # the kernel has applied the mean's scales to each row: the reduction is a plain sum
     loss = arrays.empty((), np.float32, like=logits)
-    ce_reduce(row_loss, scale, n_rows, _flat(loss), stream=stream, backend=backend)
+    ce_reduce(row_loss, scale, n_rows, flat(loss), stream=stream, backend=backend)
     if return_z_loss:
         zsum = arrays.empty((), np.float32, like=logits)
-        ce_reduce(z_row, scale, n_rows, _flat(zsum), stream=stream, backend=backend)
+        ce_reduce(z_row, scale, n_rows, flat(zsum), stream=stream, backend=backend)
         return loss, grad, zsum
     return loss, grad

@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import gelu_fns, reference, softmax_stats
 
 _T = 64
 
@@ -21,17 +21,14 @@ def _one(_a: Any) -> tuple[tuple[int], tuple[int]]:
 
 @reference("moe_route", "moe_route_bf16", "moe_route_f16")
 def _moe_route(cuda: Any):
+    stats = softmax_stats(cuda)
+
     @cuda.jit
     def k(logits, bias, w, ids, n_tok, n_exp, top_k, renorm, sigm, has_bias):
         t = cuda.grid(1)
         if t < n_tok:
             base = t * n_exp
-            mx = -math.inf
-            for e in range(n_exp):
-                mx = max(mx, logits[base + e])
-            tot = 0.0
-            for e in range(n_exp):
-                tot += math.exp(logits[base + e] - mx)
+            mx, tot = stats(logits, base, n_exp, 0.0)
             for j in range(top_k):
                 best = -math.inf
                 bi = -1
@@ -189,17 +186,18 @@ def _moe_weight_grad(cuda: Any):
 
 
 def _act_kernels(cuda: Any):
+    gelu, gelu_grad = gelu_fns(cuda)
+
     @cuda.jit(device=True)
     def act_f(g, act):
         if act == 1:
-            return 0.5 * g * (1.0 + math.tanh(0.7978845608028654 * (g + 0.044715 * g * g * g)))
+            return gelu(g, 1)
         return g / (1.0 + math.exp(-g))
 
     @cuda.jit(device=True)
     def act_grad(g, act):
         if act == 1:
-            th = math.tanh(0.7978845608028654 * (g + 0.044715 * g * g * g))
-            return 0.5 * (1.0 + th) + 0.5 * g * (1.0 - th * th) * 0.7978845608028654 * (1.0 + 0.134145 * g * g)
+            return gelu_grad(g, 1)
         s = 1.0 / (1.0 + math.exp(-g))
         return s * (1.0 + g * (1.0 - s))
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import reference, rms_norm_grad_row, softmax_stats
 
 _T = 64  # threads per block of every reference launch
 
@@ -53,21 +53,15 @@ def _softmax_backward(cuda: Any):
 
 @reference("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16")
 def _rms_norm_backward(cuda: Any):
+    grad_row = rms_norm_grad_row(cuda)
+
     @cuda.jit
     def k(x, w, g, gx, inv_rms, partial, n_rows, dim, eps, n_part, offset):
         t = cuda.grid(1)
         if t < n_rows:
             row = t
             base = row * dim
-            ss = 0.0
-            xwg = 0.0
-            for i in range(dim):
-                ss += x[base + i] * x[base + i]
-                xwg += x[base + i] * (offset + w[i]) * g[base + i]
-            r = 1.0 / math.sqrt(ss / dim + eps)
-            inv_rms[row] = r
-            for i in range(dim):
-                gx[base + i] = r * (offset + w[i]) * g[base + i] - x[base + i] * r * r * r * xwg / dim
+            inv_rms[row] = grad_row(x, w, g, g, 0, gx, base, dim, eps, offset)
         if t < n_part:  # fused weight gradient: partial row t sums rows t, t + n_part, ... in that order
             for col in range(dim):
                 partial[t * dim + col] = 0.0
@@ -103,16 +97,16 @@ def _rms_norm_backward_weight(cuda: Any):
     return k, config
 
 
-@reference("rms_norm_grad_weight_reduce")
-def _rms_norm_grad_weight_reduce(cuda: Any):
+@reference("norm_grad_reduce")
+def _norm_grad_reduce(cuda: Any):
     @cuda.jit
-    def k(partial, grad_weight, n_chunks, dim):
-        col = cuda.grid(1)
-        if col < dim:
+    def k(partial, out, n_chunks, dim):
+        c = cuda.grid(1)
+        if c < dim:
             s = 0.0
-            for c in range(n_chunks):
-                s += partial[c * dim + col]
-            grad_weight[col] = s
+            for j in range(n_chunks):
+                s += partial[j * dim + c]
+            out[c] = s
 
     return k, lambda a: _grid1(a[3])
 
@@ -184,6 +178,8 @@ def _cross_entropy_count(cuda: Any):
 
 @reference("cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16", "cross_entropy_fwd_bwd_f16")
 def _cross_entropy(cuda: Any):
+    stats = softmax_stats(cuda)
+
     @cuda.jit
     def k(logits, targets, grad, row_loss, z_row, scale_p, cw, grad_rows, n_rows, vocab, pad_id, eps, z_loss, cap,
           opts):
@@ -209,26 +205,19 @@ def _cross_entropy(cuda: Any):
             else:
                 # z = cap * tanh(x / cap) when cap > 0; read every logit before writing
                 # any gradient (grad may be the logits buffer itself)
-                m = -math.inf
+                m, s = stats(logits, base, vocab, cap)
                 zsum = 0.0
                 wsum = 0.0
                 for i in range(vocab):
                     z = logits[base + i]
                     if cap > 0:
                         z = cap * math.tanh(z / cap)
-                    m = max(m, z)
                     c = cw[i] if has_w else 1.0
                     zsum += c * z
                     wsum += c
                 zt = logits[base + t]
                 if cap > 0:
                     zt = cap * math.tanh(zt / cap)
-                s = 0.0
-                for i in range(vocab):
-                    z = logits[base + i]
-                    if cap > 0:
-                        z = cap * math.tanh(z / cap)
-                    s += math.exp(z - m)
                 lse = m + math.log(s)  # a NaN or +inf logit has made s NaN through exp
                 wt = cw[t] if has_w else 1.0
                 ce = wt * (1.0 - eps) * (lse - zt)

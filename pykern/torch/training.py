@@ -1,4 +1,4 @@
-"""Autograd-aware pykern training ops (training_ext.cu) for PyTorch: fused residual RMSNorm, LayerNorm,
+"""Autograd-aware pykern training ops (norm_act_loss.cu) for PyTorch: fused residual RMSNorm, LayerNorm,
 GELU / GeGLU and the fused linear cross-entropy.
 
 Like pykern.torch.functional: each op is a `torch.library.custom_op` in the

@@ -56,17 +56,21 @@ def np_act_grad(g: np.ndarray, activation: str) -> np.ndarray:
     return s * (1.0 + g * (1.0 - s))
 
 
+def _routed(x: np.ndarray, gate_up: np.ndarray, ids: Any) -> Any:
+    """(token t, slot j, expert e, gate_up[e] @ x[t]) of every routed slot, in order (an id < 0 routes nowhere)."""
+    for t in range(x.shape[0]):
+        for j in range(ids.shape[1]):
+            e = int(ids[t, j])
+            if e >= 0:
+                yield t, j, e, gate_up[e] @ x[t]
+
+
 def np_moe_experts(x: Any, gate_up: Any, down: Any, ids: Any, w: Any, activation: str = "silu") -> np.ndarray:
     x, gate_up, down, w = f64(x), f64(gate_up), f64(down), f64(w)
     inter = down.shape[2]
     out = np.zeros_like(x)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            gu = gate_up[e] @ x[t]
-            out[t] += w[t, j] * (down[e] @ (np_act(gu[:inter], activation) * gu[inter:]))
+    for t, j, e, gu in _routed(x, gate_up, ids):
+        out[t] += w[t, j] * (down[e] @ (np_act(gu[:inter], activation) * gu[inter:]))
     return out
 
 
@@ -75,21 +79,16 @@ def np_moe_experts_backward(dy: Any, x: Any, gate_up: Any, down: Any, ids: Any, 
     dy, x, gate_up, down, w = f64(dy), f64(x), f64(gate_up), f64(down), f64(w)
     inter = down.shape[2]
     dx, dgu_w, ddown, dw = np.zeros_like(x), np.zeros_like(gate_up), np.zeros_like(down), np.zeros(w.shape)
-    for t in range(x.shape[0]):
-        for j in range(ids.shape[1]):
-            e = int(ids[t, j])
-            if e < 0:
-                continue
-            gu = gate_up[e] @ x[t]
-            g, u = gu[:inter], gu[inter:]
-            h = np_act(g, activation) * u
-            dw[t, j] = dy[t] @ (down[e] @ h)
-            dys = w[t, j] * dy[t]
-            ddown[e] += np.outer(dys, h)
-            dh = down[e].T @ dys
-            dgu = np.concatenate([dh * u * np_act_grad(g, activation), dh * np_act(g, activation)])
-            dgu_w[e] += np.outer(dgu, x[t])
-            dx[t] += gate_up[e].T @ dgu
+    for t, j, e, gu in _routed(x, gate_up, ids):
+        g, u = gu[:inter], gu[inter:]
+        h = np_act(g, activation) * u
+        dw[t, j] = dy[t] @ (down[e] @ h)
+        dys = w[t, j] * dy[t]
+        ddown[e] += np.outer(dys, h)
+        dh = down[e].T @ dys
+        dgu = np.concatenate([dh * u * np_act_grad(g, activation), dh * np_act(g, activation)])
+        dgu_w[e] += np.outer(dgu, x[t])
+        dx[t] += gate_up[e].T @ dgu
     return dx, dgu_w, ddown, dw
 
 

@@ -280,11 +280,11 @@ def _rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
         from ...ops.training import rms_backward_partials
         n_part = rms_backward_partials(rows, shape[-1])
         if n_part:  # fused weight gradient (+ the reduce of the blocks' partial rows)
-            kern = ("rms_norm_backward" + sfx,) + (("rms_norm_grad_weight_reduce",) if n_part > 1 else ())
+            kern = ("rms_norm_backward" + sfx,) + (("norm_grad_reduce",) if n_part > 1 else ())
         else:
             kern = ("rms_norm_backward" + sfx, "rms_norm_backward_weight" + sfx)
             if rows > 32:
-                kern += ("rms_norm_grad_weight_reduce",)
+                kern += ("norm_grad_reduce",)
 
         def run(be, x=x, w=w, g=g):
             gx, gw = _ops().rms_norm_backward(x, w, g, 1e-6, backend=be)

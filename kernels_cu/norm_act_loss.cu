@@ -1,5 +1,6 @@
-// Training ops beyond training.cu's: fused residual-add + RMSNorm, LayerNorm, GELU / GeGLU, each forward and
-// backward.
+// The norm / activation / loss family (norm_act_loss) beside training.cu's basic training ops: fused residual-add +
+// RMSNorm, LayerNorm, GELU / GeGLU, each forward and backward (the fused linear cross-entropy of its op module
+// runs training.cu's cross-entropy kernel).
 //
 // Every family is one template over its I/O element type (float, __nv_bfloat16, __half: PK_IO_KERNELS in
 // pk_common.cuh) and computes in fp32. Offsets are 64-bit; rows and elements are walked with grid-stride
@@ -9,7 +10,7 @@
 // in 16-byte vectors (4 floats or 8 16-bit elements: LDG.E.128 / STG.E.128), with one loop body for both
 // widths (pk_row_chunks / pk_grid_chunks in pk_vec.cuh). Norm weight / bias gradients are
 // reduced without float atomics: per-(row chunk, column) partial sums in a fixed order, then a fixed-order
-// sum over chunks (norm_grad_reduce), so they are identical from run to run.
+// sum over chunks (training.cu's norm_grad_reduce), so they are identical from run to run.
 #include "pk_vec.cuh"
 
 // True when rows of `dim` elements of T on these bases can move in 16-byte vectors.
@@ -139,7 +140,7 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // and (x - x0) - mean(d) is x - mean to fp32 precision whatever the row's mean.
 // has_w / has_b = 0: no
 // weight / bias (the pointer is any valid one and is not read).
-// Geometry as rms_norm's (pykern/ops/training_ext.py _ln_geometry): blockDim.x == 32 is a warp per row
+// Geometry as rms_norm's (pykern/ops/norm_act_loss.py _ln_geometry): blockDim.x == 32 is a warp per row
 // (blockDim.y rows a block), otherwise a block per row (blockDim.y == 1); pk_row_sum reduces either way.
 // One read of x when the row fits in registers: on the 16-byte path a row of at most LN_CACHE_VECS
 // vectors per thread (LN_CACHE_VECS x blockDim.x x 16 bytes: 32 KB at 512 threads) is loaded once
@@ -148,6 +149,23 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 // L1/L2). The backward caches x and g * w the same way.
 #define LN_CACHE_VECS 4
 
+// Subtract c from this thread's cached chunks (those below nvec) and return their sum (SQ: of squares).
+template <bool SQ, int N>
+__device__ __forceinline__ float ln_shift_sum(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float c) {
+    float s = 0.0f;
+#pragma unroll
+    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+        if (threadIdx.x + sl * blockDim.x < nvec) {
+#pragma unroll
+            for (int k = 0; k < N; ++k) {
+                a[sl][k] -= c;
+                s += SQ ? a[sl][k] * a[sl][k] : a[sl][k];
+            }
+        }
+    }
+    return s;
+}
+
 // The statistics of a register-cached row, for both passes: a[sl] holds x's 16-byte chunk
 // threadIdx.x + sl * blockDim.x for the chunks below nvec. a becomes x - mean in place, through the
 // shift x0 (the row's first element: the sums of x - x0 keep their accuracy on rows with a large
@@ -155,32 +173,38 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 template <int N>
 __device__ __forceinline__ float ln_center_cached(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float x0,
                                                   long long n, float eps, float* scratch, float& shifted_mean) {
-    float s = 0.0f;
-#pragma unroll
-    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-        if (threadIdx.x + sl * blockDim.x < nvec) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                a[sl][k] -= x0;
-                s += a[sl][k];
-            }
-        }
-    }
-    const float mean = pk_row_sum(s, scratch) / (float)n;
-    float v = 0.0f;
-#pragma unroll
-    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
-        if (threadIdx.x + sl * blockDim.x < nvec) {
-#pragma unroll
-            for (int k = 0; k < N; ++k) {
-                a[sl][k] -= mean;
-                v += a[sl][k] * a[sl][k];
-            }
-        }
-    }
+    const float mean = pk_row_sum(ln_shift_sum<false, N>(a, nvec, x0), scratch) / (float)n;
+    const float v = ln_shift_sum<true, N>(a, nvec, mean);
     shifted_mean = mean;
     return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
 }
+
+// This thread's sum over the row's chunks of x - x0 (SQ: of ((x - x0) - c)^2), read from global memory.
+template <bool SQ, typename T>
+__device__ __forceinline__ float ln_streamed_sum(const T* __restrict__ x, long long base, long long n, bool vec,
+                                                 float x0, float c) {
+    float s = 0.0f;
+    pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float a[W];
+        pk_load<T, W>(x, base + i, a);
+#pragma unroll
+        for (int k = 0; k < W; ++k) s += SQ ? ((a[k] - x0) - c) * ((a[k] - x0) - c) : a[k] - x0;
+    });
+    return s;
+}
+
+// The same statistics of a row too long for the register cache (or unaligned), read from global memory in two
+// passes (the re-read served by L1/L2): returns rstd, and the mean of x - x0 in shifted_mean.
+template <typename T>
+__device__ __forceinline__ float ln_stats_streamed(const T* __restrict__ x, long long base, long long n, bool vec,
+                                                   float x0, float eps, float* scratch, float& shifted_mean) {
+    const float mean = pk_row_sum(ln_streamed_sum<false, T>(x, base, n, vec, x0, 0.0f), scratch) / (float)n;
+    const float v = ln_streamed_sum<true, T>(x, base, n, vec, x0, mean);
+    shifted_mean = mean;
+    return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+}
+
 template <typename T>
 __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T* __restrict__ wt,
                                                 const T* __restrict__ b, T* __restrict__ y, long long n_rows,
@@ -223,24 +247,8 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
             }
             continue;
         }
-        float s = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k] - x0;
-        });
-        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
-        float v = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
-        });
-        const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+        float mean;  // of d = x - x0
+        const float rstd = ln_stats_streamed<T>(x, base, n, vec, x0, eps, scratch, mean);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], ww[W], bb[W];
@@ -262,6 +270,20 @@ PK_IO_KERNELS(layer_norm, (512, 1),
               (const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ bias, T* __restrict__ y,
                long long n_rows, unsigned int dim, float eps, int has_w, int has_b),
               (x, weight, bias, y, n_rows, dim, eps, has_w, has_b))
+
+// layer_norm_backward: the row's mean(g * w) and mean(g * w * xhat) from this thread's sums (an inf or NaN in
+// either makes mg NaN: see below), and the row's statistics written for the weight gradient.
+__device__ __forceinline__ void lnb_means(float sg, float sgx, long long n, float* scratch, long long row, float x0,
+                                          float mean, float rstd, float* __restrict__ mean_out,
+                                          float* __restrict__ rstd_out, float& mg, float& mgx) {
+    mg = pk_row_sum(sg, scratch) / (float)n;
+    mgx = pk_row_sum(sgx, scratch) / (float)n;
+    mg += (mg - mg) + (mgx - mgx);
+    if (threadIdx.x == 0) {
+        mean_out[row] = x0 + mean;
+        rstd_out[row] = rstd;
+    }
+}
 
 // layer_norm_backward row kernel: xhat = (x - mean) * rstd, gxhat = g * w,
 //   grad_x = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
@@ -293,6 +315,11 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                 for (int k = 0; k < W; ++k) gh[k] *= ww[k];
             }
         };
+        // x and gxhat for W elements at i (the streamed passes)
+        auto xg = [&](long long i, auto w, float* a, float* gh) {
+            pk_load<T, decltype(w)::value>(x, base + i, a);
+            gxhat(i, w, gh);
+        };
         // An inf in g * w makes mg and mgx infinite, and then the row's grad_x a data-dependent
         // mix of +-inf and NaN (torch's fused CPU and CUDA kernels give two different mixes).
         // Like torch's autograd of the layer_norm formula, the whole row is NaN instead:
@@ -321,13 +348,8 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                     }
                 }
             }
-            float mg = pk_row_sum(sg, scratch) / (float)n;
-            const float mgx = pk_row_sum(sgx, scratch) / (float)n;
-            mg += (mg - mg) + (mgx - mgx);
-            if (threadIdx.x == 0) {
-                mean_out[row] = x0 + mean;
-                rstd_out[row] = rstd;
-            }
+            float mg, mgx;
+            lnb_means(sg, sgx, n, scratch, row, x0, mean, rstd, mean_out, rstd_out, mg, mgx);
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
@@ -339,48 +361,25 @@ __device__ __forceinline__ void layer_norm_backward_impl(
             }
             continue;
         }
-        float s = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) s += a[k] - x0;
-        });
-        const float mean = pk_row_sum(s, scratch) / (float)n;  // of d = x - x0
-        float v = 0.0f;
-        pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
-            constexpr int W = decltype(w)::value;
-            float a[W];
-            pk_load<T, W>(x, base + i, a);
-#pragma unroll
-            for (int k = 0; k < W; ++k) v += ((a[k] - x0) - mean) * ((a[k] - x0) - mean);
-        });
-        const float rstd = rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
+        float mean;  // of d = x - x0
+        const float rstd = ln_stats_streamed<T>(x, base, n, vec, x0, eps, scratch, mean);
         float sg = 0.0f, sgx = 0.0f;
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], gh[W];
-            pk_load<T, W>(x, base + i, a);
-            gxhat(i, w, gh);
+            xg(i, w, a, gh);
 #pragma unroll
             for (int k = 0; k < W; ++k) {
                 sg += gh[k];
                 sgx += gh[k] * ((a[k] - x0) - mean) * rstd;
             }
         });
-        float mg = pk_row_sum(sg, scratch) / (float)n;
-        const float mgx = pk_row_sum(sgx, scratch) / (float)n;
-        mg += (mg - mg) + (mgx - mgx);
-        if (threadIdx.x == 0) {
-            mean_out[row] = x0 + mean;
-            rstd_out[row] = rstd;
-        }
+        float mg, mgx;
+        lnb_means(sg, sgx, n, scratch, row, x0, mean, rstd, mean_out, rstd_out, mg, mgx);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], gh[W];
-            pk_load<T, W>(x, base + i, a);
-            gxhat(i, w, gh);
+            xg(i, w, a, gh);
 #pragma unroll
             for (int k = 0; k < W; ++k) a[k] = rstd * (gh[k] - mg - ((a[k] - x0) - mean) * rstd * mgx);
             pk_store<T, W>(gx, base + i, a);
@@ -442,16 +441,7 @@ PK_IO_KERNELS(norm_weight_grad, (256, 1),
                unsigned int dim, long long rows_per_chunk, int has_mean, int want_bias),
               (x, grad_out, mean, rstd, pw, pb, n_rows, dim, rows_per_chunk, has_mean, want_bias))
 
-// out[c] = sum_k partial[k][c], k ascending: one thread per column.
-extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
-    const float* __restrict__ partial, float* __restrict__ out, long long n_chunks, unsigned int dim) {
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < dim;
-         c += (long long)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (long long k = 0; k < n_chunks; ++k) s += partial[k * dim + c];
-        out[c] = s;
-    }
-}
+// The sum over chunks is training.cu's norm_grad_reduce (one column sum for every norm).
 
 // ---------------------------------------------------------------------------
 // GELU, as torch.nn.functional.gelu:
@@ -481,6 +471,21 @@ __device__ __forceinline__ float pk_gelu_grad(float x, int approx) {
 }
 
 // Elementwise families: 16-byte vectors when every base is aligned, then a scalar tail.
+// out[i] = op(a[i], b[i]) for the two-input ones (gelu_backward, gelu_gate).
+template <typename T, typename Op>
+__device__ __forceinline__ void ext_map2(const T* __restrict__ a, const T* __restrict__ b, T* __restrict__ out,
+                                         long long n, Op op) {
+    pk_grid_chunks<T>(pk_aligned16(a) && pk_aligned16(b) && pk_aligned16(out), n, [&](long long i, auto w) {
+        constexpr int W = decltype(w)::value;
+        float x[W], y[W];
+        pk_load<T, W>(a, i, x);
+        pk_load<T, W>(b, i, y);
+#pragma unroll
+        for (int k = 0; k < W; ++k) x[k] = op(x[k], y[k]);
+        pk_store<T, W>(out, i, x);
+    });
+}
+
 template <typename T>
 __device__ __forceinline__ void gelu_impl(const T* __restrict__ x, T* __restrict__ y, long long n, int approx) {
     pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(y), n, [&](long long i, auto w) {
@@ -500,15 +505,7 @@ PK_IO_KERNELS(gelu, (256, 1), (const T* __restrict__ x, T* __restrict__ y, long 
 template <typename T>
 __device__ __forceinline__ void gelu_backward_impl(const T* __restrict__ x, const T* __restrict__ g,
                                                    T* __restrict__ gx, long long n, int approx) {
-    pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(g) && pk_aligned16(gx), n, [&](long long i, auto w) {
-        constexpr int W = decltype(w)::value;
-        float a[W], b[W];
-        pk_load<T, W>(x, i, a);
-        pk_load<T, W>(g, i, b);
-#pragma unroll
-        for (int k = 0; k < W; ++k) a[k] = b[k] * pk_gelu_grad(a[k], approx);
-        pk_store<T, W>(gx, i, a);
-    });
+    ext_map2<T>(x, g, gx, n, [&](float xv, float gv) { return gv * pk_gelu_grad(xv, approx); });
 }
 
 PK_IO_KERNELS(gelu_backward, (256, 1),
@@ -520,15 +517,7 @@ PK_IO_KERNELS(gelu_backward, (256, 1),
 template <typename T>
 __device__ __forceinline__ void gelu_gate_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                T* __restrict__ out, long long n, int approx) {
-    pk_grid_chunks<T>(pk_aligned16(gate) && pk_aligned16(up) && pk_aligned16(out), n, [&](long long i, auto w) {
-        constexpr int W = decltype(w)::value;
-        float a[W], u[W];
-        pk_load<T, W>(gate, i, a);
-        pk_load<T, W>(up, i, u);
-#pragma unroll
-        for (int k = 0; k < W; ++k) a[k] = pk_gelu(a[k], approx) * u[k];
-        pk_store<T, W>(out, i, a);
-    });
+    ext_map2<T>(gate, up, out, n, [&](float gv, float uv) { return pk_gelu(gv, approx) * uv; });
 }
 
 PK_IO_KERNELS(gelu_gate, (256, 1),

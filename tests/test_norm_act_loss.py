@@ -1,4 +1,4 @@
-"""The training ops beyond training.cu's (training_ext.cu) against torch float64 autograd (and float64 NumPy): cross-entropy options
+"""The norm / activation / loss family (norm_act_loss.cu, ops/norm_act_loss.py) against torch float64 autograd (and float64 NumPy): cross-entropy options
 (label smoothing, z-loss, soft-capping, reductions, in-place gradient, parallel mean), through
 pykern.ops on NumPy / torch CPU tensors and through pykern.torch's autograd functions."""
 from __future__ import annotations
@@ -234,7 +234,7 @@ def test_add_rms_norm_inplace_and_deterministic_weight_grad():
     y1, h1 = ops.add_rms_norm(xi, ri, w, inplace=True, backend="host")
     assert y1 is xi and h1 is ri and np.array_equal(y1, y0) and np.array_equal(h1, h0)
     ry, rh = T.np_add_rms_norm(x, r, w) if hasattr(T, "np_add_rms_norm") else (None, None)
-    from pykern.difftest.cases import training_ext as E
+    from pykern.difftest.cases import norm_act_loss as E
 
     ry, rh = E.np_add_rms_norm(x, r, w)
     _close(y0, ry, "add_rms_norm")
@@ -275,7 +275,7 @@ def test_layer_norm_one_row_dim_1_and_deterministic():
     r1 = ops.layer_norm_backward(x, w, g, backend="host")
     r2 = ops.layer_norm_backward(x, w, g, backend="host")
     assert all(a.tobytes() == b.tobytes() for a, b in zip(r1, r2))
-    from pykern.difftest.cases import training_ext as E
+    from pykern.difftest.cases import norm_act_loss as E
 
     for out, ref, nm in zip(r1, E.np_layer_norm_backward(x, w, g), ("gx", "gw", "gb")):
         _close(out, ref, "layer_norm_backward", "f32", nm)
@@ -381,7 +381,7 @@ def test_flce_grad_dtype_input_casts_the_float32_gradients(frame, dtype):
 def test_flce_blocked_accumulation_matches_the_product():
     """The row-block accumulation CuPy shares with NumPy (acc += a @ b through one (block, cols)
     buffer), run here with NumPy: every block size, ragged last block, transposed operand."""
-    from pykern.ops.training_ext import _Frame, flce_block_rows
+    from pykern.ops.norm_act_loss import _Frame, flce_block_rows
 
     rng = np.random.default_rng(26)
     g, hc = rng.standard_normal((5, 23)).astype(np.float32), rng.standard_normal((5, 7)).astype(np.float32)
@@ -399,7 +399,7 @@ def test_flce_blocked_accumulation_matches_the_product():
 def test_flce_float32_out_matmuls_only_for_half_operands_on_a_gpu():
     """The tensor-core float32-output matmuls (mm / addmm with out_dtype) exist in torch for CUDA only: torch CPU
     tensors, float32 operands and NumPy keep the float32-copy path the tests above check."""
-    from pykern.ops.training_ext import _Frame
+    from pykern.ops.norm_act_loss import _Frame
 
     for a in (torch.zeros(2, 2, dtype=torch.bfloat16), torch.zeros(2, 2), np.zeros((2, 2), np.float32)):
         assert not _Frame(a, None).float32_out_matmuls(a)
@@ -410,7 +410,7 @@ def test_flce_float32_out_matmuls_only_for_half_operands_on_a_gpu():
 def test_flce_torch_cuda_half_matches_torch_f64_autograd(dtype):
     """bf16 / f16 on a GPU: the products come out of the tensor cores in float32 (no float32 copies of the
     operands), with several chunks accumulating into grad_weight and a bias."""
-    from pykern.ops.training_ext import _Frame
+    from pykern.ops.norm_act_loss import _Frame
 
     g = torch.Generator().manual_seed(29)
     n, hd, v = 300, 64, 1000
@@ -438,7 +438,7 @@ def test_flce_numpy_peak_extra_memory_is_chunk_by_vocab(dtype):
     O(chunk x H), not a (V, H) temporary (the shape makes V x H 32x chunk x V)."""
     import tracemalloc
 
-    from pykern.ops.training_ext import flce_block_rows
+    from pykern.ops.norm_act_loss import flce_block_rows
 
     n, hd, v, chunk = 64, 256, 1000, 8
     rng = np.random.default_rng(25)
@@ -621,7 +621,7 @@ def test_layer_norm_geometry_fits_the_register_cache():
     16-byte vectors a thread: the difftest rows 8192 f32 / 16384 bf16 are cached, 8196 / 16392 are not."""
     from pathlib import Path
 
-    from pykern.ops.training_ext import _LN_CACHE_VECS, _ln_geometry
+    from pykern.ops.norm_act_loss import _LN_CACHE_VECS, _ln_geometry
 
     assert _ln_geometry(1000, 40, "f32") == ((125,), (32, 8))
     assert _ln_geometry(8192, 4096, "bf16") == ((8192,), (128, 1))
@@ -632,5 +632,5 @@ def test_layer_norm_geometry_fits_the_register_cache():
         assert threads == 512 and cached // per <= _LN_CACHE_VECS * threads
         threads = _ln_geometry(2, uncached, kind)[1][0]
         assert threads == 512 and uncached // per > _LN_CACHE_VECS * threads
-    cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "training_ext.cu").read_text()
+    cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "norm_act_loss.cu").read_text()
     assert f"#define LN_CACHE_VECS {_LN_CACHE_VECS}\n" in cu  # the op's copy of the kernel's constant

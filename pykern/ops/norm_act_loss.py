@@ -1,7 +1,7 @@
-"""Training ops beyond training.py's: fused residual-add RMSNorm, LayerNorm, GELU / GeGLU,
-forward and backward, and the fused linear cross-entropy.
+"""The norm / activation / loss family beside training.py's basic training ops: fused residual-add RMSNorm,
+LayerNorm, GELU / GeGLU, forward and backward, and the fused linear cross-entropy.
 
-Kernels in kernels_cu/training_ext.cu (the cross-entropy kernel is training.cu's).
+Kernels in kernels_cu/norm_act_loss.cu (the cross-entropy kernel is training.cu's).
 Every op validates its arguments before launching (ArgumentError /
 ArgumentTypeError naming the argument), takes NumPy arrays, torch tensors (CPU
 or CUDA) or CuPy arrays, allocates outputs next to the inputs, and takes
@@ -17,7 +17,10 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
-from .training import _GRID_X_MAX, _ROW_THREADS_MAX, _flat, _launch, _row_threads, _same_shape, _weight_chunks
+from ._common import (
+    GRID_X_MAX, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_geometry, row_threads,
+    same_shape, weight_chunks,
+)
 
 __all__ = [
     "add_rms_norm",
@@ -57,10 +60,10 @@ def _rows(name: str, x: Any) -> tuple[tuple[int, ...], int, int]:
 
 
 def _row_grid(n_rows: int, dim: int) -> tuple[tuple[int], tuple[int]]:
-    return (min(n_rows, _GRID_X_MAX),), (_row_threads(dim),)
+    return (min(n_rows, GRID_X_MAX),), (row_threads(dim),)
 
 
-# kernels_cu/training_ext.cu's LN_CACHE_VECS: 16-byte vectors a thread keeps of a layer_norm row.
+# kernels_cu/norm_act_loss.cu's LN_CACHE_VECS: 16-byte vectors a thread keeps of a layer_norm row.
 _LN_CACHE_VECS = 4
 
 
@@ -69,13 +72,11 @@ def _ln_geometry(n_rows: int, dim: int, kind: str) -> tuple[tuple[int], tuple[in
     64 16-byte chunks, else a block per row with enough threads (<= 512, the kernels' launch bound) that the
     row fits the kernel's register cache (<= _LN_CACHE_VECS chunks a thread: one read of x); rows too long
     for it get 512 threads."""
-    from .forward import _row_geometry
-
     chunks = -(-dim // (4 if kind == "f32" else 8))
-    grid, block = _row_geometry(n_rows, chunks)
+    grid, block = row_geometry(n_rows, chunks)
     if block[0] > 32:
         need = -(-chunks // (_LN_CACHE_VECS * 32)) * 32
-        block = (_ROW_THREADS_MAX if need > _ROW_THREADS_MAX else max(block[0], need), 1)
+        block = (ROW_THREADS_MAX if need > ROW_THREADS_MAX else max(block[0], need), 1)
     return (grid,), block
 
 
@@ -83,7 +84,7 @@ def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: in
                       *, stream: Any, backend: str | None) -> tuple[Any, Any]:
     """Deterministic float32 (grad_weight, grad_bias or None): per-chunk column partial sums, then a
     fixed-order sum over chunks (no float atomics)."""
-    n_chunks, rows_per_chunk = _weight_chunks(n_rows, dim)
+    n_chunks, rows_per_chunk = weight_chunks(n_rows, dim)
     gw = arrays.empty((dim,), np.float32, like=x)
     gb = arrays.empty((dim,), np.float32, like=x) if want_bias else None
     # pb is never written without want_bias, but it gets its own 1-element buffer: aliasing pw would
@@ -95,14 +96,14 @@ def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: in
         pw = arrays.empty((n_chunks * dim,), np.float32, like=x)
         pb = arrays.empty((n_chunks * dim,), np.float32, like=x) if want_bias else dummy
     has_mean = mean is not None
-    _launch("norm_weight_grad" + _suffix(kind), (-(-dim // 32), n_chunks), (32, 8), _flat(x), _flat(g),
+    launch("norm_weight_grad" + _suffix(kind), (-(-dim // 32), n_chunks), (32, 8), flat(x), flat(g),
             mean if has_mean else rstd, rstd, pw, pb, n_rows, dim, rows_per_chunk, int(has_mean), int(want_bias),
             stream=stream, backend=backend)
     if n_chunks > 1:
-        grid = (min(-(-dim // 256), _GRID_X_MAX),)
-        _launch("norm_grad_reduce", grid, (256,), pw, gw, n_chunks, dim, stream=stream, backend=backend)
+        grid = (min(-(-dim // 256), GRID_X_MAX),)
+        launch("norm_grad_reduce", grid, (256,), pw, gw, n_chunks, dim, stream=stream, backend=backend)
         if want_bias:
-            _launch("norm_grad_reduce", grid, (256,), pb, gb, n_chunks, dim, stream=stream, backend=backend)
+            launch("norm_grad_reduce", grid, (256,), pb, gb, n_chunks, dim, stream=stream, backend=backend)
     return gw, gb
 
 
@@ -127,23 +128,15 @@ def add_rms_norm(
     _same_kind("residual", residual, kind, "x")
     _same_kind("weight", weight, kind, "x")
     shape, dim, n_rows = _rows("x", x)
-    _same_shape("residual", residual, shape, "x")
-    _same_shape("weight", weight, (dim,), "x's last axis")
+    same_shape("residual", residual, shape, "x")
+    same_shape("weight", weight, (dim,), "x's last axis")
     eps = _eps(eps)
-    from .forward import norm_offset
-
     offset = norm_offset(offset)
     if not isinstance(inplace, bool):
         raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
     weight = arrays.contiguous(weight)
     if inplace:
-        for name, a in (("x", x), ("residual", residual)):
-            c = arrays.contiguous(a)
-            if c is not a and not (arrays.is_torch(a) and c.data_ptr() == a.data_ptr()):
-                raise ArgumentError(f"{name}: inplace=True needs a contiguous array (the result is written into it)")
-            if isinstance(a, np.ndarray) and not a.flags.writeable:
-                raise ArgumentError(f"{name}: inplace=True needs a writeable array")
-        x, residual = arrays.contiguous(x), arrays.contiguous(residual)
+        x, residual = arrays.in_place("x", x), arrays.in_place("residual", residual)
         y, new_res = x, residual
     else:
         x, residual = arrays.contiguous(x), arrays.contiguous(residual)
@@ -151,8 +144,8 @@ def add_rms_norm(
     if n_rows == 0:
         return y, new_res
     grid, block = _row_grid(n_rows, dim)
-    _launch("add_rms_norm" + _suffix(kind), grid, block, _flat(x), _flat(residual), weight, _flat(y),
-            _flat(new_res), n_rows, dim, eps, offset, stream=arrays.launch_stream(stream, x), backend=backend)
+    launch("add_rms_norm" + _suffix(kind), grid, block, flat(x), flat(residual), weight, flat(y),
+            flat(new_res), n_rows, dim, eps, offset, stream=arrays.launch_stream(stream, x), backend=backend)
     return y, new_res
 
 
@@ -172,15 +165,13 @@ def add_rms_norm_backward(
     _same_kind("weight", weight, kind, "new_residual")
     _same_kind("grad_y", grad_y, kind, "new_residual")
     shape, dim, n_rows = _rows("new_residual", new_residual)
-    _same_shape("weight", weight, (dim,), "new_residual's last axis")
-    _same_shape("grad_y", grad_y, shape, "new_residual")
+    same_shape("weight", weight, (dim,), "new_residual's last axis")
+    same_shape("grad_y", grad_y, shape, "new_residual")
     if grad_new_residual is not None:
         _same_kind("grad_new_residual", grad_new_residual, kind, "new_residual")
-        _same_shape("grad_new_residual", grad_new_residual, shape, "new_residual")
+        same_shape("grad_new_residual", grad_new_residual, shape, "new_residual")
         grad_new_residual = arrays.contiguous(grad_new_residual)
     eps = _eps(eps)
-    from .forward import norm_offset
-
     offset = norm_offset(offset)
     h, weight, grad_y = arrays.contiguous(new_residual), arrays.contiguous(weight), arrays.contiguous(grad_y)
     gh = arrays.empty(shape, kind, like=h)
@@ -190,8 +181,8 @@ def add_rms_norm_backward(
     rstd = arrays.empty((n_rows,), np.float32, like=h)
     gres = grad_y if grad_new_residual is None else grad_new_residual
     grid, block = _row_grid(n_rows, dim)
-    _launch("add_rms_norm_backward" + _suffix(kind), grid, block, _flat(h), weight, _flat(grad_y), _flat(gres),
-            _flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), offset, stream=stream, backend=backend)
+    launch("add_rms_norm_backward" + _suffix(kind), grid, block, flat(h), weight, flat(grad_y), flat(gres),
+            flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), offset, stream=stream, backend=backend)
     gw, _ = _norm_param_grads(h, grad_y, None, rstd, n_rows, dim, kind, False, stream=stream, backend=backend)
     return gh, gw
 
@@ -203,7 +194,7 @@ def _optional_param(name: str, p: Any, kind: str, dim: int) -> Any:
     if p is None:
         return None
     _same_kind(name, p, kind, "x")
-    _same_shape(name, p, (dim,), "x's last axis")
+    same_shape(name, p, (dim,), "x's last axis")
     return arrays.contiguous(p)
 
 
@@ -226,8 +217,8 @@ def layer_norm(
     if n_rows == 0:
         return y
     grid, block = _ln_geometry(n_rows, dim, kind)
-    _launch("layer_norm" + _suffix(kind), grid, block, _flat(x), x if weight is None else weight,
-            x if bias is None else bias, _flat(y), n_rows, dim, eps, int(weight is not None), int(bias is not None),
+    launch("layer_norm" + _suffix(kind), grid, block, flat(x), x if weight is None else weight,
+            x if bias is None else bias, flat(y), n_rows, dim, eps, int(weight is not None), int(bias is not None),
             stream=arrays.launch_stream(stream, x), backend=backend)
     return y
 
@@ -246,7 +237,7 @@ def layer_norm_backward(
     kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("grad_out", grad_out, kind, "x")
     shape, dim, n_rows = _rows("x", x)
-    _same_shape("grad_out", grad_out, shape, "x")
+    same_shape("grad_out", grad_out, shape, "x")
     weight = _optional_param("weight", weight, kind, dim)
     eps = _eps(eps)
     if not isinstance(bias, bool):
@@ -260,8 +251,8 @@ def layer_norm_backward(
     mean = arrays.empty((n_rows,), np.float32, like=x)
     rstd = arrays.empty((n_rows,), np.float32, like=x)
     grid, block = _ln_geometry(n_rows, dim, kind)
-    _launch("layer_norm_backward" + _suffix(kind), grid, block, _flat(x), x if weight is None else weight,
-            _flat(grad_out), _flat(gx), mean, rstd, n_rows, dim, eps, int(weight is not None),
+    launch("layer_norm_backward" + _suffix(kind), grid, block, flat(x), x if weight is None else weight,
+            flat(grad_out), flat(gx), mean, rstd, n_rows, dim, eps, int(weight is not None),
             stream=stream, backend=backend)
     gw = gb = None
     if weight is not None or bias:
@@ -286,7 +277,7 @@ def _ew(name: str, kind: str, n: int, *args: Any, stream: Any, backend: str | No
     # then a scalar tail (grid-stride loops keep a misaligned launch correct with the same grid)
     per_thread = 4 if kind == "f32" else 8
     blocks = min(-(-n // (_EW_THREADS * per_thread)), _EW_BLOCKS_MAX)
-    _launch(name + _suffix(kind), (blocks,), (_EW_THREADS,), *args, stream=stream, backend=backend)
+    launch(name + _suffix(kind), (blocks,), (_EW_THREADS,), *args, stream=stream, backend=backend)
 
 
 def _same_inputs(names: tuple[str, ...], arrs: tuple[Any, ...]) -> tuple[str, tuple[int, ...], list[Any]]:
@@ -294,48 +285,42 @@ def _same_inputs(names: tuple[str, ...], arrs: tuple[Any, ...]) -> tuple[str, tu
     shape = tuple(arrays.shape_of(arrs[0]))
     for nm, a in zip(names[1:], arrs[1:]):
         _same_kind(nm, a, kind, names[0])
-        _same_shape(nm, a, shape, names[0])
+        same_shape(nm, a, shape, names[0])
     return kind, shape, [arrays.contiguous(a) for a in arrs]
+
+
+def _map(kernel: str, names: tuple[str, ...], arrs: tuple[Any, ...], approximate: str, stream: Any,
+         backend: str | None) -> Any:
+    """The one-output GELU ops: validate (approximate first, then the inputs against the first), allocate the
+    output like the first input and launch `kernel` over the flat inputs."""
+    ap = _approx(approximate)
+    kind, shape, ins = _same_inputs(names, arrs)
+    out = arrays.empty(shape, kind, like=ins[0])
+    n = _size(shape)
+    if n:
+        _ew(kernel, kind, n, *(flat(a) for a in ins), flat(out), n, ap, stream=arrays.launch_stream(stream, ins[0]),
+            backend=backend)
+    return out
 
 
 @arrays.stream_scoped
 def gelu(x: Any, approximate: str = "none", *, stream: Any = None, backend: str | None = None) -> Any:
     """torch.nn.functional.gelu(x, approximate=) elementwise (f32, bf16 or f16, fp32 math)."""
-    ap = _approx(approximate)
-    kind, shape, (x,) = _same_inputs(("x",), (x,))
-    y = arrays.empty(shape, kind, like=x)
-    n = _size(shape)
-    if n:
-        _ew("gelu", kind, n, _flat(x), _flat(y), n, ap, stream=arrays.launch_stream(stream, x), backend=backend)
-    return y
+    return _map("gelu", ("x",), (x,), approximate, stream, backend)
 
 
 @arrays.stream_scoped
 def gelu_backward(x: Any, grad_out: Any, approximate: str = "none", *, stream: Any = None,
                   backend: str | None = None) -> Any:
     """grad_x = grad_out * gelu'(x) (f32, bf16 or f16, fp32 math)."""
-    ap = _approx(approximate)
-    kind, shape, (x, grad_out) = _same_inputs(("x", "grad_out"), (x, grad_out))
-    gx = arrays.empty(shape, kind, like=x)
-    n = _size(shape)
-    if n:
-        _ew("gelu_backward", kind, n, _flat(x), _flat(grad_out), _flat(gx), n, ap,
-            stream=arrays.launch_stream(stream, x), backend=backend)
-    return gx
+    return _map("gelu_backward", ("x", "grad_out"), (x, grad_out), approximate, stream, backend)
 
 
 @arrays.stream_scoped
 def gelu_gate(gate: Any, up: Any, approximate: str = "none", *, stream: Any = None,
               backend: str | None = None) -> Any:
     """GeGLU: gelu(gate, approximate=) * up elementwise (f32, bf16 or f16, fp32 math)."""
-    ap = _approx(approximate)
-    kind, shape, (gate, up) = _same_inputs(("gate", "up"), (gate, up))
-    out = arrays.empty(shape, kind, like=gate)
-    n = _size(shape)
-    if n:
-        _ew("gelu_gate", kind, n, _flat(gate), _flat(up), _flat(out), n, ap,
-            stream=arrays.launch_stream(stream, gate), backend=backend)
-    return out
+    return _map("gelu_gate", ("gate", "up"), (gate, up), approximate, stream, backend)
 
 
 @arrays.stream_scoped
@@ -347,7 +332,7 @@ def gelu_gate_backward(gate: Any, up: Any, grad_out: Any, approximate: str = "no
     gg, gu = arrays.empty(shape, kind, like=gate), arrays.empty(shape, kind, like=gate)
     n = _size(shape)
     if n:
-        _ew("gelu_gate_backward", kind, n, _flat(gate), _flat(up), _flat(grad_out), _flat(gg), _flat(gu), n, ap,
+        _ew("gelu_gate_backward", kind, n, flat(gate), flat(up), flat(grad_out), flat(gg), flat(gu), n, ap,
             stream=arrays.launch_stream(stream, gate), backend=backend)
     return gg, gu
 
@@ -368,18 +353,8 @@ class _Frame:
     on the caller's device and stream; only the cross-entropy itself is a pykern kernel."""
 
     def __init__(self, like: Any, stream: Any) -> None:
-        self.kind = "torch" if arrays.is_torch(like) else ("numpy" if isinstance(like, np.ndarray) else "cupy")
+        self.kind, self.xp = arrays.framework(like)
         self.stream = stream
-        if self.kind == "torch":
-            import torch
-
-            self.xp = torch
-        elif self.kind == "cupy":
-            import cupy
-
-            self.xp = cupy
-        else:
-            self.xp = np
 
     def scope(self) -> Any:
         """CuPy with an explicit stream: run CuPy's own work there too (torch's is handled by
@@ -401,7 +376,7 @@ class _Frame:
         from float32 copies of the operands, which torch multiplies on the SIMT cores (TF32 is off by
         default): measured 24.5 ms of a patched Llama training step on an H200 (2026-11-28,
         docs/measured/2026-11-28-h200-b.md) where these take 3.8."""
-        if self.kind != "torch" or not like.is_cuda or like.dtype == self.xp.float32:
+        if self.kind != "torch" or like.device.type != "cuda" or like.dtype == self.xp.float32:
             return False
         ops = self.xp.ops.aten
         return hasattr(ops.mm, "dtype_out") and hasattr(ops.addmm, "dtype_out")
@@ -541,7 +516,7 @@ def fused_linear_cross_entropy(
     sum_r grad_output[r] * loss_r (the rows are scaled before the matmuls, since grad_weight mixes
     rows); without it they are those of the plain sum.
     """
-    from .training import (_ids_like, _int_array, ce_class_weight, ce_row_grads, ce_scales, ce_z_loss,
+    from .training import (ce_class_weight, ce_row_grads, ce_scales, ce_z_loss,
                            check_ce_options, cross_entropy_fwd_bwd)
 
     kind = arrays.io_kind("hidden", hidden, arrays.IO_KINDS)
@@ -560,7 +535,7 @@ def fused_linear_cross_entropy(
     _check_u32("weight.shape[0] (vocab)", v)
     if bias is not None:
         _same_kind("bias", bias, kind, "hidden")
-        _same_shape("bias", bias, (v,), "(vocab,) (the rows of weight)")
+        same_shape("bias", bias, (v,), "(vocab,) (the rows of weight)")
     z_loss = ce_z_loss(z_loss, lse_square_scale)
     check_ce_options(label_smoothing, z_loss, softcap, reduction)
     if grad_output is not None and reduction != "none":
@@ -571,7 +546,7 @@ def fused_linear_cross_entropy(
             or not -(2**31) <= ignore_index < 2**31:
         raise ArgumentError(f"ignore_index: expected an int32 value, got {ignore_index!r}")
     ignore_index = int(ignore_index)
-    targets = _int_array("targets", targets)
+    targets = int_array("targets", targets)
     if tuple(arrays.shape_of(targets)) != (n,):
         raise ArgumentError(f"targets: expected shape ({n},) (the rows of hidden), got "
                             f"{tuple(arrays.shape_of(targets))}")
@@ -609,7 +584,7 @@ def fused_linear_cross_entropy(
         # batch, on the device: each chunk's rows and gradients come out already scaled
         scale = None
         if n:
-            scale = ce_scales(_ids_like(targets, hidden), cw, n, v, ignore_index, reduction == "mean", hidden,
+            scale = ce_scales(ids_like(targets, hidden), cw, n, v, ignore_index, reduction == "mean", hidden,
                               stream=arrays.launch_stream(stream, hidden), backend=backend)
 
         def ce(logits: Any, s: int, e: int) -> tuple[Any, Any]:

@@ -1,4 +1,4 @@
-"""numba.cuda references for kernels_cu/training_ext.cu: one thread per row (or element, or
+"""numba.cuda references for kernels_cu/norm_act_loss.cu: one thread per row (or element, or
 column), plain loops, float64 Python math (the layer_norm ones widen loads with float(): NumPy 2 keeps
 float32 + a Python float in float32). Arrays arrive flat, bf16 widened to float32."""
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import device_function, gelu_fns, reference, rms_norm_grad_row
 
 _T = 64
 
@@ -35,43 +35,40 @@ def _add_rms_norm(cuda: Any):
 
 @reference("add_rms_norm_backward", "add_rms_norm_backward_bf16", "add_rms_norm_backward_f16")
 def _add_rms_norm_backward(cuda: Any):
+    grad_row = rms_norm_grad_row(cuda)
+
     @cuda.jit
     def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset):
         row = cuda.grid(1)
         if row < n_rows:
-            base = row * dim
-            ss = 0.0
-            dot = 0.0
-            for i in range(dim):
-                ss += h[base + i] * h[base + i]
-                dot += h[base + i] * (offset + w[i]) * gy[base + i]
-            r = 1.0 / math.sqrt(ss / dim + eps)
-            rstd[row] = r
-            for i in range(dim):
-                g = r * (offset + w[i]) * gy[base + i] - h[base + i] * r * r * r * dot / dim
-                if has_gres:
-                    g += gres[base + i]
-                gh[base + i] = g
+            rstd[row] = grad_row(h, w, gy, gres, has_gres, gh, row * dim, dim, eps, offset)
 
     return k, lambda a: _grid1(a[6])
 
 
+def _ln_stats(x: Any, base: int, dim: int, eps: float) -> tuple[float, float]:
+    """(mean, rstd) of the row x[base : base + dim]: two passes (mean, then the biased variance), as torch."""
+    s = 0.0
+    for i in range(dim):
+        s += float(x[base + i])
+    mean = s / dim
+    v = 0.0
+    for i in range(dim):
+        d = float(x[base + i]) - mean
+        v += d * d
+    return mean, 1.0 / math.sqrt(v / dim + eps)
+
+
 @reference("layer_norm", "layer_norm_bf16", "layer_norm_f16")
 def _layer_norm(cuda: Any):
+    stats = device_function(cuda, _ln_stats)
+
     @cuda.jit
     def k(x, w, b, y, n_rows, dim, eps, has_w, has_b):
         row = cuda.grid(1)
         if row < n_rows:
             base = row * dim
-            s = 0.0
-            for i in range(dim):
-                s += float(x[base + i])
-            mean = s / dim
-            v = 0.0
-            for i in range(dim):
-                d = float(x[base + i]) - mean
-                v += d * d
-            rstd = 1.0 / math.sqrt(v / dim + eps)
+            mean, rstd = stats(x, base, dim, eps)
             for i in range(dim):
                 o = (float(x[base + i]) - mean) * rstd
                 if has_w:
@@ -85,20 +82,14 @@ def _layer_norm(cuda: Any):
 
 @reference("layer_norm_backward", "layer_norm_backward_bf16", "layer_norm_backward_f16")
 def _layer_norm_backward(cuda: Any):
+    stats = device_function(cuda, _ln_stats)
+
     @cuda.jit
     def k(x, w, g, gx, mean_out, rstd_out, n_rows, dim, eps, has_w):
         row = cuda.grid(1)
         if row < n_rows:
             base = row * dim
-            s = 0.0
-            for i in range(dim):
-                s += float(x[base + i])
-            mean = s / dim
-            v = 0.0
-            for i in range(dim):
-                d = float(x[base + i]) - mean
-                v += d * d
-            rstd = 1.0 / math.sqrt(v / dim + eps)
+            mean, rstd = stats(x, base, dim, eps)
             mean_out[row] = mean
             rstd_out[row] = rstd
             sg = 0.0
@@ -140,43 +131,9 @@ def _norm_weight_grad(cuda: Any):
     return k, lambda a: _grid1(((a[6] + a[8] - 1) // a[8]) * a[7])
 
 
-@reference("norm_grad_reduce")
-def _norm_grad_reduce(cuda: Any):
-    @cuda.jit
-    def k(partial, out, n_chunks, dim):
-        c = cuda.grid(1)
-        if c < dim:
-            s = 0.0
-            for j in range(n_chunks):
-                s += partial[j * dim + c]
-            out[c] = s
-
-    return k, lambda a: _grid1(a[3])
-
-
-_S2PI = math.sqrt(2.0 / math.pi)
-
-
-def _gelu_fns(cuda: Any):
-    @cuda.jit(device=True)
-    def f(x, approx):
-        if approx:
-            return 0.5 * x * (1.0 + math.tanh(_S2PI * (x + 0.044715 * x * x * x)))
-        return 0.5 * x * (1.0 + math.erf(x / math.sqrt(2.0)))
-
-    @cuda.jit(device=True)
-    def d(x, approx):
-        if approx:
-            t = math.tanh(_S2PI * (x + 0.044715 * x * x * x))
-            return 0.5 * (1.0 + t) + 0.5 * x * (1.0 - t * t) * _S2PI * (1.0 + 3.0 * 0.044715 * x * x)
-        return 0.5 * (1.0 + math.erf(x / math.sqrt(2.0))) + x * math.exp(-0.5 * x * x) / math.sqrt(2.0 * math.pi)
-
-    return f, d
-
-
 @reference("gelu", "gelu_bf16", "gelu_f16")
 def _gelu(cuda: Any):
-    f, _ = _gelu_fns(cuda)
+    f, _ = gelu_fns(cuda)
 
     @cuda.jit
     def k(x, y, n, approx):
@@ -189,7 +146,7 @@ def _gelu(cuda: Any):
 
 @reference("gelu_backward", "gelu_backward_bf16", "gelu_backward_f16")
 def _gelu_backward(cuda: Any):
-    _, d = _gelu_fns(cuda)
+    _, d = gelu_fns(cuda)
 
     @cuda.jit
     def k(x, g, gx, n, approx):
@@ -202,7 +159,7 @@ def _gelu_backward(cuda: Any):
 
 @reference("gelu_gate", "gelu_gate_bf16", "gelu_gate_f16")
 def _gelu_gate(cuda: Any):
-    f, _ = _gelu_fns(cuda)
+    f, _ = gelu_fns(cuda)
 
     @cuda.jit
     def k(gate, up, out, n, approx):
@@ -215,7 +172,7 @@ def _gelu_gate(cuda: Any):
 
 @reference("gelu_gate_backward", "gelu_gate_backward_bf16", "gelu_gate_backward_f16")
 def _gelu_gate_backward(cuda: Any):
-    f, d = _gelu_fns(cuda)
+    f, d = gelu_fns(cuda)
 
     @cuda.jit
     def k(gate, up, g, gg, gu, n, approx):

@@ -1,4 +1,4 @@
-"""Difftest cases for kernels_cu/training_ext.cu plus the float64 NumPy references of its
+"""Difftest cases for kernels_cu/norm_act_loss.cu plus the float64 NumPy references of its
 ops: add_rms_norm (+ backward), layer_norm (+ backward, with / without weight and bias), GELU,
 GeGLU (+ backwards), both approximations. Edge shapes: one row, dim 1, dims not a multiple of a
 warp, rows enough for several weight-gradient chunks."""
@@ -90,9 +90,9 @@ def _sfx(kind: str) -> str:
 
 
 def _wchunks(n_rows: int, dim: int) -> bool:
-    from ...ops.training import _weight_chunks
+    from ...ops._common import weight_chunks
 
-    return _weight_chunks(n_rows, dim)[0] > 1
+    return weight_chunks(n_rows, dim)[0] > 1
 
 
 def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
@@ -251,7 +251,7 @@ def _gelu_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
                        run=run_ggb, reference=ref_ggb)
 
 
-@register_cases("training_ext")
+@register_cases("norm_act_loss")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _add_rms_cases(rng)
     yield from _layer_norm_cases(rng)
