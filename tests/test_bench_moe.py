@@ -95,3 +95,17 @@ def test_time_without_a_gpu_exits_3_naming_the_need(capsys):
 
     assert bm.main(["--time"]) == EXIT_NO_GPU == 3
     assert "needs a CUDA GPU" in capsys.readouterr().err
+
+
+def test_fp8_weight_blocks_dequantize_to_the_weights():
+    """--time's FP8 gate_up GEMM quantizes the experts' weights per 128 x 128 block (the scaling grouped_gemm_fp8
+    takes): one scale per block, amax / 448, N padded to whole blocks; dequantized within e4m3's rounding."""
+    torch = pytest.importorskip("torch")
+    b = torch.randn(2, 200, 256)
+    b[1, 130:, 128:] *= 1000   # a block far above the others keeps its own scale
+    q, s = bm._fp8_blocks(torch, b)
+    assert q.dtype == torch.float8_e4m3fn and tuple(q.shape) == (2, 200, 256) and tuple(s.shape) == (2, 2, 2)
+    assert torch.equal(s[1, 1, 1], b[1, 128:200, 128:].abs().amax() / 448)
+    deq = q.float() * s.repeat_interleave(128, 1)[:, :200].repeat_interleave(128, 2)
+    blk = s.repeat_interleave(128, 1)[:, :200].repeat_interleave(128, 2) * 448
+    assert float(((deq - b).abs() / blk).max()) <= 2.0 ** -4   # e4m3: 3 mantissa bits, half an ulp at the top

@@ -4,7 +4,10 @@
     python tools/bench_moe.py                  # modelled H100 table (no GPU needed: NVRTC + cuobjdump)
     python tools/bench_moe.py --json
     python tools/bench_moe.py --time           # on a GPU: pykern beside torch._grouped_mm and transformers'
-                                               # "grouped_mm" experts, CUDA events (exit 3 without a GPU)
+                                               # "grouped_mm" experts, CUDA events (exit 3 without a GPU):
+                                               # the experts forward and forward + backward, the gate_up
+                                               # grouped GEMM in bf16 and FP8 (block-scaled)
+    python tools/bench_moe.py --time --tokens 4096 --tokens 16384 --rows moe.json
 
 Shapes: the experts of one layer, Mixtral-8x7B (H=4096, I=14336, E=8, k=2) and Qwen3-30B-A3B
 (H=2048, I=768, E=128, k=8), at 1K, 4K, 16K and 64K tokens. Useful FLOPs: 6 * T * k * H * I
@@ -273,6 +276,20 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, Any]]:
                 row["pykern_registry_ms"] = timer(lambda: mod(x, ids.long(), w))
                 cfg._experts_implementation = "grouped_mm"
                 row["transformers_grouped_mm_ms"] = timer(lambda: mod(x, ids.long(), w))
+            # forward + backward through the same module (gradients of x and both weights, as training takes
+            # them): pykern's registered experts beside transformers' grouped_mm ones
+            xr, g = x.detach().requires_grad_(), torch.randn(t, hid, device=dev, dtype=bf16)
+            leaves = (xr, mod.gate_up_proj, mod.down_proj)
+
+            def fwdbwd() -> Any:
+                return torch.autograd.grad(mod(xr, ids.long(), w), leaves, g)
+
+            for impl, key in (("pykern", "pykern_moe_fwdbwd_ms"), ("grouped_mm", "transformers_moe_fwdbwd_ms")):
+                cfg._experts_implementation = impl
+                try:
+                    row[key] = timer(fwdbwd)
+                except Exception as e:  # noqa: BLE001 - the other implementation's row still counts
+                    row[key[:-3] + "_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             # the gate_up GEMM alone: ours on moe_align's padded rows, torch's on the unpadded ones
             sorted_slot, _, offsets, counts = ops.moe_align(ids, experts)
             a_pad = torch.randn(sorted_slot.shape[0], hid, device=dev, dtype=bf16)
@@ -282,12 +299,31 @@ def bench(tokens: tuple[int, ...]) -> list[dict[str, Any]]:
             row["pykern_grouped_gemm_ms"] = timer(lambda: ops.grouped_gemm(a_pad, gu, offsets))
             if hasattr(torch, "_grouped_mm"):
                 row["torch_grouped_mm_ms"] = timer(lambda: torch._grouped_mm(a, gu.transpose(-2, -1), offs=ends))
+            # the same gate_up GEMM in FP8 (DeepSeek-V3 scaling: 1 x 128 activation tiles, 128 x 128 weight blocks)
+            try:
+                a_q, a_s = ops.fp8_quantize(a_pad)
+                b_q, b_s = _fp8_blocks(torch, gu)
+                row["pykern_grouped_gemm_fp8_ms"] = timer(lambda: ops.grouped_gemm_fp8(a_q, a_s, b_q, b_s, offsets))
+            except Exception as e:  # noqa: BLE001
+                row["pykern_grouped_gemm_fp8_error"] = f"{type(e).__name__}: {str(e)[:200]}"
             for key in [k for k in row if k.endswith("_ms")]:
-                flops = gemm_flops if "gemm" in key or key.startswith("torch_") else useful
+                flops = (3 * useful if "fwdbwd" in key else gemm_flops if "gemm" in key or key.startswith("torch_")
+                         else useful)
                 row[key[:-3] + "_tflops"] = flops / (row[key] * 1e-3) / 1e12
             rows.append(row)
             del x, a, a_pad
     return rows
+
+
+def _fp8_blocks(torch: Any, b: Any) -> tuple[Any, Any]:
+    """(b_fp8 [E, N, K], b_scale [E, ceil(N / 128), K / 128]) of b: one scale per 128 x 128 block, amax / 448."""
+    e, n, k = b.shape
+    nb = -(-n // 128)
+    pad = torch.nn.functional.pad(b.float(), (0, 0, 0, nb * 128 - n))
+    blocks = pad.view(e, nb, 128, k // 128, 128)
+    scale = blocks.abs().amax(dim=(2, 4)).clamp_min(1e-10) / 448.0
+    q = (blocks / scale[:, :, None, :, None]).view(e, nb * 128, k)[:, :n]
+    return q.to(torch.float8_e4m3fn).contiguous(), scale.contiguous()
 
 
 # --------------------------------------------------------------------------- main
@@ -310,6 +346,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--time", action="store_true", help="time on a CUDA GPU beside torch._grouped_mm / transformers")
     ap.add_argument("--tokens", type=int, action="append", help="token counts for --time (default 1K..64K)")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rows", metavar="FILE",
+                    help="--time: also write the timed rows (one per model and token count, flat *_ms / *_tflops "
+                         "figures) to FILE as a JSON list (docs/measured/<date>/moe.json)")
     args = ap.parse_args(argv)
     if args.time:
         from pykern.bench.runner import torch_status
@@ -321,6 +360,9 @@ def main(argv: list[str] | None = None) -> int:
     facts = kernel_facts()
     rows = [model(name, t, facts) for name in SHAPES for t in TOKENS]
     timed = bench(tuple(args.tokens or TOKENS)) if args.time else None
+    if timed is not None and args.rows:
+        with open(args.rows, "w") as f:
+            json.dump(timed, f, indent=1)
     if args.json:
         print(json.dumps({"clock_hz": CLOCK, "kernels": facts, "model": rows, "timed": timed}, indent=2))
         return EXIT_OK

@@ -98,6 +98,7 @@ TAILN=3 stage attention 90 $PY tools/measure_gpu.py attention --d256 --json "$OU
 TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode ${DECODE_ARGS:-} --json "$OUT/decode.json"
 TAILN=3 stage sampling 30 $PY tools/measure_gpu.py sampling --json "$OUT/sampling.json"
 TAILN=3 stage mla "${MLA_S:-40}" $PY tools/measure_gpu.py mla --json "$OUT/mla.json"
+TAILN=3 stage moe "${MOE_S:-90}" $PY tools/bench_moe.py --time --tokens 4096 --tokens 16384 --rows "$OUT/moe.json"
 TAILN=6 stage model "${MODEL_S:-60}" $PY tools/measure_gpu.py model --json "$OUT/model.json"
 NCU=$(command -v ncu || ls /usr/local/cuda/bin/ncu /opt/nvidia/nsight-compute/*/ncu 2>/dev/null | head -1)
 if [ -n "$NCU" ]; then
