@@ -1,0 +1,219 @@
+"""A serving decode step launches kernels and does nothing else: no allocation, no synchronisation, no host read
+of a device value, so it can be captured in one CUDA graph (docs/serving.md, "CUDA-graph capture").
+
+The step (append the new token's K/V, paged decode, for each of several layers; then sampling with device seed /
+offset) runs on the nvrtc backend over the test suite's fake driver with the launch stubbed and CPU tensors
+treated as device memory (tools/bench_launch.py's stubbed_gpu), under tests/step_audit.py's recorder of driver
+calls, new torch memory, synchronising torch ops and host reads. The GPU counterpart, capturing the same step in
+torch.cuda.graph and replaying it, is `python tools/measure_gpu.py decode-graph` and
+tests/test_torch_ops.py::test_cuda_graph_capture_of_a_paged_decode_step_with_sampling.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable
+
+import numpy as np
+import pytest
+
+torch = pytest.importorskip("torch")
+pytest.importorskip("cuda.bindings", reason="stubbed_gpu encodes tensor maps with cuda.bindings' types")
+
+from step_audit import StepAudit, bench_launch  # noqa: E402
+
+from pykern import ops  # noqa: E402
+from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
+
+B, H, KVH, D, PS, PER, LAYERS, VOCAB = 4, 8, 2, 128, 16, 4, 3, 1000
+
+
+class Step:
+    """The arrays of a decode step, made once (as a serving loop keeps them), and the step itself."""
+
+    def __init__(self, **kw: Any) -> None:
+        g = torch.Generator().manual_seed(0)
+        bf = torch.bfloat16
+        self.kc = [torch.randn(B * PER, PS, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
+        self.vc = [torch.randn(B * PER, PS, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
+        self.k = [torch.randn(B, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
+        self.v = [torch.randn(B, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
+        self.q = [torch.randn(B, H, D, generator=g).to(bf) for _ in range(LAYERS)]
+        self.indptr = torch.arange(0, B * PER + 1, PER, dtype=torch.int32)
+        self.indices = torch.randperm(B * PER, generator=g).to(torch.int32)
+        self.last = torch.tensor([5, 16, 1, 9], dtype=torch.int32)
+        self.batch_indices = torch.arange(B, dtype=torch.int32)
+        self.positions = ((PER - 1) * PS + self.last - 1).to(torch.int32)  # the token just appended
+        self.logits = torch.randn(B, VOCAB, generator=g)
+        self.seed = torch.full((B,), 1234, dtype=torch.int64)
+        self.offset = torch.zeros(B, dtype=torch.int64)
+        self.tokens = torch.empty(B, dtype=torch.int32)
+        self.valid = torch.empty(B, dtype=torch.bool)
+        # num_splits 2: the split tickets and partials of the tensor-core kernel are part of the step
+        self.plan = ops.PagedDecodePlan(B, H, KVH, D, PS, q_dtype="bf16", kv_dtype="bf16", num_splits=2,
+                                        like=self.q[0])
+        self.attn = [torch.empty(B, H, D, dtype=bf) for _ in range(LAYERS)]
+        self.sample_kw: dict[str, Any] = dict(out=self.tokens, valid=self.valid, return_valid=True)
+        self.sample_kw.update(kw)
+
+    def __call__(self, inject: Callable[[], Any] | None = None) -> Any:
+        for layer in range(LAYERS):
+            ops.append_paged_kv_cache(self.k[layer], self.v[layer], self.batch_indices, self.positions,
+                                      self.kc[layer], self.vc[layer], self.indices, self.indptr, self.last)
+            self.plan.run(self.q[layer], self.kc[layer], self.vc[layer], self.indptr, self.indices, self.last,
+                          out=self.attn[layer])
+            if inject is not None and layer == 1:
+                inject()
+        return ops.top_k_top_p_sampling_from_logits(self.logits, 50, 0.9, seed=self.seed, offset=self.offset,
+                                                    **self.sample_kw)
+
+
+STEP_KERNELS = ["paged_append_kv_bf16", "decode_tc_paged_d128_bf16"] * LAYERS + ["sampling_from_logits"]
+
+
+@pytest.fixture
+def gpu() -> Any:
+    with bench_launch.stubbed_gpu() as g:
+        yield g
+
+
+def _audit(gpu: Any, step: Callable[[], Any]) -> StepAudit:
+    step()  # warm-up: kernels planned, the ops' kept dummies made
+    audit = StepAudit(gpu)
+    with audit:
+        step()
+    return audit
+
+
+def test_decode_step_launches_kernels_and_nothing_else(gpu):
+    step = Step()
+    audit = _audit(gpu, step)
+    assert audit.problems() == []
+    assert audit.kernels == STEP_KERNELS
+    tokens, valid = step()
+    assert tokens is step.tokens and valid.data_ptr() == step.valid.data_ptr()  # the caller's buffers
+
+
+@pytest.mark.parametrize("fault, want", [
+    ("alloc", ("alloc", "aten.empty.memory_format -> (4,) torch.float32")),
+    ("item", ("sync", "aten._local_scalar_dense.default")),
+    ("cpu", ("host_read", "Tensor.cpu (4,)")),
+    ("numpy", ("host_read", "Tensor.numpy (4,)")),
+    ("stream_synchronize", ("driver", "stream_synchronize")),
+    ("mem_alloc", ("driver", "mem_alloc")),
+    ("event_synchronize", ("driver", "event_synchronize")),
+])
+def test_audit_reports_a_deliberate_allocation_or_synchronisation(gpu, fault, want):
+    """Each fault put into the middle of the step (after the second layer) is reported, and nothing else."""
+    step = Step()
+    drv = gpu.driver
+    drv.current = 0xC0  # (the fake allocates and makes events in a current context)
+    event = drv.event_create()
+    faults = {
+        "alloc": lambda: torch.empty(4),
+        "item": lambda: int(step.last[0]),  # a host read of a length: .item() behind int()
+        "cpu": lambda: step.last.cpu(),
+        "numpy": lambda: step.last.numpy(),
+        "stream_synchronize": lambda: drv.stream_synchronize(0),
+        "mem_alloc": lambda: drv.mem_alloc(64),
+        "event_synchronize": lambda: drv.event_synchronize(event),
+    }
+    step(faults[fault])
+    audit = StepAudit(gpu)
+    with audit:
+        step(lambda: faults[fault]())
+    assert audit.problems() == [want]
+    assert audit.kernels == STEP_KERNELS
+
+
+# Each rule of docs/serving.md's CUDA-graph section, broken: what the step then does besides its launches.
+@pytest.mark.parametrize("broken, want", [
+    ("sampling without out / valid", [("alloc", "aten.empty.memory_format -> (4,) torch.int32"),
+                                      ("alloc", "aten.empty.memory_format -> (4,) torch.uint8")]),
+    ("seed of shape (1,)", [("alloc", "aten.clone.default -> (4,) torch.int64")]),
+    ("int64 page table", [("alloc", "aten._to_copy.default -> (5,) torch.int32"),
+                          ("alloc", "aten._to_copy.default -> (16,) torch.int32"),
+                          ("alloc", "aten._to_copy.default -> (4,) torch.int32")]),
+    ("strided q", [("alloc", "aten.clone.default -> (4, 8, 128) torch.bfloat16")]),
+    ("decode without out", []),  # the plan's own output: allocated once, when the plan is made
+    ("top_k as a Python list", [("alloc", "torch.as_tensor (a host array onto the device)")]),
+])
+def test_each_capture_rule_broken_shows_in_the_audit(gpu, broken, want):
+    step = Step()
+    if broken == "sampling without out / valid":
+        step.sample_kw = {}
+    elif broken == "seed of shape (1,)":
+        step.seed = torch.tensor([1234], dtype=torch.int64)
+    elif broken == "int64 page table":
+        step.indptr, step.indices, step.last = step.indptr.long(), step.indices.long(), step.last.long()
+    elif broken == "strided q":
+        step.q[0] = torch.empty(B, H, 2 * D, dtype=torch.bfloat16)[:, :, :D]
+    elif broken == "decode without out":
+        step.attn = [None] * LAYERS
+    elif broken == "top_k as a Python list":
+        step.sample_kw["top_k"] = None  # replaced below
+    if broken == "top_k as a Python list":
+        real = ops.top_k_top_p_sampling_from_logits
+        kw = {k: v for k, v in step.sample_kw.items() if k != "top_k"}
+        step.sample_kw = kw
+        audit = _audit(gpu, lambda: (step(), real(step.logits, [50] * B, 0.9, seed=step.seed, offset=step.offset,
+                                                  **kw)))
+        assert [p for p in audit.problems()] == want
+        return
+    audit = _audit(gpu, step)
+    got = audit.problems()
+    if broken == "int64 page table":  # one conversion of each index array a layer (append and decode)
+        assert got == want * (2 * LAYERS)
+    else:
+        assert got == want
+
+
+@pytest.mark.parametrize("op, args", [
+    ("sampling_from_probs", ()),
+    ("top_k_sampling_from_probs", (50,)),
+    ("top_p_sampling_from_probs", (0.9,)),
+    ("min_p_sampling_from_probs", (0.1,)),
+    ("top_k_top_p_sampling_from_probs", (50, 0.9)),
+    ("sampling_from_logits", ()),
+    ("top_k_top_p_sampling_from_logits", (50, 0.9)),
+])
+def test_every_sampling_op_with_out_allocates_nothing(gpu, op, args):
+    fn = getattr(ops, op)
+    x = torch.softmax(torch.randn(B, VOCAB), -1)
+    seed, offset = torch.full((B,), 7, dtype=torch.int64), torch.arange(B, dtype=torch.int64)
+    out, valid = torch.empty(B, dtype=torch.int32), torch.empty(B, dtype=torch.uint8)
+    # per-row parameters as device arrays too
+    audit = _audit(gpu, lambda: fn(x, *args, seed=seed, offset=offset, out=out, valid=valid, return_valid=True))
+    assert audit.problems() == []
+    assert audit.kernels == ["sampling_from_logits" if "logits" in op else "sampling_from_probs"]
+    k_arr, p_arr = torch.full((B,), 50, dtype=torch.int32), torch.full((B,), 0.9)
+    audit = _audit(gpu, lambda: ops.top_k_top_p_sampling_from_probs(x, k_arr, p_arr, seed=seed, offset=offset,
+                                                                    out=out, valid=valid))
+    assert audit.problems() == []
+
+
+def test_sampling_out_and_valid_are_checked():
+    probs = np.full((3, 10), 0.1, np.float32)
+    with pytest.raises(ArgumentTypeError, match="out: expected dtype int32, got int64"):
+        ops.sampling_from_probs(probs, seed=1, out=np.zeros(3, np.int64))
+    with pytest.raises(ArgumentError, match=r"out: expected shape \(3,\), got \(4,\)"):
+        ops.sampling_from_probs(probs, seed=1, out=np.zeros(4, np.int32))
+    with pytest.raises(ArgumentTypeError, match="valid: expected dtype uint8, got int32"):
+        ops.sampling_from_probs(probs, seed=1, valid=np.zeros(3, np.int32))
+    with pytest.raises(ArgumentError, match=r"valid: expected shape \(3,\), got \(2,\)"):
+        ops.sampling_from_probs(probs, seed=1, valid=np.zeros(2, np.bool_))
+
+
+@pytest.mark.parametrize("logits", [False, True])
+def test_sampling_into_out_gives_the_tokens_of_a_fresh_output(logits):
+    """Host backend: the same tokens and flags into the caller's buffers as into the op's own; the buffers are
+    what comes back (a NaN row: valid False)."""
+    r = np.random.default_rng(3)
+    x = r.random((5, 300)).astype(np.float32)
+    x[2, 7] = np.nan
+    fn = ops.top_k_top_p_sampling_from_logits if logits else ops.top_k_top_p_sampling_from_probs
+    want, want_valid = fn(x, 20, 0.8, seed=11, offset=3, return_valid=True, backend="host")
+    out, valid = np.full(5, -1, np.int32), np.ones(5, np.bool_)
+    got, got_valid = fn(x, 20, 0.8, seed=11, offset=3, return_valid=True, out=out, valid=valid, backend="host")
+    assert got is out and np.shares_memory(got_valid, valid)
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_array_equal(valid, want_valid)
+    assert not valid[2] and valid[[0, 1, 3, 4]].all()
