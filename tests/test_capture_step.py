@@ -20,50 +20,19 @@ pytest.importorskip("cuda.bindings", reason="stubbed_gpu encodes tensor maps wit
 
 from step_audit import StepAudit, bench_launch  # noqa: E402
 
+import measure_gpu  # noqa: E402  (tools/, on the path through step_audit)
+
 from pykern import ops  # noqa: E402
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 
-B, H, KVH, D, PS, PER, LAYERS, VOCAB = 4, 8, 2, 128, 16, 4, 3, 1000
+B, LAYERS = 4, 3
 
 
-class Step:
-    """The arrays of a decode step, made once (as a serving loop keeps them), and the step itself."""
-
-    def __init__(self, **kw: Any) -> None:
-        g = torch.Generator().manual_seed(0)
-        bf = torch.bfloat16
-        self.kc = [torch.randn(B * PER, PS, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
-        self.vc = [torch.randn(B * PER, PS, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
-        self.k = [torch.randn(B, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
-        self.v = [torch.randn(B, KVH, D, generator=g).to(bf) for _ in range(LAYERS)]
-        self.q = [torch.randn(B, H, D, generator=g).to(bf) for _ in range(LAYERS)]
-        self.indptr = torch.arange(0, B * PER + 1, PER, dtype=torch.int32)
-        self.indices = torch.randperm(B * PER, generator=g).to(torch.int32)
-        self.last = torch.tensor([5, 16, 1, 9], dtype=torch.int32)
-        self.batch_indices = torch.arange(B, dtype=torch.int32)
-        self.positions = ((PER - 1) * PS + self.last - 1).to(torch.int32)  # the token just appended
-        self.logits = torch.randn(B, VOCAB, generator=g)
-        self.seed = torch.full((B,), 1234, dtype=torch.int64)
-        self.offset = torch.zeros(B, dtype=torch.int64)
-        self.tokens = torch.empty(B, dtype=torch.int32)
-        self.valid = torch.empty(B, dtype=torch.bool)
-        # num_splits 2: the split tickets and partials of the tensor-core kernel are part of the step
-        self.plan = ops.PagedDecodePlan(B, H, KVH, D, PS, q_dtype="bf16", kv_dtype="bf16", num_splits=2,
-                                        like=self.q[0])
-        self.attn = [torch.empty(B, H, D, dtype=bf) for _ in range(LAYERS)]
-        self.sample_kw: dict[str, Any] = dict(out=self.tokens, valid=self.valid, return_valid=True)
-        self.sample_kw.update(kw)
-
-    def __call__(self, inject: Callable[[], Any] | None = None) -> Any:
-        for layer in range(LAYERS):
-            ops.append_paged_kv_cache(self.k[layer], self.v[layer], self.batch_indices, self.positions,
-                                      self.kc[layer], self.vc[layer], self.indices, self.indptr, self.last)
-            self.plan.run(self.q[layer], self.kc[layer], self.vc[layer], self.indptr, self.indices, self.last,
-                          out=self.attn[layer])
-            if inject is not None and layer == 1:
-                inject()
-        return ops.top_k_top_p_sampling_from_logits(self.logits, 50, 0.9, seed=self.seed, offset=self.offset,
-                                                    **self.sample_kw)
+def Step() -> Any:
+    """tools/measure_gpu.py's decode step (the one `decode-graph` captures on a GPU), small, on CPU tensors: 3 layers
+    of a batch of 4 sequences of 49..64 tokens, 8 query / 2 KV heads of 128, pages of 16, 2 KV splits (the
+    tensor-core kernel's split tickets and partials are part of the step), a vocabulary of 1000."""
+    return measure_gpu.DecodeStep(B, LAYERS, 64, heads=8, kv_heads=2, vocab=1000, num_splits=2, device="cpu")
 
 
 STEP_KERNELS = ["paged_append_kv_bf16", "decode_tc_paged_d128_bf16"] * LAYERS + ["sampling_from_logits"]
@@ -145,19 +114,11 @@ def test_each_capture_rule_broken_shows_in_the_audit(gpu, broken, want):
     elif broken == "int64 page table":
         step.indptr, step.indices, step.last = step.indptr.long(), step.indices.long(), step.last.long()
     elif broken == "strided q":
-        step.q[0] = torch.empty(B, H, 2 * D, dtype=torch.bfloat16)[:, :, :D]
+        step.q[0] = torch.empty(B, 8, 256, dtype=torch.bfloat16)[:, :, :128]
     elif broken == "decode without out":
         step.attn = [None] * LAYERS
     elif broken == "top_k as a Python list":
-        step.sample_kw["top_k"] = None  # replaced below
-    if broken == "top_k as a Python list":
-        real = ops.top_k_top_p_sampling_from_logits
-        kw = {k: v for k, v in step.sample_kw.items() if k != "top_k"}
-        step.sample_kw = kw
-        audit = _audit(gpu, lambda: (step(), real(step.logits, [50] * B, 0.9, seed=step.seed, offset=step.offset,
-                                                  **kw)))
-        assert [p for p in audit.problems()] == want
-        return
+        step.sample_kw["top_k"] = [50] * B
     audit = _audit(gpu, step)
     got = audit.problems()
     if broken == "int64 page table":  # one conversion of each index array a layer (append and decode)
@@ -177,7 +138,7 @@ def test_each_capture_rule_broken_shows_in_the_audit(gpu, broken, want):
 ])
 def test_every_sampling_op_with_out_allocates_nothing(gpu, op, args):
     fn = getattr(ops, op)
-    x = torch.softmax(torch.randn(B, VOCAB), -1)
+    x = torch.softmax(torch.randn(B, 1000), -1)
     seed, offset = torch.full((B,), 7, dtype=torch.int64), torch.arange(B, dtype=torch.int64)
     out, valid = torch.empty(B, dtype=torch.int32), torch.empty(B, dtype=torch.uint8)
     # per-row parameters as device arrays too
@@ -217,3 +178,32 @@ def test_sampling_into_out_gives_the_tokens_of_a_fresh_output(logits):
     np.testing.assert_array_equal(out, want)
     np.testing.assert_array_equal(valid, want_valid)
     assert not valid[2] and valid[[0, 1, 3, 4]].all()
+
+
+def test_decode_step_on_the_plans_memo_allocates_nothing(gpu, monkeypatch):
+    """On a GPU a plan's second run with the same device arrays re-issues the first run's prepared launches
+    (tests/test_serving_run_memo.py); `_array_key` keys CUDA tensors only, so here the CPU tensors are keyed as CUDA
+    ones would be, and the audited step (one layer: the memo holds one run's arrays) runs on the memo: no check of
+    q, the launches alone."""
+    from pykern import arrays
+    from pykern.ops import serving
+
+    real_key, real_check_q = serving._array_key, serving._check_q
+    checked = []
+
+    def key(a: Any) -> Any:
+        if arrays.is_torch(a) and not a.is_cuda:
+            return id(a), a.data_ptr(), tuple(a.shape), a.stride(), a.dtype, 0
+        return real_key(a)
+
+    monkeypatch.setattr(serving, "_array_key", key)
+    monkeypatch.setattr(serving, "_check_q", lambda *a: (checked.append(1), real_check_q(*a))[1])
+    step = measure_gpu.DecodeStep(B, 1, 64, heads=8, kv_heads=2, vocab=1000, num_splits=2, device="cpu")
+    step()
+    checked.clear()
+    audit = StepAudit(gpu)
+    with audit:
+        step()
+    assert checked == [] and step.plan._memo is not None
+    assert audit.problems() == []
+    assert audit.kernels == ["paged_append_kv_bf16", "decode_tc_paged_d128_bf16", "sampling_from_logits"]
