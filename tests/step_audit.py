@@ -75,7 +75,9 @@ class _TorchOps(TorchDispatchMode):
 class StepAudit:
     """Inside a `stubbed_gpu` context: `with audit: step()` records what the step does (see the module doc)."""
 
-    def __init__(self, gpu: "bench_launch.stubbed_gpu") -> None:
+    def __init__(self, gpu: "bench_launch.stubbed_gpu | None") -> None:
+        """gpu: the stubbed_gpu context the step runs in; None for a step on the CPU backends (host, numba), whose
+        driver is not there and whose kernels read tensors through arrays.host_view by design (not recorded)."""
         self.gpu = gpu
         self.events: list[tuple[str, str]] = []
         self._saved: list[tuple[Any, str, Any]] = []
@@ -100,11 +102,13 @@ class StepAudit:
         from pykern import arrays
 
         self.events = []
-        drv, be = self.gpu.driver, self.gpu.backend
         rec = self.record
-        self._patch(drv, "_call", lambda name, *a: None if name == "launch_kernel" else rec("driver", name))
-        real_launch = be.launch
-        self._patch(be, "launch", lambda spec, *a, **kw: (rec("launch", spec.name), real_launch(spec, *a, **kw))[1])
+        if self.gpu is not None:
+            drv, be = self.gpu.driver, self.gpu.backend
+            self._patch(drv, "_call", lambda name, *a: None if name == "launch_kernel" else rec("driver", name))
+            real_launch = be.launch
+            self._patch(be, "launch",
+                        lambda spec, *a, **kw: (rec("launch", spec.name), real_launch(spec, *a, **kw))[1])
         for name in HOST_READS:
             real = getattr(torch.Tensor, name)
             self._patch(torch.Tensor, name, self._reader(name, real))
@@ -118,7 +122,8 @@ class StepAudit:
                 rec("host_read", f"pykern.arrays.host_view of a tensor {tuple(a.shape)}")
             return real_view(a)
 
-        self._patch(arrays, "host_view", host_view)
+        if self.gpu is not None:
+            self._patch(arrays, "host_view", host_view)
         self._mode = _TorchOps(rec)
         self._mode.__enter__()
         return self

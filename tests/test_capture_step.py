@@ -207,3 +207,46 @@ def test_decode_step_on_the_plans_memo_allocates_nothing(gpu, monkeypatch):
     assert checked == [] and step.plan._memo is not None
     assert audit.problems() == []
     assert audit.kernels == ["paged_append_kv_bf16", "decode_tc_paged_d128_bf16", "sampling_from_logits"]
+
+
+def _llama_decode_events(patch: bool) -> tuple[list[tuple[str, str]], Any]:
+    """(audit events, logits) of one decode step of a tiny LlamaForCausalLM with transformers' StaticCache (after a
+    5-token prefill and one warm-up step), patched by pykern.torch.apply (host backend) or not."""
+    transformers = pytest.importorskip("transformers")
+    import pykern.torch as pt
+
+    torch.manual_seed(0)
+    cfg = transformers.LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                                   num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=64)
+    model = transformers.LlamaForCausalLM(cfg).eval()
+    if patch:
+        pt.apply(model)
+    cache = transformers.StaticCache(config=cfg, max_cache_len=32)
+    tok, pos = torch.tensor([[3]]), torch.tensor([5])
+    with torch.no_grad():
+        model(torch.randint(0, 128, (1, 5)), past_key_values=cache, use_cache=True, cache_position=torch.arange(5))
+        model(tok, past_key_values=cache, use_cache=True, cache_position=pos)  # warm-up
+        pos = torch.tensor([6])
+        audit = StepAudit(None)
+        with audit:
+            logits = model(tok, past_key_values=cache, use_cache=True, cache_position=pos).logits
+    return audit.events, logits
+
+
+def test_patched_llama_static_cache_decode_step_does_nothing_transformers_does_not(monkeypatch):
+    """The pykern.torch-patched model's decode step over transformers' StaticCache (host backend): no
+    synchronisation, no host read, no host-to-device copy — none in transformers' own step either — and new memory
+    only where transformers' step makes it too, or as the output of a pykern op that replaces several of its
+    ops (fewer allocations in all). The step's logits match the unpatched model's."""
+    monkeypatch.setenv("PYKERN_BACKEND", "host")
+    base, want = _llama_decode_events(False)
+    patched, got = _llama_decode_events(True)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5)
+    assert [e for e in base if e[0] != "alloc"] == []
+    assert [e for e in patched if e[0] != "alloc"] == []
+    allocs = [w for _, w in patched]
+    extra = set(allocs) - {w for _, w in base}
+    assert extra == {"pykern.rms_norm.default -> (1, 1, 64) torch.float32",
+                     "pykern.rope.default -> (1, 1, 4, 16) torch.float32",
+                     "pykern.swiglu.default -> (1, 1, 128) torch.float32"}
+    assert len(allocs) < len(base)
