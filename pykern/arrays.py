@@ -650,6 +650,16 @@ def view_bool(a: Any) -> Any:
     return a
 
 
+def view_uint8(a: Any) -> Any:
+    """A one-byte array (bool / int8 / uint8) seen as uint8, same memory (NumPy, torch, CuPy and other kinds with
+    a NumPy-style view)."""
+    if isinstance(a, np.ndarray):
+        return a.view(np.uint8)
+    if is_torch(a):
+        return a.view(sys.modules["torch"].uint8)
+    return a.view("uint8")
+
+
 def memory_key(a: Any) -> Any:
     """A hashable name of the memory `a` lives in, for caching small per-device buffers: "host" for NumPy, the
     device for a torch tensor; None for other kinds (no cache: allocate each time)."""
@@ -680,5 +690,5 @@ def host_array_view(a: Any) -> np.ndarray | None:
     if isinstance(a, np.ndarray):
         return a
     if is_torch(a):
-        return host_view(a) if a.device.type == "cpu" else None
+        return host_view(a) if is_host(a) else None  # is_host: the one place that says what is host memory
     return None

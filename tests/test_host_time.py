@@ -45,7 +45,7 @@ KERNELS = {
     ("flash_attention", "bwd"): ["attention_bwd_preprocess_bf16", "attention_backward_sm90_dkdv_d128_bf16",
                                  "attention_backward_sm90_dq_d128_bf16"],
     ("rms_norm", "fwd"): ["rms_norm_bf16"],
-    ("rms_norm", "bwd"): ["rms_norm_backward_bf16", "rms_norm_grad_weight_reduce"],
+    ("rms_norm", "bwd"): ["rms_norm_backward_bf16", "norm_grad_reduce"],
     ("rope", "fwd"): ["rope_bf16", "rope_bf16"],
     ("swiglu", "bwd"): ["silu_gate_backward_bf16"],
     ("cross_entropy", "fwd"): ["cross_entropy_count", "cross_entropy_fwd_bwd_bf16", "cross_entropy_loss_reduce",

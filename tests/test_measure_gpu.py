@@ -30,10 +30,11 @@ def test_summary_of_the_h200_run_matches_the_report():
     assert out.count("\nbf16  g") == 33 and out.count("\ne4m3  g") == 33
 
 
-def test_no_gpu_exits_3_saying_why():
+@pytest.mark.parametrize("what", ["ceilings", "decode-graph"])
+def test_no_gpu_exits_3_saying_why(what):
     import torch
 
     if torch.cuda.is_available():
         pytest.skip("a GPU is present")
-    r = _run("ceilings")
+    r = _run(what)
     assert r.returncode == 3 and "needs a CUDA GPU" in r.stderr

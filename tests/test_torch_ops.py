@@ -443,55 +443,22 @@ def test_cuda_graph_capture_and_replay_of_a_decode_step(method):
 
 @requires_gpu
 @needs_torch_cuda
-def test_cuda_graph_capture_of_a_paged_decode_step_with_sampling():
-    """A serving step captured in a CUDA graph: PagedDecodePlan.run on the tensor-core kernel (bf16, GQA 4, split
-    KV: its tickets must come back to zero for the replays) and top_k_top_p_sampling_from_probs with seed / offset
-    as device arrays. Replays with new queries and probabilities written in place and the offset advanced give
-    what eager calls on the same inputs give, bit for bit; the tokens change with the offset."""
-    torch.manual_seed(0)
-    dev = "cuda"
-    b, h, kvh, d, ps, pages_per, vocab = 2, 8, 2, 128, 16, 8, 4096
-    kp = torch.randn(b * pages_per, ps, kvh, d, device=dev, dtype=torch.bfloat16)
-    vp = torch.randn_like(kp)
-    indptr = torch.arange(0, b * pages_per + 1, pages_per, device=dev, dtype=torch.int32)
-    indices = torch.randperm(b * pages_per, device=dev).to(torch.int32)
-    last = torch.tensor([ps, 5], device=dev, dtype=torch.int32)
-    probs = torch.softmax(torch.randn(b, vocab, device=dev) * 3, -1)  # refilled in place before each replay
-    q = torch.randn(b, h, d, device=dev, dtype=torch.bfloat16)
-    seed = torch.tensor([1234], device=dev, dtype=torch.int64)
-    offset = torch.tensor([0], device=dev, dtype=torch.int64)
-    plan = ops.PagedDecodePlan(b, h, kvh, d, ps, q_dtype="bf16", kv_dtype="bf16", num_splits=4, like=q)
-    assert plan.tensor_cores and plan.num_splits == 4
+@pytest.mark.parametrize("pdl", [False, True])
+def test_cuda_graph_capture_of_a_paged_decode_step_with_sampling(pdl):
+    """A serving step captured in one CUDA graph: per layer, append_paged_kv_cache and PagedDecodePlan.run on the
+    tensor-core kernel (bf16, GQA 4, 4 KV splits: its tickets must come back to zero for the replays), then
+    top_k_top_p_sampling_from_logits with seed / offset as (batch,) device arrays into preallocated tokens / valid
+    (tools/measure_gpu.py's DecodeStep, the step tests/test_capture_step.py audits on the CPU). Replays with new
+    queries, K / V and logits written in place and the offset advanced give what eager steps on the same inputs give,
+    bit for bit; the tokens change with the offset. With pdl, the append and decode kernels launch with programmatic
+    dependent launch (an ordinary launch before sm_90)."""
+    sys.path.insert(0, str(__import__("pathlib").Path(__file__).resolve().parent.parent / "tools"))
+    from measure_gpu import DecodeStep, capture_decode_step
 
-    def step():
-        attn = plan.run(q, kp, vp, indptr, indices, last)
-        return attn, ops.top_k_top_p_sampling_from_probs(probs, 50, 0.9, seed=seed, offset=offset)
-
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):  # warm up outside the capture: kernels loaded, the unused-parameter arrays made
-        step()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        attn_g, tok_g = step()
-    for i in range(3):
-        q.copy_(torch.randn(b, h, d, device=dev, dtype=torch.bfloat16))
-        probs.copy_(torch.softmax(torch.randn(b, vocab, device=dev) * 3, -1))
-        offset.fill_(i)
-        g.replay()
-        torch.cuda.synchronize()
-        got_attn, got_tok = attn_g.clone(), tok_g.clone()
-        want_attn, want_tok = step()
-        assert torch.equal(got_attn, want_attn) and torch.equal(got_tok, want_tok), i
-    assert not plan.counters.any()
-    probs.fill_(1.0 / vocab)  # uniform rows: the offsets' draws differ (a frozen scalar seed would not)
-    drawn = set()
-    for i in range(4):
-        offset.fill_(i)
-        g.replay()
-        drawn.add(tuple(tok_g.tolist()))
-    assert len(drawn) > 1, drawn
+    st = DecodeStep(2, 3, 128, heads=8, kv_heads=2, vocab=4096, num_splits=4, pdl=pdl)
+    assert st.plan.tensor_cores and st.plan.num_splits == 4
+    _, check = capture_decode_step(st)
+    assert check == {"replays_identical": [True] * 3, "offsets_draw_differently": True, "counters_zero": True}
 
 
 def test_cpu_tensors_are_viewed_not_copied():

@@ -18,7 +18,8 @@
 # DECODE_ARGS limits the decode stage's shapes (--batches 1 8 --lengths 1024 --kv bf16); NCU_SMALL_SHAPES (';'
 # between shapes) the decode shapes profiled kernel by kernel, NCU_SMALL_SECTIONS their sections;
 # SANITIZER_KERNELS the memcheck stage's kernels; PYTEST_ARGS narrows pytest -m gpu (-k EXPR, test files);
-# MEMBOUND_ARGS adds pykern.bench options (--compile: torch.compile rows), MEMBOUND_S its limit.
+# MEMBOUND_ARGS adds pykern.bench options (--compile: torch.compile rows), MEMBOUND_S its limit; DECODE_GRAPH_S the
+# limit of the decode_graph stage (a 32-layer decode step captured in one CUDA graph, measure_gpu.py decode-graph).
 # Peers that torch does not carry are timed when tools/peers.py has unpacked them into .peers/site (two calls:
 # docs/gpu-ci.md, "Peers that torch does not carry").
 set -u
@@ -96,6 +97,7 @@ grep -h -E "cases passed" "$WORK"/difftest_*.log
 
 TAILN=3 stage attention 90 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
 TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode ${DECODE_ARGS:-} --json "$OUT/decode.json"
+TAILN=3 stage decode_graph "${DECODE_GRAPH_S:-45}" $PY tools/measure_gpu.py decode-graph --json "$OUT/decode_graph.json"
 TAILN=3 stage sampling 30 $PY tools/measure_gpu.py sampling --json "$OUT/sampling.json"
 TAILN=3 stage mla "${MLA_S:-40}" $PY tools/measure_gpu.py mla --json "$OUT/mla.json"
 TAILN=3 stage moe "${MOE_S:-90}" $PY tools/bench_moe.py --time --tokens 4096 --tokens 16384 --rows "$OUT/moe.json"
@@ -135,5 +137,6 @@ if [ -n "$CS" ]; then
     $PY -m pykern.difftest --backends nvrtc --case-limit 2 \
     --kernels "${SANITIZER_KERNELS:-paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,decode_tc_paged_d128_e4m3kv_bf16,paged_attn_bf16}"
 fi
-$PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" "$OUT/model.json" 2>&1 | tail -120
+$PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" "$OUT/decode_graph.json" \
+  "$OUT/model.json" 2>&1 | tail -120
 echo "total $(( $(date +%s) - T0 ))s"

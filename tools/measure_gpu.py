@@ -9,6 +9,9 @@
                                                     # run-to-run identity of the one-launch split merge
     python tools/measure_gpu.py decode --pdl        # also chains of 8 steps (a layer each) with and without
                                                     # programmatic dependent launch (enable_pdl; sm_90+)
+    python tools/measure_gpu.py decode-graph        # a 32-layer decode step (append, paged decode, sampling) in
+                                                    # one CUDA graph: replays checked against eager steps, GPU /
+                                                    # wall / host time beside eager and the sum of its kernels
     python tools/measure_gpu.py sampling            # the sampling ops on a 128256 vocabulary beside torch's
                                                     # sort + filter + multinomial
     python tools/measure_gpu.py mla                 # MLA paged decode (latent 512 + rope 64) GB/s beside torch
@@ -409,6 +412,171 @@ def pdl_chain(row: dict[str, Any], plan: Any, q: torch.Tensor, kp: torch.Tensor,
     del ks, vs
 
 
+# --------------------------------------------------------------------------- a decode step in one CUDA graph
+
+class DecodeStep:
+    """The arrays of a serving decode step over `layers` layers, made once as a serving loop keeps them, and the
+    step: per layer, append the new token's K / V (append_paged_kv_cache) and paged decode (PagedDecodePlan.run into
+    that layer's preallocated output); then one token a sequence from the logits (top_k_top_p_sampling_from_logits,
+    top-k 50, top-p 0.9, seed / offset as (batch,) device arrays, into preallocated tokens / valid). Every argument
+    follows docs/serving.md's CUDA-graph rules, so the step launches 2 * layers + 1 kernels and nothing else: it is
+    captured whole by capture_decode_step, and audited on the CPU by tests/test_capture_step.py (device "cpu").
+
+    Sequence b holds ctx - (5 b mod page) tokens (ctx a multiple of page), the last one the token appended; its
+    pages are the pages_per = ctx / page pages kv_indices[b * pages_per:(b + 1) * pages_per], in random order.
+    `sample_kw` overrides the sampling call's keywords; `pdl` launches the append and decode kernels with
+    programmatic dependent launch (enable_pdl)."""
+
+    def __init__(self, batch: int, layers: int, ctx: int, *, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
+                 page: int = 16, vocab: int = 128256, num_splits: int | None = None, device: str = "cuda",
+                 pdl: bool = False, seed: int = 0) -> None:
+        from pykern import ops
+
+        assert ctx % page == 0 and ctx >= page, (ctx, page)
+        self.ops, self.pdl, self.layers = ops, pdl, layers
+        self.batch, self.heads, self.kv_heads, self.head_dim, self.vocab = batch, heads, kv_heads, head_dim, vocab
+        self.gen = torch.Generator(device=device).manual_seed(seed)
+        bf, i32 = torch.bfloat16, torch.int32
+        pages_per = ctx // page
+        npages = batch * pages_per
+
+        def randn(*shape: int, dtype: Any = bf) -> torch.Tensor:
+            return torch.randn(*shape, generator=self.gen, device=device).to(dtype)
+
+        self.kc = [randn(npages, page, kv_heads, head_dim) for _ in range(layers)]
+        self.vc = [randn(npages, page, kv_heads, head_dim) for _ in range(layers)]
+        self.k = [randn(batch, kv_heads, head_dim) for _ in range(layers)]
+        self.v = [randn(batch, kv_heads, head_dim) for _ in range(layers)]
+        self.q = [randn(batch, heads, head_dim) for _ in range(layers)]
+        lens = ctx - (torch.arange(batch, device=device) * 5) % page
+        self.indptr = torch.arange(0, npages + 1, pages_per, device=device, dtype=i32)
+        self.indices = torch.randperm(npages, generator=self.gen, device=device).to(i32)
+        self.last = (lens - (pages_per - 1) * page).to(i32)
+        self.batch_indices = torch.arange(batch, device=device, dtype=i32)
+        self.positions = (lens - 1).to(i32)  # the token just appended
+        self.logits = randn(batch, vocab, dtype=torch.float32)
+        self.seed = torch.full((batch,), 1234, device=device, dtype=torch.int64)
+        self.offset = torch.zeros(batch, device=device, dtype=torch.int64)
+        self.tokens = torch.empty(batch, device=device, dtype=i32)
+        self.valid = torch.empty(batch, device=device, dtype=torch.bool)
+        self.plan = ops.PagedDecodePlan(batch, heads, kv_heads, head_dim, page, q_dtype="bf16", kv_dtype="bf16",
+                                        max_kv_len=ctx, num_splits=num_splits, like=self.q[0])
+        self.attn: list[Any] = [torch.empty(batch, heads, head_dim, device=device, dtype=bf) for _ in range(layers)]
+        self.sample_kw: dict[str, Any] = dict(out=self.tokens, valid=self.valid, return_valid=True)
+        self.min_bytes = 2 * layers * int(lens.sum()) * kv_heads * head_dim * 2 + batch * vocab * 4
+
+    def append(self, layer: int) -> None:
+        self.ops.append_paged_kv_cache(self.k[layer], self.v[layer], self.batch_indices, self.positions,
+                                       self.kc[layer], self.vc[layer], self.indices, self.indptr, self.last,
+                                       enable_pdl=self.pdl)
+
+    def decode(self, layer: int) -> Any:
+        return self.plan.run(self.q[layer], self.kc[layer], self.vc[layer], self.indptr, self.indices, self.last,
+                             out=self.attn[layer], enable_pdl=self.pdl)
+
+    def sample(self) -> Any:
+        kw = dict(top_k=50, top_p=0.9, seed=self.seed, offset=self.offset)
+        kw.update(self.sample_kw)
+        return self.ops.top_k_top_p_sampling_from_logits(self.logits, **kw)
+
+    def __call__(self, inject: Callable[[], Any] | None = None) -> Any:
+        """The step; `inject` runs after the second layer (tests/test_capture_step.py puts faults there)."""
+        for layer in range(self.layers):
+            self.append(layer)
+            self.decode(layer)
+            if inject is not None and layer == min(1, self.layers - 1):
+                inject()
+        return self.sample()
+
+    def refresh(self, i: int) -> None:
+        """New queries, new K / V for the appended token and new logits, written in place; the offset set to i (what a
+        serving loop changes between replays)."""
+        for t in (*self.q, *self.k, *self.v, self.logits):
+            t.copy_(torch.randn(t.shape, generator=self.gen, device=t.device).to(t.dtype))
+        self.offset.fill_(i)
+
+    def outputs(self) -> list[torch.Tensor]:
+        """Copies of what the step wrote: each layer's attention, the tokens and their flags, each layer's cache."""
+        return [t.clone() for t in (*self.attn, self.tokens, self.valid, *self.kc, *self.vc)]
+
+
+def capture_decode_step(st: DecodeStep, replays: int = 3) -> tuple[Any, dict[str, Any]]:
+    """(torch.cuda.CUDAGraph of the whole step, check): the step warmed up on a side stream (kernels loaded, the ops'
+    kept dummies made), captured, then replayed `replays` times with new inputs written in place, each replay's
+    outputs compared bit for bit with an eager step on the same inputs; then uniform logits replayed at two offsets
+    (their tokens must differ: a seed or offset frozen into the graph would repeat them)."""
+    s = torch.cuda.Stream()
+    s.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(s):
+        st()
+    torch.cuda.current_stream().wait_stream(s)
+    torch.cuda.synchronize()
+    g = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(g):
+        st()
+    identical = []
+    for i in range(replays):
+        st.refresh(i)
+        g.replay()
+        torch.cuda.synchronize()
+        got = st.outputs()
+        st()
+        torch.cuda.synchronize()
+        identical.append(all(torch.equal(a, b) for a, b in zip(got, st.outputs())))
+    st.logits.fill_(0.0)  # uniform rows: every token passes top-k / top-p ties
+    drawn = set()
+    for i in range(4):
+        st.offset.fill_(100 + i)
+        g.replay()
+        drawn.add(tuple(st.tokens.tolist()))
+    check = {"replays_identical": identical, "offsets_draw_differently": len(drawn) > 1,
+             "counters_zero": not bool(st.plan.counters.any())}
+    return g, check
+
+
+def decode_graph(args: argparse.Namespace) -> None:
+    """A decode step of a Llama-3-8B-shaped model (32 layers, 32 query / 8 KV heads of 128, pages of 16, vocabulary
+    128256) captured in one CUDA graph and replayed, beside the same step run eagerly and the sum of its kernels each
+    timed alone: GPU time (CUDA events behind a GPU sleep), wall time of back-to-back steps (what a serving loop
+    sees: host included) and host time a step. Replays are checked bit for bit against eager steps first."""
+    flush = l2_flusher()
+    layers = args.layers or (8 if args.quick else 32)
+    reps = 5 if args.quick else 10
+    pdls = (False, True) if torch.cuda.get_device_capability(0)[0] >= 9 else (False,)
+    for batch in args.batches or ((1, 8) if args.quick else (1, 8, 64)):
+        for ctx in args.lengths or (1024,):
+            for pdl in pdls:
+                row: dict[str, Any] = {"what": "decode_graph", "batch": batch, "ctx": ctx, "layers": layers,
+                                       "heads": 32, "kv_heads": 8, "head_dim": 128, "vocab": 128256, "pdl": pdl}
+                try:
+                    st = DecodeStep(batch, layers, ctx, pdl=pdl)
+                    row["splits"], row["min_bytes"] = st.plan.num_splits, st.min_bytes
+                    g, check = capture_decode_step(st)
+                    row.update(check)
+                    row["graph_us"] = timed(g.replay, reps, flush) * 1e6
+                    row["eager_us"] = timed(st, reps, flush) * 1e6
+                    kernels = [lambda l=l: st.append(l) for l in range(layers)]
+                    kernels += [lambda l=l: st.decode(l) for l in range(layers)] + [st.sample]
+                    row["sum_of_kernels_us"] = sum(timed(k, reps, flush) for k in kernels) * 1e6
+                    row["graph_host_us"] = host_overhead(g.replay, 20) * 1e6
+                    row["eager_host_us"] = host_overhead(st, 5) * 1e6
+                    for name, fn in (("graph_wall_us", g.replay), ("eager_wall_us", st)):
+                        fn()
+                        torch.cuda.synchronize()
+                        t0 = time.perf_counter()
+                        for _ in range(reps):
+                            fn()
+                        torch.cuda.synchronize()
+                        row[name] = (time.perf_counter() - t0) / reps * 1e6
+                    row["graph_GBps"] = st.min_bytes / row["graph_us"] / 1e3
+                    del g
+                except Exception as e:  # noqa: BLE001
+                    row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
+                log(row)
+                st = None  # noqa: F841
+                torch.cuda.empty_cache()
+
+
 # --------------------------------------------------------------------------- sampling
 
 def sampling(args: argparse.Namespace) -> None:
@@ -755,7 +923,7 @@ def summary(files: list[str]) -> None:
     print("decode GB/s (min bytes / median GPU time): pykern | sdpa | flashinfer; host us a call; rel err, "
           "identical over 20 runs")
     for r in rows:
-        if r["what"] == "model":
+        if r["what"] in ("model", "decode_graph"):
             print(json.dumps(r))
     for r in (r for r in rows if r["what"] == "decode"):
         if "error" in r:
@@ -770,8 +938,8 @@ def summary(files: list[str]) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("what", choices=("ceilings", "attention", "decode", "sampling", "mla", "model", "model-profile",
-                                     "all", "profile-target", "summary"))
+    ap.add_argument("what", choices=("ceilings", "attention", "decode", "decode-graph", "sampling", "mla", "model",
+                                     "model-profile", "all", "profile-target", "summary"))
     ap.add_argument("files", nargs="*", help="summary: measure JSON files")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
     ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
@@ -779,8 +947,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--decode-only", action="store_true", help="profile-target: only the decode launches")
     ap.add_argument("--mma-sync", action="store_true", help="profile-target: the mma.sync attention kernels")
     ap.add_argument("--sampling", action="store_true", help="profile-target: only each sampling op once at batch 1")
-    ap.add_argument("--batches", type=int, nargs="+", help="decode: these batch sizes only")
-    ap.add_argument("--lengths", type=int, nargs="+", help="decode: these context lengths only")
+    ap.add_argument("--batches", type=int, nargs="+", help="decode, decode-graph: these batch sizes only")
+    ap.add_argument("--lengths", type=int, nargs="+", help="decode, decode-graph: these context lengths only")
+    ap.add_argument("--layers", type=int, help="decode-graph: layers a step (default 32; 8 with --quick)")
     ap.add_argument("--gqa", type=int, nargs="+", help="decode: these GQA group sizes only")
     ap.add_argument("--kv", nargs="+", choices=("bf16", "e4m3"), help="decode: these KV cache types only")
     ap.add_argument("--splits", type=int, nargs="+", help="decode: also time each step at these split counts")
@@ -800,9 +969,10 @@ def main(argv: list[str] | None = None) -> int:
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
-    steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode], "sampling": [sampling],
+    steps = {"ceilings": [ceilings], "attention": [attention], "decode": [decode], "decode-graph": [decode_graph],
+             "sampling": [sampling],
              "mla": [mla], "model": [model_step], "model-profile": [model_profile],
-             "all": [ceilings, attention, decode, sampling, mla, model_step],
+             "all": [ceilings, attention, decode, decode_graph, sampling, mla, model_step],
              "profile-target": [profile_target]}[args.what]
     try:
         for step in steps:

@@ -210,7 +210,7 @@ def _words(name: str, value: Any, batch: int, like: Any) -> tuple[Any, int, bool
     if arrays.is_torch(v):
         import torch
 
-        return v.view(torch.int32), 0, True  # (lo, hi) pairs: little endian
+        return v.view(torch.uint32), 0, True  # (lo, hi) pairs: little endian (the kernel's uint32 pointee)
     return v.view("uint32"), 0, True
 
 
@@ -327,11 +327,19 @@ def _scale(temperature: Any, batch: int, like: Any, rows: str = "logits") -> tup
     return arr, 0.0, True
 
 
+def _valid_out(valid: Any, batch: int, like: Any) -> Any:
+    """A caller's `valid` buffer (batch,), bool or uint8, as the kernel's uint8 (a view of the same memory)."""
+    if arrays.dtype_name(valid, "valid") == "bool":
+        arrays.check_out(valid, (batch,), "bool", like, "valid")
+        return arrays.view_uint8(valid)
+    return arrays.check_out(valid, (batch,), "uint8", like, "valid")
+
+
 # --------------------------------------------------------------------------- sampling
 def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = None, top_k_first: bool = False,
             indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
             offset: Any = None, return_valid: bool = False, stream: Any = None, backend: str | None = None,
-            logits: bool = False, temperature: Any = None) -> Any:
+            logits: bool = False, temperature: Any = None, out: Any = None, valid: Any = None) -> Any:
     from ..launcher import launch
 
     name = "logits" if logits else "probs"
@@ -358,71 +366,82 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     s_arr, s_val, s_is = _words("seed", s, batch, probs)
     o_arr, o_val, o_is = _words("offset", o, batch, probs)
     flags |= (_SEED_ARR if s_is else 0) | (_OFFSET_ARR if o_is else 0)
-    out = arrays.empty((batch,), "int32", like=probs)
-    valid = arrays.empty((batch,), "uint8", like=probs)
+    given = out is not None
+    out = arrays.empty((batch,), "int32", like=probs) if out is None else \
+        arrays.check_out(out, (batch,), "int32", probs)
+    valid = arrays.empty((batch,), "uint8", like=probs) if valid is None else _valid_out(valid, batch, probs)
     if batch:
         launch(("sampling_from_logits" if logits else "sampling_from_probs") + arrays.kernel_suffix(kind), (batch,),
                (NT,), probs.reshape(-1), out, valid,
                idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
                s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
                stream=arrays.launch_stream(stream, probs), backend=backend)
-    out = _out_dtype(out, indices, stream, probs)
+    if not given:  # a caller's out is int32 and returned as it is (a widening would be a new array)
+        out = _out_dtype(out, indices, stream, probs)
     return (out, arrays.view_bool(valid)) if return_valid else out
 
 
 def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
                         check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
-                        *, stream: Any = None, backend: str | None = None) -> Any:
+                        *, out: Any = None, valid: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """One token per row of probs (batch, vocab), drawn with probability p / sum(p): int32 (batch,).
 
     indices (n,) maps output i to row indices[i] of probs. deterministic is accepted for
     FlashInfer compatibility (the kernel is always deterministic). check_nan=True raises ArgumentError for a NaN,
     inf or negative entry of host probs. Returns samples, or (samples, valid) with return_valid (valid False,
     token 0, for a row without mass or with a NaN, inf or negative entry).
+
+    out / valid (every sampling op; pykern's, not FlashInfer's): a contiguous int32 (batch,) array to write the
+    samples into, returned as it is (also with int64 indices: no widening), and a bool or uint8 (batch,) array for
+    the valid flags. With both given, device seed / offset of shape (batch,) and device or scalar parameters, the
+    op allocates nothing and reads nothing back: it can be captured in a CUDA graph (docs/serving.md).
     """
     del deterministic
     return _sample(probs, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                   return_valid=return_valid, stream=stream, backend=backend)
+                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
 
 
 def top_k_sampling_from_probs(probs: Any, top_k: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
-                              return_valid: bool = False, *, stream: Any = None, backend: str | None = None) -> Any:
+                              return_valid: bool = False, *, out: Any = None, valid: Any = None, stream: Any = None,
+                              backend: str | None = None) -> Any:
     """Sampling restricted to the entries >= the k-th largest of the row (top_k: int or (batch,) array)."""
     del deterministic
     if top_k is None:
         raise ArgumentError("top_k: expected an int or an integer array, got None")
     return _sample(probs, top_k=top_k, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
-                   offset=offset, return_valid=return_valid, stream=stream, backend=backend)
+                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
 
 
 def top_p_sampling_from_probs(probs: Any, top_p: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
-                              return_valid: bool = False, *, stream: Any = None, backend: str | None = None) -> Any:
+                              return_valid: bool = False, *, out: Any = None, valid: Any = None, stream: Any = None,
+                              backend: str | None = None) -> Any:
     """Nucleus sampling: restricted to the largest entries whose mass reaches top_p (in (0, 1]) of the row's."""
     del deterministic
     if top_p is None:
         raise ArgumentError("top_p: expected a float or a float array, got None")
     return _sample(probs, top_p=top_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
-                   offset=offset, return_valid=return_valid, stream=stream, backend=backend)
+                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
 
 
 def min_p_sampling_from_probs(probs: Any, min_p: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
-                              return_valid: bool = False, *, stream: Any = None, backend: str | None = None) -> Any:
+                              return_valid: bool = False, *, out: Any = None, valid: Any = None, stream: Any = None,
+                              backend: str | None = None) -> Any:
     """Sampling restricted to p >= min_p * max(p) (min_p in [0, 1])."""
     del deterministic
     if min_p is None:
         raise ArgumentError("min_p: expected a float or a float array, got None")
     return _sample(probs, min_p=min_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
-                   offset=offset, return_valid=return_valid, stream=stream, backend=backend)
+                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
 
 
 def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices: Any = None,
                                     filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                     generator: Any = None, check_nan: bool = False, seed: Any = None,
-                                    offset: Any = None, return_valid: bool = False, *, stream: Any = None,
-                                    backend: str | None = None) -> Any:
+                                    offset: Any = None, return_valid: bool = False, *, out: Any = None,
+                                    valid: Any = None, stream: Any = None, backend: str | None = None) -> Any:
     """Top-k then top-p ("top_k_first": top-p of the top-k renormalized distribution) or both at once
     on the raw row ("joint"), in one kernel."""
     del deterministic
@@ -432,7 +451,7 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
         raise ArgumentError(f"{'top_k' if top_k is None else 'top_p'}: expected a value, got None")
     return _sample(probs, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                   return_valid=return_valid, stream=stream, backend=backend)
+                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
 
 
 # --------------------------------------------------------------------------- from logits
@@ -461,7 +480,8 @@ def softmax(logits: Any, temperature: Any = None, enable_pdl: bool | None = None
 
 def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
                          check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
-                         *, temperature: Any = None, stream: Any = None, backend: str | None = None) -> Any:
+                         *, temperature: Any = None, out: Any = None, valid: Any = None, stream: Any = None,
+                         backend: str | None = None) -> Any:
     """One token per row of logits (batch, vocab), drawn from softmax(logits / temperature): int32 (batch,).
 
     The softmax is fused: no probability is written; each entry's mass is 2^40 * 2^((x - max) * log2(e) / T) in
@@ -472,14 +492,16 @@ def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool =
     The other arguments are sampling_from_probs'. Reads the row twice (max, then the mass with the draw)."""
     del deterministic
     return _sample(logits, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                   return_valid=return_valid, stream=stream, backend=backend, logits=True, temperature=temperature)
+                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend, logits=True,
+                   temperature=temperature)
 
 
 def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indices: Any = None,
                                      filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                      generator: Any = None, check_nan: bool = False, seed: Any = None,
                                      offset: Any = None, return_valid: bool = False, *, temperature: Any = None,
-                                     stream: Any = None, backend: str | None = None) -> Any:
+                                     out: Any = None, valid: Any = None, stream: Any = None,
+                                     backend: str | None = None) -> Any:
     """top_k_top_p_sampling_from_probs over softmax(logits / temperature), the softmax fused (sampling_from_logits):
     top-k keeps the entries >= the k-th largest logit (softmax keeps the order), top-p thresholds the fixed-point
     softmax mass. The same tokens as the probs op on the fixed-point softmax, up to its accuracy."""
@@ -490,7 +512,8 @@ def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indice
         raise ArgumentError(f"{'top_k' if top_k is None else 'top_p'}: expected a value, got None")
     return _sample(logits, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                   return_valid=return_valid, stream=stream, backend=backend, logits=True, temperature=temperature)
+                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend, logits=True,
+                   temperature=temperature)
 
 
 # --------------------------------------------------------------------------- renorm / mask
