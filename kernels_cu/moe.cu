@@ -416,6 +416,11 @@ extern "C" __global__ void __launch_bounds__(256) grouped_gemm_wgrad(
 #define GG_STAGE (2 * GG_TILE)
 #define GG_SMEM_BYTES (GG_ST * GG_STAGE * 2)
 
+// The split-precision lo parts' scale (gg_tc_body's SPLIT; moe_split16 writes them): f16 lo parts are scaled by 2^11, the
+// hi part's relative precision, so a lo part is as far above f16's 2^-24 subnormal floor as its hi part is (bf16
+// has fp32's exponent range: no scale).
+template <typename T> constexpr float GG_LO_SCALE = Pk16<T>::is_f16 ? 2048.0f : 1.0f;
+
 // The tensor-core code exists for sm_80+ only (sm_75 has no mma .bf16: its entry points trap).
 #if !defined(__CUDA_ARCH__) || __CUDA_ARCH__ >= 800
 #define GG_STAGE_B (GG_STAGE * 2)
@@ -424,6 +429,11 @@ extern "C" __global__ void __launch_bounds__(256) grouped_gemm_wgrad(
 
 #define GG_SRT 136  // k-major tiles: 32 k rows of 128 + 8 halves (272 bytes: 8 rows hit distinct banks)
 #define GG_ROW8T_B (8 * GG_SRT * 2)
+
+// v, through an instruction the compiler cannot see into (so it is not hoisted out of a loop).
+__device__ __forceinline__ int gg_opaque(int v) {  // v >= 0
+    return (int)pk_opaque_u64((unsigned long long)v);
+}
 
 // One k-tile from shared memory: 2 k-steps of 4 A (ldmatrix.x4) and 4 B fragments (ldmatrix.x4, two
 // n8 tiles each) feeding 32 MMAs. Addresses are the shared base plus 32-bit byte offsets: a_off /
@@ -509,13 +519,20 @@ __device__ __forceinline__ void gg_tc_4tiles(unsigned short* smem, unsigned int 
 //        expert's rows offsets[e]..offsets[e+1] (none: a zero tile), so each output tile is one CTA's.
 // F32OUT (EPI 0 only): out is float, the fp32 accumulators stored as they are (the backward's products whose
 //        operands are exact 16-bit values, whose result must not be rounded to 16 bits): see gg_store_f32.
-template <typename T, int EPI, bool BKM, bool F32OUT = false>
+// SPLIT (split precision, for an fp32 operand v that 16 bits alone cannot carry): v travels as two planes of T,
+//        hi = round(v) and lo = round((v - hi) * GG_LO_SCALE), the lo plane M * K elements after the hi one (the
+//        same bytes as one fp32 array; split16 below writes them). SPLIT 1: A split (a [2, M, K], or [2, K, M] in
+//        EPI 2), acc = lo·B, then hi·B (two passes of the k-loop). SPLIT 2 (EPI 2): both split (b [2, K, N] too),
+//        acc = lo_a·hi_b + hi_a·lo_b, then hi·hi (three passes; lo·lo, 2^-16 relative in bf16, is left out). The lo
+//        passes run first and their sum is unscaled (exactly, by a power of two) before the hi pass.
+template <typename T, int EPI, bool BKM, bool F32OUT = false, int SPLIT = 0>
 __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __restrict__ b_,
                                            const int* __restrict__ offsets, void* __restrict__ out_,
                                            int M, int N, int K, int n_groups, int act) {
     static_assert(!F32OUT || EPI == 0, "gg_tc_body: the fp32 result is the plain product's");
+    static_assert(SPLIT == 0 || EPI != 1, "gg_tc_body: no split operand in the fused-activation GEMM");
+    static_assert(SPLIT < 2 || EPI == 2, "gg_tc_body: a split B is the weight gradient's");
     constexpr bool AKM = EPI == 2;
-    const unsigned short* __restrict__ a = reinterpret_cast<const unsigned short*>(a_);
     const unsigned short* __restrict__ b = reinterpret_cast<const unsigned short*>(b_);
     unsigned short* __restrict__ out = reinterpret_cast<unsigned short*>(out_);
     extern __shared__ __align__(16) unsigned short gg_smem[];
@@ -540,7 +557,37 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
     // EPI 1: N is 2I; this CTA covers h columns [64 * blockIdx.y, + 64).
     const int inter = N >> 1;
     const int n0 = EPI == 1 ? blockIdx.y * 64 : blockIdx.y * 128;
-    const unsigned short* be = EPI == 2 ? b : b + (long long)e * N * K;
+    const unsigned short* be0 = EPI == 2 ? b : b + (long long)e * N * K;
+
+    float acc[4][8][4];
+#pragma unroll
+    for (int i = 0; i < 4; i++)
+#pragma unroll
+        for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
+
+    constexpr int NPASS = SPLIT == 0 ? 1 : SPLIT == 1 ? 2 : 3;
+    // Not unrolled: one copy of the k-loop serves every pass (an unrolled copy per pass spills).
+#pragma unroll 1
+    for (int pass = 0; pass < NPASS; pass++) {
+    // This pass's operand planes (see SPLIT): the lo plane(s) first, the hi planes last.
+    const bool a_lo = pass < NPASS - 1 && (SPLIT == 1 || pass == 0);
+    const bool b_lo = SPLIT == 2 && pass == 1;
+    const unsigned short* __restrict__ a = a_lo ? reinterpret_cast<const unsigned short*>(a_) + (long long)M * K
+                                                : reinterpret_cast<const unsigned short*>(a_);
+    const unsigned short* be = b_lo ? be0 + (long long)K * N : be0;
+    // With passes, values the compiler could hoist out of the pass loop (the copy pointers' offsets) would stay
+    // live across the k-loop and spill: an opaque copy per pass makes them recomputed instead.
+    const int kbeg_p = SPLIT ? gg_opaque(kbeg) : kbeg, m0_p = SPLIT ? gg_opaque(m0) : m0;
+    const int n0_p = SPLIT ? gg_opaque(n0) : n0;
+    if (SPLIT != 0 && pass == NPASS - 1) {
+        // Unscale the lo products' sum (a power of two: exact) before the hi pass adds to it.
+#pragma unroll
+        for (int i = 0; i < 4; i++)
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+#pragma unroll
+                for (int v = 0; v < 4; v++) acc[i][j][v] *= 1.0f / GG_LO_SCALE<T>;
+    }
 
     // Copy assignments. [rows][k] tiles: rows (tid >> 2) + 32 i, 16-byte chunk (tid & 3) of the 32-wide
     // k-tile. k-major tiles: k rows (tid >> 4) + 8 i, 16-byte chunk (tid & 15) of the 128 columns;
@@ -552,10 +599,10 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
 #pragma unroll
     for (int i = 0; i < 4; i++) {
         const int r = lr + 32 * i;
-        if (AKM) pa[i] = a + (long long)(kbeg + kr + 8 * i) * M + min(m0 + kc, M - 8);
-        else pa[i] = a + (long long)min(m0 + r, M - 1) * K + lc;
+        if (AKM) pa[i] = a + (long long)(kbeg_p + kr + 8 * i) * M + min(m0_p + kc, M - 8);
+        else pa[i] = a + (long long)min(m0_p + r, M - 1) * K + lc;
         if (BKM) {
-            pb[i] = be + (long long)(kbeg + kr + 8 * i) * N + min(n0 + kc, N - 8);
+            pb[i] = be + (long long)(kbeg_p + kr + 8 * i) * N + min(n0_p + kc, N - 8);
         } else {
             int brow;
             if (EPI == 1) {  // tile row r: warp column r >> 6, gate (bit 5 clear) or up, h column c
@@ -579,16 +626,10 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
     const int b_ld = GG_TILE + (BKM ? ((lane & 7) + 8 * ((lane >> 3) & 1)) * GG_SRT + wn * 64 + 8 * (lane >> 4)
                                     : (wn * 64 + (lane & 7) + ((lane >> 4) << 3)) * GG_SR + 8 * ((lane >> 3) & 1));
 
-    float acc[4][8][4];
-#pragma unroll
-    for (int i = 0; i < 4; i++)
-#pragma unroll
-        for (int j = 0; j < 8; j++) acc[i][j][0] = acc[i][j][1] = acc[i][j][2] = acc[i][j][3] = 0.0f;
-
     const bool vec = (AKM ? (M & 7) == 0 && M >= 8 : (K & 7) == 0) && (BKM ? (N & 7) == 0 && N >= 8 : (K & 7) == 0) &&
                      (reinterpret_cast<unsigned long long>(a) & 15) == 0 &&
                      (reinterpret_cast<unsigned long long>(b) & 15) == 0;
-    const int nk_full = vec ? (kend - kbeg) / GG_BK : 0;
+    const int nk_full = vec ? (kend - kbeg_p) / GG_BK : 0;
     if (nk_full > 0) {
 #pragma unroll
         for (int s = 0; s < GG_ST - 1; s++) {
@@ -630,7 +671,7 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
     const unsigned int a_ldb = a_ld * 2, b_ldb = b_ld * 2;
     // Remainder k-tiles (a partial last tile, or everything without 16-byte copies): element-wise, zero
     // past kend (in EPI 2 those rows belong to the next expert: they must not be contracted).
-    for (int k0 = kbeg + nk_full * GG_BK; k0 < kend; k0 += GG_BK) {
+    for (int k0 = kbeg_p + nk_full * GG_BK; k0 < kend; k0 += GG_BK) {
 #pragma unroll
         for (int i = 0; i < 4; i++) {
             unsigned int wa[4] = {0u, 0u, 0u, 0u}, wb[4] = {0u, 0u, 0u, 0u};
@@ -638,11 +679,11 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
                 const int k = k0 + kr + 8 * i;
 #pragma unroll
                 for (int x = 0; x < 8; x++) {
-                    const int c = m0 + kc + x;
+                    const int c = m0_p + kc + x;
                     if (k < kend && c < M) wa[x >> 1] |= (unsigned int)a[(long long)k * M + c] << (16 * (x & 1));
                 }
             } else {
-                const long long ra = (long long)min(m0 + lr + 32 * i, M - 1) * K;
+                const long long ra = (long long)min(m0_p + lr + 32 * i, M - 1) * K;
 #pragma unroll
                 for (int x = 0; x < 8; x++) {
                     const int k = k0 + lc + x;
@@ -653,7 +694,7 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
                 const int k = k0 + kr + 8 * i;
 #pragma unroll
                 for (int x = 0; x < 8; x++) {
-                    const int c = n0 + kc + x;
+                    const int c = n0_p + kc + x;
                     if (k < kend && c < N) wb[x >> 1] |= (unsigned int)be[(long long)k * N + c] << (16 * (x & 1));
                 }
             } else {
@@ -681,6 +722,7 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
         gg_tc_ktile<T, AKM, BKM>(gg_smem, a_ldb, b_ldb, acc);
         __syncthreads();
     }
+    }  // pass
 
     // Epilogue: accumulator (mt, nt, v) is tile row wm*64 + mt*16 + g + 8*(v>>1), column nt*8 + 2t + (v&1)
     // of the warp's 64 columns.
@@ -747,6 +789,12 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
 #define GG_TC_CALL(EPI, BKM) gg_tc_body<T, EPI, BKM>(a, b, offsets, out, M, N, K, n_groups, act)
 #endif
 #if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
+#define GG_TC_CALL_SPLIT(EPI, F32OUT, SPLIT) __trap()
+#else
+#define GG_TC_CALL_SPLIT(EPI, F32OUT, SPLIT) \
+    gg_tc_body<T, EPI, EPI == 2, F32OUT, SPLIT>(a, b, offsets, out, M, N, K, n_groups, 0)
+#endif
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 800
 #define GG_TC_CALL_F32(BKM) __trap()
 #else
 #define GG_TC_CALL_F32(BKM) gg_tc_body<T, 0, BKM, true>(a, b, offsets, out, M, N, K, n_groups, 0)
@@ -807,3 +855,47 @@ PK_IO16_KERNELS(moe_gemm_act_tc, (GG_THREADS, 1), GG_TC_ACT_PARAMS, (a, b, offse
      float* __restrict__ out, int M, int N, int K, int n_groups)
 PK_IO16_KERNELS(grouped_gemm_tc_f32out, (GG_THREADS, 1), GG_TC_F32_PARAMS, (a, b, offsets, out, M, N, K, n_groups))
 PK_IO16_KERNELS(grouped_gemm_tc_nn_f32out, (GG_THREADS, 1), GG_TC_F32_PARAMS, (a, b, offsets, out, M, N, K, n_groups))
+
+// ------------------------------------------------------------------------------------------ split precision
+// The backward's fp32 intermediates (h, w * dy, d(gate_up)) enter tensor-core products as hi / lo planes of T:
+// dst[i] = hi = round(src[i]), dst[n + i] = round((src[i] - hi) * GG_LO_SCALE) (src - hi is exact in fp32). The hi
+// plane alone is src rounded to T (what d(x_perm) takes). The split GEMMs accumulate hi·B + lo·B in fp32.
+template <typename T>
+__device__ __forceinline__ void moe_split16_impl(const float* __restrict__ src, T* __restrict__ dst, long long n) {
+    unsigned short* __restrict__ d = reinterpret_cast<unsigned short*>(dst);
+    for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float v = src[i];
+        const unsigned short hi = Pk16<T>::narrow(v);
+        d[i] = hi;
+        d[n + i] = Pk16<T>::narrow((v - Pk16<T>::widen(hi)) * GG_LO_SCALE<T>);
+    }
+}
+PK_IO16_KERNELS(moe_split16, (256), (const float* __restrict__ src, T* __restrict__ dst, long long n), (src, dst, n))
+
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_tc_split_a_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                                   const int* __restrict__ offsets,
+                                                                   T* __restrict__ out, int M, int N, int K,
+                                                                   int n_groups) {
+    GG_TC_CALL_SPLIT(2, false, 1);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_tc_split_ab_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                                    const int* __restrict__ offsets,
+                                                                    T* __restrict__ out, int M, int N, int K,
+                                                                    int n_groups) {
+    GG_TC_CALL_SPLIT(2, false, 2);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_tc_split_f32out_impl(const T* __restrict__ a, const T* __restrict__ b,
+                                                                  const int* __restrict__ offsets,
+                                                                  float* __restrict__ out, int M, int N, int K,
+                                                                  int n_groups) {
+    GG_TC_CALL_SPLIT(0, true, 1);
+}
+// The weight gradients with a split A (a [2, K, M]: d(gate_up)^T x_perm) or split A and B (b [2, K, N] too:
+// (w * dy)^T h), out [E, M, N] in T; and y = a @ b[e]^T with a split A (a [2, M, K]: h @ down_proj[e]^T), fp32 out.
+PK_IO16_KERNELS(grouped_gemm_wgrad_tc_split_a, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, offsets, out, M, N, K, n_groups))
+PK_IO16_KERNELS(grouped_gemm_wgrad_tc_split_ab, (GG_THREADS, 1), GG_TC_PARAMS, (a, b, offsets, out, M, N, K, n_groups))
+PK_IO16_KERNELS(grouped_gemm_tc_split_f32out, (GG_THREADS, 1), GG_TC_F32_PARAMS,
+                (a, b, offsets, out, M, N, K, n_groups))

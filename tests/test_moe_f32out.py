@@ -155,10 +155,12 @@ def test_backward_tensor_cores_vs_float64(shape, kind, act, arch, monkeypatch) -
     names = record_launches(monkeypatch)
     got = ops.moe_experts_backward(dy, x, gu, dn, ids, w, act, backend=HOST)
     # Every product in its place: the exact-operand ones on the fp32-result kernels, d(x_perm) on a 16-bit one;
-    # the fp32 FMA kernels only for y (grouped_gemm_simt, h is an fp32 intermediate) and the two weight gradients.
-    assert [n for n in names if "grouped_gemm" in n] == (
-        [_tc_names(arch, kind, hid, inter)[0], "grouped_gemm_simt", _tc_names(arch, kind, hid, inter)[1],
-         "grouped_gemm_wgrad", "grouped_gemm_wgrad", _tc_names(arch, kind, hid, inter)[2]]), names
+    # y and the two weight gradients (fp32 intermediates h, w * dy, d(gate_up)) split hi + lo: no fp32 FMA product.
+    tc = _tc_names(arch, kind, hid, inter)
+    assert [n for n in names if "grouped_gemm" in n or "split16" in n] == (
+        [tc[0], "moe_split16_" + kind, "grouped_gemm_tc_split_f32out_" + kind, tc[1], "moe_split16_" + kind,
+         "grouped_gemm_wgrad_tc_split_ab_" + kind, "moe_split16_" + kind, "grouped_gemm_wgrad_tc_split_a_" + kind,
+         tc[2]]), names
     ref = np_moe_experts_backward(dy, x, gu, dn, ids, w, act)
     for g, r in zip(got, ref):
         _close(g, r, "moe_experts_backward", kind)

@@ -460,9 +460,14 @@ def _backward_tc16(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids
     h = arrays.empty((rows, inter), "f32", like=x)
     _launch("moe_act", _ew_grid(r.rows * inter), (256,), gu.reshape(-1), h.reshape(-1), r.offsets, r.rows, inter,
             n_exp, act, **kw)
+    # h, w * dy and d(gate_up) are fp32 intermediates: their products run split (hi + lo planes of the 16-bit
+    # type, docs/moe.md): one 16-bit rounding misses the float64 rows.
+    h2 = _split16(h, r.rows * inter, kind, **kw)
     y = arrays.empty((rows, hid), "f32", like=x)
-    _gemm_launch(h.reshape(-1), f(down_proj).reshape(-1), r.offsets, y.reshape(-1), r.rows, hid, inter, n_exp, "f32",
-                 tc=False, **kw)
+    if r.rows:
+        _launch("grouped_gemm_tc_split_f32out" + _suffix(kind), (r.rows // TC_BM + n_exp, -(-hid // TC_BN)), (128,),
+                h2, down_proj.reshape(-1), r.offsets, y.reshape(-1), r.rows, hid, inter, n_exp, shared_mem=TC_SMEM,
+                **kw)
     dy32 = f(dy)
     n_slots = n_tok * top_k
     dw = arrays.empty((n_tok, top_k), np.float32, like=x)
@@ -477,16 +482,41 @@ def _backward_tc16(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids
     _launch("moe_act_backward", _ew_grid(r.rows * inter), (256,), gu.reshape(-1), dh.reshape(-1), dgu.reshape(-1),
             r.sorted_slot, w.reshape(-1), r.offsets, r.rows, inter, n_exp, act, 1, **kw)
     dyw = _gather(dy32, r, w, hid, top_k, n_exp, "f32", stream, backend)  # w[t, j] * dy[t] in fp32
-    g_down = arrays.empty((n_exp, hid, inter), "f32", like=x)
-    g_gu = arrays.empty((n_exp, 2 * inter, hid), "f32", like=x)
-    _wgrad(dyw, h, r, g_down, hid, inter, n_exp, "f32", **kw)
-    _wgrad(dgu, f(xp), r, g_gu, 2 * inter, hid, n_exp, "f32", **kw)
-    dgu16 = arrays.contiguous(arrays.astype(dgu, dt))
+    g_down = arrays.empty((n_exp, hid, inter), kind, like=x)
+    g_gu = arrays.empty((n_exp, 2 * inter, hid), kind, like=x)
+    # grad_down_proj = (w * dy)^T h: both operands split (3 MMAs); grad_gate_up_proj = d(gate_up)^T x_perm: d(gate_up)
+    # split, x_perm exact (2 MMAs). fp32 accumulation, one rounding to the 16-bit result.
+    _wgrad_split(_split16(dyw, r.rows * hid, kind, **kw), h2, r, g_down, hid, inter, n_exp, kind, True, **kw)
+    dgu2 = _split16(dgu, r.rows * 2 * inter, kind, **kw)
+    _wgrad_split(dgu2, xp, r, g_gu, 2 * inter, hid, n_exp, kind, False, **kw)
     dxp = arrays.empty((rows, hid), kind, like=x)
-    _gemm_launch(dgu16.reshape(-1), gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid, 2 * inter,
+    # d(x_perm) takes d(gate_up) rounded to 16 bits: the hi plane (the first r.rows * 2I elements)
+    _gemm_launch(dgu2[:r.rows * 2 * inter], gate_up_proj.reshape(-1), r.offsets, dxp.reshape(-1), r.rows, hid, 2 * inter,
                  n_exp, kind, nn=True, tc=True, **kw)
     gx = _combine(dxp, r, None, n_tok, hid, top_k, kind, stream, backend)
-    return gx, arrays.astype(g_gu, dt), arrays.astype(g_down, dt), dw
+    return gx, g_gu, g_down, dw
+
+
+def _split16(v: Any, n: int, kind: str, *, stream: Any, backend: str | None) -> Any:
+    """The first n elements of fp32 v as split-precision planes (flat, 2n elements of `kind`): hi = round(v), then
+    lo = round((v - hi) * scale), scale 2^11 for f16 (kernels_cu/moe.cu moe_split16), 1 for bf16."""
+    out = arrays.empty((max(2 * n, 2),), kind, like=v)
+    if n:
+        _launch("moe_split16" + _suffix(kind), _ew_grid(n), (256,), v.reshape(-1), out, n, stream=stream,
+                backend=backend)
+    return out
+
+
+def _wgrad_split(a2: Any, b: Any, r: _Routing, out: Any, n1: int, n2: int, n_exp: int, kind: str, split_b: bool, *,
+                 stream: Any, backend: str | None) -> None:
+    """out[e] = a[rows of e]^T @ b[rows of e] ([E, n1, n2], in `kind`) on tensor cores with a split a (planes
+    from _split16 of a [r.rows, n1]) and, with split_b, a split b; b otherwise exact 16-bit [r.rows, n2]. One CTA
+    per output tile, no atomics (sm_80+, on sm_90a too: there is no wgmma form yet)."""
+    if n_exp > _GRID_YZ_MAX or -(-n2 // TC_BN) > _GRID_YZ_MAX:
+        raise ArgumentError(f"weight gradient of {n_exp} experts x {n2} columns is past the grid's y/z limits")
+    name = "grouped_gemm_wgrad_tc_split_" + ("ab" if split_b else "a") + _suffix(kind)
+    _launch(name, (-(-n1 // TC_BM), -(-n2 // TC_BN), n_exp), (128,), a2, b.reshape(-1), r.offsets, out.reshape(-1),
+            n1, n2, r.rows, n_exp, shared_mem=TC_SMEM, stream=stream, backend=backend)
 
 
 def _backward_f32(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids: Any, w: Any, act: int, n_tok: int,

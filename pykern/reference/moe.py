@@ -357,3 +357,80 @@ def _grouped_gemm_wgrad_tc(cuda: Any):
             out[i] = acc
 
     return k, lambda a: _grid1(a[7] * a[4] * a[5])
+
+
+# ---- split precision (moe_split16 and the split GEMMs): v as hi = round(v) and lo = round((v - hi) * scale) planes,
+# scale 2^11 for f16 and 1 for bf16 (kernels_cu/moe.cu GG_LO_SCALE); the GEMMs take hi + lo / scale.
+
+
+def _split_refs(kind: str, bits: int, min_exp: int, scale: float) -> None:
+    def round16(cuda: Any):
+        @cuda.jit(device=True)
+        def r(v):  # v rounded to `bits` significant bits (half to even), the subnormal step 2^min_exp
+            if v == 0.0 or v != v or abs(v) == math.inf:  # (rows past the used part may hold anything)
+                return v
+            _, ex = math.frexp(v)
+            step = max(ex - bits, min_exp)
+            return math.ldexp(float(round(math.ldexp(v, -step))), step)
+
+        return r
+
+    @reference("moe_split16_" + kind)
+    def _split16(cuda: Any):
+        r16 = round16(cuda)
+
+        @cuda.jit
+        def k(src, dst, n):
+            i = cuda.grid(1)
+            if i < n:
+                v = src[i]
+                hi = r16(v)
+                dst[i] = hi
+                dst[n + i] = (v - hi) * scale
+
+        return k, lambda a: _grid1(a[2])
+
+    @reference("grouped_gemm_tc_split_f32out_" + kind)
+    def _split_f32out(cuda: Any):
+        @cuda.jit
+        def k(a, b, offsets, out, M, N, K, n_groups):
+            i = cuda.grid(1)
+            if i < M * N:
+                m = i // N
+                n = i % N
+                for e in range(n_groups):
+                    if offsets[e] <= m and m < offsets[e + 1]:
+                        acc = 0.0
+                        for kk in range(K):
+                            av = a[m * K + kk] + a[M * K + m * K + kk] / scale
+                            acc += av * b[(e * N + n) * K + kk]
+                        out[i] = acc
+
+        return k, lambda a: _grid1(a[4] * a[5])
+
+    for split_b in (False, True):
+        @reference(("grouped_gemm_wgrad_tc_split_ab_" if split_b else "grouped_gemm_wgrad_tc_split_a_") + kind)
+        def _split_wgrad(cuda: Any, split_b=split_b):
+            @cuda.jit
+            def k(a, b, offsets, out, M, N, K, n_groups):
+                i = cuda.grid(1)
+                if i < n_groups * M * N:
+                    e = i // (M * N)
+                    r = (i // N) % M
+                    c = i % N
+                    acc = 0.0
+                    lo = max(0, offsets[e])
+                    hi = min(offsets[e + 1], K)
+                    for m in range(lo, hi):
+                        av = a[m * M + r] + a[K * M + m * M + r] / scale
+                        bv = b[m * N + c]
+                        if split_b:
+                            bv += b[K * N + m * N + c] / scale
+                        acc += av * bv
+                    out[i] = acc
+
+            return k, lambda a: _grid1(a[7] * a[4] * a[5])
+
+
+_split_refs("bf16", 8, -133, 1.0)
+_split_refs("f16", 11, -24, 2048.0)

@@ -244,13 +244,18 @@ def _experts_cases(rng: np.random.Generator) -> Iterator[Case]:
                 dx, dgu, ddn, dw = np_moe_experts_backward(dy, x, gu, dn, ids, w, act)
                 return {"grad_x": dx, "grad_gate_up_proj": dgu, "grad_down_proj": ddn, "grad_topk_weights": dw}
 
-            # with tensor cores: the exact-operand products on the fp32-result kernels, d(x_perm) on a 16-bit one
-            tc_b = ("moe_gather" + s, "grouped_gemm_tc_f32out" + s, "grouped_gemm_tc_nn_f32out" + s,
-                    "grouped_gemm_tc_nn" + s, "moe_combine" + s) if tc else ()
-            yield Case(op="moe_experts_backward", dtype=kind, shape=shape,
-                       kernels=align + ("moe_gather", "grouped_gemm_simt", "moe_act", "moe_act_backward",
-                                        "moe_weight_grad", "grouped_gemm_wgrad") + (() if tc else ("moe_combine",))
-                       + tc_b, run=run_b, reference=ref_b)
+            # with tensor cores: the exact-operand products on the fp32-result kernels, d(x_perm) on a 16-bit one,
+            # y and the weight gradients on the split-precision ones (hi + lo planes of the fp32 intermediates)
+            if tc:
+                ks = ("moe_gather", "moe_act", "moe_act_backward", "moe_weight_grad", "moe_gather" + s,
+                      "grouped_gemm_tc_f32out" + s, "grouped_gemm_tc_nn_f32out" + s, "grouped_gemm_tc_nn" + s,
+                      "moe_combine" + s, "moe_split16" + s, "grouped_gemm_tc_split_f32out" + s,
+                      "grouped_gemm_wgrad_tc_split_a" + s, "grouped_gemm_wgrad_tc_split_ab" + s)
+            else:
+                ks = ("moe_gather", "grouped_gemm_simt", "moe_act", "moe_act_backward", "moe_weight_grad",
+                      "grouped_gemm_wgrad", "moe_combine")
+            yield Case(op="moe_experts_backward", dtype=kind, shape=shape, kernels=align + ks, run=run_b,
+                       reference=ref_b)
 
 
 @register_cases("moe")
