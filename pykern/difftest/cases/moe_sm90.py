@@ -67,7 +67,8 @@ def _case(kind: str, sizes: list[int], n: int, k: int, act: str | None, rng: np.
     def ref() -> dict[str, Any]:
         return {"out": np_moe_gemm_act(a, b, off, act) if act else np_grouped_gemm(a, b, off)}
 
-    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}" + (f"-{act}" if act else "") + ("-f32out" if f32out else "")
+    shape = (f"{'-'.join(map(str, sizes))}x{n}x{k}" + (f"-{act}" if act else "")
+             + (f"-f32out-from-{kind}" if f32out else ""))
     # f32out: the fp32 accumulators are held to the f32 row (exact 16-bit operands, nothing rounded after them)
     return Case(op="grouped_gemm", dtype="f32" if f32out else kind, shape=shape + "-sm90a", kernels=(name,), run=run,
                 reference=ref, arch=ARCH)
@@ -92,7 +93,7 @@ def _nn_case(kind: str, sizes: list[int], n: int, k: int, rng: np.random.Generat
     def ref() -> dict[str, Any]:  # a @ b[e] is the "nt" product against b transposed
         return {"out": np_grouped_gemm(a, np.swapaxes(b, 1, 2), off)}
 
-    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}-nn" + ("-f32out" if f32out else "") + "-sm90a"
+    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}-nn" + (f"-f32out-from-{kind}" if f32out else "") + "-sm90a"
     # f32out: the fp32 accumulators are held to the f32 row (exact 16-bit operands, nothing rounded after them)
     return Case(op="grouped_gemm", dtype="f32" if f32out else kind, shape=shape, kernels=(name,), run=run,
                 reference=ref, arch=ARCH)
