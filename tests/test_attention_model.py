@@ -245,8 +245,8 @@ def test_makespan_is_greedy_in_launch_order():
 
 
 def test_geometry_pairs_and_flops():
-    from pykern.ops import forward as fw
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as fw
+    from pykern.ops import attention as ta
 
     s = am.Shape(2, 4, 256, 128, True, 2)
     fwd, = am.launches("fwd", s)
@@ -307,7 +307,7 @@ def test_fused_backward_hbm_bytes_in_both_dq_modes():
 
 
 def test_deterministic_workspace_chunks_add_the_running_sum_round_trip(monkeypatch):
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as ta
 
     s = am.Shape(1, 2, 256, 64, False)  # 4 key tiles
     ws = 256 * 2 * 64 * 4

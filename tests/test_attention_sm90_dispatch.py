@@ -122,3 +122,48 @@ def test_host_backend_playing_sm90a_keeps_numpy_arrays(monkeypatch: pytest.Monke
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
     q, k, v = _qkv(1, 16, 1, 64)
     assert sm90.usable(64, 64, 0.0, 0.125, q, "host", k, v)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_pykern_sm90_0_gives_every_attention_op_the_mma_sync_kernels(cc90, monkeypatch: pytest.MonkeyPatch,
+                                                                      d: int) -> None:
+    """The public switch (what tools/gpu_no_sm90.py sets): on the same fake Hopper GPU with device arrays, the
+    forward, varlen and backward launch sm_90a kernels by default and the sm_80 (mma.sync) ones under
+    PYKERN_SM90=0."""
+    drv, names = cc90
+    q, k, v = _qkv(1, 80, 2, d)
+    g = _qkv(1, 80, 2, d, seed=1)[0]
+    rng = np.random.default_rng(3)
+    cu = np.array([0, 37, 100], np.int32)
+    pq, pk, pv = (rng.standard_normal((100, 2, d)).astype(BF16) for _ in range(3))
+
+    def run() -> list[str]:
+        names.clear()
+        ops.flash_attention(*_on(drv, [q, k, v]), causal=True, backend="nvrtc")
+        ops.flash_attention_varlen(*_on(drv, [pq, pk, pv]), cu, cu, causal=True, backend="nvrtc")
+        ops.attention_backward(*_on(drv, [q, k, v, g]), backend="nvrtc")
+        return [n for n in names if n.startswith(("flash_attention", "attention_backward"))]
+
+    monkeypatch.setenv("PYKERN_SM90", "1")
+    assert run() == [f"flash_attention_sm90_d{d}_bf16", f"flash_attention_varlen_sm90_d{d}_bf16",
+                     f"attention_backward_sm90_dkdv_d{d}_bf16", f"attention_backward_sm90_dq_d{d}_bf16"]
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    assert run() == [f"flash_attention_tc_d{d}_bf16", f"flash_attention_varlen_tc_d{d}_bf16",
+                     f"attention_backward_tc_fused_d{d}_bf16"]
+    monkeypatch.delenv("PYKERN_SM90")
+    assert run()[0] == f"flash_attention_sm90_d{d}_bf16"  # unset: on
+
+
+def test_pykern_sm90_host_arch_switch_and_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the host backend playing sm_90a the same switch decides; a value other than 0 / 1 is an error naming
+    the variable before anything launches."""
+    from pykern.errors import ArgumentError
+
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+    q, k, v = _qkv(1, 16, 1, 64)
+    assert sm90.usable(64, 64, 0.0, 0.125, q, "host", k, v)
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    assert not sm90.usable(64, 64, 0.0, 0.125, q, "host", k, v)
+    monkeypatch.setenv("PYKERN_SM90", "off")
+    with pytest.raises(ArgumentError, match=r"PYKERN_SM90: expected 0 or 1 \(or unset\), got 'off'"):
+        ops.flash_attention(q, k, v, backend="host")

@@ -400,7 +400,7 @@ def test_fused_backward_deterministic_mode_is_bit_identical_across_schedules(mon
 
 def test_fused_backward_deterministic_workspace_in_chunks(monkeypatch) -> None:
     # A workspace cap below one key tile's partial: one launch + reduce per key tile, same bits.
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as ta
 
     rng = np.random.default_rng(4)
     q, k, v, g = attention_inputs(rng, None, 20, 2, 1, 64, "bf16", 200)

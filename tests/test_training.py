@@ -316,7 +316,7 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
     # memory without an opt-in, fails to launch on a GPU; the host backend cannot show
     # it. Record the geometry every op picks at its largest shapes and check it
     # against the bounds and static shared memory declared in the source.
-    from pykern.ops import training as tr, training_attention as ta
+    from pykern.ops import attention as ta, training as tr
     from pykern.sources import KERNELS_DIR
 
     from pykern.registry import parse_file
@@ -361,7 +361,7 @@ def test_attention_seq_len_within_a_tile_of_uint_max_is_rejected(monkeypatch: py
     # The flash kernels step query/key tiles in unsigned int (i0 + rows_per_block,
     # j0 += 16): a seq_len within a tile of 2^32 - 1 would wrap there, so the op must
     # reject it from the shapes, before copying any input.
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as ta
 
     def no_copy(a):
         raise AssertionError("the op copied its inputs before validating their shapes")

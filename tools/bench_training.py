@@ -29,7 +29,7 @@ SOURCES = ("training.cu", "attention_backward.cu", "training_ext.cu")
 
 def report(archs: list[str]) -> None:
     from pykern import compiler
-    from pykern.ops.training_attention import group_lanes
+    from pykern.ops.attention import group_lanes
 
     print("kernel                                   " + "  ".join(f"{a:>26s}" for a in archs))
     print("                                         " + "  ".join(f"{'regs  static_smem  spill':>26s}" for _ in archs))
@@ -109,7 +109,7 @@ def bench(args: argparse.Namespace) -> None:
     import pykern
     from pykern.arrays import bfloat16
     from pykern.ops.training import _row_threads, _weight_chunks
-    from pykern.ops.training_attention import group_lanes
+    from pykern.ops.attention import group_lanes
 
     env = Env(args.backend)
     kind = args.dtype

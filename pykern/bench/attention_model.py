@@ -20,7 +20,7 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
 * registers and static shared memory from the compiler's resources.
 
 The launch geometry (threads, rows per CTA, keys per step, dynamic shared memory, grid) is read from the ops
-modules at call time (pykern.ops.forward, pykern.ops.training_attention, pykern.ops._attention_sm90), so the model follows the kernels
+modules at call time (pykern.ops.attention, pykern.ops._attention_sm90), so the model follows the kernels
 the ops launch today. Per kernel and shape, lower bounds on the time, each in SM clocks per CTA and then
 scheduled over the GPU:
 
@@ -469,10 +469,10 @@ def _fa2(fw: Any, s: Shape) -> bool:
 def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
     """The mma.sync tensor-core launches of `phase` ("fwd" | "bwd") at shape s, as pykern.ops makes them (bf16,
     aligned contiguous inputs) on sm_80 ... sm_90 without the sm_90a kernels. Backward at head_dim 64 / 128:
-    the fused kernel (pykern.ops.training_attention._fused), its dQ summed by fp32 atomics (dq_mode "atomic")
+    the fused kernel (pykern.ops.attention._fused), its dQ summed by fp32 atomics (dq_mode "atomic")
     or as per-key-tile partials reduced in order ("deterministic"); other head_dims: the dK/dV + dQ pair."""
-    from ..ops import forward as fw
-    from ..ops import training_attention as ta
+    from ..ops import attention as fw
+    from ..ops import attention as ta
 
     if dq_mode not in DQ_MODES:
         raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
@@ -529,7 +529,7 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
     read and written between the launches of DET_WORKSPACE_BYTES of partials), dQ written."""
     if phase != "bwd":
         return []
-    from ..ops import training_attention as ta
+    from ..ops import attention as ta
 
     b = _bytes(s)
     if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
@@ -554,7 +554,7 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str]) -> tuple[list[La
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why)."""
     from ..ops import _attention_sm90 as h
-    from ..ops import forward as fw
+    from ..ops import attention as fw
 
     D = fw.tc_head_dim(s.head_dim)
     b = _bytes(s)
@@ -787,7 +787,7 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
 
 
 def _fused_dims() -> tuple[int, ...]:
-    from ..ops import training_attention as ta
+    from ..ops import attention as ta
 
     return tuple(ta.FUSED_HEAD_DIMS)
 

@@ -5,9 +5,13 @@ with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compi
 64/128/256, no softcap, scale > 0: the kernel takes the row max on the raw scores), it runs the TMA + wgmma
 kernel; anything else keeps the mma.sync kernels (flash_attention_tc.cu). `flash_attention_varlen` asks
 `try_varlen` under the same conditions (the same kernel with its VARLEN template parameter).
+
+PYKERN_SM90=0 turns this path off everywhere (forward, varlen and backward): a Hopper GPU then runs the mma.sync
+kernels as an sm_80 GPU does (e.g. to compare the two on one machine). Read at each call.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..backends import get_backend, kernel_variant
@@ -29,6 +33,14 @@ def shared_bytes(d: int) -> int:
     return ROWS * d * 2 + 2 * st * bc * d * 2 + 1024
 
 
+def enabled() -> bool:
+    """Whether the sm_90a kernels may run: PYKERN_SM90 unset, empty or 1; 0 turns them off."""
+    value = os.environ.get("PYKERN_SM90", "").strip()
+    if value not in ("", "0", "1"):
+        raise ArgumentError(f"PYKERN_SM90: expected 0 or 1 (or unset), got {value!r}")
+    return value != "0"
+
+
 def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any, backend: str | None,
            *more: Any) -> bool:
     """Whether the sm_90a kernel runs this call (shape supported and the device takes sm_90a kernels).
@@ -36,7 +48,10 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
     q and `more` are the arrays the kernel reads through tensor maps (q, k, v; dO for the backward). On the nvrtc
     backend a tensor map holds a device address, so each must already live on the GPU: host arrays (NumPy, CPU
     tensors), which the launcher stages to device memory only at launch, take the mma.sync kernels as on an sm_80
-    GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all."""
+    GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all. PYKERN_SM90=0:
+    never."""
+    if not enabled():
+        return False
     if head_dim != head_dim_v or head_dim not in HEAD_DIMS or softcap > 0.0 or not scale > 0.0:
         return False
     be = get_backend(backend)

@@ -1,6 +1,7 @@
 """Argument checks shared by op families (no family imports another's private names: they live here)."""
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -43,3 +44,34 @@ def check_offsets(offsets: Any, n_groups: int, m: int) -> Any:
             raise ArgumentError(f"offsets: expected non-decreasing row starts, got offsets[{bad}] = {int(v[bad])} "
                                 f"> offsets[{bad + 1}] = {int(v[bad + 1])}")
     return offsets
+
+
+def norm_offset(offset: Any) -> float:
+    """The validated `offset` of the RMSNorm ops (a finite number: 0 LLaMA, 1 Gemma)."""
+    ok = isinstance(offset, (int, float, np.floating, np.integer)) and not isinstance(offset, bool)
+    if not ok or not math.isfinite(float(offset)):
+        raise ArgumentError(f"offset: expected a finite number, got {offset!r}")
+    return float(offset)
+
+
+def device_like(host: np.ndarray, like: Any) -> Any:
+    """`host` on the same kind of memory as `like` (NumPy stays NumPy; the nvrtc backend stages it)."""
+    if like is None or isinstance(like, np.ndarray):
+        return host
+    out = arrays.empty(host.shape, host.dtype, like)
+    if type(out).__module__.split(".")[0] == "torch":
+        import torch
+
+        out.copy_(torch.from_numpy(host))
+    else:
+        out.set(host)  # CuPy
+    return out
+
+
+def ids_like(ids: Any, like: Any) -> Any:
+    """Contiguous int64 indices next to `like`: converted on their own device; host indices for a
+    device op are copied host-to-device (never the other way)."""
+    ids = arrays.contiguous(arrays.astype(ids, "int64"))
+    if arrays.is_host(ids) and not arrays.is_host(like):
+        return device_like(np.ascontiguousarray(arrays.host_view(ids)), like)
+    return ids

@@ -37,11 +37,10 @@ from .. import arrays
 from ._window import (
     check_softcap as _check_softcap,
     check_window_left as _check_window_left,
-    check_window_size as _check_window_size,
     normalize_serving as _normalize_serving,
 )
 from ..errors import ArgumentError, ArgumentTypeError
-from ._attention_sm90 import try_varlen as _sm90_varlen
+from .attention import flash_attention_varlen  # noqa: F401  (the attention family's; importable from here)
 from ._decode_waves import cta_rate as _cta_rate
 from ._decode_waves import persistent_items as _persistent_items
 from ._decode_waves import split_time as _split_time
@@ -62,7 +61,6 @@ __all__ = [
     "paged_decode_attention",
     "PagedDecodePlan",
     "paged_prefill_attention",
-    "flash_attention_varlen",
     "get_batch_indices_positions",
     "attn_tiling",
 ]
@@ -134,7 +132,7 @@ def tc_decode_addressable(kv_kind: str, kf: Any, vf: Any, strides: tuple[int, ..
         return False
     if not arrays.aligned16(*(a for a in (kf, vf, q, out) if a is not None)):
         return False
-    from .forward import tensor_cores_available
+    from .attention import tensor_cores_available
 
     return tensor_cores_available(backend)
 
@@ -1082,107 +1080,23 @@ def paged_prefill_attention(
         res = arrays.check_out(out, (total_q, h, d), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): bf16 or f16 q with a
+    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*; geometry from ops/attention.py): bf16 or f16 q with a
     # cache of the same type, head_dim 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8
     # caches keep paged_attn.
-    from . import forward as _fwd  # at call time: ops' lazy table imports the family modules in any order
+    from . import attention as _attn  # at call time: the attention module imports this one's helpers
 
-    n_qt = -(-max_qo // _fwd.FA2_ROWS)
+    n_qt = -(-max_qo // _attn.FA2_ROWS)
     fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and page_size & (page_size - 1) == 0
-           and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _fwd.fa2_eligible(d, d, q, kf, vf, res)
+           and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _attn.fa2_eligible(d, d, q, kf, vf, res)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     if fa2:
         launch(f"paged_prefill_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
-               (_fwd.FA2_THREADS,), _flat(q), kf, vf, _flat(res), _flat(lse), qo, table.indptr, table.indices,
+               (_attn.FA2_THREADS,), _flat(q), kf, vf, _flat(res), _flat(lse), qo, table.indptr, table.indices,
                table.last, h, kvh, page_size.bit_length() - 1, s_page, s_tok, s_head, sc * ksc, wl, wr, cap, vsc,
-               shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q), backend=backend)
+               shared_mem=_attn.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q), backend=backend)
     elif total_q:
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), kf, vf,
                _flat(res), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, s_page, s_tok, s_head, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, ksc, vsc,
                shared_mem=smem, stream=arrays.launch_stream(stream, q), backend=backend)
     return (res, lse) if return_lse else res
-
-
-@arrays.stream_scoped
-def flash_attention_varlen(
-    q: Any,
-    k: Any,
-    v: Any,
-    cu_seqlens_q: Any,
-    cu_seqlens_k: Any,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    return_lse: bool = False,
-    stream: Any = None,
-    backend: str | None = None,
-) -> Any:
-    """flash-attn's varlen attention: sequences packed without padding.
-
-    q (total_q, num_heads, head_dim), k, v (total_k, num_kv_heads, head_dim); sequence b
-    is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against k/v rows
-    cu_seqlens_k[b]:cu_seqlens_k[b+1]. causal=True aligns the mask bottom-right per
-    sequence. window_size=(left, right) and softcap as `flash_attention` (flash-attn's
-    semantics, per sequence; positions outside every window of a CTA are never read). Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
-    with lse (total_q, num_heads) natural-log float32.
-    """
-    from ..launcher import launch
-
-    kind = arrays.io_kind("k", k, _Q_KINDS)
-    arrays.same_kind("v", v, kind, "k")
-    ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
-    if arrays.shape_of(v) != ks:
-        raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
-    total_k, kvh, d = ks
-    if kvh < 1 or not 1 <= d <= MAX_HEAD_DIM:
-        raise ArgumentError(f"k: expected (total_k, num_kv_heads, head_dim) with head_dim <= {MAX_HEAD_DIM}, got {ks}")
-    qk, total_q, h = _check_q(q, kvh, d, "total_q")
-    suf = _suffix(qk, kind)
-    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
-    batch = arrays.shape_of(cq)[0] - 1
-    if batch < 1:
-        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
-    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
-    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
-    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
-    if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
-        raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
-    sc = _scale(scale, d)
-    left, right = _check_window_size(window_size)
-    wl, wr = _normalize_serving(left, right, bool(causal))
-    cap = _check_softcap(softcap)
-    group = h // kvh
-    max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
-    rows, tile, smem = attn_tiling(d, max_qo * group)
-    chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
-    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
-    out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # On sm_90a the TMA + wgmma forward (kernels_cu/flash_attention_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
-    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16
-    # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
-    # sequence * heads, batch).
-    from . import forward as _fwd
-
-    n_qt = -(-max_qo // _fwd.FA2_ROWS)
-    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and _fwd.fa2_eligible(d, d, q, k, v, out)
-           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
-    stream_ = arrays.launch_stream(stream, q)
-    if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
-            and _sm90_varlen(q, k, v, _flat(out), _flat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl, wr,
-                             f"_{qk}", stream_, backend)):
-        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu, VARLEN)
-    elif fa2:
-        launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
-               (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
-               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=stream_, backend=backend)
-    elif total_q:
-        # k_mode 0 (keys at cu_seqlens_k) never reads seq_lens: an allocation, not a host-to-device copy (a
-        # pageable copy synchronises the stream)
-        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
-               _flat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
-               wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
-               stream=arrays.launch_stream(stream, q), backend=backend)
-    return (out, lse) if return_lse else out

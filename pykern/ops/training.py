@@ -16,6 +16,7 @@ import numpy as np
 from .. import arrays
 from ..arrays import UINT_MAX as _UINT_MAX, check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import ids_like as _ids_like, norm_offset
 
 __all__ = [
     "transpose_2d",
@@ -187,8 +188,6 @@ def rms_norm_backward(
     _same_shape("grad_out", grad_out, shape, "x")
     if not (isinstance(eps, (int, float, np.floating)) and float(eps) >= 0.0):
         raise ArgumentError(f"eps: expected a number >= 0, got {eps!r}")
-    from .forward import norm_offset
-
     offset = norm_offset(offset)
     if dim < 1:
         raise ArgumentError(f"x.shape[-1]: expected at least 1, got {dim}")
@@ -313,15 +312,6 @@ def _int_array(name: str, a: Any) -> Any:
     if dt not in _INT_DTYPES:
         raise ArgumentTypeError(f"{name}: expected an integer dtype, got {dt}")
     return a
-
-
-def _ids_like(ids: Any, like: Any) -> Any:
-    """Contiguous int64 indices next to `like`: converted on their own device; host indices for a
-    device op are copied host-to-device (never the other way)."""
-    ids = arrays.contiguous(arrays.astype(ids, "int64"))
-    if arrays.is_host(ids) and not arrays.is_host(like):
-        return _device_like(np.ascontiguousarray(arrays.host_view(ids)), like)
-    return ids
 
 
 # --------------------------------------------------------------------------- cross-entropy

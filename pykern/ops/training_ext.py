@@ -17,6 +17,7 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
+from ._common import norm_offset
 from .training import _GRID_X_MAX, _ROW_THREADS_MAX, _flat, _launch, _row_threads, _same_shape, _weight_chunks
 
 __all__ = [
@@ -130,8 +131,6 @@ def add_rms_norm(
     _same_shape("residual", residual, shape, "x")
     _same_shape("weight", weight, (dim,), "x's last axis")
     eps = _eps(eps)
-    from .forward import norm_offset
-
     offset = norm_offset(offset)
     if not isinstance(inplace, bool):
         raise ArgumentError(f"inplace: expected a bool, got {inplace!r}")
@@ -179,8 +178,6 @@ def add_rms_norm_backward(
         _same_shape("grad_new_residual", grad_new_residual, shape, "new_residual")
         grad_new_residual = arrays.contiguous(grad_new_residual)
     eps = _eps(eps)
-    from .forward import norm_offset
-
     offset = norm_offset(offset)
     h, weight, grad_y = arrays.contiguous(new_residual), arrays.contiguous(weight), arrays.contiguous(grad_y)
     gh = arrays.empty(shape, kind, like=h)

@@ -166,7 +166,7 @@ def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | No
     backend difftest runs: host, numba, nvrtc on sm_80+; softcap > 0 picks the _softcap kernels)."""
     cap = "_softcap" if softcap > 0 else ""
     if kind != "f32" and tensor_cores is not False:
-        from ...ops.forward import tc_head_dim
+        from ...ops.attention import tc_head_dim
 
         d = tc_head_dim(max(head_dim, head_dim_v))
         pad = "pad_" if d in (64, 128) and (head_dim != d or head_dim_v != d) else ""  # not the FA2 core's shape

@@ -494,8 +494,8 @@ def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Cas
 def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "bf16",
                 deterministic: bool = False, pair: bool = False) -> tuple[str, ...]:
     """What attention_backward(method='tensor_cores') launches at this head_dim."""
-    from ...ops.forward import tc_head_dim
-    from ...ops.training_attention import FUSED_HEAD_DIMS
+    from ...ops.attention import tc_head_dim
+    from ...ops.attention import FUSED_HEAD_DIMS
 
     d, s = tc_head_dim(head_dim), _sfx(kind)
     c = "_softcap" if softcap > 0 else ""
@@ -620,8 +620,8 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
 
 def _attention_pair_cases(rng: np.random.Generator) -> Iterator[Case]:
     """The dK/dV + dQ kernel pair at head_dim 64 / 128, which sm_100 / sm_120 run instead of the fused
-    kernel: the run turns the fused path off (ops.training_attention.fused_available) for its call."""
-    from ...ops import training_attention as ta
+    kernel: the run turns the fused path off (ops.attention.fused_available) for its call."""
+    from ...ops import attention as ta
 
     for kind in ("bf16", "f16"):
         for hd, cap in ((64, 0.0), (128, 0.0), (64, 2.0), (128, 1.0)):
