@@ -13,7 +13,7 @@ import pytest
 
 from pykern import ops
 from pykern.arrays import bfloat16
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close
 

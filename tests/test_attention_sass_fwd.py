@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
-from pykern.difftest.cases.forward import fa_inputs
+from pykern.difftest.cases.attention import fa_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")

@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
 from pykern.errors import KernelExecutionError
 from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
@@ -133,7 +133,7 @@ BWD_SHAPES = [
 @pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}-{}".format(
     *s[1:6], "causal" if s[6] else "full"))
 def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
-    from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
     b, n_q, n_k, h, kvh, d, causal = shape
     rng = np.random.default_rng(n_q * 1000 + n_k + d)
@@ -151,7 +151,7 @@ def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
 
 
 def test_backward_sm90_is_deterministic_with_the_forwards_out_and_lse(monkeypatch) -> None:
-    from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
     rng = np.random.default_rng(11)
     q, k, v, g = attention_inputs(rng, 1, 150, 8, 2, 128, "bf16", 150)
@@ -171,7 +171,7 @@ def test_backward_sm90_is_deterministic_with_the_forwards_out_and_lse(monkeypatc
 
 
 def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
-    from pykern.difftest.cases.training import attention_inputs
+    from pykern.difftest.cases.attention import attention_inputs
 
     rng = np.random.default_rng(4)
     names = _record(monkeypatch)

@@ -21,8 +21,8 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases import forward as fwd_cases
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
-from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 from pykern.errors import ArgumentError
 from pykern.ops import forward as fwd_mod
 from pykern.tolerance import tolerance

@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_helpers import need as _need  # noqa: E402
 from pykern import ops  # noqa: E402
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention  # noqa: E402
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention  # noqa: E402
-from pykern.difftest.cases.training import (  # noqa: E402
+from pykern.difftest.cases.attention import (  # noqa: E402
     attention_inputs, np_attention_backward, np_attention_forward, window_mask)
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402

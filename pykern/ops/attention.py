@@ -296,7 +296,7 @@ def flash_attention_varlen(
         _check_indptr,
         _check_q,
         _dummy,
-        _flat as _serving_flat,
+        _flat as _sflat,
         _index,
         _prefill_out,
         _row_chunks,
@@ -344,18 +344,18 @@ def flash_attention_varlen(
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     stream_ = arrays.launch_stream(stream, q)
     if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
-            and _sm90_varlen(q, k, v, _serving_flat(out), _serving_flat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl, wr,
-                             f"_{qk}", stream_, backend)):
+            and _sm90_varlen(q, k, v, _sflat(out), _sflat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl,
+                             wr, f"_{qk}", stream_, backend)):
         pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu, VARLEN)
     elif fa2:
         launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
-               (FA2_THREADS,), _serving_flat(q), _serving_flat(k), _serving_flat(v), _serving_flat(out), _serving_flat(lse), cq, ck, h, kvh, n_qt,
-               sc, wl, wr, cap, shared_mem=fa2_shared_bytes(d), stream=stream_, backend=backend)
+               (FA2_THREADS,), _sflat(q), _sflat(k), _sflat(v), _sflat(out), _sflat(lse), cq, ck, h, kvh, n_qt, sc,
+               wl, wr, cap, shared_mem=fa2_shared_bytes(d), stream=stream_, backend=backend)
     elif total_q:
         # k_mode 0 (keys at cu_seqlens_k) never reads seq_lens: an allocation, not a host-to-device copy (a
         # pageable copy synchronises the stream)
-        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _serving_flat(q), _serving_flat(k), _serving_flat(v), _serving_flat(out),
-               _serving_flat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
+        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _sflat(q), _sflat(k), _sflat(v), _sflat(out),
+               _sflat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
                wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
                stream=arrays.launch_stream(stream, q), backend=backend)
     return (out, lse) if return_lse else out
