@@ -29,21 +29,9 @@ from typing import Any, Callable, Iterator
 import numpy as np
 
 from ..case import Case, register_cases
-
-
-def f64(a: Any) -> np.ndarray:
-    return np.asarray(a, dtype=np.float64)
-
+from .training import _cast, _np, _ops, f64  # the cases' shared input helpers, as moe.py and gemm_fp8.py
 
 _f64 = f64
-
-
-def _cast(a: np.ndarray, kind: str) -> np.ndarray:
-    if kind == "bf16":
-        from ...arrays import bfloat16
-
-        return a.astype(bfloat16())
-    return a.astype(np.float16 if kind == "f16" else np.float32)
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float = 1.0) -> np.ndarray:
@@ -56,17 +44,8 @@ def _sfx(kind: str) -> str:
     return kernel_suffix(kind)
 
 
-def _ops():
-    from ... import ops
-
-    return ops
-
-
-def _np(a: Any) -> np.ndarray:
-    return np.asarray(a)
-
-
 # --------------------------------------------------------------------------- NumPy float64 references
+
 
 def _attn_split(q: Any, k: Any, v: Any):
     q, k, v = f64(q), f64(k), f64(v)
