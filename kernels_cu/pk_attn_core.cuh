@@ -1,5 +1,5 @@
 // The FlashAttention-2 forward tile core (tensor cores, bf16 / f16), shared by the dense forward
-// (flash_attention_tc.cu) and its varlen entry points. See docs/attention_tc.md "Forward core".
+// (attention_fwd_tc.cu) and its varlen entry points. See docs/attention_tc.md "Forward core".
 //
 // One CTA = PKFA_WARPS warps = PKFA_BR (128) consecutive query rows of one (sequence, head); warp w owns
 // rows 16w..16w+15 (the online softmax of a row stays in its warp: the 4 lanes of a quad share a row).
@@ -21,7 +21,7 @@
 // no mask, no bounds and no division (the steady state); then the first tiles a window cuts, masked.
 // Every key tile after the first loaded one lies wholly below n_k, so only the first load checks bounds.
 #pragma once
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 
 #define PKFA_WARPS 8
 #define PKFA_THREADS 256

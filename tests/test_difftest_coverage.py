@@ -49,7 +49,7 @@ def test_arch_specific_kernels_have_cases_that_declare_the_arch() -> None:
     # host playing that arch and reports the other backends as not applicable; a portable case declares none.
     specs = {s.name: s for s in pykern.kernels()}
     arch_kernels = {n for n, s in specs.items() if s.archs}
-    assert len(arch_kernels) == 20  # flash_attention_sm90.cu (dense + varlen) and attention_backward_sm90.cu
+    assert len(arch_kernels) == 20  # attention_fwd_sm90.cu (dense + varlen) and attention_bwd_sm90.cu
     for c in CASES:
         archs = {a for k in c.kernels for a in specs[k].archs}
         assert c.arch == (archs.pop() if archs else ""), (c.id, c.arch, archs)
@@ -59,7 +59,7 @@ def test_arch_specific_kernels_have_cases_that_declare_the_arch() -> None:
         assert {c.shape.endswith("-causal-sm90a") for c in mine} == {True, False}, name
 
 
-def _sm90_case(kernel: str = "flash_attention_sm90_d128_f16", causal: bool = True) -> runner.Case:
+def _sm90_case(kernel: str = "attention_fwd_sm90_d128_f16", causal: bool = True) -> runner.Case:
     return next(c for c in CASES if kernel in c.kernels and c.shape.endswith("-causal-sm90a") == causal)
 
 
@@ -83,13 +83,13 @@ def test_sm90_case_runs_on_the_host_and_is_not_applicable_elsewhere(monkeypatch:
     assert "PYKERN_HOST_ARCH" not in os.environ
     # only a backend that runs the sm_90a kernel passes: called off the host, the op's helper declines and the
     # case says so instead of running another kernel
-    with pytest.raises(ArgumentError, match=r"flash_attention_sm90_d128_f16, got 'numba'"):
+    with pytest.raises(ArgumentError, match=r"attention_fwd_sm90_d128_f16, got 'numba'"):
         case.run("numba")
 
 
 def test_sm90_backward_case_checks_every_gradient() -> None:
-    case = _sm90_case("attention_backward_sm90_dq_d64_bf16", causal=True)
-    assert case.kernels == ("attention_backward_sm90_dkdv_d64_bf16", "attention_backward_sm90_dq_d64_bf16")
+    case = _sm90_case("attention_bwd_sm90_dq_d64_bf16", causal=True)
+    assert case.kernels == ("attention_bwd_sm90_dkdv_d64_bf16", "attention_bwd_sm90_dq_d64_bf16")
     ref = case.reference()
     assert set(ref) == {"dq", "dk", "dv"}
     # 150 queries on 60 keys, causal bottom-right: the first 90 query rows see no key, their dq is 0
@@ -106,7 +106,7 @@ def test_cli_runs_sm90_kernels_on_the_host_and_says_why_not_on_numba() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYKERN_KERNEL_PATH", "PYKERN_DIFFTEST_EXTRA",
                                                               "PYKERN_HOST_ARCH", "NUMBA_ENABLE_CUDASIM")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "pykern.difftest", "--kernels", "flash_attention_varlen_sm90_d64_f16",
+    r = subprocess.run([sys.executable, "-m", "pykern.difftest", "--kernels", "attention_fwd_varlen_sm90_d64_f16",
                         "--backends", "host,numba"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("flash_attention_varlen[f16]")]

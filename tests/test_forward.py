@@ -245,7 +245,7 @@ def test_every_kernel_declares_launch_bounds_covering_the_ops_blocks() -> None:
     from pykern.sources import KERNELS_DIR
 
     # the registry reads __launch_bounds__ also through macros (FA_THREADS) and PK_IO_KERNELS calls
-    specs = {name: parse_file(KERNELS_DIR / name) for name in ("forward.cu", "flash_attention.cu")}
+    specs = {name: parse_file(KERNELS_DIR / name) for name in ("forward.cu", "attention_fwd_fma.cu")}
     unbounded = sorted(s.name for ss in specs.values() for s in ss if s.max_threads is None)
     assert not unbounded, f"kernels without __launch_bounds__: {unbounded}"
     bounds = {s.name: s.max_threads for ss in specs.values() for s in ss}

@@ -17,7 +17,7 @@ from pykern.difftest.runner import compare
 from pykern.tolerance import tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_backward.cu")
+SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_bwd_fma.cu")
 
 
 from family_helpers import check as _check, need as _need
@@ -323,7 +323,7 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
     from pykern.registry import parse_file
 
     bounds: dict[str, int] = {}
-    for name in ("training.cu", "attention_backward.cu"):  # the registry also reads PK_IO_KERNELS calls
+    for name in ("training.cu", "attention_bwd_fma.cu"):  # the registry also reads PK_IO_KERNELS calls
         for spec in parse_file(KERNELS_DIR / name):
             assert spec.max_threads, f"{spec.name} has no __launch_bounds__"
             bounds[spec.name] = spec.max_threads
@@ -351,7 +351,7 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
     s, d = ta.NAIVE_MAX_SEQ, ta.MAX_HEAD_DIM
     ta.attention_backward(f(s, 1, d), f(s, 1, d), f(s, 1, d), f(s, 1, d), method="naive")
     assert {n for n, _, _ in seen} >= {"rms_norm_backward_weight", "rms_norm_grad_weight_reduce",
-                                       "attention_backward_naive", "attention_bwd_lse"}
+                                       "attention_bwd_fma_naive", "attention_bwd_lse"}
     static = 32 * 4  # kernels with dynamic shared memory declare at most scratch[32] floats statically
     for name, threads, smem in seen:
         assert threads <= bounds[name], (name, threads, bounds[name])

@@ -1,4 +1,4 @@
-"""Training-kernel report and benchmark (kernels_cu/training.cu, kernels_cu/attention_backward.cu).
+"""Training-kernel report and benchmark (kernels_cu/training.cu, kernels_cu/attention_bwd_fma.cu).
 
     python tools/bench_training.py                       # ptxas registers / smem / spills, sm_80 and sm_90
     python tools/bench_training.py --arch sm_75 --arch sm_120
@@ -24,7 +24,7 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SOURCES = ("training.cu", "attention_backward.cu", "training_ext.cu")
+SOURCES = ("training.cu", "attention_bwd_fma.cu", "training_ext.cu")
 
 
 def report(archs: list[str]) -> None:
@@ -201,9 +201,9 @@ def bench(args: argparse.Namespace) -> None:
     def attn() -> None:
         launch("attention_bwd_lse" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
                s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=2 * 16 * hd * 4)
-        launch("attention_backward_flash_dkdv" + sfx, (-(-s // rows_blk), kvh, b), (256,), q, k, v, gq, lse, delta,
+        launch("attention_bwd_fma_dkdv" + sfx, (-(-s // rows_blk), kvh, b), (256,), q, k, v, gq, lse, delta,
                dk, dv, s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=(2 * 16 * hd + 32) * 4)
-        launch("attention_backward_flash_dq" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
+        launch("attention_bwd_fma_dq" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
                dq, s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=2 * 16 * hd * 4)
 
     t = _timed(env, attn, max(1, iters // 20))

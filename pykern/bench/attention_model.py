@@ -486,7 +486,7 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
             rows, bc, threads, smem = fw.TC_ROWS, fw._TC_CFG[D][0], fw.TC_THREADS, fw.tc_shared_bytes(D)
         pad = "pad_" if D in fw.FA2_HEAD_DIMS and not _fa2(fw, s) else ""
         ctas = _tiles(s.seq, s.seq, s.causal, rows, bc, True)
-        return [Launch(f"flash_attention_tc_{pad}d{D}_bf16", "flash_attention_tc.cu", "", threads, smem,
+        return [Launch(f"attention_fwd_tc_{pad}d{D}_bf16", "attention_fwd_tc.cu", "", threads, smem,
                        tuple(ctas), s.batch * s.heads, D, 2, 2 * b["q"] + 2 * b["kv"] + b["row"], (rows, bc),
                        2 * bc * D * 2)]
     if phase != "bwd":
@@ -498,20 +498,20 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
         det = dq_mode == "deterministic"
         # dQ: per query tile a key tile meets, BR x D fp32 -- RED.ADD to the workspace, or a partial stored
         dq_bytes = sum(ctas) // bc * D * 4 * s.batch * s.kvh
-        name = f"attention_backward_tc_fused_d{D}{'_det' if det else ''}_bf16"
+        name = f"attention_bwd_tc_fused_d{D}{'_det' if det else ''}_bf16"
         # cp.async per step: a Q and a dO tile of BR rows (lse / delta runs are small)
-        return [Launch(name, "attention_backward_fused_tc.cu", "", ta._TC_THREADS, ta.fused_shared_bytes(D), ctas,
+        return [Launch(name, "attention_bwd_tc_fused.cu", "", ta._TC_THREADS, ta.fused_shared_bytes(D), ctas,
                        s.batch * s.kvh, D, 5, reads + 2 * b["kv"] + dq_bytes, (br, bc), 2 * br * D * 2)]
     smem_kv, smem_q = ta.tc_backward_shared_bytes(D)
     # the dQ kernel's key step: the .cu's ABTC_DQ_BC, recovered from its shared-memory size (2 QR + 2 BC rows)
     dq_bc = (smem_q // ((D + 8) * 2) - 2 * ta._TC_QR) // 2
     kv_ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, ta._TC_BC, ta._TC_BR, group))
-    kv = [(f"attention_backward_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_backward_tc_dk_d{D}_bf16", 3, b["kv"])] \
-        if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
+    kv = [(f"attention_bwd_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_bwd_tc_dk_d{D}_bf16", 3, b["kv"])] \
+        if D == 256 else [(f"attention_bwd_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
     # cp.async per step: the dK/dV loop loads a Q and a dO tile of BR rows, the dQ loop a K and a V tile
-    out = [Launch(n, "attention_backward_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
+    out = [Launch(n, "attention_bwd_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
                   reads + w, (ta._TC_BR, ta._TC_BC), 2 * ta._TC_BR * D * 2) for n, mm, w in kv]
-    out.append(Launch(f"attention_backward_tc_dq_d{D}_bf16", "attention_backward_tc.cu", "", ta._TC_THREADS, smem_q,
+    out.append(Launch(f"attention_bwd_tc_dq_d{D}_bf16", "attention_bwd_tc.cu", "", ta._TC_THREADS, smem_q,
                       tuple(_tiles(s.seq, s.seq, s.causal, ta._TC_QR, dq_bc, True)), s.batch * s.heads, D, 3,
                       reads + b["q"], (ta._TC_QR, dq_bc), 2 * dq_bc * D * 2))
     return out
@@ -560,22 +560,22 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str]) -> tuple[list[La
     b = _bytes(s)
     mma_warps = (h.THREADS - 128) // 32  # the producer warpgroup (128 threads) issues no MMA
     if phase == "fwd":
-        name = f"flash_attention_sm90_d{D}_bf16"
+        name = f"attention_fwd_sm90_d{D}_bf16"
         if s.head_dim not in h.HEAD_DIMS or name not in kernels:
             return [], f"no {name} kernel (head_dims {h.HEAD_DIMS})"
         bc = h._CFG[D][0]
-        return [Launch(name, "flash_attention_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
+        return [Launch(name, "attention_fwd_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
                        tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
                        2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
-    names = [f"attention_backward_sm90_{p}_d{D}_bf16" for p in ("dkdv", "dq")]
+    names = [f"attention_bwd_sm90_{p}_d{D}_bf16" for p in ("dkdv", "dq")]
     if s.head_dim not in h.BWD_HEAD_DIMS or any(n not in kernels for n in names):
         return [], f"no {' / '.join(names)} kernels (head_dims {h.BWD_HEAD_DIMS})"
     reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]
     c = h.bwd_dkdv_step(D)
-    return [Launch(names[0], "attention_backward_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, c),
+    return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, c),
                    tuple(_key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)), s.batch * s.kvh,
                    D, 4, reads + 2 * b["kv"], (c, h.BWD_ROWS), mma_warps=mma_warps),
-            Launch(names[1], "attention_backward_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, h.BWD_STEP),
+            Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, h.BWD_STEP),
                    tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, h.BWD_STEP, False)), s.batch * s.heads, D, 3,
                    reads + b["q"], (h.BWD_ROWS, h.BWD_STEP), mma_warps=mma_warps)], ""
 

@@ -47,15 +47,15 @@ _GRID_YZ_MAX = 65535  # grid y / z
 # (bucket, query rows per block): the kernel gives DMAX/16 threads to a query row, 256 threads a block.
 _FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
 FA_THREADS = 256
-# Tensor-core bf16 / f16 kernels (kernels_cu/flash_attention_tc.cu): compile-time head_dim D, other head_dims
+# Tensor-core bf16 / f16 kernels (kernels_cu/attention_fwd_tc.cu): compile-time head_dim D, other head_dims
 # padded up to the next D; (D, keys per tile, Q in registers) as the .cu's FatcCfg.
 TC_HEAD_DIMS = (64, 96, 128, 256)
 _TC_CFG = {64: (64, 1), 96: (64, 1), 128: (64, 1), 256: (32, 0)}
 TC_THREADS = 128
 TC_ROWS = 64  # queries per CTA (FATC_BR)
-# The FlashAttention-2 core (kernels_cu/pk_attn_core.cuh): flash_attention_tc_d64 / _d128 take
+# The FlashAttention-2 core (kernels_cu/pk_attn_core.cuh): attention_fwd_tc_d64 / _d128 take
 # head_dim == head_dim_v == D with 16-byte aligned q / k / v / out, 128 queries a CTA of 8 warps; other shapes
-# at those D take flash_attention_tc_pad_d64 / _d128 (the general kernels above, padding head_dim).
+# at those D take attention_fwd_tc_pad_d64 / _d128 (the general kernels above, padding head_dim).
 FA2_HEAD_DIMS = (64, 128)
 FA2_THREADS = 256
 FA2_ROWS = 128  # PKFA_BR
@@ -227,22 +227,22 @@ def flash_attention(
         _fill(lse, -math.inf, stream)
     elif use_tc and _sm90_forward(q, k, v, out, lse, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
                                       float(scale), softcap, wl, wr, _suffix(kind), stream, backend):
-        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu)
+        pass  # the Hopper kernel ran (kernels_cu/attention_fwd_sm90.cu)
     elif use_tc:
         from ..launcher import launch
 
         args = (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
                 wl, wr, softcap)
         if fa2_eligible(head_dim, head_dim_v, q, k, v, out):
-            launch(f"flash_attention_tc_d{bucket}{cap}{_suffix(kind)}", batch * n_heads * -(-n_q // FA2_ROWS),
+            launch(f"attention_fwd_tc_d{bucket}{cap}{_suffix(kind)}", batch * n_heads * -(-n_q // FA2_ROWS),
                    FA2_THREADS, *args, shared_mem=fa2_shared_bytes(bucket), stream=stream, backend=backend)
         else:
             pad = "pad_" if bucket in FA2_HEAD_DIMS else ""
-            launch(f"flash_attention_tc_{pad}d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS, *args,
+            launch(f"attention_fwd_tc_{pad}d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS, *args,
                    shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend)
     else:
         _launch(
-            f"flash_attention_d{bucket}{cap}{_suffix(kind)}", n_blocks, FA_THREADS,
+            f"attention_fwd_fma_d{bucket}{cap}{_suffix(kind)}", n_blocks, FA_THREADS,
             q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
             wl, wr, softcap,
             stream=stream, backend=backend,
@@ -335,8 +335,8 @@ def flash_attention_varlen(
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # On sm_90a the TMA + wgmma forward (kernels_cu/flash_attention_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
-    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16
+    # On sm_90a the TMA + wgmma forward (kernels_cu/attention_fwd_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
+    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu): bf16
     # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
     # sequence * heads, batch).
     n_qt = -(-max_qo // FA2_ROWS)
@@ -346,9 +346,9 @@ def flash_attention_varlen(
     if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
             and _sm90_varlen(q, k, v, _sflat(out), _sflat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl,
                              wr, f"_{qk}", stream_, backend)):
-        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu, VARLEN)
+        pass  # the Hopper kernel ran (kernels_cu/attention_fwd_sm90.cu, VARLEN)
     elif fa2:
-        launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
+        launch(f"attention_fwd_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
                (FA2_THREADS,), _sflat(q), _sflat(k), _sflat(v), _sflat(out), _sflat(lse), cq, ck, h, kvh, n_qt, sc,
                wl, wr, cap, shared_mem=fa2_shared_bytes(d), stream=stream_, backend=backend)
     elif total_q:
@@ -373,7 +373,7 @@ _STAGE = 16  # PK_ATT_STAGE in the .cu
 _NAIVE_THREADS = 128
 _NAIVE_SMEM = 48 * 1024  # dynamic shared memory a block gets without an opt-in
 METHODS = ("auto", "naive", "flash", "tensor_cores")
-# Tensor-core kernels (kernels_cu/attention_backward_tc.cu): tiles as the .cu's ABTC_* constants.
+# Tensor-core kernels (kernels_cu/attention_bwd_tc.cu): tiles as the .cu's ABTC_* constants.
 _TC_THREADS = 128
 _TC_BC = 64  # keys per dK/dV CTA
 _TC_BR = 16  # queries per dK/dV step
@@ -384,7 +384,7 @@ def tc_backward_shared_bytes(d: int) -> tuple[int, int]:
     """(dK/dV kernel, dQ kernel) dynamic shared memory at compiled head_dim d (ABTC_*_SMEM in the .cu)."""
     dq_bc = 32 if d <= 128 else 16
     return (2 * _TC_BC + 2 * _TC_BR) * (d + 8) * 2 + 2 * _TC_BR * 4, (2 * _TC_QR + 2 * dq_bc) * (d + 8) * 2
-# Fused kernels (kernels_cu/attention_backward_fused_tc.cu): head_dims, keys per CTA, queries per streamed tile.
+# Fused kernels (kernels_cu/attention_bwd_tc_fused.cu): head_dims, keys per CTA, queries per streamed tile.
 FUSED_HEAD_DIMS = (64, 128)
 _FUSED_BC = 64
 _FUSED_BR = {64: 32, 128: 16}
@@ -449,7 +449,7 @@ def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
     _zero(dv_acc, n_kv, backend, stream)
     shared = (2 * d + (3 if softcap > 0 else 2) * n_k) * 4
     _launch(
-        "attention_backward_naive" + _suffix(kind), (n_q, h, b), (_NAIVE_THREADS,),
+        "attention_bwd_fma_naive" + _suffix(kind), (n_q, h, b), (_NAIVE_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, n_q, n_k, h, kvh, d, scale,
         wl, wr, softcap, shared_mem=shared, stream=stream, backend=backend,
     )
@@ -488,13 +488,13 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
     dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     _launch(
-        "attention_backward_flash_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
+        "attention_bwd_fma_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
         n_q, n_k, h, kvh, d, scale, *win, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream,
         backend=backend,
     )
     _launch(
-        "attention_backward_flash_dq" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
+        "attention_bwd_fma_dq" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
         n_q, n_k, h, kvh, d, scale, *win, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
     )
@@ -521,7 +521,7 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
                 _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
                 G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
     grads = _sm90_backward(q, k, v, g, _flat(lse), delta, dims, scale, win, kind, sfx, stream, backend)
-    if grads is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_backward_sm90.cu)
+    if grads is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
         return grads
     D = tc_head_dim(d)
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
@@ -531,12 +531,12 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
     args = (_flat(q), _flat(k), _flat(v), _flat(g), _flat(lse), delta)
     tail = (b, n_q, n_k, h, kvh, d, scale, *win)
     kv_grid = b * kvh * -(-n_k // _TC_BC)
-    names = ((f"attention_backward_tc_dv_d{D}{cap}{sfx}", f"attention_backward_tc_dk_d{D}{cap}{sfx}") if D == 256
-             else (f"attention_backward_tc_dkdv_d{D}{cap}{sfx}",))
+    names = ((f"attention_bwd_tc_dv_d{D}{cap}{sfx}", f"attention_bwd_tc_dk_d{D}{cap}{sfx}") if D == 256
+             else (f"attention_bwd_tc_dkdv_d{D}{cap}{sfx}",))
     for name in names:
         _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
                 stream=stream, backend=backend)
-    _launch(f"attention_backward_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
+    _launch(f"attention_bwd_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
             *tail, shared_mem=smem_q, stream=stream, backend=backend)
     return dq, dk, dv
 
@@ -578,7 +578,7 @@ def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend,
     head = (_flat(q), _flat(k), _flat(v), _flat(g), lse2, dlt)
     red_blocks = (max(1, min(-(-n_dq // 256), 8192)),)
     if not deterministic:
-        _launch(f"attention_backward_tc_fused_d{d}{cap}{sfx}", (n_kt, kvh, b), (_TC_THREADS,), *head, dq_ws,
+        _launch(f"attention_bwd_tc_fused_d{d}{cap}{sfx}", (n_kt, kvh, b), (_TC_THREADS,), *head, dq_ws,
                 _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, 0, 0, scale, wl, wr, softcap,
                 shared_mem=smem, stream=stream, backend=backend)
         _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), dq_ws, dq_ws, _flat(dq), n_dq, n_q, n_k,
@@ -588,7 +588,7 @@ def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend,
     part = arrays.empty((chunk * n_ws,), np.float32, like=q)
     for kt0 in range(0, n_kt, chunk):
         cnt = min(chunk, n_kt - kt0)
-        _launch(f"attention_backward_tc_fused_d{d}{cap}_det{sfx}", (cnt, kvh, b), (_TC_THREADS,), *head, part,
+        _launch(f"attention_bwd_tc_fused_d{d}{cap}_det{sfx}", (cnt, kvh, b), (_TC_THREADS,), *head, part,
                 _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, kt0, n_ws, scale, wl, wr, softcap,
                 shared_mem=smem, stream=stream, backend=backend)
         _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), part, dq_ws, _flat(dq), n_dq, n_q, n_k,
@@ -642,7 +642,7 @@ def attention_backward(
     does): without them an fp32 pre-pass (not on tensor cores) computes lse and D exactly, which costs
     about a forward.
     At head_dim 64 / 128 (host backend, sm_80 ... sm_90) the tensor-core path is one fused kernel per key
-    tile (kernels_cu/attention_backward_fused_tc.cu): dQ is summed with fp32 atomics (on a GPU the last
+    tile (kernels_cu/attention_bwd_tc_fused.cu): dQ is summed with fp32 atomics (on a GPU the last
     bits may vary run to run) unless deterministic=True, which sums per-key-tile partials in a fixed order
     (bit-identical run to run; more memory traffic, see docs/attention_tc.md). The torch autograd path sets
     it from torch.are_deterministic_algorithms_enabled().

@@ -1080,7 +1080,7 @@ def paged_prefill_attention(
         res = arrays.check_out(out, (total_q, h, d), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*; geometry from ops/attention.py): bf16 or f16 q with a
+    # The FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu, paged_prefill_tc_d*; geometry from ops/attention.py): bf16 or f16 q with a
     # cache of the same type, head_dim 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8
     # caches keep paged_attn.
     from . import attention as _attn  # at call time: the attention module imports this one's helpers

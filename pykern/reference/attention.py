@@ -1,5 +1,5 @@
-"""numba.cuda references of the attention family: the forward (kernels_cu/flash_attention.cu and the tensor-core
-flash_attention_tc.cu, which compute the same function) and the backward (attention_backward*.cu).
+"""numba.cuda references of the attention family: the forward (kernels_cu/attention_fwd_fma.cu and the tensor-core
+attention_fwd_tc.cu, which compute the same function) and the backward (attention_bwd_*.cu).
 
 One thread per row (or output element), plain loops, no shuffles, no shared memory, no libdevice: obviously
 right rather than fast. Arrays arrive flat (the numba backend flattens them) and bf16 / f16 arrays arrive
@@ -22,11 +22,11 @@ def _grid1(n: int) -> tuple[tuple[int], tuple[int]]:
 
 
 # --------------------------------------------------------------------------- forward
-_FA_NAMES = tuple(f"flash_attention_d{d}{c}{s}" for d in (64, 128, 256) for c in ("", "_softcap")
+_FA_NAMES = tuple(f"attention_fwd_fma_d{d}{c}{s}" for d in (64, 128, 256) for c in ("", "_softcap")
                   for s in ("", "_bf16", "_f16"))
-# The tensor-core kernels (flash_attention_tc.cu) take the same arguments and compute the same
+# The tensor-core kernels (attention_fwd_tc.cu) take the same arguments and compute the same
 # function (their P rounding to bf16 / f16 is inside the tolerance): the same reference serves them.
-_FA_TC_NAMES = tuple(f"flash_attention_tc_{p}d{d}{c}{s}" for p, ds in (("", (64, 96, 128, 256)), ("pad_", (64, 128)))
+_FA_TC_NAMES = tuple(f"attention_fwd_tc_{p}d{d}{c}{s}" for p, ds in (("", (64, 96, 128, 256)), ("pad_", (64, 128)))
                      for d in ds for c in ("", "_softcap") for s in ("_bf16", "_f16"))
 
 
@@ -118,7 +118,7 @@ def _batch(a: Any, seq: int, heads: int, head_dim: int) -> int:
     return a[0].size // (seq * heads * head_dim)
 
 
-@reference("attention_backward_naive", "attention_backward_naive_bf16", "attention_backward_naive_f16")
+@reference("attention_bwd_fma_naive", "attention_bwd_fma_naive_bf16", "attention_bwd_fma_naive_f16")
 def _attention_naive(cuda: Any):
     # One thread per (query, head): three passes over the visible keys (max, sum, delta),
     # then dq directly and dk/dv with atomics (other query threads share rows).
@@ -309,7 +309,7 @@ def _dkdv_body(cuda: Any):
     return body
 
 
-@reference(*(f"attention_backward_flash_dq{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
+@reference(*(f"attention_bwd_fma_dq{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
 def _attention_dq(cuda: Any):
     body = _dq_body(cuda)
 
@@ -323,7 +323,7 @@ def _attention_dq(cuda: Any):
     return k, lambda a: _grid1(_batch(a, a[7], a[9], a[11]) * a[7] * a[9])
 
 
-@reference(*(f"attention_backward_flash_dkdv{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
+@reference(*(f"attention_bwd_fma_dkdv{c}{s}" for c in ("", "_softcap") for s in ("", "_bf16", "_f16")))
 def _attention_dkdv(cuda: Any):
     body = _dkdv_body(cuda)
 
@@ -341,12 +341,12 @@ def _attention_dkdv(cuda: Any):
     return k, config
 
 
-# Tensor-core backward (kernels_cu/attention_backward_tc.cu): the same math as the flash references
+# Tensor-core backward (kernels_cu/attention_bwd_tc.cu): the same math as the flash references
 # above, with the batch passed explicitly. The d256 pair (_dv / _dk) each writes one output on the GPU;
 # the reference writes both, which the op's second launch makes equal.
-_TC_DKDV = tuple(f"attention_backward_tc_{n}{c}{s}" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256", "dk_d256")
+_TC_DKDV = tuple(f"attention_bwd_tc_{n}{c}{s}" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256", "dk_d256")
                  for c in ("", "_softcap") for s in ("_bf16", "_f16"))
-_TC_DQ = tuple(f"attention_backward_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+_TC_DQ = tuple(f"attention_bwd_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
                for s in ("_bf16", "_f16"))
 
 
@@ -375,7 +375,7 @@ def _attention_tc_dq(cuda: Any):
     return k, lambda a: _grid1(a[7] * a[8] * a[10])
 
 
-# Fused tensor-core backward (kernels_cu/attention_backward_fused_tc.cu) and its prep / dQ-reduce kernels.
+# Fused tensor-core backward (kernels_cu/attention_bwd_tc_fused.cu) and its prep / dQ-reduce kernels.
 # Workspace layout as on the GPU: lse2 / dlt (batch, head, nq_pad), dQ rows (batch, head, nq_pad, head_dim).
 # The kernels' T roundings of P and dS are not reproduced (the references stay fp32: closer to float64).
 _LOG2E = 1.4426950408889634
@@ -526,7 +526,7 @@ def _fused_tc_factory(D: int, SC: bool, DET: bool):
 for _d in (64, 128):
     for _sc in (False, True):
         for _det in (False, True):
-            _n = f"attention_backward_tc_fused_d{_d}{'_softcap' if _sc else ''}{'_det' if _det else ''}"
+            _n = f"attention_bwd_tc_fused_d{_d}{'_softcap' if _sc else ''}{'_det' if _det else ''}"
             reference(_n + "_bf16", _n + "_f16")(_fused_tc_factory(_d, _sc, _det))
 
 

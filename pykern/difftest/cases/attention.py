@@ -1,8 +1,8 @@
 """Difftest cases of the attention family: flash_attention (fp32-FMA and mma.sync kernels, kernels_cu/
-flash_attention.cu and flash_attention_tc.cu), attention_backward (attention_backward*.cu) and the Hopper (sm_90a)
+attention_fwd_fma.cu and attention_fwd_tc.cu), attention_backward (attention_bwd_*.cu) and the Hopper (sm_90a)
 kernels, against float64 NumPy references (the references here are also the tests' oracles).
 
-Sm_90a section: forward) and kernels_cu/attention_backward_sm90.cu (dK/dV and dQ), against the float64 NumPy references.
+Sm_90a section: forward) and kernels_cu/attention_bwd_sm90.cu (dK/dV and dQ), against the float64 NumPy references.
 
 These kernels are built only for `sm_90a` (TMA tensor maps, mbarrier, wgmma). Each case declares
 `arch="sm_90a"`: on the host backend its run plays that arch (PYKERN_HOST_ARCH=sm_90a, the emulation of
@@ -184,9 +184,9 @@ def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | No
 
         d = tc_head_dim(max(head_dim, head_dim_v))
         pad = "pad_" if d in (64, 128) and (head_dim != d or head_dim_v != d) else ""  # not the FA2 core's shape
-        return f"flash_attention_tc_{pad}d{d}{cap}{_sfx(kind)}"
+        return f"attention_fwd_tc_{pad}d{d}{cap}{_sfx(kind)}"
     bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
-    return f"flash_attention_d{bucket}{cap}{_sfx(kind)}"
+    return f"attention_fwd_fma_d{bucket}{cap}{_sfx(kind)}"
 
 
 def fa_inputs(rng: np.random.Generator, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int, dv: int,
@@ -245,7 +245,7 @@ def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
         # bf16 on tensor cores: every compiled head_dim and padded ones (32 -> 64, 80 -> 96, 33: element-wise
         # loads), lengths off every tile (BR = 64, BC = 64/32), length 1, n_q != n_k both ways, GQA 1/4/8
         for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (80, 70, 33),
-                            (33, 9, 20), (100, 9, 20)):  # 100: padded to the general flash_attention_tc_pad_d128
+                            (33, 9, 20), (100, 9, 20)):  # 100: padded to the general attention_fwd_tc_pad_d128
             yield _fa_case(rng, "bf16", 1, n_q, n_k, 2, 1, d, d, causal)
         for n_kv in (8, 2, 1):
             yield _fa_case(rng, "bf16", 1, 17, 17, 8, n_kv, 64, 64, causal)
@@ -311,7 +311,7 @@ def attention_inputs(rng: np.random.Generator, batch: int | None, seq: int, head
 def _flash_kernels(sfx: str, given: bool, softcap: float = 0.0) -> tuple[str, ...]:
     cap = "_softcap" if softcap > 0 else ""
     pre = "attention_bwd_preprocess" + sfx if given else "attention_bwd_lse" + cap + sfx
-    return (pre, "attention_backward_flash_dkdv" + cap + sfx, "attention_backward_flash_dq" + cap + sfx)
+    return (pre, "attention_bwd_fma_dkdv" + cap + sfx, "attention_bwd_fma_dq" + cap + sfx)
 
 
 def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
@@ -367,7 +367,7 @@ def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Cas
                                                        backend=be)
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
-            kern = (("attention_backward_naive" + sfx, "training_zero_f32")
+            kern = (("attention_bwd_fma_naive" + sfx, "training_zero_f32")
                     + (("training_f32_to" + sfx,) if kind != "f32" else ())) if method == "naive" \
                 else _flash_kernels(sfx, False)
             yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-{method}", kernels=kern,
@@ -393,14 +393,14 @@ def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "b
 
     d, s = tc_head_dim(head_dim), _sfx(kind)
     c = "_softcap" if softcap > 0 else ""
-    if head_dim in FUSED_HEAD_DIMS and not pair:  # the fused kernel (attention_backward_fused_tc.cu)
+    if head_dim in FUSED_HEAD_DIMS and not pair:  # the fused kernel (attention_bwd_tc_fused.cu)
         pre = () if given else (f"attention_bwd_lse{c}{s}",)
-        fused = f"attention_backward_tc_fused_d{d}{c}{'_det' if deterministic else ''}{s}"
+        fused = f"attention_bwd_tc_fused_d{d}{c}{'_det' if deterministic else ''}{s}"
         return pre + (f"attention_bwd_tc_prep{s}", fused, f"attention_bwd_tc_dq_reduce_d{d}{s}")
-    kv = ((f"attention_backward_tc_dv_d{d}{c}{s}", f"attention_backward_tc_dk_d{d}{c}{s}") if d == 256
-          else (f"attention_backward_tc_dkdv_d{d}{c}{s}",))
+    kv = ((f"attention_bwd_tc_dv_d{d}{c}{s}", f"attention_bwd_tc_dk_d{d}{c}{s}") if d == 256
+          else (f"attention_bwd_tc_dkdv_d{d}{c}{s}",))
     pre = "attention_bwd_preprocess" + s if given else f"attention_bwd_lse{c}{s}"
-    return (pre,) + kv + (f"attention_backward_tc_dq_d{d}{c}{s}",)
+    return (pre,) + kv + (f"attention_bwd_tc_dq_d{d}{c}{s}",)
 
 
 def _attention_window_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
@@ -443,7 +443,7 @@ def _attention_window_cases(rng: np.random.Generator, only: Any = None) -> Itera
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
             if method == "naive":
-                kern = ("attention_backward_naive" + sfx, "training_zero_f32") + (
+                kern = ("attention_bwd_fma_naive" + sfx, "training_zero_f32") + (
                     ("training_f32_to" + sfx,) if kind != "f32" else ())
             elif method == "flash":
                 kern = _flash_kernels(sfx, given, cap)
@@ -624,7 +624,7 @@ def _sm90_forward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: in
     from ...ops._window import normalize
 
     q, k, v = fa_inputs(rng, 1, n_q, n_k, h, kvh, d, d, kind)
-    name = f"flash_attention_sm90_d{d}{_sfx(kind)}"
+    name = f"attention_fwd_sm90_d{d}{_sfx(kind)}"
     scale = 1.0 / np.sqrt(d)
 
     def run(backend: str) -> dict[str, Any]:
@@ -653,7 +653,7 @@ def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[in
     q, k, v = (a[0] for a in fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d, kind))
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
-    name = f"flash_attention_varlen_sm90_d{d}{_sfx(kind)}"
+    name = f"attention_fwd_varlen_sm90_d{d}{_sfx(kind)}"
     scale = 1.0 / np.sqrt(d)
 
     def run(backend: str) -> dict[str, Any]:
@@ -686,7 +686,7 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
     from ...ops._window import normalize
 
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
-    names = (f"attention_backward_sm90_dkdv_d{d}{_sfx(kind)}", f"attention_backward_sm90_dq_d{d}{_sfx(kind)}")
+    names = (f"attention_bwd_sm90_dkdv_d{d}{_sfx(kind)}", f"attention_bwd_sm90_dq_d{d}{_sfx(kind)}")
     scale = 1.0 / np.sqrt(d)
     # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
     # pre-pass gives them, without its fp32 rounding of the sums

@@ -1,4 +1,4 @@
-"""Difftest cases for the forward / prefill kernels (forward.cu, flash_attention.cu) and their NumPy float64 references.
+"""Difftest cases for the forward / prefill kernels (forward.cu, attention_fwd_fma.cu) and their NumPy float64 references.
 
 Shape lists name the edge values one by one rather than as cross products:
 flash_attention sweeps (n_q, n_k) at one head config, head_dim at one length,

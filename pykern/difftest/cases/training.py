@@ -1,4 +1,4 @@
-"""Difftest cases for the training family (kernels_cu/training.cu, attention_backward.cu)
+"""Difftest cases for the training family (kernels_cu/training.cu, attention_bwd_fma.cu)
 plus the NumPy float64 references of its ops.
 
 Shapes cover the edges docs/design.md names ("Tests and tolerance"): sizes that are not multiples

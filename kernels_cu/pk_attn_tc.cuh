@@ -1,4 +1,4 @@
-// Shared pieces of the tensor-core attention kernels (flash_attention_tc.cu, attention_backward_tc.cu,
+// Shared pieces of the tensor-core attention kernels (attention_fwd_tc.cu, attention_bwd_tc.cu,
 // decode_tc.cu):
 // CTAs of 4 warps, 16-bit tiles (bf16 or f16: the kernels are templates over the element type T) in shared
 // memory as raw words, rows padded to D + 8 halves (16 bytes) so the 8 row addresses of one ldmatrix phase
