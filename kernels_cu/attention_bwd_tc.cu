@@ -157,10 +157,7 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
                     unsigned int pa[4];
-                    pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-                    pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-                    pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    pk_acc_to_a<T>(pa, s, kk);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         unsigned int ob[4];
@@ -199,10 +196,7 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
                     unsigned int da[4];
-                    da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
-                    da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
-                    da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-                    da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+                    pk_acc_to_a<T>(da, dp, kk);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         unsigned int qb[4];
@@ -229,21 +223,11 @@ ABTC_KP_UNROLL
             if (col >= head_dim) continue;
             if (DO_DV) {
                 const float x0 = acc_dv[DO_DV ? i : 0][2 * r], x1 = acc_dv[DO_DV ? i : 0][2 * r + 1];
-                if (vo) {
-                    *reinterpret_cast<unsigned int*>(dv + ob + col) = Pk16<T>::narrow2(x0, x1);
-                } else {
-                    PkIO<T>::store(dv, ob + col, x0);
-                    if (col + 1 < head_dim) PkIO<T>::store(dv, ob + col + 1, x1);
-                }
+                pk_store_pair<T>(dv, ob, col, head_dim, vo, x0, x1);
             }
             if (DO_DK) {
                 const float x0 = acc_dk[DO_DK ? i : 0][2 * r] * scale, x1 = acc_dk[DO_DK ? i : 0][2 * r + 1] * scale;
-                if (vo) {
-                    *reinterpret_cast<unsigned int*>(dk + ob + col) = Pk16<T>::narrow2(x0, x1);
-                } else {
-                    PkIO<T>::store(dk, ob + col, x0);
-                    if (col + 1 < head_dim) PkIO<T>::store(dk, ob + col + 1, x1);
-                }
+                pk_store_pair<T>(dk, ob, col, head_dim, vo, x0, x1);
             }
         }
     }
@@ -354,10 +338,7 @@ ABTC_KP_UNROLL
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {  // dQ += dS K
             unsigned int da[4];
-            da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
-            da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
-            da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-            da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            pk_acc_to_a<T>(da, dp, kk);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned int kb[4];
@@ -381,12 +362,7 @@ ABTC_KP_UNROLL
             const int col = i * 8 + 2 * t;
             if (col >= head_dim) continue;
             const float x0 = acc[i][2 * r] * scale, x1 = acc[i][2 * r + 1] * scale;
-            if (vo) {
-                *reinterpret_cast<unsigned int*>(dq + ob + col) = Pk16<T>::narrow2(x0, x1);
-            } else {
-                PkIO<T>::store(dq, ob + col, x0);
-                if (col + 1 < head_dim) PkIO<T>::store(dq, ob + col + 1, x1);
-            }
+            pk_store_pair<T>(dq, ob, col, head_dim, vo, x0, x1);
         }
     }
 }

@@ -203,14 +203,8 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++) {
             unsigned int pa[4], da[4];
-            pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
-            da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
-            da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-            da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            pk_acc_to_a<T>(pa, s, kk);
+            pk_acc_to_a<T>(da, dp, kk);
             // dS^T to shared memory for dQ, as [key][query] words (the A operand of dQ through .trans)
             *reinterpret_cast<unsigned int*>(sm + dsw_off + kk * 32) = da[0];
             *reinterpret_cast<unsigned int*>(sm + dsw_off + 8 * SDS * 2 + kk * 32) = da[1];

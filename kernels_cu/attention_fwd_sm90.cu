@@ -36,6 +36,7 @@
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
+#include "pk_attn_tc.cuh"  // pk_attn_epilogue
 
 #define FA90_BR 128
 #define FA90_THREADS 384
@@ -463,23 +464,16 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const long long o_stride = (long long)n_heads * D;
     // The sequence's first row of out / lse (read again here rather than kept live through the loops).
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
+    pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
+        l, m, sl2, 1.0f, row0, n_q,
+        [&](int r, int row, float inv) {
+            T* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = l[r];
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
-        const int row = row0 + 8 * r;
-        if (row >= n_q) continue;
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        T* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
-#pragma unroll
-        for (int jj = 0; jj < D / 8; jj++)
-            *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
-                Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
-        if (t == 0)  // m is in raw score units: lse = ln(2) * (m * scale * log2 e + log2(l))
-            lse[(o_row0 + row) * n_heads + h] =
-                lr > 0.0f ? (m[r] * sl2 + log2f(lr)) * 0.6931471805599453f : PK_NEG_INF;
-    }
+            for (int jj = 0; jj < D / 8; jj++)
+                *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
+                    Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        },
+        [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
 }
 
 #define FA90_ENTRY(D)                                                                                             \

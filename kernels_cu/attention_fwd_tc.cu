@@ -171,10 +171,7 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
             unsigned int pa[4];
-            pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pk_acc_to_a<T>(pa, s, kk);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned int vb[4];  // b of O n-tile 2np in vb[0..1], of 2np + 1 in vb[2..3]
@@ -189,31 +186,19 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 
     const bool vo = (head_dim_v & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
     const long long o_stride = (long long)n_heads * head_dim_v;
+    pk_attn_epilogue(  // m is in log2 units already
+        l, m, 1.0f, 1.0f, row0, n_q,
+        [&](int r, int row, float inv) {
+            const long long ob = ((long long)b * n_q + row) * o_stride + (long long)h * head_dim_v;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = l[r];
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
-        const int row = row0 + 8 * r;
-        if (row >= n_q) continue;
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        const long long ob = ((long long)b * n_q + row) * o_stride + (long long)h * head_dim_v;
-#pragma unroll
-        for (int i = 0; i < ON; i++) {
-            const int col = i * 8 + 2 * t;
-            if (col >= head_dim_v) continue;
-            const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
-            if (vo) {
-                *reinterpret_cast<unsigned int*>(out + ob + col) = Pk16<T>::narrow2(x0, x1);
-            } else {
-                PkIO<T>::store(out, ob + col, x0);
-                if (col + 1 < head_dim_v) PkIO<T>::store(out, ob + col + 1, x1);
+            for (int i = 0; i < ON; i++) {
+                const int col = i * 8 + 2 * t;
+                if (col >= head_dim_v) continue;
+                const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
+                pk_store_pair<T>(out, ob, col, head_dim_v, vo, x0, x1);
             }
-        }
-        if (t == 0)  // m is in log2 units: lse = ln(2) * (m + log2(l))
-            lse[((long long)b * n_q + row) * n_heads + h] = lr > 0.0f ? (m[r] + log2f(lr)) * 0.6931471805599453f
-                                                                      : PK_NEG_INF;
-    }
+        },
+        [&](int row) { return lse + ((long long)b * n_q + row) * n_heads + h; });
 }
 
 // Entry points per compiled head_dim and softcap flag, in bf16 and f16 (the sm_75 build traps: the op
