@@ -46,7 +46,7 @@
 // Requirements the op checks: K/V element strides (page, token, head) of whole 16-byte chunks and 16-byte
 // aligned bases (every copy is a 16-byte cp.async), 4 <= G <= 16.
 #include "pk_attn_tile.cuh"
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 
 #define DTC_THREADS 128
 #define DTC_BC 64  // keys a tile: 16 a warp

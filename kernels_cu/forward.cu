@@ -1,5 +1,5 @@
 // Forward / prefill kernels: embedding lookup, RoPE, SiLU gate, RMSNorm and the
-// causal attention softmax. FlashAttention lives in flash_attention.cu.
+// causal attention softmax. FlashAttention lives in attention_fwd_fma.cu.
 //
 // Each family is one template over its I/O element type (float, bf16, f16: see
 // pk_common.cuh's PK_IO_KERNELS), fp32 math throughout.

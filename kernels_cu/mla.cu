@@ -32,7 +32,7 @@
 // num_splits, num_heads): the layout of cascade.cu's merge_states, which the op launches next to merge them
 // (one source of the merge math). An empty split or request gives 0 and lse -inf, which the merge weighs 0.
 // Grid: x = head tile (16 heads; adjacent CTAs share a request's key tiles in L2), y = request, z = split.
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 #include "pk_attn_tile.cuh"
 
 #define MLA_DC 512       // ckv width (the value width too)

@@ -618,7 +618,7 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
     const unsigned int a_st = (AKM ? kr * GG_SRT + kc : lr * GG_SR + lc) * 2;
     const unsigned int b_st = GG_TILE_B + (BKM ? kr * GG_SRT + kc : lr * GG_SR + lc) * 2;
 
-    // ldmatrix row addresses within a stage (see pk_ptx.cuh). [rows][k]: A as in flash_attention_tc; B's
+    // ldmatrix row addresses within a stage (see pk_ptx.cuh). [rows][k]: A as in attention_fwd_tc; B's
     // x4 holds two n8 tiles (matrices 0, 1: n 0-7, k 0-7 / 8-15; matrices 2, 3: n 8-15). k-major (.trans):
     // the same matrices, each addressed by its 8 k rows.
     const int a_ld = AKM ? ((lane & 7) + 8 * (lane >> 4)) * GG_SRT + wm * 64 + 8 * ((lane >> 3) & 1)

@@ -1,5 +1,5 @@
 // The FlashAttention-2 forward tile core (tensor cores, bf16 / f16), shared by the dense forward
-// (flash_attention_tc.cu) and its varlen entry points. See docs/attention_tc.md "Forward core".
+// (attention_fwd_tc.cu) and its varlen entry points. See docs/attention_tc.md "Forward core".
 //
 // One CTA = PKFA_WARPS warps = PKFA_BR (128) consecutive query rows of one (sequence, head); warp w owns
 // rows 16w..16w+15 (the online softmax of a row stays in its warp: the 4 lanes of a quad share a row).
@@ -21,7 +21,7 @@
 // no mask, no bounds and no division (the steady state); then the first tiles a window cuts, masked.
 // Every key tile after the first loaded one lies wholly below n_k, so only the first load checks bounds.
 #pragma once
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 
 #define PKFA_WARPS 8
 #define PKFA_THREADS 256
@@ -244,10 +244,7 @@ template <typename T, int D, bool SC> struct PkFaCore {
 #pragma unroll
         for (int kk = 0; kk < PKFA_BC / 16; kk++) {
             unsigned pa[4];
-            pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pk_acc_to_a<T>(pa, s, kk);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned vf[4];  // b of O n-tile 2np in vf[0..1], of 2np + 1 in vf[2..3]
@@ -264,23 +261,16 @@ template <typename T, int D, bool SC> struct PkFaCore {
                                           float* __restrict__ lse, long long lse_row, long long lse_stride, int row0,
                                           int n_q, float v_scale) {
         const int t = threadIdx.x & 3;
+        pk_attn_epilogue(
+            l, m, mul, v_scale, row0, n_q,
+            [&](int r, int row, float inv) {
+                T* orow = out + o_row + (long long)row * o_stride;
 #pragma unroll
-        for (int r = 0; r < 2; r++) {
-            float lr = l[r];
-            lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
-            lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
-            const int row = row0 + 8 * r;
-            if (row >= n_q) continue;
-            const float inv = lr > 0.0f ? v_scale / lr : 0.0f;
-            T* orow = out + o_row + (long long)row * o_stride;
-#pragma unroll
-            for (int i = 0; i < ON; i++)
-                *reinterpret_cast<unsigned*>(orow + i * 8 + 2 * t) =
-                    Pk16<T>::narrow2(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
-            if (t == 0)  // lse = ln 2 * (m * mul + log2 l)
-                lse[lse_row + (long long)row * lse_stride] =
-                    lr > 0.0f ? (m[r] * mul + log2f(lr)) * 0.6931471805599453f : PK_NEG_INF;
-        }
+                for (int i = 0; i < ON; i++)
+                    *reinterpret_cast<unsigned*>(orow + i * 8 + 2 * t) =
+                        Pk16<T>::narrow2(o[i][2 * r] * inv, o[i][2 * r + 1] * inv);
+            },
+            [&](int row) { return lse + lse_row + (long long)row * lse_stride; });
     }
 };
 

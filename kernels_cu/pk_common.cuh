@@ -29,9 +29,9 @@
 // types): keep the call on one logical statement starting a line, with the four arguments parenthesized.
 // Accumulation is fp32 for every T.
 // A family with compile-time variants (a head_dim bucket, a softcap flag) names each variant's impl with
-//     PK_IO_VARIANT(flash_attention_d64_softcap, flash_attention_body, 64, 32, true)
-// (flash_attention_d64_softcap_impl<T>(args...) calls flash_attention_body<T, 64, 32, true>(args...)), then
-// instantiates it with PK_IO_KERNELS(flash_attention_d64_softcap, ...) as above.
+//     PK_IO_VARIANT(attention_fwd_fma_d64_softcap, flash_attention_body, 64, 32, true)
+// (attention_fwd_fma_d64_softcap_impl<T>(args...) calls flash_attention_body<T, 64, 32, true>(args...)), then
+// instantiates it with PK_IO_KERNELS(attention_fwd_fma_d64_softcap, ...) as above.
 // ---------------------------------------------------------------------------------------------------------
 struct alignas(2) __nv_bfloat16 {
     unsigned short bits;

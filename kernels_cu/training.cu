@@ -1,6 +1,6 @@
 // Training kernels: transpose, softmax / RMSNorm / embedding backward,
 // fused cross-entropy forward+backward, and two small helpers the ops need.
-// Attention backward lives in attention_backward.cu.
+// Attention backward lives in attention_bwd_fma.cu.
 //
 // Every family is one template over its I/O element type (float, __nv_bfloat16,
 // __half: see PK_IO_KERNELS in pk_common.cuh) and accumulates in fp32. Offsets are 64-bit. Rows are walked with grid-stride

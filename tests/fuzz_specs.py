@@ -160,7 +160,7 @@ def nan_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, g: np.ndarray | N
     grad_out g its (dq, dk, dv). Written for NaN: a NaN or inf score poisons its row as the math says
     (pykern.difftest's references guard the division and turn such rows into 0). Masked keys contribute
     exactly nothing; a row that sees no key gives out 0, lse -inf and no gradient."""
-    from pykern.difftest.cases.training import window_mask
+    from pykern.difftest.cases.attention import window_mask
 
     n_q, h, d = q.shape
     group = h // k.shape[1]

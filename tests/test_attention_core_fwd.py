@@ -1,5 +1,5 @@
 """The FlashAttention-2 forward core (kernels_cu/pk_attn_core.cuh) on the host backend: flash_attention's
-flash_attention_tc_d64 / _d128, flash_attention_varlen's flash_attention_varlen_tc_d64 / _d128 and
+attention_fwd_tc_d64 / _d128, flash_attention_varlen's attention_fwd_varlen_tc_d64 / _d128 and
 paged_prefill_attention's paged_prefill_tc_d64 / _d128 (16-bit caches) against
 float64 NumPy (the ops' bf16 / f16 tolerance rows), over the tile boundaries the core treats apart (the
 masked last tile, whole tiles in the unmasked loop, window-cut first tiles, ragged n_q / n_k), seq 1,
@@ -13,7 +13,7 @@ import pytest
 
 from pykern import ops
 from pykern.arrays import bfloat16
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close
 
@@ -43,7 +43,7 @@ def test_dense_core_vs_float64(shape, monkeypatch) -> None:
     names = _record(monkeypatch)
     out, lse = ops.flash_attention(q, k, v, causal=causal, window_size=win, softcap=cap, return_lse=True,
                                    backend=HOST)
-    assert names == [f"flash_attention_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
+    assert names == [f"attention_fwd_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
     ref_out, ref_lse = np_flash_attention(q, k, v, causal, None, win, cap)
     close("out", out, ref_out, "flash_attention", kind)
     check_lse(lse, ref_lse)
@@ -59,7 +59,7 @@ def test_misaligned_or_padded_shapes_take_the_general_kernels(monkeypatch) -> No
     a = ops.flash_attention(q_off, k, v, causal=True, backend=HOST)
     q2, k2, v2 = fa_inputs(rng, 1, 20, 30, 2, 1, 48, 48, "bf16")
     ops.flash_attention(q2, k2, v2, backend=HOST)
-    assert names == ["flash_attention_tc_pad_d64_bf16", "flash_attention_tc_pad_d64_bf16"]
+    assert names == ["attention_fwd_tc_pad_d64_bf16", "attention_fwd_tc_pad_d64_bf16"]
     close("out", a, np_flash_attention(q, k, v, True)[0], "flash_attention", "bf16")
 
 
@@ -104,7 +104,7 @@ def test_varlen_core_vs_float64(case, monkeypatch) -> None:
     names = _record(monkeypatch)
     out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, softcap=cap,
                                       return_lse=True, backend=HOST)
-    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
+    assert names == [f"attention_fwd_varlen_tc_d{d}{'_softcap' if cap else ''}_{kind}"]
     assert np.asarray(out).dtype == q.dtype
     ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win, cap)
     close("out", out, ref_out, "flash_attention_varlen", kind)

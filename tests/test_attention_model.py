@@ -245,37 +245,37 @@ def test_makespan_is_greedy_in_launch_order():
 
 
 def test_geometry_pairs_and_flops():
-    from pykern.ops import forward as fw
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as fw
+    from pykern.ops import attention as ta
 
     s = am.Shape(2, 4, 256, 128, True, 2)
     fwd, = am.launches("fwd", s)
     # the FlashAttention-2 core: 2 query tiles of 128, longest first: they see 4 and 2 key tiles of 64
-    assert fwd.kernel == "flash_attention_tc_d128_bf16" and fwd.threads == fw.FA2_THREADS == 256
+    assert fwd.kernel == "attention_fwd_tc_d128_bf16" and fwd.threads == fw.FA2_THREADS == 256
     assert fwd.step == (128, 64) and fwd.smem == fw.fa2_shared_bytes(128)
     assert fwd.ctas == (4 * 128 * 64, 2 * 128 * 64) and fwd.groups == 8
     assert fwd.executed_flops == 2 * 128 * 2 * 128 * 64 * 6 * 8
     # d96 has no FA2 core: the old geometry (64 query rows, 64 keys, 128 threads)
     f96, = am.launches("fwd", am.Shape(1, 1, 256, 96, True))
-    assert f96.kernel == "flash_attention_tc_d96_bf16" and f96.threads == fw.TC_THREADS and f96.step == (64, 64)
+    assert f96.kernel == "attention_fwd_tc_d96_bf16" and f96.threads == fw.TC_THREADS and f96.step == (64, 64)
     assert f96.ctas == tuple(k * 64 * 64 for k in (4, 3, 2, 1))
     # backward d128: the fused kernel, a CTA per key tile of 64 walking query tiles of 16 of both group heads
     fused, = am.launches("bwd", s)
-    assert fused.kernel == "attention_backward_tc_fused_d128_bf16" and fused.matmuls == 5
+    assert fused.kernel == "attention_bwd_tc_fused_d128_bf16" and fused.matmuls == 5
     assert fused.groups == 2 * 2 and fused.step == (16, 64) and fused.smem == ta.fused_shared_bytes(128)
     assert fused.ctas == tuple(2 * (256 - 64 * kt) * 64 for kt in range(4))
     det, = am.launches("bwd", s, "deterministic")
-    assert det.kernel == "attention_backward_tc_fused_d128_det_bf16" and det.ctas == fused.ctas
+    assert det.kernel == "attention_bwd_tc_fused_d128_det_bf16" and det.ctas == fused.ctas
     d64, = am.launches("bwd", am.Shape(1, 1, 256, 64, False))
-    assert d64.kernel == "attention_backward_tc_fused_d64_bf16" and d64.step == (32, 64)
+    assert d64.kernel == "attention_bwd_tc_fused_d64_bf16" and d64.step == (32, 64)
     # d96 keeps the dK/dV + dQ pair
     kv, dq = am.launches("bwd", am.Shape(2, 4, 256, 96, True, 2))
-    assert kv.kernel == "attention_backward_tc_dkdv_d96_bf16" and kv.matmuls == 4 and dq.matmuls == 3
+    assert kv.kernel == "attention_bwd_tc_dkdv_d96_bf16" and kv.matmuls == 4 and dq.matmuls == 3
     assert am.useful_flops(s, "fwd") == 4 * (256 * 257 // 2) * 128 * 2 * 4
     assert am.useful_flops(s, "bwd") == 2.5 * am.useful_flops(s, "fwd")
     d256 = [la.kernel for la in am.launches("bwd", am.Shape(1, 1, 64, 256, False))]
-    assert d256 == ["attention_backward_tc_dv_d256_bf16", "attention_backward_tc_dk_d256_bf16",
-                    "attention_backward_tc_dq_d256_bf16"]
+    assert d256 == ["attention_bwd_tc_dv_d256_bf16", "attention_bwd_tc_dk_d256_bf16",
+                    "attention_bwd_tc_dq_d256_bf16"]
     with pytest.raises(ArgumentError, match="kv_heads"):
         am.predict("sm_90", "fwd", am.Shape(1, 4, 64, 64, False, 3))
     with pytest.raises(ArgumentError, match="arch"):
@@ -307,7 +307,7 @@ def test_fused_backward_hbm_bytes_in_both_dq_modes():
 
 
 def test_deterministic_workspace_chunks_add_the_running_sum_round_trip(monkeypatch):
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as ta
 
     s = am.Shape(1, 2, 256, 64, False)  # 4 key tiles
     ws = 256 * 2 * 64 * 4
@@ -327,10 +327,10 @@ def test_sm90_launches_follow_the_hopper_geometry():
     from pykern.ops import _attention_sm90 as h
 
     s = am.Shape(1, 16, 1024, 128, False)
-    lts, why = am.sm90_launches("fwd", s, ["flash_attention_tc_d128_bf16"])
-    assert lts == [] and "no flash_attention_sm90_d128_bf16" in why
-    names = ["flash_attention_sm90_d128_bf16", "attention_backward_sm90_dkdv_d128_bf16",
-             "attention_backward_sm90_dq_d128_bf16"]
+    lts, why = am.sm90_launches("fwd", s, ["attention_fwd_tc_d128_bf16"])
+    assert lts == [] and "no attention_fwd_sm90_d128_bf16" in why
+    names = ["attention_fwd_sm90_d128_bf16", "attention_bwd_sm90_dkdv_d128_bf16",
+             "attention_bwd_sm90_dq_d128_bf16"]
     (lau,), why = am.sm90_launches("fwd", s, names)
     assert why == "" and lau.arch == "sm_90a" and lau.threads == h.THREADS == 384
     assert lau.loop_warps == 8  # the producer warpgroup issues no MMA
@@ -351,7 +351,7 @@ def sass():
     pytest.importorskip("numpy")
     try:
         src = am.SassSource()
-        src.inputs("flash_attention_tc_d64_bf16", "sm_90")
+        src.inputs("attention_fwd_tc_d64_bf16", "sm_90")
     except Exception as e:  # no cuobjdump / NVRTC here
         pytest.skip(f"SASS unavailable: {type(e).__name__}: {e}")
     return src

@@ -5,7 +5,7 @@ backend, bf16 and f16, with and without a softcap, both dQ modes), on sm_80 and 
 (HMMA), a flat steady-state loop (a backward branch whose body holds MMAs and no inner loop,
 tools/sass_report.py's steady_state_loops), warp-instructions and ldmatrix per m16n8k16 MMA of that loop within
 the bars, and no spills. FlashAttention-2 at d128 issues 3.35 per MMA in its backward; the bars leave room
-for the window / softcap arithmetic. The older dK/dV + dQ kernels (attention_backward_tc.cu) have no flat
+for the window / softcap arithmetic. The older dK/dV + dQ kernels (attention_bwd_tc.cu) have no flat
 loop and fail every row of this (test_old_kernels_fail_the_guard).
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
-from pykern.difftest.cases.training import attention_inputs
+from pykern.difftest.cases.attention import attention_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -63,7 +63,9 @@ def _tc_backward_kernels(monkeypatch) -> dict[str, int]:
             for cap in (0.0, 2.0):
                 for det in (False, True):
                     for n in _launched(monkeypatch, d, kind, cap, det):
-                        if n.startswith("attention_backward_tc_"):
+                        # the MMA kernels, not the tc path's prep / dQ-reduce passes (also attention_bwd_tc_*)
+                        if n.startswith("attention_bwd_tc_") and not n.startswith(("attention_bwd_tc_prep",
+                                                                                "attention_bwd_tc_dq_reduce")):
                             out[n] = d
     return out
 
@@ -103,7 +105,7 @@ def test_backward_tensor_core_kernels_meet_the_bars(monkeypatch) -> None:
 def test_old_kernels_fail_the_guard() -> None:
     # The guard can fail: the dK/dV + dQ pair the ops launched before (still used at head_dim 96 / 256)
     sr = _sass_report()
-    old = {f"attention_backward_tc_{n}_d{d}_bf16": d for d in BARS for n in ("dkdv", "dq")}
+    old = {f"attention_bwd_tc_{n}_d{d}_bf16": d for d in BARS for n in ("dkdv", "dq")}
     bad = _violations(sr, old)
     assert {(b[0], b[1]) for b in bad if b[2] == "no flat steady-state loop"} == {
         (n, a) for n in old for a in ARCHS}

@@ -5,7 +5,7 @@ flash_attention_varlen, paged_prefill_attention with a 16-bit cache), on sm_80 a
 sm_90: tensor-core MMAs of the right input type (HMMA.16816.F32.BF16 for bf16, HMMA.16816.F32 without
 .BF16 for f16), a flat steady-state loop (tools/sass_report.py steady_state_loops: a backward branch whose
 body holds the MMAs and no inner loop), at most BARS[D] warp-instructions and LDSM_PER_MMA ldmatrix per
-m16n8k16 MMA in it, and no spills or local memory. The general kernels (flash_attention_tc_pad_*, _d96,
+m16n8k16 MMA in it, and no spills or local memory. The general kernels (attention_fwd_tc_pad_*, _d96,
 _d256: head_dims the core does not take; paged_attn for FP8 caches) are not held to these bars.
 """
 from __future__ import annotations
@@ -17,7 +17,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
-from pykern.difftest.cases.forward import fa_inputs
+from pykern.difftest.cases.attention import fa_inputs
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -25,7 +25,7 @@ ARCHS = ("sm_80", "sm_90")
 BARS = {64: 7.5, 128: 5.0}
 LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs of P V
 # flash_attention and the serving ops (flash_attention_varlen, paged_prefill_attention), each in bf16 and f16
-FWD_CORE = [f"{v}d{d}{c}{s}" for v in ("flash_attention_tc_", "flash_attention_varlen_tc_", "paged_prefill_tc_")
+FWD_CORE = [f"{v}d{d}{c}{s}" for v in ("attention_fwd_tc_", "attention_fwd_varlen_tc_", "paged_prefill_tc_")
             for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
 
 
@@ -59,7 +59,7 @@ def test_flash_attention_launches_the_core_for_its_head_dims(d, kind, softcap, m
     names = _launched(monkeypatch, lambda: ops.flash_attention(q, k, v, causal=True, softcap=softcap,
                                                                backend="host"))
     cap = "_softcap" if softcap else ""
-    assert names == [f"flash_attention_tc_d{d}{cap}_{kind}"]
+    assert names == [f"attention_fwd_tc_d{d}{cap}_{kind}"]
     assert names[0] in FWD_CORE
 
 
@@ -74,7 +74,7 @@ def test_flash_attention_varlen_launches_the_core_for_its_head_dims(d, kind, sof
     cu_q, cu_k = np.array([0, 3, 7], np.int32), np.array([0, 4, 9], np.int32)
     names = _launched(monkeypatch, lambda: flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=softcap,
                                                                   backend="host"))
-    assert names == [f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_{kind}"]
+    assert names == [f"attention_fwd_varlen_tc_d{d}{'_softcap' if softcap else ''}_{kind}"]
     assert names[0] in FWD_CORE
 
 

@@ -1,5 +1,5 @@
-"""The Hopper (sm_90a) attention forward and backward, kernels_cu/flash_attention_sm90.cu and
-attention_backward_sm90.cu.
+"""The Hopper (sm_90a) attention forward and backward, kernels_cu/attention_fwd_sm90.cu and
+attention_bwd_sm90.cu.
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated, see
 pykern/host/pk_host_sm90.cpp) the forward equals float64 NumPy within the flash_attention tolerance rows over
@@ -23,7 +23,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
 from pykern.errors import KernelExecutionError
 from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
@@ -31,7 +31,7 @@ from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
 
 ROOT = Path(__file__).resolve().parent.parent
-SRC = ROOT / "kernels_cu" / "flash_attention_sm90.cu"
+SRC = ROOT / "kernels_cu" / "attention_fwd_sm90.cu"
 pytestmark = pytest.mark.usefixtures("sm90_host")
 
 HOST = "host"
@@ -58,7 +58,7 @@ def test_forward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
     q, k, v = fa_inputs(rng, b, n_q, n_k, h, kvh, d, d, dtype)
     names = _record(monkeypatch)
     out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=HOST)
-    assert names == [f"flash_attention_sm90_d{d}_{dtype}"]
+    assert names == [f"attention_fwd_sm90_d{d}_{dtype}"]
     ref_out, ref_lse = np_flash_attention(q, k, v, causal)
     close("out", out, ref_out, "flash_attention", dtype)
     check_lse(lse, ref_lse)
@@ -82,7 +82,7 @@ def test_forward_sm90_sliding_window(monkeypatch) -> None:
     q, k, v = fa_inputs(rng, 1, 300, 300, 2, 1, 64, 64, "bf16")
     names = _record(monkeypatch)
     out, lse = ops.flash_attention(q, k, v, window_size=(100, 20), return_lse=True, backend=HOST)
-    assert names == ["flash_attention_sm90_d64_bf16"]
+    assert names == ["attention_fwd_sm90_d64_bf16"]
     ref_out, ref_lse = np_flash_attention(q, k, v, False, window_size=(100, 20))
     close("out", out, ref_out, "flash_attention", "bf16")
     check_lse(lse, ref_lse)
@@ -103,9 +103,9 @@ def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     ops.flash_attention(q_odd, k, v, backend=HOST)
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     ops.flash_attention(q, k, v, causal=True, backend=HOST)  # not playing Hopper
-    assert names == ["flash_attention_sm90_d128_bf16", "flash_attention_tc_d128_softcap_bf16",
-                     "flash_attention_tc_d96_bf16", "flash_attention_tc_pad_d128_bf16",
-                     "flash_attention_tc_pad_d128_bf16", "flash_attention_tc_d128_bf16"]
+    assert names == ["attention_fwd_sm90_d128_bf16", "attention_fwd_tc_d128_softcap_bf16",
+                     "attention_fwd_tc_d96_bf16", "attention_fwd_tc_pad_d128_bf16",
+                     "attention_fwd_tc_pad_d128_bf16", "attention_fwd_tc_d128_bf16"]
 
 
 def test_sm90_and_mma_sync_forwards_agree(monkeypatch) -> None:
@@ -133,15 +133,15 @@ BWD_SHAPES = [
 @pytest.mark.parametrize("shape", BWD_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}-{}".format(
     *s[1:6], "causal" if s[6] else "full"))
 def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
-    from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
     b, n_q, n_k, h, kvh, d, causal = shape
     rng = np.random.default_rng(n_q * 1000 + n_k + d)
     q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, backend=HOST)
-    assert names == [f"attention_bwd_lse_{dtype}", f"attention_backward_sm90_dkdv_d{d}_{dtype}",
-                     f"attention_backward_sm90_dq_d{d}_{dtype}"]
+    assert names == [f"attention_bwd_lse_{dtype}", f"attention_bwd_sm90_dkdv_d{d}_{dtype}",
+                     f"attention_bwd_sm90_dq_d{d}_{dtype}"]
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal)
     atol, rtol = tolerance("attention_backward", dtype)
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
@@ -151,15 +151,15 @@ def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
 
 
 def test_backward_sm90_is_deterministic_with_the_forwards_out_and_lse(monkeypatch) -> None:
-    from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
     rng = np.random.default_rng(11)
     q, k, v, g = attention_inputs(rng, 1, 150, 8, 2, 128, "bf16", 150)
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
     r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
-    assert names == ["attention_bwd_preprocess_bf16", "attention_backward_sm90_dkdv_d128_bf16",
-                     "attention_backward_sm90_dq_d128_bf16"]
+    assert names == ["attention_bwd_preprocess_bf16", "attention_bwd_sm90_dkdv_d128_bf16",
+                     "attention_bwd_sm90_dq_d128_bf16"]
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
     r2 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
     for a, b in zip(r1, r2):  # same bits: one writer per element, fixed summation order
@@ -171,7 +171,7 @@ def test_backward_sm90_is_deterministic_with_the_forwards_out_and_lse(monkeypatc
 
 
 def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
-    from pykern.difftest.cases.training import attention_inputs
+    from pykern.difftest.cases.attention import attention_inputs
 
     rng = np.random.default_rng(4)
     names = _record(monkeypatch)
@@ -179,7 +179,7 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
     ops.attention_backward(q, k, v, g, backend=HOST)  # d256: no sm_90a backward
     q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 64, "bf16", 40)
     ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)
-    assert not any("sm90" in n for n in names) and any(n.startswith("attention_backward_tc_dq_d256") for n in names)
+    assert not any("sm90" in n for n in names) and any(n.startswith("attention_bwd_tc_dq_d256") for n in names)
 
 
 # --------------------------------------------------------------------------- pipeline mistakes are reported
@@ -187,7 +187,7 @@ def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str)
     """A copy of the kernel source with `old` replaced (once) and its kernels renamed; the d64 bf16 name."""
     text = SRC.read_text()
     assert text.count(old) == 1, old
-    (tmp_path / "fa90_mutant.cu").write_text(text.replace(old, new).replace("flash_attention_sm90_d", "fa90_mutant_d"))
+    (tmp_path / "fa90_mutant.cu").write_text(text.replace(old, new).replace("attention_fwd_sm90_d", "fa90_mutant_d"))
     monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
     return "fa90_mutant_d64_bf16"
 
@@ -362,9 +362,9 @@ def _sass():
     return mod, text, sr.count_sass(text), sr.steady_state_loops(text)
 
 
-KERNELS = [f"flash_attention_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
-BWD_SRC = ROOT / "kernels_cu" / "attention_backward_sm90.cu"
-BWD_KERNELS = [f"attention_backward_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d in (64, 128) for t in ("bf16", "f16")]
+KERNELS = [f"attention_fwd_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
+BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
+BWD_KERNELS = [f"attention_bwd_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d in (64, 128) for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)

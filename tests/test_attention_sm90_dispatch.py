@@ -65,15 +65,15 @@ def test_forward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> N
     q, k, v = _qkv(1, 80, 2, d)
     assert backends.kernel_variant("sm_90a", "nvrtc")  # the GPU takes sm_90a kernels
     ops.flash_attention(q, k, v, causal=True, backend="nvrtc")
-    assert names == [f"flash_attention_tc_d{d}_bf16"]
+    assert names == [f"attention_fwd_tc_d{d}_bf16"]
     assert not any(c[0] == "tensor_map_encode_tiled" for c in drv.calls)
     names.clear()
     ops.flash_attention(*_on(drv, [q, k, v]), causal=True, backend="nvrtc")
-    assert names == [f"flash_attention_sm90_d{d}_bf16"]
+    assert names == [f"attention_fwd_sm90_d{d}_bf16"]
     names.clear()
     dq, dk, _ = _on(drv, [q, k, v])
     ops.flash_attention(dq, dk, v, causal=True, backend="nvrtc")  # one host array: no tensor map for it
-    assert names == [f"flash_attention_tc_d{d}_bf16"]
+    assert names == [f"attention_fwd_tc_d{d}_bf16"]
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -82,15 +82,15 @@ def test_backward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> 
     q, k, v = _qkv(1, 80, 2, d)
     g = _qkv(1, 80, 2, d, seed=1)[0]
     ops.attention_backward(q, k, v, g, backend="nvrtc")  # the mma.sync backward, as on sm_80
-    assert f"attention_backward_tc_fused_d{d}_bf16" in names and not any("sm90" in n for n in names), names
+    assert f"attention_bwd_tc_fused_d{d}_bf16" in names and not any("sm90" in n for n in names), names
     assert not any(c[0] == "tensor_map_encode_tiled" for c in drv.calls)
     names.clear()
     ops.attention_backward(*_on(drv, [q, k, v, g]), backend="nvrtc")
-    assert [n for n in names if "sm90" in n] == [f"attention_backward_sm90_dkdv_d{d}_bf16",
-                                                 f"attention_backward_sm90_dq_d{d}_bf16"], names
+    assert [n for n in names if "sm90" in n] == [f"attention_bwd_sm90_dkdv_d{d}_bf16",
+                                                 f"attention_bwd_sm90_dq_d{d}_bf16"], names
     names.clear()
     ops.attention_backward(*_on(drv, [q, k, v]), g, backend="nvrtc")  # dO on the host: no tensor map for it
-    assert f"attention_backward_tc_fused_d{d}_bf16" in names and not any("sm90" in n for n in names), names
+    assert f"attention_bwd_tc_fused_d{d}_bf16" in names and not any("sm90" in n for n in names), names
 
 
 @pytest.mark.parametrize("d", [64, 128])
@@ -100,12 +100,12 @@ def test_varlen_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> No
     cu = np.array([0, 37, 100], np.int32)
     q, k, v = (rng.standard_normal((100, 2, d)).astype(BF16) for _ in range(3))
     ops.flash_attention_varlen(q, k, v, cu, cu, causal=True, backend="nvrtc")
-    assert names == [f"flash_attention_varlen_tc_d{d}_bf16"]
+    assert names == [f"attention_fwd_varlen_tc_d{d}_bf16"]
     assert not any(c[0] == "tensor_map_encode_tiled" for c in drv.calls)
     names.clear()
     dq, dk, dv = _on(drv, [q, k, v])
     ops.flash_attention_varlen(dq, dk, dv, cu, cu, causal=True, backend="nvrtc")
-    assert names == [f"flash_attention_varlen_sm90_d{d}_bf16"]
+    assert names == [f"attention_fwd_varlen_sm90_d{d}_bf16"]
 
 
 def test_usable_asks_every_tensor_map_array(cc90) -> None:
@@ -122,3 +122,49 @@ def test_host_backend_playing_sm90a_keeps_numpy_arrays(monkeypatch: pytest.Monke
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
     q, k, v = _qkv(1, 16, 1, 64)
     assert sm90.usable(64, 64, 0.0, 0.125, q, "host", k, v)
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_pykern_sm90_0_gives_every_attention_op_the_mma_sync_kernels(cc90, monkeypatch: pytest.MonkeyPatch,
+                                                                      d: int) -> None:
+    """The public switch (what tools/gpu_no_sm90.py sets): on the same fake Hopper GPU with device arrays, the
+    forward, varlen and backward launch sm_90a kernels by default and the sm_80 (mma.sync) ones under
+    PYKERN_SM90=0."""
+    drv, names = cc90
+    q, k, v = _qkv(1, 80, 2, d)
+    g = _qkv(1, 80, 2, d, seed=1)[0]
+    rng = np.random.default_rng(3)
+    cu = np.array([0, 37, 100], np.int32)
+    pq, pk, pv = (rng.standard_normal((100, 2, d)).astype(BF16) for _ in range(3))
+
+    def run() -> list[str]:
+        names.clear()
+        ops.flash_attention(*_on(drv, [q, k, v]), causal=True, backend="nvrtc")
+        ops.flash_attention_varlen(*_on(drv, [pq, pk, pv]), cu, cu, causal=True, backend="nvrtc")
+        ops.attention_backward(*_on(drv, [q, k, v, g]), backend="nvrtc")
+        return list(names)
+
+    monkeypatch.setenv("PYKERN_SM90", "1")
+    assert run() == [f"attention_fwd_sm90_d{d}_bf16", f"attention_fwd_varlen_sm90_d{d}_bf16", "attention_bwd_lse_bf16",
+                     f"attention_bwd_sm90_dkdv_d{d}_bf16", f"attention_bwd_sm90_dq_d{d}_bf16"]
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    assert run() == [f"attention_fwd_tc_d{d}_bf16", f"attention_fwd_varlen_tc_d{d}_bf16", "attention_bwd_lse_bf16",
+                     "attention_bwd_tc_prep_bf16", f"attention_bwd_tc_fused_d{d}_bf16",
+                     f"attention_bwd_tc_dq_reduce_d{d}_bf16"]
+    monkeypatch.delenv("PYKERN_SM90")
+    assert run()[0] == f"attention_fwd_sm90_d{d}_bf16"  # unset: on
+
+
+def test_pykern_sm90_host_arch_switch_and_bad_value(monkeypatch: pytest.MonkeyPatch) -> None:
+    """On the host backend playing sm_90a the same switch decides; a value other than 0 / 1 is an error naming
+    the variable before anything launches."""
+    from pykern.errors import ArgumentError
+
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+    q, k, v = _qkv(1, 16, 1, 64)
+    assert sm90.usable(64, 64, 0.0, 0.125, q, "host", k, v)
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    assert not sm90.usable(64, 64, 0.0, 0.125, q, "host", k, v)
+    monkeypatch.setenv("PYKERN_SM90", "off")
+    with pytest.raises(ArgumentError, match=r"PYKERN_SM90: expected 0 or 1 \(or unset\), got 'off'"):
+        ops.flash_attention(q, k, v, backend="host")

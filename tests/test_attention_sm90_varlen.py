@@ -1,5 +1,5 @@
-"""flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/flash_attention_sm90.cu with its VARLEN
-template parameter (flash_attention_varlen_sm90_d64/128/256).
+"""flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
+template parameter (attention_fwd_varlen_sm90_d64/128/256).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
 the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
@@ -13,7 +13,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
 from pykern.ops.serving import flash_attention_varlen
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
@@ -65,7 +65,7 @@ def test_varlen_sm90_vs_float64(case, monkeypatch) -> None:
     names = _record(monkeypatch)
     out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, return_lse=True,
                                       backend=HOST)
-    assert names == [f"flash_attention_varlen_sm90_d{d}_{kind}"]
+    assert names == [f"attention_fwd_varlen_sm90_d{d}_{kind}"]
     assert np.asarray(out).dtype == q.dtype and np.asarray(lse).dtype == np.float32
     ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win)
     close("out", out, ref_out, "flash_attention_varlen", kind)
@@ -85,7 +85,7 @@ def test_varlen_sm90_other_schedule_and_agrees_with_mma_sync(monkeypatch) -> Non
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     names = _record(monkeypatch)
     b, lb = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, backend=HOST)
-    assert names == ["flash_attention_varlen_tc_d128_f16"]
+    assert names == ["attention_fwd_varlen_tc_d128_f16"]
     assert np.abs(a.astype(np.float64) - b.astype(np.float64)).max() <= 2 * 2.0 ** -11 * np.abs(b).max()
     np.testing.assert_array_equal(np.isneginf(la), np.isneginf(lb))
     assert np.abs(la[np.isfinite(lb)] - lb[np.isfinite(lb)]).max() < 1e-5
@@ -108,6 +108,6 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     assert not np.asarray(out, np.float32).any() and np.isneginf(lse).all()
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)  # not playing Hopper
-    assert names == ["flash_attention_varlen_sm90_d128_bf16", "flash_attention_varlen_tc_d128_softcap_bf16",
-                     "dense_attn_bf16", "dense_attn_bf16", "flash_attention_varlen_tc_d128_bf16",
-                     "flash_attention_varlen_tc_d128_bf16"]
+    assert names == ["attention_fwd_varlen_sm90_d128_bf16", "attention_fwd_varlen_tc_d128_softcap_bf16",
+                     "dense_attn_bf16", "dense_attn_bf16", "attention_fwd_varlen_tc_d128_bf16",
+                     "attention_fwd_varlen_tc_d128_bf16"]

@@ -1,4 +1,4 @@
-"""Tensor-core bf16 attention (kernels_cu/flash_attention_tc.cu, attention_backward_tc.cu) on the host backend.
+"""Tensor-core bf16 attention (kernels_cu/attention_fwd_tc.cu, attention_bwd_tc.cu) on the host backend.
 
 Forward and gradients against float64 NumPy over head_dim 64/80/96/128/256, GQA 1/4/8, causal and not,
 n_q != n_k both ways, lengths off every tile and length 1; how the ops choose the tensor-core path; that
@@ -21,8 +21,8 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases import forward as fwd_cases
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention
-from pykern.difftest.cases.training import attention_inputs, np_attention_backward
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
+from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 from pykern.errors import ArgumentError
 from pykern.ops import forward as fwd_mod
 from pykern.tolerance import tolerance
@@ -30,28 +30,28 @@ from launch_spy import record_launches as _record
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
-TC_FWD = ([f"flash_attention_tc_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+TC_FWD = ([f"attention_fwd_tc_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
            for s in ("_bf16", "_f16")]
           # the general kernels at the FlashAttention-2 core's head dims, and flash_attention_varlen's core
-          + [f"flash_attention_tc_pad_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap") for s in ("_bf16", "_f16")]
-          + [f"flash_attention_varlen_tc_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap")
+          + [f"attention_fwd_tc_pad_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap") for s in ("_bf16", "_f16")]
+          + [f"attention_fwd_varlen_tc_d{d}{c}{s}" for d in (64, 128) for c in ("", "_softcap")
              for s in ("_bf16", "_f16")])
-TC_BWD = ([f"attention_backward_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c in ("", "_softcap")
+TC_BWD = ([f"attention_bwd_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c in ("", "_softcap")
            for s in ("_bf16", "_f16")]
-          + [f"attention_backward_tc_{n}_d256{c}{s}" for n in ("dv", "dk") for c in ("", "_softcap")
+          + [f"attention_bwd_tc_{n}_d256{c}{s}" for n in ("dv", "dk") for c in ("", "_softcap")
              for s in ("_bf16", "_f16")]
-          + [f"attention_backward_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+          + [f"attention_bwd_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
              for s in ("_bf16", "_f16")]
-          + [f"attention_backward_tc_fused_d{d}{c}{m}{s}" for d in (64, 128) for c in ("", "_softcap")
+          + [f"attention_bwd_tc_fused_d{d}{c}{m}{s}" for d in (64, 128) for c in ("", "_softcap")
              for m in ("", "_det") for s in ("_bf16", "_f16")])
 # The fused backward's fp32 helpers (no MMA): delta / lse layout + dQ workspace zeroing, dQ reduce / narrow
 TC_BWD_AUX = ([f"attention_bwd_tc_prep{s}" for s in ("_bf16", "_f16")]
               + [f"attention_bwd_tc_dq_reduce_d{d}{s}" for d in (64, 128) for s in ("_bf16", "_f16")])
-# The fp32-FMA f16 kernels (flash_attention.cu, attention_backward.cu) that narrow fp32 -> f16 (the others
+# The fp32-FMA f16 kernels (attention_fwd_fma.cu, attention_bwd_fma.cu) that narrow fp32 -> f16 (the others
 # write fp32 lse / delta only)
-F16_FMA_NARROWING = ([f"flash_attention_d{d}{c}_f16" for d in (64, 128, 256) for c in ("", "_softcap")]
-                     + ["attention_backward_naive_f16"]
-                     + [f"attention_backward_flash_{n}{c}_f16" for n in ("dq", "dkdv") for c in ("", "_softcap")])
+F16_FMA_NARROWING = ([f"attention_fwd_fma_d{d}{c}_f16" for d in (64, 128, 256) for c in ("", "_softcap")]
+                     + ["attention_bwd_fma_naive_f16"]
+                     + [f"attention_bwd_fma_{n}{c}_f16" for n in ("dq", "dkdv") for c in ("", "_softcap")])
 F16_FMA_WIDEN_ONLY = ["attention_bwd_preprocess_f16", "attention_bwd_lse_f16", "attention_bwd_lse_softcap_f16"]
 
 
@@ -88,7 +88,7 @@ def test_forward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
     q, k, v = fa_inputs(rng, b, n_q, n_k, h, kvh, d, d, "bf16")
     names = _record(monkeypatch)
     out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=HOST)
-    assert names == [f"flash_attention_tc_d{fwd_mod.tc_head_dim(d)}_bf16"]
+    assert names == [f"attention_fwd_tc_d{fwd_mod.tc_head_dim(d)}_bf16"]
     ref_out, ref_lse = np_flash_attention(q, k, v, causal)
     _close("out", out, ref_out, "flash_attention")
     np.testing.assert_array_equal(np.isneginf(lse), np.isneginf(ref_lse))
@@ -102,14 +102,14 @@ def test_forward_tensor_cores_and_fma_paths_agree_and_choice(monkeypatch) -> Non
     names = _record(monkeypatch)
     a = ops.flash_attention(q, k, v, causal=True, backend=HOST)
     b = ops.flash_attention(q, k, v, causal=True, tensor_cores=False, backend=HOST)
-    assert names == ["flash_attention_tc_d96_bf16", "flash_attention_d128_bf16"]
+    assert names == ["attention_fwd_tc_d96_bf16", "attention_fwd_fma_d128_bf16"]
     ref, _ = np_flash_attention(q, k, v, True)
     _close("tc", a, ref, "flash_attention")
     _close("fma", b, ref, "flash_attention")
     # f32 keeps the fp32 kernels; tensor cores cannot be asked for it
     names.clear()
     ops.flash_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), backend=HOST)
-    assert names == ["flash_attention_d128"]
+    assert names == ["attention_fwd_fma_d128"]
     with pytest.raises(ArgumentError, match="tensor_cores"):
         ops.flash_attention(q.astype(np.float32), k.astype(np.float32), v.astype(np.float32), tensor_cores=True,
                             backend=HOST)
@@ -160,10 +160,10 @@ def test_backward_tensor_cores_vs_float64(shape, monkeypatch) -> None:
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, scale=scale, backend=HOST)  # method="auto"
     D = fwd_mod.tc_head_dim(d)
-    # head_dim 64 / 128: the fused kernel (attention_backward_fused_tc.cu); others the dK/dV + dQ pair
-    tc = f"attention_backward_tc_fused_d{D}_bf16" if d in (64, 128) else f"attention_backward_tc_dq_d{D}_bf16"
+    # head_dim 64 / 128: the fused kernel (attention_bwd_tc_fused.cu); others the dK/dV + dQ pair
+    tc = f"attention_bwd_tc_fused_d{D}_bf16" if d in (64, 128) else f"attention_bwd_tc_dq_d{D}_bf16"
     assert names[0] == "attention_bwd_lse_bf16" and tc in names
-    assert not any(n.startswith("attention_backward_flash") for n in names)
+    assert not any(n.startswith(("attention_bwd_fma_dkdv", "attention_bwd_fma_dq")) for n in names)
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
     _close("dq", dq, rq, "attention_backward")
     _close("dk", dk, rk, "attention_backward")
@@ -208,14 +208,14 @@ def test_f16_forward_and_backward_on_tensor_cores_vs_float64(shape, monkeypatch)
     names = _record(monkeypatch)
     out, lse = ops.flash_attention(q, k, v, causal=causal, return_lse=True, backend=HOST)
     dq, dk, dv = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, backend=HOST)
-    kv = ([f"attention_backward_tc_dv_d{D}_f16", f"attention_backward_tc_dk_d{D}_f16"] if D == 256
-          else [f"attention_backward_tc_dkdv_d{D}_f16"])
+    kv = ([f"attention_bwd_tc_dv_d{D}_f16", f"attention_bwd_tc_dk_d{D}_f16"] if D == 256
+          else [f"attention_bwd_tc_dkdv_d{D}_f16"])
     if d in (64, 128):  # the fused kernel, dQ through the fp32 workspace
-        assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_tc_prep_f16",
-                         f"attention_backward_tc_fused_d{D}_f16", f"attention_bwd_tc_dq_reduce_d{D}_f16"]
+        assert names == [f"attention_fwd_tc_d{D}_f16", "attention_bwd_tc_prep_f16",
+                         f"attention_bwd_tc_fused_d{D}_f16", f"attention_bwd_tc_dq_reduce_d{D}_f16"]
     else:
-        assert names == [f"flash_attention_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
-                         f"attention_backward_tc_dq_d{D}_f16"]
+        assert names == [f"attention_fwd_tc_d{D}_f16", "attention_bwd_preprocess_f16", *kv,
+                         f"attention_bwd_tc_dq_d{D}_f16"]
     assert out.dtype == dq.dtype == dk.dtype == dv.dtype == np.float16 and lse.dtype == np.float32
     ref_out, ref_lse = np_flash_attention(q, k, v, causal)
     _close("out", out, ref_out, "flash_attention", "f16")
@@ -259,7 +259,7 @@ def test_f16_fma_path_on_request(monkeypatch) -> None:
     names = _record(monkeypatch)
     a = ops.flash_attention(q, k, v, causal=True, backend=HOST)
     b = ops.flash_attention(q, k, v, causal=True, tensor_cores=False, backend=HOST)
-    assert names == ["flash_attention_tc_d96_f16", "flash_attention_d128_f16"]
+    assert names == ["attention_fwd_tc_d96_f16", "attention_fwd_fma_d128_f16"]
     ref, _ = np_flash_attention(q, k, v, True)
     _close("tc", a, ref, "flash_attention", "f16")
     _close("fma", b, ref, "flash_attention", "f16")
@@ -302,7 +302,7 @@ def test_every_16bit_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
             assert (row["F2FP_F16"] == row["F2FP"]) if f16 else (row["F2FP_F16"] == 0), (name, arch, row)
             assert row["LDL"] == row["STL"] == 0 and row["spill_stores"] == 0, (name, arch, row)
     # the fp32 FMA kernels (sm_75's bf16 path) have no tensor-core instruction: the test can tell
-    old = sr.instruction_mix("flash_attention_d128_bf16", ["sm_80"])["flash_attention_d128_bf16"]["sm_80"]
+    old = sr.instruction_mix("attention_fwd_fma_d128_bf16", ["sm_80"])["attention_fwd_fma_d128_bf16"]["sm_80"]
     assert old["HMMA"] == 0
 
 
@@ -376,7 +376,7 @@ def test_fused_backward_both_modes_vs_float64(shape, kind, monkeypatch) -> None:
         names = _record(monkeypatch)
         dq, dk, dv = ops.attention_backward(q, k, v, g, deterministic=det, backend=HOST, **kw)
         c = "_softcap" if cap else ""
-        assert f"attention_backward_tc_fused_d{d}{c}{'_det' if det else ''}_{kind}" in names, names
+        assert f"attention_bwd_tc_fused_d{d}{c}{'_det' if det else ''}_{kind}" in names, names
         for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
             _close(f"{name} det={det}", got, ref, "attention_backward", kind)
 
@@ -400,7 +400,7 @@ def test_fused_backward_deterministic_mode_is_bit_identical_across_schedules(mon
 
 def test_fused_backward_deterministic_workspace_in_chunks(monkeypatch) -> None:
     # A workspace cap below one key tile's partial: one launch + reduce per key tile, same bits.
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as ta
 
     rng = np.random.default_rng(4)
     q, k, v, g = attention_inputs(rng, None, 20, 2, 1, 64, "bf16", 200)
@@ -408,7 +408,7 @@ def test_fused_backward_deterministic_workspace_in_chunks(monkeypatch) -> None:
     names = _record(monkeypatch)
     monkeypatch.setattr(ta, "DET_WORKSPACE_BYTES", 1)
     chunked = ops.attention_backward(q, k, v, g, causal=True, deterministic=True, backend=HOST)
-    assert names.count("attention_backward_tc_fused_d64_det_bf16") == 4  # 200 keys: 4 key tiles
+    assert names.count("attention_bwd_tc_fused_d64_det_bf16") == 4  # 200 keys: 4 key tiles
     for a, b in zip(whole, chunked):
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 

@@ -17,9 +17,9 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_helpers import need as _need  # noqa: E402
 from pykern import ops  # noqa: E402
-from pykern.difftest.cases.forward import fa_inputs, np_flash_attention  # noqa: E402
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention  # noqa: E402
-from pykern.difftest.cases.training import (  # noqa: E402
+from pykern.difftest.cases.attention import (  # noqa: E402
     attention_inputs, np_attention_backward, np_attention_forward, window_mask)
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
@@ -362,15 +362,15 @@ def test_no_window_no_softcap_launches_the_plain_kernels(monkeypatch) -> None:
     ops.flash_attention(q, k, v, causal=True, backend=HOST)
     ops.flash_attention(q, k, v, causal=True, window_size=(4, -1), backend=HOST)
     ops.flash_attention(q, k, v, causal=True, softcap=2.0, backend=HOST)
-    assert names == ["flash_attention_tc_d64_bf16", "flash_attention_tc_d64_bf16",
-                     "flash_attention_tc_d64_softcap_bf16"]
+    assert names == ["attention_fwd_tc_d64_bf16", "attention_fwd_tc_d64_bf16",
+                     "attention_fwd_tc_d64_softcap_bf16"]
     names.clear()
     qq, kk, vv, g = attention_inputs(np.random.default_rng(13), None, 9, 2, 1, 32, "f32")
     ops.attention_backward(qq, kk, vv, g, method="flash", backend=HOST)
     ops.attention_backward(qq, kk, vv, g, method="flash", softcap=1.0, backend=HOST)
-    assert names == ["attention_bwd_lse", "attention_backward_flash_dkdv", "attention_backward_flash_dq",
-                     "attention_bwd_lse_softcap", "attention_backward_flash_dkdv_softcap",
-                     "attention_backward_flash_dq_softcap"]
+    assert names == ["attention_bwd_lse", "attention_bwd_fma_dkdv", "attention_bwd_fma_dq",
+                     "attention_bwd_lse_softcap", "attention_bwd_fma_dkdv_softcap",
+                     "attention_bwd_fma_dq_softcap"]
 
 
 def test_bad_arguments_name_them() -> None:

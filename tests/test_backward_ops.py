@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 
 from pykern import ArgumentError, ArgumentTypeError, ops
-from pykern.difftest.cases import forward as F
+from pykern.difftest.cases import attention as A, forward as F
 from pykern.difftest.cases import training as T
 from pykern.difftest.runner import compare
 from pykern.tolerance import tolerance
@@ -290,12 +290,12 @@ def test_np_attention_backward_matches_finite_differences_for_new_shapes() -> No
     for batch, n_q, n_k, h, kvh, d, causal, scale in ((None, 5, 3, 4, 2, 3, True, 0.7),
                                                       (None, 3, 5, 2, 1, 4, False, None),
                                                       (None, 3, 6, 2, 2, 3, True, None)):
-        q, k, v, g = (a.astype(np.float64) for a in T.attention_inputs(rng, batch, n_q, h, kvh, d, "f32", n_k))
+        q, k, v, g = (a.astype(np.float64) for a in A.attention_inputs(rng, batch, n_q, h, kvh, d, "f32", n_k))
 
         def loss(q_, k_, v_):
-            return float((T.np_attention_forward(q_, k_, v_, causal=causal, scale=scale)[0] * g).sum())
+            return float((A.np_attention_forward(q_, k_, v_, causal=causal, scale=scale)[0] * g).sum())
 
-        grads = T.np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+        grads = A.np_attention_backward(q, k, v, g, causal=causal, scale=scale)
         eps = 1e-6
         for which, (arr, grad) in enumerate(zip((q, k, v), grads)):
             for idx in np.ndindex(arr.shape):
@@ -314,9 +314,9 @@ def test_np_attention_forward_uses_flash_attentions_mask() -> None:
     rng = np.random.default_rng(28)
     for n_q, n_k in ((4, 9), (9, 4), (5, 5)):
         for causal in (True, False):
-            q, k, v, _ = T.attention_inputs(rng, 2, n_q, 4, 2, 8, "f32", n_k)
-            out, lse = T.np_attention_forward(q, k, v, causal=causal, scale=0.3)
-            fo, fl = F.np_flash_attention(q, k, v, causal, 0.3)
+            q, k, v, _ = A.attention_inputs(rng, 2, n_q, 4, 2, 8, "f32", n_k)
+            out, lse = A.np_attention_forward(q, k, v, causal=causal, scale=0.3)
+            fo, fl = A.np_flash_attention(q, k, v, causal, 0.3)
             np.testing.assert_allclose(out, fo, atol=1e-12)
             np.testing.assert_allclose(lse, fl, atol=1e-12)
 
@@ -326,7 +326,7 @@ def test_attention_backward_matches_torch_autograd_float64() -> None:
     torch = pytest.importorskip("torch")
     rng = np.random.default_rng(29)
     for batch, n_q, n_k, h, kvh, d, causal, scale in _ATT[:4]:
-        q, k, v, g = T.attention_inputs(rng, batch, n_q, h, kvh, d, "f32", n_k)
+        q, k, v, g = A.attention_inputs(rng, batch, n_q, h, kvh, d, "f32", n_k)
         lead = q.ndim == 3
         tq, tk, tv = (torch.tensor((a[None] if lead else a).astype(np.float64), requires_grad=True)
                       for a in (q, k, v))
@@ -351,9 +351,9 @@ def test_flash_attention_out_and_lse_feed_attention_backward(dt: str) -> None:
     _need("host")
     rng = np.random.default_rng(30)
     for batch, n_q, n_k, h, kvh, d, causal, scale in _ATT:
-        q, k, v, g = T.attention_inputs(rng, batch if batch else 1, n_q, h, kvh, d, dt, n_k)
+        q, k, v, g = A.attention_inputs(rng, batch if batch else 1, n_q, h, kvh, d, dt, n_k)
         out, lse = ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, backend="host")
-        ref = T.np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+        ref = A.np_attention_backward(q, k, v, g, causal=causal, scale=scale)
         for kw in ({"out": out, "lse": lse, "method": "flash"}, {"method": "flash"}, {"method": "naive"}):
             got = ops.attention_backward(q, k, v, g, causal=causal, scale=scale, backend="host", **kw)
             for name, a, r in zip(("dq", "dk", "dv"), got, ref):
@@ -370,7 +370,7 @@ def test_new_shapes_flash_naive_agree_and_flash_is_bitwise_stable(schedule: str,
     _need("host")
     rng = np.random.default_rng(31)
     atol, rtol = tolerance("attention_backward", "f32")
-    q, k, v, g = T.attention_inputs(rng, 2, 70, 4, 2, 32, "f32", 33)  # two query tiles, n_q > n_k
+    q, k, v, g = A.attention_inputs(rng, 2, 70, 4, 2, 32, "f32", 33)  # two query tiles, n_q > n_k
     base = ops.attention_backward(q, k, v, g, causal=True, scale=0.1, method="flash", backend="host")
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
     flash = ops.attention_backward(q, k, v, g, causal=True, scale=0.1, method="flash", backend="host")

@@ -112,7 +112,7 @@ def test_nvrtc(case: runner.Case) -> None:
 
 def test_every_kernel_has_reference() -> None:
     # Kernels built only for an arch-specific target (`// pykern: arch sm_90a`: TMA tensor maps, wgmma) have no
-    # numba reference (numba has neither): their cases (pykern/difftest/cases/sm90.py) run on the host backend
+    # numba reference (numba has neither): their cases (pykern/difftest/cases/_sm90.py helpers) run on the host backend
     # playing sm_90a against float64. That every kernel, those included, has a case: test_difftest_coverage.py.
     refs = references()
     names = [s.name for s in pykern.kernels() if not s.archs]

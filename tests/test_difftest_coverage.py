@@ -4,7 +4,7 @@
 (`runner.collect_cases`): a kernel that no case launches fails here by name. The earlier form of this check (in
 tests/test_difftest.py) left out the kernels of arch-specific sources (`// pykern: arch sm_90a`) together with its
 numba-reference check, since numba has no wgmma or TMA; so the 20 sm_90a attention kernels had no case and
-nothing said so. They have cases now (pykern/difftest/cases/sm90.py; the sm_90a grouped GEMMs: moe_sm90.py) that
+nothing said so. They have cases now (attention.py, mla.py, moe_sm90.py, built on the _sm90.py helpers) that
 run on the host backend playing sm_90a, and are reported as not applicable, not passed, on numba and nvrtc.
 """
 from __future__ import annotations
@@ -49,7 +49,7 @@ def test_arch_specific_kernels_have_cases_that_declare_the_arch() -> None:
     # host playing that arch and reports the other backends as not applicable; a portable case declares none.
     specs = {s.name: s for s in pykern.kernels()}
     arch_kernels = {n for n, s in specs.items() if s.archs}
-    # flash_attention_sm90.cu (dense + varlen) and attention_backward_sm90.cu: 20; mla_sm90.cu: 2;
+    # attention_fwd_sm90.cu (dense + varlen) and attention_bwd_sm90.cu: 20; mla_sm90.cu: 2;
     # grouped_gemm_sm90.cu (nt, act, nn, wgrad, and the fp32-result nt and nn): 12
     assert len(arch_kernels) == 34
     for c in CASES:
@@ -65,7 +65,7 @@ def test_arch_specific_kernels_have_cases_that_declare_the_arch() -> None:
             assert {c.shape.endswith("-causal-sm90a") for c in mine} == {True, False}, name
 
 
-def _sm90_case(kernel: str = "flash_attention_sm90_d128_f16", causal: bool = True) -> runner.Case:
+def _sm90_case(kernel: str = "attention_fwd_sm90_d128_f16", causal: bool = True) -> runner.Case:
     return next(c for c in CASES if kernel in c.kernels and c.shape.endswith("-causal-sm90a") == causal)
 
 
@@ -89,13 +89,13 @@ def test_sm90_case_runs_on_the_host_and_is_not_applicable_elsewhere(monkeypatch:
     assert "PYKERN_HOST_ARCH" not in os.environ
     # only a backend that runs the sm_90a kernel passes: called off the host, the op's helper declines and the
     # case says so instead of running another kernel
-    with pytest.raises(ArgumentError, match=r"flash_attention_sm90_d128_f16, got 'numba'"):
+    with pytest.raises(ArgumentError, match=r"attention_fwd_sm90_d128_f16, got 'numba'"):
         case.run("numba")
 
 
 def test_sm90_backward_case_checks_every_gradient() -> None:
-    case = _sm90_case("attention_backward_sm90_dq_d64_bf16", causal=True)
-    assert case.kernels == ("attention_backward_sm90_dkdv_d64_bf16", "attention_backward_sm90_dq_d64_bf16")
+    case = _sm90_case("attention_bwd_sm90_dq_d64_bf16", causal=True)
+    assert case.kernels == ("attention_bwd_sm90_dkdv_d64_bf16", "attention_bwd_sm90_dq_d64_bf16")
     ref = case.reference()
     assert set(ref) == {"dq", "dk", "dv"}
     # 150 queries on 60 keys, causal bottom-right: the first 90 query rows see no key, their dq is 0
@@ -112,7 +112,7 @@ def test_cli_runs_sm90_kernels_on_the_host_and_says_why_not_on_numba() -> None:
     env = {k: v for k, v in os.environ.items() if k not in ("PYKERN_KERNEL_PATH", "PYKERN_DIFFTEST_EXTRA",
                                                               "PYKERN_HOST_ARCH", "NUMBA_ENABLE_CUDASIM")}
     env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
-    r = subprocess.run([sys.executable, "-m", "pykern.difftest", "--kernels", "flash_attention_varlen_sm90_d64_f16",
+    r = subprocess.run([sys.executable, "-m", "pykern.difftest", "--kernels", "attention_fwd_varlen_sm90_d64_f16",
                         "--backends", "host,numba"], capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
     assert r.returncode == 0, r.stdout[-3000:] + r.stderr
     rows = [ln for ln in r.stdout.splitlines() if ln.startswith("flash_attention_varlen[f16]")]

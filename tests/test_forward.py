@@ -10,13 +10,15 @@ import numpy as np
 import pytest
 
 from pykern import ArgumentError, ArgumentTypeError, ops
-from pykern.difftest.cases import forward as F
+from pykern.difftest.cases import attention as A, forward as F
 
 
 from family_helpers import check as _check, need as _need
 
 
 _CASES = list(F.cases(np.random.default_rng(0)))
+# flash_attention's cases are the attention family's (portable kernels: the sm_90a ones play their arch)
+_FA_CASES = [c for c in A.cases(np.random.default_rng(0)) if c.op == "flash_attention" and not c.arch]
 
 
 # --------------------------------------------------------------------------- NumPy references
@@ -24,9 +26,9 @@ _CASES = list(F.cases(np.random.default_rng(0)))
 
 def test_np_flash_attention_matches_explicit_loops() -> None:
     rng = np.random.default_rng(3)
-    q, k, v = F.fa_inputs(rng, 1, 5, 3, 4, 2, 6, 5, "f32")
+    q, k, v = A.fa_inputs(rng, 1, 5, 3, 4, 2, 6, 5, "f32")
     for causal in (False, True):
-        out, lse = F.np_flash_attention(q, k, v, causal)
+        out, lse = A.np_flash_attention(q, k, v, causal)
         for i in range(5):
             for h in range(4):
                 keys = [j for j in range(3) if not causal or j <= i + 3 - 5]
@@ -82,7 +84,8 @@ def test_barrier_kernels_agree_across_schedules(monkeypatch: pytest.MonkeyPatch)
     # the reverse schedule runs every case in tests/test_difftest.py; a seeded random order on top here
     _need("host")
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "random:11")
-    for case in _CASES:
+    assert _FA_CASES
+    for case in _CASES + _FA_CASES:
         if case.op in _SCHEDULE_OPS and case.note != "big":
             _check(case.run("host"), case.reference(), case.op, case.dtype)
 
@@ -119,9 +122,9 @@ def test_unaligned_inputs_take_the_scalar_path(kind: str) -> None:
     np.testing.assert_array_equal(ops.embedding(ids, table, backend="host"), table[ids])
     np.testing.assert_array_equal(ops.embedding(ids.astype(np.int32), table, backend="host"), table[ids])
     np.testing.assert_array_equal(ops.embedding([9, 1], table, backend="host"), table[[9, 1]])
-    q, k, v = (_misaligned(a) for a in F.fa_inputs(rng, 1, 9, 40, 2, 1, 64, 64, kind))
+    q, k, v = (_misaligned(a) for a in A.fa_inputs(rng, 1, 9, 40, 2, 1, 64, 64, kind))
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend="host")
-    ro, rl = F.np_flash_attention(q, k, v, True)
+    ro, rl = A.np_flash_attention(q, k, v, True)
     _check({"out": out, "lse": lse}, {"out": ro, "lse": rl}, "flash_attention", kind)
 
 
@@ -140,7 +143,7 @@ def test_rope_inplace_writes_into_x() -> None:
 
 def test_flash_attention_rows_without_keys_are_zero_with_lse_minus_inf() -> None:
     _need("host")
-    q, k, v = F.fa_inputs(np.random.default_rng(8), 1, 7, 3, 2, 1, 32, 32, "f32")
+    q, k, v = A.fa_inputs(np.random.default_rng(8), 1, 7, 3, 2, 1, 32, 32, "f32")
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend="host")
     assert np.all(lse[0, :4] == -np.inf) and not out[0, :4].any()  # query i sees j <= i - 4
     assert np.all(np.isfinite(lse[0, 4:]))
@@ -148,9 +151,9 @@ def test_flash_attention_rows_without_keys_are_zero_with_lse_minus_inf() -> None
 
 def test_flash_attention_scale_and_default() -> None:
     _need("host")
-    q, k, v = F.fa_inputs(np.random.default_rng(9), 1, 5, 6, 2, 2, 16, 16, "f32")
+    q, k, v = A.fa_inputs(np.random.default_rng(9), 1, 5, 6, 2, 2, 16, 16, "f32")
     got = ops.flash_attention(q, k, v, scale=0.3, backend="host")
-    ref, _ = F.np_flash_attention(q, k, v, False, 0.3)
+    ref, _ = A.np_flash_attention(q, k, v, False, 0.3)
     _check({"o": got}, {"o": ref}, "flash_attention", "f32")
 
 
@@ -223,7 +226,7 @@ def test_lse_feeds_attention_backward(kind: str, s: int, h: int, kvh: int, d: in
     if not hasattr(ops, "__dir__") or "attention_backward" not in dir(ops):
         pytest.skip("attention_backward is not in this checkout")
     rng = np.random.default_rng(10)
-    q, k, v = F.fa_inputs(rng, 2, s, s, h, kvh, d, d, kind)
+    q, k, v = A.fa_inputs(rng, 2, s, s, h, kvh, d, d, kind)
     g = F._normal(rng, q.shape, kind)
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend="host")
     assert lse.shape == (2, s, h) and lse.dtype == np.float32
@@ -242,7 +245,7 @@ def test_every_kernel_declares_launch_bounds_covering_the_ops_blocks() -> None:
     from pykern.sources import KERNELS_DIR
 
     # the registry reads __launch_bounds__ also through macros (FA_THREADS) and PK_IO_KERNELS calls
-    specs = {name: parse_file(KERNELS_DIR / name) for name in ("forward.cu", "flash_attention.cu")}
+    specs = {name: parse_file(KERNELS_DIR / name) for name in ("forward.cu", "attention_fwd_fma.cu")}
     unbounded = sorted(s.name for ss in specs.values() for s in ss if s.max_threads is None)
     assert not unbounded, f"kernels without __launch_bounds__: {unbounded}"
     bounds = {s.name: s.max_threads for ss in specs.values() for s in ss}

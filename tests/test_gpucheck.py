@@ -82,7 +82,7 @@ def test_fake_device_whose_limits_reject_kernels_is_reported(tmp_path, no_compil
     attrs = dict(A100_SXM_ATTRIBUTES, MAX_REGISTERS_PER_BLOCK=16384)
     fake = _fake(attributes=attrs, max_shared_optin=16 * 1024)
     no_compile["resources"] = _resources({
-        "flash_attention_d128": checks.KernelResources("flash_attention_d128", 64, 32768, 256, 0, "test"),
+        "attention_fwd_fma_d128": checks.KernelResources("attention_fwd_fma_d128", 64, 32768, 256, 0, "test"),
         "rms_norm": checks.KernelResources("rms_norm", 30, 128, 1024, 0, "test"),
     })
     rc = cli.main(["--out", str(tmp_path), *ALL_STEPS], driver_factory=lambda: fake)
@@ -91,7 +91,7 @@ def test_fake_device_whose_limits_reject_kernels_is_reported(tmp_path, no_compil
     rows = {r["kernel"]: r for r in doc["limits"]["rows"]}
     assert set(rows) == {s.name for s in registry.kernels() if not s.archs}  # one row per kernel built for sm_80
     # static shared memory alone is over the 16 KB limit
-    fa = rows["flash_attention_d128"]
+    fa = rows["attention_fwd_fma_d128"]
     assert fa["status"] == "FAIL"
     assert "0 dynamic = 32768 bytes of shared memory per block > device limit 16384" in fa["problems"][0]
     # rms_norm sizes its blocks to the row (672 threads for a one-read row, 1024 for long rows): 30 regs ->
@@ -101,10 +101,10 @@ def test_fake_device_whose_limits_reject_kernels_is_reported(tmp_path, no_compil
         "30 registers x 672 threads = 21504 registers per block (per-warp allocation) > device limit 16384",
         "30 registers x 1024 threads = 32768 registers per block (per-warp allocation) > device limit 16384"]
     # the flash backward's dynamic shared memory (2*16*d*4 bytes: 32768 at head_dim 256) is recorded from the ops
-    assert any("32768 dynamic" in p for p in rows["attention_backward_flash_dq"]["problems"])
+    assert any("32768 dynamic" in p for p in rows["attention_bwd_fma_dq"]["problems"])
     assert rows["embedding"]["status"] == "ok" and rows["embedding"]["launches"] == [[256, 0]]
-    assert any(f.startswith("limits: flash_attention_d128: ") for f in doc["failures"])
-    assert "| flash_attention_d128 | 64 | 32768 | 256 |" in md
+    assert any(f.startswith("limits: attention_fwd_fma_d128: ") for f in doc["failures"])
+    assert "| attention_fwd_fma_d128 | 64 | 32768 | 256 |" in md
     # the same kernels fit an H100
     fake_h100 = _fake(attributes=dict(H100_SXM_ATTRIBUTES), cc=(9, 0), max_shared_optin=227 * 1024)
     assert cli.main(["--out", str(tmp_path / "h100"), *ALL_STEPS], driver_factory=lambda: fake_h100) == EXIT_OK
@@ -156,12 +156,12 @@ def test_arch_override_compiles_for_that_arch_and_skips_the_device_load(tmp_path
 
 def test_launch_bounds_resolve_macros_and_literals():
     root = Path(registry.__file__).resolve().parent.parent / "kernels_cu"
-    fa = checks.launch_bounds(root / "flash_attention.cu")  # __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS)
-    assert fa["flash_attention_d128"] == 256
+    fa = checks.launch_bounds(root / "attention_fwd_fma.cu")  # __launch_bounds__(FA_THREADS, FA_MIN_BLOCKS)
+    assert fa["attention_fwd_fma_d128"] == 256
     tr = checks.launch_bounds(root / "training.cu")
     assert tr["transpose_2d"] == 256 and tr["softmax_backward"] == 512
     # one table with the launcher: the kernels the registry bounds, with the registry's values
-    assert fa == {s.name: s.max_threads for s in registry.kernels() if s.source.name == "flash_attention.cu"}
+    assert fa == {s.name: s.max_threads for s in registry.kernels() if s.source.name == "attention_fwd_fma.cu"}
 
 
 def test_recorded_launches_cover_every_kernel_with_the_ops_geometry():
@@ -169,7 +169,7 @@ def test_recorded_launches_cover_every_kernel_with_the_ops_geometry():
     # every kernel, the arch-specific (sm_90a) ones included: their cases play sm_90a on the host (PYKERN_HOST_ARCH),
     # which the recorder follows, so their launches show the wgmma kernels' geometry
     assert set(seen) == {s.name for s in registry.kernels()} and not notes, notes
-    assert seen["flash_attention_sm90_d128_bf16"] == {(384, 164864)}  # 3 warpgroups, Q + 2 x (K + V) + barriers
+    assert seen["attention_fwd_sm90_d128_bf16"] == {(384, 164864)}  # 3 warpgroups, Q + 2 x (K + V) + barriers
     assert (1024, 0) in seen["rms_norm"]  # long rows take the block-per-row shape
     assert all(t <= 1024 for ks in seen.values() for t, _ in ks)
 
@@ -303,7 +303,7 @@ INITCHECK_OUT = """\
 SYNCCHECK_OUT = """\
 ========= COMPUTE-SANITIZER
 ========= Barrier error detected. Divergent thread(s) in block
-=========     at flash_attention_d64+0x7c0
+=========     at attention_fwd_fma_d64+0x7c0
 =========     by thread (37,0,0) in block (0,0,0)
 =========
 ========= ERROR SUMMARY: 1 error
@@ -351,9 +351,9 @@ def test_sanitizer_output_parsing():
     i = sanitizer.parse_output(INITCHECK_OUT, "initcheck", "decode_attn_split_chunk", "c")
     assert [(x.kernel, x.message) for x in i] == [
         ("decode_attn_split_reduce", "Uninitialized __global__ memory read of size 4 bytes")]
-    s = sanitizer.parse_output(SYNCCHECK_OUT, "synccheck", "flash_attention_d64", "c")
+    s = sanitizer.parse_output(SYNCCHECK_OUT, "synccheck", "attention_fwd_fma_d64", "c")
     assert [(x.kernel, x.message) for x in s] == [
-        ("flash_attention_d64", "Barrier error detected. Divergent thread(s) in block")]
+        ("attention_fwd_fma_d64", "Barrier error detected. Divergent thread(s) in block")]
     assert sanitizer.parse_output(CLEAN_OUT, "memcheck", "rms_norm", "c") == []
     assert sanitizer.summary_count(CLEAN_OUT) == 0
 

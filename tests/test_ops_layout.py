@@ -1,7 +1,7 @@
 """The layout rules of pykern/ops, read from the source with `ast` (nothing is imported):
 
 - an op module never reaches into another family module's private names: what several families share lives in
-  the private shared modules (`_common`, `_window`, `_kvcache`, `_decode_waves`, `_attention_sm90`);
+  the private shared modules (`_common`, `_prefill`, `_window`, `_kvcache`, `_decode_waves`, `_attention_sm90`);
 - an op never branches on NumPy vs torch vs CuPy itself: that knowledge lives in `pykern.arrays`.
 """
 from __future__ import annotations
@@ -14,21 +14,10 @@ import pytest
 
 OPS = Path(__file__).resolve().parent.parent / "pykern" / "ops"
 
-# Private names an attention module still takes from another family module. The attention family is being
-# gathered into one module; these go with that move. Each entry is (importer, source module, name): a new
-# private import anywhere else, or another name here, fails the test.
-ATTENTION_ALLOWED = {
-    # the attention backward shares training.py's launch helpers (now aliases of _common's)
-    ("training_attention", "training", "_GRID_YZ_MAX"),
-    ("training_attention", "training", "_flat"),
-    ("training_attention", "training", "_launch"),
-    ("training_attention", "training", "_same_kind"),
-    ("training_attention", "training", "_same_shape"),
-    ("training_attention", "training", "_size"),
-    ("training_attention", "training", "_suffix"),
-    # (serving.py's varlen attention reads forward.py through `from . import forward as _fwd`, public names only:
-    # nothing to allow there)
-}
+# Private names a family module may still take from another one: none (the attention family imports what it
+# shares with the paged kernels from _prefill and the launch helpers from _common). Each entry would be
+# (importer, source module, name).
+ATTENTION_ALLOWED: set[tuple[str, str, str]] = set()
 
 
 def _family(module: str) -> bool:
@@ -117,13 +106,14 @@ KIND_PATTERNS = re.compile(
 )
 
 # How many such branches a module still holds. Each number may only go down (lower it when a branch moves to
-# pykern.arrays); a module not listed holds none. The attention modules are being gathered into one family and
-# keep theirs until then; the others wait for a function of `arrays` of their own (a framework's matmul namespace
-# for the fused linear cross-entropy, strided cache views, torch generators).
+# pykern.arrays); a module not listed holds none. They wait for a function of `arrays` of their own (a
+# framework's matmul namespace for the fused linear cross-entropy, strided cache views, torch generators, a fill
+# with a value).
 KIND_BRANCHES_LEFT = {
     "_kvcache": 13,  # strided K/V cache views (shared by serving, decode, mla)
+    "attention": 1,  # the fill of lse with -inf
     "decode": 7,
-    "forward": 6,  # attention
+    "forward": 5,
     "gemm_fp8": 4,
     "mla": 3,
     "norm_act_loss": 1,  # the fused linear cross-entropy's targets beside a torch hidden

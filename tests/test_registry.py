@@ -128,12 +128,12 @@ def test_non_utf8_source_names_the_file(kpath, tmp_path, monkeypatch):
 
 
 # ---- __launch_bounds__ through macros ------------------------------------------------------------
-# Hand-computed from kernels_cu: FA_THREADS 256 (flash_attention.cu), FATC_THREADS 128
-# (pk_attention_tc.cuh, included), PKFA_THREADS 256 (pk_attn_core.cuh, included), PA_NT 128 (paged.cu).
+# Hand-computed from kernels_cu: FA_THREADS 256 (attention_fwd_fma.cu), FATC_THREADS 128
+# (pk_attn_tc.cuh, included), PKFA_THREADS 256 (pk_attn_core.cuh, included), PA_NT 128 (paged.cu).
 _MACRO_BOUNDS = {
-    "flash_attention_d64": 256, "flash_attention_d128_bf16": 256, "flash_attention_d256": 256,
-    "flash_attention_tc_d64_bf16": 256, "flash_attention_tc_pad_d64_bf16": 128, "flash_attention_tc_d256_bf16": 128,
-    "attention_backward_tc_dkdv_d64_bf16": 128, "attention_backward_tc_dq_d256_bf16": 128,
+    "attention_fwd_fma_d64": 256, "attention_fwd_fma_d128_bf16": 256, "attention_fwd_fma_d256": 256,
+    "attention_fwd_tc_d64_bf16": 256, "attention_fwd_tc_pad_d64_bf16": 128, "attention_fwd_tc_d256_bf16": 128,
+    "attention_bwd_tc_dkdv_d64_bf16": 128, "attention_bwd_tc_dq_d256_bf16": 128,
     "paged_attn": 128, "dense_attn_bf16kv": 128, "paged_attn_merge": 128, "paged_append_kv_bf16": 128,
 }
 

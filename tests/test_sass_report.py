@@ -58,8 +58,8 @@ def _need_cuobjdump():
 
 def test_instruction_mix_of_a_scalar_kernel_has_no_hmma():
     _need_cuobjdump()
-    mix = sr.instruction_mix("flash_attention_d64", ["sm_80"], with_resources=True)
-    row = mix["flash_attention_d64"]["sm_80"]
+    mix = sr.instruction_mix("attention_fwd_fma_d64", ["sm_80"], with_resources=True)
+    row = mix["attention_fwd_fma_d64"]["sm_80"]
     assert row["HMMA"] == 0 and row["FFMA"] > 0 and row["total"] > 100
     assert row["registers"] > 0
 

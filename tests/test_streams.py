@@ -27,7 +27,7 @@ from fake_driver import FakeDriver  # noqa: E402
 
 CURRENT = 0x5000  # the fake CuPy's current stream
 SIDE = 0x7000  # a stream passed explicitly
-SOURCES = ("forward.cu", "flash_attention.cu", "paged.cu", "training.cu", "attention_backward.cu", "norm_act_loss.cu")
+SOURCES = ("forward.cu", "attention_fwd_fma.cu", "paged.cu", "training.cu", "attention_bwd_fma.cu", "norm_act_loss.cu")
 
 
 class _FakeCupyModule(types.ModuleType):

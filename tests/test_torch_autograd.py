@@ -325,9 +325,9 @@ def test_f16_attention_runs_the_f16_kernels_forward_and_backward(monkeypatch):
     up = torch.randn(1, 9, 4, 32, generator=g).half()
     out, (gq, gk, gv) = grads(lambda q, k, v: pt.flash_attention(q, k, v, causal=True), (q, k, v), up)
     assert out.dtype == gq.dtype == gk.dtype == gv.dtype == torch.float16
-    # head_dim 32 is padded to 64: the general forward (flash_attention_tc_pad_d64), not the FlashAttention-2 core
-    assert names == ["flash_attention_tc_pad_d64_f16", "attention_bwd_preprocess_f16",
-                     "attention_backward_tc_dkdv_d64_f16", "attention_backward_tc_dq_d64_f16"]
+    # head_dim 32 is padded to 64: the general forward (attention_fwd_tc_pad_d64), not the FlashAttention-2 core
+    assert names == ["attention_fwd_tc_pad_d64_f16", "attention_bwd_preprocess_f16",
+                     "attention_bwd_tc_dkdv_d64_f16", "attention_bwd_tc_dq_d64_f16"]
     qd, kd, vd = (leaf(t.detach(), torch.float64) for t in (q, k, v))
     ref, (rq, rk, rv) = grads(lambda q, k, v: attention_ref(q, k, v, True, 32 ** -0.5), (qd, kd, vd), up.double())
     assert_close(out, ref, "flash_attention", "f16")
@@ -337,7 +337,7 @@ def test_f16_attention_runs_the_f16_kernels_forward_and_backward(monkeypatch):
     names.clear()
     with torch.autocast("cpu", dtype=torch.float16):
         o = pt.flash_attention(q.detach().float(), k.detach().float(), v.detach().float(), causal=True)
-    assert o.dtype == torch.float16 and names == ["flash_attention_tc_pad_d64_f16"]
+    assert o.dtype == torch.float16 and names == ["attention_fwd_tc_pad_d64_f16"]
     assert torch.equal(o, out.detach())
 
 
@@ -496,7 +496,7 @@ def test_flash_attention_backward_is_deterministic_under_torch_deterministic_mod
             grads_by_mode[det] = torch.autograd.grad(out.float().sum(), (q, k, v))
         finally:
             torch.use_deterministic_algorithms(prev)
-        assert ("attention_backward_tc_fused_d64_det_bf16" in names) == det, names
-        assert ("attention_backward_tc_fused_d64_bf16" in names) == (not det), names
+        assert ("attention_bwd_tc_fused_d64_det_bf16" in names) == det, names
+        assert ("attention_bwd_tc_fused_d64_bf16" in names) == (not det), names
     for a, b in zip(grads_by_mode[False], grads_by_mode[True]):
         torch.testing.assert_close(a.float(), b.float(), atol=2e-2, rtol=2e-2)

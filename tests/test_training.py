@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 
 from pykern import ArgumentError, ArgumentTypeError, ops
-from pykern.difftest.cases import training as T
+from pykern.difftest.cases import attention as A, training as T
 from pykern.difftest.runner import compare
 from pykern.tolerance import tolerance
 
 ROOT = Path(__file__).resolve().parent.parent
-SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_backward.cu")
+SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_bwd_fma.cu")
 
 
 from family_helpers import check as _check, need as _need
@@ -31,12 +31,12 @@ _CASES = list(T.cases(np.random.default_rng(0)))
 
 def test_np_attention_backward_matches_finite_differences() -> None:
     rng = np.random.default_rng(1)
-    q, k, v, g = (a.astype(np.float64) for a in T.attention_inputs(rng, None, 5, 4, 2, 3, "f32"))
+    q, k, v, g = (a.astype(np.float64) for a in A.attention_inputs(rng, None, 5, 4, 2, 3, "f32"))
 
     def loss(q_, k_, v_):
-        return float((T.np_attention_forward(q_, k_, v_)[0] * g).sum())
+        return float((A.np_attention_forward(q_, k_, v_)[0] * g).sum())
 
-    dq, dk, dv = T.np_attention_backward(q, k, v, g)
+    dq, dk, dv = A.np_attention_backward(q, k, v, g)
     eps = 1e-6
     for arr, grad, which in ((q, dq, 0), (k, dk, 1), (v, dv, 2)):
         for idx in [(0, 0, 0), (3, 1, 2), (4, arr.shape[1] - 1, 1)]:
@@ -53,8 +53,8 @@ def test_np_attention_backward_matches_finite_differences() -> None:
 
 def test_np_lse_is_logsumexp_of_scaled_visible_scores() -> None:
     rng = np.random.default_rng(2)
-    q, k, v, _ = T.attention_inputs(rng, None, 4, 2, 1, 8, "f32")
-    _, lse = T.np_attention_forward(q, k, v)
+    q, k, v, _ = A.attention_inputs(rng, None, 4, 2, 1, 8, "f32")
+    _, lse = A.np_attention_forward(q, k, v)
     i, h = 2, 1
     s = np.array([q[i, h].astype(np.float64) @ k[j, 0] for j in range(i + 1)]) / np.sqrt(8)
     np.testing.assert_allclose(lse[i, h], np.log(np.exp(s).sum()))
@@ -87,7 +87,8 @@ def test_every_kernel_has_a_case() -> None:
     names = set()
     for src in SOURCES:
         names |= set(re.findall(r'extern "C" __global__ void(?: __launch_bounds__\([^)]*\))? (\w+)\(', src.read_text()))
-    covered = {k for c in _CASES for k in c.kernels}
+    cases = _CASES + list(A.cases(np.random.default_rng(0)))  # the backward's: the attention family's
+    covered = {k for c in cases for k in c.kernels}
     assert names and names <= covered, f"kernels without a case: {sorted(names - covered)}"
 
 
@@ -98,8 +99,8 @@ def test_flash_and_naive_attention_agree(schedule: str, monkeypatch: pytest.Monk
     rng = np.random.default_rng(7)
     atol, rtol = tolerance("attention_backward", "f32")
     for batch, seq, heads, kvh, hd in ((None, 65, 4, 2, 32), (2, 33, 8, 1, 80)):
-        q, k, v, g = T.attention_inputs(rng, batch, seq, heads, kvh, hd, "f32")
-        ref = T.np_attention_backward(q, k, v, g)
+        q, k, v, g = A.attention_inputs(rng, batch, seq, heads, kvh, hd, "f32")
+        ref = A.np_attention_backward(q, k, v, g)
         naive = ops.attention_backward(q, k, v, g, method="naive", backend="host")
         flash = ops.attention_backward(q, k, v, g, method="flash", backend="host")
         for n, a, b, r in zip(("dq", "dk", "dv"), naive, flash, ref):
@@ -119,7 +120,7 @@ def test_deterministic_kernels_are_bitwise_stable_across_schedules(monkeypatch: 
     logits = rng.standard_normal((6, 300)).astype(np.float32)
     tgt = rng.integers(0, 300, size=6)
     tgt[1] = -100
-    q, k, v, go = T.attention_inputs(rng, None, 40, 2, 1, 32, "f32")
+    q, k, v, go = A.attention_inputs(rng, None, 40, 2, 1, 32, "f32")
     runs = []
     for schedule in ("forward", "reverse", "random:5"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
@@ -198,7 +199,7 @@ def test_output_dtypes() -> None:
     loss, grad = ops.cross_entropy_fwd_bwd(x, np.array([1, 2, 3]), backend="host")
     assert loss.dtype == np.float32 and grad.dtype == x.dtype
     assert ops.embedding_backward(x, np.array([0, 1, 0]), 2, backend="host").dtype == np.float32
-    q, k, v, g = T.attention_inputs(rng, None, 3, 2, 1, 8, "bf16")
+    q, k, v, g = A.attention_inputs(rng, None, 3, 2, 1, 8, "bf16")
     for method in ("naive", "flash"):
         dq, dk, dv = ops.attention_backward(q, k, v, g, method=method, backend="host")
         assert dq.dtype == dk.dtype == dv.dtype == q.dtype and dk.shape == k.shape
@@ -213,12 +214,12 @@ def test_transpose_batched_is_swapaxes() -> None:
 def test_flash_attention_lse_feeds_attention_backward() -> None:
     _need("host")
     rng = np.random.default_rng(12)
-    q, k, v, g = T.attention_inputs(rng, 1, 37, 4, 2, 32, "f32")
+    q, k, v, g = A.attention_inputs(rng, 1, 37, 4, 2, 32, "f32")
     try:
         out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend="host")
     except Exception as e:  # owned by the forward family; its failure is reported there
         pytest.skip(f"flash_attention unavailable: {type(e).__name__}: {e}")
-    ref = T.np_attention_backward(q, k, v, g)
+    ref = A.np_attention_backward(q, k, v, g)
     atol, rtol = tolerance("attention_backward", "f32")
     for qq, kk, vv, gg, oo, ll, r in ((q, k, v, g, out, lse, ref),
                                       (q[0], k[0], v[0], g[0], out[0], lse[0], [a[0] for a in ref])):
@@ -316,13 +317,13 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
     # memory without an opt-in, fails to launch on a GPU; the host backend cannot show
     # it. Record the geometry every op picks at its largest shapes and check it
     # against the bounds and static shared memory declared in the source.
-    from pykern.ops import training as tr, training_attention as ta
+    from pykern.ops import attention as ta, training as tr
     from pykern.sources import KERNELS_DIR
 
     from pykern.registry import parse_file
 
     bounds: dict[str, int] = {}
-    for name in ("training.cu", "attention_backward.cu"):  # the registry also reads PK_IO_KERNELS calls
+    for name in ("training.cu", "attention_bwd_fma.cu"):  # the registry also reads PK_IO_KERNELS calls
         for spec in parse_file(KERNELS_DIR / name):
             assert spec.max_threads, f"{spec.name} has no __launch_bounds__"
             bounds[spec.name] = spec.max_threads
@@ -350,7 +351,7 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
     s, d = ta.NAIVE_MAX_SEQ, ta.MAX_HEAD_DIM
     ta.attention_backward(f(s, 1, d), f(s, 1, d), f(s, 1, d), f(s, 1, d), method="naive")
     assert {n for n, _, _ in seen} >= {"rms_norm_backward_weight", "norm_grad_reduce",
-                                       "attention_backward_naive", "attention_bwd_lse"}
+                                       "attention_bwd_fma_naive", "attention_bwd_lse"}
     static = 32 * 4  # kernels with dynamic shared memory declare at most scratch[32] floats statically
     for name, threads, smem in seen:
         assert threads <= bounds[name], (name, threads, bounds[name])
@@ -361,7 +362,7 @@ def test_attention_seq_len_within_a_tile_of_uint_max_is_rejected(monkeypatch: py
     # The flash kernels step query/key tiles in unsigned int (i0 + rows_per_block,
     # j0 += 16): a seq_len within a tile of 2^32 - 1 would wrap there, so the op must
     # reject it from the shapes, before copying any input.
-    from pykern.ops import training_attention as ta
+    from pykern.ops import attention as ta
 
     def no_copy(a):
         raise AssertionError("the op copied its inputs before validating their shapes")

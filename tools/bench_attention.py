@@ -128,7 +128,7 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
     rows = []
     if args.backend == "host":
         import numpy as np
-        from pykern.difftest.cases.forward import fa_inputs
+        from pykern.difftest.cases.attention import fa_inputs
 
         timer = _timer(lambda: None)
         rng = np.random.default_rng(0)

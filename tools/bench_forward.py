@@ -58,7 +58,7 @@ def report(archs: list[str]) -> int:
     bad = 0
     print(f"{'arch':7s} {'kernel':28s} {'regs':>4s} {'spill':>5s} {'smem':>6s} {'block':>5s} {'blocks/SM':>9s} {'occupancy':>9s}")
     for arch in archs:
-        for src in ("forward.cu", "flash_attention.cu"):
+        for src in ("forward.cu", "attention_fwd_fma.cu"):
             res = compiler.compile(ROOT / "kernels_cu" / src, arch).resources
             for name in sorted(res):
                 r = res[name]

@@ -1,4 +1,4 @@
-"""Training-kernel report and benchmark (kernels_cu/training.cu, kernels_cu/attention_backward.cu).
+"""Training-kernel report and benchmark (kernels_cu/training.cu, kernels_cu/attention_bwd_fma.cu).
 
     python tools/bench_training.py                       # ptxas registers / smem / spills, sm_80 and sm_90
     python tools/bench_training.py --arch sm_75 --arch sm_120
@@ -24,12 +24,12 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-SOURCES = ("training.cu", "attention_backward.cu", "norm_act_loss.cu")
+SOURCES = ("training.cu", "attention_bwd_fma.cu", "norm_act_loss.cu")
 
 
 def report(archs: list[str]) -> None:
     from pykern import compiler
-    from pykern.ops.training_attention import group_lanes
+    from pykern.ops.attention import group_lanes
 
     print("kernel                                   " + "  ".join(f"{a:>26s}" for a in archs))
     print("                                         " + "  ".join(f"{'regs  static_smem  spill':>26s}" for _ in archs))
@@ -109,7 +109,7 @@ def bench(args: argparse.Namespace) -> None:
     import pykern
     from pykern.arrays import bfloat16
     from pykern.ops._common import row_threads as _row_threads, weight_chunks as _weight_chunks
-    from pykern.ops.training_attention import group_lanes
+    from pykern.ops.attention import group_lanes
 
     env = Env(args.backend)
     kind = args.dtype
@@ -201,9 +201,9 @@ def bench(args: argparse.Namespace) -> None:
     def attn() -> None:
         launch("attention_bwd_lse" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
                s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=2 * 16 * hd * 4)
-        launch("attention_backward_flash_dkdv" + sfx, (-(-s // rows_blk), kvh, b), (256,), q, k, v, gq, lse, delta,
+        launch("attention_bwd_fma_dkdv" + sfx, (-(-s // rows_blk), kvh, b), (256,), q, k, v, gq, lse, delta,
                dk, dv, s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=(2 * 16 * hd + 32) * 4)
-        launch("attention_backward_flash_dq" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
+        launch("attention_bwd_fma_dq" + sfx, (-(-s // rows_blk), h, b), (256,), q, k, v, gq, lse, delta,
                dq, s, s, h, kvh, hd, scale, s, 0, 0.0, G, smem=2 * 16 * hd * 4)
 
     t = _timed(env, attn, max(1, iters // 20))

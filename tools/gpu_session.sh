@@ -86,7 +86,7 @@ for f in "$WORK"/shard.*; do
      --kernels "$(paste -sd, "$f")" > "$WORK/$(basename "$f").status") &
 done
 (stage mma_sync "${DIFFTEST_S:-120}" $PY -m pykern.difftest --backends nvrtc --extra tools/gpu_no_sm90.py \
-   --kernels 'flash_attention*,attention_backward*' > "$WORK/mma_sync.status") &
+   --kernels 'attention_fwd*,attention_bwd*' > "$WORK/mma_sync.status") &
 (TAILN=25 stage pytest_gpu "${PYTEST_S:-120}" $PY -m pytest -m gpu tests --ignore=tests/test_difftest.py -q -n 4 \
    -p no:cacheprovider -rfE ${PYTEST_ARGS:-} > "$WORK/pytest.status") &
 wait
@@ -109,11 +109,11 @@ if [ -n "$NCU" ]; then
       | sed 's/$/.avg.pct_of_peak_sustained_active/' | paste -sd, -)
   echo "tensor metrics: $M" > "$WORK/ncu_metrics.txt"
   TAILN=10 stage ncu_mma_sync 60 "$NCU" --clock-control none --target-processes all \
-    -k 'regex:flash_attention_tc|attention_backward_tc|attention_bwd|decode_tc|paged_attn' -c 8 \
+    -k 'regex:attention_fwd_tc|attention_bwd_tc|attention_bwd|decode_tc|paged_attn' -c 8 \
     --section SpeedOfLight --section Occupancy --section WarpStateStats ${M:+--metrics "$M"} \
     $PY tools/measure_gpu.py profile-target --mma-sync --decode-shape 1 4 8 128 16 1024
   TAILN=10 stage ncu_sm90 50 "$NCU" --clock-control none --target-processes all \
-    -k "${NCU_SM90_K:-regex:flash_attention_sm90|attention_backward_sm90|decode_tc|paged_attn}" -c 10 \
+    -k "${NCU_SM90_K:-regex:attention_fwd_sm90|attention_bwd_sm90|decode_tc|paged_attn}" -c 10 \
     ${NCU_SM90_SECTIONS:---section SpeedOfLight} ${M:+--metrics "$M"} \
     $PY tools/measure_gpu.py profile-target --decode-shape ${NCU_DECODE_SHAPE:-8 1 8 128 16 8192} ${NCU_ARGS:-}
   # small decode steps kernel by kernel (their time is mostly fixed), and the sampling ops at batch 1
@@ -135,7 +135,7 @@ CS=$(command -v compute-sanitizer || ls /usr/local/cuda/bin/compute-sanitizer 2>
 if [ -n "$CS" ]; then
   TAILN=8 stage sanitizer_memcheck 40 "$CS" --tool memcheck --error-exitcode 99 --print-limit 20 \
     $PY -m pykern.difftest --backends nvrtc --case-limit 2 \
-    --kernels "${SANITIZER_KERNELS:-paged_append_kv,paged_append_kv_bf16_e4m3,flash_attention_tc_d128_bf16,decode_tc_paged_d64_bf16,decode_tc_paged_d128_e4m3kv_bf16,paged_attn_bf16}"
+    --kernels "${SANITIZER_KERNELS:-paged_append_kv,paged_append_kv_bf16_e4m3,attention_fwd_tc_d128_bf16,decode_tc_paged_d64_bf16,decode_tc_paged_d128_e4m3kv_bf16,paged_attn_bf16}"
 fi
 $PY tools/measure_gpu.py summary "$WORK/ceilings.json" "$OUT/attention.json" "$OUT/decode.json" "$OUT/decode_graph.json" \
   "$OUT/model.json" 2>&1 | tail -120

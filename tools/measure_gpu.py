@@ -173,14 +173,10 @@ def ceilings(args: argparse.Namespace) -> None:
 def attention(args: argparse.Namespace) -> None:
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    import pykern.ops._attention_sm90 as sm90
-    import pykern.ops.training_attention as ta
     from pykern.torch import flash_attention
 
-    usable = sm90.usable
-
-    def sm90_on(on: bool) -> None:  # the backward imported `usable` by name
-        sm90.usable = ta._sm90_usable = usable if on else (lambda *a, **kw: False)
+    def sm90_on(on: bool) -> None:  # PYKERN_SM90 is read at each call
+        os.environ["PYKERN_SM90"] = "1" if on else "0"
     seqs = (1024, 4096) if args.quick else (1024, 4096, 16384)
     dims = (64, 128) if not args.d256 else (64, 128, 256)
     reps = 5 if args.quick else 10
@@ -868,8 +864,6 @@ def model_profile(args: argparse.Namespace) -> None:
 # --------------------------------------------------------------------------- one shape each, for ncu
 
 def profile_target(args: argparse.Namespace) -> None:
-    import pykern.ops._attention_sm90 as sm90
-    import pykern.ops.training_attention as ta
     from pykern.ops.serving import PagedDecodePlan
     from pykern.torch import flash_attention
 
@@ -886,7 +880,7 @@ def profile_target(args: argparse.Namespace) -> None:
         torch.cuda.synchronize()
         return
     if args.mma_sync:  # the sm_80 (mma.sync) kernels on this Hopper GPU
-        sm90.usable = ta._sm90_usable = lambda *a, **kw: False
+        os.environ["PYKERN_SM90"] = "0"
     for d in () if args.decode_only else (64, 128):
         q, k, v = (torch.randn(2, 8192, 2048 // d, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
                    for _ in range(3))

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """SASS instruction mix of pykern's kernels, per kernel and arch, from `cuobjdump -sass` (no GPU needed).
 
-    python tools/sass_report.py --kernels 'flash_attention*' --arch sm_80 --arch sm_90 [--json]
+    python tools/sass_report.py --kernels 'attention_fwd*' --arch sm_80 --arch sm_90 [--json]
 
 Each kernel source is compiled with pykern's own compiler (or read from its cache) for every arch, the
 cubin is disassembled with cuobjdump (the `nvidia-cuda-cuobjdump` wheel puts it in

@@ -20,7 +20,7 @@ Per kernel and arch the SASS gives the steady-state loop (tools/sass_report.py):
 * registers and static shared memory from the compiler's resources.
 
 The launch geometry (threads, rows per CTA, keys per step, dynamic shared memory, grid) is read from the ops
-modules at call time (pykern.ops.forward, pykern.ops.training_attention, pykern.ops._attention_sm90), so the model follows the kernels
+modules at call time (pykern.ops.attention, pykern.ops._attention_sm90), so the model follows the kernels
 the ops launch today. Per kernel and shape, lower bounds on the time, each in SM clocks per CTA and then
 scheduled over the GPU:
 
@@ -469,10 +469,10 @@ def _fa2(fw: Any, s: Shape) -> bool:
 def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
     """The mma.sync tensor-core launches of `phase` ("fwd" | "bwd") at shape s, as pykern.ops makes them (bf16,
     aligned contiguous inputs) on sm_80 ... sm_90 without the sm_90a kernels. Backward at head_dim 64 / 128:
-    the fused kernel (pykern.ops.training_attention._fused), its dQ summed by fp32 atomics (dq_mode "atomic")
+    the fused kernel (pykern.ops.attention._fused), its dQ summed by fp32 atomics (dq_mode "atomic")
     or as per-key-tile partials reduced in order ("deterministic"); other head_dims: the dK/dV + dQ pair."""
-    from ..ops import forward as fw
-    from ..ops import training_attention as ta
+    from ..ops import attention as fw
+    from ..ops import attention as ta
 
     if dq_mode not in DQ_MODES:
         raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
@@ -486,7 +486,7 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
             rows, bc, threads, smem = fw.TC_ROWS, fw._TC_CFG[D][0], fw.TC_THREADS, fw.tc_shared_bytes(D)
         pad = "pad_" if D in fw.FA2_HEAD_DIMS and not _fa2(fw, s) else ""
         ctas = _tiles(s.seq, s.seq, s.causal, rows, bc, True)
-        return [Launch(f"flash_attention_tc_{pad}d{D}_bf16", "flash_attention_tc.cu", "", threads, smem,
+        return [Launch(f"attention_fwd_tc_{pad}d{D}_bf16", "attention_fwd_tc.cu", "", threads, smem,
                        tuple(ctas), s.batch * s.heads, D, 2, 2 * b["q"] + 2 * b["kv"] + b["row"], (rows, bc),
                        2 * bc * D * 2)]
     if phase != "bwd":
@@ -498,20 +498,20 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
         det = dq_mode == "deterministic"
         # dQ: per query tile a key tile meets, BR x D fp32 -- RED.ADD to the workspace, or a partial stored
         dq_bytes = sum(ctas) // bc * D * 4 * s.batch * s.kvh
-        name = f"attention_backward_tc_fused_d{D}{'_det' if det else ''}_bf16"
+        name = f"attention_bwd_tc_fused_d{D}{'_det' if det else ''}_bf16"
         # cp.async per step: a Q and a dO tile of BR rows (lse / delta runs are small)
-        return [Launch(name, "attention_backward_fused_tc.cu", "", ta._TC_THREADS, ta.fused_shared_bytes(D), ctas,
+        return [Launch(name, "attention_bwd_tc_fused.cu", "", ta._TC_THREADS, ta.fused_shared_bytes(D), ctas,
                        s.batch * s.kvh, D, 5, reads + 2 * b["kv"] + dq_bytes, (br, bc), 2 * br * D * 2)]
     smem_kv, smem_q = ta.tc_backward_shared_bytes(D)
     # the dQ kernel's key step: the .cu's ABTC_DQ_BC, recovered from its shared-memory size (2 QR + 2 BC rows)
     dq_bc = (smem_q // ((D + 8) * 2) - 2 * ta._TC_QR) // 2
     kv_ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, ta._TC_BC, ta._TC_BR, group))
-    kv = [(f"attention_backward_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_backward_tc_dk_d{D}_bf16", 3, b["kv"])] \
-        if D == 256 else [(f"attention_backward_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
+    kv = [(f"attention_bwd_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_bwd_tc_dk_d{D}_bf16", 3, b["kv"])] \
+        if D == 256 else [(f"attention_bwd_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
     # cp.async per step: the dK/dV loop loads a Q and a dO tile of BR rows, the dQ loop a K and a V tile
-    out = [Launch(n, "attention_backward_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
+    out = [Launch(n, "attention_bwd_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
                   reads + w, (ta._TC_BR, ta._TC_BC), 2 * ta._TC_BR * D * 2) for n, mm, w in kv]
-    out.append(Launch(f"attention_backward_tc_dq_d{D}_bf16", "attention_backward_tc.cu", "", ta._TC_THREADS, smem_q,
+    out.append(Launch(f"attention_bwd_tc_dq_d{D}_bf16", "attention_bwd_tc.cu", "", ta._TC_THREADS, smem_q,
                       tuple(_tiles(s.seq, s.seq, s.causal, ta._TC_QR, dq_bc, True)), s.batch * s.heads, D, 3,
                       reads + b["q"], (ta._TC_QR, dq_bc), 2 * dq_bc * D * 2))
     return out
@@ -529,7 +529,7 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
     read and written between the launches of DET_WORKSPACE_BYTES of partials), dQ written."""
     if phase != "bwd":
         return []
-    from ..ops import training_attention as ta
+    from ..ops import attention as ta
 
     b = _bytes(s)
     if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
@@ -554,28 +554,28 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str]) -> tuple[list[La
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why)."""
     from ..ops import _attention_sm90 as h
-    from ..ops import forward as fw
+    from ..ops import attention as fw
 
     D = fw.tc_head_dim(s.head_dim)
     b = _bytes(s)
     mma_warps = (h.THREADS - 128) // 32  # the producer warpgroup (128 threads) issues no MMA
     if phase == "fwd":
-        name = f"flash_attention_sm90_d{D}_bf16"
+        name = f"attention_fwd_sm90_d{D}_bf16"
         if s.head_dim not in h.HEAD_DIMS or name not in kernels:
             return [], f"no {name} kernel (head_dims {h.HEAD_DIMS})"
         bc = h._CFG[D][0]
-        return [Launch(name, "flash_attention_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
+        return [Launch(name, "attention_fwd_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
                        tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
                        2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
-    names = [f"attention_backward_sm90_{p}_d{D}_bf16" for p in ("dkdv", "dq")]
+    names = [f"attention_bwd_sm90_{p}_d{D}_bf16" for p in ("dkdv", "dq")]
     if s.head_dim not in h.BWD_HEAD_DIMS or any(n not in kernels for n in names):
         return [], f"no {' / '.join(names)} kernels (head_dims {h.BWD_HEAD_DIMS})"
     reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]
     c = h.bwd_dkdv_step(D)
-    return [Launch(names[0], "attention_backward_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, c),
+    return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, c),
                    tuple(_key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)), s.batch * s.kvh,
                    D, 4, reads + 2 * b["kv"], (c, h.BWD_ROWS), mma_warps=mma_warps),
-            Launch(names[1], "attention_backward_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, h.BWD_STEP),
+            Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, h.BWD_STEP),
                    tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, h.BWD_STEP, False)), s.batch * s.heads, D, 3,
                    reads + b["q"], (h.BWD_ROWS, h.BWD_STEP), mma_warps=mma_warps)], ""
 
@@ -787,7 +787,7 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
 
 
 def _fused_dims() -> tuple[int, ...]:
-    from ..ops import training_attention as ta
+    from ..ops import attention as ta
 
     return tuple(ta.FUSED_HEAD_DIMS)
 

@@ -1,13 +1,17 @@
-"""Dispatch to the Hopper (sm_90a) attention forward, kernels_cu/flash_attention_sm90.cu.
+"""Dispatch to the Hopper (sm_90a) attention forward, kernels_cu/attention_fwd_sm90.cu.
 
 `flash_attention` asks `usable(...)` first on its tensor-core path: on a compute-capability 9.0 GPU (nvrtc) or
 with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
 64/128/256, no softcap, scale > 0: the kernel takes the row max on the raw scores), it runs the TMA + wgmma
-kernel; anything else keeps the mma.sync kernels (flash_attention_tc.cu). `flash_attention_varlen` asks
+kernel; anything else keeps the mma.sync kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks
 `try_varlen` under the same conditions (the same kernel with its VARLEN template parameter).
+
+PYKERN_SM90=0 turns this path off everywhere (forward, varlen and backward): a Hopper GPU then runs the mma.sync
+kernels as an sm_80 GPU does (e.g. to compare the two on one machine). Read at each call.
 """
 from __future__ import annotations
 
+import os
 from typing import Any
 
 from ..backends import get_backend, kernel_variant
@@ -29,6 +33,14 @@ def shared_bytes(d: int) -> int:
     return ROWS * d * 2 + 2 * st * bc * d * 2 + 1024
 
 
+def enabled() -> bool:
+    """Whether the sm_90a kernels may run: PYKERN_SM90 unset, empty or 1; 0 turns them off."""
+    value = os.environ.get("PYKERN_SM90", "").strip()
+    if value not in ("", "0", "1"):
+        raise ArgumentError(f"PYKERN_SM90: expected 0 or 1 (or unset), got {value!r}")
+    return value != "0"
+
+
 def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any, backend: str | None,
            *more: Any) -> bool:
     """Whether the sm_90a kernel runs this call (shape supported and the device takes sm_90a kernels).
@@ -36,7 +48,10 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
     q and `more` are the arrays the kernel reads through tensor maps (q, k, v; dO for the backward). On the nvrtc
     backend a tensor map holds a device address, so each must already live on the GPU: host arrays (NumPy, CPU
     tensors), which the launcher stages to device memory only at launch, take the mma.sync kernels as on an sm_80
-    GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all."""
+    GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all. PYKERN_SM90=0:
+    never."""
+    if not enabled():
+        return False
     if head_dim != head_dim_v or head_dim not in HEAD_DIMS or softcap > 0.0 or not scale > 0.0:
         return False
     be = get_backend(backend)
@@ -50,7 +65,7 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
 
 def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int, int, int, int, int, int],
                 scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
-    """Run flash_attention_sm90_d{D}{suffix} when `usable` and the arrays suit TMA (16-byte aligned bases);
+    """Run attention_fwd_sm90_d{D}{suffix} when `usable` and the arrays suit TMA (16-byte aligned bases);
     False (nothing launched) otherwise. q, k, v contiguous (batch, n, heads, D)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
@@ -67,7 +82,7 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
     except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
         return False
     n_blocks = batch * n_heads * -(-n_q // ROWS)
-    launch(f"flash_attention_sm90_d{d}{suffix}", n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k, n_heads,
+    launch(f"attention_fwd_sm90_d{d}{suffix}", n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k, n_heads,
            n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream, backend=backend)
     return True
 
@@ -75,7 +90,7 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
 def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
                dims: tuple[int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int, suffix: str,
                stream: Any, backend: str | None) -> bool:
-    """flash_attention_varlen: run flash_attention_varlen_sm90_d{D}{suffix} when `usable` and the packed arrays
+    """flash_attention_varlen: run attention_fwd_varlen_sm90_d{D}{suffix} when `usable` and the packed arrays
     suit TMA, else False (nothing launched). q (total_q, heads, D), k and v (total_k, kv_heads, D) contiguous,
     out / lse (total_q, heads[, D]); cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, heads, kv_heads, D), max_q
     the longest sequence's queries (the grid's query tiles); (wl, wr) normalized per sequence (serving ops)."""
@@ -100,13 +115,13 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
         tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
     except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the mma.sync kernels take it
         return False
-    launch(f"flash_attention_varlen_sm90_d{d}{suffix}", (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv, out,
+    launch(f"attention_fwd_varlen_sm90_d{d}{suffix}", (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv, out,
            lse, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream,
            backend=backend)
     return True
 
 
-# ---- backward (kernels_cu/attention_backward_sm90.cu) -------------------------------------------------
+# ---- backward (kernels_cu/attention_bwd_sm90.cu) -------------------------------------------------
 BWD_HEAD_DIMS = (64, 128)
 BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA
 BWD_STEP = 64  # AB90_STEP: keys per streamed tile of the dQ kernel
@@ -154,9 +169,9 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     tail = (b, n_q, n_k, h, kvh, float(scale), wl, wr)
     tq, tdo, tk, tv = kv_maps
-    launch(f"attention_backward_sm90_dkdv_d{d}{suffix}", b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv, tdo,
+    launch(f"attention_bwd_sm90_dkdv_d{d}{suffix}", b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv, tdo,
            lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
     tq, tdo, tk, tv = q_maps
-    launch(f"attention_backward_sm90_dq_d{d}{suffix}", b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
+    launch(f"attention_bwd_sm90_dq_d{d}{suffix}", b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
            lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP), stream=stream, backend=backend)
     return dq, dk, dv

@@ -1,6 +1,6 @@
-"""Forward / prefill ops: embedding, RoPE, SiLU gate, RMSNorm, causal softmax, FlashAttention.
+"""Forward / prefill ops: embedding, RoPE, SiLU gate, RMSNorm, causal softmax.
 
-Kernels in kernels_cu/forward.cu and kernels_cu/flash_attention.cu. Every op
+Kernels in kernels_cu/forward.cu (FlashAttention is the attention family's: pykern/ops/attention.py). Every op
 validates shapes, dtypes and ranges before launching (ArgumentError /
 ArgumentTypeError naming the argument), allocates its outputs next to the
 inputs and accepts `backend=` ("nvrtc", "numba", "host" or None).
@@ -15,15 +15,15 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
-from ._attention_sm90 import try_forward as _sm90_forward
 from ._common import ids_like, norm_offset, row_geometry as _row_geometry
-from ._window import (
-    check_softcap as _check_softcap,
-    check_window_size as _check_window_size,
-    normalize as _normalize,
-)
 
-__all__ = ["embedding", "rope", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax", "flash_attention"]
+__all__ = ["embedding", "rope", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax"]
+
+# flash_attention and its tensor-core helpers live in the attention family module; they stay importable from here.
+from .attention import (  # noqa: E402,F401
+    FA2_HEAD_DIMS, FA2_KEYS, FA2_ROWS, FA2_THREADS, FA_THREADS, TC_HEAD_DIMS, TC_ROWS, TC_THREADS, fa2_eligible,
+    fa2_shared_bytes, flash_attention, tc_head_dim, tc_shared_bytes, tensor_cores_available,
+)
 
 _THREADS = 256
 # Grid-stride kernels: a few waves of blocks on the largest GPUs is enough to
@@ -394,221 +394,6 @@ def causal_attn_softmax(scores: Any, past_len: int = 0, *, stream: Any = None, b
     _launch("causal_attn_softmax", grid, block, scores, out, n_rows, n_heads, kv_len, int(past_len),
             stream=arrays.launch_stream(stream, scores), backend=backend)
     return out
-
-
-# --------------------------------------------------------------------------- flash_attention
-
-# (bucket, query rows per block): the kernel gives DMAX/16 threads to a query row, 256 threads a block.
-_FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
-FA_THREADS = 256
-# Tensor-core bf16 / f16 kernels (kernels_cu/flash_attention_tc.cu): compile-time head_dim D, other head_dims
-# padded up to the next D; (D, keys per tile, Q in registers) as the .cu's FatcCfg.
-TC_HEAD_DIMS = (64, 96, 128, 256)
-_TC_CFG = {64: (64, 1), 96: (64, 1), 128: (64, 1), 256: (32, 0)}
-TC_THREADS = 128
-TC_ROWS = 64  # queries per CTA (FATC_BR)
-# The FlashAttention-2 core (kernels_cu/pk_attn_core.cuh): flash_attention_tc_d64 / _d128 take
-# head_dim == head_dim_v == D with 16-byte aligned q / k / v / out, 128 queries a CTA of 8 warps; other shapes
-# at those D take flash_attention_tc_pad_d64 / _d128 (the general kernels above, padding head_dim).
-FA2_HEAD_DIMS = (64, 128)
-FA2_THREADS = 256
-FA2_ROWS = 128  # PKFA_BR
-FA2_KEYS = 64   # PKFA_BC
-
-
-def fa2_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the FlashAttention-2 core at head_dim d (PKFA_SMEM_BYTES)."""
-    return (4 * FA2_KEYS + FA2_ROWS) * d * 2
-
-
-def fa2_eligible(head_dim: int, head_dim_v: int, *arrays_: Any) -> bool:
-    """Whether the FlashAttention-2 core runs this shape: head_dim == head_dim_v in FA2_HEAD_DIMS and every
-    array's data 16-byte aligned (its tiles move in 16-byte cp.async chunks)."""
-    if head_dim != head_dim_v or head_dim not in FA2_HEAD_DIMS:
-        return False
-    return arrays.aligned16(*arrays_)
-
-
-def tc_head_dim(head_dim: int) -> int:
-    """The compiled head_dim the tensor-core kernels use for a head_dim (the next of 64/96/128/256)."""
-    return next(d for d in TC_HEAD_DIMS if head_dim <= d)
-
-
-def tc_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the tensor-core forward at compiled head_dim d (FATC_SMEM_BYTES)."""
-    bc, qreg = _TC_CFG[d]
-    return ((0 if qreg else TC_ROWS) + 4 * bc) * (d + 8) * 2
-
-
-def tensor_cores_available(backend: str | None = None) -> bool:
-    """Whether the bf16 / f16 tensor-core kernels can run on `backend`: mma.sync m16n8k16 needs sm_80+ on the
-    nvrtc backend (sm_75 keeps the fp32-FMA kernels); the host backend emulates mma, numba runs the reference."""
-    from ..backends import get_backend
-
-    be = get_backend(backend)
-    if be.name != "nvrtc":
-        return True
-    # A yes is remembered per backend object and arch (available() asks the driver and NVRTC each time): a
-    # backend that once had a usable sm_80+ GPU keeps it; a changed arch asks again.
-    arch = getattr(be, "arch", "") or ""
-    seen = _tc_yes.get(id(be))
-    if seen is not None and seen[0] is be and seen[1] == arch:
-        return True
-    ok, _ = be.available()
-    arch = getattr(be, "arch", "") or ""
-    yes = ok and arch.startswith("sm_") and int("".join(c for c in arch[3:] if c.isdigit())) >= 80
-    if yes:
-        _tc_yes[id(be)] = (be, arch)
-    return yes
-
-
-_tc_yes: dict[int, tuple[Any, str]] = {}  # id(backend) -> (backend, arch) where tensor cores were found
-
-
-@arrays.stream_scoped
-def flash_attention(
-    q: Any,
-    k: Any,
-    v: Any,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    return_lse: bool = False,
-    out: Any = None,
-    tensor_cores: bool | None = None,
-    stream: Any = None,
-    backend: str | None = None,
-) -> Any:
-    """softmax(scale * q k^T) v per (batch, head), without materialising the scores.
-
-    q (batch, n_q, n_heads, head_dim), k (batch, n_k, n_kv_heads, head_dim),
-    v (batch, n_k, n_kv_heads, head_dim_v); n_heads % n_kv_heads == 0 (query head
-    h uses kv head h // (n_heads // n_kv_heads)); head_dim, head_dim_v <= 256.
-    f32, bf16 or f16 (all three alike; out in the same dtype), fp32 accumulation. scale defaults to
-    1/sqrt(head_dim).
-
-    causal=True aligns the mask bottom-right: query i sees keys
-    j <= i + n_k - n_q (with n_q == n_k the usual lower triangle; with n_q < n_k
-    the queries are the last n_q positions of the sequence). When n_q > n_k the
-    first n_q - n_k queries see no key: their output is 0 and their lse -inf.
-
-    window_size=(left, right) (flash-attn's sliding window; -1 = unbounded on that side):
-    query i sees keys i' - left <= j <= i' + right, i' = i + n_k - n_q (aligned bottom-right
-    like the causal mask); causal=True sets right to 0. Key tiles wholly outside every window
-    of a query tile are skipped (never read), so the cost follows the window. A row whose
-    window holds no key gets out 0 and lse -inf. softcap=c > 0 (Gemma 2's attention logit
-    softcapping): scores become c * tanh(scale * q.k / c) before the mask and softmax (separate
-    kernels, so softcap=0 pays nothing for it); lse is then over the capped scores.
-
-    Returns out (batch, n_q, n_heads, head_dim_v) (written into `out=` when given), or (out, lse) with
-    return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
-    log-sum-exp of the scaled scores over the visible keys, the input
-    `attention_backward(..., lse=)` expects.
-
-    tensor_cores: bf16 and f16. None (default) runs the tensor-core kernels (mma.sync bf16 / f16, compiled
-    head_dim 64/96/128/256, others padded up) wherever they can run: the nvrtc backend on sm_80 and
-    newer, the host backend (emulated) and numba; sm_75 falls back to the fp32-FMA kernels. True
-    requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
-    tensor-core path rounds the softmax probabilities to the input dtype for the P·V product, as
-    FlashAttention-2 does. On a Hopper GPU (compute capability 9.0; on the host backend with
-    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/128/256 without softcap runs the sm_90a kernel
-    instead (TMA, wgmma, FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
-    inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
-    65504, as on the GPU.
-    """
-    kind = arrays.io_kind("q", q, arrays.IO_KINDS)
-    _same_dtype("k", k, kind, "q")
-    _same_dtype("v", v, kind, "q")
-    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
-    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
-    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
-    if ks[0] != batch or ks[3] != head_dim:
-        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
-                            f"{head_dim}) (batch and head_dim from q), got {ks}")
-    n_k, n_kv_heads = ks[1], ks[2]
-    if vs[:3] != (batch, n_k, n_kv_heads):
-        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
-                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
-    head_dim_v = vs[3]
-    if n_kv_heads < 1 or n_heads % n_kv_heads:
-        raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
-    for name, d in (("q.shape[3] (head_dim)", head_dim), ("v.shape[3] (head_dim_v)", head_dim_v)):
-        if not 1 <= d <= 256:
-            raise ArgumentError(f"{name}: expected 1 <= value <= 256, got {d}")
-    left, right = _check_window_size(window_size)
-    softcap = _check_softcap(softcap)
-    if scale is None:
-        scale = 1.0 / math.sqrt(head_dim)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
-        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
-    # The kernel steps query/key tiles in int (n_q + ROWS - 1, k0 + BK, row + n_k - n_q):
-    # lengths keep a 256-element margin below 2^31 so those never overflow.
-    for name, val, lim in (("q.shape[0]", batch, _INT_MAX), ("q.shape[1]", n_q, _INT_MAX - 256),
-                           ("k.shape[1]", n_k, _INT_MAX - 256), ("q.shape[2]", n_heads, _INT_MAX)):
-        if val > lim:
-            raise ArgumentError(f"{name}: expected at most {lim}, got {val}")
-    if tensor_cores not in (None, True, False):
-        raise ArgumentError(f"tensor_cores: expected None, True or False, got {tensor_cores!r}")
-    use_tc = False
-    if kind != "f32" and tensor_cores is not False:
-        use_tc = tensor_cores_available(backend)
-        if tensor_cores and not use_tc:
-            raise ArgumentError(f"tensor_cores: True needs {kind} mma (sm_80 or newer); this device has none")
-    elif tensor_cores:
-        raise ArgumentError(f"tensor_cores: True needs bf16 or f16 inputs, got {arrays.dtype_name(q)}")
-    wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
-    cap = "_softcap" if softcap > 0.0 else ""
-    if use_tc:
-        bucket, rows = tc_head_dim(max(head_dim, head_dim_v)), TC_ROWS
-    else:
-        bucket, rows = next((b, r) for b, r in _FA_BUCKETS if max(head_dim, head_dim_v) <= b)
-    n_blocks = batch * n_heads * -(-n_q // rows)
-    if n_blocks > _INT_MAX:
-        raise ArgumentError(f"q: batch * n_heads * ceil(n_q / {rows}) = {n_blocks} blocks exceeds {_INT_MAX}")
-
-    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
-    out = _out(out, (batch, n_q, n_heads, head_dim_v), arrays.dtype_name(q), q)
-    lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
-    stream = arrays.launch_stream(stream, q)
-    if n_blocks == 0:
-        pass
-    elif n_k == 0:  # no key at all: every row is an empty softmax
-        _fill(out, 0.0, stream)
-        _fill(lse, -math.inf, stream)
-    elif use_tc and _sm90_forward(q, k, v, out, lse, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
-                                      float(scale), softcap, wl, wr, _suffix(kind), stream, backend):
-        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu)
-    elif use_tc:
-        from ..launcher import launch
-
-        args = (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
-                wl, wr, softcap)
-        if fa2_eligible(head_dim, head_dim_v, q, k, v, out):
-            launch(f"flash_attention_tc_d{bucket}{cap}{_suffix(kind)}", batch * n_heads * -(-n_q // FA2_ROWS),
-                   FA2_THREADS, *args, shared_mem=fa2_shared_bytes(bucket), stream=stream, backend=backend)
-        else:
-            pad = "pad_" if bucket in FA2_HEAD_DIMS else ""
-            launch(f"flash_attention_tc_{pad}d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS, *args,
-                   shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend)
-    else:
-        _launch(
-            f"flash_attention_d{bucket}{cap}{_suffix(kind)}", n_blocks, FA_THREADS,
-            q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
-            wl, wr, softcap,
-            stream=stream, backend=backend,
-        )
-    return (out, lse) if return_lse else out
-
-
-def _fill(a: Any, value: float, stream: Any = None) -> None:
-    if isinstance(a, np.ndarray):
-        a.fill(value)
-    elif hasattr(a, "fill_"):
-        a.fill_(value)  # torch: on its current stream, which is the op's stream unless one was passed
-    else:
-        a.fill(value)
 
 
 def _out(out: Any, shape: tuple[int, ...], dtype: str, like: Any) -> Any:

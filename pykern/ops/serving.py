@@ -36,14 +36,18 @@ from .. import arrays
 from ._window import (
     check_softcap as _check_softcap,
     check_window_left as _check_window_left,
-    check_window_size as _check_window_size,
     normalize_serving as _normalize_serving,
 )
 from ..errors import ArgumentError, ArgumentTypeError
-from ._attention_sm90 import try_varlen as _sm90_varlen
 from ._common import H100_SMS
 from ._common import attention_scale as _scale, check_enable_pdl as _check_enable_pdl, index_array as _index
 from ..arrays import flat_view as _flat
+from .attention import flash_attention_varlen  # noqa: F401  (the attention family's; importable from here)
+from ._prefill import (  # the paged kernels' argument checks, shared with the varlen attention fallback
+    MAX_LEN as _MAX_LEN, NT as _NT, Q_KINDS as _Q_KINDS, SUFFIX as _SUFFIX, check_indptr as _check_indptr,
+    check_q as _check_q, dummy as _dummy, prefill_out as _prefill_out, row_chunks as _row_chunks,
+    suffix as _suffix,
+)
 from ._decode_waves import cta_rate as _cta_rate
 from ._decode_waves import persistent_items as _persistent_items
 from ._decode_waves import split_time as _split_time
@@ -64,26 +68,17 @@ __all__ = [
     "paged_decode_attention",
     "PagedDecodePlan",
     "paged_prefill_attention",
-    "flash_attention_varlen",
     "get_batch_indices_positions",
     "attn_tiling",
 ]
 
 LAYOUTS = ("NHD", "HND")
 MAX_HEAD_DIM = 256
-_NT = 128  # PA_NT in paged.cu
 _MAX_ACC = 16  # PA_MAX_ACC: rows * head_dim <= 2048
 _SMEM_LIMIT = 48 * 1024  # static opt-in free on every arch
-_MAX_LEN = 2**30
 _GRID_YZ_MAX = 65535
 _MIN_SPLIT = 64  # positions a split at least (as decode's split_k chunks)
 _KV_BYTES = {"f32": 4, "bf16": 2, "f16": 2, "e4m3": 1, "e5m2": 1}
-# (q kind, K/V kind) -> kernel suffix (paged.cu's instantiations): same type, f32 q over a 16-bit cache,
-# any q over an FP8 cache.
-_SUFFIX = {("f32", "f32"): "", ("bf16", "bf16"): "_bf16", ("f16", "f16"): "_f16",
-           ("f32", "bf16"): "_bf16kv", ("f32", "f16"): "_f16kv",
-           **{(q, f): f"{arrays.kernel_suffix(q)}_{f}kv" for q in ("f32", "bf16", "f16") for f in ("e4m3", "e5m2")}}
-_Q_KINDS = ("f32", "bf16", "f16")
 
 # Tensor-core decode (kernels_cu/decode_tc.cu): the GQA group's query rows, padded to 16, are the M
 # dimension of mma.sync m16n8k16, so one HMMA serves every head of the group (the scalar path redoes each
@@ -135,7 +130,7 @@ def tc_decode_addressable(kv_kind: str, kf: Any, vf: Any, strides: tuple[int, ..
         return False
     if not arrays.aligned16(*(a for a in (kf, vf, q, out) if a is not None)):
         return False
-    from .forward import tensor_cores_available
+    from .attention import tensor_cores_available
 
     return tensor_cores_available(backend)
 
@@ -173,39 +168,10 @@ def _smem_bytes(d: int, rows: int, tile: int, kv_bytes: int = 4) -> int:
     return ring + 4 * (rows * d + rows * tile + 3 * rows)
 
 
-def _suffix(q_kind: str, kv_kind: str) -> str:
-    try:
-        return _SUFFIX[(q_kind, kv_kind)]
-    except KeyError:
-        names = arrays.IO_DTYPES
-        raise ArgumentTypeError(f"q: a {names[q_kind]} query needs {names[q_kind]} or FP8 K/V (expected q float32 "
-                                f"for {names.get(kv_kind, kv_kind)} K/V), got q {names[q_kind]} with "
-                                f"{names.get(kv_kind, kv_kind)} K/V") from None
-
-
 def _layout(kv_layout: Any) -> int:
     if kv_layout not in LAYOUTS:
         raise ArgumentError(f"kv_layout: expected one of {LAYOUTS}, got {kv_layout!r}")
     return LAYOUTS.index(kv_layout)
-
-
-def _check_indptr(name: str, h: np.ndarray | None, limit: int, limit_name: str, exact: bool = False) -> None:
-    if h is None:
-        return
-    if h.size and int(h[0]) < 0:
-        raise ArgumentError(f"{name}: expected {name}[0] >= 0, got {int(h[0])}")
-    if h.size > 1:
-        diff = np.diff(h.astype(np.int64))
-        if (diff < 0).any():
-            i = int(np.argmax(diff < 0))
-            raise ArgumentError(f"{name}: expected a non-decreasing array, got {name}[{i}]={int(h[i])} > "
-                                f"{name}[{i + 1}]={int(h[i + 1])}")
-    last = int(h[-1]) if h.size else 0
-    if exact and (last != limit or int(h[0]) != 0):
-        raise ArgumentError(f"{name}: expected {name}[0] == 0 and {name}[-1] == {limit_name}={limit}, "
-                            f"got {int(h[0])} and {last}")
-    if last > limit:
-        raise ArgumentError(f"{name}: expected {name}[-1] <= {limit_name}={limit}, got {last}")
 
 
 class _PageTable:
@@ -286,21 +252,6 @@ def _cache_positional(k_pages: Any, v_pages: Any, rest: tuple[Any, ...], kv_layo
     k, v = _split_cache(k_pages, kv_layout if kv_layout in LAYOUTS else "NHD")
     a, b, tail = _shift_combined(k_pages, (v_pages,) + tuple(rest), last_name)
     return (k, v, a, b) + tuple(tail)
-
-
-def _check_q(q: Any, kvh: int, d: int, lead_name: str) -> tuple[str, int, int]:
-    kind = arrays.io_kind("q", q, _Q_KINDS)
-    n, h, qd = arrays.check_ndim("q", q, (3,), f"({lead_name}, num_heads, head_dim)")
-    if qd != d:
-        raise ArgumentError(f"q: expected shape ({lead_name}, num_heads, {d}) (head_dim {d} from the K/V), got "
-                            f"{(n, h, qd)}")
-    if h < 1 or h % kvh:
-        raise ArgumentError(f"q: expected num_heads a multiple of num_kv_heads={kvh}, got num_heads={h}")
-    return kind, n, h
-
-
-def _dummy(like: Any, dtype: str = "f32") -> Any:
-    return arrays.empty((1,), dtype, like=like)
 
 
 # --------------------------------------------------------------------------- append
@@ -915,20 +866,6 @@ def paged_decode_attention(
 
 
 # --------------------------------------------------------------------------- prefill
-def _row_chunks(name: str, max_qo: int, group: int, rows: int) -> int:
-    chunks = max(1, -(-(max_qo * group) // rows))
-    if chunks > _GRID_YZ_MAX:
-        raise ArgumentError(f"{name}: expected at most {_GRID_YZ_MAX * rows // group} queries a sequence "
-                            f"(grid y limit), got {max_qo}")
-    return chunks
-
-
-def _prefill_out(total_q: int, h: int, d: int, kind: str, like: Any, exact: bool) -> tuple[Any, Any]:
-    # Rows outside qo_indptr are never written: zero them when the indptr could not be checked.
-    alloc = arrays.empty if exact else arrays.zeros
-    out = alloc((total_q, h, d), kind, like=like)
-    lse = arrays.empty((total_q, h), "f32", like=like) if exact else arrays.zeros((total_q, h), "f32", like=like)
-    return out, lse
 
 
 @arrays.stream_scoped
@@ -997,107 +934,23 @@ def paged_prefill_attention(
         res = arrays.check_out(out, (total_q, h, d), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
-    # The FlashAttention-2 core (kernels_cu/flash_attention_tc.cu, paged_prefill_tc_d*): bf16 or f16 q with a
+    # The FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu, paged_prefill_tc_d*; geometry from ops/attention.py): bf16 or f16 q with a
     # cache of the same type, head_dim 64 / 128, power-of-two pages, 16-byte aligned data and strides; FP8
     # caches keep paged_attn.
-    from . import forward as _fwd  # at call time: ops' lazy table imports the family modules in any order
+    from . import attention as _attn  # at call time: the attention module imports this one's helpers
 
-    n_qt = -(-max_qo // _fwd.FA2_ROWS)
+    n_qt = -(-max_qo // _attn.FA2_ROWS)
     fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and page_size & (page_size - 1) == 0
-           and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _fwd.fa2_eligible(d, d, q, kf, vf, res)
+           and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _attn.fa2_eligible(d, d, q, kf, vf, res)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     if fa2:
         launch(f"paged_prefill_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
-               (_fwd.FA2_THREADS,), _flat(q), kf, vf, _flat(res), _flat(lse), qo, table.indptr, table.indices,
+               (_attn.FA2_THREADS,), _flat(q), kf, vf, _flat(res), _flat(lse), qo, table.indptr, table.indices,
                table.last, h, kvh, page_size.bit_length() - 1, s_page, s_tok, s_head, sc * ksc, wl, wr, cap, vsc,
-               shared_mem=_fwd.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q), backend=backend)
+               shared_mem=_attn.fa2_shared_bytes(d), stream=arrays.launch_stream(stream, q), backend=backend)
     elif total_q:
         launch("paged_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), kf, vf,
                _flat(res), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, s_page, s_tok, s_head, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, ksc, vsc,
                shared_mem=smem, stream=arrays.launch_stream(stream, q), backend=backend)
     return (res, lse) if return_lse else res
-
-
-@arrays.stream_scoped
-def flash_attention_varlen(
-    q: Any,
-    k: Any,
-    v: Any,
-    cu_seqlens_q: Any,
-    cu_seqlens_k: Any,
-    *,
-    causal: bool = False,
-    scale: float | None = None,
-    window_size: tuple[int, int] = (-1, -1),
-    softcap: float = 0.0,
-    return_lse: bool = False,
-    stream: Any = None,
-    backend: str | None = None,
-) -> Any:
-    """flash-attn's varlen attention: sequences packed without padding.
-
-    q (total_q, num_heads, head_dim), k, v (total_k, num_kv_heads, head_dim); sequence b
-    is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against k/v rows
-    cu_seqlens_k[b]:cu_seqlens_k[b+1]. causal=True aligns the mask bottom-right per
-    sequence. window_size=(left, right) and softcap as `flash_attention` (flash-attn's
-    semantics, per sequence; positions outside every window of a CTA are never read). Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
-    with lse (total_q, num_heads) natural-log float32.
-    """
-    from ..launcher import launch
-
-    kind = arrays.io_kind("k", k, _Q_KINDS)
-    arrays.same_kind("v", v, kind, "k")
-    ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
-    if arrays.shape_of(v) != ks:
-        raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
-    total_k, kvh, d = ks
-    if kvh < 1 or not 1 <= d <= MAX_HEAD_DIM:
-        raise ArgumentError(f"k: expected (total_k, num_kv_heads, head_dim) with head_dim <= {MAX_HEAD_DIM}, got {ks}")
-    qk, total_q, h = _check_q(q, kvh, d, "total_q")
-    suf = _suffix(qk, kind)
-    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
-    batch = arrays.shape_of(cq)[0] - 1
-    if batch < 1:
-        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
-    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
-    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
-    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
-    if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
-        raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
-    sc = _scale(scale, d)
-    left, right = _check_window_size(window_size)
-    wl, wr = _normalize_serving(left, right, bool(causal))
-    cap = _check_softcap(softcap)
-    group = h // kvh
-    max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
-    rows, tile, smem = attn_tiling(d, max_qo * group)
-    chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
-    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
-    out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # On sm_90a the TMA + wgmma forward (kernels_cu/flash_attention_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
-    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/flash_attention_tc.cu): bf16
-    # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
-    # sequence * heads, batch).
-    from . import forward as _fwd
-
-    n_qt = -(-max_qo // _fwd.FA2_ROWS)
-    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and _fwd.fa2_eligible(d, d, q, k, v, out)
-           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
-    stream_ = arrays.launch_stream(stream, q)
-    if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
-            and _sm90_varlen(q, k, v, _flat(out), _flat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl, wr,
-                             f"_{qk}", stream_, backend)):
-        pass  # the Hopper kernel ran (kernels_cu/flash_attention_sm90.cu, VARLEN)
-    elif fa2:
-        launch(f"flash_attention_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
-               (_fwd.FA2_THREADS,), _flat(q), _flat(k), _flat(v), _flat(out), _flat(lse), cq, ck, h, kvh, n_qt,
-               sc, wl, wr, cap, shared_mem=_fwd.fa2_shared_bytes(d), stream=stream_, backend=backend)
-    elif total_q:
-        # k_mode 0 (keys at cu_seqlens_k) never reads seq_lens: an allocation, not a host-to-device copy (a
-        # pageable copy synchronises the stream)
-        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _flat(q), _flat(k), _flat(v), _flat(out),
-               _flat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
-               wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
-               stream=arrays.launch_stream(stream, q), backend=backend)
-    return (out, lse) if return_lse else out

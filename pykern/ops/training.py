@@ -30,9 +30,6 @@ __all__ = [
 ]
 
 _INT_MAX = 2**31 - 1
-# The attention backward (training_attention.py) still imports these four from here; they go once it imports
-# them from _common.
-_GRID_YZ_MAX, _flat, _launch, _same_shape = GRID_YZ_MAX, flat, launch, same_shape
 
 
 # --------------------------------------------------------------------------- transpose

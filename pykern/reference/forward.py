@@ -1,4 +1,4 @@
-"""numba.cuda references of the forward / prefill kernels (kernels_cu/forward.cu, flash_attention.cu).
+"""numba.cuda references of the forward / prefill kernels (kernels_cu/forward.cu; attention: reference/attention.py).
 
 One thread per row or element, plain loops, no shuffles: obviously right beats
 fast. bf16 twins share the fp32 body (the numba backend widens and narrows).
@@ -136,65 +136,3 @@ def _causal_attn_softmax(cuda):
                     out[base + j] = 0.0 / s
 
     return k, lambda args: _grid(args[2])
-
-
-_FA_NAMES = tuple(f"flash_attention_d{d}{c}{s}" for d in (64, 128, 256) for c in ("", "_softcap")
-                  for s in ("", "_bf16", "_f16"))
-# The tensor-core kernels (flash_attention_tc.cu) take the same arguments and compute the same
-# function (their P rounding to bf16 / f16 is inside the tolerance): the same reference serves them.
-_FA_TC_NAMES = tuple(f"flash_attention_tc_{p}d{d}{c}{s}" for p, ds in (("", (64, 96, 128, 256)), ("pad_", (64, 128)))
-                     for d in ds for c in ("", "_softcap") for s in ("_bf16", "_f16"))
-
-
-@reference(*_FA_NAMES, *_FA_TC_NAMES)
-def _flash_attention(cuda):
-    from numba import float32
-
-    @cuda.jit
-    def k(q, kk, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-          window_right, softcap):
-        # one thread per (batch, query, head) row: max pass, then exp-weighted sum pass over the keys
-        # [first, last] of the row's window (normalized sides: causal is window_right = 0);
-        # softcap > 0: scores softcap * tanh(scale * q.k / softcap)
-        r = cuda.grid(1)
-        if r < batch * n_q * n_heads:
-            h = r % n_heads
-            i = (r // n_heads) % n_q
-            b = r // (n_heads * n_q)
-            hk = h // (n_heads // n_kv_heads)
-            first = max(0, i + n_k - n_q - window_left)
-            last = min(n_k - 1, i + n_k - n_q + window_right)
-            q_off = r * head_dim
-            m = -math.inf
-            for j in range(first, last + 1):
-                k_off = ((b * n_k + j) * n_kv_heads + hk) * head_dim
-                dot = 0.0
-                for d in range(head_dim):
-                    dot += q[q_off + d] * kk[k_off + d]
-                x = dot * scale
-                if softcap > 0.0:
-                    x = softcap * math.tanh(x / softcap)
-                m = max(m, x)
-            acc = cuda.local.array(256, float32)
-            for d in range(head_dim_v):
-                acc[d] = 0.0
-            l = 0.0
-            for j in range(first, last + 1):
-                k_off = ((b * n_k + j) * n_kv_heads + hk) * head_dim
-                v_off = ((b * n_k + j) * n_kv_heads + hk) * head_dim_v
-                dot = 0.0
-                for d in range(head_dim):
-                    dot += q[q_off + d] * kk[k_off + d]
-                x = dot * scale
-                if softcap > 0.0:
-                    x = softcap * math.tanh(x / softcap)
-                p = math.exp(x - m)
-                l += p
-                for d in range(head_dim_v):
-                    acc[d] += p * v[v_off + d]
-            o_off = r * head_dim_v
-            for d in range(head_dim_v):
-                out[o_off + d] = acc[d] / l if l > 0.0 else 0.0
-            lse[r] = m + math.log(l) if l > 0.0 else -math.inf
-
-    return k, lambda args: _grid(args[5] * args[6] * args[8])

@@ -368,9 +368,9 @@ def _batch_indices_positions(cuda: Any) -> Any:
     return k, config
 
 
-# flash_attention_varlen's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu): the same function as
+# flash_attention_varlen's FlashAttention-2 kernels (kernels_cu/attention_fwd_tc.cu): the same function as
 # dense_attn over cu_seqlens, with their own parameter list; head_dim = out's size / lse's size.
-_VARLEN_TC_NAMES = tuple(f"flash_attention_varlen_tc_d{d}{c}{t}" for d in (64, 128) for c in ("", "_softcap")
+_VARLEN_TC_NAMES = tuple(f"attention_fwd_varlen_tc_d{d}{c}{t}" for d in (64, 128) for c in ("", "_softcap")
                           for t in ("_bf16", "_f16"))
 
 
@@ -428,7 +428,7 @@ def _varlen_tc(cuda: Any) -> Any:
     return k, config
 
 
-# paged_prefill_attention's FlashAttention-2 kernels (kernels_cu/flash_attention_tc.cu), 16-bit caches: the
+# paged_prefill_attention's FlashAttention-2 kernels (kernels_cu/attention_fwd_tc.cu), 16-bit caches: the
 # same function as paged_attn (q_mode 1), with their own parameter list (page_size = 1 << ps_log2, scale
 # holding k_scale); head_dim = out's size / lse's size.
 _PAGED_TC_NAMES = tuple(f"paged_prefill_tc_d{d}{c}{t}" for d in (64, 128) for c in ("", "_softcap")

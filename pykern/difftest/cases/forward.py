@@ -1,4 +1,4 @@
-"""Difftest cases for the forward / prefill kernels (forward.cu, flash_attention.cu) and their NumPy float64 references.
+"""Difftest cases for the forward / prefill kernels (forward.cu, attention_fwd_fma.cu) and their NumPy float64 references.
 
 Shape lists name the edge values one by one rather than as cross products:
 flash_attention sweeps (n_q, n_k) at one head config, head_dim at one length,
@@ -8,7 +8,6 @@ dim 65536, head_dim 256 at length 300) carry note="big".
 """
 from __future__ import annotations
 
-import math
 from typing import Any, Iterator
 
 import numpy as np
@@ -94,34 +93,6 @@ def np_causal_attn_softmax(scores: np.ndarray, past_len: int = 0) -> np.ndarray:
         return np.where(den == 0.0, 0.0, p / np.where(den == 0.0, 1.0, den))
 
 
-def np_flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
-                       scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
-                       softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(out (B, n_q, H, Dv), lse (B, n_q, H)); rows that see no key give 0 and -inf.
-    window_size / softcap: flash-attn's sliding window (bottom-right) and logit softcap."""
-    q, k, v = _f64(q), _f64(k), _f64(v)
-    batch, n_q, n_heads, head_dim = q.shape
-    n_k, n_kv = k.shape[1], k.shape[2]
-    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
-    group = n_heads // n_kv
-    k = np.repeat(k, group, axis=2)  # (B, n_k, H, D)
-    v = np.repeat(v, group, axis=2)
-    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
-    if softcap > 0:
-        s = softcap * np.tanh(s / softcap)
-    from .training import window_mask
-
-    s = np.where(window_mask(n_q, n_k, causal, window_size)[None, None], s, -np.inf)
-    m = s.max(axis=-1, keepdims=True) if n_k else np.full(s.shape[:-1] + (1,), -np.inf)
-    m_safe = np.where(np.isfinite(m), m, 0.0)
-    p = np.exp(s - m_safe)
-    den = p.sum(axis=-1, keepdims=True)
-    out = np.einsum("bhqk,bkhd->bqhd", np.divide(p, den, out=np.zeros_like(p), where=den > 0), v)
-    with np.errstate(divide="ignore"):
-        lse = (np.log(den) + m_safe)[..., 0]  # (B, H, n_q); log(0) = -inf for empty rows
-    return out, lse.transpose(0, 2, 1).copy()
-
-
 # --------------------------------------------------------------------------- input helpers
 
 
@@ -158,21 +129,6 @@ def _sfx(kind: str) -> str:
     from ...arrays import kernel_suffix
 
     return kernel_suffix(kind)
-
-
-def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None,
-              softcap: float = 0.0) -> str:
-    """The kernel ops.flash_attention launches (bf16 and f16 default to the tensor-core kernels on every
-    backend difftest runs: host, numba, nvrtc on sm_80+; softcap > 0 picks the _softcap kernels)."""
-    cap = "_softcap" if softcap > 0 else ""
-    if kind != "f32" and tensor_cores is not False:
-        from ...ops.forward import tc_head_dim
-
-        d = tc_head_dim(max(head_dim, head_dim_v))
-        pad = "pad_" if d in (64, 128) and (head_dim != d or head_dim_v != d) else ""  # not the FA2 core's shape
-        return f"flash_attention_tc_{pad}d{d}{cap}{_sfx(kind)}"
-    bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
-    return f"flash_attention_d{bucket}{cap}{_sfx(kind)}"
 
 
 # --------------------------------------------------------------------------- cases
@@ -355,88 +311,6 @@ def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
                    reference=lambda s=s, p=past: {"out": np_causal_attn_softmax(s, p)})
 
 
-def fa_inputs(rng: np.random.Generator, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int, dv: int,
-              kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    return (_normal(rng, (batch, n_q, n_heads, d), kind), _normal(rng, (batch, n_k, n_kv, d), kind),
-            _normal(rng, (batch, n_k, n_kv, dv), kind))
-
-
-def _fa_case(rng: np.random.Generator, kind: str, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int,
-             dv: int, causal: bool, note: str = "", tensor_cores: bool | None = None, scale: float | None = None,
-             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
-    from ... import ops
-
-    q, k, v = fa_inputs(rng, batch, n_q, n_k, n_heads, n_kv, d, dv, kind)
-    win = {} if window_size == (-1, -1) and not softcap else {"window_size": window_size, "softcap": softcap}
-
-    def run(b: str) -> dict:
-        out, lse = ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, backend=b, **win,
-                                       **({} if tensor_cores is None else {"tensor_cores": tensor_cores}))
-        return {"out": out, "lse": lse}
-
-    def ref() -> dict:
-        out, lse = np_flash_attention(q, k, v, causal, scale, window_size, softcap)
-        return {"out": out, "lse": lse}
-
-    shape = f"b{batch}-q{n_q}-k{n_k}-h{n_heads}/{n_kv}-d{d}" + (f"v{dv}" if dv != d else "") + ("-causal" if causal else "")
-    shape += "" if scale is None else f"-s{scale:g}"
-    shape += "" if tensor_cores is None else ("-tc" if tensor_cores else "-fma")
-    shape += "" if window_size == (-1, -1) else f"-w{window_size[0]},{window_size[1]}"
-    shape += f"-cap{softcap:g}" if softcap else ""
-    return Case(op="flash_attention", dtype=kind, shape=shape,
-                kernels=(fa_kernel(d, dv, kind, tensor_cores, softcap),),
-                run=run, reference=ref, note=note)
-
-
-def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
-    for causal in (False, True):
-        # lengths at head_dim 64, GQA 2; n_q > n_k gives causal rows with no key
-        for n_q, n_k in ((1, 1), (17, 17), (64, 64), (65, 65), (1, 65), (17, 64), (65, 17), (64, 1), (1, 300),
-                         (300, 300), (65, 300), (300, 17)):
-            big = "big" if max(n_q, n_k) >= 300 and n_q * n_k > 300 else ""
-            yield _fa_case(rng, "f32", 1, n_q, n_k, 2, 1, 64, 64, causal, big)
-        # head_dim sweep (one length pair that crosses a key tile and a query tile)
-        for d in (32, 64, 80, 96, 128, 256):
-            yield _fa_case(rng, "f32", 1, 17, 40, 2, 2, d, d, causal)
-        # GQA ratios 1/2/4/8 and n_kv_heads = 1
-        for n_kv in (8, 4, 2, 1):
-            yield _fa_case(rng, "f32", 2, 17, 17, 8, n_kv, 32, 32, causal)
-        yield _fa_case(rng, "f32", 1, 17, 40, 4, 2, 96, 64, causal)   # head_dim_v != head_dim
-        yield _fa_case(rng, "f32", 1, 17, 33, 2, 1, 48, 130, causal)  # dv picks the bucket
-        yield _fa_case(rng, "f32", 1, 300, 300, 2, 1, 256, 256, causal, "big")
-        # bf16 on the fp32-FMA kernels (what sm_75 runs)
-        for d, n_k in ((64, 65), (128, 40), (256, 20)):
-            yield _fa_case(rng, "bf16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
-        yield _fa_case(rng, "bf16", 1, 65, 300, 2, 2, 128, 128, causal, "big", tensor_cores=False)
-        # bf16 on tensor cores: every compiled head_dim and padded ones (32 -> 64, 80 -> 96, 33: element-wise
-        # loads), lengths off every tile (BR = 64, BC = 64/32), length 1, n_q != n_k both ways, GQA 1/4/8
-        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (80, 70, 33),
-                            (33, 9, 20), (100, 9, 20)):  # 100: padded to the general flash_attention_tc_pad_d128
-            yield _fa_case(rng, "bf16", 1, n_q, n_k, 2, 1, d, d, causal)
-        for n_kv in (8, 2, 1):
-            yield _fa_case(rng, "bf16", 1, 17, 17, 8, n_kv, 64, 64, causal)
-        yield _fa_case(rng, "bf16", 2, 1, 130, 4, 1, 128, 128, causal)
-        yield _fa_case(rng, "bf16", 1, 130, 1, 2, 2, 64, 64, causal)
-        yield _fa_case(rng, "bf16", 1, 17, 40, 4, 2, 96, 64, causal, scale=0.3)  # head_dim_v != head_dim
-        yield _fa_case(rng, "bf16", 1, 300, 260, 2, 1, 128, 128, causal, "big")
-
-
-def _fa_window_cases(rng: np.random.Generator) -> Iterator[Case]:
-    # Sliding windows (left only, right only, both, 0, wider than the sequence) and softcap, with and
-    # without causal, n_q != n_k both ways; lengths cross several key tiles so some are skipped.
-    for kind, tc in (("f32", None), ("bf16", None), ("bf16", False)):
-        for n_q, n_k, causal, win, cap, d in ((150, 150, True, (20, -1), 0.0, 64), (70, 200, False, (-1, 9), 0.0, 128),
-                                              (200, 70, False, (30, 30), 0.0, 64), (90, 90, True, (0, -1), 0.0, 80),
-                                              (40, 40, False, (500, 500), 0.0, 64), (64, 64, False, (-1, -1), 5.0, 128),
-                                              (130, 180, True, (40, -1), 2.0, 64)):
-            yield _fa_case(rng, kind, 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
-                           window_size=win, softcap=cap)
-    # every softcap kernel: each head-dim bucket of each path
-    for kind, tc, dims in (("bf16", None, (32, 96, 100, 256)), ("f32", None, (256,)), ("bf16", False, (128, 256))):
-        for d in dims:
-            yield _fa_case(rng, kind, 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)
-
-
 @register_cases("forward")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _embedding_cases(rng)
@@ -445,8 +319,6 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _silu_backward_cases(rng)
     yield from _rms_cases(rng)
     yield from _softmax_cases(rng)
-    yield from _fa_cases(rng)
-    yield from _fa_window_cases(rng)
     yield from _f16_cases(rng)
 
 
@@ -462,26 +334,5 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _silu_backward_cases(rng, (("f16", (5,), False), ("f16", (3, 1003), False), ("f16", (2, 37), True)))
     yield from _rms_cases(rng, (("f16", (5, 8)), ("f16", (3, 769)), ("f16", (2, 1000)), ("f16", (2, 4096)),
                                 ("f16", (2, 16384)), ("f16", (1, 65536))))
-    yield from _fa_f16_cases(rng)
 
 
-def _fa_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
-    """float16 flash_attention: the fp32-FMA kernels at every bucket, the tensor-core kernels at every compiled
-    head_dim and padded ones (element-wise loads at 33), GQA, n_q != n_k both ways, windows and softcap."""
-    for causal in (False, True):
-        for d, n_k in ((64, 65), (128, 40), (256, 20)):
-            yield _fa_case(rng, "f16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
-        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (33, 9, 20),
-                            (100, 9, 20)):
-            yield _fa_case(rng, "f16", 1, n_q, n_k, 2, 1, d, d, causal)
-        yield _fa_case(rng, "f16", 1, 17, 17, 8, 2, 64, 64, causal)
-        yield _fa_case(rng, "f16", 1, 130, 1, 2, 2, 64, 64, causal)
-        yield _fa_case(rng, "f16", 1, 17, 40, 4, 2, 96, 64, causal, scale=0.3)  # head_dim_v != head_dim
-    for tc in (None, False):
-        for n_q, n_k, causal, win, cap, d in ((150, 150, True, (20, -1), 0.0, 64), (70, 200, False, (-1, 9), 0.0, 128),
-                                              (130, 180, True, (40, -1), 2.0, 64)):
-            yield _fa_case(rng, "f16", 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
-                           window_size=win, softcap=cap)
-    for tc, dims in ((None, (32, 96, 100, 128, 256)), (False, (128, 256))):
-        for d in dims:
-            yield _fa_case(rng, "f16", 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)

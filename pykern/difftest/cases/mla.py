@@ -4,7 +4,7 @@ pages in shuffled order, split-KV (merged by cascade.cu's merge_states) and one 
 runs each CTA's 128 threads as fibers.
 
 The sm_90a kernel (kernels_cu/mla_sm90.cu, wgmma) has its own cases (`-sm90a` in the shape, `arch="sm_90a"`): they
-play sm_90a on the host backend (pykern/difftest/cases/sm90.py's helpers) and fail, rather than fall back to the
+play sm_90a on the host backend (pykern/difftest/cases/_sm90.py's helpers) and fail, rather than fall back to the
 mma.sync kernel, when the op would not take it; numba and nvrtc report them as not applicable."""
 from __future__ import annotations
 
@@ -103,7 +103,7 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
     # The host emulation runs 384 fibers a CTA through every wgmma and mbarrier wait: small shapes.
     from ...errors import ArgumentError
     from ...ops.mla import uses_sm90
-    from .sm90 import ARCH, _case
+    from ._sm90 import ARCH, sm90_case as _case
 
     for kind, lens, heads, ps, ns in (("bf16", (130, 0, 1), 16, 16, 1),
                                       ("f16", (40, 17), 64, 1, 2),

@@ -19,7 +19,7 @@ import numpy as np
 
 from ..case import Case, register_cases
 from .moe import np_act, np_grouped_gemm
-from .sm90 import ARCH, _declined, _host_arch, _sfx
+from ._sm90 import ARCH, declined as _declined, host_arch as _host_arch, sfx as _sfx
 from .training import _cast, f64
 
 _SHAPES = (  # (group sizes, N, K); act: N = 2I

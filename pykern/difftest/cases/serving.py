@@ -279,7 +279,7 @@ def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: i
     win = (f"-w{window_size[0]},{window_size[1]}" if window_size != (-1, -1) else "") + (
         f"-cap{softcap:g}" if softcap else "")
     core = q_kind == kv_kind and kv_kind in ("bf16", "f16") and d in (64, 128)  # the FlashAttention-2 core
-    name = (f"flash_attention_varlen_tc_d{d}{'_softcap' if softcap else ''}_{kv_kind}" if core
+    name = (f"attention_fwd_varlen_tc_d{d}{'_softcap' if softcap else ''}_{kv_kind}" if core
             else "dense_attn" + _SUFFIX[(q_kind, kv_kind)])
     return Case(op="flash_attention_varlen", dtype=_dtype_name(q_kind, kv_kind),
                 shape=f"K{k_lens}-Q{q_lens}-H{h}-KV{kvh}-D{d}-c{int(causal)}-{q_kind}q-{kv_kind}kv" + win,

@@ -1,8 +1,8 @@
 // Fused tensor-core attention backward (FlashAttention-2's design) for bf16 and f16, head_dim 64 / 128,
 // sm_80 ... sm_120. Same inputs, mask (bottom-right window, causal = window_right 0), GQA mapping, scale and
-// softcap as attention_backward_tc.cu; the op launches these for head_dim exactly 64 / 128.
+// softcap as attention_bwd_tc.cu; the op launches these for head_dim exactly 64 / 128.
 //
-// attention_backward_tc_fused_d{D}[_softcap][_det]_{bf16,f16}: a CTA per (key tile of BC = 64 keys, kv head,
+// attention_bwd_tc_fused_d{D}[_softcap][_det]_{bf16,f16}: a CTA per (key tile of BC = 64 keys, kv head,
 // batch). K and V stay in shared memory, dK and dV in fp32 registers (warp w owns keys 16w..16w+15 and works
 // in the transposed domain, its keys being the MMA rows). The CTA walks every query tile (BR queries) of
 // every query head of its GQA group that sees one of its keys, Q / dO / lse / delta streamed through two
@@ -23,7 +23,7 @@
 // immediate on one base register).
 // lse and delta come from attention_bwd_tc_prep, (batch, head, n_q rounded up to the query tile) fp32, lse
 // already times log2e, padded rows zero: a query tile's BR values are one contiguous 16-byte-aligned run.
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 
 #define ABF_BC 64
 #define ABF_LOG2E 1.4426950408889634f
@@ -203,14 +203,8 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
 #pragma unroll
         for (int kk = 0; kk < BR / 16; kk++) {
             unsigned int pa[4], da[4];
-            pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
-            da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
-            da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
-            da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-            da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            pk_acc_to_a<T>(pa, s, kk);
+            pk_acc_to_a<T>(da, dp, kk);
             // dS^T to shared memory for dQ, as [key][query] words (the A operand of dQ through .trans)
             *reinterpret_cast<unsigned int*>(sm + dsw_off + kk * 32) = da[0];
             *reinterpret_cast<unsigned int*>(sm + dsw_off + 8 * SDS * 2 + kk * 32) = da[1];
@@ -379,7 +373,7 @@ __device__ __forceinline__ void abf_dq_reduce(const float* __restrict__ part, fl
 }
 
 // sm_80 ... sm_90 (sm_75: no mma.m16n8k16; sm_100 / sm_120: ptxas there takes more registers for the same code
-// and spills, so the op keeps the dK/dV + dQ pair of attention_backward_tc.cu on those): a trap elsewhere.
+// and spills, so the op keeps the dK/dV + dQ pair of attention_bwd_tc.cu on those): a trap elsewhere.
 #if defined(__CUDA_ARCH__) && (__CUDA_ARCH__ < 800 || __CUDA_ARCH__ >= 1000)
 template <typename T, auto... P, typename... A>
 __device__ __forceinline__ void abf_entry(A...) { __trap(); }
@@ -387,14 +381,14 @@ __device__ __forceinline__ void abf_entry(A...) { __trap(); }
 template <typename T, auto... P, typename... A>
 __device__ __forceinline__ void abf_entry(A... a) { abf_body<T, P...>(a...); }
 #endif
-PK_IO_VARIANT(attention_backward_tc_fused_d64, abf_entry, 64, false, false)
-PK_IO_VARIANT(attention_backward_tc_fused_d128, abf_entry, 128, false, false)
-PK_IO_VARIANT(attention_backward_tc_fused_d64_softcap, abf_entry, 64, true, false)
-PK_IO_VARIANT(attention_backward_tc_fused_d128_softcap, abf_entry, 128, true, false)
-PK_IO_VARIANT(attention_backward_tc_fused_d64_det, abf_entry, 64, false, true)
-PK_IO_VARIANT(attention_backward_tc_fused_d128_det, abf_entry, 128, false, true)
-PK_IO_VARIANT(attention_backward_tc_fused_d64_softcap_det, abf_entry, 64, true, true)
-PK_IO_VARIANT(attention_backward_tc_fused_d128_softcap_det, abf_entry, 128, true, true)
+PK_IO_VARIANT(attention_bwd_tc_fused_d64, abf_entry, 64, false, false)
+PK_IO_VARIANT(attention_bwd_tc_fused_d128, abf_entry, 128, false, false)
+PK_IO_VARIANT(attention_bwd_tc_fused_d64_softcap, abf_entry, 64, true, false)
+PK_IO_VARIANT(attention_bwd_tc_fused_d128_softcap, abf_entry, 128, true, false)
+PK_IO_VARIANT(attention_bwd_tc_fused_d64_det, abf_entry, 64, false, true)
+PK_IO_VARIANT(attention_bwd_tc_fused_d128_det, abf_entry, 128, false, true)
+PK_IO_VARIANT(attention_bwd_tc_fused_d64_softcap_det, abf_entry, 64, true, true)
+PK_IO_VARIANT(attention_bwd_tc_fused_d128_softcap_det, abf_entry, 128, true, true)
 PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d64, abf_dq_reduce, 64)
 PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d128, abf_dq_reduce, 128)
 
@@ -406,14 +400,14 @@ PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d128, abf_dq_reduce, 128)
 #define ABF_FUSED_ARGS                                                                                               \
     (q, k, v, grad_out, lse2, dlt, dq_ws, dk, dv, n_q, n_k, n_heads, n_kv_heads, nq_pad, kt_begin, ws_stride,        \
      scale, window_left, window_right, softcap)
-PK_IO16_KERNELS(attention_backward_tc_fused_d64, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d64_det, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d64_softcap, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d64_softcap_det, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d128, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d128_det, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d128_softcap, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_fused_d128_softcap_det, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d64, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d64_det, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d64_softcap, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d64_softcap_det, (FATC_THREADS, 2), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d128, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d128_det, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d128_softcap, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_fused_d128_softcap_det, (FATC_THREADS, 1), ABF_FUSED_PARAMS, ABF_FUSED_ARGS)
 
 PK_IO16_KERNELS(attention_bwd_tc_prep, (256, 1),
                 (const T* __restrict__ grad_out, const T* __restrict__ out, const float* __restrict__ lse,

@@ -2,7 +2,7 @@
 // Hopper (sm_90a) FlashAttention forward in the FlashAttention-3 design, bf16 and f16 (one template over
 // the element type T): O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with
 // the layouts, GQA mapping, bottom-right window / causal mask and empty-row convention of
-// flash_attention_tc.cu (rows that see no key: out = 0, lse = -inf). No softcap (the op keeps the
+// attention_fwd_tc.cu (rows that see no key: out = 0, lse = -inf). No softcap (the op keeps the
 // mma.sync kernels for it).
 //
 // Work split: a CTA of 3 warpgroups (384 threads) owns BR = 128 consecutive queries of one (batch, head).
@@ -32,10 +32,11 @@
 // [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
 // Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k
 // and v (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
-// flash_attention_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
+// attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
+#include "pk_attn_tc.cuh"  // pk_attn_epilogue
 
 #define FA90_BR 128
 #define FA90_THREADS 384
@@ -227,7 +228,7 @@ __device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2
 
 // VARLEN: sequences packed without padding (flash_attention_varlen); the tensor maps have batch extent 1 over
 // (1, total rows, heads, D), sequence b is q rows cu_q[b]..cu_q[b+1] against k / v rows cu_k[b]..cu_k[b+1] (a
-// negative length counts as 0), grid (n_qt * n_heads, batch) as flash_attention_varlen_tc (query tile
+// negative length counts as 0), grid (n_qt * n_heads, batch) as attention_fwd_varlen_tc (query tile
 // blockIdx.x / n_heads of head blockIdx.x % n_heads; tiles past the sequence exit before any barrier), n_q / n_k
 // are each sequence's. Only the coordinates differ from the dense kernel: the TMA row coordinates start at the
 // sequence's first row (boxes that run past its end load the next sequence's rows: the key tile holding the
@@ -463,34 +464,27 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const long long o_stride = (long long)n_heads * D;
     // The sequence's first row of out / lse (read again here rather than kept live through the loops).
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
+    pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
+        l, m, sl2, 1.0f, row0, n_q,
+        [&](int r, int row, float inv) {
+            T* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = l[r];
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
-        const int row = row0 + 8 * r;
-        if (row >= n_q) continue;
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        T* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
-#pragma unroll
-        for (int jj = 0; jj < D / 8; jj++)
-            *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
-                Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
-        if (t == 0)  // m is in raw score units: lse = ln(2) * (m * scale * log2 e + log2(l))
-            lse[(o_row0 + row) * n_heads + h] =
-                lr > 0.0f ? (m[r] * sl2 + log2f(lr)) * 0.6931471805599453f : PK_NEG_INF;
-    }
+            for (int jj = 0; jj < D / 8; jj++)
+                *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
+                    Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        },
+        [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
 }
 
 #define FA90_ENTRY(D)                                                                                             \
     template <typename T, typename... A>                                                                          \
-    __device__ __forceinline__ void flash_attention_sm90_d##D##_impl(const CUtensorMap& tq, const CUtensorMap& tk, \
+    __device__ __forceinline__ void attention_fwd_sm90_d##D##_impl(const CUtensorMap& tq, const CUtensorMap& tk, \
                                                                      const CUtensorMap& tv, T* out, float* lse,   \
                                                                      A... a) {                                    \
         fa90_forward<T, D, false>(&tq, &tk, &tv, out, lse, nullptr, nullptr, a...);                               \
     }                                                                                                             \
     template <typename T>                                                                                         \
-    __device__ __forceinline__ void flash_attention_varlen_sm90_d##D##_impl(                                      \
+    __device__ __forceinline__ void attention_fwd_varlen_sm90_d##D##_impl(                                      \
         const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, T* out, float* lse, const int* cu_q, \
         const int* cu_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {           \
         fa90_forward<T, D, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale,        \
@@ -500,19 +494,19 @@ FA90_ENTRY(64)
 FA90_ENTRY(128)
 FA90_ENTRY(256)
 
-PK_IO16_KERNELS(flash_attention_sm90_d64, (FA90_THREADS, 1),
+PK_IO16_KERNELS(attention_fwd_sm90_d64, (FA90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
                  int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
                 (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
 
-PK_IO16_KERNELS(flash_attention_sm90_d128, (FA90_THREADS, 1),
+PK_IO16_KERNELS(attention_fwd_sm90_d128, (FA90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
                  int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
                 (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
 
-PK_IO16_KERNELS(flash_attention_sm90_d256, (FA90_THREADS, 1),
+PK_IO16_KERNELS(attention_fwd_sm90_d256, (FA90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
                  int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
@@ -528,6 +522,6 @@ PK_IO16_KERNELS(flash_attention_sm90_d256, (FA90_THREADS, 1),
      const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads, int n_kv_heads, float scale,          \
      int window_left, int window_right)
 #define FA90_VARLEN_ARGS (tq, tk, tv, out, lse, cu_q, cu_k, n_heads, n_kv_heads, scale, window_left, window_right)
-PK_IO16_KERNELS(flash_attention_varlen_sm90_d64, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
-PK_IO16_KERNELS(flash_attention_varlen_sm90_d128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
-PK_IO16_KERNELS(flash_attention_varlen_sm90_d256, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d64, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)

@@ -2,7 +2,7 @@
 // path for sm_80 ... sm_120:
 // O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with the same
 // layouts, GQA mapping, bottom-right window / causal mask, softcap and empty-row convention as
-// flash_attention.cu (rows that see no key: out = 0, lse = -inf).
+// attention_fwd_fma.cu (rows that see no key: out = 0, lse = -inf).
 //
 // Window: query i sees keys j with i + s - window_left <= j <= i + s + window_right, s = n_k - n_q
 // (the op normalizes: causal is window_right = 0, unbounded sides are n_k / n_q). The CTA loops
@@ -29,7 +29,7 @@
 // padded lanes add exact zeros (keys past n_k are also masked to -inf).
 // Global -> shared copies use 16-byte cp.async when head_dim % 8 == 0 and the base is
 // 16-byte aligned, else element-wise loads (correct for any head_dim, slower).
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 #include "pk_attn_core.cuh"
 
 #define FATC_BR 64
@@ -171,10 +171,7 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {
             unsigned int pa[4];
-            pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-            pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-            pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-            pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+            pk_acc_to_a<T>(pa, s, kk);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned int vb[4];  // b of O n-tile 2np in vb[0..1], of 2np + 1 in vb[2..3]
@@ -189,44 +186,32 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 
     const bool vo = (head_dim_v & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
     const long long o_stride = (long long)n_heads * head_dim_v;
+    pk_attn_epilogue(  // m is in log2 units already
+        l, m, 1.0f, 1.0f, row0, n_q,
+        [&](int r, int row, float inv) {
+            const long long ob = ((long long)b * n_q + row) * o_stride + (long long)h * head_dim_v;
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float lr = l[r];
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
-        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
-        const int row = row0 + 8 * r;
-        if (row >= n_q) continue;
-        const float inv = lr > 0.0f ? 1.0f / lr : 0.0f;
-        const long long ob = ((long long)b * n_q + row) * o_stride + (long long)h * head_dim_v;
-#pragma unroll
-        for (int i = 0; i < ON; i++) {
-            const int col = i * 8 + 2 * t;
-            if (col >= head_dim_v) continue;
-            const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
-            if (vo) {
-                *reinterpret_cast<unsigned int*>(out + ob + col) = Pk16<T>::narrow2(x0, x1);
-            } else {
-                PkIO<T>::store(out, ob + col, x0);
-                if (col + 1 < head_dim_v) PkIO<T>::store(out, ob + col + 1, x1);
+            for (int i = 0; i < ON; i++) {
+                const int col = i * 8 + 2 * t;
+                if (col >= head_dim_v) continue;
+                const float x0 = o[i][2 * r] * inv, x1 = o[i][2 * r + 1] * inv;
+                pk_store_pair<T>(out, ob, col, head_dim_v, vo, x0, x1);
             }
-        }
-        if (t == 0)  // m is in log2 units: lse = ln(2) * (m + log2(l))
-            lse[((long long)b * n_q + row) * n_heads + h] = lr > 0.0f ? (m[r] + log2f(lr)) * 0.6931471805599453f
-                                                                      : PK_NEG_INF;
-    }
+        },
+        [&](int row) { return lse + ((long long)b * n_q + row) * n_heads + h; });
 }
 
 // Entry points per compiled head_dim and softcap flag, in bf16 and f16 (the sm_75 build traps: the op
-// uses flash_attention_d*_bf16 / _f16 there).
+// uses attention_fwd_fma_d*_bf16 / _f16 there).
 PK_ATTN_TC_ENTRY(fatc_entry, fatc_forward)
-PK_IO_VARIANT(flash_attention_tc_pad_d64, fatc_entry, 64, false)
-PK_IO_VARIANT(flash_attention_tc_pad_d64_softcap, fatc_entry, 64, true)
-PK_IO_VARIANT(flash_attention_tc_d96, fatc_entry, 96, false)
-PK_IO_VARIANT(flash_attention_tc_d96_softcap, fatc_entry, 96, true)
-PK_IO_VARIANT(flash_attention_tc_pad_d128, fatc_entry, 128, false)
-PK_IO_VARIANT(flash_attention_tc_pad_d128_softcap, fatc_entry, 128, true)
-PK_IO_VARIANT(flash_attention_tc_d256, fatc_entry, 256, false)
-PK_IO_VARIANT(flash_attention_tc_d256_softcap, fatc_entry, 256, true)
+PK_IO_VARIANT(attention_fwd_tc_pad_d64, fatc_entry, 64, false)
+PK_IO_VARIANT(attention_fwd_tc_pad_d64_softcap, fatc_entry, 64, true)
+PK_IO_VARIANT(attention_fwd_tc_d96, fatc_entry, 96, false)
+PK_IO_VARIANT(attention_fwd_tc_d96_softcap, fatc_entry, 96, true)
+PK_IO_VARIANT(attention_fwd_tc_pad_d128, fatc_entry, 128, false)
+PK_IO_VARIANT(attention_fwd_tc_pad_d128_softcap, fatc_entry, 128, true)
+PK_IO_VARIANT(attention_fwd_tc_d256, fatc_entry, 256, false)
+PK_IO_VARIANT(attention_fwd_tc_d256_softcap, fatc_entry, 256, true)
 
 #define FATC_FWD_PARAMS                                                                                              \
     (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,                 \
@@ -235,14 +220,14 @@ PK_IO_VARIANT(flash_attention_tc_d256_softcap, fatc_entry, 256, true)
 #define FATC_FWD_ARGS                                                                                                \
     (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,              \
      window_right, softcap)
-PK_IO16_KERNELS(flash_attention_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d96, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_pad_d128, (FATC_THREADS, FatcCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_pad_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d256, (FATC_THREADS, FatcCfg<256>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d96, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d96_softcap, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_pad_d128, (FATC_THREADS, FatcCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_pad_d128_softcap, (FATC_THREADS, FatcCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d256, (FATC_THREADS, FatcCfg<256>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d256_softcap, (FATC_THREADS, FatcCfg<256>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
 
 // ---------------------------------------------------------------------------------------------------------
 // The FlashAttention-2 core (pk_attn_core.cuh): 128 queries a CTA of 8 warps, for head_dim == head_dim_v ==
@@ -269,15 +254,15 @@ __device__ __forceinline__ void fafa_dense(const T* __restrict__ q, const T* __r
 }
 
 PK_ATTN_TC_ENTRY(fafa_dense_entry, fafa_dense)
-PK_IO_VARIANT(flash_attention_tc_d64, fafa_dense_entry, 64, false)
-PK_IO_VARIANT(flash_attention_tc_d64_softcap, fafa_dense_entry, 64, true)
-PK_IO_VARIANT(flash_attention_tc_d128, fafa_dense_entry, 128, false)
-PK_IO_VARIANT(flash_attention_tc_d128_softcap, fafa_dense_entry, 128, true)
+PK_IO_VARIANT(attention_fwd_tc_d64, fafa_dense_entry, 64, false)
+PK_IO_VARIANT(attention_fwd_tc_d64_softcap, fafa_dense_entry, 64, true)
+PK_IO_VARIANT(attention_fwd_tc_d128, fafa_dense_entry, 128, false)
+PK_IO_VARIANT(attention_fwd_tc_d128_softcap, fafa_dense_entry, 128, true)
 
-PK_IO16_KERNELS(flash_attention_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
-PK_IO16_KERNELS(flash_attention_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
+PK_IO16_KERNELS(attention_fwd_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
 
 // ---------------------------------------------------------------------------------------------------------
 // flash_attention_varlen on the same core (bf16 and f16): sequences packed without
@@ -312,10 +297,10 @@ __device__ __forceinline__ void fafa_varlen(const T* __restrict__ q, const T* __
 }
 
 PK_ATTN_TC_ENTRY(fafa_varlen_entry, fafa_varlen)
-PK_IO_VARIANT(flash_attention_varlen_tc_d64, fafa_varlen_entry, 64, false)
-PK_IO_VARIANT(flash_attention_varlen_tc_d64_softcap, fafa_varlen_entry, 64, true)
-PK_IO_VARIANT(flash_attention_varlen_tc_d128, fafa_varlen_entry, 128, false)
-PK_IO_VARIANT(flash_attention_varlen_tc_d128_softcap, fafa_varlen_entry, 128, true)
+PK_IO_VARIANT(attention_fwd_varlen_tc_d64, fafa_varlen_entry, 64, false)
+PK_IO_VARIANT(attention_fwd_varlen_tc_d64_softcap, fafa_varlen_entry, 64, true)
+PK_IO_VARIANT(attention_fwd_varlen_tc_d128, fafa_varlen_entry, 128, false)
+PK_IO_VARIANT(attention_fwd_varlen_tc_d128_softcap, fafa_varlen_entry, 128, true)
 
 #define FAFA_VARLEN_PARAMS                                                                                           \
     (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,                 \
@@ -323,12 +308,12 @@ PK_IO_VARIANT(flash_attention_varlen_tc_d128_softcap, fafa_varlen_entry, 128, tr
      int n_kv_heads, int n_qt, float scale, int window_left, int window_right, float softcap)
 #define FAFA_VARLEN_ARGS                                                                                             \
     (q, k, v, out, lse, cu_q, cu_k, n_heads, n_kv_heads, n_qt, scale, window_left, window_right, softcap)
-PK_IO16_KERNELS(flash_attention_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
-PK_IO16_KERNELS(flash_attention_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
+PK_IO16_KERNELS(attention_fwd_varlen_tc_d64, (PKFA_THREADS, PkFaCfg<64>::MINB), FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_tc_d64_softcap, (PKFA_THREADS, PkFaCfg<64>::MINB),
                 FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
-PK_IO16_KERNELS(flash_attention_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
+PK_IO16_KERNELS(attention_fwd_varlen_tc_d128, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
-PK_IO16_KERNELS(flash_attention_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
+PK_IO16_KERNELS(attention_fwd_varlen_tc_d128_softcap, (PKFA_THREADS, PkFaCfg<128>::MINB),
                 FAFA_VARLEN_PARAMS, FAFA_VARLEN_ARGS)
 
 // ---------------------------------------------------------------------------------------------------------

@@ -18,9 +18,9 @@
 //    memory (seq <= the op's limit) and scatters dk/dv with fp32 atomics.
 //  * flash: tiled over keys with no sequence limit and no atomics. A pre-pass
 //    gives lse and delta (attention_bwd_preprocess from `out`, or
-//    attention_bwd_lse by a sweep over the keys), then attention_backward_flash_dkdv
+//    attention_bwd_lse by a sweep over the keys), then attention_bwd_fma_dkdv
 //    (one block per key tile and kv head, looping over its queries and heads)
-//    and attention_backward_flash_dq (one block per query tile and head).
+//    and attention_bwd_fma_dq (one block per query tile and head).
 //
 // In the flash kernels a group of G lanes (G = group_lanes, a power of two
 // <= 32) owns one key (or query) row; lane g holds dims g, g+G, ... in
@@ -43,7 +43,7 @@ __device__ __forceinline__ float pk_group_sum(float v, unsigned int group) {
 // Naive path. Dynamic shared memory: q_s[D], do_s[D], p[n_k], ds[n_k] floats, and with a
 // softcap th[n_k] (the tanh of each score). dk_acc / dv_acc are fp32 and must be zero on entry.
 template <typename T>
-__device__ __forceinline__ void attention_backward_naive_impl(
+__device__ __forceinline__ void attention_bwd_fma_naive_impl(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     T* __restrict__ dq, float* __restrict__ dk_acc, float* __restrict__ dv_acc, unsigned int n_q,
     unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
@@ -135,7 +135,7 @@ __device__ __forceinline__ void attention_backward_naive_impl(
     }
 }
 
-PK_IO_KERNELS(attention_backward_naive, (128, 1),
+PK_IO_KERNELS(attention_bwd_fma_naive, (128, 1),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                const T* __restrict__ grad_out, T* __restrict__ dq, float* __restrict__ dk_acc,
                float* __restrict__ dv_acc, unsigned int n_q, unsigned int n_k, unsigned int n_heads,
@@ -294,8 +294,8 @@ __device__ __forceinline__ void attention_query_tiled_body(
 // Entry points: the lse pre-pass (MODE 0) and dq (MODE 1), each with and without softcap.
 PK_IO_VARIANT(attention_bwd_lse, attention_query_tiled_body, 0, false)
 PK_IO_VARIANT(attention_bwd_lse_softcap, attention_query_tiled_body, 0, true)
-PK_IO_VARIANT(attention_backward_flash_dq, attention_query_tiled_body, 1, false)
-PK_IO_VARIANT(attention_backward_flash_dq_softcap, attention_query_tiled_body, 1, true)
+PK_IO_VARIANT(attention_bwd_fma_dq, attention_query_tiled_body, 1, false)
+PK_IO_VARIANT(attention_bwd_fma_dq_softcap, attention_query_tiled_body, 1, true)
 
 PK_IO_KERNELS(attention_bwd_lse, (256, 1),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
@@ -313,7 +313,7 @@ PK_IO_KERNELS(attention_bwd_lse_softcap, (256, 1),
               (q, k, v, grad_out, lse, delta, (T*)0, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
                window_right, softcap, group_lanes))
 
-PK_IO_KERNELS(attention_backward_flash_dq, (256, 1),
+PK_IO_KERNELS(attention_bwd_fma_dq, (256, 1),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q,
                unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
@@ -321,7 +321,7 @@ PK_IO_KERNELS(attention_backward_flash_dq, (256, 1),
               (q, k, v, grad_out, const_cast<float*>(lse), const_cast<float*>(delta), dq, n_q, n_k, n_heads,
                n_kv_heads, head_dim, scale, window_left, window_right, softcap, group_lanes))
 
-PK_IO_KERNELS(attention_backward_flash_dq_softcap, (256, 1),
+PK_IO_KERNELS(attention_bwd_fma_dq_softcap, (256, 1),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q,
                unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale,
@@ -437,10 +437,10 @@ __device__ __forceinline__ void attention_dkdv_body(
     }
 }
 
-PK_IO_VARIANT(attention_backward_flash_dkdv, attention_dkdv_body, false)
-PK_IO_VARIANT(attention_backward_flash_dkdv_softcap, attention_dkdv_body, true)
+PK_IO_VARIANT(attention_bwd_fma_dkdv, attention_dkdv_body, false)
+PK_IO_VARIANT(attention_bwd_fma_dkdv_softcap, attention_dkdv_body, true)
 
-PK_IO_KERNELS(attention_backward_flash_dkdv, (256, 1),
+PK_IO_KERNELS(attention_bwd_fma_dkdv, (256, 1),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
                unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,
@@ -449,7 +449,7 @@ PK_IO_KERNELS(attention_backward_flash_dkdv, (256, 1),
               (q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
                window_right, softcap, group_lanes))
 
-PK_IO_KERNELS(attention_backward_flash_dkdv_softcap, (256, 1),
+PK_IO_KERNELS(attention_bwd_fma_dkdv_softcap, (256, 1),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,
                const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
                unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads,

@@ -1,14 +1,14 @@
 // Tensor-core attention backward for bf16 and f16 (one template over the element type T),
 // FlashAttention-2 style, sm_80 ... sm_120.
-// Inputs as attention_backward.cu: q, grad_out (batch, n_q, n_heads, head_dim), k, v (batch, n_k,
+// Inputs as attention_bwd_fma.cu: q, grad_out (batch, n_q, n_heads, head_dim), k, v (batch, n_k,
 // n_kv_heads, head_dim), lse (batch, n_q, n_heads) natural-log of the scaled scores (the forward's),
 // delta = rowsum(grad_out * out) (attention_bwd_preprocess_bf16 / _f16). Same mask (bottom-right window,
-// normalized by the op as in flash_attention_tc.cu: causal is window_right = 0), GQA mapping and
+// normalized by the op as in attention_fwd_tc.cu: causal is window_right = 0), GQA mapping and
 // scale; P is recomputed as exp(scale * q.k - lse), never stored. The _softcap entry points use
 // scores c * tanh(scale * q.k / c) and multiply dS by the tanh's derivative 1 - tanh^2.
 // Each CTA walks only the tiles its window reaches (pk_attn_window.cuh).
 //
-// attention_backward_tc_dkdv_d{D}_{bf16,f16}: a CTA per (batch, kv head, BC = 64 keys); warp w owns keys
+// attention_bwd_tc_dkdv_d{D}_{bf16,f16}: a CTA per (batch, kv head, BC = 64 keys); warp w owns keys
 //   16w..16w+15 and works in the transposed domain, so its keys are the MMA's M rows and the
 //   reductions over queries are the MMA's K dimension:
 //     S^T = K Q^T, P^T = exp2(S^T * scale * log2e - lse * log2e)
@@ -19,7 +19,7 @@
 //   group's sum is accumulated in fp32 registers by one CTA, deterministic, no atomics.
 //   For D = 256 the two accumulators (2 x 128 floats a lane) do not fit: the _dv and _dk kernels
 //   run the same loop for one of them each (S is recomputed; dP only in the dK pass).
-// attention_backward_tc_dq_d{D}_{bf16,f16}: a CTA per (batch, head, 64 queries), 4 warps of 16 rows,
+// attention_bwd_tc_dq_d{D}_{bf16,f16}: a CTA per (batch, head, 64 queries), 4 warps of 16 rows,
 //   walking the key tiles (32 keys, 16 for D = 256): S = Q K^T, P, dP = dO V^T, dS, dQ += dS K (K through ldmatrix.trans).
 //   One writer per dQ element: deterministic.
 // dK and dQ carry the factor `scale` (d(scale q.k)/dq = scale k). Keys past n_k, queries past n_q
@@ -28,7 +28,7 @@
 // The query/key steps are small (16 / 32) so that ptxas for sm_100 / sm_120, which takes far more
 // registers for the same code than for sm_80 / sm_90, fits 255 registers with 0 spills: one tile
 // shape for every arch, the one the host backend tests.
-#include "pk_attention_tc.cuh"
+#include "pk_attn_tc.cuh"
 
 #define ABTC_BC 64  // keys per dK/dV CTA (4 warps x 16)
 #define ABTC_BR 16  // queries per step of the dK/dV loop
@@ -83,7 +83,7 @@ __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __re
     if (DO_DK) fatc_load_tile<D, BC>(vs, v, k_base, kv_stride, k0, n_k, head_dim, vv);
     pk_cp_async_commit();  // waited for with the first query tile
 
-    // ldmatrix addressing (see flash_attention_tc.cu): A rows of this warp, B rows, B rows for .trans.
+    // ldmatrix addressing (see attention_fwd_tc.cu): A rows of this warp, B rows, B rows for .trans.
     const int a_row = warp * 16 + (lane & 7) + 8 * ((lane >> 3) & 1), a_col = 8 * (lane >> 4);
     const int b_row = lane & 7, b_col = 8 * (lane >> 3);
     const int t_row = (lane & 7) + 8 * ((lane >> 3) & 1), t_col = 8 * (lane >> 4);
@@ -157,10 +157,7 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
                     unsigned int pa[4];
-                    pa[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
-                    pa[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
-                    pa[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
-                    pa[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+                    pk_acc_to_a<T>(pa, s, kk);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         unsigned int ob[4];
@@ -199,10 +196,7 @@ ABTC_KP_UNROLL
 #pragma unroll
                 for (int kk = 0; kk < BR / 16; kk++) {
                     unsigned int da[4];
-                    da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
-                    da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
-                    da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-                    da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+                    pk_acc_to_a<T>(da, dp, kk);
 #pragma unroll
                     for (int np = 0; np < D / 16; np++) {
                         unsigned int qb[4];
@@ -229,21 +223,11 @@ ABTC_KP_UNROLL
             if (col >= head_dim) continue;
             if (DO_DV) {
                 const float x0 = acc_dv[DO_DV ? i : 0][2 * r], x1 = acc_dv[DO_DV ? i : 0][2 * r + 1];
-                if (vo) {
-                    *reinterpret_cast<unsigned int*>(dv + ob + col) = Pk16<T>::narrow2(x0, x1);
-                } else {
-                    PkIO<T>::store(dv, ob + col, x0);
-                    if (col + 1 < head_dim) PkIO<T>::store(dv, ob + col + 1, x1);
-                }
+                pk_store_pair<T>(dv, ob, col, head_dim, vo, x0, x1);
             }
             if (DO_DK) {
                 const float x0 = acc_dk[DO_DK ? i : 0][2 * r] * scale, x1 = acc_dk[DO_DK ? i : 0][2 * r + 1] * scale;
-                if (vo) {
-                    *reinterpret_cast<unsigned int*>(dk + ob + col) = Pk16<T>::narrow2(x0, x1);
-                } else {
-                    PkIO<T>::store(dk, ob + col, x0);
-                    if (col + 1 < head_dim) PkIO<T>::store(dk, ob + col + 1, x1);
-                }
+                pk_store_pair<T>(dk, ob, col, head_dim, vo, x0, x1);
             }
         }
     }
@@ -354,10 +338,7 @@ ABTC_KP_UNROLL
 #pragma unroll
         for (int kk = 0; kk < BC / 16; kk++) {  // dQ += dS K
             unsigned int da[4];
-            da[0] = Pk16<T>::narrow2(dp[2 * kk][0], dp[2 * kk][1]);
-            da[1] = Pk16<T>::narrow2(dp[2 * kk][2], dp[2 * kk][3]);
-            da[2] = Pk16<T>::narrow2(dp[2 * kk + 1][0], dp[2 * kk + 1][1]);
-            da[3] = Pk16<T>::narrow2(dp[2 * kk + 1][2], dp[2 * kk + 1][3]);
+            pk_acc_to_a<T>(da, dp, kk);
 #pragma unroll
             for (int np = 0; np < D / 16; np++) {
                 unsigned int kb[4];
@@ -381,12 +362,7 @@ ABTC_KP_UNROLL
             const int col = i * 8 + 2 * t;
             if (col >= head_dim) continue;
             const float x0 = acc[i][2 * r] * scale, x1 = acc[i][2 * r + 1] * scale;
-            if (vo) {
-                *reinterpret_cast<unsigned int*>(dq + ob + col) = Pk16<T>::narrow2(x0, x1);
-            } else {
-                PkIO<T>::store(dq, ob + col, x0);
-                if (col + 1 < head_dim) PkIO<T>::store(dq, ob + col + 1, x1);
-            }
+            pk_store_pair<T>(dq, ob, col, head_dim, vo, x0, x1);
         }
     }
 }
@@ -395,24 +371,24 @@ ABTC_KP_UNROLL
 // launched there). MODE of the dK/dV kernels: 3 both, 1 dV only, 2 dK only (D = 256).
 PK_ATTN_TC_ENTRY(abtc_dkdv_entry, abtc_dkdv)
 PK_ATTN_TC_ENTRY(abtc_dq_entry, abtc_dq)
-PK_IO_VARIANT(attention_backward_tc_dkdv_d64, abtc_dkdv_entry, 64, 3, false)
-PK_IO_VARIANT(attention_backward_tc_dkdv_d96, abtc_dkdv_entry, 96, 3, false)
-PK_IO_VARIANT(attention_backward_tc_dkdv_d128, abtc_dkdv_entry, 128, 3, false)
-PK_IO_VARIANT(attention_backward_tc_dv_d256, abtc_dkdv_entry, 256, 1, false)
-PK_IO_VARIANT(attention_backward_tc_dk_d256, abtc_dkdv_entry, 256, 2, false)
-PK_IO_VARIANT(attention_backward_tc_dkdv_d64_softcap, abtc_dkdv_entry, 64, 3, true)
-PK_IO_VARIANT(attention_backward_tc_dkdv_d96_softcap, abtc_dkdv_entry, 96, 3, true)
-PK_IO_VARIANT(attention_backward_tc_dkdv_d128_softcap, abtc_dkdv_entry, 128, 3, true)
-PK_IO_VARIANT(attention_backward_tc_dv_d256_softcap, abtc_dkdv_entry, 256, 1, true)
-PK_IO_VARIANT(attention_backward_tc_dk_d256_softcap, abtc_dkdv_entry, 256, 2, true)
-PK_IO_VARIANT(attention_backward_tc_dq_d64, abtc_dq_entry, 64, false)
-PK_IO_VARIANT(attention_backward_tc_dq_d96, abtc_dq_entry, 96, false)
-PK_IO_VARIANT(attention_backward_tc_dq_d128, abtc_dq_entry, 128, false)
-PK_IO_VARIANT(attention_backward_tc_dq_d256, abtc_dq_entry, 256, false)
-PK_IO_VARIANT(attention_backward_tc_dq_d64_softcap, abtc_dq_entry, 64, true)
-PK_IO_VARIANT(attention_backward_tc_dq_d96_softcap, abtc_dq_entry, 96, true)
-PK_IO_VARIANT(attention_backward_tc_dq_d128_softcap, abtc_dq_entry, 128, true)
-PK_IO_VARIANT(attention_backward_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d64, abtc_dkdv_entry, 64, 3, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d96, abtc_dkdv_entry, 96, 3, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d128, abtc_dkdv_entry, 128, 3, false)
+PK_IO_VARIANT(attention_bwd_tc_dv_d256, abtc_dkdv_entry, 256, 1, false)
+PK_IO_VARIANT(attention_bwd_tc_dk_d256, abtc_dkdv_entry, 256, 2, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d64_softcap, abtc_dkdv_entry, 64, 3, true)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d96_softcap, abtc_dkdv_entry, 96, 3, true)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d128_softcap, abtc_dkdv_entry, 128, 3, true)
+PK_IO_VARIANT(attention_bwd_tc_dv_d256_softcap, abtc_dkdv_entry, 256, 1, true)
+PK_IO_VARIANT(attention_bwd_tc_dk_d256_softcap, abtc_dkdv_entry, 256, 2, true)
+PK_IO_VARIANT(attention_bwd_tc_dq_d64, abtc_dq_entry, 64, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d96, abtc_dq_entry, 96, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d128, abtc_dq_entry, 128, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d256, abtc_dq_entry, 256, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d64_softcap, abtc_dq_entry, 64, true)
+PK_IO_VARIANT(attention_bwd_tc_dq_d96_softcap, abtc_dq_entry, 96, true)
+PK_IO_VARIANT(attention_bwd_tc_dq_d128_softcap, abtc_dq_entry, 128, true)
+PK_IO_VARIANT(attention_bwd_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
 
 #define ABTC_DKDV_PARAMS                                                                                             \
     (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
@@ -422,16 +398,16 @@ PK_IO_VARIANT(attention_backward_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
 #define ABTC_DKDV_ARGS                                                                                               \
     (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,      \
      window_right, softcap)
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d64, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d96, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d128, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dv_d256, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dk_d256, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d64_softcap, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d96_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dkdv_d128_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dv_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dk_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dkdv_d64, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dkdv_d96, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dkdv_d128, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dv_d256, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dk_d256, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dkdv_d64_softcap, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dkdv_d96_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dkdv_d128_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dv_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dk_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
 
 #define ABTC_DQ_PARAMS                                                                                               \
     (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
@@ -441,11 +417,11 @@ PK_IO16_KERNELS(attention_backward_tc_dk_d256_softcap, (FATC_THREADS, 1), ABTC_D
 #define ABTC_DQ_ARGS                                                                                                 \
     (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,          \
      window_right, softcap)
-PK_IO16_KERNELS(attention_backward_tc_dq_d64, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d96, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d128, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d256, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d64_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d96_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d128_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
-PK_IO16_KERNELS(attention_backward_tc_dq_d256_softcap, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d64, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d96, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d128, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d256, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d64_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d96_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d128_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_d256_softcap, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)

@@ -1,4 +1,4 @@
-// Shared pieces of the tensor-core attention kernels (flash_attention_tc.cu, attention_backward_tc.cu,
+// Shared pieces of the tensor-core attention kernels (attention_fwd_tc.cu, attention_bwd_tc.cu,
 // decode_tc.cu):
 // CTAs of 4 warps, 16-bit tiles (bf16 or f16: the kernels are templates over the element type T) in shared
 // memory as raw words, rows padded to D + 8 halves (16 bytes) so the 8 row addresses of one ldmatrix phase
@@ -9,6 +9,52 @@
 #include "pk_attn_window.cuh"
 
 #define FATC_THREADS 128
+
+// The A fragment (m16 x k16, 16-bit) of k-step kk from the fp32 accumulators of n-tiles 2kk and 2kk + 1: an
+// m16n8 accumulator pair has exactly an A fragment's layout, which is how P (or dS) feeds the next mma.
+template <typename T, int NT>
+__device__ __forceinline__ void pk_acc_to_a(unsigned int (&a)[4], const float (&s)[NT][4], int kk) {
+    a[0] = Pk16<T>::narrow2(s[2 * kk][0], s[2 * kk][1]);
+    a[1] = Pk16<T>::narrow2(s[2 * kk][2], s[2 * kk][3]);
+    a[2] = Pk16<T>::narrow2(s[2 * kk + 1][0], s[2 * kk + 1][1]);
+    a[3] = Pk16<T>::narrow2(s[2 * kk + 1][2], s[2 * kk + 1][3]);
+}
+
+// An accumulator fragment's two adjacent outputs (columns col and col + 1 of the row at p[0]; col < dim) narrowed
+// to T: one 4-byte store when vec (dim even and the array 4-byte aligned), else one element at a time, the
+// second only when col + 1 < dim.
+template <typename T>
+__device__ __forceinline__ void pk_store_pair(T* __restrict__ p, long long off, int col, int dim, bool vec, float x0,
+                                              float x1) {
+    if (vec) {
+        *reinterpret_cast<unsigned int*>(p + off + col) = Pk16<T>::narrow2(x0, x1);
+    } else {
+        PkIO<T>::store(p, off + col, x0);
+        if (col + 1 < dim) PkIO<T>::store(p, off + col + 1, x1);
+    }
+}
+
+// The output epilogue of every mma.sync / wgmma attention forward, for the two rows a lane holds of an m16
+// accumulator fragment (row0 and row0 + 8; a row's partial sums l are spread over its quad of 4 lanes, so
+// every lane calls this, before any row check). For each row below n_q: out_row(r, row, inv) writes the row's
+// outputs times inv = v_scale / l (0 for a row that saw no key: its outputs are 0), and the quad's lane 0
+// writes the natural-log lse, ln 2 * (m * m_mul + log2 l) (m_mul brings the row max m into log2 units;
+// -inf for a row that saw no key), to *lse_at(row).
+template <typename OutRow, typename LseAt>
+__device__ __forceinline__ void pk_attn_epilogue(const float (&l)[2], const float (&m)[2], float m_mul, float v_scale,
+                                                 int row0, int n_q, OutRow out_row, LseAt lse_at) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float lr = l[r];
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 1);
+        lr += __shfl_xor_sync(PK_FULL_MASK, lr, 2);
+        const int row = row0 + 8 * r;
+        if (row >= n_q) continue;
+        out_row(r, row, lr > 0.0f ? v_scale / lr : 0.0f);
+        if ((threadIdx.x & 3) == 0)
+            *lse_at(row) = lr > 0.0f ? (m[r] * m_mul + log2f(lr)) * 0.6931471805599453f : PK_NEG_INF;
+    }
+}
 
 // One online-softmax step of a warp's S accumulators (NT n-tiles of m16n8, masked to -inf), rows g and g + 8
 // (r = 0, 1): the row max over the quad, s becomes P = 2^(mul * (s - max)), l[r] this lane's partial row sum

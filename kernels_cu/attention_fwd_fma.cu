@@ -223,49 +223,49 @@ __device__ __forceinline__ void flash_attention_body(const T* __restrict__ q, co
 // Entry points per head-dim bucket and softcap flag, each in f32, bf16 and f16 (the op picks the
 // smallest bucket holding max(head_dim, head_dim_v)). The d256 bucket halves the key tile so K + V tiles
 // stay at 32 KB of static shared memory.
-PK_IO_VARIANT(flash_attention_d64, flash_attention_body, 64, 32, FA_SB, false)
-PK_IO_VARIANT(flash_attention_d64_softcap, flash_attention_body, 64, 32, FA_SB, true)
-PK_IO_VARIANT(flash_attention_d128, flash_attention_body, 128, 32, FA_SB, false)
-PK_IO_VARIANT(flash_attention_d128_softcap, flash_attention_body, 128, 32, FA_SB, true)
-PK_IO_VARIANT(flash_attention_d256, flash_attention_body, 256, 16, FA_SB, false)
-PK_IO_VARIANT(flash_attention_d256_softcap, flash_attention_body, 256, 16, FA_SB, true)
+PK_IO_VARIANT(attention_fwd_fma_d64, flash_attention_body, 64, 32, FA_SB, false)
+PK_IO_VARIANT(attention_fwd_fma_d64_softcap, flash_attention_body, 64, 32, FA_SB, true)
+PK_IO_VARIANT(attention_fwd_fma_d128, flash_attention_body, 128, 32, FA_SB, false)
+PK_IO_VARIANT(attention_fwd_fma_d128_softcap, flash_attention_body, 128, 32, FA_SB, true)
+PK_IO_VARIANT(attention_fwd_fma_d256, flash_attention_body, 256, 16, FA_SB, false)
+PK_IO_VARIANT(attention_fwd_fma_d256_softcap, flash_attention_body, 256, 16, FA_SB, true)
 
-PK_IO_KERNELS(flash_attention_d64, (FA_THREADS, FA_MIN_BLOCKS),
+PK_IO_KERNELS(attention_fwd_fma_d64, (FA_THREADS, FA_MIN_BLOCKS),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                int head_dim_v, float scale, int window_left, int window_right, float softcap),
               (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                window_right, softcap))
 
-PK_IO_KERNELS(flash_attention_d64_softcap, (FA_THREADS, FA_MIN_BLOCKS),
+PK_IO_KERNELS(attention_fwd_fma_d64_softcap, (FA_THREADS, FA_MIN_BLOCKS),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                int head_dim_v, float scale, int window_left, int window_right, float softcap),
               (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                window_right, softcap))
 
-PK_IO_KERNELS(flash_attention_d128, (FA_THREADS, FA_MIN_BLOCKS),
+PK_IO_KERNELS(attention_fwd_fma_d128, (FA_THREADS, FA_MIN_BLOCKS),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                int head_dim_v, float scale, int window_left, int window_right, float softcap),
               (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                window_right, softcap))
 
-PK_IO_KERNELS(flash_attention_d128_softcap, (FA_THREADS, FA_MIN_BLOCKS),
+PK_IO_KERNELS(attention_fwd_fma_d128_softcap, (FA_THREADS, FA_MIN_BLOCKS),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                int head_dim_v, float scale, int window_left, int window_right, float softcap),
               (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                window_right, softcap))
 
-PK_IO_KERNELS(flash_attention_d256, (FA_THREADS, FA_MIN_BLOCKS),
+PK_IO_KERNELS(attention_fwd_fma_d256, (FA_THREADS, FA_MIN_BLOCKS),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                int head_dim_v, float scale, int window_left, int window_right, float softcap),
               (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
                window_right, softcap))
 
-PK_IO_KERNELS(flash_attention_d256_softcap, (FA_THREADS, FA_MIN_BLOCKS),
+PK_IO_KERNELS(attention_fwd_fma_d256_softcap, (FA_THREADS, FA_MIN_BLOCKS),
               (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
                float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                int head_dim_v, float scale, int window_left, int window_right, float softcap),

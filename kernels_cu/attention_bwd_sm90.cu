@@ -1,6 +1,6 @@
 // pykern: arch sm_90a
 // Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64 and 128, no
-// softcap: the same gradients, window / causal mask, GQA mapping and conventions as attention_backward_tc.cu,
+// softcap: the same gradients, window / causal mask, GQA mapping and conventions as attention_bwd_tc.cu,
 // given lse (natural log, per (batch, query, head)) and delta = rowsum(dO * O) from the op's pre-pass.
 // Deterministic: every output element has one writer and a fixed summation order (no atomics).
 //
@@ -15,7 +15,7 @@
 //       MN-major from shared memory); dK is scaled once at the end.
 //   dq: the CTA owns 128 queries of one (batch, head) and walks the 64-key tiles they see (K, V streamed):
 //       S = Q K^T, dP = dO V^T (SS), P, dS as above, dQ += dS K (RS, K MN-major); dQ scaled at the end.
-// Layouts as flash_attention_sm90.cu: tiles of [rows][64] boxes of 128-byte rows, 128B swizzle.
+// Layouts as attention_fwd_sm90.cu: tiles of [rows][64] boxes of 128-byte rows, 128B swizzle.
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
@@ -325,12 +325,12 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
                                                 const CUtensorMap& tdo, A... a) {                                   \
         body<T, D>(&tq, &tk, &tv, &tdo, a...);                                                                      \
     }
-AB90_ENTRY(attention_backward_sm90_dkdv_d64, ab90_dkdv, 64)
-AB90_ENTRY(attention_backward_sm90_dkdv_d128, ab90_dkdv, 128)
-AB90_ENTRY(attention_backward_sm90_dq_d64, ab90_dq, 64)
-AB90_ENTRY(attention_backward_sm90_dq_d128, ab90_dq, 128)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d64, ab90_dkdv, 64)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d128, ab90_dkdv, 128)
+AB90_ENTRY(attention_bwd_sm90_dq_d64, ab90_dq, 64)
+AB90_ENTRY(attention_bwd_sm90_dq_d128, ab90_dq, 128)
 
-PK_IO16_KERNELS(attention_backward_sm90_dkdv_d64, (AB90_THREADS, 1),
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                  const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk,
@@ -339,7 +339,7 @@ PK_IO16_KERNELS(attention_backward_sm90_dkdv_d64, (AB90_THREADS, 1),
                 (tq, tk, tv, tdo, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
                  window_right))
 
-PK_IO16_KERNELS(attention_backward_sm90_dkdv_d128, (AB90_THREADS, 1),
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                  const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk,
@@ -348,7 +348,7 @@ PK_IO16_KERNELS(attention_backward_sm90_dkdv_d128, (AB90_THREADS, 1),
                 (tq, tk, tv, tdo, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
                  window_right))
 
-PK_IO16_KERNELS(attention_backward_sm90_dq_d64, (AB90_THREADS, 1),
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d64, (AB90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                  const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
@@ -356,7 +356,7 @@ PK_IO16_KERNELS(attention_backward_sm90_dq_d64, (AB90_THREADS, 1),
                 (tq, tk, tv, tdo, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
                  window_right))
 
-PK_IO16_KERNELS(attention_backward_sm90_dq_d128, (AB90_THREADS, 1),
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d128, (AB90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
                  const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
                  const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,

@@ -1,0 +1,709 @@
+"""Difftest cases of the attention family: flash_attention (fp32-FMA and mma.sync kernels, kernels_cu/
+attention_fwd_fma.cu and attention_fwd_tc.cu), attention_backward (attention_bwd_*.cu) and the Hopper (sm_90a)
+kernels, against float64 NumPy references (the references here are also the tests' oracles).
+
+Sm_90a section: forward) and kernels_cu/attention_bwd_sm90.cu (dK/dV and dQ), against the float64 NumPy references.
+
+These kernels are built only for `sm_90a` (TMA tensor maps, mbarrier, wgmma). Each case declares
+`arch="sm_90a"`: on the host backend its run plays that arch (PYKERN_HOST_ARCH=sm_90a, the emulation of
+pykern/host/pk_host_sm90.cpp); the runner reports the numba backend (no wgmma / TMA) and the nvrtc backend
+(TMA tensor maps need device arrays; the cases' inputs are NumPy) as not applicable rather than running them.
+
+The launch goes through the op's own helpers in pykern/ops/_attention_sm90.py (`try_forward`, `try_varlen`,
+`try_backward`: the tensor maps, boxes, grid and shared memory the ops use), with the window normalization of
+pykern/ops/_window.py; a helper that declines (the kernel does not apply) is an error, never a fallback to
+another kernel. The backward gets lse and delta = rowsum(dO * out) from float64 (as fp32), which is what the op's
+pre-pass computes; the pre-pass kernels have their own cases (training.py).
+
+The host emulation runs 384 fibers a CTA through every wgmma and mbarrier wait, so the shapes are small: one
+CTA's worth of queries (or two where rows that see no key need a second tile), two or three key tiles (the
+boundary tiles and a steady one), GQA 2, causal and not for every kernel.
+"""
+from __future__ import annotations
+
+import math
+import os
+from contextlib import contextmanager
+from typing import Any, Callable, Iterator
+
+import numpy as np
+
+from ..case import Case, register_cases
+from .training import _cast, _np, _ops, f64  # the cases' shared input helpers, as moe.py and gemm_fp8.py
+
+_f64 = f64
+
+
+def _normal(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float = 1.0) -> np.ndarray:
+    return _cast(rng.standard_normal(shape) * scale, kind)
+
+
+def _sfx(kind: str) -> str:
+    from ...arrays import kernel_suffix
+
+    return kernel_suffix(kind)
+
+
+# --------------------------------------------------------------------------- NumPy float64 references
+
+
+def _attn_split(q: Any, k: Any, v: Any):
+    q, k, v = f64(q), f64(k), f64(v)
+    batched = q.ndim == 4
+    if not batched:
+        q, k, v = q[None], k[None], v[None]
+    return q, k, v, batched
+
+
+def window_mask(n_q: int, n_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    """(n_q, n_k) visibility with flash-attn's semantics, aligned bottom-right: query i sees keys
+    i' - left <= j <= i' + right, i' = i + n_k - n_q; -1 = unbounded; causal sets right to 0."""
+    left, right = window_size
+    if causal:
+        right = 0
+    rel = np.arange(n_k)[None, :] - (np.arange(n_q)[:, None] + (n_k - n_q))  # j - i'
+    vis = np.ones((n_q, n_k), bool)
+    if left >= 0:
+        vis &= rel >= -left
+    if right >= 0:
+        vis &= rel <= right
+    return vis
+
+
+def _attn_mask(n_q: int, n_k: int, causal: bool, window_size: tuple[int, int] = (-1, -1)) -> np.ndarray:
+    return window_mask(n_q, n_k, causal, window_size)
+
+
+def softcap_scores(x: np.ndarray, softcap: float) -> np.ndarray:
+    """Gemma 2 / flash-attn logit softcapping of scaled scores x: c * tanh(x / c) (c = 0: x)."""
+    return softcap * np.tanh(x / softcap) if softcap > 0 else x
+
+
+def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float,
+                softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(P, lse) of one (batch, head); rows with no visible key give P = 0 and lse = -inf."""
+    sc = np.where(mask, softcap_scores(qq @ kk.T * scale, softcap), -np.inf)
+    m = sc.max(axis=-1, keepdims=True) if sc.shape[-1] else np.full((sc.shape[0], 1), -np.inf)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    e = np.exp(sc - m_safe)
+    l = e.sum(axis=-1, keepdims=True)
+    p = np.divide(e, l, out=np.zeros_like(e), where=l > 0)
+    with np.errstate(divide="ignore"):
+        lse = (m_safe + np.log(l))[:, 0]
+    return p, lse
+
+
+def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True, scale: float | None = None,
+                         window_size: tuple[int, int] = (-1, -1),
+                         softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(out like q, lse (..., n_q, n_heads)) of softmax attention; scale defaults to 1/sqrt(head_dim).
+
+    causal aligns the mask bottom-right (flash_attention's convention); a query that sees no key
+    has out 0 and lse -inf. window_size / softcap: flash-attn's sliding window and logit softcap."""
+    q, k, v, batched = _attn_split(q, k, v)
+    b, n_q, h, d = q.shape
+    n_k = k.shape[1]
+    rep = h // k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    mask = _attn_mask(n_q, n_k, causal, window_size)
+    out = np.zeros_like(q)
+    lse = np.zeros((b, n_q, h))
+    for bi in range(b):
+        for hi in range(h):
+            p, lse[bi, :, hi] = _attn_probs(q[bi, :, hi], k[bi, :, hi // rep], mask, scale, softcap)
+            out[bi, :, hi] = p @ v[bi, :, hi // rep]
+    return (out, lse) if batched else (out[0], lse[0])
+
+
+def np_attention_backward(q: Any, k: Any, v: Any, grad_out: Any, *, causal: bool = True,
+                          scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                          softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(dq, dk, dv) in float64 of np_attention_forward's out, given grad_out (through the softcap's
+    tanh: dS is multiplied by 1 - tanh^2)."""
+    q, k, v, batched = _attn_split(q, k, v)
+    g = f64(grad_out) if batched else f64(grad_out)[None]
+    b, n_q, h, d = q.shape
+    n_k = k.shape[1]
+    rep = h // k.shape[2]
+    scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
+    mask = _attn_mask(n_q, n_k, causal, window_size)
+    dq, dk, dv = np.zeros_like(q), np.zeros_like(k), np.zeros_like(v)
+    for bi in range(b):
+        for hi in range(h):
+            kh = hi // rep
+            qq, kk, vv, go = q[bi, :, hi], k[bi, :, kh], v[bi, :, kh], g[bi, :, hi]
+            p, _ = _attn_probs(qq, kk, mask, scale, softcap)
+            dp = go @ vv.T
+            ds = p * (dp - (p * dp).sum(axis=-1, keepdims=True))
+            if softcap > 0:
+                ds = ds * (1.0 - np.tanh(qq @ kk.T * scale / softcap) ** 2)
+            dv[bi, :, kh] += p.T @ go
+            dq[bi, :, hi] = ds @ kk * scale
+            dk[bi, :, kh] += ds.T @ qq * scale
+    if not batched:
+        return dq[0], dk[0], dv[0]
+    return dq, dk, dv
+
+
+def np_flash_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
+                       scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
+                       softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
+    """(out (B, n_q, H, Dv), lse (B, n_q, H)); rows that see no key give 0 and -inf.
+    window_size / softcap: flash-attn's sliding window (bottom-right) and logit softcap."""
+    q, k, v = _f64(q), _f64(k), _f64(v)
+    batch, n_q, n_heads, head_dim = q.shape
+    n_k, n_kv = k.shape[1], k.shape[2]
+    scale = 1.0 / math.sqrt(head_dim) if scale is None else float(scale)
+    group = n_heads // n_kv
+    k = np.repeat(k, group, axis=2)  # (B, n_k, H, D)
+    v = np.repeat(v, group, axis=2)
+    s = np.einsum("bqhd,bkhd->bhqk", q, k) * scale
+    if softcap > 0:
+        s = softcap * np.tanh(s / softcap)
+    s = np.where(window_mask(n_q, n_k, causal, window_size)[None, None], s, -np.inf)
+    m = s.max(axis=-1, keepdims=True) if n_k else np.full(s.shape[:-1] + (1,), -np.inf)
+    m_safe = np.where(np.isfinite(m), m, 0.0)
+    p = np.exp(s - m_safe)
+    den = p.sum(axis=-1, keepdims=True)
+    out = np.einsum("bhqk,bkhd->bqhd", np.divide(p, den, out=np.zeros_like(p), where=den > 0), v)
+    with np.errstate(divide="ignore"):
+        lse = (np.log(den) + m_safe)[..., 0]  # (B, H, n_q); log(0) = -inf for empty rows
+    return out, lse.transpose(0, 2, 1).copy()
+
+
+# --------------------------------------------------------------------------- forward cases
+
+
+def fa_kernel(head_dim: int, head_dim_v: int, kind: str, tensor_cores: bool | None = None,
+              softcap: float = 0.0) -> str:
+    """The kernel ops.flash_attention launches (bf16 and f16 default to the tensor-core kernels on every
+    backend difftest runs: host, numba, nvrtc on sm_80+; softcap > 0 picks the _softcap kernels)."""
+    cap = "_softcap" if softcap > 0 else ""
+    if kind != "f32" and tensor_cores is not False:
+        from ...ops.attention import tc_head_dim
+
+        d = tc_head_dim(max(head_dim, head_dim_v))
+        pad = "pad_" if d in (64, 128) and (head_dim != d or head_dim_v != d) else ""  # not the FA2 core's shape
+        return f"attention_fwd_tc_{pad}d{d}{cap}{_sfx(kind)}"
+    bucket = next(b for b in (64, 128, 256) if max(head_dim, head_dim_v) <= b)
+    return f"attention_fwd_fma_d{bucket}{cap}{_sfx(kind)}"
+
+
+def fa_inputs(rng: np.random.Generator, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int, dv: int,
+              kind: str) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    return (_normal(rng, (batch, n_q, n_heads, d), kind), _normal(rng, (batch, n_k, n_kv, d), kind),
+            _normal(rng, (batch, n_k, n_kv, dv), kind))
+
+
+def _fa_case(rng: np.random.Generator, kind: str, batch: int, n_q: int, n_k: int, n_heads: int, n_kv: int, d: int,
+             dv: int, causal: bool, note: str = "", tensor_cores: bool | None = None, scale: float | None = None,
+             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
+    from ... import ops
+
+    q, k, v = fa_inputs(rng, batch, n_q, n_k, n_heads, n_kv, d, dv, kind)
+    win = {} if window_size == (-1, -1) and not softcap else {"window_size": window_size, "softcap": softcap}
+
+    def run(b: str) -> dict:
+        out, lse = ops.flash_attention(q, k, v, causal=causal, scale=scale, return_lse=True, backend=b, **win,
+                                       **({} if tensor_cores is None else {"tensor_cores": tensor_cores}))
+        return {"out": out, "lse": lse}
+
+    def ref() -> dict:
+        out, lse = np_flash_attention(q, k, v, causal, scale, window_size, softcap)
+        return {"out": out, "lse": lse}
+
+    shape = f"b{batch}-q{n_q}-k{n_k}-h{n_heads}/{n_kv}-d{d}" + (f"v{dv}" if dv != d else "") + ("-causal" if causal else "")
+    shape += "" if scale is None else f"-s{scale:g}"
+    shape += "" if tensor_cores is None else ("-tc" if tensor_cores else "-fma")
+    shape += "" if window_size == (-1, -1) else f"-w{window_size[0]},{window_size[1]}"
+    shape += f"-cap{softcap:g}" if softcap else ""
+    return Case(op="flash_attention", dtype=kind, shape=shape,
+                kernels=(fa_kernel(d, dv, kind, tensor_cores, softcap),),
+                run=run, reference=ref, note=note)
+
+
+def _fa_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for causal in (False, True):
+        # lengths at head_dim 64, GQA 2; n_q > n_k gives causal rows with no key
+        for n_q, n_k in ((1, 1), (17, 17), (64, 64), (65, 65), (1, 65), (17, 64), (65, 17), (64, 1), (1, 300),
+                         (300, 300), (65, 300), (300, 17)):
+            big = "big" if max(n_q, n_k) >= 300 and n_q * n_k > 300 else ""
+            yield _fa_case(rng, "f32", 1, n_q, n_k, 2, 1, 64, 64, causal, big)
+        # head_dim sweep (one length pair that crosses a key tile and a query tile)
+        for d in (32, 64, 80, 96, 128, 256):
+            yield _fa_case(rng, "f32", 1, 17, 40, 2, 2, d, d, causal)
+        # GQA ratios 1/2/4/8 and n_kv_heads = 1
+        for n_kv in (8, 4, 2, 1):
+            yield _fa_case(rng, "f32", 2, 17, 17, 8, n_kv, 32, 32, causal)
+        yield _fa_case(rng, "f32", 1, 17, 40, 4, 2, 96, 64, causal)   # head_dim_v != head_dim
+        yield _fa_case(rng, "f32", 1, 17, 33, 2, 1, 48, 130, causal)  # dv picks the bucket
+        yield _fa_case(rng, "f32", 1, 300, 300, 2, 1, 256, 256, causal, "big")
+        # bf16 on the fp32-FMA kernels (what sm_75 runs)
+        for d, n_k in ((64, 65), (128, 40), (256, 20)):
+            yield _fa_case(rng, "bf16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
+        yield _fa_case(rng, "bf16", 1, 65, 300, 2, 2, 128, 128, causal, "big", tensor_cores=False)
+        # bf16 on tensor cores: every compiled head_dim and padded ones (32 -> 64, 80 -> 96, 33: element-wise
+        # loads), lengths off every tile (BR = 64, BC = 64/32), length 1, n_q != n_k both ways, GQA 1/4/8
+        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (80, 70, 33),
+                            (33, 9, 20), (100, 9, 20)):  # 100: padded to the general attention_fwd_tc_pad_d128
+            yield _fa_case(rng, "bf16", 1, n_q, n_k, 2, 1, d, d, causal)
+        for n_kv in (8, 2, 1):
+            yield _fa_case(rng, "bf16", 1, 17, 17, 8, n_kv, 64, 64, causal)
+        yield _fa_case(rng, "bf16", 2, 1, 130, 4, 1, 128, 128, causal)
+        yield _fa_case(rng, "bf16", 1, 130, 1, 2, 2, 64, 64, causal)
+        yield _fa_case(rng, "bf16", 1, 17, 40, 4, 2, 96, 64, causal, scale=0.3)  # head_dim_v != head_dim
+        yield _fa_case(rng, "bf16", 1, 300, 260, 2, 1, 128, 128, causal, "big")
+
+
+def _fa_window_cases(rng: np.random.Generator) -> Iterator[Case]:
+    # Sliding windows (left only, right only, both, 0, wider than the sequence) and softcap, with and
+    # without causal, n_q != n_k both ways; lengths cross several key tiles so some are skipped.
+    for kind, tc in (("f32", None), ("bf16", None), ("bf16", False)):
+        for n_q, n_k, causal, win, cap, d in ((150, 150, True, (20, -1), 0.0, 64), (70, 200, False, (-1, 9), 0.0, 128),
+                                              (200, 70, False, (30, 30), 0.0, 64), (90, 90, True, (0, -1), 0.0, 80),
+                                              (40, 40, False, (500, 500), 0.0, 64), (64, 64, False, (-1, -1), 5.0, 128),
+                                              (130, 180, True, (40, -1), 2.0, 64)):
+            yield _fa_case(rng, kind, 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
+                           window_size=win, softcap=cap)
+    # every softcap kernel: each head-dim bucket of each path
+    for kind, tc, dims in (("bf16", None, (32, 96, 100, 256)), ("f32", None, (256,)), ("bf16", False, (128, 256))):
+        for d in dims:
+            yield _fa_case(rng, kind, 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)
+
+
+def _fa_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """float16 flash_attention: the fp32-FMA kernels at every bucket, the tensor-core kernels at every compiled
+    head_dim and padded ones (element-wise loads at 33), GQA, n_q != n_k both ways, windows and softcap."""
+    for causal in (False, True):
+        for d, n_k in ((64, 65), (128, 40), (256, 20)):
+            yield _fa_case(rng, "f16", 2, 9, n_k, 2, 1, d, d, causal, tensor_cores=False)
+        for d, n_q, n_k in ((64, 65, 70), (96, 17, 40), (128, 9, 65), (256, 65, 33), (32, 1, 1), (33, 9, 20),
+                            (100, 9, 20)):
+            yield _fa_case(rng, "f16", 1, n_q, n_k, 2, 1, d, d, causal)
+        yield _fa_case(rng, "f16", 1, 17, 17, 8, 2, 64, 64, causal)
+        yield _fa_case(rng, "f16", 1, 130, 1, 2, 2, 64, 64, causal)
+        yield _fa_case(rng, "f16", 1, 17, 40, 4, 2, 96, 64, causal, scale=0.3)  # head_dim_v != head_dim
+    for tc in (None, False):
+        for n_q, n_k, causal, win, cap, d in ((150, 150, True, (20, -1), 0.0, 64), (70, 200, False, (-1, 9), 0.0, 128),
+                                              (130, 180, True, (40, -1), 2.0, 64)):
+            yield _fa_case(rng, "f16", 1, n_q, n_k, 4, 1 if d == 64 else 4, d, d, causal, tensor_cores=tc,
+                           window_size=win, softcap=cap)
+    for tc, dims in ((None, (32, 96, 100, 128, 256)), (False, (128, 256))):
+        for d in dims:
+            yield _fa_case(rng, "f16", 1, 20, 37, 2, 1, d, d, True, tensor_cores=tc, window_size=(9, -1), softcap=3.0)
+
+
+# --------------------------------------------------------------------------- backward cases
+
+
+def attention_inputs(rng: np.random.Generator, batch: int | None, seq: int, heads: int, kv_heads: int,
+                     head_dim: int, kind: str, n_k: int | None = None) -> tuple[np.ndarray, ...]:
+    """q, k, v, grad_out; n_k (default seq) is the key length, seq the query length."""
+    lead = () if batch is None else (batch,)
+    n_k = seq if n_k is None else n_k
+    q = _cast(rng.standard_normal(lead + (seq, heads, head_dim)), kind)
+    k = _cast(rng.standard_normal(lead + (n_k, kv_heads, head_dim)), kind)
+    v = _cast(rng.standard_normal(lead + (n_k, kv_heads, head_dim)), kind)
+    g = _cast(rng.standard_normal(lead + (seq, heads, head_dim)), kind)
+    return q, k, v, g
+
+
+def _flash_kernels(sfx: str, given: bool, softcap: float = 0.0) -> tuple[str, ...]:
+    cap = "_softcap" if softcap > 0 else ""
+    pre = "attention_bwd_preprocess" + sfx if given else "attention_bwd_lse" + cap + sfx
+    return (pre, "attention_bwd_fma_dkdv" + cap + sfx, "attention_bwd_fma_dq" + cap + sfx)
+
+
+def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+    # (kind, batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale, methods, note)
+    specs = only or [
+        ("f32", None, 1, 1, 2, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 63, 63, 1, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 64, 64, 1, 1, 64, True, None, ("naive", "flash"), ""),
+        ("f32", None, 65, 65, 2, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", 2, 17, 17, 2, 2, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
+        ("f32", None, 9, 9, 8, 2, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 9, 9, 8, 1, 16, True, None, ("naive", "flash"), ""),
+        ("f32", None, 5, 5, 3, 3, 96, True, None, ("naive", "flash"), ""),
+        ("f32", None, 12, 12, 2, 1, 128, True, None, ("naive", "flash"), ""),
+        ("f32", None, 6, 6, 1, 1, 256, True, None, ("naive", "flash"), ""),
+        ("f32", None, 200, 200, 1, 1, 32, True, None, ("naive", "flash"), "big"),
+        ("f32", None, 70, 70, 4, 1, 128, True, None, ("naive", "flash"), "big"),
+        ("f32", None, 2049, 2049, 1, 1, 32, True, None, ("flash",), "big"),
+        ("bf16", None, 33, 33, 2, 1, 64, True, None, ("naive", "flash"), ""),
+        ("bf16", 2, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
+        # the general attention forms: causal=False, n_q != n_k (bottom-right causal mask), non-default scale
+        ("f32", None, 1, 1, 2, 1, 32, False, None, ("naive", "flash"), ""),
+        ("f32", None, 1, 9, 2, 2, 64, True, None, ("naive", "flash"), ""),
+        ("f32", None, 5, 17, 2, 1, 64, True, None, ("naive", "flash"), ""),
+        ("f32", None, 17, 5, 4, 2, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 3, 1, 2, 2, 32, True, 0.7, ("naive", "flash"), ""),
+        ("f32", 2, 9, 23, 4, 1, 80, False, 0.3, ("naive", "flash"), ""),
+        ("f32", None, 23, 9, 4, 4, 128, False, None, ("naive", "flash"), ""),
+        ("f32", None, 70, 33, 2, 1, 32, True, 0.2, ("naive", "flash"), ""),
+        ("f32", None, 12, 70, 4, 1, 32, True, None, ("naive", "flash"), ""),
+        ("f32", None, 12, 37, 2, 1, 128, False, 0.15, ("naive", "flash"), ""),
+        ("f32", None, 40, 2100, 1, 1, 32, True, None, ("flash",), "big"),
+        ("bf16", 2, 7, 19, 4, 2, 64, True, 0.2, ("naive", "flash"), ""),
+        ("bf16", None, 19, 7, 2, 1, 128, False, None, ("naive", "flash"), ""),
+        ("bf16", None, 12, 5, 2, 2, 80, True, None, ("naive", "flash"), ""),
+    ]
+    for kind, batch, n_q, n_k, heads, kvh, hd, causal, scale, methods, note in specs:
+        q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, kind, n_k)
+        sfx = _sfx(kind)
+        lens = f"s{n_q}" if n_q == n_k else f"q{n_q}k{n_k}"
+        extra = ("" if causal else "-full") + ("" if scale is None else f"-scale{scale}")
+        shape = f"{'' if batch is None else f'{batch}x'}{lens}-h{heads}kv{kvh}-d{hd}{extra}"
+        new = n_q != n_k or not causal or scale is not None
+
+        def ref(q=q, k=k, v=v, g=g, causal=causal, scale=scale):
+            dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+            return {"dq": dq, "dk": dk, "dv": dv}
+
+        for method in methods:
+            def run(be, q=q, k=k, v=v, g=g, method=method, causal=causal, scale=scale):
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, causal=causal, scale=scale, method=method,
+                                                       backend=be)
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            kern = (("attention_bwd_fma_naive" + sfx, "training_zero_f32")
+                    + (("training_f32_to" + sfx,) if kind != "f32" else ())) if method == "naive" \
+                else _flash_kernels(sfx, False)
+            yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-{method}", kernels=kern,
+                       run=run, reference=ref, note=note)
+        if "flash" in methods and (n_q in (1, 65, 2049) or kind != "f32" or new):
+            out64, lse64 = np_attention_forward(q, k, v, causal=causal, scale=scale)
+            out, lse = _cast(out64, kind), lse64.astype(np.float32)
+
+            def run_given(be, q=q, k=k, v=v, g=g, out=out, lse=lse, causal=causal, scale=scale):
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, scale=scale,
+                                                       method="flash", backend=be)
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-flash_given_lse",
+                       kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
+
+
+def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "bf16",
+                deterministic: bool = False, pair: bool = False) -> tuple[str, ...]:
+    """What attention_backward(method='tensor_cores') launches at this head_dim."""
+    from ...ops.attention import tc_head_dim
+    from ...ops.attention import FUSED_HEAD_DIMS
+
+    d, s = tc_head_dim(head_dim), _sfx(kind)
+    c = "_softcap" if softcap > 0 else ""
+    if head_dim in FUSED_HEAD_DIMS and not pair:  # the fused kernel (attention_bwd_tc_fused.cu)
+        pre = () if given else (f"attention_bwd_lse{c}{s}",)
+        fused = f"attention_bwd_tc_fused_d{d}{c}{'_det' if deterministic else ''}{s}"
+        return pre + (f"attention_bwd_tc_prep{s}", fused, f"attention_bwd_tc_dq_reduce_d{d}{s}")
+    kv = ((f"attention_bwd_tc_dv_d{d}{c}{s}", f"attention_bwd_tc_dk_d{d}{c}{s}") if d == 256
+          else (f"attention_bwd_tc_dkdv_d{d}{c}{s}",))
+    pre = "attention_bwd_preprocess" + s if given else f"attention_bwd_lse{c}{s}"
+    return (pre,) + kv + (f"attention_bwd_tc_dq_d{d}{c}{s}",)
+
+
+def _attention_window_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
+    # Sliding windows and softcap through every backward path (naive, flash with and without the
+    # forward's out/lse, tensor cores): left/right/both windows, causal and not, n_q != n_k both ways.
+    # (kind, n_q, n_k, heads, kv_heads, head_dim, causal, window_size, softcap)
+    specs = only or [
+        ("f32", 70, 70, 2, 1, 32, True, (9, -1), 0.0),
+        ("f32", 40, 90, 4, 1, 64, False, (-1, 5), 0.0),
+        ("f32", 90, 40, 2, 2, 64, False, (12, 12), 0.0),
+        ("f32", 33, 33, 2, 1, 128, True, (-1, -1), 3.0),
+        ("f32", 50, 60, 4, 4, 80, True, (16, -1), 1.5),
+        ("bf16", 70, 70, 4, 1, 64, True, (20, -1), 0.0),
+        ("bf16", 40, 90, 2, 1, 80, False, (30, 10), 4.0),
+        ("bf16", 130, 100, 4, 2, 128, True, (0, -1), 0.0),
+        # the other tensor-core softcap kernels (head_dim 64, 128, 256)
+        ("bf16", 30, 40, 2, 1, 64, True, (-1, -1), 2.0),
+        ("bf16", 40, 30, 2, 2, 128, False, (6, 6), 1.0),
+        ("bf16", 20, 25, 2, 1, 256, True, (10, -1), 3.0),
+    ]
+    for kind, n_q, n_k, heads, kvh, hd, causal, win, cap in specs:
+        q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
+        sfx = _sfx(kind)
+        shape = (f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}{'' if causal else '-full'}-w{win[0]},{win[1]}"
+                 + (f"-cap{cap:g}" if cap else ""))
+        kw = {"causal": causal, "window_size": win, "softcap": cap}
+
+        def ref(q=q, k=k, v=v, g=g, kw=kw):
+            dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
+            return {"dq": dq, "dk": dk, "dv": dv}
+
+        out64, lse64 = np_attention_forward(q, k, v, **kw)
+        out, lse = _cast(out64, kind), lse64.astype(np.float32)
+        methods = [("naive", False), ("flash", False), ("flash", True)] + ([("tensor_cores", True)] if kind != "f32"
+                                                                           else [])
+        for method, given in methods:
+            def run(be, q=q, k=k, v=v, g=g, kw=kw, method=method, given=given, out=out, lse=lse):
+                extra = {"out": out, "lse": lse} if given else {}
+                dq, dk, dv = _ops().attention_backward(q, k, v, g, method=method, backend=be, **kw, **extra)
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            if method == "naive":
+                kern = ("attention_bwd_fma_naive" + sfx, "training_zero_f32") + (
+                    ("training_f32_to" + sfx,) if kind != "f32" else ())
+            elif method == "flash":
+                kern = _flash_kernels(sfx, given, cap)
+            else:
+                kern = _tc_kernels(hd, given, cap, kind)
+            yield Case(op="attention_backward", dtype=kind,
+                       shape=f"{shape}-{method}{'_given_lse' if given else ''}", kernels=kern, run=run, reference=ref)
+
+
+def _attention_tc_cases(rng: np.random.Generator, kind: str = "bf16", only: Any = None) -> Iterator[Case]:
+    # bf16 on tensor cores: every compiled head_dim (64/96/128/256) and padded ones (32, 80, 33: element-wise
+    # loads), GQA 1/4/8, causal and not, n_q != n_k both ways, lengths off every tile (64 keys, 32/64 queries)
+    # and length 1. (batch, n_q, n_k, heads, kv_heads, head_dim, causal, scale, given out/lse, note)
+    specs = only or [
+        (None, 17, 40, 2, 1, 64, True, None, False, ""),
+        (2, 70, 33, 4, 1, 80, True, 0.2, False, ""),
+        (None, 33, 70, 8, 2, 96, False, None, False, ""),
+        (None, 65, 65, 8, 1, 128, True, None, True, ""),
+        (None, 40, 37, 2, 2, 256, True, None, False, ""),
+        (None, 9, 20, 2, 1, 256, False, 0.1, True, ""),
+        (None, 1, 1, 2, 1, 32, True, None, False, ""),
+        (None, 1, 70, 4, 1, 64, True, None, False, ""),
+        (None, 70, 1, 2, 2, 64, True, None, False, ""),
+        (None, 9, 20, 4, 4, 33, False, None, False, ""),
+        (None, 130, 140, 8, 2, 128, True, None, False, "big"),
+    ]
+    for batch, n_q, n_k, heads, kvh, hd, causal, scale, given, note in specs:
+        q, k, v, g = attention_inputs(rng, batch, n_q, heads, kvh, hd, kind, n_k)
+        lens = f"s{n_q}" if n_q == n_k else f"q{n_q}k{n_k}"
+        extra = ("" if causal else "-full") + ("" if scale is None else f"-scale{scale}")
+        shape = f"{'' if batch is None else f'{batch}x'}{lens}-h{heads}kv{kvh}-d{hd}{extra}-tc"
+        out = lse = None
+        if given:  # the forward's own out/lse, as a training step passes them
+            q4, k4, v4 = (a if batch is not None else a[None] for a in (q, k, v))
+            out, lse = _ops().flash_attention(q4, k4, v4, causal=causal, scale=scale, return_lse=True,
+                                              backend="host")
+            if batch is None:
+                out, lse = out[0], lse[0]
+            shape += "_given_lse"
+
+        def ref(q=q, k=k, v=v, g=g, causal=causal, scale=scale):
+            dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+            return {"dq": dq, "dk": dk, "dv": dv}
+
+        def run(be, q=q, k=k, v=v, g=g, causal=causal, scale=scale, out=out, lse=lse):
+            dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, scale=scale,
+                                                   method="tensor_cores", backend=be)
+            return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+        yield Case(op="attention_backward", dtype=kind, shape=shape, kernels=_tc_kernels(hd, given, kind=kind),
+                   run=run, reference=ref, note=note)
+
+
+def _attention_pair_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """The dK/dV + dQ kernel pair at head_dim 64 / 128, which sm_100 / sm_120 run instead of the fused
+    kernel: the run turns the fused path off (ops.attention.fused_available) for its call."""
+    from ...ops import attention as ta
+
+    for kind in ("bf16", "f16"):
+        for hd, cap in ((64, 0.0), (128, 0.0), (64, 2.0), (128, 1.0)):
+            n_q, n_k, heads, kvh = 40, 70, 4, 2
+            q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
+            kw = {"causal": True, "softcap": cap}
+
+            def ref(q=q, k=k, v=v, g=g, kw=kw):
+                dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
+                return {"dq": dq, "dk": dk, "dv": dv}
+
+            def run(be, q=q, k=k, v=v, g=g, kw=kw):
+                real = ta.fused_available
+                ta.fused_available = lambda backend=None: False
+                try:
+                    dq, dk, dv = _ops().attention_backward(q, k, v, g, method="tensor_cores", backend=be, **kw)
+                finally:
+                    ta.fused_available = real
+                return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+            shape = f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}" + (f"-cap{cap:g}" if cap else "") + "-pair"
+            yield Case(op="attention_backward", dtype=kind, shape=shape,
+                       kernels=_tc_kernels(hd, False, cap, kind, pair=True), run=run, reference=ref)
+
+
+def _attention_fused_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """The fused tensor-core backward (head_dim 64 / 128) in both dQ modes (fp32 atomics; deterministic
+    per-key-tile partials), bf16 and f16, with and without a softcap: lengths that give full query tiles (the
+    flat loop) and ragged ones, GQA 2, a window. Drawn last, so the other cases keep their data."""
+    for kind in ("bf16", "f16"):
+        for hd, cap, win, causal in ((64, 0.0, (-1, -1), False), (128, 0.0, (40, -1), True),
+                                     (64, 2.0, (-1, -1), True), (128, 1.5, (-1, -1), False)):
+            n_q, n_k, heads, kvh = 70, 130, 4, 2
+            q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
+            kw = {"causal": causal, "window_size": win, "softcap": cap}
+            out64, lse64 = np_attention_forward(q, k, v, **kw)
+            out, lse = _cast(out64, kind), lse64.astype(np.float32)
+
+            def ref(q=q, k=k, v=v, g=g, kw=kw):
+                dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
+                return {"dq": dq, "dk": dk, "dv": dv}
+
+            for det in (False, True):
+                def run(be, q=q, k=k, v=v, g=g, kw=kw, out=out, lse=lse, det=det):
+                    dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, method="tensor_cores",
+                                                           deterministic=det, backend=be, **kw)
+                    return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
+
+                shape = (f"q{n_q}k{n_k}-h{heads}kv{kvh}-d{hd}{'' if causal else '-full'}-w{win[0]},{win[1]}"
+                         + (f"-cap{cap:g}" if cap else "") + ("-det" if det else "") + "-fused")
+                yield Case(op="attention_backward", dtype=kind, shape=shape,
+                           kernels=_tc_kernels(hd, True, cap, kind, det), run=run, reference=ref)
+
+
+def _attention_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """float16 attention backward on the bf16 shapes of every path: naive, flash (with and without the
+    forward's out/lse), tensor cores at every compiled head_dim and a padded one, windows and softcap."""
+    yield from _attention_cases(rng, (("f16", None, 33, 33, 2, 1, 64, True, None, ("naive", "flash"), ""),
+                                      ("f16", 2, 9, 9, 4, 2, 80, True, None, ("naive", "flash"), ""),
+                                      ("f16", 2, 7, 19, 4, 2, 64, True, 0.2, ("naive", "flash"), ""),
+                                      ("f16", None, 19, 7, 2, 1, 128, False, None, ("naive", "flash"), "")))
+    yield from _attention_tc_cases(rng, "f16", ((None, 17, 40, 2, 1, 64, True, None, False, ""),
+                                                (2, 70, 33, 4, 1, 80, True, 0.2, False, ""),
+                                                (None, 65, 65, 8, 1, 128, True, None, True, ""),
+                                                (None, 9, 20, 2, 1, 256, False, 0.1, True, ""),
+                                                (None, 9, 20, 4, 4, 33, False, None, False, "")))
+    yield from _attention_window_cases(rng, (("f16", 70, 70, 4, 1, 64, True, (20, -1), 0.0),
+                                             ("f16", 40, 90, 2, 1, 80, False, (30, 10), 4.0),
+                                             ("f16", 20, 25, 2, 1, 256, True, (10, -1), 3.0),
+                                             ("f16", 30, 40, 2, 1, 64, True, (-1, -1), 2.0),
+                                             ("f16", 40, 30, 2, 2, 128, False, (6, 6), 1.0)))
+
+
+# --------------------------------------------------------------------------- sm_90a cases
+
+from ._sm90 import ARCH as SM90_ARCH, declined as _declined, host_arch as _host_arch, sm90_case as _sm90_case
+
+
+
+# --------------------------------------------------------------------------- forward (dense)
+def _sm90_forward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
+                  causal: bool) -> Case:
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize
+
+    q, k, v = fa_inputs(rng, 1, n_q, n_k, h, kvh, d, d, kind)
+    name = f"attention_fwd_sm90_d{d}{_sfx(kind)}"
+    scale = 1.0 / np.sqrt(d)
+
+    def run(backend: str) -> dict[str, Any]:
+        out = np.empty(q.shape, q.dtype)
+        lse = np.empty(q.shape[:3], np.float32)
+        wl, wr = normalize(-1, -1, causal, n_q, n_k)
+        if not sm90.try_forward(q, k, v, out, lse, (1, n_q, n_k, h, kvh, d, d), scale, 0.0, wl, wr, _sfx(kind),
+                                None, backend):
+            raise _declined(name, backend)
+        return {"out": out, "lse": lse}
+
+    def ref() -> dict[str, Any]:
+        out, lse = np_flash_attention(q, k, v, causal, scale)
+        return {"out": out, "lse": lse}
+
+    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-causal" if causal else "")
+    return _sm90_case("flash_attention", kind, shape, (name,), run, ref)
+
+
+# --------------------------------------------------------------------------- forward (varlen)
+def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int, d: int,
+                 causal: bool) -> Case:
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize_serving
+
+    q, k, v = (a[0] for a in fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d, kind))
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    name = f"attention_fwd_varlen_sm90_d{d}{_sfx(kind)}"
+    scale = 1.0 / np.sqrt(d)
+
+    def run(backend: str) -> dict[str, Any]:
+        out = np.empty(q.shape, q.dtype)
+        lse = np.empty(q.shape[:2], np.float32)
+        wl, wr = normalize_serving(-1, -1, causal)
+        if not sm90.try_varlen(q, k, v, out, lse, cu_q, cu_k, (len(lq), max(lq), h, kvh, d), scale, 0.0, wl, wr,
+                               _sfx(kind), None, backend):
+            raise _declined(name, backend)
+        return {"out": out, "lse": lse}
+
+    def ref() -> dict[str, Any]:
+        # per sequence; one with no keys gives out 0 and lse -inf (np_flash_attention's empty rows)
+        out = np.zeros(q.shape)
+        lse = np.full(q.shape[:2], -np.inf)
+        for b in range(len(lq)):
+            qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+            o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, scale)
+            out[qs], lse[qs] = o[0], l_[0]
+        return {"out": out, "lse": lse}
+
+    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + ("-causal" if causal else "")
+    return _sm90_case("flash_attention_varlen", kind, shape.replace(" ", ""), (name,), run, ref)
+
+
+# --------------------------------------------------------------------------- backward
+def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
+                   causal: bool) -> Case:
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize
+
+    q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
+    names = (f"attention_bwd_sm90_dkdv_d{d}{_sfx(kind)}", f"attention_bwd_sm90_dq_d{d}{_sfx(kind)}")
+    scale = 1.0 / np.sqrt(d)
+    # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
+    # pre-pass gives them, without its fp32 rounding of the sums
+    out64, lse64 = np_flash_attention(q, k, v, causal, scale)
+    lse = lse64.astype(np.float32).reshape(-1)
+    delta = (out64 * g.astype(np.float64)).sum(axis=-1).astype(np.float32).reshape(-1)
+
+    def run(backend: str) -> dict[str, Any]:
+        win = (*normalize(-1, -1, causal, n_q, n_k), 0.0)
+        grads = sm90.try_backward(q, k, v, g, lse, delta, (1, n_q, n_k, h, kvh, d), scale, win, kind, _sfx(kind),
+                                  None, backend)
+        if grads is None:
+            raise _declined(",".join(names), backend)
+        return dict(zip(("dq", "dk", "dv"), grads))
+
+    def ref() -> dict[str, Any]:
+        dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-causal" if causal else "")
+    return _sm90_case("attention_backward", kind, shape, names, run, ref)
+
+
+# Shapes per head_dim (queries, keys) for the non-causal and the causal case. Key tiles: 192 keys at d64, 128 at
+# d128, 64 at d256 (the forward), 128 (the backward's dK/dV CTA); queries: 128 a CTA.
+SM90_FORWARD = {64: ((100, 250), (150, 100)), 128: ((100, 200), (150, 100)), 256: ((70, 150), (150, 100))}
+SM90_VARLEN = {64: (([5, 90, 0], [9, 250, 3]), ([90, 1, 20], [60, 200, 0])),
+          128: (([5, 90, 0], [9, 200, 3]), ([90, 1, 20], [60, 140, 0])),
+          256: (([5, 70, 0], [9, 150, 3]), ([70, 1, 20], [60, 100, 0]))}
+SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
+
+
+def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for kind in ("bf16", "f16"):
+        for d, shapes in SM90_FORWARD.items():
+            for causal, (n_q, n_k) in zip((False, True), shapes):
+                yield _sm90_forward(rng, kind, n_q, n_k, 2, 1, d, causal)
+        for d, shapes in SM90_VARLEN.items():
+            for causal, (lq, lk) in zip((False, True), shapes):
+                yield _sm90_varlen(rng, kind, lq, lk, 2, 1, d, causal)
+        for d, shapes in SM90_BACKWARD.items():
+            for causal, (n_q, n_k) in zip((False, True), shapes):
+                yield _sm90_backward(rng, kind, n_q, n_k, 2, 1, d, causal)
+
+
+@register_cases("attention")
+def cases(rng: np.random.Generator) -> Iterator[Case]:
+    yield from _fa_cases(rng)
+    yield from _fa_window_cases(rng)
+    yield from _attention_cases(rng)
+    yield from _attention_tc_cases(rng)
+    yield from _attention_window_cases(rng)
+    yield from _attention_fused_cases(rng)
+    yield from _attention_pair_cases(rng)
+    yield from _fa_f16_cases(rng)
+    yield from _attention_f16_cases(rng)
+    yield from _sm90_cases(rng)

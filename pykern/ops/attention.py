@@ -1,0 +1,719 @@
+"""Attention, one family: `flash_attention`, `flash_attention_varlen` and `attention_backward`.
+
+The dispatch between the three kinds of kernels lives here, in one place:
+- fp32-FMA kernels (any dtype, sm_75 and f32): kernels_cu/attention_fwd_fma.cu, attention_bwd_fma.cu;
+- mma.sync tensor-core kernels (bf16 / f16 on sm_80+, the host backend and numba): kernels_cu/attention_fwd_tc.cu
+  (the FlashAttention-2 core for head_dim 64 / 128, padded kernels for the rest), attention_bwd_tc.cu,
+  attention_bwd_fused_tc.cu;
+- sm_90a kernels (TMA + wgmma, Hopper or PYKERN_HOST_ARCH=sm_90a; off with PYKERN_SM90=0): asked first on the
+  tensor-core path through the private helper module `_attention_sm90`.
+Paged prefill (pykern.ops.serving.paged_prefill_attention) launches the same FlashAttention-2 core with its page
+table and takes its geometry from here. Every op validates before launching (ArgumentError / ArgumentTypeError
+naming the argument) and accepts `backend=` ("nvrtc", "numba", "host" or None).
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from .. import arrays
+from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind, size as _size
+from ..errors import ArgumentError, ArgumentTypeError
+from ._attention_sm90 import (
+    BWD_HEAD_DIMS as _SM90_BWD_HEAD_DIMS,
+    try_backward as _sm90_backward,
+    try_forward as _sm90_forward,
+    try_varlen as _sm90_varlen,
+    usable as _sm90_usable,
+)
+from ._window import (
+    check_softcap as _check_softcap,
+    check_window_size as _check_window_size,
+    normalize as _normalize,
+    normalize_serving as _normalize_serving,
+)
+from ._common import flat as _flat, launch as _launch, same_shape as _same_shape
+
+__all__ = ["flash_attention", "flash_attention_varlen", "attention_backward"]
+
+_INT_MAX = 2**31 - 1
+_GRID_YZ_MAX = 65535  # grid y / z
+
+
+# --------------------------------------------------------------------------- flash_attention (forward)
+
+# (bucket, query rows per block): the kernel gives DMAX/16 threads to a query row, 256 threads a block.
+_FA_BUCKETS = ((64, 64), (128, 32), (256, 16))
+FA_THREADS = 256
+# Tensor-core bf16 / f16 kernels (kernels_cu/attention_fwd_tc.cu): compile-time head_dim D, other head_dims
+# padded up to the next D; (D, keys per tile, Q in registers) as the .cu's FatcCfg.
+TC_HEAD_DIMS = (64, 96, 128, 256)
+_TC_CFG = {64: (64, 1), 96: (64, 1), 128: (64, 1), 256: (32, 0)}
+TC_THREADS = 128
+TC_ROWS = 64  # queries per CTA (FATC_BR)
+# The FlashAttention-2 core (kernels_cu/pk_attn_core.cuh): attention_fwd_tc_d64 / _d128 take
+# head_dim == head_dim_v == D with 16-byte aligned q / k / v / out, 128 queries a CTA of 8 warps; other shapes
+# at those D take attention_fwd_tc_pad_d64 / _d128 (the general kernels above, padding head_dim).
+FA2_HEAD_DIMS = (64, 128)
+FA2_THREADS = 256
+FA2_ROWS = 128  # PKFA_BR
+FA2_KEYS = 64   # PKFA_BC
+
+
+def fa2_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the FlashAttention-2 core at head_dim d (PKFA_SMEM_BYTES)."""
+    return (4 * FA2_KEYS + FA2_ROWS) * d * 2
+
+
+def fa2_eligible(head_dim: int, head_dim_v: int, *arrays_: Any) -> bool:
+    """Whether the FlashAttention-2 core runs this shape: head_dim == head_dim_v in FA2_HEAD_DIMS and every
+    array's data 16-byte aligned (its tiles move in 16-byte cp.async chunks)."""
+    if head_dim != head_dim_v or head_dim not in FA2_HEAD_DIMS:
+        return False
+    return arrays.aligned16(*arrays_)
+
+
+def tc_head_dim(head_dim: int) -> int:
+    """The compiled head_dim the tensor-core kernels use for a head_dim (the next of 64/96/128/256)."""
+    return next(d for d in TC_HEAD_DIMS if head_dim <= d)
+
+
+def tc_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the tensor-core forward at compiled head_dim d (FATC_SMEM_BYTES)."""
+    bc, qreg = _TC_CFG[d]
+    return ((0 if qreg else TC_ROWS) + 4 * bc) * (d + 8) * 2
+
+
+def tensor_cores_available(backend: str | None = None) -> bool:
+    """Whether the bf16 / f16 tensor-core kernels can run on `backend`: mma.sync m16n8k16 needs sm_80+ on the
+    nvrtc backend (sm_75 keeps the fp32-FMA kernels); the host backend emulates mma, numba runs the reference."""
+    from ..backends import get_backend
+
+    be = get_backend(backend)
+    if be.name != "nvrtc":
+        return True
+    # A yes is remembered per backend object and arch (available() asks the driver and NVRTC each time): a
+    # backend that once had a usable sm_80+ GPU keeps it; a changed arch asks again.
+    arch = getattr(be, "arch", "") or ""
+    seen = _tc_yes.get(id(be))
+    if seen is not None and seen[0] is be and seen[1] == arch:
+        return True
+    ok, _ = be.available()
+    arch = getattr(be, "arch", "") or ""
+    yes = ok and arch.startswith("sm_") and int("".join(c for c in arch[3:] if c.isdigit())) >= 80
+    if yes:
+        _tc_yes[id(be)] = (be, arch)
+    return yes
+
+
+_tc_yes: dict[int, tuple[Any, str]] = {}  # id(backend) -> (backend, arch) where tensor cores were found
+
+
+@arrays.stream_scoped
+def flash_attention(
+    q: Any,
+    k: Any,
+    v: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    out: Any = None,
+    tensor_cores: bool | None = None,
+    stream: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """softmax(scale * q k^T) v per (batch, head), without materialising the scores.
+
+    q (batch, n_q, n_heads, head_dim), k (batch, n_k, n_kv_heads, head_dim),
+    v (batch, n_k, n_kv_heads, head_dim_v); n_heads % n_kv_heads == 0 (query head
+    h uses kv head h // (n_heads // n_kv_heads)); head_dim, head_dim_v <= 256.
+    f32, bf16 or f16 (all three alike; out in the same dtype), fp32 accumulation. scale defaults to
+    1/sqrt(head_dim).
+
+    causal=True aligns the mask bottom-right: query i sees keys
+    j <= i + n_k - n_q (with n_q == n_k the usual lower triangle; with n_q < n_k
+    the queries are the last n_q positions of the sequence). When n_q > n_k the
+    first n_q - n_k queries see no key: their output is 0 and their lse -inf.
+
+    window_size=(left, right) (flash-attn's sliding window; -1 = unbounded on that side):
+    query i sees keys i' - left <= j <= i' + right, i' = i + n_k - n_q (aligned bottom-right
+    like the causal mask); causal=True sets right to 0. Key tiles wholly outside every window
+    of a query tile are skipped (never read), so the cost follows the window. A row whose
+    window holds no key gets out 0 and lse -inf. softcap=c > 0 (Gemma 2's attention logit
+    softcapping): scores become c * tanh(scale * q.k / c) before the mask and softmax (separate
+    kernels, so softcap=0 pays nothing for it); lse is then over the capped scores.
+
+    Returns out (batch, n_q, n_heads, head_dim_v) (written into `out=` when given), or (out, lse) with
+    return_lse=True: lse (batch, n_q, n_heads) float32 is the natural-log
+    log-sum-exp of the scaled scores over the visible keys, the input
+    `attention_backward(..., lse=)` expects.
+
+    tensor_cores: bf16 and f16. None (default) runs the tensor-core kernels (mma.sync bf16 / f16, compiled
+    head_dim 64/96/128/256, others padded up) wherever they can run: the nvrtc backend on sm_80 and
+    newer, the host backend (emulated) and numba; sm_75 falls back to the fp32-FMA kernels. True
+    requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
+    tensor-core path rounds the softmax probabilities to the input dtype for the P·V product, as
+    FlashAttention-2 does. On a Hopper GPU (compute capability 9.0; on the host backend with
+    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/128/256 without softcap runs the sm_90a kernel
+    instead (TMA, wgmma, FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
+    inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
+    65504, as on the GPU.
+    """
+    kind = arrays.io_kind("q", q, arrays.IO_KINDS)
+    _same_kind("k", k, kind, "q")
+    _same_kind("v", v, kind, "q")
+    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
+    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
+    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
+    if ks[0] != batch or ks[3] != head_dim:
+        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
+                            f"{head_dim}) (batch and head_dim from q), got {ks}")
+    n_k, n_kv_heads = ks[1], ks[2]
+    if vs[:3] != (batch, n_k, n_kv_heads):
+        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
+                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
+    head_dim_v = vs[3]
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
+    for name, d in (("q.shape[3] (head_dim)", head_dim), ("v.shape[3] (head_dim_v)", head_dim_v)):
+        if not 1 <= d <= 256:
+            raise ArgumentError(f"{name}: expected 1 <= value <= 256, got {d}")
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    # The kernel steps query/key tiles in int (n_q + ROWS - 1, k0 + BK, row + n_k - n_q):
+    # lengths keep a 256-element margin below 2^31 so those never overflow.
+    for name, val, lim in (("q.shape[0]", batch, _INT_MAX), ("q.shape[1]", n_q, _INT_MAX - 256),
+                           ("k.shape[1]", n_k, _INT_MAX - 256), ("q.shape[2]", n_heads, _INT_MAX)):
+        if val > lim:
+            raise ArgumentError(f"{name}: expected at most {lim}, got {val}")
+    if tensor_cores not in (None, True, False):
+        raise ArgumentError(f"tensor_cores: expected None, True or False, got {tensor_cores!r}")
+    use_tc = False
+    if kind != "f32" and tensor_cores is not False:
+        use_tc = tensor_cores_available(backend)
+        if tensor_cores and not use_tc:
+            raise ArgumentError(f"tensor_cores: True needs {kind} mma (sm_80 or newer); this device has none")
+    elif tensor_cores:
+        raise ArgumentError(f"tensor_cores: True needs bf16 or f16 inputs, got {arrays.dtype_name(q)}")
+    wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
+    cap = "_softcap" if softcap > 0.0 else ""
+    if use_tc:
+        bucket, rows = tc_head_dim(max(head_dim, head_dim_v)), TC_ROWS
+    else:
+        bucket, rows = next((b, r) for b, r in _FA_BUCKETS if max(head_dim, head_dim_v) <= b)
+    n_blocks = batch * n_heads * -(-n_q // rows)
+    if n_blocks > _INT_MAX:
+        raise ArgumentError(f"q: batch * n_heads * ceil(n_q / {rows}) = {n_blocks} blocks exceeds {_INT_MAX}")
+
+    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
+    out_shape = (batch, n_q, n_heads, head_dim_v)
+    out = (arrays.empty(out_shape, arrays.dtype_name(q), like=q) if out is None
+           else arrays.check_out(out, out_shape, arrays.dtype_name(q), q))
+    lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
+    stream = arrays.launch_stream(stream, q)
+    if n_blocks == 0:
+        pass
+    elif n_k == 0:  # no key at all: every row is an empty softmax
+        _fill(out, 0.0, stream)
+        _fill(lse, -math.inf, stream)
+    elif use_tc and _sm90_forward(q, k, v, out, lse, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
+                                      float(scale), softcap, wl, wr, _suffix(kind), stream, backend):
+        pass  # the Hopper kernel ran (kernels_cu/attention_fwd_sm90.cu)
+    elif use_tc:
+        from ..launcher import launch
+
+        args = (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
+                wl, wr, softcap)
+        if fa2_eligible(head_dim, head_dim_v, q, k, v, out):
+            launch(f"attention_fwd_tc_d{bucket}{cap}{_suffix(kind)}", batch * n_heads * -(-n_q // FA2_ROWS),
+                   FA2_THREADS, *args, shared_mem=fa2_shared_bytes(bucket), stream=stream, backend=backend)
+        else:
+            pad = "pad_" if bucket in FA2_HEAD_DIMS else ""
+            launch(f"attention_fwd_tc_{pad}d{bucket}{cap}{_suffix(kind)}", n_blocks, TC_THREADS, *args,
+                   shared_mem=tc_shared_bytes(bucket), stream=stream, backend=backend)
+    else:
+        _launch(
+            f"attention_fwd_fma_d{bucket}{cap}{_suffix(kind)}", n_blocks, FA_THREADS,
+            q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, float(scale),
+            wl, wr, softcap,
+            stream=stream, backend=backend,
+        )
+    return (out, lse) if return_lse else out
+
+
+def _fill(a: Any, value: float, stream: Any = None) -> None:
+    if isinstance(a, np.ndarray):
+        a.fill(value)
+    elif hasattr(a, "fill_"):
+        a.fill_(value)  # torch: on its current stream, which is the op's stream unless one was passed
+    else:
+        a.fill(value)
+
+
+# --------------------------------------------------------------------------- flash_attention_varlen
+
+
+@arrays.stream_scoped
+def flash_attention_varlen(
+    q: Any,
+    k: Any,
+    v: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    return_lse: bool = False,
+    stream: Any = None,
+    backend: str | None = None,
+) -> Any:
+    """flash-attn's varlen attention: sequences packed without padding.
+
+    q (total_q, num_heads, head_dim), k, v (total_k, num_kv_heads, head_dim); sequence b
+    is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against k/v rows
+    cu_seqlens_k[b]:cu_seqlens_k[b+1]. causal=True aligns the mask bottom-right per
+    sequence. window_size=(left, right) and softcap as `flash_attention` (flash-attn's
+    semantics, per sequence; positions outside every window of a CTA are never read). Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
+    with lse (total_q, num_heads) natural-log float32.
+    """
+    # At call time (serving re-exports this op, so it imports this module first). The op validates and falls back
+    # as the serving ops do: dense_attn in kernels_cu/paged.cu.
+    from ._common import attention_scale as _scale, index_array as _index
+    from ._prefill import (
+        MAX_LEN as _MAX_LEN, NT as _NT, Q_KINDS as _Q_KINDS, check_indptr as _check_indptr, check_q as _check_q,
+        dummy as _dummy, prefill_out as _prefill_out, row_chunks as _row_chunks, suffix as _serving_suffix,
+    )
+    from ..arrays import flat_view as _sflat
+    from .serving import attn_tiling
+    from ..launcher import launch
+
+    kind = arrays.io_kind("k", k, _Q_KINDS)
+    arrays.same_kind("v", v, kind, "k")
+    ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
+    if arrays.shape_of(v) != ks:
+        raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
+    total_k, kvh, d = ks
+    if kvh < 1 or not 1 <= d <= MAX_HEAD_DIM:
+        raise ArgumentError(f"k: expected (total_k, num_kv_heads, head_dim) with head_dim <= {MAX_HEAD_DIM}, got {ks}")
+    qk, total_q, h = _check_q(q, kvh, d, "total_q")
+    suf = _serving_suffix(qk, kind)
+    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
+    batch = arrays.shape_of(cq)[0] - 1
+    if batch < 1:
+        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
+    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
+    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
+    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
+    if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
+        raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
+    sc = _scale(scale, d)
+    left, right = _check_window_size(window_size)
+    wl, wr = _normalize_serving(left, right, bool(causal))
+    cap = _check_softcap(softcap)
+    group = h // kvh
+    max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
+    rows, tile, smem = attn_tiling(d, max_qo * group)
+    chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
+    q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
+    out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
+    # On sm_90a the TMA + wgmma forward (kernels_cu/attention_fwd_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
+    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu): bf16
+    # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
+    # sequence * heads, batch).
+    n_qt = -(-max_qo // FA2_ROWS)
+    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and fa2_eligible(d, d, q, k, v, out)
+           and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
+    stream_ = arrays.launch_stream(stream, q)
+    if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
+            and _sm90_varlen(q, k, v, _sflat(out), _sflat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl,
+                             wr, f"_{qk}", stream_, backend)):
+        pass  # the Hopper kernel ran (kernels_cu/attention_fwd_sm90.cu, VARLEN)
+    elif fa2:
+        launch(f"attention_fwd_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
+               (FA2_THREADS,), _sflat(q), _sflat(k), _sflat(v), _sflat(out), _sflat(lse), cq, ck, h, kvh, n_qt, sc,
+               wl, wr, cap, shared_mem=fa2_shared_bytes(d), stream=stream_, backend=backend)
+    elif total_q:
+        # k_mode 0 (keys at cu_seqlens_k) never reads seq_lens: an allocation, not a host-to-device copy (a
+        # pageable copy synchronises the stream)
+        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _sflat(q), _sflat(k), _sflat(v), _sflat(out),
+               _sflat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
+               wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
+               stream=arrays.launch_stream(stream, q), backend=backend)
+    return (out, lse) if return_lse else out
+
+
+# --------------------------------------------------------------------------- attention_backward
+
+MAX_HEAD_DIM = 256
+# The naive kernel keeps two floats per key in shared memory (2 * seq * 4 bytes
+# plus 2 * head_dim floats); 4096 keys stay well inside the 48 KiB a block gets
+# without an opt-in on every arch.
+NAIVE_MAX_SEQ = 4096
+_FLASH_THREADS = 256
+_STAGE = 16  # PK_ATT_STAGE in the .cu
+_NAIVE_THREADS = 128
+_NAIVE_SMEM = 48 * 1024  # dynamic shared memory a block gets without an opt-in
+METHODS = ("auto", "naive", "flash", "tensor_cores")
+# Tensor-core kernels (kernels_cu/attention_bwd_tc.cu): tiles as the .cu's ABTC_* constants.
+_TC_THREADS = 128
+_TC_BC = 64  # keys per dK/dV CTA
+_TC_BR = 16  # queries per dK/dV step
+_TC_QR = 64  # queries per dQ CTA
+
+
+def tc_backward_shared_bytes(d: int) -> tuple[int, int]:
+    """(dK/dV kernel, dQ kernel) dynamic shared memory at compiled head_dim d (ABTC_*_SMEM in the .cu)."""
+    dq_bc = 32 if d <= 128 else 16
+    return (2 * _TC_BC + 2 * _TC_BR) * (d + 8) * 2 + 2 * _TC_BR * 4, (2 * _TC_QR + 2 * dq_bc) * (d + 8) * 2
+# Fused kernels (kernels_cu/attention_bwd_tc_fused.cu): head_dims, keys per CTA, queries per streamed tile.
+FUSED_HEAD_DIMS = (64, 128)
+_FUSED_BC = 64
+_FUSED_BR = {64: 32, 128: 16}
+# The deterministic mode keeps one fp32 dQ partial per key tile: at most this many bytes of them at a time
+# (more key tiles run as several launches, each reduced into the fp32 sum in key-tile order).
+DET_WORKSPACE_BYTES = 1 << 30
+
+
+def fused_available(backend: str | None = None) -> bool:
+    """Whether the fused backward runs on `backend`: sm_80 ... sm_90 on nvrtc (sm_100 / sm_120 keep the dK/dV +
+    dQ pair: ptxas there spills the fused kernel), the host backend."""
+    from ..backends import get_backend
+
+    be = get_backend(backend)
+    if be.name != "nvrtc":
+        return True
+    arch = getattr(be, "arch", "") or ""
+    num = "".join(c for c in arch[3:] if c.isdigit()) if arch.startswith("sm_") else ""
+    return bool(num) and 80 <= int(num) < 100
+
+
+def fused_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the fused backward at head_dim d (ABF_SMEM in the .cu)."""
+    br = _FUSED_BR[d]
+    return (2 * _FUSED_BC + 4 * br) * (d + 8) * 2 + _FUSED_BC * (br + 8) * 2 + 4 * br * 4
+
+
+def group_lanes(head_dim: int) -> int:
+    """Lanes per key/query row in the flash kernels: each lane holds at most 16 dims in registers."""
+    return 4 if head_dim <= 64 else 8 if head_dim <= 128 else 16
+
+
+def _zero(buf: Any, n: int, backend: str | None, stream: Any = None) -> None:
+    _launch("training_zero_f32", (max(1, min(-(-n // 256), 4096)),), (256,), buf, n, stream=stream, backend=backend)
+
+
+def naive_max_seq(head_dim: int, softcap: float) -> int:
+    """Keys the naive kernel holds in shared memory: NAIVE_MAX_SEQ, fewer with a softcap (a third float a key)."""
+    if softcap <= 0.0:
+        return NAIVE_MAX_SEQ
+    return min(NAIVE_MAX_SEQ, (_NAIVE_SMEM - 8 * head_dim) // 12)
+
+
+def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
+    b, n_q, n_k, h, kvh, d = dims
+    wl, wr, softcap = win
+    limit = naive_max_seq(d, softcap)
+    if n_k > limit:
+        raise ArgumentError(
+            f"k.shape[-3] (n_k): method='naive' handles seq_len <= {limit}"
+            f"{' with a softcap' if softcap > 0 else ''}, got {n_k}; use method='flash'"
+        )
+    if n_q > _INT_MAX:
+        raise ArgumentError(f"q.shape[-3] (n_q): method='naive' launches a block per query, at most {_INT_MAX}, "
+                            f"got {n_q}; use method='flash'")
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    kv_shape = tuple(arrays.shape_of(k))
+    n_kv = _size(kv_shape)
+    dk_acc = arrays.empty((n_kv,), np.float32, like=q)
+    dv_acc = arrays.empty((n_kv,), np.float32, like=q)
+    _zero(dk_acc, n_kv, backend, stream)
+    _zero(dv_acc, n_kv, backend, stream)
+    shared = (2 * d + (3 if softcap > 0 else 2) * n_k) * 4
+    _launch(
+        "attention_bwd_fma_naive" + _suffix(kind), (n_q, h, b), (_NAIVE_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(dq), dk_acc, dv_acc, n_q, n_k, h, kvh, d, scale,
+        wl, wr, softcap, shared_mem=shared, stream=stream, backend=backend,
+    )
+    if kind == "f32":
+        return dq, dk_acc.reshape(kv_shape), dv_acc.reshape(kv_shape)
+    dk = arrays.empty(kv_shape, kind, like=q)
+    dv = arrays.empty(kv_shape, kind, like=q)
+    blocks = (max(1, min(-(-n_kv // 256), 4096)),)
+    _launch("training_f32_to" + _suffix(kind), blocks, (256,), dk_acc, _flat(dk), n_kv, stream=stream, backend=backend)
+    _launch("training_f32_to" + _suffix(kind), blocks, (256,), dv_acc, _flat(dv), n_kv, stream=stream, backend=backend)
+    return dq, dk, dv
+
+
+def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
+    b, n_q, n_k, h, kvh, d = dims
+    G = group_lanes(d)
+    rows = _FLASH_THREADS // G
+    sfx = ("_softcap" if win[2] > 0 else "") + _suffix(kind)
+    n_rows = b * n_q * h
+    if out is not None and lse is not None:
+        lse_buf = lse
+        delta = arrays.empty((n_rows,), np.float32, like=q)
+        _launch(
+            "attention_bwd_preprocess" + _suffix(kind), (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+            _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend,
+        )
+    else:
+        lse_buf = arrays.empty((n_rows,), np.float32, like=q)
+        delta = arrays.empty((n_rows,), np.float32, like=q)
+        _launch(
+            "attention_bwd_lse" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
+            _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, *win, G,
+            shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
+        )
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    _launch(
+        "attention_bwd_fma_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
+        n_q, n_k, h, kvh, d, scale, *win, G, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream,
+        backend=backend,
+    )
+    _launch(
+        "attention_bwd_fma_dq" + sfx, (-(-n_q // rows), h, b), (_FLASH_THREADS,),
+        _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dq),
+        n_q, n_k, h, kvh, d, scale, *win, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
+    )
+    return dq, dk, dv
+
+
+def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
+    """bf16 / f16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
+    heads itself), one dQ kernel per query tile; every output element has one writer: deterministic."""
+    b, n_q, n_k, h, kvh, d = dims
+    cap = "_softcap" if win[2] > 0 else ""
+    sfx = _suffix(kind)
+    n_rows = b * n_q * h
+    delta = arrays.empty((n_rows,), np.float32, like=q)
+    if out is not None and lse is not None:  # the training flow: the forward's own out and lse
+        _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+                _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+    else:
+        # lse and delta = sum_j P_ij dP_ij in fp32 by the pre-pass kernel, not rowsum(dO * out) of a 16-bit
+        # out: that out's rounding would enter delta, and dK sums it over every query of the GQA group.
+        G = group_lanes(d)
+        lse = arrays.empty((n_rows,), np.float32, like=q)
+        _launch("attention_bwd_lse" + cap + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
+                G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+    grads = _sm90_backward(q, k, v, g, _flat(lse), delta, dims, scale, win, kind, sfx, stream, backend)
+    if grads is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
+        return grads
+    D = tc_head_dim(d)
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    smem_kv, smem_q = tc_backward_shared_bytes(D)
+    args = (_flat(q), _flat(k), _flat(v), _flat(g), _flat(lse), delta)
+    tail = (b, n_q, n_k, h, kvh, d, scale, *win)
+    kv_grid = b * kvh * -(-n_k // _TC_BC)
+    names = ((f"attention_bwd_tc_dv_d{D}{cap}{sfx}", f"attention_bwd_tc_dk_d{D}{cap}{sfx}") if D == 256
+             else (f"attention_bwd_tc_dkdv_d{D}{cap}{sfx}",))
+    for name in names:
+        _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
+                stream=stream, backend=backend)
+    _launch(f"attention_bwd_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
+            *tail, shared_mem=smem_q, stream=stream, backend=backend)
+    return dq, dk, dv
+
+
+def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
+    """head_dim 64 / 128 on tensor cores, FlashAttention-2's backward: one kernel per key tile doing the five
+    matmuls, dQ summed in an fp32 workspace (atomics; or, deterministic, per-key-tile partials reduced in a
+    fixed order), then narrowed by a small kernel."""
+    b, n_q, n_k, h, kvh, d = dims
+    wl, wr, softcap = win
+    cap = "_softcap" if softcap > 0 else ""
+    sfx = _suffix(kind)
+    br = _FUSED_BR[d]
+    n_rows = b * n_q * h
+    nq_pad = -(-n_q // br) * br
+    lse2 = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
+    dlt = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
+    n_dq = n_rows * d
+    n_ws = b * h * nq_pad * d  # (batch, head, nq_pad, head_dim): a tile's rows at compile-time strides
+    dq_ws = arrays.empty((n_ws,), np.float32, like=q)
+    if out is not None and lse is not None:
+        delta_in = dlt  # unused (out given)
+    else:
+        G = group_lanes(d)
+        lse = arrays.empty((n_rows,), np.float32, like=q)
+        delta_in = arrays.empty((n_rows,), np.float32, like=q)
+        _launch("attention_bwd_lse" + cap + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta_in, n_q, n_k, h, kvh, d, scale, wl, wr, softcap,
+                G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+        out = None
+    _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g),
+            _flat(out if out is not None else g), _flat(lse), delta_in, lse2, dlt, dq_ws, n_rows, n_q, h, nq_pad, d,
+            int(out is not None), 0 if deterministic else 1, stream=stream, backend=backend)
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    n_kt = -(-n_k // _FUSED_BC)
+    smem = fused_shared_bytes(d)
+    head = (_flat(q), _flat(k), _flat(v), _flat(g), lse2, dlt)
+    red_blocks = (max(1, min(-(-n_dq // 256), 8192)),)
+    if not deterministic:
+        _launch(f"attention_bwd_tc_fused_d{d}{cap}{sfx}", (n_kt, kvh, b), (_TC_THREADS,), *head, dq_ws,
+                _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, 0, 0, scale, wl, wr, softcap,
+                shared_mem=smem, stream=stream, backend=backend)
+        _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), dq_ws, dq_ws, _flat(dq), n_dq, n_q, n_k,
+                h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+        return dq, dk, dv
+    chunk = max(1, min(n_kt, DET_WORKSPACE_BYTES // (4 * n_ws)))
+    part = arrays.empty((chunk * n_ws,), np.float32, like=q)
+    for kt0 in range(0, n_kt, chunk):
+        cnt = min(chunk, n_kt - kt0)
+        _launch(f"attention_bwd_tc_fused_d{d}{cap}_det{sfx}", (cnt, kvh, b), (_TC_THREADS,), *head, part,
+                _flat(dk), _flat(dv), n_q, n_k, h, kvh, nq_pad, kt0, n_ws, scale, wl, wr, softcap,
+                shared_mem=smem, stream=stream, backend=backend)
+        _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", red_blocks, (256,), part, dq_ws, _flat(dq), n_dq, n_q, n_k,
+                h, nq_pad, kt0, cnt, n_ws, scale, wl, wr, int(kt0 == 0), int(kt0 + cnt == n_kt), stream=stream,
+                backend=backend)
+    return dq, dk, dv
+
+
+@arrays.stream_scoped
+def attention_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    grad_out: Any,
+    *,
+    out: Any = None,
+    lse: Any = None,
+    scale: float | None = None,
+    causal: bool = True,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    method: str = "auto",
+    deterministic: bool = False,
+    stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) of out = softmax(scale * q k^T) v per (batch, head), given grad_out = dL/dout.
+
+    q, grad_out (and out): (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim);
+    k, v: (n_k, n_kv_heads, head_dim) with the same leading batch dimension.
+    Grouped-query attention: n_heads % n_kv_heads == 0, query head h uses kv
+    head h // (n_heads // n_kv_heads). head_dim <= 256. Outputs have the
+    inputs' dtype (f32, bf16 or f16), accumulation is fp32. scale defaults to
+    1/sqrt(head_dim), as in `flash_attention`.
+
+    causal=True (the default) aligns the mask bottom-right exactly like
+    `flash_attention`: query i sees keys j <= i + n_k - n_q. When n_q > n_k the
+    first n_q - n_k queries see no key: their dq is 0 and they add nothing to
+    dk/dv. causal=False lets every query see every key.
+
+    window_size=(left, right) and softcap: as `flash_attention` (flash-attn's semantics; pass the
+    forward's values). Every kernel walks only the tiles the window reaches. With softcap c the
+    gradient flows through c * tanh(x / c): dS is multiplied by 1 - tanh^2.
+
+    method="naive": one block per (query, head), n_k <= NAIVE_MAX_SEQ;
+    dk/dv are summed with fp32 atomics (on a GPU the summation order, hence
+    the last bits, may vary run to run); `out`/`lse` are not needed.
+    method="tensor_cores" (and "auto" for bf16 / f16 where mma.sync runs: sm_80+ on nvrtc, the host
+    backend, numba): FlashAttention-2 on tensor cores (dK/dV summed over the GQA group inside one CTA);
+    head_dim compiled as 64/96/128/256 (others padded). Pass the forward's `out`/`lse` (as training
+    does): without them an fp32 pre-pass (not on tensor cores) computes lse and D exactly, which costs
+    about a forward.
+    At head_dim 64 / 128 (host backend, sm_80 ... sm_90) the tensor-core path is one fused kernel per key
+    tile (kernels_cu/attention_bwd_tc_fused.cu): dQ is summed with fp32 atomics (on a GPU the last
+    bits may vary run to run) unless deterministic=True, which sums per-key-tile partials in a fixed order
+    (bit-identical run to run; more memory traffic, see docs/attention_tc.md). The torch autograd path sets
+    it from torch.are_deterministic_algorithms_enabled().
+    method="flash" (and "auto" otherwise): tiled over keys, any length, deterministic.
+    It uses D = rowsum(grad_out * out) and each row's lse; when both `out` and
+    `lse` are given (from `flash_attention(q, k, v, causal=, scale=,
+    return_lse=True)` with the same causal and scale) they are used, otherwise
+    a pre-pass kernel computes both from q, k, v and grad_out.
+    """
+    if method not in METHODS:
+        raise ArgumentError(f"method: expected one of {METHODS}, got {method!r}")
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ArgumentTypeError(f"deterministic: expected a bool, got {type(deterministic).__name__} "
+                                f"{deterministic!r}")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    kind = arrays.io_kind("q", q, arrays.IO_KINDS)
+    for name, a in (("k", k), ("v", v), ("grad_out", grad_out)):
+        _same_kind(name, a, kind, "q")
+    qs = tuple(arrays.check_ndim("q", q, (3, 4), ("(n_q, num_heads, head_dim)",
+                                                           "(batch, n_q, num_heads, head_dim)")))
+    ks = tuple(arrays.check_ndim("k", k, (len(qs),), ("(batch, " if len(qs) == 4 else "(")
+                                 + "n_k, num_kv_heads, head_dim), as q"))
+    batched = len(qs) == 4
+    b = qs[0] if batched else 1
+    n_q, h, d = qs[-3:]
+    if ks[:-3] != qs[:-3] or ks[-1] != d:
+        want = qs[:-3] + ("n_k", "n_kv_heads", d)
+        raise ArgumentError(f"k: expected shape {want} (batch/head_dim of q), got {ks}")
+    n_k, kvh = ks[-3], ks[-2]
+    _same_shape("v", v, ks, "k")
+    _same_shape("grad_out", grad_out, qs, "q")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ArgumentError(f"q.shape[-1] (head_dim): expected 1..{MAX_HEAD_DIM}, got {d}")
+    if h < 1 or kvh < 1 or h % kvh:
+        raise ArgumentError(f"k.shape[-2] (n_kv_heads): expected a divisor of n_heads={h}, got {kvh}")
+    if h > _GRID_YZ_MAX or b > _GRID_YZ_MAX:
+        raise ArgumentError(f"q: expected n_heads and batch <= {_GRID_YZ_MAX}, got n_heads={h}, batch={b}")
+    # The kernels step query/key tiles in unsigned int (i0 + rows_per_block, j0 += 16) and take
+    # window bounds in int: a 256-row margin below 2^31 keeps those from wrapping.
+    for name, n in (("q.shape[-3] (seq_len)", n_q), ("k.shape[-3] (seq_len)", n_k)):
+        if n > _INT_MAX - 256:
+            raise ArgumentError(f"{name}: expected at most {_INT_MAX - 256}, got {n}")
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    scale = float(np.float32(scale))
+    if out is not None:
+        _same_kind("out", out, kind, "q")
+        _same_shape("out", out, qs, "q")
+        out = arrays.contiguous(out)
+    if lse is not None:
+        arrays.io_kind("lse", lse, ("f32",))
+        ls = tuple(arrays.shape_of(lse))
+        if ls not in ((b, n_q, h), qs[:-1]):
+            raise ArgumentError(f"lse: expected shape {qs[:-1]} or {(b, n_q, h)} (float32), got {ls}")
+        lse = arrays.contiguous(lse)
+    q, k, v, grad_out = (arrays.contiguous(a) for a in (q, k, v, grad_out))
+    if b * n_q * h == 0 or n_k == 0:  # nothing to launch: no query or no key gives zero gradients
+        return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(ks, kind, like=q))
+    dims = (b, n_q, n_k, h, kvh, d)
+    win = (*_normalize(left, right, bool(causal), n_q, n_k), softcap)
+    stream = arrays.launch_stream(stream, q)
+    if method == "naive":
+        return _naive(q, k, v, grad_out, kind, dims, scale, win, backend, stream)
+    if method in ("auto", "tensor_cores") and kind != "f32":
+        if tensor_cores_available(backend):
+            # On sm_90a the wgmma kernels (in _tensor_cores, after its pre-pass) come first: they are the
+            # Hopper path, and they have one writer per element, so deterministic either way.
+            hopper = d in _SM90_BWD_HEAD_DIMS and _sm90_usable(d, d, softcap, scale, q, backend, k, v, grad_out)
+            if d in FUSED_HEAD_DIMS and fused_available(backend) and not hopper:
+                return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
+                              stream)
+            return _tensor_cores(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
+        if method == "tensor_cores":
+            raise ArgumentError(f"method: 'tensor_cores' needs {kind} mma (sm_80 or newer); this device has none")
+    elif method == "tensor_cores":
+        raise ArgumentError(f"method: 'tensor_cores' needs bf16 or f16 inputs, got {arrays.dtype_name(q)}")
+    return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
