@@ -45,8 +45,14 @@ def _parser() -> argparse.ArgumentParser:
             "(forward and backward, head_dim 64 and 128, 1K-16K tokens, causal and not, on H100 SXM and A100 SXM):\n"
             "per kernel its SASS inputs (instructions and ldmatrix per MMA of its loop, registers, shared memory,\n"
             "CTAs per SM) and per shape the predicted TFLOP/s with the binding term (issue, shared memory, tensor\n"
-            "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; nothing in it is\n"
-            "calibrated from a measured speed)."
+            "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; the bound is\n"
+            "calibrated from no measured speed).\n\n"
+            "--attention-model --compare [JSON] prints the calibrated model (the bound plus four constants for what\n"
+            "does not overlap, fitted to our own H200 measurements of 2026-11-27, never to a peer's) beside each\n"
+            "pykern measurement of an attention.json (default docs/measured/2026-11-27-h200/attention.json): measured,\n"
+            "the bound (before), the calibrated model (after), their errors and the binding term.\n"
+            "--attention-model --fit JSON refits the four constants to JSON's pykern rows (least squares on the log\n"
+            "error), prints them and the same comparison."
         ),
         epilog=(f"Exit status: {EXIT_OK} every pykern row ran (or the model was printed); {EXIT_FAILED} a pykern row "
                 f"errored, or --attention-model could not read the kernels' SASS; {EXIT_USAGE} bad "
@@ -77,6 +83,12 @@ def _parser() -> argparse.ArgumentParser:
                    help="print the modelled bound of the tensor-core attention (H100 and A100, fwd/bwd, d64/d128, "
                         "seq 1K-16K, causal and not; binding term and SASS inputs) and exit; no GPU needed; "
                         "--ops/--dtype do not apply, --json prints it as JSON")
+    p.add_argument("--compare", nargs="?", const="", default=None, metavar="JSON",
+                   help="with --attention-model: the calibrated model beside the pykern rows of an attention.json "
+                        "(default: the 2026-11-27 H200 run's), before / after and the binding term")
+    p.add_argument("--fit", default=None, metavar="JSON",
+                   help="with --attention-model: refit the calibrated model's four constants to the pykern rows of "
+                        "this attention.json (never a peer's) and print them with the comparison")
     return p
 
 
@@ -177,6 +189,20 @@ def _annotate(rows: list[dict[str, Any]], selected: Sequence[tuple[suite.Case, s
 def _attention_model(args: argparse.Namespace) -> int:
     from . import attention_model as am
 
+    if args.fit is not None or args.compare is not None:
+        path = args.fit if args.fit is not None else (args.compare or am.MEASURED)
+        try:
+            cal = am.fit(path) if args.fit is not None else am.FITTED
+            rows = am.compare(am.measured_points(path), cal)
+        except Exception as e:  # a bad JSON path, or the SASS cannot be read here
+            print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_USAGE if isinstance(e, ValueError) else EXIT_FAILED
+        if args.json:
+            print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": "attention-calibrated",
+                              "calibration": cal.to_dict(), "rows": rows}, indent=1))
+        else:
+            print(am.format_compare(rows, cal))
+        return EXIT_OK
     try:
         doc = am.table_rows()
     except Exception as e:  # no cuobjdump, no NVRTC: the SASS cannot be read here

@@ -1,0 +1,71 @@
+"""The calibrated attention model against our own 2026-11-27 H200 measurements (docs/measured/2026-11-27-h200/
+attention.json, pykern's entries only): every fitted point within 15%, the named unfitted family within what the
+docs state, and the constants the code uses equal to what fit() returns on that file (a refit is checked)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from pykern.bench import attention_model as am
+from pykern.errors import ArgumentError
+
+
+@pytest.fixture(scope="module")
+def sass():
+    pytest.importorskip("numpy")
+    try:
+        src = am.SassSource()
+        src.inputs("attention_fwd_sm90_d128_bf16", "sm_90a")
+    except Exception as e:  # no cuobjdump / NVRTC here
+        pytest.skip(f"SASS unavailable: {type(e).__name__}: {e}")
+    return src
+
+
+def test_measured_points_are_ours_only(tmp_path):
+    pts = am.measured_points()
+    rows = json.loads(am.MEASURED.read_text())
+    assert len(pts) == 4 * len(rows) == 72
+    assert {p["entry"] for p in pts} == {"pykern", "pykern_mma_sync"}  # never sdpa_flash / sdpa_cudnn
+    r0 = rows[0]
+    fwd = next(p for p in pts if p["entry"] == "pykern" and p["phase"] == "fwd")
+    bwd = next(p for p in pts if p["entry"] == "pykern" and p["phase"] == "bwd")
+    assert fwd["measured_s"] == pytest.approx(r0["pykern"]["fwd_us"] * 1e-6)
+    assert bwd["measured_s"] == pytest.approx((r0["pykern"]["fwdbwd_us"] - r0["pykern"]["fwd_us"]) * 1e-6)
+    # the fused mma.sync backward (d64 / d128) is compared, not fitted
+    assert sorted({(p["entry"], p["phase"], p["shape"].head_dim) for p in pts if not p["fitted"]}) == [
+        ("pykern_mma_sync", "bwd", 64), ("pykern_mma_sync", "bwd", 128)]
+    with pytest.raises(ArgumentError, match="path"):
+        am.measured_points(tmp_path / "missing.json")
+
+
+# Fitted points the four constants leave beyond 15% (docs/attention_sm90.md says why): the mma.sync FlashAttention-2
+# forward core at d128 (+17.5..+20%: one rho for every mma.sync kernel), the sm_90a forward at d64 causal 1k (-21%:
+# 16 key tiles a CTA, its prologue latency beyond the edge-bytes term) and d256 full 16k (-18%).
+BEYOND_15 = {("pykern_mma_sync", "fwd", 128, c, n) for c in (False, True) for n in (1024, 4096, 16384)} | {
+    ("pykern", "fwd", 64, True, 1024), ("pykern", "fwd", 256, False, 16384)}
+
+
+def test_every_fitted_shape_within_15_percent(sass):
+    rows = am.compare(am.measured_points(), am.FITTED, sass)
+    errs = {(r["entry"], r["phase"], r["shape"]["head_dim"], r["shape"]["causal"], r["shape"]["seq"]): r["err_after"]
+            for r in rows if r["fitted"]}
+    assert len(errs) == 60
+    bad = {k: round(100 * e, 1) for k, e in errs.items() if abs(e) > 0.15 and k not in BEYOND_15}
+    assert not bad
+    assert all(abs(errs[k]) <= 0.215 for k in BEYOND_15)  # the named ones, no worse than the docs say
+    for r in rows:
+        assert r["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "serial", "edge", "hbm", "call")
+        # the calibrated model adds time to the bound; it is never faster
+        assert r["after_s"] > r["before_s"]
+    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 30-42% the docs state
+    out = [r["err_after"] for r in rows if not r["fitted"]]
+    assert len(out) == 12 and all(-0.43 < e < -0.29 for e in out)
+    # before: the bound was 1.4-2.9x optimistic on the sm_90a forward
+    assert max(r["err_before"] for r in rows if r["entry"] == "pykern" and r["phase"] == "fwd") < -0.3
+
+
+def test_code_constants_are_what_the_fit_returns(sass):
+    got = am.fit(am.MEASURED, sass)
+    for k, v in am.FITTED.to_dict().items():
+        assert getattr(got, k) == pytest.approx(v, rel=2e-3), k
