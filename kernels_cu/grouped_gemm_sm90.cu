@@ -256,6 +256,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     const unsigned long long db0 = B_MN ? pk_wgmma_desc(bs, GG90_BK * 128, 1024, PK_SWIZZLE_128B)
                                         : pk_wgmma_desc(bs, 16, 1024, PK_SWIZZLE_128B);
     unsigned it = 0;
+    unsigned fs = 0, fph = 0;  // FP8: the ring's stage and phase, counted (ST = 6 is no power of two)
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
                                   : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
@@ -283,7 +284,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             psb = sb + ((long long)x.e * n_tiles + x.nt) * nk;
         }
         auto kblock = [&](int kb, bool zero) {
-            const unsigned s = it % ST;
+            const unsigned s = FP8 ? fs : it % ST;
             // FP8: the k-block's scales, loaded before the waits so their latency hides behind them.
             float s0 = 0.f, s1 = 0.f;
             if constexpr (FP8) {
@@ -291,7 +292,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                 s0 = psa0[kb] * bsc, s1 = psa1[kb] * bsc;
             }
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
-            const unsigned ph = (it / ST) & 1;
+            const unsigned ph = FP8 ? fph : (it / ST) & 1;
             if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
             if (KGROUP && zero)  // rows x.mend - (x.k0 + 64 kb) .. 63 of this k-block lie past the group
                 gg90_zero_rows(as + s * GG90_A_BYTES + c * 64 * 128, x.mend - x.k0 - kb * GG90_BK, tid % 128, 1 + c);
@@ -315,7 +316,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                     facc[4 * j + 2] = fmaf(acc[4 * j + 2], s1, facc[4 * j + 2]);
                     facc[4 * j + 3] = fmaf(acc[4 * j + 3], s1, facc[4 * j + 3]);
                 }
-                it++;
+                if (++fs == ST) fs = 0, fph ^= 1;
             } else {
 #pragma unroll
                 for (int ks = 0; ks < GG90_BK / 16; ks++)
