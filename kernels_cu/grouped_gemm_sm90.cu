@@ -287,9 +287,9 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             const unsigned s = FP8 ? fs : it % ST;
             // FP8: the k-block's scales, loaded before the waits so their latency hides behind them.
             float s0 = 0.f, s1 = 0.f;
-            if constexpr (FP8) {
-                const float bsc = psb[kb];
-                s0 = psa0[kb] * bsc, s1 = psa1[kb] * bsc;
+            if constexpr (FP8) {  // (pointers stepped, not indexed: ptxas keeps them rather than recomputing them)
+                const float bsc = *psb++;
+                s0 = *psa0++ * bsc, s1 = *psa1++ * bsc;
             }
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
             const unsigned ph = FP8 ? fph : (it / ST) & 1;
@@ -300,11 +300,15 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             const unsigned long long da = pk_wgmma_desc_advance(da0, s * GG90_A_BYTES);
             const unsigned long long db = pk_wgmma_desc_advance(db0, s * B_BYTES);
             if constexpr (FP8) {
-                // Four k32 steps of 32 bytes; the first restarts the partial from zero.
+                // Four k32 steps of 32 bytes; the first restarts the partial from zero. Only the descriptors' low
+                // words move (the start address field, bits 0-13: shared addresses stay below 256 KiB, so no carry
+                // reaches the LBO at bit 16); the high words (SBO, swizzle) are constants.
+                const unsigned alo = __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0) + s * (GG90_A_BYTES >> 4);
+                const unsigned blo = (unsigned)db0 + s * (B_BYTES >> 4);
+                const unsigned long long ahi = da0 & ~0xffffffffull, bhi = db0 & ~0xffffffffull;
 #pragma unroll
                 for (int ks = 0; ks < BK / 32; ks++)
-                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da, ks * 32),
-                                                  pk_wgmma_desc_advance(db, ks * 32), ks > 0);
+                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, ahi | (alo + ks * 2), bhi | (blo + ks * 2), ks > 0);
                 pk_wgmma_commit();
                 pk_wgmma_wait<0>();  // the partial is read now: the stage is free
                 pk_mbarrier_arrive(&empty[s]);
@@ -334,7 +338,12 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
         // out of the steady-state loop).
         const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
-        for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        if constexpr (FP8) {  // two k-blocks a trip: the loop's own overhead halves
+#pragma unroll 2
+            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        } else {
+            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        }
         if (KGROUP && full_k < tk) kblock(full_k, true);
         if constexpr (!FP8) {  // (FP8 waits and releases every stage in its k-block)
             pk_wgmma_wait<0>();
