@@ -300,15 +300,17 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             const unsigned long long da = pk_wgmma_desc_advance(da0, s * GG90_A_BYTES);
             const unsigned long long db = pk_wgmma_desc_advance(db0, s * B_BYTES);
             if constexpr (FP8) {
-                // Four k32 steps of 32 bytes; the first restarts the partial from zero. Only the descriptors' low
-                // words move (the start address field, bits 0-13: shared addresses stay below 256 KiB, so no carry
-                // reaches the LBO at bit 16); the high words (SBO, swizzle) are constants.
-                const unsigned alo = __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0) + s * (GG90_A_BYTES >> 4);
-                const unsigned blo = (unsigned)db0 + s * (B_BYTES >> 4);
-                const unsigned long long ahi = da0 & ~0xffffffffull, bhi = db0 & ~0xffffffffull;
+                // Four k32 steps of 32 bytes; the first restarts the partial from zero. The A descriptor differs
+                // per consumer warpgroup: its low word passed through a lane-0 shuffle is warp-uniform to ptxas,
+                // which then steps both descriptors in uniform registers.
+                const unsigned long long dau =
+                    (da0 & ~0xffffffffull) | __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0);
+                const unsigned long long da8 = pk_wgmma_desc_advance(dau, s * GG90_A_BYTES);
+                const unsigned long long db8 = pk_wgmma_desc_advance(db0, s * B_BYTES);
 #pragma unroll
                 for (int ks = 0; ks < BK / 32; ks++)
-                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, ahi | (alo + ks * 2), bhi | (blo + ks * 2), ks > 0);
+                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da8, ks * 32),
+                                                  pk_wgmma_desc_advance(db8, ks * 32), ks > 0);
                 pk_wgmma_commit();
                 pk_wgmma_wait<0>();  // the partial is read now: the stage is free
                 pk_mbarrier_arrive(&empty[s]);

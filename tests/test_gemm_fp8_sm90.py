@@ -170,7 +170,7 @@ def test_the_unmutated_copy_runs(tmp_path, monkeypatch) -> None:
     ("                const float bsc = *psb++;\n                s0 = *psa0++ * bsc, s1 = *psa1++ * bsc;",
      "                const float bsc = *psb;\n                s0 = *psa0 * bsc, s1 = *psa1 * bsc;"),
     # no restart: the wgmma accumulators run on across k-blocks, each promotion adding the earlier partials again
-    ("bhi | (blo + ks * 2), ks > 0);", "bhi | (blo + ks * 2), kb > 0 || ks > 0);"),
+    ("pk_wgmma_desc_advance(db8, ks * 32), ks > 0);", "pk_wgmma_desc_advance(db8, ks * 32), kb > 0 || ks > 0);"),
     # the second row of a thread's accumulators promoted with the first row's scale
     ("                    facc[4 * j + 2] = fmaf(acc[4 * j + 2], s1, facc[4 * j + 2]);",
      "                    facc[4 * j + 2] = fmaf(acc[4 * j + 2], s0, facc[4 * j + 2]);"),
@@ -185,11 +185,11 @@ def test_a_broken_promotion_fails_the_checks(old, new, tmp_path, monkeypatch) ->
 
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
 # Warp-instructions of the consumer's steady-state loop per m16n8k16-equivalent (an m64nNk32 QGMMA counts 2 N / 8
-# a warp): two k-blocks a trip, 8 QGMMA m64n128k32 = 8 * 2 * 128 / 8 = 256 equivalents. Today 0.875 (224
+# a warp): two k-blocks a trip, 8 QGMMA m64n128k32 = 8 * 2 * 128 / 8 = 256 equivalents. Today 0.832 (213
 # instructions): the promotion alone is 64 FFMA a k-block (0.5, the floor of promoting every 128-wide k-block in
-# fp32), the waits, releases, scale loads and QGMMAs another ~0.15, and the descriptors ptxas rebuilds for each
-# QGMMA (two UIADD3 + two UMOV) the rest. The 0.7 of the bf16 kernels' bar is not met: see docs/gemm_fp8.md.
-LOOP_BAR = 0.88
+# fp32), the waits, releases, scale loads and QGMMAs another ~0.15, the stage's descriptors and the ring's stage
+# and phase counters the rest. The 0.7 asked of this loop is not met: see docs/gemm_fp8.md.
+LOOP_BAR = 0.84
 
 
 def _report():
