@@ -270,7 +270,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
         if (KGROUP && tk == 0) {  // a group with no rows: a zero gradient (no wgmma sets the accumulators)
 #pragma unroll
-            for (int i = 0; i < BN / 2; i++) acc[i] = 0.f;
+            for (int i = 0; i < GG90_BN / 2; i++) acc[i] = 0.f;
         }
         // One k-block: wait for its stage, (ZERO: clear this consumer's A rows past the group's end), 4 wgmmas.
         // FP8: this thread's two rows' a_scale rows (rows past M clamped: never stored) and the tile's b_scale row.
