@@ -11,6 +11,9 @@
 //                            [M, N1], b [M, N2]): the contraction runs over the group's rows, A and B both MN-major
 //                            (KGROUP); a group with no rows writes zeros;
 //   grouped_gemm(_nn)_sm90_f32out  grouped_gemm_sm90 / grouped_gemm_nn_sm90 storing the fp32 accumulators (F32OUT).
+//   grouped_gemm_fp8_sm90    the FP8 block-scaled grouped GEMM (FP8: e4m3 a and b, fp32 scales per 1 x 128 / 128 x
+//                            128 block, bf16 out): QGMMA k-blocks of 128 promoted into fp32 registers (DeepGEMM's
+//                            scheme), the ops gemm_fp8 (one group) and grouped_gemm_fp8.
 // The mma.sync kernels of moe.cu stay for sm_80 / sm_89 and for what this one does not take (pykern/ops/
 // _moe_sm90.py: the TMA's 16-byte row strides and bases).
 //
@@ -67,6 +70,9 @@
 template <typename T> struct Gg90Dt;
 template <> struct Gg90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Gg90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
+// FP8 (T = unsigned char, float8_e4m3fn bytes): the result is bf16.
+template <typename T, bool FP8> struct Gg90Out { typedef T type; };
+template <typename T> struct Gg90Out<T, true> { typedef __nv_bfloat16 type; };
 
 // Tile t of the schedule: its group e, first row m0, the group's end row and its column tile nt (KGROUP: m0 is the
 // first out row of out[e], k0 / mend the group's first and end rows of a and b).
@@ -131,23 +137,39 @@ __device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, 
 // columns, out rows), N = N2, K = the rows of a and b (M of the op).
 // F32OUT (neither ACT nor KGROUP): out is float [M, N], the fp32 accumulators stored with 16-byte stores
 // (gg_store_f32): the backward's products of exact 16-bit operands whose result stays fp32.
-template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false>
+// FP8 (docs/gemm_fp8.md; neither ACT, B_MN, KGROUP nor F32OUT): T is the e4m3 byte, a [M, K]
+// and b [E, N, K] e4m3 with sa [M, K / 128] and sb [E, N / 128, K / 128] fp32 scales (DeepSeek-V3's), out bf16.
+// A k-block is 128 e4m3 columns (the same 128-byte swizzled rows, so the A tile and the TMA boxes keep their
+// bytes) and one scale block; the B tile is 128 rows (BN: the wgmma and the promoted accumulators, 64 + 64
+// floats a thread, fit where 128 + 128 would not), so a stage is 32 KiB and the ring has 6 stages in the same
+// shared memory. Per k-block four wgmma m64n128k32 e4m3 (QGMMA) restart from zero; once they complete, the
+// stage is released and the k-block's partial is promoted: facc += part * sa[row, kb] * sb[e, nt, kb] in fp32
+// (DeepGEMM's scheme: the fp8 tensor core's narrower accumulator never sums more than 128 products).
+template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false, bool FP8 = false>
 __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorMap* tb, const int* __restrict__ offsets,
-                                          void* __restrict__ out_, int M, int N, int K, int n_groups, int act) {
+                                          void* __restrict__ out_, int M, int N, int K, int n_groups, int act,
+                                          const float* __restrict__ sa = nullptr,
+                                          const float* __restrict__ sb = nullptr) {
     static_assert(!(ACT && B_MN) && (!KGROUP || B_MN), "gg90_body: ACT is K-major only; KGROUP reads B MN-major");
     static_assert(!F32OUT || (!ACT && !KGROUP), "gg90_body: the fp32 result is the plain product's");
-    T* __restrict__ out = reinterpret_cast<T*>(out_);
+    static_assert(!FP8 || (!ACT && !B_MN && !KGROUP && !F32OUT), "gg90_body: FP8 is the plain K-major product");
+    // The tile shape (see FP8 above): elements of a k-block, B rows, ring stages and their bytes.
+    constexpr int BK = FP8 ? 128 : GG90_BK, BN = FP8 ? 128 : GG90_BN, ST = FP8 ? 6 : GG90_ST;
+    constexpr int B_BYTES = BN * 128, STAGE_BYTES = GG90_A_BYTES + B_BYTES;
+    static_assert(ST * STAGE_BYTES == GG90_ST * GG90_STAGE_BYTES, "gg90_body: one shared-memory size for all");
+    typedef typename Gg90Out<T, FP8>::type OT;
+    OT* __restrict__ out = reinterpret_cast<OT*>(out_);
     extern __shared__ __align__(1024) unsigned char gg90_smem[];
     unsigned char* as = gg90_smem;                                   // [ST][128 rows][128 B]
-    unsigned char* bs = gg90_smem + GG90_ST * GG90_A_BYTES;          // [ST][256 rows][128 B]
-    unsigned long long* full = reinterpret_cast<unsigned long long*>(gg90_smem + GG90_ST * GG90_STAGE_BYTES);
-    unsigned long long* empty = full + GG90_ST;
-    int* prefix = reinterpret_cast<int*>(empty + GG90_ST);  // [n_groups + 1]
+    unsigned char* bs = gg90_smem + ST * GG90_A_BYTES;               // [ST][BN rows][128 B]
+    unsigned long long* full = reinterpret_cast<unsigned long long*>(gg90_smem + ST * STAGE_BYTES);
+    unsigned long long* empty = full + ST;
+    int* prefix = reinterpret_cast<int*>(empty + ST);  // [n_groups + 1]
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int cols = ACT ? N / 2 : N;  // out columns
-    const int n_tiles = ACT ? (cols + GG90_BN / 2 - 1) / (GG90_BN / 2) : (N + GG90_BN - 1) / GG90_BN;
-    const int nk = (K + GG90_BK - 1) / GG90_BK;  // (KGROUP: per group, from its rows)
+    const int n_tiles = ACT ? (cols + GG90_BN / 2 - 1) / (GG90_BN / 2) : (N + BN - 1) / BN;
+    const int nk = (K + BK - 1) / BK;  // (KGROUP: per group, from its rows)
     const int m_tiles = (M + GG90_BM - 1) / GG90_BM;  // KGROUP: out rows
 
     if (KGROUP) {
@@ -173,7 +195,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         }
     }
     if (tid == 0) {
-        for (int s = 0; s < GG90_ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
@@ -186,16 +208,16 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             for (int t = blockIdx.x; t < total; t += gridDim.x) {
                 const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
                                           : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
-                const int b0 = ACT ? x.nt * (GG90_BN / 2) : x.nt * GG90_BN;
+                const int b0 = ACT ? x.nt * (GG90_BN / 2) : x.nt * BN;
                 const int b1 = ACT ? cols + b0 : b0 + GG90_BN / 2;
                 const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
                 for (int kb = 0; kb < tk; kb++, it++) {
-                    const unsigned s = it % GG90_ST;
-                    pk_mbarrier_wait_parity(&empty[s], ((it / GG90_ST) & 1) ^ 1);
-                    pk_mbarrier_arrive_expect_tx(&full[s], GG90_STAGE_BYTES);
+                    const unsigned s = it % ST;
+                    pk_mbarrier_wait_parity(&empty[s], ((it / ST) & 1) ^ 1);
+                    pk_mbarrier_arrive_expect_tx(&full[s], STAGE_BYTES);
                     unsigned char* ast = as + s * GG90_A_BYTES;
-                    unsigned char* bst = bs + s * GG90_B_BYTES;
-                    const int kc = x.k0 + kb * GG90_BK;
+                    unsigned char* bst = bs + s * B_BYTES;
+                    const int kc = x.k0 + kb * BK;
                     if constexpr (KGROUP) {  // A: 2 boxes of 64 a-columns x 64 rows; B: 4 of 64 b-columns
 #pragma unroll
                         for (int j = 0; j < GG90_BM / 64; j++)
@@ -208,6 +230,9 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
 #pragma unroll
                         for (int j = 0; j < GG90_BN / 64; j++)
                             pk_tma_load_3d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc, x.e);
+                    } else if constexpr (FP8) {  // B: one box of BN = 128 rows
+                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
+                        pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
                     } else {
                         pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
                         pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
@@ -231,10 +256,16 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     const unsigned long long db0 = B_MN ? pk_wgmma_desc(bs, GG90_BK * 128, 1024, PK_SWIZZLE_128B)
                                         : pk_wgmma_desc(bs, 16, 1024, PK_SWIZZLE_128B);
     unsigned it = 0;
+    unsigned fs = 0, fph = 0;  // FP8: the ring's stage and phase, counted (ST = 6 is no power of two)
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
                                   : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
-        float acc[GG90_BN / 2];
+        float acc[BN / 2];
+        float facc[FP8 ? BN / 2 : 1];  // FP8: the promoted fp32 accumulators
+        if constexpr (FP8) {
+#pragma unroll
+            for (int i = 0; i < BN / 2; i++) facc[i] = 0.f;
+        }
         unsigned prev = 0;
         const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
         if (KGROUP && tk == 0) {  // a group with no rows: a zero gradient (no wgmma sets the accumulators)
@@ -242,35 +273,84 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             for (int i = 0; i < GG90_BN / 2; i++) acc[i] = 0.f;
         }
         // One k-block: wait for its stage, (ZERO: clear this consumer's A rows past the group's end), 4 wgmmas.
+        // FP8: this thread's two rows' a_scale rows (rows past M clamped: never stored) and the tile's b_scale row.
+        const float* psa0 = sa;
+        const float* psa1 = sa;
+        const float* psb = sb;
+        if constexpr (FP8) {
+            const int r0 = x.m0 + 64 * c + 16 * w + g;
+            psa0 = sa + (long long)min(r0, M - 1) * nk;
+            psa1 = sa + (long long)min(r0 + 8, M - 1) * nk;
+            psb = sb + ((long long)x.e * n_tiles + x.nt) * nk;
+        }
         auto kblock = [&](int kb, bool zero) {
-            const unsigned s = it % GG90_ST;
+            const unsigned s = FP8 ? fs : it % ST;
+            // FP8: the k-block's scales, loaded before the waits so their latency hides behind them.
+            float s0 = 0.f, s1 = 0.f;
+            if constexpr (FP8) {  // (pointers stepped, not indexed: ptxas keeps them rather than recomputing them)
+                const float bsc = *psb++;
+                s0 = *psa0++ * bsc, s1 = *psa1++ * bsc;
+            }
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
-            const unsigned ph = (it / GG90_ST) & 1;
+            const unsigned ph = FP8 ? fph : (it / ST) & 1;
             if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
             if (KGROUP && zero)  // rows x.mend - (x.k0 + 64 kb) .. 63 of this k-block lie past the group
                 gg90_zero_rows(as + s * GG90_A_BYTES + c * 64 * 128, x.mend - x.k0 - kb * GG90_BK, tid % 128, 1 + c);
             pk_wgmma_fence();
             const unsigned long long da = pk_wgmma_desc_advance(da0, s * GG90_A_BYTES);
-            const unsigned long long db = pk_wgmma_desc_advance(db0, s * GG90_B_BYTES);
+            const unsigned long long db = pk_wgmma_desc_advance(db0, s * B_BYTES);
+            if constexpr (FP8) {
+                // Four k32 steps of 32 bytes; the first restarts the partial from zero. The A descriptor differs
+                // per consumer warpgroup: its low word passed through a lane-0 shuffle is warp-uniform to ptxas,
+                // which then steps both descriptors in uniform registers.
+                const unsigned long long dau =
+                    (da0 & ~0xffffffffull) | __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0);
+                const unsigned long long da8 = pk_wgmma_desc_advance(dau, s * GG90_A_BYTES);
+                const unsigned long long db8 = pk_wgmma_desc_advance(db0, s * B_BYTES);
 #pragma unroll
-            for (int ks = 0; ks < GG90_BK / 16; ks++)
-                pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
-                    acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
-                    kb > 0 || ks > 0);
-            pk_wgmma_commit();
-            // The previous k-block's group has completed: release its stage (this one's stays in flight).
-            pk_wgmma_wait<1>();
-            if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
-            prev = s;
-            it++;
+                for (int ks = 0; ks < BK / 32; ks++)
+                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da8, ks * 32),
+                                                  pk_wgmma_desc_advance(db8, ks * 32), ks > 0);
+                pk_wgmma_commit();
+                pk_wgmma_wait<0>();  // the partial is read now: the stage is free
+                pk_mbarrier_arrive(&empty[s]);
+                // Promotion: accumulator 4j + v is row 16w + g + 8 (v >> 1) of this consumer's 64.
+#pragma unroll
+                for (int j = 0; j < BN / 8; j++) {
+                    facc[4 * j] = fmaf(acc[4 * j], s0, facc[4 * j]);
+                    facc[4 * j + 1] = fmaf(acc[4 * j + 1], s0, facc[4 * j + 1]);
+                    facc[4 * j + 2] = fmaf(acc[4 * j + 2], s1, facc[4 * j + 2]);
+                    facc[4 * j + 3] = fmaf(acc[4 * j + 3], s1, facc[4 * j + 3]);
+                }
+                if (++fs == ST) fs = 0, fph ^= 1;
+            } else {
+#pragma unroll
+                for (int ks = 0; ks < GG90_BK / 16; ks++)
+                    pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
+                        acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
+                        kb > 0 || ks > 0);
+                pk_wgmma_commit();
+                // The previous k-block's group has completed: release its stage (this one's stays in flight).
+                pk_wgmma_wait<1>();
+                if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
+                prev = s;
+                it++;
+            }
         };
         // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
         // out of the steady-state loop).
         const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
-        for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        if constexpr (FP8) {  // two k-blocks a trip: the loop's own overhead halves
+#pragma unroll 2
+            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        } else {
+            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        }
         if (KGROUP && full_k < tk) kblock(full_k, true);
-        pk_wgmma_wait<0>();
-        if (tk > 0) pk_mbarrier_arrive(&empty[prev]);
+        if constexpr (!FP8) {  // (FP8 waits and releases every stage in its k-block)
+            pk_wgmma_wait<0>();
+            if (tk > 0) pk_mbarrier_arrive(&empty[prev]);
+        }
 
         // Epilogue: accumulator 4j + 2r + v is tile row 64c + 16w + g + 8r, column 8j + 2tq + v. KGROUP: out[e]
         // [M, N] (rows below M), else out [M, cols] (the group's rows).
@@ -284,12 +364,12 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                              x.nt * GG90_BN + 8 * j, mend, cols, tq, quad);
             continue;
         }
-        T* const obase = KGROUP ? out + (long long)x.e * M * cols : out;
+        OT* const obase = KGROUP ? out + (long long)x.e * M * cols : out;
 #pragma unroll
         for (int r = 0; r < 2; r++) {
             const int row = x.m0 + 64 * c + 16 * w + g + 8 * r;
             if (row >= mend) continue;
-            T* orow = obase + (long long)row * cols;
+            OT* orow = obase + (long long)row * cols;
             if constexpr (ACT) {
                 const int h0 = x.nt * (GG90_BN / 2) + 2 * tq;
                 const bool pair = (cols & 1) == 0;
@@ -300,24 +380,25 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                     const float y0 = moe_act_f(acc[gi], act) * acc[ui];
                     const float y1 = moe_act_f(acc[gi + 1], act) * acc[ui + 1];
                     if (pair && n + 1 < cols) {
-                        *reinterpret_cast<unsigned int*>(orow + n) = Pk16<T>::narrow2(y0, y1);
+                        *reinterpret_cast<unsigned int*>(orow + n) = Pk16<OT>::narrow2(y0, y1);
                     } else {
-                        if (n < cols) reinterpret_cast<unsigned short*>(orow)[n] = Pk16<T>::narrow(y0);
-                        if (n + 1 < cols) reinterpret_cast<unsigned short*>(orow)[n + 1] = Pk16<T>::narrow(y1);
+                        if (n < cols) reinterpret_cast<unsigned short*>(orow)[n] = Pk16<OT>::narrow(y0);
+                        if (n + 1 < cols) reinterpret_cast<unsigned short*>(orow)[n + 1] = Pk16<OT>::narrow(y1);
                     }
                 }
             } else {
-                const int n0 = x.nt * GG90_BN + 2 * tq;
+                const int n0 = x.nt * BN + 2 * tq;
                 const bool pair = (cols & 1) == 0;
+                const float* res = FP8 ? facc : acc;
 #pragma unroll
-                for (int j = 0; j < GG90_BN / 8; j++) {
+                for (int j = 0; j < BN / 8; j++) {
                     const int n = n0 + 8 * j;
-                    const float y0 = acc[4 * j + 2 * r], y1 = acc[4 * j + 2 * r + 1];
+                    const float y0 = res[4 * j + 2 * r], y1 = res[4 * j + 2 * r + 1];
                     if (pair && n + 1 < cols) {
-                        *reinterpret_cast<unsigned int*>(orow + n) = Pk16<T>::narrow2(y0, y1);
+                        *reinterpret_cast<unsigned int*>(orow + n) = Pk16<OT>::narrow2(y0, y1);
                     } else {
-                        if (n < cols) reinterpret_cast<unsigned short*>(orow)[n] = Pk16<T>::narrow(y0);
-                        if (n + 1 < cols) reinterpret_cast<unsigned short*>(orow)[n + 1] = Pk16<T>::narrow(y1);
+                        if (n < cols) reinterpret_cast<unsigned short*>(orow)[n] = Pk16<OT>::narrow(y0);
+                        if (n + 1 < cols) reinterpret_cast<unsigned short*>(orow)[n + 1] = Pk16<OT>::narrow(y1);
                     }
                 }
             }
@@ -394,3 +475,15 @@ PK_IO16_KERNELS(grouped_gemm_nn_sm90_f32out, (GG90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                  const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
                 (ta, tb, offsets, out, M, N, K, n_groups))
+// FP8 block-scaled (DeepSeek-V3's scaling; pykern/ops/gemm_fp8.py): ta: a [M, K] e4m3 bytes with box (128, 128);
+// tb: b [E, N, K] with box (1, 128, 128); both 128B swizzle. a_scale [M, K / 128], b_scale [E, ceil(N / 128),
+// K / 128] fp32; K a multiple of 128; out [M, N] bf16. gemm_fp8 is this with one group (offsets [0, M]). Grid as
+// grouped_gemm_sm90's; dynamic shared memory 6 stages of 32 KiB, 12 mbarriers, then the tile prefix.
+extern "C" __global__ void __launch_bounds__(GG90_THREADS, 1)
+    grouped_gemm_fp8_sm90(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                          const float* __restrict__ a_scale, const float* __restrict__ b_scale,
+                          const int* __restrict__ offsets, __nv_bfloat16* __restrict__ out, int M, int N, int K,
+                          int n_groups) {
+    gg90_body<unsigned char, false, false, false, false, true>(&ta, &tb, offsets, out, M, N, K, n_groups, 0, a_scale,
+                                                               b_scale);
+}

@@ -25,16 +25,23 @@ FP8 = ("e4m3", "e5m2")
 NARROWING = {"paged_attn_f16", "dense_attn_f16", "paged_attn_merge_f16", "paged_attn_f16_e4m3kv",
              "paged_attn_f16_e5m2kv", "sampling_renorm_probs_f16", "sampling_top_k_mask_logits_f16",
              "moe_gather_f16", "moe_combine_f16", "moe_act_f16", "grouped_gemm_simt_f16", "grouped_gemm_tc_f16",
-             "moe_gemm_act_tc_f16", "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_f16"}
+             "moe_gemm_act_tc_f16", "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_f16",
+             # the split-precision backward: fp32 intermediates to hi / lo f16 planes, weight gradients in f16
+             "moe_split16_f16", "grouped_gemm_wgrad_tc_split_a_f16", "grouped_gemm_wgrad_tc_split_ab_f16"}
 # kernels that never write f16 values: fp32 outputs, tokens, or bit copies
 NO_F16_OUTPUT = {"paged_attn_f16kv", "dense_attn_f16kv", "paged_append_kv_f16", "moe_route_f16",
                  "sampling_from_probs_f16", "sampling_from_logits_f16", "sampling_softmax_f16",
-                 "sampling_chain_speculative_f16"}
+                 "sampling_chain_speculative_f16", "grouped_gemm_tc_f32out_f16", "grouped_gemm_tc_nn_f32out_f16",
+                 "grouped_gemm_tc_split_f32out_f16"}
 # kernels whose f16 inputs reach fp32 arithmetic (the tensor-core GEMMs feed f16 straight to the MMAs;
 # the merge reads fp32 partials; the f16 append copies bits)
 NOT_WIDENING = {"grouped_gemm_tc_f16", "moe_gemm_act_tc_f16", "paged_attn_merge_f16", "paged_append_kv_f16",
-                "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_f16"}
-TENSOR_CORE = {"grouped_gemm_tc_f16", "moe_gemm_act_tc_f16", "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_f16"}
+                "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_f16", "grouped_gemm_tc_f32out_f16",
+                "grouped_gemm_tc_nn_f32out_f16", "grouped_gemm_tc_split_f32out_f16", "grouped_gemm_wgrad_tc_split_a_f16",
+                "grouped_gemm_wgrad_tc_split_ab_f16"}
+TENSOR_CORE = {"grouped_gemm_tc_f16", "moe_gemm_act_tc_f16", "grouped_gemm_tc_nn_f16", "grouped_gemm_wgrad_tc_f16",
+               "grouped_gemm_tc_f32out_f16", "grouped_gemm_tc_nn_f32out_f16", "grouped_gemm_tc_split_f32out_f16",
+               "grouped_gemm_wgrad_tc_split_a_f16", "grouped_gemm_wgrad_tc_split_ab_f16"}
 
 
 def _load_report() -> Any:
@@ -76,7 +83,7 @@ def mix() -> dict[str, dict[str, dict[str, Any]]]:
 def test_the_lists_name_real_f16_kernels() -> None:
     f16 = set(_f16(_kernels()))
     # paged.cu 10, sampling.cu 6, moe.cu 9
-    assert len(f16) == 25, sorted(f16)
+    assert len(f16) == 31, sorted(f16)
     assert (NARROWING | NO_F16_OUTPUT | NOT_WIDENING) <= f16
     assert not NARROWING & NO_F16_OUTPUT
 

@@ -18,7 +18,8 @@ Tests load this file by path and call `instruction_mix(kernels, archs)`.
 `--loops` prints, per kernel and arch, the steady-state loop metric of matmul-shaped kernels (see
 docs/design.md, "Judging GPU speed without a GPU"): among the backward branches whose body holds
 MMAs and no inner loop, the one with the most MMAs (the leanest of equals); its warp-instructions (NOPs excluded) per
-m16n8k16-equivalent MMA (HMMA.16816 counts 1, HMMA.1688 1/2, HGMMA m64nNk16 N/8).
+m16n8k16-equivalent MMA (HMMA.16816 counts 1, HMMA.1688 1/2, HGMMA m64nNk16 N/8, QGMMA m64nNk32 2N/8:
+the fp8 wgmma's k32 is two k16s' flops, as QMMA.16832 counts 2).
 """
 from __future__ import annotations
 
@@ -141,6 +142,9 @@ def _mma_weight(op: str, mods: str) -> float:
     if op == "HGMMA":
         m = re.search(r"\.64x(\d+)x16", mods)
         return int(m.group(1)) / 8 if m else 0.0
+    if op == "QGMMA":  # fp8 wgmma (sm_90a): a warp's share of m64nNk32 is 2 N/8 m16n8k16s' flops
+        m = re.search(r"\.64x(\d+)x32", mods)
+        return 2 * int(m.group(1)) / 8 if m else 0.0
     return 0.0
 
 

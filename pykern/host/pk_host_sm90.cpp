@@ -21,6 +21,7 @@
 
 constexpr int kSm90Park = PARK;
 constexpr int kWgmmaBf16 = 0;  // PK_WGMMA_BF16 of pk_ptx.cuh
+constexpr int kWgmmaE4m3 = 2;  // PK_WGMMA_E4M3: m64nNk32, 1-byte elements, K-major only
 enum { PARK_WGMMA = 1, PARK_MBAR = 2 };
 
 struct WgPending {
@@ -281,16 +282,17 @@ unsigned check_smem(Thread* t, const void* p, unsigned long long bytes, unsigned
 
 // ---- wgmma --------------------------------------------------------------------------------------
 // Shared window byte address of element (mn, k) of a 16-bit operand (PTX ISA canonical layouts,
-// as CuTe's make_gmma_desc reads them).
-unsigned long long desc_addr(unsigned long long desc, unsigned mn, unsigned k, bool mn_major) {
+// as CuTe's make_gmma_desc reads them); es = 1: an 8-bit (e4m3) one, K-major (16 k-elements a 16-byte unit).
+unsigned long long desc_addr(unsigned long long desc, unsigned mn, unsigned k, bool mn_major, unsigned es = 2) {
     unsigned long long start = (desc & 0x3fffull) << 4, lbo = ((desc >> 16) & 0x3fffull) << 4,
                        sbo = ((desc >> 32) & 0x3fffull) << 4;
     unsigned layout = static_cast<unsigned>(desc >> 62);
     unsigned W = layout == 1 ? 8 : layout == 2 ? 4 : layout == 3 ? 2 : 1;  // 16-byte units
     unsigned long long off;
     if (!mn_major) {
-        unsigned m0 = mn % 8, m1 = mn / 8, kc = k / 8, e = k % 8;
-        off = layout == 0 ? m0 * 16ull + m1 * sbo + kc * lbo + e * 2 : m0 * W * 16ull + m1 * sbo + kc * 16ull + e * 2;
+        const unsigned per = 16 / es;  // k-elements a 16-byte unit
+        unsigned m0 = mn % 8, m1 = mn / 8, kc = k / per, e = k % per;
+        off = layout == 0 ? m0 * 16ull + m1 * sbo + kc * lbo + e * es : m0 * W * 16ull + m1 * sbo + kc * 16ull + e * es;
     } else {
         unsigned c = mn / 8, e = mn % 8, k0 = k % 8, k1 = k / 8;
         off = layout == 0 ? c * sbo + k0 * 16ull + k1 * lbo + e * 2
@@ -302,8 +304,9 @@ unsigned long long desc_addr(unsigned long long desc, unsigned mn, unsigned k, b
 void wg_compute(Block* k, unsigned id);
 
 double operand(Block* k, const WgOp& op, unsigned long long desc, unsigned mn, unsigned kk, bool mn_major) {
-    unsigned long long w = desc_addr(desc, mn, kk, mn_major);
-    const unsigned char* p = window_ptr(k, w, 2);
+    const bool f8 = op.dt == kWgmmaE4m3;
+    unsigned long long w = desc_addr(desc, mn, kk, mn_major, f8 ? 1u : 2u);
+    const unsigned char* p = window_ptr(k, w, f8 ? 1 : 2);
     if (!p) {
         Buf b{g.err, sizeof g.err};
         b.add("kernel %s: block (%u,%u,%u): wgmma at %s:%d: its descriptor 0x%016llx addresses shared byte %llu "
@@ -311,6 +314,7 @@ double operand(Block* k, const WgOp& op, unsigned long long desc, unsigned mn, u
               op.file, op.line, desc, w, mn, kk);
         fail_from_fiber();
     }
+    if (f8) return e4m3_value(*p);
     unsigned short h;
     std::memcpy(&h, p, 2);
     return op.dt == kWgmmaBf16 ? bf16_value(h) : f16_value(h);
@@ -329,7 +333,9 @@ void wg_compute(Block* k, unsigned id) {
                   "aligned to their pattern: 1024/512/256 bytes)", g.kernel, op.file, op.line, (d >> 49) & 7);
             fail_from_fiber();
         }
-    std::vector<double> A(64 * 16), B(static_cast<size_t>(n) * 16);
+    // KD: the k extent (k16 for 16-bit types, k32 for e4m3, whose operands are K-major: checked at issue).
+    const unsigned KD = op.dt == kWgmmaE4m3 ? 32 : 16;
+    std::vector<double> A(64 * KD), B(static_cast<size_t>(n) * KD);
     if (op.rs) {
         for (unsigned i = 0; i < 128; i++) {
             unsigned q = i / 32, lane = i % 32, gq = lane >> 2, tq = lane & 3;
@@ -341,10 +347,10 @@ void wg_compute(Block* k, unsigned id) {
         }
     } else {
         for (unsigned m = 0; m < 64; m++)
-            for (unsigned kk = 0; kk < 16; kk++) A[m * 16 + kk] = operand(k, op, op.da, m, kk, op.ta != 0);
+            for (unsigned kk = 0; kk < KD; kk++) A[m * KD + kk] = operand(k, op, op.da, m, kk, op.ta != 0);
     }
     for (unsigned nn = 0; nn < n; nn++)
-        for (unsigned kk = 0; kk < 16; kk++) B[nn * 16 + kk] = operand(k, op, op.db, nn, kk, op.tb != 0);
+        for (unsigned kk = 0; kk < KD; kk++) B[nn * KD + kk] = operand(k, op, op.db, nn, kk, op.tb != 0);
     op.result.assign(static_cast<size_t>(128) * h, 0.0f);
     for (unsigned i = 0; i < 128; i++) {
         unsigned q = i / 32, lane = i % 32, gq = lane >> 2, tq = lane & 3;
@@ -354,7 +360,7 @@ void wg_compute(Block* k, unsigned id) {
             unsigned m = 16 * q + gq + 8 * (v >> 1), nn = 8 * j + 2 * tq + (v & 1);
             // Exact products in double, one rounding to fp32 (the tensor core's order is unspecified).
             double s = op.scale_d ? c[r] : 0.0;
-            for (unsigned kk = 0; kk < 16; kk++) s += A[m * 16 + kk] * B[nn * 16 + kk];
+            for (unsigned kk = 0; kk < KD; kk++) s += A[m * KD + kk] * B[nn * KD + kk];
             op.result[i * h + r] = static_cast<float>(s);
         }
     }

@@ -9,8 +9,11 @@
   offsets int32 [E + 1] as pykern.ops.grouped_gemm's.
 
 FP8 arrays are float8_e4m3fn: ml_dtypes.float8_e4m3fn NumPy arrays or torch.float8_e4m3fn tensors (the kernels
-read their bytes). The GEMMs run mma.sync .e4m3 (sm_89 or newer on the nvrtc backend); the host backend
-emulates it and numba runs the reference.
+read their bytes). On a compute-capability 9.0 GPU (device arrays) and on the host backend with
+PYKERN_HOST_ARCH=sm_90a the GEMMs run grouped_gemm_fp8_sm90 (kernels_cu/grouped_gemm_sm90.cu: TMA, QGMMA, a
+warp-specialised persistent CTA; gemm_fp8 as one group); elsewhere, and for what TMA cannot load (a base off
+16 bytes), mma.sync .e4m3 (sm_89 or newer on the nvrtc backend; the host backend emulates it and numba runs the
+reference).
 """
 from __future__ import annotations
 
@@ -27,6 +30,9 @@ __all__ = ["fp8_quantize", "gemm_fp8", "grouped_gemm_fp8"]
 BLOCK = 128  # the scale block along K (and along N for b)
 E4M3_MAX = 448.0
 BM, BN = 64, 128  # GF_BM / GF_BN: the GEMM's CTA tile
+SM90_BM, SM90_BN = 128, 128  # grouped_gemm_fp8_sm90's tile (GG90_BM; its FP8 BN)
+SM90_STAGES = 6  # its ring: stages of 128 A rows and 128 B rows of 128 bytes
+SM90_SMEM_FIXED = SM90_STAGES * (SM90_BM + SM90_BN) * 128 + 2 * SM90_STAGES * 8  # the ring and its mbarriers
 THREADS = 256  # GF_THREADS
 SMEM = 3 * (BM + BN) * 144  # GF_SMEM_BYTES: 3 stages of A and B tiles, rows of 128 + 16 bytes
 _QWARPS = 8  # warps a quantize block (256 threads), one 1 x 128 tile a warp
@@ -134,6 +140,45 @@ def fp8_quantize(x: Any, block: int = BLOCK, *, stream: Any = None, backend: str
     return q, scales
 
 
+def _try_sm90(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any, out: Any, m: int, n: int, k: int,
+              n_groups: int, stream: Any, backend: str | None) -> bool:
+    """Run grouped_gemm_fp8_sm90 when the sm_90a kernels are usable (compute capability 9.0 with device arrays,
+    or the host backend playing sm_90a) and TMA takes the operands; False (nothing launched) otherwise. a [m, k]
+    and b [n_groups, n, k] contiguous e4m3, offsets int32 [n_groups + 1] on a's memory (None: gemm_fp8, one group
+    of all m rows), out bf16 [m, n]."""
+    from ..backends import get_backend, kernel_variant
+    from ..devices import HOST, META, array_device
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+    from . import _moe_sm90 as sm90
+
+    be = get_backend(backend)
+    if be.name not in ("host", "nvrtc") or n_groups > sm90.MAX_GROUPS:
+        return False
+    dev = array_device(a)
+    # A tensor map holds a device address: host arrays on the nvrtc backend (staged only at launch) keep mma.sync.
+    if be.name == "nvrtc" and any(array_device(x) in (HOST, META) for x in (a, b, out)):
+        return False
+    devno = dev if isinstance(dev, int) and dev >= 0 else 0
+    if not kernel_variant("sm_90a", be.name, devno):
+        return False
+    tiles = (m // SM90_BM + n_groups) * -(-n // SM90_BN)  # >= sum_e ceil(m_e / 128) * ceil(n / 128)
+    if tiles > _INT_MAX:  # the kernel's tile indices are int32
+        return False
+    try:  # boxes of 128 k-bytes (one 128B-swizzled row, one scale block) by 128 rows
+        ta = make_tensor_map(_bytes(a).reshape((m, k)), (SM90_BM, BLOCK), "128B", backend=be.name)
+        tb = make_tensor_map(_bytes(b).reshape((n_groups, n, k)), (1, SM90_BN, BLOCK), "128B", backend=be.name)
+    except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernel takes it
+        return False
+    if offsets is None:
+        offsets = arrays.to_like(np.array([0, m], np.int32), a)
+    grid = max(1, min(tiles, sm90._sm_count(be.name, devno)))
+    launch("grouped_gemm_fp8_sm90", grid, sm90.THREADS, ta, tb, a_scale.reshape(-1), b_scale.reshape(-1), offsets,
+           out.reshape(-1), m, n, k, n_groups, shared_mem=SM90_SMEM_FIXED + 4 * (n_groups + 1), stream=stream,
+           backend=backend)
+    return True
+
+
 def _operands(a: Any, b: Any, m: int, n: int, k: int, backend: str | None) -> tuple[Any, Any, Any]:
     """(a, b, result or None): contiguous operands, and the whole result when no kernel is needed (an empty one;
     zeros for K = 0); otherwise the backend must have the FP8 mma (ArgumentError naming it)."""
@@ -166,6 +211,9 @@ def gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, *, stream: Any = None, 
     if out is not None:
         return out
     out = arrays.empty((m, n), "bf16", like=a)
+    st = arrays.launch_stream(stream, a)
+    if _try_sm90(a, a_scale, b, b_scale, None, out, m, n, k, 1, st, backend):
+        return out
     _launch("gemm_fp8", (-(-m // BM), -(-n // BN)), (THREADS,), _bytes(a), a_scale.reshape(-1), _bytes(b),
             b_scale.reshape(-1), out.reshape(-1), m, n, k, shared_mem=SMEM,
             stream=arrays.launch_stream(stream, a), backend=backend)
@@ -196,6 +244,8 @@ def grouped_gemm_fp8(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any, *
     if out is not None:
         return out
     out = arrays.empty((m, n), "bf16", like=a)
+    if _try_sm90(a, a_scale, b, b_scale, offsets, out, m, n, k, e, arrays.launch_stream(stream, a), backend):
+        return out
     _launch("gemm_fp8_grouped", (m // BM + e, -(-n // BN)), (THREADS,), _bytes(a), a_scale.reshape(-1), _bytes(b),
             b_scale.reshape(-1), offsets, out.reshape(-1), m, n, k, e, shared_mem=SMEM,
             stream=arrays.launch_stream(stream, a), backend=backend)

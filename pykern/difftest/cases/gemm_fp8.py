@@ -1,6 +1,12 @@
 """Difftest cases for kernels_cu/gemm_fp8.cu and the float64 NumPy references of its ops: the 1 x 128
 quantization (f32 / bf16 / f16 input, an all-zero tile, values that saturate) and the block-scaled GEMMs
-(ragged M and N, one row, K = 128 and 384; grouped: empty groups, a group of one row)."""
+(ragged M and N, one row, K = 128 and 384; grouped: empty groups, a group of one row).
+
+The Hopper kernel (grouped_gemm_fp8_sm90 of kernels_cu/grouped_gemm_sm90.cu: TMA + QGMMA) has two cases that
+declare arch sm_90a (as moe_sm90.py's): the host backend plays sm_90a for them, the others report them as not
+applicable. They launch through the op's own helper (pykern/ops/gemm_fp8.py `_try_sm90`: its tensor maps, grid and
+shared memory); a helper that declines is an error, never a fallback. Their activation scales differ by 2^12
+between k-blocks, so a promotion that used the wrong k-block's scale is off by far more than rounding."""
 from __future__ import annotations
 
 from typing import Any, Iterator
@@ -79,6 +85,47 @@ def _act(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarr
     return q, s
 
 
+def _sm90_case(sizes: tuple[int, ...] | None, m: int, n: int, k: int, rng: np.random.Generator) -> Case:
+    """sizes None: gemm_fp8 (one group of m rows, the dense op's launch); else the grouped op's groups."""
+    import sys
+
+    from ._sm90 import ARCH, declined as _declined, host_arch as _host_arch
+
+    e = 1 if sizes is None else len(sizes)
+    m = m if sizes is None else sum(sizes)
+    a, sa = _act(rng, m, k)
+    sa *= np.float32(2.0) ** (12 * (np.arange(k // 128, dtype=np.float32) % 2))  # k-blocks 2^12 apart
+    ws = [fp8_weight(rng.standard_normal((n, k)).astype(np.float32) * 0.05 * (i + 1)) for i in range(e)]
+    b, sb = np.stack([w[0] for w in ws]), np.stack([w[1] for w in ws])
+    offsets = None if sizes is None else np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    name = "grouped_gemm_fp8_sm90"
+
+    def run(backend: str) -> dict[str, Any]:
+        import pykern.ops.gemm_fp8  # noqa: F401 - the module (pykern.ops.gemm_fp8 the attribute is the op)
+
+        mod = sys.modules["pykern.ops.gemm_fp8"]
+        with _host_arch(backend):
+            out = np.zeros((m, n), ml_bf16())
+            if not mod._try_sm90(a, sa, b, sb, offsets, out, m, n, k, e, None, backend):
+                raise _declined(name, backend)
+        return {"out": f64(out.astype(np.float32))}
+
+    def ref() -> dict[str, Any]:
+        if offsets is None:
+            return {"out": np_gemm_fp8(a, sa, b[0], sb[0])}
+        return {"out": np_grouped_gemm_fp8(a, sa, b, sb, offsets)}
+
+    shape = (f"{m}x{n}x{k}" if sizes is None else f"{'-'.join(map(str, sizes))}x{n}x{k}") + "-sm90a"
+    return Case(op="gemm_fp8" if sizes is None else "grouped_gemm_fp8", dtype="bf16", shape=shape, kernels=(name,),
+                run=run, reference=ref, arch=ARCH)
+
+
+def ml_bf16() -> Any:
+    from ...arrays import bfloat16
+
+    return bfloat16()
+
+
 @register_cases("gemm_fp8")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     ops = _ops()
@@ -120,3 +167,7 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
                    reference=lambda a=a, sa=sa, b=b, sb=sb, o=offsets: {
                        "out": np_grouped_gemm_fp8(a, sa, b, sb, o)},
                    note="big" if m * n * k > 2**20 else "")
+    # Hopper (sm_90a): the grouped op with ragged, empty and one-row groups, and the dense op (one group); three
+    # k-blocks, N off the 128-column tile
+    yield _sm90_case((0, 5, 1, 0, 130), 0, 136, 384, rng)
+    yield _sm90_case(None, 70, 264, 384, rng)
