@@ -394,7 +394,8 @@ __device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s, b
     sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
-            if (i + j < n) {
+            // past the end the loads are 0: probability key 0, not bad (no index test a value); a logit 0 has a key
+            if (MODE == SPM_PROBS || i + j < n) {
                 m = max(m, sp_key<MODE>(f[j]));
                 own_bad |= sp_bad<MODE>(f[j]);
             }
