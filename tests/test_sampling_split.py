@@ -1,6 +1,7 @@
 """Rows split over several CTAs (kernels_cu/sampling.cu, sp_sample_split): plain, min-p and from-logits draws give
-the same tokens for 1, 2 and 7 CTAs a row as the one-thread NumPy rule, under the host backend's forward, reverse
-and random block orders and under racecheck (the partials and the ticket are ordered by a fence and an atomic)."""
+the same tokens for 1, 2 and 7 CTAs a row as the one-thread NumPy rule, under the host backend's forward, reverse,
+random and interleaved block orders and under racecheck and initcheck (the partials and the ticket are ordered by an
+acquire-release atomic increment), and the SASS keeps that ticket and the strong loads of the partials."""
 from __future__ import annotations
 
 import subprocess
@@ -97,7 +98,9 @@ print("ok")
 
 
 @pytest.mark.parametrize("env", [{"PYKERN_HOST_SCHEDULE": "reverse"}, {"PYKERN_HOST_SCHEDULE": "random:13"},
-                                 {"PYKERN_HOST_RACECHECK": "1"}], ids=["reverse", "random", "racecheck"])
+                                 {"PYKERN_HOST_SCHEDULE": "interleave:3"}, {"PYKERN_HOST_RACECHECK": "1"},
+                                 {"PYKERN_HOST_INITCHECK": "1"}],
+                         ids=["reverse", "random", "interleave", "racecheck", "initcheck"])
 def test_split_rows_under_other_block_orders_and_racecheck(env: dict[str, str]) -> None:
     import os
 
