@@ -444,16 +444,16 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     split = 1 if top_k is not None or top_p is not None else _ctas_per_row(ctas_per_row, batch, vocab, kind,
                                                                           backend, probs)
     if batch:
-        stream = arrays.launch_stream(stream, probs)
+        lstream = arrays.launch_stream(stream, probs)
         if split == 1:
             ws_key, ws, tickets = None, _unused("uint64", 1, probs), _unused("uint32", 1, probs)
         else:
-            ws_key, ws, tickets = _split_workspace(batch, split, stream, probs)
+            ws_key, ws, tickets = _split_workspace(batch, split, lstream, probs)
         try:
             launch(("sampling_from_logits" if logits else "sampling_from_probs") + arrays.kernel_suffix(kind),
                    (batch, split), (NT,), probs.reshape(-1), out, valid,
                    idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
-                   s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32, ws, tickets, stream=stream,
+                   s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32, ws, tickets, stream=lstream,
                    backend=backend)
         except BaseException:
             _WS.pop(ws_key, None)  # a launch stopped part way may leave counters set: the next call starts afresh
