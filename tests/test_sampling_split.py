@@ -157,3 +157,17 @@ def test_sass_split_ticket_is_an_acq_rel_inc_and_partials_strong_loads(arch: str
         assert "ATOMG.E.INC.STRONG.GPU" in ops, (k, arch, sorted(o for o in ops if o.startswith("ATOM")))
         assert "LDG.E.STRONG.GPU" in ops, (k, arch)
         assert not any(o.startswith(("LDL", "STL")) for o in ops), (k, arch)  # no spills, no stack arrays
+
+
+def test_split_rows_follow_indices() -> None:
+    # indices map output b to row indices[b]: each output's CTAs, partials, ticket and Philox word are output b's
+    # (a repeated row draws twice, with two words)
+    probs, x = _rows("f32")
+    idx = np.array([1, 0, 1, 3, 5, 1], np.int32)
+    want, want_valid = np_sample(x, 21, 4, indices=idx)
+    assert want[0] != want[2] or want[2] != want[5]  # the repeats draw differently
+    for ctas in (2, 7):
+        got, valid = ops.sampling_from_probs(probs, indices=idx, seed=21, offset=4, return_valid=True,
+                                             ctas_per_row=ctas, backend="host")
+        np.testing.assert_array_equal(got, want, err_msg=f"ctas {ctas}")
+        np.testing.assert_array_equal(np.asarray(valid), want_valid)
