@@ -1,7 +1,8 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
 // (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
 // masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
-// the speculative kernel); pykern/ops/sampling.py documents the user-facing contract.
+// the speculative kernel), except the draws without top-k / top-p, whose rows may be split over gridDim.y CTAs
+// (sp_sample_split); pykern/ops/sampling.py documents the user-facing contract.
 //
 // Everything that decides WHICH token comes out is integer arithmetic, so the result is a
 // deterministic function of (the row, the parameters, one Philox draw): the same on every
@@ -35,6 +36,7 @@
 //   pass also sums the kept mass S (mass of the keys >= the final floor). Full reads of a row, f32 /
 //   bf16 and f16 (a select reads it 3 / 2 times; the draw's read stops at the window that holds it):
 //     sampling, no filter or min-p: max, S with the draw's sums          2 / 2 (rows over one window: 3)
+//       split over C CTAs: each the max, its range's S; the last one range  1 + 1/C (the last 1 + 2/C)
 //     top-k (+ min-p): max with the select, scan                         4 / 3
 //     top-p (+ min-p): max, select, scan                                 5 / 4
 //     top-k + top-p (either order): max with a select, select, scan      7 / 5
