@@ -1,7 +1,8 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
 // (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
 // masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
-// the speculative kernel); pykern/ops/sampling.py documents the user-facing contract.
+// the speculative kernel), except the draws without top-k / top-p, whose rows may be split over gridDim.y CTAs
+// (sp_sample_split); pykern/ops/sampling.py documents the user-facing contract.
 //
 // Everything that decides WHICH token comes out is integer arithmetic, so the result is a
 // deterministic function of (the row, the parameters, one Philox draw): the same on every
@@ -35,6 +36,7 @@
 //   pass also sums the kept mass S (mass of the keys >= the final floor). Full reads of a row, f32 /
 //   bf16 and f16 (a select reads it 3 / 2 times; the draw's read stops at the window that holds it):
 //     sampling, no filter or min-p: max, S with the draw's sums          2 / 2 (rows over one window: 3)
+//       split over C CTAs: each the max, its range's S; the last one range  1 + 1/C (the last 1 + 2/C)
 //     top-k (+ min-p): max with the select, scan                         4 / 3
 //     top-p (+ min-p): max, select, scan                                 5 / 4
 //     top-k + top-p (either order): max with a select, select, scan      7 / 5
@@ -53,6 +55,7 @@
 // 16-byte vectors (4 f32 or 8 bf16 / f16) when the row length is a multiple of the
 // vector and the pointers are aligned, else one element per thread; offsets are 64-bit.
 #include "pk_vec.cuh"
+#include "pk_ptx.cuh"  // the split rows' ticket (release / acquire) and strong loads
 
 #define SP_NT 512            // threads per CTA; kept in step with pykern/ops/sampling.py
 #define SP_NW (SP_NT / 32)
@@ -393,7 +396,8 @@ __device__ unsigned int sp_row_max_key(const T* row, long long n, SpShared& s, b
     sp_for_row<T, VEC, AH>(row, n, [&](long long i, const float* f) {
 #pragma unroll
         for (int j = 0; j < VEC; ++j)
-            if (i + j < n) {
+            // past the end the loads are 0: probability key 0, not bad (no index test a value); a logit 0 has a key
+            if (MODE == SPM_PROBS || i + j < n) {
                 m = max(m, sp_key<MODE>(f[j]));
                 own_bad |= sp_bad<MODE>(f[j]);
             }
@@ -595,16 +599,16 @@ __device__ __forceinline__ unsigned long long sp_segment_mass(const float* f, lo
 
 // summed: the row is one window and its segment sums are in s.hist already (sp_row_mass_segments), so the draw
 // reads only the segment that holds it.
+// The walk covers the chunks cb <= c < ce, run0 the kept mass of the chunks before cb (a split row's last CTA walks
+// the one CTA range that holds the draw: sp_sample_split).
 template <typename T, int VEC, int AH, int MODE>
 __device__ int sp_find_draw(const T* row, long long n, unsigned int lo, const SpRow& r, unsigned long long t,
-                            bool summed,
-                            SpShared& s) {
+                            bool summed, SpShared& s, long long cb, long long ce, unsigned long long run0) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const long long nc = sp_chunks<T, VEC>(n);
     if (threadIdx.x == 0) s.found = -1;
-    unsigned long long run = 0ull;  // mass of the windows before
-    for (long long c0 = 0; c0 < nc; c0 += SP_WIN) {
-        const long long c1 = min(nc, c0 + SP_WIN);
+    unsigned long long run = run0;  // mass of the windows before
+    for (long long c0 = cb; c0 < ce; c0 += SP_WIN) {
+        const long long c1 = min(ce, c0 + SP_WIN);
         if (!summed)
             sp_for_chunks<T, VEC, AH>(row, n, c0, c1, [&](long long c, long long i, const float* f) {
                 const unsigned long long own = sp_segment_mass<VEC, MODE>(f, i, n, lo, r);
@@ -693,6 +697,81 @@ struct SpArgs {
     const float* __restrict__ temp_arr;
 };
 
+// Word 0 of Philox4x32-10 at counter (offset, row b, 0) under the row's seed: the draw's one uniform.
+__device__ __forceinline__ unsigned int sp_row_word(int b, const unsigned int* __restrict__ seed_arr,
+                                                    const unsigned int* __restrict__ offset_arr, const SpArgs& a) {
+    unsigned int c[4];
+    c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
+    c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
+    c[2] = (unsigned int)b;
+    c[3] = 0u;
+    sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
+              (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
+    return c[0];
+}
+
+// A row split over C = gridDim.y CTAs (rows without top-k / top-p: plain and min-p sampling, from probs or logits),
+// so that a small batch fills the GPU. CTA j = blockIdx.y owns the chunks [nc * j / C, nc * (j + 1) / C) of the row's
+// nc. Every CTA finds the row maximum over the whole row (one read from HBM, the other CTAs' from L2; the same key in
+// each, so each knows the fixed point and the min-p floor without waiting for another), then the kept mass S_j of its
+// own chunks: the same integers a one-CTA row sums. S_j goes to ws[b * C + j]; the CTA that takes the row's last
+// ticket (tickets[b], an acq_rel inc as decode_tc.cu's split epilogue, which wraps the last one back to 0, so the
+// counters stay zeroed from launch to launch whatever C and the batch are) adds them up in range
+// order, draws t = floor(r * S / 2^32) as a one-CTA row does, and walks only the range whose prefix holds t
+// (sp_find_draw, from the mass before it). The token is the first kept index whose inclusive prefix exceeds t: a
+// function of (the row, the parameters, the Philox word) alone, the same for every C and whichever CTA finishes last.
+// Reads: the row twice (max, whole in every CTA but from L2 after the first; the masses, split) and the drawn range
+// (about n / C entries) once more.
+template <typename T, int VEC, int AH, int MODE>
+__device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, int* __restrict__ out,
+                                unsigned char* __restrict__ valid, unsigned int word,
+                                unsigned long long* __restrict__ ws, unsigned int* __restrict__ tickets, SpRow& r,
+                                SpShared& s) {
+    const int C = (int)gridDim.y, j = (int)blockIdx.y;
+    sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
+    if (r.mkey == 0u) {  // every CTA of the row knows it: none takes a ticket
+        if (j == 0 && threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
+        return;
+    }
+    const unsigned int lo = r.lo;
+    const long long nc = sp_chunks<T, VEC>(n);
+    unsigned long long acc = 0ull;
+    sp_for_chunks<T, VEC, AH>(row, n, nc * j / C, nc * (j + 1) / C, [&](long long, long long i, const float* f) {
+        acc += sp_lane_mass<VEC, MODE>(f, i, n, lo, r);
+        return false;
+    });
+    const unsigned long long own = sp_block_sum(acc, s);
+    unsigned long long* part = ws + (long long)b * C;
+    // Release: thread 0 stores the partial, then takes the ticket with an atom.acq_rel.gpu inc (its release part
+    // publishes the store before the new count). Acquire: the last ticket's RMW read the count the other CTAs' release RMWs wrote, so their
+    // partials are visible to thread 0, and the barrier of __syncthreads_or carries that to every thread's strong
+    // loads below (GPU scope: never a stale L1 line).
+    if (threadIdx.x == 0) part[j] = own;
+    const int last = __syncthreads_or(threadIdx.x == 0 &&
+        pk_atom_inc_acq_rel_gpu(tickets + b, (unsigned int)(C - 1)) ==
+            (unsigned int)(C - 1));
+    if (!last) return;
+    // every thread sums the C partials in range order (exact integers) and finds the range that holds the draw
+    auto partial = [&](int q) {  // two strong 32-bit loads (little-endian words)
+        const float* w = reinterpret_cast<const float*>(part + q);
+        return (unsigned long long)__float_as_uint(pk_ld_relaxed_gpu(w)) |
+               ((unsigned long long)__float_as_uint(pk_ld_relaxed_gpu(w + 1)) << 32);
+    };
+    unsigned long long S = 0ull;
+    for (int q = 0; q < C; ++q) S += partial(q);
+    const unsigned long long t = sp_mul_frac(S, word);  // in [0, S): S >= the maximum's mass > 0
+    unsigned long long before = 0ull;
+    int q = 0;
+    for (; q < C - 1; ++q) {
+        const unsigned long long h = partial(q);
+        if (before + h > t) break;
+        before += h;
+    }
+    const int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, false, s, nc * q / C, nc * (q + 1) / C,
+                                                     before);
+    if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
+}
+
 // MODE: SPM_PROBS (sampling_from_probs) or SPM_LOGITS (sampling_from_logits: the same filters and draw over the
 // softmax's fixed-point mass, sp_exp_mass, which no pass writes out).
 template <typename T, int VEC, int AH, int MODE>
@@ -700,13 +779,19 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
                               unsigned char* __restrict__ valid, const int* __restrict__ top_k_arr,
                               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
                               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
-                              const SpArgs& a, SpShared& s) {
+                              const SpArgs& a, unsigned long long* __restrict__ ws,
+                              unsigned int* __restrict__ tickets, SpShared& s) {
     SpRow r = {0u, 0, 1u, 0ull, -1.0f};  // keep entries with key >= r.lo (key 0: no mass, or a NaN logit)
     if constexpr (MODE == SPM_LOGITS)  // one IEEE division for a per-row temperature, as the host's for a scalar
         r.c = (a.flags & SPF_T_ARR) ? __fdiv_rn(SP_LOG2E, a.temp_arr[b]) : a.c_val;
     if (a.flags & SPF_MIN_P) {
         const float mp = (a.flags & SPF_MINP_ARR) ? min_p_arr[b] : a.min_p_val;
         r.mp = mp < 1.0f ? mp : 1.0f;  // NaN or > 1: as 1 (only the maximum survives)
+    }
+    if (gridDim.y > 1) {  // a split row: the host splits rows without top-k / top-p only
+        sp_sample_split<T, VEC, AH, MODE>(row, n, b, out, valid, sp_row_word(b, seed_arr, offset_arr, a), ws, tickets,
+                                          r, s);
+        return;
     }
     bool kept = false;  // r.kept holds the mass of the keys >= r.lo
     const int k = (a.flags & SPF_TOP_K) ? ((a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val) : 0;
@@ -734,15 +819,8 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
     const unsigned long long S = kept ? r.kept
                                       : (one_window ? sp_row_mass_segments<T, VEC, AH, MODE>(row, n, lo, r, s)
                                                     : sp_row_mass<T, VEC, AH, MODE>(row, n, lo, r, s));
-    unsigned int c[4];
-    c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
-    c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
-    c[2] = (unsigned int)b;
-    c[3] = 0u;
-    sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
-              (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
-    const unsigned long long t = sp_mul_frac(S, c[0]);  // in [0, S)
-    const int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, one_window, s);
+    const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // in [0, S)
+    const int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, one_window, s, 0, sp_chunks<T, VEC>(n), 0ull);
     if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
@@ -753,7 +831,8 @@ __device__ void sp_sample_impl(const T* __restrict__ x, int* __restrict__ out, u
                                const int* __restrict__ indices, const int* __restrict__ top_k_arr,
                                const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
                                const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
-                               int vocab, const SpArgs& a) {
+                               int vocab, const SpArgs& a, unsigned long long* __restrict__ ws,
+        unsigned int* __restrict__ tickets) {
     __shared__ SpShared s;
     const int b = blockIdx.x;
     const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
@@ -761,10 +840,10 @@ __device__ void sp_sample_impl(const T* __restrict__ x, int* __restrict__ out, u
     constexpr int N = PkVec16<T>::N;
     if (vocab % N == 0 && pk_aligned16(x))
         sp_sample_row<T, N, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                              offset_arr, a, s);
+                                              offset_arr, a, ws, tickets, s);
     else
         sp_sample_row<T, 1, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                              offset_arr, a, s);
+                                              offset_arr, a, ws, tickets, s);
 }
 
 template <typename T>
@@ -773,19 +852,21 @@ __device__ void sampling_from_probs_impl(const T* __restrict__ probs, int* __res
         const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
         const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
         int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
-        unsigned int offset_lo, unsigned int offset_hi) {
+        unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
+        unsigned int* __restrict__ tickets) {
     const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, 0.0f, nullptr};
     sp_sample_impl<T, SPM_PROBS>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr,
-                                 vocab, a);
+                                 vocab, a, ws, tickets);
 }
 PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), (const T* __restrict__ probs, int* __restrict__ out,
               unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab,
               int flags, int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
-              unsigned int offset_lo, unsigned int offset_hi),
+              unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
+        unsigned int* __restrict__ tickets),
               (probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
-               top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi))
+               top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets))
 
 // sampling_from_probs over softmax(logits / T) (SPM_LOGITS), the probabilities never written: c_val = log2(e) / T
 // computed on the host in float, or SPF_T_ARR and the row's T in temp_arr (indexed by the output row).
@@ -795,20 +876,22 @@ __device__ void sampling_from_logits_impl(const T* __restrict__ logits, int* __r
         const float* __restrict__ top_p_arr, const float* __restrict__ temp_arr,
         const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
         int top_k_val, float top_p_val, float c_val, unsigned int seed_lo, unsigned int seed_hi,
-        unsigned int offset_lo, unsigned int offset_hi) {
+        unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
+        unsigned int* __restrict__ tickets) {
     const SpArgs a = {flags & ~SPF_MIN_P, top_k_val, top_p_val, 0.0f, seed_lo, seed_hi, offset_lo, offset_hi, c_val,
                       temp_arr};
     sp_sample_impl<T, SPM_LOGITS>(logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr,
-                                  vocab, a);
+                                  vocab, a, ws, tickets);
 }
 PK_IO_KERNELS(sampling_from_logits, (SP_NT, 1), (const T* __restrict__ logits, int* __restrict__ out,
               unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
               const float* __restrict__ top_p_arr, const float* __restrict__ temp_arr,
               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab,
               int flags, int top_k_val, float top_p_val, float c_val, unsigned int seed_lo, unsigned int seed_hi,
-              unsigned int offset_lo, unsigned int offset_hi),
+              unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
+        unsigned int* __restrict__ tickets),
               (logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr, vocab, flags,
-               top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi))
+               top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets))
 
 // ------------------------------------------------------------------------------ softmax
 // FlashInfer's softmax(logits / T) as fp32 probabilities: one CTA a row, an online (max, sum) pass over the row in

@@ -909,10 +909,11 @@ def _sampling_build(**extra: Any) -> Any:
 
 
 for _name, _extra, _roles in (
-        ("sampling_from_probs", {}, {}),
+        ("sampling_from_probs", {}, {"ctas_per_row": LENGTH}),
         ("top_k_sampling_from_probs", {"top_k": 3}, {"top_k": LENGTH}),
         ("top_p_sampling_from_probs", {"top_p": 0.6}, {"top_p": PROB}),
-        ("min_p_sampling_from_probs", {"min_p": np.array([0.2, 0.5, 0.9], np.float32)}, {"min_p": PROB}),
+        ("min_p_sampling_from_probs", {"min_p": np.array([0.2, 0.5, 0.9], np.float32)},
+         {"min_p": PROB, "ctas_per_row": LENGTH}),
         ("top_k_top_p_sampling_from_probs", {"top_k": np.array([2, 4, 0], np.int32), "top_p": 0.7,
                                              "filter_apply_order": "joint"},
          {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):
@@ -979,7 +980,7 @@ def _logits_build(**extra: Any) -> Any:
 
 LOGITS_ROLES = {**{k: v for k, v in SAMPLING_ROLES.items() if k != "probs"}, "logits": FARRAY, "temperature": FLOAT}
 for _name, _extra, _roles in (
-        ("sampling_from_logits", {}, {}),
+        ("sampling_from_logits", {}, {"ctas_per_row": LENGTH}),
         ("top_k_top_p_sampling_from_logits", {"top_k": np.array([2, 4, 0], np.int32), "top_p": 0.7,
                                               "filter_apply_order": "joint"},
          {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):

@@ -335,11 +335,69 @@ def _valid_out(valid: Any, batch: int, like: Any) -> Any:
     return arrays.check_out(valid, (batch,), "uint8", like, "valid")
 
 
+MAX_CTAS_PER_ROW = 16  # a split row's CTAs at most (sp_sample_split): 16 x 512 threads keep ~4 chunks each at 128k
+_sms: dict[int, int] = {}
+
+
+def _sm_count(backend: str | None, like: Any) -> int:
+    """The device's SM count (nvrtc backend), else 1: the host and numba backends split rows only when asked."""
+    from ..backends import get_backend
+    from ..devices import array_device
+
+    be: Any = get_backend(backend)
+    if be.name != "nvrtc":
+        return 1
+    dev = array_device(like)
+    dev = dev if isinstance(dev, int) and dev >= 0 else 0
+    if dev not in _sms:
+        drv = be._driver or be._start()
+        _sms[dev] = int(drv.device_attribute(dev, "MULTIPROCESSOR_COUNT"))
+    return _sms[dev]
+
+
+def _ctas_per_row(ctas_per_row: int | None, batch: int, vocab: int, kind: str, backend: str | None,
+                  like: Any) -> int:
+    """CTAs a row for the splittable draws (no top-k / top-p): the given count, or enough to fill the SMs at a small
+    batch (one CTA a row from batch >= the SM count), at most one a 512-thread chunk of the row."""
+    if ctas_per_row is not None:
+        if isinstance(ctas_per_row, bool) or not isinstance(ctas_per_row, (int, np.integer)):
+            raise ArgumentTypeError(f"ctas_per_row: expected an int or None, got {type(ctas_per_row).__name__}")
+        if not 1 <= int(ctas_per_row) <= MAX_CTAS_PER_ROW:
+            raise ArgumentError(f"ctas_per_row: expected an int in [1, {MAX_CTAS_PER_ROW}], got {int(ctas_per_row)}")
+        return int(ctas_per_row)
+    if not batch:
+        return 1
+    chunks = -(-vocab // (NT * (4 if kind == "f32" else 8)))
+    return max(1, min(MAX_CTAS_PER_ROW, _sm_count(backend, like) // batch, chunks))
+
+
+_WS: dict[tuple[Any, ...], tuple[Any, Any]] = {}
+
+
+def _split_workspace(batch: int, split: int, stream: Any, like: Any) -> tuple[tuple[Any, ...], Any, Any]:
+    """(cache key, partials, tickets) of split rows: >= batch * split uint64 partial masses and >= batch uint32 ticket
+    counters, one pair a (device, stream), kept between calls. The kernel's last ticket of a row wraps its counter back
+    to 0, so the counters stay zeroed with no fill a call (a CUDA graph replays them as they are); the partials are
+    written before they are read. Launches on one stream run in order, so no two in flight share them."""
+    from ..devices import array_device, stream_handle
+
+    mem = arrays.memory_key(like)  # "host", a torch device, or None for other kinds
+    key: tuple[Any, ...] = ("host",) if mem == "host" else (
+        str(mem) if mem is not None else array_device(like), stream_handle(stream))
+    ws = _WS.get(key)
+    if ws is None or arrays.shape_of(ws[0])[0] < batch * split or arrays.shape_of(ws[1])[0] < batch:
+        rows = max(batch, 256)
+        ws = _WS[key] = (arrays.empty((rows * MAX_CTAS_PER_ROW,), "uint64", like=like),
+                         arrays.zeros((rows,), "uint32", like=like))
+    return key, ws[0], ws[1]
+
+
 # --------------------------------------------------------------------------- sampling
 def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = None, top_k_first: bool = False,
             indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
             offset: Any = None, return_valid: bool = False, stream: Any = None, backend: str | None = None,
-            logits: bool = False, temperature: Any = None, out: Any = None, valid: Any = None) -> Any:
+            logits: bool = False, temperature: Any = None, out: Any = None, valid: Any = None,
+            ctas_per_row: int | None = None) -> Any:
     from ..launcher import launch
 
     name = "logits" if logits else "probs"
@@ -370,12 +428,25 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     out = arrays.empty((batch,), "int32", like=probs) if out is None else \
         arrays.check_out(out, (batch,), "int32", probs)
     valid = arrays.empty((batch,), "uint8", like=probs) if valid is None else _valid_out(valid, batch, probs)
+    # rows without top-k / top-p split over several CTAs (the selects keep one CTA a row): the same tokens for
+    # every count; ws holds each row's partial masses and its ticket counter
+    split = 1 if top_k is not None or top_p is not None else _ctas_per_row(ctas_per_row, batch, vocab, kind,
+                                                                          backend, probs)
     if batch:
-        launch(("sampling_from_logits" if logits else "sampling_from_probs") + arrays.kernel_suffix(kind), (batch,),
-               (NT,), probs.reshape(-1), out, valid,
-               idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
-               s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32,
-               stream=arrays.launch_stream(stream, probs), backend=backend)
+        lstream = arrays.launch_stream(stream, probs)
+        if split == 1:
+            ws_key, ws, tickets = None, _unused("uint64", 1, probs), _unused("uint32", 1, probs)
+        else:
+            ws_key, ws, tickets = _split_workspace(batch, split, lstream, probs)
+        try:
+            launch(("sampling_from_logits" if logits else "sampling_from_probs") + arrays.kernel_suffix(kind),
+                   (batch, split), (NT,), probs.reshape(-1), out, valid,
+                   idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
+                   s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32, ws, tickets, stream=lstream,
+                   backend=backend)
+        except BaseException:
+            _WS.pop(ws_key, None)  # a launch stopped part way may leave counters set: the next call starts afresh
+            raise
     if not given:  # a caller's out is int32 and returned as it is (a widening would be a new array)
         out = _out_dtype(out, indices, stream, probs)
     return (out, arrays.view_bool(valid)) if return_valid else out
@@ -383,13 +454,16 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
 
 def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
                         check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
-                        *, out: Any = None, valid: Any = None, stream: Any = None, backend: str | None = None) -> Any:
+                        *, out: Any = None, valid: Any = None, ctas_per_row: int | None = None,
+                        stream: Any = None, backend: str | None = None) -> Any:
     """One token per row of probs (batch, vocab), drawn with probability p / sum(p): int32 (batch,).
 
     indices (n,) maps output i to row indices[i] of probs. deterministic is accepted for
     FlashInfer compatibility (the kernel is always deterministic). check_nan=True raises ArgumentError for a NaN,
     inf or negative entry of host probs. Returns samples, or (samples, valid) with return_valid (valid False,
-    token 0, for a row without mass or with a NaN, inf or negative entry).
+    token 0, for a row without mass or with a NaN, inf or negative entry). ctas_per_row (1 to 16, None: enough to
+    fill the GPU's SMs at a small batch, 1 on the host backend) splits each row over that many CTAs; the tokens are
+    the same for every count.
 
     out / valid (every sampling op; pykern's, not FlashInfer's): a contiguous int32 (batch,) array to write the
     samples into, returned as it is (also with int64 indices: no widening), and a bool or uint8 (batch,) array for
@@ -398,7 +472,8 @@ def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = T
     """
     del deterministic
     return _sample(probs, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
+                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
+                   ctas_per_row=ctas_per_row)
 
 
 def top_k_sampling_from_probs(probs: Any, top_k: Any, indices: Any = None, deterministic: bool = True,
@@ -427,14 +502,15 @@ def top_p_sampling_from_probs(probs: Any, top_p: Any, indices: Any = None, deter
 
 def min_p_sampling_from_probs(probs: Any, min_p: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
-                              return_valid: bool = False, *, out: Any = None, valid: Any = None, stream: Any = None,
-                              backend: str | None = None) -> Any:
-    """Sampling restricted to p >= min_p * max(p) (min_p in [0, 1])."""
+                              return_valid: bool = False, *, out: Any = None, valid: Any = None,
+                              ctas_per_row: int | None = None, stream: Any = None, backend: str | None = None) -> Any:
+    """Sampling restricted to p >= min_p * max(p) (min_p in [0, 1]); ctas_per_row as sampling_from_probs'."""
     del deterministic
     if min_p is None:
         raise ArgumentError("min_p: expected a float or a float array, got None")
     return _sample(probs, min_p=min_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
-                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
+                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
+                   ctas_per_row=ctas_per_row)
 
 
 def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices: Any = None,
@@ -480,7 +556,8 @@ def softmax(logits: Any, temperature: Any = None, enable_pdl: bool | None = None
 
 def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
                          check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
-                         *, temperature: Any = None, out: Any = None, valid: Any = None, stream: Any = None,
+                         *, temperature: Any = None, out: Any = None, valid: Any = None,
+                         ctas_per_row: int | None = None, stream: Any = None,
                          backend: str | None = None) -> Any:
     """One token per row of logits (batch, vocab), drawn from softmax(logits / temperature): int32 (batch,).
 
@@ -489,11 +566,12 @@ def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool =
     sp_exp_mass), so the token is the same on every backend. temperature (a pykern extension: FlashInfer's op has
     none) is None (1), a float or a (batch,) array, finite and > 0. A row holding a NaN or +inf logit, or only -inf,
     is no distribution: token 0, valid False (check_nan=True raises ArgumentError for such an entry of host logits).
-    The other arguments are sampling_from_probs'. Reads the row twice (max, then the mass with the draw)."""
+    The other arguments are sampling_from_probs' (ctas_per_row included). Reads the row twice (max, then the mass
+    with the draw)."""
     del deterministic
     return _sample(logits, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend, logits=True,
-                   temperature=temperature)
+                   temperature=temperature, ctas_per_row=ctas_per_row)
 
 
 def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indices: Any = None,

@@ -219,7 +219,9 @@ def _sampling(cuda: Any) -> Any:
 
     @cuda.jit
     def k(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
-          top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi):
+          top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets):
+        # ws, tickets: the split rows' partials and ticket counters (kernels_cu/sampling.cu, sp_sample_split): one
+        # thread a row here, whose token is the split kernel's for any number of CTAs a row
         b = cuda.grid(1)
         if b >= out.shape[0]:
             return
@@ -557,7 +559,7 @@ def _sampling_logits(cuda: Any) -> Any:
 
     @cuda.jit
     def k(logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr, vocab, flags,
-          top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi):
+          top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets):  # ws, tickets: as _sampling's
         b = cuda.grid(1)
         if b >= out.shape[0]:
             return

@@ -343,7 +343,7 @@ def make_probs(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f3
 
 
 def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
-                   note: str = "", poison: tuple[float, ...] = (), **params: Any) -> Case:
+                   note: str = "", poison: tuple[float, ...] = (), ctas: int | None = None, **params: Any) -> Case:
     from ... import ops
 
     probs = make_probs(rng, batch, vocab, kind, ties, poison=poison)
@@ -352,6 +352,8 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
     args = [params[k] for k in ("top_k", "top_p", "min_p") if k in params]
     order = params.get("filter_apply_order", "top_k_first")
     extra = {"filter_apply_order": order} if op == "top_k_top_p_sampling_from_probs" else {}
+    if ctas is not None:  # rows split over that many CTAs (sp_sample_split): the reference's tokens all the same
+        extra["ctas_per_row"] = ctas
 
     def run(backend: str) -> dict[str, Any]:
         s, v = fn(probs, *args, seed=seed, offset=offset, return_valid=True, backend=backend, **extra)
@@ -364,7 +366,8 @@ def _sampling_case(rng: np.random.Generator, op: str, kind: str, batch: int, voc
 
     shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items())
     bad = f"-bad{list(poison)}" if poison else ""
-    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad,
+    split = "" if ctas is None else f"-ctas{ctas}"
+    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad + split,
                 kernels=("sampling_from_probs" + _SUFFIX[kind],), run=run, reference=ref,
                 note=note)
 
@@ -385,7 +388,8 @@ def make_logits(rng: np.random.Generator, batch: int, vocab: int, kind: str = "f
 
 
 def _logits_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab: int, ties: bool = False,
-                 poison: tuple[float, ...] = (), temperature: Any = None, **params: Any) -> Case:
+                 poison: tuple[float, ...] = (), temperature: Any = None, ctas: int | None = None,
+                 **params: Any) -> Case:
     from ... import ops
 
     logits = make_logits(rng, batch, vocab, kind, ties, poison)
@@ -394,6 +398,8 @@ def _logits_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab
     args = [params[k] for k in ("top_k", "top_p") if k in params]
     order = params.get("filter_apply_order", "top_k_first")
     extra = {"filter_apply_order": order} if op == "top_k_top_p_sampling_from_logits" else {}
+    if ctas is not None:  # as _sampling_case's
+        extra["ctas_per_row"] = ctas
 
     def run(backend: str) -> dict[str, Any]:
         s, v = fn(logits, *args, seed=seed, offset=offset, return_valid=True, temperature=temperature,
@@ -408,7 +414,8 @@ def _logits_case(rng: np.random.Generator, op: str, kind: str, batch: int, vocab
     t = "" if temperature is None else f"-T{'arr' if np.ndim(temperature) else temperature}"
     shape = f"B{batch}-V{vocab}" + "".join(f"-{k}{'arr' if np.ndim(v) else v}" for k, v in params.items()) + t
     bad = f"-bad{list(poison)}" if poison else ""
-    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad,
+    split = "" if ctas is None else f"-ctas{ctas}"
+    return Case(op=op, dtype=kind, shape=shape + ("-ties" if ties else "") + bad + split,
                 kernels=("sampling_from_logits" + _SUFFIX[kind],), run=run, reference=ref)
 
 
@@ -617,5 +624,12 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _softmax_case(rng, kind, 3, 37)
         yield _softmax_case(rng, kind, 3, 64, temperature=np.array([0.5, 1.0, 4.0], np.float32))
         yield _speculative_case(rng, kind, 4, 4, 64, close=0.9, per_row_seed=True)
+        # rows split over 2 and 7 CTAs (sp_sample_split): 9000 entries are 5 chunks of 16-byte loads in f32, 3 in
+        # bf16 / f16 (7 CTAs: some own no chunk); 37 is the one-element path; a NaN / +inf row takes no ticket
+        yield _sampling_case(rng, "sampling_from_probs", kind, 3, 9000, ctas=2)
+        yield _sampling_case(rng, "sampling_from_probs", kind, 4, 9000, ctas=7, poison=(float("nan"),))
+        yield _sampling_case(rng, "min_p_sampling_from_probs", kind, 3, 37, ctas=7, min_p=0.3)
+        yield _logits_case(rng, "sampling_from_logits", kind, 3, 9000, ctas=7, poison=(float("inf"),),
+                           temperature=0.8)
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")
     yield _speculative_case(rng, "f32", 3, 2, 1500, close=0.3)  # rows of three chunks: the draw's walk past one

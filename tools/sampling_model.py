@@ -1,0 +1,150 @@
+#!/usr/bin/env python
+"""A modelled bound (not a measurement) of the sampling kernels' time at vocab 128256, fp32, batch 1 / 64 / 256 on an
+H200 (4.8 TB/s HBM, 132 SMs, 1.98 GHz), one CTA a row (before) and rows split over several CTAs (after:
+kernels_cu/sampling.cu, sp_sample_split; `ctas_per_row`'s default).
+
+    python tools/sampling_model.py [--arch sm_90] [--json]
+
+Instructions per element come from the SASS (tools/sass_report.py, inner_loops): the innermost loops that hold
+16-byte global loads are the row walks, sorted by what they do: "max" (an unsigned max, no float-to-int conversion:
+the maximum pass), "mass" (the truncating conversion of sp_mass / sp_exp_mass, no shared atomics: the kept-mass
+walks), "hist" (shared atomics: the radix-select passes). A loop's warp-instructions per element is its body over
+the elements its loads bring (one LDG.128 a lane: 4 fp32 values, 128 a warp); each class takes its leanest loop (the
+steady state of the unrolled walk). Per CTA: the warp-instructions of its passes over the SM's issue rate (4 a clock:
+one a scheduler), the bytes it reads over an SM's L2 bandwidth (64 B a clock), and the batch's bytes over HBM; a
+CTA of 512 threads at these register counts runs alone on its SM, so CTAs beyond 132 run in waves. The binding term
+is the largest. Nsight Compute measured about 2 warp-instructions a clock on the one busy SM at batch 1
+(docs/measured/2026-11-28-h200-b.md), half the issue bound used here.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import math
+import sys
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))  # this checkout's pykern
+
+SMS, CLOCK, HBM = 132, 1.98e9, 4.8e12
+ISSUE_PER_CLK = 4  # warp-instructions a clock an SM (4 schedulers)
+L2_B_PER_CLK = 64  # bytes a clock an SM from L2
+L2_BYTES = 50 * 2**20  # H200's L2 (a row batch that fits is read from HBM once)
+VOCAB, VEC = 128256, 4  # fp32: 4 values a 16-byte load
+NT = 512
+MAX_CTAS = 16  # pykern.ops.sampling.MAX_CTAS_PER_ROW
+BATCHES = (1, 64, 256)
+
+
+def _sr() -> Any:
+    spec = importlib.util.spec_from_file_location("pk_sass_report_sampling", ROOT / "tools" / "sass_report.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def walk_costs(arch: str = "sm_90",
+               kernels: tuple[str, ...] = ("sampling_from_probs", "sampling_from_logits")) -> dict[str, Any]:
+    """{kernel: {"loops": [...], "max" / "mass" / "hist": warp-instructions per fp32 element}} from the SASS."""
+    from pykern import cache
+    from pykern.registry import source_files
+
+    sr = _sr()
+    src = next(s for s in source_files() if s.name == "sampling.cu")
+    loops = sr.inner_loops(sr.disassemble(cache.get_module(src, arch).image))
+    out: dict[str, Any] = {}
+    for k in kernels:
+        if k not in loops:
+            continue
+        rows = []
+        for lp in loops[k]:
+            ops = lp["ops"]
+            ldg = sum(n for op, n in ops.items() if op.startswith("LDG") and ".128" in op)
+            if not ldg:
+                continue
+            has = lambda p: any(op.startswith(p) for op in ops)  # noqa: E731
+            kind = "hist" if has("ATOMS") else "mass" if has("F2I") else "max" if has("IMNMX") or has("VIMNMX") \
+                else "other"
+            rows.append({"start": lp["start"], "insns": lp["insns"], "ldg128": ldg, "kind": kind,
+                         "per_elem": lp["insns"] / (ldg * 32 * VEC)})
+        best = {c: min((r["per_elem"] for r in rows if r["kind"] == c), default=None) for c in ("max", "mass", "hist")}
+        out[k] = {"loops": rows, **best}
+    return out
+
+
+def ctas_per_row(batch: int) -> int:
+    chunks = -(-VOCAB // (NT * VEC))
+    return max(1, min(MAX_CTAS, SMS // batch, chunks))
+
+
+def model(batch: int, c: dict[str, Any], split: bool, hist_passes: int = 0) -> dict[str, Any]:
+    """Terms (seconds) of one launch: a plain draw (max; mass; the drawn segment) or, with hist_passes, a select's
+    passes before it (one CTA a row)."""
+    C = ctas_per_row(batch) if split and not hist_passes else 1
+    ipe_max, ipe_mass, ipe_hist = c["max"] or 0.0, c["mass"] or 0.0, c.get("hist") or 0.0
+    if C == 1:
+        insns = VOCAB * (ipe_max + ipe_mass + hist_passes * ipe_hist)  # the draw's segment: 32 x VEC entries
+        reads = 2 + hist_passes
+        cta_bytes = reads * VOCAB * 4
+    else:  # the critical CTA: the whole row's max, its range's mass, then (last) the walk of one range
+        insns = VOCAB * ipe_max + 2 * VOCAB / C * ipe_mass
+        cta_bytes = (1 + 2 / C) * VOCAB * 4
+        reads = 1
+    ctas = batch * C
+    waves = math.ceil(ctas / SMS)
+    row_bytes = batch * VOCAB * 4
+    hbm_reads = 1 if row_bytes <= L2_BYTES // 2 else (reads if C == 1 else 2)
+    t = {"ctas_per_row": C, "ctas": ctas, "waves": waves,
+         "hbm_us": row_bytes * hbm_reads / HBM * 1e6,
+         "l2_us": waves * cta_bytes / L2_B_PER_CLK / CLOCK * 1e6,
+         "issue_us": waves * insns / ISSUE_PER_CLK / CLOCK * 1e6}  # insns: warp-instructions of the CTA
+    t["bound_us"] = max(t["hbm_us"], t["l2_us"], t["issue_us"])
+    t["binding"] = max(("hbm", "l2", "issue"), key=lambda k: t[k + "_us"])
+    return t
+
+
+def table(arch: str = "sm_90") -> dict[str, Any]:
+    costs = walk_costs(arch)
+    rows: dict[str, Any] = {"arch": arch, "costs": costs, "model": []}
+    probs, logits = costs["sampling_from_probs"], costs["sampling_from_logits"]
+    for op, c, passes in (("sampling_from_probs / min_p", probs, 0), ("sampling_from_logits", logits, 0),
+                          ("top_p_sampling_from_probs (one CTA a row)", probs, 3)):
+        for b in BATCHES:
+            rows["model"].append({"op": op, "batch": b, "before": model(b, c, False, passes),
+                                  "after": model(b, c, True, passes)})
+    return rows
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--arch", default="sm_90")
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args(argv)
+    r = table(a.arch)
+    if a.json:
+        print(json.dumps(r, indent=1))
+        return 0
+    print(f"Modelled bound (not measured): H200, {SMS} SMs, {CLOCK / 1e9:.2f} GHz, {HBM / 1e12:.1f} TB/s; vocab {VOCAB} "
+          f"fp32; SASS {a.arch}")
+    for k, c in r["costs"].items():
+        fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
+        print(f"  {k}: warp-instructions an element: max {fmt(c['max'])}, mass {fmt(c['mass'])}, "
+              f"hist {fmt(c['hist'])} ({len(c['loops'])} row-walk loops)")
+    print(f"{'op':44} {'batch':>5} | {'C':>2} {'hbm':>6} {'l2':>6} {'issue':>6} {'bound':>6} {'binds':>5} | "
+          f"{'C':>2} {'hbm':>6} {'l2':>6} {'issue':>6} {'bound':>6} {'binds':>5}")
+    for m in r["model"]:
+        cells = []
+        for side in ("before", "after"):
+            t = m[side]
+            cells.append(f"{t['ctas_per_row']:>2} {t['hbm_us']:6.1f} {t['l2_us']:6.1f} {t['issue_us']:6.1f} "
+                         f"{t['bound_us']:6.1f} {t['binding']:>5}")
+        print(f"{m['op']:44} {m['batch']:>5} | {cells[0]} | {cells[1]}")
+    print("(us; before: one CTA a row; after: the default ctas_per_row; C: CTAs a row)")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
