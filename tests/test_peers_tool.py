@@ -53,3 +53,9 @@ def test_help_names_every_step():
     assert r.returncode == 0
     for word in ("fetch", "pack", "install", "check", "64 MiB", "--part 1", "--part 2"):
         assert word in r.stdout, word
+
+
+def test_build_names_unknown_groups():
+    with pytest.raises(SystemExit, match=r"--groups: expected names from decode, decode_tc, prefill, sampling, mla, "
+                                         r"got bogus"):
+        peers.main(["build", "--groups", "decode,bogus"])

@@ -71,6 +71,9 @@ TAILN=4 stage precompile 150 $PY -m pykern.precompile --arch sm_90 --jobs 16 ${K
 TAILN=30 stage gpucheck_probe 30 $PY -m pykern.gpucheck --out "$WORK/gpucheck" --skip limits --skip difftest \
   --skip pytest --skip sanitizer --skip bench
 TAILN=8 stage ceilings 40 $PY tools/measure_gpu.py ceilings --json "$WORK/ceilings.json"
+# FlashInfer's JIT modules, built before any timed stage (minutes each): PEERS_BUILD names the groups
+[ -d .peers/site ] && TAILN=6 stage peers_build "${PEERS_BUILD_S:-240}" $PY tools/peers.py build \
+  --groups "${PEERS_BUILD:-decode,sampling}"
 
 # correctness: difftest on nvrtc in 12 shards of kernels, and pytest -m gpu, side by side
 $PY -c "

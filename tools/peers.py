@@ -25,9 +25,9 @@ folders stay between calls while it is warm):
     python3 tools/peers.py install --part 2 && PYTHONPATH=$PWD/.peers/site python3 tools/measure_gpu.py ...
                                                  # carry [".carry/peers2"]
 
-`python3 tools/peers.py check` there imports each peer and prints its version (FlashInfer builds its JIT
-modules with that machine's nvcc on first use: the first decode / prefill / sampling call of a shape takes
-minutes; measure_gpu.py warms them before its timed region).
+`python3 tools/peers.py check` there imports each peer and prints its version. FlashInfer builds its JIT modules
+with that machine's nvcc on first use (minutes a module): `python3 tools/peers.py build --groups decode,sampling`
+builds the ones a run needs first, so that no measurement stage spends its limit compiling.
 """
 from __future__ import annotations
 
@@ -257,6 +257,47 @@ def install(args: argparse.Namespace) -> None:
     log(f"installed part {args.part} into {SITE}")
 
 
+# FlashInfer's JIT modules that tools/measure_gpu.py uses, by group (bf16; head_dim 128 unless said)
+BUILD_GROUPS = ("decode", "decode_tc", "prefill", "sampling", "mla")
+
+
+def build(args: argparse.Namespace) -> None:
+    """On the GPU machine: build FlashInfer's JIT modules ahead of the timed runs (nvcc, all cores), so that no
+    measurement stage spends its time limit compiling. Groups: decode (FA2 decode, bf16 and e4m3 KV), decode_tc
+    (the prefill module FlashInfer's tensor-core decode uses), prefill (FA3 prefill, d64 / d128 / d256),
+    sampling, mla (FA3 MLA, 512 + 64)."""
+    code = r"""
+import sys, time, torch
+from flashinfer.jit.attention import modules as m
+from flashinfer.jit import sampling
+bf, i32 = torch.bfloat16, torch.int32
+specs = []
+for g in sys.argv[1].split(","):
+    if g == "decode":
+        specs += [m.gen_batch_decode_module(bf, kv, bf, i32, 128, 128, 0, False, False)
+                  for kv in (bf, torch.float8_e4m3fn)]
+    elif g == "decode_tc":
+        specs.append(m.gen_batch_prefill_module("fa2", bf, bf, bf, i32, 128, 128, 0, False, False, False))
+    elif g == "prefill":
+        specs += [m.gen_batch_prefill_module("fa3", bf, bf, bf, i32, d, d, 0, False, False, False) for d in (64, 128, 256)]
+    elif g == "sampling":
+        specs.append(sampling.gen_sampling_module())
+    elif g == "mla":
+        specs.append(m.gen_batch_mla_module("fa3", bf, bf, bf, i32, 512, 64, False))
+for i, s in enumerate(specs):
+    t = time.time()
+    s.build_and_load()
+    print(f"built {i + 1}/{len(specs)} {s.name} in {time.time() - t:.0f} s", flush=True)
+"""
+    bad = [g for g in args.groups.split(",") if g not in BUILD_GROUPS]
+    if bad:
+        raise SystemExit(f"peers: --groups: expected names from {', '.join(BUILD_GROUPS)}, got {', '.join(bad)}")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(SITE), os.environ.get("PYTHONPATH", "")]),
+               FLASHINFER_CUDA_ARCH_LIST=os.environ.get("FLASHINFER_CUDA_ARCH_LIST", "9.0a"),
+               MAX_JOBS=os.environ.get("MAX_JOBS", str(os.cpu_count() or 1)))
+    raise SystemExit(subprocess.run([sys.executable, "-c", code, args.groups], env=env).returncode)
+
+
 def check(args: argparse.Namespace) -> None:
     code = ("import importlib\n"
             "for m in ('cutlass', 'flash_attn.cute', 'quack', 'flashinfer', 'liger_kernel'):\n"
@@ -279,8 +320,11 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("install", help="on the GPU machine: unpack one carried part into .peers/site")
     p.add_argument("--part", type=int, choices=(1, 2), required=True)
     sub.add_parser("check", help="import each peer from .peers/site and print its version")
+    p = sub.add_parser("build", help="on the GPU machine: build FlashInfer's JIT modules before the timed runs")
+    p.add_argument("--groups", default=",".join(BUILD_GROUPS),
+                   help=f"comma-separated, from {', '.join(BUILD_GROUPS)} (default: all; minutes each)")
     args = ap.parse_args(argv)
-    {"fetch": fetch, "pack": pack, "install": install, "check": check}[args.cmd](args)
+    {"fetch": fetch, "pack": pack, "install": install, "check": check, "build": build}[args.cmd](args)
     return 0
 
 
