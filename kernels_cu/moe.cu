@@ -579,14 +579,22 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
     // live across the k-loop and spill: an opaque copy per pass makes them recomputed instead.
     const int kbeg_p = SPLIT ? gg_opaque(kbeg) : kbeg, m0_p = SPLIT ? gg_opaque(m0) : m0;
     const int n0_p = SPLIT ? gg_opaque(n0) : n0;
+    // Unscale the lo products' sum (a power of two: exact) before the hi pass adds to it. ptxas keeps both forms
+    // free of spills only per arch: the branch around the 128 multiplies spills 40 bytes on sm_100 and later, a
+    // multiply in every pass (by 1 but before the hi pass) spills on sm_80.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 1000
+    if (SPLIT != 0 && GG_LO_SCALE<T> != 1.0f) {
+        const float unscale = pass == NPASS - 1 ? 1.0f / GG_LO_SCALE<T> : 1.0f;
+#else
     if (SPLIT != 0 && pass == NPASS - 1) {
-        // Unscale the lo products' sum (a power of two: exact) before the hi pass adds to it.
+        constexpr float unscale = 1.0f / GG_LO_SCALE<T>;
+#endif
 #pragma unroll
         for (int i = 0; i < 4; i++)
 #pragma unroll
             for (int j = 0; j < 8; j++)
 #pragma unroll
-                for (int v = 0; v < 4; v++) acc[i][j][v] *= 1.0f / GG_LO_SCALE<T>;
+                for (int v = 0; v < 4; v++) acc[i][j][v] *= unscale;
     }
 
     // Copy assignments. [rows][k] tiles: rows (tid >> 2) + 32 i, 16-byte chunk (tid & 3) of the 32-wide

@@ -1153,7 +1153,8 @@ def _gg_ref2(k: dict) -> Any:
 spec(Spec("grouped_gemm", ops.grouped_gemm,
           lambda r: dict(a=f32(r, 5, 8), b=f32(r, 3, 4, 8), offsets=np.array([0, 2, 2, 5], np.int32), out=None,
                          tensor_cores=None, layout="nt", **HOST),
-          {"a": FARRAY, "b": FARRAY, "offsets": PTABLE, "out": OUT, "tensor_cores": BOOL, "layout": ENUM, **COMMON},
+          {"a": FARRAY, "b": FARRAY, "offsets": PTABLE, "out": OUT, "tensor_cores": BOOL, "layout": ENUM,
+           "out_dtype": FIXED, **COMMON},
           ref=_gg_ref2, kind_of="a"))
 # layout="nn" (b [E, K, N]) in f16: the tensor-core kernel with k-major B tiles on the host backend
 spec(Spec("grouped_gemm[nn]", ops.grouped_gemm,

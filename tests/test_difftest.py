@@ -401,9 +401,10 @@ def test_without_ml_dtypes_every_case_is_collected_and_the_runnable_ones_keep_th
     assert [c.id for c in bare] == IDS and not runner.SKIPPED
     pending = runner.pending_skips(bare)
     # bf16 and fp8 (whose NumPy types are ml_dtypes') cases need it, and so do f16 queries over an FP8 KV
-    # cache; the other f32 and f16 ones run
+    # cache and the fp32-result GEMMs of bf16 inputs; the other f32 and f16 ones run
     def needs(c) -> bool:
-        return c.dtype in ("bf16", "fp8") or "e4m3kv" in c.id or "e5m2kv" in c.id
+        return (c.dtype in ("bf16", "fp8") or "e4m3kv" in c.id or "e5m2kv" in c.id or "f32out-bf16" in c.id
+                or "f32out-from-bf16" in c.id)
 
     assert pending == {"missing ml_dtypes: pip install 'pykern[test]'": sum(needs(c) for c in CASES)}
     runnable = [c for c in bare if not getattr(c.run, "skip_reason", None)]

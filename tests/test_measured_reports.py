@@ -299,7 +299,7 @@ def test_model_summary_2026_11_27() -> None:
 def test_tools_measure_gpu_decodes_64_tokens_and_keeps_8() -> None:
     # the "64 greedy tokens, the last 8 kept" above is what tools/measure_gpu.py model does
     src = (DOCS.parent / "tools" / "measure_gpu.py").read_text()
-    assert "max_new_tokens=64" in src and '"greedy_tail": out[0, -8:]' in src
+    assert "max_new_tokens=64" in src and 'row["greedy_tail"] = out[0, -8:]' in src
 
 
 # --------------------------------------------------------------------------- 2026-11-28

@@ -180,6 +180,9 @@ class _Library:
         self.guard_resize.argtypes = [ctypes.c_ulonglong, ctypes.c_ulonglong, ctypes.c_ulonglong]
         self.guard_release = self.dll.pkrt_guard_release
         self.guard_release.restype, self.guard_release.argtypes = None, [ctypes.c_ulonglong, ctypes.c_ulonglong]
+        self.release_stacks = getattr(self.dll, "pkrt_release_stacks", None)
+        if self.release_stacks is not None:
+            self.release_stacks.restype, self.release_stacks.argtypes = None, []
 
     def fn(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -320,6 +323,7 @@ class HostBackend:
         # The sanitizer build checks every access itself (ASan's own SIGSEGV handler is in charge there):
         # exactly-sized heap copies below, no guard windows.
         staging = None if sanitize else _Staging(lib, pointers)
+        _enter_module(lib)
         try:
             staged = staging.stage() if staging is not None else {}
             for i, (p, a) in enumerate(zip(spec.params, args)):
@@ -377,6 +381,7 @@ class HostBackend:
                     changed = new != before[buf]
                     a.reshape(-1).view(np.uint8)[changed] = new[changed]
         finally:
+            _leave_module(lib)
             if staging is not None:
                 staging.release()
             for buf, *_ in copies:
@@ -417,6 +422,31 @@ def _resolve_pcs(msg: str, lib: Path) -> str:
         pass
     msg = re.sub(r"@@at:([0-9a-f]+)@@", lambda m: f" at {where[m.group(1)]}" if m.group(1) in where else "", msg)
     return re.sub(r"@@pc:([0-9a-f]+)@@", lambda m: where.get(m.group(1), f"library offset 0x{m.group(1)}"), msg)
+
+
+# ---- fiber stacks: one module's at a time ----------------------------------------------------
+# Every module carries its own runtime and keeps its fiber stacks between launches (two mappings a stack: a
+# CTA of 384 threads holds 768). A process running hundreds of modules (the test suite) would pass the kernel's
+# vm.max_map_count (65530) and every later mmap / mprotect would fail with ENOMEM. When a launch enters another
+# module, the one it leaves gives its stacks back, unless a launch of it is still running in another thread.
+_modules_lock = threading.Lock()
+_running: dict[int, int] = {}
+_last_module: list[Any] = [None]
+
+
+def _enter_module(lib: Any) -> None:
+    with _modules_lock:
+        prev = _last_module[0]
+        release = getattr(prev, "release_stacks", None)
+        if prev is not None and prev is not lib and not _running.get(id(prev)) and release is not None:
+            release()
+        _last_module[0] = lib
+        _running[id(lib)] = _running.get(id(lib), 0) + 1
+
+
+def _leave_module(lib: Any) -> None:
+    with _modules_lock:
+        _running[id(lib)] -= 1
 
 
 # ---- guarded staging of array arguments (every build but the sanitizer's) ----------------------

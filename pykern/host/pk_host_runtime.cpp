@@ -1213,6 +1213,17 @@ bool ensure_stacks(unsigned count, size_t stack_size, char* err, size_t errlen) 
     return true;
 }
 
+// The fiber stacks back to the system (two mappings each: a stack and its guard page). Each module keeps its
+// own; the backend calls this on the module it leaves when another one launches, so a process that runs many
+// modules holds one module's stacks, not hundreds of modules' (vm.max_map_count bounds the mappings).
+extern "C" __attribute__((visibility("default"))) void pkrt_release_stacks() {
+    for (int i = 0; i < kMaxSlots * kMaxThreads; i++) {
+        Thread& t = g_threads[i];
+        if (t.stack_lo) munmap(t.stack_lo - getpagesize(), t.stack_size + getpagesize());
+        t.stack_lo = nullptr;
+    }
+}
+
 // ---- faults and the watchdog -------------------------------------------------------
 // A fault inside a kernel (SIGSEGV, SIGBUS, SIGFPE) or a fiber that runs past
 // PYKERN_HOST_WATCHDOG_S without reaching a meeting point leaves the fiber with
