@@ -209,3 +209,18 @@ def index_array(name: str, a: Any, length: int | None, length_of: str = "") -> t
         if hasattr(a, "astype"):  # another library's device array converts itself
             return a.astype("int32"), None
         raise ArgumentTypeError(f"{name}: expected an int32 device array, got dtype {dt}") from None
+
+
+_SM_COUNTS: dict[int, int] = {}
+
+
+def nvrtc_sm_count(dev: int) -> int:
+    """The SM count of CUDA device `dev` (the nvrtc backend's driver), cached: the persistent grids and the split
+    choices size themselves by it."""
+    if dev not in _SM_COUNTS:
+        from ..backends import get_backend
+
+        be: Any = get_backend("nvrtc")
+        drv = be._driver or be._start()
+        _SM_COUNTS[dev] = int(drv.device_attribute(dev, "MULTIPROCESSOR_COUNT"))
+    return _SM_COUNTS[dev]

@@ -24,7 +24,6 @@ SMEM_FIXED = STAGES * (BM + BN) * BK * 2 + 2 * STAGES * 8  # GG90_SMEM_FIXED
 MAX_GROUPS = 4096  # the tile prefix lives in shared memory: 4 * (E + 1) bytes
 HOST_CTAS = 3  # the host backend's persistent grid: few CTAs, so each walks several tiles as on a GPU
 _INT_MAX = 2**31 - 1
-_sms: dict[int, int] = {}
 
 
 def shared_bytes(n_groups: int) -> int:
@@ -35,11 +34,9 @@ def shared_bytes(n_groups: int) -> int:
 def _sm_count(backend: str, dev: int) -> int:
     if backend == "host":
         return HOST_CTAS
-    if dev not in _sms:
-        be: Any = get_backend("nvrtc")
-        drv = be._driver or be._start()
-        _sms[dev] = int(drv.device_attribute(dev, "MULTIPROCESSOR_COUNT"))
-    return _sms[dev]
+    from ._common import nvrtc_sm_count
+
+    return nvrtc_sm_count(dev)
 
 
 def tiles_bound(m: int, n: int, n_groups: int, act: bool) -> int:

@@ -336,7 +336,6 @@ def _valid_out(valid: Any, batch: int, like: Any) -> Any:
 
 
 MAX_CTAS_PER_ROW = 16  # a split row's CTAs at most (sp_sample_split): 16 x 512 threads keep ~4 chunks each at 128k
-_sms: dict[int, int] = {}
 
 
 def _sm_count(backend: str | None, like: Any) -> int:
@@ -347,12 +346,10 @@ def _sm_count(backend: str | None, like: Any) -> int:
     be: Any = get_backend(backend)
     if be.name != "nvrtc":
         return 1
+    from ._common import nvrtc_sm_count
+
     dev = array_device(like)
-    dev = dev if isinstance(dev, int) and dev >= 0 else 0
-    if dev not in _sms:
-        drv = be._driver or be._start()
-        _sms[dev] = int(drv.device_attribute(dev, "MULTIPROCESSOR_COUNT"))
-    return _sms[dev]
+    return nvrtc_sm_count(dev if isinstance(dev, int) and dev >= 0 else 0)
 
 
 def _ctas_per_row(ctas_per_row: int | None, batch: int, vocab: int, kind: str, backend: str | None,
