@@ -209,8 +209,12 @@ def test_a_broken_kernel_fails_the_checks(old, new, tmp_path, monkeypatch) -> No
     rng = np.random.default_rng(12)
     x, gu, dn, ids, w, _ = _experts_inputs(rng, "bf16", 150, 72, 200, 5, 2)
     a, b, off = _gemm_inputs([130, 0, 5, 200], 300, 72, "bf16")
+    # out starts as NaN: a tile the mutant never writes must not pass on what a freed buffer of an earlier
+    # test (the same product, computed right) left in memory that np.empty hands back.
+    out = np.full((int(off[-1]), b.shape[1]), np.nan, np.float32).astype(_dt("bf16"))
     with pytest.raises(AssertionError, match="off, max err"):
-        _close(ops.grouped_gemm(a, b, off, backend=HOST), np_grouped_gemm(a, b, off), "grouped_gemm", "bf16")
+        _close(ops.grouped_gemm(a, b, off, out=out, backend=HOST), np_grouped_gemm(a, b, off), "grouped_gemm",
+               "bf16")
         _close(ops.moe_experts(x, gu, dn, ids, w, backend=HOST), np_moe_experts(x, gu, dn, ids, w),
                "moe_experts", "bf16")
 

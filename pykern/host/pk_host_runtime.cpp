@@ -1186,13 +1186,21 @@ void try_complete(Block* k, unsigned warp, unsigned l) {
 }
 
 // ---- stacks ----------------------------------------------------------------------
+// A fiber that finishes by switching away never unwinds its frames, so under AddressSanitizer the stack's
+// shadow keeps their redzones after the pages go. The address range is reused by later mappings (another
+// module's library, its globals); stale redzones there read as stack-buffer-overflows. Clear them first.
+void unmap_stack(Thread& t) {
+    if (!t.stack_lo) return;
+#ifdef PK_ASAN
+    __asan_unpoison_memory_region(t.stack_lo, t.stack_size);
+#endif
+    munmap(t.stack_lo - getpagesize(), t.stack_size + getpagesize());
+    t.stack_lo = nullptr;
+}
+
 bool ensure_stacks(unsigned count, size_t stack_size, char* err, size_t errlen) {
     if (stack_size != g_stack_size) {
-        for (int i = 0; i < kMaxSlots * kMaxThreads; i++) {
-            Thread& t = g_threads[i];
-            if (t.stack_lo) munmap(t.stack_lo - getpagesize(), t.stack_size + getpagesize());
-            t.stack_lo = nullptr;
-        }
+        for (int i = 0; i < kMaxSlots * kMaxThreads; i++) unmap_stack(g_threads[i]);
         g_stack_size = stack_size;
     }
     size_t page = static_cast<size_t>(getpagesize());
@@ -1217,11 +1225,7 @@ bool ensure_stacks(unsigned count, size_t stack_size, char* err, size_t errlen) 
 // own; the backend calls this on the module it leaves when another one launches, so a process that runs many
 // modules holds one module's stacks, not hundreds of modules' (vm.max_map_count bounds the mappings).
 extern "C" __attribute__((visibility("default"))) void pkrt_release_stacks() {
-    for (int i = 0; i < kMaxSlots * kMaxThreads; i++) {
-        Thread& t = g_threads[i];
-        if (t.stack_lo) munmap(t.stack_lo - getpagesize(), t.stack_size + getpagesize());
-        t.stack_lo = nullptr;
-    }
+    for (int i = 0; i < kMaxSlots * kMaxThreads; i++) unmap_stack(g_threads[i]);
 }
 
 // ---- faults and the watchdog -------------------------------------------------------
