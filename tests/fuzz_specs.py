@@ -504,6 +504,51 @@ spec(Spec("flash_attention_varlen", ops.flash_attention_varlen,
            "scale": FLOAT, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL, **COMMON},
           ref=_fav_ref, kind_of="q"))
 
+def _favb_build(r: np.random.Generator) -> dict:
+    """A valid varlen backward call: f16 (the op runs on the tensor-core kernels), the forward's out / lse."""
+    q, k, v, g = f16(r, 5, 2, 8), f16(r, 6, 1, 8), f16(r, 6, 1, 8), f16(r, 5, 2, 8)
+    cq, ck = np.array([0, 2, 5], np.int32), np.array([0, 3, 6], np.int32)
+    outs, lses = [], []
+    for b in range(2):
+        o, l_ = _na(fdata(q)[cq[b]:cq[b + 1]], fdata(k)[ck[b]:ck[b + 1]], fdata(v)[ck[b]:ck[b + 1]], True, None,
+                    (-1, -1), 0.0)
+        outs.append(o)
+        lses.append(l_)
+    return dict(q=q, k=k, v=v, grad_out=g, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                out=np.concatenate(outs).astype(np.float16), lse=np.concatenate(lses).astype(np.float32),
+                max_seqlen_q=None, max_seqlen_k=None, causal=True, scale=None, window_size=(-1, -1), softcap=0.0,
+                **HOST)
+
+
+def _favb_ref(k: dict) -> Any:
+    q, kk, v, g = (fdata(k[n]) for n in ("q", "k", "v", "grad_out"))
+    cq, ck = i64(k["cu_seqlens_q"]), i64(k["cu_seqlens_k"])
+    need(q.ndim == 3 and q.shape == g.shape and kk.shape == v.shape and kk.ndim == 3 and q.shape[2] == kk.shape[2],
+         "shapes")
+    need(kk.shape[1] > 0 and q.shape[1] % kk.shape[1] == 0, "heads")
+    need(cq.ndim == 1 and cq.shape == ck.shape and cq.size >= 2 and cq[0] == 0 and ck[0] == 0, "cu_seqlens")
+    need((np.diff(cq) >= 0).all() and (np.diff(ck) >= 0).all() and cq[-1] == q.shape[0]
+         and ck[-1] == kk.shape[0], "cu_seqlens")
+    ws = tuple(k["window_size"])
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
+    sc = k.get("scale")
+    dq, dk, dv = np.zeros(q.shape), np.zeros(kk.shape), np.zeros(v.shape)
+    for b in range(cq.size - 1):
+        sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+        dq[sq], dk[sk], dv[sk] = nan_attention(q[sq], kk[sk], v[sk], g[sq], flag(k["causal"]),
+                                               None if sc is None else real(sc), ws, real(k["softcap"]))
+    return dq, dk, dv
+
+
+# out / lse are the forward's: the reference recomputes them from q, k, v, so a mutated out or lse (values, not
+# shapes) is a different question than the op answers; OPEN_DEFECTS in fuzz_engine.py lists those classes.
+spec(Spec("flash_attention_varlen_backward", ops.flash_attention_varlen_backward, _favb_build,
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "grad_out": FARRAY, "cu_seqlens_q": PTABLE,
+           "cu_seqlens_k": PTABLE, "out": FARRAY, "lse": FARRAY, "max_seqlen_q": LENGTH, "max_seqlen_k": LENGTH,
+           "causal": BOOL, "scale": FLOAT, "window_size": INT, "softcap": FLOAT, **COMMON},
+          ref=_favb_ref, kind_of="q", writes=lambda k: (), examples=0.5))
+
 # --------------------------------------------------------------------------- decode (dense caches)
 DECODE_ROLES = {"q": FARRAY, "kv_layout": ENUM, "scale": FLOAT, "window_left": INT, "logits_soft_cap": FLOAT,
                 "method": ENUM, "num_warps": LENGTH, "chunk_size": LENGTH, "tensor_cores": BOOL, "out": OUT,
