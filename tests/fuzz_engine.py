@@ -69,6 +69,8 @@ OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
     ("flash_attention", "q", "nan", "NaN q gives 0"),
     ("torch.flash_attention", "q", "nan", "NaN q gives 0"),
     ("flash_attention_varlen", "q", "nan", "NaN q gives 0"),
+    ("torch.flash_attention_varlen", "q", "nan", "NaN q gives 0"),
+    ("torch.flash_attention_varlen", "q", "inf", "lse -inf where out is NaN"),
     ("*decode_attention", "q", "nan", "NaN q gives 0"),
     ("PagedDecodePlan.run", "q", "nan", "NaN q gives 0"),
     ("paged_prefill_attention", "q", "nan", "NaN q gives 0"),

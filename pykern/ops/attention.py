@@ -723,44 +723,6 @@ def attention_backward(
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
 
 
-def _check_cu_seqlens(name: str, cu: Any, length: int | None, length_of: str, total: int,
-                      total_name: str) -> tuple[Any, np.ndarray | None]:
-    """(int32 array for the kernels, host copy or None) of flash-attn's cu_seqlens: int32, 1-D, [0] == 0,
-    non-decreasing, [-1] == total (checked where the values are on the host; device arrays are trusted, as
-    flash-attn trusts them, and their outputs start from zeros)."""
-    from ._common import index_array
-    from ._prefill import check_indptr
-
-    if isinstance(cu, (list, tuple)) or arrays.dtype_name(cu, name) != "int32":
-        got = type(cu).__name__ if isinstance(cu, (list, tuple)) else f"dtype {arrays.dtype_name(cu, name)}"
-        raise ArgumentTypeError(f"{name}: expected an int32 array (flash-attn's cu_seqlens), got {got}")
-    dev, host = index_array(name, cu, length, length_of)
-    n = arrays.shape_of(dev)[0]
-    if n < 2:
-        raise ArgumentError(f"{name}: expected shape (batch + 1,) with batch >= 1, got {(n,)}")
-    check_indptr(name, host, total, total_name, exact=True)
-    return dev, host
-
-
-def _check_max_seqlen(name: str, value: Any, host: np.ndarray | None, cu_name: str) -> int:
-    """max_seqlen_q / _k: the grid's extent. None takes the longest sequence of a host cu_seqlens; a given value
-    must cover it (a shorter one would leave rows without a CTA)."""
-    longest = int(np.diff(host.astype(np.int64)).max()) if host is not None else None
-    if value is None:
-        if longest is None:
-            raise ArgumentError(f"{name}: expected an int when {cu_name} is on the device (the grid is sized from "
-                                f"it without reading {cu_name} back), got None")
-        return longest
-    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
-        raise ArgumentTypeError(f"{name}: expected an int >= 0, got {type(value).__name__} {value!r}")
-    value = int(value)
-    if not 0 <= value <= _INT_MAX - 256:
-        raise ArgumentError(f"{name}: expected 0 <= value <= {_INT_MAX - 256}, got {value}")
-    if longest is not None and value < longest:
-        raise ArgumentError(f"{name}: expected at least the longest sequence of {cu_name} ({longest}), got {value}")
-    return value
-
-
 @arrays.stream_scoped
 def flash_attention_varlen_backward(
     q: Any,
@@ -799,6 +761,8 @@ def flash_attention_varlen_backward(
     element (deterministic), dK / dV summed over the GQA group inside one CTA. sm_80 or newer on the nvrtc
     backend, the host backend, numba.
     """
+    from ._prefill import check_cu_seqlens, check_max_seqlen
+
     kind = arrays.io_kind("q", q, ("bf16", "f16"))
     for name, a in (("k", k), ("v", v), ("grad_out", grad_out), ("out", out)):
         _same_kind(name, a, kind, "q")
@@ -819,12 +783,12 @@ def flash_attention_varlen_backward(
         raise ArgumentError(f"q.shape[2] (head_dim): expected 1..{MAX_HEAD_DIM}, got {d}")
     if h < 1 or kvh < 1 or h % kvh:
         raise ArgumentError(f"k.shape[1] (num_kv_heads): expected a divisor of num_heads={h}, got {kvh}")
-    cq, hq = _check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, "", total_q, "total_q")
+    cq, hq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, "", total_q, "total_q")
     batch = arrays.shape_of(cq)[0] - 1
-    ck, hk = _check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q", total_k,
+    ck, hk = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q", total_k,
                                "total_k")
-    max_q = _check_max_seqlen("max_seqlen_q", max_seqlen_q, hq, "cu_seqlens_q")
-    max_k = _check_max_seqlen("max_seqlen_k", max_seqlen_k, hk, "cu_seqlens_k")
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, hq, "cu_seqlens_q")
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, hk, "cu_seqlens_k")
     if not isinstance(causal, (bool, np.bool_)):
         raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
     left, right = _check_window_size(window_size)
