@@ -413,10 +413,11 @@ def _packed_batch():
 def test_packed_sequences_train_on_flash_attention_varlen(name, extra, use_cache, spy):
     # Without a cache object transformers builds the packed sequences' block-causal mask from position_ids (the
     # reference runs it on SDPA); with one it leaves the mask causal and, as its flash-attention path, apply
-    # reads the packing from position_ids. Either way: flash_attention_varlen, forward and backward.
+    # reads the packing from position_ids (in training). Either way: flash_attention_varlen, forward and backward.
     calls, shapes = spy
     ref = tiny(name, **extra).to(torch.bfloat16)
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
+    model.train()  # (no dropout in these configs: train mode changes nothing else)
     ids, pos, labels = _packed_batch()
     o_ref = ref(input_ids=ids, position_ids=pos, labels=labels, use_cache=False)
     o = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=use_cache)

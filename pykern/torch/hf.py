@@ -162,9 +162,10 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
                          kwargs)
     if query.shape[2] == 1 and _decode_ok(query, key, value, softcap):
         return _decode(query, key, value, scaling, window), None
-    if query.shape[2] > 1:
+    if query.shape[2] > 1 and module.training:
         # No mask, position_ids that restart (a packing collator's rows with a cache object present, where
-        # transformers leaves the mask causal): the sequences as transformers' flash-attention path runs them
+        # transformers leaves the mask causal): the sequences as transformers' flash-attention path runs them.
+        # Training only: the check reads position_ids on the host once a forward, which inference never pays.
         packed = _packed_sequences(query, key, value, None, kwargs.get("position_ids"), window)
         if packed is not None:
             return _varlen(query, key, value, packed, scaling, window, softcap), None
