@@ -24,6 +24,9 @@
 //   One writer per dQ element: deterministic.
 // dK and dQ carry the factor `scale` (d(scale q.k)/dq = scale k). Keys past n_k, queries past n_q
 // and masked pairs get P = 0, hence dS = 0: rows/keys that see nothing get zero gradients.
+// attention_bwd_varlen_tc_*: the same kernels for packed sequences (template parameter VL): the prologue
+//   reads sequence b's row offsets and lengths from cu_seqlens_q / cu_seqlens_k (flash-attn's layout), and a
+//   CTA past its sequence's end exits; everything after the prologue is the dense code.
 // Tiles are single-buffered (cp.async, then wait): the forward is the double-buffered kernel.
 // The query/key steps are small (16 / 32) so that ptxas for sm_100 / sm_120, which takes far more
 // registers for the same code than for sm_80 / sm_90, fits 255 registers with 0 spills: one tile
@@ -49,11 +52,11 @@
 #define ABTC_DQ_SMEM(D) ((2 * ABTC_QR + 2 * ABTC_DQ_BC(D)) * ((D) + 8) * 2)
 
 // MODE: 1 = dV only, 2 = dK only, 3 = both.
-template <typename T, int D, int MODE, bool SC>
+template <typename T, int D, int MODE, bool SC, bool VL>
 __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                           const T* __restrict__ grad_out, const float* __restrict__ lse,
                                           const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                                          int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
+                                          const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
                                           float scale, int window_left, int window_right, float softcap) {
     constexpr int BC = ABTC_BC, BR = ABTC_BR, SD = D + 8, NT = BR / 8, ON = D / 8;
     constexpr bool DO_DV = (MODE & 1) != 0, DO_DK = (MODE & 2) != 0;
@@ -72,8 +75,22 @@ __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __re
     const int b = bh / n_kv_heads, kh = bh % n_kv_heads;
     const int group = n_heads / n_kv_heads;
     const int k0 = kt * BC;
+    // Varlen: the grid spans the longest sequence (n_q / n_k are the maxima); sequence b's rows start at
+    // cu_q[b] / cu_k[b], and its own lengths and per-sequence window sides (normalize() in _window.py) replace
+    // the maxima. A CTA past the sequence's last key exits (CTA-uniform, before any barrier); one that has keys
+    // but no query (an empty query sequence) still writes its zero dK / dV.
+    long long q_row0 = (long long)b * n_q, k_row0 = (long long)b * n_k;
+    if (VL) {
+        q_row0 = cu_q[b];
+        k_row0 = cu_k[b];
+        n_q = max(cu_q[b + 1] - cu_q[b], 0);
+        n_k = max(cu_k[b + 1] - cu_k[b], 0);
+        if (k0 >= n_k) return;
+        window_left = min(window_left, n_k);
+        window_right = min(window_right, n_q);
+    }
     const long long kv_stride = (long long)n_kv_heads * head_dim, q_stride = (long long)n_heads * head_dim;
-    const long long k_base = (long long)b * n_k * kv_stride + (long long)kh * head_dim;
+    const long long k_base = k_row0 * kv_stride + (long long)kh * head_dim;
     const bool vq = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(q) & 15) == 0;
     const bool vk = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(k) & 15) == 0;
     const bool vv = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(v) & 15) == 0;
@@ -105,14 +122,14 @@ __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __re
 
     for (int hh = 0; hh < group; hh++) {
         const int h = kh * group + hh;
-        const long long q_base = (long long)b * n_q * q_stride + (long long)h * head_dim;
+        const long long q_base = q_row0 * q_stride + (long long)h * head_dim;
         for (int it = i_start; it < i_end; it++) {
             const int q0 = it * BR;
             fatc_load_tile<D, BR>(qs, q, q_base, q_stride, q0, n_q, head_dim, vq);
             fatc_load_tile<D, BR>(dos, grad_out, q_base, q_stride, q0, n_q, head_dim, vg);
             for (int r = threadIdx.x; r < BR; r += FATC_THREADS) {
                 const int row = q0 + r;
-                const long long li = ((long long)b * n_q + row) * n_heads + h;
+                const long long li = (q_row0 + row) * n_heads + h;
                 lse_s[r] = row < n_q ? lse[li] * ABTC_LOG2E : 0.0f;
                 del_s[r] = row < n_q ? delta[li] : 0.0f;
             }
@@ -216,7 +233,7 @@ ABTC_KP_UNROLL
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
         if (key >= n_k) continue;
-        const long long ob = ((long long)b * n_k + key) * kv_stride + (long long)kh * head_dim;
+        const long long ob = (k_row0 + key) * kv_stride + (long long)kh * head_dim;
 #pragma unroll
         for (int i = 0; i < ON; i++) {
             const int col = i * 8 + 2 * t;
@@ -233,10 +250,11 @@ ABTC_KP_UNROLL
     }
 }
 
-template <typename T, int D, bool SC>
+template <typename T, int D, bool SC, bool VL>
 __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v,
                                         const T* __restrict__ grad_out, const float* __restrict__ lse,
-                                        const float* __restrict__ delta, T* __restrict__ dq, int batch, int n_q,
+                                        const float* __restrict__ delta, T* __restrict__ dq,
+                                        const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch, int n_q,
                                         int n_k, int n_heads, int n_kv_heads, int head_dim, float scale,
                                         int window_left, int window_right, float softcap) {
     constexpr int BR = ABTC_QR, BC = ABTC_DQ_BC(D), SD = D + 8, NT = BC / 8, ON = D / 8;
@@ -254,12 +272,23 @@ __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __rest
     const int b = bh / n_heads, h = bh % n_heads;
     const int kh = h / (n_heads / n_kv_heads);
     const int q0 = qt * BR;
+    // Varlen: as the dK/dV kernel (the maxima span the grid; a CTA past its sequence's last query exits).
+    long long q_row0 = (long long)b * n_q, k_row0 = (long long)b * n_k;
+    if (VL) {
+        q_row0 = cu_q[b];
+        k_row0 = cu_k[b];
+        n_q = max(cu_q[b + 1] - cu_q[b], 0);
+        n_k = max(cu_k[b + 1] - cu_k[b], 0);
+        if (q0 >= n_q) return;
+        window_left = min(window_left, n_k);
+        window_right = min(window_right, n_q);
+    }
     // Only the key tiles the window of some row of ours reaches.
     const PkAttnSpan span = pk_attn_q_span(q0, min(q0 + BR, n_q) - 1, n_q, n_k, window_left, window_right);
     const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
     const long long q_stride = (long long)n_heads * head_dim, kv_stride = (long long)n_kv_heads * head_dim;
-    const long long q_base = (long long)b * n_q * q_stride + (long long)h * head_dim;
-    const long long k_base = (long long)b * n_k * kv_stride + (long long)kh * head_dim;
+    const long long q_base = q_row0 * q_stride + (long long)h * head_dim;
+    const long long k_base = k_row0 * kv_stride + (long long)kh * head_dim;
     const bool vq = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(q) & 15) == 0;
     const bool vk = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(k) & 15) == 0;
     const bool vv = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(v) & 15) == 0;
@@ -277,7 +306,7 @@ __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __rest
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
-        const long long li = ((long long)b * n_q + row) * n_heads + h;
+        const long long li = (q_row0 + row) * n_heads + h;
         lse2[r] = row < n_q ? lse[li] * ABTC_LOG2E : 0.0f;
         del[r] = row < n_q ? delta[li] : 0.0f;
     }
@@ -356,7 +385,7 @@ ABTC_KP_UNROLL
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
         if (row >= n_q) continue;
-        const long long ob = ((long long)b * n_q + row) * q_stride + (long long)h * head_dim;
+        const long long ob = (q_row0 + row) * q_stride + (long long)h * head_dim;
 #pragma unroll
         for (int i = 0; i < ON; i++) {
             const int col = i * 8 + 2 * t;
@@ -371,24 +400,24 @@ ABTC_KP_UNROLL
 // launched there). MODE of the dK/dV kernels: 3 both, 1 dV only, 2 dK only (D = 256).
 PK_ATTN_TC_ENTRY(abtc_dkdv_entry, abtc_dkdv)
 PK_ATTN_TC_ENTRY(abtc_dq_entry, abtc_dq)
-PK_IO_VARIANT(attention_bwd_tc_dkdv_d64, abtc_dkdv_entry, 64, 3, false)
-PK_IO_VARIANT(attention_bwd_tc_dkdv_d96, abtc_dkdv_entry, 96, 3, false)
-PK_IO_VARIANT(attention_bwd_tc_dkdv_d128, abtc_dkdv_entry, 128, 3, false)
-PK_IO_VARIANT(attention_bwd_tc_dv_d256, abtc_dkdv_entry, 256, 1, false)
-PK_IO_VARIANT(attention_bwd_tc_dk_d256, abtc_dkdv_entry, 256, 2, false)
-PK_IO_VARIANT(attention_bwd_tc_dkdv_d64_softcap, abtc_dkdv_entry, 64, 3, true)
-PK_IO_VARIANT(attention_bwd_tc_dkdv_d96_softcap, abtc_dkdv_entry, 96, 3, true)
-PK_IO_VARIANT(attention_bwd_tc_dkdv_d128_softcap, abtc_dkdv_entry, 128, 3, true)
-PK_IO_VARIANT(attention_bwd_tc_dv_d256_softcap, abtc_dkdv_entry, 256, 1, true)
-PK_IO_VARIANT(attention_bwd_tc_dk_d256_softcap, abtc_dkdv_entry, 256, 2, true)
-PK_IO_VARIANT(attention_bwd_tc_dq_d64, abtc_dq_entry, 64, false)
-PK_IO_VARIANT(attention_bwd_tc_dq_d96, abtc_dq_entry, 96, false)
-PK_IO_VARIANT(attention_bwd_tc_dq_d128, abtc_dq_entry, 128, false)
-PK_IO_VARIANT(attention_bwd_tc_dq_d256, abtc_dq_entry, 256, false)
-PK_IO_VARIANT(attention_bwd_tc_dq_d64_softcap, abtc_dq_entry, 64, true)
-PK_IO_VARIANT(attention_bwd_tc_dq_d96_softcap, abtc_dq_entry, 96, true)
-PK_IO_VARIANT(attention_bwd_tc_dq_d128_softcap, abtc_dq_entry, 128, true)
-PK_IO_VARIANT(attention_bwd_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d64, abtc_dkdv_entry, 64, 3, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d96, abtc_dkdv_entry, 96, 3, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d128, abtc_dkdv_entry, 128, 3, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dv_d256, abtc_dkdv_entry, 256, 1, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dk_d256, abtc_dkdv_entry, 256, 2, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d64_softcap, abtc_dkdv_entry, 64, 3, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d96_softcap, abtc_dkdv_entry, 96, 3, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dkdv_d128_softcap, abtc_dkdv_entry, 128, 3, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dv_d256_softcap, abtc_dkdv_entry, 256, 1, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dk_d256_softcap, abtc_dkdv_entry, 256, 2, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d64, abtc_dq_entry, 64, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d96, abtc_dq_entry, 96, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d128, abtc_dq_entry, 128, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d256, abtc_dq_entry, 256, false, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d64_softcap, abtc_dq_entry, 64, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d96_softcap, abtc_dq_entry, 96, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d128_softcap, abtc_dq_entry, 128, true, false)
+PK_IO_VARIANT(attention_bwd_tc_dq_d256_softcap, abtc_dq_entry, 256, true, false)
 
 #define ABTC_DKDV_PARAMS                                                                                             \
     (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
@@ -396,8 +425,8 @@ PK_IO_VARIANT(attention_bwd_tc_dq_d256_softcap, abtc_dq_entry, 256, true)
      int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,           \
      int window_right, float softcap)
 #define ABTC_DKDV_ARGS                                                                                               \
-    (q, k, v, grad_out, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,      \
-     window_right, softcap)
+    (q, k, v, grad_out, lse, delta, dk, dv, nullptr, nullptr, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, \
+     window_left, window_right, softcap)
 PK_IO16_KERNELS(attention_bwd_tc_dkdv_d64, (FATC_THREADS, 2), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dkdv_d96, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dkdv_d128, (FATC_THREADS, 1), ABTC_DKDV_PARAMS, ABTC_DKDV_ARGS)
@@ -415,8 +444,8 @@ PK_IO16_KERNELS(attention_bwd_tc_dk_d256_softcap, (FATC_THREADS, 1), ABTC_DKDV_P
      int n_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left, int window_right,             \
      float softcap)
 #define ABTC_DQ_ARGS                                                                                                 \
-    (q, k, v, grad_out, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,          \
-     window_right, softcap)
+    (q, k, v, grad_out, lse, delta, dq, nullptr, nullptr, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, scale,     \
+     window_left, window_right, softcap)
 PK_IO16_KERNELS(attention_bwd_tc_dq_d64, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dq_d96, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dq_d128, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
@@ -425,3 +454,64 @@ PK_IO16_KERNELS(attention_bwd_tc_dq_d64_softcap, (FATC_THREADS, 2), ABTC_DQ_PARA
 PK_IO16_KERNELS(attention_bwd_tc_dq_d96_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dq_d128_softcap, (FATC_THREADS, 2), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dq_d256_softcap, (FATC_THREADS, 1), ABTC_DQ_PARAMS, ABTC_DQ_ARGS)
+
+// Varlen entry points (flash_attention_varlen_backward): q / grad_out (total_q, n_heads, head_dim), k / v
+// (total_k, n_kv_heads, head_dim), lse / delta (total_q, n_heads); sequence b is rows cu_seqlens_q[b] ..
+// cu_seqlens_q[b + 1] against cu_seqlens_k[b] .. cu_seqlens_k[b + 1]. The grid is the dense one at the longest
+// lengths (max_seqlen_q / _k); the window sides come unbounded as 2^30 and are clamped per sequence.
+PK_IO_VARIANT(attention_bwd_varlen_tc_dkdv_d64, abtc_dkdv_entry, 64, 3, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dkdv_d96, abtc_dkdv_entry, 96, 3, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dkdv_d128, abtc_dkdv_entry, 128, 3, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dv_d256, abtc_dkdv_entry, 256, 1, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dk_d256, abtc_dkdv_entry, 256, 2, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dkdv_d64_softcap, abtc_dkdv_entry, 64, 3, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dkdv_d96_softcap, abtc_dkdv_entry, 96, 3, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dkdv_d128_softcap, abtc_dkdv_entry, 128, 3, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dv_d256_softcap, abtc_dkdv_entry, 256, 1, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dk_d256_softcap, abtc_dkdv_entry, 256, 2, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d64, abtc_dq_entry, 64, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d96, abtc_dq_entry, 96, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d128, abtc_dq_entry, 128, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d256, abtc_dq_entry, 256, false, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d64_softcap, abtc_dq_entry, 64, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d96_softcap, abtc_dq_entry, 96, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d128_softcap, abtc_dq_entry, 128, true, true)
+PK_IO_VARIANT(attention_bwd_varlen_tc_dq_d256_softcap, abtc_dq_entry, 256, true, true)
+
+#define ABTC_VL_DKDV_PARAMS                                                                                          \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
+     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,         \
+     const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q,       \
+     int max_seqlen_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left, int window_right,    \
+     float softcap)
+#define ABTC_VL_DKDV_ARGS                                                                                            \
+    (q, k, v, grad_out, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, n_heads,  \
+     n_kv_heads, head_dim, scale, window_left, window_right, softcap)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dkdv_d64, (FATC_THREADS, 2), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dkdv_d96, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dkdv_d128, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dv_d256, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dk_d256, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dkdv_d64_softcap, (FATC_THREADS, 2), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dkdv_d96_softcap, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dkdv_d128_softcap, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dv_d256_softcap, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dk_d256_softcap, (FATC_THREADS, 1), ABTC_VL_DKDV_PARAMS, ABTC_VL_DKDV_ARGS)
+
+#define ABTC_VL_DQ_PARAMS                                                                                            \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
+     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq,                             \
+     const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q,       \
+     int max_seqlen_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left, int window_right,    \
+     float softcap)
+#define ABTC_VL_DQ_ARGS                                                                                              \
+    (q, k, v, grad_out, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, n_heads,      \
+     n_kv_heads, head_dim, scale, window_left, window_right, softcap)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d64, (FATC_THREADS, 2), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d96, (FATC_THREADS, 2), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d128, (FATC_THREADS, 2), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d256, (FATC_THREADS, 1), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d64_softcap, (FATC_THREADS, 2), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d96_softcap, (FATC_THREADS, 2), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d128_softcap, (FATC_THREADS, 2), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_tc_dq_d256_softcap, (FATC_THREADS, 1), ABTC_VL_DQ_PARAMS, ABTC_VL_DQ_ARGS)

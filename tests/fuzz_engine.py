@@ -69,6 +69,8 @@ OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
     ("flash_attention", "q", "nan", "NaN q gives 0"),
     ("torch.flash_attention", "q", "nan", "NaN q gives 0"),
     ("flash_attention_varlen", "q", "nan", "NaN q gives 0"),
+    ("torch.flash_attention_varlen", "q", "nan", "NaN q gives 0"),
+    ("torch.flash_attention_varlen", "q", "inf", "lse -inf where out is NaN"),
     ("*decode_attention", "q", "nan", "NaN q gives 0"),
     ("PagedDecodePlan.run", "q", "nan", "NaN q gives 0"),
     ("paged_prefill_attention", "q", "nan", "NaN q gives 0"),
@@ -88,6 +90,9 @@ OPEN_DEFECTS: list[tuple[str, str, str, str]] = [
     # attention_backward: a NaN in q or k gives dk = +-inf or finite dv where the math gives NaN
     ("attention_backward", "*", "nan", "NaN not propagated to dq / dk / dv"),
     ("attention_backward", "*", "inf", "inf not propagated like NaN"),
+    # flash_attention_varlen_backward runs the same kernels (the tensor-core ones): the same NaN / inf handling
+    ("flash_attention_varlen_backward", "*", "nan", "NaN not propagated to dq / dk / dv"),
+    ("flash_attention_varlen_backward", "*", "inf", "inf not propagated like NaN"),
     # moe_experts_backward: an inf in the expert weights gives NaN weight-gradient entries the math keeps
     # finite (0 * inf from the zero rows that pad each expert's group to the GEMM tile, presumably)
     ("moe_experts_backward", "gate_up_proj", "inf", "padding rows turn inf weights into NaN gradients"),

@@ -504,6 +504,75 @@ spec(Spec("flash_attention_varlen", ops.flash_attention_varlen,
            "scale": FLOAT, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL, **COMMON},
           ref=_fav_ref, kind_of="q"))
 
+def _favb_build(r: np.random.Generator) -> dict:
+    """A valid varlen backward call: f16 (the op runs on the tensor-core kernels), the forward's out / lse."""
+    q, k, v, g = f16(r, 5, 2, 8), f16(r, 6, 1, 8), f16(r, 6, 1, 8), f16(r, 5, 2, 8)
+    cq, ck = np.array([0, 2, 5], np.int32), np.array([0, 3, 6], np.int32)
+    outs, lses = [], []
+    for b in range(2):
+        o, l_ = _na(fdata(q)[cq[b]:cq[b + 1]], fdata(k)[ck[b]:ck[b + 1]], fdata(v)[ck[b]:ck[b + 1]], True, None,
+                    (-1, -1), 0.0)
+        outs.append(o)
+        lses.append(l_)
+    return dict(q=q, k=k, v=v, grad_out=g, cu_seqlens_q=cq, cu_seqlens_k=ck,
+                out=np.concatenate(outs).astype(np.float16), lse=np.concatenate(lses).astype(np.float32),
+                max_seqlen_q=None, max_seqlen_k=None, causal=True, scale=None, window_size=(-1, -1), softcap=0.0,
+                **HOST)
+
+
+def _favb_ref(k: dict) -> Any:
+    """float64 of what the op computes from the forward's out / lse as given (flash-attn's backward contract):
+    P = exp(s - lse) on the visible keys, delta = rowsum(grad_out * out), dS = P (dP - delta) (times the
+    softcap's 1 - tanh^2); so a mutated out or lse has a defined answer too."""
+    from pykern.difftest.cases.attention import window_mask
+
+    q, kk, v, g, o = (fdata(k[n]) for n in ("q", "k", "v", "grad_out", "out"))
+    lse = np.asarray(k["lse"])
+    need(lse.dtype == np.float32, "lse dtype")
+    lse = lse.astype(np.float64)
+    cq, ck = i64(k["cu_seqlens_q"]), i64(k["cu_seqlens_k"])
+    need(q.ndim == 3 and q.shape == g.shape == o.shape and kk.shape == v.shape and kk.ndim == 3
+         and q.shape[2] == kk.shape[2] and lse.shape == q.shape[:2], "shapes")
+    need(kk.shape[1] > 0 and q.shape[1] % kk.shape[1] == 0, "heads")
+    need(cq.ndim == 1 and cq.shape == ck.shape and cq.size >= 2 and cq[0] == 0 and ck[0] == 0, "cu_seqlens")
+    need((np.diff(cq) >= 0).all() and (np.diff(ck) >= 0).all() and cq[-1] == q.shape[0]
+         and ck[-1] == kk.shape[0], "cu_seqlens")
+    for n, cu in (("max_seqlen_q", cq), ("max_seqlen_k", ck)):
+        need(k[n] is None or natural(k[n]) >= np.diff(cu).max(initial=0), n)
+    ws = tuple(k["window_size"])
+    need(len(ws) == 2 and all(isinstance(w, (int, np.integer)) and w >= -1 for w in ws), "window")
+    ws = tuple(int(w) for w in ws)
+    sc, cap = k.get("scale"), real(k["softcap"])
+    scale = 1.0 / np.sqrt(q.shape[2]) if sc is None else real(sc)
+    group = q.shape[1] // kk.shape[1]
+    dq, dk, dv = np.zeros(q.shape), np.zeros(kk.shape), np.zeros(v.shape)
+    with np.errstate(all="ignore"):
+        for b in range(cq.size - 1):
+            sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            vis = window_mask(sq.stop - sq.start, sk.stop - sk.start, flag(k["causal"]), ws)
+            for h in range(q.shape[1]):
+                qq, k_, v_, go = q[sq, h], kk[sk, h // group], v[sk, h // group], g[sq, h]
+                raw = qq @ k_.T * scale
+                t = np.tanh(raw / cap) if cap > 0 else None
+                s_ = cap * t if cap > 0 else raw
+                p = np.where(vis, np.exp(s_ - lse[sq, h][:, None]), 0.0)
+                delta = (go * o[sq, h]).sum(-1, keepdims=True)
+                ds = np.where(vis, p * (go @ v_.T - delta), 0.0)
+                if cap > 0:
+                    ds = np.where(vis, ds * (1.0 - t * t), 0.0)
+                dq[sq, h] = ds @ k_ * scale
+                dk[sk, h // group] += ds.T @ qq * scale
+                dv[sk, h // group] += p.T @ go
+    return dq, dk, dv
+
+
+# The reference takes out / lse as given (the op's contract), so their values are fuzzed like the others.
+spec(Spec("flash_attention_varlen_backward", ops.flash_attention_varlen_backward, _favb_build,
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "grad_out": FARRAY, "cu_seqlens_q": PTABLE,
+           "cu_seqlens_k": PTABLE, "out": FARRAY, "lse": FARRAY, "max_seqlen_q": LENGTH, "max_seqlen_k": LENGTH,
+           "causal": BOOL, "scale": FLOAT, "window_size": INT, "softcap": FLOAT, **COMMON},
+          ref=_favb_ref, kind_of="q", writes=lambda k: (), examples=0.5))
+
 # --------------------------------------------------------------------------- decode (dense caches)
 DECODE_ROLES = {"q": FARRAY, "kv_layout": ENUM, "scale": FLOAT, "window_left": INT, "logits_soft_cap": FLOAT,
                 "method": ENUM, "num_warps": LENGTH, "chunk_size": LENGTH, "tensor_cores": BOOL, "out": OUT,
@@ -1355,6 +1424,28 @@ def torch_specs() -> dict[str, Spec]:
     tspec("moe_experts", experts_build,
           {"x": FARRAY, "gate_up_proj": FARRAY, "down_proj": FARRAY, "topk_ids": IARRAY, "topk_weights": FARRAY,
            "activation": ENUM}, lambda k: np_moe_experts(*_experts_common(k)), "moe_experts", "x")
+
+    def fav_ref(k: dict) -> Any:
+        need(real(k["dropout_p"]) == 0.0, "dropout")
+        need(fdata(k["q"]).dtype != np.float32, "16-bit q")  # flash-attn's varlen dtypes
+        cq, ck = i64(k["cu_seqlens_q"]), i64(k["cu_seqlens_k"])
+        need(np.asarray(k["cu_seqlens_q"]).dtype == np.int32 and np.asarray(k["cu_seqlens_k"]).dtype == np.int32,
+             "int32 cu_seqlens")
+        need(cq.ndim == 1 and cq.size >= 2 and ck.shape == cq.shape, "cu_seqlens")
+        need(natural(k["max_seqlen_q"]) >= np.diff(cq).max(initial=0)
+             and natural(k["max_seqlen_k"]) >= np.diff(ck).max(initial=0), "max_seqlen")
+        r = _fav_ref(dict(k, scale=k["softmax_scale"]))
+        return (r[0], r[1].T) if flag(k["return_lse"]) else r  # lse (heads, total_q), flash-attn's layout
+
+    tspec("flash_attention_varlen",
+          lambda r: dict(q=f16(r, 5, 2, 8), k=f16(r, 6, 1, 8), v=f16(r, 6, 1, 8),
+                         cu_seqlens_q=np.array([0, 2, 5], np.int32), cu_seqlens_k=np.array([0, 3, 6], np.int32),
+                         max_seqlen_q=3, max_seqlen_k=3, dropout_p=0.0, softmax_scale=None, causal=True,
+                         window_size=(-1, -1), softcap=0.0, return_lse=False),
+          {"q": FARRAY, "k": FARRAY, "v": FARRAY, "cu_seqlens_q": PTABLE, "cu_seqlens_k": PTABLE,
+           "max_seqlen_q": LENGTH, "max_seqlen_k": LENGTH, "dropout_p": FLOAT, "softmax_scale": FLOAT,
+           "causal": BOOL, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL},
+          fav_ref, "flash_attention_varlen", "q")
     return out
 
 # --------------------------------------------------------------------------- serving extensions: cascade merges,

@@ -43,7 +43,11 @@ TC_BWD = ([f"attention_bwd_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c in (
           + [f"attention_bwd_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
              for s in ("_bf16", "_f16")]
           + [f"attention_bwd_tc_fused_d{d}{c}{m}{s}" for d in (64, 128) for c in ("", "_softcap")
-             for m in ("", "_det") for s in ("_bf16", "_f16")])
+             for m in ("", "_det") for s in ("_bf16", "_f16")]
+          # flash_attention_varlen_backward: the dK/dV and dQ kernels with the per-sequence prologue
+          + [f"attention_bwd_varlen_tc_{n}{c}{s}" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256", "dk_d256",
+                                                            "dq_d64", "dq_d96", "dq_d128", "dq_d256")
+             for c in ("", "_softcap") for s in ("_bf16", "_f16")])
 # The fused backward's fp32 helpers (no MMA): delta / lse layout + dQ workspace zeroing, dQ reduce / narrow
 TC_BWD_AUX = ([f"attention_bwd_tc_prep{s}" for s in ("_bf16", "_f16")]
               + [f"attention_bwd_tc_dq_reduce_d{d}{s}" for d in (64, 128) for s in ("_bf16", "_f16")])

@@ -21,6 +21,7 @@ from pykern.tolerance import tolerance
 # pykern.ops exports (helpers included) that are compute-bound or not kernels, with the reason in suite.EXEMPT
 EXPECTED_EXEMPT = {
     "flash_attention", "flash_attention_varlen", "paged_prefill_attention", "attention_backward",
+    "flash_attention_varlen_backward",
     "fused_linear_cross_entropy", "decode_attention", "batched_decode_attention", "paged_decode_attention",
     "append_paged_kv_cache", "PagedDecodePlan", "attn_tiling", "decode_plan", "get_batch_indices_positions",
     "shared_prefix_decode", "MLAPagedDecodePlan", "chain_speculative_sampling", "gemm_fp8", "grouped_gemm_fp8",

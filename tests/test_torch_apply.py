@@ -396,3 +396,56 @@ def test_trains_under_f16_autocast_with_grad_scaler(name, spy):
     assert losses["pykern"][-1] < losses["pykern"][0]  # it learns
     for a, b in zip(losses["pykern"], losses["ref"]):
         assert abs(a - b) <= 2e-2 * abs(b) + 2e-2, (losses["pykern"], losses["ref"])
+
+
+def _packed_batch():
+    """Two rows, each several sequences packed back to back (position_ids restart at 0), no attention_mask."""
+    g = torch.Generator().manual_seed(2)
+    ids = torch.randint(0, 128, (2, 12), generator=g)
+    pos = torch.tensor([list(range(5)) + list(range(7)), list(range(3)) + list(range(4)) + list(range(5))])
+    labels = ids.clone()
+    labels[:, 5] = -100  # as a packing collator: no target across a sequence boundary
+    return ids, pos, labels
+
+
+@pytest.mark.parametrize("name,extra,use_cache", [("Llama", {}, False), ("Llama", {}, True),
+                                                  ("Mistral", {"sliding_window": 3}, False)])
+def test_packed_sequences_train_on_flash_attention_varlen(name, extra, use_cache, spy):
+    # Without a cache object transformers builds the packed sequences' block-causal mask from position_ids (the
+    # reference runs it on SDPA); with one it leaves the mask causal and, as its flash-attention path, apply
+    # reads the packing from position_ids (in training). Either way: flash_attention_varlen, forward and backward.
+    calls, shapes = spy
+    ref = tiny(name, **extra).to(torch.bfloat16)
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
+    model.train()  # (no dropout in these configs: train mode changes nothing else)
+    ids, pos, labels = _packed_batch()
+    o_ref = ref(input_ids=ids, position_ids=pos, labels=labels, use_cache=False)
+    o = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=use_cache)
+    n_layers = ref.config.num_hidden_layers
+    assert calls["flash_attention_varlen"] == n_layers and not shapes  # not the dense path, not SDPA
+    assert_close(o.logits, o_ref.logits, "bf16 logits of packed sequences", "bf16")
+    assert_close(o.loss, o_ref.loss, "bf16 loss of packed sequences", "bf16")
+    o.loss.backward()
+    o_ref.loss.backward()
+    assert calls["flash_attention_varlen_backward"] == n_layers
+    named_ref = dict(ref.named_parameters())
+    for pname, p in model.named_parameters():
+        assert_close(p.grad, named_ref[pname].grad, f"grad {pname} (packed)", "bf16")
+    # a packed sequence gives what it gives alone (the first row's second one)
+    with torch.no_grad():
+        alone = ref(input_ids=ids[:1, 5:], use_cache=False).logits
+    assert_close(o.logits[:1, 5:], alone, "logits of one packed sequence vs alone", "bf16")
+
+
+def test_packed_sequences_with_padding_keep_the_sdpa_path(spy):
+    # a padding mask on top of packing is not the packed causal mask: SDPA, never approximated
+    calls, _ = spy
+    ref = tiny("Llama").to(torch.bfloat16)
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
+    ids, pos, _ = _packed_batch()
+    mask = torch.ones_like(ids)
+    mask[1, :2] = 0
+    o = model(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False).logits
+    assert calls["flash_attention_varlen"] == 0
+    o_ref = ref(input_ids=ids, position_ids=pos, attention_mask=mask, use_cache=False).logits
+    assert_close(o[0], o_ref[0], "row 0", "bf16")

@@ -28,6 +28,8 @@ EXEMPT: dict[str, str] = {
     "flash_attention_varlen": "compute-bound (prefill attention)",
     "paged_prefill_attention": "compute-bound (prefill attention)",
     "attention_backward": "compute-bound (attention backward; tools/bench_attention.py)",
+    "flash_attention_varlen_backward": "compute-bound (the attention backward's tensor-core kernels, per packed "
+                                       "sequence)",
     "fused_linear_cross_entropy": "compute-bound (the logits matmul dominates; tools/bench_flce.py)",
     "decode_attention": "KV-cache attention: timed per method and length by tools/bench_decode.py --time and gpucheck",
     "batched_decode_attention": "KV-cache attention: tools/bench_decode.py --time",

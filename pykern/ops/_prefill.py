@@ -79,3 +79,40 @@ def prefill_out(total_q: int, h: int, d: int, kind: str, like: Any, exact: bool)
     out = alloc((total_q, h, d), kind, like=like)
     lse = arrays.empty((total_q, h), "f32", like=like) if exact else arrays.zeros((total_q, h), "f32", like=like)
     return out, lse
+
+
+def check_cu_seqlens(name: str, cu: Any, length: int | None, length_of: str, total: int,
+                     total_name: str) -> tuple[Any, np.ndarray | None]:
+    """(int32 array for the kernels, host copy or None) of flash-attn's cu_seqlens: int32, 1-D, [0] == 0,
+    non-decreasing, [-1] == total (checked where the values are on the host; device arrays are trusted, as
+    flash-attn trusts them, and their outputs start from zeros)."""
+    from ._common import index_array
+
+    if isinstance(cu, (list, tuple)) or arrays.dtype_name(cu, name) != "int32":
+        got = type(cu).__name__ if isinstance(cu, (list, tuple)) else f"dtype {arrays.dtype_name(cu, name)}"
+        raise ArgumentTypeError(f"{name}: expected an int32 array (flash-attn's cu_seqlens), got {got}")
+    dev, host = index_array(name, cu, length, length_of)
+    n = arrays.shape_of(dev)[0]
+    if n < 2:
+        raise ArgumentError(f"{name}: expected shape (batch + 1,) with batch >= 1, got {(n,)}")
+    check_indptr(name, host, total, total_name, exact=True)
+    return dev, host
+
+
+def check_max_seqlen(name: str, value: Any, host: np.ndarray | None, cu_name: str) -> int:
+    """max_seqlen_q / _k: the grid's extent. None takes the longest sequence of a host cu_seqlens; a given value
+    must cover it (a shorter one would leave rows without a CTA)."""
+    longest = int(np.diff(host.astype(np.int64)).max()) if host is not None else None
+    if value is None:
+        if longest is None:
+            raise ArgumentError(f"{name}: expected an int when {cu_name} is on the device (the grid is sized from "
+                                f"it without reading {cu_name} back), got None")
+        return longest
+    if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)):
+        raise ArgumentTypeError(f"{name}: expected an int >= 0, got {type(value).__name__} {value!r}")
+    value = int(value)
+    if not 0 <= value <= 2**31 - 1 - 256:
+        raise ArgumentError(f"{name}: expected 0 <= value <= {2**31 - 1 - 256}, got {value}")
+    if longest is not None and value < longest:
+        raise ArgumentError(f"{name}: expected at least the longest sequence of {cu_name} ({longest}), got {value}")
+    return value

@@ -1,4 +1,5 @@
-"""Attention, one family: `flash_attention`, `flash_attention_varlen` and `attention_backward`.
+"""Attention, one family: `flash_attention`, `flash_attention_varlen`, `attention_backward` and
+`flash_attention_varlen_backward`.
 
 The dispatch between the three kinds of kernels lives here, in one place:
 - fp32-FMA kernels (any dtype, sm_75 and f32): kernels_cu/attention_fwd_fma.cu, attention_bwd_fma.cu;
@@ -36,7 +37,7 @@ from ._window import (
 )
 from ._common import flat as _flat, launch as _launch, same_shape as _same_shape
 
-__all__ = ["flash_attention", "flash_attention_varlen", "attention_backward"]
+__all__ = ["flash_attention", "flash_attention_varlen", "attention_backward", "flash_attention_varlen_backward"]
 
 _INT_MAX = 2**31 - 1
 _GRID_YZ_MAX = 65535  # grid y / z
@@ -717,3 +718,124 @@ def attention_backward(
     elif method == "tensor_cores":
         raise ArgumentError(f"method: 'tensor_cores' needs bf16 or f16 inputs, got {arrays.dtype_name(q)}")
     return _flash(q, k, v, grad_out, out, lse, kind, dims, scale, win, backend, stream)
+
+
+# --------------------------------------------------------------------------- flash_attention_varlen_backward
+
+
+@arrays.stream_scoped
+def flash_attention_varlen_backward(
+    q: Any,
+    k: Any,
+    v: Any,
+    grad_out: Any,
+    cu_seqlens_q: Any,
+    cu_seqlens_k: Any,
+    *,
+    out: Any,
+    lse: Any,
+    max_seqlen_q: int | None = None,
+    max_seqlen_k: int | None = None,
+    causal: bool = False,
+    scale: float | None = None,
+    window_size: tuple[int, int] = (-1, -1),
+    softcap: float = 0.0,
+    stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, Any, Any]:
+    """(dq, dk, dv) of `flash_attention_varlen`, given grad_out = dL/dout: packed sequences, flash-attn's layout.
+
+    q, grad_out, out (total_q, num_heads, head_dim); k, v (total_k, num_kv_heads, head_dim); lse (total_q,
+    num_heads) float32, the forward's (`flash_attention_varlen(..., return_lse=True)`). Sequence b is q rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]; cu_seqlens_q and
+    cu_seqlens_k are int32 (batch + 1,), start at 0, never decrease and end at total_q / total_k. A sequence may be
+    empty (its gradients are 0). causal, window_size, softcap and scale: the forward's values, per sequence, the
+    causal mask aligned bottom-right as `flash_attention`. GQA: num_heads % num_kv_heads == 0.
+
+    max_seqlen_q / max_seqlen_k size the grid (a CTA per 64-row tile of the longest sequence, batch and head;
+    CTAs past a sequence's end exit). None reads them from cu_seqlens, which must then be on the host; with
+    device cu_seqlens pass them (as flash-attn's callers do): no value is read back to the host.
+
+    bf16 or f16 on the tensor-core kernels (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*: the dense
+    backward's dK/dV and dQ kernels with a per-sequence prologue): fp32 accumulation, one writer per output
+    element (deterministic), dK / dV summed over the GQA group inside one CTA. sm_80 or newer on the nvrtc
+    backend, the host backend, numba.
+    """
+    from ._prefill import check_cu_seqlens, check_max_seqlen
+
+    kind = arrays.io_kind("q", q, ("bf16", "f16"))
+    for name, a in (("k", k), ("v", v), ("grad_out", grad_out), ("out", out)):
+        _same_kind(name, a, kind, "q")
+    total_q, h, d = arrays.check_ndim("q", q, (3,), "(total_q, num_heads, head_dim)")
+    ks = tuple(arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)"))
+    total_k, kvh = ks[0], ks[1]
+    if ks[2] != d:
+        raise ArgumentError(f"k: expected shape (total_k, num_kv_heads, {d}) (head_dim of q), got {ks}")
+    _same_shape("v", v, ks, "k")
+    qs = (total_q, h, d)
+    _same_shape("grad_out", grad_out, qs, "q")
+    _same_shape("out", out, qs, "q")
+    arrays.io_kind("lse", lse, ("f32",))
+    if tuple(arrays.shape_of(lse)) != (total_q, h):
+        raise ArgumentError(f"lse: expected shape {(total_q, h)} (total_q, num_heads) float32, "
+                            f"got {tuple(arrays.shape_of(lse))}")
+    if not 1 <= d <= MAX_HEAD_DIM:
+        raise ArgumentError(f"q.shape[2] (head_dim): expected 1..{MAX_HEAD_DIM}, got {d}")
+    if h < 1 or kvh < 1 or h % kvh:
+        raise ArgumentError(f"k.shape[1] (num_kv_heads): expected a divisor of num_heads={h}, got {kvh}")
+    cq, hq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, "", total_q, "total_q")
+    batch = arrays.shape_of(cq)[0] - 1
+    ck, hk = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q", total_k,
+                               "total_k")
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, hq, "cu_seqlens_q")
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, hk, "cu_seqlens_k")
+    if not isinstance(causal, (bool, np.bool_)):
+        raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    scale = float(np.float32(scale))
+    D = tc_head_dim(d)
+    kv_grid = batch * kvh * -(-max_k // _TC_BC)
+    q_grid = batch * h * -(-max_q // _TC_QR)
+    for name, n in (("max_seqlen_k", kv_grid), ("max_seqlen_q", q_grid)):
+        if n > _INT_MAX:  # the kernels' 1-D grid
+            raise ArgumentError(f"{name}: batch * heads * tiles = {n} CTAs exceeds {_INT_MAX}")
+    if not tensor_cores_available(backend):
+        raise ArgumentError(f"q: the varlen backward runs on {kind} mma (sm_80 or newer); this device has none")
+    q, k, v, grad_out, out, lse = (arrays.contiguous(a) for a in (q, k, v, grad_out, out, lse))
+    # Rows outside every sequence (device cu_seqlens, unchecked) get no writer: start from zeros there.
+    alloc = arrays.empty if hq is not None and hk is not None else arrays.zeros
+    dq = alloc(qs, kind, like=q)
+    dk = alloc(ks, kind, like=q)
+    dv = alloc(ks, kind, like=q)
+    if total_q * h == 0 or total_k == 0 or batch == 0:
+        for a in (dq, dk, dv):
+            _fill(a, 0.0)
+        return dq, dk, dv
+    stream = arrays.launch_stream(stream, q)
+    sfx = _suffix(kind)
+    cap = "_softcap" if softcap > 0 else ""
+    wl, wr = _normalize_serving(left, right, bool(causal))  # unbounded = 2^30; the kernels clamp per sequence
+    n_rows = total_q * h
+    delta = arrays.empty((n_rows,), np.float32, like=q)
+    _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
+            _flat(grad_out), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+    if max_q == 0 and max_k == 0:
+        return dq, dk, dv
+    smem_kv, smem_q = tc_backward_shared_bytes(D)
+    args = (_flat(q), _flat(k), _flat(v), _flat(grad_out), _flat(lse), delta)
+    tail = (cq, ck, batch, max_q, max_k, h, kvh, d, scale, wl, wr, softcap)
+    names = ((f"attention_bwd_varlen_tc_dv_d{D}{cap}{sfx}", f"attention_bwd_varlen_tc_dk_d{D}{cap}{sfx}")
+             if D == 256 else (f"attention_bwd_varlen_tc_dkdv_d{D}{cap}{sfx}",))
+    if kv_grid:
+        for name in names:
+            _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
+                    stream=stream, backend=backend)
+    if q_grid:
+        _launch(f"attention_bwd_varlen_tc_dq_d{D}{cap}{sfx}", (q_grid,), (_TC_THREADS,), *args, _flat(dq), *tail,
+                shared_mem=smem_q, stream=stream, backend=backend)
+    return dq, dk, dv

@@ -375,6 +375,114 @@ def _attention_tc_dq(cuda: Any):
     return k, lambda a: _grid1(a[7] * a[8] * a[10])
 
 
+# Varlen tensor-core backward (attention_bwd_varlen_tc_* in kernels_cu/attention_bwd_tc.cu): the same math per
+# packed sequence. A thread finds its row's sequence by a scan of cu_seqlens (rows past cu_seqlens[batch] belong
+# to none and are left alone), takes that sequence's lengths and clamps the window sides to them (the op passes
+# unbounded sides as 2^30), then runs the dense formulas with the sequence's row offsets.
+_TC_VL_DKDV = tuple(f"attention_bwd_varlen_tc_{n}{c}{s}" for n in ("dkdv_d64", "dkdv_d96", "dkdv_d128", "dv_d256",
+                                                                   "dk_d256")
+                    for c in ("", "_softcap") for s in ("_bf16", "_f16"))
+_TC_VL_DQ = tuple(f"attention_bwd_varlen_tc_dq_d{d}{c}{s}" for d in (64, 96, 128, 256) for c in ("", "_softcap")
+                  for s in ("_bf16", "_f16"))
+
+
+def _seq_helper(cuda: Any):
+    @cuda.jit(device=True)
+    def seq_of(cu, batch, row):
+        # the sequence b with cu[b] <= row < cu[b + 1] (empty sequences skipped), or -1 past cu[batch]
+        if row >= cu[batch]:
+            return -1
+        b = 0
+        while b + 1 < batch and cu[b + 1] <= row:
+            b += 1
+        return b
+
+    return seq_of
+
+
+@reference(*_TC_VL_DKDV)
+def _attention_tc_varlen_dkdv(cuda: Any):
+    score, dcap, keys = _score_helpers(cuda)
+    seq_of = _seq_helper(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim,
+          scale, wl, wr, softcap):
+        t = cuda.grid(1)
+        total_k = kk.size // (n_kv_heads * head_dim)
+        if t < total_k * n_kv_heads:
+            kvh = t % n_kv_heads
+            row = t // n_kv_heads
+            b = seq_of(cu_k, batch, row)
+            if b >= 0:
+                q0, k0 = cu_q[b], cu_k[b]
+                n_q, n_k = cu_q[b + 1] - q0, cu_k[b + 1] - k0
+                wl_, wr_ = min(wl, n_k), min(wr, n_q)
+                j = row - k0
+                rep = n_heads // n_kv_heads
+                first = max(0, j - (n_k - n_q) - wr_)  # the queries that see key j
+                last = min(n_q - 1, j - (n_k - n_q) + wl_)
+                ko = t * head_dim
+                for d in range(head_dim):
+                    dk[ko + d] = 0.0
+                    dv[ko + d] = 0.0
+                for hh in range(rep):
+                    h = kvh * rep + hh
+                    for i in range(first, last + 1):
+                        r = (q0 + i) * n_heads + h
+                        qo = r * head_dim
+                        s = 0.0
+                        dp = 0.0
+                        for d in range(head_dim):
+                            s += q[qo + d] * kk[ko + d]
+                            dp += dout[qo + d] * v[ko + d]
+                        y = score(s, scale, softcap)
+                        p = math.exp(y - lse[r])
+                        ds = p * (dp - delta[r]) * dcap(y, softcap)
+                        for d in range(head_dim):
+                            dk[ko + d] += ds * q[qo + d] * scale
+                            dv[ko + d] += p * dout[qo + d]
+
+    return k, lambda a: _grid1(a[1].size // a[15])
+
+
+@reference(*_TC_VL_DQ)
+def _attention_tc_varlen_dq(cuda: Any):
+    score, dcap, keys = _score_helpers(cuda)
+    seq_of = _seq_helper(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim, scale,
+          wl, wr, softcap):
+        t = cuda.grid(1)
+        total_q = q.size // (n_heads * head_dim)
+        if t < total_q * n_heads:
+            h = t % n_heads
+            row = t // n_heads
+            b = seq_of(cu_q, batch, row)
+            if b >= 0:
+                q0, k0 = cu_q[b], cu_k[b]
+                n_q, n_k = cu_q[b + 1] - q0, cu_k[b + 1] - k0
+                kvh = h // (n_heads // n_kv_heads)
+                j0, j1 = keys(row - q0, n_q, n_k, min(wl, n_k), min(wr, n_q))
+                qo = t * head_dim
+                for d in range(head_dim):
+                    dq[qo + d] = 0.0
+                for j in range(j0, j1 + 1):
+                    ko = ((k0 + j) * n_kv_heads + kvh) * head_dim
+                    s = 0.0
+                    dp = 0.0
+                    for d in range(head_dim):
+                        s += q[qo + d] * kk[ko + d]
+                        dp += dout[qo + d] * v[ko + d]
+                    y = score(s, scale, softcap)
+                    ds = math.exp(y - lse[t]) * (dp - delta[t]) * dcap(y, softcap)
+                    for d in range(head_dim):
+                        dq[qo + d] += ds * kk[ko + d] * scale
+
+    return k, lambda a: _grid1(a[0].size // a[14])
+
+
 # Fused tensor-core backward (kernels_cu/attention_bwd_tc_fused.cu) and its prep / dQ-reduce kernels.
 # Workspace layout as on the GPU: lse2 / dlt (batch, head, nq_pad), dQ rows (batch, head, nq_pad, head_dim).
 # The kernels' T roundings of P and dS are not reproduced (the references stay fp32: closer to float64).

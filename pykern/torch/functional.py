@@ -27,7 +27,8 @@ from . import _amp, _dtensor as _dt, _fast
 from ._bridge import call
 from ._checks import checked
 
-__all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "cross_entropy", "embedding"]
+__all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "flash_attention_varlen", "cross_entropy",
+           "embedding"]
 
 
 def _new(shape, dtype, like: Tensor) -> Tensor:
@@ -332,6 +333,108 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         scale = 1.0 / math.sqrt(q.shape[-1])
     out, _ = _flash_attention.fast(q, k, v, bool(causal), float(scale), wl, wr, cap)
     return out
+
+
+# --------------------------------------------------------------------------- flash_attention_varlen
+
+
+@_fast.custom_op("flash_attention_varlen")
+def _flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                            max_seqlen_q: int, max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
+                            window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    # max_seqlen_q / _k are inputs for the backward (its grid); the forward reads the lengths from cu_seqlens
+    out, lse = call("flash_attention_varlen", _c(q), _c(k), _c(v), cu_seqlens_q, cu_seqlens_k, causal=causal,
+                    scale=scale, window_size=(window_left, window_right), softcap=softcap, return_lse=True)
+    return out, lse
+
+
+@_flash_attention_varlen.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale, window_left=-1,
+      window_right=-1, softcap=0.0):
+    total_q, h, _ = q.shape
+    return _new((total_q, h, v.shape[2]), q.dtype, q), _new((total_q, h), torch.float32, q)
+
+
+@_fast.custom_op("flash_attention_varlen_backward")
+def _flash_attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
+                                     cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
+                                     max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
+                                     window_right: int = -1,
+                                     softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+    dq, dk, dv = call("flash_attention_varlen_backward", _c(q), _c(k), _c(v), _c(grad_out), cu_seqlens_q,
+                      cu_seqlens_k, out=_c(out), lse=_c(lse), max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
+                      causal=causal, scale=scale, window_size=(window_left, window_right), softcap=softcap)
+    return dq, dk, dv
+
+
+@_flash_attention_varlen_backward.register_fake
+def _(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
+      window_left=-1, window_right=-1, softcap=0.0):
+    return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k), _new(v.shape, v.dtype, v)
+
+
+def _fav_setup(ctx, inputs, output):
+    q, k, v, cu_q, cu_k, max_q, max_k, causal, scale, wl, wr, cap = inputs
+    out, lse = output
+    ctx.save_for_backward(q, k, v, out, lse, cu_q, cu_k)
+    ctx.max_seqlen, ctx.causal, ctx.scale, ctx.window, ctx.softcap = (max_q, max_k), causal, scale, (wl, wr), cap
+    ctx.mark_non_differentiable(lse)
+
+
+def _fav_bwd(ctx, grad_out, grad_lse):
+    q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    dq, dk, dv = _flash_attention_varlen_backward.fast(q, k, v, out, lse, grad_out, cu_q, cu_k, ctx.max_seqlen[0],
+                                                       ctx.max_seqlen[1], ctx.causal, ctx.scale, ctx.window[0],
+                                                       ctx.window[1], ctx.softcap)
+    return dq, dk, dv, None, None, None, None, None, None, None, None, None
+
+
+_fast.register_autograd(_flash_attention_varlen, _fav_bwd, _fav_setup)
+
+
+@checked
+def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                           max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
+                           softmax_scale: Optional[float] = None, causal: bool = False,
+                           window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                           return_lse: bool = False):
+    """flash-attn's flash_attn_varlen_func: attention over sequences packed without padding, with autograd.
+
+    q (total_q, heads, d), k / v (total_k, kv_heads, d) (GQA: heads % kv_heads == 0), bfloat16 or float16;
+    cu_seqlens_q / cu_seqlens_k int32 (batch + 1,) on q's device: sequence b is q rows
+    cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. max_seqlen_q /
+    max_seqlen_k: the longest sequence of each (they size the backward's grid; host cu_seqlens are checked
+    against them, device ones are not read back). dropout_p: only 0.0 (no dropout kernels). softmax_scale
+    defaults to 1/sqrt(d). causal aligns the mask bottom-right per sequence; window_size=(left, right) and
+    softcap as flash_attention. Returns out (total_q, heads, d), or (out, lse) with return_lse=True: lse
+    (heads, total_q) float32, natural-log, flash-attn's layout (not differentiable).
+    Forward pykern.ops.flash_attention_varlen, backward pykern.ops.flash_attention_varlen_backward.
+    """
+    from ..ops._prefill import check_cu_seqlens, check_max_seqlen
+
+    if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
+        raise ArgumentError(f"dropout_p: expected 0.0 (pykern has no attention dropout), got {dropout_p!r}")
+    if q.dtype not in (torch.bfloat16, torch.float16):
+        raise ArgumentTypeError(f"q: expected dtype bfloat16 or float16 (flash-attn's varlen dtypes), got {q.dtype}")
+    if q.dim() != 3 or k.dim() != 3:
+        bad = ("q", q) if q.dim() != 3 else ("k", k)
+        raise ArgumentError(f"{bad[0]}: expected (total, heads, head_dim), got shape {tuple(bad[1].shape)}")
+    wl, wr = check_window_size(window_size)
+    cap = check_softcap(softcap)
+    # Checked here, before the forward: a bad cu_seqlens_k would otherwise surface only in the backward. Under
+    # torch.compile the values are not traced (a host read); the custom ops' own checks run when the graph does.
+    hq = hk = None
+    if not torch.compiler.is_compiling():
+        _, hq = check_cu_seqlens("cu_seqlens_q", cu_seqlens_q, None, "", q.shape[0], "total_q")
+        _, hk = check_cu_seqlens("cu_seqlens_k", cu_seqlens_k, cu_seqlens_q.shape[0], "the length of cu_seqlens_q",
+                                 k.shape[0], "total_k")
+    max_q = check_max_seqlen("max_seqlen_q", max_seqlen_q, hq, "cu_seqlens_q")
+    max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, hk, "cu_seqlens_k")
+    if softmax_scale is None:
+        softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    out, lse = _flash_attention_varlen.fast(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal),
+                                            float(softmax_scale), wl, wr, cap)
+    return (out, lse.t().contiguous()) if return_lse else out
 
 
 # --------------------------------------------------------------------------- cross_entropy

@@ -29,6 +29,7 @@ from __future__ import annotations
 import sys
 import types
 import threading
+import weakref
 from typing import Any, Optional
 
 import torch
@@ -149,6 +150,11 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         and _attention_dtypes_ok(query, key, value)
         and max(query.shape[-1], value.shape[-1]) <= 256
     )
+    if not supported and attention_mask is not None and is_causal and not (dropout and module.training) \
+            and not kwargs.get("output_attentions", False) and _attention_dtypes_ok(query, key, value):
+        packed = _packed_sequences(query, key, value, attention_mask, kwargs.get("position_ids"), window)
+        if packed is not None:  # sequences packed in a row (position_ids restart): flash_attention_varlen
+            return _varlen(query, key, value, packed, scaling, window, softcap), None
     if not supported:
         if attention_mask is None and query.shape[2] > 1 and key.shape[2] != query.shape[2]:
             raise RuntimeError("pykern attention: a bottom-right causal fallback needs a mask; got None")
@@ -156,10 +162,80 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
                          kwargs)
     if query.shape[2] == 1 and _decode_ok(query, key, value, softcap):
         return _decode(query, key, value, scaling, window), None
+    if query.shape[2] > 1 and module.training:
+        # No mask, position_ids that restart (a packing collator's rows with a cache object present, where
+        # transformers leaves the mask causal): the sequences as transformers' flash-attention path runs them.
+        # Training only: the check reads position_ids on the host once a forward, which inference never pays.
+        packed = _packed_sequences(query, key, value, None, kwargs.get("position_ids"), window)
+        if packed is not None:
+            return _varlen(query, key, value, packed, scaling, window, softcap), None
     out = F.flash_attention(query.transpose(1, 2), key.transpose(1, 2), value.transpose(1, 2),
                             causal=True, scale=scaling, window_size=(-1 if window is None else int(window) - 1, 0),
                             softcap=softcap)
     return out, None
+
+
+def _packed_sequences(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
+                      position_ids: Optional[torch.Tensor], window: Optional[int]) -> Optional[tuple[torch.Tensor, int]]:
+    """(cu_seqlens, max_seqlen) of sequences packed in each row, or None (one sequence a row, padding, overlays,
+    caches, f32, torch.compile).
+
+    The packing is read from position_ids, as transformers' flash-attention integration does
+    (prepare_fa_kwargs_from_position_ids): a position that does not follow its predecessor starts a sequence
+    (transformers' find_packed_sequence_indices), and so does every row. With a mask (transformers built the
+    packed sequences' block-causal mask: no cache object) the mask is compared with the one those sequences
+    give, so a mask with anything else in it (padding, overlays) keeps the SDPA path, never approximated.
+    Without one (transformers left the mask causal, as it does with a cache object present) position_ids that
+    go back somewhere mark packing, as in transformers' flash-attention path; with no key beyond the queries
+    (nothing cached). Every layer of a forward gets the same mask and position_ids objects: the answer is kept
+    for them."""
+    if position_ids is None or torch.compiler.is_compiling():
+        return None
+    b, _, n_q, _ = query.shape
+    if (key.shape[2] != n_q or position_ids.shape[-1] != n_q or query.dtype not in (torch.bfloat16, torch.float16)
+            or key.dtype != query.dtype or value.dtype != query.dtype or value.shape[-1] != query.shape[-1]):
+        return None
+    if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1
+                             or tuple(mask.shape[2:]) != (n_q, n_q) or mask.shape[0] != b):
+        return None
+    seen = getattr(_state, "packed", None)
+    if (seen is not None and (seen[0]() if seen[0] is not None else None) is mask and seen[1]() is position_ids
+            and seen[2] == (window, b, n_q)):
+        return seen[3]
+    pos = position_ids.to(query.device).expand(b, -1)
+    step = torch.diff(pos, prepend=pos[:, :1] - 1, dim=-1)
+    start = step != 1
+    start[:, 0] = True  # every row starts a sequence
+    result = None
+    if mask is None:
+        packed = bool((step < 0).any())
+    else:
+        seg = start.cumsum(-1)
+        idx = torch.arange(n_q, device=query.device)
+        rel = idx[:, None] - idx[None, :]  # query index - key index: within a sequence, the position difference
+        want = (seg[:, :, None] == seg[:, None, :]) & (rel >= 0)
+        if window is not None:
+            want &= rel < int(window)
+        packed = int(start.sum()) > b and torch.equal(mask[:, 0], want)
+    if packed:
+        starts = start.reshape(-1).nonzero().view(-1).to(torch.int32)
+        cu = torch.cat((starts, torch.tensor([b * n_q], dtype=torch.int32, device=query.device)))
+        result = (cu, int(cu.diff().max()))
+    _state.packed = (None if mask is None else weakref.ref(mask), weakref.ref(position_ids), (window, b, n_q), result)
+    return result
+
+
+def _varlen(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, packed: tuple[torch.Tensor, int],
+            scaling: Optional[float], window: Optional[int], softcap: Any) -> torch.Tensor:
+    """Packed sequences on pykern.torch.flash_attention_varlen: (b, heads, n, d) rows flattened to (b * n,
+    heads, d), one cu_seqlens for queries and keys. Returns (b, n, heads, d)."""
+    cu, longest = packed
+    b, h, n, d = query.shape
+    q, k, v = (t.transpose(1, 2).reshape(b * n, t.shape[1], t.shape[3]) for t in (query, key, value))
+    out = F.flash_attention_varlen(q, k, v, cu, cu, longest, longest, softmax_scale=scaling, causal=True,
+                                   window_size=(-1 if window is None else int(window) - 1, 0),
+                                   softcap=float(softcap or 0.0))
+    return out.view(b, n, h, value.shape[3])
 
 
 def _decode_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, softcap: Any) -> bool:

@@ -695,6 +695,82 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
                 yield _sm90_backward(rng, kind, n_q, n_k, 2, 1, d, causal)
 
 
+# --------------------------------------------------------------------------- flash_attention_varlen_backward
+
+# (kind, query lengths, key lengths, heads, kv_heads, head_dim, causal, window_size, softcap): ragged packed
+# sequences with an empty and a length-1 one, n_q != n_k both ways (the causal mask bottom-right per sequence),
+# GQA, windows and softcap, on every compiled head_dim (80 runs the d96 kernels, padded) in bf16 and f16.
+VARLEN_BACKWARD = [
+    ("bf16", [5, 0, 1, 70], [9, 3, 1, 66], 4, 2, 64, True, (-1, -1), 0.0),
+    ("bf16", [17, 40], [40, 17], 2, 1, 64, False, (-1, -1), 2.0),
+    ("bf16", [33, 1, 0], [20, 30, 5], 8, 2, 80, False, (6, 6), 0.0),
+    ("bf16", [20, 0, 9], [25, 4, 9], 2, 1, 96, True, (10, -1), 1.5),
+    ("bf16", [65, 3], [65, 70], 2, 2, 128, True, (-1, -1), 0.0),
+    ("bf16", [12, 30], [40, 10], 4, 1, 128, False, (-1, 5), 3.0),
+    ("bf16", [40, 1], [37, 2], 2, 1, 256, True, (-1, -1), 0.0),
+    ("bf16", [9, 20], [20, 9], 2, 2, 256, False, (4, 4), 2.0),
+    ("f16", [1, 70, 0], [1, 66, 7], 4, 1, 64, True, (-1, -1), 0.0),
+    ("f16", [30, 7], [12, 7], 2, 2, 64, True, (8, -1), 2.5),
+    ("f16", [20, 1], [9, 1], 2, 1, 96, False, (-1, -1), 0.0),
+    ("f16", [0, 33], [3, 40], 4, 2, 96, True, (-1, -1), 1.0),
+    ("f16", [70, 2], [70, 2], 2, 1, 128, True, (-1, -1), 0.0),
+    ("f16", [16, 0, 25], [30, 5, 20], 2, 1, 128, False, (3, 7), 2.0),
+    ("f16", [20, 3], [25, 1], 2, 2, 256, True, (-1, -1), 0.0),
+    ("f16", [1, 18], [9, 18], 2, 1, 256, True, (5, -1), 1.5),
+]
+
+
+def varlen_backward_kernels(head_dim: int, softcap: float, kind: str) -> tuple[str, ...]:
+    """What flash_attention_varlen_backward launches."""
+    from ...ops.attention import tc_head_dim
+
+    d, s, c = tc_head_dim(head_dim), _sfx(kind), "_softcap" if softcap > 0 else ""
+    kv = ((f"attention_bwd_varlen_tc_dv_d{d}{c}{s}", f"attention_bwd_varlen_tc_dk_d{d}{c}{s}") if d == 256
+          else (f"attention_bwd_varlen_tc_dkdv_d{d}{c}{s}",))
+    return ("attention_bwd_preprocess" + s,) + kv + (f"attention_bwd_varlen_tc_dq_d{d}{c}{s}",)
+
+
+def np_varlen_backward(q: Any, k: Any, v: Any, g: Any, cu_q: np.ndarray, cu_k: np.ndarray,
+                       **kw: Any) -> tuple[np.ndarray, ...]:
+    """(out, lse, dq, dk, dv) in float64, sequence by sequence through the dense references."""
+    q64, k64, v64, g64 = f64(q), f64(k), f64(v), f64(g)
+    out, lse = np.zeros(q64.shape), np.full(q64.shape[:2], -np.inf)
+    dq, dk, dv = np.zeros(q64.shape), np.zeros(k64.shape), np.zeros(v64.shape)
+    for b in range(len(cu_q) - 1):
+        sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if sq.stop == sq.start:
+            continue  # no query: zero gradients for the sequence's keys
+        if sk.stop == sk.start:
+            out[sq], lse[sq] = 0.0, -np.inf  # no key: out 0, lse -inf, zero dq
+            continue
+        out[sq], lse[sq] = np_attention_forward(q64[sq], k64[sk], v64[sk], **kw)
+        dq[sq], dk[sk], dv[sk] = np_attention_backward(q64[sq], k64[sk], v64[sk], g64[sq], **kw)
+    return out, lse, dq, dk, dv
+
+
+def _attention_varlen_backward_cases(rng: np.random.Generator) -> Iterator[Case]:
+    for kind, lq, lk, heads, kvh, hd, causal, win, cap in VARLEN_BACKWARD:
+        cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+        cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+        q = _normal(rng, (int(cu_q[-1]), heads, hd), kind)
+        k = _normal(rng, (int(cu_k[-1]), kvh, hd), kind)
+        v = _normal(rng, (int(cu_k[-1]), kvh, hd), kind)
+        g = _normal(rng, (int(cu_q[-1]), heads, hd), kind)
+        kw = {"causal": causal, "window_size": win, "softcap": cap}
+        out64, lse64, dq, dk, dv = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
+        out, lse = _cast(out64, kind), lse64.astype(np.float32)
+        shape = (f"q{','.join(map(str, lq))}k{','.join(map(str, lk))}-h{heads}kv{kvh}-d{hd}"
+                 f"{'' if causal else '-full'}-w{win[0]},{win[1]}" + (f"-cap{cap:g}" if cap else ""))
+
+        def run(be, q=q, k=k, v=v, g=g, cu_q=cu_q, cu_k=cu_k, out=out, lse=lse, kw=kw):
+            r = _ops().flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, backend=be, **kw)
+            return {"dq": _np(r[0]), "dk": _np(r[1]), "dv": _np(r[2])}
+
+        yield Case(op="flash_attention_varlen_backward", dtype=kind, shape=shape,
+                   kernels=varlen_backward_kernels(hd, cap, kind), run=run,
+                   reference=lambda dq=dq, dk=dk, dv=dv: {"dq": dq, "dk": dk, "dv": dv})
+
+
 @register_cases("attention")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _fa_cases(rng)
@@ -706,4 +782,5 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield from _attention_pair_cases(rng)
     yield from _fa_f16_cases(rng)
     yield from _attention_f16_cases(rng)
+    yield from _attention_varlen_backward_cases(rng)
     yield from _sm90_cases(rng)

@@ -1,0 +1,115 @@
+"""flash_attention_varlen_backward (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*) on the host backend.
+
+dq, dk, dv of packed sequences against float64 sequence by sequence (the difftest cases: ragged lengths with an
+empty and a length-1 sequence, n_q != n_k both ways under the bottom-right causal mask, GQA, windows, softcap,
+every compiled head_dim, bf16 and f16); the same bits under the host's forward and reverse schedules; the host
+playing sm_90a launches the same mma.sync kernels; bad cu_seqlens / max_seqlen raise before any launch.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from pykern import ops
+from pykern.difftest.cases.attention import (
+    VARLEN_BACKWARD, _attention_varlen_backward_cases, np_varlen_backward, varlen_backward_kernels,
+)
+from pykern.difftest.cases.training import _cast
+from pykern.errors import ArgumentError, ArgumentTypeError
+
+from family_helpers import check
+from launch_spy import record_launches
+
+HOST = "host"
+
+
+def _cases() -> list:
+    return list(_attention_varlen_backward_cases(np.random.default_rng(0)))
+
+
+@pytest.mark.parametrize("i", range(len(VARLEN_BACKWARD)), ids=[c.shape + "-" + c.dtype for c in _cases()])
+def test_gradients_match_float64(i: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYKERN_HOST_ARCH", raising=False)
+    case = _cases()[i]
+    names = record_launches(monkeypatch)
+    got = case.run(HOST)
+    check(got, case.reference(), case.op, case.dtype)
+    assert tuple(names) == case.kernels  # the varlen kernels, nothing dense
+
+
+def _inputs(kind: str = "bf16", lq=(5, 0, 1, 70), lk=(9, 3, 1, 66), h: int = 4, kvh: int = 2, d: int = 64,
+            causal: bool = True, seed: int = 1):
+    rng = np.random.default_rng(seed)
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    q, g = (_cast(rng.standard_normal((int(cq[-1]), h, d)), kind) for _ in range(2))
+    k, v = (_cast(rng.standard_normal((int(ck[-1]), kvh, d)), kind) for _ in range(2))
+    out64, lse64, *grads = np_varlen_backward(q, k, v, g, cq, ck, causal=causal)
+    return (q, k, v, g, cq, ck, _cast(out64, kind), lse64.astype(np.float32)), grads
+
+
+def test_same_bits_under_forward_and_reverse_schedules(monkeypatch: pytest.MonkeyPatch) -> None:
+    # One writer per output element: the thread order inside a CTA must not change a bit (a missing barrier
+    # around the shared tiles would).
+    monkeypatch.delenv("PYKERN_HOST_ARCH", raising=False)
+    (q, k, v, g, cq, ck, out, lse), _ = _inputs(d=128, lq=(65, 3, 0), lk=(65, 70, 2), h=2, kvh=1)
+    runs = []
+    for sched in ("forward", "reverse", "random:7"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+        runs.append(ops.flash_attention_varlen_backward(q, k, v, g, cq, ck, out=out, lse=lse, causal=True,
+                                                        backend=HOST))
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+@pytest.mark.parametrize("d", [64, 128])
+def test_host_playing_sm90a_runs_the_varlen_kernels(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The sm_90a wgmma backward has no varlen mode: on Hopper the varlen backward is the mma.sync pair.
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+    (q, k, v, g, cq, ck, out, lse), ref = _inputs(d=d)
+    names = record_launches(monkeypatch)
+    dq, dk, dv = ops.flash_attention_varlen_backward(q, k, v, g, cq, ck, out=out, lse=lse, causal=True,
+                                                     backend=HOST)
+    check({"dq": dq, "dk": dk, "dv": dv}, dict(zip(("dq", "dk", "dv"), ref)), "flash_attention_varlen_backward",
+          "bf16")
+    assert tuple(names) == varlen_backward_kernels(d, 0.0, "bf16")
+
+
+def test_max_seqlen_larger_than_needed_and_empty_batch_members(monkeypatch: pytest.MonkeyPatch) -> None:
+    # A larger max_seqlen only adds CTAs that exit; sequences with no query or no key give zero gradients.
+    monkeypatch.delenv("PYKERN_HOST_ARCH", raising=False)
+    (q, k, v, g, cq, ck, out, lse), ref = _inputs(lq=(0, 7, 4), lk=(5, 0, 4), h=2, kvh=1)
+    dq, dk, dv = ops.flash_attention_varlen_backward(q, k, v, g, cq, ck, out=out, lse=lse, max_seqlen_q=300,
+                                                     max_seqlen_k=200, causal=True, backend=HOST)
+    check({"dq": dq, "dk": dk, "dv": dv}, dict(zip(("dq", "dk", "dv"), ref)), "flash_attention_varlen_backward",
+          "bf16")
+    assert not np.asarray(dk, np.float32)[:5].any() and not np.asarray(dq, np.float32)[:7].any()
+    assert np.asarray(dk, np.float32)[5:].any()
+
+
+def _bad(monkeypatch: pytest.MonkeyPatch, exc: type, match: str, **change) -> None:
+    (q, k, v, g, cq, ck, out, lse), _ = _inputs(lq=(3, 4), lk=(5, 2), h=2, kvh=1)
+    kw = dict(q=q, k=k, v=v, grad_out=g, cu_seqlens_q=cq, cu_seqlens_k=ck, out=out, lse=lse, causal=True)
+    kw.update(change)
+    names = record_launches(monkeypatch)
+    with pytest.raises(exc, match=match):
+        ops.flash_attention_varlen_backward(**kw, backend=HOST)
+    assert names == []  # before any launch
+
+
+@pytest.mark.parametrize("name,value,exc,match", [
+    ("cu_seqlens_q", np.array([0, 3, 7], np.int64), ArgumentTypeError, "cu_seqlens_q: expected an int32 array"),
+    ("cu_seqlens_k", [0, 5, 7], ArgumentTypeError, "cu_seqlens_k: expected an int32 array"),
+    ("cu_seqlens_q", np.array([0, 5, 4], np.int32), ArgumentError, "cu_seqlens_q: expected a non-decreasing"),
+    ("cu_seqlens_k", np.array([0, 7], np.int32), ArgumentError, r"cu_seqlens_k: expected shape \(3,\)"),
+    ("cu_seqlens_q", np.array([0, 3, 6], np.int32), ArgumentError, "cu_seqlens_q: .*total_q=7, got 0 and 6"),
+    ("cu_seqlens_k", np.array([1, 5, 7], np.int32), ArgumentError, "cu_seqlens_k: expected cu_seqlens_k.0. == 0"),
+    ("cu_seqlens_q", np.array([0], np.int32), ArgumentError, "cu_seqlens_q: expected shape .batch . 1,."),
+    ("max_seqlen_q", 3, ArgumentError, r"max_seqlen_q: expected at least the longest sequence .* \(4\), got 3"),
+    ("max_seqlen_k", 2.0, ArgumentTypeError, "max_seqlen_k: expected an int"),
+    ("lse", np.zeros((7, 3), np.float32), ArgumentError, r"lse: expected shape \(7, 2\)"),
+    ("q", np.zeros((7, 2, 64), np.float32), ArgumentTypeError, "q: expected dtype bfloat16 or float16"),
+])
+def test_bad_input_names_the_argument(name, value, exc, match, monkeypatch: pytest.MonkeyPatch) -> None:
+    _bad(monkeypatch, exc, match, **{name: value})
