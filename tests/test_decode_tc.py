@@ -374,7 +374,15 @@ def test_sass_hmma_and_16_byte_cp_async_in_the_tile_loop(arch: str) -> None:
         n_bf16 = hmma.get("HMMA.16816.F32.BF16", 0)
         want = (d // 16 * 2 + d // 8) if k.endswith("bf16") and "kv_" not in k else 0
         assert n_bf16 == want and sum(hmma.values()) == lp["mma"], (k, arch, hmma)
-        assert row["ops"].get("LDSM.16.MT88.4", 0) == d // 16, (k, arch, row["ops"])  # V through .trans
+        fp8 = "m3kv" in k or "m2kv" in k
+        # V through .trans: 16 columns of 16-bit V an ldmatrix x4, 32 of FP8 V (its byte pairs as the 16-bit
+        # elements), each FP8 word then one byte permute (PRMT) from (key, column pair) to (column, key pair)
+        assert row["ops"].get("LDSM.16.MT88.4", 0) == (d // 32 if fp8 else d // 16), (k, arch, row["ops"])
+        assert row["ops"].get("PRMT", 0) == (d // 8 if fp8 else 0), (k, arch, row["ops"])
+        # FP8 V straight from the ring: no per-warp V tile written and read back in the tile loop (it doubled
+        # the shared-memory bytes of a tile, 32 -> 64 KB at d128), so no shared store, no plain shared load
+        assert not fp8 or not [op for op in row["ops"] if op.startswith(("STS", "LDS.")) or op == "LDS"], \
+            (k, arch, row["ops"])
 
 
 # Warp-instructions of the sm_90 tile loop (a warp, a 64-key tile), achieved + a small margin: the fill's page
