@@ -411,7 +411,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             }
         }
     };
-    // FP8: the first item's Q (its loads in flight under the prologue's). Then the prologue: slots 0 .. STAGES - 2.
+    // The prologue. The first tile's copies wait on two dependent page-table round trips (the sequence's
+    // entries, then its first pages' indices: feed_next), so those loads go first, right after the item
+    // decode; everything else is issued while they are in flight: 16-bit Q's copies (feed_q) and FP8's Q loads
+    // into registers (32 LDG a lane at d128, which issued ahead of the page table when they came first), then
+    // the fills of slots 0 .. STAGES - 2 (the first one waits for the page indices).
+    feed_next();
+    feed_q();
     unsigned int qa[FP8 ? KS : 1][4];
     if constexpr (FP8) {
         if (w0 < wend) {
@@ -419,8 +425,6 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             dtc_load_q<T, D, FP8>(q, (long long)it.b * H + (long long)it.kvh * G, G, g, t4, qa);
         }
     }
-    feed_next();
-    feed_q();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) feed(s);
 

@@ -423,6 +423,23 @@ def test_tile_loop_has_no_integer_division_and_stays_lean(arch: str) -> None:
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_prologue_requests_the_page_table_first(arch: str) -> None:
+    # The first tile's copies wait on two dependent page-table round trips (the sequence's indptr / last-page
+    # entries, then its first pages' indices), so the kernel's first global requests are those three entries,
+    # alone in their round: nothing else is issued ahead of them (FP8's Q, 2 * D / 8 word loads a lane, used to
+    # go first and pushed them back by ~90 instructions), and the item decode before them stays short.
+    sr = _report()
+    funcs = sr._instructions(_sass(arch))
+    for k in TC_KERNELS:
+        ops = [op for _, op, _, _ in funcs[k] if op != "NOP"]
+        ldg = [i for i, op in enumerate(ops) if op == "LDG"]
+        first_copy = ops.index("LDGSTS")
+        assert ldg[0] < 130, (k, arch, ldg[:4])  # 113 on sm_90 (FP8 before: 142, behind its Q loads)
+        assert ldg[2] - ldg[0] == 2 and ldg[3] - ldg[0] > 50, (k, arch, ldg[:8])  # three, then a gap
+        assert ldg[0] < first_copy, (k, arch)
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
 def test_split_ticket_is_one_acq_rel_rmw_with_no_fence_after_it(arch: str) -> None:
     # The split tail's memory ordering (dtc_split_fixup): the release half of the acq_rel ticket is the one
     # MEMBAR (after the barrier that follows every thread's partial stores), the acquire half a local L1
