@@ -508,6 +508,35 @@ def test_tc_split_count_fills_one_wave() -> None:
     assert P(64, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=1024).num_splits == 1
 
 
+# --------------------------------------------------------------------------- shared-memory banks
+@pytest.mark.parametrize("kind,d", [("bf16", 64), ("bf16", 128), ("e4m3", 64), ("e5m2", 128)])
+def test_ldmatrix_reads_are_bank_conflict_free(kind: str, d: int) -> None:
+    # Every ldmatrix of the kernel (16-bit: Q, K, V .trans over rows of D + 8 halves; FP8: K, and V .trans of
+    # byte pairs, over rows of D + 16 bytes) reads its 8 rows from distinct banks: one wavefront a matrix in
+    # the host backend's bank model (pykern.backends.host.ldmatrix_bank_stats). Rows of D halves (or D bytes)
+    # with no padding would put a matrix's 8 rows in the same 4 banks: 8 (or 4-8) wavefronts.
+    _need("host")
+    from pykern.backends.host import ldmatrix_bank_stats
+
+    rng = np.random.default_rng(d)
+    lens = [150, 9]
+    pc = make_paged(rng, lens, 16, 2, d, "NHD", kind)
+    q = make_q(rng, (2, 8, d), "bf16")
+    sc = tuple(pc["scales"]) if kind != "bf16" else (None, None)
+    plan = ops.PagedDecodePlan(2, 8, 2, d, 16, q_dtype="bf16", kv_dtype=kind, num_splits=2)
+    _run_plan(plan, pc, q, sc)  # loads the library
+    ldmatrix_bank_stats(reset=True)
+    out, _ = _run_plan(plan, pc, q, sc)
+    st = ldmatrix_bank_stats()["decode_tc"]
+    # a warp's ldmatrix .x4 per 64-key tile: 16-bit d / 16 of Q, d / 16 of K, d / 16 of V; FP8 d / 32 of K and of V
+    per_tile = 3 * d // 16 if kind == "bf16" else 2 * d // 32
+    # 64-key tiles: each split takes ceil(n / 2) keys rounded up to whole tiles, the last one the rest; 2 kv heads
+    per = [-(-n // 2 // 64) * 64 if n % 2 == 0 else -(-(n // 2 + 1) // 64) * 64 for n in lens]
+    tiles = 2 * sum(-(-min(p, n) // 64) + -(-max(0, n - p) // 64) for p, n in zip(per, lens))
+    assert st["phases"] == 4 * 4 * per_tile * tiles, st  # 4 matrices an .x4, 4 warps
+    assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
+
+
 # --------------------------------------------------------------------------- split-KV in one launch
 def _run_plan(plan, pc, q, sc=(None, None)):
     out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"],

@@ -382,6 +382,29 @@ def test_ldmatrix_x4_lane_mapping(trans: int) -> None:
             assert got[lane, i] == expect, (lane, i)
 
 
+@pytest.mark.parametrize("pattern, per_phase", [("rows", 1), ("stride64", 4), ("stride128", 4), ("broadcast", 1)])
+def test_ldmatrix_bank_model_counts_wavefronts(pattern: str, per_phase: int) -> None:
+    # The host's bank model of ldmatrix: a matrix (8 lanes' 16-byte rows) is one phase; its wavefronts are the
+    # most distinct 4-byte words one bank (word mod 32) delivers. Shared rows here are 16 bytes: 8 consecutive
+    # rows are 128 bytes (every bank once); rows 4 apart (64 bytes) put rows 0, 2, 4, 6 of a matrix in the same
+    # banks (4 words a bank); rows 8 apart (128 bytes; 4 distinct rows of the 32, each read by 2 lanes) the same;
+    # one row for all 8 lanes is one broadcast.
+    from pykern.backends.host import ldmatrix_bank_stats
+
+    lanes = np.arange(32)
+    rowsel = {"rows": lanes, "stride64": (lanes % 8) * 4 + lanes // 8, "stride128": (lanes % 4) * 8 + lanes // 8,
+              "broadcast": lanes // 8}[pattern].astype(np.int32)
+    tile = np.arange(32 * 8, dtype=np.uint16)
+    out = np.zeros(32 * 4, np.uint32)
+    launch("pk_t_ldmatrix", 1, 32, tile, rowsel, out, 0, 0)
+    ldmatrix_bank_stats(reset=True)
+    launch("pk_t_ldmatrix", 1, 32, tile, rowsel, out, 0, 0)
+    st = ldmatrix_bank_stats()["ptx"]
+    assert (st["phases"], st["wavefronts"], st["worst"]) == (4, 4 * per_phase, per_phase), st
+    assert st["worst_at"] is not None and "pk_ptx.cuh" in st["worst_at"], st  # the wrapper's line
+    assert ldmatrix_bank_stats()["ptx"]["phases"] == 0  # read with reset: a new count
+
+
 @pytest.mark.parametrize("trans", [0, 1])
 def test_ldmatrix_and_cp_async_at_byte_offsets_match_the_pointer_forms(trans: int) -> None:
     tile = (np.arange(32 * 8, dtype=np.uint32) * 53 + 7).astype(np.uint16)
