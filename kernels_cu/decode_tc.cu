@@ -59,11 +59,15 @@
 //     key, d = 4 t4 .. 4 t4 + 3 of a 16-byte k-step, which widen to the B fragment's two pairs; Q's A
 //     fragment is read in the same order (k 2 t4, 2 t4 + 1 -> d 4 t4, 4 t4 + 1; k 2 t4 + 8, 2 t4 + 9 ->
 //     d 4 t4 + 2, 4 t4 + 3). Q K^T sums over d, so the order is free, and K's bytes never leave the ring.
-//   V through a per-warp 16-bit tile: P V needs V transposed (pairs of keys a lane), which ldmatrix.trans
-//     gives 16-bit elements only, so each warp widens its own 16 V rows into its tile, which ldmatrix.trans
-//     reads as in the 16-bit case; only __syncwarp orders it (no other warp touches those rows).
-// Shared memory traffic a 64-key tile at d128: 16 KB copied in, 8 KB of K read, 8 KB of V read, 16 KB of V
-// written and read back: 64 KB (a K tile widened too was 96 KB).
+//   V straight from the ring too: P V's B fragment wants a lane's two keys 2 t4, 2 t4 + 1 of one column.
+//     ldmatrix.trans over the FP8 rows, its 16-bit elements being byte pairs (two columns), hands lane (g, t4)
+//     of a matrix (8 keys x 16 bytes) one word: keys 2 t4 and 2 t4 + 1, columns 2 g and 2 g + 1, bytes
+//     {k0 c0, k0 c1, k1 c0, k1 c1}. One byte permute (pk_prmt 0x3120) makes it {k0 c0, k1 c0, k0 c1, k1 c1},
+//     which the cvt widens to the key pairs of column 2 g (lo) and of 2 g + 1 (hi): so the n-tiles of O take
+//     the even and the odd columns of a 16-byte group (n = g <-> d = 2 g or 2 g + 1), and the merge reads
+//     its rows back in that order (below). No V tile, no __syncwarp.
+// Shared memory traffic a 64-key tile at d128: 16 KB copied in, 8 KB of K read, 8 KB of V read: 32 KB (the
+// per-warp 16-bit V tile, written and read back, made it 64 KB; a K tile widened too, 96 KB).
 template <typename TKV> struct DtcFp8 { enum { ON = 0, EB = 0 }; };
 template <> struct DtcFp8<PkE4M3> { enum { ON = 1, EB = 4 }; };
 template <> struct DtcFp8<PkE5M2> { enum { ON = 1, EB = 5 }; };
@@ -96,9 +100,10 @@ template <> struct DtcCfg<128, true> { enum { STAGES = 3, MINB = DTC_MINB_FP8_D1
 // 8 row addresses of an ldmatrix phase in distinct banks).
 #define DTC_RB(D, EB) ((D) * (EB) + 16)
 // Dynamic shared memory (bytes): the ring (STAGES x (K, V) x BC rows), then Q (16 x (D + 8) halves, 16-bit
-// K/V: read by ldmatrix every tile, which keeps its 32 registers free for the tile loop) or, FP8, the per-warp
-// 16-bit V tiles (4 x 16 x (D + 8) halves; FP8 keeps Q in registers, loaded from global memory). An item's
-// merge reuses a free ring slot (and FP8, the V tiles). pykern/ops/serving.py dtc_smem_bytes is the same.
+// K/V: read by ldmatrix every tile, which keeps its 32 registers free for the tile loop) or, FP8, the merge
+// rows of warps 2 and 3 (2 x 16 x (D + 8) floats, the bytes of 4 x 16 x (D + 8) halves; FP8 keeps Q in
+// registers, loaded from global memory, and a free ring slot holds only 2 warps' merge rows of fp32). An
+// item's merge reuses a free ring slot (and FP8, that area). pykern/ops/serving.py dtc_smem_bytes is the same.
 #define DTC_SMEM_BYTES(D, EB, STAGES)                                                              \
     ((STAGES) * 2 * DTC_BC * DTC_RB(D, EB) + ((EB) == 1 ? 4 : 1) * 16 * ((D) + 8) * 2)
 
@@ -184,33 +189,6 @@ template <> struct DtcWiden<__nv_bfloat16, 5> {
         pk_cvt_bf16x4_e5m2x4(w, lo, hi);
     }
 };
-
-// FP8 -> f16 (DtcPv) for one warp: its 16 V rows of a ring slot (RB bytes a row) into its tile (16 rows of
-// D + 8 halves). A lane widens 16 elements a step: one 16-byte read, eight pair conversions, two 16-byte writes.
-template <int D, typename TKV>
-__device__ __forceinline__ void dtc_widen(const unsigned char* src, unsigned short* tk) {
-    constexpr int RB = DTC_RB(D, 1), SD = D + 8, CH = D / 16;  // 16-element chunks a row
-    constexpr int RPS = 32 / CH;                               // rows a step (CH lanes a row)
-    static_assert(32 % CH == 0 && 16 % RPS == 0, "whole rows a step");
-    const int lane = threadIdx.x & 31;
-    // this lane's chunk c of row r0 (+ RPS a step): a base each of K, V and the tile, every step an immediate
-    const int r0 = lane / CH, c = lane - r0 * CH;
-    const unsigned char* sq = src + r0 * RB + c * 16;
-    unsigned short* tq = tk + r0 * SD + c * 16;
-#pragma unroll
-    for (int j = 0; j < 16 / RPS; j++) {
-        const int rr = j * RPS;
-        const uint4 x = *reinterpret_cast<const uint4*>(sq + rr * RB);
-        const unsigned int w[4] = {x.x, x.y, x.z, x.w};
-        unsigned int o[8];
-        // f16 (DtcPv), one cvt a pair
-#pragma unroll
-        for (int e = 0; e < 4; e++) DtcWiden<__half, DtcFp8<TKV>::EB>::x4(w[e], o[2 * e], o[2 * e + 1]);
-        uint4* dst = reinterpret_cast<uint4*>(tq + rr * SD);
-        dst[0] = make_uint4(o[0], o[1], o[2], o[3]);
-        dst[1] = make_uint4(o[4], o[5], o[6], o[7]);
-    }
-}
 
 // The split epilogue (num_splits > 1), after this CTA has stored its partial rows [row0, row0 + G) of one
 // split: a ticket from this (sequence, kv head)'s counter `ctr`; the last of the num_splits CTAs merges the
@@ -332,13 +310,12 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     constexpr int SLOT = 2 * DTC_BC * RB;  // bytes of one ring slot (K rows, then V rows)
     constexpr int DO = D + 8;   // a row of the merge's fp32 o (see the merge below)
     extern __shared__ __align__(16) unsigned char dtc_smem[];
-    unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // FP8: [4][16][SD]
+    unsigned short* tiles = reinterpret_cast<unsigned short*>(dtc_smem + STAGES * SLOT);  // past the ring
     unsigned short* qs = tiles;  // 16-bit: Q, [16][SD]
     // The merge's rows of warp w: in the ring slot no tile occupies between one tile and the next fill (16-bit:
-    // the 4 warps' 16 rows of DO floats are exactly a slot), FP8: warps 0, 1 there and 2, 3 over the per-warp
-    // V tiles (which P V is done with: the merge's first barrier).
+    // the 4 warps' 16 rows of DO floats are exactly a slot), FP8: warps 0, 1 there and 2, 3 past the ring.
     static_assert(FP8 ? (2 * 16 * DO * 4 <= SLOT && 2 * 16 * DO * 4 <= 4 * 16 * SD * 2) : 4 * 16 * DO * 4 <= SLOT,
-                  "the merge's rows fit a free ring slot (and the FP8 V tiles)");
+                  "the merge's rows fit a free ring slot (and FP8, the area past the ring)");
 
     // Launched with programmatic dependent launch (the op's enable_pdl), this CTA may be resident before the
     // previous kernel of the stream has finished: its launch and start overlap that kernel's tail. Nothing is
@@ -434,7 +411,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             }
         }
     };
-    // FP8: the first item's Q (its loads in flight under the prologue's). Then the prologue: slots 0 .. STAGES - 2.
+    // The prologue. The first tile's copies wait on two dependent page-table round trips (the sequence's
+    // entries, then its first pages' indices: feed_next), so those loads go first, right after the item
+    // decode; everything else is issued while they are in flight: 16-bit Q's copies (feed_q) and FP8's Q loads
+    // into registers (32 LDG a lane at d128, which issued ahead of the page table when they came first), then
+    // the fills of slots 0 .. STAGES - 2 (the first one waits for the page indices).
+    feed_next();
+    feed_q();
     unsigned int qa[FP8 ? KS : 1][4];
     if constexpr (FP8) {
         if (w0 < wend) {
@@ -442,8 +425,6 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             dtc_load_q<T, D, FP8>(q, (long long)it.b * H + (long long)it.kvh * G, G, g, t4, qa);
         }
     }
-    feed_next();
-    feed_q();
 #pragma unroll
     for (int s = 0; s < STAGES - 1; s++) feed(s);
 
@@ -451,19 +432,19 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
     // offsets folded into one base a warp tile, each k-step / n-tile an immediate (a generic pointer an
     // access cost 64-bit address math). 16-bit K at kt + (nt * 8 * SD + kp2 * 32) * 2; FP8 K at kt + kp2 * 32
     // (V's lane -> row, column map over RB-byte rows of bytes: matrix j = lane / 8 is keys 8 (j & 1) .., bytes
-    // 16 (j >> 1) ..: both n-tiles of two k-steps); V at vt + np * 32. kt / vt: a slot's base with the lane's
-    // offsets folded in (kq0 / vq0: slot 0's; FP8 V: the warp's own tile, the same every tile).
+    // 16 (j >> 1) ..: both n-tiles of two k-steps); 16-bit V at vt + np * 32 (16 columns), FP8 V at vt + np * 32
+    // (32 columns: the same lane map as FP8 K, read transposed). kt / vt: a slot's base with the lane's offsets
+    // folded in (kq0 / vq0: slot 0's).
     const int kb_row = lane & 7, kb_col = 8 * (lane >> 3);                             // K (B)
     const int vb_row = (lane & 7) + 8 * ((lane >> 3) & 1), vb_col = 8 * (lane >> 4);  // V (B, .trans)
     const unsigned int k_lane =
         FP8 ? (unsigned int)(vb_row * RB + vb_col * 2) : (unsigned int)((kb_row * SD + kb_col) * 2);
-    const unsigned int v_lane = (unsigned int)((vb_row * SD + vb_col) * 2);
+    const unsigned int v_lane = FP8 ? k_lane : (unsigned int)((vb_row * SD + vb_col) * 2);
     const pk_saddr kq0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB) + k_lane;  // this warp's 16 keys of slot 0
     // 16-bit Q (A) at q_lane + ks * 32: lane -> (row, col) of the 4 8x8 matrices it addresses
     const pk_saddr q_lane =
         pk_saddr_of(qs) + (unsigned int)((((lane & 7) + 8 * ((lane >> 3) & 1)) * SD + 8 * (lane >> 4)) * 2);
-    const pk_saddr vq0 = (FP8 ? pk_saddr_of(tiles + warp * 16 * SD)              // FP8: its 16-bit V tile
-                              : pk_saddr_of(dtc_smem + warp * DTC_KW * RB + DTC_BC * RB)) + v_lane;
+    const pk_saddr vq0 = pk_saddr_of(dtc_smem + warp * DTC_KW * RB + DTC_BC * RB) + v_lane;  // its 16 V rows
     using TQK = typename DtcPv<T, FP8>::type;  // the Q K^T operands' type: f16 for FP8 K/V (above), else T
     const long long rows_total = (long long)batch * H;
 
@@ -528,14 +509,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             __syncthreads();                 // everyone's have; and every warp is done with the slot refilled next
             feed(stage == 0 ? STAGES - 1 : stage - 1);  // the slot the previous tile (or the merge) used
             const pk_saddr kt = kq0 + (unsigned int)(stage * SLOT);  // this warp's K rows in the ring
-            pk_saddr vt;                                              // and the V rows P V reads
-            if constexpr (FP8) {  // widen this warp's V rows into its own tile now, for P V below (the previous
-                                  // tile's V reads of it, and any merge's, are done: the barrier above)
-                dtc_widen<D, TKV>(dtc_smem + stage * SLOT + DTC_BC * RB + warp * DTC_KW * RB, tiles + warp * 16 * SD);
-                vt = vq0;
-            } else {
-                vt = vq0 + (unsigned int)(stage * SLOT);
-            }
+            const pk_saddr vt = vq0 + (unsigned int)(stage * SLOT);  // and its V rows
             stage = stage + 1 == STAGES ? 0 : stage + 1;
 
             float s[2][4];
@@ -572,7 +546,6 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
 #pragma unroll
                 for (int e = 0; e < 4; e++) s[nt][e] = kbase + nt * 8 + (e & 1) < end ? s[nt][e] * sl2 : PK_NEG_INF;
             fatc_online_softmax(s, o, m, l);
-            if constexpr (FP8) __syncwarp();  // every lane's V widening (above) is in the tile
             // O += P V: S n-tiles 0, 1 are exactly the A fragment of the one k-step (in TP: DtcPv).
             using TP = typename DtcPv<T, FP8>::type;
             unsigned int pa[4];
@@ -580,15 +553,32 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             pa[1] = Pk16<TP>::narrow2(s[0][2], s[0][3]);
             pa[2] = Pk16<TP>::narrow2(s[1][0], s[1][1]);
             pa[3] = Pk16<TP>::narrow2(s[1][2], s[1][3]);
+            if constexpr (FP8) {
 #pragma unroll
-            for (int np = 0; np < D / 16; np++) {
-                unsigned int vf[4];  // b of O n-tile 2 np in vf[0..1], of 2 np + 1 in vf[2..3]
-                pk_ldmatrix_x4_trans_s(vf, vt + (unsigned int)(np * 32));
-                pk_mma_m16n8k16<TP>(o[2 * np], pa, vf, o[2 * np]);
-                pk_mma_m16n8k16<TP>(o[2 * np + 1], pa, vf + 2, o[2 * np + 1]);
+                for (int np = 0; np < D / 32; np++) {
+                    // vw[2 h] / vw[2 h + 1]: keys 0..7 / 8..15 of columns 32 np + 16 h + 2 g, + 1 (DtcFp8 above)
+                    unsigned int vw[4];
+                    pk_ldmatrix_x4_trans_s(vw, vt + (unsigned int)(np * 32));
+#pragma unroll
+                    for (int h = 0; h < 2; h++) {
+                        unsigned int ev[2], od[2];  // b of the even-column n-tile, of the odd-column one
+                        DtcWiden<__half, DtcFp8<TKV>::EB>::x4(pk_prmt(vw[2 * h], 0u, 0x3120u), ev[0], od[0]);
+                        DtcWiden<__half, DtcFp8<TKV>::EB>::x4(pk_prmt(vw[2 * h + 1], 0u, 0x3120u), ev[1], od[1]);
+                        pk_mma_m16n8k16<TP>(o[4 * np + 2 * h], pa, ev, o[4 * np + 2 * h]);
+                        pk_mma_m16n8k16<TP>(o[4 * np + 2 * h + 1], pa, od, o[4 * np + 2 * h + 1]);
+                    }
+                }
+            } else {
+#pragma unroll
+                for (int np = 0; np < D / 16; np++) {
+                    unsigned int vf[4];  // b of O n-tile 2 np in vf[0..1], of 2 np + 1 in vf[2..3]
+                    pk_ldmatrix_x4_trans_s(vf, vt + (unsigned int)(np * 32));
+                    pk_mma_m16n8k16<TP>(o[2 * np], pa, vf, o[2 * np]);
+                    pk_mma_m16n8k16<TP>(o[2 * np + 1], pa, vf + 2, o[2 * np + 1]);
+                }
             }
         }
-        __syncthreads();  // every warp is done with the ring's slots (and FP8, its V tile): the merge's rows
+        __syncthreads();  // every warp is done with the ring's slots: the merge's rows
 
         // Merge the 4 warps' partial softmaxes: warp w's 16 rows of DO floats, the row's m and l (log2 domain)
         // in its padding at D and D + 1. A row of D floats would put the 8 rows of a warp's fragment store in
@@ -639,8 +629,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         // A thread a unit of 8 outputs of a row (G * D / 8 units: one pass for G <= 8 at d128): each float of
         // it as before, fmaf over the warps in order. A split's partial o is stored in T (one 16-byte store a
         // unit, rounded to nearest by the hardware conversion; its lse and every merge sum stay fp32).
+        // The rows hold O's n-tiles in order, 8 floats each. 16-bit: n-tile i is columns 8 i .. 8 i + 7, so
+        // outputs d .. d + 7 are floats d .. d + 3 (pe) and d + 4 .. d + 7 (po). FP8: in a 16-column group, the
+        // n-tiles are its even and its odd columns (2 n, 2 n + 1: P V above), so outputs d .. d + 7 are
+        // the even ones from pe = (d & ~15) + (d & 8) / 2 and the odd ones from po = pe + 8, interleaved.
         for (int u = tid; u < G * (D / 8); u += DTC_THREADS) {
             const int r = u / (D / 8), d = 8 * (u - r * (D / 8));
+            const int pe = FP8 ? (d & ~15) + ((d & 8) >> 1) : d, po = FP8 ? pe + 8 : d + 4;
             float2 ml[4];
 #pragma unroll
             for (int wp = 0; wp < 4; wp++) ml[wp] = *reinterpret_cast<const float2*>(orows(wp) + r * DO + D);
@@ -656,14 +651,12 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                     const float mw = ml[wp].x;
                     const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
                     W = fmaf(f, ml[wp].y, W);
+                    const float4 ye = *reinterpret_cast<const float4*>(orows(wp) + r * DO + pe);
+                    const float4 yo = *reinterpret_cast<const float4*>(orows(wp) + r * DO + po);
+                    // x[j] is output d + j: 16-bit ye then yo; FP8 ye, yo interleaved (even, odd columns)
+                    const float y[8] = {ye.x, ye.y, ye.z, ye.w, yo.x, yo.y, yo.z, yo.w};
 #pragma unroll
-                    for (int c = 0; c < 2; c++) {
-                        const float4 y = *reinterpret_cast<const float4*>(orows(wp) + r * DO + d + 4 * c);
-                        x[4 * c] = fmaf(f, y.x, x[4 * c]);
-                        x[4 * c + 1] = fmaf(f, y.y, x[4 * c + 1]);
-                        x[4 * c + 2] = fmaf(f, y.z, x[4 * c + 2]);
-                        x[4 * c + 3] = fmaf(f, y.w, x[4 * c + 3]);
-                    }
+                    for (int j = 0; j < 8; j++) x[j] = fmaf(f, y[FP8 ? (j >> 1) + 4 * (j & 1) : j], x[j]);
                 }
             }
             const bool seen = W > 0.0f;

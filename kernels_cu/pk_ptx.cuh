@@ -533,6 +533,22 @@ __device__ __forceinline__ float pk_fp8_sw_to_f32(unsigned int b) {
     return __uint_as_float(u);
 }
 
+// Byte permute (prmt.b32, CUDA's __byte_perm): byte i of the result is byte (sel >> 4 i) & 7 of the 8 bytes
+// {b, a} (a's bytes 0..3, b's 4..7). One integer instruction (PRMT); e.g. sel 0x3120 interleaves a's bytes as
+// 0, 2, 1, 3 (decode_tc's FP8 V: two keys' byte pairs into per-column key pairs).
+#if defined(PYKERN_HOST)
+__device__ __forceinline__ unsigned int pk_prmt(unsigned int a, unsigned int b, unsigned int sel) {
+    const unsigned long long x = ((unsigned long long)b << 32) | a;
+    unsigned int r = 0;
+    for (int i = 0; i < 4; i++) r |= (unsigned int)((x >> (8 * ((sel >> (4 * i)) & 7u))) & 0xffu) << (8 * i);
+    return r;
+}
+#else
+__device__ __forceinline__ unsigned int pk_prmt(unsigned int a, unsigned int b, unsigned int sel) {
+    return __byte_perm(a, b, sel);
+}
+#endif
+
 #if defined(PYKERN_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ < 890)
 // Two values packed as cvt packs them: lo in bits 0..7, hi in bits 8..15.
 __device__ __forceinline__ unsigned short pk_cvt_e4m3x2(float lo, float hi) {

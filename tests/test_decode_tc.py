@@ -374,7 +374,15 @@ def test_sass_hmma_and_16_byte_cp_async_in_the_tile_loop(arch: str) -> None:
         n_bf16 = hmma.get("HMMA.16816.F32.BF16", 0)
         want = (d // 16 * 2 + d // 8) if k.endswith("bf16") and "kv_" not in k else 0
         assert n_bf16 == want and sum(hmma.values()) == lp["mma"], (k, arch, hmma)
-        assert row["ops"].get("LDSM.16.MT88.4", 0) == d // 16, (k, arch, row["ops"])  # V through .trans
+        fp8 = "m3kv" in k or "m2kv" in k
+        # V through .trans: 16 columns of 16-bit V an ldmatrix x4, 32 of FP8 V (its byte pairs as the 16-bit
+        # elements), each FP8 word then one byte permute (PRMT) from (key, column pair) to (column, key pair)
+        assert row["ops"].get("LDSM.16.MT88.4", 0) == (d // 32 if fp8 else d // 16), (k, arch, row["ops"])
+        assert row["ops"].get("PRMT", 0) == (d // 8 if fp8 else 0), (k, arch, row["ops"])
+        # FP8 V straight from the ring: no per-warp V tile written and read back in the tile loop (it doubled
+        # the shared-memory bytes of a tile, 32 -> 64 KB at d128), so no shared store, no plain shared load
+        assert not fp8 or not [op for op in row["ops"] if op.startswith(("STS", "LDS.")) or op == "LDS"], \
+            (k, arch, row["ops"])
 
 
 # Warp-instructions of the sm_90 tile loop (a warp, a 64-key tile), achieved + a small margin: the fill's page
@@ -412,6 +420,23 @@ def test_tile_loop_has_no_integer_division_and_stays_lean(arch: str) -> None:
         assert not div, (k, arch, div)
         if arch == "sm_90":
             assert lp["insns"] <= LOOP_CEILING_SM90[_ceiling_key(k)], (k, lp["insns"])
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_prologue_requests_the_page_table_first(arch: str) -> None:
+    # The first tile's copies wait on two dependent page-table round trips (the sequence's indptr / last-page
+    # entries, then its first pages' indices), so the kernel's first global requests are those three entries,
+    # alone in their round: nothing else is issued ahead of them (FP8's Q, 2 * D / 8 word loads a lane, used to
+    # go first and pushed them back by ~90 instructions), and the item decode before them stays short.
+    sr = _report()
+    funcs = sr._instructions(_sass(arch))
+    for k in TC_KERNELS:
+        ops = [op for _, op, _, _ in funcs[k] if op != "NOP"]
+        ldg = [i for i, op in enumerate(ops) if op == "LDG"]
+        first_copy = ops.index("LDGSTS")
+        assert ldg[0] < 130, (k, arch, ldg[:4])  # 113 on sm_90 (FP8 before: 142, behind its Q loads)
+        assert ldg[2] - ldg[0] == 2 and ldg[3] - ldg[0] > 50, (k, arch, ldg[:8])  # three, then a gap
+        assert ldg[0] < first_copy, (k, arch)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
@@ -481,6 +506,35 @@ def test_tc_split_count_fills_one_wave() -> None:
     # (both as measured on the H200: docs/measured/2026-11-28-h200/decode.json, one_split_us)
     assert P(64, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=8192).num_splits == 2
     assert P(64, 64, 8, 128, 16, q_dtype="bf16", max_kv_len=1024).num_splits == 1
+
+
+# --------------------------------------------------------------------------- shared-memory banks
+@pytest.mark.parametrize("kind,d", [("bf16", 64), ("bf16", 128), ("e4m3", 64), ("e5m2", 128)])
+def test_ldmatrix_reads_are_bank_conflict_free(kind: str, d: int) -> None:
+    # Every ldmatrix of the kernel (16-bit: Q, K, V .trans over rows of D + 8 halves; FP8: K, and V .trans of
+    # byte pairs, over rows of D + 16 bytes) reads its 8 rows from distinct banks: one wavefront a matrix in
+    # the host backend's bank model (pykern.backends.host.ldmatrix_bank_stats). Rows of D halves (or D bytes)
+    # with no padding would put a matrix's 8 rows in the same 4 banks: 8 (or 4-8) wavefronts.
+    _need("host")
+    from pykern.backends.host import ldmatrix_bank_stats
+
+    rng = np.random.default_rng(d)
+    lens = [150, 9]
+    pc = make_paged(rng, lens, 16, 2, d, "NHD", kind)
+    q = make_q(rng, (2, 8, d), "bf16")
+    sc = tuple(pc["scales"]) if kind != "bf16" else (None, None)
+    plan = ops.PagedDecodePlan(2, 8, 2, d, 16, q_dtype="bf16", kv_dtype=kind, num_splits=2)
+    _run_plan(plan, pc, q, sc)  # loads the library
+    ldmatrix_bank_stats(reset=True)
+    out, _ = _run_plan(plan, pc, q, sc)
+    st = ldmatrix_bank_stats()["decode_tc"]
+    # a warp's ldmatrix .x4 per 64-key tile: 16-bit d / 16 of Q, d / 16 of K, d / 16 of V; FP8 d / 32 of K and of V
+    per_tile = 3 * d // 16 if kind == "bf16" else 2 * d // 32
+    # 64-key tiles: each split takes ceil(n / 2) keys rounded up to whole tiles, the last one the rest; 2 kv heads
+    per = [-(-n // 2 // 64) * 64 if n % 2 == 0 else -(-(n // 2 + 1) // 64) * 64 for n in lens]
+    tiles = 2 * sum(-(-min(p, n) // 64) + -(-max(0, n - p) // 64) for p, n in zip(per, lens))
+    assert st["phases"] == 4 * 4 * per_tile * tiles, st  # 4 matrices an .x4, 4 warps
+    assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
 
 
 # --------------------------------------------------------------------------- split-KV in one launch

@@ -382,6 +382,29 @@ def test_ldmatrix_x4_lane_mapping(trans: int) -> None:
             assert got[lane, i] == expect, (lane, i)
 
 
+@pytest.mark.parametrize("pattern, per_phase", [("rows", 1), ("stride64", 4), ("stride128", 4), ("broadcast", 1)])
+def test_ldmatrix_bank_model_counts_wavefronts(pattern: str, per_phase: int) -> None:
+    # The host's bank model of ldmatrix: a matrix (8 lanes' 16-byte rows) is one phase; its wavefronts are the
+    # most distinct 4-byte words one bank (word mod 32) delivers. Shared rows here are 16 bytes: 8 consecutive
+    # rows are 128 bytes (every bank once); rows 4 apart (64 bytes) put rows 0, 2, 4, 6 of a matrix in the same
+    # banks (4 words a bank); rows 8 apart (128 bytes; 4 distinct rows of the 32, each read by 2 lanes) the same;
+    # one row for all 8 lanes is one broadcast.
+    from pykern.backends.host import ldmatrix_bank_stats
+
+    lanes = np.arange(32)
+    rowsel = {"rows": lanes, "stride64": (lanes % 8) * 4 + lanes // 8, "stride128": (lanes % 4) * 8 + lanes // 8,
+              "broadcast": lanes // 8}[pattern].astype(np.int32)
+    tile = np.arange(32 * 8, dtype=np.uint16)
+    out = np.zeros(32 * 4, np.uint32)
+    launch("pk_t_ldmatrix", 1, 32, tile, rowsel, out, 0, 0)
+    ldmatrix_bank_stats(reset=True)
+    launch("pk_t_ldmatrix", 1, 32, tile, rowsel, out, 0, 0)
+    st = ldmatrix_bank_stats()["ptx"]
+    assert (st["phases"], st["wavefronts"], st["worst"]) == (4, 4 * per_phase, per_phase), st
+    assert st["worst_at"] is not None and "pk_ptx.cuh" in st["worst_at"], st  # the wrapper's line
+    assert ldmatrix_bank_stats()["ptx"]["phases"] == 0  # read with reset: a new count
+
+
 @pytest.mark.parametrize("trans", [0, 1])
 def test_ldmatrix_and_cp_async_at_byte_offsets_match_the_pointer_forms(trans: int) -> None:
     tile = (np.arange(32 * 8, dtype=np.uint32) * 53 + 7).astype(np.uint16)
@@ -455,6 +478,26 @@ def test_fp8x4_widening_to_f16x2_and_bf16x2_is_exact(kind: int) -> None:
         np.testing.assert_array_equal(np.signbit(got[~nan]), np.signbit(vals[~nan]))  # -0 stays -0
 
 
+def test_prmt_selects_bytes_as_the_ptx_isa_says() -> None:
+    # prmt.b32 d, a, b, c (default mode): byte i of d is byte c[4i+2 : 4i] of the 8-byte value {b, a}, a in
+    # bytes 0..3 (PTX ISA, "prmt"; CUDA's __byte_perm). The selector's bit 3 of each nibble is the sign mode
+    # of the other modes, ignored here. decode_tc's FP8 V uses 0x3120 (bytes 0, 2, 1, 3 of a).
+    rng = np.random.default_rng(3)
+    n = 512
+    a = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    b = rng.integers(0, 2**32, n, dtype=np.uint64).astype(np.uint32)
+    sel = rng.integers(0, 2**16, n, dtype=np.uint64).astype(np.uint32)
+    sel[:4] = [0x3120, 0x3210, 0x7654, 0x5140]
+    out = np.zeros(n, np.uint32)
+    launch("pk_t_prmt", (n + 127) // 128, 128, a, b, sel, out, n)
+    for i in range(n):
+        x = (int(b[i]) << 32) | int(a[i])
+        want = sum(((x >> (8 * ((int(sel[i]) >> (4 * j)) & 7))) & 0xFF) << (8 * j) for j in range(4))
+        assert int(out[i]) == want, (i, hex(a[i]), hex(b[i]), hex(sel[i]), hex(int(out[i])), hex(want))
+    w = int(a[0])
+    assert int(out[0]) == (w & 0xFF) | ((w >> 16) & 0xFF) << 8 | ((w >> 8) & 0xFF) << 16 | (w >> 24) << 24
+
+
 # ---- raw asm on the host ------------------------------------------------------------------------
 def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     (tmp_path / "rawasm.cu").write_text(
@@ -504,7 +547,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
                   "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
                   "ex2.approx.ftz.f32", "ld.relaxed.gpu.global.v4.b32", "barrier.cta.red.and.pred",
-                  "barrier.cta.red.or.pred", "barrier.cta.sync"):
+                  "barrier.cta.red.or.pred", "barrier.cta.sync", "prmt.b32"):
         assert instr in ptx, instr
     tool = _cuobjdump()
     if tool is None:
@@ -517,7 +560,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
     for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2",
-               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC"):
+               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC", "PRMT"):
         assert op in sass, f"{op} missing from the {arch} SASS"
     if arch == "sm_90":  # pk_t_fp8x4: the FP8 pair conversion is one instruction (sm_89+)
         assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.F16.E5M2.UNPACK_B" in sass

@@ -398,11 +398,10 @@ def tc_roofline_row(batch: int, group: int, length: int, kv: str, costs: dict[st
     t_issue = waves * resident * per_cta / (ISSUE * CLOCK)
     t_issue_lo = waves * resident * per_cta_lo / (ISSUE * CLOCK)
     # tensor pipe: every warp's HMMAs of a tile; shared memory: the tile written once (cp.async) and read
-    # once by ldmatrix (each warp its 16 keys of K and V); FP8 reads K's bytes straight from the ring and
-    # widens V through a 16-bit tile (V's bytes read, its 16-bit rows written and read back)
+    # once by ldmatrix (each warp its 16 keys of K and V); FP8 reads K's and V's bytes straight from the ring
+    # too (V by ldmatrix.trans of byte pairs, no 16-bit V tile written and read back)
     t_tensor = waves * resident * warps * k * tiles * costs["mma"] * MMA_FLOPS / TENSOR_SM
-    tile16 = TC_BC * 2 * head_dim * 2
-    per_tile = 2 * tile16 if eb == 2 else 2 * (TC_BC * 2 * head_dim) + tile16
+    per_tile = 2 * (TC_BC * 2 * head_dim * eb)
     t_smem = waves * resident * k * tiles * per_tile / SMEM_BW
     # conversion pipe (CVT_RATE): every warp's conversions of a tile (F2FP and HADD2.F32; cvt lo: F2FP only)
     cvt_warp = waves * resident * warps * k * tiles * 32 / (CVT_RATE * CLOCK)

@@ -183,6 +183,18 @@ class _Library:
         self.release_stacks = getattr(self.dll, "pkrt_release_stacks", None)
         if self.release_stacks is not None:
             self.release_stacks.restype, self.release_stacks.argtypes = None, []
+        self._bank_stats = self.dll.pkrt_bank_stats
+        self._bank_stats.restype = None
+        self._bank_stats.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
+
+    def bank_stats(self, reset: bool) -> dict[str, Any]:
+        """The runtime's ldmatrix bank model totals (pk_host_runtime.cpp, bank_count_ldsm)."""
+        out = (ctypes.c_ulonglong * 4)()
+        where = ctypes.c_char_p()
+        self._bank_stats(out, ctypes.byref(where), int(reset))
+        file = where.value.decode(errors="replace") if where.value else None
+        return {"phases": int(out[0]), "wavefronts": int(out[1]), "worst": int(out[2]),
+                "worst_at": f"{file}:{int(out[3])}" if file else None}
 
     def fn(self, name: str) -> Any:
         f = self._fns.get(name)
@@ -655,6 +667,27 @@ class _Staging:
             if g.window is not None:
                 _give_back_window(self.lib, g.window)
                 g.window = None
+
+
+def ldmatrix_bank_stats(reset: bool = True) -> dict[str, dict[str, Any]]:
+    """The host backend's bank model of `ldmatrix`, per `.cu` source whose library is loaded: {stem: {"phases",
+    "wavefronts", "worst", "worst_at"}} since the last reset (reset=True starts a new count).
+
+    Each 8x8 matrix of an ldmatrix .x4 is one shared-memory phase (8 rows of 16 bytes); it takes as many
+    wavefronts as the most distinct 4-byte words one of the 32 banks must deliver (a word read by several lanes
+    is one broadcast): `wavefronts == phases` means every ldmatrix ran without a bank conflict, and `worst`
+    (1..8) is the most wavefronts of one phase, at `worst_at` (file:line of the ldmatrix). cp.async copies and
+    plain shared loads / stores are not counted."""
+    from . import get_backend
+
+    be = get_backend("host")
+    res: dict[str, dict[str, Any]] = {}
+    for (path, _digest, _flavor), lib in getattr(be, "_libs", {}).items():
+        stats = lib.bank_stats(reset)
+        prev = res.get(Path(path).stem)
+        if prev is None or stats["phases"]:
+            res[Path(path).stem] = stats
+    return res
 
 
 def create() -> HostBackend:

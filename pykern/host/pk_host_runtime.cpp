@@ -638,6 +638,43 @@ inline double e4m3_value(unsigned b) {
     return (b & 0x80u) ? -v : v;
 }
 
+// Bank model of ldmatrix (pkrt_bank_stats): each 8x8 matrix of an .x4 is one shared-memory phase of 8 rows
+// x 16 bytes, which takes as many wavefronts as the most distinct 4-byte words one of the 32 banks (word
+// address mod 32) must deliver; a word several lanes read is one broadcast. 1 a phase is conflict-free, 8 is
+// every row in the same banks. Totals per library (a .cu file), kept until read with reset.
+std::mutex g_bank_mu;
+unsigned long long g_bank_phases = 0, g_bank_wavefronts = 0, g_bank_worst = 0;
+const char* g_bank_worst_file = nullptr;
+int g_bank_worst_line = 0;
+
+void bank_count_ldsm(const Thread* lanes) {
+    unsigned long long phases = 0, wavefronts = 0, worst = 0;
+    const char* wfile = nullptr;
+    int wline = 0;
+    for (unsigned i = 0; i < 4; i++) {
+        uintptr_t words[32];
+        unsigned n = 0;
+        for (unsigned r = 0; r < 8; r++) {
+            const pkrt_ldsm_frag* f = reinterpret_cast<const pkrt_ldsm_frag*>(lanes[8 * i + r].value);
+            for (unsigned w = 0; w < 4; w++) {
+                const uintptr_t word = reinterpret_cast<uintptr_t>(f->row) / 4 + w;
+                bool seen = false;
+                for (unsigned j = 0; j < n; j++) seen = seen || words[j] == word;
+                if (!seen) words[n++] = word;
+            }
+        }
+        unsigned per_bank[32] = {0}, wf = 0;
+        for (unsigned j = 0; j < n; j++) wf = std::max(wf, ++per_bank[words[j] % 32]);
+        phases++;
+        wavefronts += wf;
+        if (wf > worst) worst = wf, wfile = lanes[8 * i].file, wline = lanes[8 * i].line;
+    }
+    std::lock_guard<std::mutex> lk(g_bank_mu);
+    g_bank_phases += phases;
+    g_bank_wavefronts += wavefronts;
+    if (worst > g_bank_worst) g_bank_worst = worst, g_bank_worst_file = wfile, g_bank_worst_line = wline;
+}
+
 // Layouts: see the table at the top of kernels_cu/pk_ptx.cuh (PTX ISA, cross-checked with CuTe).
 void complete_ptx(Thread* lanes, int op) {
     if (op == PKRT_PTX_MMA_E4M3) {
@@ -698,6 +735,7 @@ void complete_ptx(Thread* lanes, int op) {
         return;
     }
     // ldmatrix .x4: lane 8i+r names row r of matrix i.
+    bank_count_ldsm(lanes);
     unsigned short M[4][8][8];
     for (unsigned l = 0; l < 32; l++) {
         const pkrt_ldsm_frag* f = reinterpret_cast<const pkrt_ldsm_frag*>(lanes[l].value);
@@ -1782,6 +1820,17 @@ extern "C" __attribute__((visibility("default"))) void pkrt_race_buffers(int, co
                                                                          const unsigned long long*,
                                                                          const char* const*) {}
 #endif
+
+// The ldmatrix bank model's totals since the last reset (bank_count_ldsm): out[0] phases, out[1] wavefronts,
+// out[2] the most wavefronts of one phase, out[3] its source line, *file its source file (or null).
+extern "C" __attribute__((visibility("default"))) void pkrt_bank_stats(unsigned long long* out, const char** file,
+                                                                       int reset) {
+    std::lock_guard<std::mutex> lk(g_bank_mu);
+    out[0] = g_bank_phases, out[1] = g_bank_wavefronts, out[2] = g_bank_worst;
+    out[3] = (unsigned long long)g_bank_worst_line;
+    *file = g_bank_worst_file;
+    if (reset) g_bank_phases = g_bank_wavefronts = g_bank_worst = 0, g_bank_worst_file = nullptr, g_bank_worst_line = 0;
+}
 
 extern "C" void pkrt_trap(const char* file, int line) {
     char what[256];

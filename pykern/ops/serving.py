@@ -99,8 +99,9 @@ def dtc_stages(d: int, kv_bytes: int = 2) -> int:
 
 
 def dtc_smem_bytes(d: int, kv_bytes: int = 2) -> int:
-    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), then Q (16 rows) or,
-    for FP8, the per-warp 16-bit V tiles (4 x 16 rows; FP8 keeps Q in registers); 16-bit rows are d + 8 halves."""
+    """DTC_SMEM_BYTES: the K/V ring (stages x (K, V) x 64 rows of d * kv_bytes + 16 bytes), then Q (16 rows of
+    d + 8 halves) or, for FP8 (which keeps Q in registers), the end-of-item merge rows of two warps (2 x 16 rows
+    of d + 8 floats, the bytes of 4 x 16 rows of d + 8 halves)."""
     ring = dtc_stages(d, kv_bytes) * 2 * DTC_BC * (d * kv_bytes + 16)
     return ring + (4 if kv_bytes == 1 else 1) * 16 * (d + 8) * 2
 

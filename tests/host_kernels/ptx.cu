@@ -104,6 +104,13 @@ extern "C" __global__ void pk_t_cp_async_zfill(const unsigned int* src, const in
 }
 
 // Four FP8 elements a word to two f16x2 / bf16x2 words (kind 4: e4m3, 5: e5m2).
+// pk_prmt: out[i] = prmt(a[i], b[i], sel[i]) (byte i of the result: byte (sel >> 4 i) & 7 of {b, a}).
+extern "C" __global__ void pk_t_prmt(const unsigned int* a, const unsigned int* b, const unsigned int* sel,
+                                     unsigned int* out, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    if (i < n) out[i] = pk_prmt(a[i], b[i], sel[i]);
+}
+
 extern "C" __global__ void pk_t_fp8x4(const unsigned int* w, unsigned int* f16, unsigned int* bf16, int n,
                                       int kind) {
     const int i = blockIdx.x * blockDim.x + threadIdx.x;
