@@ -131,6 +131,70 @@ __device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, 
     pk_bar_sync(bar, 128);
 }
 
+// FP8: where tile row `row` (0..127) keeps its k-block scale in a stage's 128 floats. A consumer thread's two rows
+// r and r + 8 (r = 64c + 16w + g) sit side by side, so it reads both with one 8-byte load.
+__device__ __forceinline__ int gg90_scale_slot(int row) { return (row >> 4) * 16 + (row & 7) * 2 + ((row >> 3) & 1); }
+
+// FP8 producer (warps 0 and 1 of warpgroup 0; warps 2 and 3 have nothing to do). Every tile starts at stage 0 and
+// takes whole rounds of ST k-blocks (DeepGEMM's ring discipline), so the consumers' stage indices are compile-time
+// constants and the round's parity is every stage's phase; the k-blocks of the last round past nk are empty
+// stages, passed through with a plain arrival. Warp 0's elected lane issues the A and B boxes; warp 1's 32 lanes
+// load the k-block's scales, a_scale[row, kb] * b_scale[e, nt, kb] for the tile's 128 rows (rows past M clamped:
+// never stored), and store them pre-multiplied into the stage's scale slots; the stage's full barrier waits for
+// the TMA's arrival and bytes and the 32 lanes' arrivals (their stores are released by their arrive).
+template <int ST, int STAGE_BYTES>
+__device__ __forceinline__ void gg90_fp8_producer(unsigned char* as, unsigned char* bs, float* scl,
+                                                  unsigned long long* full, unsigned long long* empty,
+                                                  const CUtensorMap* ta, const CUtensorMap* tb,
+                                                  const float* __restrict__ sa, const float* __restrict__ sb,
+                                                  const int* prefix, const int* __restrict__ offsets, int M, int N,
+                                                  int K, int n_groups) {
+    // (the two roles in two loops, and the sizes from the parameters: the 40 registers hold either loop's state)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp > 1) return;
+    const int nk = K / 128, n_tiles = (N + 127) / 128, total = prefix[n_groups];
+    unsigned round = 0;
+    if (warp == 0) {
+        if (!pk_elect_one()) return;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            const Gg90Tile x = gg90_decode(prefix, offsets, n_groups, n_tiles, t);
+            for (int kb0 = 0; kb0 < nk; kb0 += ST, round++) {
+                for (int s = 0; s < ST; s++) {
+                    const int kb = kb0 + s;
+                    pk_mbarrier_wait_parity(&empty[s], (round & 1) ^ 1);
+                    if (kb < nk) {
+                        pk_mbarrier_arrive_expect_tx(&full[s], STAGE_BYTES);
+                        pk_tma_load_2d(as + s * GG90_A_BYTES, ta, &full[s], kb * 128, x.m0);
+                        pk_tma_load_3d(bs + s * (STAGE_BYTES - GG90_A_BYTES), tb, &full[s], kb * 128, x.nt * 128, x.e);
+                    } else {
+                        pk_mbarrier_arrive(&full[s]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const Gg90Tile x = gg90_decode(prefix, offsets, n_groups, n_tiles, t);
+        const float* psb = sb + ((long long)x.e * n_tiles + x.nt) * nk;
+        for (int kb0 = 0; kb0 < nk; kb0 += ST, round++) {
+            for (int s = 0; s < ST; s++) {
+                const int kb = kb0 + s;
+                pk_mbarrier_wait_parity(&empty[s], (round & 1) ^ 1);
+                if (kb < nk) {
+                    const float bsc = psb[kb];
+#pragma unroll 1
+                    for (int i = 0; i < GG90_BM / 32; i++) {
+                        const int row = lane + 32 * i;
+                        scl[s * GG90_BM + gg90_scale_slot(row)] = sa[(long long)min(x.m0 + row, M - 1) * nk + kb] * bsc;
+                    }
+                }
+                pk_mbarrier_arrive(&full[s]);
+            }
+        }
+    }
+}
+
 // ACT: the fused act(gate) * up epilogue (b is gate_up [E, 2I, K], N = 2I; column tile nt covers h columns
 // [128 nt, + 128): B rows 128 nt.. (gate) and I + 128 nt.. (up)). Otherwise column tile nt is out columns
 // [256 nt, + 256). B_MN: b is [E, K, N] (layout "nn"). KGROUP (implies B_MN): the weight gradient, M = N1 (a's
@@ -142,9 +206,10 @@ __device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, 
 // A k-block is 128 e4m3 columns (the same 128-byte swizzled rows, so the A tile and the TMA boxes keep their
 // bytes) and one scale block; the B tile is 128 rows (BN: the wgmma and the promoted accumulators, 64 + 64
 // floats a thread, fit where 128 + 128 would not), so a stage is 32 KiB and the ring has 6 stages in the same
-// shared memory. Per k-block four wgmma m64n128k32 e4m3 (QGMMA) restart from zero; once they complete, the
-// stage is released and the k-block's partial is promoted: facc += part * sa[row, kb] * sb[e, nt, kb] in fp32
-// (DeepGEMM's scheme: the fp8 tensor core's narrower accumulator never sums more than 128 products).
+// shared memory, plus 128 pre-multiplied scales a stage (gg90_fp8_producer: the ring runs in whole rounds of 6
+// from stage 0 each tile). Per k-block four wgmma m64n128k32 e4m3 (QGMMA) restart from zero; once they complete,
+// the stage is released and the k-block's partial is promoted: facc += part * (sa[row, kb] * sb[e, nt, kb]) in
+// fp32 (DeepGEMM's scheme: the fp8 tensor core's narrower accumulator never sums more than 128 products).
 template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false, bool FP8 = false>
 __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorMap* tb, const int* __restrict__ offsets,
                                           void* __restrict__ out_, int M, int N, int K, int n_groups, int act,
@@ -165,6 +230,13 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     unsigned long long* full = reinterpret_cast<unsigned long long*>(gg90_smem + ST * STAGE_BYTES);
     unsigned long long* empty = full + ST;
     int* prefix = reinterpret_cast<int*>(empty + ST);  // [n_groups + 1]
+    // FP8: the stages' pre-multiplied scales (gg90_fp8_producer), [ST][128] floats between the ring and the mbarriers
+    float* scl = reinterpret_cast<float*>(gg90_smem + ST * STAGE_BYTES);
+    if constexpr (FP8) {
+        full = reinterpret_cast<unsigned long long*>(scl + ST * GG90_BM);
+        empty = full + ST;
+        prefix = reinterpret_cast<int*>(empty + ST);
+    }
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int cols = ACT ? N / 2 : N;  // out columns
@@ -195,7 +267,8 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         }
     }
     if (tid == 0) {
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
+        // (FP8: a stage's full barrier also waits for the 32 lanes that store its scales)
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], FP8 ? 33 : 1), pk_mbarrier_init(&empty[s], 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
@@ -203,6 +276,11 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<40>();
+        if constexpr (FP8) {
+            gg90_fp8_producer<ST, STAGE_BYTES>(as, bs, scl, full, empty, ta, tb, sa, sb, prefix, offsets, M, N, K,
+                                               n_groups);
+            return;
+        }
         if (tid < 32 && pk_elect_one()) {
             unsigned it = 0;  // k-blocks issued: stage it % ST, phase (it / ST) & 1
             for (int t = blockIdx.x; t < total; t += gridDim.x) {
@@ -230,9 +308,6 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
 #pragma unroll
                         for (int j = 0; j < GG90_BN / 64; j++)
                             pk_tma_load_3d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc, x.e);
-                    } else if constexpr (FP8) {  // B: one box of BN = 128 rows
-                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
-                        pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
                     } else {
                         pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
                         pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
@@ -256,7 +331,10 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     const unsigned long long db0 = B_MN ? pk_wgmma_desc(bs, GG90_BK * 128, 1024, PK_SWIZZLE_128B)
                                         : pk_wgmma_desc(bs, 16, 1024, PK_SWIZZLE_128B);
     unsigned it = 0;
-    unsigned fs = 0, fph = 0;  // FP8: the ring's stage and phase, counted (ST = 6 is no power of two)
+    unsigned round = 0;  // FP8: the ring's rounds (gg90_fp8_producer): a round's parity is its stages' phase
+    // FP8: the A descriptor differs per consumer warpgroup; its low word passed through a lane-0 shuffle is
+    // warp-uniform to ptxas, which then keeps both descriptors (and their constant offsets) in uniform registers.
+    const unsigned long long da8 = FP8 ? (da0 & ~0xffffffffull) | __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0) : da0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
                                   : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
@@ -273,81 +351,78 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             for (int i = 0; i < GG90_BN / 2; i++) acc[i] = 0.f;
         }
         // One k-block: wait for its stage, (ZERO: clear this consumer's A rows past the group's end), 4 wgmmas.
-        // FP8: this thread's two rows' a_scale rows (rows past M clamped: never stored) and the tile's b_scale row.
-        const float* psa0 = sa;
-        const float* psa1 = sa;
-        const float* psb = sb;
-        if constexpr (FP8) {
-            const int r0 = x.m0 + 64 * c + 16 * w + g;
-            psa0 = sa + (long long)min(r0, M - 1) * nk;
-            psa1 = sa + (long long)min(r0 + 8, M - 1) * nk;
-            psb = sb + ((long long)x.e * n_tiles + x.nt) * nk;
-        }
         auto kblock = [&](int kb, bool zero) {
-            const unsigned s = FP8 ? fs : it % ST;
-            // FP8: the k-block's scales, loaded before the waits so their latency hides behind them.
-            float s0 = 0.f, s1 = 0.f;
-            if constexpr (FP8) {  // (pointers stepped, not indexed: ptxas keeps them rather than recomputing them)
-                const float bsc = *psb++;
-                s0 = *psa0++ * bsc, s1 = *psa1++ * bsc;
-            }
+          if constexpr (!FP8) {
+            const unsigned s = it % ST;
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
-            const unsigned ph = FP8 ? fph : (it / ST) & 1;
+            const unsigned ph = (it / ST) & 1;
             if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
             if (KGROUP && zero)  // rows x.mend - (x.k0 + 64 kb) .. 63 of this k-block lie past the group
                 gg90_zero_rows(as + s * GG90_A_BYTES + c * 64 * 128, x.mend - x.k0 - kb * GG90_BK, tid % 128, 1 + c);
             pk_wgmma_fence();
             const unsigned long long da = pk_wgmma_desc_advance(da0, s * GG90_A_BYTES);
             const unsigned long long db = pk_wgmma_desc_advance(db0, s * B_BYTES);
-            if constexpr (FP8) {
-                // Four k32 steps of 32 bytes; the first restarts the partial from zero. The A descriptor differs
-                // per consumer warpgroup: its low word passed through a lane-0 shuffle is warp-uniform to ptxas,
-                // which then steps both descriptors in uniform registers.
-                const unsigned long long dau =
-                    (da0 & ~0xffffffffull) | __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0);
-                const unsigned long long da8 = pk_wgmma_desc_advance(dau, s * GG90_A_BYTES);
-                const unsigned long long db8 = pk_wgmma_desc_advance(db0, s * B_BYTES);
 #pragma unroll
-                for (int ks = 0; ks < BK / 32; ks++)
-                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da8, ks * 32),
-                                                  pk_wgmma_desc_advance(db8, ks * 32), ks > 0);
-                pk_wgmma_commit();
-                pk_wgmma_wait<0>();  // the partial is read now: the stage is free
-                pk_mbarrier_arrive(&empty[s]);
-                // Promotion: accumulator 4j + v is row 16w + g + 8 (v >> 1) of this consumer's 64.
+            for (int ks = 0; ks < GG90_BK / 16; ks++)
+                pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
+                    acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
+                    kb > 0 || ks > 0);
+            pk_wgmma_commit();
+            // The previous k-block's group has completed: release its stage (this one's stays in flight).
+            pk_wgmma_wait<1>();
+            if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
+            prev = s;
+            it++;
+          }
+        };
+        // FP8, one k-block in stage s (a constant in the steady-state loop) of a round with phase ph: its two
+        // pre-multiplied scales (one 8-byte load), four k32 QGMMAs of 32 bytes each (the first restarts the partial
+        // from zero); once they complete the stage is released and the partial promoted: accumulator 4j + v is row
+        // 16w + g + 8 (v >> 1) of this consumer's 64.
+        auto kblock8 = [&](int s, unsigned ph) {
+            if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
+            const float2 sc = *reinterpret_cast<const float2*>(scl + s * GG90_BM + (4 * c + w) * 16 + 2 * g);
+            pk_wgmma_fence();
 #pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-                    facc[4 * j] = fmaf(acc[4 * j], s0, facc[4 * j]);
-                    facc[4 * j + 1] = fmaf(acc[4 * j + 1], s0, facc[4 * j + 1]);
-                    facc[4 * j + 2] = fmaf(acc[4 * j + 2], s1, facc[4 * j + 2]);
-                    facc[4 * j + 3] = fmaf(acc[4 * j + 3], s1, facc[4 * j + 3]);
-                }
-                if (++fs == ST) fs = 0, fph ^= 1;
-            } else {
+            for (int ks = 0; ks < BK / 32; ks++)
+                pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da8, s * GG90_A_BYTES + ks * 32),
+                                              pk_wgmma_desc_advance(db0, s * B_BYTES + ks * 32), ks > 0);
+            pk_wgmma_commit();
+            pk_wgmma_wait<0>();  // the partial is read now (and the scales, loaded before): the stage is free
+            pk_mbarrier_arrive(&empty[s]);
 #pragma unroll
-                for (int ks = 0; ks < GG90_BK / 16; ks++)
-                    pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
-                        acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
-                        kb > 0 || ks > 0);
-                pk_wgmma_commit();
-                // The previous k-block's group has completed: release its stage (this one's stays in flight).
-                pk_wgmma_wait<1>();
-                if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
-                prev = s;
-                it++;
+            for (int j = 0; j < BN / 8; j++) {
+                facc[4 * j] = fmaf(acc[4 * j], sc.x, facc[4 * j]);
+                facc[4 * j + 1] = fmaf(acc[4 * j + 1], sc.x, facc[4 * j + 1]);
+                facc[4 * j + 2] = fmaf(acc[4 * j + 2], sc.y, facc[4 * j + 2]);
+                facc[4 * j + 3] = fmaf(acc[4 * j + 3], sc.y, facc[4 * j + 3]);
             }
         };
-        // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
-        // out of the steady-state loop).
-        const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
-        if constexpr (FP8) {  // two k-blocks a trip: the loop's own overhead halves
-#pragma unroll 2
-            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        if constexpr (FP8) {
+            // Whole rounds of ST k-blocks, stages 0..ST-1 unrolled; then the last, partial round (its stages past
+            // nk are the producer's empty ones: waited for and released).
+            const int rounds = nk / ST, rem = nk - rounds * ST;
+            for (int r = 0; r < rounds; r++, round++) {
+#pragma unroll
+                for (int s = 0; s < ST; s++) kblock8(s, round & 1);
+            }
+            if (rem) {
+                for (int s = 0; s < ST; s++) {
+                    if (s < rem) {
+                        kblock8(s, round & 1);
+                    } else {
+                        pk_mbarrier_wait_parity(&full[s], round & 1);
+                        pk_mbarrier_arrive(&empty[s]);
+                    }
+                }
+                round++;
+            }
         } else {
+            // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
+            // out of the steady-state loop).
+            const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
             for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
-        }
-        if (KGROUP && full_k < tk) kblock(full_k, true);
-        if constexpr (!FP8) {  // (FP8 waits and releases every stage in its k-block)
+            if (KGROUP && full_k < tk) kblock(full_k, true);
             pk_wgmma_wait<0>();
             if (tk > 0) pk_mbarrier_arrive(&empty[prev]);
         }
@@ -478,7 +553,8 @@ PK_IO16_KERNELS(grouped_gemm_nn_sm90_f32out, (GG90_THREADS, 1),
 // FP8 block-scaled (DeepSeek-V3's scaling; pykern/ops/gemm_fp8.py): ta: a [M, K] e4m3 bytes with box (128, 128);
 // tb: b [E, N, K] with box (1, 128, 128); both 128B swizzle. a_scale [M, K / 128], b_scale [E, ceil(N / 128),
 // K / 128] fp32; K a multiple of 128; out [M, N] bf16. gemm_fp8 is this with one group (offsets [0, M]). Grid as
-// grouped_gemm_sm90's; dynamic shared memory 6 stages of 32 KiB, 12 mbarriers, then the tile prefix.
+// grouped_gemm_sm90's; dynamic shared memory 6 stages of 32 KiB, their 6 x 128 fp32 scales, 12 mbarriers, then the
+// tile prefix.
 extern "C" __global__ void __launch_bounds__(GG90_THREADS, 1)
     grouped_gemm_fp8_sm90(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                           const float* __restrict__ a_scale, const float* __restrict__ b_scale,
