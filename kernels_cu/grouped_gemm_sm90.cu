@@ -11,6 +11,9 @@
 //                            [M, N1], b [M, N2]): the contraction runs over the group's rows, A and B both MN-major
 //                            (KGROUP); a group with no rows writes zeros;
 //   grouped_gemm(_nn)_sm90_f32out  grouped_gemm_sm90 / grouped_gemm_nn_sm90 storing the fp32 accumulators (F32OUT).
+//   grouped_gemm_sm90_split_f32out, grouped_gemm_wgrad_sm90_split_a / _ab  the backward's split-precision products
+//                            (SPLIT: hi / lo planes of an fp32 operand, two or three wgmma passes into one fp32
+//                            accumulator), as moe.cu's grouped_gemm_tc_split_f32out / grouped_gemm_wgrad_tc_split_*.
 //   grouped_gemm_fp8_sm90    the FP8 block-scaled grouped GEMM (FP8: e4m3 a and b, fp32 scales per 1 x 128 / 128 x
 //                            128 block, bf16 out): QGMMA k-blocks of 128 promoted into fp32 registers (DeepGEMM's
 //                            scheme), the ops gemm_fp8 (one group) and grouped_gemm_fp8.
@@ -73,6 +76,19 @@ template <> struct Gg90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 // FP8 (T = unsigned char, float8_e4m3fn bytes): the result is bf16.
 template <typename T, bool FP8> struct Gg90Out { typedef T type; };
 template <typename T> struct Gg90Out<T, true> { typedef __nv_bfloat16 type; };
+
+// SPLIT (split precision, moe.cu's gg_tc_body SPLIT on wgmma): an fp32 operand travels as two planes of T, hi =
+// round(v) and lo = round((v - hi) * GG90_LO_SCALE) (moe.cu's moe_split16 writes them, the lo plane right after the
+// hi one). SPLIT 1: A split, acc = lo·B, then hi·B; SPLIT 2 (KGROUP): both split, acc = lo_a·hi_b + hi_a·lo_b, then
+// hi·hi (lo·lo, 2^-16 relative in bf16, is left out). Each product is one pass of wgmmas over the tile's k-blocks
+// into the same fp32 accumulators; the lo passes' sum is unscaled (exactly: a power of two) before the hi pass.
+// f16 lo parts are scaled by 2^11 (moe.cu's GG_LO_SCALE: as far above f16's subnormal floor as the hi part is);
+// bf16 has fp32's exponent range and takes no scale.
+template <typename T> constexpr float GG90_LO_SCALE = Pk16<T>::is_f16 ? 2048.0f : 1.0f;
+template <int SPLIT> __device__ __forceinline__ bool gg90_a_lo(int pass) {
+    return pass < (SPLIT == 1 ? 1 : SPLIT == 2 ? 2 : 0) && (SPLIT == 1 || pass == 0);
+}
+template <int SPLIT> __device__ __forceinline__ bool gg90_b_lo(int pass) { return SPLIT == 2 && pass == 1; }
 
 // Tile t of the schedule: its group e, first row m0, the group's end row and its column tile nt (KGROUP: m0 is the
 // first out row of out[e], k0 / mend the group's first and end rows of a and b).
@@ -210,7 +226,7 @@ __device__ __forceinline__ void gg90_fp8_producer(unsigned char* as, unsigned ch
 // from stage 0 each tile). Per k-block four wgmma m64n128k32 e4m3 (QGMMA) restart from zero; once they complete,
 // the stage is released and the k-block's partial is promoted: facc += part * (sa[row, kb] * sb[e, nt, kb]) in
 // fp32 (DeepGEMM's scheme: the fp8 tensor core's narrower accumulator never sums more than 128 products).
-template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false, bool FP8 = false>
+template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false, bool FP8 = false, int SPLIT = 0>
 __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorMap* tb, const int* __restrict__ offsets,
                                           void* __restrict__ out_, int M, int N, int K, int n_groups, int act,
                                           const float* __restrict__ sa = nullptr,
@@ -218,6 +234,11 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     static_assert(!(ACT && B_MN) && (!KGROUP || B_MN), "gg90_body: ACT is K-major only; KGROUP reads B MN-major");
     static_assert(!F32OUT || (!ACT && !KGROUP), "gg90_body: the fp32 result is the plain product's");
     static_assert(!FP8 || (!ACT && !B_MN && !KGROUP && !F32OUT), "gg90_body: FP8 is the plain K-major product");
+    static_assert(SPLIT == 0 || KGROUP || (F32OUT && !B_MN), "gg90_body: a split A is the wgrad's or the f32out nt's");
+    static_assert(SPLIT < 2 || KGROUP, "gg90_body: a split B is the weight gradient's");
+    // SPLIT: the passes over the k-blocks (the lo plane(s) first, the hi planes last) and the lo planes' rows
+    constexpr int NPASS = SPLIT == 0 ? 1 : SPLIT == 1 ? 2 : 3;
+    const int lo_rows = KGROUP ? K : M;
     // The tile shape (see FP8 above): elements of a k-block, B rows, ring stages and their bytes.
     constexpr int BK = FP8 ? 128 : GG90_BK, BN = FP8 ? 128 : GG90_BN, ST = FP8 ? 6 : GG90_ST;
     constexpr int B_BYTES = BN * 128, STAGE_BYTES = GG90_A_BYTES + B_BYTES;
@@ -289,6 +310,9 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                 const int b0 = ACT ? x.nt * (GG90_BN / 2) : x.nt * BN;
                 const int b1 = ACT ? cols + b0 : b0 + GG90_BN / 2;
                 const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
+                for (int pass = 0; pass < NPASS; pass++) {
+                // SPLIT: this pass's planes, as rows of a [2 x rows] map: the lo plane lo_rows rows further
+                const int ar = gg90_a_lo<SPLIT>(pass) ? lo_rows : 0, br = gg90_b_lo<SPLIT>(pass) ? lo_rows : 0;
                 for (int kb = 0; kb < tk; kb++, it++) {
                     const unsigned s = it % ST;
                     pk_mbarrier_wait_parity(&empty[s], ((it / ST) & 1) ^ 1);
@@ -299,21 +323,22 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                     if constexpr (KGROUP) {  // A: 2 boxes of 64 a-columns x 64 rows; B: 4 of 64 b-columns
 #pragma unroll
                         for (int j = 0; j < GG90_BM / 64; j++)
-                            pk_tma_load_2d(ast + j * 64 * 128, ta, &full[s], x.m0 + 64 * j, kc);
+                            pk_tma_load_2d(ast + j * 64 * 128, ta, &full[s], x.m0 + 64 * j, kc + ar);
 #pragma unroll
                         for (int j = 0; j < GG90_BN / 64; j++)
-                            pk_tma_load_2d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc);
+                            pk_tma_load_2d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc + br);
                     } else if constexpr (B_MN) {  // B: 4 boxes of 64 n-columns x 64 k-rows of b[e]
                         pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
 #pragma unroll
                         for (int j = 0; j < GG90_BN / 64; j++)
                             pk_tma_load_3d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc, x.e);
                     } else {
-                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
+                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0 + ar);
                         pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
                         pk_tma_load_3d(bst + GG90_BN / 2 * 128, tb, &full[s], kc, b1, x.e);
                     }
                 }
+                }  // pass
             }
         }
         return;
@@ -351,7 +376,9 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             for (int i = 0; i < GG90_BN / 2; i++) acc[i] = 0.f;
         }
         // One k-block: wait for its stage, (ZERO: clear this consumer's A rows past the group's end), 4 wgmmas.
-        auto kblock = [&](int kb, bool zero) {
+        // first: the tile's first k-block (SPLIT: of its first pass), which starts the accumulators and has no
+        // earlier stage to release.
+        auto kblock = [&](int kb, bool zero, bool first) {
           if constexpr (!FP8) {
             const unsigned s = it % ST;
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
@@ -366,11 +393,11 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             for (int ks = 0; ks < GG90_BK / 16; ks++)
                 pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
                     acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
-                    kb > 0 || ks > 0);
+                    !first || ks > 0);
             pk_wgmma_commit();
             // The previous k-block's group has completed: release its stage (this one's stays in flight).
             pk_wgmma_wait<1>();
-            if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
+            if (!first) pk_mbarrier_arrive(&empty[prev]);
             prev = s;
             it++;
           }
@@ -380,7 +407,7 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         // from zero); once they complete the stage is released and the partial promoted: accumulator 4j + v is row
         // 16w + g + 8 (v >> 1) of this consumer's 64.
         auto kblock8 = [&](int s, unsigned ph) {
-            if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
+            if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);  // (as kblock's)
             const float2 sc = *reinterpret_cast<const float2*>(scl + s * GG90_BM + (4 * c + w) * 16 + 2 * g);
             pk_wgmma_fence();
 #pragma unroll
@@ -421,8 +448,18 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
             // out of the steady-state loop).
             const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
-            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
-            if (KGROUP && full_k < tk) kblock(full_k, true);
+#pragma unroll 1
+            for (int pass = 0; pass < NPASS; pass++) {
+                const int kfirst = pass == 0 ? 0 : -1;  // (one compare in the loop, as without passes)
+                for (int kb = 0; kb < full_k; kb++) kblock(kb, false, kb == kfirst);
+                if (KGROUP && full_k < tk) kblock(full_k, true, full_k == kfirst);
+                if (SPLIT != 0 && pass == NPASS - 2 && GG90_LO_SCALE<T> != 1.0f) {
+                    pk_wgmma_wait<0>();  // the lo products' sum, unscaled before the hi pass adds to it
+#pragma unroll
+                    for (int i = 0; i < GG90_BN / 2; i++)
+                        pk_wgmma_fence_operand(acc[i]), acc[i] *= 1.0f / GG90_LO_SCALE<T>;
+                }
+            }
             pk_wgmma_wait<0>();
             if (tk > 0) pk_mbarrier_arrive(&empty[prev]);
         }
@@ -511,6 +548,25 @@ __device__ __forceinline__ void grouped_gemm_nn_sm90_f32out_impl(const CUtensorM
                                                                  int n_groups) {
     gg90_body<T, false, true, false, true>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
 }
+// The split-precision forms (SPLIT; a and, for _ab, b hold [2, rows, columns]: the hi plane, then the lo one).
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_sm90_split_f32out_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                    const int* offsets, float* out, int M, int N,
+                                                                    int K, int n_groups) {
+    gg90_body<T, false, false, false, true, false, 1>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_sm90_split_a_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                     const int* offsets, T* out, int N1, int N2,
+                                                                     int M, int n_groups) {
+    gg90_body<T, false, true, true, false, false, 1>(&ta, &tb, offsets, out, N1, N2, M, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_sm90_split_ab_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                      const int* offsets, T* out, int N1, int N2,
+                                                                      int M, int n_groups) {
+    gg90_body<T, false, true, true, false, false, 2>(&ta, &tb, offsets, out, N1, N2, M, n_groups, 0);
+}
 template <typename T>
 __device__ __forceinline__ void moe_gemm_act_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
                                                        const int* offsets, T* out, int M, int N, int K,
@@ -550,6 +606,22 @@ PK_IO16_KERNELS(grouped_gemm_nn_sm90_f32out, (GG90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                  const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
                 (ta, tb, offsets, out, M, N, K, n_groups))
+// The split-precision backward products (SPLIT): y = h @ down_proj[e]^T with h split (ta: a [2M, K], the planes
+// stacked, box (128, 64); tb as grouped_gemm_sm90's; out float [M, N]); the weight gradients d(gate_up)^T x_perm
+// (split_a: ta over a [2M, N1]) and (w * dy)^T h (split_ab: tb over b [2M, N2] too), boxes as
+// grouped_gemm_wgrad_sm90's.
+PK_IO16_KERNELS(grouped_gemm_sm90_split_f32out, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
+                (ta, tb, offsets, out, M, N, K, n_groups))
+PK_IO16_KERNELS(grouped_gemm_wgrad_sm90_split_a, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, T* __restrict__ out, int N1, int N2, int M, int n_groups),
+                (ta, tb, offsets, out, N1, N2, M, n_groups))
+PK_IO16_KERNELS(grouped_gemm_wgrad_sm90_split_ab, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, T* __restrict__ out, int N1, int N2, int M, int n_groups),
+                (ta, tb, offsets, out, N1, N2, M, n_groups))
 // FP8 block-scaled (DeepSeek-V3's scaling; pykern/ops/gemm_fp8.py): ta: a [M, K] e4m3 bytes with box (128, 128);
 // tb: b [E, N, K] with box (1, 128, 128); both 128B swizzle. a_scale [M, K / 128], b_scale [E, ceil(N / 128),
 // K / 128] fp32; K a multiple of 128; out [M, N] bf16. gemm_fp8 is this with one group (offsets [0, M]). Grid as
