@@ -11,6 +11,9 @@
 //                            [M, N1], b [M, N2]): the contraction runs over the group's rows, A and B both MN-major
 //                            (KGROUP); a group with no rows writes zeros;
 //   grouped_gemm(_nn)_sm90_f32out  grouped_gemm_sm90 / grouped_gemm_nn_sm90 storing the fp32 accumulators (F32OUT).
+//   grouped_gemm_sm90_split_f32out, grouped_gemm_wgrad_sm90_split_a / _ab  the backward's split-precision products
+//                            (SPLIT: hi / lo planes of an fp32 operand, two or three wgmma passes into one fp32
+//                            accumulator), as moe.cu's grouped_gemm_tc_split_f32out / grouped_gemm_wgrad_tc_split_*.
 //   grouped_gemm_fp8_sm90    the FP8 block-scaled grouped GEMM (FP8: e4m3 a and b, fp32 scales per 1 x 128 / 128 x
 //                            128 block, bf16 out): QGMMA k-blocks of 128 promoted into fp32 registers (DeepGEMM's
 //                            scheme), the ops gemm_fp8 (one group) and grouped_gemm_fp8.
@@ -74,6 +77,19 @@ template <> struct Gg90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 template <typename T, bool FP8> struct Gg90Out { typedef T type; };
 template <typename T> struct Gg90Out<T, true> { typedef __nv_bfloat16 type; };
 
+// SPLIT (split precision, moe.cu's gg_tc_body SPLIT on wgmma): an fp32 operand travels as two planes of T, hi =
+// round(v) and lo = round((v - hi) * GG90_LO_SCALE) (moe.cu's moe_split16 writes them, the lo plane right after the
+// hi one). SPLIT 1: A split, acc = lo·B, then hi·B; SPLIT 2 (KGROUP): both split, acc = lo_a·hi_b + hi_a·lo_b, then
+// hi·hi (lo·lo, 2^-16 relative in bf16, is left out). Each product is one pass of wgmmas over the tile's k-blocks
+// into the same fp32 accumulators; the lo passes' sum is unscaled (exactly: a power of two) before the hi pass.
+// f16 lo parts are scaled by 2^11 (moe.cu's GG_LO_SCALE: as far above f16's subnormal floor as the hi part is);
+// bf16 has fp32's exponent range and takes no scale.
+template <typename T> constexpr float GG90_LO_SCALE = Pk16<T>::is_f16 ? 2048.0f : 1.0f;
+template <int SPLIT> __device__ __forceinline__ bool gg90_a_lo(int pass) {
+    return pass < (SPLIT == 1 ? 1 : SPLIT == 2 ? 2 : 0) && (SPLIT == 1 || pass == 0);
+}
+template <int SPLIT> __device__ __forceinline__ bool gg90_b_lo(int pass) { return SPLIT == 2 && pass == 1; }
+
 // Tile t of the schedule: its group e, first row m0, the group's end row and its column tile nt (KGROUP: m0 is the
 // first out row of out[e], k0 / mend the group's first and end rows of a and b).
 struct Gg90Tile {
@@ -131,6 +147,70 @@ __device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, 
     pk_bar_sync(bar, 128);
 }
 
+// FP8: where tile row `row` (0..127) keeps its k-block scale in a stage's 128 floats. A consumer thread's two rows
+// r and r + 8 (r = 64c + 16w + g) sit side by side, so it reads both with one 8-byte load.
+__device__ __forceinline__ int gg90_scale_slot(int row) { return (row >> 4) * 16 + (row & 7) * 2 + ((row >> 3) & 1); }
+
+// FP8 producer (warps 0 and 1 of warpgroup 0; warps 2 and 3 have nothing to do). Every tile starts at stage 0 and
+// takes whole rounds of ST k-blocks (DeepGEMM's ring discipline), so the consumers' stage indices are compile-time
+// constants and the round's parity is every stage's phase; the k-blocks of the last round past nk are empty
+// stages, passed through with a plain arrival. Warp 0's elected lane issues the A and B boxes; warp 1's 32 lanes
+// load the k-block's scales, a_scale[row, kb] * b_scale[e, nt, kb] for the tile's 128 rows (rows past M clamped:
+// never stored), and store them pre-multiplied into the stage's scale slots; the stage's full barrier waits for
+// the TMA's arrival and bytes and the 32 lanes' arrivals (their stores are released by their arrive).
+template <int ST, int STAGE_BYTES>
+__device__ __forceinline__ void gg90_fp8_producer(unsigned char* as, unsigned char* bs, float* scl,
+                                                  unsigned long long* full, unsigned long long* empty,
+                                                  const CUtensorMap* ta, const CUtensorMap* tb,
+                                                  const float* __restrict__ sa, const float* __restrict__ sb,
+                                                  const int* prefix, const int* __restrict__ offsets, int M, int N,
+                                                  int K, int n_groups) {
+    // (the two roles in two loops, and the sizes from the parameters: the 40 registers hold either loop's state)
+    const int warp = threadIdx.x / 32, lane = threadIdx.x % 32;
+    if (warp > 1) return;
+    const int nk = K / 128, n_tiles = (N + 127) / 128, total = prefix[n_groups];
+    unsigned round = 0;
+    if (warp == 0) {
+        if (!pk_elect_one()) return;
+        for (int t = blockIdx.x; t < total; t += gridDim.x) {
+            const Gg90Tile x = gg90_decode(prefix, offsets, n_groups, n_tiles, t);
+            for (int kb0 = 0; kb0 < nk; kb0 += ST, round++) {
+                for (int s = 0; s < ST; s++) {
+                    const int kb = kb0 + s;
+                    pk_mbarrier_wait_parity(&empty[s], (round & 1) ^ 1);
+                    if (kb < nk) {
+                        pk_mbarrier_arrive_expect_tx(&full[s], STAGE_BYTES);
+                        pk_tma_load_2d(as + s * GG90_A_BYTES, ta, &full[s], kb * 128, x.m0);
+                        pk_tma_load_3d(bs + s * (STAGE_BYTES - GG90_A_BYTES), tb, &full[s], kb * 128, x.nt * 128, x.e);
+                    } else {
+                        pk_mbarrier_arrive(&full[s]);
+                    }
+                }
+            }
+        }
+        return;
+    }
+    for (int t = blockIdx.x; t < total; t += gridDim.x) {
+        const Gg90Tile x = gg90_decode(prefix, offsets, n_groups, n_tiles, t);
+        const float* psb = sb + ((long long)x.e * n_tiles + x.nt) * nk;
+        for (int kb0 = 0; kb0 < nk; kb0 += ST, round++) {
+            for (int s = 0; s < ST; s++) {
+                const int kb = kb0 + s;
+                pk_mbarrier_wait_parity(&empty[s], (round & 1) ^ 1);
+                if (kb < nk) {
+                    const float bsc = psb[kb];
+#pragma unroll 1
+                    for (int i = 0; i < GG90_BM / 32; i++) {
+                        const int row = lane + 32 * i;
+                        scl[s * GG90_BM + gg90_scale_slot(row)] = sa[(long long)min(x.m0 + row, M - 1) * nk + kb] * bsc;
+                    }
+                }
+                pk_mbarrier_arrive(&full[s]);
+            }
+        }
+    }
+}
+
 // ACT: the fused act(gate) * up epilogue (b is gate_up [E, 2I, K], N = 2I; column tile nt covers h columns
 // [128 nt, + 128): B rows 128 nt.. (gate) and I + 128 nt.. (up)). Otherwise column tile nt is out columns
 // [256 nt, + 256). B_MN: b is [E, K, N] (layout "nn"). KGROUP (implies B_MN): the weight gradient, M = N1 (a's
@@ -142,10 +222,11 @@ __device__ __forceinline__ void gg90_zero_rows(unsigned char* chunk, int valid, 
 // A k-block is 128 e4m3 columns (the same 128-byte swizzled rows, so the A tile and the TMA boxes keep their
 // bytes) and one scale block; the B tile is 128 rows (BN: the wgmma and the promoted accumulators, 64 + 64
 // floats a thread, fit where 128 + 128 would not), so a stage is 32 KiB and the ring has 6 stages in the same
-// shared memory. Per k-block four wgmma m64n128k32 e4m3 (QGMMA) restart from zero; once they complete, the
-// stage is released and the k-block's partial is promoted: facc += part * sa[row, kb] * sb[e, nt, kb] in fp32
-// (DeepGEMM's scheme: the fp8 tensor core's narrower accumulator never sums more than 128 products).
-template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false, bool FP8 = false>
+// shared memory, plus 128 pre-multiplied scales a stage (gg90_fp8_producer: the ring runs in whole rounds of 6
+// from stage 0 each tile). Per k-block four wgmma m64n128k32 e4m3 (QGMMA) restart from zero; once they complete,
+// the stage is released and the k-block's partial is promoted: facc += part * (sa[row, kb] * sb[e, nt, kb]) in
+// fp32 (DeepGEMM's scheme: the fp8 tensor core's narrower accumulator never sums more than 128 products).
+template <typename T, bool ACT, bool B_MN, bool KGROUP, bool F32OUT = false, bool FP8 = false, int SPLIT = 0>
 __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorMap* tb, const int* __restrict__ offsets,
                                           void* __restrict__ out_, int M, int N, int K, int n_groups, int act,
                                           const float* __restrict__ sa = nullptr,
@@ -153,6 +234,11 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     static_assert(!(ACT && B_MN) && (!KGROUP || B_MN), "gg90_body: ACT is K-major only; KGROUP reads B MN-major");
     static_assert(!F32OUT || (!ACT && !KGROUP), "gg90_body: the fp32 result is the plain product's");
     static_assert(!FP8 || (!ACT && !B_MN && !KGROUP && !F32OUT), "gg90_body: FP8 is the plain K-major product");
+    static_assert(SPLIT == 0 || KGROUP || (F32OUT && !B_MN), "gg90_body: a split A is the wgrad's or the f32out nt's");
+    static_assert(SPLIT < 2 || KGROUP, "gg90_body: a split B is the weight gradient's");
+    // SPLIT: the passes over the k-blocks (the lo plane(s) first, the hi planes last) and the lo planes' rows
+    constexpr int NPASS = SPLIT == 0 ? 1 : SPLIT == 1 ? 2 : 3;
+    const int lo_rows = KGROUP ? K : M;
     // The tile shape (see FP8 above): elements of a k-block, B rows, ring stages and their bytes.
     constexpr int BK = FP8 ? 128 : GG90_BK, BN = FP8 ? 128 : GG90_BN, ST = FP8 ? 6 : GG90_ST;
     constexpr int B_BYTES = BN * 128, STAGE_BYTES = GG90_A_BYTES + B_BYTES;
@@ -165,6 +251,13 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     unsigned long long* full = reinterpret_cast<unsigned long long*>(gg90_smem + ST * STAGE_BYTES);
     unsigned long long* empty = full + ST;
     int* prefix = reinterpret_cast<int*>(empty + ST);  // [n_groups + 1]
+    // FP8: the stages' pre-multiplied scales (gg90_fp8_producer), [ST][128] floats between the ring and the mbarriers
+    float* scl = reinterpret_cast<float*>(gg90_smem + ST * STAGE_BYTES);
+    if constexpr (FP8) {
+        full = reinterpret_cast<unsigned long long*>(scl + ST * GG90_BM);
+        empty = full + ST;
+        prefix = reinterpret_cast<int*>(empty + ST);
+    }
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int cols = ACT ? N / 2 : N;  // out columns
@@ -195,7 +288,8 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
         }
     }
     if (tid == 0) {
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
+        // (FP8: a stage's full barrier also waits for the 32 lanes that store its scales)
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], FP8 ? 33 : 1), pk_mbarrier_init(&empty[s], 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
@@ -203,6 +297,11 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<40>();
+        if constexpr (FP8) {
+            gg90_fp8_producer<ST, STAGE_BYTES>(as, bs, scl, full, empty, ta, tb, sa, sb, prefix, offsets, M, N, K,
+                                               n_groups);
+            return;
+        }
         if (tid < 32 && pk_elect_one()) {
             unsigned it = 0;  // k-blocks issued: stage it % ST, phase (it / ST) & 1
             for (int t = blockIdx.x; t < total; t += gridDim.x) {
@@ -211,6 +310,9 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                 const int b0 = ACT ? x.nt * (GG90_BN / 2) : x.nt * BN;
                 const int b1 = ACT ? cols + b0 : b0 + GG90_BN / 2;
                 const int tk = KGROUP ? (x.mend - x.k0 + GG90_BK - 1) / GG90_BK : nk;
+                for (int pass = 0; pass < NPASS; pass++) {
+                // SPLIT: this pass's planes, as rows of a [2 x rows] map: the lo plane lo_rows rows further
+                const int ar = gg90_a_lo<SPLIT>(pass) ? lo_rows : 0, br = gg90_b_lo<SPLIT>(pass) ? lo_rows : 0;
                 for (int kb = 0; kb < tk; kb++, it++) {
                     const unsigned s = it % ST;
                     pk_mbarrier_wait_parity(&empty[s], ((it / ST) & 1) ^ 1);
@@ -221,24 +323,22 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
                     if constexpr (KGROUP) {  // A: 2 boxes of 64 a-columns x 64 rows; B: 4 of 64 b-columns
 #pragma unroll
                         for (int j = 0; j < GG90_BM / 64; j++)
-                            pk_tma_load_2d(ast + j * 64 * 128, ta, &full[s], x.m0 + 64 * j, kc);
+                            pk_tma_load_2d(ast + j * 64 * 128, ta, &full[s], x.m0 + 64 * j, kc + ar);
 #pragma unroll
                         for (int j = 0; j < GG90_BN / 64; j++)
-                            pk_tma_load_2d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc);
+                            pk_tma_load_2d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc + br);
                     } else if constexpr (B_MN) {  // B: 4 boxes of 64 n-columns x 64 k-rows of b[e]
                         pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
 #pragma unroll
                         for (int j = 0; j < GG90_BN / 64; j++)
                             pk_tma_load_3d(bst + j * GG90_BK * 128, tb, &full[s], b0 + 64 * j, kc, x.e);
-                    } else if constexpr (FP8) {  // B: one box of BN = 128 rows
-                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
-                        pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
                     } else {
-                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0);
+                        pk_tma_load_2d(ast, ta, &full[s], kc, x.m0 + ar);
                         pk_tma_load_3d(bst, tb, &full[s], kc, b0, x.e);
                         pk_tma_load_3d(bst + GG90_BN / 2 * 128, tb, &full[s], kc, b1, x.e);
                     }
                 }
+                }  // pass
             }
         }
         return;
@@ -256,7 +356,10 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
     const unsigned long long db0 = B_MN ? pk_wgmma_desc(bs, GG90_BK * 128, 1024, PK_SWIZZLE_128B)
                                         : pk_wgmma_desc(bs, 16, 1024, PK_SWIZZLE_128B);
     unsigned it = 0;
-    unsigned fs = 0, fph = 0;  // FP8: the ring's stage and phase, counted (ST = 6 is no power of two)
+    unsigned round = 0;  // FP8: the ring's rounds (gg90_fp8_producer): a round's parity is its stages' phase
+    // FP8: the A descriptor differs per consumer warpgroup; its low word passed through a lane-0 shuffle is
+    // warp-uniform to ptxas, which then keeps both descriptors (and their constant offsets) in uniform registers.
+    const unsigned long long da8 = FP8 ? (da0 & ~0xffffffffull) | __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0) : da0;
     for (int t = blockIdx.x; t < total; t += gridDim.x) {
         const Gg90Tile x = KGROUP ? gg90_decode_kgroup(offsets, m_tiles, n_tiles, t)
                                   : gg90_decode(prefix, offsets, n_groups, n_tiles, t);
@@ -273,81 +376,90 @@ __device__ __forceinline__ void gg90_body(const CUtensorMap* ta, const CUtensorM
             for (int i = 0; i < GG90_BN / 2; i++) acc[i] = 0.f;
         }
         // One k-block: wait for its stage, (ZERO: clear this consumer's A rows past the group's end), 4 wgmmas.
-        // FP8: this thread's two rows' a_scale rows (rows past M clamped: never stored) and the tile's b_scale row.
-        const float* psa0 = sa;
-        const float* psa1 = sa;
-        const float* psb = sb;
-        if constexpr (FP8) {
-            const int r0 = x.m0 + 64 * c + 16 * w + g;
-            psa0 = sa + (long long)min(r0, M - 1) * nk;
-            psa1 = sa + (long long)min(r0 + 8, M - 1) * nk;
-            psb = sb + ((long long)x.e * n_tiles + x.nt) * nk;
-        }
-        auto kblock = [&](int kb, bool zero) {
-            const unsigned s = FP8 ? fs : it % ST;
-            // FP8: the k-block's scales, loaded before the waits so their latency hides behind them.
-            float s0 = 0.f, s1 = 0.f;
-            if constexpr (FP8) {  // (pointers stepped, not indexed: ptxas keeps them rather than recomputing them)
-                const float bsc = *psb++;
-                s0 = *psa0++ * bsc, s1 = *psa1++ * bsc;
-            }
+        // first: the tile's first k-block (SPLIT: of its first pass), which starts the accumulators and has no
+        // earlier stage to release.
+        auto kblock = [&](int kb, bool zero, bool first) {
+          if constexpr (!FP8) {
+            const unsigned s = it % ST;
             // One try first, the retry loop apart: ptxas lays it out of the k-loop, which stays flat.
-            const unsigned ph = FP8 ? fph : (it / ST) & 1;
+            const unsigned ph = (it / ST) & 1;
             if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);
             if (KGROUP && zero)  // rows x.mend - (x.k0 + 64 kb) .. 63 of this k-block lie past the group
                 gg90_zero_rows(as + s * GG90_A_BYTES + c * 64 * 128, x.mend - x.k0 - kb * GG90_BK, tid % 128, 1 + c);
             pk_wgmma_fence();
             const unsigned long long da = pk_wgmma_desc_advance(da0, s * GG90_A_BYTES);
             const unsigned long long db = pk_wgmma_desc_advance(db0, s * B_BYTES);
-            if constexpr (FP8) {
-                // Four k32 steps of 32 bytes; the first restarts the partial from zero. The A descriptor differs
-                // per consumer warpgroup: its low word passed through a lane-0 shuffle is warp-uniform to ptxas,
-                // which then steps both descriptors in uniform registers.
-                const unsigned long long dau =
-                    (da0 & ~0xffffffffull) | __shfl_sync(PK_FULL_MASK, (unsigned)da0, 0);
-                const unsigned long long da8 = pk_wgmma_desc_advance(dau, s * GG90_A_BYTES);
-                const unsigned long long db8 = pk_wgmma_desc_advance(db0, s * B_BYTES);
 #pragma unroll
-                for (int ks = 0; ks < BK / 32; ks++)
-                    pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da8, ks * 32),
-                                                  pk_wgmma_desc_advance(db8, ks * 32), ks > 0);
-                pk_wgmma_commit();
-                pk_wgmma_wait<0>();  // the partial is read now: the stage is free
-                pk_mbarrier_arrive(&empty[s]);
-                // Promotion: accumulator 4j + v is row 16w + g + 8 (v >> 1) of this consumer's 64.
+            for (int ks = 0; ks < GG90_BK / 16; ks++)
+                pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
+                    acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
+                    !first || ks > 0);
+            pk_wgmma_commit();
+            // The previous k-block's group has completed: release its stage (this one's stays in flight).
+            pk_wgmma_wait<1>();
+            if (!first) pk_mbarrier_arrive(&empty[prev]);
+            prev = s;
+            it++;
+          }
+        };
+        // FP8, one k-block in stage s (a constant in the steady-state loop) of a round with phase ph: its two
+        // pre-multiplied scales (one 8-byte load), four k32 QGMMAs of 32 bytes each (the first restarts the partial
+        // from zero); once they complete the stage is released and the partial promoted: accumulator 4j + v is row
+        // 16w + g + 8 (v >> 1) of this consumer's 64.
+        auto kblock8 = [&](int s, unsigned ph) {
+            if (!pk_mbarrier_try_wait_parity(&full[s], ph)) pk_mbarrier_wait_parity(&full[s], ph);  // (as kblock's)
+            const float2 sc = *reinterpret_cast<const float2*>(scl + s * GG90_BM + (4 * c + w) * 16 + 2 * g);
+            pk_wgmma_fence();
 #pragma unroll
-                for (int j = 0; j < BN / 8; j++) {
-                    facc[4 * j] = fmaf(acc[4 * j], s0, facc[4 * j]);
-                    facc[4 * j + 1] = fmaf(acc[4 * j + 1], s0, facc[4 * j + 1]);
-                    facc[4 * j + 2] = fmaf(acc[4 * j + 2], s1, facc[4 * j + 2]);
-                    facc[4 * j + 3] = fmaf(acc[4 * j + 3], s1, facc[4 * j + 3]);
-                }
-                if (++fs == ST) fs = 0, fph ^= 1;
-            } else {
+            for (int ks = 0; ks < BK / 32; ks++)
+                pk_wgmma_m64nNk32_e4m3_ss<BN>(acc, pk_wgmma_desc_advance(da8, s * GG90_A_BYTES + ks * 32),
+                                              pk_wgmma_desc_advance(db0, s * B_BYTES + ks * 32), ks > 0);
+            pk_wgmma_commit();
+            pk_wgmma_wait<0>();  // the partial is read now (and the scales, loaded before): the stage is free
+            pk_mbarrier_arrive(&empty[s]);
 #pragma unroll
-                for (int ks = 0; ks < GG90_BK / 16; ks++)
-                    pk_wgmma_m64nNk16_ss<GG90_BN, Gg90Dt<T>::V, KGROUP ? 1 : 0, B_MN ? 1 : 0>(
-                        acc, pk_wgmma_desc_advance(da, ks * A_STEP), pk_wgmma_desc_advance(db, ks * B_STEP),
-                        kb > 0 || ks > 0);
-                pk_wgmma_commit();
-                // The previous k-block's group has completed: release its stage (this one's stays in flight).
-                pk_wgmma_wait<1>();
-                if (kb > 0) pk_mbarrier_arrive(&empty[prev]);
-                prev = s;
-                it++;
+            for (int j = 0; j < BN / 8; j++) {
+                facc[4 * j] = fmaf(acc[4 * j], sc.x, facc[4 * j]);
+                facc[4 * j + 1] = fmaf(acc[4 * j + 1], sc.x, facc[4 * j + 1]);
+                facc[4 * j + 2] = fmaf(acc[4 * j + 2], sc.y, facc[4 * j + 2]);
+                facc[4 * j + 3] = fmaf(acc[4 * j + 3], sc.y, facc[4 * j + 3]);
             }
         };
-        // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
-        // out of the steady-state loop).
-        const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
-        if constexpr (FP8) {  // two k-blocks a trip: the loop's own overhead halves
-#pragma unroll 2
-            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
+        if constexpr (FP8) {
+            // Whole rounds of ST k-blocks, stages 0..ST-1 unrolled; then the last, partial round (its stages past
+            // nk are the producer's empty ones: waited for and released).
+            const int rounds = nk / ST, rem = nk - rounds * ST;
+            for (int r = 0; r < rounds; r++, round++) {
+#pragma unroll
+                for (int s = 0; s < ST; s++) kblock8(s, round & 1);
+            }
+            if (rem) {
+                for (int s = 0; s < ST; s++) {
+                    if (s < rem) {
+                        kblock8(s, round & 1);
+                    } else {
+                        pk_mbarrier_wait_parity(&full[s], round & 1);
+                        pk_mbarrier_arrive(&empty[s]);
+                    }
+                }
+                round++;
+            }
         } else {
-            for (int kb = 0; kb < full_k; kb++) kblock(kb, false);
-        }
-        if (KGROUP && full_k < tk) kblock(full_k, true);
-        if constexpr (!FP8) {  // (FP8 waits and releases every stage in its k-block)
+            // KGROUP: the whole k-blocks in the loop, a partial last one after it (the zeroing and its barrier stay
+            // out of the steady-state loop).
+            const int full_k = KGROUP ? (x.mend - x.k0) / GG90_BK : nk;
+#pragma unroll 1
+            for (int pass = 0; pass < NPASS; pass++) {
+                const int kfirst = pass == 0 ? 0 : -1;  // (one compare in the loop, as without passes)
+                for (int kb = 0; kb < full_k; kb++) kblock(kb, false, kb == kfirst);
+                if (KGROUP && full_k < tk) kblock(full_k, true, full_k == kfirst);
+                if (SPLIT != 0 && pass == NPASS - 2 && GG90_LO_SCALE<T> != 1.0f) {
+                    pk_wgmma_wait<0>();  // the lo products' sum, unscaled before the hi pass adds to it
+#pragma unroll
+                    for (int i = 0; i < GG90_BN / 2; i++)
+                        pk_wgmma_fence_operand(acc[i]), acc[i] *= 1.0f / GG90_LO_SCALE<T>;
+                }
+            }
             pk_wgmma_wait<0>();
             if (tk > 0) pk_mbarrier_arrive(&empty[prev]);
         }
@@ -436,6 +548,25 @@ __device__ __forceinline__ void grouped_gemm_nn_sm90_f32out_impl(const CUtensorM
                                                                  int n_groups) {
     gg90_body<T, false, true, false, true>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
 }
+// The split-precision forms (SPLIT; a and, for _ab, b hold [2, rows, columns]: the hi plane, then the lo one).
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_sm90_split_f32out_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                    const int* offsets, float* out, int M, int N,
+                                                                    int K, int n_groups) {
+    gg90_body<T, false, false, false, true, false, 1>(&ta, &tb, offsets, out, M, N, K, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_sm90_split_a_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                     const int* offsets, T* out, int N1, int N2,
+                                                                     int M, int n_groups) {
+    gg90_body<T, false, true, true, false, false, 1>(&ta, &tb, offsets, out, N1, N2, M, n_groups, 0);
+}
+template <typename T>
+__device__ __forceinline__ void grouped_gemm_wgrad_sm90_split_ab_impl(const CUtensorMap& ta, const CUtensorMap& tb,
+                                                                      const int* offsets, T* out, int N1, int N2,
+                                                                      int M, int n_groups) {
+    gg90_body<T, false, true, true, false, false, 2>(&ta, &tb, offsets, out, N1, N2, M, n_groups, 0);
+}
 template <typename T>
 __device__ __forceinline__ void moe_gemm_act_sm90_impl(const CUtensorMap& ta, const CUtensorMap& tb,
                                                        const int* offsets, T* out, int M, int N, int K,
@@ -475,10 +606,27 @@ PK_IO16_KERNELS(grouped_gemm_nn_sm90_f32out, (GG90_THREADS, 1),
                 (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                  const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
                 (ta, tb, offsets, out, M, N, K, n_groups))
+// The split-precision backward products (SPLIT): y = h @ down_proj[e]^T with h split (ta: a [2M, K], the planes
+// stacked, box (128, 64); tb as grouped_gemm_sm90's; out float [M, N]); the weight gradients d(gate_up)^T x_perm
+// (split_a: ta over a [2M, N1]) and (w * dy)^T h (split_ab: tb over b [2M, N2] too), boxes as
+// grouped_gemm_wgrad_sm90's.
+PK_IO16_KERNELS(grouped_gemm_sm90_split_f32out, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, float* __restrict__ out, int M, int N, int K, int n_groups),
+                (ta, tb, offsets, out, M, N, K, n_groups))
+PK_IO16_KERNELS(grouped_gemm_wgrad_sm90_split_a, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, T* __restrict__ out, int N1, int N2, int M, int n_groups),
+                (ta, tb, offsets, out, N1, N2, M, n_groups))
+PK_IO16_KERNELS(grouped_gemm_wgrad_sm90_split_ab, (GG90_THREADS, 1),
+                (const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
+                 const int* __restrict__ offsets, T* __restrict__ out, int N1, int N2, int M, int n_groups),
+                (ta, tb, offsets, out, N1, N2, M, n_groups))
 // FP8 block-scaled (DeepSeek-V3's scaling; pykern/ops/gemm_fp8.py): ta: a [M, K] e4m3 bytes with box (128, 128);
 // tb: b [E, N, K] with box (1, 128, 128); both 128B swizzle. a_scale [M, K / 128], b_scale [E, ceil(N / 128),
 // K / 128] fp32; K a multiple of 128; out [M, N] bf16. gemm_fp8 is this with one group (offsets [0, M]). Grid as
-// grouped_gemm_sm90's; dynamic shared memory 6 stages of 32 KiB, 12 mbarriers, then the tile prefix.
+// grouped_gemm_sm90's; dynamic shared memory 6 stages of 32 KiB, their 6 x 128 fp32 scales, 12 mbarriers, then the
+// tile prefix.
 extern "C" __global__ void __launch_bounds__(GG90_THREADS, 1)
     grouped_gemm_fp8_sm90(const __grid_constant__ CUtensorMap ta, const __grid_constant__ CUtensorMap tb,
                           const float* __restrict__ a_scale, const float* __restrict__ b_scale,

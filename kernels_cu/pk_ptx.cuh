@@ -716,6 +716,17 @@ __device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long x
 #endif
 }
 
+// r pinned at this point of the program: an empty asm that reads and writes it (CUTLASS's warpgroup_fence_operand),
+// so the front end cannot move arithmetic on a wgmma accumulator above the wgmma wait before it (ptxas would then
+// serialise every wgmma of the kernel). Nothing on the CPU.
+__device__ __forceinline__ void pk_wgmma_fence_operand(float& r) {
+#if defined(PYKERN_HOST)
+    (void)r;
+#else
+    asm volatile("" : "+f"(r)::"memory");
+#endif
+}
+
 #if defined(PYKERN_HOST)
 // ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
 __device__ __forceinline__ unsigned long long pk_wgmma_desc(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes,

@@ -139,9 +139,17 @@ def _tc_names(arch: str, kind: str, hid: int, inter: int) -> list[str]:
     hopper = arch == "sm_90a" and hid % 8 == 0  # TMA: K of every product a multiple of 8 elements
     hopper_dh = hopper and inter % 8 == 0  # dy_perm @ down_proj[e], layout "nn": rows of down_proj are I long
     hopper_dx = hopper and hid % 8 == 0
+    # the split-precision products: y = h @ down_proj[e]^T (K = I), (w * dy)^T h (rows H and I long) and
+    # d(gate_up)^T x_perm (rows 2I and H long)
+    sm90 = arch == "sm_90a"
+    hopper_y, hopper_wd = sm90 and inter % 8 == 0, sm90 and hid % 8 == 0 and inter % 8 == 0
+    hopper_wg = sm90 and (2 * inter) % 8 == 0 and hid % 8 == 0
     return [("grouped_gemm_sm90_f32out_" if hopper else "grouped_gemm_tc_f32out_") + kind,
             ("grouped_gemm_nn_sm90_f32out_" if hopper_dh else "grouped_gemm_tc_nn_f32out_") + kind,
-            ("grouped_gemm_nn_sm90_" if hopper_dx else "grouped_gemm_tc_nn_") + kind]
+            ("grouped_gemm_nn_sm90_" if hopper_dx else "grouped_gemm_tc_nn_") + kind,
+            ("grouped_gemm_sm90_split_f32out_" if hopper_y else "grouped_gemm_tc_split_f32out_") + kind,
+            ("grouped_gemm_wgrad_sm90_split_ab_" if hopper_wd else "grouped_gemm_wgrad_tc_split_ab_") + kind,
+            ("grouped_gemm_wgrad_sm90_split_a_" if hopper_wg else "grouped_gemm_wgrad_tc_split_a_") + kind]
 
 
 @pytest.mark.parametrize("arch", ARCHS)
@@ -158,8 +166,7 @@ def test_backward_tensor_cores_vs_float64(shape, kind, act, arch, monkeypatch) -
     # y and the two weight gradients (fp32 intermediates h, w * dy, d(gate_up)) split hi + lo: no fp32 FMA product.
     tc = _tc_names(arch, kind, hid, inter)
     assert [n for n in names if "grouped_gemm" in n or "split16" in n] == (
-        [tc[0], "moe_split16_" + kind, "grouped_gemm_tc_split_f32out_" + kind, tc[1], "moe_split16_" + kind,
-         "grouped_gemm_wgrad_tc_split_ab_" + kind, "moe_split16_" + kind, "grouped_gemm_wgrad_tc_split_a_" + kind,
+        [tc[0], "moe_split16_" + kind, tc[3], tc[1], "moe_split16_" + kind, tc[4], "moe_split16_" + kind, tc[5],
          tc[2]]), names
     ref = np_moe_experts_backward(dy, x, gu, dn, ids, w, act)
     for g, r in zip(got, ref):

@@ -61,16 +61,21 @@ def usable(kind: str, k: int, n_groups: int, backend: str | None, *arrs: Any) ->
 
 
 def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n_groups: int, kind: str,
-               act: int | None, stream: Any, backend: str | None, nn: bool = False, f32out: bool = False) -> bool:
+               act: int | None, stream: Any, backend: str | None, nn: bool = False, f32out: bool = False,
+               split: bool = False) -> bool:
     """Run grouped_gemm_sm90 (act None), moe_gemm_act_sm90 or, with nn, grouped_gemm_nn_sm90 when `usable` and the
     arrays suit TMA; False (nothing launched) otherwise. a [m, k] and b [n_groups, n, k] (nn: [n_groups, k, n])
     contiguous (flat views accepted), out [m, n] (act: [m, n / 2]); offsets int32 [n_groups + 1]. f32out: out is
-    float32 and the _f32out variant runs (the fp32 accumulators stored; not with act)."""
+    float32 and the _f32out variant runs (the fp32 accumulators stored; not with act). split (with f32out, layout
+    "nt"): a holds split-precision planes, [2, m, k] (hi, then lo: moe.cu's moe_split16), and
+    grouped_gemm_sm90_split_f32out accumulates lo·b then hi·b in fp32."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
     if act is not None and (nn or f32out):
         raise AssertionError("the fused activation is the gate_up GEMM's (layout nt, 16-bit out)")  # never asked
+    if split and (nn or not f32out):
+        raise AssertionError("the split-precision product is the fp32-result nt one")  # never asked
     if not usable(kind, k, n_groups, backend, a, b, out) or (nn and n % 8):  # nn: b's rows are N long
         return False
     bound = tiles_bound(m, n, n_groups, act is not None)
@@ -78,7 +83,8 @@ def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n
         return False
     name = get_backend(backend).name
     try:  # boxes of 64 k-columns (128 bytes: the 128B swizzle's row) by 128 rows
-        ta = make_tensor_map(a.reshape((m, k)), (BM, BK), "128B", backend=name)
+        # (split: the two planes as one [2m, k] map, the lo plane m rows further)
+        ta = make_tensor_map(a.reshape((2 * m if split else m, k)), (BM, BK), "128B", backend=name)
         if nn:  # b [E, K, N]: boxes of 64 n-columns by BK k-rows, read MN-major
             tb = make_tensor_map(b.reshape((n_groups, k, n)), (1, BK, 64), "128B", backend=name)
         else:
@@ -89,7 +95,8 @@ def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n
     grid = max(1, min(bound, _sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)))
     sfx = "_bf16" if kind == "bf16" else "_f16"
     if act is None:
-        name = ("grouped_gemm_nn_sm90" if nn else "grouped_gemm_sm90") + ("_f32out" if f32out else "") + sfx
+        name = (("grouped_gemm_nn_sm90" if nn else "grouped_gemm_sm90") + ("_split" if split else "")
+                + ("_f32out" if f32out else "") + sfx)
         launch(name, grid, THREADS, ta, tb, offsets, out, m, n, k, n_groups,
                shared_mem=shared_bytes(n_groups), stream=stream, backend=backend)
     else:
@@ -99,10 +106,12 @@ def try_launch(a: Any, b: Any, offsets: Any, out: Any, m: int, n: int, k: int, n
 
 
 def try_launch_wgrad(a: Any, b: Any, offsets: Any, out: Any, m: int, n1: int, n2: int, n_groups: int, kind: str,
-                     stream: Any, backend: str | None) -> bool:
+                     stream: Any, backend: str | None, split: int = 0) -> bool:
     """Run grouped_gemm_wgrad_sm90, out[e] = a[rows_e]^T @ b[rows_e] ([n_groups, n1, n2]), when `usable` and the
     arrays suit TMA; False (nothing launched) otherwise. a [m, n1] and b [m, n2] contiguous; offsets int32
-    [n_groups + 1]. Every group's tiles are written (zeros for a group with no rows)."""
+    [n_groups + 1]. Every group's tiles are written (zeros for a group with no rows). split 1: a holds
+    split-precision planes [2, m, n1] (grouped_gemm_wgrad_sm90_split_a: lo·b, then hi·b); split 2: b too, [2, m,
+    n2] (_split_ab: lo_a·hi_b + hi_a·lo_b, then hi·hi); fp32 accumulation, one rounding to `kind`."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
@@ -113,12 +122,14 @@ def try_launch_wgrad(a: Any, b: Any, offsets: Any, out: Any, m: int, n1: int, n2
         return False
     name = get_backend(backend).name
     try:  # boxes of 64 columns (one 128-byte swizzled row) by BK rows, read MN-major
-        ta = make_tensor_map(a.reshape((m, n1)), (BK, 64), "128B", backend=name)
-        tb = make_tensor_map(b.reshape((m, n2)), (BK, 64), "128B", backend=name)
+        # (split: the planes as one map of 2m rows, the lo plane m rows further)
+        ta = make_tensor_map(a.reshape((2 * m if split else m, n1)), (BK, 64), "128B", backend=name)
+        tb = make_tensor_map(b.reshape((2 * m if split == 2 else m, n2)), (BK, 64), "128B", backend=name)
     except ArgumentError:
         return False
     dev = array_device(a)
     grid = max(1, min(tiles, _sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)))
-    launch("grouped_gemm_wgrad_sm90" + ("_bf16" if kind == "bf16" else "_f16"), grid, THREADS, ta, tb, offsets, out,
-           n1, n2, m, n_groups, shared_mem=SMEM_FIXED + 4, stream=stream, backend=backend)
+    variant = ("", "_split_a", "_split_ab")[split]
+    launch("grouped_gemm_wgrad_sm90" + variant + ("_bf16" if kind == "bf16" else "_f16"), grid, THREADS, ta, tb,
+           offsets, out, n1, n2, m, n_groups, shared_mem=SMEM_FIXED + 4, stream=stream, backend=backend)
     return True

@@ -32,7 +32,8 @@ E4M3_MAX = 448.0
 BM, BN = 64, 128  # GF_BM / GF_BN: the GEMM's CTA tile
 SM90_BM, SM90_BN = 128, 128  # grouped_gemm_fp8_sm90's tile (GG90_BM; its FP8 BN)
 SM90_STAGES = 6  # its ring: stages of 128 A rows and 128 B rows of 128 bytes
-SM90_SMEM_FIXED = SM90_STAGES * (SM90_BM + SM90_BN) * 128 + 2 * SM90_STAGES * 8  # the ring and its mbarriers
+# the ring, each stage's SM90_BM pre-multiplied fp32 scales, the mbarriers
+SM90_SMEM_FIXED = SM90_STAGES * (SM90_BM + SM90_BN) * 128 + SM90_STAGES * SM90_BM * 4 + 2 * SM90_STAGES * 8
 THREADS = 256  # GF_THREADS
 SMEM = 3 * (BM + BN) * 144  # GF_SMEM_BYTES: 3 stages of A and B tiles, rows of 128 + 16 bytes
 _QWARPS = 8  # warps a quantize block (256 threads), one 1 x 128 tile a warp

@@ -407,7 +407,8 @@ def moe_experts_backward(
     The forward's permuted intermediates are recomputed (nothing is saved but the inputs) and kept in fp32; the
     gradients come back in the inputs' dtype. bf16 / f16 with tensor cores run the recomputed gate / up and
     dy_perm @ down_proj[e] on fp32-result tensor-core GEMMs and d(x_perm) on a 16-bit one; y and the weight
-    gradients, whose fp32 operands would lose accuracy rounded to 16 bits, run on fp32 FMA (docs/moe.md). Weight
+    gradients, whose fp32 operands would lose accuracy rounded to 16 bits, run on split-precision tensor-core GEMMs
+    (hi + lo 16-bit planes, fp32 accumulation; docs/moe.md). Weight
     gradients are per-expert GEMMs over each expert's rows, one CTA per output tile: no atomics, deterministic.
     """
     kind, n_tok, hid, n_exp, inter, top_k, ids, w = _experts_args(x, gate_up_proj, down_proj, topk_ids,
@@ -439,8 +440,9 @@ def _backward_tc16(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids
       operands are exact 16-bit values: gate / up = x_perm @ gate_up_proj[e]^T, and dy_perm @ down_proj[e]
       (d(h) = w * that, the weight applied in fp32 by moe_act_backward);
     - on tensor cores with a rounded operand: d(x_perm) = d(gate_up) @ gate_up_proj[e] (within the rows);
-    - in fp32 FMA on widened copies: y = h @ down_proj[e]^T (for grad_topk_weights) and both weight gradients,
-      whose fp32 intermediates (h, w * dy, d(gate_up)) rounded to 16 bits miss the float64 rows.
+    - on split-precision tensor-core GEMMs (sm_90a: their wgmma forms): y = h @ down_proj[e]^T (for
+      grad_topk_weights) and both weight gradients, whose fp32 intermediates (h, w * dy, d(gate_up)) rounded to 16
+      bits once miss the float64 rows: each travels as hi + lo planes, two or three products into fp32.
     No atomics: deterministic."""
     f = lambda a: arrays.contiguous(arrays.astype(a, "float32"))  # noqa: E731
     x, gate_up_proj, down_proj = arrays.contiguous(x), arrays.contiguous(gate_up_proj), arrays.contiguous(down_proj)
@@ -464,7 +466,9 @@ def _backward_tc16(grad_out: Any, x: Any, gate_up_proj: Any, down_proj: Any, ids
     # type, docs/moe.md): one 16-bit rounding misses the float64 rows.
     h2 = _split16(h, r.rows * inter, kind, **kw)
     y = arrays.empty((rows, hid), "f32", like=x)
-    if r.rows:
+    # (sm_90a: the wgmma form where it applies, pykern/ops/_moe_sm90.py)
+    if r.rows and not _sm90.try_launch(h2, down_proj.reshape(-1), r.offsets, y.reshape(-1), r.rows, hid, inter, n_exp,
+                                       kind, None, stream, backend, f32out=True, split=True):
         _launch("grouped_gemm_tc_split_f32out" + _suffix(kind), (r.rows // TC_BM + n_exp, -(-hid // TC_BN)), (128,),
                 h2, down_proj.reshape(-1), r.offsets, y.reshape(-1), r.rows, hid, inter, n_exp, shared_mem=TC_SMEM,
                 **kw)
@@ -511,7 +515,10 @@ def _wgrad_split(a2: Any, b: Any, r: _Routing, out: Any, n1: int, n2: int, n_exp
                  stream: Any, backend: str | None) -> None:
     """out[e] = a[rows of e]^T @ b[rows of e] ([E, n1, n2], in `kind`) on tensor cores with a split a (planes
     from _split16 of a [r.rows, n1]) and, with split_b, a split b; b otherwise exact 16-bit [r.rows, n2]. One CTA
-    per output tile, no atomics (sm_80+, on sm_90a too: there is no wgmma form yet)."""
+    per output tile, no atomics (sm_80+; sm_90a: the wgmma form where it applies)."""
+    if _sm90.try_launch_wgrad(a2, b, r.offsets, out, r.rows, n1, n2, n_exp, kind, stream, backend,
+                              split=2 if split_b else 1):
+        return
     if n_exp > _GRID_YZ_MAX or -(-n2 // TC_BN) > _GRID_YZ_MAX:
         raise ArgumentError(f"weight gradient of {n_exp} experts x {n2} columns is past the grid's y/z limits")
     name = "grouped_gemm_wgrad_tc_split_" + ("ab" if split_b else "a") + _suffix(kind)

@@ -9,6 +9,9 @@ report it as not applicable. The launch goes through the op's own helper, pykern
 fallback to another kernel (`try_launch_wgrad` for the weight gradient). Shapes: empty groups, a one-row group,
 groups under and over a tile, N and K off the tiles, more tiles than the host's persistent CTAs; for the weight
 gradient, groups under, at and over a k-block of 64 rows (its last k-block reaches into the next group's rows).
+The split-precision products (grouped_gemm_sm90_split_f32out, grouped_gemm_wgrad_sm90_split_a / _ab) take fp32
+operands as hi / lo planes (moe.cu's moe_split16 convention) and are held against the float64 product of the
+planes' sum: the fp32 result to the f32 row, the weight gradients to their dtype's.
 """
 from __future__ import annotations
 
@@ -123,6 +126,65 @@ def _wgrad_case(kind: str, sizes: list[int], n1: int, n2: int, rng: np.random.Ge
     return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
 
 
+def _planes(v: np.ndarray, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    """v (fp32 values) as moe_split16's planes, flat [2, v.size] of `kind`, and the value they carry (float64)."""
+    scale = 2048.0 if kind == "f16" else 1.0
+    v = v.astype(np.float32)
+    hi = _cast(v, kind)
+    lo = _cast((v - f64(hi).astype(np.float32)) * np.float32(scale), kind)
+    return np.concatenate([hi.reshape(-1), lo.reshape(-1)]), f64(hi) + f64(lo) / scale
+
+
+def _split_case(kind: str, sizes: list[int], n: int, k: int, rng: np.random.Generator) -> Case:
+    from ...ops import _moe_sm90 as sm90
+
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    m, e = int(off[-1]), len(sizes)
+    a2, av = _planes(rng.standard_normal((m, k)), kind)
+    b = _cast(rng.standard_normal((e, n, k)) / math.sqrt(k), kind)
+    name = "grouped_gemm_sm90_split_f32out" + _sfx(kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        with _host_arch(backend):
+            out = np.zeros((m, n), np.float32)
+            if not sm90.try_launch(a2, b, off, out, m, n, k, e, kind, None, None, backend, f32out=True, split=True):
+                raise _declined(name, backend)
+        return {"out": out}
+
+    def ref() -> dict[str, Any]:
+        return {"out": np_grouped_gemm(av, b, off)}
+
+    shape = f"{'-'.join(map(str, sizes))}x{n}x{k}-split-f32out-from-{kind}-sm90a"
+    return Case(op="grouped_gemm", dtype="f32", shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
+
+
+def _split_wgrad_case(kind: str, sizes: list[int], n1: int, n2: int, split_b: bool, rng: np.random.Generator) -> Case:
+    from ...ops import _moe_sm90 as sm90
+
+    off = np.concatenate([[0], np.cumsum(sizes)]).astype(np.int32)
+    m, e = int(off[-1]), len(sizes)
+    a2, av = _planes(rng.standard_normal((m, n1)), kind)
+    if split_b:
+        b, bv = _planes(rng.standard_normal((m, n2)), kind)
+    else:
+        b = _cast(rng.standard_normal((m, n2)), kind)
+        bv = f64(b)
+    name = "grouped_gemm_wgrad_sm90_split_" + ("ab" if split_b else "a") + _sfx(kind)
+
+    def run(backend: str) -> dict[str, Any]:
+        with _host_arch(backend):
+            out = np.full((e, n1, n2), 7.0).astype(b.dtype)  # every element is written (an empty group: zeros)
+            if not sm90.try_launch_wgrad(a2, b, off, out, m, n1, n2, e, kind, None, backend, split=2 if split_b else 1):
+                raise _declined(name, backend)
+        return {"out": out}
+
+    def ref() -> dict[str, Any]:
+        return {"out": np.stack([av[off[i]:off[i + 1]].T @ bv[off[i]:off[i + 1]] for i in range(e)])}
+
+    shape = f"{'-'.join(map(str, sizes))}x{n1}x{n2}-wgrad-split-{'ab' if split_b else 'a'}-sm90a"
+    return Case(op="grouped_gemm", dtype=kind, shape=shape, kernels=(name,), run=run, reference=ref, arch=ARCH)
+
+
 @register_cases("moe_sm90")
 def cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind in ("bf16", "f16"):
@@ -140,3 +202,9 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _nn_case(kind, sizes, n, k, rng, f32out=True)
         for sizes, n1, n2 in _WGRAD_SHAPES:
             yield _wgrad_case(kind, sizes, n1, n2, rng)
+        # the split-precision backward products (hi / lo planes)
+        for sizes, n, k in _SHAPES:
+            yield _split_case(kind, sizes, n, k, rng)
+        for split_b in (False, True):
+            for sizes, n1, n2 in _WGRAD_SHAPES:
+                yield _split_wgrad_case(kind, sizes, n1, n2, split_b, rng)
