@@ -346,15 +346,66 @@ PK_IO_KERNELS(rms_norm_backward_weight, (256, 1),
                float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk),
               (x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk))
 
-// out[c] = sum_k partial[k][c], k ascending: one thread per column (grid-stride). The column sum of every norm's
-// weight (and bias) gradient: rms_norm_backward's here, add_rms_norm's and layer_norm's (norm_act_loss.cu).
+// out[c] = sum_k partial[k][c]: the column sum of every norm's weight (and bias) gradient (rms_norm_backward's here,
+// add_rms_norm's and layer_norm's in norm_act_loss.cu). Block (NGR_COLS / 4, NGR_LANES) = (8, 32): threadIdx.x owns
+// 4 adjacent columns (one 16-byte load a partial row when dim % 4 == 0 and both bases are aligned, else 4 scalar
+// loads), threadIdx.y the chunk lane k = y, y + 32, ... Each lane sums its chunks in ascending k, 4 rows' loads
+// issued before their adds (4 x 16 bytes in flight a thread), then thread y = 0 adds the 32 lane sums in lane
+// order. The order depends on (n_chunks, dim) only, the same on both paths: identical run to run. Grid x walks
+// column tiles of NGR_COLS (grid-stride), so ceil(dim / 32) blocks: 128 at dim 4096, about one an SM of an H100
+// (one thread a column, as before, left 16 blocks to pull the partials through a GPU of 132 SMs).
+#define NGR_COLS 32
+#define NGR_LANES 32
 extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
     const float* __restrict__ partial, float* __restrict__ out, long long n_chunks, unsigned int dim) {
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < dim;
-         c += (long long)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (long long k = 0; k < n_chunks; ++k) s += partial[k * dim + c];
-        out[c] = s;
+    __shared__ float4 red[NGR_LANES][NGR_COLS / 4];
+    const bool vec = dim % 4u == 0u && pk_aligned16(partial) && pk_aligned16(out);
+    const long long n = dim;
+    for (long long c0 = (long long)blockIdx.x * NGR_COLS; c0 < n; c0 += (long long)gridDim.x * NGR_COLS) {
+        const long long c = c0 + 4ll * threadIdx.x;
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n) {
+            long long k = threadIdx.y;
+            if (vec) {
+                for (; k + 3 * NGR_LANES < n_chunks; k += 4 * NGR_LANES) {
+                    float4 v[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(partial + (k + u * NGR_LANES) * n + c);
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) s.x += v[u].x, s.y += v[u].y, s.z += v[u].z, s.w += v[u].w;
+                }
+                for (; k < n_chunks; k += NGR_LANES) {
+                    const float4 v = *reinterpret_cast<const float4*>(partial + k * n + c);
+                    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+                }
+            } else {
+                for (; k < n_chunks; k += NGR_LANES) {
+                    const float* p = partial + k * n + c;
+                    s.x += p[0];
+                    if (c + 1 < n) s.y += p[1];
+                    if (c + 2 < n) s.z += p[2];
+                    if (c + 3 < n) s.w += p[3];
+                }
+            }
+        }
+        red[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < n) {
+            float4 t = red[0][threadIdx.x];
+            for (int l = 1; l < NGR_LANES; ++l) {
+                const float4 v = red[l][threadIdx.x];
+                t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+            }
+            if (vec) {
+                *reinterpret_cast<float4*>(out + c) = t;
+            } else {
+                out[c] = t.x;
+                if (c + 1 < n) out[c + 1] = t.y;
+                if (c + 2 < n) out[c + 2] = t.z;
+                if (c + 3 < n) out[c + 3] = t.w;
+            }
+        }
+        __syncthreads();  // red is rewritten by the next column tile
     }
 }
 

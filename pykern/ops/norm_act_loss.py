@@ -19,7 +19,7 @@ from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kin
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import (
     GRID_X_MAX, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_geometry, row_threads,
-    same_shape, weight_chunks,
+    same_shape, sum_chunks, weight_chunks,
 )
 
 __all__ = [
@@ -100,10 +100,9 @@ def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: in
             mean if has_mean else rstd, rstd, pw, pb, n_rows, dim, rows_per_chunk, int(has_mean), int(want_bias),
             stream=stream, backend=backend)
     if n_chunks > 1:
-        grid = (min(-(-dim // 256), GRID_X_MAX),)
-        launch("norm_grad_reduce", grid, (256,), pw, gw, n_chunks, dim, stream=stream, backend=backend)
+        sum_chunks(pw, gw, n_chunks, dim, stream=stream, backend=backend)
         if want_bias:
-            launch("norm_grad_reduce", grid, (256,), pb, gb, n_chunks, dim, stream=stream, backend=backend)
+            sum_chunks(pb, gb, n_chunks, dim, stream=stream, backend=backend)
     return gw, gb
 
 

@@ -18,7 +18,7 @@ from ..arrays import UINT_MAX as _UINT_MAX, check_u32 as _check_u32, kernel_suff
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import (
     GRID_X_MAX, GRID_YZ_MAX, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_threads,
-    same_shape, weight_chunks,
+    same_shape, sum_chunks, weight_chunks,
 )
 
 __all__ = [
@@ -110,12 +110,6 @@ def rms_backward_partials(n_rows: int, dim: int) -> int:
     return min(n_rows, _RMS_BWD_PARTS)
 
 
-def _sum_chunks(partial: Any, grad_w: Any, n_chunks: int, dim: int, *, stream: Any, backend: str | None) -> None:
-    """grad_w = the ascending sum of the n_chunks partial rows (norm_grad_reduce: deterministic, no atomics)."""
-    launch("norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim, stream=stream,
-           backend=backend)
-
-
 @arrays.stream_scoped
 def rms_norm_backward(
     x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, offset: float = 0.0, stream: Any = None,
@@ -164,7 +158,7 @@ def rms_norm_backward(
             stream=stream, backend=backend,
         )
         if n_part > 1:
-            _sum_chunks(partial, grad_w, n_part, dim, stream=stream, backend=backend)
+            sum_chunks(partial, grad_w, n_part, dim, stream=stream, backend=backend)
         return grad_x, grad_w
     launch(
         "rms_norm_backward" + sfx, (min(n_rows, GRID_X_MAX),), (threads,),
@@ -179,7 +173,7 @@ def rms_norm_backward(
         stream=stream, backend=backend,
     )
     if n_chunks > 1:
-        _sum_chunks(partial, grad_w, n_chunks, dim, stream=stream, backend=backend)
+        sum_chunks(partial, grad_w, n_chunks, dim, stream=stream, backend=backend)
     return grad_x, grad_w
 
 
