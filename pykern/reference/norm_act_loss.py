@@ -85,8 +85,23 @@ def _layer_norm_backward(cuda: Any):
     stats = device_function(cuda, _ln_stats)
 
     @cuda.jit
-    def k(x, w, g, gx, mean_out, rstd_out, n_rows, dim, eps, has_w):
-        row = cuda.grid(1)
+    def k(x, w, g, gx, mean_out, rstd_out, pw, pb, n_rows, dim, eps, has_w, n_part, want_b):
+        t = cuda.grid(1)
+        if t < n_part:  # fused weight / bias gradient: partial row t sums rows t, t + n_part, ... in that order
+            for col in range(dim):
+                if has_w:
+                    pw[t * dim + col] = 0.0
+                if want_b:
+                    pb[t * dim + col] = 0.0
+            for r in range(t, n_rows, n_part):
+                mean, rstd = stats(x, r * dim, dim, eps)
+                for col in range(dim):
+                    gv = float(g[r * dim + col])
+                    if has_w:
+                        pw[t * dim + col] += (float(x[r * dim + col]) - mean) * rstd * gv
+                    if want_b:
+                        pb[t * dim + col] += gv
+        row = t
         if row < n_rows:
             base = row * dim
             mean, rstd = stats(x, base, dim, eps)
@@ -106,7 +121,7 @@ def _layer_norm_backward(cuda: Any):
                 xh = (float(x[base + i]) - mean) * rstd
                 gx[base + i] = rstd * (gh - mg - xh * mgx)
 
-    return k, lambda a: _grid1(a[6])
+    return k, lambda a: _grid1(max(a[8], a[12]))
 
 
 @reference("norm_weight_grad", "norm_weight_grad_bf16", "norm_weight_grad_f16")

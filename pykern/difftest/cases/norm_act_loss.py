@@ -95,6 +95,14 @@ def _wchunks(n_rows: int, dim: int) -> bool:
     return weight_chunks(n_rows, dim)[0] > 1
 
 
+def _lnb_fused(n_rows: int, dim: int, kind: str) -> int | None:
+    """Blocks of the fused layer_norm_backward (its weight-gradient partial rows), None where it is not fused."""
+    from ...ops.norm_act_loss import _lnb_fused_geometry
+
+    g = _lnb_fused_geometry(n_rows, dim, kind)
+    return None if g is None else g[0][0]
+
+
 def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     for kind, shape in only or _NORM_SHAPES:
         x, r, g, gr = (_cast(rng.standard_normal(shape), kind) for _ in range(4))
@@ -201,7 +209,11 @@ def _layer_norm_cases(rng: np.random.Generator, only: Any = None, mean: float = 
                     out["grad_bias"] = gb
                 return out
 
-            kern = ("layer_norm_backward" + s,) + (("norm_weight_grad" + s,) + red if (has_w or has_b) else ())
+            fused = _lnb_fused(n_rows, shape[-1], kind)
+            if fused is not None:  # the row kernel sums the weight / bias gradient: one partial row a block
+                kern = ("layer_norm_backward" + s,) + (("norm_grad_reduce",) if fused > 1 and (has_w or has_b) else ())
+            else:
+                kern = ("layer_norm_backward" + s,) + (("norm_weight_grad" + s,) + red if (has_w or has_b) else ())
             yield Case(op="layer_norm_backward", dtype=kind, shape=name, kernels=kern, run=run_b, reference=ref_b)
 
 
@@ -267,6 +279,10 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     # and f32 rows with a large mean (1e4 + N(0, 1)), where a one-pass E[x^2] - mean^2 variance would fail
     yield from _layer_norm_cases(rng, (("f32", (3, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196)),
                                        ("bf16", (2, 16384)), ("bf16", (2, 16392))), mean=2.0)
+    # the fused layer_norm_backward with more rows than blocks (each block sums several rows' gradients): 16-byte
+    # chunks (bf16 1032: 129 chunks, 128 threads, 528 blocks; f32 4092: 1023 chunks, 512 threads, 132 blocks, 2
+    # chunks a thread but the last)
+    yield from _layer_norm_cases(rng, (("bf16", (600, 1032)), ("f32", (140, 4092))), mean=2.0, tag="-fused")
     # (forward only: norm_weight_grad recomputes x - mean from the fp32 mean, whose rounding near 1e4 costs
     # about 1e-3 of grad_weight; the row kernel's grad_x is shifted like the forward)
     yield from _layer_norm_cases(rng, (("f32", (2, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196))), mean=1e4,
