@@ -356,12 +356,25 @@ __device__ __forceinline__ void lnb_fused_rows(const T* __restrict__ x, const T*
         float x0;
         pk_load<T, 1>(x, base, &x0);  // the shift, as layer_norm's
         float a[S][N], gg[S][N];
+        if constexpr (VEC) {
+            uint4 ra[S], rg[S];
 #pragma unroll
-        for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first sum
-            const unsigned int c = threadIdx.x + sl * blockDim.x;
-            if (c < nch) {
-                lnb_ld<T, VEC>(x, base + (long long)c * N, a[sl]);
-                lnb_ld<T, VEC>(g, base + (long long)c * N, gg[sl]);
+            for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                const long long j = base + (c < nch ? (long long)c * N : 0);  // past the row: chunk 0 (L1), unused
+                ra[sl] = pk_ld16_raw(x, j);
+                rg[sl] = pk_ld16_raw(g, j);
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rg[sl], gg[sl]);
+        } else {
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < nch) {
+                    lnb_ld<T, VEC>(x, base + (long long)c * N, a[sl]);
+                    lnb_ld<T, VEC>(g, base + (long long)c * N, gg[sl]);
+                }
             }
         }
         float mean;  // of d = x - x0

@@ -188,8 +188,10 @@ PK_IO_KERNELS(softmax_backward, (512, 1),
 // blockDim.x): each thread owns at most 16 fixed columns and sums x * r * g
 // over its block's rows in registers during the output pass, then writes them
 // to partial[blockIdx.x][col]; norm_grad_reduce adds the n_part
-// rows in ascending order. x and g are read once from HBM (the second pass hits
-// L2): 3N bytes in all, and identical run to run (no float atomics).
+// rows in ascending order: identical run to run (no float atomics). On the 16-byte
+// path the thread's chunks of x and g (16 / N of them, N = PkVec16<T>::N) are loaded
+// into registers, all before the first sum, and the output comes from them: one read
+// of x and g, 3N bytes in all. The element path re-reads them (L1/L2 hits).
 // Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
 #define RMSB_ACC 16
 
@@ -222,6 +224,55 @@ __device__ __forceinline__ void rms_norm_backward_impl(
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, xwg = 0.0f;
+        if (fuse && vec) {  // x and g of this thread's chunks held in registers: one read of each
+            constexpr int S = RMSB_ACC / N;
+            float a[S][N], c[S][N];
+            {
+                uint4 ra[S], rc[S];
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
+                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                    const long long j = base + (i < n ? i : 0);  // past the row: chunk 0 again (L1), unused
+                    ra[sl] = pk_ld16_raw(x, j);
+                    rc[sl] = pk_ld16_raw(g, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rc[sl], c[sl]);
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    float b[N];
+                    PkVec16<T>::load(w, i, b);  // the weights: L1-hot after the block's first row
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        ss = fmaf(a[sl][k], a[sl][k], ss);
+                        xwg = fmaf(a[sl][k] * (b[k] + offset), c[sl][k], xwg);
+                    }
+                }
+            }
+            ss = pk_block_sum(ss, scratch);
+            xwg = pk_block_sum(xwg, scratch);
+            const float r = rsqrtf(ss / (float)dim + eps);
+            const float coef = r * r * r * xwg / (float)dim;
+            if (threadIdx.x == 0) inv_rms[row] = r;
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    float b[N];
+                    PkVec16<T>::load(w, i, b);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        acc[sl * N + k] = fmaf(a[sl][k] * r, c[sl][k], acc[sl * N + k]);
+                        a[sl][k] = r * (b[k] + offset) * c[sl][k] - a[sl][k] * coef;
+                    }
+                    PkVec16<T>::store(gx, base + i, a[sl]);
+                }
+            }
+            continue;
+        }
         if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
@@ -244,22 +295,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         const float r = rsqrtf(ss / (float)dim + eps);
         const float coef = r * r * r * xwg / (float)dim;
         if (threadIdx.x == 0) inv_rms[row] = r;
-        if (fuse && vec) {  // slot s: columns N * (threadIdx.x + s * blockDim.x) + [0, N)
-#pragma unroll
-            for (int sl = 0; sl < RMSB_ACC / N; ++sl) {
-                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
-                if (i < n) {
-                    float a[N], b[N], c[N];
-                    rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {
-                        acc[sl * N + k] = fmaf(a[k] * r, c[k], acc[sl * N + k]);
-                        a[k] = r * b[k] * c[k] - a[k] * coef;
-                    }
-                    PkVec16<T>::store(gx, base + i, a);
-                }
-            }
-        } else if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
+        if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
 #pragma unroll
             for (int sl = 0; sl < RMSB_ACC; ++sl) {
                 const long long i = threadIdx.x + (long long)sl * blockDim.x;
