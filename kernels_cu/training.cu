@@ -621,6 +621,7 @@ PK_IO_KERNELS(embedding_backward, (512, 1),
 #define CE_OPT_WEIGHT 1
 #define CE_OPT_GRAD_ROWS 2
 #define CE_OPT_Z_ROW 4
+#define CE_BATCH 4  // 16-byte loads of a row a thread issues before it uses the first (both sweeps)
 __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     if (x > m) {
         s = s * pk_exp_fast(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
@@ -712,16 +713,29 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
         const float zt = threadIdx.x == 0 ? ce_cap(PkIO<T>::load(logits, base + target), cap, inv_cap) : 0.0f;
         float m = PK_NEG_INF, s = 0.0f, sz = 0.0f, sw = 0.0f;
         if (vec) {
-            for (long long i = (long long)V * threadIdx.x; i < n; i += (long long)V * blockDim.x) {
+            // CE_BATCH 16-byte loads issued before the first is used (raw words, widened afterwards: the online
+            // max / sum is a dependent chain, and one load at a time left a thread one 16-byte load in flight);
+            // each thread still takes its elements in ascending order, so the sums are those of the plain loop
+            const long long step = (long long)V * blockDim.x;
+            auto acc16 = [&](long long i, const uint4& raw) {
                 float a[V];
-                PkVec16<T>::load(logits, base + i, a);
+                pk_widen16<T>(raw, a);
 #pragma unroll
                 for (int k = 0; k < V; ++k) {
                     const float c = has_w ? class_weight[i + k] : 1.0f;
                     sw += c;
                     ce_acc(a[k], c, cap, inv_cap, m, s, sz);
                 }
+            };
+            long long i = (long long)V * threadIdx.x;
+            for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
+                uint4 raw[CE_BATCH];
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(logits, base + i + u * step);
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) acc16(i + u * step, raw[u]);
             }
+            for (; i < n; i += step) acc16(i, pk_ld16_raw(logits, base + i));
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 const float c = has_w ? class_weight[i] : 1.0f;
@@ -761,13 +775,25 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
         r.inv_cap = inv_cap;
         r.t = target;
         if (vec) {
-            for (long long i = (long long)V * threadIdx.x; i < n; i += (long long)V * blockDim.x) {
+            // the same batches: CE_BATCH loads, then their gradients stored (grad may alias logits: each thread
+            // reads its elements before it writes them, so loading ahead of its own stores stays correct)
+            const long long step = (long long)V * blockDim.x;
+            auto grad16 = [&](long long i, const uint4& raw) {
                 float a[V];
-                PkVec16<T>::load(logits, base + i, a);
+                pk_widen16<T>(raw, a);
 #pragma unroll
                 for (int k = 0; k < V; ++k) a[k] = ce_grad(a[k], i + k, has_w ? class_weight[i + k] : 1.0f, r);
                 PkVec16<T>::store(grad, base + i, a);
+            };
+            long long i = (long long)V * threadIdx.x;
+            for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
+                uint4 raw[CE_BATCH];
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(logits, base + i + u * step);
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) grad16(i + u * step, raw[u]);
             }
+            for (; i < n; i += step) grad16(i, pk_ld16_raw(logits, base + i));
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 PkIO<T>::store(grad, base + i,

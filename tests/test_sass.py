@@ -54,11 +54,12 @@ EXT_16B = [f"{k}{s}" for k in ("add_rms_norm", "add_rms_norm_backward", "layer_n
 
 
 # Row kernels that issue a thread's 16-byte loads of a row (x and g, of 2 chunks or more) before the first is used,
-# and norm_grad_reduce (4 partial rows a lane): the most LDG.E.128 a thread has in flight (tools/sass_report.py
+# norm_grad_reduce (4 partial rows a lane) and cross_entropy_fwd_bwd (CE_BATCH vectors a sweep): the most LDG.E.128 a thread has in flight (tools/sass_report.py
 # load_batches: a linear scan of the listing) must reach this on every arch tested.
 LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16",
                                   "layer_norm_backward", "layer_norm_backward_bf16", "layer_norm_backward_f16",
-                                  "norm_grad_reduce")}
+                                  "norm_grad_reduce", "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16",
+                                  "cross_entropy_fwd_bwd_f16")}
 
 
 def _load_report() -> Any:
@@ -168,7 +169,8 @@ def inflight() -> dict[str, dict[str, dict[str, Any]]]:
 @pytest.mark.parametrize("kernel", sorted(LOADS_IN_FLIGHT))
 def test_row_loads_in_flight(kernel: str) -> None:
     """The one-pass norm backwards load x and g of all their chunks (raw 16-byte words, widened afterwards, no
-    branch between) before the first use; norm_grad_reduce 4 partial rows a lane."""
+    branch between) before the first use; norm_grad_reduce 4 partial rows a lane; cross-entropy 4 vectors of
+    the row before its online max / sum chain (1 before)."""
     got = inflight()[kernel]
     for a in ARCHS:
         assert got[a]["ldg128_max"] >= LOADS_IN_FLIGHT[kernel], f"{kernel} {a}: {got[a]}"

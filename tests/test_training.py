@@ -392,3 +392,20 @@ def test_norm_grad_reduce_is_lane_parallel_in_a_fixed_order(n_chunks: int, dim: 
         want += lane
     np.testing.assert_array_equal(out, want)
     np.testing.assert_allclose(out, part.astype(np.float64).sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_rms_norm_backward_fused_geometry_is_one_wave() -> None:
+    """Fused rms_norm_backward: threads for RMSB_ACC columns each (2 16-byte chunks of bf16, 4 of f32), blocks
+    at most one wave of a 132-SM GPU (512 threads' worth an SM) and at most 512 partial rows; rows longer than
+    16 x 512 columns take the weight kernel."""
+    from pathlib import Path
+
+    from pykern.ops.training import _RMS_BWD_ACC, rms_backward_geometry
+
+    assert rms_backward_geometry(8192, 4096) == (264, 256)
+    assert rms_backward_geometry(8192, 8192) == (132, 512)
+    assert rms_backward_geometry(8192, 1024) == (512, 64)
+    assert rms_backward_geometry(7, 64) == (7, 32)
+    assert rms_backward_geometry(8192, 8200)[0] == 0
+    cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "training.cu").read_text()
+    assert f"#define RMSB_ACC {_RMS_BWD_ACC}\n" in cu
