@@ -682,3 +682,32 @@ def test_layer_norm_backward_fuses_the_weight_gradient(monkeypatch):
     gx, gw, gb = ops.layer_norm_backward(x, None, g, bias=True, backend="host")  # bias alone
     assert gw is None and seen == ["layer_norm_backward", "norm_grad_reduce"], seen
     np.testing.assert_array_equal(gb, out[2])
+
+
+def test_add_rms_norm_backward_fuses_the_weight_gradient(monkeypatch):
+    """layer_norm_backward's fused geometry: one row kernel summing h * r * grad_y per column, norm_grad_reduce
+    over its partial rows, no norm_weight_grad; a misaligned h takes the element path: bit-identical."""
+    from pykern.difftest.cases import norm_act_loss as E
+    from pykern.ops import _common
+    from pykern.ops import norm_act_loss as m
+
+    seen = []
+    real = _common.launch
+    record = lambda name, *a, **k: (seen.append(name), real(name, *a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(m, "launch", record)
+    monkeypatch.setattr(_common, "launch", record)
+    rng = np.random.default_rng(44)
+    rows, dim = 700, 1024
+    h, g, gr = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(3))
+    w = (1.0 + 0.3 * rng.standard_normal(dim)).astype(np.float32)
+    for gres in (None, gr):
+        seen.clear()
+        out = ops.add_rms_norm_backward(h, w, g, gres, 1e-6, backend="host")
+        assert seen == ["add_rms_norm_backward", "norm_grad_reduce"], seen
+        for o, ref, nm in zip(out, E.np_add_rms_norm_backward(h, w, g, gres, 1e-6), ("gh", "gw")):
+            _close(o, ref, "add_rms_norm_backward", "f32", nm)
+        buf = np.empty(rows * dim + 1, np.float32)
+        hs = buf[1:].reshape(rows, dim)
+        hs[...] = h
+        for a, b in zip(out, ops.add_rms_norm_backward(hs, w, g, gres, 1e-6, backend="host")):
+            np.testing.assert_array_equal(a, b)

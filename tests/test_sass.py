@@ -58,6 +58,8 @@ EXT_16B = [f"{k}{s}" for k in ("add_rms_norm", "add_rms_norm_backward", "layer_n
 # load_batches: a linear scan of the listing) must reach this on every arch tested.
 LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16",
                                   "layer_norm_backward", "layer_norm_backward_bf16", "layer_norm_backward_f16",
+                                  "add_rms_norm_backward", "add_rms_norm_backward_bf16",
+                                  "add_rms_norm_backward_f16",
                                   "norm_grad_reduce", "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16",
                                   "cross_entropy_fwd_bwd_f16")}
 

@@ -67,13 +67,6 @@ def ln_bwd_blocks(rows: int, dim: int, e: int) -> int:
     return min(rows, 512 * H100_SMS // threads)
 
 
-def _weight_chunks(rows: int, dim: int) -> tuple[int, int]:
-    """pykern.ops._common.weight_chunks: the row chunks of norm_weight_grad."""
-    want = max(1, min(-(-rows // 32), -(-1024 // -(-dim // 32)), 65535))
-    rpc = -(-rows // want)
-    return -(-rows // rpc), rpc
-
-
 def _reread_hits(row_bytes: int, rows_resident: int) -> bool:
     """Does a block's second pass over its row(s) find them in L2? (all resident rows in half of L2)."""
     return row_bytes * rows_resident <= H100_L2 // 2
@@ -157,13 +150,13 @@ def training_rows(e: int) -> Iterator[Row]:
               3 * n * e + 2 * t * h * e + 2 * partials + 8 * t + 2 * h * 4,
               3 * n * e + h * e + 2 * partials + 8 * t + 2 * h * 4,
               f"one read of x and g (row in registers), 2 x {parts} partial rows")
-    # add_rms_norm_backward: h, w, g read for the sums, again (L1/L2) with grad_new_residual for grad_h;
-    # norm_weight_grad then reads h and g a second time from HBM (rows of 8 KB, evicted long before)
-    chunks, rpc = _weight_chunks(t, h)
+    # add_rms_norm_backward, fused as layer_norm_backward: h and grad_y read once (registers), grad_new_residual
+    # read, grad_h written, one fp32 partial row a block for the weight gradient
+    parts = ln_bwd_blocks(t, h, e)
     yield Row("add_rms_norm_backward", f"{t}x{h}", dt, 4 * n * e + 2 * h * e,
-              4 * n * e + 2 * n * e + 2 * n * e + 2 * t * h * e + 2 * chunks * h * 4 + t * 4 + h * 4,
-              4 * n * e + h * e + 2 * n * e + 2 * chunks * h * 4 + t * 4 + h * 4,
-              "weight grad re-reads h and g (norm_weight_grad): not fused yet")
+              4 * n * e + 2 * t * h * e + 2 * parts * h * 4 + t * 4 + h * 4,
+              4 * n * e + h * e + 2 * parts * h * 4 + t * 4 + h * 4,
+              f"one read of h and g (row in registers), {parts} partial rows")
     # embedding_backward: each token's grad row gathered once (8-byte accesses of bf16), the fp32 table
     # written whole; the bucket sort reads the ids twice per 2048-row vocab block (L2) and writes order/offsets
     blocks = -(-VOCAB // 2048)

@@ -203,9 +203,23 @@ def add_rms_norm_backward(
     stream = arrays.launch_stream(stream, h)
     rstd = arrays.empty((n_rows,), np.float32, like=h)
     gres = grad_y if grad_new_residual is None else grad_new_residual
+    has_gres = int(grad_new_residual is not None)
+    fused = _lnb_fused_geometry(n_rows, dim, kind)
+    if fused is not None:
+        # one read of h and grad_y: each block sums h * r * grad_y of its rows per column in registers and
+        # writes one fp32 partial row; norm_grad_reduce adds them in a fixed order (layer_norm_backward's scheme)
+        grid, block = fused
+        n_part = grid[0]
+        gw = arrays.empty((dim,), np.float32, like=h)
+        pw = gw if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=h)
+        launch("add_rms_norm_backward" + _suffix(kind), grid, block, flat(h), weight, flat(grad_y), flat(gres),
+               flat(gh), rstd, pw, n_rows, dim, eps, has_gres, offset, n_part, stream=stream, backend=backend)
+        if n_part > 1:
+            sum_chunks(pw, gw, n_part, dim, stream=stream, backend=backend)
+        return gh, gw
     grid, block = _row_grid(n_rows, dim)
     launch("add_rms_norm_backward" + _suffix(kind), grid, block, flat(h), weight, flat(grad_y), flat(gres),
-            flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), offset, stream=stream, backend=backend)
+           flat(gh), rstd, rstd, n_rows, dim, eps, has_gres, offset, 0, stream=stream, backend=backend)
     gw, _ = _norm_param_grads(h, grad_y, None, rstd, n_rows, dim, kind, False, stream=stream, backend=backend)
     return gh, gw
 

@@ -38,12 +38,23 @@ def _add_rms_norm_backward(cuda: Any):
     grad_row = rms_norm_grad_row(cuda)
 
     @cuda.jit
-    def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset):
-        row = cuda.grid(1)
+    def k(h, w, gy, gres, gh, rstd, pw, n_rows, dim, eps, has_gres, offset, n_part):
+        t = cuda.grid(1)
+        if t < n_part:  # fused weight gradient: partial row t sums rows t, t + n_part, ... in that order
+            for col in range(dim):
+                pw[t * dim + col] = 0.0
+            for r in range(t, n_rows, n_part):
+                ss = 0.0
+                for i in range(dim):
+                    ss += float(h[r * dim + i]) * float(h[r * dim + i])
+                rr = 1.0 / math.sqrt(ss / dim + eps)
+                for col in range(dim):
+                    pw[t * dim + col] += float(h[r * dim + col]) * rr * float(gy[r * dim + col])
+        row = t
         if row < n_rows:
             rstd[row] = grad_row(h, w, gy, gres, has_gres, gh, row * dim, dim, eps, offset)
 
-    return k, lambda a: _grid1(a[6])
+    return k, lambda a: _grid1(max(a[7], a[12]))
 
 
 def _ln_stats(x: Any, base: int, dim: int, eps: float) -> tuple[float, float]:

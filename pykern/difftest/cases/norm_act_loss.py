@@ -132,10 +132,12 @@ def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]
                 gh, gw = np_add_rms_norm_backward(h, w, g, gr, 1e-6)
                 return {"grad_h": gh, "grad_weight": gw}
 
+            fused = _lnb_fused(n_rows, shape[-1], kind)  # the row kernel sums the weight gradient itself
+            kern = (("add_rms_norm_backward" + s,) + (("norm_grad_reduce",) if fused > 1 else ()) if fused
+                    else ("add_rms_norm_backward" + s, "norm_weight_grad" + s) + red)
             yield Case(op="add_rms_norm_backward", dtype=kind,
                        shape="x".join(map(str, shape)) + ("-gres" if with_gres else ""),
-                       kernels=("add_rms_norm_backward" + s, "norm_weight_grad" + s) + red, run=run_b,
-                       reference=ref_b)
+                       kernels=kern, run=run_b, reference=ref_b)
     if only is None:  # Gemma's (1 + w), forward and backward, each dtype
         for kind, shape in (("f32", (5, 64)), ("bf16", (5, 64)), ("f16", (3, 13))):
             x, r, g = (_cast(rng.standard_normal(shape), kind) for _ in range(3))
@@ -279,11 +281,13 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     # and f32 rows with a large mean (1e4 + N(0, 1)), where a one-pass E[x^2] - mean^2 variance would fail
     yield from _layer_norm_cases(rng, (("f32", (3, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196)),
                                        ("bf16", (2, 16384)), ("bf16", (2, 16392))), mean=2.0)
-    # the fused layer_norm_backward with more rows than blocks (each block sums several rows' gradients): 16-byte
-    # chunks (bf16 1032: 129 chunks, 128 threads, 528 blocks; f32 4092: 1023 chunks, 512 threads, 132 blocks, 2
-    # chunks a thread but the last)
-    yield from _layer_norm_cases(rng, (("bf16", (600, 1032)), ("f32", (140, 4092))), mean=2.0, tag="-fused")
     # (forward only: norm_weight_grad recomputes x - mean from the fp32 mean, whose rounding near 1e4 costs
     # about 1e-3 of grad_weight; the row kernel's grad_x is shifted like the forward)
     yield from _layer_norm_cases(rng, (("f32", (2, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196))), mean=1e4,
                                  tag="-mean1e4", backward=False)
+    # (drawn last, so the cases above keep their data)
+    # the fused layer_norm_backward with more rows than blocks (each block sums several rows' gradients): 16-byte
+    # chunks (bf16 1032: 129 chunks, 128 threads, 528 blocks; f32 4092: 1023 chunks, 512 threads, 132 blocks, 2
+    # chunks a thread but the last)
+    yield from _layer_norm_cases(rng, (("bf16", (600, 1032)), ("f32", (140, 4092))), mean=2.0, tag="-fused")
+    yield from _add_rms_cases(rng, (("bf16", (600, 1032)), ("f32", (140, 4092))))  # its fused backward, as above
