@@ -22,6 +22,40 @@ __device__ __forceinline__ bool ext_vec_rows(unsigned int dim, const void* a, co
            pk_aligned16(d) && pk_aligned16(e);
 }
 
+// The fused norm backwards (layer_norm_backward, add_rms_norm_backward with n_part != 0) keep LNB_FUSE_VECS
+// 16-byte chunks of a row a thread; lnb_ld / lnb_st move a chunk as one vector (VEC: aligned bases) or element
+// by element.
+#define LNB_FUSE_VECS 2
+template <typename T, bool VEC>
+__device__ __forceinline__ void lnb_ld(const T* __restrict__ p, long long i, float* f) {
+    constexpr int N = PkVec16<T>::N;
+    if constexpr (VEC) {
+        pk_load<T, N>(p, i, f);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) pk_load<T, 1>(p, i + k, f + k);
+    }
+}
+template <typename T, bool VEC>
+__device__ __forceinline__ void lnb_st(T* __restrict__ p, long long i, const float* f) {
+    constexpr int N = PkVec16<T>::N;
+    if constexpr (VEC) {
+        pk_store<T, N>(p, i, f);
+    } else {
+#pragma unroll
+        for (int k = 0; k < N; ++k) pk_store<T, 1>(p, i + k, f + k);
+    }
+}
+// N fp32 partial sums at p + i: 16-byte stores when VEC (pw, pb aligned too), else element stores
+template <int N, bool VEC>
+__device__ __forceinline__ void lnb_st_f32(float* __restrict__ p, long long i, const float* f) {
+#pragma unroll
+    for (int k = 0; k < N; k += 4) {
+        if constexpr (VEC) pk_store<float, 4>(p, i + k, f + k);
+        else for (int j = 0; j < 4; ++j) pk_store<float, 1>(p, i + k + j, f + k + j);
+    }
+}
+
 // ---------------------------------------------------------------------------
 // add_rms_norm: h = x + residual (narrowed to T, as the unfused add would store
 // it), new_residual = h, y = h * rsqrt(mean(h^2) + eps) * (offset + weight) (offset 1:
@@ -76,14 +110,111 @@ PK_IO_KERNELS(add_rms_norm, (512, 1),
 // and grad_x = grad_residual = grad_h (one gradient path). rstd[row] = r feeds
 // the weight gradient (norm_weight_grad). has_gres = 0: no grad_new_residual
 // (gres is then any valid pointer and is not read).
+// The fused add_rms_norm_backward (n_part != 0, a block per row, rows blockIdx.x, blockIdx.x + gridDim.x, ...):
+// as lnb_fused_rows, thread t keeps h and grad_y of its LNB_FUSE_VECS chunks (N elements at N (t + s
+// blockDim.x)) in registers, all loaded before the first sum, sums h * r * grad_y per column over its rows, and
+// the block writes one fp32 partial row pw[blockIdx.x] (norm_grad_reduce adds them): h and grad_y are read once.
+template <typename T, bool VEC>
+__device__ __forceinline__ void arb_fused_rows(const T* __restrict__ h, const T* __restrict__ weight,
+                                               const T* __restrict__ gy, const T* __restrict__ gres,
+                                               T* __restrict__ gh, float* __restrict__ rstd,
+                                               float* __restrict__ pw, long long n_rows, unsigned int dim,
+                                               float eps, int has_gres, float offset, float* scratch) {
+    constexpr int N = PkVec16<T>::N, S = LNB_FUSE_VECS;
+    const unsigned int nch = dim / N;
+    const long long n = dim;
+    float aw[S][N];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) aw[sl][k] = 0.0f;
+    }
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const long long base = row * n;
+        float a[S][N], g[S][N];
+        if constexpr (VEC) {
+            uint4 ra[S], rg[S];
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                const long long j = base + (c < nch ? (long long)c * N : 0);  // past the row: chunk 0 (L1), unused
+                ra[sl] = pk_ld16_raw(h, j);
+                rg[sl] = pk_ld16_raw(gy, j);
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rg[sl], g[sl]);
+        } else {
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < nch) {
+                    lnb_ld<T, VEC>(h, base + (long long)c * N, a[sl]);
+                    lnb_ld<T, VEC>(gy, base + (long long)c * N, g[sl]);
+                }
+            }
+        }
+        float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) {
+            const unsigned int c = threadIdx.x + sl * blockDim.x;
+            if (c < nch) {
+                float wt[N];
+                lnb_ld<T, VEC>(weight, (long long)c * N, wt);  // L1-hot after the block's first row
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    wt[k] += offset;
+                    ss += a[sl][k] * a[sl][k];
+                    dot += a[sl][k] * wt[k] * g[sl][k];
+                }
+            }
+        }
+        ss = pk_block_sum(ss, scratch);
+        dot = pk_block_sum(dot, scratch);
+        const float r = rsqrtf(ss / (float)n + eps);
+        const float cf = r * r * r * dot / (float)n;
+        if (threadIdx.x == 0) rstd[row] = r;
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) {
+            const unsigned int c = threadIdx.x + sl * blockDim.x;
+            if (c < nch) {
+                const long long i = (long long)c * N;
+                float wt[N], gr[N];
+                lnb_ld<T, VEC>(weight, i, wt);
+                if (has_gres) lnb_ld<T, VEC>(gres, base + i, gr);
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    wt[k] += offset;
+                    aw[sl][k] = fmaf(a[sl][k] * r, g[sl][k], aw[sl][k]);
+                    g[sl][k] = r * wt[k] * g[sl][k] - a[sl][k] * cf;
+                    if (has_gres) g[sl][k] += gr[k];
+                }
+                lnb_st<T, VEC>(gh, base + i, g[sl]);
+            }
+        }
+    }
+    const long long p = (long long)blockIdx.x * n;
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+        const unsigned int c = threadIdx.x + sl * blockDim.x;
+        if (c < nch) lnb_st_f32<N, VEC>(pw, p + (long long)c * N, aw[sl]);
+    }
+}
+
 template <typename T>
 __device__ __forceinline__ void add_rms_norm_backward_impl(
     const T* __restrict__ h, const T* __restrict__ weight, const T* __restrict__ gy, const T* __restrict__ gres,
-    T* __restrict__ gh, float* __restrict__ rstd, long long n_rows, unsigned int dim, float eps, int has_gres,
-    float offset) {
+    T* __restrict__ gh, float* __restrict__ rstd, float* __restrict__ pw, long long n_rows, unsigned int dim,
+    float eps, int has_gres, float offset, unsigned int n_part) {
     __shared__ float scratch[32];
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, h, weight, gy, gh, has_gres ? gres : h);
+    if (n_part != 0u) {  // fused weight gradient (the op checked dim % N == 0, dim <= LNB_FUSE_VECS N blockDim.x)
+        if (vec && pk_aligned16(pw))
+            arb_fused_rows<T, true>(h, weight, gy, gres, gh, rstd, pw, n_rows, dim, eps, has_gres, offset, scratch);
+        else
+            arb_fused_rows<T, false>(h, weight, gy, gres, gh, rstd, pw, n_rows, dim, eps, has_gres, offset, scratch);
+        return;
+    }
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, dot = 0.0f;
@@ -127,9 +258,9 @@ __device__ __forceinline__ void add_rms_norm_backward_impl(
 
 PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
               (const T* __restrict__ h, const T* __restrict__ weight, const T* __restrict__ gy,
-               const T* __restrict__ gres, T* __restrict__ gh, float* __restrict__ rstd, long long n_rows,
-               unsigned int dim, float eps, int has_gres, float offset),
-              (h, weight, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset))
+               const T* __restrict__ gres, T* __restrict__ gh, float* __restrict__ rstd, float* __restrict__ pw,
+               long long n_rows, unsigned int dim, float eps, int has_gres, float offset, unsigned int n_part),
+              (h, weight, gy, gres, gh, rstd, pw, n_rows, dim, eps, has_gres, offset, n_part))
 
 // ---------------------------------------------------------------------------
 // layer_norm: y = (x - mean) * rstd * w + b, rstd = rsqrt(var + eps) with the
@@ -150,11 +281,11 @@ PK_IO_KERNELS(add_rms_norm_backward, (512, 1),
 #define LN_CACHE_VECS 4
 
 // Subtract c from this thread's cached chunks (those below nvec) and return their sum (SQ: of squares).
-template <bool SQ, int N>
-__device__ __forceinline__ float ln_shift_sum(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float c) {
+template <bool SQ, int S, int N>
+__device__ __forceinline__ float ln_shift_sum(float (&a)[S][N], unsigned int nvec, float c) {
     float s = 0.0f;
 #pragma unroll
-    for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
+    for (int sl = 0; sl < S; ++sl) {
         if (threadIdx.x + sl * blockDim.x < nvec) {
 #pragma unroll
             for (int k = 0; k < N; ++k) {
@@ -170,11 +301,11 @@ __device__ __forceinline__ float ln_shift_sum(float (&a)[LN_CACHE_VECS][N], unsi
 // threadIdx.x + sl * blockDim.x for the chunks below nvec. a becomes x - mean in place, through the
 // shift x0 (the row's first element: the sums of x - x0 keep their accuracy on rows with a large
 // mean); returns rstd, and the mean of x - x0 in shifted_mean.
-template <int N>
-__device__ __forceinline__ float ln_center_cached(float (&a)[LN_CACHE_VECS][N], unsigned int nvec, float x0,
+template <int S, int N>
+__device__ __forceinline__ float ln_center_cached(float (&a)[S][N], unsigned int nvec, float x0,
                                                   long long n, float eps, float* scratch, float& shifted_mean) {
-    const float mean = pk_row_sum(ln_shift_sum<false, N>(a, nvec, x0), scratch) / (float)n;
-    const float v = ln_shift_sum<true, N>(a, nvec, mean);
+    const float mean = pk_row_sum(ln_shift_sum<false, S, N>(a, nvec, x0), scratch) / (float)n;
+    const float v = ln_shift_sum<true, S, N>(a, nvec, mean);
     shifted_mean = mean;
     return rsqrtf(pk_row_sum(v, scratch) / (float)n + eps);
 }
@@ -227,7 +358,7 @@ __device__ __forceinline__ void layer_norm_impl(const T* __restrict__ x, const T
                 if (c < dim / N) pk_load<T, N>(x, base + (long long)c * N, a[sl]);
             }
             float mean;  // of d = x - x0
-            const float rstd = ln_center_cached<N>(a, dim / N, x0, n, eps, scratch, mean);
+            const float rstd = ln_center_cached(a, dim / N, x0, n, eps, scratch, mean);
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
@@ -285,6 +416,113 @@ __device__ __forceinline__ void lnb_means(float sg, float sgx, long long n, floa
     }
 }
 
+// The fused layer_norm_backward (n_part != 0): one read of x and g for grad_x and the weight / bias gradients.
+// A block per row (blockDim.y == 1), rows blockIdx.x, blockIdx.x + gridDim.x, ...; thread t owns the S chunks of
+// N = PkVec16<T>::N elements starting at N * (t + s * blockDim.x), moved as 16-byte vectors when VEC (aligned
+// bases) or element by element otherwise (the op fuses only rows of whole chunks: dim % N == 0, dim <= S N
+// blockDim.x). It keeps x and g of its chunks in registers (both issued before the first sum) and sums g * xhat
+// and g per column over its rows; at the end the block writes its partial rows pw[blockIdx.x] / pb[blockIdx.x]
+// (norm_grad_reduce adds the gridDim.x rows in a fixed order). The weight gradient then costs dim x 4 bytes a
+// block instead of a second read of x and g (norm_weight_grad).
+template <typename T, bool VEC>
+__device__ __forceinline__ void lnb_fused_rows(const T* __restrict__ x, const T* __restrict__ wt,
+                                               const T* __restrict__ g, T* __restrict__ gx,
+                                               float* __restrict__ mean_out, float* __restrict__ rstd_out,
+                                               float* __restrict__ pw, float* __restrict__ pb, long long n_rows,
+                                               unsigned int dim, float eps, int has_w, int want_b, float* scratch) {
+    constexpr int N = PkVec16<T>::N, S = LNB_FUSE_VECS;
+    const unsigned int nch = dim / N;
+    const long long n = dim;
+    float aw[S][N], ab[S][N];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+#pragma unroll
+        for (int k = 0; k < N; ++k) aw[sl][k] = 0.0f, ab[sl][k] = 0.0f;
+    }
+    // g * w for the chunk at i (the weights are L1-hot after the first row: reloaded where needed rather than
+    // held, which would cost S x N registers beside the row's and the sums')
+    auto gw_at = [&](long long i, const float* gv, float* out) {
+        if (has_w) {
+            lnb_ld<T, VEC>(wt, i, out);
+#pragma unroll
+            for (int k = 0; k < N; ++k) out[k] *= gv[k];
+        } else {
+#pragma unroll
+            for (int k = 0; k < N; ++k) out[k] = gv[k];
+        }
+    };
+    for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
+        const long long base = row * n;
+        float x0;
+        pk_load<T, 1>(x, base, &x0);  // the shift, as layer_norm's
+        float a[S][N], gg[S][N];
+        if constexpr (VEC) {
+            uint4 ra[S], rg[S];
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                const long long j = base + (c < nch ? (long long)c * N : 0);  // past the row: chunk 0 (L1), unused
+                ra[sl] = pk_ld16_raw(x, j);
+                rg[sl] = pk_ld16_raw(g, j);
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rg[sl], gg[sl]);
+        } else {
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                if (c < nch) {
+                    lnb_ld<T, VEC>(x, base + (long long)c * N, a[sl]);
+                    lnb_ld<T, VEC>(g, base + (long long)c * N, gg[sl]);
+                }
+            }
+        }
+        float mean;  // of d = x - x0
+        const float rstd = ln_center_cached(a, nch, x0, n, eps, scratch, mean);
+        float sg = 0.0f, sgx = 0.0f;
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) {
+            const unsigned int c = threadIdx.x + sl * blockDim.x;
+            if (c < nch) {
+                float gh[N];
+                gw_at((long long)c * N, gg[sl], gh);
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    a[sl][k] *= rstd;  // xhat
+                    sg += gh[k];
+                    sgx += gh[k] * a[sl][k];
+                }
+            }
+        }
+        float mg, mgx;
+        lnb_means(sg, sgx, n, scratch, row, x0, mean, rstd, mean_out, rstd_out, mg, mgx);
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) {
+            const unsigned int c = threadIdx.x + sl * blockDim.x;
+            if (c < nch) {
+                float gh[N];
+                gw_at((long long)c * N, gg[sl], gh);
+#pragma unroll
+                for (int k = 0; k < N; ++k) {
+                    aw[sl][k] = fmaf(gg[sl][k], a[sl][k], aw[sl][k]);
+                    ab[sl][k] += gg[sl][k];
+                    a[sl][k] = rstd * (gh[k] - mg - a[sl][k] * mgx);
+                }
+                lnb_st<T, VEC>(gx, base + (long long)c * N, a[sl]);
+            }
+        }
+    }
+    const long long p = (long long)blockIdx.x * n;
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+        const unsigned int c = threadIdx.x + sl * blockDim.x;
+        if (c < nch) {
+            if (has_w) lnb_st_f32<N, VEC>(pw, p + (long long)c * N, aw[sl]);
+            if (want_b) lnb_st_f32<N, VEC>(pb, p + (long long)c * N, ab[sl]);
+        }
+    }
+}
+
 // layer_norm_backward row kernel: xhat = (x - mean) * rstd, gxhat = g * w,
 //   grad_x = rstd * (gxhat - mean(gxhat) - xhat * mean(gxhat * xhat)).
 // mean[row] and rstd[row] feed the weight / bias gradients (norm_weight_grad).
@@ -292,12 +530,19 @@ __device__ __forceinline__ void lnb_means(float sg, float sgx, long long n, floa
 template <typename T>
 __device__ __forceinline__ void layer_norm_backward_impl(
     const T* __restrict__ x, const T* __restrict__ wt, const T* __restrict__ g, T* __restrict__ gx,
-    float* __restrict__ mean_out, float* __restrict__ rstd_out, long long n_rows, unsigned int dim, float eps,
-    int has_w) {
+    float* __restrict__ mean_out, float* __restrict__ rstd_out, float* __restrict__ pw, float* __restrict__ pb,
+    long long n_rows, unsigned int dim, float eps, int has_w, unsigned int n_part, int want_b) {
     __shared__ float scratch[32];
     constexpr int N = PkVec16<T>::N;
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, x, g, gx, has_w ? wt : x);
+    if (n_part != 0u) {  // fused weight / bias gradient (the op checked dim % N == 0, dim <= LNB_FUSE_VECS N blockDim.x)
+        if (vec && pk_aligned16(has_w ? pw : pb) && pk_aligned16(want_b ? pb : pw))
+            lnb_fused_rows<T, true>(x, wt, g, gx, mean_out, rstd_out, pw, pb, n_rows, dim, eps, has_w, want_b, scratch);
+        else
+            lnb_fused_rows<T, false>(x, wt, g, gx, mean_out, rstd_out, pw, pb, n_rows, dim, eps, has_w, want_b, scratch);
+        return;
+    }
     const bool cache = vec && dim / N <= LN_CACHE_VECS * blockDim.x;
     const long long row_step = (long long)gridDim.x * blockDim.y;
     for (long long row = (long long)blockIdx.x * blockDim.y + threadIdx.y; row < n_rows; row += row_step) {
@@ -335,7 +580,7 @@ __device__ __forceinline__ void layer_norm_backward_impl(
                 }
             }
             float mean;  // of d = x - x0
-            const float rstd = ln_center_cached<N>(a, dim / N, x0, n, eps, scratch, mean);
+            const float rstd = ln_center_cached(a, dim / N, x0, n, eps, scratch, mean);
             float sg = 0.0f, sgx = 0.0f;
 #pragma unroll
             for (int sl = 0; sl < LN_CACHE_VECS; ++sl) {
@@ -389,9 +634,10 @@ __device__ __forceinline__ void layer_norm_backward_impl(
 
 PK_IO_KERNELS(layer_norm_backward, (512, 1),
               (const T* __restrict__ x, const T* __restrict__ weight, const T* __restrict__ grad_out,
-               T* __restrict__ grad_x, float* __restrict__ mean, float* __restrict__ rstd, long long n_rows,
-               unsigned int dim, float eps, int has_w),
-              (x, weight, grad_out, grad_x, mean, rstd, n_rows, dim, eps, has_w))
+               T* __restrict__ grad_x, float* __restrict__ mean, float* __restrict__ rstd, float* __restrict__ pw,
+               float* __restrict__ pb, long long n_rows, unsigned int dim, float eps, int has_w,
+               unsigned int n_part, int want_bias),
+              (x, weight, grad_out, grad_x, mean, rstd, pw, pb, n_rows, dim, eps, has_w, n_part, want_bias))
 
 // ---------------------------------------------------------------------------
 // norm_weight_grad: per row chunk k and column c,

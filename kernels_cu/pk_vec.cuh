@@ -71,6 +71,24 @@ template <> struct PkVec16<float> {
     static __device__ __forceinline__ void store(float* p, const float* f) { store(p, 0, f); }
 };
 
+// A 16-byte load kept raw (uint4) and its widening done apart: a thread issues all its loads of a row, then
+// converts, so the compiler cannot tie each conversion to its own load and leave one load in flight.
+template <typename T>
+__device__ __forceinline__ uint4 pk_ld16_raw(const T* p, long long i) {
+    return *reinterpret_cast<const uint4*>(p + i);
+}
+template <typename T>
+__device__ __forceinline__ void pk_widen16(const uint4& u, float* f) {
+    if constexpr (PkVec16<T>::N == 4) {
+        f[0] = __uint_as_float(u.x); f[1] = __uint_as_float(u.y); f[2] = __uint_as_float(u.z); f[3] = __uint_as_float(u.w);
+    } else {
+        Pk16<T>::widen2(u.x, f[0], f[1]);
+        Pk16<T>::widen2(u.y, f[2], f[3]);
+        Pk16<T>::widen2(u.z, f[4], f[5]);
+        Pk16<T>::widen2(u.w, f[6], f[7]);
+    }
+}
+
 // True when 16-byte vectors starting at p are aligned.
 __device__ __forceinline__ bool pk_aligned16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
 

@@ -188,8 +188,10 @@ PK_IO_KERNELS(softmax_backward, (512, 1),
 // blockDim.x): each thread owns at most 16 fixed columns and sums x * r * g
 // over its block's rows in registers during the output pass, then writes them
 // to partial[blockIdx.x][col]; norm_grad_reduce adds the n_part
-// rows in ascending order. x and g are read once from HBM (the second pass hits
-// L2): 3N bytes in all, and identical run to run (no float atomics).
+// rows in ascending order: identical run to run (no float atomics). On the 16-byte
+// path the thread's chunks of x and g (16 / N of them, N = PkVec16<T>::N) are loaded
+// into registers, all before the first sum, and the output comes from them: one read
+// of x and g, 3N bytes in all. The element path re-reads them (L1/L2 hits).
 // Unfused (n_part == 0, longer rows): rms_norm_backward_weight re-reads x, g.
 #define RMSB_ACC 16
 
@@ -222,6 +224,55 @@ __device__ __forceinline__ void rms_norm_backward_impl(
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f, xwg = 0.0f;
+        if (fuse && vec) {  // x and g of this thread's chunks held in registers: one read of each
+            constexpr int S = RMSB_ACC / N;
+            float a[S][N], c[S][N];
+            {
+                uint4 ra[S], rc[S];
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
+                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                    const long long j = base + (i < n ? i : 0);  // past the row: chunk 0 again (L1), unused
+                    ra[sl] = pk_ld16_raw(x, j);
+                    rc[sl] = pk_ld16_raw(g, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rc[sl], c[sl]);
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    float b[N];
+                    PkVec16<T>::load(w, i, b);  // the weights: L1-hot after the block's first row
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        ss = fmaf(a[sl][k], a[sl][k], ss);
+                        xwg = fmaf(a[sl][k] * (b[k] + offset), c[sl][k], xwg);
+                    }
+                }
+            }
+            ss = pk_block_sum(ss, scratch);
+            xwg = pk_block_sum(xwg, scratch);
+            const float r = rsqrtf(ss / (float)dim + eps);
+            const float coef = r * r * r * xwg / (float)dim;
+            if (threadIdx.x == 0) inv_rms[row] = r;
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    float b[N];
+                    PkVec16<T>::load(w, i, b);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) {
+                        acc[sl * N + k] = fmaf(a[sl][k] * r, c[sl][k], acc[sl * N + k]);
+                        a[sl][k] = r * (b[k] + offset) * c[sl][k] - a[sl][k] * coef;
+                    }
+                    PkVec16<T>::store(gx, base + i, a[sl]);
+                }
+            }
+            continue;
+        }
         if (vec) {
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
                 float a[N], b[N], c[N];
@@ -244,22 +295,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         const float r = rsqrtf(ss / (float)dim + eps);
         const float coef = r * r * r * xwg / (float)dim;
         if (threadIdx.x == 0) inv_rms[row] = r;
-        if (fuse && vec) {  // slot s: columns N * (threadIdx.x + s * blockDim.x) + [0, N)
-#pragma unroll
-            for (int sl = 0; sl < RMSB_ACC / N; ++sl) {
-                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
-                if (i < n) {
-                    float a[N], b[N], c[N];
-                    rmsb_load<T, N>(x, w, g, base, i, offset, a, b, c);
-#pragma unroll
-                    for (int k = 0; k < N; ++k) {
-                        acc[sl * N + k] = fmaf(a[k] * r, c[k], acc[sl * N + k]);
-                        a[k] = r * b[k] * c[k] - a[k] * coef;
-                    }
-                    PkVec16<T>::store(gx, base + i, a);
-                }
-            }
-        } else if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
+        if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
 #pragma unroll
             for (int sl = 0; sl < RMSB_ACC; ++sl) {
                 const long long i = threadIdx.x + (long long)sl * blockDim.x;
@@ -346,15 +382,66 @@ PK_IO_KERNELS(rms_norm_backward_weight, (256, 1),
                float* __restrict__ partial, long long n_rows, unsigned int dim, long long rows_per_chunk),
               (x, grad_out, inv_rms, partial, n_rows, dim, rows_per_chunk))
 
-// out[c] = sum_k partial[k][c], k ascending: one thread per column (grid-stride). The column sum of every norm's
-// weight (and bias) gradient: rms_norm_backward's here, add_rms_norm's and layer_norm's (norm_act_loss.cu).
+// out[c] = sum_k partial[k][c]: the column sum of every norm's weight (and bias) gradient (rms_norm_backward's here,
+// add_rms_norm's and layer_norm's in norm_act_loss.cu). Block (NGR_COLS / 4, NGR_LANES) = (8, 32): threadIdx.x owns
+// 4 adjacent columns (one 16-byte load a partial row when dim % 4 == 0 and both bases are aligned, else 4 scalar
+// loads), threadIdx.y the chunk lane k = y, y + 32, ... Each lane sums its chunks in ascending k, 4 rows' loads
+// issued before their adds (4 x 16 bytes in flight a thread), then thread y = 0 adds the 32 lane sums in lane
+// order. The order depends on (n_chunks, dim) only, the same on both paths: identical run to run. Grid x walks
+// column tiles of NGR_COLS (grid-stride), so ceil(dim / 32) blocks: 128 at dim 4096, about one an SM of an H100
+// (one thread a column, as before, left 16 blocks to pull the partials through a GPU of 132 SMs).
+#define NGR_COLS 32
+#define NGR_LANES 32
 extern "C" __global__ void __launch_bounds__(256, 1) norm_grad_reduce(
     const float* __restrict__ partial, float* __restrict__ out, long long n_chunks, unsigned int dim) {
-    for (long long c = (long long)blockIdx.x * blockDim.x + threadIdx.x; c < dim;
-         c += (long long)gridDim.x * blockDim.x) {
-        float s = 0.0f;
-        for (long long k = 0; k < n_chunks; ++k) s += partial[k * dim + c];
-        out[c] = s;
+    __shared__ float4 red[NGR_LANES][NGR_COLS / 4];
+    const bool vec = dim % 4u == 0u && pk_aligned16(partial) && pk_aligned16(out);
+    const long long n = dim;
+    for (long long c0 = (long long)blockIdx.x * NGR_COLS; c0 < n; c0 += (long long)gridDim.x * NGR_COLS) {
+        const long long c = c0 + 4ll * threadIdx.x;
+        float4 s = make_float4(0.0f, 0.0f, 0.0f, 0.0f);
+        if (c < n) {
+            long long k = threadIdx.y;
+            if (vec) {
+                for (; k + 3 * NGR_LANES < n_chunks; k += 4 * NGR_LANES) {
+                    float4 v[4];
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) v[u] = *reinterpret_cast<const float4*>(partial + (k + u * NGR_LANES) * n + c);
+#pragma unroll
+                    for (int u = 0; u < 4; ++u) s.x += v[u].x, s.y += v[u].y, s.z += v[u].z, s.w += v[u].w;
+                }
+                for (; k < n_chunks; k += NGR_LANES) {
+                    const float4 v = *reinterpret_cast<const float4*>(partial + k * n + c);
+                    s.x += v.x, s.y += v.y, s.z += v.z, s.w += v.w;
+                }
+            } else {
+                for (; k < n_chunks; k += NGR_LANES) {
+                    const float* p = partial + k * n + c;
+                    s.x += p[0];
+                    if (c + 1 < n) s.y += p[1];
+                    if (c + 2 < n) s.z += p[2];
+                    if (c + 3 < n) s.w += p[3];
+                }
+            }
+        }
+        red[threadIdx.y][threadIdx.x] = s;
+        __syncthreads();
+        if (threadIdx.y == 0 && c < n) {
+            float4 t = red[0][threadIdx.x];
+            for (int l = 1; l < NGR_LANES; ++l) {
+                const float4 v = red[l][threadIdx.x];
+                t.x += v.x, t.y += v.y, t.z += v.z, t.w += v.w;
+            }
+            if (vec) {
+                *reinterpret_cast<float4*>(out + c) = t;
+            } else {
+                out[c] = t.x;
+                if (c + 1 < n) out[c + 1] = t.y;
+                if (c + 2 < n) out[c + 2] = t.z;
+                if (c + 3 < n) out[c + 3] = t.w;
+            }
+        }
+        __syncthreads();  // red is rewritten by the next column tile
     }
 }
 
@@ -534,6 +621,7 @@ PK_IO_KERNELS(embedding_backward, (512, 1),
 #define CE_OPT_WEIGHT 1
 #define CE_OPT_GRAD_ROWS 2
 #define CE_OPT_Z_ROW 4
+#define CE_BATCH 4  // 16-byte loads of a row a thread issues before it uses the first (both sweeps)
 __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     if (x > m) {
         s = s * pk_exp_fast(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
@@ -625,16 +713,29 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
         const float zt = threadIdx.x == 0 ? ce_cap(PkIO<T>::load(logits, base + target), cap, inv_cap) : 0.0f;
         float m = PK_NEG_INF, s = 0.0f, sz = 0.0f, sw = 0.0f;
         if (vec) {
-            for (long long i = (long long)V * threadIdx.x; i < n; i += (long long)V * blockDim.x) {
+            // CE_BATCH 16-byte loads issued before the first is used (raw words, widened afterwards: the online
+            // max / sum is a dependent chain, and one load at a time left a thread one 16-byte load in flight);
+            // each thread still takes its elements in ascending order, so the sums are those of the plain loop
+            const long long step = (long long)V * blockDim.x;
+            auto acc16 = [&](long long i, const uint4& raw) {
                 float a[V];
-                PkVec16<T>::load(logits, base + i, a);
+                pk_widen16<T>(raw, a);
 #pragma unroll
                 for (int k = 0; k < V; ++k) {
                     const float c = has_w ? class_weight[i + k] : 1.0f;
                     sw += c;
                     ce_acc(a[k], c, cap, inv_cap, m, s, sz);
                 }
+            };
+            long long i = (long long)V * threadIdx.x;
+            for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
+                uint4 raw[CE_BATCH];
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(logits, base + i + u * step);
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) acc16(i + u * step, raw[u]);
             }
+            for (; i < n; i += step) acc16(i, pk_ld16_raw(logits, base + i));
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 const float c = has_w ? class_weight[i] : 1.0f;
@@ -674,13 +775,25 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
         r.inv_cap = inv_cap;
         r.t = target;
         if (vec) {
-            for (long long i = (long long)V * threadIdx.x; i < n; i += (long long)V * blockDim.x) {
+            // the same batches: CE_BATCH loads, then their gradients stored (grad may alias logits: each thread
+            // reads its elements before it writes them, so loading ahead of its own stores stays correct)
+            const long long step = (long long)V * blockDim.x;
+            auto grad16 = [&](long long i, const uint4& raw) {
                 float a[V];
-                PkVec16<T>::load(logits, base + i, a);
+                pk_widen16<T>(raw, a);
 #pragma unroll
                 for (int k = 0; k < V; ++k) a[k] = ce_grad(a[k], i + k, has_w ? class_weight[i + k] : 1.0f, r);
                 PkVec16<T>::store(grad, base + i, a);
+            };
+            long long i = (long long)V * threadIdx.x;
+            for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
+                uint4 raw[CE_BATCH];
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(logits, base + i + u * step);
+#pragma unroll
+                for (int u = 0; u < CE_BATCH; ++u) grad16(i + u * step, raw[u]);
             }
+            for (; i < n; i += step) grad16(i, pk_ld16_raw(logits, base + i));
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 PkIO<T>::store(grad, base + i,

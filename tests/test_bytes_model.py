@@ -39,3 +39,30 @@ def test_cli_json() -> None:
     rows = json.loads(out)
     assert {r["op"] for r in rows} >= {"rms_norm", "transpose_2d", "softmax_backward", "causal_attn_softmax"}
     assert all(r["dtype"] in ("f32",) or r["op"] == "causal_attn_softmax" for r in rows)
+
+
+def test_norm_backwards_read_x_and_g_once() -> None:
+    """The fused norm backwards: HBM bytes = the minimum + the blocks' fp32 partial rows (written, read back),
+    the rows' statistics and the fp32 gradients, within 10% of the minimum at LLaMA's 8192 x 4096; the blocks
+    follow the ops' own geometry (add_rms_norm_backward takes layer_norm_backward's)."""
+    from pykern.ops.norm_act_loss import _lnb_fused_geometry
+    from pykern.ops.training import rms_backward_geometry
+
+    t, h = bm.TOKENS, bm.HIDDEN
+    for e, kind in ((2, "bf16"), (4, "f32")):
+        rows = by_op("training", e)
+        assert bm.rms_bwd_blocks(t, h) == rms_backward_geometry(t, h)[0] == 264
+        assert bm.ln_bwd_blocks(t, h, e) == _lnb_fused_geometry(t, h, kind)[0][0]
+        rb, lb = rows["rms_norm_backward"], rows["layer_norm_backward"]
+        n = t * h
+        parts = bm.rms_bwd_blocks(t, h)
+        assert rb.hbm_bytes == 3 * n * e + h * e + 2 * parts * h * 4 + t * 4 + h * 4
+        lparts = bm.ln_bwd_blocks(t, h, e)
+        assert lb.hbm_bytes == 3 * n * e + h * e + 2 * 2 * lparts * h * 4 + 8 * t + 2 * h * 4
+        for r in (rb, lb):
+            assert r.hbm_bytes / r.min_bytes < 1.1, r
+        ab = rows["add_rms_norm_backward"]
+        assert ab.hbm_bytes == 4 * n * e + h * e + 2 * lparts * h * 4 + t * 4 + h * 4
+        assert ab.hbm_bytes / ab.min_bytes < 1.1, ab
+    f = by_op("forward", 2)
+    assert f["layer_norm"].hbm_bytes == f["layer_norm"].min_bytes == 2 * t * h * 2 + 2 * h * 2

@@ -634,3 +634,80 @@ def test_layer_norm_geometry_fits_the_register_cache():
         assert threads == 512 and uncached // per > _LN_CACHE_VECS * threads
     cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "norm_act_loss.cu").read_text()
     assert f"#define LN_CACHE_VECS {_LN_CACHE_VECS}\n" in cu  # the op's copy of the kernel's constant
+
+
+def test_layer_norm_backward_fuses_the_weight_gradient(monkeypatch):
+    """Rows of whole 16-byte chunks beyond a warp's 64 and up to LNB_FUSE_VECS x 512 chunks: one row kernel of one
+    wave of blocks (512 threads' worth an SM of 132) sums the weight / bias gradients in registers, and
+    norm_grad_reduce adds its partial rows; norm_weight_grad (a second read of x and g) is not launched. A
+    misaligned x or g takes the element path of the same kernel: bit-identical results."""
+    from pathlib import Path
+
+    from pykern.difftest.cases import norm_act_loss as E
+    from pykern.ops import norm_act_loss as m
+
+    assert m._lnb_fused_geometry(8192, 4096, "bf16") == ((264,), (256, 1))
+    assert m._lnb_fused_geometry(8192, 4096, "f32") == ((132,), (512, 1))
+    assert m._lnb_fused_geometry(8192, 1024, "bf16") == ((528,), (128, 1))
+    assert m._lnb_fused_geometry(8192, 512, "bf16") is None  # 64 chunks: a warp per row
+    assert m._lnb_fused_geometry(8192, 4100, "f32") is None  # 1025 chunks: more than 2 a thread of 512
+    assert m._lnb_fused_geometry(8192, 4098, "bf16") is None  # not whole chunks
+    cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "norm_act_loss.cu").read_text()
+    assert f"#define LNB_FUSE_VECS {m._LNB_FUSE_VECS}\n" in cu
+
+    from pykern.ops import _common
+
+    seen = []
+    real = _common.launch
+    record = lambda name, *a, **k: (seen.append(name), real(name, *a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(m, "launch", record)
+    monkeypatch.setattr(_common, "launch", record)  # sum_chunks' norm_grad_reduce
+    rng = np.random.default_rng(43)
+    rows, dim = 700, 1024  # 256 chunks: 128 threads, 528 blocks, some summing two rows
+    x = (rng.standard_normal((rows, dim)) + 2.0).astype(np.float32)
+    g = rng.standard_normal((rows, dim)).astype(np.float32)
+    w = (1.0 + 0.3 * rng.standard_normal(dim)).astype(np.float32)
+    out = ops.layer_norm_backward(x, w, g, backend="host")
+    assert seen == ["layer_norm_backward", "norm_grad_reduce", "norm_grad_reduce"], seen
+    for o, ref, nm in zip(out, E.np_layer_norm_backward(x, w, g), ("gx", "gw", "gb")):
+        _close(o, ref, "layer_norm_backward", "f32", nm)
+    # the same values 4 bytes off a 16-byte boundary: the element path, the same sums in the same order
+    buf = np.empty(2 * rows * dim + 1, np.float32)
+    xs, gs = buf[1:rows * dim + 1].reshape(rows, dim), buf[rows * dim + 1:].reshape(rows, dim)
+    xs[...], gs[...] = x, g
+    assert xs.ctypes.data % 16 and gs.ctypes.data % 16
+    for a, b in zip(out, ops.layer_norm_backward(xs, w, gs, backend="host")):
+        np.testing.assert_array_equal(a, b)
+    seen.clear()
+    gx, gw, gb = ops.layer_norm_backward(x, None, g, bias=True, backend="host")  # bias alone
+    assert gw is None and seen == ["layer_norm_backward", "norm_grad_reduce"], seen
+    np.testing.assert_array_equal(gb, out[2])
+
+
+def test_add_rms_norm_backward_fuses_the_weight_gradient(monkeypatch):
+    """layer_norm_backward's fused geometry: one row kernel summing h * r * grad_y per column, norm_grad_reduce
+    over its partial rows, no norm_weight_grad; a misaligned h takes the element path: bit-identical."""
+    from pykern.difftest.cases import norm_act_loss as E
+    from pykern.ops import _common
+    from pykern.ops import norm_act_loss as m
+
+    seen = []
+    real = _common.launch
+    record = lambda name, *a, **k: (seen.append(name), real(name, *a, **k))[1]  # noqa: E731
+    monkeypatch.setattr(m, "launch", record)
+    monkeypatch.setattr(_common, "launch", record)
+    rng = np.random.default_rng(44)
+    rows, dim = 700, 1024
+    h, g, gr = (rng.standard_normal((rows, dim)).astype(np.float32) for _ in range(3))
+    w = (1.0 + 0.3 * rng.standard_normal(dim)).astype(np.float32)
+    for gres in (None, gr):
+        seen.clear()
+        out = ops.add_rms_norm_backward(h, w, g, gres, 1e-6, backend="host")
+        assert seen == ["add_rms_norm_backward", "norm_grad_reduce"], seen
+        for o, ref, nm in zip(out, E.np_add_rms_norm_backward(h, w, g, gres, 1e-6), ("gh", "gw")):
+            _close(o, ref, "add_rms_norm_backward", "f32", nm)
+        buf = np.empty(rows * dim + 1, np.float32)
+        hs = buf[1:].reshape(rows, dim)
+        hs[...] = h
+        for a, b in zip(out, ops.add_rms_norm_backward(hs, w, g, gres, 1e-6, backend="host")):
+            np.testing.assert_array_equal(a, b)

@@ -44,12 +44,24 @@ WIDE_LOADS = {
     "softmax_backward": "LDG128", "softmax_backward_bf16": "LDG128",
     "rms_norm_backward": "LDG128", "rms_norm_backward_bf16": "LDG128",
     "cross_entropy_fwd_bwd": "LDG128", "cross_entropy_fwd_bwd_bf16": "LDG128",
+    "norm_grad_reduce": "LDG128",
 }
 # every f16 twin moves as its bf16 one does
 WIDE_LOADS.update({k.replace("_bf16", "_f16"): v for k, v in list(WIDE_LOADS.items()) if k.endswith("_bf16")})
 # norm_act_loss.cu: 16-byte loads and stores (LDG.E.128 / STG.E.128) in f32, bf16 and f16
 EXT_16B = [f"{k}{s}" for k in ("add_rms_norm", "add_rms_norm_backward", "layer_norm", "layer_norm_backward", "gelu",
                                "gelu_backward", "gelu_gate", "gelu_gate_backward") for s in ("", "_bf16", "_f16")]
+
+
+# Row kernels that issue a thread's 16-byte loads of a row (x and g, of 2 chunks or more) before the first is used,
+# norm_grad_reduce (4 partial rows a lane) and cross_entropy_fwd_bwd (CE_BATCH vectors a sweep): the most LDG.E.128 a thread has in flight (tools/sass_report.py
+# load_batches: a linear scan of the listing) must reach this on every arch tested.
+LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16", "rms_norm_backward_f16",
+                                  "layer_norm_backward", "layer_norm_backward_bf16", "layer_norm_backward_f16",
+                                  "add_rms_norm_backward", "add_rms_norm_backward_bf16",
+                                  "add_rms_norm_backward_f16",
+                                  "norm_grad_reduce", "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16",
+                                  "cross_entropy_fwd_bwd_f16")}
 
 
 def _load_report() -> Any:
@@ -148,3 +160,42 @@ def test_no_spills() -> None:
     bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
            if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
     assert not bad, bad
+
+
+@lru_cache(maxsize=None)
+def inflight() -> dict[str, dict[str, dict[str, Any]]]:
+    mix()  # skips without cuobjdump / NVRTC; compiles the sources into the cache
+    return sr.inflight_metrics(sorted(LOADS_IN_FLIGHT), ARCHS)
+
+
+@pytest.mark.parametrize("kernel", sorted(LOADS_IN_FLIGHT))
+def test_row_loads_in_flight(kernel: str) -> None:
+    """The one-pass norm backwards load x and g of all their chunks (raw 16-byte words, widened afterwards, no
+    branch between) before the first use; norm_grad_reduce 4 partial rows a lane; cross-entropy 4 vectors of
+    the row before its online max / sum chain (1 before)."""
+    got = inflight()[kernel]
+    for a in ARCHS:
+        assert got[a]["ldg128_max"] >= LOADS_IN_FLIGHT[kernel], f"{kernel} {a}: {got[a]}"
+
+
+def test_norm_grad_reduce_stores_16_bytes() -> None:
+    for a in ARCHS:
+        row = mix()["norm_grad_reduce"][a]
+        assert row["STG128"] > 0 and row["LDG128"] > 0, row
+
+
+def test_load_batches_counts_loads_before_their_first_use() -> None:
+    """The metric itself on a hand-written listing: 3 independent loads, a use, then a load whose address
+    comes from an earlier load (a dependent chain: a batch of its own)."""
+    text = """
+        Function : k
+        /*0000*/                   LDG.E.128 R4, desc[UR4][R2.64] ;
+        /*0010*/                   LDG.E.128 R8, desc[UR4][R12.64] ;
+        /*0020*/                   IADD3 R20, R21, 0x1, RZ ;
+        /*0030*/                   LDG.E.128 R16, desc[UR4][R14.64] ;
+        /*0040*/                   FADD R22, R9, R23 ;
+        /*0050*/                   LDG.E.128 R24, desc[UR4][R2.64] ;
+        /*0060*/                   LDG.E.128 R28, desc[UR4][R24.64] ;
+        /*0070*/                   EXIT ;
+    """
+    assert sr.load_batches(text) == {"k": [3, 1, 1]}

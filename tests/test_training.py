@@ -371,3 +371,41 @@ def test_attention_seq_len_within_a_tile_of_uint_max_is_rejected(monkeypatch: py
     big = np.broadcast_to(np.zeros((1, 1, 1), np.float32), (2**32 - 1, 1, 1))  # no memory behind it
     with pytest.raises(ArgumentError, match="seq_len"):
         ta.attention_backward(big, big, big, big, method="flash")
+
+
+@pytest.mark.parametrize("n_chunks,dim", [(300, 4096), (300, 37), (5, 130), (129, 8)])
+def test_norm_grad_reduce_is_lane_parallel_in_a_fixed_order(n_chunks: int, dim: int) -> None:
+    """norm_grad_reduce sums chunk lanes k = y, y + 32, ... (ascending) and then the 32 lane sums in order, on the
+    16-byte path (dim % 4 == 0) and the scalar one alike: bit-exact against that order in float32, and within
+    float32 rounding of the float64 sum."""
+    from pykern.ops._common import sum_chunks
+
+    rng = np.random.default_rng(n_chunks * 7919 + dim)
+    part = rng.standard_normal((n_chunks, dim)).astype(np.float32)
+    out = np.full(dim, np.nan, np.float32)
+    sum_chunks(part.reshape(-1), out, n_chunks, dim, stream=None, backend="host")
+    lanes = np.zeros((32, dim), np.float32)
+    for k in range(n_chunks):
+        lanes[k % 32] += part[k]
+    want = lanes[0].copy()
+    for lane in lanes[1:]:
+        want += lane
+    np.testing.assert_array_equal(out, want)
+    np.testing.assert_allclose(out, part.astype(np.float64).sum(0), rtol=1e-5, atol=1e-4)
+
+
+def test_rms_norm_backward_fused_geometry_is_one_wave() -> None:
+    """Fused rms_norm_backward: threads for RMSB_ACC columns each (2 16-byte chunks of bf16, 4 of f32), blocks
+    at most one wave of a 132-SM GPU (512 threads' worth an SM) and at most 512 partial rows; rows longer than
+    16 x 512 columns take the weight kernel."""
+    from pathlib import Path
+
+    from pykern.ops.training import _RMS_BWD_ACC, rms_backward_geometry
+
+    assert rms_backward_geometry(8192, 4096) == (264, 256)
+    assert rms_backward_geometry(8192, 8192) == (132, 512)
+    assert rms_backward_geometry(8192, 1024) == (512, 64)
+    assert rms_backward_geometry(7, 64) == (7, 32)
+    assert rms_backward_geometry(8192, 8200)[0] == 0
+    cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "training.cu").read_text()
+    assert f"#define RMSB_ACC {_RMS_BWD_ACC}\n" in cu

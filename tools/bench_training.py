@@ -155,7 +155,7 @@ def bench(args: argparse.Namespace) -> None:
         launch("rms_norm_backward_weight" + sfx, (-(-d // 32), nch), (32, 8), xx, gg, inv,
                part if nch > 1 else gw, rows, d, rpc)
         if nch > 1:
-            launch("norm_grad_reduce", (-(-d // 256),), (256,), part, gw, nch, d)
+            launch("norm_grad_reduce", (-(-d // 32),), (8, 32), part, gw, nch, d)
 
     line("rms_norm_backward", f"{rows}x{d} {kind} ({nch} chunks)", _timed(env, rms, iters), 6 * rows * d * esz)
 

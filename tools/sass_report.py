@@ -15,7 +15,9 @@ FFMA, MUFU (ex2, rcp...), barriers, shuffles and local memory (LDL/STL: spills o
 
 Tests load this file by path and call `instruction_mix(kernels, archs)`.
 
-`--loops` prints, per kernel and arch, the steady-state loop metric of matmul-shaped kernels (see
+`--inflight` prints, per kernel and arch, the 16-byte global loads (LDG.E.128) a thread issues before the first
+instruction that reads one of their registers, batch by batch in address order (a linear scan: branches are
+not followed): the loads in flight a thread keeps. `--loops` prints, per kernel and arch, the steady-state loop metric of matmul-shaped kernels (see
 docs/design.md, "Judging GPU speed without a GPU"): among the backward branches whose body holds
 MMAs and no inner loop, the one with the most MMAs (the leanest of equals); its warp-instructions (NOPs excluded) per
 m16n8k16-equivalent MMA (HMMA.16816 counts 1, HMMA.1688 1/2, HGMMA m64nNk16 N/8, QGMMA m64nNk32 2N/8:
@@ -199,6 +201,46 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     return out
 
 
+_REG = re.compile(r"\bR(\d+)(?:\.64)?\b")
+
+
+def load_batches(text: str, width: str = "128") -> dict[str, list[int]]:
+    """{kernel: [n, ...]}: for each run of global loads of `width` bits (LDG.E.128 by default), how many are
+    issued, in address order, before the first instruction that reads a register one of them writes (or a
+    barrier): the loads a thread has in flight before it waits on the first. A linear scan of the listing
+    (branches are not followed), so a batch split by a predicated branch counts as two."""
+    regs_of = {"128": 4, "64": 2, "32": 1, "sub": 1}
+    out: dict[str, list[int]] = {}
+    for name, insns in _instructions(text).items():
+        batches: list[int] = []
+        pending: set[int] = set()
+        n = 0
+        for _addr, op, mods, body in insns:
+            operands = body.split(";")[0]
+            operands = operands[operands.find(op) + len(op) + len(mods):] if op in operands else operands
+            if op == "LDG" and _width(mods) == width:
+                toks = [int(t) for t in _REG.findall(operands)]
+                if toks:
+                    dst, srcs = toks[0], toks[1:]
+                    if pending & set(srcs):  # an address from an earlier load of the batch: a dependent load
+                        batches.append(n)
+                        pending, n = set(), 0
+                    pending |= set(range(dst, dst + regs_of[width]))
+                    n += 1
+                continue
+            if not pending:
+                continue
+            toks = [int(t) for t in _REG.findall(operands)]
+            reads = toks if op in ("STG", "STS", "ST", "RED", "ATOM", "BRA") else toks[1:]
+            if op in ("BAR", "EXIT", "RET") or pending & set(reads):
+                batches.append(n)
+                pending, n = set(), 0
+        if n:
+            batches.append(n)
+        out[name] = batches
+    return out
+
+
 def _targets(src: Path, archs: Sequence[str]) -> list[tuple[str, str]]:
     """(arch asked, target compiled) for one source: a source built only for arch-specific targets
     (`// pykern: arch sm_90a`) is compiled for the one a GPU of the asked arch runs (sm_90 -> sm_90a), and left out
@@ -232,6 +274,32 @@ def loop_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm
             for k in names:
                 if k in loops:
                     result.setdefault(k, {})[arch] = loops[k]
+    return result
+
+
+def inflight_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm_80", "sm_90")
+                     ) -> dict[str, dict[str, dict[str, Any]]]:
+    """{kernel: {arch: {ldg128_max, ldg128_batches}}}: load_batches of 16-byte global loads (the largest batch is
+    the most loads a thread of the kernel has in flight before it waits on one) for the kernels matching the
+    glob(s)."""
+    from pykern import cache, compiler
+    from pykern.registry import parse_file, source_files
+
+    globs = [kernels] if isinstance(kernels, str) else list(kernels)
+    tool = find_cuobjdump()
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for src in source_files():
+        names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
+        if not names:
+            continue
+        for arch, target in _targets(src, compiler.expand_archs(list(archs))):
+            mod = cache.get_module(src, target)
+            if mod.kind != "cubin":
+                continue
+            batches = load_batches(disassemble(mod.image, tool))
+            for k in names:
+                b = batches.get(k, [])
+                result.setdefault(k, {})[arch] = {"ldg128_max": max(b, default=0), "ldg128_batches": b}
     return result
 
 
@@ -295,7 +363,20 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true", help="print JSON {kernel: {arch: {column: n}}}")
     ap.add_argument("--loops", action="store_true",
                     help="steady-state loop metric: warp-instructions per m16n8k16 MMA of the MMA loop")
+    ap.add_argument("--inflight", action="store_true",
+                    help="16-byte global loads issued before the first use of one (per batch, in address order)")
     args = ap.parse_args(argv)
+    if args.inflight:
+        try:
+            rows = inflight_metrics(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"])
+        except CuobjdumpUnavailable as e:
+            print(f"sass_report: {e}", file=sys.stderr)
+            return 2
+        if args.json:
+            print(json.dumps(rows, indent=2))
+        else:
+            print(_table(rows, ("ldg128_max", "ldg128_batches")))
+        return 0
     if args.loops:
         try:
             loops = loop_metrics(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"])

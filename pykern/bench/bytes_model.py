@@ -12,7 +12,7 @@ re-read by the same block while the resident blocks' rows fit in half of L2), an
 at 3.35 TB/s for both. tools/bench_forward.py and tools/bench_training.py print the table of their ops.
 
 Shapes: LLaMA-3-8B-like, 8192 tokens (4 x 2048), hidden 4096, FFN 14336, 32 query / 8 KV heads of 128,
-vocabulary 128256. The models follow kernels_cu/forward.cu and training.cu as of this commit.
+vocabulary 128256. The models follow kernels_cu/forward.cu, training.cu and norm_act_loss.cu as of this commit.
 """
 from __future__ import annotations
 
@@ -54,6 +54,19 @@ class Row:
         return d
 
 
+def rms_bwd_blocks(rows: int, dim: int) -> int:
+    """Blocks of the fused rms_norm_backward (pykern.ops.training.rms_backward_geometry)."""
+    threads = max(32, -(-dim // (16 * 32)) * 32)
+    return min(rows, 512, 512 * H100_SMS // threads)
+
+
+def ln_bwd_blocks(rows: int, dim: int, e: int) -> int:
+    """Blocks of the fused layer_norm_backward (pykern.ops.norm_act_loss._lnb_fused_geometry)."""
+    chunks = dim // (16 // e)
+    threads = max(128, -(-chunks // 64) * 32)
+    return min(rows, 512 * H100_SMS // threads)
+
+
 def _reread_hits(row_bytes: int, rows_resident: int) -> bool:
     """Does a block's second pass over its row(s) find them in L2? (all resident rows in half of L2)."""
     return row_bytes * rows_resident <= H100_L2 // 2
@@ -87,6 +100,20 @@ def forward_rows(e: int) -> Iterator[Row]:
     hit = _reread_hits(SEQ * 4, H100_SMS * 2)
     yield Row("causal_attn_softmax", f"{SEQ}x{HEADS}x{SEQ}", "f32", (vis + n) * 4, (2 * vis + n) * 4,
               (vis + n) * 4 + (0 if hit else vis * 4), "masked tail written, never read")
+    # layer_norm: the row held in registers (<= 4 16-byte chunks a thread): x read once, w and b per row (L1)
+    n = t * h
+    yield Row("layer_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 2 * n * e + 2 * h * e,
+              2 * n * e + 2 * t * h * e, 2 * n * e + 2 * h * e, "one read (row in registers)")
+    # add_rms_norm: pass 1 reads x, residual, writes new_residual and reads it back (as stored: rounded);
+    # pass 2 reads new_residual again and w, writes y. The re-reads are this block's own recent lines (L2).
+    yield Row("add_rms_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 4 * n * e + h * e,
+              6 * n * e + t * h * e, 4 * n * e + h * e, "new_residual re-read twice from L1/L2")
+    # GELU family: elementwise, 16-byte vectors, one vector a thread. HBM = the minimum; erff makes these
+    # issue-bound rather than HBM-bound (see docs/membound.md)
+    n = t * FFN
+    for name, arrays_ in (("gelu", 2), ("gelu_backward", 3), ("gelu_gate", 3), ("gelu_gate_backward", 5)):
+        yield Row(name, f"{t}x{FFN}", "bf16" if e == 2 else "f32", arrays_ * n * e, arrays_ * n * e,
+                  arrays_ * n * e, "")
     # embedding: ids (8 B each) + gathered rows + output rows
     yield Row("embedding", f"{t} ids, {VOCAB}x{h}", "bf16" if e == 2 else "f32", t * 8 + 2 * t * h * e,
               t * 8 + 2 * t * h * e, t * 8 + 2 * t * h * e, "")
@@ -103,17 +130,39 @@ def training_rows(e: int) -> Iterator[Row]:
     hit = _reread_hits(2 * SEQ * e, H100_SMS)
     yield Row("softmax_backward", f"{SEQ * HEADS}x{SEQ}", dt, 3 * n * e, 5 * n * e, 3 * n * e + (0 if hit else 2 * n * e),
               "2nd pass from L2 (row fits)")
-    # rms_norm_backward, fused (dim <= 16 x 512): 512 blocks walk the rows; pass 1 reads x, w, g, pass 2
-    # re-reads them (L2 hits) and writes gx, summing x * r * g per column in registers; each block writes one
-    # fp32 partial row that norm_grad_reduce reads back. HBM: 3N + 2 x 512 x dim x 4 + inv_rms.
+    # rms_norm_backward, fused (dim <= 16 x 512): one wave of blocks (264 of 256 threads at dim 4096, 512
+    # threads' worth an SM of 132) walks the rows; each thread loads x and g of its 2 (bf16) / 4 (f32) 16-byte
+    # chunks into registers (all issued before the first sum: one read of each), the weights twice a row from
+    # L1, writes gx, and sums x * r * g per column in registers; each block writes one fp32 partial row that
+    # norm_grad_reduce reads back. HBM: 3N + 2 x n_part x dim x 4 + inv_rms + grad_weight.
     n = t * h
-    parts = min(t, 512)
+    parts = rms_bwd_blocks(t, h)
     partials = parts * h * 4
-    hit = _reread_hits(2 * h * e, H100_SMS)
     yield Row("rms_norm_backward", f"{t}x{h}", dt, 3 * n * e + 2 * h * e + t * 4,
-              5 * n * e + t * h * e + 2 * partials + t * 4 + h * 4,
-              3 * n * e + (0 if hit else 2 * n * e) + 2 * partials + t * 4 + h * 4,
-              "weight grad fused into the row kernel (512 partial rows)")
+              3 * n * e + 2 * t * h * e + 2 * partials + t * 4 + h * 4,
+              3 * n * e + h * e + 2 * partials + t * 4 + h * 4,
+              f"one read of x and g (row in registers), {parts} partial rows")
+    # layer_norm_backward, fused (dim % 16 bytes == 0, 64 < chunks <= 2 x 512): as rms_norm_backward, with
+    # the weight and the bias gradient (two partial rows a block) and the row's mean / rstd written (8 B a row)
+    parts = ln_bwd_blocks(t, h, e)
+    partials = 2 * parts * h * 4
+    yield Row("layer_norm_backward", f"{t}x{h}", dt, 3 * n * e + 3 * h * e,
+              3 * n * e + 2 * t * h * e + 2 * partials + 8 * t + 2 * h * 4,
+              3 * n * e + h * e + 2 * partials + 8 * t + 2 * h * 4,
+              f"one read of x and g (row in registers), 2 x {parts} partial rows")
+    # add_rms_norm_backward, fused as layer_norm_backward: h and grad_y read once (registers), grad_new_residual
+    # read, grad_h written, one fp32 partial row a block for the weight gradient
+    parts = ln_bwd_blocks(t, h, e)
+    yield Row("add_rms_norm_backward", f"{t}x{h}", dt, 4 * n * e + 2 * h * e,
+              4 * n * e + 2 * t * h * e + 2 * parts * h * 4 + t * 4 + h * 4,
+              4 * n * e + h * e + 2 * parts * h * 4 + t * 4 + h * 4,
+              f"one read of h and g (row in registers), {parts} partial rows")
+    # embedding_backward: each token's grad row gathered once (8-byte accesses of bf16), the fp32 table
+    # written whole; the bucket sort reads the ids twice per 2048-row vocab block (L2) and writes order/offsets
+    blocks = -(-VOCAB // 2048)
+    yield Row("embedding_backward", f"{t}x{h} -> {VOCAB}x{h}", dt, t * h * e + t * 8 + VOCAB * h * 4,
+              t * h * e + 2 * blocks * t * 8 + VOCAB * h * 4 + t * 4 + (VOCAB + 1) * 4 * 2,
+              t * h * e + t * 8 + VOCAB * h * 4 + t * 4 + (VOCAB + 1) * 4 * 2, "ids re-read per vocab block from L2")
     # cross_entropy_fwd_bwd: stats pass + gradient pass over 128K-wide rows
     n = t * VOCAB
     yield Row("cross_entropy_fwd_bwd", f"{t}x{VOCAB}", dt, 2 * n * e + t * 8, 3 * n * e + t * 8,

@@ -98,23 +98,24 @@ CASES: tuple[Case, ...] = (
          # x, grad read; grad_x written; weight read, grad_weight written (the row statistics are recomputed)
          lambda d, e: 3 * d["T"] * d["H"] * e + 2 * d["H"] * e, "rms_norm_backward"),
     Case("add_rms_norm", ("add_rms_norm",), BF16_F32, lambda d: f"{d['T']}x{d['H']}",
-         lambda d, e: 4 * d["T"] * d["H"] * e + d["H"] * e),  # x, residual read; out, new residual written
+         lambda d, e: 4 * d["T"] * d["H"] * e + d["H"] * e, "add_rms_norm"),  # x, residual read; out, new residual written
     Case("add_rms_norm_backward", ("add_rms_norm_backward",), BF16_F32, lambda d: f"{d['T']}x{d['H']}",
-         lambda d, e: 4 * d["T"] * d["H"] * e + 2 * d["H"] * e),  # h, grad_y, grad_h read; grad written
+         lambda d, e: 4 * d["T"] * d["H"] * e + 2 * d["H"] * e, "add_rms_norm_backward"),  # h, grad_y, grad_h read; grad written
     Case("layer_norm", ("layer_norm",), BF16_F32, lambda d: f"{d['T']}x{d['H']}",
-         lambda d, e: 2 * d["T"] * d["H"] * e + 2 * d["H"] * e),
+         lambda d, e: 2 * d["T"] * d["H"] * e + 2 * d["H"] * e, "layer_norm"),
     Case("layer_norm_backward", ("layer_norm_backward",), BF16_F32, lambda d: f"{d['T']}x{d['H']}",
-         lambda d, e: 3 * d["T"] * d["H"] * e + 3 * d["H"] * e),  # weight read; grad_weight, grad_bias written
+         lambda d, e: 3 * d["T"] * d["H"] * e + 3 * d["H"] * e, "layer_norm_backward"),  # weight read; grad_weight, grad_bias written
     Case("silu_gate", ("silu_gate",), BF16_F32, lambda d: f"{d['T']}x{d['F']}",
          lambda d, e: 3 * d["T"] * d["F"] * e, "silu_gate"),
     Case("silu_gate_backward", ("silu_gate_backward",), BF16_F32, lambda d: f"{d['T']}x{d['F']}",
          lambda d, e: 5 * d["T"] * d["F"] * e, "silu_gate_backward"),
-    Case("gelu", ("gelu",), BF16_F32, lambda d: f"{d['T']}x{d['F']}", lambda d, e: 2 * d["T"] * d["F"] * e),
+    Case("gelu", ("gelu",), BF16_F32, lambda d: f"{d['T']}x{d['F']}", lambda d, e: 2 * d["T"] * d["F"] * e, "gelu"),
     Case("gelu_backward", ("gelu_backward",), BF16_F32, lambda d: f"{d['T']}x{d['F']}",
-         lambda d, e: 3 * d["T"] * d["F"] * e),
-    Case("gelu_gate", ("gelu_gate",), BF16_F32, lambda d: f"{d['T']}x{d['F']}", lambda d, e: 3 * d["T"] * d["F"] * e),
+         lambda d, e: 3 * d["T"] * d["F"] * e, "gelu_backward"),
+    Case("gelu_gate", ("gelu_gate",), BF16_F32, lambda d: f"{d['T']}x{d['F']}", lambda d, e: 3 * d["T"] * d["F"] * e,
+         "gelu_gate"),
     Case("gelu_gate_backward", ("gelu_gate_backward",), BF16_F32, lambda d: f"{d['T']}x{d['F']}",
-         lambda d, e: 5 * d["T"] * d["F"] * e),
+         lambda d, e: 5 * d["T"] * d["F"] * e, "gelu_gate_backward"),
     Case("rope", ("rope",), BF16_F32, lambda d: f"{d['T']}x{d['NH']}x{d['D']}",
          lambda d, e: 2 * d["T"] * d["NH"] * d["D"] * e + _rope_tab(d), "rope (q)"),
     Case("rope_inverse", ("rope",), BF16_F32, lambda d: f"{d['T']}x{d['NH']}x{d['D']}",
@@ -123,7 +124,7 @@ CASES: tuple[Case, ...] = (
          lambda d, e: d["T"] * 8 + 2 * d["T"] * d["H"] * e, "embedding"),
     Case("embedding_backward", ("embedding_backward",), BF16_F32, lambda d: f"{d['T']}x{d['H']} -> {d['V']}x{d['H']}",
          # grad rows and int64 ids read; the fp32 (V, H) gradient written whole (unused rows are zeros)
-         lambda d, e: d["T"] * d["H"] * e + d["T"] * 8 + d["V"] * d["H"] * 4),
+         lambda d, e: d["T"] * d["H"] * e + d["T"] * 8 + d["V"] * d["H"] * 4, "embedding_backward"),
     Case("softmax_backward", ("softmax_backward",), BF16_F32, lambda d: f"{d['S'] * d['SH']}x{d['S']}",
          lambda d, e: 3 * d["S"] * d["SH"] * d["S"] * e, "softmax_backward"),
     Case("causal_attn_softmax", ("causal_attn_softmax",), ("f32",), lambda d: f"{d['S']}x{d['SH']}x{d['S']}",

@@ -97,6 +97,19 @@ def row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int]
     return max(1, min(65535, n_rows)), (threads, 1)
 
 
+# norm_grad_reduce's block (kernels_cu/training.cu): 8 x 4 columns, 32 chunk lanes.
+NORM_GRAD_REDUCE_BLOCK = (8, 32)
+_NORM_GRAD_REDUCE_COLS = 32
+
+
+def sum_chunks(partial: Any, out: Any, n_chunks: int, dim: int, *, stream: Any, backend: str | None) -> None:
+    """out = the column sums of the (n_chunks, dim) float32 partial rows (norm_grad_reduce: a fixed order that
+    depends on the shape only, no atomics: identical run to run). One block per 32 columns."""
+    grid = (max(1, min(-(-dim // _NORM_GRAD_REDUCE_COLS), GRID_X_MAX)),)
+    launch("norm_grad_reduce", grid, NORM_GRAD_REDUCE_BLOCK, partial, out, n_chunks, dim, stream=stream,
+           backend=backend)
+
+
 def weight_chunks(n_rows: int, dim: int) -> tuple[int, int]:
     """(n_chunks, rows_per_chunk) for the column reduction of a norm's weight (and bias) gradient.
 

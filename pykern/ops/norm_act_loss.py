@@ -18,8 +18,8 @@ from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import (
-    GRID_X_MAX, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_geometry, row_threads,
-    same_shape, weight_chunks,
+    GRID_X_MAX, H100_SMS, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_geometry, row_threads,
+    same_shape, sum_chunks, weight_chunks,
 )
 
 __all__ = [
@@ -80,6 +80,30 @@ def _ln_geometry(n_rows: int, dim: int, kind: str) -> tuple[tuple[int], tuple[in
     return (grid,), block
 
 
+# kernels_cu/norm_act_loss.cu's LNB_FUSE_VECS: 16-byte chunks a thread of the fused layer_norm_backward keeps.
+_LNB_FUSE_VECS = 2
+# Blocks (= fp32 partial rows of the weight / bias gradient) of the fused layer_norm_backward: one wave on a
+# 132-SM H100 / H200, 512 / threads blocks an SM (the kernel's __launch_bounds__(512, 1) caps registers at 128,
+# so 512 threads' worth of blocks always fit an SM's 64K registers). At 8192 x 4096 bf16 (256 threads, 264
+# blocks) the partials add 264 x 4096 x 4 bytes written and read back (8.7 MB a gradient) to the 201 MB of x, g
+# and grad_x, where norm_weight_grad read x and g a second time (134 MB).
+_LNB_WAVE_THREADS = 512 * H100_SMS
+
+
+def _lnb_fused_geometry(n_rows: int, dim: int, kind: str) -> tuple[tuple[int], tuple[int, int]] | None:
+    """(grid, block) of the fused layer_norm_backward, or None where the unfused kernels run: rows of at most
+    64 16-byte chunks (a warp per row there), not whole chunks, or too long for _LNB_FUSE_VECS chunks a thread
+    of 512."""
+    per = 4 if kind == "f32" else 8
+    chunks = dim // per
+    if chunks <= 64 or dim % per:
+        return None
+    threads = max(128, -(-chunks // (_LNB_FUSE_VECS * 32)) * 32)
+    if threads > ROW_THREADS_MAX:
+        return None
+    return (min(n_rows, _LNB_WAVE_THREADS // threads),), (threads, 1)
+
+
 def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: int, kind: str, want_bias: bool,
                       *, stream: Any, backend: str | None) -> tuple[Any, Any]:
     """Deterministic float32 (grad_weight, grad_bias or None): per-chunk column partial sums, then a
@@ -100,10 +124,9 @@ def _norm_param_grads(x: Any, g: Any, mean: Any, rstd: Any, n_rows: int, dim: in
             mean if has_mean else rstd, rstd, pw, pb, n_rows, dim, rows_per_chunk, int(has_mean), int(want_bias),
             stream=stream, backend=backend)
     if n_chunks > 1:
-        grid = (min(-(-dim // 256), GRID_X_MAX),)
-        launch("norm_grad_reduce", grid, (256,), pw, gw, n_chunks, dim, stream=stream, backend=backend)
+        sum_chunks(pw, gw, n_chunks, dim, stream=stream, backend=backend)
         if want_bias:
-            launch("norm_grad_reduce", grid, (256,), pb, gb, n_chunks, dim, stream=stream, backend=backend)
+            sum_chunks(pb, gb, n_chunks, dim, stream=stream, backend=backend)
     return gw, gb
 
 
@@ -180,9 +203,23 @@ def add_rms_norm_backward(
     stream = arrays.launch_stream(stream, h)
     rstd = arrays.empty((n_rows,), np.float32, like=h)
     gres = grad_y if grad_new_residual is None else grad_new_residual
+    has_gres = int(grad_new_residual is not None)
+    fused = _lnb_fused_geometry(n_rows, dim, kind)
+    if fused is not None:
+        # one read of h and grad_y: each block sums h * r * grad_y of its rows per column in registers and
+        # writes one fp32 partial row; norm_grad_reduce adds them in a fixed order (layer_norm_backward's scheme)
+        grid, block = fused
+        n_part = grid[0]
+        gw = arrays.empty((dim,), np.float32, like=h)
+        pw = gw if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=h)
+        launch("add_rms_norm_backward" + _suffix(kind), grid, block, flat(h), weight, flat(grad_y), flat(gres),
+               flat(gh), rstd, pw, n_rows, dim, eps, has_gres, offset, n_part, stream=stream, backend=backend)
+        if n_part > 1:
+            sum_chunks(pw, gw, n_part, dim, stream=stream, backend=backend)
+        return gh, gw
     grid, block = _row_grid(n_rows, dim)
     launch("add_rms_norm_backward" + _suffix(kind), grid, block, flat(h), weight, flat(grad_y), flat(gres),
-            flat(gh), rstd, n_rows, dim, eps, int(grad_new_residual is not None), offset, stream=stream, backend=backend)
+           flat(gh), rstd, rstd, n_rows, dim, eps, has_gres, offset, 0, stream=stream, backend=backend)
     gw, _ = _norm_param_grads(h, grad_y, None, rstd, n_rows, dim, kind, False, stream=stream, backend=backend)
     return gh, gw
 
@@ -250,15 +287,36 @@ def layer_norm_backward(
     stream = arrays.launch_stream(stream, x)
     mean = arrays.empty((n_rows,), np.float32, like=x)
     rstd = arrays.empty((n_rows,), np.float32, like=x)
+    has_w = weight is not None
+    w_arg = x if weight is None else weight
+    fused = _lnb_fused_geometry(n_rows, dim, kind) if (has_w or bias) else None
+    if fused is not None:
+        # one read of x and g: each of the n_part blocks sums g * xhat (and g) of its rows per column in
+        # registers and writes one fp32 partial row; norm_grad_reduce adds them in a fixed order
+        grid, block = fused
+        n_part = grid[0]
+        gw = arrays.empty((dim,), np.float32, like=x) if has_w else None
+        gb = arrays.empty((dim,), np.float32, like=x) if bias else None
+        part = lambda out: out if n_part == 1 else arrays.empty((n_part * dim,), np.float32, like=x)  # noqa: E731
+        pw = part(gw) if has_w else None
+        pb = part(gb) if bias else None
+        launch("layer_norm_backward" + _suffix(kind), grid, block, flat(x), w_arg, flat(grad_out), flat(gx), mean,
+               rstd, pw if has_w else pb, pb if bias else pw, n_rows, dim, eps, int(has_w), n_part, int(bias),
+               stream=stream, backend=backend)
+        if n_part > 1:
+            if has_w:
+                sum_chunks(pw, gw, n_part, dim, stream=stream, backend=backend)
+            if bias:
+                sum_chunks(pb, gb, n_part, dim, stream=stream, backend=backend)
+        return gx, gw, gb
     grid, block = _ln_geometry(n_rows, dim, kind)
-    launch("layer_norm_backward" + _suffix(kind), grid, block, flat(x), x if weight is None else weight,
-            flat(grad_out), flat(gx), mean, rstd, n_rows, dim, eps, int(weight is not None),
-            stream=stream, backend=backend)
+    launch("layer_norm_backward" + _suffix(kind), grid, block, flat(x), w_arg, flat(grad_out), flat(gx), mean, rstd,
+           mean, rstd, n_rows, dim, eps, int(has_w), 0, 0, stream=stream, backend=backend)
     gw = gb = None
-    if weight is not None or bias:
+    if has_w or bias:
         gw, gb = _norm_param_grads(x, grad_out, mean, rstd, n_rows, dim, kind, bias, stream=stream,
                                    backend=backend)
-    return gx, (gw if weight is not None else None), gb
+    return gx, (gw if has_w else None), gb
 
 
 # --------------------------------------------------------------------------- GELU / GeGLU

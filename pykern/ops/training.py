@@ -17,8 +17,8 @@ from .. import arrays
 from ..arrays import UINT_MAX as _UINT_MAX, check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import (
-    GRID_X_MAX, GRID_YZ_MAX, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_threads,
-    same_shape, weight_chunks,
+    GRID_X_MAX, GRID_YZ_MAX, H100_SMS, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_threads,
+    same_shape, sum_chunks, weight_chunks,
 )
 
 __all__ = [
@@ -97,23 +97,28 @@ def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: 
 # --------------------------------------------------------------------------- RMSNorm backward
 
 
-# Fused rms_norm_backward: blocks of the row kernel (each a grad_weight partial row). Enough to fill a
-# large GPU; few enough that the partials (n_part x dim fp32) stay a few % of the 3N bytes.
+# Fused rms_norm_backward: blocks of the row kernel (each a grad_weight partial row). At most one wave of a
+# 132-SM H100 / H200 (512 threads' worth of blocks an SM: the kernel's __launch_bounds__(512, 1) caps registers
+# at 128, so they always fit) and at most _RMS_BWD_PARTS, so the partials (n_part x dim fp32, written and read
+# back) stay a few % of the 3N bytes: 264 blocks of 256 threads at dim 4096 (8.7 MB beside 201 MB in bf16).
 _RMS_BWD_PARTS = 512
 _RMS_BWD_ACC = 16  # columns a thread can hold (RMSB_ACC in training.cu)
+_RMS_BWD_WAVE_THREADS = 512 * H100_SMS
+
+
+def rms_backward_geometry(n_rows: int, dim: int) -> tuple[int, int]:
+    """(blocks, threads) of the fused rms_norm_backward, blocks 0 where the row is too long for the registers
+    (_RMS_BWD_ACC columns a thread of at most 512: the weight kernel runs then). Threads: enough for
+    _RMS_BWD_ACC columns each (2 16-byte chunks of bf16 / f16, 4 of f32), at least a warp."""
+    threads = max(32, -(-dim // (_RMS_BWD_ACC * 32)) * 32)
+    if threads > ROW_THREADS_MAX:
+        return 0, row_threads(dim)
+    return min(n_rows, _RMS_BWD_PARTS, _RMS_BWD_WAVE_THREADS // threads), threads
 
 
 def rms_backward_partials(n_rows: int, dim: int) -> int:
     """Blocks of the fused rms_norm_backward (0: row too long for the registers, use the weight kernel)."""
-    if dim > _RMS_BWD_ACC * row_threads(dim):
-        return 0
-    return min(n_rows, _RMS_BWD_PARTS)
-
-
-def _sum_chunks(partial: Any, grad_w: Any, n_chunks: int, dim: int, *, stream: Any, backend: str | None) -> None:
-    """grad_w = the ascending sum of the n_chunks partial rows (norm_grad_reduce: deterministic, no atomics)."""
-    launch("norm_grad_reduce", (-(-dim // 256),), (256,), partial, grad_w, n_chunks, dim, stream=stream,
-           backend=backend)
+    return rms_backward_geometry(n_rows, dim)[0]
 
 
 @arrays.stream_scoped
@@ -152,8 +157,7 @@ def rms_norm_backward(
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
-    threads = row_threads(dim)
-    n_part = rms_backward_partials(n_rows, dim)
+    n_part, threads = rms_backward_geometry(n_rows, dim)
     if n_part:
         # fused: the row kernel's n_part blocks each sum their rows' x * r * g per column in registers;
         # the reduce kernel adds the n_part partial rows in order (deterministic, 3N bytes)
@@ -164,7 +168,7 @@ def rms_norm_backward(
             stream=stream, backend=backend,
         )
         if n_part > 1:
-            _sum_chunks(partial, grad_w, n_part, dim, stream=stream, backend=backend)
+            sum_chunks(partial, grad_w, n_part, dim, stream=stream, backend=backend)
         return grad_x, grad_w
     launch(
         "rms_norm_backward" + sfx, (min(n_rows, GRID_X_MAX),), (threads,),
@@ -179,7 +183,7 @@ def rms_norm_backward(
         stream=stream, backend=backend,
     )
     if n_chunks > 1:
-        _sum_chunks(partial, grad_w, n_chunks, dim, stream=stream, backend=backend)
+        sum_chunks(partial, grad_w, n_chunks, dim, stream=stream, backend=backend)
     return grad_x, grad_w
 
 

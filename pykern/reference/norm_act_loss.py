@@ -38,12 +38,23 @@ def _add_rms_norm_backward(cuda: Any):
     grad_row = rms_norm_grad_row(cuda)
 
     @cuda.jit
-    def k(h, w, gy, gres, gh, rstd, n_rows, dim, eps, has_gres, offset):
-        row = cuda.grid(1)
+    def k(h, w, gy, gres, gh, rstd, pw, n_rows, dim, eps, has_gres, offset, n_part):
+        t = cuda.grid(1)
+        if t < n_part:  # fused weight gradient: partial row t sums rows t, t + n_part, ... in that order
+            for col in range(dim):
+                pw[t * dim + col] = 0.0
+            for r in range(t, n_rows, n_part):
+                ss = 0.0
+                for i in range(dim):
+                    ss += float(h[r * dim + i]) * float(h[r * dim + i])
+                rr = 1.0 / math.sqrt(ss / dim + eps)
+                for col in range(dim):
+                    pw[t * dim + col] += float(h[r * dim + col]) * rr * float(gy[r * dim + col])
+        row = t
         if row < n_rows:
             rstd[row] = grad_row(h, w, gy, gres, has_gres, gh, row * dim, dim, eps, offset)
 
-    return k, lambda a: _grid1(a[6])
+    return k, lambda a: _grid1(max(a[7], a[12]))
 
 
 def _ln_stats(x: Any, base: int, dim: int, eps: float) -> tuple[float, float]:
@@ -85,8 +96,23 @@ def _layer_norm_backward(cuda: Any):
     stats = device_function(cuda, _ln_stats)
 
     @cuda.jit
-    def k(x, w, g, gx, mean_out, rstd_out, n_rows, dim, eps, has_w):
-        row = cuda.grid(1)
+    def k(x, w, g, gx, mean_out, rstd_out, pw, pb, n_rows, dim, eps, has_w, n_part, want_b):
+        t = cuda.grid(1)
+        if t < n_part:  # fused weight / bias gradient: partial row t sums rows t, t + n_part, ... in that order
+            for col in range(dim):
+                if has_w:
+                    pw[t * dim + col] = 0.0
+                if want_b:
+                    pb[t * dim + col] = 0.0
+            for r in range(t, n_rows, n_part):
+                mean, rstd = stats(x, r * dim, dim, eps)
+                for col in range(dim):
+                    gv = float(g[r * dim + col])
+                    if has_w:
+                        pw[t * dim + col] += (float(x[r * dim + col]) - mean) * rstd * gv
+                    if want_b:
+                        pb[t * dim + col] += gv
+        row = t
         if row < n_rows:
             base = row * dim
             mean, rstd = stats(x, base, dim, eps)
@@ -106,7 +132,7 @@ def _layer_norm_backward(cuda: Any):
                 xh = (float(x[base + i]) - mean) * rstd
                 gx[base + i] = rstd * (gh - mg - xh * mgx)
 
-    return k, lambda a: _grid1(a[6])
+    return k, lambda a: _grid1(max(a[8], a[12]))
 
 
 @reference("norm_weight_grad", "norm_weight_grad_bf16", "norm_weight_grad_f16")

@@ -95,6 +95,14 @@ def _wchunks(n_rows: int, dim: int) -> bool:
     return weight_chunks(n_rows, dim)[0] > 1
 
 
+def _lnb_fused(n_rows: int, dim: int, kind: str) -> int | None:
+    """Blocks of the fused layer_norm_backward (its weight-gradient partial rows), None where it is not fused."""
+    from ...ops.norm_act_loss import _lnb_fused_geometry
+
+    g = _lnb_fused_geometry(n_rows, dim, kind)
+    return None if g is None else g[0][0]
+
+
 def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     for kind, shape in only or _NORM_SHAPES:
         x, r, g, gr = (_cast(rng.standard_normal(shape), kind) for _ in range(4))
@@ -124,10 +132,12 @@ def _add_rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]
                 gh, gw = np_add_rms_norm_backward(h, w, g, gr, 1e-6)
                 return {"grad_h": gh, "grad_weight": gw}
 
+            fused = _lnb_fused(n_rows, shape[-1], kind)  # the row kernel sums the weight gradient itself
+            kern = (("add_rms_norm_backward" + s,) + (("norm_grad_reduce",) if fused > 1 else ()) if fused
+                    else ("add_rms_norm_backward" + s, "norm_weight_grad" + s) + red)
             yield Case(op="add_rms_norm_backward", dtype=kind,
                        shape="x".join(map(str, shape)) + ("-gres" if with_gres else ""),
-                       kernels=("add_rms_norm_backward" + s, "norm_weight_grad" + s) + red, run=run_b,
-                       reference=ref_b)
+                       kernels=kern, run=run_b, reference=ref_b)
     if only is None:  # Gemma's (1 + w), forward and backward, each dtype
         for kind, shape in (("f32", (5, 64)), ("bf16", (5, 64)), ("f16", (3, 13))):
             x, r, g = (_cast(rng.standard_normal(shape), kind) for _ in range(3))
@@ -201,7 +211,11 @@ def _layer_norm_cases(rng: np.random.Generator, only: Any = None, mean: float = 
                     out["grad_bias"] = gb
                 return out
 
-            kern = ("layer_norm_backward" + s,) + (("norm_weight_grad" + s,) + red if (has_w or has_b) else ())
+            fused = _lnb_fused(n_rows, shape[-1], kind)
+            if fused is not None:  # the row kernel sums the weight / bias gradient: one partial row a block
+                kern = ("layer_norm_backward" + s,) + (("norm_grad_reduce",) if fused > 1 and (has_w or has_b) else ())
+            else:
+                kern = ("layer_norm_backward" + s,) + (("norm_weight_grad" + s,) + red if (has_w or has_b) else ())
             yield Case(op="layer_norm_backward", dtype=kind, shape=name, kernels=kern, run=run_b, reference=ref_b)
 
 
@@ -271,3 +285,9 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     # about 1e-3 of grad_weight; the row kernel's grad_x is shifted like the forward)
     yield from _layer_norm_cases(rng, (("f32", (2, 1000)), ("f32", (2, 8192)), ("f32", (2, 8196))), mean=1e4,
                                  tag="-mean1e4", backward=False)
+    # (drawn last, so the cases above keep their data)
+    # the fused layer_norm_backward with more rows than blocks (each block sums several rows' gradients): 16-byte
+    # chunks (bf16 1032: 129 chunks, 128 threads, 528 blocks; f32 4092: 1023 chunks, 512 threads, 132 blocks, 2
+    # chunks a thread but the last)
+    yield from _layer_norm_cases(rng, (("bf16", (600, 1032)), ("f32", (140, 4092))), mean=2.0, tag="-fused")
+    yield from _add_rms_cases(rng, (("bf16", (600, 1032)), ("f32", (140, 4092))))  # its fused backward, as above
