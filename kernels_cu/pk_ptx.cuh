@@ -700,6 +700,17 @@ __device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long x
 #endif
 }
 
+// The same for a 32-bit value.
+__device__ __forceinline__ unsigned pk_opaque_u32(unsigned x) {
+#if defined(PYKERN_HOST)
+    return x;
+#else
+    unsigned r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+#endif
+}
+
 #if defined(PYKERN_HOST)
 // ---- host emulation (state machine in pykern/host/pk_host_sm90.cpp) -------------------------
 __device__ __forceinline__ unsigned long long pk_wgmma_desc(const void* smem, unsigned lbo_bytes, unsigned sbo_bytes,
