@@ -511,10 +511,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const long long o_stride = (long long)n_heads * DV;
     // The sequence's first row of out / lse (read again here rather than kept live through the loops).
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
-    // SC: pre holds one more register through the loops; the first row of this lane is computed again here (from
-    // threadIdx.x, opaque so that the compiler does not keep row0 live through the loops instead), which keeps the
-    // varlen d64 kernel from spilling it.
-    const int row_e = SC ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
+    // SC, VARLEN and QREG (d64: Q in registers): pre holds one more register through the loops, and this kernel
+    // then spilled row0; the first row of this lane is computed again here instead (from threadIdx.x, opaque so that
+    // the compiler does not keep row0 live through the loops anyway). Not elsewhere: the dense d256 softcap kernel
+    // spilled with it, and the varlen d256 one's loop grew by 2 instructions.
+    const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
     pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
         l, m, sl2, 1.0f, row_e, n_q,
         [&](int r, int row, float inv) {
