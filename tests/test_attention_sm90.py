@@ -4,11 +4,13 @@ attention_bwd_sm90.cu.
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated, see
 pykern/host/pk_host_sm90.cpp) the forward equals float64 NumPy within the flash_attention tolerance rows over
 head_dim 64/128/256 and 192 / head_dim_v 128, with and without softcap, causal and not, windows, GQA, n_q != n_k
-both ways and lengths off every tile; the op chooses it only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
-without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
-and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-at every head dim, and no spills, for the dense and the varlen entries (flash_attention_varlen on
-sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
+both ways and lengths off every tile; the op chooses it only where it applies; a pipeline mistake (a consumer
+that does not wait on the `full` mbarrier, a wgmma without its fence) is reported. From the cubin NVRTC makes for
+sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS and setmaxnreg in the SASS, MUFU.TANH only in the softcap kernels,
+a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent at every head dim without softcap
+(the softcap kernels pinned at their own figures), and no spills, for the dense and the varlen entries
+(flash_attention_varlen on sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels)
+likewise against float64, deterministic.
 """
 from __future__ import annotations
 
@@ -500,7 +502,8 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     d, dv = _dims(kernel)
     bc = sm90._CFG[d][0]
     tiles = sm90.LOOP_TILES[d]  # tiles an iteration: the hot loop runs pairs at d64 / d256 (Fa90Cfg PAIR)
-    assert loop["mma"] == tiles * bc * (d + dv) / 128  # per warp and tile: S (BC * D / 128 m16n8k16s), P V (BC * DV / 128)
+    # per warp and tile: S (BC * D / 128 m16n8k16s) and P V (BC * DV / 128)
+    assert loop["mma"] == tiles * bc * (d + dv) / 128
     # The pair loop's A check is the warpgroup's (one BAR.RED on its named barrier, then the vote that tells
     # ptxas the result is warp-uniform); the others stay a warp vote.
     assert loop["bar"] == (1 if tiles == 2 else 0) and loop["ldsm"] == 0 and loop["ldgsts"] == 0
