@@ -1,9 +1,11 @@
 // pykern: arch sm_90a
 // Hopper (sm_90a) FlashAttention forward in the FlashAttention-3 design, bf16 and f16 (one template over
 // the element type T): O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with
-// the layouts, GQA mapping, bottom-right window / causal mask and empty-row convention of
-// attention_fwd_tc.cu (rows that see no key: out = 0, lse = -inf). No softcap (the op keeps the
-// mma.sync kernels for it).
+// the layouts, GQA mapping, bottom-right window / causal mask, softcap and empty-row convention of
+// attention_fwd_tc.cu (rows that see no key: out = 0, lse = -inf). Template parameters: DQK, the head_dim of q and
+// k (64 / 128 / 256, or 192), DV, that of v and out (DQK, or 128 with DQK 192: DeepSeek-V3's prefill shape); SC,
+// softcap (the _softcap entry points): scores become c * tanh(scale * q.k / c) before the mask and softmax
+// (fa90_cap: tanh.approx, one MUFU op a score), as the mma.sync kernels do; the kernels without it carry no tanh.
 //
 // Work split: a CTA of 3 warpgroups (384 threads) owns BR = 128 consecutive queries of one (batch, head).
 //   warpgroup 0, the producer: one elected thread issues the TMA loads: Q once, then K and V tiles of BC
@@ -28,11 +30,17 @@
 // the tile's softmax exactly from the kept scores; that redo lies outside the hot loop (each step issues
 // O += P V of the previous tile and S of the next as one wgmma group, so every warp meets the same wgmmas). m and l are always
 // consistent (lse = ln 2 * (m * sl2 + log2 l)); the boundary tiles keep the exact softmax.
-// Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K and V [STAGES][D/64][BC][64] (each
-// [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the mbarriers.
-// Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, D) with box (1, BR, 1, 64), k
-// and v (batch, n_k, n_kv_heads, D) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as zeros.
+// With softcap the capped scores lie in [-c, c], so no tile can move the max by more than 2c log2 e log2 units: a
+// bound below 15 - log2(BC / 4) would make the check pass always once m is finite, but that is c < 3.3 to 3.8 (Gemma's
+// c is 30 / 50), so the check stays as it is; it still catches m = -inf (P = inf), and a NaN score (tanh keeps it).
+// Shared memory (dynamic, 1024-byte aligned): Q [DQK/64][BR][64], K [STAGES][DQK/64][BC][64], V
+// [STAGES][DV/64][BC][64] (each [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the
+// mbarriers.
+// Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64), k
+// and v (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as
+// zeros.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
+// Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16}, d192_dv128 for DQK 192 / DV 128.
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
@@ -41,16 +49,19 @@
 #define FA90_BR 128
 #define FA90_THREADS 384
 
-// BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + 2 * STAGES * BC * D * 2 + barriers.
-template <int D> struct Fa90Cfg;
+// BC: keys per tile; STAGES: slots of the K/V ring. Shared bytes: Q + STAGES * BC * (DQK + DV) * 2 + barriers.
+template <int DQK, int DV = DQK> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
 template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1 }; };
+// head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
+// instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
+template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0 }; };
 
-#define FA90_SMEM_BYTES(D, BC, ST) (FA90_BR * (D) * 2 + 2 * (ST) * (BC) * (D) * 2 + 1024)
+#define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
 
 template <typename T> struct Fa90Dt;
 template <> struct Fa90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -59,7 +70,7 @@ template <> struct Fa90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 // The exact online softmax of one tile for this thread's rows g and g + 8: the row max over the tile (and
 // the running base m), the rescale of O and l by alpha = 2^((m_old - m_new) * sl2), P = 2^(s * sl2 - base)
 // rounded to T into the A fragments of O += P V, and this thread's partial row sums (the quad sums l at the end).
-template <typename T, int D, int BC>
+template <typename T, int D, int BC>  // D: head_dim_v (the O accumulators)
 __device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], float (&o)[D / 2], float (&m)[2],
                                                    float (&l)[2], unsigned (&pa)[BC / 16][4], float sl2) {
 #pragma unroll
@@ -88,15 +99,15 @@ __device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], flo
 }
 
 // The wgmmas of S = Q K^T for one key tile (no fence, no commit): Q from registers (qa, QREG) or from shared
-// memory (dq), K through dk.
-template <typename T, int D, int BC>
+// memory (dq), K through dk. D: head_dim_qk (the k-steps).
+template <typename T, int D, int BC, bool QREG>
 __device__ __forceinline__ void fa90_issue_scores(float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
                                                   unsigned long long dq, unsigned long long dk) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
         // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
         const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
-        if constexpr (Fa90Cfg<D>::QREG)
+        if constexpr (QREG)
             pk_wgmma_m64nNk16_rs<BC, Fa90Dt<T>::V, 0>(s, qa[ks], pk_wgmma_desc_advance(dk, ko), ks > 0);
         else
             pk_wgmma_m64nNk16_ss<BC, Fa90Dt<T>::V>(s, pk_wgmma_desc_advance(dq, qo), pk_wgmma_desc_advance(dk, ko),
@@ -104,7 +115,7 @@ __device__ __forceinline__ void fa90_issue_scores(float (&s)[BC / 2], const unsi
     }
 }
 
-// The wgmmas of O += P V for one key tile (no fence, no commit).
+// The wgmmas of O += P V for one key tile (no fence, no commit). D: head_dim_v.
 template <typename T, int D, int BC>
 __device__ __forceinline__ void fa90_issue_pv(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
                                               unsigned long long dv) {
@@ -113,15 +124,26 @@ __device__ __forceinline__ void fa90_issue_pv(float (&o)[D / 2], const unsigned 
         pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
 }
 
-// S = Q K^T for one key tile, once the slot's K and V have landed.
-template <typename T, int D, int BC>
+// S = Q K^T for one key tile, once the slot's K and V have landed. D: head_dim_qk.
+template <typename T, int D, int BC, bool QREG>
 __device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], const unsigned (&qa)[D / 16][4], unsigned long long dq,
                                             unsigned long long dk, unsigned long long* full, unsigned parity) {
     pk_mbarrier_wait_parity(full, parity);
     pk_wgmma_fence();
-    fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
+    fa90_issue_scores<T, D, BC, QREG>(s, qa, dq, dk);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
+}
+
+// SC (softcap c): the scores become tanh(s * pre), pre = scale / c, via tanh.approx (one MUFU op a score) as the
+// mma.sync kernels do; sl2 = c * log2 e then takes them to base 2 (c * tanh(scale * q.k / c) * log2 e), so the
+// softmax code and m's units (a multiple of sl2) are those of the plain kernel. Without SC nothing is emitted.
+template <bool SC, int BC>
+__device__ __forceinline__ void fa90_cap(float (&s)[BC / 2], float pre) {
+    if constexpr (SC) {
+#pragma unroll
+        for (int i = 0; i < BC / 2; i++) s[i] = __tanhf(s[i] * pre);
+    }
 }
 
 // The lazy softmax of a steady-state tile: P = 2^(s * sl2 - m * sl2) from the base m as it is (no row max, no
@@ -173,31 +195,33 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
 // One step of the steady state: O += P V of the previous tile (its slot's V through dv) and S = Q K^T of the
 // next one (K through dk, once its slot's `full` mbarrier fb has completed) as one wgmma group (one fence, one
 // wait), then the arrival on the previous slot's `empty` mbarrier, which lies 2 mbarriers past fb (ST == 2).
-template <typename T, int D, int BC>
-__device__ __forceinline__ void fa90_pv_scores(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
-                                               float (&s)[BC / 2], const unsigned (&qa)[D / 16][4],
+template <typename T, int DQK, int DV, int BC, bool QREG>
+__device__ __forceinline__ void fa90_pv_scores(float (&o)[DV / 2], const unsigned (&pa)[BC / 16][4],
+                                               float (&s)[BC / 2], const unsigned (&qa)[DQK / 16][4],
                                                unsigned long long dq, unsigned long long dk, unsigned long long dv,
                                                unsigned long long* fb, unsigned parity) {
     pk_mbarrier_wait_parity(fb, parity);
     pk_wgmma_fence();
-    fa90_issue_pv<T, D, BC>(o, pa, dv);
-    fa90_issue_scores<T, D, BC>(s, qa, dq, dk);
+    fa90_issue_pv<T, DV, BC>(o, pa, dv);
+    fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(fb + 2);
 }
 
-// One steady-state step (fa90_pv_scores, then the lazy softmax of the next tile); false when it failed (for
-// the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy).
-template <typename T, int D, int BC, bool WG = false>
-__device__ __forceinline__ bool fa90_step(float (&o)[D / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
-                                          const unsigned (&qa)[D / 16][4], const float (&m)[2], float (&l)[2],
+// One steady-state step (fa90_pv_scores, the softcap of the next tile's scores with SC, then its lazy softmax);
+// false when it failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy).
+template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false>
+__device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
+                                          const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
                                           unsigned long long dq, unsigned long long dk, unsigned long long dv,
-                                          unsigned long long* fb, unsigned parity, float sl2, unsigned bar = 0) {
+                                          unsigned long long* fb, unsigned parity, float sl2, float pre,
+                                          unsigned bar = 0) {
     // pk_opaque_u64: the descriptors are loop invariants of the hot loop; computed here, not hoisted out of it
     // (its 28 advanced descriptors would take registers the loop does not have).
-    fa90_pv_scores<T, D, BC>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity);
-    return fa90_softmax_lazy<T, D, BC, WG>(s, m, l, pa, sl2, bar);
+    fa90_pv_scores<T, DQK, DV, BC, QREG>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity);
+    fa90_cap<SC, BC>(s, pre);
+    return fa90_softmax_lazy<T, DV, BC, WG>(s, m, l, pa, sl2, bar);
 }
 
 // The rare exact redo of a steady tile whose lazy softmax failed (the running max grew).
@@ -208,22 +232,24 @@ __device__ __forceinline__ void fa90_redo(const float (&s)[BC / 2], float (&o)[D
 }
 
 // One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
-template <typename T, int D, int BC>
-__device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2], float (&l)[2],
-                                                 const unsigned (&qa)[D / 16][4], unsigned long long dq,
+template <typename T, int DQK, int DV, int BC, bool QREG, bool SC>
+__device__ __forceinline__ void fa90_tile_masked(float (&o)[DV / 2], float (&m)[2], float (&l)[2],
+                                                 const unsigned (&qa)[DQK / 16][4], unsigned long long dq,
                                                  unsigned long long dk, unsigned long long dv,
                                                  unsigned long long* full, unsigned long long* empty, unsigned parity,
-                                                 float sl2, int k0, const int (&rlo)[2], const int (&rhi)[2], int t) {
+                                                 float sl2, float pre, int k0, const int (&rlo)[2],
+                                                 const int (&rhi)[2], int t) {
     float s[BC / 2];
-    fa90_scores<T, D, BC>(s, qa, dq, dk, full, parity);
+    fa90_scores<T, DQK, BC, QREG>(s, qa, dq, dk, full, parity);
+    fa90_cap<SC, BC>(s, pre);  // before the mask, as the mma.sync kernels
 #pragma unroll
     for (int i = 0; i < BC / 2; i++) {
         const int col = k0 + 8 * (i / 4) + 2 * t + (i & 1), r = (i >> 1) & 1;
         if (col < rlo[r] || col > rhi[r]) s[i] = PK_NEG_INF;
     }
     unsigned pa[BC / 16][4];
-    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
-    fa90_pv<T, D, BC>(o, pa, dv, empty);
+    fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
+    fa90_pv<T, DV, BC>(o, pa, dv, empty);
 }
 
 // VARLEN: sequences packed without padding (flash_attention_varlen); the tensor maps have batch extent 1 over
@@ -234,19 +260,23 @@ __device__ __forceinline__ void fa90_tile_masked(float (&o)[D / 2], float (&m)[2
 // sequence's first row (boxes that run past its end load the next sequence's rows: the key tile holding the
 // sequence's last key is a masked tile, as the tile holding key n_k - 1 is in the dense kernel, and query rows
 // past the end are not stored), and out / lse rows start at cu_q[b].
-template <typename T, int D, bool VARLEN>
+// DQK: head_dim of q and k (the S k-steps, Q and K boxes); DV: head_dim of v and out (V boxes, O accumulators);
+// SC: softcap (fa90_cap; softcap > 0 then, and the scale's sign is free: the row max is taken on the capped scores).
+template <typename T, int DQK, int DV, bool SC, bool VARLEN>
 __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                              T* __restrict__ out, float* __restrict__ lse,
                                              const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
                                              int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
-                                             int window_left, int window_right) {
-    constexpr int BC = Fa90Cfg<D>::BC, ST = Fa90Cfg<D>::STAGES, NB = D / 64;
-    constexpr unsigned Q_BYTES = FA90_BR * D * 2, KV_BYTES = BC * D * 2;
+                                             int window_left, int window_right, float softcap = 0.0f) {
+    using Cfg = Fa90Cfg<DQK, DV>;
+    constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = DQK / 64, NBV = DV / 64;
+    constexpr bool QREG = Cfg::QREG;
+    constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     extern __shared__ __align__(1024) unsigned char fa90_smem[];
     unsigned char* qs = fa90_smem;
-    unsigned char* ks = qs + Q_BYTES;                // [ST][NB][BC][128 B]
-    unsigned char* vs = ks + ST * KV_BYTES;          // [ST][NB][BC][128 B]
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * KV_BYTES);
+    unsigned char* ks = qs + Q_BYTES;                // [ST][NBK][BC][128 B]
+    unsigned char* vs = ks + ST * K_BYTES;           // [ST][NBV][BC][128 B]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * V_BYTES);
     // q_full, full[0..ST), then the empty mbarriers in reverse slot order (slot s at empty - s), so that the steady
     // loop finds the previous slot's empty mbarrier at a fixed distance from the next slot's full one.
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 2 * ST;
@@ -292,15 +322,22 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
+            for (int nb = 0; nb < NBK; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
                 pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
-                pk_mbarrier_arrive_expect_tx(&full[s], 2 * KV_BYTES);
-                for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(ks + s * KV_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
-                    pk_tma_load_4d(vs + s * KV_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
+                if constexpr (NBK == NBV) {
+                    for (int nb = 0; nb < NBK; nb++) {
+                        pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                        pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    }
+                } else {
+                    for (int nb = 0; nb < NBK; nb++)
+                        pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    for (int nb = 0; nb < NBV; nb++)
+                        pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
                 }
             }
         }
@@ -310,11 +347,13 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // ---- consumers ----
     pk_setmaxnreg_inc<240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
-    float o[D / 2];
+    float o[DV / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+    for (int i = 0; i < DV / 2; i++) o[i] = 0.0f;
     float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 of the warp
-    const float sl2 = scale * 1.4426950408889634f;
+    // Base 2: s * sl2 (SC: the capped scores tanh(scale * q.k / c) times c * log2 e; pre = scale / c).
+    const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
+    const float pre = SC ? scale / softcap : 0.0f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];
     pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
@@ -329,10 +368,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // QREG: this warp's 16 Q rows as the A fragments of the S k-steps (rows g, g + 8; columns 2t and 2t + 8 of
     // each 16), read once from the swizzled Q boxes: byte (row, col) of a [BR][64] box is row * 128 + 2 col with
     // the 16-byte unit XORed by row % 8.
-    unsigned qa[D / 16][4];
-    if constexpr (Fa90Cfg<D>::QREG) {
+    unsigned qa[DQK / 16][4];
+    if constexpr (QREG) {
 #pragma unroll
-        for (int ks = 0; ks < D / 16; ks++)
+        for (int ks = 0; ks < DQK / 16; ks++)
 #pragma unroll
             for (int v = 0; v < 4; v++) {
                 const unsigned row = 64 * c + 16 * wq + g + 8 * (v & 1), col = (ks % 4) * 16 + 8 * (v >> 1) + 2 * t;
@@ -345,9 +384,9 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     int j = kt1 - 1;
     for (; j >= f1; j--, i++) {
         const unsigned st = i % ST;
-        fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], empty - st, (i / ST) & 1, sl2,
-                                   j * BC, rlo, rhi, t);
+        fa90_tile_masked<T, DQK, DV, BC, QREG, SC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * K_BYTES),
+                                                   pk_wgmma_desc_advance(dv0, st * V_BYTES), &full[st], empty - st,
+                                                   (i / ST) & 1, sl2, pre, j * BC, rlo, rhi, t);
     }
     if (j >= f0) {  // the steady state: no mask, the lazy softmax
         // Each step issues O += P V of the previous tile and S of the next one as one wgmma group, then the lazy
@@ -367,53 +406,56 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         float s[BC / 2];
         unsigned pa[BC / 16][4];
         const unsigned sa = i % ST;
-        fa90_scores<T, D, BC>(s, qa, dq, pk_wgmma_desc_advance(dk0, sa * KV_BYTES), &full[sa], (i / ST) & 1);
-        if (!fa90_softmax_lazy<T, D, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);
+        fa90_scores<T, DQK, BC, QREG>(s, qa, dq, pk_wgmma_desc_advance(dk0, sa * K_BYTES), &full[sa], (i / ST) & 1);
+        fa90_cap<SC, BC>(s, pre);
+        if (!fa90_softmax_lazy<T, DV, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
-        if constexpr (!Fa90Cfg<D>::PAIR) {
+        if constexpr (!Cfg::PAIR) {
             // One step an iteration: the two ring slots alternate; the step's K and V descriptors come from the
-            // next slot nb by one wide multiply-add each (K at dk0 + nb * KVU, V at dv1 - nb * KVU), the full
+            // next slot nb by one wide multiply-add each (K at dk0 + nb * KU, V at dv1 - nb * VU), the full
             // mbarrier is full + nb and the previous slot's empty one two further (empty - (nb ^ 1) = full + nb +
             // 2); ph: the next tile's parity.
-            constexpr int KVU = KV_BYTES / 16;
-            const unsigned long long dv1 = pk_wgmma_desc_advance(dv0, KV_BYTES);
+            constexpr int KU = K_BYTES / 16, VU = V_BYTES / 16;
+            const unsigned long long dv1 = pk_wgmma_desc_advance(dv0, V_BYTES);
             unsigned nb = sa ^ 1;
             unsigned ph = (i / ST) & 1;
             if (i != i_end) {
                 bool ok, last;
                 for (;;) {
                     for (;;) {  // the hot loop
-                        ok = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dk0 + (unsigned long long)nb * KVU,
-                                                 dv1 + (long long)(int)nb * -KVU, full + nb, ph, sl2);
+                        ok = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq,
+                                                                 dk0 + (unsigned long long)nb * KU,
+                                                                 dv1 + (long long)(int)nb * -VU, full + nb, ph, sl2,
+                                                                 pre);
                         i++;
                         ph ^= ~i & 1;
                         nb ^= 1;
                         last = i == i_end;
                         if (!ok || last) break;
                     }
-                    if (!ok) fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                    if (!ok) fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
                     if (last) break;
                 }
             }
             // The last tile's O += P V (its slot is nb ^ 1 now).
-            fa90_pv<T, D, BC>(o, pa, dv1 + (long long)(int)nb * -KVU, full + nb + 2);
+            fa90_pv<T, DV, BC>(o, pa, dv1 + (long long)(int)nb * -VU, full + nb + 2);
         } else {
             // Pairs start at an even tile (the same parity for both steps of a pair): an odd next tile runs one step
             // first (into slot 1).
             if ((i & 1) && i != i_end) {
-                if (!fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, pk_wgmma_desc_advance(dk0, KV_BYTES), dv0, full + 1,
-                                         (i / ST) & 1, sl2))
-                    fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, pk_wgmma_desc_advance(dk0, K_BYTES),
+                                                         dv0, full + 1, (i / ST) & 1, sl2, pre))
+                    fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
                 i++;
             }
             // Step A into slot a = i % 2 (0 whenever a pair runs): K of slot a, V of the previous tile in slot a ^ 1,
             // full[a] and the previous slot's empty mbarrier two further (empty - (a ^ 1) = full + a + 2); step B
             // the other way round. The parity of tiles i and i + 1 (i even): (i / 2) & 1.
             const unsigned a = i & 1;
-            constexpr unsigned KVU = KV_BYTES / 16;  // a slot, in descriptor units
-            const unsigned long long dka = dk0 + (unsigned long long)a * KVU, dkb = dk0 + (unsigned long long)(a ^ 1) * KVU;
-            const unsigned long long dva = dv0 + (unsigned long long)(a ^ 1) * KVU, dvb = dv0 + (unsigned long long)a * KVU;
+            constexpr unsigned KU = K_BYTES / 16, VU = V_BYTES / 16;  // a slot, in descriptor units
+            const unsigned long long dka = dk0 + (unsigned long long)a * KU, dkb = dk0 + (unsigned long long)(a ^ 1) * KU;
+            const unsigned long long dva = dv0 + (unsigned long long)(a ^ 1) * VU, dvb = dv0 + (unsigned long long)a * VU;
             unsigned long long *fba = full + a, *fbb = full + (a ^ 1);
             unsigned ph = (i / ST) & 1;
             unsigned rem = i_end - i;  // tiles left
@@ -423,32 +465,37 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             for (;;) {
                 if (rem < 2) break;
                 for (;;) {  // the hot loop: two tiles
-                    if (!fa90_step<T, D, BC, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, bar)) goto redo_a;
-                    const bool okb = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2);
+                    if (!fa90_step<T, DQK, DV, BC, QREG, SC, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, pre,
+                                                                   bar))
+                        goto redo_a;
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2,
+                                                                         pre);
                     rem -= 2;
                     ph ^= 1;
                     if (!okb) goto redo_b;
                     if (rem < 2) goto hot_done;
                 }
             redo_a:  // A failed: its redo, then the pair's B step out of line
-                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
                 {
-                    const bool okb = fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2);
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
+                                                                         sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (okb) continue;
                 }
             redo_b:
-                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
+                fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
             }
         hot_done:
             // The last tile's O += P V: after an odd tile left over (one A step, slot a) or a B step (slot a ^ 1; or
             // the first steady tile, in slot a ^ 1 too when nothing followed).
             if (rem) {
-                if (!fa90_step<T, D, BC>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2)) fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);
-                fa90_pv<T, D, BC>(o, pa, dvb, empty - a);
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, pre))
+                    fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
+                fa90_pv<T, DV, BC>(o, pa, dvb, empty - a);
             } else {
-                fa90_pv<T, D, BC>(o, pa, dva, empty - (a ^ 1));
+                fa90_pv<T, DV, BC>(o, pa, dva, empty - (a ^ 1));
             }
             i = i_end;  // the trailing masked tiles go on from here
         }
@@ -456,61 +503,86 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
     for (; j >= kt0; j--, i++) {
         const unsigned st = i % ST;
-        fa90_tile_masked<T, D, BC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * KV_BYTES),
-                                   pk_wgmma_desc_advance(dv0, st * KV_BYTES), &full[st], empty - st, (i / ST) & 1, sl2,
-                                   j * BC, rlo, rhi, t);
+        fa90_tile_masked<T, DQK, DV, BC, QREG, SC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * K_BYTES),
+                                                   pk_wgmma_desc_advance(dv0, st * V_BYTES), &full[st], empty - st,
+                                                   (i / ST) & 1, sl2, pre, j * BC, rlo, rhi, t);
     }
 
-    const long long o_stride = (long long)n_heads * D;
+    const long long o_stride = (long long)n_heads * DV;
     // The sequence's first row of out / lse (read again here rather than kept live through the loops).
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
+    // SC, VARLEN and QREG (d64: Q in registers): pre holds one more register through the loops, and this kernel
+    // then spilled row0; the first row of this lane is computed again here instead (from threadIdx.x, opaque so that
+    // the compiler does not keep row0 live through the loops anyway). Not elsewhere: the dense d256 softcap kernel
+    // spilled with it, and the varlen d256 one's loop grew by 2 instructions.
+    const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
     pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
-        l, m, sl2, 1.0f, row0, n_q,
+        l, m, sl2, 1.0f, row_e, n_q,
         [&](int r, int row, float inv) {
-            T* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
+            T* orow = out + (o_row0 + row) * o_stride + (long long)h * DV;
 #pragma unroll
-            for (int jj = 0; jj < D / 8; jj++)
+            for (int jj = 0; jj < DV / 8; jj++)
                 *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
                     Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
         },
         [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
 }
 
-#define FA90_ENTRY(D)                                                                                             \
-    template <typename T, typename... A>                                                                          \
-    __device__ __forceinline__ void attention_fwd_sm90_d##D##_impl(const CUtensorMap& tq, const CUtensorMap& tk, \
-                                                                     const CUtensorMap& tv, T* out, float* lse,   \
-                                                                     A... a) {                                    \
-        fa90_forward<T, D, false>(&tq, &tk, &tv, out, lse, nullptr, nullptr, a...);                               \
-    }                                                                                                             \
-    template <typename T>                                                                                         \
-    __device__ __forceinline__ void attention_fwd_varlen_sm90_d##D##_impl(                                      \
-        const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, T* out, float* lse, const int* cu_q, \
-        const int* cu_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {           \
-        fa90_forward<T, D, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale,        \
-                                 window_left, window_right);                                                      \
+// Entry points: attention_fwd_sm90_d<shape>[_softcap] and attention_fwd_varlen_sm90_d<shape>[_softcap], <shape> 64 /
+// 128 / 256 (head_dim == head_dim_v) or 192_dv128 (head_dim 192, head_dim_v 128; dense only: the varlen op takes
+// one head_dim), in bf16 and f16. The _softcap kernels take the softcap as one more, last, parameter.
+#define FA90_ENTRY(NAME, DQK, DV, SC)                                                                                \
+    template <typename T, typename... A>                                                                             \
+    __device__ __forceinline__ void attention_fwd_sm90_d##NAME##_impl(const CUtensorMap& tq, const CUtensorMap& tk,  \
+                                                                     const CUtensorMap& tv, T* out, float* lse,      \
+                                                                     A... a) {                                       \
+        fa90_forward<T, DQK, DV, SC, false>(&tq, &tk, &tv, out, lse, nullptr, nullptr, a...);                        \
     }
-FA90_ENTRY(64)
-FA90_ENTRY(128)
-FA90_ENTRY(256)
+#define FA90_VARLEN_ENTRY(NAME, DQK, DV, SC)                                                                       \
+    template <typename T, typename... A>                                                                             \
+    __device__ __forceinline__ void attention_fwd_varlen_sm90_d##NAME##_impl(                                        \
+        const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, T* out, float* lse, const int* cu_q,    \
+        const int* cu_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right, A... cap) {    \
+        fa90_forward<T, DQK, DV, SC, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale, \
+                                           window_left, window_right, cap...);                                       \
+    }
+FA90_ENTRY(64, 64, 64, false)
+FA90_ENTRY(128, 128, 128, false)
+FA90_ENTRY(256, 256, 256, false)
+FA90_ENTRY(192_dv128, 192, 128, false)
+FA90_ENTRY(64_softcap, 64, 64, true)
+FA90_ENTRY(128_softcap, 128, 128, true)
+FA90_ENTRY(256_softcap, 256, 256, true)
+FA90_ENTRY(192_dv128_softcap, 192, 128, true)
+FA90_VARLEN_ENTRY(64, 64, 64, false)
+FA90_VARLEN_ENTRY(128, 128, 128, false)
+FA90_VARLEN_ENTRY(256, 256, 256, false)
+FA90_VARLEN_ENTRY(64_softcap, 64, 64, true)
+FA90_VARLEN_ENTRY(128_softcap, 128, 128, true)
+FA90_VARLEN_ENTRY(256_softcap, 256, 256, true)
 
-PK_IO16_KERNELS(attention_fwd_sm90_d64, (FA90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
-                (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
-
-PK_IO16_KERNELS(attention_fwd_sm90_d128, (FA90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
-                (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
-
-PK_IO16_KERNELS(attention_fwd_sm90_d256, (FA90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
-                (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right))
+// flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64) and k / v
+// (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64); out (batch, n_q, n_heads, DV), lse (batch, n_q,
+// n_heads); the window normalized as flash_attention does; grid batch * n_heads * query tiles.
+#define FA90_DENSE_PARAMS                                                                                           \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,       \
+     int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right)
+#define FA90_DENSE_ARGS (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right)
+#define FA90_DENSE_SC_PARAMS                                                                                        \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,       \
+     int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap)
+#define FA90_DENSE_SC_ARGS \
+    (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right, softcap)
+PK_IO16_KERNELS(attention_fwd_sm90_d64, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d128, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d256, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d192_dv128, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d64_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d128_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d256_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
 
 // flash_attention_varlen (bf16 / f16): tensor maps over the packed q (1, total_q, n_heads, D) and k / v
 // (1, total_k, n_kv_heads, D) with the dense boxes, out (total_q, n_heads, D), lse (total_q, n_heads), the window
@@ -522,6 +594,16 @@ PK_IO16_KERNELS(attention_fwd_sm90_d256, (FA90_THREADS, 1),
      const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads, int n_kv_heads, float scale,          \
      int window_left, int window_right)
 #define FA90_VARLEN_ARGS (tq, tk, tv, out, lse, cu_q, cu_k, n_heads, n_kv_heads, scale, window_left, window_right)
+#define FA90_VARLEN_SC_PARAMS                                                                                       \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
+     const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse,                          \
+     const int* __restrict__ cu_q, const int* __restrict__ cu_k, int n_heads, int n_kv_heads, float scale,          \
+     int window_left, int window_right, float softcap)
+#define FA90_VARLEN_SC_ARGS \
+    (tq, tk, tv, out, lse, cu_q, cu_k, n_heads, n_kv_heads, scale, window_left, window_right, softcap)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d64, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d64_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d128_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)

@@ -716,6 +716,17 @@ __device__ __forceinline__ unsigned long long pk_opaque_u64(unsigned long long x
 #endif
 }
 
+// The same for a 32-bit value.
+__device__ __forceinline__ unsigned pk_opaque_u32(unsigned x) {
+#if defined(PYKERN_HOST)
+    return x;
+#else
+    unsigned r;
+    asm volatile("mov.b32 %0, %1;" : "=r"(r) : "r"(x));
+    return r;
+#endif
+}
+
 // r pinned at this point of the program: an empty asm that reads and writes it (CUTLASS's warpgroup_fence_operand),
 // so the front end cannot move arithmetic on a wgmma accumulator above the wgmma wait before it (ptxas would then
 // serialise every wgmma of the kernel). Nothing on the CPU.

@@ -3,12 +3,14 @@ attention_bwd_sm90.cu.
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated, see
 pykern/host/pk_host_sm90.cpp) the forward equals float64 NumPy within the flash_attention tolerance rows over
-head_dim 64/128/256, causal and not, GQA, n_q != n_k both ways and lengths off every tile; the op chooses it
-only where it applies; a pipeline mistake (a consumer that does not wait on the `full` mbarrier, a wgmma
-without its fence) is reported. From the cubin NVRTC makes for sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS
-and setmaxnreg in the SASS, a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent
-at every head dim, and no spills, for the dense and the varlen entries (flash_attention_varlen on
-sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels) likewise against float64, deterministic.
+head_dim 64/128/256 and 192 / head_dim_v 128, with and without softcap, causal and not, windows, GQA, n_q != n_k
+both ways and lengths off every tile; the op chooses it only where it applies; a pipeline mistake (a consumer
+that does not wait on the `full` mbarrier, a wgmma without its fence) is reported. From the cubin NVRTC makes for
+sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS and setmaxnreg in the SASS, MUFU.TANH only in the softcap kernels,
+a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent at every head dim without softcap
+(the softcap kernels pinned at their own figures), and no spills, for the dense and the varlen entries
+(flash_attention_varlen on sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels)
+likewise against float64, deterministic.
 """
 from __future__ import annotations
 
@@ -93,9 +95,9 @@ def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     names = _record(monkeypatch)
     q, k, v = fa_inputs(rng, 1, 40, 50, 2, 1, 128, 128, "bf16")
     ops.flash_attention(q, k, v, causal=True, backend=HOST)
-    ops.flash_attention(q, k, v, causal=True, softcap=30.0, backend=HOST)  # softcap: mma.sync
+    ops.flash_attention(q, k, v, causal=True, softcap=30.0, backend=HOST)  # softcap: sm_90a too
     ops.flash_attention(q[..., :96].copy(), k[..., :96].copy(), v[..., :96].copy(), backend=HOST)  # d96
-    ops.flash_attention(q, k, v[..., :64].copy(), backend=HOST)  # head_dim_v != head_dim
+    ops.flash_attention(q, k, v[..., :64].copy(), backend=HOST)  # head_dim_v != head_dim (but 192 / 128)
     # a base that is not 16-byte aligned cannot be a TMA source: the mma.sync kernel takes it
     buf = np.zeros(q.size + 1, q.dtype)
     q_odd = buf[1:].reshape(q.shape)
@@ -103,9 +105,74 @@ def test_the_op_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     ops.flash_attention(q_odd, k, v, backend=HOST)
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     ops.flash_attention(q, k, v, causal=True, backend=HOST)  # not playing Hopper
-    assert names == ["attention_fwd_sm90_d128_bf16", "attention_fwd_tc_d128_softcap_bf16",
+    assert names == ["attention_fwd_sm90_d128_bf16", "attention_fwd_sm90_d128_softcap_bf16",
                      "attention_fwd_tc_d96_bf16", "attention_fwd_tc_pad_d128_bf16",
                      "attention_fwd_tc_pad_d128_bf16", "attention_fwd_tc_d128_bf16"]
+
+
+def test_the_op_chooses_sm90_for_192_128_and_softcap(monkeypatch) -> None:
+    # DeepSeek-V3's prefill shape and softcap take the sm_90a kernels (d192_dv128, _softcap); the other
+    # head_dim_qk != head_dim_v shapes keep the padded mma.sync kernels, as does the shape off Hopper.
+    rng = np.random.default_rng(3)
+    names = _record(monkeypatch)
+    q, k, v = fa_inputs(rng, 1, 40, 50, 2, 1, 192, 128, "f16")
+    ops.flash_attention(q, k, v, backend=HOST)
+    ops.flash_attention(q, k, v, softcap=20.0, backend=HOST)
+    ops.flash_attention(q, k, v[..., :64].copy(), backend=HOST)  # 192 / 64
+    ops.flash_attention(q[..., :128].copy(), k[..., :128].copy(), v, softcap=20.0, scale=-0.1, backend=HOST)
+    ops.flash_attention(q[..., :128].copy(), k[..., :128].copy(), v, scale=-0.1, backend=HOST)  # raw-score max
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    ops.flash_attention(q, k, v, softcap=20.0, backend=HOST)
+    assert names == ["attention_fwd_sm90_d192_dv128_f16", "attention_fwd_sm90_d192_dv128_softcap_f16",
+                     "attention_fwd_tc_d256_f16", "attention_fwd_sm90_d128_softcap_f16", "attention_fwd_tc_d128_f16",
+                     "attention_fwd_tc_d256_softcap_f16"]
+
+
+# softcap (the _softcap kernels: c * tanh(scale * q.k / c) before the mask and the softmax) and head_dim 192 with
+# head_dim_v 128 (d192_dv128), through the op: (batch, n_q, n_k, heads, kv_heads, head_dim, head_dim_v, causal,
+# window, softcap, scale). Caps of 1.5..5 bend most scores (they are about N(0, 1) here); n_k past two or three key
+# tiles gives steady tiles (the lazy softmax on capped scores; the pair loop at d64 / d256).
+SHAPES_MORE = [
+    (1, 130, 600, 4, 2, 64, 64, False, (-1, -1), 2.0, None),      # masked, peeled, pair loop; GQA 2
+    (2, 150, 300, 2, 1, 64, 64, True, (-1, -1), 5.0, None),       # batch 2, causal
+    (1, 150, 500, 2, 1, 128, 128, True, (-1, -1), 3.0, None),     # steady tiles under the causal mask
+    (1, 200, 100, 2, 1, 128, 128, False, (40, 10), 2.5, None),    # window, n_q > n_k: rows with no key
+    (1, 100, 260, 2, 2, 256, 256, False, (-1, -1), 1.5, None),    # d256 pair loop
+    (1, 60, 90, 2, 1, 128, 128, True, (-1, -1), 4.0, -0.125),     # a negative scale (softcap only)
+    (1, 100, 300, 4, 1, 192, 128, False, (-1, -1), 0.0, None),    # GQA 4, steady tiles
+    (2, 150, 100, 2, 1, 192, 128, True, (-1, -1), 0.0, None),     # causal, n_q > n_k, batch 2
+    (1, 130, 300, 2, 2, 192, 128, False, (100, 20), 0.0, None),   # window
+    (1, 150, 280, 4, 2, 192, 128, True, (60, -1), 2.5, None),     # both, with a left window
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", SHAPES_MORE, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}v{}-{}-w{},{}-cap{}".format(
+    *s[:7], "causal" if s[7] else "full", *s[8], s[9]))
+def test_forward_sm90_softcap_and_192_128_vs_float64(shape, dtype, monkeypatch) -> None:
+    b, n_q, n_k, h, kvh, d, dv, causal, window, cap, scale = shape
+    rng = np.random.default_rng(n_q * 1000 + n_k + d + dv)
+    q, k, v = fa_inputs(rng, b, n_q, n_k, h, kvh, d, dv, dtype)
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q, k, v, causal=causal, window_size=window, softcap=cap, scale=scale,
+                                   return_lse=True, backend=HOST)
+    assert names == [sm90.kernel_name(d, dv, cap, f"_{dtype}")]
+    assert np.asarray(out).shape == (b, n_q, h, dv)
+    ref_out, ref_lse = np_flash_attention(q, k, v, causal, scale, window, cap)
+    close("out", out, ref_out, "flash_attention", dtype)
+    check_lse(lse, ref_lse)
+
+
+def test_softcap_changes_the_result_and_matches_its_own_reference(monkeypatch) -> None:
+    # the cap is applied (a test that passed with the cap ignored would be vacuous): without it the output is off
+    # by far more than the tolerance
+    rng = np.random.default_rng(8)
+    q, k, v = fa_inputs(rng, 1, 130, 300, 2, 1, 128, 128, "bf16")
+    out = np.asarray(ops.flash_attention(q, k, v, softcap=1.0, backend=HOST), np.float64)
+    capped, _ = np_flash_attention(q, k, v, False, None, (-1, -1), 1.0)
+    plain, _ = np_flash_attention(q, k, v, False)
+    close("out", out, capped, "flash_attention", "bf16")
+    assert np.abs(out - plain).max() > 0.05
 
 
 def test_sm90_and_mma_sync_forwards_agree(monkeypatch) -> None:
@@ -229,16 +296,22 @@ def _spiky(rng, n_q: int, n_k: int, d: int, dtype: str, spikes):
 # The steady-state loop keeps its base (no row max) while a tile's row sums stay <= 2^15 and redoes the tile
 # exactly when the running max grows past that: keys visited late (low indices) with scores far above the
 # earlier maximum force the redo inside the hot loop; a smaller jump (P up to about 2^10) is kept lazily.
+# With softcap 50 (Gemma 2's) the capped jumps stay above the lazy bound (+22 log2 units -> about +21), so the
+# _softcap kernels redo the same tiles, on the capped scores; 192 / 128 runs the d128 loop with 12 S k-steps.
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_forward_sm90_when_the_running_max_grows(d, dtype, monkeypatch) -> None:
+@pytest.mark.parametrize("d, dv, cap", [(64, 64, 0.0), (128, 128, 0.0), (64, 64, 50.0), (128, 128, 50.0),
+                                        (192, 128, 0.0), (192, 128, 50.0)])
+def test_forward_sm90_when_the_running_max_grows(d, dv, cap, dtype, monkeypatch) -> None:
     bc = sm90._CFG[d][0]
     n_k = 3 * bc + 10  # a masked tile (visited first), then three steady tiles: peeled, hot loop x 2
     rng = np.random.default_rng(d)
     size_big, size_mid = 30 * np.sqrt(d) / 8, 14 * np.sqrt(d) / 8  # about +22 and +10 log2 units
     q, k, v = _spiky(rng, 70, n_k, d, dtype, [(bc + 7, size_mid), (5, size_big)])
-    out, lse = ops.flash_attention(q, k, v, return_lse=True, backend=HOST)
-    ref_out, ref_lse = np_flash_attention(q, k, v, False)
+    v = v[..., :dv].copy()
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q, k, v, softcap=cap, return_lse=True, backend=HOST)
+    assert names == [sm90.kernel_name(d, dv, cap, f"_{dtype}")]
+    ref_out, ref_lse = np_flash_attention(q, k, v, False, None, (-1, -1), cap)
     close("out", out, ref_out, "flash_attention", dtype)
     check_lse(lse, ref_lse)
 
@@ -297,7 +370,7 @@ def test_a_failed_a_check_takes_the_whole_warpgroup_to_the_redo(tmp_path, monkey
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
     close("out", good, ref_out, "flash_attention", "bf16")
     old = ("            redo_a:  // A failed: its redo, then the pair's B step out of line\n"
-           "                fa90_redo<T, D, BC>(s, o, m, l, pa, sl2);")
+           "                fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);")
     bad = _launch_d64(_mutant(tmp_path, monkeypatch, old, old.replace("                fa90_redo",
                                                                        "                if (wq == 1) fa90_redo")),
                       (q, k, v), False)
@@ -363,6 +436,17 @@ def _sass():
 
 
 KERNELS = [f"attention_fwd_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
+# softcap (dense and varlen) and head_dim 192 / head_dim_v 128 (dense, with and without softcap)
+MORE_KERNELS = ([f"attention_fwd_{v}sm90_d{d}_softcap_{t}" for v in ("", "varlen_") for d in (64, 128, 256)
+                 for t in ("bf16", "f16")]
+                + [f"attention_fwd_sm90_d192_dv128{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")])
+
+
+def _dims(kernel: str) -> tuple[int, int]:
+    """(head_dim, head_dim_v) from a kernel name: d{D} or d{D}_dv{DV}."""
+    d = int(kernel.split("_d")[1].split("_")[0])
+    dv = int(kernel.split("_dv")[1].split("_")[0]) if "_dv" in kernel else d
+    return d, dv
 BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
 BWD_KERNELS = [f"attention_bwd_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d in (64, 128) for t in ("bf16", "f16")]
 
@@ -392,15 +476,17 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     assert loops[kernel]["bar"] == 0 and loops[kernel]["mma"] > 0  # a flat loop of HGMMAs, no __syncthreads
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + MORE_KERNELS)
 def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     mod, text, counts, loops = _sass()
     body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
     ops_ = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
-    d = int(kernel.split("_d")[1].split("_")[0])
+    d, dv = _dims(kernel)
     bc = sm90._CFG[d][0]
     assert any(op.startswith(f"HGMMA.64x{bc}x16.F32") for op in ops_)  # S = Q K^T, SS (RS at d64: Q in registers)
-    assert any(op.startswith(f"HGMMA.64x{d}x16.F32") for op in ops_)   # O += P V, RS
+    assert any(op.startswith(f"HGMMA.64x{dv}x16.F32") for op in ops_)  # O += P V, RS
+    # the softcap's tanh.approx only in the _softcap kernels (the others carry no tanh)
+    assert ("MUFU.TANH" in ops_) == ("_softcap" in kernel)
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 3        # Q, K, V tiles
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4             # mbarrier init / arrive / try_wait
     assert "USETMAXREG.DEALLOC.CTAPOOL" in ops_ and "USETMAXREG.TRY_ALLOC.CTAPOOL" in ops_
@@ -409,14 +495,15 @@ def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     assert res.spill_stores == 0 and res.spill_loads == 0
 
 
-@pytest.mark.parametrize("kernel", KERNELS)
+@pytest.mark.parametrize("kernel", KERNELS + MORE_KERNELS)
 def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     _, _, _, loops = _sass()
     loop = loops[kernel]  # a loop with HGMMAs and no inner loop exists
-    d = int(kernel.split("_d")[1].split("_")[0])
+    d, dv = _dims(kernel)
     bc = sm90._CFG[d][0]
     tiles = sm90.LOOP_TILES[d]  # tiles an iteration: the hot loop runs pairs at d64 / d256 (Fa90Cfg PAIR)
-    assert loop["mma"] == tiles * bc * d / 64  # per warp and tile: S and P V, BC * D / 128 m16n8k16s each
+    # per warp and tile: S (BC * D / 128 m16n8k16s) and P V (BC * DV / 128)
+    assert loop["mma"] == tiles * bc * (d + dv) / 128
     # The pair loop's A check is the warpgroup's (one BAR.RED on its named barrier, then the vote that tells
     # ptxas the result is warp-uniform); the others stay a warp vote.
     assert loop["bar"] == (1 if tiles == 2 else 0) and loop["ldsm"] == 0 and loop["ldgsts"] == 0
@@ -425,4 +512,11 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # an MMA before the fixed costs: with 192 keys a tile that leaves 48 instructions a tile for 16 HGMMAs and the
     # rest, met by running two tiles an iteration (fixed slots, one parity, the counter once a pair). Pinned
     # near today's figures (d64 1.992, varlen 1.990; d128 1.141; d256 0.779, varlen 0.775) so none of them grows.
-    assert loop["per_mma"] <= {64: 2.0, 128: 1.15, 256: 0.78}[d], loop
+    # The softcap adds an FMUL and a tanh.approx (MUFU) a score, 1.0 an MMA at d64 (BC / 2 scores a thread, BC / 2
+    # MMAs a tile), 0.5 at d128, 0.25 at d256; 192 / 128 spreads the d128 softmax over 1.25 times the MMAs. Pinned
+    # near their figures (softcap: d64 2.997, varlen 2.997; d128 1.641; d256 1.029, varlen 1.027; d192_dv128 0.969,
+    # with softcap 1.369).
+    bar = {64: 2.0, 128: 1.15, 192: 0.97, 256: 0.78}[d]
+    if "_softcap" in kernel:
+        bar = {64: 3.0, 128: 1.65, 192: 1.37, 256: 1.03}[d]
+    assert loop["per_mma"] <= bar, loop

@@ -1,11 +1,11 @@
 """flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
-template parameter (attention_fwd_varlen_sm90_d64/128/256).
+template parameter (attention_fwd_varlen_sm90_d64/128/256, and their _softcap kernels).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
 the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
 ragged sequences (lengths 0 and 1, off every tile, a key tile that runs into the next sequence), n_q != n_k per
 sequence both ways (bottom-right causal: rows that see no key get out 0, lse -inf), empty sequences, GQA,
-windows, head_dim 64/128/256, bf16 and f16. Where the sm_90a kernel does not apply (softcap, d96, no key at
+windows, softcap, head_dim 64/128/256, bf16 and f16. Where the sm_90a kernel does not apply (d96, no key at
 all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree.
 """
 from __future__ import annotations
@@ -30,7 +30,7 @@ def _ragged(rng, lq, lk, h, kvh, d, kind):
     return q[0], k[0], v[0], cu_q, cu_k
 
 
-def _np_varlen(q, k, v, cu_q, cu_k, causal, win=(-1, -1)):
+def _np_varlen(q, k, v, cu_q, cu_k, causal, win=(-1, -1), cap=0.0):
     """float64 per sequence; a sequence without keys: out 0, lse -inf."""
     out = np.zeros(q.shape)
     lse = np.full(q.shape[:2], -np.inf)
@@ -38,7 +38,7 @@ def _np_varlen(q, k, v, cu_q, cu_k, causal, win=(-1, -1)):
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
         if cu_q[b + 1] == cu_q[b] or cu_k[b + 1] == cu_k[b]:
             continue
-        o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, None, win, 0.0)
+        o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, None, win, cap)
         out[qs], lse[qs] = o[0], l_[0]
     return out, lse
 
@@ -72,6 +72,31 @@ def test_varlen_sm90_vs_float64(case, monkeypatch) -> None:
     check_lse(lse, ref_lse)
 
 
+# softcap (attention_fwd_varlen_sm90_d*_softcap): ragged lengths with empty sequences and one without keys, key tiles
+# into the next sequence, steady tiles (the lazy softmax on capped scores), windows, GQA.
+VARLEN_SOFTCAP = [
+    # (q lengths, k lengths, heads, kv_heads, head_dim, causal, window, softcap, dtype)
+    ([5, 130, 0, 1], [9, 450, 3, 0], 4, 2, 64, False, (-1, -1), 2.0, "bf16"),
+    ([90, 1, 20], [60, 300, 0], 2, 1, 128, True, (-1, -1), 3.0, "f16"),
+    ([129, 30], [260, 30], 2, 1, 128, True, (70, -1), 5.0, "bf16"),
+    ([70, 20], [150, 40], 2, 2, 256, False, (30, 5), 1.5, "f16"),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_SOFTCAP, ids=lambda c: "{}-d{}-c{}-w{},{}-cap{}".format(
+    c[8], c[4], int(c[5]), *c[6], c[7]))
+def test_varlen_sm90_softcap_vs_float64(case, monkeypatch) -> None:
+    lq, lk, h, kvh, d, causal, win, cap, kind = case
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(d + sum(lq) + 7), lq, lk, h, kvh, d, kind)
+    names = _record(monkeypatch)
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, softcap=cap,
+                                      return_lse=True, backend=HOST)
+    assert names == [f"attention_fwd_varlen_sm90_d{d}_softcap_{kind}"]
+    ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win, cap)
+    close("out", out, ref_out, "flash_attention_varlen", kind)
+    check_lse(lse, ref_lse)
+
+
 def test_varlen_sm90_other_schedule_and_agrees_with_mma_sync(monkeypatch) -> None:
     # a reversed thread / block schedule gives the same bits; the mma.sync kernel (not playing Hopper) agrees
     # as the dense kernels do: both round P to f16 for P V and differ in fp32 summation order only
@@ -96,7 +121,7 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     names = _record(monkeypatch)
     q, k, v, cu_q, cu_k = _ragged(rng, [20, 5], [30, 9], 2, 1, 128, "bf16")
     flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)
-    flash_attention_varlen(q, k, v, cu_q, cu_k, softcap=30.0, backend=HOST)  # softcap: mma.sync
+    flash_attention_varlen(q, k, v, cu_q, cu_k, softcap=30.0, backend=HOST)  # softcap: sm_90a too
     q96, k96, v96 = (a[..., :96].copy() for a in (q, k, v))
     flash_attention_varlen(q96, k96, v96, cu_q, cu_k, backend=HOST)  # d96: the general kernel
     buf = np.zeros(q.size + 1, q.dtype)  # a base off 16 bytes is no TMA source
@@ -108,6 +133,6 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     assert not np.asarray(out, np.float32).any() and np.isneginf(lse).all()
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)  # not playing Hopper
-    assert names == ["attention_fwd_varlen_sm90_d128_bf16", "attention_fwd_varlen_tc_d128_softcap_bf16",
+    assert names == ["attention_fwd_varlen_sm90_d128_bf16", "attention_fwd_varlen_sm90_d128_softcap_bf16",
                      "dense_attn_bf16", "dense_attn_bf16", "attention_fwd_varlen_tc_d128_bf16",
                      "attention_fwd_varlen_tc_d128_bf16"]

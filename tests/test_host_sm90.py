@@ -132,6 +132,7 @@ extern "C" __global__ void pk_t_sm90_helpers(const unsigned* in, unsigned long l
         desc[i] = pk_wgmma_desc_encode(in[5 * i], in[5 * i + 1], in[5 * i + 2], (int)in[5 * i + 3], in[5 * i + 4]);
         desc[n + i] = pk_wgmma_desc_advance(desc[i], 32);
         desc[2 * n + i] = pk_opaque_u64(desc[i] ^ 0x8000000000000001ull);  // the value itself
+        desc[3 * n + i] = pk_opaque_u32((unsigned)desc[i] ^ 0x80000001u);  // likewise, 32 bits
         for (int s = 0; s < 4; s++) swz[4 * i + s] = pk_swizzle_offset(in[5 * i], s);
     }
 }
@@ -145,7 +146,7 @@ def test_descriptor_and_swizzle_helpers_match_the_tables(tmp_path: Path, monkeyp
     n = 32
     rows = np.stack([rng.integers(0, 1 << 18, n) & ~15, rng.integers(0, 1 << 18, n) & ~15,
                      rng.integers(0, 1 << 18, n) & ~15, rng.integers(0, 4, n), rng.integers(0, 8, n)], 1)
-    desc = np.zeros(3 * n, np.uint64)
+    desc = np.zeros(4 * n, np.uint64)
     swz = np.zeros(4 * n, np.uint32)
     launch("pk_t_sm90_helpers", 1, 32, rows.astype(np.uint32).ravel(), desc, swz, n)
     for i, (start, lbo, sbo, lay, base) in enumerate(rows.tolist()):
@@ -153,6 +154,7 @@ def test_descriptor_and_swizzle_helpers_match_the_tables(tmp_path: Path, monkeyp
         assert f == {"start": start, "lbo": lbo, "sbo": sbo, "base_offset": base, "layout": lay}
         assert desc_fields(int(desc[n + i]))["start"] == start + 32
         assert int(desc[2 * n + i]) == int(desc[i]) ^ 0x8000000000000001
+        assert int(desc[3 * n + i]) == (int(desc[i]) & 0xFFFFFFFF) ^ 0x80000001
         # pk_ptx's PK_SWIZZLE_* codes are the descriptor's layout codes: 1 = 128B, 2 = 64B, 3 = 32B.
         for code, span in ((0, 0), (1, 128), (2, 64), (3, 32)):
             assert swz[4 * i + code] == swizzle(start, span)

@@ -2,9 +2,10 @@
 
 `flash_attention` asks `usable(...)` first on its tensor-core path: on a compute-capability 9.0 GPU (nvrtc) or
 with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
-64/128/256, no softcap, scale > 0: the kernel takes the row max on the raw scores), it runs the TMA + wgmma
-kernel; anything else keeps the mma.sync kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks
-`try_varlen` under the same conditions (the same kernel with its VARLEN template parameter).
+64/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
+then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
+kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
+kernel with its VARLEN template parameter; that op takes head_dim == head_dim_v only).
 
 PYKERN_SM90=0 turns this path off everywhere (forward, varlen and backward): a Hopper GPU then runs the mma.sync
 kernels as an sm_80 GPU does (e.g. to compare the two on one machine). Read at each call.
@@ -19,18 +20,29 @@ from ..devices import HOST, META, array_device
 from ..errors import ArgumentError
 
 HEAD_DIMS = (64, 128, 256)
+# (head_dim, head_dim_v) the forward compiles: the HEAD_DIMS with head_dim_v == head_dim, and DeepSeek-V3's
+# prefill shape 192 / 128.
+SHAPES = (*((d, d) for d in HEAD_DIMS), (192, 128))
 THREADS = 384  # FA90_THREADS: a producer warpgroup and two consumer warpgroups
 ROWS = 128  # FA90_BR: queries per CTA
-# (keys per tile, ring stages) as the .cu's Fa90Cfg.
-_CFG = {64: (192, 2), 128: (128, 2), 256: (64, 2)}
+# (keys per tile, ring stages) as the .cu's Fa90Cfg, by head_dim (192 comes with head_dim_v 128 only).
+_CFG = {64: (192, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
-LOOP_TILES = {64: 2, 128: 1, 256: 2}
+LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
 
 
-def shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the sm_90a forward at head_dim d (FA90_SMEM_BYTES)."""
+def shared_bytes(d: int, d_v: int | None = None) -> int:
+    """Dynamic shared memory of the sm_90a forward at head_dim d, head_dim_v d_v (default d) (FA90_SMEM_BYTES):
+    Q, then the ring of K and V tiles, then the mbarriers."""
     bc, st = _CFG[d]
-    return ROWS * d * 2 + 2 * st * bc * d * 2 + 1024
+    d_v = d if d_v is None else d_v
+    return ROWS * d * 2 + st * bc * (d + d_v) * 2 + 1024
+
+
+def kernel_name(d: int, d_v: int, softcap: float, suffix: str, varlen: bool = False) -> str:
+    """attention_fwd[_varlen]_sm90_<shape>[_softcap]<suffix>: <shape> d{D} when d == d_v, else d{d}_dv{d_v}."""
+    shape = f"d{d}" if d == d_v else f"d{d}_dv{d_v}"
+    return f"attention_fwd{'_varlen' if varlen else ''}_sm90_{shape}{'_softcap' if softcap > 0.0 else ''}{suffix}"
 
 
 def enabled() -> bool:
@@ -52,7 +64,9 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
     never."""
     if not enabled():
         return False
-    if head_dim != head_dim_v or head_dim not in HEAD_DIMS or softcap > 0.0 or not scale > 0.0:
+    # Without softcap the kernel takes the row max on the raw scores (max of scale * s = scale * max s needs
+    # scale > 0); with one it takes it on the capped scores, whatever the scale's sign.
+    if (head_dim, head_dim_v) not in SHAPES or not (scale > 0.0 or softcap > 0.0):
         return False
     be = get_backend(backend)
     if be.name not in ("host", "nvrtc"):
@@ -65,8 +79,9 @@ def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any,
 
 def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int, int, int, int, int, int],
                 scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
-    """Run attention_fwd_sm90_d{D}{suffix} when `usable` and the arrays suit TMA (16-byte aligned bases);
-    False (nothing launched) otherwise. q, k, v contiguous (batch, n, heads, D)."""
+    """Run attention_fwd_sm90_<shape>[_softcap]{suffix} (`kernel_name`) when `usable` and the arrays suit TMA
+    (16-byte aligned bases); False (nothing launched) otherwise. q, k contiguous (batch, n, heads, head_dim), v
+    (batch, n_k, kv_heads, head_dim_v)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
@@ -82,15 +97,17 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
     except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
         return False
     n_blocks = batch * n_heads * -(-n_q // ROWS)
-    launch(f"attention_fwd_sm90_d{d}{suffix}", n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k, n_heads,
-           n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream, backend=backend)
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    launch(kernel_name(d, d_v, softcap, suffix), n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k,
+           n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=shared_bytes(d, d_v), stream=stream,
+           backend=backend)
     return True
 
 
 def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
                dims: tuple[int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int, suffix: str,
                stream: Any, backend: str | None) -> bool:
-    """flash_attention_varlen: run attention_fwd_varlen_sm90_d{D}{suffix} when `usable` and the packed arrays
+    """flash_attention_varlen: run attention_fwd_varlen_sm90_d{D}[_softcap]{suffix} when `usable` and the packed arrays
     suit TMA, else False (nothing launched). q (total_q, heads, D), k and v (total_k, kv_heads, D) contiguous,
     out / lse (total_q, heads[, D]); cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, heads, kv_heads, D), max_q
     the longest sequence's queries (the grid's query tiles); (wl, wr) normalized per sequence (serving ops)."""
@@ -101,7 +118,7 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
     from ..tensormap import make_tensor_map
 
     batch, max_q, n_heads, n_kv_heads, d = dims
-    if not usable(d, d, softcap, scale, q, backend, k, v):
+    if d not in HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v):
         return False
     n_qt = -(-max_q // ROWS)
     if n_qt * n_heads >= 2**31:
@@ -115,9 +132,10 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
         tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
     except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the mma.sync kernels take it
         return False
-    launch(f"attention_fwd_varlen_sm90_d{d}{suffix}", (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv, out,
-           lse, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, shared_mem=shared_bytes(d), stream=stream,
-           backend=backend)
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    launch(kernel_name(d, d, softcap, suffix, varlen=True), (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv,
+           out, lse, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=shared_bytes(d),
+           stream=stream, backend=backend)
     return True
 
 
@@ -137,9 +155,15 @@ def bwd_shared_bytes(d: int, step: int) -> int:
     return 2 * BWD_ROWS * d * 2 + 2 * 2 * step * d * 2 + 1024
 
 
+def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any) -> bool:
+    """Whether the sm_90a backward runs this call: head_dim == head_dim_v in BWD_HEAD_DIMS, no softcap (its kernels
+    have none), and `usable` (q and `more`: q, k, v, dO)."""
+    return d in BWD_HEAD_DIMS and softcap <= 0.0 and usable(d, d, softcap, scale, q, backend, *more)
+
+
 def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tuple[int, ...], scale: float,
                  win: tuple[int, int, float], kind: str, suffix: str, stream: Any, backend: str | None) -> Any:
-    """(dq, dk, dv) from the sm_90a backward kernels when they apply (as `usable`, head_dim 64 / 128), else
+    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`), else
     None (nothing launched). q, k, v, g contiguous; lse and delta fp32 per (batch, query, head)."""
     from .. import arrays
     from ..backends import get_backend
@@ -149,7 +173,7 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
 
     b, n_q, n_k, h, kvh, d = dims
     wl, wr, softcap = win
-    if d not in BWD_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v, g):
+    if not backward_usable(d, softcap, scale, q, backend, k, v, g):
         return None
     name = get_backend(backend).name
     c = bwd_dkdv_step(d)

@@ -23,11 +23,10 @@ from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import (
-    BWD_HEAD_DIMS as _SM90_BWD_HEAD_DIMS,
+    backward_usable as _sm90_backward_usable,
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
     try_varlen as _sm90_varlen,
-    usable as _sm90_usable,
 )
 from ._window import (
     check_softcap as _check_softcap,
@@ -160,8 +159,9 @@ def flash_attention(
     requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
     tensor-core path rounds the softmax probabilities to the input dtype for the P·V product, as
     FlashAttention-2 does. On a Hopper GPU (compute capability 9.0; on the host backend with
-    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/128/256 without softcap runs the sm_90a kernel
-    instead (TMA, wgmma, FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
+    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/128/256, and head_dim 192 with head_dim_v 128
+    (DeepSeek-V3's prefill shape), with or without softcap, run the sm_90a kernel instead (TMA, wgmma,
+    FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
     inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
     65504, as on the GPU.
     """
@@ -329,7 +329,7 @@ def flash_attention_varlen(
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
     # On sm_90a the TMA + wgmma forward (kernels_cu/attention_fwd_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
-    # 256, no softcap, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu): bf16
+    # 256, softcap or not, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu): bf16
     # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
     # sequence * heads, batch).
     n_qt = -(-max_qo // FA2_ROWS)
@@ -708,7 +708,7 @@ def attention_backward(
         if tensor_cores_available(backend):
             # On sm_90a the wgmma kernels (in _tensor_cores, after its pre-pass) come first: they are the
             # Hopper path, and they have one writer per element, so deterministic either way.
-            hopper = d in _SM90_BWD_HEAD_DIMS and _sm90_usable(d, d, softcap, scale, q, backend, k, v, grad_out)
+            hopper = _sm90_backward_usable(d, softcap, scale, q, backend, k, v, grad_out)
             if d in FUSED_HEAD_DIMS and fused_available(backend) and not hopper:
                 return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
                               stream)

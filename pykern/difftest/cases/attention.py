@@ -581,50 +581,58 @@ from ._sm90 import ARCH as SM90_ARCH, declined as _declined, host_arch as _host_
 
 
 # --------------------------------------------------------------------------- forward (dense)
+def _sm90_extra(dv: int, d: int, window: tuple[int, int], softcap: float) -> str:
+    """The shape id's tail for head_dim_v != head_dim, a window and a softcap."""
+    return ((f"v{dv}" if dv != d else "") + ("" if window == (-1, -1) else f"-w{window[0]},{window[1]}")
+            + (f"-cap{softcap:g}" if softcap > 0 else ""))
+
+
 def _sm90_forward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
-                  causal: bool) -> Case:
+                  causal: bool, dv: int | None = None, window: tuple[int, int] = (-1, -1),
+                  softcap: float = 0.0, batch: int = 1) -> Case:
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
 
-    q, k, v = fa_inputs(rng, 1, n_q, n_k, h, kvh, d, d, kind)
-    name = f"attention_fwd_sm90_d{d}{_sfx(kind)}"
+    dv = d if dv is None else dv
+    q, k, v = fa_inputs(rng, batch, n_q, n_k, h, kvh, d, dv, kind)
+    name = sm90.kernel_name(d, dv, softcap, _sfx(kind))
     scale = 1.0 / np.sqrt(d)
 
     def run(backend: str) -> dict[str, Any]:
-        out = np.empty(q.shape, q.dtype)
+        out = np.empty(q.shape[:3] + (dv,), q.dtype)
         lse = np.empty(q.shape[:3], np.float32)
-        wl, wr = normalize(-1, -1, causal, n_q, n_k)
-        if not sm90.try_forward(q, k, v, out, lse, (1, n_q, n_k, h, kvh, d, d), scale, 0.0, wl, wr, _sfx(kind),
-                                None, backend):
+        wl, wr = normalize(*window, causal, n_q, n_k)
+        if not sm90.try_forward(q, k, v, out, lse, (batch, n_q, n_k, h, kvh, d, dv), scale, softcap, wl, wr,
+                                _sfx(kind), None, backend):
             raise _declined(name, backend)
         return {"out": out, "lse": lse}
 
     def ref() -> dict[str, Any]:
-        out, lse = np_flash_attention(q, k, v, causal, scale)
+        out, lse = np_flash_attention(q, k, v, causal, scale, window, softcap)
         return {"out": out, "lse": lse}
 
-    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-causal" if causal else "")
-    return _sm90_case("flash_attention", kind, shape, (name,), run, ref)
+    shape = f"b{batch}-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap)
+    return _sm90_case("flash_attention", kind, shape + ("-causal" if causal else ""), (name,), run, ref)
 
 
 # --------------------------------------------------------------------------- forward (varlen)
 def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int, d: int,
-                 causal: bool) -> Case:
+                 causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize_serving
 
     q, k, v = (a[0] for a in fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d, kind))
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
-    name = f"attention_fwd_varlen_sm90_d{d}{_sfx(kind)}"
+    name = sm90.kernel_name(d, d, softcap, _sfx(kind), varlen=True)
     scale = 1.0 / np.sqrt(d)
 
     def run(backend: str) -> dict[str, Any]:
         out = np.empty(q.shape, q.dtype)
         lse = np.empty(q.shape[:2], np.float32)
-        wl, wr = normalize_serving(-1, -1, causal)
-        if not sm90.try_varlen(q, k, v, out, lse, cu_q, cu_k, (len(lq), max(lq), h, kvh, d), scale, 0.0, wl, wr,
-                               _sfx(kind), None, backend):
+        wl, wr = normalize_serving(*window, causal)
+        if not sm90.try_varlen(q, k, v, out, lse, cu_q, cu_k, (len(lq), max(lq), h, kvh, d), scale, softcap, wl,
+                               wr, _sfx(kind), None, backend):
             raise _declined(name, backend)
         return {"out": out, "lse": lse}
 
@@ -634,11 +642,11 @@ def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[in
         lse = np.full(q.shape[:2], -np.inf)
         for b in range(len(lq)):
             qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-            o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, scale)
+            o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, scale, window, softcap)
             out[qs], lse[qs] = o[0], l_[0]
         return {"out": out, "lse": lse}
 
-    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + ("-causal" if causal else "")
+    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
     return _sm90_case("flash_attention_varlen", kind, shape.replace(" ", ""), (name,), run, ref)
 
 
@@ -680,6 +688,31 @@ SM90_VARLEN = {64: (([5, 90, 0], [9, 250, 3]), ([90, 1, 20], [60, 200, 0])),
           128: (([5, 90, 0], [9, 200, 3]), ([90, 1, 20], [60, 140, 0])),
           256: (([5, 70, 0], [9, 150, 3]), ([70, 1, 20], [60, 100, 0]))}
 SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
+# softcap (the _softcap kernels) and head_dim 192 / head_dim_v 128 (d192_dv128): (n_q, n_k, heads, kv_heads,
+# head_dim, head_dim_v, causal, window, softcap). Caps of 1.5..3 (scores ~ N(0, 1) here) bend most scores; the
+# first two reach the steady state (tiles every row sees wholly: the lazy softmax on capped scores) and its pair
+# loop at d64; the rest cover the window, n_q > n_k, GQA and the masked tiles.
+SM90_SHAPES_FORWARD = (
+    (130, 600, 4, 2, 64, 64, False, (-1, -1), 2.0),     # d64: masked, peeled, pair loop, GQA 2
+    (150, 300, 2, 1, 64, 64, True, (-1, -1), 1.5),
+    (150, 500, 2, 1, 128, 128, True, (-1, -1), 3.0),    # d128: steady tiles under the causal mask
+    (200, 100, 2, 1, 128, 128, False, (40, 10), 2.5),   # window, n_q > n_k (rows that see no key)
+    (90, 150, 2, 2, 256, 256, True, (-1, -1), 1.5),     # d256
+    (70, 200, 2, 1, 256, 256, False, (-1, -1), 2.0),    # d256: the pair loop
+    (100, 300, 4, 1, 192, 128, False, (-1, -1), 0.0),   # DeepSeek-V3's shape: steady tiles, GQA 4
+    (150, 100, 2, 1, 192, 128, True, (-1, -1), 0.0),    # causal, n_q > n_k
+    (130, 300, 2, 2, 192, 128, False, (100, 20), 0.0),  # window
+    (150, 280, 4, 2, 192, 128, True, (60, -1), 2.5),    # softcap and window, causal, GQA 2
+    (100, 200, 2, 1, 192, 128, False, (-1, -1), 2.0),
+)
+# softcap over packed sequences (ragged, an empty one, a sequence with no keys): (lq, lk, head_dim, causal, window,
+# softcap).
+SM90_VARLEN_SOFTCAP = ((([5, 90, 0], [9, 450, 3]), 64, False, (-1, -1), 2.0),
+                       (([90, 1, 20], [60, 200, 0]), 64, True, (-1, -1), 1.5),
+                       (([90, 1, 20], [60, 300, 0]), 128, True, (-1, -1), 3.0),
+                       (([5, 90, 0], [9, 200, 3]), 128, False, (50, 10), 2.5),
+                       (([70, 20], [150, 40]), 256, False, (30, 5), 1.5),
+                       (([70, 1, 20], [60, 100, 0]), 256, True, (-1, -1), 2.0))
 
 
 def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -693,6 +726,10 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
         for d, shapes in SM90_BACKWARD.items():
             for causal, (n_q, n_k) in zip((False, True), shapes):
                 yield _sm90_backward(rng, kind, n_q, n_k, 2, 1, d, causal)
+        for n_q, n_k, h, kvh, d, dv, causal, window, cap in SM90_SHAPES_FORWARD:
+            yield _sm90_forward(rng, kind, n_q, n_k, h, kvh, d, causal, dv, window, cap)
+        for (lq, lk), d, causal, window, cap in SM90_VARLEN_SOFTCAP:
+            yield _sm90_varlen(rng, kind, lq, lk, 2, 1, d, causal, window, cap)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
