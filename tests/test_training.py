@@ -336,6 +336,9 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
 
     monkeypatch.setattr(tr, "launch", record)  # training calls _common.launch by that name
     monkeypatch.setattr(ta, "_launch", record)
+    from pykern.ops import _common
+
+    monkeypatch.setattr(_common, "launch", record)  # the shared column-sum launch (sum_chunks) calls it there
     rng = np.random.default_rng(0)
     f = lambda *s: rng.standard_normal(s).astype(np.float32)  # noqa: E731
     tr.transpose_2d(f(3, 40, 70))
