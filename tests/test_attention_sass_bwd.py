@@ -10,7 +10,6 @@ loop and fail every row of this (test_old_kernels_fail_the_guard).
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -18,22 +17,12 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases.attention import attention_inputs
+from sass_helpers import checked_report as _sass_report
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
 # head_dim -> (warp-instructions per MMA, ldmatrix per MMA) bars of the steady-state loop
 BARS = {64: (6.5, 1.0), 128: (4.5, 0.75)}
-
-
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_bwd", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.find_cuobjdump()
-    except mod.CuobjdumpUnavailable as e:
-        pytest.skip(str(e))
-    return mod
 
 
 def _launched(monkeypatch, d: int, kind: str, softcap: float, deterministic: bool) -> list[str]:

@@ -12,9 +12,7 @@ sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels
 """
 from __future__ import annotations
 
-import importlib.util
 import re
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -29,6 +27,7 @@ from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
+from sass_helpers import compile_sass, kernel_ops, report
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "attention_fwd_sm90.cu"
@@ -339,27 +338,10 @@ def test_a_wgmma_without_its_fence_is_reported(tmp_path, monkeypatch) -> None:
 
 
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
-def _report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_fa90", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def _sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, text, sr.count_sass(text), sr.steady_state_loops(text)
+    mod, text = compile_sass(SRC, "sm_90a")
+    return mod, text, report().count_sass(text), report().steady_state_loops(text)
 
 
 KERNELS = [f"attention_fwd_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
@@ -369,18 +351,8 @@ BWD_KERNELS = [f"attention_bwd_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d 
 
 @lru_cache(maxsize=None)
 def _bwd_sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(BWD_SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, sr.count_sass(text), sr.steady_state_loops(text)
+    mod, text = compile_sass(BWD_SRC, "sm_90a")
+    return mod, report().count_sass(text), report().steady_state_loops(text)
 
 
 @pytest.mark.parametrize("kernel", BWD_KERNELS)

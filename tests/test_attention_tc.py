@@ -8,7 +8,6 @@ memory, and spills on no arch NVRTC offers.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -27,6 +26,7 @@ from pykern.errors import ArgumentError
 from pykern.ops import forward as fwd_mod
 from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
+from sass_helpers import checked_report as _sass_report
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
@@ -273,17 +273,6 @@ def test_backward_method_errors() -> None:
 
 
 # --------------------------------------------------------------------------- SASS and resources
-
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_tc", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.find_cuobjdump()
-    except mod.CuobjdumpUnavailable as e:
-        pytest.skip(str(e))
-    return mod
-
 
 def test_every_16bit_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
     sr = _sass_report()

@@ -5,7 +5,6 @@ directly, forward / reverse / random thread schedules and racecheck; the op's di
 runs when); and the SASS of the new kernels (HMMA, LDGSTS.E.BYPASS.128, no spills on any arch)."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -22,6 +21,7 @@ from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attentio
 from pykern.difftest.cases.decode_tc import launch_f16  # noqa: E402
 from pykern.ops.serving import dtc_smem_bytes  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
+from sass_helpers import report as _report, source_sass
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -331,29 +331,13 @@ def test_unaligned_out_falls_back_to_paged_attn_and_an_aligned_one_is_written_in
 
 
 # --------------------------------------------------------------------------- SASS
-def _report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_dtc", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 TC_KERNELS = [f"decode_tc_paged_d{d}{kv}_{t}" for d in (64, 128) for kv in ("", "_e4m3kv", "_e5m2kv")
               for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
 def _sass(arch: str) -> str:
-    sr = _report()
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    from pykern import cache
-    from pykern.registry import source_files
-
-    src = next(s for s in source_files() if s.name == "decode_tc.cu")
-    return sr.disassemble(cache.get_module(src, arch).image)
+    return source_sass("decode_tc.cu", arch)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

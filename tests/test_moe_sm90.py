@@ -10,8 +10,6 @@ steady-state loop within the bar.
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -26,6 +24,7 @@ from pykern.ops import _moe_sm90 as sm90
 from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import sm90_host  # noqa: F401 (a fixture)
+from sass_helpers import compile_sass, kernel_ops, report
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "grouped_gemm_sm90.cu"
@@ -228,40 +227,16 @@ KERNELS = [f"{n}_sm90_{t}" for n in ("grouped_gemm", "moe_gemm_act") for t in ("
 LOOP_BAR = 0.46  # warp-instructions per m16n8k16-equivalent (today 0.445; CUTLASS 3.x's consumer loop: 0.35-0.70)
 
 
-def _report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_gg90", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def _sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, text, sr.steady_state_loops(text)
-
-
-def _ops(text: str, kernel: str) -> list[str]:
-    import re
-
-    body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
-    return re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
+    mod, text = compile_sass(SRC, "sm_90a")
+    return mod, text, report().steady_state_loops(text)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     mod, text, _ = _sass()
-    ops_ = _ops(text, kernel)
+    ops_ = kernel_ops(text, kernel)
     f16 = kernel.endswith("_f16")
     hg = [op for op in ops_ if op.startswith("HGMMA")]
     assert hg and set(hg) == {"HGMMA.64x256x16.F32" + ("" if f16 else ".BF16")}, set(hg)

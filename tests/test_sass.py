@@ -11,12 +11,12 @@ Only these three sources are compiled (through pykern's cache), for 2 archs, to 
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sass_helpers import guard, report
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -52,14 +52,7 @@ EXT_16B = [f"{k}{s}" for k in ("add_rms_norm", "add_rms_norm_backward", "layer_n
                                "gelu_backward", "gelu_gate", "gelu_gate_backward") for s in ("", "_bf16", "_f16")]
 
 
-def _load_report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_i14", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load_report()
+sr = report()
 
 
 def _kernels_in(sources: tuple[str, ...]) -> list[str]:
@@ -70,16 +63,7 @@ def _kernels_in(sources: tuple[str, ...]) -> list[str]:
 
 @lru_cache(maxsize=None)
 def mix() -> dict[str, dict[str, dict[str, Any]]]:
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    try:
-        return sr.instruction_mix(_kernels_in(SOURCES), ARCHS, with_resources=True)
-    except Exception as e:  # no NVRTC in this environment
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+    return guard(lambda: sr.instruction_mix(_kernels_in(SOURCES), ARCHS, with_resources=True))
 
 
 def test_every_narrowing_bf16_kernel_uses_f2fp() -> None:
