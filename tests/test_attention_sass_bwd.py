@@ -18,6 +18,7 @@ import pytest
 from pykern import ops
 from pykern.difftest.cases.attention import attention_inputs
 from sass_helpers import checked_report as _sass_report
+from launch_spy import record_launches
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -27,21 +28,11 @@ BARS = {64: (6.5, 1.0), 128: (4.5, 0.75)}
 
 def _launched(monkeypatch, d: int, kind: str, softcap: float, deterministic: bool) -> list[str]:
     """The kernels one attention_backward call launches (on the host backend)."""
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)
+    names = record_launches(monkeypatch)
     rng = np.random.default_rng(d)
     q, k, v, g = attention_inputs(rng, None, 3, 2, 1, d, kind, 5)
     ops.attention_backward(q, k, v, g, causal=True, softcap=softcap, deterministic=deterministic, backend="host")
-    monkeypatch.setattr(launcher, "launch", real)
-    return names
+    return list(names)  # this call's launches: a later call in the test records into its own list
 
 
 def _tc_backward_kernels(monkeypatch) -> dict[str, int]:

@@ -16,12 +16,13 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_helpers import need as _need  # noqa: E402
-from pykern import launcher, ops  # noqa: E402
+from pykern import ops  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention  # noqa: E402
 from pykern.difftest.cases.decode_tc import launch_f16  # noqa: E402
 from pykern.ops.serving import dtc_smem_bytes  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
-from sass_helpers import report as _report, source_sass
+from sass_helpers import report as _report, source_sass  # noqa: E402
+from launch_spy import record_launches  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -40,15 +41,7 @@ def _close(out: Any, ref: Any, op: str, dtype: str) -> None:
 @pytest.fixture
 def launched(monkeypatch) -> list[str]:
     """Names of the kernels launched through pykern.launcher.launch during the test."""
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **k):
-        names.append(name)
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(launcher, "launch", spy)
-    return names
+    return record_launches(monkeypatch)
 
 
 def _ref(pc: dict, q: np.ndarray, window_left: int = -1) -> tuple[np.ndarray, np.ndarray]:
