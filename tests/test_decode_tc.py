@@ -20,22 +20,11 @@ from pykern import ops  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention  # noqa: E402
 from pykern.difftest.cases.decode_tc import launch_f16  # noqa: E402
 from pykern.ops.serving import dtc_smem_bytes  # noqa: E402
-from pykern.tolerance import tolerance  # noqa: E402
 from sass_helpers import report as _report, source_sass  # noqa: E402
 from launch_spy import record_launches  # noqa: E402
+from family_helpers import close_attention as _close  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _close(out: Any, ref: Any, op: str, dtype: str) -> None:
-    atol, rtol = tolerance(op, dtype)
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    fin = np.isfinite(ref)
-    assert (np.isneginf(out) == np.isneginf(ref)).all(), "-inf (no visible key) placement differs"
-    assert not np.isnan(out).any()
-    err = np.abs(out[fin] - ref[fin]) - (atol + rtol * np.abs(ref[fin]))
-    assert err.size == 0 or err.max() <= 0, f"max excess {err.max():.3g}"
 
 
 @pytest.fixture

@@ -13,20 +13,11 @@ from pykern.arrays import bfloat16
 from pykern.difftest.cases.moe import (np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route,
                                        _experts_inputs)
 from pykern.errors import ArgumentError, ArgumentTypeError
-from pykern.tolerance import tolerance
 from sass_helpers import checked_report as _sass_report
+from family_helpers import close_elementwise as _close
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
-
-
-def _close(got, ref, op: str, kind: str) -> None:
-    atol, rtol = tolerance(op, kind)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape
-    err = np.abs(got - ref)
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{bad.sum()} of {bad.size} off, max err {err.max():.3g}"
 
 
 # --------------------------------------------------------------------------- routing
