@@ -1,10 +1,11 @@
-"""The SASS tests' shared steps: tools/sass_report.py loaded once, a source compiled (NVRTC) and disassembled
+"""The SASS tests' shared steps: tools/sass_report.py (and the other tools/ scripts) loaded once, a source compiled (NVRTC) and disassembled
 (cuobjdump), a kernel's opcodes. Where this machine has no cuobjdump or no NVRTC the calling test is skipped with
 the reason, not failed: the SASS checks need the CUDA toolkit's tools, the rest of the suite does not."""
 from __future__ import annotations
 
 import importlib.util
 import re
+import sys
 import warnings
 from functools import lru_cache
 from pathlib import Path
@@ -20,12 +21,19 @@ _OPCODE = re.compile(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?
 
 
 @lru_cache(maxsize=None)
-def report() -> Any:
-    """tools/sass_report.py as a module (tools/ holds scripts, not a package on sys.path)."""
-    spec = importlib.util.spec_from_file_location("pk_sass_report", ROOT / "tools" / "sass_report.py")
+def tool(name: str) -> Any:
+    """tools/<name>.py as a module, loaded once (tools/ holds scripts, not a package on sys.path); registered in
+    sys.modules as pk_tool_<name>, where dataclasses look their module up."""
+    spec = importlib.util.spec_from_file_location(f"pk_tool_{name}", ROOT / "tools" / f"{name}.py")
     mod = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = mod
     spec.loader.exec_module(mod)
     return mod
+
+
+def report() -> Any:
+    """tools/sass_report.py as a module."""
+    return tool("sass_report")
 
 
 def checked_report() -> Any:
@@ -71,6 +79,20 @@ def source_sass(name: str, arch: str) -> str:
 
     src = next(s for s in source_files() if s.name == name)
     return guard(lambda: report().disassemble(cache.get_module(src, arch).image))
+
+
+def spills(mix: dict) -> list[tuple]:
+    """(kernel, arch, spill stores, spill loads) of each instruction_mix row (with_resources) that spills or
+    touches local memory (LDL / STL): an empty list when none does."""
+    return [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in mix.items() for a, v in per.items()
+            if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+
+
+def assert_cp_async_16(source: str, arch: str) -> None:
+    """kernels_cu/<source>'s SASS for arch copies global to shared memory with 16-byte cp.async (LDGSTS.128, the
+    L1-bypassing form) and commits (LDGDEPBAR) and waits (DEPBAR) on the groups."""
+    text = source_sass(source, arch)
+    assert "LDGSTS.E.BYPASS.128" in text and "LDGDEPBAR" in text and "DEPBAR.LE SB0" in text
 
 
 def kernel_ops(text: str, kernel: str) -> list[str]:

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sass_helpers import guard, report
+from sass_helpers import assert_cp_async_16, guard, report, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -51,16 +51,10 @@ def test_kv_streams_by_16_byte_cp_async(kernel: str) -> None:
 
 
 def test_cp_async_is_16_bytes_with_commit_and_wait() -> None:
-    from pykern import cache
-
-    src = next(s for s in __import__("pykern.registry", fromlist=["source_files"]).source_files()
-               if s.name == "paged.cu")
-    text = sr.disassemble(cache.get_module(src, "sm_90").image)
-    assert "LDGSTS.E.BYPASS.128" in text and "LDGDEPBAR" in text and "DEPBAR.LE SB0" in text
+    assert_cp_async_16("paged.cu", "sm_90")
 
 
 def test_no_spills() -> None:
     m = mix()
-    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
-           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    bad = spills(m)
     assert not bad, bad

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sass_helpers import guard, report
+from sass_helpers import guard, report, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ("mla_decode_sm90_bf16", "mla_decode_sm90_f16")
@@ -87,8 +87,7 @@ def test_cp_async_gathers_mbarriers_and_setmaxnreg() -> None:
 
 def test_no_spills_and_no_serialization_warning() -> None:
     m = guard(lambda: sr.instruction_mix(list(KERNELS), ("sm_90",), with_resources=True))
-    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
-           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    bad = spills(m)
     assert not bad, bad
     from pykern import compiler
 
