@@ -28,6 +28,7 @@ from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
 from sass_helpers import compile_sass, kernel_ops, report
+from sm90_mutants import write_mutant
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "attention_fwd_sm90.cu"
@@ -184,10 +185,7 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
 # --------------------------------------------------------------------------- pipeline mistakes are reported
 def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> str:
     """A copy of the kernel source with `old` replaced (once) and its kernels renamed; the d64 bf16 name."""
-    text = SRC.read_text()
-    assert text.count(old) == 1, old
-    (tmp_path / "fa90_mutant.cu").write_text(text.replace(old, new).replace("attention_fwd_sm90_d", "fa90_mutant_d"))
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
+    write_mutant(tmp_path, monkeypatch, SRC, old, new, "fa90_mutant.cu", ("attention_fwd_sm90_d", "fa90_mutant_d"))
     return "fa90_mutant_d64_bf16"
 
 

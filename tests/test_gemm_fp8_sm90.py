@@ -24,6 +24,7 @@ from pykern.tolerance import tolerance  # noqa: E402
 from launch_spy import record_launches as _record  # noqa: E402
 from attn_checks import sm90_host  # noqa: E402,F401 (a fixture)
 from sass_helpers import compile_sass, kernel_ops, report
+from sm90_mutants import launch_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "grouped_gemm_sm90.cu"
@@ -136,14 +137,7 @@ def test_other_archs_keep_mma_sync(monkeypatch) -> None:
 # --------------------------------------------------------------------------- a broken kernel is caught
 def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
     """A copy of the kernel source with `old` replaced (once), its kernels taking the real names' place."""
-    from pykern import launcher
-
-    text = SRC.read_text()
-    assert text.count(old) == 1, old
-    (tmp_path / "gg90_fp8_mutant.cu").write_text(text.replace(old, new).replace("_sm90", "_mutant90"))
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
-    real = launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(name.replace("_sm90", "_mutant90"), *a, **kw))
+    launch_mutants(tmp_path, monkeypatch, SRC, old, new, "gg90_fp8_mutant.cu", "_sm90", "_mutant90")
 
 
 def _mutant_inputs():

@@ -21,24 +21,16 @@ from pykern.arrays import bfloat16
 from pykern.difftest.cases.moe import _experts_inputs, np_grouped_gemm, np_moe_experts
 from pykern.errors import KernelExecutionError
 from pykern.ops import _moe_sm90 as sm90
-from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import sm90_host  # noqa: F401 (a fixture)
 from sass_helpers import compile_sass, kernel_ops, report
+from family_helpers import close_elementwise as _close
+from sm90_mutants import launch_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "grouped_gemm_sm90.cu"
 HOST = "host"
 pytestmark = pytest.mark.usefixtures("sm90_host")
-
-
-def _close(got, ref, op: str, kind: str) -> None:
-    atol, rtol = tolerance(op, kind)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape
-    err = np.abs(got - ref)
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{bad.sum()} of {bad.size} off, max err {err.max():.3g}"
 
 
 def _dt(kind: str):
@@ -177,16 +169,7 @@ def test_torch_experts_take_the_sm90_kernels(monkeypatch) -> None:
 def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
     """A copy of the kernel source with `old` replaced (once), its kernels taking the real names' place: the op
     launches the copy (PYKERN_KERNEL_PATH folders are searched, names renamed back by the spy)."""
-    import pykern
-    from pykern import launcher
-
-    text = SRC.read_text()
-    assert text.count(old) == 1, old
-    (tmp_path / "gg90_mutant.cu").write_text(text.replace(old, new).replace("_sm90", "_mutant90"))
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
-    real = launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(name.replace("_sm90_", "_mutant90_"), *a, **kw))
-    assert pykern  # the registry picks the folder up at the next launch
+    launch_mutants(tmp_path, monkeypatch, SRC, old, new, "gg90_mutant.cu", "_sm90", "_mutant90")
 
 
 def test_the_unmutated_copy_runs(tmp_path, monkeypatch) -> None:
