@@ -212,7 +212,11 @@ ABTC_KP_UNROLL
     pk_cp_async_wait_all();  // the K/V copies when no query tile ran
 
     const bool vo = (head_dim & 1) == 0 && (reinterpret_cast<unsigned long long>(DO_DK ? dk : dv) & 3) == 0;
-    pk_attn_key_rows(key0, n_k, (long long)b * n_k, kv_stride, (long long)kh * head_dim, [&](int r, long long ob) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= n_k) continue;
+        const long long ob = ((long long)b * n_k + key) * kv_stride + (long long)kh * head_dim;
 #pragma unroll
         for (int i = 0; i < ON; i++) {
             const int col = i * 8 + 2 * t;
@@ -226,7 +230,7 @@ ABTC_KP_UNROLL
                 pk_store_pair<T>(dk, ob, col, head_dim, vo, x0, x1);
             }
         }
-    });
+    }
 }
 
 template <typename T, int D, bool SC>
