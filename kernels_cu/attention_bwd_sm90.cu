@@ -19,6 +19,7 @@
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
+#include "pk_attn_tc.cuh"  // pk_attn_key_rows
 
 #define AB90_ROWS 128   // keys (dkdv) / queries (dq) per CTA
 #define AB90_STEP 64    // keys per streamed tile (dq)
@@ -177,12 +178,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         pk_mbarrier_arrive(&empty[s]);
     }
 
-    const long long row_stride = (long long)n_kv_heads * D;
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = key0 + 8 * r;
-        if (key >= n_k) continue;
-        const long long base = ((long long)b * n_k + key) * row_stride + (long long)kvh * D;
+    pk_attn_key_rows(key0, n_k, (long long)b * n_k, (long long)n_kv_heads * D, (long long)kvh * D,
+                     [&](int r, long long base) {
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
             *reinterpret_cast<unsigned int*>(dk + base + 8 * j + 2 * t) =
@@ -190,7 +187,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             *reinterpret_cast<unsigned int*>(dv + base + 8 * j + 2 * t) =
                 Pk16<T>::narrow2(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
         }
-    }
+    });
 }
 
 // ------------------------------------------------------------------------------------------------ dQ
@@ -249,9 +246,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     // ---- consumers: rows = queries q0 + 64c + 16 wq + g (+ 8) ----
     pk_setmaxnreg_inc<240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
-    float dqa[D / 2];
-#pragma unroll
-    for (int i = 0; i < D / 2; i++) dqa[i] = 0.0f;
+    float dqa[D / 2] = {};
     const float sl2 = scale * 1.4426950408889634f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];

@@ -37,6 +37,26 @@ template <> struct AbfCfg<128> { enum { BR = 16, MINB = 1 }; };
 // two delta runs.
 #define ABF_SMEM(D, BR) ((2 * ABF_BC + 4 * (BR)) * ((D) + 8) * 2 + ABF_BC * ((BR) + 8) * 2 + 4 * (BR) * 4)
 
+// acc (this warp's 16 rows of the key tile x NT n-tiles of the query tile) += A B^T over head_dim: A's rows
+// (K or V) ldmatrix'd from a_at, B's (Q or dO) from b_at, both byte offsets into sm with the lane's row offset
+// folded in (compile-time immediates on one base register once inlined).
+template <typename T, int D, int NT, int SD>
+__device__ __forceinline__ void abf_kd_pass(float (&acc)[NT][4], const unsigned char* sm, unsigned a_at,
+                                            unsigned b_at) {
+#pragma unroll
+    for (int kd = 0; kd < D / 16; kd++) {
+        unsigned int a[4];
+        pk_ldmatrix_x4_at(a, sm, a_at + kd * 32);
+#pragma unroll
+        for (int np = 0; np < NT / 2; np++) {
+            unsigned int b[4];
+            pk_ldmatrix_x4_at(b, sm, b_at + np * 16 * SD * 2 + kd * 32);
+            pk_mma_m16n8k16<T>(acc[2 * np], a, b, acc[2 * np]);
+            pk_mma_m16n8k16<T>(acc[2 * np + 1], a, b + 2, acc[2 * np + 1]);
+        }
+    }
+}
+
 template <bool B> struct AbfTag { static constexpr bool value = B; };
 
 template <typename T, int D, bool SC, bool DET>
@@ -150,30 +170,8 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
 #pragma unroll
             for (int e = 0; e < 4; e++) s[i][e] = dp[i][e] = 0.0f;
         // S^T = K Q^T, then dP^T = V dO^T, k over head_dim (two passes: fewer fragments live at once)
-#pragma unroll
-        for (int kd = 0; kd < D / 16; kd++) {
-            unsigned int ka[4];
-            pk_ldmatrix_x4_at(ka, sm, K_OFF + a_off + kd * 32);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                unsigned int qb[4];
-                pk_ldmatrix_x4_at(qb, sm, qo + b_off + np * 16 * SD * 2 + kd * 32);
-                pk_mma_m16n8k16<T>(s[2 * np], ka, qb, s[2 * np]);
-                pk_mma_m16n8k16<T>(s[2 * np + 1], ka, qb + 2, s[2 * np + 1]);
-            }
-        }
-#pragma unroll
-        for (int kd = 0; kd < D / 16; kd++) {
-            unsigned int va[4];
-            pk_ldmatrix_x4_at(va, sm, V_OFF + a_off + kd * 32);
-#pragma unroll
-            for (int np = 0; np < NT / 2; np++) {
-                unsigned int ob[4];
-                pk_ldmatrix_x4_at(ob, sm, go + b_off + np * 16 * SD * 2 + kd * 32);
-                pk_mma_m16n8k16<T>(dp[2 * np], va, ob, dp[2 * np]);
-                pk_mma_m16n8k16<T>(dp[2 * np + 1], va, ob + 2, dp[2 * np + 1]);
-            }
-        }
+        abf_kd_pass<T, D, NT, SD>(s, sm, K_OFF + a_off, qo + b_off);
+        abf_kd_pass<T, D, NT, SD>(dp, sm, V_OFF + a_off, go + b_off);
         // P^T and dS^T on the accumulator fragments (keys g, g + 8 of the warp; queries nt*8 + 2t, +1)
         const float* ls = reinterpret_cast<const float*>(sm + L_OFF + buf * BR * 4);
         const float* ds_ = reinterpret_cast<const float*>(sm + L_OFF + (2 + buf) * BR * 4);
@@ -301,11 +299,7 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
     }
     pk_cp_async_wait_all();  // the K / V copies when no query tile ran
 
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const int key = key0 + 8 * r;
-        if (key >= n_k) continue;
-        const long long ob = ((long long)b * n_k + key) * kv_stride + (long long)kh * D;
+    pk_attn_key_rows(key0, n_k, (long long)b * n_k, kv_stride, (long long)kh * D, [&](int r, long long ob) {
 #pragma unroll
         for (int i = 0; i < ON; i++) {
             const int col = i * 8 + 2 * t;
@@ -313,7 +307,7 @@ __device__ __forceinline__ void abf_body(const T* __restrict__ q, const T* __res
             *reinterpret_cast<unsigned int*>(dk + ob + col) =
                 Pk16<T>::narrow2(acc_dk[i][2 * r] * scale, acc_dk[i][2 * r + 1] * scale);
         }
-    }
+    });
 }
 
 // lse (natural log, (batch, n_q, n_heads)) -> lse * log2e and delta -> (batch, n_heads, nq_pad) runs (the

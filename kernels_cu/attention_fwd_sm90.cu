@@ -67,35 +67,16 @@ template <typename T> struct Fa90Dt;
 template <> struct Fa90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Fa90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 
-// The exact online softmax of one tile for this thread's rows g and g + 8: the row max over the tile (and
-// the running base m), the rescale of O and l by alpha = 2^((m_old - m_new) * sl2), P = 2^(s * sl2 - base)
-// rounded to T into the A fragments of O += P V, and this thread's partial row sums (the quad sums l at the end).
+// The exact online softmax of one tile for this thread's rows g and g + 8 (pk_wgmma_online_softmax: P into the
+// A fragments of O += P V, the rows' partial sums l), then O's rows rescaled by alpha = 2^((m_old - m_new) * sl2).
 template <typename T, int D, int BC>  // D: head_dim_v (the O accumulators)
 __device__ __forceinline__ void fa90_softmax_exact(const float (&s)[BC / 2], float (&o)[D / 2], float (&m)[2],
                                                    float (&l)[2], unsigned (&pa)[BC / 16][4], float sl2) {
+    float al[2];
+    pk_wgmma_online_softmax<T, BC>(s, m, l, pa, al, sl2);
 #pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = m[r];
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-        const float base = mx == PK_NEG_INF ? 0.0f : mx * sl2;  // a row with nothing visible yet stays at 0
-        const float alpha = pk_ex2_approx(m[r] * sl2 - base);
-        m[r] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++) {
-            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
-            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
-            sum += p0 + p1;
-            // S n-tiles 2kk, 2kk + 1 are exactly the A fragment of k-step kk: a[0] / a[2] rows g, a[1] / a[3] g + 8.
-            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
-        }
-        l[r] = l[r] * alpha + sum;  // this thread's partial row sum; the quad reduces it at the end
-#pragma unroll
-        for (int j = 0; j < D / 8; j++) o[4 * j + 2 * r] *= alpha, o[4 * j + 2 * r + 1] *= alpha;
-    }
+    for (int j = 0; j < D / 8; j++)
+        o[4 * j] *= al[0], o[4 * j + 1] *= al[0], o[4 * j + 2] *= al[1], o[4 * j + 3] *= al[1];
 }
 
 // The wgmmas of S = Q K^T for one key tile (no fence, no commit): Q from registers (qa, QREG) or from shared

@@ -168,25 +168,14 @@ __device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned
 // Four FP8 elements (a word, element i in byte i) to two T x2 (elements 0, 1 in lo, 2, 3 in hi), exact. f16:
 // cvt.rn.f16x2.<fp8>x2 is the MMA operand itself (one instruction a pair on sm_89+, the word's upper half
 // selected in the instruction); bf16: through fp32 (the f16 pairs widened, then packed to bf16x2).
-template <typename T, int EB> struct DtcWiden;  // four elements (a word) into two T x2
-template <> struct DtcWiden<__half, 4> {
+template <typename T, int EB> struct DtcWiden {  // four elements (a word) into two T x2
     static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-        pk_cvt_f16x4_e4m3x4(w, lo, hi);
-    }
-};
-template <> struct DtcWiden<__half, 5> {
-    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-        pk_cvt_f16x4_e5m2x4(w, lo, hi);
-    }
-};
-template <> struct DtcWiden<__nv_bfloat16, 4> {
-    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-        pk_cvt_bf16x4_e4m3x4(w, lo, hi);
-    }
-};
-template <> struct DtcWiden<__nv_bfloat16, 5> {
-    static __device__ __forceinline__ void x4(unsigned int w, unsigned int& lo, unsigned int& hi) {
-        pk_cvt_bf16x4_e5m2x4(w, lo, hi);
+        static_assert(EB == 4 || EB == 5, "DtcWiden: e4m3 (EB 4) or e5m2 (EB 5)");
+        constexpr bool F16 = Pk16<T>::is_f16;
+        if constexpr (F16 && EB == 4) pk_cvt_f16x4_e4m3x4(w, lo, hi);
+        else if constexpr (F16) pk_cvt_f16x4_e5m2x4(w, lo, hi);
+        else if constexpr (EB == 4) pk_cvt_bf16x4_e4m3x4(w, lo, hi);
+        else pk_cvt_bf16x4_e5m2x4(w, lo, hi);
     }
 };
 

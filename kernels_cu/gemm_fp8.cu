@@ -182,25 +182,7 @@ __device__ __forceinline__ void gemm_fp8_body(const unsigned char* __restrict__ 
     pk_cp_async_wait_all();
 
     // Epilogue: accumulator (mt, nt, v) is row wm*32 + mt*16 + g + 8*(v>>1), column wn*32 + nt*8 + 2t + (v&1).
-    const bool pair = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
-#pragma unroll
-    for (int mt = 0; mt < 2; mt++)
-#pragma unroll
-        for (int h = 0; h < 2; h++) {
-            const int m = m0 + wm * 32 + mt * 16 + g + 8 * h;
-            if (m >= mend) continue;
-#pragma unroll
-            for (int nt = 0; nt < 4; nt++) {
-                const int n = n0 + wn * 32 + nt * 8 + 2 * t;
-                const float x0 = acc[mt][nt][2 * h], x1 = acc[mt][nt][2 * h + 1];
-                if (pair && n + 1 < N) {
-                    *reinterpret_cast<unsigned int*>(out + (long long)m * N + n) = pk_float2_to_bf16x2(x0, x1);
-                } else {
-                    if (n < N) out[(long long)m * N + n] = pk_float_to_bf16(x0);
-                    if (n + 1 < N) out[(long long)m * N + n + 1] = pk_float_to_bf16(x1);
-                }
-            }
-        }
+    gg_store16<unsigned short>(out, acc, m0 + wm * 32 + g, n0 + wn * 32 + 2 * t, mend, N);
 }
 #endif  // sm_89+
 

@@ -36,6 +36,7 @@
 // pykern/ops/mla.py MLA90_SMEM_BYTES is the same.
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
+#include "pk_attn_tc.cuh"  // pk_wgmma_online_softmax
 
 #define MLA90_DC 512       // ckv width (the value width too)
 #define MLA90_DP 64        // kpe width
@@ -63,37 +64,6 @@
 template <typename T> struct Mla90Dt;
 template <> struct Mla90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Mla90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
-
-// The exact online softmax of one tile for this thread's rows g and g + 8 (r = 0, 1) of the m64n64 S
-// accumulators (s[4 j + 2 r + e]: row 16 warp + g + 8 r, key 8 j + 2 t + e): the row max over the quad, P rounded
-// to T into the A fragments of O += P V (n-tiles 2 kk, 2 kk + 1 are k-step kk), this thread's partial row sums
-// rescaled (the quad sums l at the end) and the rows' rescale factors al (O is the caller's). m is in raw score
-// units; a row with nothing visible yet stays at base 0 (P = 0, no NaN from -inf - -inf).
-template <typename T>
-__device__ __forceinline__ void mla90_softmax(const float (&s)[MLA90_BC / 2], float (&m)[2], float (&l)[2],
-                                              unsigned (&pa)[MLA90_BC / 16][4], float (&al)[2], float sl2) {
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        float mx = m[r];
-#pragma unroll
-        for (int j = 0; j < MLA90_BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-        const float base = mx == PK_NEG_INF ? 0.0f : mx * sl2;
-        const float alpha = pk_ex2_approx(m[r] * sl2 - base);
-        m[r] = mx;
-        float sum = 0.0f;
-#pragma unroll
-        for (int j = 0; j < MLA90_BC / 8; j++) {
-            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
-            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
-            sum += p0 + p1;
-            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
-        }
-        l[r] = l[r] * alpha + sum;
-        al[r] = alpha;
-    }
-}
 
 // O (this consumer's 256 columns: o[4 j + 2 r + e]) times the rows' factors, only when some row of the warp
 // changed (once a row's max has settled, typically after its first tiles, alpha is exactly 1: 128 FMULs saved a
@@ -251,7 +221,7 @@ __device__ __forceinline__ void mla90_body(const T* __restrict__ q_nope, const T
                 if (!(8 * (e / 4) + (e & 1) < lim)) sc[e] = PK_NEG_INF;  // keys past the range
             unsigned pa[MLA90_BC / 16][4];
             float al[2];
-            mla90_softmax<T>(sc, m, l, pa, al, sl2);
+            pk_wgmma_online_softmax<T, MLA90_BC>(sc, m, l, pa, al, sl2);
             // Hand P and the factors to consumer 1 once it is done with the previous tile's.
             if (i > 0) pk_bar_sync(MLA90_BAR_P_FREE, 256);
 #pragma unroll

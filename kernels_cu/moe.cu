@@ -745,25 +745,7 @@ __device__ __forceinline__ void gg_tc_body(const T* __restrict__ a_, const T* __
                 gg_store_f32(outf, acc[mt][nt], m0 + wm * 64 + mt * 16 + g, n0 + wn * 64 + nt * 8, mend, N, t, quad);
     } else if (EPI == 0 || EPI == 2) {
         if (EPI == 2) out += (long long)e * M * N;
-        const bool pair = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
-#pragma unroll
-        for (int mt = 0; mt < 4; mt++)
-#pragma unroll
-            for (int h = 0; h < 2; h++) {
-                const int m = m0 + wm * 64 + mt * 16 + g + 8 * h;
-                if (m >= mend) continue;
-#pragma unroll
-                for (int nt = 0; nt < 8; nt++) {
-                    const int n = n0 + wn * 64 + nt * 8 + 2 * t;
-                    const float x0 = acc[mt][nt][2 * h], x1 = acc[mt][nt][2 * h + 1];
-                    if (pair && n + 1 < N) {
-                        *reinterpret_cast<unsigned int*>(out + (long long)m * N + n) = Pk16<T>::narrow2(x0, x1);
-                    } else {
-                        if (n < N) out[(long long)m * N + n] = Pk16<T>::narrow(x0);
-                        if (n + 1 < N) out[(long long)m * N + n + 1] = Pk16<T>::narrow(x1);
-                    }
-                }
-            }
+        gg_store16<T>(out, acc, m0 + wm * 64 + g, n0 + wn * 64 + 2 * t, mend, N);
     } else {
         const bool pair = (inter & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
 #pragma unroll

@@ -56,6 +56,33 @@ __device__ __forceinline__ void pk_attn_epilogue(const float (&l)[2], const floa
     }
 }
 
+// The dK / dV epilogue's row walk of every attention backward, for the two key rows a lane holds of an m16
+// accumulator fragment (key0 and key0 + 8): for each key below n_k, store_row(r, off) writes the row's outputs,
+// off = (batch_row0 + key) * row_stride + head_off being the element offset of the row's first column.
+template <typename StoreRow>
+__device__ __forceinline__ void pk_attn_key_rows(int key0, int n_k, long long batch_row0, long long row_stride,
+                                                 long long head_off, StoreRow store_row) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const int key = key0 + 8 * r;
+        if (key >= n_k) continue;
+        store_row(r, (batch_row0 + key) * row_stride + head_off);
+    }
+}
+
+// One row's step of the online softmax, shared by the mma.sync and wgmma kernels: mx (this lane's max of the
+// row's new scores and the old max m) becomes the quad's (the 4 lanes holding the row), base = mx * mul (0 for a
+// row with nothing visible yet: P = 0, no NaN from -inf - -inf), m the new max; returns the rescale factor
+// alpha = 2^(m_old * mul - base) of the row's O and l.
+__device__ __forceinline__ float pk_quad_rescale(float mx, float& m, float mul, float& base) {
+    mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
+    mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
+    base = mx == PK_NEG_INF ? 0.0f : mx * mul;
+    const float alpha = pk_ex2_approx(m * mul - base);
+    m = mx;
+    return alpha;
+}
+
 // One online-softmax step of a warp's S accumulators (NT n-tiles of m16n8, masked to -inf), rows g and g + 8
 // (r = 0, 1): the row max over the quad, s becomes P = 2^(mul * (s - max)), l[r] this lane's partial row sum
 // (the quad reduces it at the end) and o[ON][4] is rescaled by 2^(mul * (old max - new max)). m holds the
@@ -70,11 +97,8 @@ __device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o
         float mx = m[r];
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) mx = fmaxf(mx, fmaxf(s[nt][2 * r], s[nt][2 * r + 1]));
-        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 1));
-        mx = fmaxf(mx, __shfl_xor_sync(PK_FULL_MASK, mx, 2));
-        const float base = mx == PK_NEG_INF ? 0.0f : mx * mul;
-        const float alpha = pk_ex2_approx(m[r] * mul - base);
-        m[r] = mx;
+        float base;
+        const float alpha = pk_quad_rescale(mx, m[r], mul, base);
         float sum = 0.0f;
 #pragma unroll
         for (int nt = 0; nt < NT; nt++) {
@@ -85,6 +109,32 @@ __device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o
         l[r] = l[r] * alpha + sum;
 #pragma unroll
         for (int i = 0; i < ON; i++) o[i][2 * r] *= alpha, o[i][2 * r + 1] *= alpha;
+    }
+}
+
+// The same step for a wgmma m64nBC accumulator (s[4 j + 2 r + e]: n-tile j, row g + 8 r, column 8 j + 2 t + e;
+// O lives in the caller's accumulators): P = 2^(s * sl2 - base) rounded to T straight into the A fragments of
+// O += P V (n-tiles 2 kk, 2 kk + 1 are exactly k-step kk's A fragment: a[0] / a[2] row g, a[1] / a[3] g + 8), l[r]
+// this lane's partial row sum (the quad sums it at the end), al[r] the factor the caller rescales O's rows by.
+template <typename T, int BC>
+__device__ __forceinline__ void pk_wgmma_online_softmax(const float (&s)[BC / 2], float (&m)[2], float (&l)[2],
+                                                        unsigned (&pa)[BC / 16][4], float (&al)[2], float sl2) {
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mx = m[r];
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        float base;
+        al[r] = pk_quad_rescale(mx, m[r], sl2, base);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) {
+            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+            sum += p0 + p1;
+            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
+        }
+        l[r] = l[r] * al[r] + sum;
     }
 }
 

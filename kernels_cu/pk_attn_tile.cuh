@@ -418,30 +418,15 @@ __device__ __forceinline__ void pa_body(const TQ* __restrict__ q, const TKV* __r
     }
 }
 
+// The members init() fills (pbeg / hoff / base, len) start at zero here and are set per (batch, kv head).
 __device__ __forceinline__ PagedKV pa_paged_kv(const int* indptr, const int* indices, const int* last, int page_size,
                                                long long s_page, long long s_tok, long long s_head) {
-    PagedKV kv;
-    kv.indptr = indptr;
-    kv.indices = indices;
-    kv.last = last;
-    kv.page_size = page_size;
-    kv.s_page = s_page;
-    kv.s_tok = s_tok;
-    kv.s_head = s_head;
-    return kv;
+    return PagedKV{indptr, indices, last, page_size, s_page, s_tok, s_head};
 }
 
 __device__ __forceinline__ DenseKV pa_dense_kv(const int* cu, const unsigned int* lens, int mode, int max_len,
                                                long long s_b, long long s_tok, long long s_head) {
-    DenseKV kv;
-    kv.cu = cu;
-    kv.lens = lens;
-    kv.mode = mode;
-    kv.max_len = max_len;
-    kv.s_b = s_b;
-    kv.s_tok = s_tok;
-    kv.s_head = s_head;
-    return kv;
+    return DenseKV{cu, lens, mode, max_len, s_b, s_tok, s_head};
 }
 
 // ---------------------------------------------------------------------------

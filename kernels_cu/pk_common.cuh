@@ -207,23 +207,26 @@ __device__ __forceinline__ float pk_warp_max(float v) {
     return v;
 }
 
-// Block-wide sum for blockDim.x a multiple of 32 (<= 1024), every thread of the
+// Block-wide sum (MAX false) or max (MAX true) for blockDim.x a multiple of 32 (<= 1024), every thread of the
 // block must call it. `scratch` holds >= 32 floats of shared memory. The result
 // is returned to every thread. The trailing barrier is what makes it safe to
 // call again with the same scratch: without it a fast warp could overwrite
 // scratch[0] before a slow warp has read it (tests/host_kernels/emu.cu's pk_t_race
 // reproduces that race, and the host backend's racecheck reports it).
-__device__ __forceinline__ float pk_block_sum(float v, float* scratch) {
+template <bool MAX>
+__device__ __forceinline__ float pk_block_reduce(float v, float* scratch) {
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int n_warps = (blockDim.x + 31) >> 5;
-    v = pk_warp_sum(v);
+    v = MAX ? pk_warp_max(v) : pk_warp_sum(v);
     if (lane == 0) scratch[warp] = v;
     __syncthreads();
-    v = (lane < n_warps) ? scratch[lane] : 0.0f;
-    v = pk_warp_sum(v);
+    v = (lane < n_warps) ? scratch[lane] : (MAX ? PK_NEG_INF : 0.0f);
+    v = MAX ? pk_warp_max(v) : pk_warp_sum(v);
     __syncthreads();
     return v;
 }
+
+__device__ __forceinline__ float pk_block_sum(float v, float* scratch) { return pk_block_reduce<false>(v, scratch); }
 
 // Sum over the threads sharing a row: a warp when blockDim.x == 32 (a warp per row, blockDim.y rows a
 // block), else the whole block (blockDim.y == 1).
@@ -231,14 +234,4 @@ __device__ __forceinline__ float pk_row_sum(float v, float* scratch) {
     return blockDim.x == 32 ? pk_warp_sum(v) : pk_block_sum(v, scratch);
 }
 
-__device__ __forceinline__ float pk_block_max(float v, float* scratch) {
-    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-    const int n_warps = (blockDim.x + 31) >> 5;
-    v = pk_warp_max(v);
-    if (lane == 0) scratch[warp] = v;
-    __syncthreads();
-    v = (lane < n_warps) ? scratch[lane] : PK_NEG_INF;
-    v = pk_warp_max(v);
-    __syncthreads();
-    return v;
-}
+__device__ __forceinline__ float pk_block_max(float v, float* scratch) { return pk_block_reduce<true>(v, scratch); }

@@ -77,3 +77,31 @@ __device__ __forceinline__ void gg_store_f32(float* __restrict__ out, const floa
         if (col + 3 < N) p[3] = q.w;
     }
 }
+
+// The 16-bit epilogue of the mma.sync grouped GEMMs (gemm_fp8.cu, moe.cu): a warp's MT x NT m16n8 accumulator
+// tiles (acc[mt][nt][2 h + e]: row r0 + 16 mt + 8 h, column c0 + 8 nt + e, where r0 and c0 already hold the lane's
+// g and 2 t) narrowed to T into row-major out (N columns): a 4-byte pair store when N is even and out 4-byte
+// aligned, else element stores; rows from rend on and columns from N on are not stored. out holds T's raw words.
+template <typename T, int MT, int NT>
+__device__ __forceinline__ void gg_store16(unsigned short* __restrict__ out, const float (&acc)[MT][NT][4], int r0,
+                                           int c0, int rend, int N) {
+    const bool pair = (N & 1) == 0 && (reinterpret_cast<unsigned long long>(out) & 3) == 0;
+#pragma unroll
+    for (int mt = 0; mt < MT; mt++)
+#pragma unroll
+        for (int h = 0; h < 2; h++) {
+            const int m = r0 + mt * 16 + 8 * h;
+            if (m >= rend) continue;
+#pragma unroll
+            for (int nt = 0; nt < NT; nt++) {
+                const int n = c0 + nt * 8;
+                const float x0 = acc[mt][nt][2 * h], x1 = acc[mt][nt][2 * h + 1];
+                if (pair && n + 1 < N) {
+                    *reinterpret_cast<unsigned int*>(out + (long long)m * N + n) = Pk16<T>::narrow2(x0, x1);
+                } else {
+                    if (n < N) out[(long long)m * N + n] = Pk16<T>::narrow(x0);
+                    if (n + 1 < N) out[(long long)m * N + n + 1] = Pk16<T>::narrow(x1);
+                }
+            }
+        }
+}

@@ -10,7 +10,6 @@ loop and fail every row of this (test_old_kernels_fail_the_guard).
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,8 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases.attention import attention_inputs
+from sass_helpers import checked_report as _sass_report
+from launch_spy import record_launches
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -25,34 +26,13 @@ ARCHS = ("sm_80", "sm_90")
 BARS = {64: (6.5, 1.0), 128: (4.5, 0.75)}
 
 
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_bwd", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.find_cuobjdump()
-    except mod.CuobjdumpUnavailable as e:
-        pytest.skip(str(e))
-    return mod
-
-
 def _launched(monkeypatch, d: int, kind: str, softcap: float, deterministic: bool) -> list[str]:
     """The kernels one attention_backward call launches (on the host backend)."""
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)
+    names = record_launches(monkeypatch)
     rng = np.random.default_rng(d)
     q, k, v, g = attention_inputs(rng, None, 3, 2, 1, d, kind, 5)
     ops.attention_backward(q, k, v, g, causal=True, softcap=softcap, deterministic=deterministic, backend="host")
-    monkeypatch.setattr(launcher, "launch", real)
-    return names
+    return list(names)  # this call's launches: a later call in the test records into its own list
 
 
 def _tc_backward_kernels(monkeypatch) -> dict[str, int]:

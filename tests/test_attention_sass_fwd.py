@@ -10,7 +10,6 @@ _d256: head_dims the core does not take; paged_attn for FP8 caches) are not held
 """
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -18,6 +17,7 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases.attention import fa_inputs
+from sass_helpers import checked_report as _sass_report
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -27,17 +27,6 @@ LDSM_PER_MMA = 0.5  # K: one x4 per 2 MMAs of Q K^T; V: one x4.trans per 2 MMAs 
 # flash_attention and the serving ops (flash_attention_varlen, paged_prefill_attention), each in bf16 and f16
 FWD_CORE = [f"{v}d{d}{c}{s}" for v in ("attention_fwd_tc_", "attention_fwd_varlen_tc_", "paged_prefill_tc_")
             for d in BARS for c in ("", "_softcap") for s in ("_bf16", "_f16")]
-
-
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_fwd", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.find_cuobjdump()
-    except mod.CuobjdumpUnavailable as e:
-        pytest.skip(str(e))
-    return mod
 
 
 def _launched(monkeypatch, call) -> list[str]:

@@ -14,9 +14,7 @@ likewise against float64, deterministic.
 """
 from __future__ import annotations
 
-import importlib.util
 import re
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,6 +29,8 @@ from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
+from sass_helpers import compile_sass, kernel_ops, report
+from sm90_mutants import write_mutant
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "attention_fwd_sm90.cu"
@@ -252,10 +252,7 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
 # --------------------------------------------------------------------------- pipeline mistakes are reported
 def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> str:
     """A copy of the kernel source with `old` replaced (once) and its kernels renamed; the d64 bf16 name."""
-    text = SRC.read_text()
-    assert text.count(old) == 1, old
-    (tmp_path / "fa90_mutant.cu").write_text(text.replace(old, new).replace("attention_fwd_sm90_d", "fa90_mutant_d"))
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
+    write_mutant(tmp_path, monkeypatch, SRC, old, new, "fa90_mutant.cu", ("attention_fwd_sm90_d", "fa90_mutant_d"))
     return "fa90_mutant_d64_bf16"
 
 
@@ -412,27 +409,10 @@ def test_a_wgmma_without_its_fence_is_reported(tmp_path, monkeypatch) -> None:
 
 
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
-def _report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_fa90", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def _sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, text, sr.count_sass(text), sr.steady_state_loops(text)
+    mod, text = compile_sass(SRC, "sm_90a")
+    return mod, text, report().count_sass(text), report().steady_state_loops(text)
 
 
 KERNELS = [f"attention_fwd_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
@@ -453,18 +433,8 @@ BWD_KERNELS = [f"attention_bwd_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d 
 
 @lru_cache(maxsize=None)
 def _bwd_sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(BWD_SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, sr.count_sass(text), sr.steady_state_loops(text)
+    mod, text = compile_sass(BWD_SRC, "sm_90a")
+    return mod, report().count_sass(text), report().steady_state_loops(text)
 
 
 @pytest.mark.parametrize("kernel", BWD_KERNELS)

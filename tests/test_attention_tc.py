@@ -8,7 +8,6 @@ memory, and spills on no arch NVRTC offers.
 """
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import subprocess
@@ -25,8 +24,9 @@ from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
 from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 from pykern.errors import ArgumentError
 from pykern.ops import forward as fwd_mod
-from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
+from attn_checks import close
+from sass_helpers import checked_report as _sass_report
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
@@ -60,13 +60,7 @@ F16_FMA_WIDEN_ONLY = ["attention_bwd_preprocess_f16", "attention_bwd_lse_f16", "
 
 
 def _close(name: str, got, ref, op: str, dtype: str = "bf16") -> None:
-    atol, rtol = tolerance(op, dtype)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape, name
-    both_inf = np.isneginf(got) & np.isneginf(ref)
-    err = np.where(both_inf, 0.0, np.abs(got - ref))
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{name}: {bad.sum()} of {bad.size} off, max err {np.nanmax(err):.3g}"
+    close(name, got, ref, op, dtype)  # attn_checks.close, bf16 unless named
 
 
 # --------------------------------------------------------------------------- forward
@@ -277,17 +271,6 @@ def test_backward_method_errors() -> None:
 
 
 # --------------------------------------------------------------------------- SASS and resources
-
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_tc", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.find_cuobjdump()
-    except mod.CuobjdumpUnavailable as e:
-        pytest.skip(str(e))
-    return mod
-
 
 def test_every_16bit_attention_kernel_runs_on_tensor_cores_in_sass() -> None:
     sr = _sass_report()

@@ -16,7 +16,7 @@ from pykern.difftest.cases import training as T
 from pykern.difftest.runner import compare
 from pykern.tolerance import tolerance
 
-from family_helpers import need as _need
+from family_helpers import check_central_differences, need as _need
 from test_streams import compiled, fake  # noqa: F401  (fake-driver fixtures, used by the stream test)
 
 
@@ -295,19 +295,7 @@ def test_np_attention_backward_matches_finite_differences_for_new_shapes() -> No
         def loss(q_, k_, v_):
             return float((A.np_attention_forward(q_, k_, v_, causal=causal, scale=scale)[0] * g).sum())
 
-        grads = A.np_attention_backward(q, k, v, g, causal=causal, scale=scale)
-        eps = 1e-6
-        for which, (arr, grad) in enumerate(zip((q, k, v), grads)):
-            for idx in np.ndindex(arr.shape):
-                args = [q, k, v]
-                plus, minus = arr.copy(), arr.copy()
-                plus[idx] += eps
-                minus[idx] -= eps
-                args[which] = plus
-                lp = loss(*args)
-                args[which] = minus
-                lm = loss(*args)
-                assert abs((lp - lm) / (2 * eps) - grad[idx]) < 1e-6, (which, idx)
+        check_central_differences(loss, [q, k, v], A.np_attention_backward(q, k, v, g, causal=causal, scale=scale))
 
 
 def test_np_attention_forward_uses_flash_attentions_mask() -> None:

@@ -1,19 +1,12 @@
 """tools/bench_decode.py --roofline: the paged decode model built from our own SASS loop bodies (no GPU)."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
-
+from sass_helpers import tool
 
 def _bd():
-    spec = importlib.util.spec_from_file_location("pk_bench_decode_t", ROOT / "tools" / "bench_decode.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return tool("bench_decode")
 
 
 @pytest.fixture(scope="module")

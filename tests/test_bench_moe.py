@@ -2,25 +2,15 @@
 geometry) and the --time path's exit without a GPU."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import math
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from sass_helpers import tool
 
-
-def _load(name: str, file: str):
-    spec = importlib.util.spec_from_file_location(name, ROOT / "tools" / file)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-bm = _load("pk_bench_moe", "bench_moe.py")
-sr = _load("pk_sass_report_for_moe", "sass_report.py")
+bm = tool("bench_moe")
+sr = tool("sass_report")
 
 
 @pytest.fixture(scope="module")

@@ -1,17 +1,14 @@
 """tools/bytes_model.py: the per-op byte counts follow the ops' definitions, and the CLI's --json parses."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
 from pathlib import Path
+from sass_helpers import tool
 
 ROOT = Path(__file__).resolve().parent.parent
-spec = importlib.util.spec_from_file_location("pk_bytes_model", ROOT / "tools" / "bytes_model.py")
-bm = importlib.util.module_from_spec(spec)
-sys.modules[spec.name] = bm  # dataclasses look their module up there
-spec.loader.exec_module(bm)
+bm = tool("bytes_model")
 
 
 def by_op(group: str, e: int) -> dict:

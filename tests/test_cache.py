@@ -16,20 +16,15 @@ import pytest
 
 from pykern import cache, compiler, precompile
 from pykern.errors import CacheMiss, CompileError, KernelNotFound
+from cache_helpers import private_sources
 
-CU = Path(__file__).parent / "cu"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
     """Private copies of the test sources and an empty cache folder; no bundle, JIT on."""
-    src = tmp_path / "src"
-    shutil.copytree(CU, src)
-    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("PYKERN_CUBIN_DIR", "PYKERN_DISABLE_JIT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(cache, "_memory", {})
+    src = private_sources(tmp_path, monkeypatch, on_path=False)
     monkeypatch.setattr(cache, "_logged_corrupt", set())
     monkeypatch.setattr(cache, "_warned_unwritable", False)
     return src

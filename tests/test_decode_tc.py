@@ -5,7 +5,6 @@ directly, forward / reverse / random thread schedules and racecheck; the op's di
 runs when); and the SASS of the new kernels (HMMA, LDGSTS.E.BYPASS.128, no spills on any arch)."""
 from __future__ import annotations
 
-import importlib.util
 import sys
 from functools import lru_cache
 from pathlib import Path
@@ -17,38 +16,21 @@ import pytest
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from family_helpers import need as _need  # noqa: E402
-from pykern import launcher, ops  # noqa: E402
+from pykern import ops  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention  # noqa: E402
 from pykern.difftest.cases.decode_tc import launch_f16  # noqa: E402
 from pykern.ops.serving import dtc_smem_bytes  # noqa: E402
-from pykern.tolerance import tolerance  # noqa: E402
+from sass_helpers import report as _report, source_sass  # noqa: E402
+from launch_spy import record_launches  # noqa: E402
+from family_helpers import close_attention as _close  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
-
-
-def _close(out: Any, ref: Any, op: str, dtype: str) -> None:
-    atol, rtol = tolerance(op, dtype)
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    fin = np.isfinite(ref)
-    assert (np.isneginf(out) == np.isneginf(ref)).all(), "-inf (no visible key) placement differs"
-    assert not np.isnan(out).any()
-    err = np.abs(out[fin] - ref[fin]) - (atol + rtol * np.abs(ref[fin]))
-    assert err.size == 0 or err.max() <= 0, f"max excess {err.max():.3g}"
 
 
 @pytest.fixture
 def launched(monkeypatch) -> list[str]:
     """Names of the kernels launched through pykern.launcher.launch during the test."""
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **k):
-        names.append(name)
-        return real(name, *a, **k)
-
-    monkeypatch.setattr(launcher, "launch", spy)
-    return names
+    return record_launches(monkeypatch)
 
 
 def _ref(pc: dict, q: np.ndarray, window_left: int = -1) -> tuple[np.ndarray, np.ndarray]:
@@ -331,29 +313,13 @@ def test_unaligned_out_falls_back_to_paged_attn_and_an_aligned_one_is_written_in
 
 
 # --------------------------------------------------------------------------- SASS
-def _report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_dtc", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 TC_KERNELS = [f"decode_tc_paged_d{d}{kv}_{t}" for d in (64, 128) for kv in ("", "_e4m3kv", "_e5m2kv")
               for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
 def _sass(arch: str) -> str:
-    sr = _report()
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    from pykern import cache
-    from pykern.registry import source_files
-
-    src = next(s for s in source_files() if s.name == "decode_tc.cu")
-    return sr.disassemble(cache.get_module(src, arch).image)
+    return source_sass("decode_tc.cu", arch)
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -15,21 +15,15 @@ from pathlib import Path
 import pytest
 
 from pykern import cache, precompile
+from cache_helpers import CU, JIT_VARS, private_sources
 
-CU = Path(__file__).parent / "cu"
 ROOT = Path(__file__).resolve().parent.parent
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    src = tmp_path / "src"
-    shutil.copytree(CU, src)
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(src))
-    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("PYKERN_CUBIN_DIR", "PYKERN_DISABLE_JIT", "PYKERN_LOG_LEVEL", "PYKERN_STRICT", "PYKERN_BACKEND"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(cache, "_memory", {})
-    return src
+    return private_sources(tmp_path, monkeypatch,
+                           unset=(*JIT_VARS, "PYKERN_LOG_LEVEL", "PYKERN_STRICT", "PYKERN_BACKEND"))
 
 
 def _leftovers(root: Path) -> list[str]:

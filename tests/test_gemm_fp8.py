@@ -2,7 +2,6 @@
 the quantization bit-exact against its definition, bad input named before any launch, SASS and spills."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -15,6 +14,7 @@ from pykern.difftest.cases.gemm_fp8 import (  # noqa: E402
     fp8_weight, np_fp8_quantize, np_gemm_fp8, np_grouped_gemm_fp8)
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
+from sass_helpers import report as _sass_report
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -169,13 +169,6 @@ def test_older_gpus_are_refused_naming_the_arch(monkeypatch: pytest.MonkeyPatch)
     a, sa, b, sb = _args()
     with pytest.raises(ArgumentError, match="needs sm_89 or newer.*sm_86"):
         ops.gemm_fp8(a, sa, b, sb, backend="host")
-
-
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("sass_report", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 @pytest.mark.parametrize("arch", ["sm_89", "sm_90"])

@@ -10,8 +10,6 @@ the consumer loop's instructions per m16n8k16-equivalent (an m64nNk32 QGMMA coun
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -25,6 +23,8 @@ from pykern.difftest.cases.gemm_fp8 import fp8_weight, np_gemm_fp8, np_grouped_g
 from pykern.tolerance import tolerance  # noqa: E402
 from launch_spy import record_launches as _record  # noqa: E402
 from attn_checks import sm90_host  # noqa: E402,F401 (a fixture)
+from sass_helpers import compile_sass, kernel_ops, report
+from sm90_mutants import launch_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "grouped_gemm_sm90.cu"
@@ -139,14 +139,7 @@ def test_other_archs_keep_mma_sync(monkeypatch) -> None:
 # --------------------------------------------------------------------------- a broken kernel is caught
 def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
     """A copy of the kernel source with `old` replaced (once), its kernels taking the real names' place."""
-    from pykern import launcher
-
-    text = SRC.read_text()
-    assert text.count(old) == 1, old
-    (tmp_path / "gg90_fp8_mutant.cu").write_text(text.replace(old, new).replace("_sm90", "_mutant90"))
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
-    real = launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(name.replace("_sm90", "_mutant90"), *a, **kw))
+    launch_mutants(tmp_path, monkeypatch, SRC, old, new, "gg90_fp8_mutant.cu", "_sm90", "_mutant90")
 
 
 def _mutant_inputs():
@@ -202,39 +195,15 @@ def test_a_broken_promotion_fails_the_checks(old, new, tmp_path, monkeypatch) ->
 LOOP_BAR = 0.68
 
 
-def _report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_fp8", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def _sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, text, sr.steady_state_loops(text)
-
-
-def _ops(text: str, kernel: str) -> list[str]:
-    import re
-
-    body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
-    return re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
+    mod, text = compile_sass(SRC, "sm_90a")
+    return mod, text, report().steady_state_loops(text)
 
 
 def test_sass_qgmma_tma_mbarriers_and_no_spills() -> None:
     mod, text, _ = _sass()
-    ops_ = _ops(text, KERNEL)
+    ops_ = kernel_ops(text, KERNEL)
     mma = [op for op in ops_ if "GMMA" in op or op.startswith(("HMMA", "QMMA"))]
     assert mma and set(mma) == {"QGMMA.64x128x32.F32.E4M3.E4M3"}, set(mma)  # e4m3 wgmma, no f16 detour
     assert "UTMALDG.2D" in ops_ and "UTMALDG.3D" in ops_  # A; B

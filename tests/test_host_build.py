@@ -16,6 +16,7 @@ import pykern
 from pykern.backends.host import HostBackend
 from pykern.errors import BackendUnavailable, CacheMiss, CompileError
 from pykern.host import build
+from cache_helpers import FakeStderr
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -168,34 +169,12 @@ def test_edited_kernel_is_picked_up_in_the_same_process(tmp_path: Path, monkeypa
     np.testing.assert_array_equal(y, 1.0 + 2.5 * x)
 
 
-class _Tty:
-    """A stderr that says it is a terminal and keeps what was written."""
-
-    def __init__(self, tty: bool = True) -> None:
-        self.parts: list[str] = []
-        self.tty = tty
-
-    def write(self, s: str) -> int:
-        self.parts.append(s)
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return self.tty
-
-    @property
-    def text(self) -> str:
-        return "".join(self.parts)
-
-
 @pytest.mark.parametrize("tty", [True, False])
 def test_first_build_says_so_on_a_terminal_and_in_a_log(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                tty: bool) -> None:
     monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
     src = _write(tmp_path / "k", "first_use.cu", GOOD.replace("pk_b_scale", "pk_b_first_use"))
-    err = _Tty(tty)
+    err = FakeStderr(tty)
     monkeypatch.setattr(sys, "stderr", err)
     lib = HostBackend().library(src)
     assert lib.path.is_file() and lib.path.parent == tmp_path / "cache" / "host"
@@ -217,7 +196,7 @@ def test_first_build_says_so_on_a_terminal_and_in_a_log(tmp_path: Path, monkeypa
 def test_failed_first_build_on_a_terminal_ends_its_line(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
     src = _write(tmp_path / "k", "first_bad.cu", GOOD.replace("a * smem", "a * undefined_name * smem"))
-    err = _Tty()
+    err = FakeStderr()
     monkeypatch.setattr(sys, "stderr", err)
     with pytest.raises(CompileError):
         HostBackend().library(src)

@@ -2,28 +2,17 @@
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
 
 import pykern
 from pykern.errors import ArgumentError, KernelExecutionError
+from host_kernel_helpers import HOST_KERNELS, _host_kernels, launch  # noqa: F401 (an autouse fixture)
 
-HOST_KERNELS = Path(__file__).resolve().parent / "host_kernels"
 FULL = 0xFFFFFFFF
 SHFL_OPS = {"idx": 0, "up": 1, "down": 2, "xor": 3}
 UNDEF = -1  # what the emulator returns when a shuffle reads a lane outside the mask
-
-
-@pytest.fixture(autouse=True)
-def _host_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(HOST_KERNELS))
-    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "forward")
-
-
-def launch(name: str, grid: int, block: int, *args: object, shared_mem: int = 0) -> None:
-    pykern.launch(name, grid, block, *args, shared_mem=shared_mem, backend="host")
 
 
 # ---- shuffles: expectations written from the CUDA programming guide's wording ------------

@@ -13,18 +13,7 @@ import pytest
 
 import pykern
 from pykern.errors import CompileError, KernelExecutionError
-
-HOST_KERNELS = Path(__file__).resolve().parent / "host_kernels"
-
-
-@pytest.fixture(autouse=True)
-def _host_kernels(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(HOST_KERNELS))
-    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "forward")
-
-
-def launch(name: str, grid: int, block: int, *args: object, shared_mem: int = 0) -> None:
-    pykern.launch(name, grid, block, *args, shared_mem=shared_mem, backend="host")
+from host_kernel_helpers import HOST_KERNELS, _host_kernels, launch  # noqa: F401 (an autouse fixture)
 
 
 # ---- the PTX ISA's fragment tables, written out per register (g = lane // 4, t = lane % 4) ----

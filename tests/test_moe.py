@@ -3,7 +3,6 @@ block forward and backward against float64 NumPy; bad inputs; determinism; and f
 makes (no GPU needed) that the tensor-core grouped GEMM's steady-state loop is lean and spill-free."""
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
 
 import numpy as np
@@ -14,19 +13,11 @@ from pykern.arrays import bfloat16
 from pykern.difftest.cases.moe import (np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route,
                                        _experts_inputs)
 from pykern.errors import ArgumentError, ArgumentTypeError
-from pykern.tolerance import tolerance
+from sass_helpers import checked_report as _sass_report
+from family_helpers import close_elementwise as _close
 
 ROOT = Path(__file__).resolve().parent.parent
 HOST = "host"
-
-
-def _close(got, ref, op: str, kind: str) -> None:
-    atol, rtol = tolerance(op, kind)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape
-    err = np.abs(got - ref)
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{bad.sum()} of {bad.size} off, max err {err.max():.3g}"
 
 
 # --------------------------------------------------------------------------- routing
@@ -222,17 +213,6 @@ def test_experts_bad_inputs_name_the_argument() -> None:
 
 
 # --------------------------------------------------------------------------- SASS (no GPU needed)
-
-
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_moe", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    try:
-        mod.find_cuobjdump()
-    except mod.CuobjdumpUnavailable as e:
-        pytest.skip(str(e))
-    return mod
 
 
 TC_KERNELS = ["grouped_gemm_tc_bf16", "moe_gemm_act_tc_bf16", "grouped_gemm_tc_f16", "moe_gemm_act_tc_f16",

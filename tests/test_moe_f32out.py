@@ -20,6 +20,7 @@ from pykern.errors import ArgumentError, ArgumentTypeError
 from pykern.ops import _moe_sm90 as sm90
 from pykern.tolerance import tolerance
 from launch_spy import record_launches
+from sass_helpers import ROOT, compile_sass, kernel_ops, report
 
 HOST = "host"
 ARCHS = ["sm_80", "sm_90a"]
@@ -209,29 +210,14 @@ F32OUT_SM90 = [f"grouped_gemm{n}_sm90_f32out_{t}" for n in ("", "_nn") for t in 
 
 
 def _moe_sm80_sass():
-    import warnings
-
-    from pykern import compiler
-    from test_moe_sm90 import ROOT, _report
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(ROOT / "kernels_cu" / "moe.cu", "sm_80")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, text, sr.steady_state_loops(text)
+    mod, text = compile_sass(ROOT / "kernels_cu" / "moe.cu", "sm_80")
+    return mod, text, report().steady_state_loops(text)
 
 
 def test_sass_sm80_f32out_kernels_run_hmma_with_16_byte_stores_and_no_spills() -> None:
-    from test_moe_sm90 import _ops
-
     mod, text, loops = _moe_sm80_sass()
     for k in F32OUT_SM80:
-        ops_ = _ops(text, k)
+        ops_ = kernel_ops(text, k)
         assert "HMMA.16816.F32" + (".BF16" if k.endswith("bf16") else "") in ops_, k
         assert "STG.E.128" in ops_, k  # the epilogue's fp32 stores, four columns a thread
         assert not [op for op in ops_ if op.startswith(("LDL", "STL"))], k
@@ -242,10 +228,10 @@ def test_sass_sm80_f32out_kernels_run_hmma_with_16_byte_stores_and_no_spills() -
 
 @pytest.mark.parametrize("kernel", F32OUT_SM90)
 def test_sass_sm90_f32out_kernels_run_hgmma_with_16_byte_stores_and_no_spills(kernel: str) -> None:
-    from test_moe_sm90 import LOOP_BAR, _ops, _sass
+    from test_moe_sm90 import LOOP_BAR, _sass
 
     mod, text, loops = _sass()
-    ops_ = _ops(text, kernel)
+    ops_ = kernel_ops(text, kernel)
     hg = {op for op in ops_ if op.startswith("HGMMA")}
     want = "HGMMA.64x256x16.F32" + ("" if kernel.endswith("_f16") else ".BF16")
     assert hg and all(op.startswith(want) for op in hg), hg

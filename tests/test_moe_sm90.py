@@ -10,8 +10,6 @@ steady-state loop within the bar.
 """
 from __future__ import annotations
 
-import importlib.util
-import warnings
 from functools import lru_cache
 from pathlib import Path
 
@@ -23,23 +21,16 @@ from pykern.arrays import bfloat16
 from pykern.difftest.cases.moe import _experts_inputs, np_grouped_gemm, np_moe_experts
 from pykern.errors import KernelExecutionError
 from pykern.ops import _moe_sm90 as sm90
-from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import sm90_host  # noqa: F401 (a fixture)
+from sass_helpers import compile_sass, kernel_ops, report
+from family_helpers import close_elementwise as _close
+from sm90_mutants import launch_mutants
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "grouped_gemm_sm90.cu"
 HOST = "host"
 pytestmark = pytest.mark.usefixtures("sm90_host")
-
-
-def _close(got, ref, op: str, kind: str) -> None:
-    atol, rtol = tolerance(op, kind)
-    got = np.asarray(got).astype(np.float64)
-    assert got.shape == ref.shape
-    err = np.abs(got - ref)
-    bad = ~(err <= atol + rtol * np.abs(ref))
-    assert not bad.any(), f"{bad.sum()} of {bad.size} off, max err {err.max():.3g}"
 
 
 def _dt(kind: str):
@@ -178,16 +169,7 @@ def test_torch_experts_take_the_sm90_kernels(monkeypatch) -> None:
 def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> None:
     """A copy of the kernel source with `old` replaced (once), its kernels taking the real names' place: the op
     launches the copy (PYKERN_KERNEL_PATH folders are searched, names renamed back by the spy)."""
-    import pykern
-    from pykern import launcher
-
-    text = SRC.read_text()
-    assert text.count(old) == 1, old
-    (tmp_path / "gg90_mutant.cu").write_text(text.replace(old, new).replace("_sm90", "_mutant90"))
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(tmp_path))
-    real = launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(name.replace("_sm90_", "_mutant90_"), *a, **kw))
-    assert pykern  # the registry picks the folder up at the next launch
+    launch_mutants(tmp_path, monkeypatch, SRC, old, new, "gg90_mutant.cu", "_sm90", "_mutant90")
 
 
 def test_the_unmutated_copy_runs(tmp_path, monkeypatch) -> None:
@@ -232,40 +214,16 @@ KERNELS = [f"{n}_sm90_{t}" for n in ("grouped_gemm", "moe_gemm_act") for t in ("
 LOOP_BAR = 0.46  # warp-instructions per m16n8k16-equivalent (today 0.445; CUTLASS 3.x's consumer loop: 0.35-0.70)
 
 
-def _report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_gg90", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def _sass():
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
-    return mod, text, sr.steady_state_loops(text)
-
-
-def _ops(text: str, kernel: str) -> list[str]:
-    import re
-
-    body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
-    return re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
+    mod, text = compile_sass(SRC, "sm_90a")
+    return mod, text, report().steady_state_loops(text)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     mod, text, _ = _sass()
-    ops_ = _ops(text, kernel)
+    ops_ = kernel_ops(text, kernel)
     f16 = kernel.endswith("_f16")
     hg = [op for op in ops_ if op.startswith("HGMMA")]
     assert hg and set(hg) == {"HGMMA.64x256x16.F32" + ("" if f16 else ".BF16")}, set(hg)

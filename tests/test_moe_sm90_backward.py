@@ -22,7 +22,8 @@ from pykern.difftest.cases.moe import _experts_inputs, np_grouped_gemm, np_moe_e
 from pykern.ops import _moe_sm90 as sm90
 from launch_spy import record_launches as _record
 from attn_checks import sm90_host  # noqa: F401 (a fixture)
-from test_moe_sm90 import LOOP_BAR, _close, _dt, _mutant, _ops, _sass
+from test_moe_sm90 import LOOP_BAR, _close, _dt, _mutant, _sass
+from sass_helpers import kernel_ops as _ops
 
 HOST = "host"
 pytestmark = pytest.mark.usefixtures("sm90_host")

@@ -84,7 +84,7 @@ SPLIT_SM80 = [f"grouped_gemm_{n}_{t}" for n in ("wgrad_tc_split_a", "wgrad_tc_sp
 
 def test_sass_sm80_split_kernels_run_hmma_without_spills() -> None:
     from test_moe_f32out import _moe_sm80_sass
-    from test_moe_sm90 import _ops
+    from sass_helpers import kernel_ops as _ops
 
     mod, text, loops = _moe_sm80_sass()
     for k in SPLIT_SM80:

@@ -7,7 +7,6 @@ that waits for that kernel (griddepcontrol.wait) before its first access, so the
 (tools/measure_gpu.py decode --pdl); here: correctness of the launch path and of the kernels' code."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import sys
 import types
@@ -24,6 +23,7 @@ from pykern.backends.nvrtc import NvrtcBackend  # noqa: E402
 from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 
 from fake_driver import LAUNCH_CU, compile_test_kernels, make_fake, sim_axpy  # noqa: E402
+from sass_helpers import report, source_sass
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -133,13 +133,6 @@ def test_cuda_driver_launches_with_programmatic_stream_serialization():
 
 # -- the kernels' code: the wait comes before every global access ------------------------------------------
 
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_pdl", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 _GLOBAL = re.compile(r"^(LDG|LDGSTS|STG|ATOMG|ATOM|RED|LD|ST|CCTL)$")
 
 
@@ -148,15 +141,8 @@ _GLOBAL = re.compile(r"^(LDG|LDGSTS|STG|ATOMG|ATOM|RED|LD|ST|CCTL)$")
 def test_pdl_kernels_wait_before_their_first_global_access(arch, source):
     """Every kernel a `// pykern: pdl` line names: on sm_90 one ACQBULK (griddepcontrol.wait) before its first
     global load, store or atomic, and one PREEXIT (launch_dependents); before sm_90 neither."""
-    sr = _sass_report()
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    from pykern import cache
-
     src = ROOT / "kernels_cu" / source
-    funcs = sr._instructions(sr.disassemble(cache.get_module(src, arch).image))
+    funcs = report()._instructions(source_sass(source, arch))
     names = [s.name for s in registry.parse_file(src) if s.pdl]
     assert len(names) == {"decode_tc.cu": 12, "paged.cu": 9}[source] and set(names) <= set(funcs)
     for k in names:

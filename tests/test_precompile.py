@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -11,22 +10,15 @@ from pathlib import Path
 import pytest
 
 from pykern import cache, precompile
+from cache_helpers import FakeStderr, private_sources
 
-CU = Path(__file__).parent / "cu"
 ROOT = Path(__file__).resolve().parent.parent
 PKT = {"pkt_scale", "pkt_mixed", "pkt_fill"}
 
 
 @pytest.fixture
 def env(tmp_path, monkeypatch):
-    src = tmp_path / "src"
-    shutil.copytree(CU, src)
-    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(src))
-    monkeypatch.setenv("PYKERN_CACHE_DIR", str(tmp_path / "cache"))
-    for var in ("PYKERN_CUBIN_DIR", "PYKERN_DISABLE_JIT"):
-        monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(cache, "_memory", {})
-    return src
+    return private_sources(tmp_path, monkeypatch)
 
 
 def _run(*args: str, env_extra: dict | None = None) -> subprocess.CompletedProcess:
@@ -139,21 +131,6 @@ def test_unusable_out_folder_is_a_usage_error(env, tmp_path, capsys):
 
 
 # ---- --host: the host backend's C++ builds ------------------------------------------------------------
-class _Tty:
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-
-    def write(self, s: str) -> int:
-        self.parts.append(s)
-        return len(s)
-
-    def flush(self) -> None:
-        pass
-
-    def isatty(self) -> bool:
-        return True
-
-
 def _host_library(src: Path) -> Path:
     from pykern import sources
     from pykern.host import build
@@ -186,10 +163,10 @@ def test_host_builds_the_selected_source_then_hits(env, tmp_path, capsys):
 
 
 def test_host_progress_bar_on_a_terminal(env, tmp_path, monkeypatch, capsys):
-    tty = _Tty()
+    tty = FakeStderr()
     monkeypatch.setattr(sys, "stderr", tty)
     assert precompile.main(["--host", "--kernels", "pkt_*", "--jobs", "1"]) == 0
-    text = "".join(tty.parts)
+    text = tty.text
     assert "\r\033[Khost [........................] 0/2 " in text and "building pkt_" in text
     assert "\r\033[Khost [############............] 1/2 " in text
     assert "\r\033[Khost [########################] 2/2 " in text

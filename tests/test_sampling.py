@@ -3,7 +3,6 @@ distribution, exact renorm / mask against NumPy float64, the seed contract, per-
 argument errors, a 256k-vocabulary row, host == numba token for token, and the SASS facts."""
 from __future__ import annotations
 
-import importlib.util
 import math
 from functools import lru_cache
 from pathlib import Path
@@ -18,6 +17,7 @@ from pykern.difftest.cases.sampling import (make_logits, make_probs, make_specul
                                             np_sample_logits, np_softmax, np_top_k_mask, np_top_k_renorm,
                                             np_top_p_renorm)
 from pykern.tolerance import tolerance
+from sass_helpers import guard, report, source_sass
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -763,26 +763,8 @@ KERNELS = [f"{k}{s}" for k in ("sampling_from_probs", "sampling_from_logits", "s
 
 
 @lru_cache(maxsize=None)
-def _sass_report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_sampling", ROOT / "tools" / "sass_report.py")
-    sr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sr)
-    return sr
-
-
-@lru_cache(maxsize=None)
 def _mix():
-    sr = _sass_report()
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    try:
-        return sr.instruction_mix(KERNELS, ["sm_80", "sm_90"], with_resources=True)
-    except Exception as e:
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+    return guard(lambda: report().instruction_mix(KERNELS, ["sm_80", "sm_90"], with_resources=True))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -796,13 +778,7 @@ def test_sass_no_spills_and_16_byte_loads(kernel) -> None:
 @lru_cache(maxsize=None)
 def _listing(arch: str) -> dict:
     """{kernel: instructions} of sampling.cu's cubin for arch."""
-    _mix()  # skips without cuobjdump / NVRTC, and compiles sampling.cu into the cache
-    from pykern import cache
-    from pykern.registry import source_files
-
-    sr = _sass_report()
-    src = next(f for f in source_files() if f.name == "sampling.cu")
-    return sr._instructions(sr.disassemble(cache.get_module(src, arch).image))
+    return report()._instructions(source_sass("sampling.cu", arch))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -14,6 +14,7 @@ import pytest
 from pykern import ArgumentError, ArgumentTypeError, ops
 from pykern.arrays import bfloat16
 from pykern.difftest.cases.sampling import make_logits, make_probs, np_sample, np_sample_logits
+from sass_helpers import report, source_sass
 
 ROOT = Path(__file__).resolve().parent.parent
 VOCAB = 20000  # f32: 10 chunks of 2048 (16-byte loads), bf16 / f16: 5 of 4096; 7 CTAs own 1 or 2 (or 0) each
@@ -128,22 +129,7 @@ SPLIT_KERNELS = [f"sampling_from_{w}{s}" for w in ("probs", "logits") for s in (
 
 def _listing(arch: str) -> dict:
     """{kernel: instructions} of sampling.cu's cubin for arch (skips without NVRTC or cuobjdump)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("pk_sass_report_split", ROOT / "tools" / "sass_report.py")
-    sr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sr)
-    try:
-        sr.find_cuobjdump()
-        from pykern import cache
-        from pykern.registry import source_files
-
-        src = next(f for f in source_files() if f.name == "sampling.cu")
-        return sr._instructions(sr.disassemble(cache.get_module(src, arch).image))
-    except Exception as e:
-        if "cuobjdump" in str(e).lower() or "nvrtc" in str(e).lower():
-            pytest.skip(f"SASS unavailable: {e}")
-        raise
+    return report()._instructions(source_sass("sampling.cu", arch))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])

@@ -11,12 +11,12 @@ Only these three sources are compiled (through pykern's cache), for 2 archs, to 
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sass_helpers import guard, report, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -64,14 +64,7 @@ LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16",
                                   "cross_entropy_fwd_bwd_f16")}
 
 
-def _load_report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_i14", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load_report()
+sr = report()
 
 
 def _kernels_in(sources: tuple[str, ...]) -> list[str]:
@@ -82,16 +75,7 @@ def _kernels_in(sources: tuple[str, ...]) -> list[str]:
 
 @lru_cache(maxsize=None)
 def mix() -> dict[str, dict[str, dict[str, Any]]]:
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    try:
-        return sr.instruction_mix(_kernels_in(SOURCES), ARCHS, with_resources=True)
-    except Exception as e:  # no NVRTC in this environment
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+    return guard(lambda: sr.instruction_mix(_kernels_in(SOURCES), ARCHS, with_resources=True))
 
 
 def test_every_narrowing_bf16_kernel_uses_f2fp() -> None:
@@ -157,8 +141,7 @@ def test_fast_exp_is_one_mufu(kernel: str) -> None:
 
 def test_no_spills() -> None:
     m = mix()
-    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
-           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    bad = spills(m)
     assert not bad, bad
 
 

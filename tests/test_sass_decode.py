@@ -7,25 +7,18 @@ with cuobjdump (no GPU needed), in the style of tests/test_sass.py:
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sass_helpers import assert_cp_async_16, guard, report, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
 
 
-def _load_report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_decode", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load_report()
+sr = report()
 
 
 def _kernels() -> list[str]:
@@ -36,16 +29,7 @@ def _kernels() -> list[str]:
 
 @lru_cache(maxsize=None)
 def mix() -> dict[str, dict[str, dict[str, Any]]]:
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    try:
-        return sr.instruction_mix(_kernels(), ARCHS, with_resources=True)
-    except Exception as e:  # no NVRTC in this environment
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+    return guard(lambda: sr.instruction_mix(_kernels(), ARCHS, with_resources=True))
 
 
 ATTN = [k for k in _kernels() if k.startswith(("paged_attn", "dense_attn")) and "merge" not in k]
@@ -67,16 +51,10 @@ def test_kv_streams_by_16_byte_cp_async(kernel: str) -> None:
 
 
 def test_cp_async_is_16_bytes_with_commit_and_wait() -> None:
-    from pykern import cache
-
-    src = next(s for s in __import__("pykern.registry", fromlist=["source_files"]).source_files()
-               if s.name == "paged.cu")
-    text = sr.disassemble(cache.get_module(src, "sm_90").image)
-    assert "LDGSTS.E.BYPASS.128" in text and "LDGDEPBAR" in text and "DEPBAR.LE SB0" in text
+    assert_cp_async_16("paged.cu", "sm_90")
 
 
 def test_no_spills() -> None:
     m = mix()
-    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
-           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    bad = spills(m)
     assert not bad, bad

@@ -9,12 +9,12 @@ the f16 conversions are hardware ones, as the bf16 narrowing is (tests/test_sass
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sass_helpers import guard, report
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -44,14 +44,7 @@ TENSOR_CORE = {"grouped_gemm_tc_f16", "moe_gemm_act_tc_f16", "grouped_gemm_tc_nn
                "grouped_gemm_wgrad_tc_split_a_f16", "grouped_gemm_wgrad_tc_split_ab_f16"}
 
 
-def _load_report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_f16", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load_report()
+sr = report()
 
 
 def _kernels() -> list[str]:
@@ -66,18 +59,9 @@ def _f16(names: list[str]) -> list[str]:
 
 @lru_cache(maxsize=None)
 def mix() -> dict[str, dict[str, dict[str, Any]]]:
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
     names = _kernels()
     want = _f16(names) + [k for k in names if "bf16" in k]
-    try:
-        return sr.instruction_mix(want, ARCHS, with_resources=True)
-    except Exception as e:  # no NVRTC in this environment
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+    return guard(lambda: sr.instruction_mix(want, ARCHS, with_resources=True))
 
 
 def test_the_lists_name_real_f16_kernels() -> None:

@@ -9,49 +9,29 @@ needed), as tests/test_sass_decode.py does for paged.cu:
 """
 from __future__ import annotations
 
-import importlib.util
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
 import pytest
+from sass_helpers import assert_cp_async_16, guard, report, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
 KERNELS = ("mla_decode_bf16", "mla_decode_f16")
 
 
-def _load_report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_mla", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load_report()
-
-
-def _guard(fn):
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    try:
-        return fn()
-    except Exception as e:  # no NVRTC in this environment
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+sr = report()
 
 
 @lru_cache(maxsize=None)
 def loops() -> dict[str, dict[str, dict[str, Any]]]:
-    return _guard(lambda: sr.loop_metrics(list(KERNELS), ARCHS))
+    return guard(lambda: sr.loop_metrics(list(KERNELS), ARCHS))
 
 
 @lru_cache(maxsize=None)
 def mix() -> dict[str, dict[str, dict[str, Any]]]:
-    return _guard(lambda: sr.instruction_mix(list(KERNELS), ARCHS, with_resources=True))
+    return guard(lambda: sr.instruction_mix(list(KERNELS), ARCHS, with_resources=True))
 
 
 @pytest.mark.parametrize("kernel", KERNELS)
@@ -66,17 +46,11 @@ def test_flat_tile_loop_of_hmma(kernel: str, arch: str) -> None:
 
 
 def test_cp_async_is_16_bytes_with_commit_and_wait() -> None:
-    from pykern import cache
-    from pykern.registry import source_files
-
-    src = next(s for s in source_files() if s.name == "mla.cu")
-    text = _guard(lambda: sr.disassemble(cache.get_module(src, "sm_90").image))
-    assert "LDGSTS.E.BYPASS.128" in text and "LDGDEPBAR" in text and "DEPBAR.LE SB0" in text
+    assert_cp_async_16("mla.cu", "sm_90")
 
 
 def test_no_spills() -> None:
     m = mix()
-    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
-           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    bad = spills(m)
     assert not bad, bad
     assert all(m[k][a]["HMMA"] >= 68 for k in KERNELS for a in ARCHS), m

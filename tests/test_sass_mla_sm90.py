@@ -11,7 +11,6 @@ GPU needed), as tests/test_sass_mla.py does for the mma.sync kernel:
 """
 from __future__ import annotations
 
-import importlib.util
 import warnings
 from collections import Counter
 from functools import lru_cache
@@ -19,38 +18,19 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from sass_helpers import guard, report, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ("mla_decode_sm90_bf16", "mla_decode_sm90_f16")
 
 
-def _load_report() -> Any:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_mla90", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load_report()
-
-
-def _guard(fn):
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    try:
-        return fn()
-    except Exception as e:  # no NVRTC in this environment
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+sr = report()
 
 
 @lru_cache(maxsize=None)
 def loops() -> dict[str, dict[str, Any]]:
     # "sm_90": the source is built for sm_90a only, which sass_report compiles for an sm_90 GPU
-    return _guard(lambda: {k: v["sm_90"] for k, v in sr.loop_metrics(list(KERNELS), ("sm_90",)).items()})
+    return guard(lambda: {k: v["sm_90"] for k, v in sr.loop_metrics(list(KERNELS), ("sm_90",)).items()})
 
 
 @lru_cache(maxsize=None)
@@ -59,7 +39,7 @@ def sass() -> str:
     from pykern.registry import source_files
 
     src = next(s for s in source_files() if s.name == "mla_sm90.cu")
-    return _guard(lambda: sr.disassemble(cache.get_module(src, "sm_90a").image))
+    return guard(lambda: sr.disassemble(cache.get_module(src, "sm_90a").image))
 
 
 def _loop_ops(kernel: str) -> Counter:
@@ -89,7 +69,7 @@ def test_flat_tile_loop_of_hgmma(kernel: str) -> None:
 
 @pytest.mark.parametrize("kernel", KERNELS)
 def test_second_consumer_loop_reads_p_from_shared_memory(kernel: str) -> None:
-    found = [r for r in _guard(lambda: sr.inner_loops(sass()))[kernel]
+    found = [r for r in guard(lambda: sr.inner_loops(sass()))[kernel]
              if sum(n for op, n in r["ops"].items() if op.startswith("HGMMA")) == 4]
     assert len(found) == 1, found
     ops = found[0]["ops"]
@@ -106,13 +86,12 @@ def test_cp_async_gathers_mbarriers_and_setmaxnreg() -> None:
 
 
 def test_no_spills_and_no_serialization_warning() -> None:
-    m = _guard(lambda: sr.instruction_mix(list(KERNELS), ("sm_90",), with_resources=True))
-    bad = [(k, a, v["spill_stores"], v["spill_loads"]) for k, per in m.items() for a, v in per.items()
-           if v.get("spill_stores") or v.get("spill_loads") or v["LDL"] or v["STL"]]
+    m = guard(lambda: sr.instruction_mix(list(KERNELS), ("sm_90",), with_resources=True))
+    bad = spills(m)
     assert not bad, bad
     from pykern import compiler
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        log = _guard(lambda: compiler.compile(ROOT / "kernels_cu" / "mla_sm90.cu", "sm_90a").log)
+        log = guard(lambda: compiler.compile(ROOT / "kernels_cu" / "mla_sm90.cu", "sm_90a").log)
     assert "C7519" not in log and "serialized" not in log, log

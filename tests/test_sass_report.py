@@ -1,22 +1,11 @@
 """tools/sass_report.py: SASS opcode classification, and the tensor-core instruction mix of the bf16 flash kernels."""
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-ROOT = Path(__file__).resolve().parent.parent
+from sass_helpers import report
 
-
-def _load():
-    spec = importlib.util.spec_from_file_location("pk_sass_report", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-sr = _load()
+sr = report()
 
 SAMPLE = """
 	code for sm_80

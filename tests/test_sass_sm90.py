@@ -2,7 +2,6 @@
 stand for (cuobjdump from the nvidia-cuda-cuobjdump wheel; no GPU needed). The same source refuses sm_90."""
 from __future__ import annotations
 
-import importlib.util
 import re
 import warnings
 from collections import Counter
@@ -10,31 +9,15 @@ from functools import lru_cache
 from pathlib import Path
 
 import pytest
+from sass_helpers import compile_sass
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "tests" / "sm90_cu" / "pk_sm90_wrappers.cu"
 
 
-def _report():
-    spec = importlib.util.spec_from_file_location("pk_sass_report_sm90", ROOT / "tools" / "sass_report.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
 @lru_cache(maxsize=None)
 def _sass() -> dict[str, Counter]:
-    from pykern import compiler
-
-    sr = _report()
-    try:
-        tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(SRC, "sm_90a")
-    except Exception as e:  # no NVRTC / cuobjdump here
-        pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
-    text = sr.disassemble(mod.image, tool)
+    mod, text = compile_sass(SRC, "sm_90a")
     out: dict[str, Counter] = {}
     cur = None
     for line in text.splitlines():

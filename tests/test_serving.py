@@ -16,18 +16,7 @@ from family_helpers import need as _need  # noqa: E402
 from pykern import ArgumentError, ArgumentTypeError, arrays, ops  # noqa: E402
 from pykern.difftest.cases.decode import make_inputs, np_batched_decode_attention, to_nhd  # noqa: E402
 from pykern.difftest.cases.serving import make_paged, make_q, np_attention, np_ragged_attention  # noqa: E402
-from pykern.tolerance import tolerance  # noqa: E402
-
-
-def _close(out, ref, op: str, dtype: str) -> None:
-    atol, rtol = tolerance(op, dtype)
-    out = np.asarray(out, np.float64)
-    ref = np.asarray(ref, np.float64)
-    fin = np.isfinite(ref)
-    assert (np.isneginf(out) == np.isneginf(ref)).all(), "-inf (no visible key) placement differs"
-    assert not np.isnan(out).any()
-    err = np.abs(out[fin] - ref[fin]) - (atol + rtol * np.abs(ref[fin]))
-    assert err.size == 0 or err.max() <= 0, f"max excess {err.max():.3g}"
+from family_helpers import close_attention as _close  # noqa: E402
 
 
 def _decode(pc, q, layout="NHD", **kw):

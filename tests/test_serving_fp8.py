@@ -9,7 +9,6 @@
 """
 from __future__ import annotations
 
-import importlib.util
 import sys
 from pathlib import Path
 
@@ -21,6 +20,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from family_helpers import need as _need  # noqa: E402
 from pykern import ArgumentError, ArgumentTypeError, ops  # noqa: E402
 from pykern.difftest.cases.serving import fp8_dtype, fp8_quantize, make_paged, make_q, np_ragged_attention  # noqa: E402
+from sass_helpers import source_sass
 
 ml_dtypes = pytest.importorskip("ml_dtypes")
 ROOT = Path(__file__).resolve().parent.parent
@@ -173,23 +173,7 @@ def test_fp8_arguments_are_checked() -> None:
 
 # --------------------------------------------------------------------------- SASS
 def _sass(arch: str) -> dict[str, str]:
-    spec = importlib.util.spec_from_file_location("pk_sass_report_fp8", ROOT / "tools" / "sass_report.py")
-    sr = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(sr)
-    try:
-        sr.find_cuobjdump()
-    except sr.CuobjdumpUnavailable as e:
-        pytest.skip(f"no cuobjdump: {e}")
-    from pykern import cache
-    from pykern.registry import source_files
-
-    src = next(s for s in source_files() if s.name == "paged.cu")
-    try:
-        text = sr.disassemble(cache.get_module(src, arch).image)
-    except Exception as e:
-        if type(e).__name__ in ("CompileError", "NvrtcUnavailable") and "nvrtc" in str(e).lower():
-            pytest.skip(f"NVRTC unavailable: {e}")
-        raise
+    text = source_sass("paged.cu", arch)
     out: dict[str, list[str]] = {}
     cur = None
     for line in text.splitlines():

@@ -32,14 +32,62 @@ def tiny(name: str, **extra):
     if name == "Qwen3":
         kw["head_dim"] = 16
     kw.update(extra)
-    cfg = getattr(transformers, name + "Config")(**kw)
+    return build_tiny(name + "Config", name + "ForCausalLM", kw)
+
+
+def build_tiny(cfg_cls: str, model_cls: str, kw: dict, norm_base: float = 1.0):
+    """transformers' model_cls over cfg_cls(**kw), random weights (seed 0), fp32, and random non-trivial norm
+    weights norm_base + 0.3 N(0, 1), so a norm that drops its weight cannot pass."""
+    cfg = getattr(transformers, cfg_cls)(**kw)
     torch.manual_seed(0)
-    model = getattr(transformers, name + "ForCausalLM")(cfg).float()
-    # random non-trivial norm weights, so a norm that drops its weight cannot pass
+    model = getattr(transformers, model_cls)(cfg).float()
     with torch.no_grad():
         for n, p in model.named_parameters():
             if "norm" in n:
-                p.copy_(1 + 0.3 * torch.randn_like(p))
+                p.copy_(norm_base + 0.3 * torch.randn_like(p))
+    return model
+
+
+def assert_grads_close(model, ref, what: str = "grad", every: bool = False) -> None:
+    """Each parameter's gradient in model close to that of ref's parameter of the same name (`what name` in a
+    failure); every: each parameter has a gradient and none of ref's is left out."""
+    named_ref = dict(ref.named_parameters())
+    n = 0
+    for pname, p in model.named_parameters():
+        if every:
+            assert p.grad is not None, pname
+        assert_close(p.grad, named_ref[pname].grad, f"{what} {pname}")
+        n += 1
+    if every:
+        assert n == len(named_ref)
+
+
+def left_padding_mask(ids):
+    """An attention mask over ids with the second row's first 4 positions padding (left padding)."""
+    mask = torch.ones_like(ids)
+    mask[1, :4] = 0
+    return mask
+
+
+def loss_backward_both(ref, model, calls, ids, labels):
+    """(o, o_ref): model's and ref's outputs on (ids, labels), each loss backpropagated; ref runs first and must
+    launch no pykern kernel (calls: the spy's counts)."""
+    o_ref = ref(input_ids=ids, labels=labels)
+    assert not calls, "the unpatched model must not run pykern kernels"
+    o = model(input_ids=ids, labels=labels)
+    o_ref.loss.backward()
+    o.loss.backward()
+    return o, o_ref
+
+
+def assert_apply_generates_same(ref, prompt, max_new_tokens: int = 5):
+    """pt.apply on a copy of ref; greedy generation from prompt (all positions attended) gives the same tokens on
+    both. Returns the patched copy."""
+    model = pt.apply(copy.deepcopy(ref))
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=max_new_tokens, do_sample=False)
+    want = ref.generate(prompt, **kw)
+    got = model.generate(prompt, **kw)
+    assert got.tolist() == want.tolist()
     return model
 
 
@@ -67,12 +115,23 @@ def spy(monkeypatch):
     return calls, shapes
 
 
-def batch():
+def batch(low: int = 0):
+    """Token ids (2 x 9, from [low, 128), seed 1) and their labels, the first row's first 3 masked (-100)."""
     g = torch.Generator().manual_seed(1)
-    ids = torch.randint(0, 128, (2, 9), generator=g)
+    ids = torch.randint(low, 128, (2, 9), generator=g)
     labels = ids.clone()
     labels[0, :3] = -100
     return ids, labels
+
+
+def assert_apply_keeps_parameters(model) -> None:
+    """pt.apply patches `model` in place: the same object, the same state_dict keys, the same Parameter objects."""
+    params = {n: p for n, p in model.named_parameters()}
+    keys = list(model.state_dict())
+    assert pt.apply(model) is model
+    assert list(model.state_dict()) == keys
+    for n, p in model.named_parameters():
+        assert p is params[n], n
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -81,23 +140,13 @@ def test_patched_model_matches_logits_loss_and_gradients(name, spy):
     ref = tiny(name)
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
-    o_ref = ref(input_ids=ids, labels=labels)
-    assert not calls, "the unpatched model must not run pykern kernels"
-    o = model(input_ids=ids, labels=labels)
-    o_ref.loss.backward()
-    o.loss.backward()
+    o, o_ref = loss_backward_both(ref, model, calls, ids, labels)
     for op in ("rms_norm", "rope", "silu_gate", "flash_attention", "cross_entropy_fwd_bwd",
                "rms_norm_backward", "silu_gate_backward", "attention_backward"):
         assert calls[op] > 0, f"{op} did not run on pykern"
     assert_close(o.logits, o_ref.logits, "logits")
     assert_close(o.loss, o_ref.loss, "loss")
-    named_ref = dict(ref.named_parameters())
-    n = 0
-    for pname, p in model.named_parameters():
-        assert p.grad is not None, pname
-        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}")
-        n += 1
-    assert n == len(named_ref)
+    assert_grads_close(model, ref, every=True)
     if name == "Qwen3":  # q_norm / k_norm on the head dim are patched as well
         attn = model.model.layers[0].self_attn
         assert isinstance(attn.q_norm, pt.RMSNorm) and isinstance(attn.k_norm, pt.RMSNorm)
@@ -107,12 +156,7 @@ def test_patched_model_matches_logits_loss_and_gradients(name, spy):
 def test_patched_model_greedy_generate_same_tokens(name, spy):
     calls, shapes = spy
     ref = tiny(name)
-    model = pt.apply(copy.deepcopy(ref))
-    ids, _ = batch()
-    prompt = ids[:1, :6]
-    want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
-    got = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
-    assert got.tolist() == want.tolist()
+    assert_apply_generates_same(ref, batch()[0][:1, :6])
     # prefill (6 queries, 6 keys) and KV-cached decode steps (1 query, 7.. keys) ran on pykern
     assert (6, 6) in shapes and (1, 7) in shapes and (1, 10) in shapes, shapes
 
@@ -124,13 +168,7 @@ def test_decode_steps_run_the_tensor_core_decode_kernel(dtype, spy):
     copy); the prefill stays on flash attention. Tokens and the decode step's logits match the unpatched model."""
     calls, shapes = spy
     ref = tiny("Llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1).to(dtype)
-    model = pt.apply(copy.deepcopy(ref))
-    ids, _ = batch()
-    prompt = ids[:2, :6]
-    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False)
-    want = ref.generate(prompt, **kw)
-    got = model.generate(prompt, **kw)
-    assert got.tolist() == want.tolist()
+    model = assert_apply_generates_same(ref, batch()[0][:2, :6], max_new_tokens=4)
     assert calls["batched_decode_attention"] == 2 * 3  # 2 layers x 3 decode steps (the 4th token needs none)
     assert shapes == [(6, 6)] * 2  # flash attention ran the prefill only
     with torch.no_grad():  # a decode step's logits, beside the unpatched model's
@@ -205,8 +243,7 @@ def test_padding_mask_falls_back_and_stays_correct(spy):
     ref = tiny("Llama")
     model = pt.apply(copy.deepcopy(ref))
     ids, _ = batch()
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0  # left padding of the second row
+    mask = left_padding_mask(ids)
     o_ref = ref(input_ids=ids, attention_mask=mask).logits
     o = model(input_ids=ids, attention_mask=mask).logits
     assert not shapes, "a padded batch must not reach the plain-causal pykern attention"
@@ -231,12 +268,7 @@ def test_sliding_window_shorter_than_sequence_runs_on_pykern(spy):
 def test_apply_keeps_parameters_and_state_dict():
     ref = tiny("Qwen2")
     model = copy.deepcopy(ref)
-    params = {n: p for n, p in model.named_parameters()}
-    keys = list(model.state_dict())
-    assert pt.apply(model) is model
-    assert list(model.state_dict()) == keys
-    for n, p in model.named_parameters():
-        assert p is params[n], n
+    assert_apply_keeps_parameters(model)
     assert model.config._attn_implementation == "pykern"
     assert isinstance(model.model.norm, pt.RMSNorm)
     assert isinstance(model.model.layers[1].mlp, pt.SwiGLUMLP)
@@ -259,9 +291,7 @@ def test_patched_model_compiles_fullgraph(spy):
     assert calls["rope"] and calls["flash_attention"] and calls["attention_backward"]
     assert_close(o.logits, o_ref.logits, "compiled logits")
     assert_close(o.loss, o_ref.loss, "compiled loss")
-    named_ref = dict(ref.named_parameters())
-    for pname, p in model.named_parameters():
-        assert_close(p.grad, named_ref[pname].grad, f"compiled grad {pname}")
+    assert_grads_close(model, ref, "compiled grad")
 
 
 def test_unsupported_model_raises_naming_its_class():
@@ -289,9 +319,7 @@ def test_patched_model_on_cuda(name):
     o.loss.backward()
     assert_close(o.logits, o_ref.logits, "logits")
     assert_close(o.loss, o_ref.loss, "loss")
-    named_ref = dict(ref.named_parameters())
-    for pname, p in model.named_parameters():
-        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}")
+    assert_grads_close(model, ref)
     prompt = ids[:1, :6]
     kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
     assert model.generate(prompt, **kw).tolist() == ref.generate(prompt, **kw).tolist()
@@ -345,9 +373,7 @@ def test_fused_linear_cross_entropy_model_compiles_fullgraph():
     o_ref = ref(input_ids=ids, labels=labels)
     o_ref.loss.backward()
     assert_close(o.loss, o_ref.loss, "compiled fused loss")
-    named_ref = dict(ref.named_parameters())
-    for pname, p in model.named_parameters():
-        assert_close(p.grad, named_ref[pname].grad, f"compiled fused grad {pname}")
+    assert_grads_close(model, ref, "compiled fused grad")
 
 
 @pytest.mark.parametrize("name", MODELS)

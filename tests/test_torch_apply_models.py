@@ -19,6 +19,10 @@ import pykern.torch.functional as ptf  # noqa: E402
 import pykern.torch.hf as hf  # noqa: E402
 import pykern.torch.training as ptt  # noqa: E402
 from test_torch_apply import assert_close  # the one comparison against the torch_apply tolerance row
+from test_torch_apply import (
+    assert_grads_close, loss_backward_both, assert_apply_generates_same, batch as apply_batch, build_tiny,
+    left_padding_mask,
+)
 
 W = 4  # sliding window (tokens, the current one included): shorter than the 9-token batch
 
@@ -46,15 +50,8 @@ NAMES = list(FAMILIES)
 
 def tiny(name: str):
     cfg_cls, model_cls, extra, _ = FAMILIES[name]
-    cfg = getattr(transformers, cfg_cls)(**dict(BASE, **extra))
-    torch.manual_seed(0)
-    model = getattr(transformers, model_cls)(cfg).float()
-    gemma = name.startswith("Gemma")
-    with torch.no_grad():  # non-trivial norm weights (Gemma's are offsets from 1)
-        for n, p in model.named_parameters():
-            if "norm" in n:
-                p.copy_((0.0 if gemma else 1.0) + 0.3 * torch.randn_like(p))
-    return model
+    # Gemma's norm weights are offsets from 1: non-trivial ones are around 0
+    return build_tiny(cfg_cls, model_cls, dict(BASE, **extra), norm_base=0.0 if name.startswith("Gemma") else 1.0)
 
 
 def rel_diff(out, ref) -> float:
@@ -86,11 +83,7 @@ def spy(monkeypatch):
 
 
 def batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(1, 128, (2, 9), generator=g)
-    labels = ids.clone()
-    labels[0, :3] = -100
-    return ids, labels
+    return apply_batch(low=1)
 
 
 def _expected_attention(name: str, model) -> list:
@@ -107,11 +100,7 @@ def test_logits_loss_gradients_match_and_every_attention_runs_on_pykern(name, sp
     ref = tiny(name)
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
     ids, labels = batch()
-    o_ref = ref(input_ids=ids, labels=labels)
-    assert not calls, "the unpatched model must not run pykern kernels"
-    o = model(input_ids=ids, labels=labels)
-    o_ref.loss.backward()
-    o.loss.backward()
+    o, o_ref = loss_backward_both(ref, model, calls, ids, labels)
     gated = "gelu_gate" if name.startswith("Gemma") else "silu_gate"
     for op in ("rms_norm", "rope", gated, "flash_attention", "cross_entropy_fwd_bwd", "rms_norm_backward",
                gated + "_backward", "attention_backward"):
@@ -121,9 +110,7 @@ def test_logits_loss_gradients_match_and_every_attention_runs_on_pykern(name, sp
     assert_close(o.logits, o_ref.logits, "logits")
     assert rel_diff(o.logits, o_ref.logits) <= 1e-4
     assert_close(o.loss, o_ref.loss, "loss")
-    named_ref = dict(ref.named_parameters())
-    for pname, p in model.named_parameters():
-        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}")
+    assert_grads_close(model, ref)
     if name == "Gemma3":  # q_norm / k_norm are Gemma RMSNorms too
         a = model.model.layers[0].self_attn
         assert isinstance(a.q_norm, pt.RMSNorm) and a.q_norm.offset == 1.0
@@ -133,12 +120,7 @@ def test_logits_loss_gradients_match_and_every_attention_runs_on_pykern(name, sp
 def test_greedy_generate_same_tokens_prefill_and_decode_on_pykern(name, spy):
     calls, attn = spy
     ref = tiny(name)
-    model = pt.apply(copy.deepcopy(ref))
-    ids, _ = batch()
-    prompt = ids[:1, :6]
-    want = ref.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
-    got = model.generate(prompt, attention_mask=torch.ones_like(prompt), max_new_tokens=5, do_sample=False)
-    assert got.tolist() == want.tolist()
+    model = assert_apply_generates_same(ref, batch()[0][:1, :6])
     assert calls["fallback"] == 0, "an attention fell back to SDPA / eager"
     sliding = FAMILIES[name][3]
     n_layers = model.config.num_hidden_layers
@@ -198,8 +180,7 @@ def test_padding_mask_with_an_attention_softcap_falls_back_exactly(spy):
     ref = tiny("Gemma2")
     model = pt.apply(copy.deepcopy(ref))
     ids, _ = batch()
-    mask = torch.ones_like(ids)
-    mask[1, :4] = 0
+    mask = left_padding_mask(ids)
     o_ref, o = ref(input_ids=ids, attention_mask=mask).logits, model(input_ids=ids, attention_mask=mask).logits
     assert calls["fallback"] > 0  # padding masks go to transformers' formula (eager with the softcap)
     assert_close(o[0], o_ref[0], "logits row 0")

@@ -20,6 +20,7 @@ import pykern.torch.functional as ptf  # noqa: E402
 import pykern.torch.moe as ptm  # noqa: E402
 import pykern.torch.training as ptt  # noqa: E402
 from test_torch_apply import assert_close  # the one comparison against the torch_apply tolerance row
+from test_torch_apply import assert_apply_keeps_parameters, assert_grads_close, batch as apply_batch
 
 FAMILIES = ["Mixtral", "Qwen2Moe", "Qwen3Moe", "Olmoe"]
 LAYERS = 2
@@ -70,11 +71,7 @@ def spy(monkeypatch):
 
 
 def batch():
-    g = torch.Generator().manual_seed(1)
-    ids = torch.randint(3, 128, (2, 9), generator=g)
-    labels = ids.clone()
-    labels[0, :3] = -100
-    return ids, labels
+    return apply_batch(low=3)
 
 
 @pytest.mark.parametrize("name,extra", [(f, {}) for f in FAMILIES]
@@ -98,13 +95,7 @@ def test_moe_model_matches_logits_router_aux_loss_and_gradients(name, extra, spy
     assert o.aux_loss is not None and float(o_ref.aux_loss.detach()) > 0
     assert_close(o.aux_loss, o_ref.aux_loss, "load-balancing loss")
     assert_close(o.loss, o_ref.loss, "loss (with the router aux loss)")
-    named_ref = dict(ref.named_parameters())
-    n = 0
-    for pname, p in model.named_parameters():
-        assert p.grad is not None, pname
-        assert_close(p.grad, named_ref[pname].grad, f"grad {pname}")
-        n += 1
-    assert n == len(named_ref)
+    assert_grads_close(model, ref, every=True)
 
 
 @pytest.mark.parametrize("name", FAMILIES)
@@ -153,12 +144,7 @@ def test_moe_greedy_generate_same_tokens(name, spy):
 def test_apply_keeps_parameters_routers_and_state_dict():
     ref = tiny("Qwen2Moe")
     model = copy.deepcopy(ref)
-    params = {n: p for n, p in model.named_parameters()}
-    keys = list(model.state_dict())
-    assert pt.apply(model) is model
-    assert list(model.state_dict()) == keys
-    for n, p in model.named_parameters():
-        assert p is params[n], n
+    assert_apply_keeps_parameters(model)
     assert model.config._experts_implementation == "pykern"
     from transformers.models.qwen2_moe import modeling_qwen2_moe as mq
 
@@ -242,6 +228,4 @@ def test_patched_moe_model_compiles_fullgraph(spy):
     o_ref.loss.backward()
     assert spy["moe_experts"] == spy["moe_route"] == spy["moe_experts_backward"] == LAYERS
     assert_close(o.logits, o_ref.logits, "compiled logits")
-    named_ref = dict(ref.named_parameters())
-    for pname, p in model.named_parameters():
-        assert_close(p.grad, named_ref[pname].grad, f"compiled grad {pname}")
+    assert_grads_close(model, ref, "compiled grad")

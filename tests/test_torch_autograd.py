@@ -13,6 +13,7 @@ from pykern.errors import ArgumentError, ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
 
 from gpu import requires_gpu  # noqa: E402
+from launch_spy import record_launches
 
 F = torch.nn.functional
 
@@ -314,10 +315,7 @@ def test_bf16_forwards_match_f64_on_rounded_inputs():
 
 
 def test_f16_attention_runs_the_f16_kernels_forward_and_backward(monkeypatch):
-    from pykern import launcher
-
-    names, real = [], launcher.launch
-    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: (names.append(name), real(name, *a, **kw))[1])
+    names = record_launches(monkeypatch)
     g = gen(13)
     q = leaf(torch.randn(1, 9, 4, 32, generator=g), torch.float16)
     k = leaf(torch.randn(1, 9, 2, 32, generator=g), torch.float16)
@@ -474,16 +472,7 @@ def test_custom_ops_pass_torch_library_opcheck():
 def test_flash_attention_backward_is_deterministic_under_torch_deterministic_mode(monkeypatch):
     # torch.use_deterministic_algorithms(True) makes the tensor-core backward sum dQ in a fixed order
     # (the fused kernel's _det variant); the default keeps the fp32 atomics. Both match each other.
-    from pykern import launcher
-
-    names: list[str] = []
-    real = launcher.launch
-
-    def spy(name, *a, **kw):
-        names.append(name)
-        return real(name, *a, **kw)
-
-    monkeypatch.setattr(launcher, "launch", spy)
+    names = record_launches(monkeypatch)
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(1, 40, 2, 64, generator=g).bfloat16().requires_grad_() for _ in range(3))
     grads_by_mode = {}

@@ -8,31 +8,9 @@ import pytest
 torch = pytest.importorskip("torch")
 
 import pykern.torch as pt  # noqa: E402
-from pykern.tolerance import tolerance  # noqa: E402
+from test_torch_autograd import assert_close, grads, leaf  # noqa: E402  (the torch op tests' comparison)
 
 F = torch.nn.functional
-
-
-def assert_close(out, ref, op: str, dtype: str = "f32") -> None:
-    atol, rtol = tolerance(op, dtype)
-    out, ref = out.detach().double(), ref.detach().double()
-    assert out.shape == ref.shape, (out.shape, ref.shape)
-    err = (out - ref).abs()
-    bound = atol + rtol * ref.abs()
-    assert bool(torch.isfinite(out).all()), f"{op}: non-finite output"
-    assert bool((err <= bound).all()), f"{op}/{dtype}: max err {err.max().item():.3g}"
-
-
-def leaf(t, dtype=torch.float32):
-    return t.to(dtype).detach().requires_grad_(True)
-
-
-def grads(fn, inputs, upstream):
-    out = fn(*inputs)
-    outs = out if isinstance(out, tuple) else (out,)
-    ups = upstream if isinstance(upstream, tuple) else (upstream,)
-    total = sum((o * u.to(o.dtype)).sum() for o, u in zip(outs, ups))
-    return out, torch.autograd.grad(total, inputs)
 
 
 def gen(seed=0):

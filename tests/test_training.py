@@ -20,7 +20,7 @@ ROOT = Path(__file__).resolve().parent.parent
 SOURCES = (ROOT / "kernels_cu" / "training.cu", ROOT / "kernels_cu" / "attention_bwd_fma.cu")
 
 
-from family_helpers import check as _check, need as _need
+from family_helpers import check as _check, check_central_differences, need as _need
 
 
 _CASES = list(T.cases(np.random.default_rng(0)))
@@ -36,19 +36,8 @@ def test_np_attention_backward_matches_finite_differences() -> None:
     def loss(q_, k_, v_):
         return float((A.np_attention_forward(q_, k_, v_)[0] * g).sum())
 
-    dq, dk, dv = A.np_attention_backward(q, k, v, g)
-    eps = 1e-6
-    for arr, grad, which in ((q, dq, 0), (k, dk, 1), (v, dv, 2)):
-        for idx in [(0, 0, 0), (3, 1, 2), (4, arr.shape[1] - 1, 1)]:
-            args = [q, k, v]
-            plus, minus = arr.copy(), arr.copy()
-            plus[idx] += eps
-            minus[idx] -= eps
-            args[which] = plus
-            lp = loss(*args)
-            args[which] = minus
-            lm = loss(*args)
-            assert abs((lp - lm) / (2 * eps) - grad[idx]) < 1e-6
+    check_central_differences(loss, [q, k, v], A.np_attention_backward(q, k, v, g),
+                              indices=lambda arr: [(0, 0, 0), (3, 1, 2), (4, arr.shape[1] - 1, 1)])
 
 
 def test_np_lse_is_logsumexp_of_scaled_visible_scores() -> None:

@@ -51,6 +51,18 @@ def register_cases(family: str) -> Callable[[CaseGenerator], CaseGenerator]:
     return deco
 
 
+def register_case_groups(family: str, *groups: CaseGenerator) -> CaseGenerator:
+    """Registers `family`'s generator as its groups of cases drawn in order from one rng (a group added at the end
+    leaves the earlier groups' data as it was); returns that generator."""
+
+    def cases(rng: np.random.Generator) -> Iterator[Case]:
+        for group in groups:
+            yield from group(rng)
+
+    cases.__name__ = cases.__qualname__ = f"{family}_cases"
+    return register_cases(family)(cases)
+
+
 def families() -> dict[str, CaseGenerator]:
     """Every registered family generator (importing pykern.difftest.cases registers them)."""
     from . import cases  # noqa: F401  (imports register)

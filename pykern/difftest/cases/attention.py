@@ -28,7 +28,7 @@ from typing import Any, Callable, Iterator
 
 import numpy as np
 
-from ..case import Case, register_cases
+from ..case import Case, register_case_groups
 from .training import _cast, _np, _ops, f64  # the cases' shared input helpers, as moe.py and gemm_fp8.py
 
 _f64 = f64
@@ -808,16 +808,9 @@ def _attention_varlen_backward_cases(rng: np.random.Generator) -> Iterator[Case]
                    reference=lambda dq=dq, dk=dk, dv=dv: {"dq": dq, "dk": dk, "dv": dv})
 
 
-@register_cases("attention")
-def cases(rng: np.random.Generator) -> Iterator[Case]:
-    yield from _fa_cases(rng)
-    yield from _fa_window_cases(rng)
-    yield from _attention_cases(rng)
-    yield from _attention_tc_cases(rng)
-    yield from _attention_window_cases(rng)
-    yield from _attention_fused_cases(rng)
-    yield from _attention_pair_cases(rng)
-    yield from _fa_f16_cases(rng)
-    yield from _attention_f16_cases(rng)
-    yield from _attention_varlen_backward_cases(rng)
-    yield from _sm90_cases(rng)
+cases = register_case_groups(
+    "attention",
+    _fa_cases, _fa_window_cases, _attention_cases, _attention_tc_cases, _attention_window_cases,
+    _attention_fused_cases, _attention_pair_cases, _fa_f16_cases, _attention_f16_cases,
+    _attention_varlen_backward_cases, _sm90_cases,
+)

@@ -8,7 +8,7 @@ from typing import Any, Iterator
 import numpy as np
 
 from ...arrays import bfloat16, kernel_suffix
-from ..case import Case, register_cases
+from ..case import Case, register_case_groups
 
 
 def _f64(a: Any) -> np.ndarray:
@@ -95,7 +95,4 @@ def _states_cases(rng: np.random.Generator) -> Iterator[Case]:
                    kernels=("merge_states" + kernel_suffix(kind),), run=run, reference=ref)
 
 
-@register_cases("cascade")
-def cascade_cases(rng: np.random.Generator) -> Iterator[Case]:
-    yield from _state_cases(rng)
-    yield from _states_cases(rng)
+cascade_cases = register_case_groups("cascade", _state_cases, _states_cases)

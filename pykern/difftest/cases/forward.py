@@ -12,7 +12,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..case import Case, register_cases
+from ..case import Case, register_case_groups
 
 # --------------------------------------------------------------------------- NumPy float64 references
 
@@ -311,17 +311,6 @@ def _softmax_cases(rng: np.random.Generator) -> Iterator[Case]:
                    reference=lambda s=s, p=past: {"out": np_causal_attn_softmax(s, p)})
 
 
-@register_cases("forward")
-def cases(rng: np.random.Generator) -> Iterator[Case]:
-    yield from _embedding_cases(rng)
-    yield from _rope_cases(rng)
-    yield from _silu_cases(rng)
-    yield from _silu_backward_cases(rng)
-    yield from _rms_cases(rng)
-    yield from _softmax_cases(rng)
-    yield from _f16_cases(rng)
-
-
 def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
     """float16 I/O: the bf16 shapes that reach each path (vector, scalar tail, unaligned, register-cached
     rows, block per row). Drawn after every other case, so the f32/bf16 cases keep their data."""
@@ -336,3 +325,7 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
                                 ("f16", (2, 16384)), ("f16", (1, 65536))))
 
 
+cases = register_case_groups(
+    "forward",
+    _embedding_cases, _rope_cases, _silu_cases, _silu_backward_cases, _rms_cases, _softmax_cases, _f16_cases,
+)

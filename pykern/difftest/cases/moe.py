@@ -9,7 +9,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..case import Case, register_cases
+from ..case import Case, register_case_groups
 from .training import _cast, _np, _ops, f64
 
 # --------------------------------------------------------------------------- NumPy float64 references
@@ -261,9 +261,4 @@ def _experts_cases(rng: np.random.Generator) -> Iterator[Case]:
                        reference=ref_b)
 
 
-@register_cases("moe")
-def moe_cases(rng: np.random.Generator) -> Iterator[Case]:
-    yield from _route_cases(rng)
-    yield from _gemm_cases(rng)
-    yield from _gemm_nn_and_wgrad_cases(rng)
-    yield from _experts_cases(rng)
+moe_cases = register_case_groups("moe", _route_cases, _gemm_cases, _gemm_nn_and_wgrad_cases, _experts_cases)

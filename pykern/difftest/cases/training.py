@@ -14,7 +14,7 @@ from typing import Any, Iterator
 
 import numpy as np
 
-from ..case import Case, register_cases
+from ..case import Case, register_case_groups
 
 # --------------------------------------------------------------------------- NumPy float64 references
 
@@ -304,16 +304,6 @@ def _ce_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
                    run=run, reference=ref, note=note)
 
 
-@register_cases("training")
-def cases(rng: np.random.Generator) -> Iterator[Case]:
-    yield from _transpose_cases(rng)
-    yield from _softmax_cases(rng)
-    yield from _rms_cases(rng)
-    yield from _embedding_cases(rng)
-    yield from _ce_cases(rng)
-    yield from _f16_cases(rng)
-
-
 def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
     """float16 I/O on the bf16 shapes that reach each path (16-byte vectors, tails, misaligned bases, the
     fused and unfused weight gradients). Drawn after every other case, so those keep their data."""
@@ -347,3 +337,9 @@ def _f32_to_16_cases(rng: np.random.Generator) -> Iterator[Case]:
 
         yield Case(op="training_f32_to", dtype=kind, shape=f"{n}", kernels=("training_f32_to" + _sfx(kind),),
                    run=run, reference=lambda src=src, kind=kind: {"out": f64(_cast(src, kind))})
+
+
+cases = register_case_groups(
+    "training",
+    _transpose_cases, _softmax_cases, _rms_cases, _embedding_cases, _ce_cases, _f16_cases,
+)
