@@ -800,8 +800,9 @@ __device__ int sp_reject(const T* row, long long n, int b, const SpRow& r, unsig
         } else {
             lo = key1 + 1u;
             S = p.m1;
-            // the segment sums above key1 become the draw's (sp_find_draw's barrier precedes its reads)
-            if (seg) for (int i = threadIdx.x; i < SP_BINS; i += SP_NT) s.hist[i] = hist2[i];
+            // the segment sums above key1 become the draw's (sp_find_draw's barrier precedes its reads); only the
+            // row's nc windows' worth were written
+            if (seg) for (int i = threadIdx.x; i < (int)nc * SP_NW; i += SP_NT) s.hist[i] = hist2[i];
         }
         summed = seg;
         x = -1;
