@@ -1,8 +1,9 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
 // (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
 // masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
-// the speculative kernel), except the draws without top-k / top-p, whose rows may be split over gridDim.y CTAs
-// (sp_sample_split); pykern/ops/sampling.py documents the user-facing contract.
+// the speculative kernel), except the draws, whose rows may be split over gridDim.y CTAs (sp_sample_split; top-k then
+// top-p keeps one); top-k / top-p draw by rejection rounds with two pivots (sp_reject), the renorm / mask ops and
+// top-k-first's top-k by radix selects; pykern/ops/sampling.py documents the user-facing contract.
 //
 // Everything that decides WHICH token comes out is integer arithmetic, so the result is a
 // deterministic function of (the row, the parameters, one Philox draw): the same on every
@@ -37,19 +38,21 @@
 //   bf16 and f16 (a select reads it 3 / 2 times; the draw's read stops at the window that holds it):
 //     sampling, no filter or min-p: max, S with the draw's sums          2 / 2 (rows over one window: 3)
 //       split over C CTAs: each the max, its range's S; the last one range  1 + 1/C (the last 1 + 2/C)
-//     top-k (+ min-p): max with the select, scan                         4 / 3
-//     top-p (+ min-p): max, select, scan                                 5 / 4
-//     top-k + top-p (either order): max with a select, select, scan      7 / 5
+//     top-k, top-p, top-k + top-p joint (+ min-p): the rejection rounds (sp_reject): max, S with the segment
+//       sums, a count read a rejected round (each draw one segment)    2 + the count reads (top-p + min-p: 1 more)
+//       split over C CTAs: max, 1/C of S; the last one its range, then the count reads   1 + 2/C + the count reads
+//     top-k then top-p: max with the top-k select, then the rounds in the top-k set     3 / 2 + count reads + draws
 //     top_k_renorm_probs: max with the select, write                     4 / 3 (k disabled: the copy, 1)
 //     top_p_renorm_probs: max, select, write                             5 / 4 (top_p >= 1: max, S, write, 3)
 //     top_k_mask_logits: select, write                                   4 / 3
 //     sampling_from_logits: as sampling (max, S with the draw)           2 / 2
-//     top_k_top_p_sampling_from_logits: as top-k + top-p                 7 / 5
+//     top_k_top_p_sampling_from_logits: as top-k + top-p
 //     softmax (its own kernel, float math): max with sum, write          2 / 2 (and one write)
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: per-warp sums of the row in vocabulary order, one block scan a window of them, then one warp's
-//   walk of the 32 * VEC entries that hold it (sp_find_draw).
+//   walk of the 32 * VEC entries that hold it (sp_find_draw). Top-k / top-p: round j's draw takes the word at
+//   counter (offset, row, j) over the entries with key >= the round's floor (sp_reject; round 0's is the plain draw).
 //
 // Each family is written once over the element type (f32, bf16, f16: PK_IO_KERNELS). Rows are read in
 // 16-byte vectors (4 f32 or 8 bf16 / f16) when the row length is a multiple of the

@@ -226,4 +226,9 @@ def test_model_counts_the_reads_of_the_rule_rounds() -> None:
     assert rounds == [(1, 0)]
     assert m.reject_reads(*rounds[0], one_window=True) < m.RADIX_READS["top_k"]["f32"]
     # split rows: the first two reads over C CTAs, the rounds after the first in the last CTA
-    assert m.reject_reads(draws=1, count_reads=1, one_window=True, ctas=8) == pytest.approx(2 / 8 + 1, abs=0.01)
+    # (every CTA reads the whole row for the maximum, its 1/C for S, the last the drawn range and the count reads)
+    assert m.reject_reads(draws=1, count_reads=1, one_window=True, ctas=8) == pytest.approx(1 + 2 / 8 + 1)
+    assert m.reject_reads(draws=3, count_reads=2, one_window=False, ctas=4) == pytest.approx(1 + 2 / 4 + 2 + 1.0)
+    # a flat-tailed row at top-k 1 takes more rounds than a one-hot one, and the model charges them
+    d, r = m.rule_rounds(top_k=1, vocab=4096, seeds=8)
+    assert d >= 1 and r >= 1 and m.reject_reads(d, r) == pytest.approx(2 + r)
