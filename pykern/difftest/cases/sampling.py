@@ -702,5 +702,11 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _sampling_case(rng, "min_p_sampling_from_probs", kind, 3, 37, ctas=7, min_p=0.3)
         yield _logits_case(rng, "sampling_from_logits", kind, 3, 9000, ctas=7, poison=(float("inf"),),
                            temperature=0.8)
+        # top-k / top-p rejection rounds on split rows: round 0 over the CTAs, the later rounds in the last one
+        yield _sampling_case(rng, "top_k_sampling_from_probs", kind, 3, 9000, ctas=3, top_k=np.array([1, 40, 0]))
+        yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", kind, 3, 9000, ctas=2, top_k=30, top_p=0.4,
+                             filter_apply_order="joint")
+        yield _logits_case(rng, "top_k_top_p_sampling_from_logits", kind, 3, 9000, ctas=7, top_k=9,
+                           top_p=np.array([0.3, 0.9, 1.0], np.float32), filter_apply_order="joint")
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")
     yield _speculative_case(rng, "f32", 3, 2, 1500, close=0.3)  # rows of three chunks: the draw's walk past one
