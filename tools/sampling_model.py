@@ -73,6 +73,9 @@ def walk_costs(arch: str = "sm_90",
             rows.append({"start": lp["start"], "insns": lp["insns"], "ldg128": ldg, "kind": kind,
                          "per_elem": lp["insns"] / (ldg * 32 * VEC)})
         best = {c: min((r["per_elem"] for r in rows if r["kind"] == c), default=None) for c in ("max", "mass", "hist")}
+        # the rejection rounds' count read (sp_count_pivots: two masses, two counts and the segment sums of both a
+        # chunk) is the heaviest walk with the mass conversion and no shared atomics: costed by that loop
+        best["count"] = max((r["per_elem"] for r in rows if r["kind"] == "mass"), default=None)
         out[k] = {"loops": rows, **best}
     return out
 
@@ -146,14 +149,14 @@ def rule_rounds(top_k: int | None = None, top_p: float | None = None, order: str
 
 def model_reject(batch: int, c: dict[str, Any], draws: float, count_reads: float, split: bool) -> dict[str, Any]:
     """The terms (seconds) of a top-k / top-p launch drawn by the rejection rounds (`draws`, `count_reads` a row, a
-    row of one window); a count read is costed as a kept-mass walk (the "mass" loops: its two compares and sums are
-    a few instructions more, a modelled approximation)."""
+    row of one window); a count read is costed by the count loop (walk_costs' "count": the heaviest mass walk)."""
     C = ctas_per_row(batch) if split else 1
     ipe_max, ipe_mass = c["max"] or 0.0, c["mass"] or 0.0
+    ipe_count = c.get("count") or ipe_mass
     if C == 1:
-        insns = VOCAB * (ipe_max + ipe_mass * (1 + count_reads))
+        insns = VOCAB * (ipe_max + ipe_mass + ipe_count * count_reads)
     else:
-        insns = VOCAB * ipe_max + 2 * VOCAB / C * ipe_mass + count_reads * VOCAB * ipe_mass
+        insns = VOCAB * ipe_max + 2 * VOCAB / C * ipe_mass + count_reads * VOCAB * ipe_count
     cta_bytes = reject_reads(draws, count_reads, True, C) * VOCAB * 4
     ctas = batch * C
     waves = math.ceil(ctas / SMS)
@@ -172,13 +175,13 @@ def table(arch: str = "sm_90") -> dict[str, Any]:
     costs = walk_costs(arch)
     rows: dict[str, Any] = {"arch": arch, "costs": costs, "model": []}
     probs, logits = costs["sampling_from_probs"], costs["sampling_from_logits"]
-    for op, c, passes in (("sampling_from_probs / min_p", probs, 0), ("sampling_from_logits", logits, 0),
-                          ("top_p_sampling_from_probs (one CTA a row)", probs, 3)):
+    for op, c, passes in (("sampling_from_probs / min_p", probs, 0), ("sampling_from_logits", logits, 0)):
         for b in BATCHES:
             rows["model"].append({"op": op, "batch": b, "before": model(b, c, False, passes),
                                   "after": model(b, c, True, passes)})
     # top-k / top-p: before, the radix selects (hist passes: top-k 2 beside the maximum's, top-p 3, both 5; one CTA a
-    # row); after, the rejection rounds the rule takes on a Zipf-like row (rule_rounds), split at a small batch
+    # row) costed by this build's radix loop (top-k-first's select, which keeps one); after, the rejection rounds the
+    # rule takes on a Zipf-like row (rule_rounds), split at a small batch
     for op, filt, passes in (("top_k_sampling_from_probs (k=50)", {"top_k": 50}, 2),
                              ("top_p_sampling_from_probs (p=0.9)", {"top_p": 0.9}, 3),
                              ("top_k_top_p joint (k=50, p=0.9)", {"top_k": 50, "top_p": 0.9}, 5)):
@@ -204,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, c in r["costs"].items():
         fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
         print(f"  {k}: warp-instructions an element: max {fmt(c['max'])}, mass {fmt(c['mass'])}, "
-              f"hist {fmt(c['hist'])} ({len(c['loops'])} row-walk loops)")
+              f"count {fmt(c['count'])}, hist {fmt(c['hist'])} ({len(c['loops'])} row-walk loops)")
     print(f"{'op':44} {'batch':>5} | {'C':>2} {'hbm':>6} {'l2':>6} {'issue':>6} {'bound':>6} {'binds':>5} | "
           f"{'C':>2} {'hbm':>6} {'l2':>6} {'issue':>6} {'bound':>6} {'binds':>5}")
     for m in r["model"]:
