@@ -1,8 +1,9 @@
 // Sampling (FlashInfer's names and semantics): sampling from probabilities with top-k, top-p
 // (nucleus), top-k + top-p and min-p filters, top-k / top-p renormalization, top-k logit
 // masking and chain speculative sampling (at the end of the file). One CTA per row (per request for
-// the speculative kernel), except the draws without top-k / top-p, whose rows may be split over gridDim.y CTAs
-// (sp_sample_split); pykern/ops/sampling.py documents the user-facing contract.
+// the speculative kernel), except the draws, whose rows may be split over gridDim.y CTAs (sp_sample_split; top-k then
+// top-p keeps one); top-k / top-p draw by rejection rounds with two pivots (sp_reject), the renorm / mask ops and
+// top-k-first's top-k by radix selects; pykern/ops/sampling.py documents the user-facing contract.
 //
 // Everything that decides WHICH token comes out is integer arithmetic, so the result is a
 // deterministic function of (the row, the parameters, one Philox draw): the same on every
@@ -37,19 +38,21 @@
 //   bf16 and f16 (a select reads it 3 / 2 times; the draw's read stops at the window that holds it):
 //     sampling, no filter or min-p: max, S with the draw's sums          2 / 2 (rows over one window: 3)
 //       split over C CTAs: each the max, its range's S; the last one range  1 + 1/C (the last 1 + 2/C)
-//     top-k (+ min-p): max with the select, scan                         4 / 3
-//     top-p (+ min-p): max, select, scan                                 5 / 4
-//     top-k + top-p (either order): max with a select, select, scan      7 / 5
+//     top-k, top-p, top-k + top-p joint (+ min-p): the rejection rounds (sp_reject): max, S with the segment
+//       sums, a count read a rejected round (each draw one segment)    2 + the count reads (top-p + min-p: 1 more)
+//       split over C CTAs: max, 1/C of S; the last one its range, then the count reads   1 + 2/C + the count reads
+//     top-k then top-p: max with the top-k select, then the rounds in the top-k set     3 / 2 + count reads + draws
 //     top_k_renorm_probs: max with the select, write                     4 / 3 (k disabled: the copy, 1)
 //     top_p_renorm_probs: max, select, write                             5 / 4 (top_p >= 1: max, S, write, 3)
 //     top_k_mask_logits: select, write                                   4 / 3
 //     sampling_from_logits: as sampling (max, S with the draw)           2 / 2
-//     top_k_top_p_sampling_from_logits: as top-k + top-p                 7 / 5
+//     top_k_top_p_sampling_from_logits: as top-k + top-p
 //     softmax (its own kernel, float math): max with sum, write          2 / 2 (and one write)
 // - The draw: r = word 0 of Philox4x32-10(key = seed, counter = (offset, row, 0)); the sample
 //   is the first kept index whose inclusive prefix mass exceeds floor(r * S / 2^32), S the kept
 //   mass: per-warp sums of the row in vocabulary order, one block scan a window of them, then one warp's
-//   walk of the 32 * VEC entries that hold it (sp_find_draw).
+//   walk of the 32 * VEC entries that hold it (sp_find_draw). Top-k / top-p: round j's draw takes the word at
+//   counter (offset, row, j) over the entries with key >= the round's floor (sp_reject; round 0's is the plain draw).
 //
 // Each family is written once over the element type (f32, bf16, f16: PK_IO_KERNELS). Rows are read in
 // 16-byte vectors (4 f32 or 8 bf16 / f16) when the row length is a multiple of the
@@ -697,17 +700,125 @@ struct SpArgs {
     const float* __restrict__ temp_arr;
 };
 
-// Word 0 of Philox4x32-10 at counter (offset, row b, 0) under the row's seed: the draw's one uniform.
+// Word 0 of Philox4x32-10 at counter (offset, row b, round) under the row's seed: the uniform of a draw (round 0
+// the first; the rejection rounds of top-k / top-p, sp_reject, take one word each).
 __device__ __forceinline__ unsigned int sp_row_word(int b, const unsigned int* __restrict__ seed_arr,
-                                                    const unsigned int* __restrict__ offset_arr, const SpArgs& a) {
+                                                    const unsigned int* __restrict__ offset_arr, const SpArgs& a,
+                                                    unsigned int round = 0u) {
     unsigned int c[4];
     c[0] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b] : a.offset_lo;
     c[1] = (a.flags & SPF_OFFSET_ARR) ? offset_arr[2 * b + 1] : a.offset_hi;
     c[2] = (unsigned int)b;
-    c[3] = 0u;
+    c[3] = round;
     sp_philox(c, (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b] : a.seed_lo,
               (a.flags & SPF_SEED_ARR) ? seed_arr[2 * b + 1] : a.seed_hi);
     return c[0];
+}
+
+// ------------------------------------------------------------------------------ rejection with two pivots
+// What one read of a row tells about two pivot keys k0 < k1: the count and the mass of the entries with key > k0
+// and of those with key > k1. seg (block-uniform; the row is one window, as sp_row_mass_segments'): the read also
+// leaves each warp's segment sums of both masses, above k0 in s.hist and above k1 in hist2, in sp_find_draw's
+// layout, so the next draw (over either set) reads only its segment.
+struct SpPivots { unsigned long long c0, m0, c1, m1; };
+
+template <typename T, int VEC, int AH, int MODE>
+__device__ SpPivots sp_count_pivots(const T* row, long long n, unsigned int k0, unsigned int k1, const SpRow& r,
+                                    bool seg, unsigned long long* __restrict__ hist2, SpShared& s) {
+    const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+    // counts above k0 in the low word, above k1 in the high one: a row has < 2^31 entries, no carry between them
+    unsigned long long cc = 0ull, m0 = 0ull, m1 = 0ull;
+    sp_for_chunks<T, VEC, AH>(row, n, 0, sp_chunks<T, VEC>(n), [&](long long c, long long i, const float* f) {
+        unsigned long long w0 = 0ull, w1 = 0ull;
+#pragma unroll
+        for (int j = 0; j < VEC; ++j) {
+            const unsigned int key = sp_key<MODE>(f[j]);
+            // past the end the loads are 0: probability key 0 <= k0, but a logit 0 has a key
+            if (key > k0 && (MODE == SPM_PROBS || i + j < n)) {
+                const unsigned long long w = sp_wmass<MODE>(f[j], key, r);
+                const bool above1 = key > k1;
+                cc += above1 ? 0x100000001ull : 1ull;
+                w0 += w;
+                w1 += above1 ? w : 0ull;
+            }
+        }
+        m0 += w0;
+        m1 += w1;
+        if (seg) {
+            w0 = sp_warp_sum(w0);
+            w1 = sp_warp_sum(w1);
+            if (lane == 0) { s.hist[c * SP_NW + warp] = w0; hist2[c * SP_NW + warp] = w1; }
+        }
+        return false;
+    });
+    SpPivots p;
+    cc = sp_block_sum(cc, s);
+    p.c0 = cc & 0xffffffffull;
+    p.c1 = cc >> 32;
+    p.m0 = sp_block_sum(m0, s);
+    p.m1 = sp_block_sum(m1, s);
+    return p;
+}
+
+// FlashInfer's rejection sampling with two pivots (its top-k / top-p sampling kernels), over keys and the exact
+// fixed-point mass. The kept set is {key >= T} for an unknown T: K(v) = "count(key > v) < kc and mass(key > v) <
+// target" holds exactly for v >= T (kc = top-k's k, target = ceil(top_p * M) as sp_target; ~0 for a filter that is
+// off; ties at the boundary are all kept, as the radix selects keep them). Invariant: lo <= T <= hi, hi the row
+// maximum's key at first. A round draws x from the entries with key >= lo (S their mass) by the inverse CDF over
+// its own Philox word (counter (offset, row, round)), key0 = key(x):
+// - key0 >= hi: x is kept, no read;
+// - else one read counts and sums the entries above key0 and above key1, the middle of [key0 + 1, hi]: K(key0)
+//   keeps x; else T > key0, and K(key1) tells on which side of key1 T lies: the next round draws from
+//   [key0 + 1, key1] (S = the mass above key0) or [key1 + 1, hi] (S = the mass above key1).
+// A draw from {key >= lo}, a superset of the kept set, that lands in the kept set follows the kept set's
+// renormalized mass whatever came before: the token follows the filtered distribution (in the fixed point) exactly.
+// Bounded: every rejected round leaves at most about half of [key0 + 1, hi] (34 draws at most over 32-bit keys);
+// once lo = hi = T every draw is kept. Reads a round: the draw (one warp segment when summed, else the row up to
+// the draw) and at most one full read. x >= 0: round 0's draw is made already (a split row's last CTA).
+template <typename T, int VEC, int AH, int MODE>
+__device__ int sp_reject(const T* row, long long n, int b, const SpRow& r, unsigned int lo, unsigned long long S,
+                         unsigned long long kc, unsigned long long target, bool summed, int x,
+                         unsigned long long* __restrict__ hist2, const unsigned int* __restrict__ seed_arr,
+                         const unsigned int* __restrict__ offset_arr, const SpArgs& a, SpShared& s) {
+    const long long nc = sp_chunks<T, VEC>(n);
+    const bool seg = nc <= SP_WIN;
+    unsigned int hi = r.mkey;
+    for (unsigned int round = 0u;; ++round) {
+        if (x < 0) {
+            const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a, round));  // < S
+            x = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, summed, s, 0, nc, 0ull);
+            if (x < 0) return -1;  // never: S > 0 is the mass of a superset of the kept set
+        }
+        const unsigned int key0 = sp_key<MODE>(PkIO<T>::load(row, x));  // every thread the same entry
+        if (key0 >= hi) return x;
+        unsigned int key1 = key0 + 1u + ((hi - key0 - 1u) >> 1);
+        // no logit has the key 0x7fffffff (-0 takes +0's): the next key up keeps "key > key1" a value comparison
+        if (MODE != SPM_PROBS && key1 == 0x7fffffffu) key1 = 0x80000000u;
+        const SpPivots p = sp_count_pivots<T, VEC, AH, MODE>(row, n, key0, key1, r, seg, hist2, s);
+        if (p.c0 < kc && p.m0 < target) return x;
+        if (p.c1 < kc && p.m1 < target) {
+            lo = key0 + 1u;
+            hi = key1;
+            S = p.m0;
+        } else {
+            lo = key1 + 1u;
+            S = p.m1;
+            // the segment sums above key1 become the draw's (sp_find_draw's barrier precedes its reads); only the
+            // row's nc windows' worth were written
+            if (seg) for (int i = threadIdx.x; i < (int)nc * SP_NW; i += SP_NT) s.hist[i] = hist2[i];
+        }
+        summed = seg;
+        x = -1;
+    }
+}
+
+// The rejection's filters for row b: kc (top-k's k, ~0 off), P (top-p as sp_top_p_int, 0 off).
+__device__ __forceinline__ void sp_filters(int b, long long n, const int* __restrict__ top_k_arr,
+                                           const float* __restrict__ top_p_arr, const SpArgs& a,
+                                           unsigned long long& kc, unsigned int& P) {
+    const int k = (a.flags & SPF_TOP_K) ? ((a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val) : 0;
+    kc = k > 0 && (long long)k < n ? (unsigned long long)k : ~0ull;
+    P = (a.flags & SPF_TOP_P) ? sp_top_p_int((a.flags & SPF_P_ARR) ? top_p_arr[b] : a.top_p_val) : 0u;
 }
 
 // A row split over C = gridDim.y CTAs (rows without top-k / top-p: plain and min-p sampling, from probs or logits),
@@ -724,8 +835,10 @@ __device__ __forceinline__ unsigned int sp_row_word(int b, const unsigned int* _
 // (about n / C entries) once more.
 template <typename T, int VEC, int AH, int MODE>
 __device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, int* __restrict__ out,
-                                unsigned char* __restrict__ valid, unsigned int word,
-                                unsigned long long* __restrict__ ws, unsigned int* __restrict__ tickets, SpRow& r,
+                                unsigned char* __restrict__ valid, unsigned long long kc, unsigned int P,
+                                const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
+                                const SpArgs& a, unsigned long long* __restrict__ ws,
+                                unsigned int* __restrict__ tickets, unsigned long long* __restrict__ hist2, SpRow& r,
                                 SpShared& s) {
     const int C = (int)gridDim.y, j = (int)blockIdx.y;
     sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
@@ -759,7 +872,7 @@ __device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, i
     };
     unsigned long long S = 0ull;
     for (int q = 0; q < C; ++q) S += partial(q);
-    const unsigned long long t = sp_mul_frac(S, word);  // in [0, S): S >= the maximum's mass > 0
+    const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // < S: S >= max's mass
     unsigned long long before = 0ull;
     int q = 0;
     for (; q < C - 1; ++q) {
@@ -767,8 +880,15 @@ __device__ void sp_sample_split(const T* __restrict__ row, long long n, int b, i
         if (before + h > t) break;
         before += h;
     }
-    const int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, false, s, nc * q / C, nc * (q + 1) / C,
-                                                     before);
+    int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, false, s, nc * q / C, nc * (q + 1) / C, before);
+    if (found >= 0 && (kc != ~0ull || P)) {
+        // top-k / top-p: this draw is the rejection's round 0 (a one-CTA row's too); the last CTA runs the rounds
+        // after it. top-p's M is the mass over the whole row (a joint filter beside min-p: one more read).
+        const unsigned long long M = (r.lo == 1u || (a.flags & SPF_TOP_K_FIRST)) ? S
+                                     : sp_row_mass<T, VEC, AH, MODE>(row, n, 1u, r, s);
+        found = sp_reject<T, VEC, AH, MODE>(row, n, b, r, lo, S, kc, P ? sp_target(M, P) : ~0ull, false, found,
+                                            hist2, seed_arr, offset_arr, a, s);
+    }
     if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
@@ -780,7 +900,8 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
                               const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
                               const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr,
                               const SpArgs& a, unsigned long long* __restrict__ ws,
-                              unsigned int* __restrict__ tickets, SpShared& s) {
+                              unsigned int* __restrict__ tickets, unsigned long long* __restrict__ hist2,
+                              SpShared& s) {
     SpRow r = {0u, 0, 1u, 0ull, -1.0f};  // keep entries with key >= r.lo (key 0: no mass, or a NaN logit)
     if constexpr (MODE == SPM_LOGITS)  // one IEEE division for a per-row temperature, as the host's for a scalar
         r.c = (a.flags & SPF_T_ARR) ? __fdiv_rn(SP_LOG2E, a.temp_arr[b]) : a.c_val;
@@ -788,39 +909,50 @@ __device__ void sp_sample_row(const T* __restrict__ row, long long n, int b, int
         const float mp = (a.flags & SPF_MINP_ARR) ? min_p_arr[b] : a.min_p_val;
         r.mp = mp < 1.0f ? mp : 1.0f;  // NaN or > 1: as 1 (only the maximum survives)
     }
-    if (gridDim.y > 1) {  // a split row: the host splits rows without top-k / top-p only
-        sp_sample_split<T, VEC, AH, MODE>(row, n, b, out, valid, sp_row_word(b, seed_arr, offset_arr, a), ws, tickets,
-                                          r, s);
-        return;
+    unsigned long long kc;
+    unsigned int P;
+    sp_filters(b, n, top_k_arr, top_p_arr, a, kc, P);
+    // top-k first, then top-p over the top-k set: the top-k radix select first (one CTA)
+    const bool kfirst = kc != ~0ull && P && (a.flags & SPF_TOP_K_FIRST);
+    if (gridDim.y > 1) {  // a split row (the host splits no top-k-first row; should one come, its CTA 0 takes it)
+        if (!kfirst) {
+            sp_sample_split<T, VEC, AH, MODE>(row, n, b, out, valid, kc, P, seed_arr, offset_arr, a, ws, tickets,
+                                              hist2, r, s);
+            return;
+        }
+        if (blockIdx.y) return;
     }
-    bool kept = false;  // r.kept holds the mass of the keys >= r.lo
-    const int k = (a.flags & SPF_TOP_K) ? ((a.flags & SPF_K_ARR) ? top_k_arr[b] : a.top_k_val) : 0;
-    if (k > 0 && (long long)k < n) {  // top-k: the row maximum rides along with the first pass
-        sp_radix_select<T, VEC, AH, MODE, true>(row, n, 0u, false, k, r, s);
-        kept = true;
+    const long long nc = sp_chunks<T, VEC>(n);
+    unsigned long long S, M;
+    bool summed = false;
+    if (kfirst) {  // the row maximum rides along with the select's first pass; r.kept: the top-k set's mass
+        sp_radix_select<T, VEC, AH, MODE, true>(row, n, 0u, false, kc, r, s);
+        S = M = r.kept;
+        kc = ~0ull;  // the draws stay in the top-k set (lo = its floor)
     } else {
         sp_set_max<MODE>(r, sp_row_max_key<T, VEC, AH, MODE>(row, n, s, r.bad));
+        S = M = 0ull;
     }
     if (r.mkey == 0u) {  // no mass at all, or an entry that is no number of the row's kind (r.bad): no token
         if (threadIdx.x == 0) { out[b] = 0; valid[b] = 0; }
         return;
     }
-    if (a.flags & SPF_TOP_P) {
-        const unsigned int P = sp_top_p_int((a.flags & SPF_P_ARR) ? top_p_arr[b] : a.top_p_val);
-        if (P) {
-            const unsigned int base = (a.flags & SPF_TOP_K_FIRST) ? r.lo : 1u;
-            sp_radix_select<T, VEC, AH, MODE, false>(row, n, base, true, P, r, s);
-            kept = true;
-        }
-    }
     const unsigned int lo = r.lo;
-    // >= the maximum's mass > 0
-    const bool one_window = !kept && sp_chunks<T, VEC>(n) <= SP_WIN;
-    const unsigned long long S = kept ? r.kept
-                                      : (one_window ? sp_row_mass_segments<T, VEC, AH, MODE>(row, n, lo, r, s)
-                                                    : sp_row_mass<T, VEC, AH, MODE>(row, n, lo, r, s));
-    const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // in [0, S)
-    const int found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, one_window, s, 0, sp_chunks<T, VEC>(n), 0ull);
+    if (!kfirst) {  // S >= the maximum's mass > 0; a row of one window keeps its segment sums for the draw
+        summed = nc <= SP_WIN;
+        S = summed ? sp_row_mass_segments<T, VEC, AH, MODE>(row, n, lo, r, s)
+                   : sp_row_mass<T, VEC, AH, MODE>(row, n, lo, r, s);
+        // top-p's M: the mass over the whole row (top-k-first without an active k: over the min-p floor's set)
+        M = (P && lo != 1u && !(a.flags & SPF_TOP_K_FIRST)) ? sp_row_mass<T, VEC, AH, MODE>(row, n, 1u, r, s) : S;
+    }
+    int found;
+    if (kc != ~0ull || P) {
+        found = sp_reject<T, VEC, AH, MODE>(row, n, b, r, lo, S, kc, P ? sp_target(M, P) : ~0ull, summed, -1, hist2,
+                                            seed_arr, offset_arr, a, s);
+    } else {
+        const unsigned long long t = sp_mul_frac(S, sp_row_word(b, seed_arr, offset_arr, a));  // in [0, S)
+        found = sp_find_draw<T, VEC, AH, MODE>(row, n, lo, r, t, summed, s, 0, nc, 0ull);
+    }
     if (threadIdx.x == 0) { out[b] = found >= 0 ? found : 0; valid[b] = found >= 0; }
 }
 
@@ -834,16 +966,17 @@ __device__ void sp_sample_impl(const T* __restrict__ x, int* __restrict__ out, u
                                int vocab, const SpArgs& a, unsigned long long* __restrict__ ws,
         unsigned int* __restrict__ tickets) {
     __shared__ SpShared s;
+    __shared__ unsigned long long hist2[SP_BINS];  // sp_count_pivots' second segment sums (16 KiB)
     const int b = blockIdx.x;
     const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
     const T* row = x + r * (long long)vocab;
     constexpr int N = PkVec16<T>::N;
     if (vocab % N == 0 && pk_aligned16(x))
         sp_sample_row<T, N, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                              offset_arr, a, ws, tickets, s);
+                                              offset_arr, a, ws, tickets, hist2, s);
     else
         sp_sample_row<T, 1, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                              offset_arr, a, ws, tickets, s);
+                                              offset_arr, a, ws, tickets, hist2, s);
 }
 
 template <typename T>

@@ -979,13 +979,13 @@ def _sampling_build(**extra: Any) -> Any:
 
 for _name, _extra, _roles in (
         ("sampling_from_probs", {}, {"ctas_per_row": LENGTH}),
-        ("top_k_sampling_from_probs", {"top_k": 3}, {"top_k": LENGTH}),
-        ("top_p_sampling_from_probs", {"top_p": 0.6}, {"top_p": PROB}),
+        ("top_k_sampling_from_probs", {"top_k": 3}, {"top_k": LENGTH, "ctas_per_row": LENGTH}),
+        ("top_p_sampling_from_probs", {"top_p": 0.6}, {"top_p": PROB, "ctas_per_row": LENGTH}),
         ("min_p_sampling_from_probs", {"min_p": np.array([0.2, 0.5, 0.9], np.float32)},
          {"min_p": PROB, "ctas_per_row": LENGTH}),
         ("top_k_top_p_sampling_from_probs", {"top_k": np.array([2, 4, 0], np.int32), "top_p": 0.7,
                                              "filter_apply_order": "joint"},
-         {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):
+         {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM, "ctas_per_row": LENGTH})):
     spec(Spec(_name, getattr(ops, _name), _sampling_build(**_extra), {**SAMPLING_ROLES, **_roles},
               check=_sampling_check(tuple(_extra))))
 
@@ -1052,7 +1052,7 @@ for _name, _extra, _roles in (
         ("sampling_from_logits", {}, {"ctas_per_row": LENGTH}),
         ("top_k_top_p_sampling_from_logits", {"top_k": np.array([2, 4, 0], np.int32), "top_p": 0.7,
                                               "filter_apply_order": "joint"},
-         {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM})):
+         {"top_k": LENGTH, "top_p": PROB, "filter_apply_order": ENUM, "ctas_per_row": LENGTH})):
     spec(Spec(_name, getattr(ops, _name), _logits_build(**_extra), {**LOGITS_ROLES, **_roles},
               check=_logits_check(tuple(_extra))))
 

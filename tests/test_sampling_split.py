@@ -1,5 +1,5 @@
-"""Rows split over several CTAs (kernels_cu/sampling.cu, sp_sample_split): plain, min-p and from-logits draws give
-the same tokens for 1, 2 and 7 CTAs a row as the one-thread NumPy rule, under the host backend's forward, reverse,
+"""Rows split over several CTAs (kernels_cu/sampling.cu, sp_sample_split): plain, min-p and from-logits draws (and the
+top-k / top-p rejection rounds, tests/test_sampling_reject.py) give the same tokens for 1, 2 and 7 CTAs a row as the one-thread NumPy rule, under the host backend's forward, reverse,
 random and interleaved block orders and under racecheck and initcheck (the partials and the ticket are ordered by an
 acquire-release atomic increment), and the SASS keeps that ticket and the strong loads of the partials."""
 from __future__ import annotations
@@ -93,6 +93,14 @@ x[1] /= x[1].sum()
 want, _ = np_sample(x, 5, 2)
 for ctas in (2, 7):
     got = ops.sampling_from_probs(x, seed=5, offset=2, ctas_per_row=ctas, backend="host")
+    assert list(got) == list(want), (ctas, got, want)
+# the rejection rounds (sp_reject): one CTA (the pivots' segment sums swapped in shared memory) and split rows
+rounds = []
+want, _ = np_sample(x, 5, 2, top_k=20, top_p=0.5, order="joint", rounds=rounds)
+assert max(d for d, _ in rounds) > 2, rounds  # the flat row takes several rounds
+for ctas in (1, 3):
+    got = ops.top_k_top_p_sampling_from_probs(x, 20, 0.5, filter_apply_order="joint", seed=5, offset=2,
+                                              ctas_per_row=ctas, backend="host")
     assert list(got) == list(want), (ctas, got, want)
 print("ok")
 """

@@ -1,7 +1,9 @@
 #!/usr/bin/env python
 """A modelled bound (not a measurement) of the sampling kernels' time at vocab 128256, fp32, batch 1 / 64 / 256 on an
 H200 (4.8 TB/s HBM, 132 SMs, 1.98 GHz), one CTA a row (before) and rows split over several CTAs (after:
-kernels_cu/sampling.cu, sp_sample_split; `ctas_per_row`'s default).
+kernels_cu/sampling.cu, sp_sample_split; `ctas_per_row`'s default). Top-k / top-p: the radix selects (before) beside
+the rejection rounds with two pivots (after: sp_reject), their rounds from the NumPy rule on a Zipf-like row
+(reject_reads and rule_rounds give the reads a row).
 
     python tools/sampling_model.py [--arch sm_90] [--json]
 
@@ -71,6 +73,9 @@ def walk_costs(arch: str = "sm_90",
             rows.append({"start": lp["start"], "insns": lp["insns"], "ldg128": ldg, "kind": kind,
                          "per_elem": lp["insns"] / (ldg * 32 * VEC)})
         best = {c: min((r["per_elem"] for r in rows if r["kind"] == c), default=None) for c in ("max", "mass", "hist")}
+        # the rejection rounds' count read (sp_count_pivots: two masses, two counts and the segment sums of both a
+        # chunk) is the heaviest walk with the mass conversion and no shared atomics: costed by that loop
+        best["count"] = max((r["per_elem"] for r in rows if r["kind"] == "mass"), default=None)
         out[k] = {"loops": rows, **best}
     return out
 
@@ -106,15 +111,85 @@ def model(batch: int, c: dict[str, Any], split: bool, hist_passes: int = 0) -> d
     return t
 
 
+# Full reads of a row by the radix-select path the top-k / top-p draws took before the rejection rounds (one CTA a
+# row; kernels_cu/sampling.cu's header table: the selects' passes, the maximum riding along, and the draw's scan).
+RADIX_READS = {"top_k": {"f32": 4, "bf16": 3}, "top_p": {"f32": 5, "bf16": 4}, "top_k_top_p": {"f32": 7, "bf16": 5}}
+
+
+def reject_reads(draws: int, count_reads: int, one_window: bool = True, ctas: int = 1) -> float:
+    """Row reads (in row lengths) on the critical path of a top-k / top-p row drawn by the rejection rounds
+    (kernels_cu/sampling.cu, sp_reject), for `draws` draws and `count_reads` reads of the two pivots (np_sample's
+    `rounds` gives both for a row). One CTA: the maximum, the first draw's mass S (with the segment sums of a row of
+    one window, 256k fp32 entries), one read a rejected draw; a draw reads one warp's segment (32 x 4 fp32 entries:
+    counted 0) where the segment sums are kept, else half the row on average. C CTAs: the maximum in every CTA (the
+    whole row), S over 1/C, the first draw over the 1/C range that holds it, then the last CTA alone: the count reads
+    and the later draws."""
+    later = 0.0 if one_window else 0.5
+    if ctas == 1:
+        return 2 + count_reads + later * draws
+    return 1 + 2 / ctas + count_reads + later * (draws - 1)
+
+
+def rule_rounds(top_k: int | None = None, top_p: float | None = None, order: str = "joint", vocab: int = VOCAB,
+                seeds: int = 32) -> tuple[float, float]:
+    """Mean (draws, count reads) the rejection rule takes (np_sample's rounds: the kernels take the same rounds, the
+    host backend agreeing token for token) on a Zipf-like row, p ~ 1 / (i + 10)^1.1 in a random order, over `seeds`
+    Philox streams. A modelled input, not a measurement: real rows' rounds depend on their distribution."""
+    import numpy as np
+
+    from pykern.difftest.cases.sampling import np_sample
+
+    rng = np.random.default_rng(0)
+    p = rng.permutation(1.0 / (np.arange(vocab) + 10.0) ** 1.1)
+    row = (p / p.sum()).astype(np.float32)
+    rounds: list = []
+    np_sample(np.tile(row, (seeds, 1)), 1234, top_k=top_k, top_p=top_p, order=order, rounds=rounds)
+    return float(np.mean([d for d, _ in rounds])), float(np.mean([r for _, r in rounds]))
+
+
+def model_reject(batch: int, c: dict[str, Any], draws: float, count_reads: float, split: bool) -> dict[str, Any]:
+    """The terms (seconds) of a top-k / top-p launch drawn by the rejection rounds (`draws`, `count_reads` a row, a
+    row of one window); a count read is costed by the count loop (walk_costs' "count": the heaviest mass walk)."""
+    C = ctas_per_row(batch) if split else 1
+    ipe_max, ipe_mass = c["max"] or 0.0, c["mass"] or 0.0
+    ipe_count = c.get("count") or ipe_mass
+    if C == 1:
+        insns = VOCAB * (ipe_max + ipe_mass + ipe_count * count_reads)
+    else:
+        insns = VOCAB * ipe_max + 2 * VOCAB / C * ipe_mass + count_reads * VOCAB * ipe_count
+    cta_bytes = reject_reads(draws, count_reads, True, C) * VOCAB * 4
+    ctas = batch * C
+    waves = math.ceil(ctas / SMS)
+    row_bytes = batch * VOCAB * 4
+    hbm_reads = 1 if row_bytes <= L2_BYTES // 2 else 2 + count_reads
+    t = {"ctas_per_row": C, "ctas": ctas, "waves": waves, "reads": reject_reads(draws, count_reads, True, C),
+         "hbm_us": row_bytes * hbm_reads / HBM * 1e6,
+         "l2_us": waves * cta_bytes / L2_B_PER_CLK / CLOCK * 1e6,
+         "issue_us": waves * insns / ISSUE_PER_CLK / CLOCK * 1e6}
+    t["bound_us"] = max(t["hbm_us"], t["l2_us"], t["issue_us"])
+    t["binding"] = max(("hbm", "l2", "issue"), key=lambda k: t[k + "_us"])
+    return t
+
+
 def table(arch: str = "sm_90") -> dict[str, Any]:
     costs = walk_costs(arch)
     rows: dict[str, Any] = {"arch": arch, "costs": costs, "model": []}
     probs, logits = costs["sampling_from_probs"], costs["sampling_from_logits"]
-    for op, c, passes in (("sampling_from_probs / min_p", probs, 0), ("sampling_from_logits", logits, 0),
-                          ("top_p_sampling_from_probs (one CTA a row)", probs, 3)):
+    for op, c, passes in (("sampling_from_probs / min_p", probs, 0), ("sampling_from_logits", logits, 0)):
         for b in BATCHES:
             rows["model"].append({"op": op, "batch": b, "before": model(b, c, False, passes),
                                   "after": model(b, c, True, passes)})
+    # top-k / top-p: before, the radix selects (hist passes: top-k 2 beside the maximum's, top-p 3, both 5; one CTA a
+    # row) costed by this build's radix loop (top-k-first's select, which keeps one); after, the rejection rounds the
+    # rule takes on a Zipf-like row (rule_rounds), split at a small batch
+    for op, filt, passes in (("top_k_sampling_from_probs (k=50)", {"top_k": 50}, 2),
+                             ("top_p_sampling_from_probs (p=0.9)", {"top_p": 0.9}, 3),
+                             ("top_k_top_p joint (k=50, p=0.9)", {"top_k": 50, "top_p": 0.9}, 5)):
+        draws, reads = rule_rounds(**filt)
+        rows.setdefault("rounds", {})[op] = {"draws": draws, "count_reads": reads}
+        for b in BATCHES:
+            rows["model"].append({"op": op, "batch": b, "before": model(b, probs, False, passes),
+                                  "after": model_reject(b, probs, draws, reads, True)})
     return rows
 
 
@@ -132,7 +207,7 @@ def main(argv: list[str] | None = None) -> int:
     for k, c in r["costs"].items():
         fmt = lambda v: "-" if v is None else f"{v:.4f}"  # noqa: E731
         print(f"  {k}: warp-instructions an element: max {fmt(c['max'])}, mass {fmt(c['mass'])}, "
-              f"hist {fmt(c['hist'])} ({len(c['loops'])} row-walk loops)")
+              f"count {fmt(c['count'])}, hist {fmt(c['hist'])} ({len(c['loops'])} row-walk loops)")
     print(f"{'op':44} {'batch':>5} | {'C':>2} {'hbm':>6} {'l2':>6} {'issue':>6} {'bound':>6} {'binds':>5} | "
           f"{'C':>2} {'hbm':>6} {'l2':>6} {'issue':>6} {'bound':>6} {'binds':>5}")
     for m in r["model"]:
@@ -142,7 +217,11 @@ def main(argv: list[str] | None = None) -> int:
             cells.append(f"{t['ctas_per_row']:>2} {t['hbm_us']:6.1f} {t['l2_us']:6.1f} {t['issue_us']:6.1f} "
                          f"{t['bound_us']:6.1f} {t['binding']:>5}")
         print(f"{m['op']:44} {m['batch']:>5} | {cells[0]} | {cells[1]}")
-    print("(us; before: one CTA a row; after: the default ctas_per_row; C: CTAs a row)")
+    for op, rr in r.get("rounds", {}).items():
+        print(f"  {op}: the rule's mean rounds on a Zipf-like row: {rr['draws']:.2f} draws, "
+              f"{rr['count_reads']:.2f} count reads (modelled input)")
+    print("(us; before: one CTA a row (top-k / top-p: the radix selects); after: the default ctas_per_row "
+          "(top-k / top-p: the rejection rounds); C: CTAs a row)")
     return 0
 
 

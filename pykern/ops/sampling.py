@@ -425,10 +425,12 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
     out = arrays.empty((batch,), "int32", like=probs) if out is None else \
         arrays.check_out(out, (batch,), "int32", probs)
     valid = arrays.empty((batch,), "uint8", like=probs) if valid is None else _valid_out(valid, batch, probs)
-    # rows without top-k / top-p split over several CTAs (the selects keep one CTA a row): the same tokens for
-    # every count; ws holds each row's partial masses and its ticket counter
-    split = 1 if top_k is not None or top_p is not None else _ctas_per_row(ctas_per_row, batch, vocab, kind,
-                                                                          backend, probs)
+    # rows split over several CTAs: the same tokens for every count; ws holds each row's partial masses and its
+    # ticket counter. Top-k first then top-p keeps one CTA a row (its top-k radix select); the other top-k / top-p
+    # rows split the maximum and the first draw's mass, and the row's last CTA runs the rejection rounds after it.
+    split = _ctas_per_row(ctas_per_row, batch, vocab, kind, backend, probs)
+    if top_k is not None and top_p is not None and top_k_first:
+        split = 1
     if batch:
         lstream = arrays.launch_stream(stream, probs)
         if split == 1:
@@ -475,26 +477,36 @@ def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = T
 
 def top_k_sampling_from_probs(probs: Any, top_k: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
-                              return_valid: bool = False, *, out: Any = None, valid: Any = None, stream: Any = None,
+                              return_valid: bool = False, *, out: Any = None, valid: Any = None,
+                              ctas_per_row: int | None = None, stream: Any = None,
                               backend: str | None = None) -> Any:
-    """Sampling restricted to the entries >= the k-th largest of the row (top_k: int or (batch,) array)."""
+    """Sampling restricted to the entries >= the k-th largest of the row (top_k: int or (batch,) array).
+
+    Top-k and top-p draw by FlashInfer's rejection sampling with two pivots (docs/serving.md): each round draws from
+    the entries above a pivot and one read counts the entries above two pivots. ctas_per_row as
+    sampling_from_probs': the row's CTAs share the maximum and the first draw's reads, its last CTA runs the rounds
+    after the first; the tokens are the same for every count."""
     del deterministic
     if top_k is None:
         raise ArgumentError("top_k: expected an int or an integer array, got None")
     return _sample(probs, top_k=top_k, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
-                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
+                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
+                   ctas_per_row=ctas_per_row)
 
 
 def top_p_sampling_from_probs(probs: Any, top_p: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
-                              return_valid: bool = False, *, out: Any = None, valid: Any = None, stream: Any = None,
+                              return_valid: bool = False, *, out: Any = None, valid: Any = None,
+                              ctas_per_row: int | None = None, stream: Any = None,
                               backend: str | None = None) -> Any:
-    """Nucleus sampling: restricted to the largest entries whose mass reaches top_p (in (0, 1]) of the row's."""
+    """Nucleus sampling: restricted to the largest entries whose mass reaches top_p (in (0, 1]) of the row's.
+    The draw and ctas_per_row as top_k_sampling_from_probs'."""
     del deterministic
     if top_p is None:
         raise ArgumentError("top_p: expected a float or a float array, got None")
     return _sample(probs, top_p=top_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
-                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
+                   offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
+                   ctas_per_row=ctas_per_row)
 
 
 def min_p_sampling_from_probs(probs: Any, min_p: Any, indices: Any = None, deterministic: bool = True,
@@ -514,9 +526,11 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
                                     filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                     generator: Any = None, check_nan: bool = False, seed: Any = None,
                                     offset: Any = None, return_valid: bool = False, *, out: Any = None,
-                                    valid: Any = None, stream: Any = None, backend: str | None = None) -> Any:
+                                    valid: Any = None, ctas_per_row: int | None = None,
+                                    stream: Any = None, backend: str | None = None) -> Any:
     """Top-k then top-p ("top_k_first": top-p of the top-k renormalized distribution) or both at once
-    on the raw row ("joint"), in one kernel."""
+    on the raw row ("joint"), in one kernel. The draw and ctas_per_row as top_k_sampling_from_probs'; "top_k_first"
+    finds the top-k set by a radix select first and keeps one CTA a row (ctas_per_row is then 1)."""
     del deterministic
     if filter_apply_order not in ("top_k_first", "joint"):
         raise ArgumentError(f"filter_apply_order: expected 'top_k_first' or 'joint', got {filter_apply_order!r}")
@@ -524,7 +538,8 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
         raise ArgumentError(f"{'top_k' if top_k is None else 'top_p'}: expected a value, got None")
     return _sample(probs, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
-                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend)
+                   return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
+                   ctas_per_row=ctas_per_row)
 
 
 # --------------------------------------------------------------------------- from logits
@@ -575,8 +590,8 @@ def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indice
                                      filter_apply_order: str = "top_k_first", deterministic: bool = True,
                                      generator: Any = None, check_nan: bool = False, seed: Any = None,
                                      offset: Any = None, return_valid: bool = False, *, temperature: Any = None,
-                                     out: Any = None, valid: Any = None, stream: Any = None,
-                                     backend: str | None = None) -> Any:
+                                     out: Any = None, valid: Any = None, ctas_per_row: int | None = None,
+                                     stream: Any = None, backend: str | None = None) -> Any:
     """top_k_top_p_sampling_from_probs over softmax(logits / temperature), the softmax fused (sampling_from_logits):
     top-k keeps the entries >= the k-th largest logit (softmax keeps the order), top-p thresholds the fixed-point
     softmax mass. The same tokens as the probs op on the fixed-point softmax, up to its accuracy."""
@@ -588,7 +603,7 @@ def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indice
     return _sample(logits, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend, logits=True,
-                   temperature=temperature)
+                   temperature=temperature, ctas_per_row=ctas_per_row)
 
 
 # --------------------------------------------------------------------------- renorm / mask

@@ -19,6 +19,7 @@ from .base import reference
 
 _F = 40
 _M32 = 0xFFFFFFFF
+_OFF = 1 << 62  # a rejection filter that is off (count / mass limits no row reaches)
 
 
 def _helpers(cuda: Any) -> Any:
@@ -216,6 +217,7 @@ def _sampling(cuda: Any) -> Any:
 
     (philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target,
      row_bad) = _helpers(cuda)
+    reject = _reject_helpers(cuda)[0]
 
     @cuda.jit
     def k(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
@@ -238,33 +240,46 @@ def _sampling(cuda: Any) -> Any:
             if not mp < 1.0:
                 mp = 1.0
             lo_v = max(lo_v, numba.float32(numba.float32(m) * numba.float32(mp)))
+        kc = _OFF
         if flags & 2:
             kk = top_k_arr[b] if flags & 32 else top_k_val
             if kk > 0 and kk < vocab:
-                v, ok = kth_largest(probs, base, vocab, kk, False)
-                lo_v = max(lo_v, v)
+                kc = kk
+        big = 0.0
         if flags & 4:
             p = numba.float32(top_p_arr[b] if flags & 64 else top_p_val)
             if p < 1.0:
-                b_v = lo_v if flags & 16 else 0.0
-                need = target(kept_mass(probs, base, vocab, b_v, scale), p)
-                lo_v = max(lo_v, top_p_value(probs, base, vocab, b_v, need, scale))
-        total = kept_mass(probs, base, vocab, lo_v, scale)
+                big = p
         s0 = numba.int64(seed_arr[2 * b]) if flags & 256 else seed_lo
         s1 = numba.int64(seed_arr[2 * b + 1]) if flags & 256 else seed_hi
         o0 = numba.int64(offset_arr[2 * b]) if flags & 512 else offset_lo
         o1 = numba.int64(offset_arr[2 * b + 1]) if flags & 512 else offset_hi
-        u, _, _, _ = philox_word0(s0, s1, o0, o1, b, 0)
-        t = mul_frac(total, u)
-        acc = 0
-        for i in range(vocab):
-            x = clean(probs[base + i])
-            if x >= lo_v and x > 0.0:
-                acc += mass(x, scale)
-                if acc > t:
-                    out[b] = i
-                    valid[b] = 1
-                    return
+        if kc == _OFF and big == 0.0:  # the inverse CDF over the min-p set, one word
+            total = kept_mass(probs, base, vocab, lo_v, scale)
+            u, _, _, _ = philox_word0(s0, s1, o0, o1, b, 0)
+            t = mul_frac(total, u)
+            acc = 0
+            for i in range(vocab):
+                x = clean(probs[base + i])
+                if x >= lo_v and x > 0.0:
+                    acc += mass(x, scale)
+                    if acc > t:
+                        out[b] = i
+                        valid[b] = 1
+                        return
+            return
+        if kc != _OFF and big != 0.0 and flags & 16:  # top-k first: the draws start in the top-k set
+            v, ok = kth_largest(probs, base, vocab, kc, False)
+            lo_v = max(lo_v, v)
+            kc = _OFF
+        S = kept_mass(probs, base, vocab, lo_v, scale)
+        tg = _OFF
+        if big != 0.0:
+            tg = target(kept_mass(probs, base, vocab, lo_v if flags & 16 else 0.0, scale), big)
+        x = reject(probs, base, vocab, False, lo_v, False, S, kc, tg, s0, s1, o0, o1, b, m, 0.0, scale)
+        if x >= 0:
+            out[b] = x
+            valid[b] = 1
 
     def config(args: Any) -> Any:
         n = args[1].shape[0]
@@ -533,6 +548,135 @@ def _exp_helpers(cuda: Any) -> Any:
     return exp_mass, lkept, ltop_p_value
 
 
+def _reject_helpers(cuda: Any) -> Any:
+    """The rejection sampling with two pivots (sp_reject) one thread a row: the draws and counts in values, the
+    pivots' keys (the fp32 bits, sign-flipped for logits) by arithmetic, one key a round."""
+    import numba
+
+    philox_word0, mul_frac, clean, _, mass = _helpers(cuda)[:5]
+    exp_mass = _exp_helpers(cuda)[0]
+
+    @cuda.jit(device=True)
+    def fbits(x):
+        # the fp32 bits of x >= 0 (a float32 value): subnormals x * 2^149, normals (E + 127) << 23 | mantissa
+        if x == 0.0:
+            return 0
+        if x == math.inf:
+            return 0x7F800000
+        if x < 1.1754943508222875e-38:  # 2^-126
+            tiny = 1.0
+            for _ in range(149):
+                tiny *= 2.0
+            return numba.int64(x * tiny)
+        s = 1.0
+        e = 0
+        while x >= 2.0 * s:
+            s *= 2.0
+            e += 1
+        while x < s:
+            s *= 0.5
+            e -= 1
+        return ((e + 127) << 23) | numba.int64((x / s - 1.0) * 8388608.0)
+
+    @cuda.jit(device=True)
+    def bits_value(k):
+        # the float32 value of the bits k (finite, >= 0)
+        ex = k >> 23
+        frac = numba.float64(k & 0x7FFFFF)
+        if ex == 0:
+            v = frac
+            for _ in range(149):
+                v *= 0.5
+            return v
+        v = 1.0 + frac / 8388608.0
+        for _ in range(abs(ex - 127)):
+            v = v * 2.0 if ex > 127 else v * 0.5
+        return v
+
+    @cuda.jit(device=True)
+    def key_of(x, logits):
+        if not logits:
+            return fbits(clean(x))
+        if x == 0.0:
+            return 0x80000000
+        if x > 0.0:
+            return 0x80000000 | fbits(x)
+        return 0x7FFFFFFF - fbits(-x)
+
+    @cuda.jit(device=True)
+    def value_of(k, logits):
+        if not logits:
+            return bits_value(k)
+        if k >= 0x80000000:
+            return bits_value(k - 0x80000000)
+        return -bits_value(0x7FFFFFFF - k)
+
+    @cuda.jit(device=True)
+    def wmass(x, logits, mx, c, scale):
+        return exp_mass(x, mx, c) if logits else mass(x, scale)
+
+    @cuda.jit(device=True)
+    def cand(x, logits, lo_v, strict):
+        # a candidate of the draw: above lo_v (strict) or at or above it; a probability also > 0
+        v = x if logits else clean(x)
+        if not logits and not v > 0.0:
+            return False
+        return v > lo_v if strict else v >= lo_v
+
+    @cuda.jit(device=True)
+    def reject(vals, base, n, logits, lo_v, strict, S, kc, target, s0, s1, o0, o1, b, mx, c, scale):
+        # kc / target: 2^62 for a filter that is off. The row's maximum key is hi at first.
+        hi = key_of(mx, logits)
+        rnd = 0
+        while True:
+            u, _, _, _ = philox_word0(s0, s1, o0, o1, b, rnd)
+            t = mul_frac(S, u)
+            acc = 0
+            x = -1
+            for i in range(n):
+                if cand(vals[base + i], logits, lo_v, strict):
+                    acc += wmass(vals[base + i], logits, mx, c, scale)
+                    if acc > t:
+                        x = i
+                        break
+            if x < 0:
+                return -1
+            k0 = key_of(vals[base + x], logits)
+            if k0 >= hi:
+                return x
+            k1 = k0 + 1 + ((hi - k0 - 1) >> 1)
+            if logits and k1 == 0x7FFFFFFF:
+                k1 = 0x80000000
+            v0 = value_of(k0, logits)
+            v1 = value_of(k1, logits)
+            c0 = 0
+            c1 = 0
+            m0 = 0
+            m1 = 0
+            for i in range(n):
+                y = vals[base + i] if logits else clean(vals[base + i])
+                if y > v0:
+                    w = wmass(vals[base + i], logits, mx, c, scale)
+                    c0 += 1
+                    m0 += w
+                    if y > v1:
+                        c1 += 1
+                        m1 += w
+            if c0 < kc and m0 < target:
+                return x
+            strict = True
+            if c1 < kc and m1 < target:
+                lo_v = v0
+                hi = k1
+                S = m0
+            else:
+                lo_v = v1
+                S = m1
+            rnd += 1
+
+    return reject, cand, wmass
+
+
 @reference("sampling_exp_mass")
 def _exp_mass(cuda: Any) -> Any:
     exp_mass = _exp_helpers(cuda)[0]
@@ -556,6 +700,7 @@ def _sampling_logits(cuda: Any) -> Any:
     (philox_word0, mul_frac, clean, row_scale, mass, kth_largest, top_p_value, kept_mass, target,
      row_bad) = _helpers(cuda)
     exp_mass, lkept, ltop_p_value = _exp_helpers(cuda)
+    reject = _reject_helpers(cuda)[0]
 
     @cuda.jit
     def k(logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr, vocab, flags,
@@ -579,33 +724,46 @@ def _sampling_logits(cuda: Any) -> Any:
         if not (mx > -math.inf and c >= 0.0 and c < math.inf):
             return
         lo_v = -math.inf  # keep x >= lo_v (-inf entries are kept with mass 0)
+        kc = _OFF
         if flags & 2:
             kk = top_k_arr[b] if flags & 32 else top_k_val
             if kk > 0 and kk < vocab:
-                v, ok = kth_largest(logits, base, vocab, kk, True)
-                lo_v = v
+                kc = kk
+        big = 0.0
         if flags & 4:
             p = numba.float32(top_p_arr[b] if flags & 64 else top_p_val)
             if p < 1.0:
-                b_v = lo_v if flags & 16 else -math.inf
-                need = target(lkept(logits, base, vocab, b_v, mx, c), p)
-                lo_v = max(lo_v, ltop_p_value(logits, base, vocab, b_v, need, mx, c))
-        total = lkept(logits, base, vocab, lo_v, mx, c)
+                big = p
         s0 = numba.int64(seed_arr[2 * b]) if flags & 256 else seed_lo
         s1 = numba.int64(seed_arr[2 * b + 1]) if flags & 256 else seed_hi
         o0 = numba.int64(offset_arr[2 * b]) if flags & 512 else offset_lo
         o1 = numba.int64(offset_arr[2 * b + 1]) if flags & 512 else offset_hi
-        u, _, _, _ = philox_word0(s0, s1, o0, o1, b, 0)
-        t = mul_frac(total, u)
-        acc = 0
-        for i in range(vocab):
-            x = logits[base + i]
-            if x >= lo_v:
-                acc += exp_mass(x, mx, c)
-                if acc > t:
-                    out[b] = i
-                    valid[b] = 1
-                    return
+        if kc == _OFF and big == 0.0:
+            total = lkept(logits, base, vocab, lo_v, mx, c)
+            u, _, _, _ = philox_word0(s0, s1, o0, o1, b, 0)
+            t = mul_frac(total, u)
+            acc = 0
+            for i in range(vocab):
+                x = logits[base + i]
+                if x >= lo_v:
+                    acc += exp_mass(x, mx, c)
+                    if acc > t:
+                        out[b] = i
+                        valid[b] = 1
+                        return
+            return
+        if kc != _OFF and big != 0.0 and flags & 16:  # top-k first: the draws start in the top-k set
+            v, ok = kth_largest(logits, base, vocab, kc, True)
+            lo_v = v
+            kc = _OFF
+        S = lkept(logits, base, vocab, lo_v, mx, c)
+        tg = _OFF
+        if big != 0.0:
+            tg = target(S, big)  # joint: lo_v = -inf, the whole row's mass; top-k first: the top-k set's
+        x = reject(logits, base, vocab, True, lo_v, False, S, kc, tg, s0, s1, o0, o1, b, mx, c, 1.0)
+        if x >= 0:
+            out[b] = x
+            valid[b] = 1
 
     def config(args: Any) -> Any:
         n = args[1].shape[0]

@@ -73,13 +73,74 @@ def _top_p_value(row: np.ndarray, q: np.ndarray, base: float, p: float) -> float
     return base
 
 
+def _row_word(seed: Any, offset: Any, b: int, j: int) -> int:
+    """Word 0 of Philox at counter (offset, row b, j) under row b's seed (seed / offset scalars or per-row arrays)."""
+    pick = lambda v: int(v[b]) if np.ndim(v) else int(v)  # noqa: E731
+    return _philox_word(pick(seed) % 2**64, pick(offset) % 2**64, b, j)
+
+
+def _top_p_big(p: Any) -> int:
+    """top_p as the kernel's integer P = floor(top_p * 2^32) >= 1 (top_p < 1)."""
+    return max(1, int(np.floor(np.float64(np.float32(p)) * 2.0**32)))
+
+
+def np_reject(keys: np.ndarray, q: np.ndarray, lo: int, kc: int | None, target: int | None,
+              word: Any, logits: bool = False) -> tuple[int, int, int]:
+    """The rejection sampling with two pivots (kernels_cu/sampling.cu, sp_reject) over integer keys (ordered as the
+    values) and exact masses: (token, draws, count reads). Round j draws with word(j) from the entries with key >= lo
+    by the inverse CDF; the draw is kept at once when its key reaches hi (the row maximum's at first), else one
+    read counts the entries above its key key0 and above key1 = the middle of [key0 + 1, hi] and decides: keep it
+    (fewer than kc above key0 and less mass than target), or narrow [lo, hi] to [key0 + 1, key1] or [key1 + 1, hi]."""
+    keys = keys.astype(np.int64)
+    hi = int(keys.max())
+    big = 1 << 64
+    kc = big if kc is None else int(kc)
+    target = big if target is None else int(target)
+    reads = 0
+    for rnd in range(64):
+        w = np.where(keys >= lo, q, 0)
+        t = (int(w.sum()) * int(word(rnd))) >> 32
+        x = int(np.argmax(np.cumsum(w) > t))
+        key0 = int(keys[x])
+        if key0 >= hi:
+            return x, rnd + 1, reads
+        key1 = key0 + 1 + ((hi - key0 - 1) >> 1)
+        if logits and key1 == 0x7FFFFFFF:
+            key1 = 0x80000000
+        reads += 1
+        g0, g1 = keys > key0, keys > key1
+        if int(g0.sum()) < kc and int(q[g0].sum()) < target:
+            return x, rnd + 1, reads
+        if int(g1.sum()) < kc and int(q[g1].sum()) < target:
+            lo, hi = key0 + 1, key1
+        else:
+            lo = key1 + 1
+    raise AssertionError("the rejection rounds are bounded by the 32-bit keys")
+
+
+def _prob_keys(row: np.ndarray) -> np.ndarray:
+    """The kernel's probability keys: the fp32 bits of the cleaned values (they order like the values)."""
+    return np.asarray(row, np.float32).view(np.uint32).astype(np.int64)
+
+
+def np_logit_keys(x: np.ndarray) -> np.ndarray:
+    """sp_logit_key: sign-flipped fp32 bits (NaN 0, -0 == +0)."""
+    x = np.asarray(x, np.float32)
+    b = x.view(np.uint32).astype(np.int64)
+    k = np.where(b & 0x80000000, (~b) & 0xFFFFFFFF, b | 0x80000000)
+    k = np.where(x == 0, 0x80000000, k)
+    return np.where(np.isnan(x), 0, k)
+
+
 def np_sample(probs: np.ndarray, seed: Any, offset: Any = 0, *, top_k: Any = None, top_p: Any = None,
-              min_p: Any = None, order: str = "top_k_first", indices: Any = None) -> tuple[np.ndarray, np.ndarray]:
-    """(samples int32, valid bool) by the documented rule, for every output row."""
+              min_p: Any = None, order: str = "top_k_first", indices: Any = None,
+              rounds: list | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """(samples int32, valid bool) by the documented rule, for every output row. Without top-k / top-p: the inverse
+    CDF over the min-p set with one Philox word; with them: np_reject from the min-p set (top-k first with top-p:
+    from the top-k set, the threshold by sorting). rounds: gets (draws, count reads) per filtered row."""
     probs = np.asarray(probs, np.float32)
     n = probs.shape[0] if indices is None else len(indices)
     idx = np.arange(n) if indices is None else np.asarray(indices)
-    words = np_philox(seed, offset, np.arange(n))[:, 0].astype(np.int64)
     per = lambda v, b: None if v is None else (v[b] if np.ndim(v) else v)  # noqa: E731
     out, valid = np.zeros(n, np.int32), np.zeros(n, bool)
     for b in range(n):
@@ -87,22 +148,33 @@ def np_sample(probs: np.ndarray, seed: Any, offset: Any = 0, *, top_k: Any = Non
         if row.max() == 0 or _bad(probs[idx[b]]):
             continue
         q = np_mass(row)
-        lo = 0.0
+        keys = _prob_keys(row)
+        lo = 1  # keys >= 1: the entries > 0
         mp = per(min_p, b)
         if mp is not None:
-            lo = max(lo, float(np.float32(np.float32(row.max()) * np.float32(min(float(np.float32(mp)), 1.0)))))
+            floor = np.float32(np.float32(row.max()) * np.float32(min(float(np.float32(mp)), 1.0)))
+            lo = max(lo, int(_prob_keys(_clean(np.array([floor])))[0]))  # the key of a NaN or negative floor: 0
         k = per(top_k, b)
-        if k is not None and 0 < int(k) < row.size:
-            lo = max(lo, _kth(row, int(k)))
+        kc = int(k) if k is not None and 0 < int(k) < row.size else None
         p = per(top_p, b)
-        if p is not None and np.float32(p) < 1:
-            base = lo if order == "top_k_first" else 0.0
-            lo = max(lo, _top_p_value(row, q, base, float(p)))
-        keep = (row >= lo) & (row > 0)
-        w = np.where(keep, q, 0)
-        t = (int(w.sum()) * int(words[b])) >> 32
-        i = int(np.argmax(np.cumsum(w) > t))
-        out[b], valid[b] = i, True
+        big = _top_p_big(p) if p is not None and np.float32(p) < 1 else None
+        word = lambda j, b=b: _row_word(seed, offset, b, j)  # noqa: E731
+        if kc is None and big is None:
+            w = np.where(keys >= lo, q, 0)
+            t = (int(w.sum()) * word(0)) >> 32
+            out[b], valid[b] = int(np.argmax(np.cumsum(w) > t)), True
+            continue
+        if kc is not None and big is not None and order == "top_k_first":
+            lo = max(lo, int(_prob_keys(np.array([_kth(row, kc)]))[0]))
+            kc = None
+            total = int(q[keys >= lo].sum())
+        else:
+            total = int(q[keys >= (lo if order == "top_k_first" else 1)].sum())
+        target = None if big is None else -(-(total * big) // 2**32)
+        tok, draws, reads = np_reject(keys, q, lo, kc, target, word)
+        if rounds is not None:
+            rounds.append((draws, reads))
+        out[b], valid[b] = tok, True
     return out, valid
 
 
@@ -145,7 +217,6 @@ def np_sample_logits(logits: np.ndarray, seed: Any, offset: Any = 0, *, temperat
     logits = np.asarray(logits, np.float32)
     n = logits.shape[0] if indices is None else len(indices)
     idx = np.arange(n) if indices is None else np.asarray(indices)
-    words = np_philox(seed, offset, np.arange(n))[:, 0].astype(np.int64)
     cs = np_logit_scale(temperature, n)
     per = lambda v, b: None if v is None else (v[b] if np.ndim(v) else v)  # noqa: E731
     out, valid = np.zeros(n, np.int32), np.zeros(n, bool)
@@ -155,23 +226,23 @@ def np_sample_logits(logits: np.ndarray, seed: Any, offset: Any = 0, *, temperat
         if not (row < np.inf).all() or not (row.max() > -np.inf) or not (c >= 0 and c < np.inf):
             continue  # a NaN / +inf logit, a row of -inf, no scale: no distribution
         q = np_exp_mass(row, float(row.max()), float(c))
-        keep = np.ones(row.size, bool)
+        keys = np_logit_keys(row)
+        word = lambda j, b=b: _row_word(seed, offset, b, j)  # noqa: E731
         k = per(top_k, b)
-        if k is not None and 0 < int(k) < row.size:
-            keep &= row >= _kth(row, int(k))
+        kc = int(k) if k is not None and 0 < int(k) < row.size else None
         p = per(top_p, b)
-        if p is not None and np.float32(p) < 1:
-            base = keep.copy() if order == "top_k_first" else np.ones(row.size, bool)
-            total = int(q[base].sum())
-            big = max(1, int(np.floor(np.float64(np.float32(p)) * 2.0**32)))
-            need = -(-(total * big) // 2**32)
-            for v in np.unique(row[base])[::-1]:
-                if int(q[base & (row >= v)].sum()) >= need:
-                    keep &= row >= v
-                    break
-        w = np.where(keep, q, 0)
-        t = (int(w.sum()) * int(words[b])) >> 32
-        out[b], valid[b] = int(np.argmax(np.cumsum(w) > t)), True
+        big = _top_p_big(p) if p is not None and np.float32(p) < 1 else None
+        lo = 1
+        if kc is None and big is None:
+            w = np.where(keys >= lo, q, 0)
+            t = (int(w.sum()) * word(0)) >> 32
+            out[b], valid[b] = int(np.argmax(np.cumsum(w) > t)), True
+            continue
+        if kc is not None and big is not None and order == "top_k_first":
+            lo = int(np_logit_keys(np.array([_kth(row, kc)], np.float32))[0])
+            kc = None
+        target = None if big is None else -(-(int(q[keys >= lo].sum()) * big) // 2**32)
+        out[b], valid[b] = np_reject(keys, q, lo, kc, target, word, logits=True)[0], True
     return out, valid
 
 
@@ -631,5 +702,11 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _sampling_case(rng, "min_p_sampling_from_probs", kind, 3, 37, ctas=7, min_p=0.3)
         yield _logits_case(rng, "sampling_from_logits", kind, 3, 9000, ctas=7, poison=(float("inf"),),
                            temperature=0.8)
+        # top-k / top-p rejection rounds on split rows: round 0 over the CTAs, the later rounds in the last one
+        yield _sampling_case(rng, "top_k_sampling_from_probs", kind, 3, 9000, ctas=3, top_k=np.array([1, 40, 0]))
+        yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", kind, 3, 9000, ctas=2, top_k=30, top_p=0.4,
+                             filter_apply_order="joint")
+        yield _logits_case(rng, "top_k_top_p_sampling_from_logits", kind, 3, 9000, ctas=7, top_k=9,
+                           top_p=np.array([0.3, 0.9, 1.0], np.float32), filter_apply_order="joint")
     yield _sampling_case(rng, "top_k_top_p_sampling_from_probs", "f32", 2, 5000, top_k=50, top_p=0.9, note="big")
     yield _speculative_case(rng, "f32", 3, 2, 1500, close=0.3)  # rows of three chunks: the draw's walk past one
