@@ -79,7 +79,7 @@ __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __re
     // cu_q[b] / cu_k[b], and its own lengths and per-sequence window sides (normalize() in _window.py) replace
     // the maxima. A CTA past the sequence's last key exits (CTA-uniform, before any barrier); one that has keys
     // but no query (an empty query sequence) still writes its zero dK / dV.
-    long long q_row0 = (long long)b * n_q, k_row0 = (long long)b * n_k;
+    long long q_row0 = 0, k_row0 = 0;  // varlen only: the dense kernels keep b * n_q / b * n_k inline
     if (VL) {
         q_row0 = cu_q[b];
         k_row0 = cu_k[b];
@@ -90,7 +90,7 @@ __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __re
         window_right = min(window_right, n_q);
     }
     const long long kv_stride = (long long)n_kv_heads * head_dim, q_stride = (long long)n_heads * head_dim;
-    const long long k_base = k_row0 * kv_stride + (long long)kh * head_dim;
+    const long long k_base = (VL ? k_row0 : (long long)b * n_k) * kv_stride + (long long)kh * head_dim;
     const bool vq = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(q) & 15) == 0;
     const bool vk = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(k) & 15) == 0;
     const bool vv = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(v) & 15) == 0;
@@ -122,14 +122,14 @@ __device__ __forceinline__ void abtc_dkdv(const T* __restrict__ q, const T* __re
 
     for (int hh = 0; hh < group; hh++) {
         const int h = kh * group + hh;
-        const long long q_base = q_row0 * q_stride + (long long)h * head_dim;
+        const long long q_base = (VL ? q_row0 : (long long)b * n_q) * q_stride + (long long)h * head_dim;
         for (int it = i_start; it < i_end; it++) {
             const int q0 = it * BR;
             fatc_load_tile<D, BR>(qs, q, q_base, q_stride, q0, n_q, head_dim, vq);
             fatc_load_tile<D, BR>(dos, grad_out, q_base, q_stride, q0, n_q, head_dim, vg);
             for (int r = threadIdx.x; r < BR; r += FATC_THREADS) {
                 const int row = q0 + r;
-                const long long li = (q_row0 + row) * n_heads + h;
+                const long long li = ((VL ? q_row0 : (long long)b * n_q) + row) * n_heads + h;
                 lse_s[r] = row < n_q ? lse[li] * ABTC_LOG2E : 0.0f;
                 del_s[r] = row < n_q ? delta[li] : 0.0f;
             }
@@ -233,7 +233,7 @@ ABTC_KP_UNROLL
     for (int r = 0; r < 2; r++) {
         const int key = key0 + 8 * r;
         if (key >= n_k) continue;
-        const long long ob = (k_row0 + key) * kv_stride + (long long)kh * head_dim;
+        const long long ob = ((VL ? k_row0 : (long long)b * n_k) + key) * kv_stride + (long long)kh * head_dim;
 #pragma unroll
         for (int i = 0; i < ON; i++) {
             const int col = i * 8 + 2 * t;
@@ -273,7 +273,7 @@ __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __rest
     const int kh = h / (n_heads / n_kv_heads);
     const int q0 = qt * BR;
     // Varlen: as the dK/dV kernel (the maxima span the grid; a CTA past its sequence's last query exits).
-    long long q_row0 = (long long)b * n_q, k_row0 = (long long)b * n_k;
+    long long q_row0 = 0, k_row0 = 0;  // varlen only: the dense kernels keep b * n_q / b * n_k inline
     if (VL) {
         q_row0 = cu_q[b];
         k_row0 = cu_k[b];
@@ -287,8 +287,8 @@ __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __rest
     const PkAttnSpan span = pk_attn_q_span(q0, min(q0 + BR, n_q) - 1, n_q, n_k, window_left, window_right);
     const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
     const long long q_stride = (long long)n_heads * head_dim, kv_stride = (long long)n_kv_heads * head_dim;
-    const long long q_base = q_row0 * q_stride + (long long)h * head_dim;
-    const long long k_base = k_row0 * kv_stride + (long long)kh * head_dim;
+    const long long q_base = (VL ? q_row0 : (long long)b * n_q) * q_stride + (long long)h * head_dim;
+    const long long k_base = (VL ? k_row0 : (long long)b * n_k) * kv_stride + (long long)kh * head_dim;
     const bool vq = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(q) & 15) == 0;
     const bool vk = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(k) & 15) == 0;
     const bool vv = (head_dim & 7) == 0 && (reinterpret_cast<unsigned long long>(v) & 15) == 0;
@@ -306,7 +306,7 @@ __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __rest
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
-        const long long li = (q_row0 + row) * n_heads + h;
+        const long long li = ((VL ? q_row0 : (long long)b * n_q) + row) * n_heads + h;
         lse2[r] = row < n_q ? lse[li] * ABTC_LOG2E : 0.0f;
         del[r] = row < n_q ? delta[li] : 0.0f;
     }
@@ -385,7 +385,7 @@ ABTC_KP_UNROLL
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
         if (row >= n_q) continue;
-        const long long ob = (q_row0 + row) * q_stride + (long long)h * head_dim;
+        const long long ob = ((VL ? q_row0 : (long long)b * n_q) + row) * q_stride + (long long)h * head_dim;
 #pragma unroll
         for (int i = 0; i < ON; i++) {
             const int col = i * 8 + 2 * t;

@@ -105,7 +105,8 @@ SPLIT_SM90_LOOP_BAR = 0.47
 
 
 def test_sass_sm90_split_kernels_run_hgmma_without_spills() -> None:
-    from test_moe_sm90 import _ops, _sass
+    from sass_helpers import kernel_ops as _ops
+    from test_moe_sm90 import _sass
 
     mod, text, loops = _sass()
     for k in SPLIT_SM90:

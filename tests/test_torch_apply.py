@@ -168,7 +168,11 @@ def test_decode_steps_run_the_tensor_core_decode_kernel(dtype, spy):
     copy); the prefill stays on flash attention. Tokens and the decode step's logits match the unpatched model."""
     calls, shapes = spy
     ref = tiny("Llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1).to(dtype)
-    model = assert_apply_generates_same(ref, batch()[0][:2, :6], max_new_tokens=4)
+    model = pt.apply(copy.deepcopy(ref))
+    prompt = batch()[0][:2, :6]
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=4, do_sample=False)
+    want = ref.generate(prompt, **kw)
+    assert model.generate(prompt, **kw).tolist() == want.tolist()
     assert calls["batched_decode_attention"] == 2 * 3  # 2 layers x 3 decode steps (the 4th token needs none)
     assert shapes == [(6, 6)] * 2  # flash attention ran the prefill only
     with torch.no_grad():  # a decode step's logits, beside the unpatched model's

@@ -64,6 +64,11 @@ struct MBar {
     unsigned long long phase;
     const char* file;
     int line;
+    // Racecheck's ordering through the mbarrier (an arrive releases, a wait that sees the phase complete
+    // acquires): arr[x] is the block's nb_seq stamped by warp x's last arrive in the current phase, done[x] the
+    // same for the last completed phase. A thread of warp y that gets past a completed phase has every access
+    // warp x made before its arrive ordered before its own (nb_pair[y][x] >= done[x]).
+    unsigned arr[kMaxThreads / 32], done[kMaxThreads / 32];
 };
 struct TmaLoad {
     unsigned long long* bar;
@@ -145,16 +150,25 @@ MBar* need_bar(Thread* t, unsigned long long* bar, const char* what, const char*
     return m;
 }
 
+// A thread of warp y got past m's last completed phase: the arrivals of that phase are ordered before it.
+void bar_acquire(Block* k, unsigned y, const MBar* m) {
+    for (unsigned x = 0; x < kMaxThreads / 32; x++)
+        if (k->nb_pair[y][x] < m->done[x]) k->nb_pair[y][x] = m->done[x];
+}
+
 // Phase completed: wake the threads parked on it for the parity that just completed.
 void bar_complete(Block* k, unsigned long long* bar, MBar* m) {
     unsigned done = static_cast<unsigned>(m->phase & 1);
     m->phase++;
     m->pending = m->expected;
     m->tx = 0;
+    std::memcpy(m->done, m->arr, sizeof m->arr);
+    std::memset(m->arr, 0, sizeof m->arr);
     for (unsigned i = 0; i < g.n; i++) {
         Thread& o = k->threads[i];
         Sm90Thread& s = st_of(&o);
         if (o.state == kSm90Park && s.park == PARK_MBAR && s.bar == bar && s.parity == done) {
+            bar_acquire(k, o.warp, m);
             s.park = 0;
             o.state = RUN;
             set_runnable(&o);
@@ -506,6 +520,7 @@ extern "C" unsigned long long pkrt_mbar_arrive(unsigned long long* bar, unsigned
             sm90_fail(t, "pk_mbarrier_arrive at %s:%d: more arrivals than the %u the mbarrier (initialized at %s:%d) "
                       "expects in this phase", file, line, m->expected, m->file, m->line);
         m->pending--;
+        m->arr[t->warp] = ++t->blk->nb_seq;  // this warp's accesses so far are stamped below it
         bar_check(t->blk, bar, m);
     }
     PKRT_YIELD();
@@ -517,10 +532,12 @@ extern "C" int pkrt_mbar_wait(unsigned long long* bar, unsigned parity, int, con
     Block* k = t->blk;
     MBar* m = need_bar(t, bar, "pk_mbarrier_wait_parity", file, line);
     parity &= 1;
-    if ((m->phase & 1) != parity) return 1;
+    if ((m->phase & 1) != parity) return bar_acquire(k, t->warp, m), 1;
     land_loads_of(k, bar);  // the async copies it waits for land now, completing their bytes
     m = find_bar(k, bar);
-    if (!m || (m->phase & 1) != parity) return 1;
+    if (!m) return 1;
+    if ((m->phase & 1) != parity) return bar_acquire(k, t->warp, m), 1;  // completed while its copies landed
+
     Sm90Thread& s = st_of(t);
     s.park = PARK_MBAR;
     s.bar = bar;
