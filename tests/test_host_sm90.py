@@ -227,6 +227,19 @@ def test_mbarrier_ping_pong_under_every_schedule(schedule: str, monkeypatch: pyt
     np.testing.assert_allclose(out, (x * np.arange(1, rounds + 1)[:, None]).sum(0), rtol=1e-6)
 
 
+def test_racecheck_orders_accesses_through_mbarriers(monkeypatch: pytest.MonkeyPatch) -> None:
+    # An arrive releases the warp's earlier shared-memory accesses and a wait past the completed phase acquires
+    # them: the ping-pong's slots are reused with no __syncthreads() and no race. A store after the arrive is one.
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    rounds = 9
+    x = np.random.default_rng(1).standard_normal((rounds, 32)).astype(np.float32)
+    out = np.zeros(32, np.float32)
+    launch("pk_sm90_pingpong", 1, 64, x, out, rounds)
+    np.testing.assert_allclose(out, (x * np.arange(1, rounds + 1)[:, None]).sum(0), rtol=1e-6)
+    with pytest.raises(KernelExecutionError, match=r"pk_sm90_pingpong_late: racecheck: .*race on static __shared__"):
+        launch("pk_sm90_pingpong_late", 1, 64, x, out, rounds)
+
+
 # ---- mistakes are reported -------------------------------------------------------------------------------
 def _mistake(mode: int) -> np.ndarray:
     src = np.arange(64, dtype=np.float32).reshape(4, 16)
