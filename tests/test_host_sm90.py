@@ -223,7 +223,7 @@ def test_mbarrier_ping_pong_under_every_schedule(schedule: str, monkeypatch: pyt
     rounds = 9
     x = np.random.default_rng(1).standard_normal((rounds, 32)).astype(np.float32)
     out = np.zeros(32, np.float32)
-    launch("pk_sm90_pingpong", 1, 64, x, out, rounds)
+    launch("pk_sm90_pingpong", 1, 64, x, out, rounds, 0)
     np.testing.assert_allclose(out, (x * np.arange(1, rounds + 1)[:, None]).sum(0), rtol=1e-6)
 
 
@@ -234,10 +234,10 @@ def test_racecheck_orders_accesses_through_mbarriers(monkeypatch: pytest.MonkeyP
     rounds = 9
     x = np.random.default_rng(1).standard_normal((rounds, 32)).astype(np.float32)
     out = np.zeros(32, np.float32)
-    launch("pk_sm90_pingpong", 1, 64, x, out, rounds)
+    launch("pk_sm90_pingpong", 1, 64, x, out, rounds, 0)
     np.testing.assert_allclose(out, (x * np.arange(1, rounds + 1)[:, None]).sum(0), rtol=1e-6)
-    with pytest.raises(KernelExecutionError, match=r"pk_sm90_pingpong_late: racecheck: .*race on static __shared__"):
-        launch("pk_sm90_pingpong_late", 1, 64, x, out, rounds)
+    with pytest.raises(KernelExecutionError, match=r"pk_sm90_pingpong: racecheck: .*race on static __shared__"):
+        launch("pk_sm90_pingpong", 1, 64, x, out, rounds, 1)
 
 
 # ---- mistakes are reported -------------------------------------------------------------------------------

@@ -591,6 +591,16 @@ def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend,
 
 
 @arrays.stream_scoped
+def _backward_scale(scale: Any, d: int) -> float:
+    """The backward's softmax scale (attention_backward and its varlen form): 1/sqrt(d) for None, else a finite
+    number, rounded to fp32, the type the kernels take."""
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    return float(np.float32(scale))
+
+
 def attention_backward(
     q: Any,
     k: Any,
@@ -681,11 +691,7 @@ def attention_backward(
             raise ArgumentError(f"{name}: expected at most {_INT_MAX - 256}, got {n}")
     left, right = _check_window_size(window_size)
     softcap = _check_softcap(softcap)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
-        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
-    scale = float(np.float32(scale))
+    scale = _backward_scale(scale, d)
     if out is not None:
         _same_kind("out", out, kind, "q")
         _same_shape("out", out, qs, "q")
@@ -793,11 +799,7 @@ def flash_attention_varlen_backward(
         raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
     left, right = _check_window_size(window_size)
     softcap = _check_softcap(softcap)
-    if scale is None:
-        scale = 1.0 / math.sqrt(d)
-    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
-        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
-    scale = float(np.float32(scale))
+    scale = _backward_scale(scale, d)
     D = tc_head_dim(d)
     kv_grid = batch * kvh * -(-max_k // _TC_BC)
     q_grid = batch * h * -(-max_q // _TC_QR)

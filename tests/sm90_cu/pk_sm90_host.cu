@@ -94,7 +94,9 @@ extern "C" __global__ void pk_sm90_gemm_rs_n128_bf16(const __grid_constant__ CUt
 
 // A producer warp fills one of two slots, a consumer warp sums it, `rounds` times: full/empty
 // mbarrier pairs with phase parities, as a pipelined kernel uses them.
-extern "C" __global__ void pk_sm90_pingpong(const float* in, float* out, int rounds) {
+// late: the producer stores after its arrive on `full`, so nothing orders the store before the consumer's read
+// (racecheck reports it; the plain build may well get the right sums).
+extern "C" __global__ void pk_sm90_pingpong(const float* in, float* out, int rounds, int late) {
     __shared__ float slot[2][32];
     __shared__ __align__(8) unsigned long long full[2], empty[2];
     unsigned tid = threadIdx.x, lane = tid % 32;
@@ -105,38 +107,11 @@ extern "C" __global__ void pk_sm90_pingpong(const float* in, float* out, int rou
         for (int r = 0; r < rounds; r++) {
             int s = r % 2;
             pk_mbarrier_wait_parity(&empty[s], ((r / 2) & 1) ^ 1);
-            slot[s][lane] = in[r * 32 + lane];
+            if (!late) slot[s][lane] = in[r * 32 + lane];
             pk_mbarrier_arrive(&full[s]);
+            if (late) slot[s][lane] = in[r * 32 + lane];
         }
     } else {  // consumer
-        float acc = 0.0f;
-        for (int r = 0; r < rounds; r++) {
-            int s = r % 2;
-            pk_mbarrier_wait_parity(&full[s], (r / 2) & 1);
-            acc += slot[s][lane] * (float)(r + 1);
-            pk_mbarrier_arrive(&empty[s]);
-        }
-        out[lane] = acc;
-    }
-}
-
-// pk_sm90_pingpong with the producer's store moved after its arrive on `full`: nothing orders it before the
-// consumer's read (racecheck must report it; the plain build may well get the right sums).
-extern "C" __global__ void pk_sm90_pingpong_late(const float* in, float* out, int rounds) {
-    __shared__ float slot[2][32];
-    __shared__ __align__(8) unsigned long long full[2], empty[2];
-    unsigned tid = threadIdx.x, lane = tid % 32;
-    if (tid == 0)
-        for (int s = 0; s < 2; s++) pk_mbarrier_init(&full[s], 32), pk_mbarrier_init(&empty[s], 32);
-    __syncthreads();
-    if (tid < 32) {
-        for (int r = 0; r < rounds; r++) {
-            int s = r % 2;
-            pk_mbarrier_wait_parity(&empty[s], ((r / 2) & 1) ^ 1);
-            pk_mbarrier_arrive(&full[s]);
-            slot[s][lane] = in[r * 32 + lane];
-        }
-    } else {
         float acc = 0.0f;
         for (int r = 0; r < rounds; r++) {
             int s = r % 2;
