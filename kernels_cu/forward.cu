@@ -72,136 +72,448 @@ PK_IO_KERNELS(embedding, (256),
               (ids, table, out, n_tokens, vocab, dim))
 
 // ---------------------------------------------------------------------------
-// rope: rotate pairs of x by the angle of the token's position. `n_rows` counts
-// (batch, token, head) rows of head_dim elements; row r belongs to token slot
-// tok = (r / n_heads) % n_pos. Its position is positions[tok] when has_pos
-// (the op passes n_pos = n_tokens for ids shared by every batch row, or
-// batch * n_tokens for per-row ids), else pos_offset + tok (n_pos = n_tokens).
-// A position outside [0, max_pos) can only come from a device position array
-// (the op checks host arrays before launch); its row is written as zeros
-// instead of reading outside the tables.
-// style 0 ("interleaved") pairs (2i, 2i+1), style 1 ("half", HF LLaMA) pairs
-// (i, i + head_dim/2); both rotate by the angle in cos/sin[pos, i] of a compact
-// (max_pos, head_dim/2) table (full_table == 0). full_table == 1 reads HF's
-// (max_pos, head_dim) tables, whose pair i angle sits in column i for "half"
-// (columns i and i + head_dim/2 are equal) and in column 2i for "interleaved"
-// (columns 2i and 2i+1 are equal). inverse != 0 rotates by -angle (sin negated):
-// the transpose of the rotation, which is rope's backward. x and out may be the
-// same buffer (in-place): each thread reads its pairs before writing them.
+// rope: rotary position embedding of q and k in one launch, optionally after an RMS norm over head_dim of
+// every head (Qwen3 / Gemma 3's q_norm / k_norm: x * rsqrt(mean(x^2) + eps) * (w_offset + w), fp32 math).
+// q is (n_tok, hq, head_dim) rows and k (n_tok, hk, head_dim) (hk = 0: q alone); token tt of n_tok
+// (batch * tokens) reads its position from positions[tt % n_pos] when has_pos (the op passes n_pos = n_tokens
+// for ids shared by every batch row, batch * n_tokens for per-row ids), else pos_offset + tt % n_pos. A
+// position outside [0, max_pos) can only come from a device position array (the op checks host arrays
+// before launch); its rows are written as zeros instead of reading outside the tables.
+// style 0 ("interleaved") pairs (2i, 2i+1), style 1 ("half", HF LLaMA) pairs (i, i + head_dim/2); both rotate
+// by the angle in cos/sin[pos, i] of a compact (max_pos, head_dim/2) table (full_table == 0). full_table == 1
+// reads HF's (max_pos, head_dim) tables, whose pair i angle sits in column i for "half" and in column 2i for
+// "interleaved". inverse != 0 rotates by -angle (sin negated): the transpose of the rotation, which is
+// rope's backward. q and q_out (k and k_out) may be the same buffer: each thread reads its elements before
+// writing them.
+//
+// Geometry (why it reaches the copy roofline): a thread owns W pairs of a head, W = 16 bytes of x (8 bf16 /
+// f16, 4 f32) from each rotated half ("half": elements i..i+W and i+d/2..i+d/2+W, "interleaved": 2i..2i+2W),
+// so every access of x is one 16-byte load or store (LDG.E.128 / STG.E.128). The CP = nextpow2(half / W)
+// lanes of a head are an aligned group of a warp, HPW = 32 / CP heads side by side; a warp owns a unit of
+// `heads_per_unit` consecutive heads of one token, q's heads then k's, so its lanes read their cos / sin
+// (and norm weight) entries once per unit and keep them in registers across the heads. Each lane loads its
+// RU heads' chunks before converting any (RU x 2 loads in flight). W = 1 (scalar, any even head_dim) when
+// half is not a multiple of 16 bytes' elements or a pointer is not 16-byte aligned; half / W > 32 (bf16
+// head_dim > 512, scalar half > 32) is walked in chunks of 32 lanes (the norm needs half / W <= 32: the op
+// checks). The unit loop is warp-uniform, so the norm's shuffles always see the whole warp.
 // ---------------------------------------------------------------------------
+#define ROPE_WARPS 8
+#define ROPE_RU 2  // heads a lane loads before it converts the first
+
 __device__ __forceinline__ void fwd_rotate(float a, float b, float c, float s, float& ra, float& rb) {
     ra = a * c - b * s;
     rb = a * s + b * c;
 }
 
-__device__ __forceinline__ float4 fwd_neg4(float4 v) {
-    v.x = -v.x; v.y = -v.y; v.z = -v.z; v.w = -v.w;
+// W table entries of pairs i.. from p (the row's start of pair i): contiguous, or every other column (an HF
+// interleaved table repeats each entry twice). VEC: 16-byte aligned float4 loads.
+template <int W, bool VEC>
+__device__ __forceinline__ void rope_table(const float* __restrict__ p, bool every_other, float* v) {
+    if constexpr (VEC) {
+#pragma unroll
+        for (int q = 0; q < W / 4; q++) {
+            if (!every_other) {
+                const float4 a = *reinterpret_cast<const float4*>(p + 4 * q);
+                v[4 * q] = a.x; v[4 * q + 1] = a.y; v[4 * q + 2] = a.z; v[4 * q + 3] = a.w;
+            } else {
+                const float4 a = *reinterpret_cast<const float4*>(p + 8 * q);
+                const float4 b = *reinterpret_cast<const float4*>(p + 8 * q + 4);
+                v[4 * q] = a.x; v[4 * q + 1] = a.z; v[4 * q + 2] = b.x; v[4 * q + 3] = b.z;
+            }
+        }
+    } else {
+#pragma unroll
+        for (int j = 0; j < W; j++) v[j] = p[every_other ? 2 * j : j];
+    }
+}
+
+// W elements of x from p + off, widened to fp32 in f (VEC: one 16-byte access).
+template <typename T, int W, bool VEC>
+__device__ __forceinline__ void rope_ld(const T* p, long long off, uint4& raw, float* f) {
+    if constexpr (VEC) raw = pk_ld16_raw(p, off);
+    else {
+#pragma unroll
+        for (int j = 0; j < W; j++) f[j] = PkIO<T>::load(p, off + j);
+    }
+}
+template <typename T, int W, bool VEC>
+__device__ __forceinline__ void rope_widen(const uint4& raw, float* f) {
+    if constexpr (VEC) pk_widen16<T>(raw, f);
+}
+template <typename T, int W, bool VEC>
+__device__ __forceinline__ void rope_st(T* p, long long off, const float* f) {
+    if constexpr (VEC) PkVec16<T>::store(p, off, f);
+    else {
+#pragma unroll
+        for (int j = 0; j < W; j++) PkIO<T>::store(p, off + j, f[j]);
+    }
+}
+
+// Sum over the CP lanes of this lane's head (an aligned group of the warp; every lane calls it).
+__device__ __forceinline__ float rope_group_sum(float v, unsigned cp) {
+    for (unsigned off = cp >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(PK_FULL_MASK, v, off);
     return v;
 }
 
-// The 4 table entries of pairs i..i+3 starting at p (16-byte aligned): contiguous,
-// or every other column of 8 (an HF interleaved table repeats each entry twice).
-__device__ __forceinline__ float4 fwd_table4(const float* __restrict__ p, bool every_other) {
-    const float4 a = *reinterpret_cast<const float4*>(p);
-    if (!every_other) return a;
-    const float4 b = *reinterpret_cast<const float4*>(p + 4);
-    float4 r;
-    r.x = a.x; r.y = a.z; r.z = b.x; r.w = b.z;
-    return r;
+// Element offsets of this lane's two W-element chunks in a head (pair i = chunk * W).
+template <int STYLE, int W>
+__device__ __forceinline__ void rope_offsets(long long i, long long half, long long& oa, long long& ob) {
+    oa = STYLE == 1 ? i : 2 * i;
+    ob = STYLE == 1 ? half + i : 2 * i + W;
 }
 
-// I is the index type (32-bit when n_rows * head_dim / 2 fits; see embedding_loop).
-template <typename T, typename I>
-__device__ __forceinline__ void rope_loop(const T* x, T* out, const float* __restrict__ cos_t,
-                                          const float* __restrict__ sin_t, const long long* __restrict__ positions,
-                                          I n_rows, I n_pos, I n_heads, I head_dim, long long pos_offset,
-                                          long long max_pos, bool has_pos, bool full, int style, bool inverse,
-                                          bool vec) {
-    const I tid = (I)fwd_global_tid(), stride = (I)fwd_grid_stride();
-    const I half = head_dim / 2;
-    const long long tstride = full ? (long long)head_dim : (long long)half;  // table row length
-    const bool every_other = full && style == 0;
+// Element e of the lane's 2W values (a chunk then b chunk) is pair j's first (STYLE 1: e = j, STYLE 0: 2j) or
+// second (STYLE 1: W + j, STYLE 0: 2j + 1) element.
+template <int STYLE, int W>
+__device__ __forceinline__ void rope_rotate_all(float* e, const float* c, const float* s) {
+#pragma unroll
+    for (int j = 0; j < W; j++) {
+        const int a = STYLE == 1 ? j : 2 * j, b = STYLE == 1 ? W + j : 2 * j + 1;
+        float ra, rb;
+        fwd_rotate(e[a], e[b], c[j], s[j], ra, rb);
+        e[a] = ra;
+        e[b] = rb;
+    }
+}
+
+struct RopeGeom {
+    long long n_tok, n_units, heads_per_unit;
+    unsigned hq, hk, head_dim, n_pos, pos_offset, max_pos;
+    bool has_pos, full, inverse, norm;
+    float eps, w_offset;
+};
+
+template <typename T, int W, bool VEC, int STYLE>
+__device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_out, const T* q_w, const T* k_w,
+                                         const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                         const long long* __restrict__ positions, const RopeGeom& g) {
+    const long long half = g.head_dim / 2, d = g.head_dim;
+    const unsigned nc = (unsigned)(half / W);  // chunks per head
+    unsigned cp = 1;
+    while (cp < nc && cp < 32) cp <<= 1;
+    const unsigned hpw = 32 / cp, lane = threadIdx.x & 31, c = lane % cp, hs = lane / cp;
+    const long long tstride = g.full ? d : half;
+    const bool every_other = g.full && STYLE == 0;
     const long long tstep = every_other ? 2 : 1;
-    if (vec) {  // one thread rotates 4 pairs
-        const I gpr = half / 4;  // groups per row
-        for (I u = tid; u < n_rows * gpr; u += stride) {
-            const I row = u / gpr;
-            const I i = (u - row * gpr) * 4;
-            const I tok = (row / n_heads) % n_pos;
-            const long long pos = has_pos ? positions[tok] : pos_offset + (long long)tok;
-            const bool ok = pos >= 0 && pos < max_pos;
-            const long long t = (ok ? pos : 0) * tstride + (long long)i * tstep;
-            float4 c = fwd_table4(cos_t + t, every_other);
-            float4 s = fwd_table4(sin_t + t, every_other);
-            if (inverse) s = fwd_neg4(s);
-            if (!ok) {  // zeros out: the rotation of anything by (0, 0)
-                c.x = c.y = c.z = c.w = 0.0f;
-                s = c;
+    const unsigned H = g.hq + g.hk;
+    const long long groups = (H + g.heads_per_unit - 1) / g.heads_per_unit;
+    const long long warps = blockDim.x / 32;  // the op launches ROPE_WARPS; any multiple of 32 threads works
+    const long long warp0 = (long long)blockIdx.x * warps + threadIdx.x / 32, wstride = (long long)gridDim.x * warps;
+    for (long long u = warp0; u < g.n_units; u += wstride) {  // warp-uniform
+        const long long tt = u / groups;
+        const long long h_lo = (u - tt * groups) * g.heads_per_unit;
+        const long long h_hi = min(h_lo + g.heads_per_unit, (long long)H);
+        const long long slot = tt % g.n_pos;
+        const long long pos = g.has_pos ? positions[slot] : (long long)g.pos_offset + slot;
+        const bool ok = pos >= 0 && pos < (long long)g.max_pos;
+        for (unsigned cb = 0; cb < nc; cb += cp) {
+            const unsigned ch = cb + c;
+            const bool act = ch < nc;
+            const long long i = (long long)ch * W;
+            float cs[W], sn[W], wq[2 * W], wk[2 * W];
+#pragma unroll
+            for (int j = 0; j < W; j++) cs[j] = sn[j] = 0.0f;
+            if (act && ok) {
+                const long long t = pos * tstride + i * tstep;
+                rope_table<W, VEC>(cos_t + t, every_other, cs);
+                rope_table<W, VEC>(sin_t + t, every_other, sn);
             }
-            const long long base = (long long)row * head_dim;
-            float4 a, b, ra, rb;
-            if (style == 0) {  // 8 contiguous elements: pairs (a.x,a.y) (a.z,a.w) (b.x,b.y) (b.z,b.w)
-                a = PkVec4<T>::load(x + base + 2 * i);
-                b = PkVec4<T>::load(x + base + 2 * i + 4);
-                fwd_rotate(a.x, a.y, c.x, s.x, ra.x, ra.y);
-                fwd_rotate(a.z, a.w, c.y, s.y, ra.z, ra.w);
-                fwd_rotate(b.x, b.y, c.z, s.z, rb.x, rb.y);
-                fwd_rotate(b.z, b.w, c.w, s.w, rb.z, rb.w);
-                PkVec4<T>::store(out + base + 2 * i, ra);
-                PkVec4<T>::store(out + base + 2 * i + 4, rb);
-            } else {  // 4 elements of the first half against the 4 matching ones of the second
-                a = PkVec4<T>::load(x + base + i);
-                b = PkVec4<T>::load(x + base + half + i);
-                fwd_rotate(a.x, b.x, c.x, s.x, ra.x, rb.x);
-                fwd_rotate(a.y, b.y, c.y, s.y, ra.y, rb.y);
-                fwd_rotate(a.z, b.z, c.z, s.z, ra.z, rb.z);
-                fwd_rotate(a.w, b.w, c.w, s.w, ra.w, rb.w);
-                PkVec4<T>::store(out + base + i, ra);
-                PkVec4<T>::store(out + base + half + i, rb);
+            if (g.inverse) {
+#pragma unroll
+                for (int j = 0; j < W; j++) sn[j] = -sn[j];
             }
-        }
-    } else {  // one thread rotates one pair
-        for (I u = tid; u < n_rows * half; u += stride) {
-            const I row = u / half;
-            const I i = u - row * half;
-            const I tok = (row / n_heads) % n_pos;
-            const long long pos = has_pos ? positions[tok] : pos_offset + (long long)tok;
-            const bool ok = pos >= 0 && pos < max_pos;
-            const long long t = (ok ? pos : 0) * tstride + (long long)i * tstep;
-            float c = ok ? cos_t[t] : 0.0f, s = ok ? sin_t[t] : 0.0f;
-            if (inverse) s = -s;
-            const long long ia = (long long)row * head_dim + (style == 0 ? 2 * (long long)i : (long long)i);
-            const long long ib = ia + (style == 0 ? 1 : (long long)half);
-            float ra, rb;
-            fwd_rotate(PkIO<T>::load(x, ia), PkIO<T>::load(x, ib), c, s, ra, rb);
-            PkIO<T>::store(out, ia, ra);
-            PkIO<T>::store(out, ib, rb);
+            long long oa, ob;
+            rope_offsets<STYLE, W>(i, half, oa, ob);
+            if (g.norm) {
+#pragma unroll
+                for (int e = 0; e < 2 * W; e++) wq[e] = wk[e] = 0.0f;
+                if (act) {
+                    uint4 r0, r1;
+                    rope_ld<T, W, VEC>(q_w, oa, r0, wq);
+                    rope_ld<T, W, VEC>(q_w, ob, r1, wq + W);
+                    rope_widen<T, W, VEC>(r0, wq);
+                    rope_widen<T, W, VEC>(r1, wq + W);
+                    if (g.hk) {
+                        rope_ld<T, W, VEC>(k_w, oa, r0, wk);
+                        rope_ld<T, W, VEC>(k_w, ob, r1, wk + W);
+                        rope_widen<T, W, VEC>(r0, wk);
+                        rope_widen<T, W, VEC>(r1, wk + W);
+                    }
+                }
+#pragma unroll
+                for (int e = 0; e < 2 * W; e++) {
+                    wq[e] += g.w_offset;
+                    wk[e] += g.w_offset;
+                }
+            }
+            for (long long h0 = h_lo; h0 < h_hi; h0 += (long long)hpw * ROPE_RU) {
+                float e[ROPE_RU][2 * W];
+                uint4 ra[ROPE_RU], rb[ROPE_RU];
+                bool live[ROPE_RU], isq[ROPE_RU];
+                long long base[ROPE_RU];
+#pragma unroll
+                for (int r = 0; r < ROPE_RU; r++) {  // every load first: ROPE_RU x 2 in flight
+                    const long long h = h0 + hs + (long long)r * hpw;
+                    live[r] = act && h < h_hi;
+                    isq[r] = h < (long long)g.hq;
+                    base[r] = isq[r] ? (tt * g.hq + h) * d : (tt * g.hk + (h - g.hq)) * d;
+                    if (live[r]) {
+                        const T* src = isq[r] ? q : k;
+                        rope_ld<T, W, VEC>(src, base[r] + oa, ra[r], e[r]);
+                        rope_ld<T, W, VEC>(src, base[r] + ob, rb[r], e[r] + W);
+                    }
+                }
+#pragma unroll
+                for (int r = 0; r < ROPE_RU; r++) {
+                    if (live[r]) {
+                        rope_widen<T, W, VEC>(ra[r], e[r]);
+                        rope_widen<T, W, VEC>(rb[r], e[r] + W);
+                    } else {
+#pragma unroll
+                        for (int x = 0; x < 2 * W; x++) e[r][x] = 0.0f;
+                    }
+                    if (g.norm) {  // every lane of the warp takes part in the shuffles
+                        float ss = 0.0f;
+#pragma unroll
+                        for (int x = 0; x < 2 * W; x++) ss += e[r][x] * e[r][x];
+                        ss = rope_group_sum(ss, cp);
+                        const float rs = rsqrtf(ss / (float)d + g.eps);
+#pragma unroll
+                        for (int x = 0; x < 2 * W; x++) e[r][x] = e[r][x] * rs * (isq[r] ? wq[x] : wk[x]);
+                    }
+                    rope_rotate_all<STYLE, W>(e[r], cs, sn);
+                    if (live[r]) {
+                        T* dst = isq[r] ? q_out : k_out;
+                        rope_st<T, W, VEC>(dst, base[r] + oa, e[r]);
+                        rope_st<T, W, VEC>(dst, base[r] + ob, e[r] + W);
+                    }
+                }
+            }
         }
     }
 }
 
+// rope_norm_backward: the gradients of rope with the norm (norm != 0 above). With n = x * r * wo (r =
+// rsqrt(mean(x^2) + eps), wo = w_offset + w) and y the rotation of n: gn = the inverse rotation of gy, and
+//   gx = r * (wo * gn - x * r^2 * sum(gn * wo * x) / d),  gw += gn * x * r  (summed over every head of q / k).
+// The weight gradients stay deterministic: each lane sums its elements over the heads it visits, the lanes
+// of one element in a warp add up through fixed xor shuffles, the block's 8 warps in warp order through
+// shared memory, and each block writes one fp32 partial row per weight (pw_q / pw_k: gridDim.x rows of
+// head_dim, every row written); norm_grad_reduce adds the rows in a fixed order. Needs half / W <= 32.
+#define ROPE_BWD_MAX_D 512
+
+// The block's partial row of one weight's gradient: the warp's HPW head slots of one element (lanes c, c + cp,
+// ...) through xor shuffles, then the 8 warps in warp order through shared memory.
+template <int W>
+__device__ __forceinline__ void rope_block_partial(float (&acc)[2 * W], float* __restrict__ pw, float* red,
+                                                   unsigned cp, unsigned hs, bool act, long long oa, long long ob,
+                                                   long long d, unsigned warp) {
+#pragma unroll
+    for (int e = 0; e < 2 * W; e++) {
+        for (unsigned off = cp; off < 32; off <<= 1) acc[e] += __shfl_xor_sync(PK_FULL_MASK, acc[e], off);
+    }
+    if (hs == 0 && act) {
+#pragma unroll
+        for (int e = 0; e < W; e++) {
+            red[warp * d + oa + e] = acc[e];
+            red[warp * d + ob + e] = acc[W + e];
+        }
+    }
+    __syncthreads();
+    for (long long col = threadIdx.x; col < d; col += blockDim.x) {
+        float s = 0.0f;
+        for (unsigned w = 0; w < blockDim.x / 32; w++) s += red[w * d + col];
+        pw[(long long)blockIdx.x * d + col] = s;
+    }
+    __syncthreads();  // red is rewritten by the next weight
+}
+
+template <typename T, int W, bool VEC, int STYLE>
+__device__ __forceinline__ void rope_norm_backward_run(const T* q, const T* k, const T* gq_out, const T* gk_out,
+                                                       T* gq, T* gk, const T* q_w, const T* k_w,
+                                                       const float* __restrict__ cos_t,
+                                                       const float* __restrict__ sin_t,
+                                                       const long long* __restrict__ positions,
+                                                       float* __restrict__ pw_q, float* __restrict__ pw_k,
+                                                       float* red, const RopeGeom& g) {
+    const long long half = g.head_dim / 2, d = g.head_dim;
+    const unsigned nc = (unsigned)(half / W);
+    unsigned cp = 1;
+    while (cp < nc && cp < 32) cp <<= 1;
+    const unsigned hpw = 32 / cp, lane = threadIdx.x & 31, c = lane % cp, hs = lane / cp, warp = threadIdx.x / 32;
+    const bool act = c < nc;
+    const long long tstride = g.full ? d : half;
+    const bool every_other = g.full && STYLE == 0;
+    const long long tstep = every_other ? 2 : 1;
+    const unsigned H = g.hq + g.hk;
+    const long long groups = (H + g.heads_per_unit - 1) / g.heads_per_unit;
+    const long long i = (long long)c * W;
+    long long oa, ob;
+    rope_offsets<STYLE, W>(i, half, oa, ob);
+    // this lane's weight entries (fixed: its chunk never changes) and its weight-gradient sums
+    float wq[2 * W], wk[2 * W], aq[2 * W], ak[2 * W];
+#pragma unroll
+    for (int e = 0; e < 2 * W; e++) wq[e] = wk[e] = aq[e] = ak[e] = 0.0f;
+    if (act) {
+        uint4 r0, r1;
+        rope_ld<T, W, VEC>(q_w, oa, r0, wq);
+        rope_ld<T, W, VEC>(q_w, ob, r1, wq + W);
+        rope_widen<T, W, VEC>(r0, wq);
+        rope_widen<T, W, VEC>(r1, wq + W);
+        if (g.hk) {
+            rope_ld<T, W, VEC>(k_w, oa, r0, wk);
+            rope_ld<T, W, VEC>(k_w, ob, r1, wk + W);
+            rope_widen<T, W, VEC>(r0, wk);
+            rope_widen<T, W, VEC>(r1, wk + W);
+        }
+    }
+#pragma unroll
+    for (int e = 0; e < 2 * W; e++) {
+        wq[e] += g.w_offset;
+        wk[e] += g.w_offset;
+    }
+    const long long warps = blockDim.x / 32;  // at most ROPE_WARPS (launch bounds 256)
+    const long long warp0 = (long long)blockIdx.x * warps + warp, wstride = (long long)gridDim.x * warps;
+    for (long long u = warp0; u < g.n_units; u += wstride) {  // warp-uniform
+        const long long tt = u / groups;
+        const long long h_lo = (u - tt * groups) * g.heads_per_unit;
+        const long long h_hi = min(h_lo + g.heads_per_unit, (long long)H);
+        const long long slot = tt % g.n_pos;
+        const long long pos = g.has_pos ? positions[slot] : (long long)g.pos_offset + slot;
+        const bool ok = pos >= 0 && pos < (long long)g.max_pos;
+        float cs[W], sn[W];
+#pragma unroll
+        for (int j = 0; j < W; j++) cs[j] = sn[j] = 0.0f;
+        if (act && ok) {
+            const long long t = pos * tstride + i * tstep;
+            rope_table<W, VEC>(cos_t + t, every_other, cs);
+            rope_table<W, VEC>(sin_t + t, every_other, sn);
+        }
+#pragma unroll
+        for (int j = 0; j < W; j++) sn[j] = -sn[j];  // the transpose of the forward's rotation
+        for (long long h0 = h_lo; h0 < h_hi; h0 += hpw) {
+            const long long h = h0 + hs;
+            const bool live = act && h < h_hi, isq = h < (long long)g.hq;
+            const long long base = isq ? (tt * g.hq + h) * d : (tt * g.hk + (h - g.hq)) * d;
+            float x[2 * W], gn[2 * W];
+            uint4 r0, r1, r2, r3;
+            if (live) {  // four loads in flight before any conversion
+                rope_ld<T, W, VEC>(isq ? q : k, base + oa, r0, x);
+                rope_ld<T, W, VEC>(isq ? q : k, base + ob, r1, x + W);
+                rope_ld<T, W, VEC>(isq ? gq_out : gk_out, base + oa, r2, gn);
+                rope_ld<T, W, VEC>(isq ? gq_out : gk_out, base + ob, r3, gn + W);
+                rope_widen<T, W, VEC>(r0, x);
+                rope_widen<T, W, VEC>(r1, x + W);
+                rope_widen<T, W, VEC>(r2, gn);
+                rope_widen<T, W, VEC>(r3, gn + W);
+            } else {
+#pragma unroll
+                for (int e = 0; e < 2 * W; e++) x[e] = gn[e] = 0.0f;
+            }
+            rope_rotate_all<STYLE, W>(gn, cs, sn);
+            float ss = 0.0f, dot = 0.0f;
+#pragma unroll
+            for (int e = 0; e < 2 * W; e++) {
+                ss += x[e] * x[e];
+                dot += gn[e] * (isq ? wq[e] : wk[e]) * x[e];
+            }
+            ss = rope_group_sum(ss, cp);
+            dot = rope_group_sum(dot, cp);
+            const float rs = rsqrtf(ss / (float)d + g.eps);
+            const float corr = rs * rs * dot / (float)d;
+            float gx[2 * W];
+#pragma unroll
+            for (int e = 0; e < 2 * W; e++) {
+                const float wo = isq ? wq[e] : wk[e];
+                gx[e] = rs * (wo * gn[e] - x[e] * corr);
+                const float gw = live ? gn[e] * x[e] * rs : 0.0f;
+                if (isq) aq[e] += gw;
+                else ak[e] += gw;
+            }
+            if (live) {
+                rope_st<T, W, VEC>(isq ? gq : gk, base + oa, gx);
+                rope_st<T, W, VEC>(isq ? gq : gk, base + ob, gx + W);
+            }
+        }
+    }
+    rope_block_partial<W>(aq, pw_q, red, cp, hs, act, oa, ob, d, warp);
+    rope_block_partial<W>(ak, pw_k, red, cp, hs, act, oa, ob, d, warp);
+}
+
+template <typename T, typename F>
+__device__ __forceinline__ void rope_dispatch(int style, bool vec, long long half, F&& f) {
+    constexpr int V = PkVec16<T>::N;
+    if (vec && half % V == 0) {
+        if (style == 1) f(PkWidth<V>(), PkWidth<1>(), PkWidth<1>());
+        else f(PkWidth<V>(), PkWidth<0>(), PkWidth<1>());
+    } else {
+        if (style == 1) f(PkWidth<1>(), PkWidth<1>(), PkWidth<0>());
+        else f(PkWidth<1>(), PkWidth<0>(), PkWidth<0>());
+    }
+}
+
 template <typename T>
-__device__ __forceinline__ void rope_impl(const T* x, T* out, const float* __restrict__ cos_t,
-                                          const float* __restrict__ sin_t, const long long* __restrict__ positions,
-                                          long long n_rows, unsigned int n_pos, unsigned int n_heads,
-                                          unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos,
-                                          int has_pos, int full_table, int style, int inverse) {
-    const bool vec = (head_dim / 2) % 4 == 0 && fwd_aligned16(x) && fwd_aligned16(out) && fwd_aligned16(cos_t) &&
-                     fwd_aligned16(sin_t);
-    if (n_rows * (long long)(head_dim / 2) < (1ll << 31))
-        rope_loop<T, unsigned int>(x, out, cos_t, sin_t, positions, (unsigned int)n_rows, n_pos, n_heads, head_dim,
-                                   pos_offset, max_pos, has_pos != 0, full_table != 0, style, inverse != 0, vec);
-    else
-        rope_loop<T, long long>(x, out, cos_t, sin_t, positions, n_rows, n_pos, n_heads, head_dim, pos_offset,
-                                max_pos, has_pos != 0, full_table != 0, style, inverse != 0, vec);
+__device__ __forceinline__ void rope_impl(const T* q, T* q_out, const T* k, T* k_out, const T* q_w, const T* k_w,
+                                          const float* __restrict__ cos_t, const float* __restrict__ sin_t,
+                                          const long long* __restrict__ positions, long long n_tok,
+                                          long long n_units, unsigned int heads_per_unit, unsigned int n_pos,
+                                          unsigned int hq, unsigned int hk, unsigned int head_dim,
+                                          unsigned int pos_offset, unsigned int max_pos, int has_pos,
+                                          int full_table, int style, int inverse, int norm, float eps,
+                                          float w_offset) {
+    const RopeGeom g{n_tok, n_units, (long long)heads_per_unit, hq, hk, head_dim, n_pos, pos_offset, max_pos,
+                     has_pos != 0, full_table != 0, inverse != 0, norm != 0, eps, w_offset};
+    const bool vec = pk_aligned16(q) && pk_aligned16(q_out) && pk_aligned16(k) && pk_aligned16(k_out) &&
+                     pk_aligned16(cos_t) && pk_aligned16(sin_t) && (!norm || (pk_aligned16(q_w) && pk_aligned16(k_w)));
+    rope_dispatch<T>(style, vec, head_dim / 2, [&](auto w, auto st, auto v) {
+        rope_run<T, decltype(w)::value, (decltype(v)::value != 0), decltype(st)::value>(q, q_out, k, k_out, q_w, k_w, cos_t,
+                                                                                 sin_t, positions, g);
+    });
 }
 
 PK_IO_KERNELS(rope, (256),
-              (const T* x, T* out, const float* __restrict__ cos_table, const float* __restrict__ sin_table,
-               const long long* __restrict__ positions, long long n_rows, unsigned int n_pos, unsigned int n_heads,
+              (const T* q, T* q_out, const T* k, T* k_out, const T* q_w, const T* k_w,
+               const float* __restrict__ cos_table, const float* __restrict__ sin_table,
+               const long long* __restrict__ positions, long long n_tok, long long n_units,
+               unsigned int heads_per_unit, unsigned int n_pos, unsigned int hq, unsigned int hk,
                unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos, int has_pos, int full_table,
-               int style, int inverse),
-              (x, out, cos_table, sin_table, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos, has_pos, full_table, style, inverse))
+               int style, int inverse, int norm, float eps, float w_offset),
+              (q, q_out, k, k_out, q_w, k_w, cos_table, sin_table, positions, n_tok, n_units, heads_per_unit, n_pos,
+               hq, hk, head_dim, pos_offset, max_pos, has_pos, full_table, style, inverse, norm, eps, w_offset))
+
+template <typename T>
+__device__ __forceinline__ void rope_norm_backward_impl(
+    const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ gq_out, const T* __restrict__ gk_out,
+    T* __restrict__ gq, T* __restrict__ gk, const T* __restrict__ q_w, const T* __restrict__ k_w,
+    const float* __restrict__ cos_t, const float* __restrict__ sin_t, const long long* __restrict__ positions,
+    float* __restrict__ pw_q, float* __restrict__ pw_k, long long n_tok, long long n_units,
+    unsigned int heads_per_unit, unsigned int n_pos, unsigned int hq, unsigned int hk, unsigned int head_dim,
+    unsigned int pos_offset, unsigned int max_pos, int has_pos, int full_table, int style, float eps,
+    float w_offset) {
+    const RopeGeom g{n_tok, n_units, (long long)heads_per_unit, hq, hk, head_dim, n_pos, pos_offset, max_pos,
+                     has_pos != 0, full_table != 0, true, true, eps, w_offset};
+    const bool vec = pk_aligned16(q) && pk_aligned16(k) && pk_aligned16(gq_out) && pk_aligned16(gk_out) &&
+                     pk_aligned16(gq) && pk_aligned16(gk) && pk_aligned16(q_w) && pk_aligned16(k_w) &&
+                     pk_aligned16(cos_t) && pk_aligned16(sin_t);
+    __shared__ float red[ROPE_WARPS * ROPE_BWD_MAX_D];  // one buffer for every variant (static shared adds up)
+    rope_dispatch<T>(style, vec, head_dim / 2, [&](auto w, auto st, auto v) {
+        rope_norm_backward_run<T, decltype(w)::value, (decltype(v)::value != 0), decltype(st)::value>(
+            q, k, gq_out, gk_out, gq, gk, q_w, k_w, cos_t, sin_t, positions, pw_q, pw_k, red, g);
+    });
+}
+
+PK_IO_KERNELS(rope_norm_backward, (256),
+              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ grad_q_out,
+               const T* __restrict__ grad_k_out, T* __restrict__ grad_q, T* __restrict__ grad_k,
+               const T* __restrict__ q_w, const T* __restrict__ k_w, const float* __restrict__ cos_table,
+               const float* __restrict__ sin_table, const long long* __restrict__ positions,
+               float* __restrict__ partial_q_w, float* __restrict__ partial_k_w, long long n_tok, long long n_units,
+               unsigned int heads_per_unit, unsigned int n_pos, unsigned int hq, unsigned int hk,
+               unsigned int head_dim, unsigned int pos_offset, unsigned int max_pos, int has_pos, int full_table,
+               int style, float eps, float w_offset),
+              (q, k, grad_q_out, grad_k_out, grad_q, grad_k, q_w, k_w, cos_table, sin_table, positions, partial_q_w,
+               partial_k_w, n_tok, n_units, heads_per_unit, n_pos, hq, hk, head_dim, pos_offset, max_pos, has_pos,
+               full_table, style, eps, w_offset))
 
 // ---------------------------------------------------------------------------
 // silu_gate: out = gate * sigmoid(gate) * up. e^-g overflows to inf for

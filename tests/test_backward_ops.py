@@ -228,7 +228,11 @@ def test_rope_kernel_zeroes_a_row_at_a_position_outside_the_tables() -> None:
         x = rng.standard_normal((4, 1, d)).astype(np.float32)
         out = np.full_like(x, np.nan)
         pos = np.array([3, -1, 8, 7], np.int64)
-        launch("rope", 1, 64, x, out, cos, sin, pos, 4, 4, 1, d, 0, 8, 1, 0, 1, 0, backend="host")
+        spare = np.zeros(8, np.float32)  # k's output: k has 0 heads here
+        # q, q_out, k, k_out, q_w, k_w, tables, positions, n_tok, n_units, heads_per_unit, n_pos, hq, hk, head_dim,
+        # pos_offset, max_pos, has_pos, full_table, style, inverse, norm, eps, w_offset
+        launch("rope", 1, 64, x, out, x, spare, x, x, cos, sin, pos, 4, 4, 1, 4, 1, 0, d, 0, 8, 1, 0, 1, 0, 0, 0.0,
+               0.0, backend="host")
         assert not out[1].any() and not out[2].any()
         ref = F.np_rope(x[[0, 3]], cos, sin, style="half", position_ids=pos[[0, 3]])
         _ok("rows in range", out[[0, 3]], ref, "rope")

@@ -15,9 +15,9 @@ import numpy as np
 from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_dtype, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
-from ._common import ids_like, norm_offset, row_geometry as _row_geometry
+from ._common import ids_like, norm_offset, row_geometry as _row_geometry, sum_chunks
 
-__all__ = ["embedding", "rope", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax"]
+__all__ = ["embedding", "rope", "qk_norm_rope", "qk_norm_rope_backward", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax"]
 
 # flash_attention and its tensor-core helpers live in the attention family module; they stay importable from here.
 from .attention import (  # noqa: E402,F401
@@ -158,6 +158,164 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
     return arrays.contiguous(arrays.astype(position_ids, "int64")), n_pos, None
 
 
+# A warp of the rope kernel rotates a unit of consecutive heads of one token (q's heads, then k's); each lane
+# loads its cos / sin entries once per unit. _ROPE_UNITS units fill the largest GPUs with warps; past that a
+# unit takes every head of its token, so the tables are read once per token.
+_ROPE_WARPS = 8  # kernels_cu/forward.cu ROPE_WARPS: 256 threads
+_ROPE_RU = 2  # kernels_cu/forward.cu ROPE_RU: heads a lane loads before converting
+_ROPE_UNITS = 8192
+_ROPE_BWD_MAX_D = 512  # kernels_cu/forward.cu ROPE_BWD_MAX_D: the backward's shared row
+
+
+def _rope_chunks(head_dim: int, itemsize: int) -> tuple[int, int]:
+    """(chunks per head, lanes per head) of the kernel's 16-byte path (its scalar path when half is not a
+    multiple of 16 bytes' elements)."""
+    half = head_dim // 2
+    v = 16 // itemsize
+    w = v if half % v == 0 else 1
+    nc = half // w
+    cp = 1
+    while cp < nc and cp < 32:
+        cp *= 2
+    return nc, cp
+
+
+def _rope_units(n_tok: int, heads: int, head_dim: int, itemsize: int) -> tuple[int, int]:
+    """(heads per unit, number of units) for n_tok tokens of `heads` q + k heads."""
+    _, cp = _rope_chunks(head_dim, itemsize)
+    step = (32 // cp) * _ROPE_RU  # heads a warp covers per pass
+    passes = -(-heads // step)
+    per_unit = max(1, min(passes, -(-n_tok * passes // _ROPE_UNITS)))
+    hpu = min(heads, per_unit * step)
+    return hpu, n_tok * -(-heads // hpu)
+
+
+def _rope_prepare(xs: list[tuple[str, Any]], cos: Any, sin: Any, pos_offset: Any, position_ids: Any, style: str,
+                  inverse: Any) -> dict[str, Any]:
+    """Validate rope's arguments for the tensors xs [(name, x)] (the same leading shape and head_dim; their own
+    head counts) and return the kernel's table / position arguments."""
+    name0, x0 = xs[0]
+    kind = arrays.io_kind(name0, x0, arrays.IO_KINDS)
+    shp = arrays.check_ndim(name0, x0, (3, 4), ("(n_tokens, num_heads, head_dim)",
+                                                "(batch, n_tokens, num_heads, head_dim)"))
+    for name, x in xs[1:]:
+        _same_dtype(name, x, kind, name0)
+        s = tuple(arrays.shape_of(x))
+        if len(s) != len(shp) or s[:-2] != tuple(shp[:-2]) or s[-1] != shp[-1]:
+            lead = ", ".join(map(str, shp[:-2]))
+            raise ArgumentError(f"{name}: expected shape ({lead}, num_heads, {shp[-1]}) (the tokens and head_dim of "
+                                f"{name0}), got {s}")
+    if style not in _STYLES:
+        raise ArgumentError(f"style: expected 'interleaved' or 'half', got {style!r}")
+    if not isinstance(inverse, (bool, np.bool_)):
+        raise ArgumentTypeError(f"inverse: expected a bool, got {type(inverse).__name__} {inverse!r}")
+    n_tokens, _, head_dim = shp[-3:]
+    if head_dim % 2:
+        raise ArgumentError(f"{name0}: expected an even head_dim (last dimension), got {head_dim}")
+    half = head_dim // 2
+    cos, sin = _f32_table("cos", cos), _f32_table("sin", sin)
+    widths = []
+    for name, t in (("cos", cos), ("sin", sin)):
+        ts = arrays.check_ndim(name, t, (2,), f"(max_pos, {half}) or (max_pos, {head_dim})")
+        if ts[1] not in (half, head_dim):
+            raise ArgumentError(
+                f"{name}: expected shape (max_pos, {half}) or (max_pos, {head_dim}) for head_dim {head_dim}, got {ts}"
+            )
+        widths.append(ts[1])
+    full = head_dim > 0 and widths[0] == head_dim
+    if widths[0] != widths[1]:
+        raise ArgumentError(f"sin: expected the layout of cos (width {widths[0]}), got width {widths[1]}")
+    if tuple(arrays.shape_of(sin)) != tuple(arrays.shape_of(cos)):
+        raise ArgumentError(f"sin: expected the shape of cos {tuple(arrays.shape_of(cos))}, got "
+                            f"{tuple(arrays.shape_of(sin))}")
+    max_pos = arrays.shape_of(cos)[0]
+    if isinstance(pos_offset, bool) or not isinstance(pos_offset, (int, np.integer)) or pos_offset < 0:
+        raise ArgumentError(f"pos_offset: expected an integer >= 0, got {pos_offset!r}")
+    checks = [(f"{name}.shape[-2]", arrays.shape_of(x)[-2]) for name, x in xs]
+    for name, v in [(f"{name0}.shape[-3]", n_tokens)] + checks + [(f"{name0}.shape[-1]", head_dim),
+                                                                   ("cos.shape[0]", max_pos)]:
+        _check_u32(name, v)
+    if position_ids is not None:
+        if pos_offset:
+            raise ArgumentError(f"pos_offset: expected 0 when position_ids is given, got {pos_offset}")
+        positions, n_pos, host_pos = _positions(position_ids, shp, max_pos)
+        _check_u32("batch * n_tokens of position_ids", n_pos)
+        used: slice | np.ndarray | None = np.unique(host_pos) if host_pos is not None else None
+    else:
+        if pos_offset + n_tokens > max_pos:
+            raise ArgumentError(
+                f"pos_offset: positions {pos_offset}..{pos_offset + n_tokens - 1} need tables of at least "
+                f"{pos_offset + n_tokens} rows, got {max_pos}"
+            )
+        _check_u32("pos_offset", int(pos_offset))
+        positions, n_pos, used = None, n_tokens, slice(int(pos_offset), int(pos_offset) + n_tokens)
+    if full and used is not None:
+        for name, t in (("cos", cos), ("sin", sin)):
+            if arrays.is_host(t):  # device tables are trusted
+                _check_full_table(name, arrays.host_view(t), used, style, half)
+    if positions is None:
+        # never read when has_pos == 0: any int64 buffer on x's kind of memory will do
+        positions = _NO_POSITIONS if isinstance(x0, np.ndarray) else arrays.empty((1,), "int64", like=x0)
+    return dict(kind=kind, shape=tuple(shp), cos=cos, sin=sin, positions=positions, n_pos=n_pos, max_pos=max_pos,
+                has_pos=0 if position_ids is None else 1, full=1 if full else 0, head_dim=head_dim,
+                n_tok=_size(shp[:-2]), pos_offset=int(pos_offset), style=_STYLES[style])
+
+
+def _rope_dest(name: str, x: Any, inplace: bool, out: Any, out_name: str) -> tuple[Any, Any]:
+    """(x as the kernel reads it, the array it writes) for inplace / out= / a new array."""
+    shp = tuple(arrays.shape_of(x))
+    if inplace:
+        if out is not None:
+            raise ArgumentError(f"{out_name}: not allowed with inplace=True (the result is written into {name})")
+        if isinstance(x, np.ndarray) and (not x.flags.c_contiguous or not x.flags.writeable):
+            raise ArgumentError(f"{name}: inplace=True needs a C-contiguous, writeable array")
+        if arrays.is_torch(x) and not x.is_contiguous():
+            raise ArgumentError(f"{name}: inplace=True needs a contiguous tensor")
+        return x, x
+    x = arrays.contiguous(x)
+    if out is None:
+        return x, arrays.empty(shp, arrays.dtype_name(x), like=x)
+    return x, arrays.check_out(out, shp, arrays.dtype_name(x), x, name=out_name)
+
+
+def _norm_weight(name: str, w: Any, head_dim: int, kind: str, like_name: str) -> Any:
+    arrays.io_kind(name, w, arrays.IO_KINDS)
+    _same_dtype(name, w, kind, like_name)
+    if tuple(arrays.shape_of(w)) != (head_dim,):
+        raise ArgumentError(f"{name}: expected shape ({head_dim},) (head_dim), got {tuple(arrays.shape_of(w))}")
+    return arrays.contiguous(w)
+
+
+def _norm_args(p: dict[str, Any], q_weight: Any, k_weight: Any, eps: Any, weight_offset: Any, itemsize: int
+               ) -> tuple[float, float]:
+    """Checks of the fused norm's arguments: eps, weight_offset and the head_dim limit of the kernel."""
+    for name, v in (("eps", eps), ("weight_offset", weight_offset)):
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
+            raise ArgumentError(f"{name}: expected a finite float, got {v!r}")
+    if eps < 0:
+        raise ArgumentError(f"eps: expected a float >= 0, got {eps!r}")
+    nc, _ = _rope_chunks(p["head_dim"], itemsize)
+    d = p["head_dim"]
+    if nc > 32 or d > _ROPE_BWD_MAX_D:
+        v = 16 // itemsize
+        raise ArgumentError(f"q: the fused norm takes head_dim <= {min(64 * v, _ROPE_BWD_MAX_D)} with head_dim/2 a "
+                            f"multiple of {v}, or head_dim <= 64, got head_dim {d}")
+    return float(eps), float(weight_offset)
+
+
+def _launch_rope(p: dict[str, Any], q: Any, q_out: Any, k: Any, k_out: Any, hq: int, hk: int, q_w: Any, k_w: Any,
+                 inverse: bool, norm: bool, eps: float, w_offset: float, itemsize: int, stream: Any,
+                 backend: str | None) -> None:
+    hpu, n_units = _rope_units(p["n_tok"], hq + hk, p["head_dim"], itemsize)
+    _launch(
+        "rope" + _suffix(p["kind"]), max(1, min(_MAX_BLOCKS, -(-n_units // _ROPE_WARPS))), _THREADS,
+        _flat(q), _flat(q_out), _flat(k), _flat(k_out), q_w, k_w, p["cos"], p["sin"], p["positions"], p["n_tok"],
+        n_units, hpu, p["n_pos"], hq, hk, p["head_dim"], p["pos_offset"], p["max_pos"], p["has_pos"], p["full"],
+        p["style"], 1 if inverse else 0, 1 if norm else 0, eps, w_offset,
+        stream=arrays.launch_stream(stream, q), backend=backend,
+    )
+
+
 @arrays.stream_scoped
 def rope(
     x: Any,
@@ -204,85 +362,141 @@ def rope(
     n_tokens) (for batch 1, or shared positions, cos[0] with arange(n_tokens)).
     inplace=True writes into x (which must then be C-contiguous) and returns it;
     out= writes into a given array (x's shape, dtype and kind) instead.
+    q and k of one attention layer rotate in one launch with qk_norm_rope (without weights).
     """
-    kind = arrays.io_kind("x", x, arrays.IO_KINDS)
-    shp = arrays.check_ndim("x", x, (3, 4), ("(n_tokens, num_heads, head_dim)",
-                                            "(batch, n_tokens, num_heads, head_dim)"))
-    if style not in _STYLES:
-        raise ArgumentError(f"style: expected 'interleaved' or 'half', got {style!r}")
-    if not isinstance(inverse, (bool, np.bool_)):
-        raise ArgumentTypeError(f"inverse: expected a bool, got {type(inverse).__name__} {inverse!r}")
-    n_tokens, n_heads, head_dim = shp[-3:]
-    if head_dim % 2:
-        raise ArgumentError(f"x: expected an even head_dim (last dimension), got {head_dim}")
-    half = head_dim // 2
-    cos, sin = _f32_table("cos", cos), _f32_table("sin", sin)
-    widths = []
-    for name, t in (("cos", cos), ("sin", sin)):
-        ts = arrays.check_ndim(name, t, (2,), f"(max_pos, {half}) or (max_pos, {head_dim})")
-        if ts[1] not in (half, head_dim):
-            raise ArgumentError(
-                f"{name}: expected shape (max_pos, {half}) or (max_pos, {head_dim}) for head_dim {head_dim}, got {ts}"
-            )
-        widths.append(ts[1])
-    full = head_dim > 0 and widths[0] == head_dim
-    if widths[0] != widths[1]:
-        raise ArgumentError(f"sin: expected the layout of cos (width {widths[0]}), got width {widths[1]}")
-    if tuple(arrays.shape_of(sin)) != tuple(arrays.shape_of(cos)):
-        raise ArgumentError(f"sin: expected the shape of cos {tuple(arrays.shape_of(cos))}, got "
-                            f"{tuple(arrays.shape_of(sin))}")
-    max_pos = arrays.shape_of(cos)[0]
-    if isinstance(pos_offset, bool) or not isinstance(pos_offset, (int, np.integer)) or pos_offset < 0:
-        raise ArgumentError(f"pos_offset: expected an integer >= 0, got {pos_offset!r}")
-    for name, v in (("x.shape[-3]", n_tokens), ("x.shape[-2]", n_heads), ("x.shape[-1]", head_dim),
-                    ("cos.shape[0]", max_pos)):
-        _check_u32(name, v)
-    if position_ids is not None:
-        if pos_offset:
-            raise ArgumentError(f"pos_offset: expected 0 when position_ids is given, got {pos_offset}")
-        positions, n_pos, host_pos = _positions(position_ids, shp, max_pos)
-        _check_u32("batch * n_tokens of position_ids", n_pos)
-        used: slice | np.ndarray | None = np.unique(host_pos) if host_pos is not None else None
-    else:
-        if pos_offset + n_tokens > max_pos:
-            raise ArgumentError(
-                f"pos_offset: positions {pos_offset}..{pos_offset + n_tokens - 1} need tables of at least "
-                f"{pos_offset + n_tokens} rows, got {max_pos}"
-            )
-        _check_u32("pos_offset", int(pos_offset))
-        positions, n_pos, used = None, n_tokens, slice(int(pos_offset), int(pos_offset) + n_tokens)
-    if full and used is not None:
-        for name, t in (("cos", cos), ("sin", sin)):
-            if arrays.is_host(t):  # device tables are trusted
-                _check_full_table(name, arrays.host_view(t), used, style, half)
-    if inplace:
-        if out is not None:
-            raise ArgumentError("out: not allowed with inplace=True (the result is written into x)")
-        if isinstance(x, np.ndarray) and (not x.flags.c_contiguous or not x.flags.writeable):
-            raise ArgumentError("x: inplace=True needs a C-contiguous, writeable array")
-        if arrays.is_torch(x) and not x.is_contiguous():
-            raise ArgumentError("x: inplace=True needs a contiguous tensor")
-        out = x
-    else:
-        x = arrays.contiguous(x)
-        if out is None:
-            out = arrays.empty(shp, arrays.dtype_name(x), like=x)
-        else:
-            out = arrays.check_out(out, shp, arrays.dtype_name(x), x)
-    n_rows = _size(shp[:-1])
-    if n_rows == 0 or half == 0:
+    p = _rope_prepare([("x", x)], cos, sin, pos_offset, position_ids, style, inverse)
+    x, out = _rope_dest("x", x, inplace, out, "out")
+    shp = p["shape"]
+    if p["n_tok"] * shp[-2] == 0 or p["head_dim"] == 0:
         return out
-    if positions is None:
-        # never read when has_pos == 0: any int64 buffer on x's kind of memory will do
-        positions = _NO_POSITIONS if isinstance(x, np.ndarray) else arrays.empty((1,), "int64", like=x)
-    units = n_rows * max(1, half // 4)
-    _launch(
-        "rope" + _suffix(kind), _blocks(units), _THREADS,
-        x, out, cos, sin, positions, n_rows, n_pos, n_heads, head_dim, int(pos_offset), max_pos,
-        0 if position_ids is None else 1, 1 if full else 0, _STYLES[style], 1 if inverse else 0,
-        stream=arrays.launch_stream(stream, x), backend=backend,
-    )
+    # k (0 heads) is never touched; its output slot gets a scratch of its own because the numba backend writes
+    # every non-const array back and two slots on `out` would overwrite each other
+    spare = arrays.empty((8,), arrays.dtype_name(x), like=x)
+    _launch_rope(p, x, out, x, spare, shp[-2], 0, x, x, inverse, False, 0.0, 0.0, _isz(p["kind"]), stream, backend)
     return out
+
+
+def _isz(kind: str) -> int:
+    return 4 if kind == "f32" else 2
+
+
+@arrays.stream_scoped
+def qk_norm_rope(
+    q: Any,
+    k: Any,
+    cos: Any,
+    sin: Any,
+    *,
+    q_weight: Any = None,
+    k_weight: Any = None,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    pos_offset: int = 0,
+    position_ids: Any = None,
+    style: str = "half",
+    inverse: bool = False,
+    inplace: bool = False,
+    q_out: Any = None,
+    k_out: Any = None,
+    stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, Any]:
+    """RoPE of q (…, n_tokens, n_heads, head_dim) and k (…, n_tokens, n_kv_heads, head_dim) in one launch, each
+    head first RMS-normalised over head_dim when q_weight and k_weight are given (Qwen3 / Gemma 3's q_norm and
+    k_norm): x / sqrt(mean(x^2) + eps) * (weight_offset + weight), then rotated. Returns (q_out, k_out).
+
+    q and k share their leading dimensions and head_dim, and every table / position argument of rope (style
+    defaults to "half", HF's rotate_half). Weights are (head_dim,) of q's dtype, both or neither; weight_offset=1
+    is Gemma's (1 + weight). The norm needs head_dim <= 64 x (16 bytes / element size) (512 for bf16, 256 for
+    f32) with head_dim/2 a multiple of 16 bytes' elements, or head_dim <= 64. inverse=True (rope's backward)
+    is for the plain rotation only. inplace=True writes into q and k; q_out= / k_out= into given arrays.
+    Backward: qk_norm_rope_backward (with weights), or this op with inverse=True (without).
+    """
+    p = _rope_prepare([("q", q), ("k", k)], cos, sin, pos_offset, position_ids, style, inverse)
+    norm = q_weight is not None or k_weight is not None
+    if norm:
+        if q_weight is None or k_weight is None:
+            missing = "q_weight" if q_weight is None else "k_weight"
+            raise ArgumentError(f"{missing}: expected the norm weights of both q and k (or neither), got None")
+        if inverse:
+            raise ArgumentError("inverse: expected False with the norm weights (its backward is "
+                                "qk_norm_rope_backward), got True")
+        eps, weight_offset = _norm_args(p, q_weight, k_weight, eps, weight_offset, _isz(p["kind"]))
+        q_weight = _norm_weight("q_weight", q_weight, p["head_dim"], p["kind"], "q")
+        k_weight = _norm_weight("k_weight", k_weight, p["head_dim"], p["kind"], "q")
+    if inplace and q is k:
+        raise ArgumentError("k: inplace=True needs k and q to be different arrays")
+    q, qo = _rope_dest("q", q, inplace, q_out, "q_out")
+    k, ko = _rope_dest("k", k, inplace, k_out, "k_out")
+    hq, hk = arrays.shape_of(q)[-2], arrays.shape_of(k)[-2]
+    if p["n_tok"] * (hq + hk) == 0 or p["head_dim"] == 0:
+        return qo, ko
+    qw, kw = (q_weight, k_weight) if norm else (q, q)  # never read without the norm
+    _launch_rope(p, q, qo, k, ko, hq, hk, qw, kw, inverse, norm, float(eps) if norm else 0.0,
+                 float(weight_offset) if norm else 0.0, _isz(p["kind"]), stream, backend)
+    return qo, ko
+
+
+@arrays.stream_scoped
+def qk_norm_rope_backward(
+    q: Any,
+    k: Any,
+    grad_q: Any,
+    grad_k: Any,
+    cos: Any,
+    sin: Any,
+    q_weight: Any,
+    k_weight: Any,
+    *,
+    eps: float = 1e-6,
+    weight_offset: float = 0.0,
+    pos_offset: int = 0,
+    position_ids: Any = None,
+    style: str = "half",
+    stream: Any = None,
+    backend: str | None = None,
+) -> tuple[Any, Any, Any, Any]:
+    """Gradients of qk_norm_rope with weights: (grad of q, grad of k, grad of q_weight, grad of k_weight) from
+    the forward's inputs q, k and the gradients grad_q, grad_k of its outputs. The weight gradients (fp32 sums,
+    returned in the weights' dtype) are deterministic: per-block partial rows added in a fixed order."""
+    p = _rope_prepare([("q", q), ("k", k), ("grad_q", grad_q), ("grad_k", grad_k)], cos, sin, pos_offset,
+                      position_ids, style, False)
+    for name, g, x in (("grad_q", grad_q, q), ("grad_k", grad_k, k)):
+        if tuple(arrays.shape_of(g)) != tuple(arrays.shape_of(x)):
+            ref = "q" if name == "grad_q" else "k"
+            raise ArgumentError(f"{name}: expected the shape of {ref} {tuple(arrays.shape_of(x))}, got "
+                                f"{tuple(arrays.shape_of(g))}")
+    eps, weight_offset = _norm_args(p, q_weight, k_weight, eps, weight_offset, _isz(p["kind"]))
+    q_weight = _norm_weight("q_weight", q_weight, p["head_dim"], p["kind"], "q")
+    k_weight = _norm_weight("k_weight", k_weight, p["head_dim"], p["kind"], "q")
+    q, k, grad_q, grad_k = (arrays.contiguous(a) for a in (q, k, grad_q, grad_k))
+    dtype = arrays.dtype_name(q)
+    gq = arrays.empty(tuple(arrays.shape_of(q)), dtype, like=q)
+    gk = arrays.empty(tuple(arrays.shape_of(k)), dtype, like=q)
+    d = p["head_dim"]
+    gwq, gwk = arrays.empty((d,), dtype, like=q), arrays.empty((d,), dtype, like=q)
+    hq, hk = arrays.shape_of(q)[-2], arrays.shape_of(k)[-2]
+    isz = _isz(p["kind"])
+    hpu, n_units = _rope_units(p["n_tok"], hq + hk, d, isz)
+    blocks = max(1, min(_MAX_BLOCKS, -(-n_units // _ROPE_WARPS)))
+    st = arrays.launch_stream(stream, q)
+    pw = arrays.empty((2, blocks, d), "float32", like=q)
+    pw_q, pw_k = pw[0], pw[1]
+    _launch(
+        "rope_norm_backward" + _suffix(p["kind"]), blocks, _THREADS,
+        _flat(q), _flat(k), _flat(grad_q), _flat(grad_k), _flat(gq), _flat(gk), q_weight, k_weight, p["cos"],
+        p["sin"], p["positions"], pw_q, pw_k, p["n_tok"], n_units, hpu, p["n_pos"], hq, hk, d, p["pos_offset"],
+        p["max_pos"], p["has_pos"], p["full"], p["style"], eps, weight_offset, stream=st, backend=backend,
+    )
+    if dtype == "float32":
+        sum_chunks(pw_q, gwq, blocks, d, stream=st, backend=backend)
+        sum_chunks(pw_k, gwk, blocks, d, stream=st, backend=backend)
+    else:
+        sums = arrays.empty((2, d), "float32", like=q)
+        sum_chunks(pw_q, sums[0], blocks, d, stream=st, backend=backend)
+        sum_chunks(pw_k, sums[1], blocks, d, stream=st, backend=backend)
+        gwq, gwk = arrays.astype(sums[0], dtype), arrays.astype(sums[1], dtype)
+    return gq, gk, gwq, gwk
 
 
 # --------------------------------------------------------------------------- silu_gate

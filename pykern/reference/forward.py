@@ -32,14 +32,25 @@ def _embedding(cuda):
 @reference("rope", "rope_bf16", "rope_f16")
 def _rope(cuda):
     @cuda.jit
-    def k(x, out, cos_t, sin_t, positions, n_rows, n_pos, n_heads, head_dim, pos_offset, max_pos, has_pos,
-          full_table, style, inverse):
-        row = cuda.grid(1)
-        if row < n_rows:
+    def k(q, q_out, kk, k_out, q_w, k_w, cos_t, sin_t, positions, n_tok, n_units, heads_per_unit, n_pos, hq, hk,
+          head_dim, pos_offset, max_pos, has_pos, full_table, style, inverse, norm, eps, w_offset):
+        row = cuda.grid(1)  # one thread per (token, head) row: q's heads, then k's
+        if row < n_tok * (hq + hk):
+            tt = row // (hq + hk)
+            h = row - tt * (hq + hk)
             half = head_dim // 2
-            tok = (row // n_heads) % n_pos
-            pos = positions[tok] if has_pos != 0 else pos_offset + tok
+            slot = tt % n_pos
+            pos = positions[slot] if has_pos != 0 else pos_offset + slot
             ok = 0 <= pos < max_pos
+            isq = h < hq
+            base = (tt * hq + h) * head_dim if isq else (tt * hk + h - hq) * head_dim
+            rs = 1.0
+            if norm != 0:
+                ss = 0.0
+                for j in range(head_dim):
+                    v = q[base + j] if isq else kk[base + j]
+                    ss += v * v
+                rs = 1.0 / math.sqrt(ss / head_dim + eps)
             for i in range(half):
                 # full tables (max_pos, head_dim): "half" reads column i, "interleaved" column 2i
                 if full_table != 0:
@@ -50,18 +61,89 @@ def _rope(cuda):
                 s = sin_t[t] if ok else 0.0
                 if inverse != 0:
                     s = -s
-                if style == 0:
-                    ia = row * head_dim + 2 * i
-                    ib = ia + 1
+                ia = 2 * i if style == 0 else i
+                ib = ia + 1 if style == 0 else i + half
+                a = q[base + ia] if isq else kk[base + ia]
+                b = q[base + ib] if isq else kk[base + ib]
+                if norm != 0:
+                    a = a * rs * (w_offset + (q_w[ia] if isq else k_w[ia]))
+                    b = b * rs * (w_offset + (q_w[ib] if isq else k_w[ib]))
+                if isq:
+                    q_out[base + ia] = a * c - b * s
+                    q_out[base + ib] = a * s + b * c
                 else:
-                    ia = row * head_dim + i
-                    ib = ia + half
-                a = x[ia]
-                b = x[ib]
-                out[ia] = a * c - b * s
-                out[ib] = a * s + b * c
+                    k_out[base + ia] = a * c - b * s
+                    k_out[base + ib] = a * s + b * c
 
-    return k, lambda args: _grid(args[5])
+    return k, lambda args: _grid(args[9] * (args[13] + args[14]))
+
+
+@reference("rope_norm_backward", "rope_norm_backward_bf16", "rope_norm_backward_f16")
+def _rope_norm_backward(cuda):
+    @cuda.jit
+    def k(q, kk, gq_out, gk_out, gq, gk, q_w, k_w, cos_t, sin_t, positions, pw_q, pw_k, n_tok, n_units,
+          heads_per_unit, n_pos, hq, hk, head_dim, pos_offset, max_pos, has_pos, full_table, style, eps, w_offset):
+        # One thread per partial row: the kernel's block b (of `blocks`, the op's grid) owns the units of its 8
+        # warps, b * 8 .. b * 8 + 7, then every blocks * 8 further; its row sums their weight gradients.
+        blocks = min(4096, max(1, (n_units + 7) // 8))
+        b = cuda.grid(1)
+        if b < blocks:
+            half = head_dim // 2
+            H = hq + hk
+            groups = (H + heads_per_unit - 1) // heads_per_unit
+            for j in range(head_dim):
+                pw_q[b * head_dim + j] = 0.0
+                pw_k[b * head_dim + j] = 0.0
+            u0 = b * 8
+            while u0 < n_units:
+                for u in range(u0, min(u0 + 8, n_units)):
+                    tt = u // groups
+                    h_lo = (u - tt * groups) * heads_per_unit
+                    slot = tt % n_pos
+                    pos = positions[slot] if has_pos != 0 else pos_offset + slot
+                    ok = 0 <= pos < max_pos
+                    for h in range(h_lo, min(h_lo + heads_per_unit, H)):
+                        isq = h < hq
+                        base = (tt * hq + h) * head_dim if isq else (tt * hk + h - hq) * head_dim
+                        ss = 0.0
+                        for j in range(head_dim):
+                            v = q[base + j] if isq else kk[base + j]
+                            ss += v * v
+                        rs = 1.0 / math.sqrt(ss / head_dim + eps)
+                        # gn = the inverse rotation of the output gradient, written to gq / gk first
+                        dot = 0.0
+                        for i in range(half):
+                            t = (pos * head_dim + (2 * i if style == 0 else i)) if full_table != 0 else pos * half + i
+                            c = cos_t[t] if ok else 0.0
+                            s = sin_t[t] if ok else 0.0
+                            ia = 2 * i if style == 0 else i
+                            ib = ia + 1 if style == 0 else i + half
+                            ya = gq_out[base + ia] if isq else gk_out[base + ia]
+                            yb = gq_out[base + ib] if isq else gk_out[base + ib]
+                            na = ya * c + yb * s
+                            nb = -ya * s + yb * c
+                            for side in range(2):
+                                e = ia if side == 0 else ib
+                                n = na if side == 0 else nb
+                                x = q[base + e] if isq else kk[base + e]
+                                wo = w_offset + (q_w[e] if isq else k_w[e])
+                                dot += n * wo * x
+                                if isq:
+                                    gq[base + e] = n
+                                    pw_q[b * head_dim + e] += n * x * rs
+                                else:
+                                    gk[base + e] = n
+                                    pw_k[b * head_dim + e] += n * x * rs
+                        for e in range(head_dim):
+                            x = q[base + e] if isq else kk[base + e]
+                            wo = w_offset + (q_w[e] if isq else k_w[e])
+                            if isq:
+                                gq[base + e] = rs * (wo * gq[base + e] - x * rs * rs * dot / head_dim)
+                            else:
+                                gk[base + e] = rs * (wo * gk[base + e] - x * rs * rs * dot / head_dim)
+                u0 += blocks * 8
+
+    return k, lambda args: _grid(min(4096, max(1, (int(args[14]) + 7) // 8)))
 
 
 @reference("silu_gate", "silu_gate_bf16", "silu_gate_f16")
