@@ -46,7 +46,7 @@ KERNELS = {
                                  "attention_bwd_sm90_dq_d128_bf16"],
     ("rms_norm", "fwd"): ["rms_norm_bf16"],
     ("rms_norm", "bwd"): ["rms_norm_backward_bf16", "norm_grad_reduce"],
-    ("rope", "fwd"): ["rope_bf16", "rope_bf16"],
+    ("rope", "fwd"): ["rope_bf16"],  # q and k in one launch
     ("swiglu", "bwd"): ["silu_gate_backward_bf16"],
     ("cross_entropy", "fwd"): ["cross_entropy_count", "cross_entropy_fwd_bwd_bf16", "cross_entropy_loss_reduce",
                                "cross_entropy_loss_reduce"],

@@ -15,6 +15,7 @@ transformers = pytest.importorskip("transformers")
 
 import pykern.torch as pt  # noqa: E402
 import pykern.torch.functional as ptf  # noqa: E402
+from pykern.torch.hf import QKNormDeferred  # noqa: E402
 from pykern.errors import ArgumentTypeError  # noqa: E402
 from pykern.tolerance import tolerance  # noqa: E402
 
@@ -141,15 +142,17 @@ def test_patched_model_matches_logits_loss_and_gradients(name, spy):
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     o, o_ref = loss_backward_both(ref, model, calls, ids, labels)
-    for op in ("rms_norm", "rope", "silu_gate", "flash_attention", "cross_entropy_fwd_bwd",
+    for op in ("rms_norm", "qk_norm_rope", "silu_gate", "flash_attention", "cross_entropy_fwd_bwd",
                "rms_norm_backward", "silu_gate_backward", "attention_backward"):
         assert calls[op] > 0, f"{op} did not run on pykern"
     assert_close(o.logits, o_ref.logits, "logits")
     assert_close(o.loss, o_ref.loss, "loss")
     assert_grads_close(model, ref, every=True)
-    if name == "Qwen3":  # q_norm / k_norm on the head dim are patched as well
+    if name == "Qwen3":  # q_norm / k_norm on the head dim run fused into the rotation (their pykern RMSNorm inside)
         attn = model.model.layers[0].self_attn
-        assert isinstance(attn.q_norm, pt.RMSNorm) and isinstance(attn.k_norm, pt.RMSNorm)
+        for norm in (attn.q_norm, attn.k_norm):
+            assert isinstance(norm, QKNormDeferred) and isinstance(norm.norm, pt.RMSNorm)
+        assert calls["qk_norm_rope_backward"] == model.config.num_hidden_layers
 
 
 @pytest.mark.parametrize("name", MODELS)
@@ -195,7 +198,7 @@ def test_bf16_patched_model_matches_unpatched(name, spy):
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
-    assert calls["rope"] and calls["flash_attention"] and calls["cross_entropy_fwd_bwd"]
+    assert calls["qk_norm_rope"] and calls["flash_attention"] and calls["cross_entropy_fwd_bwd"]
     assert o.logits.dtype == torch.bfloat16 and o.loss.dtype == torch.float32  # as HF: the loss is fp32
     assert_close(o.logits, o_ref.logits, "bf16 logits", "bf16")
     assert_close(o.loss, o_ref.loss, "bf16 loss", "bf16")
@@ -227,7 +230,8 @@ def test_gradient_checkpointing_matches(spy):
     ids, labels = batch()
     ref(input_ids=ids, labels=labels).loss.backward()
     model(input_ids=ids, labels=labels).loss.backward()
-    assert calls["rope"] == 3 * 2 * 2  # q and k in the forward, the recomputed forward and the backward of 2 layers
+    assert calls["qk_norm_rope"] == 3 * 2  # q and k in one launch: the forward, the recomputed forward and the backward
+    # of 2 layers
     named_ref = dict(ref.named_parameters())
     for pname, p in model.named_parameters():
         assert_close(p.grad, named_ref[pname].grad, f"grad {pname} (checkpointed)")
@@ -292,7 +296,7 @@ def test_patched_model_compiles_fullgraph(spy):
     o.loss.backward()
     o_ref = ref(input_ids=ids, labels=labels)
     o_ref.loss.backward()
-    assert calls["rope"] and calls["flash_attention"] and calls["attention_backward"]
+    assert calls["qk_norm_rope"] and calls["flash_attention"] and calls["attention_backward"]
     assert_close(o.logits, o_ref.logits, "compiled logits")
     assert_close(o.loss, o_ref.loss, "compiled loss")
     assert_grads_close(model, ref, "compiled grad")
@@ -387,7 +391,7 @@ def test_f16_patched_model_matches_unpatched(name, spy):
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     o_ref, o = ref(input_ids=ids, labels=labels), model(input_ids=ids, labels=labels)
-    for op in ("rms_norm", "rope", "silu_gate", "cross_entropy_fwd_bwd"):  # the f16 kernels
+    for op in ("rms_norm", "qk_norm_rope", "silu_gate", "cross_entropy_fwd_bwd"):  # the f16 kernels
         assert calls[op] > 0, f"{op} did not run on pykern"
     assert o.logits.dtype == torch.float16 and o.loss.dtype == torch.float32
     assert_close(o.logits, o_ref.logits, "f16 logits", "f16")

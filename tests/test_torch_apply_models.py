@@ -102,7 +102,7 @@ def test_logits_loss_gradients_match_and_every_attention_runs_on_pykern(name, sp
     ids, labels = batch()
     o, o_ref = loss_backward_both(ref, model, calls, ids, labels)
     gated = "gelu_gate" if name.startswith("Gemma") else "silu_gate"
-    for op in ("rms_norm", "rope", gated, "flash_attention", "cross_entropy_fwd_bwd", "rms_norm_backward",
+    for op in ("rms_norm", "qk_norm_rope", gated, "flash_attention", "cross_entropy_fwd_bwd", "rms_norm_backward",
                gated + "_backward", "attention_backward"):
         assert calls[op] > 0, f"{op} did not run on pykern"
     assert calls["fallback"] == 0, "an attention fell back to SDPA / eager"
@@ -172,7 +172,7 @@ def test_phi3_longrope_keeps_transformers_rope(spy):
     model = pt.apply(copy.deepcopy(ref))
     ids, _ = batch()
     assert_close(model(input_ids=ids).logits, ref(input_ids=ids).logits, "logits")
-    assert calls["rope"] == 0 and calls["flash_attention"] > 0
+    assert calls["qk_norm_rope"] == 0 and calls["flash_attention"] > 0
 
 
 def test_padding_mask_with_an_attention_softcap_falls_back_exactly(spy):

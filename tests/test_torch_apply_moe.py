@@ -86,7 +86,7 @@ def test_moe_model_matches_logits_router_aux_loss_and_gradients(name, extra, spy
     o_ref.loss.backward()
     o.loss.backward()
     assert spy["moe_route"] == LAYERS and spy["moe_experts"] == LAYERS and spy["moe_experts_backward"] == LAYERS
-    for op in ("rms_norm", "rope", "flash_attention", "cross_entropy_fwd_bwd"):
+    for op in ("rms_norm", "qk_norm_rope", "flash_attention", "cross_entropy_fwd_bwd"):
         assert spy[op] > 0, f"{op} did not run on pykern"
     assert_close(o.logits, o_ref.logits, "logits")
     assert len(o.router_logits) == LAYERS

@@ -13,7 +13,8 @@ except ModuleNotFoundError as e:
 
     raise MissingDependency("torch", "torch", "pykern.torch") from None
 
-from .functional import cross_entropy, embedding, flash_attention, flash_attention_varlen, rms_norm, rope, swiglu
+from .functional import (cross_entropy, embedding, flash_attention, flash_attention_varlen, qk_norm_rope, rms_norm,
+                         rope, swiglu)
 from .hf import apply
 from . import moe
 from .moe import moe_experts, moe_route
@@ -21,7 +22,8 @@ from .training import add_rms_norm, fused_linear_cross_entropy, gelu, gelu_gate,
 from .modules import CrossEntropyLoss, RMSNorm, SwiGLUMLP
 
 __all__ = [
-    "rms_norm", "rope", "swiglu", "flash_attention", "flash_attention_varlen", "cross_entropy", "embedding",
+    "rms_norm", "rope", "qk_norm_rope", "swiglu", "flash_attention", "flash_attention_varlen", "cross_entropy",
+    "embedding",
     "RMSNorm", "SwiGLUMLP", "CrossEntropyLoss", "apply",
     "add_rms_norm", "layer_norm", "gelu", "gelu_gate", "fused_linear_cross_entropy", "moe_route", "moe_experts",
 ]

@@ -27,7 +27,7 @@ from . import _amp, _dtensor as _dt, _fast
 from ._bridge import call
 from ._checks import checked
 
-__all__ = ["rms_norm", "rope", "swiglu", "flash_attention", "flash_attention_varlen", "cross_entropy",
+__all__ = ["rms_norm", "rope", "qk_norm_rope", "swiglu", "flash_attention", "flash_attention_varlen", "cross_entropy",
            "embedding"]
 
 
@@ -146,8 +146,8 @@ def swiglu(gate: Tensor, up: Tensor) -> Tensor:
 @_fast.custom_op("rope")
 def _rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor, inverse: bool) -> tuple[Tensor, Tensor]:
     # q (b, s, hq, d), k (b, s, hk, d); cos/sin (max_pos, d) float32 tables; position_ids (b or 1, s) int64.
-    kw = dict(position_ids=position_ids, style="half", inverse=inverse)
-    return call("rope", _c(q), cos, sin, **kw), call("rope", _c(k), cos, sin, **kw)
+    # one launch rotates both (pykern.ops.qk_norm_rope without weights)
+    return call("qk_norm_rope", _c(q), _c(k), cos, sin, position_ids=position_ids, style="half", inverse=inverse)
 
 
 @_rope.register_fake
@@ -239,6 +239,77 @@ def rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Optional[
             raise ArgumentTypeError(f"{name}: expected dtype float32, bfloat16 or float16, got {t.dtype}")
     c, sn, pos = _tables(cos, sin, b, s, d, position_ids)
     return _rope.fast(q, k, c, sn, pos, False)
+
+
+# --------------------------------------------------------------------------- qk_norm_rope
+
+
+@_fast.custom_op("qk_norm_rope")
+def _qk_norm_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, position_ids: Tensor, q_weight: Tensor,
+                  k_weight: Tensor, eps: float, offset: float) -> tuple[Tensor, Tensor]:
+    return call("qk_norm_rope", _c(q), _c(k), cos, sin, position_ids=position_ids, q_weight=_c(q_weight),
+                k_weight=_c(k_weight), eps=eps, weight_offset=offset, style="half")
+
+
+@_qk_norm_rope.register_fake
+def _(q, k, cos, sin, position_ids, q_weight, k_weight, eps, offset):
+    return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k)
+
+
+@_fast.custom_op("qk_norm_rope_backward")
+def _qk_norm_rope_backward(q: Tensor, k: Tensor, gq: Tensor, gk: Tensor, cos: Tensor, sin: Tensor,
+                           position_ids: Tensor, q_weight: Tensor, k_weight: Tensor, eps: float,
+                           offset: float) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+    return tuple(call("qk_norm_rope_backward", _c(q), _c(k), _c(gq), _c(gk), cos, sin, _c(q_weight),
+                      _c(k_weight), position_ids=position_ids, eps=eps, weight_offset=offset, style="half"))
+
+
+@_qk_norm_rope_backward.register_fake
+def _(q, k, gq, gk, cos, sin, position_ids, q_weight, k_weight, eps, offset):
+    return (_new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k), _new(q_weight.shape, q_weight.dtype, q_weight),
+            _new(k_weight.shape, k_weight.dtype, k_weight))
+
+
+def _qk_norm_rope_setup(ctx, inputs, output):
+    q, k, cos, sin, pos, wq, wk, eps, offset = inputs
+    ctx.save_for_backward(q, k, cos, sin, pos, wq, wk)
+    ctx.eps, ctx.offset = eps, offset
+
+
+def _qk_norm_rope_bwd(ctx, gq, gk):
+    q, k, cos, sin, pos, wq, wk = ctx.saved_tensors
+    dq, dk, dwq, dwk = _qk_norm_rope_backward.fast(q, k, gq, gk, cos, sin, pos, wq, wk, ctx.eps, ctx.offset)
+    return dq, dk, None, None, None, dwq, dwk, None, None
+
+
+_fast.register_autograd(_qk_norm_rope, _qk_norm_rope_bwd, _qk_norm_rope_setup)
+
+
+@checked
+def qk_norm_rope(q: Tensor, k: Tensor, cos: Tensor, sin: Tensor, q_weight: Tensor, k_weight: Tensor,
+                 eps: float = 1e-6, position_ids: Optional[Tensor] = None,
+                 offset: float = 0.0) -> tuple[Tensor, Tensor]:
+    """rope(rms_norm(q, q_weight), rms_norm(k, k_weight)) in one launch: Qwen3's (offset=0) and Gemma 3's
+    (offset=1, x * (1 + weight)) q_norm / k_norm over head_dim of each head, then HF's rotate_half rotation.
+
+    q (batch, seq, n_heads, head_dim), k (batch, seq, n_kv_heads, head_dim), weights (head_dim,) of q's dtype;
+    cos / sin / position_ids as in rope. Gradients flow to q, k and both weights (the weight gradients are
+    deterministic). The norm is computed in float32 and not rounded to q's dtype before the rotation.
+    """
+    for name, t in (("q", q), ("k", k)):
+        if t.dim() != 4:
+            raise ArgumentError(f"{name}: expected (batch, seq, heads, head_dim), got shape {tuple(t.shape)}")
+        if t.dtype not in (torch.float32, torch.bfloat16, torch.float16):
+            raise ArgumentTypeError(f"{name}: expected dtype float32, bfloat16 or float16, got {t.dtype}")
+    b, s, _, d = q.shape
+    if k.shape[0] != b or k.shape[1] != s or k.shape[3] != d:
+        raise ArgumentError(f"k: expected shape ({b}, {s}, n_kv_heads, {d}) (batch, seq and head_dim of q), got "
+                            f"{tuple(k.shape)}")
+    for name, w in (("q_weight", q_weight), ("k_weight", k_weight)):
+        if w.dtype != q.dtype:
+            raise ArgumentTypeError(f"{name}: expected the dtype of q {q.dtype}, got {w.dtype}")
+    c, sn, pos = _tables(cos, sin, b, s, d, position_ids)
+    return _qk_norm_rope.fast(q, k, c, sn, pos, q_weight, k_weight, float(eps), float(offset))
 
 
 # --------------------------------------------------------------------------- flash_attention

@@ -37,7 +37,7 @@ from torch import nn
 
 from .. import arrays
 from ..errors import ArgumentTypeError
-from . import _amp, functional as F, hf_moe
+from . import _amp, _dtensor as _dt, functional as F, hf_moe
 from .modules import RMSNorm, SwiGLUMLP
 from ._checks import checked
 
@@ -69,6 +69,8 @@ _FAMILIES = {
 }
 SUPPORTED_MODELS.update({name: spec[0] for name, spec in _FAMILIES.items()})
 _ATTN_NAME = "pykern"
+# families whose attention applies q_norm / k_norm right before apply_rotary_pos_emb: fused (qk_norm_rope)
+_QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
 _state = threading.local()  # depth of patched attention forwards on this thread
 
 
@@ -322,10 +324,53 @@ def _rope_active() -> bool:
 
 def _enter(module: nn.Module, args: Any) -> None:
     _state.depth = getattr(_state, "depth", 0) + 1
+    _state.qk = {}  # the deferred q_norm / k_norm inputs of this attention forward (QKNormDeferred)
 
 
 def _exit(module: nn.Module, args: Any, output: Any) -> None:
     _state.depth = max(0, getattr(_state, "depth", 0) - 1)
+    pending, _state.qk = getattr(_state, "qk", None), {}
+    if pending:
+        raise RuntimeError("pykern.torch.apply: a deferred q_norm / k_norm was never applied (the attention "
+                           "forward did not call apply_rotary_pos_emb); patch with rope=False")
+
+
+class QKNormDeferred(nn.Module):
+    """Qwen3's q_norm / k_norm inside a patched attention: its input is handed on unnormalised and the norm is
+    fused into the rotation (pykern.torch.qk_norm_rope) by the wrapped apply_rotary_pos_emb, which applies the
+    wrapped norm itself where the fused kernel does not apply. The weight Parameter is the wrapped norm's."""
+
+    def __init__(self, norm: nn.Module, role: str) -> None:
+        super().__init__()
+        self.weight = norm.weight  # the same Parameter under the same state_dict key (q_norm.weight)
+        object.__setattr__(self, "norm", norm)  # not a submodule: its weight is registered above
+        self.role = role
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        pending = getattr(_state, "qk", None)
+        if not _rope_active() or pending is None:
+            return self.norm(x)
+        pending[self.role] = (self, x)
+        return x
+
+
+def _norm_offset(norm: nn.Module) -> float:
+    return float(getattr(norm, "offset", 0.0))
+
+
+def _norm_eps(norm: nn.Module) -> float:
+    return float(getattr(norm, "variance_epsilon", getattr(norm, "eps", 1e-6)))
+
+
+def _take_qk(q: torch.Tensor, k: torch.Tensor) -> Optional[tuple[Any, Any]]:
+    """The deferred (q_norm, x) and (k_norm, x) of this attention forward when q and k are their transposes."""
+    pending = getattr(_state, "qk", None)
+    if not pending:
+        return None
+    got = pending.pop("q", None), pending.pop("k", None)
+    if got[0] is None or got[1] is None:
+        raise RuntimeError("pykern.torch.apply: q_norm and k_norm must both run before apply_rotary_pos_emb")
+    return got
 
 
 def _wrap_rotary(modeling: Any) -> None:
@@ -335,6 +380,20 @@ def _wrap_rotary(modeling: Any) -> None:
         return
 
     def apply_rotary_pos_emb(q, k, cos, sin, unsqueeze_dim=1):
+        qk = _take_qk(q, k)
+        if qk is not None:
+            (qn, xq), (kn, xk) = qk
+            same = xq.transpose(1, 2).shape == q.shape and xk.transpose(1, 2).shape == k.shape and \
+                xq.data_ptr() == q.data_ptr() and xk.data_ptr() == k.data_ptr()
+            if (same and unsqueeze_dim == 1 and q.dtype in _amp.KERNEL_DTYPES and k.dtype == q.dtype
+                    and qn.weight.dtype == q.dtype and kn.weight.dtype == q.dtype and _amp.autocast_dtype(q) is None
+                    and not _dt.active(q, k, cos, sin, qn.weight, kn.weight) and cos.dim() == 3
+                    and cos.shape[-1] == q.shape[-1] == k.shape[-1]
+                    and _norm_offset(qn.norm) == _norm_offset(kn.norm) and _norm_eps(qn.norm) == _norm_eps(kn.norm)):
+                oq, ok = F.qk_norm_rope(xq, xk, cos, sin, qn.weight, kn.weight, _norm_eps(qn.norm),
+                                        offset=_norm_offset(qn.norm))
+                return oq.transpose(1, 2), ok.transpose(1, 2)
+            q, k = qn.norm(q), kn.norm(k)  # the norms over head_dim, in HF's layout, then the rotation below
         if (
             _rope_active()
             and unsqueeze_dim == 1
@@ -533,6 +592,11 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
     if rope:
         _wrap_rotary(modeling)
         for m in model.modules():
+            if family in _QK_NORM_FAMILIES and isinstance(m, attn_cls):
+                for role in ("q", "k"):
+                    norm = getattr(m, f"{role}_norm", None)
+                    if isinstance(norm, nn.Module) and not isinstance(norm, QKNormDeferred):
+                        setattr(m, f"{role}_norm", QKNormDeferred(norm, role))
             if isinstance(m, attn_cls) and not getattr(m, "_pykern_rope_hooks", None):
                 m._pykern_rope_hooks = (
                     m.register_forward_pre_hook(_enter),
