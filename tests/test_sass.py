@@ -5,7 +5,8 @@
 - every f16 kernel narrows with F2FP.F16.F32.PACK_AB (cvt.rn.f16x2.f32) and widens with HADD2.F32
   (cvt.f32.f16), and the bf16 ones use no f16 conversion;
 - the aligned paths of the bandwidth-bound kernels issue 128-bit global loads (transpose_2d_bf16: >= 64-bit),
-  and norm_act_loss.cu's row and elementwise kernels 128-bit loads and stores in every dtype;
+  norm_act_loss.cu's row and elementwise kernels and rope (q and k, and its norm backward) 128-bit loads and
+  stores in every dtype;
 - silu_gate and causal_attn_softmax use MUFU.EX2 (fast exp) and no spills anywhere.
 Only these three sources are compiled (through pykern's cache), for 2 archs, to keep this fast.
 """
@@ -50,7 +51,8 @@ WIDE_LOADS = {
 WIDE_LOADS.update({k.replace("_bf16", "_f16"): v for k, v in list(WIDE_LOADS.items()) if k.endswith("_bf16")})
 # norm_act_loss.cu: 16-byte loads and stores (LDG.E.128 / STG.E.128) in f32, bf16 and f16
 EXT_16B = [f"{k}{s}" for k in ("add_rms_norm", "add_rms_norm_backward", "layer_norm", "layer_norm_backward", "gelu",
-                               "gelu_backward", "gelu_gate", "gelu_gate_backward") for s in ("", "_bf16", "_f16")]
+                               "gelu_backward", "gelu_gate", "gelu_gate_backward", "rope", "rope_norm_backward")
+           for s in ("", "_bf16", "_f16")]
 
 
 # Row kernels that issue a thread's 16-byte loads of a row (x and g, of 2 chunks or more) before the first is used,
@@ -62,6 +64,9 @@ LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16",
                                   "add_rms_norm_backward_f16",
                                   "norm_grad_reduce", "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16",
                                   "cross_entropy_fwd_bwd_f16")}
+# rope: a lane loads both 16-byte chunks of ROPE_RU = 2 heads before converting any (4 in flight); its norm
+# backward x and the output gradient, 2 chunks each, of one head (4)
+LOADS_IN_FLIGHT.update({f"{k}{s}": 4 for k in ("rope", "rope_norm_backward") for s in ("", "_bf16", "_f16")})
 
 
 sr = report()
@@ -96,7 +101,7 @@ def test_non_narrowing_list_is_honest() -> None:
 def test_every_f16_kernel_converts_in_hardware() -> None:
     m = mix()
     f16 = [k for k in _kernels_in(SOURCES) if k.endswith("_f16")]
-    assert len(f16) == 21, f16  # forward.cu 5, training.cu 7, norm_act_loss.cu 9
+    assert len(f16) == 22, f16  # forward.cu 6, training.cu 7, norm_act_loss.cu 9
     narrowing = [k for k in f16 if k.replace("_f16", "_bf16") not in NO_NARROWING]
     bad = [(k, a, m[k][a]["F2FP_F16"]) for k in narrowing for a in ARCHS if m[k][a]["F2FP_F16"] == 0]
     assert not bad, f"f16 kernels without F2FP.F16.F32.PACK_AB: {bad}"

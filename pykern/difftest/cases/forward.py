@@ -108,6 +108,39 @@ def _normal(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: 
     return _cast(rng.standard_normal(shape) * scale, kind)
 
 
+def np_rms_heads(x: np.ndarray, w: np.ndarray, eps: float, offset: float) -> np.ndarray:
+    """float64 RMS norm over the last axis (each head's head_dim): x / sqrt(mean(x^2) + eps) * (offset + w)."""
+    x = _f64(x)
+    return x / np.sqrt((x * x).mean(-1, keepdims=True) + eps) * (offset + _f64(w))
+
+
+def np_qk_norm_rope(q: np.ndarray, k: np.ndarray, cos: np.ndarray, sin: np.ndarray, wq: Any, wk: Any,
+                    eps: float = 1e-6, offset: float = 0.0, style: str = "half", **kw: Any) -> dict:
+    """float64 qk_norm_rope: each head of q and k RMS-normalised over head_dim (when wq / wk are given), then
+    rotated as np_rope."""
+    if wq is not None:
+        q, k = np_rms_heads(q, wq, eps, offset), np_rms_heads(k, wk, eps, offset)
+    return {"q_out": np_rope(q, cos, sin, style=style, **kw), "k_out": np_rope(k, cos, sin, style=style, **kw)}
+
+
+def np_qk_norm_rope_backward(q: np.ndarray, k: np.ndarray, gq: np.ndarray, gk: np.ndarray, cos: np.ndarray,
+                             sin: np.ndarray, wq: np.ndarray, wk: np.ndarray, eps: float = 1e-6,
+                             offset: float = 0.0, style: str = "half", **kw: Any) -> dict:
+    """float64 gradients of np_qk_norm_rope: the rotation's transpose (np_rope inverse) of the output gradient,
+    then the RMS norm's backward over head_dim; the weight gradients summed over every row."""
+    out = {}
+    for name, x, g, w in (("q", q, gq, wq), ("k", k, gk, wk)):
+        x = _f64(x)
+        gn = np_rope(g, cos, sin, style=style, inverse=True, **kw)
+        d = x.shape[-1]
+        r = 1.0 / np.sqrt((x * x).mean(-1, keepdims=True) + eps)
+        wo = offset + _f64(w)
+        dot = (gn * wo * x).sum(-1, keepdims=True)
+        out["grad_" + name] = r * (wo * gn - x * r * r * dot / d)
+        out["grad_" + name + "_weight"] = (gn * x * r).reshape(-1, d).sum(0)
+    return out
+
+
 def rope_tables(max_pos: int, head_dim: int, base: float = 10000.0) -> tuple[np.ndarray, np.ndarray]:
     """fp32 cos/sin tables (max_pos, head_dim // 2) with the usual inverse-frequency spacing."""
     inv = base ** (-np.arange(0, head_dim // 2, dtype=np.float64) * 2.0 / head_dim)
@@ -222,6 +255,72 @@ def _rope_cases(rng: np.random.Generator, specs1: Any = None, specs2: Any = None
                    {"out": np_rope(x, cos, sin, off, style, position_ids=pids, inverse=inverse)})
 
 
+def _qk_norm_rope_cases(rng: np.random.Generator, specs: Any = None) -> Iterator[Case]:
+    """q and k in one launch (GQA ratios 1, 2, 4, 8, num_kv_heads 1), with and without the fused norm, the
+    norm's backward; 16-byte (head_dim 64 / 128 / 256 / 80) and scalar (head_dim 6 / 36) paths, per-row
+    positions and HF tables, in-place, Gemma's offset."""
+    from ... import ops
+
+    # (kind, q shape, kv heads, style, norm, positions ("pidb" | None), hf tables, inplace, offset)
+    default = (
+        ("f32", (2, 5, 4, 64), 2, "half", True, None, False, False, 0.0),
+        ("f32", (3, 8, 128), 1, "half", True, "pidb", True, False, 1.0),
+        ("f32", (2, 3, 8, 80), 8, "interleaved", True, None, False, True, 0.0),
+        ("f32", (4, 2, 6), 2, "half", True, None, False, False, 0.0),
+        ("f32", (3, 4, 36), 1, "interleaved", False, "pidb", True, False, 0.0),
+        ("bf16", (2, 5, 8, 128), 1, "half", True, "pidb", True, False, 0.0),
+        ("bf16", (3, 4, 256), 2, "half", True, None, False, True, 1.0),
+        ("bf16", (1, 1, 8, 64), 8, "interleaved", False, None, False, False, 0.0),
+        ("bf16", (2, 3, 2, 6), 1, "half", True, None, False, False, 0.0),
+    )
+    for kind, qs, hk, style, norm, pid, hf, inplace, off in specs or default:
+        ks = qs[:-2] + (hk, qs[-1])
+        q, k = _normal(rng, qs, kind), _normal(rng, ks, kind)
+        d = qs[-1]
+        wq = _normal(rng, (d,), kind) if norm else None
+        wk = _normal(rng, (d,), kind) if norm else None
+        max_pos = 24
+        cos, sin = hf_rope_tables(max_pos, d, style) if hf else rope_tables(max_pos, d)
+        n = qs[-3]
+        pshape = (qs[0], n) if len(qs) == 4 else (n,)  # per-row positions, or shared ones for 3-D q
+        pids = rng.integers(0, max_pos, size=pshape).astype(np.int64) if pid else None
+        kw = {} if pids is None else {"position_ids": pids}
+        off_kw = {} if pids is not None else {"pos_offset": 2}
+        tag = "x".join(map(str, qs)) + f"-kv{hk}-{style}" + "".join(
+            t for t in ("-norm" if norm else "", "-pidb" if pid else "", "-hf" if hf else "",
+                        "-inplace" if inplace else "", f"-off{off:g}" if norm else "") if t)
+
+        def run(b: str, q=q, k=k, cos=cos, sin=sin, wq=wq, wk=wk, style=style, inplace=inplace, off=off,
+                kw=kw, off_kw=off_kw) -> dict:
+            qq, kk = q.copy(), k.copy()
+            oq, ok = ops.qk_norm_rope(qq, kk, cos, sin, q_weight=wq, k_weight=wk, weight_offset=off, style=style,
+                                      inplace=inplace, backend=b, **kw, **off_kw)
+            if inplace:
+                assert oq is qq and ok is kk
+            return {"q_out": oq, "k_out": ok}
+
+        def ref(q=q, k=k, cos=cos, sin=sin, wq=wq, wk=wk, style=style, off=off, kw=kw, off_kw=off_kw) -> dict:
+            return np_qk_norm_rope(q, k, cos, sin, wq, wk, offset=off, style=style, **kw, **off_kw)
+
+        yield Case(op="qk_norm_rope", dtype=kind, shape=tag, kernels=("rope" + _sfx(kind),), run=run, reference=ref)
+        if not norm:
+            continue
+        gq, gk = _normal(rng, qs, kind), _normal(rng, ks, kind)
+
+        def run_b(b: str, q=q, k=k, gq=gq, gk=gk, cos=cos, sin=sin, wq=wq, wk=wk, style=style, off=off, kw=kw,
+                  off_kw=off_kw) -> dict:
+            r = ops.qk_norm_rope_backward(q, k, gq, gk, cos, sin, wq, wk, weight_offset=off, style=style, backend=b,
+                                          **kw, **off_kw)
+            return dict(zip(("grad_q", "grad_k", "grad_q_weight", "grad_k_weight"), r))
+
+        def ref_b(q=q, k=k, gq=gq, gk=gk, cos=cos, sin=sin, wq=wq, wk=wk, style=style, off=off, kw=kw,
+                  off_kw=off_kw) -> dict:
+            return np_qk_norm_rope_backward(q, k, gq, gk, cos, sin, wq, wk, offset=off, style=style, **kw, **off_kw)
+
+        yield Case(op="qk_norm_rope_backward", dtype=kind, shape=tag,
+                   kernels=("rope_norm_backward" + _sfx(kind), "norm_grad_reduce"), run=run_b, reference=ref_b)
+
+
 def _silu_cases(rng: np.random.Generator, specs: Any = None) -> Iterator[Case]:
     from ... import ops
 
@@ -319,6 +418,8 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
                                  ("f16", (3, 2, 6), 0, "half", False)),
                            (("f16", (2, 5, 2, 64), "half", "pidb", True, False, 0),
                             ("f16", (3, 2, 6), "interleaved", None, True, True, 2)))
+    yield from _qk_norm_rope_cases(rng, (("f16", (2, 5, 4, 128), 2, "half", True, "pidb", True, False, 0.0),
+                                         ("f16", (3, 2, 6), 1, "interleaved", True, None, False, True, 1.0)))
     yield from _silu_cases(rng, (("f16", (5,)), ("f16", (3, 1003)), ("f16", (2, 2048))))
     yield from _silu_backward_cases(rng, (("f16", (5,), False), ("f16", (3, 1003), False), ("f16", (2, 37), True)))
     yield from _rms_cases(rng, (("f16", (5, 8)), ("f16", (3, 769)), ("f16", (2, 1000)), ("f16", (2, 4096)),
@@ -327,5 +428,5 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 cases = register_case_groups(
     "forward",
-    _embedding_cases, _rope_cases, _silu_cases, _silu_backward_cases, _rms_cases, _softmax_cases, _f16_cases,
+    _embedding_cases, _rope_cases, _qk_norm_rope_cases, _silu_cases, _silu_backward_cases, _rms_cases, _softmax_cases, _f16_cases,
 )
