@@ -63,3 +63,22 @@ def test_norm_backwards_read_x_and_g_once() -> None:
         assert ab.hbm_bytes / ab.min_bytes < 1.1, ab
     f = by_op("forward", 2)
     assert f["layer_norm"].hbm_bytes == f["layer_norm"].min_bytes == 2 * t * h * 2 + 2 * h * 2
+
+
+def test_rope_reads_and_writes_x_once() -> None:
+    """rope rotates q and k in one launch: HBM bytes = x read once + written once + the compact tables once; at
+    8192 tokens a unit holds all 40 heads of a token, so even the issued (L1 / L2) bytes read the tables once.
+    The norm-fused forward adds only its two weights; its backward reads x and the gradient once, writes one
+    gradient, plus the blocks' fp32 partial rows of the two weight gradients (under 1% of the minimum)."""
+    t, d, heads = bm.TOKENS, bm.HEAD_DIM, bm.HEADS + bm.KV_HEADS
+    tab = 2 * t * (d // 2) * 4
+    for e in (2, 4):
+        rows = by_op("forward", e)
+        n = t * heads * d
+        r = rows["rope (q+k)"]
+        assert r.min_bytes == r.hbm_bytes == r.issued_bytes == 2 * n * e + tab, r
+        qn = rows["qk_norm_rope"]
+        assert qn.hbm_bytes == 2 * n * e + tab + 2 * d * e, qn
+        qb = rows["qk_norm_rope_backward"]
+        assert qb.min_bytes == 3 * n * e + tab + 4 * d * e, qb
+        assert qb.hbm_bytes / qb.min_bytes < 1.01, qb

@@ -72,6 +72,28 @@ def _reread_hits(row_bytes: int, rows_resident: int) -> bool:
     return row_bytes * rows_resident <= H100_L2 // 2
 
 
+def rope_rows(e: int) -> Iterator[Row]:
+    """rope / qk_norm_rope (forward, one launch for q and k) and qk_norm_rope_backward at TOKENS tokens."""
+    from pykern.ops.forward import _rope_units
+
+    t, d, heads = TOKENS, HEAD_DIM, HEADS + KV_HEADS
+    dt = "bf16" if e == 2 else "f32"
+    n = t * heads * d
+    tab = 2 * t * (d // 2) * 4
+    hpu, units = _rope_units(t, heads, d, e)
+    issued_tab = tab * (units // t)  # each unit of a token re-reads its entries (L1 / L2)
+    shape = f"{t}x({HEADS}+{KV_HEADS})x{d}"
+    yield Row("rope (q+k)", shape, dt, 2 * n * e + tab, 2 * n * e + issued_tab, 2 * n * e + tab,
+              "one launch, tables once per unit" if units > t else "one launch, tables once per token")
+    w = 2 * d * e  # q_norm and k_norm weights: read per unit, from L1 / L2 after the first
+    yield Row("qk_norm_rope", shape, dt, 2 * n * e + tab + w, 2 * n * e + issued_tab + units * w,
+              2 * n * e + tab + w, "norm fused: x read once")
+    blocks = max(1, min(4096, -(-units // 8)))  # pykern.ops.forward: 8 warps a block, at most 4096 blocks
+    parts = 2 * 2 * blocks * d * 4  # two weights' fp32 partial rows, written then read by norm_grad_reduce
+    yield Row("qk_norm_rope_backward", shape, dt, 3 * n * e + tab + 2 * w, 3 * n * e + issued_tab + units * w + w
+              + parts, 3 * n * e + tab + 2 * w + parts, "x, grad read once; partial rows")
+
+
 def forward_rows(e: int) -> Iterator[Row]:
     t, h = TOKENS, HIDDEN
     # rms_norm: pass 1 reads x (sum of squares), pass 2 reads x and weight, writes out. One row per
@@ -88,12 +110,10 @@ def forward_rows(e: int) -> Iterator[Row]:
     n = t * FFN
     yield Row("silu_gate", f"{t}x{FFN}", "bf16" if e == 2 else "f32", 3 * n * e, 3 * n * e, 3 * n * e, "")
     yield Row("silu_gate_backward", f"{t}x{FFN}", "bf16" if e == 2 else "f32", 5 * n * e, 5 * n * e, 5 * n * e, "")
-    # rope on q and k: x read, out written, compact fp32 cos/sin tables (T x D/2 each) read per head
-    for name, heads in (("q", HEADS), ("k", KV_HEADS)):
-        n = t * heads * HEAD_DIM
-        tab = 2 * t * (HEAD_DIM // 2) * 4
-        yield Row(f"rope ({name})", f"{t}x{heads}x{HEAD_DIM}", "bf16" if e == 2 else "f32", 2 * n * e + tab,
-                  2 * n * e + heads * tab, 2 * n * e + tab, "tables re-read per head from L2")
+    # rope: q and k in one launch (16-byte accesses), x read once and written once; each warp unit of heads of a
+    # token reads the compact fp32 cos/sin (T x D/2 each) once, so the tables are issued once per unit
+    # (once per token at this size: pykern.ops.forward's unit geometry)
+    yield from rope_rows(e)
     # causal_attn_softmax (f32 scores, one sequence of SEQ): reads the visible half twice, writes all
     n = SEQ * HEADS * SEQ
     vis = HEADS * SEQ * (SEQ + 1) // 2
