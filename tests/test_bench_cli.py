@@ -46,7 +46,8 @@ def test_every_memory_bound_op_has_a_row():
     names = [c.name for c in suite.CASES]
     assert len(names) == len(set(names))
     for name in ("rms_norm", "rms_norm_backward", "add_rms_norm", "layer_norm", "layer_norm_backward", "silu_gate",
-                 "silu_gate_backward", "gelu_gate", "gelu_gate_backward", "rope", "rope_inverse", "embedding",
+                 "silu_gate_backward", "gelu_gate", "gelu_gate_backward", "rope", "rope_inverse", "rope_qk",
+                 "qk_norm_rope", "qk_norm_rope_backward", "embedding",
                  "embedding_backward", "softmax_backward", "causal_attn_softmax", "transpose_2d",
                  "cross_entropy_fwd_bwd"):
         assert name in names
@@ -73,7 +74,7 @@ def test_min_bytes_follow_the_bytes_model_at_full_shapes():
     assert by["rms_norm_backward"].min_bytes(d, 2) == 3 * t * h * 2 + 2 * h * 2
     assert suite.select(["causal*"], ("bf16",)) == []  # f32 only
     assert [(c.name, dt) for c, dt in suite.select(["rope*", "transpose_2d"], ("bf16",))] == [
-        ("rope", "bf16"), ("rope_inverse", "bf16"), ("transpose_2d", "bf16")]
+        ("rope", "bf16"), ("rope_qk", "bf16"), ("rope_inverse", "bf16"), ("transpose_2d", "bf16")]
 
 
 def _h100() -> FakeDriver:
@@ -198,7 +199,7 @@ def test_help_and_the_real_no_gpu_path():
 def test_peers_not_importable_are_skipped_and_a_broken_peer_is_an_error_row(monkeypatch):
     pytest.importorskip("torch")
     ctx = suite.Context("cpu", backend="host")
-    d = dict(T=4, H=64, F=64, NH=2, D=16, V=96, S=8, SH=2)
+    d = dict(T=4, H=64, F=64, NH=2, KH=1, D=16, V=96, S=8, SH=2)
     by = {c.name: c for c in suite.CASES}
     impls = {i.name: i for i in ctx(by["rms_norm"], "f32", d)}
     for peer, mod in (("liger", "liger_kernel"), ("flashinfer", "flashinfer"), ("quack", "quack")):
@@ -233,7 +234,7 @@ def test_torch_eager_expression_matches_the_pykern_op(name, dtype):
     """Host backend vs the row's torch expression on tiny inputs: the table compares like with like."""
     pytest.importorskip("torch")
     case = next(c for c in suite.CASES if c.name == name)
-    d = dict(T=4, H=64, F=64, NH=2, D=16, V=96, S=8, SH=2)
+    d = dict(T=4, H=64, F=64, NH=2, KH=1, D=16, V=96, S=8, SH=2)
     impls = {i.name: i for i in suite.Context("cpu", backend="host")(case, dtype, d)}
     got, want = impls["pykern"].fn(), impls["torch"].fn()
     if name == "cross_entropy_fwd_bwd":
@@ -387,7 +388,7 @@ def test_compile_row_times_torch_compile_of_the_torch_expression(monkeypatch):
         return fn
 
     monkeypatch.setattr(torch, "compile", fake_compile)
-    d = dict(T=4, H=64, F=64, NH=2, D=16, V=96, S=8, SH=2)
+    d = dict(T=4, H=64, F=64, NH=2, KH=1, D=16, V=96, S=8, SH=2)
     by = {c.name: c for c in suite.CASES}
     assert "compile" not in {i.name for i in suite.Context("cpu", backend="host")(by["rms_norm"], "f32", d)}
     impls = {i.name: i for i in suite.Context("cpu", backend="host", compile=True)(by["rms_norm"], "f32", d)}

@@ -18,8 +18,8 @@ from .runner import Impl, Workload, lookup, optional
 
 # Op dimensions: T tokens, H hidden, F FFN width, NH/D query heads x head dim, V vocabulary,
 # S sequence length and SH heads of the attention-score ops. FULL is the bytes model's LLaMA-3-8B step.
-FULL: dict[str, int] = dict(T=bm.TOKENS, H=bm.HIDDEN, F=bm.FFN, NH=bm.HEADS, D=bm.HEAD_DIM, V=bm.VOCAB,
-                            S=bm.SEQ, SH=bm.HEADS)
+FULL: dict[str, int] = dict(T=bm.TOKENS, H=bm.HIDDEN, F=bm.FFN, NH=bm.HEADS, KH=bm.KV_HEADS, D=bm.HEAD_DIM,
+                            V=bm.VOCAB, S=bm.SEQ, SH=bm.HEADS)
 QUICK: dict[str, int] = dict(FULL, T=2048, S=1024)
 
 # Exported by pykern.ops but not in the table, with the reason (checked by the tests).
@@ -87,6 +87,14 @@ def _rope_tab(d: dict[str, int]) -> int:
     return 2 * d["T"] * (d["D"] // 2) * 4  # fp32 cos and sin, (T, D/2) each
 
 
+def _qk_elems(d: dict[str, int]) -> int:
+    return d["T"] * (d["NH"] + d["KH"]) * d["D"]  # q and k elements
+
+
+def _qk_shape(d: dict[str, int]) -> str:
+    return f"{d['T']}x({d['NH']}+{d['KH']})x{d['D']}"
+
+
 def _vis(d: dict[str, int]) -> int:
     return d["SH"] * d["S"] * (d["S"] + 1) // 2  # visible (unmasked) causal scores
 
@@ -117,7 +125,14 @@ CASES: tuple[Case, ...] = (
     Case("gelu_gate_backward", ("gelu_gate_backward",), BF16_F32, lambda d: f"{d['T']}x{d['F']}",
          lambda d, e: 5 * d["T"] * d["F"] * e, "gelu_gate_backward"),
     Case("rope", ("rope",), BF16_F32, lambda d: f"{d['T']}x{d['NH']}x{d['D']}",
-         lambda d, e: 2 * d["T"] * d["NH"] * d["D"] * e + _rope_tab(d), "rope (q)"),
+         lambda d, e: 2 * d["T"] * d["NH"] * d["D"] * e + _rope_tab(d)),
+    # q and k in one launch (qk_norm_rope without weights), with the fused norm, and the norm's backward
+    Case("rope_qk", ("qk_norm_rope",), BF16_F32, _qk_shape, lambda d, e: 2 * _qk_elems(d) * e + _rope_tab(d),
+         "rope (q+k)"),
+    Case("qk_norm_rope", ("qk_norm_rope",), BF16_F32, _qk_shape,
+         lambda d, e: 2 * _qk_elems(d) * e + _rope_tab(d) + 2 * d["D"] * e, "qk_norm_rope"),
+    Case("qk_norm_rope_backward", ("qk_norm_rope_backward",), BF16_F32, _qk_shape,
+         lambda d, e: 3 * _qk_elems(d) * e + _rope_tab(d) + 4 * d["D"] * e, "qk_norm_rope_backward"),
     Case("rope_inverse", ("rope",), BF16_F32, lambda d: f"{d['T']}x{d['NH']}x{d['D']}",
          lambda d, e: 2 * d["T"] * d["NH"] * d["D"] * e + _rope_tab(d)),
     Case("embedding", ("embedding",), BF16_F32, lambda d: f"{d['T']} ids, {d['V']}x{d['H']}",
@@ -359,6 +374,55 @@ class Context:
         why = "not compared: Liger / FlashInfer rotate q and k together in their own layouts"
         return [Impl("pykern", self.k("rope", x, cos, sin, style="half", inverse=inverse)), Impl("torch", ref),
                 Impl("liger", None, why), Impl("flashinfer", None, why)]
+
+    def _qk_inputs(self, d: dict[str, int], dt: Any) -> tuple[Any, ...]:
+        t, hd = d["T"], d["D"]
+        q, k = self.randn(1, t, d["NH"], hd, dtype=dt), self.randn(1, t, d["KH"], hd, dtype=dt)
+        pos = self.torch.arange(t, device=self.dev, dtype=self.torch.float32)[:, None]
+        inv = 1.0 / (10000.0 ** (self.torch.arange(0, hd, 2, device=self.dev, dtype=self.torch.float32) / hd))
+        ang = pos * inv[None, :]
+        cos, sin = self.torch.cos(ang), self.torch.sin(ang)
+        wq, wk = 1 + 0.1 * self.randn(hd, dtype=dt), 1 + 0.1 * self.randn(hd, dtype=dt)
+        return q, k, cos, sin, wq, wk
+
+    def _qk_ref(self, q: Any, k: Any, cos: Any, sin: Any, wq: Any = None, wk: Any = None) -> Any:
+        """HF's order: q_norm / k_norm (Qwen3RMSNorm), then rotate_half with tables in q's dtype."""
+        hd = q.shape[-1]
+        cf = self.torch.cat([cos, cos], -1)[None, :, None, :].to(q.dtype)
+        sf = self.torch.cat([sin, sin], -1)[None, :, None, :].to(q.dtype)
+
+        def one(x: Any, w: Any) -> Any:
+            if w is not None:
+                xf = x.float()
+                x = w * (xf * self.torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)).to(x.dtype)
+            return x * cf + self.torch.cat([-x[..., hd // 2:], x[..., : hd // 2]], -1) * sf
+
+        return one(q, wq), one(k, wk)
+
+    def _rope_qk(self, d: dict[str, int], dt: Any) -> list[Impl]:
+        q, k, cos, sin, _, _ = self._qk_inputs(d, dt)
+        why = "not compared: their rope kernels take their own table / position layouts"
+        return [Impl("pykern", self.k("qk_norm_rope", q, k, cos, sin)), Impl("torch", lambda: self._qk_ref(q, k, cos, sin)),
+                Impl("liger", None, why), Impl("flashinfer", None, why)]
+
+    def _qk_norm_rope(self, d: dict[str, int], dt: Any) -> list[Impl]:
+        q, k, cos, sin, wq, wk = self._qk_inputs(d, dt)
+        why = "not compared: no fused q/k norm + rope"
+        return [Impl("pykern", self.k("qk_norm_rope", q, k, cos, sin, q_weight=wq, k_weight=wk, eps=self.eps)),
+                Impl("torch", lambda: self._qk_ref(q, k, cos, sin, wq, wk)), Impl("liger", None, why),
+                Impl("flashinfer", None, why)]
+
+    def _qk_norm_rope_backward(self, d: dict[str, int], dt: Any) -> list[Impl]:
+        q, k, cos, sin, wq, wk = self._qk_inputs(d, dt)
+        gq, gk = self.randn(*q.shape, dtype=dt), self.randn(*k.shape, dtype=dt)
+        leaves = [t.detach().requires_grad_() for t in (q, k, wq, wk)]
+
+        def ref() -> Any:  # torch autograd through HF's formula
+            oq, ok = self._qk_ref(leaves[0], leaves[1], cos, sin, leaves[2], leaves[3])
+            return self.torch.autograd.grad((oq, ok), leaves, (gq, gk))
+
+        return [Impl("pykern", self.k("qk_norm_rope_backward", q, k, gq, gk, cos, sin, wq, wk, eps=self.eps)),
+                Impl("torch", ref), *_no_peer_backward()]
 
     def _rope(self, d: dict[str, int], dt: Any) -> list[Impl]:
         return self._rope_case(d, dt, False)
