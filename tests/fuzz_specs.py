@@ -10,8 +10,9 @@ import numpy as np
 
 from pykern import ops
 from pykern.errors import ArgumentError, ArgumentTypeError
-from pykern.difftest.cases.forward import (np_causal_attn_softmax, np_embedding, np_rms_norm,
-                                           np_rope, np_silu_gate, np_silu_gate_backward)
+from pykern.difftest.cases.forward import (np_causal_attn_softmax, np_embedding, np_qk_norm_rope,
+                                           np_qk_norm_rope_backward, np_rms_norm, np_rope, np_silu_gate,
+                                           np_silu_gate_backward)
 from pykern.difftest.cases.gemm_fp8 import (_act, fp8_weight, np_fp8_quantize, np_gemm_fp8,
                                             np_grouped_gemm_fp8)
 from pykern.difftest.cases.moe import np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route
@@ -400,6 +401,96 @@ def _rope_pos_build(r: np.random.Generator) -> dict:
 
 spec(Spec("rope[position_ids]", ops.rope, _rope_pos_build, SPECS["rope"].roles, ref=_rope_ref, tol="rope",
           kind_of="x", writes=SPECS["rope"].writes))
+
+
+def _qk_common(k: dict, names: tuple[str, ...]) -> tuple[list[np.ndarray], np.ndarray, np.ndarray, dict]:
+    """The float64 q / k (and gradients), tables and np_rope keywords of a qk_norm_rope call, or the reference's
+    error for a call the op's contract does not define."""
+    xs = [fdata(k[n]) for n in names]
+    q = xs[0]
+    need(q.ndim in (3, 4) and q.shape[-1] % 2 == 0, "q")
+    for x in xs[1:]:
+        need(x.ndim == q.ndim and x.shape[:-2] == q.shape[:-2] and x.shape[-1] == q.shape[-1], "shapes")
+    need(xs[2].shape == q.shape if len(xs) == 4 else True, "grad_q")
+    need(xs[3].shape == xs[1].shape if len(xs) == 4 else True, "grad_k")
+    c, s = tables(k["cos"]), tables(k["sin"])
+    d = q.shape[-1]
+    need(c.shape == s.shape and c.ndim == 2 and c.shape[1] in (d // 2, d), "tables")
+    pos = k.get("position_ids")
+    off = int(k["pos_offset"])
+    need(off >= 0, "pos_offset")
+    if pos is None:
+        need(off + q.shape[-3] <= c.shape[0], "positions")
+    else:
+        pos = i64(pos)
+        need(((pos >= 0) & (pos < c.shape[0])).all() and pos.shape[-1] == q.shape[-3], "positions")
+    kw = dict(pos_offset=off, position_ids=pos, style=choice(k["style"], ("interleaved", "half")))
+    return xs, c, s, kw
+
+
+def _qk_weights(k: dict, d: int) -> tuple[Any, Any, float, float]:
+    wq, wk = k["q_weight"], k["k_weight"]
+    if wq is None and wk is None:
+        return None, None, 0.0, 0.0
+    need(wq is not None and wk is not None, "both weights")
+    wq, wk = fdata(wq), fdata(wk)
+    need(wq.shape == wk.shape == (d,), "weight shapes")
+    eps = real(k["eps"])
+    need(eps >= 0, "eps")
+    return wq, wk, eps, real(k["weight_offset"])
+
+
+def _qknr_ref(k: dict) -> Any:
+    (q, kk), c, s, kw = _qk_common(k, ("q", "k"))
+    wq, wk, eps, off = _qk_weights(k, q.shape[-1])
+    inverse = flag(k["inverse"])
+    need(not (inverse and wq is not None), "inverse with weights")
+    if inverse:
+        return np_rope(q, c, s, inverse=True, **kw), np_rope(kk, c, s, inverse=True, **kw)
+    r = np_qk_norm_rope(q, kk, c, s, wq, wk, eps, off, **kw)
+    return r["q_out"], r["k_out"]
+
+
+def _qknr_build(r: np.random.Generator) -> dict:
+    ang = r.random((6, 4))
+    return dict(q=f32(r, 3, 2, 8), k=f32(r, 3, 1, 8), cos=np.cos(ang).astype(np.float32),
+                sin=np.sin(ang).astype(np.float32), q_weight=f32(r, 8), k_weight=f32(r, 8), eps=1e-6,
+                weight_offset=0.0, pos_offset=1, position_ids=None, style="half", inverse=False, inplace=False,
+                q_out=None, k_out=None, **HOST)
+
+
+spec(Spec("qk_norm_rope", ops.qk_norm_rope, _qknr_build,
+          {"q": FARRAY, "k": FARRAY, "cos": FARRAY, "sin": FARRAY, "q_weight": FARRAY, "k_weight": FARRAY,
+           "eps": FLOAT, "weight_offset": FLOAT, "pos_offset": INT, "position_ids": IARRAY, "style": ENUM,
+           "inverse": BOOL, "inplace": BOOL, "q_out": OUT, "k_out": OUT, **COMMON}, ref=_qknr_ref, kind_of="q",
+          writes=lambda k: ("q_out", "k_out", "q", "k") if k.get("inplace") else ("q_out", "k_out")))
+
+
+def _qknr_plain_build(r: np.random.Generator) -> dict:
+    d = _qknr_build(r)
+    d.update(q_weight=None, k_weight=None, pos_offset=0, position_ids=r.integers(0, 6, 3).astype(np.int64),
+             style="interleaved")
+    return d
+
+
+spec(Spec("qk_norm_rope[plain]", ops.qk_norm_rope, _qknr_plain_build, SPECS["qk_norm_rope"].roles, ref=_qknr_ref,
+          tol="qk_norm_rope", kind_of="q", writes=SPECS["qk_norm_rope"].writes))
+
+
+def _qknrb_ref(k: dict) -> Any:
+    (q, kk, gq, gk), c, s, kw = _qk_common(k, ("q", "k", "grad_q", "grad_k"))
+    wq, wk, eps, off = _qk_weights(k, q.shape[-1])
+    need(wq is not None, "weights")
+    r = np_qk_norm_rope_backward(q, kk, gq, gk, c, s, wq, wk, eps, off, **kw)
+    return r["grad_q"], r["grad_k"], r["grad_q_weight"], r["grad_k_weight"]
+
+
+spec(Spec("qk_norm_rope_backward", ops.qk_norm_rope_backward,
+          lambda r: dict({k: v for k, v in _qknr_build(r).items() if k not in ("inverse", "inplace", "q_out", "k_out")},
+                         grad_q=f32(r, 3, 2, 8), grad_k=f32(r, 3, 1, 8)),
+          {"q": FARRAY, "k": FARRAY, "grad_q": FARRAY, "grad_k": FARRAY, "cos": FARRAY, "sin": FARRAY,
+           "q_weight": FARRAY, "k_weight": FARRAY, "eps": FLOAT, "weight_offset": FLOAT, "pos_offset": INT,
+           "position_ids": IARRAY, "style": ENUM, **COMMON}, ref=_qknrb_ref, kind_of="q"))
 
 
 def _sg_ref(k: dict) -> Any:
@@ -1362,6 +1453,28 @@ def torch_specs() -> dict[str, Spec]:
 
     tspec("rope", rope_build, {"q": FARRAY, "k": FARRAY, "cos": FARRAY, "sin": FARRAY, "position_ids": IARRAY},
           rope_ref, "rope", "q")
+
+    def qknr_ref(k: dict) -> Any:
+        oq, ok = rope_ref(k)  # the checks of rope's, then the norm before the rotation
+        q, kk = fdata(k["q"]), fdata(k["k"])
+        wq, wk = fdata(k["q_weight"]), fdata(k["k_weight"])
+        need(wq.shape == wk.shape == (q.shape[3],), "weights")
+        eps, off = real(k["eps"]), real(k["offset"])
+        need(eps >= 0, "eps")
+        pos = k.get("position_ids")
+        pos = np.arange(q.shape[1]) if pos is None else i64(pos)
+        c, s = (np.asarray(k[n]).astype(np.float32).astype(np.float64) for n in ("cos", "sin"))
+        r = np_qk_norm_rope(q, kk, c, s, wq, wk, eps, off, position_ids=pos)
+        return r["q_out"], r["k_out"]
+
+    def qknr_build(r: np.random.Generator) -> dict:
+        d = rope_build(r)
+        d.update(q_weight=f32(r, 8), k_weight=f32(r, 8), eps=1e-6, offset=0.0)
+        return d
+
+    tspec("qk_norm_rope", qknr_build, {"q": FARRAY, "k": FARRAY, "cos": FARRAY, "sin": FARRAY, "q_weight": FARRAY,
+                                       "k_weight": FARRAY, "eps": FLOAT, "position_ids": IARRAY, "offset": FLOAT},
+          qknr_ref, "qk_norm_rope", "q")
     tspec("swiglu", lambda r: dict(gate=f32(r, 3, 5), up=f32(r, 3, 5)), {"gate": FARRAY, "up": FARRAY}, _sg_ref,
           "silu_gate", "gate")
 

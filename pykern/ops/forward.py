@@ -164,7 +164,8 @@ def _positions(position_ids: Any, x_shape: tuple[int, ...], max_pos: int) -> tup
 _ROPE_WARPS = 8  # kernels_cu/forward.cu ROPE_WARPS: 256 threads
 _ROPE_RU = 2  # kernels_cu/forward.cu ROPE_RU: heads a lane loads before converting
 _ROPE_UNITS = 8192
-_ROPE_BWD_MAX_D = 512  # kernels_cu/forward.cu ROPE_BWD_MAX_D: the backward's shared row
+_ROPE_BWD_MAX_D = 512
+_F32_MAX = float(np.finfo(np.float32).max)  # kernels_cu/forward.cu ROPE_BWD_MAX_D: the backward's shared row
 
 
 def _rope_chunks(head_dim: int, itemsize: int) -> tuple[int, int]:
@@ -290,8 +291,9 @@ def _norm_args(p: dict[str, Any], q_weight: Any, k_weight: Any, eps: Any, weight
                ) -> tuple[float, float]:
     """Checks of the fused norm's arguments: eps, weight_offset and the head_dim limit of the kernel."""
     for name, v in (("eps", eps), ("weight_offset", weight_offset)):
-        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v):
-            raise ArgumentError(f"{name}: expected a finite float, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
+                or abs(float(v)) > _F32_MAX:  # the kernel takes fp32
+            raise ArgumentError(f"{name}: expected a finite float32 number, got {v!r}")
     if eps < 0:
         raise ArgumentError(f"eps: expected a float >= 0, got {eps!r}")
     nc, _ = _rope_chunks(p["head_dim"], itemsize)
@@ -417,7 +419,7 @@ def qk_norm_rope(
     if norm:
         if q_weight is None or k_weight is None:
             missing = "q_weight" if q_weight is None else "k_weight"
-            raise ArgumentError(f"{missing}: expected the norm weights of both q and k (or neither), got None")
+            raise ArgumentError(f"{missing}: expected both q_weight and k_weight (or neither), got None")
         if inverse:
             raise ArgumentError("inverse: expected False with the norm weights (its backward is "
                                 "qk_norm_rope_backward), got True")
