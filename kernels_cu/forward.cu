@@ -149,6 +149,12 @@ __device__ __forceinline__ void rope_st(T* p, long long off, const float* f) {
     }
 }
 
+// a or b by value, a component at a time (a conditional of the two arrays' elements would take their address
+// and put them in local memory)
+__device__ __forceinline__ uint4 rope_sel(bool first, uint4 a, uint4 b) {
+    return make_uint4(first ? a.x : b.x, first ? a.y : b.y, first ? a.z : b.z, first ? a.w : b.w);
+}
+
 // Sum over the CP lanes of this lane's head (an aligned group of the warp; every lane calls it).
 __device__ __forceinline__ float rope_group_sum(float v, unsigned cp) {
     for (unsigned off = cp >> 1; off > 0; off >>= 1) v += __shfl_xor_sync(PK_FULL_MASK, v, off);
@@ -210,7 +216,10 @@ __device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_
             const unsigned ch = cb + c;
             const bool act = ch < nc;
             const long long i = (long long)ch * W;
+            // the norm weights (q's, k's): raw 16-byte words on the vector path (half the registers of fp32:
+            // the bf16 / f16 kernels stay within 128 registers without spills), fp32 on the scalar one
             float cs[W], sn[W], wq[2 * W], wk[2 * W];
+            uint4 wqr[2], wkr[2];
 #pragma unroll
             for (int j = 0; j < W; j++) cs[j] = sn[j] = 0.0f;
             if (act && ok) {
@@ -227,23 +236,14 @@ __device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_
             if (g.norm) {
 #pragma unroll
                 for (int e = 0; e < 2 * W; e++) wq[e] = wk[e] = 0.0f;
+                wqr[0] = wqr[1] = wkr[0] = wkr[1] = make_uint4(0u, 0u, 0u, 0u);
                 if (act) {
-                    uint4 r0, r1;
-                    rope_ld<T, W, VEC>(q_w, oa, r0, wq);
-                    rope_ld<T, W, VEC>(q_w, ob, r1, wq + W);
-                    rope_widen<T, W, VEC>(r0, wq);
-                    rope_widen<T, W, VEC>(r1, wq + W);
+                    rope_ld<T, W, VEC>(q_w, oa, wqr[0], wq);
+                    rope_ld<T, W, VEC>(q_w, ob, wqr[1], wq + W);
                     if (g.hk) {
-                        rope_ld<T, W, VEC>(k_w, oa, r0, wk);
-                        rope_ld<T, W, VEC>(k_w, ob, r1, wk + W);
-                        rope_widen<T, W, VEC>(r0, wk);
-                        rope_widen<T, W, VEC>(r1, wk + W);
+                        rope_ld<T, W, VEC>(k_w, oa, wkr[0], wk);
+                        rope_ld<T, W, VEC>(k_w, ob, wkr[1], wk + W);
                     }
-                }
-#pragma unroll
-                for (int e = 0; e < 2 * W; e++) {
-                    wq[e] += g.w_offset;
-                    wk[e] += g.w_offset;
                 }
             }
             for (long long h0 = h_lo; h0 < h_hi; h0 += (long long)hpw * ROPE_RU) {
@@ -278,8 +278,16 @@ __device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_
                         for (int x = 0; x < 2 * W; x++) ss += e[r][x] * e[r][x];
                         ss = rope_group_sum(ss, cp);
                         const float rs = rsqrtf(ss / (float)d + g.eps);
+                        float w[2 * W];
+                        if constexpr (VEC) {
+                            rope_widen<T, W, VEC>(rope_sel(isq[r], wqr[0], wkr[0]), w);
+                            rope_widen<T, W, VEC>(rope_sel(isq[r], wqr[1], wkr[1]), w + W);
+                        } else {
 #pragma unroll
-                        for (int x = 0; x < 2 * W; x++) e[r][x] = e[r][x] * rs * (isq[r] ? wq[x] : wk[x]);
+                            for (int x = 0; x < 2 * W; x++) w[x] = isq[r] ? wq[x] : wk[x];
+                        }
+#pragma unroll
+                        for (int x = 0; x < 2 * W; x++) e[r][x] = e[r][x] * rs * (w[x] + g.w_offset);
                     }
                     rope_rotate_all<STYLE, W>(e[r], cs, sn);
                     if (live[r]) {
