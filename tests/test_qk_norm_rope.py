@@ -179,3 +179,28 @@ def test_torch_qk_norm_rope_forward_and_grads_match_float64() -> None:
     _ok("k", ok.detach().numpy(), rk.detach().numpy(), "qk_norm_rope", "f32")
     for name, a, r in zip(("q", "k", "q_weight", "k_weight"), ours, ref):
         _ok("grad " + name, a.grad.numpy(), r.grad.numpy(), "qk_norm_rope_backward", "f32")
+
+
+def test_unaligned_inputs_past_head_dim_64_still_take_the_16_byte_norm(monkeypatch) -> None:
+    """The norm reduces a head over at most 32 lanes, so head_dim 128 needs the 16-byte path: a q at an odd
+    element offset (a valid contiguous view) is copied to an aligned array first, and an unaligned output is an
+    ArgumentError naming it."""
+    _need("host")
+    rng = np.random.default_rng(8)
+    q, k, wq, wk = _data(rng, "bf16", (3, 4, 128), 2)
+    buf = np.empty(q.size + 1, q.dtype)
+    qv = buf[1:].reshape(q.shape)  # 2 bytes past a 16-byte boundary
+    qv[...] = q
+    assert qv.ctypes.data % 16
+    cos, sin = F.rope_tables(8, 128)
+    oq, ok = ops.qk_norm_rope(qv, k, cos, sin, q_weight=wq, k_weight=wk, backend="host")
+    want = F.np_qk_norm_rope(q, k, cos, sin, wq, wk, 1e-6, 0.0)
+    _ok("q", oq, want["q_out"], "qk_norm_rope", "bf16")
+    _ok("k", ok, want["k_out"], "qk_norm_rope", "bf16")
+    gq, gk = (rng.standard_normal(a.shape).astype(a.dtype) for a in (q, k))
+    got = ops.qk_norm_rope_backward(qv, k, gq, gk, cos, sin, wq, wk, backend="host")
+    want = F.np_qk_norm_rope_backward(q, k, gq, gk, cos, sin, wq, wk)
+    _ok("grad_q", got[0], want["grad_q"], "qk_norm_rope_backward", "bf16")
+    _ok("grad_q_weight", got[2], want["grad_q_weight"], "qk_norm_rope_backward", "bf16")
+    with pytest.raises(ArgumentError, match="q_out"):
+        ops.qk_norm_rope(q, k, cos, sin, q_weight=wq, k_weight=wk, q_out=qv, backend="host")

@@ -402,8 +402,9 @@ class Context:
     def _rope_qk(self, d: dict[str, int], dt: Any) -> list[Impl]:
         q, k, cos, sin, _, _ = self._qk_inputs(d, dt)
         why = "not compared: their rope kernels take their own table / position layouts"
-        return [Impl("pykern", self.k("qk_norm_rope", q, k, cos, sin)), Impl("torch", lambda: self._qk_ref(q, k, cos, sin)),
-                Impl("liger", None, why), Impl("flashinfer", None, why)]
+        return [Impl("pykern", self.k("qk_norm_rope", q, k, cos, sin)),
+                Impl("torch", lambda: self._qk_ref(q, k, cos, sin)), Impl("liger", None, why),
+                Impl("flashinfer", None, why)]
 
     def _qk_norm_rope(self, d: dict[str, int], dt: Any) -> list[Impl]:
         q, k, cos, sin, wq, wk = self._qk_inputs(d, dt)

@@ -17,7 +17,8 @@ from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kin
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import ids_like, norm_offset, row_geometry as _row_geometry, sum_chunks
 
-__all__ = ["embedding", "rope", "qk_norm_rope", "qk_norm_rope_backward", "silu_gate", "silu_gate_backward", "rms_norm", "causal_attn_softmax"]
+__all__ = ["embedding", "rope", "qk_norm_rope", "qk_norm_rope_backward", "silu_gate", "silu_gate_backward", "rms_norm",
+           "causal_attn_softmax"]
 
 # flash_attention and its tensor-core helpers live in the attention family module; they stay importable from here.
 from .attention import (  # noqa: E402,F401
@@ -305,6 +306,29 @@ def _norm_args(p: dict[str, Any], q_weight: Any, k_weight: Any, eps: Any, weight
     return float(eps), float(weight_offset)
 
 
+def _norm_aligned(names_arrays: list[tuple[str, Any, bool]], head_dim: int) -> list[Any]:
+    """The fused norm reduces a head across at most 32 lanes: past head_dim 64 it needs the 16-byte path, so every
+    array 16-byte aligned. Unaligned inputs are copied (fresh allocations are aligned); an unaligned array the
+    op writes into is an ArgumentError naming it. names_arrays: (name, array, written)."""
+    if head_dim <= 64:
+        return [a for _, a, _ in names_arrays]
+    out = []
+    for name, a, written in names_arrays:
+        if not arrays.aligned16(a):
+            if written:
+                raise ArgumentError(f"{name}: the fused norm at head_dim {head_dim} writes 16-byte chunks: expected "
+                                    "a 16-byte aligned base address")
+            if isinstance(a, np.ndarray):
+                a = np.array(a, copy=True)
+            elif arrays.is_torch(a):
+                a = a.clone()
+            else:
+                raise ArgumentError(f"{name}: the fused norm at head_dim {head_dim} reads 16-byte chunks: expected a "
+                                    "16-byte aligned base address")
+        out.append(a)
+    return out
+
+
 def _launch_rope(p: dict[str, Any], q: Any, q_out: Any, k: Any, k_out: Any, hq: int, hk: int, q_w: Any, k_w: Any,
                  inverse: bool, norm: bool, eps: float, w_offset: float, itemsize: int, stream: Any,
                  backend: str | None) -> None:
@@ -433,6 +457,11 @@ def qk_norm_rope(
     hq, hk = arrays.shape_of(q)[-2], arrays.shape_of(k)[-2]
     if p["n_tok"] * (hq + hk) == 0 or p["head_dim"] == 0:
         return qo, ko
+    if norm:
+        q, k, qo, ko, q_weight, k_weight, cos_t, sin_t = _norm_aligned(
+            [("q", q, inplace), ("k", k, inplace), ("q_out", qo, True), ("k_out", ko, True),
+             ("q_weight", q_weight, False), ("k_weight", k_weight, False), ("cos", p["cos"], False), ("sin", p["sin"], False)], p["head_dim"])
+        p = dict(p, cos=cos_t, sin=sin_t)
     qw, kw = (q_weight, k_weight) if norm else (q, q)  # never read without the norm
     _launch_rope(p, q, qo, k, ko, hq, hk, qw, kw, inverse, norm, float(eps) if norm else 0.0,
                  float(weight_offset) if norm else 0.0, _isz(p["kind"]), stream, backend)
@@ -472,6 +501,11 @@ def qk_norm_rope_backward(
     q_weight = _norm_weight("q_weight", q_weight, p["head_dim"], p["kind"], "q")
     k_weight = _norm_weight("k_weight", k_weight, p["head_dim"], p["kind"], "q")
     q, k, grad_q, grad_k = (arrays.contiguous(a) for a in (q, k, grad_q, grad_k))
+    q, k, grad_q, grad_k, q_weight, k_weight, cos_t, sin_t = _norm_aligned(
+        [("q", q, False), ("k", k, False), ("grad_q", grad_q, False), ("grad_k", grad_k, False),
+         ("q_weight", q_weight, False), ("k_weight", k_weight, False), ("cos", p["cos"], False),
+         ("sin", p["sin"], False)], p["head_dim"])
+    p = dict(p, cos=cos_t, sin=sin_t)
     dtype = arrays.dtype_name(q)
     gq = arrays.empty(tuple(arrays.shape_of(q)), dtype, like=q)
     gk = arrays.empty(tuple(arrays.shape_of(k)), dtype, like=q)

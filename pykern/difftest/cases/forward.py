@@ -428,5 +428,6 @@ def _f16_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 cases = register_case_groups(
     "forward",
-    _embedding_cases, _rope_cases, _qk_norm_rope_cases, _silu_cases, _silu_backward_cases, _rms_cases, _softmax_cases, _f16_cases,
+    _embedding_cases, _rope_cases, _qk_norm_rope_cases, _silu_cases, _silu_backward_cases, _rms_cases, _softmax_cases,
+    _f16_cases,
 )
