@@ -297,6 +297,17 @@ def aligned16(*arrs: Any) -> bool:
     return True
 
 
+def aligned_copy(a: Any) -> Any:
+    """A copy of `a` in a fresh allocation (16-byte aligned: NumPy's, torch's and CuPy's allocators align at least
+    that much), or None for a kind of array that cannot be copied here."""
+    if isinstance(a, np.ndarray):
+        return np.array(a, copy=True)
+    if is_torch(a):
+        return a.clone()
+    copy = getattr(a, "copy", None)  # CuPy
+    return copy() if callable(copy) and hasattr(a, "__cuda_array_interface__") else None
+
+
 def launch_stream(stream: Any, like: Any) -> Any:
     """The stream an op launches on: `stream` when given; else, for a torch CUDA tensor, torch's
     current stream on the tensor's own device; for a CuPy array, CuPy's current stream on the array's

@@ -318,11 +318,8 @@ def _norm_aligned(names_arrays: list[tuple[str, Any, bool]], head_dim: int) -> l
             if written:
                 raise ArgumentError(f"{name}: the fused norm at head_dim {head_dim} writes 16-byte chunks: expected "
                                     "a 16-byte aligned base address")
-            if isinstance(a, np.ndarray):
-                a = np.array(a, copy=True)
-            elif arrays.is_torch(a):
-                a = a.clone()
-            else:
+            a = arrays.aligned_copy(a)
+            if a is None:
                 raise ArgumentError(f"{name}: the fused norm at head_dim {head_dim} reads 16-byte chunks: expected a "
                                     "16-byte aligned base address")
         out.append(a)
