@@ -285,9 +285,10 @@ def test_apply_keeps_parameters_and_state_dict():
     assert len(model.model.layers[0].self_attn._forward_pre_hooks) == 1
 
 
-def test_patched_model_compiles_fullgraph(spy):
+@pytest.mark.parametrize("name", ["Llama", "Qwen3"])  # Qwen3: q_norm / k_norm deferred into qk_norm_rope
+def test_patched_model_compiles_fullgraph(spy, name):
     calls, _ = spy
-    ref = tiny("Llama")
+    ref = tiny(name)
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
     ids, labels = batch()
     torch._dynamo.reset()
@@ -297,6 +298,8 @@ def test_patched_model_compiles_fullgraph(spy):
     o_ref = ref(input_ids=ids, labels=labels)
     o_ref.loss.backward()
     assert calls["qk_norm_rope"] and calls["flash_attention"] and calls["attention_backward"]
+    if name == "Qwen3":  # the norm ran fused (its backward is the fused one), also under torch.compile
+        assert calls["qk_norm_rope_backward"] == model.config.num_hidden_layers
     assert_close(o.logits, o_ref.logits, "compiled logits")
     assert_close(o.loss, o_ref.loss, "compiled loss")
     assert_grads_close(model, ref, "compiled grad")

@@ -383,8 +383,12 @@ def _wrap_rotary(modeling: Any) -> None:
         qk = _take_qk(q, k)
         if qk is not None:
             (qn, xq), (kn, xk) = qk
-            same = xq.transpose(1, 2).shape == q.shape and xk.transpose(1, 2).shape == k.shape and \
-                xq.data_ptr() == q.data_ptr() and xk.data_ptr() == k.data_ptr()
+            # q and k must be the deferred inputs' transposes (as Qwen3's attention hands them on); data
+            # pointers cannot be compared while torch.compile traces, where shapes and strides are checked
+            tq, tk = xq.transpose(1, 2), xk.transpose(1, 2)
+            same = (tq.shape == q.shape and tk.shape == k.shape and tq.stride() == q.stride()
+                    and tk.stride() == k.stride() and (torch.compiler.is_compiling() or (
+                        xq.data_ptr() == q.data_ptr() and xk.data_ptr() == k.data_ptr())))
             if (same and unsqueeze_dim == 1 and q.dtype in _amp.KERNEL_DTYPES and k.dtype == q.dtype
                     and qn.weight.dtype == q.dtype and kn.weight.dtype == q.dtype and _amp.autocast_dtype(q) is None
                     and not _dt.active(q, k, cos, sin, qn.weight, kn.weight) and cos.dim() == 3
