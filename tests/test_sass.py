@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sass_helpers import guard, report, spills
+from sass_helpers import guard, report, source_sass, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -182,3 +182,28 @@ def test_load_batches_counts_loads_before_their_first_use() -> None:
         /*0070*/                   EXIT ;
     """
     assert sr.load_batches(text) == {"k": [3, 1, 1]}
+
+
+# The exact GELU's vector loop (one loop per form: the tanh form's divides, MUFU.RCP, tell them apart): SASS
+# instructions a loop trip issues over the elements it moves (4 f32 / 8 bf16 / f16), at most (sm_80 and sm_90).
+# With libdevice's erff the same loops issued 28-29.5 (gelu), 30.6-31.8 (gelu_gate), 41.9-43.3 (gelu_backward)
+# and 47.4-48.8 (gelu_gate_backward) an element; pk_gelu_tail issues 17.25-17.5, 19.25-19.9, 22.25-22.9 and
+# 26.75-28.1.
+GELU_EXACT_PER_ELEMENT = {"gelu": 18.0, "gelu_gate": 20.0, "gelu_backward": 23.0, "gelu_gate_backward": 28.5}
+
+
+@pytest.mark.parametrize("op", sorted(GELU_EXACT_PER_ELEMENT))
+def test_gelu_exact_form_instructions_per_element(op: str) -> None:
+    mix()  # skips without cuobjdump / NVRTC
+    for a in ARCHS:
+        loops = sr.inner_loops(source_sass("norm_act_loss.cu", a))
+        for suffix, per_vec in (("", 4), ("_bf16", 8), ("_f16", 8)):
+            vec = [r for r in loops[op + suffix] if any(o.startswith("LDG.E.128") for o in r["ops"])]
+            exact = [r for r in vec if "MUFU.RCP" not in r["ops"]]
+            assert len(exact) == 1, f"{op}{suffix} {a}: no vector loop of the exact form alone: {vec}"
+            got = exact[0]["insns"] / per_vec
+            assert got <= GELU_EXACT_PER_ELEMENT[op], f"{op}{suffix} {a}: {got} instructions an element"
+            # one ex2 an element for Phi (two in the derivatives: exp(-x^2 / 2)), no other MUFU
+            mufu = {o: n for o, n in exact[0]["ops"].items() if o.startswith("MUFU")}
+            assert mufu == {"MUFU.EX2": per_vec * (2 if "backward" in op else 1)}, (op + suffix, a, mufu)
+
