@@ -64,6 +64,11 @@ __device__ __forceinline__ void lnb_st_f32(float* __restrict__ p, long long i, c
 // (this thread's own writes: L1/L2-hot) and writes y. In place, y may alias x
 // and new_residual alias residual (each element is read and written by the
 // same thread, reads first, on both paths), so those pointers are not __restrict__.
+// A row of at most ARN_CACHE_VECS 16-byte vectors per thread (8192 bf16 / 4096 f32 columns at 512 threads)
+// loads x's, residual's and the weight's chunks as raw words, all before the first conversion (no branch
+// between: a chunk past the row loads chunk 0 again, unused), and keeps h in registers for pass 2 instead of
+// re-reading new_residual; the sums and products are those of the streaming path, in its order: same bits.
+#define ARN_CACHE_VECS 2
 template <typename T>
 __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual, const T* __restrict__ weight,
                                                   T* y, T* new_res, long long n_rows, unsigned int dim, float eps,
@@ -71,9 +76,53 @@ __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual,
     __shared__ float scratch[32];
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, x, residual, weight, y, new_res);
+    constexpr int N = PkVec16<T>::N, S = ARN_CACHE_VECS;
+    const bool cache = vec && n <= (long long)N * S * blockDim.x;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f;
+        if (cache) {
+            float h[S][N], wt[S][N];
+            {
+                uint4 rx[S], rr[S], rw[S];
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {
+                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                    const long long j = i < n ? i : 0;
+                    rx[sl] = pk_ld16_raw(x, base + j);
+                    rr[sl] = pk_ld16_raw(residual, base + j);
+                    rw[sl] = pk_ld16_raw(weight, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {
+                    float b[N];
+                    pk_widen16<T>(rx[sl], h[sl]), pk_widen16<T>(rr[sl], b), pk_widen16<T>(rw[sl], wt[sl]);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) h[sl][k] += b[k];
+                }
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    pk_store<T, N>(new_res, base + i, h[sl]);
+                    pk_load<T, N>(new_res, base + i, h[sl]);  // h as stored (rounded to T)
+#pragma unroll
+                    for (int k = 0; k < N; ++k) ss += h[sl][k] * h[sl][k];
+                }
+            }
+            const float r = rsqrtf(pk_block_sum(ss, scratch) / (float)n + eps);
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) h[sl][k] = h[sl][k] * r * (offset + wt[sl][k]);
+                    pk_store<T, N>(y, base + i, h[sl]);
+                }
+            }
+            continue;
+        }
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], b[W];
