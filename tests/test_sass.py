@@ -45,6 +45,7 @@ WIDE_LOADS = {
     "rms_norm_backward": "LDG128", "rms_norm_backward_bf16": "LDG128",
     "cross_entropy_fwd_bwd": "LDG128", "cross_entropy_fwd_bwd_bf16": "LDG128",
     "norm_grad_reduce": "LDG128",
+    "embedding_backward": "LDG128", "embedding_backward_bf16": "LDG128",
 }
 # every f16 twin moves as its bf16 one does
 WIDE_LOADS.update({k.replace("_bf16", "_f16"): v for k, v in list(WIDE_LOADS.items()) if k.endswith("_bf16")})
@@ -61,7 +62,12 @@ LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16",
                                   "add_rms_norm_backward", "add_rms_norm_backward_bf16",
                                   "add_rms_norm_backward_f16",
                                   "norm_grad_reduce", "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16",
-                                  "cross_entropy_fwd_bwd_f16")}
+                                  "cross_entropy_fwd_bwd_f16",
+                                  # rows of <= 2 chunks a thread: x / residual / probs, grad_out (and the weight)
+                                  # of both chunks as raw words before the first use
+                                  "rms_norm", "rms_norm_bf16", "rms_norm_f16", "add_rms_norm", "add_rms_norm_bf16",
+                                  "add_rms_norm_f16", "softmax_backward", "softmax_backward_bf16",
+                                  "softmax_backward_f16")}
 
 
 sr = report()
