@@ -193,7 +193,7 @@ def test_load_batches_counts_loads_before_their_first_use() -> None:
 # The exact GELU's vector loop (one loop per form: the tanh form's divides, MUFU.RCP, tell them apart): SASS
 # instructions a loop trip issues over the elements it moves (4 f32 / 8 bf16 / f16), at most (sm_80 and sm_90).
 # With libdevice's erff the same loops issued 28-29.5 (gelu), 30.6-31.8 (gelu_gate), 41.9-43.3 (gelu_backward)
-# and 47.4-48.8 (gelu_gate_backward) an element; pk_gelu_tail issues 17.25-17.5, 19.25-19.9, 22.25-22.9 and
+# and 46.8-48.8 (gelu_gate_backward) an element; pk_gelu_tail issues 17.25-17.5, 19.25-19.9, 22.25-22.9 and
 # 26.75-28.1.
 GELU_EXACT_PER_ELEMENT = {"gelu": 18.0, "gelu_gate": 20.0, "gelu_backward": 23.0, "gelu_gate_backward": 28.5}
 
