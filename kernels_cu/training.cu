@@ -150,22 +150,24 @@ __device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ prob
         float dot = 0.0f;
         if (cache) {
             constexpr int S = SMB_CACHE_VECS;
-            // kept as the raw words and widened where used (twice): half the registers of fp32 copies
-            uint4 rp[S], rg[S];
+            float p[S][N], g[S][N];
+            {
+                uint4 rp[S], rg[S];
 #pragma unroll
-            for (int sl = 0; sl < S; ++sl) {
-                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
-                const long long j = base + (i < n ? i : 0);
-                rp[sl] = pk_ld16_raw(probs, j);
-                rg[sl] = pk_ld16_raw(grad_out, j);
+                for (int sl = 0; sl < S; ++sl) {
+                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                    const long long j = base + (i < n ? i : 0);
+                    rp[sl] = pk_ld16_raw(probs, j);
+                    rg[sl] = pk_ld16_raw(grad_out, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) pk_widen16<T>(rp[sl], p[sl]), pk_widen16<T>(rg[sl], g[sl]);
             }
 #pragma unroll
             for (int sl = 0; sl < S; ++sl) {
                 if ((long long)N * (threadIdx.x + (long long)sl * blockDim.x) < n) {
-                    float p[N], g[N];
-                    pk_widen16<T>(rp[sl], p), pk_widen16<T>(rg[sl], g);
 #pragma unroll
-                    for (int k = 0; k < N; ++k) dot = fmaf(p[k], g[k], dot);
+                    for (int k = 0; k < N; ++k) dot = fmaf(p[sl][k], g[sl][k], dot);
                 }
             }
             dot = pk_block_sum(dot, scratch);
@@ -173,11 +175,9 @@ __device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ prob
             for (int sl = 0; sl < S; ++sl) {
                 const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
                 if (i < n) {
-                    float p[N], g[N];
-                    pk_widen16<T>(rp[sl], p), pk_widen16<T>(rg[sl], g);
 #pragma unroll
-                    for (int k = 0; k < N; ++k) p[k] = p[k] * (g[k] - dot);
-                    PkVec16<T>::store(grad_in, base + i, p);
+                    for (int k = 0; k < N; ++k) p[sl][k] = p[sl][k] * (g[sl][k] - dot);
+                    PkVec16<T>::store(grad_in, base + i, p[sl]);
                 }
             }
             continue;
