@@ -642,11 +642,21 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
         T* outr = out + row * dim;
         float ss = 0.0f;
         if (cache) {
-            float f[RMS_CACHE_VECS][N];
+            // x's and the weight's chunks as raw words, all issued before the first conversion (no branch
+            // between: a chunk past the row loads chunk 0 again, unused): the weight's L1/L2 round trip
+            // overlaps x's instead of following the row's reduction.
+            float f[RMS_CACHE_VECS][N], wt[RMS_CACHE_VECS][N];
+            {
+                uint4 rx[RMS_CACHE_VECS], rw[RMS_CACHE_VECS];
 #pragma unroll
-            for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {  // both loads issued before the sums
-                const unsigned int c = threadIdx.x + sl * blockDim.x;
-                if (c < dim / N) PkVec16<T>::load(xr + (long long)c * N, f[sl]);
+                for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
+                    const unsigned int c = threadIdx.x + sl * blockDim.x;
+                    const long long j = c < dim / N ? (long long)c * N : 0;
+                    rx[sl] = pk_ld16_raw(xr, j);
+                    rw[sl] = pk_ld16_raw(weight, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) pk_widen16<T>(rx[sl], f[sl]), pk_widen16<T>(rw[sl], wt[sl]);
             }
 #pragma unroll
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
@@ -661,10 +671,8 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
                 const unsigned int c = threadIdx.x + sl * blockDim.x;
                 if (c < dim / N) {
-                    float w[N];
-                    PkVec16<T>::load(weight + (long long)c * N, w);
 #pragma unroll
-                    for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * (offset + w[e]);
+                    for (int e = 0; e < N; ++e) f[sl][e] = f[sl][e] * inv * (offset + wt[sl][e]);
                     PkVec16<T>::store(outr + (long long)c * N, f[sl]);
                 }
             }

@@ -64,6 +64,11 @@ __device__ __forceinline__ void lnb_st_f32(float* __restrict__ p, long long i, c
 // (this thread's own writes: L1/L2-hot) and writes y. In place, y may alias x
 // and new_residual alias residual (each element is read and written by the
 // same thread, reads first, on both paths), so those pointers are not __restrict__.
+// A row of at most ARN_CACHE_VECS 16-byte vectors per thread (8192 bf16 / 4096 f32 columns at 512 threads)
+// loads x's, residual's and the weight's chunks as raw words, all before the first conversion (no branch
+// between: a chunk past the row loads chunk 0 again, unused), and keeps h in registers for pass 2 instead of
+// re-reading new_residual; the sums and products are those of the streaming path, in its order: same bits.
+#define ARN_CACHE_VECS 2
 template <typename T>
 __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual, const T* __restrict__ weight,
                                                   T* y, T* new_res, long long n_rows, unsigned int dim, float eps,
@@ -71,9 +76,53 @@ __device__ __forceinline__ void add_rms_norm_impl(const T* x, const T* residual,
     __shared__ float scratch[32];
     const long long n = dim;
     const bool vec = ext_vec_rows<T>(dim, x, residual, weight, y, new_res);
+    constexpr int N = PkVec16<T>::N, S = ARN_CACHE_VECS;
+    const bool cache = vec && n <= (long long)N * S * blockDim.x;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float ss = 0.0f;
+        if (cache) {
+            float h[S][N], wt[S][N];
+            {
+                uint4 rx[S], rr[S], rw[S];
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {
+                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                    const long long j = i < n ? i : 0;
+                    rx[sl] = pk_ld16_raw(x, base + j);
+                    rr[sl] = pk_ld16_raw(residual, base + j);
+                    rw[sl] = pk_ld16_raw(weight, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {
+                    float b[N];
+                    pk_widen16<T>(rx[sl], h[sl]), pk_widen16<T>(rr[sl], b), pk_widen16<T>(rw[sl], wt[sl]);
+#pragma unroll
+                    for (int k = 0; k < N; ++k) h[sl][k] += b[k];
+                }
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+                    pk_store<T, N>(new_res, base + i, h[sl]);
+                    pk_load<T, N>(new_res, base + i, h[sl]);  // h as stored (rounded to T)
+#pragma unroll
+                    for (int k = 0; k < N; ++k) ss += h[sl][k] * h[sl][k];
+                }
+            }
+            const float r = rsqrtf(pk_block_sum(ss, scratch) / (float)n + eps);
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) h[sl][k] = h[sl][k] * r * (offset + wt[sl][k]);
+                    pk_store<T, N>(y, base + i, h[sl]);
+                }
+            }
+            continue;
+        }
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float a[W], b[W];
@@ -696,24 +745,66 @@ PK_IO_KERNELS(norm_weight_grad, (256, 1),
 //   "tanh" (approx = 1): u = sqrt(2/pi) (x + 0.044715 x^3), t = tanh(u),
 //                        gelu(x) = 0.5 x (1 + t),
 //                        gelu'(x) = 0.5 (1 + t) + 0.5 x (1 - t^2) sqrt(2/pi) (1 + 3 * 0.044715 x^2)
-#define PK_SQRT1_2 0.70710678118654752f
 #define PK_INV_SQRT_2PI 0.39894228040143268f
 #define PK_SQRT_2_OVER_PI 0.79788456080286536f
 
-__device__ __forceinline__ float pk_gelu(float x, int approx) {
-    if (approx) {
-        const float t = tanhf(PK_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x));
-        return 0.5f * x * (1.0f + t);
-    }
-    return 0.5f * x * (1.0f + erff(x * PK_SQRT1_2));
+// The exact ("none") form without erff. libdevice's erff costs ~37 issued instructions an element (two
+// polynomials, several MUFU, the selects between them), which made gelu issue-bound (docs/membound.md).
+// Here, with a = |x|:
+//   e = Phi(-a) = 2^(-a^2 log2(e) / 2 + r(a)),   r(a) = log2(Phi(-a) exp(a^2 / 2)),
+//   Phi(x) = x < 0 ? e : 1 - e,
+// one MUFU.EX2 (ex2.approx.ftz) for Phi. r is smooth (r(0) = -1, ~ -log2(a sqrt(2 pi)) for large a), so a
+// degree-7 polynomial on [0, 6] holds it; |x| is clamped to 6, beyond which e < 1e-9 and falls to 0 with
+// the Gaussian factor. The coefficients are a weighted minimax fit (tools/gelu_phi_fit.py) of the error
+// in e, weight (e + 1e-3) ln 2: |Phi - Phi_exact| <= 3.0e-7 absolute over the reals (ex2.approx on the GPU
+// adds <= 2^-22 relative), and e within 2.3e-4 relative while Phi(-a) >= 1e-8 (where 1 + erff cancels).
+// tests/test_norm_act_loss.py::test_gelu_exact_form_error_against_float64 holds both bounds.
+// Evaluated as Phi = 1 - e for x >= 0, so the x < 0 tail of gelu keeps its relative accuracy.
+#define PK_GELU_A 6.0f
+#define PK_GELU_NEG_HALF_LOG2E -0.72134752044448170f
+
+// e = Phi(-|x|); xk = x * PK_GELU_NEG_HALF_LOG2E, which the derivative's exp(-x^2 / 2) shares.
+__device__ __forceinline__ float pk_gelu_tail(float x, float xk) {
+    const float a = fminf(fabsf(x), PK_GELU_A);
+    float r = -3.081901241e-07f;
+    r = fmaf(r, a, 3.537595694e-05f);
+    r = fmaf(r, a, -7.615997456e-04f);
+    r = fmaf(r, a, 7.997907698e-03f);
+    r = fmaf(r, a, -5.321645737e-02f);
+    r = fmaf(r, a, 2.623964250e-01f);
+    r = fmaf(r, a, -1.151138067e+00f);
+    r = fmaf(r, a, -9.999993443e-01f);
+    return pk_ex2_approx(fmaf(x, xk, r));
 }
 
-__device__ __forceinline__ float pk_gelu_grad(float x, int approx) {
-    if (approx) {
+// Phi(x) of the exact form (x NaN: NaN; +inf: 1; -inf: 0).
+__device__ __forceinline__ float pk_gelu_phi(float x, float e) { return x < 0.0f ? e : 1.0f - e; }
+
+// gelu(x) and gelu'(x) of one element; TANH picks the approximate form at compile time (one loop per form,
+// so the vector loop issues one form's instructions only).
+template <bool TANH>
+__device__ __forceinline__ float pk_gelu(float x) {
+    if constexpr (TANH) {
         const float t = tanhf(PK_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x));
-        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * PK_SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+        return 0.5f * x * (1.0f + t);
+    } else {
+        return x * pk_gelu_phi(x, pk_gelu_tail(x, x * PK_GELU_NEG_HALF_LOG2E));
     }
-    return 0.5f * (1.0f + erff(x * PK_SQRT1_2)) + x * expf(-0.5f * x * x) * PK_INV_SQRT_2PI;
+}
+
+// gelu'(x) = Phi(x) + x exp(-x^2 / 2) / sqrt(2 pi); *value (when given) gets gelu(x) from the same Phi.
+template <bool TANH>
+__device__ __forceinline__ float pk_gelu_grad(float x, float* value = nullptr) {
+    if constexpr (TANH) {
+        const float t = tanhf(PK_SQRT_2_OVER_PI * (x + 0.044715f * x * x * x));
+        if (value) *value = 0.5f * x * (1.0f + t);
+        return 0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * PK_SQRT_2_OVER_PI * (1.0f + 3.0f * 0.044715f * x * x);
+    } else {
+        const float xk = x * PK_GELU_NEG_HALF_LOG2E;
+        const float phi = pk_gelu_phi(x, pk_gelu_tail(x, xk));
+        if (value) *value = x * phi;
+        return fmaf(x * pk_ex2_approx(x * xk), PK_INV_SQRT_2PI, phi);
+    }
 }
 
 // Elementwise families: 16-byte vectors when every base is aligned, then a scalar tail.
@@ -732,16 +823,23 @@ __device__ __forceinline__ void ext_map2(const T* __restrict__ a, const T* __res
     });
 }
 
-template <typename T>
-__device__ __forceinline__ void gelu_impl(const T* __restrict__ x, T* __restrict__ y, long long n, int approx) {
+// The form (approx) is a launch argument: each impl branches on it once and runs one loop per form.
+template <typename T, bool TANH>
+__device__ __forceinline__ void gelu_loop(const T* __restrict__ x, T* __restrict__ y, long long n) {
     pk_grid_chunks<T>(pk_aligned16(x) && pk_aligned16(y), n, [&](long long i, auto w) {
         constexpr int W = decltype(w)::value;
         float a[W];
         pk_load<T, W>(x, i, a);
 #pragma unroll
-        for (int k = 0; k < W; ++k) a[k] = pk_gelu(a[k], approx);
+        for (int k = 0; k < W; ++k) a[k] = pk_gelu<TANH>(a[k]);
         pk_store<T, W>(y, i, a);
     });
+}
+
+template <typename T>
+__device__ __forceinline__ void gelu_impl(const T* __restrict__ x, T* __restrict__ y, long long n, int approx) {
+    if (approx) gelu_loop<T, true>(x, y, n);
+    else gelu_loop<T, false>(x, y, n);
 }
 
 PK_IO_KERNELS(gelu, (256, 1), (const T* __restrict__ x, T* __restrict__ y, long long n, int approx),
@@ -751,7 +849,8 @@ PK_IO_KERNELS(gelu, (256, 1), (const T* __restrict__ x, T* __restrict__ y, long 
 template <typename T>
 __device__ __forceinline__ void gelu_backward_impl(const T* __restrict__ x, const T* __restrict__ g,
                                                    T* __restrict__ gx, long long n, int approx) {
-    ext_map2<T>(x, g, gx, n, [&](float xv, float gv) { return gv * pk_gelu_grad(xv, approx); });
+    if (approx) ext_map2<T>(x, g, gx, n, [](float xv, float gv) { return gv * pk_gelu_grad<true>(xv); });
+    else ext_map2<T>(x, g, gx, n, [](float xv, float gv) { return gv * pk_gelu_grad<false>(xv); });
 }
 
 PK_IO_KERNELS(gelu_backward, (256, 1),
@@ -763,18 +862,19 @@ PK_IO_KERNELS(gelu_backward, (256, 1),
 template <typename T>
 __device__ __forceinline__ void gelu_gate_impl(const T* __restrict__ gate, const T* __restrict__ up,
                                                T* __restrict__ out, long long n, int approx) {
-    ext_map2<T>(gate, up, out, n, [&](float gv, float uv) { return pk_gelu(gv, approx) * uv; });
+    if (approx) ext_map2<T>(gate, up, out, n, [](float gv, float uv) { return pk_gelu<true>(gv) * uv; });
+    else ext_map2<T>(gate, up, out, n, [](float gv, float uv) { return pk_gelu<false>(gv) * uv; });
 }
 
 PK_IO_KERNELS(gelu_gate, (256, 1),
               (const T* __restrict__ gate, const T* __restrict__ up, T* __restrict__ out, long long n, int approx),
               (gate, up, out, n, approx))
 
-// grad_gate = grad_out * up * gelu'(gate), grad_up = grad_out * gelu(gate)
-template <typename T>
-__device__ __forceinline__ void gelu_gate_backward_impl(const T* __restrict__ gate, const T* __restrict__ up,
+// grad_gate = grad_out * up * gelu'(gate), grad_up = grad_out * gelu(gate): one Phi for both.
+template <typename T, bool TANH>
+__device__ __forceinline__ void gelu_gate_backward_loop(const T* __restrict__ gate, const T* __restrict__ up,
                                                         const T* __restrict__ g, T* __restrict__ gg,
-                                                        T* __restrict__ gu, long long n, int approx) {
+                                                        T* __restrict__ gu, long long n) {
     const bool vec = pk_aligned16(gate) && pk_aligned16(up) && pk_aligned16(g) && pk_aligned16(gg) && pk_aligned16(gu);
     pk_grid_chunks<T>(vec, n, [&](long long i, auto w) {
         constexpr int W = decltype(w)::value;
@@ -784,12 +884,21 @@ __device__ __forceinline__ void gelu_gate_backward_impl(const T* __restrict__ ga
         pk_load<T, W>(g, i, gv);
 #pragma unroll
         for (int k = 0; k < W; ++k) {
-            u[k] = gv[k] * u[k] * pk_gelu_grad(a[k], approx);
-            a[k] = gv[k] * pk_gelu(a[k], approx);
+            float value;
+            u[k] = gv[k] * u[k] * pk_gelu_grad<TANH>(a[k], &value);
+            a[k] = gv[k] * value;
         }
         pk_store<T, W>(gg, i, u);
         pk_store<T, W>(gu, i, a);
     });
+}
+
+template <typename T>
+__device__ __forceinline__ void gelu_gate_backward_impl(const T* __restrict__ gate, const T* __restrict__ up,
+                                                        const T* __restrict__ g, T* __restrict__ gg,
+                                                        T* __restrict__ gu, long long n, int approx) {
+    if (approx) gelu_gate_backward_loop<T, true>(gate, up, g, gg, gu, n);
+    else gelu_gate_backward_loop<T, false>(gate, up, g, gg, gu, n);
 }
 
 PK_IO_KERNELS(gelu_gate_backward, (256, 1),

@@ -127,6 +127,11 @@ PK_IO_KERNELS(transpose_2d, (256, 1),
 
 // ---------------------------------------------------------------------------
 // softmax_backward: grad_in = p * (g - sum(p * g)) per row. One block per row.
+// A row of at most SMB_CACHE_VECS 16-byte vectors per thread (8192 bf16 / 4096 f32 columns at 512 threads) is
+// read once: the thread's p and g chunks are loaded as raw words, all 2 x SMB_CACHE_VECS before the first
+// conversion (no branch between them: a chunk past the row loads chunk 0 again, unused), and kept in
+// registers for the output. The sums run in the order of the streaming path below, so both give the same bits.
+#define SMB_CACHE_VECS 2
 template <typename T>
 __device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ probs,
                                                       const T* __restrict__ grad_out,
@@ -139,9 +144,44 @@ __device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ prob
     const bool vec = (row_len % (unsigned int)N == 0u) && pk_aligned16(probs) && pk_aligned16(grad_out) &&
                      pk_aligned16(grad_in);
     const long long n = row_len;
+    const bool cache = vec && n <= (long long)N * SMB_CACHE_VECS * blockDim.x;
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float dot = 0.0f;
+        if (cache) {
+            constexpr int S = SMB_CACHE_VECS;
+            float p[S][N], g[S][N];
+            {
+                uint4 rp[S], rg[S];
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) {
+                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                    const long long j = base + (i < n ? i : 0);
+                    rp[sl] = pk_ld16_raw(probs, j);
+                    rg[sl] = pk_ld16_raw(grad_out, j);
+                }
+#pragma unroll
+                for (int sl = 0; sl < S; ++sl) pk_widen16<T>(rp[sl], p[sl]), pk_widen16<T>(rg[sl], g[sl]);
+            }
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                if ((long long)N * (threadIdx.x + (long long)sl * blockDim.x) < n) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) dot = fmaf(p[sl][k], g[sl][k], dot);
+                }
+            }
+            dot = pk_block_sum(dot, scratch);
+#pragma unroll
+            for (int sl = 0; sl < S; ++sl) {
+                const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+                if (i < n) {
+#pragma unroll
+                    for (int k = 0; k < N; ++k) p[sl][k] = p[sl][k] * (g[sl][k] - dot);
+                    PkVec16<T>::store(grad_in, base + i, p[sl]);
+                }
+            }
+            continue;
+        }
         if (vec) {
 #pragma unroll 2
             for (long long i = (long long)N * threadIdx.x; i < n; i += (long long)N * blockDim.x) {
@@ -548,16 +588,36 @@ extern "C" __global__ void __launch_bounds__(256, 1) embedding_backward_bucket( 
 // `order`. One block per vocab row sums its tokens in position order and writes
 // the row (zeros for unused ids), so the result is deterministic and the
 // output needs no separate zero fill.
+// grad_out rows move in 16-byte vectors (4 f32 or 8 bf16 / f16 per LDG.128; their fp32 sums leave in 1 or 2
+// STG.128) when dim is a multiple of the vector and both bases are 16-byte aligned; 16-bit rows that are only
+// 8-byte aligned take 4-element (8-byte) vectors; anything else elements. Every path adds a column's tokens
+// in the same order (position order), so the paths give identical sums.
 template <typename T>
 __device__ __forceinline__ void embedding_backward_impl(
     const T* __restrict__ grad_out, const int* __restrict__ order, const int* __restrict__ offsets,
     float* __restrict__ grad_weight, unsigned int vocab_size, unsigned int dim) {
+    constexpr int N = PkVec16<T>::N;
+    const bool vec16 = (dim % (unsigned int)N == 0u) && pk_aligned16(grad_out) && pk_aligned16(grad_weight);
     const bool vec = (dim % 4u == 0u) && pk_vec_aligned(grad_out) && pk_vec_aligned(grad_weight);
     const long long n = dim;
     for (long long v = blockIdx.x; v < vocab_size; v += gridDim.x) {
         const int beg = offsets[v], end = offsets[v + 1];
         float* dst = grad_weight + v * n;
-        if (vec) {
+        if (vec16) {
+            for (long long d = (long long)N * threadIdx.x; d < n; d += (long long)N * blockDim.x) {
+                float acc[N];
+#pragma unroll
+                for (int j = 0; j < N; ++j) acc[j] = 0.0f;
+                for (int k = beg; k < end; ++k) {
+                    float a[N];
+                    PkVec16<T>::load(grad_out, (long long)order[k] * n + d, a);
+#pragma unroll
+                    for (int j = 0; j < N; ++j) acc[j] += a[j];
+                }
+#pragma unroll
+                for (int j = 0; j < N; j += 4) PkVec16<float>::store(dst, d + j, acc + j);
+            }
+        } else if (N == 8 && vec) {  // f32: the same test as vec16
             for (long long d = 4ll * threadIdx.x; d < n; d += 4ll * blockDim.x) {
                 float4 acc;
                 acc.x = acc.y = acc.z = acc.w = 0.0f;

@@ -300,6 +300,39 @@ def test_gelu_and_gelu_gate_autograd_match_torch_f64(dtype, approximate):
     _close(gu, rgu, "gelu_gate_backward", k, "up")
 
 
+# The exact form's Phi (kernels_cu/norm_act_loss.cu, pk_gelu_tail): one ex2 of a degree-7 fit instead of erff.
+# Against float64 over a dense sweep (host backend: its ex2 is exp2f, the GPU's ex2.approx adds <= 2^-22 relative):
+GELU_PHI_MAX_ABS_ERR = 3.1e-7  # |Phi(x) - Phi_exact(x)| over the reals (the fit's weighted minimax bound: 3.0e-7)
+GELU_TAIL_MAX_REL_ERR = 2.5e-4  # |gelu(x) / gelu_exact(x) - 1| while Phi(x) >= 1e-8 (x >= -5.6): no 1 + erf cancel
+
+
+def _phi64(x: np.ndarray) -> np.ndarray:
+    from math import erfc, sqrt
+    return np.array([0.5 * erfc(-v / sqrt(2.0)) for v in x.astype(np.float64)])
+
+
+def test_gelu_exact_form_error_against_float64() -> None:
+    x = np.concatenate([np.linspace(-12.0, 12.0, 200_001), np.float32([0.0, -0.0, 1e-30, -1e-30, 6.0, -6.0])])
+    x = x.astype(np.float32)
+    phi = _phi64(x)
+    y = np.asarray(ops.gelu(x, "none", backend="host"), np.float64)
+    dy = np.asarray(ops.gelu_backward(x, np.ones_like(x), "none", backend="host"), np.float64)
+    xd = x.astype(np.float64)
+    # gelu = x * Phi: its error over |x| bounds Phi's (plus the product's rounding, 2^-24 relative)
+    err = np.abs(y - xd * phi) - np.abs(y) * 2.0 ** -24
+    assert np.all(err <= np.abs(xd) * GELU_PHI_MAX_ABS_ERR), float(np.max(err / np.maximum(np.abs(xd), 1e-30)))
+    tail = (phi >= 1e-8) & (xd < 0)
+    rel = np.abs(y[tail] / (xd[tail] * phi[tail]) - 1.0)
+    assert rel.max() <= GELU_TAIL_MAX_REL_ERR, (float(rel.max()), float(x[tail][rel.argmax()]))
+    # gelu' = Phi + x phi(x): Phi's bound plus the Gaussian term's ex2 (relative 2^-22 of |x| phi(x) <= 0.25)
+    dref = phi + xd * np.exp(-0.5 * xd * xd) / np.sqrt(2.0 * np.pi)
+    assert np.max(np.abs(dy - dref)) <= GELU_PHI_MAX_ABS_ERR + 2e-7, float(np.max(np.abs(dy - dref)))
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(dy))
+    special = np.float32([np.inf, np.nan, -20.0, 20.0])
+    ys = np.asarray(ops.gelu(special, "none", backend="host"))
+    assert ys[0] == np.inf and np.isnan(ys[1]) and ys[2] == 0.0 and ys[3] == 20.0
+
+
 def test_new_ops_reject_bad_arguments():
     x = np.zeros((2, 4), np.float32)
     with pytest.raises(ArgumentError, match="approximate"):

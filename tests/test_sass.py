@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from sass_helpers import guard, report, spills
+from sass_helpers import guard, report, source_sass, spills
 
 ROOT = Path(__file__).resolve().parent.parent
 ARCHS = ("sm_80", "sm_90")
@@ -46,6 +46,7 @@ WIDE_LOADS = {
     "rms_norm_backward": "LDG128", "rms_norm_backward_bf16": "LDG128",
     "cross_entropy_fwd_bwd": "LDG128", "cross_entropy_fwd_bwd_bf16": "LDG128",
     "norm_grad_reduce": "LDG128",
+    "embedding_backward": "LDG128", "embedding_backward_bf16": "LDG128",
 }
 # every f16 twin moves as its bf16 one does
 WIDE_LOADS.update({k.replace("_bf16", "_f16"): v for k, v in list(WIDE_LOADS.items()) if k.endswith("_bf16")})
@@ -63,7 +64,12 @@ LOADS_IN_FLIGHT = {k: 4 for k in ("rms_norm_backward", "rms_norm_backward_bf16",
                                   "add_rms_norm_backward", "add_rms_norm_backward_bf16",
                                   "add_rms_norm_backward_f16",
                                   "norm_grad_reduce", "cross_entropy_fwd_bwd", "cross_entropy_fwd_bwd_bf16",
-                                  "cross_entropy_fwd_bwd_f16")}
+                                  "cross_entropy_fwd_bwd_f16",
+                                  # rows of <= 2 chunks a thread: x / residual / probs, grad_out (and the weight)
+                                  # of both chunks as raw words before the first use
+                                  "rms_norm", "rms_norm_bf16", "rms_norm_f16", "add_rms_norm", "add_rms_norm_bf16",
+                                  "add_rms_norm_f16", "softmax_backward", "softmax_backward_bf16",
+                                  "softmax_backward_f16")}
 # rope: a lane loads both 16-byte chunks of ROPE_RU = 2 heads before converting any (4 in flight); its norm
 # backward x and the output gradient, 2 chunks each, of one head (4)
 LOADS_IN_FLIGHT.update({f"{k}{s}": 4 for k in ("rope", "rope_norm_backward") for s in ("", "_bf16", "_f16")})
@@ -187,3 +193,28 @@ def test_load_batches_counts_loads_before_their_first_use() -> None:
         /*0070*/                   EXIT ;
     """
     assert sr.load_batches(text) == {"k": [3, 1, 1]}
+
+
+# The exact GELU's vector loop (one loop per form: the tanh form's divides, MUFU.RCP, tell them apart): SASS
+# instructions a loop trip issues over the elements it moves (4 f32 / 8 bf16 / f16), at most (sm_80 and sm_90).
+# With libdevice's erff the same loops issued 28-29.5 (gelu), 30.6-31.8 (gelu_gate), 41.9-43.3 (gelu_backward)
+# and 46.8-48.8 (gelu_gate_backward) an element; pk_gelu_tail issues 17.25-17.5, 19.25-19.9, 22.25-22.9 and
+# 26.75-28.1.
+GELU_EXACT_PER_ELEMENT = {"gelu": 18.0, "gelu_gate": 20.0, "gelu_backward": 23.0, "gelu_gate_backward": 28.5}
+
+
+@pytest.mark.parametrize("op", sorted(GELU_EXACT_PER_ELEMENT))
+def test_gelu_exact_form_instructions_per_element(op: str) -> None:
+    mix()  # skips without cuobjdump / NVRTC
+    for a in ARCHS:
+        loops = sr.inner_loops(source_sass("norm_act_loss.cu", a))
+        for suffix, per_vec in (("", 4), ("_bf16", 8), ("_f16", 8)):
+            vec = [r for r in loops[op + suffix] if any(o.startswith("LDG.E.128") for o in r["ops"])]
+            exact = [r for r in vec if "MUFU.RCP" not in r["ops"]]
+            assert len(exact) == 1, f"{op}{suffix} {a}: no vector loop of the exact form alone: {vec}"
+            got = exact[0]["insns"] / per_vec
+            assert got <= GELU_EXACT_PER_ELEMENT[op], f"{op}{suffix} {a}: {got} instructions an element"
+            # one ex2 an element for Phi (two in the derivatives: exp(-x^2 / 2)), no other MUFU
+            mufu = {o: n for o, n in exact[0]["ops"].items() if o.startswith("MUFU")}
+            assert mufu == {"MUFU.EX2": per_vec * (2 if "backward" in op else 1)}, (op + suffix, a, mufu)
+

@@ -401,3 +401,17 @@ def test_rms_norm_backward_fused_geometry_is_one_wave() -> None:
     assert rms_backward_geometry(8192, 8200)[0] == 0
     cu = (Path(__file__).resolve().parents[1] / "kernels_cu" / "training.cu").read_text()
     assert f"#define RMSB_ACC {_RMS_BWD_ACC}\n" in cu
+
+
+@pytest.mark.parametrize("row_len, kind, threads", [(2048, "bf16", 128), (2048, "f16", 128), (2048, "f32", 256),
+                                                    (8192, "bf16", 512), (1000, "f32", 128), (8, "bf16", 32),
+                                                    (16384, "bf16", 512), (4100, "f32", 512), (7, "f32", 32)])
+def test_softmax_backward_gives_a_thread_two_chunks_of_a_cached_row(row_len: int, kind: str, threads: int) -> None:
+    """Rows the kernel keeps in registers (<= 2 16-byte chunks a thread of 512) get 2 chunks a thread: its 4 loads
+    in flight at once; longer or unvectorizable rows keep row_threads (4 elements a thread, at most 512).
+    add_rms_norm takes the same geometry (ops._common.cached_row_threads)."""
+    from pykern.ops._common import cached_row_threads
+    from pykern.ops.training import _softmax_backward_threads
+
+    assert _softmax_backward_threads(row_len, kind) == threads
+    assert cached_row_threads(row_len, kind, 2) == threads

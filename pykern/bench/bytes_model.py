@@ -124,12 +124,13 @@ def forward_rows(e: int) -> Iterator[Row]:
     n = t * h
     yield Row("layer_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 2 * n * e + 2 * h * e,
               2 * n * e + 2 * t * h * e, 2 * n * e + 2 * h * e, "one read (row in registers)")
-    # add_rms_norm: pass 1 reads x, residual, writes new_residual and reads it back (as stored: rounded);
-    # pass 2 reads new_residual again and w, writes y. The re-reads are this block's own recent lines (L2).
+    # add_rms_norm (rows of <= 2 16-byte chunks a thread at 512 threads): pass 1 reads x, residual, writes
+    # new_residual and reads it back (as stored: rounded; the thread's own line, L1); pass 2 takes h from
+    # registers, reads w, writes y.
     yield Row("add_rms_norm", f"{t}x{h}", "bf16" if e == 2 else "f32", 4 * n * e + h * e,
-              6 * n * e + t * h * e, 4 * n * e + h * e, "new_residual re-read twice from L1/L2")
-    # GELU family: elementwise, 16-byte vectors, one vector a thread. HBM = the minimum; erff makes these
-    # issue-bound rather than HBM-bound (see docs/membound.md)
+              5 * n * e + t * h * e, 4 * n * e + h * e, "new_residual read back once (L1), h in registers")
+    # GELU family: elementwise, 16-byte vectors, one vector a thread. HBM = the minimum (the exact form's issue:
+    # docs/membound.md)
     n = t * FFN
     for name, arrays_ in (("gelu", 2), ("gelu_backward", 3), ("gelu_gate", 3), ("gelu_gate_backward", 5)):
         yield Row(name, f"{t}x{FFN}", "bf16" if e == 2 else "f32", arrays_ * n * e, arrays_ * n * e,
@@ -145,11 +146,16 @@ def training_rows(e: int) -> Iterator[Row]:
     n = h * FFN
     yield Row("transpose_2d", f"{h}x{FFN}", dt, 2 * n * e, 2 * n * e, 2 * n * e,
               "64x64 tiles, 16-byte vectors both sides")
-    # softmax_backward over attention-prob rows: p, g read twice (dot pass, output pass), grad_in written
+    # softmax_backward over attention-prob rows: p, g read once when the row is <= 2 16-byte chunks a thread of
+    # 512 (kept in registers), else twice (dot pass, output pass); grad_in written
     n = SEQ * HEADS * SEQ
-    hit = _reread_hits(2 * SEQ * e, H100_SMS)
-    yield Row("softmax_backward", f"{SEQ * HEADS}x{SEQ}", dt, 3 * n * e, 5 * n * e, 3 * n * e + (0 if hit else 2 * n * e),
-              "2nd pass from L2 (row fits)")
+    if SEQ * e <= 2 * 512 * 16:
+        yield Row("softmax_backward", f"{SEQ * HEADS}x{SEQ}", dt, 3 * n * e, 3 * n * e, 3 * n * e,
+                  "one read (row in registers)")
+    else:
+        hit = _reread_hits(2 * SEQ * e, H100_SMS)
+        yield Row("softmax_backward", f"{SEQ * HEADS}x{SEQ}", dt, 3 * n * e, 5 * n * e,
+                  3 * n * e + (0 if hit else 2 * n * e), "2nd pass from L2 (row fits)")
     # rms_norm_backward, fused (dim <= 16 x 512): one wave of blocks (264 of 256 threads at dim 4096, 512
     # threads' worth an SM of 132) walks the rows; each thread loads x and g of its 2 (bf16) / 4 (f32) 16-byte
     # chunks into registers (all issued before the first sum: one read of each), the weights twice a row from

@@ -87,6 +87,18 @@ def row_threads(row_len: int) -> int:
     return max(32, min(ROW_THREADS_MAX, -(-per4 // 32) * 32))
 
 
+def cached_row_threads(row_len: int, kind: str, cache_vecs: int) -> int:
+    """Threads for a one-block-per-row kernel that keeps a row of at most cache_vecs 16-byte chunks a thread (at
+    ROW_THREADS_MAX threads) in registers: cache_vecs chunks a thread, so its loads of them are all in flight at
+    once and the small blocks fill an SM's register file (128 threads for 2048 bf16 columns at 2); rows it
+    streams, or that are no whole number of chunks, row_threads."""
+    per = 4 if kind == "f32" else 8  # elements of a 16-byte chunk
+    chunks = row_len // per
+    if row_len % per == 0 and chunks <= cache_vecs * ROW_THREADS_MAX:
+        return max(32, -(-chunks // (cache_vecs * 32)) * 32)
+    return row_threads(row_len)
+
+
 def row_geometry(n_rows: int, row_len_chunks: int) -> tuple[int, tuple[int, int]]:
     """(blocks, block) of the norm kernels: a warp per row (8 rows a block) for short rows, else a block per row
     sized to the row."""

@@ -18,7 +18,7 @@ from .. import arrays
 from ..arrays import check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import (
-    GRID_X_MAX, H100_SMS, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_geometry, row_threads,
+    GRID_X_MAX, H100_SMS, ROW_THREADS_MAX, cached_row_threads, flat, ids_like, int_array, launch, norm_offset, row_geometry, row_threads,
     same_shape, sum_chunks, weight_chunks,
 )
 
@@ -61,6 +61,10 @@ def _rows(name: str, x: Any) -> tuple[tuple[int, ...], int, int]:
 
 def _row_grid(n_rows: int, dim: int) -> tuple[tuple[int], tuple[int]]:
     return (min(n_rows, GRID_X_MAX),), (row_threads(dim),)
+
+
+# kernels_cu/norm_act_loss.cu's ARN_CACHE_VECS: 16-byte chunks of its row an add_rms_norm thread keeps in registers.
+_ARN_CACHE_VECS = 2
 
 
 # kernels_cu/norm_act_loss.cu's LN_CACHE_VECS: 16-byte vectors a thread keeps of a layer_norm row.
@@ -166,7 +170,8 @@ def add_rms_norm(
         y, new_res = arrays.empty(shape, kind, like=x), arrays.empty(shape, kind, like=x)
     if n_rows == 0:
         return y, new_res
-    grid, block = _row_grid(n_rows, dim)
+    # 2 chunks a thread of a row the kernel keeps in registers: x's and residual's 4 loads in flight at once
+    grid, block = (min(n_rows, GRID_X_MAX),), (cached_row_threads(dim, kind, _ARN_CACHE_VECS),)
     launch("add_rms_norm" + _suffix(kind), grid, block, flat(x), flat(residual), weight, flat(y),
             flat(new_res), n_rows, dim, eps, offset, stream=arrays.launch_stream(stream, x), backend=backend)
     return y, new_res

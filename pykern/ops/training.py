@@ -17,7 +17,8 @@ from .. import arrays
 from ..arrays import UINT_MAX as _UINT_MAX, check_u32 as _check_u32, kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._common import (
-    GRID_X_MAX, GRID_YZ_MAX, H100_SMS, ROW_THREADS_MAX, flat, ids_like, int_array, launch, norm_offset, row_threads,
+    GRID_X_MAX, GRID_YZ_MAX, H100_SMS, ROW_THREADS_MAX, cached_row_threads, flat, ids_like, int_array, launch,
+    norm_offset, row_threads,
     same_shape, sum_chunks, weight_chunks,
 )
 
@@ -69,6 +70,16 @@ def transpose_2d(x: Any, *, stream: Any = None, backend: str | None = None) -> A
 
 # --------------------------------------------------------------------------- softmax backward
 
+# kernels_cu/training.cu's SMB_CACHE_VECS: 16-byte chunks of its row a softmax_backward thread keeps in registers.
+_SMB_CACHE_VECS = 2
+
+
+def _softmax_backward_threads(row_len: int, kind: str) -> int:
+    """Threads of softmax_backward's block: 2 chunks a thread of a row it keeps in registers (its 4 loads of p and
+    g in flight at once), else row_threads."""
+    return cached_row_threads(row_len, kind, _SMB_CACHE_VECS)
+
+
 
 @arrays.stream_scoped
 def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: str | None = None) -> Any:
@@ -87,7 +98,7 @@ def softmax_backward(probs: Any, grad_out: Any, *, stream: Any = None, backend: 
     if n_rows * row_len == 0:
         return out
     launch(
-        "softmax_backward" + _suffix(kind), (min(n_rows, GRID_X_MAX),), (row_threads(row_len),),
+        "softmax_backward" + _suffix(kind), (min(n_rows, GRID_X_MAX),), (_softmax_backward_threads(row_len, kind),),
         flat(probs), flat(grad_out), flat(out), n_rows, row_len, stream=arrays.launch_stream(stream, probs),
         backend=backend,
     )

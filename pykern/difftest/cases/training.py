@@ -224,7 +224,7 @@ def _rms_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
 def _embedding_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Case]:
     for kind, n_shape, dim, vocab in only or (("f32", (13,), 7, 11), ("f32", (2, 9), 64, 5), ("f32", (6,), 3, 1),
                                       ("f32", (40,), 16, 1000), ("bf16", (13,), 7, 11), ("bf16", (3, 5), 32, 4),
-                                      ("f32", (3, 100), 4, 4500)):
+                                      ("f32", (3, 100), 4, 4500), ("bf16", (4, 3), 12, 6)):
         g = _cast(rng.standard_normal(n_shape + (dim,)), kind)
         ids = rng.integers(0, vocab, size=n_shape).astype(np.int64)
         if vocab > 2048:  # several bucketing blocks and id tiles: repeats on both sides of a block edge
