@@ -647,15 +647,18 @@ def _pingpong_expected(rounds: int) -> np.ndarray:
     return exp.reshape(-1)
 
 
+@pytest.mark.parametrize("mode", [0, 5])
 @pytest.mark.parametrize("schedule", ["forward", "reverse", "random:4"])
-def test_named_barrier_ping_pong_alternates_two_warpgroups(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_named_barrier_ping_pong_alternates_two_warpgroups(schedule: str, mode: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
     # Every value read is the other warpgroup's latest turn: the arrivals hand the turn over in order, and racecheck
-    # finds every slot's writes ordered with the other warpgroup's reads through the arrive -> sync pairs.
+    # finds every slot's writes ordered with the other warpgroup's reads through the arrive -> sync pairs. mode 5:
+    # warpgroup 1 opens its own barrier (an arrival and a wait of the same warps in one phase, legal).
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
     monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
     rounds = 5
     out = np.full(rounds * 256, -7.0, np.float32)
-    launch("pk_t_bar_pingpong", 1, 384, out, rounds, 0)
+    launch("pk_t_bar_pingpong", 1, 384, out, rounds, mode)
     np.testing.assert_array_equal(out, _pingpong_expected(rounds))
 
 

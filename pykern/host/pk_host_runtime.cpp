@@ -1754,14 +1754,8 @@ extern "C" int pkrt_named_barrier(int id, unsigned count, int kind, int pred, co
         return 0;
     }
     nb_join(k, id, count, kind, file, line);
+    // A warp may wait on a phase it arrived at (FA3's first warpgroup opens its own barrier so: arrive, then sync).
     Block::Named& nb = k->named[id];
-    if (nb.arr_warps >> t->warp & 1) {
-        snprintf(what, sizeof what,
-                 "%s of named barrier %d at %s:%d: warp %u arrived at this phase already (barrier.arrive at "
-                 "%s:%d): a GPU counts both arrivals and releases the phase early",
-                 nb_name(kind), id, file, line, t->warp, nb.arr_file[t->warp], nb.arr_line[t->warp]);
-        fail_simple(what);
-    }
     nb.arrived++;
     nb.pred_count += pred ? 1u : 0u;
     if (nb.arrived == nb.count) nb_release(k, id);

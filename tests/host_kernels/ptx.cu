@@ -216,13 +216,14 @@ extern "C" __global__ void pk_t_bar_handoff(float* out, int mode) {
 // out[r][256 threads]: the value each thread read in round r.
 // mode 0: clean; 1: warpgroup 1 writes its slot once more after its arrival (a race with warpgroup 2's read);
 // 2: warpgroup 2 waits with a wrong thread count (224); 3: warpgroup 2 never opens the game (warpgroup 1 waits
-// forever); 4: warpgroup 2 opens the game twice (on a GPU the second arrival would count towards the next phase).
+// forever); 4: warpgroup 2 opens the game twice (on a GPU the second arrival would count towards the next phase);
+// 5: clean, warpgroup 1 opening its own barrier (FA3's way: its arrival and its wait make up the first phase).
 extern "C" __global__ void pk_t_bar_pingpong(float* out, int rounds, int mode) {
     __shared__ float slot[2][128];
     const int tid = threadIdx.x, wg = tid / 128, me = tid % 128;
     if (wg == 0) return;
     const int w = wg - 1;
-    if (w == 1 && mode != 3) pk_bar_arrive(1, 256);
+    if (mode == 5 ? w == 0 : w == 1 && mode != 3) pk_bar_arrive(1, 256);
     if (w == 1 && mode == 4) pk_bar_arrive(1, 256);
     for (int r = 0; r < rounds; r++) {
         pk_bar_sync(1 + w, w == 1 && mode == 2 ? 224 : 256);
