@@ -1049,6 +1049,11 @@ __device__ __forceinline__ void pk_cp_async_16_s(pk_saddr dst, const void* gmem_
 // `threads` as a sync does, and orders the arriving warp's accesses before it with the waiting warps' after the
 // release (FA3's ping-pong: one warpgroup arrives at the barrier the other waits on). A warp must not arrive
 // twice in one phase (the GPU would count it twice).
+// pk_bar_sync_aligned / pk_bar_arrive_aligned (bar.sync / bar.arrive, i.e. barrier.cta.{sync,arrive}.aligned):
+// the same, for code where every lane of the warp runs the same barrier instruction (converged), which lets
+// ptxas keep the code after it warp-uniform (uniform registers, no WARPSYNC): FA3's warp scheduler barriers.
+// The non-.aligned forms there cost the sm_90a forward's loop 82 instructions a tile (descriptors left the
+// uniform datapath, a convergence region around the loop).
 // Host backend: pkrt_named_barrier (the caller's file and line name it in the errors), with a wrong thread
 // count reported as a mismatch and racecheck ordering between the participants' warps only.
 #if defined(PYKERN_HOST)
@@ -1066,6 +1071,14 @@ __device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads, const
 }
 __device__ __forceinline__ void pk_bar_arrive(unsigned id, unsigned threads, const char* file = __builtin_FILE(),
                                               int line = __builtin_LINE()) {
+    (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_ARRIVE, 1, file, line);
+}
+__device__ __forceinline__ void pk_bar_sync_aligned(unsigned id, unsigned threads,
+                                                    const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_PLAIN, 1, file, line);
+}
+__device__ __forceinline__ void pk_bar_arrive_aligned(unsigned id, unsigned threads,
+                                                      const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_ARRIVE, 1, file, line);
 }
 #else
@@ -1094,6 +1107,12 @@ __device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads) {
 }
 __device__ __forceinline__ void pk_bar_arrive(unsigned id, unsigned threads) {
     asm volatile("barrier.cta.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void pk_bar_sync_aligned(unsigned id, unsigned threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void pk_bar_arrive_aligned(unsigned id, unsigned threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 #endif
 // ================================= end of the named barriers section ===============================
