@@ -502,7 +502,7 @@ def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monke
     named = set(re.findall(r"\bpk_\w+", str(err.value)))
     for w in ("pk_cvt_e4m3x2", "pk_cvt_f32x2_e5m2x2", "pk_wgmma_m64nNk16_ss", "pk_wgmma_m64nNk16_rs", "pk_wgmma_fence",
               "pk_tma_load_4d", "pk_mbarrier_wait_parity", "pk_setmaxnreg_inc", "pk_elect_one", "pk_cp_async_wait",
-              "pk_bar_red_and", "pk_bar_sync"):
+              "pk_bar_red_and", "pk_bar_sync", "pk_bar_arrive", "pk_bar_arrive_aligned"):
         assert w in named, w
     assert not any(n.startswith("pk_host_") for n in named)
 
@@ -536,7 +536,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
                   "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
                   "ex2.approx.ftz.f32", "ld.relaxed.gpu.global.v4.b32", "barrier.cta.red.and.pred",
-                  "barrier.cta.red.or.pred", "barrier.cta.sync", "prmt.b32"):
+                  "barrier.cta.red.or.pred", "barrier.cta.sync", "barrier.cta.arrive", "prmt.b32"):
         assert instr in ptx, instr
     tool = _cuobjdump()
     if tool is None:
@@ -549,7 +549,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
     for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2",
-               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC", "PRMT"):
+               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC", "BAR.ARV", "PRMT"):
         assert op in sass, f"{op} missing from the {arch} SASS"
     if arch == "sm_90":  # pk_t_fp8x4: the FP8 pair conversion is one instruction (sm_89+)
         assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.F16.E5M2.UNPACK_B" in sass
