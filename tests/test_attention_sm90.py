@@ -408,6 +408,54 @@ def test_a_wgmma_without_its_fence_is_reported(tmp_path, monkeypatch) -> None:
         _launch_d64(name)
 
 
+def _launch_d128_full(name: str) -> np.ndarray:
+    """Launches the d128 bf16 kernel `name` over 130 queries and 384 keys, not causal (three steady key tiles:
+    the first peeled off, two steps of the ping-pong loop)."""
+    import pykern
+    from pykern.tensormap import make_tensor_map
+
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((1, 130, 1, 128)).astype(ml_dtypes.bfloat16)
+    k, v = (rng.standard_normal((1, 384, 1, 128)).astype(ml_dtypes.bfloat16) for _ in range(2))
+    bc = sm90._CFG[128][0]
+    tq = make_tensor_map(q, (1, 128, 1, 64), "128B", backend=HOST)
+    tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=HOST)
+    tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=HOST)
+    out = np.zeros_like(q)
+    lse = np.zeros((1, 130, 1), np.float32)
+    pykern.launch(name, 2, sm90.THREADS, tq, tk, tv, out, lse, 1, 130, 384, 1, 1, 0.088, 384, 384,
+                  shared_mem=sm90.shared_bytes(128), backend=HOST)
+    return out
+
+
+_OPENING = "        if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);\n"
+
+
+def test_the_ping_pong_copy_runs(tmp_path, monkeypatch) -> None:
+    # the mutants' baseline: the d128 copy with its ping-pong intact runs the launch below and matches float64
+    out = _launch_d128_full(_mutant(tmp_path, monkeypatch, _OPENING, _OPENING).replace("d64", "d128"))
+    assert np.isfinite(out.astype(np.float32)).all() and np.abs(out.astype(np.float32)).max() > 0.01
+
+
+def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
+    # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3 and consumer 1 on 4,
+    # forever (a hang on the GPU); the host names both barriers and their arrivals.
+    name = _mutant(tmp_path, monkeypatch, _OPENING, "").replace("d64", "d128")
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel fa90_mutant_d128_bf16: block \(\d+,0,0\): deadlock: .*; 128 of 256 threads arrived at named "
+            r"barrier 3 \(first at .*fa90_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
+        _launch_d128_full(name)
+
+
+def test_a_ping_pong_hand_over_with_a_wrong_thread_count_is_reported(tmp_path, monkeypatch) -> None:
+    old = "pk_bar_arrive_aligned(pp ^ 7, 256);"
+    name = _mutant(tmp_path, monkeypatch, old, old.replace("256", "224")).replace("d64", "d128")
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel fa90_mutant_d128_bf16: .*barrier\.(sync|arrive) of named barrier [34] with (256|224) threads at "
+            r".*fa90_mutant\.cu:\d+, but this phase's first arrival was barrier\.(arrive|sync) with (224|256) threads")):
+        _launch_d128_full(name)
+
+
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
 @lru_cache(maxsize=None)
 def _sass():
