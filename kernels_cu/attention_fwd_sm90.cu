@@ -54,12 +54,17 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1 }; };
-template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1 }; };
+// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_pv_scores). On at d128 only: its 2 BAR
+// instructions a tile and their set-up cost 10 a tile there (302, 1.180 per m16n8k16-equivalent against 292, 1.141);
+// at d64 the 4 BARs a pair alone lift the loop to 2.003 (765 -> 769) and the varlen softcap kernel spills 4 bytes,
+// at d256 0.787 (399 -> 403), at 192 / 128 0.994 (310 -> 318); FA3 keeps its warp scheduler barriers to head dims
+// up to 128 as well.
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
-template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0 }; };
+template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0 }; };
 
 #define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
 
@@ -173,19 +178,36 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
 }
 
+// Ping-pong of the two consumer warpgroups in the steady state (FA3's warp scheduler barriers): consumer c issues
+// a step's wgmmas only in its turn, waiting on named barrier FA90_BAR_PP + c (256 threads: its own 128 and the
+// other warpgroup's arrival), and once they are issued hands the turn over by arriving at the other's barrier
+// (FA90_BAR_PP + 1 - c) without waiting. So the tensor pipe takes the two warpgroups' wgmma groups in
+// alternation, and one warpgroup's softmax runs while the other's GEMMs execute (the exp2s and the wgmmas of one
+// warpgroup would otherwise queue behind each other). Consumer 1 opens the game with one arrival at consumer
+// 0's barrier; the last hand-over stays open when the CTA exits. Both warpgroups run the same steps (the tile
+// split is the CTA's), so the turns pair up. Barriers 1 and 2 are fa90_softmax_lazy's (WG) reductions.
+#define FA90_BAR_PP 3
+// This consumer warpgroup's ping-pong barrier, FA90_BAR_PP + c = threadIdx.x / 128 + 2 (one shift and add where
+// the loop has no register to keep it in); the other's is it ^ 7 (3 <-> 4).
+static_assert(FA90_BAR_PP == 3, "fa90_pp_bar: FA90_BAR_PP + c == threadIdx.x / 128 + 2, the other's id ^ 7");
+__device__ __forceinline__ unsigned fa90_pp_bar() { return threadIdx.x / 128 + 2; }
+
 // One step of the steady state: O += P V of the previous tile (its slot's V through dv) and S = Q K^T of the
 // next one (K through dk, once its slot's `full` mbarrier fb has completed) as one wgmma group (one fence, one
-// wait), then the arrival on the previous slot's `empty` mbarrier, which lies 2 mbarriers past fb (ST == 2).
+// wait), issued in this warpgroup's ping-pong turn, then the arrival on the previous slot's `empty` mbarrier,
+// which lies 2 mbarriers past fb (ST == 2).
 template <typename T, int DQK, int DV, int BC, bool QREG>
 __device__ __forceinline__ void fa90_pv_scores(float (&o)[DV / 2], const unsigned (&pa)[BC / 16][4],
                                                float (&s)[BC / 2], const unsigned (&qa)[DQK / 16][4],
                                                unsigned long long dq, unsigned long long dk, unsigned long long dv,
-                                               unsigned long long* fb, unsigned parity) {
+                                               unsigned long long* fb, unsigned parity, unsigned pp) {
     pk_mbarrier_wait_parity(fb, parity);
+    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
     fa90_issue_pv<T, DV, BC>(o, pa, dv);
     fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
     pk_wgmma_commit();
+    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(fb + 2);
 }
@@ -200,7 +222,8 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
                                           unsigned bar = 0) {
     // pk_opaque_u64: the descriptors are loop invariants of the hot loop; computed here, not hoisted out of it
     // (its 28 advanced descriptors would take registers the loop does not have).
-    fa90_pv_scores<T, DQK, DV, BC, QREG>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity);
+    fa90_pv_scores<T, DQK, DV, BC, QREG>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity,
+                                         fa90_pp_bar());
     fa90_cap<SC, BC>(s, pre);
     return fa90_softmax_lazy<T, DV, BC, WG>(s, m, l, pa, sl2, bar);
 }
@@ -392,6 +415,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         if (!fa90_softmax_lazy<T, DV, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
+        // Consumer 1 gives consumer 0 the first turn of the ping-pong (fa90_pv_scores), where steps follow.
+        if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);
         if constexpr (!Cfg::PAIR) {
             // One step an iteration: the two ring slots alternate; the step's K and V descriptors come from the
             // next slot nb by one wide multiply-add each (K at dk0 + nb * KU, V at dv1 - nb * VU), the full

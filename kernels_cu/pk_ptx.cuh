@@ -1045,6 +1045,15 @@ __device__ __forceinline__ void pk_cp_async_16_s(pk_saddr dst, const void* gmem_
 // warp must execute it); the non-.aligned form, so the warps may arrive from different instructions. The
 // reductions return the AND / OR of p over the `threads` arrivals, the same value in every one; like
 // __syncthreads, the barrier orders the participants' shared-memory accesses before it with theirs after it.
+// pk_bar_arrive (barrier.cta.arrive): the warp's arrival without waiting for the phase; it counts towards the
+// `threads` as a sync does, and orders the arriving warp's accesses before it with the waiting warps' after the
+// release (FA3's ping-pong: one warpgroup arrives at the barrier the other waits on). A warp must not arrive
+// twice in one phase (the GPU would count it twice).
+// pk_bar_sync_aligned / pk_bar_arrive_aligned (bar.sync / bar.arrive, i.e. barrier.cta.{sync,arrive}.aligned):
+// the same, for code where every lane of the warp runs the same barrier instruction (converged), which lets
+// ptxas keep the code after it warp-uniform (uniform registers, no WARPSYNC): FA3's warp scheduler barriers.
+// The non-.aligned forms there cost the sm_90a forward's loop 82 instructions a tile (descriptors left the
+// uniform datapath, a convergence region around the loop).
 // Host backend: pkrt_named_barrier (the caller's file and line name it in the errors), with a wrong thread
 // count reported as a mismatch and racecheck ordering between the participants' warps only.
 #if defined(PYKERN_HOST)
@@ -1059,6 +1068,18 @@ __device__ __forceinline__ bool pk_bar_red_or(unsigned id, unsigned threads, boo
 __device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads, const char* file = __builtin_FILE(),
                                             int line = __builtin_LINE()) {
     (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_PLAIN, 1, file, line);
+}
+__device__ __forceinline__ void pk_bar_arrive(unsigned id, unsigned threads, const char* file = __builtin_FILE(),
+                                              int line = __builtin_LINE()) {
+    (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_ARRIVE, 1, file, line);
+}
+__device__ __forceinline__ void pk_bar_sync_aligned(unsigned id, unsigned threads,
+                                                    const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_PLAIN, 1, file, line);
+}
+__device__ __forceinline__ void pk_bar_arrive_aligned(unsigned id, unsigned threads,
+                                                      const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    (void)pkrt_named_barrier((int)id, threads, PKRT_BAR_ARRIVE, 1, file, line);
 }
 #else
 __device__ __forceinline__ bool pk_bar_red_and(unsigned id, unsigned threads, bool p) {
@@ -1083,6 +1104,15 @@ __device__ __forceinline__ bool pk_bar_red_or(unsigned id, unsigned threads, boo
 }
 __device__ __forceinline__ void pk_bar_sync(unsigned id, unsigned threads) {
     asm volatile("barrier.cta.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void pk_bar_arrive(unsigned id, unsigned threads) {
+    asm volatile("barrier.cta.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void pk_bar_sync_aligned(unsigned id, unsigned threads) {
+    asm volatile("bar.sync %0, %1;" ::"r"(id), "r"(threads) : "memory");
+}
+__device__ __forceinline__ void pk_bar_arrive_aligned(unsigned id, unsigned threads) {
+    asm volatile("bar.arrive %0, %1;" ::"r"(id), "r"(threads) : "memory");
 }
 #endif
 // ================================= end of the named barriers section ===============================

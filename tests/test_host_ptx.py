@@ -502,7 +502,7 @@ def test_raw_asm_is_a_host_build_error_naming_the_wrappers(tmp_path: Path, monke
     named = set(re.findall(r"\bpk_\w+", str(err.value)))
     for w in ("pk_cvt_e4m3x2", "pk_cvt_f32x2_e5m2x2", "pk_wgmma_m64nNk16_ss", "pk_wgmma_m64nNk16_rs", "pk_wgmma_fence",
               "pk_tma_load_4d", "pk_mbarrier_wait_parity", "pk_setmaxnreg_inc", "pk_elect_one", "pk_cp_async_wait",
-              "pk_bar_red_and", "pk_bar_sync"):
+              "pk_bar_red_and", "pk_bar_sync", "pk_bar_arrive", "pk_bar_arrive_aligned"):
         assert w in named, w
     assert not any(n.startswith("pk_host_") for n in named)
 
@@ -536,7 +536,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
                   "ldmatrix.sync.aligned.m8n8.x4.trans.shared.b16", "cp.async.cg.shared.global",
                   "cp.async.commit_group", "cp.async.wait_group 1", "cp.async.wait_all", "cvt.rn.bf16x2.f32",
                   "ex2.approx.ftz.f32", "ld.relaxed.gpu.global.v4.b32", "barrier.cta.red.and.pred",
-                  "barrier.cta.red.or.pred", "barrier.cta.sync", "prmt.b32"):
+                  "barrier.cta.red.or.pred", "barrier.cta.sync", "barrier.cta.arrive", "prmt.b32"):
         assert instr in ptx, instr
     tool = _cuobjdump()
     if tool is None:
@@ -549,7 +549,7 @@ def test_nvrtc_compiles_every_wrapper_to_tensor_core_sass(arch: str, tmp_path: P
     env = dict(os.environ, PATH=bindir + os.pathsep + os.environ.get("PATH", ""))
     sass = subprocess.run([tool, "-sass", str(cubin)], capture_output=True, text=True, check=True, env=env).stdout
     for op in ("HMMA.16816.F32.BF16", "LDSM.16.M88.4", "LDSM.16.MT88.4", "LDGSTS", "F2FP.BF16", "MUFU.EX2",
-               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC", "PRMT"):
+               "BAR.RED.AND", "BAR.RED.OR", "BAR.SYNC", "BAR.ARV", "PRMT"):
         assert op in sass, f"{op} missing from the {arch} SASS"
     if arch == "sm_90":  # pk_t_fp8x4: the FP8 pair conversion is one instruction (sm_89+)
         assert "F2FP.F16.E4M3.UNPACK_B" in sass and "F2FP.F16.E5M2.UNPACK_B" in sass
@@ -634,6 +634,81 @@ def test_named_barrier_that_cannot_complete_is_a_deadlock() -> None:
             r"kernel pk_t_bar_handoff: block \(0,0,0\): deadlock: .*waits at named barrier 3 \(barrier.sync, 256 "
             r"threads\) at .*ptx\.cu:\d+; 128 of 256 threads arrived at named barrier 3")):
         launch("pk_t_bar_handoff", 1, 384, np.zeros(256, np.float32), 5)
+
+
+# ---- named barriers: FA3's ping-pong (pk_bar_sync / pk_bar_arrive between two warpgroups) -------------------
+def _pingpong_expected(rounds: int) -> np.ndarray:
+    me = np.arange(128)
+    exp = np.zeros((rounds, 256), np.float32)
+    for r in range(rounds):
+        # warpgroup 1 sees warpgroup 2's previous turn (nothing in round 0), warpgroup 2 warpgroup 1's this turn
+        exp[r, :128] = 0 if r == 0 else 1000 + 10 * (r - 1) + 1 + (127 - me)
+        exp[r, 128:] = 10 * r + 1 + (127 - me)
+    return exp.reshape(-1)
+
+
+@pytest.mark.parametrize("mode", [0, 5])
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "random:4"])
+def test_named_barrier_ping_pong_alternates_two_warpgroups(schedule: str, mode: int,
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    # Every value read is the other warpgroup's latest turn: the arrivals hand the turn over in order, and racecheck
+    # finds every slot's writes ordered with the other warpgroup's reads through the arrive -> sync pairs. mode 5:
+    # warpgroup 1 opens its own barrier (an arrival and a wait of the same warps in one phase, legal).
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    rounds = 5
+    out = np.full(rounds * 256, -7.0, np.float32)
+    launch("pk_t_bar_pingpong", 1, 384, out, rounds, mode)
+    np.testing.assert_array_equal(out, _pingpong_expected(rounds))
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse"])
+def test_named_barrier_store_after_the_arrive_is_a_race(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # The arrival releases only the accesses before it: warpgroup 1's store after it races with warpgroup 2's read.
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_pingpong: racecheck: (read-after-write|write-after-read) race on static __shared__ "
+            r".*thread \((\d+),0,0\) (wrote|read) at .*ptx\.cu:(\d+).*, then .*thread \((\d+),0,0\) (wrote|read) at "
+            r".*ptx\.cu:(\d+)")) as e:
+        launch("pk_t_bar_pingpong", 1, 384, np.zeros(3 * 256, np.float32), 3, 1)
+    m = re.search(r"thread \((\d+),0,0\) (wrote|read) at .*?ptx\.cu:(\d+).*, then .*thread \((\d+),0,0\) (wrote|read) "
+                  r"at .*?ptx\.cu:(\d+)", str(e.value))
+    accesses = {m[2]: (int(m[1]), int(m[3])), m[5]: (int(m[4]), int(m[6]))}
+    src = (HOST_KERNELS / "ptx.cu").read_text().splitlines()
+    # the write is warpgroup 1's store after its arrival, the read warpgroup 2's
+    assert 128 <= accesses["wrote"][0] < 256 and "after the arrival" in src[accesses["wrote"][1] - 1]
+    assert 256 <= accesses["read"][0] < 384 and "slot[1 - w][127 - me]" in src[accesses["read"][1] - 1]
+
+
+def test_named_barrier_arrive_with_a_wrong_thread_count_is_reported() -> None:
+    # Warpgroup 2 waits on barrier 2 with 224 threads while warpgroup 1 arrives there with 256: the GPU would release
+    # the phase early or hang; the host names both arrivals, whichever came first.
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_pingpong: .*named barrier 2 with (224|256) threads at .*ptx\.cu:\d+, but this phase's "
+            r"first arrival was barrier\.(sync|arrive) with (256|224) threads at .*ptx\.cu:\d+")):
+        launch("pk_t_bar_pingpong", 1, 384, np.zeros(2 * 256, np.float32), 2, 2)
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse"])
+def test_named_barrier_whose_warpgroup_never_arrives_is_a_deadlock(schedule: str,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    # Warpgroup 2 never opens the game: warpgroup 1 waits on barrier 1 forever, and warpgroup 2 on barrier 2.
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_pingpong: block \(0,0,0\): deadlock: .*waits at named barrier [12] \(barrier\.sync, 256 "
+            r"threads\) at .*ptx\.cu:\d+; 128 of 256 threads arrived at named barrier 1 .*; 128 of 256 threads "
+            r"arrived at named barrier 2")):
+        launch("pk_t_bar_pingpong", 1, 384, np.zeros(2 * 256, np.float32), 2, 3)
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse"])
+def test_named_barrier_arrive_twice_in_one_phase_is_reported(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_bar_pingpong: .*barrier\.arrive of named barrier 1 at .*ptx\.cu:\d+: warp (8|9|10|11) "
+            r"arrives a second time in one phase \(it arrived at .*ptx\.cu:\d+; \d+ of 256 threads have arrived\)")):
+        launch("pk_t_bar_pingpong", 1, 384, np.zeros(2 * 256, np.float32), 2, 4)
 
 
 # ---- NVRTC: mma .e4m3 (sm_89+) -----------------------------------------------------------------------------

@@ -142,7 +142,7 @@ template <typename T> struct pk_dynamic_smem_ref {
 };
 
 // ---- barriers --------------------------------------------------------------
-enum { PKRT_BAR_PLAIN = 0, PKRT_BAR_COUNT = 1, PKRT_BAR_AND = 2, PKRT_BAR_OR = 3 };
+enum { PKRT_BAR_PLAIN = 0, PKRT_BAR_COUNT = 1, PKRT_BAR_AND = 2, PKRT_BAR_OR = 3, PKRT_BAR_ARRIVE = 4 };
 #define __syncthreads() ((void)pkrt_barrier(PKRT_BAR_PLAIN, 1, __FILE__, __LINE__))
 #define __syncthreads_count(p) pkrt_barrier(PKRT_BAR_COUNT, (p) ? 1 : 0, __FILE__, __LINE__)
 #define __syncthreads_and(p) pkrt_barrier(PKRT_BAR_AND, (p) ? 1 : 0, __FILE__, __LINE__)

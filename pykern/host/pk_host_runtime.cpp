@@ -116,6 +116,12 @@ struct Block {
         int kind;
         const char* file;
         int line;
+        // bar.arrive (PKRT_BAR_ARRIVE) in this phase: the warps that arrived without waiting (bit per warp) and
+        // the nb_seq each arrival opened (that warp's accesses stamped below it come before the arrival).
+        unsigned arr_warps;
+        const char* arr_file[kMaxThreads / 32];
+        int arr_line[kMaxThreads / 32];
+        unsigned arr_seq[kMaxThreads / 32];
     } named[16];
     // Racecheck's ordering by named barriers, between participants only: nb_seq counts released named-barrier
     // phases of the block; nb_pair[y][x] is the nb_seq of the last released phase in which warps y and x both
@@ -344,6 +350,7 @@ const char* nb_name(int kind) {
         case PKRT_BAR_COUNT: return "barrier.red.popc";
         case PKRT_BAR_AND: return "barrier.red.and";
         case PKRT_BAR_OR: return "barrier.red.or";
+        case PKRT_BAR_ARRIVE: return "barrier.arrive";
         default: return "barrier.sync";
     }
 }
@@ -377,6 +384,7 @@ void sm90_describe_park(Buf& b, const Thread* t);
 void sm90_block_start(Block* k);
 void sm90_thread_exit(Thread* t);
 void sm90_block_end(Block* k);
+void nb_try_arrive(Block* k, unsigned w, int id);  // named barriers' barrier.arrive (below)
 
 void describe_where(Buf& b, const Thread* t) {
     const Block* k = t->blk;
@@ -1217,6 +1225,14 @@ void try_complete(Block* k, unsigned warp, unsigned l) {
     for (unsigned l = 0; l < 32 && w.waiting; l++)
         if ((w.waiting >> l & 1) && k->threads[t->warp * 32 + l].state == WARP) try_complete(k, t->warp, l);
     try_activemask(k, t->warp);
+    // A barrier.arrive that waited only for this lane's warp mates (nb_try_arrive) can go on now.
+    for (unsigned l = 0; l < 32; l++) {
+        const Thread& o = k->threads[t->warp * 32 + l];
+        if ((w.existing >> l & 1) && o.state == NBAR && o.op == PKRT_BAR_ARRIVE) {
+            nb_try_arrive(k, t->warp, o.arg);
+            break;
+        }
+    }
     // Exited threads count as arrived at a barrier, as on the hardware (sm_70+).
     if (k->n_bar && k->n_bar + k->n_done == g.n) release_barrier(k);
     reschedule(true);
@@ -1583,11 +1599,128 @@ extern "C" int pkrt_barrier(int kind, int pred, const char* file, int line) {
     return static_cast<int>(t->result);
 }
 
-// A named barrier (PTX barrier.sync / barrier.red with a thread count): barrier `id` (1..15; 0 is
-// __syncthreads') completes once `count` threads (a multiple of 32, at most the block) have arrived, whichever
+// A named barrier (PTX barrier.sync / barrier.red / barrier.arrive with a thread count): barrier `id` (1..15; 0
+// is __syncthreads') completes once `count` threads (a multiple of 32, at most the block) have arrived, whichever
 // instructions they arrived at (the non-.aligned form); the rest of the block runs on, and may never arrive.
-// Every arrival of one phase must give the same count and reduction (as the GPU requires; a wrong count
-// would hang or release early there). The result of red.and / red.or / red.popc over the arrivals.
+// Every arrival of one phase must give the same count and the same reduction (barrier.sync and barrier.arrive
+// mix: FA3's ping-pong of two warpgroups); a wrong count would hang or release early on the GPU. The result of
+// red.and / red.or / red.popc over the arrivals.
+// barrier.arrive does not wait for the phase: the warp's live lanes meet (the warp's arrival is one event, as
+// the GPU counts it) and run on. A warp that arrives twice in one phase is an error (the GPU would count both
+// arrivals and release the phase early), as is a thread count that disagrees with the phase's.
+namespace {
+void nb_fail_mismatch(const Block::Named& nb, int id, unsigned count, int kind, const char* file, int line) {
+    char what[512];
+    snprintf(what, sizeof what,
+             "%s of named barrier %d with %u threads at %s:%d, but this phase's first arrival was %s with %u "
+             "threads at %s:%d",
+             nb_name(kind), id, count, file, line, nb_name(nb.kind), nb.count, nb.file, nb.line);
+    fail_simple(what);
+}
+// barrier.sync and barrier.arrive are one kind of phase (no reduction); the reductions each their own.
+inline int nb_class(int kind) { return kind == PKRT_BAR_ARRIVE ? PKRT_BAR_PLAIN : kind; }
+
+// Open barrier id's phase with this arrival, or check the arrival against the open phase.
+void nb_join(Block* k, int id, unsigned count, int kind, const char* file, int line) {
+    Block::Named& nb = k->named[id];
+    if (nb.count == 0) {
+        nb.count = count;
+        nb.kind = kind;
+        nb.file = file;
+        nb.line = line;
+        nb.arrived = nb.pred_count = 0;
+        nb.arr_warps = 0;
+    } else if (count != nb.count || nb_class(kind) != nb_class(nb.kind)) {
+        nb_fail_mismatch(nb, id, count, kind, file, line);
+    }
+}
+
+// The phase of barrier id has all its arrivals: release the threads waiting in it, with `result`. For racecheck,
+// the waiting warps every (existing, not exited) lane of which arrived are ordered with each other, and after the
+// accesses that each warp which arrived by barrier.arrive made before its arrival.
+void nb_release(Block* k, int id) {
+    Block::Named& nb = k->named[id];
+    int result;
+    switch (nb.kind) {
+        case PKRT_BAR_COUNT: result = static_cast<int>(nb.pred_count); break;
+        case PKRT_BAR_AND: result = nb.pred_count == nb.count; break;
+        case PKRT_BAR_OR: result = nb.pred_count != 0; break;
+        default: result = 0;
+    }
+    const unsigned nw = (g.n + 31) / 32;
+    unsigned in[kMaxThreads / 32];
+    unsigned full[kMaxThreads / 32], nfull = 0;
+    for (unsigned w = 0; w < nw; w++) in[w] = 0;
+    for (unsigned i = 0; i < g.n; i++) {
+        Thread& o = k->threads[i];
+        if (o.state == NBAR && o.arg == id && o.op != PKRT_BAR_ARRIVE) {
+            o.state = RUN;
+            o.result = static_cast<unsigned long long>(result);
+            in[o.warp] |= 1u << o.lane;
+        }
+    }
+    k->nb_seq++;
+    for (unsigned w = 0; w < nw; w++)
+        if (in[w] && in[w] == (k->warps[w].existing & ~k->warps[w].exited)) full[nfull++] = w;
+    for (unsigned a = 0; a < nfull; a++) {
+        for (unsigned b2 = 0; b2 < nfull; b2++) k->nb_pair[full[a]][full[b2]] = k->nb_seq;
+        for (unsigned x = 0; x < nw; x++)
+            if (nb.arr_warps >> x & 1)
+                k->nb_pair[full[a]][x] = std::max(k->nb_pair[full[a]][x], nb.arr_seq[x]);
+    }
+    nb.count = 0;
+    nb.arr_warps = 0;
+    if (g.schedule == 2) make_order(k);  // a fresh permutation for every phase
+    std::memset(k->runnable, 0, sizeof k->runnable);
+    for (unsigned i = 0; i < g.n; i++)
+        if (k->threads[i].state == RUN) set_runnable(&k->threads[i]);
+}
+
+// Lanes of warp w wait in barrier.arrive on id: once every live lane has come, the warp arrives (once) and runs on.
+void nb_try_arrive(Block* k, unsigned w, int id) {
+    const Warp& wp = k->warps[w];
+    const unsigned live = wp.existing & ~wp.exited;
+    Thread* lanes = &k->threads[w * 32];
+    unsigned here = 0;
+    for (unsigned l = 0; l < 32; l++)
+        if ((live >> l & 1) && lanes[l].state == NBAR && lanes[l].op == PKRT_BAR_ARRIVE && lanes[l].arg == id)
+            here |= 1u << l;
+    if (here != live) return;
+    const Thread* first = &lanes[__builtin_ctz(here)];
+    nb_join(k, id, static_cast<unsigned>(first->width), PKRT_BAR_ARRIVE, first->file, first->line);
+    Block::Named& nb = k->named[id];
+    if (nb.arr_warps >> w & 1) {
+        char what[512];
+        snprintf(what, sizeof what,
+                 "barrier.arrive of named barrier %d at %s:%d: warp %u arrives a second time in one phase (it "
+                 "arrived at %s:%d; %u of %u threads have arrived): a GPU counts both arrivals and releases the "
+                 "phase early",
+                 id, first->file, first->line, w, nb.arr_file[w], nb.arr_line[w], nb.arrived, nb.count);
+        fail_simple(what);
+    }
+    for (unsigned l = 0; l < 32; l++)
+        if (here >> l & 1) {
+            lanes[l].state = RUN;
+            lanes[l].result = 0;
+            set_runnable(&lanes[l]);
+        }
+    // A fresh sequence point: this warp's accesses before it are stamped below arr_seq, those after at or above.
+    nb.arr_warps |= 1u << w;
+    nb.arr_file[w] = first->file;
+    nb.arr_line[w] = first->line;
+    nb.arr_seq[w] = ++k->nb_seq;
+    nb.arrived += static_cast<unsigned>(__builtin_popcount(here));
+    if (nb.arrived > nb.count) {
+        char what[512];
+        snprintf(what, sizeof what,
+                 "barrier.arrive of named barrier %d at %s:%d: %u threads arrived in a phase of %u threads", id,
+                 first->file, first->line, nb.arrived, nb.count);
+        fail_simple(what);
+    }
+    if (nb.arrived == nb.count) nb_release(k, id);
+}
+}  // namespace
+
 extern "C" int pkrt_named_barrier(int id, unsigned count, int kind, int pred, const char* file, int line) {
     Thread* t = cur();
     Block* k = t->blk;
@@ -1604,20 +1737,6 @@ extern "C" int pkrt_named_barrier(int id, unsigned count, int kind, int pred, co
                  id, file, line, count, g.n);
         fail_simple(what);
     }
-    Block::Named& nb = k->named[id];
-    if (nb.count == 0) {
-        nb.count = count;
-        nb.kind = kind;
-        nb.file = file;
-        nb.line = line;
-        nb.arrived = nb.pred_count = 0;
-    } else if (count != nb.count || kind != nb.kind) {
-        snprintf(what, sizeof what,
-                 "%s of named barrier %d with %u threads at %s:%d, but this phase's first arrival was %s with %u "
-                 "threads at %s:%d",
-                 nb_name(kind), id, count, file, line, nb_name(nb.kind), nb.count, nb.file, nb.line);
-        fail_simple(what);
-    }
     t->state = NBAR;
     t->op = kind;
     t->arg = id;
@@ -1625,43 +1744,22 @@ extern "C" int pkrt_named_barrier(int id, unsigned count, int kind, int pred, co
     t->file = file;
     t->line = line;
     clear_runnable(t);
+    if (kind == PKRT_BAR_ARRIVE) {
+        // The phase is joined when the whole warp has come (nb_try_arrive); a phase open now must agree already.
+        if (k->named[id].count && (count != k->named[id].count || nb_class(kind) != nb_class(k->named[id].kind)))
+            nb_fail_mismatch(k->named[id], id, count, kind, file, line);
+        nb_try_arrive(k, t->warp, id);
+        if (t->state != RUN) try_activemask(k, t->warp);
+        reschedule(false);
+        return 0;
+    }
+    nb_join(k, id, count, kind, file, line);
+    // A warp may wait on a phase it arrived at (FA3's first warpgroup opens its own barrier so: arrive, then sync).
+    Block::Named& nb = k->named[id];
     nb.arrived++;
     nb.pred_count += pred ? 1u : 0u;
-    if (nb.arrived == nb.count) {
-        int result;
-        switch (kind) {
-            case PKRT_BAR_COUNT: result = static_cast<int>(nb.pred_count); break;
-            case PKRT_BAR_AND: result = nb.pred_count == nb.count; break;
-            case PKRT_BAR_OR: result = nb.pred_count != 0; break;
-            default: result = 0;
-        }
-        // Release the phase; the warps every (existing, not exited) lane of which arrived are ordered with each
-        // other for racecheck.
-        const unsigned nw = (g.n + 31) / 32;
-        unsigned in[kMaxThreads / 32];
-        unsigned full[kMaxThreads / 32], nfull = 0;
-        for (unsigned w = 0; w < nw; w++) in[w] = 0;
-        for (unsigned i = 0; i < g.n; i++) {
-            Thread& o = k->threads[i];
-            if (o.state == NBAR && o.arg == id) {
-                o.state = RUN;
-                o.result = static_cast<unsigned long long>(result);
-                in[o.warp] |= 1u << o.lane;
-            }
-        }
-        k->nb_seq++;
-        for (unsigned w = 0; w < nw; w++)
-            if (in[w] && in[w] == (k->warps[w].existing & ~k->warps[w].exited)) full[nfull++] = w;
-        for (unsigned a = 0; a < nfull; a++)
-            for (unsigned b2 = 0; b2 < nfull; b2++) k->nb_pair[full[a]][full[b2]] = k->nb_seq;
-        nb.count = 0;
-        if (g.schedule == 2) make_order(k);  // a fresh permutation for every phase
-        std::memset(k->runnable, 0, sizeof k->runnable);
-        for (unsigned i = 0; i < g.n; i++)
-            if (k->threads[i].state == RUN) set_runnable(&k->threads[i]);
-    } else {
-        try_activemask(k, t->warp);
-    }
+    if (nb.arrived == nb.count) nb_release(k, id);
+    else try_activemask(k, t->warp);
     reschedule(false);
     return static_cast<int>(t->result);
 }

@@ -29,6 +29,8 @@ ROWS = 128  # FA90_BR: queries per CTA
 _CFG = {64: (192, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
 LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
+# Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4).
+PING_PONG = {64: False, 128: True, 192: False, 256: False}
 
 
 def shared_bytes(d: int, d_v: int | None = None) -> int:

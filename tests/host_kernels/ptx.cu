@@ -208,3 +208,29 @@ extern "C" __global__ void pk_t_bar_handoff(float* out, int mode) {
     else if (mode == 5 && wg == 1) pk_bar_sync(3, 256);  // warpgroup 2 never comes: a deadlock
     out[me] = slot[255 - me];
 }
+
+// FA3's ping-pong of two warpgroups through named barriers 1 and 2 (bar.sync id, 256 / bar.arrive id, 256):
+// warpgroup 1 + w (w = 0, 1) waits on barrier 1 + w for its turn, reads what the other warpgroup wrote in its last
+// turn (slot 1 - w), writes its own slot w, then passes the turn on (arrives at the other warpgroup's barrier,
+// 2 - w). Warpgroup 2 opens the game with an arrival at barrier 1. Warpgroup 0 (a producer) never arrives.
+// out[r][256 threads]: the value each thread read in round r.
+// mode 0: clean; 1: warpgroup 1 writes its slot once more after its arrival (a race with warpgroup 2's read);
+// 2: warpgroup 2 waits with a wrong thread count (224); 3: warpgroup 2 never opens the game (warpgroup 1 waits
+// forever); 4: warpgroup 2 opens the game twice (on a GPU the second arrival would count towards the next phase);
+// 5: clean, warpgroup 1 opening its own barrier (FA3's way: its arrival and its wait make up the first phase).
+extern "C" __global__ void pk_t_bar_pingpong(float* out, int rounds, int mode) {
+    __shared__ float slot[2][128];
+    const int tid = threadIdx.x, wg = tid / 128, me = tid % 128;
+    if (wg == 0) return;
+    const int w = wg - 1;
+    if (mode == 5 ? w == 0 : w == 1 && mode != 3) pk_bar_arrive(1, 256);
+    if (w == 1 && mode == 4) pk_bar_arrive(1, 256);
+    for (int r = 0; r < rounds; r++) {
+        pk_bar_sync(1 + w, w == 1 && mode == 2 ? 224 : 256);
+        const float seen = r == 0 && w == 0 ? 0.0f : slot[1 - w][127 - me];
+        slot[w][me] = (float)(1000 * w + 10 * r + 1 + me);
+        pk_bar_arrive(2 - w, 256);
+        if (w == 0 && mode == 1) slot[0][me] = -1.0f;  // a store after the arrival: nothing orders it
+        out[r * 256 + w * 128 + me] = seen;
+    }
+}
