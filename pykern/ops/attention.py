@@ -27,6 +27,7 @@ from ._attention_sm90 import (
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
     try_varlen as _sm90_varlen,
+    try_varlen_backward as _sm90_varlen_backward,
 )
 from ._window import (
     check_softcap as _check_softcap,
@@ -827,6 +828,10 @@ def flash_attention_varlen_backward(
     _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
             _flat(grad_out), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
     if max_q == 0 and max_k == 0:
+        return dq, dk, dv
+    # On sm_90a the wgmma kernels (kernels_cu/attention_bwd_sm90.cu, VL: head_dim 64 / 128) where they apply
+    if _sm90_varlen_backward(q, k, v, grad_out, _flat(lse), delta, _flat(dq), _flat(dk), _flat(dv), cq, ck,
+                             (batch, max_q, max_k, h, kvh, d), scale, wl, wr, softcap, sfx, stream, backend):
         return dq, dk, dv
     smem_kv, smem_q = tc_backward_shared_bytes(D)
     args = (_flat(q), _flat(k), _flat(v), _flat(grad_out), _flat(lse), delta)
