@@ -1,5 +1,6 @@
 // pykern: arch sm_90a
-// Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64 and 128: the same
+// Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64 and 128 (and 256 for the
+// dQ kernel alone: 32-key streamed tiles; the op runs attention_bwd_tc.cu's d256 dK and dV kernels beside it): the same
 // gradients, window / causal mask, GQA mapping and conventions as attention_bwd_tc.cu, given lse (natural log,
 // per (batch, query, head)) and delta = rowsum(dO * O) from the op's pre-pass.
 // Deterministic: every output element has one writer and a fixed summation order (no atomics).
@@ -28,7 +29,7 @@
 //       S^T = K Q^T, dP^T = V dO^T (wgmma SS, m64nCk16), P^T = exp2(S^T * scale * log2 e - lse * log2 e),
 //       dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q (wgmma RS: P^T / dS^T from registers, dO / Q
 //       MN-major from shared memory); dK is scaled once at the end.
-//   dq: the CTA owns 128 queries of one (batch, head) and walks the 64-key tiles they see (K, V streamed):
+//   dq: the CTA owns 128 queries of one (batch, head) and walks the 64-key tiles (32 at d256) they see (K, V streamed):
 //       S = Q K^T, dP = dO V^T (SS), P, dS as above, dQ += dS K (RS, K MN-major); dQ scaled at the end.
 // Layouts as attention_fwd_sm90.cu: tiles of [rows][64] boxes of 128-byte rows, 128B swizzle.
 #include "pk_common.cuh"
@@ -37,7 +38,9 @@
 #include "pk_attn_tc.cuh"  // pk_attn_key_rows
 
 #define AB90_ROWS 128   // keys (dkdv) / queries (dq) per CTA
-#define AB90_STEP 64    // keys per streamed tile (dq)
+// keys per streamed tile (dq): 32 at d256, where the resident Q and dO take 128 KiB of shared memory and dQ 128
+// accumulator registers a thread
+#define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 at d128, where dK and dV take 128 accumulator registers a thread
 #define AB90_DKDV_STEP(D) ((D) >= 128 ? 32 : 64)
 #define AB90_STAGES 2
@@ -230,7 +233,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
                                         const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
                                         int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
                                         int window_left, int window_right, float softcap = 0.0f) {
-    constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_STEP, ST = AB90_STAGES;
+    constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_DQ_STEP(D), ST = AB90_STAGES;
     constexpr unsigned Q_BYTES = R * D * 2, STEP_BYTES = C * D * 2;
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* qs = ab90_smem;
@@ -372,6 +375,8 @@ AB90_ENTRY(attention_bwd_sm90_dkdv_d64, ab90_dkdv, 64, false, false)
 AB90_ENTRY(attention_bwd_sm90_dkdv_d128, ab90_dkdv, 128, false, false)
 AB90_ENTRY(attention_bwd_sm90_dq_d64, ab90_dq, 64, false, false)
 AB90_ENTRY(attention_bwd_sm90_dq_d128, ab90_dq, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d256, ab90_dq, 256, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d256_softcap, ab90_dq, 256, true, false)
 AB90_ENTRY(attention_bwd_sm90_dkdv_d64_softcap, ab90_dkdv, 64, true, false)
 AB90_ENTRY(attention_bwd_sm90_dkdv_d128_softcap, ab90_dkdv, 128, true, false)
 AB90_ENTRY(attention_bwd_sm90_dq_d64_softcap, ab90_dq, 64, true, false)
@@ -468,6 +473,9 @@ PK_IO16_KERNELS(attention_bwd_sm90_dq_d64, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d128, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d64_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d128_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+// head_dim 256: the dQ kernel only (dK and dV: attention_bwd_tc.cu's _dk / _dv pair, which the op runs beside it)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d256, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d256_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)

@@ -10,7 +10,8 @@ sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS and setmaxnreg in the SASS, MUFU.T
 a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent at every head dim without softcap
 (the softcap kernels pinned at their own figures), and no spills, for the dense and the varlen entries
 (flash_attention_varlen on sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels,
-with and without softcap) likewise against float64, the same bits under every host schedule; in the SASS of
+with and without softcap; at head_dim 256 the dQ kernel beside the mma.sync dK / dV) likewise against float64,
+the same bits under every host schedule; in the SASS of
 every backward kernel (dense and varlen, with and without softcap) HGMMA, UTMALDG and SYNCS, MUFU.TANH only in
 the _softcap ones, no spills, and a flat steady-state loop pinned at its warp-instructions per MMA.
 """
@@ -244,12 +245,32 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
 
     rng = np.random.default_rng(4)
     names = _record(monkeypatch)
-    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 256, "bf16", 40)
-    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)  # d256: no sm_90a backward
     q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 96, "bf16", 40)
-    ops.attention_backward(q, k, v, g, backend=HOST)  # d96: neither
-    assert not any("sm90" in n for n in names), names
-    assert any(n.startswith("attention_bwd_tc_dq_d256_softcap") for n in names)
+    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)  # d96: no sm_90a backward
+    assert names == ["attention_bwd_lse_softcap_bf16", "attention_bwd_tc_dkdv_d96_softcap_bf16",
+                     "attention_bwd_tc_dq_d96_softcap_bf16"]
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_backward_d256_runs_the_sm90_dq_kernel_beside_the_mma_sync_dk_dv(cap: float, monkeypatch) -> None:
+    """head_dim 256: dQ on wgmma (attention_bwd_sm90_dq_d256[_softcap], 32-key tiles), dK and dV on the mma.sync
+    _dv / _dk pair; every gradient equals float64, the same bits under another schedule."""
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    rng = np.random.default_rng(256)
+    q, k, v, g = attention_inputs(rng, 2, 150, 4, 2, 256, "bf16", 100)
+    names = _record(monkeypatch)
+    grads = ops.attention_backward(q, k, v, g, causal=True, softcap=cap, backend=HOST)
+    c = "_softcap" if cap else ""
+    assert names == [f"attention_bwd_lse{c}_bf16", f"attention_bwd_sm90_dq_d256{c}_bf16",
+                     f"attention_bwd_tc_dv_d256{c}_bf16", f"attention_bwd_tc_dk_d256{c}_bf16"]
+    ref = np_attention_backward(q, k, v, g, causal=True, softcap=cap)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        close(name, got, want, "attention_backward", "bf16")
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
+    again = ops.attention_backward(q, k, v, g, causal=True, softcap=cap, backend=HOST)
+    for a, b in zip(grads, again):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
 # The _softcap kernels (SC): scores c * tanh(scale * s / c), dS times 1 - tanh^2. (batch, n_q, n_k, heads,
@@ -486,6 +507,7 @@ def _dims(kernel: str) -> tuple[int, int]:
 BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
 BWD_KERNELS = [f"attention_bwd_{vl}sm90_{n}_d{d}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
+BWD_KERNELS += [f"attention_bwd_sm90_dq_d256{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
@@ -519,6 +541,7 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
 BWD_LOOP_BAR = {
     "dkdv_d64": 6.18, "dkdv_d128": 4.19, "dq_d64": 4.18, "dq_d128": 2.42,
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 5.52, "dq_d128_softcap": 3.09,
+    "dq_d256": 2.29, "dq_d256_softcap": 2.62,  # 32-key tiles
 }
 
 
@@ -528,7 +551,7 @@ def test_backward_steady_loop_within_its_bar(kernel: str) -> None:
     loop = loops[kernel]
     part = kernel.split("sm90_")[1].rsplit("_", 1)[0]  # e.g. dkdv_d128_softcap
     d = int(part.split("_d")[1].split("_")[0])
-    step = sm90.bwd_dkdv_step(d) if part.startswith("dkdv") else sm90.BWD_STEP
+    step = sm90.bwd_dkdv_step(d) if part.startswith("dkdv") else sm90.bwd_dq_step(d)
     # per warp and tile: dkdv S^T, dP^T, dV, dK (4 x 64 * step * d / (4 * 2048) m16n8k16s a warp); dq S, dP, dQ
     assert loop["mma"] == (4 if part.startswith("dkdv") else 3) * step * d / 128
     assert loop["per_mma"] <= BWD_LOOP_BAR[part], loop

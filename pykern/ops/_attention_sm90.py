@@ -6,7 +6,8 @@ with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compi
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
 kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
 kernel with its VARLEN template parameter; that op takes head_dim == head_dim_v only). The backward
-(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 128, with or without softcap) serves `attention_backward`
+(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 128, with or without softcap; at 256 its dQ kernel alone) serves
+`attention_backward`
 (`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
 
 PYKERN_SM90=0 turns this path off everywhere (forward, varlen and backward): a Hopper GPU then runs the mma.sync
@@ -144,7 +145,14 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
 # ---- backward (kernels_cu/attention_bwd_sm90.cu) -------------------------------------------------
 BWD_HEAD_DIMS = (64, 128)
 BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA
-BWD_STEP = 64  # AB90_STEP: keys per streamed tile of the dQ kernel
+BWD_STEP = 64  # AB90_DQ_STEP at head_dim 64 / 128: keys per streamed tile of the dQ kernel
+# head_dims of the dQ kernel: BWD_HEAD_DIMS and 256 (whose dK / dV the mma.sync kernels compute)
+BWD_DQ_HEAD_DIMS = (*BWD_HEAD_DIMS, 256)
+
+
+def bwd_dq_step(d: int) -> int:
+    """Keys per streamed tile of the dQ kernel (AB90_DQ_STEP): 32 at d256 (shared memory), else BWD_STEP."""
+    return 32 if d >= 256 else BWD_STEP
 
 
 def bwd_dkdv_step(d: int) -> int:
@@ -170,8 +178,9 @@ def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str |
 
 def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tuple[int, ...], scale: float,
                  win: tuple[int, int, float], kind: str, suffix: str, stream: Any, backend: str | None) -> Any:
-    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`), else
-    None (nothing launched). q, k, v, g contiguous; lse and delta fp32 per (batch, query, head)."""
+    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`); at head_dim 256
+    (dQ kernel only) (dq, None, None), the caller computing dK and dV; else None (nothing launched). q, k, v, g
+    contiguous; lse and delta fp32 per (batch, query, head)."""
     from .. import arrays
     from ..backends import get_backend
     from ..errors import ArgumentError
@@ -180,8 +189,9 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
 
     b, n_q, n_k, h, kvh, d = dims
     wl, wr, softcap = win
-    if not backward_usable(d, softcap, scale, q, backend, k, v, g):
+    if d not in BWD_DQ_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v, g):
         return None
+    dq_only = d not in BWD_HEAD_DIMS
     name = get_backend(backend).name
     c = bwd_dkdv_step(d)
     q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
@@ -192,20 +202,23 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
                 for a, r in ((q4, q_rows), (g4, q_rows), (k4, k_rows), (v4, k_rows))]
 
     try:
-        kv_maps, q_maps = maps(c, BWD_ROWS), maps(BWD_ROWS, BWD_STEP)
+        kv_maps = None if dq_only else maps(c, BWD_ROWS)
+        q_maps = maps(BWD_ROWS, bwd_dq_step(d))
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the mma.sync kernels take it
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
-    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
-    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    dk = dv = None
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
     tail = (b, n_q, n_k, h, kvh, float(scale), wl, wr, *cap)
-    tq, tdo, tk, tv = kv_maps
-    launch(bwd_kernel_name("dkdv", d, softcap, suffix), b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv, tdo,
-           lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
+    if kv_maps is not None:
+        dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+        dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+        tq, tdo, tk, tv = kv_maps
+        launch(bwd_kernel_name("dkdv", d, softcap, suffix), b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv,
+               tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
     tq, tdo, tk, tv = q_maps
     launch(bwd_kernel_name("dq", d, softcap, suffix), b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
-           lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP), stream=stream, backend=backend)
+           lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d)), stream=stream, backend=backend)
     return dq, dk, dv
 
 

@@ -657,7 +657,10 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
     from ...ops._window import normalize
 
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
-    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind)) for p in ("dkdv", "dq"))
+    # at head_dim 256 the dQ kernel alone (the op computes dK and dV with the mma.sync kernels)
+    outputs = ("dq", "dk", "dv") if d in sm90.BWD_HEAD_DIMS else ("dq",)
+    parts = ("dkdv", "dq") if len(outputs) == 3 else ("dq",)
+    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind)) for p in parts)
     scale = 1.0 / np.sqrt(d)
     # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
     # pre-pass gives them, without its fp32 rounding of the sums
@@ -671,12 +674,12 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
                                   None, backend)
         if grads is None:
             raise _declined(",".join(names), backend)
-        return dict(zip(("dq", "dk", "dv"), grads))
+        return dict(zip(outputs, grads))
 
     def ref() -> dict[str, Any]:
         dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale, window_size=window,
                                            softcap=softcap)
-        return {"dq": dq, "dk": dk, "dv": dv}
+        return dict(zip(outputs, (dq, dk, dv)))
 
     shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
     return _sm90_case("attention_backward", kind, shape, names, run, ref)
@@ -720,10 +723,14 @@ SM90_VARLEN = {64: (([5, 90, 0], [9, 250, 3]), ([90, 1, 20], [60, 200, 0])),
           128: (([5, 90, 0], [9, 200, 3]), ([90, 1, 20], [60, 140, 0])),
           256: (([5, 70, 0], [9, 150, 3]), ([70, 1, 20], [60, 100, 0]))}
 SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
-# The backward's _softcap kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap); caps that bend
+# The backward's _softcap kernels and its d256 dQ kernel: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
+# softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
 SM90_BACKWARD_SOFTCAP = ((70, 150, 2, 1, 64, False, (-1, -1), 2.0), (150, 60, 4, 2, 64, True, (-1, -1), 1.5),
-                         (130, 200, 2, 1, 128, False, (40, 10), 2.5), (150, 100, 2, 2, 128, True, (-1, -1), 3.0))
+                         (130, 200, 2, 1, 128, False, (40, 10), 2.5), (150, 100, 2, 2, 128, True, (-1, -1), 3.0),
+                         # head_dim 256: the dQ kernel alone (32-key tiles), with and without softcap
+                         (70, 150, 2, 1, 256, False, (-1, -1), 0.0), (150, 60, 4, 2, 256, True, (-1, -1), 0.0),
+                         (90, 100, 2, 1, 256, False, (30, 5), 2.0), (130, 130, 2, 2, 256, True, (-1, -1), 1.5))
 # The backward's varlen kernels, with and without softcap: (lq, lk, heads, kv_heads, head_dim, causal, window,
 # softcap). Ragged sequences with key / query tiles that run into the next sequence, a sequence with keys but no
 # query (zero dK / dV), one with queries but no key (zero dQ), lengths 1, GQA 2.
