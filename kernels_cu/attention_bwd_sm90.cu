@@ -1,8 +1,24 @@
 // pykern: arch sm_90a
-// Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64 and 128, no
-// softcap: the same gradients, window / causal mask, GQA mapping and conventions as attention_bwd_tc.cu,
-// given lse (natural log, per (batch, query, head)) and delta = rowsum(dO * O) from the op's pre-pass.
+// Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64 and 128 (and 256 for the
+// dQ kernel alone: 32-key streamed tiles; the op runs attention_bwd_tc.cu's d256 dK and dV kernels beside it): the same
+// gradients, window / causal mask, GQA mapping and conventions as attention_bwd_tc.cu, given lse (natural log,
+// per (batch, query, head)) and delta = rowsum(dO * O) from the op's pre-pass.
 // Deterministic: every output element has one writer and a fixed summation order (no atomics).
+// Template parameters beside T and D:
+//   SC (the _softcap kernels, softcap c their last parameter): the scores are c * tanh(scale * s / c), so
+//     P = exp2(t * c * log2 e - lse * log2 e) with t = tanh(s * scale / c) recomputed from the S accumulator
+//     (tanh.approx, never stored), and dS gains the tanh's derivative: dS = P (dP - delta) (1 - t^2) (the scale
+//     is applied once at the end, as without softcap), as attention_bwd_tc.cu's _softcap kernels.
+//   VL (attention_bwd_varlen_sm90_*, flash_attention_varlen_backward): packed sequences, flash-attn's layout.
+//     The grid is the dense one at the longest lengths (n_q / n_k are max_seqlen_q / _k); a prologue reads
+//     sequence b's first rows and lengths from cu_seqlens_q / cu_seqlens_k and clamps the window sides to them
+//     (as attention_bwd_tc.cu's VL); a CTA past its sequence's last key (dkdv) / query (dq) exits before any
+//     barrier; a sequence with keys but no queries gets its zero dK / dV written. The tensor maps cover the
+//     packed rows as one batch (1, total rows, heads, D): the TMA row coordinate starts at the sequence's first
+//     row, so a box that runs past the sequence's end loads the next sequence's rows (zeros past the last
+//     row). Such rows contribute nothing: keys past n_k are masked in the dq kernel (the tile holding key
+//     n_k - 1 is a masked tile, as in the dense kernel) and have rows of their own, never stored, in the dkdv
+//     kernel; queries past n_q read lse = +inf (P = 0, hence dS = 0) and are not stored.
 //
 // Two kernels, each a CTA of 3 warpgroups in the FlashAttention-3 manner: warpgroup 0 is the producer (one
 // elected thread issues TMA loads into a 2-stage ring guarded by full / empty mbarriers, setmaxnreg.dec),
@@ -13,7 +29,7 @@
 //       S^T = K Q^T, dP^T = V dO^T (wgmma SS, m64nCk16), P^T = exp2(S^T * scale * log2 e - lse * log2 e),
 //       dS^T = P^T (dP^T - delta), dV += P^T dO, dK += dS^T Q (wgmma RS: P^T / dS^T from registers, dO / Q
 //       MN-major from shared memory); dK is scaled once at the end.
-//   dq: the CTA owns 128 queries of one (batch, head) and walks the 64-key tiles they see (K, V streamed):
+//   dq: the CTA owns 128 queries of one (batch, head) and walks the 64-key tiles (32 at d256) they see (K, V streamed):
 //       S = Q K^T, dP = dO V^T (SS), P, dS as above, dQ += dS K (RS, K MN-major); dQ scaled at the end.
 // Layouts as attention_fwd_sm90.cu: tiles of [rows][64] boxes of 128-byte rows, 128B swizzle.
 #include "pk_common.cuh"
@@ -22,7 +38,9 @@
 #include "pk_attn_tc.cuh"  // pk_attn_key_rows
 
 #define AB90_ROWS 128   // keys (dkdv) / queries (dq) per CTA
-#define AB90_STEP 64    // keys per streamed tile (dq)
+// keys per streamed tile (dq): 32 at d256, where the resident Q and dO take 128 KiB of shared memory and dQ 128
+// accumulator registers a thread
+#define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 at d128, where dK and dV take 128 accumulator registers a thread
 #define AB90_DKDV_STEP(D) ((D) >= 128 ? 32 : 64)
 #define AB90_STAGES 2
@@ -56,12 +74,13 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 }
 
 // ------------------------------------------------------------------------------------------------ dK, dV
-template <typename T, int D>
+template <typename T, int D, bool SC, bool VL>
 __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                           const CUtensorMap* tdo, const float* __restrict__ lse,
                                           const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
-                                          int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
-                                          int window_left, int window_right) {
+                                          const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
+                                          int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
+                                          int window_left, int window_right, float softcap = 0.0f) {
     constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_DKDV_STEP(D), ST = AB90_STAGES;
     constexpr unsigned KV_BYTES = R * D * 2, STEP_BYTES = C * D * 2;
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
@@ -76,7 +95,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     const int n_kt = (n_k + R - 1) / R;
     const int bkv = blockIdx.x / n_kt, kt = blockIdx.x % n_kt;
     const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
-    const int k0 = kt * R, k_last = min(k0 + R, n_k) - 1;
+    const int k0 = kt * R;
+    // TMA coordinates: row origin and batch of the sequence (VL: the packed rows as one batch)
+    int q_row0 = 0, k_row0 = 0, mb = b;
+    if constexpr (VL) {
+        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
+        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
+        if (k0 >= n_k) return;  // CTA-uniform, before any barrier
+        window_left = min(window_left, n_k), window_right = min(window_right, n_q);
+    }
+    (void)batch;
+    const int k_last = min(k0 + R, n_k) - 1;
     const PkAttnSpan span = pk_attn_k_span(k0, k_last, n_q, n_k, window_left, window_right);
     const int qt0 = span.lo / C, qt1 = span.hi < span.lo ? qt0 : span.hi / C + 1;
     const int steps = (qt1 - qt0) * group;
@@ -93,16 +122,16 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(kv_full, 2 * KV_BYTES);
             for (int nb = 0; nb < NB; nb++) {
-                pk_tma_load_4d(ks + nb * R * 128, tk, kv_full, nb * 64, kvh, k0, b);
-                pk_tma_load_4d(vs + nb * R * 128, tv, kv_full, nb * 64, kvh, k0, b);
+                pk_tma_load_4d(ks + nb * R * 128, tk, kv_full, nb * 64, kvh, k_row0 + k0, mb);
+                pk_tma_load_4d(vs + nb * R * 128, tv, kv_full, nb * 64, kvh, k_row0 + k0, mb);
             }
             for (int i = 0; i < steps; i++) {
                 const int s = i % ST, h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], 2 * STEP_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(qs + s * STEP_BYTES + nb * C * 128, tq, &full[s], nb * 64, h, q0, b);
-                    pk_tma_load_4d(dos + s * STEP_BYTES + nb * C * 128, tdo, &full[s], nb * 64, h, q0, b);
+                    pk_tma_load_4d(qs + s * STEP_BYTES + nb * C * 128, tq, &full[s], nb * 64, h, q_row0 + q0, mb);
+                    pk_tma_load_4d(dos + s * STEP_BYTES + nb * C * 128, tdo, &full[s], nb * 64, h, q_row0 + q0, mb);
                 }
             }
         }
@@ -115,7 +144,10 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     float dka[D / 2], dva[D / 2];
 #pragma unroll
     for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.0f;
-    const float sl2 = scale * 1.4426950408889634f;
+    // base 2: P = 2^(x * sl2 - lse * log2 e), x the score (SC: t = tanh(s * pre), and sl2 carries c)
+    const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
+    const float pre = SC ? scale / softcap : 0.0f;
+    const long long q_base = q_row0;  // VL: the lse / delta row of the sequence's query 0 (dense: b * n_q inline)
     const int key0 = k0 + 64 * c + 16 * wq + g;
     int qlo[2], qhi[2];  // queries that see this thread's two keys
     pk_attn_k_row(key0, n_q, n_k, window_left, window_right, qlo[0], qhi[0]);
@@ -138,7 +170,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int qq = q0 + 8 * j + 2 * t + e;
-                const long long r = ((long long)b * n_q + qq) * n_heads + h;
+                const long long r = ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
                 const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
                 l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
                 dl[j][e] = qq < n_q ? delta[r] : 0.0f;
@@ -156,12 +188,14 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int i4 = 4 * j + 2 * r + e;
-                    p[e] = pk_ex2_approx(fmaf(st_[i4], sl2, -l2[j][e]));
+                    const float x = SC ? __tanhf(st_[i4] * pre) : st_[i4];
+                    p[e] = pk_ex2_approx(fmaf(x, sl2, -l2[j][e]));
                     if (need_mask) {
                         const int qq = q0 + 8 * j + 2 * t + e;
                         if (qq < qlo[r] || qq > qhi[r]) p[e] = 0.0f;
                     }
                     ds[e] = p[e] * (dpt[i4] - dl[j][e]);
+                    if (SC) ds[e] *= 1.0f - x * x;  // d tanh: the softcap's derivative
                 }
                 pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
                 da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
@@ -178,7 +212,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         pk_mbarrier_arrive(&empty[s]);
     }
 
-    pk_attn_key_rows(key0, n_k, (long long)b * n_k, (long long)n_kv_heads * D, (long long)kvh * D,
+    pk_attn_key_rows(key0, n_k, VL ? (long long)k_row0 : (long long)b * n_k, (long long)n_kv_heads * D,
+                     (long long)kvh * D,
                      [&](int r, long long base) {
 #pragma unroll
         for (int j = 0; j < D / 8; j++) {
@@ -191,13 +226,14 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 }
 
 // ------------------------------------------------------------------------------------------------ dQ
-template <typename T, int D>
+template <typename T, int D, bool SC, bool VL>
 __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                         const CUtensorMap* tdo, const float* __restrict__ lse,
-                                        const float* __restrict__ delta, T* __restrict__ dq, int batch, int n_q,
-                                        int n_k, int n_heads, int n_kv_heads, float scale, int window_left,
-                                        int window_right) {
-    constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_STEP, ST = AB90_STAGES;
+                                        const float* __restrict__ delta, T* __restrict__ dq,
+                                        const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
+                                        int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
+                                        int window_left, int window_right, float softcap = 0.0f) {
+    constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_DQ_STEP(D), ST = AB90_STAGES;
     constexpr unsigned Q_BYTES = R * D * 2, STEP_BYTES = C * D * 2;
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* qs = ab90_smem;
@@ -211,7 +247,16 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     const int n_qt = (n_q + R - 1) / R;
     const int bh = blockIdx.x / n_qt, qt = blockIdx.x % n_qt;
     const int b = bh / n_heads, h = bh % n_heads, kvh = h / (n_heads / n_kv_heads);
-    const int q0 = qt * R, q_last = min(q0 + R, n_q) - 1;
+    const int q0 = qt * R;
+    int q_row0 = 0, k_row0 = 0, mb = b;  // as in ab90_dkdv
+    if constexpr (VL) {
+        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
+        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
+        if (q0 >= n_q) return;  // CTA-uniform, before any barrier
+        window_left = min(window_left, n_k), window_right = min(window_right, n_q);
+    }
+    (void)batch;
+    const int q_last = min(q0 + R, n_q) - 1;
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
     const int kt0 = span.lo / C, kt1 = span.hi < span.lo ? kt0 : span.hi / C + 1;
 
@@ -227,16 +272,16 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(q_full, 2 * Q_BYTES);
             for (int nb = 0; nb < NB; nb++) {
-                pk_tma_load_4d(qs + nb * R * 128, tq, q_full, nb * 64, h, q0, b);
-                pk_tma_load_4d(dos + nb * R * 128, tdo, q_full, nb * 64, h, q0, b);
+                pk_tma_load_4d(qs + nb * R * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
+                pk_tma_load_4d(dos + nb * R * 128, tdo, q_full, nb * 64, h, q_row0 + q0, mb);
             }
             for (int i = 0, j = kt0; j < kt1; j++, i++) {
                 const int s = i % ST;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], 2 * STEP_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(ks + s * STEP_BYTES + nb * C * 128, tk, &full[s], nb * 64, kvh, j * C, b);
-                    pk_tma_load_4d(vs + s * STEP_BYTES + nb * C * 128, tv, &full[s], nb * 64, kvh, j * C, b);
+                    pk_tma_load_4d(ks + s * STEP_BYTES + nb * C * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * C, mb);
+                    pk_tma_load_4d(vs + s * STEP_BYTES + nb * C * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * C, mb);
                 }
             }
         }
@@ -247,7 +292,9 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     pk_setmaxnreg_inc<240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
     float dqa[D / 2] = {};
-    const float sl2 = scale * 1.4426950408889634f;
+    const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;  // as in ab90_dkdv
+    const float pre = SC ? scale / softcap : 0.0f;
+    const long long q_base = VL ? (long long)q_row0 : (long long)b * n_q;  // lse / delta / dQ row of query 0
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];
     float l2[2], dl[2];
@@ -255,7 +302,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
         pk_attn_q_row(row, n_q, n_k, window_left, window_right, rlo[r], rhi[r]);
-        const long long idx = ((long long)b * n_q + row) * n_heads + h;
+        const long long idx = (q_base + row) * n_heads + h;
         const float lv = row < n_q ? lse[idx] : PK_NEG_INF;
         l2[r] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
         dl[r] = row < n_q ? delta[idx] : 0.0f;
@@ -283,12 +330,14 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
 #pragma unroll
                 for (int e = 0; e < 2; e++) {
                     const int i4 = 4 * jj + 2 * r + e;
-                    float p = pk_ex2_approx(fmaf(sc[i4], sl2, -l2[r]));
+                    const float x = SC ? __tanhf(sc[i4] * pre) : sc[i4];
+                    float p = pk_ex2_approx(fmaf(x, sl2, -l2[r]));
                     if (need_mask) {
                         const int col = k0 + 8 * jj + 2 * t + e;
                         if (col < rlo[r] || col > rhi[r]) p = 0.0f;
                     }
                     ds[e] = p * (dp[i4] - dl[r]);
+                    if (SC) ds[e] *= 1.0f - x * x;  // d tanh: the softcap's derivative
                 }
                 da[jj / 2][2 * (jj & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
             }
@@ -306,7 +355,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     for (int r = 0; r < 2; r++) {
         const int row = row0 + 8 * r;
         if (row >= n_q) continue;
-        T* o = dq + ((long long)b * n_q + row) * row_stride + (long long)h * D;
+        T* o = dq + (q_base + row) * row_stride + (long long)h * D;
 #pragma unroll
         for (int jj = 0; jj < D / 8; jj++)
             *reinterpret_cast<unsigned int*>(o + 8 * jj + 2 * t) =
@@ -314,47 +363,124 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     }
 }
 
-#define AB90_ENTRY(name, body, D)                                                                                   \
+// Entry points: attention_bwd[_varlen]_sm90_{dkdv,dq}_d{64,128}[_softcap]_{bf16,f16}. The dense kernels pass no
+// cu_seqlens (nullptr); the _softcap kernels take the softcap as one more, last, parameter.
+#define AB90_ENTRY(name, body, D, SC, VL)                                                                            \
     template <typename T, typename... A>                                                                            \
     __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
                                                 const CUtensorMap& tdo, A... a) {                                   \
-        body<T, D>(&tq, &tk, &tv, &tdo, a...);                                                                      \
+        body<T, D, SC, VL>(&tq, &tk, &tv, &tdo, a...);                                                              \
     }
-AB90_ENTRY(attention_bwd_sm90_dkdv_d64, ab90_dkdv, 64)
-AB90_ENTRY(attention_bwd_sm90_dkdv_d128, ab90_dkdv, 128)
-AB90_ENTRY(attention_bwd_sm90_dq_d64, ab90_dq, 64)
-AB90_ENTRY(attention_bwd_sm90_dq_d128, ab90_dq, 128)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d64, ab90_dkdv, 64, false, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d128, ab90_dkdv, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d64, ab90_dq, 64, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d128, ab90_dq, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d256, ab90_dq, 256, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d256_softcap, ab90_dq, 256, true, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d64_softcap, ab90_dkdv, 64, true, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d128_softcap, ab90_dkdv, 128, true, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d64_softcap, ab90_dq, 64, true, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d128_softcap, ab90_dq, 128, true, false)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64, ab90_dkdv, 64, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128, ab90_dkdv, 128, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64, ab90_dq, 64, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128, ab90_dq, 128, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64_softcap, ab90_dkdv, 64, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128_softcap, ab90_dkdv, 128, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64_softcap, ab90_dq, 64, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128_softcap, ab90_dq, 128, true, true)
 
-PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk,
-                 T* __restrict__ dv, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
-                 int window_left, int window_right),
-                (tq, tk, tv, tdo, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
-                 window_right))
-
-PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk,
-                 T* __restrict__ dv, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
-                 int window_left, int window_right),
-                (tq, tk, tv, tdo, lse, delta, dk, dv, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
-                 window_right))
-
-PK_IO16_KERNELS(attention_bwd_sm90_dq_d64, (AB90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
-                (tq, tk, tv, tdo, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
-                 window_right))
-
-PK_IO16_KERNELS(attention_bwd_sm90_dq_d128, (AB90_THREADS, 1),
-                (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
-                 const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap tdo,
-                 const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dq, int batch,
-                 int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right),
-                (tq, tk, tv, tdo, lse, delta, dq, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left,
-                 window_right))
+// Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
+// lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).
+// Varlen (flash_attention_varlen_backward): tensor maps over the packed q / dO (1, total_q, n_heads, D) and k / v
+// (1, total_k, n_kv_heads, D), lse / delta (total_q, n_heads), dk / dv (total_k, n_kv_heads, D), dq (total_q,
+// n_heads, D); cu_seqlens int32 (batch + 1,); the grid the dense one at max_seqlen_q / max_seqlen_k; window sides
+// normalized as the serving ops do (unbounded = 2^30, causal: window_right = 0), clamped per sequence.
+// (The registry reads each parameter list from one object-like macro.)
+#define AB90_DKDV_PARAMS                                                                                             \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, int batch, int n_q, int n_k, int n_heads, int        \
+    n_kv_heads, float scale, int window_left, int window_right)
+#define AB90_DKDV_ARGS                                                                                               \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q, n_k, n_heads, n_kv_heads, scale,             \
+    window_left, window_right)
+#define AB90_DKDV_SC_PARAMS                                                                                          \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, int batch, int n_q, int n_k, int n_heads, int        \
+    n_kv_heads, float scale, int window_left, int window_right, float softcap)
+#define AB90_DKDV_SC_ARGS                                                                                            \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q, n_k, n_heads, n_kv_heads, scale,             \
+    window_left, window_right, softcap)
+#define AB90_DQ_PARAMS                                                                                               \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float          \
+    scale, int window_left, int window_right)
+#define AB90_DQ_ARGS                                                                                                 \
+    (tq, tk, tv, tdo, lse, delta, dq, nullptr, nullptr, batch, n_q, n_k, n_heads, n_kv_heads, scale,                 \
+    window_left, window_right)
+#define AB90_DQ_SC_PARAMS                                                                                            \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dq, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float          \
+    scale, int window_left, int window_right, float softcap)
+#define AB90_DQ_SC_ARGS                                                                                              \
+    (tq, tk, tv, tdo, lse, delta, dq, nullptr, nullptr, batch, n_q, n_k, n_heads, n_kv_heads, scale,                 \
+    window_left, window_right, softcap)
+#define AB90_VL_DKDV_PARAMS                                                                                          \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ cu_seqlens_q, const          \
+    int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int n_heads, int n_kv_heads,      \
+    float scale, int window_left, int window_right)
+#define AB90_VL_DKDV_ARGS                                                                                            \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k,             \
+    n_heads, n_kv_heads, scale, window_left, window_right)
+#define AB90_VL_DKDV_SC_PARAMS                                                                                       \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, const int* __restrict__ cu_seqlens_q, const          \
+    int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int n_heads, int n_kv_heads,      \
+    float scale, int window_left, int window_right, float softcap)
+#define AB90_VL_DKDV_SC_ARGS                                                                                         \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k,             \
+    n_heads, n_kv_heads, scale, window_left, window_right, softcap)
+#define AB90_VL_DQ_PARAMS                                                                                            \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dq, const int* __restrict__ cu_seqlens_q, const int* __restrict__            \
+    cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int n_heads, int n_kv_heads, float scale, int       \
+    window_left, int window_right)
+#define AB90_VL_DQ_ARGS                                                                                              \
+    (tq, tk, tv, tdo, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, n_heads,        \
+    n_kv_heads, scale, window_left, window_right)
+#define AB90_VL_DQ_SC_PARAMS                                                                                         \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dq, const int* __restrict__ cu_seqlens_q, const int* __restrict__            \
+    cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int n_heads, int n_kv_heads, float scale, int       \
+    window_left, int window_right, float softcap)
+#define AB90_VL_DQ_SC_ARGS                                                                                           \
+    (tq, tk, tv, tdo, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, n_heads,        \
+    n_kv_heads, scale, window_left, window_right, softcap)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d64, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d128, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d64_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d128_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+// head_dim 256: the dQ kernel only (dK and dV: attention_bwd_tc.cu's _dk / _dv pair, which the op runs beside it)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d256, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d256_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d128_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d64, (AB90_THREADS, 1), AB90_VL_DQ_PARAMS, AB90_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d128, (AB90_THREADS, 1), AB90_VL_DQ_PARAMS, AB90_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d64_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d128_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)

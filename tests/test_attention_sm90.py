@@ -9,8 +9,11 @@ that does not wait on the `full` mbarrier, a wgmma without its fence) is reporte
 sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS and setmaxnreg in the SASS, MUFU.TANH only in the softcap kernels,
 a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent at every head dim without softcap
 (the softcap kernels pinned at their own figures), and no spills, for the dense and the varlen entries
-(flash_attention_varlen on sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels)
-likewise against float64, deterministic.
+(flash_attention_varlen on sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels,
+with and without softcap; at head_dim 256 the dQ kernel beside the mma.sync dK / dV) likewise against float64,
+the same bits under every host schedule; in the SASS of
+every backward kernel (dense and varlen, with and without softcap) HGMMA, UTMALDG and SYNCS, MUFU.TANH only in
+the _softcap ones, no spills, and a flat steady-state loop pinned at its warp-instructions per MMA.
 """
 from __future__ import annotations
 
@@ -242,11 +245,85 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
 
     rng = np.random.default_rng(4)
     names = _record(monkeypatch)
-    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 256, "bf16", 40)
-    ops.attention_backward(q, k, v, g, backend=HOST)  # d256: no sm_90a backward
-    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 64, "bf16", 40)
-    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)
-    assert not any("sm90" in n for n in names) and any(n.startswith("attention_bwd_tc_dq_d256") for n in names)
+    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 96, "bf16", 40)
+    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)  # d96: no sm_90a backward
+    assert names == ["attention_bwd_lse_softcap_bf16", "attention_bwd_tc_dkdv_d96_softcap_bf16",
+                     "attention_bwd_tc_dq_d96_softcap_bf16"]
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_backward_d256_runs_the_sm90_dq_kernel_beside_the_mma_sync_dk_dv(cap: float, monkeypatch) -> None:
+    """head_dim 256: dQ on wgmma (attention_bwd_sm90_dq_d256[_softcap], 32-key tiles), dK and dV on the mma.sync
+    _dv / _dk pair; every gradient equals float64, the same bits under another schedule."""
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    rng = np.random.default_rng(256)
+    q, k, v, g = attention_inputs(rng, 2, 150, 4, 2, 256, "bf16", 100)
+    names = _record(monkeypatch)
+    grads = ops.attention_backward(q, k, v, g, causal=True, softcap=cap, backend=HOST)
+    c = "_softcap" if cap else ""
+    assert names == [f"attention_bwd_lse{c}_bf16", f"attention_bwd_sm90_dq_d256{c}_bf16",
+                     f"attention_bwd_tc_dv_d256{c}_bf16", f"attention_bwd_tc_dk_d256{c}_bf16"]
+    ref = np_attention_backward(q, k, v, g, causal=True, softcap=cap)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+        close(name, got, want, "attention_backward", "bf16")
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
+    again = ops.attention_backward(q, k, v, g, causal=True, softcap=cap, backend=HOST)
+    for a, b in zip(grads, again):
+        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+# The _softcap kernels (SC): scores c * tanh(scale * s / c), dS times 1 - tanh^2. (batch, n_q, n_k, heads,
+# kv_heads, head_dim, causal, window, softcap); caps that bend most scores (~ N(0, 1) here).
+BWD_SOFTCAP_SHAPES = [
+    (None, 130, 150, 2, 1, 64, True, (-1, -1), 1.5),    # 3-D inputs, off the 128-row tiles
+    (2, 70, 200, 4, 2, 128, False, (50, 20), 2.5),      # window, GQA 2, batch 2
+    (1, 100, 60, 4, 1, 128, True, (-1, -1), 3.0),       # n_q > n_k causal: rows that see no key; GQA 4
+    (1, 200, 200, 2, 2, 64, False, (-1, -1), 30.0),     # Gemma 2's cap: tanh nearly linear, every key tile whole
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", BWD_SOFTCAP_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}-cap{}".format(
+    *s[1:6], s[8]))
+def test_backward_sm90_softcap_vs_float64(shape, dtype, monkeypatch) -> None:
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    b, n_q, n_k, h, kvh, d, causal, window, cap = shape
+    rng = np.random.default_rng(n_q * 1000 + n_k + d)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
+    names = _record(monkeypatch)
+    dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, window_size=window, softcap=cap, backend=HOST)
+    assert names == [f"attention_bwd_lse_softcap_{dtype}", f"attention_bwd_sm90_dkdv_d{d}_softcap_{dtype}",
+                     f"attention_bwd_sm90_dq_d{d}_softcap_{dtype}"]
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal, window_size=window, softcap=cap)
+    for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        close(name, got, ref, "attention_backward", dtype)
+    # the cap matters here: without the tanh's derivative dK would be off the tolerance
+    if cap < 10:
+        _, rk0, _ = np_attention_backward(q, k, v, g, causal=causal, window_size=window)
+        atol, rtol = tolerance("attention_backward", dtype)
+        assert (np.abs(rk0 - rk) > atol + rtol * np.abs(rk)).any()
+
+
+def test_backward_sm90_softcap_same_bits_under_every_schedule(monkeypatch) -> None:
+    """One writer per element and a fixed summation order: forward, reverse and random thread orders give the
+    same bits (the forward's out and lse given: the preprocess pre-pass)."""
+    from pykern.difftest.cases.attention import attention_inputs
+
+    rng = np.random.default_rng(12)
+    q, k, v, g = attention_inputs(rng, 1, 150, 4, 2, 64, "f16", 170)
+    out, lse = ops.flash_attention(q, k, v, causal=True, softcap=2.0, return_lse=True, backend=HOST)
+    names = _record(monkeypatch)
+    runs = []
+    for schedule in ("forward", "reverse", "random:5"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, softcap=2.0, backend=HOST))
+    assert names[:3] == ["attention_bwd_preprocess_f16", "attention_bwd_sm90_dkdv_d64_softcap_f16",
+                         "attention_bwd_sm90_dq_d64_softcap_f16"]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
 # --------------------------------------------------------------------------- pipeline mistakes are reported
@@ -476,12 +553,19 @@ def _dims(kernel: str) -> tuple[int, int]:
     dv = int(kernel.split("_dv")[1].split("_")[0]) if "_dv" in kernel else d
     return d, dv
 BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
-BWD_KERNELS = [f"attention_bwd_sm90_{n}_d{d}_{t}" for n in ("dkdv", "dq") for d in (64, 128) for t in ("bf16", "f16")]
+BWD_KERNELS = [f"attention_bwd_{vl}sm90_{n}_d{d}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
+               for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
+BWD_KERNELS += [f"attention_bwd_sm90_dq_d256{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")]
+
+
+@lru_cache(maxsize=None)
+def _bwd_listing():
+    return compile_sass(BWD_SRC, "sm_90a")
 
 
 @lru_cache(maxsize=None)
 def _bwd_sass():
-    mod, text = compile_sass(BWD_SRC, "sm_90a")
+    mod, text = _bwd_listing()
     return mod, report().count_sass(text), report().steady_state_loops(text)
 
 
@@ -492,6 +576,33 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0
     assert loops[kernel]["bar"] == 0 and loops[kernel]["mma"] > 0  # a flat loop of HGMMAs, no __syncthreads
+    ops_ = kernel_ops(_bwd_listing()[1], kernel)
+    assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 4      # Q, dO, K, V tiles
+    assert sum(op.startswith("SYNCS") for op in ops_) >= 4           # mbarrier init / arrive / try_wait
+    assert ("MUFU.TANH" in ops_) == ("_softcap" in kernel)           # the tanh only where the cap is
+
+
+# warp-instructions per m16n8k16-equivalent of each backward kernel's steady-state loop (one streamed tile:
+# S and dP, then dV and dK (dkdv) or dQ (dq)), pinned near today's figures so that none grows. The softcap adds
+# an FMUL, a tanh.approx and the derivative's FFMA + FMUL a score; the varlen kernels differ from the dense ones
+# only in their row origins (the prologue), not in the loop's work.
+BWD_LOOP_BAR = {
+    "dkdv_d64": 6.18, "dkdv_d128": 4.19, "dq_d64": 4.18, "dq_d128": 2.42,
+    "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 5.52, "dq_d128_softcap": 3.09,
+    "dq_d256": 2.29, "dq_d256_softcap": 2.62,  # 32-key tiles
+}
+
+
+@pytest.mark.parametrize("kernel", BWD_KERNELS)
+def test_backward_steady_loop_within_its_bar(kernel: str) -> None:
+    _, _, loops = _bwd_sass()
+    loop = loops[kernel]
+    part = kernel.split("sm90_")[1].rsplit("_", 1)[0]  # e.g. dkdv_d128_softcap
+    d = int(part.split("_d")[1].split("_")[0])
+    step = sm90.bwd_dkdv_step(d) if part.startswith("dkdv") else sm90.bwd_dq_step(d)
+    # per warp and tile: dkdv S^T, dP^T, dV, dK (4 x 64 * step * d / (4 * 2048) m16n8k16s a warp); dq S, dP, dQ
+    assert loop["mma"] == (4 if part.startswith("dkdv") else 3) * step * d / 128
+    assert loop["per_mma"] <= BWD_LOOP_BAR[part], loop
 
 
 @pytest.mark.parametrize("kernel", KERNELS + MORE_KERNELS)

@@ -108,6 +108,34 @@ def test_varlen_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> No
     assert names == [f"attention_fwd_varlen_sm90_d{d}_bf16"]
 
 
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_varlen_backward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, cap: float) -> None:
+    """flash_attention_varlen_backward: device q, k, v, dO take the sm_90a varlen pair (tensor maps over the packed
+    rows), with softcap its _softcap kernels; host arrays, or dO on the host, the mma.sync pair."""
+    drv, names = cc90
+    rng = np.random.default_rng(4)
+    cu = np.array([0, 37, 100], np.int32)
+    q, k, v, g, out = (rng.standard_normal((100, 2, 64)).astype(BF16) for _ in range(5))
+    lse = rng.standard_normal((100, 2)).astype(np.float32)
+    c = "_softcap" if cap else ""
+    ops.flash_attention_varlen_backward(q, k, v, g, cu, cu, out=out, lse=lse, causal=True, softcap=cap,
+                                        backend="nvrtc")
+    assert names == ["attention_bwd_preprocess_bf16", f"attention_bwd_varlen_tc_dkdv_d64{c}_bf16",
+                     f"attention_bwd_varlen_tc_dq_d64{c}_bf16"]
+    assert not any(c_[0] == "tensor_map_encode_tiled" for c_ in drv.calls)
+    names.clear()
+    dq_, dk_, dv_, dg, dout, dlse = _on(drv, [q, k, v, g, out, lse])
+    ops.flash_attention_varlen_backward(dq_, dk_, dv_, dg, cu, cu, out=dout, lse=dlse, causal=True, softcap=cap,
+                                        backend="nvrtc")
+    assert names == ["attention_bwd_preprocess_bf16", f"attention_bwd_varlen_sm90_dkdv_d64{c}_bf16",
+                     f"attention_bwd_varlen_sm90_dq_d64{c}_bf16"]
+    assert sum(c_[0] == "tensor_map_encode_tiled" for c_ in drv.calls) == 8  # q, dO, k, v for each kernel
+    names.clear()
+    ops.flash_attention_varlen_backward(dq_, dk_, dv_, g, cu, cu, out=dout, lse=dlse, causal=True, softcap=cap,
+                                        backend="nvrtc")
+    assert names[1:] == [f"attention_bwd_varlen_tc_dkdv_d64{c}_bf16", f"attention_bwd_varlen_tc_dq_d64{c}_bf16"]
+
+
 def test_usable_asks_every_tensor_map_array(cc90) -> None:
     drv, _ = cc90
     host = _qkv(1, 16, 1, 64)

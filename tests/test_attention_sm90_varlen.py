@@ -1,12 +1,15 @@
 """flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
-template parameter (attention_fwd_varlen_sm90_d64/128/256, and their _softcap kernels).
+template parameter (attention_fwd_varlen_sm90_d64/128/256, and their _softcap kernels), and its backward,
+kernels_cu/attention_bwd_sm90.cu with its VL template parameter (attention_bwd_varlen_sm90_{dkdv,dq}_d64/128[_softcap]).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
 the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
 ragged sequences (lengths 0 and 1, off every tile, a key tile that runs into the next sequence), n_q != n_k per
 sequence both ways (bottom-right causal: rows that see no key get out 0, lse -inf), empty sequences, GQA,
 windows, softcap, head_dim 64/128/256, bf16 and f16. Where the sm_90a kernel does not apply (d96, no key at
-all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree.
+all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree. Likewise
+flash_attention_varlen_backward (head_dim 64 / 128, with and without softcap): dQ, dK, dV equal float64 per
+sequence (zero for a sequence without queries / keys), the same bits under every host schedule.
 """
 from __future__ import annotations
 
@@ -136,3 +139,96 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     assert names == ["attention_fwd_varlen_sm90_d128_bf16", "attention_fwd_varlen_sm90_d128_softcap_bf16",
                      "dense_attn_bf16", "dense_attn_bf16", "attention_fwd_varlen_tc_d128_bf16",
                      "attention_fwd_varlen_tc_d128_bf16"]
+
+
+# --------------------------------------------------------------------------- backward (attention_bwd_sm90.cu, VL)
+def _np_varlen_grads(q, k, v, g, cu_q, cu_k, causal, win=(-1, -1), cap=0.0):
+    """(out, lse, dq, dk, dv) in float64, per sequence (np_varlen_backward: zero gradients where a sequence has no
+    query or no key)."""
+    from pykern.difftest.cases.attention import np_varlen_backward
+
+    return np_varlen_backward(q, k, v, g, cu_q, cu_k, causal=causal, window_size=win, softcap=cap)
+
+
+VARLEN_BWD = [
+    # (q lengths, k lengths, heads, kv_heads, head_dim, causal, window, softcap, dtype)
+    # a sequence with keys but no query (zero dK / dV), one with queries but no key (zero dQ), lengths 1, key /
+    # query tiles that run into the next sequence; GQA 2
+    ([5, 130, 0, 1, 7], [9, 200, 3, 0, 140], 4, 2, 64, True, (-1, -1), 0.0, "bf16"),
+    ([70, 1, 150], [33, 300, 20], 2, 1, 128, False, (-1, -1), 0.0, "f16"),
+    ([129, 30, 0], [260, 30, 5], 2, 1, 64, True, (70, -1), 2.0, "f16"),
+    ([100, 1, 40], [190, 64, 0], 4, 2, 128, False, (50, 20), 3.0, "bf16"),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_BWD, ids=lambda c: "{}-d{}-c{}-w{},{}-cap{}".format(
+    c[8], c[4], int(c[5]), *c[6], c[7]))
+def test_varlen_backward_sm90_vs_float64(case, monkeypatch) -> None:
+    from pykern.ops import flash_attention_varlen_backward
+
+    lq, lk, h, kvh, d, causal, win, cap, kind = case
+    rng = np.random.default_rng(d + sum(lq) + sum(lk))
+    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, h, kvh, d, kind)
+    g = fa_inputs(rng, 1, sum(lq), 1, h, 1, d, d, kind)[0][0]
+    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, causal, win, cap)
+    out, lse = out64.astype(q.dtype), lse64.astype(np.float32)
+    names = _record(monkeypatch)
+    dq, dk, dv = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=causal,
+                                                 window_size=win, softcap=cap, backend=HOST)
+    c = "_softcap" if cap > 0 else ""
+    assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d{d}{c}_{kind}",
+                     f"attention_bwd_varlen_sm90_dq_d{d}{c}_{kind}"]
+    for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        close(name, got, ref, "flash_attention_varlen_backward", kind)
+    # a sequence with keys but no query gets zero dK / dV; one with queries but no key zero dQ
+    for b in range(len(lq)):
+        if lq[b] == 0 and lk[b]:
+            assert not np.asarray(dk[cu_k[b]:cu_k[b + 1]], np.float32).any()
+            assert not np.asarray(dv[cu_k[b]:cu_k[b + 1]], np.float32).any()
+        if lk[b] == 0 and lq[b]:
+            assert not np.asarray(dq[cu_q[b]:cu_q[b + 1]], np.float32).any()
+
+
+def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(monkeypatch) -> None:
+    """One writer per element, a fixed order: forward, reverse and random thread orders give the same bits; the
+    mma.sync kernels (not playing Hopper) agree within the tolerance of float64 as well."""
+    from pykern.ops import flash_attention_varlen_backward
+
+    rng = np.random.default_rng(8)
+    lq, lk = [60, 140, 0, 1], [100, 140, 9, 30]
+    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 4, 2, 128, "f16")
+    g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, 128, 128, "f16")[0][0]
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=2.5, return_lse=True, backend=HOST)
+    runs = []
+    names = _record(monkeypatch)
+    for schedule in ("forward", "reverse", "random:3"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
+                                                    softcap=2.5, backend=HOST))
+    assert names[1:3] == ["attention_bwd_varlen_sm90_dkdv_d128_softcap_f16",
+                          "attention_bwd_varlen_sm90_dq_d128_softcap_f16"]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+    monkeypatch.delenv("PYKERN_HOST_SCHEDULE")
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    names.clear()
+    tc = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True, softcap=2.5,
+                                         backend=HOST)
+    assert names[1:] == ["attention_bwd_varlen_tc_dkdv_d128_softcap_f16", "attention_bwd_varlen_tc_dq_d128_softcap_f16"]
+    _, _, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, cap=2.5)
+    for name, a, b, ref in zip(("dq", "dk", "dv"), runs[0], tc, (rq, rk, rv)):
+        close(name, a, ref, "flash_attention_varlen_backward", "f16")
+        close(name, b, ref, "flash_attention_varlen_backward", "f16")
+
+
+def test_varlen_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
+    from pykern.ops import flash_attention_varlen_backward
+
+    rng = np.random.default_rng(2)
+    q, k, v, cu_q, cu_k = _ragged(rng, [20, 5], [30, 9], 2, 1, 96, "bf16")
+    g = q.copy()
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, backend=HOST)
+    names = _record(monkeypatch)
+    flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, backend=HOST)  # d96
+    assert names[1:] == ["attention_bwd_varlen_tc_dkdv_d96_bf16", "attention_bwd_varlen_tc_dq_d96_bf16"]

@@ -65,7 +65,8 @@ def test_same_bits_under_forward_and_reverse_schedules(monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_host_playing_sm90a_runs_the_varlen_kernels(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # The sm_90a wgmma backward has no varlen mode: on Hopper the varlen backward is the mma.sync pair.
+    # On Hopper the varlen backward is the sm_90a wgmma pair (attention_bwd_sm90.cu with VL; more in
+    # tests/test_attention_sm90_varlen.py); PYKERN_SM90=0 gives the mma.sync pair, as on an sm_80 GPU.
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
     (q, k, v, g, cq, ck, out, lse), ref = _inputs(d=d)
     names = record_launches(monkeypatch)
@@ -73,6 +74,11 @@ def test_host_playing_sm90a_runs_the_varlen_kernels(d: int, monkeypatch: pytest.
                                                      backend=HOST)
     check({"dq": dq, "dk": dk, "dv": dv}, dict(zip(("dq", "dk", "dv"), ref)), "flash_attention_varlen_backward",
           "bf16")
+    assert names == ["attention_bwd_preprocess_bf16", f"attention_bwd_varlen_sm90_dkdv_d{d}_bf16",
+                     f"attention_bwd_varlen_sm90_dq_d{d}_bf16"]
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    names.clear()
+    ops.flash_attention_varlen_backward(q, k, v, g, cq, ck, out=out, lse=lse, causal=True, backend=HOST)
     assert tuple(names) == varlen_backward_kernels(d, 0.0, "bf16")
 
 

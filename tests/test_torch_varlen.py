@@ -173,3 +173,28 @@ def test_custom_ops_pass_opcheck() -> None:
     g = torch.randn_like(out)
     torch.library.opcheck(torch.ops.pykern.flash_attention_varlen_backward.default,
                           (q.detach(), k.detach(), v.detach(), out, lse, g, cq, ck, 4, 5, True, 0.125, 3, -1, 1.5))
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_grads_run_on_the_sm90_backward_when_playing_hopper(monkeypatch, cap: float) -> None:
+    """With PYKERN_HOST_ARCH=sm_90a the autograd backward runs the wgmma varlen kernels (attention_bwd_sm90.cu,
+    VL; softcap: the _softcap ones) and matches per-sequence float64."""
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+    monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
+    g = torch.Generator().manual_seed(6)
+    lq, lk = [40, 0, 130], [70, 5, 150]
+    cq, ck = _cu(lq), _cu(lk)
+    q = torch.randn(int(cq[-1]), 4, 64, generator=g).bfloat16().requires_grad_()
+    k, v = (torch.randn(int(ck[-1]), 2, 64, generator=g).bfloat16().requires_grad_() for _ in range(2))
+    up = torch.randn(int(cq[-1]), 4, 64, generator=g)
+    out = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=True, softcap=cap)
+    names = record_launches(monkeypatch)
+    dq, dk, dv = torch.autograd.grad((out.float() * up).sum(), (q, k, v))
+    c = "_softcap" if cap else ""
+    assert [n for n in names if "sm90" in n] == [f"attention_bwd_varlen_sm90_dkdv_d64{c}_bf16",
+                                                 f"attention_bwd_varlen_sm90_dq_d64{c}_bf16"], names
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = _ref(q64, k64, v64, cq.tolist(), ck.tolist(), True, (-1, -1), cap, 1.0 / math.sqrt(64))
+    rq, rk, rv = torch.autograd.grad((ref * up.double()).sum(), (q64, k64, v64))
+    for got, want in ((dq, rq), (dk, rk), (dv, rv)):
+        _close(got, want, "flash_attention_varlen_backward", "bf16")

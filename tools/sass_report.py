@@ -171,7 +171,7 @@ def _instructions(text: str) -> dict[str, list[tuple[int, str, str, str]]]:
 def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
     the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
-    loop), the one with the most MMAs if several (of those, the fewest instructions: boundary-tile
+    loop; an mbarrier try-wait's retry does not count as one), the one with the most MMAs if several (of those, the fewest instructions: boundary-tile
     copies of the loop, e.g. masked ones, are longer). Kernels without such a loop are absent."""
     funcs = _instructions(text)
     out: dict[str, dict[str, Any]] = {}
@@ -182,9 +182,16 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
                 b = _BRA.search(body)
                 if b and int(b.group(1), 16) <= addr:
                     backs.append((int(b.group(1), 16), addr))
+        # An mbarrier wait's retry (a SYNCS try-wait and the branch back to it, a few instructions) is a wait,
+        # not a loop: ptxas places it inline in some kernels and out of line in others, and a loop holding one
+        # is still flat.
+        spins = {(lo, hi) for lo, hi in backs
+                 if hi - lo <= 4 * 16 and any(lo <= a <= hi and op == "SYNCS" for a, op, _, _ in insns)}
         best = None
         for lo, hi in backs:
-            if any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in backs):
+            if (lo, hi) in spins:
+                continue
+            if any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) and (l2, h2) not in spins for l2, h2 in backs):
                 continue  # holds an inner loop
             body = [x for x in insns if lo <= x[0] <= hi and x[1] != "NOP"]
             mma = sum(_mma_weight(op, mods) for _, op, mods, _ in body)

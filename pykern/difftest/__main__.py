@@ -23,7 +23,7 @@ def _parser() -> argparse.ArgumentParser:
                "playing sm_90a (each case sets PYKERN_HOST_ARCH=sm_90a for its run, the emulation of "
                "pykern/host/pk_host_sm90.cpp) against the float64 reference; numba (no wgmma / TMA) and nvrtc (TMA "
                "tensor maps need device arrays; the cases' inputs are NumPy) skip them as 'not applicable "
-               "(sm_90a)', counted in the summary. E.g. --kernels 'attention_fwd*sm90*,attention_bwd_sm90*'. "
+               "(sm_90a)', counted in the summary. E.g. --kernels 'attention_fwd*sm90*,attention_bwd*sm90*'. "
                "Exit status: 0 when every case passes, 1 when any case fails or errors, 2 for bad usage "
                "or a named backend that cannot run here.",
     )

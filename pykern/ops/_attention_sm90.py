@@ -5,7 +5,10 @@ with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compi
 64/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
 kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
-kernel with its VARLEN template parameter; that op takes head_dim == head_dim_v only).
+kernel with its VARLEN template parameter; that op takes head_dim == head_dim_v only). The backward
+(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 128, with or without softcap; at 256 its dQ kernel alone) serves
+`attention_backward`
+(`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
 
 PYKERN_SM90=0 turns this path off everywhere (forward, varlen and backward): a Hopper GPU then runs the mma.sync
 kernels as an sm_80 GPU does (e.g. to compare the two on one machine). Read at each call.
@@ -144,7 +147,14 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
 # ---- backward (kernels_cu/attention_bwd_sm90.cu) -------------------------------------------------
 BWD_HEAD_DIMS = (64, 128)
 BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA
-BWD_STEP = 64  # AB90_STEP: keys per streamed tile of the dQ kernel
+BWD_STEP = 64  # AB90_DQ_STEP at head_dim 64 / 128: keys per streamed tile of the dQ kernel
+# head_dims of the dQ kernel: BWD_HEAD_DIMS and 256 (whose dK / dV the mma.sync kernels compute)
+BWD_DQ_HEAD_DIMS = (*BWD_HEAD_DIMS, 256)
+
+
+def bwd_dq_step(d: int) -> int:
+    """Keys per streamed tile of the dQ kernel (AB90_DQ_STEP): 32 at d256 (shared memory), else BWD_STEP."""
+    return 32 if d >= 256 else BWD_STEP
 
 
 def bwd_dkdv_step(d: int) -> int:
@@ -157,16 +167,22 @@ def bwd_shared_bytes(d: int, step: int) -> int:
     return 2 * BWD_ROWS * d * 2 + 2 * 2 * step * d * 2 + 1024
 
 
+def bwd_kernel_name(part: str, d: int, softcap: float, suffix: str, varlen: bool = False) -> str:
+    """attention_bwd[_varlen]_sm90_{part}_d{d}[_softcap]{suffix}, part "dkdv" or "dq"."""
+    return f"attention_bwd{'_varlen' if varlen else ''}_sm90_{part}_d{d}{'_softcap' if softcap > 0.0 else ''}{suffix}"
+
+
 def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any) -> bool:
-    """Whether the sm_90a backward runs this call: head_dim == head_dim_v in BWD_HEAD_DIMS, no softcap (its kernels
-    have none), and `usable` (q and `more`: q, k, v, dO)."""
-    return d in BWD_HEAD_DIMS and softcap <= 0.0 and usable(d, d, softcap, scale, q, backend, *more)
+    """Whether the sm_90a backward runs this call: head_dim == head_dim_v in BWD_HEAD_DIMS (with or without
+    softcap: the _softcap kernels) and `usable` (q and `more`: q, k, v, dO)."""
+    return d in BWD_HEAD_DIMS and usable(d, d, softcap, scale, q, backend, *more)
 
 
 def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tuple[int, ...], scale: float,
                  win: tuple[int, int, float], kind: str, suffix: str, stream: Any, backend: str | None) -> Any:
-    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`), else
-    None (nothing launched). q, k, v, g contiguous; lse and delta fp32 per (batch, query, head)."""
+    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`); at head_dim 256
+    (dQ kernel only) (dq, None, None), the caller computing dK and dV; else None (nothing launched). q, k, v, g
+    contiguous; lse and delta fp32 per (batch, query, head)."""
     from .. import arrays
     from ..backends import get_backend
     from ..errors import ArgumentError
@@ -175,8 +191,9 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
 
     b, n_q, n_k, h, kvh, d = dims
     wl, wr, softcap = win
-    if not backward_usable(d, softcap, scale, q, backend, k, v, g):
+    if d not in BWD_DQ_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v, g):
         return None
+    dq_only = d not in BWD_HEAD_DIMS
     name = get_backend(backend).name
     c = bwd_dkdv_step(d)
     q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
@@ -187,17 +204,66 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
                 for a, r in ((q4, q_rows), (g4, q_rows), (k4, k_rows), (v4, k_rows))]
 
     try:
-        kv_maps, q_maps = maps(c, BWD_ROWS), maps(BWD_ROWS, BWD_STEP)
+        kv_maps = None if dq_only else maps(c, BWD_ROWS)
+        q_maps = maps(BWD_ROWS, bwd_dq_step(d))
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the mma.sync kernels take it
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
-    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
-    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
-    tail = (b, n_q, n_k, h, kvh, float(scale), wl, wr)
-    tq, tdo, tk, tv = kv_maps
-    launch(f"attention_bwd_sm90_dkdv_d{d}{suffix}", b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv, tdo,
-           lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
+    dk = dv = None
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    tail = (b, n_q, n_k, h, kvh, float(scale), wl, wr, *cap)
+    if kv_maps is not None:
+        dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+        dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+        tq, tdo, tk, tv = kv_maps
+        launch(bwd_kernel_name("dkdv", d, softcap, suffix), b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv,
+               tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
     tq, tdo, tk, tv = q_maps
-    launch(f"attention_bwd_sm90_dq_d{d}{suffix}", b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
-           lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP), stream=stream, backend=backend)
+    launch(bwd_kernel_name("dq", d, softcap, suffix), b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
+           lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d)), stream=stream, backend=backend)
     return dq, dk, dv
+
+
+def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
+                        cu_q: Any, cu_k: Any, dims: tuple[int, int, int, int, int, int], scale: float, wl: int,
+                        wr: int, softcap: float, suffix: str, stream: Any, backend: str | None) -> bool:
+    """flash_attention_varlen_backward: run attention_bwd_varlen_sm90_{dkdv,dq}_d{D}[_softcap]{suffix}
+    (`bwd_kernel_name`) into dq, dk, dv when `backward_usable` and the packed arrays suit TMA, else False (nothing
+    launched). q, g (total_q, heads, D), k, v (total_k, kv_heads, D) contiguous; lse, delta fp32 (total_q, heads);
+    cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, max_k, heads, kv_heads, D), the longest sequence's lengths
+    sizing the grid; (wl, wr) normalized per sequence (unbounded = 2^30), clamped by the kernels."""
+    from .. import arrays
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    batch, max_q, max_k, h, kvh, d = dims
+    if not backward_usable(d, softcap, scale, q, backend, k, v, g):
+        return False
+    n_kv_blocks, n_q_blocks = batch * kvh * -(-max_k // BWD_ROWS), batch * h * -(-max_q // BWD_ROWS)
+    if max(n_kv_blocks, n_q_blocks) >= 2**31:  # the kernels' 1-D grid
+        return False
+    name = get_backend(backend).name
+    c = bwd_dkdv_step(d)
+    total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
+    q4, g4 = (a.reshape((1, total_q, h, d)) for a in (q, g))
+    k4, v4 = (a.reshape((1, total_k, kvh, d)) for a in (k, v))
+
+    def maps(q_rows: int, k_rows: int) -> list:  # the packed rows as one batch; boxes as the dense backward's
+        return [make_tensor_map(a, (1, r, 1, 64), "128B", backend=name)
+                for a, r in ((q4, q_rows), (g4, q_rows), (k4, k_rows), (v4, k_rows))]
+
+    try:
+        kv_maps, q_maps = maps(c, BWD_ROWS), maps(BWD_ROWS, BWD_STEP)
+    except ArgumentError:  # no query or key at all, or a base off 16 bytes: the mma.sync kernels take it
+        return False
+    cap = (float(softcap),) if softcap > 0.0 else ()
+    tail = (cu_q, cu_k, batch, max_q, max_k, h, kvh, float(scale), wl, wr, *cap)
+    if n_kv_blocks:
+        tq, tdo, tk, tv = kv_maps
+        launch(bwd_kernel_name("dkdv", d, softcap, suffix, varlen=True), n_kv_blocks, THREADS, tq, tk, tv, tdo, lse,
+               delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
+    if n_q_blocks:
+        tq, tdo, tk, tv = q_maps
+        launch(bwd_kernel_name("dq", d, softcap, suffix, varlen=True), n_q_blocks, THREADS, tq, tk, tv, tdo, lse,
+               delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP), stream=stream, backend=backend)
+    return True

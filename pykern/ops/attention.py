@@ -27,6 +27,7 @@ from ._attention_sm90 import (
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
     try_varlen as _sm90_varlen,
+    try_varlen_backward as _sm90_varlen_backward,
 )
 from ._window import (
     check_softcap as _check_softcap,
@@ -514,10 +515,11 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
                 _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
                 G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
     grads = _sm90_backward(q, k, v, g, _flat(lse), delta, dims, scale, win, kind, sfx, stream, backend)
-    if grads is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
+    if grads is not None and grads[1] is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
         return grads
+    # (at head_dim 256 the wgmma dQ kernel ran: dK and dV below)
     D = tc_head_dim(d)
-    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q) if grads is None else grads[0]
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
     dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     smem_kv, smem_q = tc_backward_shared_bytes(D)
@@ -529,8 +531,9 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
     for name in names:
         _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
                 stream=stream, backend=backend)
-    _launch(f"attention_bwd_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args, _flat(dq),
-            *tail, shared_mem=smem_q, stream=stream, backend=backend)
+    if grads is None:
+        _launch(f"attention_bwd_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args,
+                _flat(dq), *tail, shared_mem=smem_q, stream=stream, backend=backend)
     return dq, dk, dv
 
 
@@ -827,6 +830,10 @@ def flash_attention_varlen_backward(
     _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
             _flat(grad_out), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
     if max_q == 0 and max_k == 0:
+        return dq, dk, dv
+    # On sm_90a the wgmma kernels (kernels_cu/attention_bwd_sm90.cu, VL: head_dim 64 / 128) where they apply
+    if _sm90_varlen_backward(q, k, v, grad_out, _flat(lse), delta, _flat(dq), _flat(dk), _flat(dv), cq, ck,
+                             (batch, max_q, max_k, h, kvh, d), scale, wl, wr, softcap, sfx, stream, backend):
         return dq, dk, dv
     smem_kv, smem_q = tc_backward_shared_bytes(D)
     args = (_flat(q), _flat(k), _flat(v), _flat(grad_out), _flat(lse), delta)

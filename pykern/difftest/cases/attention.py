@@ -652,33 +652,68 @@ def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[in
 
 # --------------------------------------------------------------------------- backward
 def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
-                   causal: bool) -> Case:
+                   causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
 
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
-    names = (f"attention_bwd_sm90_dkdv_d{d}{_sfx(kind)}", f"attention_bwd_sm90_dq_d{d}{_sfx(kind)}")
+    # at head_dim 256 the dQ kernel alone (the op computes dK and dV with the mma.sync kernels)
+    outputs = ("dq", "dk", "dv") if d in sm90.BWD_HEAD_DIMS else ("dq",)
+    parts = ("dkdv", "dq") if len(outputs) == 3 else ("dq",)
+    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind)) for p in parts)
     scale = 1.0 / np.sqrt(d)
     # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
     # pre-pass gives them, without its fp32 rounding of the sums
-    out64, lse64 = np_flash_attention(q, k, v, causal, scale)
+    out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, softcap)
     lse = lse64.astype(np.float32).reshape(-1)
     delta = (out64 * g.astype(np.float64)).sum(axis=-1).astype(np.float32).reshape(-1)
 
     def run(backend: str) -> dict[str, Any]:
-        win = (*normalize(-1, -1, causal, n_q, n_k), 0.0)
+        win = (*normalize(*window, causal, n_q, n_k), softcap)
         grads = sm90.try_backward(q, k, v, g, lse, delta, (1, n_q, n_k, h, kvh, d), scale, win, kind, _sfx(kind),
                                   None, backend)
         if grads is None:
             raise _declined(",".join(names), backend)
-        return dict(zip(("dq", "dk", "dv"), grads))
+        return dict(zip(outputs, grads))
 
     def ref() -> dict[str, Any]:
-        dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale)
+        dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale, window_size=window,
+                                           softcap=softcap)
+        return dict(zip(outputs, (dq, dk, dv)))
+
+    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
+    return _sm90_case("attention_backward", kind, shape, names, run, ref)
+
+
+def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int,
+                          d: int, causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize_serving
+
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    q, g = (_normal(rng, (int(cu_q[-1]), h, d), kind) for _ in range(2))
+    k, v = (_normal(rng, (int(cu_k[-1]), kvh, d), kind) for _ in range(2))
+    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), varlen=True) for p in ("dkdv", "dq"))
+    scale = 1.0 / np.sqrt(d)
+    kw = {"causal": causal, "window_size": window, "softcap": softcap, "scale": scale}
+    out64, lse64, dq64, dk64, dv64 = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
+    # lse (-inf for the rows of a sequence without keys) and delta in float64, stored as the kernels' fp32
+    lse = lse64.astype(np.float32).reshape(-1)
+    delta = (out64 * f64(g)).sum(axis=-1).astype(np.float32).reshape(-1)
+
+    def run(backend: str) -> dict[str, Any]:
+        dq, dk, dv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+        wl, wr = normalize_serving(*window, causal)
+        if not sm90.try_varlen_backward(q, k, v, g, lse, delta, dq.reshape(-1), dk.reshape(-1), dv.reshape(-1),
+                                        cu_q, cu_k, (len(lq), max(lq), max(lk), h, kvh, d), scale, wl, wr, softcap,
+                                        _sfx(kind), None, backend):
+            raise _declined(",".join(names), backend)
         return {"dq": dq, "dk": dk, "dv": dv}
 
-    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-causal" if causal else "")
-    return _sm90_case("attention_backward", kind, shape, names, run, ref)
+    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
+    return _sm90_case("flash_attention_varlen_backward", kind, shape.replace(" ", ""), names, run,
+                      lambda: {"dq": dq64, "dk": dk64, "dv": dv64})
 
 
 # Shapes per head_dim (queries, keys) for the non-causal and the causal case. Key tiles: 192 keys at d64, 128 at
@@ -688,6 +723,27 @@ SM90_VARLEN = {64: (([5, 90, 0], [9, 250, 3]), ([90, 1, 20], [60, 200, 0])),
           128: (([5, 90, 0], [9, 200, 3]), ([90, 1, 20], [60, 140, 0])),
           256: (([5, 70, 0], [9, 150, 3]), ([70, 1, 20], [60, 100, 0]))}
 SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
+# The backward's _softcap kernels and its d256 dQ kernel: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
+# softcap); caps that bend
+# most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
+SM90_BACKWARD_SOFTCAP = ((70, 150, 2, 1, 64, False, (-1, -1), 2.0), (150, 60, 4, 2, 64, True, (-1, -1), 1.5),
+                         (130, 200, 2, 1, 128, False, (40, 10), 2.5), (150, 100, 2, 2, 128, True, (-1, -1), 3.0),
+                         # head_dim 256: the dQ kernel alone (32-key tiles), with and without softcap
+                         (70, 150, 2, 1, 256, False, (-1, -1), 0.0), (150, 60, 4, 2, 256, True, (-1, -1), 0.0),
+                         (90, 100, 2, 1, 256, False, (30, 5), 2.0), (130, 130, 2, 2, 256, True, (-1, -1), 1.5))
+# The backward's varlen kernels, with and without softcap: (lq, lk, heads, kv_heads, head_dim, causal, window,
+# softcap). Ragged sequences with key / query tiles that run into the next sequence, a sequence with keys but no
+# query (zero dK / dV), one with queries but no key (zero dQ), lengths 1, GQA 2.
+SM90_VARLEN_BACKWARD = (
+    (([5, 90, 0, 1], [9, 250, 3, 0]), 4, 2, 64, False, (-1, -1), 0.0),
+    (([90, 1, 20, 0], [60, 200, 0, 7]), 2, 1, 64, True, (-1, -1), 0.0),
+    (([5, 130, 0], [9, 200, 3]), 2, 1, 128, False, (-1, -1), 0.0),
+    (([140, 1, 20], [60, 150, 0]), 4, 2, 128, True, (-1, -1), 0.0),
+    (([5, 90, 0], [9, 250, 3]), 2, 1, 64, False, (50, 10), 2.0),
+    (([90, 1, 20], [60, 200, 0]), 4, 2, 64, True, (-1, -1), 1.5),
+    (([5, 130, 0], [9, 200, 3]), 2, 1, 128, False, (-1, -1), 3.0),
+    (([140, 1, 20], [60, 150, 0]), 2, 1, 128, True, (30, -1), 2.5),
+)
 # softcap (the _softcap kernels) and head_dim 192 / head_dim_v 128 (d192_dv128): (n_q, n_k, heads, kv_heads,
 # head_dim, head_dim_v, causal, window, softcap). Caps of 1.5..3 (scores ~ N(0, 1) here) bend most scores; the
 # first two reach the steady state (tiles every row sees wholly: the lazy softmax on capped scores) and its pair
@@ -730,6 +786,10 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _sm90_forward(rng, kind, n_q, n_k, h, kvh, d, causal, dv, window, cap)
         for (lq, lk), d, causal, window, cap in SM90_VARLEN_SOFTCAP:
             yield _sm90_varlen(rng, kind, lq, lk, 2, 1, d, causal, window, cap)
+        for n_q, n_k, h, kvh, d, causal, window, cap in SM90_BACKWARD_SOFTCAP:
+            yield _sm90_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, cap)
+        for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_BACKWARD:
+            yield _sm90_varlen_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
