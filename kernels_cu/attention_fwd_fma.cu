@@ -230,44 +230,9 @@ PK_IO_VARIANT(attention_fwd_fma_d128_softcap, flash_attention_body, 128, 32, FA_
 PK_IO_VARIANT(attention_fwd_fma_d256, flash_attention_body, 256, 16, FA_SB, false)
 PK_IO_VARIANT(attention_fwd_fma_d256_softcap, flash_attention_body, 256, 16, FA_SB, true)
 
-PK_IO_KERNELS(attention_fwd_fma_d64, (FA_THREADS, FA_MIN_BLOCKS),
-              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-               int head_dim_v, float scale, int window_left, int window_right, float softcap),
-              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-               window_right, softcap))
-
-PK_IO_KERNELS(attention_fwd_fma_d64_softcap, (FA_THREADS, FA_MIN_BLOCKS),
-              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-               int head_dim_v, float scale, int window_left, int window_right, float softcap),
-              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-               window_right, softcap))
-
-PK_IO_KERNELS(attention_fwd_fma_d128, (FA_THREADS, FA_MIN_BLOCKS),
-              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-               int head_dim_v, float scale, int window_left, int window_right, float softcap),
-              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-               window_right, softcap))
-
-PK_IO_KERNELS(attention_fwd_fma_d128_softcap, (FA_THREADS, FA_MIN_BLOCKS),
-              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-               int head_dim_v, float scale, int window_left, int window_right, float softcap),
-              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-               window_right, softcap))
-
-PK_IO_KERNELS(attention_fwd_fma_d256, (FA_THREADS, FA_MIN_BLOCKS),
-              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-               int head_dim_v, float scale, int window_left, int window_right, float softcap),
-              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-               window_right, softcap))
-
-PK_IO_KERNELS(attention_fwd_fma_d256_softcap, (FA_THREADS, FA_MIN_BLOCKS),
-              (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,
-               float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,
-               int head_dim_v, float scale, int window_left, int window_right, float softcap),
-              (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,
-               window_right, softcap))
+PK_IO_KERNELS(attention_fwd_fma_d64, (FA_THREADS, FA_MIN_BLOCKS), PK_ATTN_FWD_PARAMS, PK_ATTN_FWD_ARGS)
+PK_IO_KERNELS(attention_fwd_fma_d64_softcap, (FA_THREADS, FA_MIN_BLOCKS), PK_ATTN_FWD_PARAMS, PK_ATTN_FWD_ARGS)
+PK_IO_KERNELS(attention_fwd_fma_d128, (FA_THREADS, FA_MIN_BLOCKS), PK_ATTN_FWD_PARAMS, PK_ATTN_FWD_ARGS)
+PK_IO_KERNELS(attention_fwd_fma_d128_softcap, (FA_THREADS, FA_MIN_BLOCKS), PK_ATTN_FWD_PARAMS, PK_ATTN_FWD_ARGS)
+PK_IO_KERNELS(attention_fwd_fma_d256, (FA_THREADS, FA_MIN_BLOCKS), PK_ATTN_FWD_PARAMS, PK_ATTN_FWD_ARGS)
+PK_IO_KERNELS(attention_fwd_fma_d256_softcap, (FA_THREADS, FA_MIN_BLOCKS), PK_ATTN_FWD_PARAMS, PK_ATTN_FWD_ARGS)

@@ -552,20 +552,14 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         fa90_forward<T, DQK, DV, SC, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale, \
                                            window_left, window_right, cap...);                                       \
     }
-FA90_ENTRY(64, 64, 64, false)
-FA90_ENTRY(128, 128, 128, false)
-FA90_ENTRY(256, 256, 256, false)
+// The square head dims, which both forms offer (X(NAME, DQK, DV, SC) each); the dense form adds 192 / 128.
+#define FA90_SQUARE_DIMS(X)                                                                                       \
+    X(64, 64, 64, false) X(128, 128, 128, false) X(256, 256, 256, false) X(64_softcap, 64, 64, true)               \
+    X(128_softcap, 128, 128, true) X(256_softcap, 256, 256, true)
+FA90_SQUARE_DIMS(FA90_ENTRY)
 FA90_ENTRY(192_dv128, 192, 128, false)
-FA90_ENTRY(64_softcap, 64, 64, true)
-FA90_ENTRY(128_softcap, 128, 128, true)
-FA90_ENTRY(256_softcap, 256, 256, true)
 FA90_ENTRY(192_dv128_softcap, 192, 128, true)
-FA90_VARLEN_ENTRY(64, 64, 64, false)
-FA90_VARLEN_ENTRY(128, 128, 128, false)
-FA90_VARLEN_ENTRY(256, 256, 256, false)
-FA90_VARLEN_ENTRY(64_softcap, 64, 64, true)
-FA90_VARLEN_ENTRY(128_softcap, 128, 128, true)
-FA90_VARLEN_ENTRY(256_softcap, 256, 256, true)
+FA90_SQUARE_DIMS(FA90_VARLEN_ENTRY)
 
 // flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64) and k / v
 // (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64); out (batch, n_q, n_heads, DV), lse (batch, n_q,

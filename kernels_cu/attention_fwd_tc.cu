@@ -213,13 +213,8 @@ PK_IO_VARIANT(attention_fwd_tc_pad_d128_softcap, fatc_entry, 128, true)
 PK_IO_VARIANT(attention_fwd_tc_d256, fatc_entry, 256, false)
 PK_IO_VARIANT(attention_fwd_tc_d256_softcap, fatc_entry, 256, true)
 
-#define FATC_FWD_PARAMS                                                                                              \
-    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,                 \
-     float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,                \
-     int head_dim_v, float scale, int window_left, int window_right, float softcap)
-#define FATC_FWD_ARGS                                                                                                \
-    (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,              \
-     window_right, softcap)
+#define FATC_FWD_PARAMS PK_ATTN_FWD_PARAMS  // (pk_attn_window.cuh: attention_fwd_fma.cu's too)
+#define FATC_FWD_ARGS PK_ATTN_FWD_ARGS
 PK_IO16_KERNELS(attention_fwd_tc_pad_d64, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
 PK_IO16_KERNELS(attention_fwd_tc_pad_d64_softcap, (FATC_THREADS, FatcCfg<64>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)
 PK_IO16_KERNELS(attention_fwd_tc_d96, (FATC_THREADS, FatcCfg<96>::MINB), FATC_FWD_PARAMS, FATC_FWD_ARGS)

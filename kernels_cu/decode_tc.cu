@@ -461,15 +461,19 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
         // score scale exactly (a power of 2).
         float qdescale = 1.0f;
         if constexpr (FP8 && !Pk16<T>::is_f16) {
+            // f(x0, x1) for each pair of Q elements this lane holds, widened; the pair becomes what f leaves there
+            auto each_q_pair = [&](auto&& f) {
+#pragma unroll
+                for (int ks = 0; ks < KS; ks++)
+#pragma unroll
+                    for (int i = 0; i < 4; i++) {
+                        float x0, x1;
+                        Pk16<T>::widen2(qa[ks][i], x0, x1);
+                        f(x0, x1, qa[ks][i]);
+                    }
+            };
             float qm = 0.0f;
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float x0, x1;
-                    Pk16<T>::widen2(qa[ks][i], x0, x1);
-                    qm = fmaxf(qm, fmaxf(fabsf(x0), fabsf(x1)));
-                }
+            each_q_pair([&](float x0, float x1, unsigned int&) { qm = fmaxf(qm, fmaxf(fabsf(x0), fabsf(x1))); });
 #pragma unroll
             for (int o = 16; o >= 1; o >>= 1) qm = fmaxf(qm, __shfl_xor_sync(PK_FULL_MASK, qm, o));
             // unbiased exponent of qm (0 for 0, NaN or inf: no rescale), clamped so 2^qe and 2^-qe are normal
@@ -478,14 +482,7 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             qe = qe < -126 ? -126 : (qe > 126 ? 126 : qe);
             const float up = __uint_as_float((unsigned int)(127 + qe) << 23);
             qdescale = __uint_as_float((unsigned int)(127 - qe) << 23);
-#pragma unroll
-            for (int ks = 0; ks < KS; ks++)
-#pragma unroll
-                for (int i = 0; i < 4; i++) {
-                    float x0, x1;
-                    Pk16<T>::widen2(qa[ks][i], x0, x1);
-                    qa[ks][i] = Pk16<__half>::narrow2(x0 * up, x1 * up);
-                }
+            each_q_pair([&](float x0, float x1, unsigned int& w) { w = Pk16<__half>::narrow2(x0 * up, x1 * up); });
         }
         float o[ON][4];
 #pragma unroll
@@ -704,22 +701,16 @@ PK_IO_VARIANT(decode_tc_paged_d128, dtc_paged_entry, 128, 0)
 PK_IO_VARIANT(decode_tc_paged_d128_e4m3kv, dtc_paged_entry, 128, 4)
 PK_IO_VARIANT(decode_tc_paged_d128_e5m2kv, dtc_paged_entry, 128, 5)
 
-// One parameter list a cache type (16-bit pages of q's type, or FP8 bytes), written once.
-#define DTC_PARAMS_16 \
-    (const T* __restrict__ q, const T* __restrict__ k_pages, const T* __restrict__ v_pages,                    \
+// One parameter list for both cache types (KV: 16-bit pages of q's type, or FP8 bytes), written once.
+#define DTC_PARAMS(KV)                                                                                      \
+    (const T* __restrict__ q, const KV* __restrict__ k_pages, const KV* __restrict__ v_pages,                \
      T* __restrict__ out, float* __restrict__ lse, T* __restrict__ part_o, float* __restrict__ part_lse,      \
-     int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
+     int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,       \
      const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
      long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
      int write_lse, float scale, float k_scale, float v_scale, int items_per_cta)
-#define DTC_PARAMS_FP8 \
-    (const T* __restrict__ q, const unsigned char* __restrict__ k_pages,                                    \
-     const unsigned char* __restrict__ v_pages,                                                             \
-     T* __restrict__ out, float* __restrict__ lse, T* __restrict__ part_o, float* __restrict__ part_lse,      \
-     int* __restrict__ counters, const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices,                                \
-     const int* __restrict__ kv_last_page_len, int num_qo_heads, int num_kv_heads, int page_size,          \
-     long long s_page, long long s_tok, long long s_head, int window_left, int num_splits, int batch,       \
-     int write_lse, float scale, float k_scale, float v_scale, int items_per_cta)
+#define DTC_PARAMS_16 DTC_PARAMS(T)
+#define DTC_PARAMS_FP8 DTC_PARAMS(unsigned char)
 #define DTC_ARGS                                                                                           \
     (q, k_pages, v_pages, out, lse, part_o, part_lse, counters, kv_indptr, kv_indices, kv_last_page_len, num_qo_heads, \
      num_kv_heads, page_size, s_page, s_tok, s_head, window_left, num_splits, batch, write_lse, scale,       \

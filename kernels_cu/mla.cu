@@ -233,11 +233,4 @@ __device__ __forceinline__ void mla_decode_body(const T* __restrict__ q_nope, co
 // sm_75: a trap (the op refuses that arch before any launch); sm_80+: the body.
 PK_ATTN_TC_ENTRY(mla_decode_impl, mla_decode_body)
 
-PK_IO16_KERNELS(mla_decode, (MLA_THREADS, 1), (const T* __restrict__ q_nope, const T* __restrict__ q_pe,
-                const T* __restrict__ ckv, const T* __restrict__ kpe, T* __restrict__ out, float* __restrict__ lse,
-                T* __restrict__ part_o, float* __restrict__ part_lse, const int* __restrict__ kv_indptr,
-                const int* __restrict__ kv_indices, const int* __restrict__ kv_len, int num_heads, int page_size,
-                long long ckv_sp, long long ckv_st, long long kpe_sp, long long kpe_st, int num_splits,
-                int write_lse, float sm_scale),
-                (q_nope, q_pe, ckv, kpe, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_len, num_heads,
-                 page_size, ckv_sp, ckv_st, kpe_sp, kpe_st, num_splits, write_lse, sm_scale))
+PK_IO16_KERNELS(mla_decode, (MLA_THREADS, 1), PK_MLA_DECODE_PARAMS, PK_MLA_DECODE_ARGS)

@@ -26,25 +26,18 @@ __device__ __forceinline__ bool ext_vec_rows(unsigned int dim, const void* a, co
 // 16-byte chunks of a row a thread; lnb_ld / lnb_st move a chunk as one vector (VEC: aligned bases) or element
 // by element.
 #define LNB_FUSE_VECS 2
+// (W elements a move: the whole chunk when VEC, else one)
 template <typename T, bool VEC>
 __device__ __forceinline__ void lnb_ld(const T* __restrict__ p, long long i, float* f) {
-    constexpr int N = PkVec16<T>::N;
-    if constexpr (VEC) {
-        pk_load<T, N>(p, i, f);
-    } else {
+    constexpr int N = PkVec16<T>::N, W = VEC ? N : 1;
 #pragma unroll
-        for (int k = 0; k < N; ++k) pk_load<T, 1>(p, i + k, f + k);
-    }
+    for (int k = 0; k < N; k += W) pk_load<T, W>(p, i + k, f + k);
 }
 template <typename T, bool VEC>
 __device__ __forceinline__ void lnb_st(T* __restrict__ p, long long i, const float* f) {
-    constexpr int N = PkVec16<T>::N;
-    if constexpr (VEC) {
-        pk_store<T, N>(p, i, f);
-    } else {
+    constexpr int N = PkVec16<T>::N, W = VEC ? N : 1;
 #pragma unroll
-        for (int k = 0; k < N; ++k) pk_store<T, 1>(p, i + k, f + k);
-    }
+    for (int k = 0; k < N; k += W) pk_store<T, W>(p, i + k, f + k);
 }
 // N fp32 partial sums at p + i: 16-byte stores when VEC (pw, pb aligned too), else element stores
 template <int N, bool VEC>
@@ -53,6 +46,45 @@ __device__ __forceinline__ void lnb_st_f32(float* __restrict__ p, long long i, c
     for (int k = 0; k < N; k += 4) {
         if constexpr (VEC) pk_store<float, 4>(p, i + k, f + k);
         else for (int j = 0; j < 4; ++j) pk_store<float, 1>(p, i + k + j, f + k + j);
+    }
+}
+// body(sl, i) for each of this thread's LNB_FUSE_VECS chunks c = threadIdx.x + sl blockDim.x that lies in the
+// row (c < nch), i = c N its first element (sl a constant once unrolled: the chunk arrays stay in registers).
+template <int N, typename F>
+__device__ __forceinline__ void lnb_chunks(unsigned int nch, F&& body) {
+#pragma unroll
+    for (int sl = 0; sl < LNB_FUSE_VECS; ++sl) {
+        const unsigned int c = threadIdx.x + sl * blockDim.x;
+        if (c < nch) body(sl, (long long)c * N);
+    }
+}
+// A fused backward's row of two tensors (x or h, and grad_y) at base: thread t's LNB_FUSE_VECS chunks of nch
+// into a and b. VEC: all 2 S loads are issued before the first conversion, with no branch between them.
+template <typename T, bool VEC>
+__device__ __forceinline__ void lnb_ld_row2(const T* __restrict__ p, const T* __restrict__ q, long long base,
+                                            unsigned int nch, float (&a)[LNB_FUSE_VECS][PkVec16<T>::N],
+                                            float (&b)[LNB_FUSE_VECS][PkVec16<T>::N]) {
+    constexpr int N = PkVec16<T>::N, S = LNB_FUSE_VECS;
+    if constexpr (VEC) {
+        uint4 ra[S], rb[S];
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) {
+            const unsigned int c = threadIdx.x + sl * blockDim.x;
+            const long long j = base + (c < nch ? (long long)c * N : 0);  // past the row: chunk 0 (L1), unused
+            ra[sl] = pk_ld16_raw(p, j);
+            rb[sl] = pk_ld16_raw(q, j);
+        }
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rb[sl], b[sl]);
+    } else {
+#pragma unroll
+        for (int sl = 0; sl < S; ++sl) {
+            const unsigned int c = threadIdx.x + sl * blockDim.x;
+            if (c < nch) {
+                lnb_ld<T, VEC>(p, base + (long long)c * N, a[sl]);
+                lnb_ld<T, VEC>(q, base + (long long)c * N, b[sl]);
+            }
+        }
     }
 }
 
@@ -181,72 +213,36 @@ __device__ __forceinline__ void arb_fused_rows(const T* __restrict__ h, const T*
     for (long long row = blockIdx.x; row < n_rows; row += gridDim.x) {
         const long long base = row * n;
         float a[S][N], g[S][N];
-        if constexpr (VEC) {
-            uint4 ra[S], rg[S];
-#pragma unroll
-            for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
-                const unsigned int c = threadIdx.x + sl * blockDim.x;
-                const long long j = base + (c < nch ? (long long)c * N : 0);  // past the row: chunk 0 (L1), unused
-                ra[sl] = pk_ld16_raw(h, j);
-                rg[sl] = pk_ld16_raw(gy, j);
-            }
-#pragma unroll
-            for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rg[sl], g[sl]);
-        } else {
-#pragma unroll
-            for (int sl = 0; sl < S; ++sl) {
-                const unsigned int c = threadIdx.x + sl * blockDim.x;
-                if (c < nch) {
-                    lnb_ld<T, VEC>(h, base + (long long)c * N, a[sl]);
-                    lnb_ld<T, VEC>(gy, base + (long long)c * N, g[sl]);
-                }
-            }
-        }
+        lnb_ld_row2<T, VEC>(h, gy, base, nch, a, g);
         float ss = 0.0f, dot = 0.0f;
+        lnb_chunks<N>(nch, [&](int sl, long long i) {
+            float wt[N];
+            lnb_ld<T, VEC>(weight, i, wt);  // L1-hot after the block's first row
 #pragma unroll
-        for (int sl = 0; sl < S; ++sl) {
-            const unsigned int c = threadIdx.x + sl * blockDim.x;
-            if (c < nch) {
-                float wt[N];
-                lnb_ld<T, VEC>(weight, (long long)c * N, wt);  // L1-hot after the block's first row
-#pragma unroll
-                for (int k = 0; k < N; ++k) {
-                    wt[k] += offset;
-                    ss += a[sl][k] * a[sl][k];
-                    dot += a[sl][k] * wt[k] * g[sl][k];
-                }
+            for (int k = 0; k < N; ++k) {
+                wt[k] += offset;
+                ss += a[sl][k] * a[sl][k];
+                dot += a[sl][k] * wt[k] * g[sl][k];
             }
-        }
-        ss = pk_block_sum(ss, scratch);
-        dot = pk_block_sum(dot, scratch);
-        const float r = rsqrtf(ss / (float)n + eps);
-        const float cf = r * r * r * dot / (float)n;
-        if (threadIdx.x == 0) rstd[row] = r;
+        });
+        float r;
+        const float cf = pk_rms_bwd_stats(ss, dot, (float)n, eps, scratch, rstd, row, r);
+        lnb_chunks<N>(nch, [&](int sl, long long i) {
+            float wt[N], gr[N];
+            lnb_ld<T, VEC>(weight, i, wt);
+            if (has_gres) lnb_ld<T, VEC>(gres, base + i, gr);
 #pragma unroll
-        for (int sl = 0; sl < S; ++sl) {
-            const unsigned int c = threadIdx.x + sl * blockDim.x;
-            if (c < nch) {
-                const long long i = (long long)c * N;
-                float wt[N], gr[N];
-                lnb_ld<T, VEC>(weight, i, wt);
-                if (has_gres) lnb_ld<T, VEC>(gres, base + i, gr);
-#pragma unroll
-                for (int k = 0; k < N; ++k) {
-                    wt[k] += offset;
-                    aw[sl][k] = fmaf(a[sl][k] * r, g[sl][k], aw[sl][k]);
-                    g[sl][k] = r * wt[k] * g[sl][k] - a[sl][k] * cf;
-                    if (has_gres) g[sl][k] += gr[k];
-                }
-                lnb_st<T, VEC>(gh, base + i, g[sl]);
+            for (int k = 0; k < N; ++k) {
+                wt[k] += offset;
+                aw[sl][k] = fmaf(a[sl][k] * r, g[sl][k], aw[sl][k]);
+                g[sl][k] = r * wt[k] * g[sl][k] - a[sl][k] * cf;
+                if (has_gres) g[sl][k] += gr[k];
             }
-        }
+            lnb_st<T, VEC>(gh, base + i, g[sl]);
+        });
     }
     const long long p = (long long)blockIdx.x * n;
-#pragma unroll
-    for (int sl = 0; sl < S; ++sl) {
-        const unsigned int c = threadIdx.x + sl * blockDim.x;
-        if (c < nch) lnb_st_f32<N, VEC>(pw, p + (long long)c * N, aw[sl]);
-    }
+    lnb_chunks<N>(nch, [&](int sl, long long i) { lnb_st_f32<N, VEC>(pw, p + i, aw[sl]); });
 }
 
 template <typename T>
@@ -281,11 +277,8 @@ __device__ __forceinline__ void add_rms_norm_backward_impl(
                 dot += hv[k] * wt[k] * g[k];
             }
         });
-        ss = pk_block_sum(ss, scratch);
-        dot = pk_block_sum(dot, scratch);
-        const float r = rsqrtf(ss / (float)n + eps);
-        const float c = r * r * r * dot / (float)n;
-        if (threadIdx.x == 0) rstd[row] = r;
+        float r;
+        const float c = pk_rms_bwd_stats(ss, dot, (float)n, eps, scratch, rstd, row, r);
         pk_row_chunks<T>(vec, n, [&](long long i, auto w) {
             constexpr int W = decltype(w)::value;
             float hv[W], wt[W], g[W], gr[W];
@@ -505,71 +498,39 @@ __device__ __forceinline__ void lnb_fused_rows(const T* __restrict__ x, const T*
         float x0;
         pk_load<T, 1>(x, base, &x0);  // the shift, as layer_norm's
         float a[S][N], gg[S][N];
-        if constexpr (VEC) {
-            uint4 ra[S], rg[S];
-#pragma unroll
-            for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
-                const unsigned int c = threadIdx.x + sl * blockDim.x;
-                const long long j = base + (c < nch ? (long long)c * N : 0);  // past the row: chunk 0 (L1), unused
-                ra[sl] = pk_ld16_raw(x, j);
-                rg[sl] = pk_ld16_raw(g, j);
-            }
-#pragma unroll
-            for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rg[sl], gg[sl]);
-        } else {
-#pragma unroll
-            for (int sl = 0; sl < S; ++sl) {
-                const unsigned int c = threadIdx.x + sl * blockDim.x;
-                if (c < nch) {
-                    lnb_ld<T, VEC>(x, base + (long long)c * N, a[sl]);
-                    lnb_ld<T, VEC>(g, base + (long long)c * N, gg[sl]);
-                }
-            }
-        }
+        lnb_ld_row2<T, VEC>(x, g, base, nch, a, gg);
         float mean;  // of d = x - x0
         const float rstd = ln_center_cached(a, nch, x0, n, eps, scratch, mean);
         float sg = 0.0f, sgx = 0.0f;
+        lnb_chunks<N>(nch, [&](int sl, long long i) {
+            float gh[N];
+            gw_at(i, gg[sl], gh);
 #pragma unroll
-        for (int sl = 0; sl < S; ++sl) {
-            const unsigned int c = threadIdx.x + sl * blockDim.x;
-            if (c < nch) {
-                float gh[N];
-                gw_at((long long)c * N, gg[sl], gh);
-#pragma unroll
-                for (int k = 0; k < N; ++k) {
-                    a[sl][k] *= rstd;  // xhat
-                    sg += gh[k];
-                    sgx += gh[k] * a[sl][k];
-                }
+            for (int k = 0; k < N; ++k) {
+                a[sl][k] *= rstd;  // xhat
+                sg += gh[k];
+                sgx += gh[k] * a[sl][k];
             }
-        }
+        });
         float mg, mgx;
         lnb_means(sg, sgx, n, scratch, row, x0, mean, rstd, mean_out, rstd_out, mg, mgx);
+        lnb_chunks<N>(nch, [&](int sl, long long i) {
+            float gh[N];
+            gw_at(i, gg[sl], gh);
 #pragma unroll
-        for (int sl = 0; sl < S; ++sl) {
-            const unsigned int c = threadIdx.x + sl * blockDim.x;
-            if (c < nch) {
-                float gh[N];
-                gw_at((long long)c * N, gg[sl], gh);
-#pragma unroll
-                for (int k = 0; k < N; ++k) {
-                    aw[sl][k] = fmaf(gg[sl][k], a[sl][k], aw[sl][k]);
-                    ab[sl][k] += gg[sl][k];
-                    a[sl][k] = rstd * (gh[k] - mg - a[sl][k] * mgx);
-                }
-                lnb_st<T, VEC>(gx, base + (long long)c * N, a[sl]);
+            for (int k = 0; k < N; ++k) {
+                aw[sl][k] = fmaf(gg[sl][k], a[sl][k], aw[sl][k]);
+                ab[sl][k] += gg[sl][k];
+                a[sl][k] = rstd * (gh[k] - mg - a[sl][k] * mgx);
             }
-        }
+            lnb_st<T, VEC>(gx, base + i, a[sl]);
+        });
     }
     const long long p = (long long)blockIdx.x * n;
-#pragma unroll
-    for (int sl = 0; sl < S; ++sl) {
-        const unsigned int c = threadIdx.x + sl * blockDim.x;
-        if (c < nch) {
-            if (has_w) lnb_st_f32<N, VEC>(pw, p + (long long)c * N, aw[sl]);
-            if (want_b) lnb_st_f32<N, VEC>(pb, p + (long long)c * N, ab[sl]);
-        }
-    }
+    lnb_chunks<N>(nch, [&](int sl, long long i) {
+        if (has_w) lnb_st_f32<N, VEC>(pw, p + i, aw[sl]);
+        if (want_b) lnb_st_f32<N, VEC>(pb, p + i, ab[sl]);
+    });
 }
 
 // layer_norm_backward row kernel: xhat = (x - mean) * rstd, gxhat = g * w,

@@ -175,3 +175,15 @@ __device__ __forceinline__ void fatc_load_tile(unsigned short* s, const T* __res
     template <typename T, auto... P, typename... A>                                                \
     __device__ __forceinline__ void entry(A... a) { body<T, P...>(a...); }
 #endif
+
+// The MLA decode kernels' parameters (mla_decode of mla.cu and mla_decode_sm90 of mla_sm90.cu: one op, one
+// launch signature, chosen by arch).
+#define PK_MLA_DECODE_PARAMS                                                                                      \
+    (const T* __restrict__ q_nope, const T* __restrict__ q_pe, const T* __restrict__ ckv, const T* __restrict__ kpe, \
+     T* __restrict__ out, float* __restrict__ lse, T* __restrict__ part_o, float* __restrict__ part_lse,          \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, const int* __restrict__ kv_len,       \
+     int num_heads, int page_size, long long ckv_sp, long long ckv_st, long long kpe_sp, long long kpe_st,        \
+     int num_splits, int write_lse, float sm_scale)
+#define PK_MLA_DECODE_ARGS                                                                                        \
+    (q_nope, q_pe, ckv, kpe, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_len, num_heads, page_size,      \
+     ckv_sp, ckv_st, kpe_sp, kpe_st, num_splits, write_lse, sm_scale)

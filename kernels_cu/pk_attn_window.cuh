@@ -52,3 +52,13 @@ __device__ __forceinline__ void pk_attn_k_row(int key, int n_q, int n_k, int wl,
     lo = pk_attn_clamp(c - wr, 0, n_q);
     hi = key < n_k ? pk_attn_clamp(c + wl, -1, n_q - 1) : -1;
 }
+
+// The dense attention forwards' parameters (attention_fwd_fma.cu and attention_fwd_tc.cu: one op, one launch
+// signature whichever family runs it).
+#define PK_ATTN_FWD_PARAMS                                                                                       \
+    (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, T* __restrict__ out,              \
+     float* __restrict__ lse, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int head_dim,             \
+     int head_dim_v, float scale, int window_left, int window_right, float softcap)
+#define PK_ATTN_FWD_ARGS                                                                                         \
+    (q, k, v, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v, scale, window_left,           \
+     window_right, softcap)

@@ -228,6 +228,19 @@ __device__ __forceinline__ float pk_block_reduce(float v, float* scratch) {
 
 __device__ __forceinline__ float pk_block_sum(float v, float* scratch) { return pk_block_reduce<false>(v, scratch); }
 
+// The RMS norm backwards' row statistics from this thread's sums over the row's n elements of h^2 (ss) and
+// h * w * grad_y (dot), block-wide: r = rsqrt(mean(h^2) + eps), written to rstd[row] by thread 0, and the
+// returned r^3 * mean(h * w * grad_y) (grad_h = r * w * grad_y - h * that). n comes converted by the caller.
+__device__ __forceinline__ float pk_rms_bwd_stats(float ss, float dot, float n, float eps, float* scratch,
+                                                  float* __restrict__ rstd, long long row, float& r) {
+    ss = pk_block_sum(ss, scratch);
+    dot = pk_block_sum(dot, scratch);
+    r = rsqrtf(ss / n + eps);
+    const float coef = r * r * r * dot / n;
+    if (threadIdx.x == 0) rstd[row] = r;
+    return coef;
+}
+
 // Sum over the threads sharing a row: a warp when blockDim.x == 32 (a warp per row, blockDim.y rows a
 // block), else the whole block (blockDim.y == 1).
 __device__ __forceinline__ float pk_row_sum(float v, float* scratch) {

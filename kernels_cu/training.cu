@@ -292,11 +292,8 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                     }
                 }
             }
-            ss = pk_block_sum(ss, scratch);
-            xwg = pk_block_sum(xwg, scratch);
-            const float r = rsqrtf(ss / (float)dim + eps);
-            const float coef = r * r * r * xwg / (float)dim;
-            if (threadIdx.x == 0) inv_rms[row] = r;
+            float r;
+            const float coef = pk_rms_bwd_stats(ss, xwg, (float)dim, eps, scratch, inv_rms, row, r);
 #pragma unroll
             for (int sl = 0; sl < S; ++sl) {
                 const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
@@ -330,11 +327,8 @@ __device__ __forceinline__ void rms_norm_backward_impl(
                 xwg += a * (offset + PkIO<T>::load(w, i)) * PkIO<T>::load(g, base + i);
             }
         }
-        ss = pk_block_sum(ss, scratch);
-        xwg = pk_block_sum(xwg, scratch);
-        const float r = rsqrtf(ss / (float)dim + eps);
-        const float coef = r * r * r * xwg / (float)dim;
-        if (threadIdx.x == 0) inv_rms[row] = r;
+        float r;
+        const float coef = pk_rms_bwd_stats(ss, xwg, (float)dim, eps, scratch, inv_rms, row, r);
         if (fuse) {  // slot s: column threadIdx.x + s * blockDim.x
 #pragma unroll
             for (int sl = 0; sl < RMSB_ACC; ++sl) {
@@ -682,6 +676,21 @@ PK_IO_KERNELS(embedding_backward, (512, 1),
 #define CE_OPT_GRAD_ROWS 2
 #define CE_OPT_Z_ROW 4
 #define CE_BATCH 4  // 16-byte loads of a row a thread issues before it uses the first (both sweeps)
+// Both sweeps' 16-byte pass over a row [0, n) of p at base: body(i, raw) for each of this thread's chunks, in
+// ascending order, CE_BATCH raw loads issued before the first of them is used.
+template <typename T, typename F>
+__device__ __forceinline__ void ce_row16(const T* p, long long base, long long n, F&& body) {
+    const long long step = (long long)PkVec16<T>::N * blockDim.x;
+    long long i = (long long)PkVec16<T>::N * threadIdx.x;
+    for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
+        uint4 raw[CE_BATCH];
+#pragma unroll
+        for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(p, base + i + u * step);
+#pragma unroll
+        for (int u = 0; u < CE_BATCH; ++u) body(i + u * step, raw[u]);
+    }
+    for (; i < n; i += step) body(i, pk_ld16_raw(p, base + i));
+}
 __device__ __forceinline__ void ce_online(float x, float& m, float& s) {
     if (x > m) {
         s = s * pk_exp_fast(m - x) + 1.0f;  // m = -inf gives s * 0 + 1
@@ -776,7 +785,6 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
             // CE_BATCH 16-byte loads issued before the first is used (raw words, widened afterwards: the online
             // max / sum is a dependent chain, and one load at a time left a thread one 16-byte load in flight);
             // each thread still takes its elements in ascending order, so the sums are those of the plain loop
-            const long long step = (long long)V * blockDim.x;
             auto acc16 = [&](long long i, const uint4& raw) {
                 float a[V];
                 pk_widen16<T>(raw, a);
@@ -787,15 +795,7 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
                     ce_acc(a[k], c, cap, inv_cap, m, s, sz);
                 }
             };
-            long long i = (long long)V * threadIdx.x;
-            for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
-                uint4 raw[CE_BATCH];
-#pragma unroll
-                for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(logits, base + i + u * step);
-#pragma unroll
-                for (int u = 0; u < CE_BATCH; ++u) acc16(i + u * step, raw[u]);
-            }
-            for (; i < n; i += step) acc16(i, pk_ld16_raw(logits, base + i));
+            ce_row16(logits, base, n, acc16);
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 const float c = has_w ? class_weight[i] : 1.0f;
@@ -837,7 +837,6 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
         if (vec) {
             // the same batches: CE_BATCH loads, then their gradients stored (grad may alias logits: each thread
             // reads its elements before it writes them, so loading ahead of its own stores stays correct)
-            const long long step = (long long)V * blockDim.x;
             auto grad16 = [&](long long i, const uint4& raw) {
                 float a[V];
                 pk_widen16<T>(raw, a);
@@ -845,15 +844,7 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_impl(
                 for (int k = 0; k < V; ++k) a[k] = ce_grad(a[k], i + k, has_w ? class_weight[i + k] : 1.0f, r);
                 PkVec16<T>::store(grad, base + i, a);
             };
-            long long i = (long long)V * threadIdx.x;
-            for (; i + (CE_BATCH - 1) * step < n; i += CE_BATCH * step) {
-                uint4 raw[CE_BATCH];
-#pragma unroll
-                for (int u = 0; u < CE_BATCH; ++u) raw[u] = pk_ld16_raw(logits, base + i + u * step);
-#pragma unroll
-                for (int u = 0; u < CE_BATCH; ++u) grad16(i + u * step, raw[u]);
-            }
-            for (; i < n; i += step) grad16(i, pk_ld16_raw(logits, base + i));
+            ce_row16(logits, base, n, grad16);
         } else {
             for (long long i = threadIdx.x; i < n; i += blockDim.x) {
                 PkIO<T>::store(grad, base + i,

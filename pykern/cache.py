@@ -25,7 +25,7 @@ import time
 import warnings
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Iterator, Mapping, Sequence
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .errors import ArgumentError, BackendUnavailable, CacheMiss, KernelNotFound, PykernError
 from .log import configure as _log_configure
@@ -710,17 +710,23 @@ def iter_host_builds(root: str | os.PathLike[str] | None = None) -> Iterator[Ent
             yield EntryInfo(p, st.st_size, st.st_mtime)
 
 
-def _stale_temps(root: Path, older_than: float) -> list[Path]:
+def _older(paths: Iterable[Path], older_than: float) -> list[Path]:
+    """Those of `paths` last modified more than older_than seconds ago (one that vanished meanwhile: left out)."""
     now = time.time()
     out = []
-    if root.is_dir():
-        for p in [*root.glob("??/.*.tmp"), *root.glob(f"{HOST_SUBDIR}/.*.tmp")]:
-            try:
-                if now - p.stat().st_mtime > older_than:
-                    out.append(p)
-            except OSError:
-                pass
+    for p in paths:
+        try:
+            if now - p.stat().st_mtime > older_than:
+                out.append(p)
+        except OSError:
+            pass
     return out
+
+
+def _stale_temps(root: Path, older_than: float) -> list[Path]:
+    if not root.is_dir():
+        return []
+    return _older([*root.glob("??/.*.tmp"), *root.glob(f"{HOST_SUBDIR}/.*.tmp")], older_than)
 
 
 def read_meta(path: Path) -> dict[str, Any] | None:
@@ -827,16 +833,7 @@ def prune(max_size: int, root: str | os.PathLike[str] | None = None) -> tuple[in
 
 
 def _stale_locks(root: Path, older_than: float) -> list[Path]:
-    now = time.time()
-    out = []
-    if root.is_dir():
-        for p in root.glob(f"??/.*{LOCK_SUFFIX}"):
-            try:
-                if now - p.stat().st_mtime > older_than:
-                    out.append(p)
-            except OSError:
-                pass
-    return out
+    return _older(root.glob(f"??/.*{LOCK_SUFFIX}"), older_than) if root.is_dir() else []
 
 
 def _arch_order(arch: str) -> tuple[int, int, str]:

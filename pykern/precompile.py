@@ -269,6 +269,12 @@ def _build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _no_sources(kernels: list[str] | None, err: Any) -> int:
+    """The usage error of a run with no kernel source to build (none matches --kernels, or none at all)."""
+    print(f"precompile: no kernel sources{' match ' + repr(kernels) if kernels else ' found'}", file=err)
+    return 2
+
+
 def _select(globs: Sequence[str] | None) -> list[tuple[Path, tuple[str, ...]]]:
     """(source, kernel names to report) for every source with a kernel matching one of the globs."""
     from .registry import parse_file, source_files
@@ -369,9 +375,7 @@ def _main(argv: Sequence[str] | None = None) -> int:
         print(f"precompile: {e}", file=err)
         return 2
     if not selected:
-        print(f"precompile: no kernel sources{' match ' + repr(args.kernels) if args.kernels else ' found'}",
-              file=err)
-        return 2
+        return _no_sources(args.kernels, err)
     # 'all' also takes the `a` targets the selected sources name (sm_90a, ...), for those sources only
     # (builds_for): every other source keeps its portable sm_XX cubins instead of a second, GPU-exact copy.
     all_only = _arch_specific_targets(selected, archs) if _asks_all(args.arch) else []
@@ -645,9 +649,7 @@ def _host_main(args: argparse.Namespace, t_start: float) -> int:
         print(f"precompile: {e}", file=err)
         return 2
     if not selected:
-        print(f"precompile: no kernel sources{' match ' + repr(args.kernels) if args.kernels else ' found'}",
-              file=err)
-        return 2
+        return _no_sources(args.kernels, err)
     old_dir = os.environ.get("PYKERN_CACHE_DIR")
     if args.cache_dir:  # the host build finds its folder through the environment, as the library does
         os.environ["PYKERN_CACHE_DIR"] = str(Path(args.cache_dir).expanduser())

@@ -206,13 +206,20 @@ def _split_call(text: str, open_at: int) -> tuple[list[str], int]:
 
 def _list_arg(arg: str, macros: dict[str, cmacros.Macro]) -> str | None:
     """A parenthesized list argument as written, or the body of the object-like macro it names
-    (`#define PA_PARAMS (const T* q, ...)`: a family states its parameter list once); None if neither."""
+    (`#define PA_PARAMS (const T* q, ...)`: a family states its parameter list once), expanded when that body
+    is itself a macro call (`#define PA_PARAMS_FP8 PA_PARAMS_KV(unsigned char)`: lists that differ only in a
+    type, written once); None if neither."""
     if arg.startswith("(") and arg.endswith(")"):
         return arg
     m = macros.get(arg) if re.fullmatch(r"[A-Za-z_]\w*", arg) else None
     if m is None or m.params is not None or m is cmacros.AMBIGUOUS:
         return None
     body = m.body.strip()
+    if not (body.startswith("(") and body.endswith(")")):
+        try:
+            body = " ".join(cmacros.expand(body, macros))
+        except cmacros.Unresolved:
+            return None
     return body if body.startswith("(") and body.endswith(")") else None
 
 

@@ -412,6 +412,24 @@ def test_cli_info_prune_clear(env, tmp_path, capsys):
     assert _entries(root) == []
 
 
+def test_stale_temps_and_locks_by_age(tmp_path):
+    # info / clear / prune find interrupted writes (.tmp, in the cubin and host folders) and lock files by age
+    root = tmp_path / "ages"
+    (root / "ab").mkdir(parents=True)
+    (root / cache.HOST_SUBDIR).mkdir()
+    old = [root / "ab" / ".x.tmp", root / cache.HOST_SUBDIR / ".y.tmp"]
+    lock, new = root / "ab" / f".k{cache.LOCK_SUFFIX}", root / "ab" / ".z.tmp"
+    for p in [*old, lock, new]:
+        p.write_bytes(b"")
+    t = time.time() - 7200
+    for p in [*old, lock]:
+        os.utime(p, (t, t))
+    assert sorted(cache._stale_temps(root, 3600.0)) == sorted(old)
+    assert cache._stale_locks(root, 3600.0) == [lock]
+    assert sorted(cache._stale_temps(root, 0)) == sorted([*old, new])
+    assert cache._stale_temps(tmp_path / "none", 0) == [] and cache._stale_locks(tmp_path / "none", 0) == []
+
+
 @pytest.mark.parametrize("text, n", [("0", 0), ("4096", 4096), ("1K", 1024), ("500M", 500 * 2**20),
                                      ("1.5GB", int(1.5 * 2**30)), ("2 gib", 2 * 2**30)])
 def test_parse_size(text, n):

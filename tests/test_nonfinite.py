@@ -350,6 +350,15 @@ def _norm_rows(dim: int, bad: float, rng: np.random.Generator) -> np.ndarray:
     return x
 
 
+def _norm_fwd(op: str, x, w, b, res, backend):
+    """The op's outputs as a tuple: (y,), or (y, new_residual) for add_rms_norm."""
+    if op == "rms_norm":
+        return (ops.rms_norm(x, w, 1e-6, backend=backend),)
+    if op == "add_rms_norm":
+        return ops.add_rms_norm(x, res, w, 1e-6, backend=backend)
+    return (ops.layer_norm(x, w, b, 1e-5, backend=backend),)
+
+
 def _norm_fwd_ref(op: str, x, w, b, res, dtype: str, dt):
     """torch's forward in `dt`; add_rms_norm's sum is stored in the I/O dtype first, as the op's is."""
     xt, wt, bt = _t(x, dt), _t(w, dt), _t(b, dt)
@@ -376,12 +385,7 @@ def test_norm_forward_nonfinite_rows_like_torch(backend, op, dtype, bad, dim):
     res = _rounded(rng.standard_normal(x.shape), dtype)
     want = _norm_fwd_ref(op, x, w, b, res, dtype, torch.float64)
     _torch_same_pattern_in_dtype(want[0], _norm_fwd_ref(op, x, w, b, res, dtype, _TDT[dtype])[0], op)
-    if op == "rms_norm":
-        got = (ops.rms_norm(x, w, 1e-6, backend=backend),)
-    elif op == "add_rms_norm":
-        got = ops.add_rms_norm(x, res, w, 1e-6, backend=backend)
-    else:
-        got = (ops.layer_norm(x, w, b, 1e-5, backend=backend),)
+    got = _norm_fwd(op, x, w, b, res, backend)
     for g, r, nm in zip(got, want, ("y", "new_residual")):
         _like_torch(g, r, op, dtype, f"{nm} ({bad})")
 
@@ -403,12 +407,7 @@ def test_norm_forward_nonfinite_weight_like_torch(backend, op, dtype, bad):
     w, b = _rounded(w, dtype), _rounded(b, dtype)
     res = _rounded(rng.standard_normal(x.shape), dtype)
     want = _norm_fwd_ref(op, x, w, b, res, dtype, torch.float64)
-    if op == "rms_norm":
-        got = (ops.rms_norm(x, w, 1e-6, backend=backend),)
-    elif op == "add_rms_norm":
-        got = ops.add_rms_norm(x, res, w, 1e-6, backend=backend)
-    else:
-        got = (ops.layer_norm(x, w, b, 1e-5, backend=backend),)
+    got = _norm_fwd(op, x, w, b, res, backend)
     _like_torch(got[0], want[0], op, dtype, f"y ({bad} weight)")
 
 

@@ -321,6 +321,26 @@ def test_parameter_list_macro(kpath, tmp_path):
     assert len(specs) == 3 + 2 + 6 + 6
 
 
+def test_parameter_list_macro_through_a_function_like_macro(kpath, tmp_path):
+    # Lists that differ only in a type are written once: the named object-like macro may be a call of a
+    # function-like one, expanded (nested macros too) before the list is read.
+    _write(tmp_path, """\
+        #define PL_PTR(X) const X* __restrict__
+        #define PL_KV(KV) (PL_PTR(T) q, const KV* k, T* out, long long n)
+        #define PL_16 PL_KV(T)
+        #define PL_8 PL_KV(unsigned char)
+        #define PL_ARGS (q, k, out, n)
+        PK_IO16_KERNELS(pl_16, (64), PL_16, PL_ARGS)
+        PK_IO16_KERNELS(pl_8, (64), PL_8, PL_ARGS)
+        """, name="pl_fn.cu")
+    specs = {s.name: s for s in registry.parse_file(tmp_path / "pl_fn.cu", strict=True)}
+    sig = {n: tuple(p.ctype for p in s.params) for n, s in specs.items()}
+    assert sig["pl_16_bf16"] == ("const __nv_bfloat16*", "const __nv_bfloat16*", "__nv_bfloat16*", "long long")
+    assert sig["pl_8_f16"] == ("const __half*", "const unsigned char*", "__half*", "long long")
+    assert [p.name for p in specs["pl_8_bf16"].params] == ["q", "k", "out", "n"]
+    assert len(specs) == 4
+
+
 def test_parameter_list_macro_must_be_a_parenthesized_list(kpath, tmp_path):
     _write(tmp_path, """\
         #define PL_FN(x) (const T* x)

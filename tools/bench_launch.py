@@ -48,27 +48,23 @@ def _time(fn: Callable[[], Any], n: int, repeats: int) -> float:
     return best * 1e6
 
 
-def _op_rows(n: int, reps: int) -> dict[str, float]:
-    """Host microseconds of one flash_attention (sm_90a path), one PagedDecodePlan.run and one
-    top_k_top_p_sampling_from_probs on a fake H100."""
-    import ml_dtypes
-    import numpy as np
+def _fake_h100(host_memory: bool) -> tuple[Any, Any]:
+    """(driver, backend): the nvrtc backend over the test suite's fake driver (compute capability 9.0, an H100 /
+    H200) whose cuLaunchKernel does nothing and whose function handles come without a module (nothing is
+    compiled: the launch packs as on a GPU). The sm_90a tensor maps are encoded by the real cuda.bindings encode
+    (its C call stubbed) when cuda.bindings is installed, else by the fake's (its checks). host_memory: host
+    addresses count as device memory (CPU tensors stand in for CUDA ones)."""
+    from fake_driver import FakeDriver
 
-    try:  # where these calls matter torch is loaded, which switches on pykern's torch checks (devices, streams)
-        import torch  # noqa: F401
-    except ImportError:
-        pass
-    from fake_driver import FakeDeviceArray, FakeDriver
-
-    from pykern import arrays, backends, ops
     from pykern.backends import nvrtc
-    from pykern.ops.serving import PagedDecodePlan
 
     drv = FakeDriver(cc=(9, 0), max_shared_optin=227 * 1024)
-    drv.launch_kernel = lambda *a: None  # type: ignore[method-assign]
+    drv.launch_kernel = lambda *a, **k: None  # type: ignore[method-assign]
     drv.set_current = lambda ctx: setattr(drv, "current", ctx)  # type: ignore[method-assign]
     drv.current_context = lambda: drv.current  # type: ignore[method-assign]
     drv._call = lambda *a: None  # type: ignore[method-assign]  # no call log growing over the run
+    if host_memory:
+        drv._find = lambda ptr, nbytes: (None, 0)  # type: ignore[method-assign]
 
     def get_module(source: Any, arch: str, kernel: Any = None) -> Any:
         raise AssertionError("the plans are stubbed: nothing is compiled")
@@ -76,7 +72,7 @@ def _op_rows(n: int, reps: int) -> dict[str, float]:
     be = nvrtc.NvrtcBackend(driver_factory=lambda: drv, get_module=get_module,
                             supported_archs=lambda: ("sm_80", "sm_90"))
 
-    def plan(dev: Any, spec: Any) -> Any:  # a function handle without a module: the launch packs as on a GPU
+    def plan(dev: Any, spec: Any) -> Any:  # a function handle without a module
         p = nvrtc._Plan(spec, 1, 0)
         p.smem_set = 1 << 30
         dev.plans[id(spec)] = p
@@ -99,8 +95,27 @@ def _op_rows(n: int, reps: int) -> dict[str, float]:
         real = object.__new__(CudaDriver)
         real._cu, real._ok = _Cu(), cu.CUresult.CUDA_SUCCESS
         drv.tensor_map_encode_tiled = real.tensor_map_encode_tiled  # type: ignore[method-assign]
-    except ImportError:  # no cuda.bindings: the fake's encode (its checks) stands in
+    except ImportError:
         pass
+    return drv, be
+
+
+def _op_rows(n: int, reps: int) -> dict[str, float]:
+    """Host microseconds of one flash_attention (sm_90a path), one PagedDecodePlan.run and one
+    top_k_top_p_sampling_from_probs on a fake H100."""
+    import ml_dtypes
+    import numpy as np
+
+    try:  # where these calls matter torch is loaded, which switches on pykern's torch checks (devices, streams)
+        import torch  # noqa: F401
+    except ImportError:
+        pass
+    from fake_driver import FakeDeviceArray
+
+    from pykern import arrays, backends, ops
+    from pykern.ops.serving import PagedDecodePlan
+
+    drv, be = _fake_h100(host_memory=False)
     saved = backends._instances.get("nvrtc"), arrays.empty, arrays.zeros
     backends._instances["nvrtc"] = be
     real_empty, real_zeros = arrays.empty, arrays.zeros
@@ -239,49 +254,9 @@ class stubbed_gpu:
     """
 
     def __enter__(self) -> "stubbed_gpu":
-        from fake_driver import FakeDriver
-
         from pykern import backends, launcher, tensormap
-        from pykern.backends import nvrtc
 
-        drv = FakeDriver(cc=(9, 0), max_shared_optin=227 * 1024)
-        drv.launch_kernel = lambda *a, **k: None  # type: ignore[method-assign]
-        drv.set_current = lambda ctx: setattr(drv, "current", ctx)  # type: ignore[method-assign]
-        drv.current_context = lambda: drv.current  # type: ignore[method-assign]
-        drv._call = lambda *a: None  # type: ignore[method-assign]  # no call log growing over the run
-        drv._find = lambda ptr, nbytes: (None, 0)  # type: ignore[method-assign]  # host addresses are "device" memory
-
-        def get_module(source: Any, arch: str, kernel: Any = None) -> Any:
-            raise AssertionError("the plans are stubbed: nothing is compiled")
-
-        be = nvrtc.NvrtcBackend(driver_factory=lambda: drv, get_module=get_module,
-                                supported_archs=lambda: ("sm_80", "sm_90"))
-
-        def plan(dev: Any, spec: Any) -> Any:  # a function handle without a module: the launch packs as on a GPU
-            p = nvrtc._Plan(spec, 1, 0)
-            p.smem_set = 1 << 30
-            dev.plans[id(spec)] = p
-            return p
-
-        be._plan = plan  # type: ignore[method-assign]
-        try:  # the real driver's encode (cuda.bindings argument objects), only the C call itself stubbed
-            from cuda.bindings import driver as cu
-
-            from pykern.backends.driver import CudaDriver
-
-            class _Cu:
-                def __getattr__(self, name: str) -> Any:
-                    return getattr(cu, name)
-
-                @staticmethod
-                def cuTensorMapEncodeTiled(*a: Any) -> Any:
-                    return cu.CUresult.CUDA_SUCCESS, cu.CUtensorMap()
-
-            real = object.__new__(CudaDriver)
-            real._cu, real._ok = _Cu(), cu.CUresult.CUDA_SUCCESS
-            drv.tensor_map_encode_tiled = real.tensor_map_encode_tiled  # type: ignore[method-assign]
-        except ImportError:
-            pass
+        drv, be = _fake_h100(host_memory=True)
         real_device_view = tensormap._device_view
 
         def device_view(array: Any) -> Any:  # tensormap's CUDA-tensor reading, on a CPU tensor

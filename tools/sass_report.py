@@ -36,8 +36,9 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from functools import partial
 from pathlib import Path
-from typing import Any, Iterable, Sequence
+from typing import Any, Iterable, Iterator, Sequence
 
 # The columns of the table, in order; `total` is every instruction (NOPs excluded).
 COLUMNS = ("HMMA", "HMMA_BF16", "HGMMA", "LDSM", "LDGSTS", "LDG32", "LDG64", "LDG128", "LDGsub", "STG32", "STG64", "STG128",
@@ -168,6 +169,17 @@ def _instructions(text: str) -> dict[str, list[tuple[int, str, str, str]]]:
     return funcs
 
 
+def _back_branches(insns: Sequence[tuple[int, str, str, str]]) -> list[tuple[int, int]]:
+    """(target, branch address) of every backward BRA of one kernel's instructions: its loops."""
+    backs = []
+    for addr, op, _mods, body in insns:
+        if op == "BRA":
+            b = _BRA.search(body)
+            if b and int(b.group(1), 16) <= addr:
+                backs.append((int(b.group(1), 16), addr))
+    return backs
+
+
 def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     """{kernel: {insns, mma, per_mma, start, end, ldsm, ldgsts, bar}} of each kernel's steady-state loop:
     the backward branch whose body [target, branch] holds MMAs and no other backward branch (no inner
@@ -176,12 +188,7 @@ def steady_state_loops(text: str) -> dict[str, dict[str, Any]]:
     funcs = _instructions(text)
     out: dict[str, dict[str, Any]] = {}
     for name, insns in funcs.items():
-        backs = []
-        for addr, op, _mods, body in insns:
-            if op == "BRA":
-                b = _BRA.search(body)
-                if b and int(b.group(1), 16) <= addr:
-                    backs.append((int(b.group(1), 16), addr))
+        backs = _back_branches(insns)
         # An mbarrier wait's retry (a SYNCS try-wait and the branch back to it, a few instructions) is a wait,
         # not a loop: ptxas places it inline in some kernels and out of line in others, and a loop holding one
         # is still flat.
@@ -260,27 +267,35 @@ def _targets(src: Path, archs: Sequence[str]) -> list[tuple[str, str]]:
     return [(a, a + "a" if a + "a" in only else a) for a in archs if a in only or a + "a" in only]
 
 
-def loop_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm_80", "sm_90")
-                 ) -> dict[str, dict[str, dict[str, Any]]]:
-    """{kernel: {arch: steady_state_loops row}} for the registered kernels matching the glob(s)."""
+def _cubins(kernels: str | Sequence[str], archs: Iterable[str]) -> Iterator[tuple[list[str], str, Any, str]]:
+    """(names, arch, module, SASS text) for each source with kernels matching the glob(s) and each of the archs
+    it builds for (its `a` target where the source names one), compiled through pykern's cache (a hit when
+    already compiled); PTX-only targets are passed over."""
     from pykern import cache, compiler
     from pykern.registry import parse_file, source_files
 
     globs = [kernels] if isinstance(kernels, str) else list(kernels)
+    archs = compiler.expand_archs(list(archs))
     tool = find_cuobjdump()
-    result: dict[str, dict[str, dict[str, Any]]] = {}
     for src in source_files():
         names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
         if not names:
             continue
-        for arch, target in _targets(src, compiler.expand_archs(list(archs))):
+        for arch, target in _targets(src, archs):
             mod = cache.get_module(src, target)
-            if mod.kind != "cubin":
-                continue
-            loops = steady_state_loops(disassemble(mod.image, tool))
-            for k in names:
-                if k in loops:
-                    result.setdefault(k, {})[arch] = loops[k]
+            if mod.kind == "cubin":
+                yield names, arch, mod, disassemble(mod.image, tool)
+
+
+def loop_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = ("sm_80", "sm_90")
+                 ) -> dict[str, dict[str, dict[str, Any]]]:
+    """{kernel: {arch: steady_state_loops row}} for the registered kernels matching the glob(s)."""
+    result: dict[str, dict[str, dict[str, Any]]] = {}
+    for names, arch, mod, sass in _cubins(kernels, archs):
+        loops = steady_state_loops(sass)
+        for k in names:
+            if k in loops:
+                result.setdefault(k, {})[arch] = loops[k]
     return result
 
 
@@ -289,24 +304,12 @@ def inflight_metrics(kernels: str | Sequence[str] = "*", archs: Iterable[str] = 
     """{kernel: {arch: {ldg128_max, ldg128_batches}}}: load_batches of 16-byte global loads (the largest batch is
     the most loads a thread of the kernel has in flight before it waits on one) for the kernels matching the
     glob(s)."""
-    from pykern import cache, compiler
-    from pykern.registry import parse_file, source_files
-
-    globs = [kernels] if isinstance(kernels, str) else list(kernels)
-    tool = find_cuobjdump()
     result: dict[str, dict[str, dict[str, Any]]] = {}
-    for src in source_files():
-        names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
-        if not names:
-            continue
-        for arch, target in _targets(src, compiler.expand_archs(list(archs))):
-            mod = cache.get_module(src, target)
-            if mod.kind != "cubin":
-                continue
-            batches = load_batches(disassemble(mod.image, tool))
-            for k in names:
-                b = batches.get(k, [])
-                result.setdefault(k, {})[arch] = {"ldg128_max": max(b, default=0), "ldg128_batches": b}
+    for names, arch, mod, sass in _cubins(kernels, archs):
+        batches = load_batches(sass)
+        for k in names:
+            b = batches.get(k, [])
+            result.setdefault(k, {})[arch] = {"ldg128_max": max(b, default=0), "ldg128_batches": b}
     return result
 
 
@@ -328,29 +331,15 @@ def instruction_mix(kernels: str | Sequence[str] = "*", archs: Iterable[str] = (
     Compiles through pykern's cache (a hit when already compiled). With with_resources, each entry
     also carries the compiler's registers / spill_stores / spill_loads / shared_bytes.
     """
-    from pykern import cache, compiler
-    from pykern.registry import parse_file, source_files
-
-    globs = [kernels] if isinstance(kernels, str) else list(kernels)
-    archs = compiler.expand_archs(list(archs))
-    tool = find_cuobjdump()
     result: dict[str, dict[str, dict[str, Any]]] = {}
-    for src in source_files():
-        names = [s.name for s in parse_file(src) if any(fnmatch.fnmatchcase(s.name, g) for g in globs)]
-        if not names:
-            continue
-        for arch, target in _targets(src, archs):
-            mod = cache.get_module(src, target)
-            if mod.kind != "cubin":
-                continue
-            counts = count_sass(disassemble(mod.image, tool))
-            for k in names:
-                row: dict[str, Any] = {c: int(counts.get(k, Counter()).get(c, 0)) for c in COLUMNS}
-                if with_resources and k in mod.resources:
-                    res = mod.resources[k].to_dict()
-                    row.update({f: res.get(f) for f in ("registers", "spill_stores", "spill_loads",
-                                                        "shared_bytes")})
-                result.setdefault(k, {})[arch] = row
+    for names, arch, mod, sass in _cubins(kernels, archs):
+        counts = count_sass(sass)
+        for k in names:
+            row: dict[str, Any] = {c: int(counts.get(k, Counter()).get(c, 0)) for c in COLUMNS}
+            if with_resources and k in mod.resources:
+                res = mod.resources[k].to_dict()
+                row.update({f: res.get(f) for f in ("registers", "spill_stores", "spill_loads", "shared_bytes")})
+            result.setdefault(k, {})[arch] = row
     return result
 
 
@@ -373,40 +362,21 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap.add_argument("--inflight", action="store_true",
                     help="16-byte global loads issued before the first use of one (per batch, in address order)")
     args = ap.parse_args(argv)
+    kernels, archs = args.kernels or ["*"], args.arch or ["sm_80", "sm_90"]
     if args.inflight:
-        try:
-            rows = inflight_metrics(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"])
-        except CuobjdumpUnavailable as e:
-            print(f"sass_report: {e}", file=sys.stderr)
-            return 2
-        if args.json:
-            print(json.dumps(rows, indent=2))
-        else:
-            print(_table(rows, ("ldg128_max", "ldg128_batches")))
-        return 0
-    if args.loops:
-        try:
-            loops = loop_metrics(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"])
-        except CuobjdumpUnavailable as e:
-            print(f"sass_report: {e}", file=sys.stderr)
-            return 2
-        if args.json:
-            print(json.dumps(loops, indent=2))
-        else:
-            print(_table(loops, ("insns", "mma", "per_mma", "ldsm", "ldgsts", "bar", "start", "end")))
-        return 0
+        report, cols = partial(inflight_metrics, kernels, archs), ["ldg128_max", "ldg128_batches"]
+    elif args.loops:
+        report = partial(loop_metrics, kernels, archs)
+        cols = ["insns", "mma", "per_mma", "ldsm", "ldgsts", "bar", "start", "end"]
+    else:
+        report = partial(instruction_mix, kernels, archs, with_resources=args.resources)
+        cols = [*(["registers", "spill_stores", "shared_bytes"] if args.resources else []), *COLUMNS]
     try:
-        mix = instruction_mix(args.kernels or ["*"], args.arch or ["sm_80", "sm_90"], with_resources=args.resources)
+        rows = report()
     except CuobjdumpUnavailable as e:
         print(f"sass_report: {e}", file=sys.stderr)
         return 2
-    if args.json:
-        print(json.dumps(mix, indent=2))
-    else:
-        cols = list(COLUMNS)
-        if args.resources:
-            cols = ["registers", "spill_stores", "shared_bytes", *cols]
-        print(_table(mix, cols))
+    print(json.dumps(rows, indent=2) if args.json else _table(rows, cols))
     return 0
 
 
@@ -425,12 +395,7 @@ def inner_loops(text: str, innermost: bool = True) -> dict[str, list[dict[str, A
     funcs = _instructions(text)
     out: dict[str, list[dict[str, Any]]] = {}
     for name, insns in funcs.items():
-        backs = []
-        for addr, op, _mods, body in insns:
-            if op == "BRA":
-                b = _BRA.search(body)
-                if b and int(b.group(1), 16) <= addr:
-                    backs.append((int(b.group(1), 16), addr))
+        backs = _back_branches(insns)
         rows = []
         leaves = [(lo, hi) for lo, hi in backs
                   if not any(lo <= l2 and h2 <= hi and (l2, h2) != (lo, hi) for l2, h2 in backs)]

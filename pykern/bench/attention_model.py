@@ -223,16 +223,6 @@ def _sass_report() -> Any:
     return mod
 
 
-def _loops(insns: list[tuple[int, str, str, str]], bra: "re.Pattern[str]") -> list[tuple[int, int]]:
-    out = []
-    for addr, op, _mods, body in insns:
-        if op == "BRA":
-            b = bra.search(body)
-            if b and int(b.group(1), 16) <= addr:
-                out.append((int(b.group(1), 16), addr))
-    return out
-
-
 def _operands(raw: str, op: str) -> str:
     """The operand text of one SASS instruction ("@P0 HGMMA.64x64x16.F32.BF16 R24, gdesc[UR4], R24" -> "R24, ...")."""
     for i, tok in enumerate(raw.split()):
@@ -311,7 +301,7 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
     if not insns:
         return None
     live = [x for x in insns if x[1] != "NOP"]
-    loops = _loops(insns, sr._BRA)
+    loops = sr._back_branches(insns)
 
     def within(lo: int, hi: int) -> list[tuple[int, str, str, str]]:
         return [x for x in live if lo <= x[0] <= hi]
@@ -618,6 +608,23 @@ def makespan(costs: Sequence[float], slots: int) -> float:
     return max(heap)
 
 
+def _launch_rates(lau: Launch, k: KernelInputs,
+                  hw: Hardware) -> tuple[int, Occupancy, float, float, float, float, float, int, int]:
+    """What kernel_bound and calibrated_launch both start from: (warps a CTA, occupancy, the tensor pipe's
+    fraction, issued instructions and shared-memory bytes per MMA of the loop, MMAs per (query, key) tile pair,
+    the loader's trips a step, CTAs of the grid, CTAs resident a SM). The block scheduler spreads CTAs over the
+    SMs first: a grid smaller than SMs x CTAs/SM leaves fewer CTAs on each SM (each then gets a larger share)."""
+    loop = k.loop
+    occ = occupancy(k.regs, lau.threads, lau.smem + k.static_smem, hw)
+    if occ.ctas == 0:
+        raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
+    insns_step, smem_step, trips = loop.per_step(lau.fill / lau.loop_warps)
+    n_ctas = len(lau.ctas) * lau.groups
+    return (-(-lau.threads // 32), occ, 1.0 if loop.wgmma else hw.mma_sync_fraction, insns_step / loop.mma,
+            smem_step / loop.mma, 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP, trips, n_ctas,
+            max(1, min(occ.ctas, -(-n_ctas // hw.sms))))
+
+
 def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     """Per-term times (s) of one launch and the modelled bound. Each CTA's cost in SM clocks:
     issue (MMAs x instr/MMA + warps x straight-line) / 4; shared memory MMAs x bytes/MMA / 128; tensor MMAs x
@@ -625,18 +632,7 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     when the grid does not fill every SM that deep) runs at 1/r of the SM, so a CTA holds its slot for r x its
     cost (a tail CTA keeps that share: pessimistic for the last wave)."""
     loop = k.loop
-    warps = -(-lau.threads // 32)
-    occ = occupancy(k.regs, lau.threads, lau.smem + k.static_smem, hw)
-    if occ.ctas == 0:
-        raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
-    frac = 1.0 if loop.wgmma else hw.mma_sync_fraction
-    insns_step, smem_step, trips = loop.per_step(lau.fill / lau.loop_warps)
-    per_mma, smem_per_mma = insns_step / loop.mma, smem_step / loop.mma
-    per_pair_mma = 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP
-    # the block scheduler spreads CTAs over the SMs first: a grid smaller than SMs x CTAs/SM leaves fewer
-    # CTAs on each SM (each then gets a larger share of its SM)
-    n_ctas = len(lau.ctas) * lau.groups
-    resident = max(1, min(occ.ctas, -(-n_ctas // hw.sms)))
+    warps, occ, frac, per_mma, smem_per_mma, per_pair_mma, trips, n_ctas, resident = _launch_rates(lau, k, hw)
     slots = hw.sms * resident
     terms_clk: dict[str, Callable[[float], float]] = {
         "issue": lambda m: (m * per_mma + warps * loop.straight) / hw.issue_clk,
@@ -950,16 +946,7 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
     epilogue bytes at edge_bytes_clk; CTAs scheduled as in kernel_bound; never below the HBM time. Returns the
     time and the largest term (summed over the grid) that decides it."""
     loop = k.loop
-    warps = -(-lau.threads // 32)
-    occ = occupancy(k.regs, lau.threads, lau.smem + k.static_smem, hw)
-    if occ.ctas == 0:
-        raise ArgumentError(f"{lau.kernel}: one CTA does not fit an SM of {hw.part} ({occ.limiter})")
-    frac = 1.0 if loop.wgmma else hw.mma_sync_fraction
-    insns_step, smem_step, _trips = loop.per_step(lau.fill / lau.loop_warps)
-    per_mma, smem_per_mma = insns_step / loop.mma, smem_step / loop.mma
-    per_pair_mma = 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP
-    n_ctas = len(lau.ctas) * lau.groups
-    resident = max(1, min(occ.ctas, -(-n_ctas // hw.sms)))
+    warps, occ, frac, per_mma, smem_per_mma, per_pair_mma, _trips, n_ctas, resident = _launch_rates(lau, k, hw)
     step_pairs = lau.step[0] * lau.step[1]
     edge = _edge_bytes(lau) / cal.edge_bytes_clk
     tps = _tiles_per_step(lau)

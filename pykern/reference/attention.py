@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
-from .base import reference
+from .base import capped_score, reference
 
 _T = 64  # threads per block of every reference launch
 
@@ -93,12 +93,7 @@ def _flash_attention(cuda):
 
 
 def _score_helpers(cuda: Any):
-    @cuda.jit(device=True)
-    def score(s, scale, softcap):
-        x = s * scale
-        if softcap > 0.0:
-            x = softcap * math.tanh(x / softcap)
-        return x
+    score = capped_score(cuda)
 
     @cuda.jit(device=True)
     def dcap(y, softcap):

@@ -91,6 +91,19 @@ def softmax_stats(cuda: Any) -> Any:
     return device_function(cuda, _softmax_stats)
 
 
+def _capped_score(s: float, scale: float, softcap: float) -> float:
+    x = s * scale
+    if softcap > 0.0:
+        x = softcap * math.tanh(x / softcap)
+    return x
+
+
+def capped_score(cuda: Any) -> Any:
+    """The numba device function score(s, scale, softcap) of the attention references (dense, varlen, paged): the
+    scaled score x = s * scale, soft-capped to softcap * tanh(x / softcap) when softcap > 0."""
+    return device_function(cuda, _capped_score)
+
+
 _S2PI = math.sqrt(2.0 / math.pi)
 
 

@@ -18,6 +18,15 @@ _BC = 32
 def _mla_decode(cuda: Any):
     from numba import float32
 
+    @cuda.jit(device=True)
+    def score(q_nope, q_pe, ckv, kpe, qrow, co, po):  # q . k of one key (both passes): the ckv part, then the rope part
+        s = 0.0
+        for d in range(_DC):
+            s += q_nope[qrow * _DC + d] * ckv[co + d]
+        for d in range(_DP):
+            s += q_pe[qrow * _DP + d] * kpe[po + d]
+        return s
+
     @cuda.jit
     def k(q_nope, q_pe, ckv, kpe, out, lse, part_o, part_lse, kv_indptr, kv_indices, kv_len, num_heads, page_size,
           ckv_sp, ckv_st, kpe_sp, kpe_st, num_splits, write_lse, sm_scale):
@@ -43,11 +52,7 @@ def _mla_decode(cuda: Any):
             page = kv_indices[kv_indptr[b] + t // page_size]
             co = page * ckv_sp + (t % page_size) * ckv_st
             po = page * kpe_sp + (t % page_size) * kpe_st
-            s = 0.0
-            for d in range(_DC):
-                s += q_nope[qrow * _DC + d] * ckv[co + d]
-            for d in range(_DP):
-                s += q_pe[qrow * _DP + d] * kpe[po + d]
+            s = score(q_nope, q_pe, ckv, kpe, qrow, co, po)
             m = max(m, s * sm_scale)
         acc = cuda.local.array(_DC, float32)
         for d in range(_DC):
@@ -57,11 +62,7 @@ def _mla_decode(cuda: Any):
             page = kv_indices[kv_indptr[b] + t // page_size]
             co = page * ckv_sp + (t % page_size) * ckv_st
             po = page * kpe_sp + (t % page_size) * kpe_st
-            s = 0.0
-            for d in range(_DC):
-                s += q_nope[qrow * _DC + d] * ckv[co + d]
-            for d in range(_DP):
-                s += q_pe[qrow * _DP + d] * kpe[po + d]
+            s = score(q_nope, q_pe, ckv, kpe, qrow, co, po)
             w = math.exp(s * sm_scale - m)
             tot += w
             for d in range(_DC):

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .base import reference
+from .base import capped_score, reference
 
 _MAX_HEAD_DIM = 256
 _NEG_INF = float("-inf")
@@ -68,14 +68,7 @@ def _helpers(cuda: Any) -> Any:
         begin, end = split_range(hi - lo, num_splits, tile, split)
         return lo + begin, lo + end
 
-    @cuda.jit(device=True)
-    def score(s, scale, softcap):
-        x = s * scale
-        if softcap > 0.0:
-            x = softcap * math.tanh(x / softcap)
-        return x
-
-    return find_row, window_range, score, finish
+    return find_row, window_range, capped_score(cuda), finish
 
 
 def _fp8(cuda: Any, eb: int) -> Any:
