@@ -151,13 +151,21 @@ __device__ __forceinline__ void dtc_fill(const unsigned char* kb, const unsigned
                                          const DtcRows& rows, long long sp, long long st, int rem, unsigned char* ks,
                                          unsigned char* vs) {
     using Gm = DtcGeom<D, EB>;
-    const int lane = threadIdx.x & 31, c = threadIdx.x % Gm::CH, r0 = threadIdx.x / Gm::CH;
+    // The lane's row of the warp's RPW a pass (rw) and its chunk c = tid % CH. A 16-byte copy is served a
+    // quarter-warp (8 lanes, 128 bytes) at a time: rows of 4 chunks (FP8 d64, rows of RB = 80 bytes) would put
+    // two consecutive rows in one phase, whose chunks (16-byte bank groups 5 r .. 5 r + 3 mod 8) meet in one group
+    // (2 wavefronts); the phase takes rows q and q + 4 instead (groups 5 q .. 5 q + 3 and 5 q + 4 .. 5 q + 7:
+    // conflict-free). The ring's layout (what ldmatrix reads) is the same. Rows of 8 or 16 chunks fill a phase
+    // with one row's contiguous 128 bytes.
+    const int lane = threadIdx.x & 31, c = threadIdx.x % Gm::CH;
+    const int rw = Gm::CH == 4 ? (lane >> 3) + 4 * ((lane >> 2) & 1) : lane / Gm::CH;
+    const int r0 = (int)(threadIdx.x >> 5) * Gm::RPW + rw;
     const unsigned int soff = (unsigned int)(r0 * Gm::RB + c * 16);
     const long long mine = rows.off(sp, st) + hoff;
     if constexpr (CHUNK) kb += c * 16, vb += c * 16;
 #pragma unroll
     for (int k = 0; k < Gm::NP; k++) {
-        const long long o = __shfl_sync(PK_FULL_MASK, mine, k * Gm::RPW + lane / Gm::CH);
+        const long long o = __shfl_sync(PK_FULL_MASK, mine, k * Gm::RPW + rw);
         const bool in = r0 + k * Gm::KPP < rem;
         const unsigned int so = soff + (unsigned int)(k * Gm::KPP * Gm::RB);
         pk_cp_async_16_zfill_at(ks, so, kb + o, in);
@@ -628,6 +636,13 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
             float M = PK_NEG_INF;
 #pragma unroll
             for (int wp = 0; wp < 4; wp++) M = fmaxf(M, ml[wp].x);
+            // Bank groups: a quarter-warp's 8 units read 16 bytes every 32 (16-bit: pe = d; FP8 pe, po the same 2 of
+            // every 4 groups), 2 wavefronts a read; units 4 .. 7 of each 8 (sw) read po first, so each read's 8
+            // lanes cover the 8 groups once. x then holds the two halves (16-bit: d .. d + 3 and d + 4 .. d + 7)
+            // or the even and odd outputs (FP8) swapped, put back after the sum: each output's fmaf chain and
+            // order are as before, so the bits too.
+            const bool sw = (u >> 2) & 1;
+            const int pa = sw ? po : pe, pb = sw ? pe : po;
             float W = 0.0f, x[8];
 #pragma unroll
             for (int e = 0; e < 8; e++) x[e] = 0.0f;
@@ -637,14 +652,23 @@ __device__ __forceinline__ void dtc_paged_decode(const T* __restrict__ q, const 
                     const float mw = ml[wp].x;
                     const float f = mw == PK_NEG_INF ? 0.0f : pk_ex2_approx(mw - M);
                     W = fmaf(f, ml[wp].y, W);
-                    const float4 ye = *reinterpret_cast<const float4*>(orows(wp) + r * DO + pe);
-                    const float4 yo = *reinterpret_cast<const float4*>(orows(wp) + r * DO + po);
-                    // x[j] is output d + j: 16-bit ye then yo; FP8 ye, yo interleaved (even, odd columns)
-                    const float y[8] = {ye.x, ye.y, ye.z, ye.w, yo.x, yo.y, yo.z, yo.w};
+                    const float4 ya = pk_ld_shared_v4(orows(wp) + r * DO + pa);
+                    const float4 yb = pk_ld_shared_v4(orows(wp) + r * DO + pb);
+                    // x[j] is output d + j (d + (j ^ SX) when sw): 16-bit ye then yo; FP8 ye, yo interleaved
+                    // (even, odd columns)
+                    const float y[8] = {ya.x, ya.y, ya.z, ya.w, yb.x, yb.y, yb.z, yb.w};
 #pragma unroll
                     for (int j = 0; j < 8; j++) x[j] = fmaf(f, y[FP8 ? (j >> 1) + 4 * (j & 1) : j], x[j]);
                 }
             }
+            constexpr int SX = FP8 ? 1 : 4;  // the swapped outputs: j and j ^ SX
+#pragma unroll
+            for (int j = 0; j < 8; j++)
+                if (!(j & SX)) {
+                    const float a = x[j], b = x[j + SX];
+                    x[j] = sw ? b : a;
+                    x[j + SX] = sw ? a : b;
+                }
             const bool seen = W > 0.0f;
             const float sc = seen ? __fdividef(v_scale, W) : 0.0f;
             const float lse2 = seen ? M + __log2f(W) : PK_NEG_INF;

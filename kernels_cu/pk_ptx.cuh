@@ -192,10 +192,20 @@ __device__ __forceinline__ void pk_cp_async_16_at(void* smem_base, unsigned int 
     pk_cp_async_16(static_cast<char*>(smem_base) + byte_off, gmem_src);
 }
 // The zero-fill form: full copies the 16 bytes, otherwise 16 zero bytes land (gmem_src is not read).
+// (file / line: the caller's, for the messages and the 16-byte bank model, which matches the lanes' copies of
+// one source line: pykern.backends.host.shared_v4_bank_stats)
 __device__ __forceinline__ void pk_cp_async_16_zfill_at(void* smem_base, unsigned int byte_off, const void* gmem_src,
-                                                        bool full) {
+                                                        bool full, const char* file = __builtin_FILE(),
+                                                        int line = __builtin_LINE()) {
     alignas(16) static const unsigned char zeros[16] = {};
-    pkrt_cp_async(static_cast<char*>(smem_base) + byte_off, full ? gmem_src : zeros, 16, __FILE__, __LINE__);
+    pkrt_cp_async(static_cast<char*>(smem_base) + byte_off, full ? gmem_src : zeros, 16, file, line);
+}
+// ld.shared.v4.f32 (p 16-byte aligned): a plain 16-byte read, recorded by the 16-byte bank model at the caller's
+// line (pykern.backends.host.shared_v4_bank_stats).
+__device__ __forceinline__ float4 pk_ld_shared_v4(const float* p, const char* file = __builtin_FILE(),
+                                                  int line = __builtin_LINE()) {
+    pkrt_ld_shared_v4(p, file, line);
+    return *reinterpret_cast<const float4*>(p);
 }
 
 // 2^x with ex2.approx.ftz.f32's special cases: subnormal inputs count as 0 (result 1),
@@ -412,6 +422,8 @@ __device__ __forceinline__ void pk_cp_async_commit() {}
 template <int N> __device__ __forceinline__ void pk_cp_async_wait() {}
 __device__ __forceinline__ void pk_cp_async_wait_all() {}
 #endif
+// A 16-byte shared-memory read (LDS.128): a plain one here (the host backend's bank model records it).
+__device__ __forceinline__ float4 pk_ld_shared_v4(const float* p) { return *reinterpret_cast<const float4*>(p); }
 
 __device__ __forceinline__ float pk_ex2_approx(float x) {
     float r;

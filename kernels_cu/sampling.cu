@@ -57,8 +57,14 @@
 // Each family is written once over the element type (f32, bf16, f16: PK_IO_KERNELS). Rows are read in
 // 16-byte vectors (4 f32 or 8 bf16 / f16) when the row length is a multiple of the
 // vector and the pointers are aligned, else one element per thread; offsets are 64-bit.
+//
+// Programmatic dependent launch (the ops' enable_pdl): the draws and the softmax wait for the previous kernel of the
+// stream (the decode or the projection that wrote the row, the previous draw that wrapped a split row's tickets back
+// to 0) before their first global access (pk_grid_dependency_wait), then let the next PDL launch (the next step's
+// append) start its CTAs, which wait in turn.
+// pykern: pdl sampling_from_probs*, sampling_from_logits*, sampling_softmax*
 #include "pk_vec.cuh"
-#include "pk_ptx.cuh"  // the split rows' ticket (release / acquire) and strong loads
+#include "pk_ptx.cuh"  // the split rows' ticket (release / acquire) and strong loads; the PDL wait
 
 #define SP_NT 512            // threads per CTA; kept in step with pykern/ops/sampling.py
 #define SP_NW (SP_NT / 32)
@@ -967,6 +973,10 @@ __device__ void sp_sample_impl(const T* __restrict__ x, int* __restrict__ out, u
         unsigned int* __restrict__ tickets) {
     __shared__ SpShared s;
     __shared__ unsigned long long hist2[SP_BINS];  // sp_count_pivots' second segment sums (16 KiB)
+    // Launched with PDL this CTA may start while the kernel that wrote the row still runs: nothing (indices, the
+    // parameter arrays, the row, a split row's ticket) is read or written before the wait.
+    pk_grid_dependency_wait();
+    pk_grid_launch_dependents();
     const int b = blockIdx.x;
     const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
     const T* row = x + r * (long long)vocab;
@@ -1081,6 +1091,8 @@ template <typename T>
 __device__ void sampling_softmax_impl(const T* __restrict__ logits, float* __restrict__ out,
                                       const float* __restrict__ temp_arr, int vocab, int flags, float c_val) {
     __shared__ SpShared s;
+    pk_grid_dependency_wait();  // PDL: the logits (and temp_arr) may come from the kernel just before
+    pk_grid_launch_dependents();
     const int b = blockIdx.x;
     const long long off = (long long)b * vocab;
     const float c = (flags & SMF_T_ARR) ? __fdiv_rn(SP_LOG2E, temp_arr[b]) : c_val;

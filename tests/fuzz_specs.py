@@ -997,7 +997,8 @@ spec(Spec("get_batch_indices_positions", ops.get_batch_indices_positions,
 
 # --------------------------------------------------------------------------- sampling
 SAMPLING_ROLES = {"probs": PROB, "indices": IARRAY, "deterministic": BOOL, "generator": FIXED, "check_nan": BOOL,
-                  "seed": INT, "offset": INT, "return_valid": BOOL, "out": OUT, "valid": OUT, **COMMON}
+                  "seed": INT, "offset": INT, "return_valid": BOOL, "out": OUT, "valid": OUT, "enable_pdl": BOOL,
+                  **COMMON}
 
 
 def _sampling_check(extra: tuple[str, ...]) -> Any:

@@ -61,6 +61,26 @@ def test_decode_step_launches_kernels_and_nothing_else(gpu):
     assert tokens is step.tokens and valid.data_ptr() == step.valid.data_ptr()  # the caller's buffers
 
 
+@pytest.mark.parametrize("pdl", [True, False])
+def test_decode_step_launches_with_pdl_when_enabled(gpu, pdl):
+    """The whole step with enable_pdl on (append, L layers of paged decode, sampling): every launch carries the
+    programmatic stream serialization attribute (the fake driver is an sm_90 one), so each kernel's CTAs may start
+    while the one before it finishes and wait inside; with it off, none does. The first launch's predecessor is the
+    previous step's sampling: it may take it too."""
+    step = Step()
+    step.pdl = pdl
+    step()  # warm-up
+    asked: list[bool] = []  # what each launch asks the driver for (the stubbed launch itself does nothing)
+    gpu.driver.launch_kernel = lambda func, grid, block, smem, stream, params, pdl=False: asked.append(pdl)
+    audit = StepAudit(gpu)
+    with audit:
+        step()
+    assert audit.problems() == []
+    assert audit.kernels == STEP_KERNELS and len(asked) == len(STEP_KERNELS)
+    assert asked[1:] == [pdl] * (len(STEP_KERNELS) - 1)  # the rule: every launch after the first
+    assert asked[0] == pdl
+
+
 @pytest.mark.parametrize("fault, want", [
     ("alloc", ("alloc", "aten.empty.memory_format -> (4,) torch.float32")),
     ("item", ("sync", "aten._local_scalar_dense.default")),

@@ -503,6 +503,35 @@ def test_ldmatrix_reads_are_bank_conflict_free(kind: str, d: int) -> None:
     assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
 
 
+@pytest.mark.parametrize("kind,d", [("bf16", 64), ("bf16", 128), ("e4m3", 64), ("e5m2", 128)])
+def test_ring_fills_and_merge_reads_are_bank_conflict_free(kind: str, d: int) -> None:
+    # The 16-byte shared-memory accesses (the host backend's 16-byte bank model: a quarter-warp a phase,
+    # pykern.backends.host.shared_v4_bank_stats): the ring fill's cp.async (K, V; 16-bit also Q) and the 4-warp
+    # merge's float4 reads of the warps' rows take one wavefront a phase. Before: the FP8 d64 fill's quarter-warps
+    # took two consecutive 80-byte rows (groups 5 r .. 5 r + 3 mod 8: 2-way in one bank group), and the merge's
+    # lanes read 16 bytes every 32 (2-way in every phase).
+    _need("host")
+    from pykern.backends.host import shared_v4_bank_model, shared_v4_bank_stats
+
+    rng = np.random.default_rng(d + 1)
+    pc = make_paged(rng, [150, 9], 16, 2, d, "NHD", kind)
+    q = make_q(rng, (2, 8, d), "bf16")
+    sc = tuple(pc["scales"]) if kind != "bf16" else (None, None)
+    plan = ops.PagedDecodePlan(2, 8, 2, d, 16, q_dtype="bf16", kv_dtype=kind, num_splits=2)
+    want = _run_plan(plan, pc, q, sc)  # loads the library
+    shared_v4_bank_model(True)
+    try:
+        shared_v4_bank_stats(reset=True)
+        got = _run_plan(plan, pc, q, sc)
+        st = shared_v4_bank_stats()["decode_tc"]
+    finally:
+        shared_v4_bank_model(False)
+    np.testing.assert_array_equal(got[0], want[0])
+    # every CTA's fills (each tile: a 16-byte copy a thread a pass, K and V) and its merge reads were counted
+    assert st["phases"] >= 4 * 2 * 2 * 4, st
+    assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
+
+
 # --------------------------------------------------------------------------- split-KV in one launch
 def _run_plan(plan, pc, q, sc=(None, None)):
     out, lse = plan.run(q, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"],

@@ -394,6 +394,43 @@ def test_ldmatrix_bank_model_counts_wavefronts(pattern: str, per_phase: int) -> 
     assert ldmatrix_bank_stats()["ptx"]["phases"] == 0  # read with reset: a new count
 
 
+@pytest.mark.parametrize("pattern, per_phase", [("chunks", 1), ("stride32", 2), ("rows80", 2), ("rows80_q4", 1),
+                                                ("stride128", 4), ("broadcast", 1)])
+def test_shared_v4_bank_model_counts_wavefronts(pattern: str, per_phase: int) -> None:
+    # The host's 16-byte bank model: a quarter-warp (8 lanes' 16-byte chunks) is one phase; its wavefronts are
+    # the most distinct 4-byte words one bank delivers. Chunk c is bytes 16 c .. 16 c + 15 of a 512-byte buffer:
+    # 8 consecutive chunks are every bank once; chunks 2 apart (a float4 every 32 bytes, the old decode merge)
+    # put 2 in each bank group; rows of 80 bytes, 4 chunks a row and two rows a phase (the old FP8 d64 ring fill,
+    # here as chunk 5 r + c mod 32) meet in one group, and rows q and q + 4 do not; chunks 8 apart are all in one
+    # group (4 distinct chunks of the 32, each for 2 lanes: 4 wavefronts); one chunk for all 8 lanes is one
+    # broadcast. Both the cp.async writes and the reads.
+    from pykern.backends.host import shared_v4_bank_model, shared_v4_bank_stats
+
+    lanes = np.arange(32)
+    q, j = lanes // 8, lanes % 8
+    rows80 = lambda r, c: (5 * r + c) % 32  # noqa: E731  (the chunk of row r, chunk c, rows of 80 bytes)
+    sel = {"chunks": lanes, "stride32": (2 * j + q) % 32, "rows80": rows80(2 * q + j // 4, j % 4),
+           "rows80_q4": rows80(q + 4 * (j // 4), j % 4), "stride128": (8 * j + q) % 32,
+           "broadcast": q}[pattern].astype(np.int32)
+    src = np.arange(32 * 4, dtype=np.float32)
+    out = np.zeros(32 * 4, np.float32)
+    launch("pk_t_v4_bank", 1, 32, src, sel, out)  # loads the library
+    shared_v4_bank_model(True)
+    try:
+        shared_v4_bank_stats(reset=True)
+        launch("pk_t_v4_bank", 1, 32, src, sel, out)
+        st = shared_v4_bank_stats()["ptx"]
+    finally:
+        shared_v4_bank_model(False)
+    last = {int(c): lane for lane, c in enumerate(sel)}  # the lane whose copy landed last in each chunk
+    want = np.stack([src.reshape(32, 4)[last[int(c)]] for c in sel]).reshape(-1)
+    np.testing.assert_array_equal(out, want)
+    assert (st["phases"], st["wavefronts"], st["worst"]) == (8, 8 * per_phase, per_phase), st  # 4 writes, 4 reads
+    assert st["worst_at"] is not None and "ptx.cu" in st["worst_at"], st  # the kernel's line, not the wrapper's
+    launch("pk_t_v4_bank", 1, 32, src, sel, out)  # the model off: nothing counted
+    assert shared_v4_bank_stats()["ptx"]["phases"] == 0
+
+
 @pytest.mark.parametrize("trans", [0, 1])
 def test_ldmatrix_and_cp_async_at_byte_offsets_match_the_pointer_forms(trans: int) -> None:
     tile = (np.arange(32 * 8, dtype=np.uint32) * 53 + 7).astype(np.uint16)

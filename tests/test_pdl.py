@@ -47,9 +47,13 @@ def test_registry_marks_only_the_kernels_that_wait():
     real = [k for k in marked if not k.startswith("pktest_")]
     decode = [k for k in real if k.startswith("decode_tc_paged_")]
     append = [k for k in real if k.startswith("paged_append_kv")]
+    sampling = [k for k in real if k.startswith("sampling_")]
     assert len(decode) == 12  # d64 / d128 x (16-bit, e4m3, e5m2) x (bf16, f16 q)
     assert len(append) == 9  # f32 / bf16 / f16 pages, and f32 / bf16 / f16 values into e4m3 / e5m2 pages
-    assert sorted(decode + append) == real
+    # the draws from probs and from logits and the softmax, each f32 / bf16 / f16 (a decode step's last kernel)
+    assert sorted(sampling) == sorted(f"sampling_{f}{t}" for f in ("from_probs", "from_logits", "softmax")
+                                      for t in ("", "_bf16", "_f16"))
+    assert sorted(decode + append + sampling) == real
 
 
 def test_source_pdl_patterns():
@@ -137,14 +141,14 @@ _GLOBAL = re.compile(r"^(LDG|LDGSTS|STG|ATOMG|ATOM|RED|LD|ST|CCTL)$")
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
-@pytest.mark.parametrize("source", ["decode_tc.cu", "paged.cu"])
+@pytest.mark.parametrize("source", ["decode_tc.cu", "paged.cu", "sampling.cu"])
 def test_pdl_kernels_wait_before_their_first_global_access(arch, source):
     """Every kernel a `// pykern: pdl` line names: on sm_90 one ACQBULK (griddepcontrol.wait) before its first
     global load, store or atomic, and one PREEXIT (launch_dependents); before sm_90 neither."""
     src = ROOT / "kernels_cu" / source
     funcs = report()._instructions(source_sass(source, arch))
     names = [s.name for s in registry.parse_file(src) if s.pdl]
-    assert len(names) == {"decode_tc.cu": 12, "paged.cu": 9}[source] and set(names) <= set(funcs)
+    assert len(names) == {"decode_tc.cu": 12, "paged.cu": 9, "sampling.cu": 9}[source] and set(names) <= set(funcs)
     for k in names:
         ops = [op.split(".")[0] for _, op, _, _ in funcs[k]]
         if arch == "sm_80":  # no griddepcontrol before sm_90: the wrappers compile to nothing
@@ -306,3 +310,52 @@ def test_pdl_decode_reads_what_the_previous_kernel_wrote_and_captures():
     torch.cuda.synchronize()
     for got, w in zip(outs_g, want):
         assert torch.equal(got, w)
+
+
+# -- enable_pdl on the sampling ops (FlashInfer's convention: None is on where the device takes it) ----------
+
+_SAMPLING_OPS = [
+    ("sampling_from_probs", (), "sampling_from_probs"),
+    ("top_k_sampling_from_probs", (3,), "sampling_from_probs"),
+    ("top_p_sampling_from_probs", (0.8,), "sampling_from_probs"),
+    ("min_p_sampling_from_probs", (0.1,), "sampling_from_probs"),
+    ("top_k_top_p_sampling_from_probs", (3, 0.8), "sampling_from_probs"),
+    ("sampling_from_logits", (), "sampling_from_logits"),
+    ("top_k_top_p_sampling_from_logits", (3, 0.8), "sampling_from_logits"),
+]
+
+
+@pytest.mark.parametrize("op, args, kernel", _SAMPLING_OPS)
+def test_sampling_ops_enable_pdl(host_launches, op, args, kernel):
+    """Every sampling op a decode step ends with takes enable_pdl: None (the default) and True launch with PDL,
+    False without; the tokens are the plain launch's, split rows (ctas_per_row 3: tickets and partials) included;
+    anything else is refused before a launch."""
+    rng = np.random.default_rng(5)
+    x = rng.random((3, 1500)).astype(np.float32)
+    if "probs" in op:
+        x /= x.sum(1, keepdims=True)
+    fn = getattr(pykern.ops, op)
+    kw = dict(seed=77, offset=3, backend="host", return_valid=True)
+    for split in (1, 3):
+        want, want_valid = fn(x, *args, enable_pdl=False, ctas_per_row=split, **kw)
+        for pdl in (None, True):
+            got, got_valid = fn(x, *args, enable_pdl=pdl, ctas_per_row=split, **kw)
+            np.testing.assert_array_equal(got, want)
+            np.testing.assert_array_equal(got_valid, want_valid)
+    assert host_launches == [(kernel, p) for _ in (1, 3) for p in (False, True, True)]
+    host_launches.clear()
+    with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool or None, got int 1"):
+        fn(x, *args, enable_pdl=1, **kw)
+    assert host_launches == []
+
+
+def test_softmax_enable_pdl(host_launches):
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((2, 300)).astype(np.float32)
+    want = pykern.ops.softmax(x, 0.7, enable_pdl=False, backend="host")
+    for pdl in (None, True):
+        np.testing.assert_array_equal(pykern.ops.softmax(x, 0.7, pdl, backend="host"), want)
+    assert host_launches == [("sampling_softmax", False), ("sampling_softmax", True), ("sampling_softmax", True)]
+    with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool or None, got str 'on'"):
+        pykern.ops.softmax(x, enable_pdl="on", backend="host")
+

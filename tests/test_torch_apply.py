@@ -191,6 +191,32 @@ def test_decode_steps_run_the_tensor_core_decode_kernel(dtype, spy):
     assert calls["batched_decode_attention"] == n
 
 
+def test_apply_enable_pdl_reaches_the_decode_launch(monkeypatch):
+    """apply(enable_pdl=True): every one-token step's batched_decode_attention call launches the tensor-core decode
+    kernel with programmatic dependent launch (an ordinary launch on the host backend: the same tokens); the default
+    is off; a non-bool is refused before anything is patched."""
+    seen: list = []
+    real = ptf.call
+
+    def call(name, *args, **kw):
+        if name == "batched_decode_attention":
+            seen.append(kw.get("enable_pdl"))
+        return real(name, *args, **kw)
+
+    monkeypatch.setattr(ptf, "call", call)
+    ref = tiny("Llama", hidden_size=128, num_attention_heads=2, num_key_value_heads=1).to(torch.bfloat16)
+    prompt = batch()[0][:2, :6]
+    kw = dict(attention_mask=torch.ones_like(prompt), max_new_tokens=3, do_sample=False)
+    want = ref.generate(prompt, **kw)
+    for pdl in (True, False):
+        seen.clear()
+        model = pt.apply(copy.deepcopy(ref), enable_pdl=True) if pdl else pt.apply(copy.deepcopy(ref))
+        assert model.generate(prompt, **kw).tolist() == want.tolist()
+        assert seen == [pdl] * (2 * 2), seen  # 2 layers x 2 decode steps
+    with pytest.raises(ArgumentTypeError, match=r"^enable_pdl: expected a bool, got str 'yes'"):
+        pt.apply(copy.deepcopy(ref), enable_pdl="yes")
+
+
 @pytest.mark.parametrize("name", ["Llama", "Qwen3"])
 def test_bf16_patched_model_matches_unpatched(name, spy):
     calls, _ = spy

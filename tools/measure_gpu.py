@@ -420,8 +420,8 @@ class DecodeStep:
 
     Sequence b holds ctx - (5 b mod page) tokens (ctx a multiple of page), the last one the token appended; its
     pages are the pages_per = ctx / page pages kv_indices[b * pages_per:(b + 1) * pages_per], in random order.
-    `sample_kw` overrides the sampling call's keywords; `pdl` launches the append and decode kernels with
-    programmatic dependent launch (enable_pdl)."""
+    `sample_kw` overrides the sampling call's keywords; `pdl` launches the append, decode and sampling kernels with
+    programmatic dependent launch (enable_pdl; False: every launch without it)."""
 
     def __init__(self, batch: int, layers: int, ctx: int, *, heads: int = 32, kv_heads: int = 8, head_dim: int = 128,
                  page: int = 16, vocab: int = 128256, num_splits: int | None = None, device: str = "cuda",
@@ -471,7 +471,7 @@ class DecodeStep:
                              out=self.attn[layer], enable_pdl=self.pdl)
 
     def sample(self) -> Any:
-        kw = dict(top_k=50, top_p=0.9, seed=self.seed, offset=self.offset)
+        kw = dict(top_k=50, top_p=0.9, seed=self.seed, offset=self.offset, enable_pdl=self.pdl)
         kw.update(self.sample_kw)
         return self.ops.top_k_top_p_sampling_from_logits(self.logits, **kw)
 

@@ -186,12 +186,20 @@ class _Library:
         self._bank_stats = self.dll.pkrt_bank_stats
         self._bank_stats.restype = None
         self._bank_stats.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
+        self._v4_stats = self.dll.pkrt_v4_bank_stats
+        self._v4_stats.restype = None
+        self._v4_stats.argtypes = [ctypes.POINTER(ctypes.c_ulonglong), ctypes.POINTER(ctypes.c_char_p), ctypes.c_int]
+        self.v4_enable = self.dll.pkrt_v4_bank_enable
+        self.v4_enable.restype, self.v4_enable.argtypes = None, [ctypes.c_int]
+        if _V4_BANK_MODEL[0]:
+            self.v4_enable(1)
 
-    def bank_stats(self, reset: bool) -> dict[str, Any]:
-        """The runtime's ldmatrix bank model totals (pk_host_runtime.cpp, bank_count_ldsm)."""
+    def bank_stats(self, reset: bool, v4: bool = False) -> dict[str, Any]:
+        """The runtime's ldmatrix bank model totals (pk_host_runtime.cpp, bank_count_ldsm), or with v4 its 16-byte
+        access model's (v4_record)."""
         out = (ctypes.c_ulonglong * 4)()
         where = ctypes.c_char_p()
-        self._bank_stats(out, ctypes.byref(where), int(reset))
+        (self._v4_stats if v4 else self._bank_stats)(out, ctypes.byref(where), int(reset))
         file = where.value.decode(errors="replace") if where.value else None
         return {"phases": int(out[0]), "wavefronts": int(out[1]), "worst": int(out[2]),
                 "worst_at": f"{file}:{int(out[3])}" if file else None}
@@ -684,6 +692,42 @@ def ldmatrix_bank_stats(reset: bool = True) -> dict[str, dict[str, Any]]:
     res: dict[str, dict[str, Any]] = {}
     for (path, _digest, _flavor), lib in getattr(be, "_libs", {}).items():
         stats = lib.bank_stats(reset)
+        prev = res.get(Path(path).stem)
+        if prev is None or stats["phases"]:
+            res[Path(path).stem] = stats
+    return res
+
+
+_V4_BANK_MODEL = [False]  # whether the libraries loaded from now on start with the 16-byte bank model on
+
+
+def shared_v4_bank_model(on: bool) -> None:
+    """Turn the host backend's bank model of 16-byte shared-memory accesses on or off, in every library loaded
+    and every one loaded later (off by default: it keeps a record of every such access while on)."""
+    from . import get_backend
+
+    _V4_BANK_MODEL[0] = bool(on)
+    for lib in getattr(get_backend("host"), "_libs", {}).values():
+        lib.v4_enable(int(bool(on)))
+
+
+def shared_v4_bank_stats(reset: bool = True) -> dict[str, dict[str, Any]]:
+    """The host backend's bank model of 16-byte shared-memory accesses (cp.async of 16 bytes, at their shared
+    destination, and `pk_ld_shared_v4` reads, i.e. ld.shared.v4 / LDS.128), per `.cu` source whose library is
+    loaded, while `shared_v4_bank_model(True)`: {stem: {"phases", "wavefronts", "worst", "worst_at"}} since the last
+    reset, as ldmatrix_bank_stats'.
+
+    A warp's 16-byte access is served a quarter-warp at a time: lanes 8q .. 8q + 7 are one phase (128 bytes), which
+    takes as many wavefronts as the most distinct 4-byte words one of the 32 banks must deliver. `wavefronts ==
+    phases` means every such access ran conflict-free; `worst` (1..8) is the most wavefronts of one phase, at
+    `worst_at` (file:line of the kernel's call). Lanes are matched by their k-th access at one source line (these
+    accesses are no meeting point on the host), which is the warp's instruction in convergent code."""
+    from . import get_backend
+
+    be = get_backend("host")
+    res: dict[str, dict[str, Any]] = {}
+    for (path, _digest, _flavor), lib in getattr(be, "_libs", {}).items():
+        stats = lib.bank_stats(reset, v4=True)
         prev = res.get(Path(path).stem)
         if prev is None or stats["phases"]:
             res[Path(path).stem] = stats

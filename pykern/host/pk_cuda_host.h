@@ -104,6 +104,7 @@ struct pkrt_ldsm_frag { const void* row; unsigned r[4]; unsigned bytes[4]; };
 extern "C" {
 void pkrt_ptx_warp(int op, void* frag, const char* file, int line);
 void pkrt_cp_async(void* dst, const void* src, int bytes, const char* file, int line);
+void pkrt_ld_shared_v4(const void* p, const char* file, int line);
 void pkrt_cp_async_commit(void);
 void pkrt_cp_async_wait(int n, int all);
 }

@@ -18,6 +18,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <map>
 #include <mutex>
 #include <thread>
 #include <vector>
@@ -681,6 +682,76 @@ void bank_count_ldsm(const Thread* lanes) {
     g_bank_phases += phases;
     g_bank_wavefronts += wavefronts;
     if (worst > g_bank_worst) g_bank_worst = worst, g_bank_worst_file = wfile, g_bank_worst_line = wline;
+}
+
+// Bank model of 16-byte shared-memory accesses (pkrt_v4_bank_*; off until enabled, as it costs a map entry an
+// access): cp.async of 16 bytes (its shared destination) and pk_ld_shared_v4 reads. A warp's 16-byte access is
+// served a quarter-warp at a time: lanes 8q .. 8q + 7 are one phase, which takes as many wavefronts as the most
+// distinct 4-byte words one of the 32 banks must deliver (1: conflict-free, 2: two lanes' chunks in the same
+// banks, ...). These accesses are no warp meeting point here, so each lane's k-th access at a source line is
+// matched with the other lanes' k-th at that line (block, warp, line, k): the warp's instruction as a GPU issues
+// it, when the lanes run that line equally often (convergent code, as the fills and merges it is meant for).
+// A warp's access is counted once every lane of the warp made it, the rest when the totals are read.
+struct V4Key {
+    unsigned long long blk;
+    unsigned warp;
+    const char* file;
+    int line;
+    unsigned long long k;
+    bool operator<(const V4Key& o) const {
+        if (blk != o.blk) return blk < o.blk;
+        if (warp != o.warp) return warp < o.warp;
+        if (file != o.file) return file < o.file;
+        if (line != o.line) return line < o.line;
+        return k < o.k;
+    }
+};
+struct V4Access {
+    uintptr_t addr[32];
+    unsigned mask;
+};
+std::mutex g_v4_mu;
+int g_v4_on = 0;
+std::map<V4Key, V4Access> g_v4_pending;            // warps' accesses some lanes have not made yet
+std::map<std::pair<V4Key, unsigned>, unsigned long long> g_v4_count;  // (site with k = 0, lane) -> accesses so far
+unsigned long long g_v4_phases = 0, g_v4_wavefronts = 0, g_v4_worst = 0;
+const char* g_v4_worst_file = nullptr;
+int g_v4_worst_line = 0;
+
+void v4_count(const V4Key& key, const V4Access& a) {  // g_v4_mu held
+    for (unsigned q = 0; q < 4; q++) {
+        uintptr_t words[32];
+        unsigned n = 0;
+        for (unsigned l = 8 * q; l < 8 * q + 8; l++) {
+            if (!(a.mask >> l & 1u)) continue;
+            for (unsigned w = 0; w < 4; w++) {
+                const uintptr_t word = a.addr[l] / 4 + w;
+                bool seen = false;
+                for (unsigned j = 0; j < n; j++) seen = seen || words[j] == word;
+                if (!seen) words[n++] = word;
+            }
+        }
+        if (!n) continue;
+        unsigned per_bank[32] = {0}, wf = 0;
+        for (unsigned j = 0; j < n; j++) wf = std::max(wf, ++per_bank[words[j] % 32]);
+        g_v4_phases++;
+        g_v4_wavefronts += wf;
+        if (wf > g_v4_worst) g_v4_worst = wf, g_v4_worst_file = key.file, g_v4_worst_line = key.line;
+    }
+}
+
+void v4_record(const void* p, const char* file, int line) {
+    Thread* t = cur();
+    std::lock_guard<std::mutex> lk(g_v4_mu);
+    V4Key key{t->blk->linear, t->warp, file, line, 0};
+    key.k = g_v4_count[{key, t->lane}]++;
+    V4Access& a = g_v4_pending[key];
+    a.addr[t->lane] = reinterpret_cast<uintptr_t>(p);
+    a.mask |= 1u << t->lane;
+    if (a.mask == t->blk->warps[t->warp].existing) {
+        v4_count(key, a);
+        g_v4_pending.erase(key);
+    }
 }
 
 // Layouts: see the table at the top of kernels_cu/pk_ptx.cuh (PTX ISA, cross-checked with CuTe).
@@ -1866,6 +1937,12 @@ extern "C" void pkrt_cp_async(void* dst, const void* src, int bytes, const char*
         fail_simple(what);
     }
     t->cp.push_back(CpAsync{dst, src, bytes, t->cp_group});
+    if (bytes == 16 && g_v4_on) v4_record(dst, file, line);
+}
+
+// A 16-byte shared-memory read (pk_ld_shared_v4): the bank model's record of it (when enabled).
+extern "C" void pkrt_ld_shared_v4(const void* p, const char* file, int line) {
+    if (g_v4_on) v4_record(p, file, line);
 }
 
 extern "C" void pkrt_cp_async_commit(void) { cur()->cp_group++; }
@@ -1928,6 +2005,28 @@ extern "C" __attribute__((visibility("default"))) void pkrt_bank_stats(unsigned 
     out[3] = (unsigned long long)g_bank_worst_line;
     *file = g_bank_worst_file;
     if (reset) g_bank_phases = g_bank_wavefronts = g_bank_worst = 0, g_bank_worst_file = nullptr, g_bank_worst_line = 0;
+}
+
+// The 16-byte access bank model (v4_record): on / off (the counts since the last reset are kept either way).
+extern "C" __attribute__((visibility("default"))) void pkrt_v4_bank_enable(int on) {
+    std::lock_guard<std::mutex> lk(g_v4_mu);
+    g_v4_on = on;
+}
+
+// Its totals as pkrt_bank_stats' (out[0] phases, out[1] wavefronts, out[2] worst, out[3] its line, *file), the
+// warps' accesses that some lanes never made counted first with the lanes that did.
+extern "C" __attribute__((visibility("default"))) void pkrt_v4_bank_stats(unsigned long long* out, const char** file,
+                                                                          int reset) {
+    std::lock_guard<std::mutex> lk(g_v4_mu);
+    for (const auto& e : g_v4_pending) v4_count(e.first, e.second);
+    g_v4_pending.clear();
+    out[0] = g_v4_phases, out[1] = g_v4_wavefronts, out[2] = g_v4_worst;
+    out[3] = (unsigned long long)g_v4_worst_line;
+    *file = g_v4_worst_file;
+    if (reset) {
+        g_v4_phases = g_v4_wavefronts = g_v4_worst = 0, g_v4_worst_file = nullptr, g_v4_worst_line = 0;
+        g_v4_count.clear();
+    }
 }
 
 extern "C" void pkrt_trap(const char* file, int line) {

@@ -179,6 +179,18 @@ def check_enable_pdl(enable_pdl: Any) -> None:
         raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
 
 
+def enable_pdl_or_default(enable_pdl: Any) -> bool:
+    """The sampling ops' enable_pdl, FlashInfer's convention (its softmax's `Optional[bool] = None`): None means on
+    wherever the device takes it (FlashInfer's device_support_pdl: sm_90+), which is what a PDL launch does here
+    already (the nvrtc backend asks the driver for it from sm_90 on; older GPUs and the CPU backends launch as
+    usual), so None is True; else a bool."""
+    if enable_pdl is None:
+        return True
+    if type(enable_pdl) is not bool:
+        raise ArgumentTypeError(f"enable_pdl: expected a bool or None, got {type(enable_pdl).__name__} {enable_pdl!r}")
+    return enable_pdl
+
+
 INT_DTYPES = ("int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64")
 
 

@@ -53,7 +53,7 @@ import numpy as np
 
 from .. import arrays
 from ..errors import ArgumentError, ArgumentTypeError
-from ._common import index_array
+from ._common import enable_pdl_or_default, index_array
 
 __all__ = [
     "sampling_from_probs",
@@ -394,9 +394,10 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
             indices: Any = None, generator: Any = None, check_nan: bool = False, seed: Any = None,
             offset: Any = None, return_valid: bool = False, stream: Any = None, backend: str | None = None,
             logits: bool = False, temperature: Any = None, out: Any = None, valid: Any = None,
-            ctas_per_row: int | None = None) -> Any:
+            ctas_per_row: int | None = None, enable_pdl: bool | None = None) -> Any:
     from ..launcher import launch
 
+    pdl = enable_pdl_or_default(enable_pdl)
     name = "logits" if logits else "probs"
     probs, kind, rows, vocab = _matrix(name, probs)
     if check_nan:
@@ -442,7 +443,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
                    (batch, split), (NT,), probs.reshape(-1), out, valid,
                    idx, k_arr, p_arr, m_arr, s_arr, o_arr, vocab, flags, int(k_val), float(p_val), float(m_val),
                    s_val & 0xFFFFFFFF, s_val >> 32, o_val & 0xFFFFFFFF, o_val >> 32, ws, tickets, stream=lstream,
-                   backend=backend)
+                   backend=backend, pdl=pdl)
         except BaseException:
             _WS.pop(ws_key, None)  # a launch stopped part way may leave counters set: the next call starts afresh
             raise
@@ -454,7 +455,7 @@ def _sample(probs: Any, *, top_k: Any = None, top_p: Any = None, min_p: Any = No
 def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
                         check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
                         *, out: Any = None, valid: Any = None, ctas_per_row: int | None = None,
-                        stream: Any = None, backend: str | None = None) -> Any:
+                        enable_pdl: bool | None = None, stream: Any = None, backend: str | None = None) -> Any:
     """One token per row of probs (batch, vocab), drawn with probability p / sum(p): int32 (batch,).
 
     indices (n,) maps output i to row indices[i] of probs. deterministic is accepted for
@@ -468,17 +469,22 @@ def sampling_from_probs(probs: Any, indices: Any = None, deterministic: bool = T
     samples into, returned as it is (also with int64 indices: no widening), and a bool or uint8 (batch,) array for
     the valid flags. With both given, device seed / offset of shape (batch,) and device or scalar parameters, the
     op allocates nothing and reads nothing back: it can be captured in a CUDA graph (docs/serving.md).
+
+    enable_pdl (every sampling op and softmax; FlashInfer's convention, keyword): programmatic dependent launch. The
+    kernel waits inside for the kernel before it (the decode or the projection that wrote the row) before its first
+    read, so its CTAs may start while that one finishes. None (the default) is on wherever the device takes it
+    (sm_90+ on the nvrtc backend; elsewhere, and on the CPU backends, an ordinary launch), False off.
     """
     del deterministic
     return _sample(probs, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
-                   ctas_per_row=ctas_per_row)
+                   ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 def top_k_sampling_from_probs(probs: Any, top_k: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
                               return_valid: bool = False, *, out: Any = None, valid: Any = None,
-                              ctas_per_row: int | None = None, stream: Any = None,
+                              ctas_per_row: int | None = None, enable_pdl: bool | None = None, stream: Any = None,
                               backend: str | None = None) -> Any:
     """Sampling restricted to the entries >= the k-th largest of the row (top_k: int or (batch,) array).
 
@@ -491,13 +497,13 @@ def top_k_sampling_from_probs(probs: Any, top_k: Any, indices: Any = None, deter
         raise ArgumentError("top_k: expected an int or an integer array, got None")
     return _sample(probs, top_k=top_k, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
                    offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
-                   ctas_per_row=ctas_per_row)
+                   ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 def top_p_sampling_from_probs(probs: Any, top_p: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
                               return_valid: bool = False, *, out: Any = None, valid: Any = None,
-                              ctas_per_row: int | None = None, stream: Any = None,
+                              ctas_per_row: int | None = None, enable_pdl: bool | None = None, stream: Any = None,
                               backend: str | None = None) -> Any:
     """Nucleus sampling: restricted to the largest entries whose mass reaches top_p (in (0, 1]) of the row's.
     The draw and ctas_per_row as top_k_sampling_from_probs'."""
@@ -506,20 +512,21 @@ def top_p_sampling_from_probs(probs: Any, top_p: Any, indices: Any = None, deter
         raise ArgumentError("top_p: expected a float or a float array, got None")
     return _sample(probs, top_p=top_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
                    offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
-                   ctas_per_row=ctas_per_row)
+                   ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 def min_p_sampling_from_probs(probs: Any, min_p: Any, indices: Any = None, deterministic: bool = True,
                               generator: Any = None, check_nan: bool = False, seed: Any = None, offset: Any = None,
                               return_valid: bool = False, *, out: Any = None, valid: Any = None,
-                              ctas_per_row: int | None = None, stream: Any = None, backend: str | None = None) -> Any:
+                              ctas_per_row: int | None = None, enable_pdl: bool | None = None, stream: Any = None,
+                              backend: str | None = None) -> Any:
     """Sampling restricted to p >= min_p * max(p) (min_p in [0, 1]); ctas_per_row as sampling_from_probs'."""
     del deterministic
     if min_p is None:
         raise ArgumentError("min_p: expected a float or a float array, got None")
     return _sample(probs, min_p=min_p, indices=indices, generator=generator, check_nan=check_nan, seed=seed,
                    offset=offset, return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
-                   ctas_per_row=ctas_per_row)
+                   ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices: Any = None,
@@ -527,7 +534,8 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
                                     generator: Any = None, check_nan: bool = False, seed: Any = None,
                                     offset: Any = None, return_valid: bool = False, *, out: Any = None,
                                     valid: Any = None, ctas_per_row: int | None = None,
-                                    stream: Any = None, backend: str | None = None) -> Any:
+                                    enable_pdl: bool | None = None, stream: Any = None,
+                                    backend: str | None = None) -> Any:
     """Top-k then top-p ("top_k_first": top-p of the top-k renormalized distribution) or both at once
     on the raw row ("joint"), in one kernel. The draw and ctas_per_row as top_k_sampling_from_probs'; "top_k_first"
     finds the top-k set by a radix select first and keeps one CTA a row (ctas_per_row is then 1)."""
@@ -539,7 +547,7 @@ def top_k_top_p_sampling_from_probs(probs: Any, top_k: Any, top_p: Any, indices:
     return _sample(probs, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend,
-                   ctas_per_row=ctas_per_row)
+                   ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 # --------------------------------------------------------------------------- from logits
@@ -551,25 +559,26 @@ def softmax(logits: Any, temperature: Any = None, enable_pdl: bool | None = None
     temperature: None (1), a float, or a (batch,) array (a T per row), each a finite value > 0 (host values are
     checked; device arrays trusted). FlashInfer's online safe softmax: one CTA a row reads it twice (max and sum in
     one pass, then the write) in fp32, in base 2 (2^((x - max) * log2(e) / T)). A row holding a NaN or +inf comes
-    back NaN; -inf entries give 0. enable_pdl is accepted for FlashInfer compatibility (no programmatic dependent
-    launch here)."""
+    back NaN; -inf entries give 0. enable_pdl (FlashInfer's): programmatic dependent launch, the kernel waiting for the
+    one before it (the decode that wrote the logits) inside; None (the default) is on wherever the device takes it
+    (sm_90+ on the nvrtc backend; elsewhere an ordinary launch), False off."""
     from ..launcher import launch
 
-    del enable_pdl
+    pdl = enable_pdl_or_default(enable_pdl)
     logits, kind, batch, vocab = _matrix("logits", logits)
     t_arr, c_val, t_is = _scale(temperature, batch, logits)
     out = arrays.empty((batch, vocab), "float32", like=logits)
     if batch:
         launch("sampling_softmax" + arrays.kernel_suffix(kind), (batch,), (NT,), logits.reshape(-1), out.reshape(-1),
                t_arr, vocab, _SM_T_ARR if t_is else 0, float(c_val), stream=arrays.launch_stream(stream, logits),
-               backend=backend)
+               backend=backend, pdl=pdl)
     return out
 
 
 def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool = True, generator: Any = None,
                          check_nan: bool = False, seed: Any = None, offset: Any = None, return_valid: bool = False,
                          *, temperature: Any = None, out: Any = None, valid: Any = None,
-                         ctas_per_row: int | None = None, stream: Any = None,
+                         ctas_per_row: int | None = None, enable_pdl: bool | None = None, stream: Any = None,
                          backend: str | None = None) -> Any:
     """One token per row of logits (batch, vocab), drawn from softmax(logits / temperature): int32 (batch,).
 
@@ -583,7 +592,7 @@ def sampling_from_logits(logits: Any, indices: Any = None, deterministic: bool =
     del deterministic
     return _sample(logits, indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend, logits=True,
-                   temperature=temperature, ctas_per_row=ctas_per_row)
+                   temperature=temperature, ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indices: Any = None,
@@ -591,7 +600,8 @@ def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indice
                                      generator: Any = None, check_nan: bool = False, seed: Any = None,
                                      offset: Any = None, return_valid: bool = False, *, temperature: Any = None,
                                      out: Any = None, valid: Any = None, ctas_per_row: int | None = None,
-                                     stream: Any = None, backend: str | None = None) -> Any:
+                                     enable_pdl: bool | None = None, stream: Any = None,
+                                    backend: str | None = None) -> Any:
     """top_k_top_p_sampling_from_probs over softmax(logits / temperature), the softmax fused (sampling_from_logits):
     top-k keeps the entries >= the k-th largest logit (softmax keeps the order), top-p thresholds the fixed-point
     softmax mass. The same tokens as the probs op on the fixed-point softmax, up to its accuracy."""
@@ -603,7 +613,7 @@ def top_k_top_p_sampling_from_logits(logits: Any, top_k: Any, top_p: Any, indice
     return _sample(logits, top_k=top_k, top_p=top_p, top_k_first=filter_apply_order == "top_k_first",
                    indices=indices, generator=generator, check_nan=check_nan, seed=seed, offset=offset,
                    return_valid=return_valid, out=out, valid=valid, stream=stream, backend=backend, logits=True,
-                   temperature=temperature, ctas_per_row=ctas_per_row)
+                   temperature=temperature, ctas_per_row=ctas_per_row, enable_pdl=enable_pdl)
 
 
 # --------------------------------------------------------------------------- renorm / mask

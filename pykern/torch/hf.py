@@ -163,7 +163,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
         return _fallback(module, query, key, value, attention_mask, dropout, scaling, window, softcap, is_causal,
                          kwargs)
     if query.shape[2] == 1 and _decode_ok(query, key, value, softcap):
-        return _decode(query, key, value, scaling, window), None
+        return _decode(query, key, value, scaling, window, getattr(module, "_pykern_enable_pdl", False)), None
     if query.shape[2] > 1 and module.training:
         # No mask, position_ids that restart (a packing collator's rows with a cache object present, where
         # transformers leaves the mask causal): the sequences as transformers' flash-attention path runs them.
@@ -260,14 +260,15 @@ def _decode_ok(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, soft
 
 
 def _decode(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, scaling: Optional[float],
-            window: Optional[int]) -> torch.Tensor:
+            window: Optional[int], enable_pdl: bool = False) -> torch.Tensor:
     """One query token a sequence over the whole cache (bottom-right causal is every key; a sliding window W
     keeps the last W): pykern.ops.batched_decode_attention on the (b, kv_heads, n_k, d) cache read in place
-    (HND), not flash attention on transposed, copied caches. Returns (b, 1, heads, d)."""
+    (HND), not flash attention on transposed, copied caches. Returns (b, 1, heads, d). enable_pdl: apply()'s, for
+    the decode kernel's launch (programmatic dependent launch on sm_90+)."""
     b, n_k = query.shape[0], key.shape[2]
     lens = torch.full((b,), n_k, dtype=torch.int32, device=query.device)
     out = F.call("batched_decode_attention", query[:, :, 0, :], key, value, lens, kv_layout="HND", scale=scaling,
-                 window_left=-1 if window is None else int(window) - 1)
+                 window_left=-1 if window is None else int(window) - 1, enable_pdl=enable_pdl)
     return out.unsqueeze(1)
 
 
@@ -530,7 +531,8 @@ def _swap(model: nn.Module, pred, make) -> int:
 @checked
 def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu: bool = True,
           attention: bool = True, cross_entropy: bool = True,
-          fused_linear_cross_entropy: bool = True, experts: bool = True, router: bool = True) -> nn.Module:
+          fused_linear_cross_entropy: bool = True, experts: bool = True, router: bool = True,
+          enable_pdl: bool = False) -> nn.Module:
     """Patch a transformers LLaMA-family causal LM in place to run on pykern kernels; returns the model.
 
     Supported: LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM,
@@ -553,12 +555,18 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
 
     experts (MoE families): transformers' experts implementation "pykern" (pykern.torch.moe_experts);
     router (MoE families): top-k routing on pykern.torch.moe_route.
+
+    enable_pdl (with attention): the one-token decode steps that run pykern.ops.batched_decode_attention launch
+    its tensor-core kernel with programmatic dependent launch (FlashInfer's name; sm_90+ on the nvrtc backend,
+    elsewhere an ordinary launch; docs/serving.md): the kernel waits inside for the one before it.
     """
     try:
         import transformers
     except ImportError as e:  # optional extra
         raise ImportError("pykern.torch.apply needs transformers (pip install transformers)") from e
 
+    if type(enable_pdl) is not bool:
+        raise ArgumentTypeError(f"enable_pdl: expected a bool, got {type(enable_pdl).__name__} {enable_pdl!r}")
     family = None
     for cls_name, mod in SUPPORTED_MODELS.items():
         cls = getattr(transformers, cls_name, None)
@@ -608,6 +616,9 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
                 )
     if attention:
         _register_attention()
+        for m in model.modules():
+            if isinstance(m, attn_cls):
+                m._pykern_enable_pdl = enable_pdl  # read by the decode step (_attention -> _decode)
         model.set_attn_implementation(_ATTN_NAME)
         if config._attn_implementation != _ATTN_NAME:
             raise RuntimeError(f"pykern.torch.apply: {type(model).__name__} refused attn_implementation='pykern'")

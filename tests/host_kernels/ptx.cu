@@ -234,3 +234,16 @@ extern "C" __global__ void pk_t_bar_pingpong(float* out, int rounds, int mode) {
         out[r * 256 + w * 128 + me] = seen;
     }
 }
+
+// The 16-byte bank model: lane l copies 16 bytes into shared chunk sel[l] (pk_cp_async_16_zfill_at) and, after
+// the barrier, reads chunk sel[l] back (pk_ld_shared_v4) into out[4 l .. 4 l + 3]. 32 chunks of 16 bytes.
+extern "C" __global__ void pk_t_v4_bank(const float* src, const int* sel, float* out) {
+    __shared__ __align__(128) float sm[32 * 4];
+    const int lane = threadIdx.x;
+    pk_cp_async_16_zfill_at(sm, (unsigned int)(sel[lane] * 16), src + 4 * lane, true);
+    pk_cp_async_commit();
+    pk_cp_async_wait_all();
+    __syncthreads();
+    const float4 v = pk_ld_shared_v4(sm + 4 * sel[lane]);
+    out[4 * lane] = v.x, out[4 * lane + 1] = v.y, out[4 * lane + 2] = v.z, out[4 * lane + 3] = v.w;
+}
