@@ -1,12 +1,13 @@
 """flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
-template parameter (attention_fwd_varlen_sm90_d64/128/256, and their _softcap kernels), and its backward,
+template parameter (attention_fwd_varlen_sm90_d64/128/256 and d192_dv128, and their _softcap kernels), and its backward,
 kernels_cu/attention_bwd_sm90.cu with its VL template parameter (attention_bwd_varlen_sm90_{dkdv,dq}_d64/128[_softcap]).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
 the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
 ragged sequences (lengths 0 and 1, off every tile, a key tile that runs into the next sequence), n_q != n_k per
 sequence both ways (bottom-right causal: rows that see no key get out 0, lse -inf), empty sequences, GQA,
-windows, softcap, head_dim 64/128/256, bf16 and f16. Where the sm_90a kernel does not apply (d96, no key at
+windows, softcap, head_dim 64/128/256 and 192 with head_dim_v 128, bf16 and f16 (192 / 128 off sm_90a: dense_attn on
+v padded to 192, the same values). Where the sm_90a kernel does not apply (d96, no key at
 all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree. Likewise
 flash_attention_varlen_backward (head_dim 64 / 128, with and without softcap): dQ, dK, dV equal float64 per
 sequence (zero for a sequence without queries / keys), the same bits under every host schedule.
