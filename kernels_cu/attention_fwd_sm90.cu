@@ -535,8 +535,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 }
 
 // Entry points: attention_fwd_sm90_d<shape>[_softcap] and attention_fwd_varlen_sm90_d<shape>[_softcap], <shape> 64 /
-// 128 / 256 (head_dim == head_dim_v) or 192_dv128 (head_dim 192, head_dim_v 128; dense only: the varlen op takes
-// one head_dim), in bf16 and f16. The _softcap kernels take the softcap as one more, last, parameter.
+// 128 / 256 (head_dim == head_dim_v) or 192_dv128 (head_dim 192, head_dim_v 128: DeepSeek-V3's prefill shape,
+// dense and varlen), in bf16 and f16. The _softcap kernels take the softcap as one more, last, parameter.
 #define FA90_ENTRY(NAME, DQK, DV, SC)                                                                                \
     template <typename T, typename... A>                                                                             \
     __device__ __forceinline__ void attention_fwd_sm90_d##NAME##_impl(const CUtensorMap& tq, const CUtensorMap& tk,  \
@@ -552,14 +552,13 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         fa90_forward<T, DQK, DV, SC, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale, \
                                            window_left, window_right, cap...);                                       \
     }
-// The square head dims, which both forms offer (X(NAME, DQK, DV, SC) each); the dense form adds 192 / 128.
-#define FA90_SQUARE_DIMS(X)                                                                                       \
+// The head dims, which both forms offer (X(NAME, DQK, DV, SC) each).
+#define FA90_DIMS(X)                                                                                              \
     X(64, 64, 64, false) X(128, 128, 128, false) X(256, 256, 256, false) X(64_softcap, 64, 64, true)               \
-    X(128_softcap, 128, 128, true) X(256_softcap, 256, 256, true)
-FA90_SQUARE_DIMS(FA90_ENTRY)
-FA90_ENTRY(192_dv128, 192, 128, false)
-FA90_ENTRY(192_dv128_softcap, 192, 128, true)
-FA90_SQUARE_DIMS(FA90_VARLEN_ENTRY)
+    X(128_softcap, 128, 128, true) X(256_softcap, 256, 256, true) X(192_dv128, 192, 128, false)                    \
+    X(192_dv128_softcap, 192, 128, true)
+FA90_DIMS(FA90_ENTRY)
+FA90_DIMS(FA90_VARLEN_ENTRY)
 
 // flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64) and k / v
 // (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64); out (batch, n_q, n_heads, DV), lse (batch, n_q,
@@ -584,8 +583,8 @@ PK_IO16_KERNELS(attention_fwd_sm90_d128_softcap, (FA90_THREADS, 1), FA90_DENSE_S
 PK_IO16_KERNELS(attention_fwd_sm90_d256_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
 PK_IO16_KERNELS(attention_fwd_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
 
-// flash_attention_varlen (bf16 / f16): tensor maps over the packed q (1, total_q, n_heads, D) and k / v
-// (1, total_k, n_kv_heads, D) with the dense boxes, out (total_q, n_heads, D), lse (total_q, n_heads), the window
+// flash_attention_varlen (bf16 / f16): tensor maps over the packed q / k (1, total_q / total_k, heads, DQK) and v
+// (1, total_k, n_kv_heads, DV) with the dense boxes, out (total_q, n_heads, DV), lse (total_q, n_heads), the window
 // normalized per sequence as the serving ops do (unbounded = 2^30, causal: window_right = 0); grid
 // (n_qt * n_heads, batch), n_qt the query tiles of the longest sequence.
 #define FA90_VARLEN_PARAMS                                                                                          \
@@ -607,3 +606,6 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256, (FA90_THREADS, 1), FA90_VARLEN_P
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d64_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d128_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS,
+                FA90_VARLEN_SC_ARGS)

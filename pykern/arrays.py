@@ -627,6 +627,46 @@ def flat_view(a: Any) -> Any:
     return a
 
 
+def pad_last(a: Any, n: int) -> Any:
+    """A contiguous copy of `a` with zeros appended along its last axis up to length n (>= a's), same kind and
+    device (NumPy, torch, CuPy; numba device arrays through a host copy)."""
+    m = shape_of(a)[-1]
+    if is_torch(a):
+        return sys.modules["torch"].nn.functional.pad(a.detach(), (0, n - m)).contiguous()
+    if _module(a) == "numba":
+        from numba import cuda
+
+        host = a.copy_to_host()
+        out = np.zeros((*host.shape[:-1], n), host.dtype)
+        out[..., :m] = host
+        return cuda.to_device(out)
+    if _module(a) == "cupy":
+        import cupy
+
+        out = cupy.zeros((*a.shape[:-1], n), a.dtype)
+    else:
+        a = contiguous(a)  # NumPy, or a host DLPack object's NumPy view
+        out = np.zeros((*a.shape[:-1], n), a.dtype)
+    out[..., :m] = a
+    return out
+
+
+def narrow_last(a: Any, n: int) -> Any:
+    """A contiguous copy of a[..., :n], same kind and device (NumPy, torch, CuPy; numba device arrays through a
+    host copy)."""
+    if is_torch(a):
+        return a[..., :n].contiguous()
+    if _module(a) == "numba":
+        from numba import cuda
+
+        return cuda.to_device(np.ascontiguousarray(a.copy_to_host()[..., :n]))
+    if _module(a) == "cupy":
+        import cupy
+
+        return cupy.ascontiguousarray(a[..., :n])
+    return np.ascontiguousarray(a[..., :n])
+
+
 def arange_like(n: int, dtype: str, like: Any) -> Any:
     """0 .. n - 1 as `dtype` on the memory `like` is on (the kind `empty(..., like=like)` makes): made on its
     device where the library can (torch, CuPy: a fill kernel, no host copy), else copied host-to-device."""

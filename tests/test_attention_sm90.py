@@ -541,10 +541,11 @@ def _sass():
 
 
 KERNELS = [f"attention_fwd_{v}sm90_d{d}_{t}" for v in ("", "varlen_") for d in (64, 128, 256) for t in ("bf16", "f16")]
-# softcap (dense and varlen) and head_dim 192 / head_dim_v 128 (dense, with and without softcap)
+# softcap (dense and varlen) and head_dim 192 / head_dim_v 128 (dense and varlen, with and without softcap)
 MORE_KERNELS = ([f"attention_fwd_{v}sm90_d{d}_softcap_{t}" for v in ("", "varlen_") for d in (64, 128, 256)
                  for t in ("bf16", "f16")]
-                + [f"attention_fwd_sm90_d192_dv128{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")])
+                + [f"attention_fwd_{v}sm90_d192_dv128{c}_{t}" for v in ("", "varlen_") for c in ("", "_softcap")
+                   for t in ("bf16", "f16")])
 
 
 def _dims(kernel: str) -> tuple[int, int]:

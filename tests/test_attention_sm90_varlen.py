@@ -1,12 +1,13 @@
 """flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
-template parameter (attention_fwd_varlen_sm90_d64/128/256, and their _softcap kernels), and its backward,
+template parameter (attention_fwd_varlen_sm90_d64/128/256 and d192_dv128, and their _softcap kernels), and its backward,
 kernels_cu/attention_bwd_sm90.cu with its VL template parameter (attention_bwd_varlen_sm90_{dkdv,dq}_d64/128[_softcap]).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
 the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
 ragged sequences (lengths 0 and 1, off every tile, a key tile that runs into the next sequence), n_q != n_k per
 sequence both ways (bottom-right causal: rows that see no key get out 0, lse -inf), empty sequences, GQA,
-windows, softcap, head_dim 64/128/256, bf16 and f16. Where the sm_90a kernel does not apply (d96, no key at
+windows, softcap, head_dim 64/128/256 and 192 with head_dim_v 128, bf16 and f16 (192 / 128 off sm_90a: dense_attn on
+v padded to 192, the same values). Where the sm_90a kernel does not apply (d96, no key at
 all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree. Likewise
 flash_attention_varlen_backward (head_dim 64 / 128, with and without softcap): dQ, dK, dV equal float64 per
 sequence (zero for a sequence without queries / keys), the same bits under every host schedule.
@@ -139,6 +140,85 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     assert names == ["attention_fwd_varlen_sm90_d128_bf16", "attention_fwd_varlen_sm90_d128_softcap_bf16",
                      "dense_attn_bf16", "dense_attn_bf16", "attention_fwd_varlen_tc_d128_bf16",
                      "attention_fwd_varlen_tc_d128_bf16"]
+
+
+# --------------------------------------------------------------------------- head_dim 192 / head_dim_v 128
+def _ragged_dv(rng, lq, lk, h, kvh, d, dv, kind):
+    q, k, v = fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, dv, kind)
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    return q[0], k[0], v[0], cu_q, cu_k
+
+
+def _np_varlen_dv(q, k, v, cu_q, cu_k, causal, win=(-1, -1), cap=0.0):
+    """float64 per sequence with v's own head_dim; a sequence without keys: out 0, lse -inf."""
+    out = np.zeros(q.shape[:2] + v.shape[2:])
+    lse = np.full(q.shape[:2], -np.inf)
+    for b in range(len(cu_q) - 1):
+        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
+        if cu_q[b + 1] == cu_q[b] or cu_k[b + 1] == cu_k[b]:
+            continue
+        o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, None, win, cap)
+        out[qs], lse[qs] = o[0], l_[0]
+    return out, lse
+
+
+# DeepSeek-V3's prefill shape (attention_fwd_varlen_sm90_d192_dv128[_softcap]): (q lengths, k lengths, heads,
+# kv_heads, causal, window, softcap, dtype). Ragged lengths with an empty sequence and one without keys, key tiles
+# into the next sequence, steady tiles (300 keys), GQA, windows, softcap.
+VARLEN_192 = [
+    ([5, 140, 0, 1], [9, 300, 3, 0], 4, 1, False, (-1, -1), 0.0, "bf16"),
+    ([90, 1, 20], [60, 200, 0], 2, 1, True, (50, -1), 0.0, "f16"),
+    ([70, 20], [260, 40], 2, 2, False, (-1, -1), 2.0, "bf16"),
+    ([130, 1, 20], [60, 300, 0], 4, 2, True, (-1, -1), 2.5, "f16"),
+]
+
+
+@pytest.mark.parametrize("case", VARLEN_192, ids=lambda c: "{}-h{}/{}-c{}-w{},{}-cap{}".format(
+    c[7], c[2], c[3], int(c[4]), *c[5], c[6]))
+def test_varlen_sm90_192_128_vs_float64(case, monkeypatch) -> None:
+    lq, lk, h, kvh, causal, win, cap, kind = case
+    q, k, v, cu_q, cu_k = _ragged_dv(np.random.default_rng(sum(lq) + sum(lk)), lq, lk, h, kvh, 192, 128, kind)
+    names = _record(monkeypatch)
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, softcap=cap,
+                                      return_lse=True, backend=HOST)
+    assert names == [f"attention_fwd_varlen_sm90_d192_dv128{'_softcap' if cap else ''}_{kind}"]
+    assert np.asarray(out).shape == (sum(lq), h, 128) and np.asarray(out).dtype == q.dtype
+    ref_out, ref_lse = _np_varlen_dv(q, k, v, cu_q, cu_k, causal, win, cap)
+    close("out", out, ref_out, "flash_attention_varlen", kind)
+    check_lse(lse, ref_lse)
+
+
+@pytest.mark.parametrize("where", ["sm90_off", "not_hopper", "f32"])
+def test_varlen_192_128_fallback_pads_v_vs_float64(where, monkeypatch) -> None:
+    """Where the sm_90a kernel does not apply, dense_attn runs on v padded to head_dim 192 and out is sliced back
+    to 128 columns: the same float64 values as the sm_90a kernel's."""
+    kind = "f32" if where == "f32" else "bf16"
+    if where == "sm90_off":
+        monkeypatch.setenv("PYKERN_SM90", "0")
+    elif where == "not_hopper":
+        monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    lq, lk = [40, 0, 7], [70, 5, 0]
+    q, k, v, cu_q, cu_k = _ragged_dv(np.random.default_rng(7), lq, lk, 4, 2, 192, 128, kind)
+    names = _record(monkeypatch)
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=3.0, return_lse=True,
+                                      backend=HOST)
+    assert names == ["dense_attn" + ("" if kind == "f32" else "_bf16")]
+    assert np.asarray(out).shape == (sum(lq), 4, 128) and np.asarray(out).flags.c_contiguous
+    ref_out, ref_lse = _np_varlen_dv(q, k, v, cu_q, cu_k, True, (-1, -1), 3.0)
+    close("out", out, ref_out, "flash_attention_varlen", kind)
+    check_lse(lse, ref_lse)
+
+
+def test_varlen_head_dim_v_errors_name_v() -> None:
+    from pykern.errors import ArgumentError
+
+    q, k, v, cu_q, cu_k = _ragged_dv(np.random.default_rng(3), [4], [6], 2, 1, 128, 192, "bf16")
+    with pytest.raises(ArgumentError, match=r"v\.shape\[2\] \(head_dim_v\): expected 1 <= head_dim_v <= "
+                                            r"head_dim=128 .*got 192"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, backend=HOST)  # a v wider than q / k
+    with pytest.raises(ArgumentError, match=r"v: expected shape \(total_k, num_kv_heads, head_dim_v\) = \(6, 1, "):
+        flash_attention_varlen(q, k, np.concatenate([v, v], axis=1)[..., :64], cu_q, cu_k, backend=HOST)
 
 
 # --------------------------------------------------------------------------- backward (attention_bwd_sm90.cu, VL)

@@ -147,6 +147,31 @@ def test_bad_arguments_raise_before_any_launch(change, exc, match, monkeypatch: 
     assert names == []
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_forward_192_128_matches_dense_f64_and_grad_mode_names_head_dim_v(dtype, monkeypatch) -> None:
+    """DeepSeek-V3's prefill shape (q, k head_dim 192, v 128): the forward equals float64 (dense_attn on v padded
+    to 192 off Hopper); recording gradients raises before any launch, naming head_dim_v (no 192 / 128 backward)."""
+    kind = "bf16" if dtype == torch.bfloat16 else "f16"
+    g = torch.Generator().manual_seed(6)
+    lq, lk = [9, 0, 20], [30, 4, 20]
+    cq, ck = _cu(lq), _cu(lk)
+    q = torch.randn(int(cq[-1]), 4, 192, generator=g).to(dtype)
+    k = torch.randn(int(ck[-1]), 2, 192, generator=g).to(dtype)
+    v = torch.randn(int(ck[-1]), 2, 128, generator=g).to(dtype)
+    out = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=True, softcap=2.0)
+    ref, _ = _ref(*(t.double() for t in (q, k, v)), cq.tolist(), ck.tolist(), True, (-1, -1), 2.0,
+                  1.0 / math.sqrt(192))
+    assert out.shape == (29, 4, 128) and out.dtype == dtype
+    _close(out, ref, "flash_attention_varlen", kind)
+    names = record_launches(monkeypatch)
+    with pytest.raises(ArgumentError, match=r"v\.shape\[2\] \(head_dim_v\): the varlen backward needs "
+                                            r"head_dim_v == head_dim=192, got 128"):
+        pt.flash_attention_varlen(q, k, v.requires_grad_(), cq, ck, max(lq), max(lk), causal=True)
+    assert names == []
+    with torch.no_grad():  # no gradients recorded: the forward runs
+        assert pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk)).shape == (29, 4, 128)
+
+
 def test_compiles_fullgraph_forward_and_backward() -> None:
     kw = _args()
     q, k, v = (kw.pop(n).requires_grad_() for n in ("q", "k", "v"))

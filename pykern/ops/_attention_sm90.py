@@ -5,7 +5,7 @@ with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compi
 64/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
 kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
-kernel with its VARLEN template parameter; that op takes head_dim == head_dim_v only). The backward
+kernel with its VARLEN template parameter, at the same shapes). The backward
 (kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 128, with or without softcap; at 256 its dQ kernel alone) serves
 `attention_backward`
 (`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
@@ -110,20 +110,21 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
 
 
 def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
-               dims: tuple[int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int, suffix: str,
-               stream: Any, backend: str | None) -> bool:
-    """flash_attention_varlen: run attention_fwd_varlen_sm90_d{D}[_softcap]{suffix} when `usable` and the packed arrays
-    suit TMA, else False (nothing launched). q (total_q, heads, D), k and v (total_k, kv_heads, D) contiguous,
-    out / lse (total_q, heads[, D]); cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, heads, kv_heads, D), max_q
-    the longest sequence's queries (the grid's query tiles); (wl, wr) normalized per sequence (serving ops)."""
+               dims: tuple[int, int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int,
+               suffix: str, stream: Any, backend: str | None) -> bool:
+    """flash_attention_varlen: run attention_fwd_varlen_sm90_<shape>[_softcap]{suffix} (`kernel_name`) when `usable`
+    and the packed arrays suit TMA, else False (nothing launched). q (total_q, heads, D), k (total_k, kv_heads, D)
+    and v (total_k, kv_heads, DV) contiguous, out / lse (total_q, heads[, DV]); cu_q / cu_k int32 (batch + 1,); dims
+    (batch, max_q, heads, kv_heads, D, DV), max_q the longest sequence's queries (the grid's query tiles); (wl, wr)
+    normalized per sequence (serving ops)."""
     from .. import arrays
     from ..backends import get_backend
     from ..errors import ArgumentError
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
-    batch, max_q, n_heads, n_kv_heads, d = dims
-    if d not in HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v):
+    batch, max_q, n_heads, n_kv_heads, d, d_v = dims
+    if not usable(d, d_v, softcap, scale, q, backend, k, v):
         return False
     n_qt = -(-max_q // ROWS)
     if n_qt * n_heads >= 2**31:
@@ -134,12 +135,12 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
     try:  # the packed arrays as one batch of total rows: the kernel adds each sequence's first row
         tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "128B", backend=name)
         tk = make_tensor_map(k.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
-        tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
+        tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d_v)), (1, bc, 1, 64), "128B", backend=name)
     except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the mma.sync kernels take it
         return False
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
-    launch(kernel_name(d, d, softcap, suffix, varlen=True), (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv,
-           out, lse, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=shared_bytes(d),
+    launch(kernel_name(d, d_v, softcap, suffix, varlen=True), (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv,
+           out, lse, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=shared_bytes(d, d_v),
            stream=stream, backend=backend)
     return True
 

@@ -282,12 +282,19 @@ def flash_attention_varlen(
 ) -> Any:
     """flash-attn's varlen attention: sequences packed without padding.
 
-    q (total_q, num_heads, head_dim), k, v (total_k, num_kv_heads, head_dim); sequence b
+    q (total_q, num_heads, head_dim), k (total_k, num_kv_heads, head_dim), v (total_k, num_kv_heads,
+    head_dim_v) with head_dim_v <= head_dim (e.g. DeepSeek-V3's prefill: head_dim 192, head_dim_v 128); sequence b
     is q rows cu_seqlens_q[b]:cu_seqlens_q[b+1] against k/v rows
     cu_seqlens_k[b]:cu_seqlens_k[b+1]. causal=True aligns the mask bottom-right per
     sequence. window_size=(left, right) and softcap as `flash_attention` (flash-attn's
-    semantics, per sequence; positions outside every window of a CTA are never read). Returns out (total_q, num_heads, head_dim) in q's dtype, or (out, lse)
-    with lse (total_q, num_heads) natural-log float32.
+    semantics, per sequence; positions outside every window of a CTA are never read). Returns out (total_q,
+    num_heads, head_dim_v) in q's dtype, or (out, lse) with lse (total_q, num_heads) natural-log float32.
+
+    Kernels: on sm_90a (Hopper, or the host backend with PYKERN_HOST_ARCH=sm_90a; bf16 / f16) the TMA + wgmma
+    forward at head_dim == head_dim_v in 64 / 128 / 256 and at 192 / 128 (attention_fwd_varlen_sm90_d192_dv128),
+    with or without softcap; else the FlashAttention-2 core at head_dim == head_dim_v in 64 / 128; else the tile
+    kernel dense_attn, which reads K and V at one head_dim: there a head_dim_v < head_dim runs on a copy of v
+    padded with zero columns up to head_dim, and out is sliced back to head_dim_v (one more copy of v and of out).
     """
     # At call time (serving re-exports this op, so it imports this module first). The op validates and falls back
     # as the serving ops do: dense_attn in kernels_cu/paged.cu.
@@ -303,11 +310,16 @@ def flash_attention_varlen(
     kind = arrays.io_kind("k", k, _Q_KINDS)
     arrays.same_kind("v", v, kind, "k")
     ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
-    if arrays.shape_of(v) != ks:
-        raise ArgumentError(f"v: expected the shape of k {ks}, got {arrays.shape_of(v)}")
+    vs = arrays.check_ndim("v", v, (3,), "(total_k, num_kv_heads, head_dim_v)")
+    if vs[:2] != ks[:2]:
+        raise ArgumentError(f"v: expected shape (total_k, num_kv_heads, head_dim_v) = ({ks[0]}, {ks[1]}, head_dim_v) "
+                            f"(from k), got {vs}")
     total_k, kvh, d = ks
+    d_v = vs[2]
     if kvh < 1 or not 1 <= d <= MAX_HEAD_DIM:
         raise ArgumentError(f"k: expected (total_k, num_kv_heads, head_dim) with head_dim <= {MAX_HEAD_DIM}, got {ks}")
+    if not 1 <= d_v <= d:  # the fallback pads v up to head_dim (below); a wider v has no kernel
+        raise ArgumentError(f"v.shape[2] (head_dim_v): expected 1 <= head_dim_v <= head_dim={d} (q and k), got {d_v}")
     qk, total_q, h = _check_q(q, kvh, d, "total_q")
     suf = _serving_suffix(qk, kind)
     cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
@@ -328,30 +340,35 @@ def flash_attention_varlen(
     rows, tile, smem = attn_tiling(d, max_qo * group)
     chunks = _row_chunks("cu_seqlens_q", max_qo, group, rows)
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
-    out, lse = _prefill_out(total_q, h, d, qk, q, hq is not None)
-    # On sm_90a the TMA + wgmma forward (kernels_cu/attention_fwd_sm90.cu, VARLEN: bf16 or f16, head_dim 64 / 128 /
-    # 256, softcap or not, 16-byte aligned bases). Else the FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu): bf16
-    # or f16 q, K and V of one type, head_dim 64 / 128, 16-byte aligned data. Both: grid (query tiles of the longest
-    # sequence * heads, batch).
+    out, lse = _prefill_out(total_q, h, d_v, qk, q, hq is not None)
+    # On sm_90a the TMA + wgmma forward (kernels_cu/attention_fwd_sm90.cu, VARLEN: bf16 or f16, head_dim ==
+    # head_dim_v in 64 / 128 / 256 or 192 / 128, softcap or not, 16-byte aligned bases). Else the FlashAttention-2
+    # core (kernels_cu/attention_fwd_tc.cu): bf16 or f16 q, K and V of one type, head_dim == head_dim_v in 64 / 128,
+    # 16-byte aligned data. Both: grid (query tiles of the longest sequence * heads, batch).
     n_qt = -(-max_qo // FA2_ROWS)
-    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and fa2_eligible(d, d, q, k, v, out)
+    fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and fa2_eligible(d, d_v, q, k, v, out)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
     stream_ = arrays.launch_stream(stream, q)
     if (total_q and qk == kind and kind in ("bf16", "f16") and batch <= _GRID_YZ_MAX
-            and _sm90_varlen(q, k, v, _sflat(out), _sflat(lse), cq, ck, (batch, max_qo, h, kvh, d), sc, cap, wl,
-                             wr, f"_{qk}", stream_, backend)):
+            and _sm90_varlen(q, k, v, _sflat(out), _sflat(lse), cq, ck, (batch, max_qo, h, kvh, d, d_v), sc, cap,
+                             wl, wr, f"_{qk}", stream_, backend)):
         pass  # the Hopper kernel ran (kernels_cu/attention_fwd_sm90.cu, VARLEN)
     elif fa2:
         launch(f"attention_fwd_varlen_tc_d{d}{'_softcap' if cap > 0 else ''}_{qk}", (n_qt * h, batch, 1),
                (FA2_THREADS,), _sflat(q), _sflat(k), _sflat(v), _sflat(out), _sflat(lse), cq, ck, h, kvh, n_qt, sc,
                wl, wr, cap, shared_mem=fa2_shared_bytes(d), stream=stream_, backend=backend)
     elif total_q:
+        # dense_attn reads K and V at one head_dim: a narrower v is padded with zero columns to head_dim (they add
+        # zero columns to out, dropped below; the scores and lse do not change).
+        v_d, out_d = (v, out) if d_v == d else (arrays.pad_last(v, d), arrays.zeros((total_q, h, d), qk, like=q))
         # k_mode 0 (keys at cu_seqlens_k) never reads seq_lens: an allocation, not a host-to-device copy (a
         # pageable copy synchronises the stream)
-        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _sflat(q), _sflat(k), _sflat(v), _sflat(out),
-               _sflat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d, d, 0, 1, 0,
-               wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
+        launch("dense_attn" + suf, (batch * kvh, chunks, 1), (_NT,), _sflat(q), _sflat(k), _sflat(v_d),
+               _sflat(out_d), _sflat(lse), _dummy(q), _dummy(q), cq, ck, _dummy(q, "uint32"), h, kvh, d, 0, kvh * d,
+               d, 0, 1, 0, wl, wr, rows, tile, 1, 0, total_q, 1, sc, cap, shared_mem=smem,
                stream=arrays.launch_stream(stream, q), backend=backend)
+        if out_d is not out:
+            out = arrays.narrow_last(out_d, d_v)
     return (out, lse) if return_lse else out
 
 

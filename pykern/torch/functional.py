@@ -471,15 +471,19 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
                            return_lse: bool = False):
     """flash-attn's flash_attn_varlen_func: attention over sequences packed without padding, with autograd.
 
-    q (total_q, heads, d), k / v (total_k, kv_heads, d) (GQA: heads % kv_heads == 0), bfloat16 or float16;
+    q (total_q, heads, d), k (total_k, kv_heads, d), v (total_k, kv_heads, d_v) with d_v <= d (GQA: heads %
+    kv_heads == 0), bfloat16 or float16;
     cu_seqlens_q / cu_seqlens_k int32 (batch + 1,) on q's device: sequence b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. max_seqlen_q /
     max_seqlen_k: the longest sequence of each (they size the backward's grid; host cu_seqlens are checked
     against them, device ones are not read back). dropout_p: only 0.0 (no dropout kernels). softmax_scale
     defaults to 1/sqrt(d). causal aligns the mask bottom-right per sequence; window_size=(left, right) and
-    softcap as flash_attention. Returns out (total_q, heads, d), or (out, lse) with return_lse=True: lse
+    softcap as flash_attention. Returns out (total_q, heads, d_v), or (out, lse) with return_lse=True: lse
     (heads, total_q) float32, natural-log, flash-attn's layout (not differentiable).
-    Forward pykern.ops.flash_attention_varlen, backward pykern.ops.flash_attention_varlen_backward.
+    Forward pykern.ops.flash_attention_varlen, backward pykern.ops.flash_attention_varlen_backward. d_v != d (e.g.
+    DeepSeek-V3's prefill, 192 / 128) is forward only: the backward takes one head_dim, so a call that records
+    gradients (grad mode on and any of q, k, v requiring grad) raises ArgumentError naming head_dim_v here, before
+    the forward runs, rather than in the backward.
     """
     from ..ops._prefill import check_cu_seqlens, check_max_seqlen
 
@@ -490,6 +494,11 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     if q.dim() != 3 or k.dim() != 3:
         bad = ("q", q) if q.dim() != 3 else ("k", k)
         raise ArgumentError(f"{bad[0]}: expected (total, heads, head_dim), got shape {tuple(bad[1].shape)}")
+    if (v.dim() == 3 and v.shape[2] != q.shape[2] and torch.is_grad_enabled()
+            and any(t.requires_grad for t in (q, k, v))):
+        raise ArgumentError(f"v.shape[2] (head_dim_v): the varlen backward needs head_dim_v == head_dim="
+                            f"{q.shape[2]}, got {v.shape[2]} (forward only: run it under torch.no_grad() or detach "
+                            "q, k and v)")
     wl, wr = check_window_size(window_size)
     cap = check_softcap(softcap)
     # Checked here, before the forward: a bad cu_seqlens_k would otherwise surface only in the backward. Under

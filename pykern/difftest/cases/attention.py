@@ -617,28 +617,30 @@ def _sm90_forward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: in
 
 # --------------------------------------------------------------------------- forward (varlen)
 def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int, d: int,
-                 causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
+                 causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0, dv: int | None = None
+                 ) -> Case:
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize_serving
 
-    q, k, v = (a[0] for a in fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d, kind))
+    dv = d if dv is None else dv
+    q, k, v = (a[0] for a in fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, dv, kind))
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
-    name = sm90.kernel_name(d, d, softcap, _sfx(kind), varlen=True)
+    name = sm90.kernel_name(d, dv, softcap, _sfx(kind), varlen=True)
     scale = 1.0 / np.sqrt(d)
 
     def run(backend: str) -> dict[str, Any]:
-        out = np.empty(q.shape, q.dtype)
+        out = np.empty(q.shape[:2] + (dv,), q.dtype)
         lse = np.empty(q.shape[:2], np.float32)
         wl, wr = normalize_serving(*window, causal)
-        if not sm90.try_varlen(q, k, v, out, lse, cu_q, cu_k, (len(lq), max(lq), h, kvh, d), scale, softcap, wl,
-                               wr, _sfx(kind), None, backend):
+        if not sm90.try_varlen(q, k, v, out, lse, cu_q, cu_k, (len(lq), max(lq), h, kvh, d, dv), scale, softcap,
+                               wl, wr, _sfx(kind), None, backend):
             raise _declined(name, backend)
         return {"out": out, "lse": lse}
 
     def ref() -> dict[str, Any]:
         # per sequence; one with no keys gives out 0 and lse -inf (np_flash_attention's empty rows)
-        out = np.zeros(q.shape)
+        out = np.zeros(q.shape[:2] + (dv,))
         lse = np.full(q.shape[:2], -np.inf)
         for b in range(len(lq)):
             qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
@@ -646,7 +648,7 @@ def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[in
             out[qs], lse[qs] = o[0], l_[0]
         return {"out": out, "lse": lse}
 
-    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
+    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap) + ("-causal" if causal else "")
     return _sm90_case("flash_attention_varlen", kind, shape.replace(" ", ""), (name,), run, ref)
 
 
@@ -769,6 +771,12 @@ SM90_VARLEN_SOFTCAP = ((([5, 90, 0], [9, 450, 3]), 64, False, (-1, -1), 2.0),
                        (([5, 90, 0], [9, 200, 3]), 128, False, (50, 10), 2.5),
                        (([70, 20], [150, 40]), 256, False, (30, 5), 1.5),
                        (([70, 1, 20], [60, 100, 0]), 256, True, (-1, -1), 2.0))
+# head_dim 192 / head_dim_v 128 (DeepSeek-V3's prefill) over packed sequences, without and with softcap: (lq, lk,
+# heads, kv_heads, causal, window, softcap). Ragged lengths, an empty sequence, one without keys, steady key tiles.
+SM90_VARLEN_192 = ((([5, 140, 0], [9, 300, 3]), 4, 1, False, (-1, -1), 0.0),
+                   (([90, 1, 20], [60, 200, 0]), 2, 1, True, (50, -1), 0.0),
+                   (([70, 20], [260, 40]), 2, 2, False, (-1, -1), 2.0),
+                   (([90, 1, 20], [60, 300, 0]), 4, 2, True, (-1, -1), 2.5))
 
 
 def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
@@ -786,6 +794,8 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _sm90_forward(rng, kind, n_q, n_k, h, kvh, d, causal, dv, window, cap)
         for (lq, lk), d, causal, window, cap in SM90_VARLEN_SOFTCAP:
             yield _sm90_varlen(rng, kind, lq, lk, 2, 1, d, causal, window, cap)
+        for (lq, lk), h, kvh, causal, window, cap in SM90_VARLEN_192:
+            yield _sm90_varlen(rng, kind, lq, lk, h, kvh, 192, causal, window, cap, dv=128)
         for n_q, n_k, h, kvh, d, causal, window, cap in SM90_BACKWARD_SOFTCAP:
             yield _sm90_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, cap)
         for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_BACKWARD:
