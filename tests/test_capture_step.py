@@ -224,7 +224,7 @@ def test_decode_step_on_the_plans_memo_allocates_nothing(gpu, monkeypatch):
     audit = StepAudit(gpu)
     with audit:
         step()
-    assert checked == [] and step.plan._memo is not None
+    assert checked == [] and len(step.plan._memo) == 1
     assert audit.problems() == []
     assert audit.kernels == ["paged_append_kv_bf16", "decode_tc_paged_d128_bf16", "sampling_from_logits"]
 

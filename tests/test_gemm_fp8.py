@@ -117,6 +117,41 @@ def test_grouped_gemm_fp8_ragged_empty_and_one_row_groups() -> None:
     _close(out, np_grouped_gemm_fp8(a, sa, b, sb, offsets), "grouped_gemm_fp8")
 
 
+def _misaligned(x: np.ndarray, offset: int) -> np.ndarray:
+    """x's values in a view `offset` bytes into a bigger e4m3 buffer (so its base is off 16 bytes)."""
+    buf = np.zeros(x.size + 32, ml_dtypes.float8_e4m3fn)
+    start = (-buf.ctypes.data) % 16 + offset
+    view = buf[start:start + x.size].reshape(x.shape)
+    view[...] = x
+    assert view.ctypes.data % 16 == offset
+    return view
+
+
+@pytest.mark.parametrize("offset", [1, 8, 15])
+def test_a_misaligned_view_gives_the_aligned_result(offset: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Both kernels load 16-byte chunks (cp.async); the checked host build reports any misaligned one (a misaligned
+    # address fault on a GPU). The op copies such an operand to an aligned buffer: bit-identical results.
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    rng = np.random.default_rng(offset)
+    m, n, k = 24, 136, 256
+    a, sa = _act(rng, m, k)
+    b, sb = fp8_weight(rng.standard_normal((n, k)).astype(np.float32) * 0.05)
+    ref = ops.gemm_fp8(a, sa, b, sb, backend="host")
+    _close(ref, np_gemm_fp8(a, sa, b, sb), "gemm_fp8")
+    av, bv = _misaligned(a, offset), _misaligned(b, 16 - offset)
+    for args in ((av, sa, b, sb), (a, sa, bv, sb), (av, sa, bv, sb)):
+        np.testing.assert_array_equal(ops.gemm_fp8(*args, backend="host").view(np.uint16), ref.view(np.uint16))
+    np.testing.assert_array_equal(av.view(np.uint8), a.view(np.uint8))  # read, never written
+    # grouped: two experts, b [2, n, k]
+    offsets = np.array([0, 10, m], np.int32)
+    b2 = np.stack([b, b[::-1]])
+    sb2 = np.stack([sb, sb[::-1]])
+    gref = ops.grouped_gemm_fp8(a, sa, b2, sb2, offsets, backend="host")
+    _close(gref, np_grouped_gemm_fp8(a, sa, b2, sb2, offsets), "grouped_gemm_fp8")
+    got = ops.grouped_gemm_fp8(av, sa, _misaligned(b2, offset), sb2, offsets, backend="host")
+    np.testing.assert_array_equal(got.view(np.uint16), gref.view(np.uint16))
+
+
 def _args(m: int = 4, n: int = 8, k: int = 128) -> tuple[np.ndarray, ...]:
     a = np.zeros((m, k), ml_dtypes.float8_e4m3fn)
     b = np.zeros((n, k), ml_dtypes.float8_e4m3fn)

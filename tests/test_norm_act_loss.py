@@ -333,6 +333,50 @@ def test_gelu_exact_form_error_against_float64() -> None:
     assert ys[0] == np.inf and np.isnan(ys[1]) and ys[2] == 0.0 and ys[3] == 20.0
 
 
+# The tanh form (kernels_cu/norm_act_loss.cu, pk_gelu_tanh_s): s = 0.5 (1 + tanh u) = 1 / (1 + 2^(-2u log2 e)) by one
+# ex2 and one reciprocal instead of tanhf. Against float64 over a dense sweep (host backend: exp2f and an exact
+# division; the GPU's ex2.approx and rcp.approx add <= 2^-22 and 2^-23 relative to s):
+GELU_TANH_MAX_ABS_ERR = 6e-7       # |gelu - gelu64| over the reals (5.2e-7 measured, at x ~ 2: x s rounds twice)
+GELU_TANH_TAIL_MAX_REL_ERR = 1e-5  # |gelu / gelu64 - 1| while |gelu64| >= 1e-30 (x >= -9.3; 8.1e-6 measured at
+#                                    x ~ -9.3: fp32 rounding of the ex2 argument, ~ 100 there, times ln 2)
+GELU_TANH_GRAD_MAX_ABS_ERR = 2.5e-7  # |gelu' - gelu'64| over the reals (1.9e-7 measured)
+
+
+def _gelu_tanh64(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(gelu, gelu') of the tanh form in float64, with 0.5 (1 + tanh u) as 1 / (1 + e^-2u): 1 + tanh u itself
+    cancels in float64 for u < -19, which would make the reference, not the kernel, wrong in the tail."""
+    xd = x.astype(np.float64)
+    u = np.sqrt(2.0 / np.pi) * (xd + 0.044715 * xd**3)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-2.0 * u))
+    return xd * s, s + xd * 2.0 * s * (1.0 - s) * np.sqrt(2.0 / np.pi) * (1.0 + 3.0 * 0.044715 * xd * xd)
+
+
+def test_gelu_tanh_form_error_against_float64() -> None:
+    x = np.concatenate([np.linspace(-12.0, 12.0, 200_001),
+                        np.float32([0.0, -0.0, 1e-30, -1e-30, 1e-4, -1e-4, 30.0, -30.0])]).astype(np.float32)
+    ref, dref = _gelu_tanh64(x)
+    y = np.asarray(ops.gelu(x, "tanh", backend="host"), np.float64)
+    dy = np.asarray(ops.gelu_backward(x, np.ones_like(x), "tanh", backend="host"), np.float64)
+    assert np.max(np.abs(y - ref)) <= GELU_TANH_MAX_ABS_ERR, float(np.max(np.abs(y - ref)))
+    tail = np.abs(ref) >= 1e-30  # near 0 and in the x < 0 tail gelu keeps its relative accuracy: no cancellation
+    rel = np.abs(y[tail] / ref[tail] - 1.0)
+    assert rel.max() <= GELU_TANH_TAIL_MAX_REL_ERR, (float(rel.max()), float(x[tail][rel.argmax()]))
+    assert np.max(np.abs(dy - dref)) <= GELU_TANH_GRAD_MAX_ABS_ERR, float(np.max(np.abs(dy - dref)))
+    assert np.all(np.isfinite(y)) and np.all(np.isfinite(dy))
+    # gelu_gate_backward forms both from one s: grad_up = gelu(gate), grad_gate = gelu'(gate) (up = grad = 1)
+    one = np.ones_like(x)
+    gg, gu = (np.asarray(a, np.float64) for a in ops.gelu_gate_backward(x, one, one, "tanh", backend="host"))
+    np.testing.assert_array_equal(gu, y)
+    np.testing.assert_array_equal(gg, dy)
+    # Large |x| as torch's: gelu(-inf) = -inf * 0 = NaN, gelu'(+-inf) NaN (x * 0), no NaN for finite x.
+    special = np.float32([np.inf, -np.inf, np.nan, -20.0, 20.0, -1e20, 1e20])
+    ys = np.asarray(ops.gelu(special, "tanh", backend="host"))
+    ds = np.asarray(ops.gelu_backward(special, np.ones_like(special), "tanh", backend="host"))
+    np.testing.assert_array_equal(ys, np.float32([np.inf, np.nan, np.nan, -0.0, 20.0, -0.0, 1e20]))
+    np.testing.assert_array_equal(ds, np.float32([np.nan, np.nan, np.nan, 0.0, 1.0, 0.0, 1.0]))
+
+
 def test_new_ops_reject_bad_arguments():
     x = np.zeros((2, 4), np.float32)
     with pytest.raises(ArgumentError, match="approximate"):

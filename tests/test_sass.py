@@ -218,3 +218,26 @@ def test_gelu_exact_form_instructions_per_element(op: str) -> None:
             mufu = {o: n for o, n in exact[0]["ops"].items() if o.startswith("MUFU")}
             assert mufu == {"MUFU.EX2": per_vec * (2 if "backward" in op else 1)}, (op + suffix, a, mufu)
 
+
+# The tanh GELU's vector loop (told apart by its MUFU.RCP): s = 0.5 (1 + tanh u) = 1 / (1 + 2^(-2u log2 e)) by one
+# ex2 and one rcp an element. With tanhf the same loops issued 25.4-26.25 (gelu), 27.75-28 (gelu_gate),
+# 33.75-34.1 (gelu_backward) and 39-39.5 (gelu_gate_backward) an element; pk_gelu_tanh_s issues 11.25-12,
+# 13.25-13.9, 18.5-19 and 22-23.25 (sm_80 and sm_90).
+GELU_TANH_PER_ELEMENT = {"gelu": 12.0, "gelu_gate": 14.0, "gelu_backward": 19.0, "gelu_gate_backward": 23.25}
+
+
+@pytest.mark.parametrize("op", sorted(GELU_TANH_PER_ELEMENT))
+def test_gelu_tanh_form_instructions_per_element(op: str) -> None:
+    mix()  # skips without cuobjdump / NVRTC
+    for a in ARCHS:
+        loops = sr.inner_loops(source_sass("norm_act_loss.cu", a))
+        for suffix, per_vec in (("", 4), ("_bf16", 8), ("_f16", 8)):
+            vec = [r for r in loops[op + suffix] if any(o.startswith("LDG.E.128") for o in r["ops"])]
+            tanh = [r for r in vec if "MUFU.RCP" in r["ops"]]
+            assert len(tanh) == 1, f"{op}{suffix} {a}: no vector loop of the tanh form alone: {vec}"
+            got = tanh[0]["insns"] / per_vec
+            assert got <= GELU_TANH_PER_ELEMENT[op], f"{op}{suffix} {a}: {got} instructions an element"
+            # one ex2 and one rcp an element (value and derivative share them), no other MUFU
+            mufu = {o: n for o, n in tanh[0]["ops"].items() if o.startswith("MUFU")}
+            assert mufu == {"MUFU.EX2": per_vec, "MUFU.RCP": per_vec}, (op + suffix, a, mufu)
+

@@ -89,9 +89,16 @@ def _plan(drv: FakeDriver, like, **kw) -> PagedDecodePlan:
     return PagedDecodePlan(B, KVH * G, KVH, D, PS, q_dtype="bf16", kv_dtype="bf16", max_kv_len=L, like=like, **kw)
 
 
+def _only(memos: dict) -> tuple:
+    """The one entry of a plan's memo (one KV cache seen)."""
+    assert len(memos) == 1, len(memos)
+    return next(iter(memos.values()))
+
+
 def _fresh(plan: PagedDecodePlan, launches: list, *args, **kw) -> list:
     """The launches of a run with the memo dropped first (every check and conversion done afresh)."""
-    plan._memo = plan._pages_memo = None
+    plan._memo.clear()
+    plan._pages_memo.clear()
     n = len(launches)
     plan.run(*args, **kw)
     return launches[n:]
@@ -108,7 +115,7 @@ def test_memoized_step_launches_exactly_what_a_fresh_run_does(fake) -> None:
     args = _inputs(drv)
     plan = _plan(drv, args[0])
     first = _step(plan, launches, *args, backend="nvrtc")
-    assert plan._memo is not None and [x[0] for x in first] == ["decode_tc_paged_d128_bf16"]
+    assert len(plan._memo) == 1 and [x[0] for x in first] == ["decode_tc_paged_d128_bf16"]
     again = _step(plan, launches, *args, backend="nvrtc")
     assert again == first
     assert _fresh(plan, launches, *args, backend="nvrtc") == first
@@ -201,7 +208,7 @@ def test_host_or_converted_index_arrays_are_checked_every_step(fake) -> None:
     plan = _plan(drv, q)
     h_idx = np.arange(NPAGES, dtype=np.int32)
     _step(plan, launches, q, kp, vp, indptr.copy_to_host(), h_idx, last.copy_to_host(), backend="nvrtc")
-    assert plan._memo is None
+    assert not plan._memo
     h_idx[3] = NPAGES + 5  # the same host array, now with a page out of range: refused
     with pytest.raises(ArgumentError, match="kv_indices"):
         plan.run(q, kp, vp, indptr.copy_to_host(), h_idx, last.copy_to_host(), backend="nvrtc")
@@ -209,7 +216,7 @@ def test_host_or_converted_index_arrays_are_checked_every_step(fake) -> None:
     idx64 = drv.device_array(np.arange(NPAGES, dtype=np.int64))
     idx64.astype = lambda dt: drv.device_array(idx64.copy_to_host().astype(dt))
     _step(plan, launches, q, kp, vp, indptr, idx64, last, backend="nvrtc")
-    assert plan._memo is None
+    assert not plan._memo
 
 
 def test_edited_kernel_source_drops_the_memo(fake, monkeypatch) -> None:
@@ -222,9 +229,9 @@ def test_edited_kernel_source_drops_the_memo(fake, monkeypatch) -> None:
     spec = registry.get(base[0][0])
     clone = type(spec)(**{f: getattr(spec, f) for f in spec.__dataclass_fields__})  # a re-parsed spec
     monkeypatch.setattr(registry, "get", lambda name: clone if name == spec.name else spec)
-    assert launcher.launch_prepared(plan._memo[1][0]) is False
+    assert launcher.launch_prepared(_only(plan._memo)[1][0]) is False
     again = _step(plan, launches, *args, backend="nvrtc")
-    assert again == base and plan._memo[1][0][0] is clone
+    assert again == base and _only(plan._memo)[1][0][0] is clone
 
 
 def test_torch_keys_follow_address_shape_strides_dtype_and_device() -> None:
@@ -272,10 +279,10 @@ def test_a_q_that_is_copied_to_be_contiguous_is_not_memoized(fake, monkeypatch) 
 
     monkeypatch.setattr(arrays, "contiguous", copying)
     _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
-    assert plan._memo is None
+    assert not plan._memo
     monkeypatch.setattr(arrays, "contiguous", real)
     _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
-    assert plan._memo is not None
+    assert len(plan._memo) == 1
 
 
 def test_new_page_table_over_the_same_pages_reuses_their_views_only(fake) -> None:
@@ -283,10 +290,10 @@ def test_new_page_table_over_the_same_pages_reuses_their_views_only(fake) -> Non
     q, kp, vp, indptr, idx, last = _inputs(drv)
     plan = _plan(drv, q)
     _step(plan, launches, q, kp, vp, indptr, idx, last, backend="nvrtc")
-    views = plan._pages_memo[2]
+    views = _only(plan._pages_memo)[2]
     idx2 = drv.device_array(np.arange(NPAGES, dtype=np.int32)[::-1].copy())
     got = _step(plan, launches, q, kp, vp, indptr, idx2, last, backend="nvrtc")
-    assert plan._pages_memo[2] is views  # the page views were reused, the table was not
+    assert _only(plan._pages_memo)[2] is views  # the page views were reused, the table was not
     assert any(a[0] == "cai" and a[1] == idx2.ptr for a in got[0][3])
     assert got == _fresh(plan, launches, q, kp, vp, indptr, idx2, last, backend="nvrtc")
     # The page arrays re-pointed at other memory together with a new table: the views follow.
@@ -301,3 +308,41 @@ def test_new_page_table_over_the_same_pages_reuses_their_views_only(fake) -> Non
     f16_v = FakeDeviceArray(drv, vp.ptr, vp.shape, np.dtype(np.float16), None, False)
     with pytest.raises(ArgumentError, match="k_pages"):
         plan.run(q, f16_k, f16_v, indptr, idx2, last, backend="nvrtc")
+
+
+def test_one_plan_shared_by_layers_hits_its_memo_for_every_layer(fake, monkeypatch) -> None:
+    # A model's layers share one plan (the same batch shape), each with its own KV cache, q and out: from the second
+    # step on every layer's run is memoized; q is checked (the memo-miss path) once a layer, not once a layer a step.
+    from pykern.ops import serving
+
+    drv, launches = fake
+    layers, steps = 3, 4
+    per_layer = [_inputs(drv, seed) for seed in range(layers)]
+    outs = [drv.device_array(np.zeros((B, KVH * G, D), BF16)) for _ in range(layers)]
+    indptr, idx, last = per_layer[0][3:]  # one page table for all layers, as a serving step's
+    plan = _plan(drv, per_layer[0][0])
+    checked = []
+    real_check_q = serving._check_q
+    monkeypatch.setattr(serving, "_check_q", lambda *a: (checked.append(1), real_check_q(*a))[1])
+    firsts = []
+    for step in range(steps):
+        for layer in range(layers):
+            q, kp, vp = per_layer[layer][:3]
+            got = _step(plan, launches, q, kp, vp, indptr, idx, last, out=outs[layer], backend="nvrtc")
+            if step == 0:
+                firsts.append(got)
+            else:
+                assert got == firsts[layer]  # the layer's own arrays, as its first (checked) run
+    assert len(checked) == layers and len(plan._memo) == layers and len(plan._pages_memo) == layers
+    assert [f[0][3][1][1] for f in firsts] == [per_layer[i][1].ptr for i in range(layers)]
+    # A cache run once and then left out of the loop is dropped when a layer comes round again after a loop with
+    # it missing (its arrays are no longer held); the layers' memos stay.
+    stale = _inputs(drv, 99)
+    _step(plan, launches, *stale[:3], indptr, idx, last, backend="nvrtc")
+    assert len(plan._memo) == layers + 1
+    for step in range(2):
+        for layer in range(layers):
+            q, kp, vp = per_layer[layer][:3]
+            assert _step(plan, launches, q, kp, vp, indptr, idx, last, out=outs[layer], backend="nvrtc") == firsts[layer]
+        assert len(plan._memo) == layers + 1 - step and len(plan._pages_memo) == layers + 1 - step
+    assert len(checked) == layers + 1

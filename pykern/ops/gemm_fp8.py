@@ -11,9 +11,9 @@
 FP8 arrays are float8_e4m3fn: ml_dtypes.float8_e4m3fn NumPy arrays or torch.float8_e4m3fn tensors (the kernels
 read their bytes). On a compute-capability 9.0 GPU (device arrays) and on the host backend with
 PYKERN_HOST_ARCH=sm_90a the GEMMs run grouped_gemm_fp8_sm90 (kernels_cu/grouped_gemm_sm90.cu: TMA, QGMMA, a
-warp-specialised persistent CTA; gemm_fp8 as one group); elsewhere, and for what TMA cannot load (a base off
-16 bytes), mma.sync .e4m3 (sm_89 or newer on the nvrtc backend; the host backend emulates it and numba runs the
-reference).
+warp-specialised persistent CTA; gemm_fp8 as one group); elsewhere mma.sync .e4m3 (sm_89 or newer on the nvrtc
+backend; the host backend emulates it and numba runs the reference). Both load 16-byte chunks: an operand whose
+base is off 16 bytes (a view into a bigger buffer) is copied to a fresh, aligned buffer first.
 """
 from __future__ import annotations
 
@@ -169,7 +169,7 @@ def _try_sm90(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any, out: Any
     try:  # boxes of 128 k-bytes (one 128B-swizzled row, one scale block) by 128 rows
         ta = make_tensor_map(_bytes(a).reshape((m, k)), (SM90_BM, BLOCK), "128B", backend=be.name)
         tb = make_tensor_map(_bytes(b).reshape((n_groups, n, k)), (1, SM90_BN, BLOCK), "128B", backend=be.name)
-    except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernel takes it
+    except ArgumentError:  # e.g. strides or sizes TMA cannot describe (bases are aligned by then): mma.sync
         return False
     if offsets is None:
         offsets = arrays.to_like(np.array([0, m], np.int32), a)
@@ -180,10 +180,23 @@ def _try_sm90(a: Any, a_scale: Any, b: Any, b_scale: Any, offsets: Any, out: Any
     return True
 
 
+def _aligned(name: str, a: Any) -> Any:
+    """`a`, or an aligned copy of it when its base is off 16 bytes: both GEMM kernels load 16-byte chunks (mma.sync
+    by cp.async, the sm_90a one by TMA), which fault on a misaligned address (e.g. a view at an odd byte offset
+    into a bigger buffer). Rows are K bytes, K a multiple of 128, so an aligned base aligns every chunk."""
+    if arrays.aligned16(a):
+        return a
+    copy = arrays.aligned_copy(a)
+    if copy is None:
+        raise ArgumentError(f"{name}: the FP8 GEMMs load 16-byte chunks: expected a 16-byte aligned base address, "
+                            f"got {arrays.data_address(a)} (this kind of array cannot be copied here)")
+    return copy
+
+
 def _operands(a: Any, b: Any, m: int, n: int, k: int, backend: str | None) -> tuple[Any, Any, Any]:
     """(a, b, result or None): contiguous operands, and the whole result when no kernel is needed (an empty one;
     zeros for K = 0); otherwise the backend must have the FP8 mma (ArgumentError naming it)."""
-    a, b = arrays.contiguous(a), arrays.contiguous(b)
+    a, b = _aligned("a", arrays.contiguous(a)), _aligned("b", arrays.contiguous(b))
     if m == 0 or n == 0:
         return a, b, arrays.empty((m, n), "bf16", like=a)
     if k == 0:

@@ -455,7 +455,16 @@ def _array_key(a: Any) -> Any:
     cai = getattr(a, "__cuda_array_interface__", None)
     if cai is None:
         return None
-    return id(a), type(a), cai  # shape, typestr, data (address, read-only), strides, stream: all of it
+    return id(a), type(a), _frozen(cai)  # shape, typestr, data (address, read-only), strides, stream: all of it
+
+
+def _frozen(x: Any) -> Any:
+    """x with dicts and lists made tuples (a memo key must be hashable: the memo is a dict keyed by the pages')."""
+    if isinstance(x, dict):
+        return tuple(sorted((k, _frozen(v)) for k, v in x.items()))
+    if isinstance(x, (list, tuple)):
+        return tuple(_frozen(v) for v in x)
+    return x
 
 
 def _run_key(q: Any, k_pages: Any, v_pages: Any, indptr: Any, indices: Any, last: Any, out: Any, scale: Any,
@@ -472,6 +481,23 @@ def _run_key(q: Any, k_pages: Any, v_pages: Any, indptr: Any, indices: Any, last
             return None
         keys.append(k)
     return (*scalars, *keys)
+
+
+# Page arrays (KV caches: one a layer) whose last step a PagedDecodePlan memoizes at once.
+_MEMO_CACHES = 256
+
+
+def _memo_put(memos: dict, pkey: Any, entry: Any) -> None:
+    """Store (or refresh) the memo of the page arrays keyed `pkey`, most recent last. When a cache comes round again
+    (a layer loop's next step), the entries not used since its previous use belong to no layer of the loop: they
+    are dropped (they hold their arrays, so their memory is released), as is the oldest past _MEMO_CACHES."""
+    if pkey in memos:
+        while (old := next(iter(memos))) != pkey:
+            del memos[old]
+        del memos[pkey]
+    memos[pkey] = entry
+    while len(memos) > _MEMO_CACHES:
+        del memos[next(iter(memos))]
 
 
 class PagedDecodePlan:
@@ -507,11 +533,15 @@ class PagedDecodePlan:
     time: two runs of one plan in flight at once (e.g. on two streams) would share them; give each stream a
     plan of its own.
 
-    A run with the same device arrays as the plan's previous run (the same objects, at the same addresses, with
-    the same shapes, strides and dtypes; int32 index arrays on the device) and the same scalars launches the
-    arguments that run checked and converted, skipping every check (a decode loop's steady state). For that the
-    plan keeps a reference to the previous run's arrays until the next run with others (so their memory
-    cannot be freed and reused under the same address meanwhile). Host index arrays are checked every run.
+    A run with the same device arrays as the plan's previous run over the same pages (the same objects, at the
+    same addresses, with the same shapes, strides and dtypes; int32 index arrays on the device) and the same
+    scalars launches the arguments that run checked and converted, skipping every check (a decode loop's steady
+    state). The memo is kept per KV cache (page arrays), so one plan shared by a model's layers, each with its
+    own cache, q and out, hits it for every layer from the second step on. For that the plan keeps a reference
+    to each cache's previous run's arrays until that cache's next run with others, or until a cache comes round
+    again and the caches not used since its previous run are dropped (at most 256 caches are kept), so their
+    memory cannot be freed and reused under the same address meanwhile. Host index arrays are checked every
+    run.
     """
 
     def __init__(self, batch: int, num_qo_heads: int, num_kv_heads: int, head_dim: int, page_size: int, *,
@@ -641,8 +671,9 @@ class PagedDecodePlan:
         self.merge_grid = (-(-rows_total // (_NT // 32)),)
         # run()'s last step as prepared launches, keyed by its arguments (see _run_key): a decode loop that
         # passes the same device arrays again skips every check and conversion.
-        self._memo: tuple | None = None
-        self._pages_memo: tuple | None = None  # the last page arrays' shape and flat views, keyed as _memo
+        # Keyed by the page arrays (_array_key of k_pages, v_pages): a plan shared by layers keeps each layer's.
+        self._memo: dict[Any, tuple] = {}
+        self._pages_memo: dict[Any, tuple] = {}  # each page arrays' shape and flat views
 
     def launches(self) -> list[tuple[str, tuple[int, ...], tuple[int, ...], int]]:
         """(kernel, grid, block, shared bytes) of each launch of a step (the tensor-core kernel merges its splits
@@ -731,9 +762,14 @@ class PagedDecodePlan:
         for paged_attn, an ordinary launch.
         """
         _check_enable_pdl(enable_pdl)
-        memo = self._memo
         key = _run_key(q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out, scale, k_scale, v_scale,
                        return_lse, backend, enable_pdl)
+        # The pages' shape and flat views depend on the page arrays' layout only: a new page table over the same
+        # cache (a new step's index arrays) reuses them.
+        pkey: Any = (_array_key(k_pages), _array_key(v_pages))
+        if None in pkey:
+            pkey = None
+        memo = self._memo.get(pkey) if pkey is not None else None
         if memo is not None and key is not None and key == memo[0]:
             # The same arrays (same objects at the same addresses, shapes, strides and dtypes) and scalars as the
             # step the memo was made from: every check passed then and every launch argument is what it was.
@@ -741,21 +777,20 @@ class PagedDecodePlan:
 
             st = arrays.launch_stream(stream, q)
             if all(launch_prepared(prep, st, backend) for prep in memo[1]):
+                _memo_put(self._memo, pkey, memo)
+                pm = self._pages_memo.get(pkey)
+                if pm is not None:  # in step with the run memo: the caches left out of the loop go from both
+                    _memo_put(self._pages_memo, pkey, pm)
                 res = self.out if out is None else out
                 return (res, self.lse) if memo[2] else res
-            self._memo = None  # a kernel's source changed: check and convert afresh
-        self._memo = None
+        if memo is not None:  # other arrays or scalars over this cache, or a kernel's source changed: afresh
+            del self._memo[pkey]
         args_in = (q, k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len, out)
-        # The pages' shape and flat views depend on the page arrays' layout only: a new page table over the same
-        # cache (a new step's index arrays) reuses them.
-        pkey: Any = (_array_key(k_pages), _array_key(v_pages))
-        if None in pkey:
-            pkey = None
-        pm = self._pages_memo
-        hit = pm if pkey is not None and pm is not None and pm[0] == pkey else None
+        hit = self._pages_memo.get(pkey) if pkey is not None else None
         k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
             k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), self.kv_layout, "kv_last_page_len")
         if hit is not None:
+            _memo_put(self._pages_memo, pkey, hit)
             kind, num_pages, page_size, kvh, d = hit[1]
         else:
             kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, self.layout)
@@ -781,8 +816,8 @@ class PagedDecodePlan:
         else:
             kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, self.layout, kind)
             if pkey is not None:  # holds the page arrays (args_in[1:3]): their memory stays theirs meanwhile
-                self._pages_memo = (pkey, (kind, num_pages, page_size, kvh, d), (kf, vf, (s_page, s_tok, s_head)),
-                                    args_in[1:3])
+                _memo_put(self._pages_memo, pkey, (pkey, (kind, num_pages, page_size, kvh, d),
+                                                   (kf, vf, (s_page, s_tok, s_head)), args_in[1:3]))
         # Memoized only where nothing of the step depends on array contents or on copies made here: device
         # index arrays passed as int32 (no host validation, no conversion) and q used in place (a strided CuPy
         # q is copied to a contiguous one each step: a memo would keep reading the first copy).
@@ -796,7 +831,7 @@ class PagedDecodePlan:
         if record is not None:
             # The memo holds this step's arrays (args_in): while it does, their memory cannot be freed and
             # reused, so an object at the same address with the same layout is the same memory.
-            self._memo = (key, record, want_lse, args_in)
+            _memo_put(self._memo, pkey, (key, record, want_lse, args_in))
         return (res, self.lse) if want_lse else res
 
 
