@@ -1253,7 +1253,8 @@ def _levenberg_marquardt(res: Callable[[Any], Any], u: Any, iters: int) -> Any:
 
 
 def format_compare(rows: Sequence[dict[str, Any]], cal: Calibration) -> str:
-    lines = ["Attention model beside our own 2026-11-27 H200 measurements (a model fitted to them, never to a peer):",
+    lines = ["Attention model of the measured (2026-11-27) kernel builds -- no ping-pong in the sm_90a forward -- beside our",
+             "own 2026-11-27 H200 measurements (a model fitted to them, never to a peer):",
              "  " + ", ".join(f"{k} = {v:.4g}" for k, v in cal.to_dict().items()),
              f"{'path':15s} {'pass':4s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'measured us':>11s} {'before us':>9s} "
              f"{'err':>7s} {'after us':>9s} {'err':>7s}  binding (after)"]
