@@ -39,11 +39,9 @@ def test_measured_points_are_ours_only(tmp_path):
         am.measured_points(tmp_path / "missing.json")
 
 
-# Fitted points the four constants leave beyond 15% (docs/attention_sm90.md says why): the mma.sync FlashAttention-2
-# forward core at d128 (+17.5..+20%: one rho for every mma.sync kernel), the sm_90a forward at d64 causal 1k (-21%:
-# 16 key tiles a CTA, its prologue latency beyond the edge-bytes term) and d256 full 16k (-18%).
-BEYOND_15 = {("pykern_mma_sync", "fwd", 128, c, n) for c in (False, True) for n in (1024, 4096, 16384)} | {
-    ("pykern", "fwd", 64, True, 1024), ("pykern", "fwd", 256, False, 16384)}
+# Fitted points the constants leave beyond 15% (docs/attention_sm90.md says why): the mma.sync FlashAttention-2
+# forward core at d128 (+15.5..+20.4%: one rho for every mma.sync kernel). Every pykern (sm_90a path) shape is within 15%.
+BEYOND_15 = {("pykern_mma_sync", "fwd", 128, c, n) for c in (False, True) for n in (1024, 4096, 16384)}
 
 
 def test_every_fitted_shape_within_15_percent(sass):
@@ -55,12 +53,13 @@ def test_every_fitted_shape_within_15_percent(sass):
     assert not bad
     assert all(abs(errs[k]) <= 0.215 for k in BEYOND_15)  # the named ones, no worse than the docs say
     for r in rows:
-        assert r["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "serial", "edge", "hbm", "call")
+        assert r["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "serial", "softmax+barrier", "cta", "edge",
+                                           "hbm", "call")
         # the calibrated model adds time to the bound; it is never faster
         assert r["after_s"] > r["before_s"]
-    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 30-42% the docs state
+    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 29-44% the docs state
     out = [r["err_after"] for r in rows if not r["fitted"]]
-    assert len(out) == 12 and all(-0.43 < e < -0.29 for e in out)
+    assert len(out) == 12 and all(-0.44 < e < -0.28 for e in out)
     # before: the bound was 1.4-2.9x optimistic on the sm_90a forward
     assert max(r["err_before"] for r in rows if r["entry"] == "pykern" and r["phase"] == "fwd") < -0.3
 

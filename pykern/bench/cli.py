@@ -42,16 +42,17 @@ def _parser() -> argparse.ArgumentParser:
             f"ops: {names}.\n"
             "Needs a CUDA GPU and torch with CUDA; there is no CPU fallback.\n\n"
             "--attention-model instead prints, without a GPU, the modelled bound of the bf16 tensor-core attention\n"
-            "(forward and backward, head_dim 64 and 128, 1K-16K tokens, causal and not, on H100 SXM and A100 SXM):\n"
+            "(forward and backward, head_dim 64 and 128, 1K-16K tokens, causal and not, on H100 SXM and A100 SXM;\n"
+            "the sm_90a backward also with its softcap and varlen kernels and at head_dim 256):\n"
             "per kernel its SASS inputs (instructions and ldmatrix per MMA of its loop, registers, shared memory,\n"
             "CTAs per SM) and per shape the predicted TFLOP/s with the binding term (issue, shared memory, tensor\n"
             "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; the bound is\n"
             "calibrated from no measured speed).\n\n"
-            "--attention-model --compare [JSON] prints the calibrated model (the bound plus four constants for what\n"
+            "--attention-model --compare [JSON] prints the calibrated model (the bound plus five constants for what\n"
             "does not overlap, fitted to our own H200 measurements of 2026-11-27, never to a peer's) beside each\n"
             "pykern measurement of an attention.json (default docs/measured/2026-11-27-h200/attention.json): measured,\n"
             "the bound (before), the calibrated model (after), their errors and the binding term.\n"
-            "--attention-model --fit JSON refits the four constants to JSON's pykern rows (least squares on the log\n"
+            "--attention-model --fit JSON refits the five constants to JSON's pykern rows (least squares on the log\n"
             "error), prints them and the same comparison."
         ),
         epilog=(f"Exit status: {EXIT_OK} every pykern row ran (or the model was printed); {EXIT_FAILED} a pykern row "
@@ -87,7 +88,7 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --attention-model: the calibrated model beside the pykern rows of an attention.json "
                         "(default: the 2026-11-27 H200 run's), before / after and the binding term")
     p.add_argument("--fit", default=None, metavar="JSON",
-                   help="with --attention-model: refit the calibrated model's four constants to the pykern rows of "
+                   help="with --attention-model: refit the calibrated model's five constants to the pykern rows of "
                         "this attention.json (never a peer's) and print them with the comparison")
     return p
 
