@@ -646,18 +646,10 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
             // between: a chunk past the row loads chunk 0 again, unused): the weight's L1/L2 round trip
             // overlaps x's instead of following the row's reduction.
             float f[RMS_CACHE_VECS][N], wt[RMS_CACHE_VECS][N];
-            {
-                uint4 rx[RMS_CACHE_VECS], rw[RMS_CACHE_VECS];
-#pragma unroll
-                for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
-                    const unsigned int c = threadIdx.x + sl * blockDim.x;
-                    const long long j = c < dim / N ? (long long)c * N : 0;
-                    rx[sl] = pk_ld16_raw(xr, j);
-                    rw[sl] = pk_ld16_raw(weight, j);
-                }
-#pragma unroll
-                for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) pk_widen16<T>(rx[sl], f[sl]), pk_widen16<T>(rw[sl], wt[sl]);
-            }
+            pk_ld2_widen16<T, RMS_CACHE_VECS>(xr, weight, [&](int sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                return c < dim / N ? (long long)c * N : 0LL;
+            }, f, wt);
 #pragma unroll
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
                 if (threadIdx.x + sl * blockDim.x < dim / N) {
