@@ -148,6 +148,15 @@ __device__ __forceinline__ void pk_row_chunks(bool vec, long long n, F&& body) {
     }
 }
 
+// One call of f for the 16-byte path or the element path, chosen at run time: f(PkWidth<PkVec16<T>::N>()) when
+// `vec` (the caller checks length and alignment), else f(PkWidth<1>()). A row kernel names its row function and
+// arguments once, in a generic lambda, instead of once per width.
+template <typename T, typename F>
+__device__ __forceinline__ void pk_vec_or_elem(bool vec, F&& f) {
+    if (vec) f(PkWidth<PkVec16<T>::N>());
+    else f(PkWidth<1>());
+}
+
 // Grid-stride elementwise loop over [0, n): 16-byte chunks when `vec` (every base 16-byte aligned), then
 // the scalar tail past the last whole chunk (everything when not `vec`).
 template <typename T, typename F>
