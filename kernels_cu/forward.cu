@@ -189,6 +189,37 @@ struct RopeGeom {
     float eps, w_offset;
 };
 
+// The W cos / sin entries at table offset t, zeros for an idle lane or a position outside the table (live
+// false): the forward and the backward read the same entries, so they share this one copy.
+template <int W, bool VEC>
+__device__ __forceinline__ void rope_angles(const float* __restrict__ cos_t, const float* __restrict__ sin_t, bool live,
+                                            long long t, bool every_other, float (&cs)[W], float (&sn)[W]) {
+#pragma unroll
+    for (int j = 0; j < W; j++) cs[j] = sn[j] = 0.0f;
+    if (live) {
+        rope_table<W, VEC>(cos_t + t, every_other, cs);
+        rope_table<W, VEC>(sin_t + t, every_other, sn);
+    }
+}
+
+// Work unit u of the forward (rope_run) and the backward: token tt, heads [h_lo, h_hi), the token's position and
+// whether it lies inside the cos/sin table (ok). One copy so that both passes walk the same units.
+struct RopeUnit {
+    long long tt, h_lo, h_hi, pos;
+    bool ok;
+};
+__device__ __forceinline__ RopeUnit rope_unit(const RopeGeom& g, const long long* __restrict__ positions, long long u,
+                                              long long groups, unsigned H) {
+    RopeUnit r;
+    r.tt = u / groups;
+    r.h_lo = (u - r.tt * groups) * g.heads_per_unit;
+    r.h_hi = min(r.h_lo + g.heads_per_unit, (long long)H);
+    const long long slot = r.tt % g.n_pos;
+    r.pos = g.has_pos ? positions[slot] : (long long)g.pos_offset + slot;
+    r.ok = r.pos >= 0 && r.pos < (long long)g.max_pos;
+    return r;
+}
+
 template <typename T, int W, bool VEC, int STYLE>
 __device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_out, const T* q_w, const T* k_w,
                                          const float* __restrict__ cos_t, const float* __restrict__ sin_t,
@@ -206,12 +237,9 @@ __device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_
     const long long warps = blockDim.x / 32;  // the op launches ROPE_WARPS; any multiple of 32 threads works
     const long long warp0 = (long long)blockIdx.x * warps + threadIdx.x / 32, wstride = (long long)gridDim.x * warps;
     for (long long u = warp0; u < g.n_units; u += wstride) {  // warp-uniform
-        const long long tt = u / groups;
-        const long long h_lo = (u - tt * groups) * g.heads_per_unit;
-        const long long h_hi = min(h_lo + g.heads_per_unit, (long long)H);
-        const long long slot = tt % g.n_pos;
-        const long long pos = g.has_pos ? positions[slot] : (long long)g.pos_offset + slot;
-        const bool ok = pos >= 0 && pos < (long long)g.max_pos;
+        const RopeUnit ru = rope_unit(g, positions, u, groups, H);
+        const long long tt = ru.tt, h_lo = ru.h_lo, h_hi = ru.h_hi, pos = ru.pos;
+        const bool ok = ru.ok;
         for (unsigned cb = 0; cb < nc; cb += cp) {
             const unsigned ch = cb + c;
             const bool act = ch < nc;
@@ -220,13 +248,7 @@ __device__ __forceinline__ void rope_run(const T* q, T* q_out, const T* k, T* k_
             // the bf16 / f16 kernels stay within 128 registers without spills), fp32 on the scalar one
             float cs[W], sn[W], wq[2 * W], wk[2 * W];
             uint4 wqr[2], wkr[2];
-#pragma unroll
-            for (int j = 0; j < W; j++) cs[j] = sn[j] = 0.0f;
-            if (act && ok) {
-                const long long t = pos * tstride + i * tstep;
-                rope_table<W, VEC>(cos_t + t, every_other, cs);
-                rope_table<W, VEC>(sin_t + t, every_other, sn);
-            }
+            rope_angles<W, VEC>(cos_t, sin_t, act && ok, pos * tstride + i * tstep, every_other, cs, sn);
             if (g.inverse) {
 #pragma unroll
                 for (int j = 0; j < W; j++) sn[j] = -sn[j];
@@ -383,20 +405,11 @@ __device__ __forceinline__ void rope_norm_backward_run(const T* q, const T* k, c
     const long long warps = blockDim.x / 32;  // at most ROPE_WARPS (launch bounds 256)
     const long long warp0 = (long long)blockIdx.x * warps + warp, wstride = (long long)gridDim.x * warps;
     for (long long u = warp0; u < g.n_units; u += wstride) {  // warp-uniform
-        const long long tt = u / groups;
-        const long long h_lo = (u - tt * groups) * g.heads_per_unit;
-        const long long h_hi = min(h_lo + g.heads_per_unit, (long long)H);
-        const long long slot = tt % g.n_pos;
-        const long long pos = g.has_pos ? positions[slot] : (long long)g.pos_offset + slot;
-        const bool ok = pos >= 0 && pos < (long long)g.max_pos;
+        const RopeUnit ru = rope_unit(g, positions, u, groups, H);
+        const long long tt = ru.tt, h_lo = ru.h_lo, h_hi = ru.h_hi, pos = ru.pos;
+        const bool ok = ru.ok;
         float cs[W], sn[W];
-#pragma unroll
-        for (int j = 0; j < W; j++) cs[j] = sn[j] = 0.0f;
-        if (act && ok) {
-            const long long t = pos * tstride + i * tstep;
-            rope_table<W, VEC>(cos_t + t, every_other, cs);
-            rope_table<W, VEC>(sin_t + t, every_other, sn);
-        }
+        rope_angles<W, VEC>(cos_t, sin_t, act && ok, pos * tstride + i * tstep, every_other, cs, sn);
 #pragma unroll
         for (int j = 0; j < W; j++) sn[j] = -sn[j];  // the transpose of the forward's rotation
         for (long long h0 = h_lo; h0 < h_hi; h0 += hpw) {
@@ -646,18 +659,10 @@ __device__ __forceinline__ void rms_norm_impl(const T* __restrict__ x, const T* 
             // between: a chunk past the row loads chunk 0 again, unused): the weight's L1/L2 round trip
             // overlaps x's instead of following the row's reduction.
             float f[RMS_CACHE_VECS][N], wt[RMS_CACHE_VECS][N];
-            {
-                uint4 rx[RMS_CACHE_VECS], rw[RMS_CACHE_VECS];
-#pragma unroll
-                for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
-                    const unsigned int c = threadIdx.x + sl * blockDim.x;
-                    const long long j = c < dim / N ? (long long)c * N : 0;
-                    rx[sl] = pk_ld16_raw(xr, j);
-                    rw[sl] = pk_ld16_raw(weight, j);
-                }
-#pragma unroll
-                for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) pk_widen16<T>(rx[sl], f[sl]), pk_widen16<T>(rw[sl], wt[sl]);
-            }
+            pk_ld2_widen16<T, RMS_CACHE_VECS>(xr, weight, [&](int sl) {
+                const unsigned int c = threadIdx.x + sl * blockDim.x;
+                return c < dim / N ? (long long)c * N : 0LL;
+            }, f, wt);
 #pragma unroll
             for (int sl = 0; sl < RMS_CACHE_VECS; ++sl) {
                 if (threadIdx.x + sl * blockDim.x < dim / N) {

@@ -88,6 +88,23 @@ __device__ __forceinline__ void pk_widen16(const uint4& u, float* f) {
         Pk16<T>::widen2(u.w, f[6], f[7]);
     }
 }
+// Two tensors' rows read as S 16-byte chunks per thread into a and b: all 2 S loads issued before the first
+// conversion, with no branch between them (see pk_ld16_raw). off(sl) is chunk sl's element offset, which the
+// caller keeps in bounds (a chunk past the row loads chunk 0 again, unused). One copy for the row kernels
+// that cache two tensors (rms_norm's x and weight, the backward's x and grad, softmax_backward's probs and grad).
+template <typename T, int S, typename Off>
+__device__ __forceinline__ void pk_ld2_widen16(const T* p, const T* q, Off off, float (&a)[S][PkVec16<T>::N],
+                                               float (&b)[S][PkVec16<T>::N]) {
+    uint4 ra[S], rb[S];
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) {
+        const long long j = off(sl);
+        ra[sl] = pk_ld16_raw(p, j);
+        rb[sl] = pk_ld16_raw(q, j);
+    }
+#pragma unroll
+    for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rb[sl], b[sl]);
+}
 
 // True when 16-byte vectors starting at p are aligned.
 __device__ __forceinline__ bool pk_aligned16(const void* p) { return (((unsigned long long)p) & 15ull) == 0ull; }
@@ -129,6 +146,15 @@ __device__ __forceinline__ void pk_row_chunks(bool vec, long long n, F&& body) {
     } else {
         for (long long i = threadIdx.x; i < n; i += blockDim.x) body(i, PkWidth<1>());
     }
+}
+
+// One call of f for the 16-byte path or the element path, chosen at run time: f(PkWidth<PkVec16<T>::N>()) when
+// `vec` (the caller checks length and alignment), else f(PkWidth<1>()). A row kernel names its row function and
+// arguments once, in a generic lambda, instead of once per width.
+template <typename T, typename F>
+__device__ __forceinline__ void pk_vec_or_elem(bool vec, F&& f) {
+    if (vec) f(PkWidth<PkVec16<T>::N>());
+    else f(PkWidth<1>());
 }
 
 // Grid-stride elementwise loop over [0, n): 16-byte chunks when `vec` (every base 16-byte aligned), then

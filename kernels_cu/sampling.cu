@@ -980,61 +980,49 @@ __device__ void sp_sample_impl(const T* __restrict__ x, int* __restrict__ out, u
     const int b = blockIdx.x;
     const long long r = (a.flags & SPF_INDICES) ? indices[b] : b;
     const T* row = x + r * (long long)vocab;
-    constexpr int N = PkVec16<T>::N;
-    if (vocab % N == 0 && pk_aligned16(x))
-        sp_sample_row<T, N, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                              offset_arr, a, ws, tickets, hist2, s);
-    else
-        sp_sample_row<T, 1, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr, min_p_arr, seed_arr,
-                                              offset_arr, a, ws, tickets, hist2, s);
+    pk_vec_or_elem<T>(vocab % PkVec16<T>::N == 0 && pk_aligned16(x), [&](auto w) {
+        sp_sample_row<T, decltype(w)::value, SP_AHEAD, MODE>(row, vocab, b, out, valid, top_k_arr, top_p_arr,
+                                                             min_p_arr, seed_arr, offset_arr, a, ws, tickets, hist2, s);
+    });
 }
 
+// The parameter and argument lists of sampling_from_probs and sampling_from_logits, written once: they differ
+// only in the row input X (probs, logits), the third per-row array A3 (min_p_arr, temp_arr) and the third scalar
+// V3 (min_p_val, c_val). Each kernel's lists are object-like macros over these (the registry reads a kernel's
+// parameter list from a parenthesized list or an object-like macro), and its _impl takes the same list.
+#define SP_SAMPLE_PARAMS(X, A3, V3)                                                                              \
+    (const T* __restrict__ X, int* __restrict__ out, unsigned char* __restrict__ valid,                          \
+     const int* __restrict__ indices, const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr,     \
+     const float* __restrict__ A3, const unsigned int* __restrict__ seed_arr,                                     \
+     const unsigned int* __restrict__ offset_arr, int vocab, int flags, int top_k_val, float top_p_val, float V3, \
+     unsigned int seed_lo, unsigned int seed_hi, unsigned int offset_lo, unsigned int offset_hi,                  \
+     unsigned long long* __restrict__ ws, unsigned int* __restrict__ tickets)
+#define SP_SAMPLE_ARGS(X, A3, V3)                                                                                \
+    (X, out, valid, indices, top_k_arr, top_p_arr, A3, seed_arr, offset_arr, vocab, flags, top_k_val, top_p_val,  \
+     V3, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets)
+#define SP_PROBS_PARAMS SP_SAMPLE_PARAMS(probs, min_p_arr, min_p_val)
+#define SP_PROBS_ARGS SP_SAMPLE_ARGS(probs, min_p_arr, min_p_val)
+#define SP_LOGITS_PARAMS SP_SAMPLE_PARAMS(logits, temp_arr, c_val)
+#define SP_LOGITS_ARGS SP_SAMPLE_ARGS(logits, temp_arr, c_val)
+
 template <typename T>
-__device__ void sampling_from_probs_impl(const T* __restrict__ probs, int* __restrict__ out,
-        unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
-        const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
-        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
-        int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
-        unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
-        unsigned int* __restrict__ tickets) {
+__device__ void sampling_from_probs_impl SP_PROBS_PARAMS {
     const SpArgs a = {flags, top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, 0.0f, nullptr};
     sp_sample_impl<T, SPM_PROBS>(probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr,
                                  vocab, a, ws, tickets);
 }
-PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), (const T* __restrict__ probs, int* __restrict__ out,
-              unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
-              const float* __restrict__ top_p_arr, const float* __restrict__ min_p_arr,
-              const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab,
-              int flags, int top_k_val, float top_p_val, float min_p_val, unsigned int seed_lo, unsigned int seed_hi,
-              unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
-        unsigned int* __restrict__ tickets),
-              (probs, out, valid, indices, top_k_arr, top_p_arr, min_p_arr, seed_arr, offset_arr, vocab, flags,
-               top_k_val, top_p_val, min_p_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets))
+PK_IO_KERNELS(sampling_from_probs, (SP_NT, 1), SP_PROBS_PARAMS, SP_PROBS_ARGS)
 
 // sampling_from_probs over softmax(logits / T) (SPM_LOGITS), the probabilities never written: c_val = log2(e) / T
 // computed on the host in float, or SPF_T_ARR and the row's T in temp_arr (indexed by the output row).
 template <typename T>
-__device__ void sampling_from_logits_impl(const T* __restrict__ logits, int* __restrict__ out,
-        unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
-        const float* __restrict__ top_p_arr, const float* __restrict__ temp_arr,
-        const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab, int flags,
-        int top_k_val, float top_p_val, float c_val, unsigned int seed_lo, unsigned int seed_hi,
-        unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
-        unsigned int* __restrict__ tickets) {
+__device__ void sampling_from_logits_impl SP_LOGITS_PARAMS {
     const SpArgs a = {flags & ~SPF_MIN_P, top_k_val, top_p_val, 0.0f, seed_lo, seed_hi, offset_lo, offset_hi, c_val,
                       temp_arr};
     sp_sample_impl<T, SPM_LOGITS>(logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr,
                                   vocab, a, ws, tickets);
 }
-PK_IO_KERNELS(sampling_from_logits, (SP_NT, 1), (const T* __restrict__ logits, int* __restrict__ out,
-              unsigned char* __restrict__ valid, const int* __restrict__ indices, const int* __restrict__ top_k_arr,
-              const float* __restrict__ top_p_arr, const float* __restrict__ temp_arr,
-              const unsigned int* __restrict__ seed_arr, const unsigned int* __restrict__ offset_arr, int vocab,
-              int flags, int top_k_val, float top_p_val, float c_val, unsigned int seed_lo, unsigned int seed_hi,
-              unsigned int offset_lo, unsigned int offset_hi, unsigned long long* __restrict__ ws,
-        unsigned int* __restrict__ tickets),
-              (logits, out, valid, indices, top_k_arr, top_p_arr, temp_arr, seed_arr, offset_arr, vocab, flags,
-               top_k_val, top_p_val, c_val, seed_lo, seed_hi, offset_lo, offset_hi, ws, tickets))
+PK_IO_KERNELS(sampling_from_logits, (SP_NT, 1), SP_LOGITS_PARAMS, SP_LOGITS_ARGS)
 
 // ------------------------------------------------------------------------------ softmax
 // FlashInfer's softmax(logits / T) as fp32 probabilities: one CTA a row, an online (max, sum) pass over the row in
@@ -1096,11 +1084,9 @@ __device__ void sampling_softmax_impl(const T* __restrict__ logits, float* __res
     const int b = blockIdx.x;
     const long long off = (long long)b * vocab;
     const float c = (flags & SMF_T_ARR) ? __fdiv_rn(SP_LOG2E, temp_arr[b]) : c_val;
-    constexpr int N = PkVec16<T>::N;
-    if (vocab % N == 0 && pk_aligned16(logits))
-        sp_softmax_row<T, N, SP_AHEAD_2CTA>(logits + off, out + off, vocab, c, s);
-    else
-        sp_softmax_row<T, 1, SP_AHEAD_2CTA>(logits + off, out + off, vocab, c, s);
+    pk_vec_or_elem<T>(vocab % PkVec16<T>::N == 0 && pk_aligned16(logits), [&](auto w) {
+        sp_softmax_row<T, decltype(w)::value, SP_AHEAD_2CTA>(logits + off, out + off, vocab, c, s);
+    });
 }
 PK_IO_KERNELS(sampling_softmax, (SP_NT, 2), (const T* __restrict__ logits, float* __restrict__ out,
               const float* __restrict__ temp_arr, int vocab, int flags, float c_val),
@@ -1188,13 +1174,10 @@ __device__ void sampling_renorm_probs_impl(const T* __restrict__ probs, T* __res
     __shared__ SpShared s;
     const int b = blockIdx.x;
     const long long off = (long long)b * vocab;
-    constexpr int N = PkVec16<T>::N;
-    if (vocab % N == 0 && pk_aligned16(probs) && pk_aligned16(out))
-        sp_renorm_row<T, N, SP_AHEAD_2CTA>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val,
-                                             top_p_val, s);
-    else
-        sp_renorm_row<T, 1, SP_AHEAD_2CTA>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr, flags, top_k_val,
-                                             top_p_val, s);
+    pk_vec_or_elem<T>(vocab % PkVec16<T>::N == 0 && pk_aligned16(probs) && pk_aligned16(out), [&](auto w) {
+        sp_renorm_row<T, decltype(w)::value, SP_AHEAD_2CTA>(probs + off, out + off, vocab, b, top_k_arr, top_p_arr,
+                                                            flags, top_k_val, top_p_val, s);
+    });
 }
 PK_IO_KERNELS(sampling_renorm_probs, (SP_NT, 2), (const T* __restrict__ probs, T* __restrict__ out,
               const int* __restrict__ top_k_arr, const float* __restrict__ top_p_arr, int vocab, int flags,
@@ -1209,11 +1192,9 @@ __device__ void sampling_top_k_mask_logits_impl(const T* __restrict__ logits, T*
     const int b = blockIdx.x;
     const long long off = (long long)b * vocab;
     const int k = (flags & SRF_K_ARR) ? top_k_arr[b] : top_k_val;
-    constexpr int N = PkVec16<T>::N;
-    if (vocab % N == 0 && pk_aligned16(logits) && pk_aligned16(out))
-        sp_mask_row<T, N, SP_AHEAD_2CTA>(logits + off, out + off, vocab, k, s);
-    else
-        sp_mask_row<T, 1, SP_AHEAD_2CTA>(logits + off, out + off, vocab, k, s);
+    pk_vec_or_elem<T>(vocab % PkVec16<T>::N == 0 && pk_aligned16(logits) && pk_aligned16(out), [&](auto w) {
+        sp_mask_row<T, decltype(w)::value, SP_AHEAD_2CTA>(logits + off, out + off, vocab, k, s);
+    });
 }
 PK_IO_KERNELS(sampling_top_k_mask_logits, (SP_NT, 2), (const T* __restrict__ logits, T* __restrict__ out,
               const int* __restrict__ top_k_arr, int vocab, int flags, int top_k_val),

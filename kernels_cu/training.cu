@@ -132,6 +132,13 @@ PK_IO_KERNELS(transpose_2d, (256, 1),
 // conversion (no branch between them: a chunk past the row loads chunk 0 again, unused), and kept in
 // registers for the output. The sums run in the order of the streaming path below, so both give the same bits.
 #define SMB_CACHE_VECS 2
+// The row cache's chunk sl of a row of n elements at base (softmax_backward, rms_norm_backward): a chunk past
+// the row reads chunk 0 again (L1-hot, unused) so that its load needs no branch.
+template <int N>
+__device__ __forceinline__ long long smb_chunk_off(int sl, long long base, long long n) {
+    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
+    return base + (i < n ? i : 0);
+}
 template <typename T>
 __device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ probs,
                                                       const T* __restrict__ grad_out,
@@ -151,18 +158,7 @@ __device__ __forceinline__ void softmax_backward_impl(const T* __restrict__ prob
         if (cache) {
             constexpr int S = SMB_CACHE_VECS;
             float p[S][N], g[S][N];
-            {
-                uint4 rp[S], rg[S];
-#pragma unroll
-                for (int sl = 0; sl < S; ++sl) {
-                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
-                    const long long j = base + (i < n ? i : 0);
-                    rp[sl] = pk_ld16_raw(probs, j);
-                    rg[sl] = pk_ld16_raw(grad_out, j);
-                }
-#pragma unroll
-                for (int sl = 0; sl < S; ++sl) pk_widen16<T>(rp[sl], p[sl]), pk_widen16<T>(rg[sl], g[sl]);
-            }
+            pk_ld2_widen16<T, S>(probs, grad_out, [&](int sl) { return smb_chunk_off<N>(sl, base, n); }, p, g);
 #pragma unroll
             for (int sl = 0; sl < S; ++sl) {
                 if ((long long)N * (threadIdx.x + (long long)sl * blockDim.x) < n) {
@@ -267,18 +263,7 @@ __device__ __forceinline__ void rms_norm_backward_impl(
         if (fuse && vec) {  // x and g of this thread's chunks held in registers: one read of each
             constexpr int S = RMSB_ACC / N;
             float a[S][N], c[S][N];
-            {
-                uint4 ra[S], rc[S];
-#pragma unroll
-                for (int sl = 0; sl < S; ++sl) {  // all 2 S loads issued before the first conversion: no branch
-                    const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
-                    const long long j = base + (i < n ? i : 0);  // past the row: chunk 0 again (L1), unused
-                    ra[sl] = pk_ld16_raw(x, j);
-                    rc[sl] = pk_ld16_raw(g, j);
-                }
-#pragma unroll
-                for (int sl = 0; sl < S; ++sl) pk_widen16<T>(ra[sl], a[sl]), pk_widen16<T>(rc[sl], c[sl]);
-            }
+            pk_ld2_widen16<T, S>(x, g, [&](int sl) { return smb_chunk_off<N>(sl, base, n); }, a, c);
 #pragma unroll
             for (int sl = 0; sl < S; ++sl) {
                 const long long i = (long long)N * (threadIdx.x + (long long)sl * blockDim.x);
