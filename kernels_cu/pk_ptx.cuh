@@ -841,6 +841,35 @@ template <int N> __device__ __forceinline__ void pk_tma_store_wait_read() { pkrt
 template <int N> __device__ __forceinline__ void pk_tma_store_wait() { pkrt_tma_store_wait(N); }
 __device__ __forceinline__ void pk_tma_prefetch_desc(const CUtensorMap*) {}
 
+// Thread-block clusters (the runtime keeps a cluster's CTAs resident together; see pk_host_sm90.cpp).
+__device__ __forceinline__ unsigned pk_cluster_ctarank() { return pkrt_cluster_reg(PKRT_CL_CTARANK); }
+__device__ __forceinline__ unsigned pk_cluster_nctarank() { return pkrt_cluster_reg(PKRT_CL_NCTARANK); }
+__device__ __forceinline__ uint3 pk_clusterid() {
+    return make_uint3(pkrt_cluster_reg(PKRT_CL_ID_X), pkrt_cluster_reg(PKRT_CL_ID_Y), pkrt_cluster_reg(PKRT_CL_ID_Z));
+}
+__device__ __forceinline__ unsigned pk_mapa_shared(const void* p, unsigned rank, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    return pkrt_mapa(p, rank, file, line);
+}
+__device__ __forceinline__ float pk_ld_shared_cluster_f32(unsigned addr, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    float v;
+    pkrt_dsmem(addr, &v, 4, 0, file, line, nullptr);
+    return v;
+}
+__device__ __forceinline__ float2 pk_ld_shared_cluster_f32x2(unsigned addr, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    float v[2];
+    pkrt_dsmem(addr, v, 8, 0, file, line, nullptr);
+    return make_float2(v[0], v[1]);
+}
+__device__ __forceinline__ void pk_st_shared_cluster_f32(unsigned addr, float v, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    pkrt_dsmem(addr, &v, 4, 1, file, line, nullptr);
+}
+__device__ __forceinline__ void pk_cluster_arrive(const char* file = __builtin_FILE(), int line = __builtin_LINE()) { pkrt_cluster_arrive(file, line); }
+__device__ __forceinline__ void pk_cluster_wait(const char* file = __builtin_FILE(), int line = __builtin_LINE()) { pkrt_cluster_wait(file, line); }
+__device__ __forceinline__ void pk_cluster_sync(const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    pkrt_cluster_arrive(file, line);
+    pkrt_cluster_wait(file, line);
+}
+
 #else
 // ---- NVRTC ---------------------------------------------------------------------------------
 #ifndef PK_CUTENSORMAP_DEFINED
@@ -998,6 +1027,53 @@ template <int N> __device__ __forceinline__ void pk_tma_store_wait() {
 }
 __device__ __forceinline__ void pk_tma_prefetch_desc(const CUtensorMap* map) {
     asm volatile("prefetch.tensormap [%0];" ::"l"(map) : "memory");
+}
+
+// Thread-block clusters (sm_90): special registers, distributed shared memory and the cluster barrier.
+// pk_mapa_shared: the shared::cluster address of `p` (this CTA's shared memory) in CTA `rank` of the cluster;
+// pk_ld/st_shared_cluster_*: ld/st.shared::cluster on such an address (DSMEM; SASS LD/ST with the peer's
+// window). pk_cluster_arrive / _wait: barrier.cluster.arrive.release / wait.acquire (.aligned: every lane of a
+// warp at the same instruction); every thread of every CTA arrives once per phase, then waits.
+__device__ __forceinline__ unsigned pk_cluster_ctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ unsigned pk_cluster_nctarank() {
+    unsigned r;
+    asm volatile("mov.u32 %0, %%cluster_nctarank;" : "=r"(r));
+    return r;
+}
+__device__ __forceinline__ uint3 pk_clusterid() {
+    uint3 r;
+    asm volatile("mov.u32 %0, %%clusterid.x;" : "=r"(r.x));
+    asm volatile("mov.u32 %0, %%clusterid.y;" : "=r"(r.y));
+    asm volatile("mov.u32 %0, %%clusterid.z;" : "=r"(r.z));
+    return r;
+}
+__device__ __forceinline__ unsigned pk_mapa_shared(const void* p, unsigned rank) {
+    unsigned r;
+    asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(pk_smem_u32(p)), "r"(rank));
+    return r;
+}
+__device__ __forceinline__ float pk_ld_shared_cluster_f32(unsigned addr) {
+    float v;
+    asm volatile("ld.shared::cluster.f32 %0, [%1];" : "=f"(v) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ float2 pk_ld_shared_cluster_f32x2(unsigned addr) {
+    float2 v;
+    asm volatile("ld.shared::cluster.v2.f32 {%0, %1}, [%2];" : "=f"(v.x), "=f"(v.y) : "r"(addr) : "memory");
+    return v;
+}
+__device__ __forceinline__ void pk_st_shared_cluster_f32(unsigned addr, float v) {
+    asm volatile("st.shared::cluster.f32 [%0], %1;" ::"r"(addr), "f"(v) : "memory");
+}
+__device__ __forceinline__ void pk_cluster_arrive() { asm volatile("barrier.cluster.arrive.release.aligned;" ::: "memory"); }
+__device__ __forceinline__ void pk_cluster_wait() { asm volatile("barrier.cluster.wait.acquire.aligned;" ::: "memory"); }
+__device__ __forceinline__ void pk_cluster_sync() {
+    pk_cluster_arrive();
+    pk_cluster_wait();
 }
 #endif  // sm_90+
 

@@ -21,6 +21,8 @@ MAX_THREADS_PER_BLOCK = 1024
 # The largest dynamic shared memory any supported arch grants a block (sm_90/sm_100 opt-in);
 # backends check the real device limit.
 MAX_SHARED_MEM = 227 * 1024
+# Thread-block clusters (sm_90+): at most 8 CTAs, the portable cluster size every Hopper GPU grants.
+MAX_CLUSTER = 8
 
 
 def _dim3(what: str, value: Any, limits: tuple[int, int, int]) -> tuple[int, int, int]:
@@ -273,6 +275,7 @@ def launch(
     backend: str | None = None,
     device: int | None = None,
     pdl: bool = False,
+    cluster: Any = None,
 ) -> None:
     """Launch kernel `name` with arguments in its parameter order (see `pykern.kernels()`).
 
@@ -290,6 +293,10 @@ def launch(
     pdl=True: programmatic dependent launch (nvrtc backend, sm_90+; elsewhere an ordinary launch): the
     kernel's CTAs may start while the previous kernel of the stream still runs, and wait for it inside
     (`pk_grid_dependency_wait`). Only kernels whose source names them on a `// pykern: pdl` line take it.
+
+    cluster=(x, y, z): thread-block cluster dims (sm_90+; nvrtc: cuLaunchKernelEx with
+    CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION; host: the cluster's CTAs run resident together, with DSMEM and
+    barrier.cluster emulated). Each dim must divide the grid's, at most MAX_CLUSTER CTAs in all.
     """
     spec = registry.get(name)
     g, b, smem = check_geometry(grid, block, shared_mem)
@@ -300,15 +307,32 @@ def launch(
         )
     if pdl is not False:  # the common launch pays one identity test
         _check_pdl(spec, pdl)
+    cl = None if cluster is None else check_cluster(cluster, g)
     converted = convert_args(spec, args)
     if stream is None and _torch_cuda_seen:
         stream = _torch_stream(converted)
-    if device is None and not pdl:
+    if cl is not None:  # backends take `cluster` only when asked, as `pdl`
+        if pdl:
+            get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device, pdl=True, cluster=cl)
+        else:
+            get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device, cluster=cl)
+    elif device is None and not pdl:
         get_backend(backend).launch(spec, g, b, converted, smem, stream)
     elif pdl:  # backends take `pdl` only when asked: an ordinary launch's call stays as it was
         get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device, pdl=True)
     else:
         get_backend(backend).launch(spec, g, b, converted, smem, stream, device=device)
+
+
+def check_cluster(cluster: Any, grid: tuple[int, int, int]) -> tuple[int, int, int]:
+    """Validated cluster dims: each divides the grid's, at most MAX_CLUSTER CTAs in all."""
+    c = _dim3("cluster", cluster, (MAX_CLUSTER, MAX_CLUSTER, MAX_CLUSTER))
+    if c[0] * c[1] * c[2] > MAX_CLUSTER:
+        raise ArgumentError(f"cluster: expected at most {MAX_CLUSTER} blocks, got {c} = {c[0] * c[1] * c[2]}")
+    for axis in range(3):
+        if grid[axis] % c[axis]:
+            raise ArgumentError(f"cluster[{axis}]: expected a divisor of grid[{axis}] = {grid[axis]}, got {c[axis]}")
+    return c
 
 
 def _check_pdl(spec: KernelSpec, pdl: Any) -> None:

@@ -349,9 +349,10 @@ class FakeDriver:
         stream: int,
         kernel_params: int,
         pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
     ) -> None:
         self._call("launch_kernel", func, grid, block, shared_mem, stream, kernel_params,
-                   *(("pdl",) if pdl else ()))
+                   *(("pdl",) if pdl else ()), *((("cluster", tuple(cluster)),) if cluster is not None else ()))
         self._need_context("launch_kernel")
         fn = self.functions.get(func)
         if fn is None:

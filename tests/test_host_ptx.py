@@ -786,3 +786,69 @@ def test_nvrtc_mma_e4m3_below_sm89_is_a_clear_compile_error(tmp_path: Path) -> N
                    "    float c[4] = {0, 0, 0, 0};\n    pk_mma_m16n8k32_e4m3(d, a, a + 4, c);\n}\n")
     with pytest.raises(CompileError, match="pk_mma_m16n8k32_e4m3.*needs sm_89"):
         compiler.compile(src, "sm_86")
+
+
+# ---- thread-block clusters (pk_cluster_*, pk_mapa_shared, ld/st.shared::cluster) ---------------------------
+def _cluster_launch(grid: tuple[int, int], cluster: tuple[int, int], mode: int, threads: int = 128) -> tuple:
+    blocks = grid[0] * grid[1]
+    out = np.full(blocks * threads, -1.0, np.float32)
+    inbox = np.full(blocks, -1.0, np.float32)
+    regs = np.zeros(4 * blocks, np.uint32)
+    pykern.launch("pk_t_cluster", grid, threads, out, inbox, regs, mode, cluster=cluster, backend="host")
+    return out.reshape(blocks, threads), inbox, regs.reshape(blocks, 4)
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "random:4"])
+@pytest.mark.parametrize("grid,cluster", [((8, 1), (4, 1)), ((6, 2), (2, 1)), ((4, 4), (2, 2)), ((8, 1), (8, 1))])
+def test_cluster_dsmem_reads_the_peer_ctas_shared_memory(schedule: str, grid: tuple[int, int],
+                                                         cluster: tuple[int, int],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    out, inbox, regs = _cluster_launch(grid, cluster, 0)
+    n = cluster[0] * cluster[1]
+    for by in range(grid[1]):
+        for bx in range(grid[0]):
+            blk = bx + grid[0] * by
+            # %cluster_ctarank: x fastest within the cluster; %clusterid: the cluster's index in the cluster grid
+            rank = bx % cluster[0] + cluster[0] * (by % cluster[1])
+            assert tuple(regs[blk]) == (rank, n, bx // cluster[0], by // cluster[1])
+            right, left = (rank + 1) % n, (rank + n - 1) % n
+            np.testing.assert_array_equal(out[blk], right * 1000 + np.arange(out.shape[1]))
+            assert inbox[blk] == (rank + 1) % n  # the right neighbour stored its rank here
+            del left
+
+
+def test_cluster_dsmem_without_a_cluster_barrier_is_a_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_t_cluster: racecheck: (read-after-write|write-after-"
+                       r"read) race on static __shared__ shared memory of block \(\d,0,0\) .*ptx\.cu:\d+.*with no "
+                       r"barrier\.cluster arrive / wait between them"):
+        _cluster_launch((4, 1), (2, 1), 1)
+
+
+def test_cluster_store_after_the_arrive_is_a_race(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    for schedule in ("forward", "reverse"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        with pytest.raises(KernelExecutionError, match=r"racecheck: .* race on static __shared__ .*barrier\.cluster"):
+            _cluster_launch((4, 1), (2, 1), 3)
+
+
+@pytest.mark.parametrize("schedule", ["forward", "reverse"])
+def test_cluster_whose_cta_never_arrives_is_a_deadlock(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    with pytest.raises(KernelExecutionError, match=r"kernel pk_t_cluster: cluster \(0,0,0\): deadlock: no thread of "
+                       r"the cluster can run; barrier\.cluster \(first arrival of this phase at .*ptx\.cu:\d+\): 256 of "
+                       r"384 threads of the cluster arrived; block \(1,0,0\) \(cluster rank 1\): 0 of 128 threads "
+                       r"arrived, thread \(0,0,0\) has exited without arriving"):
+        _cluster_launch((3, 1), (3, 1), 2)
+
+
+def test_cluster_dims_are_checked_before_launch() -> None:
+    out = np.zeros(8 * 128, np.float32)
+    args = (out, np.zeros(8, np.float32), np.zeros(32, np.uint32), 0)
+    with pytest.raises(pykern.ArgumentError, match=r"cluster\[0\]: expected a divisor of grid\[0\] = 8, got 3"):
+        pykern.launch("pk_t_cluster", 8, 128, *args, cluster=3, backend="host")
+    with pytest.raises(pykern.ArgumentError, match=r"cluster: expected at most 8 blocks, got \(4, 4, 1\) = 16"):
+        pykern.launch("pk_t_cluster", (8, 4), 128, *args, cluster=(4, 4), backend="host")

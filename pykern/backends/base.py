@@ -22,8 +22,10 @@ class Backend(Protocol):
         stream: Any,
         device: int | None = None,
         pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
     ) -> None:
         """Run one launch; args are arrays (pointer params) and ctypes scalars (value params). `device` is
         passed only when the caller named one (pykern.launch(device=...)); backends without devices ignore it.
         `pdl` is passed only when True (a kernel that waits for its predecessor: spec.pdl): backends that run
-        launches one after another whole ignore it."""
+        launches one after another whole ignore it. `cluster` (passed only when the caller named one): the
+        thread-block cluster dims, checked by the launcher."""

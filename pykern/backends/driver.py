@@ -60,10 +60,12 @@ class Driver(Protocol):
         stream: int,
         kernel_params: int,
         pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
     ) -> None:
         """`kernel_params` is the address of an array of pointers, one per kernel parameter. `pdl` (passed only
         when True, on sm_90+): with programmatic stream serialization, so the grid may start before the
-        previous kernel of the stream completes (cuLaunchKernelEx)."""
+        previous kernel of the stream completes (cuLaunchKernelEx). `cluster` (passed only for a cluster
+        launch, sm_90+): CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION (cuLaunchKernelEx)."""
     def stream_synchronize(self, stream: int) -> None: ...
 
     # -- used by pykern.gpucheck and pykern.bench (the launch path never calls these) --------
@@ -239,9 +241,10 @@ class CudaDriver:
         stream: int,
         kernel_params: int,
         pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
     ) -> None:
-        if pdl:
-            self._launch_pdl(func, grid, block, shared_mem, stream, kernel_params)
+        if pdl or cluster is not None:
+            self._launch_ex(func, grid, block, shared_mem, stream, kernel_params, pdl, cluster)
             return
         # An int kernelParams is taken by cuda.bindings as the void** address itself (no repacking).
         (err,) = self._cu.cuLaunchKernel(
@@ -250,21 +253,30 @@ class CudaDriver:
         if err != self._ok:
             raise DriverError("cuLaunchKernel", self._error_name(err))
 
-    def _launch_pdl(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
-                    stream: int, kernel_params: int) -> None:
+    def _launch_ex(self, func: Any, grid: tuple[int, int, int], block: tuple[int, int, int], shared_mem: int,
+                   stream: int, kernel_params: int, pdl: bool, cluster: tuple[int, int, int] | None) -> None:
         # cuLaunchKernelEx with CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION = 1: the launch may overlap
-        # the previous kernel of the stream (and becomes a programmatic edge under stream capture).
+        # the previous kernel of the stream (and becomes a programmatic edge under stream capture); with
+        # CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION: CTAs in thread-block clusters of these dims.
         cu = self._cu
-        attr = cu.CUlaunchAttribute()
-        attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
-        attr.value.programmaticStreamSerializationAllowed = 1
+        attrs = []
+        if pdl:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+            attr.value.programmaticStreamSerializationAllowed = 1
+            attrs.append(attr)
+        if cluster is not None:
+            attr = cu.CUlaunchAttribute()
+            attr.id = cu.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_CLUSTER_DIMENSION
+            attr.value.clusterDim.x, attr.value.clusterDim.y, attr.value.clusterDim.z = cluster
+            attrs.append(attr)
         cfg = cu.CUlaunchConfig()
         cfg.gridDimX, cfg.gridDimY, cfg.gridDimZ = grid
         cfg.blockDimX, cfg.blockDimY, cfg.blockDimZ = block
         cfg.sharedMemBytes = shared_mem
         cfg.hStream = stream
-        cfg.attrs = [attr]
-        cfg.numAttrs = 1
+        cfg.attrs = attrs
+        cfg.numAttrs = len(attrs)
         (err,) = cu.cuLaunchKernelEx(cfg, func, kernel_params, 0)
         if err != self._ok:
             raise DriverError("cuLaunchKernelEx", self._error_name(err))

@@ -46,6 +46,7 @@ class LaunchConfig(ctypes.Structure):
         ("watchdog_ms", ctypes.c_ulonglong),
         ("flags", ctypes.c_ulonglong),
         ("smem_limit", ctypes.c_ulonglong),
+        ("cluster", ctypes.c_uint * 3),
     ]
 
 
@@ -299,6 +300,7 @@ class HostBackend:
         stream: Any = None,
         device: int | None = None,  # the CPU is the one device here
         pdl: bool = False,  # launches run whole, one after another: the kernel's wait has nothing to wait for
+        cluster: tuple[int, int, int] | None = None,  # a cluster's CTAs run resident together (pk_host_sm90.cpp)
     ) -> None:
         import numpy as np
 
@@ -373,7 +375,7 @@ class HostBackend:
                     argv[i] = ctypes.addressof(a)
             cfg = LaunchConfig(
                 (ctypes.c_uint * 3)(*grid), (ctypes.c_uint * 3)(*block), shared_mem, mode, resident, seed,
-                stack_bytes(sanitize), watchdog_ms(), 0, limit,
+                stack_bytes(sanitize), watchdog_ms(), 0, limit, (ctypes.c_uint * 3)(*(cluster or (1, 1, 1))),
             )
             check_flags = _check_flags() if not sanitize else 0
             cfg.flags = check_flags

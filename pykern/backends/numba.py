@@ -23,7 +23,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import ArgumentTypeError, BackendUnavailable, KernelExecutionError
+from ..errors import ArgumentError, ArgumentTypeError, BackendUnavailable, KernelExecutionError
 from ..registry import KernelSpec
 
 _SIM_ENV = "NUMBA_ENABLE_CUDASIM"
@@ -301,9 +301,14 @@ class NumbaBackend:
         stream: Any,
         device: int | None = None,
         pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
     ) -> None:
         """`device` (pykern.launch(device=...)) selects the GPU for host-array launches; the simulator has one.
-        `pdl`: the references are launched in stream order (an ordinary launch)."""
+        `pdl`: the references are launched in stream order (an ordinary launch). `cluster`: refused unless
+        trivial (the references are plain grids; numba has no clusters)."""
+        if cluster is not None and tuple(cluster) != (1, 1, 1):
+            raise ArgumentError(f"cluster: the numba backend launches no thread-block clusters, got {tuple(cluster)} "
+                                f"(use the nvrtc or host backend for {spec.name})")
         cuda = self._import()
         kernel, config = self.build(spec.name)
         with self._lock:

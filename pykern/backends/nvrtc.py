@@ -424,6 +424,7 @@ class NvrtcBackend:
         stream: Any,
         device: int | None = None,
         pdl: bool = False,
+        cluster: tuple[int, int, int] | None = None,
     ) -> None:
         drv = self._driver
         if drv is None:
@@ -487,7 +488,10 @@ class NvrtcBackend:
                 staged = []
                 if spans:
                     self._stage_in(drv, spans, h, storage, staged)
-            if pdl and dev.pdl:
+            if cluster is not None:  # cuLaunchKernelEx with the cluster dimension (and PDL when asked)
+                drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params), pdl=pdl and dev.pdl,
+                                  cluster=cluster)
+            elif pdl and dev.pdl:
                 drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params), pdl=True)
             else:
                 drv.launch_kernel(plan.func, grid, block, shared_mem, h, _addressof(params))

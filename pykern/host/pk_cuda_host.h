@@ -505,6 +505,7 @@ struct pk_launch_cfg {
     unsigned long long watchdog_ms;  // 0: no watchdog
     unsigned long long flags;        // reserved
     unsigned long long smem_limit;   // static + dynamic shared memory a block may use (0: 227 KiB)
+    unsigned cluster[3];             // thread-block cluster dims (0 or 1,1,1: no cluster)
 };
 extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*body)(void*), void* args,
                            char* err, size_t errlen);

@@ -51,8 +51,9 @@
 
 namespace {
 
-enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4, NBAR = 5 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
+enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4, NBAR = 5, CBAR = 6 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
 // NBAR: parked at a named barrier (pkrt_named_barrier; Thread::arg is its id, Thread::width its thread count)
+// CBAR: parked in barrier.cluster.wait (pkrt_cluster_wait) until every thread of the cluster arrived
 enum { PKRT_ACTIVEMASK = 64 };  // a warp meeting point of its own (not a collective)
 
 // One pending cp.async of a thread: performed by the wait that covers its group.
@@ -81,6 +82,7 @@ struct Thread {
     Block* blk;
     std::vector<CpAsync> cp;  // cp.async copies not yet performed
     unsigned cp_group;        // index of the group the next cp.async joins (= groups committed)
+    unsigned cl_arr, cl_wait;  // barrier.cluster arrivals made / waits passed (racecheck's cluster ordering)
 #ifdef PK_USE_UCONTEXT
     ucontext_t uc;
 #endif
@@ -103,6 +105,7 @@ constexpr int kMaxStaticVars = 512;
 struct Block {
     uint3 idx;
     unsigned long long linear;
+    unsigned cl_rank;  // %cluster_ctarank (0 without a cluster)
     bool active, finished;
     unsigned n_done, n_bar;
     int bar_kind;
@@ -150,6 +153,13 @@ struct Launch {
     unsigned n;  // threads per block
     unsigned long long n_blocks;
     unsigned long long shared_mem, smem_limit;
+    // Thread-block cluster: dims, CTAs per cluster (1: none) and the barrier.cluster phase being filled
+    // (completed phases, arrivals so far, the first arrival's line).
+    unsigned cl[3], cl_n;
+    unsigned long long cl_phase;
+    unsigned cl_count;
+    const char* cl_file;
+    int cl_line;
     bool failed;
     char err[2048];
 };
@@ -399,6 +409,7 @@ void describe_state(Buf& b, const Thread* t) {
         case BAR: b.add("waits at %s() at %s:%d", bar_name(t->op), t->file, t->line); break;
         case WARP: b.add("waits in %s(mask 0x%08x) at %s:%d", op_name(t->op), t->mask, t->file, t->line); break;
         case PARK: sm90_describe_park(b, t); break;
+        case CBAR: b.add("waits in barrier.cluster.wait at %s:%d", t->file, t->line); break;
         case NBAR:
             b.add("waits at named barrier %d (%s, %d threads) at %s:%d", t->arg, nb_name(t->op), t->width, t->file,
                   t->line);
@@ -463,6 +474,36 @@ void describe_state(Buf& b, const Thread* t) {
     fail_from_fiber();
 }
 
+// No thread of a cluster can run: explain barrier.cluster's missing arrivals, CTA by CTA (a CTA that never
+// arrives, or one whose threads wait elsewhere). Called from a fiber or, after the last runnable fiber of the
+// cluster left, from the launching context (from_fiber false).
+void cluster_deadlock(bool from_fiber) {
+    Buf b{g.err, sizeof g.err};
+    const Block* k0 = &g_blocks[0];
+    b.add("kernel %s: cluster (%u,%u,%u): deadlock: no thread of the cluster can run", g.kernel, k0->idx.x / g.cl[0],
+          k0->idx.y / g.cl[1], k0->idx.z / g.cl[2]);
+    if (g.cl_file)
+        b.add("; barrier.cluster (first arrival of this phase at %s:%d): %u of %u threads of the cluster arrived",
+              g.cl_file, g.cl_line, g.cl_count, g.n * g.cl_n);
+    for (unsigned s = 0; s < g.slots; s++) {
+        const Block* k = &g_blocks[s];
+        unsigned arrived = 0;
+        const Thread* other = nullptr;
+        for (unsigned i = 0; i < g.n; i++) {
+            const Thread& t = k->threads[i];
+            if (t.cl_arr > t.cl_wait || t.state == CBAR) arrived++;
+            else if (!other) other = &t;
+        }
+        if (!other) continue;
+        b.add("; block (%u,%u,%u) (cluster rank %u): %u of %u threads arrived, thread (%u,%u,%u) ", k->idx.x, k->idx.y,
+              k->idx.z, k->cl_rank, arrived, g.n, other->tid.x, other->tid.y, other->tid.z);
+        describe_state(b, other);
+        if (other->state == DONE) b.add(" without arriving (an exited thread never arrives at barrier.cluster)");
+    }
+    if (from_fiber) fail_from_fiber();
+    g.failed = true;
+}
+
 // ---- scheduling ------------------------------------------------------------------
 inline void set_runnable(const Thread* t) {
     Block* k = t->blk;
@@ -522,6 +563,21 @@ void reschedule(bool finished) {
     if (g.slots <= 1) {
         Thread* next = pick_in(k);
         if (!next) fail_deadlock(k);
+        if (next != self) switch_to(self, next, finished);
+        return;
+    }
+    if (g.cl_n > 1) {  // a cluster's CTAs wake each other (barrier.cluster)
+        Thread* next = pick_other(k);
+        if (!next) next = pick_in(k);
+        if (!next) {
+            bool barrier_only = true;  // a block-level deadlock is reported as such
+            for (unsigned i = 0; i < g.n; i++) {
+                int st = k->threads[i].state;
+                if (st != DONE && st != CBAR) barrier_only = false;
+            }
+            if (!barrier_only) fail_deadlock(k);
+            cluster_deadlock(true);
+        }
         if (next != self) switch_to(self, next, finished);
         return;
     }
@@ -904,6 +960,7 @@ struct Shadow {
     unsigned w_blk, w_tid, w_epoch, w_wepoch;  // w_blk: block linear + 1, 0: no write yet
     unsigned r_blk, r_tid, r_epoch, r_wepoch;
     unsigned w_nbseq, r_nbseq;  // the block's nb_seq at the access (named barriers)
+    unsigned w_carr, r_carr;    // the thread's barrier.cluster arrivals before the access (clusters)
     uintptr_t w_pc, r_pc;
     unsigned char w_mask, r_mask, init;  // bytes of the word: last write, last read, ever written
 };
@@ -918,6 +975,7 @@ constexpr int kMaxRegions = 2 * kMaxSlots + 64;
 Region g_regions[kMaxRegions];
 int g_nregions = 0;
 int g_rc = 0;
+int g_rc_remote = 0;  // set while pkrt_dsmem checks an access to a cluster peer's shared memory
 Shadow* g_static_shadow[kMaxSlots];
 std::vector<Shadow> g_dyn_shadow[kMaxSlots];
 struct PendingBuf {
@@ -936,8 +994,23 @@ inline Region* rc_find(uintptr_t a) {
 // The access by thread t (of block k) is ordered after an earlier one by (blk, tid, epoch, wepoch).
 // Named barriers order it only when the two threads' warps both took part (every lane) in a phase released
 // after the earlier access (nbseq: the block's nb_seq then); chains through a third warp are not followed.
-inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, unsigned nbseq, const Thread* t,
-                       const Block* k) {
+// The cluster (as a linear index of the cluster grid) of block number `linear`.
+inline unsigned long long cluster_of(unsigned long long linear) {
+    unsigned long long bx = linear % pkrt_grid_dim.x, by = (linear / pkrt_grid_dim.x) % pkrt_grid_dim.y,
+                       bz = linear / (1ull * pkrt_grid_dim.x * pkrt_grid_dim.y);
+    unsigned long long ncx = pkrt_grid_dim.x / g.cl[0], ncy = pkrt_grid_dim.y / g.cl[1];
+    return bx / g.cl[0] + ncx * (by / g.cl[1] + ncy * (bz / g.cl[2]));
+}
+
+// barrier.cluster orders an access made before the accessing thread's arrival number carr + 1 with every access
+// of the cluster after a wait that phase released (the waiting thread has passed more than carr waits).
+inline bool rc_cluster_ordered(unsigned blk, unsigned carr, const Thread* t, const Block* k) {
+    return g.cl_n > 1 && t->cl_wait > carr && cluster_of(blk - 1) == cluster_of(k->linear);
+}
+
+inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, unsigned nbseq, unsigned carr,
+                       const Thread* t, const Block* k) {
+    if (rc_cluster_ordered(blk, carr, t, k)) return true;
     if (blk != static_cast<unsigned>(k->linear) + 1) return false;
     if (tid == t->linear) return true;
     if (epoch != k->bar_epoch) return true;
@@ -966,11 +1039,12 @@ void rc_pc(Buf& b, uintptr_t pc) {
                             const char* prev_what, uintptr_t prev_pc, const char* cur_what, uintptr_t pc) {
     const Thread* t = cur();
     const Block* k = t->blk;
+    const Block* owner = r->kind == REG_GLOBAL ? k : &g_blocks[r->slot];  // DSMEM: another CTA's shared memory
     Buf b{g.err, sizeof g.err};
     b.add("kernel %s: racecheck: %s on ", g.kernel, kind);
     if (r->kind == REG_GLOBAL) b.add("%s", r->name);
     else b.add("%s shared memory of block (%u,%u,%u)", r->kind == REG_STATIC ? "static __shared__" : "dynamic",
-               k->idx.x, k->idx.y, k->idx.z);
+               owner->idx.x, owner->idx.y, owner->idx.z);
     b.add(" at byte offset %lu: ", static_cast<unsigned long>(word - r->lo));
     rc_describe_thread(b, blk1, tid);
     b.add(" %s at ", prev_what);
@@ -979,7 +1053,9 @@ void rc_pc(Buf& b, uintptr_t pc) {
     rc_describe_thread(b, static_cast<unsigned>(k->linear) + 1, t->linear);
     b.add(" %s at ", cur_what);
     rc_pc(b, pc);
-    if (blk1 != static_cast<unsigned>(k->linear) + 1)
+    if (g.cl_n > 1 && blk1 != static_cast<unsigned>(k->linear) + 1 && cluster_of(blk1 - 1) == cluster_of(k->linear))
+        b.add(" with no barrier.cluster arrive / wait between them (two blocks of one cluster)");
+    else if (blk1 != static_cast<unsigned>(k->linear) + 1)
         b.add(" (two blocks of one launch: nothing orders them; use atomics or separate launches)");
     else
         b.add(" with no __syncthreads() between them%s%s", (tid >> 5) == t->warp ? " (nor __syncwarp())" : "",
@@ -1063,7 +1139,8 @@ void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
     }
     Thread* t = cur();
     Block* k = t->blk;
-    if (r->kind != REG_GLOBAL && r->slot != static_cast<int>(k - g_blocks)) return;
+    // Another CTA's shared memory is reached only through the DSMEM wrappers (pkrt_dsmem sets g_rc_remote).
+    if (r->kind != REG_GLOBAL && r->slot != static_cast<int>(k - g_blocks) && !g_rc_remote) return;
     if (write && (g_rc & RC_STRESS)) rc_stress_yield(t);
     unsigned me = static_cast<unsigned>(k->linear) + 1;
     unsigned wep = k->warps[t->warp].sync_epoch;
@@ -1076,23 +1153,24 @@ void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
         if (!write) {
             if ((g_rc & RC_INIT) && r->kind != REG_GLOBAL && (m & ~s.init)) rc_report_uninit(r, r->lo + w, pc);
             if ((g_rc & RC_REPORT) && s.w_blk && (s.w_mask & m) &&
-                !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, t, k))
+                !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, s.w_carr, t, k))
                 rc_report(r, r->lo + w, "read-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "read", pc);
             if (!s.r_blk || s.r_tid == t->linear || !(s.r_mask & m) ||
-                rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, s.r_nbseq, t, k)) {
+                rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, s.r_nbseq, s.r_carr, t, k)) {
                 s.r_mask = m;
                 s.r_blk = me;
                 s.r_tid = t->linear;
                 s.r_epoch = k->bar_epoch;
                 s.r_wepoch = wep;
                 s.r_nbseq = k->nb_seq;
+                s.r_carr = t->cl_arr;
                 s.r_pc = pc;
             }
         } else {
             if (g_rc & RC_REPORT) {
-                if (s.w_blk && (s.w_mask & m) && !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, t, k))
+                if (s.w_blk && (s.w_mask & m) && !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, s.w_carr, t, k))
                     rc_report(r, r->lo + w, "write-after-write race", s.w_blk, s.w_tid, "wrote", s.w_pc, "wrote", pc);
-                if (s.r_blk && (s.r_mask & m) && !rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, s.r_nbseq, t, k))
+                if (s.r_blk && (s.r_mask & m) && !rc_ordered(s.r_blk, s.r_tid, s.r_epoch, s.r_wepoch, s.r_nbseq, s.r_carr, t, k))
                     rc_report(r, r->lo + w, "write-after-read race", s.r_blk, s.r_tid, "read", s.r_pc, "wrote", pc);
             }
             s.init |= m;
@@ -1102,6 +1180,7 @@ void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
             s.w_epoch = k->bar_epoch;
             s.w_wepoch = wep;
             s.w_nbseq = k->nb_seq;
+            s.w_carr = t->cl_arr;
             s.w_pc = pc;
             s.r_blk = 0;
         }
@@ -2096,6 +2175,7 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
         t.mask = 0;
         t.cp.clear();
         t.cp_group = 0;
+        t.cl_arr = t.cl_wait = 0;
         init_fiber(&t);
         set_runnable(&t);
     }
@@ -2119,7 +2199,51 @@ struct BlockOrder {
     }
 };
 
+// Cluster `c` (in cluster-grid order) into the slots, all its CTAs resident at once, as a GPU co-schedules them:
+// slot s holds cluster rank s (rank n-1-s under `reverse`, so its last CTA runs first).
+void start_cluster(unsigned long long c, const pk_launch_cfg* cfg) {
+    const unsigned ncx = cfg->grid[0] / g.cl[0], ncy = cfg->grid[1] / g.cl[1];
+    const unsigned cx = static_cast<unsigned>(c % ncx), cy = static_cast<unsigned>((c / ncx) % ncy),
+                   cz = static_cast<unsigned>(c / (1ull * ncx * ncy));
+    g.cl_phase = 0;
+    g.cl_count = 0;
+    g.cl_file = nullptr;
+    for (unsigned s = 0; s < g.slots; s++) {
+        unsigned r = g.schedule == 1 ? g.cl_n - 1 - s : s;
+        unsigned rx = r % g.cl[0], ry = (r / g.cl[0]) % g.cl[1], rz = r / (g.cl[0] * g.cl[1]);
+        unsigned long long bx = 1ull * cx * g.cl[0] + rx, by = 1ull * cy * g.cl[1] + ry, bz = 1ull * cz * g.cl[2] + rz;
+        g_blocks[s].cl_rank = r;
+        start_block(&g_blocks[s], bx + cfg->grid[0] * (by + 1ull * cfg->grid[1] * bz), cfg);
+    }
+}
+
+void run_clusters(const pk_launch_cfg* cfg) {
+    unsigned long long n_clusters = g.n_blocks / g.cl_n;
+    BlockOrder order(g.schedule, n_clusters, g.seed);
+    for (unsigned long long c = 0; c < n_clusters && !g.failed; c++) {
+        start_cluster(order[c], cfg);
+        while (!g.failed) {
+            Thread* t = nullptr;
+            for (unsigned s = 0; s < g.slots && !t; s++)
+                if (!g_blocks[s].finished) t = pick_in(&g_blocks[s]);
+            if (!t) {
+                bool open = false;
+                for (unsigned s = 0; s < g.slots; s++) open = open || !g_blocks[s].finished;
+                if (open) cluster_deadlock(false);
+                break;
+            }
+            gb = nullptr;
+            switch_to(nullptr, t, false);
+        }
+        for (unsigned s = 0; s < g.slots; s++) g_blocks[s].active = false;
+    }
+}
+
 void run_blocks(const pk_launch_cfg* cfg) {
+    if (g.cl_n > 1) {
+        run_clusters(cfg);
+        return;
+    }
     BlockOrder order(g.schedule, g.n_blocks, g.seed);
     unsigned long long next = 0;
     for (unsigned s = 0; s < g.slots; s++) {
@@ -2159,6 +2283,19 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     unsigned long long n_blocks = 1ull * cfg->grid[0] * cfg->grid[1] * cfg->grid[2];
     unsigned slots = cfg->interleave > 1 ? static_cast<unsigned>(std::min<int>(cfg->interleave, kMaxSlots)) : 1u;
     if (slots > n_blocks) slots = static_cast<unsigned>(n_blocks);
+    unsigned cl[3];
+    for (int d = 0; d < 3; d++) cl[d] = cfg->cluster[d] ? cfg->cluster[d] : 1u;
+    const unsigned cl_n = cl[0] * cl[1] * cl[2];
+    if (cl_n > 1) {
+        // The launcher checked these for every backend; a direct caller of the runtime gets the same refusal.
+        if (cl_n > static_cast<unsigned>(kMaxSlots) || cfg->grid[0] % cl[0] || cfg->grid[1] % cl[1] ||
+            cfg->grid[2] % cl[2]) {
+            snprintf(err, errlen, "kernel %s: cluster (%u,%u,%u) must divide the grid (%u,%u,%u) and hold at most %d "
+                     "blocks", kernel, cl[0], cl[1], cl[2], cfg->grid[0], cfg->grid[1], cfg->grid[2], kMaxSlots);
+            return 1;
+        }
+        slots = cl_n;  // a cluster's CTAs are resident together
+    }
     size_t stack = cfg->stack_bytes ? cfg->stack_bytes : (512u << 10);
     stack = (stack + 4095) & ~size_t(4095);
     if (!ensure_stacks(slots * n, stack, err, errlen)) return 1;
@@ -2191,6 +2328,8 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     g.n_blocks = n_blocks;
     g.shared_mem = cfg->shared_mem;
     g.smem_limit = cfg->smem_limit ? cfg->smem_limit : (227ull << 10);
+    for (int d = 0; d < 3; d++) g.cl[d] = cl[d];
+    g.cl_n = cl_n;
     pkrt_interleave = slots > 1;
     g_static_used = 0;
     for (int i = 0; i < kMaxStaticVars; i++) g_static_vars[i].set = false;
@@ -2201,6 +2340,7 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
         k->threads = &g_threads[s * n];
         k->dyn_smem = dyn[s];
         k->static_smem = static_arena[s];
+        k->cl_rank = 0;
         std::memset(k->static_smem, 0xff, kStaticSmemMax);
         for (unsigned i = 0; i < n; i++) {
             Thread& t = k->threads[i];

@@ -594,6 +594,108 @@ extern "C" void pkrt_tma_store_wait(int n) {
     stores_perform(t, false, below);
 }
 
+// ---- thread-block clusters: special registers, DSMEM (mapa + ld/st.shared::cluster), barrier.cluster ----------
+// A cluster's CTAs are resident together (pk_host_runtime.cpp's run_clusters: one slot per rank). A shared::cluster
+// address is (rank << 24) | the rank's shared-memory window address (pkrt_smem_window's numbering), so adding a byte
+// offset to a mapped address stays inside that CTA's window, as on the GPU.
+extern "C" unsigned pkrt_cluster_reg(int which) {
+    const Block* k = cur()->blk;
+    switch (which) {
+        case PKRT_CL_CTARANK: return k->cl_rank;
+        case PKRT_CL_NCTARANK: return g.cl_n;
+        case PKRT_CL_ID_X: return k->idx.x / g.cl[0];
+        case PKRT_CL_ID_Y: return k->idx.y / g.cl[1];
+        default: return k->idx.z / g.cl[2];
+    }
+}
+
+extern "C" unsigned pkrt_mapa(const void* p, unsigned rank, const char* file, int line) {
+    unsigned w = 0;
+    if (!window_of(cur()->blk, p, &w))
+        sm90_fail(cur(), "pk_mapa_shared at %s:%d: %p is not in the block's shared memory", file, line, p);
+    if (rank >= g.cl_n)
+        sm90_fail(cur(), "pk_mapa_shared at %s:%d: cluster rank %u, but the cluster has %u CTAs (%%cluster_nctarank)",
+                  file, line, rank, g.cl_n);
+    return (rank << 24) | w;
+}
+
+extern "C" void pkrt_dsmem(unsigned addr, void* val, int bytes, int write, const char* file, int line, void* pc) {
+    Thread* t = cur();
+    const unsigned rank = addr >> 24, w = addr & 0xffffffu;
+    const char* what = write ? "st.shared::cluster" : "ld.shared::cluster";
+    if (rank >= g.cl_n)
+        sm90_fail(t, "%s at %s:%d: address 0x%08x names cluster rank %u, but the cluster has %u CTAs (an address not "
+                  "made by pk_mapa_shared?)", what, file, line, addr, rank, g.cl_n);
+    if (w % static_cast<unsigned>(bytes))
+        sm90_fail(t, "%s at %s:%d: misaligned %d-byte access at shared::cluster address 0x%08x", what, file, line,
+                  bytes, addr);
+    Block* peer = nullptr;
+    for (unsigned s = 0; s < g.slots; s++)
+        if (g_blocks[s].cl_rank == rank) peer = &g_blocks[s];
+    if (peer->n_done == g.n)
+        sm90_fail(t, "%s at %s:%d: cluster rank %u (block (%u,%u,%u)) has exited: its shared memory is gone (keep it "
+                  "alive with a barrier.cluster arrive / wait before it exits)", what, file, line, rank, peer->idx.x,
+                  peer->idx.y, peer->idx.z);
+    unsigned char* p = window_ptr(peer, w, static_cast<unsigned long long>(bytes));
+    if (!p)
+        sm90_fail(t, "%s at %s:%d: shared::cluster address 0x%08x (rank %u, byte %u) is outside that CTA's shared "
+                  "memory", what, file, line, addr, rank, w);
+#ifdef PK_RACECHECK
+    g_rc_remote = 1;
+    // pc: the wrapper's call site in the kernel (the wrappers are inlined), resolved to its .cu line
+    rc_access_range(reinterpret_cast<uintptr_t>(p), static_cast<unsigned>(bytes), write != 0,
+                    reinterpret_cast<uintptr_t>(pc ? pc : __builtin_return_address(0)));
+    g_rc_remote = 0;
+#else
+    (void)pc;
+#endif
+    if (write) std::memcpy(p, val, static_cast<size_t>(bytes));
+    else std::memcpy(val, p, static_cast<size_t>(bytes));
+}
+
+// barrier.cluster: every thread of every CTA of the cluster arrives once per phase, then waits (arrive and wait
+// alternate per thread, as the PTX ISA requires). An exited thread never arrives: a CTA that leaves early leaves
+// its cluster in the deadlock error, which names the barrier and each CTA's missing arrivals.
+extern "C" void pkrt_cluster_arrive(const char* file, int line) {
+    Thread* t = cur();
+    if (t->cl_arr > t->cl_wait)
+        sm90_fail(t, "barrier.cluster.arrive at %s:%d: arrives a second time with no barrier.cluster.wait since its "
+                  "last arrival", file, line);
+    t->cl_arr++;
+    if (g.cl_count == 0) {
+        g.cl_file = file;
+        g.cl_line = line;
+    }
+    if (++g.cl_count < g.n * g.cl_n) return;
+    g.cl_phase++;  // the phase completes: wake every CTA's waiters
+    g.cl_count = 0;
+    g.cl_file = nullptr;
+    for (unsigned s = 0; s < g.slots; s++) {
+        Block* k = &g_blocks[s];
+        for (unsigned i = 0; i < g.n; i++)
+            if (k->threads[i].state == CBAR) {
+                k->threads[i].state = RUN;
+                set_runnable(&k->threads[i]);
+            }
+    }
+}
+
+extern "C" void pkrt_cluster_wait(const char* file, int line) {
+    Thread* t = cur();
+    if (t->cl_arr == t->cl_wait)
+        sm90_fail(t, "barrier.cluster.wait at %s:%d: no barrier.cluster.arrive of this thread precedes it", file,
+                  line);
+    if (g.cl_phase < t->cl_arr) {  // its phase is still open: park until the last arrival
+        t->state = CBAR;
+        t->file = file;
+        t->line = line;
+        clear_runnable(t);
+        try_activemask(t->blk, t->warp);
+        reschedule(false);
+    }
+    t->cl_wait++;
+}
+
 namespace {
 
 // ---- hooks called by the fiber runtime ------------------------------------------------------------

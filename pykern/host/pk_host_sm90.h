@@ -43,4 +43,11 @@ void pkrt_tma_load(void* dst, const CUtensorMap* map, unsigned long long* bar, i
 void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank, const int* c, const char* file, int line);
 void pkrt_tma_store_commit(void);
 void pkrt_tma_store_wait(int n);
+// Thread-block clusters (pk_host_sm90.cpp): special registers, DSMEM, barrier.cluster.
+enum { PKRT_CL_CTARANK = 0, PKRT_CL_NCTARANK = 1, PKRT_CL_ID_X = 2, PKRT_CL_ID_Y = 3, PKRT_CL_ID_Z = 4 };
+unsigned pkrt_cluster_reg(int which);
+unsigned pkrt_mapa(const void* p, unsigned rank, const char* file, int line);
+void pkrt_dsmem(unsigned addr, void* val, int bytes, int write, const char* file, int line, void* pc);
+void pkrt_cluster_arrive(const char* file, int line);
+void pkrt_cluster_wait(const char* file, int line);
 }

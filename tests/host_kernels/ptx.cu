@@ -247,3 +247,38 @@ extern "C" __global__ void pk_t_v4_bank(const float* src, const int* sel, float*
     const float4 v = pk_ld_shared_v4(sm + 4 * sel[lane]);
     out[4 * lane] = v.x, out[4 * lane + 1] = v.y, out[4 * lane + 2] = v.z, out[4 * lane + 3] = v.w;
 }
+
+// Thread-block clusters (pk_cluster_*, pk_mapa_shared, ld/st.shared::cluster): each CTA fills slot[] with
+// rank * 1000 + tid, then reads its right neighbour's slot (rank + 1 mod n) through DSMEM into out, and stores
+// its rank into the left neighbour's inbox[] (st.shared::cluster), read back after the next barrier.
+// regs[block]: %cluster_ctarank, %cluster_nctarank, %clusterid.x, %clusterid.y.
+// mode 1: no barrier.cluster between the fill and the peer's read (a DSMEM race); mode 2: rank 1 returns before
+// its first arrival (its cluster deadlocks); mode 3: the fill is stored after the arrive (a race with the peer's
+// read after its wait).
+extern "C" __global__ void pk_t_cluster(float* out, float* inbox_out, unsigned* regs, int mode) {
+#if defined(PYKERN_HOST) || (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900)
+    __shared__ float slot[256];
+    __shared__ float inbox[8];
+    const unsigned rank = pk_cluster_ctarank(), n = pk_cluster_nctarank();
+    const unsigned long long blk = blockIdx.x + (unsigned long long)gridDim.x * blockIdx.y;
+    if (threadIdx.x == 0) {
+        const uint3 cid = pk_clusterid();
+        regs[4 * blk] = rank;
+        regs[4 * blk + 1] = n;
+        regs[4 * blk + 2] = cid.x;
+        regs[4 * blk + 3] = cid.y;
+    }
+    if (mode == 2 && rank == 1) return;
+    if (mode != 3) slot[threadIdx.x] = (float)(rank * 1000u + threadIdx.x);
+    if (mode != 1) pk_cluster_arrive();
+    if (mode == 3) slot[threadIdx.x] = (float)(rank * 1000u + threadIdx.x);
+    if (mode != 1) pk_cluster_wait();
+    const unsigned right = (rank + 1u) % n, left = (rank + n - 1u) % n;
+    out[blk * blockDim.x + threadIdx.x] = pk_ld_shared_cluster_f32(pk_mapa_shared(&slot[threadIdx.x], right));
+    if (threadIdx.x == 0) pk_st_shared_cluster_f32(pk_mapa_shared(&inbox[0], left), (float)rank);
+    pk_cluster_sync();  // the inbox stores land before it is read, and no CTA leaves while a peer reads its slot
+    if (threadIdx.x == 0) inbox_out[blk] = inbox[0];
+#else
+    __trap();  // clusters need sm_90
+#endif
+}
