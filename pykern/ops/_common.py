@@ -59,13 +59,17 @@ _MERGE_GRID_MAX = 65535 * 8  # the merge kernels are grid-stride over tokens: a 
 
 
 def launch(
-    name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None, backend: str | None
+    name: str, grid: Any, block: Any, *args: Any, shared_mem: int = 0, stream: Any = None, backend: str | None,
+    cluster: tuple[int, int, int] | None = None,
 ) -> None:
     """`pykern.launch` for the op modules, imported at call time (the launcher pulls in the backends, which
-    `import pykern.ops` must not pay for)."""
+    `import pykern.ops` must not pay for). `cluster`: thread-block cluster dims (passed on only when given)."""
     from ..launcher import launch as _launch
 
-    _launch(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
+    if cluster is None:
+        _launch(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend)
+    else:
+        _launch(name, grid, block, *args, shared_mem=shared_mem, stream=stream, backend=backend, cluster=cluster)
 
 
 def launch_warp_rows(name: str, seq_len: int, heads: int, *args: Any, stream: Any, like: Any,

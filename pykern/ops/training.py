@@ -364,6 +364,43 @@ def ce_scales(targets_flat: Any, weight: Any, n_rows: int, vocab: int, pad_id: i
     return scale
 
 
+# The sm_90 cluster kernel (cross_entropy_fwd_bwd_cluster): each CTA of a row's cluster keeps about this much of
+# the row in shared memory (QuACK's sizing: a 128k bf16 vocabulary is 8 CTAs of 32 KiB), 2..8 CTAs a cluster;
+# a row whose slice would pass CE_CLUSTER_SMEM_MAX even at 8 CTAs takes the two-sweep kernel.
+CE_CLUSTER_SLICE_BYTES = 32 << 10
+CE_CLUSTER_MAX = 8
+CE_CLUSTER_SMEM_MAX = 200 << 10
+
+
+def cross_entropy_cluster_plan(vocab: int, itemsize: int) -> tuple[int, int, int] | None:
+    """(CTAs a cluster, columns a CTA, threads a CTA) of cross_entropy_fwd_bwd_cluster for rows of `vocab` elements
+    of `itemsize` bytes, or None when a row does not fit 8 CTAs' shared memory. The slice is a whole number of
+    16-byte chunks."""
+    row = vocab * itemsize
+    nc = 2
+    while nc < CE_CLUSTER_MAX and row > nc * CE_CLUSTER_SLICE_BYTES:
+        nc *= 2
+    per16 = 16 // itemsize
+    slice_ = -(-(-(-vocab // nc)) // per16) * per16
+    if slice_ * itemsize > CE_CLUSTER_SMEM_MAX:
+        return None
+    chunks = -(-slice_ // per16)
+    return nc, slice_, min(ROW_THREADS_MAX, max(32, -(-chunks // 32) * 32))
+
+
+def _cluster_usable(backend: str | None, like: Any) -> bool:
+    """Whether the cluster kernel can run: sm_90 clusters on the nvrtc backend, or the host backend playing
+    Hopper (PYKERN_HOST_ARCH=sm_90a); the numba references have no clusters."""
+    from ..backends import get_backend, kernel_variant
+    from ..devices import array_device
+
+    be = get_backend(backend)
+    if be.name not in ("host", "nvrtc"):
+        return False
+    dev = array_device(like)
+    return kernel_variant("sm_90a", be.name, dev if isinstance(dev, int) and dev >= 0 else 0)
+
+
 @arrays.stream_scoped
 def cross_entropy_fwd_bwd(
     logits: Any, targets: Any, pad_id: int = -100, *, label_smoothing: float = 0.0, z_loss: float = 0.0,
@@ -470,12 +507,24 @@ def cross_entropy_fwd_bwd(
     scale = _scale if _scale is not None else ce_scales(flat(targets), cw, n_rows, vocab, pad_id,
                                                         reduction == "mean", logits, stream=stream, backend=backend)
     opts = (1 if cw is not None else 0) | (2 if gro is not None else 0) | (4 if return_z_loss else 0)
-    launch(
-        "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, GRID_X_MAX),), (row_threads(vocab),),
-        flat(logits), flat(targets), flat(grad), row_loss, z_row, scale, unused if cw is None else cw,
-        unused if gro is None else gro, n_rows, vocab, pad_id, eps, zl, cap, opts,
-        stream=stream, backend=backend,
-    )
+    plan = cross_entropy_cluster_plan(vocab, 4 if kind == "f32" else 2) if _cluster_usable(backend, logits) else None
+    if plan is not None:
+        # sm_90: a cluster of nc CTAs holds each row in shared memory, the logits read once (training.cu)
+        nc, slice_, threads = plan
+        clusters = min(n_rows, GRID_X_MAX // nc)
+        launch(
+            "cross_entropy_fwd_bwd_cluster" + _suffix(kind), (clusters * nc,), (threads,),
+            flat(logits), flat(targets), flat(grad), row_loss, z_row, scale, unused if cw is None else cw,
+            unused if gro is None else gro, n_rows, vocab, slice_, pad_id, eps, zl, cap, opts,
+            shared_mem=slice_ * (4 if kind == "f32" else 2), stream=stream, backend=backend, cluster=(nc, 1, 1),
+        )
+    else:
+        launch(
+            "cross_entropy_fwd_bwd" + _suffix(kind), (min(n_rows, GRID_X_MAX),), (row_threads(vocab),),
+            flat(logits), flat(targets), flat(grad), row_loss, z_row, scale, unused if cw is None else cw,
+            unused if gro is None else gro, n_rows, vocab, pad_id, eps, zl, cap, opts,
+            stream=stream, backend=backend,
+        )
     if reduction == "none":
         if return_z_loss:
             return row_loss.reshape(t_shape), grad, z_row.reshape(t_shape)
