@@ -82,3 +82,16 @@ def test_rope_reads_and_writes_x_once() -> None:
         qb = rows["qk_norm_rope_backward"]
         assert qb.min_bytes == 3 * n * e + tab + 4 * d * e, qb
         assert qb.hbm_bytes / qb.min_bytes < 1.01, qb
+
+
+def test_cross_entropy_cluster_reads_the_logits_once() -> None:
+    """The two-sweep cross-entropy reads a 128k-wide row twice (evicted between the sweeps); the sm_90a cluster
+    kernel keeps it in its cluster's shared memory: HBM bytes = the minimum (logits read once, gradient written
+    once, the int64 targets), 2/3 of the two-sweep kernel's, at 8 CTAs of 31.3 KiB (bf16) / 62.6 KiB (f32) a row."""
+    t, v = bm.TOKENS, bm.VOCAB
+    for e in (2, 4):
+        rows = by_op("training", e)
+        old, new = rows["cross_entropy_fwd_bwd"], rows["cross_entropy_fwd_bwd (sm_90a cluster)"]
+        assert old.hbm_bytes == 3 * t * v * e + t * 8
+        assert new.min_bytes == new.hbm_bytes == new.issued_bytes == 2 * t * v * e + t * 8 == old.min_bytes
+        assert f"clusters of 8 CTAs x {16032 * e / 1024:.1f} KiB" in new.note  # 128256 / 8 columns a CTA

@@ -193,6 +193,14 @@ def training_rows(e: int) -> Iterator[Row]:
     n = t * VOCAB
     yield Row("cross_entropy_fwd_bwd", f"{t}x{VOCAB}", dt, 2 * n * e + t * 8, 3 * n * e + t * 8,
               3 * n * e + t * 8, "rows of 256 KB evicted between passes (two reads and one write by design)")
+    # the sm_90a cluster kernel (cross_entropy_sm90.cu): the row resident in a cluster's shared memory, so the
+    # gradient sweep reads no logits: one read and one write (the partials travel over DSMEM, not HBM)
+    from pykern.ops.training import cross_entropy_cluster_plan
+
+    nc, slice_, _ = cross_entropy_cluster_plan(VOCAB, e)
+    yield Row("cross_entropy_fwd_bwd (sm_90a cluster)", f"{t}x{VOCAB}", dt, 2 * n * e + t * 8, 2 * n * e + t * 8,
+              2 * n * e + t * 8, f"clusters of {nc} CTAs x {slice_ * e / 1024:.1f} KiB of the row in shared memory: "
+              "logits read once")
 
 
 def rows(group: str, e: int) -> list[Row]:
