@@ -117,3 +117,37 @@ def test_other_archs_keep_the_two_sweep_kernel(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_80")
     names = _run("bf16", 1000, 3, {}, monkeypatch)
     assert "cross_entropy_fwd_bwd_bf16" in names and "cross_entropy_fwd_bwd_cluster_bf16" not in names
+
+
+def test_cluster_kernel_sass_on_sm90a() -> None:
+    """NVRTC's sm_90a SASS (cuobjdump, no GPU): the slice arrives by 16-byte cp.async (LDGSTS.128), the partials
+    travel over DSMEM (ld.shared::cluster.v2: generic 8-byte loads, LD.E.64, two a lane), barrier.cluster is the
+    hardware cluster barrier (UCGABAR_ARV / UCGABAR_WAIT: once per row, once before exit), the gradient sweep reads
+    the slice from shared memory (LDS.128) and stores 16 bytes at a time (bf16 / f16: STG.E.128), no spills."""
+    import re
+    from collections import Counter
+    from pathlib import Path
+
+    from sass_helpers import compile_sass
+
+    mod, text = compile_sass(Path(__file__).resolve().parent.parent / "kernels_cu" / "cross_entropy_sm90.cu", "sm_90a")
+    sass: dict[str, Counter] = {}
+    cur = None
+    for line in text.splitlines():
+        m = re.search(r"Function : (\S+)", line)
+        if m:
+            cur = sass.setdefault(m.group(1), Counter())
+            continue
+        m = re.search(r"/\*[0-9a-f]{4}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", line)
+        if m and cur is not None:
+            cur[m.group(1)] += 1
+    for k in ("cross_entropy_fwd_bwd_cluster", "cross_entropy_fwd_bwd_cluster_bf16", "cross_entropy_fwd_bwd_cluster_f16"):
+        c = sass[k]
+        assert c["LDGSTS.E.BYPASS.128"] >= 1, (k, c)
+        assert c["LD.E.64"] == 2, (k, c)
+        assert c["UCGABAR_ARV"] == 2 and c["UCGABAR_WAIT"] == 2, (k, c)
+        assert c["LDS.128"] >= 2, (k, c)
+        if k != "cross_entropy_fwd_bwd_cluster":
+            assert c["STG.E.128"] >= 1, (k, c)
+        assert not any(op.startswith(("LDL", "STL")) for op in c), (k, c)
+        assert mod.resources[k].spill_bytes == 0, (k, mod.resources[k])
