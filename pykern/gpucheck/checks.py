@@ -134,7 +134,8 @@ class _Recorder:
         return HostBackend.arch_features(self, device)  # type: ignore[arg-type]
 
     def launch(self, spec: Any, grid: Any, block: Any, args: Any, shared_mem: int, stream: Any, device: Any = None,
-               pdl: bool = False) -> None:  # device / pdl: as every backend takes them (a PDL launch's geometry is the same)
+               pdl: bool = False, cluster: Any = None) -> None:  # device / pdl / cluster: as every backend takes them
+        # (a PDL or cluster launch's per-block geometry is the same)
         self.seen.setdefault(spec.name, set()).add((block[0] * block[1] * block[2], int(shared_mem)))
 
 
