@@ -991,9 +991,6 @@ inline Region* rc_find(uintptr_t a) {
     return nullptr;
 }
 
-// The access by thread t (of block k) is ordered after an earlier one by (blk, tid, epoch, wepoch).
-// Named barriers order it only when the two threads' warps both took part (every lane) in a phase released
-// after the earlier access (nbseq: the block's nb_seq then); chains through a third warp are not followed.
 // The cluster (as a linear index of the cluster grid) of block number `linear`.
 inline unsigned long long cluster_of(unsigned long long linear) {
     unsigned long long bx = linear % pkrt_grid_dim.x, by = (linear / pkrt_grid_dim.x) % pkrt_grid_dim.y,
@@ -1004,10 +1001,16 @@ inline unsigned long long cluster_of(unsigned long long linear) {
 
 // barrier.cluster orders an access made before the accessing thread's arrival number carr + 1 with every access
 // of the cluster after a wait that phase released (the waiting thread has passed more than carr waits).
+// (Without a cluster launch barrier.cluster spans the one CTA.)
 inline bool rc_cluster_ordered(unsigned blk, unsigned carr, const Thread* t, const Block* k) {
-    return g.cl_n > 1 && t->cl_wait > carr && cluster_of(blk - 1) == cluster_of(k->linear);
+    return t->cl_wait > carr &&
+           (blk - 1 == k->linear || (g.cl_n > 1 && cluster_of(blk - 1) == cluster_of(k->linear)));
 }
 
+// The access by thread t (of block k) is ordered after an earlier one by (blk, tid, epoch, wepoch).
+// Named barriers order it only when the two threads' warps both took part (every lane) in a phase released
+// after the earlier access (nbseq: the block's nb_seq then); chains through a third warp are not followed;
+// barrier.cluster phases as rc_cluster_ordered says (carr: the earlier thread's arrivals then).
 inline bool rc_ordered(unsigned blk, unsigned tid, unsigned epoch, unsigned wepoch, unsigned nbseq, unsigned carr,
                        const Thread* t, const Block* k) {
     if (rc_cluster_ordered(blk, carr, t, k)) return true;
