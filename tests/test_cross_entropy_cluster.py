@@ -151,3 +151,26 @@ def test_cluster_kernel_sass_on_sm90a() -> None:
             assert c["STG.E.128"] >= 1, (k, c)
         assert not any(op.startswith(("LDL", "STL")) for op in c), (k, c)
         assert mod.resources[k].spill_bytes == 0, (k, mod.resources[k])
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf, -np.inf])
+def test_cluster_kernel_non_finite_logits_as_the_two_sweep_kernel(bad: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a bad logit in one CTA's slice (rank 1 of 2) reaches the row's loss and gradient through the DSMEM combine
+    # exactly as through the one-CTA kernel's block reduction; row 2 is -inf only
+    x = np.random.default_rng(8).standard_normal((4, 1000)).astype(np.float32)
+    x[0, 700] = bad
+    x[1, 3] = bad
+    x[2, :] = -np.inf
+    t = np.array([700, 5, 1, 9])
+    names = record_launches(monkeypatch)
+    got = [np.asarray(a) for a in ops.cross_entropy_fwd_bwd(x, t, reduction="none", label_smoothing=0.1,
+                                                            backend="host")]
+    assert "cross_entropy_fwd_bwd_cluster" in names
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_80")
+    want = [np.asarray(a) for a in ops.cross_entropy_fwd_bwd(x, t, reduction="none", label_smoothing=0.1,
+                                                             backend="host")]
+    for g, w in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(g), np.isnan(w))
+        np.testing.assert_array_equal(np.isposinf(g), np.isposinf(w))
+        np.testing.assert_array_equal(np.isneginf(g), np.isneginf(w))
+    assert np.isnan(got[0][2]) and not np.isfinite(got[0][0])
