@@ -24,21 +24,7 @@
 // Ids outside [0, E) (-1: a dropped token) contribute nothing.
 #include "pk_common.cuh"
 #include "pk_grouped.cuh"  // the device-side tile scheduler of the grouped GEMMs
-#include "pk_moe_act.cuh"  // moe_act_f, shared with grouped_gemm_sm90.cu
-
-// ------------------------------------------------------------------------------------------ helpers
-
-
-// d act(g) / dg
-__device__ __forceinline__ float moe_act_grad(float g, int act) {
-    if (act == MOE_ACT_GELU_TANH) {
-        const float u = 0.7978845608028654f * (g + 0.044715f * g * g * g);
-        const float th = tanhf(u);
-        return 0.5f * (1.0f + th) + 0.5f * g * (1.0f - th * th) * 0.7978845608028654f * (1.0f + 0.134145f * g * g);
-    }
-    const float s = 1.0f / (1.0f + expf(-g));
-    return s * (1.0f + g * (1.0f - s));
-}
+#include "pk_moe_act.cuh"  // moe_act_f (shared with grouped_gemm_sm90.cu) and moe_act_grad
 
 // ------------------------------------------------------------------------------------------ routing
 

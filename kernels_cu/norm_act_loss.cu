@@ -740,29 +740,8 @@ __device__ __forceinline__ float pk_gelu_tail(float x, float xk) {
 // Phi(x) of the exact form (x NaN: NaN; +inf: 1; -inf: 0).
 __device__ __forceinline__ float pk_gelu_phi(float x, float e) { return x < 0.0f ? e : 1.0f - e; }
 
-// The tanh form without tanhf (~25 issued instructions an element, MUFU.RCP among them, the range selects). It
-// needs only 0.5 (1 + t) and 1 - t^2, t = tanh(u), which are the logistic function of 2u and its derivative:
-//   s = 0.5 (1 + tanh u) = 1 / (1 + 2^(-2u log2 e)),   0.5 (1 - t^2) = 2 s (1 - s),   1 - s = 2^(-2u log2 e) s,
-// one MUFU.EX2 and one MUFU.RCP (__fdividef). t itself is never formed, so nothing cancels near u = 0 (the
-// 1 - 2 / (1 + e^2u) form of t would) and gelu = x s keeps its relative accuracy in the x < 0 tail. Large |u|:
-// 2^(-2u log2 e) is 0 (s = 1) or +inf (s = 0, gelu(-inf) = -inf * 0 = NaN as torch's); 1 - s = min(E s, 1) is
-// 1 there instead of inf * 0. tests/test_norm_act_loss.py::test_gelu_tanh_form_error_against_float64 holds
-// the error over a dense sweep.
-#define PK_GELU_TANH_K0 -2.3022081981443250f  // -2 sqrt(2/pi) log2(e): 2^(x (K0 + K1 x^2)) = e^(-2u)
-#define PK_GELU_TANH_K1 -0.10294323958002350f // K0 * 0.044715
-#define PK_GELU_TANH_D0 1.5957691216057308f   // 2 sqrt(2/pi) = d(2u)/dx at x = 0
-#define PK_GELU_TANH_D1 0.21406444881780076f  // 2 sqrt(2/pi) * 3 * 0.044715
-
-// s of the tanh form at x; *e (when given) gets 2^(-2u log2 e) and *x2 x^2 clamped to 1e4: past |x| = 100 the
-// ex2 argument is beyond +-1e5 either way (s is 0 or 1), and the derivative's 1 + 3 * 0.044715 x^2 stays finite
-// (x^2 = inf from |x| > 1.8e19 would make its 0 term inf * 0 = NaN).
-__device__ __forceinline__ float pk_gelu_tanh_s(float x, float* e = nullptr, float* x2 = nullptr) {
-    const float xx = fminf(x * x, 1e4f);
-    const float ex = pk_ex2_approx(x * fmaf(PK_GELU_TANH_K1, xx, PK_GELU_TANH_K0));
-    if (e) *e = ex;
-    if (x2) *x2 = xx;
-    return __fdividef(1.0f, 1.0f + ex);
-}
+// The tanh form's s = 0.5 (1 + tanh u) without tanhf is pk_common.cuh's pk_gelu_tanh_s (the MoE activation
+// shares it).
 
 // gelu(x) and gelu'(x) of one element; TANH picks the approximate form at compile time (one loop per form,
 // so the vector loop issues one form's instructions only).
@@ -779,12 +758,7 @@ __device__ __forceinline__ float pk_gelu(float x) {
 template <bool TANH>
 __device__ __forceinline__ float pk_gelu_grad(float x, float* value = nullptr) {
     if constexpr (TANH) {
-        float e, x2;
-        const float s = pk_gelu_tanh_s(x, &e, &x2);
-        const float xs = x * s;
-        if (value) *value = xs;
-        // gelu' = s + x s (1 - s) d(2u)/dx
-        return fmaf(xs * fminf(e * s, 1.0f), fmaf(PK_GELU_TANH_D1, x2, PK_GELU_TANH_D0), s);
+        return pk_gelu_tanh_grad(x, value);
     } else {
         const float xk = x * PK_GELU_NEG_HALF_LOG2E;
         const float phi = pk_gelu_phi(x, pk_gelu_tail(x, xk));

@@ -248,3 +248,41 @@ __device__ __forceinline__ float pk_row_sum(float v, float* scratch) {
 }
 
 __device__ __forceinline__ float pk_block_max(float v, float* scratch) { return pk_block_reduce<true>(v, scratch); }
+
+// ---------------------------------------------------------------------------------------------------------
+// GELU, tanh form: gelu(x) = 0.5 x (1 + tanh u), u = sqrt(2/pi) (x + 0.044715 x^3).
+
+// The tanh form without tanhf (~25 issued instructions an element, MUFU.RCP among them, the range selects). It
+// needs only 0.5 (1 + t) and 1 - t^2, t = tanh(u), which are the logistic function of 2u and its derivative:
+//   s = 0.5 (1 + tanh u) = 1 / (1 + 2^(-2u log2 e)),   0.5 (1 - t^2) = 2 s (1 - s),   1 - s = 2^(-2u log2 e) s,
+// one MUFU.EX2 and one MUFU.RCP (__fdividef). t itself is never formed, so nothing cancels near u = 0 (the
+// 1 - 2 / (1 + e^2u) form of t would) and gelu = x s keeps its relative accuracy in the x < 0 tail. Large |u|:
+// 2^(-2u log2 e) is 0 (s = 1) or +inf (s = 0, gelu(-inf) = -inf * 0 = NaN as torch's); 1 - s = min(E s, 1) is
+// 1 there instead of inf * 0. tests/test_norm_act_loss.py::test_gelu_tanh_form_error_against_float64 holds
+// the error over a dense sweep. Here because norm_act_loss.cu's gelu and pk_moe_act.cuh's MoE activation (moe.cu,
+// grouped_gemm_sm90.cu) both use it.
+#define PK_GELU_TANH_K0 -2.3022081981443250f  // -2 sqrt(2/pi) log2(e): 2^(x (K0 + K1 x^2)) = e^(-2u)
+#define PK_GELU_TANH_K1 -0.10294323958002350f // K0 * 0.044715
+#define PK_GELU_TANH_D0 1.5957691216057308f   // 2 sqrt(2/pi) = d(2u)/dx at x = 0
+#define PK_GELU_TANH_D1 0.21406444881780076f  // 2 sqrt(2/pi) * 3 * 0.044715
+
+// s of the tanh form at x; *e (when given) gets 2^(-2u log2 e) and *x2 x^2 clamped to 1e4: past |x| = 100 the
+// ex2 argument is beyond +-1e5 either way (s is 0 or 1), and the derivative's 1 + 3 * 0.044715 x^2 stays finite
+// (x^2 = inf from |x| > 1.8e19 would make its 0 term inf * 0 = NaN).
+__device__ __forceinline__ float pk_gelu_tanh_s(float x, float* e = nullptr, float* x2 = nullptr) {
+    const float xx = fminf(x * x, 1e4f);
+    const float ex = pk_ex2_approx(x * fmaf(PK_GELU_TANH_K1, xx, PK_GELU_TANH_K0));
+    if (e) *e = ex;
+    if (x2) *x2 = xx;
+    return __fdividef(1.0f, 1.0f + ex);
+}
+
+// gelu'(x) of the tanh form from the same s: gelu' = s + x s (1 - s) d(2u)/dx; *value (when given) gets
+// gelu(x) = x s.
+__device__ __forceinline__ float pk_gelu_tanh_grad(float x, float* value = nullptr) {
+    float e, x2;
+    const float s = pk_gelu_tanh_s(x, &e, &x2);
+    const float xs = x * s;
+    if (value) *value = xs;
+    return fmaf(xs * fminf(e * s, 1.0f), fmaf(PK_GELU_TANH_D1, x2, PK_GELU_TANH_D0), s);
+}

@@ -99,3 +99,14 @@ def kernel_ops(text: str, kernel: str) -> list[str]:
     """The opcodes (with modifiers) of one kernel's function in a SASS listing, in order."""
     body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
     return _OPCODE.findall(body)
+
+
+# libdevice's tanhf (the accurate one, no fast math) picks between a polynomial and 1 - 2 / (e^2x + 1) by
+# comparing |x| with 0.6 (FSETP ... |Rn|, 0.60000002384185791016); tanh.approx lowers to MUFU.TANH.
+_TANHF = re.compile(r"MUFU\.TANH|FSETP\.\S+\s.*\|R\d+\|(?:\.reuse)?, 0\.600000023841857")
+
+
+def tanhf_lines(text: str, kernel: str) -> list[str]:
+    """The instructions of one kernel's function in a SASS listing that show a tanhf (either lowering)."""
+    body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
+    return [line.strip() for line in body.splitlines() if _TANHF.search(line)]

@@ -27,16 +27,17 @@ pytestmark = pytest.mark.usefixtures("sm90_host")
 HOST = "host"
 
 
-def _ragged(rng, lq, lk, h, kvh, d, kind):
-    q, k, v = fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d, kind)
+def _ragged(rng, lq, lk, h, kvh, d, kind, dv=None):
+    """Packed q, k, v of head_dim d (v: dv, default d) and the cu_seqlens of the q / k lengths."""
+    q, k, v = fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, d if dv is None else dv, kind)
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
     return q[0], k[0], v[0], cu_q, cu_k
 
 
 def _np_varlen(q, k, v, cu_q, cu_k, causal, win=(-1, -1), cap=0.0):
-    """float64 per sequence; a sequence without keys: out 0, lse -inf."""
-    out = np.zeros(q.shape)
+    """float64 per sequence with v's own head_dim; a sequence without keys: out 0, lse -inf."""
+    out = np.zeros(q.shape[:2] + v.shape[2:])
     lse = np.full(q.shape[:2], -np.inf)
     for b in range(len(cu_q) - 1):
         qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
@@ -143,24 +144,19 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
 
 
 # --------------------------------------------------------------------------- head_dim 192 / head_dim_v 128
-def _ragged_dv(rng, lq, lk, h, kvh, d, dv, kind):
-    q, k, v = fa_inputs(rng, 1, sum(lq), sum(lk), h, kvh, d, dv, kind)
-    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
-    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
-    return q[0], k[0], v[0], cu_q, cu_k
-
-
-def _np_varlen_dv(q, k, v, cu_q, cu_k, causal, win=(-1, -1), cap=0.0):
-    """float64 per sequence with v's own head_dim; a sequence without keys: out 0, lse -inf."""
-    out = np.zeros(q.shape[:2] + v.shape[2:])
-    lse = np.full(q.shape[:2], -np.inf)
-    for b in range(len(cu_q) - 1):
-        qs, ks = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
-        if cu_q[b + 1] == cu_q[b] or cu_k[b + 1] == cu_k[b]:
-            continue
-        o, l_ = np_flash_attention(q[None, qs], k[None, ks], v[None, ks], causal, None, win, cap)
-        out[qs], lse[qs] = o[0], l_[0]
-    return out, lse
+def _run_192_128(monkeypatch, seed: int, lq, lk, h, kvh, causal, win, cap, kind) -> list:
+    """flash_attention_varlen at head_dim 192 / head_dim_v 128 against float64: out (total_q, h, 128), C-contiguous
+    in q's dtype, and lse. Returns the kernels it launched."""
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(seed), lq, lk, h, kvh, 192, kind, dv=128)
+    names = _record(monkeypatch)
+    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, softcap=cap,
+                                      return_lse=True, backend=HOST)
+    out_a = np.asarray(out)
+    assert out_a.shape == (sum(lq), h, 128) and out_a.dtype == q.dtype and out_a.flags.c_contiguous
+    ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, causal, win, cap)
+    close("out", out, ref_out, "flash_attention_varlen", kind)
+    check_lse(lse, ref_lse)
+    return names
 
 
 # DeepSeek-V3's prefill shape (attention_fwd_varlen_sm90_d192_dv128[_softcap]): (q lengths, k lengths, heads,
@@ -178,15 +174,8 @@ VARLEN_192 = [
     c[7], c[2], c[3], int(c[4]), *c[5], c[6]))
 def test_varlen_sm90_192_128_vs_float64(case, monkeypatch) -> None:
     lq, lk, h, kvh, causal, win, cap, kind = case
-    q, k, v, cu_q, cu_k = _ragged_dv(np.random.default_rng(sum(lq) + sum(lk)), lq, lk, h, kvh, 192, 128, kind)
-    names = _record(monkeypatch)
-    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=causal, window_size=win, softcap=cap,
-                                      return_lse=True, backend=HOST)
+    names = _run_192_128(monkeypatch, sum(lq) + sum(lk), lq, lk, h, kvh, causal, win, cap, kind)
     assert names == [f"attention_fwd_varlen_sm90_d192_dv128{'_softcap' if cap else ''}_{kind}"]
-    assert np.asarray(out).shape == (sum(lq), h, 128) and np.asarray(out).dtype == q.dtype
-    ref_out, ref_lse = _np_varlen_dv(q, k, v, cu_q, cu_k, causal, win, cap)
-    close("out", out, ref_out, "flash_attention_varlen", kind)
-    check_lse(lse, ref_lse)
 
 
 @pytest.mark.parametrize("where", ["sm90_off", "not_hopper", "f32"])
@@ -198,22 +187,14 @@ def test_varlen_192_128_fallback_pads_v_vs_float64(where, monkeypatch) -> None:
         monkeypatch.setenv("PYKERN_SM90", "0")
     elif where == "not_hopper":
         monkeypatch.setenv("PYKERN_HOST_ARCH", "")
-    lq, lk = [40, 0, 7], [70, 5, 0]
-    q, k, v, cu_q, cu_k = _ragged_dv(np.random.default_rng(7), lq, lk, 4, 2, 192, 128, kind)
-    names = _record(monkeypatch)
-    out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=3.0, return_lse=True,
-                                      backend=HOST)
+    names = _run_192_128(monkeypatch, 7, [40, 0, 7], [70, 5, 0], 4, 2, True, (-1, -1), 3.0, kind)
     assert names == ["dense_attn" + ("" if kind == "f32" else "_bf16")]
-    assert np.asarray(out).shape == (sum(lq), 4, 128) and np.asarray(out).flags.c_contiguous
-    ref_out, ref_lse = _np_varlen_dv(q, k, v, cu_q, cu_k, True, (-1, -1), 3.0)
-    close("out", out, ref_out, "flash_attention_varlen", kind)
-    check_lse(lse, ref_lse)
 
 
 def test_varlen_head_dim_v_errors_name_v() -> None:
     from pykern.errors import ArgumentError
 
-    q, k, v, cu_q, cu_k = _ragged_dv(np.random.default_rng(3), [4], [6], 2, 1, 128, 192, "bf16")
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(3), [4], [6], 2, 1, 128, "bf16", dv=192)
     with pytest.raises(ArgumentError, match=r"v\.shape\[2\] \(head_dim_v\): expected 1 <= head_dim_v <= "
                                             r"head_dim=128 .*got 192"):
         flash_attention_varlen(q, k, v, cu_q, cu_k, backend=HOST)  # a v wider than q / k

@@ -13,7 +13,7 @@ from pykern.arrays import bfloat16
 from pykern.difftest.cases.moe import (np_grouped_gemm, np_moe_experts, np_moe_experts_backward, np_moe_route,
                                        _experts_inputs)
 from pykern.errors import ArgumentError, ArgumentTypeError
-from sass_helpers import checked_report as _sass_report
+from sass_helpers import checked_report as _sass_report, kernel_ops, source_sass, tanhf_lines
 from family_helpers import close_elementwise as _close
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -252,6 +252,21 @@ def test_loop_metric_counts_a_known_loop() -> None:
     ])
     row = sr.steady_state_loops(text)["k"]
     assert (row["insns"], row["mma"], row["per_mma"], row["ldsm"]) == (4, 2.0, 2.0, 1)
+
+
+# every moe.cu kernel that evaluates act(gate): the forward's elementwise and fused-epilogue ones, the backward's
+ACT_KERNELS = [f"moe_act{s}" for s in ("", "_bf16", "_f16")] + ["moe_act_backward", "moe_gemm_act_tc_bf16",
+                                                                  "moe_gemm_act_tc_f16"]
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90"])
+def test_gelu_tanh_activation_calls_no_tanhf(arch: str) -> None:
+    # gelu_tanh (forward and derivative) is norm_act_loss.cu's one-ex2 one-rcp form (pk_gelu_tanh_s), not
+    # tanhf's range-selected polynomial / exp paths (which issued 64 range tests in moe_gemm_act_tc alone)
+    text = source_sass("moe.cu", arch)
+    for k in ACT_KERNELS:
+        assert not tanhf_lines(text, k), (k, arch, tanhf_lines(text, k)[:4])
+        assert "MUFU.EX2" in kernel_ops(text, k), (k, arch)  # silu's exp and gelu_tanh's 2^(-2u log2 e)
 
 
 def test_f16_experts_run_on_the_f16_kernels(monkeypatch) -> None:

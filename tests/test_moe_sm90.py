@@ -23,7 +23,7 @@ from pykern.errors import KernelExecutionError
 from pykern.ops import _moe_sm90 as sm90
 from launch_spy import record_launches as _record
 from attn_checks import sm90_host  # noqa: F401 (a fixture)
-from sass_helpers import compile_sass, kernel_ops, report
+from sass_helpers import compile_sass, kernel_ops, report, tanhf_lines
 from family_helpers import close_elementwise as _close
 from sm90_mutants import launch_mutants
 
@@ -233,6 +233,14 @@ def test_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     assert not [op for op in ops_ if op.startswith(("LDL", "STL"))]
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k.startswith("moe_gemm_act")])
+def test_gate_up_epilogue_calls_no_tanhf(kernel: str) -> None:
+    # the fused act(gate) * up epilogue's gelu_tanh is pk_gelu_tanh_s (one ex2, one rcp), not tanhf
+    _, text, _ = _sass()
+    assert not tanhf_lines(text, kernel), tanhf_lines(text, kernel)[:4]
+    assert "MUFU.EX2" in kernel_ops(text, kernel)
 
 
 @pytest.mark.parametrize("kernel", KERNELS)

@@ -198,3 +198,17 @@ def test_gpu_user_is_never_switched_to_the_simulator() -> None:
         "assert 'NUMBA_ENABLE_CUDASIM' not in os.environ\n"
     )
     assert r.returncode == 0, r.stderr
+
+
+def test_norm_grad_reduce_reference_sums_in_float64() -> None:
+    """The reference of the weight-gradient column sum adds the fp32 partial rows in float64 and rounds once, the
+    stronger side of its comparison with the kernel (fp32 sums of 32 lanes, then of the lanes): a float32 running
+    sum in row order would drop every 2^-24 added to 1.0 (and end at 1.0)."""
+    n, dim = 1025, 4
+    partial = np.full((n, dim), 2.0**-24, np.float32)
+    partial[0] = 1.0
+    out = np.zeros(dim, np.float32)
+    pykern.launch("norm_grad_reduce", 1, (8, 32), partial.ravel(), out, n, dim, backend="numba")
+    want = partial.astype(np.float64).sum(axis=0).astype(np.float32)
+    assert want[0] == np.float32(1.0 + 2.0**-14)
+    np.testing.assert_array_equal(out, want)

@@ -311,18 +311,24 @@ def test_apply_keeps_parameters_and_state_dict():
     assert len(model.model.layers[0].self_attn._forward_pre_hooks) == 1
 
 
-@pytest.mark.parametrize("name", ["Llama", "Qwen3"])  # Qwen3: q_norm / k_norm deferred into qk_norm_rope
-def test_patched_model_compiles_fullgraph(spy, name):
-    calls, _ = spy
-    ref = tiny(name)
-    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
-    ids, labels = batch()
+def compiled_loss_backward(model, ref, ids, labels):
+    """(o, o_ref): model under torch.compile(fullgraph=True) and the unpatched ref on (ids, labels), each loss
+    backpropagated."""
     torch._dynamo.reset()
     compiled = torch.compile(model, fullgraph=True, backend="aot_eager")
     o = compiled(input_ids=ids, labels=labels)
     o.loss.backward()
     o_ref = ref(input_ids=ids, labels=labels)
     o_ref.loss.backward()
+    return o, o_ref
+
+
+@pytest.mark.parametrize("name", ["Llama", "Qwen3"])  # Qwen3: q_norm / k_norm deferred into qk_norm_rope
+def test_patched_model_compiles_fullgraph(spy, name):
+    calls, _ = spy
+    ref = tiny(name)
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)  # compares the logits too
+    o, o_ref = compiled_loss_backward(model, ref, *batch())
     assert calls["qk_norm_rope"] and calls["flash_attention"] and calls["attention_backward"]
     if name == "Qwen3":  # the norm ran fused (its backward is the fused one), also under torch.compile
         assert calls["qk_norm_rope_backward"] == model.config.num_hidden_layers

@@ -21,7 +21,7 @@ import pykern.torch.training as ptt  # noqa: E402
 from test_torch_apply import assert_close  # the one comparison against the torch_apply tolerance row
 from test_torch_apply import (
     assert_grads_close, loss_backward_both, assert_apply_generates_same, batch as apply_batch, build_tiny,
-    left_padding_mask,
+    compiled_loss_backward, left_padding_mask,
 )
 
 W = 4  # sliding window (tokens, the current one included): shorter than the 9-token batch
@@ -111,9 +111,10 @@ def test_logits_loss_gradients_match_and_every_attention_runs_on_pykern(name, sp
     assert rel_diff(o.logits, o_ref.logits) <= 1e-4
     assert_close(o.loss, o_ref.loss, "loss")
     assert_grads_close(model, ref)
-    if name == "Gemma3":  # q_norm / k_norm are Gemma RMSNorms too
+    if name == "Gemma3":  # q_norm / k_norm are Gemma RMSNorms too, run fused into the rotation
         a = model.model.layers[0].self_attn
-        assert isinstance(a.q_norm, pt.RMSNorm) and a.q_norm.offset == 1.0
+        assert isinstance(a.q_norm, hf.QKNormDeferred) and isinstance(a.q_norm.norm, pt.RMSNorm)
+        assert a.q_norm.norm.offset == 1.0 and a.q_norm.offset == 1.0
 
 
 @pytest.mark.parametrize("name", NAMES)
@@ -149,6 +150,76 @@ def test_training_losses_stay_equal_over_adamw_steps(name):
             opt.step()
             losses.append(loss)
         assert_close(losses[1], losses[0], f"loss at step {step}")
+
+
+def _gemma3_qk_norm_fused(model, calls) -> None:
+    """Gemma 3's q_norm / k_norm ran inside qk_norm_rope (forward and backward), one launch a layer, and no
+    separate RMSNorm ran for them: the 4 RMSNorms a layer and the final one only."""
+    n = model.config.num_hidden_layers
+    assert calls["qk_norm_rope"] == n and calls["qk_norm_rope_backward"] == n, calls
+    assert calls["rms_norm"] == 4 * n + 1 and calls["rms_norm_backward"] == 4 * n + 1, calls
+
+
+@pytest.mark.parametrize("dtype", ["f32", "bf16"])
+def test_gemma3_qk_norm_runs_fused_into_rope(dtype, spy):
+    """Gemma 3 normalises q and k (x * (1 + w)) after the head transpose, then rotates them with the layer's
+    tables (local layers: rope_local_base_freq, global ones: rope_theta): apply fuses the norm into the
+    rotation as Qwen3's, keeping the Parameters and state_dict keys, and matches the unpatched model."""
+    calls, _ = spy
+    ref = tiny("Gemma3")
+    assert ref.config.rope_parameters["sliding_attention"]["rope_theta"] != \
+        ref.config.rope_parameters["full_attention"]["rope_theta"]  # the two kinds of layers rotate differently
+    if dtype == "bf16":
+        ref = ref.to(torch.bfloat16)
+    model = copy.deepcopy(ref)
+    params = dict(model.named_parameters())
+    keys = list(model.state_dict())
+    pt.apply(model, fused_linear_cross_entropy=False)
+    assert list(model.state_dict()) == keys and all(p is params[k] for k, p in model.named_parameters())
+    for layer in model.model.layers:
+        for norm in (layer.self_attn.q_norm, layer.self_attn.k_norm):
+            assert isinstance(norm, hf.QKNormDeferred) and norm.offset == 1.0
+    ids, labels = batch()
+    o, o_ref = loss_backward_both(ref, model, calls, ids, labels)
+    _gemma3_qk_norm_fused(model, calls)
+    assert calls["fallback"] == 0
+    assert_close(o.logits, o_ref.logits, "logits", dtype)
+    assert_close(o.loss, o_ref.loss, "loss", dtype)
+    if dtype == "f32":
+        assert_grads_close(model, ref)
+    else:  # the bf16 gradients against the f32 model's (HF's bf16 ones round every step, ours fewer)
+        f32 = tiny("Gemma3")
+        f32(input_ids=ids, labels=labels).loss.backward()
+        named = dict(f32.named_parameters())
+        for pname, p in model.named_parameters():
+            assert p.grad.dtype == torch.bfloat16, pname
+            assert_close(p.grad, named[pname].grad, f"bf16 grad {pname}", "bf16")
+
+
+def test_gemma3_qk_norm_fused_without_the_rms_norm_swap(spy):
+    """rms_norm=False leaves transformers' Gemma3RMSNorm (no offset attribute) in q_norm / k_norm: the fused
+    kernel still applies its x * (1 + w)."""
+    calls, _ = spy
+    ref = tiny("Gemma3")
+    model = pt.apply(copy.deepcopy(ref), rms_norm=False, fused_linear_cross_entropy=False)
+    q_norm = model.model.layers[0].self_attn.q_norm
+    assert type(q_norm.norm).__name__ == "Gemma3RMSNorm" and q_norm.offset == 1.0
+    ids, labels = batch()
+    o, o_ref = loss_backward_both(ref, model, calls, ids, labels)
+    n = model.config.num_hidden_layers
+    assert calls["qk_norm_rope"] == n and calls["qk_norm_rope_backward"] == n and calls["rms_norm"] == 0
+    assert_close(o.logits, o_ref.logits, "logits")
+    assert_grads_close(model, ref)
+
+
+def test_gemma3_qk_norm_fused_compiles_fullgraph(spy):
+    calls, _ = spy
+    ref = tiny("Gemma3")
+    model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
+    o, o_ref = compiled_loss_backward(model, ref, *batch())
+    _gemma3_qk_norm_fused(model, calls)
+    assert_close(o.logits, o_ref.logits, "compiled logits")
+    assert_grads_close(model, ref, "compiled grad")
 
 
 def test_gemma_rms_norm_and_geglu_are_swapped_exactly():

@@ -288,22 +288,26 @@ def _norm_weight(name: str, w: Any, head_dim: int, kind: str, like_name: str) ->
     return arrays.contiguous(w)
 
 
-def _norm_args(p: dict[str, Any], q_weight: Any, k_weight: Any, eps: Any, weight_offset: Any, itemsize: int
-               ) -> tuple[float, float]:
-    """Checks of the fused norm's arguments: eps, weight_offset and the head_dim limit of the kernel."""
+def _norm_args(p: dict[str, Any], q_weight: Any, k_weight: Any, eps: Any, weight_offset: Any
+               ) -> tuple[float, float, Any, Any]:
+    """Checks of the fused norm's arguments (qk_norm_rope's and its backward's): eps, weight_offset, the head_dim
+    limit of the kernel and the two weights. Returns (eps, weight_offset, q_weight, k_weight)."""
     for name, v in (("eps", eps), ("weight_offset", weight_offset)):
         if isinstance(v, bool) or not isinstance(v, (int, float, np.integer, np.floating)) or not math.isfinite(v) \
                 or abs(float(v)) > _F32_MAX:  # the kernel takes fp32
             raise ArgumentError(f"{name}: expected a finite float32 number, got {v!r}")
     if eps < 0:
         raise ArgumentError(f"eps: expected a float >= 0, got {eps!r}")
+    itemsize = _isz(p["kind"])
     nc, _ = _rope_chunks(p["head_dim"], itemsize)
     d = p["head_dim"]
     if nc > 32 or d > _ROPE_BWD_MAX_D:
         v = 16 // itemsize
         raise ArgumentError(f"q: the fused norm takes head_dim <= {min(64 * v, _ROPE_BWD_MAX_D)} with head_dim/2 a "
                             f"multiple of {v}, or head_dim <= 64, got head_dim {d}")
-    return float(eps), float(weight_offset)
+    q_weight = _norm_weight("q_weight", q_weight, d, p["kind"], "q")
+    k_weight = _norm_weight("k_weight", k_weight, d, p["kind"], "q")
+    return float(eps), float(weight_offset), q_weight, k_weight
 
 
 def _norm_aligned(names_arrays: list[tuple[str, Any, bool]], head_dim: int) -> list[Any]:
@@ -324,6 +328,15 @@ def _norm_aligned(names_arrays: list[tuple[str, Any, bool]], head_dim: int) -> l
                                     "16-byte aligned base address")
         out.append(a)
     return out
+
+
+def _norm_operands(p: dict[str, Any], names_arrays: list[tuple[str, Any, bool]], q_weight: Any, k_weight: Any
+                   ) -> tuple[dict[str, Any], list[Any]]:
+    """_norm_aligned over names_arrays, then the two weights and p's cos / sin tables (read only): (p with the
+    aligned tables, [the aligned names_arrays..., q_weight, k_weight])."""
+    got = _norm_aligned(names_arrays + [("q_weight", q_weight, False), ("k_weight", k_weight, False),
+                                        ("cos", p["cos"], False), ("sin", p["sin"], False)], p["head_dim"])
+    return dict(p, cos=got[-2], sin=got[-1]), got[:-2]
 
 
 def _launch_rope(p: dict[str, Any], q: Any, q_out: Any, k: Any, k_out: Any, hq: int, hk: int, q_w: Any, k_w: Any,
@@ -444,9 +457,7 @@ def qk_norm_rope(
         if inverse:
             raise ArgumentError("inverse: expected False with the norm weights (its backward is "
                                 "qk_norm_rope_backward), got True")
-        eps, weight_offset = _norm_args(p, q_weight, k_weight, eps, weight_offset, _isz(p["kind"]))
-        q_weight = _norm_weight("q_weight", q_weight, p["head_dim"], p["kind"], "q")
-        k_weight = _norm_weight("k_weight", k_weight, p["head_dim"], p["kind"], "q")
+        eps, weight_offset, q_weight, k_weight = _norm_args(p, q_weight, k_weight, eps, weight_offset)
     if inplace and q is k:
         raise ArgumentError("k: inplace=True needs k and q to be different arrays")
     q, qo = _rope_dest("q", q, inplace, q_out, "q_out")
@@ -455,10 +466,8 @@ def qk_norm_rope(
     if p["n_tok"] * (hq + hk) == 0 or p["head_dim"] == 0:
         return qo, ko
     if norm:
-        q, k, qo, ko, q_weight, k_weight, cos_t, sin_t = _norm_aligned(
-            [("q", q, inplace), ("k", k, inplace), ("q_out", qo, True), ("k_out", ko, True),
-             ("q_weight", q_weight, False), ("k_weight", k_weight, False), ("cos", p["cos"], False), ("sin", p["sin"], False)], p["head_dim"])
-        p = dict(p, cos=cos_t, sin=sin_t)
+        p, (q, k, qo, ko, q_weight, k_weight) = _norm_operands(
+            p, [("q", q, inplace), ("k", k, inplace), ("q_out", qo, True), ("k_out", ko, True)], q_weight, k_weight)
     qw, kw = (q_weight, k_weight) if norm else (q, q)  # never read without the norm
     _launch_rope(p, q, qo, k, ko, hq, hk, qw, kw, inverse, norm, float(eps) if norm else 0.0,
                  float(weight_offset) if norm else 0.0, _isz(p["kind"]), stream, backend)
@@ -494,15 +503,11 @@ def qk_norm_rope_backward(
             ref = "q" if name == "grad_q" else "k"
             raise ArgumentError(f"{name}: expected the shape of {ref} {tuple(arrays.shape_of(x))}, got "
                                 f"{tuple(arrays.shape_of(g))}")
-    eps, weight_offset = _norm_args(p, q_weight, k_weight, eps, weight_offset, _isz(p["kind"]))
-    q_weight = _norm_weight("q_weight", q_weight, p["head_dim"], p["kind"], "q")
-    k_weight = _norm_weight("k_weight", k_weight, p["head_dim"], p["kind"], "q")
+    eps, weight_offset, q_weight, k_weight = _norm_args(p, q_weight, k_weight, eps, weight_offset)
     q, k, grad_q, grad_k = (arrays.contiguous(a) for a in (q, k, grad_q, grad_k))
-    q, k, grad_q, grad_k, q_weight, k_weight, cos_t, sin_t = _norm_aligned(
-        [("q", q, False), ("k", k, False), ("grad_q", grad_q, False), ("grad_k", grad_k, False),
-         ("q_weight", q_weight, False), ("k_weight", k_weight, False), ("cos", p["cos"], False),
-         ("sin", p["sin"], False)], p["head_dim"])
-    p = dict(p, cos=cos_t, sin=sin_t)
+    p, (q, k, grad_q, grad_k, q_weight, k_weight) = _norm_operands(
+        p, [("q", q, False), ("k", k, False), ("grad_q", grad_q, False), ("grad_k", grad_k, False)], q_weight,
+        k_weight)
     dtype = arrays.dtype_name(q)
     gq = arrays.empty(tuple(arrays.shape_of(q)), dtype, like=q)
     gk = arrays.empty(tuple(arrays.shape_of(k)), dtype, like=q)

@@ -103,9 +103,11 @@ def _norm_grad_reduce(cuda: Any):
     def k(partial, out, n_chunks, dim):
         c = cuda.grid(1)
         if c < dim:
+            # a float64 sum rounded once: float() keeps it float64 in the simulator too, where NumPy 2 would
+            # keep a 0.0 + float32 running sum in float32 (weaker than the kernel's 32 fp32 lane sums)
             s = 0.0
             for j in range(n_chunks):
-                s += partial[j * dim + c]
+                s += float(partial[j * dim + c])
             out[c] = s
 
     return k, lambda a: _grid1(a[3])

@@ -69,8 +69,11 @@ _FAMILIES = {
 }
 SUPPORTED_MODELS.update({name: spec[0] for name, spec in _FAMILIES.items()})
 _ATTN_NAME = "pykern"
-# families whose attention applies q_norm / k_norm right before apply_rotary_pos_emb: fused (qk_norm_rope)
-_QK_NORM_FAMILIES = ("qwen3", "qwen3_moe")
+# families whose attention applies q_norm / k_norm right before apply_rotary_pos_emb: fused (qk_norm_rope).
+# Qwen3 normalises the (batch, seq, heads, d) projections and then transposes, Gemma 3 normalises the transposed
+# (batch, heads, seq, d) views (its norms are x * (1 + w)); either way the norm comes first, then the rotation
+# with the cos / sin the layer was given (Gemma 3's local and global layers have their own rope bases).
+_QK_NORM_FAMILIES = ("qwen3", "qwen3_moe", "gemma3")
 _state = threading.local()  # depth of patched attention forwards on this thread
 
 
@@ -337,15 +340,17 @@ def _exit(module: nn.Module, args: Any, output: Any) -> None:
 
 
 class QKNormDeferred(nn.Module):
-    """Qwen3's q_norm / k_norm inside a patched attention: its input is handed on unnormalised and the norm is
-    fused into the rotation (pykern.torch.qk_norm_rope) by the wrapped apply_rotary_pos_emb, which applies the
-    wrapped norm itself where the fused kernel does not apply. The weight Parameter is the wrapped norm's."""
+    """Qwen3's / Gemma 3's q_norm / k_norm inside a patched attention: its input is handed on unnormalised and
+    the norm is fused into the rotation (pykern.torch.qk_norm_rope) by the wrapped apply_rotary_pos_emb, which
+    applies the wrapped norm itself where the fused kernel does not apply. The weight Parameter is the wrapped
+    norm's; offset is the norm's weight offset (0: w * x, Qwen3's; 1: x * (1 + w), Gemma 3's)."""
 
-    def __init__(self, norm: nn.Module, role: str) -> None:
+    def __init__(self, norm: nn.Module, role: str, offset: float = 0.0) -> None:
         super().__init__()
         self.weight = norm.weight  # the same Parameter under the same state_dict key (q_norm.weight)
         object.__setattr__(self, "norm", norm)  # not a submodule: its weight is registered above
         self.role = role
+        self.offset = float(offset)
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         pending = getattr(_state, "qk", None)
@@ -353,10 +358,6 @@ class QKNormDeferred(nn.Module):
             return self.norm(x)
         pending[self.role] = (self, x)
         return x
-
-
-def _norm_offset(norm: nn.Module) -> float:
-    return float(getattr(norm, "offset", 0.0))
 
 
 def _norm_eps(norm: nn.Module) -> float:
@@ -374,6 +375,13 @@ def _take_qk(q: torch.Tensor, k: torch.Tensor) -> Optional[tuple[Any, Any]]:
     return got
 
 
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether a and b view the same storage the same way; data pointers cannot be compared while torch.compile
+    traces, where shapes and strides are checked."""
+    return (a.shape == b.shape and a.stride() == b.stride()
+            and (torch.compiler.is_compiling() or a.data_ptr() == b.data_ptr()))
+
+
 def _wrap_rotary(modeling: Any) -> None:
     """Install the dispatching apply_rotary_pos_emb in one modeling module (once)."""
     orig = modeling.apply_rotary_pos_emb
@@ -384,19 +392,17 @@ def _wrap_rotary(modeling: Any) -> None:
         qk = _take_qk(q, k)
         if qk is not None:
             (qn, xq), (kn, xk) = qk
-            # q and k must be the deferred inputs' transposes (as Qwen3's attention hands them on); data
-            # pointers cannot be compared while torch.compile traces, where shapes and strides are checked
-            tq, tk = xq.transpose(1, 2), xk.transpose(1, 2)
-            same = (tq.shape == q.shape and tk.shape == k.shape and tq.stride() == q.stride()
-                    and tk.stride() == k.stride() and (torch.compiler.is_compiling() or (
-                        xq.data_ptr() == q.data_ptr() and xk.data_ptr() == k.data_ptr())))
+            # q and k must be the deferred inputs (Gemma 3's attention normalises the (b, heads, seq, d) views it
+            # hands on) or their transposes (Qwen3's normalises the (b, seq, heads, d) projections)
+            same = ((_same_view(xq, q) and _same_view(xk, k))
+                    or (_same_view(xq.transpose(1, 2), q) and _same_view(xk.transpose(1, 2), k)))
             if (same and unsqueeze_dim == 1 and q.dtype in _amp.KERNEL_DTYPES and k.dtype == q.dtype
                     and qn.weight.dtype == q.dtype and kn.weight.dtype == q.dtype and _amp.autocast_dtype(q) is None
                     and not _dt.active(q, k, cos, sin, qn.weight, kn.weight) and cos.dim() == 3
                     and cos.shape[-1] == q.shape[-1] == k.shape[-1]
-                    and _norm_offset(qn.norm) == _norm_offset(kn.norm) and _norm_eps(qn.norm) == _norm_eps(kn.norm)):
-                oq, ok = F.qk_norm_rope(xq, xk, cos, sin, qn.weight, kn.weight, _norm_eps(qn.norm),
-                                        offset=_norm_offset(qn.norm))
+                    and qn.offset == kn.offset and _norm_eps(qn.norm) == _norm_eps(kn.norm)):
+                oq, ok = F.qk_norm_rope(q.transpose(1, 2), k.transpose(1, 2), cos, sin, qn.weight, kn.weight,
+                                        _norm_eps(qn.norm), offset=qn.offset)
                 return oq.transpose(1, 2), ok.transpose(1, 2)
             q, k = qn.norm(q), kn.norm(k)  # the norms over head_dim, in HF's layout, then the rotation below
         if (
@@ -608,7 +614,10 @@ def apply(model: nn.Module, *, rms_norm: bool = True, rope: bool = True, swiglu:
                 for role in ("q", "k"):
                     norm = getattr(m, f"{role}_norm", None)
                     if isinstance(norm, nn.Module) and not isinstance(norm, QKNormDeferred):
-                        setattr(m, f"{role}_norm", QKNormDeferred(norm, role))
+                        # pykern's RMSNorm carries its offset; an unswapped HF norm (rms_norm=False) is the
+                        # family's kind: Gemma's x * (1 + w)
+                        offset = getattr(norm, "offset", 1.0 if spec is not None and spec[2] == "gemma" else 0.0)
+                        setattr(m, f"{role}_norm", QKNormDeferred(norm, role, offset))
             if isinstance(m, attn_cls) and not getattr(m, "_pykern_rope_hooks", None):
                 m._pykern_rope_hooks = (
                     m.register_forward_pre_hook(_enter),
