@@ -80,7 +80,8 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 // dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the op's pre-pass)
 // with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
 // key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
-// tiles before it that see the tile, then adding one. With DQA > 0, lse (already times log2 e) and delta come
+// tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
+// barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already times log2 e) and delta come
 // from the pre-pass as (batch, head, nq_pad) runs (attention_bwd_tc_prep's layout).
 //   Per tile, after dS^T: each consumer stores its 64 keys of dS (as [query][key] rows, the B operand's
 //   K-major 128B-swizzled layout; two buffers, so one barrier per tile orders the writes and the other
@@ -150,6 +151,29 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 for (int nb = 0; nb < NB; nb++) {
                     pk_tma_load_4d(qs + s * STEP_BYTES + nb * C * 128, tq, &full[s], nb * 64, h, q_row0 + q0, mb);
                     pk_tma_load_4d(dos + s * STEP_BYTES + nb * C * 128, tdo, &full[s], nb * 64, h, q_row0 + q0, mb);
+                }
+            }
+        }
+        if constexpr (DQA == 2) {
+            // warp 1: the semaphores. Per tile it waits (lane 0, ld.acquire) until the query tile's count reaches
+            // this key tile's order, then arrives on named barrier 1, where the consumers wait before their dQ
+            // wgmma; it polls while they compute S, dP and dS, so a predecessor that is done costs no wait. After
+            // the consumers' adds (their arrivals on barrier 2) lane 0 releases the count (red.release: the
+            // barrier orders the adds before it, and the release is cumulative).
+            if (tid / 32 == 1) {
+                for (int i = 0; i < steps; i++) {
+                    const int h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
+                    int* sem = dq_sem + ((long long)b * n_heads + h) * ((n_q + C - 1) / C) + q0 / C;
+                    if (tid == 32) {
+                        // the key tiles that see this query tile are a run (band masks): those before kt go first
+                        const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
+                                                              window_right);
+                        pk_sem_wait_eq(sem, kt - qsp.lo / R);
+                    }
+                    __syncwarp();
+                    pk_bar_arrive(1, 288);
+                    pk_bar_sync(2, 288);
+                    if (tid == 32) pk_sem_add_release(sem, 1);
                 }
             }
         }
@@ -225,7 +249,6 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
                 da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
             }
-        int* sem = nullptr;
         if constexpr (DQA > 0) {
             // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64
             unsigned char* box = dss + (i & 1) * DS_BYTES + c * C * 128;
@@ -241,15 +264,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                         (unsigned short)(w >> 16);
                 }
             pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
-            if constexpr (DQA == 2) {
-                // the key tiles that see this query tile are a contiguous run (band masks): wait for those before kt
-                sem = dq_sem + ((long long)b * n_heads + h) * ((n_q + C - 1) / C) + q0 / C;
-                if (tid == 128) {
-                    const PkAttnSpan qs_ = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left, window_right);
-                    pk_sem_wait_eq(sem, kt - qs_.lo / R);
-                }
-            }
-            pk_bar_sync(1, 256);  // both consumers' dS (and, DQA 2, the semaphore's acquire) before the wgmma
+            // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
+            pk_bar_sync(1, DQA == 2 ? 288 : 256);
         }
         pk_wgmma_fence();
 #pragma unroll
@@ -283,10 +299,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 for (int r = 0; r < 2; r++)
 #pragma unroll
                     for (int e = 0; e < 2; e++) pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
-            if constexpr (DQA == 2) {
-                pk_bar_sync(1, 256);  // both consumers' adds before the release
-                if (tid == 128) pk_sem_add_release(sem, 1);
-            }
+            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
         } else {
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
