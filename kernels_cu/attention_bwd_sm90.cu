@@ -112,7 +112,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_kt = (n_k + R - 1) / R;
-    const int bkv = blockIdx.x / n_kt, kt = blockIdx.x % n_kt;
+    // DQA 2 with a bounded right side (causal, windows): key tile kt first meets query tiles that the key tiles
+    // above it met earlier in their walks, so a query tile's adds go in descending key-tile order, and the CTAs
+    // of a (batch, kv head) launch in that order too (a CTA only ever waits for CTAs launched before it)
+    const bool desc = DQA == 2 && window_right < n_q;
+    const int bkv = blockIdx.x / n_kt, kt = desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
     const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
     const int k0 = kt * R;
     // TMA coordinates: row origin and batch of the sequence (VL: the packed rows as one batch)
@@ -165,10 +169,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     const int h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
                     int* sem = dq_sem + ((long long)b * n_heads + h) * ((n_q + C - 1) / C) + q0 / C;
                     if (tid == 32) {
-                        // the key tiles that see this query tile are a run (band masks): those before kt go first
+                        // the key tiles that see this query tile are a run (band masks): those before kt in the
+                        // order (ascending, or descending with desc) go first
                         const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
                                                               window_right);
-                        pk_sem_wait_eq(sem, kt - qsp.lo / R);
+                        pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
                     }
                     __syncwarp();
                     pk_bar_arrive(1, 288);
