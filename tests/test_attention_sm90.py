@@ -772,3 +772,31 @@ def test_steady_loop_ping_pongs_the_consumer_warpgroups(kernel: str) -> None:
     assert turns == tiles and hgmma_out == 0 and not inside
     body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
     assert len(re.findall(r"BAR\.ARV 0x3, 0x100\s*;", body)) == 1
+
+
+def test_torch_deterministic_algorithms_take_the_semaphore_ordered_fused_kernel(monkeypatch) -> None:
+    """pykern.torch on sm_90a: torch.use_deterministic_algorithms(True) runs the _det fused kernel (dQ's adds in
+    key-tile order), the default the atomic one; both gradients equal float64 within the tolerance rows."""
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+    from pykern.difftest.cases.attention import np_attention_backward
+
+    names = _record(monkeypatch)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16().requires_grad_() for _ in range(3))
+    go = torch.randn(1, 70, 2, 64, generator=gen).bfloat16()
+    ref = np_attention_backward(*(t.detach().float().numpy().astype(ml_dtypes.bfloat16) for t in (q, k, v)),
+                                go.float().numpy().astype(ml_dtypes.bfloat16), causal=True)
+    for det in (False, True):
+        prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(det)
+        try:
+            names.clear()
+            out = pt.flash_attention(q, k, v, causal=True)
+            grads = torch.autograd.grad(out, (q, k, v), go)
+        finally:
+            torch.use_deterministic_algorithms(prev)
+        assert ("attention_bwd_sm90_fused_det_d64_bf16" in names) == det, names
+        assert ("attention_bwd_sm90_fused_d64_bf16" in names) == (not det), names
+        for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+            close(name, got.float().numpy(), want, "attention_backward", "bf16")
