@@ -212,17 +212,27 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         const bool need_mask = q0 < span.full_lo || q0 + C - 1 > span.full_hi;
         // lse * log2 e and delta of this thread's query columns q0 + 8j + 2t + e (+inf / 0 past n_q)
         float l2[C / 8][2], dl[C / 8][2];
+        if constexpr (DQA > 0) {
+            // the pre-pass's runs (lse already times log2 e), padded to nq_pad: a thread's two queries are one
+            // 8-byte load each. Padded rows read 0 for both: their Q and dO rows are TMA zeros (S = 0, P = 1,
+            // dP = 0, so dS = 0 and P dO = 0), and they lie past full_hi, so the mask zeroes P there anyway.
+            const float* lrun = lse + ((long long)b * n_heads + h) * nq_pad + q0 + 2 * t;
+            const float* drun = delta + ((long long)b * n_heads + h) * nq_pad + q0 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < C / 8; j++) {
+                const float2 lv = *reinterpret_cast<const float2*>(lrun + 8 * j);
+                const float2 dv2 = *reinterpret_cast<const float2*>(drun + 8 * j);
+                l2[j][0] = lv.x == PK_NEG_INF ? -PK_NEG_INF : lv.x;  // a row that sees no key: P = 0
+                l2[j][1] = lv.y == PK_NEG_INF ? -PK_NEG_INF : lv.y;
+                dl[j][0] = dv2.x, dl[j][1] = dv2.y;
+            }
+        } else
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int qq = q0 + 8 * j + 2 * t + e;
-                if constexpr (DQA > 0) {  // the pre-pass's runs, lse already times log2 e
-                    const long long r = ((long long)b * n_heads + h) * nq_pad + qq;
-                    const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
-                    l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : lv;
-                    dl[j][e] = qq < n_q ? delta[r] : 0.0f;
-                } else {
+                {
                     const long long r = ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
                     const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
                     l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
