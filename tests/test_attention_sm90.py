@@ -629,6 +629,8 @@ BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
 BWD_KERNELS = [f"attention_bwd_{vl}sm90_{n}_d{d}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
 BWD_KERNELS += [f"attention_bwd_sm90_dq_d256{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")]
+BWD_FUSED_KERNELS = [f"attention_bwd_sm90_fused{det}_d{d}_{t}" for det in ("", "_det") for d in (64, 128)
+                     for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
@@ -642,17 +644,26 @@ def _bwd_sass():
     return mod, report().count_sass(text), report().steady_state_loops(text)
 
 
-@pytest.mark.parametrize("kernel", BWD_KERNELS)
+@pytest.mark.parametrize("kernel", BWD_KERNELS + BWD_FUSED_KERNELS)
 def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     mod, counts, loops = _bwd_sass()
     assert counts[kernel]["HGMMA"] >= 4 and counts[kernel]["LDL"] == counts[kernel]["STL"] == 0
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0
-    assert loops[kernel]["bar"] == 0 and loops[kernel]["mma"] > 0  # a flat loop of HGMMAs, no __syncthreads
+    # a flat loop of HGMMAs; the fused kernels' named barriers (the dS hand-off between the consumers, and in
+    # _det the semaphore warp's two) are the only barriers in it
+    fused = "_fused" in kernel
+    assert loops[kernel]["bar"] == (2 if "_det" in kernel else 1 if fused else 0) and loops[kernel]["mma"] > 0
     ops_ = kernel_ops(_bwd_listing()[1], kernel)
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 4      # Q, dO, K, V tiles
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4           # mbarrier init / arrive / try_wait
     assert ("MUFU.TANH" in ops_) == ("_softcap" in kernel)           # the tanh only where the cap is
+    # dQ's partials: REDG.E.ADD.F32 (red.global.add.f32) in the fused kernels only; the _det ones poll with a
+    # strong GPU-scope load (ld.acquire.gpu) and release with an integer REDG (red.release.gpu.add)
+    reds = [op for op in ops_ if op.startswith("REDG")]
+    assert (sum(op.startswith("REDG.E.ADD.F32") for op in reds) >= 16) == fused, reds[:4]
+    assert any(op.startswith("REDG.E.ADD.S32.STRONG.GPU") for op in reds) == ("_det" in kernel)
+    assert any(op.startswith("LDG.E.STRONG.GPU") for op in ops_) == ("_det" in kernel)
 
 
 # warp-instructions per m16n8k16-equivalent of each backward kernel's steady-state loop (one streamed tile:
@@ -664,6 +675,20 @@ BWD_LOOP_BAR = {
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 5.52, "dq_d128_softcap": 3.09,
     "dq_d256": 2.29, "dq_d256_softcap": 2.62,  # 32-key tiles
 }
+
+
+# the fused kernels' loop (one streamed tile: S^T, dP^T, dV, dK and dQ^T, 160 m16n8k16-equivalents a warp), pinned
+# at today's figures (before fusing, the pair ran dK/dV at 4.19 / 6.17 and dQ at 2.42 / 4.18 at d128 / d64)
+BWD_FUSED_LOOP_BAR = {64: 5.13, 128: 3.77}
+
+
+@pytest.mark.parametrize("kernel", BWD_FUSED_KERNELS)
+def test_backward_fused_steady_loop_within_its_bar(kernel: str) -> None:
+    _, _, loops = _bwd_sass()
+    loop = loops[kernel]
+    d = int(kernel.split("_d")[-1].split("_")[0])
+    assert loop["mma"] == 5 * sm90.bwd_dkdv_step(d) * d / 128
+    assert loop["per_mma"] <= BWD_FUSED_LOOP_BAR[d], loop
 
 
 @pytest.mark.parametrize("kernel", BWD_KERNELS)
