@@ -824,7 +824,7 @@ def _short(kernel: str) -> str:
     for key, name in (("dq_reduce", "dq reduce"), ("preprocess", "preprocess"), ("_prep", "prep")):
         if key in kernel:
             return name
-    m = re.search(r"_(dkdv|dq|dk|dv|fused)_d\d+", kernel)
+    m = re.search(r"_(dkdv|dq|dk|dv|fused_det|fused)_d\d+", kernel)
     return m.group(1) if m else "fwd"
 
 
