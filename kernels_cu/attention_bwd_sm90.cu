@@ -47,6 +47,8 @@
 #define AB90_THREADS 384
 // dynamic shared bytes with C rows per streamed tile: the resident pair, the ring of pairs, the mbarriers
 #define AB90_SMEM_BYTES(D, C) (2 * AB90_ROWS * (D) * 2 + 2 * AB90_STAGES * (C) * (D) * 2 + 1024)
+// the fused kernels (DQA > 0) add two dS buffers of C queries x AB90_ROWS keys
+#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, C) + 2 * AB90_ROWS * (C) * 2)
 
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -74,26 +76,47 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 }
 
 // ------------------------------------------------------------------------------------------------ dK, dV
-template <typename T, int D, bool SC, bool VL>
+// DQA (dense only): 0 no dQ (the dq kernel computes it); 1 the fused kernel, which also adds dQ's partial
+// dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the op's pre-pass)
+// with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
+// key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
+// tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
+// barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already times log2 e) and delta come
+// from the pre-pass as (batch, head, nq_pad) runs (attention_bwd_tc_prep's layout).
+//   Per tile, after dS^T: each consumer stores its 64 keys of dS (as [query][key] rows, the B operand's
+//   K-major 128B-swizzled layout; two buffers, so one barrier per tile orders the writes and the other
+//   consumer's reads of the tile before), then computes dQ^T (64 head-dim rows x 32 queries) = K^T dS^T over
+//   the CTA's 128 keys (wgmma SS, K MN-major as A): consumer c takes head-dim rows 64c.. at d128 (C = 32) and
+//   queries 32c.. at d64 (C = 64).
+template <typename T, int D, bool SC, bool VL, int DQA = 0>
 __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                           const CUtensorMap* tdo, const float* __restrict__ lse,
                                           const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
                                           const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
                                           int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
-                                          int window_left, int window_right, float softcap = 0.0f) {
+                                          int window_left, int window_right, float softcap = 0.0f,
+                                          float* __restrict__ dq_acc = nullptr, int* __restrict__ dq_sem = nullptr,
+                                          int nq_pad = 0) {
     constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_DKDV_STEP(D), ST = AB90_STAGES;
     constexpr unsigned KV_BYTES = R * D * 2, STEP_BYTES = C * D * 2;
+    static_assert(DQA == 0 || (!VL && NB * C == 64), "the fused dQ: dense, two consumers x 32 queries or 64 dims");
+    constexpr unsigned DS_BYTES = R * C * 2;  // one dS buffer: [2 boxes of 64 keys][C queries][128 B]
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* ks = ab90_smem;
     unsigned char* vs = ks + KV_BYTES;
     unsigned char* qs = vs + KV_BYTES;               // [ST][NB][C][128 B]
     unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NB][C][128 B]
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(dos + ST * STEP_BYTES);
+    unsigned char* dss = dos + ST * STEP_BYTES;      // DQA: [2][2 boxes][C][128 B]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(dss + (DQA ? 2 * DS_BYTES : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_kt = (n_k + R - 1) / R;
-    const int bkv = blockIdx.x / n_kt, kt = blockIdx.x % n_kt;
+    // DQA 2 with a bounded right side (causal, windows): key tile kt first meets query tiles that the key tiles
+    // above it met earlier in their walks, so a query tile's adds go in descending key-tile order, and the CTAs
+    // of a (batch, kv head) launch in that order too (a CTA only ever waits for CTAs launched before it)
+    const bool desc = DQA == 2 && window_right < n_q;
+    const int bkv = blockIdx.x / n_kt, kt = desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
     const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
     const int k0 = kt * R;
     // TMA coordinates: row origin and batch of the sequence (VL: the packed rows as one batch)
@@ -135,6 +158,30 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 }
             }
         }
+        if constexpr (DQA == 2) {
+            // warp 1: the semaphores. Per tile it waits (lane 0, ld.acquire) until the query tile's count reaches
+            // this key tile's order, then arrives on named barrier 1, where the consumers wait before their dQ
+            // wgmma; it polls while they compute S, dP and dS, so a predecessor that is done costs no wait. After
+            // the consumers' adds (their arrivals on barrier 2) lane 0 releases the count (red.release: the
+            // barrier orders the adds before it, and the release is cumulative).
+            if (tid / 32 == 1) {
+                for (int i = 0; i < steps; i++) {
+                    const int h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
+                    int* sem = dq_sem + ((long long)b * n_heads + h) * ((n_q + C - 1) / C) + q0 / C;
+                    if (tid == 32) {
+                        // the key tiles that see this query tile are a run (band masks): those before kt in the
+                        // order (ascending, or descending with desc) go first
+                        const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
+                                                              window_right);
+                        pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
+                    }
+                    __syncwarp();
+                    pk_bar_arrive(1, 288);
+                    pk_bar_sync(2, 288);
+                    if (tid == 32) pk_sem_add_release(sem, 1);
+                }
+            }
+        }
         return;
     }
 
@@ -165,15 +212,32 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         const bool need_mask = q0 < span.full_lo || q0 + C - 1 > span.full_hi;
         // lse * log2 e and delta of this thread's query columns q0 + 8j + 2t + e (+inf / 0 past n_q)
         float l2[C / 8][2], dl[C / 8][2];
+        if constexpr (DQA > 0) {
+            // the pre-pass's runs (lse already times log2 e), padded to nq_pad: a thread's two queries are one
+            // 8-byte load each. Padded rows read 0 for both: their Q and dO rows are TMA zeros (S = 0, P = 1,
+            // dP = 0, so dS = 0 and P dO = 0), and they lie past full_hi, so the mask zeroes P there anyway.
+            const float* lrun = lse + ((long long)b * n_heads + h) * nq_pad + q0 + 2 * t;
+            const float* drun = delta + ((long long)b * n_heads + h) * nq_pad + q0 + 2 * t;
+#pragma unroll
+            for (int j = 0; j < C / 8; j++) {
+                const float2 lv = *reinterpret_cast<const float2*>(lrun + 8 * j);
+                const float2 dv2 = *reinterpret_cast<const float2*>(drun + 8 * j);
+                l2[j][0] = lv.x == PK_NEG_INF ? -PK_NEG_INF : lv.x;  // a row that sees no key: P = 0
+                l2[j][1] = lv.y == PK_NEG_INF ? -PK_NEG_INF : lv.y;
+                dl[j][0] = dv2.x, dl[j][1] = dv2.y;
+            }
+        } else
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
 #pragma unroll
             for (int e = 0; e < 2; e++) {
                 const int qq = q0 + 8 * j + 2 * t + e;
-                const long long r = ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
-                const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
-                l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
-                dl[j][e] = qq < n_q ? delta[r] : 0.0f;
+                {
+                    const long long r = ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
+                    const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
+                    l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
+                    dl[j][e] = qq < n_q ? delta[r] : 0.0f;
+                }
             }
         float st_[C / 2], dpt[C / 2];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
@@ -200,6 +264,24 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
                 da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
             }
+        if constexpr (DQA > 0) {
+            // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64
+            unsigned char* box = dss + (i & 1) * DS_BYTES + c * C * 128;
+#pragma unroll
+            for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    const unsigned w = da[j / 2][2 * (j & 1) + r], col = (16 * wq + g + 8 * r) * 2;
+                    const unsigned q = 8 * j + 2 * t;
+                    *reinterpret_cast<unsigned short*>(box + pk_swizzle_offset(q * 128 + col, PK_SWIZZLE_128B)) =
+                        (unsigned short)(w & 0xffffu);
+                    *reinterpret_cast<unsigned short*>(box + pk_swizzle_offset((q + 1) * 128 + col, PK_SWIZZLE_128B)) =
+                        (unsigned short)(w >> 16);
+                }
+            pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
+            // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
+            pk_bar_sync(1, DQA == 2 ? 288 : 256);
+        }
         pk_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < C / 16; kk++)
@@ -207,9 +289,37 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 #pragma unroll
         for (int kk = 0; kk < C / 16; kk++)
             pk_wgmma_m64nNk16_rs<D, DT, 1>(dka, da[kk], pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + kk * 2048), 1);
-        pk_wgmma_commit();
-        pk_wgmma_wait<0>();
-        pk_mbarrier_arrive(&empty[s]);
+        if constexpr (DQA > 0) {
+            // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major, head-dim box dlo / 64), B = dS (K-major)
+            constexpr int NQ = 32;
+            const int dlo = NB == 2 ? 64 * c : 0, qlo = NB == 2 ? 0 : 32 * c;
+            float dqt[NQ / 2];
+            const unsigned long long ka = pk_wgmma_desc(ks + (dlo / 64) * R * 128, R * 128, 1024, PK_SWIZZLE_128B);
+            const unsigned long long sb =
+                pk_wgmma_desc(dss + (i & 1) * DS_BYTES + qlo * 128, 16, 1024, PK_SWIZZLE_128B);
+#pragma unroll
+            for (int kk = 0; kk < R / 16; kk++)
+                pk_wgmma_m64nNk16_ss<NQ, DT, 1, 0>(dqt, pk_wgmma_desc_advance(ka, kk * 2048),
+                                                   pk_wgmma_desc_advance(sb, (kk / 4) * C * 128 + (kk % 4) * 32),
+                                                   kk > 0);
+            pk_wgmma_commit();
+            pk_wgmma_wait<0>();
+            pk_mbarrier_arrive(&empty[s]);
+            // red.add of this thread's 16 values: head-dim rows dlo + 16 wq + g (+ 8), queries q0 + qlo + 8j + 2t + e
+            // (rows past n_q hold zeros: their dS is 0; nq_pad covers every query tile)
+            float* acc = dq_acc + (((long long)b * n_heads + h) * nq_pad + q0 + qlo + 2 * t) * D + dlo + 16 * wq + g;
+#pragma unroll
+            for (int j = 0; j < NQ / 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++)
+#pragma unroll
+                    for (int e = 0; e < 2; e++) pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
+            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
+        } else {
+            pk_wgmma_commit();
+            pk_wgmma_wait<0>();
+            pk_mbarrier_arrive(&empty[s]);
+        }
     }
 
     pk_attn_key_rows(key0, n_k, VL ? (long long)k_row0 : (long long)b * n_k, (long long)n_kv_heads * D,
@@ -389,6 +499,21 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64_softcap, ab90_dkdv, 64, true, true
 AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128_softcap, ab90_dkdv, 128, true, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64_softcap, ab90_dq, 64, true, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128_softcap, ab90_dq, 128, true, true)
+// the fused dK / dV / dQ kernels (dense): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
+#define AB90_FUSED_ENTRY(name, D, SC, DQA)                                                                           \
+    template <typename T, typename... A>                                                                            \
+    __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
+                                                const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
+                                                T* dv, float* dq_acc, int* dq_sem, int batch, int n_q, int n_k,       \
+                                                int n_heads, int n_kv_heads, int nq_pad, float scale, int wl, int wr, \
+                                                A... cap) {                                                         \
+        ab90_dkdv<T, D, SC, false, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q, n_k,  \
+                                        n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);       \
+    }
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64, 64, false, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2)
 
 // Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
 // lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).
@@ -465,6 +590,22 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128_softcap, ab90_dq, 128, true, true)
 #define AB90_VL_DQ_SC_ARGS                                                                                           \
     (tq, tk, tv, tdo, lse, delta, dq, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q, max_seqlen_k, n_heads,        \
     n_kv_heads, scale, window_left, window_right, softcap)
+// The fused kernels: lse / delta the pre-pass's (batch, n_heads, nq_pad) runs (lse times log2 e), dq_acc fp32
+// (batch, n_heads, nq_pad, D) zeroed, dq_sem (the _det kernels) int32 (batch, n_heads, query tiles of
+// AB90_DKDV_STEP(D)) zeroed; nq_pad a multiple of 64 >= n_q; grid batch * kv heads * key tiles.
+#define AB90_FUSED_PARAMS                                                                                            \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_acc, int* __restrict__        \
+    dq_sem, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, float scale, int window_left, int  \
+    window_right)
+#define AB90_FUSED_ARGS                                                                                              \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, dq_acc, dq_sem, batch, n_q, n_k, n_heads, n_kv_heads, nq_pad, scale,        \
+    window_left, window_right, 0.0f)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d64, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d128, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d64, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d128, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)

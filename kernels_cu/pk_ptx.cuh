@@ -245,6 +245,23 @@ __device__ __forceinline__ void pk_grid_launch_dependents() {}
 __device__ __forceinline__ unsigned int pk_atom_inc_acq_rel_gpu(unsigned int* p, unsigned int limit) {
     return atomicInc(p, limit);
 }
+// red.global.add.f32: a float add to global memory that returns nothing (SASS RED.E.ADD.F32). Here atomicAdd itself
+// (a yield point of the interleaved schedule, exempt from racecheck): the sum's order follows the block order.
+__device__ __forceinline__ void pk_red_add_f32(float* p, float v) { atomicAdd(p, v); }
+// Semaphores (a global int per unit of ordered work, e.g. the attention backward's deterministic dQ):
+// pk_sem_wait_eq spins with ld.acquire.gpu until *p == v; pk_sem_add_release is red.release.gpu.add. Here the
+// wait takes the thread out of the schedule until an add makes *p == v (no spinning); when every resident block
+// waits, the launch starts the next block of the schedule in a new slot (up to 8 at once), so the reverse and
+// random block orders finish too, and a wait nothing can release is an error naming it.
+__device__ __forceinline__ void pk_sem_wait_eq(const int* p, int v, const char* file = __builtin_FILE(),
+                                               int line = __builtin_LINE()) {
+    PKRT_ATOMIC_SCOPE;
+    pkrt_sem_wait(p, v, file, line);
+}
+__device__ __forceinline__ void pk_sem_add_release(int* p, int v) {
+    PKRT_ATOMIC_SCOPE;
+    pkrt_sem_add(p, v);
+}
 
 #else
 // ---------------------------------------------------------------------------------
@@ -484,6 +501,23 @@ __device__ __forceinline__ unsigned int pk_atom_inc_acq_rel_gpu(unsigned int* p,
     unsigned int r;
     asm volatile("atom.acq_rel.gpu.global.inc.u32 %0, [%1], %2;" : "=r"(r) : "l"(p), "r"(limit) : "memory");
     return r;
+}
+// red.global.add.f32 (relaxed, GPU scope): no result register, so no round trip; SASS RED.E.ADD.F32.
+__device__ __forceinline__ void pk_red_add_f32(float* p, float v) {
+    asm volatile("red.global.add.f32 [%0], %1;" ::"l"(p), "f"(v) : "memory");
+}
+// Spin until *p == v with ld.acquire.gpu: the loads after it see every store ordered before the release (an
+// add of pk_sem_add_release, after the writer's barrier) that made *p == v; through a barrier the CTA's other
+// threads see them too. The writers must be resident or already done (the CTAs before this one in launch order).
+__device__ __forceinline__ void pk_sem_wait_eq(const int* p, int v) {
+    int x;
+    do {
+        asm volatile("ld.acquire.gpu.global.b32 %0, [%1];" : "=r"(x) : "l"(p) : "memory");
+    } while (x != v);
+}
+// red.release.gpu.global.add.s32: publishes the stores ordered before it (cumulative over a barrier), then adds.
+__device__ __forceinline__ void pk_sem_add_release(int* p, int v) {
+    asm volatile("red.release.gpu.global.add.s32 [%0], %1;" ::"l"(p), "r"(v) : "memory");
 }
 
 #endif

@@ -210,8 +210,10 @@ def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
     q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, backend=HOST)
-    assert names == [f"attention_bwd_lse_{dtype}", f"attention_bwd_sm90_dkdv_d{d}_{dtype}",
-                     f"attention_bwd_sm90_dq_d{d}_{dtype}"]
+    # the fused kernel (dK, dV and dQ's atomic partials), between the pre-pass that zeroes its accumulator and
+    # the narrowing of that accumulator
+    assert names == [f"attention_bwd_lse_{dtype}", f"attention_bwd_tc_prep_{dtype}",
+                     f"attention_bwd_sm90_fused_d{d}_{dtype}", f"attention_bwd_tc_dq_reduce_d{d}_{dtype}"]
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal)
     atol, rtol = tolerance("attention_backward", dtype)
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
@@ -227,17 +229,87 @@ def test_backward_sm90_is_deterministic_with_the_forwards_out_and_lse(monkeypatc
     q, k, v, g = attention_inputs(rng, 1, 150, 8, 2, 128, "bf16", 150)
     out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
-    r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
-    assert names == ["attention_bwd_preprocess_bf16", "attention_bwd_sm90_dkdv_d128_bf16",
-                     "attention_bwd_sm90_dq_d128_bf16"]
+    r1 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, deterministic=True, backend=HOST)
+    # the pre-pass from out (delta) zeroes the accumulator; the _det kernel orders dQ's adds by semaphores
+    assert names == ["attention_bwd_tc_prep_bf16", "attention_bwd_sm90_fused_det_d128_bf16",
+                     "attention_bwd_tc_dq_reduce_d128_bf16"]
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
-    r2 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, backend=HOST)
-    for a, b in zip(r1, r2):  # same bits: one writer per element, fixed summation order
+    r2 = ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, deterministic=True, backend=HOST)
+    for a, b in zip(r1, r2):  # same bits: dQ's partials added in key-tile order whatever the block order
         np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=True)
     atol, rtol = tolerance("attention_backward", "bf16")
     for got, ref in zip(r1, (rq, rk, rv)):
         assert (np.abs(np.asarray(got).astype(np.float64) - ref) <= atol + rtol * np.abs(ref)).all()
+
+
+# (batch, n_q, n_k, heads, kv_heads, head_dim, causal, window): every key tile's order among the key tiles
+# that see a query tile (the semaphore's count) comes from the query tile's key span
+FUSED_DET_SHAPES = [
+    (1, 300, 400, 2, 1, 64, True, (-1, -1)),     # 4 key tiles, 5 query tiles of 64; GQA 2: heads in turn
+    (2, 200, 256, 2, 2, 128, False, (-1, -1)),   # every key tile sees every query tile; 32-query tiles
+    (1, 260, 260, 2, 1, 128, False, (100, 30)),  # a window: query tiles seen by 2 or 3 of the 3 key tiles
+]
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+@pytest.mark.parametrize("shape", FUSED_DET_SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-w{}".format(*s))
+def test_backward_sm90_fused_deterministic_same_bits_under_every_block_order(shape, dtype, monkeypatch) -> None:
+    """deterministic=True: the semaphore-ordered kernel; forward, reverse and random block (and thread) orders
+    give the same bits, which equal float64 within the tolerance rows. The atomic kernel on the same inputs
+    equals float64 too (its dQ bits may differ with the order: the adds follow the blocks)."""
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    b, n_q, n_k, h, kvh, d, causal, window = shape
+    rng = np.random.default_rng(n_q + n_k + d)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
+    names = _record(monkeypatch)
+    runs = []
+    for schedule in ("forward", "reverse", "random:7"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(ops.attention_backward(q, k, v, g, causal=causal, window_size=window, deterministic=True,
+                                           backend=HOST))
+    assert f"attention_bwd_sm90_fused_det_d{d}_{dtype}" in names and not any("_dq_d" in n and "sm90" in n
+                                                                             for n in names), names
+    for other in runs[1:]:
+        for a, b_ in zip(runs[0], other):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b_).view(np.uint16))
+    ref = np_attention_backward(q, k, v, g, causal=causal, window_size=window)
+    for name, got, want in zip(("dq", "dk", "dv"), runs[0], ref):
+        close(name, got, want, "attention_backward", dtype)
+    del names[:]
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "random:3")
+    atomic = ops.attention_backward(q, k, v, g, causal=causal, window_size=window, backend=HOST)
+    assert names[-2] == f"attention_bwd_sm90_fused_d{d}_{dtype}", names
+    for name, got, want in zip(("dq", "dk", "dv"), atomic, ref):
+        close(name, got, want, "attention_backward", dtype)
+
+
+def test_backward_sm90_fused_dq_is_the_kernels_own(monkeypatch) -> None:
+    """The fused kernel's dQ is its own: with the kernel's dQ adds removed (a mutant), dQ is zero while dK and dV
+    stay right, so the checks above see the fused kernel's dQ, not another kernel's."""
+    import pykern.ops.attention as A
+
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    rng = np.random.default_rng(21)
+    q, k, v, g = attention_inputs(rng, 1, 100, 2, 1, 64, "bf16", 130)
+    calls = []
+    real = A._sm90_backward_fused
+
+    def no_adds(q_, k_, v_, g_, lse2, dlt, dq_acc, *rest, **kw):
+        calls.append(1)
+        # the kernel runs with a scratch accumulator: the op's own stays as the pre-pass zeroed it
+        scratch = np.zeros_like(dq_acc)
+        return real(q_, k_, v_, g_, lse2, dlt, scratch, *rest, **kw)
+
+    monkeypatch.setattr(A, "_sm90_backward_fused", no_adds)
+    dq, dk, dv = ops.attention_backward(q, k, v, g, causal=True, backend=HOST)
+    assert calls == [1]
+    assert not np.asarray(dq).astype(np.float32).any()
+    rq, rk, rv = np_attention_backward(q, k, v, g, causal=True)
+    close("dk", dk, rk, "attention_backward", "bf16")
+    close("dv", dv, rv, "attention_backward", "bf16")
 
 
 def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
@@ -557,6 +629,8 @@ BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
 BWD_KERNELS = [f"attention_bwd_{vl}sm90_{n}_d{d}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
 BWD_KERNELS += [f"attention_bwd_sm90_dq_d256{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")]
+BWD_FUSED_KERNELS = [f"attention_bwd_sm90_fused{det}_d{d}_{t}" for det in ("", "_det") for d in (64, 128)
+                     for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
@@ -570,17 +644,26 @@ def _bwd_sass():
     return mod, report().count_sass(text), report().steady_state_loops(text)
 
 
-@pytest.mark.parametrize("kernel", BWD_KERNELS)
+@pytest.mark.parametrize("kernel", BWD_KERNELS + BWD_FUSED_KERNELS)
 def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     mod, counts, loops = _bwd_sass()
     assert counts[kernel]["HGMMA"] >= 4 and counts[kernel]["LDL"] == counts[kernel]["STL"] == 0
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0
-    assert loops[kernel]["bar"] == 0 and loops[kernel]["mma"] > 0  # a flat loop of HGMMAs, no __syncthreads
+    # a flat loop of HGMMAs; the fused kernels' named barriers (the dS hand-off between the consumers, and in
+    # _det the semaphore warp's two) are the only barriers in it
+    fused = "_fused" in kernel
+    assert loops[kernel]["bar"] == (2 if "_det" in kernel else 1 if fused else 0) and loops[kernel]["mma"] > 0
     ops_ = kernel_ops(_bwd_listing()[1], kernel)
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 4      # Q, dO, K, V tiles
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4           # mbarrier init / arrive / try_wait
     assert ("MUFU.TANH" in ops_) == ("_softcap" in kernel)           # the tanh only where the cap is
+    # dQ's partials: REDG.E.ADD.F32 (red.global.add.f32) in the fused kernels only; the _det ones poll with a
+    # strong GPU-scope load (ld.acquire.gpu) and release with an integer REDG (red.release.gpu.add)
+    reds = [op for op in ops_ if op.startswith("REDG")]
+    assert (sum(op.startswith("REDG.E.ADD.F32") for op in reds) >= 16) == fused, reds[:4]
+    assert any(op.startswith("REDG.E.ADD.S32.STRONG.GPU") for op in reds) == ("_det" in kernel)
+    assert any(op.startswith("LDG.E.STRONG.GPU") for op in ops_) == ("_det" in kernel)
 
 
 # warp-instructions per m16n8k16-equivalent of each backward kernel's steady-state loop (one streamed tile:
@@ -592,6 +675,20 @@ BWD_LOOP_BAR = {
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 5.52, "dq_d128_softcap": 3.09,
     "dq_d256": 2.29, "dq_d256_softcap": 2.62,  # 32-key tiles
 }
+
+
+# the fused kernels' loop (one streamed tile: S^T, dP^T, dV, dK and dQ^T, 160 m16n8k16-equivalents a warp), pinned
+# at today's figures (before fusing, the pair ran dK/dV at 4.19 / 6.17 and dQ at 2.42 / 4.18 at d128 / d64)
+BWD_FUSED_LOOP_BAR = {64: 5.13, 128: 3.77}
+
+
+@pytest.mark.parametrize("kernel", BWD_FUSED_KERNELS)
+def test_backward_fused_steady_loop_within_its_bar(kernel: str) -> None:
+    _, _, loops = _bwd_sass()
+    loop = loops[kernel]
+    d = int(kernel.split("_d")[-1].split("_")[0])
+    assert loop["mma"] == 5 * sm90.bwd_dkdv_step(d) * d / 128
+    assert loop["per_mma"] <= BWD_FUSED_LOOP_BAR[d], loop
 
 
 @pytest.mark.parametrize("kernel", BWD_KERNELS)
@@ -700,3 +797,31 @@ def test_steady_loop_ping_pongs_the_consumer_warpgroups(kernel: str) -> None:
     assert turns == tiles and hgmma_out == 0 and not inside
     body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
     assert len(re.findall(r"BAR\.ARV 0x3, 0x100\s*;", body)) == 1
+
+
+def test_torch_deterministic_algorithms_take_the_semaphore_ordered_fused_kernel(monkeypatch) -> None:
+    """pykern.torch on sm_90a: torch.use_deterministic_algorithms(True) runs the _det fused kernel (dQ's adds in
+    key-tile order), the default the atomic one; both gradients equal float64 within the tolerance rows."""
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+    from pykern.difftest.cases.attention import np_attention_backward
+
+    names = _record(monkeypatch)
+    gen = torch.Generator().manual_seed(6)
+    q, k, v = (torch.randn(1, 70, 2, 64, generator=gen).bfloat16().requires_grad_() for _ in range(3))
+    go = torch.randn(1, 70, 2, 64, generator=gen).bfloat16()
+    ref = np_attention_backward(*(t.detach().float().numpy().astype(ml_dtypes.bfloat16) for t in (q, k, v)),
+                                go.float().numpy().astype(ml_dtypes.bfloat16), causal=True)
+    for det in (False, True):
+        prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(det)
+        try:
+            names.clear()
+            out = pt.flash_attention(q, k, v, causal=True)
+            grads = torch.autograd.grad(out, (q, k, v), go)
+        finally:
+            torch.use_deterministic_algorithms(prev)
+        assert ("attention_bwd_sm90_fused_det_d64_bf16" in names) == det, names
+        assert ("attention_bwd_sm90_fused_d64_bf16" in names) == (not det), names
+        for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+            close(name, got.float().numpy(), want, "attention_backward", "bf16")

@@ -86,8 +86,7 @@ def test_backward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> 
     assert not any(c[0] == "tensor_map_encode_tiled" for c in drv.calls)
     names.clear()
     ops.attention_backward(*_on(drv, [q, k, v, g]), backend="nvrtc")
-    assert [n for n in names if "sm90" in n] == [f"attention_bwd_sm90_dkdv_d{d}_bf16",
-                                                 f"attention_bwd_sm90_dq_d{d}_bf16"], names
+    assert [n for n in names if "sm90" in n] == [f"attention_bwd_sm90_fused_d{d}_bf16"], names
     names.clear()
     ops.attention_backward(*_on(drv, [q, k, v]), g, backend="nvrtc")  # dO on the host: no tensor map for it
     assert f"attention_bwd_tc_fused_d{d}_bf16" in names and not any("sm90" in n for n in names), names
@@ -174,7 +173,8 @@ def test_pykern_sm90_0_gives_every_attention_op_the_mma_sync_kernels(cc90, monke
 
     monkeypatch.setenv("PYKERN_SM90", "1")
     assert run() == [f"attention_fwd_sm90_d{d}_bf16", f"attention_fwd_varlen_sm90_d{d}_bf16", "attention_bwd_lse_bf16",
-                     f"attention_bwd_sm90_dkdv_d{d}_bf16", f"attention_bwd_sm90_dq_d{d}_bf16"]
+                     "attention_bwd_tc_prep_bf16", f"attention_bwd_sm90_fused_d{d}_bf16",
+                     f"attention_bwd_tc_dq_reduce_d{d}_bf16"]
     monkeypatch.setenv("PYKERN_SM90", "0")
     assert run() == [f"attention_fwd_tc_d{d}_bf16", f"attention_fwd_varlen_tc_d{d}_bf16", "attention_bwd_lse_bf16",
                      "attention_bwd_tc_prep_bf16", f"attention_bwd_tc_fused_d{d}_bf16",

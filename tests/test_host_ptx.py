@@ -851,3 +851,67 @@ def test_cluster_dims_are_checked_before_launch() -> None:
         pykern.launch("pk_t_cluster", 8, 128, *args, cluster=3, backend="host")
     with pytest.raises(pykern.ArgumentError, match=r"cluster: expected at most 8 blocks, got \(4, 4, 1\) = 16"):
         pykern.launch("pk_t_cluster", (8, 4), 128, *args, cluster=(4, 4), backend="host")
+
+
+# ---- red.global.add.f32 and semaphores (pk_red_add_f32, pk_sem_wait_eq, pk_sem_add_release) ----------------
+def _sem_chain_inputs(n_blocks: int, nt: int) -> np.ndarray:
+    rng = np.random.default_rng(3)
+    # magnitudes 2^-20 .. 2^20: the fp32 sum's bits depend on the order of the adds
+    return (rng.standard_normal(n_blocks * nt) * 2.0 ** rng.integers(-20, 21, n_blocks * nt)).astype(np.float32)
+
+
+@pytest.mark.parametrize("sched", ["forward", "reverse", "random:7", "random:11", "interleave", "interleave:3"])
+def test_semaphore_orders_the_adds_under_every_schedule(sched: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 2 chains of 4 blocks: under reverse, block 7 (chain 1's last) waits first; the host starts further
+    # blocks beside the waiting ones (8 at most), so the launch finishes and each chain adds in k order: the
+    # sequential fp32 sum in that order, bit for bit, whatever the block schedule.
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    chains, per, nt = 2, 4, 32
+    x = _sem_chain_inputs(chains * per, nt)
+    acc = np.zeros(chains * nt, np.float32)
+    sem = np.zeros(chains, np.int32)
+    launch("pk_t_sem_chain", chains * per, nt, x, acc, sem, chains, 0)
+    want = np.zeros((chains, nt), np.float32)
+    for k in range(per):
+        for c in range(chains):
+            want[c] += x.reshape(chains * per, nt)[k * chains + c]  # fp32 adds in k order
+    np.testing.assert_array_equal(acc.reshape(chains, nt), want)
+    np.testing.assert_array_equal(sem, [per, per])
+
+
+def test_semaphore_order_differs_from_another_order() -> None:
+    # The check above can fail: the same values summed in reversed k order give other bits.
+    chains, per, nt = 2, 4, 32
+    x = _sem_chain_inputs(chains * per, nt).reshape(chains * per, nt)
+    fwd, rev = np.zeros((chains, nt), np.float32), np.zeros((chains, nt), np.float32)
+    for k in range(per):
+        for c in range(chains):
+            fwd[c] += x[k * chains + c]
+            rev[c] += x[(per - 1 - k) * chains + c]
+    assert (fwd != rev).any()
+
+
+@pytest.mark.parametrize("sched", ["forward", "reverse"])
+def test_semaphore_wait_nothing_releases_is_a_deadlock_error(sched: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", sched)
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel pk_t_sem_chain: block \(\d+,0,0\).*deadlock: waits for the semaphore at 0x[0-9a-f]+ to equal "
+            r"\d+ \(it holds \d+\) at .*ptx\.cu:\d+")):
+        launch("pk_t_sem_chain", 3, 32, np.zeros(96, np.float32), np.zeros(32, np.float32), np.zeros(1, np.int32),
+               1, 1)
+
+
+def test_semaphore_chain_longer_than_the_resident_slots_is_an_error_not_a_hang(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    # reverse: blocks 11 .. 4 all wait for block 0's chain; 8 resident blocks is the host's most
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
+    with pytest.raises(KernelExecutionError, match=r"deadlock: waits for the semaphore .* 8 blocks are resident"):
+        launch("pk_t_sem_chain", 12, 32, np.zeros(12 * 32, np.float32), np.zeros(32, np.float32),
+               np.zeros(1, np.int32), 1, 0)
+
+
+def test_red_add_f32_sums() -> None:
+    x = np.arange(256, dtype=np.float32)
+    acc = np.zeros(8, np.float32)
+    launch("pk_t_red_add", 4, 64, x, acc, 8)
+    np.testing.assert_array_equal(acc, x.reshape(32, 8).sum(axis=0))

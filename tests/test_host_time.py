@@ -42,8 +42,8 @@ BUDGETS = {
 # What each row launches: the stub runs the op's whole path, the Hopper attention kernels included.
 KERNELS = {
     ("flash_attention", "fwd"): ["attention_fwd_sm90_d128_bf16"],
-    ("flash_attention", "bwd"): ["attention_bwd_preprocess_bf16", "attention_bwd_sm90_dkdv_d128_bf16",
-                                 "attention_bwd_sm90_dq_d128_bf16"],
+    ("flash_attention", "bwd"): ["attention_bwd_tc_prep_bf16", "attention_bwd_sm90_fused_d128_bf16",
+                                 "attention_bwd_tc_dq_reduce_d128_bf16"],
     ("rms_norm", "fwd"): ["rms_norm_bf16"],
     ("rms_norm", "bwd"): ["rms_norm_backward_bf16", "norm_grad_reduce"],
     ("rope", "fwd"): ["rope_bf16"],  # q and k in one launch

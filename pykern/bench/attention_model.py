@@ -385,6 +385,7 @@ class Launch:
     step: tuple[int, int]  # (rows, keys) one loop iteration covers, per CTA (checked against the SASS)
     fill: int = 0  # bytes a CTA writes to shared memory with cp.async per loop iteration (the tile loads)
     mma_warps: int = 0  # warps that run the MMA loop (0: every warp; sm_90a: the consumer warpgroups only)
+    chain_clk: float = 0.0  # SM clocks added once to the launch: the semaphore chain's fill (the _det fused kernel)
 
     @property
     def loop_warps(self) -> int:
@@ -517,8 +518,8 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
 DQ_MODES = ("atomic", "deterministic")
 
 
-def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str = "atomic"
-                   ) -> list[tuple[str, int]]:
+def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str = "atomic",
+                   sm90_fused: bool = False) -> list[tuple[str, int]]:
     """The op's small memory-bound kernels around the tensor-core launches, (name, HBM bytes): modelled by
     their bytes alone. Backward: the delta pre-pass (dO and out read, delta written), or for the fused kernel
     its prep (that, plus lse read, lse / delta runs written, the atomic mode's fp32 workspace zeroed) and its
@@ -529,6 +530,15 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
     from ..ops import attention as ta
 
     b = _bytes(s)
+    if variant == "wgmma" and sm90_fused:
+        # the sm_90a fused kernel (both modes): the prep zeroes the fp32 accumulator (rows padded to 64), the
+        # reduce reads it and writes dQ
+        from ..ops import _attention_sm90 as h
+
+        n_ws = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * s.head_dim
+        rows_pad = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * 4
+        return [("attention_bwd_tc_prep_bf16", 2 * b["q"] + b["row"] + 2 * rows_pad + 4 * n_ws),
+                (f"attention_bwd_tc_dq_reduce_d{s.head_dim}_bf16", 4 * n_ws + b["q"])]
     if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
         return [("attention_bwd_preprocess_bf16", 2 * b["q"] + b["row"])]
     D, br, bc = s.head_dim, ta._FUSED_BR[s.head_dim], ta._FUSED_BC
@@ -574,16 +584,28 @@ def ping_pong(head_dim: int, build: str = "current") -> bool:
     return bool(h.PING_PONG.get(fw.tc_head_dim(head_dim), False))
 
 
+# SM clocks one link of the _det fused kernel's semaphore chain adds: the releasing CTA's red.release reaching L2
+# and the next CTA's polling ld.acquire reading it (two L2 round trips, about 600 clocks each on H100 by published
+# microbenchmarks), plus the named-barrier hand-off to the consumers. An assumption, not a measurement.
+SEM_LINK_CLK = 1500
+
+
 def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = False, varlen: bool = False,
-                  build: str = "current") -> tuple[list[Launch], str]:
+                  build: str = "current", dq_mode: str = "atomic") -> tuple[list[Launch], str]:
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why).
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
     sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the current backward runs the
     dQ kernel on wgmma and dK / dV on the mma.sync pair (arch "": the part's own), as the op does; the 2026-11-27
-    build had no sm_90a backward there (nor softcap / varlen ones)."""
+    build had no sm_90a backward there (nor softcap / varlen ones). The current dense backward without softcap at
+    head_dim 64 / 128 is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
+    semaphore chain's fill where the right side is unbounded, `SEM_LINK_CLK` a link; with a bounded right side
+    (causal) the adds go in descending key-tile order, which the CTAs' walks already follow: no wait modelled)."""
     from ..ops import _attention_sm90 as h
     from ..ops import attention as fw
+
+    if dq_mode not in DQ_MODES:
+        raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
 
     _check_build(build)
     D = fw.tc_head_dim(s.head_dim)
@@ -611,6 +633,18 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     if s.head_dim not in dq_dims or any(n not in kernels for n in need):
         return [], f"no {' / '.join(need)} kernels (head_dims {dq_dims})"
     reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]
+    det = dq_mode == "deterministic"
+    fused = h.bwd_fused_kernel_name(D, det, "_bf16")
+    if (build != MEASURED_BUILD and not softcap and not varlen and s.head_dim in h.BWD_FUSED_HEAD_DIMS
+            and fused in kernels):
+        c = h.bwd_dkdv_step(D)
+        ctas = _key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)
+        groups = s.batch * s.kvh
+        dq_bytes = sum(ctas) // h.BWD_ROWS * D * 4 * groups  # RED.ADD of a C x D fp32 block per tile pair
+        chain = SEM_LINK_CLK * (len(ctas) - 1) if det and not s.causal else 0.0
+        return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(D),
+                       tuple(ctas[::-1] if det and s.causal else ctas), groups, D, 5,
+                       reads + 2 * b["kv"] + dq_bytes, (c, h.BWD_ROWS), mma_warps=mma_warps, chain_clk=chain)], ""
     dq_step = h.bwd_dq_step(D) if not varlen else h.BWD_STEP
     dq = Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, dq_step),
                 tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, dq_step, False)), s.batch * s.heads, D, 3,
@@ -695,8 +729,12 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     combined = makespan(worst * lau.groups, slots) / hw.clock_hz
     ideal = sum(worst) * lau.groups / slots / hw.clock_hz
     times["hbm"] = lau.hbm_bytes / hw.hbm_bytes_s
-    t = max(combined, times["hbm"])
+    # the deterministic dQ's semaphore chain: its fill is latency in series with the CTAs' work, not a resource
+    chain = lau.chain_clk / hw.clock_hz
+    t = max(combined + chain, times["hbm"])
     bind = max(times, key=lambda n: times[n])
+    if chain:
+        times["semaphore"] = chain
     return {"kernel": lau.kernel, "time_s": t, "binding": bind, "terms_s": times, "ctas": n_ctas,
             "ctas_per_sm": occ.ctas, "resident_per_sm": resident, "occupancy_limiter": occ.limiter,
             "waves": n_ctas / (hw.sms * occ.ctas),
@@ -786,7 +824,7 @@ def _short(kernel: str) -> str:
     for key, name in (("dq_reduce", "dq reduce"), ("preprocess", "preprocess"), ("_prep", "prep")):
         if key in kernel:
             return name
-    m = re.search(r"_(dkdv|dq|dk|dv|fused)_d\d+", kernel)
+    m = re.search(r"_(dkdv|dq|dk|dv|fused_det|fused)_d\d+", kernel)
     return m.group(1) if m else "fwd"
 
 
@@ -803,7 +841,7 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
     if variant == "wgmma":
         if hw.arch != "sm_90":
             raise ArgumentError(f"variant: wgmma kernels are sm_90a kernels, not for {arch}")
-        lts, why = sm90_launches(phase, shape, list(sass.kernels()), softcap, varlen)
+        lts, why = sm90_launches(phase, shape, list(sass.kernels()), softcap, varlen, dq_mode=dq_mode)
         if not lts:
             raise ArgumentError(f"variant: wgmma: {why}")
     elif variant == "mma.sync":
@@ -821,7 +859,8 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
                        "ctas_per_sm": r["ctas_per_sm"], "occupancy_limiter": r["occupancy_limiter"],
                        "step": list(lau.step)})
         t += r["time_s"]
-    for name, nbytes in memory_kernels(phase, shape, variant, dq_mode):
+    sm90_fused = any("_sm90_fused" in lau.kernel for lau in lts)
+    for name, nbytes in memory_kernels(phase, shape, variant, dq_mode, sm90_fused):
         tp = nbytes / hw.hbm_bytes_s
         rows.append({"kernel": name, "time_s": tp, "binding": "hbm", "terms_s": {"hbm": tp}, "hbm_bytes": nbytes})
         t += tp
@@ -834,7 +873,8 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
     pred = Prediction(label, hw.part, phase, shape, variant, t, fl / t / 1e12, 100 * fl / t / hw.peak, binding,
                       rows, inputs, note)
     pred.kind = " ".join(n for n, on in (("softcap", softcap), ("varlen", varlen)) if on)
-    pred.dq_mode = dq_mode if phase == "bwd" and variant == "mma.sync" and shape.head_dim in _fused_dims() else ""
+    pred.dq_mode = dq_mode if (phase == "bwd" and variant == "mma.sync" and shape.head_dim in _fused_dims()) \
+        or sm90_fused else ""
     return pred
 
 
@@ -889,7 +929,11 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                                            sm90_launches(phase, s, list(sass.kernels()))[1])
                         continue
                     for sc, vl in kinds:
-                        preds.append(predict(arch, phase, s, sass, softcap=sc, varlen=vl))
+                        # the dense fused backward in each dQ mode
+                        fused = phase == "bwd" and any("_sm90_fused" in lau.kernel for lau in sm90_launches(
+                            phase, s, list(sass.kernels()), sc, vl)[0])
+                        for m in (dq_modes if fused else ("atomic",)):
+                            preds.append(predict(arch, phase, s, sass, dq_mode=m, softcap=sc, varlen=vl))
                     continue
                 modes = dq_modes if (phase == "bwd" and s.head_dim in _fused_dims()) else ("atomic",)
                 for m in modes:
@@ -1090,7 +1134,8 @@ def calibrated(phase: str, shape: Shape, variant: str, sass: SassSource | None =
         k = sass.inputs(lau.kernel, lau.arch or hw.arch)
         rows.append(calibrated_launch(lau, k, hw, cal, build))
         bound += kernel_bound(lau, k, hw)["time_s"]
-    mem = sum(nbytes for _n, nbytes in memory_kernels(phase, shape, variant)) / hw.hbm_bytes_s
+    sm90_fused = any("_sm90_fused" in lau.kernel for lau in lts)
+    mem = sum(nbytes for _n, nbytes in memory_kernels(phase, shape, variant, sm90_fused=sm90_fused)) / hw.hbm_bytes_s
     t = sum(r["time_s"] for r in rows) + mem + cal.call_us * 1e-6
     top = max(rows, key=lambda r: r["time_s"])
     binding = "call" if cal.call_us * 1e-6 > top["time_s"] else f"{top['binding']} ({_short(top['kernel'])})"

@@ -81,6 +81,8 @@ extern unsigned char* pkrt_dyn_smem;
 extern unsigned char* pkrt_static_smem_base;
 extern int pkrt_interleave;
 void pkrt_yield(void);
+void pkrt_sem_wait(const int* p, int v, const char* file, int line);
+void pkrt_sem_add(int* p, int v);
 void* pkrt_static_smem(int id, size_t size, size_t align);
 unsigned pkrt_activemask_at(const char* file, int line);
 int pkrt_barrier(int kind, int pred, const char* file, int line);

@@ -51,7 +51,8 @@
 
 namespace {
 
-enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4, NBAR = 5, CBAR = 6 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
+enum State : int { RUN = 0, BAR = 1, WARP = 2, DONE = 3, PARK = 4, NBAR = 5, CBAR = 6, SEM = 7 };  // PARK: pk_host_sm90.cpp (wgmma, mbarrier)
+// SEM: waiting for a global int to reach a value (pkrt_sem_wait; Thread::sem_p / sem_v)
 // NBAR: parked at a named barrier (pkrt_named_barrier; Thread::arg is its id, Thread::width its thread count)
 // CBAR: parked in barrier.cluster.wait (pkrt_cluster_wait) until every thread of the cluster arrived
 enum { PKRT_ACTIVEMASK = 64 };  // a warp meeting point of its own (not a collective)
@@ -83,6 +84,8 @@ struct Thread {
     std::vector<CpAsync> cp;  // cp.async copies not yet performed
     unsigned cp_group;        // index of the group the next cp.async joins (= groups committed)
     unsigned cl_arr, cl_wait;  // barrier.cluster arrivals made / waits passed (racecheck's cluster ordering)
+    const int* sem_p;         // SEM: the semaphore and the value waited for
+    int sem_v;
 #ifdef PK_USE_UCONTEXT
     ucontext_t uc;
 #endif
@@ -148,7 +151,9 @@ struct Launch {
     void (*body)(void*);
     void* args;
     int schedule;
-    unsigned slots;  // resident blocks: 1 = one block after another
+    unsigned slots;  // resident blocks: 1 = one block after another (more while blocks wait on semaphores)
+    bool seq;        // one block after another: a block runs until it exits or waits on a semaphore
+    unsigned sem_waiting;  // threads in state SEM
     unsigned long long seed;
     unsigned n;  // threads per block
     unsigned long long n_blocks;
@@ -414,6 +419,10 @@ void describe_state(Buf& b, const Thread* t) {
             b.add("waits at named barrier %d (%s, %d threads) at %s:%d", t->arg, nb_name(t->op), t->width, t->file,
                   t->line);
             break;
+        case SEM:
+            b.add("waits for the semaphore at %p to equal %d (it holds %d) at %s:%d", static_cast<const void*>(t->sem_p),
+                  t->sem_v, *t->sem_p, t->file, t->line);
+            break;
         default: b.add("is runnable"); break;
     }
 }
@@ -550,6 +559,13 @@ Thread* pick_other(Block* k) {
     return nullptr;
 }
 
+bool block_waits_on_sem(const Block* k) {
+    if (!g.sem_waiting) return false;
+    for (unsigned i = 0; i < g.n; i++)
+        if (k->threads[i].state == SEM) return true;
+    return false;
+}
+
 // Called by a fiber that may no longer be runnable: continue another thread (possibly
 // itself), or go back to the launch loop when its block is done.
 void reschedule(bool finished) {
@@ -560,9 +576,12 @@ void reschedule(bool finished) {
         switch_to(self, nullptr, finished);
         return;
     }
-    if (g.slots <= 1) {
+    if (g.seq) {
         Thread* next = pick_in(k);
-        if (!next) fail_deadlock(k);
+        // A block whose runnable threads all wait on semaphores goes back to the launch loop: another block
+        // (resident, or started in a new slot) may release them.
+        if (!next && block_waits_on_sem(k)) next = nullptr;
+        else if (!next) fail_deadlock(k);
         if (next != self) switch_to(self, next, finished);
         return;
     }
@@ -581,8 +600,9 @@ void reschedule(bool finished) {
         if (next != self) switch_to(self, next, finished);
         return;
     }
-    if (!pick_in(k)) fail_deadlock(k);  // only its own threads can wake a block
-    Thread* next = pick_other(k);       // interleaved: rotate through the resident blocks
+    // only its own threads can wake a block (or a semaphore another block releases)
+    if (!pick_in(k) && !block_waits_on_sem(k)) fail_deadlock(k);
+    Thread* next = pick_other(k);  // interleaved: rotate through the resident blocks
     if (next != self) switch_to(self, next, finished);
 }
 
@@ -1198,6 +1218,22 @@ void rc_access_unaligned(uintptr_t addr, unsigned size, bool write, uintptr_t pc
         return;
     }
     rc_access(addr, size, write, pc);
+}
+
+void rc_add_slot(const pk_launch_cfg* cfg, unsigned s, unsigned char* dyn) {
+    if (!g_rc) return;
+    if (!g_static_shadow[s]) g_static_shadow[s] = static_cast<Shadow*>(calloc(kStaticSmemMax / 4, sizeof(Shadow)));
+    std::memset(g_static_shadow[s], 0, kStaticSmemMax / 4 * sizeof(Shadow));
+    Block* k = &g_blocks[s];
+    if (g_nregions < kMaxRegions)
+        g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(k->static_smem),
+                                         reinterpret_cast<uintptr_t>(k->static_smem) + kStaticSmemMax,
+                                         g_static_shadow[s], REG_STATIC, static_cast<int>(s), -1, nullptr};
+    if (dyn && g_nregions < kMaxRegions) {
+        g_dyn_shadow[s].assign((cfg->shared_mem + 3) / 4, Shadow{});
+        g_regions[g_nregions++] = Region{reinterpret_cast<uintptr_t>(dyn), reinterpret_cast<uintptr_t>(dyn) + cfg->shared_mem,
+                                         g_dyn_shadow[s].data(), REG_DYN, static_cast<int>(s), -1, nullptr};
+    }
 }
 
 void rc_setup(const pk_launch_cfg* cfg, unsigned slots, unsigned char* const* dyn) {
@@ -1967,10 +2003,47 @@ extern "C" unsigned pkrt_activemask_at(const char* file, int line) {
 // Interleaved schedule: atomics and fences let other blocks run, so a spin-wait on a flag
 // another block sets can finish.
 extern "C" void pkrt_yield(void) {
-    if (g.slots <= 1) return;
+    if (g.seq) return;
     Thread* self = cur();
     Thread* next = pick_other(self->blk);
     if (next && next != self) switch_to(self, next, false);
+}
+
+// Semaphores (pk_sem_wait_eq / pk_sem_add in pk_ptx.cuh): a thread waiting for *p == v leaves the runnable set
+// until an add makes it so. When no resident block can run and some wait, the launch loop starts the next block
+// of the schedule in a new slot (up to kMaxSlots), so a block waiting for later blocks of the order (the
+// reverse and random schedules) does not deadlock; a wait nobody can release is an error naming it.
+extern "C" void pkrt_sem_wait(const int* p, int v, const char* file, int line) {
+    if (!g.seq) pkrt_yield();
+    Thread* t = cur();
+    while (*p != v) {
+        t->state = SEM;
+        t->sem_p = p;
+        t->sem_v = v;
+        t->file = file;
+        t->line = line;
+        clear_runnable(t);
+        g.sem_waiting++;
+        reschedule(false);
+    }
+}
+
+extern "C" void pkrt_sem_add(int* p, int v) {
+    if (!g.seq) pkrt_yield();
+    *p += v;
+    if (!g.sem_waiting) return;
+    for (unsigned s = 0; s < g.slots; s++) {
+        Block* k = &g_blocks[s];
+        if (!k->active || k->finished) continue;
+        for (unsigned i = 0; i < g.n; i++) {
+            Thread& o = k->threads[i];
+            if (o.state == SEM && o.sem_p == p && *p == o.sem_v) {
+                o.state = RUN;
+                g.sem_waiting--;
+                set_runnable(&o);
+            }
+        }
+    }
 }
 
 extern "C" void* pkrt_static_smem(int id, size_t size, size_t align) {
@@ -2184,6 +2257,85 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
     }
 }
 
+// Per-slot state of the launch: dynamic shared memory (exactly as large as asked, so ASan sees overruns), the
+// static __shared__ arena, the threads' fixed fields. Slot `s` of `g`; false (g.err set) when out of memory.
+unsigned char* g_dyn[kMaxSlots];
+unsigned char* g_static_arena[kMaxSlots];
+bool setup_slot(unsigned s, const pk_launch_cfg* cfg) {
+    if (!g_static_arena[s]) g_static_arena[s] = static_cast<unsigned char*>(aligned_alloc(1024, kStaticSmemMax));
+    g_dyn[s] = nullptr;
+    if (cfg->shared_mem) g_dyn[s] = static_cast<unsigned char*>(aligned_alloc(1024, (cfg->shared_mem + 1023) & ~1023ull));
+    if (!g_static_arena[s] || (cfg->shared_mem && !g_dyn[s])) {
+        snprintf(g.err, sizeof g.err, "kernel %s: cannot allocate shared memory", g.kernel);
+        return false;
+    }
+#ifdef PK_ASAN
+    if (g_dyn[s]) ASAN_POISON_MEMORY_REGION(g_dyn[s] + cfg->shared_mem, ((cfg->shared_mem + 1023) & ~1023ull) - cfg->shared_mem);
+#endif
+    const unsigned n = g.n;
+    Block* k = &g_blocks[s];
+    k->threads = &g_threads[s * n];
+    k->dyn_smem = g_dyn[s];
+    k->static_smem = g_static_arena[s];
+    k->active = false;
+    k->cl_rank = 0;
+    std::memset(k->static_smem, 0xff, kStaticSmemMax);
+    for (unsigned i = 0; i < n; i++) {
+        Thread& t = k->threads[i];
+        t.linear = i;
+        t.lane = i & 31;
+        t.warp = i >> 5;
+        t.blk = k;
+        t.tid.x = i % cfg->block[0];
+        t.tid.y = (i / cfg->block[0]) % cfg->block[1];
+        t.tid.z = i / (cfg->block[0] * cfg->block[1]);
+    }
+    for (unsigned w = 0; w < (n + 31) / 32; w++) {
+        unsigned c = std::min(32u, n - w * 32);
+        k->warps[w].existing = c == 32 ? 0xffffffffu : ((1u << c) - 1u);
+    }
+    return true;
+}
+
+// One more resident slot, from the launch loop (every resident block waits on a semaphore).
+bool add_slot(const pk_launch_cfg* cfg) {
+    const unsigned s = g.slots;
+    size_t stack = cfg->stack_bytes ? cfg->stack_bytes : (512u << 10);
+    stack = (stack + 4095) & ~size_t(4095);
+    if (!ensure_stacks((s + 1) * g.n, stack, g.err, sizeof g.err) || !setup_slot(s, cfg)) {
+        g.failed = true;
+        return false;
+    }
+    g.slots = s + 1;
+#ifdef PK_RACECHECK
+    rc_add_slot(cfg, s, g_dyn[s]);
+#endif
+    return true;
+}
+
+// Every resident block waits on a semaphore and no block can join them: name the first waiter.
+void fail_sem_deadlock(bool blocks_left) {
+    Buf b{g.err, sizeof g.err};
+    for (unsigned s = 0; s < g.slots; s++) {
+        const Block* k = &g_blocks[s];
+        if (!k->active || k->finished) continue;
+        for (unsigned i = 0; i < g.n; i++) {
+            const Thread* t = &k->threads[i];
+            if (t->state != SEM) continue;
+            describe_where(b, t);
+            b.add(": deadlock: ");
+            describe_state(b, t);
+            b.add(blocks_left ? "; %u blocks are resident, the most the host runs at once (the blocks that would "
+                                "release it have not started)"
+                              : "; every block has started: no block left can release it",
+                  g.slots);
+            g.failed = true;
+            return;
+        }
+    }
+    g.failed = true;
+}
+
 // Block number `i` of the launch order (forward, reverse or a seeded permutation).
 struct BlockOrder {
     int mode;
@@ -2257,6 +2409,14 @@ void run_blocks(const pk_launch_cfg* cfg) {
         Thread* t = nullptr;
         for (unsigned s = 0; s < g.slots && !t; s++)
             if (g_blocks[s].active && !g_blocks[s].finished) t = pick_in(&g_blocks[s]);
+        if (!t && g.sem_waiting) {  // every resident block waits on a semaphore: the next block joins them
+            if (next < g.n_blocks && g.slots < kMaxSlots && add_slot(cfg)) {
+                start_block(&g_blocks[g.slots - 1], order[next++], cfg);
+                continue;
+            }
+            if (!g.failed) fail_sem_deadlock(next < g.n_blocks);
+            break;
+        }
         if (!t) break;
         gb = nullptr;
         switch_to(nullptr, t, false);
@@ -2303,22 +2463,6 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     stack = (stack + 4095) & ~size_t(4095);
     if (!ensure_stacks(slots * n, stack, err, errlen)) return 1;
 
-    // Per resident block: dynamic shared memory exactly as large as asked (so ASan sees
-    // overruns) and the static __shared__ arena.
-    static unsigned char* static_arena[kMaxSlots];
-    unsigned char* dyn[kMaxSlots] = {};
-    for (unsigned s = 0; s < slots; s++) {
-        if (!static_arena[s]) static_arena[s] = static_cast<unsigned char*>(aligned_alloc(1024, kStaticSmemMax));
-        if (cfg->shared_mem) dyn[s] = static_cast<unsigned char*>(aligned_alloc(1024, (cfg->shared_mem + 1023) & ~1023ull));
-        if (!static_arena[s] || (cfg->shared_mem && !dyn[s])) {
-            snprintf(err, errlen, "kernel %s: cannot allocate shared memory", kernel);
-            for (unsigned q = 0; q <= s; q++) free(dyn[q]);
-            return 1;
-        }
-#ifdef PK_ASAN
-        if (dyn[s]) ASAN_POISON_MEMORY_REGION(dyn[s] + cfg->shared_mem, ((cfg->shared_mem + 1023) & ~1023ull) - cfg->shared_mem);
-#endif
-    }
     std::memset(&g, 0, offsetof(Launch, err));
     g.err[0] = 0;
     g.kernel = kernel;
@@ -2333,36 +2477,21 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     g.smem_limit = cfg->smem_limit ? cfg->smem_limit : (227ull << 10);
     for (int d = 0; d < 3; d++) g.cl[d] = cl[d];
     g.cl_n = cl_n;
+    g.seq = slots <= 1;
     pkrt_interleave = slots > 1;
     g_static_used = 0;
     for (int i = 0; i < kMaxStaticVars; i++) g_static_vars[i].set = false;
     pkrt_block_dim = dim3(cfg->block[0], cfg->block[1], cfg->block[2]);
     pkrt_grid_dim = dim3(cfg->grid[0], cfg->grid[1], cfg->grid[2]);
-    for (unsigned s = 0; s < slots; s++) {
-        Block* k = &g_blocks[s];
-        k->threads = &g_threads[s * n];
-        k->dyn_smem = dyn[s];
-        k->static_smem = static_arena[s];
-        k->cl_rank = 0;
-        std::memset(k->static_smem, 0xff, kStaticSmemMax);
-        for (unsigned i = 0; i < n; i++) {
-            Thread& t = k->threads[i];
-            t.linear = i;
-            t.lane = i & 31;
-            t.warp = i >> 5;
-            t.blk = k;
-            t.tid.x = i % cfg->block[0];
-            t.tid.y = (i / cfg->block[0]) % cfg->block[1];
-            t.tid.z = i / (cfg->block[0] * cfg->block[1]);
+    for (unsigned s = 0; s < slots; s++)
+        if (!setup_slot(s, cfg)) {
+            snprintf(err, errlen, "%s", g.err);
+            for (unsigned q = 0; q <= s; q++) free(g_dyn[q]), g_dyn[q] = nullptr;
+            return 1;
         }
-        for (unsigned w = 0; w < (n + 31) / 32; w++) {
-            unsigned c = std::min(32u, n - w * 32);
-            k->warps[w].existing = c == 32 ? 0xffffffffu : ((1u << c) - 1u);
-        }
-    }
     gb = nullptr;
 #ifdef PK_RACECHECK
-    rc_setup(cfg, slots, dyn);
+    rc_setup(cfg, slots, g_dyn);
 #endif
 
 #ifdef PK_SIGNALS
@@ -2388,7 +2517,7 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     pkrt_interleave = 0;
     gb = nullptr;
     g.kernel = nullptr;
-    for (unsigned s = 0; s < slots; s++) free(dyn[s]);
+    for (unsigned s = 0; s < g.slots; s++) free(g_dyn[s]), g_dyn[s] = nullptr;
     return rc;
 }
 

@@ -18,6 +18,8 @@ from __future__ import annotations
 import os
 from typing import Any
 
+import numpy as np
+
 from ..backends import get_backend, kernel_variant
 from ..devices import HOST, META, array_device
 from ..errors import ArgumentError
@@ -223,6 +225,63 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     launch(bwd_kernel_name("dq", d, softcap, suffix), b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
            lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d)), stream=stream, backend=backend)
     return dq, dk, dv
+
+
+# The fused dK / dV / dQ kernels (attention_bwd_sm90_fused[_det]_d{64,128}): dense, no softcap.
+BWD_FUSED_HEAD_DIMS = BWD_HEAD_DIMS
+BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multiple of this (every query tile)
+
+
+def bwd_fused_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the fused kernel (AB90_FUSED_SMEM_BYTES): the dK/dV kernel's and two dS buffers of
+    BWD_ROWS keys x the streamed tile's queries."""
+    c = bwd_dkdv_step(d)
+    return bwd_shared_bytes(d, c) + 2 * BWD_ROWS * c * 2
+
+
+def bwd_fused_kernel_name(d: int, deterministic: bool, suffix: str) -> str:
+    """attention_bwd_sm90_fused[_det]_d{d}{suffix}."""
+    return f"attention_bwd_sm90_fused{'_det' if deterministic else ''}_d{d}{suffix}"
+
+
+def backward_fused_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any) -> bool:
+    """Whether the fused sm_90a backward runs this call: `backward_usable`, head_dim in BWD_FUSED_HEAD_DIMS and no
+    softcap (the _softcap kernels keep the dK/dV + dQ pair)."""
+    return d in BWD_FUSED_HEAD_DIMS and softcap == 0.0 and backward_usable(d, softcap, scale, q, backend, *more)
+
+
+def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_acc: Any, dk: Any, dv: Any,
+                       dims: tuple[int, ...], nq_pad: int, scale: float, win: tuple[int, int], deterministic: bool,
+                       suffix: str, stream: Any, backend: str | None) -> bool:
+    """Run attention_bwd_sm90_fused[_det]_d{D}{suffix} into dk, dv and the fp32 dQ accumulator dq_acc (batch,
+    heads, nq_pad, D), zeroed, when the arrays suit TMA; False (nothing launched) otherwise. lse2 (times log2 e) and
+    dlt are attention_bwd_tc_prep's (batch, heads, nq_pad) runs; nq_pad a multiple of BWD_FUSED_PAD. The caller
+    checked `backward_fused_usable`. deterministic: the semaphore-ordered kernel (its int32 semaphores are
+    allocated and zeroed here)."""
+    from .. import arrays
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    b, n_q, n_k, h, kvh, d = dims
+    wl, wr = win
+    n_blocks = b * kvh * -(-n_k // BWD_ROWS)
+    if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < n_q:
+        return False
+    name = get_backend(backend).name
+    c = bwd_dkdv_step(d)
+    q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
+    k4, v4 = (a.reshape((b, n_k, kvh, d)) for a in (k, v))
+    try:  # boxes as the dK/dV kernel's: 64 head-dim columns by c queries / BWD_ROWS keys
+        tq, tdo = (make_tensor_map(a, (1, c, 1, 64), "128B", backend=name) for a in (q4, g4))
+        tk, tv = (make_tensor_map(a, (1, BWD_ROWS, 1, 64), "128B", backend=name) for a in (k4, v4))
+    except ArgumentError:  # e.g. a base that is not 16-byte aligned: the caller takes another path
+        return False
+    # one semaphore per (batch, head, query tile of c); the atomic kernel never reads it
+    sem = arrays.zeros((max(b * h * -(-n_q // c), 1) if deterministic else 1,), np.int32, like=dq_acc)
+    launch(bwd_fused_kernel_name(d, deterministic, suffix), n_blocks, THREADS, tq, tk, tv, tdo, lse2, dlt, dk, dv,
+           dq_acc, sem, b, n_q, n_k, h, kvh, nq_pad, float(scale), wl, wr, shared_mem=bwd_fused_shared_bytes(d),
+           stream=stream, backend=backend)
+    return True
 
 
 def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,

@@ -23,7 +23,10 @@ from .. import arrays
 from ..arrays import kernel_suffix as _suffix, same_kind as _same_kind, size as _size
 from ..errors import ArgumentError, ArgumentTypeError
 from ._attention_sm90 import (
+    BWD_FUSED_PAD as _SM90_FUSED_PAD,
+    backward_fused_usable as _sm90_fused_usable,
     backward_usable as _sm90_backward_usable,
+    try_backward_fused as _sm90_backward_fused,
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
     try_varlen as _sm90_varlen,
@@ -554,6 +557,48 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
     return dq, dk, dv
 
 
+def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
+    """sm_90a, head_dim 64 / 128, no softcap: FlashAttention-3's backward, one kernel per key tile
+    (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
+    accumulator (red.global.add.f32; deterministic: in key-tile order per query tile, through semaphores); the
+    pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch, and a small kernel narrows
+    it times scale. None (nothing launched) when the arrays do not suit TMA."""
+    b, n_q, n_k, h, kvh, d = dims
+    wl, wr, softcap = win
+    sfx = _suffix(kind)
+    n_rows = b * n_q * h
+    nq_pad = -(-n_q // _SM90_FUSED_PAD) * _SM90_FUSED_PAD
+    n_ws = b * h * nq_pad * d
+    # padded rows of the runs stay zero (the kernel reads lse +inf past n_q); the accumulator's padded rows take
+    # zero adds (their dS is 0) and are never read
+    lse2 = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
+    dlt = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
+    dq_ws = arrays.zeros((n_ws,), np.float32, like=q) if nq_pad > n_q else arrays.empty((n_ws,), np.float32, like=q)
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    if out is not None and lse is not None:
+        delta_in = dlt  # unused (out given)
+    else:
+        G = group_lanes(d)
+        lse = arrays.empty((n_rows,), np.float32, like=q)
+        delta_in = arrays.empty((n_rows,), np.float32, like=q)
+        _launch("attention_bwd_lse" + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+                _flat(q), _flat(k), _flat(v), _flat(g), lse, delta_in, n_q, n_k, h, kvh, d, scale, wl, wr,
+                softcap, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+        out = None
+    _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g),
+            _flat(out if out is not None else g), _flat(lse), delta_in, lse2, dlt, dq_ws, n_rows, n_q, h, nq_pad, d,
+            int(out is not None), 1, stream=stream, backend=backend)
+    if not _sm90_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), dims, nq_pad, scale, (wl, wr),
+                                deterministic, sfx, stream, backend):
+        return None
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
+    n_dq = n_rows * d
+    _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
+            _flat(dq), n_dq, n_q, n_k, h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+    return dq, dk, dv
+
+
 def _fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
     """head_dim 64 / 128 on tensor cores, FlashAttention-2's backward: one kernel per key tile doing the five
     matmuls, dQ summed in an fp32 workspace (atomics; or, deterministic, per-key-tile partials reduced in a
@@ -735,6 +780,11 @@ def attention_backward(
             # On sm_90a the wgmma kernels (in _tensor_cores, after its pre-pass) come first: they are the
             # Hopper path, and they have one writer per element, so deterministic either way.
             hopper = _sm90_backward_usable(d, softcap, scale, q, backend, k, v, grad_out)
+            if hopper and _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out):
+                grads = _sm90_fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic),
+                                    backend, stream)
+                if grads is not None:
+                    return grads
             if d in FUSED_HEAD_DIMS and fused_available(backend) and not hopper:
                 return _fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic), backend,
                               stream)

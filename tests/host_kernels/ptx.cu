@@ -282,3 +282,22 @@ extern "C" __global__ void pk_t_cluster(float* out, float* inbox_out, unsigned* 
     __trap();  // clusters need sm_90
 #endif
 }
+
+// Semaphore-ordered float sums (the attention backward's deterministic dQ): block b of `chains` chains adds its
+// values into chain c = b % chains in the order of k = b / chains: thread 0 waits until sem[c] == k (or k + skew,
+// which nothing ever releases: a deadlock), a barrier, every thread adds its value with pk_red_add_f32, a
+// barrier, thread 0 releases. Floats with very different exponents make the sum's bits depend on the order.
+extern "C" __global__ void pk_t_sem_chain(const float* x, float* acc, int* sem, int chains, int skew) {
+    const int c = blockIdx.x % chains, k = blockIdx.x / chains;
+    if (threadIdx.x == 0) pk_sem_wait_eq(sem + c, k + skew);
+    __syncthreads();
+    pk_red_add_f32(acc + c * blockDim.x + threadIdx.x, x[blockIdx.x * blockDim.x + threadIdx.x]);
+    __syncthreads();
+    if (threadIdx.x == 0) pk_sem_add_release(sem + c, 1);
+}
+
+// red.add without ordering: acc[i % n] += x[i] for every thread.
+extern "C" __global__ void pk_t_red_add(const float* x, float* acc, int n) {
+    const int i = blockIdx.x * blockDim.x + threadIdx.x;
+    pk_red_add_f32(acc + i % n, x[i]);
+}

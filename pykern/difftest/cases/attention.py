@@ -687,6 +687,43 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
     return _sm90_case("attention_backward", kind, shape, names, run, ref)
 
 
+def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
+                         causal: bool, window: tuple[int, int], deterministic: bool) -> Case:
+    """attention_bwd_sm90_fused[_det]_d{d}: dK, dV and the fp32 dQ accumulator (times scale: dq as fp32), given
+    the pre-pass's (batch, head, nq_pad) runs of lse * log2 e and delta (here from float64, rounded to fp32)."""
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize
+
+    q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
+    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind))
+    scale = 1.0 / np.sqrt(d)
+    nq_pad = -(-n_q // sm90.BWD_FUSED_PAD) * sm90.BWD_FUSED_PAD
+    out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, 0.0)
+    lse2 = np.zeros((1, h, nq_pad), np.float32)
+    dlt = np.zeros((1, h, nq_pad), np.float32)
+    lse2[:, :, :n_q] = (lse64.reshape(1, n_q, h) * np.log2(np.e)).transpose(0, 2, 1)
+    dlt[:, :, :n_q] = (out64 * g.astype(np.float64)).sum(axis=-1).reshape(1, n_q, h).transpose(0, 2, 1)
+
+    def run(backend: str) -> dict[str, Any]:
+        dq_acc = np.zeros((1, h, nq_pad, d), np.float32)
+        dk, dv = np.zeros_like(k), np.zeros_like(v)
+        wl, wr = normalize(*window, causal, n_q, n_k)
+        if not sm90.try_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
+                                       dk.reshape(-1), dv.reshape(-1), (1, n_q, n_k, h, kvh, d), nq_pad, scale,
+                                       (wl, wr), deterministic, _sfx(kind), None, backend):
+            raise _declined(name, backend)
+        dq = (dq_acc[0, :, :n_q] * np.float32(scale)).transpose(1, 0, 2)[None]
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    def ref() -> dict[str, Any]:
+        dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale, window_size=window)
+        return {"dq": dq, "dk": dk, "dv": dv}
+
+    shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, 0.0) + ("-det" if deterministic else "")
+             + ("-causal" if causal else ""))
+    return _sm90_case("attention_backward", kind, shape, (name,), run, ref)
+
+
 def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int,
                           d: int, causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
     from ...ops import _attention_sm90 as sm90
@@ -725,6 +762,11 @@ SM90_VARLEN = {64: (([5, 90, 0], [9, 250, 3]), ([90, 1, 20], [60, 200, 0])),
           128: (([5, 90, 0], [9, 200, 3]), ([90, 1, 20], [60, 140, 0])),
           256: (([5, 70, 0], [9, 150, 3]), ([70, 1, 20], [60, 100, 0]))}
 SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
+# The fused kernels (atomic and semaphore-ordered dQ): (n_q, n_k, heads, kv_heads, head_dim, causal, window).
+# At most 8 CTAs (the host keeps 8 blocks resident while semaphores wait): off-tile lengths, several key tiles per
+# query tile, GQA, a window, n_q > n_k.
+SM90_FUSED_BACKWARD = ((130, 300, 2, 1, 64, True, (-1, -1)), (150, 260, 4, 2, 64, False, (60, 20)),
+                       (100, 390, 4, 2, 128, False, (-1, -1)), (200, 150, 2, 1, 128, True, (-1, -1)))
 # The backward's _softcap kernels and its d256 dQ kernel: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -800,6 +842,9 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _sm90_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, cap)
         for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_BACKWARD:
             yield _sm90_varlen_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap)
+        for n_q, n_k, h, kvh, d, causal, window in SM90_FUSED_BACKWARD:
+            for det in (False, True):
+                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
