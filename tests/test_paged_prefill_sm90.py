@@ -71,6 +71,22 @@ def test_paged_prefill_sm90_vs_float64(case, monkeypatch) -> None:
     check_lse(lse, ref_lse)
 
 
+def test_paged_prefill_sm90_reads_flashinfers_combined_cache(monkeypatch) -> None:
+    # FlashInfer's (pages, 2, page_size, kv_heads, D) cache through its K and V views (s_page twice a K page's)
+    rng = np.random.default_rng(11)
+    pc = make_paged(rng, [170, 33], 16, 2, 64, "NHD", "bf16")
+    combined = np.ascontiguousarray(np.stack([pc["k_pages"], pc["v_pages"]], axis=1))
+    qo = np.array([0, 100, 133], np.int32)
+    q = make_q(rng, (133, 4, 64), "bf16")
+    names = _record(monkeypatch)
+    out, lse = ops.paged_prefill_attention(q, qo, combined[:, 0], combined[:, 1], pc["kv_indptr"], pc["kv_indices"],
+                                           pc["kv_last_page_len"], return_lse=True, backend=HOST)
+    assert names == ["paged_prefill_sm90_d64_bf16"]
+    ref_out, ref_lse = np_ragged_attention(q.astype(np.float64), qo, pc["ks"], pc["vs"], True)
+    close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    check_lse(lse, ref_lse)
+
+
 def test_paged_prefill_sm90_off_keeps_the_other_kernels(monkeypatch) -> None:
     # PYKERN_SM90=0: the FlashAttention-2 core (16-bit cache of q's type, power-of-two pages) and paged_attn (FP8)
     monkeypatch.setenv("PYKERN_SM90", "0")
