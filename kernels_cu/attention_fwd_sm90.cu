@@ -41,6 +41,8 @@
 // zeros.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 // Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16}, d192_dv128 for DQK 192 / DV 128.
+// paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]: the varlen kernel's queries against a paged
+// cache (paged_prefill_attention), the K / V tiles gathered through the page table by fa90_producer_paged (KV).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
