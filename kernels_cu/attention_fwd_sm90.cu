@@ -41,6 +41,8 @@
 // zeros.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 // Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16}, d192_dv128 for DQK 192 / DV 128.
+// paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]: the varlen kernel's queries against a paged
+// cache (paged_prefill_attention), the K / V tiles gathered through the page table by fa90_producer_paged (KV).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
@@ -256,6 +258,112 @@ __device__ __forceinline__ void fa90_tile_masked(float (&o)[DV / 2], float (&m)[
     fa90_pv<T, DV, BC>(o, pa, dv, empty);
 }
 
+// ---- the paged producer (paged_prefill_sm90_*: KV = the cache element type, T or an FP8 tag) ----
+// The K/V source of paged_prefill_attention: a FlashInfer page table (kv_indptr / kv_indices / kv_last_page_len)
+// over a cache of any page size, element (page, token, head, d) at page * s_page + token * s_tok + head * s_head + d.
+struct Fa90Paged {
+    const void* kp;  // K pages (elements of KV)
+    const void* vp;  // V pages
+    const int* indptr;
+    const int* indices;
+    const int* last;
+    int page_size;
+    long long s_page, s_tok, s_head;  // element strides
+};
+
+// Keys of sequence b: (pages - 1) * page_size + last (its last page's length clamped to the page), 0 without
+// pages; clamped to 2^30 (the op bounds lengths well below it), as fafa_paged.
+__device__ __forceinline__ int fa90_paged_len(const Fa90Paged& pg, int b) {
+    const long long np = (long long)pg.indptr[b + 1] - pg.indptr[b];
+    const int lst = min(max(pg.last[b], 0), pg.page_size);
+    const long long len = np > 0 ? (np - 1) * pg.page_size + lst : 0;
+    return len > (1ll << 30) ? (1 << 30) : (int)len;
+}
+
+// Registers of the paged producer warpgroup and of the consumers: the gather's addressing does not fit the TMA
+// producer's 24, so the consumers give 8 back (128 * 40 + 256 * 232 = the 168 * 384 the CTA starts with).
+#define FA90_PAGED_PRODUCER_REGS 40
+
+template <typename A, typename B> struct Fa90Same { enum { V = 0 }; };
+template <typename A> struct Fa90Same<A, A> { enum { V = 1 }; };
+// The _softcap entry points' last parameter, 0 for the others (fa90_forward's softcap).
+__device__ __forceinline__ float fa90_cap_arg() { return 0.0f; }
+__device__ __forceinline__ float fa90_cap_arg(float c) { return c; }
+#define FA90_PAGED_CONSUMER_REGS 232
+
+// 16 bytes of the T tile from 16 (KV == T: cp.async, zero-filled past n_k) or 8 (FP8: a plain 8-byte load widened
+// to T exactly; every e4m3 / e5m2 value is a bf16 and an f16 value) bytes of the cache.
+template <typename T, typename KV>
+__device__ __forceinline__ void fa90_gather_16(unsigned char* dst_base, unsigned off, const KV* src, bool in) {
+    if constexpr (sizeof(KV) == 2) {
+        pk_cp_async_16_zfill_at(dst_base, off, src, in);
+    } else {
+        uint4 w = make_uint4(0u, 0u, 0u, 0u);
+        if (in) {
+            const uint2 b8 = *reinterpret_cast<const uint2*>(src);
+            constexpr bool E4 = Fa90Same<KV, PkE4M3>::V;
+            if constexpr (Fa90Same<T, __half>::V) {
+                if constexpr (E4) pk_cvt_f16x4_e4m3x4(b8.x, w.x, w.y), pk_cvt_f16x4_e4m3x4(b8.y, w.z, w.w);
+                else pk_cvt_f16x4_e5m2x4(b8.x, w.x, w.y), pk_cvt_f16x4_e5m2x4(b8.y, w.z, w.w);
+            } else {
+                if constexpr (E4) pk_cvt_bf16x4_e4m3x4(b8.x, w.x, w.y), pk_cvt_bf16x4_e4m3x4(b8.y, w.z, w.w);
+                else pk_cvt_bf16x4_e5m2x4(b8.x, w.x, w.y), pk_cvt_bf16x4_e5m2x4(b8.y, w.z, w.w);
+            }
+        }
+        *reinterpret_cast<uint4*>(dst_base + off) = w;
+    }
+}
+
+// The paged producer warpgroup: one elected thread loads Q by TMA (as the dense producer), then all 128 threads
+// gather each key tile's K and V rows through the page table into the same swizzled [box][BC][128 B] layout a TMA
+// load writes (16-byte pieces: thread p takes column piece p % 8 of rows p / 8, p / 8 + 16, ...; one page lookup a
+// row), rows past n_k as zeros (the masked tile holding key n_k - 1 reads them with P = 0, as the TMA's zero
+// rows). Any page size: a row's piece never crosses a page. A slot's `full` mbarrier counts the 128 threads' arrivals,
+// each after its own copies completed and were ordered before the consumers' wgmma reads (fence.proxy.async).
+template <typename T, typename KV, int DQK, int DV, int BC, int ST>
+__device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsigned char* qs, unsigned char* ks,
+                                                 unsigned char* vs, unsigned long long* q_full,
+                                                 unsigned long long* full, unsigned long long* empty,
+                                                 const Fa90Paged& pg, int b, int h, int kvh, int q_row0, int q0,
+                                                 int n_k, int kt0, int kt1) {
+    constexpr int NBK = DQK / 64, NBV = DV / 64;
+    constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
+    const int tid = threadIdx.x;  // 0..127
+    if (tid < 32 && pk_elect_one()) {
+        pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+        for (int nb = 0; nb < NBK; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, 0);
+    }
+    const int* idx = pg.indices + pg.indptr[b];
+    const long long hoff = (long long)kvh * pg.s_head + (tid % 8) * 8;  // this thread's 8 columns of a 64-wide box
+    const KV* kb = static_cast<const KV*>(pg.kp) + hoff;
+    const KV* vb = static_cast<const KV*>(pg.vp) + hoff;
+    const int ps = pg.page_size;
+    int i = 0;
+    for (int j = kt1 - 1; j >= kt0; j--, i++) {
+        const int s = i % ST;
+        pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
+        // Not unrolled: ptxas unrolled it 4x, and the unrolled rows' addresses spilled out of the 40 registers.
+#pragma unroll 1
+        for (int r = tid / 8; r < BC; r += 16) {
+            const int key = j * BC + r;
+            const bool in = key < n_k;
+            long long off = 0;
+            if (in) {
+                const int pi = key / ps;
+                off = (long long)idx[pi] * pg.s_page + (long long)(key - pi * ps) * pg.s_tok;
+            }
+            const unsigned so = pk_swizzle_offset(r * 128 + (tid % 8) * 16, PK_SWIZZLE_128B);
+#pragma unroll
+            for (int nb = 0; nb < NBK; nb++) fa90_gather_16<T, KV>(ks + s * K_BYTES + nb * BC * 128, so, kb + off + nb * 64, in);
+#pragma unroll
+            for (int nb = 0; nb < NBV; nb++) fa90_gather_16<T, KV>(vs + s * V_BYTES + nb * BC * 128, so, vb + off + nb * 64, in);
+        }
+        if constexpr (sizeof(KV) == 2) pk_cp_async_wait_all();
+        pk_fence_proxy_async_shared();  // these generic-proxy writes before the consumers' wgmma (async proxy) reads
+        pk_mbarrier_arrive(&full[s]);
+    }
+}
+
 // VARLEN: sequences packed without padding (flash_attention_varlen); the tensor maps have batch extent 1 over
 // (1, total rows, heads, D), sequence b is q rows cu_q[b]..cu_q[b+1] against k / v rows cu_k[b]..cu_k[b+1] (a
 // negative length counts as 0), grid (n_qt * n_heads, batch) as attention_fwd_varlen_tc (query tile
@@ -266,13 +374,19 @@ __device__ __forceinline__ void fa90_tile_masked(float (&o)[DV / 2], float (&m)[
 // past the end are not stored), and out / lse rows start at cu_q[b].
 // DQK: head_dim of q and k (the S k-steps, Q and K boxes); DV: head_dim of v and out (V boxes, O accumulators);
 // SC: softcap (fa90_cap; softcap > 0 then, and the scale's sign is free: the row max is taken on the capped scores).
-template <typename T, int DQK, int DV, bool SC, bool VARLEN>
+// KV (void: the K / V tiles come by TMA through tk / tv): paged_prefill_attention, VARLEN's queries against the
+// paged cache pg of element type KV (T, or an FP8 tag widened to T), gathered by fa90_producer_paged; n_k per
+// sequence from the page table; v_scale (FP8's; scale holds k_scale) multiplies the output.
+template <typename T, int DQK, int DV, bool SC, bool VARLEN, typename KV = void>
 __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                              T* __restrict__ out, float* __restrict__ lse,
                                              const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
                                              int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
-                                             int window_left, int window_right, float softcap = 0.0f) {
+                                             int window_left, int window_right, float softcap = 0.0f,
+                                             const Fa90Paged* pg = nullptr, float v_scale = 1.0f) {
     using Cfg = Fa90Cfg<DQK, DV>;
+    constexpr bool PAGED = !Fa90Same<KV, void>::V;
+    static_assert(!PAGED || VARLEN, "the paged forward reads packed queries (qo_indptr)");
     constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = DQK / 64, NBV = DV / 64;
     constexpr bool QREG = Cfg::QREG;
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
@@ -291,8 +405,13 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     int b, h, qt, q_row0, k_row0, mb;
     if constexpr (VARLEN) {
         b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
-        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
-        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
+        q_row0 = cu_q[b], mb = 0;
+        n_q = max(cu_q[b + 1] - q_row0, 0);
+        if constexpr (PAGED) {
+            k_row0 = 0, n_k = fa90_paged_len(*pg, b);
+        } else {
+            k_row0 = cu_k[b], n_k = max(cu_k[b + 1] - k_row0, 0);
+        }
         const int n_qt = (n_q + FA90_BR - 1) / FA90_BR, it = (int)(blockIdx.x / n_heads);
         if (it >= n_qt) return;  // CTA-uniform, before any barrier
         qt = window_right < n_q ? n_qt - 1 - it : it;  // causal: the longest query tiles first
@@ -317,11 +436,20 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 
     if (tid == 0) {
         pk_mbarrier_init(q_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(empty - s, 256);
+        // full: the TMA producer's one arrival with the bytes, or the paged producer's 128 threads' arrivals.
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], PAGED ? 128 : 1), pk_mbarrier_init(empty - s, 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
 
+    if constexpr (PAGED) {
+        if (wg == 0) {  // ---- the paged producer ----
+            pk_setmaxnreg_dec<FA90_PAGED_PRODUCER_REGS>();
+            fa90_producer_paged<T, KV, DQK, DV, BC, ST>(tq, qs, ks, vs, q_full, full, empty, *pg, b, h, kvh, q_row0, q0,
+                                                        n_k, kt0, kt1);
+            return;
+        }
+    }
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
@@ -349,7 +477,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
 
     // ---- consumers ----
-    pk_setmaxnreg_inc<240>();
+    pk_setmaxnreg_inc<PAGED ? FA90_PAGED_CONSUMER_REGS : 240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
     float o[DV / 2];
 #pragma unroll
@@ -523,7 +651,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // spilled with it, and the varlen d256 one's loop grew by 2 instructions.
     const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
     pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
-        l, m, sl2, 1.0f, row_e, n_q,
+        l, m, sl2, v_scale, row_e, n_q,
         [&](int r, int row, float inv) {
             T* orow = out + (o_row0 + row) * o_stride + (long long)h * DV;
 #pragma unroll
@@ -609,3 +737,52 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256_softcap, (FA90_THREADS, 1), FA90_
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS,
                 FA90_VARLEN_SC_ARGS)
+
+// paged_prefill_attention (bf16 / f16 queries): paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16} over a cache of the
+// query type, ..._{bf16,f16}_{e4m3,e5m2}kv over an FP8 cache (widened to the query type by the producer). tq: a tensor
+// map over the packed q (1, total_q, n_heads, D) with the dense box; out (total_q, n_heads, D), lse (total_q,
+// n_heads); the page table as paged_prefill_tc (element strides s_page / s_tok / s_head, any page_size); scale
+// holds k_scale, v_scale multiplies the output; the window normalized per sequence as the serving ops do. Grid
+// (n_qt * n_heads, batch) as the varlen kernel.
+#define FA90_PAGED_ENTRY(NAME, D, SC)                                                                              \
+    template <typename T, typename KV = T, typename KS, typename... A>                                             \
+    __device__ __forceinline__ void paged_prefill_sm90_d##NAME##_impl(                                             \
+        const CUtensorMap& tq, const KS* kp, const KS* vp, T* out, float* lse, const int* qo_indptr,               \
+        const int* kv_indptr, const int* kv_indices, const int* kv_last, int n_heads, int n_kv_heads, int page_size, \
+        long long s_page, long long s_tok, long long s_head, float scale, int window_left, int window_right,       \
+        float v_scale, A... cap) {                                                                                 \
+        const Fa90Paged pg{kp, vp, kv_indptr, kv_indices, kv_last, page_size, s_page, s_tok, s_head};              \
+        fa90_forward<T, D, D, SC, true, KV>(&tq, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0, 0, n_heads,  \
+                                            n_kv_heads, scale, window_left, window_right, fa90_cap_arg(cap...), &pg,   \
+                                            v_scale);                                                             \
+    }
+FA90_PAGED_ENTRY(64, 64, false)
+FA90_PAGED_ENTRY(128, 128, false)
+FA90_PAGED_ENTRY(64_softcap, 64, true)
+FA90_PAGED_ENTRY(128_softcap, 128, true)
+#define FA90_PAGED_PARAMS                                                                                           \
+    (const __grid_constant__ CUtensorMap tq, const TKS* __restrict__ kp, const TKS* __restrict__ vp,                 \
+     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ qo_indptr,                               \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, const int* __restrict__ kv_last,        \
+     int n_heads, int n_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head, float scale,  \
+     int window_left, int window_right, float v_scale)
+#define FA90_PAGED_ARGS                                                                                             \
+    (tq, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, page_size, s_page, s_tok, \
+     s_head, scale, window_left, window_right, v_scale)
+#define FA90_PAGED_SC_PARAMS                                                                                        \
+    (const __grid_constant__ CUtensorMap tq, const TKS* __restrict__ kp, const TKS* __restrict__ vp,                 \
+     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ qo_indptr,                               \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, const int* __restrict__ kv_last,        \
+     int n_heads, int n_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head, float scale,  \
+     int window_left, int window_right, float v_scale, float softcap)
+#define FA90_PAGED_SC_ARGS                                                                                          \
+    (tq, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, page_size, s_page, s_tok, \
+     s_head, scale, window_left, window_right, v_scale, softcap)
+PK_IO16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d128_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d128_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)

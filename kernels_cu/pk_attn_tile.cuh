@@ -25,9 +25,7 @@ struct PaArgs {
     float k_scale, v_scale;
 };
 
-// FP8 cache elements (one byte; the kernels' parameters are unsigned char, cast to these tags).
-struct PkE4M3 { unsigned char b; };
-struct PkE5M2 { unsigned char b; };
+// FP8 cache elements: PkE4M3 / PkE5M2 (pk_common.cuh, beside the instantiation macros that name them).
 
 // Paged addressing: the page of position pos is kv_indices[indptr[b] + pos / page_size].
 // Element strides of (page, token, kv head), 64-bit: any view whose head_dim is unit-stride,

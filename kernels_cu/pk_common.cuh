@@ -58,6 +58,9 @@ struct alignas(2) __half {
 // type (an FP8 cache travels as bytes; PkE4M3 / PkE5M2 are pk_attn_tile.cuh's tags). In PK_IO_KERNELS /
 // PK_IO16_KERNELS families TKS is T, so one parameter list serves both. pykern/registry.py's
 // KV_INSTANTIATIONS lists the same suffixes and types.
+// FP8 cache elements (one byte; the kernels' parameters are unsigned char, cast to these tags).
+struct PkE4M3 { unsigned char b; };
+struct PkE5M2 { unsigned char b; };
 #define PK_KV_KERNEL_ONE(name, sym, TT, KK, KS, bounds, params, args)                              \
     namespace pk_io_##sym {                                                                        \
     typedef TT T;                                                                                  \
@@ -79,6 +82,13 @@ struct alignas(2) __half {
     PK_KV_KERNEL_ONE(name, name##_f16_e4m3##tail, __half, PkE4M3, unsigned char, bounds, params, args) \
     PK_KV_KERNEL_ONE(name, name##_f16_e5m2##tail, __half, PkE5M2, unsigned char, bounds, params, args)
 #define PK_FP8KV_KERNELS(name, bounds, params, args) PK_FP8_KERNELS_TAIL(name, kv, bounds, params, args)
+// 16-bit queries only over an FP8 cache: name_{bf16,f16}_{e4m3,e5m2}kv (kernels whose tensor cores take the
+// query type: the cache is widened to it).
+#define PK_FP8KV16_KERNELS(name, bounds, params, args)                                              \
+    PK_KV_KERNEL_ONE(name, name##_bf16_e4m3kv, __nv_bfloat16, PkE4M3, unsigned char, bounds, params, args) \
+    PK_KV_KERNEL_ONE(name, name##_bf16_e5m2kv, __nv_bfloat16, PkE5M2, unsigned char, bounds, params, args) \
+    PK_KV_KERNEL_ONE(name, name##_f16_e4m3kv, __half, PkE4M3, unsigned char, bounds, params, args)         \
+    PK_KV_KERNEL_ONE(name, name##_f16_e5m2kv, __half, PkE5M2, unsigned char, bounds, params, args)
 #define PK_FP8_KERNELS(name, bounds, params, args) PK_FP8_KERNELS_TAIL(name, , bounds, params, args)
 #define PK_IO_VARIANT(name, body, ...)                                                             \
     template <typename T, typename... PkA>                                                         \

@@ -52,6 +52,7 @@ KV_INSTANTIATIONS: dict[str, tuple[tuple[str, str, str], ...]] = {
     "PK_KV16_KERNELS": (("_bf16kv", "float", "__nv_bfloat16"), ("_f16kv", "float", "__half")),
     "PK_FP8KV_KERNELS": tuple((f"{q}_{f}kv", t, "unsigned char") for t, q in _FP8 for f in ("e4m3", "e5m2")),
     "PK_FP8_KERNELS": tuple((f"{q}_{f}", t, "unsigned char") for t, q in _FP8 for f in ("e4m3", "e5m2")),
+    "PK_FP8KV16_KERNELS": tuple((f"{q}_{f}kv", t, "unsigned char") for t, q in _FP8 if q for f in ("e4m3", "e5m2")),
 }
 
 

@@ -305,6 +305,7 @@ def test_parameter_list_macro(kpath, tmp_path):
         PK_KV16_KERNELS(pl_mixed, (64), PL_PARAMS, PL_ARGS)
         PK_FP8KV_KERNELS(pl_fp8, PL_BOUNDS, PL_PARAMS, PL_ARGS)
         PK_FP8_KERNELS(pl_app, PL_BOUNDS, PL_PARAMS, PL_ARGS)
+        PK_FP8KV16_KERNELS(pl_fp8h, PL_BOUNDS, PL_PARAMS, PL_ARGS)
         """, name="pl.cu")
     specs = {s.name: s for s in registry.parse_file(tmp_path / "pl.cu", strict=True)}
     sig = {n: tuple(p.ctype for p in s.params) for n, s in specs.items()}
@@ -315,10 +316,14 @@ def test_parameter_list_macro(kpath, tmp_path):
     assert sig["pl_fp8_f16_e5m2kv"] == ("const __half*", "const unsigned char*", "__half*", "long long", "float")
     assert sig["pl_fp8_e4m3kv"][:2] == ("const float*", "const unsigned char*")
     assert {"pl_app_e4m3", "pl_app_bf16_e5m2", "pl_app_f16_e4m3"} <= set(sig)
+    # 16-bit queries only over FP8 (the sm_90a paged prefill): no f32-query instantiation
+    assert sorted(n for n in sig if n.startswith("pl_fp8h")) == [
+        "pl_fp8h_bf16_e4m3kv", "pl_fp8h_bf16_e5m2kv", "pl_fp8h_f16_e4m3kv", "pl_fp8h_f16_e5m2kv"]
+    assert sig["pl_fp8h_bf16_e4m3kv"][:2] == ("const __nv_bfloat16*", "const unsigned char*")
     assert [p.name for p in specs["pl_same_bf16"].params] == ["q", "k", "out", "n", "scale"]
     assert specs["pl_same"].max_threads == 128 and specs["pl_mixed_bf16kv"].max_threads == 64
     assert specs["pl_fp8_f16_e4m3kv"].max_threads == 128
-    assert len(specs) == 3 + 2 + 6 + 6
+    assert len(specs) == 3 + 2 + 6 + 6 + 4
 
 
 def test_parameter_list_macro_through_a_function_like_macro(kpath, tmp_path):

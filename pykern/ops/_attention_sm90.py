@@ -147,6 +147,58 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
     return True
 
 
+# ---- paged prefill (paged_prefill_attention: fa90_forward's paged producer) ---------------------
+PAGED_HEAD_DIMS = (64, 128)
+# Cache element kinds a bf16 / f16 query runs over here: its own type, or FP8 (widened to it by the producer).
+PAGED_FP8 = ("e4m3", "e5m2")
+
+
+def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str) -> str:
+    """paged_prefill_sm90_d{d}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]."""
+    tail = f"_{kv_kind}kv" if kv_kind in PAGED_FP8 else ""
+    return f"paged_prefill_sm90_d{d}{'_softcap' if softcap > 0.0 else ''}_{q_kind}{tail}"
+
+
+def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, table: tuple[Any, Any, Any],
+                      dims: tuple[int, int, int, int, int, int], strides: tuple[int, int, int], kinds: tuple[str, str],
+                      scale: float, softcap: float, v_scale: float, wl: int, wr: int, stream: Any,
+                      backend: str | None) -> bool:
+    """paged_prefill_attention: run paged_prefill_sm90_* (`paged_kernel_name`) when `usable`, else False (nothing
+    launched). q (total_q, heads, D) contiguous bf16 / f16; kf / vf the flat caches of q's type or FP8 (kinds: (q
+    kind, cache kind)); out / lse flat (total_q, heads[, D]); qo int32 (batch + 1,); table (kv_indptr, kv_indices,
+    kv_last_page_len); dims (batch, max_qo, heads, kv_heads, D, page_size); strides (s_page, s_tok, s_head) in
+    elements; scale with k_scale folded in; (wl, wr) normalized per sequence (serving ops). The producer reads the
+    cache in 16-byte (16-bit) or 8-byte (FP8) pieces: bases and strides must keep them aligned. Any page size."""
+    from .. import arrays
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    batch, max_qo, n_heads, n_kv_heads, d, page_size = dims
+    q_kind, kv_kind = kinds
+    if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or d not in PAGED_HEAD_DIMS:
+        return False
+    if not usable(d, d, softcap, scale, q, backend, kf, vf):
+        return False
+    piece = 8  # elements a 16-byte (16-bit) or 8-byte (FP8) piece
+    if any(st % piece for st in strides) or not arrays.aligned16(q, kf, vf, out):
+        return False
+    n_qt = -(-max_qo // ROWS)
+    if n_qt * n_heads >= 2**31 or batch > 65535:
+        return False
+    total_q = arrays.shape_of(q)[0]
+    try:  # the packed queries as one batch of total_q rows, as the varlen forward's
+        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "128B",
+                             backend=get_backend(backend).name)
+    except ArgumentError:
+        return False
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    indptr, indices, last = table
+    launch(paged_kernel_name(d, softcap, q_kind, kv_kind), (n_qt * n_heads, batch, 1), (THREADS,), tq, kf, vf, out,
+           lse, qo, indptr, indices, last, n_heads, n_kv_heads, page_size, *strides, float(scale), wl, wr,
+           float(v_scale), *cap, shared_mem=shared_bytes(d), stream=stream, backend=backend)
+    return True
+
+
 # ---- backward (kernels_cu/attention_bwd_sm90.cu) -------------------------------------------------
 BWD_HEAD_DIMS = (64, 128)
 BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA

@@ -43,6 +43,7 @@ from ._common import H100_SMS
 from ._common import attention_scale as _scale, check_enable_pdl as _check_enable_pdl, index_array as _index
 from ..arrays import flat_view as _flat
 from .attention import flash_attention_varlen  # noqa: F401  (the attention family's; importable from here)
+from ._attention_sm90 import try_paged_prefill as _sm90_paged
 from ._prefill import (  # the paged kernels' argument checks, shared with the varlen attention fallback
     MAX_LEN as _MAX_LEN, NT as _NT, Q_KINDS as _Q_KINDS, SUFFIX as _SUFFIX, check_indptr as _check_indptr,
     check_q as _check_q, dummy as _dummy, prefill_out as _prefill_out, row_chunks as _row_chunks,
@@ -976,6 +977,12 @@ def paged_prefill_attention(
     from . import attention as _attn  # at call time: the attention module imports this one's helpers
 
     n_qt = -(-max_qo // _attn.FA2_ROWS)
+    # Hopper (sm_90a): the TMA + wgmma forward with a paged producer (16-bit caches of q's type and FP8 caches,
+    # any page size); PYKERN_SM90=0 or any other GPU keeps the kernels below.
+    if total_q and _sm90_paged(q, kf, vf, _flat(res), _flat(lse), qo, (table.indptr, table.indices, table.last),
+                               (batch, max_qo, h, kvh, d, page_size), (s_page, s_tok, s_head), (qk, kind), sc * ksc,
+                               cap, vsc, wl, wr, arrays.launch_stream(stream, q), backend):
+        return (res, lse) if return_lse else res
     fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and page_size & (page_size - 1) == 0
            and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _attn.fa2_eligible(d, d, q, kf, vf, res)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)

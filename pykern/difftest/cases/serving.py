@@ -250,6 +250,47 @@ def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], p
                 kernels=(name,), run=run, reference=ref, note=note)
 
 
+def _sm90_prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], page_size: int, h: int, kvh: int,
+                  d: int, layout: str, q_kind: str, kind: str, causal: bool, window_left: int = -1,
+                  logits_soft_cap: float = 0.0) -> Case:
+    """paged_prefill_attention's sm_90a kernel (paged_prefill_sm90_*: the TMA + wgmma forward with the paged
+    producer) through the op's helper, which must not decline (an arch case, `_sm90.sm90_case`)."""
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize_serving
+    from ._sm90 import declined, sm90_case
+
+    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kind)
+    qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    q = make_q(rng, (int(qo_indptr[-1]), h, d), q_kind)
+    name = sm90.paged_kernel_name(d, logits_soft_cap, q_kind, kind)
+    ksc, vsc = pc["scales"] if kind in _FP8_DTYPES else (1.0, 1.0)
+    # element strides (page, token, head) of the flat cache: NHD (pages, page_size, kvh, d), HND (pages, kvh, ...)
+    strides = ((page_size * kvh * d, kvh * d, d) if layout == "NHD" else (kvh * page_size * d, d, page_size * d))
+    raw = (lambda a: a.view(np.uint8)) if kind in _FP8_DTYPES else (lambda a: a)
+
+    def run(backend: str) -> dict[str, Any]:
+        out = np.empty(q.shape, q.dtype)
+        lse = np.empty(q.shape[:2], np.float32)
+        wl, wr = normalize_serving(window_left, -1, causal)
+        table = (pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"])
+        if not sm90.try_paged_prefill(q, raw(pc["k_pages"]).reshape(-1), raw(pc["v_pages"]).reshape(-1),
+                                      out.reshape(-1), lse.reshape(-1), qo_indptr, table,
+                                      (len(kv_lens), max(qo_lens), h, kvh, d, page_size), strides, (q_kind, kind),
+                                      ksc / np.sqrt(d), logits_soft_cap, vsc, wl, wr, None, backend):
+            raise declined(name, backend)
+        return {"out": out.astype(np.float32), "lse": lse}
+
+    def ref() -> dict[str, Any]:
+        out, lse = np_ragged_attention(q.astype(np.float64), qo_indptr, pc["ks"], pc["vs"], causal,
+                                       window_size=(window_left, -1), softcap=logits_soft_cap)
+        return {"out": out, "lse": lse}
+
+    win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
+    shape = (f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}" + win
+             + (f"-{q_kind}q-{kind}kv" if q_kind != kind else "") + ("-causal" if causal else ""))
+    return sm90_case("paged_prefill_attention", _dtype_name(q_kind, kind), shape.replace(" ", ""), (name,), run, ref)
+
+
 def _varlen(rng: np.random.Generator, k_lens: list[int], q_lens: list[int], h: int, kvh: int, d: int,
             q_kind: str = "f32", kv_kind: str = "f32", causal: bool = False, note: str = "",
             window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
@@ -450,3 +491,17 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
     yield _append(rng, [4, 9], [1, 1], 16, 2, 64, "HND", "f16")
     yield _append(rng, [3, 0, 10], [2, 5, 1], 5, 2, 32, "NHD", "e4m3", in_kind="f16", combined=True)
     yield _append(rng, [4, 9], [1, 3], 16, 2, 40, "HND", "e5m2", in_kind="f16")
+    # paged_prefill_attention on sm_90a (paged_prefill_sm90_*): every kernel causal and not; page sizes that divide
+    # the key tile, exceed it and divide nothing (the producer's gather takes any); ragged lengths, a sequence
+    # without keys, GQA, NHD and HND, windows; FP8 caches widened by the producer, with their k / v scales
+    shapes = (([150, 20], [130, 20], 16, 4, 1, "NHD", -1), ([90, 0, 40], [70, 3, 40], 3, 2, 2, "HND", 30),
+              ([260], [129], 256, 2, 1, "NHD", -1))
+    i = 0
+    for qk in ("bf16", "f16"):
+        for kk in (qk, "e4m3", "e5m2"):
+            for d in (64, 128):
+                for cap in (0.0, 20.0):
+                    for causal in (True, False):
+                        kv, qo, ps, h, kvh, layout, wl = shapes[i % len(shapes)]
+                        i += 1
+                        yield _sm90_prefill(rng, kv, qo, ps, h, kvh, d, layout, qk, kk, causal, wl, cap)

@@ -1,0 +1,162 @@
+"""paged_prefill_attention on the Hopper (sm_90a) forward: kernels_cu/attention_fwd_sm90.cu's paged producer
+(paged_prefill_sm90_*, fa90_forward with a cache element type KV).
+
+On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the paged sm_90a kernel for bf16 / f16
+queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128, for every page size (1,
+3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
+causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
+paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
+kernels. The result is the same under every host schedule (the producer's gather and the consumers meet only
+through the mbarriers). From the cubin NVRTC makes for sm_90a (no GPU needed): each paged kernel has HGMMA, SYNCS,
+UTMALDG (Q) and LDGSTS (the 16-bit gather; FP8 caches: 8-byte loads and the widening), no spills, and the steady
+loop of the varlen kernel it shares its consumers with.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from functools import lru_cache
+from pathlib import Path
+import re
+
+from pykern import ops
+from pykern.ops import _attention_sm90 as sm90
+from pykern.difftest.cases.serving import make_paged, make_q, np_ragged_attention
+from launch_spy import record_launches as _record
+from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
+from sass_helpers import compile_sass, report
+
+pytestmark = pytest.mark.usefixtures("sm90_host")
+HOST = "host"
+
+
+def _run(rng, kv_lens, qo_lens, page_size, h, kvh, d, q_kind, kv_kind, causal=True, layout="NHD", window_left=-1,
+         cap=0.0):
+    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kv_kind)
+    qo = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
+    q = make_q(rng, (int(qo[-1]), h, d), q_kind)
+    scales = {"k_scale": pc["scales"][0], "v_scale": pc["scales"][1]} if kv_kind in ("e4m3", "e5m2") else {}
+    out, lse = ops.paged_prefill_attention(q, qo, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
+                                           pc["kv_last_page_len"], causal=causal, kv_layout=layout,
+                                           window_left=window_left, logits_soft_cap=cap, return_lse=True,
+                                           backend=HOST, **scales)
+    ref_out, ref_lse = np_ragged_attention(q.astype(np.float64), qo, pc["ks"], pc["vs"], causal,
+                                           window_size=(window_left, -1), softcap=cap)
+    return out, lse, ref_out, ref_lse
+
+
+CASES = [
+    # (kv_lens, qo_lens, page_size, heads, kv_heads, head_dim, q kind, kv kind, causal, layout, window_left, cap)
+    ([300, 17], [140, 17], 16, 4, 1, 128, "bf16", "bf16", True, "NHD", -1, 0.0),   # GQA 4, ragged, 2 key tiles
+    ([200, 5, 90], [70, 5, 90], 3, 2, 2, 64, "f16", "f16", True, "HND", -1, 0.0),   # page 3 divides nothing
+    ([400], [130], 256, 2, 1, 64, "bf16", "bf16", False, "NHD", -1, 0.0),           # page longer than the tile
+    ([333, 64], [200, 1], 128, 4, 2, 128, "f16", "f16", True, "NHD", 100, 0.0),     # window, page 128
+    ([260], [129], 1, 2, 1, 64, "bf16", "bf16", True, "NHD", -1, 30.0),             # page 1, softcap
+    ([290, 40], [150, 40], 16, 4, 1, 128, "bf16", "e4m3", True, "NHD", -1, 0.0),    # FP8 e4m3, k/v scales
+    ([210, 0], [100, 3], 8, 2, 1, 64, "f16", "e5m2", True, "HND", -1, 20.0),        # FP8 e5m2, a sequence w/o keys
+]
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: "kv{}-q{}-p{}-h{}/{}-d{}-{}-{}kv-{}-{}-wl{}-cap{:g}".format(
+    *c[:7], c[7], "causal" if c[8] else "full", *c[9:]))
+def test_paged_prefill_sm90_vs_float64(case, monkeypatch) -> None:
+    kv_lens, qo_lens, ps, h, kvh, d, qk, kvk, causal, layout, wl, cap = case
+    rng = np.random.default_rng(sum(kv_lens) * 7 + ps + d)
+    names = _record(monkeypatch)
+    out, lse, ref_out, ref_lse = _run(rng, kv_lens, qo_lens, ps, h, kvh, d, qk, kvk, causal, layout, wl, cap)
+    tail = f"_{kvk}kv" if kvk in ("e4m3", "e5m2") else ""
+    assert names == [f"paged_prefill_sm90_d{d}{'_softcap' if cap else ''}_{qk}{tail}"]
+    close("out", out, ref_out, "paged_prefill_attention", "bf16" if "bf16" in (qk, kvk) else qk)
+    check_lse(lse, ref_lse)
+
+
+def test_paged_prefill_sm90_reads_flashinfers_combined_cache(monkeypatch) -> None:
+    # FlashInfer's (pages, 2, page_size, kv_heads, D) cache through its K and V views (s_page twice a K page's)
+    rng = np.random.default_rng(11)
+    pc = make_paged(rng, [170, 33], 16, 2, 64, "NHD", "bf16")
+    combined = np.ascontiguousarray(np.stack([pc["k_pages"], pc["v_pages"]], axis=1))
+    qo = np.array([0, 100, 133], np.int32)
+    q = make_q(rng, (133, 4, 64), "bf16")
+    names = _record(monkeypatch)
+    out, lse = ops.paged_prefill_attention(q, qo, combined[:, 0], combined[:, 1], pc["kv_indptr"], pc["kv_indices"],
+                                           pc["kv_last_page_len"], return_lse=True, backend=HOST)
+    assert names == ["paged_prefill_sm90_d64_bf16"]
+    ref_out, ref_lse = np_ragged_attention(q.astype(np.float64), qo, pc["ks"], pc["vs"], True)
+    close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    check_lse(lse, ref_lse)
+
+
+def test_paged_prefill_sm90_off_keeps_the_other_kernels(monkeypatch) -> None:
+    # PYKERN_SM90=0: the FlashAttention-2 core (16-bit cache of q's type, power-of-two pages) and paged_attn (FP8)
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    rng = np.random.default_rng(5)
+    names = _record(monkeypatch)
+    out, lse, ref_out, ref_lse = _run(rng, [150, 20], [130, 20], 16, 4, 1, 128, "bf16", "bf16")
+    close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    out, lse, ref_out, ref_lse = _run(rng, [150, 20], [130, 20], 16, 4, 1, 64, "f16", "e4m3")
+    close("out", out, ref_out, "paged_prefill_attention", "f16")
+    assert names == ["paged_prefill_tc_d128_bf16", "paged_attn_f16_e4m3kv"]
+
+
+def test_paged_prefill_sm90_only_where_it_applies(monkeypatch) -> None:
+    # f32 queries, head_dim 32 (no sm_90a instantiation) keep paged_attn; bf16 at head_dim 128 takes sm_90a
+    rng = np.random.default_rng(6)
+    names = _record(monkeypatch)
+    _run(rng, [40], [10], 16, 2, 1, 64, "f32", "e5m2")
+    _run(rng, [40], [10], 16, 2, 1, 32, "bf16", "bf16")
+    assert names == ["paged_attn_e5m2kv", "paged_attn_bf16"]
+
+
+@pytest.mark.parametrize("schedule", ["reverse", "random:7"])
+def test_paged_prefill_sm90_under_other_thread_schedules(schedule, monkeypatch) -> None:
+    # the producer's 128 gathering threads and the consumers in any order: the same bits as the forward order
+    rng = np.random.default_rng(8)
+    args = ([200, 30], [140, 30], 5, 2, 1, 64, "bf16", "e4m3")
+    out0, lse0, _, _ = _run(np.random.default_rng(8), *args)
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    out1, lse1, _, _ = _run(rng, *args)
+    np.testing.assert_array_equal(np.asarray(out0).view(np.uint16), np.asarray(out1).view(np.uint16))
+    np.testing.assert_array_equal(lse0, lse1)
+
+
+# --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
+SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_sm90.cu"
+PAGED = [sm90.paged_kernel_name(d, c, q, kv) for d in (64, 128) for c in (0.0, 1.0) for q in ("bf16", "f16")
+         for kv in (q, "e4m3", "e5m2")]
+
+
+@lru_cache(maxsize=None)
+def _sass():
+    mod, text = compile_sass(SRC, "sm_90a")
+    return mod, text, report().count_sass(text), report().steady_state_loops(text)
+
+
+def test_every_paged_kernel_is_checked() -> None:
+    import pykern
+
+    assert sorted(PAGED) == sorted(k.name for k in pykern.kernels() if k.name.startswith("paged_prefill_sm90"))
+
+
+@pytest.mark.parametrize("kernel", PAGED)
+def test_paged_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
+    mod, text, counts, loops = _sass()
+    body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
+    ops_ = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
+    d = int(kernel.split("_d")[1].split("_")[0])
+    assert any(op.startswith(f"HGMMA.64x{sm90._CFG[d][0]}x16.F32") for op in ops_)  # S = Q K^T
+    assert any(op.startswith(f"HGMMA.64x{d}x16.F32") for op in ops_)  # O += P V
+    assert any(op.startswith("UTMALDG.4D") for op in ops_)  # Q
+    assert sum(op.startswith("SYNCS") for op in ops_) >= 4  # mbarrier init / arrive / try_wait
+    fp8 = kernel.endswith("kv")
+    # the gather: cp.async for a 16-bit cache; 8-byte loads for FP8 (widened in registers, then stored)
+    assert any(op.startswith("LDGSTS") for op in ops_) != fp8
+    if fp8:
+        assert any(op.startswith("LDG.E.64") for op in ops_) and any(op.startswith("STS.128") for op in ops_)
+    assert counts[kernel]["LDL"] == counts[kernel]["STL"] == 0
+    res = mod.resources[kernel]
+    assert res.spill_stores == 0 and res.spill_loads == 0
+    # the consumers' steady loop is the varlen kernel's (its bar: tests/test_attention_sm90.py)
+    varlen = kernel.replace("paged_prefill_sm90", "attention_fwd_varlen_sm90").split("_e")[0]
+    assert loops[kernel]["mma"] == loops[varlen]["mma"]
+    assert loops[kernel]["per_mma"] <= loops[varlen]["per_mma"] + 0.01, (loops[kernel], loops[varlen])
