@@ -265,6 +265,7 @@ def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq
     kv_heads, D[, DV]) (DV default D), the longest sequence's lengths sizing the grid; (wl, wr) normalized per
     sequence (unbounded = 2^30), clamped by the kernels."""
     from .. import arrays
+    from ..launcher import launch
 
     batch, max_q, max_k, h, kvh, d = dims[:6]
     d_v = dims[6] if len(dims) > 6 else d

@@ -96,7 +96,8 @@ def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float,
 def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True, scale: float | None = None,
                          window_size: tuple[int, int] = (-1, -1),
                          softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(out like q, lse (..., n_q, n_heads)) of softmax attention; scale defaults to 1/sqrt(head_dim).
+    """(out like q with v's head_dim_v, lse (..., n_q, n_heads)) of softmax attention; scale defaults to
+    1/sqrt(head_dim).
 
     causal aligns the mask bottom-right (flash_attention's convention); a query that sees no key
     has out 0 and lse -inf. window_size / softcap: flash-attn's sliding window and logit softcap."""
@@ -106,7 +107,7 @@ def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True, scale: 
     rep = h // k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     mask = _attn_mask(n_q, n_k, causal, window_size)
-    out = np.zeros_like(q)
+    out = np.zeros(q.shape[:3] + v.shape[3:])
     lse = np.zeros((b, n_q, h))
     for bi in range(b):
         for hi in range(h):
@@ -841,7 +842,7 @@ def np_varlen_backward(q: Any, k: Any, v: Any, g: Any, cu_q: np.ndarray, cu_k: n
                        **kw: Any) -> tuple[np.ndarray, ...]:
     """(out, lse, dq, dk, dv) in float64, sequence by sequence through the dense references."""
     q64, k64, v64, g64 = f64(q), f64(k), f64(v), f64(g)
-    out, lse = np.zeros(q64.shape), np.full(q64.shape[:2], -np.inf)
+    out, lse = np.zeros(q64.shape[:2] + v64.shape[2:]), np.full(q64.shape[:2], -np.inf)  # out: head_dim_v
     dq, dk, dv = np.zeros(q64.shape), np.zeros(k64.shape), np.zeros(v64.shape)
     for b in range(len(cu_q) - 1):
         sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
