@@ -6,7 +6,8 @@ with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compi
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
 kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
 kernel with its VARLEN template parameter, at the same shapes). The backward
-(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 128, with or without softcap; at 256 its dQ kernel alone) serves
+(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 and 192 / head_dim_v 128, with or without softcap; at 256
+its dQ kernel alone) serves
 `attention_backward`
 (`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
 

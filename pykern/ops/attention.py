@@ -644,8 +644,10 @@ def attention_backward(
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of out = softmax(scale * q k^T) v per (batch, head), given grad_out = dL/dout.
 
-    q, grad_out (and out): (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim);
-    k, v: (n_k, n_kv_heads, head_dim) with the same leading batch dimension.
+    q: (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim); k: (n_k, n_kv_heads, head_dim) with the
+    same leading batch dimension; v: as k with head_dim_v <= head_dim columns, grad_out (and out) as q with
+    head_dim_v columns (DeepSeek-V3's 192 / 128: the sm_90a kernels' own shape given out and lse; elsewhere the
+    kernels run on v and grad_out padded with zero columns to head_dim, dv sliced back).
     Grouped-query attention: n_heads % n_kv_heads == 0, query head h uses kv
     head h // (n_heads // n_kv_heads). head_dim <= 256. Outputs have the
     inputs' dtype (f32, bf16 or f16), accumulation is fp32. scale defaults to
@@ -797,7 +799,9 @@ def flash_attention_varlen_backward(
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of `flash_attention_varlen`, given grad_out = dL/dout: packed sequences, flash-attn's layout.
 
-    q, grad_out, out (total_q, num_heads, head_dim); k, v (total_k, num_kv_heads, head_dim); lse (total_q,
+    q (total_q, num_heads, head_dim); k (total_k, num_kv_heads, head_dim); v (total_k, num_kv_heads, head_dim_v)
+    and grad_out, out (total_q, num_heads, head_dim_v), head_dim_v <= head_dim (192 / 128 on sm_90a: its own
+    kernels; elsewhere v and grad_out padded with zero columns to head_dim, dv sliced back); lse (total_q,
     num_heads) float32, the forward's (`flash_attention_varlen(..., return_lse=True)`). Sequence b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]; cu_seqlens_q and
     cu_seqlens_k are int32 (batch + 1,), start at 0, never decrease and end at total_q / total_k. A sequence may be
