@@ -301,8 +301,8 @@ def test_backward_head_dim_v_errors_name_v_and_grad_out() -> None:
 
     q, k, v, g = attention_inputs(np.random.default_rng(0), 1, 8, 2, 1, 64, "bf16", 8)
     wide = np.zeros((1, 8, 1, 96), v.dtype)
-    with pytest.raises(ArgumentError, match=r"v: expected shape \(1, 8, 1, 'head_dim_v'\) with 1 <= head_dim_v "
-                                            r"<= head_dim=64 \(q and k\), got \(1, 8, 1, 96\)"):
+    with pytest.raises(ArgumentError, match=r"v.shape\[-1\] \(head_dim_v\): expected 1 <= head_dim_v <= "
+                                            r"head_dim=64 \(q and k\), got 96"):
         ops.attention_backward(q, k, wide, g, backend=HOST)
     with pytest.raises(ArgumentError, match=r"grad_out: expected the shape of out .* \(1, 8, 2, 32\), got "
                                             r"\(1, 8, 2, 64\)"):

@@ -704,9 +704,10 @@ def attention_backward(
     n_k, kvh = ks[-3], ks[-2]
     vs = tuple(arrays.check_ndim("v", v, (len(qs),), "as k, with head_dim_v last"))
     d_v = vs[-1]
-    if vs[:-1] != ks[:-1] or not 1 <= d_v <= d:
-        raise ArgumentError(f"v: expected shape {ks[:-1] + ('head_dim_v',)} with 1 <= head_dim_v <= head_dim={d} "
-                            f"(q and k), got {vs}")
+    if vs[:-1] != ks[:-1]:
+        raise ArgumentError(f"v: expected the shape of k {ks[:-1] + ('head_dim_v',)}, got {vs}")
+    if not 1 <= d_v <= d:
+        raise ArgumentError(f"v.shape[-1] (head_dim_v): expected 1 <= head_dim_v <= head_dim={d} (q and k), got {d_v}")
     gs = qs[:-1] + (d_v,)  # grad_out and out: head_dim_v columns
     _same_shape("grad_out", grad_out, gs, "out (q's with v's head_dim_v)")
     if not 1 <= d <= MAX_HEAD_DIM:
@@ -829,9 +830,10 @@ def flash_attention_varlen_backward(
         raise ArgumentError(f"k: expected shape (total_k, num_kv_heads, {d}) (head_dim of q), got {ks}")
     vs = tuple(arrays.check_ndim("v", v, (3,), "(total_k, num_kv_heads, head_dim_v)"))
     d_v = vs[2]
-    if vs[:2] != ks[:2] or not 1 <= d_v <= d:
-        raise ArgumentError(f"v: expected shape ({ks[0]}, {ks[1]}, head_dim_v) with 1 <= head_dim_v <= head_dim={d} "
-                            f"(q and k), got {vs}")
+    if vs[:2] != ks[:2]:
+        raise ArgumentError(f"v: expected the shape of k ({ks[0]}, {ks[1]}, head_dim_v), got {vs}")
+    if not 1 <= d_v <= d:
+        raise ArgumentError(f"v.shape[2] (head_dim_v): expected 1 <= head_dim_v <= head_dim={d} (q and k), got {d_v}")
     qs = (total_q, h, d)
     _same_shape("grad_out", grad_out, (total_q, h, d_v), "out (q's with v's head_dim_v)")
     _same_shape("out", out, (total_q, h, d_v), "out (q's with v's head_dim_v)")
