@@ -41,34 +41,44 @@
 // keys per streamed tile (dq): 32 at d256, where the resident Q and dO take 128 KiB of shared memory and dQ 128
 // accumulator registers a thread
 #define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
-// queries per streamed tile (dkdv): 32 at d128, where dK and dV take 128 accumulator registers a thread
-#define AB90_DKDV_STEP(D) ((D) >= 128 ? 32 : 64)
+// queries per streamed tile (dkdv): 32 where dK and dV take 96 accumulator registers a thread or more (d96, d128:
+// 96, 128); 16 at 192 / 128, where they take 160 (with 32 queries a tile ptxas spills 32 bytes: the S^T / dP^T
+// accumulators, P^T / dS^T fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
+#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
+// head-dim columns per TMA box and wgmma swizzle atom row: 64 (128-byte rows, 128B swizzle) where D is a multiple
+// of 64, else 32 (64-byte rows, 64B swizzle): d96 is three 32-column boxes, as FA3 lays out head_dim 96 (the
+// largest swizzle whose row divides the head dim's bytes), so one tensor map per array serves every box.
+#define AB90_BOX(D) ((D) % 64 ? 32 : 64)
+#define AB90_SWIZZLE(D) ((D) % 64 ? PK_SWIZZLE_64B : PK_SWIZZLE_128B)
 #define AB90_STAGES 2
 #define AB90_THREADS 384
-// dynamic shared bytes with C rows per streamed tile: the resident pair, the ring of pairs, the mbarriers
-#define AB90_SMEM_BYTES(D, C) (2 * AB90_ROWS * (D) * 2 + 2 * AB90_STAGES * (C) * (D) * 2 + 1024)
-// the fused kernels (DQA > 0) add two dS buffers of C queries x AB90_ROWS keys
-#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, C) + 2 * AB90_ROWS * (C) * 2)
+// dynamic shared bytes with C rows per streamed tile, head dims D (q, k) and DV (v, dO): the resident pair, the
+// ring of pairs, the mbarriers
+#define AB90_SMEM_BYTES(D, DV, C) (AB90_ROWS * ((D) + (DV)) * 2 + AB90_STAGES * (C) * ((D) + (DV)) * 2 + 1024)
+// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys
+#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2)
 
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Ab90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
 
-// X = A1 B1^T and Y = A2 B2^T for one consumer warpgroup: 64 rows x STEP columns each, K = D. A from the
-// resident tiles (AROWS rows per box), B from a streamed tile (STEP rows per box).
-template <int DT, int D, int AROWS, int C>
+// X = A1 B1^T (K = D1) and Y = A2 B2^T (K = D2) for one consumer warpgroup: 64 rows x STEP columns each. A from
+// the resident tiles (AROWS rows per box), B from a streamed tile (STEP rows per box); boxes of AB90_BOX(D)
+// columns (rows of 2 * AB90_BOX(D) bytes), a k-step 32 bytes further inside a box row.
+template <int DT, int D1, int D2, int AROWS, int C>
 __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[C / 2],
                                                   unsigned long long a1, unsigned long long b1,
                                                   unsigned long long a2, unsigned long long b2) {
+    constexpr int KB1 = AB90_BOX(D1) / 16, RB1 = AB90_BOX(D1) * 2, KB2 = AB90_BOX(D2) / 16, RB2 = AB90_BOX(D2) * 2;
     pk_wgmma_fence();
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const unsigned ao = (ks / 4) * AROWS * 128 + (ks % 4) * 32, bo = (ks / 4) * C * 128 + (ks % 4) * 32;
+    for (int ks = 0; ks < D1 / 16; ks++) {
+        const unsigned ao = (ks / KB1) * AROWS * RB1 + (ks % KB1) * 32, bo = (ks / KB1) * C * RB1 + (ks % KB1) * 32;
         pk_wgmma_m64nNk16_ss<C, DT>(x, pk_wgmma_desc_advance(a1, ao), pk_wgmma_desc_advance(b1, bo), ks > 0);
     }
 #pragma unroll
-    for (int ks = 0; ks < D / 16; ks++) {
-        const unsigned ao = (ks / 4) * AROWS * 128 + (ks % 4) * 32, bo = (ks / 4) * C * 128 + (ks % 4) * 32;
+    for (int ks = 0; ks < D2 / 16; ks++) {
+        const unsigned ao = (ks / KB2) * AROWS * RB2 + (ks % KB2) * 32, bo = (ks / KB2) * C * RB2 + (ks % KB2) * 32;
         pk_wgmma_m64nNk16_ss<C, DT>(y, pk_wgmma_desc_advance(a2, ao), pk_wgmma_desc_advance(b2, bo), ks > 0);
     }
     pk_wgmma_commit();
@@ -81,14 +91,14 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 // with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
 // key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
 // tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
-// barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already times log2 e) and delta come
-// from the pre-pass as (batch, head, nq_pad) runs (attention_bwd_tc_prep's layout).
+// barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already
+// times log2 e) and delta come from the pre-pass as (batch, head, nq_pad) runs (attention_bwd_tc_prep's layout).
 //   Per tile, after dS^T: each consumer stores its 64 keys of dS (as [query][key] rows, the B operand's
 //   K-major 128B-swizzled layout; two buffers, so one barrier per tile orders the writes and the other
 //   consumer's reads of the tile before), then computes dQ^T (64 head-dim rows x 32 queries) = K^T dS^T over
 //   the CTA's 128 keys (wgmma SS, K MN-major as A): consumer c takes head-dim rows 64c.. at d128 (C = 32) and
 //   queries 32c.. at d64 (C = 64).
-template <typename T, int D, bool SC, bool VL, int DQA = 0>
+template <typename T, int D, int DV, bool SC, bool VL, int DQA = 0>
 __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                           const CUtensorMap* tdo, const float* __restrict__ lse,
                                           const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
@@ -97,16 +107,20 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                                           int window_left, int window_right, float softcap = 0.0f,
                                           float* __restrict__ dq_acc = nullptr, int* __restrict__ dq_sem = nullptr,
                                           int nq_pad = 0) {
-    constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_DKDV_STEP(D), ST = AB90_STAGES;
-    constexpr unsigned KV_BYTES = R * D * 2, STEP_BYTES = C * D * 2;
-    static_assert(DQA == 0 || (!VL && NB * C == 64), "the fused dQ: dense, two consumers x 32 queries or 64 dims");
+    // D: head_dim of q and k (S^T's k-steps, dK); DV: of v and dO (dP^T's k-steps, dV). Boxes of BQ / BV columns,
+    // rows of RQ / RV bytes (AB90_BOX); NB / NBV boxes a tile.
+    constexpr int DT = Ab90Dt<T>::V, BQ = AB90_BOX(D), BV = AB90_BOX(DV), NB = D / BQ, NBV = DV / BV;
+    constexpr int RQ = 2 * BQ, RV = 2 * BV, R = AB90_ROWS, C = AB90_DKDV_STEP(D, DV), ST = AB90_STAGES;
+    constexpr unsigned K_BYTES = R * D * 2, V_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, DO_STEP_BYTES = C * DV * 2;
+    static_assert(DQA == 0 || (!VL && D == DV && BQ == 64 && NB * C == 64),
+                  "the fused dQ: dense, D == DV, two consumers x 32 queries or 64 dims");
     constexpr unsigned DS_BYTES = R * C * 2;  // one dS buffer: [2 boxes of 64 keys][C queries][128 B]
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* ks = ab90_smem;
-    unsigned char* vs = ks + KV_BYTES;
-    unsigned char* qs = vs + KV_BYTES;               // [ST][NB][C][128 B]
-    unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NB][C][128 B]
-    unsigned char* dss = dos + ST * STEP_BYTES;      // DQA: [2][2 boxes][C][128 B]
+    unsigned char* vs = ks + K_BYTES;
+    unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][RQ]
+    unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][RV]
+    unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][2 boxes][C][128 B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(dss + (DQA ? 2 * DS_BYTES : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
@@ -143,19 +157,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
-            pk_mbarrier_arrive_expect_tx(kv_full, 2 * KV_BYTES);
-            for (int nb = 0; nb < NB; nb++) {
-                pk_tma_load_4d(ks + nb * R * 128, tk, kv_full, nb * 64, kvh, k_row0 + k0, mb);
-                pk_tma_load_4d(vs + nb * R * 128, tv, kv_full, nb * 64, kvh, k_row0 + k0, mb);
-            }
+            pk_mbarrier_arrive_expect_tx(kv_full, K_BYTES + V_BYTES);
+            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(ks + nb * R * RQ, tk, kv_full, nb * BQ, kvh, k_row0 + k0, mb);
+            for (int nb = 0; nb < NBV; nb++) pk_tma_load_4d(vs + nb * R * RV, tv, kv_full, nb * BV, kvh, k_row0 + k0, mb);
             for (int i = 0; i < steps; i++) {
                 const int s = i % ST, h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
-                pk_mbarrier_arrive_expect_tx(&full[s], 2 * STEP_BYTES);
-                for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(qs + s * STEP_BYTES + nb * C * 128, tq, &full[s], nb * 64, h, q_row0 + q0, mb);
-                    pk_tma_load_4d(dos + s * STEP_BYTES + nb * C * 128, tdo, &full[s], nb * 64, h, q_row0 + q0, mb);
-                }
+                pk_mbarrier_arrive_expect_tx(&full[s], STEP_BYTES + DO_STEP_BYTES);
+                for (int nb = 0; nb < NB; nb++)
+                    pk_tma_load_4d(qs + s * STEP_BYTES + nb * C * RQ, tq, &full[s], nb * BQ, h, q_row0 + q0, mb);
+                for (int nb = 0; nb < NBV; nb++)
+                    pk_tma_load_4d(dos + s * DO_STEP_BYTES + nb * C * RV, tdo, &full[s], nb * BV, h, q_row0 + q0, mb);
             }
         }
         if constexpr (DQA == 2) {
@@ -188,9 +200,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     // ---- consumers: rows = keys k0 + 64c + 16 wq + g (+ 8) ----
     pk_setmaxnreg_inc<240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
-    float dka[D / 2], dva[D / 2];
+    float dka[D / 2], dva[DV / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) dka[i] = dva[i] = 0.0f;
+    for (int i = 0; i < D / 2; i++) dka[i] = 0.0f;
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) dva[i] = 0.0f;
     // base 2: P = 2^(x * sl2 - lse * log2 e), x the score (SC: t = tanh(s * pre), and sl2 carries c)
     const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
     const float pre = SC ? scale / softcap : 0.0f;
@@ -199,12 +213,15 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     int qlo[2], qhi[2];  // queries that see this thread's two keys
     pk_attn_k_row(key0, n_q, n_k, window_left, window_right, qlo[0], qhi[0]);
     pk_attn_k_row(key0 + 8, n_q, n_k, window_left, window_right, qlo[1], qhi[1]);
-    const unsigned long long dk_a = pk_wgmma_desc(ks + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dv_a = pk_wgmma_desc(vs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dq_b = pk_wgmma_desc(qs, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long ddo_b = pk_wgmma_desc(dos, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dq_t = pk_wgmma_desc(qs, C * 128, 1024, PK_SWIZZLE_128B);    // MN-major
-    const unsigned long long ddo_t = pk_wgmma_desc(dos, C * 128, 1024, PK_SWIZZLE_128B);  // MN-major
+    // K-major: 8-row groups SBO = 8 rows apart; MN-major: LBO = one box (C rows) to the next head-dim columns,
+    // SBO = 8 rows (k) apart (pk_ptx.cuh's canonical layouts)
+    constexpr int SWQ = AB90_SWIZZLE(D), SWV = AB90_SWIZZLE(DV);
+    const unsigned long long dk_a = pk_wgmma_desc(ks + c * 64 * RQ, 16, 8 * RQ, SWQ);
+    const unsigned long long dv_a = pk_wgmma_desc(vs + c * 64 * RV, 16, 8 * RV, SWV);
+    const unsigned long long dq_b = pk_wgmma_desc(qs, 16, 8 * RQ, SWQ);
+    const unsigned long long ddo_b = pk_wgmma_desc(dos, 16, 8 * RV, SWV);
+    const unsigned long long dq_t = pk_wgmma_desc(qs, C * RQ, 8 * RQ, SWQ);    // MN-major
+    const unsigned long long ddo_t = pk_wgmma_desc(dos, C * RV, 8 * RV, SWV);  // MN-major
     pk_mbarrier_wait_parity(kv_full, 0);
 
     for (int i = 0; i < steps; i++) {
@@ -241,8 +258,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             }
         float st_[C / 2], dpt[C / 2];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
-        ab90_two_products<DT, D, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
-                                    pk_wgmma_desc_advance(ddo_b, s * STEP_BYTES));
+        ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
+                                           pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));
         unsigned pa[C / 16][4], da[C / 16][4];
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
@@ -284,11 +301,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         }
         pk_wgmma_fence();
 #pragma unroll
-        for (int kk = 0; kk < C / 16; kk++)
-            pk_wgmma_m64nNk16_rs<D, DT, 1>(dva, pa[kk], pk_wgmma_desc_advance(ddo_t, s * STEP_BYTES + kk * 2048), 1);
+        for (int kk = 0; kk < C / 16; kk++)  // 16 queries = two 8-row groups
+            pk_wgmma_m64nNk16_rs<DV, DT, 1>(dva, pa[kk], pk_wgmma_desc_advance(ddo_t, s * DO_STEP_BYTES + kk * 16 * RV),
+                                            1);
 #pragma unroll
         for (int kk = 0; kk < C / 16; kk++)
-            pk_wgmma_m64nNk16_rs<D, DT, 1>(dka, da[kk], pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + kk * 2048), 1);
+            pk_wgmma_m64nNk16_rs<D, DT, 1>(dka, da[kk], pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + kk * 16 * RQ), 1);
         if constexpr (DQA > 0) {
             // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major, head-dim box dlo / 64), B = dS (K-major)
             constexpr int NQ = 32;
@@ -322,35 +340,38 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         }
     }
 
-    pk_attn_key_rows(key0, n_k, VL ? (long long)k_row0 : (long long)b * n_k, (long long)n_kv_heads * D,
-                     (long long)kvh * D,
+    // base: the (key row, kv head) index; dK rows hold D elements, dV rows DV
+    pk_attn_key_rows(key0, n_k, VL ? (long long)k_row0 : (long long)b * n_k, (long long)n_kv_heads, (long long)kvh,
                      [&](int r, long long base) {
 #pragma unroll
-        for (int j = 0; j < D / 8; j++) {
-            *reinterpret_cast<unsigned int*>(dk + base + 8 * j + 2 * t) =
+        for (int j = 0; j < D / 8; j++)
+            *reinterpret_cast<unsigned int*>(dk + base * D + 8 * j + 2 * t) =
                 Pk16<T>::narrow2(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
-            *reinterpret_cast<unsigned int*>(dv + base + 8 * j + 2 * t) =
+#pragma unroll
+        for (int j = 0; j < DV / 8; j++)
+            *reinterpret_cast<unsigned int*>(dv + base * DV + 8 * j + 2 * t) =
                 Pk16<T>::narrow2(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
-        }
     });
 }
 
 // ------------------------------------------------------------------------------------------------ dQ
-template <typename T, int D, bool SC, bool VL>
+template <typename T, int D, int DV, bool SC, bool VL>
 __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                         const CUtensorMap* tdo, const float* __restrict__ lse,
                                         const float* __restrict__ delta, T* __restrict__ dq,
                                         const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
                                         int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
                                         int window_left, int window_right, float softcap = 0.0f) {
-    constexpr int DT = Ab90Dt<T>::V, NB = D / 64, R = AB90_ROWS, C = AB90_DQ_STEP(D), ST = AB90_STAGES;
-    constexpr unsigned Q_BYTES = R * D * 2, STEP_BYTES = C * D * 2;
+    // D: head_dim of q and k (S's k-steps, dQ); DV: of v and dO (dP's k-steps); boxes as in ab90_dkdv
+    constexpr int DT = Ab90Dt<T>::V, BQ = AB90_BOX(D), BV = AB90_BOX(DV), NB = D / BQ, NBV = DV / BV;
+    constexpr int RQ = 2 * BQ, RV = 2 * BV, R = AB90_ROWS, C = AB90_DQ_STEP(D), ST = AB90_STAGES;
+    constexpr unsigned Q_BYTES = R * D * 2, DO_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, V_STEP_BYTES = C * DV * 2;
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* qs = ab90_smem;
     unsigned char* dos = qs + Q_BYTES;
-    unsigned char* ks = dos + Q_BYTES;               // [ST][NB][C][128 B]
-    unsigned char* vs = ks + ST * STEP_BYTES;        // [ST][NB][C][128 B]
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * STEP_BYTES);
+    unsigned char* ks = dos + DO_BYTES;              // [ST][NB][C][RQ]
+    unsigned char* vs = ks + ST * STEP_BYTES;        // [ST][NBV][C][RV]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * V_STEP_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
@@ -380,19 +401,18 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
-            pk_mbarrier_arrive_expect_tx(q_full, 2 * Q_BYTES);
-            for (int nb = 0; nb < NB; nb++) {
-                pk_tma_load_4d(qs + nb * R * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
-                pk_tma_load_4d(dos + nb * R * 128, tdo, q_full, nb * 64, h, q_row0 + q0, mb);
-            }
+            pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES + DO_BYTES);
+            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * R * RQ, tq, q_full, nb * BQ, h, q_row0 + q0, mb);
+            for (int nb = 0; nb < NBV; nb++) pk_tma_load_4d(dos + nb * R * RV, tdo, q_full, nb * BV, h, q_row0 + q0, mb);
             for (int i = 0, j = kt0; j < kt1; j++, i++) {
                 const int s = i % ST;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
-                pk_mbarrier_arrive_expect_tx(&full[s], 2 * STEP_BYTES);
-                for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(ks + s * STEP_BYTES + nb * C * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * C, mb);
-                    pk_tma_load_4d(vs + s * STEP_BYTES + nb * C * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * C, mb);
-                }
+                pk_mbarrier_arrive_expect_tx(&full[s], STEP_BYTES + V_STEP_BYTES);
+                for (int nb = 0; nb < NB; nb++)
+                    pk_tma_load_4d(ks + s * STEP_BYTES + nb * C * RQ, tk, &full[s], nb * BQ, kvh, k_row0 + j * C, mb);
+                for (int nb = 0; nb < NBV; nb++)
+                    pk_tma_load_4d(vs + s * V_STEP_BYTES + nb * C * RV, tv, &full[s], nb * BV, kvh, k_row0 + j * C,
+                                   mb);
             }
         }
         return;
@@ -417,11 +437,12 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
         l2[r] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
         dl[r] = row < n_q ? delta[idx] : 0.0f;
     }
-    const unsigned long long dq_a = pk_wgmma_desc(qs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long ddo_a = pk_wgmma_desc(dos + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dk_b = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dv_b = pk_wgmma_desc(vs, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dk_t = pk_wgmma_desc(ks, C * 128, 1024, PK_SWIZZLE_128B);  // MN-major
+    constexpr int SWQ = AB90_SWIZZLE(D), SWV = AB90_SWIZZLE(DV);  // descriptors as in ab90_dkdv
+    const unsigned long long dq_a = pk_wgmma_desc(qs + c * 64 * RQ, 16, 8 * RQ, SWQ);
+    const unsigned long long ddo_a = pk_wgmma_desc(dos + c * 64 * RV, 16, 8 * RV, SWV);
+    const unsigned long long dk_b = pk_wgmma_desc(ks, 16, 8 * RQ, SWQ);
+    const unsigned long long dv_b = pk_wgmma_desc(vs, 16, 8 * RV, SWV);
+    const unsigned long long dk_t = pk_wgmma_desc(ks, C * RQ, 8 * RQ, SWQ);  // MN-major
     pk_mbarrier_wait_parity(q_full, 0);
 
     for (int i = 0, j = kt0; j < kt1; j++, i++) {
@@ -429,8 +450,8 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
         const bool need_mask = k0 < span.full_lo || k0 + C - 1 > span.full_hi;
         float sc[C / 2], dp[C / 2];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
-        ab90_two_products<DT, D, R, C>(sc, dp, dq_a, pk_wgmma_desc_advance(dk_b, s * STEP_BYTES), ddo_a,
-                                    pk_wgmma_desc_advance(dv_b, s * STEP_BYTES));
+        ab90_two_products<DT, D, DV, R, C>(sc, dp, dq_a, pk_wgmma_desc_advance(dk_b, s * STEP_BYTES), ddo_a,
+                                           pk_wgmma_desc_advance(dv_b, s * V_STEP_BYTES));
         unsigned da[C / 16][4];
 #pragma unroll
         for (int jj = 0; jj < C / 8; jj++)
@@ -454,7 +475,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
         pk_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < C / 16; kk++)
-            pk_wgmma_m64nNk16_rs<D, DT, 1>(dqa, da[kk], pk_wgmma_desc_advance(dk_t, s * STEP_BYTES + kk * 2048), 1);
+            pk_wgmma_m64nNk16_rs<D, DT, 1>(dqa, da[kk], pk_wgmma_desc_advance(dk_t, s * STEP_BYTES + kk * 16 * RQ), 1);
         pk_wgmma_commit();
         pk_wgmma_wait<0>();
         pk_mbarrier_arrive(&empty[s]);
@@ -475,30 +496,47 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
 
 // Entry points: attention_bwd[_varlen]_sm90_{dkdv,dq}_d{64,128}[_softcap]_{bf16,f16}. The dense kernels pass no
 // cu_seqlens (nullptr); the _softcap kernels take the softcap as one more, last, parameter.
-#define AB90_ENTRY(name, body, D, SC, VL)                                                                            \
+#define AB90_ENTRY(name, body, D, DV, SC, VL)                                                                        \
     template <typename T, typename... A>                                                                            \
     __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
                                                 const CUtensorMap& tdo, A... a) {                                   \
-        body<T, D, SC, VL>(&tq, &tk, &tv, &tdo, a...);                                                              \
+        body<T, D, DV, SC, VL>(&tq, &tk, &tv, &tdo, a...);                                                          \
     }
-AB90_ENTRY(attention_bwd_sm90_dkdv_d64, ab90_dkdv, 64, false, false)
-AB90_ENTRY(attention_bwd_sm90_dkdv_d128, ab90_dkdv, 128, false, false)
-AB90_ENTRY(attention_bwd_sm90_dq_d64, ab90_dq, 64, false, false)
-AB90_ENTRY(attention_bwd_sm90_dq_d128, ab90_dq, 128, false, false)
-AB90_ENTRY(attention_bwd_sm90_dq_d256, ab90_dq, 256, false, false)
-AB90_ENTRY(attention_bwd_sm90_dq_d256_softcap, ab90_dq, 256, true, false)
-AB90_ENTRY(attention_bwd_sm90_dkdv_d64_softcap, ab90_dkdv, 64, true, false)
-AB90_ENTRY(attention_bwd_sm90_dkdv_d128_softcap, ab90_dkdv, 128, true, false)
-AB90_ENTRY(attention_bwd_sm90_dq_d64_softcap, ab90_dq, 64, true, false)
-AB90_ENTRY(attention_bwd_sm90_dq_d128_softcap, ab90_dq, 128, true, false)
-AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64, ab90_dkdv, 64, false, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128, ab90_dkdv, 128, false, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64, ab90_dq, 64, false, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128, ab90_dq, 128, false, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64_softcap, ab90_dkdv, 64, true, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128_softcap, ab90_dkdv, 128, true, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64_softcap, ab90_dq, 64, true, true)
-AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128_softcap, ab90_dq, 128, true, true)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d64, ab90_dkdv, 64, 64, false, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d128, ab90_dkdv, 128, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d64, ab90_dq, 64, 64, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d128, ab90_dq, 128, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d256, ab90_dq, 256, 256, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d256_softcap, ab90_dq, 256, 256, true, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d64_softcap, ab90_dkdv, 64, 64, true, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d128_softcap, ab90_dkdv, 128, 128, true, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d64_softcap, ab90_dq, 64, 64, true, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d128_softcap, ab90_dq, 128, 128, true, false)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64, ab90_dkdv, 64, 64, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128, ab90_dkdv, 128, 128, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64, ab90_dq, 64, 64, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128, ab90_dq, 128, 128, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d64_softcap, ab90_dkdv, 64, 64, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d128_softcap, ab90_dkdv, 128, 128, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d64_softcap, ab90_dq, 64, 64, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128_softcap, ab90_dq, 128, 128, true, true)
+// head_dim 96 (boxes of 32 columns, 64B swizzle) and head_dim_qk 192 / head_dim_v 128 (DeepSeek-V3's prefill)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d96, ab90_dkdv, 96, 96, false, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d192_dv128, ab90_dkdv, 192, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d96_softcap, ab90_dkdv, 96, 96, true, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d192_dv128_softcap, ab90_dkdv, 192, 128, true, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d96, ab90_dq, 96, 96, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d192_dv128, ab90_dq, 192, 128, false, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d96_softcap, ab90_dq, 96, 96, true, false)
+AB90_ENTRY(attention_bwd_sm90_dq_d192_dv128_softcap, ab90_dq, 192, 128, true, false)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d96, ab90_dkdv, 96, 96, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d192_dv128, ab90_dkdv, 192, 128, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d96_softcap, ab90_dkdv, 96, 96, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d192_dv128_softcap, ab90_dkdv, 192, 128, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d96, ab90_dq, 96, 96, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d192_dv128, ab90_dq, 192, 128, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d96_softcap, ab90_dq, 96, 96, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d192_dv128_softcap, ab90_dq, 192, 128, true, true)
 // the fused dK / dV / dQ kernels (dense): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
 #define AB90_FUSED_ENTRY(name, D, SC, DQA)                                                                           \
     template <typename T, typename... A>                                                                            \
@@ -507,8 +545,8 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dq_d128_softcap, ab90_dq, 128, true, true)
                                                 T* dv, float* dq_acc, int* dq_sem, int batch, int n_q, int n_k,       \
                                                 int n_heads, int n_kv_heads, int nq_pad, float scale, int wl, int wr, \
                                                 A... cap) {                                                         \
-        ab90_dkdv<T, D, SC, false, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q, n_k,  \
-                                        n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);       \
+        ab90_dkdv<T, D, D, SC, false, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q,     \
+                                           n_k, n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad); \
     }
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1)
@@ -592,7 +630,7 @@ AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2)
     n_kv_heads, scale, window_left, window_right, softcap)
 // The fused kernels: lse / delta the pre-pass's (batch, n_heads, nq_pad) runs (lse times log2 e), dq_acc fp32
 // (batch, n_heads, nq_pad, D) zeroed, dq_sem (the _det kernels) int32 (batch, n_heads, query tiles of
-// AB90_DKDV_STEP(D)) zeroed; nq_pad a multiple of 64 >= n_q; grid batch * kv heads * key tiles.
+// AB90_DKDV_STEP(D, D)) zeroed; nq_pad a multiple of 64 >= n_q; grid batch * kv heads * key tiles.
 #define AB90_FUSED_PARAMS                                                                                            \
     (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
     CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
@@ -625,3 +663,20 @@ PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d64, (AB90_THREADS, 1), AB90_VL_DQ_
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d128, (AB90_THREADS, 1), AB90_VL_DQ_PARAMS, AB90_VL_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d64_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d128_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)
+// head_dim 96 and 192 / 128: both kernels, dense and varlen, with and without softcap
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d96, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d192_dv128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d96_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d192_dv128_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d96, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d192_dv128, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d96_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dq_d192_dv128_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d96, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d192_dv128, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d96_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d192_dv128_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d96, (AB90_THREADS, 1), AB90_VL_DQ_PARAMS, AB90_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d192_dv128, (AB90_THREADS, 1), AB90_VL_DQ_PARAMS, AB90_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d96_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d192_dv128_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)

@@ -392,6 +392,21 @@ def test_real_sm90a_kernels_loop_matches_the_launch_geometry(sass, d):
         assert k.loop.wgmma and k.loop.ldsm == 0
 
 
+def test_real_sm90a_d96_backward_loop_matches_the_launch_geometry(sass):
+    """head_dim 96 (32-column boxes): the backward's dK/dV (32-query tiles) and dQ launches against their SASS
+    loops, dense and varlen, with and without softcap; the measured build had none."""
+    s = am.Shape(1, 2, 256, 96, False)
+    for sc in (False, True):
+        for vl in (False, True):
+            got, why = am.sm90_launches("bwd", s, list(sass.kernels()), softcap=sc, varlen=vl)
+            assert [lau.kernel for lau in got] == [f"attention_bwd{'_varlen' if vl else ''}_sm90_{p}_d96"
+                                                  f"{'_softcap' if sc else ''}_bf16" for p in ("dkdv", "dq")], why
+            for lau in got:
+                k = _cross_check(sass, lau, "sm_90a")
+                assert k.loop.wgmma and k.loop.ldsm == 0
+    assert am.sm90_launches("bwd", s, list(sass.kernels()), build="2026-11-27")[0] == []
+
+
 def test_model_runs_on_the_real_kernels(sass):
     doc = am.table_rows(shapes=[am.Shape(4, 16, 1024, 128, True), am.Shape(1, 32, 4096, 64, False)], sass=sass)
     preds = doc["predictions"]

@@ -27,7 +27,7 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
-from pykern.errors import KernelExecutionError
+from pykern.errors import ArgumentError, KernelExecutionError
 from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
@@ -196,6 +196,8 @@ BWD_SHAPES = [
     (2, 70, 200, 4, 2, 128, False),     # n_q < n_k, GQA 2, batch 2
     (1, 100, 60, 4, 1, 128, True),      # n_q > n_k causal: 40 rows see no key; GQA 4
     (1, 1, 1, 2, 1, 64, True),          # length 1
+    (2, 130, 150, 4, 2, 96, True),      # d96: 32-column boxes (64B swizzle), off the tiles, GQA 2
+    (None, 70, 200, 2, 1, 96, False),   # d96, 3-D inputs, n_q < n_k
 ]
 
 
@@ -317,10 +319,66 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
 
     rng = np.random.default_rng(4)
     names = _record(monkeypatch)
-    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 96, "bf16", 40)
-    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)  # d96: no sm_90a backward
+    q, k, v, g = attention_inputs(rng, 1, 40, 2, 1, 80, "bf16", 40)
+    ops.attention_backward(q, k, v, g, softcap=20.0, backend=HOST)  # d80 (padded to 96): no sm_90a backward
     assert names == ["attention_bwd_lse_softcap_bf16", "attention_bwd_tc_dkdv_d96_softcap_bf16",
                      "attention_bwd_tc_dq_d96_softcap_bf16"]
+
+
+@pytest.mark.parametrize("cap", [0.0, 2.5])
+@pytest.mark.parametrize("dtype", ["bf16", "f16"])
+def test_backward_sm90_192_128_vs_float64_same_bits_under_every_schedule(dtype: str, cap: float, monkeypatch) -> None:
+    """head_dim 192, head_dim_v 128 (DeepSeek-V3's prefill) given the forward's out and lse: both backward kernels
+    are the sm_90a _d192_dv128 ones (the DV template parameter), dq / dk / dv equal float64 (dv at 128 columns),
+    and the forward, reverse and random thread orders give the same bits."""
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    rng = np.random.default_rng(192)
+    q, k, v, g = attention_inputs(rng, 2, 140, 4, 2, 192, dtype, 150)
+    v, g = np.ascontiguousarray(v[..., :128]), np.ascontiguousarray(g[..., :128])
+    out, lse = ops.flash_attention(q, k, v, causal=True, softcap=cap, return_lse=True, backend=HOST)
+    names = _record(monkeypatch)
+    runs = []
+    for schedule in ("forward", "reverse", "random:7"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, softcap=cap, backend=HOST))
+    c = "_softcap" if cap else ""
+    assert names[:3] == [f"attention_bwd_preprocess_{dtype}", f"attention_bwd_sm90_dkdv_d192_dv128{c}_{dtype}",
+                         f"attention_bwd_sm90_dq_d192_dv128{c}_{dtype}"]
+    ref = np_attention_backward(q, k, v, g, causal=True, softcap=cap)
+    for name, got, want in zip(("dq", "dk", "dv"), runs[0], ref):
+        assert np.asarray(got).shape == want.shape
+        close(name, got, want, "attention_backward", dtype)
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+
+
+def test_backward_192_128_without_out_and_lse_pads_v() -> None:
+    """Without the forward's out and lse (the lse pre-pass reads v at head_dim) and off Hopper, the backward runs
+    on v and grad_out padded with zero columns to 192: the same float64 values, dv sliced back to 128 columns."""
+    from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
+
+    rng = np.random.default_rng(193)
+    q, k, v, g = attention_inputs(rng, 1, 70, 2, 1, 192, "bf16", 90)
+    v, g = np.ascontiguousarray(v[..., :128]), np.ascontiguousarray(g[..., :128])
+    grads = ops.attention_backward(q, k, v, g, causal=False, backend=HOST)
+    for name, got, want in zip(("dq", "dk", "dv"), grads, np_attention_backward(q, k, v, g, causal=False)):
+        assert np.asarray(got).flags.c_contiguous
+        close(name, got, want, "attention_backward", "bf16")
+
+
+def test_backward_head_dim_v_errors_name_v_and_grad_out() -> None:
+    from pykern.difftest.cases.attention import attention_inputs
+
+    q, k, v, g = attention_inputs(np.random.default_rng(0), 1, 8, 2, 1, 64, "bf16", 8)
+    wide = np.zeros((1, 8, 1, 96), v.dtype)
+    with pytest.raises(ArgumentError, match=r"v.shape\[-1\] \(head_dim_v\): expected 1 <= head_dim_v <= "
+                                            r"head_dim=64 \(q and k\), got 96"):
+        ops.attention_backward(q, k, wide, g, backend=HOST)
+    with pytest.raises(ArgumentError, match=r"grad_out: expected the shape of out .* \(1, 8, 2, 32\), got "
+                                            r"\(1, 8, 2, 64\)"):
+        ops.attention_backward(q, k, np.ascontiguousarray(v[..., :32]), g, backend=HOST)
 
 
 @pytest.mark.parametrize("cap", [0.0, 2.0])
@@ -629,6 +687,9 @@ BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
 BWD_KERNELS = [f"attention_bwd_{vl}sm90_{n}_d{d}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
 BWD_KERNELS += [f"attention_bwd_sm90_dq_d256{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")]
+# head_dim 96 (32-column boxes, 64B swizzle) and 192 / 128 (DV): both kernels, dense and varlen, softcap or not
+BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_{s}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
+                for s in ("d96", "d192_dv128") for c in ("", "_softcap") for t in ("bf16", "f16")]
 BWD_FUSED_KERNELS = [f"attention_bwd_sm90_fused{det}_d{d}_{t}" for det in ("", "_det") for d in (64, 128)
                      for t in ("bf16", "f16")]
 
@@ -674,6 +735,10 @@ BWD_LOOP_BAR = {
     "dkdv_d64": 6.18, "dkdv_d128": 4.19, "dq_d64": 4.18, "dq_d128": 2.42,
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 5.52, "dq_d128_softcap": 3.09,
     "dq_d256": 2.29, "dq_d256_softcap": 2.62,  # 32-key tiles
+    # d96: 32-column boxes (64B swizzle), dK/dV on 32-query tiles; 192 / 128: dK/dV on 16-query tiles (160
+    # accumulator registers a thread), whose fixed cost a tile weighs more
+    "dkdv_d96": 5.19, "dq_d96": 3.03, "dkdv_d96_softcap": 5.88, "dq_d96_softcap": 3.92,
+    "dkdv_d192_dv128": 5.12, "dq_d192_dv128": 1.96, "dkdv_d192_dv128_softcap": 5.5, "dq_d192_dv128_softcap": 2.45,
 }
 
 
@@ -695,11 +760,13 @@ def test_backward_fused_steady_loop_within_its_bar(kernel: str) -> None:
 def test_backward_steady_loop_within_its_bar(kernel: str) -> None:
     _, _, loops = _bwd_sass()
     loop = loops[kernel]
-    part = kernel.split("sm90_")[1].rsplit("_", 1)[0]  # e.g. dkdv_d128_softcap
+    part = kernel.split("sm90_")[1].rsplit("_", 1)[0]  # e.g. dkdv_d128_softcap, dq_d192_dv128
     d = int(part.split("_d")[1].split("_")[0])
-    step = sm90.bwd_dkdv_step(d) if part.startswith("dkdv") else sm90.bwd_dq_step(d)
-    # per warp and tile: dkdv S^T, dP^T, dV, dK (4 x 64 * step * d / (4 * 2048) m16n8k16s a warp); dq S, dP, dQ
-    assert loop["mma"] == (4 if part.startswith("dkdv") else 3) * step * d / 128
+    dv = int(part.split("_dv")[1].split("_")[0]) if "_dv" in part else d
+    step = sm90.bwd_dkdv_step(d, dv) if part.startswith("dkdv") else sm90.bwd_dq_step(d)
+    # per warp and tile (64 * step * K / (4 * 2048) m16n8k16s a warp for K = d or dv): dkdv S^T (d), dP^T (dv),
+    # dV (dv), dK (d); dq S (d), dP (dv), dQ (d)
+    assert loop["mma"] == (2 * (d + dv) if part.startswith("dkdv") else 2 * d + dv) * step / 128
     assert loop["per_mma"] <= BWD_LOOP_BAR[part], loop
 
 

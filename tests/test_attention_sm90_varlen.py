@@ -219,6 +219,9 @@ VARLEN_BWD = [
     ([70, 1, 150], [33, 300, 20], 2, 1, 128, False, (-1, -1), 0.0, "f16"),
     ([129, 30, 0], [260, 30, 5], 2, 1, 64, True, (70, -1), 2.0, "f16"),
     ([100, 1, 40], [190, 64, 0], 4, 2, 128, False, (50, 20), 3.0, "bf16"),
+    # d96 (32-column boxes, 64B swizzle)
+    ([5, 130, 0, 1, 7], [9, 200, 3, 0, 140], 4, 2, 96, True, (-1, -1), 0.0, "f16"),
+    ([129, 30, 0], [260, 30, 5], 2, 1, 96, False, (70, 10), 2.0, "bf16"),
 ]
 
 
@@ -287,9 +290,54 @@ def test_varlen_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -
     from pykern.ops import flash_attention_varlen_backward
 
     rng = np.random.default_rng(2)
-    q, k, v, cu_q, cu_k = _ragged(rng, [20, 5], [30, 9], 2, 1, 96, "bf16")
+    q, k, v, cu_q, cu_k = _ragged(rng, [20, 5], [30, 9], 2, 1, 80, "bf16")
     g = q.copy()
     out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
-    flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, backend=HOST)  # d96
+    flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, backend=HOST)  # d80 (padded to 96)
     assert names[1:] == ["attention_bwd_varlen_tc_dkdv_d96_bf16", "attention_bwd_varlen_tc_dq_d96_bf16"]
+
+
+@pytest.mark.parametrize("case", VARLEN_192, ids=lambda c: "{}-h{}/{}-c{}-w{},{}-cap{}".format(
+    c[7], c[2], c[3], int(c[4]), *c[5], c[6]))
+def test_varlen_backward_sm90_192_128_vs_float64(case, monkeypatch) -> None:
+    """head_dim 192, head_dim_v 128: both varlen backward kernels are the sm_90a _d192_dv128 ones, dq / dk / dv
+    equal float64 per sequence (zero where a sequence has no query or no key)."""
+    from pykern.ops import flash_attention_varlen_backward
+
+    lq, lk, h, kvh, causal, win, cap, kind = case
+    rng = np.random.default_rng(sum(lq) + 3 * sum(lk))
+    q, k, v, cu_q, cu_k = _ragged_dv(rng, lq, lk, h, kvh, 192, 128, kind)
+    g = fa_inputs(rng, 1, sum(lq), 1, h, 1, 128, 128, kind)[0][0]
+    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, causal, win, cap)
+    names = _record(monkeypatch)
+    dq, dk, dv = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out64.astype(q.dtype),
+                                                 lse=lse64.astype(np.float32), causal=causal, window_size=win,
+                                                 softcap=cap, backend=HOST)
+    c = "_softcap" if cap > 0 else ""
+    assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d192_dv128{c}_{kind}",
+                     f"attention_bwd_varlen_sm90_dq_d192_dv128{c}_{kind}"]
+    assert np.asarray(dv).shape == v.shape
+    for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        close(name, got, ref, "flash_attention_varlen_backward", kind)
+
+
+def test_varlen_backward_192_128_off_hopper_pads_v(monkeypatch) -> None:
+    """Not playing Hopper, the mma.sync varlen backward runs on v and grad_out padded with zero columns to 192:
+    the same float64 values, dv sliced back to 128 columns."""
+    from pykern.ops import flash_attention_varlen_backward
+
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    lq, lk = [40, 0, 7], [70, 5, 0]
+    rng = np.random.default_rng(77)
+    q, k, v, cu_q, cu_k = _ragged_dv(rng, lq, lk, 4, 2, 192, 128, "f16")
+    g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, 128, 128, "f16")[0][0]
+    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True)
+    names = _record(monkeypatch)
+    dq, dk, dv = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out64.astype(q.dtype),
+                                                 lse=lse64.astype(np.float32), causal=True, backend=HOST)
+    assert names == ["attention_bwd_preprocess_f16", "attention_bwd_varlen_tc_dv_d256_f16",
+                     "attention_bwd_varlen_tc_dk_d256_f16", "attention_bwd_varlen_tc_dq_d256_f16"]
+    assert np.asarray(dv).shape == v.shape and np.asarray(dv).flags.c_contiguous
+    for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        close(name, got, ref, "flash_attention_varlen_backward", "f16")

@@ -192,6 +192,37 @@ def test_flash_attention_forward_and_grads_match_torch_f64(n_q, n_k, h, hk, caus
         assert_close(o, r, "attention_backward")
 
 
+@pytest.mark.parametrize("sm90", [False, True], ids=["mma_sync", "sm90a"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
+def test_flash_attention_192_128_grads_match_torch_f64(dtype, sm90: bool, monkeypatch):
+    """v narrower than q / k (DeepSeek-V3's prefill, head_dim 192, head_dim_v 128) through autograd: out, dq, dk
+    and dv equal float64. PYKERN_HOST_ARCH=sm_90a: the forward and both backward kernels are the sm_90a
+    _d192_dv128 ones; without it the backward runs on v and grad_out padded with zero columns to 192."""
+    kind = "bf16" if dtype == torch.bfloat16 else "f16"
+    if sm90:
+        monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+        monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
+    else:
+        monkeypatch.setenv("PYKERN_HOST_ARCH", "")
+    g = gen(19)
+    q = leaf(torch.randn(2, 140, 4, 192, generator=g), dtype)
+    k = leaf(torch.randn(2, 150, 2, 192, generator=g), dtype)
+    v = leaf(torch.randn(2, 150, 2, 128, generator=g), dtype)
+    up = torch.randn(2, 140, 4, 128, generator=g)
+    names = record_launches(monkeypatch)
+    out, (gq, gk, gv) = grads(lambda a, bb, c: pt.flash_attention(a, bb, c, causal=True), (q, k, v), up)
+    rout, (rq, rk, rv) = grads(lambda a, bb, c: attention_ref(a, bb, c, True, 192 ** -0.5),
+                               tuple(leaf(t.detach(), torch.float64) for t in (q, k, v)), up.double())
+    assert out.shape == (2, 140, 4, 128) and gv.shape == v.shape
+    assert_close(out, rout, "flash_attention", kind)
+    for o, r in ((gq, rq), (gk, rk), (gv, rv)):
+        assert o.dtype == dtype
+        assert_close(o, r, "attention_backward", kind)
+    sm90_names = {f"attention_fwd_sm90_d192_dv128_{kind}", f"attention_bwd_sm90_dkdv_d192_dv128_{kind}",
+                  f"attention_bwd_sm90_dq_d192_dv128_{kind}"}
+    assert (sm90_names <= set(names)) == sm90, names
+
+
 def test_flash_attention_default_is_not_causal_as_flash_attn_and_ops():
     # pykern.torch's default was causal=True while pykern.ops.flash_attention, flash-attn's flash_attn_func and
     # SDPA default to full attention: the same call gave a different answer through the torch wrapper

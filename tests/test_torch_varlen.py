@@ -147,29 +147,40 @@ def test_bad_arguments_raise_before_any_launch(change, exc, match, monkeypatch: 
     assert names == []
 
 
+@pytest.mark.parametrize("sm90", [False, True], ids=["mma_sync", "sm90a"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
-def test_forward_192_128_matches_dense_f64_and_grad_mode_names_head_dim_v(dtype, monkeypatch) -> None:
-    """DeepSeek-V3's prefill shape (q, k head_dim 192, v 128): the forward equals float64 (dense_attn on v padded
-    to 192 off Hopper); recording gradients raises before any launch, naming head_dim_v (no 192 / 128 backward)."""
+def test_192_128_forward_and_grads_match_dense_f64(dtype, sm90: bool, monkeypatch) -> None:
+    """DeepSeek-V3's prefill shape (q, k head_dim 192, v 128) through autograd: out, dq, dk and dv equal float64.
+    With PYKERN_HOST_ARCH=sm_90a the forward and both backward kernels are the sm_90a _d192_dv128 ones; without,
+    dense_attn and the mma.sync backward run on v (and grad_out) padded with zero columns to 192."""
     kind = "bf16" if dtype == torch.bfloat16 else "f16"
+    if sm90:
+        monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
+        monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
+    else:
+        monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     g = torch.Generator().manual_seed(6)
-    lq, lk = [9, 0, 20], [30, 4, 20]
+    lq, lk = [9, 0, 140], [30, 4, 150]
     cq, ck = _cu(lq), _cu(lk)
-    q = torch.randn(int(cq[-1]), 4, 192, generator=g).to(dtype)
-    k = torch.randn(int(ck[-1]), 2, 192, generator=g).to(dtype)
-    v = torch.randn(int(ck[-1]), 2, 128, generator=g).to(dtype)
-    out = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=True, softcap=2.0)
-    ref, _ = _ref(*(t.double() for t in (q, k, v)), cq.tolist(), ck.tolist(), True, (-1, -1), 2.0,
-                  1.0 / math.sqrt(192))
-    assert out.shape == (29, 4, 128) and out.dtype == dtype
-    _close(out, ref, "flash_attention_varlen", kind)
+    q = torch.randn(int(cq[-1]), 4, 192, generator=g).to(dtype).requires_grad_()
+    k = torch.randn(int(ck[-1]), 2, 192, generator=g).to(dtype).requires_grad_()
+    v = torch.randn(int(ck[-1]), 2, 128, generator=g).to(dtype).requires_grad_()
+    up = torch.randn(int(cq[-1]), 4, 128, generator=g)
     names = record_launches(monkeypatch)
-    with pytest.raises(ArgumentError, match=r"v\.shape\[2\] \(head_dim_v\): the varlen backward needs "
-                                            r"head_dim_v == head_dim=192, got 128"):
-        pt.flash_attention_varlen(q, k, v.requires_grad_(), cq, ck, max(lq), max(lk), causal=True)
-    assert names == []
-    with torch.no_grad():  # no gradients recorded: the forward runs
-        assert pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk)).shape == (29, 4, 128)
+    out = pt.flash_attention_varlen(q, k, v, cq, ck, max(lq), max(lk), causal=True, softcap=2.0)
+    dq, dk, dv = torch.autograd.grad((out.float() * up).sum(), (q, k, v))
+    q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
+    ref, _ = _ref(q64, k64, v64, cq.tolist(), ck.tolist(), True, (-1, -1), 2.0, 1.0 / math.sqrt(192))
+    rq, rk, rv = torch.autograd.grad((ref * up.double()).sum(), (q64, k64, v64))
+    assert out.shape == (149, 4, 128) and out.dtype == dtype and dv.shape == v.shape
+    _close(out, ref, "flash_attention_varlen", kind)
+    for name, got, want in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
+        assert got.dtype == dtype, name
+        _close(got, want, "flash_attention_varlen_backward", kind)
+    sm90_names = {f"attention_fwd_varlen_sm90_d192_dv128_softcap_{kind}",
+                  f"attention_bwd_varlen_sm90_dkdv_d192_dv128_softcap_{kind}",
+                  f"attention_bwd_varlen_sm90_dq_d192_dv128_softcap_{kind}"}
+    assert (sm90_names <= set(names)) == sm90, names
 
 
 def test_compiles_fullgraph_forward_and_backward() -> None:

@@ -565,6 +565,8 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
 # differ is a modelled bound, not fitted.
 BUILDS = ("2026-11-27", "current")
 MEASURED_BUILD = "2026-11-27"
+# head_dims of the measured build's sm_90a backward (today's adds 96, and the dQ kernel at 256)
+MEASURED_BWD_HEAD_DIMS = (64, 128)
 
 
 def _check_build(build: str) -> None:
@@ -624,7 +626,7 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
                        2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
     if build == MEASURED_BUILD and (softcap or varlen):
         return [], f"the {build} build had no softcap / varlen sm_90a backward"
-    dq_dims = h.BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_DQ_HEAD_DIMS
+    dq_dims = MEASURED_BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_DQ_HEAD_DIMS
     dq_only = s.head_dim in dq_dims and s.head_dim not in h.BWD_HEAD_DIMS
     if dq_only and varlen:
         return [], f"no varlen sm_90a backward at head_dim {s.head_dim} (head_dims {h.BWD_HEAD_DIMS})"
@@ -908,11 +910,12 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                ) -> dict[str, Any]:
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
-    (default: with the default shapes, head_dim 256 at the same seqs and hidden size, where the dQ runs on wgmma
-    beside the mma.sync dK / dV); the fused mma.sync backward in each of `dq_modes`."""
+    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (the dQ on
+    wgmma beside the mma.sync dK / dV) at the same seqs and hidden size); the fused mma.sync backward in each of
+    `dq_modes`."""
     sass = sass or SassSource()
     if sm90_bwd_shapes is None:
-        sm90_bwd_shapes = default_shapes(head_dims=(256,)) if shapes is None else ()
+        sm90_bwd_shapes = default_shapes(head_dims=(96, 256)) if shapes is None else ()
     shapes = list(shapes) if shapes is not None else default_shapes()
     preds, skipped = [], {}
     for arch in archs:
@@ -974,7 +977,7 @@ def format_table(doc: dict[str, Any]) -> str:
               "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
               "dQ (per-key-tile partials written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
-              "d256: the wgmma dQ beside the mma.sync dK / dV. sm_90a rows: the current build (the d128 forward's",
+              "d96: both kernels on wgmma; d256: the wgmma dQ beside the mma.sync dK / dV. sm_90a rows: the current build (the d128 forward's",
               "ping-pong); none of them fitted to a measurement.",
               f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
               f"{'ms':>8s} {'TFLOP/s':>8s} {'% peak':>6s}  binding term"]

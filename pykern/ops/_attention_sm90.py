@@ -6,7 +6,8 @@ with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compi
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
 kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
 kernel with its VARLEN template parameter, at the same shapes). The backward
-(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 128, with or without softcap; at 256 its dQ kernel alone) serves
+(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 and 192 / head_dim_v 128, with or without softcap; at 256
+its dQ kernel alone) serves
 `attention_backward`
 (`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
 
@@ -61,19 +62,19 @@ def enabled() -> bool:
 
 
 def usable(head_dim: int, head_dim_v: int, softcap: float, scale: float, q: Any, backend: str | None,
-           *more: Any) -> bool:
+           *more: Any, shapes: tuple[tuple[int, int], ...] = SHAPES) -> bool:
     """Whether the sm_90a kernel runs this call (shape supported and the device takes sm_90a kernels).
 
     q and `more` are the arrays the kernel reads through tensor maps (q, k, v; dO for the backward). On the nvrtc
     backend a tensor map holds a device address, so each must already live on the GPU: host arrays (NumPy, CPU
     tensors), which the launcher stages to device memory only at launch, take the mma.sync kernels as on an sm_80
     GPU. The host backend (PYKERN_HOST_ARCH=sm_90a) maps host memory itself and takes them all. PYKERN_SM90=0:
-    never."""
+    never. shapes: the (head_dim, head_dim_v) pairs compiled (the forward's SHAPES, or the backward's)."""
     if not enabled():
         return False
     # Without softcap the kernel takes the row max on the raw scores (max of scale * s = scale * max s needs
     # scale > 0); with one it takes it on the capped scores, whatever the scale's sign.
-    if (head_dim, head_dim_v) not in SHAPES or not (scale > 0.0 or softcap > 0.0):
+    if (head_dim, head_dim_v) not in shapes or not (scale > 0.0 or softcap > 0.0):
         return False
     be = get_backend(backend)
     if be.name not in ("host", "nvrtc"):
@@ -200,10 +201,13 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
 
 
 # ---- backward (kernels_cu/attention_bwd_sm90.cu) -------------------------------------------------
-BWD_HEAD_DIMS = (64, 128)
+BWD_HEAD_DIMS = (64, 96, 128)
+# (head_dim, head_dim_v) of both backward kernels (dK/dV and dQ): the BWD_HEAD_DIMS with head_dim_v == head_dim, and
+# DeepSeek-V3's prefill shape 192 / 128 (the DV template parameter of ab90_dkdv / ab90_dq)
+BWD_SHAPES = (*((d, d) for d in BWD_HEAD_DIMS), (192, 128))
 BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA
-BWD_STEP = 64  # AB90_DQ_STEP at head_dim 64 / 128: keys per streamed tile of the dQ kernel
-# head_dims of the dQ kernel: BWD_HEAD_DIMS and 256 (whose dK / dV the mma.sync kernels compute)
+BWD_STEP = 64  # AB90_DQ_STEP below head_dim 256: keys per streamed tile of the dQ kernel
+# head_dims of the dQ kernel alone: 256 (whose dK / dV the mma.sync kernels compute)
 BWD_DQ_HEAD_DIMS = (*BWD_HEAD_DIMS, 256)
 
 
@@ -212,55 +216,80 @@ def bwd_dq_step(d: int) -> int:
     return 32 if d >= 256 else BWD_STEP
 
 
-def bwd_dkdv_step(d: int) -> int:
-    """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP)."""
-    return 32 if d >= 128 else 64
+def bwd_dkdv_step(d: int, d_v: int | None = None) -> int:
+    """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP): 32 where dK and dV take 96 accumulator
+    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them), else 64."""
+    both = d + (d if d_v is None else d_v)
+    return 16 if both >= 320 else 32 if both >= 192 else 64
 
 
-def bwd_shared_bytes(d: int, step: int) -> int:
-    """Dynamic shared memory of a backward kernel at head_dim d with `step` rows a streamed tile."""
-    return 2 * BWD_ROWS * d * 2 + 2 * 2 * step * d * 2 + 1024
+def bwd_box(d: int) -> tuple[int, str]:
+    """(head-dim columns per TMA box, swizzle) at head_dim d (AB90_BOX / AB90_SWIZZLE): 64 columns (128-byte
+    rows, 128B swizzle) where d is a multiple of 64, else 32 (64-byte rows, 64B swizzle: d96 is three boxes)."""
+    return (32, "64B") if d % 64 else (64, "128B")
 
 
-def bwd_kernel_name(part: str, d: int, softcap: float, suffix: str, varlen: bool = False) -> str:
-    """attention_bwd[_varlen]_sm90_{part}_d{d}[_softcap]{suffix}, part "dkdv" or "dq"."""
-    return f"attention_bwd{'_varlen' if varlen else ''}_sm90_{part}_d{d}{'_softcap' if softcap > 0.0 else ''}{suffix}"
+def bwd_shared_bytes(d: int, step: int, d_v: int | None = None) -> int:
+    """Dynamic shared memory of a backward kernel at head_dim d, head_dim_v d_v (default d) with `step` rows a
+    streamed tile (AB90_SMEM_BYTES): the resident pair, the 2-stage ring of pairs, the mbarriers."""
+    d_v = d if d_v is None else d_v
+    return BWD_ROWS * (d + d_v) * 2 + 2 * step * (d + d_v) * 2 + 1024
 
 
-def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any) -> bool:
-    """Whether the sm_90a backward runs this call: head_dim == head_dim_v in BWD_HEAD_DIMS (with or without
-    softcap: the _softcap kernels) and `usable` (q and `more`: q, k, v, dO)."""
-    return d in BWD_HEAD_DIMS and usable(d, d, softcap, scale, q, backend, *more)
+def bwd_kernel_name(part: str, d: int, softcap: float, suffix: str, varlen: bool = False,
+                    d_v: int | None = None) -> str:
+    """attention_bwd[_varlen]_sm90_{part}_<shape>[_softcap]{suffix}, part "dkdv" or "dq"; <shape> d{d} when
+    head_dim_v d_v is d (or None), else d{d}_dv{d_v}."""
+    shape = f"d{d}" if d_v in (None, d) else f"d{d}_dv{d_v}"
+    return f"attention_bwd{'_varlen' if varlen else ''}_sm90_{part}_{shape}{'_softcap' if softcap > 0.0 else ''}{suffix}"
+
+
+def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any,
+                    d_v: int | None = None) -> bool:
+    """Whether the sm_90a backward (both kernels) runs this call: (head_dim, head_dim_v) in BWD_SHAPES (d_v None:
+    head_dim) (with or without softcap: the _softcap kernels) and `usable` (q and `more`: q, k, v, dO)."""
+    d_v = d if d_v is None else d_v
+    return usable(d, d_v, softcap, scale, q, backend, *more, shapes=BWD_SHAPES)
+
+
+def _tensor_maps(name: str, rows: tuple[int, int], q4: Any, g4: Any, k4: Any, v4: Any) -> list:
+    """The backward's tensor maps over q, dO, k, v (4-D views): boxes of bwd_box columns by rows[0] (q, dO) /
+    rows[1] (k, v) rows, each array at its own head dim (q, k: head_dim; v, dO: head_dim_v)."""
+    from .. import arrays
+    from ..tensormap import make_tensor_map
+
+    out = []
+    for a, r in ((q4, rows[0]), (g4, rows[0]), (k4, rows[1]), (v4, rows[1])):
+        cols, swizzle = bwd_box(arrays.shape_of(a)[3])
+        out.append(make_tensor_map(a, (1, r, 1, cols), swizzle, backend=name))
+    return out
 
 
 def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tuple[int, ...], scale: float,
                  win: tuple[int, int, float], kind: str, suffix: str, stream: Any, backend: str | None) -> Any:
     """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`); at head_dim 256
     (dQ kernel only) (dq, None, None), the caller computing dK and dV; else None (nothing launched). q, k, v, g
-    contiguous; lse and delta fp32 per (batch, query, head)."""
+    contiguous; lse and delta fp32 per (batch, query, head). dims (batch, n_q, n_k, heads, kv_heads, head_dim[,
+    head_dim_v]): v and g at head_dim_v (default head_dim; 192 / 128 runs the _d192_dv128 kernels)."""
     from .. import arrays
     from ..backends import get_backend
     from ..errors import ArgumentError
     from ..launcher import launch
-    from ..tensormap import make_tensor_map
 
-    b, n_q, n_k, h, kvh, d = dims
+    b, n_q, n_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     wl, wr, softcap = win
-    if d not in BWD_DQ_HEAD_DIMS or not usable(d, d, softcap, scale, q, backend, k, v, g):
+    dq_only = d == d_v and d not in BWD_HEAD_DIMS
+    if not (backward_usable(d, softcap, scale, q, backend, k, v, g, d_v=d_v)
+            or dq_only and d in BWD_DQ_HEAD_DIMS and usable(d, d, softcap, scale, q, backend, k, v, g)):
         return None
-    dq_only = d not in BWD_HEAD_DIMS
     name = get_backend(backend).name
-    c = bwd_dkdv_step(d)
-    q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
-    k4, v4 = (a.reshape((b, n_k, kvh, d)) for a in (k, v))
-
-    def maps(q_rows: int, k_rows: int) -> list:  # q, dO, k, v; boxes of 64 head-dim columns (128B swizzle rows)
-        return [make_tensor_map(a, (1, r, 1, 64), "128B", backend=name)
-                for a, r in ((q4, q_rows), (g4, q_rows), (k4, k_rows), (v4, k_rows))]
-
-    try:
-        kv_maps = None if dq_only else maps(c, BWD_ROWS)
-        q_maps = maps(BWD_ROWS, bwd_dq_step(d))
+    c = bwd_dkdv_step(d, d_v)
+    q4, k4 = q.reshape((b, n_q, h, d)), k.reshape((b, n_k, kvh, d))
+    g4, v4 = g.reshape((b, n_q, h, d_v)), v.reshape((b, n_k, kvh, d_v))
+    try:  # q, dO, k, v; boxes of bwd_box head-dim columns
+        kv_maps = None if dq_only else _tensor_maps(name, (c, BWD_ROWS), q4, g4, k4, v4)
+        q_maps = _tensor_maps(name, (BWD_ROWS, bwd_dq_step(d)), q4, g4, k4, v4)
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the mma.sync kernels take it
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
@@ -271,11 +300,13 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
         dk = arrays.empty(arrays.shape_of(k), kind, like=q)
         dv = arrays.empty(arrays.shape_of(v), kind, like=q)
         tq, tdo, tk, tv = kv_maps
-        launch(bwd_kernel_name("dkdv", d, softcap, suffix), b * kvh * -(-n_k // BWD_ROWS), THREADS, tq, tk, tv,
-               tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
+        launch(bwd_kernel_name("dkdv", d, softcap, suffix, d_v=d_v), b * kvh * -(-n_k // BWD_ROWS), THREADS, tq,
+               tk, tv, tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c, d_v), stream=stream,
+               backend=backend)
     tq, tdo, tk, tv = q_maps
-    launch(bwd_kernel_name("dq", d, softcap, suffix), b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv, tdo,
-           lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d)), stream=stream, backend=backend)
+    launch(bwd_kernel_name("dq", d, softcap, suffix, d_v=d_v), b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv,
+           tdo, lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d), d_v), stream=stream,
+           backend=backend)
     return dq, dk, dv
 
 
@@ -337,45 +368,43 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
 
 
 def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq: Any, dk: Any, dv: Any,
-                        cu_q: Any, cu_k: Any, dims: tuple[int, int, int, int, int, int], scale: float, wl: int,
+                        cu_q: Any, cu_k: Any, dims: tuple[int, ...], scale: float, wl: int,
                         wr: int, softcap: float, suffix: str, stream: Any, backend: str | None) -> bool:
-    """flash_attention_varlen_backward: run attention_bwd_varlen_sm90_{dkdv,dq}_d{D}[_softcap]{suffix}
+    """flash_attention_varlen_backward: run attention_bwd_varlen_sm90_{dkdv,dq}_<shape>[_softcap]{suffix}
     (`bwd_kernel_name`) into dq, dk, dv when `backward_usable` and the packed arrays suit TMA, else False (nothing
-    launched). q, g (total_q, heads, D), k, v (total_k, kv_heads, D) contiguous; lse, delta fp32 (total_q, heads);
-    cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, max_k, heads, kv_heads, D), the longest sequence's lengths
-    sizing the grid; (wl, wr) normalized per sequence (unbounded = 2^30), clamped by the kernels."""
+    launched). q (total_q, heads, D), k (total_k, kv_heads, D), v (total_k, kv_heads, DV), g (total_q, heads, DV)
+    contiguous; lse, delta fp32 (total_q, heads); cu_q / cu_k int32 (batch + 1,); dims (batch, max_q, max_k, heads,
+    kv_heads, D[, DV]) (DV default D), the longest sequence's lengths sizing the grid; (wl, wr) normalized per
+    sequence (unbounded = 2^30), clamped by the kernels."""
     from .. import arrays
     from ..launcher import launch
-    from ..tensormap import make_tensor_map
 
-    batch, max_q, max_k, h, kvh, d = dims
-    if not backward_usable(d, softcap, scale, q, backend, k, v, g):
+    batch, max_q, max_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
+    if not backward_usable(d, softcap, scale, q, backend, k, v, g, d_v=d_v):
         return False
     n_kv_blocks, n_q_blocks = batch * kvh * -(-max_k // BWD_ROWS), batch * h * -(-max_q // BWD_ROWS)
     if max(n_kv_blocks, n_q_blocks) >= 2**31:  # the kernels' 1-D grid
         return False
     name = get_backend(backend).name
-    c = bwd_dkdv_step(d)
+    c = bwd_dkdv_step(d, d_v)
     total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
-    q4, g4 = (a.reshape((1, total_q, h, d)) for a in (q, g))
-    k4, v4 = (a.reshape((1, total_k, kvh, d)) for a in (k, v))
-
-    def maps(q_rows: int, k_rows: int) -> list:  # the packed rows as one batch; boxes as the dense backward's
-        return [make_tensor_map(a, (1, r, 1, 64), "128B", backend=name)
-                for a, r in ((q4, q_rows), (g4, q_rows), (k4, k_rows), (v4, k_rows))]
-
-    try:
-        kv_maps, q_maps = maps(c, BWD_ROWS), maps(BWD_ROWS, BWD_STEP)
+    q4, g4 = q.reshape((1, total_q, h, d)), g.reshape((1, total_q, h, d_v))
+    k4, v4 = k.reshape((1, total_k, kvh, d)), v.reshape((1, total_k, kvh, d_v))
+    try:  # the packed rows as one batch; boxes as the dense backward's
+        kv_maps = _tensor_maps(name, (c, BWD_ROWS), q4, g4, k4, v4)
+        q_maps = _tensor_maps(name, (BWD_ROWS, BWD_STEP), q4, g4, k4, v4)
     except ArgumentError:  # no query or key at all, or a base off 16 bytes: the mma.sync kernels take it
         return False
     cap = (float(softcap),) if softcap > 0.0 else ()
     tail = (cu_q, cu_k, batch, max_q, max_k, h, kvh, float(scale), wl, wr, *cap)
     if n_kv_blocks:
         tq, tdo, tk, tv = kv_maps
-        launch(bwd_kernel_name("dkdv", d, softcap, suffix, varlen=True), n_kv_blocks, THREADS, tq, tk, tv, tdo, lse,
-               delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c), stream=stream, backend=backend)
+        launch(bwd_kernel_name("dkdv", d, softcap, suffix, varlen=True, d_v=d_v), n_kv_blocks, THREADS, tq, tk, tv,
+               tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c, d_v), stream=stream, backend=backend)
     if n_q_blocks:
         tq, tdo, tk, tv = q_maps
-        launch(bwd_kernel_name("dq", d, softcap, suffix, varlen=True), n_q_blocks, THREADS, tq, tk, tv, tdo, lse,
-               delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP), stream=stream, backend=backend)
+        launch(bwd_kernel_name("dq", d, softcap, suffix, varlen=True, d_v=d_v), n_q_blocks, THREADS, tq, tk, tv, tdo,
+               lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP, d_v), stream=stream, backend=backend)
     return True
+

@@ -517,15 +517,17 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
 
 def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
     """bf16 / f16 on tensor cores: delta pre-pass, one dK/dV kernel per key tile (the CTA sums the GQA group's
-    heads itself), one dQ kernel per query tile; every output element has one writer: deterministic."""
-    b, n_q, n_k, h, kvh, d = dims
+    heads itself), one dQ kernel per query tile; every output element has one writer: deterministic. dims may
+    carry head_dim_v last (< head_dim: the sm_90a kernels only, given out and lse; None when they do not run)."""
+    b, n_q, n_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     cap = "_softcap" if win[2] > 0 else ""
     sfx = _suffix(kind)
     n_rows = b * n_q * h
     delta = arrays.empty((n_rows,), np.float32, like=q)
     if out is not None and lse is not None:  # the training flow: the forward's own out and lse
         _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
-                _flat(g), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+                _flat(g), _flat(out), delta, n_rows, d_v, stream=stream, backend=backend)
     else:
         # lse and delta = sum_j P_ij dP_ij in fp32 by the pre-pass kernel, not rowsum(dO * out) of a 16-bit
         # out: that out's rounding would enter delta, and dK sums it over every query of the GQA group.
@@ -537,6 +539,8 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
     grads = _sm90_backward(q, k, v, g, _flat(lse), delta, dims, scale, win, kind, sfx, stream, backend)
     if grads is not None and grads[1] is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
         return grads
+    if d_v != d:  # not taken (e.g. a base off 16 bytes): the caller pads v
+        return None
     # (at head_dim 256 the wgmma dQ kernel ran: dK and dV below)
     D = tc_head_dim(d)
     dq = arrays.empty(arrays.shape_of(q), kind, like=q) if grads is None else grads[0]
@@ -685,8 +689,10 @@ def attention_backward(
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of out = softmax(scale * q k^T) v per (batch, head), given grad_out = dL/dout.
 
-    q, grad_out (and out): (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim);
-    k, v: (n_k, n_kv_heads, head_dim) with the same leading batch dimension.
+    q: (n_q, n_heads, head_dim) or (batch, n_q, n_heads, head_dim); k: (n_k, n_kv_heads, head_dim) with the
+    same leading batch dimension; v: as k with head_dim_v <= head_dim columns, grad_out (and out) as q with
+    head_dim_v columns (DeepSeek-V3's 192 / 128: the sm_90a kernels' own shape given out and lse; elsewhere the
+    kernels run on v and grad_out padded with zero columns to head_dim, dv sliced back).
     Grouped-query attention: n_heads % n_kv_heads == 0, query head h uses kv
     head h // (n_heads // n_kv_heads). head_dim <= 256. Outputs have the
     inputs' dtype (f32, bf16 or f16), accumulation is fp32. scale defaults to
@@ -741,8 +747,14 @@ def attention_backward(
         want = qs[:-3] + ("n_k", "n_kv_heads", d)
         raise ArgumentError(f"k: expected shape {want} (batch/head_dim of q), got {ks}")
     n_k, kvh = ks[-3], ks[-2]
-    _same_shape("v", v, ks, "k")
-    _same_shape("grad_out", grad_out, qs, "q")
+    vs = tuple(arrays.check_ndim("v", v, (len(qs),), "as k, with head_dim_v last"))
+    d_v = vs[-1]
+    if vs[:-1] != ks[:-1]:
+        raise ArgumentError(f"v: expected the shape of k {ks[:-1] + ('head_dim_v',)}, got {vs}")
+    if not 1 <= d_v <= d:
+        raise ArgumentError(f"v.shape[-1] (head_dim_v): expected 1 <= head_dim_v <= head_dim={d} (q and k), got {d_v}")
+    gs = qs[:-1] + (d_v,)  # grad_out and out: head_dim_v columns
+    _same_shape("grad_out", grad_out, gs, "out (q's with v's head_dim_v)")
     if not 1 <= d <= MAX_HEAD_DIM:
         raise ArgumentError(f"q.shape[-1] (head_dim): expected 1..{MAX_HEAD_DIM}, got {d}")
     if h < 1 or kvh < 1 or h % kvh:
@@ -759,7 +771,7 @@ def attention_backward(
     scale = _backward_scale(scale, d)
     if out is not None:
         _same_kind("out", out, kind, "q")
-        _same_shape("out", out, qs, "q")
+        _same_shape("out", out, gs, "out (q's with v's head_dim_v)")
         out = arrays.contiguous(out)
     if lse is not None:
         arrays.io_kind("lse", lse, ("f32",))
@@ -769,16 +781,34 @@ def attention_backward(
         lse = arrays.contiguous(lse)
     q, k, v, grad_out = (arrays.contiguous(a) for a in (q, k, v, grad_out))
     if b * n_q * h == 0 or n_k == 0:  # nothing to launch: no query or no key gives zero gradients
-        return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(ks, kind, like=q))
+        return (arrays.zeros(qs, kind, like=q), arrays.zeros(ks, kind, like=q), arrays.zeros(vs, kind, like=q))
     dims = (b, n_q, n_k, h, kvh, d)
     win = (*_normalize(left, right, bool(causal), n_q, n_k), softcap)
     stream = arrays.launch_stream(stream, q)
+    if d_v != d:
+        # head_dim_v < head_dim (DeepSeek-V3's 192 / 128): the sm_90a kernels' DV (given the forward's out and lse:
+        # the lse pre-pass reads v at head_dim)
+        if (method in ("auto", "tensor_cores") and kind != "f32" and out is not None and lse is not None
+                and tensor_cores_available(backend)
+                and _sm90_backward_usable(d, softcap, scale, q, backend, k, v, grad_out, d_v=d_v)):
+            grads = _tensor_cores(q, k, v, grad_out, out, lse, kind, (*dims, d_v), scale, win, backend, stream)
+            if grads is not None:
+                return grads
+        # Every other kernel reads v, dO and out at one head_dim: zero columns up to head_dim leave P, dP, delta,
+        # hence dQ and dK, as they are, and add zero columns to dV, dropped here (one more copy of each).
+        out_d = None if out is None else arrays.pad_last(out, d)
+        dq, dk, dv = attention_backward(q, k, arrays.pad_last(v, d), arrays.pad_last(grad_out, d), out=out_d,
+                                        lse=lse, scale=scale, causal=causal, window_size=window_size,
+                                        softcap=softcap, method=method, deterministic=deterministic, stream=stream,
+                                        backend=backend)
+        return dq, dk, arrays.narrow_last(dv, d_v)
     if method == "naive":
         return _naive(q, k, v, grad_out, kind, dims, scale, win, backend, stream)
     if method in ("auto", "tensor_cores") and kind != "f32":
         if tensor_cores_available(backend):
-            # On sm_90a the wgmma kernels (in _tensor_cores, after its pre-pass) come first: they are the
-            # Hopper path, and they have one writer per element, so deterministic either way.
+            # On sm_90a the wgmma kernels come first: the fused dK/dV/dQ kernel where it applies (dQ by atomics,
+            # or semaphore-ordered when deterministic), else the dK/dV + dQ pair (in _tensor_cores, after its
+            # pre-pass), where every output element has one writer.
             hopper = _sm90_backward_usable(d, softcap, scale, q, backend, k, v, grad_out)
             if hopper and _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out):
                 grads = _sm90_fused(q, k, v, grad_out, out, lse, kind, dims, scale, win, bool(deterministic),
@@ -821,7 +851,9 @@ def flash_attention_varlen_backward(
 ) -> tuple[Any, Any, Any]:
     """(dq, dk, dv) of `flash_attention_varlen`, given grad_out = dL/dout: packed sequences, flash-attn's layout.
 
-    q, grad_out, out (total_q, num_heads, head_dim); k, v (total_k, num_kv_heads, head_dim); lse (total_q,
+    q (total_q, num_heads, head_dim); k (total_k, num_kv_heads, head_dim); v (total_k, num_kv_heads, head_dim_v)
+    and grad_out, out (total_q, num_heads, head_dim_v), head_dim_v <= head_dim (192 / 128 on sm_90a: its own
+    kernels; elsewhere v and grad_out padded with zero columns to head_dim, dv sliced back); lse (total_q,
     num_heads) float32, the forward's (`flash_attention_varlen(..., return_lse=True)`). Sequence b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]; cu_seqlens_q and
     cu_seqlens_k are int32 (batch + 1,), start at 0, never decrease and end at total_q / total_k. A sequence may be
@@ -847,10 +879,15 @@ def flash_attention_varlen_backward(
     total_k, kvh = ks[0], ks[1]
     if ks[2] != d:
         raise ArgumentError(f"k: expected shape (total_k, num_kv_heads, {d}) (head_dim of q), got {ks}")
-    _same_shape("v", v, ks, "k")
+    vs = tuple(arrays.check_ndim("v", v, (3,), "(total_k, num_kv_heads, head_dim_v)"))
+    d_v = vs[2]
+    if vs[:2] != ks[:2]:
+        raise ArgumentError(f"v: expected the shape of k ({ks[0]}, {ks[1]}, head_dim_v), got {vs}")
+    if not 1 <= d_v <= d:
+        raise ArgumentError(f"v.shape[2] (head_dim_v): expected 1 <= head_dim_v <= head_dim={d} (q and k), got {d_v}")
     qs = (total_q, h, d)
-    _same_shape("grad_out", grad_out, qs, "q")
-    _same_shape("out", out, qs, "q")
+    _same_shape("grad_out", grad_out, (total_q, h, d_v), "out (q's with v's head_dim_v)")
+    _same_shape("out", out, (total_q, h, d_v), "out (q's with v's head_dim_v)")
     arrays.io_kind("lse", lse, ("f32",))
     if tuple(arrays.shape_of(lse)) != (total_q, h):
         raise ArgumentError(f"lse: expected shape {(total_q, h)} (total_q, num_heads) float32, "
@@ -883,7 +920,7 @@ def flash_attention_varlen_backward(
     alloc = arrays.empty if hq is not None and hk is not None else arrays.zeros
     dq = alloc(qs, kind, like=q)
     dk = alloc(ks, kind, like=q)
-    dv = alloc(ks, kind, like=q)
+    dv = alloc(vs, kind, like=q)
     if total_q * h == 0 or total_k == 0 or batch == 0:
         for a in (dq, dk, dv):
             _fill(a, 0.0)
@@ -895,13 +932,21 @@ def flash_attention_varlen_backward(
     n_rows = total_q * h
     delta = arrays.empty((n_rows,), np.float32, like=q)
     _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
-            _flat(grad_out), _flat(out), delta, n_rows, d, stream=stream, backend=backend)
+            _flat(grad_out), _flat(out), delta, n_rows, d_v, stream=stream, backend=backend)
     if max_q == 0 and max_k == 0:
         return dq, dk, dv
-    # On sm_90a the wgmma kernels (kernels_cu/attention_bwd_sm90.cu, VL: head_dim 64 / 128) where they apply
+    # On sm_90a the wgmma kernels (kernels_cu/attention_bwd_sm90.cu, VL: head_dim 64 / 96 / 128 and 192 / 128)
+    # where they apply
     if _sm90_varlen_backward(q, k, v, grad_out, _flat(lse), delta, _flat(dq), _flat(dk), _flat(dv), cq, ck,
-                             (batch, max_q, max_k, h, kvh, d), scale, wl, wr, softcap, sfx, stream, backend):
+                             (batch, max_q, max_k, h, kvh, d, d_v), scale, wl, wr, softcap, sfx, stream, backend):
         return dq, dk, dv
+    if d_v != d:
+        # The mma.sync kernels read v and dO at one head_dim: zero columns up to head_dim leave P, dP (delta is
+        # computed above), hence dQ and dK, as they are and add zero columns to dV, dropped here (one more copy
+        # of v, dO and dV).
+        v, grad_out, dv_d = arrays.pad_last(v, d), arrays.pad_last(grad_out, d), alloc(ks, kind, like=q)
+    else:
+        dv_d = dv
     smem_kv, smem_q = tc_backward_shared_bytes(D)
     args = (_flat(q), _flat(k), _flat(v), _flat(grad_out), _flat(lse), delta)
     tail = (cq, ck, batch, max_q, max_k, h, kvh, d, scale, wl, wr, softcap)
@@ -909,9 +954,9 @@ def flash_attention_varlen_backward(
              if D == 256 else (f"attention_bwd_varlen_tc_dkdv_d{D}{cap}{sfx}",))
     if kv_grid:
         for name in names:
-            _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
+            _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv_d), *tail, shared_mem=smem_kv,
                     stream=stream, backend=backend)
     if q_grid:
         _launch(f"attention_bwd_varlen_tc_dq_d{D}{cap}{sfx}", (q_grid,), (_TC_THREADS,), *args, _flat(dq), *tail,
                 shared_mem=smem_q, stream=stream, backend=backend)
-    return dq, dk, dv
+    return dq, dk, (dv if dv_d is dv else arrays.narrow_last(dv_d, d_v))

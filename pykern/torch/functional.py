@@ -368,7 +368,8 @@ _fast.register_autograd(_flash_attention, _fa_bwd, _fa_setup)
 @checked
 def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale: Optional[float] = None, *,
                     window_size: tuple[int, int] = (-1, -1), softcap: Optional[float] = None) -> Tensor:
-    """softmax(scale * q k^T) v; q (batch, n_q, heads, d), k/v (batch, n_k, kv_heads, d), GQA allowed.
+    """softmax(scale * q k^T) v; q (batch, n_q, heads, d), k (batch, n_k, kv_heads, d), v (batch, n_k, kv_heads,
+    d_v) with d_v <= d (e.g. DeepSeek-V3's 192 / 128, forward and backward), GQA allowed.
 
     causal=False (the default, as flash-attn's flash_attn_func, torch's scaled_dot_product_attention and
     pykern.ops.flash_attention; it was True before) attends to every key; causal=True aligns the mask
@@ -480,10 +481,9 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     defaults to 1/sqrt(d). causal aligns the mask bottom-right per sequence; window_size=(left, right) and
     softcap as flash_attention. Returns out (total_q, heads, d_v), or (out, lse) with return_lse=True: lse
     (heads, total_q) float32, natural-log, flash-attn's layout (not differentiable).
-    Forward pykern.ops.flash_attention_varlen, backward pykern.ops.flash_attention_varlen_backward. d_v != d (e.g.
-    DeepSeek-V3's prefill, 192 / 128) is forward only: the backward takes one head_dim, so a call that records
-    gradients (grad mode on and any of q, k, v requiring grad) raises ArgumentError naming head_dim_v here, before
-    the forward runs, rather than in the backward.
+    Forward pykern.ops.flash_attention_varlen, backward pykern.ops.flash_attention_varlen_backward, both with
+    d_v < d as well (e.g. DeepSeek-V3's prefill, 192 / 128: the sm_90a kernels' own shape on Hopper; elsewhere the
+    backward runs on v and grad_out padded with zero columns to d).
     """
     from ..ops._prefill import check_cu_seqlens, check_max_seqlen
 
@@ -494,11 +494,6 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     if q.dim() != 3 or k.dim() != 3:
         bad = ("q", q) if q.dim() != 3 else ("k", k)
         raise ArgumentError(f"{bad[0]}: expected (total, heads, head_dim), got shape {tuple(bad[1].shape)}")
-    if (v.dim() == 3 and v.shape[2] != q.shape[2] and torch.is_grad_enabled()
-            and any(t.requires_grad for t in (q, k, v))):
-        raise ArgumentError(f"v.shape[2] (head_dim_v): the varlen backward needs head_dim_v == head_dim="
-                            f"{q.shape[2]}, got {v.shape[2]} (forward only: run it under torch.no_grad() or detach "
-                            "q, k and v)")
     wl, wr = check_window_size(window_size)
     cap = check_softcap(softcap)
     # Checked here, before the forward: a bad cu_seqlens_k would otherwise surface only in the backward. Under

@@ -96,7 +96,8 @@ def _attn_probs(qq: np.ndarray, kk: np.ndarray, mask: np.ndarray, scale: float,
 def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True, scale: float | None = None,
                          window_size: tuple[int, int] = (-1, -1),
                          softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """(out like q, lse (..., n_q, n_heads)) of softmax attention; scale defaults to 1/sqrt(head_dim).
+    """(out like q with v's head_dim_v, lse (..., n_q, n_heads)) of softmax attention; scale defaults to
+    1/sqrt(head_dim).
 
     causal aligns the mask bottom-right (flash_attention's convention); a query that sees no key
     has out 0 and lse -inf. window_size / softcap: flash-attn's sliding window and logit softcap."""
@@ -106,7 +107,7 @@ def np_attention_forward(q: Any, k: Any, v: Any, *, causal: bool = True, scale: 
     rep = h // k.shape[2]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
     mask = _attn_mask(n_q, n_k, causal, window_size)
-    out = np.zeros_like(q)
+    out = np.zeros(q.shape[:3] + v.shape[3:])
     lse = np.zeros((b, n_q, h))
     for bi in range(b):
         for hi in range(h):
@@ -654,15 +655,18 @@ def _sm90_varlen(rng: np.random.Generator, kind: str, lq: list[int], lk: list[in
 
 # --------------------------------------------------------------------------- backward
 def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
-                   causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
+                   causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                   dv: int | None = None) -> Case:
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
 
+    dv = d if dv is None else dv
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
+    v, g = np.ascontiguousarray(v[..., :dv]), np.ascontiguousarray(g[..., :dv])  # head_dim_v columns
     # at head_dim 256 the dQ kernel alone (the op computes dK and dV with the mma.sync kernels)
-    outputs = ("dq", "dk", "dv") if d in sm90.BWD_HEAD_DIMS else ("dq",)
+    outputs = ("dq", "dk", "dv") if (d, dv) in sm90.BWD_SHAPES else ("dq",)
     parts = ("dkdv", "dq") if len(outputs) == 3 else ("dq",)
-    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind)) for p in parts)
+    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), d_v=dv) for p in parts)
     scale = 1.0 / np.sqrt(d)
     # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
     # pre-pass gives them, without its fp32 rounding of the sums
@@ -672,8 +676,8 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
 
     def run(backend: str) -> dict[str, Any]:
         win = (*normalize(*window, causal, n_q, n_k), softcap)
-        grads = sm90.try_backward(q, k, v, g, lse, delta, (1, n_q, n_k, h, kvh, d), scale, win, kind, _sfx(kind),
-                                  None, backend)
+        grads = sm90.try_backward(q, k, v, g, lse, delta, (1, n_q, n_k, h, kvh, d, dv), scale, win, kind,
+                                  _sfx(kind), None, backend)
         if grads is None:
             raise _declined(",".join(names), backend)
         return dict(zip(outputs, grads))
@@ -683,7 +687,7 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
                                            softcap=softcap)
         return dict(zip(outputs, (dq, dk, dv)))
 
-    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
+    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap) + ("-causal" if causal else "")
     return _sm90_case("attention_backward", kind, shape, names, run, ref)
 
 
@@ -725,15 +729,17 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
 
 
 def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int,
-                          d: int, causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0) -> Case:
+                          d: int, causal: bool, window: tuple[int, int] = (-1, -1), softcap: float = 0.0,
+                          dv: int | None = None) -> Case:
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize_serving
 
+    dv = d if dv is None else dv
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
-    q, g = (_normal(rng, (int(cu_q[-1]), h, d), kind) for _ in range(2))
-    k, v = (_normal(rng, (int(cu_k[-1]), kvh, d), kind) for _ in range(2))
-    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), varlen=True) for p in ("dkdv", "dq"))
+    q, g = _normal(rng, (int(cu_q[-1]), h, d), kind), _normal(rng, (int(cu_q[-1]), h, dv), kind)
+    k, v = _normal(rng, (int(cu_k[-1]), kvh, d), kind), _normal(rng, (int(cu_k[-1]), kvh, dv), kind)
+    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), varlen=True, d_v=dv) for p in ("dkdv", "dq"))
     scale = 1.0 / np.sqrt(d)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "scale": scale}
     out64, lse64, dq64, dk64, dv64 = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
@@ -742,15 +748,15 @@ def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk
     delta = (out64 * f64(g)).sum(axis=-1).astype(np.float32).reshape(-1)
 
     def run(backend: str) -> dict[str, Any]:
-        dq, dk, dv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
+        gq, gk, gv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
         wl, wr = normalize_serving(*window, causal)
-        if not sm90.try_varlen_backward(q, k, v, g, lse, delta, dq.reshape(-1), dk.reshape(-1), dv.reshape(-1),
-                                        cu_q, cu_k, (len(lq), max(lq), max(lk), h, kvh, d), scale, wl, wr, softcap,
-                                        _sfx(kind), None, backend):
+        if not sm90.try_varlen_backward(q, k, v, g, lse, delta, gq.reshape(-1), gk.reshape(-1), gv.reshape(-1),
+                                        cu_q, cu_k, (len(lq), max(lq), max(lk), h, kvh, d, dv), scale, wl, wr,
+                                        softcap, _sfx(kind), None, backend):
             raise _declined(",".join(names), backend)
-        return {"dq": dq, "dk": dk, "dv": dv}
+        return {"dq": gq, "dk": gk, "dv": gv}
 
-    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-causal" if causal else "")
+    shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap) + ("-causal" if causal else "")
     return _sm90_case("flash_attention_varlen_backward", kind, shape.replace(" ", ""), names, run,
                       lambda: {"dq": dq64, "dk": dk64, "dv": dv64})
 
@@ -787,6 +793,24 @@ SM90_VARLEN_BACKWARD = (
     (([90, 1, 20], [60, 200, 0]), 4, 2, 64, True, (-1, -1), 1.5),
     (([5, 130, 0], [9, 200, 3]), 2, 1, 128, False, (-1, -1), 3.0),
     (([140, 1, 20], [60, 150, 0]), 2, 1, 128, True, (30, -1), 2.5),
+)
+# The backward at head_dim 96 (32-column boxes, 64B swizzle) and 192 / head_dim_v 128 (the DV template parameter),
+# both kernels, with and without softcap: (n_q, n_k, heads, kv_heads, head_dim, head_dim_v, causal, window,
+# softcap). Off the 128-row tiles, GQA, windows, n_q > n_k (rows that see no key) and n_q < n_k.
+SM90_BACKWARD_DIMS = ((70, 150, 2, 1, 96, 96, False, (-1, -1), 0.0), (150, 60, 4, 2, 96, 96, True, (-1, -1), 0.0),
+                      (130, 200, 2, 1, 96, 96, False, (40, 10), 2.5), (150, 100, 2, 2, 96, 96, True, (-1, -1), 3.0),
+                      (70, 150, 4, 1, 192, 128, False, (-1, -1), 0.0), (150, 60, 2, 1, 192, 128, True, (-1, -1), 0.0),
+                      (130, 200, 2, 2, 192, 128, False, (50, 20), 2.0), (150, 130, 4, 2, 192, 128, True, (-1, -1), 1.5))
+# The same over packed sequences: (lq, lk, heads, kv_heads, head_dim, head_dim_v, causal, window, softcap).
+SM90_VARLEN_BACKWARD_DIMS = (
+    (([5, 130, 0], [9, 200, 3]), 2, 1, 96, 96, False, (-1, -1), 0.0),
+    (([140, 1, 20], [60, 150, 0]), 4, 2, 96, 96, True, (-1, -1), 0.0),
+    (([5, 90, 0], [9, 250, 3]), 2, 1, 96, 96, False, (50, 10), 2.0),
+    (([90, 1, 20], [60, 200, 0]), 2, 2, 96, 96, True, (-1, -1), 1.5),
+    (([5, 140, 0, 1], [9, 300, 3, 0]), 4, 1, 192, 128, False, (-1, -1), 0.0),
+    (([90, 1, 20], [60, 200, 0]), 2, 1, 192, 128, True, (50, -1), 0.0),
+    (([70, 20], [260, 40]), 2, 2, 192, 128, False, (-1, -1), 2.0),
+    (([130, 1, 20], [60, 300, 0]), 4, 2, 192, 128, True, (-1, -1), 2.5),
 )
 # softcap (the _softcap kernels) and head_dim 192 / head_dim_v 128 (d192_dv128): (n_q, n_k, heads, kv_heads,
 # head_dim, head_dim_v, causal, window, softcap). Caps of 1.5..3 (scores ~ N(0, 1) here) bend most scores; the
@@ -842,6 +866,10 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _sm90_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, cap)
         for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_BACKWARD:
             yield _sm90_varlen_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap)
+        for n_q, n_k, h, kvh, d, dv, causal, window, cap in SM90_BACKWARD_DIMS:
+            yield _sm90_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, cap, dv)
+        for (lq, lk), h, kvh, d, dv, causal, window, cap in SM90_VARLEN_BACKWARD_DIMS:
+            yield _sm90_varlen_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap, dv)
         for n_q, n_k, h, kvh, d, causal, window in SM90_FUSED_BACKWARD:
             for det in (False, True):
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det)
@@ -886,7 +914,7 @@ def np_varlen_backward(q: Any, k: Any, v: Any, g: Any, cu_q: np.ndarray, cu_k: n
                        **kw: Any) -> tuple[np.ndarray, ...]:
     """(out, lse, dq, dk, dv) in float64, sequence by sequence through the dense references."""
     q64, k64, v64, g64 = f64(q), f64(k), f64(v), f64(g)
-    out, lse = np.zeros(q64.shape), np.full(q64.shape[:2], -np.inf)
+    out, lse = np.zeros(q64.shape[:2] + v64.shape[2:]), np.full(q64.shape[:2], -np.inf)  # out: head_dim_v
     dq, dk, dv = np.zeros(q64.shape), np.zeros(k64.shape), np.zeros(v64.shape)
     for b in range(len(cu_q) - 1):
         sq, sk = slice(cu_q[b], cu_q[b + 1]), slice(cu_k[b], cu_k[b + 1])
