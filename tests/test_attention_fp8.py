@@ -2,8 +2,8 @@
 flash_attn_func(q_descale=...)), kernels_cu/attention_fwd_fp8_sm90.cu on sm_90a.
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and the e4m3 wgmma SS / RS emulated)
-the FP8 kernel is the one launched and its bf16 output is within the relative-RMS row ("flash_attention", "e4m3")
-of float64 attention on the dequantized inputs (x8 * descale), causal and not, head_dim 64 / 128 / 256, GQA,
+the FP8 kernel is the one launched and its bf16 output is within the relative-RMS row ("flash_attention_rel_rms",
+"fp8") of float64 attention on the dequantized inputs (x8 * descale), causal and not, head_dim 64 / 128 / 256, GQA,
 n_q != n_k both ways, per-tensor and per-(batch, kv head) descales; its lse is the float64 one's; it gives the same
 bits under every host schedule (the in-kernel V transpose and its barrier carry no race). Without sm_90a the op
 dequantizes to bf16 and runs the bf16 path within the same bound. Bad descales or mixed dtypes are errors naming
@@ -72,7 +72,7 @@ def check(out, lse, q8, k8, v8, qd, kd, vd, n_kv, causal, window_size=(-1, -1)) 
                                       dequantized(v8, vd, n_kv), causal, None, window_size)
     assert np.asarray(out).dtype == ml_dtypes.bfloat16
     err = rel_rms(out, ref)
-    assert err <= tolerance("flash_attention", "e4m3")[1], err
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
     # rows that see no key: out 0, lse -inf; lse elsewhere from fp32 scores of the exact e4m3 products
     empty = np.isneginf(ref_lse)
     np.testing.assert_array_equal(np.isneginf(lse), empty)
@@ -162,10 +162,13 @@ def test_fp8_errors_name_the_argument_before_any_launch(monkeypatch) -> None:
     q8, k8, v8, qd, kd, vd = fp8_inputs(6, 2, 8, 8, 4, 2, 64, True)
     names = _record(monkeypatch)
     bf = ml_dtypes.bfloat16
-    with pytest.raises(ArgumentTypeError, match=r"^k: expected dtype float8_e4m3fn.*got bfloat16"):
+    with pytest.raises(ArgumentTypeError, match=r"^k: expected dtype float8_e4m3fn \(as q\), got bfloat16"):
         ops.flash_attention(q8, k8.astype(bf), v8, backend="host")
-    with pytest.raises(ArgumentTypeError, match=r"^q: expected dtype float8_e4m3fn.*got bfloat16"):
-        ops.flash_attention(q8.astype(bf), k8.astype(bf), v8.astype(bf), q_descale=qd, backend="host")
+    with pytest.raises(ArgumentTypeError, match=r"^v: expected dtype float8_e4m3fn \(as q\), got float32"):
+        ops.flash_attention(q8, k8, v8.astype(np.float32), backend="host")
+    with pytest.raises(ArgumentTypeError, match=r"^k_descale: expected it with float8_e4m3fn q, k and v .*got q of "
+                                                r"dtype bfloat16"):
+        ops.flash_attention(q8.astype(bf), k8.astype(bf), v8.astype(bf), k_descale=kd, backend="host")
     with pytest.raises(ArgumentTypeError, match=r"^v_descale: expected dtype float32, got float64"):
         ops.flash_attention(q8, k8, v8, v_descale=vd.astype(np.float64), backend="host")
     with pytest.raises(ArgumentError, match=r"^k_descale: expected shape \(\) or \(1,\).*\(2, 2\), got \(2, 4\)"):
@@ -185,6 +188,6 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
                              v_descale=torch.from_numpy(vd))
     assert out.dtype == torch.bfloat16 and out.shape == (1, 40, 2, 64)
     ref = np_flash_attention(dequantized(q8, qd, 1), dequantized(k8, kd, 1), dequantized(v8, vd, 1), True)[0]
-    assert rel_rms(out.float().numpy(), ref) <= tolerance("flash_attention", "e4m3")[1]
+    assert rel_rms(out.float().numpy(), ref) <= tolerance("flash_attention_rel_rms", "fp8")[1]
     with pytest.raises(ArgumentError, match=r"requires_grad"):
         pt.flash_attention(tq.float().requires_grad_().to(torch.float8_e4m3fn), tk, tv)

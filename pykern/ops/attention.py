@@ -296,11 +296,14 @@ def _descale(name: str, x: Any, q: Any, batch: int, n_kv_heads: int) -> tuple[An
 def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap, return_lse, out, tensor_cores,
                          stream, backend):
     """flash_attention with float8_e4m3fn q, k, v (its docstring): the sm_90a FP8 kernel, else bf16."""
-    for name, a in (("q", q), ("k", k), ("v", v)):
+    dt = arrays.dtype_name(q, "q")
+    if dt != _FP8:  # a descale with a q of another dtype: the descale is the odd one out
+        name = next(nm for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales) if x is not None)
+        raise ArgumentTypeError(f"{name}: expected it with {_FP8} q, k and v (FP8 attention), got q of dtype {dt}")
+    for name, a in (("k", k), ("v", v)):
         dt = arrays.dtype_name(a, name)
         if dt != _FP8:
-            raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (q_descale / k_descale / v_descale and fp8 q "
-                                    f"go with fp8 q, k and v), got {dt}")
+            raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (as q), got {dt}")
     batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
     ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
     vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
