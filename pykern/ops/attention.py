@@ -325,8 +325,9 @@ def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap,
         scale = 1.0 / math.sqrt(head_dim)
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
         raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    # The kernel steps tiles in int, as the bf16 kernels: the same length limits (the bf16 path checks its own).
     if (softcap == 0.0 and tensor_cores is not False and head_dim == head_dim_v and n_q and n_k and batch
-            and n_heads and batch * n_heads * -(-n_q // 128) <= _INT_MAX):
+            and n_heads and max(n_q, n_k) <= _INT_MAX - 256 and batch * n_heads * -(-n_q // 128) <= _INT_MAX):
         q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
         out_shape = (batch, n_q, n_heads, head_dim_v)
         o = (arrays.empty(out_shape, "bfloat16", like=q) if out is None
