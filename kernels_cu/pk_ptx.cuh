@@ -728,7 +728,10 @@ enum { PK_WGMMA_BF16 = 0, PK_WGMMA_F16 = 1, PK_WGMMA_E4M3 = 2 };
 // wgmma m64nNk32 with e4m3 (float8_e4m3fn) A and B, fp32 accumulators (QGMMA): pk_wgmma_m64nNk32_e4m3_ss. Both
 // operands come from shared memory K-major (PTX has no transpose for 8-bit types); a 16-byte unit holds 16
 // k-elements, so the canonical K-major layouts above hold with bytes for elements: a k32 step is 32 bytes, as a
-// 16-bit k16 step. The D fragment is the 16-bit forms' (d[4j + v] above).
+// 16-bit k16 step. The D fragment is the 16-bit forms' (d[4j + v] above). pk_wgmma_m64nNk32_e4m3_rs takes A
+// (64x32 e4m3) from registers, 4 x .b32 of four elements each (byte e of a[r] first-lowest), mma.m16n8k32's A per
+// warp: a[r] byte e: row = 16q + g + 8*(r&1), col = 4t + e + 16*(r>>1) (PTX ISA "Register Fragments" for wgmma
+// .e4m3 A; CuTe's ALayout_64x32 for 8-bit types, ((4,8,4),(4,2,2)):((256,1,16),(64,8,1024)), decodes to it).
 
 // Byte offset -> swizzled byte offset inside a 1024-byte-aligned region (the hardware XORs
 // address bits [4, 4+b) with bits [7, 7+b), b = 3/2/1 for 128B/64B/32B).
@@ -817,6 +820,13 @@ __device__ __forceinline__ void pk_wgmma_m64nNk32_e4m3_ss(float* d, unsigned lon
                                                          int scale_d, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
     static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk32 e4m3: N is 8..256 in steps of 8");
     pkrt_wgmma_op op{d, nullptr, desc_a, desc_b, N, PK_WGMMA_E4M3, 0, 0, scale_d, 0};
+    pkrt_wgmma_issue(&op, file, line);
+}
+template <int N>
+__device__ __forceinline__ void pk_wgmma_m64nNk32_e4m3_rs(float* d, const unsigned* a, unsigned long long desc_b,
+                                                         int scale_d, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk32 e4m3: N is 8..256 in steps of 8");
+    pkrt_wgmma_op op{d, a, 0, desc_b, N, PK_WGMMA_E4M3, 0, 0, scale_d, 0};
     pkrt_wgmma_issue(&op, file, line);
 }
 template <int R> __device__ __forceinline__ void pk_setmaxnreg_inc() {
@@ -921,6 +931,7 @@ __device__ __forceinline__ unsigned long long pk_wgmma_desc(const void* smem, un
 template <int N, int DT, int TA, int TB> struct pk_wgmma_ss_impl;
 template <int N, int DT, int TB> struct pk_wgmma_rs_impl;
 template <int N> struct pk_wgmma_ss_e4m3_impl;
+template <int N> struct pk_wgmma_rs_e4m3_impl;
 
 #if defined(__CUDA_ARCH_FEAT_SM90_ALL)
 #include "pk_wgmma.cuh"
@@ -948,6 +959,12 @@ __device__ __forceinline__ void pk_wgmma_m64nNk32_e4m3_ss(float* d, unsigned lon
     static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk32 e4m3: N is 8..256 in steps of 8");
     pk_wgmma_ss_e4m3_impl<N>::run(d, desc_a, desc_b, scale_d);
 }
+template <int N>
+__device__ __forceinline__ void pk_wgmma_m64nNk32_e4m3_rs(float* d, const unsigned* a, unsigned long long desc_b,
+                                                         int scale_d) {
+    static_assert(N >= 8 && N <= 256 && N % 8 == 0, "wgmma m64nNk32 e4m3: N is 8..256 in steps of 8");
+    pk_wgmma_rs_e4m3_impl<N>::run(d, a, desc_b, scale_d);
+}
 template <int R> __device__ __forceinline__ void pk_setmaxnreg_inc() {
     static_assert(R >= 24 && R <= 256 && R % 8 == 0, "setmaxnreg: 24..256 in steps of 8");
     asm volatile("setmaxnreg.inc.sync.aligned.u32 %0;" ::"n"(R));
@@ -974,6 +991,10 @@ __device__ __forceinline__ void pk_wgmma_m64nNk16_rs(float*, const unsigned*, un
 }
 template <int N>
 __device__ __forceinline__ void pk_wgmma_m64nNk32_e4m3_ss(float*, unsigned long long, unsigned long long, int) {
+    static_assert(pk_sm90a_only_v<N>::value, PK_NEEDS_SM90A_MSG);
+}
+template <int N>
+__device__ __forceinline__ void pk_wgmma_m64nNk32_e4m3_rs(float*, const unsigned*, unsigned long long, int) {
     static_assert(pk_sm90a_only_v<N>::value, PK_NEEDS_SM90A_MSG);
 }
 template <int R> __device__ __forceinline__ void pk_setmaxnreg_inc() { static_assert(pk_sm90a_only_v<R>::value, PK_NEEDS_SM90A_MSG); }

@@ -743,3 +743,29 @@ def host_array_view(a: Any) -> np.ndarray | None:
     if is_torch(a):
         return host_view(a) if is_host(a) else None  # is_host: the one place that says what is host memory
     return None
+
+
+def dequantize_heads(a: Any, descale: Any, n_kv_heads: int, dtype: str = "bfloat16") -> Any:
+    """`a` (batch, n, heads, d), an fp8 array (float8_e4m3fn), times its fp32 `descale` (one element, or (batch,
+    n_kv_heads): head h takes kv head h // (heads // n_kv_heads)), as `dtype`, computed in float32 by the array's
+    own library on its own device (NumPy or torch; no host trip)."""
+    if is_torch(a):
+        torch = sys.modules["torch"]
+        x = a.detach().to(torch.float32)
+        ds = descale.detach().to(device=x.device, dtype=torch.float32)
+        if ds.numel() == 1:
+            x = x * ds.reshape(())
+        else:
+            x = x * ds.reshape(x.shape[0], n_kv_heads).repeat_interleave(x.shape[2] // n_kv_heads, dim=1)[:, None, :, None]
+        return x.to(getattr(torch, dtype))
+    if isinstance(a, np.ndarray):
+        x = a.astype(np.float32)
+        ds = np.asarray(descale, dtype=np.float32)
+        if ds.size == 1:
+            x = x * ds.reshape(())
+        else:
+            x = x * np.repeat(ds.reshape(x.shape[0], n_kv_heads), x.shape[2] // n_kv_heads, axis=1)[:, None, :, None]
+        return x.astype(_resolve(dtype))
+    raise ArgumentTypeError(f"cannot dequantize a {type(a).__name__}: fp8 inputs are NumPy (ml_dtypes) arrays or "
+                            f"torch tensors")
+

@@ -559,9 +559,12 @@ def _fa_ref(k: dict) -> Any:
 
 spec(Spec("flash_attention", ops.flash_attention,
           lambda r: dict(q=f32(r, 1, 3, 2, 8), k=f32(r, 1, 4, 1, 8), v=f32(r, 1, 4, 1, 8), causal=True, scale=None,
-                         window_size=(-1, -1), softcap=0.0, return_lse=True, out=None, tensor_cores=None, **HOST),
+                         window_size=(-1, -1), softcap=0.0, return_lse=True, out=None, tensor_cores=None,
+                         q_descale=None, k_descale=None, v_descale=None, **HOST),
+          # the descales (FP8 q, k, v only): any value given with this float32 call is an error naming it
           {"q": FARRAY, "k": FARRAY, "v": FARRAY, "causal": BOOL, "scale": FLOAT, "window_size": INT,
-           "softcap": FLOAT, "return_lse": BOOL, "out": OUT, "tensor_cores": BOOL, **COMMON},
+           "softcap": FLOAT, "return_lse": BOOL, "out": OUT, "tensor_cores": BOOL, "q_descale": FLOAT,
+           "k_descale": FLOAT, "v_descale": FLOAT, **COMMON},
           ref=_fa_ref, kind_of="q"))
 
 
@@ -1484,9 +1487,11 @@ def torch_specs() -> dict[str, Spec]:
         return _fa_ref(dict(k, return_lse=False, softcap=0.0 if sc is None else sc))
 
     tspec("flash_attention", lambda r: dict(q=f32(r, 1, 3, 2, 8), k=f32(r, 1, 4, 1, 8), v=f32(r, 1, 4, 1, 8),
-                                            causal=True, scale=None, window_size=(-1, -1), softcap=None),
+                                            causal=True, scale=None, window_size=(-1, -1), softcap=None,
+                                            q_descale=None, k_descale=None, v_descale=None),
           {"q": FARRAY, "k": FARRAY, "v": FARRAY, "causal": BOOL, "scale": FLOAT, "window_size": INT,
-           "softcap": FLOAT}, fa_ref, "flash_attention", "q")
+           "softcap": FLOAT, "q_descale": FLOAT, "k_descale": FLOAT, "v_descale": FLOAT}, fa_ref, "flash_attention",
+          "q")
 
     def ce_ref(k: dict) -> Any:
         z = k["z_loss"] if k.get("lse_square_scale") is None else k["lse_square_scale"]

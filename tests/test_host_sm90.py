@@ -98,6 +98,23 @@ def test_wgmma_register_a_layout_matches_cute_alayout_64x16() -> None:
             assert (row, col) == (idx % 64, idx // 64)
 
 
+def test_wgmma_e4m3_register_a_layout_matches_cute_alayout_64x32() -> None:
+    # pk_wgmma_m64nNk32_e4m3_rs (pk_ptx.cuh, emulated in pk_host_sm90.cpp): a[r] byte e of thread (q, g, t) is row
+    # 16q + g + 8 (r & 1), column 4t + e + 16 (r >> 1). CuTe's ALayout_64x32 for 8-bit types
+    # (cute/atom/mma_traits_sm90_gmma.hpp): ((4,8,4),(4,2,2)):((256,1,16),(64,8,1024)), value v = 4 r + e.
+    shape, stride = ((4, 8, 4), (4, 2, 2)), ((256, 1, 16), (64, 8, 1024))
+    seen = set()
+    for tid in range(128):
+        q, lane = divmod(tid, 32)
+        g, t = divmod(lane, 4)
+        for r in range(4):
+            for e in range(4):
+                row, col = 16 * q + g + 8 * (r & 1), 4 * t + e + 16 * (r >> 1)
+                idx = cute_layout(shape, stride, (idx2crd(tid, shape[0]), idx2crd(4 * r + e, shape[1])))
+                assert (row, col) == (idx % 64, idx // 64), (tid, r, e)
+                seen.add((row, col))
+    assert len(seen) == 64 * 32  # each element of the 64 x 32 tile once
+
 def desc_fields(desc: int) -> dict[str, int]:
     """The PTX ISA's wgmma matrix-descriptor format (and CuTe's GmmaDescriptor bitfield)."""
     return {"start": (desc & 0x3FFF) << 4, "lbo": ((desc >> 16) & 0x3FFF) << 4, "sbo": ((desc >> 32) & 0x3FFF) << 4,

@@ -5,7 +5,8 @@
     python tools/bench_attention.py --json
     python tools/bench_attention.py --table            # the full model table (python -m pykern.bench --attention-model)
     python tools/bench_attention.py --time             # on a GPU: measured TFLOP/s beside torch SDPA
-                                                       # (and flash-attn / FlashInfer when importable)
+                                                       # (and flash-attn / FlashInfer when importable), and
+                                                       # the FP8 forward (e4m3 q, k, v) beside the bf16 one
     python tools/bench_attention.py --time --backend host --small   # smoke-test the timing path on the CPU
 
 Shapes: LLaMA-3-8B (32 query / 8 kv heads, head_dim 128) and 70B (64 / 8, 128), batch 1, causal,
@@ -140,7 +141,15 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             tf = timer(lambda: ops.flash_attention(q, k, v, causal=True, backend="host"), 1)
             tb = timer(lambda: ops.attention_backward(q[0], k[0], v[0], g[0], out=out[0], lse=lse[0], causal=True,
                                                       backend="host"), 1)
-            rows.append({"model": name, "seq": n, "backend": "host", "fwd_ms": tf * 1e3, "bwd_ms": tb * 1e3})
+            # FP8 forward: e4m3 q, k, v with per-tensor descales (the sm_90a kernel with PYKERN_HOST_ARCH=sm_90a)
+            import ml_dtypes
+
+            q8, k8, v8 = (x.astype(np.float32).astype(ml_dtypes.float8_e4m3fn) for x in (q, k, v))
+            one = np.ones((1,), np.float32)
+            t8 = timer(lambda: ops.flash_attention(q8, k8, v8, causal=True, q_descale=one, k_descale=one,
+                                                   v_descale=one, backend="host"), 1)
+            rows.append({"model": name, "seq": n, "backend": "host", "fwd_ms": tf * 1e3, "bwd_ms": tb * 1e3,
+                         "fp8_fwd_ms": t8 * 1e3})
         return rows
 
     import torch  # --time on a GPU: torch CUDA tensors through the nvrtc backend
@@ -182,6 +191,12 @@ def bench(args: argparse.Namespace) -> list[dict[str, Any]]:
             if flash_attn_func is not None:
                 t_fa = ev_timer(lambda: flash_attn_func(q, k, v, causal=True), iters)
                 row["flash_attn"] = {"fwd_ms": t_fa * 1e3, "fwd_tflops": m["fwd"]["flops"] / t_fa / 1e12}
+            # FP8 forward (e4m3 q, k, v, per-tensor descales; kernels_cu/attention_fwd_fp8_sm90.cu on Hopper)
+            q8, k8, v8 = (x.to(torch.float8_e4m3fn) for x in (q, k, v))
+            one = torch.ones(1, device=dev, dtype=torch.float32)
+            t_8 = ev_timer(lambda: ops.flash_attention(q8, k8, v8, causal=True, q_descale=one, k_descale=one,
+                                                       v_descale=one), iters)
+            row["pykern_fp8"] = {"fwd_ms": t_8 * 1e3, "fwd_tflops": m["fwd"]["flops"] / t_8 / 1e12}
             rows.append(row)
     return rows
 

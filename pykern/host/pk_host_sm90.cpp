@@ -350,7 +350,17 @@ void wg_compute(Block* k, unsigned id) {
     // KD: the k extent (k16 for 16-bit types, k32 for e4m3, whose operands are K-major: checked at issue).
     const unsigned KD = op.dt == kWgmmaE4m3 ? 32 : 16;
     std::vector<double> A(64 * KD), B(static_cast<size_t>(n) * KD);
-    if (op.rs) {
+    if (op.rs && KD == 32) {
+        // e4m3 A from registers (pk_ptx.cuh's table): a[r] byte e is row 16q + g + 8 (r & 1), column 4t + e +
+        // 16 (r >> 1), mma.m16n8k32's A fragment per warp.
+        for (unsigned i = 0; i < 128; i++) {
+            unsigned q = i / 32, lane = i % 32, gq = lane >> 2, tq = lane & 3;
+            for (unsigned r = 0; r < 4; r++)
+                for (unsigned e = 0; e < 4; e++)
+                    A[(16 * q + gq + 8 * (r & 1)) * 32 + 4 * tq + e + 16 * (r >> 1)] =
+                        e4m3_value(static_cast<unsigned char>(op.a[i * 4 + r] >> (8 * e)));
+        }
+    } else if (op.rs) {
         for (unsigned i = 0; i < 128; i++) {
             unsigned q = i / 32, lane = i % 32, gq = lane >> 2, tq = lane & 3;
             for (unsigned v = 0; v < 8; v++) {

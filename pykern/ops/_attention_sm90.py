@@ -4,7 +4,8 @@
 with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
 64/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
-kernels (attention_fwd_tc.cu). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
+kernels (attention_fwd_tc.cu). FP8 q, k, v (float8_e4m3fn) ask `try_forward_fp8` (kernels_cu/attention_fwd_fp8_sm90.cu, head_dim == head_dim_v in
+64/128/256). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
 kernel with its VARLEN template parameter, at the same shapes). The backward
 (kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 and 192 / head_dim_v 128, with or without softcap; at 256
 its dQ kernel alone) serves
@@ -111,6 +112,50 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
            backend=backend)
     return True
 
+
+
+# ---- FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu) ------------------------------------------
+FP8_HEAD_DIMS = (64, 128, 256)  # head_dim == head_dim_v
+FP8_KEYS = 128  # FA90F8_BC: keys per tile (a 2-slot ring of K, V and the transposed V)
+
+
+def fp8_shared_bytes(d: int) -> int:
+    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K / V / V^T ring of 2
+    slots (one byte an element), the mbarriers."""
+    return ROWS * d + 3 * 2 * FP8_KEYS * d + 1024
+
+
+def fp8_kernel_name(d: int) -> str:
+    """attention_fwd_sm90_d{d}_fp8."""
+    return f"attention_fwd_sm90_d{d}_fp8"
+
+
+def try_forward_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, descales: tuple[tuple[Any, int], ...],
+                    dims: tuple[int, int, int, int, int, int, int], scale: float, wl: int, wr: int, stream: Any,
+                    backend: str | None) -> bool:
+    """Run attention_fwd_sm90_d{D}_fp8 when head_dim == head_dim_v in FP8_HEAD_DIMS, `usable` (the sign of scale
+    does not matter here: the kernel scales the scores before the row max) and the arrays suit TMA; False (nothing
+    launched) otherwise. q, k, v contiguous float8_e4m3fn; out bf16, lse f32; descales ((array, stride), ...) for
+    q, k, v: flat fp32 arrays read at (b * n_kv_heads + kvh) * stride."""
+    from .. import arrays
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    batch, n_q, n_k, n_heads, n_kv_heads, d, d_v = dims
+    if d != d_v or d not in FP8_HEAD_DIMS or not usable(d, d, 0.0, 1.0, q, backend, k, v):
+        return False
+    name = get_backend(backend).name
+    try:  # the e4m3 bytes in boxes of 64 head-dim columns (64 bytes: the 64B swizzle's row)
+        tq = make_tensor_map(arrays.view_uint8(q), (1, ROWS, 1, 64), "64B", backend=name)
+        tk = make_tensor_map(arrays.view_uint8(k), (1, FP8_KEYS, 1, 64), "64B", backend=name)
+        tv = make_tensor_map(arrays.view_uint8(v), (1, FP8_KEYS, 1, 64), "64B", backend=name)
+    except ArgumentError:  # e.g. a base that is not 16-byte aligned: the bf16 path takes it
+        return False
+    (qd, qs), (kd, ks), (vd, vs) = descales
+    launch(fp8_kernel_name(d), batch * n_heads * -(-n_q // ROWS), THREADS, tq, tk, tv, out, lse, qd, kd, vd, qs, ks,
+           vs, batch, n_q, n_k, n_heads, n_kv_heads, float(scale), wl, wr, shared_mem=fp8_shared_bytes(d),
+           stream=stream, backend=backend)
+    return True
 
 def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
                dims: tuple[int, int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int,

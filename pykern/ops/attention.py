@@ -29,6 +29,7 @@ from ._attention_sm90 import (
     try_backward_fused as _sm90_backward_fused,
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
+    try_forward_fp8 as _sm90_forward_fp8,
     try_varlen as _sm90_varlen,
     try_varlen_backward as _sm90_varlen_backward,
 )
@@ -128,6 +129,9 @@ def flash_attention(
     return_lse: bool = False,
     out: Any = None,
     tensor_cores: bool | None = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
     stream: Any = None,
     backend: str | None = None,
 ) -> Any:
@@ -168,7 +172,20 @@ def flash_attention(
     FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
     inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
     65504, as on the GPU.
+
+    FP8 (FlashAttention-3's flash_attn_func(q_descale=...)): q, k, v float8_e4m3fn (NumPy ml_dtypes /
+    torch.float8_e4m3fn) stand for q * q_descale, k * k_descale, v * v_descale; each descale is None (1), a
+    float, or a float32 array of shape () / (1,) (per tensor) or (batch, n_kv_heads) (query head h takes kv head
+    h // (n_heads // n_kv_heads)), on the memory q lives on. out is bf16 (lse float32 as above). On Hopper (and
+    the host backend with PYKERN_HOST_ARCH=sm_90a), head_dim == head_dim_v in 64/128/256 without softcap, the
+    FP8 kernel runs (e4m3 wgmma for both products, V transposed in shared memory, P rounded to e4m3 with the
+    softmax shifted by 2^8, fp32 accumulation; docs/attention_sm90.md). Everywhere else q, k, v are dequantized
+    to bf16 (q * q_descale rounded once) and the bf16 path above runs, so every backend takes FP8 inputs.
     """
+    if (arrays.dtype_name(q, "q") == "float8_e4m3fn"
+            or any(x is not None for x in (q_descale, k_descale, v_descale))):
+        return _flash_attention_fp8(q, k, v, (q_descale, k_descale, v_descale), causal, scale, window_size, softcap,
+                                    return_lse, out, tensor_cores, stream, backend)
     kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     _same_kind("k", k, kind, "q")
     _same_kind("v", v, kind, "q")
@@ -253,6 +270,80 @@ def flash_attention(
             stream=stream, backend=backend,
         )
     return (out, lse) if return_lse else out
+
+
+_FP8 = "float8_e4m3fn"
+
+
+def _descale(name: str, x: Any, q: Any, batch: int, n_kv_heads: int) -> tuple[Any, int]:
+    """(a flat float32 array on q's memory, its stride per (batch, kv head): 0 per tensor, 1 per head) for one
+    descale argument (None = 1, a float, or a float32 array of shape (), (1,) or (batch, n_kv_heads))."""
+    if x is None or (isinstance(x, (int, float, np.floating)) and not isinstance(x, bool)):
+        value = 1.0 if x is None else float(x)
+        if not math.isfinite(value):
+            raise ArgumentError(f"{name}: expected a finite number, got {x!r}")
+        return arrays.to_like(np.full((1,), value, np.float32), q), 0
+    dt = arrays.dtype_name(x, name)
+    if dt != "float32":
+        raise ArgumentTypeError(f"{name}: expected dtype float32, got {dt}")
+    shape = arrays.shape_of(x, name)
+    if shape not in ((), (1,), (batch, n_kv_heads)):
+        raise ArgumentError(f"{name}: expected shape () or (1,) (per tensor) or (batch, num_kv_heads) = "
+                            f"({batch}, {n_kv_heads}), got {shape}")
+    if not arrays.same_memory_kind(x, q):
+        raise ArgumentTypeError(f"{name}: expected an array on the memory q lives on ({type(q).__name__}), got a "
+                                f"{type(x).__name__}")
+    return arrays.flat_view(arrays.contiguous(x)), 0 if len(shape) < 2 else 1
+
+
+def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap, return_lse, out, tensor_cores,
+                         stream, backend):
+    """flash_attention with float8_e4m3fn q, k, v (its docstring): the sm_90a FP8 kernel, else bf16."""
+    dt = arrays.dtype_name(q, "q")
+    if dt != _FP8:  # a descale with a q of another dtype: the descale is the odd one out
+        name = next(nm for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales) if x is not None)
+        raise ArgumentTypeError(f"{name}: expected it with {_FP8} q, k and v (FP8 attention), got q of dtype {dt}")
+    for name, a in (("k", k), ("v", v)):
+        dt = arrays.dtype_name(a, name)
+        if dt != _FP8:
+            raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (as q), got {dt}")
+    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
+    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
+    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
+    if ks[0] != batch or ks[3] != head_dim:
+        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
+                            f"{head_dim}) (batch and head_dim from q), got {ks}")
+    n_k, n_kv_heads = ks[1], ks[2]
+    if vs[:3] != (batch, n_k, n_kv_heads):
+        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
+                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
+    if n_kv_heads < 1 or n_heads % n_kv_heads:
+        raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
+    ds = tuple(_descale(nm, x, q, batch, n_kv_heads)
+               for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales))
+    head_dim_v = vs[3]
+    left, right = _check_window_size(window_size)
+    softcap = _check_softcap(softcap)
+    if scale is None:
+        scale = 1.0 / math.sqrt(head_dim)
+    if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
+        raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
+    # The kernel steps tiles in int, as the bf16 kernels: the same length limits (the bf16 path checks its own).
+    if (softcap == 0.0 and tensor_cores is not False and head_dim == head_dim_v and n_q and n_k and batch
+            and n_heads and max(n_q, n_k) <= _INT_MAX - 256 and batch * n_heads * -(-n_q // 128) <= _INT_MAX):
+        q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
+        out_shape = (batch, n_q, n_heads, head_dim_v)
+        o = (arrays.empty(out_shape, "bfloat16", like=q) if out is None
+             else arrays.check_out(out, out_shape, "bfloat16", q))
+        lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
+        wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
+        if _sm90_forward_fp8(q, k, v, o, lse, ds, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
+                             float(scale), wl, wr, arrays.launch_stream(stream, q), backend):
+            return (o, lse) if return_lse else o
+    # Elsewhere: dequantize to bf16 (one rounding of x * descale) and run the bf16 path.
+    qb, kb, vb = (arrays.dequantize_heads(a, d, n_kv_heads) for a, (d, _) in zip((q, k, v), ds))
+    return flash_attention(qb, kb, vb, causal=causal, scale=scale, window_size=window_size, softcap=softcap,
+                           return_lse=return_lse, out=out, tensor_cores=tensor_cores, stream=stream, backend=backend)
 
 
 def _fill(a: Any, value: float, stream: Any = None) -> None:

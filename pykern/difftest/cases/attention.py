@@ -9,8 +9,12 @@ These kernels are built only for `sm_90a` (TMA tensor maps, mbarrier, wgmma). Ea
 pykern/host/pk_host_sm90.cpp); the runner reports the numba backend (no wgmma / TMA) and the nvrtc backend
 (TMA tensor maps need device arrays; the cases' inputs are NumPy) as not applicable rather than running them.
 
+The FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu: e4m3 q, k, v with per-tensor or per-(batch, kv head)
+descales, bf16 out) has cases of dtype "fp8" at head_dim 64 / 128 / 256, causal and not, against float64 attention
+on the dequantized inputs.
+
 The launch goes through the op's own helpers in pykern/ops/_attention_sm90.py (`try_forward`, `try_varlen`,
-`try_backward`: the tensor maps, boxes, grid and shared memory the ops use), with the window normalization of
+`try_backward`, `try_forward_fp8`: the tensor maps, boxes, grid and shared memory the ops use), with the window normalization of
 pykern/ops/_window.py; a helper that declines (the kernel does not apply) is an error, never a fallback to
 another kernel. The backward gets lse and delta = rowsum(dO * out) from float64 (as fp32), which is what the op's
 pre-pass computes; the pre-pass kernels have their own cases (training.py).
@@ -845,6 +849,72 @@ SM90_VARLEN_192 = ((([5, 140, 0], [9, 300, 3]), 4, 1, False, (-1, -1), 0.0),
                    (([90, 1, 20], [60, 300, 0]), 4, 2, True, (-1, -1), 2.5))
 
 
+# FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu): (n_q, n_k, heads, kv_heads, head_dim, causal, per-head
+# descales), each head_dim causal and not, off the 128-row tiles, GQA, n_q != n_k both ways.
+SM90_FP8_FORWARD = [
+    (130, 200, 2, 1, 64, False, False), (150, 140, 4, 2, 64, True, True),
+    (129, 384, 4, 1, 128, False, True), (200, 70, 2, 1, 128, True, False),
+    (70, 200, 2, 2, 256, False, True), (140, 150, 2, 1, 256, True, False),
+]
+
+
+def _sm90_fp8_forward(rng: np.random.Generator, n_q: int, n_k: int, h: int, kvh: int, d: int, causal: bool,
+                      per_head: bool) -> Case:
+    """flash_attention on e4m3 q, k, v through the op's helper (try_forward_fp8), against float64 attention on the
+    dequantized inputs: q, k, v drawn normal, v scaled to max |v| = 1 (the tolerance row's atol is 2**-4 of it),
+    each quantized as FP8 callers do (descale = amax / 448 per tensor, or per (batch, kv head))."""
+    from ... import arrays
+    from ...arrays import flat_view
+    from ...errors import MissingDependency
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize
+    from .gemm_fp8 import _e4m3
+
+    x = [rng.standard_normal((1, n, hh, d)).astype(np.float32) for n, hh in ((n_q, h), (n_k, kvh), (n_k, kvh))]
+    x[2] /= np.abs(x[2]).max()
+    # After the draws (the random stream is a full install's either way): the bf16 output's dtype, which without
+    # ml_dtypes is the runner's stand-in and marks this case as needing it; then the e4m3 codes (float32
+    # stand-ins where ml_dtypes is missing: such a case never runs).
+    bf16 = arrays.bfloat16()
+    try:
+        e4m3 = _e4m3()
+    except MissingDependency:
+        e4m3 = np.float32
+    codes, descales, deq = [], [], []
+    for a in x:
+        if per_head:
+            amax = np.abs(a).reshape(1, a.shape[1], kvh, a.shape[2] // kvh, d).max(axis=(1, 3, 4))
+            ds = (amax / np.float32(448.0)).astype(np.float32)
+            full = np.repeat(ds, a.shape[2] // kvh, axis=1)[:, None, :, None]
+        else:
+            ds = np.array([np.abs(a).max() / np.float32(448.0)], np.float32)
+            full = ds[0]
+        c = (a / full).astype(e4m3)
+        codes.append(c)
+        descales.append(ds)
+        deq.append(c.astype(np.float64) * np.asarray(full, np.float64))
+    name = sm90.fp8_kernel_name(d)
+    scale = 1.0 / np.sqrt(d)
+    (q, k, v), stride = codes, 1 if per_head else 0
+
+    def run(backend: str) -> dict[str, Any]:
+        out = np.empty(q.shape[:3] + (d,), bf16)
+        lse = np.empty(q.shape[:3], np.float32)
+        wl, wr = normalize(-1, -1, causal, n_q, n_k)
+        ds = tuple((flat_view(x_), stride) for x_ in descales)
+        if not sm90.try_forward_fp8(q, k, v, out, lse, ds, (1, n_q, n_k, h, kvh, d, d), scale, wl, wr, None,
+                                    backend):
+            raise _declined(name, backend)
+        return {"out": out, "lse": lse}
+
+    def ref() -> dict[str, Any]:
+        out, lse = np_flash_attention(deq[0], deq[1], deq[2], causal, scale)
+        return {"out": out, "lse": lse}
+
+    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-perhead" if per_head else "") + ("-causal" if causal else "")
+    return _sm90_case("flash_attention", "fp8", shape, (name,), run, ref)
+
+
 def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind in ("bf16", "f16"):
         for d, shapes in SM90_FORWARD.items():
@@ -873,6 +943,8 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
         for n_q, n_k, h, kvh, d, causal, window in SM90_FUSED_BACKWARD:
             for det in (False, True):
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det)
+    for n_q, n_k, h, kvh, d, causal, per_head in SM90_FP8_FORWARD:
+        yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward

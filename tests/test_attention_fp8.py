@@ -1,0 +1,193 @@
+"""FP8 attention forward: flash_attention with float8_e4m3fn q, k, v and fp32 descales (FlashAttention-3's
+flash_attn_func(q_descale=...)), kernels_cu/attention_fwd_fp8_sm90.cu on sm_90a.
+
+On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and the e4m3 wgmma SS / RS emulated)
+the FP8 kernel is the one launched and its bf16 output is within the relative-RMS row ("flash_attention_rel_rms",
+"fp8") of float64 attention on the dequantized inputs (x8 * descale), causal and not, head_dim 64 / 128 / 256, GQA,
+n_q != n_k both ways, per-tensor and per-(batch, kv head) descales; its lse is the float64 one's; it gives the same
+bits under every host schedule (the in-kernel V transpose and its barrier carry no race). Without sm_90a the op
+dequantizes to bf16 and runs the bf16 path within the same bound. Bad descales or mixed dtypes are errors naming
+the argument before any launch; pykern.torch.flash_attention takes fp8 tensors and refuses requires_grad.
+"""
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from pykern import ops
+from pykern.difftest.cases.attention import np_flash_attention
+from pykern.errors import ArgumentError, ArgumentTypeError
+from pykern.ops import _attention_sm90 as sm90
+from pykern.tolerance import tolerance
+from launch_spy import record_launches as _record
+from attn_checks import sm90_host  # noqa: F401 (a fixture)
+
+E4M3 = ml_dtypes.float8_e4m3fn
+E4M3_MAX = 448.0
+
+
+def quantize(x: np.ndarray, n_kv: int, per_head: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(x8, descale) as FP8 callers make them: descale = amax / 448 over the tensor (shape (1,)) or per (batch,
+    kv head) (shape (batch, n_kv); a query head's rows go with its kv head), x8 = e4m3(x / descale)."""
+    b, _, h, _ = x.shape
+    g = h // n_kv
+    if per_head:
+        amax = np.abs(x).reshape(b, x.shape[1], n_kv, g, -1).max(axis=(1, 3, 4))
+        ds = (amax / E4M3_MAX).astype(np.float32)
+        full = np.repeat(ds, g, axis=1)[:, None, :, None]
+    else:
+        ds = np.array([np.abs(x).max() / E4M3_MAX], np.float32)
+        full = ds[0]
+    return (x / full).astype(E4M3), ds
+
+
+def dequantized(x8: np.ndarray, ds: np.ndarray, n_kv: int) -> np.ndarray:
+    """x8 * descale in float64 (the values the FP8 op stands for)."""
+    x = x8.astype(np.float64)
+    if ds.size == 1:
+        return x * float(ds.reshape(-1)[0])
+    return x * np.repeat(ds.astype(np.float64), x.shape[2] // n_kv, axis=1)[:, None, :, None]
+
+
+def fp8_inputs(seed: int, b: int, n_q: int, n_k: int, h: int, n_kv: int, d: int, per_head: bool):
+    rng = np.random.default_rng(seed)
+    q = rng.standard_normal((b, n_q, h, d)).astype(np.float32)
+    k = rng.standard_normal((b, n_k, n_kv, d)).astype(np.float32)
+    v = rng.standard_normal((b, n_k, n_kv, d)).astype(np.float32)
+    if per_head:  # heads of different ranges, so a descale applied to the wrong head shows
+        q *= rng.uniform(0.5, 2.0, (b, 1, h, 1)).astype(np.float32)
+        v *= rng.uniform(0.5, 2.0, (b, 1, n_kv, 1)).astype(np.float32)
+    (q8, qd), (k8, kd), (v8, vd) = (quantize(x, n_kv, per_head) for x in (q, k, v))
+    return q8, k8, v8, qd, kd, vd
+
+
+def rel_rms(got: np.ndarray, ref: np.ndarray) -> float:
+    got = np.asarray(got).astype(np.float64)
+    return float(np.sqrt(np.mean((got - ref) ** 2) / np.mean(ref ** 2)))
+
+
+def check(out, lse, q8, k8, v8, qd, kd, vd, n_kv, causal, window_size=(-1, -1)) -> float:
+    ref, ref_lse = np_flash_attention(dequantized(q8, qd, n_kv), dequantized(k8, kd, n_kv),
+                                      dequantized(v8, vd, n_kv), causal, None, window_size)
+    assert np.asarray(out).dtype == ml_dtypes.bfloat16
+    err = rel_rms(out, ref)
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    # rows that see no key: out 0, lse -inf; lse elsewhere from fp32 scores of the exact e4m3 products
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    assert not np.asarray(out).astype(np.float32)[empty].any()
+    atol, rtol = tolerance("flash_attention", "bf16")
+    fin = ~empty
+    assert np.all(np.abs(lse[fin] - ref_lse[fin]) <= atol + rtol * np.abs(ref_lse[fin]))
+    return err
+
+
+SHAPES = [
+    # (batch, n_q, n_k, heads, kv_heads, head_dim, causal, per-head descales)
+    (1, 130, 200, 2, 1, 64, False, False),  # off the 128-query / 128-key tiles, GQA 2
+    (1, 257, 257, 2, 2, 64, True, True),    # three query and key tiles: masked and full ones
+    (2, 100, 300, 4, 1, 128, True, True),   # n_q < n_k, GQA 4, batch 2
+    (1, 200, 70, 2, 1, 128, True, False),   # n_q > n_k: the first 130 rows see no key
+    (1, 129, 384, 8, 2, 128, False, True),  # full tiles only, GQA 4
+    (1, 70, 200, 2, 1, 256, True, False),   # d256
+]
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "b{}-q{}-k{}-h{}/{}-d{}-{}-{}".format(
+    *s[:6], "causal" if s[6] else "full", "head" if s[7] else "tensor"))
+def test_fp8_forward_sm90_vs_float64(shape, monkeypatch) -> None:
+    b, n_q, n_k, h, n_kv, d, causal, per_head = shape
+    q8, k8, v8, qd, kd, vd = fp8_inputs(1, b, n_q, n_k, h, n_kv, d, per_head)
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True, backend="host")
+    assert names == [sm90.fp8_kernel_name(d)]
+    check(out, lse, q8, k8, v8, qd, kd, vd, n_kv, causal)
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_forward_sm90_window_and_scale(monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd = fp8_inputs(2, 1, 150, 260, 2, 1, 64, True)
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q8, k8, v8, window_size=(100, 20), q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True, backend="host")
+    assert names == [sm90.fp8_kernel_name(64)]
+    check(out, lse, q8, k8, v8, qd, kd, vd, 1, False, (100, 20))
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("schedule", ["reverse", "random:7"])
+def test_fp8_forward_sm90_same_bits_under_other_schedules(schedule, monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd = fp8_inputs(3, 1, 129, 300, 2, 1, 128, True)
+    run = lambda: ops.flash_attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,  # noqa: E731
+                                      return_lse=True, backend="host")
+    out0, lse0 = run()
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    out1, lse1 = run()
+    np.testing.assert_array_equal(out0.view(np.uint16), out1.view(np.uint16))
+    np.testing.assert_array_equal(lse0, lse1)
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_descales_fold_into_the_result(monkeypatch) -> None:
+    """Descales of 1 against per-tensor ones: out scales with v_descale, the softmax with q_descale * k_descale."""
+    q8, k8, v8, _, _, _ = fp8_inputs(4, 1, 64, 128, 2, 2, 64, False)
+    one = np.ones((1,), np.float32)
+    base = ops.flash_attention(q8, k8, v8, q_descale=one, k_descale=one, v_descale=one, backend="host")
+    same = ops.flash_attention(q8, k8, v8, backend="host")  # None: 1
+    np.testing.assert_array_equal(base.view(np.uint16), same.view(np.uint16))
+    vd = ops.flash_attention(q8, k8, v8, v_descale=np.full((1, 2), 4.0, np.float32), backend="host")
+    np.testing.assert_allclose(vd.astype(np.float32), 4.0 * base.astype(np.float32), rtol=0, atol=0)
+    # q_descale 2 with the scale halved: the same scores, the same bits
+    sc = 0.5 / np.sqrt(64)
+    two = ops.flash_attention(q8, k8, v8, q_descale=np.float32(2.0) * one, scale=sc, backend="host")
+    np.testing.assert_array_equal(two.view(np.uint16), base.view(np.uint16))
+
+
+@pytest.mark.parametrize("where", ["numba", "host-sm80", "host-sm90-off"])
+def test_fp8_forward_elsewhere_dequantizes_to_bf16(where, monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd = fp8_inputs(5, 1, 70, 90, 4, 2, 64, True)
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "" if where == "host-sm80" else "sm_90a")
+    monkeypatch.setenv("PYKERN_SM90", "0" if where == "host-sm90-off" else "1")
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention(q8, k8, v8, causal=True, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True, backend="numba" if where == "numba" else "host")
+    assert names and not any("fp8" in n for n in names)
+    check(out, lse, q8, k8, v8, qd, kd, vd, 2, True)
+
+
+def test_fp8_errors_name_the_argument_before_any_launch(monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd = fp8_inputs(6, 2, 8, 8, 4, 2, 64, True)
+    names = _record(monkeypatch)
+    bf = ml_dtypes.bfloat16
+    with pytest.raises(ArgumentTypeError, match=r"^k: expected dtype float8_e4m3fn \(as q\), got bfloat16"):
+        ops.flash_attention(q8, k8.astype(bf), v8, backend="host")
+    with pytest.raises(ArgumentTypeError, match=r"^v: expected dtype float8_e4m3fn \(as q\), got float32"):
+        ops.flash_attention(q8, k8, v8.astype(np.float32), backend="host")
+    with pytest.raises(ArgumentTypeError, match=r"^k_descale: expected it with float8_e4m3fn q, k and v .*got q of "
+                                                r"dtype bfloat16"):
+        ops.flash_attention(q8.astype(bf), k8.astype(bf), v8.astype(bf), k_descale=kd, backend="host")
+    with pytest.raises(ArgumentTypeError, match=r"^v_descale: expected dtype float32, got float64"):
+        ops.flash_attention(q8, k8, v8, v_descale=vd.astype(np.float64), backend="host")
+    with pytest.raises(ArgumentError, match=r"^k_descale: expected shape \(\) or \(1,\).*\(2, 2\), got \(2, 4\)"):
+        ops.flash_attention(q8, k8, v8, k_descale=np.ones((2, 4), np.float32), backend="host")
+    with pytest.raises(ArgumentError, match=r"^q_descale: expected a finite number, got nan"):
+        ops.flash_attention(q8, k8, v8, q_descale=float("nan"), backend="host")
+    assert names == []
+
+
+def test_fp8_torch_forward_and_no_autograd() -> None:
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+
+    q8, k8, v8, qd, kd, vd = fp8_inputs(7, 1, 40, 50, 2, 1, 64, False)
+    tq, tk, tv = (torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn) for x in (q8, k8, v8))
+    out = pt.flash_attention(tq, tk, tv, causal=True, q_descale=torch.from_numpy(qd), k_descale=torch.from_numpy(kd),
+                             v_descale=torch.from_numpy(vd))
+    assert out.dtype == torch.bfloat16 and out.shape == (1, 40, 2, 64)
+    ref = np_flash_attention(dequantized(q8, qd, 1), dequantized(k8, kd, 1), dequantized(v8, vd, 1), True)[0]
+    assert rel_rms(out.float().numpy(), ref) <= tolerance("flash_attention_rel_rms", "fp8")[1]
+    with pytest.raises(ArgumentError, match=r"requires_grad"):
+        pt.flash_attention(tq.float().requires_grad_().to(torch.float8_e4m3fn), tk, tv)
