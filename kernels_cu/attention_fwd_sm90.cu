@@ -239,7 +239,7 @@ __device__ __forceinline__ void fa90_pack(const float (&s)[BC / 2], unsigned (&p
 // lazy softmax of the next tile run while P V still executes; then wait<0>, the arrival on the previous slot's
 // `empty` mbarrier (2 mbarriers past fb, ST == 2) and the P of the next tile narrowed into pa (free now). False when
 // the lazy softmax failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy); s then holds
-// the lazy P for fa90_redo. Nothing touches o between the issue and wait<0>.
+// the lazy P for fa90_redo. o is left alone from the P V wgmmas to wait<0>.
 template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false>
 __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
