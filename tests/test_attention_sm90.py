@@ -333,8 +333,9 @@ def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str)
     return "fa90_mutant_d64_bf16"
 
 
-def _launch_d64(name: str, qkv=None, causal: bool = True) -> np.ndarray:
-    """Launches the d64 bf16 kernel `name` (one head, scale 1/8) on qkv (default: standard normal, 130 x 130)."""
+def _launch_d64(name: str, qkv=None, causal: bool = True, d: int = 64) -> np.ndarray:
+    """Launches the d64 (or head_dim d) bf16 kernel `name` (one head, scale 1/8) on qkv (default: standard normal,
+    130 x 130)."""
     import pykern
     from pykern.tensormap import make_tensor_map
 
@@ -343,7 +344,7 @@ def _launch_d64(name: str, qkv=None, causal: bool = True) -> np.ndarray:
         qkv = tuple(rng.standard_normal((1, 130, 1, 64)).astype(ml_dtypes.bfloat16) for _ in range(3))
     q, k, v = qkv
     n_q, n_k = q.shape[1], k.shape[1]
-    bc = sm90._CFG[64][0]
+    bc = sm90._CFG[d][0]
     tq = make_tensor_map(q, (1, 128, 1, 64), "128B", backend=HOST)
     tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=HOST)
     tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=HOST)
@@ -351,7 +352,7 @@ def _launch_d64(name: str, qkv=None, causal: bool = True) -> np.ndarray:
     lse = np.zeros((1, n_q, 1), np.float32)
     pykern.launch(name, (n_q + 127) // 128, sm90.THREADS, tq, tk, tv, out, lse, 1, n_q, n_k, 1, 1, 0.125, n_k,
                   0 if causal else n_k,
-                  shared_mem=sm90.shared_bytes(64), backend=HOST)
+                  shared_mem=sm90.shared_bytes(d), backend=HOST)
     return out
 
 
@@ -488,22 +489,22 @@ def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     ref_out, _ = np_flash_attention(q, k, v, False)
     good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
     close("out", good, ref_out, "flash_attention", "bf16")
-    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "    bool bad = false;\n", "    return;\n    bool bad = false;\n"),
-                      (q, k, v), False)
+    old = "    if constexpr (!Fa90Cfg<DQK, DV>::OVL) {  // s holds the scores: the exact softmax of the tile\n"
+    bad = _launch_d64(_mutant(tmp_path, monkeypatch, old, "    return;\n" + old), (q, k, v), False)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
 def test_the_rescore_of_an_overflowed_tile_is_exercised(tmp_path, monkeypatch) -> None:
-    # a spike of about +144 log2 units in the pair loop's B tile overflows the lazy P: without the scores computed
-    # again (fa90_rescore) the redo's exact softmax would run on the overflowed P and come out wrong
+    # a spike of about +144 log2 units (scale 1/8) in the d256 pair loop's B tile overflows the lazy P: without the
+    # scores computed again (fa90_rescore) the redo's exact softmax would run on the overflowed P and come out wrong
     rng = np.random.default_rng(65)
-    bc = sm90._CFG[64][0]
-    q, k, v = _spiky(rng, 70, 4 * bc + 10, 64, "bf16", [(bc + 7, 200.0)])
-    ref_out, _ = np_flash_attention(q, k, v, False)
-    good = _launch_d64(_mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128"), (q, k, v), False)
-    close("out", good, ref_out, "flash_attention", "bf16")
-    bad = _launch_d64(_mutant(tmp_path, monkeypatch, "        fa90_rescore<T, DQK, BC>(s, qs, kslot);\n", ""),
-                      (q, k, v), False)
+    bc = sm90._CFG[256][0]
+    q, k, v = _spiky(rng, 70, 4 * bc + 10, 256, "bf16", [(bc + 7, 200.0)])
+    ref_out, _ = np_flash_attention(q, k, v, False, 0.125)
+    same = _mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128").replace("d64", "d256")
+    close("out", _launch_d64(same, (q, k, v), False, 256), ref_out, "flash_attention", "bf16")
+    name = _mutant(tmp_path, monkeypatch, "        fa90_rescore<T, DQK, BC>(s, qs, kslot);\n", "").replace("d64", "d256")
+    bad = _launch_d64(name, (q, k, v), False, 256)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
