@@ -56,17 +56,20 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
-// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_pv_scores). On at d128 only: its 2 BAR
+// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step). On at d128 only: its 2 BAR
 // instructions a tile and their set-up cost 10 a tile there (302, 1.180 per m16n8k16-equivalent against 292, 1.141);
 // at d64 the 4 BARs a pair alone lift the loop to 2.003 (765 -> 769) and the varlen softcap kernel spills 4 bytes,
 // at d256 0.787 (399 -> 403), at 192 / 128 0.994 (310 -> 318); FA3 keeps its warp scheduler barriers to head dims
 // up to 128 as well.
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0 }; };
-template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0 }; };
+// OVL: the steady-state step overlaps the softmax of the next tile with O += P V of the previous one (FA3's
+// intra-warpgroup overlap, fa90_step). Off at d64: its wait<1> costs 2 instructions a tile (765 -> 769 a pair,
+// 2.003 per m16n8k16-equivalent, over the bar of 2.0), and its redo's rescore spilled there (260 bytes).
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 0 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
-template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0 }; };
+template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1 }; };
 
 #define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
 
@@ -194,28 +197,51 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
 static_assert(FA90_BAR_PP == 3, "fa90_pp_bar: FA90_BAR_PP + c == threadIdx.x / 128 + 2, the other's id ^ 7");
 __device__ __forceinline__ unsigned fa90_pp_bar() { return threadIdx.x / 128 + 2; }
 
-// One step of the steady state: O += P V of the previous tile (its slot's V through dv) and S = Q K^T of the
-// next one (K through dk, once its slot's `full` mbarrier fb has completed) as one wgmma group (one fence, one
-// wait), issued in this warpgroup's ping-pong turn, then the arrival on the previous slot's `empty` mbarrier,
-// which lies 2 mbarriers past fb (ST == 2).
-template <typename T, int DQK, int DV, int BC, bool QREG>
-__device__ __forceinline__ void fa90_pv_scores(float (&o)[DV / 2], const unsigned (&pa)[BC / 16][4],
-                                               float (&s)[BC / 2], const unsigned (&qa)[DQK / 16][4],
-                                               unsigned long long dq, unsigned long long dk, unsigned long long dv,
-                                               unsigned long long* fb, unsigned parity, unsigned pp) {
-    pk_mbarrier_wait_parity(fb, parity);
-    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
-    pk_wgmma_fence();
-    fa90_issue_pv<T, DV, BC>(o, pa, dv);
-    fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
-    pk_wgmma_commit();
-    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
-    pk_wgmma_wait<0>();
-    pk_mbarrier_arrive(fb + 2);
+// The lazy softmax of a steady-state tile in place, while O += P V of the previous tile still runs on the tensor
+// pipe (FA3's intra-warpgroup overlap): s becomes P = 2^(s * sl2 - m * sl2) in fp32 (the P registers pa are that
+// wgmma's A operand until it completes: fa90_pack narrows s into them after the wait), with fa90_softmax_lazy's
+// check (the same sums, vote, WG and bar); l += the sums only when accepted. On a failure s holds the lazy P, not
+// the scores: fa90_redo rebases them (or, when that cannot be exact, scores the tile again).
+template <int BC, bool WG = false>
+__device__ __forceinline__ bool fa90_softmax_lazy_ip(float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
+                                                     float sl2, unsigned bar = 0) {
+    float sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float base = m[r] * sl2;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) {
+            s[4 * j + 2 * r] = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+            s[4 * j + 2 * r + 1] = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+            const float p2 = s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+            sum[r] = j == 0 ? p2 : sum[r] + p2;  // no 0 + x (an FADD: x may be -0)
+        }
+    }
+    constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
+    const bool ok = sum[0] <= lim && sum[1] <= lim;
+    if (!__all_sync(PK_FULL_MASK, WG ? pk_bar_red_and(bar, 128, ok) : ok)) return false;
+    l[0] += sum[0];
+    l[1] += sum[1];
+    return true;
 }
 
-// One steady-state step (fa90_pv_scores, the softcap of the next tile's scores with SC, then its lazy softmax);
-// false when it failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy).
+// P (fp32, in the S accumulator layout) rounded to T into the A fragments of O += P V.
+template <typename T, int BC>
+__device__ __forceinline__ void fa90_pack(const float (&s)[BC / 2], unsigned (&pa)[BC / 16][4]) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; j++)
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]);
+}
+
+// One step of the steady state, FA3's intra-warpgroup overlap: S = Q K^T of the next tile (K through dk, once its
+// slot's `full` mbarrier fb has completed) and O += P V of the previous one (its slot's V through dv) as two wgmma
+// groups, S first, issued in this warpgroup's ping-pong turn; wait<1> waits for S only, so the softcap and the
+// lazy softmax of the next tile run while P V still executes; then wait<0>, the arrival on the previous slot's
+// `empty` mbarrier (2 mbarriers past fb, ST == 2) and the P of the next tile narrowed into pa (free now). False when
+// the lazy softmax failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy); s then holds
+// the lazy P for fa90_redo. o is left alone from the P V wgmmas to wait<0>.
 template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false>
 __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
@@ -224,17 +250,117 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
                                           unsigned bar = 0) {
     // pk_opaque_u64: the descriptors are loop invariants of the hot loop; computed here, not hoisted out of it
     // (its 28 advanced descriptors would take registers the loop does not have).
-    fa90_pv_scores<T, DQK, DV, BC, QREG>(o, pa, s, qa, dq, pk_opaque_u64(dk), pk_opaque_u64(dv), fb, parity,
-                                         fa90_pp_bar());
+    dk = pk_opaque_u64(dk), dv = pk_opaque_u64(dv);
+    const unsigned pp = fa90_pp_bar();
+    pk_mbarrier_wait_parity(fb, parity);
+    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
+    pk_wgmma_fence();
+    if constexpr (!Fa90Cfg<DQK, DV>::OVL) {  // one wgmma group (P V, then S), the softmax after both (d64)
+        fa90_issue_pv<T, DV, BC>(o, pa, dv);
+        fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
+        pk_wgmma_commit();
+        if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);
+        pk_wgmma_wait<0>();
+        pk_mbarrier_arrive(fb + 2);
+        fa90_cap<SC, BC>(s, pre);
+        return fa90_softmax_lazy<T, DV, BC, WG>(s, m, l, pa, sl2, bar);  // s keeps the scores for fa90_redo
+    }
+    fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
+    pk_wgmma_commit();
+    fa90_issue_pv<T, DV, BC>(o, pa, dv);
+    pk_wgmma_commit();
+    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
+    pk_wgmma_wait<1>();  // S has landed; O += P V runs on under the softmax
     fa90_cap<SC, BC>(s, pre);
-    return fa90_softmax_lazy<T, DV, BC, WG>(s, m, l, pa, sl2, bar);
+    const bool ok = fa90_softmax_lazy_ip<BC, WG>(s, m, l, sl2, bar);
+    pk_wgmma_wait<0>();
+    pk_mbarrier_arrive(fb + 2);
+    // P pinned after the wait: otherwise the compiler narrows part of it early, into the P registers P V still
+    // reads, and ptxas then moves the wait up into the softmax (the overlap lost)
+#pragma unroll
+    for (int i = 0; i < BC / 2; i++) pk_wgmma_fence_operand(s[i]);
+    fa90_pack<T, BC>(s, pa);
+    return ok;
 }
 
-// The rare exact redo of a steady tile whose lazy softmax failed (the running max grew).
-template <typename T, int D, int BC>
-__device__ __forceinline__ void fa90_redo(const float (&s)[BC / 2], float (&o)[D / 2], float (&m)[2], float (&l)[2],
-                                          unsigned (&pa)[BC / 16][4], float sl2) {
-    fa90_softmax_exact<T, D, BC>(s, o, m, l, pa, sl2);  // the rare redo
+// The raw scores of this thread's S entries for one key tile, again, from shared memory (Q rows 64c + 16wq + g and
+// + 8 of the Q tile; keys of the K slot at kslot), one thread at a time in fp32: no wgmma (a warp redoes alone,
+// not its warpgroup). Only where the lazy P cannot be rebased (fa90_redo), far outside the hot loop.
+template <typename T, int DQK, int BC>
+__device__ __forceinline__ void fa90_rescore(float (&s)[BC / 2], const unsigned char* qs,
+                                             const unsigned char* kslot) {
+    // Swizzled byte offsets written out (pk_swizzle_offset: the 16-byte unit XORed by row % 8): entry i's key is
+    // 8 (i / 4) + 2t + (i & 1), so its row % 8 is 2t + (i & 1) and its offset that of key 2t + (i & 1) plus
+    // 1024 (i / 4), an immediate; the thread's two Q rows share row % 8. Two K and two Q addresses a pass, not 96.
+    const unsigned tid = threadIdx.x, t = tid % 4, qrow = 16 * (tid / 32 - 4) + (tid % 32) / 4;
+#pragma unroll
+    for (int i = 0; i < BC / 2; i++) s[i] = 0.0f;
+#pragma unroll 1
+    for (int d = 0; d < DQK; d += 2) {  // 2 head-dim columns (one 32-bit word) a pass
+        const unsigned box = d / 64, unit = (d % 64) / 8, in = (d % 8) * 2;
+        const unsigned char* q0 = qs + box * FA90_BR * 128 + qrow * 128 + ((unit ^ (qrow % 8)) << 4) + in;
+        const unsigned char* k0 = kslot + box * BC * 128 + 2 * t * 128 + ((unit ^ (2 * t)) << 4) + in;
+        const unsigned char* k1 = kslot + box * BC * 128 + (2 * t + 1) * 128 + ((unit ^ (2 * t + 1)) << 4) + in;
+        float q[2][2];
+#pragma unroll
+        for (int r = 0; r < 2; r++)
+            Pk16<T>::widen2(*reinterpret_cast<const unsigned*>(q0 + r * 1024), q[r][0], q[r][1]);
+#pragma unroll
+        for (int i = 0; i < BC / 2; i++) {
+            float kl, kh;
+            Pk16<T>::widen2(*reinterpret_cast<const unsigned*>((i & 1 ? k1 : k0) + (i / 4) * 1024), kl, kh);
+            const int r = (i >> 1) & 1;
+            s[i] = fmaf(q[r][1], kh, fmaf(q[r][0], kl, s[i]));
+        }
+    }
+}
+
+// The redo of a steady tile whose lazy softmax failed (the running max grew), after fa90_step: s holds the lazy
+// P = 2^(x - base), x = s * sl2, base = m * sl2. Where every P of the warp is finite and at most 2^100 (the
+// running max grew by less than 100 log2 units; nothing was NaN), the tile is rebased exactly: per row the
+// quad's largest P, mp > 1, becomes the new base (m += log2(mp) / sl2, f = 1 / mp: P, l and O times f, so that P
+// <= 1), rows with mp <= 1 keep theirs; l += the rows' sums. Otherwise (an overflowed P, m = -inf, NaN) the raw
+// scores are gone: fa90_rescore computes them again from the tile's K slot (still held: its `empty` arrival
+// comes one step later) and the exact softmax runs on them, as the masked tiles do. P into pa either way.
+template <typename T, int DQK, int DV, int BC, bool SC>
+__device__ __forceinline__ void fa90_redo(float (&s)[BC / 2], float (&o)[DV / 2], float (&m)[2], float (&l)[2],
+                                          unsigned (&pa)[BC / 16][4], float sl2, float pre, const unsigned char* qs,
+                                          const unsigned char* kslot) {
+    if constexpr (!Fa90Cfg<DQK, DV>::OVL) {  // s holds the scores: the exact softmax of the tile
+        fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
+        return;
+    }
+    bool bad = false;
+#pragma unroll
+    for (int i = 0; i < BC / 2; i++) bad |= !(s[i] <= 0x1p100f);  // inf, NaN, or too large for 1 / mp
+    if (__any_sync(PK_FULL_MASK, bad)) {
+        fa90_rescore<T, DQK, BC>(s, qs, kslot);
+        fa90_cap<SC, BC>(s, pre);
+        fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
+        return;
+    }
+    float f[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        float mp = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) mp = fmaxf(mp, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        mp = fmaxf(mp, __shfl_xor_sync(PK_FULL_MASK, mp, 1));
+        mp = fmaxf(mp, __shfl_xor_sync(PK_FULL_MASK, mp, 2));
+        f[r] = 1.0f;
+        if (mp > 1.0f) m[r] += __log2f(mp) / sl2, f[r] = __frcp_rn(mp);
+        float sum = 0.0f;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j++) {
+            s[4 * j + 2 * r] *= f[r], s[4 * j + 2 * r + 1] *= f[r];
+            sum += s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+        }
+        l[r] = l[r] * f[r] + sum;
+    }
+#pragma unroll
+    for (int j = 0; j < DV / 8; j++)
+        o[4 * j] *= f[0], o[4 * j + 1] *= f[0], o[4 * j + 2] *= f[1], o[4 * j + 3] *= f[1];
+    fa90_pack<T, BC>(s, pa);
 }
 
 // One boundary key tile for one consumer warpgroup: S = Q K^T, mask, exact online softmax, O += P V.
@@ -543,7 +669,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         if (!fa90_softmax_lazy<T, DV, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
-        // Consumer 1 gives consumer 0 the first turn of the ping-pong (fa90_pv_scores), where steps follow.
+        // Consumer 1 gives consumer 0 the first turn of the ping-pong (fa90_step), where steps follow.
         if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);
         if constexpr (!Cfg::PAIR) {
             // One step an iteration: the two ring slots alternate; the step's K and V descriptors come from the
@@ -568,7 +694,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                         last = i == i_end;
                         if (!ok || last) break;
                     }
-                    if (!ok) fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
+                    if (!ok) fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (nb ^ 1) * K_BYTES);
                     if (last) break;
                 }
             }
@@ -580,7 +706,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             if ((i & 1) && i != i_end) {
                 if (!fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, pk_wgmma_desc_advance(dk0, K_BYTES),
                                                          dv0, full + 1, (i / ST) & 1, sl2, pre))
-                    fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
+                    fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + K_BYTES);
                 i++;
             }
             // Step A into slot a = i % 2 (0 whenever a pair runs): K of slot a, V of the previous tile in slot a ^ 1,
@@ -610,7 +736,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                     if (rem < 2) goto hot_done;
                 }
             redo_a:  // A failed: its redo, then the pair's B step out of line
-                fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
+                fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 {
                     const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
                                                                          sl2, pre);
@@ -619,14 +745,14 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                     if (okb) continue;
                 }
             redo_b:
-                fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
+                fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);
             }
         hot_done:
             // The last tile's O += P V: after an odd tile left over (one A step, slot a) or a B step (slot a ^ 1; or
             // the first steady tile, in slot a ^ 1 too when nothing followed).
             if (rem) {
                 if (!fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, pre))
-                    fa90_redo<T, DV, BC>(s, o, m, l, pa, sl2);
+                    fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 fa90_pv<T, DV, BC>(o, pa, dvb, empty - a);
             } else {
                 fa90_pv<T, DV, BC>(o, pa, dva, empty - (a ^ 1));

@@ -38,6 +38,10 @@ _CFG = {64: (192, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
 # Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4).
 PING_PONG = {64: False, 128: True, 192: False, 256: False}
+# Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
+# intra-warpgroup overlap: Fa90Cfg's OVL); off at d64, where its extra wgmma wait lifts the loop past 2.0
+# warp-instructions per m16n8k16-equivalent.
+OVERLAP = {64: False, 128: True, 192: True, 256: True}
 
 
 def shared_bytes(d: int, d_v: int | None = None) -> int:
