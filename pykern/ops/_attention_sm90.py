@@ -360,7 +360,9 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
 
 
 # The fused dK / dV / dQ kernels (attention_bwd_sm90_fused[_det]_d{64,128}): dense, no softcap.
-BWD_FUSED_HEAD_DIMS = BWD_HEAD_DIMS
+# the fused kernel's dS / dQ^T layout: 64-column boxes (128B swizzle) and two consumers of 32 queries (d128) or
+# 64 head-dim rows (d64); d96 and 192 / 128 keep the dK/dV + dQ pair
+BWD_FUSED_HEAD_DIMS = (64, 128)
 BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multiple of this (every query tile)
 
 
