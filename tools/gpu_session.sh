@@ -98,7 +98,7 @@ echo "--- difftest cases not ok:"
 grep -h -E " (FAIL|ERROR|fail|error)" "$WORK"/difftest_*.log | head -40
 grep -h -E "cases passed" "$WORK"/difftest_*.log
 
-TAILN=3 stage attention 90 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
+TAILN=3 stage attention 120 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
 TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode ${DECODE_ARGS:-} --json "$OUT/decode.json"
 TAILN=3 stage decode_graph "${DECODE_GRAPH_S:-45}" $PY tools/measure_gpu.py decode-graph --json "$OUT/decode_graph.json"
 TAILN=3 stage sampling 30 $PY tools/measure_gpu.py sampling --json "$OUT/sampling.json"

@@ -3,7 +3,9 @@
 
     python tools/measure_gpu.py ceilings            # device-to-device copy GB/s, 8192^3 bf16 GEMM TFLOP/s
     python tools/measure_gpu.py attention           # fwd and fwd+bwd TFLOP/s: pykern (sm_90a and mma.sync
-                                                    # paths), SDPA's flash (FlashAttention-2) and cuDNN backends
+                                                    # paths, deterministic mode, the FP8 forward), SDPA's flash
+                                                    # (FlashAttention-2) and cuDNN backends (cuDNN FP8 where
+                                                    # torch takes float8 inputs)
     python tools/measure_gpu.py decode              # paged decode GB/s (bf16 and e4m3 KV, GQA 1/4/8) beside
                                                     # torch SDPA on a contiguous cache; correctness and
                                                     # run-to-run identity of the one-launch split merge
@@ -210,6 +212,19 @@ def attention(args: argparse.Namespace) -> None:
                     impls[name] = (sdpa(be), gt, (qt, kt, vt))
                 impls["pykern"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
                 impls["pykern_mma_sync"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+                # timed under torch.use_deterministic_algorithms(True) (set in the loop below): pykern.torch then
+                # runs the semaphore-ordered backward
+                impls["pykern_deterministic"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+                # FP8 forward (e4m3 q, k, v with unit descales: randn fits e4m3's range), out bf16; its error is
+                # against the first (bf16) row, so it also reports the FP8 kernel's accuracy on these inputs
+                q8, k8, v8 = (x.detach().to(torch.float8_e4m3fn) for x in (q, k, v))
+                impls["pykern_fp8"] = (lambda: flash_attention(q8, k8, v8, causal=causal), None, ())
+                qt8, kt8, vt8 = (x.detach().to(torch.float8_e4m3fn) for x in (qt, kt, vt))
+
+                def sdpa_cudnn_fp8() -> Any:  # cuDNN's FP8 SDPA where torch exposes it (an error row otherwise)
+                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
+                        return F.scaled_dot_product_attention(qt8, kt8, vt8, is_causal=causal)
+                impls["sdpa_cudnn_fp8"] = (sdpa_cudnn_fp8, None, ())
                 fi = peer("flashinfer")
                 if fi is not None:  # FlashInfer's batch prefill (FA3 backend on sm_90a), forward only
                     impls["flashinfer"] = (flashinfer_prefill(fi, q, k, v, causal), None, ())
@@ -218,6 +233,8 @@ def attention(args: argparse.Namespace) -> None:
                     impls["fa4"] = (lambda: _first(fa4.flash_attn_func(q, k, v, causal=causal)), g, (q, k, v))
                 for name, (f, grad, leaves) in impls.items():
                     sm90_on(name != "pykern_mma_sync")
+                    if name == "pykern_deterministic":
+                        torch.use_deterministic_algorithms(True)
                     try:
                         with torch.no_grad():
                             o = f()
@@ -239,8 +256,9 @@ def attention(args: argparse.Namespace) -> None:
                         row[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
                     finally:
                         sm90_on(True)
+                        torch.use_deterministic_algorithms(False)
                 log(row)
-                del q, k, v, qt, kt, vt, g, gt, ref
+                del q, k, v, qt, kt, vt, g, gt, ref, q8, k8, v8, qt8, kt8, vt8
                 torch.cuda.empty_cache()
 
 
@@ -904,7 +922,8 @@ def summary(files: list[str]) -> None:
         if r["what"] in ("device", "copy", "gemm_bf16", "launch_floor"):
             print(json.dumps(r))
     print("attention TFLOP/s fwd | fwd+bwd (rel err of fwd vs sdpa_flash)")
-    names = ("pykern", "pykern_mma_sync", "sdpa_flash", "sdpa_cudnn", "fa4", "flashinfer")
+    names = ("pykern", "pykern_mma_sync", "pykern_deterministic", "pykern_fp8", "sdpa_flash", "sdpa_cudnn",
+             "sdpa_cudnn_fp8", "fa4", "flashinfer")
     for r in (r for r in rows if r["what"] == "attention"):
         cells = []
         for n in names:
