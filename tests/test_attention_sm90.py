@@ -700,7 +700,8 @@ def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(tmp_
 
 
 def test_a_ping_pong_hand_over_with_a_wrong_thread_count_is_reported(tmp_path, monkeypatch) -> None:
-    old = "pk_bar_arrive_aligned(pp ^ 7, 256);"
+    # the overlapped step's hand-over (the d128 kernels ping-pong with the overlap on)
+    old = "pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run"
     name = _mutant(tmp_path, monkeypatch, old, old.replace("256", "224")).replace("d64", "d128")
     with pytest.raises(KernelExecutionError, match=(
             r"kernel fa90_mutant_d128_bf16: .*barrier\.(sync|arrive) of named barrier [34] with (256|224) threads at "
