@@ -150,12 +150,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     // Tiles [f0, f1) every row sees wholly: no mask there.
     const int f0 = max((span.full_lo + BC - 1) / BC, kt0), f1 = min((span.full_hi + 1) / BC, kt1);
 
-    if (tid == 0) {
-        pk_mbarrier_init(q_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
-        pk_fence_mbarrier_init();
-    }
-    __syncthreads();
+    pk_ring_init<ST>(q_full, full, empty, 256);
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
