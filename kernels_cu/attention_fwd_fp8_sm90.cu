@@ -94,9 +94,7 @@ __device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], 
     constexpr int BC = FA90F8_BC;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = m[r];
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        const float mx = pk_wgmma_row_max<BC>(s, r, m[r]);
         float base;
         const float al = pk_quad_rescale(mx, m[r], 1.0f, base);
         base -= 8.0f;  // P in [0, 256]: the e4m3 range above its subnormals (FA3's max_offset)
