@@ -181,8 +181,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     const float sl2 = scale * q_descale[di * qd_stride] * k_descale[di * kd_stride] * 1.4426950408889634f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     // K-major, 64B swizzle: SBO 512 = one 8-row group of 64-byte rows; a k32 step is 32 bytes of a box.
     const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 64, 16, 512, PK_SWIZZLE_64B);

@@ -612,8 +612,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const float pre = SC ? scale / softcap : 0.0f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     // Descriptors: K-major 128B swizzle (SBO 1024 = one 8-row group) for Q and K; V MN-major (LBO = one box,
     // the next 64 head-dim columns; SBO 1024 = the next 8 keys).

@@ -115,8 +115,7 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
     const float pre = SC ? scale / softcap : 0.0f;
     const int row0 = q0 + warp * 16 + g;  // this lane's rows: row0, row0 + 8
     int rlo[2], rhi[2];  // keys [rlo, rhi] visible to this lane's rows
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     for (int j = kt0; j < kt1; j++) {
         const int k0 = j * BC;

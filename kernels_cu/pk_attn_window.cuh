@@ -46,6 +46,13 @@ __device__ __forceinline__ void pk_attn_q_row(int row, int n_q, int n_k, int wl,
     hi = row < n_q ? pk_attn_clamp(c + wr, -1, n_k - 1) : -1;
 }
 
+// Keys [lo[r], hi[r]] that query rows row0 and row0 + 8 (an mma fragment's two rows, r = 0 / 1) see.
+__device__ __forceinline__ void pk_attn_q_rows(int row0, int n_q, int n_k, int wl, int wr, int (&lo)[2],
+                                               int (&hi)[2]) {
+    pk_attn_q_row(row0, n_q, n_k, wl, wr, lo[0], hi[0]);
+    pk_attn_q_row(row0 + 8, n_q, n_k, wl, wr, lo[1], hi[1]);
+}
+
 // Queries [lo, hi] that see one key (queries past n_q excluded; a key past n_k is seen by none).
 __device__ __forceinline__ void pk_attn_k_row(int key, int n_q, int n_k, int wl, int wr, int& lo, int& hi) {
     const long long c = (long long)key + n_q - n_k;
