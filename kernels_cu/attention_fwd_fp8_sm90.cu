@@ -135,12 +135,8 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int n_qt = (n_q + FA90F8_BR - 1) / FA90F8_BR;
-    const int bh = blockIdx.x / n_qt;
-    // Causal: the longest query tiles (the last ones) first, so short tiles fill in at the end.
-    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-    const int b = bh / n_heads, h = bh % n_heads;
-    const int kvh = h / (n_heads / n_kv_heads);
+    const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right);
+    const int b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
     const int q0 = qt * FA90F8_BR;
     const int q_last = min(q0 + FA90F8_BR, n_q) - 1;
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
