@@ -147,12 +147,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     const int qt0 = span.lo / C, qt1 = span.hi < span.lo ? qt0 : span.hi / C + 1;
     const int steps = (qt1 - qt0) * group;
 
-    if (tid == 0) {
-        pk_mbarrier_init(kv_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
-        pk_fence_mbarrier_init();
-    }
-    __syncthreads();
+    pk_ring_init<ST>(kv_full, full, empty, 256);
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
@@ -391,12 +386,7 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
     const int kt0 = span.lo / C, kt1 = span.hi < span.lo ? kt0 : span.hi / C + 1;
 
-    if (tid == 0) {
-        pk_mbarrier_init(q_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
-        pk_fence_mbarrier_init();
-    }
-    __syncthreads();
+    pk_ring_init<ST>(q_full, full, empty, 256);
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();

@@ -266,11 +266,8 @@ __device__ __forceinline__ void abtc_dq(const T* __restrict__ q, const T* __rest
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n_qt = (n_q + BR - 1) / BR;
-    const int bh = blockIdx.x / n_qt;
-    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-    const int b = bh / n_heads, h = bh % n_heads;
-    const int kh = h / (n_heads / n_kv_heads);
+    const PkAttnQTile tile = pk_attn_q_tile(n_q, BR, n_heads, n_kv_heads, window_right);
+    const int b = tile.b, h = tile.h, kh = tile.kvh, qt = tile.qt;
     const int q0 = qt * BR;
     // Varlen: as the dK/dV kernel (the maxima span the grid; a CTA past its sequence's last query exits).
     long long q_row0 = 0, k_row0 = 0;  // varlen only: the dense kernels keep b * n_q / b * n_k inline

@@ -94,9 +94,7 @@ __device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], 
     constexpr int BC = FA90F8_BC;
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = m[r];
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        const float mx = pk_wgmma_row_max<BC>(s, r, m[r]);
         float base;
         const float al = pk_quad_rescale(mx, m[r], 1.0f, base);
         base -= 8.0f;  // P in [0, 256]: the e4m3 range above its subnormals (FA3's max_offset)
@@ -137,12 +135,8 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int n_qt = (n_q + FA90F8_BR - 1) / FA90F8_BR;
-    const int bh = blockIdx.x / n_qt;
-    // Causal: the longest query tiles (the last ones) first, so short tiles fill in at the end.
-    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-    const int b = bh / n_heads, h = bh % n_heads;
-    const int kvh = h / (n_heads / n_kv_heads);
+    const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right);
+    const int b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
     const int q0 = qt * FA90F8_BR;
     const int q_last = min(q0 + FA90F8_BR, n_q) - 1;
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
@@ -150,12 +144,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     // Tiles [f0, f1) every row sees wholly: no mask there.
     const int f0 = max((span.full_lo + BC - 1) / BC, kt0), f1 = min((span.full_hi + 1) / BC, kt1);
 
-    if (tid == 0) {
-        pk_mbarrier_init(q_full, 1);
-        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], 256);
-        pk_fence_mbarrier_init();
-    }
-    __syncthreads();
+    pk_ring_init<ST>(q_full, full, empty, 256);
 
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
@@ -188,8 +177,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     const float sl2 = scale * q_descale[di * qd_stride] * k_descale[di * kd_stride] * 1.4426950408889634f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     // K-major, 64B swizzle: SBO 512 = one 8-row group of 64-byte rows; a k32 step is 32 bytes of a box.
     const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 64, 16, 512, PK_SWIZZLE_64B);

@@ -147,19 +147,19 @@ __device__ __forceinline__ void fa90_cap(float (&s)[BC / 2], float pre) {
 // instructions than the rest (the pair loop's out-of-line B step), all four warps of the warpgroup must take
 // that path together, wgmma being .sync.aligned over the warpgroup. The exact redo is right for any warp.
 #define FA90_LAZY_LOG2 15
-template <typename T, int D, int BC, bool WG = false>
-__device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
-                                                  unsigned (&pa)[BC / 16][4], float sl2, unsigned bar = 0) {
+// The sums and the vote of both lazy softmaxes: pair(j, r, base) computes n-tile j's two P of row g + 8 r (base
+// = m[r] * sl2), stores them where its caller keeps P and returns their sum.
+template <int BC, bool WG, typename Pair>
+__device__ __forceinline__ bool fa90_lazy_sum_vote(const float (&m)[2], float (&l)[2], float sl2, unsigned bar,
+                                                   Pair&& pair) {
     float sum[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float base = m[r] * sl2;
 #pragma unroll
         for (int j = 0; j < BC / 8; j++) {
-            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
-            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
-            sum[r] = j == 0 ? p0 + p1 : sum[r] + (p0 + p1);  // no 0 + x (an FADD: x may be -0)
-            pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
+            const float p2 = pair(j, r, base);
+            sum[r] = j == 0 ? p2 : sum[r] + p2;  // no 0 + x (an FADD: x may be -0)
         }
     }
     constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
@@ -168,6 +168,17 @@ __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], cons
     l[0] += sum[0];
     l[1] += sum[1];
     return true;
+}
+
+template <typename T, int D, int BC, bool WG = false>
+__device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
+                                                  unsigned (&pa)[BC / 16][4], float sl2, unsigned bar = 0) {
+    return fa90_lazy_sum_vote<BC, WG>(m, l, sl2, bar, [&](int j, int r, float base) {
+        const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+        const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+        pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
+        return p0 + p1;
+    });
 }
 
 // O += P V for one key tile, then release the slot.
@@ -205,24 +216,11 @@ __device__ __forceinline__ unsigned fa90_pp_bar() { return threadIdx.x / 128 + 2
 template <int BC, bool WG = false>
 __device__ __forceinline__ bool fa90_softmax_lazy_ip(float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
                                                      float sl2, unsigned bar = 0) {
-    float sum[2];
-#pragma unroll
-    for (int r = 0; r < 2; r++) {
-        const float base = m[r] * sl2;
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++) {
-            s[4 * j + 2 * r] = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
-            s[4 * j + 2 * r + 1] = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
-            const float p2 = s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
-            sum[r] = j == 0 ? p2 : sum[r] + p2;  // no 0 + x (an FADD: x may be -0)
-        }
-    }
-    constexpr float lim = (float)(1 << FA90_LAZY_LOG2);
-    const bool ok = sum[0] <= lim && sum[1] <= lim;
-    if (!__all_sync(PK_FULL_MASK, WG ? pk_bar_red_and(bar, 128, ok) : ok)) return false;
-    l[0] += sum[0];
-    l[1] += sum[1];
-    return true;
+    return fa90_lazy_sum_vote<BC, WG>(m, l, sl2, bar, [&](int j, int r, float base) {
+        s[4 * j + 2 * r] = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+        s[4 * j + 2 * r + 1] = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+        return s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
+    });
 }
 
 // P (fp32, in the S accumulator layout) rounded to T into the A fragments of O += P V.
@@ -614,8 +612,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     const float pre = SC ? scale / softcap : 0.0f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
     int rlo[2], rhi[2];
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     // Descriptors: K-major 128B swizzle (SBO 1024 = one 8-row group) for Q and K; V MN-major (LBO = one box,
     // the next 64 head-dim columns; SBO 1024 = the next 8 keys).

@@ -64,12 +64,8 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
 
     const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
     const int g = lane >> 2, t = lane & 3;
-    const int n_qt = (n_q + FATC_BR - 1) / FATC_BR;
-    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
-    const int bh = blockIdx.x / n_qt;
-    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-    const int b = bh / n_heads, h = bh % n_heads;
-    const int kvh = h / (n_heads / n_kv_heads);
+    const PkAttnQTile tile = pk_attn_q_tile(n_q, FATC_BR, n_heads, n_kv_heads, window_right);
+    const int b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
     const int q0 = qt * FATC_BR;
     const int q_last = min(q0 + FATC_BR, n_q) - 1;
     // Key tiles [kt0, kt1) hold every key some row of the tile sees; keys in [full_lo, full_hi]
@@ -115,8 +111,7 @@ __device__ __forceinline__ void fatc_forward(const T* __restrict__ q, const T* _
     const float pre = SC ? scale / softcap : 0.0f;
     const int row0 = q0 + warp * 16 + g;  // this lane's rows: row0, row0 + 8
     int rlo[2], rhi[2];  // keys [rlo, rhi] visible to this lane's rows
-    pk_attn_q_row(row0, n_q, n_k, window_left, window_right, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, window_left, window_right, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     for (int j = kt0; j < kt1; j++) {
         const int k0 = j * BC;
@@ -233,12 +228,8 @@ __device__ __forceinline__ void fafa_dense(const T* __restrict__ q, const T* __r
                                            T* __restrict__ out, float* __restrict__ lse, int batch, int n_q, int n_k,
                                            int n_heads, int n_kv_heads, int head_dim, int head_dim_v, float scale,
                                            int window_left, int window_right, float softcap) {
-    const int n_qt = (n_q + PKFA_BR - 1) / PKFA_BR;
-    const int bh = blockIdx.x / n_qt;
-    // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
-    const int qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-    const int b = bh / n_heads, h = bh % n_heads;
-    const int kvh = h / (n_heads / n_kv_heads);
+    const PkAttnQTile tile = pk_attn_q_tile(n_q, PKFA_BR, n_heads, n_kv_heads, window_right);
+    const int b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
     const long long qs = (long long)n_heads * D, kvs = (long long)n_kv_heads * D;
     const long long qo = (long long)b * n_q * qs + (long long)h * D;
     const long long ko = (long long)b * n_k * kvs + (long long)kvh * D;

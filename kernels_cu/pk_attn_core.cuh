@@ -328,8 +328,7 @@ __device__ __forceinline__ void pkfa_forward(unsigned char* smem, KV& kv, const 
 
     const int row0 = q0 + warp * 16 + (lane >> 2);  // this lane's rows: row0, row0 + 8
     int rlo[2], rhi[2];
-    pk_attn_q_row(row0, n_q, n_k, wl, wr, rlo[0], rhi[0]);
-    pk_attn_q_row(row0 + 8, n_q, n_k, wl, wr, rlo[1], rhi[1]);
+    pk_attn_q_rows(row0, n_q, n_k, wl, wr, rlo, rhi);
 
     // The buffer in use is where c's addresses point; nxt is the other one, dlt the step between them.
     pk_saddr nxt = sb + 2 * TILE;

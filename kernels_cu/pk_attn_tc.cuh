@@ -112,6 +112,15 @@ __device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o
     }
 }
 
+// The max of row g + 8 r of a wgmma m64nBC accumulator (the layout below) over this lane's columns and m (the
+// row's max so far).
+template <int BC>
+__device__ __forceinline__ float pk_wgmma_row_max(const float (&s)[BC / 2], int r, float m) {
+#pragma unroll
+    for (int j = 0; j < BC / 8; j++) m = fmaxf(m, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+    return m;
+}
+
 // The same step for a wgmma m64nBC accumulator (s[4 j + 2 r + e]: n-tile j, row g + 8 r, column 8 j + 2 t + e;
 // O lives in the caller's accumulators): P = 2^(s * sl2 - base) rounded to T straight into the A fragments of
 // O += P V (n-tiles 2 kk, 2 kk + 1 are exactly k-step kk's A fragment: a[0] / a[2] row g, a[1] / a[3] g + 8), l[r]
@@ -121,9 +130,7 @@ __device__ __forceinline__ void pk_wgmma_online_softmax(const float (&s)[BC / 2]
                                                         unsigned (&pa)[BC / 16][4], float (&al)[2], float sl2) {
 #pragma unroll
     for (int r = 0; r < 2; r++) {
-        float mx = m[r];
-#pragma unroll
-        for (int j = 0; j < BC / 8; j++) mx = fmaxf(mx, fmaxf(s[4 * j + 2 * r], s[4 * j + 2 * r + 1]));
+        const float mx = pk_wgmma_row_max<BC>(s, r, m[r]);
         float base;
         al[r] = pk_quad_rescale(mx, m[r], sl2, base);
         float sum = 0.0f;

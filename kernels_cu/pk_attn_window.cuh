@@ -46,6 +46,29 @@ __device__ __forceinline__ void pk_attn_q_row(int row, int n_q, int n_k, int wl,
     hi = row < n_q ? pk_attn_clamp(c + wr, -1, n_k - 1) : -1;
 }
 
+// A query-tile CTA's place in a grid of batch * n_heads * ceil(n_q / br) CTAs: batch b, head h, its kv head kvh
+// (GQA: n_heads / n_kv_heads heads share one) and query tile qt. Causal (window_right < n_q): the longest tiles
+// (the last ones) are launched first, so short tiles fill in at the end.
+struct PkAttnQTile {
+    int b, h, kvh, qt;
+};
+__device__ __forceinline__ PkAttnQTile pk_attn_q_tile(int n_q, int br, int n_heads, int n_kv_heads, int window_right) {
+    const int n_qt = (n_q + br - 1) / br;
+    const int bh = blockIdx.x / n_qt;
+    PkAttnQTile c;
+    c.qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
+    c.b = bh / n_heads, c.h = bh % n_heads;
+    c.kvh = c.h / (n_heads / n_kv_heads);
+    return c;
+}
+
+// Keys [lo[r], hi[r]] that query rows row0 and row0 + 8 (an mma fragment's two rows, r = 0 / 1) see.
+__device__ __forceinline__ void pk_attn_q_rows(int row0, int n_q, int n_k, int wl, int wr, int (&lo)[2],
+                                               int (&hi)[2]) {
+    pk_attn_q_row(row0, n_q, n_k, wl, wr, lo[0], hi[0]);
+    pk_attn_q_row(row0 + 8, n_q, n_k, wl, wr, lo[1], hi[1]);
+}
+
 // Queries [lo, hi] that see one key (queries past n_q excluded; a key past n_k is seen by none).
 __device__ __forceinline__ void pk_attn_k_row(int key, int n_q, int n_k, int wl, int wr, int& lo, int& hi) {
     const long long c = (long long)key + n_q - n_k;

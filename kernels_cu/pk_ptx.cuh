@@ -1133,6 +1133,20 @@ __device__ __forceinline__ void pk_cluster_sync() {
 #endif  // sm_90+
 
 #endif  // PYKERN_HOST / NVRTC
+
+// The mbarriers of a warp-specialized TMA ring, set up by thread 0 while the rest wait at __syncthreads: `once`
+// (the operands loaded once, one expect_tx arrival), full[s] (the producer's one expect_tx arrival per fill) and
+// empty[s] (`consumers` arrivals: every consumer thread releases the slot) for the ST slots.
+template <int ST>
+__device__ __forceinline__ void pk_ring_init(unsigned long long* once, unsigned long long* full,
+                                             unsigned long long* empty, unsigned consumers) {
+    if (threadIdx.x == 0) {
+        pk_mbarrier_init(once, 1);
+        for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], 1), pk_mbarrier_init(&empty[s], consumers);
+        pk_fence_mbarrier_init();
+    }
+    __syncthreads();
+}
 // ================================= end of the Hopper section =====================================
 
 // ================================= FlashAttention-2 forward core (pk_attn_core.cuh) ==============
