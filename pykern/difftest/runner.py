@@ -321,11 +321,15 @@ def limit_cases(cases: Sequence[Case], per_kernel: int, kernels: str | None = No
 
 
 def first_case_per_kernel(cases: Sequence[Case]) -> dict[str, Case]:
-    """kernel name -> the first case (in collection order) that launches it."""
+    """kernel name -> the first case (in collection order) that launches it, a portable case (no arch) first: a
+    portable kernel that an arch-specific case also launches (cross_entropy_count beside the sm_90a cluster
+    kernel) keeps a case that every backend runs."""
     out: dict[str, Case] = {}
-    for case in cases:
-        for k in case.kernels:
-            out.setdefault(k, case)
+    for portable in (True, False):
+        for case in cases:
+            if bool(case.arch) != portable:
+                for k in case.kernels:
+                    out.setdefault(k, case)
     return out
 
 
