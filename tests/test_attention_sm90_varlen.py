@@ -307,7 +307,7 @@ def test_varlen_backward_sm90_192_128_vs_float64(case, monkeypatch) -> None:
 
     lq, lk, h, kvh, causal, win, cap, kind = case
     rng = np.random.default_rng(sum(lq) + 3 * sum(lk))
-    q, k, v, cu_q, cu_k = _ragged_dv(rng, lq, lk, h, kvh, 192, 128, kind)
+    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, h, kvh, 192, kind, dv=128)
     g = fa_inputs(rng, 1, sum(lq), 1, h, 1, 128, 128, kind)[0][0]
     out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, causal, win, cap)
     names = _record(monkeypatch)
@@ -330,7 +330,7 @@ def test_varlen_backward_192_128_off_hopper_pads_v(monkeypatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     lq, lk = [40, 0, 7], [70, 5, 0]
     rng = np.random.default_rng(77)
-    q, k, v, cu_q, cu_k = _ragged_dv(rng, lq, lk, 4, 2, 192, 128, "f16")
+    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 4, 2, 192, "f16", dv=128)
     g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, 128, 128, "f16")[0][0]
     out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True)
     names = _record(monkeypatch)
