@@ -116,6 +116,22 @@ def tensor_cores_available(backend: str | None = None) -> bool:
 _tc_yes: dict[int, tuple[Any, str]] = {}  # id(backend) -> (backend, arch) where tensor cores were found
 
 
+def _qkv_shapes(q: Any, k: Any, v: Any) -> tuple[int, int, int, int, int, int, tuple[int, ...]]:
+    """(batch, n_q, n_heads, head_dim, n_k, n_kv_heads, v's shape) of flash_attention's q, k, v, checked: k shares
+    q's batch and head_dim, v k's batch, length and heads (its head_dim_v is free)."""
+    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
+    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
+    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
+    if ks[0] != batch or ks[3] != head_dim:
+        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
+                            f"{head_dim}) (batch and head_dim from q), got {ks}")
+    n_k, n_kv_heads = ks[1], ks[2]
+    if vs[:3] != (batch, n_k, n_kv_heads):
+        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
+                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
+    return batch, n_q, n_heads, head_dim, n_k, n_kv_heads, vs
+
+
 @arrays.stream_scoped
 def flash_attention(
     q: Any,
@@ -189,16 +205,7 @@ def flash_attention(
     kind = arrays.io_kind("q", q, arrays.IO_KINDS)
     _same_kind("k", k, kind, "q")
     _same_kind("v", v, kind, "q")
-    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
-    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
-    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
-    if ks[0] != batch or ks[3] != head_dim:
-        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
-                            f"{head_dim}) (batch and head_dim from q), got {ks}")
-    n_k, n_kv_heads = ks[1], ks[2]
-    if vs[:3] != (batch, n_k, n_kv_heads):
-        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
-                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
+    batch, n_q, n_heads, head_dim, n_k, n_kv_heads, vs = _qkv_shapes(q, k, v)
     head_dim_v = vs[3]
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
@@ -307,16 +314,7 @@ def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap,
         dt = arrays.dtype_name(a, name)
         if dt != _FP8:
             raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (as q), got {dt}")
-    batch, n_q, n_heads, head_dim = arrays.check_ndim("q", q, (4,), "(batch, n_q, num_heads, head_dim)")
-    ks = arrays.check_ndim("k", k, (4,), "(batch, n_k, num_kv_heads, head_dim)")
-    vs = arrays.check_ndim("v", v, (4,), "(batch, n_k, num_kv_heads, head_dim_v)")
-    if ks[0] != batch or ks[3] != head_dim:
-        raise ArgumentError(f"k: expected shape (batch, n_k, num_kv_heads, head_dim) = ({batch}, n_k, num_kv_heads, "
-                            f"{head_dim}) (batch and head_dim from q), got {ks}")
-    n_k, n_kv_heads = ks[1], ks[2]
-    if vs[:3] != (batch, n_k, n_kv_heads):
-        raise ArgumentError(f"v: expected shape (batch, n_k, num_kv_heads, head_dim_v) = ({batch}, {n_k}, "
-                            f"{n_kv_heads}, head_dim_v) (from q and k), got {vs}")
+    batch, n_q, n_heads, head_dim, n_k, n_kv_heads, vs = _qkv_shapes(q, k, v)
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
     ds = tuple(_descale(nm, x, q, batch, n_kv_heads)
