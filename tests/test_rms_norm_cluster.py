@@ -15,6 +15,7 @@ from pykern import ops
 from pykern.difftest.cases.training import _cast, np_rms_norm_backward
 from pykern.ops import training as tr
 from pykern.ops.training import rms_backward_cluster_plan
+from pykern.tolerance import tolerance
 
 from family_helpers import check as _check, need as _need
 from launch_spy import record_launches
@@ -89,6 +90,30 @@ def test_cluster_kernel_is_identical_run_to_run(monkeypatch: pytest.MonkeyPatch)
     b = [np.asarray(t) for t in ops.rms_norm_backward(x, w, g, backend="host")]
     for u, v in zip(a, b):
         np.testing.assert_array_equal(u, v)
+
+
+@pytest.mark.parametrize("bad", [np.nan, np.inf])
+def test_non_finite_values_as_the_one_cta_kernels(bad: float, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a bad x in one CTA's slice (rank 2 of 4) reaches every CTA's row statistics through the DSMEM combine: the
+    # row's grad_x and the weight gradient are NaN / inf exactly where the one-CTA kernels' are
+    monkeypatch.setattr(tr, "_RMS_CLUSTER_COLS", 256)
+    rng = np.random.default_rng(5)
+    x, g = (rng.standard_normal((4, 1000)).astype(np.float32) for _ in range(2))
+    w = rng.standard_normal(1000).astype(np.float32)
+    x[1, 600] = bad
+    names = record_launches(monkeypatch)
+    got = [np.asarray(t) for t in ops.rms_norm_backward(x, w, g, backend="host")]
+    assert names[0] == "rms_norm_backward_cluster", names
+    monkeypatch.setattr(tr, "_cluster_usable", lambda *a: False)
+    want = [np.asarray(t) for t in ops.rms_norm_backward(x, w, g, backend="host")]
+    assert names[-2:] != ["rms_norm_backward_cluster", "norm_grad_reduce"] and "rms_norm_backward" in names
+    for a, b in zip(got, want):
+        np.testing.assert_array_equal(np.isnan(a), np.isnan(b))
+        np.testing.assert_array_equal(np.isinf(a), np.isinf(b))
+        ok = np.isfinite(b)
+        atol, rtol = tolerance("rms_norm_backward", "f32")
+        np.testing.assert_allclose(a[ok], b[ok], rtol=rtol, atol=atol)
+    assert np.isnan(got[0][1]).all() and np.isfinite(got[0][[0, 2, 3]]).all()
 
 
 def test_cluster_plan_sizes_the_cluster_from_the_width() -> None:

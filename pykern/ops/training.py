@@ -167,6 +167,8 @@ def rms_norm_backward(
     x, grad_out (..., dim) and weight (dim,) share one dtype (f32, bf16 or f16).
     Returns (grad_x like x, grad_weight float32 (dim,)); grad_weight is reduced
     in fp32 in a fixed order (no atomics), so it is identical run to run.
+    x and grad_out are read once for rows of up to 8192 columns, and on sm_90a up
+    to 65536 (rms_norm_backward_cluster: a thread-block cluster splits the row).
     """
     kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "x")
