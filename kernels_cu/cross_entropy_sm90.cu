@@ -135,7 +135,14 @@ __device__ __forceinline__ void cross_entropy_fwd_bwd_cluster_impl(
 #pragma unroll
                 for (int k = 0; k < V; ++k)
                     a[k] = ce_grad(a[k], lo + i + k, has_w ? class_weight[lo + i + k] : 1.0f, r);
-                PkVec16<T>::store(grad, base + lo + i, a);
+                if constexpr (V == 4) {
+                    // f32: NVVM split the float4 store into two 8-byte STG.E.64; the PTX store keeps one 16-byte
+                    // STG.E.128 (grad + base + lo + i is 16-byte aligned on this path: vec)
+                    pk_st_global_b128(grad + base + lo + i, make_uint4(__float_as_uint(a[0]), __float_as_uint(a[1]),
+                                                                       __float_as_uint(a[2]), __float_as_uint(a[3])));
+                } else {
+                    PkVec16<T>::store(grad, base + lo + i, a);
+                }
             }
         } else {
             for (long long i = threadIdx.x; i < len; i += blockDim.x)

@@ -95,3 +95,16 @@ def test_cross_entropy_cluster_reads_the_logits_once() -> None:
         assert old.hbm_bytes == 3 * t * v * e + t * 8
         assert new.min_bytes == new.hbm_bytes == new.issued_bytes == 2 * t * v * e + t * 8 == old.min_bytes
         assert f"clusters of 8 CTAs x {16032 * e / 1024:.1f} KiB" in new.note  # 128256 / 8 columns a CTA
+
+
+def test_wide_rms_norm_backward_cluster_reads_x_and_g_once() -> None:
+    """Rows of 32768 columns pass the 8192 one CTA holds: the one-CTA path reads x and g again for the weight
+    gradient (HBM 5N + ...), the sm_90a cluster kernel (norm_sm90.cu) splits each row over 4 CTAs and reads them
+    once: within 1% of the minimum, about 3/5 of the one-CTA path's bytes."""
+    t, h = bm.TOKENS, bm.WIDE_HIDDEN
+    for e in (2, 4):
+        rows = by_op("training", e)
+        old, new = rows["rms_norm_backward (wide, one CTA)"], rows["rms_norm_backward (wide, sm_90a cluster)"]
+        assert new.min_bytes == old.min_bytes == 3 * t * h * e + 2 * h * e + t * 4
+        assert old.hbm_bytes > 5 * t * h * e and new.hbm_bytes / new.min_bytes < 1.01, (old, new)
+        assert "33 clusters of 4 CTAs x 8192 columns" in new.note

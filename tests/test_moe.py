@@ -3,6 +3,7 @@ block forward and backward against float64 NumPy; bad inputs; determinism; and f
 makes (no GPU needed) that the tensor-core grouped GEMM's steady-state loop is lean and spill-free."""
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import numpy as np
@@ -267,6 +268,59 @@ def test_gelu_tanh_activation_calls_no_tanhf(arch: str) -> None:
     for k in ACT_KERNELS:
         assert not tanhf_lines(text, k), (k, arch, tanhf_lines(text, k)[:4])
         assert "MUFU.EX2" in kernel_ops(text, k), (k, arch)  # silu's exp and gelu_tanh's 2^(-2u log2 e)
+
+
+# the fp32 expf's range reduction (its FFMA.RM by 12582913 = 0x4b400001, then log2 e split in two FFMAs) and the
+# IEEE division's FCHK (which branches to a called slow path); silu's fast form issues neither
+_ACCURATE_EXPF = re.compile(r"FFMA\.RM .*12582913|1\.925963033500011079e-08")
+
+
+def _slow_silu_lines(text: str, kernel: str) -> list[str]:
+    body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
+    return [ln.strip() for ln in body.splitlines() if "FCHK" in ln or _ACCURATE_EXPF.search(ln)]
+
+
+@pytest.mark.parametrize("src, arch, kernels", [
+    ("moe.cu", "sm_80", ACT_KERNELS), ("moe.cu", "sm_90", ACT_KERNELS),
+    ("grouped_gemm_sm90.cu", "sm_90a", ["moe_gemm_act_sm90_bf16", "moe_gemm_act_sm90_f16"])])
+def test_silu_activation_is_one_ex2_and_one_rcp(src: str, arch: str, kernels: list[str]) -> None:
+    # silu (forward, derivative, the sm_90a gate_up epilogue) as forward.cu's silu_gate: pk_exp_fast's MUFU.EX2 and
+    # __fdividef's MUFU.RCP, no accurate expf and no IEEE division (64 of each in the fused epilogues before)
+    text = source_sass(src, arch)
+    for k in kernels:
+        assert not _slow_silu_lines(text, k), (k, arch, _slow_silu_lines(text, k)[:4])
+        ops_ = kernel_ops(text, k)
+        assert "MUFU.EX2" in ops_ and "MUFU.RCP" in ops_, (k, arch)
+
+
+def test_silu_activation_against_float64() -> None:
+    # the fast silu over a dense sweep (up = 1, dh = 1): h = silu(g) and dgu = [silu'(g), silu(g)] within the f32
+    # rows of moe_experts / moe_experts_backward, exact limits at the far ends (-0 / 0 below -88, g / 1 above 88)
+    from pykern import launch
+
+    g = np.concatenate([np.linspace(-30.0, 30.0, 60_001),
+                        np.float32([0.0, -0.0, 1e-30, -1e-30, 87.5, -87.5, -88.0, -100.0, 100.0, 1e30, -1e30])])
+    g = g.astype(np.float32)
+    inter, rows = 1, g.size
+    gu = np.stack([g, np.ones_like(g)], axis=1)  # [rows, 2I]: gate, then up
+    off = np.array([0, rows], np.int32)
+    h = np.zeros(rows, np.float32)
+    grid = ((rows + 255) // 256,)
+    launch("moe_act", grid, (256,), gu.reshape(-1), h, off, rows, inter, 1, 0, backend=HOST)
+    dgu = np.zeros((rows, 2), np.float32)
+    launch("moe_act_backward", grid, (256,), gu.reshape(-1), np.ones(rows, np.float32), dgu.reshape(-1),
+           np.zeros(rows, np.int32), np.zeros(1, np.float32), off, rows, inter, 1, 0, 0, backend=HOST)
+    x = g.astype(np.float64)
+    with np.errstate(over="ignore"):
+        s = 1.0 / (1.0 + np.exp(-x))
+    _close(h, x * s, "moe_experts", "f32")
+    _close(dgu[:, 1], x * s, "moe_experts_backward", "f32")
+    _close(dgu[:, 0], s * (1.0 + x * (1.0 - s)), "moe_experts_backward", "f32")
+    assert np.all(np.isfinite(h)) and np.all(np.isfinite(dgu))
+    far = {-100.0: (0.0, 0.0), 100.0: (100.0, 1.0), -1e30: (0.0, 0.0), 1e30: (1e30, 1.0)}
+    for v, (hv, dv) in far.items():
+        i = int(np.flatnonzero(g == np.float32(v))[0])
+        assert (h[i], dgu[i, 0]) == (np.float32(hv), np.float32(dv)), (v, h[i], dgu[i, 0])
 
 
 def test_f16_experts_run_on_the_f16_kernels(monkeypatch) -> None:

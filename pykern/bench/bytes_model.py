@@ -27,6 +27,7 @@ H100_L2 = 50 * 2**20
 H100_SMS = 132
 
 TOKENS, HIDDEN, FFN, HEADS, KV_HEADS, HEAD_DIM, VOCAB, SEQ = 8192, 4096, 14336, 32, 8, 128, 128256, 2048
+WIDE_HIDDEN = 32768  # the wide-row norm backward's hidden size (rows past one CTA's 8192 columns)
 
 
 @dataclass
@@ -168,6 +169,30 @@ def training_rows(e: int) -> Iterator[Row]:
               3 * n * e + 2 * t * h * e + 2 * partials + t * 4 + h * 4,
               3 * n * e + h * e + 2 * partials + t * 4 + h * 4,
               f"one read of x and g (row in registers), {parts} partial rows")
+    # rms_norm_backward of wide rows (hidden WIDE_HIDDEN, past the 16 x 512 columns one CTA holds). One CTA a row:
+    # x and g read for the row sums and again for grad_x (the 2nd pass an L1/L2 hit: 132 resident rows of 64 KB fit
+    # half of L2), the weights twice a row from L1, then rms_norm_backward_weight reads x and g again from HBM (and
+    # inv_rms) into weight_chunks' partial rows. The sm_90a cluster kernel (norm_sm90.cu): a cluster splits the row
+    # and keeps its slices in registers (the row sums travel over DSMEM), so x and g are read once, each cluster
+    # writes one fp32 partial row. HBM: 3N + 2 x partials + inv_rms + grad_weight + the weights.
+    from pykern.ops._common import weight_chunks
+    from pykern.ops.training import rms_backward_cluster_plan
+
+    hw = WIDE_HIDDEN
+    n = t * hw
+    chunks = weight_chunks(t, hw)[0]
+    partials = chunks * hw * 4
+    yield Row("rms_norm_backward (wide, one CTA)", f"{t}x{hw}", dt, 3 * n * e + 2 * hw * e + t * 4,
+              5 * n * e + 2 * t * hw * e + 2 * partials + 2 * t * 4 + hw * 4,
+              5 * n * e + hw * e + 2 * partials + 2 * t * 4 + hw * 4,
+              f"one CTA a row: x and g read again by the weight kernel, {chunks} partial row(s)")
+    clusters, nc, slice_, _ = rms_backward_cluster_plan(t, hw)
+    partials = clusters * hw * 4
+    yield Row("rms_norm_backward (wide, sm_90a cluster)", f"{t}x{hw}", dt, 3 * n * e + 2 * hw * e + t * 4,
+              3 * n * e + 2 * t * hw * e + 2 * partials + t * 4 + hw * 4,
+              3 * n * e + hw * e + 2 * partials + t * 4 + hw * 4,
+              f"{clusters} clusters of {nc} CTAs x {slice_} columns: one read of x and g, {clusters} partial rows")
+    n = t * h
     # layer_norm_backward, fused (dim % 16 bytes == 0, 64 < chunks <= 2 x 512): as rms_norm_backward, with
     # the weight and the bias gradient (two partial rows a block) and the row's mean / rstd written (8 B a row)
     parts = ln_bwd_blocks(t, h, e)

@@ -132,6 +132,31 @@ def rms_backward_partials(n_rows: int, dim: int) -> int:
     return rms_backward_geometry(n_rows, dim)[0]
 
 
+# sm_90a rows wider than one CTA holds (rms_backward_geometry's 0: more than _RMS_BWD_ACC columns a thread of 512):
+# rms_norm_backward_cluster (kernels_cu/norm_sm90.cu) splits each row over a thread-block cluster of 2..8 CTAs of at
+# most _RMS_CLUSTER_COLS columns each, the row sums combined through distributed shared memory, so x and grad_y are
+# read once up to 8 x 8192 columns (hidden 16k-64k) where the one-CTA kernels read them twice.
+_RMS_CLUSTER_COLS = _RMS_BWD_ACC * ROW_THREADS_MAX
+_RMS_CLUSTER_MAX = 8
+
+
+def rms_backward_cluster_plan(n_rows: int, dim: int) -> tuple[int, int, int, int] | None:
+    """(clusters, CTAs a cluster, columns a CTA, threads a CTA) of rms_norm_backward_cluster, or None where a row
+    fits one CTA (the fused rms_norm_backward) or not even 8. The slice is a whole number of 16-byte chunks; the
+    clusters are one wave of 512-thread CTAs of an H100 / H200 (each a partial row of the weight gradient)."""
+    if dim <= _RMS_CLUSTER_COLS:
+        return None
+    nc = 2
+    while nc < _RMS_CLUSTER_MAX and dim > nc * _RMS_CLUSTER_COLS:
+        nc *= 2
+    slice_ = -(-(-(-dim // nc)) // 16) * 16
+    if slice_ > _RMS_CLUSTER_COLS:
+        return None
+    threads = max(32, -(-slice_ // (_RMS_BWD_ACC * 32)) * 32)
+    clusters = min(n_rows, _RMS_BWD_PARTS, max(1, _RMS_BWD_WAVE_THREADS // (threads * nc)))
+    return clusters, nc, slice_, threads
+
+
 @arrays.stream_scoped
 def rms_norm_backward(
     x: Any, weight: Any, grad_out: Any, eps: float = 1e-6, *, offset: float = 0.0, stream: Any = None,
@@ -142,6 +167,8 @@ def rms_norm_backward(
     x, grad_out (..., dim) and weight (dim,) share one dtype (f32, bf16 or f16).
     Returns (grad_x like x, grad_weight float32 (dim,)); grad_weight is reduced
     in fp32 in a fixed order (no atomics), so it is identical run to run.
+    x and grad_out are read once for rows of up to 8192 columns, and on sm_90a up
+    to 65536 (rms_norm_backward_cluster: a thread-block cluster splits the row).
     """
     kind = arrays.io_kind("x", x, arrays.IO_KINDS)
     _same_kind("weight", weight, kind, "x")
@@ -168,6 +195,20 @@ def rms_norm_backward(
     grad_w = arrays.empty((dim,), np.float32, like=x)
     inv_rms = arrays.empty((n_rows,), np.float32, like=x)
     sfx = _suffix(kind)
+    plan = rms_backward_cluster_plan(n_rows, dim) if _cluster_usable(backend, x) else None
+    if plan is not None:
+        # sm_90: a cluster of nc CTAs splits each row, x and grad_y read once (norm_sm90.cu); one partial row of
+        # the weight gradient a cluster, added in order by norm_grad_reduce
+        clusters, nc, slice_, threads = plan
+        partial = grad_w if clusters == 1 else arrays.empty((clusters * dim,), np.float32, like=x)
+        launch(
+            "rms_norm_backward_cluster" + sfx, (clusters * nc,), (threads,),
+            flat(x), weight, flat(grad_out), flat(grad_x), inv_rms, partial, n_rows, dim, slice_, float(eps), offset,
+            stream=stream, backend=backend, cluster=(nc, 1, 1),
+        )
+        if clusters > 1:
+            sum_chunks(partial, grad_w, clusters, dim, stream=stream, backend=backend)
+        return grad_x, grad_w
     n_part, threads = rms_backward_geometry(n_rows, dim)
     if n_part:
         # fused: the row kernel's n_part blocks each sum their rows' x * r * g per column in registers;
