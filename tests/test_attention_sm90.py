@@ -33,7 +33,7 @@ from pykern.tolerance import tolerance
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
 from sass_helpers import compile_sass, kernel_ops, report
-from sm90_mutants import write_mutant
+from sm90_mutants import keep_families, write_mutant
 
 ROOT = Path(__file__).resolve().parent.parent
 SRC = ROOT / "kernels_cu" / "attention_fwd_sm90.cu"
@@ -461,10 +461,31 @@ def test_backward_sm90_softcap_same_bits_under_every_schedule(monkeypatch) -> No
 
 
 # --------------------------------------------------------------------------- pipeline mistakes are reported
-def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str) -> str:
-    """A copy of the kernel source with `old` replaced (once) and its kernels renamed; the d64 bf16 name."""
-    write_mutant(tmp_path, monkeypatch, SRC, old, new, "fa90_mutant.cu", ("attention_fwd_sm90_d", "fa90_mutant_d"))
-    return "fa90_mutant_d64_bf16"
+def _mutant(tmp_path: Path, monkeypatch: pytest.MonkeyPatch, old: str, new: str, d: int = 64) -> str:
+    """A copy of the kernel source with `old` replaced (once), its kernels renamed and only the dense head_dim `d`
+    family kept (a host build of a few seconds instead of the whole file's); the d bf16 name."""
+    write_mutant(tmp_path, monkeypatch, SRC, old, new, "fa90_mutant.cu", ("attention_fwd_sm90_d", "fa90_mutant_d"),
+                 keep=(f"attention_fwd_sm90_d{d}",))
+    return f"fa90_mutant_d{d}_bf16"
+
+
+def test_a_trimmed_mutant_keeps_its_family_and_every_line_above_the_entry_points(tmp_path) -> None:
+    # The mutants keep one family's entry points: the kernels' code (where the edits land, and the lines their
+    # messages name) must stay as it is, and the trimmed file must register that family's kernels and no other.
+    from pykern.registry import parse_file
+
+    text = SRC.read_text()
+    cut = keep_families(text, ("attention_fwd_sm90_d128",))
+    first = re.search(r"^PK_\w+_KERNELS\(", text, re.M).start()
+    assert cut[:first] == text[:first]
+    assert re.findall(r"^PK_\w+_KERNELS\((\w+),", cut, re.M) == ["attention_fwd_sm90_d128"]
+    # a call spread over two lines goes whole: nothing of it may be left behind
+    assert "FA90_VARLEN_SC_ARGS)" not in cut[first:] and "FA90_PAGED_ARGS)" not in cut[first:]
+    (tmp_path / "trimmed.cu").write_text(cut)
+    assert sorted(s.name for s in parse_file(tmp_path / "trimmed.cu")) == [
+        "attention_fwd_sm90_d128_bf16", "attention_fwd_sm90_d128_f16"]
+    with pytest.raises(AssertionError, match="attention_fwd_sm90_d100"):
+        keep_families(text, ("attention_fwd_sm90_d100",))
 
 
 def _launch_d64(name: str, qkv=None, causal: bool = True, d: int = 64) -> np.ndarray:
@@ -635,9 +656,9 @@ def test_the_rescore_of_an_overflowed_tile_is_exercised(tmp_path, monkeypatch) -
     bc = sm90._CFG[256][0]
     q, k, v = _spiky(rng, 70, 4 * bc + 10, 256, "bf16", [(bc + 7, 200.0)])
     ref_out, _ = np_flash_attention(q, k, v, False, 0.125)
-    same = _mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128").replace("d64", "d256")
+    same = _mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128", d=256)
     close("out", _launch_d64(same, (q, k, v), False, 256), ref_out, "flash_attention", "bf16")
-    name = _mutant(tmp_path, monkeypatch, "        fa90_rescore<T, DQK, BC>(s, qs, kslot);\n", "").replace("d64", "d256")
+    name = _mutant(tmp_path, monkeypatch, "        fa90_rescore<T, DQK, BC>(s, qs, kslot);\n", "", d=256)
     bad = _launch_d64(name, (q, k, v), False, 256)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
@@ -685,14 +706,14 @@ _OPENING = "        if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(F
 
 def test_the_ping_pong_copy_runs(tmp_path, monkeypatch) -> None:
     # the mutants' baseline: the d128 copy with its ping-pong intact runs the launch below and matches float64
-    out = _launch_d128_full(_mutant(tmp_path, monkeypatch, _OPENING, _OPENING).replace("d64", "d128"))
+    out = _launch_d128_full(_mutant(tmp_path, monkeypatch, _OPENING, _OPENING, d=128))
     assert np.isfinite(out.astype(np.float32)).all() and np.abs(out.astype(np.float32)).max() > 0.01
 
 
 def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
     # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3 and consumer 1 on 4,
     # forever (a hang on the GPU); the host names both barriers and their arrivals.
-    name = _mutant(tmp_path, monkeypatch, _OPENING, "").replace("d64", "d128")
+    name = _mutant(tmp_path, monkeypatch, _OPENING, "", d=128)
     with pytest.raises(KernelExecutionError, match=(
             r"kernel fa90_mutant_d128_bf16: block \(\d+,0,0\): deadlock: .*; 128 of 256 threads arrived at named "
             r"barrier 3 \(first at .*fa90_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
@@ -702,7 +723,7 @@ def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(tmp_
 def test_a_ping_pong_hand_over_with_a_wrong_thread_count_is_reported(tmp_path, monkeypatch) -> None:
     # the overlapped step's hand-over (the d128 kernels ping-pong with the overlap on)
     old = "pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run"
-    name = _mutant(tmp_path, monkeypatch, old, old.replace("256", "224")).replace("d64", "d128")
+    name = _mutant(tmp_path, monkeypatch, old, old.replace("256", "224"), d=128)
     with pytest.raises(KernelExecutionError, match=(
             r"kernel fa90_mutant_d128_bf16: .*barrier\.(sync|arrive) of named barrier [34] with (256|224) threads at "
             r".*fa90_mutant\.cu:\d+, but this phase's first arrival was barrier\.(arrive|sync) with (224|256) threads")):

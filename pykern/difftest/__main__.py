@@ -59,6 +59,9 @@ def main(argv: Sequence[str] | None = None) -> int:
             labels = runner.parse_labels(args.backends)
         else:
             labels, not_run = runner.usable_default_labels()
+        if _needs_reexec(labels) and not args.list:
+            # The child collects the cases itself: collecting them here too would build every case twice.
+            return _reexec_sanitized(sys.argv[1:] if argv is None else list(argv))
         cases = runner.collect_cases(args.seed, args.kernels, big=not args.no_big)
         if args.case_limit is not None:
             cases = runner.limit_cases(cases, args.case_limit, args.kernels)
@@ -76,10 +79,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     if not cases:
         print(f"difftest: no case matches --kernels {args.kernels!r}", file=sys.stderr)
         return 2
-    if any(("PYKERN_HOST_SANITIZE", "1") in lb.env for lb in labels) and "libasan" not in os.environ.get(
-        "LD_PRELOAD", ""
-    ):
-        return _reexec_sanitized(sys.argv[1:] if argv is None else list(argv))
     if not labels:  # the default run and no backend can run here
         for name, why in not_run.items():
             print(f"difftest: backend {name!r} is unavailable: {why}", file=sys.stderr)
@@ -138,6 +137,12 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(runner.format_summary(results, labels, not_run, runner.SKIPPED), file=out)
     ok = summary["failed"] == summary["errors"] == 0 and summary["passed"] > 0
     return 0 if ok else 1
+
+
+def _needs_reexec(labels: Sequence[runner.Label]) -> bool:
+    """A host:sanitize label in a process without the ASan runtime preloaded."""
+    return any(("PYKERN_HOST_SANITIZE", "1") in lb.env for lb in labels) and "libasan" not in os.environ.get(
+        "LD_PRELOAD", "")
 
 
 def _reexec_sanitized(argv: list[str]) -> int:

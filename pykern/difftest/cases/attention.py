@@ -25,10 +25,11 @@ boundary tiles and a steady one), GQA 2, causal and not for every kernel.
 """
 from __future__ import annotations
 
+import functools
 import math
 import os
 from contextlib import contextmanager
-from typing import Any, Callable, Iterator
+from typing import Any, Callable, Iterator, TypeVar
 
 import numpy as np
 
@@ -36,6 +37,16 @@ from ..case import Case, register_case_groups
 from .training import _cast, _np, _ops, f64  # the cases' shared input helpers, as moe.py and gemm_fp8.py
 
 _f64 = f64
+
+
+R = TypeVar("R")
+
+
+def _once(fn: Callable[[], R]) -> Callable[[], R]:
+    """fn, computed on its first call and kept. A case's float64 statistics (the lse / delta its kernels read)
+    are computed when the case first runs, not when it is built: every process that collects the cases (each
+    pytest worker, each `python -m pykern.difftest` call, which then runs a few of them) builds all of them."""
+    return functools.lru_cache(maxsize=None)(fn)
 
 
 def _normal(rng: np.random.Generator, shape: tuple[int, ...], kind: str, scale: float = 1.0) -> np.ndarray:
@@ -378,16 +389,23 @@ def _attention_cases(rng: np.random.Generator, only: Any = None) -> Iterator[Cas
             yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-{method}", kernels=kern,
                        run=run, reference=ref, note=note)
         if "flash" in methods and (n_q in (1, 65, 2049) or kind != "f32" or new):
-            out64, lse64 = np_attention_forward(q, k, v, causal=causal, scale=scale)
-            out, lse = _cast(out64, kind), lse64.astype(np.float32)
+            fwd = _once(lambda q=q, k=k, v=v, causal=causal, scale=scale, kind=kind: _given_out_lse(
+                np_attention_forward(q, k, v, causal=causal, scale=scale), kind))
 
-            def run_given(be, q=q, k=k, v=v, g=g, out=out, lse=lse, causal=causal, scale=scale):
+            def run_given(be, q=q, k=k, v=v, g=g, fwd=fwd, causal=causal, scale=scale):
+                out, lse = fwd()
                 dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, scale=scale,
                                                        method="flash", backend=be)
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
             yield Case(op="attention_backward", dtype=kind, shape=f"{shape}-flash_given_lse",
                        kernels=_flash_kernels(sfx, True), run=run_given, reference=ref, note=note)
+
+
+def _given_out_lse(out_lse64: tuple[np.ndarray, np.ndarray], kind: str) -> tuple[Any, np.ndarray]:
+    """The float64 forward's out in the case's dtype and its lse in fp32: what a training step hands the
+    backward as the forward's own results."""
+    return _cast(out_lse64[0], kind), out_lse64[1].astype(np.float32)
 
 
 def _tc_kernels(head_dim: int, given: bool, softcap: float = 0.0, kind: str = "bf16",
@@ -437,13 +455,12 @@ def _attention_window_cases(rng: np.random.Generator, only: Any = None) -> Itera
             dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
             return {"dq": dq, "dk": dk, "dv": dv}
 
-        out64, lse64 = np_attention_forward(q, k, v, **kw)
-        out, lse = _cast(out64, kind), lse64.astype(np.float32)
+        fwd = _once(lambda q=q, k=k, v=v, kw=kw, kind=kind: _given_out_lse(np_attention_forward(q, k, v, **kw), kind))
         methods = [("naive", False), ("flash", False), ("flash", True)] + ([("tensor_cores", True)] if kind != "f32"
                                                                            else [])
         for method, given in methods:
-            def run(be, q=q, k=k, v=v, g=g, kw=kw, method=method, given=given, out=out, lse=lse):
-                extra = {"out": out, "lse": lse} if given else {}
+            def run(be, q=q, k=k, v=v, g=g, kw=kw, method=method, given=given, fwd=fwd):
+                extra = dict(zip(("out", "lse"), fwd())) if given else {}
                 dq, dk, dv = _ops().attention_backward(q, k, v, g, method=method, backend=be, **kw, **extra)
                 return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
 
@@ -541,15 +558,16 @@ def _attention_fused_cases(rng: np.random.Generator) -> Iterator[Case]:
             n_q, n_k, heads, kvh = 70, 130, 4, 2
             q, k, v, g = attention_inputs(rng, None, n_q, heads, kvh, hd, kind, n_k)
             kw = {"causal": causal, "window_size": win, "softcap": cap}
-            out64, lse64 = np_attention_forward(q, k, v, **kw)
-            out, lse = _cast(out64, kind), lse64.astype(np.float32)
+            fwd = _once(lambda q=q, k=k, v=v, kw=kw, kind=kind: _given_out_lse(np_attention_forward(q, k, v, **kw),
+                                                                                kind))
 
             def ref(q=q, k=k, v=v, g=g, kw=kw):
                 dq, dk, dv = np_attention_backward(q, k, v, g, **kw)
                 return {"dq": dq, "dk": dk, "dv": dv}
 
             for det in (False, True):
-                def run(be, q=q, k=k, v=v, g=g, kw=kw, out=out, lse=lse, det=det):
+                def run(be, q=q, k=k, v=v, g=g, kw=kw, fwd=fwd, det=det):
+                    out, lse = fwd()
                     dq, dk, dv = _ops().attention_backward(q, k, v, g, out=out, lse=lse, method="tensor_cores",
                                                            deterministic=det, backend=be, **kw)
                     return {"dq": _np(dq), "dk": _np(dk), "dv": _np(dv)}
@@ -674,11 +692,14 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
     scale = 1.0 / np.sqrt(d)
     # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
     # pre-pass gives them, without its fp32 rounding of the sums
-    out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, softcap)
-    lse = lse64.astype(np.float32).reshape(-1)
-    delta = (out64 * g.astype(np.float64)).sum(axis=-1).astype(np.float32).reshape(-1)
+    @_once
+    def stats() -> tuple[np.ndarray, np.ndarray]:
+        out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, softcap)
+        return (lse64.astype(np.float32).reshape(-1),
+                (out64 * g.astype(np.float64)).sum(axis=-1).astype(np.float32).reshape(-1))
 
     def run(backend: str) -> dict[str, Any]:
+        lse, delta = stats()
         win = (*normalize(*window, causal, n_q, n_k), softcap)
         grads = sm90.try_backward(q, k, v, g, lse, delta, (1, n_q, n_k, h, kvh, d, dv), scale, win, kind,
                                   _sfx(kind), None, backend)
@@ -706,13 +727,18 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
     name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind))
     scale = 1.0 / np.sqrt(d)
     nq_pad = -(-n_q // sm90.BWD_FUSED_PAD) * sm90.BWD_FUSED_PAD
-    out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, 0.0)
-    lse2 = np.zeros((1, h, nq_pad), np.float32)
-    dlt = np.zeros((1, h, nq_pad), np.float32)
-    lse2[:, :, :n_q] = (lse64.reshape(1, n_q, h) * np.log2(np.e)).transpose(0, 2, 1)
-    dlt[:, :, :n_q] = (out64 * g.astype(np.float64)).sum(axis=-1).reshape(1, n_q, h).transpose(0, 2, 1)
+
+    @_once
+    def stats() -> tuple[np.ndarray, np.ndarray]:
+        out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, 0.0)
+        lse2 = np.zeros((1, h, nq_pad), np.float32)
+        dlt = np.zeros((1, h, nq_pad), np.float32)
+        lse2[:, :, :n_q] = (lse64.reshape(1, n_q, h) * np.log2(np.e)).transpose(0, 2, 1)
+        dlt[:, :, :n_q] = (out64 * g.astype(np.float64)).sum(axis=-1).reshape(1, n_q, h).transpose(0, 2, 1)
+        return lse2, dlt
 
     def run(backend: str) -> dict[str, Any]:
+        lse2, dlt = stats()
         dq_acc = np.zeros((1, h, nq_pad, d), np.float32)
         dk, dv = np.zeros_like(k), np.zeros_like(v)
         wl, wr = normalize(*window, causal, n_q, n_k)
@@ -746,12 +772,16 @@ def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk
     names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), varlen=True, d_v=dv) for p in ("dkdv", "dq"))
     scale = 1.0 / np.sqrt(d)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "scale": scale}
-    out64, lse64, dq64, dk64, dv64 = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
-    # lse (-inf for the rows of a sequence without keys) and delta in float64, stored as the kernels' fp32
-    lse = lse64.astype(np.float32).reshape(-1)
-    delta = (out64 * f64(g)).sum(axis=-1).astype(np.float32).reshape(-1)
+    full = _once(lambda: np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw))
+
+    @_once
+    def stats() -> tuple[np.ndarray, np.ndarray]:
+        # lse (-inf for the rows of a sequence without keys) and delta in float64, stored as the kernels' fp32
+        out64, lse64 = full()[:2]
+        return lse64.astype(np.float32).reshape(-1), (out64 * f64(g)).sum(axis=-1).astype(np.float32).reshape(-1)
 
     def run(backend: str) -> dict[str, Any]:
+        lse, delta = stats()
         gq, gk, gv = np.zeros(q.shape, q.dtype), np.zeros(k.shape, k.dtype), np.zeros(v.shape, v.dtype)
         wl, wr = normalize_serving(*window, causal)
         if not sm90.try_varlen_backward(q, k, v, g, lse, delta, gq.reshape(-1), gk.reshape(-1), gv.reshape(-1),
@@ -762,7 +792,7 @@ def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk
 
     shape = f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap) + ("-causal" if causal else "")
     return _sm90_case("flash_attention_varlen_backward", kind, shape.replace(" ", ""), names, run,
-                      lambda: {"dq": dq64, "dk": dk64, "dv": dv64})
+                      lambda: dict(zip(("dq", "dk", "dv"), full()[2:])))
 
 
 # Shapes per head_dim (queries, keys) for the non-causal and the causal case. Key tiles: 192 keys at d64, 128 at
@@ -1009,18 +1039,20 @@ def _attention_varlen_backward_cases(rng: np.random.Generator) -> Iterator[Case]
         v = _normal(rng, (int(cu_k[-1]), kvh, hd), kind)
         g = _normal(rng, (int(cu_q[-1]), heads, hd), kind)
         kw = {"causal": causal, "window_size": win, "softcap": cap}
-        out64, lse64, dq, dk, dv = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
-        out, lse = _cast(out64, kind), lse64.astype(np.float32)
+        full = _once(lambda q=q, k=k, v=v, g=g, cu_q=cu_q, cu_k=cu_k, kw=kw:
+                     np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw))
         shape = (f"q{','.join(map(str, lq))}k{','.join(map(str, lk))}-h{heads}kv{kvh}-d{hd}"
                  f"{'' if causal else '-full'}-w{win[0]},{win[1]}" + (f"-cap{cap:g}" if cap else ""))
 
-        def run(be, q=q, k=k, v=v, g=g, cu_q=cu_q, cu_k=cu_k, out=out, lse=lse, kw=kw):
+        def run(be, q=q, k=k, v=v, g=g, cu_q=cu_q, cu_k=cu_k, full=full, kind=kind, kw=kw):
+            out64, lse64 = full()[:2]
+            out, lse = _cast(out64, kind), lse64.astype(np.float32)
             r = _ops().flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, backend=be, **kw)
             return {"dq": _np(r[0]), "dk": _np(r[1]), "dv": _np(r[2])}
 
         yield Case(op="flash_attention_varlen_backward", dtype=kind, shape=shape,
                    kernels=varlen_backward_kernels(hd, cap, kind), run=run,
-                   reference=lambda dq=dq, dk=dk, dv=dv: {"dq": dq, "dk": dk, "dv": dv})
+                   reference=lambda full=full: dict(zip(("dq", "dk", "dv"), full()[2:])))
 
 
 cases = register_case_groups(
