@@ -31,7 +31,8 @@
 // [rows][64] box one TMA load, 64B swizzle), V^T [2][BC/64][D][64] (64B swizzle), then the mbarriers.
 // Tensor maps (pykern/ops/_attention_sm90.py, try_forward_fp8): q (batch, n_q, n_heads, D), k / v (batch, n_k,
 // n_kv_heads, D) as uint8 with boxes (1, BR or BC, 1, 64), swizzle 64B; rows past n_q / n_k load as zeros.
-// Kernel names: attention_fwd_sm90_d{64,128,256}_fp8 (head_dim == head_dim_v).
+// Kernel names: attention_fwd_sm90_d{64,128,256}[_softcap]_fp8 (head_dim == head_dim_v; _softcap: scores c *
+// tanh(scale * qd * kd * q.k / c) before the mask and softmax, tanh.approx as attention_fwd_sm90.cu).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
@@ -409,27 +410,46 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
 
 // flash_attention with float8_e4m3fn q, k, v (bytes here): out (batch, n_q, n_heads, D) bf16, lse (batch, n_q,
 // n_heads) f32; descales fp32, element (b * n_kv_heads + kvh) * stride (stride 0: one per-tensor value); the
-// window normalized as flash_attention does; grid batch * n_heads * query tiles.
-// The registry reads each kernel's parameter list from its text: the three are spelled out.
-#define FA90F8_BODY(D)                                                                                            \
+// window normalized as flash_attention does; grid batch * n_heads * query tiles. The _softcap kernels take the
+// softcap (> 0) as one more, last, parameter (the bf16 kernels' pattern: attention_fwd_sm90_d{D}_softcap_fp8).
+// The registry reads each kernel's parameter list from its text: the six are spelled out.
+#define FA90F8_BODY(D, SC, CAP)                                                                                   \
     (void)batch;                                                                                                  \
-    fa90f8_forward<D, false>(&tq, &tk, &tv, out, lse, q_descale, k_descale, v_descale, qd_stride, kd_stride, vd_stride,  \
-                      n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right, 0.0f);
+    fa90f8_forward<D, SC>(&tq, &tk, &tv, out, lse, q_descale, k_descale, v_descale, qd_stride, kd_stride,         \
+                          vd_stride, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right, CAP);
 extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d64_fp8(
     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    float scale, int window_left, int window_right) { FA90F8_BODY(64) }
+    float scale, int window_left, int window_right) { FA90F8_BODY(64, false, 0.0f) }
 extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d128_fp8(
     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    float scale, int window_left, int window_right) { FA90F8_BODY(128) }
+    float scale, int window_left, int window_right) { FA90F8_BODY(128, false, 0.0f) }
 extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d256_fp8(
     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    float scale, int window_left, int window_right) { FA90F8_BODY(256) }
+    float scale, int window_left, int window_right) { FA90F8_BODY(256, false, 0.0f) }
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d64_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(64, true, softcap) }
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d128_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(128, true, softcap) }
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d256_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(256, true, softcap) }

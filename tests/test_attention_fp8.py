@@ -233,3 +233,29 @@ def test_fp8_kernels_use_qgmma_and_tma_without_spills(d, fp8_sass) -> None:
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 3
     res = mod.resources[name]
     assert res.spill_stores == 0 and res.spill_loads == 0
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (128, False, (90, 30)), (256, True, (-1, -1))])
+def test_fp8_softcap_runs_the_fp8_kernel(d, causal, window, monkeypatch) -> None:
+    """softcap (Gemma's c * tanh(s / c)) with e4m3 inputs launches attention_fwd_sm90_d{D}_softcap_fp8 (it used to
+    dequantize to bf16), within the FP8 row of float64 attention on the dequantized inputs, window included."""
+    q8, k8, v8, qd, kd, vd = fp8_inputs(8, 1, 150, 300, 4, 2, d, True)
+    names = _record(monkeypatch)
+    # scale 4 / sqrt(d): scores up to about 16-20 here, so c = 6 changes the result (a flat softmax, c of 2 or
+    # less, is where e4m3's P rounding alone reaches the row, capped or not)
+    sc, cap = 4.0 / np.sqrt(d), 6.0
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, window_size=window, softcap=cap, scale=sc,
+                                   q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, backend="host")
+    assert names == [sm90.fp8_kernel_name(d, cap)] == [f"attention_fwd_sm90_d{d}_softcap_fp8"]
+    dq_, dk_, dv_ = (dequantized(x, s, 2) for x, s in ((q8, qd), (k8, kd), (v8, vd)))
+    ref, ref_lse = np_flash_attention(dq_, dk_, dv_, causal, sc, window, cap)
+    err = rel_rms(out, ref)
+    print(f"d{d} softcap rel rms {err:.4g}")
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    nocap = np_flash_attention(dq_, dk_, dv_, causal, sc, window)[0]
+    assert rel_rms(nocap, ref) > 10 * err  # the cap is visible: the kernel applied it
+    fin = ~np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), ~fin)
+    atol, rtol = tolerance("flash_attention", "bf16")
+    assert np.all(np.abs(lse[fin] - ref_lse[fin]) <= atol + rtol * np.abs(ref_lse[fin]))
