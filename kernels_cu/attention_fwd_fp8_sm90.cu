@@ -36,7 +36,7 @@
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
-#include "pk_attn_tc.cuh"  // pk_attn_epilogue, pk_quad_rescale
+#include "pk_attn_tc.cuh"  // pk_attn_epilogue, pk_quad_rescale, fa90_cap
 
 #define FA90F8_BR 128
 #define FA90F8_BC 128
@@ -161,16 +161,6 @@ __device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC /
     l[0] += sum[0];
     l[1] += sum[1];
     return true;
-}
-
-// SC (softcap c): the scores become tanh(s * pre), pre = scale * qd * kd / c (tanh.approx, one MUFU op a score, as
-// attention_fwd_sm90.cu's fa90_cap); sl2 = c * log2 e then takes them to log2 units. Without SC nothing is emitted.
-template <bool SC>
-__device__ __forceinline__ void fa90f8_cap(float (&s)[FA90F8_BC / 2], float pre) {
-    if constexpr (SC) {
-#pragma unroll
-        for (int x = 0; x < FA90F8_BC / 2; x++) s[x] = __tanhf(s[x] * pre);
-    }
 }
 
 // The exact softmax of a tile from its raw scores (the boundary tiles, and a steady tile whose lazy softmax
@@ -334,7 +324,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
             unsigned pa[BC / 32][4];
             fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES, &full[st],
                                     &empty[st], (i / ST) & 1, ct);
-            fa90f8_cap<SC>(s, pre);
+            fa90_cap<SC, BC>(s, pre);
             if (j < f0 || j >= f1) {
                 int rlo[2], rhi[2];
                 pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
@@ -352,7 +342,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
             const unsigned st = i % ST;
             fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES, &full[st],
                                     &empty[st], (i / ST) & 1, ct);
-            fa90f8_cap<SC>(s, pre);  // before the mask, as the mma.sync kernels
+            fa90_cap<SC, BC>(s, pre);  // before the mask, as the mma.sync kernels
             int rlo[2], rhi[2];      // the rows' key ranges here, not kept through the steady loop
             pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
             fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
@@ -369,7 +359,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                 const unsigned st = i % ST;
                 fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES,
                                         &full[st], &empty[st], (i / ST) & 1, ct);
-                fa90f8_cap<SC>(s, pre);
+                fa90_cap<SC, BC>(s, pre);
                 fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
                 i++, j--;
             }
@@ -379,7 +369,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                     const unsigned st = i % ST;
                     fa90f8_scores<D, true>(s, o, pa, dq, dk0 + st * KU, dvt0 + (st ^ 1) * VU, vs + st * V_BYTES,
                                            vt + st * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
-                    fa90f8_cap<SC>(s, pre);
+                    fa90_cap<SC, BC>(s, pre);
                     ok = fa90f8_softmax_lazy(s, m, l, pa, sl2);
                     i++, j--;
                     if (!ok || j < f0) break;
