@@ -262,3 +262,21 @@ def test_fp8_softcap_runs_the_fp8_kernel(d, causal, window, monkeypatch) -> None
     np.testing.assert_array_equal(np.isneginf(lse), ~fin)
     atol, rtol = tolerance("flash_attention", "bf16")
     assert np.all(np.abs(lse[fin] - ref_lse[fin]) <= atol + rtol * np.abs(ref_lse[fin]))
+
+
+def test_fp8_torch_forward_takes_softcap() -> None:
+    """pykern.torch.flash_attention passes softcap (and the window) to the FP8 op (it used to refuse softcap)."""
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+
+    q8, k8, v8, qd, kd, vd = fp8_inputs(9, 1, 40, 60, 2, 1, 64, False)
+    tq, tk, tv = (torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn) for x in (q8, k8, v8))
+    sc = 4.0 / np.sqrt(64)
+    out = pt.flash_attention(tq, tk, tv, causal=True, scale=sc, window_size=(30, 0), softcap=6.0,
+                             q_descale=torch.from_numpy(qd), k_descale=torch.from_numpy(kd),
+                             v_descale=torch.from_numpy(vd))
+    deq = [dequantized(x, s, 1) for x, s in ((q8, qd), (k8, kd), (v8, vd))]
+    ref = np_flash_attention(*deq, True, sc, (30, 0), 6.0)[0]
+    err = rel_rms(out.float().numpy(), ref)
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    assert rel_rms(np_flash_attention(*deq, True, sc, (30, 0))[0], ref) > 10 * err  # the cap was applied
