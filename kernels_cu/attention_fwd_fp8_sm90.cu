@@ -58,10 +58,12 @@ __device__ __forceinline__ int fa90f8_key(int c) {
 template <int D>
 __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsigned char* vt, int ct) {
     constexpr int BC = FA90F8_BC, UNITS = (D / 4) * (BC / 16);  // 128 (d64: half the threads), 256, 512
-    // d64 / d128: one unit a thread at most, no inner loop in the tile loop; d256: two, in a loop (unrolled, the
-    // two units' registers on top of O's 128 and S's 64 accumulators spill)
+    // d64 / d128: one unit a thread at most (a fixed count of passes: no loop, no loop test); d256: two, in a
+    // loop (unrolled, the two units' registers on top of O's 128 and S's 64 accumulators spill: 164 bytes)
 #pragma unroll 1
-    for (int u = ct; u < UNITS; u += 256) {
+    for (int pass = 0; pass < (UNITS + 255) / 256; pass++) {
+        const int u = ct + 256 * pass;
+        if (UNITS < 256 && u >= UNITS) break;  // d64: half the threads
         const int d0 = 4 * (u % (D / 4)), c0 = 16 * (u / (D / 4));
         unsigned w[16];
 #pragma unroll
@@ -85,7 +87,6 @@ __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsi
                 for (int x = 0; x < 4; x++) reinterpret_cast<unsigned*>(dst)[x] = o[x];
             }
         }
-        if constexpr (UNITS <= 256) break;  // d64 / d128: a single pass (ptxas then emits no loop)
     }
 }
 
