@@ -4,7 +4,8 @@ flash_attn_func(q_descale=...)), kernels_cu/attention_fwd_fp8_sm90.cu on sm_90a.
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and the e4m3 wgmma SS / RS emulated)
 the FP8 kernel is the one launched and its bf16 output is within the relative-RMS row ("flash_attention_rel_rms",
 "fp8") of float64 attention on the dequantized inputs (x8 * descale), causal and not, head_dim 64 / 128 / 256, GQA,
-n_q != n_k both ways, per-tensor and per-(batch, kv head) descales; its lse is the float64 one's; it gives the same
+n_q != n_k both ways, per-tensor and per-(batch, kv head) descales, softcap (the _softcap kernels); its lse is the
+float64 one's; its steady loop stays pipelined (SASS: QGMMA, UTMALDG, no spills, the loop bars); it gives the same
 bits under every host schedule (the in-kernel V transpose and its barrier carry no race). Without sm_90a the op
 dequantizes to bf16 and runs the bf16 path within the same bound. Bad descales or mixed dtypes are errors naming
 the argument before any launch; pykern.torch.flash_attention takes fp8 tensors and refuses requires_grad.
