@@ -400,8 +400,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
 
     FP8 (forward only): q, k, v torch.float8_e4m3fn with q_descale / k_descale / v_descale (None = 1, or float32
     tensors of shape () / (1,) or (batch, kv_heads) on q's device), as FlashAttention-3's flash_attn_func; out is
-    bfloat16 (pykern.ops.flash_attention's FP8 path; window_size and softcap as above). There is no FP8 backward: a call that would record
-    gradients (grad mode on and any of q, k, v requiring grad) raises ArgumentError.
+    bfloat16 (pykern.ops.flash_attention's FP8 path; window_size and softcap as above). There is no FP8 backward:
+    a call that would record gradients (grad mode on and any of q, k, v requiring grad) raises ArgumentError.
     """
     if q.dim() != 4:
         raise ArgumentError(f"q: expected (batch, seq, heads, head_dim), got shape {tuple(q.shape)}")
