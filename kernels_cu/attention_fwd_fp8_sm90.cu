@@ -15,24 +15,28 @@
 //               transpose each V tile in shared memory into the slot's V^T buffer (fa90f8_transpose_v: 4-byte
 //               loads and byte permutes, 16-byte stores) while their S wgmmas run, then meet on named barrier 1
 //               (after fence.proxy.async: generic writes, async-proxy reads). No host-side copy.
-//   P         : the exact online softmax per tile in fp32 (scores scaled once by scale * qd * kd * log2 e, so a
-//               descale of any sign is right), P = 2^(s - max + 8) in [0, 256] (FA3's max_offset 8: e4m3 keeps
-//               its 3 mantissa bits down to 2^-6 * 2^8 of the row max instead of flushing small P to subnormals;
-//               l sums the same P, so the factor cancels), rounded to e4m3 straight from the S accumulators into
+//   P         : in fp32 (scores scaled once by scale * qd * kd * log2 e, so a descale of any sign is right), P =
+//               2^(s - m + 3) (FA90F8_OFF; FA3 uses 8) with m the running max: the exact online softmax on the
+//               boundary tiles (causal / window edge, keys past n_k: the mask only there), the lazy one (no row max,
+//               no rescale while every P stays finite in e4m3; see fa90f8_softmax_lazy) on the tiles every row sees
+//               wholly, as attention_fwd_sm90.cu. Rounded to e4m3 straight from the S accumulators into
 //               the A registers of O += P V^T (wgmma m64n<D>k32 RS e4m3). The accumulator gives a thread keys
 //               {8j + 2t, 8j + 2t + 1} of a 32-key step, the A fragment wants columns 4t..4t+3 and 16+4t..16+4t+3;
 //               rather than moving bytes between lanes (FA3's permute_regs_A_to_C), the transpose writes V^T's
 //               key columns in that order (fa90f8_key), which the sum over keys does not see.
-//   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 8).
+//   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3).
+// Steady state (d64 / d128): each step issues S of the next tile with O += P V^T of the previous one as one wgmma
+// group, the V^T of the next tile written while they run; at d256 (no registers for that) a tile at a time.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (each
 // [rows][64] box one TMA load, 64B swizzle), V^T [2][BC/64][D][64] (64B swizzle), then the mbarriers.
 // Tensor maps (pykern/ops/_attention_sm90.py, try_forward_fp8): q (batch, n_q, n_heads, D), k / v (batch, n_k,
 // n_kv_heads, D) as uint8 with boxes (1, BR or BC, 1, 64), swizzle 64B; rows past n_q / n_k load as zeros.
-// Kernel names: attention_fwd_sm90_d{64,128,256}_fp8 (head_dim == head_dim_v).
+// Kernel names: attention_fwd_sm90_d{64,128,256}[_softcap]_fp8 (head_dim == head_dim_v; _softcap: scores c *
+// tanh(scale * qd * kd * q.k / c) before the mask and softmax, tanh.approx as attention_fwd_sm90.cu).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
 #include "pk_attn_window.cuh"
-#include "pk_attn_tc.cuh"  // pk_attn_epilogue, pk_quad_rescale
+#include "pk_attn_tc.cuh"  // pk_attn_epilogue, pk_quad_rescale, fa90_cap
 
 #define FA90F8_BR 128
 #define FA90F8_BC 128
@@ -54,10 +58,12 @@ __device__ __forceinline__ int fa90f8_key(int c) {
 template <int D>
 __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsigned char* vt, int ct) {
     constexpr int BC = FA90F8_BC, UNITS = (D / 4) * (BC / 16);  // 128 (d64: half the threads), 256, 512
-    // d64 / d128: one unit a thread at most, no inner loop in the tile loop; d256: two, in a loop (unrolled, the
-    // two units' registers on top of O's 128 and S's 64 accumulators spill)
+    // d64 / d128: one unit a thread at most (a fixed count of passes: no loop, no loop test); d256: two, in a
+    // loop (unrolled, the two units' registers on top of O's 128 and S's 64 accumulators spill: 164 bytes)
 #pragma unroll 1
-    for (int u = ct; u < UNITS; u += 256) {
+    for (int pass = 0; pass < (UNITS + 255) / 256; pass++) {
+        const int u = ct + 256 * pass;
+        if (UNITS < 256 && u >= UNITS) break;  // d64: half the threads
         const int d0 = 4 * (u % (D / 4)), c0 = 16 * (u / (D / 4));
         unsigned w[16];
 #pragma unroll
@@ -81,13 +87,28 @@ __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsi
                 for (int x = 0; x < 4; x++) reinterpret_cast<unsigned*>(dst)[x] = o[x];
             }
         }
-        if constexpr (UNITS <= 256) break;  // d64 / d128: a single pass (ptxas then emits no loop)
     }
 }
 
+// P's offset: P = 2^(s - m + FA90F8_OFF) with m the row max (log2 units), so the largest P of the exact softmax
+// is 2^3 = 8 and P keeps e4m3's 3 mantissa bits down to 2^-9 of the row max (below that, subnormals: an absolute
+// error of at most 2^-10, 2^-13 of the largest P). l sums the same P, so the factor cancels in O / l; the epilogue
+// takes it out of l for the lse. 3, not FA3's 8: it leaves the lazy softmax (fa90f8_softmax_lazy) room: a thread's
+// 32 P of a row sum to at most 32 * 8 = 256 <= 448 (e4m3's largest finite value) while the max has not grown.
+#define FA90F8_OFF 3
+// The lazy softmax's limit on a thread's partial row sum: every P <= the sum <= 448, so no P saturates in e4m3.
+#define FA90F8_LAZY_LIM 448.0f
+
+// P of n-tiles j, j + 1 of row r (keys 8j + 2t + {0, 1, 8, 9}) rounded to e4m3 into bytes 0..3 of
+// a[2 * ((j / 2) & 1) + r] of k-step j / 4 (see the header); p0..p3 in key order.
+__device__ __forceinline__ void fa90f8_put(unsigned (&pa)[FA90F8_BC / 32][4], int j, int r, float p0, float p1,
+                                           float p2, float p3) {
+    pa[j / 4][2 * ((j / 2) & 1) + r] = (unsigned)pk_cvt_e4m3x2(p0, p1) | (unsigned)pk_cvt_e4m3x2(p2, p3) << 16;
+}
+
 // The exact online softmax of one tile (scores already in log2 units) for this thread's rows g and g + 8: P =
-// 2^(s - m + 8) rounded to e4m3 into the A registers of the P V^T k-steps, l the rows' partial sums (of the
-// unrounded P), O rescaled by 2^(m_old - m_new).
+// 2^(s - m + FA90F8_OFF) rounded to e4m3 into the A registers of the P V^T k-steps, l the rows' partial sums (of
+// the unrounded P), O rescaled by 2^(m_old - m_new).
 template <int D>
 __device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], float (&o)[D / 2], float (&m)[2],
                                                float (&l)[2], unsigned (&pa)[FA90F8_BC / 32][4]) {
@@ -97,18 +118,15 @@ __device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], 
         const float mx = pk_wgmma_row_max<BC>(s, r, m[r]);
         float base;
         const float al = pk_quad_rescale(mx, m[r], 1.0f, base);
-        base -= 8.0f;  // P in [0, 256]: the e4m3 range above its subnormals (FA3's max_offset)
+        base -= (float)FA90F8_OFF;
         float sum = 0.0f;
 #pragma unroll
         for (int j = 0; j < BC / 8; j += 2) {
-            // n-tiles j, j + 1 (keys 8j + 2t + {0, 1, 8, 9}) are bytes 0..3 of a[2 * ((j / 2) & 1) + r] of k-step
-            // j / 4.
             const float p0 = pk_ex2_approx(s[4 * j + 2 * r] - base), p1 = pk_ex2_approx(s[4 * j + 2 * r + 1] - base);
             const float p2 = pk_ex2_approx(s[4 * j + 4 + 2 * r] - base);
             const float p3 = pk_ex2_approx(s[4 * j + 5 + 2 * r] - base);
             sum += (p0 + p1) + (p2 + p3);
-            pa[j / 4][2 * ((j / 2) & 1) + r] =
-                (unsigned)pk_cvt_e4m3x2(p0, p1) | (unsigned)pk_cvt_e4m3x2(p2, p3) << 16;
+            fa90f8_put(pa, j, r, p0, p1, p2, p3);
         }
         l[r] = l[r] * al + sum;
 #pragma unroll
@@ -116,14 +134,120 @@ __device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], 
     }
 }
 
+// The lazy softmax of a steady-state tile (as attention_fwd_sm90.cu's): P = 2^(s * sl2 - m + FA90F8_OFF) from the
+// base m as it is (no row max, no shuffles, no rescale of O and l: FFMA + ex2 + FADD + half an F2FP a score),
+// accepted (l += the sums, true) when every thread of the warp has both partial row sums <= FA90F8_LAZY_LIM, hence
+// every P finite in e4m3. Otherwise (the running max grew by about log2(448 / 256) or more, m is still -inf so P =
+// inf, or a NaN) false, and the caller redoes the tile exactly from the raw scores s, which this leaves as they are.
+__device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC / 2], const float (&m)[2],
+                                                    float (&l)[2], unsigned (&pa)[FA90F8_BC / 32][4], float sl2) {
+    constexpr int BC = FA90F8_BC;
+    float sum[2];
+#pragma unroll
+    for (int r = 0; r < 2; r++) {
+        const float base = m[r] - (float)FA90F8_OFF;
+#pragma unroll
+        for (int j = 0; j < BC / 8; j += 2) {
+            const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
+            const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+            const float p2 = pk_ex2_approx(fmaf(s[4 * j + 4 + 2 * r], sl2, -base));
+            const float p3 = pk_ex2_approx(fmaf(s[4 * j + 5 + 2 * r], sl2, -base));
+            const float p4 = (p0 + p1) + (p2 + p3);
+            sum[r] = j == 0 ? p4 : sum[r] + p4;
+            fa90f8_put(pa, j, r, p0, p1, p2, p3);
+        }
+    }
+    const bool ok = sum[0] <= FA90F8_LAZY_LIM && sum[1] <= FA90F8_LAZY_LIM;
+    if (!__all_sync(PK_FULL_MASK, ok)) return false;
+    l[0] += sum[0];
+    l[1] += sum[1];
+    return true;
+}
+
+// The exact softmax of a tile from its raw scores (the boundary tiles, and a steady tile whose lazy softmax
+// failed): to log2 units, the mask (MASK: keys outside [rlo, rhi] of the row), fa90f8_softmax.
+template <int D, bool MASK>
+__device__ __forceinline__ void fa90f8_exact(float (&s)[FA90F8_BC / 2], float (&o)[D / 2], float (&m)[2],
+                                             float (&l)[2], unsigned (&pa)[FA90F8_BC / 32][4], float sl2, int k0,
+                                             const int (&rlo)[2], const int (&rhi)[2], int t) {
+#pragma unroll
+    for (int x = 0; x < FA90F8_BC / 2; x++) s[x] *= sl2;
+    if constexpr (MASK) {
+#pragma unroll
+        for (int x = 0; x < FA90F8_BC / 2; x++) {
+            const int col = k0 + 8 * (x / 4) + 2 * t + (x & 1), r = (x >> 1) & 1;
+            if (col < rlo[r] || col > rhi[r]) s[x] = PK_NEG_INF;
+        }
+    }
+    fa90f8_softmax<D>(s, o, m, l, pa);
+}
+
+// The S wgmmas of one tile (K-step ks_: box ks_ / 2, 32 bytes further per step inside it); no fence, no commit.
 template <int D>
+__device__ __forceinline__ void fa90f8_issue_scores(float (&s)[FA90F8_BC / 2], unsigned long long dq,
+                                                    unsigned long long dk) {
+#pragma unroll
+    for (int ks_ = 0; ks_ < D / 32; ks_++)
+        pk_wgmma_m64nNk32_e4m3_ss<FA90F8_BC>(s, pk_wgmma_desc_advance(dq, (ks_ / 2) * FA90F8_BR * 64 + (ks_ % 2) * 32),
+                                             pk_wgmma_desc_advance(dk, (ks_ / 2) * FA90F8_BC * 64 + (ks_ % 2) * 32),
+                                             ks_ > 0);
+}
+
+// The P V^T wgmmas of one tile (k-step kk: V^T box kk / 2, 32 bytes further per step inside it); no fence, no
+// commit.
+template <int D>
+__device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigned (&pa)[FA90F8_BC / 32][4],
+                                                unsigned long long dvt) {
+#pragma unroll
+    for (int kk = 0; kk < FA90F8_BC / 32; kk++)
+        pk_wgmma_m64nNk32_e4m3_rs<D>(o, pa[kk], pk_wgmma_desc_advance(dvt, (kk / 2) * D * 64 + (kk % 2) * 32), 1);
+}
+
+// The scores of tile n (slot st) and, PV, O += P V^T of tile n - 1 (its V^T through dvt_prev, its P in pa) as one
+// wgmma group; while they run, the slot's V^T (fa90f8_transpose_v); then wait<0>, the named barrier of the two
+// consumer warpgroups and this thread's arrival on the slot's `empty` mbarrier (its K was read by S, its V by the
+// transpose: both done). The barrier comes after the wait: past it, both warpgroups' P V^T of tile n - 1 have
+// completed, so the next tile may overwrite the V^T slot that tile n - 2's P V^T read (the two V^T slots alternate;
+// a P V^T of tile n - 2 still running in the other warpgroup would otherwise race with it).
+template <int D, bool PV>
+__device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC / 2], float (&o)[D / 2],
+                                              const unsigned (&pa)[FA90F8_BC / 32][4], unsigned long long dq,
+                                              unsigned long long dk, unsigned long long dvt_prev,
+                                              const unsigned char* vs_slot, unsigned char* vt_slot,
+                                              unsigned long long* full, unsigned long long* empty, unsigned parity,
+                                              int ct) {
+    pk_mbarrier_wait_parity(full, parity);
+    pk_wgmma_fence();
+    fa90f8_issue_scores<D>(s, dq, dk);
+    if constexpr (PV) fa90f8_issue_pv<D>(o, pa, dvt_prev);
+    pk_wgmma_commit();
+    fa90f8_transpose_v<D>(vs_slot, vt_slot, ct);
+    pk_fence_proxy_async_shared();  // the generic-proxy V^T writes before the async-proxy (wgmma) reads
+    if constexpr (PV) pk_wgmma_wait<0>();
+    pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
+    if constexpr (!PV) pk_wgmma_wait<0>();
+    pk_mbarrier_arrive(empty);
+}
+
+// O += P V^T of one tile, on its own (after a boundary tile, and the last steady one).
+template <int D>
+__device__ __forceinline__ void fa90f8_pv(float (&o)[D / 2], const unsigned (&pa)[FA90F8_BC / 32][4],
+                                          unsigned long long dvt) {
+    pk_wgmma_fence();
+    fa90f8_issue_pv<D>(o, pa, dvt);
+    pk_wgmma_commit();
+    pk_wgmma_wait<0>();
+}
+
+// SC: softcap (the _softcap kernels; softcap > 0).
+template <int D, bool SC>
 __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                                __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                                                const float* __restrict__ q_descale,
                                                const float* __restrict__ k_descale,
                                                const float* __restrict__ v_descale, int qd_stride, int kd_stride,
                                                int vd_stride, int n_q, int n_k, int n_heads, int n_kv_heads,
-                                               float scale, int window_left, int window_right) {
+                                               float scale, int window_left, int window_right, float softcap) {
     constexpr int BC = FA90F8_BC, ST = FA90F8_ST, NB = D / 64;
     constexpr unsigned Q_BYTES = FA90F8_BR * D, K_BYTES = BC * D, V_BYTES = BC * D;
     extern __shared__ __align__(1024) unsigned char fa90f8_smem[];
@@ -141,8 +265,9 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     const int q_last = min(q0 + FA90F8_BR, n_q) - 1;
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
     const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
-    // Tiles [f0, f1) every row sees wholly: no mask there.
-    const int f0 = max((span.full_lo + BC - 1) / BC, kt0), f1 = min((span.full_hi + 1) / BC, kt1);
+    // Tiles [f0, f1) every row sees wholly: the steady state, no mask. Visit order: kt1 - 1 down to kt0.
+    int f0 = max((span.full_lo + BC - 1) / BC, kt0), f1 = min((span.full_hi + 1) / BC, kt1);
+    if (f0 >= f1) f0 = f1 = kt1;  // no full tile: everything runs masked
 
     pk_ring_init<ST>(q_full, full, empty, 256);
 
@@ -167,68 +292,100 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
 
     // ---- consumers ----
     pk_setmaxnreg_inc<240>();
-    const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
+    const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4, ct = tid - 128;
     float o[D / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) o[i] = 0.0f;
+    for (int x = 0; x < D / 2; x++) o[x] = 0.0f;
     float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8, m in log2 units
     const long long di = (long long)b * n_kv_heads + kvh;
-    // Scores to log2 units in one multiply: the descales fold into the softmax scale.
-    const float sl2 = scale * q_descale[di * qd_stride] * k_descale[di * kd_stride] * 1.4426950408889634f;
+    // Scores to log2 units in one multiply: the descales fold into the softmax scale (SC: into pre, the capped
+    // scores times c * log2 e).
+    const float sc = scale * q_descale[di * qd_stride] * k_descale[di * kd_stride];
+    const float sl2 = (SC ? softcap : sc) * 1.4426950408889634f;
+    const float pre = SC ? sc / softcap : 0.0f;
     const int row0 = q0 + 64 * c + 16 * wq + g;
-    int rlo[2], rhi[2];
-    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
 
     // K-major, 64B swizzle: SBO 512 = one 8-row group of 64-byte rows; a k32 step is 32 bytes of a box.
     const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 64, 16, 512, PK_SWIZZLE_64B);
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 512, PK_SWIZZLE_64B);
     const unsigned long long dvt0 = pk_wgmma_desc(vt, 16, 512, PK_SWIZZLE_64B);
+    constexpr unsigned KU = K_BYTES / 16, VU = V_BYTES / 16;  // a slot, in descriptor units
     pk_mbarrier_wait_parity(q_full, 0);
 
     unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
-    for (int j = kt1 - 1; j >= kt0; j--, i++) {
-        const unsigned st = i % ST;
-        float s[BC / 2];
-        pk_mbarrier_wait_parity(&full[st], (i / ST) & 1);
-        pk_wgmma_fence();
-#pragma unroll
-        for (int ks_ = 0; ks_ < D / 32; ks_++)  // k-step: box ks_ / 2, 32 bytes further per step inside it
-            pk_wgmma_m64nNk32_e4m3_ss<BC>(
-                s, pk_wgmma_desc_advance(dq, (ks_ / 2) * FA90F8_BR * 64 + (ks_ % 2) * 32),
-                pk_wgmma_desc_advance(dk0, st * K_BYTES + (ks_ / 2) * BC * 64 + (ks_ % 2) * 32), ks_ > 0);
-        pk_wgmma_commit();
-        // While S runs: this slot's V^T (the other slot's is still read by the P V^T of the tile before, which
-        // every consumer thread completed before it reached the previous tile's barrier below).
-        fa90f8_transpose_v<D>(vs + st * V_BYTES, vt + st * V_BYTES, tid - 128);
-        pk_fence_proxy_async_shared();  // the generic-proxy V^T writes before the async-proxy (wgmma) reads
-        pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
-        pk_wgmma_wait<0>();
-#pragma unroll
-        for (int x = 0; x < BC / 2; x++) s[x] *= sl2;
-        if (j < f0 || j >= f1) {  // a boundary tile: the mask
-            const int k0 = j * BC;
-#pragma unroll
-            for (int x = 0; x < BC / 2; x++) {
-                const int col = k0 + 8 * (x / 4) + 2 * t + (x & 1), r = (x >> 1) & 1;
-                if (col < rlo[r] || col > rhi[r]) s[x] = PK_NEG_INF;
+    int j = kt1 - 1;
+    if constexpr (D == 256) {
+        // d256: one loop over all tiles, each on its own (S and V^T, softmax, P V^T), the mask and the exact softmax
+        // on the boundary tiles only, the lazy softmax on the others. The three loops below (and their overlap of
+        // a tile's P V^T with the next tile's S) spilled here: O's 128 accumulators and S's 64 leave no room.
+        for (; j >= kt0; j--, i++) {
+            const unsigned st = i % ST;
+            // S's and P's registers a tile's own: the wgmma's "+f" operands would otherwise carry S through P V^T
+            float s[BC / 2];
+            unsigned pa[BC / 32][4];
+            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES, &full[st],
+                                    &empty[st], (i / ST) & 1, ct);
+            fa90_cap<SC, BC>(s, pre);
+            if (j < f0 || j >= f1) {
+                int rlo[2], rhi[2];
+                pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
+                fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
+            } else if (!fa90f8_softmax_lazy(s, m, l, pa, sl2)) {
+                fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
             }
+            fa90f8_pv<D>(o, pa, dvt0 + st * VU);
         }
+    } else {
+        float s[BC / 2];
         unsigned pa[BC / 32][4];
-        fa90f8_softmax<D>(s, o, m, l, pa);
-        pk_wgmma_fence();
-#pragma unroll
-        for (int kk = 0; kk < BC / 32; kk++)  // k-step kk: V^T box kk / 2, 32 bytes further per step inside it
-            pk_wgmma_m64nNk32_e4m3_rs<D>(o, pa[kk],
-                                         pk_wgmma_desc_advance(dvt0, st * V_BYTES + (kk / 2) * D * 64 + (kk % 2) * 32),
-                                         1);
-        pk_wgmma_commit();
-        pk_wgmma_wait<0>();
-        pk_mbarrier_arrive(&empty[st]);  // this thread is done with the slot's K, V and V^T
+        // A boundary tile: S and V^T, the mask and the exact softmax, O += P V^T.
+        const auto masked_tile = [&]() {
+            const unsigned st = i % ST;
+            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES, &full[st],
+                                    &empty[st], (i / ST) & 1, ct);
+            fa90_cap<SC, BC>(s, pre);  // before the mask, as the mma.sync kernels
+            int rlo[2], rhi[2];      // the rows' key ranges here, not kept through the steady loop
+            pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
+            fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
+            fa90f8_pv<D>(o, pa, dvt0 + st * VU);
+        };
+        for (; j >= f1; j--, i++) masked_tile();
+        if (j >= f0) {  // the steady state: no mask, the lazy softmax
+            // The first steady tile alone (S and V^T, the exact softmax: m may still be -inf); then each step
+            // issues the scores of the next tile with O += P V^T of the previous one as one wgmma group
+            // (fa90f8_scores), and the lazy softmax of the next tile. A warp whose lazy softmax fails leaves the
+            // hot loop for the exact redo and comes back to the same wgmma instructions as the other warps of its
+            // warpgroup.
+            {
+                const unsigned st = i % ST;
+                fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES,
+                                        &full[st], &empty[st], (i / ST) & 1, ct);
+                fa90_cap<SC, BC>(s, pre);
+                fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
+                i++, j--;
+            }
+            while (j >= f0) {
+                bool ok;
+                for (;;) {  // the hot loop
+                    const unsigned st = i % ST;
+                    fa90f8_scores<D, true>(s, o, pa, dq, dk0 + st * KU, dvt0 + (st ^ 1) * VU, vs + st * V_BYTES,
+                                           vt + st * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
+                    fa90_cap<SC, BC>(s, pre);
+                    ok = fa90f8_softmax_lazy(s, m, l, pa, sl2);
+                    i++, j--;
+                    if (!ok || j < f0) break;
+                }
+                if (!ok) fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
+            }
+            fa90f8_pv<D>(o, pa, dvt0 + ((i - 1) % ST) * VU);  // the last steady tile's O += P V^T
+        }
+        for (; j >= kt0; j--, i++) masked_tile();
     }
 
-    // P carried 2^8 (fa90f8_softmax): l / 256 is the true sum and vd / 256 undoes it in O (powers of two: exact).
-    l[0] *= 1.0f / 256.0f, l[1] *= 1.0f / 256.0f;
-    const float vd = v_descale[di * vd_stride] * (1.0f / 256.0f);
+    // P carried 2^FA90F8_OFF: l / 2^OFF is the true sum, and vd / 2^OFF undoes it in O (powers of two: exact).
+    constexpr float UNOFF = 1.0f / (float)(1 << FA90F8_OFF);
+    l[0] *= UNOFF, l[1] *= UNOFF;
+    const float vd = v_descale[di * vd_stride] * UNOFF;
     const long long o_stride = (long long)n_heads * D;
     pk_attn_epilogue(  // m is in log2 units already
         l, m, 1.0f, vd, row0, n_q,
@@ -244,27 +401,46 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
 
 // flash_attention with float8_e4m3fn q, k, v (bytes here): out (batch, n_q, n_heads, D) bf16, lse (batch, n_q,
 // n_heads) f32; descales fp32, element (b * n_kv_heads + kvh) * stride (stride 0: one per-tensor value); the
-// window normalized as flash_attention does; grid batch * n_heads * query tiles.
-// The registry reads each kernel's parameter list from its text: the three are spelled out.
-#define FA90F8_BODY(D)                                                                                            \
+// window normalized as flash_attention does; grid batch * n_heads * query tiles. The _softcap kernels take the
+// softcap (> 0) as one more, last, parameter (the bf16 kernels' pattern: attention_fwd_sm90_d{D}_softcap_fp8).
+// The registry reads each kernel's parameter list from its text: the six are spelled out.
+#define FA90F8_BODY(D, SC, CAP)                                                                                   \
     (void)batch;                                                                                                  \
-    fa90f8_forward<D>(&tq, &tk, &tv, out, lse, q_descale, k_descale, v_descale, qd_stride, kd_stride, vd_stride,  \
-                      n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right);
+    fa90f8_forward<D, SC>(&tq, &tk, &tv, out, lse, q_descale, k_descale, v_descale, qd_stride, kd_stride,         \
+                          vd_stride, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right, CAP);
 extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d64_fp8(
     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    float scale, int window_left, int window_right) { FA90F8_BODY(64) }
+    float scale, int window_left, int window_right) { FA90F8_BODY(64, false, 0.0f) }
 extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d128_fp8(
     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    float scale, int window_left, int window_right) { FA90F8_BODY(128) }
+    float scale, int window_left, int window_right) { FA90F8_BODY(128, false, 0.0f) }
 extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d256_fp8(
     const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
     const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
-    float scale, int window_left, int window_right) { FA90F8_BODY(256) }
+    float scale, int window_left, int window_right) { FA90F8_BODY(256, false, 0.0f) }
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d64_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(64, true, softcap) }
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d128_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(128, true, softcap) }
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm90_d256_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
+    float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(256, true, softcap) }

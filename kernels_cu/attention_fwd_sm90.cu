@@ -126,17 +126,6 @@ __device__ __forceinline__ void fa90_scores(float (&s)[BC / 2], const unsigned (
     pk_wgmma_wait<0>();
 }
 
-// SC (softcap c): the scores become tanh(s * pre), pre = scale / c, via tanh.approx (one MUFU op a score) as the
-// mma.sync kernels do; sl2 = c * log2 e then takes them to base 2 (c * tanh(scale * q.k / c) * log2 e), so the
-// softmax code and m's units (a multiple of sl2) are those of the plain kernel. Without SC nothing is emitted.
-template <bool SC, int BC>
-__device__ __forceinline__ void fa90_cap(float (&s)[BC / 2], float pre) {
-    if constexpr (SC) {
-#pragma unroll
-        for (int i = 0; i < BC / 2; i++) s[i] = __tanhf(s[i] * pre);
-    }
-}
-
 // The lazy softmax of a steady-state tile: P = 2^(s * sl2 - m * sl2) from the base m as it is (no row max, no
 // rescale of O and l) and this thread's partial row sums, accepted (l += them, true returned) when every
 // thread of the warp has both partial sums <= 2^FA90_LAZY_LOG2, hence every P <= 2^15 (finite in f16, whose

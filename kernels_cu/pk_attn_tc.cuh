@@ -112,6 +112,19 @@ __device__ __forceinline__ void fatc_online_softmax(float (&s)[NT][4], float (&o
     }
 }
 
+// SC (softcap c): the scores become tanh(s * pre), pre = scale / c, via tanh.approx (one MUFU op a score) as the
+// mma.sync kernels do; sl2 = c * log2 e then takes them to base 2 (c * tanh(scale * q.k / c) * log2 e), so the
+// softmax code and m's units (a multiple of sl2) are those of the plain kernel. Without SC nothing is emitted.
+// Shared by the sm_90a forwards (attention_fwd_sm90.cu; attention_fwd_fp8_sm90.cu with pre = scale * q_descale *
+// k_descale / c) over a wgmma m64nBC accumulator.
+template <bool SC, int BC>
+__device__ __forceinline__ void fa90_cap(float (&s)[BC / 2], float pre) {
+    if constexpr (SC) {
+#pragma unroll
+        for (int i = 0; i < BC / 2; i++) s[i] = __tanhf(s[i] * pre);
+    }
+}
+
 // The max of row g + 8 r of a wgmma m64nBC accumulator (the layout below) over this lane's columns and m (the
 // row's max so far).
 template <int BC>

@@ -4,7 +4,8 @@ flash_attn_func(q_descale=...)), kernels_cu/attention_fwd_fp8_sm90.cu on sm_90a.
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and the e4m3 wgmma SS / RS emulated)
 the FP8 kernel is the one launched and its bf16 output is within the relative-RMS row ("flash_attention_rel_rms",
 "fp8") of float64 attention on the dequantized inputs (x8 * descale), causal and not, head_dim 64 / 128 / 256, GQA,
-n_q != n_k both ways, per-tensor and per-(batch, kv head) descales; its lse is the float64 one's; it gives the same
+n_q != n_k both ways, per-tensor and per-(batch, kv head) descales, softcap (the _softcap kernels); its lse is the
+float64 one's; its steady loop stays pipelined (SASS: QGMMA, UTMALDG, no spills, the loop bars); it gives the same
 bits under every host schedule (the in-kernel V transpose and its barrier carry no race). Without sm_90a the op
 dequantizes to bf16 and runs the bf16 path within the same bound. Bad descales or mixed dtypes are errors naming
 the argument before any launch; pykern.torch.flash_attention takes fp8 tensors and refuses requires_grad.
@@ -191,3 +192,92 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
     assert rel_rms(out.float().numpy(), ref) <= tolerance("flash_attention_rel_rms", "fp8")[1]
     with pytest.raises(ArgumentError, match=r"requires_grad"):
         pt.flash_attention(tq.float().requires_grad_().to(torch.float8_e4m3fn), tk, tv)
+
+
+# The steady-state loop's warp-instructions per m16n8k16-equivalent (tools/sass_report.py --loops; an e4m3 wgmma
+# m64nNk32 counts 2N/8). The first kernel ran an exact softmax (row max, shuffles, rescale of O) and the mask check
+# on every tile, one tile's S, transpose, softmax and P V^T after another: 6.289 at d64, 3.27 at d128. Now (lazy
+# softmax, the mask only on boundary tiles, S of the next tile issued with P V^T of the previous one) 3.0 / 1.488:
+# pinned there so neither grows. d256 runs a tile at a time (its transpose loop is not flat: no steady loop).
+# The _softcap kernels add an FMUL and a tanh.approx (MUFU) a score, 128 instructions a tile: 4.0 / 2.008.
+FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (64, 1.0): 4.0, (128, 1.0): 2.008}
+
+
+@pytest.fixture(scope="module")
+def fp8_sass():
+    from pathlib import Path
+    from sass_helpers import compile_sass, report
+
+    src = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_fp8_sm90.cu"
+    mod, text = compile_sass(src, "sm_90a")
+    return mod, text, report().steady_state_loops(text)
+
+
+@pytest.mark.parametrize("d,cap", sorted(FP8_LOOP_BAR))
+def test_fp8_steady_loop_is_pipelined(d, cap, fp8_sass) -> None:
+    mod, text, loops = fp8_sass
+    loop = loops[sm90.fp8_kernel_name(d, cap)]
+    # S (128 keys x d) and P V^T (d x 128 keys) of one tile a warp: 2 * 128 * d / 128 m16n8k16-equivalents
+    assert loop["mma"] == 2 * d
+    assert loop["per_mma"] <= FP8_LOOP_BAR[d, cap], loop
+    assert loop["bar"] == 1 and loop["ldsm"] == 0 and loop["ldgsts"] == 0  # the V^T barrier only
+
+
+@pytest.mark.parametrize("cap", [0.0, 1.0])
+@pytest.mark.parametrize("d", sm90.FP8_HEAD_DIMS)
+def test_fp8_kernels_use_qgmma_and_tma_without_spills(d, cap, fp8_sass) -> None:
+    from sass_helpers import kernel_ops
+
+    mod, text, _ = fp8_sass
+    name = sm90.fp8_kernel_name(d, cap)
+    ops_ = kernel_ops(text, name)
+    assert ("MUFU.TANH" in ops_) == (cap > 0)  # the tanh only in the _softcap kernels
+    assert any(op.startswith("QGMMA.64x128x32.F32.E4M3.E4M3") for op in ops_)  # S = Q K^T
+    assert any(op.startswith(f"QGMMA.64x{d}x32.F32.E4M3.E4M3") for op in ops_)  # O += P V^T
+    assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 3
+    res = mod.resources[name]
+    assert res.spill_stores == 0 and res.spill_loads == 0
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("d,causal,window", [(64, True, (-1, -1)), (128, False, (90, 30)), (256, True, (-1, -1))])
+def test_fp8_softcap_runs_the_fp8_kernel(d, causal, window, monkeypatch) -> None:
+    """softcap (Gemma's c * tanh(s / c)) with e4m3 inputs launches attention_fwd_sm90_d{D}_softcap_fp8 (it used to
+    dequantize to bf16), within the FP8 row of float64 attention on the dequantized inputs, window included."""
+    q8, k8, v8, qd, kd, vd = fp8_inputs(8, 1, 150, 300, 4, 2, d, True)
+    names = _record(monkeypatch)
+    # scale 4 / sqrt(d): scores up to about 16-20 here, so c = 6 changes the result (a flat softmax, c of 2 or
+    # less, is where e4m3's P rounding alone reaches the row, capped or not)
+    sc, cap = 4.0 / np.sqrt(d), 6.0
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, window_size=window, softcap=cap, scale=sc,
+                                   q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, backend="host")
+    assert names == [sm90.fp8_kernel_name(d, cap)] == [f"attention_fwd_sm90_d{d}_softcap_fp8"]
+    dq_, dk_, dv_ = (dequantized(x, s, 2) for x, s in ((q8, qd), (k8, kd), (v8, vd)))
+    ref, ref_lse = np_flash_attention(dq_, dk_, dv_, causal, sc, window, cap)
+    err = rel_rms(out, ref)
+    print(f"d{d} softcap rel rms {err:.4g}")
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    nocap = np_flash_attention(dq_, dk_, dv_, causal, sc, window)[0]
+    assert rel_rms(nocap, ref) > 10 * err  # the cap is visible: the kernel applied it
+    fin = ~np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), ~fin)
+    atol, rtol = tolerance("flash_attention", "bf16")
+    assert np.all(np.abs(lse[fin] - ref_lse[fin]) <= atol + rtol * np.abs(ref_lse[fin]))
+
+
+def test_fp8_torch_forward_takes_softcap() -> None:
+    """pykern.torch.flash_attention passes softcap (and the window) to the FP8 op (it used to refuse softcap)."""
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+
+    q8, k8, v8, qd, kd, vd = fp8_inputs(9, 1, 40, 60, 2, 1, 64, False)
+    tq, tk, tv = (torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn) for x in (q8, k8, v8))
+    sc = 4.0 / np.sqrt(64)
+    out = pt.flash_attention(tq, tk, tv, causal=True, scale=sc, window_size=(30, 0), softcap=6.0,
+                             q_descale=torch.from_numpy(qd), k_descale=torch.from_numpy(kd),
+                             v_descale=torch.from_numpy(vd))
+    deq = [dequantized(x, s, 1) for x, s in ((q8, qd), (k8, kd), (v8, vd))]
+    ref = np_flash_attention(*deq, True, sc, (30, 0), 6.0)[0]
+    err = rel_rms(out.float().numpy(), ref)
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    assert rel_rms(np_flash_attention(*deq, True, sc, (30, 0))[0], ref) > 10 * err  # the cap was applied

@@ -129,15 +129,16 @@ def fp8_shared_bytes(d: int) -> int:
     return ROWS * d + 3 * 2 * FP8_KEYS * d + 1024
 
 
-def fp8_kernel_name(d: int) -> str:
-    """attention_fwd_sm90_d{d}_fp8."""
-    return f"attention_fwd_sm90_d{d}_fp8"
+def fp8_kernel_name(d: int, softcap: float = 0.0) -> str:
+    """attention_fwd_sm90_d{d}[_softcap]_fp8 (the _softcap kernels when softcap > 0)."""
+    return f"attention_fwd_sm90_d{d}{'_softcap' if softcap > 0.0 else ''}_fp8"
 
 
 def try_forward_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, descales: tuple[tuple[Any, int], ...],
                     dims: tuple[int, int, int, int, int, int, int], scale: float, wl: int, wr: int, stream: Any,
-                    backend: str | None) -> bool:
-    """Run attention_fwd_sm90_d{D}_fp8 when head_dim == head_dim_v in FP8_HEAD_DIMS, `usable` (the sign of scale
+                    backend: str | None, softcap: float = 0.0) -> bool:
+    """Run attention_fwd_sm90_d{D}[_softcap]_fp8 (`fp8_kernel_name`; softcap > 0: the _softcap kernel) when
+    head_dim == head_dim_v in FP8_HEAD_DIMS, `usable` (the sign of scale
     does not matter here: the kernel scales the scores before the row max) and the arrays suit TMA; False (nothing
     launched) otherwise. q, k, v contiguous float8_e4m3fn; out bf16, lse f32; descales ((array, stride), ...) for
     q, k, v: flat fp32 arrays read at (b * n_kv_heads + kvh) * stride."""
@@ -156,8 +157,9 @@ def try_forward_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, descales: tuple[
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the bf16 path takes it
         return False
     (qd, qs), (kd, ks), (vd, vs) = descales
-    launch(fp8_kernel_name(d), batch * n_heads * -(-n_q // ROWS), THREADS, tq, tk, tv, out, lse, qd, kd, vd, qs, ks,
-           vs, batch, n_q, n_k, n_heads, n_kv_heads, float(scale), wl, wr, shared_mem=fp8_shared_bytes(d),
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    launch(fp8_kernel_name(d, softcap), batch * n_heads * -(-n_q // ROWS), THREADS, tq, tk, tv, out, lse, qd, kd, vd,
+           qs, ks, vs, batch, n_q, n_k, n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=fp8_shared_bytes(d),
            stream=stream, backend=backend)
     return True
 

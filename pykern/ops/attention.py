@@ -193,9 +193,9 @@ def flash_attention(
     torch.float8_e4m3fn) stand for q * q_descale, k * k_descale, v * v_descale; each descale is None (1), a
     float, or a float32 array of shape () / (1,) (per tensor) or (batch, n_kv_heads) (query head h takes kv head
     h // (n_heads // n_kv_heads)), on the memory q lives on. out is bf16 (lse float32 as above). On Hopper (and
-    the host backend with PYKERN_HOST_ARCH=sm_90a), head_dim == head_dim_v in 64/128/256 without softcap, the
-    FP8 kernel runs (e4m3 wgmma for both products, V transposed in shared memory, P rounded to e4m3 with the
-    softmax shifted by 2^8, fp32 accumulation; docs/attention_sm90.md). Everywhere else q, k, v are dequantized
+    the host backend with PYKERN_HOST_ARCH=sm_90a), head_dim == head_dim_v in 64/128/256, with or without softcap
+    and window, the FP8 kernel runs (e4m3 wgmma for both products, V transposed in shared memory, P rounded to e4m3
+    with the softmax shifted by 2^3, fp32 accumulation; docs/attention_sm90.md). Everywhere else q, k, v are dequantized
     to bf16 (q * q_descale rounded once) and the bf16 path above runs, so every backend takes FP8 inputs.
     """
     if (arrays.dtype_name(q, "q") == "float8_e4m3fn"
@@ -327,7 +327,7 @@ def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap,
     if isinstance(scale, bool) or not isinstance(scale, (int, float, np.floating)) or not math.isfinite(scale):
         raise ArgumentError(f"scale: expected a finite number, got {scale!r}")
     # The kernel steps tiles in int, as the bf16 kernels: the same length limits (the bf16 path checks its own).
-    if (softcap == 0.0 and tensor_cores is not False and head_dim == head_dim_v and n_q and n_k and batch
+    if (tensor_cores is not False and head_dim == head_dim_v and n_q and n_k and batch
             and n_heads and max(n_q, n_k) <= _INT_MAX - 256 and batch * n_heads * -(-n_q // 128) <= _INT_MAX):
         q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
         out_shape = (batch, n_q, n_heads, head_dim_v)
@@ -336,7 +336,7 @@ def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap,
         lse = arrays.empty((batch, n_q, n_heads), "float32", like=q)
         wl, wr = _normalize(left, right, bool(causal), n_q, n_k)
         if _sm90_forward_fp8(q, k, v, o, lse, ds, (batch, n_q, n_k, n_heads, n_kv_heads, head_dim, head_dim_v),
-                             float(scale), wl, wr, arrays.launch_stream(stream, q), backend):
+                             float(scale), wl, wr, arrays.launch_stream(stream, q), backend, softcap):
             return (o, lse) if return_lse else o
     # Elsewhere: dequantize to bf16 (one rounding of x * descale) and run the bf16 path.
     qb, kb, vb = (arrays.dequantize_heads(a, d, n_kv_heads) for a, (d, _) in zip((q, k, v), ds))

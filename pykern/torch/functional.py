@@ -368,15 +368,15 @@ _fast.register_autograd(_flash_attention, _fa_bwd, _fa_setup)
 @_fast.custom_op("flash_attention_fp8")
 def _flash_attention_fp8(q: Tensor, k: Tensor, v: Tensor, q_descale: Optional[Tensor], k_descale: Optional[Tensor],
                          v_descale: Optional[Tensor], causal: bool, scale: float, window_left: int = -1,
-                         window_right: int = -1) -> tuple[Tensor, Tensor]:
+                         window_right: int = -1, softcap: float = 0.0) -> tuple[Tensor, Tensor]:
     out, lse = call("flash_attention", _c(q), _c(k), _c(v), causal=causal, scale=scale, return_lse=True,
-                    window_size=(window_left, window_right), q_descale=q_descale, k_descale=k_descale,
-                    v_descale=v_descale)
+                    window_size=(window_left, window_right), softcap=softcap, q_descale=q_descale,
+                    k_descale=k_descale, v_descale=v_descale)
     return out, lse
 
 
 @_flash_attention_fp8.register_fake
-def _(q, k, v, q_descale, k_descale, v_descale, causal, scale, window_left=-1, window_right=-1):
+def _(q, k, v, q_descale, k_descale, v_descale, causal, scale, window_left=-1, window_right=-1, softcap=0.0):
     b, n_q, h, _ = q.shape
     return _new((b, n_q, h, v.shape[3]), torch.bfloat16, q), _new((b, n_q, h), torch.float32, q)
 
@@ -400,8 +400,8 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
 
     FP8 (forward only): q, k, v torch.float8_e4m3fn with q_descale / k_descale / v_descale (None = 1, or float32
     tensors of shape () / (1,) or (batch, kv_heads) on q's device), as FlashAttention-3's flash_attn_func; out is
-    bfloat16 (pykern.ops.flash_attention's FP8 path). There is no FP8 backward: a call that would record
-    gradients (grad mode on and any of q, k, v requiring grad) raises ArgumentError.
+    bfloat16 (pykern.ops.flash_attention's FP8 path; window_size and softcap as above). There is no FP8 backward:
+    a call that would record gradients (grad mode on and any of q, k, v requiring grad) raises ArgumentError.
     """
     if q.dim() != 4:
         raise ArgumentError(f"q: expected (batch, seq, heads, head_dim), got shape {tuple(q.shape)}")
@@ -411,12 +411,10 @@ def flash_attention(q: Tensor, k: Tensor, v: Tensor, causal: bool = False, scale
         if torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
             raise ArgumentError("q, k, v: FP8 attention is forward only (no FP8 backward); got a tensor with "
                                 "requires_grad=True: run it under torch.no_grad() or detach q, k and v")
-        if cap:
-            raise ArgumentError(f"softcap: the FP8 forward takes no softcap, got {cap}")
         if scale is None:
             scale = 1.0 / math.sqrt(q.shape[-1])
         out, _ = _flash_attention_fp8.fast(q, k, v, q_descale, k_descale, v_descale, bool(causal), float(scale),
-                                           wl, wr)
+                                           wl, wr, cap)
         return out
     if _dt.active(q, k, v):
         # Sharded on heads: exact when each rank holds whole GQA groups (both head counts divide

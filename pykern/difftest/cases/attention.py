@@ -11,7 +11,7 @@ pykern/host/pk_host_sm90.cpp); the runner reports the numba backend (no wgmma / 
 
 The FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu: e4m3 q, k, v with per-tensor or per-(batch, kv head)
 descales, bf16 out) has cases of dtype "fp8" at head_dim 64 / 128 / 256, causal and not, against float64 attention
-on the dequantized inputs.
+on the dequantized inputs, and with softcap (the _softcap kernels, one case with a window).
 
 The launch goes through the op's own helpers in pykern/ops/_attention_sm90.py (`try_forward`, `try_varlen`,
 `try_backward`, `try_forward_fp8`: the tensor maps, boxes, grid and shared memory the ops use), with the window normalization of
@@ -886,13 +886,21 @@ SM90_FP8_FORWARD = [
     (129, 384, 4, 1, 128, False, True), (200, 70, 2, 1, 128, True, False),
     (70, 200, 2, 2, 256, False, True), (140, 150, 2, 1, 256, True, False),
 ]
+# The _softcap kernels (attention_fwd_sm90_d{D}_softcap_fp8): the same tuple plus (window, softcap), each head_dim
+# causal and not, one with a window; c = 1.5 caps the scores (scale * q.k about N(0, 1) here).
+SM90_FP8_FORWARD_SOFTCAP = [
+    (130, 260, 2, 1, 64, False, True, (-1, -1), 1.5), (150, 140, 4, 2, 64, True, False, (-1, -1), 1.5),
+    (129, 300, 4, 1, 128, False, False, (100, 40), 1.5), (200, 170, 2, 1, 128, True, True, (-1, -1), 1.5),
+    (70, 200, 2, 2, 256, False, False, (-1, -1), 1.5), (140, 150, 2, 1, 256, True, True, (-1, -1), 1.5),
+]
 
 
 def _sm90_fp8_forward(rng: np.random.Generator, n_q: int, n_k: int, h: int, kvh: int, d: int, causal: bool,
-                      per_head: bool) -> Case:
+                      per_head: bool, window: tuple[int, int] = (-1, -1), cap: float = 0.0) -> Case:
     """flash_attention on e4m3 q, k, v through the op's helper (try_forward_fp8), against float64 attention on the
     dequantized inputs: q, k, v drawn normal, v scaled to max |v| = 1 (the tolerance row's atol is 2**-4 of it),
-    each quantized as FP8 callers do (descale = amax / 448 per tensor, or per (batch, kv head))."""
+    each quantized as FP8 callers do (descale = amax / 448 per tensor, or per (batch, kv head)); window and
+    softcap cap (> 0: the _softcap kernel) as flash_attention takes them."""
     from ... import arrays
     from ...arrays import flat_view
     from ...errors import MissingDependency
@@ -923,25 +931,27 @@ def _sm90_fp8_forward(rng: np.random.Generator, n_q: int, n_k: int, h: int, kvh:
         codes.append(c)
         descales.append(ds)
         deq.append(c.astype(np.float64) * np.asarray(full, np.float64))
-    name = sm90.fp8_kernel_name(d)
+    name = sm90.fp8_kernel_name(d, cap)
     scale = 1.0 / np.sqrt(d)
     (q, k, v), stride = codes, 1 if per_head else 0
 
     def run(backend: str) -> dict[str, Any]:
         out = np.empty(q.shape[:3] + (d,), bf16)
         lse = np.empty(q.shape[:3], np.float32)
-        wl, wr = normalize(-1, -1, causal, n_q, n_k)
+        wl, wr = normalize(*window, causal, n_q, n_k)
         ds = tuple((flat_view(x_), stride) for x_ in descales)
         if not sm90.try_forward_fp8(q, k, v, out, lse, ds, (1, n_q, n_k, h, kvh, d, d), scale, wl, wr, None,
-                                    backend):
+                                    backend, cap):
             raise _declined(name, backend)
         return {"out": out, "lse": lse}
 
     def ref() -> dict[str, Any]:
-        out, lse = np_flash_attention(deq[0], deq[1], deq[2], causal, scale)
+        out, lse = np_flash_attention(deq[0], deq[1], deq[2], causal, scale, window, cap)
         return {"out": out, "lse": lse}
 
-    shape = f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-perhead" if per_head else "") + ("-causal" if causal else "")
+    shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + ("-perhead" if per_head else "")
+             + (f"-w{window[0]}/{window[1]}" if window != (-1, -1) else "") + (f"-softcap{cap}" if cap else "")
+             + ("-causal" if causal else ""))
     return _sm90_case("flash_attention", "fp8", shape, (name,), run, ref)
 
 
@@ -975,6 +985,8 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det)
     for n_q, n_k, h, kvh, d, causal, per_head in SM90_FP8_FORWARD:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head)
+    for n_q, n_k, h, kvh, d, causal, per_head, window, cap in SM90_FP8_FORWARD_SOFTCAP:
+        yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head, window, cap)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
