@@ -43,15 +43,15 @@
 // accumulator registers a thread
 #define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 where dK and dV take 96 accumulator registers a thread or more (d96, d128:
-// 96, 128); 16 at 192 / 128, where they take 160 (with 32 queries a tile ptxas spills 32 bytes: the S^T / dP^T
-// accumulators, P^T / dS^T fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
-#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 512 ? 32 : (D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
+// 96, 128); 16 at 192 / 128, where they take 160, and at d256 (AB90_DKDV_SPLIT, 128) (with 32 queries a tile
+// ptxas spills 32 bytes at 192 / 128, 16 at d256: the S^T / dP^T accumulators, P^T / dS^T fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
+#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
 // d256 (dkdv): the head dim split across the consumers. dK and dV for 64 keys x 256 dims would take 256 accumulator
 // registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and consumer 1 dP^T (64
 // keys x C queries each, the full head dim's k-steps), they swap the two through shared memory (AB90_XCH_BYTES),
-// and consumer c accumulates dK and dV's head-dim columns 128c.. (64 + 64 registers; FA3 splits its d256 dK / dV
-// across the warpgroups along the head dim too). At 32 queries a tile the S^T / dP^T pair and the P^T / dS^T
-// fragments add 48 registers.
+// and consumer c accumulates dK and dV's head-dim columns 128c.. (64 + 64 registers), so no product is computed
+// twice. Tiles of 16 queries (AB90_DKDV_STEP): at 32 ptxas spills 16 bytes (the S^T / dP^T pair, the P^T / dS^T
+// fragments and the tile's lse / delta take 64 registers there, 32 at 16).
 #define AB90_DKDV_SPLIT(D, DV) ((D) + (DV) >= 512)
 #define AB90_DKDV_ROWS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 64 : AB90_ROWS)
 // the swap buffers: 2 (tile parity) x 2 consumers x C / 2 floats x 128 threads
@@ -275,25 +275,21 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
         if constexpr (SPL) {
             // consumer 0: S^T = K Q^T, consumer 1: dP^T = V dO^T (D == DV: one code path, the descriptors chosen
-            // by c); each stores its product as [element][thread] (conflict-free) in buffer i % 2 and reads the
-            // other's after named barrier 1 (a buffer is rewritten two tiles later, after both consumers passed
-            // the next tile's barrier, hence after both read it)
+            // by c); each stores its product as [element][thread] (conflict-free) in buffer i % 2, slot c, and
+            // after named barrier 1 both read both slots back (x dies at its store: fewer live registers than
+            // keeping it). A buffer is rewritten two tiles later, after both consumers passed the next tile's
+            // barrier, hence after both read it.
             float x[C / 2], unused[C / 2];
             ab90_two_products<DT, D, 0, R, C>(
                 x, unused, c ? dv_a : dk_a,
                 c ? pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES) : pk_wgmma_desc_advance(dq_b, s * STEP_BYTES),
                 dv_a, ddo_b);
-            float* mine = xch + ((i & 1) * 2 + c) * (C / 2) * 128 + tid % 128;
-            const float* other = xch + ((i & 1) * 2 + (1 - c)) * (C / 2) * 128 + tid % 128;
+            float* buf = xch + (i & 1) * 2 * (C / 2) * 128 + tid % 128;
 #pragma unroll
-            for (int e = 0; e < C / 2; e++) mine[e * 128] = x[e];
+            for (int e = 0; e < C / 2; e++) buf[(c * (C / 2) + e) * 128] = x[e];
             pk_bar_sync(1, 256);
 #pragma unroll
-            for (int e = 0; e < C / 2; e++) {
-                const float o = other[e * 128];
-                st_[e] = c ? o : x[e];
-                dpt[e] = c ? x[e] : o;
-            }
+            for (int e = 0; e < C / 2; e++) st_[e] = buf[e * 128], dpt[e] = buf[(C / 2 + e) * 128];
         } else
             ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
                                                pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));

@@ -265,10 +265,10 @@ def bwd_dq_step(d: int) -> int:
 
 def bwd_dkdv_step(d: int, d_v: int | None = None) -> int:
     """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP): 32 where dK and dV take 96 accumulator
-    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them), else 64; 32 at
-    d256, where the consumers split the head dim (`bwd_dkdv_split`: 128 of them)."""
+    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them) and at d256 (where
+    the consumers split the head dim, `bwd_dkdv_split`: 128 of them, and 32 queries spill), else 64."""
     both = d + (d if d_v is None else d_v)
-    return 32 if both >= 512 else 16 if both >= 320 else 32 if both >= 192 else 64
+    return 16 if both >= 320 else 32 if both >= 192 else 64
 
 
 def bwd_dkdv_split(d: int, d_v: int | None = None) -> bool:
