@@ -906,8 +906,8 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                ) -> dict[str, Any]:
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
-    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (the dQ on
-    wgmma beside the mma.sync dK / dV) at the same seqs and hidden size); the fused mma.sync backward in each of
+    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (both on
+    wgmma, dK / dV with the head dim split across the consumers) at the same seqs and hidden size); the fused mma.sync backward in each of
     `dq_modes`."""
     sass = sass or SassSource()
     if sm90_bwd_shapes is None:
@@ -973,7 +973,7 @@ def format_table(doc: dict[str, Any]) -> str:
               "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
               "dQ (per-key-tile partials written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
-              "d96: both kernels on wgmma; d256: the wgmma dQ beside the mma.sync dK / dV. sm_90a rows: the current build (the d128 forward's",
+              "d96 and d256: both kernels on wgmma. sm_90a rows: the current build (the d128 forward's",
               "ping-pong); none of them fitted to a measurement.",
               f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
               f"{'ms':>8s} {'TFLOP/s':>8s} {'% peak':>6s}  binding term"]
