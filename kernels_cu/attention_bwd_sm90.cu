@@ -23,7 +23,8 @@
 //
 // Two kernels, each a CTA of 3 warpgroups in the FlashAttention-3 manner: warpgroup 0 is the producer (one
 // elected thread issues TMA loads into a 2-stage ring guarded by full / empty mbarriers, setmaxnreg.dec),
-// warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 rows of the CTA's 128.
+// warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 rows of the CTA's 128 (the d256 dkdv kernel: both own
+// the CTA's 64 keys, each half of the head dim, AB90_DKDV_SPLIT).
 //   dkdv: the CTA owns 128 keys of one (batch, kv head) (K, V loaded once), and walks every query head of
 //     the GQA group and every C-query tile (C = 64, 32 at d128) that sees its keys (Q, dO streamed). Per
 //     tile, consumer c:
@@ -43,8 +44,9 @@
 // accumulator registers a thread
 #define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 where dK and dV take 96 accumulator registers a thread or more (d96, d128:
-// 96, 128); 16 at 192 / 128, where they take 160, and at d256 (AB90_DKDV_SPLIT, 128) (with 32 queries a tile
-// ptxas spills 32 bytes at 192 / 128, 16 at d256: the S^T / dP^T accumulators, P^T / dS^T fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
+// 96, 128); 16 at 192 / 128, where they take 160, and at d256 (AB90_DKDV_SPLIT: 128) (with 32 queries a tile
+// ptxas spills 32 bytes at 192 / 128, 16 at d256: the S^T / dP^T accumulators, P^T / dS^T fragments and the
+// tile's lse / delta take 64 registers at 32 queries, 32 at 16)
 #define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
 // d256 (dkdv): the head dim split across the consumers. dK and dV for 64 keys x 256 dims would take 256 accumulator
 // registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and consumer 1 dP^T (64
@@ -210,7 +212,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         return;
     }
 
-    // ---- consumers: rows = keys k0 + 64c + 16 wq + g (+ 8) ----
+    // ---- consumers: rows = keys k0 + 64c + 16 wq + g (+ 8) (SPL: k0 + 16 wq + g (+ 8) in both) ----
     pk_setmaxnreg_inc<240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
     float dka[DKN / 2], dva[DVN / 2];
