@@ -1,6 +1,7 @@
 // pykern: arch sm_90a
-// Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64 and 128 (and 256 for the
-// dQ kernel alone: 32-key streamed tiles; the op runs attention_bwd_tc.cu's d256 dK and dV kernels beside it): the same
+// Hopper (sm_90a) attention backward on wgmma, bf16 and f16 (template over T), head_dim 64, 96, 128, 192 / 128
+// and 256 (dQ: 32-key streamed tiles; dK / dV: 64-key CTAs, the head dim split across the consumers,
+// AB90_DKDV_SPLIT): the same
 // gradients, window / causal mask, GQA mapping and conventions as attention_bwd_tc.cu, given lse (natural log,
 // per (batch, query, head)) and delta = rowsum(dO * O) from the op's pre-pass.
 // Deterministic: every output element has one writer and a fixed summation order (no atomics).
@@ -22,7 +23,8 @@
 //
 // Two kernels, each a CTA of 3 warpgroups in the FlashAttention-3 manner: warpgroup 0 is the producer (one
 // elected thread issues TMA loads into a 2-stage ring guarded by full / empty mbarriers, setmaxnreg.dec),
-// warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 rows of the CTA's 128.
+// warpgroups 1 and 2 consume (setmaxnreg.inc), each owning 64 rows of the CTA's 128 (the d256 dkdv kernel: both own
+// the CTA's 64 keys, each half of the head dim, AB90_DKDV_SPLIT).
 //   dkdv: the CTA owns 128 keys of one (batch, kv head) (K, V loaded once), and walks every query head of
 //     the GQA group and every C-query tile (C = 64, 32 at d128) that sees its keys (Q, dO streamed). Per
 //     tile, consumer c:
@@ -42,9 +44,20 @@
 // accumulator registers a thread
 #define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 where dK and dV take 96 accumulator registers a thread or more (d96, d128:
-// 96, 128); 16 at 192 / 128, where they take 160 (with 32 queries a tile ptxas spills 32 bytes: the S^T / dP^T
-// accumulators, P^T / dS^T fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
+// 96, 128); 16 at 192 / 128, where they take 160, and at d256 (AB90_DKDV_SPLIT: 128) (with 32 queries a tile
+// ptxas spills 32 bytes at 192 / 128, 16 at d256: the S^T / dP^T accumulators, P^T / dS^T fragments and the
+// tile's lse / delta take 64 registers at 32 queries, 32 at 16)
 #define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
+// d256 (dkdv): the head dim split across the consumers. dK and dV for 64 keys x 256 dims would take 256 accumulator
+// registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and consumer 1 dP^T (64
+// keys x C queries each, the full head dim's k-steps), they swap the two through shared memory (AB90_XCH_BYTES),
+// and consumer c accumulates dK and dV's head-dim columns 128c.. (64 + 64 registers), so no product is computed
+// twice. Tiles of 16 queries (AB90_DKDV_STEP): at 32 ptxas spills 16 bytes (the S^T / dP^T pair, the P^T / dS^T
+// fragments and the tile's lse / delta take 64 registers there, 32 at 16).
+#define AB90_DKDV_SPLIT(D, DV) ((D) + (DV) >= 512)
+#define AB90_DKDV_ROWS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 64 : AB90_ROWS)
+// the swap buffers: 2 (tile parity) x 2 consumers x C / 2 floats x 128 threads
+#define AB90_XCH_BYTES(C) (2 * 2 * ((C) / 2) * 128 * 4)
 // head-dim columns per TMA box and wgmma swizzle atom row: 64 (128-byte rows, 128B swizzle) where D is a multiple
 // of 64, else 32 (64-byte rows, 64B swizzle): d96 is three 32-column boxes, as FA3 lays out head_dim 96 (the
 // largest swizzle whose row divides the head dim's bytes), so one tensor map per array serves every box.
@@ -110,7 +123,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     // D: head_dim of q and k (S^T's k-steps, dK); DV: of v and dO (dP^T's k-steps, dV). Boxes of BQ / BV columns,
     // rows of RQ / RV bytes (AB90_BOX); NB / NBV boxes a tile.
     constexpr int DT = Ab90Dt<T>::V, BQ = AB90_BOX(D), BV = AB90_BOX(DV), NB = D / BQ, NBV = DV / BV;
-    constexpr int RQ = 2 * BQ, RV = 2 * BV, R = AB90_ROWS, C = AB90_DKDV_STEP(D, DV), ST = AB90_STAGES;
+    constexpr int RQ = 2 * BQ, RV = 2 * BV, R = AB90_DKDV_ROWS(D, DV), C = AB90_DKDV_STEP(D, DV), ST = AB90_STAGES;
+    // SPL (AB90_DKDV_SPLIT): both consumers own the CTA's 64 keys, consumer c dK / dV's head-dim columns c * DKN.. /
+    // c * DVN..; else consumer c owns keys 64c.. and every column
+    constexpr bool SPL = AB90_DKDV_SPLIT(D, DV);
+    constexpr int DKN = SPL ? D / 2 : D, DVN = SPL ? DV / 2 : DV;
+    static_assert(!SPL || (DQA == 0 && D == DV && NB % 2 == 0), "the split: no fused dQ, D == DV, whole boxes a half");
     constexpr unsigned K_BYTES = R * D * 2, V_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, DO_STEP_BYTES = C * DV * 2;
     static_assert(DQA == 0 || (!VL && D == DV && BQ == 64 && NB * C == 64),
                   "the fused dQ: dense, D == DV, two consumers x 32 queries or 64 dims");
@@ -121,7 +139,9 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][RQ]
     unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][RV]
     unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][2 boxes][C][128 B]
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(dss + (DQA ? 2 * DS_BYTES : 0));
+    float* xch = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));  // SPL: [2][2][C / 2][128]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(xch) +
+                                                                     (SPL ? AB90_XCH_BYTES(C) : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
@@ -192,27 +212,29 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         return;
     }
 
-    // ---- consumers: rows = keys k0 + 64c + 16 wq + g (+ 8) ----
+    // ---- consumers: rows = keys k0 + 64c + 16 wq + g (+ 8) (SPL: k0 + 16 wq + g (+ 8) in both) ----
     pk_setmaxnreg_inc<240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
-    float dka[D / 2], dva[DV / 2];
+    float dka[DKN / 2], dva[DVN / 2];
 #pragma unroll
-    for (int i = 0; i < D / 2; i++) dka[i] = 0.0f;
+    for (int i = 0; i < DKN / 2; i++) dka[i] = 0.0f;
 #pragma unroll
-    for (int i = 0; i < DV / 2; i++) dva[i] = 0.0f;
+    for (int i = 0; i < DVN / 2; i++) dva[i] = 0.0f;
     // base 2: P = 2^(x * sl2 - lse * log2 e), x the score (SC: t = tanh(s * pre), and sl2 carries c)
     const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
     const float pre = SC ? scale / softcap : 0.0f;
     const long long q_base = q_row0;  // VL: the lse / delta row of the sequence's query 0 (dense: b * n_q inline)
-    const int key0 = k0 + 64 * c + 16 * wq + g;
+    const int key0 = k0 + (SPL ? 0 : 64 * c) + 16 * wq + g;
     int qlo[2], qhi[2];  // queries that see this thread's two keys
     pk_attn_k_row(key0, n_q, n_k, window_left, window_right, qlo[0], qhi[0]);
     pk_attn_k_row(key0 + 8, n_q, n_k, window_left, window_right, qlo[1], qhi[1]);
     // K-major: 8-row groups SBO = 8 rows apart; MN-major: LBO = one box (C rows) to the next head-dim columns,
     // SBO = 8 rows (k) apart (pk_ptx.cuh's canonical layouts)
     constexpr int SWQ = AB90_SWIZZLE(D), SWV = AB90_SWIZZLE(DV);
-    const unsigned long long dk_a = pk_wgmma_desc(ks + c * 64 * RQ, 16, 8 * RQ, SWQ);
-    const unsigned long long dv_a = pk_wgmma_desc(vs + c * 64 * RV, 16, 8 * RV, SWV);
+    const unsigned long long dk_a = pk_wgmma_desc(ks + (SPL ? 0 : c * 64 * RQ), 16, 8 * RQ, SWQ);
+    const unsigned long long dv_a = pk_wgmma_desc(vs + (SPL ? 0 : c * 64 * RV), 16, 8 * RV, SWV);
+    // SPL: this consumer's dK / dV columns start at box c * NB / 2 / c * NBV / 2 of the streamed Q / dO tile
+    const unsigned hq = SPL ? c * (NB / 2) * C * RQ : 0, hv = SPL ? c * (NBV / 2) * C * RV : 0;
     const unsigned long long dq_b = pk_wgmma_desc(qs, 16, 8 * RQ, SWQ);
     const unsigned long long ddo_b = pk_wgmma_desc(dos, 16, 8 * RV, SWV);
     const unsigned long long dq_t = pk_wgmma_desc(qs, C * RQ, 8 * RQ, SWQ);    // MN-major
@@ -253,8 +275,26 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             }
         float st_[C / 2], dpt[C / 2];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
-        ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
-                                           pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));
+        if constexpr (SPL) {
+            // consumer 0: S^T = K Q^T, consumer 1: dP^T = V dO^T (D == DV: one code path, the descriptors chosen
+            // by c); each stores its product as [element][thread] (conflict-free) in buffer i % 2, slot c, and
+            // after named barrier 1 both read both slots back (x dies at its store: fewer live registers than
+            // keeping it). A buffer is rewritten two tiles later, after both consumers passed the next tile's
+            // barrier, hence after both read it.
+            float x[C / 2], unused[C / 2];
+            ab90_two_products<DT, D, 0, R, C>(
+                x, unused, c ? dv_a : dk_a,
+                c ? pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES) : pk_wgmma_desc_advance(dq_b, s * STEP_BYTES),
+                dv_a, ddo_b);
+            float* buf = xch + (i & 1) * 2 * (C / 2) * 128 + tid % 128;
+#pragma unroll
+            for (int e = 0; e < C / 2; e++) buf[(c * (C / 2) + e) * 128] = x[e];
+            pk_bar_sync(1, 256);
+#pragma unroll
+            for (int e = 0; e < C / 2; e++) st_[e] = buf[e * 128], dpt[e] = buf[(C / 2 + e) * 128];
+        } else
+            ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
+                                               pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));
         unsigned pa[C / 16][4], da[C / 16][4];
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
@@ -297,11 +337,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         pk_wgmma_fence();
 #pragma unroll
         for (int kk = 0; kk < C / 16; kk++)  // 16 queries = two 8-row groups
-            pk_wgmma_m64nNk16_rs<DV, DT, 1>(dva, pa[kk], pk_wgmma_desc_advance(ddo_t, s * DO_STEP_BYTES + kk * 16 * RV),
-                                            1);
+            pk_wgmma_m64nNk16_rs<DVN, DT, 1>(dva, pa[kk],
+                                             pk_wgmma_desc_advance(ddo_t, s * DO_STEP_BYTES + hv + kk * 16 * RV), 1);
 #pragma unroll
         for (int kk = 0; kk < C / 16; kk++)
-            pk_wgmma_m64nNk16_rs<D, DT, 1>(dka, da[kk], pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + kk * 16 * RQ), 1);
+            pk_wgmma_m64nNk16_rs<DKN, DT, 1>(dka, da[kk],
+                                             pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + hq + kk * 16 * RQ), 1);
         if constexpr (DQA > 0) {
             // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major, head-dim box dlo / 64), B = dS (K-major)
             constexpr int NQ = 32;
@@ -339,12 +380,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     pk_attn_key_rows(key0, n_k, VL ? (long long)k_row0 : (long long)b * n_k, (long long)n_kv_heads, (long long)kvh,
                      [&](int r, long long base) {
 #pragma unroll
-        for (int j = 0; j < D / 8; j++)
-            *reinterpret_cast<unsigned int*>(dk + base * D + 8 * j + 2 * t) =
+        for (int j = 0; j < DKN / 8; j++)
+            *reinterpret_cast<unsigned int*>(dk + base * D + (SPL ? c * DKN : 0) + 8 * j + 2 * t) =
                 Pk16<T>::narrow2(dka[4 * j + 2 * r] * scale, dka[4 * j + 2 * r + 1] * scale);
 #pragma unroll
-        for (int j = 0; j < DV / 8; j++)
-            *reinterpret_cast<unsigned int*>(dv + base * DV + 8 * j + 2 * t) =
+        for (int j = 0; j < DVN / 8; j++)
+            *reinterpret_cast<unsigned int*>(dv + base * DV + (SPL ? c * DVN : 0) + 8 * j + 2 * t) =
                 Pk16<T>::narrow2(dva[4 * j + 2 * r], dva[4 * j + 2 * r + 1]);
     });
 }
@@ -527,6 +568,13 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dq_d96, ab90_dq, 96, 96, false, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d192_dv128, ab90_dq, 192, 128, false, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d96_softcap, ab90_dq, 96, 96, true, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d192_dv128_softcap, ab90_dq, 192, 128, true, true)
+// head_dim 256: dK / dV with the head dim split across the consumers (AB90_DKDV_SPLIT), dQ on 32-key tiles
+AB90_ENTRY(attention_bwd_sm90_dkdv_d256, ab90_dkdv, 256, 256, false, false)
+AB90_ENTRY(attention_bwd_sm90_dkdv_d256_softcap, ab90_dkdv, 256, 256, true, false)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256, ab90_dkdv, 256, 256, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256_softcap, ab90_dkdv, 256, 256, true, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256, ab90_dq, 256, 256, false, true)
+AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256_softcap, ab90_dq, 256, 256, true, true)
 // the fused dK / dV / dQ kernels (dense): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
 #define AB90_FUSED_ENTRY(name, D, SC, DQA)                                                                           \
     template <typename T, typename... A>                                                                            \
@@ -642,9 +690,15 @@ PK_IO16_KERNELS(attention_bwd_sm90_dq_d64, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d128, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d64_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d128_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
-// head_dim 256: the dQ kernel only (dK and dV: attention_bwd_tc.cu's _dk / _dv pair, which the op runs beside it)
+// head_dim 256: both kernels, dense and varlen, with and without softcap (dK / dV: 64-key CTAs, AB90_DKDV_SPLIT)
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d256, (AB90_THREADS, 1), AB90_DQ_PARAMS, AB90_DQ_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dq_d256_softcap, (AB90_THREADS, 1), AB90_DQ_SC_PARAMS, AB90_DQ_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d256, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d256_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d256, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d256_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d256, (AB90_THREADS, 1), AB90_VL_DQ_PARAMS, AB90_VL_DQ_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_dq_d256_softcap, (AB90_THREADS, 1), AB90_VL_DQ_SC_PARAMS, AB90_VL_DQ_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_VL_DKDV_PARAMS, AB90_VL_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_VL_DKDV_SC_PARAMS, AB90_VL_DKDV_SC_ARGS)

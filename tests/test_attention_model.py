@@ -495,15 +495,15 @@ def test_sm90_fused_backward_and_its_deterministic_mode(sass):
         assert ("semaphore" in kernel["terms_s"]) == (not shape.causal)
 
 
-def test_sm90_backward_launches_cover_softcap_varlen_and_the_d256_dq():
+def test_sm90_backward_launches_cover_softcap_varlen_and_d256():
     """The backward kernels the sm_90a sources hold beside the dense d64 / d128 pair: the _softcap and _varlen
-    kernels (the same geometry) and, at head_dim 256, the wgmma dQ kernel beside the mma.sync dK / dV pair --
-    in the current build only: the 2026-11-27 build our measurements ran had none of them."""
+    kernels (the same geometry) and, at head_dim 256, both kernels on wgmma (dK / dV: 64-key CTAs with the head dim
+    split across the consumers, 16-query tiles; dQ: 32-key tiles) -- in the current build only: the 2026-11-27
+    build our measurements ran had none of them."""
     from pykern.ops import _attention_sm90 as h
 
-    names = [h.bwd_kernel_name(p, d, sc, "_bf16", vl) for p in ("dkdv", "dq") for d in (64, 128)
-             for sc in (0.0, 30.0) for vl in (False, True)] + [h.bwd_kernel_name("dq", 256, sc, "_bf16")
-                                                               for sc in (0.0, 30.0)]
+    names = [h.bwd_kernel_name(p, d, sc, "_bf16", vl) for p in ("dkdv", "dq") for d in (64, 128, 256)
+             for sc in (0.0, 30.0) for vl in (False, True)]
     s = am.Shape(1, 2, 256, 128, True)
     dense = am.sm90_launches("bwd", s, names)[0]
     for softcap, varlen in ((True, False), (False, True), (True, True)):
@@ -515,16 +515,22 @@ def test_sm90_backward_launches_cover_softcap_varlen_and_the_d256_dq():
             [(lau.ctas, lau.step, lau.smem, lau.matmuls) for lau in dense]
         assert am.sm90_launches("bwd", s, names, softcap=softcap, varlen=varlen, build="2026-11-27") == (
             [], "the 2026-11-27 build had no softcap / varlen sm_90a backward")
-    # head_dim 256: dV and dK on the mma.sync pair (the part's own arch), dQ on wgmma with 32-key tiles
+    # head_dim 256: dK / dV on wgmma with 64-key CTAs (16-query tiles), dQ on wgmma with 32-key tiles
     s256 = am.Shape(1, 1, 256, 256, False)
     for softcap in (False, True):
-        dv, dk, dq = am.sm90_launches("bwd", s256, names, softcap=softcap)[0]
-        assert (dv.kernel, dk.kernel) == ("attention_bwd_tc_dv_d256_bf16", "attention_bwd_tc_dk_d256_bf16")
-        assert dv.arch == dk.arch == "" and dq.arch == "sm_90a"
-        assert dq.kernel == f"attention_bwd_sm90_dq_d256{'_softcap' if softcap else ''}_bf16"
-        assert dq.step == (128, 32) and dq.smem == h.bwd_shared_bytes(256, 32) and dq.matmuls == 3
-        assert dq.ctas == (256 * 128, 256 * 128) and dq.groups == 1  # two query tiles, each every key
-    assert am.sm90_launches("bwd", s256, names, varlen=True)[0] == []
+        for varlen in (False, True):
+            kv, dq = am.sm90_launches("bwd", s256, names, softcap=softcap, varlen=varlen)[0]
+            sfx = f"_d256{'_softcap' if softcap else ''}_bf16"
+            vl = "_varlen" if varlen else ""
+            assert (kv.kernel, dq.kernel) == (f"attention_bwd{vl}_sm90_dkdv{sfx}", f"attention_bwd{vl}_sm90_dq{sfx}")
+            assert kv.arch == dq.arch == "sm_90a"
+            # 64 keys x 16 queries a tile; K, V (64 x 512 x 2 B), a 2-stage ring of Q, dO (16 x 512 x 2 B) and the
+            # S^T / dP^T swap buffers (2 x 2 x 8 floats x 128 threads)
+            assert kv.step == (16, 64) and kv.matmuls == 4
+            assert kv.smem == h.bwd_dkdv_shared_bytes(256) == 65536 + 32768 + 16384 + 1024
+            assert kv.ctas == (256 * 64,) * 4 and kv.groups == 1  # four key tiles, each every query
+            assert dq.step == (128, 32) and dq.smem == h.bwd_shared_bytes(256, 32) and dq.matmuls == 3
+            assert dq.ctas == (256 * 128, 256 * 128) and dq.groups == 1  # two query tiles, each every key
     assert am.sm90_launches("bwd", s256, names, build="2026-11-27")[0] == []
     with pytest.raises(ArgumentError, match="build"):
         am.sm90_launches("bwd", s256, names, build="tomorrow")

@@ -10,7 +10,8 @@ sm_90a (no GPU needed): HGMMA, UTMALDG, SYNCS and setmaxnreg in the SASS, MUFU.T
 a flat steady-state loop at <= 2.0 warp-instructions per m16n8k16-equivalent at every head dim without softcap
 (the softcap kernels pinned at their own figures), and no spills, for the dense and the varlen entries
 (flash_attention_varlen on sm_90a: tests/test_attention_sm90_varlen.py). The backward (dK/dV and dQ kernels,
-with and without softcap; at head_dim 256 the dQ kernel beside the mma.sync dK / dV) likewise against float64,
+with and without softcap, head_dim 256 included: dK / dV with the head dim split across the consumers) likewise
+against float64,
 the same bits under every host schedule; in the SASS of
 every backward kernel (dense and varlen, with and without softcap) HGMMA, UTMALDG and SYNCS, MUFU.TANH only in
 the _softcap ones, no spills, and a flat steady-state loop pinned at its warp-instructions per MMA.
@@ -385,26 +386,53 @@ def test_backward_head_dim_v_errors_name_v_and_grad_out() -> None:
         ops.attention_backward(q, k, np.ascontiguousarray(v[..., :32]), g, backend=HOST)
 
 
-@pytest.mark.parametrize("cap", [0.0, 2.0])
-def test_backward_d256_runs_the_sm90_dq_kernel_beside_the_mma_sync_dk_dv(cap: float, monkeypatch) -> None:
-    """head_dim 256: dQ on wgmma (attention_bwd_sm90_dq_d256[_softcap], 32-key tiles), dK and dV on the mma.sync
-    _dv / _dk pair; every gradient equals float64, the same bits under another schedule."""
+# head_dim 256: (batch, n_q, n_k, heads, kv_heads, causal, window, softcap, dtype); several 64-key CTAs of the
+# dK/dV kernel (the head dim split across its consumers) and 32-query / 32-key streamed tiles, off the tiles
+BWD_D256 = [
+    (2, 100, 150, 4, 2, True, (-1, -1), 0.0, "bf16"),   # causal, GQA 2, batch 2
+    (1, 90, 200, 4, 1, False, (60, 20), 0.0, "f16"),    # a window, GQA 4, n_q < n_k
+    (1, 150, 130, 2, 2, True, (-1, -1), 2.0, "f16"),    # softcap, n_q > n_k causal: rows that see no key
+    (None, 70, 70, 2, 1, False, (-1, 30), 1.5, "bf16"),  # softcap, 3-D inputs, a right window only
+]
+
+
+@pytest.mark.parametrize("case", BWD_D256, ids=lambda c: "{}-q{}-k{}-h{}/{}-c{}-w{},{}-cap{}".format(
+    c[8], *c[1:6], *c[6], c[7]))
+def test_backward_d256_runs_both_sm90_kernels_vs_float64_same_bits_under_every_schedule(case, monkeypatch) -> None:
+    """head_dim 256: dK / dV on wgmma (attention_bwd_sm90_dkdv_d256[_softcap], 64-key CTAs whose consumers split
+    the head dim) and dQ on wgmma (_dq_d256, 32-key tiles); no mma.sync kernel runs. Every gradient equals
+    float64; the reverse and a random thread order give the same bits."""
     from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
-    rng = np.random.default_rng(256)
-    q, k, v, g = attention_inputs(rng, 2, 150, 4, 2, 256, "bf16", 100)
+    b, n_q, n_k, h, kvh, causal, win, cap, dtype = case
+    rng = np.random.default_rng(256 + n_q + n_k)
+    q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, 256, dtype, n_k)
     names = _record(monkeypatch)
-    grads = ops.attention_backward(q, k, v, g, causal=True, softcap=cap, backend=HOST)
+    runs = []
+    for schedule in ("forward", "reverse", "random:7"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(ops.attention_backward(q, k, v, g, causal=causal, window_size=win, softcap=cap, backend=HOST))
     c = "_softcap" if cap else ""
-    assert names == [f"attention_bwd_lse{c}_bf16", f"attention_bwd_sm90_dq_d256{c}_bf16",
-                     f"attention_bwd_tc_dv_d256{c}_bf16", f"attention_bwd_tc_dk_d256{c}_bf16"]
-    ref = np_attention_backward(q, k, v, g, causal=True, softcap=cap)
-    for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
-        close(name, got, want, "attention_backward", "bf16")
-    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", "reverse")
-    again = ops.attention_backward(q, k, v, g, causal=True, softcap=cap, backend=HOST)
-    for a, b in zip(grads, again):
-        np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+    assert names[:3] == [f"attention_bwd_lse{c}_{dtype}", f"attention_bwd_sm90_dkdv_d256{c}_{dtype}",
+                         f"attention_bwd_sm90_dq_d256{c}_{dtype}"]
+    ref = np_attention_backward(q, k, v, g, causal=causal, window_size=win, softcap=cap)
+    for name, got, want in zip(("dq", "dk", "dv"), runs[0], ref):
+        close(name, got, want, "attention_backward", dtype)
+    for other in runs[1:]:
+        for x, y in zip(runs[0], other):
+            np.testing.assert_array_equal(np.asarray(x).view(np.uint16), np.asarray(y).view(np.uint16))
+
+
+def test_backward_d256_keeps_mma_sync_with_pykern_sm90_off(monkeypatch) -> None:
+    """PYKERN_SM90=0 at head_dim 256: the mma.sync _dv / _dk pair and dQ kernel, as an sm_80 GPU runs them."""
+    from pykern.difftest.cases.attention import attention_inputs
+
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    q, k, v, g = attention_inputs(np.random.default_rng(3), 1, 40, 2, 1, 256, "bf16", 40)
+    names = _record(monkeypatch)
+    ops.attention_backward(q, k, v, g, causal=True, backend=HOST)
+    assert names == ["attention_bwd_lse_bf16", "attention_bwd_tc_dv_d256_bf16", "attention_bwd_tc_dk_d256_bf16",
+                     "attention_bwd_tc_dq_d256_bf16"]
 
 
 # The _softcap kernels (SC): scores c * tanh(scale * s / c), dS times 1 - tanh^2. (batch, n_q, n_k, heads,
@@ -753,7 +781,9 @@ def _dims(kernel: str) -> tuple[int, int]:
 BWD_SRC = ROOT / "kernels_cu" / "attention_bwd_sm90.cu"
 BWD_KERNELS = [f"attention_bwd_{vl}sm90_{n}_d{d}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
-BWD_KERNELS += [f"attention_bwd_sm90_dq_d256{c}_{t}" for c in ("", "_softcap") for t in ("bf16", "f16")]
+# head_dim 256: dK/dV with the head dim split across the consumers (64-key CTAs), dQ on 32-key tiles
+BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_d256{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
+                for c in ("", "_softcap") for t in ("bf16", "f16")]
 # head_dim 96 (32-column boxes, 64B swizzle) and 192 / 128 (DV): both kernels, dense and varlen, softcap or not
 BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_{s}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                 for s in ("d96", "d192_dv128") for c in ("", "_softcap") for t in ("bf16", "f16")]
@@ -779,9 +809,10 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0
     # a flat loop of HGMMAs; the fused kernels' named barriers (the dS hand-off between the consumers, and in
-    # _det the semaphore warp's two) are the only barriers in it
-    fused = "_fused" in kernel
-    assert loops[kernel]["bar"] == (2 if "_det" in kernel else 1 if fused else 0) and loops[kernel]["mma"] > 0
+    # _det the semaphore warp's two) and the d256 dK/dV kernels' one (the S^T / dP^T swap) are the only barriers
+    fused, split = "_fused" in kernel, "_dkdv_d256" in kernel
+    assert loops[kernel]["bar"] == (2 if "_det" in kernel else 1 if fused or split else 0)
+    assert loops[kernel]["mma"] > 0
     ops_ = kernel_ops(_bwd_listing()[1], kernel)
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 4      # Q, dO, K, V tiles
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4           # mbarrier init / arrive / try_wait
@@ -802,6 +833,9 @@ BWD_LOOP_BAR = {
     "dkdv_d64": 6.18, "dkdv_d128": 4.19, "dq_d64": 4.18, "dq_d128": 2.42,
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 5.52, "dq_d128_softcap": 3.09,
     "dq_d256": 2.29, "dq_d256_softcap": 2.62,  # 32-key tiles
+    # d256 dK/dV: 16-query tiles whose per-tile work (descriptors, lse / delta loads, the S^T / dP^T swap through
+    # shared memory) weighs on half the MMAs a d128 tile has (varlen: 7.42 / 7.91)
+    "dkdv_d256": 7.91, "dkdv_d256_softcap": 8.43,
     # d96: 32-column boxes (64B swizzle), dK/dV on 32-query tiles; 192 / 128: dK/dV on 16-query tiles (160
     # accumulator registers a thread), whose fixed cost a tile weighs more
     "dkdv_d96": 5.19, "dq_d96": 3.03, "dkdv_d96_softcap": 5.88, "dq_d96_softcap": 3.92,
@@ -832,8 +866,12 @@ def test_backward_steady_loop_within_its_bar(kernel: str) -> None:
     dv = int(part.split("_dv")[1].split("_")[0]) if "_dv" in part else d
     step = sm90.bwd_dkdv_step(d, dv) if part.startswith("dkdv") else sm90.bwd_dq_step(d)
     # per warp and tile (64 * step * K / (4 * 2048) m16n8k16s a warp for K = d or dv): dkdv S^T (d), dP^T (dv),
-    # dV (dv), dK (d); dq S (d), dP (dv), dQ (d)
-    assert loop["mma"] == (2 * (d + dv) if part.startswith("dkdv") else 2 * d + dv) * step / 128
+    # dV (dv), dK (d); dq S (d), dP (dv), dQ (d). d256 dK/dV (the head dim split): S^T or dP^T (d), half of dV and
+    # of dK (d / 2 each)
+    if part.startswith("dkdv_d256"):
+        assert loop["mma"] == 2 * d * step / 128
+    else:
+        assert loop["mma"] == (2 * (d + dv) if part.startswith("dkdv") else 2 * d + dv) * step / 128
     assert loop["per_mma"] <= BWD_LOOP_BAR[part], loop
 
 

@@ -1,6 +1,7 @@
 """flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
 template parameter (attention_fwd_varlen_sm90_d64/128/256 and d192_dv128, and their _softcap kernels), and its backward,
-kernels_cu/attention_bwd_sm90.cu with its VL template parameter (attention_bwd_varlen_sm90_{dkdv,dq}_d64/128[_softcap]).
+kernels_cu/attention_bwd_sm90.cu with its VL template parameter (attention_bwd_varlen_sm90_{dkdv,dq}_d64/96/128/256
+and d192_dv128 [_softcap]).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a: TMA, mbarrier and wgmma emulated) the op picks
 the sm_90a kernel and equals float64 NumPy per sequence within the flash_attention_varlen tolerance rows:
@@ -9,7 +10,7 @@ sequence both ways (bottom-right causal: rows that see no key get out 0, lse -in
 windows, softcap, head_dim 64/128/256 and 192 with head_dim_v 128, bf16 and f16 (192 / 128 off sm_90a: dense_attn on
 v padded to 192, the same values). Where the sm_90a kernel does not apply (d96, no key at
 all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree. Likewise
-flash_attention_varlen_backward (head_dim 64 / 128, with and without softcap): dQ, dK, dV equal float64 per
+flash_attention_varlen_backward (head_dim 64 / 96 / 128 / 256 and 192 / 128, with and without softcap): dQ, dK, dV equal float64 per
 sequence (zero for a sequence without queries / keys), the same bits under every host schedule.
 """
 from __future__ import annotations
@@ -222,6 +223,9 @@ VARLEN_BWD = [
     # d96 (32-column boxes, 64B swizzle)
     ([5, 130, 0, 1, 7], [9, 200, 3, 0, 140], 4, 2, 96, True, (-1, -1), 0.0, "f16"),
     ([129, 30, 0], [260, 30, 5], 2, 1, 96, False, (70, 10), 2.0, "bf16"),
+    # d256 (dK/dV: 64-key CTAs, the head dim split across the consumers; dQ: 32-key tiles)
+    ([5, 70, 0, 1, 40], [9, 130, 3, 0, 70], 4, 2, 256, True, (-1, -1), 0.0, "bf16"),
+    ([90, 30, 0], [150, 30, 5], 2, 1, 256, False, (50, 20), 2.0, "f16"),
 ]
 
 

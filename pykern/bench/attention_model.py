@@ -560,12 +560,13 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
 # The sm_90a kernel versions the model knows. "2026-11-27": the builds of our H200 measurements (the forward's two
 # consumer warpgroups with no ping-pong at any head_dim, the backward at head_dim 64 / 128 only, dense, no softcap;
 # head_dim 256 on the mma.sync backward). "current": today's sources (the d128 forward's ping-pong, PING_PONG in
-# pykern.ops._attention_sm90; softcap and varlen backward kernels; the d256 dQ on wgmma beside the mma.sync dK / dV).
+# pykern.ops._attention_sm90; softcap and varlen backward kernels; the d256 backward on wgmma: dK / dV with the head
+# dim split across the consumers, dQ on 32-key tiles).
 # Only the first was measured: the calibrated model is fitted to it, and what it says of "current" where the two
 # differ is a modelled bound, not fitted.
 BUILDS = ("2026-11-27", "current")
 MEASURED_BUILD = "2026-11-27"
-# head_dims of the measured build's sm_90a backward (today's adds 96, and the dQ kernel at 256)
+# head_dims of the measured build's sm_90a backward (today's adds 96 and 256)
 MEASURED_BWD_HEAD_DIMS = (64, 128)
 
 
@@ -597,8 +598,8 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why).
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
-    sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the current backward runs the
-    dQ kernel on wgmma and dK / dV on the mma.sync pair (arch "": the part's own), as the op does; the 2026-11-27
+    sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the current backward runs both
+    kernels on wgmma (dK / dV: 64-key CTAs, 16-query tiles, `bwd_dkdv_rows` / `bwd_dkdv_step`); the 2026-11-27
     build had no sm_90a backward there (nor softcap / varlen ones). The current dense backward without softcap at
     head_dim 64 / 128 is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
     semaphore chain's fill where the right side is unbounded, `SEM_LINK_CLK` a link; with a bounded right side
@@ -626,14 +627,10 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
                        2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
     if build == MEASURED_BUILD and (softcap or varlen):
         return [], f"the {build} build had no softcap / varlen sm_90a backward"
-    dq_dims = MEASURED_BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_DQ_HEAD_DIMS
-    dq_only = s.head_dim in dq_dims and s.head_dim not in h.BWD_HEAD_DIMS
-    if dq_only and varlen:
-        return [], f"no varlen sm_90a backward at head_dim {s.head_dim} (head_dims {h.BWD_HEAD_DIMS})"
+    dims = MEASURED_BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_HEAD_DIMS
     names = [h.bwd_kernel_name(p, D, 1.0 if softcap else 0.0, "_bf16", varlen) for p in ("dkdv", "dq")]
-    need = names[1:] if dq_only else names
-    if s.head_dim not in dq_dims or any(n not in kernels for n in need):
-        return [], f"no {' / '.join(need)} kernels (head_dims {dq_dims})"
+    if s.head_dim not in dims or any(n not in kernels for n in names):
+        return [], f"no {' / '.join(names)} kernels (head_dims {dims})"
     reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]
     det = dq_mode == "deterministic"
     fused = h.bwd_fused_kernel_name(D, det, "_bf16")
@@ -647,17 +644,16 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(D),
                        tuple(ctas[::-1] if det and s.causal else ctas), groups, D, 5,
                        reads + 2 * b["kv"] + dq_bytes, (c, h.BWD_ROWS), mma_warps=mma_warps, chain_clk=chain)], ""
-    dq_step = h.bwd_dq_step(D) if not varlen else h.BWD_STEP
+    dq_step = h.bwd_dq_step(D)
     dq = Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, dq_step),
                 tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, dq_step, False)), s.batch * s.heads, D, 3,
                 reads + b["q"], (h.BWD_ROWS, dq_step), mma_warps=mma_warps)
-    if dq_only:  # dK / dV: the mma.sync pair of launches(), as pykern.ops.attention runs it beside this dQ
-        kv = [lau for lau in launches("bwd", s) if "_dq_" not in lau.kernel]
-        return [*kv, dq], ""
-    c = h.bwd_dkdv_step(D)
-    return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, c),
-                   tuple(_key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)), s.batch * s.kvh,
-                   D, 4, reads + 2 * b["kv"], (c, h.BWD_ROWS), mma_warps=mma_warps), dq], ""
+    # dK / dV: BWD_ROWS keys a CTA, or 64 where the consumers split the head dim (d256; each consumer computes one
+    # of S^T / dP^T, so the executed FLOP stay four matmuls a pair)
+    c, rows = h.bwd_dkdv_step(D), h.bwd_dkdv_rows(D)
+    return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_dkdv_shared_bytes(D),
+                   tuple(_key_tiles(s.seq, s.seq, s.causal, rows, c, s.heads // s.kvh)), s.batch * s.kvh,
+                   D, 4, reads + 2 * b["kv"], (c, rows), mma_warps=mma_warps), dq], ""
 
 
 # ------------------------------------------------------------------------------------------- the terms
@@ -910,8 +906,8 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                ) -> dict[str, Any]:
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
-    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (the dQ on
-    wgmma beside the mma.sync dK / dV) at the same seqs and hidden size); the fused mma.sync backward in each of
+    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (both on
+    wgmma, dK / dV with the head dim split across the consumers) at the same seqs and hidden size); the fused mma.sync backward in each of
     `dq_modes`."""
     sass = sass or SassSource()
     if sm90_bwd_shapes is None:
@@ -977,7 +973,7 @@ def format_table(doc: dict[str, Any]) -> str:
               "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
               "dQ (per-key-tile partials written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
-              "d96: both kernels on wgmma; d256: the wgmma dQ beside the mma.sync dK / dV. sm_90a rows: the current build (the d128 forward's",
+              "d96 and d256: both kernels on wgmma. sm_90a rows: the current build (the d128 forward's",
               "ping-pong); none of them fitted to a measurement.",
               f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
               f"{'ms':>8s} {'TFLOP/s':>8s} {'% peak':>6s}  binding term"]

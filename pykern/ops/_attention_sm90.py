@@ -7,8 +7,8 @@ then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anyth
 kernels (attention_fwd_tc.cu). FP8 q, k, v (float8_e4m3fn) ask `try_forward_fp8` (kernels_cu/attention_fwd_fp8_sm90.cu, head_dim == head_dim_v in
 64/128/256). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
 kernel with its VARLEN template parameter, at the same shapes). The backward
-(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 and 192 / head_dim_v 128, with or without softcap; at 256
-its dQ kernel alone) serves
+(kernels_cu/attention_bwd_sm90.cu: head_dim 64 / 96 / 128 / 256 and 192 / head_dim_v 128, with or without softcap)
+serves
 `attention_backward`
 (`try_backward`) and `flash_attention_varlen_backward` (`try_varlen_backward`).
 
@@ -252,14 +252,12 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
 
 
 # ---- backward (kernels_cu/attention_bwd_sm90.cu) -------------------------------------------------
-BWD_HEAD_DIMS = (64, 96, 128)
+BWD_HEAD_DIMS = (64, 96, 128, 256)
 # (head_dim, head_dim_v) of both backward kernels (dK/dV and dQ): the BWD_HEAD_DIMS with head_dim_v == head_dim, and
 # DeepSeek-V3's prefill shape 192 / 128 (the DV template parameter of ab90_dkdv / ab90_dq)
 BWD_SHAPES = (*((d, d) for d in BWD_HEAD_DIMS), (192, 128))
-BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV) or queries (dQ) per CTA
+BWD_ROWS = 128  # AB90_ROWS: keys (dK/dV, below head_dim 256) or queries (dQ) per CTA
 BWD_STEP = 64  # AB90_DQ_STEP below head_dim 256: keys per streamed tile of the dQ kernel
-# head_dims of the dQ kernel alone: 256 (whose dK / dV the mma.sync kernels compute)
-BWD_DQ_HEAD_DIMS = (*BWD_HEAD_DIMS, 256)
 
 
 def bwd_dq_step(d: int) -> int:
@@ -269,9 +267,31 @@ def bwd_dq_step(d: int) -> int:
 
 def bwd_dkdv_step(d: int, d_v: int | None = None) -> int:
     """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP): 32 where dK and dV take 96 accumulator
-    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them), else 64."""
+    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them) and at d256 (where
+    the consumers split the head dim, `bwd_dkdv_split`: 128 of them, and 32 queries spill), else 64."""
     both = d + (d if d_v is None else d_v)
     return 16 if both >= 320 else 32 if both >= 192 else 64
+
+
+def bwd_dkdv_split(d: int, d_v: int | None = None) -> bool:
+    """Whether the dK/dV kernel splits the head dim across its consumers (AB90_DKDV_SPLIT: d256): the CTA owns
+    64 keys, consumer 0 computes S^T and consumer 1 dP^T, they swap them through shared memory, and each
+    accumulates half of dK's and dV's columns."""
+    return d + (d if d_v is None else d_v) >= 512
+
+
+def bwd_dkdv_rows(d: int, d_v: int | None = None) -> int:
+    """Keys per CTA of the dK/dV kernel (AB90_DKDV_ROWS): 64 where the head dim is split, else BWD_ROWS."""
+    return 64 if bwd_dkdv_split(d, d_v) else BWD_ROWS
+
+
+def bwd_dkdv_shared_bytes(d: int, d_v: int | None = None) -> int:
+    """Dynamic shared memory of the dK/dV kernel (AB90_SMEM_BYTES at its rows and step), plus the split's S^T /
+    dP^T swap buffers (AB90_XCH_BYTES: 2 tile parities x 2 consumers x step / 2 floats x 128 threads)."""
+    d_v = d if d_v is None else d_v
+    c, rows = bwd_dkdv_step(d, d_v), bwd_dkdv_rows(d, d_v)
+    xch = 2 * 2 * (c // 2) * 128 * 4 if bwd_dkdv_split(d, d_v) else 0
+    return rows * (d + d_v) * 2 + 2 * c * (d + d_v) * 2 + xch + 1024
 
 
 def bwd_box(d: int) -> tuple[int, str]:
@@ -318,8 +338,8 @@ def _tensor_maps(name: str, rows: tuple[int, int], q4: Any, g4: Any, k4: Any, v4
 
 def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tuple[int, ...], scale: float,
                  win: tuple[int, int, float], kind: str, suffix: str, stream: Any, backend: str | None) -> Any:
-    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`); at head_dim 256
-    (dQ kernel only) (dq, None, None), the caller computing dK and dV; else None (nothing launched). q, k, v, g
+    """(dq, dk, dv) from the sm_90a backward kernels when they apply (`backward_usable`), else None (nothing
+    launched). q, k, v, g
     contiguous; lse and delta fp32 per (batch, query, head). dims (batch, n_q, n_k, heads, kv_heads, head_dim[,
     head_dim_v]): v and g at head_dim_v (default head_dim; 192 / 128 runs the _d192_dv128 kernels)."""
     from .. import arrays
@@ -330,30 +350,26 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     b, n_q, n_k, h, kvh, d = dims[:6]
     d_v = dims[6] if len(dims) > 6 else d
     wl, wr, softcap = win
-    dq_only = d == d_v and d not in BWD_HEAD_DIMS
-    if not (backward_usable(d, softcap, scale, q, backend, k, v, g, d_v=d_v)
-            or dq_only and d in BWD_DQ_HEAD_DIMS and usable(d, d, softcap, scale, q, backend, k, v, g)):
+    if not backward_usable(d, softcap, scale, q, backend, k, v, g, d_v=d_v):
         return None
     name = get_backend(backend).name
     c = bwd_dkdv_step(d, d_v)
     q4, k4 = q.reshape((b, n_q, h, d)), k.reshape((b, n_k, kvh, d))
     g4, v4 = g.reshape((b, n_q, h, d_v)), v.reshape((b, n_k, kvh, d_v))
     try:  # q, dO, k, v; boxes of bwd_box head-dim columns
-        kv_maps = None if dq_only else _tensor_maps(name, (c, BWD_ROWS), q4, g4, k4, v4)
+        kv_maps = _tensor_maps(name, (c, bwd_dkdv_rows(d, d_v)), q4, g4, k4, v4)
         q_maps = _tensor_maps(name, (BWD_ROWS, bwd_dq_step(d)), q4, g4, k4, v4)
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the mma.sync kernels take it
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
-    dk = dv = None
+    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
+    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
     tail = (b, n_q, n_k, h, kvh, float(scale), wl, wr, *cap)
-    if kv_maps is not None:
-        dk = arrays.empty(arrays.shape_of(k), kind, like=q)
-        dv = arrays.empty(arrays.shape_of(v), kind, like=q)
-        tq, tdo, tk, tv = kv_maps
-        launch(bwd_kernel_name("dkdv", d, softcap, suffix, d_v=d_v), b * kvh * -(-n_k // BWD_ROWS), THREADS, tq,
-               tk, tv, tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c, d_v), stream=stream,
-               backend=backend)
+    tq, tdo, tk, tv = kv_maps
+    launch(bwd_kernel_name("dkdv", d, softcap, suffix, d_v=d_v), b * kvh * -(-n_k // bwd_dkdv_rows(d, d_v)),
+           THREADS, tq, tk, tv, tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_dkdv_shared_bytes(d, d_v),
+           stream=stream, backend=backend)
     tq, tdo, tk, tv = q_maps
     launch(bwd_kernel_name("dq", d, softcap, suffix, d_v=d_v), b * h * -(-n_q // BWD_ROWS), THREADS, tq, tk, tv,
            tdo, lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d), d_v), stream=stream,
@@ -436,7 +452,7 @@ def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq
     d_v = dims[6] if len(dims) > 6 else d
     if not backward_usable(d, softcap, scale, q, backend, k, v, g, d_v=d_v):
         return False
-    n_kv_blocks, n_q_blocks = batch * kvh * -(-max_k // BWD_ROWS), batch * h * -(-max_q // BWD_ROWS)
+    n_kv_blocks, n_q_blocks = batch * kvh * -(-max_k // bwd_dkdv_rows(d, d_v)), batch * h * -(-max_q // BWD_ROWS)
     if max(n_kv_blocks, n_q_blocks) >= 2**31:  # the kernels' 1-D grid
         return False
     name = get_backend(backend).name
@@ -445,8 +461,8 @@ def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq
     q4, g4 = q.reshape((1, total_q, h, d)), g.reshape((1, total_q, h, d_v))
     k4, v4 = k.reshape((1, total_k, kvh, d)), v.reshape((1, total_k, kvh, d_v))
     try:  # the packed rows as one batch; boxes as the dense backward's
-        kv_maps = _tensor_maps(name, (c, BWD_ROWS), q4, g4, k4, v4)
-        q_maps = _tensor_maps(name, (BWD_ROWS, BWD_STEP), q4, g4, k4, v4)
+        kv_maps = _tensor_maps(name, (c, bwd_dkdv_rows(d, d_v)), q4, g4, k4, v4)
+        q_maps = _tensor_maps(name, (BWD_ROWS, bwd_dq_step(d)), q4, g4, k4, v4)
     except ArgumentError:  # no query or key at all, or a base off 16 bytes: the mma.sync kernels take it
         return False
     cap = (float(softcap),) if softcap > 0.0 else ()
@@ -454,10 +470,12 @@ def try_varlen_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dq
     if n_kv_blocks:
         tq, tdo, tk, tv = kv_maps
         launch(bwd_kernel_name("dkdv", d, softcap, suffix, varlen=True, d_v=d_v), n_kv_blocks, THREADS, tq, tk, tv,
-               tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_shared_bytes(d, c, d_v), stream=stream, backend=backend)
+               tdo, lse, delta, dk, dv, *tail, shared_mem=bwd_dkdv_shared_bytes(d, d_v), stream=stream,
+               backend=backend)
     if n_q_blocks:
         tq, tdo, tk, tv = q_maps
         launch(bwd_kernel_name("dq", d, softcap, suffix, varlen=True, d_v=d_v), n_q_blocks, THREADS, tq, tk, tv, tdo,
-               lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, BWD_STEP, d_v), stream=stream, backend=backend)
+               lse, delta, dq, *tail, shared_mem=bwd_shared_bytes(d, bwd_dq_step(d), d_v), stream=stream,
+               backend=backend)
     return True
 

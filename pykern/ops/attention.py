@@ -626,13 +626,12 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
                 _flat(q), _flat(k), _flat(v), _flat(g), lse, delta, n_q, n_k, h, kvh, d, scale, *win,
                 G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
     grads = _sm90_backward(q, k, v, g, _flat(lse), delta, dims, scale, win, kind, sfx, stream, backend)
-    if grads is not None and grads[1] is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
+    if grads is not None:  # Hopper: the wgmma kernels (kernels_cu/attention_bwd_sm90.cu)
         return grads
     if d_v != d:  # not taken (e.g. a base off 16 bytes): the caller pads v
         return None
-    # (at head_dim 256 the wgmma dQ kernel ran: dK and dV below)
     D = tc_head_dim(d)
-    dq = arrays.empty(arrays.shape_of(q), kind, like=q) if grads is None else grads[0]
+    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
     dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     smem_kv, smem_q = tc_backward_shared_bytes(D)
@@ -644,9 +643,8 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
     for name in names:
         _launch(name, (kv_grid,), (_TC_THREADS,), *args, _flat(dk), _flat(dv), *tail, shared_mem=smem_kv,
                 stream=stream, backend=backend)
-    if grads is None:
-        _launch(f"attention_bwd_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args,
-                _flat(dq), *tail, shared_mem=smem_q, stream=stream, backend=backend)
+    _launch(f"attention_bwd_tc_dq_d{D}{cap}{sfx}", (b * h * -(-n_q // _TC_QR),), (_TC_THREADS,), *args,
+            _flat(dq), *tail, shared_mem=smem_q, stream=stream, backend=backend)
     return dq, dk, dv
 
 

@@ -685,10 +685,8 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
     dv = d if dv is None else dv
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
     v, g = np.ascontiguousarray(v[..., :dv]), np.ascontiguousarray(g[..., :dv])  # head_dim_v columns
-    # at head_dim 256 the dQ kernel alone (the op computes dK and dV with the mma.sync kernels)
-    outputs = ("dq", "dk", "dv") if (d, dv) in sm90.BWD_SHAPES else ("dq",)
-    parts = ("dkdv", "dq") if len(outputs) == 3 else ("dq",)
-    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), d_v=dv) for p in parts)
+    outputs = ("dq", "dk", "dv")
+    names = tuple(sm90.bwd_kernel_name(p, d, softcap, _sfx(kind), d_v=dv) for p in ("dkdv", "dq"))
     scale = 1.0 / np.sqrt(d)
     # lse and delta in float64, stored as the fp32 the kernels read (per (batch, query, head)): what the op's
     # pre-pass gives them, without its fp32 rounding of the sums
@@ -807,12 +805,13 @@ SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
 # query tile, GQA, a window, n_q > n_k.
 SM90_FUSED_BACKWARD = ((130, 300, 2, 1, 64, True, (-1, -1)), (150, 260, 4, 2, 64, False, (60, 20)),
                        (100, 390, 4, 2, 128, False, (-1, -1)), (200, 150, 2, 1, 128, True, (-1, -1)))
-# The backward's _softcap kernels and its d256 dQ kernel: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
+# The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
 SM90_BACKWARD_SOFTCAP = ((70, 150, 2, 1, 64, False, (-1, -1), 2.0), (150, 60, 4, 2, 64, True, (-1, -1), 1.5),
                          (130, 200, 2, 1, 128, False, (40, 10), 2.5), (150, 100, 2, 2, 128, True, (-1, -1), 3.0),
-                         # head_dim 256: the dQ kernel alone (32-key tiles), with and without softcap
+                         # head_dim 256 (dK/dV: 64-key CTAs, the head dim split across the consumers; dQ: 32-key
+                         # tiles), with and without softcap
                          (70, 150, 2, 1, 256, False, (-1, -1), 0.0), (150, 60, 4, 2, 256, True, (-1, -1), 0.0),
                          (90, 100, 2, 1, 256, False, (30, 5), 2.0), (130, 130, 2, 2, 256, True, (-1, -1), 1.5))
 # The backward's varlen kernels, with and without softcap: (lq, lk, heads, kv_heads, head_dim, causal, window,
@@ -827,6 +826,10 @@ SM90_VARLEN_BACKWARD = (
     (([90, 1, 20], [60, 200, 0]), 4, 2, 64, True, (-1, -1), 1.5),
     (([5, 130, 0], [9, 200, 3]), 2, 1, 128, False, (-1, -1), 3.0),
     (([140, 1, 20], [60, 150, 0]), 2, 1, 128, True, (30, -1), 2.5),
+    (([5, 70, 0, 1], [9, 150, 3, 0]), 4, 2, 256, True, (-1, -1), 0.0),   # d256
+    (([90, 1, 20], [60, 130, 0]), 2, 1, 256, False, (40, 10), 0.0),
+    (([5, 70, 0], [9, 150, 3]), 2, 1, 256, False, (-1, -1), 2.0),
+    (([90, 1, 20], [60, 130, 0]), 2, 2, 256, True, (30, -1), 1.5),
 )
 # The backward at head_dim 96 (32-column boxes, 64B swizzle) and 192 / head_dim_v 128 (the DV template parameter),
 # both kernels, with and without softcap: (n_q, n_k, heads, kv_heads, head_dim, head_dim_v, causal, window,
