@@ -391,6 +391,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 }
 
 // ------------------------------------------------------------------------------------------------ dQ
+template <bool B> struct Ab90Bool { static constexpr bool value = B; };  // a compile-time flag for a generic lambda
+
 template <typename T, int D, int DV, bool SC, bool VL>
 __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                         const CUtensorMap* tdo, const float* __restrict__ lse,
@@ -451,7 +453,10 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
 
     // ---- consumers: rows = queries q0 + 64c + 16 wq + g (+ 8) ----
     pk_setmaxnreg_inc<240>();
-    const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
+    // c through a lane-0 shuffle (CUTLASS's canonical_warp_group_idx): ptxas then knows it warp-uniform and keeps
+    // the Q / dO descriptors and their k-step advances in uniform registers (no R2UR pair and 64-bit add an HGMMA)
+    const int c = __shfl_sync(PK_FULL_MASK, wg, 0) - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4,
+              t = lane % 4;
     float dqa[D / 2] = {};
     const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;  // as in ab90_dkdv
     const float pre = SC ? scale / softcap : 0.0f;
@@ -476,9 +481,12 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     const unsigned long long dk_t = pk_wgmma_desc(ks, C * RQ, 8 * RQ, SWQ);  // MN-major
     pk_mbarrier_wait_parity(q_full, 0);
 
-    for (int i = 0, j = kt0; j < kt1; j++, i++) {
-        const int s = i % ST, k0 = j * C;
-        const bool need_mask = k0 < span.full_lo || k0 + C - 1 > span.full_hi;
+    // One key tile (ring slot (j - kt0) % ST); masked: the tile holds a key some row of the CTA does not see (the
+    // causal diagonal, a window edge, keys past n_k). The interior tiles run without the per-element column test,
+    // in a loop of their own (below), which is the steady state.
+    auto tile = [&](auto masked, int j) {
+        constexpr bool need_mask = decltype(masked)::value;
+        const int i = j - kt0, s = i % ST, k0 = j * C;
         float sc[C / 2], dp[C / 2];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
         ab90_two_products<DT, D, DV, R, C>(sc, dp, dq_a, pk_wgmma_desc_advance(dk_b, s * STEP_BYTES), ddo_a,
@@ -510,6 +518,14 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
         pk_wgmma_commit();
         pk_wgmma_wait<0>();
         pk_mbarrier_arrive(&empty[s]);
+    };
+    // tiles [u0, u1) need no mask: every row of the CTA sees every key of them (span.full_lo .. span.full_hi)
+    const int u0 = min(max((span.full_lo + C - 1) / C, kt0), kt1);
+    const int u1 = min(max((span.full_hi + 1) / C, u0), kt1);
+    for (int j = kt0; j < kt1;) {  // in the producer's order: masked tiles below u0, unmasked ones, masked above u1
+        const int stop = j < u0 ? u0 : j < u1 ? j : kt1;
+        for (; j < stop; j++) tile(Ab90Bool<true>(), j);
+        for (; j < u1; j++) tile(Ab90Bool<false>(), j);
     }
 
     const long long row_stride = (long long)n_heads * D;

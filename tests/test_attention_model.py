@@ -359,7 +359,7 @@ def sass():
 
 def _cross_check(sass: am.SassSource, lau: am.Launch, arch: str) -> am.KernelInputs:
     k = sass.inputs(lau.kernel, arch)
-    assert k.loop.mma * lau.loop_warps * am.MMA_FLOP == 2 * lau.head_dim * lau.matmuls * lau.step[0] * lau.step[1], \
+    assert k.loop.mma * lau.loop_warps * am.MMA_FLOP == 2 * lau.pair_dims * lau.step[0] * lau.step[1], \
         (lau.kernel, arch, k.loop.mma)
     assert k.loop.per_mma > 1 and k.regs > 0 and k.spills == 0
     assert k.loop.loop in ("flat", "inner")
@@ -568,3 +568,98 @@ def test_the_ping_pong_build_is_a_modelled_bound_below_the_measured_build(sass):
             assert new["time_s"] < old["time_s"] and "softmax" not in new["binding"]
         else:
             assert new["time_s"] == old["time_s"]
+
+
+# --------------------------------------------------------------------------- head_dim_v < head_dim (192 / 128)
+def test_a_second_head_dim_changes_the_useful_flops_and_bytes():
+    """head_dim_v (v, out, dO): S and dK / dQ over head_dim, P V, dP and dV over head_dim_v; equal dims keep
+    FlashAttention's count (4 pairs d forward, 2.5x that backward)."""
+    s = am.Shape(2, 4, 100, 192, False, head_dim_v=128)
+    pairs = 2 * 4 * 100 * 100
+    assert am.useful_flops(s, "fwd") == 2 * pairs * (192 + 128)
+    assert am.useful_flops(s, "bwd") == 2 * pairs * (3 * 192 + 2 * 128)
+    eq = am.Shape(2, 4, 100, 128, True)
+    causal_pairs = 2 * 4 * 100 * 101 // 2
+    assert am.useful_flops(eq, "fwd") == 4 * causal_pairs * 128 and am.useful_flops(eq, "bwd") == 10 * causal_pairs * 128
+    assert s.dv == 128 and s.label == "192/128" and eq.dv == 128 and eq.label == "128"
+    with pytest.raises(ArgumentError, match=r"head_dim_v: expected at most head_dim \(128\), got 192"):
+        am.Shape(1, 1, 8, 128, False, head_dim_v=192).check()
+
+
+def test_sm90_launches_at_192_128_take_that_shapes_kernels_and_dims():
+    from pykern.ops import _attention_sm90 as h
+
+    s = am.Shape(1, 4, 512, 192, True, kv_heads=2, head_dim_v=128)
+    q, o, k, v, row = 4 * 512 * 192 * 2, 4 * 512 * 128 * 2, 2 * 512 * 192 * 2, 2 * 512 * 128 * 2, 4 * 512 * 4
+    names = [h.kernel_name(192, 128, sc, "_bf16") for sc in (0.0, 1.0)] + [
+        h.bwd_kernel_name(p, 192, sc, "_bf16", vl, d_v=128) for p in ("dkdv", "dq") for sc in (0.0, 1.0)
+        for vl in (False, True)]
+    (fwd,), why = am.sm90_launches("fwd", s, names)
+    assert why == "" and fwd.kernel == "attention_fwd_sm90_d192_dv128_bf16"
+    assert fwd.pair_dims == 192 + 128 and fwd.smem == h.shared_bytes(192, 128)
+    assert fwd.step == (h.ROWS, h._CFG[192][0] * h.LOOP_TILES[192]) and fwd.hbm_bytes == q + o + k + v + row
+    (kv, dq), why = am.sm90_launches("bwd", s, names)
+    assert why == "" and (kv.kernel, dq.kernel) == ("attention_bwd_sm90_dkdv_d192_dv128_bf16",
+                                                    "attention_bwd_sm90_dq_d192_dv128_bf16")
+    # dK / dV: S^T and dK over 192, dP^T and dV over 128, 16-query tiles; dQ: S and dQ over 192, dP over 128
+    assert kv.pair_dims == 2 * (192 + 128) and kv.step == (16, h.BWD_ROWS) and kv.smem == h.bwd_shared_bytes(192, 16, 128)
+    assert dq.pair_dims == 2 * 192 + 128 and dq.step == (h.BWD_ROWS, 64) and dq.smem == h.bwd_shared_bytes(192, 64, 128)
+    reads = q + o + k + v + 2 * row
+    assert kv.hbm_bytes == reads + k + v and dq.hbm_bytes == reads + q
+    assert kv.executed_flops == 2 * 640 * sum(kv.ctas) * kv.groups
+    for sc, vl in ((True, False), (False, True), (True, True)):
+        got, _ = am.sm90_launches("bwd", s, names, softcap=sc, varlen=vl)
+        assert [lau.kernel for lau in got] == [h.bwd_kernel_name(p, 192, 1.0 if sc else 0.0, "_bf16", vl, d_v=128)
+                                              for p in ("dkdv", "dq")]
+    assert am.sm90_launches("bwd", s, names, build="2026-11-27")[0] == []
+    # a head_dim_v with no sm_90a kernels of its own
+    assert am.sm90_launches("bwd", am.Shape(1, 4, 512, 128, True, head_dim_v=64), names)[0] == []
+
+
+def test_mma_sync_backward_at_192_128_runs_padded_and_pays_the_copies():
+    """Off sm_90a the op pads v, dO and out to head_dim (zero columns) and narrows dV back: the kernels are the
+    padded shape's, and memory_kernels adds the copies' bytes."""
+    s = am.Shape(2, 4, 256, 192, False, head_dim_v=128)
+    pad = am.Shape(2, 4, 256, 192, False)
+    assert am.launches("bwd", s) == am.launches("bwd", pad)
+    assert [lau.kernel for lau in am.launches("bwd", s)] == ["attention_bwd_tc_dv_d256_bf16",
+                                                             "attention_bwd_tc_dk_d256_bf16",
+                                                             "attention_bwd_tc_dq_d256_bf16"]
+    o, o_pad = 2 * 256 * 4 * 128 * 2, 2 * 256 * 4 * 192 * 2  # out / dO, 4 heads
+    v, v_pad = o, o_pad  # 4 kv heads too
+    mem = am.memory_kernels("bwd", s)
+    assert mem[0] == ("pad v / grad_out / out to head_dim", v + v_pad + 2 * (o + o_pad))
+    assert mem[1] == ("narrow dv to head_dim_v", v_pad + v)
+    assert mem[2:] == am.memory_kernels("bwd", pad)
+    # the forward's general kernel reads v and writes out at head_dim_v (D = 256 tiles)
+    (fwd,) = am.launches("fwd", s)
+    q, k = 2 * 256 * 4 * 192 * 2, 2 * 256 * 4 * 192 * 2
+    assert fwd.kernel == "attention_fwd_tc_d256_bf16" and fwd.hbm_bytes == q + o + k + v + 2 * 256 * 4 * 4
+
+
+def test_real_sm90a_192_128_loops_match_the_launch_dims_and_the_table_has_the_shape(sass):
+    """The SASS loop's MMAs of the 192 / 128 kernels against their launches' matmul dims (a dims error fails
+    here), and the default table models the shape forward and backward on every arch with a named binding term."""
+    s = am.Shape(1, 2, 256, 192, False, head_dim_v=128)
+    for phase, kinds in (("fwd", ((False, False),)), ("bwd", am.SM90_BWD_KINDS)):
+        for sc, vl in kinds:
+            got, why = am.sm90_launches(phase, s, list(sass.kernels()), softcap=sc, varlen=vl)
+            assert got, why
+            for lau in got:
+                # _cross_check's MMA count (its per_mma > 1 sanity bound does not hold here: the 192 / 128
+                # forward's loop issues 314 instructions for 320 m16n8k16-equivalents)
+                k = sass.inputs(lau.kernel, "sm_90a")
+                assert k.loop.mma * lau.loop_warps * am.MMA_FLOP == 2 * lau.pair_dims * lau.step[0] * lau.step[1], \
+                    (lau.kernel, k.loop.mma)
+                assert k.loop.wgmma and k.spills == 0 and k.loop.mufu * 32 * lau.loop_warps >= lau.step[0] * lau.step[1]
+    shapes = am.default_dv_shapes(seqs=(4096,), causal=(True,))
+    assert shapes == [am.Shape(4, 16, 4096, 192, True, head_dim_v=128)]
+    doc = am.table_rows(shapes=shapes, sass=sass, dq_modes=("atomic",))
+    got = {(p["arch"], p["phase"]) for p in doc["predictions"]}
+    assert got == {(a, ph) for a in am.ARCHS for ph in ("fwd", "bwd")} and not doc["skipped"]
+    for p in doc["predictions"]:
+        assert p["shape"]["head_dim_v"] == 128 and p["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "hbm")
+        assert 0 < p["tflops"] < am.hardware(p["arch"]).peak / 1e12
+        if p["arch"] == "sm_90a":
+            assert all("d192_dv128" in k["kernel"] for k in p["kernels"] if "sm90" in k["kernel"])
+    assert "192/128" in am.format_table(doc)

@@ -115,7 +115,63 @@ def _bad(monkeypatch: pytest.MonkeyPatch, exc: type, match: str, **change) -> No
     ("max_seqlen_q", 3, ArgumentError, r"max_seqlen_q: expected at least the longest sequence .* \(4\), got 3"),
     ("max_seqlen_k", 2.0, ArgumentTypeError, "max_seqlen_k: expected an int"),
     ("lse", np.zeros((7, 3), np.float32), ArgumentError, r"lse: expected shape \(7, 2\)"),
-    ("q", np.zeros((7, 2, 64), np.float32), ArgumentTypeError, "q: expected dtype bfloat16 or float16"),
+    ("q", np.zeros((7, 2, 64), np.float64), ArgumentTypeError, "q: expected dtype bfloat16 or float16 or float32, got float64"),
+    ("q", np.zeros((7, 2, 64), np.float32), ArgumentTypeError, r"k: expected the dtype of q \(f32\), got bf16"),
 ])
 def test_bad_input_names_the_argument(name, value, exc, match, monkeypatch: pytest.MonkeyPatch) -> None:
     _bad(monkeypatch, exc, match, **{name: value})
+
+
+# float32: the dense fp32-FMA kernels once per sequence (every arch; the tensor-core kernels take bf16 / f16 only),
+# writing into the packed gradients; empty sequences (no query or no key) keep zero gradients.
+@pytest.mark.parametrize("causal,window,cap,d,d_v", [
+    (True, (-1, -1), 0.0, 64, 64),
+    (False, (3, 2), 0.0, 96, 96),
+    (True, (-1, -1), 2.5, 40, 40),
+    (True, (-1, -1), 0.0, 64, 48),  # head_dim_v < head_dim: v, dO and out padded to head_dim, dV sliced back
+])
+def test_float32_gradients_match_float64(causal, window, cap, d, d_v, monkeypatch: pytest.MonkeyPatch) -> None:
+    from pykern.difftest.cases.attention import np_varlen_backward as ref
+
+    monkeypatch.delenv("PYKERN_HOST_ARCH", raising=False)
+    rng = np.random.default_rng(5)
+    lq, lk, h, kvh = (5, 0, 1, 33, 4), (9, 3, 1, 30, 0), 4, 2
+    cq = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    q = rng.standard_normal((int(cq[-1]), h, d)).astype(np.float32)
+    k = rng.standard_normal((int(ck[-1]), kvh, d)).astype(np.float32)
+    v = rng.standard_normal((int(ck[-1]), kvh, d_v)).astype(np.float32)
+    g = rng.standard_normal((int(cq[-1]), h, d_v)).astype(np.float32)
+    out64, lse64, *want = ref(q, k, v, g, cq, ck, causal=causal, window_size=window, softcap=cap)
+    names = record_launches(monkeypatch)
+    got = ops.flash_attention_varlen_backward(q, k, v, g, cq, ck, out=out64.astype(np.float32),
+                                              lse=lse64.astype(np.float32), causal=causal, window_size=window,
+                                              softcap=cap, backend=HOST)
+    for name, x, w in zip(("dq", "dk", "dv"), got, want):
+        assert x.dtype == np.float32 and x.shape == w.shape, name
+    check(dict(zip(("dq", "dk", "dv"), got)), dict(zip(("dq", "dk", "dv"), want)), "flash_attention_varlen_backward",
+          "f32")
+    assert not got[0][int(cq[4]):].any()  # the last sequence has queries but no key: dq = 0
+    assert not got[1][int(ck[1]):int(ck[2])].any() and not got[2][int(ck[1]):int(ck[2])].any()  # keys, no query
+    assert got[0][:int(cq[1])].any() and got[1][:int(ck[1])].any()
+    # the dense fp32 kernels, per sequence with both queries and keys (3 of 5): preprocess, dK/dV, dQ each
+    sfx = "_softcap" if cap > 0 else ""  # the f32 kernels carry no dtype suffix
+    assert names == ["attention_bwd_preprocess", "attention_bwd_fma_dkdv" + sfx, "attention_bwd_fma_dq" + sfx] * 3
+
+
+
+def test_float32_with_device_cu_seqlens_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The per-sequence fp32 backward reads the bounds on the host; device cu_seqlens are never read back. No device
+    # here: cu_seqlens_k's check reports no host copy, as it does for device memory.
+    from pykern.ops import _prefill
+
+    real = _prefill.check_cu_seqlens
+    monkeypatch.setattr(_prefill, "check_cu_seqlens",
+                        lambda name, *a: (real(name, *a)[0], None) if name == "cu_seqlens_k" else real(name, *a))
+    q, k = np.zeros((7, 2, 64), np.float32), np.zeros((7, 1, 64), np.float32)
+    cq = np.array([0, 3, 7], np.int32)
+    names = record_launches(monkeypatch)
+    with pytest.raises(ArgumentError, match=r"cu_seqlens_k: the float32 varlen backward .* expected host memory"):
+        ops.flash_attention_varlen_backward(q, k, k, q, cq, cq, out=q, lse=np.zeros((7, 2), np.float32),
+                                            max_seqlen_k=4, backend=HOST)
+    assert names == []

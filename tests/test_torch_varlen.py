@@ -74,13 +74,16 @@ CONFIGS = [
     (torch.float16, [20, 33], [40, 17], 2, 1, 128, True, (10, -1), 2.0),
     (torch.bfloat16, [12, 7, 1], [12, 7, 1], 4, 4, 96, False, (3, 3), 0.0),
     (torch.float16, [9, 30], [25, 30], 2, 1, 256, True, (-1, -1), 0.0),
+    # float32: the dense fp32 backward per sequence (an empty sequence and one with keys but no query among them)
+    (torch.float32, [6, 0, 17, 3], [6, 4, 20, 0], 4, 2, 64, True, (-1, -1), 0.0),
+    (torch.float32, [11, 5], [9, 5], 2, 2, 80, False, (4, 2), 3.0),
 ]
 
 
 @pytest.mark.parametrize("cfg", CONFIGS, ids=lambda c: f"{str(c[0])[6:]}-d{c[5]}-{'causal' if c[6] else 'full'}")
 def test_forward_and_grads_match_per_sequence_dense_f64(cfg) -> None:
     dtype, lq, lk, h, kvh, d, causal, window, cap = cfg
-    kind = "bf16" if dtype == torch.bfloat16 else "f16"
+    kind = {torch.bfloat16: "bf16", torch.float16: "f16", torch.float32: "f32"}[dtype]
     g = torch.Generator().manual_seed(3)
     cq, ck = _cu(lq), _cu(lk)
     q = torch.randn(int(cq[-1]), h, d, generator=g).to(dtype).requires_grad_()
@@ -138,7 +141,8 @@ def _args(**change):
      "cu_seqlens_q: expected a non-decreasing"),
     (dict(max_seqlen_k=4), ArgumentError, "max_seqlen_k: expected at least the longest sequence"),
     (dict(max_seqlen_q=4.0), ArgumentTypeError, "max_seqlen_q: expected an int"),
-    (dict(q=torch.randn(7, 2, 64)), ArgumentTypeError, "q: expected dtype bfloat16 or float16"),
+    (dict(q=torch.randn(7, 2, 64, dtype=torch.float64)), ArgumentTypeError,
+     "q: expected dtype bfloat16 or float16 .* or float32, got torch.float64"),
 ])
 def test_bad_arguments_raise_before_any_launch(change, exc, match, monkeypatch: pytest.MonkeyPatch) -> None:
     names = record_launches(monkeypatch)

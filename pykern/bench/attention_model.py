@@ -53,7 +53,7 @@ import heapq
 import importlib.util
 import json
 import re
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Callable, Iterable, Sequence
 
@@ -386,14 +386,22 @@ class Launch:
     fill: int = 0  # bytes a CTA writes to shared memory with cp.async per loop iteration (the tile loads)
     mma_warps: int = 0  # warps that run the MMA loop (0: every warp; sm_90a: the consumer warpgroups only)
     chain_clk: float = 0.0  # SM clocks added once to the launch: the semaphore chain's fill (the _det fused kernel)
+    # the head dims of the matmuls summed (a (query, key) pair costs 2 x this FLOP); 0: head_dim x matmuls. Set
+    # where head_dim_v differs from head_dim (192 / 128: S and dK / dQ over 192, P V, dP and dV over 128)
+    dims: int = 0
 
     @property
     def loop_warps(self) -> int:
         return self.mma_warps or -(-self.threads // 32)
 
     @property
+    def pair_dims(self) -> int:
+        """The head dims of the launch's matmuls summed: 2 x this is the FLOP of one (query, key) pair."""
+        return self.dims or self.head_dim * self.matmuls
+
+    @property
     def executed_flops(self) -> float:
-        return 2.0 * self.head_dim * self.matmuls * sum(self.ctas) * self.groups
+        return 2.0 * self.pair_dims * sum(self.ctas) * self.groups
 
 
 def _tiles(n_q: int, n_k: int, causal: bool, rows: int, keys: int, longest_first: bool) -> list[int]:
@@ -422,46 +430,72 @@ def _key_tiles(n_q: int, n_k: int, causal: bool, keys: int, rows: int, group: in
 
 @dataclass(frozen=True)
 class Shape:
+    """An attention shape: head_dim of q and k, head_dim_v of v, out and dO (None: head_dim; DeepSeek-V3's
+    prefill is 192 / 128)."""
+
     batch: int
     heads: int
     seq: int
     head_dim: int
     causal: bool
     kv_heads: int | None = None
+    head_dim_v: int | None = None
 
     @property
     def kvh(self) -> int:
         return self.heads if self.kv_heads is None else self.kv_heads
 
+    @property
+    def dv(self) -> int:
+        return self.head_dim if self.head_dim_v is None else self.head_dim_v
+
+    @property
+    def label(self) -> str:
+        """head_dim, or head_dim/head_dim_v where they differ ("192/128")."""
+        return str(self.head_dim) if self.dv == self.head_dim else f"{self.head_dim}/{self.dv}"
+
     def check(self) -> None:
-        for name in ("batch", "heads", "seq", "head_dim", "kvh"):
+        for name in ("batch", "heads", "seq", "head_dim", "kvh", "dv"):
             if getattr(self, name) < 1:
                 raise ArgumentError(f"{name}: expected >= 1, got {getattr(self, name)}")
         if self.heads % self.kvh:
             raise ArgumentError(f"kv_heads: must divide heads ({self.heads}), got {self.kvh}")
         if self.head_dim > 256:
             raise ArgumentError(f"head_dim: the tensor-core kernels take at most 256, got {self.head_dim}")
+        if self.dv > self.head_dim:
+            raise ArgumentError(f"head_dim_v: expected at most head_dim ({self.head_dim}), got {self.dv}")
+
+
+def _padded(s: Shape) -> Shape:
+    """s with v, out and dO at head_dim: what the mma.sync backward runs on where head_dim_v < head_dim (the op
+    pads them with zero columns, dV sliced back)."""
+    return replace(s, head_dim_v=None)
 
 
 def useful_flops(s: Shape, phase: str) -> float:
-    """FLOP as FlashAttention reports them: forward 4 * visible pairs * d, backward 2.5x that."""
+    """FLOP as FlashAttention reports them: forward 2 * visible pairs * (d + dv) (S = Q K^T over d, P V over dv;
+    4 * pairs * d when they are equal), backward 2 * pairs * (3 d + 2 dv) (S, dK, dQ over d; dP, dV over dv:
+    2.5x the forward when they are equal)."""
     n = s.seq
     pairs = n * (n + 1) // 2 if s.causal else n * n
-    f = 4.0 * pairs * s.head_dim * s.batch * s.heads
-    return f if phase == "fwd" else 2.5 * f
+    dims = s.head_dim + s.dv if phase == "fwd" else 3 * s.head_dim + 2 * s.dv
+    return 2.0 * pairs * dims * s.batch * s.heads
 
 
 def _bytes(s: Shape) -> dict[str, int]:
+    """bf16 bytes of q (and dq), o (out, dO, at head_dim_v), k, v, and a fp32 per query row (lse, delta)."""
     q = s.batch * s.seq * s.heads * s.head_dim * 2
-    kv = s.batch * s.seq * s.kvh * s.head_dim * 2
-    row = s.batch * s.seq * s.heads * 4  # one fp32 per query row (lse, delta)
-    return {"q": q, "kv": kv, "row": row}
+    o = s.batch * s.seq * s.heads * s.dv * 2
+    k = s.batch * s.seq * s.kvh * s.head_dim * 2
+    v = s.batch * s.seq * s.kvh * s.dv * 2
+    row = s.batch * s.seq * s.heads * 4
+    return {"q": q, "o": o, "k": k, "v": v, "row": row}
 
 
 def _fa2(fw: Any, s: Shape) -> bool:
     """Whether the forward runs the FlashAttention-2 core: the ops' own test (fa2_eligible) on the model's
-    aligned, contiguous inputs (head_dim == head_dim_v, so only the head_dim decides)."""
-    return fw.fa2_eligible(s.head_dim, s.head_dim)
+    aligned, contiguous inputs: head_dim == head_dim_v in FA2_HEAD_DIMS)."""
+    return fw.fa2_eligible(s.head_dim, s.dv)
 
 
 def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
@@ -474,10 +508,16 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
 
     if dq_mode not in DQ_MODES:
         raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
-    D = fw.tc_head_dim(s.head_dim)
+    if phase == "bwd" and s.dv != s.head_dim:
+        # head_dim_v < head_dim: the op pads v and dO (and out) to head_dim and runs the kernels there; the pads'
+        # copies are memory_kernels' (this shape's fused kernel is never the 192 / 128 one: it is not in
+        # FUSED_HEAD_DIMS at head_dim 192)
+        return launches(phase, _padded(s), dq_mode)
+    D = fw.tc_head_dim(max(s.head_dim, s.dv))
     b = _bytes(s)
     group = s.heads // s.kvh
     if phase == "fwd":
+        # the general kernel reads v and writes out at head_dim_v inside its D-column tiles
         if _fa2(fw, s):
             rows, bc, threads, smem = fw.FA2_ROWS, fw.FA2_KEYS, fw.FA2_THREADS, fw.fa2_shared_bytes(D)
         else:
@@ -485,11 +525,11 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
         pad = "pad_" if D in fw.FA2_HEAD_DIMS and not _fa2(fw, s) else ""
         ctas = _tiles(s.seq, s.seq, s.causal, rows, bc, True)
         return [Launch(f"attention_fwd_tc_{pad}d{D}_bf16", "attention_fwd_tc.cu", "", threads, smem,
-                       tuple(ctas), s.batch * s.heads, D, 2, 2 * b["q"] + 2 * b["kv"] + b["row"], (rows, bc),
-                       2 * bc * D * 2)]
+                       tuple(ctas), s.batch * s.heads, D, 2, b["q"] + b["o"] + b["k"] + b["v"] + b["row"],
+                       (rows, bc), 2 * bc * D * 2)]
     if phase != "bwd":
         raise ArgumentError(f"phase: expected 'fwd' or 'bwd', got {phase!r}")
-    reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]  # q, dO, k, v, lse, delta
+    reads = b["q"] + b["o"] + b["k"] + b["v"] + 2 * b["row"]  # q, dO, k, v, lse, delta
     if s.head_dim in ta.FUSED_HEAD_DIMS:
         br, bc = ta._FUSED_BR[D], ta._FUSED_BC
         ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, bc, br, group))
@@ -499,13 +539,13 @@ def launches(phase: str, s: Shape, dq_mode: str = "atomic") -> list[Launch]:
         name = f"attention_bwd_tc_fused_d{D}{'_det' if det else ''}_bf16"
         # cp.async per step: a Q and a dO tile of BR rows (lse / delta runs are small)
         return [Launch(name, "attention_bwd_tc_fused.cu", "", ta._TC_THREADS, ta.fused_shared_bytes(D), ctas,
-                       s.batch * s.kvh, D, 5, reads + 2 * b["kv"] + dq_bytes, (br, bc), 2 * br * D * 2)]
+                       s.batch * s.kvh, D, 5, reads + b["k"] + b["v"] + dq_bytes, (br, bc), 2 * br * D * 2)]
     smem_kv, smem_q = ta.tc_backward_shared_bytes(D)
     # the dQ kernel's key step: the .cu's ABTC_DQ_BC, recovered from its shared-memory size (2 QR + 2 BC rows)
     dq_bc = (smem_q // ((D + 8) * 2) - 2 * ta._TC_QR) // 2
     kv_ctas = tuple(_key_tiles(s.seq, s.seq, s.causal, ta._TC_BC, ta._TC_BR, group))
-    kv = [(f"attention_bwd_tc_dv_d{D}_bf16", 2, b["kv"]), (f"attention_bwd_tc_dk_d{D}_bf16", 3, b["kv"])] \
-        if D == 256 else [(f"attention_bwd_tc_dkdv_d{D}_bf16", 4, 2 * b["kv"])]
+    kv = [(f"attention_bwd_tc_dv_d{D}_bf16", 2, b["v"]), (f"attention_bwd_tc_dk_d{D}_bf16", 3, b["k"])] \
+        if D == 256 else [(f"attention_bwd_tc_dkdv_d{D}_bf16", 4, b["k"] + b["v"])]
     # cp.async per step: the dK/dV loop loads a Q and a dO tile of BR rows, the dQ loop a K and a V tile
     out = [Launch(n, "attention_bwd_tc.cu", "", ta._TC_THREADS, smem_kv, kv_ctas, s.batch * s.kvh, D, mm,
                   reads + w, (ta._TC_BR, ta._TC_BC), 2 * ta._TC_BR * D * 2) for n, mm, w in kv]
@@ -530,6 +570,14 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
     from ..ops import attention as ta
 
     b = _bytes(s)
+    if variant != "wgmma" and s.dv != s.head_dim:
+        # the mma.sync backward at head_dim_v < head_dim: v, dO and out copied with zero columns up to head_dim
+        # (read at head_dim_v, written at head_dim), the kernels' dV narrowed back (read at head_dim, written at
+        # head_dim_v); the rest as at head_dim
+        p = _bytes(_padded(s))
+        pads = [("pad v / grad_out / out to head_dim", b["v"] + p["v"] + 2 * (b["o"] + p["o"])),
+                ("narrow dv to head_dim_v", p["v"] + b["v"])]
+        return pads + memory_kernels(phase, _padded(s), variant, dq_mode, sm90_fused)
     if variant == "wgmma" and sm90_fused:
         # the sm_90a fused kernel (both modes): the prep zeroes the fp32 accumulator (rows padded to 64), the
         # reduce reads it and writes dQ
@@ -537,16 +585,16 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
 
         n_ws = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * s.head_dim
         rows_pad = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * 4
-        return [("attention_bwd_tc_prep_bf16", 2 * b["q"] + b["row"] + 2 * rows_pad + 4 * n_ws),
+        return [("attention_bwd_tc_prep_bf16", 2 * b["o"] + b["row"] + 2 * rows_pad + 4 * n_ws),
                 (f"attention_bwd_tc_dq_reduce_d{s.head_dim}_bf16", 4 * n_ws + b["q"])]
     if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
-        return [("attention_bwd_preprocess_bf16", 2 * b["q"] + b["row"])]
+        return [("attention_bwd_preprocess_bf16", 2 * b["o"] + b["row"])]  # dO and out read, delta written
     D, br, bc = s.head_dim, ta._FUSED_BR[s.head_dim], ta._FUSED_BC
     nq_pad = -(-s.seq // br) * br
     n_ws = s.batch * s.heads * nq_pad * D  # fp32 workspace elements
     rows_pad = s.batch * s.heads * nq_pad * 4
     zero = 4 * n_ws if dq_mode == "atomic" else 0
-    prep = 2 * b["q"] + b["row"] + 2 * rows_pad + zero
+    prep = 2 * b["o"] + b["row"] + 2 * rows_pad + zero
     if dq_mode == "atomic":
         return [("attention_bwd_tc_prep_bf16", prep), (f"attention_bwd_tc_dq_reduce_d{D}_bf16", 4 * n_ws + b["q"])]
     n_kt = -(-s.seq // bc)
@@ -611,9 +659,12 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         raise ArgumentError(f"dq_mode: expected one of {DQ_MODES}, got {dq_mode!r}")
 
     _check_build(build)
-    D = fw.tc_head_dim(s.head_dim)
     b = _bytes(s)
     mma_warps = (h.THREADS - 128) // 32  # the producer warpgroup (128 threads) issues no MMA
+    d, dv = s.head_dim, s.dv
+    if dv != d:  # head_dim_v < head_dim: the kernels of that shape (192 / 128), no padding
+        return _sm90_dv_launches(phase, s, kernels, softcap, varlen, build, mma_warps)
+    D = fw.tc_head_dim(d)
     if phase == "fwd":
         if softcap or varlen:
             raise ArgumentError(f"softcap / varlen: the model covers the dense forward only, got softcap={softcap}, "
@@ -624,14 +675,15 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         bc = h._CFG[D][0]
         return [Launch(name, "attention_fwd_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
                        tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
-                       2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
+                       b["q"] + b["o"] + b["k"] + b["v"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]),
+                       mma_warps=mma_warps)], ""
     if build == MEASURED_BUILD and (softcap or varlen):
         return [], f"the {build} build had no softcap / varlen sm_90a backward"
     dims = MEASURED_BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_HEAD_DIMS
     names = [h.bwd_kernel_name(p, D, 1.0 if softcap else 0.0, "_bf16", varlen) for p in ("dkdv", "dq")]
     if s.head_dim not in dims or any(n not in kernels for n in names):
         return [], f"no {' / '.join(names)} kernels (head_dims {dims})"
-    reads = 2 * b["q"] + 2 * b["kv"] + 2 * b["row"]
+    reads = b["q"] + b["o"] + b["k"] + b["v"] + 2 * b["row"]
     det = dq_mode == "deterministic"
     fused = h.bwd_fused_kernel_name(D, det, "_bf16")
     if (build != MEASURED_BUILD and not softcap and not varlen and s.head_dim in h.BWD_FUSED_HEAD_DIMS
@@ -643,7 +695,8 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         chain = SEM_LINK_CLK * (len(ctas) - 1) if det and not s.causal else 0.0
         return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(D),
                        tuple(ctas[::-1] if det and s.causal else ctas), groups, D, 5,
-                       reads + 2 * b["kv"] + dq_bytes, (c, h.BWD_ROWS), mma_warps=mma_warps, chain_clk=chain)], ""
+                       reads + b["k"] + b["v"] + dq_bytes, (c, h.BWD_ROWS), mma_warps=mma_warps,
+                       chain_clk=chain)], ""
     dq_step = h.bwd_dq_step(D)
     dq = Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, dq_step),
                 tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, dq_step, False)), s.batch * s.heads, D, 3,
@@ -653,7 +706,43 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     c, rows = h.bwd_dkdv_step(D), h.bwd_dkdv_rows(D)
     return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_dkdv_shared_bytes(D),
                    tuple(_key_tiles(s.seq, s.seq, s.causal, rows, c, s.heads // s.kvh)), s.batch * s.kvh,
-                   D, 4, reads + 2 * b["kv"], (c, rows), mma_warps=mma_warps), dq], ""
+                   D, 4, reads + b["k"] + b["v"], (c, rows), mma_warps=mma_warps), dq], ""
+
+def _sm90_dv_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool, varlen: bool, build: str,
+                      mma_warps: int) -> tuple[list[Launch], str]:
+    """sm90_launches at head_dim_v < head_dim: the sm_90a kernels of that shape (pykern.ops._attention_sm90
+    SHAPES / BWD_SHAPES: 192 / 128), their own tiles (the forward d128's; the backward's dK / dV on 16-query
+    tiles, its dQ on 64-key ones) and matmul dims: forward S over d and P V over dv; dK / dV S^T and dK over d,
+    dP^T and dV over dv; dQ S and dQ over d, dP over dv. The 2026-11-27 build had none."""
+    from ..ops import _attention_sm90 as h
+
+    d, dv = s.head_dim, s.dv
+    b = _bytes(s)
+    if build == MEASURED_BUILD:
+        return [], f"the {build} build had no head_dim {d} / head_dim_v {dv} sm_90a kernels"
+    if phase == "fwd":
+        if softcap or varlen:
+            raise ArgumentError(f"softcap / varlen: the model covers the dense forward only, got softcap={softcap}, "
+                                f"varlen={varlen}")
+        name = h.kernel_name(d, dv, 0.0, "_bf16")
+        if (d, dv) not in h.SHAPES or name not in kernels:
+            return [], f"no {name} kernel (shapes {h.SHAPES})"
+        bc = h._CFG[d][0]
+        return [Launch(name, "attention_fwd_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(d, dv),
+                       tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, d, 2,
+                       b["q"] + b["o"] + b["k"] + b["v"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[d]),
+                       mma_warps=mma_warps, dims=d + dv)], ""
+    names = [h.bwd_kernel_name(p, d, 1.0 if softcap else 0.0, "_bf16", varlen, d_v=dv) for p in ("dkdv", "dq")]
+    if (d, dv) not in h.BWD_SHAPES or any(n not in kernels for n in names):
+        return [], f"no {' / '.join(names)} kernels (shapes {h.BWD_SHAPES})"
+    reads = b["q"] + b["o"] + b["k"] + b["v"] + 2 * b["row"]
+    c, dq_step = h.bwd_dkdv_step(d, dv), h.bwd_dq_step(d)
+    return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_dkdv_shared_bytes(d, dv),
+                   tuple(_key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)), s.batch * s.kvh,
+                   d, 4, reads + b["k"] + b["v"], (c, h.BWD_ROWS), mma_warps=mma_warps, dims=2 * (d + dv)),
+            Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(d, dq_step, dv),
+                   tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, dq_step, False)), s.batch * s.heads, d, 3,
+                   reads + b["q"], (h.BWD_ROWS, dq_step), mma_warps=mma_warps, dims=2 * d + dv)], ""
 
 
 # ------------------------------------------------------------------------------------------- the terms
@@ -700,7 +789,7 @@ def _launch_rates(lau: Launch, k: KernelInputs,
     insns_step, smem_step, trips = loop.per_step(lau.fill / lau.loop_warps)
     n_ctas = len(lau.ctas) * lau.groups
     return (-(-lau.threads // 32), occ, 1.0 if loop.wgmma else hw.mma_sync_fraction, insns_step / loop.mma,
-            smem_step / loop.mma, 2.0 * lau.head_dim * lau.matmuls / MMA_FLOP, trips, n_ctas,
+            smem_step / loop.mma, 2.0 * lau.pair_dims / MMA_FLOP, trips, n_ctas,
             max(1, min(occ.ctas, -(-n_ctas // hw.sms))))
 
 
@@ -896,6 +985,16 @@ def default_shapes(seqs: Sequence[int] = SEQS, head_dims: Sequence[int] = HEAD_D
     return [Shape(max(1, TOKENS // n), HIDDEN // d, n, d, c) for d in head_dims for c in causal for n in seqs]
 
 
+# head_dim 192 with head_dim_v 128 (DeepSeek-V3's prefill / MLA training shape): the same tokens, heads from the
+# hidden size over head_dim_v (16)
+DV_SHAPE = (192, 128)
+
+
+def default_dv_shapes(seqs: Sequence[int] = SEQS, causal: Sequence[bool] = (False, True)) -> list[Shape]:
+    d, dv = DV_SHAPE
+    return [Shape(max(1, TOKENS // n), HIDDEN // dv, n, d, c, head_dim_v=dv) for c in causal for n in seqs]
+
+
 # The sm_90a backward's kernel kinds beside the dense one: (softcap, varlen).
 SM90_BWD_KINDS = ((False, False), (True, False), (False, True), (True, True))
 
@@ -907,12 +1006,14 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
     (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (both on
-    wgmma, dK / dV with the head dim split across the consumers) at the same seqs and hidden size); the fused mma.sync backward in each of
-    `dq_modes`."""
+    wgmma, dK / dV with the head dim split across the consumers) at the same seqs and hidden size); the fused
+    mma.sync backward in each of `dq_modes`. The default shapes include 192 / 128 (default_dv_shapes) on every
+    arch: forward and backward on the sm_90a kernels of that shape, on mma.sync the head_dim 256 kernels (the
+    backward on v / dO padded)."""
     sass = sass or SassSource()
     if sm90_bwd_shapes is None:
         sm90_bwd_shapes = default_shapes(head_dims=(96, 256)) if shapes is None else ()
-    shapes = list(shapes) if shapes is not None else default_shapes()
+    shapes = list(shapes) if shapes is not None else default_shapes() + default_dv_shapes()
     preds, skipped = [], {}
     for arch in archs:
         for phase in phases:
@@ -924,7 +1025,7 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                     kinds = [(sc, vl) for sc, vl in kinds
                              if sm90_launches(phase, s, list(sass.kernels()), sc, vl)[0]]
                     if not kinds:
-                        skipped.setdefault(f"sm_90a {phase} d{s.head_dim}",
+                        skipped.setdefault(f"sm_90a {phase} d{s.label}",
                                            sm90_launches(phase, s, list(sass.kernels()))[1])
                         continue
                     for sc, vl in kinds:
@@ -973,15 +1074,18 @@ def format_table(doc: dict[str, Any]) -> str:
               "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
               "dQ (per-key-tile partials written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
-              "d96 and d256: both kernels on wgmma. sm_90a rows: the current build (the d128 forward's",
+              "d96 and d256: both kernels on wgmma. d 192/128: head_dim / head_dim_v",
+              "(sm_90a: that shape's kernels; mma.sync: the d256 kernels, the backward on v / dO padded to 192, the",
+              "copies in its bytes). sm_90a rows: the current build (the d128 forward's",
               "ping-pong); none of them fitted to a measurement.",
-              f"{'arch':6s} {'pass':9s} {'d':>4s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
+              f"{'arch':6s} {'pass':9s} {'d':>7s} {'causal':>6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} "
               f"{'ms':>8s} {'TFLOP/s':>8s} {'% peak':>6s}  binding term"]
     for p in doc["predictions"]:
         s = p["shape"]
         ph = p["phase"] + (" det" if p.get("dq_mode") == "deterministic" else "") + \
             "".join(f" {k[:2]}" for k in p.get("kind", "").split())
-        lines.append(f"{p['arch']:6s} {ph:9s} {s['head_dim']:4d} {str(s['causal']):>6s} {s['seq']:6d} "
+        dl = str(s["head_dim"]) if s.get("head_dim_v") in (None, s["head_dim"]) else f"{s['head_dim']}/{s['head_dim_v']}"
+        lines.append(f"{p['arch']:6s} {ph:9s} {dl:>7s} {str(s['causal']):>6s} {s['seq']:6d} "
                      f"{s['batch']:5d} {s['heads']:5d} {p['time_s'] * 1e3:8.3f} {p['tflops']:8.0f} "
                      f"{p['pct_peak']:6.1f}  {p['binding']}")
     for k, why in doc.get("skipped", {}).items():

@@ -566,7 +566,9 @@ def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
+def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None, grads=None):
+    """The fp32-FMA backward (any dtype, any length, deterministic); grads: (dq, dk, dv) to write (contiguous, q's /
+    k's / v's shapes), else new arrays."""
     b, n_q, n_k, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
@@ -587,9 +589,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
             _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, *win, G,
             shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
-    dq = arrays.empty(arrays.shape_of(q), kind, like=q)
-    dk = arrays.empty(arrays.shape_of(k), kind, like=q)
-    dv = arrays.empty(arrays.shape_of(v), kind, like=q)
+    dq, dk, dv = grads if grads is not None else (arrays.empty(arrays.shape_of(a), kind, like=q) for a in (q, k, v))
     _launch(
         "attention_bwd_fma_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
@@ -955,10 +955,13 @@ def flash_attention_varlen_backward(
     backward's dK/dV and dQ kernels with a per-sequence prologue): fp32 accumulation, one writer per output
     element (deterministic), dK / dV summed over the GQA group inside one CTA. sm_80 or newer on the nvrtc
     backend, the host backend, numba.
+    float32 (every arch and backend): the dense fp32-FMA backward (`attention_backward(method="flash")`'s kernels)
+    once per sequence on row views of the packed arrays; it reads the sequence bounds on the host, so cu_seqlens
+    must be host arrays (device ones raise ArgumentError naming them).
     """
     from ._prefill import check_cu_seqlens, check_max_seqlen
 
-    kind = arrays.io_kind("q", q, ("bf16", "f16"))
+    kind = arrays.io_kind("q", q, ("bf16", "f16", "f32"))
     for name, a in (("k", k), ("v", v), ("grad_out", grad_out), ("out", out)):
         _same_kind(name, a, kind, "q")
     total_q, h, d = arrays.check_ndim("q", q, (3,), "(total_q, num_heads, head_dim)")
@@ -1000,6 +1003,14 @@ def flash_attention_varlen_backward(
     for name, n in (("max_seqlen_k", kv_grid), ("max_seqlen_q", q_grid)):
         if n > _INT_MAX:  # the kernels' 1-D grid
             raise ArgumentError(f"{name}: batch * heads * tiles = {n} CTAs exceeds {_INT_MAX}")
+    if kind == "f32":
+        if hq is None or hk is None:
+            bad = "cu_seqlens_q" if hq is None else "cu_seqlens_k"
+            raise ArgumentError(f"{bad}: the float32 varlen backward runs the dense fp32 kernels per sequence and reads "
+                                f"the sequence bounds on the host: expected host memory (NumPy or a CPU tensor), got "
+                                f"device memory ({type(cu_seqlens_q if hq is None else cu_seqlens_k).__name__})")
+        return _varlen_f32(q, k, v, grad_out, out, lse, hq, hk, (h, kvh, d, d_v), scale, left, right, bool(causal),
+                           softcap, stream, backend)
     if not tensor_cores_available(backend):
         raise ArgumentError(f"q: the varlen backward runs on {kind} mma (sm_80 or newer); this device has none")
     q, k, v, grad_out, out, lse = (arrays.contiguous(a) for a in (q, k, v, grad_out, out, lse))
@@ -1047,3 +1058,28 @@ def flash_attention_varlen_backward(
         _launch(f"attention_bwd_varlen_tc_dq_d{D}{cap}{sfx}", (q_grid,), (_TC_THREADS,), *args, _flat(dq), *tail,
                 shared_mem=smem_q, stream=stream, backend=backend)
     return dq, dk, (dv if dv_d is dv else arrays.narrow_last(dv_d, d_v))
+
+
+def _varlen_f32(q, k, v, g, out, lse, hq, hk, dims, scale, left, right, causal, softcap, stream, backend):
+    """float32 varlen backward: the dense fp32-FMA kernels (`_flash`, every arch) once per sequence, on row views of
+    the packed arrays (contiguous: a sequence's rows are a run of them) writing into row views of dq / dk / dv, the
+    window normalized per sequence as the dense op does. Empty sequences launch nothing (zero gradients)."""
+    h, kvh, d, d_v = dims
+    q, k, v, g, out, lse = (arrays.contiguous(a) for a in (q, k, v, g, out, lse))
+    if d_v != d:
+        # the fp32 kernels read v, dO and out at one head_dim: zero columns up to head_dim leave P, dP and delta,
+        # hence dQ and dK, as they are and add zero columns to dV, dropped below
+        v, g, out = arrays.pad_last(v, d), arrays.pad_last(g, d), arrays.pad_last(out, d)
+    dq = arrays.zeros(tuple(arrays.shape_of(q)), "f32", like=q)
+    dk = arrays.zeros(tuple(arrays.shape_of(k)), "f32", like=q)
+    dv = arrays.zeros(tuple(arrays.shape_of(v)), "f32", like=q)
+    stream = arrays.launch_stream(stream, q)
+    for b in range(len(hq) - 1):
+        q0, q1, k0, k1 = int(hq[b]), int(hq[b + 1]), int(hk[b]), int(hk[b + 1])
+        if q1 == q0 or k1 == k0:
+            continue
+        win = (*_normalize(left, right, causal, q1 - q0, k1 - k0), softcap)
+        _flash(q[q0:q1], k[k0:k1], v[k0:k1], g[q0:q1], out[q0:q1], lse[q0:q1], "f32",
+               (1, q1 - q0, k1 - k0, h, kvh, d), scale, win, backend, stream,
+               grads=(dq[q0:q1], dk[k0:k1], dv[k0:k1]))
+    return dq, dk, (dv if d_v == d else arrays.narrow_last(dv, d_v))

@@ -505,7 +505,8 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """flash-attn's flash_attn_varlen_func: attention over sequences packed without padding, with autograd.
 
     q (total_q, heads, d), k (total_k, kv_heads, d), v (total_k, kv_heads, d_v) with d_v <= d (GQA: heads %
-    kv_heads == 0), bfloat16 or float16;
+    kv_heads == 0), bfloat16 or float16 (float32 too: the forward's fp32 kernel and, per sequence, the dense fp32
+    backward, which reads cu_seqlens on the host, so float32 takes CPU cu_seqlens);
     cu_seqlens_q / cu_seqlens_k int32 (batch + 1,) on q's device: sequence b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. max_seqlen_q /
     max_seqlen_k: the longest sequence of each (they size the backward's grid; host cu_seqlens are checked
@@ -521,8 +522,9 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
 
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise ArgumentError(f"dropout_p: expected 0.0 (pykern has no attention dropout), got {dropout_p!r}")
-    if q.dtype not in (torch.bfloat16, torch.float16):
-        raise ArgumentTypeError(f"q: expected dtype bfloat16 or float16 (flash-attn's varlen dtypes), got {q.dtype}")
+    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+        raise ArgumentTypeError(f"q: expected dtype bfloat16 or float16 (flash-attn's varlen dtypes) or float32, got "
+                                f"{q.dtype}")
     if q.dim() != 3 or k.dim() != 3:
         bad = ("q", q) if q.dim() != 3 else ("k", k)
         raise ArgumentError(f"{bad[0]}: expected (total, heads, head_dim), got shape {tuple(bad[1].shape)}")
