@@ -428,8 +428,9 @@ def test_backward_sm90_softcap_vs_float64(shape, dtype, monkeypatch) -> None:
     q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, window_size=window, softcap=cap, backend=HOST)
-    assert names == [f"attention_bwd_lse_softcap_{dtype}", f"attention_bwd_sm90_dkdv_d{d}_softcap_{dtype}",
-                     f"attention_bwd_sm90_dq_d{d}_softcap_{dtype}"]
+    # the fused kernel's _softcap form (dQ's partials from the same dS, tanh's derivative included)
+    assert names == [f"attention_bwd_lse_softcap_{dtype}", f"attention_bwd_tc_prep_{dtype}",
+                     f"attention_bwd_sm90_fused_d{d}_softcap_{dtype}", f"attention_bwd_tc_dq_reduce_d{d}_{dtype}"]
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal, window_size=window, softcap=cap)
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         close(name, got, ref, "attention_backward", dtype)
@@ -441,8 +442,8 @@ def test_backward_sm90_softcap_vs_float64(shape, dtype, monkeypatch) -> None:
 
 
 def test_backward_sm90_softcap_same_bits_under_every_schedule(monkeypatch) -> None:
-    """One writer per element and a fixed summation order: forward, reverse and random thread orders give the
-    same bits (the forward's out and lse given: the preprocess pre-pass)."""
+    """deterministic=True with softcap: the semaphore-ordered fused kernel's _softcap form; forward, reverse and
+    random thread orders give the same bits (the forward's out and lse given: the pre-pass computes delta)."""
     from pykern.difftest.cases.attention import attention_inputs
 
     rng = np.random.default_rng(12)
@@ -452,9 +453,10 @@ def test_backward_sm90_softcap_same_bits_under_every_schedule(monkeypatch) -> No
     runs = []
     for schedule in ("forward", "reverse", "random:5"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
-        runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, softcap=2.0, backend=HOST))
-    assert names[:3] == ["attention_bwd_preprocess_f16", "attention_bwd_sm90_dkdv_d64_softcap_f16",
-                         "attention_bwd_sm90_dq_d64_softcap_f16"]
+        runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, softcap=2.0,
+                                           deterministic=True, backend=HOST))
+    assert names[:3] == ["attention_bwd_tc_prep_f16", "attention_bwd_sm90_fused_det_d64_softcap_f16",
+                         "attention_bwd_tc_dq_reduce_d64_f16"]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
