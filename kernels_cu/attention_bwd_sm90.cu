@@ -88,8 +88,8 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 // ------------------------------------------------------------------------------------------------ dK, dV
 // DQA (dense and VL, with or without SC): 0 no dQ (the dq kernel computes it); 1 the fused kernel, which also
 // adds dQ's partial dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the
-// op's pre-pass; VL: (head, nq_pad, D) over the packed rows, a token's row at its packed index, rows of other
-// sequences never added)
+// op's pre-pass; VL: (head, nq_pad, D) over the packed rows, a token's row at its packed index, nq_pad >= total_q
+// + C; a sequence's rows past its end take zero adds)
 // with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
 // key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
 // tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
@@ -331,9 +331,10 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
             // red.add of this thread's 16 values: head-dim rows dlo + 16 wq + g (+ 8), queries q0 + qlo + 8j + 2t + e
-            // (dense: rows past n_q hold zeros, their dS is 0, and nq_pad covers every query tile; VL: the
-            // accumulator is (head, nq_pad) runs over the packed rows, per-token rows from q_row0, and a row past
-            // n_q is the next sequence's or past the last: not added)
+            // (rows past n_q hold zeros: their dS is 0; dense: nq_pad covers every query tile. VL: the accumulator
+            // is (head, nq_pad) runs over the packed rows, per-token rows from q_row0; a row past n_q is the next
+            // sequence's, or past total_q inside nq_pad >= total_q + C: its add is of a zero, which leaves an
+            // accumulator that started at +0 bit-identical whenever it lands, so no check is spent on it)
             float* acc = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0 + qlo + 2 * t) * D +
                          dlo + 16 * wq + g;
 #pragma unroll
@@ -341,9 +342,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 #pragma unroll
                 for (int r = 0; r < 2; r++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++)
-                        if (!VL || q0 + qlo + 8 * j + 2 * t + e < n_q)
-                            pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
+                    for (int e = 0; e < 2; e++) pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
             if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
         } else {
             pk_wgmma_commit();
@@ -682,7 +681,8 @@ AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true,
 // The varlen fused kernels: the varlen tensor maps and cu_seqlens; lse / delta the pre-pass's runs over the packed
 // rows as one batch, (n_heads, nq_pad) (lse times log2 e), dq_acc fp32 (n_heads, nq_pad, D) zeroed (a token's
 // row at its packed index), dq_sem (the _det kernels) int32 (batch, n_heads, query tiles of max_seqlen_q) zeroed;
-// nq_pad a multiple of 64 >= total_q; grid batch * kv heads * key tiles of max_seqlen_k.
+// nq_pad a multiple of 64 >= total_q + 64 (a query tile's zero adds past a sequence's end stay inside the head's
+// run); grid batch * kv heads * key tiles of max_seqlen_k.
 #define AB90_VL_FUSED_PARAMS                                                                                         \
     (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
     CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \

@@ -349,3 +349,35 @@ def test_varlen_backward_192_128_off_hopper_pads_v(monkeypatch) -> None:
     assert np.asarray(dv).shape == v.shape and np.asarray(dv).flags.c_contiguous
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         close(name, got, ref, "flash_attention_varlen_backward", "f16")
+
+
+def test_torch_varlen_deterministic_algorithms_take_the_semaphore_ordered_fused_kernel(monkeypatch) -> None:
+    """pykern.torch's flash_attention_varlen on sm_90a: torch.use_deterministic_algorithms(True) runs the _det
+    varlen fused kernel (dQ's adds in key-tile order per sequence, head and query tile), the default the atomic
+    one; both gradients equal float64 within the tolerance rows."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    import pykern.torch as pt
+
+    names = _record(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    lq, lk = [40, 90], [70, 60]
+    q, k, v = (torch.randn(n, 2, 64, generator=gen).bfloat16().requires_grad_() for n in (sum(lq), sum(lk), sum(lk)))
+    go = torch.randn(sum(lq), 2, 64, generator=gen).bfloat16()
+    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32) for x in (lq, lk))
+    as_np = [t.detach().float().numpy().astype(ml_dtypes.bfloat16) for t in (q, k, v, go)]
+    _, _, *ref = _np_varlen_grads(*as_np, cu_q.numpy(), cu_k.numpy(), True)
+    for det in (False, True):
+        prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(det)
+        try:
+            names.clear()
+            out = pt.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True)
+            grads = torch.autograd.grad(out, (q, k, v), go)
+        finally:
+            torch.use_deterministic_algorithms(prev)
+        assert ("attention_bwd_varlen_sm90_fused_det_d64_bf16" in names) == det, names
+        assert ("attention_bwd_varlen_sm90_fused_d64_bf16" in names) == (not det), names
+        for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+            close(name, got.float().numpy(), want, "flash_attention_varlen_backward", "bf16")

@@ -422,6 +422,12 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
     return True
 
 
+def bwd_varlen_fused_pad(total_q: int) -> int:
+    """The varlen fused kernel's accumulator rows a head (nq_pad): total_q plus one query tile, rounded up to
+    BWD_FUSED_PAD (the kernel adds zeros for a tile's rows past its sequence's end, unchecked)."""
+    return -(-(total_q + BWD_FUSED_PAD) // BWD_FUSED_PAD) * BWD_FUSED_PAD
+
+
 def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_acc: Any, dk: Any, dv: Any,
                               cu_q: Any, cu_k: Any, dims: tuple[int, ...], nq_pad: int, scale: float,
                               win: tuple[int, int], softcap: float, deterministic: bool, suffix: str, stream: Any,
@@ -430,7 +436,8 @@ def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: An
     dv and the fp32 dQ accumulator dq_acc (heads, nq_pad, D) over the packed rows (a token's row at its packed
     index), zeroed, when the packed arrays suit TMA; False (nothing launched) otherwise. q, g (total_q, heads, D),
     k, v (total_k, kv_heads, D); lse2 (times log2 e) and dlt attention_bwd_tc_prep's (heads, nq_pad) runs of the
-    packed rows as one batch; nq_pad a multiple of BWD_FUSED_PAD >= total_q; dims (batch, max_q, max_k, heads,
+    packed rows as one batch; nq_pad a multiple of BWD_FUSED_PAD >= total_q + BWD_FUSED_PAD (`bwd_varlen_fused_pad`:
+    a query tile's zero adds past a sequence's end stay inside the head's run); dims (batch, max_q, max_k, heads,
     kv_heads, D); (wl, wr) normalized (unbounded = 2^30), clamped per sequence by the kernel. The caller checked
     `backward_fused_usable`. deterministic: one int32 semaphore per (sequence, head, query tile of max_q)."""
     from .. import arrays
@@ -440,7 +447,7 @@ def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: An
     wl, wr = win
     n_blocks = batch * kvh * -(-max_k // BWD_ROWS)
     total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
-    if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < total_q:
+    if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < bwd_varlen_fused_pad(total_q):
         return False
     name = get_backend(backend).name
     c = bwd_dkdv_step(d)

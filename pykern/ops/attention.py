@@ -26,6 +26,7 @@ from ._attention_sm90 import (
     BWD_FUSED_PAD as _SM90_FUSED_PAD,
     backward_fused_usable as _sm90_fused_usable,
     backward_usable as _sm90_backward_usable,
+    bwd_varlen_fused_pad as _sm90_varlen_fused_pad,
     try_backward_fused as _sm90_backward_fused,
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
@@ -704,11 +705,12 @@ def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, wi
     batch, max_q, max_k, h, kvh, d = dims
     total_q = arrays.shape_of(q)[0]
     n_rows = total_q * h
-    nq_pad = -(-total_q // _SM90_FUSED_PAD) * _SM90_FUSED_PAD
+    nq_pad = _sm90_varlen_fused_pad(total_q)  # one query tile beyond total_q: the kernel's unchecked zero adds
     n_ws = h * nq_pad * d
     lse2 = arrays.zeros((h * nq_pad,), np.float32, like=q)
     dlt = arrays.zeros((h * nq_pad,), np.float32, like=q)
-    dq_ws = arrays.empty((n_ws,), np.float32, like=q)  # zeroed by the pre-pass (the kernel adds rows < total_q)
+    # rows < total_q zeroed by the pre-pass; the rows past it take only zero adds and are never read
+    dq_ws = arrays.empty((n_ws,), np.float32, like=q)
     _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g), _flat(out), _flat(lse), dlt, lse2,
             dlt, dq_ws, n_rows, total_q, h, nq_pad, d, 1, 1, stream=stream, backend=backend)
     if not _sm90_varlen_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), cq, ck, dims, nq_pad,

@@ -752,7 +752,7 @@ def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[in
     scale = 1.0 / np.sqrt(d)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "scale": scale}
     out64, lse64, dq64, dk64, dv64 = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
-    nq_pad = -(-total_q // sm90.BWD_FUSED_PAD) * sm90.BWD_FUSED_PAD
+    nq_pad = sm90.bwd_varlen_fused_pad(total_q)
     lse2 = np.zeros((h, nq_pad), np.float32)
     dlt = np.zeros((h, nq_pad), np.float32)
     lse2[:, :total_q] = (lse64 * np.log2(np.e)).T  # -inf (a sequence without keys) stays -inf
