@@ -224,6 +224,14 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     const unsigned long long dq_t = pk_wgmma_desc(qs, C * RQ, 8 * RQ, SWQ);    // MN-major
     const unsigned long long ddo_t = pk_wgmma_desc(dos, C * RV, 8 * RV, SWV);  // MN-major
     const bool tail_keys = VL && DQA > 0 && k0 + R > n_k;
+    // DQA: this thread's dS store offsets in a box (queries 2t + e, keys 16 wq + g + 8r), the 128B swizzle applied
+    // once here: the swizzle of row 8j + 2t + e depends on the row mod 8 only, so the loop adds 1024 j
+    unsigned ds_off[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            ds_off[r][e] = pk_swizzle_offset((2 * t + e) * 128 + (16 * wq + g + 8 * r) * 2, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(kv_full, 0);
 
     for (int i = 0; i < steps; i++) {
@@ -289,18 +297,16 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
             }
         if constexpr (DQA > 0) {
-            // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64
+            // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64; row
+            // 8j + 2t + e lies 1024 j bytes past row 2t + e with the same swizzle, so the offsets are ds_off's
             unsigned char* box = dss + (i & 1) * DS_BYTES + c * C * 128;
 #pragma unroll
             for (int j = 0; j < C / 8; j++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const unsigned w = da[j / 2][2 * (j & 1) + r], col = (16 * wq + g + 8 * r) * 2;
-                    const unsigned q = 8 * j + 2 * t;
-                    *reinterpret_cast<unsigned short*>(box + pk_swizzle_offset(q * 128 + col, PK_SWIZZLE_128B)) =
-                        (unsigned short)(w & 0xffffu);
-                    *reinterpret_cast<unsigned short*>(box + pk_swizzle_offset((q + 1) * 128 + col, PK_SWIZZLE_128B)) =
-                        (unsigned short)(w >> 16);
+                    const unsigned w = da[j / 2][2 * (j & 1) + r];
+                    *reinterpret_cast<unsigned short*>(box + ds_off[r][0] + 1024 * j) = (unsigned short)(w & 0xffffu);
+                    *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
                 }
             pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
             // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
