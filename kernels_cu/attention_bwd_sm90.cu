@@ -99,13 +99,17 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 }
 
 // ------------------------------------------------------------------------------------------------ dK, dV
-// DQA (dense only): 0 no dQ (the dq kernel computes it); 1 the fused kernel, which also adds dQ's partial
-// dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the op's pre-pass)
+// DQA (dense and VL, with or without SC): 0 no dQ (the dq kernel computes it); 1 the fused kernel, which also
+// adds dQ's partial dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the
+// op's pre-pass; VL: (head, nq_pad, D) over the packed rows, a token's row at its packed index, nq_pad >= total_q
+// + C; a sequence's rows past its end take zero adds)
 // with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
 // key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
 // tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
 // barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already
-// times log2 e) and delta come from the pre-pass as (batch, head, nq_pad) runs (attention_bwd_tc_prep's layout).
+// times log2 e) and delta come from the pre-pass as (batch, head, nq_pad) runs (attention_bwd_tc_prep's layout;
+// VL: the packed rows as one batch, read a query at a time, +inf past the sequence's n_q). VL semaphores: per
+// (sequence, head, query tile of max_seqlen_q).
 //   Per tile, after dS^T: each consumer stores its 64 keys of dS (as [query][key] rows, the B operand's
 //   K-major 128B-swizzled layout; two buffers, so one barrier per tile orders the writes and the other
 //   consumer's reads of the tile before), then computes dQ^T (64 head-dim rows x 32 queries) = K^T dS^T over
@@ -130,8 +134,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     constexpr int DKN = SPL ? D / 2 : D, DVN = SPL ? DV / 2 : DV;
     static_assert(!SPL || (DQA == 0 && D == DV && NB % 2 == 0), "the split: no fused dQ, D == DV, whole boxes a half");
     constexpr unsigned K_BYTES = R * D * 2, V_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, DO_STEP_BYTES = C * DV * 2;
-    static_assert(DQA == 0 || (!VL && D == DV && BQ == 64 && NB * C == 64),
-                  "the fused dQ: dense, D == DV, two consumers x 32 queries or 64 dims");
+    static_assert(DQA == 0 || (D == DV && BQ == 64 && NB * C == 64),
+                  "the fused dQ: D == DV, two consumers x 32 queries or 64 dims");
     constexpr unsigned DS_BYTES = R * C * 2;  // one dS buffer: [2 boxes of 64 keys][C queries][128 B]
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* ks = ab90_smem;
@@ -153,6 +157,8 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     const int bkv = blockIdx.x / n_kt, kt = desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
     const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
     const int k0 = kt * R;
+    // DQA 2: query tiles per (batch or sequence, head) in the semaphore array, at the grid's n_q (VL: max_seqlen_q)
+    const int sem_tiles = (n_q + C - 1) / C;
     // TMA coordinates: row origin and batch of the sequence (VL: the packed rows as one batch)
     int q_row0 = 0, k_row0 = 0, mb = b;
     if constexpr (VL) {
@@ -194,7 +200,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             if (tid / 32 == 1) {
                 for (int i = 0; i < steps; i++) {
                     const int h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
-                    int* sem = dq_sem + ((long long)b * n_heads + h) * ((n_q + C - 1) / C) + q0 / C;
+                    int* sem = dq_sem + ((long long)b * n_heads + h) * sem_tiles + q0 / C;
                     if (tid == 32) {
                         // the key tiles that see this query tile are a run (band masks): those before kt in the
                         // order (ascending, or descending with desc) go first
@@ -239,14 +245,25 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     const unsigned long long ddo_b = pk_wgmma_desc(dos, 16, 8 * RV, SWV);
     const unsigned long long dq_t = pk_wgmma_desc(qs, C * RQ, 8 * RQ, SWQ);    // MN-major
     const unsigned long long ddo_t = pk_wgmma_desc(dos, C * RV, 8 * RV, SWV);  // MN-major
+    const bool tail_keys = VL && DQA > 0 && k0 + R > n_k;
+    // DQA: this thread's dS store offsets in a box (queries 2t + e, keys 16 wq + g + 8r), the 128B swizzle applied
+    // once here: the swizzle of row 8j + 2t + e depends on the row mod 8 only, so the loop adds 1024 j
+    unsigned ds_off[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            ds_off[r][e] = pk_swizzle_offset((2 * t + e) * 128 + (16 * wq + g + 8 * r) * 2, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(kv_full, 0);
 
     for (int i = 0; i < steps; i++) {
         const int s = i % ST, h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
-        const bool need_mask = q0 < span.full_lo || q0 + C - 1 > span.full_hi;
+        // VL with DQA: a key tile that runs past n_k holds the next sequence's keys (K rows that are not
+        // zeros), so their P and dS must be 0 for dQ = dS K: such a tile is masked throughout
+        const bool need_mask = q0 < span.full_lo || q0 + C - 1 > span.full_hi || tail_keys;
         // lse * log2 e and delta of this thread's query columns q0 + 8j + 2t + e (+inf / 0 past n_q)
         float l2[C / 8][2], dl[C / 8][2];
-        if constexpr (DQA > 0) {
+        if constexpr (DQA > 0 && !VL) {
             // the pre-pass's runs (lse already times log2 e), padded to nq_pad: a thread's two queries are one
             // 8-byte load each. Padded rows read 0 for both: their Q and dO rows are TMA zeros (S = 0, P = 1,
             // dP = 0, so dS = 0 and P dO = 0), and they lie past full_hi, so the mask zeroes P there anyway.
@@ -267,9 +284,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             for (int e = 0; e < 2; e++) {
                 const int qq = q0 + 8 * j + 2 * t + e;
                 {
-                    const long long r = ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
+                    // DQA (VL): the pre-pass's runs over the packed rows as one batch, (head, nq_pad), lse
+                    // already times log2 e; a query past n_q is the next sequence's: lse +inf (P = 0, dS = 0)
+                    const long long r = DQA ? (long long)h * nq_pad + q_base + qq
+                                            : ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
                     const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
-                    l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : lv * 1.4426950408889634f;
+                    l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : DQA ? lv : lv * 1.4426950408889634f;
                     dl[j][e] = qq < n_q ? delta[r] : 0.0f;
                 }
             }
@@ -317,18 +337,16 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
             }
         if constexpr (DQA > 0) {
-            // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64
+            // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64; row
+            // 8j + 2t + e lies 1024 j bytes past row 2t + e with the same swizzle, so the offsets are ds_off's
             unsigned char* box = dss + (i & 1) * DS_BYTES + c * C * 128;
 #pragma unroll
             for (int j = 0; j < C / 8; j++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    const unsigned w = da[j / 2][2 * (j & 1) + r], col = (16 * wq + g + 8 * r) * 2;
-                    const unsigned q = 8 * j + 2 * t;
-                    *reinterpret_cast<unsigned short*>(box + pk_swizzle_offset(q * 128 + col, PK_SWIZZLE_128B)) =
-                        (unsigned short)(w & 0xffffu);
-                    *reinterpret_cast<unsigned short*>(box + pk_swizzle_offset((q + 1) * 128 + col, PK_SWIZZLE_128B)) =
-                        (unsigned short)(w >> 16);
+                    const unsigned w = da[j / 2][2 * (j & 1) + r];
+                    *reinterpret_cast<unsigned short*>(box + ds_off[r][0] + 1024 * j) = (unsigned short)(w & 0xffffu);
+                    *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
                 }
             pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
             // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
@@ -360,8 +378,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
             // red.add of this thread's 16 values: head-dim rows dlo + 16 wq + g (+ 8), queries q0 + qlo + 8j + 2t + e
-            // (rows past n_q hold zeros: their dS is 0; nq_pad covers every query tile)
-            float* acc = dq_acc + (((long long)b * n_heads + h) * nq_pad + q0 + qlo + 2 * t) * D + dlo + 16 * wq + g;
+            // (rows past n_q hold zeros: their dS is 0; dense: nq_pad covers every query tile. VL: the accumulator
+            // is (head, nq_pad) runs over the packed rows, per-token rows from q_row0; a row past n_q is the next
+            // sequence's, or past total_q inside nq_pad >= total_q + C: its add is of a zero, which leaves an
+            // accumulator that started at +0 bit-identical whenever it lands, so no check is spent on it)
+            float* acc = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0 + qlo + 2 * t) * D +
+                         dlo + 16 * wq + g;
 #pragma unroll
             for (int j = 0; j < NQ / 8; j++)
 #pragma unroll
@@ -591,7 +613,7 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256, ab90_dkdv, 256, 256, false, true
 AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256_softcap, ab90_dkdv, 256, 256, true, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256, ab90_dq, 256, 256, false, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256_softcap, ab90_dq, 256, 256, true, true)
-// the fused dK / dV / dQ kernels (dense): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
+// the fused dK / dV / dQ kernels (dense, _softcap, varlen): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
 #define AB90_FUSED_ENTRY(name, D, SC, DQA)                                                                           \
     template <typename T, typename... A>                                                                            \
     __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
@@ -606,6 +628,29 @@ AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64, 64, false, 2)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64_softcap, 64, true, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128_softcap, 128, true, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64_softcap, 64, true, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128_softcap, 128, true, 2)
+// varlen: the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D])
+#define AB90_VL_FUSED_ENTRY(name, D, SC, DQA)                                                                        \
+    template <typename T, typename... A>                                                                            \
+    __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
+                                                const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
+                                                T* dv, float* dq_acc, int* dq_sem, const int* cu_q, const int* cu_k,  \
+                                                int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, \
+                                                float scale, int wl, int wr, A... cap) {                            \
+        ab90_dkdv<T, D, D, SC, true, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, cu_q, cu_k, batch, n_q, n_k,       \
+                                          n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);       \
+    }
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64, 64, false, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128, 128, false, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64, 64, false, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128, 128, false, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64_softcap, 64, true, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128_softcap, 128, true, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64_softcap, 64, true, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true, 2)
 
 // Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
 // lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).
@@ -694,10 +739,55 @@ AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2)
 #define AB90_FUSED_ARGS                                                                                              \
     (tq, tk, tv, tdo, lse, delta, dk, dv, dq_acc, dq_sem, batch, n_q, n_k, n_heads, n_kv_heads, nq_pad, scale,        \
     window_left, window_right, 0.0f)
+#define AB90_FUSED_SC_PARAMS                                                                                         \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_acc, int* __restrict__        \
+    dq_sem, int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, float scale, int window_left, int  \
+    window_right, float softcap)
+#define AB90_FUSED_SC_ARGS                                                                                           \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, dq_acc, dq_sem, batch, n_q, n_k, n_heads, n_kv_heads, nq_pad, scale,        \
+    window_left, window_right, softcap)
+// The varlen fused kernels: the varlen tensor maps and cu_seqlens; lse / delta the pre-pass's runs over the packed
+// rows as one batch, (n_heads, nq_pad) (lse times log2 e), dq_acc fp32 (n_heads, nq_pad, D) zeroed (a token's
+// row at its packed index), dq_sem (the _det kernels) int32 (batch, n_heads, query tiles of max_seqlen_q) zeroed;
+// nq_pad a multiple of 64 >= total_q + 64 (a query tile's zero adds past a sequence's end stay inside the head's
+// run); grid batch * kv heads * key tiles of max_seqlen_k.
+#define AB90_VL_FUSED_PARAMS                                                                                         \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_acc, int* __restrict__        \
+    dq_sem, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q, \
+    int max_seqlen_k, int n_heads, int n_kv_heads, int nq_pad, float scale, int window_left, int window_right)
+#define AB90_VL_FUSED_ARGS                                                                                           \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, dq_acc, dq_sem, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q,           \
+    max_seqlen_k, n_heads, n_kv_heads, nq_pad, scale, window_left, window_right, 0.0f)
+#define AB90_VL_FUSED_SC_PARAMS                                                                                      \
+    (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk, const __grid_constant__         \
+    CUtensorMap tv, const __grid_constant__ CUtensorMap tdo, const float* __restrict__ lse, const float*             \
+    __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv, float* __restrict__ dq_acc, int* __restrict__        \
+    dq_sem, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q, \
+    int max_seqlen_k, int n_heads, int n_kv_heads, int nq_pad, float scale, int window_left, int window_right,       \
+    float softcap)
+#define AB90_VL_FUSED_SC_ARGS                                                                                        \
+    (tq, tk, tv, tdo, lse, delta, dk, dv, dq_acc, dq_sem, cu_seqlens_q, cu_seqlens_k, batch, max_seqlen_q,           \
+    max_seqlen_k, n_heads, n_kv_heads, nq_pad, scale, window_left, window_right, softcap)
 PK_IO16_KERNELS(attention_bwd_sm90_fused_d64, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_fused_d128, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d64, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d128, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d64_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d128_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d64_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d128_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d64, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d128, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d64, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d128, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d64_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d128_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d64_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d128_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)

@@ -611,7 +611,7 @@ def _favb_build(r: np.random.Generator) -> dict:
     return dict(q=q, k=k, v=v, grad_out=g, cu_seqlens_q=cq, cu_seqlens_k=ck,
                 out=np.concatenate(outs).astype(np.float16), lse=np.concatenate(lses).astype(np.float32),
                 max_seqlen_q=None, max_seqlen_k=None, causal=True, scale=None, window_size=(-1, -1), softcap=0.0,
-                **HOST)
+                deterministic=False, **HOST)
 
 
 def _favb_ref(k: dict) -> Any:
@@ -664,7 +664,7 @@ def _favb_ref(k: dict) -> Any:
 spec(Spec("flash_attention_varlen_backward", ops.flash_attention_varlen_backward, _favb_build,
           {"q": FARRAY, "k": FARRAY, "v": FARRAY, "grad_out": FARRAY, "cu_seqlens_q": PTABLE,
            "cu_seqlens_k": PTABLE, "out": FARRAY, "lse": FARRAY, "max_seqlen_q": LENGTH, "max_seqlen_k": LENGTH,
-           "causal": BOOL, "scale": FLOAT, "window_size": INT, "softcap": FLOAT, **COMMON},
+           "causal": BOOL, "scale": FLOAT, "window_size": INT, "softcap": FLOAT, "deterministic": BOOL, **COMMON},
           ref=_favb_ref, kind_of="q", writes=lambda k: (), examples=0.5))
 
 # --------------------------------------------------------------------------- decode (dense caches)

@@ -536,6 +536,31 @@ def test_sm90_backward_launches_cover_softcap_varlen_and_d256():
         am.sm90_launches("bwd", s256, names, build="tomorrow")
 
 
+def test_sm90_fused_backward_covers_softcap_and_varlen():
+    """The fused kernel's _softcap and _varlen forms, where the build has them, replace the pair for those kinds
+    at head_dim 64 / 128 with the dense fused kernel's geometry (5 matmuls, the same CTAs and shared memory), in
+    both dQ modes."""
+    from pykern.ops import _attention_sm90 as h
+
+    pair = [h.bwd_kernel_name(p, d, sc, "_bf16", vl) for p in ("dkdv", "dq") for d in (64, 128)
+            for sc in (0.0, 30.0) for vl in (False, True)]
+    fused = [h.bwd_fused_kernel_name(d, det, "_bf16", sc, vl) for d in (64, 128) for det in (False, True)
+             for sc in (0.0, 30.0) for vl in (False, True)]
+    for d in (64, 128):
+        s = am.Shape(1, 2, 1024, d, False)
+        for mode in ("atomic", "deterministic"):
+            (dense,), _ = am.sm90_launches("bwd", s, pair + fused, dq_mode=mode)
+            for softcap, varlen in ((True, False), (False, True), (True, True)):
+                (lau,), why = am.sm90_launches("bwd", s, pair + fused, softcap=softcap, varlen=varlen, dq_mode=mode)
+                assert why == "" and lau.kernel == h.bwd_fused_kernel_name(
+                    d, mode == "deterministic", "_bf16", 30.0 if softcap else 0.0, varlen)
+                assert (lau.ctas, lau.step, lau.smem, lau.matmuls, lau.chain_clk) == (
+                    dense.ctas, dense.step, dense.smem, 5, dense.chain_clk)
+            # a build without them keeps the pair for softcap / varlen
+            got, _ = am.sm90_launches("bwd", s, pair + fused[:0], softcap=True, varlen=True, dq_mode=mode)
+            assert [lau.kernel for lau in got] == [h.bwd_kernel_name(p, d, 30.0, "_bf16", True) for p in ("dkdv", "dq")]
+
+
 def test_only_the_current_d128_forward_plays_ping_pong():
     assert am.ping_pong(128, "current") and not am.ping_pong(128, "2026-11-27")
     assert not any(am.ping_pong(d, "current") for d in (64, 256))

@@ -109,8 +109,8 @@ def test_varlen_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> No
 
 @pytest.mark.parametrize("cap", [0.0, 2.0])
 def test_varlen_backward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, cap: float) -> None:
-    """flash_attention_varlen_backward: device q, k, v, dO take the sm_90a varlen pair (tensor maps over the packed
-    rows), with softcap its _softcap kernels; host arrays, or dO on the host, the mma.sync pair."""
+    """flash_attention_varlen_backward: device q, k, v, dO take the sm_90a varlen fused kernel (tensor maps over the
+    packed rows), with softcap its _softcap form; host arrays, or dO on the host, the mma.sync pair."""
     drv, names = cc90
     rng = np.random.default_rng(4)
     cu = np.array([0, 37, 100], np.int32)
@@ -126,9 +126,10 @@ def test_varlen_backward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, cap:
     dq_, dk_, dv_, dg, dout, dlse = _on(drv, [q, k, v, g, out, lse])
     ops.flash_attention_varlen_backward(dq_, dk_, dv_, dg, cu, cu, out=dout, lse=dlse, causal=True, softcap=cap,
                                         backend="nvrtc")
-    assert names == ["attention_bwd_preprocess_bf16", f"attention_bwd_varlen_sm90_dkdv_d64{c}_bf16",
-                     f"attention_bwd_varlen_sm90_dq_d64{c}_bf16"]
-    assert sum(c_[0] == "tensor_map_encode_tiled" for c_ in drv.calls) == 8  # q, dO, k, v for each kernel
+    # the fused kernel: the pre-pass over the packed rows, the kernel, the narrowing of its dQ accumulator
+    assert names == ["attention_bwd_tc_prep_bf16", f"attention_bwd_varlen_sm90_fused_d64{c}_bf16",
+                     "attention_bwd_tc_dq_reduce_d64_bf16"]
+    assert sum(c_[0] == "tensor_map_encode_tiled" for c_ in drv.calls) == 4  # q, dO, k, v once
     names.clear()
     ops.flash_attention_varlen_backward(dq_, dk_, dv_, g, cu, cu, out=dout, lse=dlse, causal=True, softcap=cap,
                                         backend="nvrtc")

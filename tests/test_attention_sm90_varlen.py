@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 
 from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
+from pykern.ops import _attention_sm90 as sm90
 from pykern.ops.serving import flash_attention_varlen
 from launch_spy import record_launches as _record
 from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
@@ -244,8 +245,14 @@ def test_varlen_backward_sm90_vs_float64(case, monkeypatch) -> None:
     dq, dk, dv = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=causal,
                                                  window_size=win, softcap=cap, backend=HOST)
     c = "_softcap" if cap > 0 else ""
-    assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d{d}{c}_{kind}",
-                     f"attention_bwd_varlen_sm90_dq_d{d}{c}_{kind}"]
+    if d in sm90.BWD_FUSED_HEAD_DIMS:
+        # the fused kernel (with and without softcap): the pre-pass over the packed rows (delta, the lse / delta
+        # runs, the zeroed dQ accumulator), the kernel, the narrowing of the accumulator
+        assert names == [f"attention_bwd_tc_prep_{kind}", f"attention_bwd_varlen_sm90_fused_d{d}{c}_{kind}",
+                         f"attention_bwd_tc_dq_reduce_d{d}_{kind}"]
+    else:  # d96: the dK/dV kernel and the dQ kernel
+        assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d{d}{c}_{kind}",
+                         f"attention_bwd_varlen_sm90_dq_d{d}{c}_{kind}"]
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         close(name, got, ref, "flash_attention_varlen_backward", kind)
     # a sequence with keys but no query gets zero dK / dV; one with queries but no key zero dQ
@@ -258,8 +265,9 @@ def test_varlen_backward_sm90_vs_float64(case, monkeypatch) -> None:
 
 
 def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(monkeypatch) -> None:
-    """One writer per element, a fixed order: forward, reverse and random thread orders give the same bits; the
-    mma.sync kernels (not playing Hopper) agree within the tolerance of float64 as well."""
+    """deterministic=True: the semaphore-ordered fused kernel (dQ's adds in key-tile order per sequence, head and
+    query tile): forward, reverse and random thread orders give the same bits; the mma.sync kernels (not playing
+    Hopper) agree within the tolerance of float64 as well."""
     from pykern.ops import flash_attention_varlen_backward
 
     rng = np.random.default_rng(8)
@@ -272,9 +280,9 @@ def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(m
     for schedule in ("forward", "reverse", "random:3"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
         runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
-                                                    softcap=2.5, backend=HOST))
-    assert names[1:3] == ["attention_bwd_varlen_sm90_dkdv_d128_softcap_f16",
-                          "attention_bwd_varlen_sm90_dq_d128_softcap_f16"]
+                                                    softcap=2.5, deterministic=True, backend=HOST))
+    assert names[:3] == ["attention_bwd_tc_prep_f16", "attention_bwd_varlen_sm90_fused_det_d128_softcap_f16",
+                         "attention_bwd_tc_dq_reduce_d128_f16"]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
@@ -345,3 +353,35 @@ def test_varlen_backward_192_128_off_hopper_pads_v(monkeypatch) -> None:
     assert np.asarray(dv).shape == v.shape and np.asarray(dv).flags.c_contiguous
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         close(name, got, ref, "flash_attention_varlen_backward", "f16")
+
+
+def test_torch_varlen_deterministic_algorithms_take_the_semaphore_ordered_fused_kernel(monkeypatch) -> None:
+    """pykern.torch's flash_attention_varlen on sm_90a: torch.use_deterministic_algorithms(True) runs the _det
+    varlen fused kernel (dQ's adds in key-tile order per sequence, head and query tile), the default the atomic
+    one; both gradients equal float64 within the tolerance rows."""
+    torch = pytest.importorskip("torch")
+    import ml_dtypes
+
+    import pykern.torch as pt
+
+    names = _record(monkeypatch)
+    gen = torch.Generator().manual_seed(7)
+    lq, lk = [40, 90], [70, 60]
+    q, k, v = (torch.randn(n, 2, 64, generator=gen).bfloat16().requires_grad_() for n in (sum(lq), sum(lk), sum(lk)))
+    go = torch.randn(sum(lq), 2, 64, generator=gen).bfloat16()
+    cu_q, cu_k = (torch.tensor(np.concatenate([[0], np.cumsum(x)]), dtype=torch.int32) for x in (lq, lk))
+    as_np = [t.detach().float().numpy().astype(ml_dtypes.bfloat16) for t in (q, k, v, go)]
+    _, _, *ref = _np_varlen_grads(*as_np, cu_q.numpy(), cu_k.numpy(), True)
+    for det in (False, True):
+        prev = torch.are_deterministic_algorithms_enabled()
+        torch.use_deterministic_algorithms(det)
+        try:
+            names.clear()
+            out = pt.flash_attention_varlen(q, k, v, cu_q, cu_k, max(lq), max(lk), causal=True)
+            grads = torch.autograd.grad(out, (q, k, v), go)
+        finally:
+            torch.use_deterministic_algorithms(prev)
+        assert ("attention_bwd_varlen_sm90_fused_det_d64_bf16" in names) == det, names
+        assert ("attention_bwd_varlen_sm90_fused_d64_bf16" in names) == (not det), names
+        for name, got, want in zip(("dq", "dk", "dv"), grads, ref):
+            close(name, got.float().numpy(), want, "flash_attention_varlen_backward", "bf16")

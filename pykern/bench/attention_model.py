@@ -648,8 +648,8 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
     sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the current backward runs both
     kernels on wgmma (dK / dV: 64-key CTAs, 16-query tiles, `bwd_dkdv_rows` / `bwd_dkdv_step`); the 2026-11-27
-    build had no sm_90a backward there (nor softcap / varlen ones). The current dense backward without softcap at
-    head_dim 64 / 128 is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
+    build had no sm_90a backward there (nor softcap / varlen ones). The current backward (dense or varlen, with or
+    without softcap) at head_dim 64 / 128 is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
     semaphore chain's fill where the right side is unbounded, `SEM_LINK_CLK` a link; with a bounded right side
     (causal) the adds go in descending key-tile order, which the CTAs' walks already follow: no wait modelled)."""
     from ..ops import _attention_sm90 as h
@@ -685,9 +685,8 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         return [], f"no {' / '.join(names)} kernels (head_dims {dims})"
     reads = b["q"] + b["o"] + b["k"] + b["v"] + 2 * b["row"]
     det = dq_mode == "deterministic"
-    fused = h.bwd_fused_kernel_name(D, det, "_bf16")
-    if (build != MEASURED_BUILD and not softcap and not varlen and s.head_dim in h.BWD_FUSED_HEAD_DIMS
-            and fused in kernels):
+    fused = h.bwd_fused_kernel_name(D, det, "_bf16", 1.0 if softcap else 0.0, varlen)
+    if build != MEASURED_BUILD and s.head_dim in h.BWD_FUSED_HEAD_DIMS and fused in kernels:
         c = h.bwd_dkdv_step(D)
         ctas = _key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)
         groups = s.batch * s.kvh
@@ -1029,7 +1028,7 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                                            sm90_launches(phase, s, list(sass.kernels()))[1])
                         continue
                     for sc, vl in kinds:
-                        # the dense fused backward in each dQ mode
+                        # the fused backward (dense or varlen, with or without softcap) in each dQ mode
                         fused = phase == "bwd" and any("_sm90_fused" in lau.kernel for lau in sm90_launches(
                             phase, s, list(sass.kernels()), sc, vl)[0])
                         for m in (dq_modes if fused else ("atomic",)):

@@ -377,7 +377,8 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     return dq, dk, dv
 
 
-# The fused dK / dV / dQ kernels (attention_bwd_sm90_fused[_det]_d{64,128}): dense, no softcap.
+# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_d{64,128}[_softcap]): dense and varlen,
+# with or without softcap.
 # the fused kernel's dS / dQ^T layout: 64-column boxes (128B swizzle) and two consumers of 32 queries (d128) or
 # 64 head-dim rows (d64); d96 and 192 / 128 keep the dK/dV + dQ pair
 BWD_FUSED_HEAD_DIMS = (64, 128)
@@ -391,21 +392,23 @@ def bwd_fused_shared_bytes(d: int) -> int:
     return bwd_shared_bytes(d, c) + 2 * BWD_ROWS * c * 2
 
 
-def bwd_fused_kernel_name(d: int, deterministic: bool, suffix: str) -> str:
-    """attention_bwd_sm90_fused[_det]_d{d}{suffix}."""
-    return f"attention_bwd_sm90_fused{'_det' if deterministic else ''}_d{d}{suffix}"
+def bwd_fused_kernel_name(d: int, deterministic: bool, suffix: str, softcap: float = 0.0,
+                          varlen: bool = False) -> str:
+    """attention_bwd[_varlen]_sm90_fused[_det]_d{d}[_softcap]{suffix}."""
+    return (f"attention_bwd{'_varlen' if varlen else ''}_sm90_fused{'_det' if deterministic else ''}_d{d}"
+            f"{'_softcap' if softcap > 0.0 else ''}{suffix}")
 
 
 def backward_fused_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any) -> bool:
-    """Whether the fused sm_90a backward runs this call: `backward_usable`, head_dim in BWD_FUSED_HEAD_DIMS and no
-    softcap (the _softcap kernels keep the dK/dV + dQ pair)."""
-    return d in BWD_FUSED_HEAD_DIMS and softcap == 0.0 and backward_usable(d, softcap, scale, q, backend, *more)
+    """Whether the fused sm_90a backward runs this call (dense or varlen, with or without softcap):
+    `backward_usable` and head_dim in BWD_FUSED_HEAD_DIMS."""
+    return d in BWD_FUSED_HEAD_DIMS and backward_usable(d, softcap, scale, q, backend, *more)
 
 
 def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_acc: Any, dk: Any, dv: Any,
                        dims: tuple[int, ...], nq_pad: int, scale: float, win: tuple[int, int], deterministic: bool,
-                       suffix: str, stream: Any, backend: str | None) -> bool:
-    """Run attention_bwd_sm90_fused[_det]_d{D}{suffix} into dk, dv and the fp32 dQ accumulator dq_acc (batch,
+                       suffix: str, stream: Any, backend: str | None, softcap: float = 0.0) -> bool:
+    """Run attention_bwd_sm90_fused[_det]_d{D}[_softcap]{suffix} into dk, dv and the fp32 dQ accumulator dq_acc (batch,
     heads, nq_pad, D), zeroed, when the arrays suit TMA; False (nothing launched) otherwise. lse2 (times log2 e) and
     dlt are attention_bwd_tc_prep's (batch, heads, nq_pad) runs; nq_pad a multiple of BWD_FUSED_PAD. The caller
     checked `backward_fused_usable`. deterministic: the semaphore-ordered kernel (its int32 semaphores are
@@ -430,9 +433,54 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
         return False
     # one semaphore per (batch, head, query tile of c); the atomic kernel never reads it
     sem = arrays.zeros((max(b * h * -(-n_q // c), 1) if deterministic else 1,), np.int32, like=dq_acc)
-    launch(bwd_fused_kernel_name(d, deterministic, suffix), n_blocks, THREADS, tq, tk, tv, tdo, lse2, dlt, dk, dv,
-           dq_acc, sem, b, n_q, n_k, h, kvh, nq_pad, float(scale), wl, wr, shared_mem=bwd_fused_shared_bytes(d),
-           stream=stream, backend=backend)
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    launch(bwd_fused_kernel_name(d, deterministic, suffix, softcap), n_blocks, THREADS, tq, tk, tv, tdo, lse2, dlt,
+           dk, dv, dq_acc, sem, b, n_q, n_k, h, kvh, nq_pad, float(scale), wl, wr, *cap,
+           shared_mem=bwd_fused_shared_bytes(d), stream=stream, backend=backend)
+    return True
+
+
+def bwd_varlen_fused_pad(total_q: int) -> int:
+    """The varlen fused kernel's accumulator rows a head (nq_pad): total_q plus one query tile, rounded up to
+    BWD_FUSED_PAD (the kernel adds zeros for a tile's rows past its sequence's end, unchecked)."""
+    return -(-(total_q + BWD_FUSED_PAD) // BWD_FUSED_PAD) * BWD_FUSED_PAD
+
+
+def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_acc: Any, dk: Any, dv: Any,
+                              cu_q: Any, cu_k: Any, dims: tuple[int, ...], nq_pad: int, scale: float,
+                              win: tuple[int, int], softcap: float, deterministic: bool, suffix: str, stream: Any,
+                              backend: str | None) -> bool:
+    """flash_attention_varlen_backward: run attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]{suffix} into dk,
+    dv and the fp32 dQ accumulator dq_acc (heads, nq_pad, D) over the packed rows (a token's row at its packed
+    index), zeroed, when the packed arrays suit TMA; False (nothing launched) otherwise. q, g (total_q, heads, D),
+    k, v (total_k, kv_heads, D); lse2 (times log2 e) and dlt attention_bwd_tc_prep's (heads, nq_pad) runs of the
+    packed rows as one batch; nq_pad a multiple of BWD_FUSED_PAD >= total_q + BWD_FUSED_PAD (`bwd_varlen_fused_pad`:
+    a query tile's zero adds past a sequence's end stay inside the head's run); dims (batch, max_q, max_k, heads,
+    kv_heads, D); (wl, wr) normalized (unbounded = 2^30), clamped per sequence by the kernel. The caller checked
+    `backward_fused_usable`. deterministic: one int32 semaphore per (sequence, head, query tile of max_q)."""
+    from .. import arrays
+    from ..launcher import launch
+
+    batch, max_q, max_k, h, kvh, d = dims
+    wl, wr = win
+    n_blocks = batch * kvh * -(-max_k // BWD_ROWS)
+    total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
+    if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < bwd_varlen_fused_pad(total_q):
+        return False
+    name = get_backend(backend).name
+    c = bwd_dkdv_step(d)
+    q4, g4 = (a.reshape((1, total_q, h, d)) for a in (q, g))
+    k4, v4 = (a.reshape((1, total_k, kvh, d)) for a in (k, v))
+    try:  # the packed rows as one batch; boxes as the dense fused kernel's
+        tq, tdo, tk, tv = _tensor_maps(name, (c, BWD_ROWS), q4, g4, k4, v4)
+    except ArgumentError:  # no query or key at all, or a base off 16 bytes: the caller takes another path
+        return False
+    sem = arrays.zeros((max(batch * h * -(-max_q // c), 1) if deterministic else 1,), np.int32, like=dq_acc)
+    cap = (float(softcap),) if softcap > 0.0 else ()
+    if n_blocks:
+        launch(bwd_fused_kernel_name(d, deterministic, suffix, softcap, varlen=True), n_blocks, THREADS, tq, tk, tv,
+               tdo, lse2, dlt, dk, dv, dq_acc, sem, cu_q, cu_k, batch, max_q, max_k, h, kvh, nq_pad, float(scale), wl,
+               wr, *cap, shared_mem=bwd_fused_shared_bytes(d), stream=stream, backend=backend)
     return True
 
 

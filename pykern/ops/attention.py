@@ -26,12 +26,14 @@ from ._attention_sm90 import (
     BWD_FUSED_PAD as _SM90_FUSED_PAD,
     backward_fused_usable as _sm90_fused_usable,
     backward_usable as _sm90_backward_usable,
+    bwd_varlen_fused_pad as _sm90_varlen_fused_pad,
     try_backward_fused as _sm90_backward_fused,
     try_backward as _sm90_backward,
     try_forward as _sm90_forward,
     try_forward_fp8 as _sm90_forward_fp8,
     try_varlen as _sm90_varlen,
     try_varlen_backward as _sm90_varlen_backward,
+    try_varlen_backward_fused as _sm90_varlen_backward_fused,
 )
 from ._window import (
     check_softcap as _check_softcap,
@@ -649,7 +651,7 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
 
 
 def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
-    """sm_90a, head_dim 64 / 128, no softcap: FlashAttention-3's backward, one kernel per key tile
+    """sm_90a, head_dim 64 / 128, with or without softcap: FlashAttention-3's backward, one kernel per key tile
     (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
     accumulator (red.global.add.f32; deterministic: in key-tile order per query tile, through semaphores); the
     pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch, and a small kernel narrows
@@ -657,6 +659,7 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
     b, n_q, n_k, h, kvh, d = dims
     wl, wr, softcap = win
     sfx = _suffix(kind)
+    cap = "_softcap" if softcap > 0 else ""
     n_rows = b * n_q * h
     nq_pad = -(-n_q // _SM90_FUSED_PAD) * _SM90_FUSED_PAD
     n_ws = b * h * nq_pad * d
@@ -673,7 +676,7 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
         G = group_lanes(d)
         lse = arrays.empty((n_rows,), np.float32, like=q)
         delta_in = arrays.empty((n_rows,), np.float32, like=q)
-        _launch("attention_bwd_lse" + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
+        _launch("attention_bwd_lse" + cap + sfx, (-(-n_q // (_FLASH_THREADS // G)), h, b), (_FLASH_THREADS,),
                 _flat(q), _flat(k), _flat(v), _flat(g), lse, delta_in, n_q, n_k, h, kvh, d, scale, wl, wr,
                 softcap, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
         out = None
@@ -681,12 +684,40 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
             _flat(out if out is not None else g), _flat(lse), delta_in, lse2, dlt, dq_ws, n_rows, n_q, h, nq_pad, d,
             int(out is not None), 1, stream=stream, backend=backend)
     if not _sm90_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), dims, nq_pad, scale, (wl, wr),
-                                deterministic, sfx, stream, backend):
+                                deterministic, sfx, stream, backend, softcap):
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     n_dq = n_rows * d
     _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
             _flat(dq), n_dq, n_q, n_k, h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+    return dq, dk, dv
+
+
+def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, win, softcap, deterministic, sfx,
+                       stream, backend):
+    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 128: the fused dK/dV/dQ kernel
+    (attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]). The packed rows are one batch of total_q queries to
+    the pre-pass (delta, the (heads, nq_pad) lse / delta runs, the zeroed fp32 dQ accumulator, a token's row at
+    its packed index) and to the narrowing kernel (times scale into dq). None (nothing but the pre-pass launched)
+    when the packed arrays do not suit TMA."""
+    batch, max_q, max_k, h, kvh, d = dims
+    total_q = arrays.shape_of(q)[0]
+    n_rows = total_q * h
+    nq_pad = _sm90_varlen_fused_pad(total_q)  # one query tile beyond total_q: the kernel's unchecked zero adds
+    n_ws = h * nq_pad * d
+    lse2 = arrays.zeros((h * nq_pad,), np.float32, like=q)
+    dlt = arrays.zeros((h * nq_pad,), np.float32, like=q)
+    # rows < total_q zeroed by the pre-pass; the rows past it take only zero adds and are never read
+    dq_ws = arrays.empty((n_ws,), np.float32, like=q)
+    _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g), _flat(out), _flat(lse), dlt, lse2,
+            dlt, dq_ws, n_rows, total_q, h, nq_pad, d, 1, 1, stream=stream, backend=backend)
+    if not _sm90_varlen_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), cq, ck, dims, nq_pad,
+                                       scale, win, softcap, deterministic, sfx, stream, backend):
+        return None
+    n_dq = n_rows * d
+    wl, wr = win
+    _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
+            _flat(dq), n_dq, total_q, max_k, h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
     return dq, dk, dv
 
 
@@ -933,6 +964,7 @@ def flash_attention_varlen_backward(
     scale: float | None = None,
     window_size: tuple[int, int] = (-1, -1),
     softcap: float = 0.0,
+    deterministic: bool = False,
     stream: Any = None,
     backend: str | None = None,
 ) -> tuple[Any, Any, Any]:
@@ -954,7 +986,10 @@ def flash_attention_varlen_backward(
     bf16 or f16 on the tensor-core kernels (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*: the dense
     backward's dK/dV and dQ kernels with a per-sequence prologue): fp32 accumulation, one writer per output
     element (deterministic), dK / dV summed over the GQA group inside one CTA. sm_80 or newer on the nvrtc
-    backend, the host backend, numba.
+    backend, the host backend, numba. On sm_90a at head_dim 64 / 128 (head_dim_v = head_dim) one fused wgmma
+    kernel per key tile computes dK, dV and adds dQ's partials into an fp32 accumulator (red.global.add.f32, the
+    summation order varying run to run; deterministic=True: added in key-tile order per (sequence, head, query
+    tile) through semaphores, bit-identical run to run).
     float32 (every arch and backend): the dense fp32-FMA backward (`attention_backward(method="flash")`'s kernels)
     once per sequence on row views of the packed arrays; it reads the sequence bounds on the host, so cu_seqlens
     must be host arrays (device ones raise ArgumentError naming them).
@@ -996,6 +1031,8 @@ def flash_attention_varlen_backward(
         raise ArgumentTypeError(f"causal: expected a bool, got {type(causal).__name__} {causal!r}")
     left, right = _check_window_size(window_size)
     softcap = _check_softcap(softcap)
+    if not isinstance(deterministic, (bool, np.bool_)):
+        raise ArgumentTypeError(f"deterministic: expected a bool, got {type(deterministic).__name__} {deterministic!r}")
     scale = _backward_scale(scale, d)
     D = tc_head_dim(d)
     kv_grid = batch * kvh * -(-max_k // _TC_BC)
@@ -1028,6 +1065,12 @@ def flash_attention_varlen_backward(
     cap = "_softcap" if softcap > 0 else ""
     wl, wr = _normalize_serving(left, right, bool(causal))  # unbounded = 2^30; the kernels clamp per sequence
     n_rows = total_q * h
+    if d_v == d and _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out):
+        grads = _sm90_varlen_fused(q, k, v, grad_out, out, lse, dq, dk, dv, cq, ck,
+                                   (batch, max_q, max_k, h, kvh, d), scale, (wl, wr), softcap, bool(deterministic),
+                                   sfx, stream, backend)
+        if grads is not None:
+            return grads
     delta = arrays.empty((n_rows,), np.float32, like=q)
     _launch("attention_bwd_preprocess" + sfx, (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,),
             _flat(grad_out), _flat(out), delta, n_rows, d_v, stream=stream, backend=backend)

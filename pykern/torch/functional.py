@@ -463,17 +463,18 @@ def _(q, k, v, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, s
 def _flash_attention_varlen_backward(q: Tensor, k: Tensor, v: Tensor, out: Tensor, lse: Tensor, grad_out: Tensor,
                                      cu_seqlens_q: Tensor, cu_seqlens_k: Tensor, max_seqlen_q: int,
                                      max_seqlen_k: int, causal: bool, scale: float, window_left: int = -1,
-                                     window_right: int = -1,
-                                     softcap: float = 0.0) -> tuple[Tensor, Tensor, Tensor]:
+                                     window_right: int = -1, softcap: float = 0.0,
+                                     deterministic: bool = False) -> tuple[Tensor, Tensor, Tensor]:
     dq, dk, dv = call("flash_attention_varlen_backward", _c(q), _c(k), _c(v), _c(grad_out), cu_seqlens_q,
                       cu_seqlens_k, out=_c(out), lse=_c(lse), max_seqlen_q=max_seqlen_q, max_seqlen_k=max_seqlen_k,
-                      causal=causal, scale=scale, window_size=(window_left, window_right), softcap=softcap)
+                      causal=causal, scale=scale, window_size=(window_left, window_right), softcap=softcap,
+                      deterministic=deterministic)
     return dq, dk, dv
 
 
 @_flash_attention_varlen_backward.register_fake
 def _(q, k, v, out, lse, grad_out, cu_seqlens_q, cu_seqlens_k, max_seqlen_q, max_seqlen_k, causal, scale,
-      window_left=-1, window_right=-1, softcap=0.0):
+      window_left=-1, window_right=-1, softcap=0.0, deterministic=False):
     return _new(q.shape, q.dtype, q), _new(k.shape, k.dtype, k), _new(v.shape, v.dtype, v)
 
 
@@ -487,9 +488,11 @@ def _fav_setup(ctx, inputs, output):
 
 def _fav_bwd(ctx, grad_out, grad_lse):
     q, k, v, out, lse, cu_q, cu_k = ctx.saved_tensors
+    # torch.use_deterministic_algorithms(True): dQ summed in a fixed order (bit-identical run to run)
     dq, dk, dv = _flash_attention_varlen_backward.fast(q, k, v, out, lse, grad_out, cu_q, cu_k, ctx.max_seqlen[0],
                                                        ctx.max_seqlen[1], ctx.causal, ctx.scale, ctx.window[0],
-                                                       ctx.window[1], ctx.softcap)
+                                                       ctx.window[1], ctx.softcap,
+                                                       torch.are_deterministic_algorithms_enabled())
     return dq, dk, dv, None, None, None, None, None, None, None, None, None
 
 

@@ -715,20 +715,21 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
 
 
 def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
-                         causal: bool, window: tuple[int, int], deterministic: bool) -> Case:
-    """attention_bwd_sm90_fused[_det]_d{d}: dK, dV and the fp32 dQ accumulator (times scale: dq as fp32), given
-    the pre-pass's (batch, head, nq_pad) runs of lse * log2 e and delta (here from float64, rounded to fp32)."""
+                         causal: bool, window: tuple[int, int], deterministic: bool, softcap: float = 0.0) -> Case:
+    """attention_bwd_sm90_fused[_det]_d{d}[_softcap]: dK, dV and the fp32 dQ accumulator (times scale: dq as
+    fp32), given the pre-pass's (batch, head, nq_pad) runs of lse * log2 e and delta (here from float64, rounded
+    to fp32)."""
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
 
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
-    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind))
+    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap)
     scale = 1.0 / np.sqrt(d)
     nq_pad = -(-n_q // sm90.BWD_FUSED_PAD) * sm90.BWD_FUSED_PAD
 
     @_once
     def stats() -> tuple[np.ndarray, np.ndarray]:
-        out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, 0.0)
+        out64, lse64 = np_flash_attention(q, k, v, causal, scale, window, softcap)
         lse2 = np.zeros((1, h, nq_pad), np.float32)
         dlt = np.zeros((1, h, nq_pad), np.float32)
         lse2[:, :, :n_q] = (lse64.reshape(1, n_q, h) * np.log2(np.e)).transpose(0, 2, 1)
@@ -742,18 +743,60 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
         wl, wr = normalize(*window, causal, n_q, n_k)
         if not sm90.try_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
                                        dk.reshape(-1), dv.reshape(-1), (1, n_q, n_k, h, kvh, d), nq_pad, scale,
-                                       (wl, wr), deterministic, _sfx(kind), None, backend):
+                                       (wl, wr), deterministic, _sfx(kind), None, backend, softcap):
             raise _declined(name, backend)
         dq = (dq_acc[0, :, :n_q] * np.float32(scale)).transpose(1, 0, 2)[None]
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def ref() -> dict[str, Any]:
-        dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale, window_size=window)
+        dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale, window_size=window,
+                                           softcap=softcap)
         return {"dq": dq, "dk": dk, "dv": dv}
 
-    shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, 0.0) + ("-det" if deterministic else "")
-             + ("-causal" if causal else ""))
+    shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap)
+             + ("-det" if deterministic else "") + ("-causal" if causal else ""))
     return _sm90_case("attention_backward", kind, shape, (name,), run, ref)
+
+
+def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int,
+                                kvh: int, d: int, causal: bool, window: tuple[int, int], softcap: float,
+                                deterministic: bool) -> Case:
+    """attention_bwd_varlen_sm90_fused[_det]_d{d}[_softcap]: dK, dV and the fp32 dQ accumulator (heads, nq_pad,
+    D) over the packed rows (times scale: dq as fp32), given the pre-pass's (heads, nq_pad) runs of lse * log2 e
+    and delta over the packed rows (here from float64, rounded to fp32)."""
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize_serving
+
+    cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
+    cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
+    total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
+    q, g = _normal(rng, (total_q, h, d), kind), _normal(rng, (total_q, h, d), kind)
+    k, v = _normal(rng, (total_k, kvh, d), kind), _normal(rng, (total_k, kvh, d), kind)
+    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap, varlen=True)
+    scale = 1.0 / np.sqrt(d)
+    kw = {"causal": causal, "window_size": window, "softcap": softcap, "scale": scale}
+    out64, lse64, dq64, dk64, dv64 = np_varlen_backward(q, k, v, g, cu_q, cu_k, **kw)
+    nq_pad = sm90.bwd_varlen_fused_pad(total_q)
+    lse2 = np.zeros((h, nq_pad), np.float32)
+    dlt = np.zeros((h, nq_pad), np.float32)
+    lse2[:, :total_q] = (lse64 * np.log2(np.e)).T  # -inf (a sequence without keys) stays -inf
+    dlt[:, :total_q] = (out64 * f64(g)).sum(axis=-1).T
+
+    def run(backend: str) -> dict[str, Any]:
+        dq_acc = np.zeros((h, nq_pad, d), np.float32)
+        dk, dv = np.zeros_like(k), np.zeros_like(v)
+        wl, wr = normalize_serving(*window, causal)
+        if not sm90.try_varlen_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
+                                              dk.reshape(-1), dv.reshape(-1), cu_q, cu_k,
+                                              (len(lq), max(lq), max(lk), h, kvh, d), nq_pad, scale, (wl, wr),
+                                              softcap, deterministic, _sfx(kind), None, backend):
+            raise _declined(name, backend)
+        return {"dq": (dq_acc[:, :total_q] * np.float32(scale)).transpose(1, 0, 2), "dk": dk, "dv": dv}
+
+    shape = (f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-det" if deterministic else "")
+             + ("-causal" if causal else ""))
+    return _sm90_case("flash_attention_varlen_backward", kind, shape.replace(" ", ""), (name,), run,
+                      lambda: {"dq": dq64, "dk": dk64, "dv": dv64})
 
 
 def _sm90_varlen_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int, kvh: int,
@@ -805,6 +848,16 @@ SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
 # query tile, GQA, a window, n_q > n_k.
 SM90_FUSED_BACKWARD = ((130, 300, 2, 1, 64, True, (-1, -1)), (150, 260, 4, 2, 64, False, (60, 20)),
                        (100, 390, 4, 2, 128, False, (-1, -1)), (200, 150, 2, 1, 128, True, (-1, -1)))
+# Their _softcap kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap), caps that bend most
+# scores, at most 8 CTAs as above.
+SM90_FUSED_BACKWARD_SOFTCAP = ((130, 300, 2, 1, 64, True, (-1, -1), 2.0), (150, 260, 2, 1, 128, False, (60, 20), 2.5))
+# The varlen fused kernels: (lq, lk, heads, kv_heads, head_dim, causal, window, softcap). Key tiles that run into
+# the next sequence (its keys must not reach dQ), a sequence with keys but no query, one with queries but no key,
+# several key tiles per query tile; at most 8 CTAs.
+SM90_VARLEN_FUSED_BACKWARD = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 64, True, (-1, -1), 0.0),
+                              (([70, 1, 90], [33, 140, 20]), 2, 1, 128, False, (-1, -1), 2.0),
+                              (([100, 0, 30], [150, 5, 60]), 2, 1, 64, False, (50, 20), 1.5),
+                              (([60, 30], [130, 30]), 4, 2, 128, True, (-1, -1), 0.0))
 # The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -986,6 +1039,12 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
         for n_q, n_k, h, kvh, d, causal, window in SM90_FUSED_BACKWARD:
             for det in (False, True):
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det)
+        for n_q, n_k, h, kvh, d, causal, window, cap in SM90_FUSED_BACKWARD_SOFTCAP:
+            for det in (False, True):
+                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det, cap)
+        for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_FUSED_BACKWARD:
+            for det in (False, True):
+                yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap, det)
     for n_q, n_k, h, kvh, d, causal, per_head in SM90_FP8_FORWARD:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head)
     for n_q, n_k, h, kvh, d, causal, per_head, window, cap in SM90_FP8_FORWARD_SOFTCAP:
