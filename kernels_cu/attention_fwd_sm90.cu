@@ -79,11 +79,12 @@ template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PA
 // fa90_softmax_lazy_ip); the boundary tiles keep MUFU. d64 (BC / 2 exp2s a thread for BC m16n8k16-equivalents a
 // tile): the MUFU alone took as long as the tensor pipe (1.0 clock an MMA each, issue 0.5); with one n-tile in
 // four, MUFU 0.75 and issue 0.76 (192 -> 144 MUFU.EX2 a pair, 765 -> 1161 instructions), the tensor pipe the one
-// bound. With softcap (a tanh.approx a score on the MUFU as well: 2.0 an MMA) two in four: MUFU 1.5, issue 1.27.
+// bound. With softcap (a tanh.approx a score on the MUFU as well: 2.0 an MMA) one in four as well: MUFU 1.75, issue
+// 1.0 (1151 -> 1548); two in four would bring the MUFU to 1.5 but spilled (44 bytes; varlen 56).
 // d128 / d256 / 192: the MUFU is under the tensor pipe already (0.5, 0.25, 0.4 an MMA; with softcap 1.0, 0.5, 0.8),
 // so they keep it all.
 template <int DQK, int DV, bool SC> struct Fa90Fex { enum { V = 0 }; };
-template <bool SC> struct Fa90Fex<64, 64, SC> { enum { V = SC ? 2 : 1 }; };
+template <bool SC> struct Fa90Fex<64, 64, SC> { enum { V = 1 }; };
 
 #define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
 

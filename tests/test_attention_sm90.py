@@ -863,13 +863,13 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # The intra-warpgroup overlap (sm90.OVERLAP: d128, 192 / 128, d256) adds the wgmma wait of the S group and
     # costs 2 to 4 instructions a tile (d128 302 -> 306, 1.195; 192 / 128 310 -> 314, 0.981; d256 399 -> 401 a
     # pair, 0.783, varlen 0.783; softcap d128 1.688, varlen 1.695; d256 1.037; 192 / 128 1.381).
-    # d64 takes a quarter of its exp2s (half with softcap) on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8
-    # instructions more than a MUFU.EX2, 48 exp2s a pair (96 with softcap), so 765 -> 1161 (3.023) and 1151 -> 1942
-    # (5.057): the instruction count grows while the MUFU, the bound before, shrinks (the attention model's mufu and
-    # fma terms); the 2.0 bar was the MUFU-only loop's.
+    # d64 takes a quarter of its exp2s on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8 instructions more than a
+    # MUFU.EX2, 48 exp2s a pair, so 765 -> 1161 (3.023; varlen the same) and with softcap 1151 -> 1548 (4.031): the
+    # instruction count grows while the MUFU, the bound before, shrinks (the attention model's mufu and fma terms);
+    # the 2.0 and 3.0 bars were the MUFU-only loop's.
     bar = {64: 3.03, 128: 1.2, 192: 0.99, 256: 0.79}[d]
     if "_softcap" in kernel:
-        bar = {64: 5.06, 128: 1.7, 192: 1.39, 256: 1.04}[d]
+        bar = {64: 4.04, 128: 1.7, 192: 1.39, 256: 1.04}[d]
     assert loop["per_mma"] <= bar, loop
 
 
@@ -974,7 +974,7 @@ def test_steady_loop_overlaps_the_softmax_with_p_v(kernel: str) -> None:
 
 @pytest.mark.parametrize("kernel", KERNELS + MORE_KERNELS)
 def test_steady_loop_takes_part_of_the_exp2s_on_the_fma_pipe(kernel: str) -> None:
-    # Fa90Fex / sm90.FMA_EXP2: at d64, one n-tile in four (two with softcap) of each steady tile takes its exp2 from
+    # Fa90Fex / sm90.FMA_EXP2: at d64, one n-tile in four of each steady tile (with softcap too) takes its exp2 from
     # pk_exp2_fma (clamp FMNMX x2, floor by FADD.RM, a degree-3 polynomial in FFMAs, 2^n by LEA into the exponent
     # bits) instead of MUFU.EX2: BC / 2 exp2s a thread a tile, fex / 4 of them on the FMA pipe. Elsewhere every
     # exp2 is a MUFU.EX2 and no FADD.RM appears. The loop before had BC / 2 MUFU.EX2 a tile at every head dim.

@@ -44,8 +44,8 @@ PING_PONG = {64: False, 128: True, 192: False, 256: False}
 OVERLAP = {64: False, 128: True, 192: True, 256: True}
 # Of every 4 n-tiles (8 keys) of a steady-state key tile, how many take their exp2 on the FMA pipe (pk_exp2_fma)
 # rather than the MUFU, by head_dim, without / with softcap (the .cu's Fa90Fex): at d64 the MUFU's exp2s alone took
-# as long as the tensor pipe (and twice that with the softcap's tanh).
-FMA_EXP2 = {64: (1, 2), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
+# as long as the tensor pipe (and twice that with the softcap's tanh; two in four spilled there).
+FMA_EXP2 = {64: (1, 1), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
 
 
 def shared_bytes(d: int, d_v: int | None = None) -> int:
