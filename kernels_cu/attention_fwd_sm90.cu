@@ -64,12 +64,29 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // OVL: the steady-state step overlaps the softmax of the next tile with O += P V of the previous one (FA3's
 // intra-warpgroup overlap, fa90_step). Off at d64: its wait<1> costs 2 instructions a tile (765 -> 769 a pair,
 // 2.003 per m16n8k16-equivalent, over the bar of 2.0), and its redo's rescore spilled there (260 bytes).
+// The FMA exp2 (Fa90Fex) does not make room for it: it moves exp2s off the MUFU at 8 more instructions each
+// (765 -> 1161 a pair with one n-tile in four), so the loop's instruction count only grows.
 template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 0 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
 template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1 }; };
+
+// FEX: of every 4 n-tiles (8 keys each) of a steady-state tile, the number whose exp2s run on the FMA pipe
+// (pk_exp2_fma: 9 FMA / ALU instructions an exp2, 8 more than one MUFU.EX2) instead of the MUFU (16 results a clock
+// per SM, 2 clocks a warp-instruction). Only in the lazy softmax of the steady state (fa90_softmax_lazy,
+// fa90_softmax_lazy_ip); the boundary tiles keep MUFU. d64 (BC / 2 exp2s a thread for BC m16n8k16-equivalents a
+// tile): the MUFU alone took as long as the tensor pipe (1.0 clock an MMA each, issue 0.5); with one n-tile in
+// four, MUFU 0.75 and issue 0.76 (192 -> 144 MUFU.EX2 a pair, 765 -> 1161 instructions), the tensor pipe the one
+// bound, but no faster: the MUFU only tied with it, so the d64 kernel without softcap keeps every exp2 on the MUFU
+// (and its loop at 765, 1.992, under the 2.0 bar). With softcap (a tanh.approx a score on the MUFU as well: 2.0 an
+// MMA, the MUFU alone binds) one in four: MUFU 1.75, issue 1.0 (1151 -> 1548), the bound an eighth lower; two in
+// four would bring the MUFU to 1.5 but spilled (44 bytes; varlen 56).
+// d128 / d256 / 192: the MUFU is under the tensor pipe already (0.5, 0.25, 0.4 an MMA; with softcap 1.0, 0.5, 0.8),
+// so they keep it all.
+template <int DQK, int DV, bool SC> struct Fa90Fex { enum { V = 0 }; };
+template <> struct Fa90Fex<64, 64, true> { enum { V = 1 }; };
 
 #define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
 
@@ -159,12 +176,19 @@ __device__ __forceinline__ bool fa90_lazy_sum_vote(const float (&m)[2], float (&
     return true;
 }
 
-template <typename T, int D, int BC, bool WG = false>
+// FEX (Fa90Fex): n-tiles j with j % 4 < FEX take pk_exp2_fma, the others MUFU.EX2 (j is a constant once the loops
+// unroll). pk_exp2_fma gives 2^127 for x >= 127 or NaN, so the check fails there as it does on inf / NaN.
+template <int FEX>
+__device__ __forceinline__ float fa90_exp2(int j, float x) {
+    return j % 4 < FEX ? pk_exp2_fma(x) : pk_ex2_approx(x);
+}
+
+template <typename T, int D, int BC, bool WG = false, int FEX = 0>
 __device__ __forceinline__ bool fa90_softmax_lazy(const float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
                                                   unsigned (&pa)[BC / 16][4], float sl2, unsigned bar = 0) {
     return fa90_lazy_sum_vote<BC, WG>(m, l, sl2, bar, [&](int j, int r, float base) {
-        const float p0 = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
-        const float p1 = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+        const float p0 = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r], sl2, -base));
+        const float p1 = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r + 1], sl2, -base));
         pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p0, p1);
         return p0 + p1;
     });
@@ -202,12 +226,12 @@ __device__ __forceinline__ unsigned fa90_pp_bar() { return threadIdx.x / 128 + 2
 // wgmma's A operand until it completes: fa90_pack narrows s into them after the wait), with fa90_softmax_lazy's
 // check (the same sums, vote, WG and bar); l += the sums only when accepted. On a failure s holds the lazy P, not
 // the scores: fa90_redo rebases them (or, when that cannot be exact, scores the tile again).
-template <int BC, bool WG = false>
+template <int BC, bool WG = false, int FEX = 0>
 __device__ __forceinline__ bool fa90_softmax_lazy_ip(float (&s)[BC / 2], const float (&m)[2], float (&l)[2],
                                                      float sl2, unsigned bar = 0) {
     return fa90_lazy_sum_vote<BC, WG>(m, l, sl2, bar, [&](int j, int r, float base) {
-        s[4 * j + 2 * r] = pk_ex2_approx(fmaf(s[4 * j + 2 * r], sl2, -base));
-        s[4 * j + 2 * r + 1] = pk_ex2_approx(fmaf(s[4 * j + 2 * r + 1], sl2, -base));
+        s[4 * j + 2 * r] = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r], sl2, -base));
+        s[4 * j + 2 * r + 1] = fa90_exp2<FEX>(j, fmaf(s[4 * j + 2 * r + 1], sl2, -base));
         return s[4 * j + 2 * r] + s[4 * j + 2 * r + 1];
     });
 }
@@ -250,7 +274,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
         pk_wgmma_wait<0>();
         pk_mbarrier_arrive(fb + 2);
         fa90_cap<SC, BC>(s, pre);
-        return fa90_softmax_lazy<T, DV, BC, WG>(s, m, l, pa, sl2, bar);  // s keeps the scores for fa90_redo
+        return fa90_softmax_lazy<T, DV, BC, WG, Fa90Fex<DQK, DV, SC>::V>(s, m, l, pa, sl2, bar);  // s keeps the scores
     }
     fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
     pk_wgmma_commit();
@@ -259,7 +283,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
     pk_wgmma_wait<1>();  // S has landed; O += P V runs on under the softmax
     fa90_cap<SC, BC>(s, pre);
-    const bool ok = fa90_softmax_lazy_ip<BC, WG>(s, m, l, sl2, bar);
+    const bool ok = fa90_softmax_lazy_ip<BC, WG, Fa90Fex<DQK, DV, SC>::V>(s, m, l, sl2, bar);
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(fb + 2);
     // P pinned after the wait: otherwise the compiler narrows part of it early, into the P registers P V still

@@ -296,3 +296,32 @@ __device__ __forceinline__ float pk_gelu_tanh_grad(float x, float* value = nullp
     if (value) *value = xs;
     return fmaf(xs * fminf(e * s, 1.0f), fmaf(PK_GELU_TANH_D1, x2, PK_GELU_TANH_D0), s);
 }
+
+// 2^x on the FMA pipe (no MUFU): a kernel whose exp2s outnumber what the special-function unit issues (16
+// results a clock per SM against 128 FMAs) evaluates part of them here instead. x is clamped to [-127, 127]
+// first (fminf then fmaxf: NaN becomes 127, so a NaN or +inf input gives 2^127, finite and huge, never a value a
+// caller could mistake for a small one; -inf gives +0). Then x = n + f with n = floor(x) from one add rounded
+// toward -inf (x + 1.5 * 2^23 keeps n in the low mantissa bits of the sum), f = x - n in [0, 1] exactly, 2^f by a
+// polynomial of degree DEG (3 or 4, Horner: DEG FFMAs), and 2^n put in by one integer add of n << 23 to its bits
+// (an IMAD / LEA). Relative error against exp2 over x in [-126, 127]: 8.6e-5 at DEG 3, 3.0e-6 at DEG 4
+// (tests/test_exp2_fma.py); below -126 the result is subnormal or 0 (absolute error < 2^-126; ex2.approx.ftz
+// flushes those to 0). The coefficients minimize the maximum relative error of p(f) / 2^f on [0, 1] with p(0) = 1
+// (fitted for this helper; rounded to fp32).
+template <int DEG = 3>
+__device__ __forceinline__ float pk_exp2_fma(float x) {
+    static_assert(DEG == 3 || DEG == 4, "pk_exp2_fma: degree 3 or 4");
+    constexpr float RND = 12582912.0f;  // 1.5 * 2^23: x + RND in [2^23, 2^24) for |x| <= 2^22, n in its low bits
+    x = fmaxf(fminf(x, 127.0f), -127.0f);
+    const float xr = pk_fadd_rm(x, RND);  // RND + floor(x), exactly
+    const float f = x - (xr - RND);       // both subtractions exact: f = x - floor(x)
+    float p;
+    if constexpr (DEG == 3) {
+        p = fmaf(fmaf(fmaf(0.07706719636917114f, f, 0.22764481604099274f), f, 0.6951168179512024f), f, 1.0f);
+    } else {
+        p = fmaf(fmaf(fmaf(fmaf(0.013426701538264751f, f, 0.052242446690797806f), f, 0.2412802129983902f), f,
+                      0.6930448412895203f),
+                 f, 1.0f);
+    }
+    // (RND + n)'s bits are 0x4B400000 + n, whose low 9 bits shifted up by 23 are n << 23 (mod 2^32): p * 2^n
+    return __uint_as_float(__float_as_uint(p) + (__float_as_uint(xr) << 23));
+}

@@ -217,6 +217,15 @@ __device__ __forceinline__ float pk_ex2_approx(float x) {
     return r;
 }
 
+// add.rm.f32: a + b rounded toward -inf (ex2 on the FMA pipe takes floor(x) from it: pk_exp2_fma). The sum rounded
+// to nearest, then one step down where the exact sum lies below it (TwoSum's exact error term, negative).
+__device__ __forceinline__ float pk_fadd_rm(float a, float b) {
+    const float r = a + b;
+    if (!std::isfinite(r)) return r;
+    const float bp = r - a, ap = r - bp, e = (a - ap) + (b - bp);  // a + b == r + e exactly
+    return e < 0.0f ? std::nextafter(r, -INFINITY) : r;
+}
+
 // ld.relaxed.gpu.global.f32: a strong (atomic, GPU-scope) load. Blocks share one OS thread here, so a plain
 // read is that load; it is an atomic access to racecheck (exempt, as atomicAdd & co are), which is what the
 // PTX memory model makes it: no data race with a store ordered before it by fence + atomic (see the
@@ -445,6 +454,12 @@ __device__ __forceinline__ float4 pk_ld_shared_v4(const float* p) { return *rein
 __device__ __forceinline__ float pk_ex2_approx(float x) {
     float r;
     asm("ex2.approx.ftz.f32 %0, %1;" : "=f"(r) : "f"(x));
+    return r;
+}
+
+__device__ __forceinline__ float pk_fadd_rm(float a, float b) {
+    float r;
+    asm("add.rm.f32 %0, %1, %2;" : "=f"(r) : "f"(a), "f"(b));
     return r;
 }
 

@@ -218,6 +218,17 @@ def test_mufu_term_is_16_results_a_clock():
     assert am.kernel_bound(_launch(264), _inputs(4.35), H100)["terms_s"]["mufu"] == 0
 
 
+def test_fma_term_is_128_results_a_clock():
+    # the FMA pipe: fp32 FFMA / FADD / FMUL at 128 results a clock per SM; 12 a MMA (3 clk) outruns the tensor
+    # pipe's 1.5 and the MUFU's 0.5 x 2 = 1.0, and names the binding term
+    li = am.LoopInputs("flat", 87, 20, 6, 0.0, 0, mufu=10, fma=240)
+    r = am.kernel_bound(_launch(264), am.KernelInputs("k", "sm_90", li, 234, 0), H100)
+    mma = 64 * 64 * 32 * 2 * 128 * 2 / 4096
+    assert r["terms_s"]["fma"] == pytest.approx(2 * mma * 12 * 32 / 128 / 1.83e9)
+    assert r["binding"] == "fma"
+    assert am.kernel_bound(_launch(264), _inputs(4.35), H100)["terms_s"]["fma"] == 0
+
+
 def test_straight_line_code_is_issued_once_per_warp_and_cta():
     r0 = am.kernel_bound(_launch(264), _inputs(8.0), H100)
     r1 = am.kernel_bound(_launch(264), _inputs(8.0, straight=1000), H100)
@@ -363,8 +374,10 @@ def _cross_check(sass: am.SassSource, lau: am.Launch, arch: str) -> am.KernelInp
         (lau.kernel, arch, k.loop.mma)
     assert k.loop.per_mma > 1 and k.regs > 0 and k.spills == 0
     assert k.loop.loop in ("flat", "inner")
-    # every step recomputes P = exp2(...) of its rows x keys: at least one MUFU per 32 of them a warp
-    assert k.loop.mufu * 32 * lau.loop_warps >= lau.step[0] * lau.step[1], (lau.kernel, arch, k.loop.mufu)
+    # every step recomputes P = exp2(...) of its rows x keys: at least one MUFU or FMA-pipe exp2 (pk_exp2_fma's
+    # FADD.RM) per 32 of them a warp
+    assert (k.loop.mufu + k.loop.exp2_fma) * 32 * lau.loop_warps >= lau.step[0] * lau.step[1], \
+        (lau.kernel, arch, k.loop.mufu, k.loop.exp2_fma)
     return k
 
 
@@ -431,7 +444,7 @@ def test_model_runs_on_the_real_kernels(sass):
     for p in preds:
         hw = am.hardware(p["arch"])
         assert 0 < p["tflops"] < hw.peak / 1e12 and 0 < p["pct_peak"] < 100
-        assert p["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "hbm")
+        assert p["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "fma", "hbm")
         for i in p["inputs"]:
             assert i["ctas_per_sm"] >= 1 and i["regs"] > 0 and i["per_mma"] > 0
         # the prediction is no faster than any single term of any launch

@@ -935,9 +935,13 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # The intra-warpgroup overlap (sm90.OVERLAP: d128, 192 / 128, d256) adds the wgmma wait of the S group and
     # costs 2 to 4 instructions a tile (d128 302 -> 306, 1.195; 192 / 128 310 -> 314, 0.981; d256 399 -> 401 a
     # pair, 0.783, varlen 0.783; softcap d128 1.688, varlen 1.695; d256 1.037; 192 / 128 1.381).
+    # d64 with softcap takes a quarter of its exp2s on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8 instructions
+    # more than a MUFU.EX2, 48 exp2s a pair, so 1151 -> 1548 (4.031): the instruction count grows while the MUFU,
+    # the one bound there, shrinks (the attention model's mufu and fma terms). d64 without softcap keeps the MUFU
+    # (it would be 3.023) and its 2.0 bar.
     bar = {64: 2.0, 128: 1.2, 192: 0.99, 256: 0.79}[d]
     if "_softcap" in kernel:
-        bar = {64: 3.0, 128: 1.7, 192: 1.39, 256: 1.04}[d]
+        bar = {64: 4.04, 128: 1.7, 192: 1.39, 256: 1.04}[d]
     assert loop["per_mma"] <= bar, loop
 
 
@@ -1038,3 +1042,26 @@ def test_steady_loop_overlaps_the_softmax_with_p_v(kernel: str) -> None:
         # rest after it), after the 64 tanh with softcap
         under = sum(i.startswith("MUFU.") for i in insns[n1:n0])
         assert under >= (bc // 2 if d == 256 and "_softcap" not in kernel else 14), (under, bc // 2)
+
+
+@pytest.mark.parametrize("kernel", KERNELS + MORE_KERNELS)
+def test_steady_loop_takes_part_of_the_exp2s_on_the_fma_pipe(kernel: str) -> None:
+    # Fa90Fex / sm90.FMA_EXP2: at d64 with softcap, one n-tile in four of each steady tile takes its exp2 from
+    # pk_exp2_fma (clamp FMNMX x2, floor by FADD.RM, a degree-3 polynomial in FFMAs, 2^n by LEA into the exponent
+    # bits) instead of MUFU.EX2: BC / 2 exp2s a thread a tile, fex / 4 of them on the FMA pipe. Elsewhere every
+    # exp2 is a MUFU.EX2 and no FADD.RM appears. The loop before had BC / 2 MUFU.EX2 a tile at every head dim.
+    d, _ = _dims(kernel)
+    _, text, _, loops = _sass()
+    insns = _loop_insns(text, kernel, loops[kernel])
+    tiles, bc = sm90.LOOP_TILES[d], sm90._CFG[d][0]
+    fex = sm90.FMA_EXP2[d]["_softcap" in kernel]
+    exp2s = tiles * bc // 2
+    on_fma = exp2s * fex // 4
+    ops_ = [i.split()[0] for i in insns]
+    assert ops_.count("MUFU.EX2") == exp2s - on_fma, (ops_.count("MUFU.EX2"), exp2s, fex)
+    assert ops_.count("FADD.RM") == on_fma  # the floor: one add rounded toward -inf each
+    # 2^n into the exponent: (RND + n)'s bits shifted up by 23 and added to p's, one LEA (or SHF + IADD3 / IMAD.SHL)
+    shifts = sum(i.startswith("LEA ") and i.rstrip().endswith("0x17") for i in insns)
+    shifts += sum(i.startswith(("SHF.L.U32", "IMAD.SHL.U32")) and "0x17" in i for i in insns)
+    assert shifts >= on_fma, shifts
+    assert ops_.count("FMNMX") >= 2 * on_fma  # the clamp to [-127, 127] (NaN -> 127)

@@ -30,6 +30,8 @@ scheduled over the GPU:
   dense peak; wgmma on sm_90a and mma.sync on sm_80: the full dense rate);
 * special functions (mufu): the loop's MUFU warp-instructions (the softmax's exp2) at 16 results per clock
   per SM;
+* FMA pipe (fma): the loop's fp32 FFMA / FADD / FMUL warp-instructions at 128 results per clock per SM (the
+  softmax's scale-and-shift and sums, and the exp2s a kernel moves off the MUFU: pk_exp2_fma, one FADD.RM each);
 * occupancy: CTAs per SM from registers (per warp, units of 256), shared memory (+1 KiB reserved per CTA),
   the 32-CTA and 64-warp limits; co-resident CTAs share their SM's rates;
 * waves and tail: CTAs dispatched in launch order (the kernels' own block-to-tile order) to the first free of
@@ -85,6 +87,7 @@ class Hardware:
     issue_clk: int = 4  # warp schedulers per SM, one warp-instruction per clock each
     smem_bytes_clk: int = 128  # 32 banks x 4 bytes per clock per SM
     mufu_clk: int = 16  # special-function results (MUFU.EX2 ...) per clock per SM (CUDA guide, cc 8.0 / 9.0)
+    fma_clk: int = 128  # fp32 add / multiply / multiply-add results per clock per SM (CUDA guide, cc 8.0 / 9.0)
 
     @property
     def peak(self) -> float:
@@ -152,6 +155,8 @@ class LoopInputs:
     wgmma: bool = False  # HGMMA in the loop: the tensor pipe runs at the full dense rate
     inner_insns: int = 0  # of insns, those in MMA-free loops inside the body
     mufu: int = 0  # MUFU instructions in the body (the softmax's exp2)
+    fma: int = 0  # fp32 FFMA / FADD / FMUL instructions in the body (the FMA pipe)
+    exp2_fma: int = 0  # exp2s on the FMA pipe in the body (pk_exp2_fma: one FADD.RM, its floor, each)
     loaders: tuple[LoaderLoop, ...] = ()
 
     def per_step(self, fill_per_warp: float = 0.0) -> tuple[float, float, float]:
@@ -340,7 +345,8 @@ def loop_inputs(text: str, kernel: str, sr: Any = None, parsed: tuple[dict, dict
         loop=kind, insns=len(body), mma=mma(body), ldsm=sum(op == "LDSM" for _, op, _, _ in body),
         smem_bytes=sbytes(body), straight=sum(id(x) not in in_loop for x in live),
         wgmma=any(op == "HGMMA" for _, op, _, _ in body), inner_insns=len(inner), loaders=tuple(loaders),
-        mufu=sum(op == "MUFU" for _, op, _, _ in body))
+        mufu=sum(op == "MUFU" for _, op, _, _ in body), fma=sum(op in ("FFMA", "FADD", "FMUL") for _, op, _, _ in body),
+        exp2_fma=sum(op == "FADD" and ".RM" in mods for _, op, mods, _ in body))
 
 
 # ------------------------------------------------------------------------------------------- occupancy
@@ -806,6 +812,7 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
         "smem": lambda m: m * smem_per_mma / hw.smem_bytes_clk,
         "tensor": lambda m: m * MMA_FLOP / (hw.tensor_flop_clk * frac),
         "mufu": lambda m: m * loop.mufu / loop.mma * 32 / hw.mufu_clk,
+        "fma": lambda m: m * loop.fma / loop.mma * 32 / hw.fma_clk,
     }
     # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
     group_mma = [p * per_pair_mma for p in lau.ctas]
@@ -1063,11 +1070,11 @@ def format_table(doc: dict[str, Any]) -> str:
               "body once, its cp.async tile-loader loops at 'trips' x their 16-byte path (trips from the launch",
               "geometry), other loops inside it once; 'static' = the body with every inner loop once.",
               f"{'arch':6s} {'kernel':42s} {'loop':5s} {'instr/MMA':>9s} {'static':>6s} {'trips':>5s} {'ldsm/MMA':>8s} "
-              f"{'smemB/MMA':>9s} {'mufu/MMA':>8s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
+              f"{'smemB/MMA':>9s} {'mufu/MMA':>8s} {'fma/MMA':>7s} {'straight':>8s} {'regs':>4s} {'smem B':>7s} {'CTAs/SM':>7s} {'limiter':>13s}"]
     for a, i in inp:
         lines.append(f"{a:6s} {i['kernel']:42s} {i['loop']:5s} {i['per_mma']:9.2f} {i['static_per_mma']:6.2f} "
                      f"{i['loader_trips']:5.1f} {i['ldsm_per_mma']:8.3f} {i['smem_per_mma']:9.1f} "
-                     f"{i['mufu'] / i['mma']:8.3f} {i['straight']:8d} "
+                     f"{i['mufu'] / i['mma']:8.3f} {i.get('fma', 0) / i['mma']:7.3f} {i['straight']:8d} "
                      f"{i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention's count), batch = 16384 / seq, "
               "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",

@@ -42,6 +42,11 @@ PING_PONG = {64: False, 128: True, 192: False, 256: False}
 # intra-warpgroup overlap: Fa90Cfg's OVL); off at d64, where its extra wgmma wait lifts the loop past 2.0
 # warp-instructions per m16n8k16-equivalent.
 OVERLAP = {64: False, 128: True, 192: True, 256: True}
+# Of every 4 n-tiles (8 keys) of a steady-state key tile, how many take their exp2 on the FMA pipe (pk_exp2_fma)
+# rather than the MUFU, by head_dim, without / with softcap (the .cu's Fa90Fex): at d64 with softcap the MUFU binds
+# alone (the softcap's tanh doubles its work; two in four spilled there). Without softcap the d64 MUFU only ties
+# with the tensor pipe, so moving exp2s would add instructions (8 an exp2) and lower no bound.
+FMA_EXP2 = {64: (0, 1), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
 
 
 def shared_bytes(d: int, d_v: int | None = None) -> int:
