@@ -386,6 +386,16 @@ class Launch:
     fill: int = 0  # bytes a CTA writes to shared memory with cp.async per loop iteration (the tile loads)
     mma_warps: int = 0  # warps that run the MMA loop (0: every warp; sm_90a: the consumer warpgroups only)
     chain_clk: float = 0.0  # SM clocks added once to the launch: the semaphore chain's fill (the _det fused kernel)
+    # a persistent grid (the sm_90a forward's tile loop): `ctas` are then work tiles, taken across the groups in
+    # the kernel's order (each of ctas in turn for every group: longest first) by SMs x CTAs/SM CTAs, a round at a
+    # time in snake order (strided_span), no block-scheduler wave between them
+    persistent: bool = False
+
+    def schedule(self, costs: Sequence[float], slots: int) -> float:
+        """The time the launch's last CTA ends, costs being one group's CTAs (or work tiles) in order."""
+        if not self.persistent:
+            return makespan(list(costs) * self.groups, slots)
+        return strided_span([c for c in costs for _ in range(self.groups)], slots)
 
     @property
     def loop_warps(self) -> int:
@@ -621,9 +631,13 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         if s.head_dim not in h.HEAD_DIMS or name not in kernels:
             return [], f"no {name} kernel (head_dims {h.HEAD_DIMS})"
         bc = h._CFG[D][0]
+        # the current build's causal grid at the PERSISTENT head dims: SMs x CTAs/SM CTAs walking the work tiles
+        # longest first (its tail: the short tiles fill in; no last wave of long tiles started late)
+        persistent = build != MEASURED_BUILD and s.causal and h.PERSISTENT.get(D, False)
         return [Launch(name, "attention_fwd_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
                        tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
-                       2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps)], ""
+                       2 * b["q"] + 2 * b["kv"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]), mma_warps=mma_warps,
+                       persistent=persistent)], ""
     if build == MEASURED_BUILD and (softcap or varlen):
         return [], f"the {build} build had no softcap / varlen sm_90a backward"
     dq_dims = MEASURED_BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_DQ_HEAD_DIMS
@@ -691,6 +705,19 @@ def makespan(costs: Sequence[float], slots: int) -> float:
     return max(heap)
 
 
+def strided_span(costs: Sequence[float], slots: int) -> float:
+    """A persistent grid of `slots` CTAs walking the work tiles `costs` (in the kernel's order) a round of `slots`
+    tiles at a time in snake order (CTA k takes tile k of even rounds, slots - 1 - k of odd ones, as
+    fa90_forward's producer): the largest CTA's sum."""
+    if slots <= 0:
+        raise ArgumentError(f"slots: expected >= 1, got {slots}")
+    sums = [0.0] * min(slots, len(costs))
+    for i, c in enumerate(costs):
+        r, k = divmod(i, slots)
+        sums[slots - 1 - k if r & 1 else k] += c
+    return max(sums, default=0.0)
+
+
 def _launch_rates(lau: Launch, k: KernelInputs,
                   hw: Hardware) -> tuple[int, Occupancy, float, float, float, float, float, int, int]:
     """What kernel_bound and calibrated_launch both start from: (warps a CTA, occupancy, the tensor pipe's
@@ -727,8 +754,8 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     group_mma = [p * per_pair_mma for p in lau.ctas]
     per_term = {name: [resident * f(m) for m in group_mma] for name, f in terms_clk.items()}
     worst = [max(c) for c in zip(*per_term.values())]
-    times: dict[str, float] = {name: makespan(c * lau.groups, slots) / hw.clock_hz for name, c in per_term.items()}
-    combined = makespan(worst * lau.groups, slots) / hw.clock_hz
+    times: dict[str, float] = {name: lau.schedule(c, slots) / hw.clock_hz for name, c in per_term.items()}
+    combined = lau.schedule(worst, slots) / hw.clock_hz
     ideal = sum(worst) * lau.groups / slots / hw.clock_hz
     times["hbm"] = lau.hbm_bytes / hw.hbm_bytes_s
     # the deterministic dQ's semaphore chain: its fill is latency in series with the CTAs' work, not a resource
@@ -1110,7 +1137,7 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
         parts[top] += resident * t[top]
         parts["serial"] += serial
         parts["edge"] += edge
-    compute = makespan(costs * lau.groups, hw.sms * resident) / hw.clock_hz
+    compute = lau.schedule(costs, hw.sms * resident) / hw.clock_hz
     hbm = lau.hbm_bytes / hw.hbm_bytes_s
     bind = "hbm" if hbm >= compute else max(parts, key=lambda n: parts[n])
     return {"kernel": lau.kernel, "time_s": max(compute, hbm), "binding": bind,
