@@ -7,7 +7,9 @@
 // softcap (the _softcap entry points): scores become c * tanh(scale * q.k / c) before the mask and softmax
 // (fa90_cap: tanh.approx, one MUFU op a score), as the mma.sync kernels do; the kernels without it carry no tanh.
 //
-// Work split: a CTA of 3 warpgroups (384 threads) owns BR = 128 consecutive queries of one (batch, head).
+// Work split: a CTA of 3 warpgroups (384 threads) owns BR = 128 consecutive queries of one (batch, head) at a time
+// (a work tile); the dense kernel at PERSIST head dims walks several (fa90_dense_tile: longest first; the producer
+// publishes each to the consumers through shared memory with its Q, the ring carrying on across them).
 //   warpgroup 0, the producer: one elected thread issues the TMA loads: Q once, then K and V tiles of BC
 //     keys into a STAGES-deep ring in shared memory. Each slot has a `full` mbarrier (the loads complete
 //     their bytes on it) and an `empty` one (every consumer thread arrives when done with the slot); the
@@ -66,12 +68,16 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // 2.003 per m16n8k16-equivalent, over the bar of 2.0), and its redo's rescore spilled there (260 bytes).
 // The FMA exp2 (Fa90Fex) does not make room for it: it moves exp2s off the MUFU at 8 more instructions each
 // (765 -> 1161 a pair with one n-tile in four), so the loop's instruction count only grows.
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 0 }; };
-template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1 }; };
+// PERSIST: the dense kernel walks several work tiles a CTA (fa90_forward's tile loop, the launcher's persistent grid
+// for causal / windowed calls); without it one CTA a tile. Off at d64 and d256 for now: with the tile loop the d64
+// steady loop took 770 instructions a pair (2.005 per m16n8k16-equivalent, over the bar of 2.0) and the d256 one
+// 405 (0.791), and the d256 producer spilled 3 words out of its 24 registers. At d128 the loop is 302 (1.180).
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 0, PERSIST = 0 }; };
+template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 0 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
-template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1 }; };
+template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1, PERSIST = 1 }; };
 
 // FEX: of every 4 n-tiles (8 keys each) of a steady-state tile, the number whose exp2s run on the FMA pipe
 // (pk_exp2_fma: 9 FMA / ALU instructions an exp2, 8 more than one MUFU.EX2) instead of the MUFU (16 results a clock
@@ -213,8 +219,9 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
 // (FA90_BAR_PP + 1 - c) without waiting. So the tensor pipe takes the two warpgroups' wgmma groups in
 // alternation, and one warpgroup's softmax runs while the other's GEMMs execute (the exp2s and the wgmmas of one
 // warpgroup would otherwise queue behind each other). Consumer 1 opens the game with one arrival at consumer
-// 0's barrier; the last hand-over stays open when the CTA exits. Both warpgroups run the same steps (the tile
-// split is the CTA's), so the turns pair up. Barriers 1 and 2 are fa90_softmax_lazy's (WG) reductions.
+// 0's barrier; consumer 0 takes the last hand-over after the loop (one more sync on its barrier), so a CTA that
+// walks several work tiles starts each with both barriers at zero arrivals. Both warpgroups run the same steps (the
+// tile split is the CTA's), so the turns pair up. Barriers 1 and 2 are fa90_softmax_lazy's (WG) reductions.
 #define FA90_BAR_PP 3
 // This consumer warpgroup's ping-pong barrier, FA90_BAR_PP + c = threadIdx.x / 128 + 2 (one shift and add where
 // the loop has no register to keep it in); the other's is it ^ 7 (3 <-> 4).
@@ -501,6 +508,25 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
     }
 }
 
+// The dense forward's work tile `tile` of n_bh * n_qt (n_bh = batch * n_heads): returns its (batch, head) index bh
+// and sets its query tile qt. Without a window every tile has the same key tiles: bh-major, so that consecutive
+// CTAs share a head's K / V in L2. With one (causal, sliding) tiles differ in work, and the order is longest first
+// (FA3's SingleTileLPTScheduler): query-tile-major, the last query tiles first where the window ends at the
+// diagonal (window_right < n_q: causal, whose last tiles see the most keys), the first ones first where only the
+// left side is bounded. The launcher's persistent grid then walks them round by round, gridDim.x tiles a round in
+// snake order (fa90_forward's producer): each CTA takes its long tiles first, and the short ones fill the tail.
+__device__ __forceinline__ int fa90_dense_tile(int tile, int n_bh, int n_q, int n_k, int window_left, int window_right,
+                                               int& qt) {
+    const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
+    if (window_left >= n_k && window_right >= n_q) {
+        qt = tile % n_qt;
+        return tile / n_qt;
+    }
+    const int qi = tile / n_bh;
+    qt = window_right < n_q ? n_qt - 1 - qi : qi;
+    return tile % n_bh;
+}
+
 // VARLEN: sequences packed without padding (flash_attention_varlen); the tensor maps have batch extent 1 over
 // (1, total rows, heads, D), sequence b is q rows cu_q[b]..cu_q[b+1] against k / v rows cu_k[b]..cu_k[b+1] (a
 // negative length counts as 0), grid (n_qt * n_heads, batch) as attention_fwd_varlen_tc (query tile
@@ -535,10 +561,21 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // q_full, full[0..ST), then the empty mbarriers in reverse slot order (slot s at empty - s), so that the steady
     // loop finds the previous slot's empty mbarrier at a fixed distance from the next slot's full one.
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 2 * ST;
+    // q_empty: the consumers (256 arrivals) are done with the work tile's Q (after its epilogue): the producer may
+    // load the next work tile's Q there.
+    unsigned long long* q_empty = bars + 2 * ST + 1;
+    // The dense producer publishes each work tile's index and turn here with its Q (then an index past the last
+    // tile: no more work),
+    // ordered by q_full; the consumers read them at the tile's start and again for its epilogue, so that no
+    // per-tile value stays live through their loops (kept live, they took the uniform registers the hot loop's
+    // descriptors live in: 373 instructions a d128 tile instead of 306).
+    volatile int* tile_info = reinterpret_cast<volatile int*>(bars + 2 * ST + 2);
 
     const int tid = threadIdx.x, wg = tid / 128;
-    // (sequence, head, query tile) of this CTA; q_row0 / k_row0: the sequence's first row in the tensor maps
-    // (map batch coordinate mb).
+    // (sequence, head, query tile) of the work tile; q_row0 / k_row0: the sequence's first row in the tensor maps
+    // (map batch coordinate mb). VARLEN: this CTA's one tile. Dense: the CTA walks work tiles blockIdx.x, then one
+    // a round of gridDim.x in snake order, of n_tiles (fa90_dense_tile: longest first where the mask makes tiles
+    // unequal), so a grid of one CTA a tile runs each once and a persistent grid (about one CTA a SM) walks several.
     int b, h, qt, q_row0, k_row0, mb;
     if constexpr (VARLEN) {
         b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
@@ -553,28 +590,37 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         if (it >= n_qt) return;  // CTA-uniform, before any barrier
         qt = window_right < n_q ? n_qt - 1 - it : it;  // causal: the longest query tiles first
     } else {
-        const int n_qt = (n_q + FA90_BR - 1) / FA90_BR;
-        // Causal: the longest query tiles (the last ones) are launched first, so short tiles fill in at the end.
-        const int bh = blockIdx.x / n_qt;
-        qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
-        b = bh / n_heads, h = bh % n_heads;
-        q_row0 = k_row0 = 0, mb = b;
+        q_row0 = k_row0 = 0;
     }
-    (void)batch;
-    const int kvh = h / (n_heads / n_kv_heads);
-    const int q0 = qt * FA90_BR;
-    const int q_last = min(q0 + FA90_BR, n_q) - 1;
-    const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
-    const int kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
-    // Tiles [f0, f1) are seen wholly by every row: the steady state. Visit order: kt1-1 down to kt0.
-    int f0 = (span.full_lo + BC - 1) / BC, f1 = (span.full_hi + 1) / BC;
-    f0 = max(f0, kt0), f1 = min(f1, kt1);
-    if (f0 >= f1) f0 = f1 = kt1;  // no full tile: everything runs masked
+    // The dense work tiles (VARLEN: this CTA's one), computed where used: kept from here, the producer's 24
+    // registers spilled them.
+    const auto n_tiles = [&]() { return VARLEN ? 1 : batch * n_heads * ((n_q + FA90_BR - 1) / FA90_BR); };
+    // The dense work tile `tile`'s coordinates (VARLEN: this CTA's, set above).
+    const auto place = [&](int tile) {
+        if constexpr (!VARLEN) {
+            const int bh = fa90_dense_tile(tile, batch * n_heads, n_q, n_k, window_left, window_right, qt);
+            b = bh / n_heads, h = bh % n_heads, mb = b;
+        }
+    };
+    // The work tile's kv head, first query and key tiles: [kt0, kt1) visited from kt1 - 1 down; [f0, f1) seen
+    // wholly by every row (the steady state).
+    int kvh, q0, kt0, kt1, f0, f1;
+    const auto span_of = [&]() {
+        kvh = h / (n_heads / n_kv_heads);
+        q0 = qt * FA90_BR;
+        const int q_last = min(q0 + FA90_BR, n_q) - 1;
+        const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
+        kt0 = span.lo / BC, kt1 = span.hi < span.lo ? kt0 : span.hi / BC + 1;
+        f0 = (span.full_lo + BC - 1) / BC, f1 = (span.full_hi + 1) / BC;
+        f0 = max(f0, kt0), f1 = min(f1, kt1);
+        if (f0 >= f1) f0 = f1 = kt1;  // no full tile: everything runs masked
+    };
 
     if (tid == 0) {
         pk_mbarrier_init(q_full, 1);
         // full: the TMA producer's one arrival with the bytes, or the paged producer's 128 threads' arrivals.
         for (int s = 0; s < ST; s++) pk_mbarrier_init(&full[s], PAGED ? 128 : 1), pk_mbarrier_init(empty - s, 256);
+        pk_mbarrier_init(q_empty, 256);
         pk_fence_mbarrier_init();
     }
     __syncthreads();
@@ -582,6 +628,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     if constexpr (PAGED) {
         if (wg == 0) {  // ---- the paged producer ----
             pk_setmaxnreg_dec<FA90_PAGED_PRODUCER_REGS>();
+            span_of();  // VARLEN: one work tile
             fa90_producer_paged<T, KV, DQK, DV, BC, ST>(tq, qs, ks, vs, q_full, full, empty, *pg, b, h, kvh, q_row0, q0,
                                                         n_k, kt0, kt1);
             return;
@@ -589,24 +636,59 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
     if (wg == 0) {  // ---- producer ----
         pk_setmaxnreg_dec<24>();
-        if (tid < 32 && pk_elect_one()) {
-            pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int nb = 0; nb < NBK; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
+        // Warp 0 runs the loop (its values warp-uniform, in uniform registers: the 24 registers left to the
+        // producer did not hold the tile loop's), one elected lane issues. The ring position i carries from one
+        // work tile to the next (slot i % ST, phase (i / ST) & 1), as the consumers' does; Q waits for the
+        // consumers to release the previous tile's (q_empty, phase n & 1).
+        if (__shfl_sync(PK_FULL_MASK, tid / 32, 0) == 0) {
+            const bool leader = pk_elect_one();
             int i = 0;
-            for (int j = kt1 - 1; j >= kt0; j--, i++) {
-                const int s = i % ST;
-                pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
-                pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
-                if constexpr (NBK == NBV) {
-                    for (int nb = 0; nb < NBK; nb++) {
-                        pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
-                        pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+            for (int tile = blockIdx.x, n = 0;;) {
+                place(tile);
+                span_of();
+                // Q goes after the tile's first K / V load (or alone where it has none): that load waits only for
+                // the previous tile's consumption of its slot, and it is under way while Q waits for q_empty.
+                int q_todo = 1;
+                const auto load_q = [&]() {
+                    pk_mbarrier_wait_parity(q_empty, (n & 1) ^ 1);
+                    if (leader) {
+                        tile_info[0] = tile, tile_info[1] = n;
+                        pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
+                        for (int nb = 0; nb < NBK; nb++)
+                            pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
                     }
-                } else {
-                    for (int nb = 0; nb < NBK; nb++)
-                        pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
-                    for (int nb = 0; nb < NBV; nb++)
-                        pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    q_todo = 0;
+                };
+                for (int j = kt1 - 1; j >= kt0; j--, i++) {
+                    const int s = i % ST;
+                    pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
+                    if (leader) {
+                        pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
+                        if constexpr (NBK == NBV) {
+                            for (int nb = 0; nb < NBK; nb++) {
+                                pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                                pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                            }
+                        } else {
+                            for (int nb = 0; nb < NBK; nb++)
+                                pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                            for (int nb = 0; nb < NBV; nb++)
+                                pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                        }
+                    }
+                    if (q_todo) load_q();
+                }
+                if (q_todo) load_q();
+                if (VARLEN || !Cfg::PERSIST) break;
+                // Turn n + 1 takes tile (n + 1) * gridDim.x + blockIdx.x, or gridDim.x - 1 - blockIdx.x on odd turns
+                // (a snake over the longest-first order: the CTA that took the shortest tile of a round takes the
+                // longest of the next, which evens out the CTAs' sums as the block scheduler's greedy choice would).
+                n++;
+                tile = n * (int)gridDim.x + (n & 1 ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
+                if (tile >= n_tiles()) {  // the consumers' turn n tells them there is no more work
+                    pk_mbarrier_wait_parity(q_empty, (n & 1) ^ 1);
+                    if (leader) tile_info[0] = tile, pk_mbarrier_arrive(q_full);
+                    break;
                 }
             }
         }
@@ -616,23 +698,33 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // ---- consumers ----
     pk_setmaxnreg_inc<PAGED ? FA90_PAGED_CONSUMER_REGS : 240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
-    float o[DV / 2];
-#pragma unroll
-    for (int i = 0; i < DV / 2; i++) o[i] = 0.0f;
-    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 of the warp
     // Base 2: s * sl2 (SC: the capped scores tanh(scale * q.k / c) times c * log2 e; pre = scale / c).
     const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
     const float pre = SC ? scale / softcap : 0.0f;
-    const int row0 = q0 + 64 * c + 16 * wq + g;
-    int rlo[2], rhi[2];
-    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
-
     // Descriptors: K-major 128B swizzle (SBO 1024 = one 8-row group) for Q and K; V MN-major (LBO = one box,
     // the next 64 head-dim columns; SBO 1024 = the next 8 keys).
     const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
     const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
-    pk_mbarrier_wait_parity(q_full, 0);
+    unsigned i = 0;  // key tiles visited, over all work tiles (slot i % ST, phase (i / ST) & 1): the producer's count
+    // The work tiles of this CTA, as the producer publishes them (tile_info); n: the Q tile's phase. The body of
+    // this loop keeps the indentation it had as the CTA's one tile.
+    for (int n = 0;; n++) {
+    pk_mbarrier_wait_parity(q_full, n & 1);
+    if constexpr (!VARLEN) {
+        const int tile = tile_info[0];
+        if (tile >= n_tiles()) break;
+        place(tile);
+    }
+    span_of();
+    i = (__all_sync(PK_FULL_MASK, i & 1) ? 1u : 0u) | (__all_sync(PK_FULL_MASK, i & 2) ? 2u : 0u);
+    float o[DV / 2];
+#pragma unroll
+    for (int i = 0; i < DV / 2; i++) o[i] = 0.0f;
+    float m[2] = {PK_NEG_INF, PK_NEG_INF}, l[2] = {0.0f, 0.0f};  // rows g and g + 8 of the warp
+    const int row0 = q0 + 64 * c + 16 * wq + g;
+    int rlo[2], rhi[2];
+    pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
     // QREG: this warp's 16 Q rows as the A fragments of the S k-steps (rows g, g + 8; columns 2t and 2t + 8 of
     // each 16), read once from the swizzled Q boxes: byte (row, col) of a [BR][64] box is row * 128 + 2 col with
     // the 16-byte unit XORed by row % 8.
@@ -648,7 +740,6 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             }
     }
 
-    unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
     int j = kt1 - 1;
     for (; j >= f1; j--, i++) {
         const unsigned st = i % ST;
@@ -707,6 +798,9 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                     if (!ok) fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (nb ^ 1) * K_BYTES);
                     if (last) break;
                 }
+                // Consumer 0 takes consumer 1's last hand-over (its opening arrival left one more than consumer 0
+                // waits for), so both named barriers are back at zero arrivals for the next work tile.
+                if (Cfg::PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);
             }
             // The last tile's O += P V (its slot is nb ^ 1 now).
             fa90_pv<T, DV, BC>(o, pa, dv1 + (long long)(int)nb * -VU, full + nb + 2);
@@ -778,6 +872,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                                                    (i / ST) & 1, sl2, pre, j * BC, rlo, rhi, t);
     }
 
+    if constexpr (!VARLEN) {  // the tile's coordinates again (tile_info holds them until q_empty completes)
+        place(tile_info[0]);
+        n = tile_info[1];
+        q0 = qt * FA90_BR;
+    }
     const long long o_stride = (long long)n_heads * DV;
     // The sequence's first row of out / lse (read again here rather than kept live through the loops).
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
@@ -796,6 +895,9 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                     Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
         },
         [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
+    pk_mbarrier_arrive(q_empty);  // done with this work tile's Q: the producer may load the next one's
+    if (VARLEN || !Cfg::PERSIST) break;
+    }
 }
 
 // Entry points: attention_fwd_sm90_d<shape>[_softcap] and attention_fwd_varlen_sm90_d<shape>[_softcap], <shape> 64 /

@@ -395,6 +395,16 @@ class Launch:
     # the head dims of the matmuls summed (a (query, key) pair costs 2 x this FLOP); 0: head_dim x matmuls. Set
     # where head_dim_v differs from head_dim (192 / 128: S and dK / dQ over 192, P V, dP and dV over 128)
     dims: int = 0
+    # a persistent grid (the sm_90a forward's tile loop): `ctas` are then work tiles, taken across the groups in
+    # the kernel's order (each of ctas in turn for every group: longest first) by SMs x CTAs/SM CTAs, a round at a
+    # time in snake order (strided_span), no block-scheduler wave between them
+    persistent: bool = False
+
+    def schedule(self, costs: Sequence[float], slots: int) -> float:
+        """The time the launch's last CTA ends, costs being one group's CTAs (or work tiles) in order."""
+        if not self.persistent:
+            return makespan(list(costs) * self.groups, slots)
+        return strided_span([c for c in costs for _ in range(self.groups)], slots)
 
     @property
     def loop_warps(self) -> int:
@@ -679,10 +689,14 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         if s.head_dim not in h.HEAD_DIMS or name not in kernels:
             return [], f"no {name} kernel (head_dims {h.HEAD_DIMS})"
         bc = h._CFG[D][0]
+        # the current build's causal grid at the PERSISTENT head dims: SMs x CTAs/SM CTAs walking the work tiles
+        # longest first (its tail: the short tiles fill in; no last wave of long tiles started late)
+        persistent = build != MEASURED_BUILD and s.causal and h.PERSISTENT.get(D, False)
         return [Launch(name, "attention_fwd_sm90.cu", "sm_90a", h.THREADS, h.shared_bytes(D),
                        tuple(_tiles(s.seq, s.seq, s.causal, h.ROWS, bc, True)), s.batch * s.heads, D, 2,
                        b["q"] + b["o"] + b["k"] + b["v"] + b["row"], (h.ROWS, bc * h.LOOP_TILES[D]),
-                       mma_warps=mma_warps)], ""
+                       mma_warps=mma_warps,
+                       persistent=persistent)], ""
     if build == MEASURED_BUILD and (softcap or varlen):
         return [], f"the {build} build had no softcap / varlen sm_90a backward"
     dims = MEASURED_BWD_HEAD_DIMS if build == MEASURED_BUILD else h.BWD_HEAD_DIMS
@@ -781,6 +795,19 @@ def makespan(costs: Sequence[float], slots: int) -> float:
     return max(heap)
 
 
+def strided_span(costs: Sequence[float], slots: int) -> float:
+    """A persistent grid of `slots` CTAs walking the work tiles `costs` (in the kernel's order) a round of `slots`
+    tiles at a time in snake order (CTA k takes tile k of even rounds, slots - 1 - k of odd ones, as
+    fa90_forward's producer): the largest CTA's sum."""
+    if slots <= 0:
+        raise ArgumentError(f"slots: expected >= 1, got {slots}")
+    sums = [0.0] * min(slots, len(costs))
+    for i, c in enumerate(costs):
+        r, k = divmod(i, slots)
+        sums[slots - 1 - k if r & 1 else k] += c
+    return max(sums, default=0.0)
+
+
 def _launch_rates(lau: Launch, k: KernelInputs,
                   hw: Hardware) -> tuple[int, Occupancy, float, float, float, float, float, int, int]:
     """What kernel_bound and calibrated_launch both start from: (warps a CTA, occupancy, the tensor pipe's
@@ -818,8 +845,8 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
     group_mma = [p * per_pair_mma for p in lau.ctas]
     per_term = {name: [resident * f(m) for m in group_mma] for name, f in terms_clk.items()}
     worst = [max(c) for c in zip(*per_term.values())]
-    times: dict[str, float] = {name: makespan(c * lau.groups, slots) / hw.clock_hz for name, c in per_term.items()}
-    combined = makespan(worst * lau.groups, slots) / hw.clock_hz
+    times: dict[str, float] = {name: lau.schedule(c, slots) / hw.clock_hz for name, c in per_term.items()}
+    combined = lau.schedule(worst, slots) / hw.clock_hz
     ideal = sum(worst) * lau.groups / slots / hw.clock_hz
     times["hbm"] = lau.hbm_bytes / hw.hbm_bytes_s
     # the deterministic dQ's semaphore chain: its fill is latency in series with the CTAs' work, not a resource
@@ -1216,7 +1243,7 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
         parts[top] += resident * t[top]
         parts["serial"] += serial
         parts["edge"] += edge
-    compute = makespan(costs * lau.groups, hw.sms * resident) / hw.clock_hz
+    compute = lau.schedule(costs, hw.sms * resident) / hw.clock_hz
     hbm = lau.hbm_bytes / hw.hbm_bytes_s
     bind = "hbm" if hbm >= compute else max(parts, key=lambda n: parts[n])
     return {"kernel": lau.kernel, "time_s": max(compute, hbm), "binding": bind,

@@ -47,6 +47,15 @@ OVERLAP = {64: False, 128: True, 192: True, 256: True}
 # alone (the softcap's tanh doubles its work; two in four spilled there). Without softcap the d64 MUFU only ties
 # with the tensor pipe, so moving exp2s would add instructions (8 an exp2) and lower no bound.
 FMA_EXP2 = {64: (0, 1), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
+# Head dims whose dense forward walks several work tiles a CTA (Fa90Cfg PERSIST: the tile loop of fa90_forward); the
+# others keep one CTA a tile (their steady loops and the d256 producer's registers did not take the tile loop).
+PERSISTENT = {64: False, 128: True, 192: True, 256: False}
+# The dense forward's persistent grid on the host backend (fa90_forward walks work tiles in strides of the grid): a
+# few CTAs, so each walks several work tiles and the pipeline state carries across them as on a GPU.
+HOST_CTAS = 3
+# CTAs of the forward one SM holds: 384 threads at 168 registers take the register file (and d64's 113 KiB of
+# shared memory fits once beside the L1).
+CTAS_PER_SM = 1
 
 
 def shared_bytes(d: int, d_v: int | None = None) -> int:
@@ -55,6 +64,26 @@ def shared_bytes(d: int, d_v: int | None = None) -> int:
     bc, st = _CFG[d]
     d_v = d if d_v is None else d_v
     return ROWS * d * 2 + st * bc * (d + d_v) * 2 + 1024
+
+
+def sm_count(backend: str, dev: int) -> int:
+    """The SMs the dense forward's persistent grid fills: the device's (nvrtc), HOST_CTAS on the host backend."""
+    if backend == "host":
+        return HOST_CTAS
+    from ._common import nvrtc_sm_count
+
+    return nvrtc_sm_count(dev)
+
+
+def forward_grid(d: int, n_tiles: int, n_q: int, n_k: int, wl: int, wr: int, sms: int) -> int:
+    """CTAs of the dense forward at head_dim d over n_tiles work tiles (batch * heads * query tiles). Without a
+    window (wl >= n_k and wr >= n_q: every tile has the same work) one CTA a tile, launched in order; with one
+    (causal, sliding) the tiles differ and the kernel orders them longest first (fa90_dense_tile), and where it
+    walks several a CTA (PERSISTENT) a grid of sms * CTAS_PER_SM CTAs each takes them in strides of the grid: the
+    long tiles start first, the short ones fill the tail, and no CTA waits for the block scheduler between tiles."""
+    if (wl >= n_k and wr >= n_q) or not PERSISTENT[d]:
+        return n_tiles
+    return max(1, min(n_tiles, sms * CTAS_PER_SM))
 
 
 def kernel_name(d: int, d_v: int, softcap: float, suffix: str, varlen: bool = False) -> str:
@@ -114,7 +143,9 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
         tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=name)
     except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
         return False
-    n_blocks = batch * n_heads * -(-n_q // ROWS)
+    dev = array_device(q)
+    sms = sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)
+    n_blocks = forward_grid(d, batch * n_heads * -(-n_q // ROWS), n_q, n_k, wl, wr, sms)
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
     launch(kernel_name(d, d_v, softcap, suffix), n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k,
            n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=shared_bytes(d, d_v), stream=stream,

@@ -1,0 +1,173 @@
+"""The sm_90a forward's work-tile scheduler (kernels_cu/attention_fwd_sm90.cu, fa90_dense_tile and the tile loop of
+fa90_forward; the grid from pykern/ops/_attention_sm90.py's forward_grid).
+
+Causal and windowed launches get a persistent grid (on the host backend HOST_CTAS CTAs, fewer than the work
+tiles), each CTA walking its tiles longest first, with the ring's mbarrier phases, the Q tile's and the
+ping-pong's named barriers carried from one work tile to the next: the outputs equal float64 within the
+flash_attention rows. A probe copy of the kernel records which CTA ran each query tile and in which turn, so the
+order itself is checked; a copy without the ping-pong's per-tile closing is reported, not silently wrong.
+"""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from pykern import ops
+from pykern.difftest.cases.attention import fa_inputs, np_flash_attention
+from pykern.errors import KernelExecutionError
+from pykern.ops import _attention_sm90 as sm90
+from pykern.ops._window import normalize
+from attn_checks import check_lse, close, sm90_host  # noqa: F401 (a fixture)
+from sm90_mutants import write_mutant
+
+ROOT = Path(__file__).resolve().parent.parent
+SRC = ROOT / "kernels_cu" / "attention_fwd_sm90.cu"
+pytestmark = pytest.mark.usefixtures("sm90_host")
+HOST = "host"
+
+
+def _record_grids(monkeypatch: pytest.MonkeyPatch) -> list[tuple[str, object]]:
+    """(kernel name, grid) of every launch of the test; the launches still run."""
+    from pykern import launcher
+
+    seen: list[tuple[str, object]] = []
+    real = launcher.launch
+
+    def spy(name, grid, *a, **kw):
+        seen.append((name, grid))
+        return real(name, grid, *a, **kw)
+
+    monkeypatch.setattr(launcher, "launch", spy)
+    return seen
+
+
+def test_forward_grid_is_persistent_only_where_tiles_differ() -> None:
+    # 2 heads x 5 query tiles: causal or windowed get sms CTAs, never more than the tiles; no window: one a tile
+    assert sm90.forward_grid(128, 10, 600, 600, 600, 0, 3) == 3
+    assert sm90.forward_grid(192, 10, 600, 600, 100, 600, 3) == 3  # a left window only
+    assert sm90.forward_grid(128, 10, 600, 600, 600, 600, 3) == 10
+    assert sm90.forward_grid(128, 2, 600, 600, 600, 0, 132) == 2
+    # d64 / d256: one CTA a tile (Fa90Cfg PERSIST off), the tiles still ordered longest first
+    assert sm90.forward_grid(64, 10, 600, 600, 600, 0, 3) == 10
+    assert sm90.forward_grid(256, 10, 600, 600, 600, 0, 3) == 10
+    assert sm90.sm_count("host", 0) == sm90.HOST_CTAS
+
+
+@pytest.mark.parametrize("d, dv", [(128, 128), (192, 128), (64, 64)])
+def test_causal_forward_walks_more_tiles_than_ctas(d: int, dv: int, monkeypatch) -> None:
+    # batch 2 x 3 heads x 3 query tiles = 18 work tiles on HOST_CTAS = 3 CTAs: 6 each, the ring's phases and (d128)
+    # the ping-pong carried across them; n_q != n_k and GQA 3. d64: one CTA a tile, longest first.
+    rng = np.random.default_rng(d)
+    q, k, v = fa_inputs(rng, 2, 300, 330, 3, 1, d, dv, "bf16")
+    grids = _record_grids(monkeypatch)
+    out, lse = ops.flash_attention(q, k, v, causal=True, return_lse=True, backend=HOST)
+    shape = f"d{d}" if d == dv else f"d{d}_dv{dv}"
+    assert grids == [(f"attention_fwd_sm90_{shape}_bf16", sm90.HOST_CTAS if sm90.PERSISTENT[d] else 18)]
+    ref_out, ref_lse = np_flash_attention(q, k, v, True)
+    close("out", out, ref_out, "flash_attention", "bf16")
+    check_lse(lse, ref_lse)
+
+
+def test_non_causal_forward_keeps_one_cta_a_tile(monkeypatch) -> None:
+    rng = np.random.default_rng(3)
+    q, k, v = fa_inputs(rng, 1, 300, 130, 2, 1, 64, 64, "bf16")
+    grids = _record_grids(monkeypatch)
+    out = ops.flash_attention(q, k, v, backend=HOST)
+    assert grids == [("attention_fwd_sm90_d64_bf16", 2 * 3)]
+    close("out", out, np_flash_attention(q, k, v, False)[0], "flash_attention", "bf16")
+
+
+# The probe: after its epilogue each work tile writes, into the lse of its first row, 1000 * the CTA + its turn
+# in that CTA's walk (the thread that wrote that lse writes it again: no race).
+_PROBE_AT = "    pk_mbarrier_arrive(q_empty);  // done with this work tile's Q"
+_PROBE = ("    if (wq == 0 && lane == 0 && c == 0 && q0 < n_q) lse[(o_row0 + q0) * n_heads + h] = blockIdx.x * 1000.0f + n;\n"
+          + _PROBE_AT)
+
+
+def _key_tiles(qt: int, n_q: int, n_k: int, wl: int, wr: int, bc: int) -> int:
+    """Key tiles query tile qt visits (pk_attn_q_span's kt0..kt1 for the bottom-right aligned window)."""
+    q0, q1 = qt * sm90.ROWS, min((qt + 1) * sm90.ROWS, n_q) - 1
+    lo = max(0, q0 + n_k - n_q - wl)
+    hi = min(n_k - 1, q1 + n_k - n_q + wr)
+    return 0 if hi < lo else hi // bc - lo // bc + 1
+
+
+@pytest.mark.parametrize("d, window, causal", [(128, (-1, -1), True), (128, (200, -1), False)],
+                         ids=["d128-causal", "d128-left-window"])
+def test_each_cta_walks_its_tiles_longest_first(d, window, causal, tmp_path, monkeypatch) -> None:
+    write_mutant(tmp_path, monkeypatch, SRC, _PROBE_AT, _PROBE, "fa90_probe.cu",
+                 ("attention_fwd_sm90_d", "fa90_probe_d"))
+    from pykern import launcher
+
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(
+        name.replace("attention_fwd_sm90_d", "fa90_probe_d"), *a, **kw))
+    n_q = n_k = 5 * sm90.ROWS - 60  # 5 query tiles, the last one partial
+    rng = np.random.default_rng(11)
+    q, k, v = fa_inputs(rng, 1, n_q, n_k, 2, 1, d, d, "bf16")
+    out, lse = ops.flash_attention(q, k, v, causal=causal, window_size=window, return_lse=True, backend=HOST)
+    ref_out, ref_lse = np_flash_attention(q, k, v, causal, window_size=window)
+    close("out", out, ref_out, "flash_attention", "bf16")  # the probe leaves the outputs alone
+    wl, wr = normalize(*window, causal, n_q, n_k)
+    bc = sm90._CFG[d][0]
+    walks: dict[int, list[tuple[int, int]]] = {}
+    for h in range(2):
+        for qt in range(5):
+            tag = int(lse[0, qt * sm90.ROWS, h])
+            walks.setdefault(tag // 1000, []).append((tag % 1000, qt))
+    assert sorted(walks) == list(range(sm90.HOST_CTAS)), walks  # every CTA ran tiles, no other CTA existed
+    for cta, walk in walks.items():
+        turns = [t for t, _ in sorted(walk)]
+        assert turns == list(range(len(walk))), (cta, walk)  # each tile once, one turn each
+        work = [_key_tiles(qt, n_q, n_k, wl, wr, bc) for _, qt in sorted(walk)]
+        assert work == sorted(work, reverse=True), (cta, sorted(walk), work)  # longest first
+    # and the launch as a whole started the longest tiles: the CTAs' first turns hold the most work
+    firsts = sorted(_key_tiles(qt, n_q, n_k, wl, wr, bc) for walk in walks.values() for t, qt in walk if t == 0)
+    every = sorted(_key_tiles(qt, n_q, n_k, wl, wr, bc) for qt in range(5) for _ in range(2))
+    assert firsts == every[-sm90.HOST_CTAS:], (firsts, every)
+    fin = [r for r in range(n_q) if r % sm90.ROWS]  # rows the probe left alone
+    check_lse(lse[:, fin], ref_lse[:, fin])
+
+
+_CLOSING = "                if (Cfg::PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);\n"
+
+
+def test_a_ping_pong_left_open_across_work_tiles_is_reported(tmp_path, monkeypatch) -> None:
+    # Without consumer 0 taking consumer 1's last hand-over, that arrival and the next tile's opening one meet at
+    # named barrier 3 with no consumer-0 thread: the host reports it (on the GPU, a corrupted turn order).
+    write_mutant(tmp_path, monkeypatch, SRC, _CLOSING, "", "fa90_open.cu", ("attention_fwd_sm90_d", "fa90_open_d"))
+    from pykern import launcher
+
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(
+        name.replace("attention_fwd_sm90_d", "fa90_open_d"), *a, **kw))
+    rng = np.random.default_rng(2)
+    q, k, v = fa_inputs(rng, 1, 520, 520, 2, 1, 128, 128, "bf16")
+    with pytest.raises(KernelExecutionError, match=r"named barrier [34]"):
+        ops.flash_attention(q, k, v, causal=True, backend=HOST)
+
+
+def test_the_attention_model_schedules_the_persistent_grid() -> None:
+    # causal d128 (PERSISTENT): the launch is persistent, its tiles walked in strides of the grid; the d64 one and
+    # the measured build keep the block scheduler's waves
+    from pykern.bench import attention_model as am
+
+    s = am.Shape(8, 16, 2048, 128, True)
+    (lau,), _ = am.sm90_launches("fwd", s, ["attention_fwd_sm90_d128_bf16"])
+    assert lau.persistent and lau.ctas == tuple(sorted(lau.ctas, reverse=True))
+    (old,), _ = am.sm90_launches("fwd", s, ["attention_fwd_sm90_d128_bf16"], build=am.MEASURED_BUILD)
+    assert not old.persistent
+    (d64,), _ = am.sm90_launches("fwd", am.Shape(8, 16, 2048, 64, True), ["attention_fwd_sm90_d64_bf16"])
+    assert not d64.persistent
+    assert not am.sm90_launches("fwd", am.Shape(8, 16, 2048, 128, False), ["attention_fwd_sm90_d128_bf16"])[0][0].persistent
+    # 2 groups of tiles 4, 3, 2, 1 on 3 slots, longest first across the groups [4, 4, 3 | 3, 2, 2 | 1, 1], rounds
+    # in snake order: CTA 0 takes 4, 2, 1; CTA 1 4, 2, 1; CTA 2 3, 3: 7, the greedy bound (a plain stride would
+    # give CTA 0 4 + 3 + 1 = 8)
+    assert am.strided_span([4, 4, 3, 3, 2, 2, 1, 1], 3) == 7
+    assert am.strided_span([5, 1, 1, 1], 3) == 5
+    lau2 = am.Launch("k", "f.cu", "sm_90a", 384, 0, (4, 3, 2, 1), 2, 128, 2, 0, (128, 128), persistent=True)
+    assert lau2.schedule([4.0, 3.0, 2.0, 1.0], 3) == 7
+    # two groups of tiles 6, 1 on 2 slots: [6, 6 | 1, 1], one long and one short tile a CTA
+    assert lau2.schedule([6.0, 1.0], 2) == 7
