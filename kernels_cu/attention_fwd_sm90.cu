@@ -650,7 +650,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 // the previous tile's consumption of its slot, and it is under way while Q waits for q_empty.
                 int q_todo = 1;
                 const auto load_q = [&]() {
-                    pk_mbarrier_wait_parity(q_empty, (n & 1) ^ 1);
+                    // the leader waits and the warp follows it: a lane that reached the wait only after the
+                    // consumers had also released this Q would wait for a phase that never completes
+                    if (leader) pk_mbarrier_wait_parity(q_empty, (n & 1) ^ 1);
+                    __syncwarp();
                     if (leader) {
                         tile_info[0] = tile, tile_info[1] = n;
                         pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
@@ -661,7 +664,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 };
                 for (int j = kt1 - 1; j >= kt0; j--, i++) {
                     const int s = i % ST;
-                    pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
+                    if (leader) pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);  // as load_q's
+                    __syncwarp();
                     if (leader) {
                         pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
                         if constexpr (NBK == NBV) {
@@ -686,8 +690,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 n++;
                 tile = n * (int)gridDim.x + (n & 1 ? (int)gridDim.x - 1 - (int)blockIdx.x : (int)blockIdx.x);
                 if (tile >= n_tiles()) {  // the consumers' turn n tells them there is no more work
-                    pk_mbarrier_wait_parity(q_empty, (n & 1) ^ 1);
-                    if (leader) tile_info[0] = tile, pk_mbarrier_arrive(q_full);
+                    if (leader) {
+                        pk_mbarrier_wait_parity(q_empty, (n & 1) ^ 1);
+                        tile_info[0] = tile, pk_mbarrier_arrive(q_full);
+                    }
                     break;
                 }
             }

@@ -467,11 +467,11 @@ def test_bench_cli_prints_the_model(sass, monkeypatch, capsys):
     assert "Modelled bound" in out and "sm_90 " in out and "sm_90a" in out and "sm_80" in out
     assert cli.main(["--attention-model", "--json"]) == cli.EXIT_OK
     doc = json.loads(capsys.readouterr().out)
-    # fwd and bwd atomic + deterministic on sm_90 and sm_80, fwd and bwd (dense atomic + deterministic, softcap,
-    # varlen, both) on sm_90a
-    assert doc["model"] == "attention" and len(doc["predictions"]) == 3 + 3 + 1 + 5
+    # fwd and bwd atomic + deterministic on sm_90 and sm_80, fwd and bwd (dense, softcap, varlen, both: each atomic
+    # and deterministic, the fused kernel's two dQ modes) on sm_90a
+    assert doc["model"] == "attention" and len(doc["predictions"]) == 3 + 3 + 1 + 8
     kinds = sorted(p["kind"] for p in doc["predictions"] if p["arch"] == "sm_90a" and p["phase"] == "bwd")
-    assert kinds == ["", "", "softcap", "softcap varlen", "varlen"]
+    assert kinds == ["", "", "softcap", "softcap", "softcap varlen", "softcap varlen", "varlen", "varlen"]
     assert math.isfinite(doc["predictions"][0]["tflops"])
 
 

@@ -65,8 +65,9 @@ def test_same_bits_under_forward_and_reverse_schedules(monkeypatch: pytest.Monke
 
 @pytest.mark.parametrize("d", [64, 128])
 def test_host_playing_sm90a_runs_the_varlen_kernels(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # On Hopper the varlen backward is the sm_90a wgmma pair (attention_bwd_sm90.cu with VL; more in
-    # tests/test_attention_sm90_varlen.py); PYKERN_SM90=0 gives the mma.sync pair, as on an sm_80 GPU.
+    # On Hopper the varlen backward at d64 / d128 is the fused sm_90a wgmma kernel (attention_bwd_sm90.cu with VL and
+    # DQA: the pre-pass, the kernel, the dQ narrowing; more in tests/test_attention_sm90_varlen.py); PYKERN_SM90=0
+    # gives the mma.sync pair, as on an sm_80 GPU.
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
     (q, k, v, g, cq, ck, out, lse), ref = _inputs(d=d)
     names = record_launches(monkeypatch)
@@ -74,8 +75,8 @@ def test_host_playing_sm90a_runs_the_varlen_kernels(d: int, monkeypatch: pytest.
                                                      backend=HOST)
     check({"dq": dq, "dk": dk, "dv": dv}, dict(zip(("dq", "dk", "dv"), ref)), "flash_attention_varlen_backward",
           "bf16")
-    assert names == ["attention_bwd_preprocess_bf16", f"attention_bwd_varlen_sm90_dkdv_d{d}_bf16",
-                     f"attention_bwd_varlen_sm90_dq_d{d}_bf16"]
+    assert names == ["attention_bwd_tc_prep_bf16", f"attention_bwd_varlen_sm90_fused_d{d}_bf16",
+                     f"attention_bwd_tc_dq_reduce_d{d}_bf16"]
     monkeypatch.setenv("PYKERN_SM90", "0")
     names.clear()
     ops.flash_attention_varlen_backward(q, k, v, g, cq, ck, out=out, lse=lse, causal=True, backend=HOST)

@@ -217,8 +217,8 @@ def test_custom_ops_pass_opcheck() -> None:
 
 @pytest.mark.parametrize("cap", [0.0, 2.0])
 def test_grads_run_on_the_sm90_backward_when_playing_hopper(monkeypatch, cap: float) -> None:
-    """With PYKERN_HOST_ARCH=sm_90a the autograd backward runs the wgmma varlen kernels (attention_bwd_sm90.cu,
-    VL; softcap: the _softcap ones) and matches per-sequence float64."""
+    """With PYKERN_HOST_ARCH=sm_90a the autograd backward runs the fused wgmma varlen kernel (attention_bwd_sm90.cu,
+    VL; softcap: the _softcap one) and matches per-sequence float64."""
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")
     monkeypatch.delenv("PYKERN_HOST_SCHEDULE", raising=False)
     g = torch.Generator().manual_seed(6)
@@ -231,8 +231,7 @@ def test_grads_run_on_the_sm90_backward_when_playing_hopper(monkeypatch, cap: fl
     names = record_launches(monkeypatch)
     dq, dk, dv = torch.autograd.grad((out.float() * up).sum(), (q, k, v))
     c = "_softcap" if cap else ""
-    assert [n for n in names if "sm90" in n] == [f"attention_bwd_varlen_sm90_dkdv_d64{c}_bf16",
-                                                 f"attention_bwd_varlen_sm90_dq_d64{c}_bf16"], names
+    assert [n for n in names if "sm90" in n] == [f"attention_bwd_varlen_sm90_fused_d64{c}_bf16"], names
     q64, k64, v64 = (t.detach().double().requires_grad_() for t in (q, k, v))
     ref, _ = _ref(q64, k64, v64, cq.tolist(), ck.tolist(), True, (-1, -1), cap, 1.0 / math.sqrt(64))
     rq, rk, rv = torch.autograd.grad((ref * up.double()).sum(), (q64, k64, v64))

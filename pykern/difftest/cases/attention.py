@@ -858,6 +858,14 @@ SM90_VARLEN_FUSED_BACKWARD = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 64, True
                               (([70, 1, 90], [33, 140, 20]), 2, 1, 128, False, (-1, -1), 2.0),
                               (([100, 0, 30], [150, 5, 60]), 2, 1, 64, False, (50, 20), 1.5),
                               (([60, 30], [130, 30]), 4, 2, 128, True, (-1, -1), 0.0))
+# Each of those kernels and of the dense _softcap fused ones at the other causal setting (every sm_90a kernel runs
+# causal and not), drawn after every other sm_90a case so that their inputs stay as they were.
+SM90_FUSED_BACKWARD_SOFTCAP_OTHER = ((130, 300, 2, 1, 64, False, (-1, -1), 2.0),
+                                     (150, 260, 2, 1, 128, True, (-1, -1), 2.5))
+SM90_VARLEN_FUSED_BACKWARD_OTHER = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 64, False, (-1, -1), 0.0),
+                                    (([70, 1, 90], [33, 140, 20]), 2, 1, 128, True, (-1, -1), 2.0),
+                                    (([100, 0, 30], [150, 5, 60]), 2, 1, 64, True, (-1, -1), 1.5),
+                                    (([60, 30], [130, 30]), 4, 2, 128, False, (-1, -1), 0.0))
 # The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -1049,6 +1057,13 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head)
     for n_q, n_k, h, kvh, d, causal, per_head, window, cap in SM90_FP8_FORWARD_SOFTCAP:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head, window, cap)
+    for kind in ("bf16", "f16"):
+        for n_q, n_k, h, kvh, d, causal, window, cap in SM90_FUSED_BACKWARD_SOFTCAP_OTHER:
+            for det in (False, True):
+                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det, cap)
+        for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_FUSED_BACKWARD_OTHER:
+            for det in (False, True):
+                yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap, det)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
