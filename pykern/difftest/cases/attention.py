@@ -1047,23 +1047,24 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
         for n_q, n_k, h, kvh, d, causal, window in SM90_FUSED_BACKWARD:
             for det in (False, True):
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det)
-        for n_q, n_k, h, kvh, d, causal, window, cap in SM90_FUSED_BACKWARD_SOFTCAP:
-            for det in (False, True):
-                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det, cap)
-        for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_FUSED_BACKWARD:
-            for det in (False, True):
-                yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap, det)
+        yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_SOFTCAP, SM90_VARLEN_FUSED_BACKWARD)
     for n_q, n_k, h, kvh, d, causal, per_head in SM90_FP8_FORWARD:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head)
     for n_q, n_k, h, kvh, d, causal, per_head, window, cap in SM90_FP8_FORWARD_SOFTCAP:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head, window, cap)
     for kind in ("bf16", "f16"):
-        for n_q, n_k, h, kvh, d, causal, window, cap in SM90_FUSED_BACKWARD_SOFTCAP_OTHER:
-            for det in (False, True):
-                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det, cap)
-        for (lq, lk), h, kvh, d, causal, window, cap in SM90_VARLEN_FUSED_BACKWARD_OTHER:
-            for det in (False, True):
-                yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap, det)
+        yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_SOFTCAP_OTHER,
+                                              SM90_VARLEN_FUSED_BACKWARD_OTHER)
+
+
+def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
+    """The fused backward's dense (softcap) and varlen cases of the given tables, each atomic and deterministic."""
+    for n_q, n_k, h, kvh, d, causal, window, cap in dense:
+        for det in (False, True):
+            yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, d, causal, window, det, cap)
+    for (lq, lk), h, kvh, d, causal, window, cap in varlen:
+        for det in (False, True):
+            yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, d, causal, window, cap, det)
 
 
 # --------------------------------------------------------------------------- flash_attention_varlen_backward
