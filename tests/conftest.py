@@ -16,3 +16,12 @@ def pytest_collection_modifyitems(config, items):
     from gpu import skip_gpu_tests
 
     skip_gpu_tests(items)
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        # A test that times the host is only meaningful with no neighbour on the other core: beside a busy xdist
+        # worker (NVRTC builds, numba) its minimum CPU time rose 10-35% (shared caches), past its budget.
+        import pytest
+
+        skip = pytest.mark.skip(reason="times the host: runs alone, in the README's second call (pytest -m serial)")
+        for item in items:
+            if item.get_closest_marker("serial"):
+                item.add_marker(skip)
