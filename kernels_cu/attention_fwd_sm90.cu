@@ -43,7 +43,8 @@
 // zeros.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 // Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16}, d192_dv128 for DQK 192 / DV 128.
-// paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]: the varlen kernel's queries against a paged
+// paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv] and paged_prefill_sm90_d192_dv128[_softcap]_...
+// (V pages of 128 columns beside K pages of 192, V's strides its own): the varlen kernel's queries against a paged
 // cache (paged_prefill_attention), the K / V tiles gathered through the page table by fa90_producer_paged (KV).
 #include "pk_common.cuh"
 #include "pk_ptx.cuh"
@@ -412,7 +413,8 @@ struct Fa90Paged {
     const int* indices;
     const int* last;
     int page_size;
-    long long s_page, s_tok, s_head;  // element strides
+    long long s_page, s_tok, s_head;  // element strides of K (and of V where the head dims agree)
+    long long v_page, v_tok, v_head;  // element strides of V (the _dv kernels: V pages at their own head dim)
 };
 
 // Keys of sequence b: (pages - 1) * page_size + last (its last page's length clamped to the page), 0 without
@@ -458,6 +460,31 @@ __device__ __forceinline__ void fa90_gather_16(unsigned char* dst_base, unsigned
     }
 }
 
+// One pass of the paged producer over a key tile's BC rows (keys k0..): thread tid takes the 16-byte column piece
+// tid % 8 of rows tid / 8, tid / 8 + 16, ..., one page lookup a row (offset page * sp + token * st elements), and
+// gathers NB1 64-column boxes of s1 into d1 and NB2 of s2 into d2 from that offset ([box][BC][128 B], 128B swizzle).
+template <typename T, typename KV, int NB1, int NB2, int BC>
+__device__ __forceinline__ void fa90_gather_rows(unsigned char* d1, const KV* s1, unsigned char* d2, const KV* s2,
+                                                 const int* idx, int ps, long long sp, long long st, int k0, int n_k,
+                                                 int tid) {
+    // Not unrolled: ptxas unrolled it 4x, and the unrolled rows' addresses spilled out of the 40 registers.
+#pragma unroll 1
+    for (int r = tid / 8; r < BC; r += 16) {
+        const int key = k0 + r;
+        const bool in = key < n_k;
+        long long off = 0;
+        if (in) {
+            const int pi = key / ps;
+            off = (long long)idx[pi] * sp + (long long)(key - pi * ps) * st;
+        }
+        const unsigned so = pk_swizzle_offset(r * 128 + (tid % 8) * 16, PK_SWIZZLE_128B);
+#pragma unroll
+        for (int nb = 0; nb < NB1; nb++) fa90_gather_16<T, KV>(d1 + nb * BC * 128, so, s1 + off + nb * 64, in);
+#pragma unroll
+        for (int nb = 0; nb < NB2; nb++) fa90_gather_16<T, KV>(d2 + nb * BC * 128, so, s2 + off + nb * 64, in);
+    }
+}
+
 // The paged producer warpgroup: one elected thread loads Q by TMA (as the dense producer), then all 128 threads
 // gather each key tile's K and V rows through the page table into the same swizzled [box][BC][128 B] layout a TMA
 // load writes (16-byte pieces: thread p takes column piece p % 8 of rows p / 8, p / 8 + 16, ...; one page lookup a
@@ -479,28 +506,23 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
     }
     const int* idx = pg.indices + pg.indptr[b];
     const long long hoff = (long long)kvh * pg.s_head + (tid % 8) * 8;  // this thread's 8 columns of a 64-wide box
+    // DV != DQK (192 / 128): V pages hold DV columns a row, so their strides are V's own (an offset of its own a row)
+    constexpr bool VOWN = DQK != DV;
     const KV* kb = static_cast<const KV*>(pg.kp) + hoff;
-    const KV* vb = static_cast<const KV*>(pg.vp) + hoff;
+    const KV* vb = static_cast<const KV*>(pg.vp) + (VOWN ? (long long)kvh * pg.v_head + (tid % 8) * 8 : hoff);
     const int ps = pg.page_size;
     int i = 0;
     for (int j = kt1 - 1; j >= kt0; j--, i++) {
         const int s = i % ST;
         pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
-        // Not unrolled: ptxas unrolled it 4x, and the unrolled rows' addresses spilled out of the 40 registers.
-#pragma unroll 1
-        for (int r = tid / 8; r < BC; r += 16) {
-            const int key = j * BC + r;
-            const bool in = key < n_k;
-            long long off = 0;
-            if (in) {
-                const int pi = key / ps;
-                off = (long long)idx[pi] * pg.s_page + (long long)(key - pi * ps) * pg.s_tok;
-            }
-            const unsigned so = pk_swizzle_offset(r * 128 + (tid % 8) * 16, PK_SWIZZLE_128B);
-#pragma unroll
-            for (int nb = 0; nb < NBK; nb++) fa90_gather_16<T, KV>(ks + s * K_BYTES + nb * BC * 128, so, kb + off + nb * 64, in);
-#pragma unroll
-            for (int nb = 0; nb < NBV; nb++) fa90_gather_16<T, KV>(vs + s * V_BYTES + nb * BC * 128, so, vb + off + nb * 64, in);
+        if constexpr (!VOWN) {  // K's and V's boxes of a row from one offset
+            fa90_gather_rows<T, KV, NBK, NBV, BC>(ks + s * K_BYTES, kb, vs + s * V_BYTES, vb, idx, ps, pg.s_page,
+                                                  pg.s_tok, j * BC, n_k, tid);
+        } else {  // a pass for K, then one for V at its own strides: a row holds one offset at a time
+            fa90_gather_rows<T, KV, NBK, 0, BC>(ks + s * K_BYTES, kb, nullptr, nullptr, idx, ps, pg.s_page, pg.s_tok,
+                                                j * BC, n_k, tid);
+            fa90_gather_rows<T, KV, NBV, 0, BC>(vs + s * V_BYTES, vb, nullptr, nullptr, idx, ps, pg.v_page, pg.v_tok,
+                                                j * BC, n_k, tid);
         }
         if constexpr (sizeof(KV) == 2) pk_cp_async_wait_all();
         pk_fence_proxy_async_shared();  // these generic-proxy writes before the consumers' wgmma (async proxy) reads
@@ -982,28 +1004,47 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128, (FA90_THREADS, 1), FA90_VA
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS,
                 FA90_VARLEN_SC_ARGS)
 
-// paged_prefill_attention (bf16 / f16 queries): paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16} over a cache of the
-// query type, ..._{bf16,f16}_{e4m3,e5m2}kv over an FP8 cache (widened to the query type by the producer). tq: a tensor
-// map over the packed q (1, total_q, n_heads, D) with the dense box; out (total_q, n_heads, D), lse (total_q,
-// n_heads); the page table as paged_prefill_tc (element strides s_page / s_tok / s_head, any page_size); scale
-// holds k_scale, v_scale multiplies the output; the window normalized per sequence as the serving ops do. Grid
-// (n_qt * n_heads, batch) as the varlen kernel.
-#define FA90_PAGED_ENTRY(NAME, D, SC)                                                                              \
+// paged_prefill_attention (bf16 / f16 queries): paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16} and
+// paged_prefill_sm90_d192_dv128[_softcap]_{bf16,f16} over a cache of the query type, ..._{bf16,f16}_{e4m3,e5m2}kv over
+// an FP8 cache (widened to the query type by the producer). tq: a tensor map over the packed q (1, total_q, n_heads,
+// DQK) with the dense box; out (total_q, n_heads, DV), lse (total_q, n_heads); the page table as paged_prefill_tc
+// (element strides s_page / s_tok / s_head, any page_size); the d192_dv128 kernels take V's own strides v_page /
+// v_tok / v_head after them (V pages of 128 columns beside K pages of 192); scale holds k_scale, v_scale multiplies
+// the output; the window normalized per sequence as the serving ops do. Grid (n_qt * n_heads, batch) as the varlen
+// kernel.
+#define FA90_PAGED_ENTRY(NAME, DQK, DV, SC)                                                                        \
     template <typename T, typename KV = T, typename KS, typename... A>                                             \
     __device__ __forceinline__ void paged_prefill_sm90_d##NAME##_impl(                                             \
         const CUtensorMap& tq, const KS* kp, const KS* vp, T* out, float* lse, const int* qo_indptr,               \
         const int* kv_indptr, const int* kv_indices, const int* kv_last, int n_heads, int n_kv_heads, int page_size, \
         long long s_page, long long s_tok, long long s_head, float scale, int window_left, int window_right,       \
         float v_scale, A... cap) {                                                                                 \
-        const Fa90Paged pg{kp, vp, kv_indptr, kv_indices, kv_last, page_size, s_page, s_tok, s_head};              \
-        fa90_forward<T, D, D, SC, true, KV>(&tq, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0, 0, n_heads,  \
-                                            n_kv_heads, scale, window_left, window_right, fa90_cap_arg(cap...), &pg,   \
-                                            v_scale);                                                             \
+        const Fa90Paged pg{kp, vp, kv_indptr, kv_indices, kv_last, page_size, s_page, s_tok, s_head,              \
+                           s_page, s_tok, s_head};                                                                 \
+        fa90_forward<T, DQK, DV, SC, true, KV>(&tq, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0, 0,        \
+                                               n_heads, n_kv_heads, scale, window_left, window_right,              \
+                                               fa90_cap_arg(cap...), &pg, v_scale);                                \
     }
-FA90_PAGED_ENTRY(64, 64, false)
-FA90_PAGED_ENTRY(128, 128, false)
-FA90_PAGED_ENTRY(64_softcap, 64, true)
-FA90_PAGED_ENTRY(128_softcap, 128, true)
+// The same with V's strides of its own (head_dim_v != head_dim: 192 / 128).
+#define FA90_PAGED_DV_ENTRY(NAME, DQK, DV, SC)                                                                     \
+    template <typename T, typename KV = T, typename KS, typename... A>                                             \
+    __device__ __forceinline__ void paged_prefill_sm90_d##NAME##_impl(                                             \
+        const CUtensorMap& tq, const KS* kp, const KS* vp, T* out, float* lse, const int* qo_indptr,               \
+        const int* kv_indptr, const int* kv_indices, const int* kv_last, int n_heads, int n_kv_heads, int page_size, \
+        long long s_page, long long s_tok, long long s_head, long long v_page, long long v_tok, long long v_head,  \
+        float scale, int window_left, int window_right, float v_scale, A... cap) {                                 \
+        const Fa90Paged pg{kp, vp, kv_indptr, kv_indices, kv_last, page_size, s_page, s_tok, s_head,              \
+                           v_page, v_tok, v_head};                                                                 \
+        fa90_forward<T, DQK, DV, SC, true, KV>(&tq, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0, 0,        \
+                                               n_heads, n_kv_heads, scale, window_left, window_right,              \
+                                               fa90_cap_arg(cap...), &pg, v_scale);                                \
+    }
+FA90_PAGED_ENTRY(64, 64, 64, false)
+FA90_PAGED_ENTRY(128, 128, 128, false)
+FA90_PAGED_ENTRY(64_softcap, 64, 64, true)
+FA90_PAGED_ENTRY(128_softcap, 128, 128, true)
+FA90_PAGED_DV_ENTRY(192_dv128, 192, 128, false)
+FA90_PAGED_DV_ENTRY(192_dv128_softcap, 192, 128, true)
 #define FA90_PAGED_PARAMS                                                                                           \
     (const __grid_constant__ CUtensorMap tq, const TKS* __restrict__ kp, const TKS* __restrict__ vp,                 \
      T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ qo_indptr,                               \
@@ -1022,11 +1063,35 @@ FA90_PAGED_ENTRY(128_softcap, 128, true)
 #define FA90_PAGED_SC_ARGS                                                                                          \
     (tq, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, page_size, s_page, s_tok, \
      s_head, scale, window_left, window_right, v_scale, softcap)
+#define FA90_PAGED_DV_PARAMS                                                                                        \
+    (const __grid_constant__ CUtensorMap tq, const TKS* __restrict__ kp, const TKS* __restrict__ vp,                 \
+     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ qo_indptr,                               \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, const int* __restrict__ kv_last,        \
+     int n_heads, int n_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,               \
+     long long v_page, long long v_tok, long long v_head, float scale, int window_left, int window_right,           \
+     float v_scale)
+#define FA90_PAGED_DV_ARGS                                                                                          \
+    (tq, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, page_size, s_page, s_tok, \
+     s_head, v_page, v_tok, v_head, scale, window_left, window_right, v_scale)
+#define FA90_PAGED_DV_SC_PARAMS                                                                                     \
+    (const __grid_constant__ CUtensorMap tq, const TKS* __restrict__ kp, const TKS* __restrict__ vp,                 \
+     T* __restrict__ out, float* __restrict__ lse, const int* __restrict__ qo_indptr,                               \
+     const int* __restrict__ kv_indptr, const int* __restrict__ kv_indices, const int* __restrict__ kv_last,        \
+     int n_heads, int n_kv_heads, int page_size, long long s_page, long long s_tok, long long s_head,               \
+     long long v_page, long long v_tok, long long v_head, float scale, int window_left, int window_right,           \
+     float v_scale, float softcap)
+#define FA90_PAGED_DV_SC_ARGS                                                                                       \
+    (tq, kp, vp, out, lse, qo_indptr, kv_indptr, kv_indices, kv_last, n_heads, n_kv_heads, page_size, s_page, s_tok, \
+     s_head, v_page, v_tok, v_head, scale, window_left, window_right, v_scale, softcap)
 PK_IO16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d128_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d128_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)

@@ -2,7 +2,8 @@
 (paged_prefill_sm90_*, fa90_forward with a cache element type KV).
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the paged sm_90a kernel for bf16 / f16
-queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128, for every page size (1,
+queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128 and 192 / 128 (V pages of
+128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), for every page size (1,
 3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
 causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
 paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
@@ -32,8 +33,8 @@ HOST = "host"
 
 
 def _run(rng, kv_lens, qo_lens, page_size, h, kvh, d, q_kind, kv_kind, causal=True, layout="NHD", window_left=-1,
-         cap=0.0):
-    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kv_kind)
+         cap=0.0, d_v=None):
+    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kv_kind, head_dim_v=d_v)
     qo = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
     q = make_q(rng, (int(qo[-1]), h, d), q_kind)
     scales = {"k_scale": pc["scales"][0], "v_scale": pc["scales"][1]} if kv_kind in ("e4m3", "e5m2") else {}
@@ -55,20 +56,67 @@ CASES = [
     ([260], [129], 1, 2, 1, 64, "bf16", "bf16", True, "NHD", -1, 30.0),             # page 1, softcap
     ([290, 40], [150, 40], 16, 4, 1, 128, "bf16", "e4m3", True, "NHD", -1, 0.0),    # FP8 e4m3, k/v scales
     ([210, 0], [100, 3], 8, 2, 1, 64, "f16", "e5m2", True, "HND", -1, 20.0),        # FP8 e5m2, a sequence w/o keys
+    # DeepSeek-V3's prefill shape: q / k 192 (three boxes), v 128 (two), V pages with strides of their own
+    ([170, 30], [140, 30], 16, 4, 1, (192, 128), "bf16", "bf16", True, "NHD", -1, 0.0),
+    ([120, 0, 45], [90, 2, 45], 5, 2, 2, (192, 128), "f16", "f16", False, "HND", -1, 20.0),
+    ([180], [130], 1, 2, 1, (192, 128), "bf16", "e5m2", True, "NHD", 60, 0.0),       # page 1, window, FP8
+    ([140, 10], [129, 10], 256, 2, 1, (192, 128), "f16", "e4m3", True, "HND", -1, 30.0),
 ]
 
 
+def _dims(d):
+    """(head_dim, head_dim_v) of a CASES entry's head_dim (an int, or the pair)."""
+    return d if isinstance(d, tuple) else (d, d)
+
+
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "kv{}-q{}-p{}-h{}/{}-d{}-{}-{}kv-{}-{}-wl{}-cap{:g}".format(
-    *c[:7], c[7], "causal" if c[8] else "full", *c[9:]))
+    *c[:5], "{}_{}".format(*c[5]) if isinstance(c[5], tuple) else c[5], c[6], c[7], "causal" if c[8] else "full", *c[9:]))
 def test_paged_prefill_sm90_vs_float64(case, monkeypatch) -> None:
-    kv_lens, qo_lens, ps, h, kvh, d, qk, kvk, causal, layout, wl, cap = case
+    kv_lens, qo_lens, ps, h, kvh, dd, qk, kvk, causal, layout, wl, cap = case
+    d, dv = _dims(dd)
     rng = np.random.default_rng(sum(kv_lens) * 7 + ps + d)
     names = _record(monkeypatch)
-    out, lse, ref_out, ref_lse = _run(rng, kv_lens, qo_lens, ps, h, kvh, d, qk, kvk, causal, layout, wl, cap)
+    out, lse, ref_out, ref_lse = _run(rng, kv_lens, qo_lens, ps, h, kvh, d, qk, kvk, causal, layout, wl, cap, dv)
     tail = f"_{kvk}kv" if kvk in ("e4m3", "e5m2") else ""
-    assert names == [f"paged_prefill_sm90_d{d}{'_softcap' if cap else ''}_{qk}{tail}"]
+    shape = f"d{d}" if d == dv else f"d{d}_dv{dv}"
+    assert names == [f"paged_prefill_sm90_{shape}{'_softcap' if cap else ''}_{qk}{tail}"]
+    assert np.asarray(out).shape == (sum(qo_lens), h, dv)
     close("out", out, ref_out, "paged_prefill_attention", "bf16" if "bf16" in (qk, kvk) else qk)
     check_lse(lse, ref_lse)
+
+
+def test_paged_prefill_narrower_v_off_sm90_pads_v(monkeypatch) -> None:
+    # PYKERN_SM90=0 at 192 / 128: paged_attn reads K and V at one head dim, so V's pages are padded with zero columns
+    # to 192 and out sliced back to 128 (a caller's out= gets those columns); scores and lse as on sm_90a
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    rng = np.random.default_rng(12)
+    names = _record(monkeypatch)
+    out, lse, ref_out, ref_lse = _run(rng, [90, 12], [60, 12], 16, 2, 1, 192, "bf16", "bf16", d_v=128)
+    assert np.asarray(out).shape == (72, 2, 128)
+    close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    check_lse(lse, ref_lse)
+    pc = make_paged(np.random.default_rng(13), [40], 16, 1, 192, "HND", "f16", head_dim_v=128)
+    q = make_q(np.random.default_rng(14), (10, 2, 192), "f16")
+    qo = np.array([0, 10], np.int32)
+    mine = np.full((10, 2, 128), np.nan, np.float16)
+    got = ops.paged_prefill_attention(q, qo, pc["k_pages"], pc["v_pages"], pc["kv_indptr"], pc["kv_indices"],
+                                      pc["kv_last_page_len"], kv_layout="HND", out=mine, backend=HOST)
+    assert got is mine
+    ref_out, _ = np_ragged_attention(q.astype(np.float64), qo, pc["ks"], pc["vs"], True)
+    close("out", mine, ref_out, "paged_prefill_attention", "f16")
+    assert names == ["paged_attn_bf16", "paged_attn_f16"]
+
+
+def test_paged_prefill_v_wider_than_k_is_an_error() -> None:
+    from pykern.errors import ArgumentError
+
+    rng = np.random.default_rng(15)
+    pc = make_paged(rng, [20], 16, 1, 64, "NHD", "bf16", head_dim_v=128)
+    q = make_q(rng, (4, 2, 64), "bf16")
+    with pytest.raises(ArgumentError, match=r"v_pages: expected the shape of k_pages \(5, 16, 1, 64\) with a last "
+                                            r"dimension \(head_dim_v\) in \[1, 64\], got \(5, 16, 1, 128\)"):
+        ops.paged_prefill_attention(q, np.array([0, 4], np.int32), pc["k_pages"], pc["v_pages"], pc["kv_indptr"],
+                                    pc["kv_indices"], pc["kv_last_page_len"], backend=HOST)
 
 
 def test_paged_prefill_sm90_reads_flashinfers_combined_cache(monkeypatch) -> None:
@@ -108,22 +156,25 @@ def test_paged_prefill_sm90_only_where_it_applies(monkeypatch) -> None:
     assert names == ["paged_attn_e5m2kv", "paged_attn_bf16"]
 
 
+@pytest.mark.parametrize("shape", [(64, None), (192, 128)], ids=["d64", "d192_dv128"])
 @pytest.mark.parametrize("schedule", ["reverse", "random:7"])
-def test_paged_prefill_sm90_under_other_thread_schedules(schedule, monkeypatch) -> None:
+def test_paged_prefill_sm90_under_other_thread_schedules(schedule, shape, monkeypatch) -> None:
     # the producer's 128 gathering threads and the consumers in any order: the same bits as the forward order
+    # (192 / 128: the K pass and the V pass of the gather)
     rng = np.random.default_rng(8)
-    args = ([200, 30], [140, 30], 5, 2, 1, 64, "bf16", "e4m3")
-    out0, lse0, _, _ = _run(np.random.default_rng(8), *args)
+    d, dv = shape
+    args = ([200, 30], [140, 30], 5, 2, 1, d, "bf16", "e4m3")
+    out0, lse0, _, _ = _run(np.random.default_rng(8), *args, d_v=dv)
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
-    out1, lse1, _, _ = _run(rng, *args)
+    out1, lse1, _, _ = _run(rng, *args, d_v=dv)
     np.testing.assert_array_equal(np.asarray(out0).view(np.uint16), np.asarray(out1).view(np.uint16))
     np.testing.assert_array_equal(lse0, lse1)
 
 
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
 SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_sm90.cu"
-PAGED = [sm90.paged_kernel_name(d, c, q, kv) for d in (64, 128) for c in (0.0, 1.0) for q in ("bf16", "f16")
-         for kv in (q, "e4m3", "e5m2")]
+PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
+         for q in ("bf16", "f16") for kv in (q, "e4m3", "e5m2")]
 
 
 @lru_cache(maxsize=None)
@@ -144,8 +195,9 @@ def test_paged_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
     ops_ = re.findall(r"/\*[0-9a-f]{4,6}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_]*(?:\.[A-Za-z0-9_]+)*)", body)
     d = int(kernel.split("_d")[1].split("_")[0])
+    dv = int(kernel.split("_dv")[1].split("_")[0]) if "_dv" in kernel else d
     assert any(op.startswith(f"HGMMA.64x{sm90._CFG[d][0]}x16.F32") for op in ops_)  # S = Q K^T
-    assert any(op.startswith(f"HGMMA.64x{d}x16.F32") for op in ops_)  # O += P V
+    assert any(op.startswith(f"HGMMA.64x{dv}x16.F32") for op in ops_)  # O += P V
     assert any(op.startswith("UTMALDG.4D") for op in ops_)  # Q
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4  # mbarrier init / arrive / try_wait
     fp8 = kernel.endswith("kv")

@@ -237,36 +237,50 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
 
 # ---- paged prefill (paged_prefill_attention: fa90_forward's paged producer) ---------------------
 PAGED_HEAD_DIMS = (64, 128)
+# (head_dim, head_dim_v) of the paged kernels: the PAGED_HEAD_DIMS with head_dim_v == head_dim and DeepSeek-V3's
+# 192 / 128 (V pages of 128 columns beside K pages of 192, each with its own strides). Not head_dim 256: its
+# consumers would run at 232 registers beside the 40 of the paged producer, and spilled there (the dense d256
+# kernel's take 240, beside the TMA producer's 24).
+PAGED_SHAPES = (*((d, d) for d in PAGED_HEAD_DIMS), (192, 128))
 # Cache element kinds a bf16 / f16 query runs over here: its own type, or FP8 (widened to it by the producer).
 PAGED_FP8 = ("e4m3", "e5m2")
 
 
-def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str) -> str:
-    """paged_prefill_sm90_d{d}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]."""
+def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
+    """paged_prefill_sm90_<shape>[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]: <shape> d{d} when head_dim_v d_v is d (or
+    None), else d{d}_dv{d_v}."""
     tail = f"_{kv_kind}kv" if kv_kind in PAGED_FP8 else ""
-    return f"paged_prefill_sm90_d{d}{'_softcap' if softcap > 0.0 else ''}_{q_kind}{tail}"
+    shape = f"d{d}" if d_v in (None, d) else f"d{d}_dv{d_v}"
+    return f"paged_prefill_sm90_{shape}{'_softcap' if softcap > 0.0 else ''}_{q_kind}{tail}"
 
 
 def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, table: tuple[Any, Any, Any],
-                      dims: tuple[int, int, int, int, int, int], strides: tuple[int, int, int], kinds: tuple[str, str],
+                      dims: tuple[int, ...], strides: tuple[int, ...], kinds: tuple[str, str],
                       scale: float, softcap: float, v_scale: float, wl: int, wr: int, stream: Any,
                       backend: str | None) -> bool:
     """paged_prefill_attention: run paged_prefill_sm90_* (`paged_kernel_name`) when `usable`, else False (nothing
     launched). q (total_q, heads, D) contiguous bf16 / f16; kf / vf the flat caches of q's type or FP8 (kinds: (q
     kind, cache kind)); out / lse flat (total_q, heads[, D]); qo int32 (batch + 1,); table (kv_indptr, kv_indices,
-    kv_last_page_len); dims (batch, max_qo, heads, kv_heads, D, page_size); strides (s_page, s_tok, s_head) in
-    elements; scale with k_scale folded in; (wl, wr) normalized per sequence (serving ops). The producer reads the
-    cache in 16-byte (16-bit) or 8-byte (FP8) pieces: bases and strides must keep them aligned. Any page size."""
+    kv_last_page_len); dims (batch, max_qo, heads, kv_heads, D, page_size[, DV]) (DV, v's and out's head dim,
+    default D); strides (s_page, s_tok, s_head) of both caches in elements, or those of K then those of V (six: V
+    pages at their own head dim); scale with k_scale folded in; (wl, wr) normalized per sequence (serving ops). The
+    producer reads the cache in 16-byte (16-bit) or 8-byte (FP8) pieces: bases and strides must keep them aligned.
+    Any page size."""
     from .. import arrays
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
-    batch, max_qo, n_heads, n_kv_heads, d, page_size = dims
+    batch, max_qo, n_heads, n_kv_heads, d, page_size = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     q_kind, kv_kind = kinds
-    if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or d not in PAGED_HEAD_DIMS:
+    if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or (d, d_v) not in PAGED_SHAPES:
         return False
-    if not usable(d, d, softcap, scale, q, backend, kf, vf):
+    if not usable(d, d_v, softcap, scale, q, backend, kf, vf):
         return False
+    # the kernels with V's own strides are those whose head dims differ; the others read V at K's strides
+    if d_v != d and len(strides) == 3 or d_v == d and len(strides) == 6 and strides[:3] != strides[3:]:
+        return False
+    strides = tuple(strides[:3]) + (tuple(strides[3:]) if d_v != d else ())
     piece = 8  # elements a 16-byte (16-bit) or 8-byte (FP8) piece
     if any(st % piece for st in strides) or not arrays.aligned16(q, kf, vf, out):
         return False
@@ -281,9 +295,9 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
         return False
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
     indptr, indices, last = table
-    launch(paged_kernel_name(d, softcap, q_kind, kv_kind), (n_qt * n_heads, batch, 1), (THREADS,), tq, kf, vf, out,
-           lse, qo, indptr, indices, last, n_heads, n_kv_heads, page_size, *strides, float(scale), wl, wr,
-           float(v_scale), *cap, shared_mem=shared_bytes(d), stream=stream, backend=backend)
+    launch(paged_kernel_name(d, softcap, q_kind, kv_kind, d_v), (n_qt * n_heads, batch, 1), (THREADS,), tq, kf, vf,
+           out, lse, qo, indptr, indices, last, n_heads, n_kv_heads, page_size, *strides, float(scale), wl, wr,
+           float(v_scale), *cap, shared_mem=shared_bytes(d, d_v), stream=stream, backend=backend)
     return True
 
 

@@ -213,7 +213,9 @@ class _PageTable:
                                     f"{int(self.lens.max())}")
 
 
-def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int, int, int]:
+def _pages_shape(k_pages: Any, v_pages: Any, layout: int, narrower_v: bool = False) -> tuple[str, int, int, int, int]:
+    """(kind, num_pages, page_size, num_kv_heads, head_dim) of a K / V cache pair. narrower_v: v_pages may hold
+    fewer columns a row than k_pages (head_dim_v <= head_dim, paged_prefill_attention's DeepSeek-V3 shape)."""
     kind = _kv_kind("k_pages", k_pages)
     if _kv_kind("v_pages", v_pages) != kind:
         raise ArgumentTypeError(f"v_pages: expected the dtype of k_pages ({arrays.dtype_name(k_pages)}), got "
@@ -222,7 +224,12 @@ def _pages_shape(k_pages: Any, v_pages: Any, layout: int) -> tuple[str, int, int
         "(num_pages, num_kv_heads, page_size, head_dim) (kv_layout='HND')"
     ks = arrays.check_ndim("k_pages", k_pages, (4,), lay)
     vs = arrays.check_ndim("v_pages", v_pages, (4,), lay)
-    if vs != ks:
+    if narrower_v and vs[:3] == ks[:3] and 1 <= vs[3] <= ks[3]:
+        pass  # head_dim_v <= head_dim
+    elif narrower_v:
+        raise ArgumentError(f"v_pages: expected the shape of k_pages {ks} with a last dimension (head_dim_v) in "
+                            f"[1, {ks[3]}], got {vs}")
+    elif vs != ks:
         raise ArgumentError(f"v_pages: expected the shape of k_pages {ks}, got {vs}")
     if layout == 0:
         num_pages, page_size, kvh, d = ks
@@ -936,15 +943,18 @@ def paged_prefill_attention(
     window_left (FlashInfer's; -1 = unbounded) also hides keys j < kv_len - qo_len + i - window_left;
     logits_soft_cap c > 0 makes scores c * tanh(scale * q.k / c). Only the positions some query
     of a CTA sees are read, so the cost follows the window.
-    Returns out (total_q, num_qo_heads, head_dim) in q's dtype, or (out, lse).
-    Pages, k_scale / v_scale (FP8 caches) and out= as paged_decode_attention.
+    Returns out (total_q, num_qo_heads, head_dim_v) in q's dtype, or (out, lse).
+    Pages, k_scale / v_scale (FP8 caches) and out= as paged_decode_attention; v_pages may hold
+    fewer columns than k_pages (head_dim_v <= head_dim, e.g. DeepSeek-V3's 192 / 128), its
+    other dimensions those of k_pages.
     """
     from ..launcher import launch
 
     k_pages, v_pages, kv_indptr, kv_indices, kv_last_page_len = _cache_positional(
         k_pages, v_pages, (kv_indptr, kv_indices, kv_last_page_len), kv_layout, "kv_last_page_len")
     layout = _layout(kv_layout)
-    kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout)
+    kind, num_pages, page_size, kvh, d = _pages_shape(k_pages, v_pages, layout, narrower_v=True)
+    d_v = arrays.shape_of(v_pages)[3]
     qk, total_q, h = _check_q(q, kvh, d, "total_q")
     suf = _suffix(qk, kind)
     qo, qh = _index("qo_indptr", qo_indptr, None)
@@ -964,11 +974,16 @@ def paged_prefill_attention(
     if batch * kvh >= 2**31:
         raise ArgumentError(f"qo_indptr: expected batch * num_kv_heads < 2**31, got {batch * kvh}")
     ksc, vsc = _check_scale("k_scale", k_scale), _check_scale("v_scale", v_scale)
-    kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, layout, kind)
+    if d_v == d:
+        kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, layout, kind)
+        v_strides: tuple[int, ...] = ()
+    else:  # V pages at their own head dim: strides of their own (the sm_90a kernels' _dv form)
+        kf, (s_page, s_tok, s_head) = _page_view("k_pages", k_pages, layout, kind in _FP8)
+        vf, v_strides = _page_view("v_pages", v_pages, layout, kind in _FP8)
     q = arrays.contiguous(q)
-    res, lse = _prefill_out(total_q, h, d, qk, q, qh is not None)
+    res, lse = _prefill_out(total_q, h, d_v, qk, q, qh is not None)
     if out is not None:
-        res = arrays.check_out(out, (total_q, h, d), qk, q)
+        res = arrays.check_out(out, (total_q, h, d_v), qk, q)
         if qh is None:  # rows outside qo_indptr are never written
             res[...] = 0
     # The FlashAttention-2 core (kernels_cu/attention_fwd_tc.cu, paged_prefill_tc_d*; geometry from ops/attention.py): bf16 or f16 q with a
@@ -980,9 +995,17 @@ def paged_prefill_attention(
     # Hopper (sm_90a): the TMA + wgmma forward with a paged producer (16-bit caches of q's type and FP8 caches,
     # any page size); PYKERN_SM90=0 or any other GPU keeps the kernels below.
     if total_q and _sm90_paged(q, kf, vf, _flat(res), _flat(lse), qo, (table.indptr, table.indices, table.last),
-                               (batch, max_qo, h, kvh, d, page_size), (s_page, s_tok, s_head), (qk, kind), sc * ksc,
-                               cap, vsc, wl, wr, arrays.launch_stream(stream, q), backend):
+                               (batch, max_qo, h, kvh, d, page_size, d_v), (s_page, s_tok, s_head, *v_strides),
+                               (qk, kind), sc * ksc, cap, vsc, wl, wr, arrays.launch_stream(stream, q), backend):
         return (res, lse) if return_lse else res
+    user_out = res
+    if d_v != d:
+        # The kernels below read K and V at one head_dim: V pages padded with zero columns to head_dim (zero columns
+        # of out, dropped after; the scores and lse do not change), K pages contiguous so that both have one set of
+        # strides. One more copy of the V cache (and of a strided K cache) and of out.
+        k_pages, v_pages = arrays.contiguous(k_pages), arrays.pad_last(v_pages, d)
+        kf, vf, (s_page, s_tok, s_head) = _pages_views(k_pages, v_pages, layout, kind)
+        res = arrays.zeros((total_q, h, d), qk, like=q)
     fa2 = (total_q and qk == kind and kind in ("bf16", "f16") and page_size & (page_size - 1) == 0
            and all(x % 8 == 0 for x in (s_page, s_tok, s_head)) and _attn.fa2_eligible(d, d, q, kf, vf, res)
            and batch <= _GRID_YZ_MAX and n_qt * h < 2**31)
@@ -996,4 +1019,9 @@ def paged_prefill_attention(
                _flat(res), _flat(lse), _dummy(q), _dummy(q), qo, table.indptr, table.indices, table.last, h, kvh, d,
                page_size, s_page, s_tok, s_head, 1, wl, wr, rows, tile, 1, total_q, 1, sc, cap, ksc, vsc,
                shared_mem=smem, stream=arrays.launch_stream(stream, q), backend=backend)
-    return (res, lse) if return_lse else res
+    if res is not user_out:  # head_dim_v < head_dim: out is res's first head_dim_v columns
+        if out is None:
+            user_out = arrays.narrow_last(res, d_v)
+        else:
+            user_out[...] = arrays.narrow_last(res, d_v)
+    return (user_out, lse) if return_lse else user_out

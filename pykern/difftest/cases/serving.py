@@ -59,7 +59,7 @@ def fp8_quantize(x: np.ndarray, kind: str, scale: float) -> np.ndarray:
 def np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = False,
                  scale: float | None = None, window_size: tuple[int, int] = (-1, -1),
                  softcap: float = 0.0) -> tuple[np.ndarray, np.ndarray]:
-    """float64 attention of one sequence: q (n, H, D), k, v (L, KVH, D) -> out (n, H, D), lse (n, H).
+    """float64 attention of one sequence: q (n, H, D), k (L, KVH, D), v (L, KVH, DV) -> out (n, H, DV), lse (n, H).
 
     Bottom-right causal: query i sees keys j <= L - n + i. A query that sees no key
     gets 0 and lse -inf. window_size=(left, right) (-1 = unbounded): keys L - n + i - left ..
@@ -71,7 +71,7 @@ def np_attention(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool = Fal
     length = k.shape[0]
     group = h // k.shape[1]
     scale = 1.0 / np.sqrt(d) if scale is None else float(scale)
-    out = np.zeros((n, h, d))
+    out = np.zeros((n, h, v.shape[2]))
     lse = np.full((n, h), -np.inf)
     left, right = window_size
     if causal:
@@ -109,8 +109,9 @@ def np_ragged_attention(q: np.ndarray, qo_indptr: Any, ks: list[np.ndarray], vs:
 # --------------------------------------------------------------------------- inputs
 def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv_heads: int, head_dim: int,
                kv_layout: str = "NHD", kind: str = "f32", free_pages: int = 3, raw_bf16: bool = False,
-               scales: tuple[float, float] = FP8_SCALES) -> dict[str, Any]:
-    """A shuffled paged cache holding sequences of the given lengths.
+               scales: tuple[float, float] = FP8_SCALES, head_dim_v: int | None = None) -> dict[str, Any]:
+    """A shuffled paged cache holding sequences of the given lengths (v_pages with head_dim_v columns, default
+    head_dim).
 
     Returns k_pages, v_pages (NaN outside the sequences), kv_indptr, kv_indices,
     kv_last_page_len (int32), and ks, vs: each sequence's tokens (L, KVH, D) as float64
@@ -123,8 +124,9 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
     total = sum(npages) + free_pages
     perm = rng.permutation(total).astype(np.int32)
     shape = (total, page_size, num_kv_heads, head_dim)
+    dv = head_dim if head_dim_v is None else head_dim_v
     k_pages = np.full(shape, np.nan, np.float32)
-    v_pages = np.full(shape, np.nan, np.float32)
+    v_pages = np.full(shape[:3] + (dv,), np.nan, np.float32)
     indptr = np.zeros(len(lens) + 1, np.int32)
     indices, last, ks, vs, ks_raw, vs_raw = [], [], [], [], [], []
     at = 0
@@ -135,7 +137,7 @@ def make_paged(rng: np.random.Generator, lens: list[int], page_size: int, num_kv
         indptr[b + 1] = indptr[b] + npages[b]
         last.append(n - (npages[b] - 1) * page_size if n else int(rng.integers(0, page_size + 1)))
         k = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
-        v = rng.standard_normal((n, num_kv_heads, head_dim)).astype(np.float32)
+        v = rng.standard_normal((n, num_kv_heads, dv)).astype(np.float32)
         if kind in ("bf16", "f16") or raw_bf16:  # raw_bf16: the values a bf16 / f16 input holds
             rk = kind if kind in ("bf16", "f16") else ("f16" if raw_bf16 == "f16" else "bf16")
             k = _round16(k, rk).astype(np.float32)
@@ -252,30 +254,36 @@ def _prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], p
 
 def _sm90_prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[int], page_size: int, h: int, kvh: int,
                   d: int, layout: str, q_kind: str, kind: str, causal: bool, window_left: int = -1,
-                  logits_soft_cap: float = 0.0) -> Case:
+                  logits_soft_cap: float = 0.0, d_v: int | None = None) -> Case:
     """paged_prefill_attention's sm_90a kernel (paged_prefill_sm90_*: the TMA + wgmma forward with the paged
     producer) through the op's helper, which must not decline (an arch case, `_sm90.sm90_case`)."""
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize_serving
     from ._sm90 import declined, sm90_case
 
-    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kind)
+    dv = d if d_v is None else d_v
+    pc = make_paged(rng, kv_lens, page_size, kvh, d, layout, kind, head_dim_v=dv)
     qo_indptr = np.concatenate([[0], np.cumsum(qo_lens)]).astype(np.int32)
     q = make_q(rng, (int(qo_indptr[-1]), h, d), q_kind)
-    name = sm90.paged_kernel_name(d, logits_soft_cap, q_kind, kind)
+    name = sm90.paged_kernel_name(d, logits_soft_cap, q_kind, kind, dv)
     ksc, vsc = pc["scales"] if kind in _FP8_DTYPES else (1.0, 1.0)
-    # element strides (page, token, head) of the flat cache: NHD (pages, page_size, kvh, d), HND (pages, kvh, ...)
-    strides = ((page_size * kvh * d, kvh * d, d) if layout == "NHD" else (kvh * page_size * d, d, page_size * d))
+
+    def strides_of(n: int) -> tuple[int, int, int]:
+        # element strides (page, token, head) of a flat cache of n columns: NHD (pages, page_size, kvh, n), HND
+        # (pages, kvh, page_size, n)
+        return (page_size * kvh * n, kvh * n, n) if layout == "NHD" else (kvh * page_size * n, n, page_size * n)
+
+    strides = strides_of(d) + (strides_of(dv) if dv != d else ())
     raw = (lambda a: a.view(np.uint8)) if kind in _FP8_DTYPES else (lambda a: a)
 
     def run(backend: str) -> dict[str, Any]:
-        out = np.empty(q.shape, q.dtype)
+        out = np.empty(q.shape[:2] + (dv,), q.dtype)
         lse = np.empty(q.shape[:2], np.float32)
         wl, wr = normalize_serving(window_left, -1, causal)
         table = (pc["kv_indptr"], pc["kv_indices"], pc["kv_last_page_len"])
         if not sm90.try_paged_prefill(q, raw(pc["k_pages"]).reshape(-1), raw(pc["v_pages"]).reshape(-1),
                                       out.reshape(-1), lse.reshape(-1), qo_indptr, table,
-                                      (len(kv_lens), max(qo_lens), h, kvh, d, page_size), strides, (q_kind, kind),
+                                      (len(kv_lens), max(qo_lens), h, kvh, d, page_size, dv), strides, (q_kind, kind),
                                       ksc / np.sqrt(d), logits_soft_cap, vsc, wl, wr, None, backend):
             raise declined(name, backend)
         return {"out": out.astype(np.float32), "lse": lse}
@@ -286,7 +294,7 @@ def _sm90_prefill(rng: np.random.Generator, kv_lens: list[int], qo_lens: list[in
         return {"out": out, "lse": lse}
 
     win = (f"-wl{window_left}" if window_left >= 0 else "") + (f"-cap{logits_soft_cap:g}" if logits_soft_cap else "")
-    shape = (f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}-P{page_size}-{layout}" + win
+    shape = (f"KV{kv_lens}-Q{qo_lens}-H{h}-KV{kvh}-D{d}" + (f"-DV{dv}" if dv != d else "") + f"-P{page_size}-{layout}" + win
              + (f"-{q_kind}q-{kind}kv" if q_kind != kind else "") + ("-causal" if causal else ""))
     return sm90_case("paged_prefill_attention", _dtype_name(q_kind, kind), shape.replace(" ", ""), (name,), run, ref)
 
@@ -505,3 +513,15 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
                         kv, qo, ps, h, kvh, layout, wl = shapes[i % len(shapes)]
                         i += 1
                         yield _sm90_prefill(rng, kv, qo, ps, h, kvh, d, layout, qk, kk, causal, wl, cap)
+    # DeepSeek-V3's 192 / 128 (V pages of 128 columns with strides of their own): every kernel causal and not
+    shapes = (([100, 9], [70, 9], 16, 2, 1, "NHD", -1), ([60, 0, 30], [40, 2, 30], 3, 2, 2, "HND", 20),
+              ([140], [129], 256, 2, 1, "NHD", -1))
+    i = 0
+    for qk in ("bf16", "f16"):
+        for kk in (qk, "e4m3", "e5m2"):
+            for d, dv in ((192, 128),):
+                for cap in (0.0, 20.0):
+                    for causal in (True, False):
+                        kv, qo, ps, h, kvh, layout, wl = shapes[i % len(shapes)]
+                        i += 1
+                        yield _sm90_prefill(rng, kv, qo, ps, h, kvh, d, layout, qk, kk, causal, wl, cap, dv)
