@@ -125,6 +125,42 @@ def test_concurrent_processes_build_one_library(tmp_path: Path) -> None:
     assert len([f for f in files if f.startswith("pk_host_runtime-") and f.endswith(".o")]) == 1
 
 
+def test_concurrent_processes_run_the_compiler_once(tmp_path: Path) -> None:
+    # Two pytest-xdist workers (or precompile jobs) that miss the same library at once: one builds it, the others
+    # wait for its lock and load the published file. A compiler that logs each run and takes a second longer
+    # keeps the three processes' misses overlapping, so without the lock each of them would run it.
+    src = _write(tmp_path / "k", "scale.cu", GOOD)
+    log = tmp_path / "cxx.log"
+    cxx = tmp_path / "slow-cxx"
+    real = build.find_compiler().argv
+    cxx.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *" -c "*|*.host.cpp*) echo "$*" >> "$PK_CXX_LOG"; sleep 1;; esac\n'
+        f'exec {" ".join(real)} "$@"\n'
+    )
+    cxx.chmod(0o755)
+    env = dict(os.environ, PYKERN_CACHE_DIR=str(tmp_path / "cache"), CXX=str(cxx), PK_CXX_LOG=str(log))
+    code = (
+        "import sys; from pykern.backends.host import HostBackend; "
+        f"print(HostBackend().library({str(src)!r}).path)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert len({o[0].strip() for o in outs}) == 1
+    runs = log.read_text().splitlines()
+    assert len([r for r in runs if "pk_host_runtime.cpp" in r]) == 1, runs  # the runtime object: once
+    assert len([r for r in runs if ".host.cpp" in r]) == 1, runs  # the kernel library: once
+    # the one that built it says so on its stderr; the ones that waited say nothing
+    assert sum("scale.cu for the host backend: built" in o[1] for o in outs) == 1, [o[1] for o in outs]
+    # no lock file stays behind in the cache folder
+    assert not [f.name for f in (tmp_path / "cache" / "host").iterdir() if f.name.endswith(".lock")]
+
+
 def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")

@@ -434,8 +434,42 @@ def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
                "\0".join(copts).encode())
     target = host_cache_dir() / f"pk_host_runtime-{key}.o"
     if not target.exists():
-        _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
+        with _build_lock(target) as done:
+            if not done:
+                _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
     return target
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[bool]:
+    """Hold the build of `target` to one process (and thread) at a time; yields whether `target` exists now.
+
+    Without it, two processes that miss the same library (two pytest-xdist workers, two precompile jobs) would
+    both run the compiler, one of them wasting a core for 5-50 s. The lock (an exclusive `flock` on
+    `.<name>.lock` beside the target, one open file per caller, so threads of one process exclude each other
+    too) lets the first build it; the others wait, then find the published file and reuse it. The holder removes
+    the lock file before releasing it, so none stay behind: every caller re-checks the target once it holds a
+    lock, so one that opened a fresh lock file meanwhile still finds the published target (after a failed
+    build it tries the build itself). Without `fcntl` (not POSIX) every caller builds; publishing is atomic
+    either way."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - the host backend runs on POSIX systems
+        yield target.exists()
+        return
+    lock_path = target.with_name(f".{target.name}.lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        try:
+            yield target.exists()
+        finally:
+            try:
+                lock_path.unlink()
+            except OSError:  # a caller before this one removed it already
+                pass
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @dataclass(frozen=True)
@@ -497,15 +531,18 @@ def build(
 
     if jit_disabled():
         raise CacheMiss(f"host backend: no cached build of {path} ({plan.target.name}) and PYKERN_DISABLE_JIT=1")
-    gpu_conv.flush_warnings(False)
-    ok = False
-    try:
-        with _first_use_notice(path, announce):
-            rt = runtime_object(plan.cc, plan.opts)
-            _build_tu(path, plan.tu, plan.incs, plan.opts, plan.cc, rt, plan.target, plan.rewrite, include_dirs)
-        ok = True
-    finally:
-        gpu_conv.flush_warnings(ok)
+    with _build_lock(plan.target) as done:
+        if done:  # another process (or thread) built it while this one waited for the lock
+            return plan.target
+        gpu_conv.flush_warnings(False)
+        ok = False
+        try:
+            with _first_use_notice(path, announce):
+                rt = runtime_object(plan.cc, plan.opts)
+                _build_tu(path, plan.tu, plan.incs, plan.opts, plan.cc, rt, plan.target, plan.rewrite, include_dirs)
+            ok = True
+        finally:
+            gpu_conv.flush_warnings(ok)
     return plan.target
 
 
