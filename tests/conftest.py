@@ -1,6 +1,7 @@
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 
 # One cache for the whole run (shared by xdist workers: the cache is safe under
@@ -10,6 +11,22 @@ os.environ.setdefault("PYKERN_CACHE_DIR", str(Path(__file__).resolve().parent.pa
 import sys
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+
+def pytest_ignore_collect(collection_path: Path, config) -> bool | None:
+    """`pytest -m serial` (the README's second call) runs only the host-time tests: a test file that does not
+    name the marker is not imported there, so that call does not collect the whole suite again (every module's
+    imports and parametrizations, the difftest cases among them) to deselect all but a few tests. A file with
+    serial tests names the marker in its own text (`@pytest.mark.serial`, or `pytestmark` naming it)."""
+    if (config.getoption("markexpr", "") or "").strip() != "serial":
+        return None
+    if collection_path.suffix != ".py" or not collection_path.name.startswith("test_"):
+        return None
+    try:
+        text = collection_path.read_text(encoding="utf-8")
+    except OSError:
+        return None
+    return None if re.search(r"\bmark\.serial\b", text) else True
 
 
 def pytest_collection_modifyitems(config, items):

@@ -125,6 +125,42 @@ def test_concurrent_processes_build_one_library(tmp_path: Path) -> None:
     assert len([f for f in files if f.startswith("pk_host_runtime-") and f.endswith(".o")]) == 1
 
 
+def test_concurrent_processes_run_the_compiler_once(tmp_path: Path) -> None:
+    # Two pytest-xdist workers (or precompile jobs) that miss the same library at once: one builds it, the others
+    # wait for its lock and load the published file. A compiler that logs each run and takes a second longer
+    # keeps the three processes' misses overlapping, so without the lock each of them would run it.
+    src = _write(tmp_path / "k", "scale.cu", GOOD)
+    log = tmp_path / "cxx.log"
+    cxx = tmp_path / "slow-cxx"
+    real = build.find_compiler().argv
+    cxx.write_text(
+        "#!/bin/sh\n"
+        'case "$*" in *" -c "*|*.host.cpp*) echo "$*" >> "$PK_CXX_LOG"; sleep 1;; esac\n'
+        f'exec {" ".join(real)} "$@"\n'
+    )
+    cxx.chmod(0o755)
+    env = dict(os.environ, PYKERN_CACHE_DIR=str(tmp_path / "cache"), CXX=str(cxx), PK_CXX_LOG=str(log))
+    code = (
+        "import sys; from pykern.backends.host import HostBackend; "
+        f"print(HostBackend().library({str(src)!r}).path)"
+    )
+    procs = [
+        subprocess.Popen([sys.executable, "-c", code], env=env, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                         text=True)
+        for _ in range(3)
+    ]
+    outs = [p.communicate(timeout=300) for p in procs]
+    assert all(p.returncode == 0 for p in procs), outs
+    assert len({o[0].strip() for o in outs}) == 1
+    runs = log.read_text().splitlines()
+    assert len([r for r in runs if "pk_host_runtime.cpp" in r]) == 1, runs  # the runtime object: once
+    assert len([r for r in runs if ".host.cpp" in r]) == 1, runs  # the kernel library: once
+    # the one that built it says so on its stderr; the ones that waited say nothing
+    assert sum("scale.cu for the host backend: built" in o[1] for o in outs) == 1, [o[1] for o in outs]
+    # no lock file stays behind in the cache folder
+    assert not [f.name for f in (tmp_path / "cache" / "host").iterdir() if f.name.endswith(".lock")]
+
+
 def test_unwritable_cache_dir_falls_back_with_one_warning(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("not a folder")
@@ -201,3 +237,74 @@ def test_failed_first_build_on_a_terminal_ends_its_line(tmp_path: Path, monkeypa
     with pytest.raises(CompileError):
         HostBackend().library(src)
     assert err.text.startswith("pykern: compiling first_bad.cu") and err.text.endswith(" failed\n")
+
+
+# ---- PYKERN_HOST_OPT: the build's -O level ------------------------------------------------
+FMA_PROBE = textwrap.dedent(
+    """\
+    extern "C" __global__ void pk_o_fma(const float* a, const float* b, const float* c, float* y, unsigned int n) {
+        const unsigned int i = blockIdx.x * blockDim.x + threadIdx.x;
+        if (i < n) y[i] = a[i] * b[i] + c[i];
+    }
+    """
+)
+
+
+def test_opt_level_replaces_each_builds_own(monkeypatch: pytest.MonkeyPatch) -> None:
+    for var in ("PYKERN_HOST_OPT", "PYKERN_HOST_FMA", "PYKERN_HOST_RACECHECK", "PYKERN_HOST_INITCHECK"):
+        monkeypatch.delenv(var, raising=False)
+    plain, asan = build.flags(False), build.flags(True)
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    checked = build.flags(False)
+    monkeypatch.delenv("PYKERN_HOST_RACECHECK")
+    assert "-O2" in plain and "-O1" in asan and "-O1" in checked  # each build's own level when unset
+
+    monkeypatch.setenv("PYKERN_HOST_OPT", "3")
+    assert build.flags(False) == tuple("-O3" if f == "-O2" else f for f in plain)
+    assert build.flags(True) == tuple("-O3" if f == "-O1" else f for f in asan)
+    monkeypatch.setenv("PYKERN_HOST_FMA", "0")
+    monkeypatch.setenv("PYKERN_HOST_OPT", "1")
+    off = build.flags(False)
+    assert "-O1" in off and "-O2" not in off and "-ffp-contract=off" in off and "-fexpensive-optimizations" not in off
+    monkeypatch.setenv("PYKERN_HOST_OPT", "0")
+    assert "-O0" in build.flags(False)
+
+
+def test_opt_level_refuses_bad_values(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("PYKERN_HOST_FMA", raising=False)
+    for bad in ("-O2", "fast", "4"):
+        monkeypatch.setenv("PYKERN_HOST_OPT", bad)
+        with pytest.raises(pykern.ArgumentError, match=rf"PYKERN_HOST_OPT: expected one of 0, 1, 2, 3 .*got '{bad}'"):
+            build.flags(False)
+    if "-ffp-contract=fast" in build.fma_flags():
+        # at -O0 no compiler pass contracts a*b+c: FMA contraction on and -O0 cannot both hold
+        monkeypatch.setenv("PYKERN_HOST_OPT", "0")
+        with pytest.raises(pykern.ArgumentError, match=r"PYKERN_HOST_OPT: expected 1, 2 or 3 .*FMA.*got '0'"):
+            build.flags(False)
+
+
+@pytest.mark.skipif("-ffp-contract=fast" not in build.fma_flags(), reason="the host compiler does not contract here")
+def test_opt_level_keeps_the_fma_results(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    # a*b + c with a = b = 1 + 2^-12, c = -(1 + 2^-11): the product rounds to 1 + 2^-11 (a tie, to even) and the
+    # sum to 0; fused, the exact product's 2^-24 survives. So the result says whether the build contracted.
+    # the run's cache: the -O2 runtime objects and the FMA-off -O1 one are those of the other host tests
+    src = _write(tmp_path / "k", "ofma.cu", FMA_PROBE)
+    a = np.full(4, 1 + 2.0**-12, np.float32)
+    c = np.full(4, -(1 + 2.0**-11), np.float32)
+
+    def run(fma: str, opt: str | None) -> float:
+        monkeypatch.setenv("PYKERN_HOST_FMA", fma)
+        if opt is None:
+            monkeypatch.delenv("PYKERN_HOST_OPT", raising=False)
+        else:
+            monkeypatch.setenv("PYKERN_HOST_OPT", opt)
+        y = np.zeros(4, np.float32)
+        pykern.launch("pk_o_fma", (1,), (4,), a, a, c, y, 4, backend="host")
+        assert len(set(y.tolist())) == 1, y
+        return float(y[0])
+
+    monkeypatch.setenv("PYKERN_KERNEL_PATH", str(src.parent))
+    assert run("1", None) == 2.0**-24  # the default -O2 build contracts, as NVRTC does
+    assert run("1", "1") == 2.0**-24  # -O1 keeps the contraction (-fexpensive-optimizations)
+    assert run("0", None) == 0.0
+    assert run("0", "1") == 0.0  # the test suite's FMA-off mode: -O1, the same results as -O2

@@ -40,8 +40,10 @@ CASES = _small_cases()
 MODES = {
     "random": runner.Label("host:random:11", "host", (("PYKERN_HOST_SCHEDULE", "random:11"),)),
     "interleave": runner.Label("host:interleave:3", "host", (("PYKERN_HOST_SCHEDULE", "interleave:3"),)),
-    # FMA contraction is the default (as NVRTC); the forward/reverse runs cover it. Off:
-    "fma0": runner.Label("host:fma0", "host", (("PYKERN_HOST_FMA", "0"),)),
+    # FMA contraction is the default (as NVRTC); the forward/reverse runs cover it. Off, built at -O1: with no
+    # contraction the level changes no result (IEEE arithmetic, no -ffast-math), and each source's build of this
+    # mode takes 20-50% less CPU than at -O2 (docs/host_backend.md, PYKERN_HOST_OPT).
+    "fma0": runner.Label("host:fma0", "host", (("PYKERN_HOST_FMA", "0"), ("PYKERN_HOST_OPT", "1"))),
     "racecheck": runner.Label("host:racecheck", "host", (("PYKERN_HOST_RACECHECK", "1"),)),
     "initcheck": runner.Label("host:initcheck", "host", (("PYKERN_HOST_INITCHECK", "1"),)),
 }

@@ -192,3 +192,26 @@ def test_eager_path_only_where_nothing_else_must_see_the_op():
     assert seen == [False]
     with torch.profiler.profile():  # traces name the custom op
         assert not _fast.eager((x,))
+
+
+def test_the_serial_call_imports_only_files_with_serial_tests() -> None:
+    # tests/conftest.py: under `-m serial` a test file that does not name the marker is not collected (not even
+    # imported); this file is, and a file without serial tests, or one merely saying "serial" in a comment, is not.
+    import conftest
+
+    class Config:
+        def __init__(self, markexpr: str) -> None:
+            self.markexpr = markexpr
+
+        def getoption(self, name: str, default: Any = None) -> Any:
+            return self.markexpr if name == "markexpr" else default
+
+    here = Path(__file__).resolve()
+    tests = here.parent
+    serial, plain = Config("serial"), Config("")
+    assert conftest.pytest_ignore_collect(here, serial) is None
+    assert conftest.pytest_ignore_collect(tests / "test_difftest.py", serial) is True
+    assert conftest.pytest_ignore_collect(tests / "test_pdl.py", serial) is True  # "serialization" in its text
+    assert conftest.pytest_ignore_collect(tests / "conftest.py", serial) is None  # only test_*.py files
+    assert conftest.pytest_ignore_collect(tests / "test_difftest.py", plain) is None  # other calls: everything
+    assert conftest.pytest_ignore_collect(tests / "test_difftest.py", Config("serial or gpu")) is None

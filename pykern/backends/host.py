@@ -245,11 +245,11 @@ class HostBackend:
         from ..host import build
 
         from ..host import gpu_conv
-        from ..host.build import checked_build, fma_enabled
+        from ..host.build import checked_build, fma_enabled, opt_level
 
         sanitize = sanitize_enabled() if sanitize is None else sanitize
         # what changes the binary
-        flavor = (sanitize, fma_enabled(), checked_build() and not sanitize, gpu_conv.enabled())
+        flavor = (sanitize, fma_enabled(), checked_build() and not sanitize, gpu_conv.enabled(), opt_level())
         fast = self._fast.get((source, flavor))
         if fast is not None and _stamps(fast[0]) == fast[1]:
             return fast[2]

@@ -356,14 +356,52 @@ def checked_build() -> bool:
 CHECKED_FLAGS = ("-O1", "-g1", "-fno-tree-sra", "-fsanitize=thread", "-DPK_RACECHECK=1")
 
 
+OPT_LEVELS = ("0", "1", "2", "3")
+
+
+def opt_level() -> str | None:
+    """PYKERN_HOST_OPT: the optimization level (0-3) of every host build, replacing its own (-O2 for the plain
+    build, -O1 for the checked and sanitizer builds); None when unset.
+
+    The results do not depend on it (IEEE arithmetic at every level, no -ffast-math), with one exception the
+    compiler makes: GCC contracts multiply-adds into FMA only from -O2 (its contraction pass needs
+    -fexpensive-optimizations), so a plain build below -O2 gets -fexpensive-optimizations added at -O1 and is
+    refused at -O0 while FMA contraction is on (PYKERN_HOST_FMA=1). The test suite's FMA-off mode builds at
+    -O1: the same results as -O2 with contraction off, in 20-50% less compile time."""
+    v = os.environ.get("PYKERN_HOST_OPT", "").strip()
+    if not v:
+        return None
+    if v not in OPT_LEVELS:
+        from ..errors import ArgumentError
+
+        raise ArgumentError(f"PYKERN_HOST_OPT: expected one of {', '.join(OPT_LEVELS)} (the -O level), got {v!r}")
+    return v
+
+
+def _with_opt(opts: tuple[str, ...], fma: tuple[str, ...], plain: bool) -> tuple[str, ...]:
+    """opts (with their -O level replaced by PYKERN_HOST_OPT's, if set) + fma."""
+    level = opt_level()
+    if level is None:
+        return opts + fma
+    out = tuple(f"-O{level}" if re.fullmatch(r"-O\w?", o) else o for o in opts) + fma
+    if plain and "-ffp-contract=fast" in fma and level in ("0", "1"):
+        if level == "0":
+            from ..errors import ArgumentError
+
+            raise ArgumentError("PYKERN_HOST_OPT: expected 1, 2 or 3 while FMA contraction is on (PYKERN_HOST_FMA=1: "
+                                "no multiply-add is contracted at -O0), got '0'")
+        out += ("-fexpensive-optimizations",)  # GCC's FMA contraction pass runs under it (on from -O2)
+    return out
+
+
 def flags(sanitize: bool) -> tuple[str, ...]:
     extra: tuple[str, ...] = ()
     # PYKERN_HOST_FIBER=ucontext selects the portable (slower: a syscall per switch) fibers.
     if os.environ.get("PYKERN_HOST_FIBER", "").strip() == "ucontext":
         extra = ("-DPK_FIBER_UCONTEXT=1",)
     if checked_build() and not sanitize:
-        return BASE_FLAGS + CHECKED_FLAGS + fma_flags() + extra
-    return BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS) + fma_flags() + extra
+        return _with_opt(BASE_FLAGS + CHECKED_FLAGS, fma_flags(), False) + extra
+    return _with_opt(BASE_FLAGS + (SANITIZE_FLAGS if sanitize else OPT_FLAGS), fma_flags(), not sanitize) + extra
 
 
 _FIRST_ERROR = re.compile(r"^(.+?):(\d+):(?:\d+:)?\s*(?:fatal )?error:\s*(.*)$", re.M)
@@ -434,8 +472,57 @@ def runtime_object(cc: Compiler, opts: Sequence[str]) -> Path:
                "\0".join(copts).encode())
     target = host_cache_dir() / f"pk_host_runtime-{key}.o"
     if not target.exists():
-        _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
+        with _build_lock(target) as done:
+            if not done:
+                _publish([*cc.argv, *copts, f"-I{HERE}", "-c", str(RUNTIME)], target, str(RUNTIME), cc, copts, {})
     return target
+
+
+@contextmanager
+def _build_lock(target: Path) -> Iterator[bool]:
+    """Hold the build of `target` to one process (and thread) at a time; yields whether `target` exists now.
+
+    Without it, two processes that miss the same library (two pytest-xdist workers, two precompile jobs) would
+    both run the compiler, one of them wasting a core for 5-50 s. The lock (an exclusive `flock` on
+    `.<name>.lock` beside the target, one open file per caller, so threads of one process exclude each other
+    too) lets the first build it; the others wait, then find the published file and reuse it. The holder removes
+    the lock file before releasing it, so none stay behind: every caller re-checks the target once it holds a
+    lock, so one that opened a fresh lock file meanwhile still finds the published target (after a failed
+    build it tries the build itself). Without `fcntl` (not POSIX) every caller builds; publishing is atomic
+    either way."""
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - the host backend runs on POSIX systems
+        yield target.exists()
+        return
+    from ..cache import _lock_wait
+
+    lock_path = target.with_name(f".{target.name}.lock")
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        # As for the NVRTC cache: wait up to PYKERN_LOCK_TIMEOUT seconds (default 300) for a holder that may
+        # hang, then build without the lock (publishing stays atomic). A holder that dies releases it at once.
+        deadline = time.monotonic() + _lock_wait()
+        locked = False
+        while True:
+            try:
+                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                locked = True
+                break
+            except BlockingIOError:
+                if time.monotonic() >= deadline:
+                    break
+                time.sleep(0.05)
+        try:
+            yield target.exists()
+        finally:
+            if locked:
+                try:
+                    lock_path.unlink()
+                except OSError:  # a caller before this one removed it already
+                    pass
+    finally:
+        os.close(fd)  # releases the lock
 
 
 @dataclass(frozen=True)
@@ -497,15 +584,18 @@ def build(
 
     if jit_disabled():
         raise CacheMiss(f"host backend: no cached build of {path} ({plan.target.name}) and PYKERN_DISABLE_JIT=1")
-    gpu_conv.flush_warnings(False)
-    ok = False
-    try:
-        with _first_use_notice(path, announce):
-            rt = runtime_object(plan.cc, plan.opts)
-            _build_tu(path, plan.tu, plan.incs, plan.opts, plan.cc, rt, plan.target, plan.rewrite, include_dirs)
-        ok = True
-    finally:
-        gpu_conv.flush_warnings(ok)
+    with _build_lock(plan.target) as done:
+        if done:  # another process (or thread) built it while this one waited for the lock
+            return plan.target
+        gpu_conv.flush_warnings(False)
+        ok = False
+        try:
+            with _first_use_notice(path, announce):
+                rt = runtime_object(plan.cc, plan.opts)
+                _build_tu(path, plan.tu, plan.incs, plan.opts, plan.cc, rt, plan.target, plan.rewrite, include_dirs)
+            ok = True
+        finally:
+            gpu_conv.flush_warnings(ok)
     return plan.target
 
 
