@@ -12,6 +12,9 @@ the argument before any launch; pykern.torch.flash_attention takes fp8 tensors a
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -131,6 +134,61 @@ def test_fp8_forward_sm90_same_bits_under_other_schedules(schedule, monkeypatch)
     np.testing.assert_array_equal(lse0, lse1)
 
 
+# ---- the d128 ping-pong (FA90F8_PP): the two consumer warpgroups take turns issuing their steady steps' wgmmas,
+# the hand-over publishing the warpgroup's half of the tile's V^T (4 V^T slots there). Five full key tiles: the
+# first peeled off, four steps of the ping-pong loop (the V^T slots wrap).
+PP_SHAPE = (1, 130, 640, 2, 1, 128, False, True)
+
+
+def _pp_run(seed: int = 10):
+    b, n_q, n_k, h, n_kv, d, causal, per_head = PP_SHAPE
+    q8, k8, v8, qd, kd, vd = fp8_inputs(seed, b, n_q, n_k, h, n_kv, d, per_head)
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True, backend="host")
+    return out, lse, (q8, k8, v8, qd, kd, vd, n_kv, causal)
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_ping_pong_steps_match_float64_under_every_schedule(monkeypatch) -> None:
+    names = _record(monkeypatch)
+    out0, lse0, args = _pp_run()
+    assert names == [sm90.fp8_kernel_name(128)] and sm90.FP8_PING_PONG[128]
+    check(out0, lse0, *args)
+    for schedule in ("reverse", "random:3", "random:11"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        out1, lse1, _ = _pp_run()
+        np.testing.assert_array_equal(out0.view(np.uint16), out1.view(np.uint16), err_msg=schedule)
+        np.testing.assert_array_equal(lse0, lse1, err_msg=schedule)
+
+
+SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_fp8_sm90.cu"
+_OPENING = "            if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);\n"
+
+
+def _pp_mutant(tmp_path, monkeypatch, old: str, new: str) -> None:
+    """The FP8 source with old replaced and its kernels renamed fa90f8_mutant_d*; the op launches the mutant's."""
+    from pykern import launcher
+    from sm90_mutants import write_mutant
+
+    write_mutant(tmp_path, monkeypatch, SRC, old, new, "fa90f8_mutant.cu", ("attention_fwd_sm90_d", "fa90f8_mutant_d"))
+    launch = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: launch(
+        name.replace("attention_fwd_sm90_d", "fa90f8_mutant_d"), *a, **kw))
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_ping_pong_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
+    # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3, consumer 1 on 4,
+    # forever (a hang on the GPU); the host names both barriers and their arrivals.
+    from pykern.errors import KernelExecutionError
+
+    _pp_mutant(tmp_path, monkeypatch, _OPENING, "")
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel fa90f8_mutant_d128_fp8: block \(\d+,0,0\): .*128 of 256 threads arrived at named barrier 3 "
+            r"\(first at .*fa90f8_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
+        _pp_run()
+
+
 @pytest.mark.usefixtures("sm90_host")
 def test_fp8_descales_fold_into_the_result(monkeypatch) -> None:
     """Descales of 1 against per-tensor ones: out scales with v_descale, the softmax with q_descale * k_descale."""
@@ -200,7 +258,10 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
 # softmax, the mask only on boundary tiles, S of the next tile issued with P V^T of the previous one) 3.0 / 1.488:
 # pinned there so neither grows. d256 runs a tile at a time (its transpose loop is not flat: no steady loop).
 # The _softcap kernels add an FMUL and a tanh.approx (MUFU) a score, 128 instructions a tile: 4.0 / 2.008.
-FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (64, 1.0): 4.0, (128, 1.0): 2.008}
+# d128 ping-pongs its consumer warpgroups (FA90F8_PP): the turn's BAR.SYNC and BAR.ARV replace the V^T barrier's
+# BAR.SYNC; the plain loop stays at 381 instructions (1.488), the _softcap one takes 518 (2.023, from 514): the
+# BAR.ARV and 3 register moves (the two barrier ids live through its tanh-heavier loop).
+FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (64, 1.0): 4.0, (128, 1.0): 2.023}
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +281,45 @@ def test_fp8_steady_loop_is_pipelined(d, cap, fp8_sass) -> None:
     # S (128 keys x d) and P V^T (d x 128 keys) of one tile a warp: 2 * 128 * d / 128 m16n8k16-equivalents
     assert loop["mma"] == 2 * d
     assert loop["per_mma"] <= FP8_LOOP_BAR[d, cap], loop
-    assert loop["bar"] == 1 and loop["ldsm"] == 0 and loop["ldgsts"] == 0  # the V^T barrier only
+    # the V^T barrier only; at d128 (ping-pong) the turn's BAR.SYNC and BAR.ARV instead (test below)
+    assert loop["bar"] == (2 if sm90.FP8_PING_PONG[d] else 1) and loop["ldsm"] == 0 and loop["ldgsts"] == 0
+
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);")
+
+
+@pytest.mark.parametrize("d,cap", sorted(FP8_LOOP_BAR))
+def test_fp8_steady_loop_ping_pongs_at_d128(d, cap, fp8_sass) -> None:
+    # FA3's warp scheduler barriers, as the bf16 d128 kernel: each step's QGMMA group is issued between a BAR.SYNC
+    # on this warpgroup's named barrier (id in a register: 3 or 4) and a BAR.ARV on the other's, both over the two
+    # consumer warpgroups (256 threads = 0x100); no QGMMA of the loop lies outside a turn, and the V^T barrier
+    # (BAR.SYNC 0x1) is out of the loop. Consumer 1 opens the game once outside it (BAR.ARV 0x3, 0x100). d64
+    # keeps its V^T barrier in the loop and has no turns.
+    _, text, loops = fp8_sass
+    name = sm90.fp8_kernel_name(d, cap)
+    body = text.split(f"Function : {name}\n", 1)[1].split("Function :", 1)[0]
+    lo, hi = int(loops[name]["start"], 16), int(loops[name]["end"], 16)
+    insns = [m[2].strip() for m in _INSN.finditer(body) if lo <= int(m[1], 16) <= hi]
+    sync = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x100$")
+    arv = re.compile(r"BAR\.ARV R\d+, 0x100$")
+    vt = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x100$")
+    if not sm90.FP8_PING_PONG[d]:
+        assert sum(bool(vt.match(i)) for i in insns) == 1 and "BAR.ARV" not in body
+        assert not any(sync.match(i) for i in insns)
+        return
+    assert not any(vt.match(i) for i in insns)
+    assert sum(bool(sync.match(i)) for i in insns) == 1 and sum(bool(arv.match(i)) for i in insns) == 1
+    inside, group, outside = False, 0, 0
+    for i in insns:
+        if sync.match(i):
+            inside = True
+        elif arv.match(i):
+            assert inside and group == 8, group  # S's 4 k-steps and P V^T's 4
+            inside = False
+        elif i.startswith("QGMMA"):
+            group, outside = group + inside, outside + (not inside)
+    assert outside == 0 and not inside
+    assert len(re.findall(r"BAR\.ARV 0x3, 0x100\s*;", body)) == 1
 
 
 @pytest.mark.parametrize("cap", [0.0, 1.0])

@@ -156,13 +156,15 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
 
 # ---- FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu) ------------------------------------------
 FP8_HEAD_DIMS = (64, 128, 256)  # head_dim == head_dim_v
-FP8_KEYS = 128  # FA90F8_BC: keys per tile (a 2-slot ring of K, V and the transposed V)
+FP8_KEYS = 128  # FA90F8_BC: keys per tile (a 2-slot ring of K and V, 2 or 4 slots of the transposed V)
+# FA90F8_PP: head dims whose steady loop ping-pongs the two consumer warpgroups (their V^T takes 4 slots)
+FP8_PING_PONG = {64: False, 128: True, 256: False}
 
 
 def fp8_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K / V / V^T ring of 2
-    slots (one byte an element), the mbarriers."""
-    return ROWS * d + 3 * 2 * FP8_KEYS * d + 1024
+    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K / V ring of 2 slots, the
+    V^T slots (4 where the loop ping-pongs, else 2; one byte an element), the mbarriers."""
+    return ROWS * d + (2 * 2 + (4 if FP8_PING_PONG[d] else 2)) * FP8_KEYS * d + 1024
 
 
 def fp8_kernel_name(d: int, softcap: float = 0.0) -> str:
