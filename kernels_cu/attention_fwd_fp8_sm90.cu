@@ -271,15 +271,25 @@ __device__ __forceinline__ void fa90f8_pv(float (&o)[D / 2], const unsigned (&pa
     pk_wgmma_wait<0>();
 }
 
-// SC: softcap (the _softcap kernels; softcap > 0).
-template <int D, bool SC>
+// SC: softcap (the _softcap kernels; softcap > 0). VARLEN (attention_fwd_varlen_sm90_d*_fp8, flash_attention_varlen):
+// sequences packed without padding, as attention_fwd_sm90.cu's VARLEN: the tensor maps have batch extent 1 over
+// (1, total rows, heads, D); sequence b is q rows cu_q[b]..cu_q[b+1] against k / v rows cu_k[b]..cu_k[b+1] (a
+// negative length counts as 0); grid (n_qt * n_heads, batch): query tile blockIdx.x / n_heads of head
+// blockIdx.x % n_heads (tiles past the sequence exit before any barrier); n_q / n_k are each sequence's; the TMA
+// row coordinates start at the sequence's first row (a box running past its end loads the next sequence's rows:
+// the key tile holding the sequence's last key is a masked tile, and query rows past the end are not stored), out /
+// lse rows at cu_q[b]; the descales are read at (b * n_kv_heads + kvh) * stride as in the dense kernel (FA3's
+// (batch, num_kv_heads) descales of flash_attn_varlen_func).
+template <int D, bool SC, bool VARLEN = false>
 __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                                __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                                                const float* __restrict__ q_descale,
                                                const float* __restrict__ k_descale,
                                                const float* __restrict__ v_descale, int qd_stride, int kd_stride,
                                                int vd_stride, int n_q, int n_k, int n_heads, int n_kv_heads,
-                                               float scale, int window_left, int window_right, float softcap) {
+                                               float scale, int window_left, int window_right, float softcap,
+                                               const int* __restrict__ cu_q = nullptr,
+                                               const int* __restrict__ cu_k = nullptr) {
     constexpr int BC = FA90F8_BC, ST = FA90F8_ST, NB = D / 64, VTS = FA90F8_VTS(D);
     constexpr bool PP = FA90F8_PP(D);
     constexpr unsigned Q_BYTES = FA90F8_BR * D, K_BYTES = BC * D, V_BYTES = BC * D;
@@ -292,8 +302,20 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right);
-    const int b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
+    int b, h, kvh, qt, q_row0 = 0, k_row0 = 0;  // q_row0 / k_row0: the sequence's first rows (VARLEN)
+    if constexpr (VARLEN) {
+        b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+        q_row0 = cu_q[b], n_q = max(cu_q[b + 1] - q_row0, 0);
+        k_row0 = cu_k[b], n_k = max(cu_k[b + 1] - k_row0, 0);
+        const int n_qt = (n_q + FA90F8_BR - 1) / FA90F8_BR, it = (int)(blockIdx.x / n_heads);
+        if (it >= n_qt) return;  // CTA-uniform, before any barrier
+        qt = window_right < n_q ? n_qt - 1 - it : it;  // causal: the longest query tiles first
+        kvh = h / (n_heads / n_kv_heads);
+    } else {
+        const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right);
+        b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
+    }
+    const int mb = VARLEN ? 0 : b;  // the tensor maps' batch coordinate
     const int q0 = qt * FA90F8_BR;
     const int q_last = min(q0 + FA90F8_BR, n_q) - 1;
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
@@ -308,15 +330,15 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90F8_BR * 64, tq, q_full, nb * 64, h, q0, b);
+            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90F8_BR * 64, tq, q_full, nb * 64, h, q_row0 + q0, mb);
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 64, tk, &full[s], nb * 64, kvh, j * BC, b);
-                    pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 64, tv, &full[s], nb * 64, kvh, j * BC, b);
+                    pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 64, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 64, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
                 }
             }
         }
@@ -428,16 +450,18 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     l[0] *= UNOFF, l[1] *= UNOFF;
     const float vd = v_descale[di * vd_stride] * UNOFF;
     const long long o_stride = (long long)n_heads * D;
+    // out / lse's first row of the sequence (VARLEN: read again here rather than kept live through the loops)
+    const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
     pk_attn_epilogue(  // m is in log2 units already
         l, m, 1.0f, vd, row0, n_q,
         [&](int r, int row, float inv) {
-            __nv_bfloat16* orow = out + ((long long)b * n_q + row) * o_stride + (long long)h * D;
+            __nv_bfloat16* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
 #pragma unroll
             for (int jj = 0; jj < D / 8; jj++)
                 *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
                     Pk16<__nv_bfloat16>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
         },
-        [&](int row) { return lse + ((long long)b * n_q + row) * n_heads + h; });
+        [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
 }
 
 // flash_attention with float8_e4m3fn q, k, v (bytes here): out (batch, n_q, n_heads, D) bf16, lse (batch, n_q,
@@ -485,3 +509,60 @@ extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
     float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(256, true, softcap) }
+
+// flash_attention_varlen with float8_e4m3fn q, k, v: q (total_q, n_heads, D), k / v (total_k, n_kv_heads, D) as
+// bytes, out (total_q, n_heads, D) bf16, lse (total_q, n_heads) f32, cu_q / cu_k int32 (batch + 1); descales as
+// the dense kernels' (b the sequence); grid (query tiles of the longest sequence * n_heads, batch) (see
+// fa90f8_forward's VARLEN). The _softcap kernels take the softcap (> 0) as one more, last, parameter.
+#define FA90F8_VARLEN_BODY(D, SC, CAP)                                                                            \
+    fa90f8_forward<D, SC, true>(&tq, &tk, &tv, out, lse, q_descale, k_descale, v_descale, qd_stride, kd_stride,   \
+                                vd_stride, 0, 0, n_heads, n_kv_heads, scale, window_left, window_right, CAP, cu_q,  \
+                                cu_k);
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d64_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {
+    FA90F8_VARLEN_BODY(64, false, 0.0f)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d64_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap) {
+    FA90F8_VARLEN_BODY(64, true, softcap)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d128_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {
+    FA90F8_VARLEN_BODY(128, false, 0.0f)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d128_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap) {
+    FA90F8_VARLEN_BODY(128, true, softcap)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d256_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {
+    FA90F8_VARLEN_BODY(256, false, 0.0f)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d256_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap) {
+    FA90F8_VARLEN_BODY(256, true, softcap)
+}
