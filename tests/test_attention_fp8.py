@@ -170,7 +170,11 @@ def _pp_mutant(tmp_path, monkeypatch, old: str, new: str) -> None:
     from pykern import launcher
     from sm90_mutants import write_mutant
 
-    write_mutant(tmp_path, monkeypatch, SRC, old, new, "fa90f8_mutant.cu", ("attention_fwd_sm90_d", "fa90f8_mutant_d"))
+    # the varlen kernels renamed first (into a folder off the kernel path), so no name is defined twice
+    (tmp_path / "src").mkdir()
+    src = tmp_path / "src" / SRC.name
+    src.write_text(SRC.read_text().replace("attention_fwd_varlen_sm90_d", "fa90f8_mutant_varlen_d"))
+    write_mutant(tmp_path, monkeypatch, src, old, new, "fa90f8_mutant.cu", ("attention_fwd_sm90_d", "fa90f8_mutant_d"))
     launch = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: launch(
         name.replace("attention_fwd_sm90_d", "fa90f8_mutant_d"), *a, **kw))
