@@ -540,3 +540,8 @@ def test_fp8_torch_varlen_forward_and_no_autograd() -> None:
     np.testing.assert_allclose(lse.t().numpy(), ref_lse, rtol=rtol, atol=atol)
     with pytest.raises(ArgumentError, match=r"requires_grad"):
         pt.flash_attention_varlen(tq.float().requires_grad_().to(torch.float8_e4m3fn), tk, tv, tcq, tck, 40, 50)
+    # the custom op's fake (shapes and dtypes for torch.compile) and its registration; opcheck's schema test cannot
+    # run on e4m3 tensors (torch has no CPU multiply for them)
+    torch.library.opcheck(torch.ops.pykern.flash_attention_varlen_fp8.default,
+                          (tq, tk, tv, tcq, tck, torch.from_numpy(qd), torch.from_numpy(kd), torch.from_numpy(vd),
+                           True, 0.125), test_utils=("test_faketensor", "test_autograd_registration"))
