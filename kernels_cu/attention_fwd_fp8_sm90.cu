@@ -330,7 +330,8 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90F8_BR * 64, tq, q_full, nb * 64, h, q_row0 + q0, mb);
+            for (int nb = 0; nb < NB; nb++)
+                pk_tma_load_4d(qs + nb * FA90F8_BR * 64, tq, q_full, nb * 64, h, q_row0 + q0, mb);
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
