@@ -26,9 +26,12 @@
 //               key columns in that order (fa90f8_key), which the sum over keys does not see.
 //   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3).
 // Steady state (d64 / d128): each step issues S of the next tile with O += P V^T of the previous one as one wgmma
-// group, the V^T of the next tile written while they run; at d256 (no registers for that) a tile at a time.
+// group, the V^T of the next tile written while they run; at d256 (no registers for that) a tile at a time. At d128
+// the two consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas),
+// the turn's hand-over doubling as the V^T barrier there.
 // Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (each
-// [rows][64] box one TMA load, 64B swizzle), V^T [2][BC/64][D][64] (64B swizzle), then the mbarriers.
+// [rows][64] box one TMA load, 64B swizzle), V^T [VTS][BC/64][D][64] (64B swizzle; FA90F8_VTS slots), then the
+// mbarriers.
 // Tensor maps (pykern/ops/_attention_sm90.py, try_forward_fp8): q (batch, n_q, n_heads, D), k / v (batch, n_k,
 // n_kv_heads, D) as uint8 with boxes (1, BR or BC, 1, 64), swizzle 64B; rows past n_q / n_k load as zeros.
 // Kernel names: attention_fwd_sm90_d{64,128,256}[_softcap]_fp8 (head_dim == head_dim_v; _softcap: scores c *
@@ -43,8 +46,22 @@
 #define FA90F8_ST 2
 #define FA90F8_THREADS 384
 #define FA90F8_BAR_VT 1  // named barrier of the two consumer warpgroups: the slot's V^T is written
+// PP(D): the steady-state loop ping-pongs the two consumer warpgroups (fa90f8_scores; attention_fwd_sm90.cu's
+// Fa90Cfg PP, FA3's warp scheduler barriers). On at d128, as the bf16 kernel. Its hand-over also publishes the
+// warpgroup's half of the tile's V^T (the V^T barrier leaves the hot loop), so V^T takes more slots there
+// (FA90F8_VTS): a warpgroup that has its turn for tile n + 2 knows the other issued tile n + 1's P V^T (of tile n),
+// not that it completed, so tile n + 2's transpose must not go to tile n's slot. Three would do; four (i % 4, one
+// LOP3 as i % 2) keep the d128 loop at its 381 instructions where three took 382 (the compare and select of the
+// wrap), at 16 KiB more shared memory (145 KiB).
+#define FA90F8_PP(D) ((D) == 128)
+#define FA90F8_VTS(D) (FA90F8_PP(D) ? 4 : FA90F8_ST)
+// Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
+// it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.
+#define FA90F8_BAR_PP 3
+static_assert(FA90F8_BAR_PP == 3, "fa90f8_pp_bar: FA90F8_BAR_PP + c == threadIdx.x / 128 + 2, the other's id ^ 7");
+__device__ __forceinline__ unsigned fa90f8_pp_bar() { return threadIdx.x / 128 + 2; }
 // Q + K + V + V^T + the mbarriers (pykern/ops/_attention_sm90.py: fp8_shared_bytes).
-#define FA90F8_SMEM_BYTES(D) (FA90F8_BR * (D) + 3 * FA90F8_ST * FA90F8_BC * (D) + 1024)
+#define FA90F8_SMEM_BYTES(D) (FA90F8_BR * (D) + (2 * FA90F8_ST + FA90F8_VTS(D)) * FA90F8_BC * (D) + 1024)
 
 // The key held at column c (0..31) of a 32-key k-step of P's A fragment: a[r] byte e of lane (g, t) is column
 // 4t + e + 16 (r >> 1) and holds the accumulator's key 8 (2 (r >> 1) + (e >> 1)) + 2t + (e & 1) (see the header).
@@ -209,7 +226,14 @@ __device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigne
 // transpose: both done). The barrier comes after the wait: past it, both warpgroups' P V^T of tile n - 1 have
 // completed, so the next tile may overwrite the V^T slot that tile n - 2's P V^T read (the two V^T slots alternate;
 // a P V^T of tile n - 2 still running in the other warpgroup would otherwise race with it).
-template <int D, bool PV>
+// PP (a steady step at d128, FA90F8_PP): no V^T barrier; the group is issued in this warpgroup's ping-pong turn
+// (bar.sync on its barrier: the other warpgroup arrived there after issuing its previous step and writing its half
+// of that step's V^T, i.e. tile n - 1's, which this group's P V^T reads), and the turn is handed over (bar.arrive on
+// the other's barrier) after this warpgroup's half of tile n's V^T is written and fenced, before the wait: the
+// other warpgroup issues while these wgmmas still run, and its softmax runs under them. The other warpgroup may
+// then still be running tile n's P V^T when this one transposes tile n + 2: V^T has 4 slots (FA90F8_VTS; 3 would
+// do: tile n + 3's transpose comes after a turn the other warpgroup handed over after its wait for tile n + 1's group).
+template <int D, bool PV, bool PP = false>
 __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC / 2], float (&o)[D / 2],
                                               const unsigned (&pa)[FA90F8_BC / 32][4], unsigned long long dq,
                                               unsigned long long dk, unsigned long long dvt_prev,
@@ -217,15 +241,23 @@ __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC / 2], float (
                                               unsigned long long* full, unsigned long long* empty, unsigned parity,
                                               int ct) {
     pk_mbarrier_wait_parity(full, parity);
+    const unsigned pp = fa90f8_pp_bar();
+    if constexpr (PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
     fa90f8_issue_scores<D>(s, dq, dk);
     if constexpr (PV) fa90f8_issue_pv<D>(o, pa, dvt_prev);
     pk_wgmma_commit();
     fa90f8_transpose_v<D>(vs_slot, vt_slot, ct);
     pk_fence_proxy_async_shared();  // the generic-proxy V^T writes before the async-proxy (wgmma) reads
-    if constexpr (PV) pk_wgmma_wait<0>();
-    pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
-    if constexpr (!PV) pk_wgmma_wait<0>();
+    if constexpr (PP) {
+        static_assert(PV, "the ping-pong runs in the steady steps");
+        pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn (and this half of the V^T), while these run
+        pk_wgmma_wait<0>();
+    } else {
+        if constexpr (PV) pk_wgmma_wait<0>();
+        pk_bar_sync_aligned(FA90F8_BAR_VT, 256);
+        if constexpr (!PV) pk_wgmma_wait<0>();
+    }
     pk_mbarrier_arrive(empty);
 }
 
@@ -239,28 +271,51 @@ __device__ __forceinline__ void fa90f8_pv(float (&o)[D / 2], const unsigned (&pa
     pk_wgmma_wait<0>();
 }
 
-// SC: softcap (the _softcap kernels; softcap > 0).
-template <int D, bool SC>
+// SC: softcap (the _softcap kernels; softcap > 0). VARLEN (attention_fwd_varlen_sm90_d*_fp8, flash_attention_varlen):
+// sequences packed without padding, as attention_fwd_sm90.cu's VARLEN: the tensor maps have batch extent 1 over
+// (1, total rows, heads, D); sequence b is q rows cu_q[b]..cu_q[b+1] against k / v rows cu_k[b]..cu_k[b+1] (a
+// negative length counts as 0); grid (n_qt * n_heads, batch): query tile blockIdx.x / n_heads of head
+// blockIdx.x % n_heads (tiles past the sequence exit before any barrier); n_q / n_k are each sequence's; the TMA
+// row coordinates start at the sequence's first row (a box running past its end loads the next sequence's rows:
+// the key tile holding the sequence's last key is a masked tile, and query rows past the end are not stored), out /
+// lse rows at cu_q[b]; the descales are read at (b * n_kv_heads + kvh) * stride as in the dense kernel (FA3's
+// (batch, num_kv_heads) descales of flash_attn_varlen_func).
+template <int D, bool SC, bool VARLEN = false>
 __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                                __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
                                                const float* __restrict__ q_descale,
                                                const float* __restrict__ k_descale,
                                                const float* __restrict__ v_descale, int qd_stride, int kd_stride,
                                                int vd_stride, int n_q, int n_k, int n_heads, int n_kv_heads,
-                                               float scale, int window_left, int window_right, float softcap) {
-    constexpr int BC = FA90F8_BC, ST = FA90F8_ST, NB = D / 64;
+                                               float scale, int window_left, int window_right, float softcap,
+                                               const int* __restrict__ cu_q = nullptr,
+                                               const int* __restrict__ cu_k = nullptr) {
+    constexpr int BC = FA90F8_BC, ST = FA90F8_ST, NB = D / 64, VTS = FA90F8_VTS(D);
+    constexpr bool PP = FA90F8_PP(D);
     constexpr unsigned Q_BYTES = FA90F8_BR * D, K_BYTES = BC * D, V_BYTES = BC * D;
     extern __shared__ __align__(1024) unsigned char fa90f8_smem[];
     unsigned char* qs = fa90f8_smem;
     unsigned char* ks = qs + Q_BYTES;       // [ST][NB][BC][64 B]
     unsigned char* vs = ks + ST * K_BYTES;  // [ST][NB][BC][64 B]
-    unsigned char* vt = vs + ST * V_BYTES;  // [ST][BC / 64][D][64 B]
-    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vt + ST * V_BYTES);
+    unsigned char* vt = vs + ST * V_BYTES;  // [VTS][BC / 64][D][64 B]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(vt + VTS * V_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right);
-    const int b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
+    int b, h, kvh, qt, q_row0 = 0, k_row0 = 0;  // q_row0 / k_row0: the sequence's first rows (VARLEN)
+    if constexpr (VARLEN) {
+        b = blockIdx.y, h = (int)(blockIdx.x % n_heads);
+        q_row0 = cu_q[b], n_q = max(cu_q[b + 1] - q_row0, 0);
+        k_row0 = cu_k[b], n_k = max(cu_k[b + 1] - k_row0, 0);
+        const int n_qt = (n_q + FA90F8_BR - 1) / FA90F8_BR, it = (int)(blockIdx.x / n_heads);
+        if (it >= n_qt) return;  // CTA-uniform, before any barrier
+        qt = window_right < n_q ? n_qt - 1 - it : it;  // causal: the longest query tiles first
+        kvh = h / (n_heads / n_kv_heads);
+    } else {
+        const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right);
+        b = tile.b, h = tile.h, kvh = tile.kvh, qt = tile.qt;
+    }
+    const int mb = VARLEN ? 0 : b;  // the tensor maps' batch coordinate
     const int q0 = qt * FA90F8_BR;
     const int q_last = min(q0 + FA90F8_BR, n_q) - 1;
     const PkAttnSpan span = pk_attn_q_span(q0, q_last, n_q, n_k, window_left, window_right);
@@ -275,15 +330,16 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
         pk_setmaxnreg_dec<24>();
         if (tid < 32 && pk_elect_one()) {
             pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(qs + nb * FA90F8_BR * 64, tq, q_full, nb * 64, h, q0, b);
+            for (int nb = 0; nb < NB; nb++)
+                pk_tma_load_4d(qs + nb * FA90F8_BR * 64, tq, q_full, nb * 64, h, q_row0 + q0, mb);
             int i = 0;
             for (int j = kt1 - 1; j >= kt0; j--, i++) {
                 const int s = i % ST;
                 pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
                 pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
-                    pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 64, tk, &full[s], nb * 64, kvh, j * BC, b);
-                    pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 64, tv, &full[s], nb * 64, kvh, j * BC, b);
+                    pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 64, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 64, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
                 }
             }
         }
@@ -338,16 +394,16 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     } else {
         float s[BC / 2];
         unsigned pa[BC / 32][4];
-        // A boundary tile: S and V^T, the mask and the exact softmax, O += P V^T.
+        // A boundary tile: S and V^T (V^T slot i % VTS), the mask and the exact softmax, O += P V^T.
         const auto masked_tile = [&]() {
-            const unsigned st = i % ST;
-            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES, &full[st],
-                                    &empty[st], (i / ST) & 1, ct);
+            const unsigned st = i % ST, vst = i % VTS;
+            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + vst * V_BYTES,
+                                    &full[st], &empty[st], (i / ST) & 1, ct);
             fa90_cap<SC, BC>(s, pre);  // before the mask, as the mma.sync kernels
             int rlo[2], rhi[2];      // the rows' key ranges here, not kept through the steady loop
             pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
             fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
-            fa90f8_pv<D>(o, pa, dvt0 + st * VU);
+            fa90f8_pv<D>(o, pa, dvt0 + vst * VU);
         };
         for (; j >= f1; j--, i++) masked_tile();
         if (j >= f0) {  // the steady state: no mask, the lazy softmax
@@ -358,18 +414,25 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
             // warpgroup.
             {
                 const unsigned st = i % ST;
-                fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES,
+                fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + (i % VTS) * V_BYTES,
                                         &full[st], &empty[st], (i / ST) & 1, ct);
                 fa90_cap<SC, BC>(s, pre);
                 fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
                 i++, j--;
             }
+            // PP: consumer 1 gives consumer 0 the first turn of the ping-pong where steps follow; consumer 0 takes
+            // consumer 1's last hand-over after them (which also publishes consumer 1's half of the last V^T), so
+            // both barriers are back at zero arrivals. Both warpgroups run the same steps: the turns pair up.
+            const bool steps = j >= f0;
+            if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);
             while (j >= f0) {
                 bool ok;
                 for (;;) {  // the hot loop
                     const unsigned st = i % ST;
-                    fa90f8_scores<D, true>(s, o, pa, dq, dk0 + st * KU, dvt0 + (st ^ 1) * VU, vs + st * V_BYTES,
-                                           vt + st * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
+                    // the V^T slots of the previous tile and of this one (VTS 2: the other slot and st)
+                    const unsigned vprev = (i - 1) % VTS, vn = i % VTS;
+                    fa90f8_scores<D, true, PP>(s, o, pa, dq, dk0 + st * KU, dvt0 + vprev * VU, vs + st * V_BYTES,
+                                               vt + vn * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
                     fa90_cap<SC, BC>(s, pre);
                     ok = fa90f8_softmax_lazy(s, m, l, pa, sl2);
                     i++, j--;
@@ -377,7 +440,8 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                 }
                 if (!ok) fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
             }
-            fa90f8_pv<D>(o, pa, dvt0 + ((i - 1) % ST) * VU);  // the last steady tile's O += P V^T
+            if (PP && c == 0 && steps) pk_bar_sync_aligned(FA90F8_BAR_PP, 256);
+            fa90f8_pv<D>(o, pa, dvt0 + ((i - 1) % VTS) * VU);  // the last steady tile's O += P V^T
         }
         for (; j >= kt0; j--, i++) masked_tile();
     }
@@ -387,16 +451,18 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     l[0] *= UNOFF, l[1] *= UNOFF;
     const float vd = v_descale[di * vd_stride] * UNOFF;
     const long long o_stride = (long long)n_heads * D;
+    // out / lse's first row of the sequence (VARLEN: read again here rather than kept live through the loops)
+    const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
     pk_attn_epilogue(  // m is in log2 units already
         l, m, 1.0f, vd, row0, n_q,
         [&](int r, int row, float inv) {
-            __nv_bfloat16* orow = out + ((long long)b * n_q + row) * o_stride + (long long)h * D;
+            __nv_bfloat16* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
 #pragma unroll
             for (int jj = 0; jj < D / 8; jj++)
                 *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
                     Pk16<__nv_bfloat16>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
         },
-        [&](int row) { return lse + ((long long)b * n_q + row) * n_heads + h; });
+        [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
 }
 
 // flash_attention with float8_e4m3fn q, k, v (bytes here): out (batch, n_q, n_heads, D) bf16, lse (batch, n_q,
@@ -444,3 +510,60 @@ extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_sm
     const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
     int qd_stride, int kd_stride, int vd_stride, int batch, int n_q, int n_k, int n_heads, int n_kv_heads,
     float scale, int window_left, int window_right, float softcap) { FA90F8_BODY(256, true, softcap) }
+
+// flash_attention_varlen with float8_e4m3fn q, k, v: q (total_q, n_heads, D), k / v (total_k, n_kv_heads, D) as
+// bytes, out (total_q, n_heads, D) bf16, lse (total_q, n_heads) f32, cu_q / cu_k int32 (batch + 1); descales as
+// the dense kernels' (b the sequence); grid (query tiles of the longest sequence * n_heads, batch) (see
+// fa90f8_forward's VARLEN). The _softcap kernels take the softcap (> 0) as one more, last, parameter.
+#define FA90F8_VARLEN_BODY(D, SC, CAP)                                                                            \
+    fa90f8_forward<D, SC, true>(&tq, &tk, &tv, out, lse, q_descale, k_descale, v_descale, qd_stride, kd_stride,   \
+                                vd_stride, 0, 0, n_heads, n_kv_heads, scale, window_left, window_right, CAP, cu_q,  \
+                                cu_k);
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d64_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {
+    FA90F8_VARLEN_BODY(64, false, 0.0f)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d64_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap) {
+    FA90F8_VARLEN_BODY(64, true, softcap)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d128_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {
+    FA90F8_VARLEN_BODY(128, false, 0.0f)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d128_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap) {
+    FA90F8_VARLEN_BODY(128, true, softcap)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d256_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right) {
+    FA90F8_VARLEN_BODY(256, false, 0.0f)
+}
+extern "C" __global__ void __launch_bounds__(FA90F8_THREADS, 1) attention_fwd_varlen_sm90_d256_softcap_fp8(
+    const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,
+    const __grid_constant__ CUtensorMap tv, __nv_bfloat16* __restrict__ out, float* __restrict__ lse,
+    const float* __restrict__ q_descale, const float* __restrict__ k_descale, const float* __restrict__ v_descale,
+    int qd_stride, int kd_stride, int vd_stride, const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+    int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap) {
+    FA90F8_VARLEN_BODY(256, true, softcap)
+}

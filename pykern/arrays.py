@@ -769,3 +769,34 @@ def dequantize_heads(a: Any, descale: Any, n_kv_heads: int, dtype: str = "bfloat
     raise ArgumentTypeError(f"cannot dequantize a {type(a).__name__}: fp8 inputs are NumPy (ml_dtypes) arrays or "
                             f"torch tensors")
 
+
+def dequantize_varlen(a: Any, descale: Any, cu_seqlens: Any, n_kv_heads: int, dtype: str = "bfloat16") -> Any:
+    """`a` (total, heads, d), packed sequences of an fp8 array (float8_e4m3fn; sequence b is rows cu_seqlens[b] ..
+    cu_seqlens[b + 1]), times its fp32 `descale` (one element, or (batch, n_kv_heads): rows of sequence b, head h
+    take descale[b, h // (heads // n_kv_heads)]), as `dtype`, in float32 by the array's own library on its own
+    device (a row's sequence by a search in cu_seqlens: no host trip)."""
+    if is_torch(a):
+        torch = sys.modules["torch"]
+        x = a.detach().to(torch.float32)
+        ds = descale.detach().to(device=x.device, dtype=torch.float32)
+        if ds.numel() == 1:
+            return (x * ds.reshape(())).to(getattr(torch, dtype))
+        cu = cu_seqlens.detach() if is_torch(cu_seqlens) else torch.as_tensor(np.asarray(cu_seqlens))
+        cu = cu.to(device=x.device, dtype=torch.int64)
+        seq = torch.searchsorted(cu[1:], torch.arange(x.shape[0], device=x.device), right=True)
+        seq = seq.clamp(max=ds.reshape(-1, n_kv_heads).shape[0] - 1)  # rows past cu_seqlens[-1] are never read
+        per = ds.reshape(-1, n_kv_heads).repeat_interleave(x.shape[1] // n_kv_heads, dim=1)[seq]
+        return (x * per[:, :, None]).to(getattr(torch, dtype))
+    if isinstance(a, np.ndarray):
+        x = a.astype(np.float32)
+        ds = np.asarray(descale, dtype=np.float32)
+        if ds.size == 1:
+            return (x * ds.reshape(())).astype(_resolve(dtype))
+        ds = ds.reshape(-1, n_kv_heads)
+        seq = np.searchsorted(np.asarray(cu_seqlens, np.int64)[1:], np.arange(x.shape[0]), side="right")
+        seq = np.minimum(seq, ds.shape[0] - 1)  # rows past cu_seqlens[-1] are never read
+        per = np.repeat(ds, x.shape[1] // n_kv_heads, axis=1)[seq]
+        return (x * per[:, :, None]).astype(_resolve(dtype))
+    raise ArgumentTypeError(f"cannot dequantize a {type(a).__name__}: fp8 inputs are NumPy (ml_dtypes) arrays or "
+                            f"torch tensors")
+

@@ -593,9 +593,12 @@ def _fav_ref(k: dict) -> Any:
 spec(Spec("flash_attention_varlen", ops.flash_attention_varlen,
           lambda r: dict(q=f32(r, 5, 2, 8), k=f32(r, 6, 1, 8), v=f32(r, 6, 1, 8),
                          cu_seqlens_q=np.array([0, 2, 5], np.int32), cu_seqlens_k=np.array([0, 3, 6], np.int32),
-                         causal=True, scale=None, window_size=(-1, -1), softcap=0.0, return_lse=False, **HOST),
+                         causal=True, scale=None, window_size=(-1, -1), softcap=0.0, return_lse=False,
+                         q_descale=None, k_descale=None, v_descale=None, **HOST),
+          # the descales (FP8 q, k, v only): any value given with this float32 call is an error naming it
           {"q": FARRAY, "k": FARRAY, "v": FARRAY, "cu_seqlens_q": PTABLE, "cu_seqlens_k": PTABLE, "causal": BOOL,
-           "scale": FLOAT, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL, **COMMON},
+           "scale": FLOAT, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL, "q_descale": FLOAT,
+           "k_descale": FLOAT, "v_descale": FLOAT, **COMMON},
           ref=_fav_ref, kind_of="q"))
 
 def _favb_build(r: np.random.Generator) -> dict:
@@ -1560,10 +1563,12 @@ def torch_specs() -> dict[str, Spec]:
           lambda r: dict(q=f16(r, 5, 2, 8), k=f16(r, 6, 1, 8), v=f16(r, 6, 1, 8),
                          cu_seqlens_q=np.array([0, 2, 5], np.int32), cu_seqlens_k=np.array([0, 3, 6], np.int32),
                          max_seqlen_q=3, max_seqlen_k=3, dropout_p=0.0, softmax_scale=None, causal=True,
-                         window_size=(-1, -1), softcap=0.0, return_lse=False),
+                         window_size=(-1, -1), softcap=0.0, return_lse=False, q_descale=None, k_descale=None,
+                         v_descale=None),
           {"q": FARRAY, "k": FARRAY, "v": FARRAY, "cu_seqlens_q": PTABLE, "cu_seqlens_k": PTABLE,
            "max_seqlen_q": LENGTH, "max_seqlen_k": LENGTH, "dropout_p": FLOAT, "softmax_scale": FLOAT,
-           "causal": BOOL, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL},
+           "causal": BOOL, "window_size": INT, "softcap": FLOAT, "return_lse": BOOL, "q_descale": FLOAT,
+           "k_descale": FLOAT, "v_descale": FLOAT},
           fav_ref, "flash_attention_varlen", "q")
     return out
 

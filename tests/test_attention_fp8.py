@@ -12,6 +12,9 @@ the argument before any launch; pykern.torch.flash_attention takes fp8 tensors a
 """
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import ml_dtypes
 import numpy as np
 import pytest
@@ -131,6 +134,65 @@ def test_fp8_forward_sm90_same_bits_under_other_schedules(schedule, monkeypatch)
     np.testing.assert_array_equal(lse0, lse1)
 
 
+# ---- the d128 ping-pong (FA90F8_PP): the two consumer warpgroups take turns issuing their steady steps' wgmmas,
+# the hand-over publishing the warpgroup's half of the tile's V^T (4 V^T slots there). Five full key tiles: the
+# first peeled off, four steps of the ping-pong loop (the V^T slots wrap).
+PP_SHAPE = (1, 130, 640, 2, 1, 128, False, True)
+
+
+def _pp_run(seed: int = 10):
+    b, n_q, n_k, h, n_kv, d, causal, per_head = PP_SHAPE
+    q8, k8, v8, qd, kd, vd = fp8_inputs(seed, b, n_q, n_k, h, n_kv, d, per_head)
+    out, lse = ops.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
+                                   return_lse=True, backend="host")
+    return out, lse, (q8, k8, v8, qd, kd, vd, n_kv, causal)
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_ping_pong_steps_match_float64_under_every_schedule(monkeypatch) -> None:
+    names = _record(monkeypatch)
+    out0, lse0, args = _pp_run()
+    assert names == [sm90.fp8_kernel_name(128)] and sm90.FP8_PING_PONG[128]
+    check(out0, lse0, *args)
+    for schedule in ("reverse", "random:3", "random:11"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        out1, lse1, _ = _pp_run()
+        np.testing.assert_array_equal(out0.view(np.uint16), out1.view(np.uint16), err_msg=schedule)
+        np.testing.assert_array_equal(lse0, lse1, err_msg=schedule)
+
+
+SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_fp8_sm90.cu"
+_OPENING = "            if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);\n"
+
+
+def _pp_mutant(tmp_path, monkeypatch, old: str, new: str) -> None:
+    """The FP8 source with old replaced and its kernels renamed fa90f8_mutant_d*; the op launches the mutant's."""
+    from pykern import launcher
+    from sm90_mutants import write_mutant
+
+    # the varlen kernels renamed first (into a folder off the kernel path), so no name is defined twice
+    (tmp_path / "src").mkdir()
+    src = tmp_path / "src" / SRC.name
+    src.write_text(SRC.read_text().replace("attention_fwd_varlen_sm90_d", "fa90f8_mutant_varlen_d"))
+    write_mutant(tmp_path, monkeypatch, src, old, new, "fa90f8_mutant.cu", ("attention_fwd_sm90_d", "fa90f8_mutant_d"))
+    launch = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: launch(
+        name.replace("attention_fwd_sm90_d", "fa90f8_mutant_d"), *a, **kw))
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_ping_pong_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
+    # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3, consumer 1 on 4,
+    # forever (a hang on the GPU); the host names both barriers and their arrivals.
+    from pykern.errors import KernelExecutionError
+
+    _pp_mutant(tmp_path, monkeypatch, _OPENING, "")
+    with pytest.raises(KernelExecutionError, match=(
+            r"kernel fa90f8_mutant_d128_fp8: block \(\d+,0,0\): .*128 of 256 threads arrived at named barrier 3 "
+            r"\(first at .*fa90f8_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
+        _pp_run()
+
+
 @pytest.mark.usefixtures("sm90_host")
 def test_fp8_descales_fold_into_the_result(monkeypatch) -> None:
     """Descales of 1 against per-tensor ones: out scales with v_descale, the softmax with q_descale * k_descale."""
@@ -200,7 +262,10 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
 # softmax, the mask only on boundary tiles, S of the next tile issued with P V^T of the previous one) 3.0 / 1.488:
 # pinned there so neither grows. d256 runs a tile at a time (its transpose loop is not flat: no steady loop).
 # The _softcap kernels add an FMUL and a tanh.approx (MUFU) a score, 128 instructions a tile: 4.0 / 2.008.
-FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (64, 1.0): 4.0, (128, 1.0): 2.008}
+# d128 ping-pongs its consumer warpgroups (FA90F8_PP): the turn's BAR.SYNC and BAR.ARV replace the V^T barrier's
+# BAR.SYNC; the plain loop stays at 381 instructions (1.488), the _softcap one takes 518 (2.023, from 514): the
+# BAR.ARV and 3 register moves (the two barrier ids live through its tanh-heavier loop).
+FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (64, 1.0): 4.0, (128, 1.0): 2.023}
 
 
 @pytest.fixture(scope="module")
@@ -220,7 +285,45 @@ def test_fp8_steady_loop_is_pipelined(d, cap, fp8_sass) -> None:
     # S (128 keys x d) and P V^T (d x 128 keys) of one tile a warp: 2 * 128 * d / 128 m16n8k16-equivalents
     assert loop["mma"] == 2 * d
     assert loop["per_mma"] <= FP8_LOOP_BAR[d, cap], loop
-    assert loop["bar"] == 1 and loop["ldsm"] == 0 and loop["ldgsts"] == 0  # the V^T barrier only
+    # the V^T barrier only; at d128 (ping-pong) the turn's BAR.SYNC and BAR.ARV instead (test below)
+    assert loop["bar"] == (2 if sm90.FP8_PING_PONG[d] else 1) and loop["ldsm"] == 0 and loop["ldgsts"] == 0
+
+
+_INSN = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);")
+
+
+@pytest.mark.parametrize("d,cap", sorted(FP8_LOOP_BAR))
+def test_fp8_steady_loop_ping_pongs_at_d128(d, cap, fp8_sass) -> None:
+    # FA3's warp scheduler barriers, as the bf16 d128 kernel: each step's QGMMA group is issued between a BAR.SYNC
+    # on this warpgroup's named barrier (id in a register: 3 or 4) and a BAR.ARV on the other's, both over the two
+    # consumer warpgroups (256 threads = 0x100); no QGMMA of the loop lies outside a turn, and the V^T barrier
+    # (BAR.SYNC 0x1) is out of the loop. Consumer 1 opens the game once outside it (BAR.ARV 0x3, 0x100). d64
+    # keeps its V^T barrier in the loop and has no turns.
+    _, text, loops = fp8_sass
+    name = sm90.fp8_kernel_name(d, cap)
+    body = text.split(f"Function : {name}\n", 1)[1].split("Function :", 1)[0]
+    lo, hi = int(loops[name]["start"], 16), int(loops[name]["end"], 16)
+    insns = [m[2].strip() for m in _INSN.finditer(body) if lo <= int(m[1], 16) <= hi]
+    sync = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? R\d+, 0x100$")
+    arv = re.compile(r"BAR\.ARV R\d+, 0x100$")
+    vt = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? 0x1, 0x100$")
+    if not sm90.FP8_PING_PONG[d]:
+        assert sum(bool(vt.match(i)) for i in insns) == 1 and "BAR.ARV" not in body
+        assert not any(sync.match(i) for i in insns)
+        return
+    assert not any(vt.match(i) for i in insns)
+    assert sum(bool(sync.match(i)) for i in insns) == 1 and sum(bool(arv.match(i)) for i in insns) == 1
+    inside, group, outside = False, 0, 0
+    for i in insns:
+        if sync.match(i):
+            inside = True
+        elif arv.match(i):
+            assert inside and group == 8, group  # S's 4 k-steps and P V^T's 4
+            inside = False
+        elif i.startswith("QGMMA"):
+            group, outside = group + inside, outside + (not inside)
+    assert outside == 0 and not inside
+    assert len(re.findall(r"BAR\.ARV 0x3, 0x100\s*;", body)) == 1
 
 
 @pytest.mark.parametrize("cap", [0.0, 1.0])
@@ -281,3 +384,164 @@ def test_fp8_torch_forward_takes_softcap() -> None:
     err = rel_rms(out.float().numpy(), ref)
     assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
     assert rel_rms(np_flash_attention(*deq, True, sc, (30, 0))[0], ref) > 10 * err  # the cap was applied
+
+
+# ---- FP8 varlen (flash_attention_varlen with e4m3 q, k, v: FA3's flash_attn_varlen_func(q_descale=...)) ----------
+def fp8_varlen_inputs(seed: int, lens_q: list[int], lens_k: list[int], h: int, n_kv: int, d: int, per_head: bool):
+    """Packed e4m3 q (total_q, h, d), k, v (total_k, n_kv, d), cu_seqlens, and descales per tensor (shape (1,)) or
+    per (sequence, kv head) (amax / 448 over that sequence's rows of the kv head's group), as FP8 callers make
+    them; sequences of different ranges, so a descale applied to the wrong sequence shows."""
+    rng = np.random.default_rng(seed)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    parts = {n: [] for n in "qkv"}
+    for lq, lk in zip(lens_q, lens_k):
+        for name, rows, heads in (("q", lq, h), ("k", lk, n_kv), ("v", lk, n_kv)):
+            x = rng.standard_normal((1, rows, heads, d)).astype(np.float32)
+            x *= rng.uniform(0.5, 2.0, (1, 1, heads, 1)).astype(np.float32)
+            parts[name].append(x)
+    out = []
+    for name, heads in (("q", h), ("k", n_kv), ("v", n_kv)):
+        if per_head:  # quantize each sequence with its own (1, n_kv) descales
+            pairs = [quantize(x, n_kv, True) if x.shape[1] else (x.astype(E4M3), np.ones((1, n_kv), np.float32))
+                     for x in parts[name]]
+            x8 = np.concatenate([p[0][0] for p in pairs])
+            ds = np.concatenate([p[1] for p in pairs]).astype(np.float32)
+        else:
+            x8, ds = quantize(np.concatenate(parts[name], axis=1), n_kv, False)
+            x8 = x8[0]
+        out += [x8, ds]
+    q8, qd, k8, kd, v8, vd = out
+    return q8, k8, v8, qd, kd, vd, cq, ck
+
+
+def varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, n_kv, causal, window=(-1, -1), sc=None, cap=0.0):
+    """float64 attention of each sequence on its dequantized rows: (out (total_q, h, d), lse (total_q, h))."""
+    outs, lses = [], []
+    for b in range(cq.size - 1):
+        sel = (lambda ds: ds[b:b + 1]) if qd.size > 1 else (lambda ds: ds)
+        x = [dequantized(a[None, lo:hi], sel(ds), n_kv) for a, ds, lo, hi in
+             ((q8, qd, cq[b], cq[b + 1]), (k8, kd, ck[b], ck[b + 1]), (v8, vd, ck[b], ck[b + 1]))]
+        o, l_ = np_flash_attention(*x, causal, sc, window, cap) if cap else np_flash_attention(*x, causal, sc, window)
+        outs.append(o[0])
+        lses.append(l_[0])
+    return np.concatenate(outs), np.concatenate(lses)
+
+
+def check_varlen(out, lse, ref, ref_lse) -> float:
+    assert np.asarray(out).dtype == ml_dtypes.bfloat16
+    err = rel_rms(out, ref)
+    assert err <= tolerance("flash_attention_rel_rms", "fp8")[1], err
+    empty = np.isneginf(ref_lse)
+    np.testing.assert_array_equal(np.isneginf(lse), empty)
+    assert not np.asarray(out).astype(np.float32)[empty].any()
+    atol, rtol = tolerance("flash_attention", "bf16")
+    fin = ~empty
+    assert np.all(np.abs(lse[fin] - ref_lse[fin]) <= atol + rtol * np.abs(ref_lse[fin]))
+    return err
+
+
+VARLEN_SHAPES = [
+    # (query lengths, key lengths, heads, kv_heads, head_dim, causal, per-(sequence, kv head) descales)
+    ([70, 200, 1], [150, 300, 5], 4, 2, 64, True, True),      # a one-query sequence; n_q < n_k
+    ([130, 0, 90], [130, 40, 300], 2, 1, 128, False, True),   # an empty query sequence; full tiles (ping-pong)
+    ([200, 60], [70, 60], 2, 2, 128, True, False),            # n_q > n_k: rows that see no key; per tensor
+    ([50, 80], [100, 200], 2, 1, 256, True, True),            # d256
+]
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("shape", VARLEN_SHAPES, ids=lambda s: "q{}-k{}-h{}/{}-d{}-{}-{}".format(
+    "_".join(map(str, s[0])), "_".join(map(str, s[1])), *s[2:5], "causal" if s[5] else "full",
+    "head" if s[6] else "tensor"))
+def test_fp8_varlen_sm90_vs_float64(shape, monkeypatch) -> None:
+    lens_q, lens_k, h, n_kv, d, causal, per_head = shape
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(20, lens_q, lens_k, h, n_kv, d, per_head)
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention_varlen(q8, k8, v8, cq, ck, causal=causal, q_descale=qd, k_descale=kd,
+                                          v_descale=vd, return_lse=True, backend="host")
+    assert names == [sm90.fp8_varlen_kernel_name(d)] == [f"attention_fwd_varlen_sm90_d{d}_fp8"]
+    check_varlen(out, lse, *varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, n_kv, causal))
+
+
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_varlen_softcap_and_window(monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(21, [150, 40], [300, 90], 4, 2, 128, True)
+    names = _record(monkeypatch)
+    sc, cap = 4.0 / np.sqrt(128), 6.0  # scores up to about 16-20: c = 6 changes the result
+    out, lse = ops.flash_attention_varlen(q8, k8, v8, cq, ck, window_size=(90, 30), softcap=cap, scale=sc,
+                                          q_descale=qd, k_descale=kd, v_descale=vd, return_lse=True, backend="host")
+    assert names == [sm90.fp8_varlen_kernel_name(128, cap)] == ["attention_fwd_varlen_sm90_d128_softcap_fp8"]
+    ref, ref_lse = varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, 2, False, (90, 30), sc, cap)
+    err = check_varlen(out, lse, ref, ref_lse)
+    nocap = varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, 2, False, (90, 30), sc)[0]
+    assert rel_rms(nocap, ref) > 10 * err  # the cap is visible: the kernel applied it
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("schedule", ["reverse", "random:5"])
+def test_fp8_varlen_same_bits_under_other_schedules(schedule, monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(22, [129, 60], [520, 200], 2, 1, 128, True)
+    run = lambda: ops.flash_attention_varlen(q8, k8, v8, cq, ck, causal=True, q_descale=qd,  # noqa: E731
+                                             k_descale=kd, v_descale=vd, return_lse=True, backend="host")
+    out0, lse0 = run()
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    out1, lse1 = run()
+    np.testing.assert_array_equal(out0.view(np.uint16), out1.view(np.uint16))
+    np.testing.assert_array_equal(lse0, lse1)
+
+
+@pytest.mark.parametrize("where", ["host-sm80", "host-sm90-off"])
+def test_fp8_varlen_elsewhere_dequantizes_to_bf16(where, monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(23, [70, 30], [90, 50], 4, 2, 64, True)
+    monkeypatch.setenv("PYKERN_HOST_ARCH", "" if where == "host-sm80" else "sm_90a")
+    monkeypatch.setenv("PYKERN_SM90", "0" if where == "host-sm90-off" else "1")
+    names = _record(monkeypatch)
+    out, lse = ops.flash_attention_varlen(q8, k8, v8, cq, ck, causal=True, q_descale=qd, k_descale=kd,
+                                          v_descale=vd, return_lse=True, backend="host")
+    assert names and not any("fp8" in n for n in names)
+    check_varlen(out, lse, *varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, 2, True))
+
+
+def test_fp8_varlen_errors_name_the_argument_before_any_launch(monkeypatch) -> None:
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(24, [5, 3], [4, 6], 4, 2, 64, True)
+    names = _record(monkeypatch)
+    bf = ml_dtypes.bfloat16
+    call = lambda q=q8, k=k8, v=v8, **kw: ops.flash_attention_varlen(q, k, v, cq, ck, backend="host", **kw)  # noqa
+    with pytest.raises(ArgumentTypeError, match=r"^k: expected dtype float8_e4m3fn \(as q\), got bfloat16"):
+        call(k=k8.astype(bf))
+    with pytest.raises(ArgumentTypeError, match=r"^v_descale: expected it with float8_e4m3fn q, k and v .*got q of "
+                                                r"dtype bfloat16"):
+        call(q=q8.astype(bf), k=k8.astype(bf), v=v8.astype(bf), v_descale=vd)
+    # per (sequence, kv head): 2 sequences of 2 kv heads
+    with pytest.raises(ArgumentError, match=r"^q_descale: expected shape \(\) or \(1,\).*\(2, 2\), got \(3, 2\)"):
+        call(q_descale=np.ones((3, 2), np.float32))
+    with pytest.raises(ArgumentTypeError, match=r"^k_descale: expected dtype float32, got float64"):
+        call(k_descale=kd.astype(np.float64))
+    with pytest.raises(ArgumentError, match=r"^cu_seqlens_q: "):
+        ops.flash_attention_varlen(q8, k8, v8, np.array([0, 5, 9], np.int32), ck, q_descale=qd, backend="host")
+    assert names == []
+
+
+def test_fp8_torch_varlen_forward_and_no_autograd() -> None:
+    torch = pytest.importorskip("torch")
+    import pykern.torch as pt
+
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(25, [40, 7], [50, 30], 2, 1, 64, True)
+    tq, tk, tv = (torch.from_numpy(x.view(np.uint8)).view(torch.float8_e4m3fn) for x in (q8, k8, v8))
+    tcq, tck = torch.from_numpy(cq), torch.from_numpy(ck)
+    out, lse = pt.flash_attention_varlen(tq, tk, tv, tcq, tck, 40, 50, causal=True, return_lse=True,
+                                         q_descale=torch.from_numpy(qd), k_descale=torch.from_numpy(kd),
+                                         v_descale=torch.from_numpy(vd))
+    assert out.dtype == torch.bfloat16 and out.shape == (47, 2, 64) and lse.shape == (2, 47)  # flash-attn's lse
+    ref, ref_lse = varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, 1, True)
+    assert rel_rms(out.float().numpy(), ref) <= tolerance("flash_attention_rel_rms", "fp8")[1]
+    atol, rtol = tolerance("flash_attention", "bf16")  # here (no sm_90a) the bf16 path on dequantized inputs
+    np.testing.assert_allclose(lse.t().numpy(), ref_lse, rtol=rtol, atol=atol)
+    with pytest.raises(ArgumentError, match=r"requires_grad"):
+        pt.flash_attention_varlen(tq.float().requires_grad_().to(torch.float8_e4m3fn), tk, tv, tcq, tck, 40, 50)
+    # the custom op's fake (shapes and dtypes for torch.compile) and its registration; opcheck's schema test cannot
+    # run on e4m3 tensors (torch has no CPU multiply for them)
+    torch.library.opcheck(torch.ops.pykern.flash_attention_varlen_fp8.default,
+                          (tq, tk, tv, tcq, tck, torch.from_numpy(qd), torch.from_numpy(kd), torch.from_numpy(vd),
+                           True, 0.125), test_utils=("test_faketensor", "test_autograd_registration"))

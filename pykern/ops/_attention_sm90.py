@@ -156,13 +156,15 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
 
 # ---- FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu) ------------------------------------------
 FP8_HEAD_DIMS = (64, 128, 256)  # head_dim == head_dim_v
-FP8_KEYS = 128  # FA90F8_BC: keys per tile (a 2-slot ring of K, V and the transposed V)
+FP8_KEYS = 128  # FA90F8_BC: keys per tile (a 2-slot ring of K and V, 2 or 4 slots of the transposed V)
+# FA90F8_PP: head dims whose steady loop ping-pongs the two consumer warpgroups (their V^T takes 4 slots)
+FP8_PING_PONG = {64: False, 128: True, 256: False}
 
 
 def fp8_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K / V / V^T ring of 2
-    slots (one byte an element), the mbarriers."""
-    return ROWS * d + 3 * 2 * FP8_KEYS * d + 1024
+    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K / V ring of 2 slots, the
+    V^T slots (4 where the loop ping-pongs, else 2; one byte an element), the mbarriers."""
+    return ROWS * d + (2 * 2 + (4 if FP8_PING_PONG[d] else 2)) * FP8_KEYS * d + 1024
 
 
 def fp8_kernel_name(d: int, softcap: float = 0.0) -> str:
@@ -198,6 +200,49 @@ def try_forward_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, descales: tuple[
            qs, ks, vs, batch, n_q, n_k, n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=fp8_shared_bytes(d),
            stream=stream, backend=backend)
     return True
+
+def fp8_varlen_kernel_name(d: int, softcap: float = 0.0) -> str:
+    """attention_fwd_varlen_sm90_d{d}[_softcap]_fp8 (the _softcap kernels when softcap > 0)."""
+    return f"attention_fwd_varlen_sm90_d{d}{'_softcap' if softcap > 0.0 else ''}_fp8"
+
+
+def try_varlen_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
+                   descales: tuple[tuple[Any, int], ...], dims: tuple[int, int, int, int, int], scale: float,
+                   softcap: float, wl: int, wr: int, stream: Any, backend: str | None) -> bool:
+    """flash_attention_varlen with float8_e4m3fn q, k, v: run attention_fwd_varlen_sm90_d{D}[_softcap]_fp8
+    (`fp8_varlen_kernel_name`) when head_dim in FP8_HEAD_DIMS, `usable` and the packed arrays suit TMA, else False
+    (nothing launched). q (total_q, heads, D), k / v (total_k, kv_heads, D) contiguous e4m3, out (total_q, heads,
+    D) bf16 / lse (total_q, heads) f32 flat; cu_q / cu_k int32 (batch + 1,); descales as try_forward_fp8's (b the
+    sequence); dims (batch, max_q, heads, kv_heads, D), max_q the longest sequence's queries (the grid's query
+    tiles); (wl, wr) normalized per sequence (serving ops)."""
+    from .. import arrays
+    from ..launcher import launch
+    from ..tensormap import make_tensor_map
+
+    batch, max_q, n_heads, n_kv_heads, d = dims
+    if d not in FP8_HEAD_DIMS or not usable(d, d, 0.0, 1.0, q, backend, k, v):
+        return False
+    n_qt = -(-max_q // ROWS)
+    if n_qt * n_heads >= 2**31:
+        return False
+    name = get_backend(backend).name
+    total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
+    try:  # the packed bytes as one batch of total rows: the kernel adds each sequence's first row
+        tq = make_tensor_map(arrays.view_uint8(q).reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "64B",
+                             backend=name)
+        tk = make_tensor_map(arrays.view_uint8(k).reshape((1, total_k, n_kv_heads, d)), (1, FP8_KEYS, 1, 64), "64B",
+                             backend=name)
+        tv = make_tensor_map(arrays.view_uint8(v).reshape((1, total_k, n_kv_heads, d)), (1, FP8_KEYS, 1, 64), "64B",
+                             backend=name)
+    except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the bf16 path takes it
+        return False
+    (qd, qs), (kd, ks), (vd, vs) = descales
+    cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
+    launch(fp8_varlen_kernel_name(d, softcap), (n_qt * n_heads, batch, 1), (THREADS,), tq, tk, tv, out, lse, qd, kd,
+           vd, qs, ks, vs, cu_q, cu_k, n_heads, n_kv_heads, float(scale), wl, wr, *cap,
+           shared_mem=fp8_shared_bytes(d), stream=stream, backend=backend)
+    return True
+
 
 def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
                dims: tuple[int, int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int,

@@ -32,6 +32,7 @@ from ._attention_sm90 import (
     try_forward as _sm90_forward,
     try_forward_fp8 as _sm90_forward_fp8,
     try_varlen as _sm90_varlen,
+    try_varlen_fp8 as _sm90_varlen_fp8,
     try_varlen_backward as _sm90_varlen_backward,
     try_varlen_backward_fused as _sm90_varlen_backward_fused,
 )
@@ -308,14 +309,7 @@ def _descale(name: str, x: Any, q: Any, batch: int, n_kv_heads: int) -> tuple[An
 def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap, return_lse, out, tensor_cores,
                          stream, backend):
     """flash_attention with float8_e4m3fn q, k, v (its docstring): the sm_90a FP8 kernel, else bf16."""
-    dt = arrays.dtype_name(q, "q")
-    if dt != _FP8:  # a descale with a q of another dtype: the descale is the odd one out
-        name = next(nm for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales) if x is not None)
-        raise ArgumentTypeError(f"{name}: expected it with {_FP8} q, k and v (FP8 attention), got q of dtype {dt}")
-    for name, a in (("k", k), ("v", v)):
-        dt = arrays.dtype_name(a, name)
-        if dt != _FP8:
-            raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (as q), got {dt}")
+    _check_fp8_dtypes(q, k, v, descales)
     batch, n_q, n_heads, head_dim, n_k, n_kv_heads, vs = _qkv_shapes(q, k, v)
     if n_kv_heads < 1 or n_heads % n_kv_heads:
         raise ArgumentError(f"k: n_kv_heads must divide n_heads={n_heads}, got {n_kv_heads}")
@@ -346,6 +340,65 @@ def _flash_attention_fp8(q, k, v, descales, causal, scale, window_size, softcap,
                            return_lse=return_lse, out=out, tensor_cores=tensor_cores, stream=stream, backend=backend)
 
 
+def _check_fp8_dtypes(q: Any, k: Any, v: Any, descales: tuple[Any, Any, Any]) -> None:
+    """q, k and v all float8_e4m3fn (the error names the odd one; a descale with a q of another dtype names it)."""
+    dt = arrays.dtype_name(q, "q")
+    if dt != _FP8:  # a descale with a q of another dtype: the descale is the odd one out
+        name = next(nm for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales) if x is not None)
+        raise ArgumentTypeError(f"{name}: expected it with {_FP8} q, k and v (FP8 attention), got q of dtype {dt}")
+    for name, a in (("k", k), ("v", v)):
+        dt = arrays.dtype_name(a, name)
+        if dt != _FP8:
+            raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (as q), got {dt}")
+
+
+def _flash_attention_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, causal, scale, window_size, softcap,
+                                return_lse, stream, backend):
+    """flash_attention_varlen with float8_e4m3fn q, k, v (its docstring): the sm_90a FP8 varlen kernel, else the
+    bf16 path on the dequantized inputs."""
+    from ._common import attention_scale as _scale, index_array as _index
+    from ._prefill import check_indptr as _check_indptr, prefill_out as _prefill_out
+
+    _check_fp8_dtypes(q, k, v, descales)
+    ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
+    vs = arrays.check_ndim("v", v, (3,), "(total_k, num_kv_heads, head_dim_v)")
+    qs = arrays.check_ndim("q", q, (3,), "(total_q, num_heads, head_dim)")
+    if vs[:2] != ks[:2]:
+        raise ArgumentError(f"v: expected shape (total_k, num_kv_heads, head_dim_v) = ({ks[0]}, {ks[1]}, head_dim_v) "
+                            f"(from k), got {vs}")
+    total_k, kvh, d = ks
+    total_q, h, d_q = qs
+    if d_q != d:
+        raise ArgumentError(f"q: expected shape (total_q, num_heads, {d}) (head_dim {d} from the K/V), got {qs}")
+    if kvh < 1 or h < 1 or h % kvh:
+        raise ArgumentError(f"q: expected num_heads a multiple of num_kv_heads={kvh}, got {h}")
+    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
+    batch = arrays.shape_of(cq)[0] - 1
+    if batch < 1:
+        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
+    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
+    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
+    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
+    ds = tuple(_descale(nm, x, q, batch, kvh) for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales))
+    sc = _scale(scale, d)
+    left, right = _check_window_size(window_size)
+    cap = _check_softcap(softcap)
+    if total_q and d == vs[2] and batch <= _GRID_YZ_MAX:
+        wl, wr = _normalize_serving(left, right, bool(causal))
+        max_qo = int(np.diff(hq.astype(np.int64)).max()) if hq is not None else total_q
+        q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
+        out, lse = _prefill_out(total_q, h, d, "bf16", q, hq is not None)
+        if _sm90_varlen_fp8(q, k, v, arrays.flat_view(out), arrays.flat_view(lse), cq, ck, ds,
+                            (batch, max_qo, h, kvh, d), sc, cap, wl, wr, arrays.launch_stream(stream, q), backend):
+            return (out, lse) if return_lse else out
+    # Elsewhere: dequantize to bf16 (one rounding of x * its sequence's descale) and run the bf16 path.
+    qb = arrays.dequantize_varlen(q, ds[0][0], cq, kvh)
+    kb, vb = (arrays.dequantize_varlen(a, dd, ck, kvh) for a, (dd, _) in zip((k, v), ds[1:]))
+    return flash_attention_varlen(qb, kb, vb, cu_seqlens_q, cu_seqlens_k, causal=causal, scale=scale,
+                                  window_size=window_size, softcap=softcap, return_lse=return_lse, stream=stream,
+                                  backend=backend)
+
+
 def _fill(a: Any, value: float, stream: Any = None) -> None:
     if isinstance(a, np.ndarray):
         a.fill(value)
@@ -373,6 +426,9 @@ def flash_attention_varlen(
     return_lse: bool = False,
     stream: Any = None,
     backend: str | None = None,
+    q_descale: Any = None,
+    k_descale: Any = None,
+    v_descale: Any = None,
 ) -> Any:
     """flash-attn's varlen attention: sequences packed without padding.
 
@@ -389,7 +445,17 @@ def flash_attention_varlen(
     with or without softcap; else the FlashAttention-2 core at head_dim == head_dim_v in 64 / 128; else the tile
     kernel dense_attn, which reads K and V at one head_dim: there a head_dim_v < head_dim runs on a copy of v
     padded with zero columns up to head_dim, and out is sliced back to head_dim_v (one more copy of v and of out).
+
+    FP8 (FlashAttention-3's flash_attn_varlen_func(q_descale=...)): float8_e4m3fn q, k, v with descales as
+    `flash_attention`'s (None, a float, or float32 of shape () / (1,) per tensor or (batch, num_kv_heads), batch the
+    number of sequences) give a bf16 out: on sm_90a at head_dim == head_dim_v in 64 / 128 / 256 the FP8 kernel
+    attention_fwd_varlen_sm90_d{D}[_softcap]_fp8, elsewhere q, k, v dequantized to bf16 (each row times its
+    sequence's descale, one rounding) for the bf16 path.
     """
+    if (arrays.dtype_name(q, "q") == _FP8
+            or any(x is not None for x in (q_descale, k_descale, v_descale))):
+        return _flash_attention_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, (q_descale, k_descale, v_descale),
+                                           causal, scale, window_size, softcap, return_lse, stream, backend)
     # At call time (serving re-exports this op, so it imports this module first). The op validates and falls back
     # as the serving ops do: dense_attn in kernels_cu/paged.cu.
     from ._common import attention_scale as _scale, index_array as _index

@@ -499,12 +499,31 @@ def _fav_bwd(ctx, grad_out, grad_lse):
 _fast.register_autograd(_flash_attention_varlen, _fav_bwd, _fav_setup)
 
 
+@_fast.custom_op("flash_attention_varlen_fp8")
+def _flash_attention_varlen_fp8(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
+                                q_descale: Optional[Tensor], k_descale: Optional[Tensor], v_descale: Optional[Tensor],
+                                causal: bool, scale: float, window_left: int = -1, window_right: int = -1,
+                                softcap: float = 0.0) -> tuple[Tensor, Tensor]:
+    out, lse = call("flash_attention_varlen", _c(q), _c(k), _c(v), cu_seqlens_q, cu_seqlens_k, causal=causal,
+                    scale=scale, window_size=(window_left, window_right), softcap=softcap, return_lse=True,
+                    q_descale=q_descale, k_descale=k_descale, v_descale=v_descale)
+    return out, lse
+
+
+@_flash_attention_varlen_fp8.register_fake
+def _(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale, v_descale, causal, scale, window_left=-1,
+      window_right=-1, softcap=0.0):
+    total_q, h, _ = q.shape
+    return _new((total_q, h, v.shape[2]), torch.bfloat16, q), _new((total_q, h), torch.float32, q)
+
+
 @checked
 def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor, cu_seqlens_k: Tensor,
                            max_seqlen_q: int, max_seqlen_k: int, dropout_p: float = 0.0,
                            softmax_scale: Optional[float] = None, causal: bool = False,
                            window_size: tuple[int, int] = (-1, -1), softcap: float = 0.0,
-                           return_lse: bool = False):
+                           return_lse: bool = False, *, q_descale: Optional[Tensor] = None,
+                           k_descale: Optional[Tensor] = None, v_descale: Optional[Tensor] = None):
     """flash-attn's flash_attn_varlen_func: attention over sequences packed without padding, with autograd.
 
     q (total_q, heads, d), k (total_k, kv_heads, d), v (total_k, kv_heads, d_v) with d_v <= d (GQA: heads %
@@ -520,12 +539,21 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     Forward pykern.ops.flash_attention_varlen, backward pykern.ops.flash_attention_varlen_backward, both with
     d_v < d as well (e.g. DeepSeek-V3's prefill, 192 / 128: the sm_90a kernels' own shape on Hopper; elsewhere the
     backward runs on v and grad_out padded with zero columns to d).
+
+    FP8 (forward only, FlashAttention-3's flash_attn_varlen_func(q_descale=...)): q, k, v torch.float8_e4m3fn with
+    q_descale / k_descale / v_descale (None = 1, or float32 tensors of shape () / (1,) or (batch, kv_heads) on q's
+    device); out is bfloat16 (pykern.ops.flash_attention_varlen's FP8 path). A call that would record gradients
+    (grad mode on and any of q, k, v requiring grad) raises ArgumentError.
     """
     from ..ops._prefill import check_cu_seqlens, check_max_seqlen
 
     if isinstance(dropout_p, bool) or not isinstance(dropout_p, (int, float)) or dropout_p != 0.0:
         raise ArgumentError(f"dropout_p: expected 0.0 (pykern has no attention dropout), got {dropout_p!r}")
-    if q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
+    fp8 = q.dtype == torch.float8_e4m3fn or any(x is not None for x in (q_descale, k_descale, v_descale))
+    if fp8 and torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v)):
+        raise ArgumentError("q, k, v: FP8 attention is forward only (no FP8 backward); got a tensor with "
+                            "requires_grad=True: run it under torch.no_grad() or detach q, k and v")
+    if not fp8 and q.dtype not in (torch.bfloat16, torch.float16, torch.float32):
         raise ArgumentTypeError(f"q: expected dtype bfloat16 or float16 (flash-attn's varlen dtypes) or float32, got "
                                 f"{q.dtype}")
     if q.dim() != 3 or k.dim() != 3:
@@ -544,6 +572,10 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     max_k = check_max_seqlen("max_seqlen_k", max_seqlen_k, hk, "cu_seqlens_k")
     if softmax_scale is None:
         softmax_scale = 1.0 / math.sqrt(q.shape[-1]) if q.shape[-1] else 1.0
+    if fp8:  # the op checks the dtypes and descales, naming them
+        out, lse = _flash_attention_varlen_fp8.fast(q, k, v, cu_seqlens_q, cu_seqlens_k, q_descale, k_descale,
+                                                    v_descale, bool(causal), float(softmax_scale), wl, wr, cap)
+        return (out, lse.t().contiguous()) if return_lse else out
     out, lse = _flash_attention_varlen.fast(q, k, v, cu_seqlens_q, cu_seqlens_k, max_q, max_k, bool(causal),
                                             float(softmax_scale), wl, wr, cap)
     return (out, lse.t().contiguous()) if return_lse else out

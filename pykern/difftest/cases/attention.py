@@ -1019,6 +1019,88 @@ def _sm90_fp8_forward(rng: np.random.Generator, n_q: int, n_k: int, h: int, kvh:
     return _sm90_case("flash_attention", "fp8", shape, (name,), run, ref)
 
 
+# FP8 varlen (attention_fwd_varlen_sm90_d{D}[_softcap]_fp8): (query lengths, key lengths, head_dim, causal,
+# per-(sequence, kv head) descales, window, softcap), every kernel causal and not; sequences off the tiles, one
+# shorter than its keys and one longer, 4 heads over 2 kv heads.
+SM90_FP8_VARLEN = [
+    (lq, lk, d, causal, per_head, window, cap)
+    for d in (64, 128, 256)
+    for cap in (0.0, 1.5)
+    for (lq, lk), causal, per_head, window in (
+        (((70, 150), (200, 60)), False, True, (-1, -1)),
+        (((130, 40), (300, 20)), True, cap == 0.0, (-1, -1) if d != 128 or cap == 0.0 else (100, 40)),
+    )
+]
+
+
+def _sm90_fp8_varlen(rng: np.random.Generator, lens_q: tuple[int, ...], lens_k: tuple[int, ...], d: int,
+                     causal: bool, per_head: bool, window: tuple[int, int] = (-1, -1), cap: float = 0.0) -> Case:
+    """flash_attention_varlen on packed e4m3 q, k, v through the op's helper (try_varlen_fp8), against float64
+    attention of each sequence on its dequantized rows; inputs as _sm90_fp8_forward's, quantized per tensor or per
+    (sequence, kv head)."""
+    from ... import arrays
+    from ...arrays import flat_view
+    from ...errors import MissingDependency
+    from ...ops import _attention_sm90 as sm90
+    from ...ops._window import normalize_serving
+    from .gemm_fp8 import _e4m3
+
+    h, kvh, g = 4, 2, 2
+    nb = len(lens_q)
+    cq = np.concatenate([[0], np.cumsum(lens_q)]).astype(np.int32)
+    ck = np.concatenate([[0], np.cumsum(lens_k)]).astype(np.int32)
+    x = [rng.standard_normal((n, hh, d)).astype(np.float32) for n, hh in ((cq[-1], h), (ck[-1], kvh), (ck[-1], kvh))]
+    x[2] /= np.abs(x[2]).max()
+    bf16 = arrays.bfloat16()
+    try:
+        e4m3 = _e4m3()
+    except MissingDependency:
+        e4m3 = np.float32
+    codes, descales, deq = [], [], []
+    for a, cu in zip(x, (cq, ck, ck)):
+        seq = np.searchsorted(cu[1:], np.arange(a.shape[0]), side="right")  # each row's sequence
+        if per_head:
+            ds = np.array([[np.abs(a[cu[b]:cu[b + 1], j * (a.shape[1] // kvh):(j + 1) * (a.shape[1] // kvh)]).max(
+                initial=0.0) / np.float32(448.0) for j in range(kvh)] for b in range(nb)], np.float32)
+            ds = np.where(ds > 0, ds, np.float32(1.0))
+            full = np.repeat(ds, a.shape[1] // kvh, axis=1)[seq][:, :, None]
+        else:
+            ds = np.array([np.abs(a).max() / np.float32(448.0)], np.float32)
+            full = ds[0]
+        c = (a / full).astype(e4m3)
+        codes.append(c)
+        descales.append(ds)
+        deq.append(c.astype(np.float64) * np.asarray(full, np.float64))
+    name = sm90.fp8_varlen_kernel_name(d, cap)
+    scale = 1.0 / np.sqrt(d)
+    (q, k, v), stride = codes, 1 if per_head else 0
+
+    def run(backend: str) -> dict[str, Any]:
+        out = np.empty((q.shape[0], h, d), bf16)
+        lse = np.empty((q.shape[0], h), np.float32)
+        wl, wr = normalize_serving(*window, causal)
+        ds = tuple((flat_view(x_), stride) for x_ in descales)
+        if not sm90.try_varlen_fp8(q, k, v, flat_view(out), flat_view(lse), cq, ck, ds,
+                                   (nb, max(lens_q), h, kvh, d), scale, cap, wl, wr, None, backend):
+            raise _declined(name, backend)
+        return {"out": out, "lse": lse}
+
+    def ref() -> dict[str, Any]:
+        outs, lses = [], []
+        for b in range(nb):
+            sq, sk = slice(cq[b], cq[b + 1]), slice(ck[b], ck[b + 1])
+            o, l_ = np_flash_attention(deq[0][None, sq], deq[1][None, sk], deq[2][None, sk], causal, scale, window,
+                                       cap)
+            outs.append(o[0])
+            lses.append(l_[0])
+        return {"out": np.concatenate(outs), "lse": np.concatenate(lses)}
+
+    shape = ("varlen-q" + "_".join(map(str, lens_q)) + "-k" + "_".join(map(str, lens_k)) + f"-h{h}/{kvh}-d{d}"
+             + ("-perhead" if per_head else "") + (f"-w{window[0]}/{window[1]}" if window != (-1, -1) else "")
+             + (f"-softcap{cap}" if cap else "") + ("-causal" if causal else ""))
+    return _sm90_case("flash_attention", "fp8", shape, (name,), run, ref)
+
+
 def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind in ("bf16", "f16"):
         for d, shapes in SM90_FORWARD.items():
@@ -1052,6 +1134,8 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head)
     for n_q, n_k, h, kvh, d, causal, per_head, window, cap in SM90_FP8_FORWARD_SOFTCAP:
         yield _sm90_fp8_forward(rng, n_q, n_k, h, kvh, d, causal, per_head, window, cap)
+    for lens_q, lens_k, d, causal, per_head, window, cap in SM90_FP8_VARLEN:
+        yield _sm90_fp8_varlen(rng, lens_q, lens_k, d, causal, per_head, window, cap)
     for kind in ("bf16", "f16"):
         yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_SOFTCAP_OTHER,
                                               SM90_VARLEN_FUSED_BACKWARD_OTHER)
