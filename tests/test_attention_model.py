@@ -574,6 +574,32 @@ def test_sm90_fused_backward_covers_softcap_and_varlen():
             assert [lau.kernel for lau in got] == [h.bwd_kernel_name(p, d, 30.0, "_bf16", True) for p in ("dkdv", "dq")]
 
 
+def test_sm90_fused_backward_at_d256_is_the_split_kernel_with_dq():
+    """Where the build has them, head_dim 256 runs the fused kernel (dense or varlen, with or without softcap, both dQ
+    modes) in place of the dK/dV + dQ pair: the split dK/dV kernel's geometry (64-key CTAs, 16-query tiles, its
+    shared memory plus two 2 KiB dS buffers), five matmuls a pair, and dQ's convert pass is the d128 one (the
+    accumulator's head-dim halves read as twice the heads)."""
+    from pykern.ops import _attention_sm90 as h
+
+    pair = [h.bwd_kernel_name(p, 256, sc, "_bf16", vl) for p in ("dkdv", "dq") for sc in (0.0, 30.0)
+            for vl in (False, True)]
+    fused = [h.bwd_fused_kernel_name(256, det, "_bf16", sc, vl) for det in (False, True) for sc in (0.0, 30.0)
+             for vl in (False, True)]
+    s = am.Shape(1, 1, 256, 256, False)
+    for mode in am.DQ_MODES:
+        for softcap, varlen in am.SM90_BWD_KINDS:
+            kv, _ = am.sm90_launches("bwd", s, pair, softcap=softcap, varlen=varlen, dq_mode=mode)[0]
+            (lau,), why = am.sm90_launches("bwd", s, pair + fused, softcap=softcap, varlen=varlen, dq_mode=mode)
+            assert why == "" and lau.kernel == h.bwd_fused_kernel_name(256, mode == "deterministic", "_bf16",
+                                                                       30.0 if softcap else 0.0, varlen)
+            assert lau.ctas == kv.ctas == (256 * 64,) * 4 and lau.step == kv.step == (16, 64)
+            assert lau.matmuls == 5 and lau.smem == kv.smem + 2 * 64 * 16 * 2 == h.bwd_fused_shared_bytes(256)
+            # dQ's fp32 adds: 16 x 256 floats a (query tile, key tile) pair, 16 x 4 such pairs
+            assert lau.hbm_bytes - kv.hbm_bytes == 256 * 256 * 4 * 4
+    assert [n for n, _ in am.memory_kernels("bwd", s, "wgmma", sm90_fused=True)] == [
+        "attention_bwd_tc_prep_bf16", "attention_bwd_tc_dq_reduce_d128_bf16"]
+
+
 def test_only_the_current_d128_forward_plays_ping_pong():
     assert am.ping_pong(128, "current") and not am.ping_pong(128, "2026-11-27")
     assert not any(am.ping_pong(d, "current") for d in (64, 256))
