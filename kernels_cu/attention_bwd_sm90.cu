@@ -44,20 +44,22 @@
 // accumulator registers a thread
 #define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 where dK and dV take 96 accumulator registers a thread or more (d96, d128:
-// 96, 128); 16 at 192 / 128, where they take 160, and at d256 (AB90_DKDV_SPLIT: 128) (with 32 queries a tile
-// ptxas spills 32 bytes at 192 / 128, 16 at d256: the S^T / dP^T accumulators, P^T / dS^T fragments and the
-// tile's lse / delta take 64 registers at 32 queries, 32 at 16)
-#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
+// 96, 128) and at d256 (AB90_DKDV_SPLIT: 128, and neither consumer holds both S^T and dP^T); 16 at 192 / 128,
+// where they take 160 (with 32 queries a tile ptxas spills 32 bytes there: the S^T / dP^T accumulators, P^T / dS^T
+// fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
+#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 512 ? 32 : (D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
 // d256 (dkdv): the head dim split across the consumers. dK and dV for 64 keys x 256 dims would take 256 accumulator
-// registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and consumer 1 dP^T (64
-// keys x C queries each, the full head dim's k-steps), they swap the two through shared memory (AB90_XCH_BYTES),
-// and consumer c accumulates dK and dV's head-dim columns 128c.. (64 + 64 registers), so no product is computed
-// twice. Tiles of 16 queries (AB90_DKDV_STEP): at 32 ptxas spills 16 bytes (the S^T / dP^T pair, the P^T / dS^T
-// fragments and the tile's lse / delta take 64 registers there, 32 at 16).
+// registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and turns it into P^T,
+// consumer 1 computes dP^T and turns it into dP^T - delta (64 keys x C queries each, the full head dim's k-steps),
+// they swap the two through shared memory (AB90_XCH_BYTES), and consumer c accumulates dK and dV's head-dim columns
+// 128c.. (64 + 64 registers), so no product is computed twice and neither consumer holds both products (nor the
+// tile's lse and delta both): tiles of 32 queries (AB90_DKDV_STEP). (When each consumer formed P^T and dS^T from
+// both raw products, 32 queries spilled 16 bytes and the tile was 16.)
 #define AB90_DKDV_SPLIT(D, DV) ((D) + (DV) >= 512)
 #define AB90_DKDV_ROWS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 64 : AB90_ROWS)
-// the swap buffers: 2 (tile parity) x 2 consumers x C / 2 floats x 128 threads
-#define AB90_XCH_BYTES(C) (2 * 2 * ((C) / 2) * 128 * 4)
+// the swap buffers: 2 (tile parity) x 3 slots (P^T, dP^T - delta, and with softcap P^T (1 - t^2); one size for
+// both) x C / 2 floats x 128 threads
+#define AB90_XCH_BYTES(C) (2 * 3 * ((C) / 2) * 128 * 4)
 // head-dim columns per TMA box and wgmma swizzle atom row: 64 (128-byte rows, 128B swizzle) where D is a multiple
 // of 64, else 32 (64-byte rows, 64B swizzle): d96 is three 32-column boxes, as FA3 lays out head_dim 96 (the
 // largest swizzle whose row divides the head dim's bytes), so one tensor map per array serves every box.
@@ -298,29 +300,68 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 }
             }
         float st_[C / 2], dpt[C / 2];
+        unsigned pa[C / 16][4], da[C / 16][4];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
         if constexpr (SPL) {
             // consumer 0: S^T = K Q^T, consumer 1: dP^T = V dO^T (D == DV: one code path, the descriptors chosen
-            // by c); each stores its product as [element][thread] (conflict-free) in buffer i % 2, slot c, and
-            // after named barrier 1 both read both slots back (x dies at its store: fewer live registers than
-            // keeping it). A buffer is rewritten two tiles later, after both consumers passed the next tile's
-            // barrier, hence after both read it. Named barrier 3: 1 and 2 are the fused kernel's (the _det
-            // kernel's semaphore warp arrives on 1 early, with another count).
+            // by c). Consumer 0 turns S^T into P^T (the mask, lse; with softcap also P^T (1 - t^2), the tanh's
+            // derivative folded in), consumer 1 dP^T into dP^T - delta; each stores its slots as [element][thread]
+            // (conflict-free) in buffer i % 2, and after named barrier 3 both read them back element by element
+            // into the P^T / dS^T fragments (x dies at its store: neither consumer holds both products). A buffer
+            // is rewritten two tiles later, after both consumers passed the next tile's barrier, hence after both
+            // read it. Named barrier 3: 1 and 2 are the fused kernel's (the _det kernel's semaphore warp arrives
+            // on 1 early, with another count).
             float x[C / 2], unused[C / 2];
             ab90_two_products<DT, D, 0, R, C>(
                 x, unused, c ? dv_a : dk_a,
                 c ? pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES) : pk_wgmma_desc_advance(dq_b, s * STEP_BYTES),
                 dv_a, ddo_b);
-            float* buf = xch + (i & 1) * 2 * (C / 2) * 128 + tid % 128;
+            float* buf = xch + (i & 1) * 3 * (C / 2) * 128 + tid % 128;  // slots: P^T, dP^T - delta, P^T (1 - t^2)
+            if (c == 0) {
 #pragma unroll
-            for (int e = 0; e < C / 2; e++) buf[(c * (C / 2) + e) * 128] = x[e];
+                for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int i4 = 4 * j + 2 * r + e;
+                            const float xx = SC ? __tanhf(x[i4] * pre) : x[i4];
+                            float p = pk_ex2_approx(fmaf(xx, sl2, -l2[j][e]));
+                            if (need_mask) {
+                                const int qq = q0 + 8 * j + 2 * t + e;
+                                if (qq < qlo[r] || qq > qhi[r]) p = 0.0f;
+                            }
+                            buf[i4 * 128] = p;
+                            if (SC) buf[(C + i4) * 128] = p * (1.0f - xx * xx);  // d tanh: the softcap's derivative
+                        }
+            } else {
+#pragma unroll
+                for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            buf[(C / 2 + 4 * j + 2 * r + e) * 128] = x[4 * j + 2 * r + e] - dl[j][e];
+            }
             pk_bar_sync(3, 256);
 #pragma unroll
-            for (int e = 0; e < C / 2; e++) st_[e] = buf[e * 128], dpt[e] = buf[(C / 2 + e) * 128];
+            for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float p[2], ds[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int i4 = 4 * j + 2 * r + e;
+                        p[e] = buf[i4 * 128];
+                        ds[e] = (SC ? buf[(C + i4) * 128] : p[e]) * buf[(C / 2 + i4) * 128];
+                    }
+                    pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
+                    da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
+                }
         } else
             ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
                                                pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));
-        unsigned pa[C / 16][4], da[C / 16][4];
+        if constexpr (!SPL)  // SPL formed P^T and dS^T above
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
 #pragma unroll
@@ -344,13 +385,14 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         if constexpr (DQA > 0) {
             // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64; row
             // 8j + 2t + e lies 1024 j bytes past row 2t + e with the same swizzle, so the offsets are ds_off's.
-            // SPL: both consumers hold the same dS of the CTA's 64 keys (one box); consumer c stores queries 8c..
+            // SPL: both consumers hold the same dS of the CTA's 64 keys (one box); consumer c stores queries
+            // C / 2 * c.. (j / (C / 16) == c)
             unsigned char* box = dss + (i & 1) * DS_BYTES + (SPL ? 0 : c * C * 128);
 #pragma unroll
             for (int j = 0; j < C / 8; j++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
-                    if (SPL && j != c) continue;
+                    if (SPL && j / (C / 16) != c) continue;
                     const unsigned w = da[j / 2][2 * (j & 1) + r];
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][0] + 1024 * j) = (unsigned short)(w & 0xffffu);
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
@@ -370,7 +412,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                                              pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + hq + kk * 16 * RQ), 1);
         if constexpr (DQA > 0 && SPL) {
             // dQ^T (head-dim rows 128c.., two m64 tiles: boxes 2c, 2c + 1 of K, read MN-major as A) = K^T dS^T over
-            // the CTA's 64 keys (B = dS, K-major, the tile's C = 16 queries), both tiles in flight
+            // the CTA's 64 keys (B = dS, K-major, the tile's C = 32 queries), both tiles in flight
             float dqt[2][C / 2];
             const unsigned long long sb = pk_wgmma_desc(dss + (i & 1) * DS_BYTES, 16, 1024, PK_SWIZZLE_128B);
 #pragma unroll

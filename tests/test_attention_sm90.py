@@ -387,7 +387,7 @@ def test_backward_head_dim_v_errors_name_v_and_grad_out() -> None:
 
 
 # head_dim 256: (batch, n_q, n_k, heads, kv_heads, causal, window, softcap, dtype); several 64-key CTAs of the
-# fused kernel (the head dim split across its consumers) and 16-query streamed tiles, off the tiles
+# fused kernel (the head dim split across its consumers) and 32-query streamed tiles, off the tiles
 BWD_D256 = [
     (2, 100, 150, 4, 2, True, (-1, -1), 0.0, "bf16"),   # causal, GQA 2, batch 2
     (1, 90, 200, 4, 1, False, (60, 20), 0.0, "f16"),    # a window, GQA 4, n_q < n_k
@@ -850,9 +850,9 @@ BWD_LOOP_BAR = {
     "dkdv_d64": 6.18, "dkdv_d128": 4.19, "dq_d64": 2.33, "dq_d128": 1.40,
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 3.66, "dq_d128_softcap": 2.07,
     "dq_d256": 1.46, "dq_d256_softcap": 1.79,  # 32-key tiles
-    # d256 dK/dV: 16-query tiles whose per-tile work (descriptors, lse / delta loads, the S^T / dP^T swap through
-    # shared memory) weighs on half the MMAs a d128 tile has (varlen: 7.42 / 7.91)
-    "dkdv_d256": 7.91, "dkdv_d256_softcap": 8.43,
+    # d256 dK/dV: 32-query tiles (consumer 0 forms P^T, consumer 1 dP^T - delta before the swap through shared
+    # memory; varlen 5.41 / 6.16); 7.91 / 8.43 with 16-query tiles, whose per-tile work weighed on half the MMAs
+    "dkdv_d256": 5.64, "dkdv_d256_softcap": 6.4,
     # d96: 32-column boxes (64B swizzle), dK/dV on 32-query tiles; 192 / 128: dK/dV on 16-query tiles (160
     # accumulator registers a thread), whose fixed cost a tile weighs more
     "dkdv_d96": 5.19, "dq_d96": 1.74, "dkdv_d96_softcap": 5.88, "dq_d96_softcap": 2.63,
@@ -869,12 +869,12 @@ DQ_LOOP_BAR_D128 = 2.0  # the dq kernel's bar at d128 (FA3's design estimate is 
 BWD_FUSED_LOOP_BAR = {(64, "", ""): 4.42, (128, "", ""): 3.46, (64, "", "_softcap"): 5.23,
                       (128, "", "_softcap"): 3.87, (64, "varlen_", ""): 4.74, (128, "varlen_", ""): 3.59,
                       (64, "varlen_", "_softcap"): 5.55, (128, "varlen_", "_softcap"): 3.99,
-                      # d256 (the split kernel with dQ fused; 80 m16n8k16-equivalents a warp a 16-query tile):
-                      # 622 instructions a tile (det 626), against 506 for the unfused dK/dV kernel's 64 plus the
-                      # dQ kernel's share of its 279 for a tile pair; the 32 red.add a thread a tile, their
-                      # addresses, the dS stores and the second barrier are the difference
-                      (256, "", ""): 7.83, (256, "", "_softcap"): 8.23, (256, "varlen_", ""): 7.59,
-                      (256, "varlen_", "_softcap"): 7.99}
+                      # d256 (the split kernel with dQ fused; 160 m16n8k16-equivalents a warp a 32-query tile):
+                      # 845 instructions a tile (det 851), against 721 for the unfused dK/dV kernel's 128 plus the
+                      # dQ kernel's share of its 279 for a tile pair; the 64 red.add a thread a tile, their
+                      # addresses, the dS stores and the second barrier are the difference (16-query tiles: 7.78)
+                      (256, "", ""): 5.32, (256, "", "_softcap"): 5.9, (256, "varlen_", ""): 5.3,
+                      (256, "varlen_", "_softcap"): 5.89}
 
 
 @pytest.mark.parametrize("kernel", BWD_FUSED_KERNELS)

@@ -224,7 +224,7 @@ VARLEN_BWD = [
     # d96 (32-column boxes, 64B swizzle)
     ([5, 130, 0, 1, 7], [9, 200, 3, 0, 140], 4, 2, 96, True, (-1, -1), 0.0, "f16"),
     ([129, 30, 0], [260, 30, 5], 2, 1, 96, False, (70, 10), 2.0, "bf16"),
-    # d256 (the fused kernel: 64-key CTAs, the head dim split across the consumers, 16-query tiles)
+    # d256 (the fused kernel: 64-key CTAs, the head dim split across the consumers, 32-query tiles)
     ([5, 70, 0, 1, 40], [9, 130, 3, 0, 70], 4, 2, 256, True, (-1, -1), 0.0, "bf16"),
     ([90, 30, 0], [150, 30, 5], 2, 1, 256, False, (50, 20), 2.0, "f16"),
 ]

@@ -663,7 +663,7 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why).
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
     sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the dK / dV kernel has 64-key
-    CTAs and 16-query tiles (`bwd_dkdv_rows` / `bwd_dkdv_step`), its consumers splitting the head dim; without the
+    CTAs and 32-query tiles (`bwd_dkdv_rows` / `bwd_dkdv_step`), its consumers splitting the head dim; without the
     fused kernel the dQ kernel runs beside it; the 2026-11-27 build had no sm_90a backward there (nor softcap /
     varlen ones). The current backward (dense or varlen, with or without softcap) at head_dim 64 / 128 / 256 is
     the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its

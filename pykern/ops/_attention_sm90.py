@@ -303,16 +303,17 @@ def bwd_dq_step(d: int) -> int:
 
 def bwd_dkdv_step(d: int, d_v: int | None = None) -> int:
     """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP): 32 where dK and dV take 96 accumulator
-    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them) and at d256 (where
-    the consumers split the head dim, `bwd_dkdv_split`: 128 of them, and 32 queries spill), else 64."""
+    registers a thread or more (head_dim + head_dim_v >= 192) and at d256 (where the consumers split the head dim,
+    `bwd_dkdv_split`: 128 of them, and neither consumer holds both S^T and dP^T), 16 at 192 / 128 (160 of them),
+    else 64."""
     both = d + (d if d_v is None else d_v)
-    return 16 if both >= 320 else 32 if both >= 192 else 64
+    return 32 if both >= 512 else 16 if both >= 320 else 32 if both >= 192 else 64
 
 
 def bwd_dkdv_split(d: int, d_v: int | None = None) -> bool:
     """Whether the dK/dV kernel splits the head dim across its consumers (AB90_DKDV_SPLIT: d256): the CTA owns
-    64 keys, consumer 0 computes S^T and consumer 1 dP^T, they swap them through shared memory, and each
-    accumulates half of dK's and dV's columns."""
+    64 keys, consumer 0 computes S^T and turns it into P^T, consumer 1 dP^T and turns it into dP^T - delta, they
+    swap them through shared memory, and each accumulates half of dK's and dV's columns."""
     return d + (d if d_v is None else d_v) >= 512
 
 
@@ -322,11 +323,12 @@ def bwd_dkdv_rows(d: int, d_v: int | None = None) -> int:
 
 
 def bwd_dkdv_shared_bytes(d: int, d_v: int | None = None) -> int:
-    """Dynamic shared memory of the dK/dV kernel (AB90_SMEM_BYTES at its rows and step), plus the split's S^T /
-    dP^T swap buffers (AB90_XCH_BYTES: 2 tile parities x 2 consumers x step / 2 floats x 128 threads)."""
+    """Dynamic shared memory of the dK/dV kernel (AB90_SMEM_BYTES at its rows and step), plus the split's swap
+    buffers (AB90_XCH_BYTES: 2 tile parities x 3 slots (P^T, dP^T - delta, softcap's P^T (1 - t^2)) x step / 2
+    floats x 128 threads)."""
     d_v = d if d_v is None else d_v
     c, rows = bwd_dkdv_step(d, d_v), bwd_dkdv_rows(d, d_v)
-    xch = 2 * 2 * (c // 2) * 128 * 4 if bwd_dkdv_split(d, d_v) else 0
+    xch = 2 * 3 * (c // 2) * 128 * 4 if bwd_dkdv_split(d, d_v) else 0
     return rows * (d + d_v) * 2 + 2 * c * (d + d_v) * 2 + xch + 1024
 
 
