@@ -652,7 +652,7 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
 
 
 def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
-    """sm_90a, head_dim 64 / 128, with or without softcap: FlashAttention-3's backward, one kernel per key tile
+    """sm_90a, head_dim 64 / 128 / 256, with or without softcap: FlashAttention-3's backward, one kernel per key tile
     (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
     accumulator (red.global.add.f32; deterministic: in key-tile order per query tile, through semaphores); the
     pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch, and a small kernel narrows
@@ -701,7 +701,7 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
 
 def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, win, softcap, deterministic, sfx,
                        stream, backend):
-    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 128: the fused dK/dV/dQ kernel
+    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 128 / 256: the fused dK/dV/dQ kernel
     (attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]). The packed rows are one batch of total_q queries to
     the pre-pass (delta, the (heads, nq_pad) lse / delta runs, the zeroed fp32 dQ accumulator, a token's row at
     its packed index) and to the narrowing kernel (times scale into dq). None (nothing but the pre-pass launched)
