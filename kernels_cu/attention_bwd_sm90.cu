@@ -44,20 +44,22 @@
 // accumulator registers a thread
 #define AB90_DQ_STEP(D) ((D) >= 256 ? 32 : 64)
 // queries per streamed tile (dkdv): 32 where dK and dV take 96 accumulator registers a thread or more (d96, d128:
-// 96, 128); 16 at 192 / 128, where they take 160, and at d256 (AB90_DKDV_SPLIT: 128) (with 32 queries a tile
-// ptxas spills 32 bytes at 192 / 128, 16 at d256: the S^T / dP^T accumulators, P^T / dS^T fragments and the
-// tile's lse / delta take 64 registers at 32 queries, 32 at 16)
-#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
+// 96, 128) and at d256 (AB90_DKDV_SPLIT: 128, and neither consumer holds both S^T and dP^T); 16 at 192 / 128,
+// where they take 160 (with 32 queries a tile ptxas spills 32 bytes there: the S^T / dP^T accumulators, P^T / dS^T
+// fragments and the tile's lse / delta take 64 registers at 32 queries, 32 at 16)
+#define AB90_DKDV_STEP(D, DV) ((D) + (DV) >= 512 ? 32 : (D) + (DV) >= 320 ? 16 : (D) + (DV) >= 192 ? 32 : 64)
 // d256 (dkdv): the head dim split across the consumers. dK and dV for 64 keys x 256 dims would take 256 accumulator
-// registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and consumer 1 dP^T (64
-// keys x C queries each, the full head dim's k-steps), they swap the two through shared memory (AB90_XCH_BYTES),
-// and consumer c accumulates dK and dV's head-dim columns 128c.. (64 + 64 registers), so no product is computed
-// twice. Tiles of 16 queries (AB90_DKDV_STEP): at 32 ptxas spills 16 bytes (the S^T / dP^T pair, the P^T / dS^T
-// fragments and the tile's lse / delta take 64 registers there, 32 at 16).
+// registers a thread, so the CTA owns 64 keys (AB90_DKDV_ROWS), consumer 0 computes S^T and turns it into P^T,
+// consumer 1 computes dP^T and turns it into dP^T - delta (64 keys x C queries each, the full head dim's k-steps),
+// they swap the two through shared memory (AB90_XCH_BYTES), and consumer c accumulates dK and dV's head-dim columns
+// 128c.. (64 + 64 registers), so no product is computed twice and neither consumer holds both products (nor the
+// tile's lse and delta both): tiles of 32 queries (AB90_DKDV_STEP). (When each consumer formed P^T and dS^T from
+// both raw products, 32 queries spilled 16 bytes and the tile was 16.)
 #define AB90_DKDV_SPLIT(D, DV) ((D) + (DV) >= 512)
 #define AB90_DKDV_ROWS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 64 : AB90_ROWS)
-// the swap buffers: 2 (tile parity) x 2 consumers x C / 2 floats x 128 threads
-#define AB90_XCH_BYTES(C) (2 * 2 * ((C) / 2) * 128 * 4)
+// the swap buffers: 2 (tile parity) x 3 slots (P^T, dP^T - delta, and with softcap P^T (1 - t^2); one size for
+// both) x C / 2 floats x 128 threads
+#define AB90_XCH_BYTES(C) (2 * 3 * ((C) / 2) * 128 * 4)
 // head-dim columns per TMA box and wgmma swizzle atom row: 64 (128-byte rows, 128B swizzle) where D is a multiple
 // of 64, else 32 (64-byte rows, 64B swizzle): d96 is three 32-column boxes, as FA3 lays out head_dim 96 (the
 // largest swizzle whose row divides the head dim's bytes), so one tensor map per array serves every box.
@@ -132,11 +134,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     // c * DVN..; else consumer c owns keys 64c.. and every column
     constexpr bool SPL = AB90_DKDV_SPLIT(D, DV);
     constexpr int DKN = SPL ? D / 2 : D, DVN = SPL ? DV / 2 : DV;
-    static_assert(!SPL || (DQA == 0 && D == DV && NB % 2 == 0), "the split: no fused dQ, D == DV, whole boxes a half");
+    static_assert(!SPL || (D == DV && NB % 2 == 0), "the split: D == DV, whole boxes a half");
     constexpr unsigned K_BYTES = R * D * 2, V_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, DO_STEP_BYTES = C * DV * 2;
-    static_assert(DQA == 0 || (D == DV && BQ == 64 && NB * C == 64),
-                  "the fused dQ: D == DV, two consumers x 32 queries or 64 dims");
-    constexpr unsigned DS_BYTES = R * C * 2;  // one dS buffer: [2 boxes of 64 keys][C queries][128 B]
+    static_assert(DQA == 0 || (D == DV && BQ == 64 && (SPL ? R == 64 && NB == 4 : NB * C == 64)),
+                  "the fused dQ: D == DV, two consumers x 32 queries or 64 dims, or (the split) 128 dims");
+    constexpr unsigned DS_BYTES = R * C * 2;  // one dS buffer: [R / 64 boxes of 64 keys][C queries][128 B]
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* ks = ab90_smem;
     unsigned char* vs = ks + K_BYTES;
@@ -197,10 +199,14 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             // wgmma; it polls while they compute S, dP and dS, so a predecessor that is done costs no wait. After
             // the consumers' adds (their arrivals on barrier 2) lane 0 releases the count (red.release: the
             // barrier orders the adds before it, and the release is cumulative).
+            // The tiles' (head, query tile) walk goes by counters, not a division a tile: this warp runs on the
+            // producer's 24 registers, and at d256 the division's temporaries made ptxas spill one.
             if (tid / 32 == 1) {
-                for (int i = 0; i < steps; i++) {
-                    const int h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
-                    int* sem = dq_sem + ((long long)b * n_heads + h) * sem_tiles + q0 / C;
+                int* sem_h = dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles;  // head kvh * group's
+                for (int i = 0, qt = qt0; i < steps; i++) {
+                    const int q0 = qt * C;
+                    int* sem = sem_h + qt;
+                    if (++qt == qt1) qt = qt0, sem_h += sem_tiles;  // the next head of the group
                     if (tid == 32) {
                         // the key tiles that see this query tile are a run (band masks): those before kt in the
                         // order (ascending, or descending with desc) go first
@@ -294,28 +300,68 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                 }
             }
         float st_[C / 2], dpt[C / 2];
+        unsigned pa[C / 16][4], da[C / 16][4];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
         if constexpr (SPL) {
             // consumer 0: S^T = K Q^T, consumer 1: dP^T = V dO^T (D == DV: one code path, the descriptors chosen
-            // by c); each stores its product as [element][thread] (conflict-free) in buffer i % 2, slot c, and
-            // after named barrier 1 both read both slots back (x dies at its store: fewer live registers than
-            // keeping it). A buffer is rewritten two tiles later, after both consumers passed the next tile's
-            // barrier, hence after both read it.
+            // by c). Consumer 0 turns S^T into P^T (the mask, lse; with softcap also P^T (1 - t^2), the tanh's
+            // derivative folded in), consumer 1 dP^T into dP^T - delta; each stores its slots as [element][thread]
+            // (conflict-free) in buffer i % 2, and after named barrier 3 both read them back element by element
+            // into the P^T / dS^T fragments (x dies at its store: neither consumer holds both products). A buffer
+            // is rewritten two tiles later, after both consumers passed the next tile's barrier, hence after both
+            // read it. Named barrier 3: 1 and 2 are the fused kernel's (the _det kernel's semaphore warp arrives
+            // on 1 early, with another count).
             float x[C / 2], unused[C / 2];
             ab90_two_products<DT, D, 0, R, C>(
                 x, unused, c ? dv_a : dk_a,
                 c ? pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES) : pk_wgmma_desc_advance(dq_b, s * STEP_BYTES),
                 dv_a, ddo_b);
-            float* buf = xch + (i & 1) * 2 * (C / 2) * 128 + tid % 128;
+            float* buf = xch + (i & 1) * 3 * (C / 2) * 128 + tid % 128;  // slots: P^T, dP^T - delta, P^T (1 - t^2)
+            if (c == 0) {
 #pragma unroll
-            for (int e = 0; e < C / 2; e++) buf[(c * (C / 2) + e) * 128] = x[e];
-            pk_bar_sync(1, 256);
+                for (int j = 0; j < C / 8; j++)
 #pragma unroll
-            for (int e = 0; e < C / 2; e++) st_[e] = buf[e * 128], dpt[e] = buf[(C / 2 + e) * 128];
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++) {
+                            const int i4 = 4 * j + 2 * r + e;
+                            const float xx = SC ? __tanhf(x[i4] * pre) : x[i4];
+                            float p = pk_ex2_approx(fmaf(xx, sl2, -l2[j][e]));
+                            if (need_mask) {
+                                const int qq = q0 + 8 * j + 2 * t + e;
+                                if (qq < qlo[r] || qq > qhi[r]) p = 0.0f;
+                            }
+                            buf[i4 * 128] = p;
+                            if (SC) buf[(C + i4) * 128] = p * (1.0f - xx * xx);  // d tanh: the softcap's derivative
+                        }
+            } else {
+#pragma unroll
+                for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            buf[(C / 2 + 4 * j + 2 * r + e) * 128] = x[4 * j + 2 * r + e] - dl[j][e];
+            }
+            pk_bar_sync(3, 256);
+#pragma unroll
+            for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                for (int r = 0; r < 2; r++) {
+                    float p[2], ds[2];
+#pragma unroll
+                    for (int e = 0; e < 2; e++) {
+                        const int i4 = 4 * j + 2 * r + e;
+                        p[e] = buf[i4 * 128];
+                        ds[e] = (SC ? buf[(C + i4) * 128] : p[e]) * buf[(C / 2 + i4) * 128];
+                    }
+                    pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
+                    da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
+                }
         } else
             ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
                                                pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));
-        unsigned pa[C / 16][4], da[C / 16][4];
+        if constexpr (!SPL)  // SPL formed P^T and dS^T above
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
 #pragma unroll
@@ -338,12 +384,15 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             }
         if constexpr (DQA > 0) {
             // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64; row
-            // 8j + 2t + e lies 1024 j bytes past row 2t + e with the same swizzle, so the offsets are ds_off's
-            unsigned char* box = dss + (i & 1) * DS_BYTES + c * C * 128;
+            // 8j + 2t + e lies 1024 j bytes past row 2t + e with the same swizzle, so the offsets are ds_off's.
+            // SPL: both consumers hold the same dS of the CTA's 64 keys (one box); consumer c stores queries
+            // C / 2 * c.. (j / (C / 16) == c)
+            unsigned char* box = dss + (i & 1) * DS_BYTES + (SPL ? 0 : c * C * 128);
 #pragma unroll
             for (int j = 0; j < C / 8; j++)
 #pragma unroll
                 for (int r = 0; r < 2; r++) {
+                    if (SPL && j / (C / 16) != c) continue;
                     const unsigned w = da[j / 2][2 * (j & 1) + r];
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][0] + 1024 * j) = (unsigned short)(w & 0xffffu);
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
@@ -361,7 +410,39 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         for (int kk = 0; kk < C / 16; kk++)
             pk_wgmma_m64nNk16_rs<DKN, DT, 1>(dka, da[kk],
                                              pk_wgmma_desc_advance(dq_t, s * STEP_BYTES + hq + kk * 16 * RQ), 1);
-        if constexpr (DQA > 0) {
+        if constexpr (DQA > 0 && SPL) {
+            // dQ^T (head-dim rows 128c.., two m64 tiles: boxes 2c, 2c + 1 of K, read MN-major as A) = K^T dS^T over
+            // the CTA's 64 keys (B = dS, K-major, the tile's C = 32 queries), both tiles in flight
+            float dqt[2][C / 2];
+            const unsigned long long sb = pk_wgmma_desc(dss + (i & 1) * DS_BYTES, 16, 1024, PK_SWIZZLE_128B);
+#pragma unroll
+            for (int m = 0; m < 2; m++) {
+                const unsigned long long ka = pk_wgmma_desc(ks + (2 * c + m) * R * 128, R * 128, 1024, PK_SWIZZLE_128B);
+#pragma unroll
+                for (int kk = 0; kk < R / 16; kk++)
+                    pk_wgmma_m64nNk16_ss<C, DT, 1, 0>(dqt[m], pk_wgmma_desc_advance(ka, kk * 2048),
+                                                      pk_wgmma_desc_advance(sb, kk * 32), kk > 0);
+            }
+            pk_wgmma_commit();
+            pk_wgmma_wait<0>();
+            pk_mbarrier_arrive(&empty[s]);
+            // the accumulator at d256 is (batch, head, half, nq_pad, 128): consumer c adds into its half's run
+            // (the layout of a d128 accumulator with twice the heads, which the d128 convert pass reads as dQ's
+            // (batch, query, 2 heads, 128)); rows 64m + 16 wq + g (+ 8), queries q0 + 8j + 2t + e (rows past n_q:
+            // zero adds, as below)
+            float* acc = dq_acc + ((((long long)(VL ? 0 : b) * n_heads + h) * 2 + c) * nq_pad + q_row0 + q0 + 2 * t) *
+                                      128 + 16 * wq + g;
+#pragma unroll
+            for (int m = 0; m < 2; m++)
+#pragma unroll
+                for (int j = 0; j < C / 8; j++)
+#pragma unroll
+                    for (int r = 0; r < 2; r++)
+#pragma unroll
+                        for (int e = 0; e < 2; e++)
+                            pk_red_add_f32(acc + (8 * j + e) * 128 + 64 * m + 8 * r, dqt[m][4 * j + 2 * r + e]);
+            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
+        } else if constexpr (DQA > 0) {
             // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major, head-dim box dlo / 64), B = dS (K-major)
             constexpr int NQ = 32;
             const int dlo = NB == 2 ? 64 * c : 0, qlo = NB == 2 ? 0 : 32 * c;
@@ -632,6 +713,10 @@ AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64_softcap, 64, true, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128_softcap, 128, true, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64_softcap, 64, true, 2)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128_softcap, 128, true, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256, 256, false, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256, 256, false, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256_softcap, 256, true, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256_softcap, 256, true, 2)
 // varlen: the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D])
 #define AB90_VL_FUSED_ENTRY(name, D, SC, DQA)                                                                        \
     template <typename T, typename... A>                                                                            \
@@ -651,6 +736,10 @@ AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64_softcap, 64, true, 1)
 AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128_softcap, 128, true, 1)
 AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64_softcap, 64, true, 2)
 AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256, 256, false, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256, 256, false, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256_softcap, 256, true, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256_softcap, 256, true, 2)
 
 // Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
 // lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).
@@ -788,6 +877,16 @@ PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d64_softcap, (AB90_THREADS, 1), 
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d128_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d64_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d128_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+// head_dim 256: the split dK / dV kernel (64-key CTAs, AB90_DKDV_SPLIT) with dQ fused, its accumulator (batch,
+// head, half, nq_pad, 128) (VL: (head, half, nq_pad, 128))
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d256, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d256, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d256_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d256_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d256, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d256, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d256_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d256_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)

@@ -511,7 +511,7 @@ def test_sm90_fused_backward_and_its_deterministic_mode(sass):
 def test_sm90_backward_launches_cover_softcap_varlen_and_d256():
     """The backward kernels the sm_90a sources hold beside the dense d64 / d128 pair: the _softcap and _varlen
     kernels (the same geometry) and, at head_dim 256, both kernels on wgmma (dK / dV: 64-key CTAs with the head dim
-    split across the consumers, 16-query tiles; dQ: 32-key tiles) -- in the current build only: the 2026-11-27
+    split across the consumers, 32-query tiles; dQ: 32-key tiles) -- in the current build only: the 2026-11-27
     build our measurements ran had none of them."""
     from pykern.ops import _attention_sm90 as h
 
@@ -528,7 +528,7 @@ def test_sm90_backward_launches_cover_softcap_varlen_and_d256():
             [(lau.ctas, lau.step, lau.smem, lau.matmuls) for lau in dense]
         assert am.sm90_launches("bwd", s, names, softcap=softcap, varlen=varlen, build="2026-11-27") == (
             [], "the 2026-11-27 build had no softcap / varlen sm_90a backward")
-    # head_dim 256: dK / dV on wgmma with 64-key CTAs (16-query tiles), dQ on wgmma with 32-key tiles
+    # head_dim 256: dK / dV on wgmma with 64-key CTAs (32-query tiles), dQ on wgmma with 32-key tiles
     s256 = am.Shape(1, 1, 256, 256, False)
     for softcap in (False, True):
         for varlen in (False, True):
@@ -537,10 +537,11 @@ def test_sm90_backward_launches_cover_softcap_varlen_and_d256():
             vl = "_varlen" if varlen else ""
             assert (kv.kernel, dq.kernel) == (f"attention_bwd{vl}_sm90_dkdv{sfx}", f"attention_bwd{vl}_sm90_dq{sfx}")
             assert kv.arch == dq.arch == "sm_90a"
-            # 64 keys x 16 queries a tile; K, V (64 x 512 x 2 B), a 2-stage ring of Q, dO (16 x 512 x 2 B) and the
-            # S^T / dP^T swap buffers (2 x 2 x 8 floats x 128 threads)
-            assert kv.step == (16, 64) and kv.matmuls == 4
-            assert kv.smem == h.bwd_dkdv_shared_bytes(256) == 65536 + 32768 + 16384 + 1024
+            # 64 keys x 32 queries a tile; K, V (64 x 512 x 2 B), a 2-stage ring of Q, dO (32 x 512 x 2 B) and the
+            # swap buffers (2 parities x 3 slots (P^T, dP^T - delta, softcap's P^T (1 - t^2)) x 16 floats x 128
+            # threads)
+            assert kv.step == (32, 64) and kv.matmuls == 4
+            assert kv.smem == h.bwd_dkdv_shared_bytes(256) == 65536 + 65536 + 49152 + 1024
             assert kv.ctas == (256 * 64,) * 4 and kv.groups == 1  # four key tiles, each every query
             assert dq.step == (128, 32) and dq.smem == h.bwd_shared_bytes(256, 32) and dq.matmuls == 3
             assert dq.ctas == (256 * 128, 256 * 128) and dq.groups == 1  # two query tiles, each every key
@@ -572,6 +573,32 @@ def test_sm90_fused_backward_covers_softcap_and_varlen():
             # a build without them keeps the pair for softcap / varlen
             got, _ = am.sm90_launches("bwd", s, pair + fused[:0], softcap=True, varlen=True, dq_mode=mode)
             assert [lau.kernel for lau in got] == [h.bwd_kernel_name(p, d, 30.0, "_bf16", True) for p in ("dkdv", "dq")]
+
+
+def test_sm90_fused_backward_at_d256_is_the_split_kernel_with_dq():
+    """Where the build has them, head_dim 256 runs the fused kernel (dense or varlen, with or without softcap, both dQ
+    modes) in place of the dK/dV + dQ pair: the split dK/dV kernel's geometry (64-key CTAs, 32-query tiles, its
+    shared memory plus two 4 KiB dS buffers), five matmuls a pair, and dQ's convert pass is the d128 one (the
+    accumulator's head-dim halves read as twice the heads)."""
+    from pykern.ops import _attention_sm90 as h
+
+    pair = [h.bwd_kernel_name(p, 256, sc, "_bf16", vl) for p in ("dkdv", "dq") for sc in (0.0, 30.0)
+            for vl in (False, True)]
+    fused = [h.bwd_fused_kernel_name(256, det, "_bf16", sc, vl) for det in (False, True) for sc in (0.0, 30.0)
+             for vl in (False, True)]
+    s = am.Shape(1, 1, 256, 256, False)
+    for mode in am.DQ_MODES:
+        for softcap, varlen in am.SM90_BWD_KINDS:
+            kv, _ = am.sm90_launches("bwd", s, pair, softcap=softcap, varlen=varlen, dq_mode=mode)[0]
+            (lau,), why = am.sm90_launches("bwd", s, pair + fused, softcap=softcap, varlen=varlen, dq_mode=mode)
+            assert why == "" and lau.kernel == h.bwd_fused_kernel_name(256, mode == "deterministic", "_bf16",
+                                                                       30.0 if softcap else 0.0, varlen)
+            assert lau.ctas == kv.ctas == (256 * 64,) * 4 and lau.step == kv.step == (32, 64)
+            assert lau.matmuls == 5 and lau.smem == kv.smem + 2 * 64 * 32 * 2 == h.bwd_fused_shared_bytes(256)
+            # dQ's fp32 adds: 32 x 256 floats a (query tile, key tile) pair, 8 x 4 such pairs
+            assert lau.hbm_bytes - kv.hbm_bytes == 256 * 256 * 4 * 4
+    assert [n for n, _ in am.memory_kernels("bwd", s, "wgmma", sm90_fused=True)] == [
+        "attention_bwd_tc_prep_bf16", "attention_bwd_tc_dq_reduce_d128_bf16"]
 
 
 def test_only_the_current_d128_forward_plays_ping_pong():

@@ -387,21 +387,25 @@ def test_backward_head_dim_v_errors_name_v_and_grad_out() -> None:
 
 
 # head_dim 256: (batch, n_q, n_k, heads, kv_heads, causal, window, softcap, dtype); several 64-key CTAs of the
-# dK/dV kernel (the head dim split across its consumers) and 32-query / 32-key streamed tiles, off the tiles
+# fused kernel (the head dim split across its consumers) and 32-query streamed tiles, off the tiles
 BWD_D256 = [
     (2, 100, 150, 4, 2, True, (-1, -1), 0.0, "bf16"),   # causal, GQA 2, batch 2
     (1, 90, 200, 4, 1, False, (60, 20), 0.0, "f16"),    # a window, GQA 4, n_q < n_k
     (1, 150, 130, 2, 2, True, (-1, -1), 2.0, "f16"),    # softcap, n_q > n_k causal: rows that see no key
     (None, 70, 70, 2, 1, False, (-1, 30), 1.5, "bf16"),  # softcap, 3-D inputs, a right window only
+    # n_q a multiple of 64: the workspace is not allocated zeroed, the pre-pass's row zeroing covers all of it
+    (1, 128, 100, 2, 1, False, (-1, -1), 0.0, "bf16"),
 ]
 
 
 @pytest.mark.parametrize("case", BWD_D256, ids=lambda c: "{}-q{}-k{}-h{}/{}-c{}-w{},{}-cap{}".format(
     c[8], *c[1:6], *c[6], c[7]))
-def test_backward_d256_runs_both_sm90_kernels_vs_float64_same_bits_under_every_schedule(case, monkeypatch) -> None:
-    """head_dim 256: dK / dV on wgmma (attention_bwd_sm90_dkdv_d256[_softcap], 64-key CTAs whose consumers split
-    the head dim) and dQ on wgmma (_dq_d256, 32-key tiles); no mma.sync kernel runs. Every gradient equals
-    float64; the reverse and a random thread order give the same bits."""
+def test_backward_d256_runs_the_fused_sm90_kernel_vs_float64_det_same_bits_under_every_schedule(case,
+                                                                                             monkeypatch) -> None:
+    """head_dim 256: one fused kernel (attention_bwd_sm90_fused[_det]_d256[_softcap]: 64-key CTAs whose consumers
+    split the head dim, dQ's partials dS K added into the fp32 accumulator, its halves read back by the d128
+    convert pass); no separate dQ kernel and no mma.sync kernel runs. deterministic=True: the forward, reverse and
+    a random thread order give the same bits, equal to float64; the atomic kernel equals float64 too."""
     from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
     b, n_q, n_k, h, kvh, causal, win, cap, dtype = case
@@ -411,16 +415,22 @@ def test_backward_d256_runs_both_sm90_kernels_vs_float64_same_bits_under_every_s
     runs = []
     for schedule in ("forward", "reverse", "random:7"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
-        runs.append(ops.attention_backward(q, k, v, g, causal=causal, window_size=win, softcap=cap, backend=HOST))
+        runs.append(ops.attention_backward(q, k, v, g, causal=causal, window_size=win, softcap=cap,
+                                           deterministic=True, backend=HOST))
     c = "_softcap" if cap else ""
-    assert names[:3] == [f"attention_bwd_lse{c}_{dtype}", f"attention_bwd_sm90_dkdv_d256{c}_{dtype}",
-                         f"attention_bwd_sm90_dq_d256{c}_{dtype}"]
+    assert names[:4] == [f"attention_bwd_lse{c}_{dtype}", f"attention_bwd_tc_prep_{dtype}",
+                         f"attention_bwd_sm90_fused_det_d256{c}_{dtype}", f"attention_bwd_tc_dq_reduce_d128_{dtype}"]
     ref = np_attention_backward(q, k, v, g, causal=causal, window_size=win, softcap=cap)
     for name, got, want in zip(("dq", "dk", "dv"), runs[0], ref):
         close(name, got, want, "attention_backward", dtype)
     for other in runs[1:]:
         for x, y in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(x).view(np.uint16), np.asarray(y).view(np.uint16))
+    del names[:]
+    atomic = ops.attention_backward(q, k, v, g, causal=causal, window_size=win, softcap=cap, backend=HOST)
+    assert names[-2] == f"attention_bwd_sm90_fused_d256{c}_{dtype}", names
+    for name, got, want in zip(("dq", "dk", "dv"), atomic, ref):
+        close(name, got, want, "attention_backward", dtype)
 
 
 def test_backward_d256_keeps_mma_sync_with_pykern_sm90_off(monkeypatch) -> None:
@@ -791,7 +801,8 @@ BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_d256{c}_{t}" for vl in ("", "varlen
 BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_{s}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                 for s in ("d96", "d192_dv128") for c in ("", "_softcap") for t in ("bf16", "f16")]
 BWD_FUSED_KERNELS = [f"attention_bwd_{vl}sm90_fused{det}_d{d}{c}_{t}" for vl in ("", "varlen_")
-                     for det in ("", "_det") for d in (64, 128) for c in ("", "_softcap") for t in ("bf16", "f16")]
+                     for det in ("", "_det") for d in (64, 128, 256) for c in ("", "_softcap")
+                     for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
@@ -812,9 +823,10 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0
     # a flat loop of HGMMAs; the fused kernels' named barriers (the dS hand-off between the consumers, and in
-    # _det the semaphore warp's two) and the d256 dK/dV kernels' one (the S^T / dP^T swap) are the only barriers
-    fused, split = "_fused" in kernel, "_dkdv_d256" in kernel
-    assert loops[kernel]["bar"] == (2 if "_det" in kernel else 1 if fused or split else 0)
+    # _det the semaphore warp's two) and the d256 dK/dV kernels' one (the S^T / dP^T swap, also in the fused d256
+    # ones) are the only barriers
+    fused, split = "_fused" in kernel, "_dkdv_d256" in kernel or "_d256" in kernel and "_fused" in kernel
+    assert loops[kernel]["bar"] == (2 if "_det" in kernel else 1 if fused else 0) + split
     assert loops[kernel]["mma"] > 0
     ops_ = kernel_ops(_bwd_listing()[1], kernel)
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 4      # Q, dO, K, V tiles
@@ -838,9 +850,9 @@ BWD_LOOP_BAR = {
     "dkdv_d64": 6.18, "dkdv_d128": 4.19, "dq_d64": 2.33, "dq_d128": 1.40,
     "dkdv_d64_softcap": 7.2, "dkdv_d128_softcap": 4.68, "dq_d64_softcap": 3.66, "dq_d128_softcap": 2.07,
     "dq_d256": 1.46, "dq_d256_softcap": 1.79,  # 32-key tiles
-    # d256 dK/dV: 16-query tiles whose per-tile work (descriptors, lse / delta loads, the S^T / dP^T swap through
-    # shared memory) weighs on half the MMAs a d128 tile has (varlen: 7.42 / 7.91)
-    "dkdv_d256": 7.91, "dkdv_d256_softcap": 8.43,
+    # d256 dK/dV: 32-query tiles (consumer 0 forms P^T, consumer 1 dP^T - delta before the swap through shared
+    # memory; varlen 5.41 / 6.16); 7.91 / 8.43 with 16-query tiles, whose per-tile work weighed on half the MMAs
+    "dkdv_d256": 5.64, "dkdv_d256_softcap": 6.4,
     # d96: 32-column boxes (64B swizzle), dK/dV on 32-query tiles; 192 / 128: dK/dV on 16-query tiles (160
     # accumulator registers a thread), whose fixed cost a tile weighs more
     "dkdv_d96": 5.19, "dq_d96": 1.74, "dkdv_d96_softcap": 5.88, "dq_d96_softcap": 2.63,
@@ -856,7 +868,13 @@ DQ_LOOP_BAR_D128 = 2.0  # the dq kernel's bar at d128 (FA3's design estimate is 
 # time (a sequence's first row need not be even: no 8-byte pair loads, and a check against the sequence's end).
 BWD_FUSED_LOOP_BAR = {(64, "", ""): 4.42, (128, "", ""): 3.46, (64, "", "_softcap"): 5.23,
                       (128, "", "_softcap"): 3.87, (64, "varlen_", ""): 4.74, (128, "varlen_", ""): 3.59,
-                      (64, "varlen_", "_softcap"): 5.55, (128, "varlen_", "_softcap"): 3.99}
+                      (64, "varlen_", "_softcap"): 5.55, (128, "varlen_", "_softcap"): 3.99,
+                      # d256 (the split kernel with dQ fused; 160 m16n8k16-equivalents a warp a 32-query tile):
+                      # 845 instructions a tile (det 851), against 721 for the unfused dK/dV kernel's 128 plus the
+                      # dQ kernel's share of its 279 for a tile pair; the 64 red.add a thread a tile, their
+                      # addresses, the dS stores and the second barrier are the difference (16-query tiles: 7.78)
+                      (256, "", ""): 5.32, (256, "", "_softcap"): 5.9, (256, "varlen_", ""): 5.3,
+                      (256, "varlen_", "_softcap"): 5.89}
 
 
 @pytest.mark.parametrize("kernel", BWD_FUSED_KERNELS)
@@ -864,7 +882,8 @@ def test_backward_fused_steady_loop_within_its_bar(kernel: str) -> None:
     _, _, loops = _bwd_sass()
     loop = loops[kernel]
     d = int(kernel.split("_d")[-1].split("_")[0])
-    assert loop["mma"] == 5 * sm90.bwd_dkdv_step(d) * d / 128
+    # d256 (the head dim split): a consumer computes one of S^T / dP^T and half of dV, dK and dQ^T, half the work
+    assert loop["mma"] == 5 * sm90.bwd_dkdv_step(d) * d / (256 if sm90.bwd_dkdv_split(d) else 128)
     key = (d, "varlen_" if "_varlen_" in kernel else "", "_softcap" if "_softcap" in kernel else "")
     assert loop["per_mma"] <= BWD_FUSED_LOOP_BAR[key], loop
 

@@ -224,7 +224,7 @@ VARLEN_BWD = [
     # d96 (32-column boxes, 64B swizzle)
     ([5, 130, 0, 1, 7], [9, 200, 3, 0, 140], 4, 2, 96, True, (-1, -1), 0.0, "f16"),
     ([129, 30, 0], [260, 30, 5], 2, 1, 96, False, (70, 10), 2.0, "bf16"),
-    # d256 (dK/dV: 64-key CTAs, the head dim split across the consumers; dQ: 32-key tiles)
+    # d256 (the fused kernel: 64-key CTAs, the head dim split across the consumers, 32-query tiles)
     ([5, 70, 0, 1, 40], [9, 130, 3, 0, 70], 4, 2, 256, True, (-1, -1), 0.0, "bf16"),
     ([90, 30, 0], [150, 30, 5], 2, 1, 256, False, (50, 20), 2.0, "f16"),
 ]
@@ -248,8 +248,9 @@ def test_varlen_backward_sm90_vs_float64(case, monkeypatch) -> None:
     if d in sm90.BWD_FUSED_HEAD_DIMS:
         # the fused kernel (with and without softcap): the pre-pass over the packed rows (delta, the lse / delta
         # runs, the zeroed dQ accumulator), the kernel, the narrowing of the accumulator
+        # (d256: the d128 convert pass over the accumulator's head-dim halves)
         assert names == [f"attention_bwd_tc_prep_{kind}", f"attention_bwd_varlen_sm90_fused_d{d}{c}_{kind}",
-                         f"attention_bwd_tc_dq_reduce_d{d}_{kind}"]
+                         f"attention_bwd_tc_dq_reduce_d{sm90.bwd_fused_acc_split(d)[0]}_{kind}"]
     else:  # d96: the dK/dV kernel and the dQ kernel
         assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d{d}{c}_{kind}",
                          f"attention_bwd_varlen_sm90_dq_d{d}{c}_{kind}"]
@@ -296,6 +297,33 @@ def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(m
     for name, a, b, ref in zip(("dq", "dk", "dv"), runs[0], tc, (rq, rk, rv)):
         close(name, a, ref, "flash_attention_varlen_backward", "f16")
         close(name, b, ref, "flash_attention_varlen_backward", "f16")
+
+
+def test_varlen_backward_d256_det_same_bits_under_every_schedule(monkeypatch) -> None:
+    """deterministic=True at head_dim 256: the semaphore-ordered fused d256 kernel (each consumer adds its half of
+    the head dim into a run of its own); forward, reverse and random thread orders give the same bits, equal to
+    float64. Sequences with keys but no query and queries but no key, key tiles that run into the next sequence."""
+    from pykern.ops import flash_attention_varlen_backward
+
+    rng = np.random.default_rng(9)
+    lq, lk = [50, 0, 70, 20], [100, 7, 90, 0]
+    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 2, 1, 256, "bf16")
+    g = fa_inputs(rng, 1, sum(lq), 1, 2, 1, 256, 256, "bf16")[0][0]
+    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, (-1, -1), 0.0)
+    out, lse = out64.astype(q.dtype), lse64.astype(np.float32)
+    runs = []
+    names = _record(monkeypatch)
+    for schedule in ("forward", "reverse", "random:4"):
+        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+        runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
+                                                    deterministic=True, backend=HOST))
+    assert names[:3] == ["attention_bwd_tc_prep_bf16", "attention_bwd_varlen_sm90_fused_det_d256_bf16",
+                         "attention_bwd_tc_dq_reduce_d128_bf16"]
+    for other in runs[1:]:
+        for a, b in zip(runs[0], other):
+            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
+    for name, got, ref in zip(("dq", "dk", "dv"), runs[0], (rq, rk, rv)):
+        close(name, got, ref, "flash_attention_varlen_backward", "bf16")
 
 
 def test_varlen_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:

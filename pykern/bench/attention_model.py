@@ -596,13 +596,13 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
         return pads + memory_kernels(phase, _padded(s), variant, dq_mode, sm90_fused)
     if variant == "wgmma" and sm90_fused:
         # the sm_90a fused kernel (both modes): the prep zeroes the fp32 accumulator (rows padded to 64), the
-        # reduce reads it and writes dQ
+        # reduce reads it and writes dQ (d256: the d128 reduce over the accumulator's head-dim halves)
         from ..ops import _attention_sm90 as h
 
         n_ws = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * s.head_dim
         rows_pad = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * 4
         return [("attention_bwd_tc_prep_bf16", 2 * b["o"] + b["row"] + 2 * rows_pad + 4 * n_ws),
-                (f"attention_bwd_tc_dq_reduce_d{s.head_dim}_bf16", 4 * n_ws + b["q"])]
+                (f"attention_bwd_tc_dq_reduce_d{h.bwd_fused_acc_split(s.head_dim)[0]}_bf16", 4 * n_ws + b["q"])]
     if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
         return [("attention_bwd_preprocess_bf16", 2 * b["o"] + b["row"])]  # dO and out read, delta written
     D, br, bc = s.head_dim, ta._FUSED_BR[s.head_dim], ta._FUSED_BC
@@ -662,10 +662,11 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why).
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
-    sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the current backward runs both
-    kernels on wgmma (dK / dV: 64-key CTAs, 16-query tiles, `bwd_dkdv_rows` / `bwd_dkdv_step`); the 2026-11-27
-    build had no sm_90a backward there (nor softcap / varlen ones). The current backward (dense or varlen, with or
-    without softcap) at head_dim 64 / 128 is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
+    sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the dK / dV kernel has 64-key
+    CTAs and 32-query tiles (`bwd_dkdv_rows` / `bwd_dkdv_step`), its consumers splitting the head dim; without the
+    fused kernel the dQ kernel runs beside it; the 2026-11-27 build had no sm_90a backward there (nor softcap /
+    varlen ones). The current backward (dense or varlen, with or without softcap) at head_dim 64 / 128 / 256 is
+    the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
     semaphore chain's fill where the right side is unbounded, `SEM_LINK_CLK` a link; with a bounded right side
     (causal) the adds go in descending key-tile order, which the CTAs' walks already follow: no wait modelled)."""
     from ..ops import _attention_sm90 as h
@@ -707,14 +708,16 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     det = dq_mode == "deterministic"
     fused = h.bwd_fused_kernel_name(D, det, "_bf16", 1.0 if softcap else 0.0, varlen)
     if build != MEASURED_BUILD and s.head_dim in h.BWD_FUSED_HEAD_DIMS and fused in kernels:
-        c = h.bwd_dkdv_step(D)
-        ctas = _key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)
+        # d256: the split kernel's 64 keys a CTA (each consumer computes one of S^T / dP^T and half of dV, dK and
+        # dQ^T, so the executed FLOP stay five matmuls a pair)
+        c, rows = h.bwd_dkdv_step(D), h.bwd_dkdv_rows(D)
+        ctas = _key_tiles(s.seq, s.seq, s.causal, rows, c, s.heads // s.kvh)
         groups = s.batch * s.kvh
-        dq_bytes = sum(ctas) // h.BWD_ROWS * D * 4 * groups  # RED.ADD of a C x D fp32 block per tile pair
+        dq_bytes = sum(ctas) // rows * D * 4 * groups  # RED.ADD of a C x D fp32 block per tile pair
         chain = SEM_LINK_CLK * (len(ctas) - 1) if det and not s.causal else 0.0
         return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(D),
                        tuple(ctas[::-1] if det and s.causal else ctas), groups, D, 5,
-                       reads + b["k"] + b["v"] + dq_bytes, (c, h.BWD_ROWS), mma_warps=mma_warps,
+                       reads + b["k"] + b["v"] + dq_bytes, (c, rows), mma_warps=mma_warps,
                        chain_clk=chain)], ""
     dq_step = h.bwd_dq_step(D)
     dq = Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, dq_step),
@@ -1038,8 +1041,9 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                ) -> dict[str, Any]:
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
-    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (both on
-    wgmma, dK / dV with the head dim split across the consumers) at the same seqs and hidden size); the fused
+    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (the fused
+    kernel: dK / dV with the head dim split across the consumers, dQ's partials added from it) at the same seqs and
+    hidden size); the fused
     mma.sync backward in each of `dq_modes`. The default shapes include 192 / 128 (default_dv_shapes) on every
     arch: forward and backward on the sm_90a kernels of that shape, on mma.sync the head_dim 256 kernels (the
     backward on v / dO padded)."""

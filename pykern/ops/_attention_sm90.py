@@ -362,16 +362,17 @@ def bwd_dq_step(d: int) -> int:
 
 def bwd_dkdv_step(d: int, d_v: int | None = None) -> int:
     """Queries per streamed tile of the dK/dV kernel (AB90_DKDV_STEP): 32 where dK and dV take 96 accumulator
-    registers a thread or more (head_dim + head_dim_v >= 192), 16 at 192 / 128 (160 of them) and at d256 (where
-    the consumers split the head dim, `bwd_dkdv_split`: 128 of them, and 32 queries spill), else 64."""
+    registers a thread or more (head_dim + head_dim_v >= 192) and at d256 (where the consumers split the head dim,
+    `bwd_dkdv_split`: 128 of them, and neither consumer holds both S^T and dP^T), 16 at 192 / 128 (160 of them),
+    else 64."""
     both = d + (d if d_v is None else d_v)
-    return 16 if both >= 320 else 32 if both >= 192 else 64
+    return 32 if both >= 512 else 16 if both >= 320 else 32 if both >= 192 else 64
 
 
 def bwd_dkdv_split(d: int, d_v: int | None = None) -> bool:
     """Whether the dK/dV kernel splits the head dim across its consumers (AB90_DKDV_SPLIT: d256): the CTA owns
-    64 keys, consumer 0 computes S^T and consumer 1 dP^T, they swap them through shared memory, and each
-    accumulates half of dK's and dV's columns."""
+    64 keys, consumer 0 computes S^T and turns it into P^T, consumer 1 dP^T and turns it into dP^T - delta, they
+    swap them through shared memory, and each accumulates half of dK's and dV's columns."""
     return d + (d if d_v is None else d_v) >= 512
 
 
@@ -381,11 +382,12 @@ def bwd_dkdv_rows(d: int, d_v: int | None = None) -> int:
 
 
 def bwd_dkdv_shared_bytes(d: int, d_v: int | None = None) -> int:
-    """Dynamic shared memory of the dK/dV kernel (AB90_SMEM_BYTES at its rows and step), plus the split's S^T /
-    dP^T swap buffers (AB90_XCH_BYTES: 2 tile parities x 2 consumers x step / 2 floats x 128 threads)."""
+    """Dynamic shared memory of the dK/dV kernel (AB90_SMEM_BYTES at its rows and step), plus the split's swap
+    buffers (AB90_XCH_BYTES: 2 tile parities x 3 slots (P^T, dP^T - delta, softcap's P^T (1 - t^2)) x step / 2
+    floats x 128 threads)."""
     d_v = d if d_v is None else d_v
     c, rows = bwd_dkdv_step(d, d_v), bwd_dkdv_rows(d, d_v)
-    xch = 2 * 2 * (c // 2) * 128 * 4 if bwd_dkdv_split(d, d_v) else 0
+    xch = 2 * 3 * (c // 2) * 128 * 4 if bwd_dkdv_split(d, d_v) else 0
     return rows * (d + d_v) * 2 + 2 * c * (d + d_v) * 2 + xch + 1024
 
 
@@ -472,19 +474,28 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     return dq, dk, dv
 
 
-# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_d{64,128}[_softcap]): dense and varlen,
-# with or without softcap.
+# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_d{64,128,256}[_softcap]): dense and
+# varlen, with or without softcap.
 # the fused kernel's dS / dQ^T layout: 64-column boxes (128B swizzle) and two consumers of 32 queries (d128) or
-# 64 head-dim rows (d64); d96 and 192 / 128 keep the dK/dV + dQ pair
-BWD_FUSED_HEAD_DIMS = (64, 128)
+# 64 head-dim rows (d64), or at d256 the split dK/dV kernel's 64 keys with 128 head-dim rows a consumer
+# (`bwd_dkdv_split`); d96 and 192 / 128 keep the dK/dV + dQ pair
+BWD_FUSED_HEAD_DIMS = (64, 128, 256)
 BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multiple of this (every query tile)
 
 
 def bwd_fused_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the fused kernel (AB90_FUSED_SMEM_BYTES): the dK/dV kernel's and two dS buffers of
-    BWD_ROWS keys x the streamed tile's queries."""
+    """Dynamic shared memory of the fused kernel: the dK/dV kernel's (`bwd_dkdv_shared_bytes`, the split's swap
+    buffers included at d256) and two dS buffers of its keys (`bwd_dkdv_rows`) x the streamed tile's queries."""
     c = bwd_dkdv_step(d)
-    return bwd_shared_bytes(d, c) + 2 * BWD_ROWS * c * 2
+    return bwd_dkdv_shared_bytes(d) + 2 * bwd_dkdv_rows(d) * c * 2
+
+
+def bwd_fused_acc_split(d: int) -> tuple[int, int]:
+    """(head-dim columns, runs a head) of the fused kernel's fp32 dQ accumulator: (d, 1) below d256, where it is
+    (batch, heads, nq_pad, d); (128, 2) at d256 (`bwd_dkdv_split`), where each consumer adds its half of the head
+    dim into a run of its own, (batch, heads, 2, nq_pad, 128): a d128 accumulator with twice the heads, which the
+    d128 convert pass (attention_bwd_tc_dq_reduce_d128) reads as dQ's (batch, query, 2 * heads, 128)."""
+    return (128, 2) if bwd_dkdv_split(d) else (d, 1)
 
 
 def bwd_fused_kernel_name(d: int, deterministic: bool, suffix: str, softcap: float = 0.0,
@@ -504,7 +515,7 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
                        dims: tuple[int, ...], nq_pad: int, scale: float, win: tuple[int, int], deterministic: bool,
                        suffix: str, stream: Any, backend: str | None, softcap: float = 0.0) -> bool:
     """Run attention_bwd_sm90_fused[_det]_d{D}[_softcap]{suffix} into dk, dv and the fp32 dQ accumulator dq_acc (batch,
-    heads, nq_pad, D), zeroed, when the arrays suit TMA; False (nothing launched) otherwise. lse2 (times log2 e) and
+    heads, nq_pad, D) (d256: (batch, heads, 2, nq_pad, 128), `bwd_fused_acc_split`), zeroed, when the arrays suit TMA; False (nothing launched) otherwise. lse2 (times log2 e) and
     dlt are attention_bwd_tc_prep's (batch, heads, nq_pad) runs; nq_pad a multiple of BWD_FUSED_PAD. The caller
     checked `backward_fused_usable`. deterministic: the semaphore-ordered kernel (its int32 semaphores are
     allocated and zeroed here)."""
@@ -514,16 +525,17 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
 
     b, n_q, n_k, h, kvh, d = dims
     wl, wr = win
-    n_blocks = b * kvh * -(-n_k // BWD_ROWS)
+    rows = bwd_dkdv_rows(d)
+    n_blocks = b * kvh * -(-n_k // rows)
     if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < n_q:
         return False
     name = get_backend(backend).name
     c = bwd_dkdv_step(d)
     q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
     k4, v4 = (a.reshape((b, n_k, kvh, d)) for a in (k, v))
-    try:  # boxes as the dK/dV kernel's: 64 head-dim columns by c queries / BWD_ROWS keys
+    try:  # boxes as the dK/dV kernel's: 64 head-dim columns by c queries / `rows` keys
         tq, tdo = (make_tensor_map(a, (1, c, 1, 64), "128B", backend=name) for a in (q4, g4))
-        tk, tv = (make_tensor_map(a, (1, BWD_ROWS, 1, 64), "128B", backend=name) for a in (k4, v4))
+        tk, tv = (make_tensor_map(a, (1, rows, 1, 64), "128B", backend=name) for a in (k4, v4))
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the caller takes another path
         return False
     # one semaphore per (batch, head, query tile of c); the atomic kernel never reads it
@@ -546,8 +558,8 @@ def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: An
                               win: tuple[int, int], softcap: float, deterministic: bool, suffix: str, stream: Any,
                               backend: str | None) -> bool:
     """flash_attention_varlen_backward: run attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]{suffix} into dk,
-    dv and the fp32 dQ accumulator dq_acc (heads, nq_pad, D) over the packed rows (a token's row at its packed
-    index), zeroed, when the packed arrays suit TMA; False (nothing launched) otherwise. q, g (total_q, heads, D),
+    dv and the fp32 dQ accumulator dq_acc (heads, nq_pad, D) (d256: (heads, 2, nq_pad, 128)) over the packed rows
+    (a token's row at its packed index), zeroed, when the packed arrays suit TMA; False (nothing launched) otherwise. q, g (total_q, heads, D),
     k, v (total_k, kv_heads, D); lse2 (times log2 e) and dlt attention_bwd_tc_prep's (heads, nq_pad) runs of the
     packed rows as one batch; nq_pad a multiple of BWD_FUSED_PAD >= total_q + BWD_FUSED_PAD (`bwd_varlen_fused_pad`:
     a query tile's zero adds past a sequence's end stay inside the head's run); dims (batch, max_q, max_k, heads,
@@ -558,7 +570,8 @@ def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: An
 
     batch, max_q, max_k, h, kvh, d = dims
     wl, wr = win
-    n_blocks = batch * kvh * -(-max_k // BWD_ROWS)
+    rows = bwd_dkdv_rows(d)
+    n_blocks = batch * kvh * -(-max_k // rows)
     total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
     if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < bwd_varlen_fused_pad(total_q):
         return False
@@ -567,7 +580,7 @@ def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: An
     q4, g4 = (a.reshape((1, total_q, h, d)) for a in (q, g))
     k4, v4 = (a.reshape((1, total_k, kvh, d)) for a in (k, v))
     try:  # the packed rows as one batch; boxes as the dense fused kernel's
-        tq, tdo, tk, tv = _tensor_maps(name, (c, BWD_ROWS), q4, g4, k4, v4)
+        tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4)
     except ArgumentError:  # no query or key at all, or a base off 16 bytes: the caller takes another path
         return False
     sem = arrays.zeros((max(batch * h * -(-max_q // c), 1) if deterministic else 1,), np.int32, like=dq_acc)

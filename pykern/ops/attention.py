@@ -26,6 +26,7 @@ from ._attention_sm90 import (
     BWD_FUSED_PAD as _SM90_FUSED_PAD,
     backward_fused_usable as _sm90_fused_usable,
     backward_usable as _sm90_backward_usable,
+    bwd_fused_acc_split as _sm90_fused_acc_split,
     bwd_varlen_fused_pad as _sm90_varlen_fused_pad,
     try_backward_fused as _sm90_backward_fused,
     try_backward as _sm90_backward,
@@ -717,7 +718,7 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
 
 
 def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
-    """sm_90a, head_dim 64 / 128, with or without softcap: FlashAttention-3's backward, one kernel per key tile
+    """sm_90a, head_dim 64 / 128 / 256, with or without softcap: FlashAttention-3's backward, one kernel per key tile
     (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
     accumulator (red.global.add.f32; deterministic: in key-tile order per query tile, through semaphores); the
     pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch, and a small kernel narrows
@@ -754,14 +755,19 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     n_dq = n_rows * d
-    _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
-            _flat(dq), n_dq, n_q, n_k, h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+    # d256: the accumulator's runs are the head dim's halves, read as a d128 one with twice the heads (the zeroing
+    # above covers it all the same: the runs past n_q are zeros, and with nq_pad == n_q the pre-pass zeroes every
+    # element of the workspace)
+    dr, runs = _sm90_fused_acc_split(d)
+    _launch(f"attention_bwd_tc_dq_reduce_d{dr}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
+            _flat(dq), n_dq, n_q, n_k, h * runs, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream,
+            backend=backend)
     return dq, dk, dv
 
 
 def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, win, softcap, deterministic, sfx,
                        stream, backend):
-    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 128: the fused dK/dV/dQ kernel
+    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 128 / 256: the fused dK/dV/dQ kernel
     (attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]). The packed rows are one batch of total_q queries to
     the pre-pass (delta, the (heads, nq_pad) lse / delta runs, the zeroed fp32 dQ accumulator, a token's row at
     its packed index) and to the narrowing kernel (times scale into dq). None (nothing but the pre-pass launched)
@@ -773,17 +779,21 @@ def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, wi
     n_ws = h * nq_pad * d
     lse2 = arrays.zeros((h * nq_pad,), np.float32, like=q)
     dlt = arrays.zeros((h * nq_pad,), np.float32, like=q)
-    # rows < total_q zeroed by the pre-pass; the rows past it take only zero adds and are never read
-    dq_ws = arrays.empty((n_ws,), np.float32, like=q)
+    # rows < total_q zeroed by the pre-pass; the rows past it take only zero adds and are never read. d256: the
+    # runs are the head dim's halves, (heads, 2, nq_pad, 128), whose rows < total_q are not the pre-pass's, so the
+    # workspace starts zeroed instead
+    dr, runs = _sm90_fused_acc_split(d)
+    dq_ws = (arrays.zeros if runs > 1 else arrays.empty)((n_ws,), np.float32, like=q)
     _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g), _flat(out), _flat(lse), dlt, lse2,
-            dlt, dq_ws, n_rows, total_q, h, nq_pad, d, 1, 1, stream=stream, backend=backend)
+            dlt, dq_ws, n_rows, total_q, h, nq_pad, d, 1, int(runs == 1), stream=stream, backend=backend)
     if not _sm90_varlen_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), cq, ck, dims, nq_pad,
                                        scale, win, softcap, deterministic, sfx, stream, backend):
         return None
     n_dq = n_rows * d
     wl, wr = win
-    _launch(f"attention_bwd_tc_dq_reduce_d{d}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
-            _flat(dq), n_dq, total_q, max_k, h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream, backend=backend)
+    _launch(f"attention_bwd_tc_dq_reduce_d{dr}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
+            _flat(dq), n_dq, total_q, max_k, h * runs, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream,
+            backend=backend)
     return dq, dk, dv
 
 

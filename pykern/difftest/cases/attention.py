@@ -736,16 +736,18 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
         dlt[:, :, :n_q] = (out64 * g.astype(np.float64)).sum(axis=-1).reshape(1, n_q, h).transpose(0, 2, 1)
         return lse2, dlt
 
+    dr, runs = sm90.bwd_fused_acc_split(d)  # d256: the accumulator's runs are the head dim's halves
+
     def run(backend: str) -> dict[str, Any]:
         lse2, dlt = stats()
-        dq_acc = np.zeros((1, h, nq_pad, d), np.float32)
+        dq_acc = np.zeros((1, h, runs, nq_pad, dr), np.float32)
         dk, dv = np.zeros_like(k), np.zeros_like(v)
         wl, wr = normalize(*window, causal, n_q, n_k)
         if not sm90.try_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
                                        dk.reshape(-1), dv.reshape(-1), (1, n_q, n_k, h, kvh, d), nq_pad, scale,
                                        (wl, wr), deterministic, _sfx(kind), None, backend, softcap):
             raise _declined(name, backend)
-        dq = (dq_acc[0, :, :n_q] * np.float32(scale)).transpose(1, 0, 2)[None]
+        dq = (dq_acc[0, :, :, :n_q] * np.float32(scale)).transpose(2, 0, 1, 3).reshape(n_q, h, d)[None]
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def ref() -> dict[str, Any]:
@@ -782,8 +784,10 @@ def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[in
     lse2[:, :total_q] = (lse64 * np.log2(np.e)).T  # -inf (a sequence without keys) stays -inf
     dlt[:, :total_q] = (out64 * f64(g)).sum(axis=-1).T
 
+    dr, runs = sm90.bwd_fused_acc_split(d)  # d256: the accumulator's runs are the head dim's halves
+
     def run(backend: str) -> dict[str, Any]:
-        dq_acc = np.zeros((h, nq_pad, d), np.float32)
+        dq_acc = np.zeros((h, runs, nq_pad, dr), np.float32)
         dk, dv = np.zeros_like(k), np.zeros_like(v)
         wl, wr = normalize_serving(*window, causal)
         if not sm90.try_varlen_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
@@ -791,7 +795,8 @@ def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[in
                                               (len(lq), max(lq), max(lk), h, kvh, d), nq_pad, scale, (wl, wr),
                                               softcap, deterministic, _sfx(kind), None, backend):
             raise _declined(name, backend)
-        return {"dq": (dq_acc[:, :total_q] * np.float32(scale)).transpose(1, 0, 2), "dk": dk, "dv": dv}
+        dq = (dq_acc[:, :, :total_q] * np.float32(scale)).transpose(2, 0, 1, 3).reshape(total_q, h, d)
+        return {"dq": dq, "dk": dk, "dv": dv}
 
     shape = (f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-det" if deterministic else "")
              + ("-causal" if causal else ""))
@@ -866,6 +871,16 @@ SM90_VARLEN_FUSED_BACKWARD_OTHER = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 64
                                     (([70, 1, 90], [33, 140, 20]), 2, 1, 128, True, (-1, -1), 2.0),
                                     (([100, 0, 30], [150, 5, 60]), 2, 1, 64, True, (-1, -1), 1.5),
                                     (([60, 30], [130, 30]), 4, 2, 128, False, (-1, -1), 0.0))
+# The fused d256 kernels (dense and varlen, with and without softcap; each causal and not): the same rows as the
+# tables above (n_q, n_k, heads, kv_heads, head_dim, causal, window, softcap) / ((lq, lk), ...). 64 keys a CTA, so
+# at most 8 CTAs means at most 2 key tiles a (sequence, kv head) in varlen; query tiles of 16 rows, several key
+# tiles each, GQA, a window, n_q > n_k, a sequence with keys but no query and one with queries but no key.
+SM90_FUSED_BACKWARD_D256 = ((100, 190, 4, 2, 256, True, (-1, -1), 0.0), (150, 130, 2, 1, 256, False, (60, 20), 0.0),
+                            (130, 200, 2, 1, 256, False, (-1, -1), 2.0), (90, 150, 2, 1, 256, True, (-1, -1), 2.5))
+SM90_VARLEN_FUSED_BACKWARD_D256 = ((([5, 70, 0, 40], [9, 120, 3, 0]), 2, 1, 256, True, (-1, -1), 0.0),
+                                   (([70, 1, 90], [33, 100, 20]), 2, 1, 256, False, (50, 20), 0.0),
+                                   (([60, 30], [100, 30]), 4, 2, 256, False, (-1, -1), 2.0),
+                                   (([40, 0, 30], [70, 5, 60]), 2, 1, 256, True, (-1, -1), 1.5))
 # The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -1139,6 +1154,8 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind in ("bf16", "f16"):
         yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_SOFTCAP_OTHER,
                                               SM90_VARLEN_FUSED_BACKWARD_OTHER)
+    for kind in ("bf16", "f16"):  # d256 (the split dK/dV kernel with dQ fused), drawn last as the tables above
+        yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_D256, SM90_VARLEN_FUSED_BACKWARD_D256)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
