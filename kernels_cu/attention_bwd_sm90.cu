@@ -76,6 +76,7 @@
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
 template <> struct Ab90Dt<__half> { enum { V = PK_WGMMA_F16 }; };
+template <bool B> struct Ab90Bool { static constexpr bool value = B; };  // a compile-time flag for a generic lambda
 
 // X = A1 B1^T (K = D1) and Y = A2 B2^T (K = D2) for one consumer warpgroup: 64 rows x STEP columns each. A from
 // the resident tiles (AROWS rows per box), B from a streamed tile (STEP rows per box); boxes of AB90_BOX(D)
@@ -226,7 +227,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 
     // ---- consumers: rows = keys k0 + 64c + 16 wq + g (+ 8) (SPL: k0 + 16 wq + g (+ 8) in both) ----
     pk_setmaxnreg_inc<240>();
-    const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
+    // c through a lane-0 shuffle (as in ab90_dq): ptxas then knows it warp-uniform and keeps the K / V descriptors
+    // (and the fused dQ^T's K^T one) and their k-step advances in uniform registers, not an R2UR pair and a 64-bit
+    // add an HGMMA
+    const int c = __shfl_sync(PK_FULL_MASK, wg, 0) - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4,
+              t = lane % 4;
     float dka[DKN / 2], dva[DVN / 2];
 #pragma unroll
     for (int i = 0; i < DKN / 2; i++) dka[i] = 0.0f;
@@ -262,12 +267,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             ds_off[r][e] = pk_swizzle_offset((2 * t + e) * 128 + (16 * wq + g + 8 * r) * 2, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(kv_full, 0);
 
-    for (int i = 0; i < steps; i++) {
-        const int s = i % ST, h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
-        // VL with DQA: a key tile that runs past n_k holds the next sequence's keys (K rows that are not
-        // zeros), so their P and dS must be 0 for dQ = dS K: such a tile is masked throughout
-        const bool need_mask = q0 < span.full_lo || q0 + C - 1 > span.full_hi || tail_keys;
-        // lse * log2 e and delta of this thread's query columns q0 + 8j + 2t + e (+inf / 0 past n_q)
+    // One streamed tile: ring slot s = i % ST, query head h, queries q0..; masked: some query of the tile does not
+    // see some key of the CTA (the causal diagonal, a window edge, queries past n_q; VL with DQA: every tile of a
+    // key tile that runs past n_k, whose rows hold the next sequence's keys (K rows that are not zeros), so their
+    // P and dS must be 0 for dQ = dS K). The tiles every query of which sees every key of the CTA run without
+    // the per-element test, in a loop of their own (below), which is the steady state.
+    auto tile = [&](auto masked, const int i, const int h, const int q0) {
+        constexpr bool need_mask = decltype(masked)::value;
+        const int s = i % ST;
+        // lse * log2 e and delta of this thread's query columns q0 + 8j + 2t + e (+inf / 0 past n_q). An unmasked
+        // tile holds no query past n_q (full_hi < n_q) and none that sees no key (each sees the CTA's k0, so its
+        // lse is finite): it skips both checks.
         float l2[C / 8][2], dl[C / 8][2];
         if constexpr (DQA > 0 && !VL) {
             // the pre-pass's runs (lse already times log2 e), padded to nq_pad: a thread's two queries are one
@@ -279,11 +289,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             for (int j = 0; j < C / 8; j++) {
                 const float2 lv = *reinterpret_cast<const float2*>(lrun + 8 * j);
                 const float2 dv2 = *reinterpret_cast<const float2*>(drun + 8 * j);
-                l2[j][0] = lv.x == PK_NEG_INF ? -PK_NEG_INF : lv.x;  // a row that sees no key: P = 0
-                l2[j][1] = lv.y == PK_NEG_INF ? -PK_NEG_INF : lv.y;
+                l2[j][0] = need_mask && lv.x == PK_NEG_INF ? -PK_NEG_INF : lv.x;  // a row that sees no key: P = 0
+                l2[j][1] = need_mask && lv.y == PK_NEG_INF ? -PK_NEG_INF : lv.y;
                 dl[j][0] = dv2.x, dl[j][1] = dv2.y;
             }
-        } else
+        } else {
 #pragma unroll
         for (int j = 0; j < C / 8; j++)
 #pragma unroll
@@ -294,11 +304,13 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     // already times log2 e; a query past n_q is the next sequence's: lse +inf (P = 0, dS = 0)
                     const long long r = DQA ? (long long)h * nq_pad + q_base + qq
                                             : ((VL ? q_base : (long long)b * n_q) + qq) * n_heads + h;
-                    const float lv = qq < n_q ? lse[r] : PK_NEG_INF;
-                    l2[j][e] = lv == PK_NEG_INF ? -PK_NEG_INF : DQA ? lv : lv * 1.4426950408889634f;
-                    dl[j][e] = qq < n_q ? delta[r] : 0.0f;
+                    const bool in = !need_mask || qq < n_q;
+                    const float lv = in ? lse[r] : PK_NEG_INF;
+                    l2[j][e] = need_mask && lv == PK_NEG_INF ? -PK_NEG_INF : DQA ? lv : lv * 1.4426950408889634f;
+                    dl[j][e] = in ? delta[r] : 0.0f;
                 }
             }
+        }
         float st_[C / 2], dpt[C / 2];
         unsigned pa[C / 16][4], da[C / 16][4];
         pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
@@ -477,6 +489,18 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
         }
+    };
+    // query tiles [u0, u1) need no mask (span.full_lo .. span.full_hi); none with tail_keys
+    const int u0 = tail_keys ? qt1 : min(max((span.full_lo + C - 1) / C, qt0), qt1);
+    const int u1 = min(max((span.full_hi + 1) / C, u0), qt1);
+    // in the producer's order (head-major, then query tiles): a running tile index and head instead of a
+    // division of the step index; per head the masked tiles below u0, the unmasked ones, the masked above u1
+    for (int i = 0, h = kvh * group; h < (kvh + 1) * group; h++) {
+        for (int qt = qt0; qt < qt1;) {
+            const int stop = qt < u0 ? u0 : qt < u1 ? qt : qt1;
+            for (; qt < stop; qt++, i++) tile(Ab90Bool<true>(), i, h, qt * C);
+            for (; qt < u1; qt++, i++) tile(Ab90Bool<false>(), i, h, qt * C);
+        }
     }
 
     // base: the (key row, kv head) index; dK rows hold D elements, dV rows DV
@@ -494,7 +518,6 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
 }
 
 // ------------------------------------------------------------------------------------------------ dQ
-template <bool B> struct Ab90Bool { static constexpr bool value = B; };  // a compile-time flag for a generic lambda
 
 template <typename T, int D, int DV, bool SC, bool VL>
 __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
