@@ -679,17 +679,20 @@ def test_the_hot_loops_exact_redo_is_exercised(tmp_path, monkeypatch) -> None:
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
-def test_the_rescore_of_an_overflowed_tile_is_exercised(tmp_path, monkeypatch) -> None:
-    # a spike of about +144 log2 units (scale 1/8) in the d256 pair loop's B tile overflows the lazy P: without the
-    # scores computed again (fa90_rescore) the redo's exact softmax would run on the overflowed P and come out wrong
+@pytest.mark.parametrize("d", [256, 64])
+def test_the_rescore_of_an_overflowed_tile_is_exercised(d, tmp_path, monkeypatch) -> None:
+    # a spike of about +144 log2 units (scale 1/8) in the pair loop's B tile (key tiles 4 masked, 3 peeled, 2 and 1
+    # the pair, 0 the tail step) overflows the lazy P: without the scores computed again (fa90_rescore) the redo's
+    # exact softmax would run on the overflowed P and come out wrong. d64 overlaps its hot steps (sm90.OVERLAP)
+    # since it has the room, so its redo rescores there as well.
     rng = np.random.default_rng(65)
-    bc = sm90._CFG[256][0]
-    q, k, v = _spiky(rng, 70, 4 * bc + 10, 256, "bf16", [(bc + 7, 200.0)])
+    bc = sm90._CFG[d][0]
+    q, k, v = _spiky(rng, 70, 4 * bc + 10, d, "bf16", [(bc + 7, 200.0)])
     ref_out, _ = np_flash_attention(q, k, v, False, 0.125)
-    same = _mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128", d=256)
-    close("out", _launch_d64(same, (q, k, v), False, 256), ref_out, "flash_attention", "bf16")
-    name = _mutant(tmp_path, monkeypatch, "        fa90_rescore<T, DQK, BC>(s, qs, kslot);\n", "", d=256)
-    bad = _launch_d64(name, (q, k, v), False, 256)
+    same = _mutant(tmp_path, monkeypatch, "#define FA90_BR 128", "#define FA90_BR 128", d=d)
+    close("out", _launch_d64(same, (q, k, v), False, d), ref_out, "flash_attention", "bf16")
+    name = _mutant(tmp_path, monkeypatch, "        fa90_rescore<T, DQK, BC>(s, qs, kslot);\n", "", d=d)
+    bad = _launch_d64(name, (q, k, v), False, d)
     assert not np.allclose(np.asarray(bad, np.float64), ref_out, atol=0.05, equal_nan=False)
 
 
@@ -938,7 +941,8 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # 399 -> 401 a pair, 0.783, varlen 0.783; softcap d128 1.688, varlen 1.695; d256 1.037; 192 / 128 1.381). At
     # d64 the room came from the K descriptors kept across the loop (Fa90KHoist: 6 adds and their copies a pair
     # fewer) and the steps' mbarriers at literal slots: with the overlap and the tile loop (sm90.PERSISTENT) 762 a
-    # pair (1.984; varlen 759, 1.977) against 764 (1.990) with neither; softcap (no overlap) 1538 (4.005).
+    # pair (1.984; varlen 759, 1.977) against 764 (1.990) with neither; softcap (no overlap) 1545 (4.023; varlen
+    # 1538, 4.005). The pair loop's literal mbarrier slots took d256 to 399 (0.779; varlen 401, 0.783).
     # d64 with softcap takes a quarter of its exp2s on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8 instructions
     # more than a MUFU.EX2, 48 exp2s a pair, so 1151 -> 1548 (4.031): the instruction count grows while the MUFU,
     # the one bound there, shrinks (the attention model's mufu and fma terms). d64 without softcap keeps the MUFU
