@@ -61,24 +61,40 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
 // PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step). On at d128 only: its 2 BAR
 // instructions a tile and their set-up cost 10 a tile there (302, 1.180 per m16n8k16-equivalent against 292, 1.141);
-// at d64 the 4 BARs a pair alone lift the loop to 2.003 (765 -> 769) and the varlen softcap kernel spills 4 bytes,
-// at d256 0.787 (399 -> 403), at 192 / 128 0.994 (310 -> 318); FA3 keeps its warp scheduler barriers to head dims
+// at d64 (with the overlap and the tile loop, 762 a pair) the dense kernel's descriptors left the uniform registers
+// (897 a pair, 2.336 per m16n8k16-equivalent, and 96 bytes of spills) and the varlen one spilled 4 bytes; at d256
+// 0.787 (399 -> 403), at 192 / 128 0.994 (310 -> 318); FA3 keeps its warp scheduler barriers to head dims
 // up to 128 as well.
 // OVL: the steady-state step overlaps the softmax of the next tile with O += P V of the previous one (FA3's
-// intra-warpgroup overlap, fa90_step). Off at d64: its wait<1> costs 2 instructions a tile (765 -> 769 a pair,
-// 2.003 per m16n8k16-equivalent, over the bar of 2.0), and its redo's rescore spilled there (260 bytes).
-// The FMA exp2 (Fa90Fex) does not make room for it: it moves exp2s off the MUFU at 8 more instructions each
-// (765 -> 1161 a pair with one n-tile in four), so the loop's instruction count only grows.
+// intra-warpgroup overlap, fa90_step); Fa90Ovl / Fa90OvlEdge below refine it at d64. Its wait<1> costs 2
+// instructions a tile; at d64 the room came from the K descriptors kept across the loop (Fa90KHoist: 767 -> 759 a
+// pair), and the FMA exp2 (Fa90Fex) would not have made it (8 more instructions an exp2 moved off the MUFU).
 // PERSIST: the dense kernel walks several work tiles a CTA (fa90_forward's tile loop, the launcher's persistent grid
-// for causal / windowed calls); without it one CTA a tile. Off at d64 and d256 for now: with the tile loop the d64
-// steady loop took 770 instructions a pair (2.005 per m16n8k16-equivalent, over the bar of 2.0) and the d256 one
-// 405 (0.791), and the d256 producer spilled 3 words out of its 24 registers. At d128 the loop is 302 (1.180).
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 0, PERSIST = 0 }; };
+// for causal / windowed calls); without it one CTA a tile. Off at d256 for now: with the tile loop its steady loop
+// took 405 instructions a pair (0.791) and its producer spilled 3 words out of its 24 registers. At d128 the loop is
+// 302 (1.180), at d64 762 a pair (1.984; 759 without the tile loop, whose state took the registers that kept the
+// steps' mbarrier addresses until those became literal slots, 764 -> 762).
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 0 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
 template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1, PERSIST = 1 }; };
+// Fa90Ovl: OVL of the hot loop's steps, by softcap as well. Off at d64 with softcap: there the MUFU binds (the tanh
+// and the exp2s), which the overlap does not relieve, and its in-place P beside the FMA exp2 spilled in the loop
+// (552 bytes).
+template <int DQK, int DV, bool SC> struct Fa90Ovl { enum { V = Fa90Cfg<DQK, DV>::OVL }; };
+template <> struct Fa90Ovl<64, 64, true> { enum { V = 0 }; };
+// Fa90OvlEdge: OVL of the pair loop's edge steps (the odd step before the pairs, the odd tile left after them), which
+// run once a work tile. Off at d64: the overlapped step there spilled 260 bytes (straight-line code, scheduled
+// wider than the loop's), and a single step gains nothing from it; the edge and hot steps hand over the same
+// state (pa: the previous tile's P), so the two kinds mix.
+template <int DQK, int DV, bool SC> struct Fa90OvlEdge { enum { V = Fa90Ovl<DQK, DV, SC>::V }; };
+template <bool SC> struct Fa90OvlEdge<64, 64, SC> { enum { V = 0 }; };
+// Fa90KHoist: the steady step's K descriptors (one a k-step and ring slot) are loop invariants the compiler may keep
+// (fa90_step); elsewhere they are made in each step, out of registers the loop does not have.
+template <int DQK, int DV> struct Fa90KHoist { enum { V = 0 }; };
+template <> struct Fa90KHoist<64, 64> { enum { V = 1 }; };
 
 // FEX: of every 4 n-tiles (8 keys each) of a steady-state tile, the number whose exp2s run on the FMA pipe
 // (pk_exp2_fma: 9 FMA / ALU instructions an exp2, 8 more than one MUFU.EX2) instead of the MUFU (16 results a clock
@@ -261,7 +277,8 @@ __device__ __forceinline__ void fa90_pack(const float (&s)[BC / 2], unsigned (&p
 // `empty` mbarrier (2 mbarriers past fb, ST == 2) and the P of the next tile narrowed into pa (free now). False when
 // the lazy softmax failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy); s then holds
 // the lazy P for fa90_redo. o is left alone from the P V wgmmas to wait<0>.
-template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false>
+template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false,
+          bool OV = (bool)Fa90Ovl<DQK, DV, SC>::V>
 __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
                                           unsigned long long dq, unsigned long long dk, unsigned long long dv,
@@ -269,12 +286,15 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
                                           unsigned bar = 0) {
     // pk_opaque_u64: the descriptors are loop invariants of the hot loop; computed here, not hoisted out of it
     // (its 28 advanced descriptors would take registers the loop does not have).
-    dk = pk_opaque_u64(dk), dv = pk_opaque_u64(dv);
+    // Fa90KHoist (d64): K's k-step descriptors are left to the compiler, which keeps them in uniform registers
+    // across the loop (the d64 loop has the room: 759 instructions a pair against 767 with them made here).
+    if constexpr (!Fa90KHoist<DQK, DV>::V) dk = pk_opaque_u64(dk);
+    dv = pk_opaque_u64(dv);
     const unsigned pp = fa90_pp_bar();
     pk_mbarrier_wait_parity(fb, parity);
     if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
-    if constexpr (!Fa90Cfg<DQK, DV>::OVL) {  // one wgmma group (P V, then S), the softmax after both (d64)
+    if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 softcap, d64 edge steps)
         fa90_issue_pv<T, DV, BC>(o, pa, dv);
         fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
         pk_wgmma_commit();
@@ -341,11 +361,11 @@ __device__ __forceinline__ void fa90_rescore(float (&s)[BC / 2], const unsigned 
 // <= 1), rows with mp <= 1 keep theirs; l += the rows' sums. Otherwise (an overflowed P, m = -inf, NaN) the raw
 // scores are gone: fa90_rescore computes them again from the tile's K slot (still held: its `empty` arrival
 // comes one step later) and the exact softmax runs on them, as the masked tiles do. P into pa either way.
-template <typename T, int DQK, int DV, int BC, bool SC>
+template <typename T, int DQK, int DV, int BC, bool SC, bool OV = (bool)Fa90Ovl<DQK, DV, SC>::V>
 __device__ __forceinline__ void fa90_redo(float (&s)[BC / 2], float (&o)[DV / 2], float (&m)[2], float (&l)[2],
                                           unsigned (&pa)[BC / 16][4], float sl2, float pre, const unsigned char* qs,
                                           const unsigned char* kslot) {
-    if constexpr (!Fa90Cfg<DQK, DV>::OVL) {  // s holds the scores: the exact softmax of the tile
+    if constexpr (!OV) {  // s holds the scores: the exact softmax of the tile
         fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
         return;
     }
@@ -834,21 +854,27 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             fa90_pv<T, DV, BC>(o, pa, dv1 + (long long)(int)nb * -VU, full + nb + 2);
         } else {
             // Pairs start at an even tile (the same parity for both steps of a pair): an odd next tile runs one step
-            // first (into slot 1).
+            // first (into slot 1). OVE: whether these edge steps overlap (Fa90OvlEdge).
+            constexpr bool OVE = Fa90OvlEdge<DQK, DV, SC>::V;
             if ((i & 1) && i != i_end) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, pk_wgmma_desc_advance(dk0, K_BYTES),
-                                                         dv0, full + 1, (i / ST) & 1, sl2, pre))
-                    fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + K_BYTES);
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, false, OVE>(o, pa, s, qa, m, l, dq,
+                                                                     pk_wgmma_desc_advance(dk0, K_BYTES), dv0, full + 1,
+                                                                     (i / ST) & 1, sl2, pre))
+                    fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + K_BYTES);
                 i++;
             }
-            // Step A into slot a = i % 2 (0 whenever a pair runs): K of slot a, V of the previous tile in slot a ^ 1,
-            // full[a] and the previous slot's empty mbarrier two further (empty - (a ^ 1) = full + a + 2); step B
-            // the other way round. The parity of tiles i and i + 1 (i even): (i / 2) & 1.
+            // Step A into slot a = i % 2 (0 whenever a step follows: i is odd here only when i == i_end): K of slot
+            // a, V of the previous tile in slot a ^ 1, full[a] and the previous slot's empty mbarrier two further
+            // (empty - (a ^ 1) = full + a + 2); step B the other way round. The parity of tiles i and i + 1 (i even):
+            // (i / 2) & 1. The steps' mbarriers are full[0] and full[1] as literal slots (addresses an immediate
+            // off the shared base: with full + a, the persistent tile loop's d64 steps computed them again each
+            // pair); the descriptors keep the slot a value the compiler does not know (see the tried-and-dropped
+            // note: with literal slots ptxas split each descriptor add in three).
             const unsigned a = i & 1;
             constexpr unsigned KU = K_BYTES / 16, VU = V_BYTES / 16;  // a slot, in descriptor units
             const unsigned long long dka = dk0 + (unsigned long long)a * KU, dkb = dk0 + (unsigned long long)(a ^ 1) * KU;
             const unsigned long long dva = dv0 + (unsigned long long)(a ^ 1) * VU, dvb = dv0 + (unsigned long long)a * VU;
-            unsigned long long *fba = full + a, *fbb = full + (a ^ 1);
+            unsigned long long *fba = full, *fbb = full + 1;
             unsigned ph = (i / ST) & 1;
             unsigned rem = i_end - i;  // tiles left
             // This consumer warpgroup's named barrier (fa90_softmax_lazy's WG): 1 + c = wg, from threadIdx.x by one
@@ -883,8 +909,9 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             // The last tile's O += P V: after an odd tile left over (one A step, slot a) or a B step (slot a ^ 1; or
             // the first steady tile, in slot a ^ 1 too when nothing followed).
             if (rem) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, pre))
-                    fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, false, OVE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2,
+                                                                     pre))
+                    fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 fa90_pv<T, DV, BC>(o, pa, dvb, empty - a);
             } else {
                 fa90_pv<T, DV, BC>(o, pa, dva, empty - (a ^ 1));

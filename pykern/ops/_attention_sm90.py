@@ -39,17 +39,17 @@ LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
 # Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4).
 PING_PONG = {64: False, 128: True, 192: False, 256: False}
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
-# intra-warpgroup overlap: Fa90Cfg's OVL); off at d64, where its extra wgmma wait lifts the loop past 2.0
-# warp-instructions per m16n8k16-equivalent.
-OVERLAP = {64: False, 128: True, 192: True, 256: True}
+# intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: off at d64 with softcap, where
+# the MUFU binds (the tanh and the exp2s) and the in-place P beside the FMA exp2 spilled.
+OVERLAP = {64: (True, False), 128: (True, True), 192: (True, True), 256: (True, True)}
 # Of every 4 n-tiles (8 keys) of a steady-state key tile, how many take their exp2 on the FMA pipe (pk_exp2_fma)
 # rather than the MUFU, by head_dim, without / with softcap (the .cu's Fa90Fex): at d64 with softcap the MUFU binds
 # alone (the softcap's tanh doubles its work; two in four spilled there). Without softcap the d64 MUFU only ties
 # with the tensor pipe, so moving exp2s would add instructions (8 an exp2) and lower no bound.
 FMA_EXP2 = {64: (0, 1), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
-# Head dims whose dense forward walks several work tiles a CTA (Fa90Cfg PERSIST: the tile loop of fa90_forward); the
-# others keep one CTA a tile (their steady loops and the d256 producer's registers did not take the tile loop).
-PERSISTENT = {64: False, 128: True, 192: True, 256: False}
+# Head dims whose dense forward walks several work tiles a CTA (Fa90Cfg PERSIST: the tile loop of fa90_forward); d256
+# keeps one CTA a tile (its steady loop and its producer's registers did not take the tile loop).
+PERSISTENT = {64: True, 128: True, 192: True, 256: False}
 # The dense forward's persistent grid on the host backend (fa90_forward walks work tiles in strides of the grid): a
 # few CTAs, so each walks several work tiles and the pipeline state carries across them as on a GPU.
 HOST_CTAS = 3

@@ -848,6 +848,10 @@ SM90_VARLEN = {64: (([5, 90, 0], [9, 250, 3]), ([90, 1, 20], [60, 200, 0])),
           128: (([5, 90, 0], [9, 200, 3]), ([90, 1, 20], [60, 140, 0])),
           256: (([5, 70, 0], [9, 150, 3]), ([70, 1, 20], [60, 100, 0]))}
 SM90_BACKWARD = {64: ((70, 150), (150, 60)), 128: ((70, 150), (150, 60))}
+# The d64 forward's overlapped pair loop and its persistent walk (queries, keys; non-causal, causal): 1162 keys are a
+# masked tile, the peeled one, two pairs and the tail step; causal 520 x 600 over 2 heads is 10 work tiles on the
+# host's 3 CTAs, several a CTA. Drawn after every other sm_90a case, so that their inputs stay as they were.
+SM90_FORWARD_D64_LOOP = ((70, 1162), (520, 600))
 # The fused kernels (atomic and semaphore-ordered dQ): (n_q, n_k, heads, kv_heads, head_dim, causal, window).
 # At most 8 CTAs (the host keeps 8 blocks resident while semaphores wait): off-tile lengths, several key tiles per
 # query tile, GQA, a window, n_q > n_k.
@@ -1156,6 +1160,9 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
                                               SM90_VARLEN_FUSED_BACKWARD_OTHER)
     for kind in ("bf16", "f16"):  # d256 (the split dK/dV kernel with dQ fused), drawn last as the tables above
         yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_D256, SM90_VARLEN_FUSED_BACKWARD_D256)
+    for kind in ("bf16", "f16"):
+        for causal, (n_q, n_k) in zip((False, True), SM90_FORWARD_D64_LOOP):
+            yield _sm90_forward(rng, kind, n_q, n_k, 2, 1, 64, causal)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
