@@ -291,6 +291,23 @@ def test_backward_sm90_fused_deterministic_same_bits_under_every_block_order(sha
         close(name, got, want, "attention_backward", dtype)
 
 
+@pytest.mark.parametrize("backend", ["host", "numba"])
+def test_d96_dq_narrowing_kernel_scales_and_rounds_the_accumulator(backend: str) -> None:
+    """attention_bwd_tc_dq_reduce_d96 (the fused d96 kernel's narrowing; the numba reference too): dq[b, i, h, :]
+    = f16(scale * acc[b, h, i, :]) for the n_q rows of each (batch, head) run of nq_pad, the padded rows unread."""
+    import pykern
+
+    rng = np.random.default_rng(96)
+    b, n_q, h, nq_pad, d, scale = 2, 70, 3, 128, 96, 0.125
+    acc = rng.standard_normal((b, h, nq_pad, d)).astype(np.float32)
+    acc[:, :, n_q:] = np.nan  # padded rows: never read
+    dq = np.zeros((b, n_q, h, d), np.float16)
+    pykern.launch("attention_bwd_tc_dq_reduce_d96_f16", -(-dq.size // 256), 256, acc.reshape(-1), acc.reshape(-1),
+                  dq.reshape(-1), dq.size, n_q, 90, h, nq_pad, 0, 0, 0, scale, 1 << 30, 1 << 30, 0, 1, backend=backend)
+    want = (acc[:, :, :n_q] * np.float32(scale)).transpose(0, 2, 1, 3).astype(np.float16)
+    np.testing.assert_array_equal(dq.view(np.uint16), want.view(np.uint16))
+
+
 def test_backward_sm90_fused_dq_is_the_kernels_own(monkeypatch) -> None:
     """The fused kernel's dQ is its own: with the kernel's dQ adds removed (a mutant), dQ is zero while dK and dV
     stay right, so the checks above see the fused kernel's dQ, not another kernel's."""
