@@ -137,8 +137,10 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     constexpr int DKN = SPL ? D / 2 : D, DVN = SPL ? DV / 2 : DV;
     static_assert(!SPL || (D == DV && NB % 2 == 0), "the split: D == DV, whole boxes a half");
     constexpr unsigned K_BYTES = R * D * 2, V_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, DO_STEP_BYTES = C * DV * 2;
-    static_assert(DQA == 0 || (D == DV && BQ == 64 && (SPL ? R == 64 && NB == 4 : NB * C == 64)),
-                  "the fused dQ: D == DV, two consumers x 32 queries or 64 dims, or (the split) 128 dims");
+    static_assert(DQA == 0 || (D == DV && ((BQ == 64 && (SPL ? R == 64 && NB == 4 : NB * C == 64)) ||
+                                           (BQ == 32 && NB == 3 && C == 32))),
+                  "the fused dQ: D == DV, two consumers x 32 queries or 64 dims (d96: 64 dims from 32-column boxes), "
+                  "or (the split) 128 dims");
     constexpr unsigned DS_BYTES = R * C * 2;  // one dS buffer: [R / 64 boxes of 64 keys][C queries][128 B]
     extern __shared__ __align__(1024) unsigned char ab90_smem[];
     unsigned char* ks = ab90_smem;
@@ -455,16 +457,19 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                             pk_red_add_f32(acc + (8 * j + e) * 128 + 64 * m + 8 * r, dqt[m][4 * j + 2 * r + e]);
             if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
         } else if constexpr (DQA > 0) {
-            // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major, head-dim box dlo / 64), B = dS (K-major)
+            // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major from head-dim box dlo / BQ, LBO one box,
+            // SBO 8 key rows), B = dS (K-major). d96 (three 32-column boxes): an m64 tile spans two boxes and two
+            // tiles cannot split three, so consumer 0 takes rows 0.. (boxes 0, 1) and consumer 1 rows 32.. (boxes
+            // 1, 2), of which only rows 64.. (its warps 2 and 3) are added: box 1's rows there are computed twice
             constexpr int NQ = 32;
-            const int dlo = NB == 2 ? 64 * c : 0, qlo = NB == 2 ? 0 : 32 * c;
+            const int dlo = NB == 2 ? 64 * c : NB == 3 ? 32 * c : 0, qlo = NB == 1 ? 32 * c : 0;
             float dqt[NQ / 2];
-            const unsigned long long ka = pk_wgmma_desc(ks + (dlo / 64) * R * 128, R * 128, 1024, PK_SWIZZLE_128B);
+            const unsigned long long ka = pk_wgmma_desc(ks + (dlo / BQ) * R * RQ, R * RQ, 8 * RQ, SWQ);
             const unsigned long long sb =
                 pk_wgmma_desc(dss + (i & 1) * DS_BYTES + qlo * 128, 16, 1024, PK_SWIZZLE_128B);
 #pragma unroll
             for (int kk = 0; kk < R / 16; kk++)
-                pk_wgmma_m64nNk16_ss<NQ, DT, 1, 0>(dqt, pk_wgmma_desc_advance(ka, kk * 2048),
+                pk_wgmma_m64nNk16_ss<NQ, DT, 1, 0>(dqt, pk_wgmma_desc_advance(ka, kk * 16 * RQ),
                                                    pk_wgmma_desc_advance(sb, (kk / 4) * C * 128 + (kk % 4) * 32),
                                                    kk > 0);
             pk_wgmma_commit();
@@ -477,6 +482,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             // accumulator that started at +0 bit-identical whenever it lands, so no check is spent on it)
             float* acc = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0 + qlo + 2 * t) * D +
                          dlo + 16 * wq + g;
+            if (NB != 3 || c == 0 || wq >= 2)  // d96: consumer 1's warps 0, 1 hold box 1's rows again
 #pragma unroll
             for (int j = 0; j < NQ / 8; j++)
 #pragma unroll
@@ -740,6 +746,10 @@ AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256, 256, false, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256, 256, false, 2)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256_softcap, 256, true, 1)
 AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256_softcap, 256, true, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96, 96, false, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96, 96, false, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96_softcap, 96, true, 1)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96_softcap, 96, true, 2)
 // varlen: the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D])
 #define AB90_VL_FUSED_ENTRY(name, D, SC, DQA)                                                                        \
     template <typename T, typename... A>                                                                            \
@@ -763,6 +773,10 @@ AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256, 256, false, 1)
 AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256, 256, false, 2)
 AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256_softcap, 256, true, 1)
 AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256_softcap, 256, true, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96, 96, false, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96, 96, false, 2)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96_softcap, 96, true, 1)
+AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96_softcap, 96, true, 2)
 
 // Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
 // lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).
@@ -910,6 +924,15 @@ PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d256, (AB90_THREADS, 1), AB90_VL
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d256, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d256_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d256_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+// head_dim 96: the fused kernel on 32-column boxes (64B swizzle), as the pair's
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d96, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d96, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d96_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d96_softcap, (AB90_THREADS, 1), AB90_FUSED_SC_PARAMS, AB90_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d96, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d96, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d96_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d96_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)

@@ -340,6 +340,12 @@ __device__ __forceinline__ void attention_bwd_tc_prep_impl(const T* __restrict__
     }
 }
 
+// The query tile of the partials' key-tile runs (kt_count > 0): the fused kernel's BR. d96 is the sm_90a fused
+// kernel's accumulator only (attention_bwd_sm90.cu), always narrowed in the atomic mode (kt_count = 0), where no
+// run is read: its BR is never used.
+template <int D> struct AbfReduceBr { enum { BR = AbfCfg<D>::BR }; };
+template <> struct AbfReduceBr<96> { enum { BR = 1 }; };
+
 // dq = T(scale * sum over the key tiles [kt_begin, kt_begin + kt_count) that the row's query tile meets of
 // the partials, added in key-tile order to acc (first: from 0; last: narrowed to dq instead of stored)).
 // The atomic mode passes kt_count = 0, first = 0: acc is the finished sum. A thread per element.
@@ -348,7 +354,7 @@ __device__ __forceinline__ void abf_dq_reduce(const float* __restrict__ part, fl
                                               T* __restrict__ dq, long long n, int n_q, int n_k, int n_heads,
                                               int nq_pad, int kt_begin, int kt_count, long long ws_stride,
                                               float scale, int window_left, int window_right, int first, int last) {
-    constexpr int BR = AbfCfg<D>::BR;
+    constexpr int BR = AbfReduceBr<D>::BR;
     for (long long i = (long long)blockIdx.x * blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
         const long long rest = i / D, bq = rest / n_heads;
         const int qi = (int)(bq % n_q), q0 = qi / BR * BR;
@@ -385,6 +391,7 @@ PK_IO_VARIANT(attention_bwd_tc_fused_d64_softcap_det, abf_entry, 64, true, true)
 PK_IO_VARIANT(attention_bwd_tc_fused_d128_softcap_det, abf_entry, 128, true, true)
 PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d64, abf_dq_reduce, 64)
 PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d128, abf_dq_reduce, 128)
+PK_IO_VARIANT(attention_bwd_tc_dq_reduce_d96, abf_dq_reduce, 96)  // the sm_90a fused kernel's d96 accumulator
 
 #define ABF_FUSED_PARAMS                                                                                             \
     (const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ grad_out,      \
@@ -420,3 +427,4 @@ PK_IO16_KERNELS(attention_bwd_tc_prep, (256, 1),
      first, last)
 PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d64, (256, 1), ABF_DQ_REDUCE_PARAMS, ABF_DQ_REDUCE_ARGS)
 PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d128, (256, 1), ABF_DQ_REDUCE_PARAMS, ABF_DQ_REDUCE_ARGS)
+PK_IO16_KERNELS(attention_bwd_tc_dq_reduce_d96, (256, 1), ABF_DQ_REDUCE_PARAMS, ABF_DQ_REDUCE_ARGS)

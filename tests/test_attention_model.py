@@ -406,18 +406,27 @@ def test_real_sm90a_kernels_loop_matches_the_launch_geometry(sass, d):
 
 
 def test_real_sm90a_d96_backward_loop_matches_the_launch_geometry(sass):
-    """head_dim 96 (32-column boxes): the backward's dK/dV (32-query tiles) and dQ launches against their SASS
-    loops, dense and varlen, with and without softcap; the measured build had none."""
+    """head_dim 96 (32-column boxes): the backward the ops dispatch, the fused kernel in both dQ modes (its dQ^T
+    counted at the 128 head-dim rows its two m64 tiles execute), and, in a build without it, the dK/dV (32-query
+    tiles) and dQ pair, against their SASS loops, dense and varlen, with and without softcap; the measured build
+    had none."""
+    kernels = list(sass.kernels())
+    pair_only = [n for n in kernels if "_sm90_fused" not in n]
     s = am.Shape(1, 2, 256, 96, False)
     for sc in (False, True):
         for vl in (False, True):
-            got, why = am.sm90_launches("bwd", s, list(sass.kernels()), softcap=sc, varlen=vl)
-            assert [lau.kernel for lau in got] == [f"attention_bwd{'_varlen' if vl else ''}_sm90_{p}_d96"
-                                                  f"{'_softcap' if sc else ''}_bf16" for p in ("dkdv", "dq")], why
-            for lau in got:
+            sfx = f"_d96{'_softcap' if sc else ''}_bf16"
+            vln = "_varlen" if vl else ""
+            for mode, det in (("atomic", ""), ("deterministic", "_det")):
+                got, why = am.sm90_launches("bwd", s, kernels, softcap=sc, varlen=vl, dq_mode=mode)
+                assert [lau.kernel for lau in got] == [f"attention_bwd{vln}_sm90_fused{det}{sfx}"], why
+                assert got[0].pair_dims == 4 * 96 + 128
+            got, why = am.sm90_launches("bwd", s, pair_only, softcap=sc, varlen=vl)
+            assert [lau.kernel for lau in got] == [f"attention_bwd{vln}_sm90_{p}{sfx}" for p in ("dkdv", "dq")], why
+            for lau in got + am.sm90_launches("bwd", s, kernels, softcap=sc, varlen=vl)[0]:
                 k = _cross_check(sass, lau, "sm_90a")
                 assert k.loop.wgmma and k.loop.ldsm == 0
-    assert am.sm90_launches("bwd", s, list(sass.kernels()), build="2026-11-27")[0] == []
+    assert am.sm90_launches("bwd", s, kernels, build="2026-11-27")[0] == []
 
 
 def test_model_runs_on_the_real_kernels(sass):

@@ -213,14 +213,10 @@ def test_backward_sm90_vs_float64(shape, dtype, monkeypatch) -> None:
     q, k, v, g = attention_inputs(rng, b, n_q, h, kvh, d, dtype, n_k)
     names = _record(monkeypatch)
     dq, dk, dv = ops.attention_backward(q, k, v, g, causal=causal, backend=HOST)
-    if d in sm90.BWD_FUSED_HEAD_DIMS:
-        # the fused kernel (dK, dV and dQ's atomic partials), between the pre-pass that zeroes its accumulator and
-        # the narrowing of that accumulator
-        assert names == [f"attention_bwd_lse_{dtype}", f"attention_bwd_tc_prep_{dtype}",
-                         f"attention_bwd_sm90_fused_d{d}_{dtype}", f"attention_bwd_tc_dq_reduce_d{d}_{dtype}"]
-    else:  # d96: the dK/dV kernel and the dQ kernel
-        assert names == [f"attention_bwd_lse_{dtype}", f"attention_bwd_sm90_dkdv_d{d}_{dtype}",
-                         f"attention_bwd_sm90_dq_d{d}_{dtype}"]
+    # the fused kernel (dK, dV and dQ's atomic partials; d96 too), between the pre-pass that zeroes its accumulator
+    # and the narrowing of that accumulator
+    assert names == [f"attention_bwd_lse_{dtype}", f"attention_bwd_tc_prep_{dtype}",
+                     f"attention_bwd_sm90_fused_d{d}_{dtype}", f"attention_bwd_tc_dq_reduce_d{d}_{dtype}"]
     rq, rk, rv = np_attention_backward(q, k, v, g, causal=causal)
     atol, rtol = tolerance("attention_backward", dtype)
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
@@ -256,6 +252,9 @@ FUSED_DET_SHAPES = [
     (1, 300, 400, 2, 1, 64, True, (-1, -1)),     # 4 key tiles, 5 query tiles of 64; GQA 2: heads in turn
     (2, 200, 256, 2, 2, 128, False, (-1, -1)),   # every key tile sees every query tile; 32-query tiles
     (1, 260, 260, 2, 1, 128, False, (100, 30)),  # a window: query tiles seen by 2 or 3 of the 3 key tiles
+    # d96 (32-column boxes; consumer 1's dQ^T rows 32..63 computed twice, only its rows 64.. added)
+    (1, 300, 400, 2, 1, 96, True, (-1, -1)),     # 4 key tiles, 10 query tiles of 32 in descending order
+    (2, 150, 260, 4, 2, 96, False, (90, 40)),    # a window, GQA 2, batch 2, ascending order
 ]
 
 
@@ -290,6 +289,23 @@ def test_backward_sm90_fused_deterministic_same_bits_under_every_block_order(sha
     assert names[-2] == f"attention_bwd_sm90_fused_d{d}_{dtype}", names
     for name, got, want in zip(("dq", "dk", "dv"), atomic, ref):
         close(name, got, want, "attention_backward", dtype)
+
+
+@pytest.mark.parametrize("backend", ["host", "numba"])
+def test_d96_dq_narrowing_kernel_scales_and_rounds_the_accumulator(backend: str) -> None:
+    """attention_bwd_tc_dq_reduce_d96 (the fused d96 kernel's narrowing; the numba reference too): dq[b, i, h, :]
+    = f16(scale * acc[b, h, i, :]) for the n_q rows of each (batch, head) run of nq_pad, the padded rows unread."""
+    import pykern
+
+    rng = np.random.default_rng(96)
+    b, n_q, h, nq_pad, d, scale = 2, 70, 3, 128, 96, 0.125
+    acc = rng.standard_normal((b, h, nq_pad, d)).astype(np.float32)
+    acc[:, :, n_q:] = np.nan  # padded rows: never read
+    dq = np.zeros((b, n_q, h, d), np.float16)
+    pykern.launch("attention_bwd_tc_dq_reduce_d96_f16", -(-dq.size // 256), 256, acc.reshape(-1), acc.reshape(-1),
+                  dq.reshape(-1), dq.size, n_q, 90, h, nq_pad, 0, 0, 0, scale, 1 << 30, 1 << 30, 0, 1, backend=backend)
+    want = (acc[:, :, :n_q] * np.float32(scale)).transpose(0, 2, 1, 3).astype(np.float16)
+    np.testing.assert_array_equal(dq.view(np.uint16), want.view(np.uint16))
 
 
 def test_backward_sm90_fused_dq_is_the_kernels_own(monkeypatch) -> None:
@@ -452,6 +468,7 @@ BWD_SOFTCAP_SHAPES = [
     (2, 70, 200, 4, 2, 128, False, (50, 20), 2.5),      # window, GQA 2, batch 2
     (1, 100, 60, 4, 1, 128, True, (-1, -1), 3.0),       # n_q > n_k causal: rows that see no key; GQA 4
     (1, 200, 200, 2, 2, 64, False, (-1, -1), 30.0),     # Gemma 2's cap: tanh nearly linear, every key tile whole
+    (2, 90, 170, 4, 2, 96, True, (-1, -1), 2.0),        # d96: 32-column boxes, GQA 2, batch 2
 ]
 
 
@@ -479,13 +496,14 @@ def test_backward_sm90_softcap_vs_float64(shape, dtype, monkeypatch) -> None:
         assert (np.abs(rk0 - rk) > atol + rtol * np.abs(rk)).any()
 
 
-def test_backward_sm90_softcap_same_bits_under_every_schedule(monkeypatch) -> None:
+@pytest.mark.parametrize("d", [64, 96])
+def test_backward_sm90_softcap_same_bits_under_every_schedule(d: int, monkeypatch) -> None:
     """deterministic=True with softcap: the semaphore-ordered fused kernel's _softcap form; forward, reverse and
     random thread orders give the same bits (the forward's out and lse given: the pre-pass computes delta)."""
     from pykern.difftest.cases.attention import attention_inputs
 
     rng = np.random.default_rng(12)
-    q, k, v, g = attention_inputs(rng, 1, 150, 4, 2, 64, "f16", 170)
+    q, k, v, g = attention_inputs(rng, 1, 150, 4, 2, d, "f16", 170)
     out, lse = ops.flash_attention(q, k, v, causal=True, softcap=2.0, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
     runs = []
@@ -493,8 +511,8 @@ def test_backward_sm90_softcap_same_bits_under_every_schedule(monkeypatch) -> No
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
         runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, softcap=2.0,
                                            deterministic=True, backend=HOST))
-    assert names[:3] == ["attention_bwd_tc_prep_f16", "attention_bwd_sm90_fused_det_d64_softcap_f16",
-                         "attention_bwd_tc_dq_reduce_d64_f16"]
+    assert names[:3] == ["attention_bwd_tc_prep_f16", f"attention_bwd_sm90_fused_det_d{d}_softcap_f16",
+                         f"attention_bwd_tc_dq_reduce_d{d}_f16"]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
@@ -804,7 +822,7 @@ BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_d256{c}_{t}" for vl in ("", "varlen
 BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_{s}{c}_{t}" for vl in ("", "varlen_") for n in ("dkdv", "dq")
                 for s in ("d96", "d192_dv128") for c in ("", "_softcap") for t in ("bf16", "f16")]
 BWD_FUSED_KERNELS = [f"attention_bwd_{vl}sm90_fused{det}_d{d}{c}_{t}" for vl in ("", "varlen_")
-                     for det in ("", "_det") for d in (64, 128, 256) for c in ("", "_softcap")
+                     for det in ("", "_det") for d in (64, 96, 128, 256) for c in ("", "_softcap")
                      for t in ("bf16", "f16")]
 
 
@@ -876,6 +894,10 @@ DQ_LOOP_BAR_D128 = 2.0  # the dq kernel's bar at d128 (FA3's design estimate is 
 BWD_FUSED_LOOP_BAR = {(64, "", ""): 2.66, (128, "", ""): 2.07, (64, "", "_softcap"): 3.49,
                       (128, "", "_softcap"): 2.49, (64, "varlen_", ""): 2.75, (128, "varlen_", ""): 2.14,
                       (64, "varlen_", "_softcap"): 3.57, (128, "varlen_", "_softcap"): 2.56,
+                      # d96 (32-column boxes): 128 m16n8k16-equivalents a tile, dQ^T's two m64 tiles covering 128
+                      # head-dim rows for 96 (the pair there ran dK/dV at 5.19 and dQ at 1.74)
+                      (96, "", ""): 4.11, (96, "", "_softcap"): 4.62, (96, "varlen_", ""): 4.27,
+                      (96, "varlen_", "_softcap"): 4.77,
                       # d256 (the split kernel with dQ fused; 160 m16n8k16-equivalents a warp a 32-query tile):
                       # 845 instructions a tile (det 851), against 721 for the unfused dK/dV kernel's 128 plus the
                       # dQ kernel's share of its 279 for a tile pair; the 64 red.add a thread a tile, their
@@ -889,8 +911,10 @@ def test_backward_fused_steady_loop_within_its_bar(kernel: str) -> None:
     _, _, loops = _bwd_sass()
     loop = loops[kernel]
     d = int(kernel.split("_d")[-1].split("_")[0])
-    # d256 (the head dim split): a consumer computes one of S^T / dP^T and half of dV, dK and dQ^T, half the work
-    assert loop["mma"] == 5 * sm90.bwd_dkdv_step(d) * d / (256 if sm90.bwd_dkdv_split(d) else 128)
+    # S^T, dP^T, dV, dK over d, and dQ^T in m64 tiles of the head dim (d96: 128 rows); d256 (the head dim split):
+    # a consumer computes one of S^T / dP^T and half of dV, dK and dQ^T, half the work
+    dq_rows = -(-d // 64) * 64
+    assert loop["mma"] == (4 * d + dq_rows) * sm90.bwd_dkdv_step(d) / (256 if sm90.bwd_dkdv_split(d) else 128)
     key = (d, "varlen_" if "_varlen_" in kernel else "", "_softcap" if "_softcap" in kernel else "")
     assert loop["per_mma"] <= BWD_FUSED_LOOP_BAR[key], loop
 

@@ -251,7 +251,7 @@ def test_varlen_backward_sm90_vs_float64(case, monkeypatch) -> None:
         # (d256: the d128 convert pass over the accumulator's head-dim halves)
         assert names == [f"attention_bwd_tc_prep_{kind}", f"attention_bwd_varlen_sm90_fused_d{d}{c}_{kind}",
                          f"attention_bwd_tc_dq_reduce_d{sm90.bwd_fused_acc_split(d)[0]}_{kind}"]
-    else:  # d96: the dK/dV kernel and the dQ kernel
+    else:  # a head dim the fused kernel does not cover: the dK/dV kernel and the dQ kernel
         assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d{d}{c}_{kind}",
                          f"attention_bwd_varlen_sm90_dq_d{d}{c}_{kind}"]
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
@@ -265,7 +265,8 @@ def test_varlen_backward_sm90_vs_float64(case, monkeypatch) -> None:
             assert not np.asarray(dq[cu_q[b]:cu_q[b + 1]], np.float32).any()
 
 
-def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(monkeypatch) -> None:
+@pytest.mark.parametrize("d", [96, 128])
+def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(d: int, monkeypatch) -> None:
     """deterministic=True: the semaphore-ordered fused kernel (dQ's adds in key-tile order per sequence, head and
     query tile): forward, reverse and random thread orders give the same bits; the mma.sync kernels (not playing
     Hopper) agree within the tolerance of float64 as well."""
@@ -273,8 +274,8 @@ def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(m
 
     rng = np.random.default_rng(8)
     lq, lk = [60, 140, 0, 1], [100, 140, 9, 30]
-    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 4, 2, 128, "f16")
-    g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, 128, 128, "f16")[0][0]
+    q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 4, 2, d, "f16")
+    g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, d, d, "f16")[0][0]
     out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, softcap=2.5, return_lse=True, backend=HOST)
     runs = []
     names = _record(monkeypatch)
@@ -282,8 +283,8 @@ def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(m
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
         runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
                                                     softcap=2.5, deterministic=True, backend=HOST))
-    assert names[:3] == ["attention_bwd_tc_prep_f16", "attention_bwd_varlen_sm90_fused_det_d128_softcap_f16",
-                         "attention_bwd_tc_dq_reduce_d128_f16"]
+    assert names[:3] == ["attention_bwd_tc_prep_f16", f"attention_bwd_varlen_sm90_fused_det_d{d}_softcap_f16",
+                         f"attention_bwd_tc_dq_reduce_d{d}_f16"]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
@@ -292,7 +293,7 @@ def test_varlen_backward_sm90_same_bits_under_every_schedule_and_near_mma_sync(m
     names.clear()
     tc = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True, softcap=2.5,
                                          backend=HOST)
-    assert names[1:] == ["attention_bwd_varlen_tc_dkdv_d128_softcap_f16", "attention_bwd_varlen_tc_dq_d128_softcap_f16"]
+    assert names[1:] == [f"attention_bwd_varlen_tc_dkdv_d{d}_softcap_f16", f"attention_bwd_varlen_tc_dq_d{d}_softcap_f16"]
     _, _, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, cap=2.5)
     for name, a, b, ref in zip(("dq", "dk", "dv"), runs[0], tc, (rq, rk, rv)):
         close(name, a, ref, "flash_attention_varlen_backward", "f16")

@@ -50,7 +50,7 @@ TC_BWD = ([f"attention_bwd_tc_dkdv_d{d}{c}{s}" for d in (64, 96, 128) for c in (
              for c in ("", "_softcap") for s in ("_bf16", "_f16")])
 # The fused backward's fp32 helpers (no MMA): delta / lse layout + dQ workspace zeroing, dQ reduce / narrow
 TC_BWD_AUX = ([f"attention_bwd_tc_prep{s}" for s in ("_bf16", "_f16")]
-              + [f"attention_bwd_tc_dq_reduce_d{d}{s}" for d in (64, 128) for s in ("_bf16", "_f16")])
+              + [f"attention_bwd_tc_dq_reduce_d{d}{s}" for d in (64, 96, 128) for s in ("_bf16", "_f16")])
 # The fp32-FMA f16 kernels (attention_fwd_fma.cu, attention_bwd_fma.cu) that narrow fp32 -> f16 (the others
 # write fp32 lse / delta only)
 F16_FMA_NARROWING = ([f"attention_fwd_fma_d{d}{c}_f16" for d in (64, 128, 256) for c in ("", "_softcap")]

@@ -63,9 +63,9 @@ def test_same_bits_under_forward_and_reverse_schedules(monkeypatch: pytest.Monke
             assert np.array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 def test_host_playing_sm90a_runs_the_varlen_kernels(d: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    # On Hopper the varlen backward at d64 / d128 is the fused sm_90a wgmma kernel (attention_bwd_sm90.cu with VL and
+    # On Hopper the varlen backward at d64 / d96 / d128 is the fused sm_90a wgmma kernel (attention_bwd_sm90.cu with VL and
     # DQA: the pre-pass, the kernel, the dQ narrowing; more in tests/test_attention_sm90_varlen.py); PYKERN_SM90=0
     # gives the mma.sync pair, as on an sm_80 GPU.
     monkeypatch.setenv("PYKERN_HOST_ARCH", "sm_90a")

@@ -665,8 +665,8 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     sequences of `seq` tokens each, the packed layout's best case). At head_dim 256 the dK / dV kernel has 64-key
     CTAs and 32-query tiles (`bwd_dkdv_rows` / `bwd_dkdv_step`), its consumers splitting the head dim; without the
     fused kernel the dQ kernel runs beside it; the 2026-11-27 build had no sm_90a backward there (nor softcap /
-    varlen ones). The current backward (dense or varlen, with or without softcap) at head_dim 64 / 128 / 256 is
-    the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
+    varlen ones). The current backward (dense or varlen, with or without softcap) at head_dim 64 / 96 / 128 / 256
+    is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
     semaphore chain's fill where the right side is unbounded, `SEM_LINK_CLK` a link; with a bounded right side
     (causal) the adds go in descending key-tile order, which the CTAs' walks already follow: no wait modelled)."""
     from ..ops import _attention_sm90 as h
@@ -715,10 +715,12 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         groups = s.batch * s.kvh
         dq_bytes = sum(ctas) // rows * D * 4 * groups  # RED.ADD of a C x D fp32 block per tile pair
         chain = SEM_LINK_CLK * (len(ctas) - 1) if det and not s.causal else 0.0
+        # dQ^T in m64 tiles of the head dim: at d96 two tiles (rows 0.. and 32..), 128 rows executed for 96
+        dq_rows = -(-D // 64) * 64
         return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(D),
                        tuple(ctas[::-1] if det and s.causal else ctas), groups, D, 5,
                        reads + b["k"] + b["v"] + dq_bytes, (c, rows), mma_warps=mma_warps,
-                       chain_clk=chain)], ""
+                       chain_clk=chain, dims=4 * D + dq_rows if dq_rows != D else 0)], ""
     dq_step = h.bwd_dq_step(D)
     dq = Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, dq_step),
                 tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, dq_step, False)), s.batch * s.heads, D, 3,

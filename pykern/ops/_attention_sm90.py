@@ -474,12 +474,12 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     return dq, dk, dv
 
 
-# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_d{64,128,256}[_softcap]): dense and
+# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_d{64,96,128,256}[_softcap]): dense and
 # varlen, with or without softcap.
-# the fused kernel's dS / dQ^T layout: 64-column boxes (128B swizzle) and two consumers of 32 queries (d128) or
-# 64 head-dim rows (d64), or at d256 the split dK/dV kernel's 64 keys with 128 head-dim rows a consumer
-# (`bwd_dkdv_split`); d96 and 192 / 128 keep the dK/dV + dQ pair
-BWD_FUSED_HEAD_DIMS = (64, 128, 256)
+# the fused kernel's dQ^T split: two consumers of 32 queries (d64) or 64 head-dim rows (d128; d96: rows 0.. and
+# 32.. of its three 32-column boxes, rows 32..63 computed twice), or at d256 the split dK/dV kernel's 64 keys with
+# 128 head-dim rows a consumer (`bwd_dkdv_split`); 192 / 128 keeps the dK/dV + dQ pair
+BWD_FUSED_HEAD_DIMS = (64, 96, 128, 256)
 BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multiple of this (every query tile)
 
 
@@ -521,7 +521,6 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
     allocated and zeroed here)."""
     from .. import arrays
     from ..launcher import launch
-    from ..tensormap import make_tensor_map
 
     b, n_q, n_k, h, kvh, d = dims
     wl, wr = win
@@ -533,9 +532,8 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
     c = bwd_dkdv_step(d)
     q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
     k4, v4 = (a.reshape((b, n_k, kvh, d)) for a in (k, v))
-    try:  # boxes as the dK/dV kernel's: 64 head-dim columns by c queries / `rows` keys
-        tq, tdo = (make_tensor_map(a, (1, c, 1, 64), "128B", backend=name) for a in (q4, g4))
-        tk, tv = (make_tensor_map(a, (1, rows, 1, 64), "128B", backend=name) for a in (k4, v4))
+    try:  # boxes as the dK/dV kernel's: bwd_box head-dim columns by c queries / `rows` keys
+        tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4)
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the caller takes another path
         return False
     # one semaphore per (batch, head, query tile of c); the atomic kernel never reads it

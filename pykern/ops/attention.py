@@ -718,7 +718,7 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
 
 
 def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
-    """sm_90a, head_dim 64 / 128 / 256, with or without softcap: FlashAttention-3's backward, one kernel per key tile
+    """sm_90a, head_dim 64 / 96 / 128 / 256, with or without softcap: FlashAttention-3's backward, one kernel per key tile
     (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
     accumulator (red.global.add.f32; deterministic: in key-tile order per query tile, through semaphores); the
     pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch, and a small kernel narrows
@@ -767,7 +767,7 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
 
 def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, win, softcap, deterministic, sfx,
                        stream, backend):
-    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 128 / 256: the fused dK/dV/dQ kernel
+    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 96 / 128 / 256: the fused dK/dV/dQ kernel
     (attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]). The packed rows are one batch of total_q queries to
     the pre-pass (delta, the (heads, nq_pad) lse / delta runs, the zeroed fp32 dQ accumulator, a token's row at
     its packed index) and to the narrowing kernel (times scale into dq). None (nothing but the pre-pass launched)
@@ -1062,7 +1062,7 @@ def flash_attention_varlen_backward(
     bf16 or f16 on the tensor-core kernels (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*: the dense
     backward's dK/dV and dQ kernels with a per-sequence prologue): fp32 accumulation, one writer per output
     element (deterministic), dK / dV summed over the GQA group inside one CTA. sm_80 or newer on the nvrtc
-    backend, the host backend, numba. On sm_90a at head_dim 64 / 128 (head_dim_v = head_dim) one fused wgmma
+    backend, the host backend, numba. On sm_90a at head_dim 64 / 96 / 128 (head_dim_v = head_dim) one fused wgmma
     kernel per key tile computes dK, dV and adds dQ's partials into an fp32 accumulator (red.global.add.f32, the
     summation order varying run to run; deterministic=True: added in key-tile order per (sequence, head, query
     tile) through semaphores, bit-identical run to run).

@@ -718,12 +718,14 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
                          causal: bool, window: tuple[int, int], deterministic: bool, softcap: float = 0.0) -> Case:
     """attention_bwd_sm90_fused[_det]_d{d}[_softcap]: dK, dV and the fp32 dQ accumulator (times scale: dq as
     fp32), given the pre-pass's (batch, head, nq_pad) runs of lse * log2 e and delta (here from float64, rounded
-    to fp32)."""
+    to fp32). At d96 the accumulator goes through the op's narrowing kernel (attention_bwd_tc_dq_reduce_d96, which
+    only this kernel's accumulator reaches) into dq of the case's dtype."""
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
 
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
     name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap)
+    reduce = f"attention_bwd_tc_dq_reduce_d{d}{_sfx(kind)}"
     scale = 1.0 / np.sqrt(d)
     nq_pad = -(-n_q // sm90.BWD_FUSED_PAD) * sm90.BWD_FUSED_PAD
 
@@ -747,7 +749,14 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
                                        dk.reshape(-1), dv.reshape(-1), (1, n_q, n_k, h, kvh, d), nq_pad, scale,
                                        (wl, wr), deterministic, _sfx(kind), None, backend, softcap):
             raise _declined(name, backend)
-        dq = (dq_acc[0, :, :, :n_q] * np.float32(scale)).transpose(2, 0, 1, 3).reshape(n_q, h, d)[None]
+        if d == 96:  # the d96 narrowing kernel has a case of its own here (nothing else launches it on the host)
+            import pykern
+
+            dq = np.zeros(q.shape, q.dtype)
+            pykern.launch(reduce, max(1, -(-dq.size // 256)), 256, dq_acc, dq_acc, dq.reshape(-1), dq.size, n_q, n_k,
+                          h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, backend=backend)
+        else:
+            dq = (dq_acc[0, :, :, :n_q] * np.float32(scale)).transpose(2, 0, 1, 3).reshape(n_q, h, d)[None]
         return {"dq": dq, "dk": dk, "dv": dv}
 
     def ref() -> dict[str, Any]:
@@ -757,7 +766,7 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
 
     shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap)
              + ("-det" if deterministic else "") + ("-causal" if causal else ""))
-    return _sm90_case("attention_backward", kind, shape, (name,), run, ref)
+    return _sm90_case("attention_backward", kind, shape, (name, reduce) if d == 96 else (name,), run, ref)
 
 
 def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int,
@@ -885,6 +894,15 @@ SM90_VARLEN_FUSED_BACKWARD_D256 = ((([5, 70, 0, 40], [9, 120, 3, 0]), 2, 1, 256,
                                    (([70, 1, 90], [33, 100, 20]), 2, 1, 256, False, (50, 20), 0.0),
                                    (([60, 30], [100, 30]), 4, 2, 256, False, (-1, -1), 2.0),
                                    (([40, 0, 30], [70, 5, 60]), 2, 1, 256, True, (-1, -1), 1.5))
+# The fused kernels at d96 (32-column boxes, 64B swizzle; consumer 1's dQ^T rows 32..63 computed twice and not
+# added), with and without softcap, causal and not, atomic and _det: the dense ones (the tables above' form; cap 0
+# is the plain kernel) and the varlen ones, at most 8 CTAs.
+SM90_FUSED_BACKWARD_D96 = ((130, 300, 2, 1, 96, True, (-1, -1), 0.0), (150, 260, 4, 2, 96, False, (60, 20), 0.0),
+                           (100, 200, 2, 1, 96, False, (-1, -1), 2.0), (160, 130, 2, 1, 96, True, (-1, -1), 2.5))
+SM90_VARLEN_FUSED_BACKWARD_D96 = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 96, True, (-1, -1), 0.0),
+                                  (([70, 1, 90], [33, 140, 20]), 2, 1, 96, False, (-1, -1), 2.0),
+                                  (([100, 0, 30], [150, 5, 60]), 2, 1, 96, False, (50, 20), 0.0),
+                                  (([60, 30], [130, 30]), 4, 2, 96, True, (-1, -1), 1.5))
 # The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -1163,6 +1181,8 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
     for kind in ("bf16", "f16"):
         for causal, (n_q, n_k) in zip((False, True), SM90_FORWARD_D64_LOOP):
             yield _sm90_forward(rng, kind, n_q, n_k, 2, 1, 64, causal)
+    for kind in ("bf16", "f16"):  # drawn last, so that every case above keeps its inputs
+        yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_D96, SM90_VARLEN_FUSED_BACKWARD_D96)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
