@@ -913,24 +913,28 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         // row % 8 = g, so the 8 rows x 4 lanes of one store land in 32 distinct banks); then one thread stores the
         // DV / 64 boxes (1, 64, 1, 64) of out. Rows past n_q are left as they are in shared memory: the TMA clips
         // them (the map's rows end at n_q). out's column 8 jj + 2 t of a row is byte 16 (jj % 8) + 4 t of box jj / 8.
-        unsigned char* os = qs + c * 64 * 128;
+        // The lane's row of the Q tile (16 (warp - 4) + g; 64 c + its row in the consumer's 64) and its warpgroup
+        // from threadIdx.x again, opaque: kept live through the loops instead, the d64 and d256 softcap kernels had
+        // no register for them there (4 to 8 bytes spilled, the d64 softcap loop 14 instructions longer).
+        const unsigned tx = pk_opaque_u32(threadIdx.x), qrow = 16 * (tx / 32 - 4) + (tx % 32) / 4;
         pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
             l, m, sl2, v_scale, row_e, n_q,
             [&](int r, int, float inv) {
-                const unsigned rb = (16 * wq + g + 8 * r) * 128;
+                const unsigned rb = (qrow + 8 * r) * 128 + 4 * (tx % 4);
 #pragma unroll
                 for (int jj = 0; jj < DV / 8; jj++)
-                    *reinterpret_cast<unsigned int*>(os + (jj / 8) * FA90_BR * 128 +
-                                                     pk_swizzle_offset(rb + 16 * (jj % 8) + 4 * t, PK_SWIZZLE_128B)) =
+                    *reinterpret_cast<unsigned int*>(qs + (jj / 8) * FA90_BR * 128 +
+                                                     pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
                         Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
             },
             lse_at);
         pk_fence_proxy_async_shared();  // these generic-proxy writes before the TMA (async proxy) reads them
-        pk_bar_sync_aligned(1 + c, 128);  // the warpgroup's rows are all written (its named barrier, as the WG vote's)
-        if (tid % 128 == 0) {
+        pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written (barrier 1 + c: the WG vote's)
+        if (tx % 128 == 0) {
+            const int r0 = 64 * (int)(tx / 128 - 1);  // the consumer's first row of the tile
 #pragma unroll
             for (int nb = 0; nb < DV / 64; nb++)
-                pk_tma_store_4d(to, os + nb * FA90_BR * 128, nb * 64, h, q0 + 64 * c, mb);
+                pk_tma_store_4d(to, qs + nb * FA90_BR * 128 + r0 * 128, nb * 64, h, q0 + r0, mb);
             pk_tma_store_commit();
             // The TMA has read the rows before this thread's q_empty arrival below, after which the producer may
             // load the next work tile's Q into the same bytes.

@@ -178,7 +178,7 @@ def test_the_attention_model_schedules_the_persistent_grid() -> None:
 # (cp.async.bulk.wait_group.read) before its arrival. The host performs a store at that wait (or at the thread's
 # exit), so a copy without it stores whatever the buffer holds by then (later tiles' Q and O).
 _STORE_READ = "            pk_tma_store_wait_read<0>();\n"
-_STORE_BAR = "        pk_bar_sync_aligned(1 + c, 128);  // the warpgroup's rows are all written"
+_STORE_BAR = "        pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written"
 
 
 def _spy_mutant(tmp_path, monkeypatch, old: str, new: str, tag: str, d: int = 128) -> None:
