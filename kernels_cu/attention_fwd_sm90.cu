@@ -40,7 +40,8 @@
 // mbarriers.
 // Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64), k
 // and v (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as
-// zeros.
+// zeros. The dense kernels store O through one more, to over out (batch, n_q, n_heads, DV) with box (1, 64, 1, 64)
+// (a consumer warpgroup's rows; the epilogue stages them in the Q tile), whose stores clip rows past n_q.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 // Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16}, d192_dv128 for DQK 192 / DV 128.
 // paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv] and paged_prefill_sm90_d192_dv128[_softcap]_...
@@ -582,9 +583,10 @@ __device__ __forceinline__ int fa90_dense_tile(int tile, int n_bh, int n_q, int 
 // KV (void: the K / V tiles come by TMA through tk / tv): paged_prefill_attention, VARLEN's queries against the
 // paged cache pg of element type KV (T, or an FP8 tag widened to T), gathered by fa90_producer_paged; n_k per
 // sequence from the page table; v_scale (FP8's; scale holds k_scale) multiplies the output.
+// to: the dense form's tensor map over out (its TMA-store epilogue; out unused there); VARLEN stores through out.
 template <typename T, int DQK, int DV, bool SC, bool VARLEN, typename KV = void>
 __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
-                                             T* __restrict__ out, float* __restrict__ lse,
+                                             const CUtensorMap* to, T* __restrict__ out, float* __restrict__ lse,
                                              const int* __restrict__ cu_q, const int* __restrict__ cu_k, int batch,
                                              int n_q, int n_k, int n_heads, int n_kv_heads, float scale,
                                              int window_left, int window_right, float softcap = 0.0f,
@@ -932,7 +934,6 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         n = tile_info[1];
         q0 = qt * FA90_BR;
     }
-    const long long o_stride = (long long)n_heads * DV;
     // The sequence's first row of out / lse (read again here rather than kept live through the loops).
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
     // SC, VARLEN and QREG (d64: Q in registers): pre holds one more register through the loops, and this kernel
@@ -940,16 +941,55 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // the compiler does not keep row0 live through the loops anyway). Not elsewhere: the dense d256 softcap kernel
     // spilled with it, and the varlen d256 one's loop grew by 2 instructions.
     const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
-    pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
-        l, m, sl2, v_scale, row_e, n_q,
-        [&](int r, int row, float inv) {
-            T* orow = out + (o_row0 + row) * o_stride + (long long)h * DV;
+    const auto lse_at = [&](int row) { return lse + (o_row0 + row) * n_heads + h; };
+    if constexpr (VARLEN) {
+        // st.global: a box of rows would run past the sequence's end into the next sequence's rows of out
+        const long long o_stride = (long long)n_heads * DV;
+        pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
+            l, m, sl2, v_scale, row_e, n_q,
+            [&](int r, int row, float inv) {
+                T* orow = out + (o_row0 + row) * o_stride + (long long)h * DV;
 #pragma unroll
-            for (int jj = 0; jj < DV / 8; jj++)
-                *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
-                    Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
-        },
-        [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
+                for (int jj = 0; jj < DV / 8; jj++)
+                    *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
+                        Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+            },
+            lse_at);
+    } else {
+        // The TMA-store epilogue (FA3's): this consumer's 64 rows of O, normalised and rounded to T, go into its
+        // own 64 rows of the Q tile (free: its S wgmmas have all completed, and the other consumer's rows are not
+        // touched), in the tensor map's box layout ([DV / 64][rows][128 B], 128B swizzle: the 16-byte unit XORed by
+        // row % 8 = g, so the 8 rows x 4 lanes of one store land in 32 distinct banks); then one thread stores the
+        // DV / 64 boxes (1, 64, 1, 64) of out. Rows past n_q are left as they are in shared memory: the TMA clips
+        // them (the map's rows end at n_q). out's column 8 jj + 2 t of a row is byte 16 (jj % 8) + 4 t of box jj / 8.
+        // The lane's row of the Q tile (16 (warp - 4) + g; 64 c + its row in the consumer's 64) and its warpgroup
+        // from threadIdx.x again, opaque: kept live through the loops instead, the d64 and d256 softcap kernels had
+        // no register for them there (4 to 8 bytes spilled, the d64 softcap loop 14 instructions longer).
+        const unsigned tx = pk_opaque_u32(threadIdx.x), qrow = 16 * (tx / 32 - 4) + (tx % 32) / 4;
+        pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
+            l, m, sl2, v_scale, row_e, n_q,
+            [&](int r, int, float inv) {
+                const unsigned rb = (qrow + 8 * r) * 128 + 4 * (tx % 4);
+#pragma unroll
+                for (int jj = 0; jj < DV / 8; jj++)
+                    *reinterpret_cast<unsigned int*>(qs + (jj / 8) * FA90_BR * 128 +
+                                                     pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
+                        Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+            },
+            lse_at);
+        pk_fence_proxy_async_shared();  // these generic-proxy writes before the TMA (async proxy) reads them
+        pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written (barrier 1 + c: the WG vote's)
+        if (tx % 128 == 0) {
+            const int r0 = 64 * (int)(tx / 128 - 1);  // the consumer's first row of the tile
+#pragma unroll
+            for (int nb = 0; nb < DV / 64; nb++)
+                pk_tma_store_4d(to, qs + nb * FA90_BR * 128 + r0 * 128, nb * 64, h, q0 + r0, mb);
+            pk_tma_store_commit();
+            // The TMA has read the rows before this thread's q_empty arrival below, after which the producer may
+            // load the next work tile's Q into the same bytes.
+            pk_tma_store_wait_read<0>();
+        }
+    }
     pk_mbarrier_arrive(q_empty);  // done with this work tile's Q: the producer may load the next one's
     if (VARLEN || !Cfg::PERSIST) break;
     }
@@ -961,17 +1001,17 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 #define FA90_ENTRY(NAME, DQK, DV, SC)                                                                                \
     template <typename T, typename... A>                                                                             \
     __device__ __forceinline__ void attention_fwd_sm90_d##NAME##_impl(const CUtensorMap& tq, const CUtensorMap& tk,  \
-                                                                     const CUtensorMap& tv, T* out, float* lse,      \
-                                                                     A... a) {                                       \
-        fa90_forward<T, DQK, DV, SC, false>(&tq, &tk, &tv, out, lse, nullptr, nullptr, a...);                        \
+                                                                     const CUtensorMap& tv, const CUtensorMap& to,   \
+                                                                     float* lse, A... a) {                           \
+        fa90_forward<T, DQK, DV, SC, false>(&tq, &tk, &tv, &to, nullptr, lse, nullptr, nullptr, a...);               \
     }
 #define FA90_VARLEN_ENTRY(NAME, DQK, DV, SC)                                                                       \
     template <typename T, typename... A>                                                                             \
     __device__ __forceinline__ void attention_fwd_varlen_sm90_d##NAME##_impl(                                        \
         const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, T* out, float* lse, const int* cu_q,    \
         const int* cu_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right, A... cap) {    \
-        fa90_forward<T, DQK, DV, SC, true>(&tq, &tk, &tv, out, lse, cu_q, cu_k, 0, 0, 0, n_heads, n_kv_heads, scale, \
-                                           window_left, window_right, cap...);                                       \
+        fa90_forward<T, DQK, DV, SC, true>(&tq, &tk, &tv, nullptr, out, lse, cu_q, cu_k, 0, 0, 0, n_heads,           \
+                                           n_kv_heads, scale, window_left, window_right, cap...);                    \
     }
 // The head dims, which both forms offer (X(NAME, DQK, DV, SC) each).
 #define FA90_DIMS(X)                                                                                              \
@@ -981,20 +1021,22 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 FA90_DIMS(FA90_ENTRY)
 FA90_DIMS(FA90_VARLEN_ENTRY)
 
-// flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64) and k / v
-// (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64); out (batch, n_q, n_heads, DV), lse (batch, n_q,
-// n_heads); the window normalized as flash_attention does; grid batch * n_heads * query tiles.
+// flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64), k / v
+// (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64) and out (batch, n_q, n_heads, DV) with box (1, 64, 1,
+// 64) (the epilogue's TMA stores), lse (batch, n_q, n_heads); the window normalized as flash_attention does; grid
+// batch * n_heads * query tiles.
 #define FA90_DENSE_PARAMS                                                                                           \
     (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
-     const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,       \
-     int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right)
-#define FA90_DENSE_ARGS (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right)
+     const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to, float* __restrict__ lse,       \
+     int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right)
+#define FA90_DENSE_ARGS (tq, tk, tv, to, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right)
 #define FA90_DENSE_SC_PARAMS                                                                                        \
     (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
-     const __grid_constant__ CUtensorMap tv, T* __restrict__ out, float* __restrict__ lse, int batch, int n_q,       \
-     int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right, float softcap)
+     const __grid_constant__ CUtensorMap tv, const __grid_constant__ CUtensorMap to, float* __restrict__ lse,       \
+     int batch, int n_q, int n_k, int n_heads, int n_kv_heads, float scale, int window_left, int window_right,       \
+     float softcap)
 #define FA90_DENSE_SC_ARGS \
-    (tq, tk, tv, out, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right, softcap)
+    (tq, tk, tv, to, lse, batch, n_q, n_k, n_heads, n_kv_heads, scale, window_left, window_right, softcap)
 PK_IO16_KERNELS(attention_fwd_sm90_d64, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
 PK_IO16_KERNELS(attention_fwd_sm90_d128, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
 PK_IO16_KERNELS(attention_fwd_sm90_d256, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
@@ -1048,8 +1090,8 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1),
         float v_scale, A... cap) {                                                                                 \
         const Fa90Paged pg{kp, vp, kv_indptr, kv_indices, kv_last, page_size, s_page, s_tok, s_head,              \
                            s_page, s_tok, s_head};                                                                 \
-        fa90_forward<T, DQK, DV, SC, true, KV>(&tq, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0, 0,        \
-                                               n_heads, n_kv_heads, scale, window_left, window_right,              \
+        fa90_forward<T, DQK, DV, SC, true, KV>(&tq, nullptr, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0,  \
+                                               0, n_heads, n_kv_heads, scale, window_left, window_right,           \
                                                fa90_cap_arg(cap...), &pg, v_scale);                                \
     }
 // The same with V's strides of its own (head_dim_v != head_dim: 192 / 128).
@@ -1062,8 +1104,8 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1),
         float scale, int window_left, int window_right, float v_scale, A... cap) {                                 \
         const Fa90Paged pg{kp, vp, kv_indptr, kv_indices, kv_last, page_size, s_page, s_tok, s_head,              \
                            v_page, v_tok, v_head};                                                                 \
-        fa90_forward<T, DQK, DV, SC, true, KV>(&tq, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0, 0,        \
-                                               n_heads, n_kv_heads, scale, window_left, window_right,              \
+        fa90_forward<T, DQK, DV, SC, true, KV>(&tq, nullptr, nullptr, nullptr, out, lse, qo_indptr, nullptr, 0, 0,  \
+                                               0, n_heads, n_kv_heads, scale, window_left, window_right,           \
                                                fa90_cap_arg(cap...), &pg, v_scale);                                \
     }
 FA90_PAGED_ENTRY(64, 64, 64, false)

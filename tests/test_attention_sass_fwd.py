@@ -104,3 +104,26 @@ def test_paged_prefill_launches_the_core_for_16bit_caches(d, kind, softcap, monk
     names = _launched(monkeypatch, lambda: paged_prefill_attention(*args, logits_soft_cap=softcap, backend="host"))
     assert names == [f"paged_prefill_tc_d{d}{'_softcap' if softcap else ''}_{kind}"]
     assert names[0] in FWD_CORE
+
+
+# The sm_90a forward (kernels_cu/attention_fwd_sm90.cu, FA3's design): the dense kernels write O through the
+# TMA-store epilogue (each consumer warpgroup's 64 rows staged in its part of the Q tile, then one UTMASTG a box of
+# 64 head-dim columns: DV / 64 of them), lse with plain stores; the varlen kernels keep their st.global epilogue (a
+# box would run past a sequence's end into the next one's rows) and carry no UTMASTG.
+SM90_FWD = [f"attention_fwd_{v}sm90_{s}{c}_{t}" for v in ("", "varlen_") for s in ("d64", "d128", "d256", "d192_dv128")
+            for c in ("", "_softcap") for t in ("bf16", "f16")]
+
+
+@pytest.mark.parametrize("kernel", SM90_FWD)
+def test_sm90_dense_forward_stores_o_through_the_tma(kernel: str) -> None:
+    from sass_helpers import kernel_ops, source_sass
+
+    ops_ = kernel_ops(source_sass("attention_fwd_sm90.cu", "sm_90a"), kernel)
+    dv = 128 if "_dv128" in kernel else int(kernel.split("_d")[1].split("_")[0])
+    stores = [op for op in ops_ if op.startswith("UTMASTG")]
+    stg = [op for op in ops_ if op.startswith("STG")]
+    if "_varlen_" in kernel:
+        assert stores == [] and len(stg) >= dv // 4, (kernel, stores, len(stg))  # O a 32-bit word at a time
+    else:
+        assert stores == ["UTMASTG.4D"] * (dv // 64), (kernel, stores)
+        assert len(stg) == 2, (kernel, stg)  # lse only: rows g and g + 8 of the lane (quad lane 0)

@@ -562,8 +562,9 @@ def _launch_d64(name: str, qkv=None, causal: bool = True, d: int = 64) -> np.nda
     tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=HOST)
     tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=HOST)
     out = np.zeros_like(q)
+    to = make_tensor_map(out, (1, sm90.OUT_ROWS, 1, 64), "128B", backend=HOST)  # the epilogue's TMA stores
     lse = np.zeros((1, n_q, 1), np.float32)
-    pykern.launch(name, (n_q + 127) // 128, sm90.THREADS, tq, tk, tv, out, lse, 1, n_q, n_k, 1, 1, 0.125, n_k,
+    pykern.launch(name, (n_q + 127) // 128, sm90.THREADS, tq, tk, tv, to, lse, 1, n_q, n_k, 1, 1, 0.125, n_k,
                   0 if causal else n_k,
                   shared_mem=sm90.shared_bytes(d), backend=HOST)
     return out
@@ -756,8 +757,9 @@ def _launch_d128_full(name: str) -> np.ndarray:
     tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=HOST)
     tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=HOST)
     out = np.zeros_like(q)
+    to = make_tensor_map(out, (1, sm90.OUT_ROWS, 1, 64), "128B", backend=HOST)  # the epilogue's TMA stores
     lse = np.zeros((1, 130, 1), np.float32)
-    pykern.launch(name, 2, sm90.THREADS, tq, tk, tv, out, lse, 1, 130, 384, 1, 1, 0.088, 384, 384,
+    pykern.launch(name, 2, sm90.THREADS, tq, tk, tv, to, lse, 1, 130, 384, 1, 1, 0.088, 384, 384,
                   shared_mem=sm90.shared_bytes(128), backend=HOST)
     return out
 

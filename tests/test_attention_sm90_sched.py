@@ -177,3 +177,47 @@ def test_the_attention_model_schedules_the_persistent_grid() -> None:
     assert lau2.schedule([4.0, 3.0, 2.0, 1.0], 3) == 7
     # two groups of tiles 6, 1 on 2 slots: [6, 6 | 1, 1], one long and one short tile a CTA
     assert lau2.schedule([6.0, 1.0], 2) == 7
+
+
+# The dense forward's TMA-store epilogue stages O in the Q tile's rows, which the producer refills with the next work
+# tile's Q once q_empty completes: the thread that issues the stores waits until they have read shared memory
+# (cp.async.bulk.wait_group.read) before its arrival. The host performs a store at that wait (or at the thread's
+# exit), so a copy without it stores whatever the buffer holds by then (later tiles' Q and O).
+_STORE_READ = "            pk_tma_store_wait_read<0>();\n"
+_STORE_BAR = "        pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written"
+
+
+def _spy_mutant(tmp_path, monkeypatch, old: str, new: str, tag: str, d: int = 128) -> None:
+    """A copy of the source with `old` replaced (only the d{d} family kept), launched by the ops in place of the
+    real attention_fwd_sm90_d{d} kernels."""
+    from pykern import launcher
+
+    write_mutant(tmp_path, monkeypatch, SRC, old, new, f"fa90_{tag}.cu", ("attention_fwd_sm90_d", f"fa90_{tag}_d"),
+                 keep=(f"attention_fwd_sm90_d{d}",))
+    real = launcher.launch
+    monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(
+        name.replace("attention_fwd_sm90_d", f"fa90_{tag}_d"), *a, **kw))
+
+
+def test_the_epilogue_store_reads_o_before_the_next_q_lands(tmp_path, monkeypatch) -> None:
+    rng = np.random.default_rng(5)
+    q, k, v = fa_inputs(rng, 2, 300, 330, 3, 1, 128, 128, "bf16")  # 18 work tiles on HOST_CTAS = 3 CTAs
+    ref_out, _ = np_flash_attention(q, k, v, True)
+    _spy_mutant(tmp_path, monkeypatch, _STORE_READ, "", "noread")
+    out = np.asarray(ops.flash_attention(q, k, v, causal=True, backend=HOST), np.float64)
+    assert not np.allclose(out, ref_out, atol=0.05)
+
+
+@pytest.mark.slow
+def test_the_epilogue_is_clean_under_racecheck_and_needs_its_barrier(tmp_path, monkeypatch) -> None:
+    # Racecheck counts a TMA store's box as read by the thread that starts it, when it starts: the warpgroup's named
+    # barrier orders the other warps' rows before that; without it their writes race with the store.
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    rng = np.random.default_rng(6)
+    q, k, v = fa_inputs(rng, 1, 300, 300, 2, 1, 128, 128, "bf16")
+    _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, _STORE_BAR, "rcsame")
+    out = ops.flash_attention(q, k, v, causal=True, backend=HOST)
+    close("out", out, np_flash_attention(q, k, v, True)[0], "flash_attention", "bf16")
+    _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, "        //", "rcnobar")  # the comment after it stays one
+    with pytest.raises(KernelExecutionError, match=r"read-after-write race"):
+        ops.flash_attention(q, k, v, causal=True, backend=HOST)

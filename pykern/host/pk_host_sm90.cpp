@@ -12,6 +12,8 @@
 //   bytes. One never waited for is an error at block end.
 // - TMA stores read shared memory and write global memory at the bulk wait that covers them (or
 //   the thread's exit): a shared source reused before pk_tma_store_wait_read shows in the output.
+//   Racecheck counts the box's bytes as read by the thread that starts the store, when it starts, so
+//   their writers must be ordered before that (a barrier), and their next writers after it.
 // - wgmma: a warpgroup (128 threads) meeting point. Descriptors, A registers and C are captured
 //   there; the product is computed from shared memory at the first wgmma wait that covers it, and
 //   each thread's accumulators get their values at its own covering wait (NaN until then). An
@@ -593,6 +595,15 @@ extern "C" void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank
     BulkStore S{m, w, {0, 0, 0, 0, 0}, s.bulk_group};
     for (int d = 0; d < rank; d++) S.c[d] = c[d];
     s.stores.push_back(S);
+#ifdef PK_RACECHECK
+    // The async proxy reads the box's bytes for this thread from here on: a write by another thread that no
+    // barrier orders before this call (rows a warp wrote without the warpgroup's barrier between) is a
+    // read-after-write race, and one after it that nothing orders after this thread's bulk wait a
+    // write-after-read race.
+    if (unsigned char* p = window_ptr(t->blk, w, tmap_bytes(m)))
+        rc_access_range(reinterpret_cast<uintptr_t>(p), static_cast<unsigned>(tmap_bytes(m)), false,
+                        reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+#endif
 }
 
 extern "C" void pkrt_tma_store_commit(void) { st_of(cur()).bulk_group++; }

@@ -32,6 +32,9 @@ HEAD_DIMS = (64, 128, 256)
 SHAPES = (*((d, d) for d in HEAD_DIMS), (192, 128))
 THREADS = 384  # FA90_THREADS: a producer warpgroup and two consumer warpgroups
 ROWS = 128  # FA90_BR: queries per CTA
+# Rows of one TMA store of the dense forward's epilogue: a consumer warpgroup's share of the query tile (the box of
+# out's tensor map; the varlen forward stores with st.global, a box would run into the next sequence's rows).
+OUT_ROWS = 64
 # (keys per tile, ring stages) as the .cu's Fa90Cfg, by head_dim (192 comes with head_dim_v 128 only).
 _CFG = {64: (192, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
@@ -128,12 +131,13 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
                 scale: float, softcap: float, wl: int, wr: int, suffix: str, stream: Any, backend: str | None) -> bool:
     """Run attention_fwd_sm90_<shape>[_softcap]{suffix} (`kernel_name`) when `usable` and the arrays suit TMA
     (16-byte aligned bases); False (nothing launched) otherwise. q, k contiguous (batch, n, heads, head_dim), v
-    (batch, n_k, kv_heads, head_dim_v)."""
+    (batch, n_k, kv_heads, head_dim_v); out (batch, n_q, heads, head_dim_v) contiguous, written by TMA stores
+    (each consumer warpgroup's 64 rows of a query tile, one box per 64 head-dim columns: OUT_ROWS)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
     batch, n_q, n_k, n_heads, n_kv_heads, d, d_v = dims
-    if not usable(d, d_v, softcap, scale, q, backend, k, v):
+    if not usable(d, d_v, softcap, scale, q, backend, k, v, out):
         return False
     bc, _ = _CFG[d]
     name = get_backend(backend).name
@@ -141,13 +145,14 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
         tq = make_tensor_map(q, (1, ROWS, 1, 64), "128B", backend=name)
         tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=name)
         tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=name)
+        to = make_tensor_map(out, (1, OUT_ROWS, 1, 64), "128B", backend=name)
     except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
         return False
     dev = array_device(q)
     sms = sm_count(name, dev if isinstance(dev, int) and dev >= 0 else 0)
     n_blocks = forward_grid(d, batch * n_heads * -(-n_q // ROWS), n_q, n_k, wl, wr, sms)
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
-    launch(kernel_name(d, d_v, softcap, suffix), n_blocks, THREADS, tq, tk, tv, out, lse, batch, n_q, n_k,
+    launch(kernel_name(d, d_v, softcap, suffix), n_blocks, THREADS, tq, tk, tv, to, lse, batch, n_q, n_k,
            n_heads, n_kv_heads, float(scale), wl, wr, *cap, shared_mem=shared_bytes(d, d_v), stream=stream,
            backend=backend)
     return True
