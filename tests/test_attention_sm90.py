@@ -876,8 +876,9 @@ BWD_LOOP_BAR = {
     "dkdv_d64_softcap": 5.02, "dkdv_d128_softcap": 3.11, "dq_d64_softcap": 3.66, "dq_d128_softcap": 2.07,
     "dq_d256": 1.46, "dq_d256_softcap": 1.79,  # 32-key tiles
     # d256 dK/dV: 32-query tiles (consumer 0 forms P^T, consumer 1 dP^T - delta before the swap through shared
-    # memory; varlen 5.41 / 6.16); 7.91 / 8.43 with 16-query tiles, whose per-tile work weighed on half the MMAs
-    "dkdv_d256": 5.64, "dkdv_d256_softcap": 6.4,
+    # memory) with uniform descriptors and the unmasked tiles' own loop; 5.63 / 6.39 before those two, 7.91 / 8.43
+    # with 16-query tiles, whose per-tile work weighed on half the MMAs
+    "dkdv_d256": 3.18, "dkdv_d256_softcap": 3.93,
     # d96: 32-column boxes (64B swizzle), dK/dV on 32-query tiles; 192 / 128: dK/dV on 16-query tiles (160
     # accumulator registers a thread), whose fixed cost a tile weighs more
     "dkdv_d96": 3.26, "dq_d96": 1.74, "dkdv_d96_softcap": 3.93, "dq_d96_softcap": 2.63,
@@ -897,15 +898,15 @@ BWD_FUSED_LOOP_BAR = {(64, "", ""): 2.66, (128, "", ""): 2.07, (64, "", "_softca
                       (128, "", "_softcap"): 2.49, (64, "varlen_", ""): 2.75, (128, "varlen_", ""): 2.14,
                       (64, "varlen_", "_softcap"): 3.57, (128, "varlen_", "_softcap"): 2.56,
                       # d96 (32-column boxes): 128 m16n8k16-equivalents a tile, dQ^T's two m64 tiles covering 128
-                      # head-dim rows for 96 (the pair there ran dK/dV at 5.19 and dQ at 1.74)
-                      (96, "", ""): 4.11, (96, "", "_softcap"): 4.62, (96, "varlen_", ""): 4.27,
-                      (96, "varlen_", "_softcap"): 4.77,
+                      # head-dim rows for 96 (the pair there ran dK/dV at 5.19 and dQ at 1.74; the fused loop 4.09
+                      # before the uniform descriptors and the unmasked loop)
+                      (96, "", ""): 2.44, (96, "", "_softcap"): 2.95, (96, "varlen_", ""): 2.56,
+                      (96, "varlen_", "_softcap"): 3.1,
                       # d256 (the split kernel with dQ fused; 160 m16n8k16-equivalents a warp a 32-query tile):
-                      # 845 instructions a tile (det 851), against 721 for the unfused dK/dV kernel's 128 plus the
-                      # dQ kernel's share of its 279 for a tile pair; the 64 red.add a thread a tile, their
-                      # addresses, the dS stores and the second barrier are the difference (16-query tiles: 7.78)
-                      (256, "", ""): 5.32, (256, "", "_softcap"): 5.9, (256, "varlen_", ""): 5.3,
-                      (256, "varlen_", "_softcap"): 5.89}
+                      # 380 instructions a tile (det 381), against 406 for the unfused dK/dV kernel's 128 (5.28 /
+                      # 845 before the uniform descriptors and the unmasked loop, 7.78 with 16-query tiles)
+                      (256, "", ""): 2.39, (256, "", "_softcap"): 2.99, (256, "varlen_", ""): 2.49,
+                      (256, "varlen_", "_softcap"): 3.09}
 
 
 @pytest.mark.parametrize("kernel", BWD_FUSED_KERNELS)
