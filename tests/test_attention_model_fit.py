@@ -13,13 +13,46 @@ from pykern.errors import ArgumentError
 
 @pytest.fixture(scope="module")
 def sass():
+    """The measured build's SASS: the snapshot compiled from the measured commit (no NVRTC needed)."""
     pytest.importorskip("numpy")
+    return am.sass_for(am.MEASURED_BUILD)
+
+
+def _snapshot_doc() -> dict:
+    return json.loads(am.MEASURED_SASS.read_text())
+
+
+def test_the_measured_build_reads_the_snapshot_of_the_measured_commit(sass):
+    """fit / compare / calibrated model the measured build with the SASS of the commit that was timed, not with
+    today's: the sm_90a dK/dV loop at d128 ran 4.188 warp-instructions per m16n8k16-equivalent on 2026-11-27
+    (today's is leaner), and that is the figure the measured build's model reads."""
+    doc = _snapshot_doc()
+    assert doc["build"] == am.MEASURED_BUILD and doc["commit"] == "e20e39881212e7100b634554f548f1f4dd1c19ce"
+    assert isinstance(sass, am.SassSnapshot) and sass.commit == doc["commit"]
+    k = sass.inputs("attention_bwd_sm90_dkdv_d128_bf16", "sm_90a")
+    assert k.loop.per_mma == pytest.approx(4.188, abs=5e-4) and k.regs == 168 and k.loop.wgmma
+    rec = next(r for r in doc["kernels"] if r["kernel"] == k.kernel)
+    assert rec["compiled_as"] == "attention_backward_sm90_dkdv_d128_bf16"  # its name before the 2026-11-29 rename
+    assert am.KernelInputs.from_record(k.to_record()) == k
+    # every (kernel, arch) the measured points launch is in the snapshot: the 15 of the wgmma and mma.sync paths
+    assert len(doc["kernels"]) == 15
+    # the default SASS of compare / calibrated is the snapshot: a model of the measured build equals one handed it
+    s = am.Shape(4, 16, 4096, 128, False)
+    assert am.calibrated("bwd", s, "wgmma")["time_s"] == am.calibrated("bwd", s, "wgmma", sass)["time_s"]
+    with pytest.raises(ArgumentError, match="attention_bwd_sm90_dkdv_d256_bf16"):
+        sass.inputs("attention_bwd_sm90_dkdv_d256_bf16", "sm_90a")  # no d256 sm_90a backward on 2026-11-27
+    with pytest.raises(ArgumentError, match="path"):
+        am.SassSnapshot(am.MEASURED)  # an attention.json is no snapshot
+
+
+def test_the_snapshot_differs_from_todays_sass_where_the_kernels_changed(sass):
+    """Today's sources compiled now (NVRTC) give a different dK/dV d128 loop: the reason the fit must not read them."""
     try:
-        src = am.SassSource()
-        src.inputs("attention_fwd_sm90_d128_bf16", "sm_90a")
+        now = am.SassSource().inputs("attention_bwd_sm90_dkdv_d128_bf16", "sm_90a")
     except Exception as e:  # no cuobjdump / NVRTC here
         pytest.skip(f"SASS unavailable: {type(e).__name__}: {e}")
-    return src
+    old = sass.inputs("attention_bwd_sm90_dkdv_d128_bf16", "sm_90a")
+    assert now.loop.per_mma < old.loop.per_mma - 1.0
 
 
 def test_measured_points_are_ours_only(tmp_path):

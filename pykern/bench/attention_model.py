@@ -785,6 +785,17 @@ class KernelInputs:
         return {"kernel": self.kernel, "arch": self.arch, "regs": self.regs, "static_smem": self.static_smem,
                 "spills": self.spills, **self.loop.to_dict()}
 
+    def to_record(self) -> dict[str, Any]:
+        """Every field, the loop's as written (no derived ratios): what from_record reads back unchanged."""
+        return asdict(self)
+
+    @classmethod
+    def from_record(cls, d: dict[str, Any]) -> "KernelInputs":
+        lp = dict(d["loop"])
+        lp["loaders"] = tuple(LoaderLoop(**x) for x in lp.get("loaders", ()))
+        return cls(d["kernel"], d["arch"], LoopInputs(**lp), int(d["regs"]), int(d["static_smem"]),
+                   int(d.get("spills", 0)))
+
 
 def makespan(costs: Sequence[float], slots: int) -> float:
     """Greedy list scheduling: each cost, in order, goes to the first free of `slots` slots (as the block
@@ -905,6 +916,10 @@ class SassSource:
             self._text[key] = (text, mod.resources, (self._sr._instructions(text), self._sr.steady_state_loops(text)))
         return self._text[key]
 
+    def compiled_name(self, kernel: str) -> str:
+        """The name `kernel` has in the compiled sources (today's: itself)."""
+        return kernel
+
     def inputs(self, kernel: str, arch: str) -> KernelInputs:
         if (kernel, arch) in self._inputs:
             return self._inputs[(kernel, arch)]
@@ -912,13 +927,62 @@ class SassSource:
         if kernel not in where:
             raise ArgumentError(f"kernel: {kernel!r} is not a registered attention kernel")
         text, res, parsed = self._listing(where[kernel], arch)
-        loop = loop_inputs(text, kernel, self._sr, parsed)
+        name = self.compiled_name(kernel)
+        loop = loop_inputs(text, name, self._sr, parsed)
         if loop is None:
             raise ArgumentError(f"kernel: {kernel} has no MMA loop in its {arch} SASS")
-        r = res[kernel]
+        r = res[name]
         out = KernelInputs(kernel, arch, loop, r.registers, r.shared_bytes, r.spill_stores + r.spill_loads)
         self._inputs[(kernel, arch)] = out
         return out
+
+
+# The loop inputs and resources of the kernels our 2026-11-27 H200 measurements ran, compiled from the sources of
+# the commit that was measured (tools/attention_sass_snapshot.py writes it): the measured build's points must be
+# modelled with the SASS that ran, not with today's (a faster loop today would otherwise pull the fitted constants
+# up to absorb the old times).
+MEASURED_SASS = Path(__file__).resolve().parents[2] / "docs" / "measured" / "2026-11-27-h200" / "sass_inputs.json"
+
+
+class SassSnapshot:
+    """SassSource's interface over a JSON snapshot of tools/attention_sass_snapshot.py: the KernelInputs of the
+    kernels of one measured build (under today's kernel names), compiled from the sources of `commit`. Needs no
+    NVRTC; a kernel or arch outside the snapshot is an ArgumentError."""
+
+    def __init__(self, path: str | Path = MEASURED_SASS) -> None:
+        try:
+            doc = json.loads(Path(path).read_text())
+            self.commit: str = doc["commit"]
+            self.build: str = doc["build"]
+            self._inputs = {(r["kernel"], r["arch"]): KernelInputs.from_record(r) for r in doc["kernels"]}
+        except (OSError, ValueError, KeyError, TypeError) as e:
+            raise ArgumentError(f"path: expected a SASS snapshot of tools/attention_sass_snapshot.py, "
+                                f"got {str(path)!r} ({type(e).__name__}: {e})")
+        self.path = Path(path)
+
+    def kernels(self) -> dict[str, Path]:
+        return {k: self.path for k, _a in self._inputs}
+
+    def inputs(self, kernel: str, arch: str) -> KernelInputs:
+        if (kernel, arch) not in self._inputs:
+            raise ArgumentError(f"kernel: ({kernel!r}, {arch!r}) is not in the {self.build} SASS snapshot "
+                                f"{self.path.name} (commit {self.commit[:12]})")
+        return self._inputs[(kernel, arch)]
+
+
+_SNAPSHOT: SassSnapshot | None = None
+
+
+def sass_for(build: str) -> SassSource | SassSnapshot:
+    """The SASS a build's kernels are modelled with: the measured build's snapshot (MEASURED_SASS, read once),
+    or today's sources compiled now for "current"."""
+    global _SNAPSHOT
+    _check_build(build)
+    if build == MEASURED_BUILD:
+        if _SNAPSHOT is None:
+            _SNAPSHOT = SassSnapshot()
+        return _SNAPSHOT
+    return SassSource()
 
 
 # ------------------------------------------------------------------------------------------- predictions
@@ -1157,9 +1221,9 @@ def format_table(doc: dict[str, Any]) -> str:
 # * call_us: fixed GPU time per op call: kernel launches and gaps between them, allocations' memsets, the small
 #   kernels outside the model.
 #
-# The measured kernels are the 2026-11-27 builds; the model counts today's SASS. The constants absorb what
-# changed between them (and the difference between the nominal 1830 MHz tensor clock and the measured
-# 1.77-1.98 GHz).
+# The measured kernels are the 2026-11-27 builds, and the fit counts their own SASS (MEASURED_SASS: compiled from
+# the measured commit's sources), so the constants do not absorb what today's kernels changed since; they do absorb
+# the difference between the nominal 1830 MHz tensor clock and the measured 1.77-1.98 GHz.
 @dataclass(frozen=True)
 class Calibration:
     sigma_tile_clk: float
@@ -1173,10 +1237,10 @@ class Calibration:
         return asdict(self)
 
 
-# What `fit(MEASURED)` returns (python -m pykern.bench --attention-model --fit
+# What `fit(MEASURED)` returns on the measured build's SASS snapshot (python -m pykern.bench --attention-model --fit
 # docs/measured/2026-11-27-h200/attention.json); tests/test_attention_model_fit.py checks that it still does.
-FITTED = Calibration(sigma_tile_clk=1349.0, rho_mma_sync=0.43514, edge_bytes_clk=11.115, call_us=0.0,
-                     fwd_tile_clk=1580.0, fwd_cta_clk=2381.7)
+FITTED = Calibration(sigma_tile_clk=1335.7, rho_mma_sync=0.43555, edge_bytes_clk=11.243, call_us=0.0,
+                     fwd_tile_clk=1580.0, fwd_cta_clk=2365.5)
 MEASURED = Path(__file__).resolve().parents[2] / "docs" / "measured" / "2026-11-27-h200" / "attention.json"
 
 
@@ -1256,15 +1320,16 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
             "shares": {n: v / sum(parts.values()) for n, v in parts.items()}}
 
 
-def calibrated(phase: str, shape: Shape, variant: str, sass: SassSource | None = None,
+def calibrated(phase: str, shape: Shape, variant: str, sass: SassSource | SassSnapshot | None = None,
                cal: Calibration = FITTED, hw: Hardware = H200, build: str = MEASURED_BUILD) -> dict[str, Any]:
     """The calibrated model of the op `phase` at `shape` on `hw`: variant "wgmma" (the sm_90a kernels; the d256
     backward, which has none, runs the mma.sync kernels as the op does) or "mma.sync". Returns time_s, the
     bound's time_s ("bound_s", the uncalibrated model on the same part), and the binding term: the largest
     term of the launch that takes longest ("serial (dkdv)", "tensor (fwd)", ...), or "call" when the fixed
-    per-call time is larger than every launch."""
+    per-call time is larger than every launch. sass: by default the build's own (sass_for): the measured build's
+    snapshot, today's SASS for "current"."""
     shape.check()
-    sass = sass or SassSource()
+    sass = sass or sass_for(build)
     lts: list[Launch] = []
     if variant == "wgmma":
         lts, _why = sm90_launches(phase, shape, list(sass.kernels()), build=build)
@@ -1320,11 +1385,11 @@ def measured_points(path: str | Path = MEASURED) -> list[dict[str, Any]]:
     return out
 
 
-def compare(points: Sequence[dict[str, Any]], cal: Calibration = FITTED, sass: SassSource | None = None
-            ) -> list[dict[str, Any]]:
+def compare(points: Sequence[dict[str, Any]], cal: Calibration = FITTED,
+            sass: SassSource | SassSnapshot | None = None) -> list[dict[str, Any]]:
     """Per measured point: measured, the bound (before) and the calibrated model (after), their errors
-    (model / measured - 1) and the binding term."""
-    sass = sass or SassSource()
+    (model / measured - 1) and the binding term. sass: by default the measured build's snapshot (MEASURED_SASS)."""
+    sass = sass or sass_for(MEASURED_BUILD)
     out = []
     for p in points:
         c = calibrated(p["phase"], p["shape"], p["variant"], sass, cal)
@@ -1345,7 +1410,7 @@ def _is_fwd90(p: dict[str, Any]) -> bool:
     return p["variant"] == "wgmma" and p["phase"] == "fwd"
 
 
-def fit(path: str | Path = MEASURED, sass: SassSource | None = None, start: Calibration = FITTED,
+def fit(path: str | Path = MEASURED, sass: SassSource | SassSnapshot | None = None, start: Calibration = FITTED,
         iters: int = 60) -> Calibration:
     """The constants by least squares on log(model / measured) over the fitted points of `path` (Levenberg-Marquardt
     on the constants' logs, so they stay positive; deterministic), in two steps: sigma_tile_clk, rho_mma_sync and
@@ -1353,10 +1418,11 @@ def fit(path: str | Path = MEASURED, sass: SassSource | None = None, start: Cali
     but edge and call), then FWD_CONSTANTS over the sm_90a forward's rows alone, the others held. The second step
     minimizes the largest |model / measured - 1| of those rows rather than a sum of squares (the project holds
     the forward to every shape within 15%), by a compass search on the constants' logs from `start`'s values
-    (step 0.25, halved down to 1e-4; deterministic)."""
+    (step 0.25, halved down to 1e-4; deterministic). sass: by default the measured build's snapshot
+    (MEASURED_SASS): the SASS of the kernels that were timed."""
     import numpy as np
 
-    sass = sass or SassSource()
+    sass = sass or sass_for(MEASURED_BUILD)
     pts = [p for p in measured_points(path) if p["fitted"]]
     if not pts:
         raise ArgumentError(f"path: {str(path)!r} holds no pykern attention measurement to fit")
@@ -1444,7 +1510,7 @@ def format_compare(rows: Sequence[dict[str, Any]], cal: Calibration) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FITTED", "H200", "MEASURED", "Calibration", "calibrated", "compare", "fit", "measured_points", "format_compare", "HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
+__all__ = ["FITTED", "H200", "MEASURED", "MEASURED_SASS", "SassSnapshot", "sass_for", "Calibration", "calibrated", "compare", "fit", "measured_points", "format_compare", "HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
            "Shape", "DQ_MODES", "default_shapes", "format_table", "hardware", "kernel_bound", "launches", "loop_inputs",
            "makespan", "memory_kernels", "occupancy", "predict", "sm90_launches", "smem_bytes", "table_rows",
            "useful_flops"]
