@@ -615,12 +615,13 @@ def test_only_the_current_d128_forward_plays_ping_pong():
     assert not any(am.ping_pong(d, "current") for d in (64, 256))
 
 
-def test_calibrated_model_within_15_percent_of_every_measured_sm90a_shape(sass):
+def test_calibrated_model_within_15_percent_of_every_measured_sm90a_shape():
     """Our own 2026-11-27 H200 rows of the sm_90a path (pykern: the wgmma forward at d64 / d128 / d256, the wgmma
     backward at d64 / d128 and the mma.sync one at d256), forward and backward: the calibrated model of the measured
-    build within 15% of each. The forward's binding term is named per shape: its softmax issue in series with the
-    tensor pipe (no ping-pong in that build) or the pipe itself."""
-    rows = [r for r in am.compare(am.measured_points(), am.FITTED, sass) if r["entry"] == "pykern"]
+    build (its own SASS: the snapshot of the measured commit) within 15% of each. The forward's binding term is named
+    per shape: its softmax issue in series with the tensor pipe (no ping-pong in that build) or the pipe itself."""
+    pytest.importorskip("numpy")
+    rows = [r for r in am.compare(am.measured_points(), am.FITTED) if r["entry"] == "pykern"]
     assert len(rows) == 36
     bad = {(r["phase"], r["shape"]["head_dim"], r["shape"]["causal"], r["shape"]["seq"]): round(100 * r["err_after"], 1)
            for r in rows if abs(r["err_after"]) > 0.15}
