@@ -372,30 +372,35 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
                     da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
                 }
-        } else
+        } else {
             ab90_two_products<DT, D, DV, R, C>(st_, dpt, dk_a, pk_wgmma_desc_advance(dq_b, s * STEP_BYTES), dv_a,
                                                pk_wgmma_desc_advance(ddo_b, s * DO_STEP_BYTES));
-        if constexpr (!SPL)  // SPL formed P^T and dS^T above
+        }
+        // braces around every if constexpr body here: a `#pragma unroll` between the condition and an unbraced
+        // loop made NVRTC drop the SPL kernels' dS stores and their named barrier from the generic lambda's SASS
+        // (g++ ignores the pragma, so the host backend did not see it; the SASS test of the barriers did)
+        if constexpr (!SPL) {  // SPL formed P^T and dS^T above
 #pragma unroll
-        for (int j = 0; j < C / 8; j++)
+            for (int j = 0; j < C / 8; j++)
 #pragma unroll
-            for (int r = 0; r < 2; r++) {
-                float p[2], ds[2];
+                for (int r = 0; r < 2; r++) {
+                    float p[2], ds[2];
 #pragma unroll
-                for (int e = 0; e < 2; e++) {
-                    const int i4 = 4 * j + 2 * r + e;
-                    const float x = SC ? __tanhf(st_[i4] * pre) : st_[i4];
-                    p[e] = pk_ex2_approx(fmaf(x, sl2, -l2[j][e]));
-                    if (need_mask) {
-                        const int qq = q0 + 8 * j + 2 * t + e;
-                        if (qq < qlo[r] || qq > qhi[r]) p[e] = 0.0f;
+                    for (int e = 0; e < 2; e++) {
+                        const int i4 = 4 * j + 2 * r + e;
+                        const float x = SC ? __tanhf(st_[i4] * pre) : st_[i4];
+                        p[e] = pk_ex2_approx(fmaf(x, sl2, -l2[j][e]));
+                        if (need_mask) {
+                            const int qq = q0 + 8 * j + 2 * t + e;
+                            if (qq < qlo[r] || qq > qhi[r]) p[e] = 0.0f;
+                        }
+                        ds[e] = p[e] * (dpt[i4] - dl[j][e]);
+                        if (SC) ds[e] *= 1.0f - x * x;  // d tanh: the softcap's derivative
                     }
-                    ds[e] = p[e] * (dpt[i4] - dl[j][e]);
-                    if (SC) ds[e] *= 1.0f - x * x;  // d tanh: the softcap's derivative
+                    pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
+                    da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
                 }
-                pa[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(p[0], p[1]);
-                da[j / 2][2 * (j & 1) + r] = Pk16<T>::narrow2(ds[0], ds[1]);
-            }
+        }
         if constexpr (DQA > 0) {
             // dS[q][key] into buffer i % 2, box c (this consumer's 64 keys): row q, 2-byte column key % 64; row
             // 8j + 2t + e lies 1024 j bytes past row 2t + e with the same swizzle, so the offsets are ds_off's.
@@ -482,13 +487,15 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             // accumulator that started at +0 bit-identical whenever it lands, so no check is spent on it)
             float* acc = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0 + qlo + 2 * t) * D +
                          dlo + 16 * wq + g;
-            if (NB != 3 || c == 0 || wq >= 2)  // d96: consumer 1's warps 0, 1 hold box 1's rows again
+            if (NB != 3 || c == 0 || wq >= 2) {  // d96: consumer 1's warps 0, 1 hold box 1's rows again
 #pragma unroll
-            for (int j = 0; j < NQ / 8; j++)
+                for (int j = 0; j < NQ / 8; j++)
 #pragma unroll
-                for (int r = 0; r < 2; r++)
+                    for (int r = 0; r < 2; r++)
 #pragma unroll
-                    for (int e = 0; e < 2; e++) pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
+                        for (int e = 0; e < 2; e++)
+                            pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
+            }
             if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
         } else {
             pk_wgmma_commit();
