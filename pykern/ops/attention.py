@@ -353,12 +353,28 @@ def _check_fp8_dtypes(q: Any, k: Any, v: Any, descales: tuple[Any, Any, Any]) ->
             raise ArgumentTypeError(f"{name}: expected dtype {_FP8} (as q), got {dt}")
 
 
+def _check_cu_seqlens(cu_seqlens_q: Any, cu_seqlens_k: Any, total_q: int, total_k: int) -> tuple[Any, Any, Any, Any, int]:
+    """The varlen ops' sequence bounds: (cq, host cq or None, ck, host ck or None, batch), each checked against
+    the packed rows (an ArgumentError naming the array)."""
+    from ._common import index_array as _index
+    from ._prefill import check_indptr as _check_indptr
+
+    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
+    batch = arrays.shape_of(cq)[0] - 1
+    if batch < 1:
+        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
+    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
+    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
+    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
+    return cq, hq, ck, hk, batch
+
+
 def _flash_attention_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, causal, scale, window_size, softcap,
                                 return_lse, stream, backend):
     """flash_attention_varlen with float8_e4m3fn q, k, v (its docstring): the sm_90a FP8 varlen kernel, else the
     bf16 path on the dequantized inputs."""
-    from ._common import attention_scale as _scale, index_array as _index
-    from ._prefill import check_indptr as _check_indptr, prefill_out as _prefill_out
+    from ._common import attention_scale as _scale
+    from ._prefill import prefill_out as _prefill_out
 
     _check_fp8_dtypes(q, k, v, descales)
     ks = arrays.check_ndim("k", k, (3,), "(total_k, num_kv_heads, head_dim)")
@@ -373,13 +389,7 @@ def _flash_attention_varlen_fp8(q, k, v, cu_seqlens_q, cu_seqlens_k, descales, c
         raise ArgumentError(f"q: expected shape (total_q, num_heads, {d}) (head_dim {d} from the K/V), got {qs}")
     if kvh < 1 or h < 1 or h % kvh:
         raise ArgumentError(f"q: expected num_heads a multiple of num_kv_heads={kvh}, got {h}")
-    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
-    batch = arrays.shape_of(cq)[0] - 1
-    if batch < 1:
-        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
-    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
-    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
-    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
+    cq, hq, ck, hk, batch = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
     ds = tuple(_descale(nm, x, q, batch, kvh) for nm, x in zip(("q_descale", "k_descale", "v_descale"), descales))
     sc = _scale(scale, d)
     left, right = _check_window_size(window_size)
@@ -459,9 +469,9 @@ def flash_attention_varlen(
                                            causal, scale, window_size, softcap, return_lse, stream, backend)
     # At call time (serving re-exports this op, so it imports this module first). The op validates and falls back
     # as the serving ops do: dense_attn in kernels_cu/paged.cu.
-    from ._common import attention_scale as _scale, index_array as _index
+    from ._common import attention_scale as _scale
     from ._prefill import (
-        MAX_LEN as _MAX_LEN, NT as _NT, Q_KINDS as _Q_KINDS, check_indptr as _check_indptr, check_q as _check_q,
+        MAX_LEN as _MAX_LEN, NT as _NT, Q_KINDS as _Q_KINDS, check_q as _check_q,
         dummy as _dummy, prefill_out as _prefill_out, row_chunks as _row_chunks, suffix as _serving_suffix,
     )
     from ..arrays import flat_view as _sflat
@@ -483,13 +493,7 @@ def flash_attention_varlen(
         raise ArgumentError(f"v.shape[2] (head_dim_v): expected 1 <= head_dim_v <= head_dim={d} (q and k), got {d_v}")
     qk, total_q, h = _check_q(q, kvh, d, "total_q")
     suf = _serving_suffix(qk, kind)
-    cq, hq = _index("cu_seqlens_q", cu_seqlens_q, None)
-    batch = arrays.shape_of(cq)[0] - 1
-    if batch < 1:
-        raise ArgumentError(f"cu_seqlens_q: expected shape (batch + 1,) with batch >= 1, got {arrays.shape_of(cq)}")
-    ck, hk = _index("cu_seqlens_k", cu_seqlens_k, batch + 1, "the length of cu_seqlens_q")
-    _check_indptr("cu_seqlens_q", hq, total_q, "total_q", exact=True)
-    _check_indptr("cu_seqlens_k", hk, total_k, "total_k")
+    cq, hq, ck, hk, batch = _check_cu_seqlens(cu_seqlens_q, cu_seqlens_k, total_q, total_k)
     if hk is not None and hk.size and int(np.diff(hk.astype(np.int64)).max(initial=0)) > _MAX_LEN:
         raise ArgumentError("cu_seqlens_k: expected sequences of at most 2**30 keys")
     sc = _scale(scale, d)
