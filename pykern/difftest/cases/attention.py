@@ -1273,9 +1273,35 @@ def _attention_varlen_backward_cases(rng: np.random.Generator) -> Iterator[Case]
                    reference=lambda full=full: dict(zip(("dq", "dk", "dv"), full()[2:])))
 
 
+def _attention_dq_reduce_cases(rng: np.random.Generator) -> Iterator[Case]:
+    """attention_bwd_tc_dq_reduce_d96 on its own, in the atomic mode its one caller uses (the sm_90a fused
+    backward's d96 accumulator: dq = dtype(scale * acc), the (batch, head, nq_pad, 96) fp32 accumulator read as
+    dQ's (batch, query, head, 96)): a portable kernel whose other case is arch-specific, so every backend, and the
+    GPU check's sanitizer step, gets a case of it here. Two batches and three heads, so the row's batch and head
+    come from the element index."""
+    import pykern
+
+    b, n_q, h, d, nq_pad, scale = 2, 37, 3, 96, 64, 0.125
+    for kind in ("bf16", "f16"):
+        acc = rng.standard_normal((b, h, nq_pad, d)).astype(np.float32)
+        name = f"attention_bwd_tc_dq_reduce_d96{_sfx(kind)}"
+
+        def run(backend: str, acc=acc, kind=kind, name=name) -> dict[str, Any]:
+            dq = _cast(np.zeros((b, n_q, h, d)), kind)
+            pykern.launch(name, max(1, -(-dq.size // 256)), 256, acc, acc, dq.reshape(-1), dq.size, n_q, n_q, h,
+                          nq_pad, 0, 0, 0, scale, -1, -1, 0, 1, backend=backend)
+            return {"dq": dq}
+
+        def ref(acc=acc) -> dict[str, Any]:
+            return {"dq": (acc[:, :, :n_q].astype(np.float64) * scale).transpose(0, 2, 1, 3)}
+
+        yield Case(op="attention_backward", dtype=kind, shape=f"b{b}-q{n_q}-h{h}-d{d}-pad{nq_pad}-dq_reduce",
+                   kernels=(name,), run=run, reference=ref)
+
+
 cases = register_case_groups(
     "attention",
     _fa_cases, _fa_window_cases, _attention_cases, _attention_tc_cases, _attention_window_cases,
     _attention_fused_cases, _attention_pair_cases, _fa_f16_cases, _attention_f16_cases,
-    _attention_varlen_backward_cases, _sm90_cases,
+    _attention_varlen_backward_cases, _sm90_cases, _attention_dq_reduce_cases,
 )
