@@ -62,9 +62,10 @@ def nvrtc_module(src: Path | str, arch: str) -> Any:
     resources, log; a compute_XX image is the PTX text).
 
     Not compiler.compile: a direct compile stores nothing, so each test that called it compiled a second time
-    a (source, arch) that test_compiler's real-kernel compiles (and the other SASS tests) also build, 20-120 s
-    each for the big sources. The cache key hashes the source, its headers, the options and the NVRTC version,
-    and an entry is only stored after compile() checked the layout, so a hit proves what a fresh compile would.
+    a (source, arch) that test_compiler's real-kernel compiles (and the other SASS tests) also build: up to
+    190 CPU-seconds each (attention_fwd_sm90.cu for sm_90a; attention_bwd_sm90.cu 100, moe.cu for sm_80 34).
+    The cache key hashes the source, its headers, the options and the NVRTC version, and an entry is only
+    stored after compile() checked the layout, so a hit proves what a fresh compile would.
     No bundle (PYKERN_CUBIN_DIR): what is checked is what this NVRTC builds."""
     from pykern import cache
 
