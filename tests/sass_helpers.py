@@ -57,16 +57,29 @@ def guard(fn: Callable[[], R]) -> R:
         raise
 
 
-def compile_sass(src: Path, arch: str) -> tuple[Any, str]:
-    """src compiled by NVRTC for arch (outside the cache) and disassembled: (module, SASS text)."""
-    from pykern import compiler
+def nvrtc_module(src: Path | str, arch: str) -> Any:
+    """src compiled by NVRTC for arch through the run's cache folder (tests/conftest.py): a CachedModule (image,
+    resources, log; a compute_XX image is the PTX text).
 
+    Not compiler.compile: a direct compile stores nothing, so each test that called it compiled a second time
+    a (source, arch) that test_compiler's real-kernel compiles (and the other SASS tests) also build: up to
+    190 CPU-seconds each (attention_fwd_sm90.cu for sm_90a; attention_bwd_sm90.cu 100, moe.cu for sm_80 34).
+    The cache key hashes the source, its headers, the options and the NVRTC version, and an entry is only
+    stored after compile() checked the layout, so a hit proves what a fresh compile would.
+    No bundle (PYKERN_CUBIN_DIR): what is checked is what this NVRTC builds."""
+    from pykern import cache
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return cache.get_module(src, arch, use_bundle=False, jit=True)
+
+
+def compile_sass(src: Path, arch: str) -> tuple[Any, str]:
+    """src compiled by NVRTC for arch (nvrtc_module: through the run's cache) and disassembled: (module, SASS)."""
     sr = report()
     try:
         tool = sr.find_cuobjdump()
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            mod = compiler.compile(src, arch)
+        mod = nvrtc_module(src, arch)
     except Exception as e:  # no NVRTC / cuobjdump here
         pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
     return mod, sr.disassemble(mod.image, tool)

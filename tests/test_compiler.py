@@ -353,3 +353,21 @@ def test_real_kernels_compile_check_layout_and_do_not_spill(path, arch, real_com
     assert cubin_max_threads(mod.image) == {s.name: s.max_threads for s in specs}
     spilling = {k: (r.spill_stores, r.spill_loads) for k, r in mod.resources.items() if r.spill_bytes}
     assert not spilling, f"{path.name} spills registers on {arch} (stores, loads bytes): {spilling}"
+
+
+def test_the_suite_compiles_project_sources_through_the_cache():
+    # compiler.compile stores nothing: a test calling it on a kernels_cu source compiles again what
+    # test_real_kernels_compile_check_layout_and_do_not_spill (and the SASS tests) already cached, up to
+    # minutes of CPU for an sm_90a source. sass_helpers.nvrtc_module loads the run's entry instead.
+    import ast
+
+    bad = []
+    for p in sorted(Path(__file__).parent.glob("*.py")):
+        text = p.read_text(encoding="utf-8")
+        for node in ast.walk(ast.parse(text)):
+            if (isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute) and node.func.attr == "compile"
+                    and isinstance(node.func.value, ast.Name) and node.func.value.id == "compiler" and node.args):
+                arg = ast.get_source_segment(text, node.args[0]) or ""
+                if "kernels_cu" in arg or "KERNELS_DIR" in arg:
+                    bad.append(f"{p.name}:{node.lineno}: {arg}")
+    assert not bad, bad

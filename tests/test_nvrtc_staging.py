@@ -164,10 +164,11 @@ def test_overlapping_contiguous_flats_are_one_buffer(fake):
 
 @pytest.fixture(scope="module")
 def paged_ptx():
-    from pykern import compiler
     from pykern.sources import KERNELS_DIR
+    from sass_helpers import nvrtc_module
 
-    return compiler.compile(KERNELS_DIR / "paged.cu", "compute_80")
+    # through the run's cache (test_streams loads the same PTX); a compute_XX image is the PTX text
+    return nvrtc_module(KERNELS_DIR / "paged.cu", "compute_80")
 
 
 def _sim_append(fake, grid, block, smem, k, v, bi, pos, kp, vp, indices, indptr, batch, kvh, d, page_size,
@@ -198,7 +199,7 @@ def _sim_append(fake, grid, block, smem, k, v, bi, pos, kp, vp, indices, indptr,
 @pytest.mark.parametrize("layout", ["NHD", "HND"])
 def test_append_into_combined_numpy_cache_lands_every_token(paged_ptx, monkeypatch, layout):
     drv = FakeDriver()
-    drv.register(paged_ptx.image, paged_ptx.ptx)
+    drv.register(paged_ptx.image, paged_ptx.image.decode())
     stub = type("M", (), {"image": paged_ptx.image, "digest": hashlib.sha256(paged_ptx.image).hexdigest()})
     be = NvrtcBackend(driver_factory=lambda: drv, get_module=lambda src, arch, kernel=None: stub,
                       supported_archs=lambda: ("sm_75",))

@@ -98,10 +98,11 @@ class ndarray:  # noqa: N801  (named as CuPy's)
 
 @pytest.fixture(scope="module")
 def compiled():
-    from pykern import compiler
     from pykern.sources import KERNELS_DIR
+    from sass_helpers import nvrtc_module
 
-    return {(KERNELS_DIR / s).resolve(): compiler.compile(KERNELS_DIR / s, "compute_80") for s in SOURCES}
+    # through the run's cache (test_nvrtc_staging loads the same paged.cu PTX); a compute_XX image is the PTX text
+    return {(KERNELS_DIR / s).resolve(): nvrtc_module(KERNELS_DIR / s, "compute_80") for s in SOURCES}
 
 
 @pytest.fixture
@@ -109,7 +110,7 @@ def fake(compiled, monkeypatch):
     drv = FakeDriver()
     stubs = {}
     for src, mod in compiled.items():
-        drv.register(mod.image, mod.ptx)
+        drv.register(mod.image, mod.image.decode())
         stubs[src] = type("M", (), {"image": mod.image, "digest": hashlib.sha256(mod.image).hexdigest()})
     be = NvrtcBackend(driver_factory=lambda: drv, get_module=lambda src, arch, kernel=None: stubs[Path(src).resolve()],
                       supported_archs=lambda: ("sm_75",))
