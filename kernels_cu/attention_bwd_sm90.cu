@@ -57,6 +57,12 @@
 // both raw products, 32 queries spilled 16 bytes and the tile was 16.)
 #define AB90_DKDV_SPLIT(D, DV) ((D) + (DV) >= 512)
 #define AB90_DKDV_ROWS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 64 : AB90_ROWS)
+// the fused kernel's dQ leaves a tile at a time (FlashAttention-3's path): the consumers store their dQ^T
+// fragments as the accumulator's rows into a shared fp32 tile (C queries x D, the accumulator's contiguous run of
+// those queries; at d256 two runs, one a head-dim half) and one thread adds it with one bulk reduce-add
+// (pk_bulk_reduce_add_f32) a run. Two tiles (double-buffered) below d256; one at d256 (the split), where a second
+// 32 KiB tile would take the shared memory past 227 KiB (217 KiB with one)
+#define AB90_DQ_BUFS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 1 : 2)
 // the swap buffers: 2 (tile parity) x 3 slots (P^T, dP^T - delta, and with softcap P^T (1 - t^2); one size for
 // both) x C / 2 floats x 128 threads
 #define AB90_XCH_BYTES(C) (2 * 3 * ((C) / 2) * 128 * 4)
@@ -70,8 +76,10 @@
 // dynamic shared bytes with C rows per streamed tile, head dims D (q, k) and DV (v, dO): the resident pair, the
 // ring of pairs, the mbarriers
 #define AB90_SMEM_BYTES(D, DV, C) (AB90_ROWS * ((D) + (DV)) * 2 + AB90_STAGES * (C) * ((D) + (DV)) * 2 + 1024)
-// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys
-#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2)
+// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys and two fp32 dQ tiles of
+// C queries x D (the bulk reduce-adds' sources); d256 (the split) has its own sizes (64 keys, the swap buffers,
+// one dQ tile: pykern/ops/_attention_sm90.py's bwd_fused_shared_bytes)
+#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2 + 2 * (C) * (D) * 4)
 
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -148,7 +156,13 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][RQ]
     unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][RV]
     unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][2 boxes][C][128 B]
-    float* xch = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));  // SPL: [2][2][C / 2][128]
+    // DQA: the dQ tiles (fp32 [NDQ][C][D], the accumulator's rows; SPL: [1][2 halves][C][128]), the bulk
+    // reduce-adds' sources; DW: the accumulator's row (SPL: a half's), HALVES: its runs a head
+    constexpr bool BULK = DQA > 0;
+    constexpr int NDQ = AB90_DQ_BUFS(D, DV), DW = SPL ? D / 2 : D, HALVES = SPL ? 2 : 1;
+    constexpr unsigned DQ_TILE = C * D;  // floats
+    float* dqb = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));
+    float* xch = dqb + (BULK ? NDQ * DQ_TILE : 0);  // SPL: [2][2][C / 2][128]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(xch) +
                                                                      (SPL ? AB90_XCH_BYTES(C) : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
@@ -204,12 +218,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             // barrier orders the adds before it, and the release is cumulative).
             // The tiles' (head, query tile) walk goes by counters, not a division a tile: this warp runs on the
             // producer's 24 registers, and at d256 the division's temporaries made ptxas spill one.
+            // Lane 0 also adds the tile's dQ (the consumers' shared tile, i % 2, complete at barrier 2) with
+            // one bulk reduce-add and waits for its completion (wait_group 0, not .read: the sums, not only the
+            // source read) before the release, so the next key tile's adds land on them
             if (tid / 32 == 1) {
                 int* sem_h = dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles;  // head kvh * group's
+                float* acc_h = dq_acc + (((long long)(VL ? 0 : b) * n_heads + kvh * group) * HALVES * nq_pad + q_row0) * DW;
                 for (int i = 0, qt = qt0; i < steps; i++) {
                     const int q0 = qt * C;
                     int* sem = sem_h + qt;
-                    if (++qt == qt1) qt = qt0, sem_h += sem_tiles;  // the next head of the group
+                    float* acc = acc_h + q0 * DW;
+                    if (++qt == qt1) qt = qt0, sem_h += sem_tiles, acc_h += (long long)HALVES * nq_pad * DW;  // next head
                     if (tid == 32) {
                         // the key tiles that see this query tile are a run (band masks): those before kt in the
                         // order (ascending, or descending with desc) go first
@@ -220,7 +239,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     __syncwarp();
                     pk_bar_arrive(1, 288);
                     pk_bar_sync(2, 288);
-                    if (tid == 32) pk_sem_add_release(sem, 1);
+                    if (tid == 32) {
+                        // (one buffer at d256: the next tile's stores come after barrier 1, which this warp
+                        // reaches after the wait)
+#pragma unroll
+                        for (int hf = 0; hf < HALVES; hf++)
+                            pk_bulk_reduce_add_f32(acc + (long long)hf * nq_pad * DW,
+                                                   dqb + (i % NDQ) * DQ_TILE + hf * C * DW, C * DW * 4);
+                        pk_tma_store_commit();
+                        pk_tma_store_wait<0>();
+                        pk_sem_add_release(sem, 1);
+                    }
                 }
             }
         }
@@ -268,6 +297,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         for (int e = 0; e < 2; e++)
             ds_off[r][e] = pk_swizzle_offset((2 * t + e) * 128 + (16 * wq + g + 8 * r) * 2, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(kv_full, 0);
+    float* dq_pend = nullptr;  // DQA 1: the accumulator run of the tile whose dQ has not left yet
+    (void)dq_pend;
+    // DQA 1: thread 128 adds tile i's dQ (buffer i % NDQ, its HALVES runs) into the accumulator at dq_pend
+    auto dq_issue = [&](const int i) {
+#pragma unroll
+        for (int hf = 0; hf < HALVES; hf++)
+            pk_bulk_reduce_add_f32(dq_pend + (long long)hf * nq_pad * DW, dqb + (i % NDQ) * DQ_TILE + hf * C * DW,
+                                   C * DW * 4);
+        pk_tma_store_commit();
+    };
+    (void)dq_issue;
 
     // One streamed tile: ring slot s = i % ST, query head h, queries q0..; masked: some query of the tile does not
     // see some key of the CTA (the causal diagonal, a window edge, queries past n_q; VL with DQA: every tile of a
@@ -358,6 +398,11 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                             buf[(C / 2 + 4 * j + 2 * r + e) * 128] = x[4 * j + 2 * r + e] - dl[j][e];
             }
             pk_bar_sync(3, 256);
+            // DQA 1: the previous tile's dQ leaves here (its stores precede this barrier), and its single buffer
+            // is read before barrier 1 (below), after which this tile's stores rewrite it
+            if constexpr (DQA == 1) {
+                if (tid == 128 && i > 0) dq_issue(i - 1);
+            }
 #pragma unroll
             for (int j = 0; j < C / 8; j++)
 #pragma unroll
@@ -417,8 +462,19 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
                 }
             pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
+            // DQA 1 (not SPL): the previous tile's dQ leaves after this barrier (it orders both consumers' stores
+            // of that tile before the issuing thread, 128, with no barrier of its own); the op issued at the tile
+            // before, which reads this tile's dQ buffer, has read it before the barrier (wait_group.read 0: a tile
+            // of S / dP / dS work after its issue; SPL: the op issued after barrier 3), so both consumers may
+            // rewrite the buffer after it
+            if constexpr (DQA == 1) {
+                if (tid == 128) pk_tma_store_wait_read<0>();
+            }
             // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
             pk_bar_sync(1, DQA == 2 ? 288 : 256);
+            if constexpr (DQA == 1 && !SPL) {
+                if (tid == 128 && i > 0) dq_issue(i - 1);
+            }
         }
         pk_wgmma_fence();
 #pragma unroll
@@ -445,12 +501,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
-            // the accumulator at d256 is (batch, head, half, nq_pad, 128): consumer c adds into its half's run
+            // the accumulator at d256 is (batch, head, half, nq_pad, 128): consumer c's half is a run of its own
             // (the layout of a d128 accumulator with twice the heads, which the d128 convert pass reads as dQ's
-            // (batch, query, 2 heads, 128)); rows 64m + 16 wq + g (+ 8), queries q0 + 8j + 2t + e (rows past n_q:
-            // zero adds, as below)
-            float* acc = dq_acc + ((((long long)(VL ? 0 : b) * n_heads + h) * 2 + c) * nq_pad + q_row0 + q0 + 2 * t) *
-                                      128 + 16 * wq + g;
+            // (batch, query, 2 heads, 128)), so the tile's half c ([C][128] at dqb + c C 128) leaves as a bulk
+            // reduce-add of its own; rows 64m + 16 wq + g (+ 8), queries 8j + 2t + e (rows past n_q: zero adds,
+            // as below)
+            float* dst = dqb + c * C * DW + 2 * t * DW + 16 * wq + g;
 #pragma unroll
             for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -459,8 +515,15 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     for (int r = 0; r < 2; r++)
 #pragma unroll
                         for (int e = 0; e < 2; e++)
-                            pk_red_add_f32(acc + (8 * j + e) * 128 + 64 * m + 8 * r, dqt[m][4 * j + 2 * r + e]);
-            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
+                            dst[(8 * j + e) * DW + 64 * m + 8 * r] = dqt[m][4 * j + 2 * r + e];
+            pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
+            // DQA 1: the tile leaves after the next tile's barrier 3 (or the barrier after the walk); DQA 2: the
+            // semaphore warp adds it after barrier 2
+            if constexpr (DQA == 1) {
+                dq_pend = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * 2 * nq_pad + q_row0 + q0) * DW;
+            } else {
+                pk_bar_arrive(2, 288);
+            }
         } else if constexpr (DQA > 0) {
             // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major from head-dim box dlo / BQ, LBO one box,
             // SBO 8 key rows), B = dS (K-major). d96 (three 32-column boxes): an m64 tile spans two boxes and two
@@ -480,13 +543,16 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
-            // red.add of this thread's 16 values: head-dim rows dlo + 16 wq + g (+ 8), queries q0 + qlo + 8j + 2t + e
-            // (rows past n_q hold zeros: their dS is 0; dense: nq_pad covers every query tile. VL: the accumulator
-            // is (head, nq_pad) runs over the packed rows, per-token rows from q_row0; a row past n_q is the next
-            // sequence's, or past total_q inside nq_pad >= total_q + C: its add is of a zero, which leaves an
-            // accumulator that started at +0 bit-identical whenever it lands, so no check is spent on it)
-            float* acc = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0 + qlo + 2 * t) * D +
-                         dlo + 16 * wq + g;
+            // this thread's 16 values into dQ tile i % 2 ([query][D], the accumulator's rows q0..): head-dim rows
+            // dlo + 16 wq + g (+ 8), queries qlo + 8j + 2t + e. The tile's C x D floats are the accumulator's
+            // contiguous run at (batch, head, q0) and leave as one bulk reduce-add (rows past n_q hold zeros: their
+            // dS is 0; dense: nq_pad covers every query tile. VL: the accumulator is (head, nq_pad) runs over the
+            // packed rows, per-token rows from q_row0; a row past n_q is the next sequence's, or past total_q
+            // inside nq_pad >= total_q + C: its add is of a zero, which leaves an accumulator that started at +0
+            // bit-identical whenever it lands, so no check is spent on it). A warp's stores (fixed j, r, e) hit 8
+            // consecutive floats (g) at 4 rows 2D floats apart (t): 4-way bank conflicts, 16 stores a thread, kept
+            // plain so that the tile is the accumulator's run for a single bulk op
+            float* dst = dqb + (i % NDQ) * DQ_TILE + (qlo + 2 * t) * D + dlo + 16 * wq + g;
             if (NB != 3 || c == 0 || wq >= 2) {  // d96: consumer 1's warps 0, 1 hold box 1's rows again
 #pragma unroll
                 for (int j = 0; j < NQ / 8; j++)
@@ -494,9 +560,16 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     for (int r = 0; r < 2; r++)
 #pragma unroll
                         for (int e = 0; e < 2; e++)
-                            pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
+                            dst[(8 * j + e) * D + 8 * r] = dqt[4 * j + 2 * r + e];
             }
-            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
+            pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
+            // DQA 1: the tile leaves after the next tile's barrier 1 (or the one after the walk); DQA 2: the
+            // semaphore warp adds it after barrier 2
+            if constexpr (DQA == 1) {
+                dq_pend = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0) * D;
+            } else {
+                pk_bar_arrive(2, 288);
+            }
         } else {
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
@@ -513,6 +586,17 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             const int stop = qt < u0 ? u0 : qt < u1 ? qt : qt1;
             for (; qt < stop; qt++, i++) tile(Ab90Bool<true>(), i, h, qt * C);
             for (; qt < u1; qt++, i++) tile(Ab90Bool<false>(), i, h, qt * C);
+        }
+    }
+    if constexpr (DQA == 1) {
+        // the last tile's dQ: both consumers' stores before the issuing thread, which then waits for every add
+        // (the shared tiles must outlive their reads)
+        if (steps > 0) {
+            pk_bar_sync(1, 256);
+            if (tid == 128) {
+                dq_issue(steps - 1);
+                pk_tma_store_wait<0>();
+            }
         }
     }
 
