@@ -114,7 +114,8 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 // adds dQ's partial dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the
 // op's pre-pass; VL: (head, nq_pad, D) over the packed rows, a token's row at its packed index, nq_pad >= total_q
 // + C; a sequence's rows past its end take zero adds)
-// with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
+// a tile at a time, as bulk reduce-adds from a shared fp32 tile (AB90_DQ_BUFS) that the producer warpgroup's warp 1
+// issues; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
 // key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
 // tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
 // barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already
@@ -210,19 +211,25 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     pk_tma_load_4d(dos + s * DO_STEP_BYTES + nb * C * RV, tdo, &full[s], nb * BV, h, q_row0 + q0, mb);
             }
         }
-        if constexpr (DQA == 2) {
-            // warp 1: the semaphores. Per tile it waits (lane 0, ld.acquire) until the query tile's count reaches
-            // this key tile's order, then arrives on named barrier 1, where the consumers wait before their dQ
-            // wgmma; it polls while they compute S, dP and dS, so a predecessor that is done costs no wait. After
-            // the consumers' adds (their arrivals on barrier 2) lane 0 releases the count (red.release: the
-            // barrier orders the adds before it, and the release is cumulative).
+        if constexpr (DQA > 0) {
+            // warp 1: dQ's bulk reduce-adds (and, DQA 2, the semaphores). Per tile it arrives on named barrier 1,
+            // where the consumers wait before their dQ wgmma, and waits on barrier 2, where they arrive after
+            // storing (and fencing) the tile's dQ into shared tile i % NDQ; then lane 0 adds that tile into the
+            // accumulator's run(s) with one bulk reduce-add a run. Before its arrival on barrier 1, lane 0 waits
+            // until the op that last read the buffer the consumers are about to rewrite has read it
+            // (wait_group.read NDQ - 1: two tiles back, double-buffered; at d256, one buffer, the previous tile's
+            // op), which a tile of S / dP / dS work after its issue rarely costs a wait. So the consumers spend no
+            // instruction on the issue but a barrier arrival.
+            // DQA 2: before its arrival on barrier 1 lane 0 also waits (ld.acquire) until the query tile's count
+            // reaches this key tile's order (it polls while the consumers compute S, dP and dS, so a predecessor
+            // that is done costs no wait), and after the bulk op it waits for the op's completion (wait_group 0,
+            // not .read: the sums, not only the source read) and releases the count (red.release, cumulative), so
+            // the next key tile's adds land on these.
             // The tiles' (head, query tile) walk goes by counters, not a division a tile: this warp runs on the
             // producer's 24 registers, and at d256 the division's temporaries made ptxas spill one.
-            // Lane 0 also adds the tile's dQ (the consumers' shared tile, i % 2, complete at barrier 2) with
-            // one bulk reduce-add and waits for its completion (wait_group 0, not .read: the sums, not only the
-            // source read) before the release, so the next key tile's adds land on them
             if (tid / 32 == 1) {
-                int* sem_h = dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles;  // head kvh * group's
+                // head kvh * group's semaphores and accumulator run(s)
+                int* sem_h = DQA == 2 ? dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles : nullptr;
                 float* acc_h = dq_acc + (((long long)(VL ? 0 : b) * n_heads + kvh * group) * HALVES * nq_pad + q_row0) * DW;
                 for (int i = 0, qt = qt0; i < steps; i++) {
                     const int q0 = qt * C;
@@ -230,27 +237,31 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     float* acc = acc_h + q0 * DW;
                     if (++qt == qt1) qt = qt0, sem_h += sem_tiles, acc_h += (long long)HALVES * nq_pad * DW;  // next head
                     if (tid == 32) {
-                        // the key tiles that see this query tile are a run (band masks): those before kt in the
-                        // order (ascending, or descending with desc) go first
-                        const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
-                                                              window_right);
-                        pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
+                        pk_tma_store_wait_read<NDQ - 1>();
+                        if constexpr (DQA == 2) {
+                            // the key tiles that see this query tile are a run (band masks): those before kt in
+                            // the order (ascending, or descending with desc) go first
+                            const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
+                                                                  window_right);
+                            pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
+                        }
                     }
                     __syncwarp();
                     pk_bar_arrive(1, 288);
                     pk_bar_sync(2, 288);
                     if (tid == 32) {
-                        // (one buffer at d256: the next tile's stores come after barrier 1, which this warp
-                        // reaches after the wait)
 #pragma unroll
                         for (int hf = 0; hf < HALVES; hf++)
                             pk_bulk_reduce_add_f32(acc + (long long)hf * nq_pad * DW,
                                                    dqb + (i % NDQ) * DQ_TILE + hf * C * DW, C * DW * 4);
                         pk_tma_store_commit();
-                        pk_tma_store_wait<0>();
-                        pk_sem_add_release(sem, 1);
+                        if constexpr (DQA == 2) {
+                            pk_tma_store_wait<0>();
+                            pk_sem_add_release(sem, 1);
+                        }
                     }
                 }
+                if (tid == 32) pk_tma_store_wait<0>();  // the shared tiles outlive their reads
             }
         }
         return;
@@ -297,17 +308,6 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
         for (int e = 0; e < 2; e++)
             ds_off[r][e] = pk_swizzle_offset((2 * t + e) * 128 + (16 * wq + g + 8 * r) * 2, PK_SWIZZLE_128B);
     pk_mbarrier_wait_parity(kv_full, 0);
-    float* dq_pend = nullptr;  // DQA 1: the accumulator run of the tile whose dQ has not left yet
-    (void)dq_pend;
-    // DQA 1: thread 128 adds tile i's dQ (buffer i % NDQ, its HALVES runs) into the accumulator at dq_pend
-    auto dq_issue = [&](const int i) {
-#pragma unroll
-        for (int hf = 0; hf < HALVES; hf++)
-            pk_bulk_reduce_add_f32(dq_pend + (long long)hf * nq_pad * DW, dqb + (i % NDQ) * DQ_TILE + hf * C * DW,
-                                   C * DW * 4);
-        pk_tma_store_commit();
-    };
-    (void)dq_issue;
 
     // One streamed tile: ring slot s = i % ST, query head h, queries q0..; masked: some query of the tile does not
     // see some key of the CTA (the causal diagonal, a window edge, queries past n_q; VL with DQA: every tile of a
@@ -398,11 +398,6 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                             buf[(C / 2 + 4 * j + 2 * r + e) * 128] = x[4 * j + 2 * r + e] - dl[j][e];
             }
             pk_bar_sync(3, 256);
-            // DQA 1: the previous tile's dQ leaves here (its stores precede this barrier), and its single buffer
-            // is read before barrier 1 (below), after which this tile's stores rewrite it
-            if constexpr (DQA == 1) {
-                if (tid == 128 && i > 0) dq_issue(i - 1);
-            }
 #pragma unroll
             for (int j = 0; j < C / 8; j++)
 #pragma unroll
@@ -462,19 +457,9 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
                 }
             pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
-            // DQA 1 (not SPL): the previous tile's dQ leaves after this barrier (it orders both consumers' stores
-            // of that tile before the issuing thread, 128, with no barrier of its own); the op issued at the tile
-            // before, which reads this tile's dQ buffer, has read it before the barrier (wait_group.read 0: a tile
-            // of S / dP / dS work after its issue; SPL: the op issued after barrier 3), so both consumers may
-            // rewrite the buffer after it
-            if constexpr (DQA == 1) {
-                if (tid == 128) pk_tma_store_wait_read<0>();
-            }
-            // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
-            pk_bar_sync(1, DQA == 2 ? 288 : 256);
-            if constexpr (DQA == 1 && !SPL) {
-                if (tid == 128 && i > 0) dq_issue(i - 1);
-            }
+            // both consumers' dS, and warp 1's arrival (the dQ buffer this tile rewrites has been read; DQA 2: the
+            // semaphore's acquire), before the wgmma
+            pk_bar_sync(1, 288);
         }
         pk_wgmma_fence();
 #pragma unroll
@@ -517,13 +502,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                         for (int e = 0; e < 2; e++)
                             dst[(8 * j + e) * DW + 64 * m + 8 * r] = dqt[m][4 * j + 2 * r + e];
             pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
-            // DQA 1: the tile leaves after the next tile's barrier 3 (or the barrier after the walk); DQA 2: the
-            // semaphore warp adds it after barrier 2
-            if constexpr (DQA == 1) {
-                dq_pend = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * 2 * nq_pad + q_row0 + q0) * DW;
-            } else {
-                pk_bar_arrive(2, 288);
-            }
+            pk_bar_arrive(2, 288);  // the tile is stored: warp 1 adds it
         } else if constexpr (DQA > 0) {
             // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major from head-dim box dlo / BQ, LBO one box,
             // SBO 8 key rows), B = dS (K-major). d96 (three 32-column boxes): an m64 tile spans two boxes and two
@@ -563,13 +542,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                             dst[(8 * j + e) * D + 8 * r] = dqt[4 * j + 2 * r + e];
             }
             pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
-            // DQA 1: the tile leaves after the next tile's barrier 1 (or the one after the walk); DQA 2: the
-            // semaphore warp adds it after barrier 2
-            if constexpr (DQA == 1) {
-                dq_pend = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0) * D;
-            } else {
-                pk_bar_arrive(2, 288);
-            }
+            pk_bar_arrive(2, 288);  // the tile is stored: warp 1 adds it
         } else {
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
@@ -586,17 +559,6 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             const int stop = qt < u0 ? u0 : qt < u1 ? qt : qt1;
             for (; qt < stop; qt++, i++) tile(Ab90Bool<true>(), i, h, qt * C);
             for (; qt < u1; qt++, i++) tile(Ab90Bool<false>(), i, h, qt * C);
-        }
-    }
-    if constexpr (DQA == 1) {
-        // the last tile's dQ: both consumers' stores before the issuing thread, which then waits for every add
-        // (the shared tiles must outlive their reads)
-        if (steps > 0) {
-            pk_bar_sync(1, 256);
-            if (tid == 128) {
-                dq_issue(steps - 1);
-                pk_tma_store_wait<0>();
-            }
         }
     }
 
