@@ -219,7 +219,7 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             // until the op that last read the buffer the consumers are about to rewrite has read it
             // (wait_group.read NDQ - 1: two tiles back, double-buffered; at d256, one buffer, the previous tile's
             // op), which a tile of S / dP / dS work after its issue rarely costs a wait. So the consumers spend no
-            // instruction on the issue but a barrier arrival.
+            // instruction on issuing it but a barrier arrival.
             // DQA 2: before its arrival on barrier 1 lane 0 also waits (ld.acquire) until the query tile's count
             // reaches this key tile's order (it polls while the consumers compute S, dP and dS, so a predecessor
             // that is done costs no wait), and after the bulk op it waits for the op's completion (wait_group 0,
