@@ -57,6 +57,12 @@
 // both raw products, 32 queries spilled 16 bytes and the tile was 16.)
 #define AB90_DKDV_SPLIT(D, DV) ((D) + (DV) >= 512)
 #define AB90_DKDV_ROWS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 64 : AB90_ROWS)
+// the fused kernel's dQ leaves a tile at a time (FlashAttention-3's path): the consumers store their dQ^T
+// fragments as the accumulator's rows into a shared fp32 tile (C queries x D, the accumulator's contiguous run of
+// those queries; at d256 two runs, one a head-dim half) and one thread adds it with one bulk reduce-add
+// (pk_bulk_reduce_add_f32) a run. Two tiles (double-buffered) below d256; one at d256 (the split), where a second
+// 32 KiB tile would take the shared memory past 227 KiB (217 KiB with one)
+#define AB90_DQ_BUFS(D, DV) (AB90_DKDV_SPLIT(D, DV) ? 1 : 2)
 // the swap buffers: 2 (tile parity) x 3 slots (P^T, dP^T - delta, and with softcap P^T (1 - t^2); one size for
 // both) x C / 2 floats x 128 threads
 #define AB90_XCH_BYTES(C) (2 * 3 * ((C) / 2) * 128 * 4)
@@ -70,8 +76,10 @@
 // dynamic shared bytes with C rows per streamed tile, head dims D (q, k) and DV (v, dO): the resident pair, the
 // ring of pairs, the mbarriers
 #define AB90_SMEM_BYTES(D, DV, C) (AB90_ROWS * ((D) + (DV)) * 2 + AB90_STAGES * (C) * ((D) + (DV)) * 2 + 1024)
-// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys
-#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2)
+// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys and two fp32 dQ tiles of
+// C queries x D (the bulk reduce-adds' sources); d256 (the split) has its own sizes (64 keys, the swap buffers,
+// one dQ tile: pykern/ops/_attention_sm90.py's bwd_fused_shared_bytes)
+#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2 + 2 * (C) * (D) * 4)
 
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -106,7 +114,8 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 // adds dQ's partial dS K of every query tile it visits into dq_acc (fp32 (batch, head, nq_pad, D), zeroed by the
 // op's pre-pass; VL: (head, nq_pad, D) over the packed rows, a token's row at its packed index, nq_pad >= total_q
 // + C; a sequence's rows past its end take zero adds)
-// with red.global.add.f32; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
+// a tile at a time, as bulk reduce-adds from a shared fp32 tile (AB90_DQ_BUFS) that the producer warpgroup's warp 1
+// issues; 2 the same in a fixed order: a query tile's partials are added in key-tile order,
 // key tile kt waiting until the tile's semaphore (dq_sem, int (batch, head, query tile of C)) counts the key
 // tiles before it that see the tile, then adding one (the producer warpgroup's warp 1 does both, between named
 // barriers 1 and 2 with the consumers, so its polling overlaps their S / dP / dS work). With DQA > 0, lse (already
@@ -148,7 +157,13 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][RQ]
     unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][RV]
     unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][2 boxes][C][128 B]
-    float* xch = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));  // SPL: [2][2][C / 2][128]
+    // DQA: the dQ tiles (fp32 [NDQ][C][D], the accumulator's rows; SPL: [1][2 halves][C][128]), the bulk
+    // reduce-adds' sources; DW: the accumulator's row (SPL: a half's), HALVES: its runs a head
+    constexpr bool BULK = DQA > 0;
+    constexpr int NDQ = AB90_DQ_BUFS(D, DV), DW = SPL ? D / 2 : D, HALVES = SPL ? 2 : 1;
+    constexpr unsigned DQ_TILE = C * D;  // floats
+    float* dqb = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));
+    float* xch = dqb + (BULK ? NDQ * DQ_TILE : 0);  // SPL: [2][2][C / 2][128]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(xch) +
                                                                      (SPL ? AB90_XCH_BYTES(C) : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
@@ -196,32 +211,57 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     pk_tma_load_4d(dos + s * DO_STEP_BYTES + nb * C * RV, tdo, &full[s], nb * BV, h, q_row0 + q0, mb);
             }
         }
-        if constexpr (DQA == 2) {
-            // warp 1: the semaphores. Per tile it waits (lane 0, ld.acquire) until the query tile's count reaches
-            // this key tile's order, then arrives on named barrier 1, where the consumers wait before their dQ
-            // wgmma; it polls while they compute S, dP and dS, so a predecessor that is done costs no wait. After
-            // the consumers' adds (their arrivals on barrier 2) lane 0 releases the count (red.release: the
-            // barrier orders the adds before it, and the release is cumulative).
+        if constexpr (DQA > 0) {
+            // warp 1: dQ's bulk reduce-adds (and, DQA 2, the semaphores). Per tile it arrives on named barrier 1,
+            // where the consumers wait before their dQ wgmma, and waits on barrier 2, where they arrive after
+            // storing (and fencing) the tile's dQ into shared tile i % NDQ; then lane 0 adds that tile into the
+            // accumulator's run(s) with one bulk reduce-add a run. Before its arrival on barrier 1, lane 0 waits
+            // until the op that last read the buffer the consumers are about to rewrite has read it
+            // (wait_group.read NDQ - 1: two tiles back, double-buffered; at d256, one buffer, the previous tile's
+            // op), which a tile of S / dP / dS work after its issue rarely costs a wait. So the consumers spend no
+            // instruction on issuing it but a barrier arrival.
+            // DQA 2: before its arrival on barrier 1 lane 0 also waits (ld.acquire) until the query tile's count
+            // reaches this key tile's order (it polls while the consumers compute S, dP and dS, so a predecessor
+            // that is done costs no wait), and after the bulk op it waits for the op's completion (wait_group 0,
+            // not .read: the sums, not only the source read) and releases the count (red.release, cumulative), so
+            // the next key tile's adds land on these.
             // The tiles' (head, query tile) walk goes by counters, not a division a tile: this warp runs on the
             // producer's 24 registers, and at d256 the division's temporaries made ptxas spill one.
             if (tid / 32 == 1) {
-                int* sem_h = dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles;  // head kvh * group's
+                // head kvh * group's semaphores and accumulator run(s)
+                int* sem_h = DQA == 2 ? dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles : nullptr;
+                float* acc_h = dq_acc + (((long long)(VL ? 0 : b) * n_heads + kvh * group) * HALVES * nq_pad + q_row0) * DW;
                 for (int i = 0, qt = qt0; i < steps; i++) {
                     const int q0 = qt * C;
                     int* sem = sem_h + qt;
-                    if (++qt == qt1) qt = qt0, sem_h += sem_tiles;  // the next head of the group
+                    float* acc = acc_h + q0 * DW;
+                    if (++qt == qt1) qt = qt0, sem_h += sem_tiles, acc_h += (long long)HALVES * nq_pad * DW;  // next head
                     if (tid == 32) {
-                        // the key tiles that see this query tile are a run (band masks): those before kt in the
-                        // order (ascending, or descending with desc) go first
-                        const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
-                                                              window_right);
-                        pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
+                        pk_tma_store_wait_read<NDQ - 1>();
+                        if constexpr (DQA == 2) {
+                            // the key tiles that see this query tile are a run (band masks): those before kt in
+                            // the order (ascending, or descending with desc) go first
+                            const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
+                                                                  window_right);
+                            pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
+                        }
                     }
                     __syncwarp();
                     pk_bar_arrive(1, 288);
                     pk_bar_sync(2, 288);
-                    if (tid == 32) pk_sem_add_release(sem, 1);
+                    if (tid == 32) {
+#pragma unroll
+                        for (int hf = 0; hf < HALVES; hf++)
+                            pk_bulk_reduce_add_f32(acc + (long long)hf * nq_pad * DW,
+                                                   dqb + (i % NDQ) * DQ_TILE + hf * C * DW, C * DW * 4);
+                        pk_tma_store_commit();
+                        if constexpr (DQA == 2) {
+                            pk_tma_store_wait<0>();
+                            pk_sem_add_release(sem, 1);
+                        }
+                    }
                 }
+                if (tid == 32) pk_tma_store_wait<0>();  // the shared tiles outlive their reads
             }
         }
         return;
@@ -417,8 +457,9 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     *reinterpret_cast<unsigned short*>(box + ds_off[r][1] + 1024 * j) = (unsigned short)(w >> 16);
                 }
             pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
-            // both consumers' dS (and, DQA 2, the semaphore warp's acquire) before the wgmma
-            pk_bar_sync(1, DQA == 2 ? 288 : 256);
+            // both consumers' dS, and warp 1's arrival (the dQ buffer this tile rewrites has been read; DQA 2: the
+            // semaphore's acquire), before the wgmma
+            pk_bar_sync(1, 288);
         }
         pk_wgmma_fence();
 #pragma unroll
@@ -445,12 +486,12 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
-            // the accumulator at d256 is (batch, head, half, nq_pad, 128): consumer c adds into its half's run
+            // the accumulator at d256 is (batch, head, half, nq_pad, 128): consumer c's half is a run of its own
             // (the layout of a d128 accumulator with twice the heads, which the d128 convert pass reads as dQ's
-            // (batch, query, 2 heads, 128)); rows 64m + 16 wq + g (+ 8), queries q0 + 8j + 2t + e (rows past n_q:
-            // zero adds, as below)
-            float* acc = dq_acc + ((((long long)(VL ? 0 : b) * n_heads + h) * 2 + c) * nq_pad + q_row0 + q0 + 2 * t) *
-                                      128 + 16 * wq + g;
+            // (batch, query, 2 heads, 128)), so the tile's half c ([C][128] at dqb + c C 128) leaves as a bulk
+            // reduce-add of its own; rows 64m + 16 wq + g (+ 8), queries 8j + 2t + e (rows past n_q: zero adds,
+            // as below)
+            float* dst = dqb + c * C * DW + 2 * t * DW + 16 * wq + g;
 #pragma unroll
             for (int m = 0; m < 2; m++)
 #pragma unroll
@@ -459,8 +500,9 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     for (int r = 0; r < 2; r++)
 #pragma unroll
                         for (int e = 0; e < 2; e++)
-                            pk_red_add_f32(acc + (8 * j + e) * 128 + 64 * m + 8 * r, dqt[m][4 * j + 2 * r + e]);
-            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
+                            dst[(8 * j + e) * DW + 64 * m + 8 * r] = dqt[m][4 * j + 2 * r + e];
+            pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
+            pk_bar_arrive(2, 288);  // the tile is stored: warp 1 adds it
         } else if constexpr (DQA > 0) {
             // dQ^T rows dlo.., columns (queries) qlo..: A = K^T (MN-major from head-dim box dlo / BQ, LBO one box,
             // SBO 8 key rows), B = dS (K-major). d96 (three 32-column boxes): an m64 tile spans two boxes and two
@@ -480,13 +522,16 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
             pk_wgmma_commit();
             pk_wgmma_wait<0>();
             pk_mbarrier_arrive(&empty[s]);
-            // red.add of this thread's 16 values: head-dim rows dlo + 16 wq + g (+ 8), queries q0 + qlo + 8j + 2t + e
-            // (rows past n_q hold zeros: their dS is 0; dense: nq_pad covers every query tile. VL: the accumulator
-            // is (head, nq_pad) runs over the packed rows, per-token rows from q_row0; a row past n_q is the next
-            // sequence's, or past total_q inside nq_pad >= total_q + C: its add is of a zero, which leaves an
-            // accumulator that started at +0 bit-identical whenever it lands, so no check is spent on it)
-            float* acc = dq_acc + (((long long)(VL ? 0 : b) * n_heads + h) * nq_pad + q_row0 + q0 + qlo + 2 * t) * D +
-                         dlo + 16 * wq + g;
+            // this thread's 16 values into dQ tile i % 2 ([query][D], the accumulator's rows q0..): head-dim rows
+            // dlo + 16 wq + g (+ 8), queries qlo + 8j + 2t + e. The tile's C x D floats are the accumulator's
+            // contiguous run at (batch, head, q0) and leave as one bulk reduce-add (rows past n_q hold zeros: their
+            // dS is 0; dense: nq_pad covers every query tile. VL: the accumulator is (head, nq_pad) runs over the
+            // packed rows, per-token rows from q_row0; a row past n_q is the next sequence's, or past total_q
+            // inside nq_pad >= total_q + C: its add is of a zero, which leaves an accumulator that started at +0
+            // bit-identical whenever it lands, so no check is spent on it). A warp's stores (fixed j, r, e) hit 8
+            // consecutive floats (g) at 4 rows 2D floats apart (t): 4-way bank conflicts, 16 stores a thread, kept
+            // plain so that the tile is the accumulator's run for a single bulk op
+            float* dst = dqb + (i % NDQ) * DQ_TILE + (qlo + 2 * t) * D + dlo + 16 * wq + g;
             if (NB != 3 || c == 0 || wq >= 2) {  // d96: consumer 1's warps 0, 1 hold box 1's rows again
 #pragma unroll
                 for (int j = 0; j < NQ / 8; j++)
@@ -494,9 +539,10 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                     for (int r = 0; r < 2; r++)
 #pragma unroll
                         for (int e = 0; e < 2; e++)
-                            pk_red_add_f32(acc + (8 * j + e) * D + 8 * r, dqt[4 * j + 2 * r + e]);
+                            dst[(8 * j + e) * D + 8 * r] = dqt[4 * j + 2 * r + e];
             }
-            if constexpr (DQA == 2) pk_bar_arrive(2, 288);  // the adds, before the semaphore warp's release
+            pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
+            pk_bar_arrive(2, 288);  // the tile is stored: warp 1 adds it
         } else {
             pk_wgmma_commit();
             pk_wgmma_wait<0>();

@@ -895,6 +895,9 @@ __device__ __forceinline__ void pk_tma_store_3d(const CUtensorMap* map, const vo
 __device__ __forceinline__ void pk_tma_store_4d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_STORE_HOST(4, c0, c1, c2, c3); }
 __device__ __forceinline__ void pk_tma_store_5d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3, int c4, const char* file = __builtin_FILE(), int line = __builtin_LINE()) { PK_TMA_STORE_HOST(5, c0, c1, c2, c3, c4); }
 #undef PK_TMA_STORE_HOST
+__device__ __forceinline__ void pk_bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const char* file = __builtin_FILE(), int line = __builtin_LINE()) {
+    pkrt_bulk_reduce_add_f32(dst, src, bytes, file, line);
+}
 __device__ __forceinline__ void pk_tma_store_commit() { pkrt_tma_store_commit(); }
 template <int N> __device__ __forceinline__ void pk_tma_store_wait_read() { pkrt_tma_store_wait(N); }
 template <int N> __device__ __forceinline__ void pk_tma_store_wait() { pkrt_tma_store_wait(N); }
@@ -1087,6 +1090,15 @@ __device__ __forceinline__ void pk_tma_store_4d(const CUtensorMap* map, const vo
 __device__ __forceinline__ void pk_tma_store_5d(const CUtensorMap* map, const void* src, int c0, int c1, int c2, int c3, int c4) {
     asm volatile("cp.async.bulk.tensor.5d.global.shared::cta.bulk_group [%0, {%2, %3, %4, %5, %6}], [%1];"
                  ::"l"(map), "r"(pk_cvta_shared(src)), "r"(c0), "r"(c1), "r"(c2), "r"(c3), "r"(c4) : "memory");
+}
+// Bulk reduce-add (cp.reduce.async.bulk .add.f32): `bytes` (a multiple of 16) of fp32 in shared memory added
+// element-wise into global memory (both addresses 16-byte aligned) by the async proxy, one instruction for the run
+// (SASS UBLKRED); a bulk group member as a TMA store is (pk_tma_store_commit, pk_tma_store_wait_read<N> before the
+// shared source is rewritten, pk_tma_store_wait<N> before the sums are relied on). Its writers fence
+// (pk_fence_proxy_async_shared) and meet the issuing thread at a barrier first.
+__device__ __forceinline__ void pk_bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes) {
+    asm volatile("cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [%0], [%1], %2;"
+                 ::"l"(dst), "r"(pk_cvta_shared(src)), "r"(bytes) : "memory");
 }
 __device__ __forceinline__ void pk_tma_store_commit() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 template <int N> __device__ __forceinline__ void pk_tma_store_wait_read() {

@@ -603,7 +603,9 @@ def test_sm90_fused_backward_at_d256_is_the_split_kernel_with_dq():
             assert why == "" and lau.kernel == h.bwd_fused_kernel_name(256, mode == "deterministic", "_bf16",
                                                                        30.0 if softcap else 0.0, varlen)
             assert lau.ctas == kv.ctas == (256 * 64,) * 4 and lau.step == kv.step == (32, 64)
-            assert lau.matmuls == 5 and lau.smem == kv.smem + 2 * 64 * 32 * 2 == h.bwd_fused_shared_bytes(256)
+            # the dS buffers and the one dQ tile (32 queries x 256 fp32, the bulk reduce-adds' source)
+            assert lau.matmuls == 5 and lau.smem == kv.smem + 2 * 64 * 32 * 2 + 32 * 256 * 4 == \
+                h.bwd_fused_shared_bytes(256)
             # dQ's fp32 adds: 32 x 256 floats a (query tile, key tile) pair, 8 x 4 such pairs
             assert lau.hbm_bytes - kv.hbm_bytes == 256 * 256 * 4 * 4
     assert [n for n, _ in am.memory_kernels("bwd", s, "wgmma", sm90_fused=True)] == [

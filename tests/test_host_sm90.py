@@ -295,3 +295,38 @@ def test_host_arch_refuses_an_sm90a_kernel_on_another_arch(monkeypatch: pytest.M
 def test_generated_wgmma_header_is_up_to_date() -> None:
     r = subprocess.run([sys.executable, str(ROOT / "tools" / "gen_wgmma.py"), "--check"], capture_output=True, text=True)
     assert r.returncode == 0, r.stdout
+
+
+# ---- bulk reduce-add -------------------------------------------------------------------------------------------
+@pytest.mark.parametrize("schedule", ["forward", "reverse", "random:7"])
+def test_bulk_reduce_add_sums_every_blocks_rounds(schedule: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # 3 blocks x 4 rounds of in * (round + 1) into one accumulator: 3 * 10 * in, exact (small integers)
+    monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
+    n = 96
+    x = np.random.default_rng(3).integers(-8, 8, n).astype(np.float32)
+    acc = np.full(n, 0.5, np.float32)
+    launch("pk_sm90_bulk_red", 3, 64, x, acc, n, 4, 0, shared_mem=2 * n * 4)
+    np.testing.assert_array_equal(acc, 0.5 + 30 * x)
+
+
+def test_bulk_reduce_add_reads_its_source_late_without_the_read_wait() -> None:
+    # Without wait_group.read the ops read their buffers at the final wait (the latest a GPU may): ops 0 and 2
+    # both add round 2's contents (3 x), ops 1 and 3 round 3's (4 x)
+    n = 32
+    x = np.arange(1, n + 1, dtype=np.float32)
+    acc = np.zeros(n, np.float32)
+    launch("pk_sm90_bulk_red", 1, 32, x, acc, n, 4, 1, shared_mem=2 * n * 4)
+    np.testing.assert_array_equal(acc, 14 * x)
+
+
+def test_racecheck_sees_the_bulk_reduce_add_read_of_shared_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    n = 32
+    x = np.arange(1, n + 1, dtype=np.float32)
+    acc = np.zeros(n, np.float32)
+    launch("pk_sm90_bulk_red", 1, 32, x, acc, n, 4, 0, shared_mem=2 * n * 4)
+    np.testing.assert_array_equal(acc, 10 * x)
+    with pytest.raises(KernelExecutionError, match=r"pk_sm90_bulk_red: racecheck: .*race"):
+        launch("pk_sm90_bulk_red", 1, 32, x, acc, n, 4, 2, shared_mem=2 * n * 4)
+    with pytest.raises(KernelExecutionError, match=r"16-byte aligned"):
+        launch("pk_sm90_bulk_red", 1, 32, x, acc[1:], n - 4, 1, 0, shared_mem=2 * n * 4)

@@ -10,8 +10,9 @@
 //   completed on the barrier) when a thread waits on that barrier (or at issue, when a thread is
 //   already parked on it): the latest a GPU may land them, so a read before the wait sees the old
 //   bytes. One never waited for is an error at block end.
-// - TMA stores read shared memory and write global memory at the bulk wait that covers them (or
-//   the thread's exit): a shared source reused before pk_tma_store_wait_read shows in the output.
+// - TMA stores and bulk reduce-adds read shared memory and write (add into) global memory at the bulk
+//   wait that covers them (or the thread's exit): a shared source reused before
+//   pk_tma_store_wait_read shows in the output.
 //   Racecheck counts the box's bytes as read by the thread that starts the store, when it starts, so
 //   their writers must be ordered before that (a barrier), and their next writers after it.
 // - wgmma: a warpgroup (128 threads) meeting point. Descriptors, A registers and C are captured
@@ -35,6 +36,8 @@ struct BulkStore {
     unsigned src;  // shared window address
     int c[5];
     unsigned group;
+    float* red;      // a bulk reduce-add (pk_bulk_reduce_add_f32): its global destination, else nullptr
+    unsigned bytes;  // and its length
 };
 struct Sm90Thread {
     bool fenced;
@@ -258,6 +261,15 @@ void land_loads_of(Block* k, unsigned long long* bar) {
 }
 
 void perform_store(Block* k, const BulkStore& S) {
+    if (S.red) {  // the bulk reduce-add: element-wise fp32 adds of the shared run into global memory
+        const unsigned char* src = window_ptr(k, S.src, S.bytes);
+        for (unsigned o = 0; o < S.bytes; o += 4) {
+            float v;
+            std::memcpy(&v, src + o, 4);
+            S.red[o / 4] += v;
+        }
+        return;
+    }
     for_box(S.map, S.c, [&](unsigned char* dst, unsigned long long off) {
         if (!dst) return;  // out-of-bounds elements are not written
         const unsigned char* src = window_ptr(k, swz(S.src + off, S.map.swizzle), S.map.elem_bytes);
@@ -592,7 +604,7 @@ extern "C" void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank
     const pkrt_tmap& m = check_map(t, map, rank, "pk_tma_store", file, line);
     unsigned w = check_smem(t, src, tmap_bytes(m), m.swizzle ? 16u * m.swizzle * 8u : 128u, "pk_tma_store", file, line);
     Sm90Thread& s = st_of(t);
-    BulkStore S{m, w, {0, 0, 0, 0, 0}, s.bulk_group};
+    BulkStore S{m, w, {0, 0, 0, 0, 0}, s.bulk_group, nullptr, 0};
     for (int d = 0; d < rank; d++) S.c[d] = c[d];
     s.stores.push_back(S);
 #ifdef PK_RACECHECK
@@ -602,6 +614,33 @@ extern "C" void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank
     // write-after-read race.
     if (unsigned char* p = window_ptr(t->blk, w, tmap_bytes(m)))
         rc_access_range(reinterpret_cast<uintptr_t>(p), static_cast<unsigned>(tmap_bytes(m)), false,
+                        reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
+#endif
+}
+
+// cp.reduce.async.bulk .add.f32, a member of the thread's open bulk group as a TMA store: performed (the shared
+// run read, its floats added into global memory) at the bulk wait that covers it or the thread's exit, so a source
+// rewritten before pk_tma_store_wait_read shows in the sums; racecheck counts the run as read by this thread when
+// it starts, as for a TMA store.
+extern "C" void pkrt_bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const char* file, int line) {
+    Thread* t = cur();
+    if (bytes == 0 || bytes % 16)
+        sm90_fail(t, "pk_bulk_reduce_add_f32 at %s:%d: the size (%u bytes) must be a positive multiple of 16", file,
+                  line, bytes);
+    if (reinterpret_cast<uintptr_t>(dst) % 16)
+        sm90_fail(t, "pk_bulk_reduce_add_f32 at %s:%d: the global address %p is not 16-byte aligned", file, line,
+                  static_cast<void*>(dst));
+    unsigned w = check_smem(t, src, bytes, 16u, "pk_bulk_reduce_add_f32", file, line);
+    Sm90Thread& s = st_of(t);
+    BulkStore S{};
+    S.src = w;
+    S.group = s.bulk_group;
+    S.red = dst;
+    S.bytes = bytes;
+    s.stores.push_back(S);
+#ifdef PK_RACECHECK
+    if (unsigned char* p = window_ptr(t->blk, w, bytes))
+        rc_access_range(reinterpret_cast<uintptr_t>(p), bytes, false,
                         reinterpret_cast<uintptr_t>(__builtin_return_address(0)));
 #endif
 }

@@ -41,6 +41,7 @@ int pkrt_mbar_wait(unsigned long long* bar, unsigned parity, int block, const ch
 void pkrt_tma_load(void* dst, const CUtensorMap* map, unsigned long long* bar, int rank, const int* c, const char* file,
                    int line);
 void pkrt_tma_store(const CUtensorMap* map, const void* src, int rank, const int* c, const char* file, int line);
+void pkrt_bulk_reduce_add_f32(float* dst, const void* src, unsigned bytes, const char* file, int line);
 void pkrt_tma_store_commit(void);
 void pkrt_tma_store_wait(int n);
 // Thread-block clusters (pk_host_sm90.cpp): special registers, DSMEM, barrier.cluster.

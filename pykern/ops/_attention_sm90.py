@@ -489,10 +489,13 @@ BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multi
 
 
 def bwd_fused_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the fused kernel: the dK/dV kernel's (`bwd_dkdv_shared_bytes`, the split's swap
-    buffers included at d256) and two dS buffers of its keys (`bwd_dkdv_rows`) x the streamed tile's queries."""
+    """Dynamic shared memory of the fused kernel (AB90_FUSED_SMEM_BYTES): the dK/dV kernel's
+    (`bwd_dkdv_shared_bytes`, the split's swap buffers included at d256), two dS buffers of its keys
+    (`bwd_dkdv_rows`) x the streamed tile's queries and fp32 dQ tiles of the streamed tile's queries x d, the
+    sources of its bulk reduce-adds (AB90_DQ_BUFS: two, double-buffered; one at d256, where two would not fit)."""
     c = bwd_dkdv_step(d)
-    return bwd_dkdv_shared_bytes(d) + 2 * bwd_dkdv_rows(d) * c * 2
+    dq_tiles = (1 if bwd_dkdv_split(d) else 2) * c * d * 4
+    return bwd_dkdv_shared_bytes(d) + 2 * bwd_dkdv_rows(d) * c * 2 + dq_tiles
 
 
 def bwd_fused_acc_split(d: int) -> tuple[int, int]:

@@ -149,3 +149,26 @@ extern "C" __global__ void pk_sm90_mistakes(const __grid_constant__ CUtensorMap 
     if (mode == 3) pk_mbarrier_wait_parity(&bar, 0);
     if (threadIdx.x < 16) out[threadIdx.x] = s[threadIdx.x];
 }
+
+// Bulk reduce-add (pk_bulk_reduce_add_f32): every round the block's threads write in[i] * (round + 1) into shared
+// buffer round % 2, fence, meet, and thread 0 adds the n floats into acc with one bulk op, then waits until the op
+// before it has read its buffer (wait_group.read 1: the double buffer). mode 1 skips that wait (a buffer rewritten
+// before its op read it: the sums show the rewrite); mode 2 has thread 1 rewrite its float after the barrier (a
+// write the barrier does not order before the bulk op's read: racecheck reports it).
+extern "C" __global__ void pk_sm90_bulk_red(const float* in, float* acc, int n, int rounds, int mode) {
+    extern __shared__ __align__(128) float sred[];
+    for (int r = 0; r < rounds; r++) {
+        float* b = sred + (r & 1) * n;
+        for (int i = threadIdx.x; i < n; i += blockDim.x) b[i] = in[i] * (float)(r + 1);
+        pk_fence_proxy_async_shared();
+        __syncthreads();
+        if (mode == 2 && threadIdx.x == 1) b[1] = in[1] * (float)(r + 1);
+        if (threadIdx.x == 0) {
+            pk_bulk_reduce_add_f32(acc, b, n * 4);
+            pk_tma_store_commit();
+            if (mode != 1) pk_tma_store_wait_read<1>();
+        }
+        __syncthreads();
+    }
+    if (threadIdx.x == 0) pk_tma_store_wait<0>();
+}
