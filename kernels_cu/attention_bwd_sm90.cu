@@ -67,11 +67,19 @@
 #define AB90_SWIZZLE(D) ((D) % 64 ? PK_SWIZZLE_64B : PK_SWIZZLE_128B)
 #define AB90_STAGES 2
 #define AB90_THREADS 384
-// dynamic shared bytes with C rows per streamed tile, head dims D (q, k) and DV (v, dO): the resident pair, the
-// ring of pairs, the mbarriers
+// Dynamic shared bytes, head dims D (q, k) and DV (v, dO); each kernel static_asserts its carve-up against its
+// macro, and the op's shared_mem mirrors them (pykern/ops/_attention_sm90.py: bwd_shared_bytes,
+// bwd_dkdv_shared_bytes, bwd_fused_shared_bytes; tests/test_attention_sm90.py compares them).
+// dq (AB90_ROWS queries resident, C keys a streamed tile): the resident pair, the ring of pairs, the mbarriers
 #define AB90_SMEM_BYTES(D, DV, C) (AB90_ROWS * ((D) + (DV)) * 2 + AB90_STAGES * (C) * ((D) + (DV)) * 2 + 1024)
-// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys
-#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2)
+// dK/dV, DQA 0 (dkdv) or > 0 (fused, D == DV): R = AB90_DKDV_ROWS keys resident, C = AB90_DKDV_STEP queries a
+// streamed tile: the resident pair, the ring of pairs, the fused kernels' two dS buffers of R keys x C queries, the
+// split's swap buffers (AB90_XCH_BYTES), the mbarriers. The fused kernels: d64 (R 128, C 64) 99328 bytes, d96
+// (128, 32) 91136, d128 (128, 32) 115712, d256 (the split: 64, 32) 189440.
+#define AB90_DKDV_SMEM_BYTES(D, DV, DQA)                                                                             \
+    (AB90_DKDV_ROWS(D, DV) * ((D) + (DV)) * 2 + AB90_STAGES * AB90_DKDV_STEP(D, DV) * ((D) + (DV)) * 2 +            \
+     ((DQA) ? 2 * AB90_DKDV_ROWS(D, DV) * AB90_DKDV_STEP(D, DV) * 2 : 0) +                                          \
+     (AB90_DKDV_SPLIT(D, DV) ? AB90_XCH_BYTES(AB90_DKDV_STEP(D, DV)) : 0) + 1024)
 
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -147,11 +155,15 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     unsigned char* vs = ks + K_BYTES;
     unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][RQ]
     unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][RV]
-    unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][2 boxes][C][128 B]
-    float* xch = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));  // SPL: [2][2][C / 2][128]
+    unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][R / 64 boxes][C][128 B]
+    float* xch = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));  // SPL: [2][3][C / 2][128]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(xch) +
                                                                      (SPL ? AB90_XCH_BYTES(C) : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    static_assert(K_BYTES + V_BYTES + ST * (STEP_BYTES + DO_STEP_BYTES) + (DQA ? 2 * DS_BYTES : 0) +
+                          (SPL ? AB90_XCH_BYTES(C) : 0) + 1024 == AB90_DKDV_SMEM_BYTES(D, DV, DQA) &&
+                      (1 + 2 * ST) * 8 <= 1024,
+                  "the carve-up above is the op's shared_mem (AB90_DKDV_SMEM_BYTES)");
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_kt = (n_k + R - 1) / R;
@@ -550,6 +562,8 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     unsigned char* vs = ks + ST * STEP_BYTES;        // [ST][NBV][C][RV]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * V_STEP_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    static_assert(Q_BYTES + DO_BYTES + ST * (STEP_BYTES + V_STEP_BYTES) + 1024 == AB90_SMEM_BYTES(D, DV, C),
+                  "the carve-up above is the op's shared_mem (AB90_SMEM_BYTES)");
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_qt = (n_q + R - 1) / R;
