@@ -744,60 +744,62 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256, ab90_dkdv, 256, 256, false, true
 AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256_softcap, ab90_dkdv, 256, 256, true, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256, ab90_dq, 256, 256, false, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256_softcap, ab90_dq, 256, 256, true, true)
-// the fused dK / dV / dQ kernels (dense, _softcap, varlen): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
-#define AB90_FUSED_ENTRY(name, D, SC, DQA)                                                                           \
+// the fused dK / dV / dQ kernels (dense, _softcap, varlen): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ).
+// The kernels' parameters after dq_sem (VL: cu_q, cu_k first; the dense kernels pass none) in ab90_dkdv's order; VL:
+// the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D]).
+template <typename T, int D, bool SC, bool VL, int DQA, typename... Cap>
+__device__ __forceinline__ void ab90_fused(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                           const CUtensorMap* tdo, const float* lse, const float* delta, T* dk, T* dv,
+                                           float* dq_acc, int* dq_sem, const int* cu_q, const int* cu_k, int batch,
+                                           int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, float scale,
+                                           int wl, int wr, Cap... cap) {
+    ab90_dkdv<T, D, D, SC, VL, DQA>(tq, tk, tv, tdo, lse, delta, dk, dv, cu_q, cu_k, batch, n_q, n_k, n_heads,
+                                    n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);
+}
+#define AB90_FUSED_ENTRY(name, D, SC, DQA, VL)                                                                       \
     template <typename T, typename... A>                                                                            \
     __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
                                                 const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
-                                                T* dv, float* dq_acc, int* dq_sem, int batch, int n_q, int n_k,       \
-                                                int n_heads, int n_kv_heads, int nq_pad, float scale, int wl, int wr, \
-                                                A... cap) {                                                         \
-        ab90_dkdv<T, D, D, SC, false, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q,     \
-                                           n_k, n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad); \
+                                                T* dv, float* dq_acc, int* dq_sem, A... a) {                        \
+        if constexpr (VL) {                                                                                         \
+            ab90_fused<T, D, SC, VL, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, dq_acc, dq_sem, a...);          \
+        } else {                                                                                                    \
+            ab90_fused<T, D, SC, VL, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, dq_acc, dq_sem, nullptr, nullptr, \
+                                          a...);                                                                    \
+        }                                                                                                           \
     }
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64, 64, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64_softcap, 64, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128_softcap, 128, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64_softcap, 64, true, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128_softcap, 128, true, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256, 256, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256, 256, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256_softcap, 256, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256_softcap, 256, true, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96, 96, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96, 96, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96_softcap, 96, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96_softcap, 96, true, 2)
-// varlen: the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D])
-#define AB90_VL_FUSED_ENTRY(name, D, SC, DQA)                                                                        \
-    template <typename T, typename... A>                                                                            \
-    __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
-                                                const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
-                                                T* dv, float* dq_acc, int* dq_sem, const int* cu_q, const int* cu_k,  \
-                                                int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, \
-                                                float scale, int wl, int wr, A... cap) {                            \
-        ab90_dkdv<T, D, D, SC, true, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, cu_q, cu_k, batch, n_q, n_k,       \
-                                          n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);       \
-    }
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64, 64, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128, 128, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64, 64, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128, 128, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64_softcap, 64, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128_softcap, 128, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64_softcap, 64, true, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256, 256, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256, 256, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256_softcap, 256, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256_softcap, 256, true, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96, 96, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96, 96, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96_softcap, 96, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96_softcap, 96, true, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64, 64, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64_softcap, 64, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128_softcap, 128, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64_softcap, 64, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128_softcap, 128, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256, 256, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256, 256, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256_softcap, 256, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256_softcap, 256, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96, 96, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96, 96, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96_softcap, 96, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96_softcap, 96, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64, 64, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128, 128, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64, 64, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128, 128, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64_softcap, 64, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128_softcap, 128, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64_softcap, 64, true, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256, 256, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256, 256, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256_softcap, 256, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256_softcap, 256, true, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96, 96, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96, 96, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96_softcap, 96, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96_softcap, 96, true, 2, true)
 
 // Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
 // lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).
