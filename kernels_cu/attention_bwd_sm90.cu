@@ -73,13 +73,21 @@
 #define AB90_SWIZZLE(D) ((D) % 64 ? PK_SWIZZLE_64B : PK_SWIZZLE_128B)
 #define AB90_STAGES 2
 #define AB90_THREADS 384
-// dynamic shared bytes with C rows per streamed tile, head dims D (q, k) and DV (v, dO): the resident pair, the
-// ring of pairs, the mbarriers
+// Dynamic shared bytes, head dims D (q, k) and DV (v, dO); each kernel static_asserts its carve-up against its
+// macro, and the op's shared_mem mirrors them (pykern/ops/_attention_sm90.py: bwd_shared_bytes,
+// bwd_dkdv_shared_bytes, bwd_fused_shared_bytes; tests/test_attention_sm90.py compares them).
+// dq (AB90_ROWS queries resident, C keys a streamed tile): the resident pair, the ring of pairs, the mbarriers
 #define AB90_SMEM_BYTES(D, DV, C) (AB90_ROWS * ((D) + (DV)) * 2 + AB90_STAGES * (C) * ((D) + (DV)) * 2 + 1024)
-// the fused kernels (DQA > 0, D == DV) add two dS buffers of C queries x AB90_ROWS keys and two fp32 dQ tiles of
-// C queries x D (the bulk reduce-adds' sources); d256 (the split) has its own sizes (64 keys, the swap buffers,
-// one dQ tile: pykern/ops/_attention_sm90.py's bwd_fused_shared_bytes)
-#define AB90_FUSED_SMEM_BYTES(D, C) (AB90_SMEM_BYTES(D, D, C) + 2 * AB90_ROWS * (C) * 2 + 2 * (C) * (D) * 4)
+// dK/dV, DQA 0 (dkdv) or > 0 (fused, D == DV): R = AB90_DKDV_ROWS keys resident, C = AB90_DKDV_STEP queries a
+// streamed tile: the resident pair, the ring of pairs, the fused kernels' two dS buffers of R keys x C queries and
+// their AB90_DQ_BUFS fp32 dQ tiles of C queries x D (the bulk reduce-adds' sources), the split's swap buffers
+// (AB90_XCH_BYTES), the mbarriers. The fused kernels: d64 (R 128, C 64) 132096 bytes, d96 (128, 32) 115712, d128
+// (128, 32) 148480, d256 (the split: 64, 32, one dQ tile) 222208.
+#define AB90_DKDV_SMEM_BYTES(D, DV, DQA)                                                                             \
+    (AB90_DKDV_ROWS(D, DV) * ((D) + (DV)) * 2 + AB90_STAGES * AB90_DKDV_STEP(D, DV) * ((D) + (DV)) * 2 +            \
+     ((DQA) ? 2 * AB90_DKDV_ROWS(D, DV) * AB90_DKDV_STEP(D, DV) * 2 : 0) +                                          \
+     ((DQA) ? AB90_DQ_BUFS(D, DV) * AB90_DKDV_STEP(D, DV) * (D) * 4 : 0) +                                          \
+     (AB90_DKDV_SPLIT(D, DV) ? AB90_XCH_BYTES(AB90_DKDV_STEP(D, DV)) : 0) + 1024)
 
 template <typename T> struct Ab90Dt;
 template <> struct Ab90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -156,17 +164,22 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     unsigned char* vs = ks + K_BYTES;
     unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][RQ]
     unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][RV]
-    unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][2 boxes][C][128 B]
+    unsigned char* dss = dos + ST * DO_STEP_BYTES;   // DQA: [2][R / 64 boxes][C][128 B]
     // DQA: the dQ tiles (fp32 [NDQ][C][D], the accumulator's rows; SPL: [1][2 halves][C][128]), the bulk
     // reduce-adds' sources; DW: the accumulator's row (SPL: a half's), HALVES: its runs a head
     constexpr bool BULK = DQA > 0;
     constexpr int NDQ = AB90_DQ_BUFS(D, DV), DW = SPL ? D / 2 : D, HALVES = SPL ? 2 : 1;
     constexpr unsigned DQ_TILE = C * D;  // floats
     float* dqb = reinterpret_cast<float*>(dss + (DQA ? 2 * DS_BYTES : 0));
-    float* xch = dqb + (BULK ? NDQ * DQ_TILE : 0);  // SPL: [2][2][C / 2][128]
+    float* xch = dqb + (BULK ? NDQ * DQ_TILE : 0);  // SPL: [2][3][C / 2][128]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(reinterpret_cast<unsigned char*>(xch) +
                                                                      (SPL ? AB90_XCH_BYTES(C) : 0));
     unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    static_assert(K_BYTES + V_BYTES + ST * (STEP_BYTES + DO_STEP_BYTES) + (DQA ? 2 * DS_BYTES : 0) +
+                          (BULK ? NDQ * DQ_TILE * 4 : 0) + (SPL ? AB90_XCH_BYTES(C) : 0) + 1024 ==
+                              AB90_DKDV_SMEM_BYTES(D, DV, DQA) &&
+                      (1 + 2 * ST) * 8 <= 1024,
+                  "the carve-up above is the op's shared_mem (AB90_DKDV_SMEM_BYTES)");
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_kt = (n_k + R - 1) / R;
@@ -596,6 +609,8 @@ __device__ __forceinline__ void ab90_dq(const CUtensorMap* tq, const CUtensorMap
     unsigned char* vs = ks + ST * STEP_BYTES;        // [ST][NBV][C][RV]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * V_STEP_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    static_assert(Q_BYTES + DO_BYTES + ST * (STEP_BYTES + V_STEP_BYTES) + 1024 == AB90_SMEM_BYTES(D, DV, C),
+                  "the carve-up above is the op's shared_mem (AB90_SMEM_BYTES)");
 
     const int tid = threadIdx.x, wg = tid / 128;
     const int n_qt = (n_q + R - 1) / R;
@@ -776,60 +791,62 @@ AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256, ab90_dkdv, 256, 256, false, true
 AB90_ENTRY(attention_bwd_varlen_sm90_dkdv_d256_softcap, ab90_dkdv, 256, 256, true, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256, ab90_dq, 256, 256, false, true)
 AB90_ENTRY(attention_bwd_varlen_sm90_dq_d256_softcap, ab90_dq, 256, 256, true, true)
-// the fused dK / dV / dQ kernels (dense, _softcap, varlen): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ)
-#define AB90_FUSED_ENTRY(name, D, SC, DQA)                                                                           \
+// the fused dK / dV / dQ kernels (dense, _softcap, varlen): DQA 1 (atomic dQ) and 2 (_det: semaphore-ordered dQ).
+// The kernels' parameters after dq_sem (VL: cu_q, cu_k first; the dense kernels pass none) in ab90_dkdv's order; VL:
+// the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D]).
+template <typename T, int D, bool SC, bool VL, int DQA, typename... Cap>
+__device__ __forceinline__ void ab90_fused(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                           const CUtensorMap* tdo, const float* lse, const float* delta, T* dk, T* dv,
+                                           float* dq_acc, int* dq_sem, const int* cu_q, const int* cu_k, int batch,
+                                           int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, float scale,
+                                           int wl, int wr, Cap... cap) {
+    ab90_dkdv<T, D, D, SC, VL, DQA>(tq, tk, tv, tdo, lse, delta, dk, dv, cu_q, cu_k, batch, n_q, n_k, n_heads,
+                                    n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);
+}
+#define AB90_FUSED_ENTRY(name, D, SC, DQA, VL)                                                                       \
     template <typename T, typename... A>                                                                            \
     __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
                                                 const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
-                                                T* dv, float* dq_acc, int* dq_sem, int batch, int n_q, int n_k,       \
-                                                int n_heads, int n_kv_heads, int nq_pad, float scale, int wl, int wr, \
-                                                A... cap) {                                                         \
-        ab90_dkdv<T, D, D, SC, false, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, nullptr, nullptr, batch, n_q,     \
-                                           n_k, n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad); \
+                                                T* dv, float* dq_acc, int* dq_sem, A... a) {                        \
+        if constexpr (VL) {                                                                                         \
+            ab90_fused<T, D, SC, VL, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, dq_acc, dq_sem, a...);          \
+        } else {                                                                                                    \
+            ab90_fused<T, D, SC, VL, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, dq_acc, dq_sem, nullptr, nullptr, \
+                                          a...);                                                                    \
+        }                                                                                                           \
     }
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64, 64, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64_softcap, 64, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128_softcap, 128, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64_softcap, 64, true, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128_softcap, 128, true, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256, 256, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256, 256, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256_softcap, 256, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256_softcap, 256, true, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96, 96, false, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96, 96, false, 2)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96_softcap, 96, true, 1)
-AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96_softcap, 96, true, 2)
-// varlen: the pre-pass's runs and the accumulator over the packed rows as one batch, (heads, nq_pad[, D])
-#define AB90_VL_FUSED_ENTRY(name, D, SC, DQA)                                                                        \
-    template <typename T, typename... A>                                                                            \
-    __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
-                                                const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
-                                                T* dv, float* dq_acc, int* dq_sem, const int* cu_q, const int* cu_k,  \
-                                                int batch, int n_q, int n_k, int n_heads, int n_kv_heads, int nq_pad, \
-                                                float scale, int wl, int wr, A... cap) {                            \
-        ab90_dkdv<T, D, D, SC, true, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, cu_q, cu_k, batch, n_q, n_k,       \
-                                          n_heads, n_kv_heads, scale, wl, wr, cap..., dq_acc, dq_sem, nq_pad);       \
-    }
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64, 64, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128, 128, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64, 64, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128, 128, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64_softcap, 64, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128_softcap, 128, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64_softcap, 64, true, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256, 256, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256, 256, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256_softcap, 256, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256_softcap, 256, true, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96, 96, false, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96, 96, false, 2)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96_softcap, 96, true, 1)
-AB90_VL_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96_softcap, 96, true, 2)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64, 64, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128, 128, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64, 64, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128, 128, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d64_softcap, 64, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d128_softcap, 128, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d64_softcap, 64, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d128_softcap, 128, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256, 256, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256, 256, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d256_softcap, 256, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d256_softcap, 256, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96, 96, false, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96, 96, false, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_d96_softcap, 96, true, 1, false)
+AB90_FUSED_ENTRY(attention_bwd_sm90_fused_det_d96_softcap, 96, true, 2, false)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64, 64, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128, 128, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64, 64, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128, 128, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d64_softcap, 64, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d128_softcap, 128, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d64_softcap, 64, true, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d128_softcap, 128, true, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256, 256, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256, 256, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d256_softcap, 256, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d256_softcap, 256, true, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96, 96, false, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96, 96, false, 2, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_d96_softcap, 96, true, 1, true)
+AB90_FUSED_ENTRY(attention_bwd_varlen_sm90_fused_det_d96_softcap, 96, true, 2, true)
 
 // Dense (attention_backward): tensor maps over q / dO (batch, n_q, n_heads, D), k / v (batch, n_k, n_kv_heads, D),
 // lse / delta (batch, n_q, n_heads); grid batch * kv heads * key tiles (dkdv) / batch * heads * query tiles (dq).

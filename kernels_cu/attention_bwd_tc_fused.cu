@@ -1,6 +1,15 @@
-// Fused tensor-core attention backward (FlashAttention-2's design) for bf16 and f16, head_dim 64 / 128,
-// sm_80 ... sm_120. Same inputs, mask (bottom-right window, causal = window_right 0), GQA mapping, scale and
-// softcap as attention_bwd_tc.cu; the op launches these for head_dim exactly 64 / 128.
+// Fused tensor-core attention backward (FlashAttention-2's design) and the passes around it, bf16 and f16:
+//   attention_bwd_tc_fused_d{64,128}[_softcap][_det]: the mma.sync fused dK / dV / dQ kernel, head_dim 64 / 128
+//     (the op launches it for head_dim exactly 64 / 128), on sm_80 ... sm_90: built for every arch, a trap on
+//     sm_100 / sm_120, where ptxas spills it and the op keeps attention_bwd_tc.cu's dK/dV + dQ pair (abf_entry).
+//     Same inputs, mask (bottom-right window, causal = window_right 0), GQA mapping, scale and softcap as
+//     attention_bwd_tc.cu.
+//   attention_bwd_tc_prep: the pre-pass (delta, the lse / delta runs, with zero_ws the fp32 dQ accumulator
+//     zeroed) of this kernel and of the sm_90a fused kernels (attention_bwd_sm90.cu).
+//   attention_bwd_tc_dq_reduce_d{64,128,96}: the dQ narrowing (the _det partials summed in key-tile order, times
+//     scale, to T). d64 / d128 serve this kernel and narrow the sm_90a fused kernels' accumulators (d256's read as
+//     d128 runs, a head dim's halves); d96 narrows the sm_90a fused d96 kernel's only (there is no mma.sync d96
+//     fused kernel).
 //
 // attention_bwd_tc_fused_d{D}[_softcap][_det]_{bf16,f16}: a CTA per (key tile of BC = 64 keys, kv head,
 // batch). K and V stay in shared memory, dK and dV in fp32 registers (warp w owns keys 16w..16w+15 and works

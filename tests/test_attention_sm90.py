@@ -291,6 +291,39 @@ def test_backward_sm90_fused_deterministic_same_bits_under_every_block_order(sha
         close(name, got, want, "attention_backward", dtype)
 
 
+def test_backward_shared_bytes_are_the_kernels_macros(tmp_path) -> None:
+    """The op's shared_mem of every sm_90a backward kernel (bwd_shared_bytes, bwd_dkdv_shared_bytes,
+    bwd_fused_shared_bytes, and the steps and rows they read) equals the .cu's macro, evaluated by the host's C++
+    compiler (the macros use ?:); each kernel static_asserts its own carve-up against the macro, so a layout
+    change that leaves the Python figure behind fails here, not as a launch that overruns shared memory."""
+    import subprocess
+
+    from pykern.host.build import find_compiler
+
+    src = (ROOT / "kernels_cu" / "attention_bwd_sm90.cu").read_text()
+    defines = "\n".join(re.findall(r"^#define AB90_\w+(?:\(.*?\))?(?:[^\n]*\\\n)*[^\n]*$", src, re.M))
+    checks = [f"static_assert(AB90_ROWS == {sm90.BWD_ROWS});"]
+    for d, dv in sm90.BWD_SHAPES:
+        dq_step = sm90.bwd_dq_step(d)
+        checks += [
+            f"static_assert(AB90_DQ_STEP({d}) == {dq_step});",
+            f"static_assert(AB90_DKDV_STEP({d}, {dv}) == {sm90.bwd_dkdv_step(d, dv)});",
+            f"static_assert(AB90_DKDV_ROWS({d}, {dv}) == {sm90.bwd_dkdv_rows(d, dv)});",
+            f"static_assert(AB90_SMEM_BYTES({d}, {dv}, {dq_step}) == {sm90.bwd_shared_bytes(d, dq_step, dv)});",
+            f"static_assert(AB90_DKDV_SMEM_BYTES({d}, {dv}, 0) == {sm90.bwd_dkdv_shared_bytes(d, dv)});",
+        ]
+    fused = {d: sm90.bwd_fused_shared_bytes(d) for d in sm90.BWD_FUSED_HEAD_DIMS}
+    assert fused == {64: 132096, 96: 115712, 128: 148480, 256: 222208}  # the figures the .cu's comment gives
+    for d, smem in fused.items():
+        checks += [f"static_assert(AB90_DKDV_SMEM_BYTES({d}, {d}, {dqa}) == {smem});" for dqa in (1, 2)]
+    path = tmp_path / "ab90_smem.cpp"
+    path.write_text(defines + "\n" + "\n".join(checks) + "\n")
+    run = subprocess.run([*find_compiler().argv, "-std=c++17", "-fsyntax-only", str(path)], capture_output=True,
+                         text=True, timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert "AB90_DKDV_SMEM_BYTES(D, DV, DQA)" in defines and len(checks) == 1 + 5 * len(sm90.BWD_SHAPES) + 8
+
+
 @pytest.mark.parametrize("backend", ["host", "numba"])
 def test_d96_dq_narrowing_kernel_scales_and_rounds_the_accumulator(backend: str) -> None:
     """attention_bwd_tc_dq_reduce_d96 (the fused d96 kernel's narrowing; the numba reference too): dq[b, i, h, :]

@@ -387,9 +387,9 @@ def bwd_dkdv_rows(d: int, d_v: int | None = None) -> int:
 
 
 def bwd_dkdv_shared_bytes(d: int, d_v: int | None = None) -> int:
-    """Dynamic shared memory of the dK/dV kernel (AB90_SMEM_BYTES at its rows and step), plus the split's swap
-    buffers (AB90_XCH_BYTES: 2 tile parities x 3 slots (P^T, dP^T - delta, softcap's P^T (1 - t^2)) x step / 2
-    floats x 128 threads)."""
+    """Dynamic shared memory of the dK/dV kernel (AB90_DKDV_SMEM_BYTES(d, d_v, 0)): the resident pair at its rows,
+    the 2-stage ring at its step, the split's swap buffers (AB90_XCH_BYTES: 2 tile parities x 3 slots (P^T,
+    dP^T - delta, softcap's P^T (1 - t^2)) x step / 2 floats x 128 threads), the mbarriers."""
     d_v = d if d_v is None else d_v
     c, rows = bwd_dkdv_step(d, d_v), bwd_dkdv_rows(d, d_v)
     xch = 2 * 3 * (c // 2) * 128 * 4 if bwd_dkdv_split(d, d_v) else 0
@@ -404,7 +404,8 @@ def bwd_box(d: int) -> tuple[int, str]:
 
 def bwd_shared_bytes(d: int, step: int, d_v: int | None = None) -> int:
     """Dynamic shared memory of a backward kernel at head_dim d, head_dim_v d_v (default d) with `step` rows a
-    streamed tile (AB90_SMEM_BYTES): the resident pair, the 2-stage ring of pairs, the mbarriers."""
+    streamed tile (AB90_SMEM_BYTES; the dQ kernel's, and the dK/dV kernel's where it keeps BWD_ROWS keys and does
+    not split): the resident pair, the 2-stage ring of pairs, the mbarriers."""
     d_v = d if d_v is None else d_v
     return BWD_ROWS * (d + d_v) * 2 + 2 * step * (d + d_v) * 2 + 1024
 
@@ -489,7 +490,7 @@ BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multi
 
 
 def bwd_fused_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the fused kernel (AB90_FUSED_SMEM_BYTES): the dK/dV kernel's
+    """Dynamic shared memory of the fused kernel (AB90_DKDV_SMEM_BYTES(d, d, DQA > 0)): the dK/dV kernel's
     (`bwd_dkdv_shared_bytes`, the split's swap buffers included at d256), two dS buffers of its keys
     (`bwd_dkdv_rows`) x the streamed tile's queries and fp32 dQ tiles of the streamed tile's queries x d, the
     sources of its bulk reduce-adds (AB90_DQ_BUFS: two, double-buffered; one at d256, where two would not fit)."""

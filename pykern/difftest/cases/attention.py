@@ -599,6 +599,7 @@ def _attention_f16_cases(rng: np.random.Generator) -> Iterator[Case]:
 
 # --------------------------------------------------------------------------- sm_90a cases
 
+from ._fp8 import e4m3_descale, e4m3_quantize
 from ._sm90 import ARCH as SM90_ARCH, declined as _declined, host_arch as _host_arch, sm90_case as _sm90_case
 
 
@@ -1003,6 +1004,26 @@ SM90_FP8_FORWARD_SOFTCAP = [
 ]
 
 
+def _fp8_inputs(x: list[np.ndarray], per_head: Callable[[np.ndarray, int], tuple[np.ndarray, np.ndarray]] | None
+                ) -> tuple[list[np.ndarray], list[np.ndarray], list[np.ndarray]]:
+    """q, k, v (fp32, x) quantized as FP8 callers do: (e4m3 codes, descales, float64 dequantized values), a list
+    each. The descale amax / 448 of the whole tensor, or per_head(array, its index in x): (the descales, their
+    broadcast against the array). The codes are float32 stand-ins where ml_dtypes is missing (the caller's
+    arrays.bfloat16() has marked the case as needing it: it never runs)."""
+    codes, descales, deq = [], [], []
+    for i, a in enumerate(x):
+        if per_head is not None:
+            ds, full = per_head(a, i)
+        else:
+            ds = e4m3_descale([np.abs(a).max()])
+            full = ds[0]
+        c = e4m3_quantize(a, full, stand_in=True)
+        codes.append(c)
+        descales.append(ds)
+        deq.append(c.astype(np.float64) * np.asarray(full, np.float64))
+    return codes, descales, deq
+
+
 def _sm90_fp8_forward(rng: np.random.Generator, n_q: int, n_k: int, h: int, kvh: int, d: int, causal: bool,
                       per_head: bool, window: tuple[int, int] = (-1, -1), cap: float = 0.0) -> Case:
     """flash_attention on e4m3 q, k, v through the op's helper (try_forward_fp8), against float64 attention on the
@@ -1011,34 +1032,20 @@ def _sm90_fp8_forward(rng: np.random.Generator, n_q: int, n_k: int, h: int, kvh:
     softcap cap (> 0: the _softcap kernel) as flash_attention takes them."""
     from ... import arrays
     from ...arrays import flat_view
-    from ...errors import MissingDependency
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
-    from .gemm_fp8 import _e4m3
 
     x = [rng.standard_normal((1, n, hh, d)).astype(np.float32) for n, hh in ((n_q, h), (n_k, kvh), (n_k, kvh))]
     x[2] /= np.abs(x[2]).max()
     # After the draws (the random stream is a full install's either way): the bf16 output's dtype, which without
-    # ml_dtypes is the runner's stand-in and marks this case as needing it; then the e4m3 codes (float32
-    # stand-ins where ml_dtypes is missing: such a case never runs).
+    # ml_dtypes is the runner's stand-in and marks this case as needing it; then the e4m3 codes.
     bf16 = arrays.bfloat16()
-    try:
-        e4m3 = _e4m3()
-    except MissingDependency:
-        e4m3 = np.float32
-    codes, descales, deq = [], [], []
-    for a in x:
-        if per_head:
-            amax = np.abs(a).reshape(1, a.shape[1], kvh, a.shape[2] // kvh, d).max(axis=(1, 3, 4))
-            ds = (amax / np.float32(448.0)).astype(np.float32)
-            full = np.repeat(ds, a.shape[2] // kvh, axis=1)[:, None, :, None]
-        else:
-            ds = np.array([np.abs(a).max() / np.float32(448.0)], np.float32)
-            full = ds[0]
-        c = (a / full).astype(e4m3)
-        codes.append(c)
-        descales.append(ds)
-        deq.append(c.astype(np.float64) * np.asarray(full, np.float64))
+
+    def per_kv_head(a: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+        ds = e4m3_descale(np.abs(a).reshape(1, a.shape[1], kvh, a.shape[2] // kvh, d).max(axis=(1, 3, 4)))
+        return ds, np.repeat(ds, a.shape[2] // kvh, axis=1)[:, None, :, None]
+
+    codes, descales, deq = _fp8_inputs(x, per_kv_head if per_head else None)
     name = sm90.fp8_kernel_name(d, cap)
     scale = 1.0 / np.sqrt(d)
     (q, k, v), stride = codes, 1 if per_head else 0
@@ -1084,10 +1091,8 @@ def _sm90_fp8_varlen(rng: np.random.Generator, lens_q: tuple[int, ...], lens_k: 
     (sequence, kv head)."""
     from ... import arrays
     from ...arrays import flat_view
-    from ...errors import MissingDependency
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize_serving
-    from .gemm_fp8 import _e4m3
 
     h, kvh, g = 4, 2, 2
     nb = len(lens_q)
@@ -1096,25 +1101,16 @@ def _sm90_fp8_varlen(rng: np.random.Generator, lens_q: tuple[int, ...], lens_k: 
     x = [rng.standard_normal((n, hh, d)).astype(np.float32) for n, hh in ((cq[-1], h), (ck[-1], kvh), (ck[-1], kvh))]
     x[2] /= np.abs(x[2]).max()
     bf16 = arrays.bfloat16()
-    try:
-        e4m3 = _e4m3()
-    except MissingDependency:
-        e4m3 = np.float32
-    codes, descales, deq = [], [], []
-    for a, cu in zip(x, (cq, ck, ck)):
+
+    def per_seq_kv_head(a: np.ndarray, i: int) -> tuple[np.ndarray, np.ndarray]:
+        cu, hk = (cq, ck, ck)[i], a.shape[1] // kvh
         seq = np.searchsorted(cu[1:], np.arange(a.shape[0]), side="right")  # each row's sequence
-        if per_head:
-            ds = np.array([[np.abs(a[cu[b]:cu[b + 1], j * (a.shape[1] // kvh):(j + 1) * (a.shape[1] // kvh)]).max(
-                initial=0.0) / np.float32(448.0) for j in range(kvh)] for b in range(nb)], np.float32)
-            ds = np.where(ds > 0, ds, np.float32(1.0))
-            full = np.repeat(ds, a.shape[1] // kvh, axis=1)[seq][:, :, None]
-        else:
-            ds = np.array([np.abs(a).max() / np.float32(448.0)], np.float32)
-            full = ds[0]
-        c = (a / full).astype(e4m3)
-        codes.append(c)
-        descales.append(ds)
-        deq.append(c.astype(np.float64) * np.asarray(full, np.float64))
+        ds = e4m3_descale([[np.abs(a[cu[b]:cu[b + 1], j * hk:(j + 1) * hk]).max(initial=0.0) for j in range(kvh)]
+                           for b in range(nb)])
+        ds = np.where(ds > 0, ds, np.float32(1.0))  # a sequence without rows
+        return ds, np.repeat(ds, hk, axis=1)[seq][:, :, None]
+
+    codes, descales, deq = _fp8_inputs(x, per_seq_kv_head if per_head else None)
     name = sm90.fp8_varlen_kernel_name(d, cap)
     scale = 1.0 / np.sqrt(d)
     (q, k, v), stride = codes, 1 if per_head else 0

@@ -14,29 +14,22 @@ from typing import Any, Iterator
 import numpy as np
 
 from ..case import Case, register_cases
+from ._fp8 import e4m3_descale, e4m3_quantize
 from .training import _cast, _ops, f64
 
 
-def _e4m3() -> Any:
-    try:
-        import ml_dtypes
-    except ImportError:  # the family's cases are skipped, naming the extra (the runner's MissingDependency)
-        from ...errors import MissingDependency
-
-        raise MissingDependency("ml_dtypes", "test", "float8_e4m3fn NumPy arrays") from None
-
-    return ml_dtypes.float8_e4m3fn
+def _token_groups(x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """(e4m3 codes [M, K], fp32 scales [M, K/128]) of fp32 x [M, K] in groups of 128 along a row, eps 1e-10."""
+    m, k = x.shape
+    t = x.reshape(m, k // 128, 128)
+    s = e4m3_descale(np.maximum(np.abs(t).max(-1), np.float32(1e-10)))
+    return e4m3_quantize(t, s[..., None]).reshape(m, k), s
 
 
 def np_fp8_quantize(x: Any) -> tuple[np.ndarray, np.ndarray]:
     """vLLM's per_token_group_quant_fp8 (group 128, eps 1e-10) in fp32, as its definition: returns the codes'
     values (float64) and the scales."""
-    x32 = np.asarray(x).astype(np.float32)
-    m, k = x32.shape
-    t = x32.reshape(m, k // 128, 128)
-    amax = np.maximum(np.abs(t).max(-1), np.float32(1e-10))
-    s = (amax / np.float32(448.0)).astype(np.float32)
-    q = np.clip(t / s[..., None], -448.0, 448.0).astype(_e4m3()).reshape(m, k)
+    q, s = _token_groups(np.asarray(x).astype(np.float32))
     return f64(q.astype(np.float32)), f64(s)
 
 
@@ -71,18 +64,13 @@ def fp8_weight(w: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     wp = np.zeros((nb * 128, k), np.float32)
     wp[:n] = w
     t = wp.reshape(nb, 128, k // 128, 128)
-    s = (np.maximum(np.abs(t).max((1, 3)), np.float32(1e-10)) / np.float32(448.0)).astype(np.float32)
-    q = np.clip(t / s[:, None, :, None], -448.0, 448.0).astype(_e4m3()).reshape(nb * 128, k)[:n]
+    s = e4m3_descale(np.maximum(np.abs(t).max((1, 3)), np.float32(1e-10)))
+    q = e4m3_quantize(t, s[:, None, :, None]).reshape(nb * 128, k)[:n]
     return np.ascontiguousarray(q), s
 
 
 def _act(rng: np.random.Generator, m: int, k: int) -> tuple[np.ndarray, np.ndarray]:
-    x = (rng.standard_normal((m, k)) * rng.uniform(0.1, 10.0, (m, 1))).astype(np.float32)
-    x64 = np.asarray(x)
-    t = x64.reshape(m, k // 128, 128)
-    s = (np.maximum(np.abs(t).max(-1), np.float32(1e-10)) / np.float32(448.0)).astype(np.float32)
-    q = np.clip(t / s[..., None], -448.0, 448.0).astype(_e4m3()).reshape(m, k)
-    return q, s
+    return _token_groups((rng.standard_normal((m, k)) * rng.uniform(0.1, 10.0, (m, 1))).astype(np.float32))
 
 
 def _sm90_case(sizes: tuple[int, ...] | None, m: int, n: int, k: int, rng: np.random.Generator) -> Case:
