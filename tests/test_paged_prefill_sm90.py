@@ -3,7 +3,8 @@
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the paged sm_90a kernel for bf16 / f16
 queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128 and 192 / 128 (V pages of
-128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), for every page size (1,
+128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), and at head_dim 256 over a cache of
+their type (FP8 caches there keep paged_attn), for every page size (1,
 3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
 causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
 paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
