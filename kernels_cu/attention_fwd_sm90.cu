@@ -447,16 +447,18 @@ __device__ __forceinline__ int fa90_paged_len(const Fa90Paged& pg, int b) {
     return len > (1ll << 30) ? (1 << 30) : (int)len;
 }
 
-// Registers of the paged producer warpgroup and of the consumers: the gather's addressing does not fit the TMA
-// producer's 24, so the consumers give 8 back (128 * 40 + 256 * 232 = the 168 * 384 the CTA starts with).
-#define FA90_PAGED_PRODUCER_REGS 40
+// Registers of the paged producer warpgroup and of the consumers (setmaxnreg): fa90_gather_rows's addressing does
+// not fit the TMA producer's 24, so the consumers give 8 back (128 * 40 + 256 * 232 = the 168 * 384 the CTA starts
+// with). d256: its consumers spilled at 232 (8 to 16 bytes; the dense d256 ones take 240), so the producer gathers
+// with fa90_gather_rows_lean (LEAN) in the TMA producer's 24, and the consumers keep the dense kernel's 240.
+template <int DQK> struct Fa90PagedRegs { enum { PRODUCER = 40, CONSUMER = 232, LEAN = 0 }; };
+template <> struct Fa90PagedRegs<256> { enum { PRODUCER = 24, CONSUMER = 240, LEAN = 1 }; };
 
 template <typename A, typename B> struct Fa90Same { enum { V = 0 }; };
 template <typename A> struct Fa90Same<A, A> { enum { V = 1 }; };
 // The _softcap entry points' last parameter, 0 for the others (fa90_forward's softcap).
 __device__ __forceinline__ float fa90_cap_arg() { return 0.0f; }
 __device__ __forceinline__ float fa90_cap_arg(float c) { return c; }
-#define FA90_PAGED_CONSUMER_REGS 232
 
 // 16 bytes of the T tile from 16 (KV == T: cp.async, zero-filled past n_k) or 8 (FP8: a plain 8-byte load widened
 // to T exactly; every e4m3 / e5m2 value is a bf16 and an f16 value) bytes of the cache.
@@ -506,6 +508,35 @@ __device__ __forceinline__ void fa90_gather_rows(unsigned char* d1, const KV* s1
     }
 }
 
+// The lean form of fa90_gather_rows (Fa90PagedRegs::LEAN: K and V at the same strides, one slot's K and V tiles
+// dv_off bytes apart): a row's offset comes again from the page table's parameters, the kv head and threadIdx.x
+// (opaque, so that nothing tid-derived stays live), and every shared destination from one base and an offset, so
+// that the loop holds the row, the tile's first key, n_k and that base. The d256 producer runs in the TMA producer's
+// 24 registers so (fa90_gather_rows there kept the 8 boxes' destinations as 64-bit addresses: 20 to 32 bytes spilled).
+template <typename T, typename KV, int NB, int BC>
+__device__ __forceinline__ void fa90_gather_rows_lean(unsigned char* dk, unsigned dv_off, const Fa90Paged& pg,
+                                                      int ib, int kvh, int k0, int n_k) {
+#pragma unroll 1
+    for (int r = (int)(pk_opaque_u32(threadIdx.x) % 128) / 8; r < BC; r += 16) {
+        const int key = k0 + r;
+        const bool in = key < n_k;
+        const unsigned col = pk_opaque_u32(threadIdx.x) % 8;  // the 16-byte column piece of a 64-wide box
+        long long off = 0;
+        if (in) {
+            const int pi = key / pg.page_size;
+            off = (long long)pg.indices[ib + pi] * pg.s_page + (long long)(key - pi * pg.page_size) * pg.s_tok +
+                  (long long)kvh * pg.s_head + col * 8;
+        }
+        const unsigned so = pk_swizzle_offset(r * 128 + col * 16, PK_SWIZZLE_128B);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+            fa90_gather_16<T, KV>(dk, so + nb * BC * 128, static_cast<const KV*>(pg.kp) + off + nb * 64, in);
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+            fa90_gather_16<T, KV>(dk, dv_off + so + nb * BC * 128, static_cast<const KV*>(pg.vp) + off + nb * 64, in);
+    }
+}
+
 // The paged producer warpgroup: one elected thread loads Q by TMA (as the dense producer), then all 128 threads
 // gather each key tile's K and V rows through the page table into the same swizzled [box][BC][128 B] layout a TMA
 // load writes (16-byte pieces: thread p takes column piece p % 8 of rows p / 8, p / 8 + 16, ...; one page lookup a
@@ -536,7 +567,10 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
     for (int j = kt1 - 1; j >= kt0; j--, i++) {
         const int s = i % ST;
         pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
-        if constexpr (!VOWN) {  // K's and V's boxes of a row from one offset
+        if constexpr (Fa90PagedRegs<DQK>::LEAN) {  // K's and V's boxes of a row from one offset, one base
+            static_assert(!VOWN && K_BYTES == V_BYTES, "the lean gather finds slot s's V tile ST K tiles on");
+            fa90_gather_rows_lean<T, KV, NBK, BC>(ks + s * K_BYTES, ST * K_BYTES, pg, pg.indptr[b], kvh, j * BC, n_k);
+        } else if constexpr (!VOWN) {  // K's and V's boxes of a row from one offset
             fa90_gather_rows<T, KV, NBK, NBV, BC>(ks + s * K_BYTES, kb, vs + s * V_BYTES, vb, idx, ps, pg.s_page,
                                                   pg.s_tok, j * BC, n_k, tid);
         } else {  // a pass for K, then one for V at its own strides: a row holds one offset at a time
@@ -671,7 +705,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 
     if constexpr (PAGED) {
         if (wg == 0) {  // ---- the paged producer ----
-            pk_setmaxnreg_dec<FA90_PAGED_PRODUCER_REGS>();
+            pk_setmaxnreg_dec<Fa90PagedRegs<DQK>::PRODUCER>();
             span_of();  // VARLEN: one work tile
             fa90_producer_paged<T, KV, DQK, DV, BC, ST>(tq, qs, ks, vs, q_full, full, empty, *pg, b, h, kvh, q_row0, q0,
                                                         n_k, kt0, kt1);
@@ -746,7 +780,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     }
 
     // ---- consumers ----
-    pk_setmaxnreg_inc<PAGED ? FA90_PAGED_CONSUMER_REGS : 240>();
+    pk_setmaxnreg_inc<PAGED ? (int)Fa90PagedRegs<DQK>::CONSUMER : 240>();
     const int c = wg - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4, t = lane % 4;
     // Base 2: s * sl2 (SC: the capped scores tanh(scale * q.k / c) times c * log2 e; pre = scale / c).
     const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
@@ -1112,6 +1146,8 @@ FA90_PAGED_ENTRY(64, 64, 64, false)
 FA90_PAGED_ENTRY(128, 128, 128, false)
 FA90_PAGED_ENTRY(64_softcap, 64, 64, true)
 FA90_PAGED_ENTRY(128_softcap, 128, 128, true)
+FA90_PAGED_ENTRY(256, 256, 256, false)
+FA90_PAGED_ENTRY(256_softcap, 256, 256, true)
 FA90_PAGED_DV_ENTRY(192_dv128, 192, 128, false)
 FA90_PAGED_DV_ENTRY(192_dv128_softcap, 192, 128, true)
 #define FA90_PAGED_PARAMS                                                                                           \
@@ -1156,6 +1192,8 @@ PK_IO16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA
 PK_IO16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d128_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d256, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d256_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)

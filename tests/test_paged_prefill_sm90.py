@@ -3,7 +3,8 @@
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the paged sm_90a kernel for bf16 / f16
 queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128 and 192 / 128 (V pages of
-128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), for every page size (1,
+128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), and at head_dim 256 over a cache of
+their type (FP8 caches there keep paged_attn), for every page size (1,
 3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
 causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
 paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
@@ -61,6 +62,9 @@ CASES = [
     ([120, 0, 45], [90, 2, 45], 5, 2, 2, (192, 128), "f16", "f16", False, "HND", -1, 20.0),
     ([180], [130], 1, 2, 1, (192, 128), "bf16", "e5m2", True, "NHD", 60, 0.0),       # page 1, window, FP8
     ([140, 10], [129, 10], 256, 2, 1, (192, 128), "f16", "e4m3", True, "HND", -1, 30.0),
+    # head_dim 256 (16-bit caches: the producer in 24 registers beside the consumers' 240)
+    ([150, 9], [130, 9], 16, 2, 1, 256, "bf16", "bf16", True, "NHD", -1, 0.0),     # 2 query tiles, 3 key tiles
+    ([100], [60], 3, 2, 2, 256, "f16", "f16", False, "HND", 40, 25.0),             # page 3, window, softcap
 ]
 
 
@@ -147,6 +151,20 @@ def test_paged_prefill_sm90_off_keeps_the_other_kernels(monkeypatch) -> None:
     assert names == ["paged_prefill_tc_d128_bf16", "paged_attn_f16_e4m3kv"]
 
 
+def test_paged_prefill_d256_fp8_cache_and_sm90_off_keep_paged_attn(monkeypatch) -> None:
+    # head_dim 256: an FP8 cache keeps paged_attn on sm_90a (PAGED_NO_FP8: its gather did not fit the 24 registers
+    # of the d256 producer); with PYKERN_SM90=0 a 16-bit cache does too (paged_prefill_tc stops at 128)
+    rng = np.random.default_rng(9)
+    names = _record(monkeypatch)
+    out, lse, ref_out, ref_lse = _run(rng, [70, 5], [40, 5], 16, 2, 1, 256, "bf16", "e4m3")
+    close("out", out, ref_out, "paged_prefill_attention", "bf16")
+    check_lse(lse, ref_lse)
+    monkeypatch.setenv("PYKERN_SM90", "0")
+    out, lse, ref_out, ref_lse = _run(rng, [70, 5], [40, 5], 16, 2, 1, 256, "f16", "f16")
+    close("out", out, ref_out, "paged_prefill_attention", "f16")
+    assert names == ["paged_attn_bf16_e4m3kv", "paged_attn_f16"]
+
+
 def test_paged_prefill_sm90_only_where_it_applies(monkeypatch) -> None:
     # f32 queries, head_dim 32 (no sm_90a instantiation) keep paged_attn; bf16 at head_dim 128 takes sm_90a
     rng = np.random.default_rng(6)
@@ -174,7 +192,7 @@ def test_paged_prefill_sm90_under_other_thread_schedules(schedule, shape, monkey
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
 SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_sm90.cu"
 PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
-         for q in ("bf16", "f16") for kv in (q, "e4m3", "e5m2")]
+         for q in ("bf16", "f16") for kv in (q, "e4m3", "e5m2") if kv == q or d not in sm90.PAGED_NO_FP8]
 
 
 @lru_cache(maxsize=None)

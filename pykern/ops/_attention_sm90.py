@@ -286,14 +286,16 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
 
 
 # ---- paged prefill (paged_prefill_attention: fa90_forward's paged producer) ---------------------
-PAGED_HEAD_DIMS = (64, 128)
+PAGED_HEAD_DIMS = (64, 128, 256)
 # (head_dim, head_dim_v) of the paged kernels: the PAGED_HEAD_DIMS with head_dim_v == head_dim and DeepSeek-V3's
-# 192 / 128 (V pages of 128 columns beside K pages of 192, each with its own strides). Not head_dim 256: its
-# consumers would run at 232 registers beside the 40 of the paged producer, and spilled there (the dense d256
-# kernel's take 240, beside the TMA producer's 24).
+# 192 / 128 (V pages of 128 columns beside K pages of 192, each with its own strides).
 PAGED_SHAPES = (*((d, d) for d in PAGED_HEAD_DIMS), (192, 128))
 # Cache element kinds a bf16 / f16 query runs over here: its own type, or FP8 (widened to it by the producer).
 PAGED_FP8 = ("e4m3", "e5m2")
+# Head dims whose paged kernels take 16-bit caches only. d256: its producer runs in the TMA producer's 24 registers
+# (Fa90PagedRegs, beside the dense kernel's 240 a consumer), where the FP8 gather's loads and widening spilled (40
+# to 68 bytes); FP8 caches at d256 keep paged_attn.
+PAGED_NO_FP8 = (256,)
 
 
 def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
@@ -324,6 +326,8 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     d_v = dims[6] if len(dims) > 6 else d
     q_kind, kv_kind = kinds
     if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or (d, d_v) not in PAGED_SHAPES:
+        return False
+    if kv_kind in PAGED_FP8 and d in PAGED_NO_FP8:
         return False
     if not usable(d, d_v, softcap, scale, q, backend, kf, vf):
         return False
