@@ -71,13 +71,15 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // instructions a tile; at d64 the room came from the K descriptors kept across the loop (Fa90KHoist: 767 -> 759 a
 // pair), and the FMA exp2 (Fa90Fex) would not have made it (8 more instructions an exp2 moved off the MUFU).
 // PERSIST: the dense kernel walks several work tiles a CTA (fa90_forward's tile loop, the launcher's persistent grid
-// for causal / windowed calls); without it one CTA a tile. Off at d256 for now: with the tile loop its steady loop
-// took 405 instructions a pair (0.791) and its producer spilled 3 words out of its 24 registers. At d128 the loop is
-// 302 (1.180), at d64 762 a pair (1.984; 759 without the tile loop, whose state took the registers that kept the
-// steps' mbarrier addresses until those became literal slots, 764 -> 762).
+// for causal / windowed calls); without it one CTA a tile. At d128 the loop is 302 (1.180), at d64 762 a pair (1.984;
+// 759 without the tile loop, whose state took the registers that kept the steps' mbarrier addresses until those
+// became literal slots, 764 -> 762), at d256 404 a pair (0.789; 399 without it: the pair loop's counter and parity
+// move to uniform registers and its barrier id is computed again each pair), softcap 532 (1.039; 527). The d256
+// producer now fits its 24 registers (0 spills; its first trial, before the later changes to the tile loop and
+// the epilogue, spilled 3 words).
 template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
-template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 0 }; };
+template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
 template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1, PERSIST = 1 }; };

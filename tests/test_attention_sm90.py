@@ -1032,7 +1032,8 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # d64 the room came from the K descriptors kept across the loop (Fa90KHoist: 6 adds and their copies a pair
     # fewer) and the steps' mbarriers at literal slots: with the overlap and the tile loop (sm90.PERSISTENT) 762 a
     # pair (1.984; varlen 759, 1.977) against 764 (1.990) with neither; softcap (no overlap) 1545 (4.023; varlen
-    # 1538, 4.005). The pair loop's literal mbarrier slots took d256 to 399 (0.779; varlen 401, 0.783).
+    # 1538, 4.005). The pair loop's literal mbarrier slots took d256 to 399 (0.779; varlen 401, 0.783); the dense
+    # d256 tile loop (sm90.PERSISTENT) to 404 (0.789; softcap 532, 1.039), within its 0.79 / 1.04 bars.
     # d64 with softcap takes a quarter of its exp2s on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8 instructions
     # more than a MUFU.EX2, 48 exp2s a pair, so 1151 -> 1548 (4.031): the instruction count grows while the MUFU,
     # the one bound there, shrinks (the attention model's mufu and fma terms). d64 without softcap keeps the MUFU

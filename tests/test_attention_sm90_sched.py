@@ -49,19 +49,20 @@ def test_forward_grid_is_persistent_only_where_tiles_differ() -> None:
     assert sm90.forward_grid(192, 10, 600, 600, 100, 600, 3) == 3  # a left window only
     assert sm90.forward_grid(128, 10, 600, 600, 600, 600, 3) == 10
     assert sm90.forward_grid(128, 2, 600, 600, 600, 0, 132) == 2
-    # d64 walks several tiles a CTA as well; d256: one CTA a tile (Fa90Cfg PERSIST off), the tiles still ordered
-    # longest first
+    # d64 and d256 walk several tiles a CTA as well
     assert sm90.forward_grid(64, 10, 600, 600, 600, 0, 3) == 3
     assert sm90.forward_grid(64, 10, 600, 600, 600, 600, 3) == 10
-    assert sm90.forward_grid(256, 10, 600, 600, 600, 0, 3) == 10
+    assert sm90.forward_grid(256, 10, 600, 600, 600, 0, 3) == 3
+    assert sm90.forward_grid(256, 10, 600, 600, 600, 600, 3) == 10
     assert sm90.sm_count("host", 0) == sm90.HOST_CTAS
 
 
-@pytest.mark.parametrize("d, dv", [(128, 128), (192, 128), (64, 64)])
+@pytest.mark.parametrize("d, dv", [(128, 128), (192, 128), (64, 64), (256, 256)])
 def test_causal_forward_walks_more_tiles_than_ctas(d: int, dv: int, monkeypatch) -> None:
     # batch 2 x 3 heads x 3 query tiles = 18 work tiles on HOST_CTAS = 3 CTAs: 6 each, the ring's phases and (d128)
-    # the ping-pong carried across them; n_q != n_k and GQA 3. d64: its pair loop's odd and tail steps and the
-    # ring's slot carried across tiles of 330 keys (two key tiles of 192, masked or steady by query tile).
+    # the ping-pong carried across them; n_q != n_k and GQA 3. d64 and d256: their pair loops' odd and tail steps
+    # and the ring's slot carried across tiles of 330 keys (two key tiles of 192 at d64, six of 64 at d256, masked
+    # or steady by query tile).
     rng = np.random.default_rng(d)
     q, k, v = fa_inputs(rng, 2, 300, 330, 3, 1, d, dv, "bf16")
     grids = _record_grids(monkeypatch)
@@ -154,8 +155,8 @@ def test_a_ping_pong_left_open_across_work_tiles_is_reported(tmp_path, monkeypat
 
 
 def test_the_attention_model_schedules_the_persistent_grid() -> None:
-    # causal d128 and d64 (PERSISTENT): the launch is persistent, its tiles walked in strides of the grid; the d256
-    # one and the measured build keep the block scheduler's waves
+    # causal d128, d64 and d256 (PERSISTENT): the launch is persistent, its tiles walked in strides of the grid; the
+    # measured build keeps the block scheduler's waves
     from pykern.bench import attention_model as am
 
     s = am.Shape(8, 16, 2048, 128, True)
@@ -166,7 +167,7 @@ def test_the_attention_model_schedules_the_persistent_grid() -> None:
     (d64,), _ = am.sm90_launches("fwd", am.Shape(8, 16, 2048, 64, True), ["attention_fwd_sm90_d64_bf16"])
     assert d64.persistent and d64.ctas == tuple(sorted(d64.ctas, reverse=True))
     (d256,), _ = am.sm90_launches("fwd", am.Shape(8, 16, 2048, 256, True), ["attention_fwd_sm90_d256_bf16"])
-    assert not d256.persistent
+    assert d256.persistent and d256.ctas == tuple(sorted(d256.ctas, reverse=True))
     assert not am.sm90_launches("fwd", am.Shape(8, 16, 2048, 128, False), ["attention_fwd_sm90_d128_bf16"])[0][0].persistent
     # 2 groups of tiles 4, 3, 2, 1 on 3 slots, longest first across the groups [4, 4, 3 | 3, 2, 2 | 1, 1], rounds
     # in snake order: CTA 0 takes 4, 2, 1; CTA 1 4, 2, 1; CTA 2 3, 3: 7, the greedy bound (a plain stride would
