@@ -99,8 +99,8 @@ def _key_tiles(qt: int, n_q: int, n_k: int, wl: int, wr: int, bc: int) -> int:
 
 
 @pytest.mark.parametrize("d, window, causal", [(128, (-1, -1), True), (128, (200, -1), False),
-                                               (64, (-1, -1), True), (64, (200, -1), False)],
-                         ids=["d128-causal", "d128-left-window", "d64-causal", "d64-left-window"])
+                                               (64, (-1, -1), True), (64, (200, -1), False), (256, (-1, -1), True)],
+                         ids=["d128-causal", "d128-left-window", "d64-causal", "d64-left-window", "d256-causal"])
 def test_each_cta_walks_its_tiles_longest_first(d, window, causal, tmp_path, monkeypatch) -> None:
     write_mutant(tmp_path, monkeypatch, SRC, _PROBE_AT, _PROBE, "fa90_probe.cu",
                  ("attention_fwd_sm90_d", "fa90_probe_d"))
