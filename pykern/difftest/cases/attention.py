@@ -1281,12 +1281,13 @@ def _attention_dq_reduce_cases(rng: np.random.Generator) -> Iterator[Case]:
     backward's d96 accumulator: dq = dtype(scale * acc), the (batch, head, nq_pad, 96) fp32 accumulator read as
     dQ's (batch, query, head, 96)): a portable kernel whose other case is arch-specific, so every backend, and the
     GPU check's sanitizer step, gets a case of it here. Two batches and three heads, so the row's batch and head
-    come from the element index."""
+    come from the element index; the padded rows hold NaN, which a read of them would carry into dq."""
     import pykern
 
     b, n_q, h, d, nq_pad, scale = 2, 37, 3, 96, 64, 0.125
     for kind in ("bf16", "f16"):
         acc = rng.standard_normal((b, h, nq_pad, d)).astype(np.float32)
+        acc[:, :, n_q:] = np.nan
         name = f"attention_bwd_tc_dq_reduce_d96{_sfx(kind)}"
 
         def run(backend: str, acc=acc, kind=kind, name=name) -> dict[str, Any]:
