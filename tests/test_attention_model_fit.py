@@ -72,29 +72,41 @@ def test_measured_points_are_ours_only(tmp_path):
         am.measured_points(tmp_path / "missing.json")
 
 
-# Fitted points the constants leave beyond 15% (docs/attention_sm90.md says why): the mma.sync FlashAttention-2
-# forward core at d128 (+15.5..+20.4%: one rho for every mma.sync kernel). Every pykern (sm_90a path) shape is within 15%.
-BEYOND_15 = {("pykern_mma_sync", "fwd", 128, c, n) for c in (False, True) for n in (1024, 4096, 16384)}
-
-
 def test_every_fitted_shape_within_15_percent(sass):
+    """Every fitted row within 15%: the sm_90a path's 36, and the mma.sync path's 24 -- among them the FlashAttention-2
+    forward core at d64 / d128, once +15.5..+20.4% at d128 when rho_mma_sync also charged the tensor pipe's time
+    that the core's shared-memory stream hides."""
     rows = am.compare(am.measured_points(), am.FITTED, sass)
     errs = {(r["entry"], r["phase"], r["shape"]["head_dim"], r["shape"]["causal"], r["shape"]["seq"]): r["err_after"]
             for r in rows if r["fitted"]}
     assert len(errs) == 60
-    bad = {k: round(100 * e, 1) for k, e in errs.items() if abs(e) > 0.15 and k not in BEYOND_15}
+    bad = {k: round(100 * e, 1) for k, e in errs.items() if abs(e) > 0.15}
     assert not bad
-    assert all(abs(errs[k]) <= 0.215 for k in BEYOND_15)  # the named ones, no worse than the docs say
+    # the mma.sync forward: 18 rows, the d64 / d128 core bound by its shared-memory reads
+    fwd = {k: e for k, e in errs.items() if k[:2] == ("pykern_mma_sync", "fwd")}
+    assert len(fwd) == 18 and max(abs(e) for e in fwd.values()) <= 0.15
+    assert all(r["binding"] == "smem (fwd)" for r in rows if r["entry"] == "pykern_mma_sync" and r["phase"] == "fwd"
+               and r["shape"]["head_dim"] in (64, 128))
     for r in rows:
         assert r["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "serial", "softmax+barrier", "cta", "edge",
-                                           "hbm", "call")
+                                           "hbm", "call", "l2")
         # the calibrated model adds time to the bound; it is never faster
         assert r["after_s"] > r["before_s"]
-    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 29-44% the docs state
+    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 35-47% the docs state
     out = [r["err_after"] for r in rows if not r["fitted"]]
-    assert len(out) == 12 and all(-0.44 < e < -0.28 for e in out)
+    assert len(out) == 12 and all(-0.47 < e < -0.35 for e in out)
     # before: the bound was 1.4-2.9x optimistic on the sm_90a forward
     assert max(r["err_before"] for r in rows if r["entry"] == "pykern" and r["phase"] == "fwd") < -0.3
+
+
+def test_shared_memory_and_tensor_hide_each_other_in_an_mma_sync_cta():
+    """rho_mma_sync scales the terms that do not run beside the binding one: a shared-memory-bound CTA adds rho x
+    (issue + mufu), its tensor time hidden under the LDSM stream (and the other way round); an issue-bound one adds
+    rho x everything else."""
+    t = {"issue": 3.0, "smem": 10.0, "tensor": 7.0, "mufu": 2.0}
+    assert am._unhidden(t, "smem") == 5.0
+    assert am._unhidden({**t, "tensor": 12.0}, "tensor") == 5.0
+    assert am._unhidden({**t, "issue": 20.0}, "issue") == 19.0
 
 
 def test_code_constants_are_what_the_fit_returns(sass):
