@@ -161,7 +161,7 @@ def test_the_current_fused_backward_sends_dq_by_bulk_reduce_into_l2():
     assert "_tc_fused" in mma.kernel and mma.l2_red_pair == 0
 
 
-def test_bulk_dq_rows_are_labelled_a_modelled_bound(sass):
+def test_bulk_dq_rows_are_labelled_a_modelled_bound(sass, monkeypatch, capsys):
     """--attention-model --bulk-dq: the current build's backward before (REDs to HBM) and after (bulk into L2); at the
     table's shapes the fused launch's HBM term falls, the l2 term is named, and shared memory binds both."""
     try:
@@ -173,3 +173,11 @@ def test_bulk_dq_rows_are_labelled_a_modelled_bound(sass):
     assert r["hbm_after_s"] < r["hbm_before_s"] and r["l2_s"] > 0 and r["after_s"] <= r["before_s"]
     text = am.format_bulk_dq(rows)
     assert text.startswith("Modelled bound (not a measurement)")
+    # the command that prints it (docs/attention_sm90.md quotes its output)
+    from pykern.bench import cli
+
+    monkeypatch.setattr(am, "bulk_dq_rows", lambda: rows)
+    assert cli.main(["--attention-model", "--bulk-dq"]) == cli.EXIT_OK
+    assert capsys.readouterr().out.strip() == text
+    assert cli.main(["--attention-model", "--bulk-dq", "--json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["model"] == "attention-bulk-dq"

@@ -1310,8 +1310,8 @@ def _tiles_per_step(lau: Launch) -> int:
 # the tensor pipe (HMMA). Each LDSM.x4 feeds the next two HMMAs of its warp, so while the larger of the two streams
 # runs, the smaller runs beside it (the FlashAttention-2 forward core on the 2026-11-27 H200, Nsight Compute, d128
 # causal 16k: HMMA pipe 51% and L1 71% of the active cycles, both what the model counts to within 1% and 8%). What
-# does not run beside the binding stream is the issue of the other instructions and the softmax's MUFU work, during
-# which a warp issues no LDSM and no HMMA (two warps a scheduler at one CTA an SM leave nothing to fill the gap).
+# does not run beside the binding stream: the issue slots of the other instructions and the softmax's MUFU work,
+# during which a warp issues no LDSM and no HMMA (two warps a scheduler at one CTA an SM leave nothing to fill it).
 _HIDDEN_BY = {"smem": "tensor", "tensor": "smem"}
 
 
@@ -1585,7 +1585,8 @@ def bulk_dq_rows(sass: SassSource | SassSnapshot | None = None, cal: Calibration
             for lau in sm90_launches("bwd", s, list(sass.kernels()), build="current", hw=hw, dq_bulk=bulk)[0]:
                 if "_sm90_fused" in lau.kernel:
                     bt = kernel_bound(lau, sass.inputs(lau.kernel, lau.arch), hw)["terms_s"]
-                    terms.update({f"hbm_{'after' if bulk else 'before'}": bt["hbm"], "l2": bt.get("l2", terms.get("l2", 0.0))})
+                    terms[f"hbm_{'after' if bulk else 'before'}"] = bt["hbm"]
+                    terms["l2"] = bt.get("l2", terms.get("l2", 0.0))
         fl = useful_flops(s, "bwd")
         out.append({"shape": asdict(s), "before_s": b["time_s"], "after_s": a["time_s"], "binding_before": b["binding"],
                     "binding_after": a["binding"], "tflops_before": fl / b["time_s"] / 1e12,
@@ -1595,11 +1596,11 @@ def bulk_dq_rows(sass: SassSource | SassSnapshot | None = None, cal: Calibration
 
 
 def format_bulk_dq(rows: Sequence[dict[str, Any]]) -> str:
-    lines = ["Modelled bound (not a measurement): the current build's sm_90a backward (the fused kernel) on an H200 under the",
-             "calibrated model (the measured build's constants), dQ's partials charged as per-float REDs to HBM (before)",
-             "and as the bulk reduce-adds the kernel issues (after: into L2, the accumulator's lines read and written back",
-             "once). The fused launch's bound terms: hbm before -> after (its HBM bytes), l2 (the bulk adds at the L2",
-             "bandwidth: their binding term, off the consumers' path).",
+    lines = ["Modelled bound (not a measurement): the current build's sm_90a backward (the fused kernel) on an H200",
+             "under the calibrated model (the measured build's constants), dQ's partials charged as per-float REDs to",
+             "HBM (before) and as the bulk reduce-adds the kernel issues (after: into L2, the accumulator's lines read",
+             "and written back once). The fused launch's bound terms: hbm before -> after (its HBM bytes), l2 (the bulk",
+             "adds at the L2 bandwidth: their binding term, off the consumers' path).",
              f"{'d':>4s} {'causal':>6s} {'seq':>6s} {'before us':>9s} {'TFLOP/s':>7s} {'after us':>9s} {'TFLOP/s':>7s} "
              f"{'change':>7s} {'hbm us':>15s} {'l2 us':>6s}  binding before -> after"]
     for r in rows:
