@@ -606,8 +606,13 @@ def test_sm90_fused_backward_at_d256_is_the_split_kernel_with_dq():
             # the dS buffers and the one dQ tile (32 queries x 256 fp32, the bulk reduce-adds' source)
             assert lau.matmuls == 5 and lau.smem == kv.smem + 2 * 64 * 32 * 2 + 32 * 256 * 4 == \
                 h.bwd_fused_shared_bytes(256)
-            # dQ's fp32 adds: 32 x 256 floats a (query tile, key tile) pair, 8 x 4 such pairs
-            assert lau.hbm_bytes - kv.hbm_bytes == 256 * 256 * 4 * 4
+            # dQ's fp32 partials: 32 x 256 floats a (query tile, key tile) pair, 8 x 4 such pairs, sent by bulk
+            # reduce-add into L2, where the 256 x 256 fp32 accumulator stays: its lines read once and written back
+            # once; charged as per-float REDs (dq_bulk=False), every add's bytes
+            assert lau.hbm_bytes - kv.hbm_bytes == 2 * 256 * 256 * 4 and lau.l2_red_pair == 256 * 4 / 64
+            (red,), _ = am.sm90_launches("bwd", s, pair + fused, softcap=softcap, varlen=varlen, dq_mode=mode,
+                                         dq_bulk=False)
+            assert red.hbm_bytes - kv.hbm_bytes == 256 * 256 * 4 * 4 and red.l2_red_pair == 0
     assert [n for n, _ in am.memory_kernels("bwd", s, "wgmma", sm90_fused=True)] == [
         "attention_bwd_tc_prep_bf16", "attention_bwd_tc_dq_reduce_d128_bf16"]
 

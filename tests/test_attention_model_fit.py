@@ -72,32 +72,112 @@ def test_measured_points_are_ours_only(tmp_path):
         am.measured_points(tmp_path / "missing.json")
 
 
-# Fitted points the constants leave beyond 15% (docs/attention_sm90.md says why): the mma.sync FlashAttention-2
-# forward core at d128 (+15.5..+20.4%: one rho for every mma.sync kernel). Every pykern (sm_90a path) shape is within 15%.
-BEYOND_15 = {("pykern_mma_sync", "fwd", 128, c, n) for c in (False, True) for n in (1024, 4096, 16384)}
-
-
 def test_every_fitted_shape_within_15_percent(sass):
+    """Every fitted row within 15%: the sm_90a path's 36, and the mma.sync path's 24 -- among them the FlashAttention-2
+    forward core at d64 / d128, once +15.5..+20.4% at d128 when rho_mma_sync also charged the tensor pipe's time
+    that the core's shared-memory stream hides."""
     rows = am.compare(am.measured_points(), am.FITTED, sass)
     errs = {(r["entry"], r["phase"], r["shape"]["head_dim"], r["shape"]["causal"], r["shape"]["seq"]): r["err_after"]
             for r in rows if r["fitted"]}
     assert len(errs) == 60
-    bad = {k: round(100 * e, 1) for k, e in errs.items() if abs(e) > 0.15 and k not in BEYOND_15}
+    bad = {k: round(100 * e, 1) for k, e in errs.items() if abs(e) > 0.15}
     assert not bad
-    assert all(abs(errs[k]) <= 0.215 for k in BEYOND_15)  # the named ones, no worse than the docs say
+    # the mma.sync forward: 18 rows, the d64 / d128 core bound by its shared-memory reads
+    fwd = {k: e for k, e in errs.items() if k[:2] == ("pykern_mma_sync", "fwd")}
+    assert len(fwd) == 18 and max(abs(e) for e in fwd.values()) <= 0.15
+    assert all(r["binding"] == "smem (fwd)" for r in rows if r["entry"] == "pykern_mma_sync" and r["phase"] == "fwd"
+               and r["shape"]["head_dim"] in (64, 128))
     for r in rows:
         assert r["binding"].split()[0] in ("issue", "smem", "tensor", "mufu", "serial", "softmax+barrier", "cta", "edge",
-                                           "hbm", "call")
+                                           "hbm", "call", "l2")
         # the calibrated model adds time to the bound; it is never faster
         assert r["after_s"] > r["before_s"]
-    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 29-44% the docs state
+    # the unfitted fused mma.sync backward: the model stays optimistic there, by the 35-47% the docs state
     out = [r["err_after"] for r in rows if not r["fitted"]]
-    assert len(out) == 12 and all(-0.44 < e < -0.28 for e in out)
+    assert len(out) == 12 and all(-0.47 < e < -0.35 for e in out)
     # before: the bound was 1.4-2.9x optimistic on the sm_90a forward
     assert max(r["err_before"] for r in rows if r["entry"] == "pykern" and r["phase"] == "fwd") < -0.3
+
+
+def test_shared_memory_and_tensor_hide_each_other_in_an_mma_sync_cta():
+    """rho_mma_sync scales the terms that do not run beside the binding one: a shared-memory-bound CTA adds rho x
+    (issue + mufu), its tensor time hidden under the LDSM stream (and the other way round); an issue-bound one adds
+    rho x everything else."""
+    t = {"issue": 3.0, "smem": 10.0, "tensor": 7.0, "mufu": 2.0}
+    assert am._unhidden(t, "smem") == 5.0
+    assert am._unhidden({**t, "tensor": 12.0}, "tensor") == 5.0
+    assert am._unhidden({**t, "issue": 20.0}, "issue") == 19.0
 
 
 def test_code_constants_are_what_the_fit_returns(sass):
     got = am.fit(am.MEASURED, sass)
     for k, v in am.FITTED.to_dict().items():
         assert getattr(got, k) == pytest.approx(v, rel=2e-3), k
+
+
+def _bwd_names(d: int) -> list[str]:
+    from pykern.ops import _attention_sm90 as h
+
+    return [h.bwd_kernel_name(p, d, 0.0, "_bf16", False) for p in ("dkdv", "dq")] + [
+        h.bwd_fused_kernel_name(d, det, "_bf16", 0.0, False) for det in (False, True)]
+
+
+def test_the_current_fused_backward_sends_dq_by_bulk_reduce_into_l2():
+    """The current sm_90a fused backward adds each tile pair's dQ partial with one bulk reduce-add (its l2 term: the
+    partials' bytes at the L2 bandwidth); while the accumulator of the CTAs in flight fits L2, its HBM bytes are the
+    accumulator's lines read once and written back once, not an add's 4 bytes a float a key tile. The measured build
+    (no fused sm_90a kernel; the mma.sync fused kernel's per-float REDs) has no such term."""
+    from pykern.ops import _attention_sm90 as h
+
+    for d in (64, 128, 256):
+        s = am.Shape(1, 2, 4096, d, False)
+        (lau,), why = am.sm90_launches("bwd", s, _bwd_names(d), hw=am.H200)
+        (red,), _ = am.sm90_launches("bwd", s, _bwd_names(d), hw=am.H200, dq_bulk=False)
+        keys = h.bwd_dkdv_rows(d)
+        assert why == "" and "_sm90_fused" in lau.kernel and lau.l2_red_pair == d * 4 / keys
+        assert red.l2_red_pair == 0
+        ws = 2 * 4096 * d * 4  # both heads' fp32 accumulator
+        n_kt = 4096 // keys
+        assert red.hbm_bytes - lau.hbm_bytes == n_kt * ws - 2 * ws
+        assert lau.hbm_bytes == red.hbm_bytes - sum(red.ctas) // keys * d * 4 * red.groups + 2 * ws
+        k = am.KernelInputs(lau.kernel, "sm_90a", am.LoopInputs("flat", 300, 160.0, 0, 26624.0, 300, wgmma=True),
+                            168, 0)
+        terms = am.kernel_bound(lau, k, am.H200)["terms_s"]
+        # the l2 term: every partial's bytes over the L2's bytes a clock (one CTA an SM, 32 key tiles over 132 SMs)
+        assert terms["l2"] == pytest.approx(max(lau.ctas) * d * 4 / keys * 132 / am.H200.l2_bytes_clk
+                                            / am.H200.clock_hz)
+        assert "l2" not in am.kernel_bound(red, k, am.H200)["terms_s"]
+    # an accumulator the CTAs in flight cannot keep in L2 (one head of 128k queries at d128: 64 MiB > 60 MiB): every
+    # add's bytes again, the bulk's l2 term kept
+    big = am.Shape(1, 1, 131072, 128, False)
+    (lau,), _ = am.sm90_launches("bwd", big, _bwd_names(128), hw=am.H200)
+    (red,), _ = am.sm90_launches("bwd", big, _bwd_names(128), hw=am.H200, dq_bulk=False)
+    assert lau.hbm_bytes == red.hbm_bytes and lau.l2_red_pair > 0
+    # the measured build: no fused sm_90a kernel, no bulk term; the mma.sync fused kernel keeps its REDs in HBM bytes
+    s = am.Shape(1, 2, 4096, 128, False)
+    old, _ = am.sm90_launches("bwd", s, _bwd_names(128), build="2026-11-27", hw=am.H200)
+    assert [x.kernel for x in old] == _bwd_names(128)[:2] and all(x.l2_red_pair == 0 for x in old)
+    (mma,) = am.launches("bwd", s)
+    assert "_tc_fused" in mma.kernel and mma.l2_red_pair == 0
+
+
+def test_bulk_dq_rows_are_labelled_a_modelled_bound(sass, monkeypatch, capsys):
+    """--attention-model --bulk-dq: the current build's backward before (REDs to HBM) and after (bulk into L2); at the
+    table's shapes the fused launch's HBM term falls, the l2 term is named, and shared memory binds both."""
+    try:
+        cur = am.sass_for("current")
+        rows = am.bulk_dq_rows(cur, shapes=[am.Shape(4, 16, 4096, 128, False)])
+    except Exception as e:  # no cuobjdump / NVRTC here
+        pytest.skip(f"SASS unavailable: {type(e).__name__}: {e}")
+    (r,) = rows
+    assert r["hbm_after_s"] < r["hbm_before_s"] and r["l2_s"] > 0 and r["after_s"] <= r["before_s"]
+    text = am.format_bulk_dq(rows)
+    assert text.startswith("Modelled bound (not a measurement)")
+    # the command that prints it (docs/attention_sm90.md quotes its output)
+    from pykern.bench import cli
+
+    monkeypatch.setattr(am, "bulk_dq_rows", lambda: rows)
+    assert cli.main(["--attention-model", "--bulk-dq"]) == cli.EXIT_OK
+    assert capsys.readouterr().out.strip() == text
+    assert cli.main(["--attention-model", "--bulk-dq", "--json"]) == cli.EXIT_OK
+    assert json.loads(capsys.readouterr().out)["model"] == "attention-bulk-dq"

@@ -36,10 +36,15 @@ scheduled over the GPU:
   the 32-CTA and 64-warp limits; co-resident CTAs share their SM's rates;
 * waves and tail: CTAs dispatched in launch order (the kernels' own block-to-tile order) to the first free of
   SMs x CTAs/SM slots, each CTA's cost the max of its three SM terms; the makespan is the compute time;
-* HBM: the minimum bytes the kernel must move (each input read once, each output written once; the fused
-  backward's dQ also its fp32 RED adds or per-key-tile partials, one per query tile and key tile, the
-  workspace being far larger than L2 at the table's shapes) at the published bandwidth; the backward's small
-  memory-bound kernels (delta pre-pass; the fused backward's prep and dQ reduce) by their bytes alone.
+* HBM: the minimum bytes the kernel must move (each input read once, each output written once; the mma.sync
+  fused backward's dQ also its fp32 RED adds or per-key-tile partials, one per query tile and key tile, the
+  workspace being far larger than L2 at the table's shapes; the current sm_90a fused backward's dQ accumulator
+  read once and written back once, while the part its CTAs in flight add into fits L2) at the published
+  bandwidth; the backward's small memory-bound kernels (delta pre-pass; the fused backward's prep and dQ reduce)
+  by their bytes alone;
+* L2 (l2): the current sm_90a fused backward's bulk reduce-adds (cp.reduce.async.bulk .add.f32, one contiguous
+  run of a tile pair's dQ partial, issued by one producer thread, off the consumers' path) at an SM's share of
+  the L2 bandwidth (Hardware.l2_bytes_clk: an assumption, no Hopper figure being published).
 
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
@@ -88,6 +93,11 @@ class Hardware:
     smem_bytes_clk: int = 128  # 32 banks x 4 bytes per clock per SM
     mufu_clk: int = 16  # special-function results (MUFU.EX2 ...) per clock per SM (CUDA guide, cc 8.0 / 9.0)
     fma_clk: int = 128  # fp32 add / multiply / multiply-add results per clock per SM (CUDA guide, cc 8.0 / 9.0)
+    l2_bytes: int = 50 * 2**20  # L2 capacity
+    # L2 bandwidth, bytes per clock for the whole GPU: the A100 whitepaper's 5120 (its L2 read bandwidth, 2.3x
+    # V100's). NVIDIA publishes no Hopper figure, so the A100's stands in on sm_90 too: an assumption, not a
+    # measurement (it binds nothing at the table's shapes)
+    l2_bytes_clk: int = 5120
 
     @property
     def peak(self) -> float:
@@ -105,22 +115,24 @@ def _hw(part: str, arch: str, cc: tuple[int, int], sms: int, **kw: Any) -> Hardw
     return Hardware(part, arch, sms, mhz * 1e6, flop, **kw)
 
 
-# A100 SXM4 80 GB: 108 SMs, 1410 MHz, 312 TFLOP/s dense bf16, 2039 GB/s, 164 KiB shared per SM (A100 whitepaper,
-# datasheet). H100 SXM5: 132 SMs, 1830 MHz tensor boost, 989 TFLOP/s dense bf16, 3.35 TB/s, 228 KiB shared per SM
-# (H100 whitepaper, datasheet). mma.sync reaches about 2/3 of Hopper's dense peak (FlashAttention-3 paper, s.1;
+# A100 SXM4 80 GB: 108 SMs, 1410 MHz, 312 TFLOP/s dense bf16, 2039 GB/s, 164 KiB shared per SM, 40 MB L2 (A100
+# whitepaper, datasheet). H100 SXM5: 132 SMs, 1830 MHz tensor boost, 989 TFLOP/s dense bf16, 3.35 TB/s, 228 KiB shared
+# per SM, 50 MB L2 (H100 whitepaper, datasheet). mma.sync reaches about 2/3 of Hopper's dense peak (FlashAttention-3 paper, s.1;
 # only wgmma issues at the full rate); on Ampere mma.sync is the tensor-core instruction and reaches the full rate.
 HARDWARE: dict[str, Hardware] = {
     "sm_80": _hw("A100 SXM4 80GB", "sm_80", (8, 0), 108, mma_sync_fraction=1.0, hbm_bytes_s=2.039e12,
-                 smem_per_sm=164 * 1024),
+                 smem_per_sm=164 * 1024, l2_bytes=40 * 2**20),
     "sm_90": _hw("H100 SXM5", "sm_90", (9, 0), 132, mma_sync_fraction=2.0 / 3.0, hbm_bytes_s=3.35e12,
-                 smem_per_sm=228 * 1024),
+                 smem_per_sm=228 * 1024, l2_bytes=50 * 2**20),
 }
 
 
 # The part our measurements ran on (docs/measured/2026-11-27-h200): H200 SXM, the H100's SMs, clocks and dense
-# peak (989 TFLOP/s bf16) with HBM3e at 4.8 TB/s (datasheet). The calibrated model is fitted on it.
+# peak (989 TFLOP/s bf16) with HBM3e at 4.8 TB/s (datasheet). Its L2: 62914560 bytes (60 MiB), what the CUDA
+# device attribute reported on our H200 (docs/measured/2026-11-27-h200/ceilings.json, l2_bytes; the H200 datasheet
+# states none). The calibrated model is fitted on it.
 H200 = Hardware("H200 SXM", "sm_90", 132, HARDWARE["sm_90"].clock_hz, HARDWARE["sm_90"].tensor_flop_clk,
-                mma_sync_fraction=2.0 / 3.0, hbm_bytes_s=4.8e12, smem_per_sm=228 * 1024)
+                mma_sync_fraction=2.0 / 3.0, hbm_bytes_s=4.8e12, smem_per_sm=228 * 1024, l2_bytes=62914560)
 
 
 def hardware(arch: str) -> Hardware:
@@ -399,6 +411,9 @@ class Launch:
     # the kernel's order (each of ctas in turn for every group: longest first) by SMs x CTAs/SM CTAs, a round at a
     # time in snake order (strided_span), no block-scheduler wave between them
     persistent: bool = False
+    # bytes a (query, key) pair sends to L2 by bulk reduce-add (cp.reduce.async.bulk .add.f32: the current sm_90a
+    # fused backward's dQ partials, issued by one producer thread off the consumers' path): the "l2" term
+    l2_red_pair: float = 0.0
 
     def schedule(self, costs: Sequence[float], slots: int) -> float:
         """The time the launch's last CTA ends, costs being one group's CTAs (or work tiles) in order."""
@@ -658,7 +673,8 @@ SEM_LINK_CLK = 1500
 
 
 def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = False, varlen: bool = False,
-                  build: str = "current", dq_mode: str = "atomic") -> tuple[list[Launch], str]:
+                  build: str = "current", dq_mode: str = "atomic", hw: Hardware | None = None,
+                  dq_bulk: bool = True) -> tuple[list[Launch], str]:
     """The sm_90a (wgmma) launches of `phase` at shape s when their kernels exist, geometry from
     pykern.ops._attention_sm90 (a producer warpgroup and two MMA warpgroups a CTA); else ([], why).
     softcap / varlen: the backward's _softcap / _varlen kernels (the same geometry; a varlen shape is `batch`
@@ -668,7 +684,12 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     varlen ones). The current backward (dense or varlen, with or without softcap) at head_dim 64 / 96 / 128 / 256
     is the fused kernel when `kernels` has it (dq_mode "atomic" or "deterministic": _det, its
     semaphore chain's fill where the right side is unbounded, `SEM_LINK_CLK` a link; with a bounded right side
-    (causal) the adds go in descending key-tile order, which the CTAs' walks already follow: no wait modelled)."""
+    (causal) the adds go in descending key-tile order, which the CTAs' walks already follow: no wait modelled).
+    The fused kernel's dQ partials leave by bulk reduce-add (`l2_red_pair`: the "l2" term); their HBM bytes are the
+    accumulator's lines read once and written back once when the accumulator runs the CTAs in flight add into fit
+    `hw`'s L2 (default: the H100's, the smaller), else every add's (as the REDs were charged). dq_bulk=False charges
+    them as per-float REDs to HBM (what the model counted before the kernel sent them in bulk: the "before" of
+    format_bulk_dq)."""
     from ..ops import _attention_sm90 as h
     from ..ops import attention as fw
 
@@ -713,14 +734,26 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
         c, rows = h.bwd_dkdv_step(D), h.bwd_dkdv_rows(D)
         ctas = _key_tiles(s.seq, s.seq, s.causal, rows, c, s.heads // s.kvh)
         groups = s.batch * s.kvh
-        dq_bytes = sum(ctas) // rows * D * 4 * groups  # RED.ADD of a C x D fp32 block per tile pair
+        dq_bytes = sum(ctas) // rows * D * 4 * groups  # a C x D fp32 partial per tile pair, added into dQ's accumulator
+        red_pair, dq_hbm = 0.0, dq_bytes
+        if dq_bulk:
+            # one bulk reduce-add of the partial's contiguous run(s) a tile pair, into L2 (where the reduction
+            # happens). The accumulator runs of the (batch, kv head) groups the CTAs in flight walk (one CTA an SM at
+            # these shared-memory sizes): while they fit L2, a line comes in from HBM once (the prep's zeros) and is
+            # written back once, however many key tiles add into it
+            hw = hw or HARDWARE["sm_90"]
+            ws_group = (s.heads // s.kvh) * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * D * 4
+            per_sm = max(1, hw.smem_per_sm // (h.bwd_fused_shared_bytes(D) + hw.smem_reserved_cta))
+            live = min(groups, -(-hw.sms * per_sm // len(ctas)) + 1) * ws_group
+            red_pair = D * 4 / rows
+            dq_hbm = 2 * groups * ws_group if live <= hw.l2_bytes else dq_bytes
         chain = SEM_LINK_CLK * (len(ctas) - 1) if det and not s.causal else 0.0
         # dQ^T in m64 tiles of the head dim: at d96 two tiles (rows 0.. and 32..), 128 rows executed for 96
         dq_rows = -(-D // 64) * 64
         return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(D),
                        tuple(ctas[::-1] if det and s.causal else ctas), groups, D, 5,
-                       reads + b["k"] + b["v"] + dq_bytes, (c, rows), mma_warps=mma_warps,
-                       chain_clk=chain, dims=4 * D + dq_rows if dq_rows != D else 0)], ""
+                       reads + b["k"] + b["v"] + dq_hbm, (c, rows), mma_warps=mma_warps,
+                       chain_clk=chain, dims=4 * D + dq_rows if dq_rows != D else 0, l2_red_pair=red_pair)], ""
     dq_step = h.bwd_dq_step(D)
     dq = Launch(names[1], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_shared_bytes(D, dq_step),
                 tuple(_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, dq_step, False)), s.batch * s.heads, D, 3,
@@ -857,6 +890,8 @@ def kernel_bound(lau: Launch, k: KernelInputs, hw: Hardware) -> dict[str, Any]:
         "mufu": lambda m: m * loop.mufu / loop.mma * 32 / hw.mufu_clk,
         "fma": lambda m: m * loop.fma / loop.mma * 32 / hw.fma_clk,
     }
+    if lau.l2_red_pair:  # the bulk reduce-adds: an SM's share of the L2 bandwidth
+        terms_clk["l2"] = lambda m: m / per_pair_mma * lau.l2_red_pair * hw.sms / hw.l2_bytes_clk
     # the slot time of each CTA of one group, per term; the grid repeats the group `groups` times
     group_mma = [p * per_pair_mma for p in lau.ctas]
     per_term = {name: [resident * f(m) for m in group_mma] for name, f in terms_clk.items()}
@@ -1030,7 +1065,7 @@ def predict(arch: str, phase: str, shape: Shape, sass: SassSource | None = None,
     if variant == "wgmma":
         if hw.arch != "sm_90":
             raise ArgumentError(f"variant: wgmma kernels are sm_90a kernels, not for {arch}")
-        lts, why = sm90_launches(phase, shape, list(sass.kernels()), softcap, varlen, dq_mode=dq_mode)
+        lts, why = sm90_launches(phase, shape, list(sass.kernels()), softcap, varlen, dq_mode=dq_mode, hw=hw)
         if not lts:
             raise ArgumentError(f"variant: wgmma: {why}")
     elif variant == "mma.sync":
@@ -1174,8 +1209,9 @@ def format_table(doc: dict[str, Any]) -> str:
                      f"{i['mufu'] / i['mma']:8.3f} {i.get('fma', 0) / i['mma']:7.3f} {i['straight']:8d} "
                      f"{i['regs']:4d} {i['smem']:7d} {i['ctas_per_sm']:7d} {i['occupancy_limiter']:>13s}")
     lines += ["", "Modelled bound, TFLOP/s of useful FLOP (FlashAttention's count), batch = 16384 / seq, "
-              "hidden 2048. bwd: dQ by fp32 atomics (its RED bytes in the HBM term); bwd det: the deterministic",
-              "dQ (per-key-tile partials written and read back). Binding: the largest term of the longest launch.",
+              "hidden 2048. bwd: dQ by fp32 atomics (mma.sync: its RED bytes in the HBM term; the sm_90a fused kernel:",
+              "bulk reduce-adds into L2, the l2 term); bwd det: the deterministic dQ (mma.sync: per-key-tile partials",
+              "written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
               "d96 and d256: both kernels on wgmma. d 192/128: head_dim / head_dim_v",
               "(sm_90a: that shape's kernels; mma.sync: the d256 kernels, the backward on v / dO padded to 192, the",
@@ -1214,7 +1250,8 @@ def format_table(doc: dict[str, Any]) -> str:
 #   set-up, the first TMA round trip before the first GEMM, the last PV's drain (weighs most where a CTA walks few
 #   tiles: causal 1k).
 # * rho_mma_sync: mma.sync kernels, the share of the non-binding terms (issue, shared memory, tensor, mufu) that
-#   does not overlap the binding one (0: perfect overlap, the bound; 1: every term in series).
+#   does not overlap the binding one (0: perfect overlap, the bound; 1: every term in series); shared memory and
+#   tensor hide each other (_HIDDEN_BY), so a shared-memory-bound CTA adds rho x (issue + mufu), not its tensor time.
 # * edge_bytes_clk: bytes per SM clock at which a CTA's prologue and epilogue tiles move (Q in / O out in the
 #   forward, K, V in / dK, dV out in the dK/dV kernels, Q, dO in / dQ out in the dQ kernels), not overlapped with
 #   its own loop (one CTA an SM on sm_90a, so nothing else hides them).
@@ -1239,8 +1276,8 @@ class Calibration:
 
 # What `fit(MEASURED)` returns on the measured build's SASS snapshot (python -m pykern.bench --attention-model --fit
 # docs/measured/2026-11-27-h200/attention.json); tests/test_attention_model_fit.py checks that it still does.
-FITTED = Calibration(sigma_tile_clk=1335.7, rho_mma_sync=0.43555, edge_bytes_clk=11.243, call_us=0.0,
-                     fwd_tile_clk=1580.0, fwd_cta_clk=2365.5)
+FITTED = Calibration(sigma_tile_clk=1306.2, rho_mma_sync=0.63265, edge_bytes_clk=9.7514, call_us=0.0,
+                     fwd_tile_clk=1580.0, fwd_cta_clk=1919.6)
 MEASURED = Path(__file__).resolve().parents[2] / "docs" / "measured" / "2026-11-27-h200" / "attention.json"
 
 
@@ -1269,12 +1306,27 @@ def _tiles_per_step(lau: Launch) -> int:
     return 1
 
 
+# The two pipes that hide each other in an mma.sync loop: the shared-memory reads (LDSM, through the MIO pipe) and
+# the tensor pipe (HMMA). Each LDSM.x4 feeds the next two HMMAs of its warp, so while the larger of the two streams
+# runs, the smaller runs beside it (the FlashAttention-2 forward core on the 2026-11-27 H200, Nsight Compute, d128
+# causal 16k: HMMA pipe 51% and L1 71% of the active cycles, both what the model counts to within 1% and 8%). What
+# does not run beside the binding stream: the issue slots of the other instructions and the softmax's MUFU work,
+# during which a warp issues no LDSM and no HMMA (two warps a scheduler at one CTA an SM leave nothing to fill it).
+_HIDDEN_BY = {"smem": "tensor", "tensor": "smem"}
+
+
+def _unhidden(t: dict[str, float], top: str) -> float:
+    """The non-binding terms of an mma.sync CTA that rho_mma_sync scales: every term but the binding one and the
+    one its pipe hides (_HIDDEN_BY: shared memory and tensor hide each other)."""
+    return sum(v for n, v in t.items() if n != top and n != _HIDDEN_BY.get(top))
+
+
 def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibration,
                       build: str = MEASURED_BUILD) -> dict[str, Any]:
     """One launch under the calibrated model: per CTA, its slot time is resident x (the binding SM term, plus
-    on mma.sync rho x the other terms) plus the serialization (wgmma: sigma x its tiles) plus its prologue /
-    epilogue bytes at edge_bytes_clk; CTAs scheduled as in kernel_bound; never below the HBM time. Returns the
-    time and the largest term (summed over the grid) that decides it."""
+    on mma.sync rho x the other terms but the one its pipe hides: _unhidden) plus the serialization (wgmma: sigma
+    x its tiles) plus its prologue / epilogue bytes at edge_bytes_clk; CTAs scheduled as in kernel_bound; never
+    below the HBM time. Returns the time and the largest term (summed over the grid) that decides it."""
     loop = k.loop
     warps, occ, frac, per_mma, smem_per_mma, per_pair_mma, _trips, n_ctas, resident = _launch_rates(lau, k, hw)
     step_pairs = lau.step[0] * lau.step[1]
@@ -1284,11 +1336,13 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
     pp = fwd90 and ping_pong(lau.head_dim, build)
     costs = []
     parts = {"issue": 0.0, "smem": 0.0, "tensor": 0.0, "mufu": 0.0, "serial": 0.0, "softmax+barrier": 0.0, "cta": 0.0,
-             "edge": 0.0}
+             "edge": 0.0, "l2": 0.0}
     for p in lau.ctas:
         m = p * per_pair_mma
         t = {"issue": (m * per_mma + warps * loop.straight) / hw.issue_clk, "smem": m * smem_per_mma / hw.smem_bytes_clk,
              "tensor": m * MMA_FLOP / (hw.tensor_flop_clk * frac), "mufu": m * loop.mufu / loop.mma * 32 / hw.mufu_clk}
+        if lau.l2_red_pair:  # the bulk dQ reduce-adds: one more SM term (its own path to L2, no consumer issue slot)
+            t["l2"] = p * lau.l2_red_pair * hw.sms / hw.l2_bytes_clk
         tiles = tps * p / step_pairs  # key tiles the CTA walks
         if fwd90:
             # the sm_90a forward. Measured build (no ping-pong): the tensor pipe, then per key tile the softmax and
@@ -1308,7 +1362,7 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
             continue
         top = max(t, key=lambda n: t[n])
         serial = cal.sigma_tile_clk * tiles if loop.wgmma else \
-            resident * cal.rho_mma_sync * (sum(t.values()) - t[top])
+            resident * cal.rho_mma_sync * _unhidden(t, top)
         costs.append(resident * t[top] + serial + edge)
         parts[top] += resident * t[top]
         parts["serial"] += serial
@@ -1321,7 +1375,8 @@ def calibrated_launch(lau: Launch, k: KernelInputs, hw: Hardware, cal: Calibrati
 
 
 def calibrated(phase: str, shape: Shape, variant: str, sass: SassSource | SassSnapshot | None = None,
-               cal: Calibration = FITTED, hw: Hardware = H200, build: str = MEASURED_BUILD) -> dict[str, Any]:
+               cal: Calibration = FITTED, hw: Hardware = H200, build: str = MEASURED_BUILD,
+               dq_bulk: bool = True) -> dict[str, Any]:
     """The calibrated model of the op `phase` at `shape` on `hw`: variant "wgmma" (the sm_90a kernels; the d256
     backward, which has none, runs the mma.sync kernels as the op does) or "mma.sync". Returns time_s, the
     bound's time_s ("bound_s", the uncalibrated model on the same part), and the binding term: the largest
@@ -1332,7 +1387,7 @@ def calibrated(phase: str, shape: Shape, variant: str, sass: SassSource | SassSn
     sass = sass or sass_for(build)
     lts: list[Launch] = []
     if variant == "wgmma":
-        lts, _why = sm90_launches(phase, shape, list(sass.kernels()), build=build)
+        lts, _why = sm90_launches(phase, shape, list(sass.kernels()), build=build, hw=hw, dq_bulk=dq_bulk)
     if not lts:
         variant = "mma.sync"
         lts = launches(phase, shape)
@@ -1510,7 +1565,55 @@ def format_compare(rows: Sequence[dict[str, Any]], cal: Calibration) -> str:
     return "\n".join(lines)
 
 
-__all__ = ["FITTED", "H200", "MEASURED", "MEASURED_SASS", "SassSnapshot", "sass_for", "Calibration", "calibrated", "compare", "fit", "measured_points", "format_compare", "HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
+# head_dims of format_bulk_dq: the current sm_90a fused backward's
+BULK_DQ_HEAD_DIMS = (64, 128, 256)
+
+
+def bulk_dq_rows(sass: SassSource | SassSnapshot | None = None, cal: Calibration = FITTED, hw: Hardware = H200,
+                 shapes: Sequence[Shape] | None = None) -> list[dict[str, Any]]:
+    """The current build's sm_90a backward (the fused kernel) under the calibrated model, its dQ partials charged as
+    per-float REDs to HBM (before: dq_bulk=False) and as the bulk reduce-adds it issues (after), per shape (default:
+    the table's shapes at BULK_DQ_HEAD_DIMS), with the fused launch's bound terms in seconds (l2: the bulk adds at
+    the L2 bandwidth; hbm before / after). A modelled bound: the current build was not measured."""
+    sass = sass or sass_for("current")
+    out = []
+    for s in (shapes if shapes is not None else default_shapes(head_dims=BULK_DQ_HEAD_DIMS)):
+        b = calibrated("bwd", s, "wgmma", sass, cal, hw, build="current", dq_bulk=False)
+        a = calibrated("bwd", s, "wgmma", sass, cal, hw, build="current")
+        terms = {}
+        for bulk in (False, True):
+            for lau in sm90_launches("bwd", s, list(sass.kernels()), build="current", hw=hw, dq_bulk=bulk)[0]:
+                if "_sm90_fused" in lau.kernel:
+                    bt = kernel_bound(lau, sass.inputs(lau.kernel, lau.arch), hw)["terms_s"]
+                    terms[f"hbm_{'after' if bulk else 'before'}"] = bt["hbm"]
+                    terms["l2"] = bt.get("l2", terms.get("l2", 0.0))
+        fl = useful_flops(s, "bwd")
+        out.append({"shape": asdict(s), "before_s": b["time_s"], "after_s": a["time_s"], "binding_before": b["binding"],
+                    "binding_after": a["binding"], "tflops_before": fl / b["time_s"] / 1e12,
+                    "tflops_after": fl / a["time_s"] / 1e12, "l2_s": terms.get("l2", 0.0),
+                    "hbm_before_s": terms.get("hbm_before", 0.0), "hbm_after_s": terms.get("hbm_after", 0.0)})
+    return out
+
+
+def format_bulk_dq(rows: Sequence[dict[str, Any]]) -> str:
+    lines = ["Modelled bound (not a measurement): the current build's sm_90a backward (the fused kernel) on an H200",
+             "under the calibrated model (the measured build's constants), dQ's partials charged as per-float REDs to",
+             "HBM (before) and as the bulk reduce-adds the kernel issues (after: into L2, the accumulator's lines read",
+             "and written back once). The fused launch's bound terms: hbm before -> after (its HBM bytes), l2 (the bulk",
+             "adds at the L2 bandwidth: their binding term, off the consumers' path).",
+             f"{'d':>4s} {'causal':>6s} {'seq':>6s} {'before us':>9s} {'TFLOP/s':>7s} {'after us':>9s} {'TFLOP/s':>7s} "
+             f"{'change':>7s} {'hbm us':>15s} {'l2 us':>6s}  binding before -> after"]
+    for r in rows:
+        s = r["shape"]
+        lines.append(f"{s['head_dim']:4d} {str(s['causal']):>6s} {s['seq']:6d} {r['before_s'] * 1e6:9.0f} "
+                     f"{r['tflops_before']:7.0f} {r['after_s'] * 1e6:9.0f} {r['tflops_after']:7.0f} "
+                     f"{100 * (r['after_s'] / r['before_s'] - 1):+6.1f}% "
+                     f"{r['hbm_before_s'] * 1e6:6.0f} -> {r['hbm_after_s'] * 1e6:5.0f} {r['l2_s'] * 1e6:6.0f}  "
+                     f"{r['binding_before']} -> {r['binding_after']}")
+    return "\n".join(lines)
+
+
+__all__ = ["BULK_DQ_HEAD_DIMS", "bulk_dq_rows", "format_bulk_dq", "FITTED", "H200", "MEASURED", "MEASURED_SASS", "SassSnapshot", "sass_for", "Calibration", "calibrated", "compare", "fit", "measured_points", "format_compare", "HARDWARE", "Hardware", "KernelInputs", "Launch", "LoopInputs", "Occupancy", "Prediction", "SassSource",
            "Shape", "DQ_MODES", "default_shapes", "format_table", "hardware", "kernel_bound", "launches", "loop_inputs",
            "makespan", "memory_kernels", "occupancy", "predict", "sm90_launches", "smem_bytes", "table_rows",
            "useful_flops"]

@@ -90,6 +90,10 @@ def _parser() -> argparse.ArgumentParser:
     p.add_argument("--fit", default=None, metavar="JSON",
                    help="with --attention-model: refit the calibrated model's five constants to the pykern rows of "
                         "this attention.json (never a peer's) and print them with the comparison")
+    p.add_argument("--bulk-dq", action="store_true",
+                   help="with --attention-model: the current sm_90a fused backward under the calibrated model, its "
+                        "dQ partials as per-float REDs (before) and as its bulk reduce-adds into L2 (after); a "
+                        "modelled bound")
     return p
 
 
@@ -190,6 +194,18 @@ def _annotate(rows: list[dict[str, Any]], selected: Sequence[tuple[suite.Case, s
 def _attention_model(args: argparse.Namespace) -> int:
     from . import attention_model as am
 
+    if args.bulk_dq:
+        try:
+            rows = am.bulk_dq_rows()
+        except Exception as e:  # no cuobjdump, no NVRTC: today's SASS cannot be read here
+            print(f"pykern.bench --attention-model: {type(e).__name__}: {e}", file=sys.stderr)
+            return EXIT_FAILED
+        if args.json:
+            print(json.dumps({"version": JSON_VERSION, "tool": "pykern.bench", "model": "attention-bulk-dq",
+                              "rows": rows}, indent=1))
+        else:
+            print(am.format_bulk_dq(rows))
+        return EXIT_OK
     if args.fit is not None or args.compare is not None:
         path = args.fit if args.fit is not None else (args.compare or am.MEASURED)
         try:
