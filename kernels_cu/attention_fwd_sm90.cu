@@ -115,6 +115,9 @@ template <int DQK, int DV, bool SC> struct Fa90Fex { enum { V = 0 }; };
 template <> struct Fa90Fex<64, 64, true> { enum { V = 1 }; };
 
 #define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
+// The FP8 paged kernels that stage the cache's bytes (fa90_gather_rows_staged, d256) take this many more after it
+// (pykern/ops/_attention_sm90.py's paged_shared_bytes).
+#define FA90_PAGED_FP8_STAGE(DQK, DV, BC) ((BC) * ((DQK) + (DV)))
 
 template <typename T> struct Fa90Dt;
 template <> struct Fa90Dt<__nv_bfloat16> { enum { V = PK_WGMMA_BF16 }; };
@@ -464,6 +467,20 @@ __device__ __forceinline__ float fa90_cap_arg(float c) { return c; }
 
 // 16 bytes of the T tile from 16 (KV == T: cp.async, zero-filled past n_k) or 8 (FP8: a plain 8-byte load widened
 // to T exactly; every e4m3 / e5m2 value is a bf16 and an f16 value) bytes of the cache.
+// 4 FP8 values (KV, a word) widened to 4 of T (two words), exactly: every e4m3 / e5m2 value is a bf16 and an f16
+// value.
+template <typename T, typename KV>
+__device__ __forceinline__ void fa90_widen4(unsigned w, unsigned& lo, unsigned& hi) {
+    constexpr bool E4 = Fa90Same<KV, PkE4M3>::V;
+    if constexpr (Fa90Same<T, __half>::V) {
+        if constexpr (E4) pk_cvt_f16x4_e4m3x4(w, lo, hi);
+        else pk_cvt_f16x4_e5m2x4(w, lo, hi);
+    } else {
+        if constexpr (E4) pk_cvt_bf16x4_e4m3x4(w, lo, hi);
+        else pk_cvt_bf16x4_e5m2x4(w, lo, hi);
+    }
+}
+
 template <typename T, typename KV>
 __device__ __forceinline__ void fa90_gather_16(unsigned char* dst_base, unsigned off, const KV* src, bool in) {
     if constexpr (sizeof(KV) == 2) {
@@ -472,14 +489,7 @@ __device__ __forceinline__ void fa90_gather_16(unsigned char* dst_base, unsigned
         uint4 w = make_uint4(0u, 0u, 0u, 0u);
         if (in) {
             const uint2 b8 = *reinterpret_cast<const uint2*>(src);
-            constexpr bool E4 = Fa90Same<KV, PkE4M3>::V;
-            if constexpr (Fa90Same<T, __half>::V) {
-                if constexpr (E4) pk_cvt_f16x4_e4m3x4(b8.x, w.x, w.y), pk_cvt_f16x4_e4m3x4(b8.y, w.z, w.w);
-                else pk_cvt_f16x4_e5m2x4(b8.x, w.x, w.y), pk_cvt_f16x4_e5m2x4(b8.y, w.z, w.w);
-            } else {
-                if constexpr (E4) pk_cvt_bf16x4_e4m3x4(b8.x, w.x, w.y), pk_cvt_bf16x4_e4m3x4(b8.y, w.z, w.w);
-                else pk_cvt_bf16x4_e5m2x4(b8.x, w.x, w.y), pk_cvt_bf16x4_e5m2x4(b8.y, w.z, w.w);
-            }
+            fa90_widen4<T, KV>(b8.x, w.x, w.y), fa90_widen4<T, KV>(b8.y, w.z, w.w);
         }
         *reinterpret_cast<uint4*>(dst_base + off) = w;
     }
@@ -539,6 +549,78 @@ __device__ __forceinline__ void fa90_gather_rows_lean(unsigned char* dk, unsigne
     }
 }
 
+// fa90_gather_rows_staged's copies of K's (HALF 0) or V's (HALF 1) bytes of the tile's rows to the staging buffer.
+template <typename KV, int HALF, int NB, int BC>
+__device__ __forceinline__ void fa90_stage_half(unsigned char* stg, const Fa90Paged& pg, int ib, int kvh, int k0,
+                                                int n_k) {
+    constexpr unsigned ROW = 2 * NB * 64;  // staging bytes a row
+#pragma unroll 1
+    for (int r = (int)(pk_opaque_u32(threadIdx.x) % 128) / 4; r < BC; r += 32) {
+        const int key = k0 + r;
+        const bool in = key < n_k;
+        const unsigned qt = pk_opaque_u32(threadIdx.x) % 4;  // the quarter of a 64-byte box row
+        long long off = 0;
+        if (in) {
+            const int pi = key / pg.page_size;
+            off = (long long)(unsigned)pg.indices[ib + pi] * pg.s_page +
+                  (long long)(unsigned)(key - pi * pg.page_size) * pg.s_tok + (long long)(unsigned)kvh * pg.s_head +
+                  qt * 16;
+        }
+        const KV* src = static_cast<const KV*>(HALF ? pg.vp : pg.kp) + off;
+#pragma unroll
+        for (int nb = 0; nb < NB; nb++)
+            pk_cp_async_16_zfill_at(stg, r * ROW + qt * 16 + (HALF * NB + nb) * 64, src + nb * 64, in);
+    }
+    pk_cp_async_commit();
+}
+
+// fa90_gather_rows_staged's widening of K's (HALF 0) or V's (HALF 1) staged bytes into the tile.
+template <typename T, typename KV, int HALF, int NB, int BC>
+__device__ __forceinline__ void fa90_widen_half(unsigned char* dk, unsigned dv_off, const unsigned char* stg) {
+    constexpr unsigned ROW = 2 * NB * 64;
+    // (row r, box c, half h): staging bytes r ROW + 16 (p % 4) + 64 (HALF NB + c) + 8 h, tile piece 2 (p % 4) + h
+    // of row r (its swizzled offset p0 ^ 16 h: the XOR flips the piece's low bit) in box c of K or V
+#pragma unroll 1
+    for (int r = (int)(pk_opaque_u32(threadIdx.x) % 128) / 4; r < BC; r += 32) {
+        const unsigned qt = pk_opaque_u32(threadIdx.x) % 4;
+        const unsigned so = r * ROW + qt * 16 + HALF * NB * 64;
+        const unsigned p0 = pk_swizzle_offset(r * 128 + qt * 32, PK_SWIZZLE_128B) + (HALF ? dv_off : 0u);
+#pragma unroll 1
+        for (int c = 0; c < NB; c++) {
+#pragma unroll
+            for (int h = 0; h < 2; h++) {
+                const uint2 b = *reinterpret_cast<const uint2*>(stg + so + c * 64 + h * 8);
+                uint4 w;
+                fa90_widen4<T, KV>(b.x, w.x, w.y), fa90_widen4<T, KV>(b.y, w.z, w.w);
+                *reinterpret_cast<uint4*>(dk + c * BC * 128 + (p0 ^ (h * 16))) = w;
+            }
+        }
+    }
+}
+
+// The lean gather of an FP8 cache (Fa90PagedRegs::LEAN). 8-byte loads widened in registers (fa90_gather_16) did
+// not fit the 24 registers (40 to 68 bytes spilled: ptxas held the 8 boxes' loads in flight), so the bytes go first
+// to a staging buffer stg ([BC][NB * 64 K bytes, then NB * 64 V bytes], after the barriers) by 16-byte cp.async
+// (zero-filled past n_k; nothing in flight in registers), K's and V's in two commit groups, so that K's bytes are
+// widened while V's still land: thread p copies the 16-byte quarter p % 4 of every 64-byte box row of rows p / 4,
+// p / 4 + 32, ...; after its own cp.async wait it widens those quarters (no other thread's bytes read, so no
+// barrier), 8 bytes at a time (one 16-byte piece of the T tile: 2 (p % 4) or 2 (p % 4) + 1 of the row, swizzled as
+// fa90_gather_rows_lean's), a box a pass (not unrolled). Read 16 bytes at a time, or with the boxes unrolled, ptxas
+// held them and their 32 widened bytes (f16: 28 to 44 bytes spilled); a word at a time fit but took 25
+// instructions a word. The offsets' parts are unsigned (all non-negative: a page, a token of it, a kv head): their
+// sign extensions took a register each, and the tile loop's counter spilled (8 bytes, f16). Needs the cache's
+// strides in whole 16 bytes (the op checks).
+template <typename T, typename KV, int NB, int BC>
+__device__ __forceinline__ void fa90_gather_rows_staged(unsigned char* dk, unsigned dv_off, unsigned char* stg,
+                                                        const Fa90Paged& pg, int ib, int kvh, int k0, int n_k) {
+    fa90_stage_half<KV, 0, NB, BC>(stg, pg, ib, kvh, k0, n_k);
+    fa90_stage_half<KV, 1, NB, BC>(stg, pg, ib, kvh, k0, n_k);
+    pk_cp_async_wait<1>();  // K's bytes: widened while V's land
+    fa90_widen_half<T, KV, 0, NB, BC>(dk, dv_off, stg);
+    pk_cp_async_wait<0>();
+    fa90_widen_half<T, KV, 1, NB, BC>(dk, dv_off, stg);
+}
+
 // The paged producer warpgroup: one elected thread loads Q by TMA (as the dense producer), then all 128 threads
 // gather each key tile's K and V rows through the page table into the same swizzled [box][BC][128 B] layout a TMA
 // load writes (16-byte pieces: thread p takes column piece p % 8 of rows p / 8, p / 8 + 16, ...; one page lookup a
@@ -571,7 +653,12 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
         pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
         if constexpr (Fa90PagedRegs<DQK>::LEAN) {  // K's and V's boxes of a row from one offset, one base
             static_assert(!VOWN && K_BYTES == V_BYTES, "the lean gather finds slot s's V tile ST K tiles on");
-            fa90_gather_rows_lean<T, KV, NBK, BC>(ks + s * K_BYTES, ST * K_BYTES, pg, pg.indptr[b], kvh, j * BC, n_k);
+            if constexpr (sizeof(KV) == 2)
+                fa90_gather_rows_lean<T, KV, NBK, BC>(ks + s * K_BYTES, ST * K_BYTES, pg, pg.indptr[b], kvh, j * BC,
+                                                      n_k);
+            else  // the staging buffer after the barriers' 1024 bytes (FA90_PAGED_FP8_STAGE bytes)
+                fa90_gather_rows_staged<T, KV, NBK, BC>(ks + s * K_BYTES, ST * K_BYTES, vs + ST * V_BYTES + 1024, pg,
+                                                        pg.indptr[b], kvh, j * BC, n_k);
         } else if constexpr (!VOWN) {  // K's and V's boxes of a row from one offset
             fa90_gather_rows<T, KV, NBK, NBV, BC>(ks + s * K_BYTES, kb, vs + s * V_BYTES, vb, idx, ps, pg.s_page,
                                                   pg.s_tok, j * BC, n_k, tid);
@@ -581,7 +668,7 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
             fa90_gather_rows<T, KV, NBV, 0, BC>(vs + s * V_BYTES, vb, nullptr, nullptr, idx, ps, pg.v_page, pg.v_tok,
                                                 j * BC, n_k, tid);
         }
-        if constexpr (sizeof(KV) == 2) pk_cp_async_wait_all();
+        if constexpr (sizeof(KV) == 2) pk_cp_async_wait_all();  // (the staged FP8 gather waited for its own)
         pk_fence_proxy_async_shared();  // these generic-proxy writes before the consumers' wgmma (async proxy) reads
         pk_mbarrier_arrive(&full[s]);
     }
@@ -1202,5 +1289,7 @@ PK_FP8KV16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS,
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d128_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d256, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d256_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)

@@ -3,14 +3,15 @@
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the paged sm_90a kernel for bf16 / f16
 queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128 and 192 / 128 (V pages of
-128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), and at head_dim 256 over a cache of
-their type (FP8 caches there keep paged_attn), for every page size (1,
+128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), and at head_dim 256 (an FP8
+cache's bytes staged in shared memory by cp.async, then widened), for every page size (1,
 3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
 causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
 paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
 kernels. The result is the same under every host schedule (the producer's gather and the consumers meet only
 through the mbarriers). From the cubin NVRTC makes for sm_90a (no GPU needed): each paged kernel has HGMMA, SYNCS,
-UTMALDG (Q) and LDGSTS (the 16-bit gather; FP8 caches: 8-byte loads and the widening), no spills, and the steady
+UTMALDG (Q) and LDGSTS (the 16-bit gather; FP8 caches: 8-byte loads and the widening, at d256 cp.async to the
+staging buffer, 8-byte shared loads and the widening), no spills, and the steady
 loop of the varlen kernel it shares its consumers with.
 """
 from __future__ import annotations
@@ -62,9 +63,11 @@ CASES = [
     ([120, 0, 45], [90, 2, 45], 5, 2, 2, (192, 128), "f16", "f16", False, "HND", -1, 20.0),
     ([180], [130], 1, 2, 1, (192, 128), "bf16", "e5m2", True, "NHD", 60, 0.0),       # page 1, window, FP8
     ([140, 10], [129, 10], 256, 2, 1, (192, 128), "f16", "e4m3", True, "HND", -1, 30.0),
-    # head_dim 256 (16-bit caches: the producer in 24 registers beside the consumers' 240)
+    # head_dim 256 (the producer in 24 registers beside the consumers' 240; FP8 caches staged, then widened)
     ([150, 9], [130, 9], 16, 2, 1, 256, "bf16", "bf16", True, "NHD", -1, 0.0),     # 2 query tiles, 3 key tiles
     ([100], [60], 3, 2, 2, 256, "f16", "f16", False, "HND", 40, 25.0),             # page 3, window, softcap
+    ([90, 9], [70, 9], 16, 2, 1, 256, "bf16", "e4m3", True, "NHD", -1, 0.0),      # FP8 e4m3, 2 key tiles
+    ([70, 0], [50, 2], 3, 2, 2, 256, "f16", "e5m2", False, "HND", 30, 25.0),      # e5m2, page 3, window, softcap
 ]
 
 
@@ -151,18 +154,35 @@ def test_paged_prefill_sm90_off_keeps_the_other_kernels(monkeypatch) -> None:
     assert names == ["paged_prefill_tc_d128_bf16", "paged_attn_f16_e4m3kv"]
 
 
-def test_paged_prefill_d256_fp8_cache_and_sm90_off_keep_paged_attn(monkeypatch) -> None:
-    # head_dim 256: an FP8 cache keeps paged_attn on sm_90a (PAGED_NO_FP8: its gather did not fit the 24 registers
-    # of the d256 producer); with PYKERN_SM90=0 a 16-bit cache does too (paged_prefill_tc stops at 128)
+def test_paged_prefill_d256_sm90_off_keeps_paged_attn(monkeypatch) -> None:
+    # head_dim 256 with PYKERN_SM90=0: paged_attn for an FP8 cache and a 16-bit one (paged_prefill_tc stops at 128)
+    monkeypatch.setenv("PYKERN_SM90", "0")
     rng = np.random.default_rng(9)
     names = _record(monkeypatch)
     out, lse, ref_out, ref_lse = _run(rng, [70, 5], [40, 5], 16, 2, 1, 256, "bf16", "e4m3")
     close("out", out, ref_out, "paged_prefill_attention", "bf16")
     check_lse(lse, ref_lse)
-    monkeypatch.setenv("PYKERN_SM90", "0")
     out, lse, ref_out, ref_lse = _run(rng, [70, 5], [40, 5], 16, 2, 1, 256, "f16", "f16")
     close("out", out, ref_out, "paged_prefill_attention", "f16")
     assert names == ["paged_attn_bf16_e4m3kv", "paged_attn_f16"]
+
+
+def test_paged_prefill_d256_fp8_shared_memory_and_strides() -> None:
+    # the FP8 d256 kernels take the staging buffer (BC rows of K's and V's bytes) beyond the forward's shared memory,
+    # within the 227 KiB an sm_90 CTA may have; the others take the forward's
+    assert sm90.paged_shared_bytes(256, 256, "e4m3") == sm90.shared_bytes(256) + 64 * 512 <= 227 * 1024
+    assert sm90.paged_shared_bytes(256, 256, "bf16") == sm90.shared_bytes(256)
+    assert sm90.paged_shared_bytes(128, 128, "e5m2") == sm90.shared_bytes(128)
+    # its 16-byte cp.async pieces need strides in whole 16 elements: 8 (enough for the 8-byte loads elsewhere)
+    # declines, nothing launched
+    rng = np.random.default_rng(10)
+    q = make_q(rng, (4, 2, 256), "bf16")
+    flat = np.zeros(4 * 16 * 256 + 8, np.uint8)
+    out, lse = np.empty((4, 2, 256), q.dtype), np.empty((4, 2), np.float32)
+    table = (np.array([0, 1], np.int32), np.array([0], np.int32), np.array([4], np.int32))
+    args = (q, flat, flat, out.reshape(-1), lse.reshape(-1), np.array([0, 4], np.int32), table,
+            (1, 4, 2, 1, 256, 16))
+    assert not sm90.try_paged_prefill(*args, (16 * 264, 264, 8), ("bf16", "e4m3"), 0.1, 0.0, 1.0, 64, 0, None, HOST)
 
 
 def test_paged_prefill_sm90_only_where_it_applies(monkeypatch) -> None:
@@ -192,7 +212,7 @@ def test_paged_prefill_sm90_under_other_thread_schedules(schedule, shape, monkey
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
 SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_sm90.cu"
 PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
-         for q in ("bf16", "f16") for kv in (q, "e4m3", "e5m2") if kv == q or d not in sm90.PAGED_NO_FP8]
+         for q in ("bf16", "f16") for kv in (q, "e4m3", "e5m2")]
 
 
 @lru_cache(maxsize=None)
@@ -219,10 +239,14 @@ def test_paged_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     assert any(op.startswith("UTMALDG.4D") for op in ops_)  # Q
     assert sum(op.startswith("SYNCS") for op in ops_) >= 4  # mbarrier init / arrive / try_wait
     fp8 = kernel.endswith("kv")
-    # the gather: cp.async for a 16-bit cache; 8-byte loads for FP8 (widened in registers, then stored)
-    assert any(op.startswith("LDGSTS") for op in ops_) != fp8
+    staged = fp8 and d in sm90.PAGED_FP8_STAGED
+    # the gather: cp.async for a 16-bit cache; 8-byte loads for FP8 (widened in registers, then stored); at d256 FP8
+    # cp.async to the staging buffer, then 8-byte shared loads widened and stored
+    assert any(op.startswith("LDGSTS") for op in ops_) == (not fp8 or staged)
     if fp8:
-        assert any(op.startswith("LDG.E.64") for op in ops_) and any(op.startswith("STS.128") for op in ops_)
+        assert any(op.startswith("LDG.E.64") for op in ops_) != staged
+        assert any(op.startswith("LDS.64") for op in ops_) or not staged
+        assert any(op.startswith("STS.128") for op in ops_)
     assert counts[kernel]["LDL"] == counts[kernel]["STL"] == 0
     res = mod.resources[kernel]
     assert res.spill_stores == 0 and res.spill_loads == 0

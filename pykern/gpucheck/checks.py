@@ -128,7 +128,8 @@ class _Recorder:
 
     def arch_features(self, device: int = 0) -> tuple[str, ...]:
         # as the host backend (PYKERN_HOST_ARCH), which the sm_90a difftest cases set around their run: their
-        # launches (wgmma kernels: 384 threads, up to 193 KiB of shared memory) are recorded as well
+        # launches (wgmma kernels: 384 threads, up to 225 KiB of shared memory: the d256 FP8 forward's and paged
+        # prefill's) are recorded as well
         from ..backends.host import HostBackend
 
         return HostBackend.arch_features(self, device)  # type: ignore[arg-type]

@@ -292,10 +292,17 @@ PAGED_HEAD_DIMS = (64, 128, 256)
 PAGED_SHAPES = (*((d, d) for d in PAGED_HEAD_DIMS), (192, 128))
 # Cache element kinds a bf16 / f16 query runs over here: its own type, or FP8 (widened to it by the producer).
 PAGED_FP8 = ("e4m3", "e5m2")
-# Head dims whose paged kernels take 16-bit caches only. d256: its producer runs in the TMA producer's 24 registers
-# (Fa90PagedRegs, beside the dense kernel's 240 a consumer), where the FP8 gather's loads and widening spilled (40
-# to 68 bytes); FP8 caches at d256 keep paged_attn.
-PAGED_NO_FP8 = (256,)
+# Head dims whose FP8 paged kernels stage the cache's bytes in shared memory before widening them (d256: its
+# producer runs in the TMA producer's 24 registers, Fa90PagedRegs, where widening loaded pieces in registers
+# spilled): BC * (head_dim + head_dim_v) bytes after the mbarriers (FA90_PAGED_FP8_STAGE, fa90_gather_rows_staged).
+PAGED_FP8_STAGED = (256,)
+
+
+def paged_shared_bytes(d: int, d_v: int, kv_kind: str) -> int:
+    """Dynamic shared memory of paged_prefill_sm90_*: the forward's (`shared_bytes`), and the FP8 staging buffer
+    where d is in PAGED_FP8_STAGED and the cache is FP8."""
+    staged = kv_kind in PAGED_FP8 and d in PAGED_FP8_STAGED
+    return shared_bytes(d, d_v) + (_CFG[d][0] * (d + d_v) if staged else 0)
 
 
 def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
@@ -316,7 +323,8 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     kv_last_page_len); dims (batch, max_qo, heads, kv_heads, D, page_size[, DV]) (DV, v's and out's head dim,
     default D); strides (s_page, s_tok, s_head) of both caches in elements, or those of K then those of V (six: V
     pages at their own head dim); scale with k_scale folded in; (wl, wr) normalized per sequence (serving ops). The
-    producer reads the cache in 16-byte (16-bit) or 8-byte (FP8) pieces: bases and strides must keep them aligned.
+    producer reads the cache in 16-byte (16-bit; FP8 in PAGED_FP8_STAGED) or 8-byte (other FP8) pieces: bases and
+    strides must keep them aligned.
     Any page size."""
     from .. import arrays
     from ..launcher import launch
@@ -327,15 +335,14 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     q_kind, kv_kind = kinds
     if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or (d, d_v) not in PAGED_SHAPES:
         return False
-    if kv_kind in PAGED_FP8 and d in PAGED_NO_FP8:
-        return False
     if not usable(d, d_v, softcap, scale, q, backend, kf, vf):
         return False
     # the kernels with V's own strides are those whose head dims differ; the others read V at K's strides
     if d_v != d and len(strides) == 3 or d_v == d and len(strides) == 6 and strides[:3] != strides[3:]:
         return False
     strides = tuple(strides[:3]) + (tuple(strides[3:]) if d_v != d else ())
-    piece = 8  # elements a 16-byte (16-bit) or 8-byte (FP8) piece
+    # elements a 16-byte (16-bit) or 8-byte (FP8) piece; 16 where FP8 bytes are staged (16-byte cp.async)
+    piece = 16 if kv_kind in PAGED_FP8 and d in PAGED_FP8_STAGED else 8
     if any(st % piece for st in strides) or not arrays.aligned16(q, kf, vf, out):
         return False
     n_qt = -(-max_qo // ROWS)
@@ -351,7 +358,7 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     indptr, indices, last = table
     launch(paged_kernel_name(d, softcap, q_kind, kv_kind, d_v), (n_qt * n_heads, batch, 1), (THREADS,), tq, kf, vf,
            out, lse, qo, indptr, indices, last, n_heads, n_kv_heads, page_size, *strides, float(scale), wl, wr,
-           float(v_scale), *cap, shared_mem=shared_bytes(d, d_v), stream=stream, backend=backend)
+           float(v_scale), *cap, shared_mem=paged_shared_bytes(d, d_v, kv_kind), stream=stream, backend=backend)
     return True
 
 
