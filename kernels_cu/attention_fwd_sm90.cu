@@ -77,7 +77,7 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // move to uniform registers and its barrier id is computed again each pair), softcap 532 (1.039; 527). The d256
 // producer now fits its 24 registers (0 spills; its first trial, before the later changes to the tile loop and
 // the epilogue, spilled 3 words).
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
@@ -88,6 +88,11 @@ template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PA
 // (552 bytes).
 template <int DQK, int DV, bool SC> struct Fa90Ovl { enum { V = Fa90Cfg<DQK, DV>::OVL }; };
 template <> struct Fa90Ovl<64, 64, true> { enum { V = 0 }; };
+// Fa90Pp: PP of a kernel (fa90_forward, fa90_step), by softcap and the paged producer as well. Off in the d64 paged
+// prefill with softcap: its consumers have 232 registers (Fa90PagedRegs), and there the ping-pong's barrier ids
+// spilled a word in the first steady tile (4 bytes) and took the loop to 1550 a pair (varlen 1542).
+template <int DQK, int DV, bool SC, bool PAGED> struct Fa90Pp { enum { V = Fa90Cfg<DQK, DV>::PP }; };
+template <> struct Fa90Pp<64, 64, true, true> { enum { V = 0 }; };
 // Fa90OvlEdge: OVL of the pair loop's edge steps (the odd step before the pairs, the odd tile left after them), which
 // run once a work tile. Off at d64: the overlapped step there spilled 260 bytes (straight-line code, scheduled
 // wider than the loop's), and a single step gains nothing from it; the edge and hot steps hand over the same
@@ -280,7 +285,7 @@ __device__ __forceinline__ void fa90_pack(const float (&s)[BC / 2], unsigned (&p
 // `empty` mbarrier (2 mbarriers past fb, ST == 2) and the P of the next tile narrowed into pa (free now). False when
 // the lazy softmax failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy); s then holds
 // the lazy P for fa90_redo. o is left alone from the P V wgmmas to wait<0>.
-template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false,
+template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool PP, bool WG = false,
           bool OV = (bool)Fa90Ovl<DQK, DV, SC>::V>
 __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
@@ -295,13 +300,13 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     dv = pk_opaque_u64(dv);
     const unsigned pp = fa90_pp_bar();
     pk_mbarrier_wait_parity(fb, parity);
-    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
+    if constexpr (PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
     if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 softcap, d64 edge steps)
         fa90_issue_pv<T, DV, BC>(o, pa, dv);
         fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
         pk_wgmma_commit();
-        if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);
+        if constexpr (PP) pk_bar_arrive_aligned(pp ^ 7, 256);
         pk_wgmma_wait<0>();
         pk_mbarrier_arrive(fb + 2);
         fa90_cap<SC, BC>(s, pre);
@@ -311,7 +316,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     pk_wgmma_commit();
     fa90_issue_pv<T, DV, BC>(o, pa, dv);
     pk_wgmma_commit();
-    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
+    if constexpr (PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
     pk_wgmma_wait<1>();  // S has landed; O += P V runs on under the softmax
     fa90_cap<SC, BC>(s, pre);
     const bool ok = fa90_softmax_lazy_ip<BC, WG, Fa90Fex<DQK, DV, SC>::V>(s, m, l, sl2, bar);
@@ -632,6 +637,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     static_assert(!PAGED || VARLEN, "the paged forward reads packed queries (qo_indptr)");
     constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = DQK / 64, NBV = DV / 64;
     constexpr bool QREG = Cfg::QREG;
+    constexpr bool PP = Fa90Pp<DQK, DV, SC, PAGED>::V;
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     extern __shared__ __align__(1024) unsigned char fa90_smem[];
     unsigned char* qs = fa90_smem;
@@ -857,7 +863,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
         // Consumer 1 gives consumer 0 the first turn of the ping-pong (fa90_step), where steps follow.
-        if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);
+        if (PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);
         if constexpr (!Cfg::PAIR) {
             // One step an iteration: the two ring slots alternate; the step's K and V descriptors come from the
             // next slot nb by one wide multiply-add each (K at dk0 + nb * KU, V at dv1 - nb * VU), the full
@@ -871,10 +877,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 bool ok, last;
                 for (;;) {
                     for (;;) {  // the hot loop
-                        ok = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq,
-                                                                 dk0 + (unsigned long long)nb * KU,
-                                                                 dv1 + (long long)(int)nb * -VU, full + nb, ph, sl2,
-                                                                 pre);
+                        ok = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq,
+                                                                     dk0 + (unsigned long long)nb * KU,
+                                                                     dv1 + (long long)(int)nb * -VU, full + nb, ph,
+                                                                     sl2, pre);
                         i++;
                         ph ^= ~i & 1;
                         nb ^= 1;
@@ -886,7 +892,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 }
                 // Consumer 0 takes consumer 1's last hand-over (its opening arrival left one more than consumer 0
                 // waits for), so both named barriers are back at zero arrivals for the next work tile.
-                if (Cfg::PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);
+                if (PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);
             }
             // The last tile's O += P V (its slot is nb ^ 1 now).
             fa90_pv<T, DV, BC>(o, pa, dv1 + (long long)(int)nb * -VU, full + nb + 2);
@@ -894,10 +900,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             // Pairs start at an even tile (the same parity for both steps of a pair): an odd next tile runs one step
             // first (into slot 1). OVE: whether these edge steps overlap (Fa90OvlEdge).
             constexpr bool OVE = Fa90OvlEdge<DQK, DV, SC>::V;
+            const bool stepped = i != i_end;  // steps follow (PP: consumer 1 opened the game above)
             if ((i & 1) && i != i_end) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC, false, OVE>(o, pa, s, qa, m, l, dq,
-                                                                     pk_wgmma_desc_advance(dk0, K_BYTES), dv0, full + 1,
-                                                                     (i / ST) & 1, sl2, pre))
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE>(o, pa, s, qa, m, l, dq,
+                                                                         pk_wgmma_desc_advance(dk0, K_BYTES), dv0,
+                                                                         full + 1, (i / ST) & 1, sl2, pre))
                     fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + K_BYTES);
                 i++;
             }
@@ -921,11 +928,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             for (;;) {
                 if (rem < 2) break;
                 for (;;) {  // the hot loop: two tiles
-                    if (!fa90_step<T, DQK, DV, BC, QREG, SC, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, pre,
-                                                                   bar))
+                    if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2,
+                                                                       pre, bar))
                         goto redo_a;
-                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2,
-                                                                         pre);
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
+                                                                             sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (!okb) goto redo_b;
@@ -934,8 +941,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             redo_a:  // A failed: its redo, then the pair's B step out of line
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 {
-                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
-                                                                         sl2, pre);
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
+                                                                             sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (okb) continue;
@@ -944,12 +951,17 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);
             }
         hot_done:
-            // The last tile's O += P V: after an odd tile left over (one A step, slot a) or a B step (slot a ^ 1; or
-            // the first steady tile, in slot a ^ 1 too when nothing followed).
+            // An odd tile left over: one A step (slot a).
             if (rem) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC, false, OVE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2,
-                                                                     pre))
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph,
+                                                                         sl2, pre))
                     fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
+            }
+            // Consumer 0 takes consumer 1's last hand-over, as in the one-step loop above.
+            if (PP && c == 0 && stepped) pk_bar_sync_aligned(FA90_BAR_PP, 256);
+            // The last tile's O += P V: after the odd tile left over (slot a) or a B step (slot a ^ 1; or the first
+            // steady tile, in slot a ^ 1 too when nothing followed).
+            if (rem) {
                 fa90_pv<T, DV, BC>(o, pa, dvb, empty - a);
             } else {
                 fa90_pv<T, DV, BC>(o, pa, dva, empty - (a ^ 1));
