@@ -60,12 +60,14 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
-// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step). On at d128 only: its 2 BAR
-// instructions a tile and their set-up cost 10 a tile there (302, 1.180 per m16n8k16-equivalent against 292, 1.141);
-// at d64 (with the overlap and the tile loop, 762 a pair) the dense kernel's descriptors left the uniform registers
-// (897 a pair, 2.336 per m16n8k16-equivalent, and 96 bytes of spills) and the varlen one spilled 4 bytes; at d256
-// 0.787 (399 -> 403), at 192 / 128 0.994 (310 -> 318); FA3 keeps its warp scheduler barriers to head dims
-// up to 128 as well.
+// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step; Fa90Pp below: per kernel). On at
+// d128 and d64, as FA3 has its warp scheduler barriers for 16-bit inputs at head dims up to 128. d128: its 2 BAR
+// instructions a tile and their set-up cost 10 a tile (302, 1.180 per m16n8k16-equivalent against 292, 1.141).
+// d64: the 4 BAR instructions a pair and nothing else, their ids kept in registers, the descriptors in the uniform
+// ones (762 -> 766 a pair, 1.995; varlen 759 -> 763; softcap 1545 -> 1540, varlen 1538 -> 1542; 0 spills). Its
+// first trial, before the pair loop's literal mbarrier slots, took the dense kernel's descriptors out of the
+// uniform registers (897 a pair, 2.336, and 96 bytes of spills; varlen 4 bytes). Off at d256 (0.787 with it, 399 ->
+// 403) and 192 / 128 (0.994, 310 -> 318).
 // OVL: the steady-state step overlaps the softmax of the next tile with O += P V of the previous one (FA3's
 // intra-warpgroup overlap, fa90_step); Fa90Ovl / Fa90OvlEdge below refine it at d64. Its wait<1> costs 2
 // instructions a tile; at d64 the room came from the K descriptors kept across the loop (Fa90KHoist: 767 -> 759 a
@@ -238,15 +240,16 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
 }
 
-// Ping-pong of the two consumer warpgroups in the steady state (FA3's warp scheduler barriers): consumer c issues
+// Ping-pong of the two consumer warpgroups in the steady state (FA3's warp scheduler barriers; PP): consumer c issues
 // a step's wgmmas only in its turn, waiting on named barrier FA90_BAR_PP + c (256 threads: its own 128 and the
 // other warpgroup's arrival), and once they are issued hands the turn over by arriving at the other's barrier
 // (FA90_BAR_PP + 1 - c) without waiting. So the tensor pipe takes the two warpgroups' wgmma groups in
 // alternation, and one warpgroup's softmax runs while the other's GEMMs execute (the exp2s and the wgmmas of one
 // warpgroup would otherwise queue behind each other). Consumer 1 opens the game with one arrival at consumer
-// 0's barrier; consumer 0 takes the last hand-over after the loop (one more sync on its barrier), so a CTA that
-// walks several work tiles starts each with both barriers at zero arrivals. Both warpgroups run the same steps (the
-// tile split is the CTA's), so the turns pair up. Barriers 1 and 2 are fa90_softmax_lazy's (WG) reductions.
+// 0's barrier; consumer 0 takes the last hand-over after the loop's last step (one more sync on its barrier; the
+// pair loop's after its edge steps too), so a CTA that walks several work tiles starts each with both barriers at
+// zero arrivals. Both warpgroups run the same steps (the tile split is the CTA's), so the turns pair up. Barriers 1
+// and 2 are fa90_softmax_lazy's (WG) reductions.
 #define FA90_BAR_PP 3
 // This consumer warpgroup's ping-pong barrier, FA90_BAR_PP + c = threadIdx.x / 128 + 2 (one shift and add where
 // the loop has no register to keep it in); the other's is it ^ 7 (3 <-> 4).
