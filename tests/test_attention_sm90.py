@@ -806,15 +806,19 @@ def test_the_ping_pong_copy_runs(tmp_path, monkeypatch) -> None:
     assert np.isfinite(out.astype(np.float32)).all() and np.abs(out.astype(np.float32)).max() > 0.01
 
 
-def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("d", [128, 64])
+def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(d: int, tmp_path, monkeypatch) -> None:
     # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3 and consumer 1 on 4,
     # forever (a hang on the GPU); the host names both barriers and their arrivals (after the first thread it finds
     # stuck: a consumer at its barrier, or a producer lane at the warp sync behind its leader's mbarrier wait).
-    name = _mutant(tmp_path, monkeypatch, _OPENING, "", d=128)
+    # d64: the pair loop's steps (130 queries, 600 keys, not causal: three steady key tiles of 192, two steps).
+    name = _mutant(tmp_path, monkeypatch, _OPENING, "", d=d)
+    rng = np.random.default_rng(1)
+    qkv = tuple(rng.standard_normal((1, n, 1, 64)).astype(ml_dtypes.bfloat16) for n in (130, 600, 600))
     with pytest.raises(KernelExecutionError, match=(
-            r"kernel fa90_mutant_d128_bf16: block \(\d+,0,0\): .*; 128 of 256 threads arrived at named "
+            rf"kernel fa90_mutant_d{d}_bf16: block \(\d+,0,0\): .*; 128 of 256 threads arrived at named "
             r"barrier 3 \(first at .*fa90_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
-        _launch_d128_full(name)
+        _launch_d128_full(name) if d == 128 else _launch_d64(name, qkv, False)
 
 
 def test_a_ping_pong_hand_over_with_a_wrong_thread_count_is_reported(tmp_path, monkeypatch) -> None:
