@@ -43,6 +43,9 @@ LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
 # d128 and d64, dense and varlen, with and without softcap, and the paged prefill at those head dims but d64 with
 # softcap (PAGED_SOFTCAP_NO_PING_PONG).
 PING_PONG = {64: True, 128: True, 192: False, 256: False}
+# Head dims whose paged kernels with softcap keep the steady loop without the ping-pong (PING_PONG) of the varlen
+# kernel (the .cu's Fa90Pp): at d64 their 232 consumer registers (the paged producer takes 40) spilled a word with it.
+PAGED_SOFTCAP_NO_PING_PONG = (64,)
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
 # intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: off at d64 with softcap, where
 # the MUFU binds (the tanh and the exp2s) and the in-place P beside the FMA exp2 spilled.
@@ -298,9 +301,6 @@ PAGED_FP8 = ("e4m3", "e5m2")
 # (Fa90PagedRegs, beside the dense kernel's 240 a consumer), where the FP8 gather's loads and widening spilled (40
 # to 68 bytes); FP8 caches at d256 keep paged_attn.
 PAGED_NO_FP8 = (256,)
-# Head dims whose paged kernels with softcap keep the steady loop without the ping-pong (PING_PONG) of the varlen
-# kernel (the .cu's Fa90Pp): at d64 their 232 consumer registers (the paged producer takes 40) spilled a word with it.
-PAGED_SOFTCAP_NO_PING_PONG = (64,)
 
 
 def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
