@@ -60,12 +60,14 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
-// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step). On at d128 only: its 2 BAR
-// instructions a tile and their set-up cost 10 a tile there (302, 1.180 per m16n8k16-equivalent against 292, 1.141);
-// at d64 (with the overlap and the tile loop, 762 a pair) the dense kernel's descriptors left the uniform registers
-// (897 a pair, 2.336 per m16n8k16-equivalent, and 96 bytes of spills) and the varlen one spilled 4 bytes; at d256
-// 0.787 (399 -> 403), at 192 / 128 0.994 (310 -> 318); FA3 keeps its warp scheduler barriers to head dims
-// up to 128 as well.
+// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step; Fa90Pp below: per kernel). On at
+// d128 and d64, as FA3 has its warp scheduler barriers for 16-bit inputs at head dims up to 128. d128: its 2 BAR
+// instructions a tile and their set-up cost 10 a tile (302, 1.180 per m16n8k16-equivalent against 292, 1.141).
+// d64: the 4 BAR instructions a pair and nothing else, their ids kept in registers, the descriptors in the uniform
+// ones (762 -> 766 a pair, 1.995; varlen 759 -> 763; softcap 1545 -> 1540, varlen 1538 -> 1542; 0 spills). Its
+// first trial, before the pair loop's literal mbarrier slots, took the dense kernel's descriptors out of the
+// uniform registers (897 a pair, 2.336, and 96 bytes of spills; varlen 4 bytes). Off at d256 (0.787 with it, 399 ->
+// 403) and 192 / 128 (0.994, 310 -> 318).
 // OVL: the steady-state step overlaps the softmax of the next tile with O += P V of the previous one (FA3's
 // intra-warpgroup overlap, fa90_step); Fa90Ovl / Fa90OvlEdge below refine it at d64. Its wait<1> costs 2
 // instructions a tile; at d64 the room came from the K descriptors kept across the loop (Fa90KHoist: 767 -> 759 a
@@ -77,7 +79,7 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // move to uniform registers and its barrier id is computed again each pair), softcap 532 (1.039; 527). The d256
 // producer now fits its 24 registers (0 spills; its first trial, before the later changes to the tile loop and
 // the epilogue, spilled 3 words).
-template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
+template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
@@ -88,6 +90,11 @@ template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PA
 // (552 bytes).
 template <int DQK, int DV, bool SC> struct Fa90Ovl { enum { V = Fa90Cfg<DQK, DV>::OVL }; };
 template <> struct Fa90Ovl<64, 64, true> { enum { V = 0 }; };
+// Fa90Pp: PP of a kernel (fa90_forward, fa90_step), by softcap and the paged producer as well. Off in the d64 paged
+// prefill with softcap: its consumers have 232 registers (Fa90PagedRegs), and there the ping-pong's barrier ids
+// spilled a word in the first steady tile (4 bytes) and took the loop to 1550 a pair (varlen 1542).
+template <int DQK, int DV, bool SC, bool PAGED> struct Fa90Pp { enum { V = Fa90Cfg<DQK, DV>::PP }; };
+template <> struct Fa90Pp<64, 64, true, true> { enum { V = 0 }; };
 // Fa90OvlEdge: OVL of the pair loop's edge steps (the odd step before the pairs, the odd tile left after them), which
 // run once a work tile. Off at d64: the overlapped step there spilled 260 bytes (straight-line code, scheduled
 // wider than the loop's), and a single step gains nothing from it; the edge and hot steps hand over the same
@@ -236,15 +243,16 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
 }
 
-// Ping-pong of the two consumer warpgroups in the steady state (FA3's warp scheduler barriers): consumer c issues
+// Ping-pong of the two consumer warpgroups in the steady state (FA3's warp scheduler barriers; PP): consumer c issues
 // a step's wgmmas only in its turn, waiting on named barrier FA90_BAR_PP + c (256 threads: its own 128 and the
 // other warpgroup's arrival), and once they are issued hands the turn over by arriving at the other's barrier
 // (FA90_BAR_PP + 1 - c) without waiting. So the tensor pipe takes the two warpgroups' wgmma groups in
 // alternation, and one warpgroup's softmax runs while the other's GEMMs execute (the exp2s and the wgmmas of one
 // warpgroup would otherwise queue behind each other). Consumer 1 opens the game with one arrival at consumer
-// 0's barrier; consumer 0 takes the last hand-over after the loop (one more sync on its barrier), so a CTA that
-// walks several work tiles starts each with both barriers at zero arrivals. Both warpgroups run the same steps (the
-// tile split is the CTA's), so the turns pair up. Barriers 1 and 2 are fa90_softmax_lazy's (WG) reductions.
+// 0's barrier; consumer 0 takes the last hand-over after the loop's last step (one more sync on its barrier; the
+// pair loop's after its edge steps too), so a CTA that walks several work tiles starts each with both barriers at
+// zero arrivals. Both warpgroups run the same steps (the tile split is the CTA's), so the turns pair up. Barriers 1
+// and 2 are fa90_softmax_lazy's (WG) reductions.
 #define FA90_BAR_PP 3
 // This consumer warpgroup's ping-pong barrier, FA90_BAR_PP + c = threadIdx.x / 128 + 2 (one shift and add where
 // the loop has no register to keep it in); the other's is it ^ 7 (3 <-> 4).
@@ -283,7 +291,7 @@ __device__ __forceinline__ void fa90_pack(const float (&s)[BC / 2], unsigned (&p
 // `empty` mbarrier (2 mbarriers past fb, ST == 2) and the P of the next tile narrowed into pa (free now). False when
 // the lazy softmax failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy); s then holds
 // the lazy P for fa90_redo. o is left alone from the P V wgmmas to wait<0>.
-template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool WG = false,
+template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool PP, bool WG = false,
           bool OV = (bool)Fa90Ovl<DQK, DV, SC>::V>
 __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
@@ -298,13 +306,13 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     dv = pk_opaque_u64(dv);
     const unsigned pp = fa90_pp_bar();
     pk_mbarrier_wait_parity(fb, parity);
-    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
+    if constexpr (PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
     if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 softcap, d64 edge steps)
         fa90_issue_pv<T, DV, BC>(o, pa, dv);
         fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
         pk_wgmma_commit();
-        if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);
+        if constexpr (PP) pk_bar_arrive_aligned(pp ^ 7, 256);
         pk_wgmma_wait<0>();
         pk_mbarrier_arrive(fb + 2);
         fa90_cap<SC, BC>(s, pre);
@@ -314,7 +322,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     pk_wgmma_commit();
     fa90_issue_pv<T, DV, BC>(o, pa, dv);
     pk_wgmma_commit();
-    if constexpr (Fa90Cfg<DQK, DV>::PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
+    if constexpr (PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
     pk_wgmma_wait<1>();  // S has landed; O += P V runs on under the softmax
     fa90_cap<SC, BC>(s, pre);
     const bool ok = fa90_softmax_lazy_ip<BC, WG, Fa90Fex<DQK, DV, SC>::V>(s, m, l, sl2, bar);
@@ -719,6 +727,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     static_assert(!PAGED || VARLEN, "the paged forward reads packed queries (qo_indptr)");
     constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = DQK / 64, NBV = DV / 64;
     constexpr bool QREG = Cfg::QREG;
+    constexpr bool PP = Fa90Pp<DQK, DV, SC, PAGED>::V;
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     extern __shared__ __align__(1024) unsigned char fa90_smem[];
     unsigned char* qs = fa90_smem;
@@ -944,7 +953,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
         // Consumer 1 gives consumer 0 the first turn of the ping-pong (fa90_step), where steps follow.
-        if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);
+        if (PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);
         if constexpr (!Cfg::PAIR) {
             // One step an iteration: the two ring slots alternate; the step's K and V descriptors come from the
             // next slot nb by one wide multiply-add each (K at dk0 + nb * KU, V at dv1 - nb * VU), the full
@@ -958,10 +967,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 bool ok, last;
                 for (;;) {
                     for (;;) {  // the hot loop
-                        ok = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq,
-                                                                 dk0 + (unsigned long long)nb * KU,
-                                                                 dv1 + (long long)(int)nb * -VU, full + nb, ph, sl2,
-                                                                 pre);
+                        ok = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq,
+                                                                     dk0 + (unsigned long long)nb * KU,
+                                                                     dv1 + (long long)(int)nb * -VU, full + nb, ph,
+                                                                     sl2, pre);
                         i++;
                         ph ^= ~i & 1;
                         nb ^= 1;
@@ -973,7 +982,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 }
                 // Consumer 0 takes consumer 1's last hand-over (its opening arrival left one more than consumer 0
                 // waits for), so both named barriers are back at zero arrivals for the next work tile.
-                if (Cfg::PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);
+                if (PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);
             }
             // The last tile's O += P V (its slot is nb ^ 1 now).
             fa90_pv<T, DV, BC>(o, pa, dv1 + (long long)(int)nb * -VU, full + nb + 2);
@@ -981,10 +990,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             // Pairs start at an even tile (the same parity for both steps of a pair): an odd next tile runs one step
             // first (into slot 1). OVE: whether these edge steps overlap (Fa90OvlEdge).
             constexpr bool OVE = Fa90OvlEdge<DQK, DV, SC>::V;
+            const bool stepped = i != i_end;  // steps follow (PP: consumer 1 opened the game above)
             if ((i & 1) && i != i_end) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC, false, OVE>(o, pa, s, qa, m, l, dq,
-                                                                     pk_wgmma_desc_advance(dk0, K_BYTES), dv0, full + 1,
-                                                                     (i / ST) & 1, sl2, pre))
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE>(o, pa, s, qa, m, l, dq,
+                                                                         pk_wgmma_desc_advance(dk0, K_BYTES), dv0,
+                                                                         full + 1, (i / ST) & 1, sl2, pre))
                     fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + K_BYTES);
                 i++;
             }
@@ -1008,11 +1018,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             for (;;) {
                 if (rem < 2) break;
                 for (;;) {  // the hot loop: two tiles
-                    if (!fa90_step<T, DQK, DV, BC, QREG, SC, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2, pre,
-                                                                   bar))
+                    if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, true>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2,
+                                                                       pre, bar))
                         goto redo_a;
-                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2,
-                                                                         pre);
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
+                                                                             sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (!okb) goto redo_b;
@@ -1021,8 +1031,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             redo_a:  // A failed: its redo, then the pair's B step out of line
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 {
-                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
-                                                                         sl2, pre);
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
+                                                                             sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (okb) continue;
@@ -1031,12 +1041,17 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);
             }
         hot_done:
-            // The last tile's O += P V: after an odd tile left over (one A step, slot a) or a B step (slot a ^ 1; or
-            // the first steady tile, in slot a ^ 1 too when nothing followed).
+            // An odd tile left over: one A step (slot a).
             if (rem) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC, false, OVE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph, sl2,
-                                                                     pre))
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph,
+                                                                         sl2, pre))
                     fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
+            }
+            // Consumer 0 takes consumer 1's last hand-over, as in the one-step loop above.
+            if (PP && c == 0 && stepped) pk_bar_sync_aligned(FA90_BAR_PP, 256);
+            // The last tile's O += P V: after the odd tile left over (slot a) or a B step (slot a ^ 1; or the first
+            // steady tile, in slot a ^ 1 too when nothing followed).
+            if (rem) {
                 fa90_pv<T, DV, BC>(o, pa, dvb, empty - a);
             } else {
                 fa90_pv<T, DV, BC>(o, pa, dva, empty - (a ^ 1));

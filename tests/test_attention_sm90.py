@@ -797,7 +797,7 @@ def _launch_d128_full(name: str) -> np.ndarray:
     return out
 
 
-_OPENING = "        if (Cfg::PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);\n"
+_OPENING = "        if (PP && c == 1 && i != i_end) pk_bar_arrive_aligned(FA90_BAR_PP, 256);\n"
 
 
 def test_the_ping_pong_copy_runs(tmp_path, monkeypatch) -> None:
@@ -806,15 +806,19 @@ def test_the_ping_pong_copy_runs(tmp_path, monkeypatch) -> None:
     assert np.isfinite(out.astype(np.float32)).all() and np.abs(out.astype(np.float32)).max() > 0.01
 
 
-def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("d", [128, 64])
+def test_a_ping_pong_that_is_never_opened_is_a_deadlock_naming_its_barriers(d: int, tmp_path, monkeypatch) -> None:
     # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3 and consumer 1 on 4,
     # forever (a hang on the GPU); the host names both barriers and their arrivals (after the first thread it finds
     # stuck: a consumer at its barrier, or a producer lane at the warp sync behind its leader's mbarrier wait).
-    name = _mutant(tmp_path, monkeypatch, _OPENING, "", d=128)
+    # d64: the pair loop's steps (130 queries, 600 keys, not causal: three steady key tiles of 192, two steps).
+    name = _mutant(tmp_path, monkeypatch, _OPENING, "", d=d)
+    rng = np.random.default_rng(1)
+    qkv = tuple(rng.standard_normal((1, n, 1, 64)).astype(ml_dtypes.bfloat16) for n in (130, 600, 600))
     with pytest.raises(KernelExecutionError, match=(
-            r"kernel fa90_mutant_d128_bf16: block \(\d+,0,0\): .*; 128 of 256 threads arrived at named "
+            rf"kernel fa90_mutant_d{d}_bf16: block \(\d+,0,0\): .*; 128 of 256 threads arrived at named "
             r"barrier 3 \(first at .*fa90_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
-        _launch_d128_full(name)
+        _launch_d128_full(name) if d == 128 else _launch_d64(name, qkv, False)
 
 
 def test_a_ping_pong_hand_over_with_a_wrong_thread_count_is_reported(tmp_path, monkeypatch) -> None:
@@ -1022,6 +1026,9 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # near today's figures (d64 1.992, varlen 1.990; d128 1.141; d256 0.779, varlen 0.775) so none of them grows.
     # d128 ping-pongs its consumer warpgroups (sm90.PING_PONG): a BAR.SYNC and a BAR.ARV a tile and their set-up,
     # 10 instructions a tile (1.180, softcap 1.680, against 1.141 / 1.641 without), its bar moved by those only.
+    # d64 too: the BAR.SYNC and BAR.ARV of each tile and nothing else, their ids kept in registers across the pair
+    # loop: 762 -> 766 a pair (1.995; varlen 759 -> 763, 1.987; softcap 1545 -> 1540, 4.010, varlen 1538 -> 1542,
+    # 4.016), under the 2.0 bar.
     # The softcap adds an FMUL and a tanh.approx (MUFU) a score, 1.0 an MMA at d64 (BC / 2 scores a thread, BC / 2
     # MMAs a tile), 0.5 at d128, 0.25 at d256; 192 / 128 spreads the d128 softmax over 1.25 times the MMAs. Pinned
     # near their figures (softcap: d64 2.997, varlen 2.997; d128 1.641; d256 1.029, varlen 1.027; d192_dv128 0.969,
@@ -1066,7 +1073,7 @@ def test_steady_loop_ping_pongs_the_consumer_warpgroups(kernel: str) -> None:
     insns = _loop_insns(text, kernel, loops[kernel])
     sync = re.compile(r"BAR\.SYNC(\.DEFER_BLOCKING)? (R\d+), 0x100$")
     arv = re.compile(r"BAR\.ARV (R\d+), 0x100$")
-    if not sm90.PING_PONG[d]:  # (Fa90Cfg PP off: d64, d256, 192 / 128) no turns, no opening
+    if not sm90.PING_PONG[d]:  # (Fa90Cfg PP off: d256, 192 / 128) no turns, no opening
         assert not any(sync.match(i) or arv.match(i) for i in insns) and "BAR.ARV" not in text.split(
             f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
         return

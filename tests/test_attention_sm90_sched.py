@@ -136,20 +136,25 @@ def test_each_cta_walks_its_tiles_longest_first(d, window, causal, tmp_path, mon
     check_lse(lse[:, fin], ref_lse[:, fin])
 
 
-_CLOSING = "                if (Cfg::PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);\n"
+# Consumer 0's closing sync after the steady loop: the one-step loop's (d128) and the pair loop's (d64).
+_CLOSING = {128: "                if (PP && c == 0) pk_bar_sync_aligned(FA90_BAR_PP, 256);\n",
+            64: "            if (PP && c == 0 && stepped) pk_bar_sync_aligned(FA90_BAR_PP, 256);\n"}
 
 
-def test_a_ping_pong_left_open_across_work_tiles_is_reported(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("d", sorted(_CLOSING))
+def test_a_ping_pong_left_open_across_work_tiles_is_reported(d: int, tmp_path, monkeypatch) -> None:
     # Without consumer 0 taking consumer 1's last hand-over, that arrival and the next tile's opening one meet at
-    # named barrier 3 with no consumer-0 thread: the host reports it (on the GPU, a corrupted turn order).
-    write_mutant(tmp_path, monkeypatch, SRC, _CLOSING, "", "fa90_open.cu", ("attention_fwd_sm90_d", "fa90_open_d"))
+    # named barrier 3 with no consumer-0 thread: the host reports it (on the GPU, a corrupted turn order). 520
+    # queries and keys, causal: at d64 the last two query tiles have two steady key tiles of 192 (one step).
+    write_mutant(tmp_path, monkeypatch, SRC, _CLOSING[d], "", "fa90_open.cu", ("attention_fwd_sm90_d", "fa90_open_d"),
+                 keep=(f"attention_fwd_sm90_d{d}",))
     from pykern import launcher
 
     real = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(
         name.replace("attention_fwd_sm90_d", "fa90_open_d"), *a, **kw))
     rng = np.random.default_rng(2)
-    q, k, v = fa_inputs(rng, 1, 520, 520, 2, 1, 128, 128, "bf16")
+    q, k, v = fa_inputs(rng, 1, 520, 520, 2, 1, d, d, "bf16")
     with pytest.raises(KernelExecutionError, match=r"named barrier [34]"):
         ops.flash_attention(q, k, v, causal=True, backend=HOST)
 

@@ -39,8 +39,13 @@ OUT_ROWS = 64
 _CFG = {64: (192, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
 LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
-# Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4).
-PING_PONG = {64: False, 128: True, 192: False, 256: False}
+# Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4):
+# d128 and d64, dense and varlen, with and without softcap, and the paged prefill at those head dims but d64 with
+# softcap (PAGED_SOFTCAP_NO_PING_PONG).
+PING_PONG = {64: True, 128: True, 192: False, 256: False}
+# Head dims whose paged kernels with softcap keep the steady loop without the ping-pong (PING_PONG) of the varlen
+# kernel (the .cu's Fa90Pp): at d64 their 232 consumer registers (the paged producer takes 40) spilled a word with it.
+PAGED_SOFTCAP_NO_PING_PONG = (64,)
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
 # intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: off at d64 with softcap, where
 # the MUFU binds (the tanh and the exp2s) and the in-place P beside the FMA exp2 spilled.
