@@ -11,6 +11,7 @@ _d256: head_dims the core does not take; paged_attn for FP8 caches) are not held
 from __future__ import annotations
 
 import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -120,11 +121,21 @@ SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SH
               for q in ("bf16", "f16") for kv in (q, *sm90.PAGED_FP8) if kv == q or d not in sm90.PAGED_NO_FP8]
 
 
-@pytest.mark.parametrize("kernel", SM90_FWD + SM90_PAGED)
-def test_sm90_forward_epilogue_stores(kernel: str) -> None:
-    from sass_helpers import kernel_ops, report, source_sass
+@lru_cache(maxsize=None)
+def _sm90_sass() -> tuple[str, dict]:
+    """attention_fwd_sm90.cu's sm_90a SASS and its steady-state loops, disassembled once for every case below (one
+    cuobjdump of its 84 kernels takes tens of seconds)."""
+    from sass_helpers import report, source_sass
 
     text = source_sass("attention_fwd_sm90.cu", "sm_90a")
+    return text, report().steady_state_loops(text)
+
+
+@pytest.mark.parametrize("kernel", SM90_FWD + SM90_PAGED)
+def test_sm90_forward_epilogue_stores(kernel: str) -> None:
+    from sass_helpers import kernel_ops
+
+    text, loops = _sm90_sass()
     ops_ = kernel_ops(text, kernel)
     dv = 128 if "_dv128" in kernel else int(kernel.split("_d")[1].split("_")[0])
     stores = [op for op in ops_ if op.startswith("UTMASTG")]
@@ -134,7 +145,7 @@ def test_sm90_forward_epilogue_stores(kernel: str) -> None:
         assert stg.count("STG.E.128") == dv // 16, (kernel, stg)
         assert stg.count("STG.E") == 2 and len(stg) == 2 + dv // 16, (kernel, stg)  # lse only at 32 bits
         # the 16-byte stores are the epilogue's: after the steady-state loop
-        loop = report().steady_state_loops(text)[kernel]
+        loop = loops[kernel]
         body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
         at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
         assert len(at) == dv // 16 and min(at) > int(loop["end"], 16), (kernel, loop, at)
