@@ -1080,45 +1080,54 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // spilled with it, and the varlen d256 one's loop grew by 2 instructions.
     const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
     const auto lse_at = [&](int row) { return lse + (o_row0 + row) * n_heads + h; };
+    // The epilogue (FA3's): this consumer's 64 rows of O, normalised and rounded to T, go into its own 64 rows of
+    // the Q tile (free: its S wgmmas have all completed, and the other consumer's rows are not touched), in the
+    // q / out tensor maps' box layout ([DV / 64][rows][128 B], 128B swizzle: the 16-byte unit XORed by row % 8 = g, so
+    // the 8 rows x 4 lanes of one 4-byte store land in 32 distinct banks). out's column 8 jj + 2 t of a row is byte
+    // 16 (jj % 8) + 4 t of box jj / 8. Rows past n_q are not written. The lane's row of the Q tile (16 (warp - 4) +
+    // g; 64 c + its row in the consumer's 64) and its warpgroup from threadIdx.x again, opaque: kept live through the
+    // loops instead, the d64 and d256 softcap kernels had no register for them there (4 to 8 bytes spilled, the d64
+    // softcap loop 14 instructions longer).
+    const unsigned tx = pk_opaque_u32(threadIdx.x), qrow = 16 * (tx / 32 - 4) + (tx % 32) / 4;
+    pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
+        l, m, sl2, v_scale, row_e, n_q,
+        [&](int r, int, float inv) {
+            const unsigned rb = (qrow + 8 * r) * 128 + 4 * (tx % 4);
+#pragma unroll
+            for (int jj = 0; jj < DV / 8; jj++)
+                *reinterpret_cast<unsigned int*>(qs + (jj / 8) * FA90_BR * 128 +
+                                                 pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
+                    Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+        },
+        lse_at);
+    // Dense: the TMA (async proxy) reads these generic-proxy writes.
+    if constexpr (!VARLEN) pk_fence_proxy_async_shared();
+    pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written (barrier 1 + c: the WG vote's)
+    const int r0 = 64 * (int)(tx / 128 - 1);  // the consumer's first row of the tile
     if constexpr (VARLEN) {
-        // st.global: a box of rows would run past the sequence's end into the next sequence's rows of out
-        const long long o_stride = (long long)n_heads * DV;
-        pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
-            l, m, sl2, v_scale, row_e, n_q,
-            [&](int r, int row, float inv) {
-                T* orow = out + (o_row0 + row) * o_stride + (long long)h * DV;
+        // A TMA store box would run past the sequence's end into the next sequence's rows of out (the map's rows
+        // end at the packed total, not at n_q), so the warpgroup's 128 threads store the rows with 16-byte stores
+        // instead (FA3 keeps its TMA store to the fixed-length case too): DV / 8 pieces a row, consecutive threads
+        // on consecutive pieces of a row (a warp writes 512 contiguous bytes at d256, 2 rows of 256 at d128, 4 of 128
+        // at d64), 128 / (DV / 8) rows a pass, rows past n_q skipped. Each 8 lanes (a 16-byte access's phase) read 8
+        // pieces of one row, whose 16-byte units the swizzle permutes within the row's 128 bytes: no bank conflict.
+        constexpr int PR = DV / 8, RP = 128 / PR;  // pieces a row, rows a pass
+        const int pc = (int)(tx % PR), rr0 = (int)(tx % 128 / PR), nr = n_q - (q0 + r0);  // nr: rows to store
+        const long long o_stride = (long long)n_heads * DV;  // out (total_q, n_heads, DV), 64-bit offsets
+        T* ob = out + (o_row0 + q0 + r0 + rr0) * o_stride + (long long)h * DV + 8 * pc;
+        const unsigned char* sb = qs + (pc / 8) * FA90_BR * 128;
 #pragma unroll
-                for (int jj = 0; jj < DV / 8; jj++)
-                    *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
-                        Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
-            },
-            lse_at);
+        for (int p = 0; p < 64 / RP; p++) {
+            const int rr = rr0 + p * RP;
+            if (rr < nr)
+                pk_st_global_b128(ob + (long long)(p * RP) * o_stride,
+                                  pk_ld_shared_b128(sb + pk_swizzle_offset((r0 + rr) * 128 + (pc % 8) * 16,
+                                                                           PK_SWIZZLE_128B)));
+        }
     } else {
-        // The TMA-store epilogue (FA3's): this consumer's 64 rows of O, normalised and rounded to T, go into its
-        // own 64 rows of the Q tile (free: its S wgmmas have all completed, and the other consumer's rows are not
-        // touched), in the tensor map's box layout ([DV / 64][rows][128 B], 128B swizzle: the 16-byte unit XORed by
-        // row % 8 = g, so the 8 rows x 4 lanes of one store land in 32 distinct banks); then one thread stores the
-        // DV / 64 boxes (1, 64, 1, 64) of out. Rows past n_q are left as they are in shared memory: the TMA clips
-        // them (the map's rows end at n_q). out's column 8 jj + 2 t of a row is byte 16 (jj % 8) + 4 t of box jj / 8.
-        // The lane's row of the Q tile (16 (warp - 4) + g; 64 c + its row in the consumer's 64) and its warpgroup
-        // from threadIdx.x again, opaque: kept live through the loops instead, the d64 and d256 softcap kernels had
-        // no register for them there (4 to 8 bytes spilled, the d64 softcap loop 14 instructions longer).
-        const unsigned tx = pk_opaque_u32(threadIdx.x), qrow = 16 * (tx / 32 - 4) + (tx % 32) / 4;
-        pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
-            l, m, sl2, v_scale, row_e, n_q,
-            [&](int r, int, float inv) {
-                const unsigned rb = (qrow + 8 * r) * 128 + 4 * (tx % 4);
-#pragma unroll
-                for (int jj = 0; jj < DV / 8; jj++)
-                    *reinterpret_cast<unsigned int*>(qs + (jj / 8) * FA90_BR * 128 +
-                                                     pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
-                        Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
-            },
-            lse_at);
-        pk_fence_proxy_async_shared();  // these generic-proxy writes before the TMA (async proxy) reads them
-        pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written (barrier 1 + c: the WG vote's)
+        // The TMA-store epilogue: one thread stores the DV / 64 boxes (1, 64, 1, 64) of out; rows past n_q are left
+        // as they are in shared memory: the TMA clips them (the map's rows end at n_q).
         if (tx % 128 == 0) {
-            const int r0 = 64 * (int)(tx / 128 - 1);  // the consumer's first row of the tile
 #pragma unroll
             for (int nb = 0; nb < DV / 64; nb++)
                 pk_tma_store_4d(to, qs + nb * FA90_BR * 128 + r0 * 128, nb * 64, h, q0 + r0, mb);

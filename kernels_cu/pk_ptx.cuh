@@ -207,6 +207,13 @@ __device__ __forceinline__ float4 pk_ld_shared_v4(const float* p, const char* fi
     pkrt_ld_shared_v4(p, file, line);
     return *reinterpret_cast<const float4*>(p);
 }
+// The same read of 16 raw bytes (e.g. 8 bf16 / f16 elements staged for a 16-byte global store), into integer
+// registers so that no value passes through a float.
+__device__ __forceinline__ uint4 pk_ld_shared_b128(const void* p, const char* file = __builtin_FILE(),
+                                                   int line = __builtin_LINE()) {
+    pkrt_ld_shared_v4(p, file, line);
+    return *static_cast<const uint4*>(p);
+}
 
 // 2^x with ex2.approx.ftz.f32's special cases: subnormal inputs count as 0 (result 1),
 // subnormal results flush to +0, -inf -> +0, +inf -> +inf, NaN -> NaN.
@@ -450,6 +457,7 @@ __device__ __forceinline__ void pk_cp_async_wait_all() {}
 #endif
 // A 16-byte shared-memory read (LDS.128): a plain one here (the host backend's bank model records it).
 __device__ __forceinline__ float4 pk_ld_shared_v4(const float* p) { return *reinterpret_cast<const float4*>(p); }
+__device__ __forceinline__ uint4 pk_ld_shared_b128(const void* p) { return *static_cast<const uint4*>(p); }
 
 __device__ __forceinline__ float pk_ex2_approx(float x) {
     float r;

@@ -10,6 +10,8 @@ _d256: head_dims the core does not take; paged_attn for FP8 caches) are not held
 """
 from __future__ import annotations
 
+import re
+from functools import lru_cache
 from pathlib import Path
 
 import numpy as np
@@ -17,6 +19,7 @@ import pytest
 
 from pykern import ops
 from pykern.difftest.cases.attention import fa_inputs
+from pykern.ops import _attention_sm90 as sm90
 from sass_helpers import checked_report as _sass_report
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -106,24 +109,46 @@ def test_paged_prefill_launches_the_core_for_16bit_caches(d, kind, softcap, monk
     assert names[0] in FWD_CORE
 
 
-# The sm_90a forward (kernels_cu/attention_fwd_sm90.cu, FA3's design): the dense kernels write O through the
-# TMA-store epilogue (each consumer warpgroup's 64 rows staged in its part of the Q tile, then one UTMASTG a box of
-# 64 head-dim columns: DV / 64 of them), lse with plain stores; the varlen kernels keep their st.global epilogue (a
-# box would run past a sequence's end into the next one's rows) and carry no UTMASTG.
+# The sm_90a forward (kernels_cu/attention_fwd_sm90.cu, FA3's design): every kernel stages each consumer
+# warpgroup's 64 normalised rows of O in its part of the Q tile. The dense kernels then store them through the TMA
+# (one UTMASTG a box of 64 head-dim columns: DV / 64 of them); the varlen and paged kernels (a box would run past a
+# sequence's end into the next one's rows) carry no UTMASTG: the warpgroup's 128 threads store the rows with 16-byte
+# stores, DV / 16 STG.E.128 a thread (64 rows x DV / 8 pieces over 128 threads), all after the steady loop, and no
+# 32-bit store of O. lse with plain 32-bit stores (rows g and g + 8 of the lane, quad lane 0) in every kernel.
 SM90_FWD = [f"attention_fwd_{v}sm90_{s}{c}_{t}" for v in ("", "varlen_") for s in ("d64", "d128", "d256", "d192_dv128")
             for c in ("", "_softcap") for t in ("bf16", "f16")]
+SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
+              for q in ("bf16", "f16") for kv in (q, *sm90.PAGED_FP8) if kv == q or d not in sm90.PAGED_NO_FP8]
 
 
-@pytest.mark.parametrize("kernel", SM90_FWD)
-def test_sm90_dense_forward_stores_o_through_the_tma(kernel: str) -> None:
-    from sass_helpers import kernel_ops, source_sass
+@lru_cache(maxsize=None)
+def _sm90_sass() -> tuple[str, dict]:
+    """attention_fwd_sm90.cu's sm_90a SASS and its steady-state loops, disassembled once for every case below (one
+    cuobjdump of its 84 kernels takes tens of seconds)."""
+    from sass_helpers import report, source_sass
 
-    ops_ = kernel_ops(source_sass("attention_fwd_sm90.cu", "sm_90a"), kernel)
+    text = source_sass("attention_fwd_sm90.cu", "sm_90a")
+    return text, report().steady_state_loops(text)
+
+
+@pytest.mark.parametrize("kernel", SM90_FWD + SM90_PAGED)
+def test_sm90_forward_epilogue_stores(kernel: str) -> None:
+    from sass_helpers import kernel_ops
+
+    text, loops = _sm90_sass()
+    ops_ = kernel_ops(text, kernel)
     dv = 128 if "_dv128" in kernel else int(kernel.split("_d")[1].split("_")[0])
     stores = [op for op in ops_ if op.startswith("UTMASTG")]
     stg = [op for op in ops_ if op.startswith("STG")]
-    if "_varlen_" in kernel:
-        assert stores == [] and len(stg) >= dv // 4, (kernel, stores, len(stg))  # O a 32-bit word at a time
+    if "_varlen_" in kernel or kernel.startswith("paged_"):
+        assert stores == [], (kernel, stores)
+        assert stg.count("STG.E.128") == dv // 16, (kernel, stg)
+        assert stg.count("STG.E") == 2 and len(stg) == 2 + dv // 16, (kernel, stg)  # lse only at 32 bits
+        # the 16-byte stores are the epilogue's: after the steady-state loop
+        loop = loops[kernel]
+        body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
+        at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
+        assert len(at) == dv // 16 and min(at) > int(loop["end"], 16), (kernel, loop, at)
     else:
         assert stores == ["UTMASTG.4D"] * (dv // 64), (kernel, stores)
-        assert len(stg) == 2, (kernel, stg)  # lse only: rows g and g + 8 of the lane (quad lane 0)
+        assert stg == ["STG.E"] * 2, (kernel, stg)  # lse only: rows g and g + 8 of the lane (quad lane 0)

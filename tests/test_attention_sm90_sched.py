@@ -190,19 +190,21 @@ def test_the_attention_model_schedules_the_persistent_grid() -> None:
 # (cp.async.bulk.wait_group.read) before its arrival. The host performs a store at that wait (or at the thread's
 # exit), so a copy without it stores whatever the buffer holds by then (later tiles' Q and O).
 _STORE_READ = "            pk_tma_store_wait_read<0>();\n"
-_STORE_BAR = "        pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written"
+# The staging barrier (named barrier 1 + c over the consumer warpgroup) of every form's epilogue.
+_STORE_BAR = "    pk_bar_sync_aligned(tx / 128, 128);  // the warpgroup's rows are all written"
 
 
-def _spy_mutant(tmp_path, monkeypatch, old: str, new: str, tag: str, d: int = 128) -> None:
-    """A copy of the source with `old` replaced (only the d{d} family kept), launched by the ops in place of the
-    real attention_fwd_sm90_d{d} kernels."""
+def _spy_mutant(tmp_path, monkeypatch, old: str, new: str, tag: str, d: int = 128, form: str = "") -> None:
+    """A copy of the source with `old` replaced (only the d{d} family of the form kept: "" dense, "varlen_"),
+    launched by the ops in place of the real attention_fwd_{form}sm90_d{d} kernels."""
     from pykern import launcher
 
-    write_mutant(tmp_path, monkeypatch, SRC, old, new, f"fa90_{tag}.cu", ("attention_fwd_sm90_d", f"fa90_{tag}_d"),
-                 keep=(f"attention_fwd_sm90_d{d}",))
+    real_name = f"attention_fwd_{form}sm90_d"
+    write_mutant(tmp_path, monkeypatch, SRC, old, new, f"fa90_{tag}.cu", (real_name, f"fa90_{tag}_d"),
+                 keep=(f"{real_name}{d}",))
     real = launcher.launch
     monkeypatch.setattr(launcher, "launch", lambda name, *a, **kw: real(
-        name.replace("attention_fwd_sm90_d", f"fa90_{tag}_d"), *a, **kw))
+        name.replace(real_name, f"fa90_{tag}_d"), *a, **kw))
 
 
 def test_the_epilogue_store_reads_o_before_the_next_q_lands(tmp_path, monkeypatch) -> None:
@@ -224,6 +226,29 @@ def test_the_epilogue_is_clean_under_racecheck_and_needs_its_barrier(tmp_path, m
     _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, _STORE_BAR, "rcsame")
     out = ops.flash_attention(q, k, v, causal=True, backend=HOST)
     close("out", out, np_flash_attention(q, k, v, True)[0], "flash_attention", "bf16")
-    _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, "        //", "rcnobar")  # the comment after it stays one
+    _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, "    //", "rcnobar")  # the comment after it stays one
     with pytest.raises(KernelExecutionError, match=r"read-after-write race"):
         ops.flash_attention(q, k, v, causal=True, backend=HOST)
+
+
+@pytest.mark.slow
+def test_the_varlen_epilogue_is_clean_under_racecheck_and_needs_its_barrier(tmp_path, monkeypatch) -> None:
+    # The varlen (and paged) epilogue: each thread of the warpgroup reads 16-byte pieces of rows other warps of it
+    # wrote into the Q tile; the named barrier orders those writes before the reads. Without it racecheck reports
+    # the reads. Sequences of 5 and 90 rows: rows past each sequence's end are neither written nor read.
+    from pykern.ops.serving import flash_attention_varlen
+
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    rng = np.random.default_rng(7)
+    lq, lk = [5, 90], [70, 90]
+    q, k, v = (a[0] for a in fa_inputs(rng, 1, sum(lq), sum(lk), 2, 1, 128, 128, "bf16"))
+    cu_q = np.array([0, 5, 95], np.int32)
+    cu_k = np.array([0, 70, 160], np.int32)
+    _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, _STORE_BAR, "vrcsame", form="varlen_")
+    out = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)
+    ref = np.concatenate([np_flash_attention(q[None, 0:5], k[None, 0:70], v[None, 0:70], True)[0][0],
+                          np_flash_attention(q[None, 5:95], k[None, 70:160], v[None, 70:160], True)[0][0]])
+    close("out", out, ref, "flash_attention_varlen", "bf16")
+    _spy_mutant(tmp_path, monkeypatch, _STORE_BAR, "    //", "vrcnobar", form="varlen_")
+    with pytest.raises(KernelExecutionError, match=r"read-after-write race"):
+        flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)

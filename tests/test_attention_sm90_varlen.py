@@ -104,6 +104,57 @@ def test_varlen_sm90_softcap_vs_float64(case, monkeypatch) -> None:
     check_lse(lse, ref_lse)
 
 
+def test_varlen_cases_cover_the_epilogue_rows() -> None:
+    # The varlen / paged epilogue stores O a row at a time (16-byte pieces, rows past the sequence's end skipped):
+    # for every head dim the cases here and the difftest's hold a sequence whose length is not a multiple of 64 (a
+    # consumer warpgroup's 64 rows end inside the sequence's last query tile) and one of 1 to 7 rows (fewer rows
+    # than a quad's g rows; the second consumer stores nothing).
+    from pykern.difftest.cases import attention as dc
+
+    lens: dict[int, list[int]] = {}
+    for d, shapes in dc.SM90_VARLEN.items():
+        for lq, _ in shapes:
+            lens.setdefault(d, []).extend(lq)
+    for (lq, _), d, *_ in dc.SM90_VARLEN_SOFTCAP:
+        lens.setdefault(d, []).extend(lq)
+    for (lq, _), *_ in dc.SM90_VARLEN_192:
+        lens.setdefault(192, []).extend(lq)
+    for lq, _, _, _, d, *_ in VARLEN + VARLEN_SOFTCAP:
+        lens.setdefault(d, []).extend(lq)
+    for lq, *_ in VARLEN_192:
+        lens.setdefault(192, []).extend(lq)
+    assert sorted(lens) == [64, 128, 192, 256]
+    for d, ls in lens.items():
+        assert any(n % 64 for n in ls) and any(0 < n < 8 for n in ls), (d, ls)
+
+
+@pytest.mark.parametrize("d,dv", [(64, 64), (128, 128), (256, 256), (192, 128)])
+def test_varlen_epilogue_reads_are_bank_conflict_free(d: int, dv: int, monkeypatch) -> None:
+    # The epilogue's 16-byte reads of the staged O rows (pk_ld_shared_b128; the host backend's 16-byte bank model,
+    # pykern.backends.host.shared_v4_bank_stats: a quarter-warp a phase): 8 consecutive lanes read 8 pieces of one
+    # 128-byte row of a box, whose 16-byte units the 128B swizzle permutes: one wavefront a phase. The varlen
+    # kernel's other shared accesses are TMA / wgmma ones, which the model does not count, so every phase is the
+    # epilogue's: one a row and 64 head-dim columns (a full phase: a row's pieces are stored or skipped together).
+    from pykern.backends.host import shared_v4_bank_model, shared_v4_bank_stats
+
+    lq, lk, h = [5, 90], [70, 90], 2
+    q, k, v, cu_q, cu_k = _ragged(np.random.default_rng(d + 11), lq, lk, h, 1, d, "bf16", dv)
+    names = _record(monkeypatch)
+    shared_v4_bank_model(True)
+    try:
+        shared_v4_bank_stats(reset=True)
+        out, lse = flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, return_lse=True, backend=HOST)
+        st = shared_v4_bank_stats()["attention_fwd_sm90"]
+    finally:
+        shared_v4_bank_model(False)
+    assert names == [sm90.kernel_name(d, dv, 0.0, "_bf16", varlen=True)]
+    assert st["phases"] == sum(lq) * h * dv // 64, st
+    assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
+    ref_out, ref_lse = _np_varlen(q, k, v, cu_q, cu_k, True)
+    close("out", out, ref_out, "flash_attention_varlen", "bf16")
+    check_lse(lse, ref_lse)
+
+
 def test_varlen_sm90_other_schedule_and_agrees_with_mma_sync(monkeypatch) -> None:
     # a reversed thread / block schedule gives the same bits; the mma.sync kernel (not playing Hopper) agrees
     # as the dense kernels do: both round P to f16 for P V and differ in fp32 summation order only

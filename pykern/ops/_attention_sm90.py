@@ -258,10 +258,10 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
                dims: tuple[int, int, int, int, int, int], scale: float, softcap: float, wl: int, wr: int,
                suffix: str, stream: Any, backend: str | None) -> bool:
     """flash_attention_varlen: run attention_fwd_varlen_sm90_<shape>[_softcap]{suffix} (`kernel_name`) when `usable`
-    and the packed arrays suit TMA, else False (nothing launched). q (total_q, heads, D), k (total_k, kv_heads, D)
-    and v (total_k, kv_heads, DV) contiguous, out / lse (total_q, heads[, DV]); cu_q / cu_k int32 (batch + 1,); dims
-    (batch, max_q, heads, kv_heads, D, DV), max_q the longest sequence's queries (the grid's query tiles); (wl, wr)
-    normalized per sequence (serving ops)."""
+    and the packed arrays suit TMA (and out its 16-byte stores), else False (nothing launched). q (total_q, heads,
+    D), k (total_k, kv_heads, D) and v (total_k, kv_heads, DV) contiguous, out / lse (total_q, heads[, DV]); cu_q /
+    cu_k int32 (batch + 1,); dims (batch, max_q, heads, kv_heads, D, DV), max_q the longest sequence's queries (the
+    grid's query tiles); (wl, wr) normalized per sequence (serving ops)."""
     from .. import arrays
     from ..backends import get_backend
     from ..errors import ArgumentError
@@ -272,7 +272,8 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
     if not usable(d, d_v, softcap, scale, q, backend, k, v):
         return False
     n_qt = -(-max_q // ROWS)
-    if n_qt * n_heads >= 2**31:
+    # out: the epilogue's 16-byte stores (its rows' strides, n_heads * DV elements, keep that alignment)
+    if n_qt * n_heads >= 2**31 or not arrays.aligned16(out):
         return False
     bc, _ = _CFG[d]
     name = get_backend(backend).name
