@@ -1236,8 +1236,8 @@ def format_table(doc: dict[str, Any]) -> str:
 # The bound above takes every term of a CTA to overlap the others. The measured kernels do not: Nsight Compute on
 # the sm_90a d128 forward (2026-11-27) shows the tensor pipe 60% active and 36.7% of issue gaps at a CTA barrier,
 # because the softmax of a tile runs between that warpgroup's two GEMMs. The calibrated model adds, per CTA, the
-# time that does not overlap, with five constants, each with one physical meaning, fitted (least squares on the
-# log of measured / modelled time) to our own H200 measurements and to nobody else's:
+# time that does not overlap, with six constants, each with one physical meaning, fitted (least squares on the
+# log of measured / modelled time; call_us held: HELD) to our own H200 measurements and to nobody else's:
 #
 # * sigma_tile_clk: the wgmma backward kernels, SM clocks per key (or query) tile a CTA steps through that do not
 #   overlap the tensor pipe: the softmax's issue time between the warpgroup's S = QK^T wait and its dP / dS work,
