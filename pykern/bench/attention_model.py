@@ -1142,7 +1142,7 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                ) -> dict[str, Any]:
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
-    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (the fused
+    (default: with the default shapes, head_dim 96 (the fused kernel on 32-column boxes) and 256 (the fused
     kernel: dK / dV with the head dim split across the consumers, dQ's partials added from it) at the same seqs and
     hidden size); the fused
     mma.sync backward in each of `dq_modes`. The default shapes include 192 / 128 (default_dv_shapes) on every
@@ -1213,7 +1213,7 @@ def format_table(doc: dict[str, Any]) -> str:
               "bulk reduce-adds into L2, the l2 term); bwd det: the deterministic dQ (mma.sync: per-key-tile partials",
               "written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
-              "d96 and d256: both kernels on wgmma. d 192/128: head_dim / head_dim_v",
+              "d96 and d256: the fused wgmma kernel, as at d64 / d128. d 192/128: head_dim / head_dim_v",
               "(sm_90a: that shape's kernels; mma.sync: the d256 kernels, the backward on v / dO padded to 192, the",
               "copies in its bytes). sm_90a rows: the current build (the d128 forward's",
               "ping-pong); none of them fitted to a measurement.",
