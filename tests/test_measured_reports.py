@@ -409,6 +409,27 @@ def test_sampling_beside_torch_2026_11_28_second_run() -> None:
            *rng(host1, f0), *rng(host4, f0))
 
 
+def test_h200_l2_is_what_the_device_reported() -> None:
+    """The H200's L2 is the size the device reported in every measured run (ceilings.json, `l2_bytes`), and each use
+    of it agrees: the attention model's H200 (one constant), the sampling model's (which reads that one) and the
+    reports' own words (60 MiB, not the 60 MB a datasheet-style round figure would be)."""
+    import importlib.util
+
+    from pykern.bench import attention_model as am
+
+    reported = {next(r for r in data(name, "ceilings.json") if r["what"] == "device")["l2_bytes"]
+                for name in (R27, R28, R28B)}
+    assert reported == {62914560} == {am.H200.l2_bytes}
+    spec = importlib.util.spec_from_file_location("sampling_model_l2", DOCS.parent / "tools" / "sampling_model.py")
+    sm = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(sm)
+    assert sm.L2_BYTES == am.H200.l2_bytes
+    for name in (R27, R28, R28B):
+        text = prose(report(name))
+        assert "60 MiB L2" in text and "60 MB L2" not in text, name
+    assert "62914560 bytes" in prose(report(R27))
+
+
 @pytest.mark.parametrize("name", [R27, R28, R28B])
 def test_every_data_file_a_report_cites_exists(name: str) -> None:
     text = report(name).read_text()

@@ -31,10 +31,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))  # this checkout's pykern
 
+from pykern.bench.attention_model import H200  # noqa: E402  (after the path: this checkout's pykern)
+
 SMS, CLOCK, HBM = 132, 1.98e9, 4.8e12
 ISSUE_PER_CLK = 4  # warp-instructions a clock an SM (4 schedulers)
 L2_B_PER_CLK = 64  # bytes a clock an SM from L2
-L2_BYTES = 50 * 2**20  # H200's L2 (a row batch that fits is read from HBM once)
+# H200's L2 (a row batch that fits in half of it is read from HBM once): the attention model's, 62914560 bytes
+# (60 MiB), what the CUDA device attribute reported on our H200 (docs/measured/2026-11-27-h200/ceilings.json).
+L2_BYTES = H200.l2_bytes
 VOCAB, VEC = 128256, 4  # fp32: 4 values a 16-byte load
 NT = 512
 MAX_CTAS = 16  # pykern.ops.sampling.MAX_CTAS_PER_ROW

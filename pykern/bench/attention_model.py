@@ -1142,7 +1142,7 @@ def table_rows(archs: Sequence[str] = ARCHS, phases: Sequence[str] = ("fwd", "bw
                ) -> dict[str, Any]:
     """Every prediction plus the skipped ones with why. sm_90a: the wgmma kernels (skipped where there are
     none), the backward also with its softcap / varlen kernels (SM90_BWD_KINDS) and at `sm90_bwd_shapes`
-    (default: with the default shapes, head_dim 96 (both kernels on wgmma, 32-column boxes) and 256 (the fused
+    (default: with the default shapes, head_dim 96 (the fused kernel on 32-column boxes) and 256 (the fused
     kernel: dK / dV with the head dim split across the consumers, dQ's partials added from it) at the same seqs and
     hidden size); the fused
     mma.sync backward in each of `dq_modes`. The default shapes include 192 / 128 (default_dv_shapes) on every
@@ -1213,7 +1213,7 @@ def format_table(doc: dict[str, Any]) -> str:
               "bulk reduce-adds into L2, the l2 term); bwd det: the deterministic dQ (mma.sync: per-key-tile partials",
               "written and read back). Binding: the largest term of the longest launch.",
               "sm_90a bwd so / va: its softcap / varlen kernels (varlen: batch sequences of seq tokens each); sm_90a bwd",
-              "d96 and d256: both kernels on wgmma. d 192/128: head_dim / head_dim_v",
+              "d96 and d256: the fused wgmma kernel, as at d64 / d128. d 192/128: head_dim / head_dim_v",
               "(sm_90a: that shape's kernels; mma.sync: the d256 kernels, the backward on v / dO padded to 192, the",
               "copies in its bytes). sm_90a rows: the current build (the d128 forward's",
               "ping-pong); none of them fitted to a measurement.",
@@ -1236,8 +1236,8 @@ def format_table(doc: dict[str, Any]) -> str:
 # The bound above takes every term of a CTA to overlap the others. The measured kernels do not: Nsight Compute on
 # the sm_90a d128 forward (2026-11-27) shows the tensor pipe 60% active and 36.7% of issue gaps at a CTA barrier,
 # because the softmax of a tile runs between that warpgroup's two GEMMs. The calibrated model adds, per CTA, the
-# time that does not overlap, with five constants, each with one physical meaning, fitted (least squares on the
-# log of measured / modelled time) to our own H200 measurements and to nobody else's:
+# time that does not overlap, with six constants, each with one physical meaning, fitted (least squares on the
+# log of measured / modelled time; call_us held: HELD) to our own H200 measurements and to nobody else's:
 #
 # * sigma_tile_clk: the wgmma backward kernels, SM clocks per key (or query) tile a CTA steps through that do not
 #   overlap the tensor pipe: the softmax's issue time between the warpgroup's S = QK^T wait and its dP / dS work,

@@ -18,8 +18,24 @@ EXIT_NO_GPU = 3  # no CUDA driver, no CUDA device, or torch sees no CUDA device:
 JSON_VERSION = 1
 
 
+def _calibration_words() -> dict[str, str]:
+    """The calibrated model's constants as the help states them, read from attention_model's FITTED and HELD so the
+    help cannot fall behind the model: how many there are ("six"), their names, how many --fit refits ("five": those
+    not HELD) and the held ones ("call_us")."""
+    from .attention_model import FITTED, HELD
+
+    words = ("no", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten")
+    names = list(FITTED.to_dict())
+    fitted = [n for n in names if n not in HELD]
+    return {"count": words[len(names)] if len(names) < len(words) else str(len(names)),
+            "names": ", ".join(names),
+            "fitted": words[len(fitted)] if len(fitted) < len(words) else str(len(fitted)),
+            "held": ", ".join(n for n in names if n in HELD) or "none"}
+
+
 def _parser() -> argparse.ArgumentParser:
     names = ", ".join(c.name for c in suite.CASES)
+    cw = _calibration_words()
     p = argparse.ArgumentParser(
         prog="python -m pykern.bench",
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -48,12 +64,13 @@ def _parser() -> argparse.ArgumentParser:
             "CTAs per SM) and per shape the predicted TFLOP/s with the binding term (issue, shared memory, tensor\n"
             "pipe or HBM). It needs pykern's compiler and cuobjdump (pykern.bench.attention_model; the bound is\n"
             "calibrated from no measured speed).\n\n"
-            "--attention-model --compare [JSON] prints the calibrated model (the bound plus five constants for what\n"
+            f"--attention-model --compare [JSON] prints the calibrated model (the bound plus {cw['count']} constants for what\n"
             "does not overlap, fitted to our own H200 measurements of 2026-11-27, never to a peer's) beside each\n"
             "pykern measurement of an attention.json (default docs/measured/2026-11-27-h200/attention.json): measured,\n"
             "the bound (before), the calibrated model (after), their errors and the binding term.\n"
-            "--attention-model --fit JSON refits the five constants to JSON's pykern rows (least squares on the log\n"
-            "error), prints them and the same comparison."
+            f"--attention-model --fit JSON refits {cw['fitted']} of them to JSON's pykern rows (least squares on the log\n"
+            f"error; held at FITTED's value: {cw['held']}), prints them and the same comparison.\n"
+            f"The constants (pykern.bench.attention_model.FITTED):\n{cw['names']}."
         ),
         epilog=(f"Exit status: {EXIT_OK} every pykern row ran (or the model was printed); {EXIT_FAILED} a pykern row "
                 f"errored, or --attention-model could not read the kernels' SASS; {EXIT_USAGE} bad "
@@ -88,8 +105,9 @@ def _parser() -> argparse.ArgumentParser:
                    help="with --attention-model: the calibrated model beside the pykern rows of an attention.json "
                         "(default: the 2026-11-27 H200 run's), before / after and the binding term")
     p.add_argument("--fit", default=None, metavar="JSON",
-                   help="with --attention-model: refit the calibrated model's five constants to the pykern rows of "
-                        "this attention.json (never a peer's) and print them with the comparison")
+                   help=f"with --attention-model: refit {cw['fitted']} of the calibrated model's {cw['count']} "
+                        f"constants (held: {cw['held']}) to the pykern rows of this attention.json (never a peer's) "
+                        "and print them with the comparison")
     p.add_argument("--bulk-dq", action="store_true",
                    help="with --attention-model: the current sm_90a fused backward under the calibrated model, its "
                         "dQ partials as per-float REDs (before) and as its bulk reduce-adds into L2 (after); a "

@@ -86,7 +86,7 @@ def l2_flush(nbytes: int, device: int | str = "cuda") -> Callable[[], Any]:
     one reduction kernel on torch's current stream, so it completes before the start event that follows it.
 
     It reads, so it leaves L2 full of clean lines. A memset (how this flushed before) leaves it full of dirty
-    ones, and the timed call then writes them back as it evicts them: up to the L2's size in HBM writes (50-60 MB:
+    ones, and the timed call then writes them back as it evicts them: up to the L2's size in HBM writes (50-60 MiB:
     12-15 us at 4 TB/s) inside its events, which bends every step that reads tens of MB and more."""
     import torch
 
