@@ -24,7 +24,9 @@
 //               {8j + 2t, 8j + 2t + 1} of a 32-key step, the A fragment wants columns 4t..4t+3 and 16+4t..16+4t+3;
 //               rather than moving bytes between lanes (FA3's permute_regs_A_to_C), the transpose writes V^T's
 //               key columns in that order (fa90f8_key), which the sum over keys does not see.
-//   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3).
+//   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3); the epilogue stages a
+//               consumer's bf16 rows in its V slot (the spent K / V ring: see fa90f8_forward's epilogue) and
+//               stores them with 16-byte stores (pk_attn_tc.cuh, as attention_fwd_sm90.cu's varlen kernels).
 // Steady state (d64 / d128): each step issues S of the next tile with O += P V^T of the previous one as one wgmma
 // group, the V^T of the next tile written while they run; at d256 (no registers for that) a tile at a time. At d128
 // the two consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas),
