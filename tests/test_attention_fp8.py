@@ -466,6 +466,33 @@ def test_fp8_varlen_sm90_vs_float64(shape, monkeypatch) -> None:
 
 
 @pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_varlen_epilogue_reads_are_bank_conflict_free(d: int, monkeypatch) -> None:
+    # The epilogue's 16-byte reads of the bf16 rows staged in V slot c (pk_attn_store_staged_o; the host's 16-byte
+    # bank model, a quarter-warp a phase): 8 consecutive lanes read the 8 pieces of one 128-byte row of a box, which
+    # the 128B swizzle permutes: one wavefront a phase. The kernel's other shared accesses (TMA, wgmma, the
+    # transposes' 4-byte loads and plain stores) are not counted, so every phase is the epilogue's: one a stored row
+    # and 64 head-dim columns (rows past each sequence's end, here 123 of 128 and 38, are neither read nor stored).
+    from pykern.backends.host import shared_v4_bank_model, shared_v4_bank_stats
+
+    lens_q, h = [5, 90], 2
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(22, lens_q, [70, 90], h, 1, d, True)
+    names = _record(monkeypatch)
+    shared_v4_bank_model(True)
+    try:
+        shared_v4_bank_stats(reset=True)
+        out, lse = ops.flash_attention_varlen(q8, k8, v8, cq, ck, causal=True, q_descale=qd, k_descale=kd,
+                                              v_descale=vd, return_lse=True, backend="host")
+        st = shared_v4_bank_stats()["attention_fwd_fp8_sm90"]
+    finally:
+        shared_v4_bank_model(False)
+    assert names == [sm90.fp8_varlen_kernel_name(d)]
+    assert st["phases"] == sum(lens_q) * h * d // 64, st
+    assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
+    check_varlen(out, lse, *varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, 1, True))
+
+
+@pytest.mark.usefixtures("sm90_host")
 def test_fp8_varlen_softcap_and_window(monkeypatch) -> None:
     q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(21, [150, 40], [300, 90], 4, 2, 128, True)
     names = _record(monkeypatch)
