@@ -24,7 +24,9 @@
 //               {8j + 2t, 8j + 2t + 1} of a 32-key step, the A fragment wants columns 4t..4t+3 and 16+4t..16+4t+3;
 //               rather than moving bytes between lanes (FA3's permute_regs_A_to_C), the transpose writes V^T's
 //               key columns in that order (fa90f8_key), which the sum over keys does not see.
-//   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3).
+//   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3); the epilogue stages a
+//               consumer's bf16 rows in its V slot (the spent K / V ring: see fa90f8_forward's epilogue) and
+//               stores them with 16-byte stores (pk_attn_tc.cuh, as attention_fwd_sm90.cu's varlen kernels).
 // Steady state (d64 / d128): each step issues S of the next tile with O += P V^T of the previous one as one wgmma
 // group, the V^T of the next tile written while they run; at d256 (no registers for that) a tile at a time. At d128
 // the two consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas),
@@ -58,6 +60,8 @@
 // Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
 // it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.
 #define FA90F8_BAR_PP 3
+// Named barrier of consumer c's epilogue (its 128 threads: the staged rows of O are all written): 5 + c (5, 6).
+#define FA90F8_BAR_EPI 5
 static_assert(FA90F8_BAR_PP == 3, "fa90f8_pp_bar: FA90F8_BAR_PP + c == threadIdx.x / 128 + 2, the other's id ^ 7");
 __device__ __forceinline__ unsigned fa90f8_pp_bar() { return threadIdx.x / 128 + 2; }
 // Q + K + V + V^T + the mbarriers (pykern/ops/_attention_sm90.py: fp8_shared_bytes).
@@ -450,19 +454,32 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     constexpr float UNOFF = 1.0f / (float)(1 << FA90F8_OFF);
     l[0] *= UNOFF, l[1] *= UNOFF;
     const float vd = v_descale[di * vd_stride] * UNOFF;
-    const long long o_stride = (long long)n_heads * D;
     // out / lse's first row of the sequence (VARLEN: read again here rather than kept live through the loops)
     const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
+    // The epilogue (attention_fwd_sm90.cu's, FA3's): this consumer's 64 rows of O, normalised and rounded to bf16
+    // (2 D bytes a row: 128 D bytes, twice its D-byte rows of the e4m3 Q tile), go through V slot c (128 D bytes,
+    // 1024-aligned) in out's box layout ([D / 64][64][128 B], 128B swizzle), then leave with 16-byte stores. The
+    // slot is free here without a barrier of the two consumers: a V slot is written only by the producer's TMA
+    // loads, every one of which this warpgroup waited for (full), and read only by the consumers' transposes (generic
+    // loads, never by a wgmma), each of which the other consumer finished before this one passed its last tile's
+    // hand-over: the V^T barrier after the transposes (the boundary tiles, d256, the d64 steady steps), or at d128's
+    // ping-pong steps consumer 1's turn (consumer 0 arrives after its transpose) and consumer 0's sync on consumer
+    // 1's last hand-over after the loop (after consumer 1's last transpose). The other consumer may still read its Q
+    // rows, K and V^T (its last S and P V^T): none of them is touched. No tile at all: nothing was loaded there.
+    // The warpgroup, its first row (q0 + 64 c: row0 rounded down to 64) and the lane's row and column of the stage
+    // from threadIdx.x again, opaque: kept live through the loops, they lengthened the d128 loop by 9 instructions.
+    const unsigned tx = pk_opaque_u32(threadIdx.x), wt = tx % 128;
+    unsigned char* os = vs + (tx / 128 - 1) * V_BYTES;
+    const unsigned rb0 = (16 * (wt / 32) + (wt % 32) / 4) * 128 + 4 * (tx % 4);  // row 16 wq + g, byte 4 t
+    const int srow = row0 & ~63;
     pk_attn_epilogue(  // m is in log2 units already
         l, m, 1.0f, vd, row0, n_q,
-        [&](int r, int row, float inv) {
-            __nv_bfloat16* orow = out + (o_row0 + row) * o_stride + (long long)h * D;
-#pragma unroll
-            for (int jj = 0; jj < D / 8; jj++)
-                *reinterpret_cast<unsigned int*>(orow + 8 * jj + 2 * t) =
-                    Pk16<__nv_bfloat16>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
-        },
+        [&](int r, int, float inv) { pk_attn_stage_o_row<__nv_bfloat16, D>(os, 64 * 128, rb0 + 8 * r * 128, o, r, inv); },
         [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
+    pk_bar_sync_aligned(tx / 128 + (FA90F8_BAR_EPI - 1), 128);  // the warpgroup's rows are all staged
+    const long long o_stride = (long long)n_heads * D;  // out (batch, n_q or total_q, n_heads, D)
+    pk_attn_store_staged_o<__nv_bfloat16, D>(os, 64 * 128, 0, out + (o_row0 + srow) * o_stride + (long long)h * D,
+                                             o_stride, n_q - srow, wt);
 }
 
 // flash_attention with float8_e4m3fn q, k, v (bytes here): out (batch, n_q, n_heads, D) bf16, lse (batch, n_q,

@@ -1092,12 +1092,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
         l, m, sl2, v_scale, row_e, n_q,
         [&](int r, int, float inv) {
-            const unsigned rb = (qrow + 8 * r) * 128 + 4 * (tx % 4);
-#pragma unroll
-            for (int jj = 0; jj < DV / 8; jj++)
-                *reinterpret_cast<unsigned int*>(qs + (jj / 8) * FA90_BR * 128 +
-                                                 pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
-                    Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+            pk_attn_stage_o_row<T, DV>(qs, FA90_BR * 128, (qrow + 8 * r) * 128 + 4 * (tx % 4), o, r, inv);
         },
         lse_at);
     // Dense: the TMA (async proxy) reads these generic-proxy writes.
@@ -1107,23 +1102,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     if constexpr (VARLEN) {
         // A TMA store box would run past the sequence's end into the next sequence's rows of out (the map's rows
         // end at the packed total, not at n_q), so the warpgroup's 128 threads store the rows with 16-byte stores
-        // instead (FA3 keeps its TMA store to the fixed-length case too): DV / 8 pieces a row, consecutive threads
-        // on consecutive pieces of a row (a warp writes 512 contiguous bytes at d256, 2 rows of 256 at d128, 4 of 128
-        // at d64), 128 / (DV / 8) rows a pass, rows past n_q skipped. Each 8 lanes (a 16-byte access's phase) read 8
-        // pieces of one row, whose 16-byte units the swizzle permutes within the row's 128 bytes: no bank conflict.
-        constexpr int PR = DV / 8, RP = 128 / PR;  // pieces a row, rows a pass
-        const int pc = (int)(tx % PR), rr0 = (int)(tx % 128 / PR), nr = n_q - (q0 + r0);  // nr: rows to store
+        // instead (FA3 keeps its TMA store to the fixed-length case too), rows past n_q skipped.
         const long long o_stride = (long long)n_heads * DV;  // out (total_q, n_heads, DV), 64-bit offsets
-        T* ob = out + (o_row0 + q0 + r0 + rr0) * o_stride + (long long)h * DV + 8 * pc;
-        const unsigned char* sb = qs + (pc / 8) * FA90_BR * 128;
-#pragma unroll
-        for (int p = 0; p < 64 / RP; p++) {
-            const int rr = rr0 + p * RP;
-            if (rr < nr)
-                pk_st_global_b128(ob + (long long)(p * RP) * o_stride,
-                                  pk_ld_shared_b128(sb + pk_swizzle_offset((r0 + rr) * 128 + (pc % 8) * 16,
-                                                                           PK_SWIZZLE_128B)));
-        }
+        pk_attn_store_staged_o<T, DV>(qs, FA90_BR * 128, r0, out + (o_row0 + q0 + r0) * o_stride + (long long)h * DV,
+                                      o_stride, n_q - (q0 + r0), tx % 128);
     } else {
         // The TMA-store epilogue: one thread stores the DV / 64 boxes (1, 64, 1, 64) of out; rows past n_q are left
         // as they are in shared memory: the TMA clips them (the map's rows end at n_q).

@@ -56,6 +56,47 @@ __device__ __forceinline__ void pk_attn_epilogue(const float (&l)[2], const floa
     }
 }
 
+// The staged O epilogue of the sm_90a forwards (FA3's; attention_fwd_sm90.cu, attention_fwd_fp8_sm90.cu): a
+// consumer warpgroup's 64 rows of O go through shared memory, in the layout of a TMA box of 64 16-bit columns
+// ([DV / 64][box rows][128 B], 128B swizzle, box_bytes a box: the 16-byte unit XORed by row % 8), so that the rows
+// leave with 16-byte stores (or one TMA store a box). The stage must be 1024-byte aligned (the swizzle's pattern).
+// pk_attn_stage_o_row: row r (0, 1: the lane's rows g and g + 8) of a lane's m64nDV wgmma accumulators o, times
+// inv and rounded to T, at byte rb = (the row's index in the stage) * 128 + 4 t: out's column 8 jj + 2 t is byte
+// 16 (jj % 8) + 4 t of box jj / 8, and the 8 rows x 4 lanes of one 4-byte store land in 32 distinct banks.
+template <typename T, int DV>
+__device__ __forceinline__ void pk_attn_stage_o_row(unsigned char* stage, unsigned box_bytes, unsigned rb,
+                                                    const float (&o)[DV / 2], int r, float inv) {
+#pragma unroll
+    for (int jj = 0; jj < DV / 8; jj++)
+        *reinterpret_cast<unsigned int*>(stage + (jj / 8) * box_bytes +
+                                         pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
+            Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
+}
+
+// The staged rows' 16-byte stores, by a warpgroup's 128 threads (wt = 0..127), after a barrier of the warpgroup
+// (its rows all staged): the stage's rows srow0..srow0 + 63 to out rows ob0, ob0 + o_stride, ... (ob0: the first
+// row's first element; 64-bit offsets), rows nr and past skipped (the sequence's end: a TMA box would run into the
+// next sequence's rows of a packed out, or past a dense out's batch). DV / 8 pieces a row, consecutive threads on
+// consecutive pieces of a row (a warp writes 512 contiguous bytes at DV 256, 2 rows of 256 at 128, 4 of 128 at 64),
+// 128 / (DV / 8) rows a pass: DV / 16 STG.128 a thread. Each 8 lanes (a 16-byte access's phase) read 8 pieces of
+// one row, whose 16-byte units the swizzle permutes within the row's 128 bytes: no bank conflict.
+template <typename T, int DV>
+__device__ __forceinline__ void pk_attn_store_staged_o(const unsigned char* stage, unsigned box_bytes, int srow0,
+                                                       T* ob0, long long o_stride, int nr, unsigned wt) {
+    constexpr int PR = DV / 8, RP = 128 / PR;  // pieces a row, rows a pass
+    const int pc = (int)(wt % PR), rr0 = (int)(wt / PR);
+    T* ob = ob0 + (long long)rr0 * o_stride + 8 * pc;
+    const unsigned char* sb = stage + (pc / 8) * box_bytes;
+#pragma unroll
+    for (int p = 0; p < 64 / RP; p++) {
+        const int rr = rr0 + p * RP;
+        if (rr < nr)
+            pk_st_global_b128(ob + (long long)(p * RP) * o_stride,
+                              pk_ld_shared_b128(sb + pk_swizzle_offset((srow0 + rr) * 128 + (pc % 8) * 16,
+                                                                       PK_SWIZZLE_128B)));
+    }
+}
+
 // The dK / dV epilogue's row walk of every attention backward, for the two key rows a lane holds of an m16
 // accumulator fragment (key0 and key0 + 8): for each key below n_k, store_row(r, off) writes the row's outputs,
 // off = (batch_row0 + key) * row_stride + head_off being the element offset of the row's first column.

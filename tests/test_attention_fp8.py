@@ -6,9 +6,10 @@ the FP8 kernel is the one launched and its bf16 output is within the relative-RM
 "fp8") of float64 attention on the dequantized inputs (x8 * descale), causal and not, head_dim 64 / 128 / 256, GQA,
 n_q != n_k both ways, per-tensor and per-(batch, kv head) descales, softcap (the _softcap kernels); its lse is the
 float64 one's; its steady loop stays pipelined (SASS: QGMMA, UTMALDG, no spills, the loop bars); it gives the same
-bits under every host schedule (the in-kernel V transpose and its barrier carry no race). Without sm_90a the op
-dequantizes to bf16 and runs the bf16 path within the same bound. Bad descales or mixed dtypes are errors naming
-the argument before any launch; pykern.torch.flash_attention takes fp8 tensors and refuses requires_grad.
+bits under every host schedule (the in-kernel V transpose and its barrier carry no race); its epilogue (O staged in
+V slot c) is clean under racecheck and needs its warpgroup barrier. Without sm_90a the op dequantizes to bf16 and
+runs the bf16 path within the same bound. Bad descales or mixed dtypes are errors naming the argument before any
+launch; pykern.torch.flash_attention takes fp8 tensors and refuses requires_grad.
 """
 from __future__ import annotations
 
@@ -465,6 +466,33 @@ def test_fp8_varlen_sm90_vs_float64(shape, monkeypatch) -> None:
 
 
 @pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_fp8_varlen_epilogue_reads_are_bank_conflict_free(d: int, monkeypatch) -> None:
+    # The epilogue's 16-byte reads of the bf16 rows staged in V slot c (pk_attn_store_staged_o; the host's 16-byte
+    # bank model, a quarter-warp a phase): 8 consecutive lanes read the 8 pieces of one 128-byte row of a box, which
+    # the 128B swizzle permutes: one wavefront a phase. The kernel's other shared accesses (TMA, wgmma, the
+    # transposes' 4-byte loads and plain stores) are not counted, so every phase is the epilogue's: one a stored row
+    # and 64 head-dim columns (rows past each sequence's end, here 123 of 128 and 38, are neither read nor stored).
+    from pykern.backends.host import shared_v4_bank_model, shared_v4_bank_stats
+
+    lens_q, h = [5, 90], 2
+    q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(22, lens_q, [70, 90], h, 1, d, True)
+    names = _record(monkeypatch)
+    shared_v4_bank_model(True)
+    try:
+        shared_v4_bank_stats(reset=True)
+        out, lse = ops.flash_attention_varlen(q8, k8, v8, cq, ck, causal=True, q_descale=qd, k_descale=kd,
+                                              v_descale=vd, return_lse=True, backend="host")
+        st = shared_v4_bank_stats()["attention_fwd_fp8_sm90"]
+    finally:
+        shared_v4_bank_model(False)
+    assert names == [sm90.fp8_varlen_kernel_name(d)]
+    assert st["phases"] == sum(lens_q) * h * d // 64, st
+    assert st["wavefronts"] == st["phases"] and st["worst"] == 1, st
+    check_varlen(out, lse, *varlen_reference(q8, k8, v8, qd, kd, vd, cq, ck, 1, True))
+
+
+@pytest.mark.usefixtures("sm90_host")
 def test_fp8_varlen_softcap_and_window(monkeypatch) -> None:
     q8, k8, v8, qd, kd, vd, cq, ck = fp8_varlen_inputs(21, [150, 40], [300, 90], 4, 2, 128, True)
     names = _record(monkeypatch)
@@ -545,3 +573,24 @@ def test_fp8_torch_varlen_forward_and_no_autograd() -> None:
     torch.library.opcheck(torch.ops.pykern.flash_attention_varlen_fp8.default,
                           (tq, tk, tv, tcq, tck, torch.from_numpy(qd), torch.from_numpy(kd), torch.from_numpy(vd),
                            True, 0.125), test_utils=("test_faketensor", "test_autograd_registration"))
+
+
+
+_EPI_BAR = "    pk_bar_sync_aligned(tx / 128 + (FA90F8_BAR_EPI - 1), 128);"
+
+
+@pytest.mark.slow
+@pytest.mark.usefixtures("sm90_host")
+def test_fp8_epilogue_is_clean_under_racecheck_and_needs_its_barrier(tmp_path, monkeypatch) -> None:
+    # The epilogue stages each consumer's bf16 rows of O in V slot c with no barrier of the two consumers: a V slot is
+    # read only by the transposes (generic loads: racecheck sees them), which the other consumer finished before the
+    # last hand-over. Clean under racecheck at the ping-pong d128 shape (5 key tiles, the V^T slots wrapping).
+    # Without the warpgroup's barrier, the 16-byte reads of rows other warps staged race with their writes.
+    from pykern.errors import KernelExecutionError
+
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    out, lse, args = _pp_run()
+    check(out, lse, *args)
+    _pp_mutant(tmp_path, monkeypatch, _EPI_BAR, "    //")  # the comment after it stays one
+    with pytest.raises(KernelExecutionError, match=r"read-after-write race"):
+        _pp_run()

@@ -152,3 +152,39 @@ def test_sm90_forward_epilogue_stores(kernel: str) -> None:
     else:
         assert stores == ["UTMASTG.4D"] * (dv // 64), (kernel, stores)
         assert stg == ["STG.E"] * 2, (kernel, stg)  # lse only: rows g and g + 8 of the lane (quad lane 0)
+
+
+# The FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu): each consumer warpgroup stages its 64 normalised bf16 rows
+# of O in V slot c (pk_attn_stage_o_row; the e4m3 Q tile holds half of them) and its 128 threads store them with
+# 16-byte stores (pk_attn_store_staged_o), dense and varlen alike (no tensor map over out): D / 16 STG.E.128 a
+# thread, after the steady loop where there is one (d64, d128), no UTMASTG, and no 32-bit store of O (the two
+# 32-bit stores are lse's rows g and g + 8).
+SM90_FP8_FWD = [f"attention_fwd_{v}sm90_d{d}{c}_fp8" for v in ("", "varlen_") for d in (64, 128, 256)
+                for c in ("", "_softcap")]
+
+
+@lru_cache(maxsize=None)
+def _sm90_fp8_sass() -> tuple[str, dict]:
+    """attention_fwd_fp8_sm90.cu's sm_90a SASS and its steady-state loops, disassembled once."""
+    from sass_helpers import report, source_sass
+
+    text = source_sass("attention_fwd_fp8_sm90.cu", "sm_90a")
+    return text, report().steady_state_loops(text)
+
+
+@pytest.mark.parametrize("kernel", SM90_FP8_FWD)
+def test_sm90_fp8_forward_epilogue_stores(kernel: str) -> None:
+    from sass_helpers import kernel_ops
+
+    text, loops = _sm90_fp8_sass()
+    ops_ = kernel_ops(text, kernel)
+    d = int(kernel.split("_d")[1].split("_")[0])
+    stg = [op for op in ops_ if op.startswith("STG")]
+    assert not [op for op in ops_ if op.startswith("UTMASTG")], kernel
+    assert stg.count("STG.E.128") == d // 16, (kernel, stg)
+    assert stg.count("STG.E") == 2 and len(stg) == 2 + d // 16, (kernel, stg)  # lse only at 32 bits
+    assert (kernel in loops) == (d < 256), (kernel, sorted(loops))  # d256: a tile at a time, no steady loop
+    if kernel in loops:
+        body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
+        at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
+        assert len(at) == d // 16 and min(at) > int(loops[kernel]["end"], 16), (kernel, loops[kernel], at)
