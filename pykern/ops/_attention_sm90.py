@@ -304,11 +304,15 @@ PAGED_FP8 = ("e4m3", "e5m2")
 PAGED_FP8_STAGED = (256,)
 
 
+def _paged_fp8_staged(d: int, kv_kind: str) -> bool:
+    """Whether paged_prefill_sm90 at head_dim d stages kv_kind's bytes in shared memory (PAGED_FP8_STAGED)."""
+    return kv_kind in PAGED_FP8 and d in PAGED_FP8_STAGED
+
+
 def paged_shared_bytes(d: int, d_v: int, kv_kind: str) -> int:
     """Dynamic shared memory of paged_prefill_sm90_*: the forward's (`shared_bytes`), and the FP8 staging buffer
     where d is in PAGED_FP8_STAGED and the cache is FP8."""
-    staged = kv_kind in PAGED_FP8 and d in PAGED_FP8_STAGED
-    return shared_bytes(d, d_v) + (_CFG[d][0] * (d + d_v) if staged else 0)
+    return shared_bytes(d, d_v) + (_CFG[d][0] * (d + d_v) if _paged_fp8_staged(d, kv_kind) else 0)
 
 
 def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
@@ -348,7 +352,7 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
         return False
     strides = tuple(strides[:3]) + (tuple(strides[3:]) if d_v != d else ())
     # elements a 16-byte (16-bit) or 8-byte (FP8) piece; 16 where FP8 bytes are staged (16-byte cp.async)
-    piece = 16 if kv_kind in PAGED_FP8 and d in PAGED_FP8_STAGED else 8
+    piece = 16 if _paged_fp8_staged(d, kv_kind) else 8
     if any(st % piece for st in strides) or not arrays.aligned16(q, kf, vf, out):
         return False
     n_qt = -(-max_qo // ROWS)
