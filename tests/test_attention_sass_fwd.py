@@ -122,13 +122,24 @@ SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SH
 
 
 @lru_cache(maxsize=None)
-def _sm90_sass() -> tuple[str, dict]:
-    """attention_fwd_sm90.cu's sm_90a SASS and its steady-state loops, disassembled once for every case below (one
-    cuobjdump of its 84 kernels takes tens of seconds)."""
+def _sm90_sass(source: str = "attention_fwd_sm90.cu") -> tuple[str, dict]:
+    """A source's sm_90a SASS and its steady-state loops, disassembled once for every case below (one cuobjdump of
+    attention_fwd_sm90.cu's 84 kernels takes tens of seconds)."""
     from sass_helpers import report, source_sass
 
-    text = source_sass("attention_fwd_sm90.cu", "sm_90a")
+    text = source_sass(source, "sm_90a")
     return text, report().steady_state_loops(text)
+
+
+def _assert_staged_stores(text: str, kernel: str, stg: list[str], loop: dict | None, dv: int) -> None:
+    """The staged O epilogue (pk_attn_store_staged_o): DV / 16 STG.E.128 a thread, after the steady-state loop where
+    there is one, and no 32-bit store but lse's two."""
+    assert stg.count("STG.E.128") == dv // 16, (kernel, stg)
+    assert stg.count("STG.E") == 2 and len(stg) == 2 + dv // 16, (kernel, stg)  # lse only at 32 bits
+    if loop is not None:
+        body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
+        at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
+        assert len(at) == dv // 16 and min(at) > int(loop["end"], 16), (kernel, loop, at)
 
 
 @pytest.mark.parametrize("kernel", SM90_FWD + SM90_PAGED)
@@ -142,13 +153,8 @@ def test_sm90_forward_epilogue_stores(kernel: str) -> None:
     stg = [op for op in ops_ if op.startswith("STG")]
     if "_varlen_" in kernel or kernel.startswith("paged_"):
         assert stores == [], (kernel, stores)
-        assert stg.count("STG.E.128") == dv // 16, (kernel, stg)
-        assert stg.count("STG.E") == 2 and len(stg) == 2 + dv // 16, (kernel, stg)  # lse only at 32 bits
         # the 16-byte stores are the epilogue's: after the steady-state loop
-        loop = loops[kernel]
-        body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
-        at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
-        assert len(at) == dv // 16 and min(at) > int(loop["end"], 16), (kernel, loop, at)
+        _assert_staged_stores(text, kernel, stg, loops[kernel], dv)
     else:
         assert stores == ["UTMASTG.4D"] * (dv // 64), (kernel, stores)
         assert stg == ["STG.E"] * 2, (kernel, stg)  # lse only: rows g and g + 8 of the lane (quad lane 0)
@@ -163,28 +169,14 @@ SM90_FP8_FWD = [f"attention_fwd_{v}sm90_d{d}{c}_fp8" for v in ("", "varlen_") fo
                 for c in ("", "_softcap")]
 
 
-@lru_cache(maxsize=None)
-def _sm90_fp8_sass() -> tuple[str, dict]:
-    """attention_fwd_fp8_sm90.cu's sm_90a SASS and its steady-state loops, disassembled once."""
-    from sass_helpers import report, source_sass
-
-    text = source_sass("attention_fwd_fp8_sm90.cu", "sm_90a")
-    return text, report().steady_state_loops(text)
-
-
 @pytest.mark.parametrize("kernel", SM90_FP8_FWD)
 def test_sm90_fp8_forward_epilogue_stores(kernel: str) -> None:
     from sass_helpers import kernel_ops
 
-    text, loops = _sm90_fp8_sass()
+    text, loops = _sm90_sass("attention_fwd_fp8_sm90.cu")
     ops_ = kernel_ops(text, kernel)
     d = int(kernel.split("_d")[1].split("_")[0])
     stg = [op for op in ops_ if op.startswith("STG")]
     assert not [op for op in ops_ if op.startswith("UTMASTG")], kernel
-    assert stg.count("STG.E.128") == d // 16, (kernel, stg)
-    assert stg.count("STG.E") == 2 and len(stg) == 2 + d // 16, (kernel, stg)  # lse only at 32 bits
     assert (kernel in loops) == (d < 256), (kernel, sorted(loops))  # d256: a tile at a time, no steady loop
-    if kernel in loops:
-        body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
-        at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
-        assert len(at) == d // 16 and min(at) > int(loops[kernel]["end"], 16), (kernel, loops[kernel], at)
+    _assert_staged_stores(text, kernel, stg, loops.get(kernel), d)
