@@ -188,3 +188,17 @@ def test_device_cu_seqlens_run_the_same_kernels_and_rows_past_the_end_stay_zero(
     with pytest.raises(ArgumentError, match="max_seqlen_q: expected an int when cu_seqlens_q is on the device"):
         ops.flash_attention_varlen_backward(q, k, v, g, short_q, short_k, out=out, lse=lse, max_seqlen_k=40,
                                             backend=HOST)
+
+
+def test_float32_grid_limit_counts_its_own_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fp32 kernels' tiles are 256 / group_lanes rows (16 at head_dim 256), not the tensor-core kernels' 64: the
+    # 1-D grid's limit is checked with them, before any launch (here 2 * 16 * ceil((2^31 - 257) / 16) CTAs; 64-row
+    # tiles would fit).
+    q = np.zeros((4, 16, 256), np.float32)
+    k = np.zeros((4, 16, 256), np.float32)
+    cu = np.array([0, 2, 4], np.int32)
+    names = record_launches(monkeypatch)
+    with pytest.raises(ArgumentError, match=r"max_seqlen_q: batch \* heads \* tiles = 4294966784 CTAs exceeds"):
+        ops.flash_attention_varlen_backward(q, k, k, q, cu, cu, out=q, lse=np.zeros((4, 16), np.float32),
+                                            max_seqlen_q=2**31 - 257, max_seqlen_k=2, backend=HOST)
+    assert names == []
