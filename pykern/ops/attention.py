@@ -639,9 +639,8 @@ def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None, grads=None):
-    """The fp32-FMA backward (any dtype, any length, deterministic); grads: (dq, dk, dv) to write (contiguous, q's /
-    k's / v's shapes), else new arrays."""
+def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
+    """The fp32-FMA backward (any dtype, any length, deterministic)."""
     b, n_q, n_k, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
@@ -662,7 +661,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None, g
             _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, *win, G,
             shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
-    dq, dk, dv = grads if grads is not None else (arrays.empty(arrays.shape_of(a), kind, like=q) for a in (q, k, v))
+    dq, dk, dv = (arrays.empty(arrays.shape_of(a), kind, like=q) for a in (q, k, v))
     _launch(
         "attention_bwd_fma_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
