@@ -21,6 +21,14 @@
 //    attention_bwd_lse by a sweep over the keys), then attention_bwd_fma_dkdv
 //    (one block per key tile and kv head, looping over its queries and heads)
 //    and attention_bwd_fma_dq (one block per query tile and head).
+//  * varlen (attention_bwd_varlen_fma_dkdv / _dq, float32 only: flash_attention_varlen_backward's fp32 path;
+//    16-bit runs the tensor-core kernels): the flash kernels with a per-sequence prologue (template parameter
+//    VL). Packed rows, flash-attn's layout: q, dO, dq (total_q, n_heads, head_dim), k, v, dk, dv (total_k,
+//    n_kv_heads, head_dim), lse, delta (total_q, n_heads); sequence b is rows cu_seqlens_q[b] ..
+//    cu_seqlens_q[b + 1] against cu_seqlens_k[b] .. cu_seqlens_k[b + 1], read on the device. A 1-D grid of
+//    batch * heads * tiles of the longest sequence (max_seqlen_q / _k) as the tensor-core varlen kernels; a CTA
+//    past its sequence's end exits before any barrier; everything after the prologue is the dense code, so
+//    each output element of a sequence still has one writer.
 //
 // In the flash kernels a group of G lanes (G = group_lanes, a power of two
 // <= 32) owns one key (or query) row; lane g holds dims g, g+G, ... in
@@ -171,37 +179,70 @@ PK_IO_KERNELS(attention_bwd_preprocess, (256, 1),
 // time in dynamic shared memory: ks[STAGE][D], vs[STAGE][D].
 template <typename T>
 __device__ __forceinline__ void stage_kv(const T* __restrict__ k, const T* __restrict__ v, float* ks,
-                                         float* vs, unsigned int b, unsigned int j0, unsigned int n_rows,
-                                         unsigned int n_k, unsigned int n_kv_heads, unsigned int kvh,
-                                         unsigned int head_dim) {
+                                         float* vs, long long k_row0, unsigned int j0, unsigned int n_rows,
+                                         unsigned int n_kv_heads, unsigned int kvh, unsigned int head_dim) {
     const unsigned int total = n_rows * head_dim;
     for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
         const unsigned int r = idx / head_dim, d = idx - r * head_dim;
-        const long long src = (((long long)b * n_k + j0 + r) * n_kv_heads + kvh) * head_dim + d;
+        const long long src = ((k_row0 + j0 + r) * n_kv_heads + kvh) * head_dim + d;
         ks[idx] = PkIO<T>::load(k, src);
         vs[idx] = PkIO<T>::load(v, src);
     }
 }
 
+// The varlen prologue: the CTA's (sequence, head, tile) from a 1-D grid of batch * n_heads * ceil(max_len / rows)
+// CTAs; the sequence's first q / k rows (64-bit) and its lengths replace the maxima, and the window sides (the
+// op passes unbounded ones as 2^30, normalize_serving in _window.py) are clamped to them as the dense op's
+// normalize does. False: the CTA has no row of its sequence (uniform, before any barrier).
+__device__ __forceinline__ bool pk_bwd_varlen_seq(const int* __restrict__ cu_q, const int* __restrict__ cu_k,
+                                                  unsigned int n_tiles, unsigned int n_heads, unsigned int rows,
+                                                  bool by_keys, unsigned int& tile, unsigned int& h,
+                                                  long long& q_row0, long long& k_row0, unsigned int& n_q,
+                                                  unsigned int& n_k, int& window_left, int& window_right) {
+    const unsigned int bh = blockIdx.x / n_tiles;
+    const unsigned int b = bh / n_heads;
+    tile = blockIdx.x - bh * n_tiles;
+    h = bh - b * n_heads;
+    q_row0 = cu_q[b];
+    k_row0 = cu_k[b];
+    const int lq = cu_q[b + 1] - cu_q[b], lk = cu_k[b + 1] - cu_k[b];
+    n_q = lq > 0 ? (unsigned int)lq : 0u;
+    n_k = lk > 0 ? (unsigned int)lk : 0u;
+    window_left = min(window_left, (int)n_k);
+    window_right = min(window_right, (int)n_q);
+    return (unsigned long long)tile * rows < (by_keys ? n_k : n_q);
+}
+
 // mode 0: lse pre-pass (writes lse and delta by an online sweep over keys);
 // mode 1: dq (reads lse and delta).
-template <typename T, int MODE, bool SC>
+// VL: the varlen dq (cu_q / cu_k read; n_q / n_k are max_seqlen_q / _k); the dense kernels pass null for them.
+template <typename T, int MODE, bool SC, bool VL = false>
 __device__ __forceinline__ void attention_query_tiled_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     float* __restrict__ lse, float* __restrict__ delta, T* __restrict__ dq, unsigned int n_q, unsigned int n_k,
     unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim, float scale, int window_left,
-    int window_right, float softcap, unsigned int group_lanes) {
+    int window_right, float softcap, unsigned int group_lanes, const int* __restrict__ cu_q = nullptr,
+    const int* __restrict__ cu_k = nullptr) {
     extern __shared__ float smem[];
     const unsigned int G = group_lanes;
     const unsigned int rows_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
-    const unsigned int i0 = blockIdx.x * rows_per_block;
+    unsigned int tile = blockIdx.x, h = blockIdx.y;
+    long long q_row0, k_row0;  // the batch's (sequence's) first q / k row
+    if (VL) {
+        if (!pk_bwd_varlen_seq(cu_q, cu_k, (n_q + rows_per_block - 1) / rows_per_block, n_heads, rows_per_block,
+                               false, tile, h, q_row0, k_row0, n_q, n_k, window_left, window_right))
+            return;
+    } else {
+        q_row0 = (long long)blockIdx.z * n_q;
+        k_row0 = (long long)blockIdx.z * n_k;
+    }
+    const unsigned int i0 = tile * rows_per_block;
     const unsigned int i = i0 + threadIdx.x / G;
-    const unsigned int h = blockIdx.y, b = blockIdx.z;
     const unsigned int kvh = h / (n_heads / n_kv_heads);
     const bool valid = i < n_q;
     const long long D = head_dim;
-    const long long row = ((long long)b * n_q + (valid ? i : 0)) * n_heads + h;  // lse/delta index
+    const long long row = (q_row0 + (valid ? i : 0)) * n_heads + h;  // lse/delta index
     float qr[PK_ATT_MAXE], dor[PK_ATT_MAXE], acc[PK_ATT_MAXE];
 #pragma unroll
     for (int e = 0; e < PK_ATT_MAXE; ++e) {
@@ -228,7 +269,7 @@ __device__ __forceinline__ void attention_query_tiled_body(
     for (unsigned int j0 = (unsigned int)span.lo; j0 < last; j0 += PK_ATT_STAGE) {
         const unsigned int n_stage = (last - j0 < PK_ATT_STAGE) ? last - j0 : PK_ATT_STAGE;
         __syncthreads();  // the previous stage is fully consumed
-        stage_kv<T>(k, v, ks, vs, b, j0, n_stage, n_k, n_kv_heads, kvh, head_dim);
+        stage_kv<T>(k, v, ks, vs, k_row0, j0, n_stage, n_kv_heads, kvh, head_dim);
         __syncthreads();
         for (unsigned int c = 0; c < n_stage; ++c) {
             const float* kr = ks + c * D;
@@ -336,23 +377,35 @@ PK_IO_KERNELS(attention_bwd_fma_dq_softcap, (256, 1),
 // time. Accumulators stay in registers, so each dk/dv element is written once
 // (deterministic, no atomics).
 // Dynamic shared memory: qs[STAGE][D], dos[STAGE][D], lse_s[STAGE], delta_s[STAGE].
-template <typename T, bool SC>
+// VL: the varlen dK / dV (as attention_query_tiled_body's; the grid's heads are the kv heads). A sequence with keys
+// but no query still writes its zero dk / dv.
+template <typename T, bool SC, bool VL = false>
 __device__ __forceinline__ void attention_dkdv_body(
     const T* __restrict__ q, const T* __restrict__ k, const T* __restrict__ v, const T* __restrict__ dout,
     const float* __restrict__ lse, const float* __restrict__ delta, T* __restrict__ dk, T* __restrict__ dv,
     unsigned int n_q, unsigned int n_k, unsigned int n_heads, unsigned int n_kv_heads, unsigned int head_dim,
-    float scale, int window_left, int window_right, float softcap, unsigned int group_lanes) {
+    float scale, int window_left, int window_right, float softcap, unsigned int group_lanes,
+    const int* __restrict__ cu_q = nullptr, const int* __restrict__ cu_k = nullptr) {
     extern __shared__ float smem[];
     const unsigned int G = group_lanes;
     const unsigned int keys_per_block = blockDim.x / G;
     const unsigned int g = threadIdx.x % G;
-    const unsigned int j_first = blockIdx.x * keys_per_block;
+    unsigned int tile = blockIdx.x, kvh = blockIdx.y;
+    long long q_row0, k_row0;
+    if (VL) {
+        if (!pk_bwd_varlen_seq(cu_q, cu_k, (n_k + keys_per_block - 1) / keys_per_block, n_kv_heads, keys_per_block,
+                               true, tile, kvh, q_row0, k_row0, n_q, n_k, window_left, window_right))
+            return;
+    } else {
+        q_row0 = (long long)blockIdx.z * n_q;
+        k_row0 = (long long)blockIdx.z * n_k;
+    }
+    const unsigned int j_first = tile * keys_per_block;
     const unsigned int j = j_first + threadIdx.x / G;
-    const unsigned int kvh = blockIdx.y, b = blockIdx.z;
     const unsigned int rep = n_heads / n_kv_heads;
     const bool valid = j < n_k;
     const long long D = head_dim;
-    const long long kv_row = ((long long)b * n_k + (valid ? j : 0)) * n_kv_heads + kvh;
+    const long long kv_row = (k_row0 + (valid ? j : 0)) * n_kv_heads + kvh;
     // only the queries that see some key of the block: [span.lo, i_end); this key is seen by [ilo, ihi]
     const unsigned int j_last = (j_first + keys_per_block < n_k ? j_first + keys_per_block : n_k) - 1;
     const PkAttnSpan span = pk_attn_k_span((int)j_first, (int)j_last, (int)n_q, (int)n_k, window_left, window_right);
@@ -381,12 +434,12 @@ __device__ __forceinline__ void attention_dkdv_body(
             const unsigned int total = n_stage * head_dim;
             for (unsigned int idx = threadIdx.x; idx < total; idx += blockDim.x) {
                 const unsigned int r = idx / head_dim, d = idx - r * head_dim;
-                const long long src = (((long long)b * n_q + i0 + r) * n_heads + h) * D + d;
+                const long long src = ((q_row0 + i0 + r) * n_heads + h) * D + d;
                 qs[idx] = PkIO<T>::load(q, src);
                 dos[idx] = PkIO<T>::load(dout, src);
             }
             for (unsigned int r = threadIdx.x; r < n_stage; r += blockDim.x) {
-                const long long src = ((long long)b * n_q + i0 + r) * n_heads + h;
+                const long long src = (q_row0 + i0 + r) * n_heads + h;
                 lse_s[r] = lse[src];
                 delta_s[r] = delta[src];
             }
@@ -457,3 +510,58 @@ PK_IO_KERNELS(attention_bwd_fma_dkdv_softcap, (256, 1),
                unsigned int group_lanes),
               (q, k, v, grad_out, lse, delta, dk, dv, n_q, n_k, n_heads, n_kv_heads, head_dim, scale, window_left,
                window_right, softcap, group_lanes))
+
+// ---------------------------------------------------------------------------
+// Varlen entry points (float32; see the top of the file): the dense kernels' parameters with cu_seqlens_q /
+// cu_seqlens_k, batch and max_seqlen_q / _k in the tensor-core varlen kernels' order, then group_lanes.
+// batch only bounds the grid (the op launches batch * heads * tiles CTAs); the window sides come unbounded
+// as 2^30 and are clamped per sequence.
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_varlen_fma_dkdv(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dk, float* __restrict__ dv, const int* __restrict__ cu_seqlens_q,
+    const int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap,
+    unsigned int group_lanes) {
+    attention_dkdv_body<float, false, true>(q, k, v, grad_out, lse, delta, dk, dv, max_seqlen_q, max_seqlen_k,
+                                            n_heads, n_kv_heads, head_dim, scale, window_left, window_right,
+                                            softcap, group_lanes, cu_seqlens_q, cu_seqlens_k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_varlen_fma_dkdv_softcap(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dk, float* __restrict__ dv, const int* __restrict__ cu_seqlens_q,
+    const int* __restrict__ cu_seqlens_k, int batch, int max_seqlen_q, int max_seqlen_k, int n_heads,
+    int n_kv_heads, int head_dim, float scale, int window_left, int window_right, float softcap,
+    unsigned int group_lanes) {
+    attention_dkdv_body<float, true, true>(q, k, v, grad_out, lse, delta, dk, dv, max_seqlen_q, max_seqlen_k,
+                                           n_heads, n_kv_heads, head_dim, scale, window_left, window_right,
+                                           softcap, group_lanes, cu_seqlens_q, cu_seqlens_k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_varlen_fma_dq(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dq, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int batch,
+    int max_seqlen_q, int max_seqlen_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+    int window_right, float softcap, unsigned int group_lanes) {
+    attention_query_tiled_body<float, 1, false, true>(q, k, v, grad_out, const_cast<float*>(lse),
+                                                      const_cast<float*>(delta), dq, max_seqlen_q, max_seqlen_k,
+                                                      n_heads, n_kv_heads, head_dim, scale, window_left,
+                                                      window_right, softcap, group_lanes, cu_seqlens_q,
+                                                      cu_seqlens_k);
+}
+
+extern "C" __global__ void __launch_bounds__(256, 1) attention_bwd_varlen_fma_dq_softcap(
+    const float* __restrict__ q, const float* __restrict__ k, const float* __restrict__ v,
+    const float* __restrict__ grad_out, const float* __restrict__ lse, const float* __restrict__ delta,
+    float* __restrict__ dq, const int* __restrict__ cu_seqlens_q, const int* __restrict__ cu_seqlens_k, int batch,
+    int max_seqlen_q, int max_seqlen_k, int n_heads, int n_kv_heads, int head_dim, float scale, int window_left,
+    int window_right, float softcap, unsigned int group_lanes) {
+    attention_query_tiled_body<float, 1, true, true>(q, k, v, grad_out, const_cast<float*>(lse),
+                                                     const_cast<float*>(delta), dq, max_seqlen_q, max_seqlen_k,
+                                                     n_heads, n_kv_heads, head_dim, scale, window_left,
+                                                     window_right, softcap, group_lanes, cu_seqlens_q,
+                                                     cu_seqlens_k);
+}

@@ -1,9 +1,11 @@
-"""flash_attention_varlen_backward (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*) on the host backend.
+"""flash_attention_varlen_backward (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*; float32:
+kernels_cu/attention_bwd_fma.cu, attention_bwd_varlen_fma_*) on the host backend.
 
 dq, dk, dv of packed sequences against float64 sequence by sequence (the difftest cases: ragged lengths with an
 empty and a length-1 sequence, n_q != n_k both ways under the bottom-right causal mask, GQA, windows, softcap,
-every compiled head_dim, bf16 and f16); the same bits under the host's forward and reverse schedules; the host
-playing sm_90a launches the same mma.sync kernels; bad cu_seqlens / max_seqlen raise before any launch.
+every compiled head_dim, bf16, f16 and float32); the same bits under the host's forward and reverse schedules; the
+host playing sm_90a launches the same mma.sync kernels; bad cu_seqlens / max_seqlen raise before any launch;
+float32 with device cu_seqlens runs the same kernels, nothing read back.
 """
 from __future__ import annotations
 
@@ -123,8 +125,8 @@ def test_bad_input_names_the_argument(name, value, exc, match, monkeypatch: pyte
     _bad(monkeypatch, exc, match, **{name: value})
 
 
-# float32: the dense fp32-FMA kernels once per sequence (every arch; the tensor-core kernels take bf16 / f16 only),
-# writing into the packed gradients; empty sequences (no query or no key) keep zero gradients.
+# float32: the fp32-FMA varlen kernels (every arch; the tensor-core kernels take bf16 / f16 only), one launch each
+# for the whole batch; empty sequences (no query or no key) get zero gradients.
 @pytest.mark.parametrize("causal,window,cap,d,d_v", [
     (True, (-1, -1), 0.0, 64, 64),
     (False, (3, 2), 0.0, 96, 96),
@@ -155,24 +157,48 @@ def test_float32_gradients_match_float64(causal, window, cap, d, d_v, monkeypatc
     assert not got[0][int(cq[4]):].any()  # the last sequence has queries but no key: dq = 0
     assert not got[1][int(ck[1]):int(ck[2])].any() and not got[2][int(ck[1]):int(ck[2])].any()  # keys, no query
     assert got[0][:int(cq[1])].any() and got[1][:int(ck[1])].any()
-    # the dense fp32 kernels, per sequence with both queries and keys (3 of 5): preprocess, dK/dV, dQ each
     sfx = "_softcap" if cap > 0 else ""  # the f32 kernels carry no dtype suffix
-    assert names == ["attention_bwd_preprocess", "attention_bwd_fma_dkdv" + sfx, "attention_bwd_fma_dq" + sfx] * 3
+    assert names == ["attention_bwd_preprocess", "attention_bwd_varlen_fma_dkdv" + sfx,
+                     "attention_bwd_varlen_fma_dq" + sfx]
 
 
+@pytest.mark.parametrize("kind", ["f32", "bf16"])
+def test_device_cu_seqlens_run_the_same_kernels_and_rows_past_the_end_stay_zero(
+        kind: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Device cu_seqlens (as flash-attn's callers and transformers pass them): no host copy, so nothing is checked
+    # or read back; max_seqlen_q / _k size the grid. No device here: check_cu_seqlens reports no host copy, as it
+    # does for device memory. Trusted as flash-attn trusts them, they may end before total_q / total_k: the rows
+    # past the end belong to no sequence and keep the zeros the outputs start from.
+    from pykern.ops import _common, _prefill
 
-def test_float32_with_device_cu_seqlens_names_them(monkeypatch: pytest.MonkeyPatch) -> None:
-    # The per-sequence fp32 backward reads the bounds on the host; device cu_seqlens are never read back. No device
-    # here: cu_seqlens_k's check reports no host copy, as it does for device memory.
-    from pykern.ops import _prefill
-
-    real = _prefill.check_cu_seqlens
-    monkeypatch.setattr(_prefill, "check_cu_seqlens",
-                        lambda name, *a: (real(name, *a)[0], None) if name == "cu_seqlens_k" else real(name, *a))
-    q, k = np.zeros((7, 2, 64), np.float32), np.zeros((7, 1, 64), np.float32)
-    cq = np.array([0, 3, 7], np.int32)
+    monkeypatch.delenv("PYKERN_HOST_ARCH", raising=False)
+    monkeypatch.setattr(_prefill, "check_cu_seqlens", lambda name, cu, length, length_of, *_: (
+        _common.index_array(name, cu, length, length_of)[0], None))
+    lq, lk = (5, 0, 1, 40, 3), (9, 3, 1, 36, 0)  # the last sequence's rows lie past cu_seqlens[-2]
+    (q, k, v, g, cq, ck, out, lse), want = _inputs(kind=kind, lq=lq, lk=lk, causal=True)
+    short_q, short_k = cq[:-1], ck[:-1]  # batch 4: the last 3 query rows are in no sequence
+    want[0][int(short_q[-1]):] = 0.0
     names = record_launches(monkeypatch)
-    with pytest.raises(ArgumentError, match=r"cu_seqlens_k: the float32 varlen backward .* expected host memory"):
-        ops.flash_attention_varlen_backward(q, k, k, q, cq, cq, out=q, lse=np.zeros((7, 2), np.float32),
-                                            max_seqlen_k=4, backend=HOST)
+    got = ops.flash_attention_varlen_backward(q, k, v, g, short_q, short_k, out=out, lse=lse, max_seqlen_q=45,
+                                              max_seqlen_k=40, causal=True, backend=HOST)
+    check(dict(zip(("dq", "dk", "dv"), got)), dict(zip(("dq", "dk", "dv"), want)), "flash_attention_varlen_backward",
+          kind)
+    assert not np.asarray(got[0], np.float32)[int(short_q[-1]):].any()
+    assert tuple(names) == varlen_backward_kernels(64, 0.0, kind)
+    with pytest.raises(ArgumentError, match="max_seqlen_q: expected an int when cu_seqlens_q is on the device"):
+        ops.flash_attention_varlen_backward(q, k, v, g, short_q, short_k, out=out, lse=lse, max_seqlen_k=40,
+                                            backend=HOST)
+
+
+def test_float32_grid_limit_counts_its_own_tiles(monkeypatch: pytest.MonkeyPatch) -> None:
+    # The fp32 kernels' tiles are 256 / group_lanes rows (16 at head_dim 256), not the tensor-core kernels' 64: the
+    # 1-D grid's limit is checked with them, before any launch (here 2 * 16 * ceil((2^31 - 257) / 16) CTAs; 64-row
+    # tiles would fit).
+    q = np.zeros((4, 16, 256), np.float32)
+    k = np.zeros((4, 16, 256), np.float32)
+    cu = np.array([0, 2, 4], np.int32)
+    names = record_launches(monkeypatch)
+    with pytest.raises(ArgumentError, match=r"max_seqlen_q: batch \* heads \* tiles = 4294966784 CTAs exceeds"):
+        ops.flash_attention_varlen_backward(q, k, k, q, cu, cu, out=q, lse=np.zeros((4, 16), np.float32),
+                                            max_seqlen_q=2**31 - 257, max_seqlen_k=2, backend=HOST)
     assert names == []

@@ -74,7 +74,7 @@ CONFIGS = [
     (torch.float16, [20, 33], [40, 17], 2, 1, 128, True, (10, -1), 2.0),
     (torch.bfloat16, [12, 7, 1], [12, 7, 1], 4, 4, 96, False, (3, 3), 0.0),
     (torch.float16, [9, 30], [25, 30], 2, 1, 256, True, (-1, -1), 0.0),
-    # float32: the dense fp32 backward per sequence (an empty sequence and one with keys but no query among them)
+    # float32: the fp32-FMA varlen backward (an empty sequence and one with keys but no query among them)
     (torch.float32, [6, 0, 17, 3], [6, 4, 20, 0], 4, 2, 64, True, (-1, -1), 0.0),
     (torch.float32, [11, 5], [9, 5], 2, 2, 80, False, (4, 2), 3.0),
 ]

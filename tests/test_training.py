@@ -342,10 +342,14 @@ def test_every_launch_fits_the_kernels_launch_bounds_and_shared_memory(monkeypat
         q, g = f(1, 4, d), f(1, 4, d)
         ta.attention_backward(q, f(1, 1, d), f(1, 1, d), g, method="flash")
         ta.attention_backward(q, f(1, 1, d), f(1, 1, d), g, out=f(1, 4, d), lse=f(1, 4), method="flash")
+        cu_q, cu_k = np.array([0, 1, 4], np.int32), np.array([0, 2, 3], np.int32)  # the float32 varlen kernels
+        ta.flash_attention_varlen_backward(f(4, 2, d), f(3, 1, d), f(3, 1, d), f(4, 2, d), cu_q, cu_k,
+                                           out=f(4, 2, d), lse=f(4, 2), softcap=1.0 if d == 65 else 0.0)
     s, d = ta.NAIVE_MAX_SEQ, ta.MAX_HEAD_DIM
     ta.attention_backward(f(s, 1, d), f(s, 1, d), f(s, 1, d), f(s, 1, d), method="naive")
     assert {n for n, _, _ in seen} >= {"rms_norm_backward_weight", "norm_grad_reduce",
-                                       "attention_bwd_fma_naive", "attention_bwd_lse"}
+                                       "attention_bwd_fma_naive", "attention_bwd_lse",
+                                       "attention_bwd_varlen_fma_dkdv", "attention_bwd_varlen_fma_dq_softcap"}
     static = 32 * 4  # kernels with dynamic shared memory declare at most scratch[32] floats statically
     for name, threads, smem in seen:
         assert threads <= bounds[name], (name, threads, bounds[name])

@@ -639,9 +639,8 @@ def _naive(q, k, v, g, kind, dims, scale, win, backend, stream=None):
     return dq, dk, dv
 
 
-def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None, grads=None):
-    """The fp32-FMA backward (any dtype, any length, deterministic); grads: (dq, dk, dv) to write (contiguous, q's /
-    k's / v's shapes), else new arrays."""
+def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None):
+    """The fp32-FMA backward (any dtype, any length, deterministic)."""
     b, n_q, n_k, h, kvh, d = dims
     G = group_lanes(d)
     rows = _FLASH_THREADS // G
@@ -662,7 +661,7 @@ def _flash(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=None, g
             _flat(q), _flat(k), _flat(v), _flat(g), lse_buf, delta, n_q, n_k, h, kvh, d, scale, *win, G,
             shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend,
         )
-    dq, dk, dv = grads if grads is not None else (arrays.empty(arrays.shape_of(a), kind, like=q) for a in (q, k, v))
+    dq, dk, dv = (arrays.empty(arrays.shape_of(a), kind, like=q) for a in (q, k, v))
     _launch(
         "attention_bwd_fma_dkdv" + sfx, (-(-n_k // rows), kvh, b), (_FLASH_THREADS,),
         _flat(q), _flat(k), _flat(v), _flat(g), _flat(lse_buf), delta, _flat(dk), _flat(dv),
@@ -1070,9 +1069,10 @@ def flash_attention_varlen_backward(
     kernel per key tile computes dK, dV and adds dQ's partials into an fp32 accumulator (red.global.add.f32, the
     summation order varying run to run; deterministic=True: added in key-tile order per (sequence, head, query
     tile) through semaphores, bit-identical run to run).
-    float32 (every arch and backend): the dense fp32-FMA backward (`attention_backward(method="flash")`'s kernels)
-    once per sequence on row views of the packed arrays; it reads the sequence bounds on the host, so cu_seqlens
-    must be host arrays (device ones raise ArgumentError naming them).
+    float32 (every arch and backend): kernels_cu/attention_bwd_fma.cu's attention_bwd_varlen_fma_dkdv / _dq, the
+    dense fp32-FMA backward's kernels (`attention_backward(method="flash")`) with the same per-sequence prologue
+    (host or device cu_seqlens alike, read on the device): one writer per output element (deterministic), dK /
+    dV summed over the GQA group inside one CTA.
     """
     from ._prefill import check_cu_seqlens, check_max_seqlen
 
@@ -1115,24 +1115,22 @@ def flash_attention_varlen_backward(
         raise ArgumentTypeError(f"deterministic: expected a bool, got {type(deterministic).__name__} {deterministic!r}")
     scale = _backward_scale(scale, d)
     D = tc_head_dim(d)
-    kv_grid = batch * kvh * -(-max_k // _TC_BC)
-    q_grid = batch * h * -(-max_q // _TC_QR)
+    # CTA rows: the fp32 kernels' 256 / group_lanes keys or queries, the tensor-core kernels' 64
+    rows_k, rows_q = (_FLASH_THREADS // group_lanes(d),) * 2 if kind == "f32" else (_TC_BC, _TC_QR)
+    kv_grid = batch * kvh * -(-max_k // rows_k)
+    q_grid = batch * h * -(-max_q // rows_q)
     for name, n in (("max_seqlen_k", kv_grid), ("max_seqlen_q", q_grid)):
         if n > _INT_MAX:  # the kernels' 1-D grid
             raise ArgumentError(f"{name}: batch * heads * tiles = {n} CTAs exceeds {_INT_MAX}")
+    wl, wr = _normalize_serving(left, right, bool(causal))  # unbounded = 2^30; the kernels clamp per sequence
+    # Rows outside every sequence (device cu_seqlens, unchecked) get no writer: start from zeros there.
+    alloc = arrays.empty if hq is not None and hk is not None else arrays.zeros
     if kind == "f32":
-        if hq is None or hk is None:
-            bad = "cu_seqlens_q" if hq is None else "cu_seqlens_k"
-            raise ArgumentError(f"{bad}: the float32 varlen backward runs the dense fp32 kernels per sequence and reads "
-                                f"the sequence bounds on the host: expected host memory (NumPy or a CPU tensor), got "
-                                f"device memory ({type(cu_seqlens_q if hq is None else cu_seqlens_k).__name__})")
-        return _varlen_f32(q, k, v, grad_out, out, lse, hq, hk, (h, kvh, d, d_v), scale, left, right, bool(causal),
-                           softcap, stream, backend)
+        return _varlen_f32(q, k, v, grad_out, out, lse, cq, ck, (batch, max_q, max_k, h, kvh, d, d_v),
+                           (kv_grid, q_grid), scale, (wl, wr), softcap, alloc, stream, backend)
     if not tensor_cores_available(backend):
         raise ArgumentError(f"q: the varlen backward runs on {kind} mma (sm_80 or newer); this device has none")
     q, k, v, grad_out, out, lse = (arrays.contiguous(a) for a in (q, k, v, grad_out, out, lse))
-    # Rows outside every sequence (device cu_seqlens, unchecked) get no writer: start from zeros there.
-    alloc = arrays.empty if hq is not None and hk is not None else arrays.zeros
     dq = alloc(qs, kind, like=q)
     dk = alloc(ks, kind, like=q)
     dv = alloc(vs, kind, like=q)
@@ -1143,7 +1141,6 @@ def flash_attention_varlen_backward(
     stream = arrays.launch_stream(stream, q)
     sfx = _suffix(kind)
     cap = "_softcap" if softcap > 0 else ""
-    wl, wr = _normalize_serving(left, right, bool(causal))  # unbounded = 2^30; the kernels clamp per sequence
     n_rows = total_q * h
     if d_v == d and _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out):
         grads = _sm90_varlen_fused(q, k, v, grad_out, out, lse, dq, dk, dv, cq, ck,
@@ -1183,26 +1180,40 @@ def flash_attention_varlen_backward(
     return dq, dk, (dv if dv_d is dv else arrays.narrow_last(dv_d, d_v))
 
 
-def _varlen_f32(q, k, v, g, out, lse, hq, hk, dims, scale, left, right, causal, softcap, stream, backend):
-    """float32 varlen backward: the dense fp32-FMA kernels (`_flash`, every arch) once per sequence, on row views of
-    the packed arrays (contiguous: a sequence's rows are a run of them) writing into row views of dq / dk / dv, the
-    window normalized per sequence as the dense op does. Empty sequences launch nothing (zero gradients)."""
-    h, kvh, d, d_v = dims
+def _varlen_f32(q, k, v, g, out, lse, cq, ck, dims, grids, scale, win, softcap, alloc, stream, backend):
+    """float32 varlen backward: the delta pre-pass, then attention_bwd_varlen_fma_dkdv (a CTA per key tile, kv head
+    and sequence) and attention_bwd_varlen_fma_dq (a CTA per query tile, head and sequence): the dense fp32-FMA
+    kernels with a prologue that reads the sequence's bounds from cu_seqlens on the device, so host and device
+    cu_seqlens take one path and nothing is read back. Empty sequences get zero gradients from their CTAs."""
+    batch, max_q, max_k, h, kvh, d, d_v = dims
+    kv_grid, q_grid = grids
     q, k, v, g, out, lse = (arrays.contiguous(a) for a in (q, k, v, g, out, lse))
-    if d_v != d:
-        # the fp32 kernels read v, dO and out at one head_dim: zero columns up to head_dim leave P, dP and delta,
-        # hence dQ and dK, as they are and add zero columns to dV, dropped below
-        v, g, out = arrays.pad_last(v, d), arrays.pad_last(g, d), arrays.pad_last(out, d)
-    dq = arrays.zeros(tuple(arrays.shape_of(q)), "f32", like=q)
-    dk = arrays.zeros(tuple(arrays.shape_of(k)), "f32", like=q)
-    dv = arrays.zeros(tuple(arrays.shape_of(v)), "f32", like=q)
+    total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
+    dq = alloc(tuple(arrays.shape_of(q)), "f32", like=q)
+    dk = alloc(tuple(arrays.shape_of(k)), "f32", like=q)
+    dv = alloc(tuple(arrays.shape_of(v)), "f32", like=q)
+    if total_q * h == 0 or total_k == 0 or batch == 0:
+        for a in (dq, dk, dv):
+            _fill(a, 0.0)
+        return dq, dk, dv
     stream = arrays.launch_stream(stream, q)
-    for b in range(len(hq) - 1):
-        q0, q1, k0, k1 = int(hq[b]), int(hq[b + 1]), int(hk[b]), int(hk[b + 1])
-        if q1 == q0 or k1 == k0:
-            continue
-        win = (*_normalize(left, right, causal, q1 - q0, k1 - k0), softcap)
-        _flash(q[q0:q1], k[k0:k1], v[k0:k1], g[q0:q1], out[q0:q1], lse[q0:q1], "f32",
-               (1, q1 - q0, k1 - k0, h, kvh, d), scale, win, backend, stream,
-               grads=(dq[q0:q1], dk[k0:k1], dv[k0:k1]))
-    return dq, dk, (dv if d_v == d else arrays.narrow_last(dv, d_v))
+    n_rows = total_q * h
+    delta = arrays.empty((n_rows,), np.float32, like=q)
+    _launch("attention_bwd_preprocess", (-(-n_rows // (_FLASH_THREADS // 32)),), (_FLASH_THREADS,), _flat(g),
+            _flat(out), delta, n_rows, d_v, stream=stream, backend=backend)
+    if d_v != d:
+        # the fp32 kernels read v and dO at one head_dim: zero columns up to head_dim leave P and dP (delta is
+        # computed above), hence dQ and dK, as they are and add zero columns to dV, dropped below
+        v, g, dv_d = arrays.pad_last(v, d), arrays.pad_last(g, d), alloc(tuple(arrays.shape_of(k)), "f32", like=q)
+    else:
+        dv_d = dv
+    cap = "_softcap" if softcap > 0 else ""
+    args = (_flat(q), _flat(k), _flat(v), _flat(g), _flat(lse), delta)
+    tail = (cq, ck, batch, max_q, max_k, h, kvh, d, scale, *win, softcap, group_lanes(d))
+    if kv_grid:
+        _launch("attention_bwd_varlen_fma_dkdv" + cap, (kv_grid,), (_FLASH_THREADS,), *args, _flat(dk), _flat(dv_d),
+                *tail, shared_mem=(2 * _STAGE * d + 2 * _STAGE) * 4, stream=stream, backend=backend)
+    if q_grid:
+        _launch("attention_bwd_varlen_fma_dq" + cap, (q_grid,), (_FLASH_THREADS,), *args, _flat(dq), *tail,
+                shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
+    return dq, dk, (dv if dv_d is dv else arrays.narrow_last(dv_d, d_v))

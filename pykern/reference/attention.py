@@ -395,15 +395,14 @@ def _seq_helper(cuda: Any):
     return seq_of
 
 
-@reference(*_TC_VL_DKDV)
-def _attention_tc_varlen_dkdv(cuda: Any):
+def _varlen_dkdv_body(cuda: Any):
+    # dK, dV of one (packed key row, kv head) t; shared by the tensor-core and fp32 varlen references.
     score, dcap, keys = _score_helpers(cuda)
     seq_of = _seq_helper(cuda)
 
-    @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim,
-          scale, wl, wr, softcap):
-        t = cuda.grid(1)
+    @cuda.jit(device=True)
+    def body(t, q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, n_heads, n_kv_heads, head_dim, scale, wl, wr,
+             softcap):
         total_k = kk.size // (n_kv_heads * head_dim)
         if t < total_k * n_kv_heads:
             kvh = t % n_kv_heads
@@ -438,18 +437,17 @@ def _attention_tc_varlen_dkdv(cuda: Any):
                             dk[ko + d] += ds * q[qo + d] * scale
                             dv[ko + d] += p * dout[qo + d]
 
-    return k, lambda a: _grid1(a[1].size // a[15])
+    return body
 
 
-@reference(*_TC_VL_DQ)
-def _attention_tc_varlen_dq(cuda: Any):
+def _varlen_dq_body(cuda: Any):
+    # dQ of one (packed query row, head) t; shared by the tensor-core and fp32 varlen references.
     score, dcap, keys = _score_helpers(cuda)
     seq_of = _seq_helper(cuda)
 
-    @cuda.jit
-    def k(q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim, scale,
-          wl, wr, softcap):
-        t = cuda.grid(1)
+    @cuda.jit(device=True)
+    def body(t, q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, n_heads, n_kv_heads, head_dim, scale, wl, wr,
+             softcap):
         total_q = q.size // (n_heads * head_dim)
         if t < total_q * n_heads:
             h = t % n_heads
@@ -474,6 +472,60 @@ def _attention_tc_varlen_dq(cuda: Any):
                     ds = math.exp(y - lse[t]) * (dp - delta[t]) * dcap(y, softcap)
                     for d in range(head_dim):
                         dq[qo + d] += ds * kk[ko + d] * scale
+
+    return body
+
+
+@reference(*_TC_VL_DKDV)
+def _attention_tc_varlen_dkdv(cuda: Any):
+    body = _varlen_dkdv_body(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim,
+          scale, wl, wr, softcap):
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, n_heads, n_kv_heads, head_dim,
+             scale, wl, wr, softcap)
+
+    return k, lambda a: _grid1(a[1].size // a[15])
+
+
+@reference(*_TC_VL_DQ)
+def _attention_tc_varlen_dq(cuda: Any):
+    body = _varlen_dq_body(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim, scale,
+          wl, wr, softcap):
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, n_heads, n_kv_heads, head_dim, scale,
+             wl, wr, softcap)
+
+    return k, lambda a: _grid1(a[0].size // a[14])
+
+
+# Varlen fp32 backward (attention_bwd_varlen_fma_* in kernels_cu/attention_bwd_fma.cu): the tensor-core varlen
+# kernels' parameters and group_lanes (the CTA shape only), the same math.
+@reference("attention_bwd_varlen_fma_dkdv", "attention_bwd_varlen_fma_dkdv_softcap")
+def _attention_fma_varlen_dkdv(cuda: Any):
+    body = _varlen_dkdv_body(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim,
+          scale, wl, wr, softcap, group_lanes):
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dk, dv, cu_q, cu_k, batch, n_heads, n_kv_heads, head_dim,
+             scale, wl, wr, softcap)
+
+    return k, lambda a: _grid1(a[1].size // a[15])
+
+
+@reference("attention_bwd_varlen_fma_dq", "attention_bwd_varlen_fma_dq_softcap")
+def _attention_fma_varlen_dq(cuda: Any):
+    body = _varlen_dq_body(cuda)
+
+    @cuda.jit
+    def k(q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, max_q, max_k, n_heads, n_kv_heads, head_dim, scale,
+          wl, wr, softcap, group_lanes):
+        body(cuda.grid(1), q, kk, v, dout, lse, delta, dq, cu_q, cu_k, batch, n_heads, n_kv_heads, head_dim, scale,
+             wl, wr, softcap)
 
     return k, lambda a: _grid1(a[0].size // a[14])
 

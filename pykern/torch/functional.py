@@ -527,8 +527,8 @@ def flash_attention_varlen(q: Tensor, k: Tensor, v: Tensor, cu_seqlens_q: Tensor
     """flash-attn's flash_attn_varlen_func: attention over sequences packed without padding, with autograd.
 
     q (total_q, heads, d), k (total_k, kv_heads, d), v (total_k, kv_heads, d_v) with d_v <= d (GQA: heads %
-    kv_heads == 0), bfloat16 or float16 (float32 too: the forward's fp32 kernel and, per sequence, the dense fp32
-    backward, which reads cu_seqlens on the host, so float32 takes CPU cu_seqlens);
+    kv_heads == 0), bfloat16 or float16 (float32 too: the forward's fp32 kernel and the fp32-FMA varlen backward,
+    which, as the 16-bit one, reads cu_seqlens on the device: CPU or CUDA cu_seqlens alike);
     cu_seqlens_q / cu_seqlens_k int32 (batch + 1,) on q's device: sequence b is q rows
     cu_seqlens_q[b]:cu_seqlens_q[b+1] against k / v rows cu_seqlens_k[b]:cu_seqlens_k[b+1]. max_seqlen_q /
     max_seqlen_k: the longest sequence of each (they size the backward's grid; host cu_seqlens are checked

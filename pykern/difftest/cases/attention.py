@@ -1202,7 +1202,9 @@ def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, 
 
 # (kind, query lengths, key lengths, heads, kv_heads, head_dim, causal, window_size, softcap): ragged packed
 # sequences with an empty and a length-1 one, n_q != n_k both ways (the causal mask bottom-right per sequence),
-# GQA, windows and softcap, on every compiled head_dim (80 runs the d96 kernels, padded) in bf16 and f16.
+# GQA, windows and softcap, on every compiled head_dim (80 runs the d96 kernels, padded) in bf16 and f16; float32
+# (the fp32-FMA varlen kernels, any head_dim) last, so that the 16-bit cases keep their inputs: sequences over
+# several CTA tiles (64 / 32 / 16 rows at head_dim <= 64 / <= 128 / > 128), a head_dim off every bucket.
 VARLEN_BACKWARD = [
     ("bf16", [5, 0, 1, 70], [9, 3, 1, 66], 4, 2, 64, True, (-1, -1), 0.0),
     ("bf16", [17, 40], [40, 17], 2, 1, 64, False, (-1, -1), 2.0),
@@ -1220,6 +1222,10 @@ VARLEN_BACKWARD = [
     ("f16", [16, 0, 25], [30, 5, 20], 2, 1, 128, False, (3, 7), 2.0),
     ("f16", [20, 3], [25, 1], 2, 2, 256, True, (-1, -1), 0.0),
     ("f16", [1, 18], [9, 18], 2, 1, 256, True, (5, -1), 1.5),
+    ("f32", [5, 0, 1, 70], [9, 3, 1, 66], 4, 2, 64, True, (-1, -1), 0.0),
+    ("f32", [17, 40], [40, 17], 2, 1, 96, False, (6, 6), 2.0),
+    ("f32", [33, 0, 20], [20, 5, 30], 4, 1, 160, True, (10, -1), 0.0),
+    ("f32", [1, 18], [9, 18], 2, 2, 40, False, (-1, 5), 1.5),
 ]
 
 
@@ -1228,6 +1234,8 @@ def varlen_backward_kernels(head_dim: int, softcap: float, kind: str) -> tuple[s
     from ...ops.attention import tc_head_dim
 
     d, s, c = tc_head_dim(head_dim), _sfx(kind), "_softcap" if softcap > 0 else ""
+    if kind == "f32":  # the fp32-FMA kernels at any head_dim (no dtype suffix)
+        return ("attention_bwd_preprocess", f"attention_bwd_varlen_fma_dkdv{c}", f"attention_bwd_varlen_fma_dq{c}")
     kv = ((f"attention_bwd_varlen_tc_dv_d{d}{c}{s}", f"attention_bwd_varlen_tc_dk_d{d}{c}{s}") if d == 256
           else (f"attention_bwd_varlen_tc_dkdv_d{d}{c}{s}",))
     return ("attention_bwd_preprocess" + s,) + kv + (f"attention_bwd_varlen_tc_dq_d{d}{c}{s}",)
