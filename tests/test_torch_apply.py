@@ -477,14 +477,15 @@ def _packed_batch():
     return ids, pos, labels
 
 
-@pytest.mark.parametrize("name,extra,use_cache", [("Llama", {}, False), ("Llama", {}, True),
-                                                  ("Mistral", {"sliding_window": 3}, False)])
-def test_packed_sequences_train_on_flash_attention_varlen(name, extra, use_cache, spy):
+@pytest.mark.parametrize("name,extra,use_cache,dtype", [("Llama", {}, False, "bf16"), ("Llama", {}, True, "bf16"),
+                                                        ("Mistral", {"sliding_window": 3}, False, "bf16"),
+                                                        ("Llama", {}, True, "f32")])
+def test_packed_sequences_train_on_flash_attention_varlen(name, extra, use_cache, dtype, spy):
     # Without a cache object transformers builds the packed sequences' block-causal mask from position_ids (the
     # reference runs it on SDPA); with one it leaves the mask causal and, as its flash-attention path, apply
     # reads the packing from position_ids (in training). Either way: flash_attention_varlen, forward and backward.
     calls, shapes = spy
-    ref = tiny(name, **extra).to(torch.bfloat16)
+    ref = tiny(name, **extra).to({"bf16": torch.bfloat16, "f32": torch.float32}[dtype])
     model = pt.apply(copy.deepcopy(ref), fused_linear_cross_entropy=False)
     model.train()  # (no dropout in these configs: train mode changes nothing else)
     ids, pos, labels = _packed_batch()
@@ -492,18 +493,18 @@ def test_packed_sequences_train_on_flash_attention_varlen(name, extra, use_cache
     o = model(input_ids=ids, position_ids=pos, labels=labels, use_cache=use_cache)
     n_layers = ref.config.num_hidden_layers
     assert calls["flash_attention_varlen"] == n_layers and not shapes  # not the dense path, not SDPA
-    assert_close(o.logits, o_ref.logits, "bf16 logits of packed sequences", "bf16")
-    assert_close(o.loss, o_ref.loss, "bf16 loss of packed sequences", "bf16")
+    assert_close(o.logits, o_ref.logits, "logits of packed sequences", dtype)
+    assert_close(o.loss, o_ref.loss, "loss of packed sequences", dtype)
     o.loss.backward()
     o_ref.loss.backward()
     assert calls["flash_attention_varlen_backward"] == n_layers
     named_ref = dict(ref.named_parameters())
     for pname, p in model.named_parameters():
-        assert_close(p.grad, named_ref[pname].grad, f"grad {pname} (packed)", "bf16")
+        assert_close(p.grad, named_ref[pname].grad, f"grad {pname} (packed)", dtype)
     # a packed sequence gives what it gives alone (the first row's second one)
     with torch.no_grad():
         alone = ref(input_ids=ids[:1, 5:], use_cache=False).logits
-    assert_close(o.logits[:1, 5:], alone, "logits of one packed sequence vs alone", "bf16")
+    assert_close(o.logits[:1, 5:], alone, "logits of one packed sequence vs alone", dtype)
 
 
 def test_packed_sequences_with_padding_keep_the_sdpa_path(spy):

@@ -183,7 +183,7 @@ def _attention(module: nn.Module, query: torch.Tensor, key: torch.Tensor, value:
 def _packed_sequences(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, mask: Optional[torch.Tensor],
                       position_ids: Optional[torch.Tensor], window: Optional[int]) -> Optional[tuple[torch.Tensor, int]]:
     """(cu_seqlens, max_seqlen) of sequences packed in each row, or None (one sequence a row, padding, overlays,
-    caches, f32, torch.compile).
+    caches, torch.compile).
 
     The packing is read from position_ids, as transformers' flash-attention integration does
     (prepare_fa_kwargs_from_position_ids): a position that does not follow its predecessor starts a sequence
@@ -197,7 +197,7 @@ def _packed_sequences(query: torch.Tensor, key: torch.Tensor, value: torch.Tenso
     if position_ids is None or torch.compiler.is_compiling():
         return None
     b, _, n_q, _ = query.shape
-    if (key.shape[2] != n_q or position_ids.shape[-1] != n_q or query.dtype not in (torch.bfloat16, torch.float16)
+    if (key.shape[2] != n_q or position_ids.shape[-1] != n_q or query.dtype not in _amp.ATTENTION_DTYPES
             or key.dtype != query.dtype or value.dtype != query.dtype or value.shape[-1] != query.shape[-1]):
         return None
     if mask is not None and (mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1
