@@ -126,7 +126,7 @@ SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SH
 @lru_cache(maxsize=None)
 def _sm90_sass(source: str = "attention_fwd_sm90.cu") -> tuple[str, dict]:
     """A source's sm_90a SASS and its steady-state loops, disassembled once for every case below (one cuobjdump of
-    attention_fwd_sm90.cu's 84 kernels takes tens of seconds)."""
+    attention_fwd_sm90.cu's 88 kernels takes tens of seconds)."""
     from sass_helpers import report, source_sass
 
     text = source_sass(source, "sm_90a")
