@@ -3,7 +3,7 @@
 // the element type T): O = softmax(scale * Q K^T [+ window mask]) V and the natural-log lse per row, with
 // the layouts, GQA mapping, bottom-right window / causal mask, softcap and empty-row convention of
 // attention_fwd_tc.cu (rows that see no key: out = 0, lse = -inf). Template parameters: DQK, the head_dim of q and
-// k (64 / 128 / 256, or 192), DV, that of v and out (DQK, or 128 with DQK 192: DeepSeek-V3's prefill shape); SC,
+// k (64 / 96 / 128 / 256, or 192), DV, that of v and out (DQK, or 128 with DQK 192: DeepSeek-V3's prefill shape); SC,
 // softcap (the _softcap entry points): scores become c * tanh(scale * q.k / c) before the mask and softmax
 // (fa90_cap: tanh.approx, one MUFU op a score), as the mma.sync kernels do; the kernels without it carry no tanh.
 //
@@ -15,7 +15,7 @@
 //     their bytes on it) and an `empty` one (every consumer thread arrives when done with the slot); the
 //     producer waits on `empty` before refilling. It gives registers back (setmaxnreg.dec to 24).
 //   warpgroups 1 and 2, the consumers (setmaxnreg.inc to 240): consumer c owns query rows 64c..64c+63.
-//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle); at d64
+//     S = Q K_j^T : wgmma m64n<BC>k16 SS, both operands from shared memory (K-major, 128B swizzle; d96 64B); at d64
 //                  RS, the consumer's Q rows in registers (QREG: read once from the Q tile);
 //     online softmax on the accumulators in registers (base 2, exp2 via ex2.approx); the row max is taken
 //                  on the raw scores (the op sends only scale > 0 here), so one FFMA scales and shifts
@@ -35,15 +35,16 @@
 // With softcap the capped scores lie in [-c, c], so no tile can move the max by more than 2c log2 e log2 units: a
 // bound below 15 - log2(BC / 4) would make the check pass always once m is finite, but that is c < 3.3 to 3.8 (Gemma's
 // c is 30 / 50), so the check stays as it is; it still catches m = -inf (P = inf), and a NaN score (tanh keeps it).
-// Shared memory (dynamic, 1024-byte aligned): Q [DQK/64][BR][64], K [STAGES][DQK/64][BC][64], V
-// [STAGES][DV/64][BC][64] (each [rows][64] box is what one TMA load writes: 128-byte rows, 128B swizzle), then the
-// mbarriers.
-// Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64), k
-// and v (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64), swizzle 128B; rows past n_q / n_k load as
-// zeros. The dense kernels store O through one more, to over out (batch, n_q, n_heads, DV) with box (1, 64, 1, 64)
+// Shared memory (dynamic, 1024-byte aligned): Q [DQK/X][BR][X], K [STAGES][DQK/X][BC][X], V [STAGES][DV/X][BC][X]
+// (each [rows][X] box is what one TMA load writes; X = 64 columns, 128-byte rows, 128B swizzle, or at d96 X = 32,
+// 64-byte rows, 64B swizzle: PkAttnBox, the backward's layout), then the mbarriers.
+// Tensor maps (pykern/ops/_attention_sm90.py makes them): q (batch, n_q, n_heads, DQK) with box (1, BR, 1, X), k
+// and v (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, X), the box's swizzle; rows past n_q / n_k load as
+// zeros. The dense kernels store O through one more, to over out (batch, n_q, n_heads, DV) with box (1, 64, 1, X)
 // (a consumer warpgroup's rows; the epilogue stages them in the Q tile), whose stores clip rows past n_q.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
-// Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16}, d192_dv128 for DQK 192 / DV 128.
+// Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16} (D 64 / 96 / 128 / 256), d192_dv128 for DQK
+// 192 / DV 128. The paged prefill has no d96 kernel: its gather writes 64-column boxes (fa90_producer_paged).
 // paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv] and paged_prefill_sm90_d192_dv128[_softcap]_...
 // (V pages of 128 columns beside K pages of 192, V's strides its own): the varlen kernel's queries against a paged
 // cache (paged_prefill_attention), the K / V tiles gathered through the page table by fa90_producer_paged (KV).
@@ -82,6 +83,12 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 template <> struct Fa90Cfg<64> { enum { BC = 192, STAGES = 2, QREG = 1, PAIR = 1, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
 template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1, PP = 0, OVL = 1, PERSIST = 1 }; };
+// d96 (Phi-3-mini's head dim): the d128 tiling over 32-column boxes with the 64B swizzle (PkAttnBox<96>: three boxes
+// a tile, the backward's layout). 128 keys a tile: o (48) + s (64) + P (32) take fewer registers than d128's, and
+// shared memory is Q 24 KiB + 2 x (K 24 KiB + V 24 KiB) = 120 KiB + barriers. One step an iteration, ping-pong and
+// the intra-warpgroup overlap on (FA3 runs head dims up to 128 with both); the MUFU (0.67 an MMA, 1.33 with
+// softcap) stays under or near the tensor pipe, so no FMA exp2.
+template <> struct Fa90Cfg<96> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 1, OVL = 1, PERSIST = 1 }; };
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
 template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1, PERSIST = 1 }; };
@@ -149,8 +156,9 @@ __device__ __forceinline__ void fa90_issue_scores(float (&s)[BC / 2], const unsi
                                                   unsigned long long dq, unsigned long long dk) {
 #pragma unroll
     for (int ks = 0; ks < D / 16; ks++) {
-        // k-step ks: box ks / 4 (BR or BC rows of 128 bytes), 32 bytes further per k-step inside it.
-        const unsigned qo = (ks / 4) * FA90_BR * 128 + (ks % 4) * 32, ko = (ks / 4) * BC * 128 + (ks % 4) * 32;
+        // k-step ks: box ks / KB (BR or BC rows of RW bytes: PkAttnBox), 32 bytes further per k-step inside it.
+        constexpr unsigned KB = PkAttnBox<D>::KSTEPS, RW = PkAttnBox<D>::ROW;
+        const unsigned qo = (ks / KB) * FA90_BR * RW + (ks % KB) * 32, ko = (ks / KB) * BC * RW + (ks % KB) * 32;
         if constexpr (QREG)
             pk_wgmma_m64nNk16_rs<BC, Fa90Dt<T>::V, 0>(s, qa[ks], pk_wgmma_desc_advance(dk, ko), ks > 0);
         else
@@ -164,8 +172,8 @@ template <typename T, int D, int BC>
 __device__ __forceinline__ void fa90_issue_pv(float (&o)[D / 2], const unsigned (&pa)[BC / 16][4],
                                               unsigned long long dv) {
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
-        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 8 box rows (1024 or 512 bytes)
+        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 16 * PkAttnBox<D>::ROW), 1);
 }
 
 // S = Q K^T for one key tile, once the slot's K and V have landed. D: head_dim_qk.
@@ -236,8 +244,8 @@ __device__ __forceinline__ void fa90_pv(float (&o)[D / 2], const unsigned (&pa)[
                                         unsigned long long* empty) {
     pk_wgmma_fence();
 #pragma unroll
-    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 1024 bytes
-        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 2048), 1);
+    for (int kk = 0; kk < BC / 16; kk++)  // 16 keys = two 8-row groups of 8 box rows (1024 or 512 bytes)
+        pk_wgmma_m64nNk16_rs<D, Fa90Dt<T>::V, 1>(o, pa[kk], pk_wgmma_desc_advance(dv, kk * 16 * PkAttnBox<D>::ROW), 1);
     pk_wgmma_commit();
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(empty);  // this thread is done with the slot (its wgmmas have completed)
@@ -342,26 +350,27 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
 template <typename T, int DQK, int BC>
 __device__ __forceinline__ void fa90_rescore(float (&s)[BC / 2], const unsigned char* qs,
                                              const unsigned char* kslot) {
-    // Swizzled byte offsets written out (pk_swizzle_offset: the 16-byte unit XORed by row % 8): entry i's key is
-    // 8 (i / 4) + 2t + (i & 1), so its row % 8 is 2t + (i & 1) and its offset that of key 2t + (i & 1) plus
-    // 1024 (i / 4), an immediate; the thread's two Q rows share row % 8. Two K and two Q addresses a pass, not 96.
+    // Swizzled byte offsets (pk_swizzle_offset, whose pattern repeats every 8 box rows): entry i's key is
+    // 8 (i / 4) + 2t + (i & 1), so its offset is that of key 2t + (i & 1) plus 8 RW (i / 4), an immediate; the
+    // thread's two Q rows are 8 apart too. Two K and two Q addresses a pass, not 96.
+    constexpr unsigned RW = PkAttnBox<DQK>::ROW, COLS = PkAttnBox<DQK>::COLS, SW = PkAttnBox<DQK>::SWIZZLE;
     const unsigned tid = threadIdx.x, t = tid % 4, qrow = 16 * (tid / 32 - 4) + (tid % 32) / 4;
 #pragma unroll
     for (int i = 0; i < BC / 2; i++) s[i] = 0.0f;
 #pragma unroll 1
     for (int d = 0; d < DQK; d += 2) {  // 2 head-dim columns (one 32-bit word) a pass
-        const unsigned box = d / 64, unit = (d % 64) / 8, in = (d % 8) * 2;
-        const unsigned char* q0 = qs + box * FA90_BR * 128 + qrow * 128 + ((unit ^ (qrow % 8)) << 4) + in;
-        const unsigned char* k0 = kslot + box * BC * 128 + 2 * t * 128 + ((unit ^ (2 * t)) << 4) + in;
-        const unsigned char* k1 = kslot + box * BC * 128 + (2 * t + 1) * 128 + ((unit ^ (2 * t + 1)) << 4) + in;
+        const unsigned box = d / COLS, unit = (d % COLS) / 8, in = (d % 8) * 2;
+        const unsigned char* q0 = qs + box * FA90_BR * RW + pk_swizzle_offset(qrow * RW + unit * 16, SW) + in;
+        const unsigned char* k0 = kslot + box * BC * RW + pk_swizzle_offset(2 * t * RW + unit * 16, SW) + in;
+        const unsigned char* k1 = kslot + box * BC * RW + pk_swizzle_offset((2 * t + 1) * RW + unit * 16, SW) + in;
         float q[2][2];
 #pragma unroll
         for (int r = 0; r < 2; r++)
-            Pk16<T>::widen2(*reinterpret_cast<const unsigned*>(q0 + r * 1024), q[r][0], q[r][1]);
+            Pk16<T>::widen2(*reinterpret_cast<const unsigned*>(q0 + r * 8 * RW), q[r][0], q[r][1]);
 #pragma unroll
         for (int i = 0; i < BC / 2; i++) {
             float kl, kh;
-            Pk16<T>::widen2(*reinterpret_cast<const unsigned*>((i & 1 ? k1 : k0) + (i / 4) * 1024), kl, kh);
+            Pk16<T>::widen2(*reinterpret_cast<const unsigned*>((i & 1 ? k1 : k0) + (i / 4) * 8 * RW), kl, kh);
             const int r = (i >> 1) & 1;
             s[i] = fmaf(q[r][1], kh, fmaf(q[r][0], kl, s[i]));
         }
@@ -642,6 +651,7 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
                                                  const Fa90Paged& pg, int b, int h, int kvh, int q_row0, int q0,
                                                  int n_k, int kt0, int kt1) {
     constexpr int NBK = DQK / 64, NBV = DV / 64;
+    static_assert(PkAttnBox<DQK>::COLS == 64 && PkAttnBox<DV>::COLS == 64, "the paged gather writes 64-column boxes");
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     const int tid = threadIdx.x;  // 0..127
     if (tid < 32 && pk_elect_one()) {
@@ -725,14 +735,18 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     using Cfg = Fa90Cfg<DQK, DV>;
     constexpr bool PAGED = !Fa90Same<KV, void>::V;
     static_assert(!PAGED || VARLEN, "the paged forward reads packed queries (qo_indptr)");
-    constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = DQK / 64, NBV = DV / 64;
+    // Boxes of Q / K (QB) and of V / O (VB): PkAttnBox (64 columns, 128B swizzle; d96: 32 columns, 64B swizzle).
+    using QB = PkAttnBox<DQK>;
+    using VB = PkAttnBox<DV>;
+    constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = QB::BOXES, NBV = VB::BOXES;
     constexpr bool QREG = Cfg::QREG;
+    static_assert(!QREG || QB::COLS == 64, "QREG reads Q's 128B-swizzled boxes");
     constexpr bool PP = Fa90Pp<DQK, DV, SC, PAGED>::V;
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     extern __shared__ __align__(1024) unsigned char fa90_smem[];
     unsigned char* qs = fa90_smem;
-    unsigned char* ks = qs + Q_BYTES;                // [ST][NBK][BC][128 B]
-    unsigned char* vs = ks + ST * K_BYTES;           // [ST][NBV][BC][128 B]
+    unsigned char* ks = qs + Q_BYTES;                // [ST][NBK][BC][QB::ROW B]
+    unsigned char* vs = ks + ST * K_BYTES;           // [ST][NBV][BC][VB::ROW B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vs + ST * V_BYTES);
     // q_full, full[0..ST), then the empty mbarriers in reverse slot order (slot s at empty - s), so that the steady
     // loop finds the previous slot's empty mbarrier at a fixed distance from the next slot's full one.
@@ -834,7 +848,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                         tile_info[0] = tile, tile_info[1] = n;
                         pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
                         for (int nb = 0; nb < NBK; nb++)
-                            pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, mb);
+                            pk_tma_load_4d(qs + nb * FA90_BR * QB::ROW, tq, q_full, nb * QB::COLS, h, q_row0 + q0,
+                                           mb);
                     }
                     q_todo = 0;
                 };
@@ -844,16 +859,17 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
                     __syncwarp();
                     if (leader) {
                         pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
+                        constexpr int KR = BC * QB::ROW, VR = BC * VB::ROW;  // bytes a K / V box
                         if constexpr (NBK == NBV) {
                             for (int nb = 0; nb < NBK; nb++) {
-                                pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
-                                pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                                pk_tma_load_4d(ks + s * K_BYTES + nb * KR, tk, &full[s], nb * QB::COLS, kvh, k_row0 + j * BC, mb);
+                                pk_tma_load_4d(vs + s * V_BYTES + nb * VR, tv, &full[s], nb * VB::COLS, kvh, k_row0 + j * BC, mb);
                             }
                         } else {
                             for (int nb = 0; nb < NBK; nb++)
-                                pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 128, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                                pk_tma_load_4d(ks + s * K_BYTES + nb * KR, tk, &full[s], nb * QB::COLS, kvh, k_row0 + j * BC, mb);
                             for (int nb = 0; nb < NBV; nb++)
-                                pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 128, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                                pk_tma_load_4d(vs + s * V_BYTES + nb * VR, tv, &full[s], nb * VB::COLS, kvh, k_row0 + j * BC, mb);
                         }
                     }
                     if (q_todo) load_q();
@@ -883,11 +899,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // Base 2: s * sl2 (SC: the capped scores tanh(scale * q.k / c) times c * log2 e; pre = scale / c).
     const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
     const float pre = SC ? scale / softcap : 0.0f;
-    // Descriptors: K-major 128B swizzle (SBO 1024 = one 8-row group) for Q and K; V MN-major (LBO = one box,
-    // the next 64 head-dim columns; SBO 1024 = the next 8 keys).
-    const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 128, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 1024, PK_SWIZZLE_128B);
-    const unsigned long long dv0 = pk_wgmma_desc(vs, BC * 128, 1024, PK_SWIZZLE_128B);
+    // Descriptors: K-major, the boxes' swizzle (SBO = one 8-row group: 1024 bytes, d96 512) for Q and K; V MN-major
+    // (LBO = one box, the next 64 (d96: 32) head-dim columns; SBO = the next 8 keys).
+    const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * QB::ROW, 16, 8 * QB::ROW, QB::SWIZZLE);
+    const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 8 * QB::ROW, QB::SWIZZLE);
+    const unsigned long long dv0 = pk_wgmma_desc(vs, BC * VB::ROW, 8 * VB::ROW, VB::SWIZZLE);
     unsigned i = 0;  // key tiles visited, over all work tiles (slot i % ST, phase (i / ST) & 1): the producer's count
     // The work tiles of this CTA, as the producer publishes them (tile_info); n: the Q tile's phase. The body of
     // this loop keeps the indentation it had as the CTA's one tile.
@@ -1092,7 +1108,8 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     pk_attn_epilogue(  // m is in raw score units: sl2 = scale * log2 e brings it into log2 units
         l, m, sl2, v_scale, row_e, n_q,
         [&](int r, int, float inv) {
-            pk_attn_stage_o_row<T, DV>(qs, FA90_BR * 128, (qrow + 8 * r) * 128 + 4 * (tx % 4), o, r, inv);
+            pk_attn_stage_o_row<T, DV, VB::COLS>(qs, FA90_BR * VB::ROW, (qrow + 8 * r) * VB::ROW + 4 * (tx % 4), o, r,
+                                                 inv);
         },
         lse_at);
     // Dense: the TMA (async proxy) reads these generic-proxy writes.
@@ -1104,15 +1121,16 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         // end at the packed total, not at n_q), so the warpgroup's 128 threads store the rows with 16-byte stores
         // instead (FA3 keeps its TMA store to the fixed-length case too), rows past n_q skipped.
         const long long o_stride = (long long)n_heads * DV;  // out (total_q, n_heads, DV), 64-bit offsets
-        pk_attn_store_staged_o<T, DV>(qs, FA90_BR * 128, r0, out + (o_row0 + q0 + r0) * o_stride + (long long)h * DV,
-                                      o_stride, n_q - (q0 + r0), tx % 128);
+        pk_attn_store_staged_o<T, DV, VB::COLS>(qs, FA90_BR * VB::ROW, r0,
+                                                out + (o_row0 + q0 + r0) * o_stride + (long long)h * DV, o_stride,
+                                                n_q - (q0 + r0), tx % 128);
     } else {
         // The TMA-store epilogue: one thread stores the DV / 64 boxes (1, 64, 1, 64) of out; rows past n_q are left
         // as they are in shared memory: the TMA clips them (the map's rows end at n_q).
         if (tx % 128 == 0) {
 #pragma unroll
-            for (int nb = 0; nb < DV / 64; nb++)
-                pk_tma_store_4d(to, qs + nb * FA90_BR * 128 + r0 * 128, nb * 64, h, q0 + r0, mb);
+            for (int nb = 0; nb < NBV; nb++)
+                pk_tma_store_4d(to, qs + nb * FA90_BR * VB::ROW + r0 * VB::ROW, nb * VB::COLS, h, q0 + r0, mb);
             pk_tma_store_commit();
             // The TMA has read the rows before this thread's q_empty arrival below, after which the producer may
             // load the next work tile's Q into the same bytes.
@@ -1125,7 +1143,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 }
 
 // Entry points: attention_fwd_sm90_d<shape>[_softcap] and attention_fwd_varlen_sm90_d<shape>[_softcap], <shape> 64 /
-// 128 / 256 (head_dim == head_dim_v) or 192_dv128 (head_dim 192, head_dim_v 128: DeepSeek-V3's prefill shape,
+// 96 / 128 / 256 (head_dim == head_dim_v) or 192_dv128 (head_dim 192, head_dim_v 128: DeepSeek-V3's prefill shape,
 // dense and varlen), in bf16 and f16. The _softcap kernels take the softcap as one more, last, parameter.
 #define FA90_ENTRY(NAME, DQK, DV, SC)                                                                                \
     template <typename T, typename... A>                                                                             \
@@ -1146,13 +1164,13 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
 #define FA90_DIMS(X)                                                                                              \
     X(64, 64, 64, false) X(128, 128, 128, false) X(256, 256, 256, false) X(64_softcap, 64, 64, true)               \
     X(128_softcap, 128, 128, true) X(256_softcap, 256, 256, true) X(192_dv128, 192, 128, false)                    \
-    X(192_dv128_softcap, 192, 128, true)
+    X(192_dv128_softcap, 192, 128, true) X(96, 96, 96, false) X(96_softcap, 96, 96, true)
 FA90_DIMS(FA90_ENTRY)
 FA90_DIMS(FA90_VARLEN_ENTRY)
 
-// flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, 64), k / v
-// (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, 64) and out (batch, n_q, n_heads, DV) with box (1, 64, 1,
-// 64) (the epilogue's TMA stores), lse (batch, n_q, n_heads); the window normalized as flash_attention does; grid
+// flash_attention (bf16 / f16): tensor maps over q (batch, n_q, n_heads, DQK) with box (1, BR, 1, X), k / v
+// (batch, n_k, n_kv_heads, DQK / DV) with box (1, BC, 1, X) and out (batch, n_q, n_heads, DV) with box (1, 64, 1,
+// X) (the epilogue's TMA stores; X: PkAttnBox's columns, 64 or at d96 32), lse (batch, n_q, n_heads); the window normalized as flash_attention does; grid
 // batch * n_heads * query tiles.
 #define FA90_DENSE_PARAMS                                                                                           \
     (const __grid_constant__ CUtensorMap tq, const __grid_constant__ CUtensorMap tk,                                \
@@ -1174,6 +1192,8 @@ PK_IO16_KERNELS(attention_fwd_sm90_d64_softcap, (FA90_THREADS, 1), FA90_DENSE_SC
 PK_IO16_KERNELS(attention_fwd_sm90_d128_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
 PK_IO16_KERNELS(attention_fwd_sm90_d256_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
 PK_IO16_KERNELS(attention_fwd_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d96, (FA90_THREADS, 1), FA90_DENSE_PARAMS, FA90_DENSE_ARGS)
+PK_IO16_KERNELS(attention_fwd_sm90_d96_softcap, (FA90_THREADS, 1), FA90_DENSE_SC_PARAMS, FA90_DENSE_SC_ARGS)
 
 // flash_attention_varlen (bf16 / f16): tensor maps over the packed q / k (1, total_q / total_k, heads, DQK) and v
 // (1, total_k, n_kv_heads, DV) with the dense boxes, out (total_q, n_heads, DV), lse (total_q, n_heads), the window
@@ -1201,6 +1221,8 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d256_softcap, (FA90_THREADS, 1), FA90_
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS,
                 FA90_VARLEN_SC_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d96, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
+PK_IO16_KERNELS(attention_fwd_varlen_sm90_d96_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
 
 // paged_prefill_attention (bf16 / f16 queries): paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16} and
 // paged_prefill_sm90_d192_dv128[_softcap]_{bf16,f16} over a cache of the query type, ..._{bf16,f16}_{e4m3,e5m2}kv over

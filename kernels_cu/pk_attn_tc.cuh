@@ -56,20 +56,34 @@ __device__ __forceinline__ void pk_attn_epilogue(const float (&l)[2], const floa
     }
 }
 
+// The TMA box / wgmma swizzle atom of a head dim D in the sm_90a attention kernels: COLS head-dim columns a box,
+// 64 (128-byte rows, 128B swizzle) where D is a multiple of 64, else 32 (64-byte rows, 64B swizzle): head_dim 96 is
+// three boxes, as FA3 lays it out (the largest swizzle whose row divides the head dim's bytes), so one tensor map per
+// array serves every box. ROW: bytes a box row; KSTEPS: wgmma k-steps (16 columns, 32 bytes) a box row; SWIZZLE:
+// the descriptors' and pk_swizzle_offset's mode. Both swizzles repeat every 8 rows (1024 or 512 bytes).
+template <int D> struct PkAttnBox {
+    enum { COLS = D % 64 ? 32 : 64, ROW = 2 * COLS, KSTEPS = COLS / 16, BOXES = D / COLS,
+           SWIZZLE = D % 64 ? PK_SWIZZLE_64B : PK_SWIZZLE_128B };
+    static_assert(D % 32 == 0, "PkAttnBox: a head dim of whole 32-column boxes");
+};
+
 // The staged O epilogue of the sm_90a forwards (FA3's; attention_fwd_sm90.cu, attention_fwd_fp8_sm90.cu): a
-// consumer warpgroup's 64 rows of O go through shared memory, in the layout of a TMA box of 64 16-bit columns
-// ([DV / 64][box rows][128 B], 128B swizzle, box_bytes a box: the 16-byte unit XORed by row % 8), so that the rows
-// leave with 16-byte stores (or one TMA store a box). The stage must be 1024-byte aligned (the swizzle's pattern).
+// consumer warpgroup's 64 rows of O go through shared memory, in the layout of a TMA box of BX 16-bit columns
+// ([DV / BX][box rows][2 BX bytes], box_bytes a box; BX 64: 128B swizzle, the 16-byte unit XORed by row % 8; BX 32
+// (DV 96): 64B swizzle, XORed by (row / 2) % 4), so that the rows leave with 16-byte stores (or one TMA store a
+// box). The stage must be 1024-byte aligned (the swizzle's pattern).
 // pk_attn_stage_o_row: row r (0, 1: the lane's rows g and g + 8) of a lane's m64nDV wgmma accumulators o, times
-// inv and rounded to T, at byte rb = (the row's index in the stage) * 128 + 4 t: out's column 8 jj + 2 t is byte
-// 16 (jj % 8) + 4 t of box jj / 8, and the 8 rows x 4 lanes of one 4-byte store land in 32 distinct banks.
-template <typename T, int DV>
+// inv and rounded to T, at byte rb = (the row's index in the stage) * 2 BX + 4 t: out's column 8 jj + 2 t is byte
+// 16 (jj % (BX / 8)) + 4 t of box jj / (BX / 8), and the 8 rows x 4 lanes of one 4-byte store land in 32 distinct
+// banks (BX 32: rows 2i and 2i + 1 are 64 bytes apart, and the four row pairs' units differ by the XOR).
+template <typename T, int DV, int BX = 64>
 __device__ __forceinline__ void pk_attn_stage_o_row(unsigned char* stage, unsigned box_bytes, unsigned rb,
                                                     const float (&o)[DV / 2], int r, float inv) {
+    constexpr int UB = BX / 8, SW = BX == 64 ? PK_SWIZZLE_128B : PK_SWIZZLE_64B;  // 16-byte units a box row
+    static_assert((BX == 64 || BX == 32) && DV % BX == 0, "pk_attn_stage_o_row: boxes of 64 or 32 columns");
 #pragma unroll
     for (int jj = 0; jj < DV / 8; jj++)
-        *reinterpret_cast<unsigned int*>(stage + (jj / 8) * box_bytes +
-                                         pk_swizzle_offset(rb + 16 * (jj % 8), PK_SWIZZLE_128B)) =
+        *reinterpret_cast<unsigned int*>(stage + (jj / UB) * box_bytes + pk_swizzle_offset(rb + 16 * (jj % UB), SW)) =
             Pk16<T>::narrow2(o[4 * jj + 2 * r] * inv, o[4 * jj + 2 * r + 1] * inv);
 }
 
@@ -78,22 +92,26 @@ __device__ __forceinline__ void pk_attn_stage_o_row(unsigned char* stage, unsign
 // row's first element; 64-bit offsets), rows nr and past skipped (the sequence's end: a TMA box would run into the
 // next sequence's rows of a packed out, or past a dense out's batch). DV / 8 pieces a row, consecutive threads on
 // consecutive pieces of a row (a warp writes 512 contiguous bytes at DV 256, 2 rows of 256 at 128, 4 of 128 at 64),
-// 128 / (DV / 8) rows a pass: DV / 16 STG.128 a thread. Each 8 lanes (a 16-byte access's phase) read 8 pieces of
-// one row, whose 16-byte units the swizzle permutes within the row's 128 bytes: no bank conflict.
-template <typename T, int DV>
+// 128 / (DV / 8) rows a pass (rounded down: at DV 96, 10 rows of 12 pieces, threads 120.. idle, 7 passes): DV / 16
+// STG.128 a thread. Each 8 lanes (a 16-byte access's phase) read 8 pieces of one row, whose 16-byte units the
+// swizzle permutes: no bank conflict at BX 64; at BX 32 a phase's pieces span two boxes (and rows), whose units can
+// share banks (up to 2-way conflicts, once a work tile).
+template <typename T, int DV, int BX = 64>
 __device__ __forceinline__ void pk_attn_store_staged_o(const unsigned char* stage, unsigned box_bytes, int srow0,
                                                        T* ob0, long long o_stride, int nr, unsigned wt) {
-    constexpr int PR = DV / 8, RP = 128 / PR;  // pieces a row, rows a pass
+    constexpr int PR = DV / 8, RP = 128 / PR, PASSES = (64 + RP - 1) / RP;  // pieces a row, rows a pass
+    constexpr int UB = BX / 8, SW = BX == 64 ? PK_SWIZZLE_128B : PK_SWIZZLE_64B;
+    static_assert((BX == 64 || BX == 32) && DV % BX == 0, "pk_attn_store_staged_o: boxes of 64 or 32 columns");
     const int pc = (int)(wt % PR), rr0 = (int)(wt / PR);
+    if (PR * RP != 128 && rr0 >= RP) return;  // the threads past the last whole row of a pass (DV 96)
     T* ob = ob0 + (long long)rr0 * o_stride + 8 * pc;
-    const unsigned char* sb = stage + (pc / 8) * box_bytes;
+    const unsigned char* sb = stage + (pc / UB) * box_bytes;
 #pragma unroll
-    for (int p = 0; p < 64 / RP; p++) {
+    for (int p = 0; p < PASSES; p++) {
         const int rr = rr0 + p * RP;
-        if (rr < nr)
+        if (rr < nr && (64 % RP == 0 || rr < 64))
             pk_st_global_b128(ob + (long long)(p * RP) * o_stride,
-                              pk_ld_shared_b128(sb + pk_swizzle_offset((srow0 + rr) * 128 + (pc % 8) * 16,
-                                                                       PK_SWIZZLE_128B)));
+                              pk_ld_shared_b128(sb + pk_swizzle_offset((srow0 + rr) * 2 * BX + (pc % UB) * 16, SW)));
     }
 }
 

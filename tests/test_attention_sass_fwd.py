@@ -111,11 +111,13 @@ def test_paged_prefill_launches_the_core_for_16bit_caches(d, kind, softcap, monk
 
 # The sm_90a forward (kernels_cu/attention_fwd_sm90.cu, FA3's design): every kernel stages each consumer
 # warpgroup's 64 normalised rows of O in its part of the Q tile. The dense kernels then store them through the TMA
-# (one UTMASTG a box of 64 head-dim columns: DV / 64 of them); the varlen and paged kernels (a box would run past a
-# sequence's end into the next one's rows) carry no UTMASTG: the warpgroup's 128 threads store the rows with 16-byte
-# stores, DV / 16 STG.E.128 a thread (64 rows x DV / 8 pieces over 128 threads), all after the steady loop, and no
+# (one UTMASTG a box of 64 head-dim columns, 32 at d96: DV / 64 of them, d96 three); the varlen and paged kernels (a
+# box would run past a sequence's end into the next one's rows) carry no UTMASTG: the warpgroup's 128 threads store
+# the rows with 16-byte stores, DV / 16 STG.E.128 a thread (64 rows x DV / 8 pieces over 128 threads; d96: 7 passes
+# of 10 rows), all after the steady loop, and no
 # 32-bit store of O. lse with plain 32-bit stores (rows g and g + 8 of the lane, quad lane 0) in every kernel.
-SM90_FWD = [f"attention_fwd_{v}sm90_{s}{c}_{t}" for v in ("", "varlen_") for s in ("d64", "d128", "d256", "d192_dv128")
+SM90_FWD = [f"attention_fwd_{v}sm90_{s}{c}_{t}" for v in ("", "varlen_")
+            for s in ("d64", "d96", "d128", "d256", "d192_dv128")
             for c in ("", "_softcap") for t in ("bf16", "f16")]
 SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
               for q in ("bf16", "f16") for kv in (q, *sm90.PAGED_FP8)]
@@ -124,7 +126,7 @@ SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SH
 @lru_cache(maxsize=None)
 def _sm90_sass(source: str = "attention_fwd_sm90.cu") -> tuple[str, dict]:
     """A source's sm_90a SASS and its steady-state loops, disassembled once for every case below (one cuobjdump of
-    attention_fwd_sm90.cu's 84 kernels takes tens of seconds)."""
+    attention_fwd_sm90.cu's 88 kernels takes tens of seconds)."""
     from sass_helpers import report, source_sass
 
     text = source_sass(source, "sm_90a")
@@ -132,14 +134,16 @@ def _sm90_sass(source: str = "attention_fwd_sm90.cu") -> tuple[str, dict]:
 
 
 def _assert_staged_stores(text: str, kernel: str, stg: list[str], loop: dict | None, dv: int) -> None:
-    """The staged O epilogue (pk_attn_store_staged_o): DV / 16 STG.E.128 a thread, after the steady-state loop where
-    there is one, and no 32-bit store but lse's two."""
-    assert stg.count("STG.E.128") == dv // 16, (kernel, stg)
-    assert stg.count("STG.E") == 2 and len(stg) == 2 + dv // 16, (kernel, stg)  # lse only at 32 bits
+    """The staged O epilogue (pk_attn_store_staged_o): one STG.E.128 a pass of 128 // (DV / 8) rows over the 64 rows
+    (DV / 16 where the rows fill the 128 threads; 7 at DV 96: 10 rows of 12 pieces a pass), after the steady-state
+    loop where there is one, and no 32-bit store but lse's two."""
+    passes = -(-64 // (128 // (dv // 8)))
+    assert stg.count("STG.E.128") == passes, (kernel, stg)
+    assert stg.count("STG.E") == 2 and len(stg) == 2 + passes, (kernel, stg)  # lse only at 32 bits
     if loop is not None:
         body = text.split(f"Function : {kernel}\n", 1)[1].split("Function :", 1)[0]
         at = [int(a, 16) for a in re.findall(r"/\*([0-9a-f]{4,6})\*/\s+(?:@!?U?P\w+\s+)?STG\.E\.128\b", body)]
-        assert len(at) == dv // 16 and min(at) > int(loop["end"], 16), (kernel, loop, at)
+        assert len(at) == passes and min(at) > int(loop["end"], 16), (kernel, loop, at)
 
 
 @pytest.mark.parametrize("kernel", SM90_FWD + SM90_PAGED)
@@ -156,7 +160,7 @@ def test_sm90_forward_epilogue_stores(kernel: str) -> None:
         # the 16-byte stores are the epilogue's: after the steady-state loop
         _assert_staged_stores(text, kernel, stg, loops[kernel], dv)
     else:
-        assert stores == ["UTMASTG.4D"] * (dv // 64), (kernel, stores)
+        assert stores == ["UTMASTG.4D"] * (dv // sm90.box(dv)[0]), (kernel, stores)  # one a box (d96: three)
         assert stg == ["STG.E"] * 2, (kernel, stg)  # lse only: rows g and g + 8 of the lane (quad lane 0)
 
 

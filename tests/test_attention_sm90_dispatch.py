@@ -59,7 +59,7 @@ def _on(drv: FakeDriver, arrays: list[np.ndarray]) -> list:
     return [drv.device_array(a) for a in arrays]
 
 
-@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("d", [64, 96, 128])
 def test_forward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> None:
     drv, names = cc90
     q, k, v = _qkv(1, 80, 2, d)
@@ -71,10 +71,12 @@ def test_forward_host_arrays_take_mma_sync_device_arrays_sm90(cc90, d: int) -> N
     out = ops.flash_attention(*_on(drv, [q, k, v]), causal=True, backend="nvrtc")
     assert names == [f"attention_fwd_sm90_d{d}_bf16"]
     # q, k, v and out (the epilogue's TMA stores: boxes of a consumer warpgroup's 64 rows by 64 head-dim columns,
-    # innermost first), the last one over out's own device memory
+    # 32 at d96, innermost first), the last one over out's own device memory
     maps = [c[1] for c in drv.calls if c[0] == "tensor_map_encode_tiled"]
-    bc = sm90._CFG[d][0]
-    assert [m[5] for m in maps] == [(64, 1, 128, 1), (64, 1, bc, 1), (64, 1, bc, 1), (64, 1, sm90.OUT_ROWS, 1)]
+    bc, cols = sm90._CFG[d][0], sm90.box(d)[0]
+    assert cols == (32 if d == 96 else 64)
+    assert [m[5] for m in maps] == [(cols, 1, 128, 1), (cols, 1, bc, 1), (cols, 1, bc, 1),
+                                    (cols, 1, sm90.OUT_ROWS, 1)]
     assert maps[-1][2] == out.ptr and maps[-1][3] == (d, 2, 80, 1)
     names.clear()
     dq, dk, _ = _on(drv, [q, k, v])

@@ -57,10 +57,10 @@ def test_forward_grid_is_persistent_only_where_tiles_differ() -> None:
     assert sm90.sm_count("host", 0) == sm90.HOST_CTAS
 
 
-@pytest.mark.parametrize("d, dv", [(128, 128), (192, 128), (64, 64), (256, 256)])
+@pytest.mark.parametrize("d, dv", [(128, 128), (192, 128), (64, 64), (256, 256), (96, 96)])
 def test_causal_forward_walks_more_tiles_than_ctas(d: int, dv: int, monkeypatch) -> None:
-    # batch 2 x 3 heads x 3 query tiles = 18 work tiles on HOST_CTAS = 3 CTAs: 6 each, the ring's phases and (d128)
-    # the ping-pong carried across them; n_q != n_k and GQA 3. d64 and d256: their pair loops' odd and tail steps
+    # batch 2 x 3 heads x 3 query tiles = 18 work tiles on HOST_CTAS = 3 CTAs: 6 each, the ring's phases and (d128,
+    # d96) the ping-pong carried across them; n_q != n_k and GQA 3. d64 and d256: their pair loops' odd and tail steps
     # and the ring's slot carried across tiles of 330 keys (two key tiles of 192 at d64, six of 64 at d256, masked
     # or steady by query tile).
     rng = np.random.default_rng(d)

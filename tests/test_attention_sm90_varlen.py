@@ -1,5 +1,5 @@
 """flash_attention_varlen on the Hopper (sm_90a) forward, kernels_cu/attention_fwd_sm90.cu with its VARLEN
-template parameter (attention_fwd_varlen_sm90_d64/128/256 and d192_dv128, and their _softcap kernels), and its backward,
+template parameter (attention_fwd_varlen_sm90_d64/96/128/256 and d192_dv128, and their _softcap kernels), and its backward,
 kernels_cu/attention_bwd_sm90.cu with its VL template parameter (attention_bwd_varlen_sm90_{dkdv,dq}_d64/96/128/256
 and d192_dv128 [_softcap]).
 
@@ -8,7 +8,7 @@ the sm_90a kernel and equals float64 NumPy per sequence within the flash_attenti
 ragged sequences (lengths 0 and 1, off every tile, a key tile that runs into the next sequence), n_q != n_k per
 sequence both ways (bottom-right causal: rows that see no key get out 0, lse -inf), empty sequences, GQA,
 windows, softcap, head_dim 64/128/256 and 192 with head_dim_v 128, bf16 and f16 (192 / 128 off sm_90a: dense_attn on
-v padded to 192, the same values). Where the sm_90a kernel does not apply (d96, no key at
+v padded to 192, the same values). Where the sm_90a kernel does not apply (d80, no key at
 all, a base off 16 bytes, not playing Hopper) the op keeps the mma.sync kernels; the two agree. Likewise
 flash_attention_varlen_backward (head_dim 64 / 96 / 128 / 256 and 192 / 128, with and without softcap): dQ, dK, dV equal float64 per
 sequence (zero for a sequence without queries / keys), the same bits under every host schedule.
@@ -181,7 +181,9 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)
     flash_attention_varlen(q, k, v, cu_q, cu_k, softcap=30.0, backend=HOST)  # softcap: sm_90a too
     q96, k96, v96 = (a[..., :96].copy() for a in (q, k, v))
-    flash_attention_varlen(q96, k96, v96, cu_q, cu_k, backend=HOST)  # d96: the general kernel
+    flash_attention_varlen(q96, k96, v96, cu_q, cu_k, backend=HOST)  # d96: sm_90a too (32-column boxes)
+    q80, k80, v80 = (a[..., :80].copy() for a in (q, k, v))
+    flash_attention_varlen(q80, k80, v80, cu_q, cu_k, backend=HOST)  # d80: the general kernel
     buf = np.zeros(q.size + 1, q.dtype)  # a base off 16 bytes is no TMA source
     q_odd = buf[1:].reshape(q.shape)
     q_odd[...] = q
@@ -192,7 +194,8 @@ def test_varlen_chooses_sm90_only_where_it_applies(monkeypatch) -> None:
     monkeypatch.setenv("PYKERN_HOST_ARCH", "")
     flash_attention_varlen(q, k, v, cu_q, cu_k, causal=True, backend=HOST)  # not playing Hopper
     assert names == ["attention_fwd_varlen_sm90_d128_bf16", "attention_fwd_varlen_sm90_d128_softcap_bf16",
-                     "dense_attn_bf16", "dense_attn_bf16", "attention_fwd_varlen_tc_d128_bf16",
+                     "attention_fwd_varlen_sm90_d96_bf16", "dense_attn_bf16", "dense_attn_bf16",
+                     "attention_fwd_varlen_tc_d128_bf16",
                      "attention_fwd_varlen_tc_d128_bf16"]
 
 

@@ -2,7 +2,7 @@
 
 `flash_attention` asks `usable(...)` first on its tensor-core path: on a compute-capability 9.0 GPU (nvrtc) or
 with PYKERN_HOST_ARCH=sm_90a (host backend), and for the shapes the kernel compiles (head_dim == head_dim_v in
-64/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
+64/96/128/256, or head_dim 192 with head_dim_v 128; with or without softcap; scale > 0 without softcap: the kernel
 then takes the row max on the raw scores), it runs the TMA + wgmma kernel; anything else keeps the mma.sync
 kernels (attention_fwd_tc.cu). FP8 q, k, v (float8_e4m3fn) ask `try_forward_fp8` (kernels_cu/attention_fwd_fp8_sm90.cu, head_dim == head_dim_v in
 64/128/256). `flash_attention_varlen` asks `try_varlen` under the same conditions (the same
@@ -26,7 +26,7 @@ from ..backends import get_backend, kernel_variant
 from ..devices import HOST, META, array_device
 from ..errors import ArgumentError
 
-HEAD_DIMS = (64, 128, 256)
+HEAD_DIMS = (64, 96, 128, 256)
 # (head_dim, head_dim_v) the forward compiles: the HEAD_DIMS with head_dim_v == head_dim, and DeepSeek-V3's
 # prefill shape 192 / 128.
 SHAPES = (*((d, d) for d in HEAD_DIMS), (192, 128))
@@ -36,34 +36,41 @@ ROWS = 128  # FA90_BR: queries per CTA
 # out's tensor map; the varlen forward stores with st.global, a box would run into the next sequence's rows).
 OUT_ROWS = 64
 # (keys per tile, ring stages) as the .cu's Fa90Cfg, by head_dim (192 comes with head_dim_v 128 only).
-_CFG = {64: (192, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
+_CFG = {64: (192, 2), 96: (128, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
-LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
+LOOP_TILES = {64: 2, 96: 1, 128: 1, 192: 1, 256: 2}
 # Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4):
-# d128 and d64, dense and varlen, with and without softcap, and the paged prefill at those head dims but d64 with
+# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128 and d64 but d64 with
 # softcap (PAGED_SOFTCAP_NO_PING_PONG).
-PING_PONG = {64: True, 128: True, 192: False, 256: False}
+PING_PONG = {64: True, 96: True, 128: True, 192: False, 256: False}
 # Head dims whose paged kernels with softcap keep the steady loop without the ping-pong (PING_PONG) of the varlen
 # kernel (the .cu's Fa90Pp): at d64 their 232 consumer registers (the paged producer takes 40) spilled a word with it.
 PAGED_SOFTCAP_NO_PING_PONG = (64,)
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
 # intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: off at d64 with softcap, where
 # the MUFU binds (the tanh and the exp2s) and the in-place P beside the FMA exp2 spilled.
-OVERLAP = {64: (True, False), 128: (True, True), 192: (True, True), 256: (True, True)}
+OVERLAP = {64: (True, False), 96: (True, True), 128: (True, True), 192: (True, True), 256: (True, True)}
 # Of every 4 n-tiles (8 keys) of a steady-state key tile, how many take their exp2 on the FMA pipe (pk_exp2_fma)
 # rather than the MUFU, by head_dim, without / with softcap (the .cu's Fa90Fex): at d64 with softcap the MUFU binds
 # alone (the softcap's tanh doubles its work; two in four spilled there). Without softcap the d64 MUFU only ties
 # with the tensor pipe, so moving exp2s would add instructions (8 an exp2) and lower no bound.
-FMA_EXP2 = {64: (0, 1), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
+FMA_EXP2 = {64: (0, 1), 96: (0, 0), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
 # Head dims whose dense forward walks several work tiles a CTA (Fa90Cfg PERSIST: the tile loop of fa90_forward): all
 # of them (d256 since its producer fits the tile loop in its 24 registers: 0 spills; its pair loop 404 a pair, 0.789).
-PERSISTENT = {64: True, 128: True, 192: True, 256: True}
+PERSISTENT = {64: True, 96: True, 128: True, 192: True, 256: True}
 # The dense forward's persistent grid on the host backend (fa90_forward walks work tiles in strides of the grid): a
 # few CTAs, so each walks several work tiles and the pipeline state carries across them as on a GPU.
 HOST_CTAS = 3
 # CTAs of the forward one SM holds: 384 threads at 168 registers take the register file (and d64's 113 KiB of
 # shared memory fits once beside the L1).
 CTAS_PER_SM = 1
+
+
+def box(d: int) -> tuple[int, str]:
+    """(head-dim columns per TMA box, swizzle) of the sm_90a forward and backward at head_dim d (the .cu's
+    PkAttnBox, AB90_BOX / AB90_SWIZZLE): 64 columns (128-byte rows, 128B swizzle) where d is a multiple of 64, else
+    32 (64-byte rows, 64B swizzle: d96 is three boxes, FA3's layout)."""
+    return (32, "64B") if d % 64 else (64, "128B")
 
 
 def shared_bytes(d: int, d_v: int | None = None) -> int:
@@ -137,7 +144,7 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
     """Run attention_fwd_sm90_<shape>[_softcap]{suffix} (`kernel_name`) when `usable` and the arrays suit TMA
     (16-byte aligned bases); False (nothing launched) otherwise. q, k contiguous (batch, n, heads, head_dim), v
     (batch, n_k, kv_heads, head_dim_v); out (batch, n_q, heads, head_dim_v) contiguous, written by TMA stores
-    (each consumer warpgroup's 64 rows of a query tile, one box per 64 head-dim columns: OUT_ROWS)."""
+    (each consumer warpgroup's 64 rows of a query tile, one box per `box(d_v)` head-dim columns: OUT_ROWS)."""
     from ..launcher import launch
     from ..tensormap import make_tensor_map
 
@@ -146,11 +153,12 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
         return False
     bc, _ = _CFG[d]
     name = get_backend(backend).name
-    try:  # boxes of 64 head-dim columns (128 bytes: the 128B swizzle's row) by ROWS queries / bc keys
-        tq = make_tensor_map(q, (1, ROWS, 1, 64), "128B", backend=name)
-        tk = make_tensor_map(k, (1, bc, 1, 64), "128B", backend=name)
-        tv = make_tensor_map(v, (1, bc, 1, 64), "128B", backend=name)
-        to = make_tensor_map(out, (1, OUT_ROWS, 1, 64), "128B", backend=name)
+    (cq, sq), (cv, sv) = box(d), box(d_v)
+    try:  # boxes of `box` head-dim columns (a swizzle atom's row) by ROWS queries / bc keys
+        tq = make_tensor_map(q, (1, ROWS, 1, cq), sq, backend=name)
+        tk = make_tensor_map(k, (1, bc, 1, cq), sq, backend=name)
+        tv = make_tensor_map(v, (1, bc, 1, cv), sv, backend=name)
+        to = make_tensor_map(out, (1, OUT_ROWS, 1, cv), sv, backend=name)
     except ArgumentError:  # e.g. a view whose base is not 16-byte aligned: the mma.sync kernels take it
         return False
     dev = array_device(q)
@@ -279,9 +287,10 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
     name = get_backend(backend).name
     total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
     try:  # the packed arrays as one batch of total rows: the kernel adds each sequence's first row
-        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "128B", backend=name)
-        tk = make_tensor_map(k.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, 64), "128B", backend=name)
-        tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d_v)), (1, bc, 1, 64), "128B", backend=name)
+        (cq, sq), (cv, sv) = box(d), box(d_v)
+        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, cq), sq, backend=name)
+        tk = make_tensor_map(k.reshape((1, total_k, n_kv_heads, d)), (1, bc, 1, cq), sq, backend=name)
+        tv = make_tensor_map(v.reshape((1, total_k, n_kv_heads, d_v)), (1, bc, 1, cv), sv, backend=name)
     except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the mma.sync kernels take it
         return False
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
@@ -420,7 +429,7 @@ def bwd_dkdv_shared_bytes(d: int, d_v: int | None = None) -> int:
 def bwd_box(d: int) -> tuple[int, str]:
     """(head-dim columns per TMA box, swizzle) at head_dim d (AB90_BOX / AB90_SWIZZLE): 64 columns (128-byte
     rows, 128B swizzle) where d is a multiple of 64, else 32 (64-byte rows, 64B swizzle: d96 is three boxes)."""
-    return (32, "64B") if d % 64 else (64, "128B")
+    return box(d)
 
 
 def bwd_shared_bytes(d: int, step: int, d_v: int | None = None) -> int:

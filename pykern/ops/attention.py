@@ -187,7 +187,7 @@ def flash_attention(
     requires them (ArgumentError where they cannot run), False forces the fp32-FMA kernels. The
     tensor-core path rounds the softmax probabilities to the input dtype for the P·V product, as
     FlashAttention-2 does. On a Hopper GPU (compute capability 9.0; on the host backend with
-    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/128/256, and head_dim 192 with head_dim_v 128
+    PYKERN_HOST_ARCH=sm_90a) head_dim == head_dim_v in 64/96/128/256, and head_dim 192 with head_dim_v 128
     (DeepSeek-V3's prefill shape), with or without softcap, run the sm_90a kernel instead (TMA, wgmma,
     FlashAttention-3's producer / consumer warpgroups; same rounding of P). f32
     inputs always use the fp32 kernels. f16 outputs overflow to inf beyond
@@ -452,7 +452,7 @@ def flash_attention_varlen(
     num_heads, head_dim_v) in q's dtype, or (out, lse) with lse (total_q, num_heads) natural-log float32.
 
     Kernels: on sm_90a (Hopper, or the host backend with PYKERN_HOST_ARCH=sm_90a; bf16 / f16) the TMA + wgmma
-    forward at head_dim == head_dim_v in 64 / 128 / 256 and at 192 / 128 (attention_fwd_varlen_sm90_d192_dv128),
+    forward at head_dim == head_dim_v in 64 / 96 / 128 / 256 and at 192 / 128 (attention_fwd_varlen_sm90_d192_dv128),
     with or without softcap; else the FlashAttention-2 core at head_dim == head_dim_v in 64 / 128; else the tile
     kernel dense_attn, which reads K and V at one head_dim: there a head_dim_v < head_dim runs on a copy of v
     padded with zero columns up to head_dim, and out is sliced back to head_dim_v (one more copy of v and of out).
@@ -507,7 +507,7 @@ def flash_attention_varlen(
     q, k, v = arrays.contiguous(q), arrays.contiguous(k), arrays.contiguous(v)
     out, lse = _prefill_out(total_q, h, d_v, qk, q, hq is not None)
     # On sm_90a the TMA + wgmma forward (kernels_cu/attention_fwd_sm90.cu, VARLEN: bf16 or f16, head_dim ==
-    # head_dim_v in 64 / 128 / 256 or 192 / 128, softcap or not, 16-byte aligned bases). Else the FlashAttention-2
+    # head_dim_v in 64 / 96 / 128 / 256 or 192 / 128, softcap or not, 16-byte aligned bases). Else the FlashAttention-2
     # core (kernels_cu/attention_fwd_tc.cu): bf16 or f16 q, K and V of one type, head_dim == head_dim_v in 64 / 128,
     # 16-byte aligned data. Both: grid (query tiles of the longest sequence * heads, batch).
     n_qt = -(-max_qo // FA2_ROWS)

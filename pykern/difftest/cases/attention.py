@@ -988,6 +988,21 @@ SM90_VARLEN_192 = ((([5, 140, 0], [9, 300, 3]), 4, 1, False, (-1, -1), 0.0),
                    (([90, 1, 20], [60, 300, 0]), 4, 2, True, (-1, -1), 2.5))
 
 
+# The forward at head_dim 96 (32-column boxes, 64B swizzle; 128-key tiles): (n_q, n_k, heads, kv_heads, causal,
+# window, softcap), each kernel causal and not. Steady tiles (the one-step hot loop, its ping-pong turns) with GQA
+# 2; causal 300 x 400 over 2 heads is 6 work tiles on the host's 3 CTAs (the persistent walk, the ring and the
+# named barriers carried across tiles); a window with n_q > n_k (rows that see no key); softcap with and without
+# the causal mask.
+SM90_FORWARD_D96 = ((100, 300, 4, 2, False, (-1, -1), 0.0), (300, 400, 2, 1, True, (-1, -1), 0.0),
+                    (200, 150, 2, 1, False, (40, 10), 2.0), (150, 280, 4, 2, True, (-1, -1), 2.5))
+# The same over packed sequences: ((lq, lk), heads, kv_heads, causal, window, softcap). Ragged lengths, an empty
+# sequence, one without keys, key tiles that run into the next sequence, steady tiles.
+SM90_VARLEN_D96 = ((([5, 140, 0], [9, 300, 3]), 4, 1, False, (-1, -1), 0.0),
+                   (([90, 1, 20], [60, 200, 0]), 2, 1, True, (-1, -1), 0.0),
+                   (([70, 20], [260, 40]), 2, 2, False, (50, 10), 2.0),
+                   (([90, 1, 20], [60, 300, 0]), 4, 2, True, (-1, -1), 2.5))
+
+
 # FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu): (n_q, n_k, heads, kv_heads, head_dim, causal, per-head
 # descales), each head_dim causal and not, off the 128-row tiles, GQA, n_q != n_k both ways.
 SM90_FP8_FORWARD = [
@@ -1186,6 +1201,11 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _sm90_forward(rng, kind, n_q, n_k, 2, 1, 64, causal)
     for kind in ("bf16", "f16"):  # drawn last, so that every case above keeps its inputs
         yield from _sm90_fused_softcap_varlen(rng, kind, SM90_FUSED_BACKWARD_D96, SM90_VARLEN_FUSED_BACKWARD_D96)
+    for kind in ("bf16", "f16"):  # the d96 forward, drawn after all of the above for the same reason
+        for n_q, n_k, h, kvh, causal, window, cap in SM90_FORWARD_D96:
+            yield _sm90_forward(rng, kind, n_q, n_k, h, kvh, 96, causal, None, window, cap)
+        for (lq, lk), h, kvh, causal, window, cap in SM90_VARLEN_D96:
+            yield _sm90_varlen(rng, kind, lq, lk, h, kvh, 96, causal, window, cap)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
