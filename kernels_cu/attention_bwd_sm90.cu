@@ -589,6 +589,310 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
     });
 }
 
+// ------------------------------------------------------------------------------------------------ fused, 192 / 128
+// The fused dK / dV / dQ kernel at head_dim 192 / head_dim_v 128 on FlashAttention-3's tiling (DQA 1 atomic, 2
+// _det, as ab90_dkdv's): the CTA owns AB90_KT_ROWS = 96 keys of one (batch, kv head) (K, V resident) and streams
+// AB90_KT_STEP = 64-query tiles (Q, dO) of every query head of the GQA group. Per tile, consumer c (keys 48c..):
+//   S = Q K^T, dP = dO V^T (m64n48, SS; rows are queries, so lse / delta are two values a thread), P and
+//   dS = P (dP - delta) stored as P^T / dS^T ([key][query], 128-byte rows, 128B swizzle), then
+//   dV^T += dO^T P (2 m64 tiles of head_dim_v), dK^T += Q^T dS (3 m64 tiles of head_dim), all SS over the
+//   tile's queries, and dQ's columns 96c.. = dS K (m64n96 over the CTA's 96 keys, SS: dS MN-major from dS^T, K
+//   MN-major). dK^T and dV^T (72 + 48 accumulator registers a thread) stay in registers over the walk.
+// Every product reads both operands from shared memory: 69 shared bytes a (query, key) pair by the attention
+// model's byte rules, against the 16-query dK/dV tile's 102 (docs/attention_sm90.md). dQ's m64n96 halves read K
+// MN-major, and a 128B-swizzled MN-major operand spans whole 64-column atoms, so Q and K come in 32-column boxes
+// (64B swizzle, three atoms a half; `bwd_fused_kt_box`); V and dO in 64-column ones.
+// dQ leaves as ab90_dkdv's does (the producer warpgroup's warp 1, named barriers 1 and 2): the tile's C x D
+// fp32 partial, stored as three [C][64] runs (the accumulator (batch, head, 3, nq_pad, 64) that the d64 convert
+// pass reads as dQ with three times the heads), three bulk reduce-adds a tile; one shared tile (a second would
+// take the shared memory past 227 KiB), so the consumers' stores wait for the previous tile's reads.
+#define AB90_KT_ROWS 96
+// setmaxnreg: 128 x 40 + 256 x 232 = 64512 of the SM's 65536. At 24 / 240 the _det kernels spilled (36 / 24 bytes
+// dense / varlen: the values the producer warpgroup's semaphore warp carries past its setmaxnreg.dec, with its
+// divisions by the 96-key tile); the consumers compile without spills at 232
+#define AB90_KT_PRODUCER_REGS 40
+#define AB90_KT_CONSUMER_REGS 232
+#define AB90_KT_STEP 64
+// K + V resident, the 2-stage ring of (Q, dO), P^T and dS^T (one buffer each: named barrier 3 orders a tile's
+// stores after both consumers' reads of the tile before), the fp32 dQ tile, the mbarriers: 218112 bytes
+#define AB90_KT_SMEM_BYTES(D, DV)                                                                                     \
+    (AB90_KT_ROWS * ((D) + (DV)) * 2 + AB90_STAGES * AB90_KT_STEP * ((D) + (DV)) * 2 +                              \
+     2 * AB90_KT_ROWS * AB90_KT_STEP * 2 + AB90_KT_STEP * (D) * 4 + 1024)
+template <typename T, int D, int DV, bool SC, bool VL, int DQA>
+__device__ __forceinline__ void ab90_fused_kt(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
+                                              const CUtensorMap* tdo, const float* __restrict__ lse,
+                                              const float* __restrict__ delta, T* __restrict__ dk,
+                                              T* __restrict__ dv, float* __restrict__ dq_acc,
+                                              int* __restrict__ dq_sem, const int* __restrict__ cu_q,
+                                              const int* __restrict__ cu_k, int batch, int n_q, int n_k, int n_heads,
+                                              int n_kv_heads, int nq_pad, float scale, int window_left,
+                                              int window_right, float softcap) {
+    static_assert(D == 192 && DV == 128 && DQA > 0, "the FA3 tiling: 192 / 128, fused");
+    constexpr int DT = Ab90Dt<T>::V, R = AB90_KT_ROWS, C = AB90_KT_STEP, ST = AB90_STAGES;
+    constexpr int NB = D / 32, NBV = DV / 64, RUNS = D / 64;  // 32-column q / k boxes, 64-column v / dO boxes
+    constexpr unsigned K_BYTES = R * D * 2, V_BYTES = R * DV * 2, STEP_BYTES = C * D * 2, DO_STEP_BYTES = C * DV * 2;
+    constexpr unsigned PT_BYTES = R * C * 2;  // P^T / dS^T: [R keys][C queries] 2-byte elements, 128-byte rows
+    extern __shared__ __align__(1024) unsigned char ab90_smem[];
+    unsigned char* ks = ab90_smem;                   // [NB][R][64 B]
+    unsigned char* vs = ks + K_BYTES;                // [NBV][R][128 B]
+    unsigned char* qs = vs + V_BYTES;                // [ST][NB][C][64 B]
+    unsigned char* dos = qs + ST * STEP_BYTES;       // [ST][NBV][C][128 B]
+    unsigned char* pts = dos + ST * DO_STEP_BYTES;   // P^T
+    unsigned char* dst = pts + PT_BYTES;             // dS^T
+    float* dqb = reinterpret_cast<float*>(dst + PT_BYTES);  // [RUNS][C][64]
+    unsigned long long* bars = reinterpret_cast<unsigned long long*>(dqb + C * D);
+    unsigned long long *kv_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
+    static_assert(K_BYTES + V_BYTES + ST * (STEP_BYTES + DO_STEP_BYTES) + 2 * PT_BYTES + C * D * 4 + 1024 ==
+                      AB90_KT_SMEM_BYTES(D, DV), "the carve-up above is the op's shared_mem (AB90_KT_SMEM_BYTES)");
+
+    const int tid = threadIdx.x, wg = tid / 128;
+    const int n_kt = (n_k + R - 1) / R;
+    const bool desc = DQA == 2 && window_right < n_q;  // as ab90_dkdv
+    const int bkv = blockIdx.x / n_kt, kt = desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
+    const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
+    const int k0 = kt * R;
+    const int sem_tiles = (n_q + C - 1) / C;
+    int q_row0 = 0, k_row0 = 0, mb = b;
+    if constexpr (VL) {
+        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
+        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
+        if (k0 >= n_k) return;  // CTA-uniform, before any barrier
+        window_left = min(window_left, n_k), window_right = min(window_right, n_q);
+    }
+    (void)batch;
+    const int k_last = min(k0 + R, n_k) - 1;
+    const PkAttnSpan span = pk_attn_k_span(k0, k_last, n_q, n_k, window_left, window_right);
+    const int qt0 = span.lo / C, qt1 = span.hi < span.lo ? qt0 : span.hi / C + 1;
+    const int steps = (qt1 - qt0) * group;
+
+    pk_ring_init<ST>(kv_full, full, empty, 256);
+
+    if (wg == 0) {  // ---- producer ----
+        pk_setmaxnreg_dec<AB90_KT_PRODUCER_REGS>();
+        if (tid < 32 && pk_elect_one()) {
+            pk_mbarrier_arrive_expect_tx(kv_full, K_BYTES + V_BYTES);
+            for (int nb = 0; nb < NB; nb++) pk_tma_load_4d(ks + nb * R * 64, tk, kv_full, nb * 32, kvh, k_row0 + k0, mb);
+            for (int nb = 0; nb < NBV; nb++) pk_tma_load_4d(vs + nb * R * 128, tv, kv_full, nb * 64, kvh, k_row0 + k0, mb);
+            for (int i = 0; i < steps; i++) {
+                const int s = i % ST, h = kvh * group + i / (qt1 - qt0), q0 = (qt0 + i % (qt1 - qt0)) * C;
+                pk_mbarrier_wait_parity(&empty[s], ((i / ST) & 1) ^ 1);
+                pk_mbarrier_arrive_expect_tx(&full[s], STEP_BYTES + DO_STEP_BYTES);
+                for (int nb = 0; nb < NB; nb++)
+                    pk_tma_load_4d(qs + s * STEP_BYTES + nb * C * 64, tq, &full[s], nb * 32, h, q_row0 + q0, mb);
+                for (int nb = 0; nb < NBV; nb++)
+                    pk_tma_load_4d(dos + s * DO_STEP_BYTES + nb * C * 128, tdo, &full[s], nb * 64, h, q_row0 + q0, mb);
+            }
+        }
+        // warp 1: dQ's bulk reduce-adds (and, DQA 2, the semaphores), as ab90_dkdv's, one shared tile
+        if (tid / 32 == 1) {
+            int* sem_h = DQA == 2 ? dq_sem + ((long long)b * n_heads + kvh * group) * sem_tiles : nullptr;
+            float* acc_h = dq_acc + (((long long)(VL ? 0 : b) * n_heads + kvh * group) * RUNS * nq_pad + q_row0) * 64;
+            const long long run_stride = (long long)nq_pad * 64;
+            for (int i = 0, qt = qt0; i < steps; i++) {
+                const int q0 = qt * C;
+                int* sem = sem_h + qt;
+                float* acc = acc_h + q0 * 64;
+                if (++qt == qt1) qt = qt0, sem_h += sem_tiles, acc_h += RUNS * run_stride;  // next head
+                if (tid == 32) {
+                    pk_tma_store_wait_read<0>();
+                    if constexpr (DQA == 2) {
+                        const PkAttnSpan qsp = pk_attn_q_span(q0, min(q0 + C, n_q) - 1, n_q, n_k, window_left,
+                                                              window_right);
+                        pk_sem_wait_eq(sem, desc ? qsp.hi / R - kt : kt - qsp.lo / R);
+                    }
+                }
+                __syncwarp();
+                pk_bar_arrive(1, 288);
+                pk_bar_sync(2, 288);
+                if (tid == 32) {
+                    // a pointer stepped a run at a time (this warp runs on the producer's registers)
+                    float* a = acc;
+#pragma unroll 1
+                    for (int run = 0; run < RUNS; run++, a += run_stride)
+                        pk_bulk_reduce_add_f32(a, dqb + run * C * 64, C * 64 * 4);
+                    pk_tma_store_commit();
+                    if constexpr (DQA == 2) {
+                        pk_tma_store_wait<0>();
+                        pk_sem_add_release(sem, 1);
+                    }
+                }
+            }
+            if (tid == 32) pk_tma_store_wait<0>();
+        }
+        return;
+    }
+
+    // ---- consumers: S / dP rows = queries q0 + 16 wq + g (+ 8), columns = keys k0 + 48c + 8j + 2t + e ----
+    pk_setmaxnreg_inc<AB90_KT_CONSUMER_REGS>();
+    const int c = __shfl_sync(PK_FULL_MASK, wg, 0) - 1, lane = tid % 32, wq = (tid / 32) % 4, g = lane / 4,
+              t = lane % 4;
+    float dka[D / 64][24], dva[DV / 64][24];  // dK^T / dV^T: rows 64m + 16 wq + g (+ 8) of the head dim, keys 48c..
+#pragma unroll
+    for (int m = 0; m < D / 64; m++)
+#pragma unroll
+        for (int i = 0; i < 24; i++) dka[m][i] = 0.0f;
+#pragma unroll
+    for (int m = 0; m < DV / 64; m++)
+#pragma unroll
+        for (int i = 0; i < 24; i++) dva[m][i] = 0.0f;
+    const float sl2 = (SC ? softcap : scale) * 1.4426950408889634f;
+    const float pre = SC ? scale / softcap : 0.0f;
+    // K-major A / B: SBO 8 rows (512 bytes at 64-byte rows, 1024 at 128); MN-major: LBO one box, SBO 8 k-rows
+    const unsigned long long qa = pk_wgmma_desc(qs, 16, 512, PK_SWIZZLE_64B);
+    const unsigned long long kb = pk_wgmma_desc(ks + c * 48 * 64, 16, 512, PK_SWIZZLE_64B);
+    const unsigned long long oa = pk_wgmma_desc(dos, 16, 1024, PK_SWIZZLE_128B);
+    const unsigned long long vb = pk_wgmma_desc(vs + c * 48 * 128, 16, 1024, PK_SWIZZLE_128B);
+    const unsigned long long ot = pk_wgmma_desc(dos, C * 128, 1024, PK_SWIZZLE_128B);   // dO^T (MN-major A)
+    const unsigned long long qtd = pk_wgmma_desc(qs, C * 64, 512, PK_SWIZZLE_64B);      // Q^T (MN-major A)
+    const unsigned long long pb = pk_wgmma_desc(pts + c * 48 * 128, 16, 1024, PK_SWIZZLE_128B);  // P^T (K-major B)
+    const unsigned long long db = pk_wgmma_desc(dst + c * 48 * 128, 16, 1024, PK_SWIZZLE_128B);  // dS^T
+    const unsigned long long sa = pk_wgmma_desc(dst, C * 128, 1024, PK_SWIZZLE_128B);   // dS (MN-major A)
+    const unsigned long long kn = pk_wgmma_desc(ks + c * 3 * R * 64, R * 64, 512, PK_SWIZZLE_64B);  // K (MN-major B)
+    // this thread's P^T / dS^T store offsets (keys 48c + 8j + 2t + e, queries 16 wq + g + 8r): key row 8j + x
+    // lies 1024 j bytes past row x with the same swizzle (48c is a multiple of 8), so the loop adds 1024 j
+    unsigned st_off[2][2];
+#pragma unroll
+    for (int r = 0; r < 2; r++)
+#pragma unroll
+        for (int e = 0; e < 2; e++)
+            st_off[r][e] = pk_swizzle_offset((48 * c + 2 * t + e) * 128 + (16 * wq + g + 8 * r) * 2, PK_SWIZZLE_128B);
+    const int key0 = k0 + 48 * c + 2 * t;  // + 8j + e: this thread's keys
+    pk_mbarrier_wait_parity(kv_full, 0);
+
+    auto tile = [&](auto masked, const int i, const int h, const int q0) {
+        constexpr bool need_mask = decltype(masked)::value;
+        const int s = i % ST;
+        float l2[2], dl[2];
+        int klo[2], khi[2];
+#pragma unroll
+        for (int r = 0; r < 2; r++) {
+            const int qq = q0 + 16 * wq + g + 8 * r;
+            // the pre-pass's runs (lse already times log2 e): dense (batch, head, nq_pad), padded rows 0 (their Q
+            // and dO are TMA zeros: dS = 0, P dO = 0; masked anyway); VL (head, nq_pad) over the packed rows, a
+            // query past n_q the next sequence's: +inf (P = 0)
+            const long long idx = VL ? (long long)h * nq_pad + q_row0 + qq : ((long long)b * n_heads + h) * nq_pad + qq;
+            const bool in = !need_mask || qq < n_q;
+            const float lv = in ? lse[idx] : PK_NEG_INF;
+            l2[r] = need_mask && lv == PK_NEG_INF ? -PK_NEG_INF : lv;
+            dl[r] = in ? delta[idx] : 0.0f;
+            if (need_mask) pk_attn_q_row(qq, n_q, n_k, window_left, window_right, klo[r], khi[r]);
+        }
+        float sc[24], dp[24];
+        pk_mbarrier_wait_parity(&full[s], (i / ST) & 1);
+        pk_wgmma_fence();
+#pragma unroll
+        for (int kk = 0; kk < D / 16; kk++)  // 32-column boxes: two k-steps a box
+            pk_wgmma_m64nNk16_ss<48, DT>(sc, pk_wgmma_desc_advance(qa, s * STEP_BYTES + (kk / 2) * C * 64 + (kk % 2) * 32),
+                                         pk_wgmma_desc_advance(kb, (kk / 2) * R * 64 + (kk % 2) * 32), kk > 0);
+#pragma unroll
+        for (int kk = 0; kk < DV / 16; kk++)  // 64-column boxes: four k-steps a box
+            pk_wgmma_m64nNk16_ss<48, DT>(dp, pk_wgmma_desc_advance(oa, s * DO_STEP_BYTES + (kk / 4) * C * 128 + (kk % 4) * 32),
+                                         pk_wgmma_desc_advance(vb, (kk / 4) * R * 128 + (kk % 4) * 32), kk > 0);
+        pk_wgmma_commit();
+        pk_wgmma_wait<0>();
+        // both consumers are past the previous tile's dQ wgmma (its reads of dS^T) before either rewrites it
+        pk_bar_sync(3, 256);
+#pragma unroll
+        for (int j = 0; j < 6; j++)
+#pragma unroll
+            for (int v = 0; v < 4; v++) {
+                const int r = v >> 1, e = v & 1, i4 = 4 * j + v;
+                const float x = SC ? __tanhf(sc[i4] * pre) : sc[i4];
+                float p = pk_ex2_approx(fmaf(x, sl2, -l2[r]));
+                if (need_mask) {
+                    const int kk = key0 + 8 * j + e;
+                    if (kk < klo[r] || kk > khi[r]) p = 0.0f;
+                }
+                float ds = p * (dp[i4] - dl[r]);
+                if (SC) ds *= 1.0f - x * x;  // d tanh: the softcap's derivative
+                *reinterpret_cast<unsigned short*>(pts + st_off[r][e] + 1024 * j) = Pk16<T>::narrow(p);
+                *reinterpret_cast<unsigned short*>(dst + st_off[r][e] + 1024 * j) = Pk16<T>::narrow(ds);
+            }
+        pk_fence_proxy_async_shared();  // the generic-proxy stores before the wgmma's (async proxy) reads
+        // both consumers' P^T / dS^T, and warp 1's arrival (the dQ tile has been read; DQA 2: the semaphore)
+        pk_bar_sync(1, 288);
+        float dqa[48];
+        pk_wgmma_fence();
+#pragma unroll
+        for (int m = 0; m < DV / 64; m++)
+#pragma unroll
+            for (int kk = 0; kk < C / 16; kk++)
+                pk_wgmma_m64nNk16_ss<48, DT, 1, 0>(dva[m], pk_wgmma_desc_advance(ot, s * DO_STEP_BYTES + m * C * 128 + kk * 2048),
+                                                   pk_wgmma_desc_advance(pb, kk * 32), 1);
+#pragma unroll
+        for (int m = 0; m < D / 64; m++)
+#pragma unroll
+            for (int kk = 0; kk < C / 16; kk++)
+                pk_wgmma_m64nNk16_ss<48, DT, 1, 0>(dka[m], pk_wgmma_desc_advance(qtd, s * STEP_BYTES + 2 * m * C * 64 + kk * 1024),
+                                                   pk_wgmma_desc_advance(db, kk * 32), 1);
+#pragma unroll
+        for (int kk = 0; kk < R / 16; kk++)
+            pk_wgmma_m64nNk16_ss<96, DT, 1, 1>(dqa, pk_wgmma_desc_advance(sa, kk * 2048),
+                                               pk_wgmma_desc_advance(kn, kk * 1024), kk > 0);
+        pk_wgmma_commit();
+        pk_wgmma_wait<0>();
+        pk_mbarrier_arrive(&empty[s]);
+        // dQ columns 96c + 8j + 2t (+1), queries 16 wq + g (+ 8): run (column / 64), [query][column % 64]
+#pragma unroll
+        for (int j = 0; j < 12; j++)
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+                const int col = 96 * c + 8 * j + 2 * t;
+                *reinterpret_cast<float2*>(dqb + (col / 64) * C * 64 + (16 * wq + g + 8 * r) * 64 + col % 64) =
+                    make_float2(dqa[4 * j + 2 * r], dqa[4 * j + 2 * r + 1]);
+            }
+        pk_fence_proxy_async_shared();  // the stores before the bulk op's (async proxy) read
+        pk_bar_arrive(2, 288);  // the tile is stored: warp 1 adds it
+    };
+    const bool tail_keys = VL && k0 + R > n_k;
+    const int u0 = tail_keys ? qt1 : min(max((span.full_lo + C - 1) / C, qt0), qt1);
+    const int u1 = min(max((span.full_hi + 1) / C, u0), qt1);
+    for (int i = 0, h = kvh * group; h < (kvh + 1) * group; h++) {
+        for (int qt = qt0; qt < qt1;) {
+            const int stop = qt < u0 ? u0 : qt < u1 ? qt : qt1;
+            for (; qt < stop; qt++, i++) tile(Ab90Bool<true>(), i, h, qt * C);
+            for (; qt < u1; qt++, i++) tile(Ab90Bool<false>(), i, h, qt * C);
+        }
+    }
+    // dK (times scale) / dV rows = keys: element (head-dim row 64m + 16 wq + g + 8r, key 48c + 8j + 2t + e)
+    const long long kbase = VL ? (long long)k_row0 : (long long)b * n_k;
+#pragma unroll
+    for (int j = 0; j < 6; j++)
+#pragma unroll
+        for (int e = 0; e < 2; e++) {
+            const int key = key0 + 8 * j + e;
+            if (key >= n_k) continue;
+            const long long row = (kbase + key) * n_kv_heads + kvh;
+#pragma unroll
+            for (int r = 0; r < 2; r++) {
+#pragma unroll
+                for (int m = 0; m < D / 64; m++)
+                    reinterpret_cast<unsigned short*>(dk)[row * D + 64 * m + 16 * wq + g + 8 * r] =
+                        Pk16<T>::narrow(dka[m][4 * j + 2 * r + e] * scale);
+#pragma unroll
+                for (int m = 0; m < DV / 64; m++)
+                    reinterpret_cast<unsigned short*>(dv)[row * DV + 64 * m + 16 * wq + g + 8 * r] =
+                        Pk16<T>::narrow(dva[m][4 * j + 2 * r + e]);
+            }
+        }
+}
+#define AB90_FUSED_KT_ENTRY(name, SC, DQA, VL)                                                                       \
+    template <typename T, typename... A>                                                                            \
+    __device__ __forceinline__ void name##_impl(const CUtensorMap& tq, const CUtensorMap& tk, const CUtensorMap& tv, \
+                                                const CUtensorMap& tdo, const float* lse, const float* delta, T* dk,  \
+                                                T* dv, float* dq_acc, int* dq_sem, A... a) {                        \
+        if constexpr (VL) {                                                                                         \
+            ab90_fused_kt<T, 192, 128, SC, VL, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, dq_acc, dq_sem, a...); \
+        } else {                                                                                                    \
+            ab90_fused_kt<T, 192, 128, SC, VL, DQA>(&tq, &tk, &tv, &tdo, lse, delta, dk, dv, dq_acc, dq_sem,         \
+                                                    nullptr, nullptr, a...);                                        \
+        }                                                                                                           \
+    }
+AB90_FUSED_KT_ENTRY(attention_bwd_sm90_fused_d192_dv128, false, 1, false)
+AB90_FUSED_KT_ENTRY(attention_bwd_sm90_fused_det_d192_dv128, false, 2, false)
+AB90_FUSED_KT_ENTRY(attention_bwd_varlen_sm90_fused_d192_dv128, false, 1, true)
+AB90_FUSED_KT_ENTRY(attention_bwd_varlen_sm90_fused_det_d192_dv128, false, 2, true)
+
 // ------------------------------------------------------------------------------------------------ dQ
 
 template <typename T, int D, int DV, bool SC, bool VL>
@@ -1003,6 +1307,11 @@ PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d96, (AB90_THREADS, 1), AB90_VL_
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d96, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d96_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
 PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d96_softcap, (AB90_THREADS, 1), AB90_VL_FUSED_SC_PARAMS, AB90_VL_FUSED_SC_ARGS)
+// 192 / 128: FlashAttention-3's tiling (ab90_fused_kt: 96-key CTAs, 64-query tiles), no softcap (the pair keeps it)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_d192_dv128, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_sm90_fused_det_d192_dv128, (AB90_THREADS, 1), AB90_FUSED_PARAMS, AB90_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_d192_dv128, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
+PK_IO16_KERNELS(attention_bwd_varlen_sm90_fused_det_d192_dv128, (AB90_THREADS, 1), AB90_VL_FUSED_PARAMS, AB90_VL_FUSED_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d128, (AB90_THREADS, 1), AB90_DKDV_PARAMS, AB90_DKDV_ARGS)
 PK_IO16_KERNELS(attention_bwd_sm90_dkdv_d64_softcap, (AB90_THREADS, 1), AB90_DKDV_SC_PARAMS, AB90_DKDV_SC_ARGS)

@@ -317,12 +317,16 @@ def test_backward_shared_bytes_are_the_kernels_macros(tmp_path) -> None:
     assert fused == {64: 132096, 96: 115712, 128: 148480, 256: 222208}  # the figures the .cu's comment gives
     for d, smem in fused.items():
         checks += [f"static_assert(AB90_DKDV_SMEM_BYTES({d}, {d}, {dqa}) == {smem});" for dqa in (1, 2)]
+    # 192 / 128's fused kernel (FlashAttention-3's tiling, ab90_fused_kt): 96 keys, 64-query tiles, 218112 bytes
+    assert sm90.bwd_fused_shared_bytes(192, 128) == 218112
+    checks += [f"static_assert(AB90_KT_ROWS == {sm90.bwd_fused_rows(192, 128)} && AB90_KT_STEP == "
+               f"{sm90.bwd_fused_step(192, 128)} && AB90_KT_SMEM_BYTES(192, 128) == 218112);"]
     path = tmp_path / "ab90_smem.cpp"
     path.write_text(defines + "\n" + "\n".join(checks) + "\n")
     run = subprocess.run([*find_compiler().argv, "-std=c++17", "-fsyntax-only", str(path)], capture_output=True,
                          text=True, timeout=120)
     assert run.returncode == 0, run.stderr
-    assert "AB90_DKDV_SMEM_BYTES(D, DV, DQA)" in defines and len(checks) == 1 + 5 * len(sm90.BWD_SHAPES) + 8
+    assert "AB90_DKDV_SMEM_BYTES(D, DV, DQA)" in defines and len(checks) == 1 + 5 * len(sm90.BWD_SHAPES) + 9
 
 
 @pytest.mark.parametrize("backend", ["host", "numba"])
@@ -380,31 +384,41 @@ def test_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
                      "attention_bwd_tc_dq_d96_softcap_bf16"]
 
 
-@pytest.mark.parametrize("cap", [0.0, 2.5])
+@pytest.mark.parametrize("cap,det,causal", [(0.0, False, True), (0.0, True, False), (0.0, True, True),
+                                            (2.5, False, True)])
 @pytest.mark.parametrize("dtype", ["bf16", "f16"])
-def test_backward_sm90_192_128_vs_float64_same_bits_under_every_schedule(dtype: str, cap: float, monkeypatch) -> None:
-    """head_dim 192, head_dim_v 128 (DeepSeek-V3's prefill) given the forward's out and lse: both backward kernels
-    are the sm_90a _d192_dv128 ones (the DV template parameter), dq / dk / dv equal float64 (dv at 128 columns),
-    and the forward, reverse and random thread orders give the same bits."""
+def test_backward_sm90_192_128_vs_float64_same_bits_under_every_schedule(dtype: str, cap: float, det: bool,
+                                                                         causal: bool, monkeypatch) -> None:
+    """head_dim 192, head_dim_v 128 (DeepSeek-V3's prefill) given the forward's out and lse: without softcap the
+    fused kernel on FlashAttention-3's tiling (attention_bwd_sm90_fused[_det]_d192_dv128: 96-key CTAs, 64-query
+    tiles, dQ's partials into an accumulator of three 64-column runs a head, narrowed by the d64 pass), with it the
+    dK/dV + dQ pair (the DV template parameter); dq / dk / dv equal float64 (dv at 128 columns, GQA 2, n_q != n_k),
+    and the _det kernel and the pair give the same bits under the forward, reverse and random thread orders (the
+    atomic kernel's adds land in the order the CTAs run)."""
     from pykern.difftest.cases.attention import attention_inputs, np_attention_backward
 
     rng = np.random.default_rng(192)
-    q, k, v, g = attention_inputs(rng, 2, 140, 4, 2, 192, dtype, 150)
+    q, k, v, g = attention_inputs(rng, 2, 140, 4, 2, 192, dtype, 150 if causal else 230)
     v, g = np.ascontiguousarray(v[..., :128]), np.ascontiguousarray(g[..., :128])
-    out, lse = ops.flash_attention(q, k, v, causal=True, softcap=cap, return_lse=True, backend=HOST)
+    out, lse = ops.flash_attention(q, k, v, causal=causal, softcap=cap, return_lse=True, backend=HOST)
     names = _record(monkeypatch)
     runs = []
     for schedule in ("forward", "reverse", "random:7"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
-        runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=True, softcap=cap, backend=HOST))
-    c = "_softcap" if cap else ""
-    assert names[:3] == [f"attention_bwd_preprocess_{dtype}", f"attention_bwd_sm90_dkdv_d192_dv128{c}_{dtype}",
-                         f"attention_bwd_sm90_dq_d192_dv128{c}_{dtype}"]
-    ref = np_attention_backward(q, k, v, g, causal=True, softcap=cap)
+        runs.append(ops.attention_backward(q, k, v, g, out=out, lse=lse, causal=causal, softcap=cap,
+                                           deterministic=det, backend=HOST))
+    if cap:
+        assert names[:3] == [f"attention_bwd_preprocess_{dtype}", f"attention_bwd_sm90_dkdv_d192_dv128_softcap_{dtype}",
+                             f"attention_bwd_sm90_dq_d192_dv128_softcap_{dtype}"]
+    else:
+        assert names[:3] == [f"attention_bwd_tc_prep_{dtype}",
+                             f"attention_bwd_sm90_fused{'_det' if det else ''}_d192_dv128_{dtype}",
+                             f"attention_bwd_tc_dq_reduce_d64_{dtype}"]
+    ref = np_attention_backward(q, k, v, g, causal=causal, softcap=cap)
     for name, got, want in zip(("dq", "dk", "dv"), runs[0], ref):
         assert np.asarray(got).shape == want.shape
         close(name, got, want, "attention_backward", dtype)
-    for other in runs[1:]:
+    for other in runs[1:] if det or cap else ():
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
 
@@ -869,6 +883,9 @@ BWD_KERNELS += [f"attention_bwd_{vl}sm90_{n}_{s}{c}_{t}" for vl in ("", "varlen_
 BWD_FUSED_KERNELS = [f"attention_bwd_{vl}sm90_fused{det}_d{d}{c}_{t}" for vl in ("", "varlen_")
                      for det in ("", "_det") for d in (64, 96, 128, 256) for c in ("", "_softcap")
                      for t in ("bf16", "f16")]
+# 192 / 128 on FlashAttention-3's tiling (ab90_fused_kt), without softcap
+BWD_FUSED_KERNELS += [f"attention_bwd_{vl}sm90_fused{det}_d192_dv128_{t}" for vl in ("", "varlen_")
+                      for det in ("", "_det") for t in ("bf16", "f16")]
 
 
 @lru_cache(maxsize=None)
@@ -891,9 +908,10 @@ def test_backward_sass_wgmma_tma_no_spills(kernel: str) -> None:
     # a flat loop of HGMMAs; the fused kernels' named barriers (the dS hand-off between the consumers, which
     # also waits for warp 1, the dQ tiles' issuer (and the _det kernels' semaphores), and their arrival after the dQ
     # tile's stores) and the d256 dK/dV kernels' one (the S^T / dP^T swap, also in the fused d256
-    # ones) are the only barriers
+    # ones) are the only barriers; 192 / 128's fused kernel has one more (both consumers past the previous tile's
+    # reads of its one P^T / dS^T buffer before either rewrites it)
     fused, split = "_fused" in kernel, "_dkdv_d256" in kernel or "_d256" in kernel and "_fused" in kernel
-    assert loops[kernel]["bar"] == (2 if fused else 0) + split
+    assert loops[kernel]["bar"] == (2 if fused else 0) + split + (fused and "_d192_dv128" in kernel)
     assert loops[kernel]["mma"] > 0
     ops_ = kernel_ops(_bwd_listing()[1], kernel)
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 4      # Q, dO, K, V tiles
@@ -956,13 +974,22 @@ BWD_FUSED_LOOP_BAR = {(64, "", ""): 2.66, (128, "", ""): 2.07, (64, "", "_softca
                       # 420 instructions a tile (det 421), against 406 for the unfused dK/dV kernel's 128 (5.28 /
                       # 845 before the uniform descriptors and the unmasked loop, 7.78 with 16-query tiles)
                       (256, "", ""): 2.64, (256, "", "_softcap"): 3.24, (256, "varlen_", ""): 2.72,
-                      (256, "varlen_", "_softcap"): 3.32}
+                      (256, "varlen_", "_softcap"): 3.32,
+                      # 192 / 128 (FlashAttention-3's tiling: 312 m16n8k16-equivalents a warp a 64-query tile): 620
+                      # instructions a tile (varlen 625), P^T / dS^T stored 2 bytes at a time
+                      (192, "", ""): 1.99, (192, "varlen_", ""): 2.01}
 
 
 @pytest.mark.parametrize("kernel", BWD_FUSED_KERNELS)
 def test_backward_fused_steady_loop_within_its_bar(kernel: str) -> None:
     _, _, loops = _bwd_sass()
     loop = loops[kernel]
+    if "_d192_dv128" in kernel:
+        # FlashAttention-3's tiling, a 64-query tile a warp of 4 and a consumer of 48 keys: S (K = 192) and dP (128)
+        # m64n48, dV^T (2 m64 tiles) and dK^T (3) m64n48 over 64 queries, dQ m64n96 over the CTA's 96 keys
+        assert loop["mma"] == (192 + 128) // 16 * 6 + (2 + 3) * 4 * 6 + 6 * 12 == 312
+        assert loop["per_mma"] <= BWD_FUSED_LOOP_BAR[(192, "varlen_" if "_varlen_" in kernel else "", "")], loop
+        return
     d = int(kernel.split("_d")[-1].split("_")[0])
     # S^T, dP^T, dV, dK over d, and dQ^T in m64 tiles of the head dim (d96: 128 rows); d256 (the head dim split):
     # a consumer computes one of S^T / dP^T and half of dV, dK and dQ^T, half the work

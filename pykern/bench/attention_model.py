@@ -611,13 +611,14 @@ def memory_kernels(phase: str, s: Shape, variant: str = "mma.sync", dq_mode: str
         return pads + memory_kernels(phase, _padded(s), variant, dq_mode, sm90_fused)
     if variant == "wgmma" and sm90_fused:
         # the sm_90a fused kernel (both modes): the prep zeroes the fp32 accumulator (rows padded to 64), the
-        # reduce reads it and writes dQ (d256: the d128 reduce over the accumulator's head-dim halves)
+        # reduce reads it and writes dQ (d256: the d128 reduce over the accumulator's head-dim halves; 192 / 128:
+        # the d64 one over its thirds, the accumulator zeroed by a memset of the same bytes)
         from ..ops import _attention_sm90 as h
 
         n_ws = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * s.head_dim
         rows_pad = s.batch * s.heads * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * 4
         return [("attention_bwd_tc_prep_bf16", 2 * b["o"] + b["row"] + 2 * rows_pad + 4 * n_ws),
-                (f"attention_bwd_tc_dq_reduce_d{h.bwd_fused_acc_split(s.head_dim)[0]}_bf16", 4 * n_ws + b["q"])]
+                (f"attention_bwd_tc_dq_reduce_d{h.bwd_fused_acc_split(s.head_dim, s.dv)[0]}_bf16", 4 * n_ws + b["q"])]
     if variant == "wgmma" or s.head_dim not in ta.FUSED_HEAD_DIMS:
         return [("attention_bwd_preprocess_bf16", 2 * b["o"] + b["row"])]  # dO and out read, delta written
     D, br, bc = s.head_dim, ta._FUSED_BR[s.head_dim], ta._FUSED_BC
@@ -701,7 +702,7 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
     mma_warps = (h.THREADS - 128) // 32  # the producer warpgroup (128 threads) issues no MMA
     d, dv = s.head_dim, s.dv
     if dv != d:  # head_dim_v < head_dim: the kernels of that shape (192 / 128), no padding
-        return _sm90_dv_launches(phase, s, kernels, softcap, varlen, build, mma_warps)
+        return _sm90_dv_launches(phase, s, kernels, softcap, varlen, build, mma_warps, dq_mode, hw)
     D = fw.tc_head_dim(d)
     if phase == "fwd":
         if softcap or varlen:
@@ -766,11 +767,14 @@ def sm90_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool = 
                    D, 4, reads + b["k"] + b["v"], (c, rows), mma_warps=mma_warps), dq], ""
 
 def _sm90_dv_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: bool, varlen: bool, build: str,
-                      mma_warps: int) -> tuple[list[Launch], str]:
+                      mma_warps: int, dq_mode: str = "atomic", hw: Hardware | None = None
+                      ) -> tuple[list[Launch], str]:
     """sm90_launches at head_dim_v < head_dim: the sm_90a kernels of that shape (pykern.ops._attention_sm90
-    SHAPES / BWD_SHAPES: 192 / 128), their own tiles (the forward d128's; the backward's dK / dV on 16-query
-    tiles, its dQ on 64-key ones) and matmul dims: forward S over d and P V over dv; dK / dV S^T and dK over d,
-    dP^T and dV over dv; dQ S and dQ over d, dP over dv. The 2026-11-27 build had none."""
+    SHAPES / BWD_SHAPES: 192 / 128), their own tiles (the forward d128's; the backward's fused kernel, dq_mode
+    "atomic" or "deterministic", on 96-key CTAs and 64-query tiles where `kernels` has it and there is no softcap,
+    else the pair: dK / dV on 16-query tiles, dQ on 64-key ones) and matmul dims: forward S over d and P V over
+    dv; dK / dV S^T and dK over d, dP^T and dV over dv; dQ S and dQ over d, dP over dv. The 2026-11-27 build had
+    none."""
     from ..ops import _attention_sm90 as h
 
     d, dv = s.head_dim, s.dv
@@ -793,6 +797,26 @@ def _sm90_dv_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: boo
     if (d, dv) not in h.BWD_SHAPES or any(n not in kernels for n in names):
         return [], f"no {' / '.join(names)} kernels (shapes {h.BWD_SHAPES})"
     reads = b["q"] + b["o"] + b["k"] + b["v"] + 2 * b["row"]
+    det = dq_mode == "deterministic"
+    fused = h.bwd_fused_kernel_name(d, det, "_bf16", 1.0 if softcap else 0.0, varlen, d_v=dv)
+    if (d, dv) in h.BWD_FUSED_SHAPES and fused in kernels:
+        # the fused kernel on FlashAttention-3's tiling (no softcap: the pair keeps it): 96-key CTAs streaming
+        # 64-query tiles, S, dK and dQ over d, dP and dV over dv; dQ's partial (64 queries x d fp32 a tile pair)
+        # leaves by bulk reduce-add (the "l2" term), its HBM bytes as sm90_launches counts them at the other dims
+        rows, c = h.bwd_fused_rows(d, dv), h.bwd_fused_step(d, dv)
+        ctas = _key_tiles(s.seq, s.seq, s.causal, rows, c, s.heads // s.kvh)
+        groups = s.batch * s.kvh
+        hw = hw or HARDWARE["sm_90"]
+        ws_group = (s.heads // s.kvh) * -(-s.seq // h.BWD_FUSED_PAD) * h.BWD_FUSED_PAD * d * 4
+        per_sm = max(1, hw.smem_per_sm // (h.bwd_fused_shared_bytes(d, dv) + hw.smem_reserved_cta))
+        live = min(groups, -(-hw.sms * per_sm // len(ctas)) + 1) * ws_group
+        dq_bytes = sum(ctas) // rows * d * 4 * groups
+        dq_hbm = 2 * groups * ws_group if live <= hw.l2_bytes else dq_bytes
+        chain = SEM_LINK_CLK * (len(ctas) - 1) if det and not s.causal else 0.0
+        return [Launch(fused, "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_fused_shared_bytes(d, dv),
+                       tuple(ctas[::-1] if det and s.causal else ctas), groups, d, 5,
+                       reads + b["k"] + b["v"] + dq_hbm, (c, rows), mma_warps=mma_warps, chain_clk=chain,
+                       dims=3 * d + 2 * dv, l2_red_pair=d * 4 / rows)], ""
     c, dq_step = h.bwd_dkdv_step(d, dv), h.bwd_dq_step(d)
     return [Launch(names[0], "attention_bwd_sm90.cu", "sm_90a", h.THREADS, h.bwd_dkdv_shared_bytes(d, dv),
                    tuple(_key_tiles(s.seq, s.seq, s.causal, h.BWD_ROWS, c, s.heads // s.kvh)), s.batch * s.kvh,

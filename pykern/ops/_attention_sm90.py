@@ -456,15 +456,17 @@ def backward_usable(d: int, softcap: float, scale: float, q: Any, backend: str |
     return usable(d, d_v, softcap, scale, q, backend, *more, shapes=BWD_SHAPES)
 
 
-def _tensor_maps(name: str, rows: tuple[int, int], q4: Any, g4: Any, k4: Any, v4: Any) -> list:
+def _tensor_maps(name: str, rows: tuple[int, int], q4: Any, g4: Any, k4: Any, v4: Any,
+                 qk_box: tuple[int, str] | None = None) -> list:
     """The backward's tensor maps over q, dO, k, v (4-D views): boxes of bwd_box columns by rows[0] (q, dO) /
-    rows[1] (k, v) rows, each array at its own head dim (q, k: head_dim; v, dO: head_dim_v)."""
+    rows[1] (k, v) rows, each array at its own head dim (q, k: head_dim; v, dO: head_dim_v); qk_box: q's and k's
+    (columns, swizzle) instead (`bwd_fused_qk_box`)."""
     from .. import arrays
     from ..tensormap import make_tensor_map
 
     out = []
-    for a, r in ((q4, rows[0]), (g4, rows[0]), (k4, rows[1]), (v4, rows[1])):
-        cols, swizzle = bwd_box(arrays.shape_of(a)[3])
+    for i, (a, r) in enumerate(((q4, rows[0]), (g4, rows[0]), (k4, rows[1]), (v4, rows[1]))):
+        cols, swizzle = qk_box if qk_box is not None and i in (0, 2) else bwd_box(arrays.shape_of(a)[3])
         out.append(make_tensor_map(a, (1, r, 1, cols), swizzle, backend=name))
     return out
 
@@ -514,40 +516,83 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
 # varlen, with or without softcap.
 # the fused kernel's dQ^T split: two consumers of 32 queries (d64) or 64 head-dim rows (d128; d96: rows 0.. and
 # 32.. of its three 32-column boxes, rows 32..63 computed twice), or at d256 the split dK/dV kernel's 64 keys with
-# 128 head-dim rows a consumer (`bwd_dkdv_split`); 192 / 128 keeps the dK/dV + dQ pair
+# 128 head-dim rows a consumer (`bwd_dkdv_split`); at 192 / 128 FlashAttention-3's tiling (`bwd_fused_kt`: 96-key
+# CTAs, 64-query tiles, dQ's head-dim columns split between the consumers), without softcap (the dK/dV + dQ pair
+# keeps the _softcap calls at that shape)
 BWD_FUSED_HEAD_DIMS = (64, 96, 128, 256)
+BWD_FUSED_SHAPES = (*((d, d) for d in BWD_FUSED_HEAD_DIMS), (192, 128))
 BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multiple of this (every query tile)
 
 
-def bwd_fused_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the fused kernel (AB90_DKDV_SMEM_BYTES(d, d, DQA > 0)): the dK/dV kernel's
+def bwd_fused_kt(d: int, d_v: int | None = None) -> bool:
+    """Whether the fused kernel at (d, d_v) is FlashAttention-3's tiling (ab90_fused_kt: 192 / 128): 96-key CTAs
+    (AB90_KT_ROWS), 64-query tiles (AB90_KT_STEP), q and k in 32-column boxes (`bwd_fused_qk_box`)."""
+    return d_v is not None and d_v != d
+
+
+def bwd_fused_rows(d: int, d_v: int | None = None) -> int:
+    """Keys per CTA of the fused kernel: 96 on FlashAttention-3's tiling (192 / 128), else the dK/dV kernel's."""
+    return 96 if bwd_fused_kt(d, d_v) else bwd_dkdv_rows(d)
+
+
+def bwd_fused_step(d: int, d_v: int | None = None) -> int:
+    """Queries per streamed tile of the fused kernel: 64 on FlashAttention-3's tiling (192 / 128), else the dK/dV
+    kernel's (the query tile of its _det semaphores too)."""
+    return 64 if bwd_fused_kt(d, d_v) else bwd_dkdv_step(d)
+
+
+def bwd_fused_qk_box(d: int, d_v: int | None = None) -> tuple[int, str] | None:
+    """q's and k's TMA boxes of the fused kernel where they are not `bwd_box`'s: 32 columns, 64B swizzle on
+    FlashAttention-3's tiling (its dQ halves read K MN-major 96 columns wide, three 32-column atoms)."""
+    return (32, "64B") if bwd_fused_kt(d, d_v) else None
+
+
+def bwd_fused_shared_bytes(d: int, d_v: int | None = None) -> int:
+    """Dynamic shared memory of the fused kernel (AB90_DKDV_SMEM_BYTES(d, d_v, DQA > 0)): the dK/dV kernel's
     (`bwd_dkdv_shared_bytes`, the split's swap buffers included at d256), two dS buffers of its keys
     (`bwd_dkdv_rows`) x the streamed tile's queries and fp32 dQ tiles of the streamed tile's queries x d, the
     sources of its bulk reduce-adds (AB90_DQ_BUFS: two, double-buffered; one at d256, where two would not fit)."""
+    if bwd_fused_kt(d, d_v):
+        # AB90_KT_SMEM_BYTES: K, V resident, the 2-stage ring of (Q, dO), P^T and dS^T, one fp32 dQ tile, mbarriers
+        assert d_v is not None
+        rows, c = bwd_fused_rows(d, d_v), bwd_fused_step(d, d_v)
+        return rows * (d + d_v) * 2 + 2 * c * (d + d_v) * 2 + 2 * rows * c * 2 + c * d * 4 + 1024
     c = bwd_dkdv_step(d)
     dq_tiles = (1 if bwd_dkdv_split(d) else 2) * c * d * 4
     return bwd_dkdv_shared_bytes(d) + 2 * bwd_dkdv_rows(d) * c * 2 + dq_tiles
 
 
-def bwd_fused_acc_split(d: int) -> tuple[int, int]:
+def bwd_fused_acc_split(d: int, d_v: int | None = None) -> tuple[int, int]:
     """(head-dim columns, runs a head) of the fused kernel's fp32 dQ accumulator: (d, 1) below d256, where it is
     (batch, heads, nq_pad, d); (128, 2) at d256 (`bwd_dkdv_split`), where each consumer adds its half of the head
     dim into a run of its own, (batch, heads, 2, nq_pad, 128): a d128 accumulator with twice the heads, which the
-    d128 convert pass (attention_bwd_tc_dq_reduce_d128) reads as dQ's (batch, query, 2 * heads, 128)."""
+    d128 convert pass (attention_bwd_tc_dq_reduce_d128) reads as dQ's (batch, query, 2 * heads, 128); (64, 3) at
+    192 / 128, each 64-column third of the head dim a run of its own (a tile's dQ leaves as three bulk
+    reduce-adds), (batch, heads, 3, nq_pad, 64), read by the d64 convert pass as dQ's (batch, query, 3 * heads,
+    64)."""
+    if d_v is not None and d_v != d:
+        return 64, d // 64
     return (128, 2) if bwd_dkdv_split(d) else (d, 1)
 
 
 def bwd_fused_kernel_name(d: int, deterministic: bool, suffix: str, softcap: float = 0.0,
-                          varlen: bool = False) -> str:
-    """attention_bwd[_varlen]_sm90_fused[_det]_d{d}[_softcap]{suffix}."""
-    return (f"attention_bwd{'_varlen' if varlen else ''}_sm90_fused{'_det' if deterministic else ''}_d{d}"
+                          varlen: bool = False, d_v: int | None = None) -> str:
+    """attention_bwd[_varlen]_sm90_fused[_det]_<shape>[_softcap]{suffix}, <shape> d{d} when head_dim_v d_v is d
+    (or None), else d{d}_dv{d_v}."""
+    shape = f"d{d}" if d_v in (None, d) else f"d{d}_dv{d_v}"
+    return (f"attention_bwd{'_varlen' if varlen else ''}_sm90_fused{'_det' if deterministic else ''}_{shape}"
             f"{'_softcap' if softcap > 0.0 else ''}{suffix}")
 
 
-def backward_fused_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any) -> bool:
-    """Whether the fused sm_90a backward runs this call (dense or varlen, with or without softcap):
-    `backward_usable` and head_dim in BWD_FUSED_HEAD_DIMS."""
-    return d in BWD_FUSED_HEAD_DIMS and backward_usable(d, softcap, scale, q, backend, *more)
+def backward_fused_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any,
+                          d_v: int | None = None) -> bool:
+    """Whether the fused sm_90a backward runs this call (dense or varlen): `backward_usable` and (head_dim,
+    head_dim_v) in BWD_FUSED_SHAPES (d_v None: head_dim), with or without softcap where head_dim_v is head_dim,
+    without it at 192 / 128 (the pair takes softcap there)."""
+    d_v = d if d_v is None else d_v
+    if (d, d_v) not in BWD_FUSED_SHAPES or (d_v != d and softcap > 0.0):
+        return False
+    return backward_usable(d, softcap, scale, q, backend, *more, d_v=d_v)
 
 
 def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_acc: Any, dk: Any, dv: Any,
@@ -561,26 +606,27 @@ def try_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: Any, dq_a
     from .. import arrays
     from ..launcher import launch
 
-    b, n_q, n_k, h, kvh, d = dims
+    b, n_q, n_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     wl, wr = win
-    rows = bwd_dkdv_rows(d)
+    rows = bwd_fused_rows(d, d_v)
     n_blocks = b * kvh * -(-n_k // rows)
     if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < n_q:
         return False
     name = get_backend(backend).name
-    c = bwd_dkdv_step(d)
-    q4, g4 = (a.reshape((b, n_q, h, d)) for a in (q, g))
-    k4, v4 = (a.reshape((b, n_k, kvh, d)) for a in (k, v))
+    c = bwd_fused_step(d, d_v)
+    q4, g4 = q.reshape((b, n_q, h, d)), g.reshape((b, n_q, h, d_v))
+    k4, v4 = k.reshape((b, n_k, kvh, d)), v.reshape((b, n_k, kvh, d_v))
     try:  # boxes as the dK/dV kernel's: bwd_box head-dim columns by c queries / `rows` keys
-        tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4)
+        tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4, bwd_fused_qk_box(d, d_v))
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the caller takes another path
         return False
     # one semaphore per (batch, head, query tile of c); the atomic kernel never reads it
     sem = arrays.zeros((max(b * h * -(-n_q // c), 1) if deterministic else 1,), np.int32, like=dq_acc)
     cap = (float(softcap),) if softcap > 0.0 else ()  # the _softcap kernels' last parameter
-    launch(bwd_fused_kernel_name(d, deterministic, suffix, softcap), n_blocks, THREADS, tq, tk, tv, tdo, lse2, dlt,
-           dk, dv, dq_acc, sem, b, n_q, n_k, h, kvh, nq_pad, float(scale), wl, wr, *cap,
-           shared_mem=bwd_fused_shared_bytes(d), stream=stream, backend=backend)
+    launch(bwd_fused_kernel_name(d, deterministic, suffix, softcap, d_v=d_v), n_blocks, THREADS, tq, tk, tv, tdo,
+           lse2, dlt, dk, dv, dq_acc, sem, b, n_q, n_k, h, kvh, nq_pad, float(scale), wl, wr, *cap,
+           shared_mem=bwd_fused_shared_bytes(d, d_v), stream=stream, backend=backend)
     return True
 
 
@@ -605,27 +651,28 @@ def try_varlen_backward_fused(q: Any, k: Any, v: Any, g: Any, lse2: Any, dlt: An
     from .. import arrays
     from ..launcher import launch
 
-    batch, max_q, max_k, h, kvh, d = dims
+    batch, max_q, max_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     wl, wr = win
-    rows = bwd_dkdv_rows(d)
+    rows = bwd_fused_rows(d, d_v)
     n_blocks = batch * kvh * -(-max_k // rows)
     total_q, total_k = arrays.shape_of(q)[0], arrays.shape_of(k)[0]
     if n_blocks >= 2**31 or nq_pad % BWD_FUSED_PAD or nq_pad < bwd_varlen_fused_pad(total_q):
         return False
     name = get_backend(backend).name
-    c = bwd_dkdv_step(d)
-    q4, g4 = (a.reshape((1, total_q, h, d)) for a in (q, g))
-    k4, v4 = (a.reshape((1, total_k, kvh, d)) for a in (k, v))
+    c = bwd_fused_step(d, d_v)
+    q4, g4 = q.reshape((1, total_q, h, d)), g.reshape((1, total_q, h, d_v))
+    k4, v4 = k.reshape((1, total_k, kvh, d)), v.reshape((1, total_k, kvh, d_v))
     try:  # the packed rows as one batch; boxes as the dense fused kernel's
-        tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4)
+        tq, tdo, tk, tv = _tensor_maps(name, (c, rows), q4, g4, k4, v4, bwd_fused_qk_box(d, d_v))
     except ArgumentError:  # no query or key at all, or a base off 16 bytes: the caller takes another path
         return False
     sem = arrays.zeros((max(batch * h * -(-max_q // c), 1) if deterministic else 1,), np.int32, like=dq_acc)
     cap = (float(softcap),) if softcap > 0.0 else ()
     if n_blocks:
-        launch(bwd_fused_kernel_name(d, deterministic, suffix, softcap, varlen=True), n_blocks, THREADS, tq, tk, tv,
-               tdo, lse2, dlt, dk, dv, dq_acc, sem, cu_q, cu_k, batch, max_q, max_k, h, kvh, nq_pad, float(scale), wl,
-               wr, *cap, shared_mem=bwd_fused_shared_bytes(d), stream=stream, backend=backend)
+        launch(bwd_fused_kernel_name(d, deterministic, suffix, softcap, varlen=True, d_v=d_v), n_blocks, THREADS, tq,
+               tk, tv, tdo, lse2, dlt, dk, dv, dq_acc, sem, cu_q, cu_k, batch, max_q, max_k, h, kvh, nq_pad,
+               float(scale), wl, wr, *cap, shared_mem=bwd_fused_shared_bytes(d, d_v), stream=stream, backend=backend)
     return True
 
 

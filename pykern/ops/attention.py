@@ -721,12 +721,15 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
 
 
 def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
-    """sm_90a, head_dim 64 / 96 / 128 / 256, with or without softcap: FlashAttention-3's backward, one kernel per key tile
+    """sm_90a, head_dim 64 / 96 / 128 / 256, with or without softcap, and 192 / head_dim_v 128 (dims' 7th, given
+    the forward's out and lse) without: FlashAttention-3's backward, one kernel per key tile
     (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
-    accumulator (red.global.add.f32; deterministic: in key-tile order per query tile, through semaphores); the
-    pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch, and a small kernel narrows
-    it times scale. None (nothing launched) when the arrays do not suit TMA."""
-    b, n_q, n_k, h, kvh, d = dims
+    accumulator (bulk reduce-adds; deterministic: in key-tile order per query tile, through semaphores); the
+    pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch (not at 192 / 128, whose
+    accumulator runs are not the pre-pass's rows: it starts zeroed), and a small kernel narrows it times scale.
+    None (nothing launched) when the arrays do not suit TMA."""
+    b, n_q, n_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     wl, wr, softcap = win
     sfx = _suffix(kind)
     cap = "_softcap" if softcap > 0 else ""
@@ -737,7 +740,12 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
     # zero adds (their dS is 0) and are never read
     lse2 = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
     dlt = arrays.zeros((b * h * nq_pad,), np.float32, like=q)
-    dq_ws = arrays.zeros((n_ws,), np.float32, like=q) if nq_pad > n_q else arrays.empty((n_ws,), np.float32, like=q)
+    dr, runs = _sm90_fused_acc_split(d, d_v)
+    # the pre-pass zeroes the (batch, head, query) rows of d columns, which are the accumulator's when it has one
+    # run a head (d256's two runs a head cover the same elements when nq_pad == n_q); 192 / 128's three runs of 64
+    # are not rows of 192, so that workspace starts zeroed
+    zero_ws = runs < 3
+    dq_ws = (arrays.empty if nq_pad == n_q and zero_ws else arrays.zeros)((n_ws,), np.float32, like=q)
     dk = arrays.empty(arrays.shape_of(k), kind, like=q)
     dv = arrays.empty(arrays.shape_of(v), kind, like=q)
     if out is not None and lse is not None:
@@ -751,17 +759,15 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
                 softcap, G, shared_mem=2 * _STAGE * d * 4, stream=stream, backend=backend)
         out = None
     _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g),
-            _flat(out if out is not None else g), _flat(lse), delta_in, lse2, dlt, dq_ws, n_rows, n_q, h, nq_pad, d,
-            int(out is not None), 1, stream=stream, backend=backend)
+            _flat(out if out is not None else g), _flat(lse), delta_in, lse2, dlt, dq_ws, n_rows, n_q, h, nq_pad, d_v,
+            int(out is not None), int(zero_ws), stream=stream, backend=backend)
     if not _sm90_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), dims, nq_pad, scale, (wl, wr),
                                 deterministic, sfx, stream, backend, softcap):
         return None
     dq = arrays.empty(arrays.shape_of(q), kind, like=q)
     n_dq = n_rows * d
-    # d256: the accumulator's runs are the head dim's halves, read as a d128 one with twice the heads (the zeroing
-    # above covers it all the same: the runs past n_q are zeros, and with nq_pad == n_q the pre-pass zeroes every
-    # element of the workspace)
-    dr, runs = _sm90_fused_acc_split(d)
+    # d256 / 192 / 128: the accumulator's runs are the head dim's halves / 64-column thirds, read as a d128 / d64
+    # one with twice / three times the heads
     _launch(f"attention_bwd_tc_dq_reduce_d{dr}{sfx}", (max(1, min(-(-n_dq // 256), 8192)),), (256,), dq_ws, dq_ws,
             _flat(dq), n_dq, n_q, n_k, h * runs, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, stream=stream,
             backend=backend)
@@ -770,12 +776,13 @@ def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, bac
 
 def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, win, softcap, deterministic, sfx,
                        stream, backend):
-    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 96 / 128 / 256: the fused dK/dV/dQ kernel
-    (attention_bwd_varlen_sm90_fused[_det]_d{D}[_softcap]). The packed rows are one batch of total_q queries to
+    """flash_attention_varlen_backward on sm_90a, head_dim 64 / 96 / 128 / 256 and 192 / head_dim_v 128 (dims' 7th):
+    the fused dK/dV/dQ kernel (attention_bwd_varlen_sm90_fused[_det]_<shape>[_softcap]). The packed rows are one batch of total_q queries to
     the pre-pass (delta, the (heads, nq_pad) lse / delta runs, the zeroed fp32 dQ accumulator, a token's row at
     its packed index) and to the narrowing kernel (times scale into dq). None (nothing but the pre-pass launched)
     when the packed arrays do not suit TMA."""
-    batch, max_q, max_k, h, kvh, d = dims
+    batch, max_q, max_k, h, kvh, d = dims[:6]
+    d_v = dims[6] if len(dims) > 6 else d
     total_q = arrays.shape_of(q)[0]
     n_rows = total_q * h
     nq_pad = _sm90_varlen_fused_pad(total_q)  # one query tile beyond total_q: the kernel's unchecked zero adds
@@ -783,12 +790,12 @@ def _sm90_varlen_fused(q, k, v, g, out, lse, dq, dk, dv, cq, ck, dims, scale, wi
     lse2 = arrays.zeros((h * nq_pad,), np.float32, like=q)
     dlt = arrays.zeros((h * nq_pad,), np.float32, like=q)
     # rows < total_q zeroed by the pre-pass; the rows past it take only zero adds and are never read. d256: the
-    # runs are the head dim's halves, (heads, 2, nq_pad, 128), whose rows < total_q are not the pre-pass's, so the
-    # workspace starts zeroed instead
-    dr, runs = _sm90_fused_acc_split(d)
+    # runs are the head dim's halves, (heads, 2, nq_pad, 128) (192 / 128: thirds, (heads, 3, nq_pad, 64)), whose
+    # rows < total_q are not the pre-pass's, so the workspace starts zeroed instead
+    dr, runs = _sm90_fused_acc_split(d, d_v)
     dq_ws = (arrays.zeros if runs > 1 else arrays.empty)((n_ws,), np.float32, like=q)
     _launch("attention_bwd_tc_prep" + sfx, (-(-n_rows // 8),), (256,), _flat(g), _flat(out), _flat(lse), dlt, lse2,
-            dlt, dq_ws, n_rows, total_q, h, nq_pad, d, 1, int(runs == 1), stream=stream, backend=backend)
+            dlt, dq_ws, n_rows, total_q, h, nq_pad, d_v, 1, int(runs == 1), stream=stream, backend=backend)
     if not _sm90_varlen_backward_fused(q, k, v, g, lse2, dlt, dq_ws, _flat(dk), _flat(dv), cq, ck, dims, nq_pad,
                                        scale, win, softcap, deterministic, sfx, stream, backend):
         return None
@@ -988,6 +995,12 @@ def attention_backward(
         if (method in ("auto", "tensor_cores") and kind != "f32" and out is not None and lse is not None
                 and tensor_cores_available(backend)
                 and _sm90_backward_usable(d, softcap, scale, q, backend, k, v, grad_out, d_v=d_v)):
+            # the fused dK/dV/dQ kernel where it applies (no softcap), else the dK/dV + dQ pair
+            if _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out, d_v=d_v):
+                grads = _sm90_fused(q, k, v, grad_out, out, lse, kind, (*dims, d_v), scale, win,
+                                    bool(deterministic), backend, stream)
+                if grads is not None:
+                    return grads
             grads = _tensor_cores(q, k, v, grad_out, out, lse, kind, (*dims, d_v), scale, win, backend, stream)
             if grads is not None:
                 return grads
@@ -1142,9 +1155,9 @@ def flash_attention_varlen_backward(
     sfx = _suffix(kind)
     cap = "_softcap" if softcap > 0 else ""
     n_rows = total_q * h
-    if d_v == d and _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out):
+    if _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out, d_v=d_v):
         grads = _sm90_varlen_fused(q, k, v, grad_out, out, lse, dq, dk, dv, cq, ck,
-                                   (batch, max_q, max_k, h, kvh, d), scale, (wl, wr), softcap, bool(deterministic),
+                                   (batch, max_q, max_k, h, kvh, d, d_v), scale, (wl, wr), softcap, bool(deterministic),
                                    sfx, stream, backend)
         if grads is not None:
             return grads

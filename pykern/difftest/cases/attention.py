@@ -716,16 +716,20 @@ def _sm90_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: i
 
 
 def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int, h: int, kvh: int, d: int,
-                         causal: bool, window: tuple[int, int], deterministic: bool, softcap: float = 0.0) -> Case:
+                         causal: bool, window: tuple[int, int], deterministic: bool, softcap: float = 0.0,
+                         dv: int | None = None) -> Case:
     """attention_bwd_sm90_fused[_det]_d{d}[_softcap]: dK, dV and the fp32 dQ accumulator (times scale: dq as
     fp32), given the pre-pass's (batch, head, nq_pad) runs of lse * log2 e and delta (here from float64, rounded
     to fp32). At d96 the accumulator goes through the op's narrowing kernel (attention_bwd_tc_dq_reduce_d96, which
-    only this kernel's accumulator reaches) into dq of the case's dtype."""
+    only this kernel's accumulator reaches) into dq of the case's dtype. dv: head_dim_v (192 / 128:
+    attention_bwd_sm90_fused[_det]_d192_dv128, v and dO the first 128 columns of d-wide draws)."""
     from ...ops import _attention_sm90 as sm90
     from ...ops._window import normalize
 
     q, k, v, g = attention_inputs(rng, 1, n_q, h, kvh, d, kind, n_k)
-    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap)
+    dv = d if dv is None else dv
+    v, g = np.ascontiguousarray(v[..., :dv]), np.ascontiguousarray(g[..., :dv])
+    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap, d_v=dv)
     reduce = f"attention_bwd_tc_dq_reduce_d{d}{_sfx(kind)}"
     scale = 1.0 / np.sqrt(d)
     nq_pad = -(-n_q // sm90.BWD_FUSED_PAD) * sm90.BWD_FUSED_PAD
@@ -739,16 +743,18 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
         dlt[:, :, :n_q] = (out64 * g.astype(np.float64)).sum(axis=-1).reshape(1, n_q, h).transpose(0, 2, 1)
         return lse2, dlt
 
-    dr, runs = sm90.bwd_fused_acc_split(d)  # d256: the accumulator's runs are the head dim's halves
+    # d256: the accumulator's runs are the head dim's halves; 192 / 128: its 64-column thirds
+    dr, runs = sm90.bwd_fused_acc_split(d, dv)
 
     def run(backend: str) -> dict[str, Any]:
         lse2, dlt = stats()
         dq_acc = np.zeros((1, h, runs, nq_pad, dr), np.float32)
-        dk, dv = np.zeros_like(k), np.zeros_like(v)
+        dk, gv = np.zeros_like(k), np.zeros_like(v)
         wl, wr = normalize(*window, causal, n_q, n_k)
         if not sm90.try_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
-                                       dk.reshape(-1), dv.reshape(-1), (1, n_q, n_k, h, kvh, d), nq_pad, scale,
-                                       (wl, wr), deterministic, _sfx(kind), None, backend, softcap):
+                                       dk.reshape(-1),
+                                       gv.reshape(-1), (1, n_q, n_k, h, kvh, d, dv), nq_pad, scale, (wl, wr),
+                                       deterministic, _sfx(kind), None, backend, softcap):
             raise _declined(name, backend)
         if d == 96:  # the d96 narrowing kernel has a case of its own here (nothing else launches it on the host)
             import pykern
@@ -758,21 +764,21 @@ def _sm90_fused_backward(rng: np.random.Generator, kind: str, n_q: int, n_k: int
                           h, nq_pad, 0, 0, 0, scale, wl, wr, 0, 1, backend=backend)
         else:
             dq = (dq_acc[0, :, :, :n_q] * np.float32(scale)).transpose(2, 0, 1, 3).reshape(n_q, h, d)[None]
-        return {"dq": dq, "dk": dk, "dv": dv}
+        return {"dq": dq, "dk": dk, "dv": gv}
 
     def ref() -> dict[str, Any]:
         dq, dk, dv = np_attention_backward(q, k, v, g, causal=causal, scale=scale, window_size=window,
                                            softcap=softcap)
         return {"dq": dq, "dk": dk, "dv": dv}
 
-    shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap)
+    shape = (f"b1-q{n_q}-k{n_k}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap)
              + ("-det" if deterministic else "") + ("-causal" if causal else ""))
     return _sm90_case("attention_backward", kind, shape, (name, reduce) if d == 96 else (name,), run, ref)
 
 
 def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[int], lk: list[int], h: int,
                                 kvh: int, d: int, causal: bool, window: tuple[int, int], softcap: float,
-                                deterministic: bool) -> Case:
+                                deterministic: bool, dv: int | None = None) -> Case:
     """attention_bwd_varlen_sm90_fused[_det]_d{d}[_softcap]: dK, dV and the fp32 dQ accumulator (heads, nq_pad,
     D) over the packed rows (times scale: dq as fp32), given the pre-pass's (heads, nq_pad) runs of lse * log2 e
     and delta over the packed rows (here from float64, rounded to fp32)."""
@@ -782,9 +788,10 @@ def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[in
     cu_q = np.concatenate([[0], np.cumsum(lq)]).astype(np.int32)
     cu_k = np.concatenate([[0], np.cumsum(lk)]).astype(np.int32)
     total_q, total_k = int(cu_q[-1]), int(cu_k[-1])
-    q, g = _normal(rng, (total_q, h, d), kind), _normal(rng, (total_q, h, d), kind)
-    k, v = _normal(rng, (total_k, kvh, d), kind), _normal(rng, (total_k, kvh, d), kind)
-    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap, varlen=True)
+    dv = d if dv is None else dv  # head_dim_v (192 / 128: the _d192_dv128 kernels)
+    q, g = _normal(rng, (total_q, h, d), kind), _normal(rng, (total_q, h, dv), kind)
+    k, v = _normal(rng, (total_k, kvh, d), kind), _normal(rng, (total_k, kvh, dv), kind)
+    name = sm90.bwd_fused_kernel_name(d, deterministic, _sfx(kind), softcap, varlen=True, d_v=dv)
     scale = 1.0 / np.sqrt(d)
     kw = {"causal": causal, "window_size": window, "softcap": softcap, "scale": scale}
     nq_pad = sm90.bwd_varlen_fused_pad(total_q)
@@ -800,22 +807,23 @@ def _sm90_varlen_fused_backward(rng: np.random.Generator, kind: str, lq: list[in
         dlt[:, :total_q] = (out64 * f64(g)).sum(axis=-1).T
         return lse2, dlt, {"dq": dq64, "dk": dk64, "dv": dv64}
 
-    dr, runs = sm90.bwd_fused_acc_split(d)  # d256: the accumulator's runs are the head dim's halves
+    # d256: the accumulator's runs are the head dim's halves; 192 / 128: its 64-column thirds
+    dr, runs = sm90.bwd_fused_acc_split(d, dv)
 
     def run(backend: str) -> dict[str, Any]:
         lse2, dlt, _ = prep()
         dq_acc = np.zeros((h, runs, nq_pad, dr), np.float32)
-        dk, dv = np.zeros_like(k), np.zeros_like(v)
+        dk, gv = np.zeros_like(k), np.zeros_like(v)
         wl, wr = normalize_serving(*window, causal)
         if not sm90.try_varlen_backward_fused(q, k, v, g, lse2.reshape(-1), dlt.reshape(-1), dq_acc.reshape(-1),
-                                              dk.reshape(-1), dv.reshape(-1), cu_q, cu_k,
-                                              (len(lq), max(lq), max(lk), h, kvh, d), nq_pad, scale, (wl, wr),
+                                              dk.reshape(-1), gv.reshape(-1), cu_q, cu_k,
+                                              (len(lq), max(lq), max(lk), h, kvh, d, dv), nq_pad, scale, (wl, wr),
                                               softcap, deterministic, _sfx(kind), None, backend):
             raise _declined(name, backend)
         dq = (dq_acc[:, :, :total_q] * np.float32(scale)).transpose(2, 0, 1, 3).reshape(total_q, h, d)
-        return {"dq": dq, "dk": dk, "dv": dv}
+        return {"dq": dq, "dk": dk, "dv": gv}
 
-    shape = (f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(d, d, window, softcap) + ("-det" if deterministic else "")
+    shape = (f"Q{lq}-K{lk}-h{h}/{kvh}-d{d}" + _sm90_extra(dv, d, window, softcap) + ("-det" if deterministic else "")
              + ("-causal" if causal else ""))
     return _sm90_case("flash_attention_varlen_backward", kind, shape.replace(" ", ""), (name,), run,
                       lambda: prep()[2])
@@ -911,6 +919,13 @@ SM90_VARLEN_FUSED_BACKWARD_D96 = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 96, 
                                   (([70, 1, 90], [33, 140, 20]), 2, 1, 96, False, (-1, -1), 2.0),
                                   (([100, 0, 30], [150, 5, 60]), 2, 1, 96, False, (50, 20), 0.0),
                                   (([60, 30], [130, 30]), 4, 2, 96, True, (-1, -1), 1.5))
+# The fused kernels at 192 / head_dim_v 128 (FlashAttention-3's tiling: 96-key CTAs, 64-query tiles), causal and
+# not, atomic and _det, dense and varlen: (n_q, n_k, heads, kv_heads, causal, window) / ((lq, lk), heads, kv_heads,
+# causal, window). Two key tiles or more, n_q > n_k, GQA, a window; a sequence with keys but no query, one with
+# queries but no key, key tiles that run into the next sequence.
+SM90_FUSED_BACKWARD_192 = ((100, 200, 2, 1, False, (50, 20)), (150, 130, 4, 2, True, (-1, -1)))
+SM90_VARLEN_FUSED_BACKWARD_192 = ((([5, 100, 0], [9, 200, 3]), 2, 1, False, (-1, -1)),
+                                  (([90, 1, 20], [60, 150, 0]), 4, 2, True, (-1, -1)))
 # The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -1206,6 +1221,12 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
             yield _sm90_forward(rng, kind, n_q, n_k, h, kvh, 96, causal, None, window, cap)
         for (lq, lk), h, kvh, causal, window, cap in SM90_VARLEN_D96:
             yield _sm90_varlen(rng, kind, lq, lk, h, kvh, 96, causal, window, cap)
+    for kind in ("bf16", "f16"):  # 192 / 128's fused kernels, drawn after those too
+        for det in (False, True):
+            for n_q, n_k, h, kvh, causal, window in SM90_FUSED_BACKWARD_192:
+                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, 192, causal, window, det, dv=128)
+            for (lq, lk), h, kvh, causal, window in SM90_VARLEN_FUSED_BACKWARD_192:
+                yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, 192, causal, window, 0.0, det, dv=128)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
