@@ -333,7 +333,7 @@ void rc_wgmma_write_check(Block* k, Thread* t, unsigned long long win, unsigned 
 }
 
 // A TMA load into the window bytes [w, w + bytes) is issued by thread t: it writes them (the async proxy), so
-// generic accesses and wgmma reads of them must be ordered before the issue; from now until it lands they are
+// generic accesses and wgmma reads of them must be ordered before this call; from now until it lands they are
 // pending.
 void rc_tma_issue(Thread* t, unsigned w, unsigned long long bytes, uintptr_t pc, const char* file, int line) {
     if (!rc_async_on()) return;
@@ -399,7 +399,7 @@ void rc_async_written(Block* k, unsigned w, unsigned long long bytes) {
 }
 
 // wgmma `id` (warpgroup wg) is issued: its SS operand bytes are read from now until a wait retires it. Every
-// byte must be written before the issue, for each warp of the warpgroup: a TMA load's landed and observed (the
+// byte must be written before it is issued, for each warp of the warpgroup: a TMA load's landed and observed (the
 // warp got past its mbarrier phase), a generic write ordered by a barrier (after pk_fence_proxy_async_shared).
 void rc_wgmma_issue(Block* k, unsigned wg, unsigned id);
 #endif
@@ -642,7 +642,7 @@ void rc_wgmma_issue(Block* k, unsigned wg, unsigned id) {
                     rc_describe_thread(b, sh->w_blk, sh->w_tid);
                     b.add(" wrote it at ");
                     rc_pc(b, sh->w_pc);
-                    b.add(" with no barrier ordering that write before the issue (a generic write read by wgmma needs "
+                    b.add(" with no barrier ordering that write before the wgmma (a generic write read by wgmma needs "
                           "pk_fence_proxy_async_shared() and then a barrier of the writer and the issuing warps)");
                 }
                 fail_from_fiber();
