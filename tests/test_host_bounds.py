@@ -210,13 +210,26 @@ def _smem(off: int, mode: int) -> np.ndarray:
     return out
 
 
+@pytest.mark.parametrize("off,mode,what,where", [
+    (1024, 0, "write", "past its end"), (SMEM + 40000, 1, "read", "past its end"), (-8192, 0, "write", "before its start")])
+def test_dynamic_shared_memory_sits_between_guards_in_the_plain_build(off: int, mode: int, what: str, where: str) -> None:
+    # Its 1024-byte rounded end is flush against a PROT_NONE guard (the mapping starts 3 KiB below it here): a plain
+    # store or load past that end, or below the page it starts in, faults and is reported before it lands.
+    with pytest.raises(KernelExecutionError, match=(
+            rf"kernel pkbounds_smem: block \(0,0,0\): thread \(1,0,0\) \[warp 0 lane 1\]: out-of-bounds {what} of "
+            rf"dynamic shared memory \({SMEM} bytes: the launch's shared_mem\) at byte offset {off} relative to its "
+            rf"start \({where}\).*stopped at the guard before it touched other memory")):
+        _smem(off, mode)
+    _works_after()
+
+
 @pytest.mark.parametrize("off,mode,where", [
     (SMEM, 0, "past its end"), (SMEM - 2, 0, "running past its end"), (SMEM + 40000, 1, "past its end"),
     (-4, 1, "before its start"), (-60000, 0, "before its start")])
 def test_checked_build_reports_dynamic_shared_memory_out_of_bounds(off: int, mode: int, where: str,
                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
     if off == SMEM:
-        _smem(off, mode)  # the plain build cannot see a store into the allocation's slack bytes
+        _smem(off, mode)  # the plain build cannot see a store into the 16 slack bytes before the guard
     monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
     what = "write" if mode == 0 else "read"
     with pytest.raises(KernelExecutionError, match=(

@@ -349,7 +349,7 @@ ASYNC_RACES = {
        r"the TMA load issued at .*pk_sm90_host\.cu:\d+ has not landed .* when this thread reads it at "
        r".*pk_sm90_host\.cu:\d+",
     3: r"read-after-write race through the async proxy on dynamic shared memory at byte offset \d+: the wgmma at "
-       r".*pk_sm90_host\.cu:\d+ \(warpgroup 0, warp 0\) reads it as an SS operand, but the TMA load issued at "
+       r".*pk_sm90_host\.cu:\d+ \(warpgroup 0\) reads it as an SS operand, but the TMA load issued at "
        r".*pk_sm90_host\.cu:\d+ that writes it has not landed",
     4: r"thread \(1\d\d,0,0\) \[warp [4-7] .*write-after-read race through the async proxy .* the wgmma at "
        r".*pk_sm90_host\.cu:\d+ \(warpgroup 0\)",

@@ -103,11 +103,13 @@ constexpr int kMaxThreads = 1024;
 constexpr int kMaxSlots = 8;                      // blocks resident at once (interleaved schedule)
 constexpr size_t kStaticSmemMax = 48u << 10;     // static __shared__ per block, as on every GPU
 constexpr int kMaxStaticVars = 512;
-#ifdef PK_RACECHECK
-// The checked build puts this many unused bytes before and after each block's dynamic shared memory, so an
-// access past either end (by up to this distance) lands in memory the hooks recognise and report, never in the
-// allocator's data.
-constexpr size_t kDynPad = 64u << 10;
+#ifndef PK_ASAN
+// Each slot's dynamic shared memory lies in a mapping of its own between two PROT_NONE guards of this size, its
+// 1024-byte rounded end flush against the upper one: a plain load or store up to this far past that end, or below
+// the start's page, faults before it touches other memory and is reported (on_fault); the checked build's hooks
+// report any access outside the bytes, slack included, before it is made. (The sanitizer build keeps an
+// exactly-sized heap allocation: ASan poisons its tail.)
+constexpr size_t kDynPad = 1u << 20;
 #else
 constexpr size_t kDynPad = 0;
 #endif
@@ -180,6 +182,10 @@ struct Launch {
 std::mutex g_mutex;  // one launch at a time per library: the state below is global
 Launch g;
 Block g_blocks[kMaxSlots];
+#ifndef PK_ASAN
+unsigned char* g_dyn_map[kMaxSlots];  // the slot's guarded mapping (kept between launches of the same size)
+size_t g_dyn_map_len[kMaxSlots];
+#endif
 Thread g_threads[kMaxSlots * kMaxThreads];
 Block* gb = nullptr;  // the block of the running fiber
 size_t g_stack_size = 0;
@@ -1703,6 +1709,18 @@ bool fix_int_division(ucontext_t* uc) {
 }
 #endif
 
+// The resident block whose dynamic shared memory's guarded mapping holds address a, or nullptr.
+const Block* dyn_guard_find(uintptr_t a) {
+#ifndef PK_ASAN
+    for (unsigned s = 0; s < g.slots && s < static_cast<unsigned>(kMaxSlots); s++)
+        if (g_blocks[s].dyn_smem && g_dyn_map[s] && a - reinterpret_cast<uintptr_t>(g_dyn_map[s]) < g_dyn_map_len[s])
+            return &g_blocks[s];
+#else
+    (void)a;
+#endif
+    return nullptr;
+}
+
 // Only async-signal-safe work here: format into g.err, then jump.
 void on_fault(int sig, siginfo_t* info, void* uctx) {
     Thread* t = cur();
@@ -1738,6 +1756,18 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
         fault_pc(b, uctx);
         b.add(": stopped at the guard before it touched other memory (a GPU reports an illegal address or "
               "silently corrupts other data)");
+    } else if (const Block* ob = (sig == SIGSEGV || sig == SIGBUS) ? dyn_guard_find(reinterpret_cast<uintptr_t>(info->si_addr))
+                                                                    : nullptr) {
+        int w = fault_is_write(uctx);
+        const long long off = static_cast<long long>(reinterpret_cast<uintptr_t>(info->si_addr) -
+                                                     reinterpret_cast<uintptr_t>(ob->dyn_smem));
+        b.add(": out-of-bounds %s of dynamic shared memory (%llu bytes: the launch's shared_mem)", w < 0 ? "access" : w ? "write" : "read",
+              g.shared_mem);
+        if (ob != t->blk) b.add(" of block (%u,%u,%u)", ob->idx.x, ob->idx.y, ob->idx.z);
+        b.add(" at byte offset %lld relative to its start (%s)", off, off < 0 ? "before its start" : "past its end");
+        fault_pc(b, uctx);
+        b.add(": stopped at the guard before it touched other memory (a GPU reports an out-of-range shared address "
+              "or reads and writes other data of the block)");
     } else if (sig == SIGSEGV && stack_overflowed(info->si_addr, t, uctx)) {
         b.add(": stack overflow: the thread's local memory (its C++ stack) outgrew %zu KiB; set "
               "PYKERN_HOST_STACK_KB higher (a GPU allows up to 512 KiB of local memory per thread)",
@@ -2336,15 +2366,40 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
 unsigned char* g_dyn[kMaxSlots];
 unsigned char* g_static_arena[kMaxSlots];
 void free_dyn(unsigned s) {
-    if (g_dyn[s]) free(g_dyn[s] - kDynPad);
+#ifdef PK_ASAN
+    free(g_dyn[s]);
+#endif
     g_dyn[s] = nullptr;
+}
+
+// The dynamic shared memory of `shared_mem` bytes for slot s (1024-byte aligned), or nullptr.
+unsigned char* alloc_dyn(unsigned s, unsigned long long shared_mem) {
+    const size_t span = (shared_mem + 1023) & ~1023ull;
+#ifdef PK_ASAN
+    (void)s;
+    return static_cast<unsigned char*>(aligned_alloc(1024, span));
+#else
+    const size_t rw = (span + 4095) & ~size_t(4095), len = rw + 2 * kDynPad;
+    if (g_dyn_map_len[s] != len) {
+        if (g_dyn_map[s]) munmap(g_dyn_map[s], g_dyn_map_len[s]);
+        g_dyn_map_len[s] = 0;
+        void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        g_dyn_map[s] = m == MAP_FAILED ? nullptr : static_cast<unsigned char*>(m);
+        if (!g_dyn_map[s]) return nullptr;
+        if (mprotect(g_dyn_map[s] + kDynPad, rw, PROT_READ | PROT_WRITE) != 0) {
+            munmap(g_dyn_map[s], len);
+            g_dyn_map[s] = nullptr;
+            return nullptr;
+        }
+        g_dyn_map_len[s] = len;
+    }
+    return g_dyn_map[s] + kDynPad + rw - span;
+#endif
 }
 bool setup_slot(unsigned s, const pk_launch_cfg* cfg) {
     if (!g_static_arena[s]) g_static_arena[s] = static_cast<unsigned char*>(aligned_alloc(1024, kStaticSmemMax));
     g_dyn[s] = nullptr;
-    if (cfg->shared_mem)
-        if (unsigned char* p = static_cast<unsigned char*>(aligned_alloc(1024, ((cfg->shared_mem + 1023) & ~1023ull) + 2 * kDynPad)))
-            g_dyn[s] = p + kDynPad;
+    if (cfg->shared_mem) g_dyn[s] = alloc_dyn(s, cfg->shared_mem);
     if (!g_static_arena[s] || (cfg->shared_mem && !g_dyn[s])) {
         snprintf(g.err, sizeof g.err, "kernel %s: cannot allocate shared memory", g.kernel);
         return false;

@@ -399,8 +399,9 @@ void rc_async_written(Block* k, unsigned w, unsigned long long bytes) {
 }
 
 // wgmma `id` (warpgroup wg) is issued: its SS operand bytes are read from now until a wait retires it. Every
-// byte must be written before it is issued, for each warp of the warpgroup: a TMA load's landed and observed (the
-// warp got past its mbarrier phase), a generic write ordered by a barrier (after pk_fence_proxy_async_shared).
+// byte must be written before: a TMA load's landed and observed by a warp of the warpgroup (it got past the load's
+// mbarrier phase), a generic write by the warpgroup itself or ordered by a barrier before one of its warps
+// (after pk_fence_proxy_async_shared, which the CPU cannot see).
 void rc_wgmma_issue(Block* k, unsigned wg, unsigned id);
 #endif
 
@@ -609,7 +610,9 @@ void rc_wgmma_issue(Block* k, unsigned wg, unsigned id) {
     };
     if (!op.rs) mark(op.da, 64, op.ta != 0);
     mark(op.db, static_cast<unsigned>(op.n), op.tb != 0);
-    // Each warp of the warpgroup issues the read: every byte's last write must be ordered before each of them.
+    // The op starts once all four warps of the warpgroup issued it (their A registers, RS, and accumulators go in
+    // together): a write by a thread of the warpgroup precedes its own issue, so it is ordered before the reads; a
+    // write by another thread (or a TMA load) must be ordered before the issue of at least one of the four warps.
     const unsigned me = static_cast<unsigned>(k->linear) + 1;
     for (unsigned long long u : units) {
         unsigned char* p = window_ptr(k, u * 16, 16);
@@ -618,35 +621,33 @@ void rc_wgmma_issue(Block* k, unsigned wg, unsigned id) {
             Region* r = nullptr;
             Shadow* sh = rc_word(p + o, &r);
             if (!sh || !sh->w_blk || !(g_rc & RC_REPORT)) continue;
-            for (unsigned w = 0; w < 4; w++) {
-                const Thread* t = &k->threads[wg * 128 + w * 32];
-                if (sh->w_tid != kAsyncTid && sh->w_blk == me && sh->w_tid / 32 == t->warp) continue;  // its own warp
-                if (sh->w_tid == kAsyncTid ? !sh->tma && rc_ordered(sh->w_blk, sh->w_tid, sh->w_epoch, sh->w_wepoch,
-                                                                     sh->w_nbseq, sh->w_carr, t, k)
-                                           : rc_ordered(sh->w_blk, sh->w_tid, sh->w_epoch, sh->w_wepoch, sh->w_nbseq,
-                                                        sh->w_carr, t, k))
-                    continue;
-                Buf b{g.err, sizeof g.err};
-                b.add("kernel %s: block (%u,%u,%u): racecheck: read-after-write race through the async proxy on %s "
-                      "shared memory at byte offset %lu: the wgmma at %s:%d (warpgroup %u, warp %u) reads it as an SS "
-                      "operand, but ", g.kernel, k->idx.x, k->idx.y, k->idx.z, rc_region_name(r),
-                      static_cast<unsigned long>(reinterpret_cast<uintptr_t>(p + o) - r->lo), op.file, op.line, wg,
-                      t->warp);
-                if (sh->w_tid == kAsyncTid) {
-                    b.add("the TMA load issued at ");
-                    rc_tma_where(b, sh->w_pc);
-                    b.add(sh->tma ? " that writes it has not landed (no wait on its mbarrier completed it)"
-                                  : " that wrote it is not observed by that warp (it did not get past the mbarrier "
-                                    "phase the load completed, nor a __syncthreads() since)");
-                } else {
-                    rc_describe_thread(b, sh->w_blk, sh->w_tid);
-                    b.add(" wrote it at ");
-                    rc_pc(b, sh->w_pc);
-                    b.add(" with no barrier ordering that write before the wgmma (a generic write read by wgmma needs "
-                          "pk_fence_proxy_async_shared() and then a barrier of the writer and the issuing warps)");
-                }
-                fail_from_fiber();
+            const bool tma = sh->w_tid == kAsyncTid;
+            if (!tma && sh->w_blk == me && sh->w_tid / 128 == wg) continue;  // the issuing warpgroup's own write
+            bool ordered = false;
+            for (unsigned w = 0; w < 4 && !ordered && !(tma && sh->tma); w++)
+                ordered = rc_ordered(sh->w_blk, sh->w_tid, sh->w_epoch, sh->w_wepoch, sh->w_nbseq, sh->w_carr,
+                                     &k->threads[wg * 128 + w * 32], k);
+            if (ordered) continue;
+            Buf b{g.err, sizeof g.err};
+            b.add("kernel %s: block (%u,%u,%u): racecheck: read-after-write race through the async proxy on %s "
+                  "shared memory at byte offset %lu: the wgmma at %s:%d (warpgroup %u) reads it as an SS operand, but ",
+                  g.kernel, k->idx.x, k->idx.y, k->idx.z, rc_region_name(r),
+                  static_cast<unsigned long>(reinterpret_cast<uintptr_t>(p + o) - r->lo), op.file, op.line, wg);
+            if (tma) {
+                b.add("the TMA load issued at ");
+                rc_tma_where(b, sh->w_pc);
+                b.add(sh->tma ? " that writes it has not landed (no wait on its mbarrier completed it)"
+                              : " that wrote it is observed by none of the warpgroup's warps (none got past the "
+                                "mbarrier phase the load completed, nor a __syncthreads() since)");
+            } else {
+                rc_describe_thread(b, sh->w_blk, sh->w_tid);
+                b.add(" wrote it at ");
+                rc_pc(b, sh->w_pc);
+                b.add(" with no barrier ordering that write before any of the warpgroup's warps issued the wgmma (a "
+                      "generic write read by wgmma needs pk_fence_proxy_async_shared() and then a barrier of the "
+                      "writer and the issuing warps)");
             }
+            fail_from_fiber();
         }
     }
 }
