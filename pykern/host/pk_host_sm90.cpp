@@ -612,7 +612,7 @@ void rc_wgmma_issue(Block* k, unsigned wg, unsigned id) {
     mark(op.db, static_cast<unsigned>(op.n), op.tb != 0);
     // The op starts once all four warps of the warpgroup issued it (their A registers, RS, and accumulators go in
     // together): a write by a thread of the warpgroup precedes its own issue, so it is ordered before the reads; a
-    // write by another thread (or a TMA load) must be ordered before the issue of at least one of the four warps.
+    // write by another thread (or a TMA load) must be ordered before at least one of the four warps issued it.
     const unsigned me = static_cast<unsigned>(k->linear) + 1;
     for (unsigned long long u : units) {
         unsigned char* p = window_ptr(k, u * 16, 16);
