@@ -197,3 +197,77 @@ def test_transpose_with_a_too_small_output_is_an_error_and_the_process_lives() -
     assert r.returncode == 0, r.stdout + r.stderr
     assert "caught: kernel transpose_2d:" in r.stdout and "out-of-bounds write of argument 1 (float* output, 12288 bytes)" in r.stdout
     assert r.stdout.rstrip().endswith("alive"), r.stdout
+
+
+# ---- shared memory ------------------------------------------------------------------------------------------------
+SMEM = 1008  # the launches' dynamic shared bytes (63 x 16): the allocation is 1024-aligned, so 16 slack bytes follow
+
+
+def _smem(off: int, mode: int) -> np.ndarray:
+    src = np.arange(4, dtype=np.float32)
+    out = np.zeros(32, np.float32)
+    pykern.launch("pkbounds_smem", 1, 32, src, out, off, mode, shared_mem=SMEM, backend="host")
+    return out
+
+
+@pytest.mark.parametrize("off,mode,what,where", [
+    (1024, 0, "write", "past its end"), (SMEM + 40000, 1, "read", "past its end"), (-8192, 0, "write", "before its start")])
+def test_dynamic_shared_memory_sits_between_guards_in_the_plain_build(off: int, mode: int, what: str, where: str) -> None:
+    # Its 1024-byte rounded end is flush against a PROT_NONE guard (the mapping starts 3 KiB below it here): a plain
+    # store or load past that end, or below the page it starts in, faults and is reported before it lands.
+    with pytest.raises(KernelExecutionError, match=(
+            rf"kernel pkbounds_smem: block \(0,0,0\): thread \(1,0,0\) \[warp 0 lane 1\]: out-of-bounds {what} of "
+            rf"dynamic shared memory \({SMEM} bytes: the launch's shared_mem\) at byte offset {off} relative to its "
+            rf"start \({where}\).*stopped at the guard before it touched other memory")):
+        _smem(off, mode)
+    _works_after()
+
+
+@pytest.mark.parametrize("off,mode,where", [
+    (SMEM, 0, "past its end"), (SMEM - 2, 0, "running past its end"), (SMEM + 40000, 1, "past its end"),
+    (-4, 1, "before its start"), (-60000, 0, "before its start")])
+def test_checked_build_reports_dynamic_shared_memory_out_of_bounds(off: int, mode: int, where: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    if off == SMEM:
+        _smem(off, mode)  # the plain build cannot see a store into the 16 slack bytes before the guard
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    what = "write" if mode == 0 else "read"
+    with pytest.raises(KernelExecutionError, match=(
+            rf"kernel pkbounds_smem: block \(0,0,0\): thread \(1,0,0\) \[warp 0 lane 1\]: out-of-bounds 4-byte {what} "
+            rf"of dynamic shared memory \({SMEM} bytes: the launch's shared_mem\) at byte offset {off} relative to its "
+            rf"start \({where}\) at .*bounds\.cu:\d+")):
+        _smem(off, mode)
+    monkeypatch.delenv("PYKERN_HOST_RACECHECK")
+    _works_after()
+
+
+def test_checked_build_reports_static_shared_memory_out_of_bounds_and_passes_the_last_bytes(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+    out = _smem(SMEM - 4, 1)  # the last float of the dynamic bytes (never written: the 0xff NaN pattern)
+    assert np.isnan(out[0])
+    _smem(SMEM - 4, 0)
+    _smem(12, 5)  # the last float of st[4]
+    with pytest.raises(KernelExecutionError, match=(
+            r"thread \(1,0,0\) .*out-of-bounds 4-byte write of static __shared__ memory \(16 bytes laid out\) at byte "
+            r"offset 16 relative to its start \(past its end\) at .*bounds\.cu:\d+")):
+        _smem(16, 5)
+
+
+@pytest.mark.parametrize("racecheck", [False, True])
+@pytest.mark.parametrize("off,mode,what", [
+    (SMEM, 2, r"read by ld\.shared\.v4 \(pk_ld_shared_v4 / pk_ld_shared_b128\)"),
+    (SMEM, 3, r"write by pk_cp_async_16 \(its shared destination\)"),
+    (SMEM - 31 * 16, 4, r"read by pk_ldmatrix_x4")])  # lane 31's row
+def test_wrapper_shared_accesses_are_bounds_checked_in_every_build(off: int, mode: int, what: str, racecheck: bool,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    if racecheck:
+        monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
+        # the checked build may see the lane's own load in the wrapper first (ldmatrix rows: 4-byte loads)
+        what = rf"(?:16-byte shared-memory {what}|\d+-byte read of dynamic shared memory)"
+    else:
+        what = rf"16-byte shared-memory {what}"
+    with pytest.raises(KernelExecutionError, match=(
+            rf"kernel pkbounds_smem: block \(0,0,0\): thread \((?:1|31),0,0\) .*out-of-bounds {what}")):
+        _smem(off, mode)
+    _smem(off - 16, mode)  # 16 bytes lower: in bounds

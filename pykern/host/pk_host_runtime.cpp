@@ -103,6 +103,16 @@ constexpr int kMaxThreads = 1024;
 constexpr int kMaxSlots = 8;                      // blocks resident at once (interleaved schedule)
 constexpr size_t kStaticSmemMax = 48u << 10;     // static __shared__ per block, as on every GPU
 constexpr int kMaxStaticVars = 512;
+#ifndef PK_ASAN
+// Each slot's dynamic shared memory lies in a mapping of its own between two PROT_NONE guards of this size, its
+// 1024-byte rounded end flush against the upper one: a plain load or store up to this far past that end, or below
+// the start's page, faults before it touches other memory and is reported (on_fault); the checked build's hooks
+// report any access outside the bytes, slack included, before it is made. (The sanitizer build keeps an
+// exactly-sized heap allocation: ASan poisons its tail.)
+constexpr size_t kDynPad = 1u << 20;
+#else
+constexpr size_t kDynPad = 0;
+#endif
 
 // One resident block: its threads, scheduling order, barrier state and shared memory.
 struct Block {
@@ -172,6 +182,10 @@ struct Launch {
 std::mutex g_mutex;  // one launch at a time per library: the state below is global
 Launch g;
 Block g_blocks[kMaxSlots];
+#ifndef PK_ASAN
+unsigned char* g_dyn_map[kMaxSlots];  // the slot's guarded mapping (kept between launches of the same size)
+size_t g_dyn_map_len[kMaxSlots];
+#endif
 Thread g_threads[kMaxSlots * kMaxThreads];
 Block* gb = nullptr;  // the block of the running fiber
 size_t g_stack_size = 0;
@@ -401,6 +415,10 @@ void sm90_block_start(Block* k);
 void sm90_thread_exit(Thread* t);
 void sm90_block_end(Block* k);
 void nb_try_arrive(Block* k, unsigned w, int id);  // named barriers' barrier.arrive (below)
+// pk_host_sm90.cpp: the shared-memory access of `bytes` bytes at p by the wrapper `what` (ldmatrix rows, cp.async
+// destinations, 16-byte shared loads) lies inside the block's static + dynamic shared memory, else an error.
+void smem_bounds_check(const Thread* t, const void* p, unsigned bytes, bool write, const char* what, const char* file,
+                       int line);
 
 void describe_where(Buf& b, const Thread* t) {
     const Block* k = t->blk;
@@ -900,6 +918,7 @@ void complete_ptx(Thread* lanes, int op) {
                      op_name(op), lanes[l].file, lanes[l].line, f->row, l >> 3, l & 7);
             fail_lane(&lanes[l], what);
         }
+        smem_bounds_check(&lanes[l], f->row, 16, false, op_name(op), lanes[l].file, lanes[l].line);
         std::memcpy(M[l >> 3][l & 7], f->bytes, 16);  // what the lane read (pkrt_ldsm_row)
     }
     for (unsigned l = 0; l < 32; l++) {
@@ -983,7 +1002,14 @@ struct Shadow {
     unsigned w_carr, r_carr;    // the thread's barrier.cluster arrivals before the access (clusters)
     uintptr_t w_pc, r_pc;
     unsigned char w_mask, r_mask, init;  // bytes of the word: last write, last read, ever written
+    unsigned char tma;                   // 1: a TMA load into the word was issued and has not landed
 };
+// The async proxy's TMA loads are recorded as writes by a pseudo-thread of the block's last warp (a block of at
+// most kMaxThreads - 32 threads leaves it free): its write is ordered before a thread's access once that
+// thread's warp got past the mbarrier phase the load completed (the load's landing stamps the barrier as that
+// warp's arrival), or by a __syncthreads() after the landing.
+constexpr unsigned kAsyncTid = kMaxThreads - 32;
+constexpr unsigned kAsyncWarp = kAsyncTid / 32;
 enum { REG_STATIC = 0, REG_DYN = 1, REG_GLOBAL = 2 };
 struct Region {
     uintptr_t lo, hi;
@@ -1125,6 +1151,42 @@ void rc_stress_yield(Thread* self) {
 }
 
 void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc);
+// pk_host_sm90.cpp: a generic write to shared bytes a wgmma in flight still reads (a report), and the report of an
+// access racing with a TMA load.
+void rc_wgmma_write_check(Block* k, Thread* t, unsigned long long win, unsigned size, uintptr_t pc);
+bool g_wg_used[kMaxSlots];  // a wgmma of the slot's block read shared memory (pk_host_sm90.cpp's table)
+[[noreturn]] void rc_report_tma(const Region* r, uintptr_t word, const Shadow& s, bool write, uintptr_t pc,
+                                const Thread* t);
+
+// A shared-memory access outside the launch's bytes (dynamic: [0, shared_mem) of the window; static: the
+// __shared__ variables laid out so far): an out-of-bounds shared access, reported at the access, before it lands
+// (compute-sanitizer's memcheck reports it; without it a GPU raises an out-of-range address error or reads and
+// writes other data of the block).
+[[noreturn]] void rc_smem_oob(const Block* owner, bool dyn, long long off, unsigned size, bool write, uintptr_t pc) {
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, cur());
+    b.add(": out-of-bounds %u-byte %s of ", size, write ? "write" : "read");
+    if (dyn) b.add("dynamic shared memory (%llu bytes: the launch's shared_mem)", g.shared_mem);
+    else b.add("static __shared__ memory (%zu bytes laid out)", g_static_used);
+    if (owner != cur()->blk) b.add(" of block (%u,%u,%u)", owner->idx.x, owner->idx.y, owner->idx.z);
+    const long long n = static_cast<long long>(dyn ? g.shared_mem : g_static_used);
+    b.add(" at byte offset %lld relative to its start (%s) at ", off,
+          off < 0 ? "before its start" : off >= n ? "past its end" : "running past its end");
+    rc_pc(b, pc);
+    fail_from_fiber();
+}
+
+// An address in the padding around a block's dynamic shared memory (kDynPad): out of bounds.
+void rc_dyn_pad_check(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
+    if (!kDynPad) return;
+    const unsigned long long span = (g.shared_mem + 1023) & ~1023ull;
+    for (int i = 0; i < g_nregions; i++) {
+        const Region& r = g_regions[i];
+        if (r.kind != REG_DYN) continue;
+        if (addr + size > r.lo - kDynPad && addr < r.lo + span + kDynPad)
+            rc_smem_oob(&g_blocks[r.slot], true, static_cast<long long>(addr - r.lo), size, write, pc);
+    }
+}
 
 // The checked build sees every access: one that leaves its argument by any distance, the few
 // slack bytes next to the guarded copy included (the default build cannot fault there), is
@@ -1157,22 +1219,37 @@ void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
     if (pkrt_in_atomic) return;
     Region* r = rc_find(addr);
     if (!r) {
+        rc_dyn_pad_check(addr, size, write, pc);
         if (g_nguard) rc_guard_check(addr, size, write, pc);
         return;
     }
     Thread* t = cur();
     Block* k = t->blk;
+    const uintptr_t a0 = addr - r->lo, a1 = a0 + size;
+    // Past the end of the dynamic bytes (an access that starts inside them) or of the static variables laid out.
+    if (r->kind == REG_DYN && a1 > r->hi - r->lo)
+        rc_smem_oob(&g_blocks[r->slot], true, static_cast<long long>(a0), size, write, pc);
+    if (r->kind == REG_STATIC && a1 > g_static_used)
+        rc_smem_oob(&g_blocks[r->slot], false, static_cast<long long>(a0), size, write, pc);
     // Another CTA's shared memory is reached only through the DSMEM wrappers (pkrt_dsmem sets g_rc_remote).
     if (r->kind != REG_GLOBAL && r->slot != static_cast<int>(k - g_blocks) && !g_rc_remote) return;
     if (write && (g_rc & RC_STRESS)) rc_stress_yield(t);
+    // A generic write to bytes an issued wgmma has not been retired from reading (the async proxy reads its
+    // shared operands any time until the wgmma.wait_group that retires it).
+    if (write && (g_rc & RC_REPORT) && r->kind != REG_GLOBAL && !g_rc_remote && g_wg_used[r->slot])
+        rc_wgmma_write_check(k, t, r->kind == REG_DYN ? a0 : ((g.shared_mem + 1023) & ~1023ull) + a0, size, pc);
     unsigned me = static_cast<unsigned>(k->linear) + 1;
     unsigned wep = k->warps[t->warp].sync_epoch;
-    const uintptr_t a0 = addr - r->lo, a1 = a0 + size;
     for (uintptr_t w = a0 & ~uintptr_t(3); w < a1; w += 4) {
         Shadow& s = r->sh[w >> 2];
         // Bytes of this word the access touches: 16-bit halves of one word are separate data.
         const uintptr_t b0 = std::max(a0, w), b1 = std::min(a1, w + 4);
         const unsigned char m = static_cast<unsigned char>(((1u << (b1 - b0)) - 1u) << (b0 - w));
+        // A TMA load's bytes: not landed yet, or landed but not observed by this thread (its warp did not get
+        // past the mbarrier phase that completed it, and no __syncthreads() since).
+        if ((g_rc & RC_REPORT) && s.w_tid == kAsyncTid && s.w_blk && (s.w_mask & m) &&
+            (s.tma || !rc_ordered(s.w_blk, s.w_tid, s.w_epoch, s.w_wepoch, s.w_nbseq, s.w_carr, t, k)))
+            rc_report_tma(r, r->lo + w, s, write, pc, t);
         if (!write) {
             if ((g_rc & RC_INIT) && r->kind != REG_GLOBAL && (m & ~s.init)) rc_report_uninit(r, r->lo + w, pc);
             if ((g_rc & RC_REPORT) && s.w_blk && (s.w_mask & m) &&
@@ -1206,6 +1283,7 @@ void rc_access_range(uintptr_t addr, unsigned size, bool write, uintptr_t pc) {
             s.w_carr = t->cl_arr;
             s.w_pc = pc;
             s.r_blk = 0;
+            s.tma = 0;
         }
     }
 }
@@ -1631,6 +1709,18 @@ bool fix_int_division(ucontext_t* uc) {
 }
 #endif
 
+// The resident block whose dynamic shared memory's guarded mapping holds address a, or nullptr.
+const Block* dyn_guard_find(uintptr_t a) {
+#ifndef PK_ASAN
+    for (unsigned s = 0; s < g.slots && s < static_cast<unsigned>(kMaxSlots); s++)
+        if (g_blocks[s].dyn_smem && g_dyn_map[s] && a - reinterpret_cast<uintptr_t>(g_dyn_map[s]) < g_dyn_map_len[s])
+            return &g_blocks[s];
+#else
+    (void)a;
+#endif
+    return nullptr;
+}
+
 // Only async-signal-safe work here: format into g.err, then jump.
 void on_fault(int sig, siginfo_t* info, void* uctx) {
     Thread* t = cur();
@@ -1666,6 +1756,18 @@ void on_fault(int sig, siginfo_t* info, void* uctx) {
         fault_pc(b, uctx);
         b.add(": stopped at the guard before it touched other memory (a GPU reports an illegal address or "
               "silently corrupts other data)");
+    } else if (const Block* ob = (sig == SIGSEGV || sig == SIGBUS) ? dyn_guard_find(reinterpret_cast<uintptr_t>(info->si_addr))
+                                                                    : nullptr) {
+        int w = fault_is_write(uctx);
+        const long long off = static_cast<long long>(reinterpret_cast<uintptr_t>(info->si_addr) -
+                                                     reinterpret_cast<uintptr_t>(ob->dyn_smem));
+        b.add(": out-of-bounds %s of dynamic shared memory (%llu bytes: the launch's shared_mem)", w < 0 ? "access" : w ? "write" : "read",
+              g.shared_mem);
+        if (ob != t->blk) b.add(" of block (%u,%u,%u)", ob->idx.x, ob->idx.y, ob->idx.z);
+        b.add(" at byte offset %lld relative to its start (%s)", off, off < 0 ? "before its start" : "past its end");
+        fault_pc(b, uctx);
+        b.add(": stopped at the guard before it touched other memory (a GPU reports an out-of-range shared address "
+              "or reads and writes other data of the block)");
     } else if (sig == SIGSEGV && stack_overflowed(info->si_addr, t, uctx)) {
         b.add(": stack overflow: the thread's local memory (its C++ stack) outgrew %zu KiB; set "
               "PYKERN_HOST_STACK_KB higher (a GPU allows up to 512 KiB of local memory per thread)",
@@ -2091,12 +2193,14 @@ extern "C" void pkrt_cp_async(void* dst, const void* src, int bytes, const char*
                  dst, src, bytes);
         fail_simple(what);
     }
+    smem_bounds_check(t, dst, static_cast<unsigned>(bytes), true, "pk_cp_async_16 (its shared destination)", file, line);
     t->cp.push_back(CpAsync{dst, src, bytes, t->cp_group});
     if (bytes == 16 && g_v4_on) v4_record(dst, file, line);
 }
 
 // A 16-byte shared-memory read (pk_ld_shared_v4): the bank model's record of it (when enabled).
 extern "C" void pkrt_ld_shared_v4(const void* p, const char* file, int line) {
+    smem_bounds_check(cur(), p, 16, false, "ld.shared.v4 (pk_ld_shared_v4 / pk_ld_shared_b128)", file, line);
     if (g_v4_on) v4_record(p, file, line);
 }
 
@@ -2261,10 +2365,41 @@ void start_block(Block* k, unsigned long long linear, const pk_launch_cfg* cfg) 
 // static __shared__ arena, the threads' fixed fields. Slot `s` of `g`; false (g.err set) when out of memory.
 unsigned char* g_dyn[kMaxSlots];
 unsigned char* g_static_arena[kMaxSlots];
+void free_dyn(unsigned s) {
+#ifdef PK_ASAN
+    free(g_dyn[s]);
+#endif
+    g_dyn[s] = nullptr;
+}
+
+// The dynamic shared memory of `shared_mem` bytes for slot s (1024-byte aligned), or nullptr.
+unsigned char* alloc_dyn(unsigned s, unsigned long long shared_mem) {
+    const size_t span = (shared_mem + 1023) & ~1023ull;
+#ifdef PK_ASAN
+    (void)s;
+    return static_cast<unsigned char*>(aligned_alloc(1024, span));
+#else
+    const size_t rw = (span + 4095) & ~size_t(4095), len = rw + 2 * kDynPad;
+    if (g_dyn_map_len[s] != len) {
+        if (g_dyn_map[s]) munmap(g_dyn_map[s], g_dyn_map_len[s]);
+        g_dyn_map_len[s] = 0;
+        void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+        g_dyn_map[s] = m == MAP_FAILED ? nullptr : static_cast<unsigned char*>(m);
+        if (!g_dyn_map[s]) return nullptr;
+        if (mprotect(g_dyn_map[s] + kDynPad, rw, PROT_READ | PROT_WRITE) != 0) {
+            munmap(g_dyn_map[s], len);
+            g_dyn_map[s] = nullptr;
+            return nullptr;
+        }
+        g_dyn_map_len[s] = len;
+    }
+    return g_dyn_map[s] + kDynPad + rw - span;
+#endif
+}
 bool setup_slot(unsigned s, const pk_launch_cfg* cfg) {
     if (!g_static_arena[s]) g_static_arena[s] = static_cast<unsigned char*>(aligned_alloc(1024, kStaticSmemMax));
     g_dyn[s] = nullptr;
-    if (cfg->shared_mem) g_dyn[s] = static_cast<unsigned char*>(aligned_alloc(1024, (cfg->shared_mem + 1023) & ~1023ull));
+    if (cfg->shared_mem) g_dyn[s] = alloc_dyn(s, cfg->shared_mem);
     if (!g_static_arena[s] || (cfg->shared_mem && !g_dyn[s])) {
         snprintf(g.err, sizeof g.err, "kernel %s: cannot allocate shared memory", g.kernel);
         return false;
@@ -2486,7 +2621,7 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     for (unsigned s = 0; s < slots; s++)
         if (!setup_slot(s, cfg)) {
             snprintf(err, errlen, "%s", g.err);
-            for (unsigned q = 0; q <= s; q++) free(g_dyn[q]), g_dyn[q] = nullptr;
+            for (unsigned q = 0; q <= s; q++) free_dyn(q);
             return 1;
         }
     gb = nullptr;
@@ -2517,7 +2652,7 @@ extern "C" int pkrt_launch(const pk_launch_cfg* cfg, const char* kernel, void (*
     pkrt_interleave = 0;
     gb = nullptr;
     g.kernel = nullptr;
-    for (unsigned s = 0; s < g.slots; s++) free(g_dyn[s]), g_dyn[s] = nullptr;
+    for (unsigned s = 0; s < g.slots; s++) free_dyn(s);
     return rc;
 }
 

@@ -52,7 +52,14 @@ struct Sm90Thread {
     const char* file;
     int line;
 };
+// Racecheck: the first thread of a warp of the issuing warpgroup to pass a wait that retires a wgmma, with its
+// ordering stamps (as a shadow word's access): writes ordered after it by a barrier may reuse the operands' bytes.
+struct WgRetire {
+    bool valid;
+    unsigned tid, epoch, wepoch, nbseq, carr;
+};
 struct WgOp {
+    WgRetire ret[4];
     int n, dt, ta, tb, scale_d;
     bool rs, done;
     unsigned long long da, db;
@@ -130,6 +137,24 @@ unsigned char* window_ptr(const Block* k, unsigned long long w, unsigned long lo
     unsigned long long sb = static_window_base();
     if (w >= sb && w - sb + bytes <= g_static_used) return k->static_smem + (w - sb);
     return nullptr;
+}
+
+// The wrappers' shared accesses (ldmatrix rows, cp.async destinations, 16-byte shared loads) in every build: an
+// address outside the block's static + dynamic shared memory is reported before the access lands (the generic
+// loads and stores of the kernel code: the checked build's hooks, rc_access_range).
+void smem_bounds_check(const Thread* t, const void* p, unsigned bytes, bool write, const char* what, const char* file,
+                       int line) {
+    unsigned w = 0;
+    if (window_of(t->blk, p, &w) && window_ptr(t->blk, w, bytes)) return;
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": out-of-bounds %u-byte shared-memory %s by %s at %s:%d: address %p is not inside the block's shared "
+          "memory (dynamic: %llu bytes", bytes, write ? "write" : "read", what, file, line, p, g.shared_mem);
+    if (t->blk->dyn_smem)
+        b.add(", the access at byte offset %lld relative to its start",
+              static_cast<long long>(reinterpret_cast<uintptr_t>(p) - reinterpret_cast<uintptr_t>(t->blk->dyn_smem)));
+    b.add("; static __shared__: %zu bytes)", g_static_used);
+    fail_from_fiber();
 }
 
 inline unsigned long long swz(unsigned long long addr, unsigned units) {
@@ -214,20 +239,170 @@ template <typename F> void for_box(const pkrt_tmap& m, const int* c, F f) {
 }
 
 #ifdef PK_RACECHECK
-// Bytes the async proxy wrote: written (initcheck), and no thread is their last writer or reader,
-// since the mbarrier wait orders them before every reader.
+// ---- racecheck through the async proxy ------------------------------------------------------------------
+// TMA loads write shared memory and wgmma reads its SS operands there outside the threads' program order. A TMA
+// load's box is recorded, per shadow word, as written by the pseudo-thread kAsyncTid: pending from its issue
+// until it lands (any access then is reported), afterwards ordered before a thread's access only through the
+// mbarrier phase it completed (land_loads_of stamps it as warp kAsyncWarp's arrival) or a __syncthreads(). A
+// wgmma's operand bytes are recorded per 16-byte unit of the block's shared window and per warpgroup (the last
+// wgmma of that warpgroup reading it); a generic write there is reported unless the writer passed a wgmma wait
+// that retired it or a barrier orders such a wait (WgRetire) before the write.
+inline bool rc_async_on() { return (g_rc & RC_REPORT) && g.n <= kAsyncTid; }
+
+std::vector<unsigned> g_wg_rd[kMaxSlots];  // [unit][warpgroup]: the last wgmma (id + 1) reading the unit
+inline unsigned rc_nwg() { return (g.n + 127) / 128; }
+inline unsigned long long rc_window_bytes() { return static_window_base() + kStaticSmemMax; }
+
+Shadow* rc_word(unsigned char* p, Region** out = nullptr) {
+    Region* r = rc_find(reinterpret_cast<uintptr_t>(p));
+    if (!r || r->kind == REG_GLOBAL) return nullptr;
+    if (out) *out = r;
+    return &r->sh[(reinterpret_cast<uintptr_t>(p) - r->lo) >> 2];
+}
+
+// The source lines of the launch's TMA loads: a shadow word written by kAsyncTid keeps its load's index + 1 in
+// w_pc (the wrappers pass the kernel's file and line; a return address would name the wrapper's line).
+std::vector<std::pair<const char*, int>> g_tma_sites;
+uintptr_t rc_tma_site(const char* file, int line) {
+    for (size_t i = 0; i < g_tma_sites.size(); i++)
+        if (g_tma_sites[i].first == file && g_tma_sites[i].second == line) return i + 1;
+    g_tma_sites.emplace_back(file, line);
+    return g_tma_sites.size();
+}
+void rc_tma_where(Buf& b, uintptr_t site) {
+    if (site && site <= g_tma_sites.size()) b.add("%s:%d", g_tma_sites[site - 1].first, g_tma_sites[site - 1].second);
+    else b.add("an unknown line");
+}
+
+const char* rc_region_name(const Region* r) { return r->kind == REG_STATIC ? "static __shared__" : "dynamic"; }
+
+[[noreturn]] void rc_report_tma(const Region* r, uintptr_t word, const Shadow& s, bool write, uintptr_t pc,
+                                const Thread* t) {
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": racecheck: %s race through the async proxy on %s shared memory at byte offset %lu: ",
+          write ? "write-after-write" : "read-after-write", rc_region_name(r), static_cast<unsigned long>(word - r->lo));
+    b.add("the TMA load issued at ");
+    rc_tma_where(b, s.w_pc);
+    if (s.tma) b.add(" has not landed (no wait on its mbarrier has completed it)");
+    else b.add(" landed, but this thread's warp did not get past the mbarrier phase it completed (nor a __syncthreads() since)");
+    b.add(" when this thread %s it at ", write ? "writes" : "reads");
+    rc_pc(b, pc);
+    b.add(" (wait on the load's mbarrier, pk_mbarrier_wait_parity, before touching its bytes)");
+    fail_from_fiber();
+}
+
+// Is thread t's access ordered after wgmma `id`'s reads: t passed a wait retiring it, or a barrier orders such a
+// wait (by any warp of the issuing warpgroup) before it?
+bool rc_wg_retired_for(Block* k, unsigned id, const Thread* t) {
+    const WgOp& op = sb_of(k).ops[id];
+    if (t->linear / 128 == op.first / 128) {
+        bool pending = false;
+        for (const WgPending& p : st_of(t).wg) pending |= p.op == id;
+        if (!pending) return true;
+    }
+    for (const WgRetire& r : op.ret)
+        if (r.valid && rc_ordered(static_cast<unsigned>(k->linear) + 1, r.tid, r.epoch, r.wepoch, r.nbseq, r.carr, t, k))
+            return true;
+    return false;
+}
+
+[[noreturn]] void rc_report_wgmma_war(Block* k, const Thread* t, unsigned id, unsigned long long win, uintptr_t pc,
+                                      const char* what) {
+    const WgOp& op = sb_of(k).ops[id];
+    Buf b{g.err, sizeof g.err};
+    describe_where(b, t);
+    b.add(": racecheck: write-after-read race through the async proxy on shared memory at window byte %llu "
+          "(%s): the wgmma at %s:%d (warpgroup %u) reads it as an SS operand until a pk_wgmma_wait retires it; "
+          "this thread %s at ", win, win < g.shared_mem ? "dynamic" : "static __shared__", op.file, op.line,
+          op.first / 128, what);
+    rc_pc(b, pc);
+    b.add(" with no pk_wgmma_wait of its own retiring that wgmma, nor a barrier after such a wait");
+    fail_from_fiber();
+}
+
+void rc_wgmma_write_check(Block* k, Thread* t, unsigned long long win, unsigned size, uintptr_t pc) {
+    const std::vector<unsigned>& tab = g_wg_rd[k - g_blocks];
+    const unsigned nwg = rc_nwg();
+    for (unsigned long long u = win >> 4; u <= (win + size - 1) >> 4; u++) {
+        if ((u + 1) * nwg > tab.size()) return;
+        for (unsigned w = 0; w < nwg; w++)
+            if (unsigned id1 = tab[u * nwg + w])
+                if (!rc_wg_retired_for(k, id1 - 1, t)) rc_report_wgmma_war(k, t, id1 - 1, u * 16, pc, "writes it");
+    }
+}
+
+// A TMA load into the window bytes [w, w + bytes) is issued by thread t: it writes them (the async proxy), so
+// generic accesses and wgmma reads of them must be ordered before this call; from now until it lands they are
+// pending.
+void rc_tma_issue(Thread* t, unsigned w, unsigned long long bytes, uintptr_t pc, const char* file, int line) {
+    if (!rc_async_on()) return;
+    Block* k = t->blk;
+    unsigned char* p = window_ptr(k, w, bytes);
+    if (!p) return;
+    for (unsigned long long o = 0; o < bytes; o += 4) {
+        Region* r = nullptr;
+        Shadow* sh = rc_word(p + o, &r);
+        if (!sh || sh->w_tid != kAsyncTid || !sh->w_blk) continue;
+        if (sh->tma) {
+            Buf b{g.err, sizeof g.err};
+            describe_where(b, t);
+            b.add(": racecheck: write-after-write race through the async proxy on %s shared memory at byte offset "
+                  "%lu: the TMA load issued at %s:%d writes bytes the TMA load issued at ", rc_region_name(r),
+                  static_cast<unsigned long>(reinterpret_cast<uintptr_t>(p + o) - r->lo), file, line);
+            rc_tma_where(b, sh->w_pc);
+            b.add(" has not landed yet (no wait on its mbarrier completed it)");
+            fail_from_fiber();
+        }
+        sh->w_blk = 0;  // a landed load's bytes are ordered through the readers that waited for it (below)
+    }
+    // The generic readers and writers of the bytes before this issue (and wgmma reads still in flight): ordered
+    // before it as for a write by this thread.
+    if (g_rc & RC_REPORT) rc_access_range(reinterpret_cast<uintptr_t>(p), static_cast<unsigned>(bytes), true, pc);
+    const unsigned me = static_cast<unsigned>(k->linear) + 1;
+    const uintptr_t site = rc_tma_site(file, line);
+    for (unsigned long long o = 0; o < bytes; o += 4) {
+        Shadow* sh = rc_word(p + o);
+        if (!sh) continue;
+        sh->tma = 1;
+        sh->w_blk = me;
+        sh->w_tid = kAsyncTid;
+        sh->w_mask = 0xf;
+        sh->w_pc = site;
+        sh->w_carr = ~0u;
+        sh->r_blk = 0;
+    }
+}
+
+// Bytes a TMA load wrote have landed: written (initcheck), by the pseudo-thread kAsyncTid, stamped now (the
+// caller then stamps the mbarrier with the arrival of warp kAsyncWarp).
 void rc_async_written(Block* k, unsigned w, unsigned long long bytes) {
     if (!g_rc) return;
     unsigned char* p = window_ptr(k, w, bytes);
     if (!p) return;
+    const bool track = rc_async_on();
     for (unsigned long long o = 0; o < bytes; o += 4) {
-        Region* r = rc_find(reinterpret_cast<uintptr_t>(p + o));
-        if (!r) continue;
-        Shadow& sh = r->sh[(reinterpret_cast<uintptr_t>(p + o) - r->lo) >> 2];
-        sh.init = 0xf;
-        sh.w_blk = sh.r_blk = 0;
+        Shadow* sh = rc_word(p + o);
+        if (!sh) continue;
+        sh->init = 0xf;
+        sh->tma = 0;
+        sh->r_blk = 0;
+        if (!track) { sh->w_blk = 0; continue; }
+        sh->w_blk = static_cast<unsigned>(k->linear) + 1;
+        sh->w_tid = kAsyncTid;
+        sh->w_mask = 0xf;
+        sh->w_epoch = k->bar_epoch;
+        sh->w_wepoch = 0;
+        sh->w_nbseq = k->nb_seq;
+        sh->w_carr = ~0u;
     }
 }
+
+// wgmma `id` (warpgroup wg) is issued: its SS operand bytes are read from now until a wait retires it. Every
+// byte must be written before: a TMA load's landed and observed by a warp of the warpgroup (it got past the load's
+// mbarrier phase), a generic write by the warpgroup itself or ordered by a barrier before one of its warps
+// (after pk_fence_proxy_async_shared, which the CPU cannot see).
+void rc_wgmma_issue(Block* k, unsigned wg, unsigned id);
 #endif
 
 void land_load(Block* k, const TmaLoad& L) {
@@ -255,6 +430,10 @@ void land_loads_of(Block* k, unsigned long long* bar) {
         land_load(k, L);
         MBar* m = find_bar(k, bar);
         if (!m) continue;
+#ifdef PK_RACECHECK
+        // The landed bytes (stamped below this) are ordered before the warps that get past this phase.
+        if (rc_async_on()) m->arr[kAsyncWarp] = ++k->nb_seq;
+#endif
         m->tx -= static_cast<long long>(L.bytes);
         bar_check(k, bar, m);
     }
@@ -405,6 +584,75 @@ void wg_compute(Block* k, unsigned id) {
     op.done = true;
 }
 
+#ifdef PK_RACECHECK
+void rc_wgmma_issue(Block* k, unsigned wg, unsigned id) {
+    if (!rc_async_on()) return;
+    const unsigned s = static_cast<unsigned>(k - g_blocks), nwg = rc_nwg();
+    std::vector<unsigned>& tab = g_wg_rd[s];
+    if (!g_wg_used[s]) {
+        tab.assign((rc_window_bytes() / 16) * nwg, 0u);
+        g_wg_used[s] = true;
+    }
+    const WgOp& op = sb_of(k).ops[id];
+    const bool f8 = op.dt == kWgmmaE4m3;
+    const unsigned KD = f8 ? 32 : 16;
+    std::vector<unsigned long long> units;
+    auto mark = [&](unsigned long long desc, unsigned rows, bool mn_major) {
+        for (unsigned mn = 0; mn < rows; mn++)
+            for (unsigned kk = 0; kk < KD; kk++) {
+                unsigned long long u = desc_addr(desc, mn, kk, mn_major, f8 ? 1u : 2u) >> 4;
+                if ((u + 1) * nwg > tab.size()) continue;  // outside: wg_compute reports it at the wait
+                unsigned& e = tab[u * nwg + wg];
+                if (e == id + 1) continue;
+                e = id + 1;
+                units.push_back(u);
+            }
+    };
+    if (!op.rs) mark(op.da, 64, op.ta != 0);
+    mark(op.db, static_cast<unsigned>(op.n), op.tb != 0);
+    // The op starts once all four warps of the warpgroup issued it (their A registers, RS, and accumulators go in
+    // together): a write by a thread of the warpgroup precedes its own issue, so it is ordered before the reads; a
+    // write by another thread (or a TMA load) must be ordered before at least one of the four warps issued it.
+    const unsigned me = static_cast<unsigned>(k->linear) + 1;
+    for (unsigned long long u : units) {
+        unsigned char* p = window_ptr(k, u * 16, 16);
+        if (!p) continue;
+        for (unsigned o = 0; o < 16; o += 4) {
+            Region* r = nullptr;
+            Shadow* sh = rc_word(p + o, &r);
+            if (!sh || !sh->w_blk || !(g_rc & RC_REPORT)) continue;
+            const bool tma = sh->w_tid == kAsyncTid;
+            if (!tma && sh->w_blk == me && sh->w_tid / 128 == wg) continue;  // the issuing warpgroup's own write
+            bool ordered = false;
+            for (unsigned w = 0; w < 4 && !ordered && !(tma && sh->tma); w++)
+                ordered = rc_ordered(sh->w_blk, sh->w_tid, sh->w_epoch, sh->w_wepoch, sh->w_nbseq, sh->w_carr,
+                                     &k->threads[wg * 128 + w * 32], k);
+            if (ordered) continue;
+            Buf b{g.err, sizeof g.err};
+            b.add("kernel %s: block (%u,%u,%u): racecheck: read-after-write race through the async proxy on %s "
+                  "shared memory at byte offset %lu: the wgmma at %s:%d (warpgroup %u) reads it as an SS operand, but ",
+                  g.kernel, k->idx.x, k->idx.y, k->idx.z, rc_region_name(r),
+                  static_cast<unsigned long>(reinterpret_cast<uintptr_t>(p + o) - r->lo), op.file, op.line, wg);
+            if (tma) {
+                b.add("the TMA load issued at ");
+                rc_tma_where(b, sh->w_pc);
+                b.add(sh->tma ? " that writes it has not landed (no wait on its mbarrier completed it)"
+                              : " that wrote it is observed by none of the warpgroup's warps (none got past the "
+                                "mbarrier phase the load completed, nor a __syncthreads() since)");
+            } else {
+                rc_describe_thread(b, sh->w_blk, sh->w_tid);
+                b.add(" wrote it at ");
+                rc_pc(b, sh->w_pc);
+                b.add(" with no barrier ordering that write before any of the warpgroup's warps issued the wgmma (a "
+                      "generic write read by wgmma needs pk_fence_proxy_async_shared() and then a barrier of the "
+                      "writer and the issuing warps)");
+            }
+            fail_from_fiber();
+        }
+    }
+}
+#endif
+
 void wg_complete(Block* k, unsigned wg) {
     Sm90Block& sb = sb_of(k);
     Thread* ts = &k->threads[wg * 128];
@@ -419,6 +667,7 @@ void wg_complete(Block* k, unsigned wg) {
                       st_of(&ts[i]).file, st_of(&ts[i]).line, ts[0].linear, st_of(&ts[0]).file, st_of(&ts[0]).line);
     }
     WgOp op;
+    std::memset(op.ret, 0, sizeof op.ret);
     op.n = p0->n, op.dt = p0->dt, op.ta = p0->ta, op.tb = p0->tb, op.scale_d = p0->scale_d != 0;
     op.rs = p0->a != nullptr, op.done = false, op.da = p0->desc_a, op.db = p0->desc_b, op.first = wg * 128;
     op.file = st_of(&ts[0]).file, op.line = st_of(&ts[0]).line;
@@ -439,6 +688,9 @@ void wg_complete(Block* k, unsigned wg) {
         if (op.rs) std::memcpy(&op.a[i * 4], p->a, 4 * sizeof(unsigned));
     }
     sb.ops.push_back(std::move(op));
+#ifdef PK_RACECHECK
+    rc_wgmma_issue(k, wg, id);
+#endif
     const float nan = std::numeric_limits<float>::quiet_NaN();
     for (unsigned i = 0; i < 128; i++) {
         Sm90Thread& s = st_of(&ts[i]);
@@ -474,6 +726,13 @@ extern "C" void pkrt_wgmma_wait(int n, const char*, int) {
     for (size_t i = 0; i < s.wg.size(); i++) {
         WgPending p = s.wg[i];
         if (p.group < below) {
+#ifdef PK_RACECHECK
+            // The first thread of its warp to retire this wgmma: a barrier after here orders its reads before others.
+            WgRetire& r = sb_of(t->blk).ops[p.op].ret[t->warp % 4];
+            if (!r.valid)
+                r = WgRetire{true, t->linear, t->blk->bar_epoch, t->blk->warps[t->warp].sync_epoch, t->blk->nb_seq,
+                             t->cl_arr};
+#endif
             wg_compute(t->blk, p.op);
             const WgOp& op = sb_of(t->blk).ops[p.op];
             unsigned h = static_cast<unsigned>(op.n) / 2;
@@ -582,6 +841,9 @@ extern "C" void pkrt_tma_load(void* dst, const CUtensorMap* map, unsigned long l
     const pkrt_tmap& m = check_map(t, map, rank, "pk_tma_load", file, line);
     unsigned w = check_smem(t, dst, tmap_bytes(m), m.swizzle ? 16u * m.swizzle * 8u : 128u, "pk_tma_load", file, line);
     need_bar(t, bar, "pk_tma_load", file, line);
+#ifdef PK_RACECHECK
+    rc_tma_issue(t, w, tmap_bytes(m), reinterpret_cast<uintptr_t>(__builtin_return_address(0)), file, line);
+#endif
     TmaLoad L{bar, w, m, {0, 0, 0, 0, 0}, tmap_bytes(m), file, line, t->linear};
     for (int d = 0; d < rank; d++) L.c[d] = c[d];
     sb_of(t->blk).loads.push_back(L);
@@ -785,6 +1047,9 @@ void sm90_block_start(Block* k) {
     sb.ops.clear();
     sb.bars.clear();
     sb.loads.clear();
+#ifdef PK_RACECHECK
+    g_wg_used[k - g_blocks] = false;  // the block's wgmma table is cleared at its first wgmma
+#endif
     for (unsigned i = 0; i < g.n; i++) {
         Sm90Thread& s = st_of(&k->threads[i]);
         s.fenced = false;

@@ -21,3 +21,32 @@ extern "C" __global__ void pkbounds_twice(float* y, const float* x, unsigned int
 extern "C" __global__ void pkbounds_read_address(float* out, unsigned long long addr) {
     if (blockIdx.x == 0 && threadIdx.x == 0) out[0] = *reinterpret_cast<const float*>(addr);
 }
+
+#include "pk_ptx.cuh"
+
+// Shared memory out of bounds (the launch's dynamic bytes; `st`: the static ones): byte offset `off` of the dynamic
+// shared memory (of st for mode 5). mode 0: thread 1 stores a float there; 1: thread 1 loads one into out[0];
+// 2: thread 1 reads 16 bytes with pk_ld_shared_b128; 3: thread 1 copies 16 bytes of src there with cp.async;
+// 4: warp 0's ldmatrix .x4 with lane l's row at off + 16 l; 5: thread 1 stores the float at byte off of st[4].
+extern "C" __global__ void pkbounds_smem(const float* src, float* out, long long off, int mode) {
+    extern __shared__ __align__(16) unsigned char dsm[];
+    __shared__ __align__(16) float st[4];
+    unsigned char* p = dsm + off;
+    const unsigned t = threadIdx.x;
+    if (t < 4) st[t] = 0.0f;
+    __syncthreads();
+    if (mode == 0 && t == 1) *reinterpret_cast<float*>(p) = 1.0f;
+    if (mode == 1 && t == 1) out[0] = *reinterpret_cast<const float*>(p);
+    if (mode == 2 && t == 1) out[0] = __uint_as_float(pk_ld_shared_b128(p).x);
+    if (mode == 3 && t == 1) {
+        pk_cp_async_16(p, src);
+        pk_cp_async_commit();
+        pk_cp_async_wait_all();
+    }
+    if (mode == 4 && t < 32) {
+        unsigned r[4];
+        pk_ldmatrix_x4(r, p + 16 * t);
+        out[t] = __uint_as_float(r[0]);
+    }
+    if (mode == 5 && t == 1) *reinterpret_cast<float*>(reinterpret_cast<unsigned char*>(st) + off) = 1.0f;
+}

@@ -172,3 +172,48 @@ extern "C" __global__ void pk_sm90_bulk_red(const float* in, float* acc, int n, 
     }
     if (threadIdx.x == 0) pk_tma_store_wait<0>();
 }
+
+// Races through the async proxy (racecheck, tests/test_host_sm90.py): a 64 x 64 bf16 tile TMA-loaded (128B swizzle)
+// and read by one wgmma m64n8k16 SS of warpgroup 0 (A: rows 0..63, B: rows 0..7, k 0..15). Block of 256 threads.
+// mode 0: correct (mbarrier waits, fence, wgmma, wait; warpgroup 1 rewrites the tile after warpgroup 0's wgmma wait,
+//         ordered by named barrier 1: warpgroup 0 arrives after its wait, warpgroup 1 syncs).
+// mode 1: warpgroup 0 rewrites the tile before its pk_wgmma_wait: the wgmma in flight still reads it.
+// mode 2: thread 0 reads the tile right after issuing the TMA load, before any wait (it has not landed).
+// mode 3: the wgmma is issued with no wait on the mbarrier (it reads bytes the TMA load has not landed).
+// mode 4: warpgroup 0 arrives at named barrier 1 before its pk_wgmma_wait: warpgroup 1's rewrite races with the
+//         wgmma's read.
+// mode 5: warpgroup 1 reads the tile with no wait on the mbarrier.
+extern "C" __global__ void pk_sm90_async_races(const __grid_constant__ CUtensorMap m, float* out, int mode) {
+    extern __shared__ __align__(1024) unsigned char smem[];
+    __shared__ __align__(8) unsigned long long bar;
+    const unsigned tid = threadIdx.x, wg = tid / 128;
+    unsigned* words = reinterpret_cast<unsigned*>(smem);
+    if (tid == 0) pk_mbarrier_init(&bar, 1);
+    __syncthreads();
+    if (tid == 0) {
+        pk_mbarrier_arrive_expect_tx(&bar, 64 * 128);
+        pk_tma_load_2d(smem, &m, &bar, 0, 0);
+    }
+    if (mode == 2 && tid == 0) out[1000] = __uint_as_float(words[7]);
+    if (wg == 0) {
+        if (mode != 3) pk_mbarrier_wait_parity(&bar, 0);
+        float acc[4] = {0, 0, 0, 0};
+        const unsigned long long d = pk_wgmma_desc(smem, 16, 1024, PK_SWIZZLE_128B);
+        pk_wgmma_fence();
+        pk_wgmma_m64nNk16_ss<8, PK_WGMMA_BF16>(acc, d, d, 0);
+        pk_wgmma_commit();
+        if (mode == 1) words[tid] = 0u;
+        if (mode == 4) pk_bar_arrive(1, 256);
+        pk_wgmma_wait<0>();
+        if (mode == 0) pk_bar_arrive(1, 256);
+        if (mode == 3) pk_mbarrier_wait_parity(&bar, 0);  // the load is waited for (after the wgmma read it)
+        for (int i = 0; i < 4; i++) out[tid * 4 + i] = acc[i];
+    } else {
+        if (mode == 0 || mode == 4) {
+            pk_mbarrier_wait_parity(&bar, 0);  // the TMA write is ordered before this warpgroup's rewrite
+            pk_bar_sync(1, 256);
+            words[tid] = 0u;
+        }
+        if (mode == 5) out[tid * 4] = __uint_as_float(words[tid]);
+    }
+}
