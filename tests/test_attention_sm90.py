@@ -1041,13 +1041,14 @@ def test_steady_state_loop_is_flat_and_within_the_bar(kernel: str) -> None:
     # pair (1.984; varlen 759, 1.977) against 764 (1.990) with neither; softcap (no overlap) 1545 (4.023; varlen
     # 1538, 4.005). The pair loop's literal mbarrier slots took d256 to 399 (0.779; varlen 401, 0.783); the dense
     # d256 tile loop (sm90.PERSISTENT) to 404 (0.789; softcap 532, 1.039), within its 0.79 / 1.04 bars.
-    # d64 with softcap takes a quarter of its exp2s on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8 instructions
-    # more than a MUFU.EX2, 48 exp2s a pair, so 1151 -> 1548 (4.031): the instruction count grows while the MUFU,
-    # the one bound there, shrinks (the attention model's mufu and fma terms). d64 without softcap keeps the MUFU
-    # (it would be 3.023) and its 2.0 bar.
+    # d64 with softcap takes half of its exp2s on the FMA pipe (sm90.FMA_EXP2): pk_exp2_fma is 8 instructions
+    # more than a MUFU.EX2, 96 exp2s a pair, so 1151 -> 1922 (5.005; varlen 1940, 5.052; a quarter took 1540,
+    # 4.010): the instruction count grows while the MUFU, the one bound there, shrinks (the attention model's mufu
+    # and fma terms: 1.75 -> 1.5 an MMA, issue 1.0 -> 1.25). d64 without softcap keeps the MUFU (it would be 3.023)
+    # and its 2.0 bar.
     bar = {64: 2.0, 128: 1.2, 192: 0.99, 256: 0.79}[d]
     if "_softcap" in kernel:
-        bar = {64: 4.04, 128: 1.7, 192: 1.39, 256: 1.04}[d]
+        bar = {64: 5.06, 128: 1.7, 192: 1.39, 256: 1.04}[d]
     assert loop["per_mma"] <= bar, loop
 
 
