@@ -85,17 +85,21 @@ template <> struct Fa90Cfg<256> { enum { BC = 64, STAGES = 2, QREG = 0, PAIR = 1
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
 template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1, PERSIST = 1 }; };
-// Fa90Ovl: OVL of the hot loop's steps, by softcap as well. Off at d64 with softcap: there the MUFU binds (the tanh
-// and the exp2s), which the overlap does not relieve, and its in-place P beside the FMA exp2 spilled in the loop
-// (552 bytes).
+// Fa90Ovl: OVL of the hot loop's steps, by softcap as well (the same everywhere today). At d64 with softcap the MUFU
+// binds (the tanh and the exp2s), which the overlap does not relieve; its first trial there (one exp2 n-tile in four
+// on the FMA pipe) spilled 552 bytes in the loop. With two in four it fits, 0 spills (1922 -> 1921 a pair; varlen
+// 1940 -> 1918, paged 1942 -> 1918): the A step's tanh and exp2s all run under P V, the B step's first few.
 template <int DQK, int DV, bool SC> struct Fa90Ovl { enum { V = Fa90Cfg<DQK, DV>::OVL }; };
-template <> struct Fa90Ovl<64, 64, true> { enum { V = 0 }; };
 // Fa90OvlEdge: OVL of the pair loop's edge steps (the odd step before the pairs, the odd tile left after them), which
 // run once a work tile. Off at d64: the overlapped step there spilled 260 bytes (straight-line code, scheduled
 // wider than the loop's), and a single step gains nothing from it; the edge and hot steps hand over the same
 // state (pa: the previous tile's P), so the two kinds mix.
 template <int DQK, int DV, bool SC> struct Fa90OvlEdge { enum { V = Fa90Ovl<DQK, DV, SC>::V }; };
 template <bool SC> struct Fa90OvlEdge<64, 64, SC> { enum { V = 0 }; };
+// Fa90OvlOut: OVL of the pair loop's out-of-line B step (after a failed A). Off at d64 with softcap: overlapped, it
+// spilled 12 bytes (varlen); like an edge step it hands over pa and so mixes with the hot steps.
+template <int DQK, int DV, bool SC> struct Fa90OvlOut { enum { V = Fa90Ovl<DQK, DV, SC>::V }; };
+template <> struct Fa90OvlOut<64, 64, true> { enum { V = 0 }; };
 // Fa90KHoist: the steady step's K descriptors (one a k-step and ring slot) are loop invariants the compiler may keep
 // (fa90_step); elsewhere they are made in each step, out of registers the loop does not have.
 template <int DQK, int DV> struct Fa90KHoist { enum { V = 0 }; };
@@ -310,7 +314,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     pk_mbarrier_wait_parity(fb, parity);
     if constexpr (PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
-    if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 softcap, d64 edge steps)
+    if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 edge steps; Fa90OvlOut)
         fa90_issue_pv<T, DV, BC>(o, pa, dv);
         fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
         pk_wgmma_commit();
@@ -1038,11 +1042,16 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             redo_a:  // A failed: its redo, then the pair's B step out of line
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 {
-                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, Fa90Ovl<DQK, DV, SC>::V, FXE>(
+                    constexpr bool OVO = Fa90OvlOut<DQK, DV, SC>::V;
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVO, FXE>(
                         o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (okb) continue;
+                    if constexpr (OVO != (bool)Fa90Ovl<DQK, DV, SC>::V) {  // its redo from s as OVO left it
+                        fa90_redo<T, DQK, DV, BC, SC, OVO>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);
+                        continue;
+                    }
                 }
             redo_b:
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);

@@ -43,9 +43,9 @@ LOOP_TILES = {64: 2, 128: 1, 192: 1, 256: 2}
 # d128 and d64, dense, varlen and paged, with and without softcap.
 PING_PONG = {64: True, 128: True, 192: False, 256: False}
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
-# intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: off at d64 with softcap, where
-# the MUFU binds (the tanh and the exp2s) and the in-place P beside the FMA exp2 spilled.
-OVERLAP = {64: (True, False), 128: (True, True), 192: (True, True), 256: (True, True)}
+# intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: on everywhere (at d64 with
+# softcap since its two exp2 n-tiles in four on the FMA pipe: with one in four the in-place P spilled).
+OVERLAP = {64: (True, True), 128: (True, True), 192: (True, True), 256: (True, True)}
 # Of every 4 n-tiles (8 keys) of a steady-state key tile, how many take their exp2 on the FMA pipe (pk_exp2_fma)
 # rather than the MUFU, by head_dim, without / with softcap (the .cu's Fa90Fex): at d64 with softcap the MUFU binds
 # alone (the softcap's tanh doubles its work): two in four take it to 1.5 clocks an MMA, instruction issue to 1.25
