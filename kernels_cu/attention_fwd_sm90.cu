@@ -114,7 +114,7 @@ template <> struct Fa90KHoist<64, 64> { enum { V = 1 }; };
 // bound, but no faster: the MUFU only tied with it, so the d64 kernel without softcap keeps every exp2 on the MUFU
 // (and its loop at 765, 1.992, under the 2.0 bar). With softcap (a tanh.approx a score on the MUFU as well: 2.0 an
 // MMA, the MUFU alone binds) two in four: MUFU 1.5, issue 1.25 (1151 -> 1922 a pair, 5.005; varlen 1940, paged
-// 1947 -> 1942 with its ping-pong), the bound a seventh lower than at one in four (MUFU 1.75, issue 1.0, 1540 a
+// 1947 -> 1942 with its ping-pong; 1921 / 1918 / 1918 with the overlap), the bound a seventh lower than at one in four (MUFU 1.75, issue 1.0, 1540 a
 // pair). Three in four would leave the MUFU at 1.25 and make issue (about 1.5) the bound: no gain.
 // d128 / d256 / 192: the MUFU is under the tensor pipe already (0.5, 0.25, 0.4 an MMA; with softcap 1.0, 0.5, 0.8),
 // so they keep it all.
