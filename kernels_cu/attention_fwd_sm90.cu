@@ -61,7 +61,7 @@ template <int DQK, int DV = DQK> struct Fa90Cfg;
 // QREG: the consumer keeps its Q rows in registers (the A fragments of S = Q K^T, wgmma RS; D / 4 registers),
 // so S needs no Q descriptors (d64; d128 / d256 have no registers to spare and keep Q in shared memory).
 // PAIR: the steady-state loop runs two key tiles an iteration (see fa90_forward).
-// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step; Fa90Pp below: per kernel). On at
+// PP: the steady-state loop ping-pongs the two consumer warpgroups (fa90_step). On at
 // d128 and d64, as FA3 has its warp scheduler barriers for 16-bit inputs at head dims up to 128. d128: its 2 BAR
 // instructions a tile and their set-up cost 10 a tile (302, 1.180 per m16n8k16-equivalent against 292, 1.141).
 // d64: the 4 BAR instructions a pair and nothing else, their ids kept in registers, the descriptors in the uniform
@@ -92,22 +92,21 @@ template <> struct Fa90Cfg<96> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0
 // head_dim_qk 192, head_dim_v 128 (DeepSeek-V3's prefill): the d128 tiling (o and s as at d128; S takes 12 k-steps
 // instead of 8). Shared: Q 48 KiB + 2 x (K 48 KiB + V 32 KiB) = 208 KiB + barriers.
 template <> struct Fa90Cfg<192, 128> { enum { BC = 128, STAGES = 2, QREG = 0, PAIR = 0, PP = 0, OVL = 1, PERSIST = 1 }; };
-// Fa90Ovl: OVL of the hot loop's steps, by softcap as well. Off at d64 with softcap: there the MUFU binds (the tanh
-// and the exp2s), which the overlap does not relieve, and its in-place P beside the FMA exp2 spilled in the loop
-// (552 bytes).
+// Fa90Ovl: OVL of the hot loop's steps, by softcap as well (the same everywhere today). At d64 with softcap the MUFU
+// binds (the tanh and the exp2s), which the overlap does not relieve; its first trial there (one exp2 n-tile in four
+// on the FMA pipe) spilled 552 bytes in the loop. With two in four it fits, 0 spills (1922 -> 1921 a pair; varlen
+// 1940 -> 1918, paged 1942 -> 1918): the A step's tanh and exp2s all run under P V, the B step's first few.
 template <int DQK, int DV, bool SC> struct Fa90Ovl { enum { V = Fa90Cfg<DQK, DV>::OVL }; };
-template <> struct Fa90Ovl<64, 64, true> { enum { V = 0 }; };
-// Fa90Pp: PP of a kernel (fa90_forward, fa90_step), by softcap and the paged producer as well. Off in the d64 paged
-// prefill with softcap: its consumers have 232 registers (Fa90PagedRegs), and there the ping-pong's barrier ids
-// spilled a word in the first steady tile (4 bytes) and took the loop to 1550 a pair (varlen 1542).
-template <int DQK, int DV, bool SC, bool PAGED> struct Fa90Pp { enum { V = Fa90Cfg<DQK, DV>::PP }; };
-template <> struct Fa90Pp<64, 64, true, true> { enum { V = 0 }; };
 // Fa90OvlEdge: OVL of the pair loop's edge steps (the odd step before the pairs, the odd tile left after them), which
 // run once a work tile. Off at d64: the overlapped step there spilled 260 bytes (straight-line code, scheduled
 // wider than the loop's), and a single step gains nothing from it; the edge and hot steps hand over the same
 // state (pa: the previous tile's P), so the two kinds mix.
 template <int DQK, int DV, bool SC> struct Fa90OvlEdge { enum { V = Fa90Ovl<DQK, DV, SC>::V }; };
 template <bool SC> struct Fa90OvlEdge<64, 64, SC> { enum { V = 0 }; };
+// Fa90OvlOut: OVL of the pair loop's out-of-line B step (after a failed A). Off at d64 with softcap: overlapped, it
+// spilled 12 bytes (varlen); like an edge step it hands over pa and so mixes with the hot steps.
+template <int DQK, int DV, bool SC> struct Fa90OvlOut { enum { V = Fa90Ovl<DQK, DV, SC>::V }; };
+template <> struct Fa90OvlOut<64, 64, true> { enum { V = 0 }; };
 // Fa90KHoist: the steady step's K descriptors (one a k-step and ring slot) are loop invariants the compiler may keep
 // (fa90_step); elsewhere they are made in each step, out of registers the loop does not have.
 template <int DQK, int DV> struct Fa90KHoist { enum { V = 0 }; };
@@ -121,12 +120,19 @@ template <> struct Fa90KHoist<64, 64> { enum { V = 1 }; };
 // four, MUFU 0.75 and issue 0.76 (192 -> 144 MUFU.EX2 a pair, 765 -> 1161 instructions), the tensor pipe the one
 // bound, but no faster: the MUFU only tied with it, so the d64 kernel without softcap keeps every exp2 on the MUFU
 // (and its loop at 765, 1.992, under the 2.0 bar). With softcap (a tanh.approx a score on the MUFU as well: 2.0 an
-// MMA, the MUFU alone binds) one in four: MUFU 1.75, issue 1.0 (1151 -> 1548), the bound an eighth lower; two in
-// four would bring the MUFU to 1.5 but spilled (44 bytes; varlen 56).
+// MMA, the MUFU alone binds) two in four: MUFU 1.5, issue 1.25 (1151 -> 1922 a pair, 5.005; varlen 1940, paged
+// 1947 -> 1942 with its ping-pong; 1921 / 1918 / 1918 with the overlap), the bound a seventh lower than at one in four (MUFU 1.75, issue 1.0, 1540 a
+// pair). Three in four would leave the MUFU at 1.25 and make issue (about 1.5) the bound: no gain.
 // d128 / d256 / 192: the MUFU is under the tensor pipe already (0.5, 0.25, 0.4 an MMA; with softcap 1.0, 0.5, 0.8),
 // so they keep it all.
 template <int DQK, int DV, bool SC> struct Fa90Fex { enum { V = 0 }; };
-template <> struct Fa90Fex<64, 64, true> { enum { V = 1 }; };
+template <> struct Fa90Fex<64, 64, true> { enum { V = 2 }; };
+// Fa90FexEdge: FEX of the steps outside the hot pair loop (its edge steps, the B step after a failed A), which run
+// once a work tile: at most one in four. They are straight-line code ptxas schedules wider than the loop, and at
+// two in four they spilled (varlen 248 bytes, paged 364), for no gain in a step that runs once.
+template <int DQK, int DV, bool SC> struct Fa90FexEdge {
+    enum { V = Fa90Fex<DQK, DV, SC>::V < 1 ? Fa90Fex<DQK, DV, SC>::V : 1 };
+};
 
 #define FA90_SMEM_BYTES(DQK, DV, BC, ST) (FA90_BR * (DQK) * 2 + (ST) * (BC) * ((DQK) + (DV)) * 2 + 1024)
 // The FP8 paged kernels that stage the cache's bytes (fa90_gather_rows_staged, d256) take this many more after it
@@ -300,7 +306,7 @@ __device__ __forceinline__ void fa90_pack(const float (&s)[BC / 2], unsigned (&p
 // the lazy softmax failed (for the warp, or with WG for the whole warpgroup: see fa90_softmax_lazy); s then holds
 // the lazy P for fa90_redo. o is left alone from the P V wgmmas to wait<0>.
 template <typename T, int DQK, int DV, int BC, bool QREG, bool SC, bool PP, bool WG = false,
-          bool OV = (bool)Fa90Ovl<DQK, DV, SC>::V>
+          bool OV = (bool)Fa90Ovl<DQK, DV, SC>::V, int FX = Fa90Fex<DQK, DV, SC>::V>
 __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC / 16][4], float (&s)[BC / 2],
                                           const unsigned (&qa)[DQK / 16][4], const float (&m)[2], float (&l)[2],
                                           unsigned long long dq, unsigned long long dk, unsigned long long dv,
@@ -316,7 +322,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     pk_mbarrier_wait_parity(fb, parity);
     if constexpr (PP) pk_bar_sync_aligned(pp, 256);  // this warpgroup's turn (warps converged)
     pk_wgmma_fence();
-    if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 softcap, d64 edge steps)
+    if constexpr (!OV) {  // one wgmma group (P V, then S), the softmax after both (d64 edge steps; Fa90OvlOut)
         fa90_issue_pv<T, DV, BC>(o, pa, dv);
         fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
         pk_wgmma_commit();
@@ -324,7 +330,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
         pk_wgmma_wait<0>();
         pk_mbarrier_arrive(fb + 2);
         fa90_cap<SC, BC>(s, pre);
-        return fa90_softmax_lazy<T, DV, BC, WG, Fa90Fex<DQK, DV, SC>::V>(s, m, l, pa, sl2, bar);  // s keeps the scores
+        return fa90_softmax_lazy<T, DV, BC, WG, FX>(s, m, l, pa, sl2, bar);  // s keeps the scores
     }
     fa90_issue_scores<T, DQK, BC, QREG>(s, qa, dq, dk);
     pk_wgmma_commit();
@@ -333,7 +339,7 @@ __device__ __forceinline__ bool fa90_step(float (&o)[DV / 2], unsigned (&pa)[BC 
     if constexpr (PP) pk_bar_arrive_aligned(pp ^ 7, 256);  // the other's turn, while these run
     pk_wgmma_wait<1>();  // S has landed; O += P V runs on under the softmax
     fa90_cap<SC, BC>(s, pre);
-    const bool ok = fa90_softmax_lazy_ip<BC, WG, Fa90Fex<DQK, DV, SC>::V>(s, m, l, sl2, bar);
+    const bool ok = fa90_softmax_lazy_ip<BC, WG, FX>(s, m, l, sl2, bar);
     pk_wgmma_wait<0>();
     pk_mbarrier_arrive(fb + 2);
     // P pinned after the wait: otherwise the compiler narrows part of it early, into the P registers P V still
@@ -741,7 +747,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     constexpr int BC = Cfg::BC, ST = Cfg::STAGES, NBK = QB::BOXES, NBV = VB::BOXES;
     constexpr bool QREG = Cfg::QREG;
     static_assert(!QREG || QB::COLS == 64, "QREG reads Q's 128B-swizzled boxes");
-    constexpr bool PP = Fa90Pp<DQK, DV, SC, PAGED>::V;
+    constexpr bool PP = Cfg::PP;
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     extern __shared__ __align__(1024) unsigned char fa90_smem[];
     unsigned char* qs = fa90_smem;
@@ -965,7 +971,11 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         const unsigned sa = i % ST;
         fa90_scores<T, DQK, BC, QREG>(s, qa, dq, pk_wgmma_desc_advance(dk0, sa * K_BYTES), &full[sa], (i / ST) & 1);
         fa90_cap<SC, BC>(s, pre);
-        if (!fa90_softmax_lazy<T, DV, BC>(s, m, l, pa, sl2)) fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
+        // The paged d64 softcap kernel (232 consumer registers) takes this tile's exact softmax at once: its lazy
+        // try keeps the scores beside P for the redo, and with the ping-pong that spilled a score (4 bytes). Once a
+        // work tile; the first steady tile's lazy try mostly fails anyway when no masked tile set m before it.
+        if ((PAGED && SC && QREG) || !fa90_softmax_lazy<T, DV, BC>(s, m, l, pa, sl2))
+            fa90_softmax_exact<T, DV, BC>(s, o, m, l, pa, sl2);
         i++;
         const unsigned i_end = i + (unsigned)(j - f0);  // one past the last tile
         // Consumer 1 gives consumer 0 the first turn of the ping-pong (fa90_step), where steps follow.
@@ -1006,9 +1016,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             // Pairs start at an even tile (the same parity for both steps of a pair): an odd next tile runs one step
             // first (into slot 1). OVE: whether these edge steps overlap (Fa90OvlEdge).
             constexpr bool OVE = Fa90OvlEdge<DQK, DV, SC>::V;
+            constexpr int FXE = Fa90FexEdge<DQK, DV, SC>::V;
             const bool stepped = i != i_end;  // steps follow (PP: consumer 1 opened the game above)
             if ((i & 1) && i != i_end) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE>(o, pa, s, qa, m, l, dq,
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE, FXE>(o, pa, s, qa, m, l, dq,
                                                                          pk_wgmma_desc_advance(dk0, K_BYTES), dv0,
                                                                          full + 1, (i / ST) & 1, sl2, pre))
                     fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + K_BYTES);
@@ -1047,11 +1058,16 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
             redo_a:  // A failed: its redo, then the pair's B step out of line
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
                 {
-                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP>(o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph,
-                                                                             sl2, pre);
+                    constexpr bool OVO = Fa90OvlOut<DQK, DV, SC>::V;
+                    const bool okb = fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVO, FXE>(
+                        o, pa, s, qa, m, l, dq, dkb, dvb, fbb, ph, sl2, pre);
                     rem -= 2;
                     ph ^= 1;
                     if (okb) continue;
+                    if constexpr (OVO != (bool)Fa90Ovl<DQK, DV, SC>::V) {  // its redo from s as OVO left it
+                        fa90_redo<T, DQK, DV, BC, SC, OVO>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);
+                        continue;
+                    }
                 }
             redo_b:
                 fa90_redo<T, DQK, DV, BC, SC>(s, o, m, l, pa, sl2, pre, qs, ks + (a ^ 1) * K_BYTES);
@@ -1059,7 +1075,7 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         hot_done:
             // An odd tile left over: one A step (slot a).
             if (rem) {
-                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph,
+                if (!fa90_step<T, DQK, DV, BC, QREG, SC, PP, false, OVE, FXE>(o, pa, s, qa, m, l, dq, dka, dva, fba, ph,
                                                                          sl2, pre))
                     fa90_redo<T, DQK, DV, BC, SC, OVE>(s, o, m, l, pa, sl2, pre, qs, ks + a * K_BYTES);
             }
@@ -1076,11 +1092,14 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
         }
         j = f0 - 1;
     }
+    // The trailing masked tiles' lane column t: the d64 softcap varlen / paged kernels compute it again (opaque, as
+    // row_e below), kept live through the loops it spilled a word (paged).
+    const int t_e = SC && VARLEN && QREG ? (int)(pk_opaque_u32(threadIdx.x) % 4) : t;
     for (; j >= kt0; j--, i++) {
         const unsigned st = i % ST;
         fa90_tile_masked<T, DQK, DV, BC, QREG, SC>(o, m, l, qa, dq, pk_wgmma_desc_advance(dk0, st * K_BYTES),
                                                    pk_wgmma_desc_advance(dv0, st * V_BYTES), &full[st], empty - st,
-                                                   (i / ST) & 1, sl2, pre, j * BC, rlo, rhi, t);
+                                                   (i / ST) & 1, sl2, pre, j * BC, rlo, rhi, t_e);
     }
 
     if constexpr (!VARLEN) {  // the tile's coordinates again (tile_info holds them until q_empty completes)
@@ -1093,8 +1112,10 @@ __device__ __forceinline__ void fa90_forward(const CUtensorMap* tq, const CUtens
     // SC, VARLEN and QREG (d64: Q in registers): pre holds one more register through the loops, and this kernel
     // then spilled row0; the first row of this lane is computed again here instead (from threadIdx.x, opaque so that
     // the compiler does not keep row0 live through the loops anyway). Not elsewhere: the dense d256 softcap kernel
-    // spilled with it, and the varlen d256 one's loop grew by 2 instructions.
-    const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(pk_opaque_u32(threadIdx.x) / 32) - 4) + g : row0;
+    // spilled with it, and the varlen d256 one's loop grew by 2 instructions. The lane's g as well (tx_e % 32 / 4):
+    // kept live, it and row0's parts spilled 8 bytes (varlen) with two exp2 n-tiles in four on the FMA pipe.
+    const unsigned tx_e = pk_opaque_u32(threadIdx.x);
+    const int row_e = SC && VARLEN && QREG ? q0 + 16 * ((int)(tx_e / 32) - 4) + (int)(tx_e % 32) / 4 : row0;
     const auto lse_at = [&](int row) { return lse + (o_row0 + row) * n_heads + h; };
     // The epilogue (FA3's): this consumer's 64 rows of O, normalised and rounded to T, go into its own 64 rows of
     // the Q tile (free: its S wgmmas have all completed, and the other consumer's rows are not touched), in the

@@ -40,21 +40,19 @@ _CFG = {64: (192, 2), 96: (128, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
 LOOP_TILES = {64: 2, 96: 1, 128: 1, 192: 1, 256: 2}
 # Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4):
-# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128 and d64 but d64 with
-# softcap (PAGED_SOFTCAP_NO_PING_PONG).
+# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128 and d64 (no paged
+# kernel at d96).
 PING_PONG = {64: True, 96: True, 128: True, 192: False, 256: False}
-# Head dims whose paged kernels with softcap keep the steady loop without the ping-pong (PING_PONG) of the varlen
-# kernel (the .cu's Fa90Pp): at d64 their 232 consumer registers (the paged producer takes 40) spilled a word with it.
-PAGED_SOFTCAP_NO_PING_PONG = (64,)
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
-# intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: off at d64 with softcap, where
-# the MUFU binds (the tanh and the exp2s) and the in-place P beside the FMA exp2 spilled.
-OVERLAP = {64: (True, False), 96: (True, True), 128: (True, True), 192: (True, True), 256: (True, True)}
+# intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: on everywhere (at d64 with
+# softcap since its two exp2 n-tiles in four on the FMA pipe: with one in four the in-place P spilled).
+OVERLAP = {64: (True, True), 96: (True, True), 128: (True, True), 192: (True, True), 256: (True, True)}
 # Of every 4 n-tiles (8 keys) of a steady-state key tile, how many take their exp2 on the FMA pipe (pk_exp2_fma)
 # rather than the MUFU, by head_dim, without / with softcap (the .cu's Fa90Fex): at d64 with softcap the MUFU binds
-# alone (the softcap's tanh doubles its work; two in four spilled there). Without softcap the d64 MUFU only ties
-# with the tensor pipe, so moving exp2s would add instructions (8 an exp2) and lower no bound.
-FMA_EXP2 = {64: (0, 1), 96: (0, 0), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
+# alone (the softcap's tanh doubles its work): two in four take it to 1.5 clocks an MMA, instruction issue to 1.25
+# (the steps outside the hot loop take one in four: Fa90FexEdge). Without softcap the d64 MUFU only ties with the
+# tensor pipe, so moving exp2s would add instructions (8 an exp2) and lower no bound.
+FMA_EXP2 = {64: (0, 2), 96: (0, 0), 128: (0, 0), 192: (0, 0), 256: (0, 0)}
 # Head dims whose dense forward walks several work tiles a CTA (Fa90Cfg PERSIST: the tile loop of fa90_forward): all
 # of them (d256 since its producer fits the tile loop in its 24 registers: 0 spills; its pair loop 404 a pair, 0.789).
 PERSISTENT = {64: True, 96: True, 128: True, 192: True, 256: True}
