@@ -696,7 +696,7 @@ def test_sm90_launches_at_192_128_take_that_shapes_kernels_and_dims():
         assert [lau.kernel for lau in got] == [h.bwd_kernel_name(p, 192, 1.0 if sc else 0.0, "_bf16", vl, d_v=128)
                                               for p in ("dkdv", "dq")]
     assert am.sm90_launches("bwd", s, names, build="2026-11-27")[0] == []
-    # with the fused kernels (FlashAttention-3's tiling, no softcap): one launch, 96-key CTAs, 64-query tiles, S, dK
+    # with the fused kernels (FlashAttention-3's tiling): one launch, 96-key CTAs, 64-query tiles, S, dK
     # and dQ over 192, dP and dV over 128, dQ's partials by bulk reduce-add (192 x 4 bytes a tile pair / 96 keys)
     fused = names + [h.bwd_fused_kernel_name(192, det, "_bf16", 0.0, vl, d_v=128) for det in (False, True)
                      for vl in (False, True)]
@@ -706,8 +706,13 @@ def test_sm90_launches_at_192_128_take_that_shapes_kernels_and_dims():
         assert why == "" and fu.kernel == name and fu.step == (64, 96) and fu.pair_dims == 3 * 192 + 2 * 128
         assert fu.smem == h.bwd_fused_shared_bytes(192, 128) == 218112 and fu.l2_red_pair == 8.0
         assert sum(fu.ctas) == sum(am._key_tiles(512, 512, True, 96, 64, 2))
+    # softcap: the pair where the list has no _softcap fused kernel, else that kernel (the same geometry)
     assert [lau.kernel for lau in am.sm90_launches("bwd", s, fused, softcap=True)[0]] == [
         h.bwd_kernel_name(p, 192, 1.0, "_bf16", False, d_v=128) for p in ("dkdv", "dq")]
+    fused_sc = fused + [h.bwd_fused_kernel_name(192, False, "_bf16", 1.0, False, d_v=128)]
+    (fu_sc,), why = am.sm90_launches("bwd", s, fused_sc, softcap=True)
+    assert why == "" and fu_sc.kernel == "attention_bwd_sm90_fused_d192_dv128_softcap_bf16"
+    assert (fu_sc.step, fu_sc.pair_dims, fu_sc.smem) == (fu.step, fu.pair_dims, fu.smem)
     # a head_dim_v with no sm_90a kernels of its own
     assert am.sm90_launches("bwd", am.Shape(1, 4, 512, 128, True, head_dim_v=64), names)[0] == []
 

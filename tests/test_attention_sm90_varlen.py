@@ -381,26 +381,28 @@ def test_varlen_backward_d256_det_same_bits_under_every_schedule(monkeypatch) ->
         close(name, got, ref, "flash_attention_varlen_backward", "bf16")
 
 
-def test_varlen_backward_192_128_det_same_bits_under_every_schedule(monkeypatch) -> None:
+@pytest.mark.parametrize("cap", [0.0, 2.0])
+def test_varlen_backward_192_128_det_same_bits_under_every_schedule(cap: float, monkeypatch) -> None:
     """deterministic=True at 192 / 128: the semaphore-ordered fused kernel on FlashAttention-3's tiling (96-key
-    CTAs, 64-query tiles, three accumulator runs a head); forward, reverse and random thread orders give the same
-    bits, equal to float64. An empty sequence, one with keys but no query, one with queries but no key, key tiles
-    that run into the next sequence, GQA 2."""
+    CTAs, 64-query tiles, three accumulator runs a head), without and with softcap; forward, reverse and random
+    thread orders give the same bits, equal to float64. An empty sequence, one with keys but no query, one with
+    queries but no key, key tiles that run into the next sequence, GQA 2."""
     from pykern.ops import flash_attention_varlen_backward
 
     rng = np.random.default_rng(10)
     lq, lk = [50, 0, 0, 130, 20], [100, 0, 7, 110, 0]
     q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 4, 2, 192, "bf16", dv=128)
     g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, 128, 128, "bf16")[0][0]
-    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, (-1, -1), 0.0)
+    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, (-1, -1), cap)
     out, lse = out64.astype(q.dtype), lse64.astype(np.float32)
     runs = []
     names = _record(monkeypatch)
     for schedule in ("forward", "reverse", "random:4"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
         runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
-                                                    deterministic=True, backend=HOST))
-    assert names[:3] == ["attention_bwd_tc_prep_bf16", "attention_bwd_varlen_sm90_fused_det_d192_dv128_bf16",
+                                                    softcap=cap, deterministic=True, backend=HOST))
+    assert names[:3] == ["attention_bwd_tc_prep_bf16",
+                         f"attention_bwd_varlen_sm90_fused_det_d192_dv128{'_softcap' if cap else ''}_bf16",
                          "attention_bwd_tc_dq_reduce_d64_bf16"]
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
@@ -424,8 +426,8 @@ def test_varlen_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -
 @pytest.mark.parametrize("case", VARLEN_192, ids=lambda c: "{}-h{}/{}-c{}-w{},{}-cap{}".format(
     c[7], c[2], c[3], int(c[4]), *c[5], c[6]))
 def test_varlen_backward_sm90_192_128_vs_float64(case, monkeypatch) -> None:
-    """head_dim 192, head_dim_v 128: the varlen backward is the sm_90a fused _d192_dv128 kernel (the dK/dV + dQ
-    pair with softcap), dq / dk / dv equal float64 per sequence (zero where a sequence has no query or no key)."""
+    """head_dim 192, head_dim_v 128: the varlen backward is the sm_90a fused _d192_dv128[_softcap] kernel, dq / dk /
+    dv equal float64 per sequence (zero where a sequence has no query or no key)."""
     from pykern.ops import flash_attention_varlen_backward
 
     lq, lk, h, kvh, causal, win, cap, kind = case
@@ -437,12 +439,10 @@ def test_varlen_backward_sm90_192_128_vs_float64(case, monkeypatch) -> None:
     dq, dk, dv = flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out64.astype(q.dtype),
                                                  lse=lse64.astype(np.float32), causal=causal, window_size=win,
                                                  softcap=cap, backend=HOST)
-    if cap > 0:  # the dK/dV + dQ pair keeps softcap at this shape
-        assert names == [f"attention_bwd_preprocess_{kind}", f"attention_bwd_varlen_sm90_dkdv_d192_dv128_softcap_{kind}",
-                         f"attention_bwd_varlen_sm90_dq_d192_dv128_softcap_{kind}"]
-    else:  # the fused kernel (FlashAttention-3's tiling), its accumulator's three 64-column runs narrowed by d64's pass
-        assert names == [f"attention_bwd_tc_prep_{kind}", f"attention_bwd_varlen_sm90_fused_d192_dv128_{kind}",
-                         f"attention_bwd_tc_dq_reduce_d64_{kind}"]
+    # the fused kernel (FlashAttention-3's tiling), its accumulator's three 64-column runs narrowed by d64's pass
+    assert names == [f"attention_bwd_tc_prep_{kind}",
+                     f"attention_bwd_varlen_sm90_fused_d192_dv128{'_softcap' if cap > 0 else ''}_{kind}",
+                     f"attention_bwd_tc_dq_reduce_d64_{kind}"]
     assert np.asarray(dv).shape == v.shape
     for name, got, ref in (("dq", dq, rq), ("dk", dk, rk), ("dv", dv, rv)):
         close(name, got, ref, "flash_attention_varlen_backward", kind)

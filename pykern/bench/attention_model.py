@@ -771,7 +771,7 @@ def _sm90_dv_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: boo
                       ) -> tuple[list[Launch], str]:
     """sm90_launches at head_dim_v < head_dim: the sm_90a kernels of that shape (pykern.ops._attention_sm90
     SHAPES / BWD_SHAPES: 192 / 128), their own tiles (the forward d128's; the backward's fused kernel, dq_mode
-    "atomic" or "deterministic", on 96-key CTAs and 64-query tiles where `kernels` has it and there is no softcap,
+    "atomic" or "deterministic", on 96-key CTAs and 64-query tiles where `kernels` has it (with or without softcap),
     else the pair: dK / dV on 16-query tiles, dQ on 64-key ones) and matmul dims: forward S over d and P V over
     dv; dK / dV S^T and dK over d, dP^T and dV over dv; dQ S and dQ over d, dP over dv. The 2026-11-27 build had
     none."""
@@ -800,7 +800,7 @@ def _sm90_dv_launches(phase: str, s: Shape, kernels: Sequence[str], softcap: boo
     det = dq_mode == "deterministic"
     fused = h.bwd_fused_kernel_name(d, det, "_bf16", 1.0 if softcap else 0.0, varlen, d_v=dv)
     if (d, dv) in h.BWD_FUSED_SHAPES and fused in kernels:
-        # the fused kernel on FlashAttention-3's tiling (no softcap: the pair keeps it): 96-key CTAs streaming
+        # the fused kernel on FlashAttention-3's tiling (softcap or not): 96-key CTAs streaming
         # 64-query tiles, S, dK and dQ over d, dP and dV over dv; dQ's partial (64 queries x d fp32 a tile pair)
         # leaves by bulk reduce-add (the "l2" term), its HBM bytes as sm90_launches counts them at the other dims
         rows, c = h.bwd_fused_rows(d, dv), h.bwd_fused_step(d, dv)

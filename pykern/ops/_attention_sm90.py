@@ -510,13 +510,12 @@ def try_backward(q: Any, k: Any, v: Any, g: Any, lse: Any, delta: Any, dims: tup
     return dq, dk, dv
 
 
-# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_d{64,96,128,256}[_softcap]): dense and
-# varlen, with or without softcap.
+# The fused dK / dV / dQ kernels (attention_bwd[_varlen]_sm90_fused[_det]_{d64,d96,d128,d256,d192_dv128}[_softcap]):
+# dense and varlen, with or without softcap.
 # the fused kernel's dQ^T split: two consumers of 32 queries (d64) or 64 head-dim rows (d128; d96: rows 0.. and
 # 32.. of its three 32-column boxes, rows 32..63 computed twice), or at d256 the split dK/dV kernel's 64 keys with
 # 128 head-dim rows a consumer (`bwd_dkdv_split`); at 192 / 128 FlashAttention-3's tiling (`bwd_fused_kt`: 96-key
-# CTAs, 64-query tiles, dQ's head-dim columns split between the consumers), without softcap (the dK/dV + dQ pair
-# keeps the _softcap calls at that shape)
+# CTAs, 64-query tiles, dQ's head-dim columns split between the consumers)
 BWD_FUSED_HEAD_DIMS = (64, 96, 128, 256)
 BWD_FUSED_SHAPES = (*((d, d) for d in BWD_FUSED_HEAD_DIMS), (192, 128))
 BWD_FUSED_PAD = 64  # the fp32 dQ accumulator's query rows are padded to a multiple of this (every query tile)
@@ -585,10 +584,9 @@ def bwd_fused_kernel_name(d: int, deterministic: bool, suffix: str, softcap: flo
 def backward_fused_usable(d: int, softcap: float, scale: float, q: Any, backend: str | None, *more: Any,
                           d_v: int | None = None) -> bool:
     """Whether the fused sm_90a backward runs this call (dense or varlen): `backward_usable` and (head_dim,
-    head_dim_v) in BWD_FUSED_SHAPES (d_v None: head_dim), with or without softcap where head_dim_v is head_dim,
-    without it at 192 / 128 (the pair takes softcap there)."""
+    head_dim_v) in BWD_FUSED_SHAPES (d_v None: head_dim), with or without softcap (the _softcap kernels)."""
     d_v = d if d_v is None else d_v
-    if (d, d_v) not in BWD_FUSED_SHAPES or (d_v != d and softcap > 0.0):
+    if (d, d_v) not in BWD_FUSED_SHAPES:
         return False
     return backward_usable(d, softcap, scale, q, backend, *more, d_v=d_v)
 

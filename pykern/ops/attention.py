@@ -721,8 +721,8 @@ def _tensor_cores(q, k, v, g, out, lse, kind, dims, scale, win, backend, stream=
 
 
 def _sm90_fused(q, k, v, g, out, lse, kind, dims, scale, win, deterministic, backend, stream=None):
-    """sm_90a, head_dim 64 / 96 / 128 / 256, with or without softcap, and 192 / head_dim_v 128 (dims' 7th, given
-    the forward's out and lse) without: FlashAttention-3's backward, one kernel per key tile
+    """sm_90a, head_dim 64 / 96 / 128 / 256 and 192 / head_dim_v 128 (dims' 7th, given the forward's out and
+    lse), with or without softcap: FlashAttention-3's backward, one kernel per key tile
     (kernels_cu/attention_bwd_sm90.cu's fused kernels) computing dK, dV and adding dQ's partials into an fp32
     accumulator (bulk reduce-adds; deterministic: in key-tile order per query tile, through semaphores); the
     pre-pass (delta, the lse / delta runs) zeroes the accumulator in the same launch (not at 192 / 128, whose
@@ -995,7 +995,7 @@ def attention_backward(
         if (method in ("auto", "tensor_cores") and kind != "f32" and out is not None and lse is not None
                 and tensor_cores_available(backend)
                 and _sm90_backward_usable(d, softcap, scale, q, backend, k, v, grad_out, d_v=d_v)):
-            # the fused dK/dV/dQ kernel where it applies (no softcap), else the dK/dV + dQ pair
+            # the fused dK/dV/dQ kernel where it applies (softcap or not), else the dK/dV + dQ pair
             if _sm90_fused_usable(d, softcap, scale, q, backend, k, v, grad_out, d_v=d_v):
                 grads = _sm90_fused(q, k, v, grad_out, out, lse, kind, (*dims, d_v), scale, win,
                                     bool(deterministic), backend, stream)

@@ -926,6 +926,11 @@ SM90_VARLEN_FUSED_BACKWARD_D96 = ((([5, 130, 0, 40], [9, 200, 3, 0]), 2, 1, 96, 
 SM90_FUSED_BACKWARD_192 = ((100, 200, 2, 1, False, (50, 20)), (150, 130, 4, 2, True, (-1, -1)))
 SM90_VARLEN_FUSED_BACKWARD_192 = ((([5, 100, 0], [9, 200, 3]), 2, 1, False, (-1, -1)),
                                   (([90, 1, 20], [60, 150, 0]), 4, 2, True, (-1, -1)))
+# Their _softcap kernels (atomic and _det, dense and varlen), the same tables' forms with the cap last: GQA 2,
+# causal and not, n_q > n_k (rows that see no key); a sequence with keys but no query, one with queries but no key.
+SM90_FUSED_BACKWARD_192_SOFTCAP = ((130, 200, 4, 2, False, (-1, -1), 2.0), (150, 100, 2, 1, True, (-1, -1), 2.5))
+SM90_VARLEN_FUSED_BACKWARD_192_SOFTCAP = ((([5, 100, 0], [9, 200, 3]), 2, 1, False, (-1, -1), 2.0),
+                                          (([70, 0, 20], [60, 150, 0]), 2, 1, True, (-1, -1), 2.5))
 # The backward's _softcap kernels and its d256 kernels: (n_q, n_k, heads, kv_heads, head_dim, causal, window,
 # softcap); caps that bend
 # most scores (~ N(0, 1) here), a window, GQA, n_q > n_k (rows that see no key) and n_q < n_k.
@@ -1227,6 +1232,12 @@ def _sm90_cases(rng: np.random.Generator) -> Iterator[Case]:
                 yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, 192, causal, window, det, dv=128)
             for (lq, lk), h, kvh, causal, window in SM90_VARLEN_FUSED_BACKWARD_192:
                 yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, 192, causal, window, 0.0, det, dv=128)
+    for kind in ("bf16", "f16"):  # and their _softcap kernels, drawn last so that every case above keeps its inputs
+        for det in (False, True):
+            for n_q, n_k, h, kvh, causal, window, cap in SM90_FUSED_BACKWARD_192_SOFTCAP:
+                yield _sm90_fused_backward(rng, kind, n_q, n_k, h, kvh, 192, causal, window, det, cap, dv=128)
+            for (lq, lk), h, kvh, causal, window, cap in SM90_VARLEN_FUSED_BACKWARD_192_SOFTCAP:
+                yield _sm90_varlen_fused_backward(rng, kind, lq, lk, h, kvh, 192, causal, window, cap, det, dv=128)
 
 
 def _sm90_fused_softcap_varlen(rng: np.random.Generator, kind: str, dense: Any, varlen: Any) -> Iterator[Case]:
