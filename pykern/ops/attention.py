@@ -1078,8 +1078,8 @@ def flash_attention_varlen_backward(
     bf16 or f16 on the tensor-core kernels (kernels_cu/attention_bwd_tc.cu, attention_bwd_varlen_tc_*: the dense
     backward's dK/dV and dQ kernels with a per-sequence prologue): fp32 accumulation, one writer per output
     element (deterministic), dK / dV summed over the GQA group inside one CTA. sm_80 or newer on the nvrtc
-    backend, the host backend, numba. On sm_90a at head_dim 64 / 96 / 128 (head_dim_v = head_dim) one fused wgmma
-    kernel per key tile computes dK, dV and adds dQ's partials into an fp32 accumulator (red.global.add.f32, the
+    backend, the host backend, numba. On sm_90a at head_dim 64 / 96 / 128 / 256 (head_dim_v = head_dim) and 192 /
+    128, softcap or not, one fused wgmma kernel per key tile computes dK, dV and adds dQ's partials into an fp32 accumulator (red.global.add.f32, the
     summation order varying run to run; deterministic=True: added in key-tile order per (sequence, head, query
     tile) through semaphores, bit-identical run to run).
     float32 (every arch and backend): kernels_cu/attention_bwd_fma.cu's attention_bwd_varlen_fma_dkdv / _dq, the
