@@ -93,7 +93,8 @@ def test_every_fitted_shape_within_15_percent(sass):
         # the calibrated model adds time to the bound; it is never faster
         assert r["after_s"] > r["before_s"]
     # the fused mma.sync backward: its 12 rows bound by the L2's atomic rate (the bound was 47-60% optimistic there)
-    fused = [r for r in rows if r["entry"] == "pykern_mma_sync" and r["phase"] == "bwd" and r["shape"]["head_dim"] < 256]
+    fused = [r for r in rows
+             if r["entry"] == "pykern_mma_sync" and r["phase"] == "bwd" and r["shape"]["head_dim"] < 256]
     assert len(fused) == 12 and all(r["binding"] == "l2 red (fused)" and abs(r["err_after"]) <= 0.15 for r in fused)
     assert all(r["err_before"] < -0.45 for r in fused)
     # before: the bound was 1.4-2.9x optimistic on the sm_90a forward

@@ -1358,8 +1358,8 @@ _HIDDEN_BY: dict[str, tuple[str, ...]] = {"smem": ("tensor",), "tensor": ("smem"
 
 
 def _unhidden(t: dict[str, float], top: str) -> float:
-    """The non-binding terms of an mma.sync CTA that rho_mma_sync scales: every term but the binding one and the
-    one its pipe hides (_HIDDEN_BY: shared memory and tensor hide each other)."""
+    """The non-binding terms of an mma.sync CTA that rho_mma_sync scales: every term but the binding one and those
+    it hides (_HIDDEN_BY: shared memory and tensor hide each other; both run beside the L2's dQ REDs, "l2 red")."""
     hidden = _HIDDEN_BY.get(top, ())
     return sum(v for n, v in t.items() if n != top and n not in hidden)
 
@@ -1508,9 +1508,9 @@ def fit(path: str | Path = MEASURED, sass: SassSource | SassSnapshot | None = No
     """The constants by least squares on log(model / measured) over the fitted points of `path` (Levenberg-Marquardt
     on the constants' logs, so they stay positive; deterministic), in two steps: sigma_tile_clk, rho_mma_sync,
     edge_bytes_clk and l2_red_clk (call_us held: HELD) over every fitted point but the sm_90a forward's (which none of
-    its terms touches but edge and call), then FWD_CONSTANTS over the sm_90a forward's rows alone, the others held. The second step
-    minimizes the largest |model / measured - 1| of those rows rather than a sum of squares (the project holds
-    the forward to every shape within 15%), by a compass search on the constants' logs from `start`'s values
+    its terms touches but edge and call), then FWD_CONSTANTS over the sm_90a forward's rows alone, the others held.
+    The second step minimizes the largest |model / measured - 1| of those rows rather than a sum of squares (the
+    project holds the forward to every shape within 15%), by a compass search on the constants' logs from `start`'s values
     (step 0.25, halved down to 1e-4; deterministic). sass: by default the measured build's snapshot
     (MEASURED_SASS): the SASS of the kernels that were timed."""
     import numpy as np
