@@ -198,17 +198,17 @@ def test_help_and_the_real_no_gpu_path():
 
 def test_help_counts_the_calibrated_models_constants_from_fitted():
     """The --compare / --fit help states how many constants the calibrated model has, and how many a refit moves,
-    as attention_model.FITTED and HELD hold them (six, call_us held: five refitted), never a count written by hand."""
+    as attention_model.FITTED and HELD hold them (seven, call_us held: six refitted), never a count written by hand."""
     from pykern.bench import attention_model as am
 
     flat = " ".join(cli._parser().format_help().split())
     names = list(am.FITTED.to_dict())
-    assert len(names) == 6 and am.HELD == ("call_us",)
-    assert "the bound plus six constants for what does not overlap" in flat
-    assert "refits five of them to JSON's pykern rows" in flat and "held at FITTED's value: call_us" in flat
-    assert "refit five of the calibrated model's six constants (held: call_us)" in flat
+    assert len(names) == 7 and am.HELD == ("call_us",)
+    assert "the bound plus seven constants for what does not overlap" in flat
+    assert "refits six of them to JSON's pykern rows" in flat and "held at FITTED's value: call_us" in flat
+    assert "refit six of the calibrated model's seven constants (held: call_us)" in flat
     assert ", ".join(names) in flat
-    assert "five constants" not in flat
+    assert "six constants" not in flat
 
 
 def test_peers_not_importable_are_skipped_and_a_broken_peer_is_an_error_row(monkeypatch):
