@@ -358,22 +358,29 @@ def test_varlen_backward_d256_det_same_bits_under_every_schedule(monkeypatch) ->
     """deterministic=True at head_dim 256: the semaphore-ordered fused d256 kernel (each consumer adds its half of
     the head dim into a run of its own); forward, reverse and random thread orders give the same bits, equal to
     float64. Sequences with keys but no query and queries but no key, key tiles that run into the next sequence."""
-    from pykern.ops import flash_attention_varlen_backward
-
     rng = np.random.default_rng(9)
     lq, lk = [50, 0, 70, 20], [100, 7, 90, 0]
     q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 2, 1, 256, "bf16")
     g = fa_inputs(rng, 1, sum(lq), 1, 2, 1, 256, 256, "bf16")[0][0]
-    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, (-1, -1), 0.0)
+    _det_same_bits_as_float64(monkeypatch, q, k, v, g, cu_q, cu_k, 0.0,
+                              ["attention_bwd_tc_prep_bf16", "attention_bwd_varlen_sm90_fused_det_d256_bf16",
+                               "attention_bwd_tc_dq_reduce_d128_bf16"])
+
+
+def _det_same_bits_as_float64(monkeypatch, q, k, v, g, cu_q, cu_k, cap: float, launches: list[str]) -> None:
+    """Causal deterministic=True on the host under the forward, reverse and random schedules: the launches begin
+    with `launches`, the three runs give the same bits, and the first equals float64 within the bf16 rows."""
+    from pykern.ops import flash_attention_varlen_backward
+
+    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, (-1, -1), cap)
     out, lse = out64.astype(q.dtype), lse64.astype(np.float32)
     runs = []
     names = _record(monkeypatch)
     for schedule in ("forward", "reverse", "random:4"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
         runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
-                                                    deterministic=True, backend=HOST))
-    assert names[:3] == ["attention_bwd_tc_prep_bf16", "attention_bwd_varlen_sm90_fused_det_d256_bf16",
-                         "attention_bwd_tc_dq_reduce_d128_bf16"]
+                                                    softcap=cap, deterministic=True, backend=HOST))
+    assert names[:len(launches)] == launches
     for other in runs[1:]:
         for a, b in zip(runs[0], other):
             np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
@@ -387,28 +394,14 @@ def test_varlen_backward_192_128_det_same_bits_under_every_schedule(cap: float, 
     CTAs, 64-query tiles, three accumulator runs a head), without and with softcap; forward, reverse and random
     thread orders give the same bits, equal to float64. An empty sequence, one with keys but no query, one with
     queries but no key, key tiles that run into the next sequence, GQA 2."""
-    from pykern.ops import flash_attention_varlen_backward
-
     rng = np.random.default_rng(10)
     lq, lk = [50, 0, 0, 130, 20], [100, 0, 7, 110, 0]
     q, k, v, cu_q, cu_k = _ragged(rng, lq, lk, 4, 2, 192, "bf16", dv=128)
     g = fa_inputs(rng, 1, sum(lq), 1, 4, 1, 128, 128, "bf16")[0][0]
-    out64, lse64, rq, rk, rv = _np_varlen_grads(q, k, v, g, cu_q, cu_k, True, (-1, -1), cap)
-    out, lse = out64.astype(q.dtype), lse64.astype(np.float32)
-    runs = []
-    names = _record(monkeypatch)
-    for schedule in ("forward", "reverse", "random:4"):
-        monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
-        runs.append(flash_attention_varlen_backward(q, k, v, g, cu_q, cu_k, out=out, lse=lse, causal=True,
-                                                    softcap=cap, deterministic=True, backend=HOST))
-    assert names[:3] == ["attention_bwd_tc_prep_bf16",
-                         f"attention_bwd_varlen_sm90_fused_det_d192_dv128{'_softcap' if cap else ''}_bf16",
-                         "attention_bwd_tc_dq_reduce_d64_bf16"]
-    for other in runs[1:]:
-        for a, b in zip(runs[0], other):
-            np.testing.assert_array_equal(np.asarray(a).view(np.uint16), np.asarray(b).view(np.uint16))
-    for name, got, ref in zip(("dq", "dk", "dv"), runs[0], (rq, rk, rv)):
-        close(name, got, ref, "flash_attention_varlen_backward", "bf16")
+    _det_same_bits_as_float64(monkeypatch, q, k, v, g, cu_q, cu_k, cap,
+                              ["attention_bwd_tc_prep_bf16",
+                               f"attention_bwd_varlen_sm90_fused_det_d192_dv128{'_softcap' if cap else ''}_bf16",
+                               "attention_bwd_tc_dq_reduce_d64_bf16"])
 
 
 def test_varlen_backward_keeps_mma_sync_where_sm90_does_not_apply(monkeypatch) -> None:
