@@ -135,6 +135,44 @@ __device__ __forceinline__ void ab90_two_products(float (&x)[C / 2], float (&y)[
 //   consumer's reads of the tile before), then computes dQ^T (64 head-dim rows x 32 queries) = K^T dS^T over
 //   the CTA's 128 keys (wgmma SS, K MN-major as A): consumer c takes head-dim rows 64c.. at d128 (C = 32) and
 //   queries 32c.. at d64 (C = 64).
+// A backward CTA's key tile and the query tiles it walks (ab90_dkdv, ab90_fused_kt). DQA 2 with a bounded right
+// side (causal, windows): key tile kt first meets query tiles that the key tiles above it met earlier in their
+// walks, so a query tile's adds go in descending key-tile order (desc), and the CTAs of a (batch, kv head) launch
+// in that order too (a CTA only ever waits for CTAs launched before it). sem_tiles: query tiles per (batch or
+// sequence, head) in the semaphore array, at the grid's n_q (VL: max_seqlen_q). q_row0 / k_row0 / mb: the TMA
+// coordinates' row origin and batch of the sequence (VL: the packed rows as one batch; n_q, n_k and the window
+// then clamped to the sequence). False where the key tile lies past the sequence's end: CTA-uniform, so the
+// caller returns before any barrier.
+struct Ab90KeyTile {
+    bool desc;
+    int kt, b, kvh, group, k0, sem_tiles, q_row0, k_row0, mb, qt0, qt1, steps;
+    PkAttnSpan span;
+};
+template <int R, int C, int DQA, bool VL>
+__device__ __forceinline__ bool ab90_key_tile(Ab90KeyTile& t, int& n_q, int& n_k, int& window_left,
+                                              int& window_right, int n_heads, int n_kv_heads,
+                                              const int* __restrict__ cu_q, const int* __restrict__ cu_k) {
+    const int n_kt = (n_k + R - 1) / R;
+    t.desc = DQA == 2 && window_right < n_q;
+    const int bkv = blockIdx.x / n_kt;
+    t.kt = t.desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
+    t.b = bkv / n_kv_heads, t.kvh = bkv % n_kv_heads, t.group = n_heads / n_kv_heads;
+    t.k0 = t.kt * R;
+    t.sem_tiles = (n_q + C - 1) / C;
+    t.q_row0 = 0, t.k_row0 = 0, t.mb = t.b;
+    if constexpr (VL) {
+        t.q_row0 = cu_q[t.b], t.k_row0 = cu_k[t.b], t.mb = 0;
+        n_q = max(cu_q[t.b + 1] - t.q_row0, 0), n_k = max(cu_k[t.b + 1] - t.k_row0, 0);
+        if (t.k0 >= n_k) return false;
+        window_left = min(window_left, n_k), window_right = min(window_right, n_q);
+    }
+    const int k_last = min(t.k0 + R, n_k) - 1;
+    t.span = pk_attn_k_span(t.k0, k_last, n_q, n_k, window_left, window_right);
+    t.qt0 = t.span.lo / C, t.qt1 = t.span.hi < t.span.lo ? t.qt0 : t.span.hi / C + 1;
+    t.steps = (t.qt1 - t.qt0) * t.group;
+    return true;
+}
+
 template <typename T, int D, int DV, bool SC, bool VL, int DQA = 0>
 __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorMap* tk, const CUtensorMap* tv,
                                           const CUtensorMap* tdo, const float* __restrict__ lse,
@@ -182,29 +220,15 @@ __device__ __forceinline__ void ab90_dkdv(const CUtensorMap* tq, const CUtensorM
                   "the carve-up above is the op's shared_mem (AB90_DKDV_SMEM_BYTES)");
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int n_kt = (n_k + R - 1) / R;
-    // DQA 2 with a bounded right side (causal, windows): key tile kt first meets query tiles that the key tiles
-    // above it met earlier in their walks, so a query tile's adds go in descending key-tile order, and the CTAs
-    // of a (batch, kv head) launch in that order too (a CTA only ever waits for CTAs launched before it)
-    const bool desc = DQA == 2 && window_right < n_q;
-    const int bkv = blockIdx.x / n_kt, kt = desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
-    const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
-    const int k0 = kt * R;
-    // DQA 2: query tiles per (batch or sequence, head) in the semaphore array, at the grid's n_q (VL: max_seqlen_q)
-    const int sem_tiles = (n_q + C - 1) / C;
-    // TMA coordinates: row origin and batch of the sequence (VL: the packed rows as one batch)
-    int q_row0 = 0, k_row0 = 0, mb = b;
-    if constexpr (VL) {
-        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
-        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
-        if (k0 >= n_k) return;  // CTA-uniform, before any barrier
-        window_left = min(window_left, n_k), window_right = min(window_right, n_q);
-    }
+    Ab90KeyTile ktile;
+    if (!ab90_key_tile<R, C, DQA, VL>(ktile, n_q, n_k, window_left, window_right, n_heads, n_kv_heads, cu_q, cu_k))
+        return;
     (void)batch;
-    const int k_last = min(k0 + R, n_k) - 1;
-    const PkAttnSpan span = pk_attn_k_span(k0, k_last, n_q, n_k, window_left, window_right);
-    const int qt0 = span.lo / C, qt1 = span.hi < span.lo ? qt0 : span.hi / C + 1;
-    const int steps = (qt1 - qt0) * group;
+    const bool desc = ktile.desc;
+    const int kt = ktile.kt, b = ktile.b, kvh = ktile.kvh, group = ktile.group, k0 = ktile.k0;
+    const int sem_tiles = ktile.sem_tiles, q_row0 = ktile.q_row0, k_row0 = ktile.k_row0, mb = ktile.mb;
+    const int qt0 = ktile.qt0, qt1 = ktile.qt1, steps = ktile.steps;
+    const PkAttnSpan span = ktile.span;
 
     pk_ring_init<ST>(kv_full, full, empty, 256);
 
@@ -646,24 +670,15 @@ __device__ __forceinline__ void ab90_fused_kt(const CUtensorMap* tq, const CUten
                       AB90_KT_SMEM_BYTES(D, DV), "the carve-up above is the op's shared_mem (AB90_KT_SMEM_BYTES)");
 
     const int tid = threadIdx.x, wg = tid / 128;
-    const int n_kt = (n_k + R - 1) / R;
-    const bool desc = DQA == 2 && window_right < n_q;  // as ab90_dkdv
-    const int bkv = blockIdx.x / n_kt, kt = desc ? n_kt - 1 - (int)(blockIdx.x % n_kt) : blockIdx.x % n_kt;
-    const int b = bkv / n_kv_heads, kvh = bkv % n_kv_heads, group = n_heads / n_kv_heads;
-    const int k0 = kt * R;
-    const int sem_tiles = (n_q + C - 1) / C;
-    int q_row0 = 0, k_row0 = 0, mb = b;
-    if constexpr (VL) {
-        q_row0 = cu_q[b], k_row0 = cu_k[b], mb = 0;
-        n_q = max(cu_q[b + 1] - q_row0, 0), n_k = max(cu_k[b + 1] - k_row0, 0);
-        if (k0 >= n_k) return;  // CTA-uniform, before any barrier
-        window_left = min(window_left, n_k), window_right = min(window_right, n_q);
-    }
+    Ab90KeyTile ktile;
+    if (!ab90_key_tile<R, C, DQA, VL>(ktile, n_q, n_k, window_left, window_right, n_heads, n_kv_heads, cu_q, cu_k))
+        return;
     (void)batch;
-    const int k_last = min(k0 + R, n_k) - 1;
-    const PkAttnSpan span = pk_attn_k_span(k0, k_last, n_q, n_k, window_left, window_right);
-    const int qt0 = span.lo / C, qt1 = span.hi < span.lo ? qt0 : span.hi / C + 1;
-    const int steps = (qt1 - qt0) * group;
+    const bool desc = ktile.desc;
+    const int kt = ktile.kt, b = ktile.b, kvh = ktile.kvh, group = ktile.group, k0 = ktile.k0;
+    const int sem_tiles = ktile.sem_tiles, q_row0 = ktile.q_row0, k_row0 = ktile.k_row0, mb = ktile.mb;
+    const int qt0 = ktile.qt0, qt1 = ktile.qt1, steps = ktile.steps;
+    const PkAttnSpan span = ktile.span;
 
     pk_ring_init<ST>(kv_full, full, empty, 256);
 
