@@ -76,10 +76,14 @@ def nvrtc_module(src: Path | str, arch: str) -> Any:
 
 def compile_sass(src: Path, arch: str) -> tuple[Any, str]:
     """src compiled by NVRTC for arch (nvrtc_module: through the run's cache) and disassembled: (module, SASS)."""
+    from pykern.errors import CompileError
+
     sr = report()
     try:
         tool = sr.find_cuobjdump()
         mod = nvrtc_module(src, arch)
+    except CompileError:  # the source does not compile: a failure, never a skip
+        raise
     except Exception as e:  # no NVRTC / cuobjdump here
         pytest.skip(f"NVRTC or cuobjdump unavailable: {e}")
     return mod, sr.disassemble(mod.image, tool)
