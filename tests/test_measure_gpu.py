@@ -53,7 +53,7 @@ def _mg():
     return mg
 
 
-SESSION = ("--dtypes", "bf16", "f16", "--dims", "128", "64", "256", "192/128", "--extra-dims", "96")
+WANTED = ("--dtypes", "bf16", "f16", "--dims", "128", "64", "256", "192/128", "--extra-dims", "96")
 
 
 def _list(*args: str) -> list[list[str]]:
@@ -63,7 +63,7 @@ def _list(*args: str) -> list[list[str]]:
 
 
 def test_list_orders_the_most_wanted_rows_first():
-    rows = _list(*SESSION)
+    rows = _list(*WANTED)
     assert len(rows) == 2 * 4 * 2 * 3 + 2 * 3  # 2 dtypes x 4 dims x causal / not x 3 seqs, then d96's bf16 set
     key = [(r[1], r[2], r[3], int(r[4])) for r in rows]
     long = [k for k in key if k[3] >= 4096]

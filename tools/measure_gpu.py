@@ -290,7 +290,7 @@ def attention_estimate(plan: list[dict[str, Any]], reps: int) -> list[float]:
 
 def attention_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[tuple[int, int]], list[tuple[int, int]],
                                                         tuple[int, ...]]:
-    """(dtypes, dims, extra_dims, seqs) of the options: --dims (default 64 128; --d256, kept for the session script
+    """(dtypes, dims, extra_dims, seqs) of the options: --dims (default 64 128; --d256, kept for gpu_session.sh
     and the docs, adds 256), --dtypes (default bf16), --extra-dims, --seqs (default 1k 4k 16k; --quick 1k 4k)."""
     dims = list(args.dims or [(64, 64), (128, 128)])
     if args.d256 and (256, 256) not in dims:
