@@ -201,8 +201,9 @@ ATTN_PRIMARY = ("sdpa_flash", "sdpa_cudnn", "pykern", "flashinfer", "fa4")
 # the peers pykern's ratio is taken against (summary): the best of these that ran, per row and per phase
 ATTN_PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4", "flashinfer")
 ATTN_DTYPES = ("bf16", "f16")
-# Modelled cost of the plan (--list): rates of the order the 2026-11-27 H200 rows measured (pykern and cuDNN forward
-# 350-600 TFLOP/s, forward + backward 250-450), the lower ends so the estimate errs long; FA4's CuTe DSL compile of a
+# Modelled cost of the plan (--list): rates a little under the mean of the four implementations the 2026-11-27 H200
+# run timed over its 18 shapes (forward 382 TFLOP/s, forward + backward 265), so the estimate errs long; FA4's CuTe
+# DSL compile of a
 # new (dtype, d, dv, causal), forward and backward, as FA4's users report it (about 8 s for a dense forward
 # specialisation, tens of seconds for a backward); a cuDNN graph build per new shape and direction. FlashInfer costs
 # nothing here: its prefill is timed only where its JIT module is built already (flashinfer_prefill_built).
@@ -342,7 +343,8 @@ def attention(args: argparse.Namespace) -> None:
     192 / 128 (dv != d): torch's SDPA flash backend (FA2) takes only q, k, v of one head dim (sdp_utils.cpp,
     check_head_dim_size_flash), so its entry carries that error; the cuDNN backend takes d_qk 192 with d_v 128 on
     sm_90 / sm_100 from cuDNN 9.11 (check_cudnn_tensor_shapes, and check_cudnn_d256_bprop_head_dim for the backward),
-    as read in torch's source; FA4's flash_attn_func takes head_dim_v != head_dim on sm_90 (8 to 256 each). A
+    as read in torch's main-branch source (the GPU machine's torch 2.11 was not read line by line: a refusal there
+    is an error entry); FA4's flash_attn_func takes head_dim_v != head_dim on sm_90 (8 to 256 each). A
     reference is the first implementation that ran (`ref` in the row)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
