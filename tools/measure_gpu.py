@@ -203,10 +203,9 @@ ATTN_PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4", "flashinfer")
 ATTN_DTYPES = ("bf16", "f16")
 # Modelled cost of the plan (--list): rates a little under the mean of the four implementations the 2026-11-27 H200
 # run timed over its 18 shapes (forward 382 TFLOP/s, forward + backward 265), so the estimate errs long; FA4's CuTe
-# DSL compile of a
-# new (dtype, d, dv, causal), forward and backward, as FA4's users report it (about 8 s for a dense forward
-# specialisation, tens of seconds for a backward); a cuDNN graph build per new shape and direction. FlashInfer costs
-# nothing here: its prefill is timed only where its JIT module is built already (flashinfer_prefill_built).
+# DSL compile of a new (dtype, d, dv, causal), forward and backward, as FA4's users report it (about 8 s for a dense
+# forward specialisation, tens of seconds for a backward); a cuDNN graph build per row and direction. FlashInfer
+# costs nothing here: its prefill is timed only where its JIT module is built already (flashinfer_prefill_built).
 EST_FWD_FLOPS, EST_FWDBWD_FLOPS = 350e12, 250e12
 EST_FA4_COMPILE_S = {"fwd": 10.0, "bwd": 30.0}
 EST_CUDNN_GRAPH_S = 0.5
@@ -262,7 +261,7 @@ def attention_plan(dtypes: Any = ("bf16",), dims: Any = ((64, 64), (128, 128)), 
 def attention_estimate(plan: list[dict[str, Any]], reps: int) -> list[float]:
     """Modelled seconds each planned row takes (see EST_*): the timed calls at the modelled rates, the GPU sleep ahead
     of each (SLEEP_CYCLES, about 1 ms), FA4's compile the first time a (dtype, d, dv, causal) comes, cuDNN's graph
-    builds. A bound of our own making, not a measurement: it orders and sizes the stage, nothing more."""
+    builds. An estimate of our own making, not a measurement: it orders and sizes the stage, nothing more."""
     seen: set[tuple] = set()
     sleep = SLEEP_CYCLES / 1.98e9
     out = []
