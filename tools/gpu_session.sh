@@ -18,6 +18,7 @@
 # DECODE_ARGS limits the decode stage's shapes (--batches 1 8 --lengths 1024 --kv bf16); NCU_SMALL_SHAPES (';'
 # between shapes) the decode shapes profiled kernel by kernel, NCU_SMALL_SECTIONS their sections;
 # SANITIZER_KERNELS the memcheck stage's kernels; PYTEST_ARGS narrows pytest -m gpu (-k EXPR, test files);
+# ATTN_ARGS replaces the attention stage's options (--dtypes, --dims, --extra-dims, --seqs), ATTN_S its limit;
 # MEMBOUND_ARGS adds pykern.bench options (--compile: torch.compile rows), MEMBOUND_S its limit; DECODE_GRAPH_S the
 # limit of the decode_graph stage (a 32-layer decode step captured in one CUDA graph, measure_gpu.py decode-graph).
 # Peers that torch does not carry are timed when tools/peers.py has unpacked them into .peers/site (two calls:
@@ -98,7 +99,12 @@ echo "--- difftest cases not ok:"
 grep -h -E " (FAIL|ERROR|fail|error)" "$WORK"/difftest_*.log | head -40
 grep -h -E "cases passed" "$WORK"/difftest_*.log
 
-TAILN=3 stage attention 120 $PY tools/measure_gpu.py attention --d256 --json "$OUT/attention.json"
+# attention: every shape the Hopper work needs, most wanted rows first and each written to attention.json as it is
+# measured (measure_gpu.py attention --list prints the plan and its modelled seconds: 136 s without FA4, about 870 s
+# with FA4's CuTe DSL compiles, 40 s a (dtype, d, dv, causal)); the limit keeps the bf16 4k / 16k rows of d128, d64
+# and d256 with FA4 (289 s modelled), every row without it. ATTN_ARGS replaces the plan's options, ATTN_S the limit.
+TAILN=3 stage attention "${ATTN_S:-300}" $PY tools/measure_gpu.py attention \
+  ${ATTN_ARGS:---dtypes bf16 f16 --dims 128 64 256 192/128 --extra-dims 96} --json "$OUT/attention.json"
 TAILN=3 stage decode 100 $PY tools/measure_gpu.py decode ${DECODE_ARGS:-} --json "$OUT/decode.json"
 TAILN=3 stage decode_graph "${DECODE_GRAPH_S:-45}" $PY tools/measure_gpu.py decode-graph --json "$OUT/decode_graph.json"
 TAILN=3 stage sampling 30 $PY tools/measure_gpu.py sampling --json "$OUT/sampling.json"

@@ -6,6 +6,10 @@
                                                     # paths, deterministic mode, the FP8 forward), SDPA's flash
                                                     # (FlashAttention-2) and cuDNN backends (cuDNN FP8 where
                                                     # torch takes float8 inputs)
+    python tools/measure_gpu.py attention --dtypes bf16 f16 --dims 128 64 256 192/128 --extra-dims 96
+                                                    # the shapes the Hopper work needs (192/128: q, k head dim
+                                                    # 192, v 128); --list prints the planned rows and their
+                                                    # modelled seconds without a GPU
     python tools/measure_gpu.py decode              # paged decode GB/s (bf16 and e4m3 KV, GQA 1/4/8) beside
                                                     # torch SDPA on a contiguous cache; correctness and
                                                     # run-to-run identity of the one-launch split merge
@@ -38,9 +42,12 @@ the end event, so the events time GPU work alone; the host time of a call is mea
 buffer of twice the L2 is read (summed, outside the events: pykern.bench's flush), so data that would fit
 the L2 is still read from HBM, and no dirty line is left for the timed call to write back.
 Attention shapes follow FlashAttention-2's benchmark: 16k tokens a batch (batch = 16384 / seq),
-hidden 2048 (heads = 2048 / head_dim); FLOPs as FA2 counts them (forward 4 * seq^2 * d * heads *
-batch, halved when causal; backward 2.5x that). Each output is compared with SDPA's flash backend
-on the same inputs (rel_err_vs_first), and each decode output with fp32 SDPA on the gathered cache.
+hidden 2048 (heads = 2048 // head_dim of q and k); FLOPs as FA2 counts them (forward 2 * seq^2 * heads * batch *
+(d + dv), i.e. 4 * seq^2 * d * heads * batch where dv = d, halved when causal; backward 2.5x that). Each attention
+output is compared with the row's first implementation that ran on the same inputs (SDPA's flash backend, or
+cuDNN's where flash refuses the shape: rel_err_vs_first, `ref` in the row), and each decode output with fp32 SDPA
+on the gathered cache. Attention rows carry "dtype" ("bf16" or "f16"; rows written before it are bf16) and "dv"
+where v's head dim differs from d.
 """
 from __future__ import annotations
 
@@ -62,12 +69,24 @@ import torch.nn.functional as F
 from pykern.bench import SLEEP_CYCLES
 
 ROWS: list[dict[str, Any]] = []
+# --json's file, rewritten after every row (main sets it): a run that its time limit stops (timeout's SIGTERM ends
+# the process without running main's finally) still leaves every row it finished there.
+JSON_OUT: str | None = None
 
 
 def log(row: dict[str, Any]) -> None:
     ROWS.append(row)
     print(json.dumps(row), flush=True)
+    if JSON_OUT:
+        write_rows(JSON_OUT)
 
+
+def write_rows(path: str) -> None:
+    """ROWS to path, whole or not at all (a temporary file renamed over it: a kill mid-write leaves the last one)."""
+    tmp = f"{path}.tmp"
+    with open(tmp, "w") as f:
+        json.dump(ROWS, f, indent=1)
+    os.replace(tmp, path)
 
 
 def timed(fn: Callable[[], Any], reps: int, flush: Callable[[], Any] | None = None, warmup: int = 3) -> float:
@@ -172,107 +191,270 @@ def ceilings(args: argparse.Namespace) -> None:
 
 # --------------------------------------------------------------------------- attention
 
+# The implementations each row times, in this order (the first that runs is the reference of every rel_err_vs_first).
+# The bf16 rows time all of them; rows of another dtype, and the rows of --extra-dims, only pykern's sm_90a path and
+# the peers (pykern_mma_sync, pykern_deterministic and the FP8 pair are bf16 questions: a second dtype would only
+# double their time).
+ATTN_FULL = ("sdpa_flash", "sdpa_cudnn", "pykern", "pykern_mma_sync", "pykern_deterministic", "pykern_fp8",
+             "sdpa_cudnn_fp8", "flashinfer", "fa4")
+ATTN_PRIMARY = ("sdpa_flash", "sdpa_cudnn", "pykern", "flashinfer", "fa4")
+# the peers pykern's ratio is taken against (summary): the best of these that ran, per row and per phase
+ATTN_PEERS = ("sdpa_flash", "sdpa_cudnn", "fa4", "flashinfer")
+ATTN_DTYPES = ("bf16", "f16")
+# Modelled cost of the plan (--list): rates a little under the mean of the four implementations the 2026-11-27 H200
+# run timed over its 18 shapes (forward 382 TFLOP/s, forward + backward 265), so the estimate errs long; FA4's CuTe
+# DSL compile of a new (dtype, d, dv, causal), forward and backward, as FA4's users report it (about 8 s for a dense
+# forward specialisation, tens of seconds for a backward); a cuDNN graph build per row and direction. FlashInfer
+# costs nothing here: its prefill is timed only where its JIT module is built already (flashinfer_prefill_built).
+EST_FWD_FLOPS, EST_FWDBWD_FLOPS = 350e12, 250e12
+EST_FA4_COMPILE_S = {"fwd": 10.0, "bwd": 30.0}
+EST_CUDNN_GRAPH_S = 0.5
+EST_ROW_SETUP_S = 0.3
+
+
+def parse_dim(s: str) -> tuple[int, int]:
+    """'128' -> (128, 128); '192/128' -> (192, 128): q and k's head_dim, then v's (and out's)."""
+    try:
+        parts = [int(p) for p in str(s).split("/")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or min(parts) < 1:
+        raise argparse.ArgumentTypeError(f"expected a head_dim (128) or q,k / v head dims (192/128), got {s!r}")
+    return parts[0], parts[-1]
+
+
+def attention_flop(batch: int, heads: int, seq: int, d: int, dv: int, causal: bool) -> float:
+    """Forward FLOPs as FA2 counts them: two GEMMs, q k^T (d) and p v (dv), 2 * seq^2 * heads * batch * (d + dv)
+    (4 * seq^2 * d * heads * batch when dv = d), halved when causal. The backward is counted as 2.5x that (FA2's
+    convention, exact when dv = d; its five GEMMs give (3d + 2dv) / (d + dv) = 2.6x at 192 / 128, so there the
+    backward TFLOP/s is 4% under the work done)."""
+    return 2.0 * batch * heads * seq * seq * (d + dv) / (2 if causal else 1)
+
+
+def attention_plan(dtypes: Any = ("bf16",), dims: Any = ((64, 64), (128, 128)), extra_dims: Any = (),
+                   seqs: Any = (1024, 4096, 16384)) -> list[dict[str, Any]]:
+    """The rows `attention` measures, in the order it measures them (most wanted first, so that a run stopped by its
+    time limit keeps those): sequences of 4k and up for each dtype in the order given and each head dim in the order
+    given, then the shorter sequences the same way, then the --extra-dims rows (first dtype only) long then short.
+    Shapes follow FA2's benchmark: 16k tokens a batch (batch = 16384 / seq), heads = 2048 // d (q and k's d)."""
+    seqs = tuple(seqs)
+    long, short = [n for n in seqs if n >= 4096], [n for n in seqs if n < 4096]
+    rows: list[dict[str, Any]] = []
+
+    def add(dt: str, dd: Any, ns: list[int], impls: tuple[str, ...]) -> None:
+        for d, dv in dd:
+            for causal in (False, True):
+                for n in ns:
+                    b, h = max(1, 16384 // n), max(1, 2048 // d)
+                    fl = attention_flop(b, h, n, d, dv, causal)
+                    row = {"what": "attention", "dtype": dt, "d": d, **({"dv": dv} if dv != d else {}),
+                           "causal": causal, "seq": n, "batch": b, "heads": h, "fwd_flop": fl, "bwd_flop": 2.5 * fl}
+                    rows.append({"row": row, "impls": impls})
+    for group in (long, short):
+        for dt in dtypes:
+            add(dt, dims, group, ATTN_FULL if dt == "bf16" else ATTN_PRIMARY)
+    for group in (long, short):
+        add(dtypes[0], extra_dims, group, ATTN_PRIMARY)
+    return rows
+
+
+def attention_estimate(plan: list[dict[str, Any]], reps: int) -> list[float]:
+    """Modelled seconds each planned row takes (see EST_*): the timed calls at the modelled rates, the GPU sleep ahead
+    of each (SLEEP_CYCLES, about 1 ms), FA4's compile the first time a (dtype, d, dv, causal) comes, cuDNN's graph
+    builds. An estimate of our own making, not a measurement: it orders and sizes the stage, nothing more."""
+    seen: set[tuple] = set()
+    sleep = SLEEP_CYCLES / 1.98e9
+    out = []
+    for p in plan:
+        r = p["row"]
+        tf, tfb = r["fwd_flop"] / EST_FWD_FLOPS, 3.5 * r["fwd_flop"] / EST_FWDBWD_FLOPS
+        s = EST_ROW_SETUP_S
+        for name in p["impls"]:
+            bwd = name not in ("pykern_fp8", "sdpa_cudnn_fp8", "flashinfer")
+            if name == "flashinfer":
+                continue  # timed only where already built: its calls are as cheap as the others', left out
+            # forward: 3 warm-up calls, the reference call, reps timed, host_overhead's 1 + 20 behind a 20x sleep
+            s += (3 + 1 + reps + 21) * tf + reps * sleep + 20 * sleep
+            if bwd:
+                s += (3 + reps) * tfb + reps * sleep
+            if name == "fa4":
+                key = (r["dtype"], r["d"], r.get("dv", r["d"]), r["causal"])
+                if key not in seen:
+                    seen.add(key)
+                    s += EST_FA4_COMPILE_S["fwd"] + EST_FA4_COMPILE_S["bwd"]
+            if name.startswith("sdpa_cudnn"):
+                s += EST_CUDNN_GRAPH_S * (2 if bwd else 1)
+        out.append(s)
+    return out
+
+
+def attention_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[tuple[int, int]], list[tuple[int, int]],
+                                                        tuple[int, ...]]:
+    """(dtypes, dims, extra_dims, seqs) of the options: --dims (default 64 128; --d256, kept for gpu_session.sh
+    and the docs, adds 256), --dtypes (default bf16), --extra-dims, --seqs (default 1k 4k 16k; --quick 1k 4k)."""
+    dims = list(args.dims or [(64, 64), (128, 128)])
+    if args.d256 and (256, 256) not in dims:
+        dims.append((256, 256))
+    seqs = tuple(args.seqs or ((1024, 4096) if args.quick else (1024, 4096, 16384)))
+    return tuple(args.dtypes or ("bf16",)), dims, list(args.extra_dims or []), seqs
+
+
+def attention_list(args: argparse.Namespace) -> None:
+    """--list: the planned rows, their implementations and the modelled seconds each (no GPU needed)."""
+    plan = attention_plan(*attention_args(args))
+    est = attention_estimate(plan, 5 if args.quick else 10)
+    total = 0.0
+    print(f"{'#':>3s} {'dtype':5s} {'d':9s} {'mask':6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} impls  est_s  cum_s")
+    for i, (p, s) in enumerate(zip(plan, est)):
+        r = p["row"]
+        total += s
+        d = f"d{r['d']}" + (f"/{r['dv']}" if "dv" in r else "")
+        print(f"{i:3d} {r['dtype']:5s} {d:9s} {'causal' if r['causal'] else 'full':6s} {r['seq']:6d} {r['batch']:5d} "
+              f"{r['heads']:5d} {len(p['impls']):5d} {s:6.1f} {total:6.1f}")
+    print(f"{len(plan)} rows, modelled {total:.0f} s (timed calls at {EST_FWD_FLOPS / 1e12:.0f} / "
+          f"{EST_FWDBWD_FLOPS / 1e12:.0f} TFLOP/s fwd / fwd+bwd, FA4 compiles {EST_FA4_COMPILE_S['fwd']:.0f} + "
+          f"{EST_FA4_COMPILE_S['bwd']:.0f} s a (dtype, d, dv, causal))")
+
+
+def flashinfer_prefill_built(dtype: Any, d: int, dv: int) -> str | None:
+    """None where FlashInfer's batch prefill module for (dtype, d, dv) is built already (tools/peers.py build
+    --groups prefill, or an AOT copy), else why it is not timed: its JIT build takes minutes a module, which would
+    spend the stage's time limit compiling."""
+    try:
+        from flashinfer.jit.attention import modules as m
+    except Exception as e:  # noqa: BLE001
+        return f"cannot tell whether FlashInfer's prefill module is built ({type(e).__name__}: {str(e)[:200]})"
+    for backend in ("fa3", "fa2"):
+        try:
+            spec = m.gen_batch_prefill_module(backend, dtype, dtype, dtype, torch.int32, d, dv, 0, False, False, False)
+            if spec.is_aot or spec.jit_library_path.exists():
+                return None
+        except Exception:  # noqa: BLE001 - a backend without this head dim: try the other
+            continue
+    return (f"FlashInfer's prefill module for {dtype} d{d}/{dv} is not built (tools/peers.py build --groups prefill): "
+            "not timed, its JIT build would take minutes")
+
+
 def attention(args: argparse.Namespace) -> None:
+    """Every row of attention_plan: each implementation's forward (and forward + backward where it has one) beside
+    the others on the same inputs. q and k are (batch, seq, heads, d), v (batch, seq, heads, dv).
+
+    192 / 128 (dv != d): torch's SDPA flash backend (FA2) takes only q, k, v of one head dim (sdp_utils.cpp,
+    check_head_dim_size_flash), so its entry carries that error; the cuDNN backend takes d_qk 192 with d_v 128 on
+    sm_90 / sm_100 from cuDNN 9.11 (check_cudnn_tensor_shapes, and check_cudnn_d256_bprop_head_dim for the backward),
+    as read in torch's main-branch source (the GPU machine's torch 2.11 was not read line by line: a refusal there
+    is an error entry); FA4's flash_attn_func takes head_dim_v != head_dim on sm_90 (8 to 256 each). A
+    reference is the first implementation that ran (`ref` in the row)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
     from pykern.torch import flash_attention
 
     def sm90_on(on: bool) -> None:  # PYKERN_SM90 is read at each call
         os.environ["PYKERN_SM90"] = "1" if on else "0"
-    seqs = (1024, 4096) if args.quick else (1024, 4096, 16384)
-    dims = (64, 128) if not args.d256 else (64, 128, 256)
     reps = 5 if args.quick else 10
-    for d in dims:
-        for causal in (False, True):
-            for n in seqs:
-                b, h = max(1, 16384 // n), 2048 // d
-                fl = 4 * b * h * n * n * d / (2 if causal else 1)
-                q, k, v = (torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16, requires_grad=True)
-                           for _ in range(3))
-                g = torch.randn(b, n, h, d, device="cuda", dtype=torch.bfloat16)
-                qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
-                gt = g.transpose(1, 2).contiguous()
+    for p in attention_plan(*attention_args(args)):
+        row, wanted = dict(p["row"]), p["impls"]
+        dt = {"bf16": torch.bfloat16, "f16": torch.float16}[row["dtype"]]
+        b, n, h, causal = row["batch"], row["seq"], row["heads"], row["causal"]
+        d, dv = row["d"], row.get("dv", row["d"])
+        fl = row["fwd_flop"]
+        q, k = (torch.randn(b, n, h, d, device="cuda", dtype=dt, requires_grad=True) for _ in range(2))
+        v = torch.randn(b, n, h, dv, device="cuda", dtype=dt, requires_grad=True)
+        g = torch.randn(b, n, h, dv, device="cuda", dtype=dt)
+        qt, kt, vt = (x.detach().transpose(1, 2).contiguous().requires_grad_() for x in (q, k, v))
+        gt = g.transpose(1, 2).contiguous()
 
-                def sdpa(backend: Any) -> Callable[[], Any]:
-                    def f() -> Any:
-                        with sdpa_kernel(backend):
-                            return F.scaled_dot_product_attention(qt, kt, vt, is_causal=causal)
-                    return f
+        def sdpa(backend: Any, a: tuple) -> Callable[[], Any]:
+            def f() -> Any:
+                with sdpa_kernel(backend):
+                    return F.scaled_dot_product_attention(*a, is_causal=causal)
+            return f
 
-                def fb(f: Callable[[], Any], grad: torch.Tensor, leaves: tuple) -> Callable[[], Any]:
-                    def run() -> Any:  # autograd.grad: no .grad accumulation kernels in the timed region
-                        return torch.autograd.grad(f(), leaves, grad)
-                    return run
+        def fb(f: Callable[[], Any], grad: torch.Tensor, leaves: tuple) -> Callable[[], Any]:
+            def run() -> Any:  # autograd.grad: no .grad accumulation kernels in the timed region
+                return torch.autograd.grad(f(), leaves, grad)
+            return run
 
-                ref = None
-                row: dict[str, Any] = {"what": "attention", "d": d, "causal": causal, "seq": n, "batch": b,
-                                       "heads": h, "fwd_flop": fl, "bwd_flop": 2.5 * fl}
-                impls: dict[str, tuple[Callable[[], Any], torch.Tensor, tuple]] = {}
-                for name, be in (("sdpa_flash", SDPBackend.FLASH_ATTENTION), ("sdpa_cudnn", SDPBackend.CUDNN_ATTENTION)):
-                    impls[name] = (sdpa(be), gt, (qt, kt, vt))
-                impls["pykern"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
-                impls["pykern_mma_sync"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
-                # timed under torch.use_deterministic_algorithms(True) (set in the loop below): pykern.torch then
-                # runs the semaphore-ordered backward
-                impls["pykern_deterministic"] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+        ref, ref_name = None, None
+        impls: dict[str, tuple[Callable[[], Any], torch.Tensor | None, tuple]] = {}
+        q8 = k8 = v8 = qt8 = kt8 = vt8 = None
+        for name in wanted:
+            if name == "sdpa_flash":
+                impls[name] = (sdpa(SDPBackend.FLASH_ATTENTION, (qt, kt, vt)), gt, (qt, kt, vt))
+            elif name == "sdpa_cudnn":
+                impls[name] = (sdpa(SDPBackend.CUDNN_ATTENTION, (qt, kt, vt)), gt, (qt, kt, vt))
+            elif name in ("pykern", "pykern_mma_sync", "pykern_deterministic"):
+                # pykern_mma_sync runs with PYKERN_SM90=0; pykern_deterministic under
+                # torch.use_deterministic_algorithms(True) (the semaphore-ordered backward): both set in the loop below
+                impls[name] = (lambda: flash_attention(q, k, v, causal=causal), g, (q, k, v))
+            elif name == "pykern_fp8":
                 # FP8 forward (e4m3 q, k, v with unit descales: randn fits e4m3's range), out bf16; its error is
-                # against the first (bf16) row, so it also reports the FP8 kernel's accuracy on these inputs
+                # against the reference (a bf16 row), so it also reports the FP8 kernel's accuracy on these inputs
                 q8, k8, v8 = (x.detach().to(torch.float8_e4m3fn) for x in (q, k, v))
-                impls["pykern_fp8"] = (lambda: flash_attention(q8, k8, v8, causal=causal), None, ())
+                impls[name] = (lambda: flash_attention(q8, k8, v8, causal=causal), None, ())
+            elif name == "sdpa_cudnn_fp8":  # cuDNN's FP8 SDPA where torch exposes it (an error entry otherwise)
                 qt8, kt8, vt8 = (x.detach().to(torch.float8_e4m3fn) for x in (qt, kt, vt))
-
-                def sdpa_cudnn_fp8() -> Any:  # cuDNN's FP8 SDPA where torch exposes it (an error row otherwise)
-                    with sdpa_kernel(SDPBackend.CUDNN_ATTENTION):
-                        return F.scaled_dot_product_attention(qt8, kt8, vt8, is_causal=causal)
-                impls["sdpa_cudnn_fp8"] = (sdpa_cudnn_fp8, None, ())
+                impls[name] = (sdpa(SDPBackend.CUDNN_ATTENTION, (qt8, kt8, vt8)), None, ())
+            elif name == "flashinfer":  # FlashInfer's batch prefill (FA3 backend on sm_90a), forward only
                 fi = peer("flashinfer")
-                if fi is not None:  # FlashInfer's batch prefill (FA3 backend on sm_90a), forward only
-                    impls["flashinfer"] = (flashinfer_prefill(fi, q, k, v, causal), None, ())
-                fa4 = peer("flash_attn.cute")
-                if fa4 is not None:  # FA4's Hopper path (the FA3 design in CuTe DSL); (b, n, h, d) as ours
-                    impls["fa4"] = (lambda: _first(fa4.flash_attn_func(q, k, v, causal=causal)), g, (q, k, v))
-                for name, (f, grad, leaves) in impls.items():
-                    sm90_on(name != "pykern_mma_sync")
-                    if name == "pykern_deterministic":
-                        torch.use_deterministic_algorithms(True)
+                if fi is not None:
+                    why = flashinfer_prefill_built(dt, d, dv)
                     try:
-                        with torch.no_grad():
-                            o = f()
-                        o_bnhd = o if name.startswith(("pykern", "fa4", "flashinfer")) else o.transpose(1, 2)
-                        if ref is None:
-                            ref = o_bnhd.float()
-                        err = rel(o_bnhd.float(), ref)
-                        with torch.no_grad():
-                            tf = timed(f, reps)
-                            th = host_overhead(f, 20)
-                        row[name] = {"host_us": th * 1e6, "fwd_us": tf * 1e6, "fwd_tflops": fl / tf / 1e12,
-                                     "rel_err_vs_first": err}
-                        if grad is not None:  # FlashInfer's prefill has no backward
-                            tfb = timed(fb(f, grad, leaves), reps)
-                            tb = max(tfb - tf, 1e-9)
-                            row[name].update({"fwdbwd_us": tfb * 1e6, "bwd_tflops": 2.5 * fl / tb / 1e12,
-                                              "fwdbwd_tflops": 3.5 * fl / tfb / 1e12})
-                    except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the table
-                        row[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
-                    finally:
-                        sm90_on(True)
-                        torch.use_deterministic_algorithms(False)
-                log(row)
-                del q, k, v, qt, kt, vt, g, gt, ref, q8, k8, v8, qt8, kt8, vt8
-                torch.cuda.empty_cache()
+                        if why is None:
+                            impls[name] = (flashinfer_prefill(fi, q, k, v, causal), None, ())
+                    except Exception as e:  # noqa: BLE001 - its plan() refusing the shape costs only its entry
+                        why = f"{type(e).__name__}: {str(e)[:300]}"
+                    if why is not None:
+                        row[name] = {"error": why}
+            elif name == "fa4":  # FA4's Hopper path (the FA3 design in CuTe DSL); (b, n, h, d) as ours
+                fa4 = peer("flash_attn.cute")
+                if fa4 is not None:
+                    impls[name] = (lambda: _first(fa4.flash_attn_func(q, k, v, causal=causal)), g, (q, k, v))
+        for name, (f, grad, leaves) in impls.items():
+            sm90_on(name != "pykern_mma_sync")
+            if name == "pykern_deterministic":
+                torch.use_deterministic_algorithms(True)
+            try:
+                with torch.no_grad():
+                    o = f()
+                o_bnhd = o if name.startswith(("pykern", "fa4", "flashinfer")) else o.transpose(1, 2)
+                if ref is None:
+                    ref, ref_name = o_bnhd.float(), name
+                err = rel(o_bnhd.float(), ref)
+                with torch.no_grad():
+                    tf = timed(f, reps)
+                    th = host_overhead(f, 20)
+                row[name] = {"host_us": th * 1e6, "fwd_us": tf * 1e6, "fwd_tflops": fl / tf / 1e12,
+                             "rel_err_vs_first": err}
+                if grad is not None:  # FlashInfer's prefill and the FP8 forwards have no backward
+                    tfb = timed(fb(f, grad, leaves), reps)
+                    tb = max(tfb - tf, 1e-9)
+                    row[name].update({"fwdbwd_us": tfb * 1e6, "bwd_tflops": 2.5 * fl / tb / 1e12,
+                                      "fwdbwd_tflops": 3.5 * fl / tfb / 1e12})
+            except Exception as e:  # noqa: BLE001 - one failing implementation must not stop the table
+                row[name] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+            finally:
+                sm90_on(True)
+                torch.use_deterministic_algorithms(False)
+        row["ref"] = ref_name
+        log(row)  # written to --json at once: a run stopped by its time limit keeps every row it finished
+        del q, k, v, qt, kt, vt, g, gt, ref, q8, k8, v8, qt8, kt8, vt8, impls
+        torch.cuda.empty_cache()
 
 
 def flashinfer_prefill(fi: Any, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, causal: bool
                        ) -> Callable[[], torch.Tensor]:
-    """FlashInfer's BatchPrefillWithRaggedKVCacheWrapper over the (b, n, h, d) batch as b sequences of n."""
+    """FlashInfer's BatchPrefillWithRaggedKVCacheWrapper over the (b, n, h, d) batch as b sequences of n (v's head
+    dim dv may differ from d: head_dim_vo)."""
     b, n, h, d = q.shape
+    dv = v.shape[3]
     if not _FI_WORKSPACE:
         _FI_WORKSPACE.append(torch.empty(256 << 20, dtype=torch.uint8, device="cuda"))
     indptr = torch.arange(0, b * n + 1, n, device="cuda", dtype=torch.int32)
     w = fi.BatchPrefillWithRaggedKVCacheWrapper(_FI_WORKSPACE[0], "NHD")
-    w.plan(indptr, indptr, h, k.shape[2], d, causal=causal, q_data_type=q.dtype)
-    qf, kf, vf = (x.detach().reshape(b * n, x.shape[2], d) for x in (q, k, v))
-    return lambda: w.run(qf, kf, vf).view(b, n, h, d)
+    w.plan(indptr, indptr, h, k.shape[2], d, head_dim_vo=dv, causal=causal, q_data_type=q.dtype)
+    qf, kf, vf = (x.detach().reshape(b * n, x.shape[2], x.shape[3]) for x in (q, k, v))
+    return lambda: w.run(qf, kf, vf).view(b, n, h, dv)
 
 
 def _first(r: Any) -> Any:
@@ -915,13 +1097,36 @@ def profile_target(args: argparse.Namespace) -> None:
     torch.cuda.synchronize()
 
 
+def attention_label(r: dict[str, Any]) -> str:
+    """dtype, head dims (d192/128 where v's differs), mask and sequence of an attention row; a row without "dtype"
+    (written before f16 was measured) is bf16."""
+    dims = f"d{r['d']}" + (f"/{r['dv']}" if r.get("dv", r["d"]) != r["d"] else "")
+    return f"{r.get('dtype', 'bf16'):4s} {dims:8s} {'causal' if r['causal'] else 'full  '} {r['seq']:>6d}"
+
+
+def versus_best_peer(r: dict[str, Any]) -> str:
+    """pykern's TFLOP/s over the best peer's that ran in this row, forward and forward + backward, the peer named
+    ('-' where pykern or every peer failed or was not timed)."""
+    out = []
+    for w in ("fwd", "fwdbwd"):
+        mine = r.get("pykern", {}).get(f"{w}_tflops")
+        peers = [(r[p][f"{w}_tflops"], p) for p in ATTN_PEERS if f"{w}_tflops" in r.get(p, {})]
+        if mine is None or not peers:
+            out.append(f"{w} -")
+            continue
+        best, name = max(peers)
+        out.append(f"{w} {mine / best:.2f}x {name}")
+    return " | ".join(out)
+
+
 def summary(files: list[str]) -> None:
     """Compact tables of the rows in measure JSON files."""
     rows = [r for f in files if os.path.exists(f) for r in json.load(open(f))]
     for r in rows:
         if r["what"] in ("device", "copy", "gemm_bf16", "launch_floor"):
             print(json.dumps(r))
-    print("attention TFLOP/s fwd | fwd+bwd (rel err of fwd vs sdpa_flash)")
+    print("attention TFLOP/s fwd | fwd+bwd (rel err of fwd vs the row's first implementation) h host us; "
+          "then pykern / the best peer that ran (" + ", ".join(ATTN_PEERS) + "), fwd and fwd+bwd")
     names = ("pykern", "pykern_mma_sync", "pykern_deterministic", "pykern_fp8", "sdpa_flash", "sdpa_cudnn",
              "sdpa_cudnn_fp8", "fa4", "flashinfer")
     for r in (r for r in rows if r["what"] == "attention"):
@@ -931,8 +1136,8 @@ def summary(files: list[str]) -> None:
             cells.append(f"{c['fwd_tflops']:5.0f}|{c.get('fwdbwd_tflops', float('nan')):4.0f}"
                          f"({c['rel_err_vs_first']:.0e})h{c.get('host_us', 0):.0f}"
                          if "fwd_tflops" in c else f"{'ERR' if 'error' in c else '-':>17s}")
-        print(f"d{r['d']:<3d} {'causal' if r['causal'] else 'full  '} {r['seq']:>6d}  " + "  ".join(cells))
-    print("   " + "  ".join(names))
+        print(f"{attention_label(r)}  " + "  ".join(cells) + "  " + versus_best_peer(r))
+    print(f"{'':27s}" + "  ".join(f"{n:>17s}" for n in names))
     print("decode GB/s (min bytes / median GPU time): pykern | sdpa | flashinfer; host us a call; rel err, "
           "identical over 20 runs")
     for r in rows:
@@ -955,7 +1160,17 @@ def main(argv: list[str] | None = None) -> int:
                                      "model-profile", "all", "profile-target", "summary"))
     ap.add_argument("files", nargs="*", help="summary: measure JSON files")
     ap.add_argument("--quick", action="store_true", help="fewer and smaller shapes, fewer repeats")
-    ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too")
+    ap.add_argument("--d256", action="store_true", help="attention: head_dim 256 too (as --dims 64 128 256)")
+    ap.add_argument("--dims", type=parse_dim, nargs="+", metavar="D[/DV]",
+                    help="attention: these head dims, most wanted first (default 64 128); D/DV: q and k's head dim "
+                         "D, v's DV (192/128: DeepSeek-V3's prefill)")
+    ap.add_argument("--extra-dims", type=parse_dim, nargs="+", metavar="D[/DV]",
+                    help="attention: head dims timed after every other row, first dtype only, pykern and the peers")
+    ap.add_argument("--dtypes", nargs="+", choices=ATTN_DTYPES, help="attention: these dtypes, in order (default "
+                    "bf16); rows of a dtype other than bf16 time pykern's sm_90a path and the peers only")
+    ap.add_argument("--seqs", type=int, nargs="+", help="attention: these sequence lengths (default 1024 4096 16384)")
+    ap.add_argument("--list", action="store_true",
+                    help="attention: print the planned rows and their modelled seconds, measure nothing (no GPU)")
     ap.add_argument("--json", metavar="FILE", help="also write every row to FILE")
     ap.add_argument("--decode-only", action="store_true", help="profile-target: only the decode launches")
     ap.add_argument("--mma-sync", action="store_true", help="profile-target: the mma.sync attention kernels")
@@ -979,6 +1194,11 @@ def main(argv: list[str] | None = None) -> int:
     if args.what == "summary":
         summary(args.files)
         return 0
+    if args.list:
+        if args.what != "attention":
+            ap.error("--list: attention only")
+        attention_list(args)
+        return 0
     if not torch.cuda.is_available():
         print("needs a CUDA GPU (torch.cuda.is_available() is False)", file=sys.stderr)
         return 3
@@ -987,13 +1207,14 @@ def main(argv: list[str] | None = None) -> int:
              "mla": [mla], "model": [model_step], "model-profile": [model_profile],
              "all": [ceilings, attention, decode, decode_graph, sampling, mla, model_step],
              "profile-target": [profile_target]}[args.what]
+    global JSON_OUT
+    JSON_OUT = args.json
     try:
         for step in steps:
             step(args)
     finally:
         if args.json:
-            with open(args.json, "w") as f:
-                json.dump(ROWS, f, indent=1)
+            write_rows(args.json)
     return 0
 
 

@@ -1464,9 +1464,12 @@ def measured_points(path: str | Path = MEASURED) -> list[dict[str, Any]]:
         raise ArgumentError(f"path: expected an attention.json of tools/measure_gpu.py, got {str(path)!r} ({e})")
     out = []
     for r in rows:
-        if r.get("what") != "attention":
+        # the model's SASS is the bf16 kernels': rows of another dtype (measure_gpu.py --dtypes) are no points of
+        # it; a row without "dtype" predates them and is bf16. "dv" (v's head dim, 192 / 128) is absent where = d.
+        if r.get("what") != "attention" or r.get("dtype", "bf16") != "bf16":
             continue
-        s = Shape(int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["d"]), bool(r["causal"]))
+        s = Shape(int(r["batch"]), int(r["heads"]), int(r["seq"]), int(r["d"]), bool(r["causal"]),
+                  head_dim_v=int(r["dv"]) if "dv" in r else None)
         for entry, phase, variant in PATHS:
             m = r.get(entry) or {}
             if "fwd_us" not in m:
