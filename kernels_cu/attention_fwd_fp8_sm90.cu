@@ -301,9 +301,9 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     constexpr bool PP = FA90F8_PP(D);
     // REMAT (d256): Q's descriptor, the thread's query row and the CTA's batch, head and kv head (the epilogue's)
     // are found again where used, from threadIdx / blockIdx made opaque, rather than kept live through the loops
-    // next to O's 128 accumulators, the next tile's S (32) and this one's P (8): kept, they spilled (16 bytes
-    // dense, 8 more varlen). d64 / d128 keep them: found again, they lengthened the d128 steady loop from 381 to
-    // 392 instructions.
+    // next to O's 128 accumulators, the next tile's S (32) and this one's P (8): kept, the descriptor and the
+    // epilogue's place spilled 16 bytes in the dense kernel, the row 8 more in the varlen one. d64 / d128 keep them:
+    // found again, the first two lengthened the d128 steady loop from 381 to 391 instructions.
     constexpr bool REMAT = D == 256;
     constexpr unsigned Q_BYTES = FA90F8_BR * D, K_BYTES = BC * D, V_BYTES = BC * D;
     constexpr unsigned VS_BYTES = FA90F8_VSLOT(D);  // a V slot (V_BYTES; d256: the epilogue's stage, more)
