@@ -460,8 +460,9 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
         eb = (int)pk_opaque_u32(blockIdx.y), eh = (int)(pk_opaque_u32(blockIdx.x) % n_heads);
         ekvh = eh / (n_heads / n_kv_heads);
     } else {
-        const PkAttnQTile tile = pk_attn_q_tile(n_q, FA90F8_BR, n_heads, n_kv_heads, window_right,
-                                                pk_opaque_u32(blockIdx.x));
+        // n_q opaque: the tile's arithmetic is done again, not taken from the values of the start
+        const PkAttnQTile tile =
+            pk_attn_q_tile((int)pk_opaque_u32((unsigned)n_q), FA90F8_BR, n_heads, n_kv_heads, window_right);
         eb = tile.b, eh = tile.h, ekvh = tile.kvh;
     }
     const float vd = v_descale[((long long)eb * n_kv_heads + ekvh) * vd_stride] * UNOFF;

@@ -52,19 +52,14 @@ __device__ __forceinline__ void pk_attn_q_row(int row, int n_q, int n_k, int wl,
 struct PkAttnQTile {
     int b, h, kvh, qt;
 };
-// bx: the block index (blockIdx.x; a kernel that finds its place again after its loops passes it opaque).
-__device__ __forceinline__ PkAttnQTile pk_attn_q_tile(int n_q, int br, int n_heads, int n_kv_heads, int window_right,
-                                                      unsigned bx) {
+__device__ __forceinline__ PkAttnQTile pk_attn_q_tile(int n_q, int br, int n_heads, int n_kv_heads, int window_right) {
     const int n_qt = (n_q + br - 1) / br;
-    const int bh = bx / n_qt;
+    const int bh = blockIdx.x / n_qt;
     PkAttnQTile c;
-    c.qt = window_right < n_q ? n_qt - 1 - (int)(bx % n_qt) : (int)(bx % n_qt);
+    c.qt = window_right < n_q ? n_qt - 1 - (int)(blockIdx.x % n_qt) : (int)(blockIdx.x % n_qt);
     c.b = bh / n_heads, c.h = bh % n_heads;
     c.kvh = c.h / (n_heads / n_kv_heads);
     return c;
-}
-__device__ __forceinline__ PkAttnQTile pk_attn_q_tile(int n_q, int br, int n_heads, int n_kv_heads, int window_right) {
-    return pk_attn_q_tile(n_q, br, n_heads, n_kv_heads, window_right, blockIdx.x);
 }
 
 // Keys [lo[r], hi[r]] that query rows row0 and row0 + 8 (an mma fragment's two rows, r = 0 / 1) see.
