@@ -7,10 +7,10 @@
 // empty-row convention are attention_fwd_sm90.cu's (rows that see no key: out = 0, lse = -inf).
 //
 // Work split as attention_fwd_sm90.cu: a CTA of 3 warpgroups (384 threads) owns BR = 128 queries of one (batch,
-// head); warpgroup 0 is the TMA producer (Q once, then K and V tiles of BC = 128 keys into a 2-slot ring with
-// full / empty mbarriers), warpgroups 1 and 2 the consumers (64 query rows each). What differs for 8-bit
+// head); warpgroup 0 is the TMA producer (Q once, then K and V tiles of BC = 128 keys, 64 at d256, into a 2-slot
+// ring with full / empty mbarriers), warpgroups 1 and 2 the consumers (64 query rows each). What differs for 8-bit
 // elements (e4m3 wgmma, QGMMA, is m64nNk32 and takes both operands K-major):
-//   S = Q K^T : wgmma m64n128k32 SS e4m3, Q and K rows of head_dim bytes in boxes of 64 bytes (64B swizzle);
+//   S = Q K^T : wgmma m64n<BC>k32 SS e4m3, Q and K rows of head_dim bytes in boxes of 64 bytes (64B swizzle);
 //   V^T       : P V needs V K-major, i.e. transposed (keys along the 16-byte units). The two consumer warpgroups
 //               transpose each V tile in shared memory into the slot's V^T buffer (fa90f8_transpose_v: 4-byte
 //               loads and byte permutes, 16-byte stores) while their S wgmmas run, then meet on named barrier 1
@@ -27,13 +27,13 @@
 //   O         : fp32 accumulators; out = O / l * vd (bf16), lse = ln 2 * (m + log2 l - 3); the epilogue stages a
 //               consumer's bf16 rows in its V slot (the spent K / V ring: see fa90f8_forward's epilogue) and
 //               stores them with 16-byte stores (pk_attn_tc.cuh, as attention_fwd_sm90.cu's varlen kernels).
-// Steady state (d64 / d128): each step issues S of the next tile with O += P V^T of the previous one as one wgmma
-// group, the V^T of the next tile written while they run; at d256 (no registers for that) a tile at a time. At d128
-// the two consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's wgmmas),
-// the turn's hand-over doubling as the V^T barrier there.
-// Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (each
-// [rows][64] box one TMA load, 64B swizzle), V^T [VTS][BC/64][D][64] (64B swizzle; FA90F8_VTS slots), then the
-// mbarriers.
+// Steady state: each step issues S of the next tile with O += P V^T of the previous one as one wgmma group, the V^T
+// of the next tile written while they run (d256: with 64-key tiles, which leave the registers for that). At d128 and
+// d256 the two consumer warpgroups ping-pong in the steady state (FA90F8_PP: one's softmax under the other's
+// wgmmas), the turn's hand-over doubling as the V^T barrier there.
+// Shared memory (dynamic, 1024-byte aligned): Q [D/64][BR][64], K [2][D/64][BC][64], V [2][D/64][BC][64] (slots
+// FA90F8_VSLOT apart; each [rows][64] box one TMA load, 64B swizzle), V^T [VTS][BC/64][D][64] (64B swizzle;
+// FA90F8_VTS slots), then the mbarriers.
 // Tensor maps (pykern/ops/_attention_sm90.py, try_forward_fp8): q (batch, n_q, n_heads, D), k / v (batch, n_k,
 // n_kv_heads, D) as uint8 with boxes (1, BR or BC, 1, 64), swizzle 64B; rows past n_q / n_k load as zeros.
 // Kernel names: attention_fwd_sm90_d{64,128,256}[_softcap]_fp8 (head_dim == head_dim_v; _softcap: scores c *
@@ -44,18 +44,23 @@
 #include "pk_attn_tc.cuh"  // pk_attn_epilogue, pk_quad_rescale, fa90_cap
 
 #define FA90F8_BR 128
-#define FA90F8_BC 128
+// BC(D): keys per tile. 64 at d256: S's accumulators (32 a thread, not 64) and P's A registers (8, not 16) leave
+// room, next to O's 128, for the next tile's S during this one's P V^T (the steady step's one wgmma group), and a V
+// tile's transpose is one unit a thread (no loop); with 128 keys that overlap (and an unrolled transpose) spilled.
+// FA3 keeps 128 keys at d256 by transposing V in its producer warpgroup instead.
+#define FA90F8_BC(D) ((D) == 256 ? 64 : 128)
 #define FA90F8_ST 2
 #define FA90F8_THREADS 384
 #define FA90F8_BAR_VT 1  // named barrier of the two consumer warpgroups: the slot's V^T is written
 // PP(D): the steady-state loop ping-pongs the two consumer warpgroups (fa90f8_scores; attention_fwd_sm90.cu's
-// Fa90Cfg PP, FA3's warp scheduler barriers). On at d128, as the bf16 kernel. Its hand-over also publishes the
+// Fa90Cfg PP, FA3's warp scheduler barriers). On at d128, as the bf16 kernel, and at d256 (FA3 too: its scheduler
+// barriers are on for FP8 from head dim 128). Its hand-over also publishes the
 // warpgroup's half of the tile's V^T (the V^T barrier leaves the hot loop), so V^T takes more slots there
 // (FA90F8_VTS): a warpgroup that has its turn for tile n + 2 knows the other issued tile n + 1's P V^T (of tile n),
 // not that it completed, so tile n + 2's transpose must not go to tile n's slot. Three would do; four (i % 4, one
 // LOP3 as i % 2) keep the d128 loop at its 381 instructions where three took 382 (the compare and select of the
-// wrap), at 16 KiB more shared memory (145 KiB).
-#define FA90F8_PP(D) ((D) == 128)
+// wrap), at 16 KiB more shared memory (145 KiB; d256: 16 KiB a slot too, 64 keys).
+#define FA90F8_PP(D) ((D) >= 128)
 #define FA90F8_VTS(D) (FA90F8_PP(D) ? 4 : FA90F8_ST)
 // Named barrier of consumer c's ping-pong turn: FA90F8_BAR_PP + c = threadIdx.x / 128 + 2 (3, 4); the other's is
 // it ^ 7. Barrier 1 stays the V^T barrier of the boundary tiles.
@@ -64,8 +69,12 @@
 #define FA90F8_BAR_EPI 5
 static_assert(FA90F8_BAR_PP == 3, "fa90f8_pp_bar: FA90F8_BAR_PP + c == threadIdx.x / 128 + 2, the other's id ^ 7");
 __device__ __forceinline__ unsigned fa90f8_pp_bar() { return threadIdx.x / 128 + 2; }
-// Q + K + V + V^T + the mbarriers (pykern/ops/_attention_sm90.py: fp8_shared_bytes).
-#define FA90F8_SMEM_BYTES(D) (FA90F8_BR * (D) + (2 * FA90F8_ST + FA90F8_VTS(D)) * FA90F8_BC * (D) + 1024)
+// A V slot's bytes: a V tile (BC D), and at least the 128 D bytes a consumer's 64 rows of O in bf16 take, which the
+// epilogue stages in V slot c (d256: twice the 64-key tile).
+#define FA90F8_VSLOT(D) (FA90F8_BR * (D) > FA90F8_BC(D) * (D) ? FA90F8_BR * (D) : FA90F8_BC(D) * (D))
+// Q + K + V + V^T + the mbarriers (pykern/ops/_attention_sm90.py: fp8_shared_bytes): 193 KiB at d256.
+#define FA90F8_SMEM_BYTES(D) \
+    (FA90F8_BR * (D) + (FA90F8_ST + FA90F8_VTS(D)) * FA90F8_BC(D) * (D) + FA90F8_ST * FA90F8_VSLOT(D) + 1024)
 
 // The key held at column c (0..31) of a 32-key k-step of P's A fragment: a[r] byte e of lane (g, t) is column
 // 4t + e + 16 (r >> 1) and holds the accumulator's key 8 (2 (r >> 1) + (e >> 1)) + 2t + (e & 1) (see the header).
@@ -78,36 +87,28 @@ __device__ __forceinline__ int fa90f8_key(int c) {
 // (V[key][d0..d0+3]), a 4x4 byte transpose of each 4 of them (3 byte permutes an output word), 4 16-byte stores.
 template <int D>
 __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsigned char* vt, int ct) {
-    constexpr int BC = FA90F8_BC, UNITS = (D / 4) * (BC / 16);  // 128 (d64: half the threads), 256, 512
-    // d64 / d128: one unit a thread at most (a fixed count of passes: no loop, no loop test); d256: two, in a
-    // loop (unrolled, the two units' registers on top of O's 128 and S's 64 accumulators spill: 164 bytes)
-#pragma unroll 1
-    for (int pass = 0; pass < (UNITS + 255) / 256; pass++) {
-        const int u = ct + 256 * pass;
-        if (UNITS < 256 && u >= UNITS) break;  // d64: half the threads
-        const int d0 = 4 * (u % (D / 4)), c0 = 16 * (u / (D / 4));
-        unsigned w[16];
+    constexpr int BC = FA90F8_BC(D), UNITS = (D / 4) * (BC / 16);  // 128 (d64: half the threads), 256, 256
+    // one unit a thread at most (no loop, no loop test; d256's 64-key tiles keep it so)
+    static_assert(UNITS <= 256, "one transpose unit a consumer thread");
+    const int u = ct;
+    if (UNITS < 256 && u >= UNITS) return;  // d64: half the threads
+    const int d0 = 4 * (u % (D / 4)), c0 = 16 * (u / (D / 4));
+    unsigned w[16];
 #pragma unroll
-        for (int e = 0; e < 16; e++) {
-            const int c = c0 + e, key = (c & ~31) + fa90f8_key(c & 31);
-            w[e] = *reinterpret_cast<const unsigned*>(
-                vs + (d0 / 64) * BC * 64 + pk_swizzle_offset(key * 64 + d0 % 64, PK_SWIZZLE_64B));
-        }
+    for (int e = 0; e < 16; e++) {
+        const int c = c0 + e, key = (c & ~31) + fa90f8_key(c & 31);
+        w[e] = *reinterpret_cast<const unsigned*>(
+            vs + (d0 / 64) * BC * 64 + pk_swizzle_offset(key * 64 + d0 % 64, PK_SWIZZLE_64B));
+    }
 #pragma unroll
-        for (int r = 0; r < 4; r++) {
-            unsigned o[4];
-            const unsigned sel = (unsigned)r | (unsigned)(4 + r) << 4;  // byte r of a, byte r of b
+    for (int r = 0; r < 4; r++) {
+        unsigned o[4];
+        const unsigned sel = (unsigned)r | (unsigned)(4 + r) << 4;  // byte r of a, byte r of b
 #pragma unroll
-            for (int x = 0; x < 4; x++)
-                o[x] = pk_prmt(pk_prmt(w[4 * x], w[4 * x + 1], sel), pk_prmt(w[4 * x + 2], w[4 * x + 3], sel), 0x5410);
-            unsigned char* dst = vt + (c0 / 64) * D * 64 + pk_swizzle_offset((d0 + r) * 64 + c0 % 64, PK_SWIZZLE_64B);
-            if constexpr (D < 256) {
-                *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
-            } else {  // d256: O's 128 accumulators and S's 64 are live here; 4-byte stores need fewer registers
-#pragma unroll
-                for (int x = 0; x < 4; x++) reinterpret_cast<unsigned*>(dst)[x] = o[x];
-            }
-        }
+        for (int x = 0; x < 4; x++)
+            o[x] = pk_prmt(pk_prmt(w[4 * x], w[4 * x + 1], sel), pk_prmt(w[4 * x + 2], w[4 * x + 3], sel), 0x5410);
+        unsigned char* dst = vt + (c0 / 64) * D * 64 + pk_swizzle_offset((d0 + r) * 64 + c0 % 64, PK_SWIZZLE_64B);
+        *reinterpret_cast<uint4*>(dst) = make_uint4(o[0], o[1], o[2], o[3]);
     }
 }
 
@@ -122,7 +123,8 @@ __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsi
 
 // P of n-tiles j, j + 1 of row r (keys 8j + 2t + {0, 1, 8, 9}) rounded to e4m3 into bytes 0..3 of
 // a[2 * ((j / 2) & 1) + r] of k-step j / 4 (see the header); p0..p3 in key order.
-__device__ __forceinline__ void fa90f8_put(unsigned (&pa)[FA90F8_BC / 32][4], int j, int r, float p0, float p1,
+template <int NK>
+__device__ __forceinline__ void fa90f8_put(unsigned (&pa)[NK][4], int j, int r, float p0, float p1,
                                            float p2, float p3) {
     pa[j / 4][2 * ((j / 2) & 1) + r] = (unsigned)pk_cvt_e4m3x2(p0, p1) | (unsigned)pk_cvt_e4m3x2(p2, p3) << 16;
 }
@@ -131,9 +133,9 @@ __device__ __forceinline__ void fa90f8_put(unsigned (&pa)[FA90F8_BC / 32][4], in
 // 2^(s - m + FA90F8_OFF) rounded to e4m3 into the A registers of the P V^T k-steps, l the rows' partial sums (of
 // the unrounded P), O rescaled by 2^(m_old - m_new).
 template <int D>
-__device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], float (&o)[D / 2], float (&m)[2],
-                                               float (&l)[2], unsigned (&pa)[FA90F8_BC / 32][4]) {
-    constexpr int BC = FA90F8_BC;
+__device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2], float (&m)[2],
+                                               float (&l)[2], unsigned (&pa)[FA90F8_BC(D) / 32][4]) {
+    constexpr int BC = FA90F8_BC(D);
 #pragma unroll
     for (int r = 0; r < 2; r++) {
         const float mx = pk_wgmma_row_max<BC>(s, r, m[r]);
@@ -160,9 +162,10 @@ __device__ __forceinline__ void fa90f8_softmax(const float (&s)[FA90F8_BC / 2], 
 // accepted (l += the sums, true) when every thread of the warp has both partial row sums <= FA90F8_LAZY_LIM, hence
 // every P finite in e4m3. Otherwise (the running max grew by about log2(448 / 256) or more, m is still -inf so P =
 // inf, or a NaN) false, and the caller redoes the tile exactly from the raw scores s, which this leaves as they are.
-__device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC / 2], const float (&m)[2],
-                                                    float (&l)[2], unsigned (&pa)[FA90F8_BC / 32][4], float sl2) {
-    constexpr int BC = FA90F8_BC;
+template <int D>
+__device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC(D) / 2], const float (&m)[2],
+                                                    float (&l)[2], unsigned (&pa)[FA90F8_BC(D) / 32][4], float sl2) {
+    constexpr int BC = FA90F8_BC(D);
     float sum[2];
 #pragma unroll
     for (int r = 0; r < 2; r++) {
@@ -188,14 +191,14 @@ __device__ __forceinline__ bool fa90f8_softmax_lazy(const float (&s)[FA90F8_BC /
 // The exact softmax of a tile from its raw scores (the boundary tiles, and a steady tile whose lazy softmax
 // failed): to log2 units, the mask (MASK: keys outside [rlo, rhi] of the row), fa90f8_softmax.
 template <int D, bool MASK>
-__device__ __forceinline__ void fa90f8_exact(float (&s)[FA90F8_BC / 2], float (&o)[D / 2], float (&m)[2],
-                                             float (&l)[2], unsigned (&pa)[FA90F8_BC / 32][4], float sl2, int k0,
+__device__ __forceinline__ void fa90f8_exact(float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2], float (&m)[2],
+                                             float (&l)[2], unsigned (&pa)[FA90F8_BC(D) / 32][4], float sl2, int k0,
                                              const int (&rlo)[2], const int (&rhi)[2], int t) {
 #pragma unroll
-    for (int x = 0; x < FA90F8_BC / 2; x++) s[x] *= sl2;
+    for (int x = 0; x < FA90F8_BC(D) / 2; x++) s[x] *= sl2;
     if constexpr (MASK) {
 #pragma unroll
-        for (int x = 0; x < FA90F8_BC / 2; x++) {
+        for (int x = 0; x < FA90F8_BC(D) / 2; x++) {
             const int col = k0 + 8 * (x / 4) + 2 * t + (x & 1), r = (x >> 1) & 1;
             if (col < rlo[r] || col > rhi[r]) s[x] = PK_NEG_INF;
         }
@@ -205,22 +208,22 @@ __device__ __forceinline__ void fa90f8_exact(float (&s)[FA90F8_BC / 2], float (&
 
 // The S wgmmas of one tile (K-step ks_: box ks_ / 2, 32 bytes further per step inside it); no fence, no commit.
 template <int D>
-__device__ __forceinline__ void fa90f8_issue_scores(float (&s)[FA90F8_BC / 2], unsigned long long dq,
+__device__ __forceinline__ void fa90f8_issue_scores(float (&s)[FA90F8_BC(D) / 2], unsigned long long dq,
                                                     unsigned long long dk) {
+    constexpr int BC = FA90F8_BC(D);
 #pragma unroll
     for (int ks_ = 0; ks_ < D / 32; ks_++)
-        pk_wgmma_m64nNk32_e4m3_ss<FA90F8_BC>(s, pk_wgmma_desc_advance(dq, (ks_ / 2) * FA90F8_BR * 64 + (ks_ % 2) * 32),
-                                             pk_wgmma_desc_advance(dk, (ks_ / 2) * FA90F8_BC * 64 + (ks_ % 2) * 32),
-                                             ks_ > 0);
+        pk_wgmma_m64nNk32_e4m3_ss<BC>(s, pk_wgmma_desc_advance(dq, (ks_ / 2) * FA90F8_BR * 64 + (ks_ % 2) * 32),
+                                      pk_wgmma_desc_advance(dk, (ks_ / 2) * BC * 64 + (ks_ % 2) * 32), ks_ > 0);
 }
 
 // The P V^T wgmmas of one tile (k-step kk: V^T box kk / 2, 32 bytes further per step inside it); no fence, no
 // commit.
 template <int D>
-__device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigned (&pa)[FA90F8_BC / 32][4],
+__device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigned (&pa)[FA90F8_BC(D) / 32][4],
                                                 unsigned long long dvt) {
 #pragma unroll
-    for (int kk = 0; kk < FA90F8_BC / 32; kk++)
+    for (int kk = 0; kk < FA90F8_BC(D) / 32; kk++)
         pk_wgmma_m64nNk32_e4m3_rs<D>(o, pa[kk], pk_wgmma_desc_advance(dvt, (kk / 2) * D * 64 + (kk % 2) * 32), 1);
 }
 
@@ -238,8 +241,8 @@ __device__ __forceinline__ void fa90f8_issue_pv(float (&o)[D / 2], const unsigne
 // then still be running tile n's P V^T when this one transposes tile n + 2: V^T has 4 slots (FA90F8_VTS; 3 would
 // do: tile n + 3's transpose comes after a turn the other warpgroup handed over after its wait for tile n + 1's group).
 template <int D, bool PV, bool PP = false>
-__device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC / 2], float (&o)[D / 2],
-                                              const unsigned (&pa)[FA90F8_BC / 32][4], unsigned long long dq,
+__device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC(D) / 2], float (&o)[D / 2],
+                                              const unsigned (&pa)[FA90F8_BC(D) / 32][4], unsigned long long dq,
                                               unsigned long long dk, unsigned long long dvt_prev,
                                               const unsigned char* vs_slot, unsigned char* vt_slot,
                                               unsigned long long* full, unsigned long long* empty, unsigned parity,
@@ -267,7 +270,7 @@ __device__ __forceinline__ void fa90f8_scores(float (&s)[FA90F8_BC / 2], float (
 
 // O += P V^T of one tile, on its own (after a boundary tile, and the last steady one).
 template <int D>
-__device__ __forceinline__ void fa90f8_pv(float (&o)[D / 2], const unsigned (&pa)[FA90F8_BC / 32][4],
+__device__ __forceinline__ void fa90f8_pv(float (&o)[D / 2], const unsigned (&pa)[FA90F8_BC(D) / 32][4],
                                           unsigned long long dvt) {
     pk_wgmma_fence();
     fa90f8_issue_pv<D>(o, pa, dvt);
@@ -294,14 +297,21 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                                                float scale, int window_left, int window_right, float softcap,
                                                const int* __restrict__ cu_q = nullptr,
                                                const int* __restrict__ cu_k = nullptr) {
-    constexpr int BC = FA90F8_BC, ST = FA90F8_ST, NB = D / 64, VTS = FA90F8_VTS(D);
+    constexpr int BC = FA90F8_BC(D), ST = FA90F8_ST, NB = D / 64, VTS = FA90F8_VTS(D);
     constexpr bool PP = FA90F8_PP(D);
+    // REMAT (d256): Q's descriptor, the thread's query row and the CTA's batch, head and kv head (the epilogue's)
+    // are found again where used, from threadIdx / blockIdx made opaque, rather than kept live through the loops
+    // next to O's 128 accumulators, the next tile's S (32) and this one's P (8): kept, the descriptor and the
+    // epilogue's place spilled 16 bytes in the dense kernel, the row 8 more in the varlen one. d64 / d128 keep them:
+    // found again, the first two lengthened the d128 steady loop from 381 to 391 instructions.
+    constexpr bool REMAT = D == 256;
     constexpr unsigned Q_BYTES = FA90F8_BR * D, K_BYTES = BC * D, V_BYTES = BC * D;
+    constexpr unsigned VS_BYTES = FA90F8_VSLOT(D);  // a V slot (V_BYTES; d256: the epilogue's stage, more)
     extern __shared__ __align__(1024) unsigned char fa90f8_smem[];
     unsigned char* qs = fa90f8_smem;
     unsigned char* ks = qs + Q_BYTES;       // [ST][NB][BC][64 B]
-    unsigned char* vs = ks + ST * K_BYTES;  // [ST][NB][BC][64 B]
-    unsigned char* vt = vs + ST * V_BYTES;  // [VTS][BC / 64][D][64 B]
+    unsigned char* vs = ks + ST * K_BYTES;  // [ST][NB][BC][64 B], VS_BYTES apart
+    unsigned char* vt = vs + ST * VS_BYTES;  // [VTS][BC / 64][D][64 B]
     unsigned long long* bars = reinterpret_cast<unsigned long long*>(vt + VTS * V_BYTES);
     unsigned long long *q_full = bars, *full = bars + 1, *empty = bars + 1 + ST;
 
@@ -343,7 +353,7 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
                 pk_mbarrier_arrive_expect_tx(&full[s], K_BYTES + V_BYTES);
                 for (int nb = 0; nb < NB; nb++) {
                     pk_tma_load_4d(ks + s * K_BYTES + nb * BC * 64, tk, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
-                    pk_tma_load_4d(vs + s * V_BYTES + nb * BC * 64, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
+                    pk_tma_load_4d(vs + s * VS_BYTES + nb * BC * 64, tv, &full[s], nb * 64, kvh, k_row0 + j * BC, mb);
                 }
             }
         }
@@ -363,10 +373,22 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
     const float sc = scale * q_descale[di * qd_stride] * k_descale[di * kd_stride];
     const float sl2 = (SC ? softcap : sc) * 1.4426950408889634f;
     const float pre = SC ? sc / softcap : 0.0f;
-    const int row0 = q0 + 64 * c + 16 * wq + g;
+    const int row0_ = q0 + 64 * c + 16 * wq + g;
+    // This thread's first query row (rows row0 and row0 + 8); REMAT: from threadIdx.x made opaque, where used.
+    const auto q_row = [&]() {
+        if constexpr (!REMAT) return row0_;
+        const unsigned tx = pk_opaque_u32(threadIdx.x);
+        return q0 + (int)(64 * (tx / 128 - 1) + 16 * ((tx / 32) % 4) + (tx % 32) / 4);
+    };
 
     // K-major, 64B swizzle: SBO 512 = one 8-row group of 64-byte rows; a k32 step is 32 bytes of a box.
-    const unsigned long long dq = pk_wgmma_desc(qs + c * 64 * 64, 16, 512, PK_SWIZZLE_64B);
+    // Q's descriptor (this warpgroup's 64 rows). REMAT: found again where used (a boundary tile, once before the
+    // steady loop) from threadIdx.x made opaque.
+    const unsigned long long dq0 = pk_wgmma_desc(qs + c * 64 * 64, 16, 512, PK_SWIZZLE_64B);
+    const auto q_desc = [&]() {
+        if constexpr (!REMAT) return dq0;
+        return pk_wgmma_desc(qs + (pk_opaque_u32(threadIdx.x) / 128 - 1) * 64 * 64, 16, 512, PK_SWIZZLE_64B);
+    };
     const unsigned long long dk0 = pk_wgmma_desc(ks, 16, 512, PK_SWIZZLE_64B);
     const unsigned long long dvt0 = pk_wgmma_desc(vt, 16, 512, PK_SWIZZLE_64B);
     constexpr unsigned KU = K_BYTES / 16, VU = V_BYTES / 16;  // a slot, in descriptor units
@@ -374,111 +396,101 @@ __device__ __forceinline__ void fa90f8_forward(const CUtensorMap* tq, const CUte
 
     unsigned i = 0;  // tiles visited (slot i % ST, phase (i / ST) & 1)
     int j = kt1 - 1;
-    if constexpr (D == 256) {
-        // d256: one loop over all tiles, each on its own (S and V^T, softmax, P V^T), the mask and the exact softmax
-        // on the boundary tiles only, the lazy softmax on the others. The three loops below (and their overlap of
-        // a tile's P V^T with the next tile's S) spilled here: O's 128 accumulators and S's 64 leave no room.
-        for (; j >= kt0; j--, i++) {
+    float s[BC / 2];
+    unsigned pa[BC / 32][4];
+    // A boundary tile: S and V^T (V^T slot i % VTS), the mask and the exact softmax, O += P V^T.
+    const auto masked_tile = [&]() {
+        const unsigned st = i % ST, vst = i % VTS;
+        fa90f8_scores<D, false>(s, o, pa, q_desc(), dk0 + st * KU, 0, vs + st * VS_BYTES, vt + vst * V_BYTES,
+                                &full[st], &empty[st], (i / ST) & 1, ct);
+        fa90_cap<SC, BC>(s, pre);  // before the mask, as the mma.sync kernels
+        int rlo[2], rhi[2];      // the rows' key ranges here, not kept through the steady loop
+        pk_attn_q_rows(q_row(), n_q, n_k, window_left, window_right, rlo, rhi);
+        fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
+        fa90f8_pv<D>(o, pa, dvt0 + vst * VU);
+    };
+    for (; j >= f1; j--, i++) masked_tile();
+    if (j >= f0) {  // the steady state: no mask, the lazy softmax
+        // The first steady tile alone (S and V^T, the exact softmax: m may still be -inf); then each step
+        // issues the scores of the next tile with O += P V^T of the previous one as one wgmma group
+        // (fa90f8_scores), and the lazy softmax of the next tile. A warp whose lazy softmax fails leaves the
+        // hot loop for the exact redo and comes back to the same wgmma instructions as the other warps of its
+        // warpgroup.
+        const unsigned long long dq = q_desc();
+        {
             const unsigned st = i % ST;
-            // S's and P's registers a tile's own: the wgmma's "+f" operands would otherwise carry S through P V^T
-            float s[BC / 2];
-            unsigned pa[BC / 32][4];
-            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + st * V_BYTES, &full[st],
-                                    &empty[st], (i / ST) & 1, ct);
-            fa90_cap<SC, BC>(s, pre);
-            if (j < f0 || j >= f1) {
-                int rlo[2], rhi[2];
-                pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
-                fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
-            } else if (!fa90f8_softmax_lazy(s, m, l, pa, sl2)) {
-                fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
-            }
-            fa90f8_pv<D>(o, pa, dvt0 + st * VU);
-        }
-    } else {
-        float s[BC / 2];
-        unsigned pa[BC / 32][4];
-        // A boundary tile: S and V^T (V^T slot i % VTS), the mask and the exact softmax, O += P V^T.
-        const auto masked_tile = [&]() {
-            const unsigned st = i % ST, vst = i % VTS;
-            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + vst * V_BYTES,
+            fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * VS_BYTES, vt + (i % VTS) * V_BYTES,
                                     &full[st], &empty[st], (i / ST) & 1, ct);
-            fa90_cap<SC, BC>(s, pre);  // before the mask, as the mma.sync kernels
-            int rlo[2], rhi[2];      // the rows' key ranges here, not kept through the steady loop
-            pk_attn_q_rows(row0, n_q, n_k, window_left, window_right, rlo, rhi);
-            fa90f8_exact<D, true>(s, o, m, l, pa, sl2, j * BC, rlo, rhi, t);
-            fa90f8_pv<D>(o, pa, dvt0 + vst * VU);
-        };
-        for (; j >= f1; j--, i++) masked_tile();
-        if (j >= f0) {  // the steady state: no mask, the lazy softmax
-            // The first steady tile alone (S and V^T, the exact softmax: m may still be -inf); then each step
-            // issues the scores of the next tile with O += P V^T of the previous one as one wgmma group
-            // (fa90f8_scores), and the lazy softmax of the next tile. A warp whose lazy softmax fails leaves the
-            // hot loop for the exact redo and comes back to the same wgmma instructions as the other warps of its
-            // warpgroup.
-            {
-                const unsigned st = i % ST;
-                fa90f8_scores<D, false>(s, o, pa, dq, dk0 + st * KU, 0, vs + st * V_BYTES, vt + (i % VTS) * V_BYTES,
-                                        &full[st], &empty[st], (i / ST) & 1, ct);
-                fa90_cap<SC, BC>(s, pre);
-                fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
-                i++, j--;
-            }
-            // PP: consumer 1 gives consumer 0 the first turn of the ping-pong where steps follow; consumer 0 takes
-            // consumer 1's last hand-over after them (which also publishes consumer 1's half of the last V^T), so
-            // both barriers are back at zero arrivals. Both warpgroups run the same steps: the turns pair up.
-            const bool steps = j >= f0;
-            if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);
-            while (j >= f0) {
-                bool ok;
-                for (;;) {  // the hot loop
-                    const unsigned st = i % ST;
-                    // the V^T slots of the previous tile and of this one (VTS 2: the other slot and st)
-                    const unsigned vprev = (i - 1) % VTS, vn = i % VTS;
-                    fa90f8_scores<D, true, PP>(s, o, pa, dq, dk0 + st * KU, dvt0 + vprev * VU, vs + st * V_BYTES,
-                                               vt + vn * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
-                    fa90_cap<SC, BC>(s, pre);
-                    ok = fa90f8_softmax_lazy(s, m, l, pa, sl2);
-                    i++, j--;
-                    if (!ok || j < f0) break;
-                }
-                if (!ok) fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
-            }
-            if (PP && c == 0 && steps) pk_bar_sync_aligned(FA90F8_BAR_PP, 256);
-            fa90f8_pv<D>(o, pa, dvt0 + ((i - 1) % VTS) * VU);  // the last steady tile's O += P V^T
+            fa90_cap<SC, BC>(s, pre);
+            fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
+            i++, j--;
         }
-        for (; j >= kt0; j--, i++) masked_tile();
+        // PP: consumer 1 gives consumer 0 the first turn of the ping-pong where steps follow; consumer 0 takes
+        // consumer 1's last hand-over after them (which also publishes consumer 1's half of the last V^T), so
+        // both barriers are back at zero arrivals. Both warpgroups run the same steps: the turns pair up.
+        const bool steps = j >= f0;
+        if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);
+        while (j >= f0) {
+            bool ok;
+            for (;;) {  // the hot loop
+                const unsigned st = i % ST;
+                // the V^T slots of the previous tile and of this one (VTS 2: the other slot and st)
+                const unsigned vprev = (i - 1) % VTS, vn = i % VTS;
+                fa90f8_scores<D, true, PP>(s, o, pa, dq, dk0 + st * KU, dvt0 + vprev * VU, vs + st * VS_BYTES,
+                                           vt + vn * V_BYTES, &full[st], &empty[st], (i / ST) & 1, ct);
+                fa90_cap<SC, BC>(s, pre);
+                ok = fa90f8_softmax_lazy<D>(s, m, l, pa, sl2);
+                i++, j--;
+                if (!ok || j < f0) break;
+            }
+            if (!ok) fa90f8_exact<D, false>(s, o, m, l, pa, sl2, 0, {0, 0}, {0, 0}, t);
+        }
+        if (PP && c == 0 && steps) pk_bar_sync_aligned(FA90F8_BAR_PP, 256);
+        fa90f8_pv<D>(o, pa, dvt0 + ((i - 1) % VTS) * VU);  // the last steady tile's O += P V^T
     }
+    for (; j >= kt0; j--, i++) masked_tile();
 
     // P carried 2^FA90F8_OFF: l / 2^OFF is the true sum, and vd / 2^OFF undoes it in O (powers of two: exact).
     constexpr float UNOFF = 1.0f / (float)(1 << FA90F8_OFF);
     l[0] *= UNOFF, l[1] *= UNOFF;
-    const float vd = v_descale[di * vd_stride] * UNOFF;
-    // out / lse's first row of the sequence (VARLEN: read again here rather than kept live through the loops)
-    const long long o_row0 = VARLEN ? (long long)cu_q[blockIdx.y] : (long long)b * n_q;
+    // The CTA's batch / sequence, head and kv head; REMAT: found again from its block index made opaque.
+    int eb = b, eh = h, ekvh = kvh;
+    if constexpr (!REMAT) {
+    } else if constexpr (VARLEN) {
+        eb = (int)pk_opaque_u32(blockIdx.y), eh = (int)(pk_opaque_u32(blockIdx.x) % n_heads);
+        ekvh = eh / (n_heads / n_kv_heads);
+    } else {
+        // n_q opaque: the tile's arithmetic is done again, not taken from the values of the start
+        const PkAttnQTile tile =
+            pk_attn_q_tile((int)pk_opaque_u32((unsigned)n_q), FA90F8_BR, n_heads, n_kv_heads, window_right);
+        eb = tile.b, eh = tile.h, ekvh = tile.kvh;
+    }
+    const float vd = v_descale[((long long)eb * n_kv_heads + ekvh) * vd_stride] * UNOFF;
+    const long long o_row0 = VARLEN ? (long long)cu_q[eb] : (long long)eb * n_q;  // out / lse's first row
     // The epilogue (attention_fwd_sm90.cu's, FA3's): this consumer's 64 rows of O, normalised and rounded to bf16
-    // (2 D bytes a row: 128 D bytes, twice its D-byte rows of the e4m3 Q tile), go through V slot c (128 D bytes,
-    // 1024-aligned) in out's box layout ([D / 64][64][128 B], 128B swizzle), then leave with 16-byte stores. The
-    // slot is free here without a barrier of the two consumers: a V slot is written only by the producer's TMA
-    // loads, every one of which this warpgroup waited for (full), and read only by the consumers' transposes (generic
-    // loads, never by a wgmma), each of which the other consumer finished before this one passed its last tile's
-    // hand-over: the V^T barrier after the transposes (the boundary tiles, d256, the d64 steady steps), or at d128's
-    // ping-pong steps consumer 1's turn (consumer 0 arrives after its transpose) and consumer 0's sync on consumer
-    // 1's last hand-over after the loop (after consumer 1's last transpose). The other consumer may still read its Q
-    // rows, K and V^T (its last S and P V^T): none of them is touched. No tile at all: nothing was loaded there.
+    // (2 D bytes a row: 128 D bytes, twice its D-byte rows of the e4m3 Q tile), go through V slot c (128 D bytes:
+    // FA90F8_VSLOT, 1024-aligned) in out's box layout ([D / 64][64][128 B], 128B swizzle), then leave with 16-byte
+    // stores. The slot is free here without a barrier of the two consumers: a V slot is written only by the
+    // producer's TMA loads, every one of which this warpgroup waited for (full), and read only by the consumers'
+    // transposes (generic loads, never by a wgmma), each of which the other consumer finished before this one passed
+    // its last tile's hand-over: the V^T barrier after the transposes (the boundary tiles, the d64 steady steps), or
+    // at the d128 / d256 ping-pong steps consumer 1's turn (consumer 0 arrives after its transpose) and consumer 0's
+    // sync on consumer 1's last hand-over after the loop (after consumer 1's last transpose). The other consumer may
+    // still read its Q rows, K and V^T (its last S and P V^T): none of them is touched. No tile at all: nothing was
+    // loaded there.
     // The warpgroup, its first row (q0 + 64 c: row0 rounded down to 64) and the lane's row and column of the stage
     // from threadIdx.x again, opaque: kept live through the loops, they lengthened the d128 loop by 9 instructions.
     const unsigned tx = pk_opaque_u32(threadIdx.x), wt = tx % 128;
-    unsigned char* os = vs + (tx / 128 - 1) * V_BYTES;
+    unsigned char* os = vs + (tx / 128 - 1) * VS_BYTES;
     const unsigned rb0 = (16 * (wt / 32) + (wt % 32) / 4) * 128 + 4 * (tx % 4);  // row 16 wq + g, byte 4 t
-    const int srow = row0 & ~63;
+    const int row0 = q_row(), srow = row0 & ~63;
     pk_attn_epilogue(  // m is in log2 units already
         l, m, 1.0f, vd, row0, n_q,
         [&](int r, int, float inv) { pk_attn_stage_o_row<__nv_bfloat16, D>(os, 64 * 128, rb0 + 8 * r * 128, o, r, inv); },
-        [&](int row) { return lse + (o_row0 + row) * n_heads + h; });
+        [&](int row) { return lse + (o_row0 + row) * n_heads + eh; });
     pk_bar_sync_aligned(tx / 128 + (FA90F8_BAR_EPI - 1), 128);  // the warpgroup's rows are all staged
     const long long o_stride = (long long)n_heads * D;  // out (batch, n_q or total_q, n_heads, D)
-    pk_attn_store_staged_o<__nv_bfloat16, D>(os, 64 * 128, 0, out + (o_row0 + srow) * o_stride + (long long)h * D,
+    pk_attn_store_staged_o<__nv_bfloat16, D>(os, 64 * 128, 0, out + (o_row0 + srow) * o_stride + (long long)eh * D,
                                              o_stride, n_q - srow, wt);
 }
 

@@ -135,14 +135,14 @@ def test_fp8_forward_sm90_same_bits_under_other_schedules(schedule, monkeypatch)
     np.testing.assert_array_equal(lse0, lse1)
 
 
-# ---- the d128 ping-pong (FA90F8_PP): the two consumer warpgroups take turns issuing their steady steps' wgmmas,
-# the hand-over publishing the warpgroup's half of the tile's V^T (4 V^T slots there). Five full key tiles: the
-# first peeled off, four steps of the ping-pong loop (the V^T slots wrap).
-PP_SHAPE = (1, 130, 640, 2, 1, 128, False, True)
+# ---- the d128 / d256 ping-pong (FA90F8_PP): the two consumer warpgroups take turns issuing their steady steps'
+# wgmmas, the hand-over publishing the warpgroup's half of the tile's V^T (4 V^T slots there). Five full key tiles
+# (128 keys at d128, 64 at d256): the first peeled off, four steps of the ping-pong loop (the V^T slots wrap).
+PP_SHAPE = {d: (1, 130, 5 * sm90.FP8_KEYS[d], 2, 1, d, False, True) for d in (128, 256)}
 
 
-def _pp_run(seed: int = 10):
-    b, n_q, n_k, h, n_kv, d, causal, per_head = PP_SHAPE
+def _pp_run(d: int = 128, seed: int = 10):
+    b, n_q, n_k, h, n_kv, d, causal, per_head = PP_SHAPE[d]
     q8, k8, v8, qd, kd, vd = fp8_inputs(seed, b, n_q, n_k, h, n_kv, d, per_head)
     out, lse = ops.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd,
                                    return_lse=True, backend="host")
@@ -150,20 +150,21 @@ def _pp_run(seed: int = 10):
 
 
 @pytest.mark.usefixtures("sm90_host")
-def test_fp8_ping_pong_steps_match_float64_under_every_schedule(monkeypatch) -> None:
+@pytest.mark.parametrize("d", sorted(PP_SHAPE))
+def test_fp8_ping_pong_steps_match_float64_under_every_schedule(d, monkeypatch) -> None:
     names = _record(monkeypatch)
-    out0, lse0, args = _pp_run()
-    assert names == [sm90.fp8_kernel_name(128)] and sm90.FP8_PING_PONG[128]
+    out0, lse0, args = _pp_run(d)
+    assert names == [sm90.fp8_kernel_name(d)] and sm90.FP8_PING_PONG[d]
     check(out0, lse0, *args)
     for schedule in ("reverse", "random:3", "random:11"):
         monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
-        out1, lse1, _ = _pp_run()
+        out1, lse1, _ = _pp_run(d)
         np.testing.assert_array_equal(out0.view(np.uint16), out1.view(np.uint16), err_msg=schedule)
         np.testing.assert_array_equal(lse0, lse1, err_msg=schedule)
 
 
 SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_fp8_sm90.cu"
-_OPENING = "            if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);\n"
+_OPENING = "        if (PP && c == 1 && steps) pk_bar_arrive_aligned(FA90F8_BAR_PP, 256);\n"
 
 
 def _pp_mutant(tmp_path, monkeypatch, old: str, new: str) -> None:
@@ -182,16 +183,17 @@ def _pp_mutant(tmp_path, monkeypatch, old: str, new: str) -> None:
 
 
 @pytest.mark.usefixtures("sm90_host")
-def test_fp8_ping_pong_never_opened_is_a_deadlock_naming_its_barriers(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("d", sorted(PP_SHAPE))
+def test_fp8_ping_pong_never_opened_is_a_deadlock_naming_its_barriers(d, tmp_path, monkeypatch) -> None:
     # Consumer 1 never gives consumer 0 its first turn: consumer 0 waits on named barrier 3, consumer 1 on 4,
     # forever (a hang on the GPU); the host names both barriers and their arrivals.
     from pykern.errors import KernelExecutionError
 
     _pp_mutant(tmp_path, monkeypatch, _OPENING, "")
     with pytest.raises(KernelExecutionError, match=(
-            r"kernel fa90f8_mutant_d128_fp8: block \(\d+,0,0\): .*128 of 256 threads arrived at named barrier 3 "
+            rf"kernel fa90f8_mutant_d{d}_fp8: block \(\d+,0,0\): .*128 of 256 threads arrived at named barrier 3 "
             r"\(first at .*fa90f8_mutant\.cu:\d+\); 128 of 256 threads arrived at named barrier 4")):
-        _pp_run()
+        _pp_run(d)
 
 
 @pytest.mark.usefixtures("sm90_host")
@@ -261,12 +263,14 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
 # m64nNk32 counts 2N/8). The first kernel ran an exact softmax (row max, shuffles, rescale of O) and the mask check
 # on every tile, one tile's S, transpose, softmax and P V^T after another: 6.289 at d64, 3.27 at d128. Now (lazy
 # softmax, the mask only on boundary tiles, S of the next tile issued with P V^T of the previous one) 3.0 / 1.488:
-# pinned there so neither grows. d256 runs a tile at a time (its transpose loop is not flat: no steady loop).
-# The _softcap kernels add an FMUL and a tanh.approx (MUFU) a score, 128 instructions a tile: 4.0 / 2.008.
-# d128 ping-pongs its consumer warpgroups (FA90F8_PP): the turn's BAR.SYNC and BAR.ARV replace the V^T barrier's
-# BAR.SYNC; the plain loop stays at 381 instructions (1.488), the _softcap one takes 518 (2.023, from 514): the
-# BAR.ARV and 3 register moves (the two barrier ids live through its tanh-heavier loop).
-FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (64, 1.0): 4.0, (128, 1.0): 2.023}
+# pinned there so neither grows. The _softcap kernels add an FMUL and a tanh.approx (MUFU) a score, 128
+# instructions a tile: 4.0 / 2.008. d128 ping-pongs its consumer warpgroups (FA90F8_PP): the turn's BAR.SYNC and
+# BAR.ARV replace the V^T barrier's BAR.SYNC; the plain loop stays at 381 instructions (1.488), the _softcap one
+# takes 518 (2.023, from 514): the BAR.ARV and 3 register moves (the two barrier ids live through its tanh-heavier
+# loop). d256 ran a tile at a time (its transpose a two-pass loop: no flat loop); with 64-key tiles it has the
+# d128 loop, ping-pong included: 279 instructions for 256 (1.09), with softcap 344 (1.344).
+FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (256, 0.0): 1.09, (64, 1.0): 4.0, (128, 1.0): 2.023,
+                (256, 1.0): 1.344}
 
 
 @pytest.fixture(scope="module")
@@ -283,10 +287,10 @@ def fp8_sass():
 def test_fp8_steady_loop_is_pipelined(d, cap, fp8_sass) -> None:
     mod, text, loops = fp8_sass
     loop = loops[sm90.fp8_kernel_name(d, cap)]
-    # S (128 keys x d) and P V^T (d x 128 keys) of one tile a warp: 2 * 128 * d / 128 m16n8k16-equivalents
-    assert loop["mma"] == 2 * d
+    # S (keys x d) and P V^T (d x keys) of one tile a warp: 2 * keys * d / 128 m16n8k16-equivalents
+    assert loop["mma"] == 2 * sm90.FP8_KEYS[d] * d // 128
     assert loop["per_mma"] <= FP8_LOOP_BAR[d, cap], loop
-    # the V^T barrier only; at d128 (ping-pong) the turn's BAR.SYNC and BAR.ARV instead (test below)
+    # the V^T barrier only; at d128 / d256 (ping-pong) the turn's BAR.SYNC and BAR.ARV instead (test below)
     assert loop["bar"] == (2 if sm90.FP8_PING_PONG[d] else 1) and loop["ldsm"] == 0 and loop["ldgsts"] == 0
 
 
@@ -294,8 +298,8 @@ _INSN = re.compile(r"/\*([0-9a-f]{4,6})\*/\s+((?:@!?U?P\w+\s+)?[A-Z][^;]*);")
 
 
 @pytest.mark.parametrize("d,cap", sorted(FP8_LOOP_BAR))
-def test_fp8_steady_loop_ping_pongs_at_d128(d, cap, fp8_sass) -> None:
-    # FA3's warp scheduler barriers, as the bf16 d128 kernel: each step's QGMMA group is issued between a BAR.SYNC
+def test_fp8_steady_loop_ping_pongs_from_d128(d, cap, fp8_sass) -> None:
+    # FA3's warp scheduler barriers, as the bf16 d128 kernel (here at d128 and d256): each step's QGMMA group is issued between a BAR.SYNC
     # on this warpgroup's named barrier (id in a register: 3 or 4) and a BAR.ARV on the other's, both over the two
     # consumer warpgroups (256 threads = 0x100); no QGMMA of the loop lies outside a turn, and the V^T barrier
     # (BAR.SYNC 0x1) is out of the loop. Consumer 1 opens the game once outside it (BAR.ARV 0x3, 0x100). d64
@@ -319,7 +323,8 @@ def test_fp8_steady_loop_ping_pongs_at_d128(d, cap, fp8_sass) -> None:
         if sync.match(i):
             inside = True
         elif arv.match(i):
-            assert inside and group == 8, group  # S's 4 k-steps and P V^T's 4
+            # S's d / 32 k-steps and P V^T's keys / 32 (d128: 4 + 4, d256: 8 + 2)
+            assert inside and group == d // 32 + sm90.FP8_KEYS[d] // 32, group
             inside = False
         elif i.startswith("QGMMA"):
             group, outside = group + inside, outside + (not inside)
@@ -336,7 +341,7 @@ def test_fp8_kernels_use_qgmma_and_tma_without_spills(d, cap, fp8_sass) -> None:
     name = sm90.fp8_kernel_name(d, cap)
     ops_ = kernel_ops(text, name)
     assert ("MUFU.TANH" in ops_) == (cap > 0)  # the tanh only in the _softcap kernels
-    assert any(op.startswith("QGMMA.64x128x32.F32.E4M3.E4M3") for op in ops_)  # S = Q K^T
+    assert any(op.startswith(f"QGMMA.64x{sm90.FP8_KEYS[d]}x32.F32.E4M3.E4M3") for op in ops_)  # S = Q K^T
     assert any(op.startswith(f"QGMMA.64x{d}x32.F32.E4M3.E4M3") for op in ops_)  # O += P V^T
     assert sum(op.startswith("UTMALDG.4D") for op in ops_) >= 3
     res = mod.resources[name]
@@ -581,16 +586,18 @@ _EPI_BAR = "    pk_bar_sync_aligned(tx / 128 + (FA90F8_BAR_EPI - 1), 128);"
 
 @pytest.mark.slow
 @pytest.mark.usefixtures("sm90_host")
-def test_fp8_epilogue_is_clean_under_racecheck_and_needs_its_barrier(tmp_path, monkeypatch) -> None:
+@pytest.mark.parametrize("d", sorted(PP_SHAPE))
+def test_fp8_epilogue_is_clean_under_racecheck_and_needs_its_barrier(d, tmp_path, monkeypatch) -> None:
     # The epilogue stages each consumer's bf16 rows of O in V slot c with no barrier of the two consumers: a V slot is
     # read only by the transposes (generic loads: racecheck sees them), which the other consumer finished before the
-    # last hand-over. Clean under racecheck at the ping-pong d128 shape (5 key tiles, the V^T slots wrapping).
-    # Without the warpgroup's barrier, the 16-byte reads of rows other warps staged race with their writes.
+    # last hand-over. Clean under racecheck at the ping-pong shapes (5 key tiles, the V^T slots wrapping; d256:
+    # the stage is twice its 64-key V tile, the slot sized for it). Without the warpgroup's barrier, the 16-byte
+    # reads of rows other warps staged race with their writes.
     from pykern.errors import KernelExecutionError
 
     monkeypatch.setenv("PYKERN_HOST_RACECHECK", "1")
-    out, lse, args = _pp_run()
+    out, lse, args = _pp_run(d)
     check(out, lse, *args)
     _pp_mutant(tmp_path, monkeypatch, _EPI_BAR, "    //")  # the comment after it stays one
     with pytest.raises(KernelExecutionError, match=r"read-after-write race"):
-        _pp_run()
+        _pp_run(d)

@@ -172,15 +172,19 @@ def try_forward(q: Any, k: Any, v: Any, out: Any, lse: Any, dims: tuple[int, int
 
 # ---- FP8 forward (kernels_cu/attention_fwd_fp8_sm90.cu) ------------------------------------------
 FP8_HEAD_DIMS = (64, 128, 256)  # head_dim == head_dim_v
-FP8_KEYS = 128  # FA90F8_BC: keys per tile (a 2-slot ring of K and V, 2 or 4 slots of the transposed V)
+# FA90F8_BC: keys per tile (a 2-slot ring of K and V, 2 or 4 slots of the transposed V); 64 at d256, where the
+# next tile's S beside O's 256 columns fits a thread's registers only so
+FP8_KEYS = {64: 128, 128: 128, 256: 64}
 # FA90F8_PP: head dims whose steady loop ping-pongs the two consumer warpgroups (their V^T takes 4 slots)
-FP8_PING_PONG = {64: False, 128: True, 256: False}
+FP8_PING_PONG = {64: False, 128: True, 256: True}
 
 
 def fp8_shared_bytes(d: int) -> int:
-    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K / V ring of 2 slots, the
-    V^T slots (4 where the loop ping-pongs, else 2; one byte an element), the mbarriers."""
-    return ROWS * d + (2 * 2 + (4 if FP8_PING_PONG[d] else 2)) * FP8_KEYS * d + 1024
+    """Dynamic shared memory of the FP8 forward at head_dim d (FA90F8_SMEM_BYTES): Q, the K ring of 2 slots, the
+    V ring of 2 slots of max(keys, ROWS) * d bytes (a consumer's 64 rows of O in bf16 are staged in one), the V^T
+    slots (4 where the loop ping-pongs, else 2; one byte an element), the mbarriers."""
+    keys = FP8_KEYS[d]
+    return ROWS * d + (2 + (4 if FP8_PING_PONG[d] else 2)) * keys * d + 2 * max(keys, ROWS) * d + 1024
 
 
 def fp8_kernel_name(d: int, softcap: float = 0.0) -> str:
@@ -206,8 +210,8 @@ def try_forward_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, descales: tuple[
     name = get_backend(backend).name
     try:  # the e4m3 bytes in boxes of 64 head-dim columns (64 bytes: the 64B swizzle's row)
         tq = make_tensor_map(arrays.view_uint8(q), (1, ROWS, 1, 64), "64B", backend=name)
-        tk = make_tensor_map(arrays.view_uint8(k), (1, FP8_KEYS, 1, 64), "64B", backend=name)
-        tv = make_tensor_map(arrays.view_uint8(v), (1, FP8_KEYS, 1, 64), "64B", backend=name)
+        tk = make_tensor_map(arrays.view_uint8(k), (1, FP8_KEYS[d], 1, 64), "64B", backend=name)
+        tv = make_tensor_map(arrays.view_uint8(v), (1, FP8_KEYS[d], 1, 64), "64B", backend=name)
     except ArgumentError:  # e.g. a base that is not 16-byte aligned: the bf16 path takes it
         return False
     (qd, qs), (kd, ks), (vd, vs) = descales
@@ -246,9 +250,9 @@ def try_varlen_fp8(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: 
     try:  # the packed bytes as one batch of total rows: the kernel adds each sequence's first row
         tq = make_tensor_map(arrays.view_uint8(q).reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "64B",
                              backend=name)
-        tk = make_tensor_map(arrays.view_uint8(k).reshape((1, total_k, n_kv_heads, d)), (1, FP8_KEYS, 1, 64), "64B",
+        tk = make_tensor_map(arrays.view_uint8(k).reshape((1, total_k, n_kv_heads, d)), (1, FP8_KEYS[d], 1, 64), "64B",
                              backend=name)
-        tv = make_tensor_map(arrays.view_uint8(v).reshape((1, total_k, n_kv_heads, d)), (1, FP8_KEYS, 1, 64), "64B",
+        tv = make_tensor_map(arrays.view_uint8(v).reshape((1, total_k, n_kv_heads, d)), (1, FP8_KEYS[d], 1, 64), "64B",
                              backend=name)
     except ArgumentError:  # no key at all, or a base that is not 16-byte aligned: the bf16 path takes it
         return False
