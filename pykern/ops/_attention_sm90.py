@@ -40,8 +40,7 @@ _CFG = {64: (192, 2), 96: (128, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
 LOOP_TILES = {64: 2, 96: 1, 128: 1, 192: 1, 256: 2}
 # Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4):
-# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128 and d64 (no paged
-# kernel at d96).
+# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128, d96 and d64.
 PING_PONG = {64: True, 96: True, 128: True, 192: False, 256: False}
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
 # intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: on everywhere (at d64 with
@@ -299,12 +298,15 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
 
 
 # ---- paged prefill (paged_prefill_attention: fa90_forward's paged producer) ---------------------
-PAGED_HEAD_DIMS = (64, 128, 256)
+PAGED_HEAD_DIMS = (64, 96, 128, 256)
 # (head_dim, head_dim_v) of the paged kernels: the PAGED_HEAD_DIMS with head_dim_v == head_dim and DeepSeek-V3's
 # 192 / 128 (V pages of 128 columns beside K pages of 192, each with its own strides).
 PAGED_SHAPES = (*((d, d) for d in PAGED_HEAD_DIMS), (192, 128))
 # Cache element kinds a bf16 / f16 query runs over here: its own type, or FP8 (widened to it by the producer).
 PAGED_FP8 = ("e4m3", "e5m2")
+# Head dims whose paged kernels take only a cache of the query's type (d96: its gather writes the 32-column boxes of
+# PkAttnBox<96>; the FP8 forms are not instantiated, to keep the kernel count down: FP8 caches there run paged_attn).
+PAGED_16BIT_ONLY = (96,)
 # Head dims whose FP8 paged kernels stage the cache's bytes in shared memory before widening them (d256: its
 # producer runs in the TMA producer's 24 registers, Fa90PagedRegs, where widening loaded pieces in registers
 # spilled): BC * (head_dim + head_dim_v) bytes after the mbarriers (FA90_PAGED_FP8_STAGE, fa90_gather_rows_staged).
@@ -322,6 +324,12 @@ def paged_shared_bytes(d: int, d_v: int, kv_kind: str) -> int:
     return shared_bytes(d, d_v) + (_CFG[d][0] * (d + d_v) if _paged_fp8_staged(d, kv_kind) else 0)
 
 
+def paged_cache_kinds(d: int, q_kind: str) -> tuple[str, ...]:
+    """Cache element kinds paged_prefill_sm90 has a kernel for at head_dim d with q_kind queries: q_kind, and the FP8
+    kinds unless d is in PAGED_16BIT_ONLY."""
+    return (q_kind,) if d in PAGED_16BIT_ONLY else (q_kind, *PAGED_FP8)
+
+
 def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
     """paged_prefill_sm90_<shape>[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]: <shape> d{d} when head_dim_v d_v is d (or
     None), else d{d}_dv{d_v}."""
@@ -336,7 +344,7 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
                       backend: str | None) -> bool:
     """paged_prefill_attention: run paged_prefill_sm90_* (`paged_kernel_name`) when `usable`, else False (nothing
     launched). q (total_q, heads, D) contiguous bf16 / f16; kf / vf the flat caches of q's type or FP8 (kinds: (q
-    kind, cache kind)); out / lse flat (total_q, heads[, D]); qo int32 (batch + 1,); table (kv_indptr, kv_indices,
+    kind, cache kind); `paged_cache_kinds`: d96 only q's type); out / lse flat (total_q, heads[, D]); qo int32 (batch + 1,); table (kv_indptr, kv_indices,
     kv_last_page_len); dims (batch, max_qo, heads, kv_heads, D, page_size[, DV]) (DV, v's and out's head dim,
     default D); strides (s_page, s_tok, s_head) of both caches in elements, or those of K then those of V (six: V
     pages at their own head dim); scale with k_scale folded in; (wl, wr) normalized per sequence (serving ops). The
@@ -350,7 +358,7 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     batch, max_qo, n_heads, n_kv_heads, d, page_size = dims[:6]
     d_v = dims[6] if len(dims) > 6 else d
     q_kind, kv_kind = kinds
-    if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or (d, d_v) not in PAGED_SHAPES:
+    if q_kind not in ("bf16", "f16") or (d, d_v) not in PAGED_SHAPES or kv_kind not in paged_cache_kinds(d, q_kind):
         return False
     if not usable(d, d_v, softcap, scale, q, backend, kf, vf):
         return False
@@ -366,8 +374,9 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     if n_qt * n_heads >= 2**31 or batch > 65535:
         return False
     total_q = arrays.shape_of(q)[0]
+    cq, sq = box(d)  # the forward's Q box (d96: 32 columns, 64B swizzle), which the gather's K / V boxes match
     try:  # the packed queries as one batch of total_q rows, as the varlen forward's
-        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "128B",
+        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, cq), sq,
                              backend=get_backend(backend).name)
     except ArgumentError:
         return False
