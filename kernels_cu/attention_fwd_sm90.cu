@@ -45,8 +45,7 @@
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 // Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16} (D 64 / 96 / 128 / 256), d192_dv128 for DQK
 // 192 / DV 128.
-// paged_prefill_sm90_d{64,128,256}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv], paged_prefill_sm90_d96[_softcap]_{bf16,f16}
-// (a cache of the query's type) and paged_prefill_sm90_d192_dv128[_softcap]_...
+// paged_prefill_sm90_d{64,96,128,256}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv] and paged_prefill_sm90_d192_dv128[_softcap]_...
 // (V pages of 128 columns beside K pages of 192, V's strides its own): the varlen kernel's queries against a paged
 // cache (paged_prefill_attention), the K / V tiles gathered through the page table by fa90_producer_paged (KV).
 #include "pk_common.cuh"
@@ -1348,7 +1347,7 @@ PK_IO16_KERNELS(paged_prefill_sm90_d256, (FA90_THREADS, 1), FA90_PAGED_PARAMS, F
 PK_IO16_KERNELS(paged_prefill_sm90_d256_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)
-// d96 (32-column boxes, 64B swizzle: the gather writes PkAttnBox<96>'s layout): a cache of the query's type only
+// d96: 32-column boxes, 64B swizzle (the gather writes PkAttnBox<96>'s layout)
 PK_IO16_KERNELS(paged_prefill_sm90_d96, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d96_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
@@ -1359,3 +1358,5 @@ PK_FP8KV16_KERNELS(paged_prefill_sm90_d256, (FA90_THREADS, 1), FA90_PAGED_PARAMS
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d256_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d96, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d96_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)

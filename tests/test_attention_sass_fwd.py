@@ -120,7 +120,7 @@ SM90_FWD = [f"attention_fwd_{v}sm90_{s}{c}_{t}" for v in ("", "varlen_")
             for s in ("d64", "d96", "d128", "d256", "d192_dv128")
             for c in ("", "_softcap") for t in ("bf16", "f16")]
 SM90_PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
-              for q in ("bf16", "f16") for kv in sm90.paged_cache_kinds(d, q)]
+              for q in ("bf16", "f16") for kv in (q, *sm90.PAGED_FP8)]
 
 
 @lru_cache(maxsize=None)

@@ -5,7 +5,7 @@ On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the
 queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128 and 192 / 128 (V pages of
 128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), at head_dim 256 (an FP8
 cache's bytes staged in shared memory by cp.async, then widened), and at head_dim 96 over a cache of the query's
-type (the gather writes 32-column, 64B-swizzled boxes; an FP8 cache there keeps paged_attn), for every page size (1,
+type or FP8 (the gather writes 32-column, 64B-swizzled boxes), for every page size (1,
 3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
 causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
 paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
@@ -77,6 +77,8 @@ CASES = [
     ([200, 0, 90], [70, 3, 90], 3, 2, 2, 96, "f16", "f16", False, "HND", -1, 20.0),  # page 3, no keys, softcap
     ([260], [129], 256, 2, 1, 96, "f16", "f16", True, "NHD", 100, 0.0),            # page over the tile, window
     ([150], [60], 1, 2, 1, 96, "bf16", "bf16", True, "HND", -1, 30.0),              # page 1, softcap
+    ([290, 40], [150, 40], 16, 4, 1, 96, "bf16", "e4m3", True, "NHD", -1, 0.0),     # FP8 e4m3, k/v scales
+    ([210, 0], [100, 3], 8, 2, 1, 96, "f16", "e5m2", False, "HND", 50, 20.0),       # e5m2, no keys, window, softcap
 ]
 
 
@@ -195,27 +197,22 @@ def test_paged_prefill_d256_fp8_shared_memory_and_strides() -> None:
 
 
 def test_paged_prefill_sm90_only_where_it_applies(monkeypatch) -> None:
-    # f32 queries, head_dim 32 (no sm_90a instantiation) and an FP8 cache at head_dim 96 (its paged kernels take a
-    # cache of the query's type only) keep paged_attn; bf16 at head_dim 128 takes sm_90a
+    # f32 queries, head_dim 32 (no sm_90a instantiation) keep paged_attn; bf16 at head_dim 128 takes sm_90a
     rng = np.random.default_rng(6)
     names = _record(monkeypatch)
     _run(rng, [40], [10], 16, 2, 1, 64, "f32", "e5m2")
     _run(rng, [40], [10], 16, 2, 1, 32, "bf16", "bf16")
-    out, lse, ref_out, ref_lse = _run(rng, [40], [10], 16, 2, 1, 96, "f16", "e4m3")
-    close("out", out, ref_out, "paged_prefill_attention", "f16")
-    assert names == ["paged_attn_e5m2kv", "paged_attn_bf16", "paged_attn_f16_e4m3kv"]
-    assert sm90.paged_cache_kinds(96, "bf16") == ("bf16",)
-    assert sm90.paged_cache_kinds(128, "f16") == ("f16", "e4m3", "e5m2")
+    assert names == ["paged_attn_e5m2kv", "paged_attn_bf16"]
 
 
 @pytest.mark.parametrize("shape", [(64, None), (192, 128), (96, None)], ids=["d64", "d192_dv128", "d96"])
 @pytest.mark.parametrize("schedule", ["reverse", "random:7"])
 def test_paged_prefill_sm90_under_other_thread_schedules(schedule, shape, monkeypatch) -> None:
     # the producer's 128 gathering threads and the consumers in any order: the same bits as the forward order
-    # (192 / 128: the K pass and the V pass of the gather; d96: 32-column boxes, a cache of the query's type)
+    # (192 / 128: the K pass and the V pass of the gather; d96: 32-column boxes)
     rng = np.random.default_rng(8)
     d, dv = shape
-    args = ([200, 30], [140, 30], 5, 2, 1, d, "bf16", "bf16" if d == 96 else "e4m3")
+    args = ([200, 30], [140, 30], 5, 2, 1, d, "bf16", "e4m3")
     out0, lse0, _, _ = _run(np.random.default_rng(8), *args, d_v=dv)
     monkeypatch.setenv("PYKERN_HOST_SCHEDULE", schedule)
     out1, lse1, _, _ = _run(rng, *args, d_v=dv)
@@ -226,7 +223,7 @@ def test_paged_prefill_sm90_under_other_thread_schedules(schedule, shape, monkey
 # --------------------------------------------------------------------------- SASS (NVRTC, no GPU)
 SRC = Path(__file__).resolve().parent.parent / "kernels_cu" / "attention_fwd_sm90.cu"
 PAGED = [sm90.paged_kernel_name(d, c, q, kv, dv) for d, dv in sm90.PAGED_SHAPES for c in (0.0, 1.0)
-         for q in ("bf16", "f16") for kv in sm90.paged_cache_kinds(d, q)]
+         for q in ("bf16", "f16") for kv in (q, "e4m3", "e5m2")]
 
 
 @lru_cache(maxsize=None)

@@ -304,9 +304,6 @@ PAGED_HEAD_DIMS = (64, 96, 128, 256)
 PAGED_SHAPES = (*((d, d) for d in PAGED_HEAD_DIMS), (192, 128))
 # Cache element kinds a bf16 / f16 query runs over here: its own type, or FP8 (widened to it by the producer).
 PAGED_FP8 = ("e4m3", "e5m2")
-# Head dims whose paged kernels take only a cache of the query's type (d96: its gather writes the 32-column boxes of
-# PkAttnBox<96>; the FP8 forms are not instantiated, to keep the kernel count down: FP8 caches there run paged_attn).
-PAGED_16BIT_ONLY = (96,)
 # Head dims whose FP8 paged kernels stage the cache's bytes in shared memory before widening them (d256: its
 # producer runs in the TMA producer's 24 registers, Fa90PagedRegs, where widening loaded pieces in registers
 # spilled): BC * (head_dim + head_dim_v) bytes after the mbarriers (FA90_PAGED_FP8_STAGE, fa90_gather_rows_staged).
@@ -324,12 +321,6 @@ def paged_shared_bytes(d: int, d_v: int, kv_kind: str) -> int:
     return shared_bytes(d, d_v) + (_CFG[d][0] * (d + d_v) if _paged_fp8_staged(d, kv_kind) else 0)
 
 
-def paged_cache_kinds(d: int, q_kind: str) -> tuple[str, ...]:
-    """Cache element kinds paged_prefill_sm90 has a kernel for at head_dim d with q_kind queries: q_kind, and the FP8
-    kinds unless d is in PAGED_16BIT_ONLY."""
-    return (q_kind,) if d in PAGED_16BIT_ONLY else (q_kind, *PAGED_FP8)
-
-
 def paged_kernel_name(d: int, softcap: float, q_kind: str, kv_kind: str, d_v: int | None = None) -> str:
     """paged_prefill_sm90_<shape>[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv]: <shape> d{d} when head_dim_v d_v is d (or
     None), else d{d}_dv{d_v}."""
@@ -344,7 +335,7 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
                       backend: str | None) -> bool:
     """paged_prefill_attention: run paged_prefill_sm90_* (`paged_kernel_name`) when `usable`, else False (nothing
     launched). q (total_q, heads, D) contiguous bf16 / f16; kf / vf the flat caches of q's type or FP8 (kinds: (q
-    kind, cache kind); `paged_cache_kinds`: d96 only q's type); out / lse flat (total_q, heads[, D]); qo int32 (batch + 1,); table (kv_indptr, kv_indices,
+    kind, cache kind)); out / lse flat (total_q, heads[, D]); qo int32 (batch + 1,); table (kv_indptr, kv_indices,
     kv_last_page_len); dims (batch, max_qo, heads, kv_heads, D, page_size[, DV]) (DV, v's and out's head dim,
     default D); strides (s_page, s_tok, s_head) of both caches in elements, or those of K then those of V (six: V
     pages at their own head dim); scale with k_scale folded in; (wl, wr) normalized per sequence (serving ops). The
@@ -358,7 +349,7 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     batch, max_qo, n_heads, n_kv_heads, d, page_size = dims[:6]
     d_v = dims[6] if len(dims) > 6 else d
     q_kind, kv_kind = kinds
-    if q_kind not in ("bf16", "f16") or (d, d_v) not in PAGED_SHAPES or kv_kind not in paged_cache_kinds(d, q_kind):
+    if q_kind not in ("bf16", "f16") or kv_kind not in (q_kind, *PAGED_FP8) or (d, d_v) not in PAGED_SHAPES:
         return False
     if not usable(d, d_v, softcap, scale, q, backend, kf, vf):
         return False
