@@ -44,8 +44,8 @@
 // (a consumer warpgroup's rows; the epilogue stages them in the Q tile), whose stores clip rows past n_q.
 // attention_fwd_varlen_sm90_d*: the same kernel over packed sequences (VARLEN, see fa90_forward).
 // Kernel names: attention_fwd[_varlen]_sm90_d{D}[_softcap]_{bf16,f16} (D 64 / 96 / 128 / 256), d192_dv128 for DQK
-// 192 / DV 128. The paged prefill has no d96 kernel: its gather writes 64-column boxes (fa90_producer_paged).
-// paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv] and paged_prefill_sm90_d192_dv128[_softcap]_...
+// 192 / DV 128.
+// paged_prefill_sm90_d{64,96,128,256}[_softcap]_{bf16,f16}[_{e4m3,e5m2}kv] and paged_prefill_sm90_d192_dv128[_softcap]_...
 // (V pages of 128 columns beside K pages of 192, V's strides its own): the varlen kernel's queries against a paged
 // cache (paged_prefill_attention), the K / V tiles gathered through the page table by fa90_producer_paged (KV).
 #include "pk_common.cuh"
@@ -518,16 +518,20 @@ __device__ __forceinline__ void fa90_gather_16(unsigned char* dst_base, unsigned
     }
 }
 
-// One pass of the paged producer over a key tile's BC rows (keys k0..): thread tid takes the 16-byte column piece
-// tid % 8 of rows tid / 8, tid / 8 + 16, ..., one page lookup a row (offset page * sp + token * st elements), and
-// gathers NB1 64-column boxes of s1 into d1 and NB2 of s2 into d2 from that offset ([box][BC][128 B], 128B swizzle).
-template <typename T, typename KV, int NB1, int NB2, int BC>
+// One pass of the paged producer over a key tile's BC rows (keys k0..) into boxes of BX (PkAttnBox: BX::COLS columns,
+// BX::ROW-byte rows, BX::SWIZZLE): thread tid takes the 16-byte column piece tid % PC (PC = BX::ROW / 16 pieces a box
+// row: 8, or 4 in d96's 32-column boxes) of rows tid / PC, tid / PC + 128 / PC, ..., one page lookup a row (offset
+// page * sp + token * st elements), and gathers NB1 boxes of s1 into d1 and NB2 of s2 into d2 from that offset
+// ([box][BC][BX::ROW B], the layout a TMA load of that box writes). s1 / s2 already hold the thread's column
+// piece (the producer's hoff).
+template <typename T, typename KV, typename BX, int NB1, int NB2, int BC>
 __device__ __forceinline__ void fa90_gather_rows(unsigned char* d1, const KV* s1, unsigned char* d2, const KV* s2,
                                                  const int* idx, int ps, long long sp, long long st, int k0, int n_k,
                                                  int tid) {
+    constexpr int PC = BX::ROW / 16, RS = 128 / PC;  // pieces a box row, rows a pass
     // Not unrolled: ptxas unrolled it 4x, and the unrolled rows' addresses spilled out of the 40 registers.
 #pragma unroll 1
-    for (int r = tid / 8; r < BC; r += 16) {
+    for (int r = tid / PC; r < BC; r += RS) {
         const int key = k0 + r;
         const bool in = key < n_k;
         long long off = 0;
@@ -535,11 +539,13 @@ __device__ __forceinline__ void fa90_gather_rows(unsigned char* d1, const KV* s1
             const int pi = key / ps;
             off = (long long)idx[pi] * sp + (long long)(key - pi * ps) * st;
         }
-        const unsigned so = pk_swizzle_offset(r * 128 + (tid % 8) * 16, PK_SWIZZLE_128B);
+        const unsigned so = pk_swizzle_offset(r * BX::ROW + (tid % PC) * 16, BX::SWIZZLE);
 #pragma unroll
-        for (int nb = 0; nb < NB1; nb++) fa90_gather_16<T, KV>(d1 + nb * BC * 128, so, s1 + off + nb * 64, in);
+        for (int nb = 0; nb < NB1; nb++)
+            fa90_gather_16<T, KV>(d1 + nb * BC * BX::ROW, so, s1 + off + nb * BX::COLS, in);
 #pragma unroll
-        for (int nb = 0; nb < NB2; nb++) fa90_gather_16<T, KV>(d2 + nb * BC * 128, so, s2 + off + nb * 64, in);
+        for (int nb = 0; nb < NB2; nb++)
+            fa90_gather_16<T, KV>(d2 + nb * BC * BX::ROW, so, s2 + off + nb * BX::COLS, in);
     }
 }
 
@@ -645,9 +651,9 @@ __device__ __forceinline__ void fa90_gather_rows_staged(unsigned char* dk, unsig
 }
 
 // The paged producer warpgroup: one elected thread loads Q by TMA (as the dense producer), then all 128 threads
-// gather each key tile's K and V rows through the page table into the same swizzled [box][BC][128 B] layout a TMA
-// load writes (16-byte pieces: thread p takes column piece p % 8 of rows p / 8, p / 8 + 16, ...; one page lookup a
-// row), rows past n_k as zeros (the masked tile holding key n_k - 1 reads them with P = 0, as the TMA's zero
+// gather each key tile's K and V rows through the page table into the same swizzled [box][BC][box row] layout a TMA
+// load writes (PkAttnBox; 16-byte pieces: thread p takes column piece p % 8 of rows p / 8, p / 8 + 16, ..., at d96
+// piece p % 4 of rows p / 4, p / 4 + 32, ...; one page lookup a row), rows past n_k as zeros (the masked tile holding key n_k - 1 reads them with P = 0, as the TMA's zero
 // rows). Any page size: a row's piece never crosses a page. A slot's `full` mbarrier counts the 128 threads' arrivals,
 // each after its own copies completed and were ordered before the consumers' wgmma reads (fence.proxy.async).
 template <typename T, typename KV, int DQK, int DV, int BC, int ST>
@@ -656,20 +662,24 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
                                                  unsigned long long* full, unsigned long long* empty,
                                                  const Fa90Paged& pg, int b, int h, int kvh, int q_row0, int q0,
                                                  int n_k, int kt0, int kt1) {
-    constexpr int NBK = DQK / 64, NBV = DV / 64;
-    static_assert(PkAttnBox<DQK>::COLS == 64 && PkAttnBox<DV>::COLS == 64, "the paged gather writes 64-column boxes");
+    // K's and V's boxes (PkAttnBox: 64 columns, 128B swizzle; d96 32 columns, 64B swizzle): one box width for both,
+    // since a thread's column piece (hoff) serves K and V
+    using BX = PkAttnBox<DQK>;
+    static_assert(BX::COLS == PkAttnBox<DV>::COLS, "the paged gather takes K and V in boxes of one width");
+    constexpr int NBK = BX::BOXES, NBV = PkAttnBox<DV>::BOXES, PC = BX::ROW / 16;  // PC: 16-byte pieces a box row
     constexpr unsigned Q_BYTES = FA90_BR * DQK * 2, K_BYTES = BC * DQK * 2, V_BYTES = BC * DV * 2;
     const int tid = threadIdx.x;  // 0..127
     if (tid < 32 && pk_elect_one()) {
         pk_mbarrier_arrive_expect_tx(q_full, Q_BYTES);
-        for (int nb = 0; nb < NBK; nb++) pk_tma_load_4d(qs + nb * FA90_BR * 128, tq, q_full, nb * 64, h, q_row0 + q0, 0);
+        for (int nb = 0; nb < NBK; nb++)
+            pk_tma_load_4d(qs + nb * FA90_BR * BX::ROW, tq, q_full, nb * BX::COLS, h, q_row0 + q0, 0);
     }
     const int* idx = pg.indices + pg.indptr[b];
-    const long long hoff = (long long)kvh * pg.s_head + (tid % 8) * 8;  // this thread's 8 columns of a 64-wide box
+    const long long hoff = (long long)kvh * pg.s_head + (tid % PC) * 8;  // this thread's 8 columns of a box row
     // DV != DQK (192 / 128): V pages hold DV columns a row, so their strides are V's own (an offset of its own a row)
     constexpr bool VOWN = DQK != DV;
     const KV* kb = static_cast<const KV*>(pg.kp) + hoff;
-    const KV* vb = static_cast<const KV*>(pg.vp) + (VOWN ? (long long)kvh * pg.v_head + (tid % 8) * 8 : hoff);
+    const KV* vb = static_cast<const KV*>(pg.vp) + (VOWN ? (long long)kvh * pg.v_head + (tid % PC) * 8 : hoff);
     const int ps = pg.page_size;
     int i = 0;
     for (int j = kt1 - 1; j >= kt0; j--, i++) {
@@ -677,6 +687,7 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
         pk_mbarrier_wait_parity(empty - s, ((i / ST) & 1) ^ 1);
         if constexpr (Fa90PagedRegs<DQK>::LEAN) {  // K's and V's boxes of a row from one offset, one base
             static_assert(!VOWN && K_BYTES == V_BYTES, "the lean gather finds slot s's V tile ST K tiles on");
+            static_assert(BX::COLS == 64, "the lean and staged gathers write 64-column boxes");
             if constexpr (sizeof(KV) == 2)
                 fa90_gather_rows_lean<T, KV, NBK, BC>(ks + s * K_BYTES, ST * K_BYTES, pg, pg.indptr[b], kvh, j * BC,
                                                       n_k);
@@ -684,13 +695,13 @@ __device__ __forceinline__ void fa90_producer_paged(const CUtensorMap* tq, unsig
                 fa90_gather_rows_staged<T, KV, NBK, BC>(ks + s * K_BYTES, ST * K_BYTES, vs + ST * V_BYTES + 1024, pg,
                                                         pg.indptr[b], kvh, j * BC, n_k);
         } else if constexpr (!VOWN) {  // K's and V's boxes of a row from one offset
-            fa90_gather_rows<T, KV, NBK, NBV, BC>(ks + s * K_BYTES, kb, vs + s * V_BYTES, vb, idx, ps, pg.s_page,
-                                                  pg.s_tok, j * BC, n_k, tid);
+            fa90_gather_rows<T, KV, BX, NBK, NBV, BC>(ks + s * K_BYTES, kb, vs + s * V_BYTES, vb, idx, ps,
+                                                      pg.s_page, pg.s_tok, j * BC, n_k, tid);
         } else {  // a pass for K, then one for V at its own strides: a row holds one offset at a time
-            fa90_gather_rows<T, KV, NBK, 0, BC>(ks + s * K_BYTES, kb, nullptr, nullptr, idx, ps, pg.s_page, pg.s_tok,
-                                                j * BC, n_k, tid);
-            fa90_gather_rows<T, KV, NBV, 0, BC>(vs + s * V_BYTES, vb, nullptr, nullptr, idx, ps, pg.v_page, pg.v_tok,
-                                                j * BC, n_k, tid);
+            fa90_gather_rows<T, KV, BX, NBK, 0, BC>(ks + s * K_BYTES, kb, nullptr, nullptr, idx, ps, pg.s_page,
+                                                    pg.s_tok, j * BC, n_k, tid);
+            fa90_gather_rows<T, KV, BX, NBV, 0, BC>(vs + s * V_BYTES, vb, nullptr, nullptr, idx, ps, pg.v_page,
+                                                    pg.v_tok, j * BC, n_k, tid);
         }
         if constexpr (sizeof(KV) == 2) pk_cp_async_wait_all();  // (the staged FP8 gather waited for its own)
         pk_fence_proxy_async_shared();  // these generic-proxy writes before the consumers' wgmma (async proxy) reads
@@ -1245,7 +1256,7 @@ PK_IO16_KERNELS(attention_fwd_varlen_sm90_d192_dv128_softcap, (FA90_THREADS, 1),
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d96, (FA90_THREADS, 1), FA90_VARLEN_PARAMS, FA90_VARLEN_ARGS)
 PK_IO16_KERNELS(attention_fwd_varlen_sm90_d96_softcap, (FA90_THREADS, 1), FA90_VARLEN_SC_PARAMS, FA90_VARLEN_SC_ARGS)
 
-// paged_prefill_attention (bf16 / f16 queries): paged_prefill_sm90_d{64,128}[_softcap]_{bf16,f16} and
+// paged_prefill_attention (bf16 / f16 queries): paged_prefill_sm90_d{64,96,128,256}[_softcap]_{bf16,f16} and
 // paged_prefill_sm90_d192_dv128[_softcap]_{bf16,f16} over a cache of the query type, ..._{bf16,f16}_{e4m3,e5m2}kv over
 // an FP8 cache (widened to the query type by the producer). tq: a tensor map over the packed q (1, total_q, n_heads,
 // DQK) with the dense box; out (total_q, n_heads, DV), lse (total_q, n_heads); the page table as paged_prefill_tc
@@ -1286,6 +1297,8 @@ FA90_PAGED_ENTRY(64_softcap, 64, 64, true)
 FA90_PAGED_ENTRY(128_softcap, 128, 128, true)
 FA90_PAGED_ENTRY(256, 256, 256, false)
 FA90_PAGED_ENTRY(256_softcap, 256, 256, true)
+FA90_PAGED_ENTRY(96, 96, 96, false)
+FA90_PAGED_ENTRY(96_softcap, 96, 96, true)
 FA90_PAGED_DV_ENTRY(192_dv128, 192, 128, false)
 FA90_PAGED_DV_ENTRY(192_dv128_softcap, 192, 128, true)
 #define FA90_PAGED_PARAMS                                                                                           \
@@ -1334,6 +1347,9 @@ PK_IO16_KERNELS(paged_prefill_sm90_d256, (FA90_THREADS, 1), FA90_PAGED_PARAMS, F
 PK_IO16_KERNELS(paged_prefill_sm90_d256_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
 PK_IO16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)
+// d96: 32-column boxes, 64B swizzle (the gather writes PkAttnBox<96>'s layout)
+PK_IO16_KERNELS(paged_prefill_sm90_d96, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_IO16_KERNELS(paged_prefill_sm90_d96_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d128, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d64_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
@@ -1342,3 +1358,5 @@ PK_FP8KV16_KERNELS(paged_prefill_sm90_d256, (FA90_THREADS, 1), FA90_PAGED_PARAMS
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d256_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128, (FA90_THREADS, 1), FA90_PAGED_DV_PARAMS, FA90_PAGED_DV_ARGS)
 PK_FP8KV16_KERNELS(paged_prefill_sm90_d192_dv128_softcap, (FA90_THREADS, 1), FA90_PAGED_DV_SC_PARAMS, FA90_PAGED_DV_SC_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d96, (FA90_THREADS, 1), FA90_PAGED_PARAMS, FA90_PAGED_ARGS)
+PK_FP8KV16_KERNELS(paged_prefill_sm90_d96_softcap, (FA90_THREADS, 1), FA90_PAGED_SC_PARAMS, FA90_PAGED_SC_ARGS)

@@ -3,8 +3,9 @@
 
 On the host backend playing sm_90a (PYKERN_HOST_ARCH=sm_90a) the op launches the paged sm_90a kernel for bf16 / f16
 queries over a cache of their type or an FP8 (e4m3 / e5m2) cache, at head_dim 64 / 128 and 192 / 128 (V pages of
-128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), and at head_dim 256 (an FP8
-cache's bytes staged in shared memory by cp.async, then widened), for every page size (1,
+128 columns with strides of their own; off sm_90a padded to 192 for paged_attn), at head_dim 256 (an FP8
+cache's bytes staged in shared memory by cp.async, then widened), and at head_dim 96 over a cache of the query's
+type or FP8 (the gather writes 32-column, 64B-swizzled boxes), for every page size (1,
 3, 16, 128, 256: pages shorter than, not dividing, and longer than the key tile), ragged sequence lengths, GQA,
 causal and not, window_left and softcap, NHD and HND; its outputs equal float64 NumPy within the
 paged_prefill_attention tolerance rows and its lse the reference's. PYKERN_SM90=0 keeps the mma.sync / CUDA-core
@@ -71,6 +72,13 @@ CASES = [
     ([100], [60], 3, 2, 2, 256, "f16", "f16", False, "HND", 40, 25.0),             # page 3, window, softcap
     ([90, 9], [70, 9], 16, 2, 1, 256, "bf16", "e4m3", True, "NHD", -1, 0.0),      # FP8 e4m3, 2 key tiles
     ([70, 0], [50, 2], 3, 2, 2, 256, "f16", "e5m2", False, "HND", 30, 25.0),      # e5m2, page 3, window, softcap
+    # head_dim 96 (the gather writes PkAttnBox<96>'s 32-column, 64B-swizzled boxes: 4 pieces a row, 32 rows a pass)
+    ([300, 17], [140, 17], 16, 4, 1, 96, "bf16", "bf16", True, "NHD", -1, 0.0),    # GQA 4, ragged, 3 key tiles
+    ([200, 0, 90], [70, 3, 90], 3, 2, 2, 96, "f16", "f16", False, "HND", -1, 20.0),  # page 3, no keys, softcap
+    ([260], [129], 256, 2, 1, 96, "f16", "f16", True, "NHD", 100, 0.0),            # page over the tile, window
+    ([150], [60], 1, 2, 1, 96, "bf16", "bf16", True, "HND", -1, 30.0),              # page 1, softcap
+    ([290, 40], [150, 40], 16, 4, 1, 96, "bf16", "e4m3", True, "NHD", -1, 0.0),     # FP8 e4m3, k/v scales
+    ([210, 0], [100, 3], 8, 2, 1, 96, "f16", "e5m2", False, "HND", 50, 20.0),       # e5m2, no keys, window, softcap
 ]
 
 
@@ -197,11 +205,11 @@ def test_paged_prefill_sm90_only_where_it_applies(monkeypatch) -> None:
     assert names == ["paged_attn_e5m2kv", "paged_attn_bf16"]
 
 
-@pytest.mark.parametrize("shape", [(64, None), (192, 128)], ids=["d64", "d192_dv128"])
+@pytest.mark.parametrize("shape", [(64, None), (192, 128), (96, None)], ids=["d64", "d192_dv128", "d96"])
 @pytest.mark.parametrize("schedule", ["reverse", "random:7"])
 def test_paged_prefill_sm90_under_other_thread_schedules(schedule, shape, monkeypatch) -> None:
     # the producer's 128 gathering threads and the consumers in any order: the same bits as the forward order
-    # (192 / 128: the K pass and the V pass of the gather)
+    # (192 / 128: the K pass and the V pass of the gather; d96: 32-column boxes)
     rng = np.random.default_rng(8)
     d, dv = shape
     args = ([200, 30], [140, 30], 5, 2, 1, d, "bf16", "e4m3")
@@ -262,3 +270,5 @@ def test_paged_sass_hopper_instructions_and_no_spills(kernel: str) -> None:
     pp = sm90.PING_PONG[d]
     assert loops[kernel]["bar"] == (1 if tiles == 2 else 0) + (2 * tiles if pp else 0), loops[kernel]
     assert loops[kernel]["per_mma"] <= loops[varlen]["per_mma"] + 0.01, (loops[kernel], loops[varlen])
+    if d == 96:  # the varlen d96 loop: 296 instructions a tile (1.542; dense 1.495), softcap 424 (2.208; dense 2.161)
+        assert loops[kernel]["per_mma"] <= (2.21 if "_softcap" in kernel else 1.55), loops[kernel]

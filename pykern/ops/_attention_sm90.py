@@ -40,8 +40,7 @@ _CFG = {64: (192, 2), 96: (128, 2), 128: (128, 2), 192: (128, 2), 256: (64, 2)}
 # Key tiles one iteration of the forward's steady-state loop covers (Fa90Cfg PAIR: two at d64 / d256).
 LOOP_TILES = {64: 2, 96: 1, 128: 1, 192: 1, 256: 2}
 # Head dims whose steady-state loop ping-pongs the two consumer warpgroups (Fa90Cfg PP: named barriers 3 and 4):
-# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128 and d64 (no paged
-# kernel at d96).
+# d128, d96 and d64, dense and varlen, with and without softcap, and the paged prefill at d128, d96 and d64.
 PING_PONG = {64: True, 96: True, 128: True, 192: False, 256: False}
 # Whether the steady-state step overlaps the softmax of the next key tile with O += P V of the previous one (FA3's
 # intra-warpgroup overlap: the .cu's Fa90Ovl), by head_dim, without / with softcap: on everywhere (at d64 with
@@ -303,7 +302,7 @@ def try_varlen(q: Any, k: Any, v: Any, out: Any, lse: Any, cu_q: Any, cu_k: Any,
 
 
 # ---- paged prefill (paged_prefill_attention: fa90_forward's paged producer) ---------------------
-PAGED_HEAD_DIMS = (64, 128, 256)
+PAGED_HEAD_DIMS = (64, 96, 128, 256)
 # (head_dim, head_dim_v) of the paged kernels: the PAGED_HEAD_DIMS with head_dim_v == head_dim and DeepSeek-V3's
 # 192 / 128 (V pages of 128 columns beside K pages of 192, each with its own strides).
 PAGED_SHAPES = (*((d, d) for d in PAGED_HEAD_DIMS), (192, 128))
@@ -370,8 +369,9 @@ def try_paged_prefill(q: Any, kf: Any, vf: Any, out: Any, lse: Any, qo: Any, tab
     if n_qt * n_heads >= 2**31 or batch > 65535:
         return False
     total_q = arrays.shape_of(q)[0]
+    cq, sq = box(d)  # the forward's Q box (d96: 32 columns, 64B swizzle), which the gather's K / V boxes match
     try:  # the packed queries as one batch of total_q rows, as the varlen forward's
-        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, 64), "128B",
+        tq = make_tensor_map(q.reshape((1, total_q, n_heads, d)), (1, ROWS, 1, cq), sq,
                              backend=get_backend(backend).name)
     except ArgumentError:
         return False

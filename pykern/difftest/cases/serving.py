@@ -538,3 +538,16 @@ def cases(rng: np.random.Generator) -> Iterator[Case]:
                         kv, qo, ps, h, kvh, layout, wl = shapes[i % len(shapes)]
                         i += 1
                         yield _sm90_prefill(r256, kv, qo, ps, h, kvh, 256, layout, qk, kk, causal, wl, cap)
+    # head_dim 96 (the gather writes PkAttnBox<96>'s 32-column, 64B-swizzled boxes): every kernel causal and not, with
+    # a generator of its own; a page that divides the key tile (16), one that divides nothing (3) and one longer than
+    # it (256); GQA, ragged lengths, a sequence without keys, a window; caches of the query's type and FP8
+    shapes = (([150, 9], [100, 9], 16, 4, 1, "NHD", -1), ([90, 0, 40], [70, 3, 40], 3, 2, 2, "HND", 30),
+              ([200], [60], 256, 2, 1, "NHD", -1))
+    r96, i = np.random.default_rng(96), 0
+    for qk in ("bf16", "f16"):
+        for kk in (qk, "e4m3", "e5m2"):
+            for cap in (0.0, 20.0):
+                for causal in (True, False):
+                    kv, qo, ps, h, kvh, layout, wl = shapes[i % len(shapes)]
+                    i += 1
+                    yield _sm90_prefill(r96, kv, qo, ps, h, kvh, 96, layout, qk, kk, causal, wl, cap)
