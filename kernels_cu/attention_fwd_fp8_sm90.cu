@@ -18,8 +18,8 @@
 //   P         : in fp32 (scores scaled once by scale * qd * kd * log2 e, so a descale of any sign is right), P =
 //               2^(s - m + 3) (FA90F8_OFF; FA3 uses 8) with m the running max: the exact online softmax on the
 //               boundary tiles (causal / window edge, keys past n_k: the mask only there), the lazy one (no row max,
-//               no rescale while every P stays finite in e4m3; see fa90f8_softmax_lazy) on the tiles every row sees
-//               wholly, as attention_fwd_sm90.cu. Rounded to e4m3 straight from the S accumulators into
+//               no rescale while no row max grew, so no P rounds above 8; see fa90f8_softmax_lazy) on the tiles
+//               every row sees wholly, as attention_fwd_sm90.cu. Rounded to e4m3 straight from the S accumulators into
 //               the A registers of O += P V^T (wgmma m64n<D>k32 RS e4m3). The accumulator gives a thread keys
 //               {8j + 2t, 8j + 2t + 1} of a 32-key step, the A fragment wants columns 4t..4t+3 and 16+4t..16+4t+3;
 //               rather than moving bytes between lanes (FA3's permute_regs_A_to_C), the transpose writes V^T's
@@ -115,8 +115,9 @@ __device__ __forceinline__ void fa90f8_transpose_v(const unsigned char* vs, unsi
 // P's offset: P = 2^(s - m + FA90F8_OFF) with m the row max (log2 units), so the largest P of the exact softmax
 // is 2^3 = 8 and P keeps e4m3's 3 mantissa bits down to 2^-9 of the row max (below that, subnormals: an absolute
 // error of at most 2^-10, 2^-13 of the largest P). l sums the same P, so the factor cancels in O / l; the epilogue
-// takes it out of l for the lse. 3, not FA3's 8: it leaves the lazy softmax (fa90f8_softmax_lazy) room: a thread's
-// 32 P of a row sum to at most 32 * 8 = 256 <= 448 (e4m3's largest finite value) while the max has not grown.
+// takes it out of l for the lse. 3, not FA3's 8, dates from a lazy softmax that let the max grow while a thread's
+// partial row sums stayed <= 448 (room for 32 P of 8); fa90f8_softmax_lazy now takes no P above 8, so 8 would fit
+// too (its only effect: subnormals from 2^-14 of the row max instead of 2^-9).
 #define FA90F8_OFF 3
 
 // P of n-tiles j, j + 1 of row r (keys 8j + 2t + {0, 1, 8, 9}) rounded to e4m3 into bytes 0..3 of
