@@ -108,8 +108,13 @@ TOLERANCES: dict[tuple[str, str], tuple[float, float]] = {
     ("flash_attention", "fp8"): (2.0**-4, 2.0**-8),
     # ... and over a whole output the rounding errors average: a relative RMS bound, rms(out - ref) / rms(ref) <=
     # rtol (atol unused), which tests/test_attention_fp8.py asserts. e4m3 rounds a probability by about 2.6e-2 of
-    # itself (RMS over a binade), so diffuse attention over random v comes near it; the test's shapes (inputs
-    # quantized with amax / 448 descales, as FP8 callers do) measure 1.5e-2 to 2.2e-2.
+    # itself (RMS over a binade); only the P that are exactly 8 (each key tile's new row max) escape it, so diffuse
+    # attention over random v comes near 2.6e-2 in any kernel that rounds P to e4m3. The floor of that rounding
+    # (tests/test_attention_fp8.py's e4m3_floor: the kernel's algorithm in float64 but for P), over d 64 / 128 /
+    # 256, n_q and n_k in 64 .. 1000, causal and not, per-tensor and per-head descales (inputs quantized with
+    # amax / 448 descales, as FP8 callers do; 432 shapes): 1.12e-2 to 2.54e-2, above this bound on two (d256, 700
+    # x 1000 and 1000 x 700, a head of diffuse rows). The kernel measures its floor to within 0.3%; the test holds
+    # it to <= 1.01 times the floor there and to this bound on its other shapes (docs/attention_sm90.md, Accuracy).
     ("flash_attention_rel_rms", "fp8"): (0.0, 2.5e-2),
     # decode attention
     ("decode_attention", "f32"): F32,

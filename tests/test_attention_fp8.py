@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from pykern import ops
-from pykern.difftest.cases.attention import np_flash_attention
+from pykern.difftest.cases.attention import np_flash_attention, window_mask
 from pykern.errors import ArgumentError, ArgumentTypeError
 from pykern.ops import _attention_sm90 as sm90
 from pykern.tolerance import tolerance
@@ -120,6 +120,66 @@ def test_fp8_forward_sm90_window_and_scale(monkeypatch) -> None:
                                    return_lse=True, backend="host")
     assert names == [sm90.fp8_kernel_name(64)]
     check(out, lse, q8, k8, v8, qd, kd, vd, 1, False, (100, 20))
+
+
+def e4m3_floor(q: np.ndarray, k: np.ndarray, v: np.ndarray, causal: bool, keys: int) -> np.ndarray:
+    """The FP8 forward's algorithm in float64 but for P: fp32 scores in log2 units, the exact online softmax over
+    key tiles of `keys` in the kernel's order (the last tile first), P = 2^(s - m + 3) rounded to e4m3 (so each
+    tile's new row max gives P = 8 exactly), l summed from the unrounded P, out rounded to bf16. What any kernel
+    that rounds P to e4m3 this way reaches: the floor of its relative RMS error. q (B, n_q, H, D), k, v (B, n_k,
+    KV, D) dequantized; returns out (B, n_q, H, D)."""
+    n_q, d, n_k = q.shape[1], q.shape[3], k.shape[1]
+    g = q.shape[2] // k.shape[2]
+    k, v = np.repeat(k, g, axis=2), np.repeat(v, g, axis=2)
+    s = (np.einsum("bqhd,bkhd->bhqk", q, k) / (np.sqrt(d) * np.log(2.0))).astype(np.float32).astype(np.float64)
+    s = np.where(window_mask(n_q, n_k, causal, (-1, -1))[None, None], s, -np.inf)
+    m = np.full(s.shape[:-1] + (1,), -np.inf)
+    l, o = np.zeros_like(m), np.zeros(s.shape[:-1] + (d,))
+    for j in reversed(range(0, n_k, keys)):
+        t = s[..., j:j + keys]
+        mn = np.maximum(m, t.max(-1, keepdims=True))
+        base = np.where(np.isfinite(mn), mn, 0.0)
+        al = np.where(np.isfinite(m), np.exp2(m - base), 0.0)
+        p = np.exp2(t - base + 3)
+        l = l * al + p.sum(-1, keepdims=True)
+        o = o * al + np.einsum("bhqk,bkhd->bhqd", p.astype(np.float32).astype(E4M3).astype(np.float64),
+                               v[:, j:j + keys])
+        m = mn
+    o = np.divide(o, l, out=np.zeros_like(o), where=l > 0)
+    return o.transpose(0, 2, 1, 3).astype(ml_dtypes.bfloat16)
+
+
+# The floor (e4m3_floor) over a sweep of d 64 / 128 / 256, n_q and n_k in 64 .. 1000, causal and not, two seeds,
+# per-tensor and per-head descales (432 shapes, as fp8_inputs makes them): 1.12e-2 to 2.54e-2, above 2.5e-2 on
+# two (diffuse rows over random v: a head whose q range is small). No e4m3-P kernel meets the 2.5e-2 bound there,
+# so these, the sweep's hardest, hold the kernel to the floor instead: (seed, n_q, n_k, heads, kv heads, head_dim,
+# causal, per-head descales, the floor). The lazy softmax that let a row max grow unrounded measured 1.05 to 1.38
+# times the floor on them.
+FLOOR_SHAPES = [
+    (10, 700, 1000, 2, 1, 256, False, True, 2.541e-2),  # the floor above 2.5e-2
+    (10, 64, 1000, 2, 1, 256, True, True, 2.432e-2),
+    (10, 130, 700, 2, 1, 64, False, True, 2.473e-2),
+    (1, 129, 384, 8, 2, 128, False, True, 1.727e-2),    # 1.38 times the floor before
+]
+
+
+@pytest.mark.usefixtures("sm90_host")
+@pytest.mark.parametrize("shape", FLOOR_SHAPES, ids=lambda s: "s{}-q{}-k{}-h{}/{}-d{}-{}".format(
+    *s[:6], "causal" if s[6] else "full"))
+def test_fp8_forward_sm90_reaches_the_e4m3_floor(shape, monkeypatch) -> None:
+    seed, n_q, n_k, h, n_kv, d, causal, per_head, want = shape
+    q8, k8, v8, qd, kd, vd = fp8_inputs(seed, 1, n_q, n_k, h, n_kv, d, per_head)
+    names = _record(monkeypatch)
+    out = ops.flash_attention(q8, k8, v8, causal=causal, q_descale=qd, k_descale=kd, v_descale=vd, backend="host")
+    assert names == [sm90.fp8_kernel_name(d)]
+    deq = [dequantized(x, ds, n_kv) for x, ds in ((q8, qd), (k8, kd), (v8, vd))]
+    ref, _ = np_flash_attention(*deq, causal)
+    floor = rel_rms(e4m3_floor(*deq, causal, sm90.FP8_KEYS[d]), ref)
+    assert abs(floor - want) <= 1e-3 * want, floor  # the floor the docs state
+    # within 1% of it: the kernel's tiles are the model's but for a row max that grew by less than log2(8.5 / 8)
+    # (its P rounds to 8 unrescaled), ex2.approx and fp32 sums
+    err = rel_rms(out, ref)
+    assert err <= 1.01 * floor, (err, floor)
 
 
 @pytest.mark.usefixtures("sm90_host")
@@ -268,9 +328,12 @@ def test_fp8_torch_forward_and_no_autograd() -> None:
 # BAR.ARV replace the V^T barrier's BAR.SYNC; the plain loop stays at 381 instructions (1.488), the _softcap one
 # takes 518 (2.023, from 514): the BAR.ARV and 3 register moves (the two barrier ids live through its tanh-heavier
 # loop). d256 ran a tile at a time (its transpose a two-pass loop: no flat loop); with 64-key tiles it has the
-# d128 loop, ping-pong included: 279 instructions for 256 (1.09), with softcap 344 (1.344).
-FP8_LOOP_BAR = {(64, 0.0): 3.0, (128, 0.0): 1.488, (256, 0.0): 1.09, (64, 1.0): 4.0, (128, 1.0): 2.023,
-                (256, 1.0): 1.344}
+# d128 loop, ping-pong included: 279 instructions for 256 (1.09), with softcap 344 (1.344). The lazy tile's test
+# on its e4m3 words (accepted only where no P rounds above 8: an IADD a word, ORed, in place of two FSETP of the
+# partial sums) took d64 384 -> 396 (3.094), d128 381 -> 397 (1.551), d256 279 -> 286 (1.117), with softcap
+# 512 -> 524 (4.094), 518 -> 525 (2.051), 344 -> 352 (1.375).
+FP8_LOOP_BAR = {(64, 0.0): 3.094, (128, 0.0): 1.551, (256, 0.0): 1.117, (64, 1.0): 4.094, (128, 1.0): 2.051,
+                (256, 1.0): 1.375}
 
 
 @pytest.fixture(scope="module")
