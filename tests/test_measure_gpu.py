@@ -112,6 +112,21 @@ def test_plan_rows_carry_dtype_dv_and_flops():
     assert est[0] > compile_s and est[1] < compile_s
 
 
+def test_forward_only_plan_drops_the_backward_and_its_compiles():
+    mg = _mg()
+    both = mg.attention_plan(("bf16", "f16"), [(128, 128), (192, 128)], [], (4096, 16384))
+    fwd = mg.attention_plan(("bf16", "f16"), [(128, 128), (192, 128)], [], (4096, 16384), fwd_only=True)
+    assert [p["row"] for p in fwd] == [p["row"] for p in both]  # the same rows, in the same order
+    assert all(p["bwd"] for p in both) and not any(p["bwd"] for p in fwd)
+    # the deterministic backward's forward is pykern's: not timed twice
+    assert all("pykern_deterministic" not in p["impls"] for p in fwd)
+    assert any("pykern_deterministic" in p["impls"] for p in both)
+    e_both, e_fwd = mg.attention_estimate(both, 10), mg.attention_estimate(fwd, 10)
+    # the first bf16 row pays FA4's forward compile alone, no backward one, and no backward calls
+    assert e_fwd[0] > mg.EST_FA4_COMPILE_S["fwd"] and e_both[0] - e_fwd[0] > mg.EST_FA4_COMPILE_S["bwd"]
+    assert all(f < b for f, b in zip(e_fwd, e_both))
+
+
 def _row(dtype=None, d=128, dv=None, causal=True, seq=4096, **entries):
     r = {"what": "attention", "d": d, "causal": causal, "seq": seq, "batch": 4, "heads": 16, "fwd_flop": 1.0,
          "bwd_flop": 2.5}
@@ -204,7 +219,7 @@ def test_attention_loop_writes_rows_with_dtype_dv_and_errors(tmp_path, monkeypat
     plan = mg.attention_plan(("bf16", "f16"), [(64, 64), (96, 64)], [], (64,))
     for p in plan:
         p["row"].update(batch=1, heads=2)
-    monkeypatch.setattr(mg, "attention_plan", lambda *a: plan)
+    monkeypatch.setattr(mg, "attention_plan", lambda *a, **kw: plan)
     monkeypatch.setattr(mg, "peer", lambda module: None)  # the peers are not here: their entries are left out
     out = tmp_path / "attention.json"
     mg.JSON_OUT = str(out)  # as main sets it for --json

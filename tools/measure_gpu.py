@@ -232,11 +232,13 @@ def attention_flop(batch: int, heads: int, seq: int, d: int, dv: int, causal: bo
 
 
 def attention_plan(dtypes: Any = ("bf16",), dims: Any = ((64, 64), (128, 128)), extra_dims: Any = (),
-                   seqs: Any = (1024, 4096, 16384)) -> list[dict[str, Any]]:
+                   seqs: Any = (1024, 4096, 16384), fwd_only: bool = False) -> list[dict[str, Any]]:
     """The rows `attention` measures, in the order it measures them (most wanted first, so that a run stopped by its
     time limit keeps those): sequences of 4k and up for each dtype in the order given and each head dim in the order
     given, then the shorter sequences the same way, then the --extra-dims rows (first dtype only) long then short.
-    Shapes follow FA2's benchmark: 16k tokens a batch (batch = 16384 / seq), heads = 2048 // d (q and k's d)."""
+    Shapes follow FA2's benchmark: 16k tokens a batch (batch = 16384 / seq), heads = 2048 // d (q and k's d).
+    fwd_only: the forward alone (each entry's "bwd" False): no backward timed, no FA4 backward compiled, and no
+    pykern_deterministic (its forward is pykern's)."""
     seqs = tuple(seqs)
     long, short = [n for n in seqs if n >= 4096], [n for n in seqs if n < 4096]
     rows: list[dict[str, Any]] = []
@@ -249,7 +251,8 @@ def attention_plan(dtypes: Any = ("bf16",), dims: Any = ((64, 64), (128, 128)), 
                     fl = attention_flop(b, h, n, d, dv, causal)
                     row = {"what": "attention", "dtype": dt, "d": d, **({"dv": dv} if dv != d else {}),
                            "causal": causal, "seq": n, "batch": b, "heads": h, "fwd_flop": fl, "bwd_flop": 2.5 * fl}
-                    rows.append({"row": row, "impls": impls})
+                    rows.append({"row": row, "bwd": not fwd_only,
+                                 "impls": tuple(i for i in impls if not (fwd_only and i == "pykern_deterministic"))})
     for group in (long, short):
         for dt in dtypes:
             add(dt, dims, group, ATTN_FULL if dt == "bf16" else ATTN_PRIMARY)
@@ -270,7 +273,7 @@ def attention_estimate(plan: list[dict[str, Any]], reps: int) -> list[float]:
         tf, tfb = r["fwd_flop"] / EST_FWD_FLOPS, 3.5 * r["fwd_flop"] / EST_FWDBWD_FLOPS
         s = EST_ROW_SETUP_S
         for name in p["impls"]:
-            bwd = name not in ("pykern_fp8", "sdpa_cudnn_fp8", "flashinfer")
+            bwd = p.get("bwd", True) and name not in ("pykern_fp8", "sdpa_cudnn_fp8", "flashinfer")
             if name == "flashinfer":
                 continue  # timed only where already built: its calls are as cheap as the others', left out
             # forward: 3 warm-up calls, the reference call, reps timed, host_overhead's 1 + 20 behind a 20x sleep
@@ -281,7 +284,7 @@ def attention_estimate(plan: list[dict[str, Any]], reps: int) -> list[float]:
                 key = (r["dtype"], r["d"], r.get("dv", r["d"]), r["causal"])
                 if key not in seen:
                     seen.add(key)
-                    s += EST_FA4_COMPILE_S["fwd"] + EST_FA4_COMPILE_S["bwd"]
+                    s += EST_FA4_COMPILE_S["fwd"] + (EST_FA4_COMPILE_S["bwd"] if bwd else 0.0)
             if name.startswith("sdpa_cudnn"):
                 s += EST_CUDNN_GRAPH_S * (2 if bwd else 1)
         out.append(s)
@@ -301,7 +304,7 @@ def attention_args(args: argparse.Namespace) -> tuple[tuple[str, ...], list[tupl
 
 def attention_list(args: argparse.Namespace) -> None:
     """--list: the planned rows, their implementations and the modelled seconds each (no GPU needed)."""
-    plan = attention_plan(*attention_args(args))
+    plan = attention_plan(*attention_args(args), fwd_only=getattr(args, "fwd_only", False))
     est = attention_estimate(plan, 5 if args.quick else 10)
     total = 0.0
     print(f"{'#':>3s} {'dtype':5s} {'d':9s} {'mask':6s} {'seq':>6s} {'batch':>5s} {'heads':>5s} impls  est_s  cum_s")
@@ -352,7 +355,7 @@ def attention(args: argparse.Namespace) -> None:
     def sm90_on(on: bool) -> None:  # PYKERN_SM90 is read at each call
         os.environ["PYKERN_SM90"] = "1" if on else "0"
     reps = 5 if args.quick else 10
-    for p in attention_plan(*attention_args(args)):
+    for p in attention_plan(*attention_args(args), fwd_only=getattr(args, "fwd_only", False)):
         row, wanted = dict(p["row"]), p["impls"]
         dt = {"bf16": torch.bfloat16, "f16": torch.float16}[row["dtype"]]
         b, n, h, causal = row["batch"], row["seq"], row["heads"], row["causal"]
@@ -426,7 +429,7 @@ def attention(args: argparse.Namespace) -> None:
                     th = host_overhead(f, 20)
                 row[name] = {"host_us": th * 1e6, "fwd_us": tf * 1e6, "fwd_tflops": fl / tf / 1e12,
                              "rel_err_vs_first": err}
-                if grad is not None:  # FlashInfer's prefill and the FP8 forwards have no backward
+                if grad is not None and p["bwd"]:  # FlashInfer's prefill and the FP8 forwards have none
                     tfb = timed(fb(f, grad, leaves), reps)
                     tb = max(tfb - tf, 1e-9)
                     row[name].update({"fwdbwd_us": tfb * 1e6, "bwd_tflops": 2.5 * fl / tb / 1e12,
@@ -1169,6 +1172,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--dtypes", nargs="+", choices=ATTN_DTYPES, help="attention: these dtypes, in order (default "
                     "bf16); rows of a dtype other than bf16 time pykern's sm_90a path and the peers only")
     ap.add_argument("--seqs", type=int, nargs="+", help="attention: these sequence lengths (default 1024 4096 16384)")
+    ap.add_argument("--fwd-only", action="store_true",
+                    help="attention: time the forward alone (no backward, no FA4 backward compiles)")
     ap.add_argument("--list", action="store_true",
                     help="attention: print the planned rows and their modelled seconds, measure nothing (no GPU)")
     ap.add_argument("--json", metavar="FILE", help="also write every row to FILE")
