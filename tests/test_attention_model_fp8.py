@@ -201,3 +201,23 @@ def test_real_fp8_kernels_sass_inputs():
         got = (k.loop.insns, k.loop.mma, k.loop.smem_bytes, k.loop.mufu, k.loop.fma, k.loop.redo_insns,
                k.loop.redo_mufu, k.loop.redo_fma, k.loop.straight)
         assert got == FP8_SASS[d], (d, got)
+
+
+def test_the_docs_fp8_table_is_the_models_output(snapshot):
+    """docs/attention_sm90.md's FP8 table (FP8 forward, modelled bound) is what the model prints on FP8_SASS."""
+    from pathlib import Path
+
+    text = (Path(__file__).resolve().parents[1] / "docs" / "attention_sm90.md").read_text()
+    start = text.index("Modelled bound (**not a measurement**; `python -m pykern.bench --attention-model --fp8`")
+    sec = text[start:text.index("Against the goal of 1100 TFLOP/s", start)]
+    rows = [line.split("|")[1:-1] for line in sec.splitlines()
+            if line.startswith("| ") and line.split("|")[1].strip().isdigit()]
+    doc = am.fp8_table_rows(sass=snapshot)
+    by = {(p["shape"]["head_dim"], p["shape"]["causal"], p["shape"]["seq"]): p for p in doc["predictions"]}
+    assert len(rows) == len(by) == 18
+    for r in rows:
+        d, causal, seq, _bh, p, ms, tflops, pct, binding = (c.strip() for c in r)
+        pr = by[(int(d), causal == "True", int(seq))]
+        assert (float(p), float(ms), int(tflops), float(pct)) == \
+            (round(pr["redo"], 2), round(pr["time_s"] * 1e3, 3), round(pr["tflops"]), round(pr["pct_peak"], 1)), r
+        assert binding.split(" = ")[0] == pr["binding"], r

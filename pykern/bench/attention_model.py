@@ -48,6 +48,11 @@ scheduled over the GPU:
   run of a tile pair's dQ partial, issued by one producer thread, off the consumers' path) at an SM's share of
   the L2 bandwidth (Hardware.l2_bytes_clk: an assumption, no Hopper figure being published).
 
+The FP8 (e4m3) sm_90a forward (`predict(..., fp8=True)`, `fp8_launch`): its QGMMAs counted as above (m64nNk32: 2N/8
+m16n8k16-equivalents of 4096 FLOP a warp) and run at twice the bf16 rate (`Launch.tensor_rate`); its flat loop's
+redo path (`_redo_path`: the exact softmax a tile runs when its lazy one is not accepted) issued by a fraction p of
+the tiles (`Launch.redo_p`; default `fp8_redo_rate`, random scores).
+
 The predicted time is max(compute makespan, HBM time) summed over the op's launches; the binding term is
 the largest single term. A latency / dependency model is not included: every figure is a "modelled bound"
 (no faster than this, under these counts: the issue term's all-paths count can exceed what the steady state
